@@ -1,0 +1,104 @@
+#include "attention/pattern/pattern.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace tessera::attn {
+
+namespace {
+template <class... Ts>
+struct Overloaded : Ts... {
+  using Ts::operator()...;
+};
+template <class... Ts>
+Overloaded(Ts...) -> Overloaded<Ts...>;
+
+std::string num(double v) {
+  std::string s = std::to_string(v);
+  s.erase(s.find_last_not_of('0') + 1);
+  if (!s.empty() && s.back() == '.') s.pop_back();
+  return s;
+}
+
+void require(bool ok, const std::string& where, const char* field, const std::string& rule, double got) {
+  if (!ok) throw Error(where + ": field '" + field + "' must be " + rule + ", got " + num(got));
+}
+}  // namespace
+
+int64_t ElasticWindowPattern::span(int64_t total_len) const {
+  const double s = std::floor(alpha + beta * static_cast<double>(total_len));
+  if (!(s > 0)) return 0;  // also catches NaN
+  return std::min<int64_t>(total_len, static_cast<int64_t>(std::min(s, 9.0e18)));
+}
+
+std::string_view pattern_name(const Pattern& p) {
+  return std::visit(Overloaded{[](const DensePattern&) { return std::string_view("dense"); },
+                               [](const AShapePattern&) { return std::string_view("ashape"); },
+                               [](const ElasticWindowPattern&) { return std::string_view("moa_window"); },
+                               [](const TrianglePattern&) { return std::string_view("triangle"); },
+                               [](const VerticalSlashPattern&) { return std::string_view("vertical_slash"); },
+                               [](const BlockSparsePattern&) { return std::string_view("block_sparse"); }},
+                    p);
+}
+
+bool is_dynamic(const Pattern& p) {
+  return std::holds_alternative<VerticalSlashPattern>(p) || std::holds_alternative<BlockSparsePattern>(p);
+}
+
+std::string describe(const Pattern& p) {
+  return std::visit(
+      Overloaded{
+          [](const DensePattern&) { return std::string("dense"); },
+          [](const AShapePattern& a) {
+            return "ashape(sink=" + std::to_string(a.sink) + ", local=" + std::to_string(a.local) + ")";
+          },
+          [](const ElasticWindowPattern& e) {
+            return "moa_window(alpha=" + num(e.alpha) + ", beta=" + num(e.beta) + ", sink=" + std::to_string(e.sink) +
+                   ")";
+          },
+          [](const TrianglePattern& t) {
+            return "triangle(sink=" + std::to_string(t.sink) + ", local=" + std::to_string(t.local) +
+                   ", last=" + std::to_string(t.last) + ")";
+          },
+          [](const VerticalSlashPattern& v) {
+            return "vertical_slash(v=" + std::to_string(v.vertical) + ", s=" + std::to_string(v.slash) + ")";
+          },
+          [](const BlockSparsePattern& b) {
+            return "block_sparse(top_k=" + std::to_string(b.top_k) + ", block=" + std::to_string(b.block) + ")";
+          }},
+      p);
+}
+
+void validate(const Pattern& p, const std::string& where) {
+  std::visit(Overloaded{[](const DensePattern&) {},
+                        [&](const AShapePattern& a) {
+                          require(a.sink >= 0, where, "sink", ">= 0", a.sink);
+                          require(a.local >= 1, where, "local", ">= 1", a.local);
+                        },
+                        [&](const ElasticWindowPattern& e) {
+                          require(std::isfinite(e.alpha), where, "alpha", "finite", e.alpha);
+                          require(std::isfinite(e.beta) && e.beta >= 0, where, "beta", "finite and >= 0", e.beta);
+                          require(e.sink >= 0, where, "sink", ">= 0", e.sink);
+                        },
+                        [&](const TrianglePattern& t) {
+                          require(t.sink >= 0, where, "sink", ">= 0", t.sink);
+                          require(t.local >= 1, where, "local", ">= 1", t.local);
+                          require(t.last >= 0, where, "last", ">= 0", t.last);
+                        },
+                        [&](const VerticalSlashPattern& v) {
+                          require(v.vertical >= 0, where, "vertical", ">= 0", v.vertical);
+                          require(v.slash >= 0, where, "slash", ">= 0", v.slash);
+                          require(v.last_q >= 1, where, "last_q", ">= 1", v.last_q);
+                          require(v.forced_columns >= 0, where, "forced_columns", ">= 0", v.forced_columns);
+                          require(v.forced_diagonals >= 0, where, "forced_diagonals", ">= 0", v.forced_diagonals);
+                        },
+                        [&](const BlockSparsePattern& b) {
+                          require(b.top_k >= 0, where, "top_k", ">= 0", b.top_k);
+                          require(b.block >= 1, where, "block", ">= 1", b.block);
+                        }},
+             p);
+}
+
+}  // namespace tessera::attn
