@@ -1,0 +1,367 @@
+// The index layer: lowering equals the per-cell pattern definition; estimators pick what the definition picks.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <set>
+
+#include "attention/index/estimate.h"
+#include "attention/index/lower.h"
+#include "core/thread_pool.h"
+
+namespace tessera::attn {
+namespace {
+
+// Checks index.visible against pattern_mask for every cell, and the index invariants.
+void expect_index_matches_definition(const Pattern& p, const HeadEstimate& est, const LoweringContext& ctx) {
+  const SparseIndex index = lower_layer({p}, {est}, ctx);
+  ASSERT_NO_THROW(index.validate()) << describe(p);
+  const std::vector<uint8_t> mask = pattern_mask(p, est, ctx);
+  int64_t visible = 0;
+  for (int32_t r = 0; r < ctx.q_len; ++r) {
+    for (int32_t j = 0; j < ctx.kv_len; ++j) {
+      const bool want = mask[static_cast<size_t>(r) * static_cast<size_t>(ctx.kv_len) + static_cast<size_t>(j)] != 0;
+      ASSERT_EQ(index.visible(0, r, j), want)
+          << describe(p) << " row " << r << " key " << j << " q_begin " << ctx.q_begin << " q_len " << ctx.q_len
+          << " tile " << ctx.tile;
+      visible += want;
+    }
+  }
+  EXPECT_EQ(index_stats(index).mask_cells, visible) << describe(p);
+}
+
+VerticalSlashEstimate random_vs(std::mt19937& rng, int32_t kv_len) {
+  VerticalSlashEstimate e;
+  std::uniform_int_distribution<int32_t> pick(0, std::max(0, kv_len - 1));
+  std::set<int32_t> cols, offs;
+  const int nc = std::uniform_int_distribution<int>(0, 12)(rng), no = std::uniform_int_distribution<int>(0, 12)(rng);
+  for (int i = 0; i < nc; ++i) cols.insert(pick(rng));
+  for (int i = 0; i < no; ++i) offs.insert(pick(rng));
+  e.columns.assign(cols.begin(), cols.end());
+  e.offsets.assign(offs.begin(), offs.end());
+  return e;
+}
+
+BlockSparseEstimate random_bs(std::mt19937& rng, const LoweringContext& ctx, int32_t block) {
+  BlockSparseEstimate e;
+  e.block = block;
+  e.offsets.assign(1, 0);
+  if (ctx.q_len == 0) return e;
+  const int32_t qb_first = ctx.q_begin / block, qb_last = (ctx.q_begin + ctx.q_len - 1) / block;
+  e.first_q_block = qb_first;
+  for (int32_t qb = qb_first; qb <= qb_last; ++qb) {
+    for (int32_t kb = 0; kb <= qb; ++kb) {
+      if (std::bernoulli_distribution(0.4)(rng)) e.key_blocks.push_back(kb);
+    }
+    e.offsets.push_back(static_cast<int32_t>(e.key_blocks.size()));
+  }
+  return e;
+}
+
+std::vector<LoweringContext> contexts() {
+  std::vector<LoweringContext> out;
+  for (int32_t tile : {1, 4, 16, 64}) {
+    for (int32_t q_len : {1, 5, 16, 63, 65, 130}) {
+      for (int32_t q_begin : {0, 7, 64}) {
+        out.push_back({q_begin, q_len, q_begin + q_len, 0, tile});
+      }
+    }
+  }
+  out.push_back({10, 20, 30, 200, 8});  // a chunk of a longer prompt (N = 200)
+  out.push_back({0, 100, 100, 0, 128}); // S < tile
+  return out;
+}
+
+TEST(Lowering, StaticPatternsMatchTheirDefinitionCellByCell) {
+  const std::vector<Pattern> patterns = {
+      DensePattern{},
+      AShapePattern{0, 1},
+      AShapePattern{4, 8},
+      AShapePattern{1000, 3},
+      AShapePattern{3, 100000},
+      ElasticWindowPattern{5.0, 0.25, 4},
+      ElasticWindowPattern{-50.0, 0.1, 0},
+      ElasticWindowPattern{0.0, 1.0, 64},
+      TrianglePattern{2, 5, 7},
+      TrianglePattern{8, 16, 0},
+      TrianglePattern{0, 1, 1000},
+  };
+  for (const LoweringContext& ctx : contexts()) {
+    for (const Pattern& p : patterns) {
+      expect_index_matches_definition(p, std::monostate{}, ctx);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+TEST(Lowering, DynamicPatternsMatchTheirDefinitionForRandomEstimates) {
+  std::mt19937 rng(1234);
+  for (const LoweringContext& ctx : contexts()) {
+    for (int rep = 0; rep < 3; ++rep) {
+      expect_index_matches_definition(VerticalSlashPattern{}, random_vs(rng, ctx.kv_len), ctx);
+      for (int32_t block : {1, 3, 16, 64}) {
+        expect_index_matches_definition(BlockSparsePattern{2, block}, random_bs(rng, ctx, block), ctx);
+      }
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+TEST(Lowering, EmptyEstimatesGiveRowsWithNoKeys) {
+  const LoweringContext ctx = LoweringContext::prefill(70, 64);
+  const SparseIndex index = lower_layer({VerticalSlashPattern{0, 0}}, {VerticalSlashEstimate{}}, ctx);
+  index.validate();
+  EXPECT_TRUE(index.ranges.empty());
+  EXPECT_TRUE(index.columns.empty());
+  EXPECT_EQ(index_stats(index).mask_cells, 0);
+}
+
+TEST(Lowering, HandComputedIndexAndStats) {
+  // S = 10, tile 4: tiles [0,4), [4,8), [8,10). A-shape sink 2, local 3.
+  const SparseIndex index = lower_layer({AShapePattern{2, 3}}, {}, LoweringContext::prefill(10, 4));
+  ASSERT_EQ(index.num_tiles(), 3);
+  // Tile 0: window from 0-3+1 = -2 -> [0, 4) merged with the sink.
+  EXPECT_EQ(std::vector<KeyRange>(index.ranges_of(0, 0).begin(), index.ranges_of(0, 0).end()),
+            (std::vector<KeyRange>{{0, 4}}));
+  // Tile 1 (rows 4..7): sink [0,2) and window [4-3+1, 8) = [2, 8) -> merged [0, 8).
+  EXPECT_EQ(std::vector<KeyRange>(index.ranges_of(0, 1).begin(), index.ranges_of(0, 1).end()),
+            (std::vector<KeyRange>{{0, 8}}));
+  // Tile 2 (rows 8..9): sink [0,2), window [6, 10).
+  EXPECT_EQ(std::vector<KeyRange>(index.ranges_of(0, 2).begin(), index.ranges_of(0, 2).end()),
+            (std::vector<KeyRange>{{0, 2}, {6, 10}}));
+  const IndexStats s = index_stats(index);
+  EXPECT_EQ(s.causal_cells, 55);                     // 1 + 2 + ... + 10
+  EXPECT_EQ(s.mask_cells, 10 + 26 + (5 + 6));          // tile0 dense 10; tile1 dense rows 5..8 = 26; row 8: 2+3, row 9: 2+4
+  EXPECT_EQ(s.work_cells, 4 * 4 + 4 * 8 + 2 * (2 + 4));
+  EXPECT_DOUBLE_EQ(s.density(), 47.0 / 55.0);
+  EXPECT_DOUBLE_EQ(s.mask_flops(64), 4.0 * 64 * 47);
+}
+
+TEST(Lowering, DenseDensityIsOneAndTriangleLastRowsAreDense) {
+  const auto ctx = LoweringContext::prefill(257, 64);
+  EXPECT_DOUBLE_EQ(index_stats(lower_layer({DensePattern{}}, {}, ctx)).density(), 1.0);
+  const SparseIndex tri = lower_layer({TrianglePattern{8, 16, 1}}, {}, ctx);
+  // Only the last tile (row 256) holds the last row: it is dense; tile 3 (rows 192..255) is streaming.
+  EXPECT_TRUE(tri.visible(0, 256, 100));
+  EXPECT_FALSE(tri.visible(0, 255, 100));
+  EXPECT_TRUE(tri.visible(0, 255, 7));
+  EXPECT_TRUE(tri.visible(0, 255, 192 - 15));
+  EXPECT_FALSE(tri.visible(0, 255, 192 - 16));
+}
+
+TEST(Lowering, ErrorsNameTheProblem) {
+  try {
+    lower_layer({DensePattern{}, VerticalSlashPattern{}}, {std::monostate{}, std::monostate{}},
+                LoweringContext::prefill(8));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "lowering: head 1 runs vertical_slash but has no VS estimate");
+  }
+  try {
+    lower_layer({DensePattern{}}, {}, LoweringContext{0, 10, 5, 0, 64});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "lowering: kv_len 5 is smaller than q_begin + q_len = 10");
+  }
+}
+
+// --- estimators -------------------------------------------------------------------------------------------
+
+struct Qk {
+  Tensor q, k;
+};
+
+Qk random_qk(std::mt19937& rng, int64_t q_len, int64_t kv_len, int64_t hq, int64_t hkv, int64_t d) {
+  Qk x{Tensor(DType::F32, {q_len, hq, d}), Tensor(DType::F32, {kv_len, hkv, d})};
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  for (int64_t i = 0; i < x.q.numel(); ++i) x.q.ptr<float>()[i] = n(rng);
+  for (int64_t i = 0; i < x.k.numel(); ++i) x.k.ptr<float>()[i] = n(rng);
+  return x;
+}
+
+// Brute force from the definition: full softmax rows in double, full sorts.
+VerticalSlashEstimate brute_vs(const VerticalSlashPattern& p, const Qk& x, int qh, int kvh, const LoweringContext& ctx,
+                               float scale) {
+  const int64_t d = x.q.dim(2), keys = ctx.q_begin + ctx.q_len;
+  std::vector<double> col(static_cast<size_t>(keys), 0.0), diag(static_cast<size_t>(keys), 0.0);
+  for (int64_t r = std::max<int64_t>(0, ctx.q_len - p.last_q); r < ctx.q_len; ++r) {
+    const int64_t pos = ctx.q_begin + r;
+    std::vector<double> s(static_cast<size_t>(pos + 1));
+    for (int64_t j = 0; j <= pos; ++j) {
+      double acc = 0;
+      for (int64_t i = 0; i < d; ++i) acc += double(*x.q.view().at<float>(r, qh, i)) * *x.k.view().at<float>(j, kvh, i);
+      s[static_cast<size_t>(j)] = acc * scale;
+    }
+    const double mx = *std::max_element(s.begin(), s.end());
+    double z = 0;
+    for (double v : s) z += std::exp(v - mx);
+    for (int64_t j = 0; j <= pos; ++j) {
+      col[static_cast<size_t>(j)] += std::exp(s[static_cast<size_t>(j)] - mx) / z;
+      diag[static_cast<size_t>(pos - j)] += std::exp(s[static_cast<size_t>(j)] - mx) / z;
+    }
+  }
+  auto pick = [&](std::vector<double> score, int64_t budget, int64_t forced) {
+    budget = std::min<int64_t>(budget, keys);
+    forced = std::min(forced, budget);
+    for (int64_t i = 0; i < forced; ++i) score[static_cast<size_t>(i)] = INFINITY;
+    std::vector<int32_t> idx(static_cast<size_t>(keys));
+    std::iota(idx.begin(), idx.end(), 0);
+    std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return score[size_t(a)] > score[size_t(b)]; });
+    idx.resize(static_cast<size_t>(budget));
+    std::sort(idx.begin(), idx.end());
+    return idx;
+  };
+  return {pick(col, p.vertical, p.forced_columns), pick(diag, p.slash, p.forced_diagonals)};
+}
+
+TEST(Estimators, VerticalSlashEqualsBruteForceOnRandomInputs) {
+  std::mt19937 rng(7);
+  for (const auto& [q_begin, q_len, vert, slash, last_q] :
+       std::vector<std::tuple<int, int, int, int, int>>{{0, 200, 10, 12, 64},
+                                                        {0, 37, 5, 3, 64},    // S < last_q
+                                                        {50, 90, 500, 500, 16},  // budgets larger than S
+                                                        {0, 128, 0, 0, 64},   // zero budgets
+                                                        {0, 1, 3, 3, 64}}) {
+    const LoweringContext ctx{q_begin, q_len, q_begin + q_len, 0, 64};
+    const Qk x = random_qk(rng, q_len, q_begin + q_len, 4, 2, 16);
+    VerticalSlashPattern p{vert, slash, last_q, 2, 3};
+    for (int h = 0; h < 4; ++h) {
+      const auto got = estimate_vertical_slash(p, x.q, x.k, h, h / 2, ctx, 0.25f);
+      const auto want = brute_vs(p, x, h, h / 2, ctx, 0.25f);
+      EXPECT_EQ(got.columns, want.columns) << "q_len " << q_len << " head " << h;
+      EXPECT_EQ(got.offsets, want.offsets) << "q_len " << q_len << " head " << h;
+    }
+  }
+}
+
+TEST(Estimators, VerticalSlashFindsPlantedColumns) {
+  // Keys 100 and 333 align with every query; everything else is small noise.
+  const int64_t S = 512, d = 16;
+  std::mt19937 rng(9);
+  Qk x = random_qk(rng, S, S, 1, 1, d);
+  for (int64_t i = 0; i < x.q.numel(); ++i) x.q.ptr<float>()[i] *= 0.1f;
+  for (int64_t i = 0; i < x.k.numel(); ++i) x.k.ptr<float>()[i] *= 0.1f;
+  for (int64_t p = 0; p < S; ++p) *x.q.view().at<float>(p, 0, 0) = 1.0f;
+  *x.k.view().at<float>(100, 0, 0) = 8.0f;
+  *x.k.view().at<float>(333, 0, 0) = 9.0f;
+  const auto est = estimate_vertical_slash(VerticalSlashPattern{2, 0, 64, 0, 0}, x.q, x.k, 0, 0,
+                                           LoweringContext::prefill(S), 1.0f);
+  EXPECT_EQ(est.columns, (std::vector<int32_t>{100, 333}));
+  EXPECT_TRUE(est.offsets.empty());
+  // With forced columns, the budget of 3 is the forced column 0 plus the two planted ones.
+  const auto forced = estimate_vertical_slash(VerticalSlashPattern{3, 0, 64, 1, 0}, x.q, x.k, 0, 0,
+                                              LoweringContext::prefill(S), 1.0f);
+  EXPECT_EQ(forced.columns, (std::vector<int32_t>{0, 100, 333}));
+}
+
+TEST(Estimators, VerticalSlashFindsAPlantedDiagonal) {
+  // A rotary-like code: score(p, j) = a^2 cos(theta (p - j - 17)), peaked on the diagonal at offset 17; the period
+  // (2 pi / theta) exceeds S so no other diagonal peaks. Offsets 16 and 18 tie for second place.
+  const int64_t S = 512, d = 2;
+  const double theta = 2.0 * M_PI / 2048.0, a = 40.0;
+  Tensor q(DType::F32, {S, 1, d}), k(DType::F32, {S, 1, d});
+  for (int64_t p = 0; p < S; ++p) {
+    q.ptr<float>()[p * d] = static_cast<float>(a * std::cos(theta * double(p)));
+    q.ptr<float>()[p * d + 1] = static_cast<float>(a * std::sin(theta * double(p)));
+    k.ptr<float>()[p * d] = static_cast<float>(a * std::cos(theta * double(p + 17)));
+    k.ptr<float>()[p * d + 1] = static_cast<float>(a * std::sin(theta * double(p + 17)));
+  }
+  const auto ctx = LoweringContext::prefill(S);
+  EXPECT_EQ(estimate_vertical_slash(VerticalSlashPattern{0, 1, 64, 0, 0}, q, k, 0, 0, ctx, 1.0f).offsets,
+            (std::vector<int32_t>{17}));
+  EXPECT_EQ(estimate_vertical_slash(VerticalSlashPattern{0, 3, 64, 0, 0}, q, k, 0, 0, ctx, 1.0f).offsets,
+            (std::vector<int32_t>{16, 17, 18}));
+  // Forced diagonals [0, 2) take two of the four.
+  EXPECT_EQ(estimate_vertical_slash(VerticalSlashPattern{0, 4, 64, 0, 2}, q, k, 0, 0, ctx, 1.0f).offsets,
+            (std::vector<int32_t>{0, 1, 16, 17}));
+}
+
+TEST(Estimators, BlockSparseFindsPlantedBlocksAndEqualsBruteForce) {
+  const int64_t S = 300, d = 16, B = 32;
+  std::mt19937 rng(3);
+  Qk x = random_qk(rng, S, S, 2, 1, d);
+  // Scale random data down and plant key block 5 (keys 160..191) as the best for every query block >= 5.
+  for (int64_t i = 0; i < x.q.numel(); ++i) x.q.ptr<float>()[i] *= 0.01f;
+  for (int64_t i = 0; i < x.k.numel(); ++i) x.k.ptr<float>()[i] *= 0.01f;
+  for (int64_t p = 0; p < S; ++p) *x.q.view().at<float>(p, 0, 0) = 1.0f;
+  for (int64_t j = 160; j < 192; ++j) *x.k.view().at<float>(j, 0, 0) = 5.0f;
+  const BlockSparsePattern p{1, static_cast<int32_t>(B)};
+  const auto est = estimate_block_sparse(p, x.q, x.k, 0, 0, LoweringContext::prefill(S), 1.0f);
+  ASSERT_EQ(est.offsets.size(), 11u);  // ceil(300 / 32) query blocks
+  for (int32_t qb = 5; qb < 10; ++qb) EXPECT_EQ(est.key_blocks[static_cast<size_t>(est.offsets[size_t(qb)])], 5);
+
+  // Brute force for head 1 with top_k 3 and a chunk that starts mid-block.
+  const LoweringContext ctx{45, 200, 245, 0, 64};
+  Qk y = random_qk(rng, 200, 245, 2, 1, d);
+  const BlockSparsePattern p3{3, static_cast<int32_t>(B)};
+  const auto got = estimate_block_sparse(p3, y.q, y.k, 1, 0, ctx, 0.5f);
+  EXPECT_EQ(got.first_q_block, 1);
+  size_t e = 0;
+  for (int64_t qb = 1; qb <= (245 - 1) / B; ++qb, ++e) {
+    std::vector<double> qp(d, 0.0);
+    const int64_t r0 = std::max<int64_t>(qb * B, 45), r1 = std::min<int64_t>((qb + 1) * B, 245);
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t i = 0; i < d; ++i) qp[size_t(i)] += *y.q.view().at<float>(r - 45, 1, i) / double(r1 - r0);
+    std::vector<std::pair<double, int32_t>> sc;
+    for (int64_t kb = 0; kb <= qb; ++kb) {
+      const int64_t k0 = kb * B, k1 = std::min<int64_t>((kb + 1) * B, 245);
+      double s = 0;
+      for (int64_t i = 0; i < d; ++i) {
+        double kp = 0;
+        for (int64_t j = k0; j < k1; ++j) kp += *y.k.view().at<float>(j, 0, i) / double(k1 - k0);
+        s += qp[size_t(i)] * kp;
+      }
+      sc.push_back({-s, static_cast<int32_t>(kb)});
+    }
+    std::sort(sc.begin(), sc.end());
+    std::vector<int32_t> want;
+    for (size_t i = 0; i < std::min<size_t>(3, sc.size()); ++i) want.push_back(sc[i].second);
+    std::sort(want.begin(), want.end());
+    std::vector<int32_t> have(got.key_blocks.begin() + got.offsets[e], got.key_blocks.begin() + got.offsets[e + 1]);
+    EXPECT_EQ(have, want) << "query block " << qb;
+  }
+}
+
+TEST(Estimators, LayerEstimatesFollowGqaAndLowerToValidIndexes) {
+  std::mt19937 rng(11);
+  const LoweringContext ctx = LoweringContext::prefill(150, 64);
+  const Qk x = random_qk(rng, 150, 150, 4, 2, 8);
+  const std::vector<Pattern> pats = {DensePattern{}, VerticalSlashPattern{4, 6, 64, 1, 2}, BlockSparsePattern{2, 16},
+                                     AShapePattern{4, 16}};
+  ThreadPool pool(2);
+  const auto ests = estimate_layer(pats, x.q, x.k, ctx, 0.3f, pool);
+  ASSERT_EQ(ests.size(), 4u);
+  EXPECT_TRUE(std::holds_alternative<std::monostate>(ests[0]));
+  EXPECT_EQ(std::get<VerticalSlashEstimate>(ests[1]),
+            estimate_vertical_slash(VerticalSlashPattern{4, 6, 64, 1, 2}, x.q, x.k, 1, 0, ctx, 0.3f));
+  EXPECT_EQ(std::get<BlockSparseEstimate>(ests[2]),
+            estimate_block_sparse(BlockSparsePattern{2, 16}, x.q, x.k, 2, 1, ctx, 0.3f));
+  const SparseIndex index = lower_layer(pats, ests, ctx);
+  EXPECT_EQ(index.num_heads, 4);
+  index.validate();
+  for (int h = 0; h < 4; ++h) {
+    const auto mask = pattern_mask(pats[size_t(h)], ests[size_t(h)], ctx);
+    for (int r = 0; r < 150; ++r)
+      for (int j = 0; j < 150; ++j) ASSERT_EQ(index.visible(h, r, j), mask[size_t(r * 150 + j)] != 0);
+  }
+}
+
+TEST(Estimators, Bf16InputsGiveTheSameEstimateAsTheirF32Values) {
+  std::mt19937 rng(5);
+  Qk x = random_qk(rng, 100, 100, 1, 1, 16);
+  Tensor qb(DType::BF16, {100, 1, 16}), kb(DType::BF16, {100, 1, 16});
+  for (int64_t i = 0; i < x.q.numel(); ++i) {
+    qb.ptr<bf16>()[i] = f32_to_bf16(x.q.ptr<float>()[i]);
+    x.q.ptr<float>()[i] = bf16_to_f32(qb.ptr<bf16>()[i]);
+    kb.ptr<bf16>()[i] = f32_to_bf16(x.k.ptr<float>()[i]);
+    x.k.ptr<float>()[i] = bf16_to_f32(kb.ptr<bf16>()[i]);
+  }
+  const auto ctx = LoweringContext::prefill(100);
+  const VerticalSlashPattern p{7, 9, 64, 2, 2};
+  EXPECT_EQ(estimate_vertical_slash(p, qb, kb, 0, 0, ctx, 0.25f), estimate_vertical_slash(p, x.q, x.k, 0, 0, ctx, 0.25f));
+}
+
+}  // namespace
+}  // namespace tessera::attn
