@@ -1,0 +1,16 @@
+// tessera/attention/cpu/dense_attention.h — dense causal attention on the CPU (flash-style, f32 accumulation).
+//
+// Work items are (query head, 64-row query tile), run heaviest first over the pool; per item the keys
+// [0, last row's position] are processed in 64-key blocks with an online softmax; only blocks crossing the
+// diagonal are masked. It is sparse_attention_cpu with one range per tile (same kernel, same numerics).
+#pragma once
+
+#include "attention/cpu/attention_args.h"
+#include "core/thread_pool.h"
+
+namespace tessera::attn {
+
+// Writes args.out (and args.lse when present). Throws what validate(args) throws.
+void dense_attention_cpu(const AttentionArgs& args, ThreadPool& pool = ThreadPool::global());
+
+}  // namespace tessera::attn

@@ -1,0 +1,104 @@
+#include "attention/cpu/flash_executor.h"
+
+#include <algorithm>
+#include <atomic>
+
+#include "attention/cpu/cpu_kernel.h"
+#include "attention/cpu/flash_tile.h"
+#include "core/buffer.h"
+#include "core/error.h"
+
+namespace tessera::attn {
+
+namespace {
+std::atomic<CpuKernel> g_kernel{CpuKernel::Auto};
+}  // namespace
+
+bool cpu_has_avx512() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  return has;
+#else
+  return false;
+#endif
+}
+
+void set_cpu_kernel(CpuKernel kernel) {
+  check(kernel != CpuKernel::Avx512 || cpu_has_avx512(),
+        "set_cpu_kernel: this CPU does not support AVX-512 (F, BW, VL, DQ)");
+  g_kernel.store(kernel);
+}
+
+CpuKernel active_cpu_kernel() {
+  const CpuKernel k = g_kernel.load();
+  if (k != CpuKernel::Auto) return k;
+  return cpu_has_avx512() ? CpuKernel::Avx512 : CpuKernel::Baseline;
+}
+
+std::string_view cpu_kernel_name(CpuKernel kernel) {
+  switch (kernel) {
+    case CpuKernel::Auto: return "auto";
+    case CpuKernel::Baseline: return "baseline";
+    case CpuKernel::Avx512: return "avx512";
+  }
+  return "?";
+}
+
+namespace cpu_detail {
+
+void execute_items(const AttentionArgs& args, std::vector<WorkItem>& items, ThreadPool& pool) {
+  if (items.empty()) return;
+  std::stable_sort(items.begin(), items.end(), [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
+
+  const int d = static_cast<int>(args.head_dim());
+  const size_t scratch_floats = tile_scratch_floats(d);
+  std::vector<Buffer> scratch;
+  scratch.reserve(static_cast<size_t>(pool.size()));
+  for (int w = 0; w < pool.size(); ++w) scratch.emplace_back(scratch_floats * sizeof(float));
+
+  auto* run_tile = active_cpu_kernel() == CpuKernel::Avx512 ? &run_tile_avx512 : &run_tile_baseline;
+  const float scale = args.effective_scale();
+  const bool q_bf16 = args.q.dtype == DType::BF16, k_bf16 = args.k.dtype == DType::BF16,
+             v_bf16 = args.v.dtype == DType::BF16;
+  const size_t q_es = q_bf16 ? 2 : 4, k_es = k_bf16 ? 2 : 4, v_es = v_bf16 ? 2 : 4;
+  const int64_t group = args.group_size();
+
+  pool.parallel_for(static_cast<int64_t>(items.size()), [&](int64_t i, int worker) {
+    const WorkItem& it = items[static_cast<size_t>(i)];
+    const int64_t g = it.head / group;
+    TileJob job;
+    job.q = static_cast<const char*>(args.q.data) +
+            (it.row_begin * args.q.stride[0] + it.head * args.q.stride[1]) * static_cast<int64_t>(q_es);
+    job.q_rs = args.q.stride[0];
+    job.q_cs = args.q.stride[2];
+    job.q_bf16 = q_bf16;
+    job.k = static_cast<const char*>(args.k.data) + g * args.k.stride[1] * static_cast<int64_t>(k_es);
+    job.k_rs = args.k.stride[0];
+    job.k_cs = args.k.stride[2];
+    job.k_bf16 = k_bf16;
+    job.v = static_cast<const char*>(args.v.data) + g * args.v.stride[1] * static_cast<int64_t>(v_es);
+    job.v_rs = args.v.stride[0];
+    job.v_cs = args.v.stride[2];
+    job.v_bf16 = v_bf16;
+    job.out = args.out.at<float>(it.row_begin, it.head, 0);
+    job.out_rs = args.out.stride[0];
+    job.out_cs = args.out.stride[2];
+    if (args.has_lse()) {
+      job.lse = args.lse.at<float>(it.head, it.row_begin);
+      job.lse_rs = args.lse.stride[1];
+    }
+    job.rows = it.rows;
+    job.head_dim = d;
+    job.first_pos = args.q_begin + it.row_begin;
+    job.scale = scale;
+    job.ranges = it.ranges;
+    job.num_ranges = it.num_ranges;
+    job.columns = it.columns;
+    job.num_columns = it.num_columns;
+    run_tile(job, static_cast<float*>(scratch[static_cast<size_t>(worker)].data()));
+  });
+}
+
+}  // namespace cpu_detail
+}  // namespace tessera::attn

@@ -1,0 +1,91 @@
+// The query-tile kernel for AVX-512 (this file is compiled with -mavx512f/bw/vl/dq; callers check the CPU).
+// GCC 12's AVX-512 intrinsic headers initialise their "undefined" operands from themselves and then warn
+// about it (-Wuninitialized) once inlined; the warning is about the header, not this code.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#include "attention/cpu/flash_tile.h"
+
+#if defined(__AVX512F__) && defined(__FMA__)
+
+#include <immintrin.h>
+
+#include "attention/cpu/flash_tile_impl.h"
+
+namespace tessera::attn::cpu_detail {
+namespace {
+
+// 64 query rows = 4 zmm. QK^T: 6 keys x 64 rows = 24 accumulators; PV: 6 dims x 64 rows = 24 accumulators.
+struct Avx512 {
+  using reg = __m512;
+  static constexpr int kWidth = 16;
+  static constexpr int kRowVecs = 4;
+  static constexpr int kQkKeys = 6;
+  static constexpr int kPvDims = 6;
+
+  static reg zero() { return _mm512_setzero_ps(); }
+  static reg set1(float x) { return _mm512_set1_ps(x); }
+  static reg load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, reg x) { _mm512_storeu_ps(p, x); }
+  static reg fmadd(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
+  static reg add(reg a, reg b) { return _mm512_add_ps(a, b); }
+  static reg sub(reg a, reg b) { return _mm512_sub_ps(a, b); }
+  static reg mul(reg a, reg b) { return _mm512_mul_ps(a, b); }
+  static reg max(reg a, reg b) { return _mm512_max_ps(a, b); }
+  static reg zero_if_neg_inf(reg x) {
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-__builtin_inff()), _CMP_NEQ_UQ), x);
+  }
+  // e^x: x = n ln2 + r, |r| <= ln2 / 2, e^r by the Cephes expf polynomial (about 1 ulp), 2^n by scalef.
+  // Inputs <= -87 (including -inf) give exactly 0, so no denormal is ever produced.
+  static reg exp(reg x) {
+    const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GT_OQ);
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+    const reg n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    reg r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    reg p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    const reg y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    return _mm512_maskz_scalef_ps(live, y, n);
+  }
+  static void cvt_bf16(const uint16_t* src, float* dst, int n) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+      _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+    }
+    for (; i < n; ++i) dst[i] = bf16_bits_to_f32(src[i]);
+  }
+};
+
+}  // namespace
+}  // namespace tessera::attn::cpu_detail
+
+
+namespace tessera::attn::cpu_detail {
+
+void run_tile_avx512(const TileJob& job, float* scratch) {
+  // Flush-to-zero / denormals-are-zero for the tile: tiny products must not take microcode assists.
+  const unsigned csr = _mm_getcsr();
+  _mm_setcsr(csr | 0x8040u);
+  FlashTile<Avx512>::run(job, scratch);
+  _mm_setcsr(csr);
+}
+
+}  // namespace tessera::attn::cpu_detail
+
+#else
+
+namespace tessera::attn::cpu_detail {
+// Built without AVX-512 support: never selected (see kernel_isa.cpp), kept so the symbol exists.
+void run_tile_avx512(const TileJob& job, float* scratch) { run_tile_baseline(job, scratch); }
+}  // namespace tessera::attn::cpu_detail
+
+#endif

@@ -1,0 +1,139 @@
+// The query-tile kernel for the build's baseline ISA: AVX2 + FMA on x86-64-v3, portable C++ elsewhere.
+#include "attention/cpu/flash_tile.h"
+
+#if defined(__AVX2__) && defined(__FMA__)
+
+#include <immintrin.h>
+
+#include "attention/cpu/flash_tile_impl.h"
+
+namespace tessera::attn::cpu_detail {
+namespace {
+
+// 16 ymm registers: a micro-kernel covers 16 rows (2 ymm) at a time; QK^T 4 keys x 2 = 8 accumulators,
+// PV 4 dims x 2 = 8 accumulators.
+struct Avx2 {
+  using reg = __m256;
+  static constexpr int kWidth = 8;
+  static constexpr int kRowVecs = 2;
+  static constexpr int kQkKeys = 4;
+  static constexpr int kPvDims = 4;
+
+  static reg zero() { return _mm256_setzero_ps(); }
+  static reg set1(float x) { return _mm256_set1_ps(x); }
+  static reg load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, reg x) { _mm256_storeu_ps(p, x); }
+  static reg fmadd(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
+  static reg add(reg a, reg b) { return _mm256_add_ps(a, b); }
+  static reg sub(reg a, reg b) { return _mm256_sub_ps(a, b); }
+  static reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }
+  static reg max(reg a, reg b) { return _mm256_max_ps(a, b); }
+  static reg zero_if_neg_inf(reg x) {
+    return _mm256_and_ps(x, _mm256_cmp_ps(x, _mm256_set1_ps(-__builtin_inff()), _CMP_NEQ_UQ));
+  }
+  // As Avx512::exp, with 2^n built in the exponent field (n >= -126 after the clamp).
+  static reg exp(reg x) {
+    const reg live = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GT_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    const reg n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    reg r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    reg p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    const reg y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), live);
+  }
+  static void cvt_bf16(const uint16_t* src, float* dst, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+      _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+    }
+    for (; i < n; ++i) dst[i] = bf16_bits_to_f32(src[i]);
+  }
+};
+using Baseline = Avx2;
+
+}  // namespace
+}  // namespace tessera::attn::cpu_detail
+
+#else
+
+#include <cmath>
+
+#include "attention/cpu/flash_tile_impl.h"
+
+namespace tessera::attn::cpu_detail {
+namespace {
+
+
+// Plain C++ lanes for targets without AVX2; the compiler vectorises what it can.
+struct Portable {
+  struct reg {
+    float x[8];
+  };
+  static constexpr int kWidth = 8;
+  static constexpr int kRowVecs = 2;
+  static constexpr int kQkKeys = 4;
+  static constexpr int kPvDims = 4;
+  template <class F>
+  static reg map(F f) {
+    reg r;
+    for (int i = 0; i < 8; ++i) r.x[i] = f(i);
+    return r;
+  }
+  static reg zero() { return set1(0); }
+  static reg set1(float v) { return map([&](int) { return v; }); }
+  static reg load(const float* p) { return map([&](int i) { return p[i]; }); }
+  static void store(float* p, reg a) {
+    for (int i = 0; i < 8; ++i) p[i] = a.x[i];
+  }
+  static reg fmadd(reg a, reg b, reg c) { return map([&](int i) { return a.x[i] * b.x[i] + c.x[i]; }); }
+  static reg add(reg a, reg b) { return map([&](int i) { return a.x[i] + b.x[i]; }); }
+  static reg sub(reg a, reg b) { return map([&](int i) { return a.x[i] - b.x[i]; }); }
+  static reg mul(reg a, reg b) { return map([&](int i) { return a.x[i] * b.x[i]; }); }
+  static reg max(reg a, reg b) { return map([&](int i) { return a.x[i] > b.x[i] ? a.x[i] : b.x[i]; }); }
+  static reg zero_if_neg_inf(reg a) {
+    return map([&](int i) { return a.x[i] == -HUGE_VALF ? 0.0f : a.x[i]; });
+  }
+  static reg exp(reg a) { return map([&](int i) { return a.x[i] <= -87.0f ? 0.0f : std::exp(a.x[i]); }); }
+  static void cvt_bf16(const uint16_t* src, float* dst, int n) {
+    for (int i = 0; i < n; ++i) {
+      const uint32_t u = static_cast<uint32_t>(src[i]) << 16;
+      __builtin_memcpy(dst + i, &u, sizeof(float));
+    }
+  }
+};
+using Baseline = Portable;
+
+}  // namespace
+}  // namespace tessera::attn::cpu_detail
+
+#endif
+
+
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
+
+namespace tessera::attn::cpu_detail {
+
+void run_tile_baseline(const TileJob& job, float* scratch) {
+#if defined(__SSE__)
+  // Flush-to-zero / denormals-are-zero for the tile: tiny products must not take microcode assists.
+  const unsigned csr = _mm_getcsr();
+  _mm_setcsr(csr | 0x8040u);
+  FlashTile<Baseline>::run(job, scratch);
+  _mm_setcsr(csr);
+#else
+  FlashTile<Baseline>::run(job, scratch);
+#endif
+}
+
+}  // namespace tessera::attn::cpu_detail

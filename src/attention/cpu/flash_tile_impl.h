@@ -1,0 +1,318 @@
+// tessera/attention/cpu/flash_tile_impl.h — internal: the query-tile kernel, generic over a SIMD policy.
+//
+// Included by exactly one translation unit per ISA (flash_tile_avx512.cpp, flash_tile_baseline.cpp), after that
+// unit has defined its policy. Everything here has internal linkage (anonymous namespace) and calls no inline
+// library function, so code compiled for AVX-512 can never be picked by the linker for a baseline caller.
+//
+// A SIMD policy S provides:
+//   reg; kWidth (lanes); kRowVecs (row vectors per micro-kernel pass); kQkKeys (keys per QK^T micro-kernel);
+//   kPvDims (head dims per PV micro-kernel); zero, set1, load, store, fmadd(a, b, c) = a * b + c, add, sub, max;
+//   exp(x) (0 for x <= -87, including -inf); zero_if_neg_inf(x); cvt_bf16(src, dst, n) (n contiguous values).
+#pragma once
+
+#include <cstdint>
+
+#include "attention/cpu/flash_tile.h"
+
+namespace tessera::attn::cpu_detail {
+namespace {
+
+inline float bf16_bits_to_f32(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  __builtin_memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+template <class S>
+class FlashTile {
+  using reg = typename S::reg;
+  static constexpr int W = S::kWidth;
+  static constexpr int NV = kTileRows / W;  // vectors per column of 64 rows
+  static constexpr int RC = S::kRowVecs;
+  static constexpr int NK = S::kQkKeys;
+  static constexpr int ND = S::kPvDims;
+  static_assert(kTileRows % W == 0 && NV % RC == 0, "policy does not tile 64 rows");
+  static constexpr float kNegInf = -__builtin_inff();
+
+ public:
+  static void run(const TileJob& job, float* scratch) {
+    FlashTile t(job, scratch);
+    t.execute();
+  }
+
+ private:
+  FlashTile(const TileJob& job, float* scratch) : job_(job), d_(job.head_dim) {
+    const int64_t d = d_;
+    dpad_ = (d + 15) / 16 * 16;
+    qt_ = scratch;
+    ot_ = qt_ + d * kTileRows;
+    st_ = ot_ + d * kTileRows;
+    m_ = st_ + kKeyBlock * kTileRows;
+    l_ = m_ + kTileRows;
+    alpha_ = l_ + kTileRows;
+    kbuf_ = alpha_ + kTileRows;
+    vbuf_ = kbuf_ + kKeyBlock * dpad_;
+    // Only the row vectors that hold real rows are computed (in steps of RC).
+    const int row_vecs = (job.rows + W - 1) / W;
+    nvu_ = (row_vecs + RC - 1) / RC * RC;
+  }
+
+  void execute() {
+    pack_queries();
+    for (int i = 0; i < d_ * kTileRows; ++i) ot_[i] = 0;
+    for (int r = 0; r < kTileRows; ++r) {
+      m_[r] = kNegInf;
+      l_[r] = 0;
+    }
+    for (int32_t ri = 0; ri < job_.num_ranges; ++ri) {
+      const KeyRange kr = job_.ranges[ri];
+      for (int32_t j = kr.begin; j < kr.end; j += kKeyBlock) {
+        const int n = kr.end - j < kKeyBlock ? kr.end - j : kKeyBlock;
+        block(nullptr, j, n);
+      }
+    }
+    for (int32_t ci = 0; ci < job_.num_columns; ci += kKeyBlock) {
+      const int n = job_.num_columns - ci < kKeyBlock ? job_.num_columns - ci : kKeyBlock;
+      block(job_.columns + ci, 0, n);
+    }
+    finish();
+  }
+
+  // Q^T[c][r] = scale * q[r][c]; rows beyond job.rows are zero.
+  void pack_queries() {
+    const float scale = job_.scale;
+    for (int r = 0; r < kTileRows; ++r) {
+      if (r >= job_.rows) {
+        for (int c = 0; c < d_; ++c) qt_[c * kTileRows + r] = 0;
+        continue;
+      }
+      if (job_.q_bf16) {
+        const uint16_t* q = static_cast<const uint16_t*>(job_.q) + r * job_.q_rs;
+        for (int c = 0; c < d_; ++c) qt_[c * kTileRows + r] = scale * bf16_bits_to_f32(q[c * job_.q_cs]);
+      } else {
+        const float* q = static_cast<const float*>(job_.q) + r * job_.q_rs;
+        for (int c = 0; c < d_; ++c) qt_[c * kTileRows + r] = scale * q[c * job_.q_cs];
+      }
+    }
+  }
+
+  // f32 rows of the block's keys (or values): straight from the tensor when it is f32 with unit dim stride and
+  // the keys are contiguous, else converted or gathered into buf. Returns the base and sets the row stride.
+  const float* block_rows(const void* base, int64_t rs, int64_t cs, bool is_bf16, const int32_t* pos, int32_t first,
+                          int n, float* buf, int64_t* ld) const {
+    if (!is_bf16 && cs == 1 && pos == nullptr) {
+      *ld = rs;
+      return static_cast<const float*>(base) + first * rs;
+    }
+    for (int i = 0; i < n; ++i) {
+      const int64_t p = pos != nullptr ? pos[i] : first + i;
+      float* dst = buf + i * dpad_;
+      if (is_bf16) {
+        const uint16_t* src = static_cast<const uint16_t*>(base) + p * rs;
+        if (cs == 1) {
+          S::cvt_bf16(src, dst, d_);
+        } else {
+          for (int c = 0; c < d_; ++c) dst[c] = bf16_bits_to_f32(src[c * cs]);
+        }
+      } else {
+        const float* src = static_cast<const float*>(base) + p * rs;
+        if (cs == 1) {
+          __builtin_memcpy(dst, src, static_cast<size_t>(d_) * sizeof(float));
+        } else {
+          for (int c = 0; c < d_; ++c) dst[c] = src[c * cs];
+        }
+      }
+    }
+    *ld = dpad_;
+    return buf;
+  }
+
+  // S^T[i][r] = sum_c K[i][c] * Q^T[c][r] for NKK keys and RC row vectors: NKK * RC accumulators.
+  template <int NKK>
+  static void qk(const float* qt, const float* k, int64_t ldk, int d, float* st) {
+    reg acc[NKK][RC];
+#pragma GCC unroll 8
+    for (int i = 0; i < NKK; ++i)
+#pragma GCC unroll 8
+      for (int r = 0; r < RC; ++r) acc[i][r] = S::zero();
+    const float* kr[NKK];
+#pragma GCC unroll 8
+    for (int i = 0; i < NKK; ++i) kr[i] = k + i * ldk;
+    for (int c = 0; c < d; ++c) {
+      reg q[RC];
+#pragma GCC unroll 8
+      for (int r = 0; r < RC; ++r) q[r] = S::load(qt + c * kTileRows + r * W);
+#pragma GCC unroll 8
+      for (int i = 0; i < NKK; ++i) {
+        const reg b = S::set1(kr[i][c]);
+#pragma GCC unroll 8
+        for (int r = 0; r < RC; ++r) acc[i][r] = S::fmadd(q[r], b, acc[i][r]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < NKK; ++i)
+#pragma GCC unroll 8
+      for (int r = 0; r < RC; ++r) S::store(st + i * kTileRows + r * W, acc[i][r]);
+  }
+
+  template <int NKK>
+  static void qk_tail(int n, const float* qt, const float* k, int64_t ldk, int d, float* st) {
+    if constexpr (NKK > 0) {
+      if (n == NKK) {
+        qk<NKK>(qt, k, ldk, d, st);
+      } else {
+        qk_tail<NKK - 1>(n, qt, k, ldk, d, st);
+      }
+    }
+  }
+
+  // O^T[c][r] = alpha[r] * O^T[c][r] + sum_j V[j][c] * P^T[j][r] for NDD dims and RC row vectors.
+  template <int NDD>
+  static void pv(float* ot, const float* pt, const float* v, int64_t ldv, int n, const float* alpha) {
+    reg acc[NDD][RC];
+#pragma GCC unroll 8
+    for (int r = 0; r < RC; ++r) {
+      const reg a = S::load(alpha + r * W);
+#pragma GCC unroll 8
+      for (int i = 0; i < NDD; ++i) acc[i][r] = S::mul(S::load(ot + i * kTileRows + r * W), a);
+    }
+    for (int j = 0; j < n; ++j) {
+      reg p[RC];
+#pragma GCC unroll 8
+      for (int r = 0; r < RC; ++r) p[r] = S::load(pt + j * kTileRows + r * W);
+      const float* vr = v + j * ldv;
+#pragma GCC unroll 8
+      for (int i = 0; i < NDD; ++i) {
+        const reg b = S::set1(vr[i]);
+#pragma GCC unroll 8
+        for (int r = 0; r < RC; ++r) acc[i][r] = S::fmadd(p[r], b, acc[i][r]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < NDD; ++i)
+#pragma GCC unroll 8
+      for (int r = 0; r < RC; ++r) S::store(ot + i * kTileRows + r * W, acc[i][r]);
+  }
+
+  template <int NDD>
+  static void pv_tail(int nd, float* ot, const float* pt, const float* v, int64_t ldv, int n, const float* alpha) {
+    if constexpr (NDD > 0) {
+      if (nd == NDD) {
+        pv<NDD>(ot, pt, v, ldv, n, alpha);
+      } else {
+        pv_tail<NDD - 1>(nd, ot, pt, v, ldv, n, alpha);
+      }
+    }
+  }
+
+  // Online softmax over the block's n scores per row (NVU row vectors): new running max, rescale factors,
+  // P^T = exp(S^T - max) in place, running sums.
+  template <int NVU>
+  void softmax(int n) {
+    reg mx[NVU];
+#pragma GCC unroll 8
+    for (int v = 0; v < NVU; ++v) mx[v] = S::set1(kNegInf);
+    for (int i = 0; i < n; ++i) {
+#pragma GCC unroll 8
+      for (int v = 0; v < NVU; ++v) mx[v] = S::max(mx[v], S::load(st_ + i * kTileRows + v * W));
+    }
+    reg mu[NVU], sum[NVU];
+#pragma GCC unroll 8
+    for (int v = 0; v < NVU; ++v) {
+      const reg m_old = S::load(m_ + v * W);
+      const reg m_new = S::max(m_old, mx[v]);
+      mu[v] = S::zero_if_neg_inf(m_new);  // a row with no key so far: exponents stay -inf, weights 0
+      S::store(alpha_ + v * W, S::exp(S::sub(m_old, mu[v])));
+      S::store(m_ + v * W, m_new);
+      sum[v] = S::zero();
+    }
+    for (int i = 0; i < n; ++i) {
+#pragma GCC unroll 8
+      for (int v = 0; v < NVU; ++v) {
+        float* s = st_ + i * kTileRows + v * W;
+        const reg p = S::exp(S::sub(S::load(s), mu[v]));
+        S::store(s, p);
+        sum[v] = S::add(sum[v], p);
+      }
+    }
+#pragma GCC unroll 8
+    for (int v = 0; v < NVU; ++v) {
+      S::store(l_ + v * W, S::fmadd(S::load(l_ + v * W), S::load(alpha_ + v * W), sum[v]));
+    }
+  }
+
+  template <int NVU>
+  void softmax_dispatch(int n) {
+    if constexpr (NVU > 0) {
+      if (nvu_ == NVU) {
+        softmax<NVU>(n);
+      } else {
+        softmax_dispatch<NVU - RC>(n);
+      }
+    }
+  }
+
+  // One block of n keys: contiguous positions [first, first + n) when pos is null, else pos[0..n).
+  void block(const int32_t* pos, int32_t first, int n) {
+    int64_t ldk = 0, ldv = 0;
+    const float* kb = block_rows(job_.k, job_.k_rs, job_.k_cs, job_.k_bf16, pos, first, n, kbuf_, &ldk);
+    const float* vb = block_rows(job_.v, job_.v_rs, job_.v_cs, job_.v_bf16, pos, first, n, vbuf_, &ldv);
+
+    for (int ch = 0; ch < nvu_; ch += RC) {
+      int i = 0;
+      for (; i + NK <= n; i += NK) qk<NK>(qt_ + ch * W, kb + i * ldk, ldk, d_, st_ + i * kTileRows + ch * W);
+      if (i < n) qk_tail<NK - 1>(n - i, qt_ + ch * W, kb + i * ldk, ldk, d_, st_ + i * kTileRows + ch * W);
+    }
+
+    // Causal mask, only where some key lies beyond the tile's first row: key p is hidden from rows r < p - first_pos.
+    const int32_t last = pos != nullptr ? pos[n - 1] : first + n - 1;
+    if (last > job_.first_pos) {
+      for (int i = 0; i < n; ++i) {
+        const int32_t p = pos != nullptr ? pos[i] : first + i;
+        int32_t hidden = p - job_.first_pos;
+        if (hidden <= 0) continue;
+        if (hidden > kTileRows) hidden = kTileRows;
+        for (int r = 0; r < hidden; ++r) st_[i * kTileRows + r] = kNegInf;
+      }
+    }
+
+    softmax_dispatch<NV>(n);
+
+    for (int ch = 0; ch < nvu_; ch += RC) {
+      int c = 0;
+      for (; c + ND <= d_; c += ND) pv<ND>(ot_ + c * kTileRows + ch * W, st_ + ch * W, vb + c, ldv, n, alpha_ + ch * W);
+      if (c < d_) pv_tail<ND - 1>(d_ - c, ot_ + c * kTileRows + ch * W, st_ + ch * W, vb + c, ldv, n, alpha_ + ch * W);
+    }
+  }
+
+  void finish() {
+    for (int r = 0; r < job_.rows; ++r) {
+      float* o = job_.out + r * job_.out_rs;
+      if (m_[r] == kNegInf) {  // the row saw no key
+        for (int c = 0; c < d_; ++c) o[c * job_.out_cs] = 0;
+        if (job_.lse != nullptr) job_.lse[r * job_.lse_rs] = kNegInf;
+        continue;
+      }
+      const float inv = 1.0f / l_[r];
+      for (int c = 0; c < d_; ++c) o[c * job_.out_cs] = ot_[c * kTileRows + r] * inv;
+      if (job_.lse != nullptr) job_.lse[r * job_.lse_rs] = m_[r] + __builtin_logf(l_[r]);
+    }
+  }
+
+  const TileJob& job_;
+  int d_;
+  int64_t dpad_ = 0;
+  int nvu_ = 0;
+  float* qt_ = nullptr;     // [d][64]  scaled queries, transposed
+  float* ot_ = nullptr;     // [d][64]  unnormalised output, transposed
+  float* st_ = nullptr;     // [64][64] scores, then probabilities, transposed (key-major)
+  float* m_ = nullptr;      // [64] running max of scaled scores
+  float* l_ = nullptr;      // [64] running sum of exp(score - max)
+  float* alpha_ = nullptr;  // [64] rescale factor of the current block
+  float* kbuf_ = nullptr;   // [64][dpad] packed keys
+  float* vbuf_ = nullptr;   // [64][dpad] packed values
+};
+
+}  // namespace
+}  // namespace tessera::attn::cpu_detail
