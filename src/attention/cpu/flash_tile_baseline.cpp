@@ -31,23 +31,21 @@ struct Avx2 {
   static reg zero_if_neg_inf(reg x) {
     return _mm256_and_ps(x, _mm256_cmp_ps(x, _mm256_set1_ps(-__builtin_inff()), _CMP_NEQ_UQ));
   }
-  // As Avx512::exp, with 2^n built in the exponent field (n >= -126 after the clamp).
-  static reg exp(reg x) {
-    const reg live = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GT_OQ);
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
-    const reg n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    reg r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    reg p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    const reg y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+  // As Avx512::exp2, with 2^n built in the exponent field (n >= -124 on live lanes; others are masked to 0).
+  static reg exp2(reg x) {
+    const reg live = _mm256_cmp_ps(x, _mm256_set1_ps(-125.0f), _CMP_GT_OQ);
+    x = _mm256_max_ps(x, _mm256_set1_ps(-125.0f));  // keeps the integer conversion below in range
+    const reg n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const reg f = _mm256_sub_ps(x, n);
+    reg p = _mm256_set1_ps(1.5337576830683796e-4f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3399860363037684e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618519534356884e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5503289975178886e-2f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402264660871389e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931472056005106e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0000000005920204f));
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), live);
+    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), live);
   }
   static void cvt_bf16(const uint16_t* src, float* dst, int n) {
     int i = 0;
@@ -102,7 +100,7 @@ struct Portable {
   static reg zero_if_neg_inf(reg a) {
     return map([&](int i) { return a.x[i] == -HUGE_VALF ? 0.0f : a.x[i]; });
   }
-  static reg exp(reg a) { return map([&](int i) { return a.x[i] <= -87.0f ? 0.0f : std::exp(a.x[i]); }); }
+  static reg exp2(reg a) { return map([&](int i) { return a.x[i] <= -125.0f ? 0.0f : std::exp2(a.x[i]); }); }
   static void cvt_bf16(const uint16_t* src, float* dst, int n) {
     for (int i = 0; i < n; ++i) {
       const uint32_t u = static_cast<uint32_t>(src[i]) << 16;

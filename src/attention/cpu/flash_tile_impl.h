@@ -7,7 +7,7 @@
 // A SIMD policy S provides:
 //   reg; kWidth (lanes); kRowVecs (row vectors per micro-kernel pass); kQkKeys (keys per QK^T micro-kernel);
 //   kPvDims (head dims per PV micro-kernel); zero, set1, load, store, fmadd(a, b, c) = a * b + c, add, sub, max;
-//   exp(x) (0 for x <= -87, including -inf); zero_if_neg_inf(x); cvt_bf16(src, dst, n) (n contiguous values).
+//   exp2(x) (0 for x <= -125, including -inf); zero_if_neg_inf(x); cvt_bf16(src, dst, n) (n contiguous values).
 #pragma once
 
 #include <cstdint>
@@ -79,9 +79,10 @@ class FlashTile {
     finish();
   }
 
-  // Q^T[c][r] = scale * q[r][c]; rows beyond job.rows are zero.
+  // Q^T[c][r] = scale * log2(e) * q[r][c] (scores in base 2, so the softmax needs exp2 only); rows beyond
+  // job.rows are zero.
   void pack_queries() {
-    const float scale = job_.scale;
+    const float scale = job_.scale * 1.44269504088896341f;
     for (int r = 0; r < kTileRows; ++r) {
       if (r >= job_.rows) {
         for (int c = 0; c < d_; ++c) qt_[c * kTileRows + r] = 0;
@@ -207,7 +208,7 @@ class FlashTile {
   }
 
   // Online softmax over the block's n scores per row (NVU row vectors): new running max, rescale factors,
-  // P^T = exp(S^T - max) in place, running sums.
+  // P^T = exp2(S^T - max) in place, running sums.
   template <int NVU>
   void softmax(int n) {
     reg mx[NVU];
@@ -223,7 +224,7 @@ class FlashTile {
       const reg m_old = S::load(m_ + v * W);
       const reg m_new = S::max(m_old, mx[v]);
       mu[v] = S::zero_if_neg_inf(m_new);  // a row with no key so far: exponents stay -inf, weights 0
-      S::store(alpha_ + v * W, S::exp(S::sub(m_old, mu[v])));
+      S::store(alpha_ + v * W, S::exp2(S::sub(m_old, mu[v])));
       S::store(m_ + v * W, m_new);
       sum[v] = S::zero();
     }
@@ -231,7 +232,7 @@ class FlashTile {
 #pragma GCC unroll 8
       for (int v = 0; v < NVU; ++v) {
         float* s = st_ + i * kTileRows + v * W;
-        const reg p = S::exp(S::sub(S::load(s), mu[v]));
+        const reg p = S::exp2(S::sub(S::load(s), mu[v]));
         S::store(s, p);
         sum[v] = S::add(sum[v], p);
       }
@@ -296,7 +297,7 @@ class FlashTile {
       }
       const float inv = 1.0f / l_[r];
       for (int c = 0; c < d_; ++c) o[c * job_.out_cs] = ot_[c * kTileRows + r] * inv;
-      if (job_.lse != nullptr) job_.lse[r * job_.lse_rs] = m_[r] + __builtin_logf(l_[r]);
+      if (job_.lse != nullptr) job_.lse[r * job_.lse_rs] = (m_[r] + __builtin_log2f(l_[r])) * 0.693147180559945309f;
     }
   }
 
@@ -307,8 +308,8 @@ class FlashTile {
   float* qt_ = nullptr;     // [d][64]  scaled queries, transposed
   float* ot_ = nullptr;     // [d][64]  unnormalised output, transposed
   float* st_ = nullptr;     // [64][64] scores, then probabilities, transposed (key-major)
-  float* m_ = nullptr;      // [64] running max of scaled scores
-  float* l_ = nullptr;      // [64] running sum of exp(score - max)
+  float* m_ = nullptr;      // [64] running max of scaled scores (base 2)
+  float* l_ = nullptr;      // [64] running sum of exp2(score - max)
   float* alpha_ = nullptr;  // [64] rescale factor of the current block
   float* kbuf_ = nullptr;   // [64][dpad] packed keys
   float* vbuf_ = nullptr;   // [64][dpad] packed values

@@ -1,0 +1,423 @@
+// attention_bench — CPU attention prefill: dense executor against every sparse pattern, same run, same inputs.
+//
+// Prints, first, the machine's measured f32 FMA peak (one core and all cores, AVX-512 and AVX2), then one table
+// per (dtype, head_dim, seq_len): the dense causal executor (time, GFLOP/s over the causal FLOPs 4·d·cells,
+// % of the all-core peak), then each pattern with its density, the time to estimate and lower its index, the
+// executor's time alone, and the speedups over dense (executor alone, and estimate + lower + executor).
+//
+//   attention_bench [--seq 4096,8192,16384] [--dim 64,128] [--dtype f32,bf16] [--heads 1] [--kv-heads H]
+//                   [--reps 3] [--threads 0] [--kernel auto|baseline|avx512] [--patterns ashape,triangle,...]
+//
+// Times are the best of --reps runs (after one warm-up run).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "attention/cpu/attention_args.h"
+#include "attention/cpu/cpu_kernel.h"
+#include "attention/cpu/dense_attention.h"
+#include "attention/cpu/sparse_attention.h"
+#include "attention/index/estimate.h"
+#include "attention/index/lower.h"
+#include "attention/index/sparse_index.h"
+#include "attention/pattern/pattern.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+
+namespace {
+
+using namespace tessera;
+using namespace tessera::attn;
+using Clock = std::chrono::steady_clock;
+
+// ---------------------------------------------------------------------------------------------------------------
+// FMA peak: independent FMA chains (more than latency x ports), nothing else in the loop.
+
+template <class F>
+double gflops_of(F body, int threads) {
+  // Each thread runs body() -> flops; the rate is total flops over the slowest thread's wall time.
+  std::vector<double> flops(static_cast<size_t>(threads));
+  std::atomic<int> ready{0};
+  const auto start_all = Clock::now();
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t) {
+    ts.emplace_back([&, t] {
+      ready.fetch_add(1);
+      while (ready.load() < threads) {
+      }
+      flops[static_cast<size_t>(t)] = body();
+    });
+  }
+  for (auto& th : ts) th.join();
+  const double secs = std::chrono::duration<double>(Clock::now() - start_all).count();
+  double total = 0;
+  for (double f : flops) total += f;
+  return total / secs * 1e-9;
+}
+
+// Hand-written loops: 24 (AVX-512) or 12 (AVX2) independent FMA chains on zeroed registers, so that neither
+// latency nor the compiler limits the rate.
+__attribute__((target("avx512f"))) double fma_loop_avx512(int64_t iters) {
+  int64_t n = iters;
+  __asm__ volatile(
+      "vpxord %%zmm30, %%zmm30, %%zmm30\n"
+      "vpxord %%zmm31, %%zmm31, %%zmm31\n"
+      "vxorps %%xmm0, %%xmm0, %%xmm0\n"
+      "vxorps %%xmm1, %%xmm1, %%xmm1\n"
+      "vxorps %%xmm2, %%xmm2, %%xmm2\n"
+      "vxorps %%xmm3, %%xmm3, %%xmm3\n"
+      "vxorps %%xmm4, %%xmm4, %%xmm4\n"
+      "vxorps %%xmm5, %%xmm5, %%xmm5\n"
+      "vxorps %%xmm6, %%xmm6, %%xmm6\n"
+      "vxorps %%xmm7, %%xmm7, %%xmm7\n"
+      "vxorps %%xmm8, %%xmm8, %%xmm8\n"
+      "vxorps %%xmm9, %%xmm9, %%xmm9\n"
+      "vxorps %%xmm10, %%xmm10, %%xmm10\n"
+      "vxorps %%xmm11, %%xmm11, %%xmm11\n"
+      "vxorps %%xmm12, %%xmm12, %%xmm12\n"
+      "vxorps %%xmm13, %%xmm13, %%xmm13\n"
+      "vxorps %%xmm14, %%xmm14, %%xmm14\n"
+      "vxorps %%xmm15, %%xmm15, %%xmm15\n"
+      "vmovaps %%zmm0, %%zmm16\n"
+      "vmovaps %%zmm0, %%zmm17\n"
+      "vmovaps %%zmm0, %%zmm18\n"
+      "vmovaps %%zmm0, %%zmm19\n"
+      "vmovaps %%zmm0, %%zmm20\n"
+      "vmovaps %%zmm0, %%zmm21\n"
+      "vmovaps %%zmm0, %%zmm22\n"
+      "vmovaps %%zmm0, %%zmm23\n"
+      ".p2align 5\n"
+      "1:\n"
+      "vfmadd231ps %%zmm30, %%zmm31, %%zmm0\n"
+      "vfmadd231ps %%zmm30, %%zmm31, %%zmm1\n"
+      "vfmadd231ps %%zmm30, %%zmm31, %%zmm2\n"
+      "vfmadd231ps %%zmm30, %%zmm31, %%zmm3\n"
+      "vfmadd231ps %%zmm30, %%zmm31, %%zmm4\n"
+      "vfmadd231ps %%zmm30, %%zmm31, %%zmm5\n"
+      "vfmadd231ps %%zmm30, %%zmm31, %%zmm6\n"
+      "vfmadd231ps %%zmm30, %%zmm31, %%zmm7\n"
+      "vfmadd231ps %%zmm30, %%zmm31, %%zmm8\n"
+      "vfmadd231ps %%zmm30, %%zmm31, %%zmm9\n"
+      "vfmadd231ps %%zmm30, %%zmm31, %%zmm10\n"
+      "vfmadd231ps %%zmm30, %%zmm31, %%zmm11\n"
+      "vfmadd231ps %%zmm30, %%zmm31, %%zmm12\n"
+      "vfmadd231ps %%zmm30, %%zmm31, %%zmm13\n"
+      "vfmadd231ps %%zmm30, %%zmm31, %%zmm14\n"
+      "vfmadd231ps %%zmm30, %%zmm31, %%zmm15\n"
+      "vfmadd231ps %%zmm30, %%zmm31, %%zmm16\n"
+      "vfmadd231ps %%zmm30, %%zmm31, %%zmm17\n"
+      "vfmadd231ps %%zmm30, %%zmm31, %%zmm18\n"
+      "vfmadd231ps %%zmm30, %%zmm31, %%zmm19\n"
+      "vfmadd231ps %%zmm30, %%zmm31, %%zmm20\n"
+      "vfmadd231ps %%zmm30, %%zmm31, %%zmm21\n"
+      "vfmadd231ps %%zmm30, %%zmm31, %%zmm22\n"
+      "vfmadd231ps %%zmm30, %%zmm31, %%zmm23\n"
+      "dec %0\n"
+      "jnz 1b\n"
+      : "+r"(n)
+      :
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm30", "xmm31", "cc");
+  return static_cast<double>(iters) * 24 * 16 * 2;
+}
+
+double fma_loop_avx2(int64_t iters) {
+  int64_t n = iters;
+  __asm__ volatile(
+      "vxorps %%xmm0, %%xmm0, %%xmm0\n"
+      "vxorps %%xmm1, %%xmm1, %%xmm1\n"
+      "vxorps %%xmm2, %%xmm2, %%xmm2\n"
+      "vxorps %%xmm3, %%xmm3, %%xmm3\n"
+      "vxorps %%xmm4, %%xmm4, %%xmm4\n"
+      "vxorps %%xmm5, %%xmm5, %%xmm5\n"
+      "vxorps %%xmm6, %%xmm6, %%xmm6\n"
+      "vxorps %%xmm7, %%xmm7, %%xmm7\n"
+      "vxorps %%xmm8, %%xmm8, %%xmm8\n"
+      "vxorps %%xmm9, %%xmm9, %%xmm9\n"
+      "vxorps %%xmm10, %%xmm10, %%xmm10\n"
+      "vxorps %%xmm11, %%xmm11, %%xmm11\n"
+      "vxorps %%xmm12, %%xmm12, %%xmm12\n"
+      "vxorps %%xmm13, %%xmm13, %%xmm13\n"
+      "vxorps %%xmm14, %%xmm14, %%xmm14\n"
+      "vxorps %%xmm15, %%xmm15, %%xmm15\n"
+      ".p2align 5\n"
+      "1:\n"
+      "vfmadd231ps %%ymm14, %%ymm15, %%ymm0\n"
+      "vfmadd231ps %%ymm14, %%ymm15, %%ymm1\n"
+      "vfmadd231ps %%ymm14, %%ymm15, %%ymm2\n"
+      "vfmadd231ps %%ymm14, %%ymm15, %%ymm3\n"
+      "vfmadd231ps %%ymm14, %%ymm15, %%ymm4\n"
+      "vfmadd231ps %%ymm14, %%ymm15, %%ymm5\n"
+      "vfmadd231ps %%ymm14, %%ymm15, %%ymm6\n"
+      "vfmadd231ps %%ymm14, %%ymm15, %%ymm7\n"
+      "vfmadd231ps %%ymm14, %%ymm15, %%ymm8\n"
+      "vfmadd231ps %%ymm14, %%ymm15, %%ymm9\n"
+      "vfmadd231ps %%ymm14, %%ymm15, %%ymm10\n"
+      "vfmadd231ps %%ymm14, %%ymm15, %%ymm11\n"
+      "dec %0\n"
+      "jnz 1b\n"
+      : "+r"(n)
+      :
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "cc");
+  return static_cast<double>(iters) * 12 * 8 * 2;
+}
+
+struct Peak {
+  double avx512_1 = 0, avx512_all = 0, avx2_1 = 0, avx2_all = 0;
+};
+
+Peak measure_peak(int threads) {
+  Peak p;
+  const int64_t iters = 40'000'000;
+  auto best = [&](auto body, int n) {
+    double b = 0;
+    for (int rep = 0; rep < 3; ++rep) b = std::max(b, gflops_of(body, n));
+    return b;
+  };
+  if (cpu_has_avx512()) {
+    p.avx512_1 = best([&] { return fma_loop_avx512(iters); }, 1);
+    p.avx512_all = best([&] { return fma_loop_avx512(iters); }, threads);
+  }
+  p.avx2_1 = best([&] { return fma_loop_avx2(iters); }, 1);
+  p.avx2_all = best([&] { return fma_loop_avx2(iters); }, threads);
+  return p;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t b = 0;
+  while (b <= s.size()) {
+    const size_t e = s.find(',', b);
+    const std::string item = s.substr(b, e == std::string::npos ? std::string::npos : e - b);
+    if (!item.empty()) out.push_back(item);
+    if (e == std::string::npos) break;
+    b = e + 1;
+  }
+  return out;
+}
+
+std::vector<int> split_ints(const std::string& s) {
+  std::vector<int> out;
+  for (const std::string& x : split(s)) out.push_back(std::atoi(x.c_str()));
+  return out;
+}
+
+Tensor random_tensor(DType t, int64_t n, int64_t heads, int64_t d, uint32_t seed) {
+  Tensor x(t, {n, heads, d});
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const float v = dist(rng);
+    if (t == DType::BF16) {
+      x.ptr<bf16>()[i] = f32_to_bf16(v);
+    } else {
+      x.ptr<float>()[i] = v;
+    }
+  }
+  return x;
+}
+
+double best_seconds(int reps, const std::function<void()>& f) {
+  f();  // warm-up
+  double best = 1e300;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = Clock::now();
+    f();
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return best;
+}
+
+struct Built {
+  SparseIndex index;
+  double seconds = 0;  // estimate + lower, best of reps
+};
+
+Built build_index(const std::vector<Pattern>& patterns, const AttentionArgs& args, const LoweringContext& ctx,
+                  ThreadPool& pool, int reps) {
+  Built b;
+  b.seconds = best_seconds(reps, [&] {
+    const auto est = estimate_layer(patterns, args.q, args.k, ctx, args.effective_scale(), pool);
+    b.index = lower_layer(patterns, est, ctx);
+  });
+  return b;
+}
+
+double density_of(const Pattern& p, int heads, const AttentionArgs& args, const LoweringContext& ctx,
+                  ThreadPool& pool) {
+  const std::vector<Pattern> patterns(static_cast<size_t>(heads), p);
+  const auto est = estimate_layer(patterns, args.q, args.k, ctx, args.effective_scale(), pool);
+  return index_stats(lower_layer(patterns, est, ctx)).density();
+}
+
+// Smallest budget in [lo, hi] whose density reaches target (density grows with the budget).
+int32_t budget_for_density(double target, int32_t lo, int32_t hi, const std::function<double(int32_t)>& density) {
+  while (lo < hi) {
+    const int32_t mid = lo + (hi - lo) / 2;
+    if (density(mid) >= target) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return lo;
+}
+
+struct Options {
+  std::vector<int> seqs = {4096, 8192, 16384};
+  std::vector<int> dims = {64, 128};
+  std::vector<std::string> dtypes = {"f32", "bf16"};
+  std::vector<std::string> patterns = {"ashape", "triangle", "moa_window", "vertical_slash", "block_sparse"};
+  int heads = 1, kv_heads = 0, reps = 3, threads = 0;
+  std::string kernel = "auto";
+  bool peak = true;
+};
+
+void usage() {
+  std::printf(
+      "usage: attention_bench [--seq 4096,8192,16384] [--dim 64,128] [--dtype f32,bf16] [--heads 1] [--kv-heads H]\n"
+      "                       [--reps 3] [--threads 0] [--kernel auto|baseline|avx512] [--no-peak]\n"
+      "                       [--patterns ashape,triangle,moa_window,vertical_slash,block_sparse]\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        usage();
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--seq") {
+      o.seqs = split_ints(next());
+    } else if (a == "--dim") {
+      o.dims = split_ints(next());
+    } else if (a == "--dtype") {
+      o.dtypes = split(next());
+    } else if (a == "--heads") {
+      o.heads = std::atoi(next().c_str());
+    } else if (a == "--kv-heads") {
+      o.kv_heads = std::atoi(next().c_str());
+    } else if (a == "--reps") {
+      o.reps = std::atoi(next().c_str());
+    } else if (a == "--threads") {
+      o.threads = std::atoi(next().c_str());
+    } else if (a == "--kernel") {
+      o.kernel = next();
+    } else if (a == "--patterns") {
+      o.patterns = split(next());
+    } else if (a == "--no-peak") {
+      o.peak = false;
+    } else {
+      usage();
+      return a == "--help" || a == "-h" ? 0 : 2;
+    }
+  }
+  if (o.kv_heads <= 0) o.kv_heads = o.heads;
+
+  try {
+    if (o.kernel == "baseline") set_cpu_kernel(CpuKernel::Baseline);
+    if (o.kernel == "avx512") set_cpu_kernel(CpuKernel::Avx512);
+    ThreadPool pool(o.threads);
+    const int threads = pool.size();
+
+    std::printf("# attention_bench: %d thread(s), kernel %s, best of %d\n", threads,
+                std::string(cpu_kernel_name(active_cpu_kernel())).c_str(), o.reps);
+    Peak peak;
+    double peak_all = 0;
+    if (o.peak) {
+      peak = measure_peak(threads);
+      std::printf("\n## f32 FMA peak (measured)\n\n| isa | 1 core GFLOP/s | %d cores GFLOP/s |\n|---|---:|---:|\n",
+                  threads);
+      if (peak.avx512_1 > 0) std::printf("| avx512 | %.1f | %.1f |\n", peak.avx512_1, peak.avx512_all);
+      std::printf("| avx2 | %.1f | %.1f |\n", peak.avx2_1, peak.avx2_all);
+      peak_all = active_cpu_kernel() == CpuKernel::Avx512 ? peak.avx512_all : peak.avx2_all;
+    }
+
+    for (const std::string& dt : o.dtypes) {
+      const DType dtype = dt == "bf16" ? DType::BF16 : DType::F32;
+      for (int d : o.dims) {
+        for (int s : o.seqs) {
+          Tensor q = random_tensor(dtype, s, o.heads, d, 1), k = random_tensor(dtype, s, o.kv_heads, d, 2),
+                 v = random_tensor(dtype, s, o.kv_heads, d, 3);
+          Tensor out(DType::F32, {s, o.heads, d});
+          AttentionArgs args;
+          args.q = q;
+          args.k = k;
+          args.v = v;
+          args.out = out;
+          const LoweringContext ctx = LoweringContext::prefill(s, 64);
+
+          const double causal_cells = 0.5 * static_cast<double>(s) * (s + 1) * o.heads;
+          const double dense_s = best_seconds(o.reps, [&] { dense_attention_cpu(args, pool); });
+          const double dense_gf = 4.0 * d * causal_cells / dense_s * 1e-9;
+
+          std::printf("\n## %s, S = %d, d = %d, heads %d/%d\n\n", dt.c_str(), s, d, o.heads, o.kv_heads);
+          std::printf(
+              "| kernel | density | est+lower ms | exec ms | total ms | exec GFLOP/s | %% peak | speedup exec | "
+              "speedup total |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+          std::printf("| dense | 1.000 | 0.0 | %.1f | %.1f | %.1f | %.0f%% | 1.00 | 1.00 |\n", dense_s * 1e3,
+                      dense_s * 1e3, dense_gf, peak_all > 0 ? 100.0 * dense_gf / peak_all : 0.0);
+
+          for (const std::string& name : o.patterns) {
+            Pattern p;
+            if (name == "ashape") {
+              p = AShapePattern{128, 1024};
+            } else if (name == "triangle") {
+              p = TrianglePattern{8, 512, 128};
+            } else if (name == "moa_window") {
+              p = ElasticWindowPattern{512, 0.05, 64};
+            } else if (name == "vertical_slash") {
+              // v = 1000 (capped at S/10 so columns alone stay below the target), slash budget for ~10% density.
+              const int32_t vert = std::min(1000, s / 10);
+              const int32_t slash = budget_for_density(0.10, 1, s, [&](int32_t sl) {
+                return density_of(VerticalSlashPattern{vert, sl, 64, 30, 100}, 1, args, ctx, pool);
+              });
+              p = VerticalSlashPattern{vert, slash, 64, 30, std::min(100, slash)};
+            } else if (name == "block_sparse") {
+              const int32_t top_k = budget_for_density(0.10, 1, s / 64 + 1, [&](int32_t kk) {
+                return density_of(BlockSparsePattern{kk, 64}, 1, args, ctx, pool);
+              });
+              p = BlockSparsePattern{top_k, 64};
+            } else {
+              throw Error("unknown pattern '" + name + "'");
+            }
+            const std::vector<Pattern> patterns(static_cast<size_t>(o.heads), p);
+            Built b = build_index(patterns, args, ctx, pool, o.reps);
+            const IndexStats st = index_stats(b.index);
+            const double exec_s = best_seconds(o.reps, [&] { sparse_attention_cpu(args, b.index, pool); });
+            const double total_s = exec_s + b.seconds;
+            const double gf = st.mask_flops(d) / exec_s * 1e-9;
+            std::printf("| %s | %.3f | %.1f | %.1f | %.1f | %.1f | %.0f%% | %.2f | %.2f |\n", describe(p).c_str(),
+                        st.density(), b.seconds * 1e3, exec_s * 1e3, total_s * 1e3, gf,
+                        peak_all > 0 ? 100.0 * gf / peak_all : 0.0, dense_s / exec_s, dense_s / total_s);
+            std::fflush(stdout);
+          }
+        }
+      }
+    }
+  } catch (const Error& e) {
+    std::fprintf(stderr, "attention_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
