@@ -1,0 +1,51 @@
+// tessera/attention/cuda/device_index.h — the sparse index and its work plan in device memory.
+//
+// The same CSR layout as attention/index/sparse_index.h, byte for byte: range_offsets and column_offsets
+// (num_heads * num_tiles + 1 entries, item (h, t) at h * num_tiles + t), ranges as {begin, end} int32 pairs,
+// columns as int32. A device-built index (lower_cuda.h) is allocated to an upper bound computed on the host,
+// so its arrays may be longer than used: the used lengths are the last offsets, which stay on the device
+// (nothing in the run path synchronises with the host).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "attention/cuda/device_buffer.h"
+#include "attention/index/sparse_index.h"
+
+namespace tessera::attn::gpu {
+
+struct DeviceSparseIndex {
+  int32_t num_heads = 0;
+  int32_t tile = 128;
+  int32_t q_begin = 0;
+  int32_t q_len = 0;
+  int32_t kv_len = 0;
+  DeviceBuffer<int32_t> range_offsets;
+  DeviceBuffer<KeyRange> ranges;
+  DeviceBuffer<int32_t> column_offsets;
+  DeviceBuffer<int32_t> columns;
+
+  int32_t num_tiles() const { return tile > 0 ? (q_len + tile - 1) / tile : 0; }
+  int32_t num_items() const { return num_heads * num_tiles(); }
+
+  // Copies a host index (asynchronous on `stream`; the host vectors must outlive the copy, i.e. until the
+  // stream is synchronised; pageable memory makes the copy effectively synchronous anyway).
+  static DeviceSparseIndex upload(const SparseIndex& index, cudaStream_t stream = nullptr);
+  // Synchronous copy back, trimmed to the used lengths.
+  SparseIndex download() const;
+};
+
+// The execution order of the items and the counter the persistent CTAs take items with.
+struct DeviceWorkPlan {
+  int32_t num_items = 0;
+  DeviceBuffer<int32_t> order;    // num_items item numbers, heaviest first
+  DeviceBuffer<int32_t> counter;  // 1 entry; reset by the executor before each launch
+
+  static DeviceWorkPlan upload(const std::vector<int32_t>& order, cudaStream_t stream = nullptr);
+  std::vector<int32_t> download() const { return order.download(static_cast<size_t>(num_items)); }
+};
+
+}  // namespace tessera::attn::gpu

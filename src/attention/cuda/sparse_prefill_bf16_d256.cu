@@ -1,0 +1,10 @@
+// Instantiation of the sparse prefill kernel for bf16, head_dim 256 (one file per variant keeps builds parallel).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "attention/cuda/sparse_prefill_kernel.cuh"
+
+namespace tessera::attn::gpu::detail {
+template void launch_sparse_prefill<__nv_bfloat16, 256, 64>(const PrefillParams&, cudaStream_t);
+template void launch_sparse_prefill<__nv_bfloat16, 256, 128>(const PrefillParams&, cudaStream_t);
+}  // namespace tessera::attn::gpu::detail

@@ -1,0 +1,359 @@
+// tessera/attention/cuda/sparse_prefill_kernel.cuh — the sparse prefill kernel (device code; see sparse_prefill.h).
+//
+// CTA layout: BM / 16 warps, warp w owns query rows [16w, 16w + 16) of the tile. Shared memory: Q [BM][D],
+// K and V [2 stages][64][D] (16-byte chunks XOR-swizzled, mma_sm80.cuh), and the key position of every K/V row of
+// each stage (-1 for a row past the end of a partial tile), which is all the masking step needs: a score is kept
+// iff 0 <= key <= the row's absolute position.
+//
+// Key tiles of one item come from a cursor: first the ranges, each cut into tiles of 64 consecutive keys
+// starting at the range's begin (token-granular, so tiles need not align), then the columns, 64 per tile,
+// gathered row by row. A tile is masked only when it is partial or reaches past the tile's first query
+// position; full tiles left of the diagonal skip the mask.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "attention/cuda/cuda_check.h"
+#include "attention/cuda/mma_sm80.cuh"
+#include "attention/cuda/work_plan.h"
+
+namespace tessera::attn::gpu::detail {
+
+struct PrefillParams {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* out = nullptr;
+  float* lse = nullptr;  // optional
+  // Strides in elements.
+  int64_t q_tok = 0, q_head = 0, k_tok = 0, k_head = 0, v_tok = 0, v_head = 0, o_tok = 0, o_head = 0;
+  int64_t lse_head = 0, lse_tok = 0;
+  int32_t q_len = 0;
+  int32_t q_begin = 0;
+  int32_t num_tiles = 0;
+  int32_t group = 1;        // query heads per kv head
+  float scale_log2 = 0.0f;  // softmax scale * log2(e)
+  const int32_t* range_offsets = nullptr;
+  const int2* ranges = nullptr;
+  const int32_t* column_offsets = nullptr;
+  const int32_t* columns = nullptr;
+  const int32_t* order = nullptr;
+  int32_t num_items = 0;
+  int32_t* counter = nullptr;
+};
+
+template <int D, int BM>
+struct PrefillConfig {
+  static constexpr int kRowsPerWarp = 16;
+  static constexpr int kWarps = BM / kRowsPerWarp;
+  static constexpr int kThreads = kWarps * 32;
+  // Key tile: 64 (the plan's unit); 32 at head_dim 256, where the 16 x 256 f32 output tile per warp leaves no
+  // registers for a wider score tile.
+  static constexpr int BN = D == 256 ? kPrefillKeyTile / 2 : kPrefillKeyTile;
+  static constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  // Q fragments are re-read from shared memory at every key tile (registers go to the output accumulators).
+  static constexpr bool kQInRegs = false;
+  // No register cap beyond the architectural one: a cap of 128 (16 warps per SM) spills at every head_dim in
+  // this mma.sync version. Occupancy follows from the registers and shared memory actually used.
+  static constexpr int kMinBlocks = 1;
+  static constexpr size_t kSmemBytes = (static_cast<size_t>(BM) * D + 4u * BN * D) * 2u + 2u * BN * sizeof(int);
+  static_assert(BN % 16 == 0);
+  static_assert(BM % 16 == 0 && (BN * kChunks) % kThreads == 0 && (BM * kChunks) % kThreads == 0);
+};
+
+struct KeyTile {
+  int32_t first = 0;   // first key (range) or first column slot (gathered)
+  int32_t count = 0;   // keys in the tile, 0 = no tile
+  bool gathered = false;
+  bool masked = false;
+};
+
+template <typename T, int D, int BM>
+__global__ void __launch_bounds__(PrefillConfig<D, BM>::kThreads, PrefillConfig<D, BM>::kMinBlocks)
+    sparse_prefill_kernel(const PrefillParams p) {
+  using Cfg = PrefillConfig<D, BM>;
+  using Mma = MmaTraits<T>;
+  constexpr int BN = Cfg::BN, kThreads = Cfg::kThreads, kChunks = Cfg::kChunks;
+  const float neg_inf = -__int_as_float(0x7f800000);
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* sQ = reinterpret_cast<T*>(smem);
+  T* sK = sQ + BM * D;
+  T* sV = sK + 2 * BN * D;
+  int* sKeys = reinterpret_cast<int*>(sV + 2 * BN * D);
+  __shared__ int s_slot;
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, c4 = lane % 4;
+  const T* q_all = static_cast<const T*>(p.q);
+  const T* k_all = static_cast<const T*>(p.k);
+  const T* v_all = static_cast<const T*>(p.v);
+  T* out_all = static_cast<T*>(p.out);
+
+  // ldmatrix row addresses of this lane. With the chunk ^ (row % 8) swizzle, the physical chunk of logical chunk
+  // 2k + b in a lane's row is 8 * (k / 4) + ((2 * (k % 4)) ^ x) for a lane constant x < 8, so every address below
+  // is a lane base plus one of four lane offsets plus a compile-time constant (kept out of the register file).
+  constexpr int kRowBytes = D * 2;
+  const int xq = (lane >> 4) ^ (lane & 7);          // Q (A operand) and V (transposed B operand)
+  const int xk = ((lane >> 3) & 1) ^ (lane & 7);    // K (B operand)
+  uint32_t qx[4], kx[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    qx[j] = static_cast<uint32_t>(((2 * j) ^ xq) * 16);
+    kx[j] = static_cast<uint32_t>(((2 * j) ^ xk) * 16);
+  }
+  const uint32_t q_lane = smem_addr(sQ) + (warp * 16 + (lane & 15)) * kRowBytes;
+  const uint32_t k_lane = smem_addr(sK) + ((lane & 7) + ((lane >> 4) << 3)) * kRowBytes;
+  const uint32_t v_lane = smem_addr(sV) + ((lane & 7) + (((lane >> 3) & 1) << 3)) * kRowBytes;
+
+  for (;;) {
+    if (tid == 0) s_slot = atomicAdd(p.counter, 1);
+    __syncthreads();
+    const int slot = s_slot;
+    if (slot >= p.num_items) break;
+    const int item = p.order[slot];
+    const int h = item / p.num_tiles, t = item - h * p.num_tiles;
+    const int row0 = t * BM;
+    const int rows = min(BM, p.q_len - row0);
+    const int pos0 = p.q_begin + row0;  // absolute position of the tile's first query
+    const int kvh = h / p.group;
+    const T* qh = q_all + h * p.q_head + static_cast<int64_t>(row0) * p.q_tok;
+    const T* kh = k_all + kvh * p.k_head;
+    const T* vh = v_all + kvh * p.v_head;
+
+    // Cursor over the item's key tiles: ranges first, then columns.
+    int r = p.range_offsets[item];
+    const int r_end = p.range_offsets[item + 1];
+    int c = p.column_offsets[item];
+    const int c_end = p.column_offsets[item + 1];
+    int rb = 0, re = 0;
+    if (r < r_end) {
+      const int2 x = p.ranges[r];
+      rb = x.x;
+      re = x.y;
+    }
+    auto next_tile = [&]() {
+      KeyTile kt;
+      if (r < r_end) {
+        kt.first = rb;
+        kt.count = min(BN, re - rb);
+        kt.masked = kt.count < BN || rb + BN - 1 > pos0;
+        rb += kt.count;
+        if (rb >= re && ++r < r_end) {
+          const int2 x = p.ranges[r];
+          rb = x.x;
+          re = x.y;
+        }
+      } else if (c < c_end) {
+        kt.first = c;
+        kt.count = min(BN, c_end - c);
+        kt.gathered = true;
+        kt.masked = kt.count < BN || p.columns[c + kt.count - 1] > pos0;
+        c += kt.count;
+      }
+      return kt;
+    };
+    auto load_kv = [&](int stage, const KeyTile& kt) {
+      T* dk = sK + stage * BN * D;
+      T* dv = sV + stage * BN * D;
+#pragma unroll
+      for (int it = 0; it < BN * kChunks / kThreads; ++it) {
+        const int i = tid + it * kThreads;
+        const int row = i / kChunks, ch = i % kChunks;
+        int key = -1;
+        if (row < kt.count) key = kt.gathered ? p.columns[kt.first + row] : kt.first + row;
+        const bool ok = key >= 0;
+        const int64_t kr = ok ? key : 0;
+        cp_async_16(smem_addr(dk + swizzle<D>(row, ch)), kh + kr * p.k_tok + ch * 8, ok);
+        cp_async_16(smem_addr(dv + swizzle<D>(row, ch)), vh + kr * p.v_tok + ch * 8, ok);
+        if (ch == 0) sKeys[stage * BN + row] = key;
+      }
+    };
+
+    KeyTile cur = next_tile();
+#pragma unroll
+    for (int it = 0; it < BM * kChunks / kThreads; ++it) {
+      const int i = tid + it * kThreads;
+      const int row = i / kChunks, ch = i % kChunks;
+      const bool ok = row < rows;
+      cp_async_16(smem_addr(sQ + swizzle<D>(row, ch)), qh + static_cast<int64_t>(ok ? row : 0) * p.q_tok + ch * 8, ok);
+    }
+    if (cur.count > 0) load_kv(0, cur);
+    cp_async_commit();
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    float m[2] = {neg_inf, neg_inf};
+    float l[2] = {0.0f, 0.0f};
+    const int pos_row[2] = {pos0 + warp * 16 + g, pos0 + warp * 16 + g + 8};
+    uint32_t qf[Cfg::kQInRegs ? D / 16 : 1][4];
+    bool q_loaded = false;
+    int stage = 0;
+
+    while (cur.count > 0) {
+      const KeyTile nxt = next_tile();
+      if (nxt.count > 0) load_kv(stage ^ 1, nxt);
+      cp_async_commit();
+      cp_async_wait<1>();
+      __syncthreads();
+
+      if constexpr (Cfg::kQInRegs) {
+        if (!q_loaded) {
+#pragma unroll
+          for (int kk = 0; kk < D / 16; ++kk) {
+            ldmatrix_x4(qf[kk], q_lane + (kk / 4) * 128 + qx[kk % 4]);
+          }
+          q_loaded = true;
+        }
+      }
+
+      // S = Q K^T for this warp's 16 rows and the 64 keys of the stage.
+      const uint32_t k_stage = k_lane + stage * (BN * kRowBytes);
+      const uint32_t v_stage = v_lane + stage * (BN * kRowBytes);
+      float s[BN / 8][4];
+#pragma unroll
+      for (int i = 0; i < BN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t a[4];
+        if constexpr (Cfg::kQInRegs) {
+          a[0] = qf[kk][0];
+          a[1] = qf[kk][1];
+          a[2] = qf[kk][2];
+          a[3] = qf[kk][3];
+        } else {
+          ldmatrix_x4(a, q_lane + (kk / 4) * 128 + qx[kk % 4]);
+        }
+#pragma unroll
+        for (int np = 0; np < BN / 16; ++np) {
+          uint32_t b[4];
+          ldmatrix_x4(b, k_stage + np * 16 * kRowBytes + (kk / 4) * 128 + kx[kk % 4]);
+          Mma::mma(s[2 * np], a, b[0], b[1]);
+          Mma::mma(s[2 * np + 1], a, b[2], b[3]);
+        }
+      }
+
+#pragma unroll
+      for (int i = 0; i < BN / 8; ++i) {
+        s[i][0] *= p.scale_log2;
+        s[i][1] *= p.scale_log2;
+        s[i][2] *= p.scale_log2;
+        s[i][3] *= p.scale_log2;
+      }
+      if (cur.masked) {
+        const int* keys = sKeys + stage * BN;
+#pragma unroll
+        for (int i = 0; i < BN / 8; ++i) {
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const int key = keys[i * 8 + 2 * c4 + j];
+            if (key < 0 || key > pos_row[0]) s[i][j] = neg_inf;
+            if (key < 0 || key > pos_row[1]) s[i][2 + j] = neg_inf;
+          }
+        }
+      }
+
+      // Online softmax (base 2; scores already carry scale * log2 e).
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float mx = neg_inf;
+#pragma unroll
+        for (int i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(s[i][2 * e], s[i][2 * e + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m[e], mx);
+        const float m_use = m_new == neg_inf ? 0.0f : m_new;  // a row with nothing visible yet stays at zero
+        const float alpha = fast_exp2(m[e] - m_use);
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < BN / 8; ++i) {
+          s[i][2 * e] = fast_exp2(s[i][2 * e] - m_use);
+          s[i][2 * e + 1] = fast_exp2(s[i][2 * e + 1] - m_use);
+          sum += s[i][2 * e] + s[i][2 * e + 1];
+        }
+        l[e] = l[e] * alpha + sum;
+        m[e] = m_new;
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+          o[i][2 * e] *= alpha;
+          o[i][2 * e + 1] *= alpha;
+        }
+      }
+
+      // O += P V: the S accumulators of n-tiles 2kk and 2kk+1 are exactly the A fragment of k-chunk kk.
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        uint32_t a[4];
+        a[0] = Mma::pack(s[2 * kk][0], s[2 * kk][1]);
+        a[1] = Mma::pack(s[2 * kk][2], s[2 * kk][3]);
+        a[2] = Mma::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        a[3] = Mma::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, v_stage + kk * 16 * kRowBytes + (dp / 4) * 128 + qx[dp % 4]);
+          Mma::mma(o[2 * dp], a, b[0], b[1]);
+          Mma::mma(o[2 * dp + 1], a, b[2], b[3]);
+        }
+      }
+      __syncthreads();
+      cur = nxt;
+      stage ^= 1;
+    }
+    cp_async_wait<0>();  // an item without key tiles still has its Q load in flight
+
+    // Epilogue: normalise and store; rows past q_len (short last tile) are not written.
+    T* oh = out_all + h * p.o_head;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float lt = l[e];
+      lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+      lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+      const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
+      const int row = row0 + warp * 16 + g + 8 * e;
+      if (row < p.q_len) {
+        T* dst = oh + static_cast<int64_t>(row) * p.o_tok + 2 * c4;
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+          *reinterpret_cast<uint32_t*>(dst + i * 8) = Mma::pack(o[i][2 * e] * inv, o[i][2 * e + 1] * inv);
+        }
+        if (p.lse != nullptr && c4 == 0) {
+          p.lse[h * p.lse_head + static_cast<int64_t>(row) * p.lse_tok] =
+              lt > 0.0f ? (m[e] + __log2f(lt)) * 0.69314718055994531f : neg_inf;
+        }
+      }
+    }
+    __syncthreads();  // everyone has read s_slot and finished with shared memory before the next item
+  }
+}
+
+// Launches the persistent kernel for one (dtype, head_dim, tile) (instantiated in sparse_prefill_*.cu).
+template <typename T, int D, int BM>
+void launch_sparse_prefill(const PrefillParams& p, cudaStream_t stream) {
+  using Cfg = PrefillConfig<D, BM>;
+  auto kernel = sparse_prefill_kernel<T, D, BM>;
+  const DeviceInfo& dev = current_device_info();
+  if (static_cast<size_t>(dev.max_smem_per_block) < Cfg::kSmemBytes) {
+    throw Error("sparse prefill: head_dim " + std::to_string(D) + " with tile " + std::to_string(BM) + " needs " +
+                std::to_string(Cfg::kSmemBytes) + " bytes of shared memory per block, the device allows " +
+                std::to_string(dev.max_smem_per_block));
+  }
+  TESSERA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(Cfg::kSmemBytes)));
+  int per_sm = 0;
+  TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Cfg::kThreads, Cfg::kSmemBytes));
+  if (per_sm < 1) throw Error("sparse prefill: kernel does not fit on a multiprocessor");
+  const int grid = static_cast<int>(std::min<int64_t>(p.num_items, static_cast<int64_t>(per_sm) * dev.num_sms));
+  TESSERA_CUDA_CHECK(cudaMemsetAsync(p.counter, 0, sizeof(int32_t), stream));
+  if (grid == 0) return;
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  check_launch("sparse_prefill_kernel");
+}
+
+}  // namespace tessera::attn::gpu::detail
