@@ -1,9 +1,11 @@
-// attention_bench — CPU attention prefill: dense executor against every sparse pattern, same run, same inputs.
+// attention_bench — CPU attention prefill: dense executor against every sparse pattern, same run, same
+// inputs.
 //
-// Prints, first, the machine's measured f32 FMA peak (one core and all cores, AVX-512 and AVX2), then one table
-// per (dtype, head_dim, seq_len): the dense causal executor (time, GFLOP/s over the causal FLOPs 4·d·cells,
-// % of the all-core peak), then each pattern with its density, the time to estimate and lower its index, the
-// executor's time alone, and the speedups over dense (executor alone, and estimate + lower + executor).
+// Prints, first, the machine's measured f32 FMA peak (one core and all cores, AVX-512 and AVX2), then one
+// table per (dtype, head_dim, seq_len): the dense causal executor (time, GFLOP/s over the causal FLOPs
+// 4·d·cells, % of the all-core peak), then each pattern with its density, the time to estimate and lower its
+// index, the executor's time alone, and the speedups over dense (executor alone, and estimate + lower +
+// executor).
 //
 //   attention_bench [--seq 4096,8192,16384] [--dim 64,128] [--dtype f32,bf16] [--heads 1] [--kv-heads H]
 //                   [--reps 3] [--threads 0] [--kernel auto|baseline|avx512] [--patterns ashape,triangle,...]
@@ -129,7 +131,9 @@ __attribute__((target("avx512f"))) double fma_loop_avx512(int64_t iters) {
       "jnz 1b\n"
       : "+r"(n)
       :
-      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm30", "xmm31", "cc");
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
+        "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22",
+        "xmm23", "xmm30", "xmm31", "cc");
   return static_cast<double>(iters) * 24 * 16 * 2;
 }
 
@@ -170,7 +174,8 @@ double fma_loop_avx2(int64_t iters) {
       "jnz 1b\n"
       : "+r"(n)
       :
-      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "cc");
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
+        "xmm12", "xmm13", "xmm14", "xmm15", "cc");
   return static_cast<double>(iters) * 12 * 8 * 2;
 }
 
@@ -265,7 +270,8 @@ double density_of(const Pattern& p, int heads, const AttentionArgs& args, const 
 }
 
 // Smallest budget in [lo, hi] whose density reaches target (density grows with the budget).
-int32_t budget_for_density(double target, int32_t lo, int32_t hi, const std::function<double(int32_t)>& density) {
+int32_t budget_for_density(double target, int32_t lo, int32_t hi,
+                           const std::function<double(int32_t)>& density) {
   while (lo < hi) {
     const int32_t mid = lo + (hi - lo) / 2;
     if (density(mid) >= target) {
@@ -289,7 +295,8 @@ struct Options {
 
 void usage() {
   std::printf(
-      "usage: attention_bench [--seq 4096,8192,16384] [--dim 64,128] [--dtype f32,bf16] [--heads 1] [--kv-heads H]\n"
+      "usage: attention_bench [--seq 4096,8192,16384] [--dim 64,128] [--dtype f32,bf16] [--heads 1] "
+      "[--kv-heads H]\n"
       "                       [--reps 3] [--threads 0] [--kernel auto|baseline|avx512] [--no-peak]\n"
       "                       [--patterns ashape,triangle,moa_window,vertical_slash,block_sparse]\n");
 }
@@ -346,8 +353,9 @@ int main(int argc, char** argv) {
     double peak_all = 0;
     if (o.peak) {
       peak = measure_peak(threads);
-      std::printf("\n## f32 FMA peak (measured)\n\n| isa | 1 core GFLOP/s | %d cores GFLOP/s |\n|---|---:|---:|\n",
-                  threads);
+      std::printf(
+          "\n## f32 FMA peak (measured)\n\n| isa | 1 core GFLOP/s | %d cores GFLOP/s |\n|---|---:|---:|\n",
+          threads);
       if (peak.avx512_1 > 0) std::printf("| avx512 | %.1f | %.1f |\n", peak.avx512_1, peak.avx512_all);
       std::printf("| avx2 | %.1f | %.1f |\n", peak.avx2_1, peak.avx2_all);
       peak_all = active_cpu_kernel() == CpuKernel::Avx512 ? peak.avx512_all : peak.avx2_all;
@@ -373,7 +381,8 @@ int main(int argc, char** argv) {
 
           std::printf("\n## %s, S = %d, d = %d, heads %d/%d\n\n", dt.c_str(), s, d, o.heads, o.kv_heads);
           std::printf(
-              "| kernel | density | est+lower ms | exec ms | total ms | exec GFLOP/s | %% peak | speedup exec | "
+              "| kernel | density | est+lower ms | exec ms | total ms | exec GFLOP/s | %% peak | speedup "
+              "exec | "
               "speedup total |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
           std::printf("| dense | 1.000 | 0.0 | %.1f | %.1f | %.1f | %.0f%% | 1.00 | 1.00 |\n", dense_s * 1e3,
                       dense_s * 1e3, dense_gf, peak_all > 0 ? 100.0 * dense_gf / peak_all : 0.0);
@@ -387,7 +396,8 @@ int main(int argc, char** argv) {
             } else if (name == "moa_window") {
               p = ElasticWindowPattern{512, 0.05, 64};
             } else if (name == "vertical_slash") {
-              // v = 1000 (capped at S/10 so columns alone stay below the target), slash budget for ~10% density.
+              // v = 1000 (capped at S/10 so columns alone stay below the target), slash budget for ~10%
+              // density.
               const int32_t vert = std::min(1000, s / 10);
               const int32_t slash = budget_for_density(0.10, 1, s, [&](int32_t sl) {
                 return density_of(VerticalSlashPattern{vert, sl, 64, 30, 100}, 1, args, ctx, pool);
@@ -407,8 +417,8 @@ int main(int argc, char** argv) {
             const double exec_s = best_seconds(o.reps, [&] { sparse_attention_cpu(args, b.index, pool); });
             const double total_s = exec_s + b.seconds;
             const double gf = st.mask_flops(d) / exec_s * 1e-9;
-            std::printf("| %s | %.3f | %.1f | %.1f | %.1f | %.1f | %.0f%% | %.2f | %.2f |\n", describe(p).c_str(),
-                        st.density(), b.seconds * 1e3, exec_s * 1e3, total_s * 1e3, gf,
+            std::printf("| %s | %.3f | %.1f | %.1f | %.1f | %.1f | %.0f%% | %.2f | %.2f |\n",
+                        describe(p).c_str(), st.density(), b.seconds * 1e3, exec_s * 1e3, total_s * 1e3, gf,
                         peak_all > 0 ? 100.0 * gf / peak_all : 0.0, dense_s / exec_s, dense_s / total_s);
             std::fflush(stdout);
           }

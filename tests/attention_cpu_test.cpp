@@ -121,12 +121,13 @@ struct DenseCase {
 std::string describe(const DenseCase& c) {
   return "q_len " + std::to_string(c.q_len) + " kv_len " + std::to_string(c.kv_len) + " heads " +
          std::to_string(c.hq) + "/" + std::to_string(c.hkv) + " d " + std::to_string(c.d) + " q_begin " +
-         std::to_string(c.q_begin) + " " + std::string(dtype_name(c.dtype)) + " scale " + std::to_string(c.scale);
+         std::to_string(c.q_begin) + " " + std::string(dtype_name(c.dtype)) + " scale " +
+         std::to_string(c.scale);
 }
 
 void check_dense(const DenseCase& c, ThreadPool& pool, double atol = 1e-5) {
-  Problem p(c.q_len, c.kv_len, c.hq, c.hkv, c.d, c.q_begin, c.dtype, 1234u + static_cast<uint32_t>(c.q_len * 7 + c.d),
-            c.scale);
+  Problem p(c.q_len, c.kv_len, c.hq, c.hkv, c.d, c.q_begin, c.dtype,
+            1234u + static_cast<uint32_t>(c.q_len * 7 + c.d), c.scale);
   reference_attention_causal(p.ref_args, &p.ref64);
   for_each_kernel([&](const std::string& kern) {
     dense_attention_cpu(p.args, pool);
@@ -185,13 +186,13 @@ TEST(attention_cpu_dense, PeakySoftmaxAndExplicitScale) {
 TEST(attention_cpu_dense, MixedDtypesAndStridedViews) {
   ThreadPool pool(2);
   const int64_t s = 97, h = 2, d = 48;
-  // q is the first half of every row of a wider [s, h, 2d] buffer; k is bf16 and v f32; out is written through
-  // a view whose head dim is the outermost one in memory (dim stride s * h).
+  // q is the first half of every row of a wider [s, h, 2d] buffer; k is bf16 and v f32; out is written
+  // through a view whose head dim is the outermost one in memory (dim stride s * h).
   Tensor wide = random_tensor(DType::F32, s, h, 2 * d, 77);
   Tensor k = random_tensor(DType::BF16, s, 1, d, 78);
   Tensor v = random_tensor(DType::F32, s, 1, d, 79);
   TensorView q = wide.view();
-  q.shape = {s, h, d, 0};  // first half of every row; strides stay those of the wide buffer
+  q.shape = {s, h, d, 0};                 // first half of every row; strides stay those of the wide buffer
   Tensor out_buf(DType::F32, {d, s, h});  // out element (i, hh, c) at c * s * h + i * h + hh
   TensorView out(out_buf.ptr<float>(), DType::F32, {s, h, d});
   out.stride = {h, 1, s * h, 0};
@@ -211,7 +212,8 @@ TEST(attention_cpu_dense, MixedDtypesAndStridedViews) {
     for (int64_t i = 0; i < s; ++i)
       for (int64_t hh = 0; hh < h; ++hh)
         for (int64_t c = 0; c < d; ++c)
-          worst = std::max(worst, std::abs(*out.at<float>(i, hh, c) - ref64[static_cast<size_t>((i * h + hh) * d + c)]));
+          worst = std::max(
+              worst, std::abs(*out.at<float>(i, hh, c) - ref64[static_cast<size_t>((i * h + hh) * d + c)]));
     EXPECT_LE(worst, 1e-5) << kern;
   });
 }
@@ -228,7 +230,8 @@ TEST(attention_cpu_dense, ThreadCountDoesNotChangeResult) {
   dense_attention_cpu(p.args, one);
   std::vector<float> first(p.out.ptr<float>(), p.out.ptr<float>() + p.out.numel());
   dense_attention_cpu(p.args, two);
-  for (int64_t i = 0; i < p.out.numel(); ++i) ASSERT_EQ(first[static_cast<size_t>(i)], p.out.ptr<float>()[i]) << i;
+  for (int64_t i = 0; i < p.out.numel(); ++i)
+    ASSERT_EQ(first[static_cast<size_t>(i)], p.out.ptr<float>()[i]) << i;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -249,23 +252,27 @@ TEST(attention_cpu_errors, ExactMessages) {
 
   AttentionArgs a = p.args;
   a.q = TensorView(p.q.ptr<float>(), DType::F32, {12, 512});
-  EXPECT_EQ(error_of([&] { dense_attention_cpu(a, pool); }), "attention q: expected shape [*, *, *], got [12, 512]");
+  EXPECT_EQ(error_of([&] { dense_attention_cpu(a, pool); }),
+            "attention q: expected shape [*, *, *], got [12, 512]");
 
   Tensor k32 = random_tensor(DType::F32, 12, 2, 32, 1);
   a = p.args;
   a.k = k32;
-  EXPECT_EQ(error_of([&] { dense_attention_cpu(a, pool); }), "attention k: expected shape [*, *, 64], got [12, 2, 32]");
+  EXPECT_EQ(error_of([&] { dense_attention_cpu(a, pool); }),
+            "attention k: expected shape [*, *, 64], got [12, 2, 32]");
 
   Tensor v_short = random_tensor(DType::F32, 11, 2, 64, 1);
   a = p.args;
   a.v = v_short;
-  EXPECT_EQ(error_of([&] { dense_attention_cpu(a, pool); }), "attention v: expected shape [12, 2, 64], got [11, 2, 64]");
+  EXPECT_EQ(error_of([&] { dense_attention_cpu(a, pool); }),
+            "attention v: expected shape [12, 2, 64], got [11, 2, 64]");
 
   Tensor k3 = random_tensor(DType::F32, 12, 3, 64, 1), v3 = random_tensor(DType::F32, 12, 3, 64, 1);
   a = p.args;
   a.k = k3;
   a.v = v3;
-  EXPECT_EQ(error_of([&] { dense_attention_cpu(a, pool); }), "attention: 8 query heads are not a multiple of 3 kv heads");
+  EXPECT_EQ(error_of([&] { dense_attention_cpu(a, pool); }),
+            "attention: 8 query heads are not a multiple of 3 kv heads");
 
   a = p.args;
   a.q_begin = 2;
@@ -284,17 +291,20 @@ TEST(attention_cpu_errors, ExactMessages) {
   Tensor out_small(DType::F32, {12, 4, 64});
   a = p.args;
   a.out = out_small;
-  EXPECT_EQ(error_of([&] { dense_attention_cpu(a, pool); }), "attention out: expected shape [12, 8, 64], got [12, 4, 64]");
+  EXPECT_EQ(error_of([&] { dense_attention_cpu(a, pool); }),
+            "attention out: expected shape [12, 8, 64], got [12, 4, 64]");
 
   Tensor lse_t(DType::F32, {12, 8});
   a = p.args;
   a.lse = lse_t;
-  EXPECT_EQ(error_of([&] { dense_attention_cpu(a, pool); }), "attention lse: expected shape [8, 12], got [12, 8]");
+  EXPECT_EQ(error_of([&] { dense_attention_cpu(a, pool); }),
+            "attention lse: expected shape [8, 12], got [12, 8]");
 
   Tensor q_i32(DType::I32, {12, 8, 64});
   a = p.args;
   a.q = q_i32;
-  EXPECT_EQ(error_of([&] { dense_attention_cpu(a, pool); }), "attention q: expected dtype f32 or bf16, got i32");
+  EXPECT_EQ(error_of([&] { dense_attention_cpu(a, pool); }),
+            "attention q: expected dtype f32 or bf16, got i32");
 
   a = p.args;
   a.scale = std::nanf("");
@@ -326,8 +336,8 @@ struct IndexBuilder {
 };
 
 // A random valid index: per (head, tile) a few ranges of random lengths and random columns between them.
-SparseIndex random_index(int32_t heads, int32_t tile, int32_t q_begin, int32_t q_len, int32_t kv_len, uint32_t seed,
-                         double keep = 0.3) {
+SparseIndex random_index(int32_t heads, int32_t tile, int32_t q_begin, int32_t q_len, int32_t kv_len,
+                         uint32_t seed, double keep = 0.3) {
   IndexBuilder b(heads, tile, q_begin, q_len, kv_len);
   std::mt19937 rng(seed);
   std::uniform_real_distribution<double> u(0, 1);
@@ -377,15 +387,15 @@ TEST(attention_cpu_sparse, HandBuiltIndex) {
   Problem p(200, 200, 2, 1, 64, 0, DType::F32, 11);
   IndexBuilder b(2, 64, 0, 200, 200);
   // head 0
-  b.add({{0, 5}, {20, 64}}, {10, 11});              // tile 0: partial ranges, diagonal inside a range
-  b.add({{3, 70}, {100, 128}}, {80, 90, 99});       // tile 1: range across a key-tile boundary, causal range end
-  b.add({}, {});                                    // tile 2: empty -> zero output
-  b.add({{190, 200}}, {0, 1, 2, 150});              // tile 3: only the diagonal plus sink columns
+  b.add({{0, 5}, {20, 64}}, {10, 11});         // tile 0: partial ranges, diagonal inside a range
+  b.add({{3, 70}, {100, 128}}, {80, 90, 99});  // tile 1: range across a key-tile boundary, causal range end
+  b.add({}, {});                               // tile 2: empty -> zero output
+  b.add({{190, 200}}, {0, 1, 2, 150});         // tile 3: only the diagonal plus sink columns
   // head 1
-  b.add({}, {40, 50});                              // tile 0: rows 0..39 see nothing -> zero, lse -inf
-  b.add({{0, 128}}, {});                            // tile 1: dense
-  b.add({{128, 129}}, {130, 160, 191});             // tile 2: columns on the diagonal only
-  b.add({{0, 64}, {65, 66}, {190, 199}}, {199});    // tile 3
+  b.add({}, {40, 50});                            // tile 0: rows 0..39 see nothing -> zero, lse -inf
+  b.add({{0, 128}}, {});                          // tile 1: dense
+  b.add({{128, 129}}, {130, 160, 191});           // tile 2: columns on the diagonal only
+  b.add({{0, 64}, {65, 66}, {190, 199}}, {199});  // tile 3
   b.index.validate();
   check_sparse(p, b.index, pool, "hand-built");
   // Rows 0..39 of head 1 see no key.
@@ -431,16 +441,18 @@ TEST(attention_cpu_sparse, DenseIndexEqualsDenseExecutor) {
   sparse_attention_cpu(p.args, b.index, pool);
   std::vector<float> sparse(p.out.ptr<float>(), p.out.ptr<float>() + p.out.numel());
   dense_attention_cpu(p.args, pool);
-  for (int64_t i = 0; i < p.out.numel(); ++i) ASSERT_EQ(sparse[static_cast<size_t>(i)], p.out.ptr<float>()[i]) << i;
+  for (int64_t i = 0; i < p.out.numel(); ++i)
+    ASSERT_EQ(sparse[static_cast<size_t>(i)], p.out.ptr<float>()[i]) << i;
 }
 
 TEST(attention_cpu_sparse, IndexMustDescribeTheCall) {
   ThreadPool pool(1);
   Problem p(128, 128, 8, 2, 64, 0, DType::F32, 3);
   SparseIndex index = random_index(4, 64, 0, 128, 128, 1);
-  EXPECT_EQ(error_of([&] { sparse_attention_cpu(p.args, index, pool); }),
-            "sparse attention: index has 4 heads, q_begin 0, q_len 128, kv_len 128; the call has 8 query heads, "
-            "q_begin 0, q_len 128, kv_len 128");
+  EXPECT_EQ(
+      error_of([&] { sparse_attention_cpu(p.args, index, pool); }),
+      "sparse attention: index has 4 heads, q_begin 0, q_len 128, kv_len 128; the call has 8 query heads, "
+      "q_begin 0, q_len 128, kv_len 128");
   IndexBuilder b(8, 64, 0, 128, 128);
   b.add({{0, 100}}, {});  // head 0, tile 0: beyond the tile's last row
   for (int i = 1; i < 16; ++i) b.add({}, {});
@@ -448,8 +460,8 @@ TEST(attention_cpu_sparse, IndexMustDescribeTheCall) {
             "sparse index: head 0, tile 0: range [0, 100) is empty or outside [0, 64)");
 }
 
-// Every pattern through the index layer (lower_layer, estimate_layer), checked against the reference masked by
-// the same index.
+// Every pattern through the index layer (lower_layer, estimate_layer), checked against the reference masked
+// by the same index.
 TEST(attention_cpu_sparse, LoweredPatterns) {
   ThreadPool pool(2);
   struct Shape {
@@ -477,7 +489,8 @@ TEST(attention_cpu_sparse, LoweredPatterns) {
       LoweringContext ctx{s.q_begin, s.q_len, s.kv_len, s.total_len, 64};
       const auto estimates = estimate_layer(patterns, p.q, p.k, ctx, p.args.effective_scale(), pool);
       const SparseIndex index = lower_layer(patterns, estimates, ctx);
-      check_sparse(p, index, pool, "patterns from " + std::to_string(first) + " q_len " + std::to_string(s.q_len));
+      check_sparse(p, index, pool,
+                   "patterns from " + std::to_string(first) + " q_len " + std::to_string(s.q_len));
     }
   }
 }
@@ -550,7 +563,8 @@ TEST(attention_cpu_metrics, RecallOfDenseIsOneAndMatchesMaskedSum) {
       double mx = -1e300;
       for (int j = 0; j <= r; ++j) {
         double dot = 0;
-        for (int c = 0; c < 32; ++c) dot += double(*p.q.view().at<float>(r, h, c)) * *p.k.view().at<float>(j, h / 2, c);
+        for (int c = 0; c < 32; ++c)
+          dot += double(*p.q.view().at<float>(r, h, c)) * *p.k.view().at<float>(j, h / 2, c);
         s[static_cast<size_t>(j)] = dot * scale;
         mx = std::max(mx, s[static_cast<size_t>(j)]);
       }
@@ -567,7 +581,8 @@ TEST(attention_cpu_metrics, RecallOfDenseIsOneAndMatchesMaskedSum) {
 }
 
 TEST(attention_cpu_metrics, OutputErrorByHand) {
-  // Two heads, one row, d = 2. Head 0: a = (1, 2), b = (1, 0): ||a-b|| = 2, ||b|| = 1. Head 1: a = b = (3, 4).
+  // Two heads, one row, d = 2. Head 0: a = (1, 2), b = (1, 0): ||a-b|| = 2, ||b|| = 1. Head 1: a = b = (3,
+  // 4).
   Tensor a(DType::F32, {1, 2, 2}), b(DType::F32, {1, 2, 2});
   const float av[] = {1, 2, 3, 4}, bv[] = {1, 0, 3, 4};
   std::copy(av, av + 4, a.ptr<float>());
@@ -580,7 +595,8 @@ TEST(attention_cpu_metrics, OutputErrorByHand) {
   EXPECT_EQ(e.per_head_max_abs[0], 2.0);
   EXPECT_EQ(e.per_head_max_abs[1], 0.0);
   Tensor c(DType::F32, {1, 3, 2});
-  EXPECT_EQ(error_of([&] { output_error(c, b); }), "output_error output: expected shape [1, 2, 2], got [1, 3, 2]");
+  EXPECT_EQ(error_of([&] { output_error(c, b); }),
+            "output_error output: expected shape [1, 2, 2], got [1, 3, 2]");
 }
 
 }  // namespace

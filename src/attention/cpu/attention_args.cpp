@@ -40,9 +40,9 @@ void validate(const AttentionArgs& a) {
   check(static_cast<int64_t>(a.q_begin) + q_len <= std::numeric_limits<int32_t>::max() &&
             kv_len <= std::numeric_limits<int32_t>::max(),
         "attention: positions must fit in int32");
-  check(kv_len >= a.q_begin + q_len, "attention: kv_len " + std::to_string(kv_len) +
-                                         " is less than q_begin + q_len = " + std::to_string(a.q_begin + q_len) +
-                                         " (every query must see its own position)");
+  check(kv_len >= a.q_begin + q_len,
+        "attention: kv_len " + std::to_string(kv_len) + " is less than q_begin + q_len = " +
+            std::to_string(a.q_begin + q_len) + " (every query must see its own position)");
   check(std::isfinite(a.scale), "attention: scale must be finite, got " + std::to_string(a.scale));
   if (q_len > 0) {
     check(a.k.data != nullptr && a.v.data != nullptr, "attention: k or v data is null");

@@ -1,7 +1,7 @@
 // tessera/attention/cpu/attention_args.h — the arguments of one attention call (prefill or a prefill chunk).
 //
-// Layouts are token-major, as the model produces them; any element strides are accepted (views are read through
-// their strides, never assumed contiguous).
+// Layouts are token-major, as the model produces them; any element strides are accepted (views are read
+// through their strides, never assumed contiguous).
 //   q   [q_len,  num_q_heads,  head_dim]  f32 or bf16
 //   k,v [kv_len, num_kv_heads, head_dim]  f32 or bf16 (k and v may differ)
 //   out [q_len,  num_q_heads,  head_dim]  f32, written
@@ -9,8 +9,8 @@
 //
 // Positions: query row r sits at absolute position q_begin + r; key j is visible to row r only if
 // j <= q_begin + r (causal), and a sparse index may hide more. Keys at positions >= q_begin + q_len are never
-// visible, so kv_len must be at least q_begin + q_len (normally equal; a longer cache is allowed and its tail is
-// ignored).
+// visible, so kv_len must be at least q_begin + q_len (normally equal; a longer cache is allowed and its tail
+// is ignored).
 //
 // GQA: query head h reads kv head h / (num_q_heads / num_kv_heads); repeated K/V are never materialised.
 //
@@ -25,11 +25,11 @@
 namespace tessera::attn {
 
 struct AttentionArgs {
-  TensorView q;    // [q_len, num_q_heads, head_dim], f32 or bf16
-  TensorView k;    // [kv_len, num_kv_heads, head_dim], f32 or bf16
-  TensorView v;    // [kv_len, num_kv_heads, head_dim], f32 or bf16
-  TensorView out;  // [q_len, num_q_heads, head_dim], f32
-  TensorView lse;  // optional: [num_q_heads, q_len], f32
+  TensorView q;         // [q_len, num_q_heads, head_dim], f32 or bf16
+  TensorView k;         // [kv_len, num_kv_heads, head_dim], f32 or bf16
+  TensorView v;         // [kv_len, num_kv_heads, head_dim], f32 or bf16
+  TensorView out;       // [q_len, num_q_heads, head_dim], f32
+  TensorView lse;       // optional: [num_q_heads, q_len], f32
   float scale = 0;      // 0 means 1 / sqrt(head_dim)
   int32_t q_begin = 0;  // absolute position of query row 0
 

@@ -1,4 +1,5 @@
-// tessera/attention/cpu/dense_attention.h — dense causal attention on the CPU (flash-style, f32 accumulation).
+// tessera/attention/cpu/dense_attention.h — dense causal attention on the CPU (flash-style, f32
+// accumulation).
 //
 // Work items are (query head, 64-row query tile), run heaviest first over the pool; per item the keys
 // [0, last row's position] are processed in 64-key blocks with an online softmax; only blocks crossing the

@@ -38,9 +38,12 @@ CpuKernel active_cpu_kernel() {
 
 std::string_view cpu_kernel_name(CpuKernel kernel) {
   switch (kernel) {
-    case CpuKernel::Auto: return "auto";
-    case CpuKernel::Baseline: return "baseline";
-    case CpuKernel::Avx512: return "avx512";
+    case CpuKernel::Auto:
+      return "auto";
+    case CpuKernel::Baseline:
+      return "baseline";
+    case CpuKernel::Avx512:
+      return "avx512";
   }
   return "?";
 }
@@ -49,7 +52,8 @@ namespace cpu_detail {
 
 void execute_items(const AttentionArgs& args, std::vector<WorkItem>& items, ThreadPool& pool) {
   if (items.empty()) return;
-  std::stable_sort(items.begin(), items.end(), [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
+  std::stable_sort(items.begin(), items.end(),
+                   [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
 
   const int d = static_cast<int>(args.head_dim());
   const size_t scratch_floats = tile_scratch_floats(d);

@@ -1,15 +1,15 @@
 // tessera/attention/cpu/flash_tile.h — internal: one query tile of the flash attention executor.
 //
-// The executors (dense_attention, sparse_attention) cut a call into work items of at most kTileRows query rows
-// of one head, each with a list of key ranges and single key columns (already clipped to the item's last row),
-// and hand every item to run_tile_*. One code path serves both: dense attention is the item with the single
-// range [0, last row + 1).
+// The executors (dense_attention, sparse_attention) cut a call into work items of at most kTileRows query
+// rows of one head, each with a list of key ranges and single key columns (already clipped to the item's last
+// row), and hand every item to run_tile_*. One code path serves both: dense attention is the item with the
+// single range [0, last row + 1).
 //
 // run_tile_* processes the keys in blocks of at most kKeyBlock: ranges block by block from their start, then
 // columns gathered 64 at a time; online softmax across all blocks; the causal mask is applied only to blocks
-// holding a key beyond the tile's first row. Rows in lanes: scores are kept transposed (S^T[key][row]) so that
-// the row max, sum and rescale are plain vertical vector ops and K and V are read in their natural token-major
-// layout through broadcasts, without transposing them.
+// holding a key beyond the tile's first row. Rows in lanes: scores are kept transposed (S^T[key][row]) so
+// that the row max, sum and rescale are plain vertical vector ops and K and V are read in their natural
+// token-major layout through broadcasts, without transposing them.
 //
 // Not part of the public API: include only from src/attention/cpu.
 #pragma once
@@ -38,12 +38,12 @@ struct TileJob {
   int64_t out_rs = 0, out_cs = 0;
   float* lse = nullptr;  // f32, row r at lse + r * lse_rs; nullptr when absent
   int64_t lse_rs = 0;
-  int32_t rows = 0;       // 1..kTileRows
+  int32_t rows = 0;  // 1..kTileRows
   int32_t head_dim = 0;
   int32_t first_pos = 0;  // absolute position of row 0
   float scale = 1;
-  // Sorted, disjoint, non-empty ranges within [0, first_pos + rows); ascending columns outside every range, in
-  // the same bounds. The caller guarantees both (they come from a validated index).
+  // Sorted, disjoint, non-empty ranges within [0, first_pos + rows); ascending columns outside every range,
+  // in the same bounds. The caller guarantees both (they come from a validated index).
   const KeyRange* ranges = nullptr;
   int32_t num_ranges = 0;
   const int32_t* columns = nullptr;
@@ -53,11 +53,11 @@ struct TileJob {
 // Scratch (in floats, 64-byte aligned) one worker needs for run_tile_* at this head_dim.
 constexpr size_t tile_scratch_floats(int head_dim) {
   const size_t d = static_cast<size_t>(head_dim);
-  return 2 * d * kTileRows                      // Q^T (scaled), O^T
+  return 2 * d * kTileRows                             // Q^T (scaled), O^T
          + static_cast<size_t>(kKeyBlock) * kTileRows  // S^T / P^T
-         + 3 * kTileRows                        // running max, running sum, rescale factors
+         + 3 * kTileRows                               // running max, running sum, rescale factors
          + 2 * static_cast<size_t>(kKeyBlock) * ((d + 15) / 16 * 16)  // packed K and V blocks
-         + 64;                                  // slack
+         + 64;                                                        // slack
 }
 
 // Both write job.out (and job.lse). run_tile_avx512 requires a CPU with AVX-512F/BW/VL/DQ.

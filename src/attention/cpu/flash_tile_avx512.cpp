@@ -66,7 +66,6 @@ struct Avx512 {
 }  // namespace
 }  // namespace tessera::attn::cpu_detail
 
-
 namespace tessera::attn::cpu_detail {
 
 void run_tile_avx512(const TileJob& job, float* scratch) {
@@ -83,7 +82,9 @@ void run_tile_avx512(const TileJob& job, float* scratch) {
 
 namespace tessera::attn::cpu_detail {
 // Built without AVX-512 support: never selected (see kernel_isa.cpp), kept so the symbol exists.
-void run_tile_avx512(const TileJob& job, float* scratch) { run_tile_baseline(job, scratch); }
+void run_tile_avx512(const TileJob& job, float* scratch) {
+  run_tile_baseline(job, scratch);
+}
 }  // namespace tessera::attn::cpu_detail
 
 #endif

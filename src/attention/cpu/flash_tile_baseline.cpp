@@ -70,7 +70,6 @@ using Baseline = Avx2;
 namespace tessera::attn::cpu_detail {
 namespace {
 
-
 // Plain C++ lanes for targets without AVX2; the compiler vectorises what it can.
 struct Portable {
   struct reg {
@@ -87,20 +86,36 @@ struct Portable {
     return r;
   }
   static reg zero() { return set1(0); }
-  static reg set1(float v) { return map([&](int) { return v; }); }
-  static reg load(const float* p) { return map([&](int i) { return p[i]; }); }
+  static reg set1(float v) {
+    return map([&](int) { return v; });
+  }
+  static reg load(const float* p) {
+    return map([&](int i) { return p[i]; });
+  }
   static void store(float* p, reg a) {
     for (int i = 0; i < 8; ++i) p[i] = a.x[i];
   }
-  static reg fmadd(reg a, reg b, reg c) { return map([&](int i) { return a.x[i] * b.x[i] + c.x[i]; }); }
-  static reg add(reg a, reg b) { return map([&](int i) { return a.x[i] + b.x[i]; }); }
-  static reg sub(reg a, reg b) { return map([&](int i) { return a.x[i] - b.x[i]; }); }
-  static reg mul(reg a, reg b) { return map([&](int i) { return a.x[i] * b.x[i]; }); }
-  static reg max(reg a, reg b) { return map([&](int i) { return a.x[i] > b.x[i] ? a.x[i] : b.x[i]; }); }
+  static reg fmadd(reg a, reg b, reg c) {
+    return map([&](int i) { return a.x[i] * b.x[i] + c.x[i]; });
+  }
+  static reg add(reg a, reg b) {
+    return map([&](int i) { return a.x[i] + b.x[i]; });
+  }
+  static reg sub(reg a, reg b) {
+    return map([&](int i) { return a.x[i] - b.x[i]; });
+  }
+  static reg mul(reg a, reg b) {
+    return map([&](int i) { return a.x[i] * b.x[i]; });
+  }
+  static reg max(reg a, reg b) {
+    return map([&](int i) { return a.x[i] > b.x[i] ? a.x[i] : b.x[i]; });
+  }
   static reg zero_if_neg_inf(reg a) {
     return map([&](int i) { return a.x[i] == -HUGE_VALF ? 0.0f : a.x[i]; });
   }
-  static reg exp2(reg a) { return map([&](int i) { return a.x[i] <= -125.0f ? 0.0f : std::exp2(a.x[i]); }); }
+  static reg exp2(reg a) {
+    return map([&](int i) { return a.x[i] <= -125.0f ? 0.0f : std::exp2(a.x[i]); });
+  }
   static void cvt_bf16(const uint16_t* src, float* dst, int n) {
     for (int i = 0; i < n; ++i) {
       const uint32_t u = static_cast<uint32_t>(src[i]) << 16;
@@ -114,7 +129,6 @@ using Baseline = Portable;
 }  // namespace tessera::attn::cpu_detail
 
 #endif
-
 
 #if defined(__SSE__)
 #include <xmmintrin.h>

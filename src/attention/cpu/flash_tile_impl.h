@@ -1,13 +1,15 @@
 // tessera/attention/cpu/flash_tile_impl.h — internal: the query-tile kernel, generic over a SIMD policy.
 //
-// Included by exactly one translation unit per ISA (flash_tile_avx512.cpp, flash_tile_baseline.cpp), after that
-// unit has defined its policy. Everything here has internal linkage (anonymous namespace) and calls no inline
-// library function, so code compiled for AVX-512 can never be picked by the linker for a baseline caller.
+// Included by exactly one translation unit per ISA (flash_tile_avx512.cpp, flash_tile_baseline.cpp), after
+// that unit has defined its policy. Everything here has internal linkage (anonymous namespace) and calls no
+// inline library function, so code compiled for AVX-512 can never be picked by the linker for a baseline
+// caller.
 //
 // A SIMD policy S provides:
 //   reg; kWidth (lanes); kRowVecs (row vectors per micro-kernel pass); kQkKeys (keys per QK^T micro-kernel);
-//   kPvDims (head dims per PV micro-kernel); zero, set1, load, store, fmadd(a, b, c) = a * b + c, add, sub, max;
-//   exp2(x) (0 for x <= -125, including -inf); zero_if_neg_inf(x); cvt_bf16(src, dst, n) (n contiguous values).
+//   kPvDims (head dims per PV micro-kernel); zero, set1, load, store, fmadd(a, b, c) = a * b + c, add, sub,
+//   max; exp2(x) (0 for x <= -125, including -inf); zero_if_neg_inf(x); cvt_bf16(src, dst, n) (n contiguous
+//   values).
 #pragma once
 
 #include <cstdint>
@@ -98,10 +100,11 @@ class FlashTile {
     }
   }
 
-  // f32 rows of the block's keys (or values): straight from the tensor when it is f32 with unit dim stride and
-  // the keys are contiguous, else converted or gathered into buf. Returns the base and sets the row stride.
-  const float* block_rows(const void* base, int64_t rs, int64_t cs, bool is_bf16, const int32_t* pos, int32_t first,
-                          int n, float* buf, int64_t* ld) const {
+  // f32 rows of the block's keys (or values): straight from the tensor when it is f32 with unit dim stride
+  // and the keys are contiguous, else converted or gathered into buf. Returns the base and sets the row
+  // stride.
+  const float* block_rows(const void* base, int64_t rs, int64_t cs, bool is_bf16, const int32_t* pos,
+                          int32_t first, int n, float* buf, int64_t* ld) const {
     if (!is_bf16 && cs == 1 && pos == nullptr) {
       *ld = rs;
       return static_cast<const float*>(base) + first * rs;
@@ -197,7 +200,8 @@ class FlashTile {
   }
 
   template <int NDD>
-  static void pv_tail(int nd, float* ot, const float* pt, const float* v, int64_t ldv, int n, const float* alpha) {
+  static void pv_tail(int nd, float* ot, const float* pt, const float* v, int64_t ldv, int n,
+                      const float* alpha) {
     if constexpr (NDD > 0) {
       if (nd == NDD) {
         pv<NDD>(ot, pt, v, ldv, n, alpha);
@@ -266,7 +270,8 @@ class FlashTile {
       if (i < n) qk_tail<NK - 1>(n - i, qt_ + ch * W, kb + i * ldk, ldk, d_, st_ + i * kTileRows + ch * W);
     }
 
-    // Causal mask, only where some key lies beyond the tile's first row: key p is hidden from rows r < p - first_pos.
+    // Causal mask, only where some key lies beyond the tile's first row: key p is hidden from rows r < p -
+    // first_pos.
     const int32_t last = pos != nullptr ? pos[n - 1] : first + n - 1;
     if (last > job_.first_pos) {
       for (int i = 0; i < n; ++i) {
@@ -282,8 +287,10 @@ class FlashTile {
 
     for (int ch = 0; ch < nvu_; ch += RC) {
       int c = 0;
-      for (; c + ND <= d_; c += ND) pv<ND>(ot_ + c * kTileRows + ch * W, st_ + ch * W, vb + c, ldv, n, alpha_ + ch * W);
-      if (c < d_) pv_tail<ND - 1>(d_ - c, ot_ + c * kTileRows + ch * W, st_ + ch * W, vb + c, ldv, n, alpha_ + ch * W);
+      for (; c + ND <= d_; c += ND)
+        pv<ND>(ot_ + c * kTileRows + ch * W, st_ + ch * W, vb + c, ldv, n, alpha_ + ch * W);
+      if (c < d_)
+        pv_tail<ND - 1>(d_ - c, ot_ + c * kTileRows + ch * W, st_ + ch * W, vb + c, ldv, n, alpha_ + ch * W);
     }
   }
 
@@ -297,7 +304,8 @@ class FlashTile {
       }
       const float inv = 1.0f / l_[r];
       for (int c = 0; c < d_; ++c) o[c * job_.out_cs] = ot_[c * kTileRows + r] * inv;
-      if (job_.lse != nullptr) job_.lse[r * job_.lse_rs] = (m_[r] + __builtin_log2f(l_[r])) * 0.693147180559945309f;
+      if (job_.lse != nullptr)
+        job_.lse[r * job_.lse_rs] = (m_[r] + __builtin_log2f(l_[r])) * 0.693147180559945309f;
     }
   }
 

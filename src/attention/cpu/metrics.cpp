@@ -30,11 +30,13 @@ RecallResult attention_recall(const AttentionArgs& args, const SparseIndex& inde
   args.k.expect_dtype("attention_recall k", {DType::F32, DType::BF16});
   const int64_t kv_len = args.k.dim(0), hkv = args.k.dim(1);
   check(hkv > 0 && hq % hkv == 0, "attention_recall: " + std::to_string(hq) +
-                                      " query heads are not a multiple of " + std::to_string(hkv) + " kv heads");
+                                      " query heads are not a multiple of " + std::to_string(hkv) +
+                                      " kv heads");
   check(args.q_begin >= 0 && kv_len >= args.q_begin + q_len,
-        "attention_recall: kv_len " + std::to_string(kv_len) + " is less than q_begin + q_len = " +
-            std::to_string(args.q_begin + q_len));
-  check(index.num_heads == hq && index.q_begin == args.q_begin && index.q_len == q_len && index.kv_len == kv_len,
+        "attention_recall: kv_len " + std::to_string(kv_len) +
+            " is less than q_begin + q_len = " + std::to_string(args.q_begin + q_len));
+  check(index.num_heads == hq && index.q_begin == args.q_begin && index.q_len == q_len &&
+            index.kv_len == kv_len,
         "attention_recall: the sparse index does not describe this call (heads, q_begin, q_len, kv_len)");
 
   RecallResult result;
@@ -45,9 +47,8 @@ RecallResult attention_recall(const AttentionArgs& args, const SparseIndex& inde
 
   // K of every kv head as doubles, [hkv][kv_len][d].
   std::vector<double> keys(static_cast<size_t>(hkv * kv_len * d));
-  pool.parallel_for(hkv * kv_len, [&](int64_t i, int) {
-    load_row(args.k, i % kv_len, i / kv_len, keys.data() + i * d);
-  });
+  pool.parallel_for(hkv * kv_len,
+                    [&](int64_t i, int) { load_row(args.k, i % kv_len, i / kv_len, keys.data() + i * d); });
 
   // One item per (head, index tile); per-row recall summed per item, then per head.
   const int64_t tiles = index.num_tiles();
@@ -70,10 +71,12 @@ RecallResult attention_recall(const AttentionArgs& args, const SparseIndex& inde
         mx = std::max(mx, p[static_cast<size_t>(j)]);
       }
       double total = 0;
-      for (int64_t j = 0; j <= pos; ++j) total += (p[static_cast<size_t>(j)] = std::exp(p[static_cast<size_t>(j)] - mx));
+      for (int64_t j = 0; j <= pos; ++j)
+        total += (p[static_cast<size_t>(j)] = std::exp(p[static_cast<size_t>(j)] - mx));
       double kept = 0;
       for (const KeyRange& kr : ranges) {
-        for (int64_t j = kr.begin; j < std::min<int64_t>(kr.end, pos + 1); ++j) kept += p[static_cast<size_t>(j)];
+        for (int64_t j = kr.begin; j < std::min<int64_t>(kr.end, pos + 1); ++j)
+          kept += p[static_cast<size_t>(j)];
       }
       for (int32_t j : columns) {
         if (j <= pos) kept += p[static_cast<size_t>(j)];

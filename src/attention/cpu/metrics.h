@@ -19,16 +19,18 @@ struct RecallResult {
 };
 
 // For every (query head, row): the share of the dense causal softmax mass of scale * q.k that lies on the
-// cells index.visible keeps, computed in f64; averaged over rows, then heads. Uses args.q, args.k, args.scale,
-// args.q_begin (v, out and lse are not read). The index must describe the call (heads, q_begin, q_len, kv_len).
-// Cost: one dense score matrix per head (O(q_len * kv_len * head_dim)), parallel over the pool.
+// cells index.visible keeps, computed in f64; averaged over rows, then heads. Uses args.q, args.k,
+// args.scale, args.q_begin (v, out and lse are not read). The index must describe the call (heads, q_begin,
+// q_len, kv_len). Cost: one dense score matrix per head (O(q_len * kv_len * head_dim)), parallel over the
+// pool.
 RecallResult attention_recall(const AttentionArgs& args, const SparseIndex& index,
                               ThreadPool& pool = ThreadPool::global());
 
 struct OutputError {
-  double rel_frobenius = 0;  // ||a - b|| / ||b|| over the whole tensor (0 when both are 0, inf when only b is)
-  double max_abs = 0;        // max |a - b|
-  std::vector<double> per_head_rel;      // the same per head (dim 1)
+  double rel_frobenius =
+      0;               // ||a - b|| / ||b|| over the whole tensor (0 when both are 0, inf when only b is)
+  double max_abs = 0;  // max |a - b|
+  std::vector<double> per_head_rel;  // the same per head (dim 1)
   std::vector<double> per_head_max_abs;
 };
 

@@ -64,8 +64,8 @@ void reference_attention_masked(const AttentionArgs& args,
         if (out_f64 != nullptr) (*out_f64)[static_cast<size_t>((r * hq + h) * d + c)] = o;
       }
       if (args.has_lse()) {
-        *args.lse.at<float>(h, r) = sum > 0 ? static_cast<float>(max_score + std::log(sum))
-                                            : -std::numeric_limits<float>::infinity();
+        *args.lse.at<float>(h, r) =
+            sum > 0 ? static_cast<float>(max_score + std::log(sum)) : -std::numeric_limits<float>::infinity();
       }
     }
   });
@@ -74,8 +74,8 @@ void reference_attention_masked(const AttentionArgs& args,
 void reference_attention_sparse(const AttentionArgs& args, const SparseIndex& index,
                                 std::vector<double>* out_f64) {
   validate(args);
-  check(index.num_heads == args.num_q_heads() && index.q_begin == args.q_begin && index.q_len == args.q_len() &&
-            index.kv_len == args.kv_len(),
+  check(index.num_heads == args.num_q_heads() && index.q_begin == args.q_begin &&
+            index.q_len == args.q_len() && index.kv_len == args.kv_len(),
         "reference attention: the sparse index does not describe this call");
   reference_attention_masked(
       args, [&](int h, int r, int j) { return index.visible(h, r, j); }, out_f64);

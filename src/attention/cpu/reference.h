@@ -1,8 +1,8 @@
 // tessera/attention/cpu/reference.h — dense attention with an explicit mask, in double precision.
 //
-// The slow, obvious twin of every attention executor: for each (head, row) it forms all scores in f64, applies
-// the mask, and takes the softmax-weighted sum of V. Executors are tested against it; it is not meant to be fast
-// (O(heads * q_len * kv_len * head_dim), one thread per head through the global pool).
+// The slow, obvious twin of every attention executor: for each (head, row) it forms all scores in f64,
+// applies the mask, and takes the softmax-weighted sum of V. Executors are tested against it; it is not meant
+// to be fast (O(heads * q_len * kv_len * head_dim), one thread per head through the global pool).
 #pragma once
 
 #include <functional>
@@ -14,9 +14,9 @@
 namespace tessera::attn {
 
 // Key `key` is visible to row `row` of query head `head` iff visible(head, row, key) and key <= q_begin + row
-// (causality is always applied on top of the given mask). Writes args.out (f32) and args.lse when present; when
-// out_f64 is not null it receives the same output in f64, laid out [q_len][num_q_heads][head_dim] contiguously.
-// Throws what validate(args) throws.
+// (causality is always applied on top of the given mask). Writes args.out (f32) and args.lse when present;
+// when out_f64 is not null it receives the same output in f64, laid out [q_len][num_q_heads][head_dim]
+// contiguously. Throws what validate(args) throws.
 void reference_attention_masked(const AttentionArgs& args,
                                 const std::function<bool(int head, int row, int key)>& visible,
                                 std::vector<double>* out_f64 = nullptr);

@@ -27,7 +27,8 @@ void sparse_attention_cpu(const AttentionArgs& args, const SparseIndex& index, T
   const int32_t piece = cpu_detail::kTileRows;
   std::vector<cpu_detail::WorkItem> items;
   std::vector<KeyRange> clipped;  // ranges of pieces above the last one of their index tile
-  std::vector<std::pair<size_t, size_t>> clipped_of;  // (item, first clipped range): pointers are set at the end
+  std::vector<std::pair<size_t, size_t>>
+      clipped_of;  // (item, first clipped range): pointers are set at the end
   const size_t pieces_per_tile = static_cast<size_t>((index.tile + piece - 1) / piece);
   items.reserve(static_cast<size_t>(index.num_heads) * static_cast<size_t>(tiles) * pieces_per_tile);
 
@@ -41,7 +42,8 @@ void sparse_attention_cpu(const AttentionArgs& args, const SparseIndex& index, T
         it.head = h;
         it.row_begin = tile_begin + r0;
         it.rows = std::min(piece, tile_rows - r0);
-        const int32_t key_end = index.q_begin + it.row_begin + it.rows;  // keys >= key_end are hidden from the piece
+        const int32_t key_end =
+            index.q_begin + it.row_begin + it.rows;  // keys >= key_end are hidden from the piece
         const bool last_piece = r0 + it.rows == tile_rows;
         int64_t keys = 0;
         if (last_piece) {  // the tile's own keys already end at or before key_end
