@@ -95,4 +95,89 @@ __device__ __forceinline__ int swizzle(int row, int chunk) {
   return row * D + ((chunk ^ (row & 7)) << 3);
 }
 
+// Lane constants for ldmatrix on swizzled [rows][D] tiles. The lane's physical chunk for logical chunk 2k + b is
+// 8 * (k / 4) + ((2 * (k % 4)) ^ x) with x < 8 fixed per lane, so every address is a lane base plus one of four
+// lane offsets plus a compile-time constant (which keeps the addresses out of the register file).
+//   a_off: A operand (Q rows, row-major, lane row = lane % 16) and the transposed B operand (V rows)
+//   b_off: B operand (K rows, lane row = lane % 8 + 8 * (lane / 16))
+struct LaneSwizzle {
+  uint32_t a_off[4];
+  uint32_t b_off[4];
+  __device__ __forceinline__ explicit LaneSwizzle(int lane) {
+    const int xa = (lane >> 4) ^ (lane & 7);
+    const int xb = ((lane >> 3) & 1) ^ (lane & 7);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      a_off[j] = static_cast<uint32_t>(((2 * j) ^ xa) * 16);
+      b_off[j] = static_cast<uint32_t>(((2 * j) ^ xb) * 16);
+    }
+  }
+  // Byte offsets of the lane's row within a tile (add the tile's shared address).
+  template <int D>
+  __device__ __forceinline__ static uint32_t a_row(int lane) { return (lane & 15) * (D * 2); }
+  template <int D>
+  __device__ __forceinline__ static uint32_t b_row(int lane) { return ((lane & 7) + ((lane >> 4) << 3)) * (D * 2); }
+  template <int D>
+  __device__ __forceinline__ static uint32_t v_row(int lane) { return ((lane & 7) + (((lane >> 3) & 1) << 3)) * (D * 2); }
+};
+
+// s[BN/8][4] += Q[16 rows] K[BN keys]^T for one warp. q_base: shared address of the warp's first Q row plus
+// LaneSwizzle::a_row; k_base: shared address of the K tile plus LaneSwizzle::b_row. Rows are D elements.
+template <typename T, int D, int BN>
+__device__ __forceinline__ void warp_qk(float (&s)[BN / 8][4], uint32_t q_base, uint32_t k_base, const LaneSwizzle& sw) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t a[4];
+    ldmatrix_x4(a, q_base + (kk / 4) * 128 + sw.a_off[kk % 4]);
+#pragma unroll
+    for (int np = 0; np < BN / 16; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4(b, k_base + np * 16 * (D * 2) + (kk / 4) * 128 + sw.b_off[kk % 4]);
+      MmaTraits<T>::mma(s[2 * np], a, b[0], b[1]);
+      MmaTraits<T>::mma(s[2 * np + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// o[D/8][4] += P[16 rows][BN keys] V[BN keys][D] for one warp, P given as the f32 accumulators of warp_qk (the
+// accumulators of n-tiles 2k and 2k+1 are exactly the A fragment of k-chunk k). v_base: shared address of the V
+// tile plus LaneSwizzle::v_row.
+template <typename T, int D, int BN>
+__device__ __forceinline__ void warp_pv(float (&o)[D / 8][4], const float (&p)[BN / 8][4], uint32_t v_base,
+                                       const LaneSwizzle& sw) {
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) {
+    uint32_t a[4];
+    a[0] = MmaTraits<T>::pack(p[2 * kk][0], p[2 * kk][1]);
+    a[1] = MmaTraits<T>::pack(p[2 * kk][2], p[2 * kk][3]);
+    a[2] = MmaTraits<T>::pack(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+    a[3] = MmaTraits<T>::pack(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, v_base + kk * 16 * (D * 2) + (dp / 4) * 128 + sw.a_off[dp % 4]);
+      MmaTraits<T>::mma(o[2 * dp], a, b[0], b[1]);
+      MmaTraits<T>::mma(o[2 * dp + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// Copies rows [0, ROWS) of a [ROWS][D] tile into swizzled shared memory with cp.async, 16 bytes per thread
+// per step; src(row) returns the row's global address or nullptr for a row to zero-fill. `fallback` is any valid
+// global address (the source operand of a zero-filling copy, which reads nothing).
+template <int D, int ROWS, int THREADS, class RowSrc>
+__device__ __forceinline__ void cp_async_tile(void* dst, int tid, const void* fallback, RowSrc src) {
+  constexpr int kChunks = D / 8;
+  static_assert((ROWS * kChunks) % THREADS == 0);
+#pragma unroll
+  for (int it = 0; it < ROWS * kChunks / THREADS; ++it) {
+    const int i = tid + it * THREADS;
+    const int row = i / kChunks, ch = i % kChunks;
+    const void* g = src(row);
+    const bool ok = g != nullptr;
+    cp_async_16(smem_addr(static_cast<char*>(dst) + 2 * swizzle<D>(row, ch)),
+                ok ? static_cast<const char*>(g) + 16 * ch : static_cast<const char*>(fallback), ok);
+  }
+}
+
 }  // namespace tessera::attn::gpu::detail

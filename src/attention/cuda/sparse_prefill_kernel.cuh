@@ -56,7 +56,6 @@ struct PrefillConfig {
   static constexpr int BN = D == 256 ? kPrefillKeyTile / 2 : kPrefillKeyTile;
   static constexpr int kChunks = D / 8;  // 16-byte chunks per row
   // Q fragments are re-read from shared memory at every key tile (registers go to the output accumulators).
-  static constexpr bool kQInRegs = false;
   // No register cap beyond the architectural one: a cap of 128 (16 warps per SM) spills at every head_dim in
   // this mma.sync version. Occupancy follows from the registers and shared memory actually used.
   static constexpr int kMinBlocks = 1;
@@ -95,21 +94,11 @@ __global__ void __launch_bounds__(PrefillConfig<D, BM>::kThreads, PrefillConfig<
   const T* v_all = static_cast<const T*>(p.v);
   T* out_all = static_cast<T*>(p.out);
 
-  // ldmatrix row addresses of this lane. With the chunk ^ (row % 8) swizzle, the physical chunk of logical chunk
-  // 2k + b in a lane's row is 8 * (k / 4) + ((2 * (k % 4)) ^ x) for a lane constant x < 8, so every address below
-  // is a lane base plus one of four lane offsets plus a compile-time constant (kept out of the register file).
   constexpr int kRowBytes = D * 2;
-  const int xq = (lane >> 4) ^ (lane & 7);          // Q (A operand) and V (transposed B operand)
-  const int xk = ((lane >> 3) & 1) ^ (lane & 7);    // K (B operand)
-  uint32_t qx[4], kx[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    qx[j] = static_cast<uint32_t>(((2 * j) ^ xq) * 16);
-    kx[j] = static_cast<uint32_t>(((2 * j) ^ xk) * 16);
-  }
-  const uint32_t q_lane = smem_addr(sQ) + (warp * 16 + (lane & 15)) * kRowBytes;
-  const uint32_t k_lane = smem_addr(sK) + ((lane & 7) + ((lane >> 4) << 3)) * kRowBytes;
-  const uint32_t v_lane = smem_addr(sV) + ((lane & 7) + (((lane >> 3) & 1) << 3)) * kRowBytes;
+  const LaneSwizzle sw(lane);
+  const uint32_t q_lane = smem_addr(sQ) + warp * 16 * kRowBytes + LaneSwizzle::a_row<D>(lane);
+  const uint32_t k_lane = smem_addr(sK) + LaneSwizzle::b_row<D>(lane);
+  const uint32_t v_lane = smem_addr(sV) + LaneSwizzle::v_row<D>(lane);
 
   for (;;) {
     if (tid == 0) s_slot = atomicAdd(p.counter, 1);
@@ -176,13 +165,9 @@ __global__ void __launch_bounds__(PrefillConfig<D, BM>::kThreads, PrefillConfig<
     };
 
     KeyTile cur = next_tile();
-#pragma unroll
-    for (int it = 0; it < BM * kChunks / kThreads; ++it) {
-      const int i = tid + it * kThreads;
-      const int row = i / kChunks, ch = i % kChunks;
-      const bool ok = row < rows;
-      cp_async_16(smem_addr(sQ + swizzle<D>(row, ch)), qh + static_cast<int64_t>(ok ? row : 0) * p.q_tok + ch * 8, ok);
-    }
+    cp_async_tile<D, BM, kThreads>(sQ, tid, q_all, [&](int row) -> const void* {
+      return row < rows ? qh + static_cast<int64_t>(row) * p.q_tok : nullptr;
+    });
     if (cur.count > 0) load_kv(0, cur);
     cp_async_commit();
 
@@ -192,8 +177,6 @@ __global__ void __launch_bounds__(PrefillConfig<D, BM>::kThreads, PrefillConfig<
     float m[2] = {neg_inf, neg_inf};
     float l[2] = {0.0f, 0.0f};
     const int pos_row[2] = {pos0 + warp * 16 + g, pos0 + warp * 16 + g + 8};
-    uint32_t qf[Cfg::kQInRegs ? D / 16 : 1][4];
-    bool q_loaded = false;
     int stage = 0;
 
     while (cur.count > 0) {
@@ -203,41 +186,13 @@ __global__ void __launch_bounds__(PrefillConfig<D, BM>::kThreads, PrefillConfig<
       cp_async_wait<1>();
       __syncthreads();
 
-      if constexpr (Cfg::kQInRegs) {
-        if (!q_loaded) {
-#pragma unroll
-          for (int kk = 0; kk < D / 16; ++kk) {
-            ldmatrix_x4(qf[kk], q_lane + (kk / 4) * 128 + qx[kk % 4]);
-          }
-          q_loaded = true;
-        }
-      }
-
       // S = Q K^T for this warp's 16 rows and the 64 keys of the stage.
       const uint32_t k_stage = k_lane + stage * (BN * kRowBytes);
       const uint32_t v_stage = v_lane + stage * (BN * kRowBytes);
       float s[BN / 8][4];
 #pragma unroll
       for (int i = 0; i < BN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t a[4];
-        if constexpr (Cfg::kQInRegs) {
-          a[0] = qf[kk][0];
-          a[1] = qf[kk][1];
-          a[2] = qf[kk][2];
-          a[3] = qf[kk][3];
-        } else {
-          ldmatrix_x4(a, q_lane + (kk / 4) * 128 + qx[kk % 4]);
-        }
-#pragma unroll
-        for (int np = 0; np < BN / 16; ++np) {
-          uint32_t b[4];
-          ldmatrix_x4(b, k_stage + np * 16 * kRowBytes + (kk / 4) * 128 + kx[kk % 4]);
-          Mma::mma(s[2 * np], a, b[0], b[1]);
-          Mma::mma(s[2 * np + 1], a, b[2], b[3]);
-        }
-      }
+      warp_qk<T, D, BN>(s, q_lane, k_stage, sw);
 
 #pragma unroll
       for (int i = 0; i < BN / 8; ++i) {
@@ -286,22 +241,8 @@ __global__ void __launch_bounds__(PrefillConfig<D, BM>::kThreads, PrefillConfig<
         }
       }
 
-      // O += P V: the S accumulators of n-tiles 2kk and 2kk+1 are exactly the A fragment of k-chunk kk.
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) {
-        uint32_t a[4];
-        a[0] = Mma::pack(s[2 * kk][0], s[2 * kk][1]);
-        a[1] = Mma::pack(s[2 * kk][2], s[2 * kk][3]);
-        a[2] = Mma::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        a[3] = Mma::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-#pragma unroll
-        for (int dp = 0; dp < D / 16; ++dp) {
-          uint32_t b[4];
-          ldmatrix_x4_trans(b, v_stage + kk * 16 * kRowBytes + (dp / 4) * 128 + qx[dp % 4]);
-          Mma::mma(o[2 * dp], a, b[0], b[1]);
-          Mma::mma(o[2 * dp + 1], a, b[2], b[3]);
-        }
-      }
+      // O += P V.
+      warp_pv<T, D, BN>(o, s, v_stage, sw);
       __syncthreads();
       cur = nxt;
       stage ^= 1;

@@ -1,0 +1,630 @@
+// Device estimators for vertical-slash and block-sparse heads (contract: estimate_cuda.h).
+//
+// VS, per head, in five launches over all VS heads of the layer at once:
+//   1. vs_stats: per chunk of 512 keys, each of the 64 last rows' running max and sum of exp (tensor-core scores);
+//   2. vs_merge_stats: the row maxima and normalisers over all chunks;
+//   3. vs_sums: A = exp(s - m) / l tile by tile into shared memory; column sums go straight to memory (each key
+//      belongs to one chunk); diagonal sums are accumulated per chunk over the band of offsets the chunk touches
+//      (512 + 63 offsets) in a fixed order and stored per chunk;
+//   4. vs_merge_diag: each offset sums the (at most two) chunk bands that cover it, in chunk order;
+//   5. vs_topk: forced prefix, then BlockTopK over the rest, for columns and offsets.
+// Everything is deterministic (no atomics on floats).
+// BS: pool K per kv head (one pool per distinct block size), pool Q per head, then one CTA per (head, query block)
+// computes the causal block scores (a warp per key block) and selects with BlockTopK.
+#include "attention/cuda/estimate_cuda.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <string>
+
+#include "attention/cuda/block_topk.cuh"
+#include "attention/cuda/cuda_check.h"
+#include "attention/cuda/mma_sm80.cuh"
+#include "core/error.h"
+
+namespace tessera::attn::gpu {
+
+namespace {
+
+using detail::cp_async_commit;
+using detail::cp_async_tile;
+using detail::cp_async_wait;
+using detail::LaneSwizzle;
+using detail::smem_addr;
+using detail::warp_qk;
+
+constexpr int kVsRows = 64;      // rows of the VS estimate handled by one CTA (4 warps x 16)
+constexpr int kVsThreads = 128;
+constexpr int kVsChunk = 512;    // keys per CTA
+constexpr int kVsBand = kVsChunk + kVsRows - 1;
+constexpr int kTopKThreads = 512;
+constexpr int kBsThreads = 256;
+
+struct VsParams {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  int64_t q_tok = 0, q_head = 0, k_tok = 0, k_head = 0;
+  int32_t q_len = 0, q_begin = 0, keys = 0, chunks = 0;
+  float scale = 0.0f;
+  const VsHeadDesc* heads = nullptr;
+  float2* partial = nullptr;
+  float2* stats = nullptr;
+  float* colsum = nullptr;
+  float* diag_partial = nullptr;
+  float* diag = nullptr;
+  int32_t* columns = nullptr;
+  int32_t* offsets = nullptr;
+};
+
+__device__ __forceinline__ int floor_div(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
+// Shared part of the two VS passes: Q rows of the head into sQ, and the lane's two rows.
+template <typename T, int D>
+struct VsTile {
+  T* sQ;
+  T* sK;
+  int rq0;    // q row index of estimate row 0
+  int pos0;   // absolute position of estimate row 0
+  int row[2];
+  bool valid[2];
+  int pos[2];
+};
+
+template <typename T, int D>
+__device__ __forceinline__ VsTile<T, D> vs_setup(const VsParams& p, const VsHeadDesc& hd, unsigned char* smem) {
+  VsTile<T, D> v;
+  v.sQ = reinterpret_cast<T*>(smem);
+  v.sK = v.sQ + kVsRows * D;
+  v.rq0 = p.q_len - hd.rows;
+  v.pos0 = p.q_begin + v.rq0;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const T* qh = static_cast<const T*>(p.q) + hd.q_head * p.q_head;
+  cp_async_tile<D, kVsRows, kVsThreads>(v.sQ, tid, p.q, [&](int r) -> const void* {
+    return r < hd.rows ? qh + static_cast<int64_t>(v.rq0 + r) * p.q_tok : nullptr;
+  });
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    v.row[e] = warp * 16 + lane / 4 + 8 * e;
+    v.valid[e] = v.row[e] < hd.rows;
+    v.pos[e] = v.pos0 + v.row[e];
+  }
+  return v;
+}
+
+// Scores of the lane's fragment for the 64 keys starting at kb (loaded into sK here).
+template <typename T, int D>
+__device__ __forceinline__ void vs_scores(const VsParams& p, const VsHeadDesc& hd, const VsTile<T, D>& v, int kb,
+                                          float (&s)[8][4]) {
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const T* kh = static_cast<const T*>(p.k) + hd.kv_head * p.k_head;
+  cp_async_tile<D, 64, kVsThreads>(v.sK, tid, p.k, [&](int r) -> const void* {
+    return kb + r < p.keys ? kh + static_cast<int64_t>(kb + r) * p.k_tok : nullptr;
+  });
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+  const LaneSwizzle sw(lane);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+  warp_qk<T, D, 64>(s, smem_addr(v.sQ) + warp * 16 * D * 2 + LaneSwizzle::a_row<D>(lane),
+                    smem_addr(v.sK) + LaneSwizzle::b_row<D>(lane), sw);
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kVsThreads) vs_stats_kernel(const VsParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const VsHeadDesc hd = p.heads[blockIdx.y];
+  const int chunk = blockIdx.x;
+  const int kb0 = chunk * kVsChunk, kb1 = min(kb0 + kVsChunk, p.keys);
+  const VsTile<T, D> v = vs_setup<T, D>(p, hd, smem);
+  const int c4 = threadIdx.x % 4;
+  const float neg_inf = -__int_as_float(0x7f800000);
+  float m[2] = {neg_inf, neg_inf}, l[2] = {0.0f, 0.0f};
+  for (int kb = kb0; kb < kb1; kb += 64) {
+    float s[8][4];
+    vs_scores<T, D>(p, hd, v, kb, s);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float mx = neg_inf;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int key = kb + i * 8 + 2 * c4 + j;
+          const bool vis = v.valid[e] && key <= v.pos[e];
+          s[i][2 * e + j] = vis ? s[i][2 * e + j] * p.scale : neg_inf;
+          mx = fmaxf(mx, s[i][2 * e + j]);
+        }
+      }
+      if (mx == neg_inf) continue;
+      const float m_new = fmaxf(m[e], mx);
+      float sum = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) sum += expf(s[i][2 * e] - m_new) + expf(s[i][2 * e + 1] - m_new);
+      l[e] = l[e] * expf(m[e] - m_new) + sum;
+      m[e] = m_new;
+    }
+    __syncthreads();  // before sK is overwritten
+  }
+  // Merge the four lanes of each row.
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    float mq = m[e];
+    mq = fmaxf(mq, __shfl_xor_sync(0xffffffffu, mq, 1));
+    mq = fmaxf(mq, __shfl_xor_sync(0xffffffffu, mq, 2));
+    float lq = mq == neg_inf ? 0.0f : l[e] * expf(m[e] - mq);
+    lq += __shfl_xor_sync(0xffffffffu, lq, 1);
+    lq += __shfl_xor_sync(0xffffffffu, lq, 2);
+    if (c4 == 0) {
+      p.partial[(static_cast<int64_t>(blockIdx.y) * p.chunks + chunk) * kVsRows + v.row[e]] = make_float2(mq, lq);
+    }
+  }
+}
+
+__global__ void vs_merge_stats_kernel(const VsParams p) {
+  const int slot = blockIdx.x, r = threadIdx.x;
+  const float neg_inf = -__int_as_float(0x7f800000);
+  const float2* part = p.partial + static_cast<int64_t>(slot) * p.chunks * kVsRows + r;
+  float m = neg_inf;
+  for (int c = 0; c < p.chunks; ++c) m = fmaxf(m, part[static_cast<int64_t>(c) * kVsRows].x);
+  float l = 0.0f;
+  if (m != neg_inf) {
+    for (int c = 0; c < p.chunks; ++c) {
+      const float2 x = part[static_cast<int64_t>(c) * kVsRows];
+      if (x.x != neg_inf) l += x.y * expf(x.x - m);
+    }
+  }
+  p.stats[slot * kVsRows + r] = make_float2(m, l);
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kVsThreads) vs_sums_kernel(const VsParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int slot = blockIdx.y;
+  const VsHeadDesc hd = p.heads[slot];
+  const int chunk = blockIdx.x;
+  const int kb0 = chunk * kVsChunk, kb1 = min(kb0 + kVsChunk, p.keys);
+  const VsTile<T, D> v = vs_setup<T, D>(p, hd, smem);
+  float* sP = reinterpret_cast<float*>(v.sK + 64 * D);  // [64][65]
+  float* band = sP + 64 * 65;                              // [kVsBand]
+  const int tid = threadIdx.x, c4 = tid % 4;
+  for (int i = tid; i < kVsBand; i += kVsThreads) band[i] = 0.0f;
+  float m[2], l[2];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const float2 st = p.stats[slot * kVsRows + v.row[e]];
+    m[e] = st.x;
+    l[e] = st.y;
+  }
+  for (int kb = kb0, tl = 0; kb < kb1; kb += 64, ++tl) {
+    float s[8][4];
+    vs_scores<T, D>(p, hd, v, kb, s);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int col = i * 8 + 2 * c4 + j;
+          const bool vis = v.valid[e] && kb + col <= v.pos[e] && l[e] > 0.0f;
+          sP[v.row[e] * 65 + col] = vis ? expf(s[i][2 * e + j] * p.scale - m[e]) / l[e] : 0.0f;
+        }
+      }
+    }
+    __syncthreads();
+    if (tid < 64 && kb + tid < p.keys) {
+      float sum = 0.0f;
+      for (int r = 0; r < kVsRows; ++r) sum += sP[r * 65 + tid];
+      p.colsum[static_cast<int64_t>(slot) * p.keys + kb + tid] = sum;
+    }
+    if (tid < 2 * kVsRows - 1) {
+      // Band entry b holds the cells with row - col = b - 63 (offset = pos0 - kb + b - 63).
+      const int b = tid;
+      float sum = 0.0f;
+      for (int r = max(0, b - 63); r <= min(63, b); ++r) sum += sP[r * 65 + r - b + 63];
+      band[b + kVsChunk - 64 - 64 * tl] += sum;
+    }
+    __syncthreads();
+  }
+  float* out = p.diag_partial + (static_cast<int64_t>(slot) * p.chunks + chunk) * kVsBand;
+  for (int i = tid; i < kVsBand; i += kVsThreads) out[i] = band[i];
+}
+
+// Chunk c's band entry i is offset pos0 - c * kVsChunk - kVsChunk + 1 + i.
+__global__ void vs_merge_diag_kernel(const VsParams p) {
+  const int slot = blockIdx.y;
+  const int o = blockIdx.x * blockDim.x + threadIdx.x;
+  if (o >= p.keys) return;
+  const VsHeadDesc hd = p.heads[slot];
+  const int pos0 = p.q_begin + p.q_len - hd.rows;
+  const int c_lo = max(0, floor_div(pos0 - o, kVsChunk));
+  const int c_hi = min(p.chunks - 1, floor_div(pos0 + kVsRows - 1 - o, kVsChunk));
+  float sum = 0.0f;
+  for (int c = c_lo; c <= c_hi; ++c) {
+    const int i = o - (pos0 - c * kVsChunk - kVsChunk + 1);
+    sum += p.diag_partial[(static_cast<int64_t>(slot) * p.chunks + c) * kVsBand + i];
+  }
+  p.diag[static_cast<int64_t>(slot) * p.keys + o] = sum;
+}
+
+__global__ void __launch_bounds__(kTopKThreads) vs_topk_kernel(const VsParams p) {
+  using TopK = detail::BlockTopK<kTopKThreads>;
+  __shared__ typename TopK::Storage st;
+  const int slot = blockIdx.x;
+  const bool cols = blockIdx.y == 0;
+  const VsHeadDesc hd = p.heads[slot];
+  const float* score = (cols ? p.colsum : p.diag) + static_cast<int64_t>(slot) * p.keys;
+  int32_t* out = cols ? p.columns + hd.column_base : p.offsets + hd.offset_base;
+  const int forced = cols ? hd.forced_columns : hd.forced_offsets;
+  const int count = cols ? hd.num_columns : hd.num_offsets;
+  for (int i = threadIdx.x; i < forced; i += kTopKThreads) out[i] = i;
+  TopK::select([&](int i) { return score[i]; }, forced, p.keys, count - forced, out + forced, st);
+}
+
+struct BsParams {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  int64_t q_tok = 0, q_head = 0, k_tok = 0, k_head = 0;
+  int32_t q_len = 0, q_begin = 0, kv_len = 0, max_q_blocks = 0;
+  float scale = 0.0f;
+  const BsHeadDesc* heads = nullptr;
+  float* kpool = nullptr;
+  float* qpool = nullptr;
+  const int32_t* offsets = nullptr;
+  int32_t* key_blocks = nullptr;
+};
+
+// grid (key blocks, kv heads), block D threads: kpool[kvh][kb][i] = mean of k over the block's keys.
+template <typename T>
+__global__ void bs_pool_k_kernel(const BsParams p, int block, int num_key_blocks, float* kpool) {
+  const int kb = blockIdx.x, kvh = blockIdx.y, i = threadIdx.x, d = blockDim.x;
+  const int j0 = kb * block, j1 = min(j0 + block, p.kv_len);
+  const T* src = static_cast<const T*>(p.k) + kvh * p.k_head + i;
+  float acc = 0.0f;
+  for (int j = j0; j < j1; ++j) acc += detail::MmaTraits<T>::to_float(src[static_cast<int64_t>(j) * p.k_tok]);
+  kpool[(static_cast<int64_t>(kvh) * num_key_blocks + kb) * d + i] = acc / static_cast<float>(j1 - j0);
+}
+
+// grid (query blocks, BS heads), block D threads.
+template <typename T>
+__global__ void bs_pool_q_kernel(const BsParams p) {
+  const BsHeadDesc hd = p.heads[blockIdx.y];
+  const int e = blockIdx.x, i = threadIdx.x, d = blockDim.x;
+  if (e >= hd.num_q_blocks) return;
+  const int qb = hd.first_q_block + e;
+  const int q_end = p.q_begin + p.q_len;
+  const int r0 = max(qb * hd.block, p.q_begin) - p.q_begin, r1 = min((qb + 1) * hd.block, q_end) - p.q_begin;
+  const T* src = static_cast<const T*>(p.q) + hd.q_head * p.q_head + i;
+  float acc = 0.0f;
+  for (int r = r0; r < r1; ++r) acc += detail::MmaTraits<T>::to_float(src[static_cast<int64_t>(r) * p.q_tok]);
+  p.qpool[(static_cast<int64_t>(blockIdx.y) * p.max_q_blocks + e) * d + i] = acc / static_cast<float>(r1 - r0);
+}
+
+// grid (query blocks, BS heads): scores of the causal key blocks, then the top-k. Dynamic shared memory: the
+// scores (max key blocks floats) after the pooled query (D floats).
+template <int D>
+__global__ void __launch_bounds__(kBsThreads) bs_select_kernel(const BsParams p) {
+  using TopK = detail::BlockTopK<kBsThreads>;
+  __shared__ typename TopK::Storage st;
+  extern __shared__ __align__(16) float bs_smem[];
+  const BsHeadDesc hd = p.heads[blockIdx.y];
+  const int e = blockIdx.x;
+  if (e >= hd.num_q_blocks) return;
+  float* qp = bs_smem;
+  float* score = bs_smem + D;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const float* qsrc = p.qpool + (static_cast<int64_t>(blockIdx.y) * p.max_q_blocks + e) * D;
+  for (int i = tid; i < D; i += kBsThreads) qp[i] = qsrc[i];
+  __syncthreads();
+  const int qb = hd.first_q_block + e;
+  const int n = qb + 1;
+  const float* kp = p.kpool + hd.kpool_base;
+  for (int kb = warp; kb < n; kb += kBsThreads / 32) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int i = lane; i < D; i += 32) acc += qp[i] * kp[static_cast<int64_t>(kb) * D + i];
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (lane == 0) score[kb] = acc * p.scale;
+  }
+  __syncthreads();
+  const int32_t* offs = p.offsets + hd.offsets_base;
+  TopK::select([&](int i) { return score[i]; }, 0, n, min(hd.top_k, n), p.key_blocks + hd.key_base + offs[e], st);
+}
+
+template <typename T, int D>
+void launch_vs(const VsParams& p, int num_heads, cudaStream_t stream) {
+  const size_t smem_scores = 2u * 64u * D * sizeof(T);
+  const size_t smem_sums = smem_scores + (64u * 65u + kVsBand) * sizeof(float);
+  TESSERA_CUDA_CHECK(cudaFuncSetAttribute(vs_stats_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(smem_scores)));
+  TESSERA_CUDA_CHECK(cudaFuncSetAttribute(vs_sums_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(smem_sums)));
+  const dim3 grid(static_cast<unsigned>(p.chunks), static_cast<unsigned>(num_heads));
+  vs_stats_kernel<T, D><<<grid, kVsThreads, smem_scores, stream>>>(p);
+  check_launch("vs_stats_kernel");
+  vs_merge_stats_kernel<<<num_heads, kVsRows, 0, stream>>>(p);
+  check_launch("vs_merge_stats_kernel");
+  vs_sums_kernel<T, D><<<grid, kVsThreads, smem_sums, stream>>>(p);
+  check_launch("vs_sums_kernel");
+  vs_merge_diag_kernel<<<dim3(static_cast<unsigned>((p.keys + 255) / 256), static_cast<unsigned>(num_heads)), 256, 0,
+                         stream>>>(p);
+  check_launch("vs_merge_diag_kernel");
+  vs_topk_kernel<<<dim3(static_cast<unsigned>(num_heads), 2), kTopKThreads, 0, stream>>>(p);
+  check_launch("vs_topk_kernel");
+}
+
+template <typename T, int D>
+void launch_bs(const BsParams& p, int num_heads, int num_kv_heads, const std::vector<int32_t>& block_sizes,
+               const std::vector<int64_t>& pool_base, int max_key_blocks, cudaStream_t stream) {
+  const int q_end = p.q_begin + p.q_len;
+  for (size_t i = 0; i < block_sizes.size(); ++i) {
+    const int b = block_sizes[i];
+    const int nkb = (q_end + b - 1) / b;
+    bs_pool_k_kernel<T><<<dim3(static_cast<unsigned>(nkb), static_cast<unsigned>(num_kv_heads)), D, 0, stream>>>(
+        p, b, nkb, p.kpool + pool_base[i]);
+    check_launch("bs_pool_k_kernel");
+  }
+  const dim3 grid(static_cast<unsigned>(p.max_q_blocks), static_cast<unsigned>(num_heads));
+  bs_pool_q_kernel<T><<<grid, D, 0, stream>>>(p);
+  check_launch("bs_pool_q_kernel");
+  const size_t smem = (static_cast<size_t>(D) + static_cast<size_t>(max_key_blocks)) * sizeof(float);
+  const DeviceInfo& dev = current_device_info();
+  check(smem + sizeof(detail::BlockTopK<kBsThreads>::Storage) <= static_cast<size_t>(dev.max_smem_per_block),
+        "block_sparse estimate: " + std::to_string(max_key_blocks) +
+            " key blocks do not fit in shared memory (use a larger block)");
+  TESSERA_CUDA_CHECK(cudaFuncSetAttribute(bs_select_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(smem)));
+  bs_select_kernel<D><<<grid, kBsThreads, smem, stream>>>(p);
+  check_launch("bs_select_kernel");
+}
+
+// Sum over q blocks [0, x) of min(k, qb + 1): the CSR offset of query block x when blocks start at 0.
+int64_t bs_prefix(int64_t x, int64_t k) {
+  if (x <= k) return x * (x + 1) / 2;
+  return k * (k + 1) / 2 + (x - k) * k;
+}
+
+void check_view(const TensorView& t, const char* what) {
+  const std::string w = std::string("CUDA estimate ") + what;
+  check(t.rank == 3, w + ": expected rank 3");
+  check(t.dtype == DType::BF16 || t.dtype == DType::F16, w + ": dtype must be bf16 or f16");
+  check(t.stride[2] == 1 && t.stride[0] % 8 == 0 && t.stride[1] % 8 == 0 &&
+            reinterpret_cast<uintptr_t>(t.data) % 16 == 0,
+        w + ": head_dim must be contiguous, strides multiples of 8 elements, data 16-byte aligned");
+}
+
+}  // namespace
+
+DeviceEstimates::DeviceEstimates(const std::vector<Pattern>& patterns, const LoweringContext& ctx, int num_kv_heads,
+                                 int head_dim)
+    : ctx_(ctx),
+      num_q_heads_(static_cast<int>(patterns.size())),
+      num_kv_heads_(num_kv_heads),
+      head_dim_(head_dim),
+      keys_(ctx.q_begin + ctx.q_len) {
+  check(num_kv_heads > 0 && num_q_heads_ % num_kv_heads == 0,
+        "CUDA estimates: " + std::to_string(num_q_heads_) + " query heads are not a multiple of " +
+            std::to_string(num_kv_heads) + " kv heads");
+  check(ctx.kv_len >= ctx.q_begin + ctx.q_len, "CUDA estimates: kv_len is smaller than q_begin + q_len");
+  const int group = num_q_heads_ / num_kv_heads;
+  const int64_t q_end = int64_t{ctx.q_begin} + ctx.q_len;
+  slot_of_.assign(patterns.size(), {-1, -1});
+  int64_t col_total = 0, off_total = 0, bs_off_total = 0, bs_key_total = 0;
+  for (size_t h = 0; h < patterns.size(); ++h) {
+    if (const auto* vs = std::get_if<VerticalSlashPattern>(&patterns[h])) {
+      check(vs->last_q <= kVsRows, "CUDA estimates: head " + std::to_string(h) + ": vertical_slash last_q " +
+                                       std::to_string(vs->last_q) + " > 64 is not supported on the GPU yet");
+      VsHeadDesc d;
+      d.q_head = static_cast<int32_t>(h);
+      d.kv_head = static_cast<int32_t>(h) / group;
+      if (ctx.q_len > 0) {
+        d.rows = std::min(vs->last_q, ctx.q_len);
+        d.num_columns = std::min(vs->vertical, keys_);
+        d.num_offsets = std::min(vs->slash, keys_);
+        d.forced_columns = std::min(vs->forced_columns, d.num_columns);
+        d.forced_offsets = std::min(vs->forced_diagonals, d.num_offsets);
+      }
+      d.column_base = col_total;
+      d.offset_base = off_total;
+      col_total += d.num_columns;
+      off_total += d.num_offsets;
+      slot_of_[h].first = static_cast<int>(vs_.size());
+      vs_.push_back(d);
+    } else if (const auto* bs = std::get_if<BlockSparsePattern>(&patterns[h])) {
+      BsHeadDesc d;
+      d.q_head = static_cast<int32_t>(h);
+      d.kv_head = static_cast<int32_t>(h) / group;
+      d.block = bs->block;
+      d.top_k = bs->top_k;
+      if (ctx.q_len > 0) {
+        d.first_q_block = ctx.q_begin / bs->block;
+        d.num_q_blocks = static_cast<int32_t>((q_end - 1) / bs->block) - d.first_q_block + 1;
+        d.num_key_blocks = static_cast<int32_t>((q_end + bs->block - 1) / bs->block);
+      }
+      auto it = std::find(bs_block_sizes_.begin(), bs_block_sizes_.end(), bs->block);
+      d.pool_index = static_cast<int32_t>(it - bs_block_sizes_.begin());
+      if (it == bs_block_sizes_.end()) bs_block_sizes_.push_back(bs->block);
+      d.offsets_base = bs_off_total;
+      d.key_base = bs_key_total;
+      const int64_t base = bs_prefix(d.first_q_block, d.top_k);
+      for (int32_t e = 0; e <= d.num_q_blocks; ++e) {
+        bs_offsets_host_.push_back(static_cast<int32_t>(bs_prefix(int64_t{d.first_q_block} + e, d.top_k) - base));
+      }
+      bs_off_total += d.num_q_blocks + 1;
+      bs_key_total += bs_offsets_host_.back();
+      bs_max_q_blocks_ = std::max(bs_max_q_blocks_, d.num_q_blocks);
+      bs_max_key_blocks_ = std::max(bs_max_key_blocks_, d.num_key_blocks);
+      slot_of_[h].second = static_cast<int>(bs_.size());
+      bs_.push_back(d);
+    }
+  }
+  // Pooled keys: one [num_kv_heads][key blocks][head_dim] array per block size.
+  int64_t pool_total = 0;
+  for (int32_t b : bs_block_sizes_) {
+    bs_pool_base_.push_back(pool_total);
+    pool_total += int64_t{num_kv_heads} * ((q_end + b - 1) / b) * head_dim;
+  }
+  for (BsHeadDesc& d : bs_) {
+    d.kpool_base = bs_pool_base_[static_cast<size_t>(d.pool_index)] + int64_t{d.kv_head} * d.num_key_blocks * head_dim;
+  }
+
+  vs_columns_.resize(static_cast<size_t>(std::max<int64_t>(col_total, 1)));
+  vs_offsets_.resize(static_cast<size_t>(std::max<int64_t>(off_total, 1)));
+  bs_offsets_.upload(bs_offsets_host_.empty() ? std::vector<int32_t>{0} : bs_offsets_host_);
+  bs_key_blocks_.resize(static_cast<size_t>(std::max<int64_t>(bs_key_total, 1)));
+  if (!vs_.empty()) {
+    vs_desc_.upload(vs_);
+    vs_chunks_ = std::max(1, (keys_ + kVsChunk - 1) / kVsChunk);
+    const size_t n = vs_.size();
+    vs_partial_stats_.resize(n * static_cast<size_t>(vs_chunks_) * kVsRows);
+    vs_stats_.resize(n * kVsRows);
+    vs_colsum_.resize(n * static_cast<size_t>(std::max(keys_, 1)));
+    vs_diag_.resize(n * static_cast<size_t>(std::max(keys_, 1)));
+    vs_diag_partial_.resize(n * static_cast<size_t>(vs_chunks_) * kVsBand);
+  }
+  if (!bs_.empty()) {
+    bs_desc_.upload(bs_);
+    bs_kpool_.resize(static_cast<size_t>(std::max<int64_t>(pool_total, 1)));
+    bs_qpool_.resize(bs_.size() * static_cast<size_t>(std::max(bs_max_q_blocks_, 1)) * static_cast<size_t>(head_dim));
+  }
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());  // the uploads above read host vectors that are members
+}
+
+void DeviceEstimates::estimate(const TensorView& q, const TensorView& k, float scale, cudaStream_t stream) {
+  if (empty() || ctx_.q_len == 0) return;
+  check_view(q, "q");
+  check_view(k, "k");
+  check(q.dtype == k.dtype, "CUDA estimate: q and k dtypes differ");
+  check(q.dim(0) == ctx_.q_len && q.dim(1) == num_q_heads_ && q.dim(2) == head_dim_,
+        "CUDA estimate q: expected [" + std::to_string(ctx_.q_len) + ", " + std::to_string(num_q_heads_) + ", " +
+            std::to_string(head_dim_) + "], got " + q.shape_string());
+  check(k.dim(0) >= ctx_.kv_len && k.dim(1) == num_kv_heads_ && k.dim(2) == head_dim_,
+        "CUDA estimate k: expected [>= " + std::to_string(ctx_.kv_len) + ", " + std::to_string(num_kv_heads_) +
+            ", " + std::to_string(head_dim_) + "], got " + k.shape_string());
+  const bool bf = q.dtype == DType::BF16;
+  const int d = head_dim_;
+  check(d == 64 || d == 128 || d == 256, "CUDA estimate: head_dim " + std::to_string(d) + " is not supported");
+
+  if (!vs_.empty()) {
+    VsParams p;
+    p.q = q.data;
+    p.k = k.data;
+    p.q_tok = q.stride[0];
+    p.q_head = q.stride[1];
+    p.k_tok = k.stride[0];
+    p.k_head = k.stride[1];
+    p.q_len = ctx_.q_len;
+    p.q_begin = ctx_.q_begin;
+    p.keys = keys_;
+    p.chunks = vs_chunks_;
+    p.scale = scale;
+    p.heads = vs_desc_.data();
+    p.partial = vs_partial_stats_.data();
+    p.stats = vs_stats_.data();
+    p.colsum = vs_colsum_.data();
+    p.diag_partial = vs_diag_partial_.data();
+    p.diag = vs_diag_.data();
+    p.columns = vs_columns_.data();
+    p.offsets = vs_offsets_.data();
+    const int n = static_cast<int>(vs_.size());
+    if (bf) {
+      if (d == 64) launch_vs<__nv_bfloat16, 64>(p, n, stream);
+      if (d == 128) launch_vs<__nv_bfloat16, 128>(p, n, stream);
+      if (d == 256) launch_vs<__nv_bfloat16, 256>(p, n, stream);
+    } else {
+      if (d == 64) launch_vs<__half, 64>(p, n, stream);
+      if (d == 128) launch_vs<__half, 128>(p, n, stream);
+      if (d == 256) launch_vs<__half, 256>(p, n, stream);
+    }
+  }
+  if (!bs_.empty()) {
+    BsParams p;
+    p.q = q.data;
+    p.k = k.data;
+    p.q_tok = q.stride[0];
+    p.q_head = q.stride[1];
+    p.k_tok = k.stride[0];
+    p.k_head = k.stride[1];
+    p.q_len = ctx_.q_len;
+    p.q_begin = ctx_.q_begin;
+    p.kv_len = ctx_.kv_len;
+    p.max_q_blocks = bs_max_q_blocks_;
+    p.scale = scale;
+    p.heads = bs_desc_.data();
+    p.kpool = bs_kpool_.data();
+    p.qpool = bs_qpool_.data();
+    p.offsets = bs_offsets_.data();
+    p.key_blocks = bs_key_blocks_.data();
+    const int n = static_cast<int>(bs_.size());
+    if (bf) {
+      if (d == 64) launch_bs<__nv_bfloat16, 64>(p, n, num_kv_heads_, bs_block_sizes_, bs_pool_base_, bs_max_key_blocks_, stream);
+      if (d == 128) launch_bs<__nv_bfloat16, 128>(p, n, num_kv_heads_, bs_block_sizes_, bs_pool_base_, bs_max_key_blocks_, stream);
+      if (d == 256) launch_bs<__nv_bfloat16, 256>(p, n, num_kv_heads_, bs_block_sizes_, bs_pool_base_, bs_max_key_blocks_, stream);
+    } else {
+      if (d == 64) launch_bs<__half, 64>(p, n, num_kv_heads_, bs_block_sizes_, bs_pool_base_, bs_max_key_blocks_, stream);
+      if (d == 128) launch_bs<__half, 128>(p, n, num_kv_heads_, bs_block_sizes_, bs_pool_base_, bs_max_key_blocks_, stream);
+      if (d == 256) launch_bs<__half, 256>(p, n, num_kv_heads_, bs_block_sizes_, bs_pool_base_, bs_max_key_blocks_, stream);
+    }
+  }
+}
+
+std::vector<HeadEstimate> DeviceEstimates::download() const {
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<HeadEstimate> out(static_cast<size_t>(num_q_heads_));
+  const std::vector<int32_t> cols = vs_columns_.download(), offs = vs_offsets_.download();
+  for (const VsHeadDesc& d : vs_) {
+    VerticalSlashEstimate e;
+    e.columns.assign(cols.begin() + d.column_base, cols.begin() + d.column_base + d.num_columns);
+    e.offsets.assign(offs.begin() + d.offset_base, offs.begin() + d.offset_base + d.num_offsets);
+    out[static_cast<size_t>(d.q_head)] = std::move(e);
+  }
+  const std::vector<int32_t> keys = bs_key_blocks_.download();
+  for (const BsHeadDesc& d : bs_) {
+    BlockSparseEstimate e;
+    e.block = d.block;
+    e.first_q_block = d.first_q_block;
+    e.offsets.assign(bs_offsets_host_.begin() + d.offsets_base,
+                     bs_offsets_host_.begin() + d.offsets_base + d.num_q_blocks + 1);
+    e.key_blocks.assign(keys.begin() + d.key_base, keys.begin() + d.key_base + e.offsets.back());
+    out[static_cast<size_t>(d.q_head)] = std::move(e);
+  }
+  return out;
+}
+
+void DeviceEstimates::upload(const std::vector<HeadEstimate>& estimates) {
+  check(estimates.size() == static_cast<size_t>(num_q_heads_),
+        "CUDA estimates upload: " + std::to_string(estimates.size()) + " estimates for " +
+            std::to_string(num_q_heads_) + " heads");
+  std::vector<int32_t> cols(vs_columns_.size(), 0), offs(vs_offsets_.size(), 0), keys(bs_key_blocks_.size(), 0);
+  for (const VsHeadDesc& d : vs_) {
+    const std::string where = "CUDA estimates upload: head " + std::to_string(d.q_head) + ": ";
+    const auto* e = std::get_if<VerticalSlashEstimate>(&estimates[static_cast<size_t>(d.q_head)]);
+    check(e != nullptr, where + "expected a vertical_slash estimate");
+    check(e->columns.size() == static_cast<size_t>(d.num_columns) && e->offsets.size() == static_cast<size_t>(d.num_offsets),
+          where + "expected " + std::to_string(d.num_columns) + " columns and " + std::to_string(d.num_offsets) +
+              " offsets, got " + std::to_string(e->columns.size()) + " and " + std::to_string(e->offsets.size()));
+    check(std::is_sorted(e->columns.begin(), e->columns.end()) && std::is_sorted(e->offsets.begin(), e->offsets.end()),
+          where + "columns and offsets must be ascending");
+    std::copy(e->columns.begin(), e->columns.end(), cols.begin() + d.column_base);
+    std::copy(e->offsets.begin(), e->offsets.end(), offs.begin() + d.offset_base);
+  }
+  for (const BsHeadDesc& d : bs_) {
+    const std::string where = "CUDA estimates upload: head " + std::to_string(d.q_head) + ": ";
+    const auto* e = std::get_if<BlockSparseEstimate>(&estimates[static_cast<size_t>(d.q_head)]);
+    check(e != nullptr, where + "expected a block_sparse estimate");
+    const std::vector<int32_t> expect(bs_offsets_host_.begin() + d.offsets_base,
+                                      bs_offsets_host_.begin() + d.offsets_base + d.num_q_blocks + 1);
+    check(e->block == d.block && e->first_q_block == d.first_q_block && e->offsets == expect,
+          where + "the block_sparse estimate does not have the layout of this shape");
+    std::copy(e->key_blocks.begin(), e->key_blocks.end(), keys.begin() + d.key_base);
+  }
+  vs_columns_.upload(cols);
+  vs_offsets_.upload(offs);
+  bs_key_blocks_.upload(keys);
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+}  // namespace tessera::attn::gpu

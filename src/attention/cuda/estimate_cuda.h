@@ -1,0 +1,113 @@
+// tessera/attention/cuda/estimate_cuda.h — the dynamic-pattern estimators on the GPU.
+//
+// Computes, for every vertical-slash and block-sparse head of a layer, the same estimate as the CPU estimators
+// (attention/index/estimate.h, whose definitions are the contract):
+//  - VS: A = softmax(scale * Q[last rows] K^T + causal) over keys [0, q_begin + q_len); column sums and diagonal
+//    sums of A; the first forced columns / diagonals, then the top-k of the rest (ties to the smaller index),
+//    ascending. Scores come from tensor-core products (f32 accumulation), the softmax in f32.
+//  - BS: mean-pooled Q and K blocks (aligned to absolute position 0, partial blocks pool what they have), raw
+//    scores scale * Qp . Kp per causal key block, top-k per query block, ascending.
+// Arithmetic order differs from the CPU (which accumulates in f64 and dots with AVX), so estimates are
+// identical wherever the k-th and (k+1)-th scores are not within rounding of each other.
+//
+// The output lives in device memory in a fixed layout decided on the host from the patterns and the shape
+// (no host synchronisation in the run path): per VS head min(vertical, keys) columns and min(slash, keys)
+// offsets; per BS head min(top_k, qb + 1) key blocks per query block qb, CSR offsets known in closed form.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "attention/cuda/device_buffer.h"
+#include "attention/index/estimate.h"
+#include "attention/index/lowering_context.h"
+#include "attention/pattern/pattern.h"
+#include "core/tensor.h"
+
+namespace tessera::attn::gpu {
+
+// Per-head descriptors shared with the kernels (plain data).
+struct VsHeadDesc {
+  int32_t q_head = 0;
+  int32_t kv_head = 0;
+  int32_t rows = 0;           // min(last_q, q_len)
+  int32_t num_columns = 0;    // min(vertical, keys)
+  int32_t num_offsets = 0;    // min(slash, keys)
+  int32_t forced_columns = 0; // min(forced_columns, num_columns)
+  int32_t forced_offsets = 0; // min(forced_diagonals, num_offsets)
+  int64_t column_base = 0;    // into DeviceEstimates::vs_columns
+  int64_t offset_base = 0;    // into DeviceEstimates::vs_offsets
+};
+
+struct BsHeadDesc {
+  int32_t q_head = 0;
+  int32_t kv_head = 0;
+  int32_t block = 64;
+  int32_t top_k = 0;
+  int32_t first_q_block = 0;
+  int32_t num_q_blocks = 0;
+  int32_t num_key_blocks = 0;  // key blocks pooled: ceil((q_begin + q_len) / block)
+  int32_t pool_index = 0;      // which pooled-K array (one per distinct block size)
+  int64_t kpool_base = 0;      // into the pooled keys: [num_key_blocks][head_dim] floats of this head's kv head
+  int64_t offsets_base = 0;    // into DeviceEstimates::bs_offsets (num_q_blocks + 1 entries)
+  int64_t key_base = 0;        // into DeviceEstimates::bs_key_blocks
+};
+
+class DeviceEstimates {
+ public:
+  DeviceEstimates() = default;
+  // Lays out the estimates of `patterns` (one per query head) for calls of shape `ctx`. Throws for VS heads
+  // with last_q > 64 (not built yet) and for an inconsistent head count.
+  DeviceEstimates(const std::vector<Pattern>& patterns, const LoweringContext& ctx, int num_kv_heads,
+                  int head_dim);
+
+  bool empty() const { return vs_.empty() && bs_.empty(); }
+
+  // Runs the estimators on device tensors q [q_len, num_q_heads, d] and k [kv_len, num_kv_heads, d] (bf16 or
+  // f16, head_dim 64/128/256, last dimension contiguous). Asynchronous on `stream`.
+  void estimate(const TensorView& q, const TensorView& k, float scale, cudaStream_t stream);
+
+  // Synchronous copies between the device layout and the CPU representation (one entry per query head,
+  // std::monostate for static heads). upload() throws when an estimate does not fit the layout (the CPU
+  // estimators produce exactly the layout's sizes).
+  std::vector<HeadEstimate> download() const;
+  void upload(const std::vector<HeadEstimate>& estimates);
+
+  const std::vector<VsHeadDesc>& vs_heads() const { return vs_; }
+  const std::vector<BsHeadDesc>& bs_heads() const { return bs_; }
+  // Index of query head h in vs_heads() / bs_heads(), or -1.
+  int vs_slot(int q_head) const { return slot_of_[static_cast<size_t>(q_head)].first; }
+  int bs_slot(int q_head) const { return slot_of_[static_cast<size_t>(q_head)].second; }
+  const int32_t* vs_columns() const { return vs_columns_.data(); }
+  const int32_t* vs_offsets() const { return vs_offsets_.data(); }
+  const int32_t* bs_offsets() const { return bs_offsets_.data(); }
+  const int32_t* bs_key_blocks() const { return bs_key_blocks_.data(); }
+  const LoweringContext& context() const { return ctx_; }
+
+ private:
+  LoweringContext ctx_;
+  int num_q_heads_ = 0;
+  int num_kv_heads_ = 0;
+  int head_dim_ = 0;
+  int32_t keys_ = 0;  // q_begin + q_len: keys a VS estimate ranks
+  std::vector<std::pair<int, int>> slot_of_;
+  std::vector<VsHeadDesc> vs_;
+  std::vector<BsHeadDesc> bs_;
+  std::vector<int32_t> bs_block_sizes_;   // distinct BS block sizes (pool_index)
+  std::vector<int64_t> bs_pool_base_;     // start of each pool in bs_kpool_
+  int32_t bs_max_q_blocks_ = 0;
+  int32_t bs_max_key_blocks_ = 0;
+  std::vector<int32_t> bs_offsets_host_;  // CSR offsets of every BS head, concatenated
+  DeviceBuffer<int32_t> vs_columns_, vs_offsets_, bs_offsets_, bs_key_blocks_;
+  DeviceBuffer<VsHeadDesc> vs_desc_;
+  DeviceBuffer<BsHeadDesc> bs_desc_;
+  // Scratch.
+  DeviceBuffer<float2> vs_partial_stats_, vs_stats_;
+  DeviceBuffer<float> vs_colsum_, vs_diag_partial_, vs_diag_;
+  DeviceBuffer<float> bs_kpool_, bs_qpool_;
+  int vs_chunks_ = 0;
+};
+
+}  // namespace tessera::attn::gpu

@@ -1,0 +1,70 @@
+// tessera/attention/cuda/lower_cuda.h — building the range+column index and its work plan on the GPU.
+//
+// The device twin of attention/index/lower.h (lower_layer), whose semantics are the contract: the index it builds
+// is byte-identical to the CPU lowering of the same patterns and estimates. Per (head, query tile) the pattern's
+// key intervals are generated in ascending order, clipped to [0, tile_key_end) and merged (touching intervals
+// merge), then the VS columns that fall in no range are appended. Three launches per layer plus CUB: count
+// (one thread per item), exclusive scans of the counts, fill; then the heaviest-first work order (work_plan.h)
+// by a stable descending radix sort of the item costs, which the count pass computes.
+//
+// The index is allocated to an upper bound computed on the host from the patterns and the shape, so nothing in
+// build() synchronises with the host.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "attention/cuda/device_buffer.h"
+#include "attention/cuda/device_index.h"
+#include "attention/cuda/estimate_cuda.h"
+#include "attention/index/lowering_context.h"
+#include "attention/pattern/pattern.h"
+
+namespace tessera::attn::gpu {
+
+// What the device lowering needs of one head (plain data; pointers into a DeviceEstimates).
+struct DeviceHeadPattern {
+  enum Kind : int32_t { kDense = 0, kStreaming = 1, kTriangle = 2, kVerticalSlash = 3, kBlockSparse = 4 };
+  int32_t kind = kDense;
+  int32_t sink = 0;
+  int32_t local = 1;  // streaming / triangle window (ElasticWindow: max(1, span(N)))
+  int32_t last = 0;   // triangle
+  const int32_t* columns = nullptr;
+  int32_t num_columns = 0;
+  const int32_t* offsets = nullptr;
+  int32_t num_offsets = 0;
+  const int32_t* bs_offsets = nullptr;
+  const int32_t* bs_key_blocks = nullptr;
+  int32_t bs_first_q_block = 0;
+  int32_t bs_num_q_blocks = 0;
+  int32_t bs_block = 64;
+};
+
+class DeviceIndexBuilder {
+ public:
+  DeviceIndexBuilder() = default;
+  // `estimates` must hold the layout for the same patterns and context and outlive the builder.
+  DeviceIndexBuilder(const std::vector<Pattern>& patterns, const LoweringContext& ctx,
+                     const DeviceEstimates& estimates);
+
+  // Builds the index into `index` (allocated here on first use) and the work order into `plan`.
+  // Asynchronous on `stream`.
+  void build(DeviceSparseIndex& index, DeviceWorkPlan& plan, cudaStream_t stream);
+
+  int64_t range_capacity() const { return range_capacity_; }
+  int64_t column_capacity() const { return column_capacity_; }
+
+ private:
+  LoweringContext ctx_;
+  int32_t num_heads_ = 0;
+  int32_t num_tiles_ = 0;
+  int64_t range_capacity_ = 0;
+  int64_t column_capacity_ = 0;
+  DeviceBuffer<DeviceHeadPattern> heads_;
+  DeviceBuffer<int32_t> range_counts_, column_counts_, costs_, sorted_costs_, items_;
+  DeviceBuffer<unsigned char> scan_temp_, sort_temp_;
+};
+
+}  // namespace tessera::attn::gpu
