@@ -25,137 +25,10 @@ struct LowerParams {
   int32_t* costs = nullptr;
   int32_t* items = nullptr;
   const int32_t* range_offsets = nullptr;
-  int2* ranges = nullptr;
+  KeyRange* ranges = nullptr;
   const int32_t* column_offsets = nullptr;
   int32_t* columns = nullptr;
 };
-
-// Receives intervals in ascending order of begin; clips them to [0, key_end) and merges overlapping or touching
-// ones, as TileBuilder::emit does on the CPU.
-template <bool kWrite>
-struct RangeEmitter {
-  int64_t key_end = 0;
-  int2* out = nullptr;
-  int32_t count = 0;
-  int32_t key_tiles = 0;
-  int64_t cb = 0, ce = 0;
-  bool open = false;
-
-  __device__ void add(int64_t b, int64_t e) {
-    b = b < 0 ? 0 : b;
-    e = e < key_end ? e : key_end;
-    if (b >= e) return;
-    if (open && b <= ce) {
-      ce = e > ce ? e : ce;
-      return;
-    }
-    flush();
-    cb = b;
-    ce = e;
-    open = true;
-  }
-  __device__ void flush() {
-    if (!open) return;
-    if constexpr (kWrite) out[count] = make_int2(static_cast<int>(cb), static_cast<int>(ce));
-    key_tiles += static_cast<int32_t>((ce - cb + kPrefillKeyTile - 1) / kPrefillKeyTile);
-    ++count;
-    open = false;
-  }
-};
-
-// First index in [lo, hi) of the ascending array a whose value is > x (hi when none).
-__device__ int upper_bound(const int32_t* a, int lo, int hi, int64_t x) {
-  while (lo < hi) {
-    const int mid = (lo + hi) / 2;
-    if (a[mid] <= x) {
-      lo = mid + 1;
-    } else {
-      hi = mid;
-    }
-  }
-  return lo;
-}
-
-template <bool kWrite>
-__device__ void lower_item(const LowerParams& p, int item, int32_t& num_ranges, int32_t& num_columns,
-                           int32_t& cost) {
-  const int h = item / p.num_tiles, t = item - h * p.num_tiles;
-  const DeviceHeadPattern hp = p.heads[h];
-  const int64_t p0 = int64_t{p.q_begin} + int64_t{t} * p.tile;
-  const int64_t rows = min(p.tile, p.q_len - t * p.tile);
-  const int64_t p1 = p0 + rows;
-  const int64_t key_end = min(int64_t{p.kv_len}, p1);
-  RangeEmitter<kWrite> em;
-  em.key_end = key_end;
-  if constexpr (kWrite) em.out = p.ranges + p.range_offsets[item];
-
-  auto streaming = [&]() {
-    em.add(0, hp.sink);
-    em.add(p0 - hp.local + 1, p1);
-  };
-  switch (hp.kind) {
-    case DeviceHeadPattern::kDense: em.add(0, p1); break;
-    case DeviceHeadPattern::kStreaming: streaming(); break;
-    case DeviceHeadPattern::kTriangle:
-      if (p1 - 1 >= p.n_total - hp.last) {
-        em.add(0, p1);
-      } else {
-        streaming();
-      }
-      break;
-    case DeviceHeadPattern::kVerticalSlash:
-      // Offsets ascending -> intervals [p0 - o, p1 - o) with descending begins: walk them backwards.
-      for (int i = hp.num_offsets - 1; i >= 0; --i) em.add(p0 - hp.offsets[i], p1 - hp.offsets[i]);
-      break;
-    case DeviceHeadPattern::kBlockSparse: {
-      // Union of the key blocks chosen by every query block the tile touches: a merge of sorted lists, taking
-      // the smallest block above the last one emitted.
-      const int64_t blk = hp.bs_block;
-      const int64_t qb_first = p0 / blk, qb_last = (p1 - 1) / blk;
-      int64_t last = -1;
-      for (;;) {
-        int64_t next = INT64_MAX;
-        for (int64_t qb = qb_first; qb <= qb_last; ++qb) {
-          const int64_t e = qb - hp.bs_first_q_block;
-          if (e < 0 || e >= hp.bs_num_q_blocks) continue;
-          const int lo = hp.bs_offsets[e], hi = hp.bs_offsets[e + 1];
-          const int i = upper_bound(hp.bs_key_blocks, lo, hi, last);
-          if (i < hi && hp.bs_key_blocks[i] < next) next = hp.bs_key_blocks[i];
-        }
-        if (next == INT64_MAX) break;
-        em.add(next * blk, (next + 1) * blk);
-        last = next;
-      }
-      break;
-    }
-    default: break;
-  }
-  em.flush();
-
-  // Columns (VS): ascending, below key_end, in no range, no duplicates. Column c lies in the interval of
-  // offset o iff p0 - c <= o < p1 - c; `i` tracks the first offset >= p0 - c, which moves left as c grows.
-  int32_t nc = 0;
-  if (hp.kind == DeviceHeadPattern::kVerticalSlash) {
-    int32_t* out = nullptr;
-    if constexpr (kWrite) out = p.columns + p.column_offsets[item];
-    int i = hp.num_offsets;
-    int64_t prev = -1;
-    for (int j = 0; j < hp.num_columns; ++j) {
-      const int64_t c = hp.columns[j];
-      if (c < 0) continue;
-      if (c >= key_end) break;
-      while (i > 0 && hp.offsets[i - 1] >= p0 - c) --i;
-      if (i < hp.num_offsets && hp.offsets[i] < p1 - c) continue;
-      if (c == prev) continue;
-      if constexpr (kWrite) out[nc] = static_cast<int32_t>(c);
-      ++nc;
-      prev = c;
-    }
-  }
-  num_ranges = em.count;
-  num_columns = nc;
-  cost = 1 + em.key_tiles + (nc + kPrefillKeyTile - 1) / kPrefillKeyTile;
-}
 
 __global__ void lower_count_kernel(const LowerParams p) {
   const int item = blockIdx.x * blockDim.x + threadIdx.x;
@@ -165,22 +38,48 @@ __global__ void lower_count_kernel(const LowerParams p) {
     p.column_counts[item] = 0;
     return;
   }
-  int32_t nr = 0, nc = 0, cost = 0;
-  lower_item<false>(p, item, nr, nc, cost);
-  p.range_counts[item] = nr;
-  p.column_counts[item] = nc;
-  p.costs[item] = cost;
+  const int h = item / p.num_tiles, t = item - h * p.num_tiles;
+  const TileCounts n = lower_tile(p.heads[h], tile_geometry(t, p.tile, p.q_begin, p.q_len, p.kv_len, p.n_total),
+                                  nullptr, nullptr);
+  p.range_counts[item] = n.ranges;
+  p.column_counts[item] = n.columns;
+  p.costs[item] = n.cost;
   p.items[item] = item;
 }
 
 __global__ void lower_fill_kernel(const LowerParams p) {
   const int item = blockIdx.x * blockDim.x + threadIdx.x;
   if (item >= p.num_items) return;
-  int32_t nr = 0, nc = 0, cost = 0;
-  lower_item<true>(p, item, nr, nc, cost);
+  const int h = item / p.num_tiles, t = item - h * p.num_tiles;
+  lower_tile(p.heads[h], tile_geometry(t, p.tile, p.q_begin, p.q_len, p.kv_len, p.n_total),
+             p.ranges + p.range_offsets[item], p.columns + p.column_offsets[item]);
 }
 
 }  // namespace
+
+DeviceHeadPattern describe_head(const Pattern& pattern, const LoweringContext& ctx) {
+  DeviceHeadPattern d;
+  if (const auto* a = std::get_if<AShapePattern>(&pattern)) {
+    d.kind = DeviceHeadPattern::kStreaming;
+    d.sink = a->sink;
+    d.local = a->local;
+  } else if (const auto* e = std::get_if<ElasticWindowPattern>(&pattern)) {
+    d.kind = DeviceHeadPattern::kStreaming;
+    d.sink = e->sink;
+    d.local = static_cast<int32_t>(std::max<int64_t>(1, e->span(ctx.n())));
+  } else if (const auto* tri = std::get_if<TrianglePattern>(&pattern)) {
+    d.kind = DeviceHeadPattern::kTriangle;
+    d.sink = tri->sink;
+    d.local = tri->local;
+    d.last = tri->last;
+  } else if (std::holds_alternative<VerticalSlashPattern>(pattern)) {
+    d.kind = DeviceHeadPattern::kVerticalSlash;
+  } else if (const auto* bs = std::get_if<BlockSparsePattern>(&pattern)) {
+    d.kind = DeviceHeadPattern::kBlockSparse;
+    d.bs_block = bs->block;
+  }
+  return d;
+}
 
 DeviceIndexBuilder::DeviceIndexBuilder(const std::vector<Pattern>& patterns, const LoweringContext& ctx,
                                        const DeviceEstimates& estimates)
@@ -190,43 +89,26 @@ DeviceIndexBuilder::DeviceIndexBuilder(const std::vector<Pattern>& patterns, con
             std::to_string(ctx.q_begin) + ", q_len " + std::to_string(ctx.q_len) + ", kv_len " +
             std::to_string(ctx.kv_len) + ")");
   num_tiles_ = (ctx.q_len + ctx.tile - 1) / ctx.tile;
-  const int64_t n = ctx.n();
   std::vector<DeviceHeadPattern> heads(patterns.size());
   for (size_t h = 0; h < patterns.size(); ++h) {
     DeviceHeadPattern& d = heads[h];
-    const Pattern& pat = patterns[h];
-    if (const auto* a = std::get_if<AShapePattern>(&pat)) {
-      d.kind = DeviceHeadPattern::kStreaming;
-      d.sink = a->sink;
-      d.local = a->local;
-    } else if (const auto* e = std::get_if<ElasticWindowPattern>(&pat)) {
-      d.kind = DeviceHeadPattern::kStreaming;
-      d.sink = e->sink;
-      d.local = static_cast<int32_t>(std::max<int64_t>(1, e->span(n)));
-    } else if (const auto* tri = std::get_if<TrianglePattern>(&pat)) {
-      d.kind = DeviceHeadPattern::kTriangle;
-      d.sink = tri->sink;
-      d.local = tri->local;
-      d.last = tri->last;
-    } else if (std::holds_alternative<VerticalSlashPattern>(pat)) {
+    d = describe_head(patterns[h], ctx);
+    if (d.kind == DeviceHeadPattern::kVerticalSlash) {
       const int slot = estimates.vs_slot(static_cast<int>(h));
       check(slot >= 0, "CUDA lowering: head " + std::to_string(h) + " runs vertical_slash but has no VS estimate");
       const VsHeadDesc& v = estimates.vs_heads()[static_cast<size_t>(slot)];
-      d.kind = DeviceHeadPattern::kVerticalSlash;
       d.columns = estimates.vs_columns() + v.column_base;
       d.num_columns = v.num_columns;
       d.offsets = estimates.vs_offsets() + v.offset_base;
       d.num_offsets = v.num_offsets;
-    } else if (std::holds_alternative<BlockSparsePattern>(pat)) {
+    } else if (d.kind == DeviceHeadPattern::kBlockSparse) {
       const int slot = estimates.bs_slot(static_cast<int>(h));
       check(slot >= 0, "CUDA lowering: head " + std::to_string(h) + " runs block_sparse but has no BS estimate");
       const BsHeadDesc& b = estimates.bs_heads()[static_cast<size_t>(slot)];
-      d.kind = DeviceHeadPattern::kBlockSparse;
       d.bs_offsets = estimates.bs_offsets() + b.offsets_base;
       d.bs_key_blocks = estimates.bs_key_blocks() + b.key_base;
       d.bs_first_q_block = b.first_q_block;
       d.bs_num_q_blocks = b.num_q_blocks;
-      d.bs_block = b.block;
     }
   }
 
@@ -248,8 +130,8 @@ DeviceIndexBuilder::DeviceIndexBuilder(const std::vector<Pattern>& patterns, con
           break;
         case DeviceHeadPattern::kBlockSparse: {
           const int64_t nq = (p1 - 1) / d.bs_block - p0 / d.bs_block + 1;
-          const auto* bs = std::get_if<BlockSparsePattern>(&patterns[static_cast<size_t>(&d - heads.data())]);
-          range_capacity_ += std::min<int64_t>(nq * bs->top_k, (key_end + d.bs_block - 1) / d.bs_block);
+          const auto& bs = std::get<BlockSparsePattern>(patterns[static_cast<size_t>(&d - heads.data())]);
+          range_capacity_ += std::min<int64_t>(nq * bs.top_k, (key_end + d.bs_block - 1) / d.bs_block);
           break;
         }
         default: break;
@@ -306,7 +188,7 @@ void DeviceIndexBuilder::build(DeviceSparseIndex& index, DeviceWorkPlan& plan, c
   p.costs = costs_.data();
   p.items = items_.data();
   p.range_offsets = index.range_offsets.data();
-  p.ranges = reinterpret_cast<int2*>(index.ranges.data());
+  p.ranges = index.ranges.data();
   p.column_offsets = index.column_offsets.data();
   p.columns = index.columns.data();
 

@@ -19,28 +19,15 @@
 #include "attention/cuda/device_buffer.h"
 #include "attention/cuda/device_index.h"
 #include "attention/cuda/estimate_cuda.h"
+#include "attention/cuda/lower_tile.h"
 #include "attention/index/lowering_context.h"
 #include "attention/pattern/pattern.h"
 
 namespace tessera::attn::gpu {
 
-// What the device lowering needs of one head (plain data; pointers into a DeviceEstimates).
-struct DeviceHeadPattern {
-  enum Kind : int32_t { kDense = 0, kStreaming = 1, kTriangle = 2, kVerticalSlash = 3, kBlockSparse = 4 };
-  int32_t kind = kDense;
-  int32_t sink = 0;
-  int32_t local = 1;  // streaming / triangle window (ElasticWindow: max(1, span(N)))
-  int32_t last = 0;   // triangle
-  const int32_t* columns = nullptr;
-  int32_t num_columns = 0;
-  const int32_t* offsets = nullptr;
-  int32_t num_offsets = 0;
-  const int32_t* bs_offsets = nullptr;
-  const int32_t* bs_key_blocks = nullptr;
-  int32_t bs_first_q_block = 0;
-  int32_t bs_num_q_blocks = 0;
-  int32_t bs_block = 64;
-};
+// The static part of a head's descriptor: kind and window parameters (an elastic window resolved to its span
+// for ctx.n()); the estimate pointers are left null for the caller to set.
+DeviceHeadPattern describe_head(const Pattern& pattern, const LoweringContext& ctx);
 
 class DeviceIndexBuilder {
  public:

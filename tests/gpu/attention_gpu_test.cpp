@@ -1,0 +1,785 @@
+// GPU attention core against the CPU: executor, device index build, device estimators, end to end.
+//
+// Every case draws fresh random inputs (seeded per case, so a failure reproduces), rounds them to the GPU dtype
+// and runs the CPU side on the same values in f32. Checks:
+//  - executor: relative error ||out - ref|| / ||ref|| < 1e-2 against the f64 masked reference (or, for long
+//    sequences, the CPU f32 sparse executor); the output is poisoned with NaN first and every element must be
+//    written and finite; lse against the reference;
+//  - device index (from the same estimates) byte-identical to the CPU lowering, device plan identical to the
+//    host plan of that index;
+//  - device estimates identical to the CPU estimates where the scores at the top-k boundary are well separated
+//    (VS budgets are chosen at a gap; BS differences must be near-ties of the exact scores);
+//  - end to end (device estimate + index + kernel) against the reference on the device's own index.
+// Needs a CUDA device; skips otherwise.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attention/cpu/reference.h"
+#include "attention/cpu/sparse_attention.h"
+#include "attention/cuda/device_buffer.h"
+#include "attention/cuda/layer_attention_cuda.h"
+#include "attention/cuda/lower_tile.h"
+#include "attention/cuda/sparse_prefill.h"
+#include "attention/cuda/work_plan.h"
+#include "attention/index/estimate.h"
+#include "attention/index/lower.h"
+#include "core/dtype.h"
+#include "core/tensor.h"
+
+namespace {
+
+using namespace tessera;
+using namespace tessera::attn;
+namespace gpu = tessera::attn::gpu;
+
+bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+#define REQUIRE_GPU()                                    \
+  do {                                                   \
+    if (!have_gpu()) GTEST_SKIP() << "no CUDA device";   \
+  } while (0)
+
+// ---------------------------------------------------------------------------------------------------------------
+// Inputs
+
+uint16_t encode(float x, DType t) { return t == DType::BF16 ? f32_to_bf16(x).bits : f32_to_f16(x).bits; }
+float decode(uint16_t b, DType t) { return t == DType::BF16 ? bf16_to_f32(bf16::from_bits(b)) : f16_to_f32(f16::from_bits(b)); }
+float round_to(float x, DType t) { return decode(encode(x, t), t); }
+
+struct Shape {
+  int q_len = 0;
+  int q_begin = 0;
+  int extra_kv = 0;  // kv_len = q_begin + q_len + extra_kv
+  int hq = 4;
+  int hkv = 2;
+  int d = 128;
+  int tile = 128;
+  DType dtype = DType::BF16;
+  int kv_len() const { return q_begin + q_len + extra_kv; }
+  LoweringContext ctx() const { return LoweringContext{q_begin, q_len, kv_len(), q_begin + q_len, tile}; }
+};
+
+std::string describe(const Shape& s) {
+  return "q_len " + std::to_string(s.q_len) + " q_begin " + std::to_string(s.q_begin) + " kv_len " +
+         std::to_string(s.kv_len()) + " hq " + std::to_string(s.hq) + " hkv " + std::to_string(s.hkv) + " d " +
+         std::to_string(s.d) + " tile " + std::to_string(s.tile) + " " + std::string(dtype_name(s.dtype));
+}
+
+// f32 host tensor of N(0, sigma) values rounded to `t`.
+Tensor random_tensor(std::mt19937_64& rng, int64_t n0, int64_t n1, int64_t n2, DType t, float sigma = 1.0f) {
+  Tensor x(DType::F32, {n0, n1, n2});
+  std::normal_distribution<float> dist(0.0f, sigma);
+  for (int64_t i = 0; i < x.numel(); ++i) x.ptr<float>()[i] = round_to(dist(rng), t);
+  return x;
+}
+
+// A device copy of an f32 host tensor in dtype t (contiguous).
+struct DeviceTensor {
+  gpu::DeviceBuffer<uint16_t> buf;
+  TensorView view;
+};
+
+DeviceTensor to_device(const Tensor& host, DType t) {
+  std::vector<uint16_t> bits(static_cast<size_t>(host.numel()));
+  for (size_t i = 0; i < bits.size(); ++i) bits[i] = encode(host.ptr<float>()[i], t);
+  DeviceTensor d;
+  d.buf.upload(bits);
+  d.view = TensorView(d.buf.data(), t, {host.dim(0), host.dim(1), host.dim(2)});
+  return d;
+}
+
+DeviceTensor poisoned(int64_t n0, int64_t n1, int64_t n2, DType t) {
+  DeviceTensor d;
+  d.buf.resize(static_cast<size_t>(n0 * n1 * n2));
+  if (d.buf.size()) TESSERA_CUDA_CHECK(cudaMemset(d.buf.data(), 0xff, d.buf.bytes()));  // 0xffff: NaN in bf16 and f16
+  d.view = TensorView(d.buf.data(), t, {n0, n1, n2});
+  return d;
+}
+
+struct Inputs {
+  Tensor q, k, v;  // f32 host, values exact in the dtype
+  DeviceTensor dq, dk, dv;
+};
+
+Inputs make_inputs(const Shape& s, uint64_t seed, float q_sigma = 1.0f) {
+  std::mt19937_64 rng(seed);
+  Inputs in;
+  in.q = random_tensor(rng, s.q_len, s.hq, s.d, s.dtype, q_sigma);
+  in.k = random_tensor(rng, s.kv_len(), s.hkv, s.d, s.dtype);
+  in.v = random_tensor(rng, s.kv_len(), s.hkv, s.d, s.dtype);
+  in.dq = to_device(in.q, s.dtype);
+  in.dk = to_device(in.k, s.dtype);
+  in.dv = to_device(in.v, s.dtype);
+  return in;
+}
+
+AttentionArgs host_args(const Inputs& in, Tensor& out, Tensor* lse, int q_begin) {
+  AttentionArgs a;
+  a.q = in.q;
+  a.k = in.k;
+  a.v = in.v;
+  a.out = out;
+  if (lse != nullptr) a.lse = *lse;
+  a.q_begin = q_begin;
+  return a;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Layers of patterns
+
+const char* const kKinds[] = {"dense", "ashape", "moa", "triangle", "vs", "bs"};
+
+Pattern make_pattern(const std::string& kind, int n) {
+  if (kind == "dense") return DensePattern{};
+  if (kind == "ashape") return AShapePattern{16, std::max(1, n / 8)};
+  if (kind == "moa") return ElasticWindowPattern{32.0, 0.15, 16};
+  if (kind == "triangle") return TrianglePattern{8, std::max(1, n / 10), std::max(1, n / 20)};
+  if (kind == "vs") return VerticalSlashPattern{std::max(1, n / 20), std::max(1, n / 30), 64, 8, 16};
+  if (kind == "bs") return BlockSparsePattern{4, 64};
+  if (kind == "empty_vs") return VerticalSlashPattern{0, 0, 64, 0, 0};
+  throw Error("test: unknown pattern kind " + kind);
+}
+
+// "mixed": one kind per head, cycling.
+std::vector<Pattern> make_layer(const std::string& kind, int hq, int n) {
+  std::vector<Pattern> layer;
+  for (int h = 0; h < hq; ++h) layer.push_back(make_pattern(kind == "mixed" ? kKinds[h % 6] : kind, n));
+  return layer;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Comparisons
+
+struct OutputCheck {
+  double rel_err = 0;
+  int64_t non_finite = 0;
+  double lse_max_err = 0;
+};
+
+// GPU output (device, dtype) against the f64 reference (q_len <= 1100) or the CPU f32 executor.
+OutputCheck check_output(const Shape& s, const Inputs& in, const SparseIndex& index, const DeviceTensor& dout,
+                         const gpu::DeviceBuffer<float>* dlse) {
+  Tensor out(DType::F32, {s.q_len, s.hq, s.d});
+  Tensor lse(DType::F32, {s.hq, s.q_len});
+  AttentionArgs ha = host_args(in, out, &lse, s.q_begin);
+  std::vector<double> ref;
+  if (s.q_len <= 1100) {
+    reference_attention_sparse(ha, index, &ref);
+  } else {
+    sparse_attention_cpu(ha, index);
+    ref.assign(out.ptr<float>(), out.ptr<float>() + out.numel());
+  }
+  const std::vector<uint16_t> got = dout.buf.download();
+  OutputCheck c;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double g = decode(got[i], s.dtype);
+    if (!std::isfinite(g)) {
+      ++c.non_finite;
+      continue;
+    }
+    num += (g - ref[i]) * (g - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  c.rel_err = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  if (dlse != nullptr) {
+    const std::vector<float> gl = dlse->download();
+    for (size_t i = 0; i < gl.size(); ++i) {
+      const float r = lse.ptr<float>()[i];
+      if (std::isinf(r) && std::isinf(gl[i]) && (r < 0) == (gl[i] < 0)) continue;
+      const double e = std::abs(static_cast<double>(gl[i]) - r) / std::max(1.0, std::abs(static_cast<double>(r)));
+      c.lse_max_err = std::max(c.lse_max_err, std::isfinite(e) ? e : 1e30);
+    }
+  }
+  return c;
+}
+
+void expect_same_index(const SparseIndex& want, const SparseIndex& got) {
+  EXPECT_EQ(got.num_heads, want.num_heads);
+  EXPECT_EQ(got.tile, want.tile);
+  EXPECT_EQ(got.q_begin, want.q_begin);
+  EXPECT_EQ(got.q_len, want.q_len);
+  EXPECT_EQ(got.kv_len, want.kv_len);
+  EXPECT_EQ(got.range_offsets, want.range_offsets);
+  EXPECT_EQ(got.column_offsets, want.column_offsets);
+  EXPECT_TRUE(got.ranges == want.ranges) << "ranges differ (" << got.ranges.size() << " vs " << want.ranges.size()
+                                         << ")";
+  EXPECT_EQ(got.columns, want.columns);
+}
+
+std::vector<HeadEstimate> cpu_estimates(const std::vector<Pattern>& layer, const Inputs& in, const Shape& s) {
+  return estimate_layer(layer, in.q, in.k, s.ctx(), 1.0f / std::sqrt(static_cast<float>(s.d)), ThreadPool::global());
+}
+
+AttentionArgs device_args(const Inputs& in, const DeviceTensor& out, const gpu::DeviceBuffer<float>* lse,
+                          const Shape& s) {
+  AttentionArgs a;
+  a.q = in.dq.view;
+  a.k = in.dk.view;
+  a.v = in.dv.view;
+  a.out = out.view;
+  if (lse != nullptr) a.lse = TensorView(const_cast<float*>(lse->data()), DType::F32, {s.hq, s.q_len});
+  a.q_begin = s.q_begin;
+  return a;
+}
+
+uint64_t seed_of(const std::string& name) { return std::hash<std::string>{}(name) ^ 0x7e55e7aull; }
+
+// ---------------------------------------------------------------------------------------------------------------
+// Executor on the CPU-built index (with CPU estimates).
+
+struct ExecCase {
+  std::string name;
+  std::string layer;
+  Shape shape;
+};
+
+class ExecutorTest : public ::testing::TestWithParam<ExecCase> {};
+
+TEST_P(ExecutorTest, MatchesReference) {
+  REQUIRE_GPU();
+  const ExecCase& c = GetParam();
+  const Shape& s = c.shape;
+  SCOPED_TRACE(c.layer + " " + describe(s));
+  const Inputs in = make_inputs(s, seed_of(c.name));
+  const std::vector<Pattern> layer = make_layer(c.layer, s.hq, s.q_begin + s.q_len);
+  const std::vector<HeadEstimate> est = cpu_estimates(layer, in, s);
+  const SparseIndex index = lower_layer(layer, est, s.ctx());
+  index.validate();
+
+  gpu::DeviceSparseIndex dindex = gpu::DeviceSparseIndex::upload(index);
+  gpu::DeviceWorkPlan plan = gpu::DeviceWorkPlan::upload(gpu::plan_prefill(index));
+  DeviceTensor out = poisoned(s.q_len, s.hq, s.d, s.dtype);
+  gpu::DeviceBuffer<float> lse(static_cast<size_t>(s.hq) * static_cast<size_t>(s.q_len));
+  gpu::sparse_prefill(device_args(in, out, &lse, s), dindex, plan);
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+
+  const OutputCheck r = check_output(s, in, index, out, &lse);
+  EXPECT_EQ(r.non_finite, 0) << "elements not written or not finite";
+  EXPECT_LT(r.rel_err, 1e-2);
+  EXPECT_LT(r.lse_max_err, 2e-3);
+  std::printf("[ executor ] %-28s rel_err %.2e lse_err %.2e\n", c.name.c_str(), r.rel_err, r.lse_max_err);
+
+  // Same launch again, plan reused: results must not depend on the schedule (no races).
+  DeviceTensor out2 = poisoned(s.q_len, s.hq, s.d, s.dtype);
+  gpu::sparse_prefill(device_args(in, out2, nullptr, s), dindex, plan);
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(out.buf.download(), out2.buf.download()) << "two runs differ";
+}
+
+std::vector<ExecCase> exec_cases() {
+  std::vector<ExecCase> v;
+  auto add = [&](const std::string& layer, Shape s, const std::string& tag) {
+    v.push_back({layer + "_" + tag, layer, s});
+  };
+  for (const char* kind : {"dense", "ashape", "moa", "triangle", "vs", "bs", "mixed"}) {
+    const std::string k = kind;
+    const int hq = k == "mixed" ? 6 : 4;
+    add(k, Shape{1, 0, 0, hq, 2, 128, 128, DType::BF16}, "s1_d128_bf16");
+    add(k, Shape{100, 0, 0, hq, 2, 64, 64, DType::F16}, "s100_d64_f16_t64");
+    add(k, Shape{1000, 0, 0, hq, 2, 128, 128, DType::BF16}, "s1000_d128_bf16");
+    add(k, Shape{1000, 0, 0, hq, 1, 64, 128, DType::F16}, "s1000_d64_f16_mqa");
+    add(k, Shape{4097, 0, 0, hq, 2, 128, 128, DType::BF16}, "s4097_d128_bf16");
+  }
+  add("mixed", Shape{1000, 0, 0, 6, 3, 128, 64, DType::BF16}, "s1000_d128_bf16_t64");
+  add("mixed", Shape{4097, 0, 0, 6, 2, 64, 64, DType::F16}, "s4097_d64_f16_t64");
+  add("mixed", Shape{700, 0, 0, 6, 2, 256, 128, DType::BF16}, "s700_d256_bf16");
+  add("mixed", Shape{300, 0, 0, 6, 6, 256, 64, DType::F16}, "s300_d256_f16_t64");
+  // Chunked prefill: queries start at q_begin; a longer cache whose tail is invisible.
+  add("mixed", Shape{500, 1000, 0, 6, 2, 128, 128, DType::BF16}, "chunk_q1000_s500");
+  add("mixed", Shape{333, 777, 50, 6, 2, 64, 64, DType::F16}, "chunk_q777_s333_tail50");
+  add("dense", Shape{129, 4000, 0, 4, 2, 128, 128, DType::BF16}, "chunk_q4000_s129");
+  // Rows that see no key: output 0, lse -inf.
+  add("empty_vs", Shape{200, 0, 0, 2, 1, 64, 64, DType::BF16}, "s200");
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, ExecutorTest, ::testing::ValuesIn(exec_cases()),
+                         [](const ::testing::TestParamInfo<ExecCase>& i) { return i.param.name; });
+
+// Strided views: q, k, v as slices of one fused [S, hq + 2 hkv, d] buffer, output into a wider buffer.
+TEST(CudaAttention, FusedQkvStrides) {
+  REQUIRE_GPU();
+  const Shape s{777, 0, 0, 4, 2, 128, 128, DType::BF16};
+  const Inputs in = make_inputs(s, seed_of("fused"));
+  const int64_t heads = s.hq + 2 * s.hkv;
+  std::vector<uint16_t> fused(static_cast<size_t>(s.q_len * heads * s.d));
+  for (int64_t t = 0; t < s.q_len; ++t) {
+    for (int64_t c = 0; c < s.d; ++c) {
+      for (int64_t h = 0; h < s.hq; ++h) fused[static_cast<size_t>((t * heads + h) * s.d + c)] = encode(*in.q.view().at<float>(t, h, c), s.dtype);
+      for (int64_t h = 0; h < s.hkv; ++h) {
+        fused[static_cast<size_t>((t * heads + s.hq + h) * s.d + c)] = encode(*in.k.view().at<float>(t, h, c), s.dtype);
+        fused[static_cast<size_t>((t * heads + s.hq + s.hkv + h) * s.d + c)] = encode(*in.v.view().at<float>(t, h, c), s.dtype);
+      }
+    }
+  }
+  gpu::DeviceBuffer<uint16_t> dfused;
+  dfused.upload(fused);
+  auto slice = [&](int64_t first_head, int64_t n) {
+    TensorView v(dfused.data() + first_head * s.d, s.dtype, {s.q_len, n, s.d});
+    v.stride[0] = heads * s.d;
+    return v;
+  };
+  // Output rows padded to 2 * hq heads.
+  DeviceTensor out_wide = poisoned(s.q_len, 2 * s.hq, s.d, s.dtype);
+  TensorView out_view = out_wide.view;
+  out_view.shape[1] = s.hq;
+
+  const std::vector<Pattern> layer = make_layer("mixed", s.hq, s.q_len);
+  const SparseIndex index = lower_layer(layer, cpu_estimates(layer, in, s), s.ctx());
+  gpu::DeviceSparseIndex dindex = gpu::DeviceSparseIndex::upload(index);
+  gpu::DeviceWorkPlan plan = gpu::DeviceWorkPlan::upload(gpu::plan_prefill(index));
+  AttentionArgs a;
+  a.q = slice(0, s.hq);
+  a.k = slice(s.hq, s.hkv);
+  a.v = slice(s.hq + s.hkv, s.hkv);
+  a.out = out_view;
+  gpu::sparse_prefill(a, dindex, plan);
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+
+  // Compact the written half and compare.
+  const std::vector<uint16_t> wide = out_wide.buf.download();
+  DeviceTensor compact = poisoned(s.q_len, s.hq, s.d, s.dtype);
+  std::vector<uint16_t> narrow(static_cast<size_t>(s.q_len * s.hq * s.d));
+  for (int64_t t = 0; t < s.q_len; ++t) {
+    for (int64_t h = 0; h < 2 * s.hq; ++h) {
+      for (int64_t c = 0; c < s.d; ++c) {
+        const uint16_t b = wide[static_cast<size_t>((t * 2 * s.hq + h) * s.d + c)];
+        if (h < s.hq) {
+          narrow[static_cast<size_t>((t * s.hq + h) * s.d + c)] = b;
+        } else {
+          ASSERT_EQ(b, 0xffff) << "wrote outside the output view";
+        }
+      }
+    }
+  }
+  compact.buf.upload(narrow);
+  const OutputCheck r = check_output(s, in, index, compact, nullptr);
+  EXPECT_EQ(r.non_finite, 0);
+  EXPECT_LT(r.rel_err, 1e-2);
+}
+
+TEST(CudaAttention, RejectsBadArguments) {
+  REQUIRE_GPU();
+  const Shape s{64, 0, 0, 4, 2, 128, 128, DType::BF16};
+  const Inputs in = make_inputs(s, 1);
+  DeviceTensor out = poisoned(s.q_len, s.hq, s.d, s.dtype);
+  const std::vector<Pattern> layer = make_layer("dense", s.hq, s.q_len);
+  const SparseIndex index = lower_layer(layer, {}, s.ctx());
+  gpu::DeviceSparseIndex dindex = gpu::DeviceSparseIndex::upload(index);
+  gpu::DeviceWorkPlan plan = gpu::DeviceWorkPlan::upload(gpu::plan_prefill(index));
+  AttentionArgs a = device_args(in, out, nullptr, s);
+  a.out.dtype = DType::F16;
+  EXPECT_THROW(gpu::sparse_prefill(a, dindex, plan), Error);
+  a = device_args(in, out, nullptr, s);
+  a.q_begin = 5;
+  EXPECT_THROW(gpu::sparse_prefill(a, dindex, plan), Error);  // index describes another call
+  EXPECT_THROW(gpu::CudaLayerAttention(layer, LoweringContext::prefill(64, 32), 2, 128), Error);  // tile 32
+  EXPECT_THROW(gpu::CudaLayerAttention(layer, LoweringContext::prefill(64, 128), 2, 96), Error);  // head_dim 96
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Device index build and plan, from the CPU's estimates.
+
+struct IndexCase {
+  std::string name;
+  std::string layer;
+  Shape shape;
+};
+
+class DeviceIndexTest : public ::testing::TestWithParam<IndexCase> {};
+
+TEST_P(DeviceIndexTest, IdenticalToCpuLowering) {
+  REQUIRE_GPU();
+  const IndexCase& c = GetParam();
+  const Shape& s = c.shape;
+  SCOPED_TRACE(c.layer + " " + describe(s));
+  const Inputs in = make_inputs(s, seed_of(c.name));
+  const std::vector<Pattern> layer = make_layer(c.layer, s.hq, s.q_begin + s.q_len);
+  const std::vector<HeadEstimate> est = cpu_estimates(layer, in, s);
+  const SparseIndex want = lower_layer(layer, est, s.ctx());
+
+  gpu::CudaLayerAttention gl(layer, s.ctx(), s.hkv, s.d);
+  if (gl.has_dynamic_heads()) gl.upload_estimates(est);
+  gl.build_index();
+  const SparseIndex got = gl.download_index();
+  expect_same_index(want, got);
+  EXPECT_EQ(gl.download_plan(), gpu::plan_prefill(want)) << "device plan differs from the host plan";
+}
+
+std::vector<IndexCase> index_cases() {
+  std::vector<IndexCase> v;
+  const std::vector<std::pair<std::string, Shape>> shapes = {
+      {"s1", Shape{1, 0, 0, 6, 2, 64, 128, DType::BF16}},
+      {"s100_t64", Shape{100, 0, 0, 6, 2, 64, 64, DType::BF16}},
+      {"s1000", Shape{1000, 0, 0, 6, 2, 64, 128, DType::BF16}},
+      {"s4097", Shape{4097, 0, 0, 6, 2, 64, 128, DType::BF16}},
+      {"s4097_t64", Shape{4097, 0, 0, 6, 3, 64, 64, DType::F16}},
+      {"chunk_q3000_s1097", Shape{1097, 3000, 7, 6, 2, 64, 128, DType::BF16}},
+  };
+  for (const auto& [tag, shape] : shapes) {
+    for (const char* kind : {"dense", "ashape", "moa", "triangle", "vs", "bs", "mixed"}) {
+      v.push_back({std::string(kind) + "_" + tag, kind, shape});
+    }
+  }
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, DeviceIndexTest, ::testing::ValuesIn(index_cases()),
+                         [](const ::testing::TestParamInfo<IndexCase>& i) { return i.param.name; });
+
+// ---------------------------------------------------------------------------------------------------------------
+// Device estimates against the CPU estimators.
+
+// Exact f64 column and diagonal sums of the VS estimate (the definition in estimate.h).
+void vs_sums(const Inputs& in, const Shape& s, int h, int last_q, std::vector<double>& col, std::vector<double>& diag) {
+  const int keys = s.q_begin + s.q_len;
+  const int rows = std::min(last_q, s.q_len);
+  const int kvh = h / (s.hq / s.hkv);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(s.d));
+  col.assign(static_cast<size_t>(keys), 0.0);
+  diag.assign(static_cast<size_t>(keys), 0.0);
+  std::vector<double> sc(static_cast<size_t>(keys));
+  for (int r = s.q_len - rows; r < s.q_len; ++r) {
+    const int pos = s.q_begin + r;
+    double mx = -std::numeric_limits<double>::infinity();
+    for (int j = 0; j <= pos; ++j) {
+      double dot = 0;
+      for (int c = 0; c < s.d; ++c) dot += static_cast<double>(*in.q.view().at<float>(r, h, c)) * *in.k.view().at<float>(j, kvh, c);
+      sc[static_cast<size_t>(j)] = dot * scale;
+      mx = std::max(mx, sc[static_cast<size_t>(j)]);
+    }
+    double total = 0;
+    for (int j = 0; j <= pos; ++j) total += std::exp(sc[static_cast<size_t>(j)] - mx);
+    for (int j = 0; j <= pos; ++j) {
+      const double a = std::exp(sc[static_cast<size_t>(j)] - mx) / total;
+      col[static_cast<size_t>(j)] += a;
+      diag[static_cast<size_t>(pos - j)] += a;
+    }
+  }
+}
+
+// The smallest budget >= target (forced entries included) whose boundary lies at a relative gap of 1e-4 or more,
+// so that rounding cannot reorder it.
+int separated_budget(const std::vector<double>& score, int forced, int target) {
+  std::vector<double> rest(score.begin() + std::min<size_t>(static_cast<size_t>(forced), score.size()), score.end());
+  std::sort(rest.begin(), rest.end(), std::greater<>());
+  if (rest.empty()) return forced;
+  const double top = rest.front();
+  for (int k = std::max(1, target - forced); k < static_cast<int>(rest.size()); ++k) {
+    if (rest[static_cast<size_t>(k - 1)] - rest[static_cast<size_t>(k)] > 1e-4 * top) return forced + k;
+  }
+  return forced + static_cast<int>(rest.size());
+}
+
+struct EstimateCase {
+  std::string name;
+  Shape shape;
+};
+
+class DeviceEstimateTest : public ::testing::TestWithParam<EstimateCase> {};
+
+TEST_P(DeviceEstimateTest, VerticalSlashIdenticalWhenSeparated) {
+  REQUIRE_GPU();
+  const Shape& s = GetParam().shape;
+  SCOPED_TRACE(describe(s));
+  const Inputs in = make_inputs(s, seed_of(GetParam().name + "vs"));
+  const int n = s.q_begin + s.q_len;
+  std::vector<Pattern> layer;
+  for (int h = 0; h < s.hq; ++h) {
+    std::vector<double> col, diag;
+    vs_sums(in, s, h, 64, col, diag);
+    VerticalSlashPattern p{0, 0, 64, 8, 16};
+    p.vertical = separated_budget(col, std::min(p.forced_columns, n), std::max(1, n / 20) + 3 * h);
+    p.slash = separated_budget(diag, std::min(p.forced_diagonals, n), std::max(1, n / 30) + 5 * h);
+    layer.push_back(p);
+  }
+  const std::vector<HeadEstimate> want = cpu_estimates(layer, in, s);
+  gpu::CudaLayerAttention gl(layer, s.ctx(), s.hkv, s.d);
+  DeviceTensor out = poisoned(s.q_len, s.hq, s.d, s.dtype);
+  gl.estimate(device_args(in, out, nullptr, s));
+  const std::vector<HeadEstimate> got = gl.download_estimates();
+  for (int h = 0; h < s.hq; ++h) {
+    const auto& w = std::get<VerticalSlashEstimate>(want[static_cast<size_t>(h)]);
+    const auto& g = std::get<VerticalSlashEstimate>(got[static_cast<size_t>(h)]);
+    EXPECT_EQ(g.columns, w.columns) << "head " << h;
+    EXPECT_EQ(g.offsets, w.offsets) << "head " << h;
+  }
+}
+
+TEST_P(DeviceEstimateTest, BlockSparseIdenticalUpToNearTies) {
+  REQUIRE_GPU();
+  const Shape& s = GetParam().shape;
+  SCOPED_TRACE(describe(s));
+  const Inputs in = make_inputs(s, seed_of(GetParam().name + "bs"));
+  std::vector<Pattern> layer;
+  for (int h = 0; h < s.hq; ++h) layer.push_back(BlockSparsePattern{3 + h, h % 2 ? 32 : 64});
+  const std::vector<HeadEstimate> want = cpu_estimates(layer, in, s);
+  gpu::CudaLayerAttention gl(layer, s.ctx(), s.hkv, s.d);
+  DeviceTensor out = poisoned(s.q_len, s.hq, s.d, s.dtype);
+  gl.estimate(device_args(in, out, nullptr, s));
+  const std::vector<HeadEstimate> got = gl.download_estimates();
+
+  int near_ties = 0;
+  const int q_end = s.q_begin + s.q_len;
+  for (int h = 0; h < s.hq; ++h) {
+    const auto& w = std::get<BlockSparseEstimate>(want[static_cast<size_t>(h)]);
+    const auto& g = std::get<BlockSparseEstimate>(got[static_cast<size_t>(h)]);
+    ASSERT_EQ(g.block, w.block);
+    ASSERT_EQ(g.first_q_block, w.first_q_block);
+    ASSERT_EQ(g.offsets, w.offsets);
+    if (g.key_blocks == w.key_blocks) continue;
+    // Differences must be near-ties of the exact pooled scores.
+    const int B = w.block, kvh = h / (s.hq / s.hkv);
+    for (size_t e = 0; e + 1 < w.offsets.size(); ++e) {
+      const std::vector<int32_t> a(w.key_blocks.begin() + w.offsets[e], w.key_blocks.begin() + w.offsets[e + 1]);
+      const std::vector<int32_t> b(g.key_blocks.begin() + g.offsets[e], g.key_blocks.begin() + g.offsets[e + 1]);
+      if (a == b) continue;
+      const int qb = w.first_q_block + static_cast<int>(e);
+      const int r0 = std::max(qb * B, s.q_begin) - s.q_begin, r1 = std::min((qb + 1) * B, q_end) - s.q_begin;
+      std::vector<double> qp(static_cast<size_t>(s.d), 0.0);
+      for (int r = r0; r < r1; ++r) for (int c = 0; c < s.d; ++c) qp[static_cast<size_t>(c)] += *in.q.view().at<float>(r, h, c) / double(r1 - r0);
+      auto score = [&](int kb) {
+        const int j0 = kb * B, j1 = std::min((kb + 1) * B, s.kv_len());
+        double dot = 0;
+        for (int c = 0; c < s.d; ++c) {
+          double kp = 0;
+          for (int j = j0; j < j1; ++j) kp += *in.k.view().at<float>(j, kvh, c);
+          dot += qp[static_cast<size_t>(c)] * kp / (j1 - j0);
+        }
+        return dot;
+      };
+      double lo_kept = std::numeric_limits<double>::infinity(), hi_dropped = -std::numeric_limits<double>::infinity();
+      for (int32_t kb : a) lo_kept = std::min(lo_kept, score(kb));
+      for (int kb = 0; kb <= qb; ++kb) {
+        if (std::find(a.begin(), a.end(), kb) == a.end()) hi_dropped = std::max(hi_dropped, score(kb));
+      }
+      for (int32_t kb : b) {
+        if (std::find(a.begin(), a.end(), kb) != a.end()) continue;
+        const double x = score(kb);
+        EXPECT_LE(std::abs(x - lo_kept), 1e-5 * std::max(1.0, std::abs(lo_kept)))
+            << "head " << h << " query block " << qb << ": key block " << kb << " is not a near-tie";
+        ++near_ties;
+      }
+      (void)hi_dropped;
+    }
+  }
+  EXPECT_LE(near_ties, 2) << "too many near-ties for random inputs";
+}
+
+std::vector<EstimateCase> estimate_cases() {
+  return {
+      {"s100_d64_bf16", Shape{100, 0, 0, 4, 2, 64, 128, DType::BF16}},
+      {"s1000_d128_bf16", Shape{1000, 0, 0, 4, 2, 128, 128, DType::BF16}},
+      {"s1000_d64_f16", Shape{1000, 0, 0, 4, 4, 64, 64, DType::F16}},
+      {"s4097_d128_bf16", Shape{4097, 0, 0, 4, 2, 128, 128, DType::BF16}},
+      {"s777_d256_bf16", Shape{777, 0, 0, 2, 1, 256, 128, DType::BF16}},
+      {"chunk_q2000_s1500", Shape{1500, 2000, 0, 4, 2, 128, 128, DType::BF16}},
+      {"s40_short", Shape{40, 0, 0, 2, 2, 64, 64, DType::BF16}},
+  };
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, DeviceEstimateTest, ::testing::ValuesIn(estimate_cases()),
+                         [](const ::testing::TestParamInfo<EstimateCase>& i) { return i.param.name; });
+
+// ---------------------------------------------------------------------------------------------------------------
+// End to end on the device: estimate, index, kernel.
+
+class EndToEndTest : public ::testing::TestWithParam<ExecCase> {};
+
+TEST_P(EndToEndTest, MatchesReferenceOnItsOwnIndex) {
+  REQUIRE_GPU();
+  const ExecCase& c = GetParam();
+  const Shape& s = c.shape;
+  SCOPED_TRACE(c.layer + " " + describe(s));
+  const Inputs in = make_inputs(s, seed_of(c.name + "e2e"));
+  const std::vector<Pattern> layer = make_layer(c.layer, s.hq, s.q_begin + s.q_len);
+  gpu::CudaLayerAttention gl(layer, s.ctx(), s.hkv, s.d);
+  DeviceTensor out = poisoned(s.q_len, s.hq, s.d, s.dtype);
+  gl.run(device_args(in, out, nullptr, s));
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+
+  const SparseIndex index = gl.download_index();
+  index.validate();
+  // The device index is the CPU lowering of the device estimates.
+  expect_same_index(lower_layer(layer, gl.download_estimates(), s.ctx()), index);
+  const OutputCheck r = check_output(s, in, index, out, nullptr);
+  EXPECT_EQ(r.non_finite, 0);
+  EXPECT_LT(r.rel_err, 1e-2);
+  const IndexStats st = index_stats(index);
+  std::printf("[ end2end  ] %-28s rel_err %.2e density %.3f\n", c.name.c_str(), r.rel_err, st.density());
+}
+
+std::vector<ExecCase> e2e_cases() {
+  return {
+      {"mixed_s1000_bf16", "mixed", Shape{1000, 0, 0, 6, 2, 128, 128, DType::BF16}},
+      {"mixed_s4097_bf16", "mixed", Shape{4097, 0, 0, 6, 2, 128, 128, DType::BF16}},
+      {"vs_s2048_f16_t64", "vs", Shape{2048, 0, 0, 4, 2, 64, 64, DType::F16}},
+      {"bs_s3000_bf16", "bs", Shape{3000, 0, 0, 4, 1, 128, 128, DType::BF16}},
+      {"mixed_chunk", "mixed", Shape{900, 1100, 0, 6, 3, 64, 128, DType::BF16}},
+  };
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, EndToEndTest, ::testing::ValuesIn(e2e_cases()),
+                         [](const ::testing::TestParamInfo<ExecCase>& i) { return i.param.name; });
+
+// ---------------------------------------------------------------------------------------------------------------
+// Host-only checks (no GPU needed): the per-tile lowering the device runs, and the host plan.
+
+// Random estimates in the CPU layout: sorted unique VS columns/offsets, BS key blocks per query block.
+HeadEstimate random_estimate(const Pattern& p, const LoweringContext& ctx, std::mt19937_64& rng) {
+  const int keys = ctx.q_begin + ctx.q_len;
+  auto pick = [&](int count, int range) {
+    std::vector<int32_t> all(static_cast<size_t>(range));
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), rng);
+    all.resize(static_cast<size_t>(std::min(count, range)));
+    std::sort(all.begin(), all.end());
+    return all;
+  };
+  if (const auto* vs = std::get_if<VerticalSlashPattern>(&p)) {
+    VerticalSlashEstimate e;
+    if (ctx.q_len == 0) return e;
+    e.columns = pick(vs->vertical, keys);
+    e.offsets = pick(vs->slash, keys);
+    return e;
+  }
+  if (const auto* bs = std::get_if<BlockSparsePattern>(&p)) {
+    BlockSparseEstimate e;
+    e.block = bs->block;
+    e.offsets.assign(1, 0);
+    if (ctx.q_len == 0) return e;
+    e.first_q_block = ctx.q_begin / bs->block;
+    for (int qb = e.first_q_block; qb <= (keys - 1) / bs->block; ++qb) {
+      for (int32_t kb : pick(std::min(bs->top_k, qb + 1), qb + 1)) e.key_blocks.push_back(kb);
+      e.offsets.push_back(static_cast<int32_t>(e.key_blocks.size()));
+    }
+    return e;
+  }
+  return std::monostate{};
+}
+
+// lower_layer, the way the device does it: counts, exclusive scan, fill, through lower_tile on the host.
+SparseIndex lower_like_device(const std::vector<Pattern>& layer, const std::vector<HeadEstimate>& est,
+                              const LoweringContext& ctx, std::vector<int32_t>& costs) {
+  SparseIndex idx;
+  idx.num_heads = static_cast<int32_t>(layer.size());
+  idx.tile = ctx.tile;
+  idx.q_begin = ctx.q_begin;
+  idx.q_len = ctx.q_len;
+  idx.kv_len = ctx.kv_len;
+  const int tiles = idx.num_tiles();
+  std::vector<gpu::DeviceHeadPattern> heads;
+  for (size_t h = 0; h < layer.size(); ++h) {
+    gpu::DeviceHeadPattern d = gpu::describe_head(layer[h], ctx);
+    if (const auto* vs = std::get_if<VerticalSlashEstimate>(&est[h])) {
+      d.columns = vs->columns.data();
+      d.num_columns = static_cast<int32_t>(vs->columns.size());
+      d.offsets = vs->offsets.data();
+      d.num_offsets = static_cast<int32_t>(vs->offsets.size());
+    } else if (const auto* bs = std::get_if<BlockSparseEstimate>(&est[h])) {
+      d.bs_offsets = bs->offsets.data();
+      d.bs_key_blocks = bs->key_blocks.data();
+      d.bs_first_q_block = bs->first_q_block;
+      d.bs_num_q_blocks = static_cast<int32_t>(bs->offsets.size()) - 1;
+    }
+    heads.push_back(d);
+  }
+  idx.range_offsets.assign(1, 0);
+  idx.column_offsets.assign(1, 0);
+  costs.clear();
+  for (int h = 0; h < idx.num_heads; ++h) {
+    for (int t = 0; t < tiles; ++t) {
+      const gpu::TileCounts n = gpu::lower_tile(heads[static_cast<size_t>(h)],
+                                                gpu::tile_geometry(t, ctx.tile, ctx.q_begin, ctx.q_len, ctx.kv_len, ctx.n()),
+                                                nullptr, nullptr);
+      idx.range_offsets.push_back(idx.range_offsets.back() + n.ranges);
+      idx.column_offsets.push_back(idx.column_offsets.back() + n.columns);
+      costs.push_back(n.cost);
+    }
+  }
+  idx.ranges.resize(static_cast<size_t>(idx.range_offsets.back()));
+  idx.columns.resize(static_cast<size_t>(idx.column_offsets.back()));
+  for (int h = 0; h < idx.num_heads; ++h) {
+    for (int t = 0; t < tiles; ++t) {
+      const size_t item = static_cast<size_t>(h) * static_cast<size_t>(tiles) + static_cast<size_t>(t);
+      gpu::lower_tile(heads[static_cast<size_t>(h)],
+                      gpu::tile_geometry(t, ctx.tile, ctx.q_begin, ctx.q_len, ctx.kv_len, ctx.n()),
+                      idx.ranges.data() + idx.range_offsets[item], idx.columns.data() + idx.column_offsets[item]);
+    }
+  }
+  return idx;
+}
+
+TEST(DeviceLoweringOnHost, IdenticalToCpuLowering) {
+  std::mt19937_64 rng(2024);
+  int checked = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    std::uniform_int_distribution<int> len(0, 700), beg(0, 400), extra(0, 30);
+    LoweringContext ctx;
+    ctx.q_len = trial < 5 ? trial : len(rng);
+    ctx.q_begin = trial % 3 == 0 ? 0 : beg(rng);
+    ctx.kv_len = ctx.q_begin + ctx.q_len + (trial % 4 == 1 ? extra(rng) : 0);
+    ctx.total_len = trial % 5 == 2 ? ctx.q_begin + ctx.q_len + 100 : ctx.q_begin + ctx.q_len;
+    ctx.tile = trial % 2 ? 64 : 128;
+    const int n = ctx.n();
+    std::uniform_int_distribution<int> small(0, 80), big(1, 600), blk(1, 100);
+    std::vector<Pattern> layer = {
+        DensePattern{},
+        AShapePattern{small(rng), big(rng)},
+        ElasticWindowPattern{static_cast<double>(small(rng)) - 40.0, 0.3 * (trial % 4), small(rng)},
+        TrianglePattern{small(rng), big(rng), small(rng)},
+        VerticalSlashPattern{small(rng), small(rng), 64, 8, 16},
+        VerticalSlashPattern{big(rng), big(rng), 64, 0, 0},
+        BlockSparsePattern{1 + small(rng) / 10, trial % 3 ? 64 : blk(rng)},
+        BlockSparsePattern{1000, 16},
+        AShapePattern{0, 1},
+    };
+    (void)n;
+    std::vector<HeadEstimate> est;
+    for (const Pattern& p : layer) est.push_back(random_estimate(p, ctx, rng));
+    const SparseIndex want = lower_layer(layer, est, ctx);
+    std::vector<int32_t> costs;
+    const SparseIndex got = lower_like_device(layer, est, ctx, costs);
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    expect_same_index(want, got);
+    EXPECT_EQ(costs, gpu::prefill_item_costs(want));
+    if (::testing::Test::HasFailure()) break;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 300);
+}
+
+TEST(DeviceLoweringOnHost, CpuEstimatesOfRandomInputs) {
+  const Shape s{1500, 300, 0, 6, 2, 64, 128, DType::BF16};
+  std::mt19937_64 rng(7);
+  Inputs in;
+  in.q = random_tensor(rng, s.q_len, s.hq, s.d, s.dtype);
+  in.k = random_tensor(rng, s.kv_len(), s.hkv, s.d, s.dtype);
+  const std::vector<Pattern> layer = make_layer("mixed", s.hq, s.q_begin + s.q_len);
+  const std::vector<HeadEstimate> est = cpu_estimates(layer, in, s);
+  std::vector<int32_t> costs;
+  expect_same_index(lower_layer(layer, est, s.ctx()), lower_like_device(layer, est, s.ctx(), costs));
+}
+
+TEST(WorkPlan, HeaviestFirstStable) {
+  EXPECT_EQ(gpu::heaviest_first_order({3, 5, 3, 9, 1}), (std::vector<int32_t>{3, 1, 0, 2, 4}));
+  const KeyRange r[] = {{0, 64}, {100, 101}, {200, 329}};
+  EXPECT_EQ(gpu::prefill_item_cost(r, 0), 1 + 1 + 1 + 3);
+  EXPECT_EQ(gpu::prefill_item_cost({}, 65), 1 + 2);
+}
+
+}  // namespace
