@@ -1,0 +1,135 @@
+#include "runtime/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+
+#include "core/error.h"
+
+namespace tessera::runtime {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::string shape_of(int layers, int q_heads, int kv_heads) {
+  return std::to_string(layers) + " layers x " + std::to_string(q_heads) + " query heads (" +
+         std::to_string(kv_heads) + " kv heads)";
+}
+
+}  // namespace
+
+Engine::Engine(const Model& model, EngineOptions options)
+    : model_(model),
+      options_(std::move(options)),
+      pool_(options_.pool ? *options_.pool : ThreadPool::global()),
+      forward_(model, pool_) {
+  const ModelConfig& cfg = model.config();
+  check(options_.chunk_size > 0, "engine: chunk_size must be positive, got " + std::to_string(options_.chunk_size));
+  check(options_.max_context >= 0, "engine: max_context must not be negative");
+  const attn::AttentionPolicy& p = options_.policy;
+  if (!p.table().empty() &&
+      (p.num_layers() != cfg.num_layers || p.num_q_heads() != cfg.num_q_heads || p.num_kv_heads() != cfg.num_kv_heads)) {
+    throw Error("attention policy has " + shape_of(p.num_layers(), p.num_q_heads(), p.num_kv_heads()) + "; model " +
+                cfg.name + " has " + shape_of(cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads));
+  }
+  max_context_ = options_.max_context > 0 ? options_.max_context : cfg.context_length;
+  cache_ = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max_context_);
+}
+
+void Engine::check_tokens(std::span<const int32_t> tokens) const {
+  const int32_t vocab = model_.config().vocab_size;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= vocab)
+      throw Error("token id " + std::to_string(tokens[i]) + " at index " + std::to_string(i) +
+                  " is outside the vocabulary of " + std::to_string(vocab) + " tokens (model " +
+                  model_.config().name + ")");
+  }
+}
+
+std::vector<float> Engine::run_prefill(std::span<const int32_t> tokens, LogitRows rows, const Progress& progress) {
+  if (tokens.empty()) throw Error("prefill: empty prompt");
+  check_tokens(tokens);
+  const int64_t end = static_cast<int64_t>(position_) + static_cast<int64_t>(tokens.size());
+  if (end > max_context_) {
+    std::string what = "prompt of " + std::to_string(tokens.size()) + " tokens";
+    if (position_ > 0) what += " after " + std::to_string(position_) + " tokens already in the context";
+    throw Error(what + " exceeds the context limit of " + std::to_string(max_context_) + " tokens (model " +
+                model_.config().name + "); pass a larger max context (--max-context) or shorten the prompt");
+  }
+  const auto t0 = Clock::now();
+  cache_.reserve(static_cast<int32_t>(end));
+  ForwardTimers timers;
+  const auto n = static_cast<int64_t>(tokens.size());
+  const auto total_len = static_cast<int32_t>(end);
+  std::vector<float> logits;
+  for (int64_t c0 = 0; c0 < n; c0 += options_.chunk_size) {
+    const int64_t c1 = std::min<int64_t>(n, c0 + options_.chunk_size);
+    const bool last = c1 == n;
+    const LogitRows want = rows == LogitRows::All ? LogitRows::All : (last ? rows : LogitRows::None);
+    std::vector<float> part =
+        forward_.run(tokens.subspan(static_cast<size_t>(c0), static_cast<size_t>(c1 - c0)), position_, cache_,
+                     &options_.policy, total_len, want, timers);
+    position_ += static_cast<int32_t>(c1 - c0);
+    logits.insert(logits.end(), part.begin(), part.end());
+    if (progress) progress(c1, n);
+  }
+  stats_.prefill_tokens += n;
+  stats_.prefill_seconds += since(t0);
+  stats_.attention_seconds += timers.attention_seconds;
+  stats_.gemm_seconds += timers.gemm_seconds;
+  return logits;
+}
+
+std::vector<float> Engine::prefill(std::span<const int32_t> tokens, const Progress& progress) {
+  return run_prefill(tokens, LogitRows::Last, progress);
+}
+
+std::vector<float> Engine::forward_all_logits(std::span<const int32_t> tokens) {
+  return run_prefill(tokens, LogitRows::All, {});
+}
+
+std::vector<float> Engine::decode(int32_t token) {
+  const int32_t one[1] = {token};
+  check_tokens(one);
+  if (position_ + 1 > max_context_)
+    throw Error("decoding past the context limit of " + std::to_string(max_context_) + " tokens (model " +
+                model_.config().name + "); pass a larger max context (--max-context) or generate fewer tokens");
+  const auto t0 = Clock::now();
+  cache_.reserve(position_ + 1);
+  ForwardTimers timers;
+  std::vector<float> logits = forward_.run(one, position_, cache_, nullptr, position_ + 1, LogitRows::Last, timers);
+  position_ += 1;
+  stats_.decode_tokens += 1;
+  stats_.decode_seconds += since(t0);
+  stats_.attention_seconds += timers.attention_seconds;
+  stats_.gemm_seconds += timers.gemm_seconds;
+  return logits;
+}
+
+std::vector<int32_t> Engine::generate(std::span<const int32_t> prompt, const GenerateOptions& options,
+                                      const OnToken& on_token) {
+  std::vector<int32_t> out;
+  if (options.max_new_tokens <= 0) {
+    prefill(prompt);
+    return out;
+  }
+  Sampler sampler(options.sampling);
+  std::vector<float> logits = prefill(prompt);
+  for (;;) {
+    const int32_t tok = sampler.sample(logits);
+    if (std::find(options.stop_tokens.begin(), options.stop_tokens.end(), tok) != options.stop_tokens.end()) break;
+    out.push_back(tok);
+    if (on_token && !on_token(tok)) break;
+    if (static_cast<int32_t>(out.size()) >= options.max_new_tokens) break;
+    if (position_ >= max_context_) break;  // the context is full: stop rather than fail mid-generation
+    logits = decode(tok);
+  }
+  return out;
+}
+
+void Engine::reset() { position_ = 0; }
+
+}  // namespace tessera::runtime

@@ -1,0 +1,111 @@
+// tessera/runtime/engine.h — one sequence's inference: chunked prefill, decode, generation.
+//
+//   auto model = tessera::runtime::Model::load("smollm2-135m.gguf");
+//   tessera::runtime::EngineOptions options;
+//   options.policy = policy;                       // empty: dense everywhere
+//   tessera::runtime::Engine engine(*model, options);
+//   tessera::runtime::GenerateOptions gen;
+//   gen.max_new_tokens = 64;
+//   std::vector<int32_t> out = engine.generate(prompt_ids, gen, [](int32_t t) {
+//     std::cout << detokenize(t) << std::flush;
+//     return true;  // false stops the generation
+//   });
+//
+// The engine owns the KV cache of one sequence. prefill() appends tokens at position() (a new conversation
+// starts with reset()); chunks of chunk_size tokens go through the model one after the other, each attending to
+// all earlier keys under the attention policy (q_begin = the chunk's start, total_len = the length the sequence
+// will have at the end of this prefill). decode() runs one token with dense attention over the cache. Errors are
+// tessera::Error; after an error the cache may hold a partial chunk: call reset().
+//
+// Not thread-safe: one Engine serves one sequence at a time. Several Engines may share a Model.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "attention/pattern/policy.h"
+#include "core/thread_pool.h"
+#include "runtime/forward.h"
+#include "runtime/kv_cache.h"
+#include "runtime/model.h"
+#include "runtime/sampling.h"
+
+namespace tessera::runtime {
+
+struct EngineOptions {
+  int32_t chunk_size = 2048;     // prefill chunk length (tokens per forward pass)
+  attn::AttentionPolicy policy;  // per layer and query head; empty table: dense everywhere
+  int32_t max_context = 0;       // tokens the cache may hold; 0: the model's context length
+  ThreadPool* pool = nullptr;    // null: ThreadPool::global()
+};
+
+struct GenerateOptions {
+  int32_t max_new_tokens = 128;
+  SamplingOptions sampling;
+  std::vector<int32_t> stop_tokens;  // generation ends when one is sampled (it is not returned or reported)
+};
+
+struct EngineStats {
+  int64_t prefill_tokens = 0;
+  double prefill_seconds = 0;
+  int64_t decode_tokens = 0;
+  double decode_seconds = 0;
+  double attention_seconds = 0;  // within prefill and decode
+  double gemm_seconds = 0;       // within prefill and decode
+  double prefill_tokens_per_second() const { return prefill_seconds > 0 ? prefill_tokens / prefill_seconds : 0; }
+  double decode_tokens_per_second() const { return decode_seconds > 0 ? decode_tokens / decode_seconds : 0; }
+};
+
+class Engine {
+ public:
+  using Progress = std::function<void(int64_t done, int64_t total)>;  // tokens prefilled so far, of total
+  using OnToken = std::function<bool(int32_t token)>;                 // return false to stop
+
+  // Throws tessera::Error when the policy does not fit the model ("attention policy has 30 layers x 9 query
+  // heads (3 kv heads); model smollm2 has 24 layers x 9 query heads (3 kv heads)") or an option is out of range.
+  explicit Engine(const Model& model, EngineOptions options = {});
+
+  // Appends `tokens` to the sequence and returns the logits of the last one ([vocab]). Throws tessera::Error when
+  // a token id is outside the vocabulary or the sequence would exceed max_context:
+  //   "prompt of 9000 tokens exceeds the context limit of 8192 tokens (model smollm2); pass a larger max context
+  //    (--max-context) or shorten the prompt"
+  std::vector<float> prefill(std::span<const int32_t> tokens, const Progress& progress = {});
+
+  // Appends one token, attends densely over the whole cache, returns its logits ([vocab]).
+  std::vector<float> decode(int32_t token);
+
+  // prefill(prompt), then sample / decode until max_new_tokens, a stop token or on_token returning false.
+  // Returns the generated tokens (without the stop token). Continues from position(): reset() first for a new
+  // conversation.
+  std::vector<int32_t> generate(std::span<const int32_t> prompt, const GenerateOptions& options,
+                                const OnToken& on_token = {});
+
+  // Like prefill, but returns the logits of every token ([tokens.size(), vocab], row-major). For tests.
+  std::vector<float> forward_all_logits(std::span<const int32_t> tokens);
+
+  void reset();                                      // empties the sequence (keeps the cache's memory)
+  int32_t position() const { return position_; }     // tokens in the sequence
+  int32_t max_context() const { return max_context_; }
+  const EngineStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = {}; }
+  const Model& model() const { return model_; }
+  const EngineOptions& options() const { return options_; }
+  size_t kv_cache_bytes() const { return cache_.bytes(); }
+
+ private:
+  std::vector<float> run_prefill(std::span<const int32_t> tokens, LogitRows rows, const Progress& progress);
+  void check_tokens(std::span<const int32_t> tokens) const;
+
+  const Model& model_;
+  EngineOptions options_;
+  ThreadPool& pool_;
+  int32_t max_context_ = 0;
+  int32_t position_ = 0;
+  KVCache cache_;
+  Forward forward_;
+  EngineStats stats_;
+};
+
+}  // namespace tessera::runtime

@@ -1,0 +1,69 @@
+// tessera/runtime/forward.h — the f32 forward pass of one chunk of tokens through a decoder-only transformer.
+//
+// Per layer, for the chunk's n tokens at positions [pos, pos + n) (all products are batched GEMMs over the chunk):
+//   h = RMSNorm(x)                                   (weights hold 1 + w for Gemma)
+//   q = h Wq^T (+bq); k, v likewise, written straight into the KV cache at rows [pos, pos + n)
+//   Gemma-3: q, k = RMSNorm per head (QK-norm)
+//   q, k = RoPE(q, k)                                (rotate_half; the layer's own base and scaling)
+//   a = attention(q, K[0, pos + n), V[0, pos + n))   see below
+//   o = a Wo^T;  Gemma-3: o = RMSNorm(o)            (post-attention norm)
+//   x = x + o
+//   h = RMSNorm(x);  m = (act(h Wg^T) * (h Wu^T)) Wd^T;  Gemma-3: m = RMSNorm(m)
+//   x = x + m
+// then the final norm and the LM head, only on the rows whose logits are asked for (Gemma-3 may soft-cap them).
+//
+// Attention of a layer:
+//  - a sliding-window layer (part of the model: Gemma-3 local layers, Mistral) runs its row-exact window through
+//    the sparse executor (runtime/sliding_window.h); a policy's pattern does not apply to such layers;
+//  - otherwise, with no policy (or every head of the layer dense): the dense executor;
+//  - otherwise: estimate_layer + lower_layer (query tile 64) + the sparse executor, with q_begin = pos and
+//    total_len = the whole prompt's length (MoA spans, Triangle's last rows).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "attention/pattern/policy.h"
+#include "core/thread_pool.h"
+#include "runtime/kv_cache.h"
+#include "runtime/model.h"
+
+namespace tessera::runtime {
+
+// Time spent, accumulated across calls.
+struct ForwardTimers {
+  double gemm_seconds = 0;       // every matrix product, LM head included
+  double attention_seconds = 0;  // estimation, lowering and the executors
+};
+
+enum class LogitRows { None, Last, All };
+
+class Forward {
+ public:
+  static constexpr int32_t kTile = 64;  // the CPU executor's query-tile height for lowered indices
+
+  Forward(const Model& model, ThreadPool& pool);
+
+  // Runs `tokens` at positions [pos, pos + tokens.size()), appending their K/V to `cache` (which must have room
+  // for pos + tokens.size() rows and hold valid rows [0, pos)). `policy`: null or empty for dense attention.
+  // Returns logits [rows, vocab] for `rows` (Last: the chunk's last token; All: every token; None: nothing).
+  std::vector<float> run(std::span<const int32_t> tokens, int32_t pos, KVCache& cache,
+                         const attn::AttentionPolicy* policy, int32_t total_len, LogitRows rows,
+                         ForwardTimers& timers);
+
+ private:
+  void attention(int32_t layer, int32_t pos, int32_t n, KVCache& cache, const attn::AttentionPolicy* policy,
+                 int32_t total_len);
+
+  const Model& model_;
+  const ModelConfig& cfg_;
+  ThreadPool& pool_;
+  std::vector<std::vector<float>> inv_freqs_;  // distinct RoPE frequency sets
+  std::vector<size_t> layer_rope_;             // layer -> index into inv_freqs_
+  // Scratch, grown to the largest chunk seen.
+  std::vector<float> x_, h_, q_, attn_, gate_, up_;
+  std::vector<std::vector<float>> cos_, sin_;
+};
+
+}  // namespace tessera::runtime

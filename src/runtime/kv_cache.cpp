@@ -1,0 +1,61 @@
+#include "runtime/kv_cache.h"
+
+#include <algorithm>
+#include <new>
+#include <string>
+
+#include "core/error.h"
+
+namespace tessera::runtime {
+
+KVCache::KVCache(int32_t num_layers, int32_t num_kv_heads, int32_t head_dim, int32_t max_tokens)
+    : num_layers_(num_layers),
+      num_kv_heads_(num_kv_heads),
+      head_dim_(head_dim),
+      max_tokens_(max_tokens),
+      row_(static_cast<int64_t>(num_kv_heads) * head_dim),
+      k_(static_cast<size_t>(num_layers)),
+      v_(static_cast<size_t>(num_layers)) {}
+
+void KVCache::reserve(int32_t tokens) {
+  check(tokens <= max_tokens_, "KV cache: " + std::to_string(tokens) + " tokens exceed its limit of " +
+                                   std::to_string(max_tokens_));
+  if (tokens <= capacity_) return;
+  // Geometric growth (decode appends one token at a time), never beyond the limit.
+  const int64_t grown = std::max<int64_t>({tokens, 2 * static_cast<int64_t>(capacity_), 256});
+  const auto cap = static_cast<int32_t>(std::min<int64_t>(grown, max_tokens_));
+  try {
+    for (int32_t l = 0; l < num_layers_; ++l) {
+      k_[static_cast<size_t>(l)].resize(static_cast<size_t>(cap) * static_cast<size_t>(row_));
+      v_[static_cast<size_t>(l)].resize(static_cast<size_t>(cap) * static_cast<size_t>(row_));
+    }
+  } catch (const std::bad_alloc&) {
+    throw Error("KV cache: out of memory growing to " + std::to_string(cap) + " tokens (" +
+                std::to_string(static_cast<double>(cap) * static_cast<double>(row_) * 8.0 * num_layers_ / 1e9) +
+                " GB); lower the context limit");
+  }
+  capacity_ = cap;
+}
+
+void KVCache::release() {
+  for (auto& x : k_) std::vector<float>().swap(x);
+  for (auto& x : v_) std::vector<float>().swap(x);
+  capacity_ = 0;
+}
+
+TensorView KVCache::k_view(int32_t layer, int32_t len) {
+  return TensorView(k_[static_cast<size_t>(layer)].data(), DType::F32, {len, num_kv_heads_, head_dim_});
+}
+
+TensorView KVCache::v_view(int32_t layer, int32_t len) {
+  return TensorView(v_[static_cast<size_t>(layer)].data(), DType::F32, {len, num_kv_heads_, head_dim_});
+}
+
+size_t KVCache::bytes() const {
+  size_t b = 0;
+  for (const auto& x : k_) b += x.size() * sizeof(float);
+  for (const auto& x : v_) b += x.size() * sizeof(float);
+  return b;
+}
+
+}  // namespace tessera::runtime

@@ -1,0 +1,40 @@
+// tessera/runtime/sampling.h — choosing the next token from logits, reproducibly.
+//
+// temperature <= 0 is greedy (argmax; ties go to the smaller id). Otherwise, in this order: logits / temperature;
+// keep the top_k largest (top_k <= 0: all); softmax; keep the smallest set of most probable tokens whose
+// probability reaches top_p (top_p >= 1: all; at least one token always stays); renormalise and draw. Candidates
+// are ordered by logit, ties by id, so the draw is a function of (logits, options, seed, draws so far) alone: the
+// random stream is std::mt19937_64(seed), turned into uniform doubles by hand (53 bits), not by a standard-library
+// distribution whose algorithm differs between implementations.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+
+namespace tessera::runtime {
+
+struct SamplingOptions {
+  float temperature = 0.0f;  // 0: greedy
+  int32_t top_k = 0;         // 0: no top-k cut
+  float top_p = 1.0f;        // 1: no nucleus cut
+  uint64_t seed = 0;
+};
+
+// Index of the largest value; ties go to the smaller index. Throws tessera::Error for empty logits.
+int32_t argmax(std::span<const float> logits);
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingOptions& options = {});
+  int32_t sample(std::span<const float> logits);
+  const SamplingOptions& options() const { return options_; }
+
+ private:
+  double uniform();  // [0, 1)
+
+  SamplingOptions options_;
+  std::mt19937_64 rng_;
+};
+
+}  // namespace tessera::runtime

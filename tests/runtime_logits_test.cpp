@@ -1,0 +1,426 @@
+// Model forward passes against Hugging Face transformers, and the engine's invariants (chunking, decode, policies).
+//
+// Fixtures: tests/data/hf_tiny/<name>/ made by scripts/make_hf_fixtures.py — tiny random-weight models of each
+// architecture, their GGUF conversions (written as llama.cpp's converter writes them) and transformers' logits
+// for every position of a fixed token sequence.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attention/pattern/policy.h"
+#include "core/error.h"
+#include "runtime/engine.h"
+#include "runtime/model.h"
+#include "runtime/sliding_window.h"
+#include "runtime/weights.h"
+
+namespace tessera::runtime {
+namespace {
+
+const std::string kFixtures = std::string(TESSERA_SOURCE_DIR) + "/tests/data/hf_tiny/";
+
+struct Expected {
+  std::vector<int32_t> tokens;
+  int32_t vocab = 0;
+  std::vector<float> logits;  // [tokens, vocab]
+};
+
+std::vector<float> read_f32(const std::string& path, size_t count) {
+  std::ifstream f(path, std::ios::binary);
+  EXPECT_TRUE(f.good()) << path;
+  std::vector<float> v(count);
+  f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(count * sizeof(float)));
+  EXPECT_EQ(static_cast<size_t>(f.gcount()), count * sizeof(float)) << path;
+  return v;
+}
+
+Expected expected(const std::string& name, const std::string& logits_key = "logits") {
+  std::ifstream f(kFixtures + name + "/expected.json");
+  const nlohmann::json j = nlohmann::json::parse(f);
+  Expected e;
+  e.tokens = j["tokens"].get<std::vector<int32_t>>();
+  e.vocab = j["vocab_size"].get<int32_t>();
+  e.logits = read_f32(kFixtures + name + "/" + j[logits_key].get<std::string>(), e.tokens.size() * e.vocab);
+  return e;
+}
+
+// Models are loaded once per path for the whole test program.
+const Model& model(const std::string& rel) {
+  static std::map<std::string, std::unique_ptr<Model>> cache;
+  auto& m = cache[rel];
+  if (!m) m = Model::load(kFixtures + rel);
+  return *m;
+}
+
+float max_abs_diff(const float* a, const float* b, size_t n) {
+  float m = 0;
+  for (size_t i = 0; i < n; ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+  return m;
+}
+
+std::vector<float> row(const std::vector<float>& all, int32_t vocab, size_t r) {
+  return {all.begin() + static_cast<std::ptrdiff_t>(r * vocab), all.begin() + static_cast<std::ptrdiff_t>((r + 1) * vocab)};
+}
+
+constexpr float kTol = 1e-4f;
+
+// (Designated initializers that omit class-typed members trip -Wmissing-field-initializers.)
+EngineOptions opts(int32_t chunk = 2048, attn::AttentionPolicy policy = {}, int32_t max_context = 0) {
+  EngineOptions o;
+  o.chunk_size = chunk;
+  o.policy = std::move(policy);
+  o.max_context = max_context;
+  return o;
+}
+
+GenerateOptions gen(int32_t max_new, std::vector<int32_t> stop = {}, SamplingOptions sampling = {}) {
+  GenerateOptions g;
+  g.max_new_tokens = max_new;
+  g.stop_tokens = std::move(stop);
+  g.sampling = sampling;
+  return g;
+}
+
+// ---- transformers' logits, every fixture, both formats ----------------------------------------------------------
+
+struct Case {
+  std::string fixture;
+  std::string path;  // relative to kFixtures
+  std::string logits_key;
+};
+
+class ReferenceLogits : public testing::TestWithParam<Case> {};
+
+TEST_P(ReferenceLogits, MatchTransformers) {
+  const Case& c = GetParam();
+  const Expected e = expected(c.fixture, c.logits_key);
+  const Model& m = model(c.path);
+  ASSERT_EQ(m.config().vocab_size, e.vocab);
+  Engine engine(m);
+  const std::vector<float> got = engine.forward_all_logits(e.tokens);
+  ASSERT_EQ(got.size(), e.logits.size());
+  for (size_t t = 0; t < e.tokens.size(); ++t) {
+    const float d = max_abs_diff(got.data() + t * e.vocab, e.logits.data() + t * e.vocab, e.vocab);
+    ASSERT_LT(d, kTol) << c.path << " position " << t;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, ReferenceLogits,
+    testing::Values(Case{"llama3", "llama3", "logits"}, Case{"llama3", "llama3/model.gguf", "logits"},
+                    Case{"llama3", "llama3/model.safetensors", "logits"},
+                    Case{"smollm2", "smollm2", "logits"}, Case{"smollm2", "smollm2/model.gguf", "logits"},
+                    Case{"smollm2", "smollm2/model-q8_0.gguf", "logits_q8_0"},
+                    Case{"mistral", "mistral", "logits"}, Case{"qwen2", "qwen2", "logits"},
+                    Case{"qwen2", "qwen2/model.gguf", "logits"}, Case{"gemma3", "gemma3", "logits"},
+                    Case{"gemma3", "gemma3/model.gguf", "logits"}, Case{"gemma3_scaled", "gemma3_scaled", "logits"}),
+    [](const testing::TestParamInfo<Case>& param) {
+      std::string s = param.param.path;
+      for (char& ch : s)
+        if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+      return s;
+    });
+
+// ---- configuration read from each format ------------------------------------------------------------------------
+
+TEST(RuntimeConfig, ArchitecturesAndLayerTypes) {
+  const ModelConfig& g = model("gemma3").config();
+  EXPECT_EQ(g.arch, Architecture::Gemma3);
+  ASSERT_EQ(g.num_layers, 6);
+  for (int l = 0; l < 6; ++l) EXPECT_EQ(g.layers[l].sliding_window, l == 5 ? 0 : 8) << l;
+  EXPECT_EQ(g.layers[0].rope.theta, 10000.0);
+  EXPECT_EQ(g.layers[5].rope.theta, 1000000.0);
+  EXPECT_TRUE(g.tied_embeddings && g.qk_norm && g.post_norms);
+  EXPECT_EQ(g.activation, Activation::GeluTanh);
+
+  const ModelConfig& gg = model("gemma3/model.gguf").config();
+  EXPECT_EQ(gg.name, "tiny-gemma3");
+  for (int l = 0; l < 6; ++l) EXPECT_EQ(gg.layers[l].sliding_window, g.layers[l].sliding_window) << l;
+  EXPECT_EQ(gg.attention_scale, g.attention_scale);
+
+  const ModelConfig& s = model("gemma3_scaled").config();
+  EXPECT_EQ(s.layers[0].sliding_window, 6);
+  EXPECT_EQ(s.layers[1].sliding_window, 0);
+  EXPECT_EQ(s.layers[1].rope.scaling, RopeScaling::Linear);
+  EXPECT_EQ(s.layers[0].rope.scaling, RopeScaling::None);
+  EXPECT_FLOAT_EQ(s.attention_scale, 1.0f / std::sqrt(24.0f));
+  EXPECT_EQ(s.final_logit_softcap, 5.0f);
+
+  const ModelConfig& l3 = model("llama3").config();
+  EXPECT_EQ(l3.layers[0].rope.scaling, RopeScaling::Llama3);
+  EXPECT_EQ(model("llama3/model.gguf").weights().rope_freq_factors.size(), 8u);
+  EXPECT_TRUE(model("qwen2").config().qkv_bias);
+  EXPECT_TRUE(model("smollm2/model.gguf").config().tied_embeddings);
+  EXPECT_EQ(model("mistral").config().layers[1].sliding_window, 12);
+}
+
+TEST(RuntimeConfig, ErrorsNameTheFileAndKey) {
+  nlohmann::json cfg = {{"architectures", {"Phi3ForCausalLM"}}, {"model_type", "phi3"}};
+  try {
+    config_from_hf(cfg, "x/config.json");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "x/config.json: architecture Phi3ForCausalLM is not supported (tessera runs Llama, Mistral, SmolLM2, "
+              "Qwen2 and Gemma-3 models)");
+  }
+  cfg = {{"architectures", {"LlamaForCausalLM"}}, {"vocab_size", 10}, {"num_hidden_layers", 2},
+         {"num_attention_heads", 2}, {"intermediate_size", 8}};
+  try {
+    config_from_hf(cfg, "x/config.json");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "x/config.json: missing key hidden_size");
+  }
+  cfg["hidden_size"] = 8;
+  cfg["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  EXPECT_THROW(config_from_hf(cfg, "x/config.json"), Error);
+
+  nlohmann::json md = {{"general.architecture", "llama"}, {"llama.block_count", 2}};
+  try {
+    config_from_gguf(md, "m.gguf", 10);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "m.gguf: missing metadata key llama.embedding_length");
+  }
+  md = {{"general.architecture", "phi3"}};
+  try {
+    config_from_gguf(md, "m.gguf", 10);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "m.gguf: architecture phi3 is not supported (tessera runs the GGUF architectures llama, qwen2 and "
+              "gemma3)");
+  }
+}
+
+TEST(RuntimeWeights, UnpermuteUndoesLlamaCppPermutation) {
+  // llama.cpp: w.reshape(heads, 2, d/2, cols).swapaxes(1, 2).reshape(...)
+  const int heads = 3, d = 8, cols = 5;
+  std::vector<float> hf(static_cast<size_t>(heads * d * cols));
+  for (size_t i = 0; i < hf.size(); ++i) hf[i] = static_cast<float>(i);
+  std::vector<float> gguf(hf.size());
+  for (int h = 0; h < heads; ++h)
+    for (int s = 0; s < 2; ++s)
+      for (int i = 0; i < d / 2; ++i)
+        for (int c = 0; c < cols; ++c)
+          gguf[static_cast<size_t>(((h * d) + 2 * i + s) * cols + c)] =
+              hf[static_cast<size_t>(((h * d) + s * (d / 2) + i) * cols + c)];
+  unpermute_gguf_rope_rows(gguf.data(), heads, d, cols);
+  EXPECT_EQ(gguf, hf);
+}
+
+// ---- engine invariants -----------------------------------------------------------------------------------------
+
+const char* const kAll[] = {"llama3", "smollm2", "mistral", "qwen2", "gemma3", "gemma3_scaled"};
+
+TEST(RuntimeEngine, ChunkedPrefillMatchesOneChunk) {
+  for (const char* name : kAll) {
+    const Expected e = expected(name);
+    Engine whole(model(name));
+    const std::vector<float> ref = whole.prefill(e.tokens);
+    for (int chunk : {1, 7, 64}) {
+      Engine engine(model(name), opts(chunk));
+      int64_t calls = 0, last_done = 0;
+      const std::vector<float> got = engine.prefill(e.tokens, [&](int64_t done, int64_t total) {
+        ++calls;
+        last_done = done;
+        EXPECT_EQ(total, static_cast<int64_t>(e.tokens.size()));
+      });
+      EXPECT_EQ(calls, (static_cast<int64_t>(e.tokens.size()) + chunk - 1) / chunk);
+      EXPECT_EQ(last_done, static_cast<int64_t>(e.tokens.size()));
+      EXPECT_LT(max_abs_diff(got.data(), ref.data(), ref.size()), kTol) << name << " chunk " << chunk;
+      EXPECT_EQ(engine.position(), static_cast<int32_t>(e.tokens.size()));
+    }
+  }
+}
+
+TEST(RuntimeEngine, PrefillThenDecodeMatchesAllLogits) {
+  for (const char* name : kAll) {
+    const Expected e = expected(name);
+    Engine engine(model(name));
+    const std::vector<float> all = engine.forward_all_logits(e.tokens);
+    engine.reset();
+    const size_t k = 25;
+    std::vector<float> logits = engine.prefill(std::span(e.tokens).first(k));
+    EXPECT_LT(max_abs_diff(logits.data(), row(all, e.vocab, k - 1).data(), e.vocab), kTol) << name;
+    for (size_t t = k; t < e.tokens.size(); ++t) {
+      logits = engine.decode(e.tokens[t]);
+      ASSERT_LT(max_abs_diff(logits.data(), row(all, e.vocab, t).data(), e.vocab), kTol) << name << " step " << t;
+      // and against transformers directly
+      ASSERT_LT(max_abs_diff(logits.data(), row(e.logits, e.vocab, t).data(), e.vocab), kTol) << name << " " << t;
+    }
+    EXPECT_EQ(engine.position(), static_cast<int32_t>(e.tokens.size()));
+    EXPECT_EQ(engine.stats().decode_tokens, static_cast<int64_t>(e.tokens.size() - k));
+  }
+}
+
+attn::AttentionPolicy uniform(const ModelConfig& c, const attn::Pattern& p) {
+  return attn::AttentionPolicy::uniform(c.num_layers, c.num_q_heads, c.num_kv_heads, p);
+}
+
+TEST(RuntimeEngine, SparsePoliciesThatSeeEverythingEqualDense) {
+  for (const char* name : {"llama3", "qwen2", "gemma3", "gemma3_scaled"}) {
+    const Expected e = expected(name);
+    const ModelConfig& c = model(name).config();
+    Engine dense(model(name));
+    const std::vector<float> ref = dense.forward_all_logits(e.tokens);
+    const int32_t S = static_cast<int32_t>(e.tokens.size());
+    const std::vector<attn::Pattern> patterns = {
+        attn::VerticalSlashPattern{.vertical = S, .slash = S, .last_q = 64, .forced_columns = 0, .forced_diagonals = 0},
+        attn::AShapePattern{.sink = 4, .local = 1 << 20},
+        attn::BlockSparsePattern{.top_k = 1000, .block = 16},
+        attn::ElasticWindowPattern{.alpha = 1e6, .beta = 1.0, .sink = 0},
+        attn::TrianglePattern{.sink = 1, .local = 1 << 20, .last = 1},
+    };
+    for (const attn::Pattern& p : patterns) {
+      for (int chunk : {2048, 16}) {
+        Engine engine(model(name), opts(chunk, uniform(c, p)));
+        const std::vector<float> got = engine.forward_all_logits(e.tokens);
+        EXPECT_LT(max_abs_diff(got.data(), ref.data(), ref.size()), kTol)
+            << name << " " << attn::describe(p) << " chunk " << chunk;
+      }
+    }
+    // A policy mixing dense and sparse heads per layer.
+    std::vector<attn::Pattern> table;
+    for (int l = 0; l < c.num_layers; ++l)
+      for (int h = 0; h < c.num_q_heads; ++h)
+        table.push_back(h % 2 ? attn::Pattern(attn::DensePattern{}) : attn::Pattern(attn::AShapePattern{1, 1 << 20}));
+    Engine mixed(model(name),
+                 opts(2048, attn::AttentionPolicy(c.num_layers, c.num_q_heads, c.num_kv_heads, std::move(table))));
+    const std::vector<float> got = mixed.forward_all_logits(e.tokens);
+    EXPECT_LT(max_abs_diff(got.data(), ref.data(), ref.size()), kTol) << name << " mixed";
+  }
+}
+
+TEST(RuntimeEngine, RealSparsePolicyGivesFiniteDifferentLogits) {
+  const Model& m = model("llama3");
+  const ModelConfig& c = m.config();
+  std::mt19937 rng(7);
+  std::vector<int32_t> tokens(200);
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(c.vocab_size));
+  Engine dense(m, opts(64));
+  const std::vector<float> ref = dense.prefill(tokens);
+  for (const attn::Pattern& p :
+       {attn::Pattern(attn::AShapePattern{.sink = 4, .local = 16}),
+        attn::Pattern(attn::VerticalSlashPattern{.vertical = 8, .slash = 8, .last_q = 16, .forced_columns = 2,
+                                                 .forced_diagonals = 4}),
+        attn::Pattern(attn::BlockSparsePattern{.top_k = 2, .block = 16})}) {
+    Engine sparse(m, opts(64, uniform(c, p)));
+    const std::vector<float> got = sparse.prefill(tokens);
+    for (float v : got) ASSERT_TRUE(std::isfinite(v)) << attn::describe(p);
+    EXPECT_GT(max_abs_diff(got.data(), ref.data(), ref.size()), 1e-3f) << attn::describe(p);
+    EXPECT_GT(sparse.stats().attention_seconds, 0.0);
+  }
+}
+
+TEST(RuntimeEngine, ContextLimit) {
+  const Model& m = model("llama3");  // max_position_embeddings 256
+  Engine engine(m);
+  EXPECT_EQ(engine.max_context(), 256);
+  const std::vector<int32_t> long_prompt(300, 5);
+  try {
+    engine.prefill(long_prompt);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "prompt of 300 tokens exceeds the context limit of 256 tokens (model llama3); pass a larger max "
+              "context (--max-context) or shorten the prompt");
+  }
+  EXPECT_EQ(engine.position(), 0);
+
+  Engine small(m, opts(2048, {}, 32));
+  small.prefill(std::vector<int32_t>(30, 1));
+  try {
+    small.prefill(std::vector<int32_t>(3, 1));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "prompt of 3 tokens after 30 tokens already in the context exceeds the context limit of 32 tokens "
+              "(model llama3); pass a larger max context (--max-context) or shorten the prompt");
+  }
+  small.decode(1);
+  small.decode(1);
+  EXPECT_THROW(small.decode(1), Error);
+
+  // A larger limit than the model's is the user's choice; the cache still grows only as needed.
+  Engine big(m, opts(2048, {}, 100000));
+  big.prefill(std::vector<int32_t>(300, 5));
+  const size_t row_bytes = static_cast<size_t>(m.config().num_kv_heads) * m.config().head_dim * sizeof(float) * 2 *
+                           static_cast<size_t>(m.config().num_layers);
+  EXPECT_LE(big.kv_cache_bytes(), 512 * row_bytes);
+}
+
+TEST(RuntimeEngine, BadInputs) {
+  const Model& m = model("llama3");
+  Engine engine(m);
+  try {
+    engine.prefill(std::vector<int32_t>{1, 2, 256});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "token id 256 at index 2 is outside the vocabulary of 256 tokens (model llama3)");
+  }
+  try {
+    Engine bad(m, opts(2048, attn::AttentionPolicy::uniform(3, 4, 2, attn::DensePattern{})));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "attention policy has 3 layers x 4 query heads (2 kv heads); model llama3 has 2 layers x 4 query heads "
+              "(2 kv heads)");
+  }
+  EXPECT_THROW(Engine(m, opts(0)), Error);
+  EXPECT_THROW(Model::load(kFixtures + "does_not_exist"), Error);
+}
+
+TEST(RuntimeEngine, GenerateGreedyMatchesManualLoop) {
+  const Model& m = model("qwen2");
+  const Expected e = expected("qwen2");
+  const std::span<const int32_t> prompt = std::span(e.tokens).first(10);
+  Engine a(m);
+  std::vector<int32_t> streamed;
+  const std::vector<int32_t> out = a.generate(prompt, gen(12), [&](int32_t t) {
+    streamed.push_back(t);
+    return true;
+  });
+  ASSERT_EQ(out.size(), 12u);
+  EXPECT_EQ(streamed, out);
+
+  Engine b(m);
+  std::vector<float> logits = b.prefill(prompt);
+  std::vector<int32_t> manual;
+  for (int i = 0; i < 12; ++i) {
+    manual.push_back(argmax(logits));
+    if (i < 11) logits = b.decode(manual.back());
+  }
+  EXPECT_EQ(out, manual);
+
+  // Stop tokens end the generation and are not returned; on_token returning false stops too.
+  Engine c(m);
+  EXPECT_EQ(c.generate(prompt, gen(12, {manual[3]})),
+            std::vector<int32_t>(manual.begin(), manual.begin() + 3));
+  Engine d(m);
+  EXPECT_EQ(d.generate(prompt, gen(12), [](int32_t) { return false; }).size(), 1u);
+
+  // Seeded sampling is reproducible.
+  const GenerateOptions sampled = gen(16, {}, {.temperature = 1.0f, .top_k = 20, .top_p = 0.9f, .seed = 42});
+  Engine e1(m), e2(m);
+  EXPECT_EQ(e1.generate(prompt, sampled), e2.generate(prompt, sampled));
+}
+
+TEST(RuntimeSlidingWindow, IndexIsRowExact) {
+  const attn::SparseIndex ix = sliding_window_index(2, 5, 7, 12, 3);
+  ix.validate();
+  for (int32_t h = 0; h < 2; ++h)
+    for (int32_t r = 0; r < 7; ++r)
+      for (int32_t j = 0; j < 12; ++j) EXPECT_EQ(ix.visible(h, r, j), j <= 5 + r && 5 + r - j < 3);
+}
+
+}  // namespace
+}  // namespace tessera::runtime

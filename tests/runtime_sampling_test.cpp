@@ -1,0 +1,87 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+#include "runtime/sampling.h"
+
+namespace tessera::runtime {
+namespace {
+
+const std::vector<float> kLogits = {0.5f, 2.0f, -1.0f, 1.9f, 2.0f, 0.0f, -3.0f, 1.0f};
+
+TEST(RuntimeSampling, ArgmaxTiesGoToTheSmallerId) {
+  EXPECT_EQ(argmax(kLogits), 1);
+  EXPECT_EQ(argmax(std::vector<float>{-5.0f}), 0);
+  EXPECT_THROW(argmax(std::vector<float>{}), Error);
+}
+
+TEST(RuntimeSampling, GreedyIsArgmax) {
+  Sampler s({.temperature = 0.0f, .seed = 3});
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(s.sample(kLogits), 1);
+}
+
+TEST(RuntimeSampling, TopKOneAndTinyTopPAreGreedy) {
+  Sampler k1({.temperature = 1.5f, .top_k = 1, .seed = 9});
+  Sampler p0({.temperature = 1.5f, .top_p = 1e-6f, .seed = 9});
+  for (int i = 0; i < 50; ++i) {
+    EXPECT_EQ(k1.sample(kLogits), 1);
+    EXPECT_EQ(p0.sample(kLogits), 1);
+  }
+}
+
+TEST(RuntimeSampling, SeededRunsRepeat) {
+  const SamplingOptions o{.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .seed = 1234};
+  Sampler a(o), b(o), c({.temperature = 1.0f, .seed = 99});
+  std::vector<int32_t> ra, rb, rc;
+  for (int i = 0; i < 64; ++i) {
+    ra.push_back(a.sample(kLogits));
+    rb.push_back(b.sample(kLogits));
+    rc.push_back(c.sample(kLogits));
+  }
+  EXPECT_EQ(ra, rb);
+  EXPECT_NE(ra, rc);
+}
+
+TEST(RuntimeSampling, FrequenciesFollowTheSoftmax) {
+  const std::vector<float> logits = {0.0f, std::log(2.0f), std::log(3.0f), -100.0f};
+  Sampler s({.temperature = 1.0f, .seed = 5});
+  std::vector<int> counts(4, 0);
+  const int n = 60000;
+  for (int i = 0; i < n; ++i) ++counts[static_cast<size_t>(s.sample(logits))];
+  EXPECT_NEAR(counts[0] / double(n), 1.0 / 6, 0.01);
+  EXPECT_NEAR(counts[1] / double(n), 2.0 / 6, 0.01);
+  EXPECT_NEAR(counts[2] / double(n), 3.0 / 6, 0.01);
+  EXPECT_EQ(counts[3], 0);
+}
+
+TEST(RuntimeSampling, TopKAndTopPRestrictTheCandidates) {
+  // top_k = 2 keeps ids 1 and 4 (both 2.0). Over probabilities {0: 1/6, 1: 2/6, 2: 3/6}, top_p = 0.45 keeps id 2
+  // alone (its mass reaches 0.45); top_p = 0.6 needs id 1 as well.
+  Sampler k2({.temperature = 1.0f, .top_k = 2, .seed = 11});
+  for (int i = 0; i < 200; ++i) {
+    const int32_t t = k2.sample(kLogits);
+    EXPECT_TRUE(t == 1 || t == 4) << t;
+  }
+  const std::vector<float> logits = {0.0f, std::log(2.0f), std::log(3.0f)};
+  Sampler p5({.temperature = 1.0f, .top_p = 0.45f, .seed = 11});
+  Sampler p6({.temperature = 1.0f, .top_p = 0.6f, .seed = 11});
+  bool saw1 = false;
+  for (int i = 0; i < 200; ++i) {
+    EXPECT_EQ(p5.sample(logits), 2);
+    const int32_t t = p6.sample(logits);
+    EXPECT_TRUE(t == 1 || t == 2);
+    saw1 = saw1 || t == 1;
+  }
+  EXPECT_TRUE(saw1);
+}
+
+TEST(RuntimeSampling, LowTemperatureConcentrates) {
+  Sampler s({.temperature = 0.01f, .seed = 1});
+  const std::vector<float> logits = {1.0f, 1.5f, 0.2f};
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(s.sample(logits), 1);
+}
+
+}  // namespace
+}  // namespace tessera::runtime
