@@ -428,9 +428,9 @@ int main(int argc, char** argv) {
             } else if (name == "moa_window") {
               p = ElasticWindowPattern{512, 0.05, 64};
             } else if (name == "vertical_slash") {
-              // v = 1000 (capped at S/10 so columns alone stay below the target), slash budget for ~10%
-              // density.
-              const int32_t vert = std::min(1000, s / 10);
+              // v = 1000, capped at S/16 so that the columns alone stay well below the target at short S (at
+              // S = 4096, 1000 columns are already ~25% density); the slash budget is searched for ~10% density.
+              const int32_t vert = std::min(1000, s / 16);
               const int32_t slash = budget_for_density(0.10, 1, s, [&](int32_t sl) {
                 return density_of(VerticalSlashPattern{vert, sl, 64, 30, 100}, 1, args, ctx, pool);
               });
