@@ -1,0 +1,243 @@
+// attention_gpu_bench — tessera's CUDA attention on Llama-3-8B shapes: dense and sparse patterns, end to end.
+//
+// One sequence, 32 query heads, 8 KV heads, head_dim 128, bf16, index tile 128. For each sequence length and
+// pattern it times (CUDA events, warm-up first, median of --reps) the three steps of a layer on one stream —
+// estimate (VS/BS only), index build + plan, kernel — and their sum, and reports:
+//   density        visible cells / causal cells
+//   TFLOP/s mask   4 * d * visible cells / kernel time (useful work)
+//   TFLOP/s tiles  4 * d * cells of the computed 128 x 64 tiles / kernel time (what the kernel executes)
+//   vs dense       dense total time / this total time, from the same run
+// Patterns: dense; vs = vertical_slash(1000, 6096); bs = block_sparse(top 100, block 64); ashape(sink 128,
+// window 4096); triangle(sink 8, window 512, last 128). Inputs are N(0, 1) random (never zeros).
+//
+//   attention_gpu_bench [--seq 8192,32768,131072] [--patterns dense,vs,bs,ashape,triangle] [--reps 5]
+//                       [--warmup 1] [--csv FILE]
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "attention/cuda/cuda_check.h"
+#include "attention/cuda/device_buffer.h"
+#include "attention/cuda/layer_attention_cuda.h"
+#include "attention/cuda/work_plan.h"
+#include "attention/index/sparse_index.h"
+
+namespace {
+
+using namespace tessera;
+using namespace tessera::attn;
+namespace gpu = tessera::attn::gpu;
+
+constexpr int kHq = 32, kHkv = 8, kD = 128, kTile = 128;
+
+__device__ uint64_t splitmix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+__global__ void fill_normal(__nv_bfloat16* x, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const uint64_t h = splitmix(seed * 0x100000001b3ull + static_cast<uint64_t>(i));
+    const float u1 = (static_cast<float>(h >> 40) + 1.0f) * (1.0f / 16777217.0f);
+    const float u2 = static_cast<float>((h >> 16) & 0xffffff) * (1.0f / 16777216.0f);
+    x[i] = __float2bfloat16(sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2));
+  }
+}
+
+__global__ void count_non_finite(const __nv_bfloat16* x, int64_t n, unsigned long long* count) {
+  unsigned long long local = 0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    if (!isfinite(__bfloat162float(x[i]))) ++local;
+  }
+  if (local) atomicAdd(count, local);
+}
+
+struct Options {
+  std::vector<int> seqs = {8192, 32768, 131072};
+  std::vector<std::string> patterns = {"dense", "vs", "bs", "ashape", "triangle"};
+  int reps = 5;
+  int warmup = 1;
+  std::string csv;
+};
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw Error("missing value after " + a);
+      return argv[++i];
+    };
+    if (a == "--seq") {
+      o.seqs.clear();
+      for (const std::string& s : split(value())) o.seqs.push_back(std::stoi(s));
+    } else if (a == "--patterns") {
+      o.patterns = split(value());
+    } else if (a == "--reps") {
+      o.reps = std::max(1, std::stoi(value()));
+    } else if (a == "--warmup") {
+      o.warmup = std::max(0, std::stoi(value()));
+    } else if (a == "--csv") {
+      o.csv = value();
+    } else {
+      throw Error("unknown argument " + a + " (see the header of attention_gpu_bench.cu)");
+    }
+  }
+  return o;
+}
+
+Pattern make_pattern(const std::string& name) {
+  if (name == "dense") return DensePattern{};
+  if (name == "vs") return VerticalSlashPattern{1000, 6096, 64, 30, 100};
+  if (name == "bs") return BlockSparsePattern{100, 64};
+  if (name == "ashape") return AShapePattern{128, 4096};
+  if (name == "triangle") return TrianglePattern{8, 512, 128};
+  throw Error("unknown pattern " + name + " (dense, vs, bs, ashape, triangle)");
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+struct Row {
+  int seq = 0;
+  std::string pattern;
+  double density = 0, est_ms = 0, index_ms = 0, kernel_ms = 0, total_ms = 0;
+  double mask_tflops = 0, tile_tflops = 0, speedup = 0, max_over_mean_cost = 0;
+  unsigned long long non_finite = 0;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Options opt = parse(argc, argv);
+    cudaDeviceProp prop{};
+    TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    std::printf("device: %s, %d SMs, %.0f MB L2\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize / 1048576.0);
+    std::printf("shape: 1 sequence, %d query heads, %d kv heads, head_dim %d, bf16, tile %d; reps %d (median), warm-up %d\n",
+                kHq, kHkv, kD, kTile, opt.reps, opt.warmup);
+    cudaStream_t stream;
+    TESSERA_CUDA_CHECK(cudaStreamCreate(&stream));
+    cudaEvent_t ev[4];
+    for (cudaEvent_t& e : ev) TESSERA_CUDA_CHECK(cudaEventCreate(&e));
+    gpu::DeviceBuffer<unsigned long long> bad(1);
+
+    std::vector<Row> rows;
+    for (int seq : opt.seqs) {
+      const int64_t nq = int64_t{seq} * kHq * kD, nkv = int64_t{seq} * kHkv * kD;
+      gpu::DeviceBuffer<__nv_bfloat16> q(static_cast<size_t>(nq)), k(static_cast<size_t>(nkv)),
+          v(static_cast<size_t>(nkv)), out(static_cast<size_t>(nq));
+      fill_normal<<<1024, 256, 0, stream>>>(q.data(), nq, 1);
+      fill_normal<<<1024, 256, 0, stream>>>(k.data(), nkv, 2);
+      fill_normal<<<1024, 256, 0, stream>>>(v.data(), nkv, 3);
+      gpu::check_launch("fill_normal");
+      AttentionArgs args;
+      args.q = TensorView(q.data(), DType::BF16, {seq, kHq, kD});
+      args.k = TensorView(k.data(), DType::BF16, {seq, kHkv, kD});
+      args.v = TensorView(v.data(), DType::BF16, {seq, kHkv, kD});
+      args.out = TensorView(out.data(), DType::BF16, {seq, kHq, kD});
+      const LoweringContext ctx = LoweringContext::prefill(seq, kTile);
+
+      double dense_total = 0;
+      for (const std::string& name : opt.patterns) {
+        Row r;
+        r.seq = seq;
+        r.pattern = name;
+        gpu::CudaLayerAttention layer(std::vector<Pattern>(kHq, make_pattern(name)), ctx, kHkv, kD);
+        TESSERA_CUDA_CHECK(cudaMemsetAsync(out.data(), 0xff, out.bytes(), stream));  // NaN poison
+        for (int i = 0; i < opt.warmup; ++i) layer.run(args, stream);
+        TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+        std::vector<double> est, idx, ker, tot;
+        for (int rep = 0; rep < opt.reps; ++rep) {
+          TESSERA_CUDA_CHECK(cudaEventRecord(ev[0], stream));
+          layer.estimate(args, stream);
+          TESSERA_CUDA_CHECK(cudaEventRecord(ev[1], stream));
+          layer.build_index(stream);
+          TESSERA_CUDA_CHECK(cudaEventRecord(ev[2], stream));
+          layer.attend(args, stream);
+          TESSERA_CUDA_CHECK(cudaEventRecord(ev[3], stream));
+          TESSERA_CUDA_CHECK(cudaEventSynchronize(ev[3]));
+          float t[3];
+          for (int i = 0; i < 3; ++i) TESSERA_CUDA_CHECK(cudaEventElapsedTime(&t[i], ev[i], ev[i + 1]));
+          est.push_back(t[0]);
+          idx.push_back(t[1]);
+          ker.push_back(t[2]);
+          tot.push_back(double{t[0]} + t[1] + t[2]);
+        }
+        TESSERA_CUDA_CHECK(cudaMemsetAsync(bad.data(), 0, sizeof(unsigned long long), stream));
+        count_non_finite<<<1024, 256, 0, stream>>>(out.data(), nq, bad.data());
+        gpu::check_launch("count_non_finite");
+        r.non_finite = bad.download()[0];
+
+        const SparseIndex index = layer.download_index();
+        const IndexStats st = index_stats(index);
+        const std::vector<int32_t> costs = gpu::prefill_item_costs(index);
+        const gpu::PlanSummary plan = gpu::summarize_plan(costs);
+        // Computed tiles: every key tile of the plan is BN=64 keys by the 128 rows of the query tile.
+        const double tile_cells = static_cast<double>(plan.total_cost - plan.items) * gpu::kPrefillKeyTile * kTile;
+        r.density = st.density();
+        r.est_ms = median(est);
+        r.index_ms = median(idx);
+        r.kernel_ms = median(ker);
+        r.total_ms = median(tot);
+        r.mask_tflops = st.mask_flops(kD) / (r.kernel_ms * 1e-3) / 1e12;
+        r.tile_tflops = 4.0 * kD * tile_cells / (r.kernel_ms * 1e-3) / 1e12;
+        r.max_over_mean_cost = plan.items ? plan.max_cost / (static_cast<double>(plan.total_cost) / plan.items) : 0;
+        if (name == "dense") dense_total = r.total_ms;
+        r.speedup = dense_total > 0 ? dense_total / r.total_ms : 0;
+        rows.push_back(r);
+        std::printf("  seq %6d %-9s density %.4f  est %8.3f ms  index %8.3f ms  kernel %9.3f ms  total %9.3f ms  "
+                    "%6.1f TFLOP/s mask  %6.1f tiles%s\n",
+                    seq, name.c_str(), r.density, r.est_ms, r.index_ms, r.kernel_ms, r.total_ms, r.mask_tflops,
+                    r.tile_tflops, r.non_finite ? "  NON-FINITE OUTPUT" : "");
+        std::fflush(stdout);
+      }
+    }
+
+    std::printf("\n| seq | pattern | density | estimate ms | index ms | kernel ms | total ms | TFLOP/s mask | "
+                "TFLOP/s tiles | vs dense | non-finite |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (const Row& r : rows) {
+      std::printf("| %d | %s | %.4f | %.3f | %.3f | %.3f | %.3f | %.1f | %.1f | %.2fx | %llu |\n", r.seq,
+                  r.pattern.c_str(), r.density, r.est_ms, r.index_ms, r.kernel_ms, r.total_ms, r.mask_tflops,
+                  r.tile_tflops, r.speedup, r.non_finite);
+    }
+    if (!opt.csv.empty()) {
+      std::ofstream f(opt.csv);
+      f << "seq,pattern,density,estimate_ms,index_ms,kernel_ms,total_ms,tflops_mask,tflops_tiles,speedup_vs_dense,"
+           "max_over_mean_item_cost,non_finite\n";
+      for (const Row& r : rows) {
+        f << r.seq << ',' << r.pattern << ',' << r.density << ',' << r.est_ms << ',' << r.index_ms << ','
+          << r.kernel_ms << ',' << r.total_ms << ',' << r.mask_tflops << ',' << r.tile_tflops << ',' << r.speedup
+          << ',' << r.max_over_mean_cost << ',' << r.non_finite << '\n';
+      }
+    }
+    for (cudaEvent_t& e : ev) cudaEventDestroy(e);
+    cudaStreamDestroy(stream);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "attention_gpu_bench: %s\n", e.what());
+    return 1;
+  }
+}

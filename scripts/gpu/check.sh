@@ -1,0 +1,258 @@
+#!/usr/bin/env bash
+# scripts/gpu/check.sh — build, test, sanitize and benchmark tessera's CUDA backend on a GPU machine, in one call.
+#
+#   bash scripts/gpu/check.sh              on the GPU machine; logs and CSVs under $OUT (default build/gpu-check)
+#   bash scripts/gpu/check.sh --pack-deps  on a build machine that has them: copies GTest (headers, static libs,
+#                                          CMake config, and the googletest sources) and nlohmann_json into
+#                                          build/gpu-deps, to carry to a GPU machine without those packages
+#
+# Steps, each logged to $OUT/<step>.log; a failing step does not stop the later ones, and every step's time is
+# capped so that the whole run stays within CHECK_BUDGET_S seconds (default 470):
+#   env        nvidia-smi, nvcc, compilers, cmake, torch; which of GTest / nlohmann_json the machine has
+#   configure  cmake --preset cuda -B build/cuda -DTESSERA_WERROR=ON -DTESSERA_CUDA_PTXAS_VERBOSE=ON
+#              (+ -DCMAKE_PREFIX_PATH=build/gpu-deps when carried)
+#   build      cmake --build build/cuda -j$JOBS --target tessera_cuda attention_gpu_test attention_gpu_bench
+#   fallback   only if configure or build failed (the full project may need packages the GPU image lacks,
+#              e.g. OpenBLAS, CLI11, fmt): a generated standalone project of core + attention + attention/cuda +
+#              tests/gpu + bench/gpu in build/gpu-standalone, GTest built from build/gpu-deps/src if needed
+#   resources  ptxas registers / spills (from the build log) and cuobjdump -res-usage of the kernels
+#   test       attention_gpu_test (every GPU test; gtest XML in $OUT/test.xml)
+#   sanitizer  compute-sanitizer memcheck on a subset of small cases, then racecheck on one small case
+#   bench      attention_gpu_bench (Llama-3-8B shapes at 8K, 32K, 128K; CSV in $OUT/bench.csv)
+#   sdpa       bench/gpu/sdpa_reference.py (torch SDPA cuDNN / flash / efficient; CSV in $OUT/sdpa.csv)
+#   summary    one line per step (status, seconds), the tail of each failure, the two result tables
+# Environment: OUT, JOBS (default 16), CHECK_BUDGET_S, BENCH_ARGS (e.g. "--seq 8192,32768 --reps 3"),
+# SDPA_ARGS, SKIP_SANITIZER=1, SKIP_BENCH=1, SKIP_SDPA=1, CHECK_STANDALONE=1 (skip the preset build).
+set -u
+set -o pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+DEPS=$ROOT/build/gpu-deps
+
+if [ "${1:-}" = "--pack-deps" ]; then
+  set -ex
+  rm -rf "$DEPS"
+  mkdir -p "$DEPS/include" "$DEPS/lib/x86_64-linux-gnu/cmake" "$DEPS/share/cmake" "$DEPS/src"
+  cp -r /usr/include/gtest /usr/include/gmock /usr/include/nlohmann "$DEPS/include/"
+  cp /usr/lib/x86_64-linux-gnu/libgtest*.a /usr/lib/x86_64-linux-gnu/libgmock*.a "$DEPS/lib/x86_64-linux-gnu/"
+  cp -r /usr/lib/x86_64-linux-gnu/cmake/GTest "$DEPS/lib/x86_64-linux-gnu/cmake/"
+  cp -r /usr/share/cmake/nlohmann_json "$DEPS/share/cmake/"
+  cp -r /usr/src/googletest "$DEPS/src/googletest"
+  du -sh "$DEPS"
+  echo "carry build/gpu-deps with the call that runs scripts/gpu/check.sh"
+  exit 0
+fi
+
+OUT=${OUT:-$ROOT/build/gpu-check}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/check.log") 2>&1
+set -x
+
+JOBS=${JOBS:-16}
+BUDGET=${CHECK_BUDGET_S:-470}
+START=$(date +%s)
+SUMMARY=$OUT/summary.txt
+: > "$SUMMARY"
+
+# run_step NAME MAX_SECONDS CMD...: runs CMD with its output in $OUT/NAME.log, at most MAX_SECONDS and at most
+# what is left of the budget (keeping RESERVE seconds for the steps after it); records status and time.
+run_step() {
+  local name=$1 max=$2
+  shift 2
+  local now left cap rc t0
+  now=$(date +%s)
+  left=$((BUDGET - (now - START)))
+  cap=$max
+  [ "$left" -lt "$cap" ] && cap=$left
+  if [ "$cap" -lt 5 ]; then
+    echo "$name SKIPPED (budget spent)" >> "$SUMMARY"
+    return 99
+  fi
+  t0=$(date +%s)
+  # Shell functions run in a child bash (exported below), so that timeout can stop them.
+  if declare -F "$1" > /dev/null; then
+    timeout -k 10 "$cap" bash -c '"$@"' _ "$@" > "$OUT/$name.log" 2>&1
+  else
+    timeout -k 10 "$cap" "$@" > "$OUT/$name.log" 2>&1
+  fi
+  rc=$?
+  local status=ok
+  [ $rc -eq 124 ] && status="TIMEOUT after ${cap}s"
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] && status="FAILED rc=$rc"
+  echo "$name $status ($(( $(date +%s) - t0 ))s)" >> "$SUMMARY"
+  return $rc
+}
+
+env_report() {
+  nvidia-smi
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.draw,power.limit,temperature.gpu --format=csv
+  nvcc --version
+  command -v g++ && g++ --version | head -1
+  cmake --version | head -1
+  command -v ninja && ninja --version
+  command -v compute-sanitizer cuobjdump
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), torch.cuda.get_device_name(0))'
+  nproc
+  free -g
+  for f in /usr/include/gtest/gtest.h /usr/include/nlohmann/json.hpp /usr/lib/x86_64-linux-gnu/cmake/GTest/GTestConfig.cmake; do
+    [ -e "$f" ] && echo "have $f" || echo "missing $f"
+  done
+  [ -d "$DEPS" ] && echo "carried deps: $DEPS" && ls "$DEPS"
+  git -C "$ROOT" log --oneline -3 || true
+  return 0
+}
+export ROOT DEPS OUT JOBS
+export -f env_report
+run_step env 60 env_report
+
+PREFIX_ARG=""
+[ -d "$DEPS" ] && PREFIX_ARG=-DCMAKE_PREFIX_PATH=$DEPS
+TARGETS="tessera_cuda attention_gpu_test attention_gpu_bench"
+BUILD_DIR=$ROOT/build/cuda
+export ROOT DEPS OUT JOBS PREFIX_ARG TARGETS BUILD_DIR
+
+configure_preset() {
+  # shellcheck disable=SC2086
+  cmake --preset cuda -B "$BUILD_DIR" -DTESSERA_WERROR=ON -DTESSERA_CUDA_PTXAS_VERBOSE=ON $PREFIX_ARG
+}
+build_targets() {
+  # shellcheck disable=SC2086
+  cmake --build "$1" -j"$JOBS" --target $TARGETS
+}
+
+# A standalone project of the layers the GPU backend needs, for machines where the full configure fails.
+write_standalone() {
+  local dir=$ROOT/build/gpu-standalone/src
+  mkdir -p "$dir"
+  cat > "$dir/CMakeLists.txt" <<EOF
+cmake_minimum_required(VERSION 3.25)
+project(tessera_gpu_standalone LANGUAGES CXX CUDA)
+set(CMAKE_CXX_STANDARD 20)
+set(CMAKE_CXX_STANDARD_REQUIRED ON)
+set(CMAKE_CXX_EXTENSIONS OFF)
+set(ROOT "$ROOT")
+set(DEPS "$DEPS")
+set(TESSERA_HAS_CUDA ON)
+option(TESSERA_WERROR "" ON)
+option(TESSERA_BUILD_BENCH "" ON)
+find_package(Threads REQUIRED)
+find_package(nlohmann_json 3.10 QUIET)
+if(NOT nlohmann_json_FOUND)
+  add_library(tessera_nlohmann_json INTERFACE)
+  target_include_directories(tessera_nlohmann_json INTERFACE \${DEPS}/include)
+  add_library(nlohmann_json::nlohmann_json ALIAS tessera_nlohmann_json)
+endif()
+add_library(tessera_warnings INTERFACE)
+target_compile_options(tessera_warnings INTERFACE
+  \$<\$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow -Wno-unused-parameter -Werror -march=x86-64-v3>)
+file(GLOB CORE_SOURCES \${ROOT}/src/core/*.cpp)
+add_library(tessera_core \${CORE_SOURCES})
+target_include_directories(tessera_core PUBLIC \${ROOT}/src)
+target_link_libraries(tessera_core PUBLIC Threads::Threads PRIVATE tessera_warnings)
+file(GLOB ATTENTION_SOURCES \${ROOT}/src/attention/pattern/*.cpp \${ROOT}/src/attention/index/*.cpp \${ROOT}/src/attention/cpu/*.cpp)
+add_library(tessera_attention \${ATTENTION_SOURCES})
+target_link_libraries(tessera_attention PUBLIC tessera_core nlohmann_json::nlohmann_json PRIVATE tessera_warnings)
+file(GLOB AVX512_SOURCES \${ROOT}/src/attention/cpu/*_avx512.cpp)
+if(AVX512_SOURCES)
+  set_source_files_properties(\${AVX512_SOURCES} PROPERTIES COMPILE_OPTIONS "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mfma")
+endif()
+add_subdirectory(\${ROOT}/src/attention/cuda attention_cuda)
+enable_testing()
+find_package(GTest QUIET)
+if(NOT GTest_FOUND)
+  set(INSTALL_GTEST OFF CACHE BOOL "" FORCE)
+  add_subdirectory(\${DEPS}/src/googletest googletest EXCLUDE_FROM_ALL)
+  add_library(GTest::gtest_main ALIAS gtest_main)
+endif()
+include(GoogleTest)
+add_subdirectory(\${ROOT}/tests/gpu tests_gpu)
+EOF
+  echo "$dir"
+}
+configure_standalone() {
+  local src
+  src=$(write_standalone)
+  # shellcheck disable=SC2086
+  cmake -S "$src" -B "$ROOT/build/gpu-standalone/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CUDA_ARCHITECTURES=90a -DTESSERA_CUDA_PTXAS_VERBOSE=ON $PREFIX_ARG
+}
+
+export -f configure_preset build_targets write_standalone configure_standalone
+
+built=no
+if [ "${CHECK_STANDALONE:-0}" != 1 ] && run_step configure 120 configure_preset &&
+  run_step build 330 build_targets "$BUILD_DIR"; then
+  built=yes
+else
+  BUILD_DIR=$ROOT/build/gpu-standalone/build
+  if run_step fallback_configure 90 configure_standalone && run_step fallback_build 330 build_targets "$BUILD_DIR"; then
+    built=yes
+  fi
+fi
+
+TEST_BIN=$BUILD_DIR/tests/gpu/attention_gpu_test
+[ -x "$TEST_BIN" ] || TEST_BIN=$BUILD_DIR/tests_gpu/attention_gpu_test
+BENCH_BIN=$BUILD_DIR/bench/gpu/attention_gpu_bench
+
+resources() {
+  # ptxas: registers, shared memory, spills per kernel (the build log has them with TESSERA_CUDA_PTXAS_VERBOSE).
+  local blog=$OUT/build.log
+  [ -s "$OUT/fallback_build.log" ] && blog=$OUT/fallback_build.log
+  grep -E "Compiling entry|Used [0-9]+ registers|spill" "$blog" | sed 's/ptxas info    : //' | head -200
+  local lib
+  lib=$(find "$BUILD_DIR" -name libtessera_cuda.a | head -1)
+  [ -n "$lib" ] && cuobjdump -res-usage "$lib" | grep -E "Function|REG" | head -200
+  return 0
+}
+
+export -f resources
+if [ "$built" = yes ]; then
+  run_step resources 30 resources
+  run_step test 170 "$TEST_BIN" --gtest_output=xml:"$OUT/test.xml"
+  if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
+    SAN_FILTER='Cases/ExecutorTest.MatchesReference/mixed_s100_d64_f16_t64:Cases/ExecutorTest.MatchesReference/mixed_s1000_d128_bf16:Cases/ExecutorTest.MatchesReference/mixed_s300_d256_f16_t64:Cases/ExecutorTest.MatchesReference/mixed_chunk_q777_s333_tail50:Cases/ExecutorTest.MatchesReference/empty_vs_s200:Cases/DeviceIndexTest.IdenticalToCpuLowering/mixed_s1000:Cases/DeviceEstimateTest.*/s100_d64_bf16:Cases/EndToEndTest.MatchesReferenceOnItsOwnIndex/mixed_s1000_bf16:CudaAttention.*'
+    run_step sanitizer_memcheck 100 compute-sanitizer --tool memcheck --error-exitcode 3 "$TEST_BIN" --gtest_filter="$SAN_FILTER"
+    run_step sanitizer_racecheck 60 compute-sanitizer --tool racecheck --error-exitcode 3 "$TEST_BIN" \
+      --gtest_filter='Cases/ExecutorTest.MatchesReference/mixed_s100_d64_f16_t64:Cases/ExecutorTest.MatchesReference/dense_s1000_d128_bf16'
+  fi
+  if [ "${SKIP_BENCH:-0}" != 1 ]; then
+    # shellcheck disable=SC2086
+    run_step bench 150 "$BENCH_BIN" ${BENCH_ARGS:-} --csv "$OUT/bench.csv"
+  fi
+fi
+if [ "${SKIP_SDPA:-0}" != 1 ]; then
+  # shellcheck disable=SC2086
+  run_step sdpa 90 env PYTHONUNBUFFERED=1 python3 "$ROOT/bench/gpu/sdpa_reference.py" ${SDPA_ARGS:-} --csv "$OUT/sdpa.csv"
+fi
+
+set +x
+{
+  echo
+  echo "==================== scripts/gpu/check.sh summary ($(( $(date +%s) - START ))s, build dir $BUILD_DIR) ===================="
+  cat "$SUMMARY"
+  if [ -s "$OUT/resources.log" ]; then
+    echo "--- kernels with spills or local memory (ptxas):"
+    grep -B1 -E "[1-9][0-9]* bytes spill|[1-9][0-9]* bytes stack" "$OUT/resources.log" | head -20 || true
+    echo "--- registers of the sparse prefill kernels:"
+    grep -A1 "sparse_prefill_kernel" "$OUT/resources.log" | grep -E "Used" | head -12 || true
+  fi
+  for step in configure build fallback_configure fallback_build; do
+    if grep -q "^$step FAILED\|^$step TIMEOUT" "$SUMMARY"; then
+      echo "--- $step (last 25 lines):"
+      grep -E "error|Error|FAILED" "$OUT/$step.log" | head -15
+      tail -n 25 "$OUT/$step.log"
+    fi
+  done
+  if [ -s "$OUT/test.log" ]; then
+    echo "--- test: failures and numbers"
+    echo "skipped: $(grep -c '^\[  SKIPPED \]' "$OUT/test.log")"
+    grep -E "^\[  FAILED|^\[  PASSED|Failure|Expected|Which is|actual|error" "$OUT/test.log" | head -60
+    grep -E "^\[ (executor|end2end) \]" "$OUT/test.log" | sort -k5 -g -r | head -5
+  fi
+  for s in sanitizer_memcheck sanitizer_racecheck; do
+    [ -s "$OUT/$s.log" ] && { echo "--- $s:"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race|hazard|PASSED|FAILED" "$OUT/$s.log" | head -15; }
+  done
+  [ -s "$OUT/bench.log" ] && { echo "--- bench:"; grep -E "^\||device|shape|rror" "$OUT/bench.log"; }
+  [ -s "$OUT/sdpa.log" ] && { echo "--- sdpa:"; grep -E "^\||device|unavailable|rror" "$OUT/sdpa.log"; }
+} | tee "$OUT/summary_full.txt"
+exit 0
