@@ -1,0 +1,112 @@
+#include "model/tokenizer/sentencepiece.h"
+
+#include <cstdio>
+#include <queue>
+
+#include "model/tokenizer/utf8.h"
+
+namespace tessera::model {
+
+std::string escape_spaces(std::string_view text) {
+  std::string out;
+  out.reserve(text.size() + text.size() / 4);
+  for (char c : text) {
+    if (c == ' ') {
+      out += "\xE2\x96\x81";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+SentencePieceBpe::SentencePieceBpe(const std::vector<std::string>& tokens,
+                                   const std::vector<TokenType>& types, const std::vector<float>& scores,
+                                   bool byte_fallback, int32_t unk)
+    : scores_(scores), byte_fallback_(byte_fallback), unk_(unk) {
+  byte_token_.fill(-1);
+  pieces_.reserve(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const TokenType t = types.empty() ? TokenType::Normal : types[i];
+    const auto id = static_cast<int32_t>(i);
+    if (t == TokenType::Normal || t == TokenType::UserDefined || t == TokenType::Undefined) {
+      pieces_.try_emplace(tokens[i], id);
+    } else if (t == TokenType::Byte) {
+      unsigned value = 0;
+      char tail = 0;
+      if (tokens[i].size() == 6 && std::sscanf(tokens[i].c_str(), "<0x%2X%c", &value, &tail) == 2 &&
+          tail == '>') {
+        byte_token_[value] = id;
+      }
+    }
+  }
+}
+
+void SentencePieceBpe::encode(std::string_view text, std::vector<int32_t>& out) const {
+  if (text.empty()) return;
+  struct Symbol {
+    size_t begin, size;  // bytes of `text`; size 0 once merged into its left neighbour
+    int32_t prev, next;
+  };
+  std::vector<Symbol> sym;
+  for (size_t pos = 0; pos < text.size();) {
+    const size_t n = utf8::char_length(text, pos);
+    const auto i = static_cast<int32_t>(sym.size());
+    sym.push_back({pos, n, i - 1, -1});
+    if (i > 0) sym[i - 1].next = i;
+    pos += n;
+  }
+  struct Bigram {
+    float score;
+    int32_t left;
+    size_t size;  // bytes of the merged piece, to detect stale entries
+    bool operator<(const Bigram& o) const { return score != o.score ? score < o.score : left > o.left; }
+  };
+  std::priority_queue<Bigram> queue;
+  auto consider = [&](int32_t left) {
+    if (left < 0 || sym[left].next < 0) return;
+    const Symbol& a = sym[left];
+    const Symbol& b = sym[a.next];
+    const auto it = pieces_.find(std::string(text.substr(a.begin, a.size + b.size)));
+    if (it == pieces_.end()) return;
+    const float score = scores_.empty() ? 0.0f : scores_[it->second];
+    queue.push({score, left, a.size + b.size});
+  };
+  for (int32_t i = 0; i + 1 < static_cast<int32_t>(sym.size()); ++i) consider(i);
+  while (!queue.empty()) {
+    const Bigram g = queue.top();
+    queue.pop();
+    Symbol& a = sym[g.left];
+    if (a.size == 0 || a.next < 0) continue;
+    Symbol& b = sym[a.next];
+    if (a.size + b.size != g.size) continue;  // one side changed since this pair was queued
+    a.size += b.size;
+    b.size = 0;
+    a.next = b.next;
+    if (b.next >= 0) sym[b.next].prev = g.left;
+    consider(a.prev);
+    consider(g.left);
+  }
+  bool last_unk = false;
+  for (int32_t i = 0; i >= 0 && i < static_cast<int32_t>(sym.size()); i = sym[i].next) {
+    const std::string_view piece = text.substr(sym[i].begin, sym[i].size);
+    const auto it = pieces_.find(std::string(piece));
+    if (it != pieces_.end()) {
+      out.push_back(it->second);
+      last_unk = false;
+      continue;
+    }
+    bool all_bytes = byte_fallback_;
+    for (char c : piece) all_bytes = all_bytes && byte_token_[static_cast<unsigned char>(c)] >= 0;
+    if (all_bytes) {
+      for (char c : piece) out.push_back(byte_token_[static_cast<unsigned char>(c)]);
+      last_unk = false;
+    } else if (unk_ >= 0 &&
+               !last_unk) {  // consecutive unknown characters fuse into one unk, as SentencePiece does
+      out.push_back(unk_);
+      last_unk = true;
+    }
+  }
+}
+
+}  // namespace tessera::model

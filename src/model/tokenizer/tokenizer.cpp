@@ -1,0 +1,229 @@
+#include "model/tokenizer/tokenizer.h"
+
+#include <algorithm>
+#include <optional>
+#include <unordered_map>
+
+#include "core/error.h"
+#include "model/tokenizer/bpe.h"
+#include "model/tokenizer/byte_level.h"
+#include "model/tokenizer/pretokenizer.h"
+#include "model/tokenizer/sentencepiece.h"
+#include "model/tokenizer/special_tokens.h"
+#include "model/tokenizer/unicode_nfc.h"
+#include "model/tokenizer/utf8.h"
+
+namespace tessera::model {
+
+struct Tokenizer::Impl {
+  TokenizerData d;
+  std::unordered_map<std::string, int32_t> ids;  // spelling -> id (first id wins for duplicates)
+  std::optional<SpecialTokenMatcher> specials;
+  std::optional<PreTokenizer> pre;
+  std::optional<ByteLevelBpe> bpe;
+  std::optional<SentencePieceBpe> spm;
+
+  explicit Impl(TokenizerData data) : d(std::move(data)) {
+    const size_t n = d.tokens.size();
+    check(n > 0, "tokenizer: the vocabulary is empty");
+    check(d.types.empty() || d.types.size() == n, "tokenizer: " + std::to_string(d.types.size()) +
+                                                      " token types for " + std::to_string(n) + " tokens");
+    check(d.scores.empty() || d.scores.size() == n,
+          "tokenizer: " + std::to_string(d.scores.size()) + " scores for " + std::to_string(n) + " tokens");
+    if (d.types.empty()) d.types.assign(n, TokenType::Normal);
+    const auto in_range = [n](int32_t id) { return id >= -1 && id < static_cast<int32_t>(n); };
+    const SpecialTokens& s = d.special;
+    check(in_range(s.bos) && in_range(s.eos) && in_range(s.eot) && in_range(s.pad) && in_range(s.unk),
+          "tokenizer: a special token id is outside the vocabulary of " + std::to_string(n) + " tokens");
+    for (int32_t id : s.end_of_generation)
+      check(in_range(id) && id >= 0, "tokenizer: bad end-of-generation id");
+    ids.reserve(n);
+    for (size_t i = 0; i < n; ++i) ids.try_emplace(d.tokens[i], static_cast<int32_t>(i));
+    specials.emplace(d.tokens, d.types, d.lstrip_tokens, d.rstrip_tokens);
+    if (d.kind == TokenizerKind::ByteLevelBPE) {
+      pre.emplace(d.pre_tokenizer);
+      bpe.emplace(ids, d.merges, d.ignore_merges);
+    } else {
+      spm.emplace(d.tokens, d.types, d.scores, d.byte_fallback, d.special.unk);
+    }
+  }
+
+  bool special(int32_t id) const {
+    const TokenType t = d.types[id];
+    return t == TokenType::Control || t == TokenType::Unknown;
+  }
+
+  void check_id(int32_t id) const {
+    if (id < 0 || id >= static_cast<int32_t>(d.tokens.size())) {
+      throw Error("tokenizer: token id " + std::to_string(id) + " is outside the vocabulary of " +
+                  std::to_string(d.tokens.size()) + " tokens");
+    }
+  }
+
+  std::string piece(int32_t id, bool render_special) const {
+    check_id(id);
+    const std::string& text = d.tokens[id];
+    const TokenType t = d.types[id];
+    if (t == TokenType::Control || t == TokenType::Unknown) return render_special ? text : std::string();
+    if (d.kind == TokenizerKind::ByteLevelBPE) {
+      return t == TokenType::UserDefined ? text : byte_level::unspell(text);
+    }
+    if (t == TokenType::Byte && text.size() == 6 && text.starts_with("<0x") && text.back() == '>') {
+      return std::string(1, static_cast<char>(std::stoi(text.substr(3, 2), nullptr, 16)));
+    }
+    std::string out;
+    out.reserve(text.size());
+    for (size_t i = 0; i < text.size(); ++i) {
+      if (text.compare(i, 3, "\xE2\x96\x81") == 0) {
+        out += ' ';
+        i += 2;
+      } else {
+        out += text[i];
+      }
+    }
+    return out;
+  }
+
+  // `prefix`: SentencePiece adds its prefix space here (when the model has one).
+  void encode_plain(std::string_view text, bool prefix, std::vector<int32_t>& out) const {
+    std::string normalized;
+    if (d.normalizer == Normalizer::NFC) {
+      normalized = unicode::nfc(text);
+      text = normalized;
+    }
+    if (d.kind == TokenizerKind::ByteLevelBPE) {
+      if (pre->empty()) {
+        bpe->encode_piece(text, out);
+        return;
+      }
+      for (const std::string& piece : pre->split(text)) bpe->encode_piece(piece, out);
+      return;
+    }
+    std::string escaped = (d.add_space_prefix && prefix) ? escape_spaces(" ") : std::string();
+    escaped += escape_spaces(text);
+    spm->encode(escaped, out);
+  }
+};
+
+Tokenizer::Tokenizer(TokenizerData data) : impl_(std::make_unique<Impl>(std::move(data))) {}
+Tokenizer::~Tokenizer() = default;
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, const EncodeOptions& options) const {
+  const Impl& m = *impl_;
+  std::vector<int32_t> out;
+  out.reserve(text.size() / 3 + 4);
+  if (options.add_special && m.d.special.add_bos && m.d.special.bos >= 0) out.push_back(m.d.special.bos);
+  // SentencePiece's prefix space goes in front of the text, as SentencePiece writes it: a user-defined token
+  // is part of the text (a leading one gets a lone "▁" before it), a control token ends it (text after one
+  // gets its own prefix space, as llama.cpp does).
+  bool prefix_pending = true;
+  for (const Fragment& f : m.specials->split(text, options.parse_special)) {
+    if (f.token >= 0) {
+      if (prefix_pending && m.d.types[f.token] == TokenType::UserDefined) {
+        m.encode_plain("", true, out);
+        prefix_pending = false;
+      } else if (m.d.types[f.token] != TokenType::UserDefined) {
+        prefix_pending = true;
+      }
+      out.push_back(f.token);
+    } else {
+      m.encode_plain(f.text, prefix_pending, out);
+      prefix_pending = false;
+    }
+  }
+  if (options.add_special && m.d.special.add_eos && m.d.special.eos >= 0) out.push_back(m.d.special.eos);
+  return out;
+}
+
+std::string Tokenizer::decode(std::span<const int32_t> ids, const DecodeOptions& options) const {
+  std::string out;
+  bool first = true;
+  for (int32_t id : ids) {
+    std::string p = impl_->piece(id, !options.skip_special);
+    // SentencePiece with a prefix space: the space encode() put in front of the text is not part of it.
+    if (first && !impl_->special(id) && !p.empty()) {
+      if (impl_->d.add_space_prefix && impl_->d.kind == TokenizerKind::SentencePieceBPE && p[0] == ' ')
+        p.erase(0, 1);
+      first = false;
+    }
+    out += p;
+  }
+  return out;
+}
+
+std::string Tokenizer::token_to_piece(int32_t id, bool render_special) const {
+  return impl_->piece(id, render_special);
+}
+
+const std::string& Tokenizer::token_text(int32_t id) const {
+  impl_->check_id(id);
+  return impl_->d.tokens[id];
+}
+
+TokenType Tokenizer::token_type(int32_t id) const {
+  impl_->check_id(id);
+  return impl_->d.types[id];
+}
+
+std::optional<int32_t> Tokenizer::find_token(std::string_view text) const {
+  const auto it = impl_->ids.find(std::string(text));
+  if (it == impl_->ids.end()) return std::nullopt;
+  return it->second;
+}
+
+int32_t Tokenizer::vocab_size() const {
+  return static_cast<int32_t>(impl_->d.tokens.size());
+}
+TokenizerKind Tokenizer::kind() const {
+  return impl_->d.kind;
+}
+const std::string& Tokenizer::pre_tokenizer_name() const {
+  return impl_->d.pre_tokenizer_name;
+}
+bool Tokenizer::add_space_prefix() const {
+  return impl_->d.add_space_prefix;
+}
+const SpecialTokens& Tokenizer::special() const {
+  return impl_->d.special;
+}
+
+bool Tokenizer::is_end_of_generation(int32_t id) const {
+  const auto& eog = impl_->d.special.end_of_generation;
+  return std::find(eog.begin(), eog.end(), id) != eog.end();
+}
+
+bool Tokenizer::is_special(int32_t id) const {
+  impl_->check_id(id);
+  return impl_->special(id);
+}
+
+std::vector<std::string> Tokenizer::pre_tokenize(std::string_view text) const {
+  if (impl_->pre) return impl_->pre->split(text);
+  return {std::string(text)};
+}
+
+std::string StreamingDecoder::push(int32_t id) {
+  std::string p = tokenizer_.token_to_piece(id, !options_.skip_special);
+  if (first_ && !tokenizer_.is_special(id) && !p.empty()) {
+    if (tokenizer_.add_space_prefix() && tokenizer_.kind() == TokenizerKind::SentencePieceBPE &&
+        p[0] == ' ') {
+      p.erase(0, 1);
+    }
+    first_ = false;
+  }
+  if (p.empty()) return {};
+  pending_ += p;
+  const size_t n = utf8::complete_prefix_length(pending_);
+  std::string out = utf8::sanitize(std::string_view(pending_).substr(0, n));
+  pending_.erase(0, n);
+  return out;
+}
+
+std::string StreamingDecoder::flush() {
+  std::string out = utf8::sanitize(pending_);
+  pending_.clear();
+  first_ = true;
+  return out;
+}
+
+}  // namespace tessera::model
