@@ -19,6 +19,12 @@ Layout of tests/data/hf_tiny/<name>/:
 Run from the repository root:  python3 scripts/make_hf_fixtures.py
 Needs: torch (the CPU part of PyPI's wheel suffices), transformers >= 5, safetensors, gguf, numpy.
 The output is deterministic for a given torch/transformers version up to float rounding.
+
+Real models: python3 scripts/make_hf_fixtures.py --real ~/.cache/tessera/models/<model>.gguf [...] runs the GGUFs
+that scripts/fetch_models.sh fetches through transformers' own GGUF loader (which dequantizes with gguf-py; needs
+accelerate) and writes tests/data/hf_tiny/real/<model>.json: the token ids of a fixed text, and at a few positions
+the 16 largest logits and the logits of 48 fixed probe ids (the full rows would be megabytes). The text is long
+enough for Gemma-3's 512-token sliding window to matter.
 """
 
 from __future__ import annotations
@@ -427,7 +433,60 @@ def make(fx: dict, seed: int) -> None:
     print(f"{fx['name']}: {size / 1024:.0f} KiB, logits range [{logits.min():.2f}, {logits.max():.2f}]")
 
 
+REAL_TEXT = (
+    "The quick brown fox jumps over the lazy dog. Once upon a time, in a land far away, there lived a miller "
+    "who had three sons. When he died, the eldest took the mill, the second the donkey, and the youngest was left "
+    "with nothing but a cat. Numbers 0 1 2 3 4 5 6 7 8 9 10, and some code: for (int i = 0; i < n; ++i) sum += i; "
+)
+
+
+def make_real(path: Path, length: int = 600, probes: int = 48, top: int = 16) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
+                                                 attn_implementation="eager").eval()
+    ids: list[int] = tok(REAL_TEXT * 40)["input_ids"][:length]
+    with torch.no_grad():
+        logits = model(torch.tensor([ids]), use_cache=False).logits[0].float().numpy()
+    vocab = logits.shape[1]
+    probe_ids = np.random.default_rng(7).choice(vocab, size=probes, replace=False).tolist()
+    checks = []
+    for pos in (24, length // 2 - 1, length - 1):
+        row = logits[pos]
+        best = np.argsort(-row, kind="stable")[:top].tolist()
+        checks.append({
+            "position": pos,
+            "top_ids": best,
+            "top_logits": [float(row[i]) for i in best],
+            "probe_logits": [float(row[i]) for i in probe_ids],
+        })
+    out = OUT / "real"
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "model": path.name,
+        "tokens": ids,
+        "vocab_size": int(vocab),
+        "probe_ids": probe_ids,
+        "checks": checks,
+        "made_by": "scripts/make_hf_fixtures.py --real (transformers GGUF loader, f32, eager attention)",
+        "transformers": __import__("transformers").__version__,
+    }
+    (out / (path.stem + ".json")).write_text(json.dumps(doc) + "\n")
+    print(f"{path.name}: {len(ids)} tokens, vocab {vocab}, argmax at {[c['top_ids'][0] for c in checks]}")
+
+
 def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--real", nargs="*", type=Path, default=None, help="GGUF files of real models")
+    args = ap.parse_args()
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    if args.real:
+        for p in args.real:
+            make_real(p.expanduser())
+        return
     torch.set_num_threads(1)
     for i, fx in enumerate(FIXTURES):
         make(fx, seed=1234 + i)
