@@ -56,7 +56,7 @@ constexpr size_t tile_scratch_floats(int head_dim) {
   return 2 * d * kTileRows                             // Q^T (scaled), O^T
          + static_cast<size_t>(kKeyBlock) * kTileRows  // S^T / P^T
          + 3 * kTileRows                               // running max, running sum, rescale factors
-         + 2 * static_cast<size_t>(kKeyBlock) * ((d + 15) / 16 * 16)  // packed K and V blocks
+         + 2 * static_cast<size_t>(kKeyBlock) * ((d + 15) / 16 * 16 + 16)  // packed K and V blocks
          + 64;                                                        // slack
 }
 

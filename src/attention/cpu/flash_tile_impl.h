@@ -46,7 +46,10 @@ class FlashTile {
  private:
   FlashTile(const TileJob& job, float* scratch) : job_(job), d_(job.head_dim) {
     const int64_t d = d_;
+    // Packed rows span an odd number of cache lines, so the 64 rows of a block fall in 64 different L1 sets
+    // (the PV kernel reads one line from every row of the block at a time).
     dpad_ = (d + 15) / 16 * 16;
+    if ((dpad_ / 16) % 2 == 0) dpad_ += 16;
     qt_ = scratch;
     ot_ = qt_ + d * kTileRows;
     st_ = ot_ + d * kTileRows;
@@ -67,18 +70,36 @@ class FlashTile {
       m_[r] = kNegInf;
       l_[r] = 0;
     }
-    for (int32_t ri = 0; ri < job_.num_ranges; ++ri) {
-      const KeyRange kr = job_.ranges[ri];
-      for (int32_t j = kr.begin; j < kr.end; j += kKeyBlock) {
-        const int n = kr.end - j < kKeyBlock ? kr.end - j : kKeyBlock;
-        block(nullptr, j, n);
-      }
-    }
-    for (int32_t ci = 0; ci < job_.num_columns; ci += kKeyBlock) {
-      const int n = job_.num_columns - ci < kKeyBlock ? job_.num_columns - ci : kKeyBlock;
-      block(job_.columns + ci, 0, n);
-    }
+    // Ranges block by block from their start, then columns 64 at a time.
+    for (BlockRef b = first_block(); b.n > 0; b = following(b)) block(b);
     finish();
+  }
+
+  // A block of keys: contiguous positions [first, first + n) when pos is null, else pos[0..n). n == 0: none.
+  struct BlockRef {
+    const int32_t* pos = nullptr;
+    int32_t first = 0;
+    int n = 0;
+    int32_t index = 0;  // range index (contiguous) or column offset (gathered)
+  };
+
+  BlockRef range_block(int32_t ri, int32_t j) const {
+    const KeyRange kr = job_.ranges[ri];
+    return BlockRef{nullptr, j, kr.end - j < kKeyBlock ? kr.end - j : kKeyBlock, ri};
+  }
+  BlockRef column_block(int32_t ci) const {
+    if (ci >= job_.num_columns) return BlockRef{};
+    const int n = job_.num_columns - ci < kKeyBlock ? job_.num_columns - ci : kKeyBlock;
+    return BlockRef{job_.columns + ci, 0, n, ci};
+  }
+  BlockRef first_block() const {
+    return job_.num_ranges > 0 ? range_block(0, job_.ranges[0].begin) : column_block(0);
+  }
+  BlockRef following(const BlockRef& b) const {
+    if (b.pos != nullptr) return column_block(b.index + b.n);
+    if (b.first + b.n < job_.ranges[b.index].end) return range_block(b.index, b.first + b.n);
+    if (b.index + 1 < job_.num_ranges) return range_block(b.index + 1, job_.ranges[b.index + 1].begin);
+    return column_block(0);
   }
 
   // Q^T[c][r] = scale * log2(e) * q[r][c] (scores in base 2, so the softmax needs exp2 only); rows beyond
@@ -100,12 +121,24 @@ class FlashTile {
     }
   }
 
-  // f32 rows of the block's keys (or values): straight from the tensor when it is f32 with unit dim stride
-  // and the keys are contiguous, else converted or gathered into buf. Returns the base and sets the row
-  // stride.
+  // Can f32 rows at this stride (in floats) be read in place? The 64 rows of a block must spread over the L1
+  // sets: with a stride of L cache lines, gcd(L, 64) rows share a set, and the PV kernel walks one line of
+  // every row while P^T occupies 4 lines per set (L1: 64 sets x 12 ways). Token-major multi-head layouts
+  // (stride heads x d) and d = 128 fail this and are copied.
+  static bool direct_ok(int64_t rs) {
+    if (rs <= 0) return false;
+    if (rs % 16 != 0) return true;  // rows not line-aligned: they drift across sets
+    int64_t lines = rs / 16, g = 1;
+    while (g < 64 && lines % (2 * g) == 0) g *= 2;  // gcd(lines, 64)
+    return g <= 4;
+  }
+
+  // f32 rows of the block's keys (or values): straight from the tensor when it is f32 with unit dim stride,
+  // the keys are contiguous and the stride is cache-friendly, else converted or gathered into buf. Returns
+  // the base and sets the row stride.
   const float* block_rows(const void* base, int64_t rs, int64_t cs, bool is_bf16, const int32_t* pos,
                           int32_t first, int n, float* buf, int64_t* ld) const {
-    if (!is_bf16 && cs == 1 && pos == nullptr) {
+    if (!is_bf16 && cs == 1 && pos == nullptr && direct_ok(rs)) {
       *ld = rs;
       return static_cast<const float*>(base) + first * rs;
     }
@@ -259,7 +292,11 @@ class FlashTile {
   }
 
   // One block of n keys: contiguous positions [first, first + n) when pos is null, else pos[0..n).
-  void block(const int32_t* pos, int32_t first, int n) {
+  // One block of keys.
+  void block(const BlockRef& b) {
+    const int32_t* pos = b.pos;
+    const int32_t first = b.first;
+    const int n = b.n;
     int64_t ldk = 0, ldv = 0;
     const float* kb = block_rows(job_.k, job_.k_rs, job_.k_cs, job_.k_bf16, pos, first, n, kbuf_, &ldk);
     const float* vb = block_rows(job_.v, job_.v_rs, job_.v_cs, job_.v_bf16, pos, first, n, vbuf_, &ldv);
@@ -319,7 +356,7 @@ class FlashTile {
   float* m_ = nullptr;      // [64] running max of scaled scores (base 2)
   float* l_ = nullptr;      // [64] running sum of exp2(score - max)
   float* alpha_ = nullptr;  // [64] rescale factor of the current block
-  float* kbuf_ = nullptr;   // [64][dpad] packed keys
+  float* kbuf_ = nullptr;   // [64][dpad] packed keys (dpad: d rounded up to an odd number of cache lines)
   float* vbuf_ = nullptr;   // [64][dpad] packed values
 };
 
