@@ -67,7 +67,7 @@ void SentencePieceBpe::encode(std::string_view text, std::vector<int32_t>& out) 
     if (left < 0 || sym[left].next < 0) return;
     const Symbol& a = sym[left];
     const Symbol& b = sym[a.next];
-    const auto it = pieces_.find(std::string(text.substr(a.begin, a.size + b.size)));
+    const auto it = pieces_.find(text.substr(a.begin, a.size + b.size));
     if (it == pieces_.end()) return;
     const float score = scores_.empty() ? 0.0f : scores_[it->second];
     queue.push({score, left, a.size + b.size});
@@ -90,7 +90,7 @@ void SentencePieceBpe::encode(std::string_view text, std::vector<int32_t>& out) 
   bool last_unk = false;
   for (int32_t i = 0; i >= 0 && i < static_cast<int32_t>(sym.size()); i = sym[i].next) {
     const std::string_view piece = text.substr(sym[i].begin, sym[i].size);
-    const auto it = pieces_.find(std::string(piece));
+    const auto it = pieces_.find(piece);
     if (it != pieces_.end()) {
       out.push_back(it->second);
       last_unk = false;

@@ -29,7 +29,11 @@ class SentencePieceBpe {
   void encode(std::string_view text, std::vector<int32_t>& out) const;
 
  private:
-  std::unordered_map<std::string, int32_t> pieces_;
+  struct Hash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  std::unordered_map<std::string, int32_t, Hash, std::equal_to<>> pieces_;  // looked up by string_view
   const std::vector<float>& scores_;
   std::array<int32_t, 256> byte_token_{};
   bool byte_fallback_ = true;
