@@ -1197,6 +1197,12 @@ TEST(SafetensorsErrors, InvalidJson) {
             "model.safetensors: the header is not valid JSON (parse error at byte 7)");
 }
 
+TEST(SafetensorsErrors,
+     NumberTooLargeForJson) {  // found by the fuzzer: nlohmann throws out_of_range, not parse_error
+  EXPECT_EQ(safetensors_error(safetensors_bytes("1e999", {})),
+            "model.safetensors: the header is not valid JSON (number overflow parsing '1e999')");
+}
+
 TEST(SafetensorsErrors, HeaderNotAnObject) {
   EXPECT_EQ(safetensors_error(safetensors_bytes("[1, 2]", {})),
             "model.safetensors: the header is not a JSON object");
@@ -1311,6 +1317,17 @@ TEST(HFDirectoryErrors, MissingShard) {
   EXPECT_EQ(error_of([&] { ModelFile::open(dir.path().string()); }),
             dir.file("model.safetensors.index.json") +
                 ": shard model-00002-of-00002.safetensors (of tensor lm_head.weight) does not exist");
+}
+
+TEST(HFDirectoryErrors, ShardOutsideTheDirectory) {
+  TempDir dir;
+  write_file(dir.file("config.json"), std::string("{}"));
+  write_file(dir.file("model.safetensors.index.json"),
+             std::string(R"({"weight_map": {"w": "../other.safetensors"}})"));
+  EXPECT_EQ(
+      error_of([&] { ModelFile::open(dir.path().string()); }),
+      dir.file("model.safetensors.index.json") +
+          ": shard name \"../other.safetensors\" (of tensor w) is not a file name in the model directory");
 }
 
 TEST(HFDirectoryErrors, IndexNamesATensorTheShardLacks) {

@@ -95,20 +95,16 @@ void store_f16(uint8_t* p, float x) {
 void block_q4_0(const uint8_t* b, float* y) {
   const float d = load_f16(b);
   const uint8_t* qs = b + 2;
-  for (int j = 0; j < kQK / 2; ++j) {
-    y[j] = d * static_cast<float>((qs[j] & 15) - 8);
-    y[j + 16] = d * static_cast<float>((qs[j] >> 4) - 8);
-  }
+  for (int j = 0; j < kQK / 2; ++j) y[j] = d * static_cast<float>((qs[j] & 15) - 8);
+  for (int j = 0; j < kQK / 2; ++j) y[j + 16] = d * static_cast<float>((qs[j] >> 4) - 8);
 }
 
 void block_q4_1(const uint8_t* b, float* y) {
   const float d = load_f16(b);
   const float m = load_f16(b + 2);
   const uint8_t* qs = b + 4;
-  for (int j = 0; j < kQK / 2; ++j) {
-    y[j] = d * static_cast<float>(qs[j] & 15) + m;
-    y[j + 16] = d * static_cast<float>(qs[j] >> 4) + m;
-  }
+  for (int j = 0; j < kQK / 2; ++j) y[j] = d * static_cast<float>(qs[j] & 15) + m;
+  for (int j = 0; j < kQK / 2; ++j) y[j + 16] = d * static_cast<float>(qs[j] >> 4) + m;
 }
 
 // The fifth bit of element i is bit i of the little-endian uint32 qh.
@@ -154,13 +150,13 @@ void block_q2_k(const uint8_t* b, float* y) {
   const float dmin = load_f16(b + 82);
   for (int half = 0; half < 2; ++half) {
     for (int s = 0; s < 4; ++s) {
-      for (int l = 0; l < 32; ++l) {
-        const int e = 128 * half + 32 * s + l;
-        const uint8_t sc = scales[e / 16];
+      for (int l0 = 0; l0 < 32; l0 += 16) {  // one group of 16 elements: constant scale and min
+        const int e0 = 128 * half + 32 * s + l0;
+        const uint8_t sc = scales[e0 / 16];
         const float dl = d * static_cast<float>(sc & 15);
         const float ml = dmin * static_cast<float>(sc >> 4);
-        const int q = (qs[32 * half + l] >> (2 * s)) & 3;
-        y[e] = dl * static_cast<float>(q) - ml;
+        const uint8_t* q = qs + 32 * half + l0;
+        for (int l = 0; l < 16; ++l) y[e0 + l] = dl * static_cast<float>((q[l] >> (2 * s)) & 3) - ml;
       }
     }
   }
@@ -175,19 +171,22 @@ void block_q3_k(const uint8_t* b, float* y) {
   const uint8_t* qs = b + 32;
   const uint8_t* sc = b + 96;
   const float d = load_f16(b + 108);
-  float dl[16];
-  for (int i = 0; i < 16; ++i) {
-    const int lo = i < 8 ? (sc[i] & 15) : (sc[i - 8] >> 4);
-    const int hi = (sc[8 + i % 4] >> (2 * (i / 4))) & 3;
-    dl[i] = d * static_cast<float>((lo | (hi << 4)) - 32);
-  }
   for (int half = 0; half < 2; ++half) {
     for (int s = 0; s < 4; ++s) {
-      for (int l = 0; l < 32; ++l) {
-        const int e = 128 * half + 32 * s + l;
-        const int low = (qs[32 * half + l] >> (2 * s)) & 3;
-        const int high = (hmask[l] >> (e / 32)) & 1;
-        y[e] = dl[e / 16] * static_cast<float>(low - (high ? 0 : 4));
+      const int bit = 4 * half + s;  // e / 32
+      for (int l0 = 0; l0 < 32; l0 += 16) {
+        const int e0 = 128 * half + 32 * s + l0;
+        const int i = e0 / 16;
+        const int lo = i < 8 ? (sc[i] & 15) : (sc[i - 8] >> 4);
+        const int hi = (sc[8 + i % 4] >> (2 * (i / 4))) & 3;
+        const float dl = d * static_cast<float>((lo | (hi << 4)) - 32);
+        const uint8_t* q = qs + 32 * half + l0;
+        const uint8_t* h = hmask + l0;
+        for (int l = 0; l < 16; ++l) {
+          const int low = (q[l] >> (2 * s)) & 3;
+          const int high = (h[l] >> bit) & 1;
+          y[e0 + l] = dl * static_cast<float>(low - 4 + 4 * high);
+        }
       }
     }
   }
@@ -260,12 +259,15 @@ void block_q6_k(const uint8_t* b, float* y) {
   const float d = load_f16(b + 208);
   for (int half = 0; half < 2; ++half) {
     for (int s = 0; s < 4; ++s) {
-      for (int l = 0; l < 32; ++l) {
-        const int e = 128 * half + 32 * s + l;
-        const int low = (ql[64 * half + 32 * (s & 1) + l] >> (4 * (s >> 1))) & 15;
-        const int high = (qh[32 * half + l] >> (2 * s)) & 3;
-        const float dl = d * static_cast<float>(scales[e / 16]);
-        y[e] = dl * static_cast<float>((low | (high << 4)) - 32);
+      for (int l0 = 0; l0 < 32; l0 += 16) {
+        const int e0 = 128 * half + 32 * s + l0;
+        const float dl = d * static_cast<float>(scales[e0 / 16]);
+        const uint8_t* lo = ql + 64 * half + 32 * (s & 1) + l0;
+        const uint8_t* hi = qh + 32 * half + l0;
+        for (int l = 0; l < 16; ++l) {
+          const int q = ((lo[l] >> (4 * (s >> 1))) & 15) | (((hi[l] >> (2 * s)) & 3) << 4);
+          y[e0 + l] = dl * static_cast<float>(q - 32);
+        }
       }
     }
   }

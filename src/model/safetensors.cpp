@@ -34,6 +34,10 @@ json parse_json(const char* begin, const char* end, const std::string& path, con
     return json::parse(begin, end);
   } catch (const json::parse_error& e) {
     throw Error(path + ": " + what + " is not valid JSON (parse error at byte " + str(e.byte) + ")");
+  } catch (const json::exception& e) {  // e.g. out_of_range for a number too large for a double
+    std::string detail = e.what();      // "[json.exception.out_of_range.406] number overflow parsing '1e999'"
+    if (const size_t at = detail.find("] "); at != std::string::npos) detail.erase(0, at + 2);
+    throw Error(path + ": " + what + " is not valid JSON (" + detail + ")");
   }
 }
 
@@ -215,6 +219,10 @@ ModelFile::Contents read_hf_directory(const std::string& dir_text) {
     std::set<std::string> unique;
     for (const auto& [tensor, shard] : weight_map.items()) {
       const auto& name = shard.get_ref<const std::string&>();
+      if (name.empty() || fs::path(name).filename() != fs::path(name)) {  // no "../x", "/abs", "sub/x"
+        throw Error(index_text + ": shard name \"" + name + "\" (of tensor " + tensor +
+                    ") is not a file name in the model directory");
+      }
       if (unique.insert(name).second && !fs::is_regular_file(dir / name, ec)) {
         throw Error(index_text + ": shard " + name + " (of tensor " + tensor + ") does not exist");
       }
