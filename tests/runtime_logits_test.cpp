@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "attention/cpu/reference.h"
 #include "attention/pattern/policy.h"
 #include "core/error.h"
 #include "runtime/engine.h"
@@ -414,12 +415,54 @@ TEST(RuntimeEngine, GenerateGreedyMatchesManualLoop) {
   EXPECT_EQ(e1.generate(prompt, sampled), e2.generate(prompt, sampled));
 }
 
-TEST(RuntimeSlidingWindow, IndexIsRowExact) {
-  const attn::SparseIndex ix = sliding_window_index(2, 5, 7, 12, 3);
-  ix.validate();
-  for (int32_t h = 0; h < 2; ++h)
-    for (int32_t r = 0; r < 7; ++r)
-      for (int32_t j = 0; j < 12; ++j) EXPECT_EQ(ix.visible(h, r, j), j <= 5 + r && 5 + r - j < 3);
+TEST(RuntimeSlidingWindow, PiecesAreDisjointAndCoverTheWindow) {
+  for (int32_t window : {1, 3, 8, 63, 64, 65, 100}) {
+    for (int32_t q_begin : {0, 5, 70}) {
+      for (int32_t q_len : {1, 7, 64, 130}) {
+        const int32_t kv_len = q_begin + q_len;
+        const attn::SparseIndex a = sliding_window_tile_index(2, q_begin, q_len, kv_len, window, 64);
+        const attn::SparseIndex b = sliding_window_rest_index(2, q_begin, q_len, kv_len, window, 64);
+        a.validate();
+        b.validate();
+        for (int32_t h = 0; h < 2; ++h)
+          for (int32_t r = 0; r < q_len; ++r)
+            for (int32_t j = 0; j < kv_len; ++j) {
+              const int32_t p = q_begin + r;
+              const bool in_a = a.visible(h, r, j), in_b = b.visible(h, r, j);
+              ASSERT_FALSE(in_a && in_b);
+              ASSERT_EQ(in_a || in_b, j <= p && p - j < window)
+                  << "window " << window << " q_begin " << q_begin << " row " << r << " key " << j;
+            }
+      }
+    }
+  }
+}
+
+TEST(RuntimeSlidingWindow, AttentionEqualsMaskedReference) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int32_t window : {1, 5, 64, 65, 150}) {
+    for (auto [q_begin, q_len] : {std::pair{0, 1}, std::pair{0, 130}, std::pair{37, 50}, std::pair{200, 1}}) {
+      const int32_t kv_len = q_begin + q_len, hq = 4, hk = 2, d = 16;
+      std::vector<float> q(static_cast<size_t>(q_len * hq * d)), k(static_cast<size_t>(kv_len * hk * d)),
+          v(k.size()), out(q.size()), ref(q.size());
+      for (auto* x : {&q, &k, &v})
+        for (float& f : *x) f = 2.0f * nd(rng);
+      attn::AttentionArgs args;
+      args.q = TensorView(q.data(), DType::F32, {q_len, hq, d});
+      args.k = TensorView(k.data(), DType::F32, {kv_len, hk, d});
+      args.v = TensorView(v.data(), DType::F32, {kv_len, hk, d});
+      args.out = TensorView(out.data(), DType::F32, {q_len, hq, d});
+      args.q_begin = q_begin;
+      sliding_window_attention(args, window, ThreadPool::global());
+      attn::AttentionArgs rargs = args;
+      rargs.out = TensorView(ref.data(), DType::F32, {q_len, hq, d});
+      attn::reference_attention_masked(
+          rargs, [&](int, int row, int key) { return q_begin + row - key < window; });
+      EXPECT_LT(max_abs_diff(out.data(), ref.data(), out.size()), 1e-5f)
+          << "window " << window << " q_begin " << q_begin << " q_len " << q_len;
+    }
+  }
 }
 
 }  // namespace

@@ -63,7 +63,7 @@ void Forward::attention(int32_t layer, int32_t pos, int32_t n, KVCache& cache, c
   const int32_t window = cfg_.layers[static_cast<size_t>(layer)].sliding_window;
   if (window > 0 && window < kv_len) {
     // TODO(window): args.window = window and the dense executor, once AttentionArgs has a row-exact window.
-    attn::sparse_attention_cpu(args, sliding_window_index(nq, pos, n, kv_len, window), pool_);
+    sliding_window_attention(args, window, pool_);
     return;
   }
   if (window > 0 || policy == nullptr || policy->table().empty()) {
