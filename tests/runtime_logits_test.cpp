@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -392,22 +393,30 @@ TEST(RuntimeEngine, GenerateGreedyMatchesManualLoop) {
   });
   ASSERT_EQ(out.size(), 12u);
   EXPECT_EQ(streamed, out);
+  EXPECT_EQ(a.position(), 10 + 12);
 
   Engine b(m);
   std::vector<float> logits = b.prefill(prompt);
   std::vector<int32_t> manual;
   for (int i = 0; i < 12; ++i) {
     manual.push_back(argmax(logits));
-    if (i < 11) logits = b.decode(manual.back());
+    logits = b.decode(manual.back());
   }
   EXPECT_EQ(out, manual);
+  // The cache holds every generated token: continuing gives the same logits as the manual loop.
+  const std::vector<float> next = a.decode(manual.back() == 0 ? 1 : 0);
+  const std::vector<float> next_manual = b.decode(manual.back() == 0 ? 1 : 0);
+  EXPECT_LT(max_abs_diff(next.data(), next_manual.data(), next.size()), 1e-5f);
 
   // Stop tokens end the generation and are not returned; on_token returning false stops too.
   Engine c(m);
+  const auto stop_at = static_cast<size_t>(std::find(manual.begin(), manual.end(), manual[3]) - manual.begin());
   EXPECT_EQ(c.generate(prompt, gen(12, {manual[3]})),
-            std::vector<int32_t>(manual.begin(), manual.begin() + 3));
+            std::vector<int32_t>(manual.begin(), manual.begin() + static_cast<std::ptrdiff_t>(stop_at)));
+  EXPECT_EQ(c.position(), static_cast<int32_t>(10 + stop_at));
   Engine d(m);
   EXPECT_EQ(d.generate(prompt, gen(12), [](int32_t) { return false; }).size(), 1u);
+  EXPECT_EQ(d.position(), 11);
 
   // Seeded sampling is reproducible.
   const GenerateOptions sampled = gen(16, {}, {.temperature = 1.0f, .top_k = 20, .top_p = 0.9f, .seed = 42});

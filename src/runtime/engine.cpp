@@ -91,7 +91,9 @@ std::vector<float> Engine::forward_all_logits(std::span<const int32_t> tokens) {
   return run_prefill(tokens, LogitRows::All, {});
 }
 
-std::vector<float> Engine::decode(int32_t token) {
+std::vector<float> Engine::decode(int32_t token) { return run_decode(token, LogitRows::Last); }
+
+std::vector<float> Engine::run_decode(int32_t token, LogitRows rows) {
   const int32_t one[1] = {token};
   check_tokens(one);
   if (position_ + 1 > max_context_)
@@ -100,7 +102,7 @@ std::vector<float> Engine::decode(int32_t token) {
   const auto t0 = Clock::now();
   cache_.reserve(position_ + 1);
   ForwardTimers timers;
-  std::vector<float> logits = forward_.run(one, position_, cache_, nullptr, position_ + 1, LogitRows::Last, timers);
+  std::vector<float> logits = forward_.run(one, position_, cache_, nullptr, position_ + 1, rows, timers);
   position_ += 1;
   stats_.decode_tokens += 1;
   stats_.decode_seconds += since(t0);
@@ -121,10 +123,13 @@ std::vector<int32_t> Engine::generate(std::span<const int32_t> prompt, const Gen
   for (;;) {
     const int32_t tok = sampler.sample(logits);
     if (std::find(options.stop_tokens.begin(), options.stop_tokens.end(), tok) != options.stop_tokens.end()) break;
-    out.push_back(tok);
-    if (on_token && !on_token(tok)) break;
-    if (static_cast<int32_t>(out.size()) >= options.max_new_tokens) break;
     if (position_ >= max_context_) break;  // the context is full: stop rather than fail mid-generation
+    out.push_back(tok);
+    const bool more = (!on_token || on_token(tok)) && static_cast<int32_t>(out.size()) < options.max_new_tokens;
+    if (!more) {
+      run_decode(tok, LogitRows::None);  // into the cache, no LM head
+      break;
+    }
     logits = decode(tok);
   }
   return out;

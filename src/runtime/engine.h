@@ -17,7 +17,8 @@
 // will have at the end of this prefill). decode() runs one token with dense attention over the cache. Errors are
 // tessera::Error; after an error the cache may hold a partial chunk: call reset().
 //
-// Not thread-safe: one Engine serves one sequence at a time. Several Engines may share a Model.
+// Not thread-safe: one Engine serves one sequence at a time. Several Engines may share a Model, which must outlive
+// them.
 #pragma once
 
 #include <cstdint>
@@ -76,9 +77,10 @@ class Engine {
   // Appends one token, attends densely over the whole cache, returns its logits ([vocab]).
   std::vector<float> decode(int32_t token);
 
-  // prefill(prompt), then sample / decode until max_new_tokens, a stop token or on_token returning false.
-  // Returns the generated tokens (without the stop token). Continues from position(): reset() first for a new
-  // conversation.
+  // prefill(prompt), then sample / decode until max_new_tokens, a stop token or on_token returning false (or the
+  // context is full). Returns the generated tokens (without the stop token). Continues from position(): reset()
+  // first for a new conversation. Every returned token is in the cache afterwards (the last one is run without
+  // the LM head), the stop token is not: position() grows by prompt + generated tokens.
   std::vector<int32_t> generate(std::span<const int32_t> prompt, const GenerateOptions& options,
                                 const OnToken& on_token = {});
 
@@ -96,6 +98,7 @@ class Engine {
 
  private:
   std::vector<float> run_prefill(std::span<const int32_t> tokens, LogitRows rows, const Progress& progress);
+  std::vector<float> run_decode(int32_t token, LogitRows rows);
   void check_tokens(std::span<const int32_t> tokens) const;
 
   const Model& model_;
