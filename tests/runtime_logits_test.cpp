@@ -1,12 +1,13 @@
-// Model forward passes against Hugging Face transformers, and the engine's invariants (chunking, decode, policies).
+// Model forward passes against Hugging Face transformers, and the engine's invariants (chunking, decode,
+// policies).
 //
-// Fixtures: tests/data/hf_tiny/<name>/ made by scripts/make_hf_fixtures.py — tiny random-weight models of each
-// architecture, their GGUF conversions (written as llama.cpp's converter writes them) and transformers' logits
-// for every position of a fixed token sequence.
+// Fixtures: tests/data/hf_tiny/<name>/ made by scripts/make_hf_fixtures.py — tiny random-weight models of
+// each architecture, their GGUF conversions (written as llama.cpp's converter writes them) and transformers'
+// logits for every position of a fixed token sequence.
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -68,7 +69,8 @@ float max_abs_diff(const float* a, const float* b, size_t n) {
 }
 
 std::vector<float> row(const std::vector<float>& all, int32_t vocab, size_t r) {
-  return {all.begin() + static_cast<std::ptrdiff_t>(r * vocab), all.begin() + static_cast<std::ptrdiff_t>((r + 1) * vocab)};
+  return {all.begin() + static_cast<std::ptrdiff_t>(r * vocab),
+          all.begin() + static_cast<std::ptrdiff_t>((r + 1) * vocab)};
 }
 
 constexpr float kTol = 1e-4f;
@@ -90,7 +92,8 @@ GenerateOptions gen(int32_t max_new, std::vector<int32_t> stop = {}, SamplingOpt
   return g;
 }
 
-// ---- transformers' logits, every fixture, both formats ----------------------------------------------------------
+// ---- transformers' logits, every fixture, both formats
+// ----------------------------------------------------------
 
 struct Case {
   std::string fixture;
@@ -122,7 +125,8 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"smollm2", "smollm2/model-q8_0.gguf", "logits_q8_0"},
                     Case{"mistral", "mistral", "logits"}, Case{"qwen2", "qwen2", "logits"},
                     Case{"qwen2", "qwen2/model.gguf", "logits"}, Case{"gemma3", "gemma3", "logits"},
-                    Case{"gemma3", "gemma3/model.gguf", "logits"}, Case{"gemma3_scaled", "gemma3_scaled", "logits"}),
+                    Case{"gemma3", "gemma3/model.gguf", "logits"},
+                    Case{"gemma3_scaled", "gemma3_scaled", "logits"}),
     [](const testing::TestParamInfo<Case>& param) {
       std::string s = param.param.path;
       for (char& ch : s)
@@ -130,7 +134,8 @@ INSTANTIATE_TEST_SUITE_P(
       return s;
     });
 
-// ---- configuration read from each format ------------------------------------------------------------------------
+// ---- configuration read from each format
+// ------------------------------------------------------------------------
 
 TEST(RuntimeConfig, ArchitecturesAndLayerTypes) {
   const ModelConfig& g = model("gemma3").config();
@@ -169,12 +174,16 @@ TEST(RuntimeConfig, ErrorsNameTheFileAndKey) {
     config_from_hf(cfg, "x/config.json");
     FAIL();
   } catch (const Error& e) {
-    EXPECT_EQ(std::string(e.what()),
-              "x/config.json: architecture Phi3ForCausalLM is not supported (tessera runs Llama, Mistral, SmolLM2, "
-              "Qwen2 and Gemma-3 models)");
+    EXPECT_EQ(
+        std::string(e.what()),
+        "x/config.json: architecture Phi3ForCausalLM is not supported (tessera runs Llama, Mistral, SmolLM2, "
+        "Qwen2 and Gemma-3 models)");
   }
-  cfg = {{"architectures", {"LlamaForCausalLM"}}, {"vocab_size", 10}, {"num_hidden_layers", 2},
-         {"num_attention_heads", 2}, {"intermediate_size", 8}};
+  cfg = {{"architectures", {"LlamaForCausalLM"}},
+         {"vocab_size", 10},
+         {"num_hidden_layers", 2},
+         {"num_attention_heads", 2},
+         {"intermediate_size", 8}};
   try {
     config_from_hf(cfg, "x/config.json");
     FAIL();
@@ -197,9 +206,10 @@ TEST(RuntimeConfig, ErrorsNameTheFileAndKey) {
     config_from_gguf(md, "m.gguf", 10);
     FAIL();
   } catch (const Error& e) {
-    EXPECT_EQ(std::string(e.what()),
-              "m.gguf: architecture phi3 is not supported (tessera runs the GGUF architectures llama, qwen2 and "
-              "gemma3)");
+    EXPECT_EQ(
+        std::string(e.what()),
+        "m.gguf: architecture phi3 is not supported (tessera runs the GGUF architectures llama, qwen2 and "
+        "gemma3)");
   }
 }
 
@@ -219,7 +229,8 @@ TEST(RuntimeWeights, UnpermuteUndoesLlamaCppPermutation) {
   EXPECT_EQ(gguf, hf);
 }
 
-// ---- engine invariants -----------------------------------------------------------------------------------------
+// ---- engine invariants
+// -----------------------------------------------------------------------------------------
 
 const char* const kAll[] = {"llama3", "smollm2", "mistral", "qwen2", "gemma3", "gemma3_scaled"};
 
@@ -255,9 +266,11 @@ TEST(RuntimeEngine, PrefillThenDecodeMatchesAllLogits) {
     EXPECT_LT(max_abs_diff(logits.data(), row(all, e.vocab, k - 1).data(), e.vocab), kTol) << name;
     for (size_t t = k; t < e.tokens.size(); ++t) {
       logits = engine.decode(e.tokens[t]);
-      ASSERT_LT(max_abs_diff(logits.data(), row(all, e.vocab, t).data(), e.vocab), kTol) << name << " step " << t;
+      ASSERT_LT(max_abs_diff(logits.data(), row(all, e.vocab, t).data(), e.vocab), kTol)
+          << name << " step " << t;
       // and against transformers directly
-      ASSERT_LT(max_abs_diff(logits.data(), row(e.logits, e.vocab, t).data(), e.vocab), kTol) << name << " " << t;
+      ASSERT_LT(max_abs_diff(logits.data(), row(e.logits, e.vocab, t).data(), e.vocab), kTol)
+          << name << " " << t;
     }
     EXPECT_EQ(engine.position(), static_cast<int32_t>(e.tokens.size()));
     EXPECT_EQ(engine.stats().decode_tokens, static_cast<int64_t>(e.tokens.size() - k));
@@ -276,7 +289,8 @@ TEST(RuntimeEngine, SparsePoliciesThatSeeEverythingEqualDense) {
     const std::vector<float> ref = dense.forward_all_logits(e.tokens);
     const int32_t S = static_cast<int32_t>(e.tokens.size());
     const std::vector<attn::Pattern> patterns = {
-        attn::VerticalSlashPattern{.vertical = S, .slash = S, .last_q = 64, .forced_columns = 0, .forced_diagonals = 0},
+        attn::VerticalSlashPattern{
+            .vertical = S, .slash = S, .last_q = 64, .forced_columns = 0, .forced_diagonals = 0},
         attn::AShapePattern{.sink = 4, .local = 1 << 20},
         attn::BlockSparsePattern{.top_k = 1000, .block = 16},
         attn::ElasticWindowPattern{.alpha = 1e6, .beta = 1.0, .sink = 0},
@@ -294,9 +308,10 @@ TEST(RuntimeEngine, SparsePoliciesThatSeeEverythingEqualDense) {
     std::vector<attn::Pattern> table;
     for (int l = 0; l < c.num_layers; ++l)
       for (int h = 0; h < c.num_q_heads; ++h)
-        table.push_back(h % 2 ? attn::Pattern(attn::DensePattern{}) : attn::Pattern(attn::AShapePattern{1, 1 << 20}));
-    Engine mixed(model(name),
-                 opts(2048, attn::AttentionPolicy(c.num_layers, c.num_q_heads, c.num_kv_heads, std::move(table))));
+        table.push_back(h % 2 ? attn::Pattern(attn::DensePattern{})
+                              : attn::Pattern(attn::AShapePattern{1, 1 << 20}));
+    Engine mixed(model(name), opts(2048, attn::AttentionPolicy(c.num_layers, c.num_q_heads, c.num_kv_heads,
+                                                               std::move(table))));
     const std::vector<float> got = mixed.forward_all_logits(e.tokens);
     EXPECT_LT(max_abs_diff(got.data(), ref.data(), ref.size()), kTol) << name << " mixed";
   }
@@ -312,8 +327,8 @@ TEST(RuntimeEngine, RealSparsePolicyGivesFiniteDifferentLogits) {
   const std::vector<float> ref = dense.prefill(tokens);
   for (const attn::Pattern& p :
        {attn::Pattern(attn::AShapePattern{.sink = 4, .local = 16}),
-        attn::Pattern(attn::VerticalSlashPattern{.vertical = 8, .slash = 8, .last_q = 16, .forced_columns = 2,
-                                                 .forced_diagonals = 4}),
+        attn::Pattern(attn::VerticalSlashPattern{
+            .vertical = 8, .slash = 8, .last_q = 16, .forced_columns = 2, .forced_diagonals = 4}),
         attn::Pattern(attn::BlockSparsePattern{.top_k = 2, .block = 16})}) {
     Engine sparse(m, opts(64, uniform(c, p)));
     const std::vector<float> got = sparse.prefill(tokens);
@@ -332,9 +347,10 @@ TEST(RuntimeEngine, ContextLimit) {
     engine.prefill(long_prompt);
     FAIL();
   } catch (const Error& e) {
-    EXPECT_EQ(std::string(e.what()),
-              "prompt of 300 tokens exceeds the context limit of 256 tokens (model llama3); pass a larger max "
-              "context (--max-context) or shorten the prompt");
+    EXPECT_EQ(
+        std::string(e.what()),
+        "prompt of 300 tokens exceeds the context limit of 256 tokens (model llama3); pass a larger max "
+        "context (--max-context) or shorten the prompt");
   }
   EXPECT_EQ(engine.position(), 0);
 
@@ -344,9 +360,10 @@ TEST(RuntimeEngine, ContextLimit) {
     small.prefill(std::vector<int32_t>(3, 1));
     FAIL();
   } catch (const Error& e) {
-    EXPECT_EQ(std::string(e.what()),
-              "prompt of 3 tokens after 30 tokens already in the context exceeds the context limit of 32 tokens "
-              "(model llama3); pass a larger max context (--max-context) or shorten the prompt");
+    EXPECT_EQ(
+        std::string(e.what()),
+        "prompt of 3 tokens after 30 tokens already in the context exceeds the context limit of 32 tokens "
+        "(model llama3); pass a larger max context (--max-context) or shorten the prompt");
   }
   small.decode(1);
   small.decode(1);
@@ -355,8 +372,8 @@ TEST(RuntimeEngine, ContextLimit) {
   // A larger limit than the model's is the user's choice; the cache still grows only as needed.
   Engine big(m, opts(2048, {}, 100000));
   big.prefill(std::vector<int32_t>(300, 5));
-  const size_t row_bytes = static_cast<size_t>(m.config().num_kv_heads) * m.config().head_dim * sizeof(float) * 2 *
-                           static_cast<size_t>(m.config().num_layers);
+  const size_t row_bytes = static_cast<size_t>(m.config().num_kv_heads) * m.config().head_dim *
+                           sizeof(float) * 2 * static_cast<size_t>(m.config().num_layers);
   EXPECT_LE(big.kv_cache_bytes(), 512 * row_bytes);
 }
 
@@ -367,14 +384,16 @@ TEST(RuntimeEngine, BadInputs) {
     engine.prefill(std::vector<int32_t>{1, 2, 256});
     FAIL();
   } catch (const Error& e) {
-    EXPECT_EQ(std::string(e.what()), "token id 256 at index 2 is outside the vocabulary of 256 tokens (model llama3)");
+    EXPECT_EQ(std::string(e.what()),
+              "token id 256 at index 2 is outside the vocabulary of 256 tokens (model llama3)");
   }
   try {
     Engine bad(m, opts(2048, attn::AttentionPolicy::uniform(3, 4, 2, attn::DensePattern{})));
     FAIL();
   } catch (const Error& e) {
     EXPECT_EQ(std::string(e.what()),
-              "attention policy has 3 layers x 4 query heads (2 kv heads); model llama3 has 2 layers x 4 query heads "
+              "attention policy has 3 layers x 4 query heads (2 kv heads); model llama3 has 2 layers x 4 "
+              "query heads "
               "(2 kv heads)");
   }
   EXPECT_THROW(Engine(m, opts(0)), Error);
@@ -410,7 +429,8 @@ TEST(RuntimeEngine, GenerateGreedyMatchesManualLoop) {
 
   // Stop tokens end the generation and are not returned; on_token returning false stops too.
   Engine c(m);
-  const auto stop_at = static_cast<size_t>(std::find(manual.begin(), manual.end(), manual[3]) - manual.begin());
+  const auto stop_at =
+      static_cast<size_t>(std::find(manual.begin(), manual.end(), manual[3]) - manual.begin());
   EXPECT_EQ(c.generate(prompt, gen(12, {manual[3]})),
             std::vector<int32_t>(manual.begin(), manual.begin() + static_cast<std::ptrdiff_t>(stop_at)));
   EXPECT_EQ(c.position(), static_cast<int32_t>(10 + stop_at));
@@ -466,8 +486,8 @@ TEST(RuntimeSlidingWindow, AttentionEqualsMaskedReference) {
       sliding_window_attention(args, window, ThreadPool::global());
       attn::AttentionArgs rargs = args;
       rargs.out = TensorView(ref.data(), DType::F32, {q_len, hq, d});
-      attn::reference_attention_masked(
-          rargs, [&](int, int row, int key) { return q_begin + row - key < window; });
+      attn::reference_attention_masked(rargs,
+                                       [&](int, int row, int key) { return q_begin + row - key < window; });
       EXPECT_LT(max_abs_diff(out.data(), ref.data(), out.size()), 1e-5f)
           << "window " << window << " q_begin " << q_begin << " q_len " << q_len;
     }

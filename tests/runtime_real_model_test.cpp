@@ -1,9 +1,10 @@
-// The real small models (fetched by scripts/fetch_models.sh) against transformers running the same GGUF files.
+// The real small models (fetched by scripts/fetch_models.sh) against transformers running the same GGUF
+// files.
 //
-// Expected values: tests/data/hf_tiny/real/<model>.json, made by scripts/make_hf_fixtures.py --real. The prompt
-// (600 tokens) is prefilled in three pieces that end at the checked positions, so chunk continuation over a
-// partly filled cache is exercised too; Gemma-3's local layers (window 512) see a prompt longer than their window.
-// A missing model fails the test unless TESSERA_ALLOW_MISSING_MODELS=1 (then it is skipped).
+// Expected values: tests/data/hf_tiny/real/<model>.json, made by scripts/make_hf_fixtures.py --real. The
+// prompt (600 tokens) is prefilled in three pieces that end at the checked positions, so chunk continuation
+// over a partly filled cache is exercised too; Gemma-3's local layers (window 512) see a prompt longer than
+// their window. A missing model fails the test unless TESSERA_ALLOW_MISSING_MODELS=1 (then it is skipped).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -35,7 +36,8 @@ void check_real_model(const std::string& file, EngineOptions options, float tol)
   const std::string path = models_dir() + "/" + file;
   if (!std::filesystem::exists(path)) {
     if (allow_missing_models()) GTEST_SKIP() << path << " is missing (TESSERA_ALLOW_MISSING_MODELS=1)";
-    FAIL() << path << " is missing: run scripts/fetch_models.sh (or set TESSERA_MODELS to where it put the models; "
+    FAIL() << path
+           << " is missing: run scripts/fetch_models.sh (or set TESSERA_MODELS to where it put the models; "
            << "TESSERA_ALLOW_MISSING_MODELS=1 skips these tests)";
   }
   const std::string stem = std::filesystem::path(file).stem().string();

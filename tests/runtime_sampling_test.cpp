@@ -57,8 +57,8 @@ TEST(RuntimeSampling, FrequenciesFollowTheSoftmax) {
 }
 
 TEST(RuntimeSampling, TopKAndTopPRestrictTheCandidates) {
-  // top_k = 2 keeps ids 1 and 4 (both 2.0). Over probabilities {0: 1/6, 1: 2/6, 2: 3/6}, top_p = 0.45 keeps id 2
-  // alone (its mass reaches 0.45); top_p = 0.6 needs id 1 as well.
+  // top_k = 2 keeps ids 1 and 4 (both 2.0). Over probabilities {0: 1/6, 1: 2/6, 2: 3/6}, top_p = 0.45 keeps
+  // id 2 alone (its mass reaches 0.45); top_p = 0.6 needs id 1 as well.
   Sampler k2({.temperature = 1.0f, .top_k = 2, .seed = 11});
   for (int i = 0; i < 200; ++i) {
     const int32_t t = k2.sample(kLogits);

@@ -12,7 +12,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 std::string shape_of(int layers, int q_heads, int kv_heads) {
   return std::to_string(layers) + " layers x " + std::to_string(q_heads) + " query heads (" +
@@ -27,13 +29,15 @@ Engine::Engine(const Model& model, EngineOptions options)
       pool_(options_.pool ? *options_.pool : ThreadPool::global()),
       forward_(model, pool_) {
   const ModelConfig& cfg = model.config();
-  check(options_.chunk_size > 0, "engine: chunk_size must be positive, got " + std::to_string(options_.chunk_size));
+  check(options_.chunk_size > 0,
+        "engine: chunk_size must be positive, got " + std::to_string(options_.chunk_size));
   check(options_.max_context >= 0, "engine: max_context must not be negative");
   const attn::AttentionPolicy& p = options_.policy;
-  if (!p.table().empty() &&
-      (p.num_layers() != cfg.num_layers || p.num_q_heads() != cfg.num_q_heads || p.num_kv_heads() != cfg.num_kv_heads)) {
-    throw Error("attention policy has " + shape_of(p.num_layers(), p.num_q_heads(), p.num_kv_heads()) + "; model " +
-                cfg.name + " has " + shape_of(cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads));
+  if (!p.table().empty() && (p.num_layers() != cfg.num_layers || p.num_q_heads() != cfg.num_q_heads ||
+                             p.num_kv_heads() != cfg.num_kv_heads)) {
+    throw Error("attention policy has " + shape_of(p.num_layers(), p.num_q_heads(), p.num_kv_heads()) +
+                "; model " + cfg.name + " has " +
+                shape_of(cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads));
   }
   max_context_ = options_.max_context > 0 ? options_.max_context : cfg.context_length;
   cache_ = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max_context_);
@@ -49,7 +53,8 @@ void Engine::check_tokens(std::span<const int32_t> tokens) const {
   }
 }
 
-std::vector<float> Engine::run_prefill(std::span<const int32_t> tokens, LogitRows rows, const Progress& progress) {
+std::vector<float> Engine::run_prefill(std::span<const int32_t> tokens, LogitRows rows,
+                                       const Progress& progress) {
   if (tokens.empty()) throw Error("prefill: empty prompt");
   check_tokens(tokens);
   const int64_t end = static_cast<int64_t>(position_) + static_cast<int64_t>(tokens.size());
@@ -91,14 +96,17 @@ std::vector<float> Engine::forward_all_logits(std::span<const int32_t> tokens) {
   return run_prefill(tokens, LogitRows::All, {});
 }
 
-std::vector<float> Engine::decode(int32_t token) { return run_decode(token, LogitRows::Last); }
+std::vector<float> Engine::decode(int32_t token) {
+  return run_decode(token, LogitRows::Last);
+}
 
 std::vector<float> Engine::run_decode(int32_t token, LogitRows rows) {
   const int32_t one[1] = {token};
   check_tokens(one);
   if (position_ + 1 > max_context_)
     throw Error("decoding past the context limit of " + std::to_string(max_context_) + " tokens (model " +
-                model_.config().name + "); pass a larger max context (--max-context) or generate fewer tokens");
+                model_.config().name +
+                "); pass a larger max context (--max-context) or generate fewer tokens");
   const auto t0 = Clock::now();
   cache_.reserve(position_ + 1);
   ForwardTimers timers;
@@ -122,10 +130,12 @@ std::vector<int32_t> Engine::generate(std::span<const int32_t> prompt, const Gen
   std::vector<float> logits = prefill(prompt);
   for (;;) {
     const int32_t tok = sampler.sample(logits);
-    if (std::find(options.stop_tokens.begin(), options.stop_tokens.end(), tok) != options.stop_tokens.end()) break;
+    if (std::find(options.stop_tokens.begin(), options.stop_tokens.end(), tok) != options.stop_tokens.end())
+      break;
     if (position_ >= max_context_) break;  // the context is full: stop rather than fail mid-generation
     out.push_back(tok);
-    const bool more = (!on_token || on_token(tok)) && static_cast<int32_t>(out.size()) < options.max_new_tokens;
+    const bool more =
+        (!on_token || on_token(tok)) && static_cast<int32_t>(out.size()) < options.max_new_tokens;
     if (!more) {
       run_decode(tok, LogitRows::None);  // into the cache, no LM head
       break;
@@ -135,6 +145,8 @@ std::vector<int32_t> Engine::generate(std::span<const int32_t> prompt, const Gen
   return out;
 }
 
-void Engine::reset() { position_ = 0; }
+void Engine::reset() {
+  position_ = 0;
+}
 
 }  // namespace tessera::runtime

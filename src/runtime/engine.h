@@ -12,13 +12,13 @@
 //   });
 //
 // The engine owns the KV cache of one sequence. prefill() appends tokens at position() (a new conversation
-// starts with reset()); chunks of chunk_size tokens go through the model one after the other, each attending to
-// all earlier keys under the attention policy (q_begin = the chunk's start, total_len = the length the sequence
-// will have at the end of this prefill). decode() runs one token with dense attention over the cache. Errors are
-// tessera::Error; after an error the cache may hold a partial chunk: call reset().
+// starts with reset()); chunks of chunk_size tokens go through the model one after the other, each attending
+// to all earlier keys under the attention policy (q_begin = the chunk's start, total_len = the length the
+// sequence will have at the end of this prefill). decode() runs one token with dense attention over the
+// cache. Errors are tessera::Error; after an error the cache may hold a partial chunk: call reset().
 //
-// Not thread-safe: one Engine serves one sequence at a time. Several Engines may share a Model, which must outlive
-// them.
+// Not thread-safe: one Engine serves one sequence at a time. Several Engines may share a Model, which must
+// outlive them.
 #pragma once
 
 #include <cstdint>
@@ -55,7 +55,9 @@ struct EngineStats {
   double decode_seconds = 0;
   double attention_seconds = 0;  // within prefill and decode
   double gemm_seconds = 0;       // within prefill and decode
-  double prefill_tokens_per_second() const { return prefill_seconds > 0 ? prefill_tokens / prefill_seconds : 0; }
+  double prefill_tokens_per_second() const {
+    return prefill_seconds > 0 ? prefill_tokens / prefill_seconds : 0;
+  }
   double decode_tokens_per_second() const { return decode_seconds > 0 ? decode_tokens / decode_seconds : 0; }
 };
 
@@ -65,30 +67,32 @@ class Engine {
   using OnToken = std::function<bool(int32_t token)>;                 // return false to stop
 
   // Throws tessera::Error when the policy does not fit the model ("attention policy has 30 layers x 9 query
-  // heads (3 kv heads); model smollm2 has 24 layers x 9 query heads (3 kv heads)") or an option is out of range.
+  // heads (3 kv heads); model smollm2 has 24 layers x 9 query heads (3 kv heads)") or an option is out of
+  // range.
   explicit Engine(const Model& model, EngineOptions options = {});
 
-  // Appends `tokens` to the sequence and returns the logits of the last one ([vocab]). Throws tessera::Error when
-  // a token id is outside the vocabulary or the sequence would exceed max_context:
-  //   "prompt of 9000 tokens exceeds the context limit of 8192 tokens (model smollm2); pass a larger max context
+  // Appends `tokens` to the sequence and returns the logits of the last one ([vocab]). Throws tessera::Error
+  // when a token id is outside the vocabulary or the sequence would exceed max_context:
+  //   "prompt of 9000 tokens exceeds the context limit of 8192 tokens (model smollm2); pass a larger max
+  //   context
   //    (--max-context) or shorten the prompt"
   std::vector<float> prefill(std::span<const int32_t> tokens, const Progress& progress = {});
 
   // Appends one token, attends densely over the whole cache, returns its logits ([vocab]).
   std::vector<float> decode(int32_t token);
 
-  // prefill(prompt), then sample / decode until max_new_tokens, a stop token or on_token returning false (or the
-  // context is full). Returns the generated tokens (without the stop token). Continues from position(): reset()
-  // first for a new conversation. Every returned token is in the cache afterwards (the last one is run without
-  // the LM head), the stop token is not: position() grows by prompt + generated tokens.
+  // prefill(prompt), then sample / decode until max_new_tokens, a stop token or on_token returning false (or
+  // the context is full). Returns the generated tokens (without the stop token). Continues from position():
+  // reset() first for a new conversation. Every returned token is in the cache afterwards (the last one is
+  // run without the LM head), the stop token is not: position() grows by prompt + generated tokens.
   std::vector<int32_t> generate(std::span<const int32_t> prompt, const GenerateOptions& options,
                                 const OnToken& on_token = {});
 
   // Like prefill, but returns the logits of every token ([tokens.size(), vocab], row-major). For tests.
   std::vector<float> forward_all_logits(std::span<const int32_t> tokens);
 
-  void reset();                                      // empties the sequence (keeps the cache's memory)
-  int32_t position() const { return position_; }     // tokens in the sequence
+  void reset();                                   // empties the sequence (keeps the cache's memory)
+  int32_t position() const { return position_; }  // tokens in the sequence
   int32_t max_context() const { return max_context_; }
   const EngineStats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }

@@ -20,7 +20,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 void grow(std::vector<float>& v, int64_t n) {
   if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
@@ -49,8 +51,8 @@ Forward::Forward(const Model& model, ThreadPool& pool) : model_(model), cfg_(mod
   sin_.resize(inv_freqs_.size());
 }
 
-void Forward::attention(int32_t layer, int32_t pos, int32_t n, KVCache& cache, const attn::AttentionPolicy* policy,
-                        int32_t total_len) {
+void Forward::attention(int32_t layer, int32_t pos, int32_t n, KVCache& cache,
+                        const attn::AttentionPolicy* policy, int32_t total_len) {
   const int32_t nq = cfg_.num_q_heads, d = cfg_.head_dim, kv_len = pos + n;
   attn::AttentionArgs args;
   args.q = TensorView(q_.data(), DType::F32, {n, nq, d});
@@ -108,7 +110,8 @@ std::vector<float> Forward::run(std::span<const int32_t> tokens, int32_t pos, KV
     const int32_t tok = tokens[static_cast<size_t>(t)];
     const float* e = w.embedding.ptr() + static_cast<int64_t>(tok) * H;
     float* x = x_.data() + static_cast<int64_t>(t) * H;
-    if (cfg_.embedding_scale == 1.0f) std::copy(e, e + H, x);
+    if (cfg_.embedding_scale == 1.0f)
+      std::copy(e, e + H, x);
     else
       for (int64_t i = 0; i < H; ++i) x[i] = e[i] * cfg_.embedding_scale;
   }
@@ -141,7 +144,8 @@ std::vector<float> Forward::run(std::span<const int32_t> tokens, int32_t pos, KV
     timers.attention_seconds += since(t0);
 
     gemm(attn_.data(), L.wo, nullptr, h_.data());
-    if (cfg_.post_norms) rms_norm(h_.data(), h_.data(), n, H, L.post_attn_norm.ptr(), cfg_.rms_norm_eps, pool_);
+    if (cfg_.post_norms)
+      rms_norm(h_.data(), h_.data(), n, H, L.post_attn_norm.ptr(), cfg_.rms_norm_eps, pool_);
     for (int64_t i = 0; i < n * H; ++i) x_[static_cast<size_t>(i)] += h_[static_cast<size_t>(i)];
 
     rms_norm(x_.data(), h_.data(), n, H, L.ffn_norm.ptr(), cfg_.rms_norm_eps, pool_);
@@ -149,7 +153,8 @@ std::vector<float> Forward::run(std::span<const int32_t> tokens, int32_t pos, KV
     gemm(h_.data(), L.w_up, nullptr, up_.data());
     gated_activation(gate_.data(), up_.data(), n * F, cfg_.activation, pool_);
     gemm(gate_.data(), L.w_down, nullptr, h_.data());
-    if (cfg_.post_norms) rms_norm(h_.data(), h_.data(), n, H, L.post_ffn_norm.ptr(), cfg_.rms_norm_eps, pool_);
+    if (cfg_.post_norms)
+      rms_norm(h_.data(), h_.data(), n, H, L.post_ffn_norm.ptr(), cfg_.rms_norm_eps, pool_);
     for (int64_t i = 0; i < n * H; ++i) x_[static_cast<size_t>(i)] += h_[static_cast<size_t>(i)];
   }
 

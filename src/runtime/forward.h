@@ -1,6 +1,7 @@
 // tessera/runtime/forward.h — the f32 forward pass of one chunk of tokens through a decoder-only transformer.
 //
-// Per layer, for the chunk's n tokens at positions [pos, pos + n) (all products are batched GEMMs over the chunk):
+// Per layer, for the chunk's n tokens at positions [pos, pos + n) (all products are batched GEMMs over the
+// chunk):
 //   h = RMSNorm(x)                                   (weights hold 1 + w for Gemma)
 //   q = h Wq^T (+bq); k, v likewise, written straight into the KV cache at rows [pos, pos + n)
 //   Gemma-3: q, k = RMSNorm per head (QK-norm)
@@ -10,12 +11,14 @@
 //   x = x + o
 //   h = RMSNorm(x);  m = (act(h Wg^T) * (h Wu^T)) Wd^T;  Gemma-3: m = RMSNorm(m)
 //   x = x + m
-// then the final norm and the LM head, only on the rows whose logits are asked for (Gemma-3 may soft-cap them).
+// then the final norm and the LM head, only on the rows whose logits are asked for (Gemma-3 may soft-cap
+// them).
 //
 // Attention of a layer:
-//  - a sliding-window layer (part of the model: Gemma-3 local layers, Mistral) runs its row-exact window through
-//    the sparse executor (runtime/sliding_window.h; dense when the window covers every key); a policy's pattern
-//    does not apply to such layers;
+//  - a sliding-window layer (part of the model: Gemma-3 local layers, Mistral) runs its row-exact window
+//  through
+//    the sparse executor (runtime/sliding_window.h; dense when the window covers every key); a policy's
+//    pattern does not apply to such layers;
 //  - otherwise, with no policy (or every head of the layer dense): the dense executor;
 //  - otherwise: estimate_layer + lower_layer (query tile 64) + the sparse executor, with q_begin = pos and
 //    total_len = the whole prompt's length (MoA spans, Triangle's last rows).
@@ -46,9 +49,10 @@ class Forward {
 
   Forward(const Model& model, ThreadPool& pool);
 
-  // Runs `tokens` at positions [pos, pos + tokens.size()), appending their K/V to `cache` (which must have room
-  // for pos + tokens.size() rows and hold valid rows [0, pos)). `policy`: null or empty for dense attention.
-  // Returns logits [rows, vocab] for `rows` (Last: the chunk's last token; All: every token; None: nothing).
+  // Runs `tokens` at positions [pos, pos + tokens.size()), appending their K/V to `cache` (which must have
+  // room for pos + tokens.size() rows and hold valid rows [0, pos)). `policy`: null or empty for dense
+  // attention. Returns logits [rows, vocab] for `rows` (Last: the chunk's last token; All: every token; None:
+  // nothing).
   std::vector<float> run(std::span<const int32_t> tokens, int32_t pos, KVCache& cache,
                          const attn::AttentionPolicy* policy, int32_t total_len, LogitRows rows,
                          ForwardTimers& timers);

@@ -18,8 +18,8 @@ KVCache::KVCache(int32_t num_layers, int32_t num_kv_heads, int32_t head_dim, int
       v_(static_cast<size_t>(num_layers)) {}
 
 void KVCache::reserve(int32_t tokens) {
-  check(tokens <= max_tokens_, "KV cache: " + std::to_string(tokens) + " tokens exceed its limit of " +
-                                   std::to_string(max_tokens_));
+  check(tokens <= max_tokens_,
+        "KV cache: " + std::to_string(tokens) + " tokens exceed its limit of " + std::to_string(max_tokens_));
   if (tokens <= capacity_) return;
   // Geometric growth (decode appends one token at a time), never beyond the limit.
   const int64_t grown = std::max<int64_t>({tokens, 2 * static_cast<int64_t>(capacity_), 256});
@@ -30,9 +30,10 @@ void KVCache::reserve(int32_t tokens) {
       v_[static_cast<size_t>(l)].resize(static_cast<size_t>(cap) * static_cast<size_t>(row_));
     }
   } catch (const std::bad_alloc&) {
-    throw Error("KV cache: out of memory growing to " + std::to_string(cap) + " tokens (" +
-                std::to_string(static_cast<double>(cap) * static_cast<double>(row_) * 8.0 * num_layers_ / 1e9) +
-                " GB); lower the context limit");
+    throw Error(
+        "KV cache: out of memory growing to " + std::to_string(cap) + " tokens (" +
+        std::to_string(static_cast<double>(cap) * static_cast<double>(row_) * 8.0 * num_layers_ / 1e9) +
+        " GB); lower the context limit");
   }
   capacity_ = cap;
 }

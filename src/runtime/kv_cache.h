@@ -1,9 +1,9 @@
 // tessera/runtime/kv_cache.h — the per-layer key/value cache of one sequence, f32, grown on demand.
 //
-// Layer l holds K and V as [capacity, num_kv_heads, head_dim] row-major (token-major, the layout the attention
-// executors read). Rows [0, length) are valid; the engine appends a chunk's rows in place (the K/V projections
-// write straight into the cache). Capacity grows geometrically up to max_tokens, so a 1K prompt on a model with
-// a 128K context allocates for about 1K tokens, not 128K.
+// Layer l holds K and V as [capacity, num_kv_heads, head_dim] row-major (token-major, the layout the
+// attention executors read). Rows [0, length) are valid; the engine appends a chunk's rows in place (the K/V
+// projections write straight into the cache). Capacity grows geometrically up to max_tokens, so a 1K prompt
+// on a model with a 128K context allocates for about 1K tokens, not 128K.
 #pragma once
 
 #include <cstdint>
@@ -18,8 +18,8 @@ class KVCache {
   KVCache() = default;
   KVCache(int32_t num_layers, int32_t num_kv_heads, int32_t head_dim, int32_t max_tokens);
 
-  // Makes room for `tokens` rows (<= max_tokens), keeping the rows already written. Throws tessera::Error when
-  // the memory cannot be had.
+  // Makes room for `tokens` rows (<= max_tokens), keeping the rows already written. Throws tessera::Error
+  // when the memory cannot be had.
   void reserve(int32_t tokens);
   // Frees everything (capacity 0).
   void release();

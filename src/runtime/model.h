@@ -1,7 +1,7 @@
 // tessera/runtime/model.h — a loaded model: its file, its configuration and its f32 weights.
 //
-//   auto model = tessera::runtime::Model::load("tests/data/hf_tiny/llama3");   // HF dir, .safetensors or .gguf
-//   tessera::runtime::Engine engine(*model);
+//   auto model = tessera::runtime::Model::load("tests/data/hf_tiny/llama3");   // HF dir, .safetensors or
+//   .gguf tessera::runtime::Engine engine(*model);
 //
 // A Model is immutable after loading and may be shared by several Engines (each has its own KV cache).
 #pragma once

@@ -13,9 +13,12 @@ using nlohmann::json;
 
 std::string_view architecture_name(Architecture a) {
   switch (a) {
-    case Architecture::Llama: return "llama";
-    case Architecture::Qwen2: return "qwen2";
-    case Architecture::Gemma3: return "gemma3";
+    case Architecture::Llama:
+      return "llama";
+    case Architecture::Qwen2:
+      return "qwen2";
+    case Architecture::Gemma3:
+      return "gemma3";
   }
   return "?";
 }
@@ -33,7 +36,8 @@ std::string ModelConfig::summary() const {
     << ", vocab " << vocab_size << ", context " << context_length;
   int local = 0;
   for (const auto& l : layers) local += l.sliding_window > 0;
-  if (local > 0) s << ", " << local << " sliding-window layers (window " << layers.front().sliding_window << ")";
+  if (local > 0)
+    s << ", " << local << " sliding-window layers (window " << layers.front().sliding_window << ")";
   return s.str();
 }
 
@@ -44,19 +48,23 @@ std::string name_from_path(const std::string& path) {
   namespace fs = std::filesystem;
   fs::path p(path);
   std::error_code ec;
-  if (fs::is_directory(p, ec)) return p.lexically_normal().filename().empty()
-                                         ? p.lexically_normal().parent_path().filename().string()
-                                         : p.lexically_normal().filename().string();
-  if (p.filename() == "model.safetensors" || p.filename() == "config.json") return p.parent_path().filename().string();
+  if (fs::is_directory(p, ec))
+    return p.lexically_normal().filename().empty() ? p.lexically_normal().parent_path().filename().string()
+                                                   : p.lexically_normal().filename().string();
+  if (p.filename() == "model.safetensors" || p.filename() == "config.json")
+    return p.parent_path().filename().string();
   return p.stem().string();
 }
 
-bool present(const json& j, const std::string& key) { return j.is_object() && j.contains(key) && !j[key].is_null(); }
+bool present(const json& j, const std::string& key) {
+  return j.is_object() && j.contains(key) && !j[key].is_null();
+}
 
 // Typed access with errors that name the file and the key.
 class Keys {
  public:
-  Keys(const json& j, std::string source, std::string prefix = "") : j_(j), source_(std::move(source)), prefix_(std::move(prefix)) {}
+  Keys(const json& j, std::string source, std::string prefix = "")
+      : j_(j), source_(std::move(source)), prefix_(std::move(prefix)) {}
 
   bool has(const std::string& key) const { return present(j_, prefix_ + key); }
   const json& raw(const std::string& key) const { return j_[prefix_ + key]; }
@@ -71,10 +79,13 @@ class Keys {
   double number(const std::string& key, double fallback) const { return has(key) ? number(key) : fallback; }
   int32_t integer(const std::string& key) const {
     const double v = number(key);
-    if (v != std::floor(v) || v < 0 || v > 2147483647.0) fail(key, "must be a non-negative integer, got " + raw(key).dump());
+    if (v != std::floor(v) || v < 0 || v > 2147483647.0)
+      fail(key, "must be a non-negative integer, got " + raw(key).dump());
     return static_cast<int32_t>(v);
   }
-  int32_t integer(const std::string& key, int32_t fallback) const { return has(key) ? integer(key) : fallback; }
+  int32_t integer(const std::string& key, int32_t fallback) const {
+    return has(key) ? integer(key) : fallback;
+  }
   std::string string(const std::string& key) const {
     require(key);
     if (!raw(key).is_string()) fail(key, "must be a string, got " + raw(key).dump());
@@ -108,18 +119,20 @@ int32_t positive(const Keys& k, const std::string& key, int32_t v) {
 
 void finish(ModelConfig& c, const std::string& source) {
   auto bad = [&](const std::string& what) { throw Error(source + ": " + what); };
-  if (c.num_q_heads <= 0 || c.num_kv_heads <= 0 || c.head_dim <= 0 || c.hidden_size <= 0 || c.num_layers <= 0 ||
-      c.intermediate_size <= 0 || c.vocab_size <= 0)
+  if (c.num_q_heads <= 0 || c.num_kv_heads <= 0 || c.head_dim <= 0 || c.hidden_size <= 0 ||
+      c.num_layers <= 0 || c.intermediate_size <= 0 || c.vocab_size <= 0)
     bad("model dimensions must be positive (" + c.summary() + ")");
   if (c.num_q_heads % c.num_kv_heads != 0)
-    bad(std::to_string(c.num_q_heads) + " attention heads are not a multiple of " + std::to_string(c.num_kv_heads) +
-        " key/value heads");
-  if (c.head_dim % 2 != 0) bad("head_dim " + std::to_string(c.head_dim) + " is odd; RoPE needs an even head_dim");
+    bad(std::to_string(c.num_q_heads) + " attention heads are not a multiple of " +
+        std::to_string(c.num_kv_heads) + " key/value heads");
+  if (c.head_dim % 2 != 0)
+    bad("head_dim " + std::to_string(c.head_dim) + " is odd; RoPE needs an even head_dim");
   if (c.attention_scale == 0) c.attention_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   if (c.context_length <= 0) c.context_length = 2048;
 }
 
-// ---- Hugging Face config.json ----------------------------------------------------------------------------------
+// ---- Hugging Face config.json
+// ----------------------------------------------------------------------------------
 
 RopeConfig parse_hf_rope(const json& p, double default_theta, const Keys& k, const std::string& key) {
   RopeConfig r;
@@ -128,10 +141,13 @@ RopeConfig parse_hf_rope(const json& p, double default_theta, const Keys& k, con
   if (!p.is_object()) k.fail(key, "must be an object, got " + p.dump());
   if (present(p, "rope_theta")) r.theta = p["rope_theta"].get<double>();
   std::string type = "default";
-  if (present(p, "rope_type")) type = p["rope_type"].get<std::string>();
-  else if (present(p, "type")) type = p["type"].get<std::string>();
+  if (present(p, "rope_type"))
+    type = p["rope_type"].get<std::string>();
+  else if (present(p, "type"))
+    type = p["type"].get<std::string>();
   if (present(p, "partial_rotary_factor") && p["partial_rotary_factor"].get<double>() != 1.0)
-    k.fail(key, "has partial_rotary_factor " + p["partial_rotary_factor"].dump() + ", which tessera does not support");
+    k.fail(key, "has partial_rotary_factor " + p["partial_rotary_factor"].dump() +
+                    ", which tessera does not support");
   if (type == "default") return r;
   auto need = [&](const char* f) -> double {
     if (!present(p, f)) k.fail(key, std::string("(rope type ") + type + ") lacks " + f);
@@ -178,7 +194,8 @@ ModelConfig config_from_hf(const json& root, const std::string& source) {
     if (!present(root, "text_config")) throw Error(source + ": missing key text_config");
     cfgp = &root["text_config"];
   } else {
-    const std::string what = !arch_name.empty() ? arch_name : (!model_type.empty() ? model_type : "(none given)");
+    const std::string what =
+        !arch_name.empty() ? arch_name : (!model_type.empty() ? model_type : "(none given)");
     throw Error(source + ": architecture " + what +
                 " is not supported (tessera runs Llama, Mistral, SmolLM2, Qwen2 and Gemma-3 models)");
   }
@@ -217,10 +234,14 @@ ModelConfig config_from_hf(const json& root, const std::string& source) {
 
   const std::string act_key = gemma ? "hidden_activation" : "hidden_act";
   const std::string act = k.has(act_key) ? k.string(act_key) : (gemma ? "gelu_pytorch_tanh" : "silu");
-  if (act == "silu" || act == "swish") c.activation = Activation::SiLU;
-  else if (act == "gelu_pytorch_tanh" || act == "gelu_new" || act == "gelu_fast") c.activation = Activation::GeluTanh;
-  else if (act == "gelu") c.activation = Activation::Gelu;
-  else k.fail(act_key, "is " + act + ", which tessera does not support (silu, gelu, gelu_pytorch_tanh)");
+  if (act == "silu" || act == "swish")
+    c.activation = Activation::SiLU;
+  else if (act == "gelu_pytorch_tanh" || act == "gelu_new" || act == "gelu_fast")
+    c.activation = Activation::GeluTanh;
+  else if (act == "gelu")
+    c.activation = Activation::Gelu;
+  else
+    k.fail(act_key, "is " + act + ", which tessera does not support (silu, gelu, gelu_pytorch_tanh)");
 
   if (k.boolean("mlp_bias", false)) k.fail("mlp_bias", "is true, which tessera does not support");
   c.qkv_bias = c.arch == Architecture::Qwen2 || k.boolean("attention_bias", false);
@@ -238,12 +259,15 @@ ModelConfig config_from_hf(const json& root, const std::string& source) {
       k.fail("layer_types", "must list one type per layer (" + std::to_string(c.num_layers) + ")");
     for (size_t i = 0; i < lt.size(); ++i) {
       const std::string t = lt[i].get<std::string>();
-      if (t == "sliding_attention") sliding[i] = true;
-      else if (t != "full_attention") k.fail("layer_types", "has unknown layer type " + t);
+      if (t == "sliding_attention")
+        sliding[i] = true;
+      else if (t != "full_attention")
+        k.fail("layer_types", "has unknown layer type " + t);
     }
   } else if (gemma) {
     int32_t pattern = k.integer("sliding_window_pattern", k.integer("_sliding_window_pattern", 6));
-    for (int32_t i = 0; i < c.num_layers; ++i) sliding[static_cast<size_t>(i)] = pattern <= 0 || (i + 1) % pattern != 0;
+    for (int32_t i = 0; i < c.num_layers; ++i)
+      sliding[static_cast<size_t>(i)] = pattern <= 0 || (i + 1) % pattern != 0;
   } else if (model_type == "mistral" || arch_name == "MistralForCausalLM") {
     if (k.has("sliding_window")) sliding.assign(sliding.size(), true);
   } else if (c.arch == Architecture::Qwen2) {
@@ -261,18 +285,20 @@ ModelConfig config_from_hf(const json& root, const std::string& source) {
   if (gemma && k.boolean("use_bidirectional_attention", false))
     k.fail("use_bidirectional_attention", "is true, which tessera does not support");
 
-  // RoPE: transformers >= 5 writes rope_parameters (flat, or nested per layer type); older configs (and the hub's
-  // files) write rope_theta + rope_scaling (+ Gemma's rope_local_base_freq, with the scaling on global layers).
+  // RoPE: transformers >= 5 writes rope_parameters (flat, or nested per layer type); older configs (and the
+  // hub's files) write rope_theta + rope_scaling (+ Gemma's rope_local_base_freq, with the scaling on global
+  // layers).
   const double default_theta = gemma ? 1000000.0 : 10000.0;
   RopeConfig global_rope, local_rope;
   if (k.has("rope_parameters")) {
     const json& rp = k.raw("rope_parameters");
     const bool nested = rp.is_object() && (rp.contains("full_attention") || rp.contains("sliding_attention"));
     if (nested) {
-      global_rope = parse_hf_rope(rp.value("full_attention", json()), k.number("rope_theta", default_theta), k,
-                                  "rope_parameters.full_attention");
-      local_rope = parse_hf_rope(rp.value("sliding_attention", json()), k.number("rope_local_base_freq", 10000.0), k,
-                                 "rope_parameters.sliding_attention");
+      global_rope = parse_hf_rope(rp.value("full_attention", json()), k.number("rope_theta", default_theta),
+                                  k, "rope_parameters.full_attention");
+      local_rope =
+          parse_hf_rope(rp.value("sliding_attention", json()), k.number("rope_local_base_freq", 10000.0), k,
+                        "rope_parameters.sliding_attention");
     } else {
       global_rope = parse_hf_rope(rp, k.number("rope_theta", default_theta), k, "rope_parameters");
       local_rope = gemma ? RopeConfig{k.number("rope_local_base_freq", 10000.0)} : global_rope;
@@ -281,7 +307,8 @@ ModelConfig config_from_hf(const json& root, const std::string& source) {
     json scaling = k.has("rope_scaling") ? k.raw("rope_scaling") : json();
     if (scaling.is_object() && !present(scaling, "original_max_position_embeddings") &&
         scaling.value("rope_type", scaling.value("type", std::string())) == "llama3")
-      scaling["original_max_position_embeddings"] = k.number("original_max_position_embeddings", c.context_length);
+      scaling["original_max_position_embeddings"] =
+          k.number("original_max_position_embeddings", c.context_length);
     if (scaling.is_object()) scaling["rope_theta"] = k.number("rope_theta", default_theta);
     global_rope = parse_hf_rope(scaling, k.number("rope_theta", default_theta), k, "rope_scaling");
     local_rope = gemma ? RopeConfig{k.number("rope_local_base_freq", 10000.0)} : global_rope;
@@ -310,16 +337,20 @@ ModelConfig config_from_hf(const json& root, const std::string& source) {
   return c;
 }
 
-// ---- GGUF metadata ---------------------------------------------------------------------------------------------
+// ---- GGUF metadata
+// ---------------------------------------------------------------------------------------------
 
 ModelConfig config_from_gguf(const json& md, const std::string& source, int64_t vocab_rows) {
   Keys g(md, source);
   g.set_what("metadata key");
   const std::string arch = g.string("general.architecture");
   ModelConfig c;
-  if (arch == "llama") c.arch = Architecture::Llama;
-  else if (arch == "qwen2") c.arch = Architecture::Qwen2;
-  else if (arch == "gemma3") c.arch = Architecture::Gemma3;
+  if (arch == "llama")
+    c.arch = Architecture::Llama;
+  else if (arch == "qwen2")
+    c.arch = Architecture::Qwen2;
+  else if (arch == "gemma3")
+    c.arch = Architecture::Gemma3;
   else
     throw Error(source + ": architecture " + arch +
                 " is not supported (tessera runs the GGUF architectures llama, qwen2 and gemma3)");
@@ -329,7 +360,7 @@ ModelConfig config_from_gguf(const json& md, const std::string& source, int64_t 
 
   c.source = source;
   c.name = g.has("general.name") && md["general.name"].is_string() ? md["general.name"].get<std::string>()
-                                                                    : name_from_path(source);
+                                                                   : name_from_path(source);
   c.hidden_size = positive(k, "embedding_length", k.integer("embedding_length"));
   c.num_layers = positive(k, "block_count", k.integer("block_count"));
   c.intermediate_size = k.integer("feed_forward_length");
@@ -400,7 +431,8 @@ ModelConfig load_model_config(const model::ModelFile& file) {
   if (file.format() == model::FileFormat::GGUF) {
     const model::TensorInfo* emb = file.find("token_embd.weight");
     ModelConfig c = config_from_gguf(file.metadata(), file.path(), emb ? emb->rows() : 0);
-    // The embedding is the truth about the vocabulary (llama.cpp trims Gemma's unused rows; vocab_size may be absent).
+    // The embedding is the truth about the vocabulary (llama.cpp trims Gemma's unused rows; vocab_size may be
+    // absent).
     if (emb != nullptr) c.vocab_size = static_cast<int32_t>(emb->rows());
     c.tied_embeddings = file.find("output.weight") == nullptr;
     return c;

@@ -8,7 +8,8 @@
 
 namespace tessera::runtime {
 
-void parallel_ranges(ThreadPool& pool, int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+void parallel_ranges(ThreadPool& pool, int64_t n, int64_t grain,
+                     const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
   const int64_t pieces = std::min<int64_t>((n + grain - 1) / grain, 4 * static_cast<int64_t>(pool.size()));
@@ -28,8 +29,8 @@ void linear(const float* x, int64_t m, const Weight& w, const Weight* bias, floa
   if (m == 1) {
     cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, 1.0f, w.ptr(), k, x, 1, 0.0f, y, 1);
   } else {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(m), n, k, 1.0f, x, k, w.ptr(), k, 0.0f,
-                y, n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(m), n, k, 1.0f, x, k, w.ptr(),
+                k, 0.0f, y, n);
   }
   if (bias != nullptr && !bias->empty()) {
     for (int64_t r = 0; r < m; ++r) {
@@ -39,18 +40,20 @@ void linear(const float* x, int64_t m, const Weight& w, const Weight* bias, floa
   }
 }
 
-void rms_norm(const float* x, float* y, int64_t rows, int64_t n, const float* weight, float eps, ThreadPool& pool) {
-  parallel_ranges(pool, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      const float* in = x + r * n;
-      float* out = y + r * n;
-      double ss = 0;
-      for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(in[i]) * in[i];
-      const float mean = static_cast<float>(ss / static_cast<double>(n));
-      const float inv = 1.0f / std::sqrt(mean + eps);
-      for (int64_t i = 0; i < n; ++i) out[i] = weight[i] * (in[i] * inv);
-    }
-  });
+void rms_norm(const float* x, float* y, int64_t rows, int64_t n, const float* weight, float eps,
+              ThreadPool& pool) {
+  parallel_ranges(pool, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)),
+                  [&](int64_t b, int64_t e) {
+                    for (int64_t r = b; r < e; ++r) {
+                      const float* in = x + r * n;
+                      float* out = y + r * n;
+                      double ss = 0;
+                      for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(in[i]) * in[i];
+                      const float mean = static_cast<float>(ss / static_cast<double>(n));
+                      const float inv = 1.0f / std::sqrt(mean + eps);
+                      for (int64_t i = 0; i < n; ++i) out[i] = weight[i] * (in[i] * inv);
+                    }
+                  });
 }
 
 void gated_activation(float* gate, const float* up, int64_t n, Activation act, ThreadPool& pool) {

@@ -1,7 +1,8 @@
 // tessera/runtime/ops.h — the f32 building blocks of the forward pass (everything but attention).
 //
-// Row-major throughout: a batch of m tokens is an [m, n] matrix. Matrix products go to OpenBLAS (sgemm; sgemv for
-// a single row); element-wise kernels are split over the pool by rows when the batch is large enough to pay for it.
+// Row-major throughout: a batch of m tokens is an [m, n] matrix. Matrix products go to OpenBLAS (sgemm; sgemv
+// for a single row); element-wise kernels are split over the pool by rows when the batch is large enough to
+// pay for it.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +18,8 @@ namespace tessera::runtime {
 void linear(const float* x, int64_t m, const Weight& w, const Weight* bias, float* y);
 
 // y = x / sqrt(mean(x^2) + eps) * weight, per row of length n (y may alias x). Sums in double.
-void rms_norm(const float* x, float* y, int64_t rows, int64_t n, const float* weight, float eps, ThreadPool& pool);
+void rms_norm(const float* x, float* y, int64_t rows, int64_t n, const float* weight, float eps,
+              ThreadPool& pool);
 
 // gate[i] = act(gate[i]) * up[i] for i in [0, n).
 void gated_activation(float* gate, const float* up, int64_t n, Activation act, ThreadPool& pool);
@@ -25,7 +27,9 @@ void gated_activation(float* gate, const float* up, int64_t n, Activation act, T
 // x[i] = cap * tanh(x[i] / cap).
 void softcap(float* x, int64_t n, float cap);
 
-// Splits [0, n) into pieces of at least `grain` and runs fn(begin, end) over the pool (inline when n <= grain).
-void parallel_ranges(ThreadPool& pool, int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+// Splits [0, n) into pieces of at least `grain` and runs fn(begin, end) over the pool (inline when n <=
+// grain).
+void parallel_ranges(ThreadPool& pool, int64_t n, int64_t grain,
+                     const std::function<void(int64_t, int64_t)>& fn);
 
 }  // namespace tessera::runtime

@@ -10,7 +10,8 @@ namespace tessera::runtime {
 std::vector<float> rope_inv_freq(const RopeConfig& rope, int head_dim, std::span<const float> freq_factors) {
   const int half = head_dim / 2;
   check(freq_factors.empty() || static_cast<int>(freq_factors.size()) == half,
-        "rope: " + std::to_string(freq_factors.size()) + " frequency factors for head_dim " + std::to_string(head_dim));
+        "rope: " + std::to_string(freq_factors.size()) + " frequency factors for head_dim " +
+            std::to_string(head_dim));
   std::vector<float> inv(static_cast<size_t>(half));
   for (int i = 0; i < half; ++i) {
     // transformers: 1.0 / (base ** (arange(0, dim, 2).float() / dim)), in f32.
@@ -18,8 +19,11 @@ std::vector<float> rope_inv_freq(const RopeConfig& rope, int head_dim, std::span
     const float power = static_cast<float>(std::pow(rope.theta, static_cast<double>(exponent)));
     float f = 1.0f / power;
     switch (rope.scaling) {
-      case RopeScaling::None: break;
-      case RopeScaling::Linear: f = f / static_cast<float>(rope.factor); break;
+      case RopeScaling::None:
+        break;
+      case RopeScaling::Linear:
+        f = f / static_cast<float>(rope.factor);
+        break;
       case RopeScaling::Llama3: {
         const double low_wavelen = rope.original_context / rope.low_freq_factor;
         const double high_wavelen = rope.original_context / rope.high_freq_factor;

@@ -19,7 +19,9 @@ int32_t argmax(std::span<const float> logits) {
 
 Sampler::Sampler(const SamplingOptions& options) : options_(options), rng_(options.seed) {}
 
-double Sampler::uniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
+double Sampler::uniform() {
+  return static_cast<double>(rng_() >> 11) * 0x1.0p-53;
+}
 
 int32_t Sampler::sample(std::span<const float> logits) {
   if (options_.temperature <= 0.0f) return argmax(logits);

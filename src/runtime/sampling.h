@@ -1,11 +1,11 @@
 // tessera/runtime/sampling.h — choosing the next token from logits, reproducibly.
 //
-// temperature <= 0 is greedy (argmax; ties go to the smaller id). Otherwise, in this order: logits / temperature;
-// keep the top_k largest (top_k <= 0: all); softmax; keep the smallest set of most probable tokens whose
-// probability reaches top_p (top_p >= 1: all; at least one token always stays); renormalise and draw. Candidates
-// are ordered by logit, ties by id, so the draw is a function of (logits, options, seed, draws so far) alone: the
-// random stream is std::mt19937_64(seed), turned into uniform doubles by hand (53 bits), not by a standard-library
-// distribution whose algorithm differs between implementations.
+// temperature <= 0 is greedy (argmax; ties go to the smaller id). Otherwise, in this order: logits /
+// temperature; keep the top_k largest (top_k <= 0: all); softmax; keep the smallest set of most probable
+// tokens whose probability reaches top_p (top_p >= 1: all; at least one token always stays); renormalise and
+// draw. Candidates are ordered by logit, ties by id, so the draw is a function of (logits, options, seed,
+// draws so far) alone: the random stream is std::mt19937_64(seed), turned into uniform doubles by hand (53
+// bits), not by a standard-library distribution whose algorithm differs between implementations.
 #pragma once
 
 #include <cstdint>

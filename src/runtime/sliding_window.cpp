@@ -19,7 +19,8 @@ void check_shape(int32_t q_begin, int32_t q_len, int32_t kv_len, int32_t window,
         "sliding window: kv_len is less than q_begin + q_len");
 }
 
-// Start of piece A's keys for the tile holding row r: P1 - window, where P1 is one past the tile's last position.
+// Start of piece A's keys for the tile holding row r: P1 - window, where P1 is one past the tile's last
+// position.
 int32_t tile_start(int32_t q_begin, int32_t q_len, int32_t r, int32_t window, int32_t tile) {
   const int32_t p1 = q_begin + std::min(q_len, (r / tile + 1) * tile);
   return std::max(0, p1 - window);
@@ -94,11 +95,13 @@ void sliding_window_attention(const attn::AttentionArgs& args, int32_t window, T
   std::vector<float> out_b(static_cast<size_t>(q_len) * static_cast<size_t>(heads) * static_cast<size_t>(d));
   attn::AttentionArgs a = args;
   a.lse = TensorView(lse_a.data(), DType::F32, {heads, q_len});
-  attn::sparse_attention_cpu(a, sliding_window_tile_index(heads, args.q_begin, q_len, kv_len, window, kTile), pool);
+  attn::sparse_attention_cpu(a, sliding_window_tile_index(heads, args.q_begin, q_len, kv_len, window, kTile),
+                             pool);
   attn::AttentionArgs b = args;
   b.out = TensorView(out_b.data(), DType::F32, {q_len, heads, d});
   b.lse = TensorView(lse_b.data(), DType::F32, {heads, q_len});
-  attn::sparse_attention_cpu(b, sliding_window_rest_index(heads, args.q_begin, q_len, kv_len, window, kTile), pool);
+  attn::sparse_attention_cpu(b, sliding_window_rest_index(heads, args.q_begin, q_len, kv_len, window, kTile),
+                             pool);
 
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   for (int32_t r = 0; r < q_len; ++r) {

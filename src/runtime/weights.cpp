@@ -13,8 +13,9 @@ size_t ModelWeights::bytes() const {
   auto b = [](const Weight& w) { return w.data.size() * sizeof(float); };
   size_t total = b(embedding) + b(lm_head) + b(final_norm) + rope_freq_factors.size() * sizeof(float);
   for (const auto& l : layers) {
-    for (const Weight* w : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm,
-                            &l.post_attn_norm, &l.ffn_norm, &l.post_ffn_norm, &l.w_gate, &l.w_up, &l.w_down})
+    for (const Weight* w :
+         {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm,
+          &l.post_attn_norm, &l.ffn_norm, &l.post_ffn_norm, &l.w_gate, &l.w_up, &l.w_down})
       total += b(*w);
   }
   return total;
@@ -27,7 +28,7 @@ void unpermute_gguf_rope_rows(float* w, int64_t heads, int64_t head_dim, int64_t
     float* base = w + h * head_dim * cols;
     for (int64_t i = 0; i < half; ++i) {
       for (int64_t s = 0; s < 2; ++s) {
-        const float* src = base + (2 * i + s) * cols;  // GGUF row 2i + s
+        const float* src = base + (2 * i + s) * cols;     // GGUF row 2i + s
         float* dst = tmp.data() + (s * half + i) * cols;  // HF row s * d/2 + i
         std::copy(src, src + cols, dst);
       }
@@ -55,7 +56,8 @@ class Loader {
   Loader(const model::ModelFile& file, const ModelConfig& cfg) : file_(file), cfg_(cfg) {}
 
   // Queues `name` for `dest`, expecting `shape` (outermost first; a vector is {n}).
-  void add(const std::string& name, std::vector<int64_t> shape, Weight& dest, std::function<void(Weight&)> fix = {}) {
+  void add(const std::string& name, std::vector<int64_t> shape, Weight& dest,
+           std::function<void(Weight&)> fix = {}) {
     const model::TensorInfo& t = file_.get(name);  // throws "<file>: missing tensor <name>"
     std::vector<int64_t> got = t.shape;
     // A vector stored as [1, n] or [n] is the same; so is a matrix whose extents match.
@@ -94,7 +96,8 @@ ModelWeights load_weights(const model::ModelFile& file, const ModelConfig& cfg, 
   const bool gguf = file.format() == model::FileFormat::GGUF;
   const bool gemma = cfg.arch == Architecture::Gemma3;
   const int64_t H = cfg.hidden_size, D = cfg.head_dim, F = cfg.intermediate_size, V = cfg.vocab_size;
-  const int64_t QD = static_cast<int64_t>(cfg.num_q_heads) * D, KD = static_cast<int64_t>(cfg.num_kv_heads) * D;
+  const int64_t QD = static_cast<int64_t>(cfg.num_q_heads) * D,
+                KD = static_cast<int64_t>(cfg.num_kv_heads) * D;
 
   ModelWeights w;
   w.layers.resize(static_cast<size_t>(cfg.num_layers));
@@ -106,8 +109,12 @@ ModelWeights load_weights(const model::ModelFile& file, const ModelConfig& cfg, 
   // The llama architecture's GGUF q/k rows are permuted for adjacent-pair RoPE (see weights.h).
   std::function<void(Weight&)> q_fix, k_fix;
   if (gguf && cfg.arch == Architecture::Llama) {
-    q_fix = [&cfg](Weight& t) { unpermute_gguf_rope_rows(t.data.data(), cfg.num_q_heads, cfg.head_dim, t.cols); };
-    k_fix = [&cfg](Weight& t) { unpermute_gguf_rope_rows(t.data.data(), cfg.num_kv_heads, cfg.head_dim, t.cols); };
+    q_fix = [&cfg](Weight& t) {
+      unpermute_gguf_rope_rows(t.data.data(), cfg.num_q_heads, cfg.head_dim, t.cols);
+    };
+    k_fix = [&cfg](Weight& t) {
+      unpermute_gguf_rope_rows(t.data.data(), cfg.num_kv_heads, cfg.head_dim, t.cols);
+    };
   }
   // Bias vectors are [heads * d] with cols 1 for the permutation.
   auto bias_fix = [&cfg](int heads) -> std::function<void(Weight&)> {
@@ -121,8 +128,8 @@ ModelWeights load_weights(const model::ModelFile& file, const ModelConfig& cfg, 
     if (ld.has("rope_freqs.weight")) {
       const model::TensorInfo& t = file.get("rope_freqs.weight");
       if (t.numel() != D / 2)
-        throw Error(file.path() + ": tensor rope_freqs.weight has shape " + t.shape_string() + ", expected [" +
-                    std::to_string(D / 2) + "]");
+        throw Error(file.path() + ": tensor rope_freqs.weight has shape " + t.shape_string() +
+                    ", expected [" + std::to_string(D / 2) + "]");
       w.rope_freq_factors.resize(static_cast<size_t>(D / 2));
       model::dequantize(t, w.rope_freq_factors.data());
     }
@@ -154,7 +161,8 @@ ModelWeights load_weights(const model::ModelFile& file, const ModelConfig& cfg, 
       ld.add(p + "ffn_down.weight", {H, F}, L.w_down);
     }
   } else {
-    // The text model's prefix: plain causal LMs, or the language model inside a multimodal Gemma-3 checkpoint.
+    // The text model's prefix: plain causal LMs, or the language model inside a multimodal Gemma-3
+    // checkpoint.
     std::string m = "model.", head = "lm_head.weight";
     for (const char* prefix : {"model.", "language_model.model.", "model.language_model."}) {
       if (ld.has(std::string(prefix) + "embed_tokens.weight")) {
@@ -162,7 +170,8 @@ ModelWeights load_weights(const model::ModelFile& file, const ModelConfig& cfg, 
         break;
       }
     }
-    if (m == "language_model.model." && ld.has("language_model.lm_head.weight")) head = "language_model.lm_head.weight";
+    if (m == "language_model.model." && ld.has("language_model.lm_head.weight"))
+      head = "language_model.lm_head.weight";
     ld.add(m + "embed_tokens.weight", {V, H}, w.embedding);
     ld.add(m + "norm.weight", {H}, w.final_norm, norm_fix);
     if (!cfg.tied_embeddings) ld.add(head, {V, H}, w.lm_head);

@@ -1,9 +1,9 @@
 // tessera/runtime/weights.h — a model's weights in f32, under one naming for both file formats.
 //
-// Every tensor is dequantized to f32 when the model is loaded (quant.h), so the forward pass runs plain f32 GEMMs
-// (OpenBLAS). That is simple and exact, and costs memory: 4 bytes per parameter (SmolLM2-135M: 0.54 GB,
-// Gemma-3-270M: 1.07 GB, an 8B model: 32 GB). Loading time is dominated by dequantization, spread over the pool
-// one tensor per item; Model::load_seconds() reports it.
+// Every tensor is dequantized to f32 when the model is loaded (quant.h), so the forward pass runs plain f32
+// GEMMs (OpenBLAS). That is simple and exact, and costs memory: 4 bytes per parameter (SmolLM2-135M: 0.54 GB,
+// Gemma-3-270M: 1.07 GB, an 8B model: 32 GB). Loading time is dominated by dequantization, spread over the
+// pool one tensor per item; Model::load_seconds() reports it.
 //
 // Names (N = layer):
 //   role             Hugging Face (safetensors)                           GGUF (llama.cpp)
@@ -24,8 +24,9 @@
 // The language model of a multimodal Gemma-3 checkpoint is found under language_model.model.* (or
 // model.language_model.*).
 //
-// After loading, weights follow one convention whatever the file: q/k rows in HF's rotate_half order (a llama GGUF's
-// permuted rows are put back), Gemma norms hold 1 + w (HF stores w), linear weights are [out, in] row-major.
+// After loading, weights follow one convention whatever the file: q/k rows in HF's rotate_half order (a llama
+// GGUF's permuted rows are put back), Gemma norms hold 1 + w (HF stores w), linear weights are [out, in]
+// row-major.
 #pragma once
 
 #include <cstdint>
@@ -57,30 +58,32 @@ struct LayerWeights {
   Weight q_norm, k_norm;  // Gemma-3 only, [head_dim]
   Weight post_attn_norm;  // Gemma-3 only
   Weight ffn_norm;
-  Weight post_ffn_norm;   // Gemma-3 only
-  Weight w_gate, w_up;    // [ffn, hidden]
-  Weight w_down;          // [hidden, ffn]
+  Weight post_ffn_norm;  // Gemma-3 only
+  Weight w_gate, w_up;   // [ffn, hidden]
+  Weight w_down;         // [hidden, ffn]
 };
 
 struct ModelWeights {
-  Weight embedding;   // [vocab, hidden]
-  Weight lm_head;     // [vocab, hidden]; empty when the embeddings are tied
+  Weight embedding;  // [vocab, hidden]
+  Weight lm_head;    // [vocab, hidden]; empty when the embeddings are tied
   Weight final_norm;
-  std::vector<float> rope_freq_factors;  // GGUF rope_freqs.weight: frequency i is divided by factor i; or empty
+  // GGUF rope_freqs.weight (llama3 scaling): frequency i is divided by factor i; empty when absent.
+  std::vector<float> rope_freq_factors;
   std::vector<LayerWeights> layers;
 
   const Weight& output() const { return lm_head.empty() ? embedding : lm_head; }
   size_t bytes() const;
 };
 
-// Reads, checks (shapes against the config) and dequantizes every tensor the config needs. Throws tessera::Error
-// "<file>: missing tensor <name>" or "<file>: tensor <name> has shape [..], expected [..]"; quantization types
-// tessera cannot read fail as quant.h says.
+// Reads, checks (shapes against the config) and dequantizes every tensor the config needs. Throws
+// tessera::Error
+// "<file>: missing tensor <name>" or "<file>: tensor <name> has shape [..], expected [..]"; quantization
+// types tessera cannot read fail as quant.h says.
 ModelWeights load_weights(const model::ModelFile& file, const ModelConfig& config, ThreadPool& pool);
 
-// llama.cpp's converter reorders the rows of each head of q_proj/k_proj (llama architecture) from rotate_half order
-// [x_0 .. x_{d/2-1}, y_0 .. y_{d/2-1}] to adjacent pairs [x_0, y_0, x_1, y_1, ...]; this puts them back, in place,
-// for a [heads * head_dim, cols] matrix (cols = 1 for a bias).
+// llama.cpp's converter reorders the rows of each head of q_proj/k_proj (llama architecture) from rotate_half
+// order [x_0 .. x_{d/2-1}, y_0 .. y_{d/2-1}] to adjacent pairs [x_0, y_0, x_1, y_1, ...]; this puts them
+// back, in place, for a [heads * head_dim, cols] matrix (cols = 1 for a bias).
 void unpermute_gguf_rope_rows(float* w, int64_t heads, int64_t head_dim, int64_t cols);
 
 }  // namespace tessera::runtime
