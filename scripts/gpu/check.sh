@@ -234,7 +234,7 @@ set +x
     echo "--- kernels with spills or local memory (ptxas):"
     grep -B1 -E "[1-9][0-9]* bytes spill|[1-9][0-9]* bytes stack" "$OUT/resources.log" | head -20 || true
     echo "--- registers of the sparse prefill kernels:"
-    grep -A1 "sparse_prefill_kernel" "$OUT/resources.log" | grep -E "Used" | head -12 || true
+    grep -A2 "sparse_prefill_kernel" "$OUT/resources.log" | grep -E "Used|REG" | head -12 || true
   fi
   for step in configure build fallback_configure fallback_build; do
     if grep -q "^$step FAILED\|^$step TIMEOUT" "$SUMMARY"; then
@@ -245,7 +245,7 @@ set +x
   done
   if [ -s "$OUT/test.log" ]; then
     echo "--- test: failures and numbers"
-    echo "skipped: $(grep -c '^\[  SKIPPED \]' "$OUT/test.log")"
+    grep -E "^\[  SKIPPED \] [0-9]+ test" "$OUT/test.log"
     grep -E "^\[  FAILED|^\[  PASSED|Failure|Expected|Which is|actual|error" "$OUT/test.log" | head -60
     grep -E "^\[ (executor|end2end) \]" "$OUT/test.log" | sort -k5 -g -r | head -5
   fi

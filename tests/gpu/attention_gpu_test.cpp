@@ -1,19 +1,19 @@
 // GPU attention core against the CPU: executor, device index build, device estimators, end to end.
 //
-// Every case draws fresh random inputs (seeded per case, so a failure reproduces), rounds them to the GPU dtype
-// and runs the CPU side on the same values in f32. Checks:
+// Every case draws fresh random inputs (seeded per case, so a failure reproduces), rounds them to the GPU
+// dtype and runs the CPU side on the same values in f32. Checks:
 //  - executor: relative error ||out - ref|| / ||ref|| < 1e-2 against the f64 masked reference (or, for long
 //    sequences, the CPU f32 sparse executor); the output is poisoned with NaN first and every element must be
 //    written and finite; lse against the reference;
 //  - device index (from the same estimates) byte-identical to the CPU lowering, device plan identical to the
 //    host plan of that index;
-//  - device estimates identical to the CPU estimates where the scores at the top-k boundary are well separated
+//  - device estimates identical to the CPU estimates where the scores at the top-k boundary are well
+//  separated
 //    (VS budgets are chosen at a gap; BS differences must be near-ties of the exact scores);
 //  - end to end (device estimate + index + kernel) against the reference on the device's own index.
 // Needs a CUDA device; skips otherwise.
-#include <gtest/gtest.h>
-
 #include <cuda_runtime.h>
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
@@ -47,17 +47,23 @@ bool have_gpu() {
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
-#define REQUIRE_GPU()                                    \
-  do {                                                   \
-    if (!have_gpu()) GTEST_SKIP() << "no CUDA device";   \
+#define REQUIRE_GPU()                                  \
+  do {                                                 \
+    if (!have_gpu()) GTEST_SKIP() << "no CUDA device"; \
   } while (0)
 
 // ---------------------------------------------------------------------------------------------------------------
 // Inputs
 
-uint16_t encode(float x, DType t) { return t == DType::BF16 ? f32_to_bf16(x).bits : f32_to_f16(x).bits; }
-float decode(uint16_t b, DType t) { return t == DType::BF16 ? bf16_to_f32(bf16::from_bits(b)) : f16_to_f32(f16::from_bits(b)); }
-float round_to(float x, DType t) { return decode(encode(x, t), t); }
+uint16_t encode(float x, DType t) {
+  return t == DType::BF16 ? f32_to_bf16(x).bits : f32_to_f16(x).bits;
+}
+float decode(uint16_t b, DType t) {
+  return t == DType::BF16 ? bf16_to_f32(bf16::from_bits(b)) : f16_to_f32(f16::from_bits(b));
+}
+float round_to(float x, DType t) {
+  return decode(encode(x, t), t);
+}
 
 struct Shape {
   int q_len = 0;
@@ -74,8 +80,9 @@ struct Shape {
 
 std::string describe(const Shape& s) {
   return "q_len " + std::to_string(s.q_len) + " q_begin " + std::to_string(s.q_begin) + " kv_len " +
-         std::to_string(s.kv_len()) + " hq " + std::to_string(s.hq) + " hkv " + std::to_string(s.hkv) + " d " +
-         std::to_string(s.d) + " tile " + std::to_string(s.tile) + " " + std::string(dtype_name(s.dtype));
+         std::to_string(s.kv_len()) + " hq " + std::to_string(s.hq) + " hkv " + std::to_string(s.hkv) +
+         " d " + std::to_string(s.d) + " tile " + std::to_string(s.tile) + " " +
+         std::string(dtype_name(s.dtype));
 }
 
 // f32 host tensor of N(0, sigma) values rounded to `t`.
@@ -104,7 +111,8 @@ DeviceTensor to_device(const Tensor& host, DType t) {
 DeviceTensor poisoned(int64_t n0, int64_t n1, int64_t n2, DType t) {
   DeviceTensor d;
   d.buf.resize(static_cast<size_t>(n0 * n1 * n2));
-  if (d.buf.size()) TESSERA_CUDA_CHECK(cudaMemset(d.buf.data(), 0xff, d.buf.bytes()));  // 0xffff: NaN in bf16 and f16
+  if (d.buf.size())
+    TESSERA_CUDA_CHECK(cudaMemset(d.buf.data(), 0xff, d.buf.bytes()));  // 0xffff: NaN in bf16 and f16
   d.view = TensorView(d.buf.data(), t, {n0, n1, n2});
   return d;
 }
@@ -200,7 +208,8 @@ OutputCheck check_output(const Shape& s, const Inputs& in, const SparseIndex& in
     for (size_t i = 0; i < gl.size(); ++i) {
       const float r = lse.ptr<float>()[i];
       if (std::isinf(r) && std::isinf(gl[i]) && (r < 0) == (gl[i] < 0)) continue;
-      const double e = std::abs(static_cast<double>(gl[i]) - r) / std::max(1.0, std::abs(static_cast<double>(r)));
+      const double e =
+          std::abs(static_cast<double>(gl[i]) - r) / std::max(1.0, std::abs(static_cast<double>(r)));
       c.lse_max_err = std::max(c.lse_max_err, std::isfinite(e) ? e : 1e30);
     }
   }
@@ -215,13 +224,14 @@ void expect_same_index(const SparseIndex& want, const SparseIndex& got) {
   EXPECT_EQ(got.kv_len, want.kv_len);
   EXPECT_EQ(got.range_offsets, want.range_offsets);
   EXPECT_EQ(got.column_offsets, want.column_offsets);
-  EXPECT_TRUE(got.ranges == want.ranges) << "ranges differ (" << got.ranges.size() << " vs " << want.ranges.size()
-                                         << ")";
+  EXPECT_TRUE(got.ranges == want.ranges)
+      << "ranges differ (" << got.ranges.size() << " vs " << want.ranges.size() << ")";
   EXPECT_EQ(got.columns, want.columns);
 }
 
 std::vector<HeadEstimate> cpu_estimates(const std::vector<Pattern>& layer, const Inputs& in, const Shape& s) {
-  return estimate_layer(layer, in.q, in.k, s.ctx(), 1.0f / std::sqrt(static_cast<float>(s.d)), ThreadPool::global());
+  return estimate_layer(layer, in.q, in.k, s.ctx(), 1.0f / std::sqrt(static_cast<float>(s.d)),
+                        ThreadPool::global());
 }
 
 AttentionArgs device_args(const Inputs& in, const DeviceTensor& out, const gpu::DeviceBuffer<float>* lse,
@@ -236,7 +246,9 @@ AttentionArgs device_args(const Inputs& in, const DeviceTensor& out, const gpu::
   return a;
 }
 
-uint64_t seed_of(const std::string& name) { return std::hash<std::string>{}(name) ^ 0x7e55e7aull; }
+uint64_t seed_of(const std::string& name) {
+  return std::hash<std::string>{}(name) ^ 0x7e55e7aull;
+}
 
 // ---------------------------------------------------------------------------------------------------------------
 // Executor on the CPU-built index (with CPU estimates).
@@ -319,10 +331,14 @@ TEST(CudaAttention, FusedQkvStrides) {
   std::vector<uint16_t> fused(static_cast<size_t>(s.q_len * heads * s.d));
   for (int64_t t = 0; t < s.q_len; ++t) {
     for (int64_t c = 0; c < s.d; ++c) {
-      for (int64_t h = 0; h < s.hq; ++h) fused[static_cast<size_t>((t * heads + h) * s.d + c)] = encode(*in.q.view().at<float>(t, h, c), s.dtype);
+      for (int64_t h = 0; h < s.hq; ++h)
+        fused[static_cast<size_t>((t * heads + h) * s.d + c)] =
+            encode(*in.q.view().at<float>(t, h, c), s.dtype);
       for (int64_t h = 0; h < s.hkv; ++h) {
-        fused[static_cast<size_t>((t * heads + s.hq + h) * s.d + c)] = encode(*in.k.view().at<float>(t, h, c), s.dtype);
-        fused[static_cast<size_t>((t * heads + s.hq + s.hkv + h) * s.d + c)] = encode(*in.v.view().at<float>(t, h, c), s.dtype);
+        fused[static_cast<size_t>((t * heads + s.hq + h) * s.d + c)] =
+            encode(*in.k.view().at<float>(t, h, c), s.dtype);
+        fused[static_cast<size_t>((t * heads + s.hq + s.hkv + h) * s.d + c)] =
+            encode(*in.v.view().at<float>(t, h, c), s.dtype);
       }
     }
   }
@@ -388,7 +404,8 @@ TEST(CudaAttention, RejectsBadArguments) {
   a.q_begin = 5;
   EXPECT_THROW(gpu::sparse_prefill(a, dindex, plan), Error);  // index describes another call
   EXPECT_THROW(gpu::CudaLayerAttention(layer, LoweringContext::prefill(64, 32), 2, 128), Error);  // tile 32
-  EXPECT_THROW(gpu::CudaLayerAttention(layer, LoweringContext::prefill(64, 128), 2, 96), Error);  // head_dim 96
+  EXPECT_THROW(gpu::CudaLayerAttention(layer, LoweringContext::prefill(64, 128), 2, 96),
+               Error);  // head_dim 96
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -445,7 +462,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, DeviceIndexTest, ::testing::ValuesIn(index_cases
 // Device estimates against the CPU estimators.
 
 // Exact f64 column and diagonal sums of the VS estimate (the definition in estimate.h).
-void vs_sums(const Inputs& in, const Shape& s, int h, int last_q, std::vector<double>& col, std::vector<double>& diag) {
+void vs_sums(const Inputs& in, const Shape& s, int h, int last_q, std::vector<double>& col,
+             std::vector<double>& diag) {
   const int keys = s.q_begin + s.q_len;
   const int rows = std::min(last_q, s.q_len);
   const int kvh = h / (s.hq / s.hkv);
@@ -458,7 +476,8 @@ void vs_sums(const Inputs& in, const Shape& s, int h, int last_q, std::vector<do
     double mx = -std::numeric_limits<double>::infinity();
     for (int j = 0; j <= pos; ++j) {
       double dot = 0;
-      for (int c = 0; c < s.d; ++c) dot += static_cast<double>(*in.q.view().at<float>(r, h, c)) * *in.k.view().at<float>(j, kvh, c);
+      for (int c = 0; c < s.d; ++c)
+        dot += static_cast<double>(*in.q.view().at<float>(r, h, c)) * *in.k.view().at<float>(j, kvh, c);
       sc[static_cast<size_t>(j)] = dot * scale;
       mx = std::max(mx, sc[static_cast<size_t>(j)]);
     }
@@ -472,10 +491,11 @@ void vs_sums(const Inputs& in, const Shape& s, int h, int last_q, std::vector<do
   }
 }
 
-// The smallest budget >= target (forced entries included) whose boundary lies at a relative gap of 1e-4 or more,
-// so that rounding cannot reorder it.
+// The smallest budget >= target (forced entries included) whose boundary lies at a relative gap of 1e-4 or
+// more, so that rounding cannot reorder it.
 int separated_budget(const std::vector<double>& score, int forced, int target) {
-  std::vector<double> rest(score.begin() + std::min<size_t>(static_cast<size_t>(forced), score.size()), score.end());
+  std::vector<double> rest(score.begin() + std::min<size_t>(static_cast<size_t>(forced), score.size()),
+                           score.end());
   std::sort(rest.begin(), rest.end(), std::greater<>());
   if (rest.empty()) return forced;
   const double top = rest.front();
@@ -545,13 +565,17 @@ TEST_P(DeviceEstimateTest, BlockSparseIdenticalUpToNearTies) {
     // Differences must be near-ties of the exact pooled scores.
     const int B = w.block, kvh = h / (s.hq / s.hkv);
     for (size_t e = 0; e + 1 < w.offsets.size(); ++e) {
-      const std::vector<int32_t> a(w.key_blocks.begin() + w.offsets[e], w.key_blocks.begin() + w.offsets[e + 1]);
-      const std::vector<int32_t> b(g.key_blocks.begin() + g.offsets[e], g.key_blocks.begin() + g.offsets[e + 1]);
+      const std::vector<int32_t> a(w.key_blocks.begin() + w.offsets[e],
+                                   w.key_blocks.begin() + w.offsets[e + 1]);
+      const std::vector<int32_t> b(g.key_blocks.begin() + g.offsets[e],
+                                   g.key_blocks.begin() + g.offsets[e + 1]);
       if (a == b) continue;
       const int qb = w.first_q_block + static_cast<int>(e);
       const int r0 = std::max(qb * B, s.q_begin) - s.q_begin, r1 = std::min((qb + 1) * B, q_end) - s.q_begin;
       std::vector<double> qp(static_cast<size_t>(s.d), 0.0);
-      for (int r = r0; r < r1; ++r) for (int c = 0; c < s.d; ++c) qp[static_cast<size_t>(c)] += *in.q.view().at<float>(r, h, c) / double(r1 - r0);
+      for (int r = r0; r < r1; ++r)
+        for (int c = 0; c < s.d; ++c)
+          qp[static_cast<size_t>(c)] += *in.q.view().at<float>(r, h, c) / double(r1 - r0);
       auto score = [&](int kb) {
         const int j0 = kb * B, j1 = std::min((kb + 1) * B, s.kv_len());
         double dot = 0;
@@ -562,7 +586,8 @@ TEST_P(DeviceEstimateTest, BlockSparseIdenticalUpToNearTies) {
         }
         return dot;
       };
-      double lo_kept = std::numeric_limits<double>::infinity(), hi_dropped = -std::numeric_limits<double>::infinity();
+      double lo_kept = std::numeric_limits<double>::infinity(),
+             hi_dropped = -std::numeric_limits<double>::infinity();
       for (int32_t kb : a) lo_kept = std::min(lo_kept, score(kb));
       for (int kb = 0; kb <= qb; ++kb) {
         if (std::find(a.begin(), a.end(), kb) == a.end()) hi_dropped = std::max(hi_dropped, score(kb));
@@ -703,9 +728,9 @@ SparseIndex lower_like_device(const std::vector<Pattern>& layer, const std::vect
   costs.clear();
   for (int h = 0; h < idx.num_heads; ++h) {
     for (int t = 0; t < tiles; ++t) {
-      const gpu::TileCounts n = gpu::lower_tile(heads[static_cast<size_t>(h)],
-                                                gpu::tile_geometry(t, ctx.tile, ctx.q_begin, ctx.q_len, ctx.kv_len, ctx.n()),
-                                                nullptr, nullptr);
+      const gpu::TileCounts n = gpu::lower_tile(
+          heads[static_cast<size_t>(h)],
+          gpu::tile_geometry(t, ctx.tile, ctx.q_begin, ctx.q_len, ctx.kv_len, ctx.n()), nullptr, nullptr);
       idx.range_offsets.push_back(idx.range_offsets.back() + n.ranges);
       idx.column_offsets.push_back(idx.column_offsets.back() + n.columns);
       costs.push_back(n.cost);
@@ -718,7 +743,8 @@ SparseIndex lower_like_device(const std::vector<Pattern>& layer, const std::vect
       const size_t item = static_cast<size_t>(h) * static_cast<size_t>(tiles) + static_cast<size_t>(t);
       gpu::lower_tile(heads[static_cast<size_t>(h)],
                       gpu::tile_geometry(t, ctx.tile, ctx.q_begin, ctx.q_len, ctx.kv_len, ctx.n()),
-                      idx.ranges.data() + idx.range_offsets[item], idx.columns.data() + idx.column_offsets[item]);
+                      idx.ranges.data() + idx.range_offsets[item],
+                      idx.columns.data() + idx.column_offsets[item]);
     }
   }
   return idx;

@@ -3,13 +3,12 @@
 // Radix select on the order-preserving 32-bit image of the floats: four passes of an 8-bit histogram find the
 // k-th largest key T exactly; a final ordered pass keeps every element above T and the first (smallest-index)
 // elements equal to T until k are kept, and writes the kept indices in ascending order through a block-wide
-// prefix sum. So ties go to the smaller index, as in the CPU estimators (attention/index/estimate.cpp), and the
-// result does not depend on thread timing. -0.0 counts as +0.0.
+// prefix sum. So ties go to the smaller index, as in the CPU estimators (attention/index/estimate.cpp), and
+// the result does not depend on thread timing. -0.0 counts as +0.0.
 #pragma once
 
-#include <cub/block/block_scan.cuh>
-
 #include <cstdint>
+#include <cub/block/block_scan.cuh>
 
 namespace tessera::attn::gpu::detail {
 
@@ -31,7 +30,7 @@ struct BlockTopK {
   };
 
   // Writes to out[0, k) the indices i in [begin, end) of the k largest load(i) (ties: smaller i), ascending.
-  // k is clamped to [0, end - begin]. Every thread of the block must call it; it ends with a barrier.
+  // k is clamped to [0, end - begin]. Every thread of the block must call it (with the same arguments).
   template <class Load>
   __device__ static void select(Load load, int begin, int end, int k, int32_t* out, Storage& st) {
     const int tid = threadIdx.x;

@@ -15,8 +15,8 @@ namespace tessera::attn::gpu {
 
 inline void cuda_check(cudaError_t err, const char* expr, const char* file, int line) {
   if (err != cudaSuccess) {
-    throw Error(std::string("CUDA error ") + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ") in " +
-                expr + " at " + file + ":" + std::to_string(line));
+    throw Error(std::string("CUDA error ") + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) +
+                ") in " + expr + " at " + file + ":" + std::to_string(line));
   }
 }
 

@@ -48,8 +48,8 @@ class DeviceBuffer {
     const cudaError_t err = cudaMalloc(&p, count * sizeof(T));
     if (err != cudaSuccess) {
       (void)cudaGetLastError();
-      throw Error("out of device memory: could not allocate " + std::to_string(count * sizeof(T)) + " bytes (" +
-                  cudaGetErrorString(err) + ")");
+      throw Error("out of device memory: could not allocate " + std::to_string(count * sizeof(T)) +
+                  " bytes (" + cudaGetErrorString(err) + ")");
     }
     data_ = static_cast<T*>(p);
     size_ = capacity_ = count;
@@ -62,9 +62,12 @@ class DeviceBuffer {
 
   void upload(const T* host, size_t count, cudaStream_t stream = nullptr) {
     resize(count);
-    if (count) TESSERA_CUDA_CHECK(cudaMemcpyAsync(data_, host, count * sizeof(T), cudaMemcpyHostToDevice, stream));
+    if (count)
+      TESSERA_CUDA_CHECK(cudaMemcpyAsync(data_, host, count * sizeof(T), cudaMemcpyHostToDevice, stream));
   }
-  void upload(const std::vector<T>& host, cudaStream_t stream = nullptr) { upload(host.data(), host.size(), stream); }
+  void upload(const std::vector<T>& host, cudaStream_t stream = nullptr) {
+    upload(host.data(), host.size(), stream);
+  }
   // Synchronous copy of the first `count` elements (all when count is npos).
   std::vector<T> download(size_t count = static_cast<size_t>(-1)) const {
     if (count == static_cast<size_t>(-1)) count = size_;

@@ -54,7 +54,8 @@ const DeviceInfo& current_device_info() {
     DeviceInfo& info = cached[dev];
     info.device = dev;
     TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&info.num_sms, cudaDevAttrMultiProcessorCount, dev));
-    TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&info.max_smem_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    TESSERA_CUDA_CHECK(
+        cudaDeviceGetAttribute(&info.max_smem_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     filled[dev] = true;
   }
   return cached[dev];

@@ -1,18 +1,18 @@
 // Device estimators for vertical-slash and block-sparse heads (contract: estimate_cuda.h).
 //
 // VS, per head, in five launches over all VS heads of the layer at once:
-//   1. vs_stats: per chunk of 512 keys, each of the 64 last rows' running max and sum of exp (tensor-core scores);
+//   1. vs_stats: per chunk of 512 keys, each of the 64 last rows' running max and sum of exp (tensor-core
+//   scores);
 //   2. vs_merge_stats: the row maxima and normalisers over all chunks;
-//   3. vs_sums: A = exp(s - m) / l tile by tile into shared memory; column sums go straight to memory (each key
-//      belongs to one chunk); diagonal sums are accumulated per chunk over the band of offsets the chunk touches
-//      (512 + 63 offsets) in a fixed order and stored per chunk;
+//   3. vs_sums: A = exp(s - m) / l tile by tile into shared memory; column sums go straight to memory (each
+//   key
+//      belongs to one chunk); diagonal sums are accumulated per chunk over the band of offsets the chunk
+//      touches (512 + 63 offsets) in a fixed order and stored per chunk;
 //   4. vs_merge_diag: each offset sums the (at most two) chunk bands that cover it, in chunk order;
 //   5. vs_topk: forced prefix, then BlockTopK over the rest, for columns and offsets.
 // Everything is deterministic (no atomics on floats).
-// BS: pool K per kv head (one pool per distinct block size), pool Q per head, then one CTA per (head, query block)
-// computes the causal block scores (a warp per key block) and selects with BlockTopK.
-#include "attention/cuda/estimate_cuda.h"
-
+// BS: pool K per kv head (one pool per distinct block size), pool Q per head, then one CTA per (head, query
+// block) computes the causal block scores (a warp per key block) and selects with BlockTopK.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -21,6 +21,7 @@
 
 #include "attention/cuda/block_topk.cuh"
 #include "attention/cuda/cuda_check.h"
+#include "attention/cuda/estimate_cuda.h"
 #include "attention/cuda/mma_sm80.cuh"
 #include "core/error.h"
 
@@ -35,9 +36,9 @@ using detail::LaneSwizzle;
 using detail::smem_addr;
 using detail::warp_qk;
 
-constexpr int kVsRows = 64;      // rows of the VS estimate handled by one CTA (4 warps x 16)
+constexpr int kVsRows = 64;  // rows of the VS estimate handled by one CTA (4 warps x 16)
 constexpr int kVsThreads = 128;
-constexpr int kVsChunk = 512;    // keys per CTA
+constexpr int kVsChunk = 512;  // keys per CTA
 constexpr int kVsBand = kVsChunk + kVsRows - 1;
 constexpr int kTopKThreads = 512;
 constexpr int kBsThreads = 256;
@@ -58,22 +59,25 @@ struct VsParams {
   int32_t* offsets = nullptr;
 };
 
-__device__ __forceinline__ int floor_div(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+__device__ __forceinline__ int floor_div(int a, int b) {
+  return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
 
 // Shared part of the two VS passes: Q rows of the head into sQ, and the lane's two rows.
 template <typename T, int D>
 struct VsTile {
   T* sQ;
   T* sK;
-  int rq0;    // q row index of estimate row 0
-  int pos0;   // absolute position of estimate row 0
+  int rq0;   // q row index of estimate row 0
+  int pos0;  // absolute position of estimate row 0
   int row[2];
   bool valid[2];
   int pos[2];
 };
 
 template <typename T, int D>
-__device__ __forceinline__ VsTile<T, D> vs_setup(const VsParams& p, const VsHeadDesc& hd, unsigned char* smem) {
+__device__ __forceinline__ VsTile<T, D> vs_setup(const VsParams& p, const VsHeadDesc& hd,
+                                                 unsigned char* smem) {
   VsTile<T, D> v;
   v.sQ = reinterpret_cast<T*>(smem);
   v.sK = v.sQ + kVsRows * D;
@@ -95,8 +99,8 @@ __device__ __forceinline__ VsTile<T, D> vs_setup(const VsParams& p, const VsHead
 
 // Scores of the lane's fragment for the 64 keys starting at kb (loaded into sK here).
 template <typename T, int D>
-__device__ __forceinline__ void vs_scores(const VsParams& p, const VsHeadDesc& hd, const VsTile<T, D>& v, int kb,
-                                          float (&s)[8][4]) {
+__device__ __forceinline__ void vs_scores(const VsParams& p, const VsHeadDesc& hd, const VsTile<T, D>& v,
+                                          int kb, float (&s)[8][4]) {
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const T* kh = static_cast<const T*>(p.k) + hd.kv_head * p.k_head;
   cp_async_tile<D, 64, kVsThreads>(v.sK, tid, p.k, [&](int r) -> const void* {
@@ -158,7 +162,8 @@ __global__ void __launch_bounds__(kVsThreads) vs_stats_kernel(const VsParams p) 
     lq += __shfl_xor_sync(0xffffffffu, lq, 1);
     lq += __shfl_xor_sync(0xffffffffu, lq, 2);
     if (c4 == 0) {
-      p.partial[(static_cast<int64_t>(blockIdx.y) * p.chunks + chunk) * kVsRows + v.row[e]] = make_float2(mq, lq);
+      p.partial[(static_cast<int64_t>(blockIdx.y) * p.chunks + chunk) * kVsRows + v.row[e]] =
+          make_float2(mq, lq);
     }
   }
 }
@@ -188,7 +193,7 @@ __global__ void __launch_bounds__(kVsThreads) vs_sums_kernel(const VsParams p) {
   const int kb0 = chunk * kVsChunk, kb1 = min(kb0 + kVsChunk, p.keys);
   const VsTile<T, D> v = vs_setup<T, D>(p, hd, smem);
   float* sP = reinterpret_cast<float*>(v.sK + 64 * D);  // [64][65]
-  float* band = sP + 64 * 65;                              // [kVsBand]
+  float* band = sP + 64 * 65;                           // [kVsBand]
   const int tid = threadIdx.x, c4 = tid % 4;
   for (int i = tid; i < kVsBand; i += kVsThreads) band[i] = 0.0f;
   float m[2], l[2];
@@ -299,7 +304,8 @@ __global__ void bs_pool_q_kernel(const BsParams p) {
   const T* src = static_cast<const T*>(p.q) + hd.q_head * p.q_head + i;
   float acc = 0.0f;
   for (int r = r0; r < r1; ++r) acc += detail::MmaTraits<T>::to_float(src[static_cast<int64_t>(r) * p.q_tok]);
-  p.qpool[(static_cast<int64_t>(blockIdx.y) * p.max_q_blocks + e) * d + i] = acc / static_cast<float>(r1 - r0);
+  p.qpool[(static_cast<int64_t>(blockIdx.y) * p.max_q_blocks + e) * d + i] =
+      acc / static_cast<float>(r1 - r0);
 }
 
 // grid (query blocks, BS heads): scores of the causal key blocks, then the top-k. Dynamic shared memory: the
@@ -331,7 +337,8 @@ __global__ void __launch_bounds__(kBsThreads) bs_select_kernel(const BsParams p)
   }
   __syncthreads();
   const int32_t* offs = p.offsets + hd.offsets_base;
-  TopK::select([&](int i) { return score[i]; }, 0, n, min(hd.top_k, n), p.key_blocks + hd.key_base + offs[e], st);
+  TopK::select([&](int i) { return score[i]; }, 0, n, min(hd.top_k, n), p.key_blocks + hd.key_base + offs[e],
+               st);
 }
 
 template <typename T, int D>
@@ -349,8 +356,8 @@ void launch_vs(const VsParams& p, int num_heads, cudaStream_t stream) {
   check_launch("vs_merge_stats_kernel");
   vs_sums_kernel<T, D><<<grid, kVsThreads, smem_sums, stream>>>(p);
   check_launch("vs_sums_kernel");
-  vs_merge_diag_kernel<<<dim3(static_cast<unsigned>((p.keys + 255) / 256), static_cast<unsigned>(num_heads)), 256, 0,
-                         stream>>>(p);
+  vs_merge_diag_kernel<<<dim3(static_cast<unsigned>((p.keys + 255) / 256), static_cast<unsigned>(num_heads)),
+                         256, 0, stream>>>(p);
   check_launch("vs_merge_diag_kernel");
   vs_topk_kernel<<<dim3(static_cast<unsigned>(num_heads), 2), kTopKThreads, 0, stream>>>(p);
   check_launch("vs_topk_kernel");
@@ -363,8 +370,9 @@ void launch_bs(const BsParams& p, int num_heads, int num_kv_heads, const std::ve
   for (size_t i = 0; i < block_sizes.size(); ++i) {
     const int b = block_sizes[i];
     const int nkb = (q_end + b - 1) / b;
-    bs_pool_k_kernel<T><<<dim3(static_cast<unsigned>(nkb), static_cast<unsigned>(num_kv_heads)), D, 0, stream>>>(
-        p, b, nkb, p.kpool + pool_base[i]);
+    bs_pool_k_kernel<T>
+        <<<dim3(static_cast<unsigned>(nkb), static_cast<unsigned>(num_kv_heads)), D, 0, stream>>>(
+            p, b, nkb, p.kpool + pool_base[i]);
     check_launch("bs_pool_k_kernel");
   }
   const dim3 grid(static_cast<unsigned>(p.max_q_blocks), static_cast<unsigned>(num_heads));
@@ -398,8 +406,8 @@ void check_view(const TensorView& t, const char* what) {
 
 }  // namespace
 
-DeviceEstimates::DeviceEstimates(const std::vector<Pattern>& patterns, const LoweringContext& ctx, int num_kv_heads,
-                                 int head_dim)
+DeviceEstimates::DeviceEstimates(const std::vector<Pattern>& patterns, const LoweringContext& ctx,
+                                 int num_kv_heads, int head_dim)
     : ctx_(ctx),
       num_q_heads_(static_cast<int>(patterns.size())),
       num_kv_heads_(num_kv_heads),
@@ -451,7 +459,8 @@ DeviceEstimates::DeviceEstimates(const std::vector<Pattern>& patterns, const Low
       d.key_base = bs_key_total;
       const int64_t base = bs_prefix(d.first_q_block, d.top_k);
       for (int32_t e = 0; e <= d.num_q_blocks; ++e) {
-        bs_offsets_host_.push_back(static_cast<int32_t>(bs_prefix(int64_t{d.first_q_block} + e, d.top_k) - base));
+        bs_offsets_host_.push_back(
+            static_cast<int32_t>(bs_prefix(int64_t{d.first_q_block} + e, d.top_k) - base));
       }
       bs_off_total += d.num_q_blocks + 1;
       bs_key_total += bs_offsets_host_.back();
@@ -468,7 +477,8 @@ DeviceEstimates::DeviceEstimates(const std::vector<Pattern>& patterns, const Low
     pool_total += int64_t{num_kv_heads} * ((q_end + b - 1) / b) * head_dim;
   }
   for (BsHeadDesc& d : bs_) {
-    d.kpool_base = bs_pool_base_[static_cast<size_t>(d.pool_index)] + int64_t{d.kv_head} * d.num_key_blocks * head_dim;
+    d.kpool_base =
+        bs_pool_base_[static_cast<size_t>(d.pool_index)] + int64_t{d.kv_head} * d.num_key_blocks * head_dim;
   }
 
   vs_columns_.resize(static_cast<size_t>(std::max<int64_t>(col_total, 1)));
@@ -488,7 +498,8 @@ DeviceEstimates::DeviceEstimates(const std::vector<Pattern>& patterns, const Low
   if (!bs_.empty()) {
     bs_desc_.upload(bs_);
     bs_kpool_.resize(static_cast<size_t>(std::max<int64_t>(pool_total, 1)));
-    bs_qpool_.resize(bs_.size() * static_cast<size_t>(std::max(bs_max_q_blocks_, 1)) * static_cast<size_t>(head_dim));
+    bs_qpool_.resize(bs_.size() * static_cast<size_t>(std::max(bs_max_q_blocks_, 1)) *
+                     static_cast<size_t>(head_dim));
   }
   TESSERA_CUDA_CHECK(cudaDeviceSynchronize());  // the uploads above read host vectors that are members
 }
@@ -499,14 +510,15 @@ void DeviceEstimates::estimate(const TensorView& q, const TensorView& k, float s
   check_view(k, "k");
   check(q.dtype == k.dtype, "CUDA estimate: q and k dtypes differ");
   check(q.dim(0) == ctx_.q_len && q.dim(1) == num_q_heads_ && q.dim(2) == head_dim_,
-        "CUDA estimate q: expected [" + std::to_string(ctx_.q_len) + ", " + std::to_string(num_q_heads_) + ", " +
-            std::to_string(head_dim_) + "], got " + q.shape_string());
+        "CUDA estimate q: expected [" + std::to_string(ctx_.q_len) + ", " + std::to_string(num_q_heads_) +
+            ", " + std::to_string(head_dim_) + "], got " + q.shape_string());
   check(k.dim(0) >= ctx_.kv_len && k.dim(1) == num_kv_heads_ && k.dim(2) == head_dim_,
-        "CUDA estimate k: expected [>= " + std::to_string(ctx_.kv_len) + ", " + std::to_string(num_kv_heads_) +
-            ", " + std::to_string(head_dim_) + "], got " + k.shape_string());
+        "CUDA estimate k: expected [>= " + std::to_string(ctx_.kv_len) + ", " +
+            std::to_string(num_kv_heads_) + ", " + std::to_string(head_dim_) + "], got " + k.shape_string());
   const bool bf = q.dtype == DType::BF16;
   const int d = head_dim_;
-  check(d == 64 || d == 128 || d == 256, "CUDA estimate: head_dim " + std::to_string(d) + " is not supported");
+  check(d == 64 || d == 128 || d == 256,
+        "CUDA estimate: head_dim " + std::to_string(d) + " is not supported");
 
   if (!vs_.empty()) {
     VsParams p;
@@ -560,13 +572,25 @@ void DeviceEstimates::estimate(const TensorView& q, const TensorView& k, float s
     p.key_blocks = bs_key_blocks_.data();
     const int n = static_cast<int>(bs_.size());
     if (bf) {
-      if (d == 64) launch_bs<__nv_bfloat16, 64>(p, n, num_kv_heads_, bs_block_sizes_, bs_pool_base_, bs_max_key_blocks_, stream);
-      if (d == 128) launch_bs<__nv_bfloat16, 128>(p, n, num_kv_heads_, bs_block_sizes_, bs_pool_base_, bs_max_key_blocks_, stream);
-      if (d == 256) launch_bs<__nv_bfloat16, 256>(p, n, num_kv_heads_, bs_block_sizes_, bs_pool_base_, bs_max_key_blocks_, stream);
+      if (d == 64)
+        launch_bs<__nv_bfloat16, 64>(p, n, num_kv_heads_, bs_block_sizes_, bs_pool_base_, bs_max_key_blocks_,
+                                     stream);
+      if (d == 128)
+        launch_bs<__nv_bfloat16, 128>(p, n, num_kv_heads_, bs_block_sizes_, bs_pool_base_, bs_max_key_blocks_,
+                                      stream);
+      if (d == 256)
+        launch_bs<__nv_bfloat16, 256>(p, n, num_kv_heads_, bs_block_sizes_, bs_pool_base_, bs_max_key_blocks_,
+                                      stream);
     } else {
-      if (d == 64) launch_bs<__half, 64>(p, n, num_kv_heads_, bs_block_sizes_, bs_pool_base_, bs_max_key_blocks_, stream);
-      if (d == 128) launch_bs<__half, 128>(p, n, num_kv_heads_, bs_block_sizes_, bs_pool_base_, bs_max_key_blocks_, stream);
-      if (d == 256) launch_bs<__half, 256>(p, n, num_kv_heads_, bs_block_sizes_, bs_pool_base_, bs_max_key_blocks_, stream);
+      if (d == 64)
+        launch_bs<__half, 64>(p, n, num_kv_heads_, bs_block_sizes_, bs_pool_base_, bs_max_key_blocks_,
+                              stream);
+      if (d == 128)
+        launch_bs<__half, 128>(p, n, num_kv_heads_, bs_block_sizes_, bs_pool_base_, bs_max_key_blocks_,
+                               stream);
+      if (d == 256)
+        launch_bs<__half, 256>(p, n, num_kv_heads_, bs_block_sizes_, bs_pool_base_, bs_max_key_blocks_,
+                               stream);
     }
   }
 }
@@ -598,15 +622,19 @@ void DeviceEstimates::upload(const std::vector<HeadEstimate>& estimates) {
   check(estimates.size() == static_cast<size_t>(num_q_heads_),
         "CUDA estimates upload: " + std::to_string(estimates.size()) + " estimates for " +
             std::to_string(num_q_heads_) + " heads");
-  std::vector<int32_t> cols(vs_columns_.size(), 0), offs(vs_offsets_.size(), 0), keys(bs_key_blocks_.size(), 0);
+  std::vector<int32_t> cols(vs_columns_.size(), 0), offs(vs_offsets_.size(), 0),
+      keys(bs_key_blocks_.size(), 0);
   for (const VsHeadDesc& d : vs_) {
     const std::string where = "CUDA estimates upload: head " + std::to_string(d.q_head) + ": ";
     const auto* e = std::get_if<VerticalSlashEstimate>(&estimates[static_cast<size_t>(d.q_head)]);
     check(e != nullptr, where + "expected a vertical_slash estimate");
-    check(e->columns.size() == static_cast<size_t>(d.num_columns) && e->offsets.size() == static_cast<size_t>(d.num_offsets),
-          where + "expected " + std::to_string(d.num_columns) + " columns and " + std::to_string(d.num_offsets) +
-              " offsets, got " + std::to_string(e->columns.size()) + " and " + std::to_string(e->offsets.size()));
-    check(std::is_sorted(e->columns.begin(), e->columns.end()) && std::is_sorted(e->offsets.begin(), e->offsets.end()),
+    check(e->columns.size() == static_cast<size_t>(d.num_columns) &&
+              e->offsets.size() == static_cast<size_t>(d.num_offsets),
+          where + "expected " + std::to_string(d.num_columns) + " columns and " +
+              std::to_string(d.num_offsets) + " offsets, got " + std::to_string(e->columns.size()) + " and " +
+              std::to_string(e->offsets.size()));
+    check(std::is_sorted(e->columns.begin(), e->columns.end()) &&
+              std::is_sorted(e->offsets.begin(), e->offsets.end()),
           where + "columns and offsets must be ascending");
     std::copy(e->columns.begin(), e->columns.end(), cols.begin() + d.column_base);
     std::copy(e->offsets.begin(), e->offsets.end(), offs.begin() + d.offset_base);

@@ -1,8 +1,9 @@
 // tessera/attention/cuda/estimate_cuda.h — the dynamic-pattern estimators on the GPU.
 //
-// Computes, for every vertical-slash and block-sparse head of a layer, the same estimate as the CPU estimators
-// (attention/index/estimate.h, whose definitions are the contract):
-//  - VS: A = softmax(scale * Q[last rows] K^T + causal) over keys [0, q_begin + q_len); column sums and diagonal
+// Computes, for every vertical-slash and block-sparse head of a layer, the same estimate as the CPU
+// estimators (attention/index/estimate.h, whose definitions are the contract):
+//  - VS: A = softmax(scale * Q[last rows] K^T + causal) over keys [0, q_begin + q_len); column sums and
+//  diagonal
 //    sums of A; the first forced columns / diagonals, then the top-k of the rest (ties to the smaller index),
 //    ascending. Scores come from tensor-core products (f32 accumulation), the softmax in f32.
 //  - BS: mean-pooled Q and K blocks (aligned to absolute position 0, partial blocks pool what they have), raw
@@ -32,13 +33,13 @@ namespace tessera::attn::gpu {
 struct VsHeadDesc {
   int32_t q_head = 0;
   int32_t kv_head = 0;
-  int32_t rows = 0;           // min(last_q, q_len)
-  int32_t num_columns = 0;    // min(vertical, keys)
-  int32_t num_offsets = 0;    // min(slash, keys)
-  int32_t forced_columns = 0; // min(forced_columns, num_columns)
-  int32_t forced_offsets = 0; // min(forced_diagonals, num_offsets)
-  int64_t column_base = 0;    // into DeviceEstimates::vs_columns
-  int64_t offset_base = 0;    // into DeviceEstimates::vs_offsets
+  int32_t rows = 0;            // min(last_q, q_len)
+  int32_t num_columns = 0;     // min(vertical, keys)
+  int32_t num_offsets = 0;     // min(slash, keys)
+  int32_t forced_columns = 0;  // min(forced_columns, num_columns)
+  int32_t forced_offsets = 0;  // min(forced_diagonals, num_offsets)
+  int64_t column_base = 0;     // into DeviceEstimates::vs_columns
+  int64_t offset_base = 0;     // into DeviceEstimates::vs_offsets
 };
 
 struct BsHeadDesc {
@@ -50,9 +51,9 @@ struct BsHeadDesc {
   int32_t num_q_blocks = 0;
   int32_t num_key_blocks = 0;  // key blocks pooled: ceil((q_begin + q_len) / block)
   int32_t pool_index = 0;      // which pooled-K array (one per distinct block size)
-  int64_t kpool_base = 0;      // into the pooled keys: [num_key_blocks][head_dim] floats of this head's kv head
-  int64_t offsets_base = 0;    // into DeviceEstimates::bs_offsets (num_q_blocks + 1 entries)
-  int64_t key_base = 0;        // into DeviceEstimates::bs_key_blocks
+  int64_t kpool_base = 0;    // into the pooled keys: [num_key_blocks][head_dim] floats of this head's kv head
+  int64_t offsets_base = 0;  // into DeviceEstimates::bs_offsets (num_q_blocks + 1 entries)
+  int64_t key_base = 0;      // into DeviceEstimates::bs_key_blocks
 };
 
 class DeviceEstimates {
@@ -95,8 +96,8 @@ class DeviceEstimates {
   std::vector<std::pair<int, int>> slot_of_;
   std::vector<VsHeadDesc> vs_;
   std::vector<BsHeadDesc> bs_;
-  std::vector<int32_t> bs_block_sizes_;   // distinct BS block sizes (pool_index)
-  std::vector<int64_t> bs_pool_base_;     // start of each pool in bs_kpool_
+  std::vector<int32_t> bs_block_sizes_;  // distinct BS block sizes (pool_index)
+  std::vector<int64_t> bs_pool_base_;    // start of each pool in bs_kpool_
   int32_t bs_max_q_blocks_ = 0;
   int32_t bs_max_key_blocks_ = 0;
   std::vector<int32_t> bs_offsets_host_;  // CSR offsets of every BS head, concatenated

@@ -26,9 +26,10 @@ namespace tessera::attn::gpu {
 
 class CudaLayerAttention {
  public:
-  // patterns: one per query head. Throws tessera::Error for invalid patterns, an unsupported tile or head_dim,
-  // or an inconsistent context.
-  CudaLayerAttention(std::vector<Pattern> patterns, const LoweringContext& ctx, int num_kv_heads, int head_dim);
+  // patterns: one per query head. Throws tessera::Error for invalid patterns, an unsupported tile or
+  // head_dim, or an inconsistent context.
+  CudaLayerAttention(std::vector<Pattern> patterns, const LoweringContext& ctx, int num_kv_heads,
+                     int head_dim);
 
   void estimate(const AttentionArgs& args, cudaStream_t stream = nullptr);
   void build_index(cudaStream_t stream = nullptr);

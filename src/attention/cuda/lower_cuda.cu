@@ -1,14 +1,12 @@
 // Device lowering of patterns to the range+column index (contract: lower_cuda.h; semantics: index/lower.cpp).
-#include "attention/cuda/lower_cuda.h"
-
-#include <cub/device/device_radix_sort.cuh>
-#include <cub/device/device_scan.cuh>
-
 #include <algorithm>
 #include <climits>
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_scan.cuh>
 #include <string>
 
 #include "attention/cuda/cuda_check.h"
+#include "attention/cuda/lower_cuda.h"
 #include "attention/cuda/work_plan.h"
 #include "core/error.h"
 
@@ -39,8 +37,8 @@ __global__ void lower_count_kernel(const LowerParams p) {
     return;
   }
   const int h = item / p.num_tiles, t = item - h * p.num_tiles;
-  const TileCounts n = lower_tile(p.heads[h], tile_geometry(t, p.tile, p.q_begin, p.q_len, p.kv_len, p.n_total),
-                                  nullptr, nullptr);
+  const TileCounts n = lower_tile(
+      p.heads[h], tile_geometry(t, p.tile, p.q_begin, p.q_len, p.kv_len, p.n_total), nullptr, nullptr);
   p.range_counts[item] = n.ranges;
   p.column_counts[item] = n.columns;
   p.costs[item] = n.cost;
@@ -95,7 +93,8 @@ DeviceIndexBuilder::DeviceIndexBuilder(const std::vector<Pattern>& patterns, con
     d = describe_head(patterns[h], ctx);
     if (d.kind == DeviceHeadPattern::kVerticalSlash) {
       const int slot = estimates.vs_slot(static_cast<int>(h));
-      check(slot >= 0, "CUDA lowering: head " + std::to_string(h) + " runs vertical_slash but has no VS estimate");
+      check(slot >= 0,
+            "CUDA lowering: head " + std::to_string(h) + " runs vertical_slash but has no VS estimate");
       const VsHeadDesc& v = estimates.vs_heads()[static_cast<size_t>(slot)];
       d.columns = estimates.vs_columns() + v.column_base;
       d.num_columns = v.num_columns;
@@ -103,7 +102,8 @@ DeviceIndexBuilder::DeviceIndexBuilder(const std::vector<Pattern>& patterns, con
       d.num_offsets = v.num_offsets;
     } else if (d.kind == DeviceHeadPattern::kBlockSparse) {
       const int slot = estimates.bs_slot(static_cast<int>(h));
-      check(slot >= 0, "CUDA lowering: head " + std::to_string(h) + " runs block_sparse but has no BS estimate");
+      check(slot >= 0,
+            "CUDA lowering: head " + std::to_string(h) + " runs block_sparse but has no BS estimate");
       const BsHeadDesc& b = estimates.bs_heads()[static_cast<size_t>(slot)];
       d.bs_offsets = estimates.bs_offsets() + b.offsets_base;
       d.bs_key_blocks = estimates.bs_key_blocks() + b.key_base;
@@ -112,8 +112,8 @@ DeviceIndexBuilder::DeviceIndexBuilder(const std::vector<Pattern>& patterns, con
     }
   }
 
-  // Upper bounds of what a tile can hold (see the invariants in sparse_index.h): merged VS ranges are disjoint,
-  // non-touching and, but for one clipped at 0, at least `rows` long.
+  // Upper bounds of what a tile can hold (see the invariants in sparse_index.h): merged VS ranges are
+  // disjoint, non-touching and, but for one clipped at 0, at least `rows` long.
   for (const DeviceHeadPattern& d : heads) {
     for (int32_t t = 0; t < num_tiles_; ++t) {
       const int64_t p0 = int64_t{ctx.q_begin} + int64_t{t} * ctx.tile;
@@ -121,9 +121,13 @@ DeviceIndexBuilder::DeviceIndexBuilder(const std::vector<Pattern>& patterns, con
       const int64_t p1 = p0 + rows;
       const int64_t key_end = std::min<int64_t>(ctx.kv_len, p1);
       switch (d.kind) {
-        case DeviceHeadPattern::kDense: range_capacity_ += 1; break;
+        case DeviceHeadPattern::kDense:
+          range_capacity_ += 1;
+          break;
         case DeviceHeadPattern::kStreaming:
-        case DeviceHeadPattern::kTriangle: range_capacity_ += 2; break;
+        case DeviceHeadPattern::kTriangle:
+          range_capacity_ += 2;
+          break;
         case DeviceHeadPattern::kVerticalSlash:
           range_capacity_ += std::min<int64_t>(d.num_offsets, key_end / (rows + 1) + 1);
           column_capacity_ += std::min<int64_t>(d.num_columns, key_end);
@@ -134,7 +138,8 @@ DeviceIndexBuilder::DeviceIndexBuilder(const std::vector<Pattern>& patterns, con
           range_capacity_ += std::min<int64_t>(nq * bs.top_k, (key_end + d.bs_block - 1) / d.bs_block);
           break;
         }
-        default: break;
+        default:
+          break;
       }
     }
   }
@@ -149,11 +154,11 @@ DeviceIndexBuilder::DeviceIndexBuilder(const std::vector<Pattern>& patterns, con
   sorted_costs_.resize(std::max<size_t>(1, static_cast<size_t>(n_items)));
   items_.resize(std::max<size_t>(1, static_cast<size_t>(n_items)));
   size_t scan_bytes = 0, sort_bytes = 0;
-  TESSERA_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, range_counts_.data(), range_counts_.data(),
-                                                   n_items + 1));
+  TESSERA_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, range_counts_.data(),
+                                                   range_counts_.data(), n_items + 1));
   TESSERA_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(nullptr, sort_bytes, costs_.data(),
-                                                               sorted_costs_.data(), items_.data(), items_.data(),
-                                                               std::max(n_items, 1)));
+                                                               sorted_costs_.data(), items_.data(),
+                                                               items_.data(), std::max(n_items, 1)));
   scan_temp_.resize(std::max<size_t>(scan_bytes, 1));
   sort_temp_.resize(std::max<size_t>(sort_bytes, 1));
   TESSERA_CUDA_CHECK(cudaDeviceSynchronize());  // heads_ was uploaded from a local vector
@@ -206,8 +211,8 @@ void DeviceIndexBuilder::build(DeviceSparseIndex& index, DeviceWorkPlan& plan, c
   check_launch("lower_fill_kernel");
   bytes = sort_temp_.size();
   TESSERA_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(sort_temp_.data(), bytes, costs_.data(),
-                                                               sorted_costs_.data(), items_.data(), plan.order.data(),
-                                                               n_items, 0, 32, stream));
+                                                               sorted_costs_.data(), items_.data(),
+                                                               plan.order.data(), n_items, 0, 32, stream));
 }
 
 }  // namespace tessera::attn::gpu

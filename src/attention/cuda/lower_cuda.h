@@ -1,14 +1,14 @@
 // tessera/attention/cuda/lower_cuda.h — building the range+column index and its work plan on the GPU.
 //
-// The device twin of attention/index/lower.h (lower_layer), whose semantics are the contract: the index it builds
-// is byte-identical to the CPU lowering of the same patterns and estimates. Per (head, query tile) the pattern's
-// key intervals are generated in ascending order, clipped to [0, tile_key_end) and merged (touching intervals
-// merge), then the VS columns that fall in no range are appended. Three launches per layer plus CUB: count
-// (one thread per item), exclusive scans of the counts, fill; then the heaviest-first work order (work_plan.h)
-// by a stable descending radix sort of the item costs, which the count pass computes.
+// The device twin of attention/index/lower.h (lower_layer), whose semantics are the contract: the index it
+// builds is byte-identical to the CPU lowering of the same patterns and estimates. Per (head, query tile) the
+// pattern's key intervals are generated in ascending order, clipped to [0, tile_key_end) and merged (touching
+// intervals merge), then the VS columns that fall in no range are appended. Three launches per layer plus
+// CUB: count (one thread per item), exclusive scans of the counts, fill; then the heaviest-first work order
+// (work_plan.h) by a stable descending radix sort of the item costs, which the count pass computes.
 //
-// The index is allocated to an upper bound computed on the host from the patterns and the shape, so nothing in
-// build() synchronises with the host.
+// The index is allocated to an upper bound computed on the host from the patterns and the shape, so nothing
+// in build() synchronises with the host.
 #pragma once
 
 #include <cuda_runtime.h>

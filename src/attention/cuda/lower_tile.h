@@ -1,4 +1,5 @@
-// tessera/attention/cuda/lower_tile.h — lowering of one (head, query tile), callable on the host and the device.
+// tessera/attention/cuda/lower_tile.h — lowering of one (head, query tile), callable on the host and the
+// device.
 //
 // The device lowering (lower_cuda.cu) runs this per item; being plain C++ with host-device annotations, the
 // same code also runs on the host, where tests check it against the CPU lowering (attention/index/lower.cpp,
@@ -27,8 +28,8 @@ struct DeviceHeadPattern {
   enum Kind : int32_t { kDense = 0, kStreaming = 1, kTriangle = 2, kVerticalSlash = 3, kBlockSparse = 4 };
   int32_t kind = kDense;
   int32_t sink = 0;
-  int32_t local = 1;  // streaming / triangle window (ElasticWindow: max(1, span(N)))
-  int32_t last = 0;   // triangle
+  int32_t local = 1;                 // streaming / triangle window (ElasticWindow: max(1, span(N)))
+  int32_t last = 0;                  // triangle
   const int32_t* columns = nullptr;  // VS, ascending
   int32_t num_columns = 0;
   const int32_t* offsets = nullptr;  // VS, ascending
@@ -114,7 +115,9 @@ TESSERA_HOST_DEVICE inline TileCounts lower_tile(const DeviceHeadPattern& hp, co
   em.out = out_ranges;
   const int64_t p0 = g.p0, p1 = g.p1;
   switch (hp.kind) {
-    case DeviceHeadPattern::kDense: em.add(0, p1); break;
+    case DeviceHeadPattern::kDense:
+      em.add(0, p1);
+      break;
     case DeviceHeadPattern::kTriangle:
       if (p1 - 1 >= g.n_total - hp.last) {
         em.add(0, p1);
@@ -150,11 +153,13 @@ TESSERA_HOST_DEVICE inline TileCounts lower_tile(const DeviceHeadPattern& hp, co
       }
       break;
     }
-    default: break;
+    default:
+      break;
   }
   em.flush();
 
-  // VS columns. Column c lies in the interval of offset o iff p0 - c <= o < p1 - c; `i` tracks the first offset
+  // VS columns. Column c lies in the interval of offset o iff p0 - c <= o < p1 - c; `i` tracks the first
+  // offset
   // >= p0 - c, which only moves left as c grows.
   int32_t nc = 0;
   if (hp.kind == DeviceHeadPattern::kVerticalSlash) {

@@ -1,11 +1,12 @@
 // tessera/attention/cuda/mma_sm80.cuh — the warp-level building blocks of the mma.sync kernels (device code).
 //
-// cp.async (16-byte global -> shared copies, zero-filled when the source is absent), ldmatrix (8x8 b16 tiles from
-// shared memory into the mma fragment layout, optionally transposed), mma.sync m16n8k16 with f32 accumulation,
-// and the swizzled shared-memory layout all tiles use. These run on sm_80 and later; the Hopper-only path
-// (wgmma/TMA) will live beside them.
+// cp.async (16-byte global -> shared copies, zero-filled when the source is absent), ldmatrix (8x8 b16 tiles
+// from shared memory into the mma fragment layout, optionally transposed), mma.sync m16n8k16 with f32
+// accumulation, and the swizzled shared-memory layout all tiles use. These run on sm_80 and later; the
+// Hopper-only path (wgmma/TMA) will live beside them.
 //
-// Fragment layout of mma.m16n8k16 (g = lane / 4, c = lane % 4), each register holding two consecutive columns:
+// Fragment layout of mma.m16n8k16 (g = lane / 4, c = lane % 4), each register holding two consecutive
+// columns:
 //   A (16x16, row-major): a0 (g, 2c), a1 (g+8, 2c), a2 (g, 2c+8), a3 (g+8, 2c+8)
 //   B (16x8, k-major):    b0 (k=2c, n=g), b1 (k=2c+8, n=g)
 //   C (16x8, f32):        c0,c1 (g, 2c..2c+1), c2,c3 (g+8, 2c..2c+1)
@@ -27,7 +28,9 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
   const int bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
@@ -49,7 +52,8 @@ struct MmaTraits;
 
 template <>
 struct MmaTraits<__nv_bfloat16> {
-  __device__ __forceinline__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  __device__ __forceinline__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};\n"
@@ -66,7 +70,8 @@ struct MmaTraits<__nv_bfloat16> {
 
 template <>
 struct MmaTraits<__half> {
-  __device__ __forceinline__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  __device__ __forceinline__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};\n"
@@ -95,9 +100,9 @@ __device__ __forceinline__ int swizzle(int row, int chunk) {
   return row * D + ((chunk ^ (row & 7)) << 3);
 }
 
-// Lane constants for ldmatrix on swizzled [rows][D] tiles. The lane's physical chunk for logical chunk 2k + b is
-// 8 * (k / 4) + ((2 * (k % 4)) ^ x) with x < 8 fixed per lane, so every address is a lane base plus one of four
-// lane offsets plus a compile-time constant (which keeps the addresses out of the register file).
+// Lane constants for ldmatrix on swizzled [rows][D] tiles. The lane's physical chunk for logical chunk 2k + b
+// is 8 * (k / 4) + ((2 * (k % 4)) ^ x) with x < 8 fixed per lane, so every address is a lane base plus one of
+// four lane offsets plus a compile-time constant (which keeps the addresses out of the register file).
 //   a_off: A operand (Q rows, row-major, lane row = lane % 16) and the transposed B operand (V rows)
 //   b_off: B operand (K rows, lane row = lane % 8 + 8 * (lane / 16))
 struct LaneSwizzle {
@@ -114,17 +119,24 @@ struct LaneSwizzle {
   }
   // Byte offsets of the lane's row within a tile (add the tile's shared address).
   template <int D>
-  __device__ __forceinline__ static uint32_t a_row(int lane) { return (lane & 15) * (D * 2); }
+  __device__ __forceinline__ static uint32_t a_row(int lane) {
+    return (lane & 15) * (D * 2);
+  }
   template <int D>
-  __device__ __forceinline__ static uint32_t b_row(int lane) { return ((lane & 7) + ((lane >> 4) << 3)) * (D * 2); }
+  __device__ __forceinline__ static uint32_t b_row(int lane) {
+    return ((lane & 7) + ((lane >> 4) << 3)) * (D * 2);
+  }
   template <int D>
-  __device__ __forceinline__ static uint32_t v_row(int lane) { return ((lane & 7) + (((lane >> 3) & 1) << 3)) * (D * 2); }
+  __device__ __forceinline__ static uint32_t v_row(int lane) {
+    return ((lane & 7) + (((lane >> 3) & 1) << 3)) * (D * 2);
+  }
 };
 
 // s[BN/8][4] += Q[16 rows] K[BN keys]^T for one warp. q_base: shared address of the warp's first Q row plus
 // LaneSwizzle::a_row; k_base: shared address of the K tile plus LaneSwizzle::b_row. Rows are D elements.
 template <typename T, int D, int BN>
-__device__ __forceinline__ void warp_qk(float (&s)[BN / 8][4], uint32_t q_base, uint32_t k_base, const LaneSwizzle& sw) {
+__device__ __forceinline__ void warp_qk(float (&s)[BN / 8][4], uint32_t q_base, uint32_t k_base,
+                                        const LaneSwizzle& sw) {
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     uint32_t a[4];
@@ -139,12 +151,12 @@ __device__ __forceinline__ void warp_qk(float (&s)[BN / 8][4], uint32_t q_base, 
   }
 }
 
-// o[D/8][4] += P[16 rows][BN keys] V[BN keys][D] for one warp, P given as the f32 accumulators of warp_qk (the
-// accumulators of n-tiles 2k and 2k+1 are exactly the A fragment of k-chunk k). v_base: shared address of the V
-// tile plus LaneSwizzle::v_row.
+// o[D/8][4] += P[16 rows][BN keys] V[BN keys][D] for one warp, P given as the f32 accumulators of warp_qk
+// (the accumulators of n-tiles 2k and 2k+1 are exactly the A fragment of k-chunk k). v_base: shared address
+// of the V tile plus LaneSwizzle::v_row.
 template <typename T, int D, int BN>
 __device__ __forceinline__ void warp_pv(float (&o)[D / 8][4], const float (&p)[BN / 8][4], uint32_t v_base,
-                                       const LaneSwizzle& sw) {
+                                        const LaneSwizzle& sw) {
 #pragma unroll
   for (int kk = 0; kk < BN / 16; ++kk) {
     uint32_t a[4];
@@ -163,8 +175,8 @@ __device__ __forceinline__ void warp_pv(float (&o)[D / 8][4], const float (&p)[B
 }
 
 // Copies rows [0, ROWS) of a [ROWS][D] tile into swizzled shared memory with cp.async, 16 bytes per thread
-// per step; src(row) returns the row's global address or nullptr for a row to zero-fill. `fallback` is any valid
-// global address (the source operand of a zero-filling copy, which reads nothing).
+// per step; src(row) returns the row's global address or nullptr for a row to zero-fill. `fallback` is any
+// valid global address (the source operand of a zero-filling copy, which reads nothing).
 template <int D, int ROWS, int THREADS, class RowSrc>
 __device__ __forceinline__ void cp_async_tile(void* dst, int tid, const void* fallback, RowSrc src) {
   constexpr int kChunks = D / 8;

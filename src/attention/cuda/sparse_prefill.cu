@@ -1,12 +1,11 @@
 // Argument checks and dispatch of the sparse prefill executor (kernel: sparse_prefill_kernel.cuh).
-#include "attention/cuda/sparse_prefill.h"
-
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cmath>
 #include <string>
 
+#include "attention/cuda/sparse_prefill.h"
 #include "attention/cuda/sparse_prefill_kernel.cuh"
 #include "core/error.h"
 
@@ -14,7 +13,7 @@ namespace tessera::attn::gpu {
 
 namespace detail {
 // Instantiated in sparse_prefill_{bf16,f16}_d{64,128,256}.cu.
-#define TESSERA_DECLARE_PREFILL(T, D)                                                  \
+#define TESSERA_DECLARE_PREFILL(T, D)                                                       \
   extern template void launch_sparse_prefill<T, D, 64>(const PrefillParams&, cudaStream_t); \
   extern template void launch_sparse_prefill<T, D, 128>(const PrefillParams&, cudaStream_t);
 TESSERA_DECLARE_PREFILL(__nv_bfloat16, 64)
@@ -42,16 +41,29 @@ void check_view(const TensorView& t, const char* what, DType dtype) {
 template <typename T>
 void dispatch(int d, int tile, const detail::PrefillParams& p, cudaStream_t stream) {
   switch (d * 1000 + tile) {
-    case 64064: detail::launch_sparse_prefill<T, 64, 64>(p, stream); return;
-    case 64128: detail::launch_sparse_prefill<T, 64, 128>(p, stream); return;
-    case 128064: detail::launch_sparse_prefill<T, 128, 64>(p, stream); return;
-    case 128128: detail::launch_sparse_prefill<T, 128, 128>(p, stream); return;
-    case 256064: detail::launch_sparse_prefill<T, 256, 64>(p, stream); return;
-    case 256128: detail::launch_sparse_prefill<T, 256, 128>(p, stream); return;
-    default: break;
+    case 64064:
+      detail::launch_sparse_prefill<T, 64, 64>(p, stream);
+      return;
+    case 64128:
+      detail::launch_sparse_prefill<T, 64, 128>(p, stream);
+      return;
+    case 128064:
+      detail::launch_sparse_prefill<T, 128, 64>(p, stream);
+      return;
+    case 128128:
+      detail::launch_sparse_prefill<T, 128, 128>(p, stream);
+      return;
+    case 256064:
+      detail::launch_sparse_prefill<T, 256, 64>(p, stream);
+      return;
+    case 256128:
+      detail::launch_sparse_prefill<T, 256, 128>(p, stream);
+      return;
+    default:
+      break;
   }
-  throw Error("CUDA sparse prefill: head_dim " + std::to_string(d) + " with index tile " + std::to_string(tile) +
-              " is not built (head_dim 64, 128 or 256; tile 64 or 128)");
+  throw Error("CUDA sparse prefill: head_dim " + std::to_string(d) + " with index tile " +
+              std::to_string(tile) + " is not built (head_dim 64, 128 or 256; tile 64 or 128)");
 }
 
 }  // namespace
@@ -82,9 +94,11 @@ void validate_cuda_args(const AttentionArgs& a) {
     a.lse.expect_dtype("CUDA attention lse", {DType::F32});
   }
   check(a.q_begin >= 0, "CUDA attention: q_begin must be >= 0, got " + std::to_string(a.q_begin));
-  check(kv_len >= a.q_begin + q_len, "CUDA attention: kv_len " + std::to_string(kv_len) +
-                                         " is less than q_begin + q_len = " + std::to_string(a.q_begin + q_len));
-  check(kv_len < (int64_t{1} << 31) && a.q_begin + q_len < (int64_t{1} << 31), "CUDA attention: positions must fit in int32");
+  check(kv_len >= a.q_begin + q_len,
+        "CUDA attention: kv_len " + std::to_string(kv_len) +
+            " is less than q_begin + q_len = " + std::to_string(a.q_begin + q_len));
+  check(kv_len < (int64_t{1} << 31) && a.q_begin + q_len < (int64_t{1} << 31),
+        "CUDA attention: positions must fit in int32");
   check(std::isfinite(a.scale), "CUDA attention: scale must be finite");
   if (q_len > 0) {
     check(a.q.data && a.k.data && a.v.data && a.out.data, "CUDA attention: a data pointer is null");
@@ -94,8 +108,8 @@ void validate_cuda_args(const AttentionArgs& a) {
 void sparse_prefill(const AttentionArgs& args, const DeviceSparseIndex& index, DeviceWorkPlan& plan,
                     cudaStream_t stream) {
   validate_cuda_args(args);
-  check(index.num_heads == args.num_q_heads() && index.q_begin == args.q_begin && index.q_len == args.q_len() &&
-            index.kv_len == args.kv_len(),
+  check(index.num_heads == args.num_q_heads() && index.q_begin == args.q_begin &&
+            index.q_len == args.q_len() && index.kv_len == args.kv_len(),
         "CUDA sparse prefill: the index (heads " + std::to_string(index.num_heads) + ", q_begin " +
             std::to_string(index.q_begin) + ", q_len " + std::to_string(index.q_len) + ", kv_len " +
             std::to_string(index.kv_len) + ") does not describe this call");

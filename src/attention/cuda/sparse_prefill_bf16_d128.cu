@@ -1,4 +1,5 @@
-// Instantiation of the sparse prefill kernel for bf16, head_dim 128 (one file per variant keeps builds parallel).
+// Instantiation of the sparse prefill kernel for bf16, head_dim 128 (one file per variant keeps builds
+// parallel).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

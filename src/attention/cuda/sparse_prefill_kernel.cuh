@@ -1,9 +1,10 @@
-// tessera/attention/cuda/sparse_prefill_kernel.cuh — the sparse prefill kernel (device code; see sparse_prefill.h).
+// tessera/attention/cuda/sparse_prefill_kernel.cuh — the sparse prefill kernel (device code; see
+// sparse_prefill.h).
 //
 // CTA layout: BM / 16 warps, warp w owns query rows [16w, 16w + 16) of the tile. Shared memory: Q [BM][D],
-// K and V [2 stages][64][D] (16-byte chunks XOR-swizzled, mma_sm80.cuh), and the key position of every K/V row of
-// each stage (-1 for a row past the end of a partial tile), which is all the masking step needs: a score is kept
-// iff 0 <= key <= the row's absolute position.
+// K and V [2 stages][64][D] (16-byte chunks XOR-swizzled, mma_sm80.cuh), and the key position of every K/V
+// row of each stage (-1 for a row past the end of a partial tile), which is all the masking step needs: a
+// score is kept iff 0 <= key <= the row's absolute position.
 //
 // Key tiles of one item come from a cursor: first the ranges, each cut into tiles of 64 consecutive keys
 // starting at the range's begin (token-granular, so tiles need not align), then the columns, 64 per tile,
@@ -59,14 +60,15 @@ struct PrefillConfig {
   // No register cap beyond the architectural one: a cap of 128 (16 warps per SM) spills at every head_dim in
   // this mma.sync version. Occupancy follows from the registers and shared memory actually used.
   static constexpr int kMinBlocks = 1;
-  static constexpr size_t kSmemBytes = (static_cast<size_t>(BM) * D + 4u * BN * D) * 2u + 2u * BN * sizeof(int);
+  static constexpr size_t kSmemBytes =
+      (static_cast<size_t>(BM) * D + 4u * BN * D) * 2u + 2u * BN * sizeof(int);
   static_assert(BN % 16 == 0);
   static_assert(BM % 16 == 0 && (BN * kChunks) % kThreads == 0 && (BM * kChunks) % kThreads == 0);
 };
 
 struct KeyTile {
-  int32_t first = 0;   // first key (range) or first column slot (gathered)
-  int32_t count = 0;   // keys in the tile, 0 = no tile
+  int32_t first = 0;  // first key (range) or first column slot (gathered)
+  int32_t count = 0;  // keys in the tile, 0 = no tile
   bool gathered = false;
   bool masked = false;
 };
@@ -281,16 +283,19 @@ void launch_sparse_prefill(const PrefillParams& p, cudaStream_t stream) {
   auto kernel = sparse_prefill_kernel<T, D, BM>;
   const DeviceInfo& dev = current_device_info();
   if (static_cast<size_t>(dev.max_smem_per_block) < Cfg::kSmemBytes) {
-    throw Error("sparse prefill: head_dim " + std::to_string(D) + " with tile " + std::to_string(BM) + " needs " +
-                std::to_string(Cfg::kSmemBytes) + " bytes of shared memory per block, the device allows " +
+    throw Error("sparse prefill: head_dim " + std::to_string(D) + " with tile " + std::to_string(BM) +
+                " needs " + std::to_string(Cfg::kSmemBytes) +
+                " bytes of shared memory per block, the device allows " +
                 std::to_string(dev.max_smem_per_block));
   }
   TESSERA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(Cfg::kSmemBytes)));
   int per_sm = 0;
-  TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Cfg::kThreads, Cfg::kSmemBytes));
+  TESSERA_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Cfg::kThreads, Cfg::kSmemBytes));
   if (per_sm < 1) throw Error("sparse prefill: kernel does not fit on a multiprocessor");
-  const int grid = static_cast<int>(std::min<int64_t>(p.num_items, static_cast<int64_t>(per_sm) * dev.num_sms));
+  const int grid =
+      static_cast<int>(std::min<int64_t>(p.num_items, static_cast<int64_t>(per_sm) * dev.num_sms));
   TESSERA_CUDA_CHECK(cudaMemsetAsync(p.counter, 0, sizeof(int32_t), stream));
   if (grid == 0) return;
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);

@@ -1,12 +1,14 @@
 // tessera/attention/cuda/work_plan.h — the plan half of plan/run for the CUDA sparse prefill executor.
 //
 // The executor runs persistent CTAs that take (head, query tile) items from a work list in order (an atomic
-// counter hands out the next item). Ordering the list heaviest first makes this a longest-processing-time-first
-// schedule, so heads of very different density balance within one launch per layer.
+// counter hands out the next item). Ordering the list heaviest first makes this a
+// longest-processing-time-first schedule, so heads of very different density balance within one launch per
+// layer.
 //
-// The cost of an item is what the kernel spends on it: one unit for loading Q and writing the output, plus one
-// per key tile (kPrefillKeyTile keys; a range is cut into ceil(length / 64) tiles, columns are gathered 64 at a
-// time). The order is a stable sort by descending cost, so equal costs keep item order (item = head * num_tiles
+// The cost of an item is what the kernel spends on it: one unit for loading Q and writing the output, plus
+// one per key tile (kPrefillKeyTile keys; a range is cut into ceil(length / 64) tiles, columns are gathered
+// 64 at a time). The order is a stable sort by descending cost, so equal costs keep item order (item = head *
+// num_tiles
 // + tile). The device builds the same order from a device-built index (lower_cuda.h); tests compare the two.
 #pragma once
 
