@@ -432,12 +432,12 @@ int main(int argc, char** argv) {
               // S = 4096, 1000 columns are already ~25% density); the slash budget is searched for ~10% density.
               const int32_t vert = std::min(1000, s / 16);
               const int32_t slash = budget_for_density(0.10, 1, s, [&](int32_t sl) {
-                return density_of(VerticalSlashPattern{vert, sl, 64, 30, 100}, 1, args, ctx, pool);
+                return density_of(VerticalSlashPattern{vert, sl, 64, 30, 100}, o.heads, args, ctx, pool);
               });
               p = VerticalSlashPattern{vert, slash, 64, 30, std::min(100, slash)};
             } else if (name == "block_sparse") {
               const int32_t top_k = budget_for_density(0.10, 1, s / 64 + 1, [&](int32_t kk) {
-                return density_of(BlockSparsePattern{kk, 64}, 1, args, ctx, pool);
+                return density_of(BlockSparsePattern{kk, 64}, o.heads, args, ctx, pool);
               });
               p = BlockSparsePattern{top_k, 64};
             } else {
