@@ -14,10 +14,17 @@
 // + 0.8 n) and k_t = R(t)(0.6 a + 0.8 n') with R(t) the RoPE rotation (base 500000) and fresh N(0, 1) noise
 // n, so that scores decay with distance along diagonals, plus a sink: k_0 = R(0)(3 a). --inputs random draws
 // every element from N(0, 1), for which VS and BS estimates spread over the whole causal triangle (near
-// dense).
+// dense). --inputs local: the rope construction with most of each vector on the shared direction (alpha
+// 0.95, noise 0.31): q_t . k_s then falls off steadily with log |t - s| (each RoPE frequency stops
+// contributing once (t - s) theta_f passes ~1), so the VS estimator's best slashes are the offsets nearest
+// the diagonal and its columns the sink and the most recent keys — the local/sink structure real models give
+// (the default rope inputs scatter the 6096 slashes, which makes VS near dense at 32K).
+// Kernels (sparse_prefill.h): the kernel column is what PrefillKernel::kAuto ran (wgmma on Hopper when its
+// self-check passed, else mma.sync); with --kernel both (default) the mma.sync kernel is timed as well
+// ("mma ms") and both outputs are compared ("rel diff" = ||auto - mma|| / ||mma||).
 //
 //   attention_gpu_bench [--seq 8192,32768,131072] [--patterns dense,vs,bs,ashape,triangle] [--reps 5]
-//                       [--warmup 1] [--inputs rope|random] [--csv FILE]
+//                       [--warmup 1] [--inputs rope|random|local] [--kernel both|auto|mma|wgmma] [--csv FILE]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -34,6 +41,7 @@
 #include "attention/cuda/cuda_check.h"
 #include "attention/cuda/device_buffer.h"
 #include "attention/cuda/layer_attention_cuda.h"
+#include "attention/cuda/sparse_prefill.h"
 #include "attention/cuda/work_plan.h"
 #include "attention/index/sparse_index.h"
 
@@ -102,12 +110,34 @@ __global__ void count_non_finite(const __nv_bfloat16* x, int64_t n, unsigned lon
   if (local) atomicAdd(count, local);
 }
 
+// sums[0] += sum (a - b)^2, sums[1] += sum b^2 over finite pairs.
+__global__ void diff_norms(const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t n, double* sums) {
+  double num = 0, den = 0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const double x = __bfloat162float(a[i]), y = __bfloat162float(b[i]);
+    if (isfinite(x) && isfinite(y)) {
+      num += (x - y) * (x - y);
+      den += y * y;
+    }
+  }
+  for (int o = 16; o > 0; o /= 2) {
+    num += __shfl_xor_sync(0xffffffffu, num, o);
+    den += __shfl_xor_sync(0xffffffffu, den, o);
+  }
+  if (threadIdx.x % 32 == 0) {
+    atomicAdd(&sums[0], num);
+    atomicAdd(&sums[1], den);
+  }
+}
+
 struct Options {
   std::vector<int> seqs = {8192, 32768, 131072};
   std::vector<std::string> patterns = {"dense", "vs", "bs", "ashape", "triangle"};
   int reps = 5;
   int warmup = 1;
   std::string inputs = "rope";
+  std::string kernel = "both";
   std::string csv;
 };
 
@@ -139,7 +169,12 @@ Options parse(int argc, char** argv) {
       o.warmup = std::max(0, std::stoi(value()));
     } else if (a == "--inputs") {
       o.inputs = value();
-      if (o.inputs != "rope" && o.inputs != "random") throw Error("--inputs must be rope or random");
+      if (o.inputs != "rope" && o.inputs != "random" && o.inputs != "local")
+        throw Error("--inputs must be rope, random or local");
+    } else if (a == "--kernel") {
+      o.kernel = value();
+      if (o.kernel != "both" && o.kernel != "auto" && o.kernel != "mma" && o.kernel != "wgmma")
+        throw Error("--kernel must be both, auto, mma or wgmma");
     } else if (a == "--csv") {
       o.csv = value();
     } else {
@@ -168,6 +203,9 @@ struct Row {
   std::string pattern;
   double density = 0, est_ms = 0, index_ms = 0, kernel_ms = 0, total_ms = 0;
   double mask_tflops = 0, tile_tflops = 0, speedup = 0, max_over_mean_cost = 0;
+  std::string kernel;    // what ran in kernel_ms
+  double mma_ms = 0;     // the mma.sync kernel alone (--kernel both), 0 if not timed
+  double rel_diff = -1;  // ||out - out_mma|| / ||out_mma||, -1 if not compared
   unsigned long long non_finite = 0;
 };
 
@@ -186,16 +224,27 @@ int main(int argc, char** argv) {
         kHq, kHkv, kD, kTile, opt.reps, opt.warmup, opt.inputs.c_str());
     cudaStream_t stream;
     TESSERA_CUDA_CHECK(cudaStreamCreate(&stream));
+    if (gpu::wgmma_prefill_applies(DType::BF16, kD, kTile)) {
+      const gpu::WgmmaSelfCheck& sc = gpu::wgmma_prefill_self_check(DType::BF16, stream);
+      std::printf("wgmma self-check: %s\n%s",
+                  sc.passed ? "passed" : "FAILED (kAuto runs the mma.sync kernel)", sc.report.c_str());
+    } else {
+      std::printf("wgmma kernel: does not apply on this device (kAuto runs the mma.sync kernel)\n");
+    }
     cudaEvent_t ev[4];
     for (cudaEvent_t& e : ev) TESSERA_CUDA_CHECK(cudaEventCreate(&e));
     gpu::DeviceBuffer<unsigned long long> bad(1);
+    gpu::DeviceBuffer<double> sums(2);
 
     std::vector<Row> rows;
     for (int seq : opt.seqs) {
       const int64_t nq = int64_t{seq} * kHq * kD, nkv = int64_t{seq} * kHkv * kD;
       gpu::DeviceBuffer<__nv_bfloat16> q(static_cast<size_t>(nq)), k(static_cast<size_t>(nkv)),
-          v(static_cast<size_t>(nkv)), out(static_cast<size_t>(nq));
-      if (opt.inputs == "rope") {
+          v(static_cast<size_t>(nkv)), out(static_cast<size_t>(nq)), out_mma(static_cast<size_t>(nq));
+      if (opt.inputs == "local") {
+        fill_rope<<<1024, 256, 0, stream>>>(q.data(), seq, kHq, kD, kHq / kHkv, 1, 0.95f, 0.31f, 0.0f);
+        fill_rope<<<1024, 256, 0, stream>>>(k.data(), seq, kHkv, kD, 1, 2, 0.95f, 0.31f, 3.0f);
+      } else if (opt.inputs == "rope") {
         fill_rope<<<1024, 256, 0, stream>>>(q.data(), seq, kHq, kD, kHq / kHkv, 1, 0.6f, 0.8f, 0.0f);
         fill_rope<<<1024, 256, 0, stream>>>(k.data(), seq, kHkv, kD, 1, 2, 0.6f, 0.8f, 3.0f);
       } else {
@@ -217,8 +266,17 @@ int main(int argc, char** argv) {
         r.seq = seq;
         r.pattern = name;
         gpu::CudaLayerAttention layer(std::vector<Pattern>(kHq, make_pattern(name)), ctx, kHkv, kD);
+        const gpu::PrefillKernel main_kernel = opt.kernel == "mma"     ? gpu::PrefillKernel::kMma
+                                               : opt.kernel == "wgmma" ? gpu::PrefillKernel::kWgmma
+                                                                       : gpu::PrefillKernel::kAuto;
+        r.kernel = gpu::prefill_kernel_name(
+            gpu::resolve_prefill_kernel(main_kernel, DType::BF16, kD, kTile, stream));
         TESSERA_CUDA_CHECK(cudaMemsetAsync(out.data(), 0xff, out.bytes(), stream));  // NaN poison
-        for (int i = 0; i < opt.warmup; ++i) layer.run(args, stream);
+        for (int i = 0; i < opt.warmup; ++i) {
+          layer.estimate(args, stream);
+          layer.build_index(stream);
+          layer.attend(args, stream, main_kernel);
+        }
         TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
         std::vector<double> est, idx, ker, tot;
         for (int rep = 0; rep < opt.reps; ++rep) {
@@ -227,7 +285,7 @@ int main(int argc, char** argv) {
           TESSERA_CUDA_CHECK(cudaEventRecord(ev[1], stream));
           layer.build_index(stream);
           TESSERA_CUDA_CHECK(cudaEventRecord(ev[2], stream));
-          layer.attend(args, stream);
+          layer.attend(args, stream, main_kernel);
           TESSERA_CUDA_CHECK(cudaEventRecord(ev[3], stream));
           TESSERA_CUDA_CHECK(cudaEventSynchronize(ev[3]));
           float t[3];
@@ -241,6 +299,30 @@ int main(int argc, char** argv) {
         count_non_finite<<<1024, 256, 0, stream>>>(out.data(), nq, bad.data());
         gpu::check_launch("count_non_finite");
         r.non_finite = bad.download()[0];
+
+        // The mma.sync kernel on the same index: time and output, compared with the main kernel's.
+        if (opt.kernel == "both" && r.kernel != gpu::prefill_kernel_name(gpu::PrefillKernel::kMma)) {
+          TESSERA_CUDA_CHECK(cudaMemsetAsync(out_mma.data(), 0xff, out_mma.bytes(), stream));
+          AttentionArgs margs = args;
+          margs.out = TensorView(out_mma.data(), DType::BF16, {seq, kHq, kD});
+          for (int i = 0; i < opt.warmup; ++i) layer.attend(margs, stream, gpu::PrefillKernel::kMma);
+          std::vector<double> mk;
+          for (int rep = 0; rep < opt.reps; ++rep) {
+            TESSERA_CUDA_CHECK(cudaEventRecord(ev[0], stream));
+            layer.attend(margs, stream, gpu::PrefillKernel::kMma);
+            TESSERA_CUDA_CHECK(cudaEventRecord(ev[1], stream));
+            TESSERA_CUDA_CHECK(cudaEventSynchronize(ev[1]));
+            float t = 0;
+            TESSERA_CUDA_CHECK(cudaEventElapsedTime(&t, ev[0], ev[1]));
+            mk.push_back(t);
+          }
+          r.mma_ms = median(mk);
+          TESSERA_CUDA_CHECK(cudaMemsetAsync(sums.data(), 0, 2 * sizeof(double), stream));
+          diff_norms<<<1024, 256, 0, stream>>>(out.data(), out_mma.data(), nq, sums.data());
+          gpu::check_launch("diff_norms");
+          const std::vector<double> sd = sums.download();
+          r.rel_diff = sd[1] > 0 ? std::sqrt(sd[0] / sd[1]) : -1;
+        }
 
         const SparseIndex index = layer.download_index();
         const IndexStats st = index_stats(index);
@@ -262,31 +344,36 @@ int main(int argc, char** argv) {
         r.speedup = dense_total > 0 ? dense_total / r.total_ms : 0;
         rows.push_back(r);
         std::printf(
-            "  seq %6d %-9s density %.4f  est %8.3f ms  index %8.3f ms  kernel %9.3f ms  total %9.3f ms  "
-            "%6.1f TFLOP/s mask  %6.1f tiles%s\n",
-            seq, name.c_str(), r.density, r.est_ms, r.index_ms, r.kernel_ms, r.total_ms, r.mask_tflops,
-            r.tile_tflops, r.non_finite ? "  NON-FINITE OUTPUT" : "");
+            "  seq %6d %-9s density %.4f  est %8.3f ms  index %8.3f ms  kernel %9.3f ms (%s)  total %9.3f ms "
+            " "
+            "%6.1f TFLOP/s mask  %6.1f tiles  mma %9.3f ms  rel diff %.2e%s\n",
+            seq, name.c_str(), r.density, r.est_ms, r.index_ms, r.kernel_ms, r.kernel.c_str(), r.total_ms,
+            r.mask_tflops, r.tile_tflops, r.mma_ms, r.rel_diff, r.non_finite ? "  NON-FINITE OUTPUT" : "");
         std::fflush(stdout);
       }
     }
 
     std::printf(
-        "\n| seq | pattern | density | estimate ms | index ms | kernel ms | total ms | TFLOP/s mask | "
-        "TFLOP/s tiles | vs dense | non-finite |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+        "\n| seq | pattern | density | estimate ms | index ms | kernel | kernel ms | total ms | TFLOP/s mask "
+        "| "
+        "TFLOP/s tiles | vs dense | mma.sync ms | rel diff vs mma | non-finite |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (const Row& r : rows) {
-      std::printf("| %d | %s | %.4f | %.3f | %.3f | %.3f | %.3f | %.1f | %.1f | %.2fx | %llu |\n", r.seq,
-                  r.pattern.c_str(), r.density, r.est_ms, r.index_ms, r.kernel_ms, r.total_ms, r.mask_tflops,
-                  r.tile_tflops, r.speedup, r.non_finite);
+      std::printf(
+          "| %d | %s | %.4f | %.3f | %.3f | %s | %.3f | %.3f | %.1f | %.1f | %.2fx | %.3f | %.1e | %llu |\n",
+          r.seq, r.pattern.c_str(), r.density, r.est_ms, r.index_ms, r.kernel.c_str(), r.kernel_ms,
+          r.total_ms, r.mask_tflops, r.tile_tflops, r.speedup, r.mma_ms, r.rel_diff, r.non_finite);
     }
     if (!opt.csv.empty()) {
       std::ofstream f(opt.csv);
       f << "seq,pattern,density,estimate_ms,index_ms,kernel_ms,total_ms,tflops_mask,tflops_tiles,speedup_vs_"
            "dense,"
-           "max_over_mean_item_cost,non_finite\n";
+           "max_over_mean_item_cost,non_finite,kernel,mma_kernel_ms,rel_diff_vs_mma\n";
       for (const Row& r : rows) {
         f << r.seq << ',' << r.pattern << ',' << r.density << ',' << r.est_ms << ',' << r.index_ms << ','
           << r.kernel_ms << ',' << r.total_ms << ',' << r.mask_tflops << ',' << r.tile_tflops << ','
-          << r.speedup << ',' << r.max_over_mean_cost << ',' << r.non_finite << '\n';
+          << r.speedup << ',' << r.max_over_mean_cost << ',' << r.non_finite << ',' << r.kernel << ','
+          << r.mma_ms << ',' << r.rel_diff << '\n';
       }
     }
     for (cudaEvent_t& e : ev) cudaEventDestroy(e);

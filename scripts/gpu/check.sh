@@ -18,11 +18,13 @@
 #   resources  ptxas registers / spills (from the build log) and cuobjdump -res-usage of the kernels
 #   test       attention_gpu_test (every GPU test; gtest XML in $OUT/test.xml)
 #   memcheck   compute-sanitizer memcheck on a subset of small cases
-#   bench      attention_gpu_bench (Llama-3-8B shapes at 8K, 32K, 128K; CSV in $OUT/bench.csv)
+#   bench      attention_gpu_bench (Llama-3-8B shapes at 8K, 32K, 128K; CSV in $OUT/bench.csv): the kAuto kernel
+#              (wgmma on Hopper if its self-check passed) and the mma.sync kernel, timed and compared
+#   bench_local the same with --inputs local (local/sink attention) at 32K and 128K, dense/vs/bs
 #   sdpa       bench/gpu/sdpa_reference.py (torch SDPA cuDNN / flash / efficient; CSV in $OUT/sdpa.csv)
 #   racecheck  compute-sanitizer racecheck on three tiny cases (last: it gets what is left of the budget)
 #   summary    one line per step (status, seconds), the tail of each failure, the two result tables
-# Environment: OUT, JOBS (default 16), CHECK_BUDGET_S, BENCH_ARGS (e.g. "--seq 8192,32768 --reps 3"),
+# Environment: OUT, JOBS (default 16), CHECK_BUDGET_S, BENCH_ARGS (e.g. "--seq 8192,32768 --reps 3"), BENCH_LOCAL_ARGS,
 # SDPA_ARGS, SKIP_SANITIZER=1, SKIP_BENCH=1, SKIP_SDPA=1, CHECK_STANDALONE=1 (skip the preset build).
 set -u
 set -o pipefail
@@ -218,6 +220,10 @@ if [ "$built" = yes ]; then
   if [ "${SKIP_BENCH:-0}" != 1 ]; then
     # shellcheck disable=SC2086
     run_step bench 150 "$BENCH_BIN" ${BENCH_ARGS:-} --csv "$OUT/bench.csv"
+    # Local/sink-structured inputs (VS slashes near the diagonal, as real models give).
+    # shellcheck disable=SC2086
+    run_step bench_local 75 "$BENCH_BIN" --inputs local --seq 32768,131072 --patterns dense,vs,bs \
+      ${BENCH_LOCAL_ARGS:-} --csv "$OUT/bench_local.csv"
   fi
 fi
 if [ "${SKIP_SDPA:-0}" != 1 ]; then
@@ -253,12 +259,15 @@ set +x
     echo "--- test: failures and numbers"
     grep -E "^\[  SKIPPED \] [0-9]+ test" "$OUT/test.log"
     grep -E "^\[  FAILED|^\[  PASSED|Failure|Expected|Which is|actual|error" "$OUT/test.log" | head -60
-    grep -E "^\[ (executor|end2end) \]" "$OUT/test.log" | sort -k5 -g -r | head -5
+    grep -E "^\[ wgmma self-check \]|^wgmma " "$OUT/test.log"
+    echo "worst relative errors (case, kernel, error):"
+    grep -E "^\[ (executor|end2end) \]" "$OUT/test.log" | awk '{print $4, $5, $7}' | sort -k3 -g -r | head -8
   fi
   for s in sanitizer_memcheck sanitizer_racecheck; do
     [ -s "$OUT/$s.log" ] && { echo "--- $s:"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race|hazard|PASSED|FAILED" "$OUT/$s.log" | head -15; }
   done
-  [ -s "$OUT/bench.log" ] && { echo "--- bench:"; grep -E "^\||device|shape|rror" "$OUT/bench.log"; }
+  [ -s "$OUT/bench.log" ] && { echo "--- bench:"; grep -E "^\||device|shape|rror|self-check|^wgmma" "$OUT/bench.log"; }
+  [ -s "$OUT/bench_local.log" ] && { echo "--- bench, local inputs:"; grep -E "^\||shape|rror|self-check" "$OUT/bench_local.log"; }
   [ -s "$OUT/sdpa.log" ] && { echo "--- sdpa:"; grep -E "^\||device|unavailable|rror" "$OUT/sdpa.log"; }
 } | tee "$OUT/summary_full.txt"
 exit 0

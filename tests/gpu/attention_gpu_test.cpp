@@ -1,5 +1,8 @@
 // GPU attention core against the CPU: executor, device index build, device estimators, end to end.
 //
+// Executor cases run every kernel that applies (mma.sync always; the wgmma kernel on compute capability 9.0
+// for bf16/f16, head_dim 128, tile 128), each printed with its name; end-to-end cases run the kAuto choice.
+//
 // Every case draws fresh random inputs (seeded per case, so a failure reproduces), rounds them to the GPU
 // dtype and runs the CPU side on the same values in f32. Checks:
 //  - executor: relative error ||out - ref|| / ||ref|| < 1e-2 against the f64 masked reference (or, for long
@@ -274,22 +277,36 @@ TEST_P(ExecutorTest, MatchesReference) {
 
   gpu::DeviceSparseIndex dindex = gpu::DeviceSparseIndex::upload(index);
   gpu::DeviceWorkPlan plan = gpu::DeviceWorkPlan::upload(gpu::plan_prefill(index));
-  DeviceTensor out = poisoned(s.q_len, s.hq, s.d, s.dtype);
-  gpu::DeviceBuffer<float> lse(static_cast<size_t>(s.hq) * static_cast<size_t>(s.q_len));
-  gpu::sparse_prefill(device_args(in, out, &lse, s), dindex, plan);
-  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
 
-  const OutputCheck r = check_output(s, in, index, out, &lse);
-  EXPECT_EQ(r.non_finite, 0) << "elements not written or not finite";
-  EXPECT_LT(r.rel_err, 1e-2);
-  EXPECT_LT(r.lse_max_err, 2e-3);
-  std::printf("[ executor ] %-28s rel_err %.2e lse_err %.2e\n", c.name.c_str(), r.rel_err, r.lse_max_err);
+  // Every kernel that applies: mma.sync always, wgmma on Hopper for bf16/f16, head_dim 128, tile 128.
+  std::vector<gpu::PrefillKernel> kernels = {gpu::PrefillKernel::kMma};
+  if (gpu::wgmma_prefill_applies(s.dtype, s.d, s.tile)) kernels.push_back(gpu::PrefillKernel::kWgmma);
+  for (const gpu::PrefillKernel kernel : kernels) {
+    const char* kname = gpu::prefill_kernel_name(kernel);
+    SCOPED_TRACE(std::string("kernel ") + kname);
+    DeviceTensor out = poisoned(s.q_len, s.hq, s.d, s.dtype);
+    gpu::DeviceBuffer<float> lse(static_cast<size_t>(s.hq) * static_cast<size_t>(s.q_len));
+    try {
+      gpu::sparse_prefill(device_args(in, out, &lse, s), dindex, plan, nullptr, kernel);
+    } catch (const Error& e) {
+      ADD_FAILURE() << kname << " kernel did not run: " << e.what();
+      continue;
+    }
+    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
 
-  // Same launch again, plan reused: results must not depend on the schedule (no races).
-  DeviceTensor out2 = poisoned(s.q_len, s.hq, s.d, s.dtype);
-  gpu::sparse_prefill(device_args(in, out2, nullptr, s), dindex, plan);
-  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
-  EXPECT_EQ(out.buf.download(), out2.buf.download()) << "two runs differ";
+    const OutputCheck r = check_output(s, in, index, out, &lse);
+    EXPECT_EQ(r.non_finite, 0) << "elements not written or not finite";
+    EXPECT_LT(r.rel_err, 1e-2);
+    EXPECT_LT(r.lse_max_err, 2e-3);
+    std::printf("[ executor ] %-28s %-8s rel_err %.2e lse_err %.2e\n", c.name.c_str(), kname, r.rel_err,
+                r.lse_max_err);
+
+    // Same launch again, plan reused: results must not depend on the schedule (no races).
+    DeviceTensor out2 = poisoned(s.q_len, s.hq, s.d, s.dtype);
+    gpu::sparse_prefill(device_args(in, out2, nullptr, s), dindex, plan, nullptr, kernel);
+    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(out.buf.download(), out2.buf.download()) << "two runs differ";
+  }
 }
 
 std::vector<ExecCase> exec_cases() {
@@ -307,6 +324,8 @@ std::vector<ExecCase> exec_cases() {
     add(k, Shape{4097, 0, 0, hq, 2, 128, 128, DType::BF16}, "s4097_d128_bf16");
   }
   add("mixed", Shape{1000, 0, 0, 6, 3, 128, 64, DType::BF16}, "s1000_d128_bf16_t64");
+  add("mixed", Shape{1000, 0, 0, 6, 3, 128, 128, DType::F16}, "s1000_d128_f16");
+  add("mixed", Shape{4097, 0, 0, 6, 2, 128, 128, DType::F16}, "s4097_d128_f16");
   add("mixed", Shape{4097, 0, 0, 6, 2, 64, 64, DType::F16}, "s4097_d64_f16_t64");
   add("mixed", Shape{700, 0, 0, 6, 2, 256, 128, DType::BF16}, "s700_d256_bf16");
   add("mixed", Shape{300, 0, 0, 6, 6, 256, 64, DType::F16}, "s300_d256_f16_t64");
@@ -386,6 +405,25 @@ TEST(CudaAttention, FusedQkvStrides) {
   const OutputCheck r = check_output(s, in, index, compact, nullptr);
   EXPECT_EQ(r.non_finite, 0);
   EXPECT_LT(r.rel_err, 1e-2);
+}
+
+// The wgmma kernel's self-check (sparse_prefill.h): on Hopper it must pass for bf16 and f16; the report says
+// which V-operand variant matched the mma.sync kernel, or how each one missed.
+TEST(CudaAttention, WgmmaSelfCheck) {
+  REQUIRE_GPU();
+  if (!gpu::wgmma_prefill_applies(DType::BF16, 128, 128))
+    GTEST_SKIP() << "not a compute capability 9.0 device";
+  for (const DType t : {DType::BF16, DType::F16}) {
+    const gpu::WgmmaSelfCheck& sc = gpu::wgmma_prefill_self_check(t);
+    std::printf("[ wgmma self-check ] %s: %s, variant %d\n%s", std::string(dtype_name(t)).c_str(),
+                sc.passed ? "passed" : "FAILED", sc.variant, sc.report.c_str());
+    EXPECT_TRUE(sc.passed) << sc.report;
+  }
+  EXPECT_EQ(gpu::resolve_prefill_kernel(gpu::PrefillKernel::kMma, DType::BF16, 128, 128),
+            gpu::PrefillKernel::kMma);
+  EXPECT_EQ(gpu::resolve_prefill_kernel(gpu::PrefillKernel::kAuto, DType::BF16, 64, 128),
+            gpu::PrefillKernel::kMma);
+  EXPECT_THROW(gpu::resolve_prefill_kernel(gpu::PrefillKernel::kWgmma, DType::BF16, 128, 64), Error);
 }
 
 TEST(CudaAttention, RejectsBadArguments) {
@@ -645,7 +683,10 @@ TEST_P(EndToEndTest, MatchesReferenceOnItsOwnIndex) {
   EXPECT_EQ(r.non_finite, 0);
   EXPECT_LT(r.rel_err, 1e-2);
   const IndexStats st = index_stats(index);
-  std::printf("[ end2end  ] %-28s rel_err %.2e density %.3f\n", c.name.c_str(), r.rel_err, st.density());
+  const char* kname = gpu::prefill_kernel_name(
+      gpu::resolve_prefill_kernel(gpu::PrefillKernel::kAuto, s.dtype, s.d, s.tile));  // what kAuto ran
+  std::printf("[ end2end  ] %-28s %-8s rel_err %.2e density %.3f\n", c.name.c_str(), kname, r.rel_err,
+              st.density());
 }
 
 std::vector<ExecCase> e2e_cases() {

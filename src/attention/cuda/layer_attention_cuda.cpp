@@ -39,9 +39,9 @@ void CudaLayerAttention::build_index(cudaStream_t stream) {
   builder_.build(index_, plan_, stream);
 }
 
-void CudaLayerAttention::attend(const AttentionArgs& args, cudaStream_t stream) {
+void CudaLayerAttention::attend(const AttentionArgs& args, cudaStream_t stream, PrefillKernel kernel) {
   check_args(args);
-  sparse_prefill(args, index_, plan_, stream);
+  sparse_prefill(args, index_, plan_, stream, kernel);
 }
 
 }  // namespace tessera::attn::gpu

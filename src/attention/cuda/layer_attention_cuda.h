@@ -18,6 +18,7 @@
 #include "attention/cuda/device_index.h"
 #include "attention/cuda/estimate_cuda.h"
 #include "attention/cuda/lower_cuda.h"
+#include "attention/cuda/sparse_prefill.h"
 #include "attention/index/estimate.h"
 #include "attention/index/lowering_context.h"
 #include "attention/pattern/pattern.h"
@@ -33,7 +34,9 @@ class CudaLayerAttention {
 
   void estimate(const AttentionArgs& args, cudaStream_t stream = nullptr);
   void build_index(cudaStream_t stream = nullptr);
-  void attend(const AttentionArgs& args, cudaStream_t stream = nullptr);
+  // kernel: which prefill kernel runs (sparse_prefill.h; kAuto by default).
+  void attend(const AttentionArgs& args, cudaStream_t stream = nullptr,
+              PrefillKernel kernel = PrefillKernel::kAuto);
   void run(const AttentionArgs& args, cudaStream_t stream = nullptr) {
     estimate(args, stream);
     build_index(stream);

@@ -2,11 +2,21 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <random>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "attention/cuda/sparse_prefill.h"
 #include "attention/cuda/sparse_prefill_kernel.cuh"
+#include "attention/cuda/work_plan.h"
+#include "core/dtype.h"
 #include "core/error.h"
 
 namespace tessera::attn::gpu {
@@ -23,6 +33,13 @@ TESSERA_DECLARE_PREFILL(__half, 64)
 TESSERA_DECLARE_PREFILL(__half, 128)
 TESSERA_DECLARE_PREFILL(__half, 256)
 #undef TESSERA_DECLARE_PREFILL
+// Instantiated in sparse_prefill_wgmma_{bf16,f16}.cu.
+template <typename T, bool kSplitPv>
+void launch_sparse_prefill_wgmma(const PrefillParams& p, cudaStream_t stream);
+extern template void launch_sparse_prefill_wgmma<__nv_bfloat16, false>(const PrefillParams&, cudaStream_t);
+extern template void launch_sparse_prefill_wgmma<__nv_bfloat16, true>(const PrefillParams&, cudaStream_t);
+extern template void launch_sparse_prefill_wgmma<__half, false>(const PrefillParams&, cudaStream_t);
+extern template void launch_sparse_prefill_wgmma<__half, true>(const PrefillParams&, cudaStream_t);
 }  // namespace detail
 
 namespace {
@@ -105,19 +122,10 @@ void validate_cuda_args(const AttentionArgs& a) {
   }
 }
 
-void sparse_prefill(const AttentionArgs& args, const DeviceSparseIndex& index, DeviceWorkPlan& plan,
-                    cudaStream_t stream) {
-  validate_cuda_args(args);
-  check(index.num_heads == args.num_q_heads() && index.q_begin == args.q_begin &&
-            index.q_len == args.q_len() && index.kv_len == args.kv_len(),
-        "CUDA sparse prefill: the index (heads " + std::to_string(index.num_heads) + ", q_begin " +
-            std::to_string(index.q_begin) + ", q_len " + std::to_string(index.q_len) + ", kv_len " +
-            std::to_string(index.kv_len) + ") does not describe this call");
-  check(plan.num_items == index.num_items(), "CUDA sparse prefill: the work plan has " +
-                                                 std::to_string(plan.num_items) + " items, the index " +
-                                                 std::to_string(index.num_items()));
-  if (args.q_len() == 0) return;
+namespace {
 
+detail::PrefillParams make_params(const AttentionArgs& args, const DeviceSparseIndex& index,
+                                  DeviceWorkPlan& plan) {
   detail::PrefillParams p;
   p.q = args.q.data;
   p.k = args.k.data;
@@ -148,12 +156,265 @@ void sparse_prefill(const AttentionArgs& args, const DeviceSparseIndex& index, D
   p.order = plan.order.data();
   p.num_items = plan.num_items;
   p.counter = plan.counter.data();
+  return p;
+}
 
-  const int d = static_cast<int>(args.head_dim());
-  if (args.q.dtype == DType::BF16) {
-    dispatch<__nv_bfloat16>(d, index.tile, p, stream);
+void check_call(const AttentionArgs& args, const DeviceSparseIndex& index, const DeviceWorkPlan& plan) {
+  validate_cuda_args(args);
+  check(index.num_heads == args.num_q_heads() && index.q_begin == args.q_begin &&
+            index.q_len == args.q_len() && index.kv_len == args.kv_len(),
+        "CUDA sparse prefill: the index (heads " + std::to_string(index.num_heads) + ", q_begin " +
+            std::to_string(index.q_begin) + ", q_len " + std::to_string(index.q_len) + ", kv_len " +
+            std::to_string(index.kv_len) + ") does not describe this call");
+  check(plan.num_items == index.num_items(), "CUDA sparse prefill: the work plan has " +
+                                                 std::to_string(plan.num_items) + " items, the index " +
+                                                 std::to_string(index.num_items()));
+}
+
+// The wgmma kernel's V-operand variants, in the order the self-check tries them. The N-major descriptor's
+// strides (N direction: the two 64-column halves of V, 8192 bytes apart; K direction: 8-key groups, 1024
+// bytes apart) are given as (leading, stride) byte offsets; the second variant swaps them in case the
+// hardware reads them the other way round; the third issues two m64n64 per 16 keys, each one half wide, so
+// that only the K-direction stride matters (given as both).
+struct WgmmaVariant {
+  bool split_pv;
+  uint32_t lbo, sbo;
+  const char* name;
+};
+constexpr WgmmaVariant kWgmmaVariants[] = {
+    {false, 8192, 1024, "m64n128 PV, lbo 8192 sbo 1024"},
+    {false, 1024, 8192, "m64n128 PV, lbo 1024 sbo 8192"},
+    {true, 1024, 1024, "2 x m64n64 PV"},
+};
+
+void launch_wgmma(DType dtype, const WgmmaVariant& v, detail::PrefillParams p, cudaStream_t stream) {
+  p.pv_lbo = v.lbo;
+  p.pv_sbo = v.sbo;
+  if (dtype == DType::BF16) {
+    if (v.split_pv) {
+      detail::launch_sparse_prefill_wgmma<__nv_bfloat16, true>(p, stream);
+    } else {
+      detail::launch_sparse_prefill_wgmma<__nv_bfloat16, false>(p, stream);
+    }
   } else {
-    dispatch<__half>(d, index.tile, p, stream);
+    if (v.split_pv) {
+      detail::launch_sparse_prefill_wgmma<__half, true>(p, stream);
+    } else {
+      detail::launch_sparse_prefill_wgmma<__half, false>(p, stream);
+    }
+  }
+}
+
+void launch_mma(DType dtype, int d, int tile, const detail::PrefillParams& p, cudaStream_t stream) {
+  if (dtype == DType::BF16) {
+    dispatch<__nv_bfloat16>(d, tile, p, stream);
+  } else {
+    dispatch<__half>(d, tile, p, stream);
+  }
+}
+
+bool device_is_sm90() {
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) return false;
+  return major == 9 && minor == 0;
+}
+
+// The self-check problem: 2 query heads on 1 kv head, head_dim 128, 320 queries (tiles of 128, the last one
+// partial); head 0 dense causal, head 1 a sink range, a local range and gathered columns in between.
+SparseIndex self_check_index() {
+  SparseIndex x;
+  x.num_heads = 2;
+  x.tile = 128;
+  x.q_begin = 0;
+  x.q_len = 320;
+  x.kv_len = 320;
+  x.range_offsets.push_back(0);
+  x.column_offsets.push_back(0);
+  for (int h = 0; h < 2; ++h) {
+    for (int t = 0; t < x.num_tiles(); ++t) {
+      const int end = x.tile_key_end(t);
+      if (h == 0) {
+        x.ranges.push_back({0, end});
+      } else {
+        const int lo = std::max(40, t * 128 - 70);
+        x.ranges.push_back({0, 3});
+        x.ranges.push_back({lo, end});
+        for (int j = 3; j < lo; ++j) {
+          if (j % 7 == 3) x.columns.push_back(j);
+        }
+      }
+      x.range_offsets.push_back(static_cast<int32_t>(x.ranges.size()));
+      x.column_offsets.push_back(static_cast<int32_t>(x.columns.size()));
+    }
+  }
+  x.validate();
+  return x;
+}
+
+std::vector<float> decode_all(const std::vector<uint16_t>& bits, DType t) {
+  std::vector<float> out(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) {
+    out[i] = t == DType::BF16 ? bf16_to_f32(bf16::from_bits(bits[i])) : f16_to_f32(f16::from_bits(bits[i]));
+  }
+  return out;
+}
+
+WgmmaSelfCheck run_self_check(DType dtype, cudaStream_t stream) {
+  WgmmaSelfCheck result;
+  try {
+    const SparseIndex index = self_check_index();
+    const int hq = 2, d = 128, n = index.q_len;
+    std::mt19937_64 rng(20261122);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    auto random_bits = [&](size_t count) {
+      std::vector<uint16_t> b(count);
+      for (uint16_t& x : b)
+        x = dtype == DType::BF16 ? f32_to_bf16(dist(rng)).bits : f32_to_f16(dist(rng)).bits;
+      return b;
+    };
+    const size_t nq = static_cast<size_t>(n) * hq * d, nkv = static_cast<size_t>(n) * d;
+    DeviceBuffer<uint16_t> q, k, v, out_ref(nq), out(nq);
+    q.upload(random_bits(nq));
+    k.upload(random_bits(nkv));
+    v.upload(random_bits(nkv));
+    DeviceBuffer<float> lse_ref(static_cast<size_t>(hq) * n), lse(static_cast<size_t>(hq) * n);
+    DeviceSparseIndex dindex = DeviceSparseIndex::upload(index, stream);
+    DeviceWorkPlan plan = DeviceWorkPlan::upload(plan_prefill(index), stream);
+    auto args_for = [&](DeviceBuffer<uint16_t>& o, DeviceBuffer<float>& l) {
+      AttentionArgs a;
+      a.q = TensorView(q.data(), dtype, {n, hq, d});
+      a.k = TensorView(k.data(), dtype, {n, 1, d});
+      a.v = TensorView(v.data(), dtype, {n, 1, d});
+      a.out = TensorView(o.data(), dtype, {n, hq, d});
+      a.lse = TensorView(l.data(), DType::F32, {hq, n});
+      return a;
+    };
+    TESSERA_CUDA_CHECK(cudaMemsetAsync(out_ref.data(), 0xff, out_ref.bytes(), stream));
+    launch_mma(dtype, d, 128, make_params(args_for(out_ref, lse_ref), dindex, plan), stream);
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const std::vector<float> ref = decode_all(out_ref.download(), dtype);
+    const std::vector<float> ref_lse = lse_ref.download();
+    for (int vi = 0; vi < static_cast<int>(std::size(kWgmmaVariants)); ++vi) {
+      const WgmmaVariant& var = kWgmmaVariants[vi];
+      TESSERA_CUDA_CHECK(cudaMemsetAsync(out.data(), 0xff, out.bytes(), stream));
+      launch_wgmma(dtype, var, make_params(args_for(out, lse), dindex, plan), stream);
+      TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+      const std::vector<float> got = decode_all(out.download(), dtype);
+      const std::vector<float> got_lse = lse.download();
+      double num = 0, den = 0, lse_err = 0;
+      int64_t bad = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        if (!std::isfinite(got[i]) || !std::isfinite(ref[i])) {
+          ++bad;
+          continue;
+        }
+        num += (static_cast<double>(got[i]) - ref[i]) * (static_cast<double>(got[i]) - ref[i]);
+        den += static_cast<double>(ref[i]) * ref[i];
+      }
+      for (size_t i = 0; i < got_lse.size(); ++i) {
+        const double e = std::abs(static_cast<double>(got_lse[i]) - ref_lse[i]);
+        lse_err = std::max(lse_err, std::isfinite(e) ? e : 1e30);
+      }
+      const double rel = den > 0 ? std::sqrt(num / den) : 1e30;
+      const bool ok = bad == 0 && rel < 1e-2 && lse_err < 1e-2;
+      char line[256];
+      std::snprintf(line, sizeof line, "wgmma %s (%s): %s rel_err %.2e lse_err %.2e non_finite %lld\n",
+                    dtype_name(dtype).data(), var.name, ok ? "PASS" : "FAIL", rel, lse_err,
+                    static_cast<long long>(bad));
+      result.report += line;
+      if (ok) {
+        result.passed = true;
+        result.variant = vi;
+        break;
+      }
+    }
+  } catch (const std::exception& e) {
+    result.passed = false;
+    result.variant = -1;
+    result.report += std::string("wgmma self-check error: ") + e.what() + "\n";
+  }
+  return result;
+}
+
+PrefillKernel env_override() {
+  const char* e = std::getenv("TESSERA_PREFILL_KERNEL");
+  if (e == nullptr) return PrefillKernel::kAuto;
+  const std::string s = e;
+  if (s == "mma") return PrefillKernel::kMma;
+  if (s == "wgmma") return PrefillKernel::kWgmma;
+  return PrefillKernel::kAuto;
+}
+
+}  // namespace
+
+const char* prefill_kernel_name(PrefillKernel kernel) {
+  switch (kernel) {
+    case PrefillKernel::kAuto:
+      return "auto";
+    case PrefillKernel::kMma:
+      return "mma.sync";
+    case PrefillKernel::kWgmma:
+      return "wgmma";
+  }
+  return "?";
+}
+
+bool wgmma_prefill_applies(DType dtype, int head_dim, int tile) {
+  return (dtype == DType::BF16 || dtype == DType::F16) && head_dim == 128 && tile == 128 && device_is_sm90();
+}
+
+const WgmmaSelfCheck& wgmma_prefill_self_check(DType dtype, cudaStream_t stream) {
+  static std::mutex mu;
+  static std::map<std::pair<int, int>, WgmmaSelfCheck> done;
+  int dev = 0;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
+  const std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(dev, static_cast<int>(dtype));
+  auto it = done.find(key);
+  if (it == done.end()) {
+    WgmmaSelfCheck r;
+    if (!wgmma_prefill_applies(dtype, 128, 128)) {
+      r.report = "wgmma kernel does not apply on this device (needs compute capability 9.0, bf16 or f16)\n";
+    } else {
+      r = run_self_check(dtype, stream);
+    }
+    it = done.emplace(key, std::move(r)).first;
+  }
+  return it->second;
+}
+
+PrefillKernel resolve_prefill_kernel(PrefillKernel requested, DType dtype, int head_dim, int tile,
+                                     cudaStream_t stream) {
+  if (requested == PrefillKernel::kAuto) requested = env_override();
+  if (requested == PrefillKernel::kMma) return PrefillKernel::kMma;
+  const bool applies = wgmma_prefill_applies(dtype, head_dim, tile);
+  if (requested == PrefillKernel::kWgmma) {
+    check(applies,
+          "CUDA sparse prefill: the wgmma kernel runs bf16/f16, head_dim 128, tile 128 on compute "
+          "capability 9.0 only (got head_dim " +
+              std::to_string(head_dim) + ", tile " + std::to_string(tile) + ")");
+    const WgmmaSelfCheck& sc = wgmma_prefill_self_check(dtype, stream);
+    check(sc.passed, "CUDA sparse prefill: the wgmma kernel failed its self-check:\n" + sc.report);
+    return PrefillKernel::kWgmma;
+  }
+  if (!applies) return PrefillKernel::kMma;
+  return wgmma_prefill_self_check(dtype, stream).passed ? PrefillKernel::kWgmma : PrefillKernel::kMma;
+}
+
+void sparse_prefill(const AttentionArgs& args, const DeviceSparseIndex& index, DeviceWorkPlan& plan,
+                    cudaStream_t stream, PrefillKernel kernel) {
+  check_call(args, index, plan);
+  const int d = static_cast<int>(args.head_dim());
+  const PrefillKernel k = resolve_prefill_kernel(kernel, args.q.dtype, d, index.tile, stream);
+  if (args.q_len() == 0) return;
+  const detail::PrefillParams p = make_params(args, index, plan);
+  if (k == PrefillKernel::kWgmma) {
+    launch_wgmma(args.q.dtype, kWgmmaVariants[wgmma_prefill_self_check(args.q.dtype, stream).variant], p,
+                 stream);
+  } else {
+    launch_mma(args.q.dtype, d, index.tile, p, stream);
   }
 }
 

@@ -16,12 +16,23 @@
 // index tile must be 64 or 128 (the kernel's query-tile height) and must describe this call (heads, q_begin,
 // q_len, kv_len).
 //
+// Kernels: the mma.sync kernel (sparse_prefill_kernel.cuh) runs every head_dim and tile on sm_80 and later;
+// the Hopper kernel (sparse_prefill_wgmma.cuh: wgmma, 2 warpgroups) runs bf16/f16, head_dim 128, tile 128 on
+// compute capability 9.0. PrefillKernel::kAuto takes the wgmma kernel where it applies and its self-check
+// passed, else the mma.sync kernel. The self-check runs once per process, device and dtype, at the first call
+// that could use the wgmma kernel: a small problem (ranges, gathered columns, partial tiles) through both
+// kernels on `stream`, compared on the host (so that first call synchronises `stream`); it tries the wgmma
+// kernel's V-operand variants in order and keeps the first that matches. The environment variable
+// TESSERA_PREFILL_KERNEL=mma|wgmma|auto overrides kAuto (a test or benchmark can still ask for one kernel).
+//
 // Scheduling: persistent CTAs (as many as fit on the device, at most one per item) take items in the order of
 // `plan` (work_plan.h: heaviest first) through plan.counter, which is reset on `stream` before the launch.
 // Everything is asynchronous on `stream`; errors in the arguments throw tessera::Error before anything runs.
 #pragma once
 
 #include <cuda_runtime.h>
+
+#include <string>
 
 #include "attention/cpu/attention_args.h"
 #include "attention/cuda/device_index.h"
@@ -31,8 +42,33 @@ namespace tessera::attn::gpu {
 // Throws tessera::Error naming the argument unless the call is one the CUDA executor runs.
 void validate_cuda_args(const AttentionArgs& args);
 
+enum class PrefillKernel {
+  kAuto,   // wgmma where it applies and passed its self-check, else mma.sync
+  kMma,    // the mma.sync kernel
+  kWgmma,  // the wgmma kernel; throws tessera::Error where it does not apply or failed its self-check
+};
+const char* prefill_kernel_name(PrefillKernel kernel);
+
+// Result of the wgmma kernel's self-check for one dtype on the current device (runs it on first use).
+struct WgmmaSelfCheck {
+  bool passed = false;
+  int variant = -1;  // index of the variant in use when passed
+  std::string
+      report;  // one line per variant tried: relative error, lse error, non-finite count, or the error
+};
+const WgmmaSelfCheck& wgmma_prefill_self_check(DType dtype, cudaStream_t stream = nullptr);
+
+// Whether the wgmma kernel applies to this dtype, head_dim and tile on the current device (before its
+// self-check: compute capability 9.0, bf16/f16, head_dim 128, tile 128, built for sm_90a).
+bool wgmma_prefill_applies(DType dtype, int head_dim, int tile);
+
+// The kernel a call with `requested` runs (kMma or kWgmma; may run the self-check). Throws like
+// sparse_prefill for kWgmma where it cannot run.
+PrefillKernel resolve_prefill_kernel(PrefillKernel requested, DType dtype, int head_dim, int tile,
+                                     cudaStream_t stream = nullptr);
+
 void sparse_prefill(const AttentionArgs& args, const DeviceSparseIndex& index, DeviceWorkPlan& plan,
-                    cudaStream_t stream = nullptr);
+                    cudaStream_t stream = nullptr, PrefillKernel kernel = PrefillKernel::kAuto);
 
 // Head dimensions and tiles the kernel is built for.
 bool sparse_prefill_supports(int head_dim, int tile);

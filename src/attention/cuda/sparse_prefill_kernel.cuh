@@ -45,6 +45,9 @@ struct PrefillParams {
   const int32_t* order = nullptr;
   int32_t num_items = 0;
   int32_t* counter = nullptr;
+  // wgmma kernel only (sparse_prefill_wgmma.cuh): byte strides of the N-major V descriptor along N (64-column
+  // halves) and along K (8-key groups).
+  uint32_t pv_lbo = 0, pv_sbo = 0;
 };
 
 template <int D, int BM>

@@ -1,0 +1,316 @@
+// tessera/attention/cuda/sparse_prefill_wgmma.cuh — the Hopper (sm_90a) sparse prefill kernel: wgmma for
+// Q K^T and P V, head_dim 128, query tile 128 (device code; see sparse_prefill.h).
+//
+// Same contract, item cursor and online softmax as the mma.sync kernel (sparse_prefill_kernel.cuh), which
+// stays the fallback and the twin the self-check compares against. Differences:
+//  - 2 warpgroups (256 threads), warpgroup w owns query rows [64w, 64w + 64) of the tile;
+//  - S = Q K^T: 8 x wgmma m64n64k16 per key tile, Q and K both from shared memory (K-major descriptors);
+//  - O += P V: P stays in registers (the S accumulators packed to 16 bits are the A fragment), V from shared
+//    memory through an N-major (transposed) descriptor: 4 x m64n128k16, or 8 x m64n64k16 (kSplitPv, which
+//    needs only the K-direction stride of the descriptor: the fallback variant of the self-check);
+//  - K/V in a 3-stage ring, loaded with cp.async by all threads (ranges and gathered columns alike, 16-byte
+//    chunks into the 128-byte-swizzled layout of wgmma_sm90.cuh); one barrier per key tile: at iteration j
+//    the tile j has landed and everyone is done with tile j - 1, whose stage receives tile j + 2.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "attention/cuda/cuda_check.h"
+#include "attention/cuda/mma_sm80.cuh"
+#include "attention/cuda/sparse_prefill_kernel.cuh"
+#include "attention/cuda/wgmma_sm90.cuh"
+#include "attention/cuda/work_plan.h"
+
+namespace tessera::attn::gpu::detail {
+
+struct WgmmaPrefillConfig {
+  static constexpr int D = 128;
+  static constexpr int BM = 128;
+  static constexpr int BN = kPrefillKeyTile;  // 64
+  static constexpr int kThreads = 256;
+  static constexpr int kStages = 3;
+  static constexpr int kChunks = D / 8;             // 16-byte chunks per row
+  static constexpr uint32_t kQBytes = BM * D * 2;   // 32 KB
+  static constexpr uint32_t kKvBytes = BN * D * 2;  // 16 KB per K (or V) stage
+  static constexpr uint32_t kKeysOffset = kQBytes + 2 * kStages * kKvBytes;
+  static constexpr size_t kSmemBytes = 1024 + kKeysOffset + kStages * BN * sizeof(int);  // + alignment slack
+  static_assert((BN * kChunks) % kThreads == 0 && (BM * kChunks) % kThreads == 0);
+};
+
+template <typename T, bool kSplitPv>
+__global__ void __launch_bounds__(WgmmaPrefillConfig::kThreads, 1)
+    sparse_prefill_wgmma_kernel(const PrefillParams p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Cfg = WgmmaPrefillConfig;
+  using Mma = MmaTraits<T>;
+  using Wg = Wgmma<T>;
+  constexpr int D = Cfg::D, BM = Cfg::BM, BN = Cfg::BN, kThreads = Cfg::kThreads, kChunks = Cfg::kChunks;
+  constexpr int kStages = Cfg::kStages;
+  const float neg_inf = -__int_as_float(0x7f800000);
+
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  __shared__ int s_slot;
+  // 1024-byte aligned base (the swizzle atoms must be aligned).
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  unsigned char* smem = smem_raw + (((raw_addr + 1023u) & ~1023u) - raw_addr);
+  const uint32_t sQ = smem_addr(smem);
+  const uint32_t sK = sQ + Cfg::kQBytes;                         // stage s at sK + s * kKvBytes
+  const uint32_t sV = sK + kStages * Cfg::kKvBytes;              // stage s at sV + s * kKvBytes
+  int* sKeys = reinterpret_cast<int*>(smem + Cfg::kKeysOffset);  // [kStages][BN]
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32, lane = tid % 32;
+  const int wg = warp / 4;  // warpgroup: rows [64 wg, 64 wg + 64)
+  const int g = lane / 4, c4 = lane % 4;
+  const T* q_all = static_cast<const T*>(p.q);
+  const T* k_all = static_cast<const T*>(p.k);
+  const T* v_all = static_cast<const T*>(p.v);
+  T* out_all = static_cast<T*>(p.out);
+
+  for (;;) {
+    if (tid == 0) s_slot = atomicAdd(p.counter, 1);
+    __syncthreads();
+    const int slot = s_slot;
+    if (slot >= p.num_items) break;
+    const int item = p.order[slot];
+    const int h = item / p.num_tiles, t = item - h * p.num_tiles;
+    const int row0 = t * BM;
+    const int rows = min(BM, p.q_len - row0);
+    const int pos0 = p.q_begin + row0;
+    const int kvh = h / p.group;
+    const T* qh = q_all + h * p.q_head + static_cast<int64_t>(row0) * p.q_tok;
+    const T* kh = k_all + kvh * p.k_head;
+    const T* vh = v_all + kvh * p.v_head;
+
+    // Cursor over the item's key tiles: ranges first, then columns (as in sparse_prefill_kernel.cuh).
+    int r = p.range_offsets[item];
+    const int r_end = p.range_offsets[item + 1];
+    int c = p.column_offsets[item];
+    const int c_end = p.column_offsets[item + 1];
+    int rb = 0, re = 0;
+    if (r < r_end) {
+      const int2 x = p.ranges[r];
+      rb = x.x;
+      re = x.y;
+    }
+    auto next_tile = [&]() {
+      KeyTile kt;
+      if (r < r_end) {
+        kt.first = rb;
+        kt.count = min(BN, re - rb);
+        kt.masked = kt.count < BN || rb + BN - 1 > pos0;
+        rb += kt.count;
+        if (rb >= re && ++r < r_end) {
+          const int2 x = p.ranges[r];
+          rb = x.x;
+          re = x.y;
+        }
+      } else if (c < c_end) {
+        kt.first = c;
+        kt.count = min(BN, c_end - c);
+        kt.gathered = true;
+        kt.masked = kt.count < BN || p.columns[c + kt.count - 1] > pos0;
+        c += kt.count;
+      }
+      return kt;
+    };
+    auto load_kv = [&](int stage, const KeyTile& kt) {
+      const uint32_t dk = sK + stage * Cfg::kKvBytes;
+      const uint32_t dv = sV + stage * Cfg::kKvBytes;
+#pragma unroll
+      for (int it = 0; it < BN * kChunks / kThreads; ++it) {
+        const int i = tid + it * kThreads;
+        const int row = i / kChunks, ch = i % kChunks;
+        int key = -1;
+        if (row < kt.count) key = kt.gathered ? p.columns[kt.first + row] : kt.first + row;
+        const bool ok = key >= 0;
+        const int64_t kr = ok ? key : 0;
+        const uint32_t off = sw128_offset<BN>(row, ch);
+        cp_async_16(dk + off, kh + kr * p.k_tok + ch * 8, ok);
+        cp_async_16(dv + off, vh + kr * p.v_tok + ch * 8, ok);
+        if (ch == 0) sKeys[stage * BN + row] = key;
+      }
+    };
+
+    // Prologue: Q and tile 0 (group 1), tile 1 (group 2).
+    KeyTile cur = next_tile();
+#pragma unroll
+    for (int it = 0; it < BM * kChunks / kThreads; ++it) {
+      const int i = tid + it * kThreads;
+      const int row = i / kChunks, ch = i % kChunks;
+      const bool ok = row < rows;
+      const T* src = ok ? qh + static_cast<int64_t>(row) * p.q_tok + ch * 8 : q_all;
+      cp_async_16(sQ + sw128_offset<BM>(row, ch), src, ok);
+    }
+    if (cur.count > 0) load_kv(0, cur);
+    cp_async_commit();
+    KeyTile nxt = cur.count > 0 ? next_tile() : KeyTile{};
+    if (nxt.count > 0) load_kv(1, nxt);
+    cp_async_commit();
+
+    float o[D / 2];  // 64 x 128 per warpgroup: 16 column blocks of 8, 4 values each
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+    float m[2] = {neg_inf, neg_inf};
+    float l[2] = {0.0f, 0.0f};
+    const int pos_row[2] = {pos0 + wg * 64 + (warp % 4) * 16 + g, pos0 + wg * 64 + (warp % 4) * 16 + g + 8};
+    int stage = 0;
+
+    const uint32_t q_wg = sQ + wg * 64 * 128;  // this warpgroup's first Q row in each half
+
+    while (cur.count > 0) {
+      cp_async_wait<1>();  // tile `cur` (and Q) landed for this thread's copies
+      fence_proxy_async_shared();
+      __syncthreads();  // ... for everyone's; and everyone is done with the previous tile's stage
+      const int stage_load = stage == 0 ? 2 : stage - 1;
+      const KeyTile nn = nxt.count > 0 ? next_tile() : KeyTile{};
+      if (nn.count > 0) load_kv(stage_load, nn);
+      cp_async_commit();
+
+      // S = Q K^T (64 rows x 64 keys per warpgroup).
+      const uint32_t k_stage = sK + stage * Cfg::kKvBytes;
+      const uint32_t v_stage = sV + stage * Cfg::kKvBytes;
+      float s[BN / 2];
+      fence_operands(s);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const uint32_t a = q_wg + (kk / 4) * (BM * 128) + (kk % 4) * 32;
+        const uint32_t b = k_stage + (kk / 4) * (BN * 128) + (kk % 4) * 32;
+        Wg::ss_m64n64(s, sw128_desc(a, 16, 1024), sw128_desc(b, 16, 1024), kk > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operands(s);
+
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) s[i] *= p.scale_log2;
+      if (cur.masked) {
+        const int* keys = sKeys + stage * BN;
+#pragma unroll
+        for (int i = 0; i < BN / 8; ++i) {
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const int key = keys[i * 8 + 2 * c4 + j];
+            if (key < 0 || key > pos_row[0]) s[4 * i + j] = neg_inf;
+            if (key < 0 || key > pos_row[1]) s[4 * i + 2 + j] = neg_inf;
+          }
+        }
+      }
+
+      // Online softmax (base 2), rows g (e = 0) and g + 8 (e = 1) of the warp's 16.
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float mx = neg_inf;
+#pragma unroll
+        for (int i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * e], s[4 * i + 2 * e + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m[e], mx);
+        const float m_use = m_new == neg_inf ? 0.0f : m_new;
+        const float alpha = fast_exp2(m[e] - m_use);
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < BN / 8; ++i) {
+          s[4 * i + 2 * e] = fast_exp2(s[4 * i + 2 * e] - m_use);
+          s[4 * i + 2 * e + 1] = fast_exp2(s[4 * i + 2 * e + 1] - m_use);
+          sum += s[4 * i + 2 * e] + s[4 * i + 2 * e + 1];
+        }
+        l[e] = l[e] * alpha + sum;
+        m[e] = m_new;
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+          o[4 * i + 2 * e] *= alpha;
+          o[4 * i + 2 * e + 1] *= alpha;
+        }
+      }
+
+      // O += P V: P of key block kk (16 keys) is column blocks 2kk, 2kk + 1 of S.
+      uint32_t pa[BN / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        pa[kk][0] = Mma::pack(s[8 * kk + 0], s[8 * kk + 1]);
+        pa[kk][1] = Mma::pack(s[8 * kk + 2], s[8 * kk + 3]);
+        pa[kk][2] = Mma::pack(s[8 * kk + 4], s[8 * kk + 5]);
+        pa[kk][3] = Mma::pack(s[8 * kk + 6], s[8 * kk + 7]);
+      }
+      fence_operands(o);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        const uint32_t b = v_stage + kk * 16 * 128;
+        if constexpr (kSplitPv) {
+          Wg::template rs_m64n64_tb<0>(o, pa[kk], sw128_desc(b, p.pv_sbo, p.pv_sbo));
+          Wg::template rs_m64n64_tb<D / 4>(o, pa[kk], sw128_desc(b + BN * 128, p.pv_sbo, p.pv_sbo));
+        } else {
+          Wg::rs_m64n128_tb(o, pa[kk], sw128_desc(b, p.pv_lbo, p.pv_sbo));
+        }
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operands(o);
+
+      cur = nxt;
+      nxt = nn;
+      stage = stage == kStages - 1 ? 0 : stage + 1;
+    }
+    cp_async_wait<0>();  // an item without key tiles still has its Q load in flight
+
+    // Epilogue: normalise and store; rows past q_len (short last tile) are not written.
+    T* oh = out_all + h * p.o_head;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float lt = l[e];
+      lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+      lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+      const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
+      const int row = row0 + wg * 64 + (warp % 4) * 16 + g + 8 * e;
+      if (row < p.q_len) {
+        T* dst = oh + static_cast<int64_t>(row) * p.o_tok + 2 * c4;
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+          *reinterpret_cast<uint32_t*>(dst + i * 8) =
+              Mma::pack(o[4 * i + 2 * e] * inv, o[4 * i + 2 * e + 1] * inv);
+        }
+        if (p.lse != nullptr && c4 == 0) {
+          p.lse[h * p.lse_head + static_cast<int64_t>(row) * p.lse_tok] =
+              lt > 0.0f ? (m[e] + __log2f(lt)) * 0.69314718055994531f : neg_inf;
+        }
+      }
+    }
+    __syncthreads();  // everyone has read s_slot and finished with shared memory before the next item
+  }
+#endif
+}
+
+// Launches the wgmma kernel (instantiated in sparse_prefill_wgmma_{bf16,f16}.cu). Throws tessera::Error when
+// the device cannot run it (not compute capability 9.0, or too little shared memory).
+template <typename T, bool kSplitPv>
+void launch_sparse_prefill_wgmma(const PrefillParams& p, cudaStream_t stream) {
+  using Cfg = WgmmaPrefillConfig;
+  auto kernel = sparse_prefill_wgmma_kernel<T, kSplitPv>;
+  const DeviceInfo& dev = current_device_info();
+  if (static_cast<size_t>(dev.max_smem_per_block) < Cfg::kSmemBytes) {
+    throw Error("sparse prefill (wgmma): needs " + std::to_string(Cfg::kSmemBytes) +
+                " bytes of shared memory per block, the device allows " +
+                std::to_string(dev.max_smem_per_block));
+  }
+  TESSERA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(Cfg::kSmemBytes)));
+  int per_sm = 0;
+  TESSERA_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Cfg::kThreads, Cfg::kSmemBytes));
+  if (per_sm < 1) throw Error("sparse prefill (wgmma): kernel does not fit on a multiprocessor");
+  const int grid =
+      static_cast<int>(std::min<int64_t>(p.num_items, static_cast<int64_t>(per_sm) * dev.num_sms));
+  TESSERA_CUDA_CHECK(cudaMemsetAsync(p.counter, 0, sizeof(int32_t), stream));
+  if (grid == 0) return;
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  check_launch("sparse_prefill_wgmma_kernel");
+}
+
+}  // namespace tessera::attn::gpu::detail
