@@ -1,0 +1,155 @@
+#include "attention/pattern/presets.h"
+
+#include <charconv>
+#include <filesystem>
+#include <map>
+#include <vector>
+
+#include "core/error.h"
+
+namespace tessera::attn {
+
+namespace {
+
+// "name:k=v,k=v" -> name and the key/value pairs (values as text).
+struct Spec {
+  std::string name;
+  std::map<std::string, std::string> params;
+};
+
+Spec parse(const std::string& spec) {
+  Spec s;
+  const size_t colon = spec.find(':');
+  s.name = spec.substr(0, colon);
+  if (colon == std::string::npos) return s;
+  std::string rest = spec.substr(colon + 1);
+  size_t pos = 0;
+  while (pos <= rest.size()) {
+    const size_t comma = rest.find(',', pos);
+    const std::string item = rest.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    const size_t eq = item.find('=');
+    check(eq != std::string::npos && eq > 0,
+          "attention spec '" + spec + "': expected key=value, got '" + item + "'");
+    check(s.params.emplace(item.substr(0, eq), item.substr(eq + 1)).second,
+          "attention spec '" + spec + "': parameter '" + item.substr(0, eq) + "' given twice");
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return s;
+}
+
+class Params {
+ public:
+  Params(const std::string& spec, Spec parsed, std::vector<std::string> known)
+      : spec_(spec), p_(std::move(parsed.params)), known_(std::move(known)) {
+    for (const auto& [key, value] : p_) {
+      bool ok = false;
+      std::string list;
+      for (const std::string& k : known_) {
+        ok |= k == key;
+        list += (list.empty() ? "" : ", ") + k;
+      }
+      check(ok, "attention spec '" + spec_ + "': unknown parameter '" + key + "' (known: " + list + ")");
+    }
+  }
+  int32_t integer(const std::string& key, int32_t fallback) const {
+    auto it = p_.find(key);
+    if (it == p_.end()) return fallback;
+    int32_t v = 0;
+    const auto [ptr, ec] = std::from_chars(it->second.data(), it->second.data() + it->second.size(), v);
+    check(ec == std::errc() && ptr == it->second.data() + it->second.size(),
+          "attention spec '" + spec_ + "': parameter '" + key + "' must be an integer, got '" + it->second + "'");
+    return v;
+  }
+  double real(const std::string& key, double fallback) const {
+    auto it = p_.find(key);
+    if (it == p_.end()) return fallback;
+    size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(it->second, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    check(used == it->second.size() && used > 0,
+          "attention spec '" + spec_ + "': parameter '" + key + "' must be a number, got '" + it->second + "'");
+    return v;
+  }
+  std::string text(const std::string& key, const std::string& fallback) const {
+    auto it = p_.find(key);
+    return it == p_.end() ? fallback : it->second;
+  }
+
+ private:
+  std::string spec_;
+  std::map<std::string, std::string> p_;
+  std::vector<std::string> known_;
+};
+
+VerticalSlashPattern vs_from(const Params& p) {
+  VerticalSlashPattern v;
+  v.vertical = p.integer("v", v.vertical);
+  v.slash = p.integer("s", v.slash);
+  v.last_q = p.integer("last_q", v.last_q);
+  return v;
+}
+
+TrianglePattern triangle_from(const Params& p) {
+  TrianglePattern t;
+  t.sink = p.integer("sink", t.sink);
+  t.local = p.integer("local", t.local);
+  t.last = p.integer("last", t.last);
+  return t;
+}
+
+}  // namespace
+
+AttentionPolicy policy_from_spec(const std::string& spec, const PolicyShape& shape) {
+  check(!spec.empty(), "attention spec is empty");
+  const Spec parsed = parse(spec);
+  const std::string& name = parsed.name;
+  auto uniform = [&](const Pattern& p) {
+    return AttentionPolicy::uniform(shape.num_layers, shape.num_q_heads, shape.num_kv_heads, p);
+  };
+  if (name == "dense") {
+    Params p(spec, parsed, {});
+    return uniform(DensePattern{});
+  }
+  if (name == "ashape" || name == "streaming") {
+    Params p(spec, parsed, {"sink", "local"});
+    AShapePattern a;
+    return uniform(AShapePattern{p.integer("sink", a.sink), p.integer("local", a.local)});
+  }
+  if (name == "triangle") {
+    Params p(spec, parsed, {"sink", "local", "last"});
+    return uniform(triangle_from(p));
+  }
+  if (name == "vs" || name == "minference") {
+    Params p(spec, parsed, {"v", "s", "last_q"});
+    return uniform(vs_from(p));
+  }
+  if (name == "bs") {
+    Params p(spec, parsed, {"top_k", "block"});
+    BlockSparsePattern b;
+    return uniform(BlockSparsePattern{p.integer("top_k", b.top_k), p.integer("block", b.block)});
+  }
+  if (name == "moa") {
+    Params p(spec, parsed, {"alpha", "beta", "sink"});
+    ElasticWindowPattern e;
+    return uniform(ElasticWindowPattern{p.real("alpha", e.alpha), p.real("beta", e.beta), p.integer("sink", e.sink)});
+  }
+  if (name == "trianglemix") {
+    Params p(spec, parsed, {"start", "inner", "sink", "local", "last", "v", "s", "last_q"});
+    const std::string inner = p.text("inner", "dense");
+    check(inner == "dense" || inner == "vs",
+          "attention spec '" + spec + "': inner must be 'dense' or 'vs', got '" + inner + "'");
+    const AttentionPolicy base = inner == "vs" ? uniform(vs_from(p)) : uniform(DensePattern{});
+    return AttentionPolicy::trianglemix(base, p.integer("start", shape.num_layers / 2), triangle_from(p));
+  }
+  if (parsed.params.empty() && std::filesystem::exists(spec)) return load_policy_file(spec, shape);
+  throw Error("attention spec '" + spec +
+              "': not a preset (dense, ashape, triangle, vs, minference, bs, moa, trianglemix) nor an existing "
+              "policy file");
+}
+
+}  // namespace tessera::attn
