@@ -93,8 +93,8 @@ struct TaskCase {
   std::optional<double> depth;
   uint64_t seed = 0;
   uint32_t sample = 0;
-  std::string
-      haystack;  // Haystack::name of the filler (for common_words: of the word source; "" for frequent_words)
+  // Haystack::name of the filler (for common_words: of the word source; "" for frequent_words).
+  std::string haystack;
 
   std::string instruction;    // before the context
   std::string context;        // the long part
