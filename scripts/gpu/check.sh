@@ -22,7 +22,8 @@
 #              (wgmma on Hopper if its self-check passed) and the mma.sync kernel, timed and compared
 #   bench_local the same with --inputs local (local/sink attention) at 32K and 128K, dense/vs/bs
 #   sdpa       bench/gpu/sdpa_reference.py (torch SDPA cuDNN / flash / efficient; CSV in $OUT/sdpa.csv)
-#   racecheck  compute-sanitizer racecheck on three tiny cases (last: it gets what is left of the budget)
+#   racecheck  compute-sanitizer racecheck on three tiny cases (last: it gets what is left of the budget), then
+#              on one tiny case through the wgmma kernel (sanitizer_racecheck_wgmma)
 #   summary    one line per step (status, seconds), the tail of each failure, the two result tables
 # Environment: OUT, JOBS (default 16), CHECK_BUDGET_S, BENCH_ARGS (e.g. "--seq 8192,32768 --reps 3"), BENCH_LOCAL_ARGS,
 # SDPA_ARGS, SKIP_SANITIZER=1, SKIP_BENCH=1, SKIP_SDPA=1, CHECK_STANDALONE=1 (skip the preset build).
@@ -206,6 +207,8 @@ resources() {
   local lib
   lib=$(find "$BUILD_DIR" -name libtessera_cuda.a | head -1)
   [ -n "$lib" ] && cuobjdump -res-usage "$lib" | grep -E "Function|REG" | head -200
+  # The wgmma kernel must show HGMMA (warpgroup MMA) in its SASS, not only HMMA.
+  [ -n "$lib" ] && echo "HGMMA instructions in $lib: $(cuobjdump -sass "$lib" | grep -c HGMMA)"
   return 0
 }
 
@@ -235,6 +238,11 @@ fi
 if [ "$built" = yes ] && [ "${SKIP_SANITIZER:-0}" != 1 ]; then
   run_step sanitizer_racecheck 90 compute-sanitizer --tool racecheck --error-exitcode 3 "$TEST_BIN" \
     --gtest_filter='Cases/ExecutorTest.MatchesReference/mixed_s100_d64_f16_t64:Cases/ExecutorTest.MatchesReference/dense_s100_d64_f16_t64:Cases/DeviceEstimateTest.*/s40_short'
+  # The wgmma kernel (its self-check, then a one-row case through both kernels), separately: racecheck may
+  # not model the async proxy (wgmma reading what cp.async wrote), so a report here needs reading, and a slow
+  # run must not cost the check above.
+  run_step sanitizer_racecheck_wgmma 60 compute-sanitizer --tool racecheck --error-exitcode 3 "$TEST_BIN" \
+    --gtest_filter='Cases/ExecutorTest.MatchesReference/mixed_s1_d128_bf16'
 fi
 
 set +x
@@ -245,8 +253,9 @@ set +x
   if [ -s "$OUT/resources.log" ]; then
     echo "--- kernels with spills or local memory (ptxas):"
     grep -B1 -E "[1-9][0-9]* bytes spill|[1-9][0-9]* bytes stack" "$OUT/resources.log" | head -20 || true
-    echo "--- registers of the sparse prefill kernels:"
-    grep -A2 "sparse_prefill_kernel" "$OUT/resources.log" | grep -E "Used|REG" | head -12 || true
+    grep -E "HGMMA instructions" "$OUT/resources.log" || true
+    echo "--- registers of the sparse prefill kernels (mma.sync and wgmma):"
+    grep -A2 -E "sparse_prefill_kernel|sparse_prefill_wgmma_kernel" "$OUT/resources.log" | grep -E "Compiling|Function|Used|REG" | head -40 || true
   fi
   for step in configure build fallback_configure fallback_build; do
     if grep -q "^$step FAILED\|^$step TIMEOUT" "$SUMMARY"; then
@@ -263,7 +272,7 @@ set +x
     echo "worst relative errors (case, kernel, error):"
     grep -E "^\[ (executor|end2end) \]" "$OUT/test.log" | awk '{print $4, $5, $7}' | sort -k3 -g -r | head -8
   fi
-  for s in sanitizer_memcheck sanitizer_racecheck; do
+  for s in sanitizer_memcheck sanitizer_racecheck sanitizer_racecheck_wgmma; do
     [ -s "$OUT/$s.log" ] && { echo "--- $s:"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race|hazard|PASSED|FAILED" "$OUT/$s.log" | head -15; }
   done
   [ -s "$OUT/bench.log" ] && { echo "--- bench:"; grep -E "^\||device|shape|rror|self-check|^wgmma" "$OUT/bench.log"; }

@@ -180,19 +180,30 @@ struct OutputCheck {
   double lse_max_err = 0;
 };
 
-// GPU output (device, dtype) against the f64 reference (q_len <= 1100) or the CPU f32 executor.
-OutputCheck check_output(const Shape& s, const Inputs& in, const SparseIndex& index, const DeviceTensor& dout,
-                         const gpu::DeviceBuffer<float>* dlse) {
+// The reference output and lse of a case: the f64 reference (q_len <= 1100) or the CPU f32 executor.
+struct Reference {
+  std::vector<double> out;
+  Tensor lse;
+};
+Reference reference_of(const Shape& s, const Inputs& in, const SparseIndex& index) {
   Tensor out(DType::F32, {s.q_len, s.hq, s.d});
-  Tensor lse(DType::F32, {s.hq, s.q_len});
-  AttentionArgs ha = host_args(in, out, &lse, s.q_begin);
-  std::vector<double> ref;
+  Reference r;
+  r.lse = Tensor(DType::F32, {s.hq, s.q_len});
+  AttentionArgs ha = host_args(in, out, &r.lse, s.q_begin);
   if (s.q_len <= 1100) {
-    reference_attention_sparse(ha, index, &ref);
+    reference_attention_sparse(ha, index, &r.out);
   } else {
     sparse_attention_cpu(ha, index);
-    ref.assign(out.ptr<float>(), out.ptr<float>() + out.numel());
+    r.out.assign(out.ptr<float>(), out.ptr<float>() + out.numel());
   }
+  return r;
+}
+
+// GPU output (device, dtype) against the reference.
+OutputCheck check_output(const Shape& s, const Reference& reference, const DeviceTensor& dout,
+                         const gpu::DeviceBuffer<float>* dlse) {
+  const std::vector<double>& ref = reference.out;
+  const Tensor& lse = reference.lse;
   const std::vector<uint16_t> got = dout.buf.download();
   OutputCheck c;
   double num = 0, den = 0;
@@ -278,6 +289,7 @@ TEST_P(ExecutorTest, MatchesReference) {
   gpu::DeviceSparseIndex dindex = gpu::DeviceSparseIndex::upload(index);
   gpu::DeviceWorkPlan plan = gpu::DeviceWorkPlan::upload(gpu::plan_prefill(index));
 
+  const Reference reference = reference_of(s, in, index);
   // Every kernel that applies: mma.sync always, wgmma on Hopper for bf16/f16, head_dim 128, tile 128.
   std::vector<gpu::PrefillKernel> kernels = {gpu::PrefillKernel::kMma};
   if (gpu::wgmma_prefill_applies(s.dtype, s.d, s.tile)) kernels.push_back(gpu::PrefillKernel::kWgmma);
@@ -294,7 +306,7 @@ TEST_P(ExecutorTest, MatchesReference) {
     }
     TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
 
-    const OutputCheck r = check_output(s, in, index, out, &lse);
+    const OutputCheck r = check_output(s, reference, out, &lse);
     EXPECT_EQ(r.non_finite, 0) << "elements not written or not finite";
     EXPECT_LT(r.rel_err, 1e-2);
     EXPECT_LT(r.lse_max_err, 2e-3);
@@ -402,7 +414,7 @@ TEST(CudaAttention, FusedQkvStrides) {
     }
   }
   compact.buf.upload(narrow);
-  const OutputCheck r = check_output(s, in, index, compact, nullptr);
+  const OutputCheck r = check_output(s, reference_of(s, in, index), compact, nullptr);
   EXPECT_EQ(r.non_finite, 0);
   EXPECT_LT(r.rel_err, 1e-2);
 }
@@ -679,7 +691,7 @@ TEST_P(EndToEndTest, MatchesReferenceOnItsOwnIndex) {
   index.validate();
   // The device index is the CPU lowering of the device estimates.
   expect_same_index(lower_layer(layer, gl.download_estimates(), s.ctx()), index);
-  const OutputCheck r = check_output(s, in, index, out, nullptr);
+  const OutputCheck r = check_output(s, reference_of(s, in, index), out, nullptr);
   EXPECT_EQ(r.non_finite, 0);
   EXPECT_LT(r.rel_err, 1e-2);
   const IndexStats st = index_stats(index);

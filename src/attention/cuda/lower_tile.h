@@ -104,6 +104,19 @@ TESSERA_HOST_DEVICE inline int upper_bound_index(const int32_t* a, int lo, int h
   return lo;
 }
 
+// First index in [lo, hi) of the ascending array a whose value is >= x (hi when none).
+TESSERA_HOST_DEVICE inline int lower_bound_index(const int32_t* a, int lo, int hi, int64_t x) {
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (a[mid] < x) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
 }  // namespace detail
 
 // Lowers one tile; writes ranges to out_ranges and columns to out_columns when they are not null (a counting
@@ -129,8 +142,10 @@ TESSERA_HOST_DEVICE inline TileCounts lower_tile(const DeviceHeadPattern& hp, co
       em.add(p0 - hp.local + 1, p1);
       break;
     case DeviceHeadPattern::kVerticalSlash:
-      // Offsets ascending -> intervals [p0 - o, p1 - o) with descending begins: walk them backwards.
-      for (int i = hp.num_offsets - 1; i >= 0; --i) em.add(p0 - hp.offsets[i], p1 - hp.offsets[i]);
+      // Offsets ascending -> intervals [p0 - o, p1 - o) with descending begins: walk them backwards, from
+      // the last offset below p1 (larger ones give empty intervals).
+      for (int i = detail::lower_bound_index(hp.offsets, 0, hp.num_offsets, p1) - 1; i >= 0; --i)
+        em.add(p0 - hp.offsets[i], p1 - hp.offsets[i]);
       break;
     case DeviceHeadPattern::kBlockSparse: {
       // Union of the key blocks chosen by every query block the tile touches: a merge of sorted lists that
@@ -159,17 +174,20 @@ TESSERA_HOST_DEVICE inline TileCounts lower_tile(const DeviceHeadPattern& hp, co
   em.flush();
 
   // VS columns. Column c lies in the interval of offset o iff p0 - c <= o < p1 - c; `i` tracks the first
-  // offset
-  // >= p0 - c, which only moves left as c grows.
+  // offset >= p0 - c (a binary search for the first column, then it only moves left as c grows).
   int32_t nc = 0;
   if (hp.kind == DeviceHeadPattern::kVerticalSlash) {
-    int i = hp.num_offsets;
+    int i = -1;
     int64_t prev = -1;
     for (int j = 0; j < hp.num_columns; ++j) {
       const int64_t c = hp.columns[j];
       if (c < 0) continue;
       if (c >= g.key_end) break;
-      while (i > 0 && hp.offsets[i - 1] >= p0 - c) --i;
+      if (i < 0) {
+        i = detail::lower_bound_index(hp.offsets, 0, hp.num_offsets, p0 - c);
+      } else {
+        while (i > 0 && hp.offsets[i - 1] >= p0 - c) --i;
+      }
       if (i < hp.num_offsets && hp.offsets[i] < p1 - c) continue;
       if (c == prev) continue;
       if (out_columns != nullptr) out_columns[nc] = static_cast<int32_t>(c);

@@ -34,12 +34,16 @@ TESSERA_DECLARE_PREFILL(__half, 128)
 TESSERA_DECLARE_PREFILL(__half, 256)
 #undef TESSERA_DECLARE_PREFILL
 // Instantiated in sparse_prefill_wgmma_{bf16,f16}.cu.
-template <typename T, bool kSplitPv>
+template <typename T, bool kSplitPv, bool kOverlap>
 void launch_sparse_prefill_wgmma(const PrefillParams& p, cudaStream_t stream);
-extern template void launch_sparse_prefill_wgmma<__nv_bfloat16, false>(const PrefillParams&, cudaStream_t);
-extern template void launch_sparse_prefill_wgmma<__nv_bfloat16, true>(const PrefillParams&, cudaStream_t);
-extern template void launch_sparse_prefill_wgmma<__half, false>(const PrefillParams&, cudaStream_t);
-extern template void launch_sparse_prefill_wgmma<__half, true>(const PrefillParams&, cudaStream_t);
+#define TESSERA_DECLARE_WGMMA(T)                                                                         \
+  extern template void launch_sparse_prefill_wgmma<T, false, false>(const PrefillParams&, cudaStream_t); \
+  extern template void launch_sparse_prefill_wgmma<T, true, false>(const PrefillParams&, cudaStream_t);  \
+  extern template void launch_sparse_prefill_wgmma<T, false, true>(const PrefillParams&, cudaStream_t);  \
+  extern template void launch_sparse_prefill_wgmma<T, true, true>(const PrefillParams&, cudaStream_t);
+TESSERA_DECLARE_WGMMA(__nv_bfloat16)
+TESSERA_DECLARE_WGMMA(__half)
+#undef TESSERA_DECLARE_WGMMA
 }  // namespace detail
 
 namespace {
@@ -171,37 +175,49 @@ void check_call(const AttentionArgs& args, const DeviceSparseIndex& index, const
                                                  std::to_string(index.num_items()));
 }
 
-// The wgmma kernel's V-operand variants, in the order the self-check tries them. The N-major descriptor's
-// strides (N direction: the two 64-column halves of V, 8192 bytes apart; K direction: 8-key groups, 1024
-// bytes apart) are given as (leading, stride) byte offsets; the second variant swaps them in case the
-// hardware reads them the other way round; the third issues two m64n64 per 16 keys, each one half wide, so
-// that only the K-direction stride matters (given as both).
+// The wgmma kernel's variants, in the order the self-check tries them (the first that matches the mma.sync
+// kernel is used). overlap: S of tile j and P V of tile j - 1 in flight together (else one after the other).
+// P V either as one m64n128 per 16 keys, whose N-major V descriptor needs both strides (N direction: the two
+// 64-column halves of V, 8192 bytes apart, given as the leading byte offset; K direction: 8-key groups, 1024
+// bytes apart, the stride byte offset), or as two m64n64 (split), each one half wide, so that only the
+// K-direction stride matters (given as both: robust to reading the two fields the other way round).
 struct WgmmaVariant {
+  bool overlap;
   bool split_pv;
   uint32_t lbo, sbo;
   const char* name;
 };
 constexpr WgmmaVariant kWgmmaVariants[] = {
-    {false, 8192, 1024, "m64n128 PV, lbo 8192 sbo 1024"},
-    {false, 1024, 8192, "m64n128 PV, lbo 1024 sbo 8192"},
-    {true, 1024, 1024, "2 x m64n64 PV"},
+    {true, false, 8192, 1024, "overlapped S/PV, m64n128 PV"},
+    {true, true, 1024, 1024, "overlapped S/PV, 2 x m64n64 PV"},
+    {false, false, 8192, 1024, "serial S/PV, m64n128 PV"},
+    {false, true, 1024, 1024, "serial S/PV, 2 x m64n64 PV"},
 };
+
+template <typename T>
+void launch_wgmma_t(const WgmmaVariant& v, const detail::PrefillParams& p, cudaStream_t stream) {
+  if (v.overlap) {
+    if (v.split_pv) {
+      detail::launch_sparse_prefill_wgmma<T, true, true>(p, stream);
+    } else {
+      detail::launch_sparse_prefill_wgmma<T, false, true>(p, stream);
+    }
+  } else {
+    if (v.split_pv) {
+      detail::launch_sparse_prefill_wgmma<T, true, false>(p, stream);
+    } else {
+      detail::launch_sparse_prefill_wgmma<T, false, false>(p, stream);
+    }
+  }
+}
 
 void launch_wgmma(DType dtype, const WgmmaVariant& v, detail::PrefillParams p, cudaStream_t stream) {
   p.pv_lbo = v.lbo;
   p.pv_sbo = v.sbo;
   if (dtype == DType::BF16) {
-    if (v.split_pv) {
-      detail::launch_sparse_prefill_wgmma<__nv_bfloat16, true>(p, stream);
-    } else {
-      detail::launch_sparse_prefill_wgmma<__nv_bfloat16, false>(p, stream);
-    }
+    launch_wgmma_t<__nv_bfloat16>(v, p, stream);
   } else {
-    if (v.split_pv) {
-      detail::launch_sparse_prefill_wgmma<__half, true>(p, stream);
-    } else {
-      detail::launch_sparse_prefill_wgmma<__half, false>(p, stream);
-    }
+    launch_wgmma_t<__half>(v, p, stream);
   }
 }
 

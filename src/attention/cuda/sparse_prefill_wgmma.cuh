@@ -8,9 +8,13 @@
 //  - O += P V: P stays in registers (the S accumulators packed to 16 bits are the A fragment), V from shared
 //    memory through an N-major (transposed) descriptor: 4 x m64n128k16, or 8 x m64n64k16 (kSplitPv, which
 //    needs only the K-direction stride of the descriptor: the fallback variant of the self-check);
-//  - K/V in a 3-stage ring, loaded with cp.async by all threads (ranges and gathered columns alike, 16-byte
-//    chunks into the 128-byte-swizzled layout of wgmma_sm90.cuh); one barrier per key tile: at iteration j
-//    the tile j has landed and everyone is done with tile j - 1, whose stage receives tile j + 2.
+//  - K/V in a ring of stages, loaded with cp.async by all threads (ranges and gathered columns alike, 16-byte
+//    chunks into the 128-byte-swizzled layout of wgmma_sm90.cuh), two tiles ahead; one barrier per key tile;
+//  - kOverlap = false (3 stages): per tile S, wait, softmax, P V, wait; at step j the barrier says tile j has
+//    landed and everyone is done with tile j - 1, whose stage receives tile j + 2;
+//  - kOverlap = true (4 stages): S_j and P_{j-1} V_{j-1} are issued together and the softmax of S_j runs
+//  while
+//    the tensor cores do P V (FA3's intra-warpgroup overlap); tile j + 2 goes into the stage of tile j - 2.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -27,12 +31,13 @@
 
 namespace tessera::attn::gpu::detail {
 
+template <int kStagesT>
 struct WgmmaPrefillConfig {
   static constexpr int D = 128;
   static constexpr int BM = 128;
   static constexpr int BN = kPrefillKeyTile;  // 64
   static constexpr int kThreads = 256;
-  static constexpr int kStages = 3;
+  static constexpr int kStages = kStagesT;
   static constexpr int kChunks = D / 8;             // 16-byte chunks per row
   static constexpr uint32_t kQBytes = BM * D * 2;   // 32 KB
   static constexpr uint32_t kKvBytes = BN * D * 2;  // 16 KB per K (or V) stage
@@ -41,11 +46,10 @@ struct WgmmaPrefillConfig {
   static_assert((BN * kChunks) % kThreads == 0 && (BM * kChunks) % kThreads == 0);
 };
 
-template <typename T, bool kSplitPv>
-__global__ void __launch_bounds__(WgmmaPrefillConfig::kThreads, 1)
-    sparse_prefill_wgmma_kernel(const PrefillParams p) {
+template <typename T, bool kSplitPv, bool kOverlap>
+__global__ void __launch_bounds__(256, 1) sparse_prefill_wgmma_kernel(const PrefillParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Cfg = WgmmaPrefillConfig;
+  using Cfg = WgmmaPrefillConfig<kOverlap ? 4 : 3>;
   using Mma = MmaTraits<T>;
   using Wg = Wgmma<T>;
   constexpr int D = Cfg::D, BM = Cfg::BM, BN = Cfg::BN, kThreads = Cfg::kThreads, kChunks = Cfg::kChunks;
@@ -158,86 +162,24 @@ __global__ void __launch_bounds__(WgmmaPrefillConfig::kThreads, 1)
     float m[2] = {neg_inf, neg_inf};
     float l[2] = {0.0f, 0.0f};
     const int pos_row[2] = {pos0 + wg * 64 + (warp % 4) * 16 + g, pos0 + wg * 64 + (warp % 4) * 16 + g + 8};
-    int stage = 0;
-
     const uint32_t q_wg = sQ + wg * 64 * 128;  // this warpgroup's first Q row in each half
 
-    while (cur.count > 0) {
-      cp_async_wait<1>();  // tile `cur` (and Q) landed for this thread's copies
-      fence_proxy_async_shared();
-      __syncthreads();  // ... for everyone's; and everyone is done with the previous tile's stage
-      const int stage_load = stage == 0 ? 2 : stage - 1;
-      const KeyTile nn = nxt.count > 0 ? next_tile() : KeyTile{};
-      if (nn.count > 0) load_kv(stage_load, nn);
-      cp_async_commit();
-
-      // S = Q K^T (64 rows x 64 keys per warpgroup).
-      const uint32_t k_stage = sK + stage * Cfg::kKvBytes;
-      const uint32_t v_stage = sV + stage * Cfg::kKvBytes;
-      float s[BN / 2];
-      fence_operands(s);
+    // S = Q K^T (64 rows x 64 keys per warpgroup), issued and committed, not waited for.
+    auto issue_qk = [&](float(&sc)[BN / 2], int st) {
+      const uint32_t k_stage = sK + st * Cfg::kKvBytes;
+      fence_operands(sc);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         const uint32_t a = q_wg + (kk / 4) * (BM * 128) + (kk % 4) * 32;
         const uint32_t b = k_stage + (kk / 4) * (BN * 128) + (kk % 4) * 32;
-        Wg::ss_m64n64(s, sw128_desc(a, 16, 1024), sw128_desc(b, 16, 1024), kk > 0 ? 1 : 0);
+        Wg::ss_m64n64(sc, sw128_desc(a, 16, 1024), sw128_desc(b, 16, 1024), kk > 0 ? 1 : 0);
       }
       wgmma_commit();
-      wgmma_wait<0>();
-      fence_operands(s);
-
-#pragma unroll
-      for (int i = 0; i < BN / 2; ++i) s[i] *= p.scale_log2;
-      if (cur.masked) {
-        const int* keys = sKeys + stage * BN;
-#pragma unroll
-        for (int i = 0; i < BN / 8; ++i) {
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const int key = keys[i * 8 + 2 * c4 + j];
-            if (key < 0 || key > pos_row[0]) s[4 * i + j] = neg_inf;
-            if (key < 0 || key > pos_row[1]) s[4 * i + 2 + j] = neg_inf;
-          }
-        }
-      }
-
-      // Online softmax (base 2), rows g (e = 0) and g + 8 (e = 1) of the warp's 16.
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float mx = neg_inf;
-#pragma unroll
-        for (int i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * e], s[4 * i + 2 * e + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m[e], mx);
-        const float m_use = m_new == neg_inf ? 0.0f : m_new;
-        const float alpha = fast_exp2(m[e] - m_use);
-        float sum = 0.0f;
-#pragma unroll
-        for (int i = 0; i < BN / 8; ++i) {
-          s[4 * i + 2 * e] = fast_exp2(s[4 * i + 2 * e] - m_use);
-          s[4 * i + 2 * e + 1] = fast_exp2(s[4 * i + 2 * e + 1] - m_use);
-          sum += s[4 * i + 2 * e] + s[4 * i + 2 * e + 1];
-        }
-        l[e] = l[e] * alpha + sum;
-        m[e] = m_new;
-#pragma unroll
-        for (int i = 0; i < D / 8; ++i) {
-          o[4 * i + 2 * e] *= alpha;
-          o[4 * i + 2 * e + 1] *= alpha;
-        }
-      }
-
-      // O += P V: P of key block kk (16 keys) is column blocks 2kk, 2kk + 1 of S.
-      uint32_t pa[BN / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) {
-        pa[kk][0] = Mma::pack(s[8 * kk + 0], s[8 * kk + 1]);
-        pa[kk][1] = Mma::pack(s[8 * kk + 2], s[8 * kk + 3]);
-        pa[kk][2] = Mma::pack(s[8 * kk + 4], s[8 * kk + 5]);
-        pa[kk][3] = Mma::pack(s[8 * kk + 6], s[8 * kk + 7]);
-      }
+    };
+    // O += P V: P of key block kk (16 keys) is pa[kk]; issued and committed, not waited for.
+    auto issue_pv = [&](const uint32_t(&pa)[BN / 16][4], int st) {
+      const uint32_t v_stage = sV + st * Cfg::kKvBytes;
       fence_operands(o);
       wgmma_fence();
 #pragma unroll
@@ -251,12 +193,144 @@ __global__ void __launch_bounds__(WgmmaPrefillConfig::kThreads, 1)
         }
       }
       wgmma_commit();
-      wgmma_wait<0>();
-      fence_operands(o);
+    };
+    // Scale, mask, and the online-softmax step on finished scores: s becomes P (relative to the new running
+    // max), l is updated, alpha[e] is the factor O must be multiplied by (rows g and g + 8).
+    auto softmax = [&](float(&sc)[BN / 2], bool masked, int st, float(&alpha)[2]) {
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) sc[i] *= p.scale_log2;
+      if (masked) {
+        const int* keys = sKeys + st * BN;
+#pragma unroll
+        for (int i = 0; i < BN / 8; ++i) {
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const int key = keys[i * 8 + 2 * c4 + j];
+            if (key < 0 || key > pos_row[0]) sc[4 * i + j] = neg_inf;
+            if (key < 0 || key > pos_row[1]) sc[4 * i + 2 + j] = neg_inf;
+          }
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float mx = neg_inf;
+#pragma unroll
+        for (int i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(sc[4 * i + 2 * e], sc[4 * i + 2 * e + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m[e], mx);
+        const float m_use = m_new == neg_inf ? 0.0f : m_new;  // a row with nothing visible yet stays at zero
+        alpha[e] = fast_exp2(m[e] - m_use);
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < BN / 8; ++i) {
+          sc[4 * i + 2 * e] = fast_exp2(sc[4 * i + 2 * e] - m_use);
+          sc[4 * i + 2 * e + 1] = fast_exp2(sc[4 * i + 2 * e + 1] - m_use);
+          sum += sc[4 * i + 2 * e] + sc[4 * i + 2 * e + 1];
+        }
+        l[e] = l[e] * alpha[e] + sum;
+        m[e] = m_new;
+      }
+    };
+    auto rescale_o = [&](const float(&alpha)[2]) {
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) {
+        o[4 * i] *= alpha[0];
+        o[4 * i + 1] *= alpha[0];
+        o[4 * i + 2] *= alpha[1];
+        o[4 * i + 3] *= alpha[1];
+      }
+    };
+    auto pack_p = [&](const float(&sc)[BN / 2], uint32_t(&pa)[BN / 16][4]) {
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        pa[kk][0] = Mma::pack(sc[8 * kk + 0], sc[8 * kk + 1]);
+        pa[kk][1] = Mma::pack(sc[8 * kk + 2], sc[8 * kk + 3]);
+        pa[kk][2] = Mma::pack(sc[8 * kk + 4], sc[8 * kk + 5]);
+        pa[kk][3] = Mma::pack(sc[8 * kk + 6], sc[8 * kk + 7]);
+      }
+    };
+    auto keep_live = [](uint32_t(&pa)[BN / 16][4]) {
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(pa[kk][j])::"memory");
+      }
+    };
 
-      cur = nxt;
-      nxt = nn;
-      stage = stage == kStages - 1 ? 0 : stage + 1;
+    int stage = 0;
+    if constexpr (!kOverlap) {
+      // Tile j: wait for it, start loading tile j + 2 into the stage of tile j - 1, S, softmax, P V.
+      while (cur.count > 0) {
+        cp_async_wait<1>();  // tile `cur` (and Q) landed for this thread's copies
+        fence_proxy_async_shared();
+        __syncthreads();  // ... for everyone's; and everyone is done with the previous tile's stage
+        const int stage_load = stage == 0 ? kStages - 1 : stage - 1;
+        const KeyTile nn = nxt.count > 0 ? next_tile() : KeyTile{};
+        if (nn.count > 0) load_kv(stage_load, nn);
+        cp_async_commit();
+
+        float s[BN / 2];
+        issue_qk(s, stage);
+        wgmma_wait<0>();
+        fence_operands(s);
+        float alpha[2];
+        softmax(s, cur.masked, stage, alpha);
+        rescale_o(alpha);
+        uint32_t pa[BN / 16][4];
+        pack_p(s, pa);
+        issue_pv(pa, stage);
+        wgmma_wait<0>();
+        fence_operands(o);
+        keep_live(pa);
+
+        cur = nxt;
+        nxt = nn;
+        stage = stage == kStages - 1 ? 0 : stage + 1;
+      }
+    } else {
+      // Step j: wait for tile j, start loading tile j + 2 into the stage of tile j - 2, issue S_j = Q K_j and
+      // O += P_{j-1} V_{j-1}, softmax of S_j while P V runs, then rescale O and keep P_j for step j + 1.
+      uint32_t pa[BN / 16][4];
+      int prev_stage = -1;  // stage of tile j - 1 (whose P V is pending), -1 before the first tile
+      while (cur.count > 0) {
+        cp_async_wait<1>();
+        fence_proxy_async_shared();
+        __syncthreads();  // tile j landed; everyone is done with tile j - 2 (its P V waited for in step j -
+                          // 1)
+        const int stage_load = stage < 2 ? stage + kStages - 2 : stage - 2;
+        const KeyTile nn = nxt.count > 0 ? next_tile() : KeyTile{};
+        if (nn.count > 0) load_kv(stage_load, nn);
+        cp_async_commit();
+
+        float s[BN / 2];
+        issue_qk(s, stage);
+        if (prev_stage >= 0) {
+          issue_pv(pa, prev_stage);
+          wgmma_wait<1>();  // S_j done (committed first), P V may still run
+        } else {
+          wgmma_wait<0>();
+        }
+        fence_operands(s);
+        float alpha[2];
+        softmax(s, cur.masked, stage, alpha);
+        wgmma_wait<0>();
+        fence_operands(o);
+        keep_live(pa);
+        rescale_o(alpha);
+        pack_p(s, pa);
+
+        prev_stage = stage;
+        cur = nxt;
+        nxt = nn;
+        stage = stage == kStages - 1 ? 0 : stage + 1;
+      }
+      if (prev_stage >= 0) {
+        issue_pv(pa, prev_stage);
+        wgmma_wait<0>();
+        fence_operands(o);
+        keep_live(pa);
+      }
     }
     cp_async_wait<0>();  // an item without key tiles still has its Q load in flight
 
@@ -289,10 +363,10 @@ __global__ void __launch_bounds__(WgmmaPrefillConfig::kThreads, 1)
 
 // Launches the wgmma kernel (instantiated in sparse_prefill_wgmma_{bf16,f16}.cu). Throws tessera::Error when
 // the device cannot run it (not compute capability 9.0, or too little shared memory).
-template <typename T, bool kSplitPv>
+template <typename T, bool kSplitPv, bool kOverlap>
 void launch_sparse_prefill_wgmma(const PrefillParams& p, cudaStream_t stream) {
-  using Cfg = WgmmaPrefillConfig;
-  auto kernel = sparse_prefill_wgmma_kernel<T, kSplitPv>;
+  using Cfg = WgmmaPrefillConfig<kOverlap ? 4 : 3>;
+  auto kernel = sparse_prefill_wgmma_kernel<T, kSplitPv, kOverlap>;
   const DeviceInfo& dev = current_device_info();
   if (static_cast<size_t>(dev.max_smem_per_block) < Cfg::kSmemBytes) {
     throw Error("sparse prefill (wgmma): needs " + std::to_string(Cfg::kSmemBytes) +
