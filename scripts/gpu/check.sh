@@ -16,6 +16,8 @@
 #              e.g. OpenBLAS, CLI11, fmt): a generated standalone project of core + attention + attention/cuda +
 #              tests/gpu + bench/gpu in build/gpu-standalone, GTest built from build/gpu-deps/src if needed
 #   resources  ptxas registers / spills (from the build log) and cuobjdump -res-usage of the kernels
+#   wgmma_probe the wgmma kernel's self-check alone (CudaAttention.WgmmaSelfCheck); if it crashed the process,
+#              the later steps run with TESSERA_PREFILL_KERNEL=mma (wgmma switched off)
 #   test       attention_gpu_test (every GPU test; gtest XML in $OUT/test.xml)
 #   memcheck   compute-sanitizer memcheck on a subset of small cases
 #   bench      attention_gpu_bench (Llama-3-8B shapes at 8K, 32K, 128K; CSV in $OUT/bench.csv): the kAuto kernel
@@ -215,6 +217,15 @@ resources() {
 export -f resources
 if [ "$built" = yes ]; then
   run_step resources 30 resources
+  # The wgmma kernel's self-check alone first. A numeric failure is handled in-process (kAuto falls back to
+  # mma.sync; tests that ask for wgmma fail with the report). A crash (a sticky CUDA error poisons the process)
+  # would take every later test with it, so then the wgmma kernel is switched off for the steps after this.
+  run_step wgmma_probe 60 "$TEST_BIN" --gtest_filter=CudaAttention.WgmmaSelfCheck
+  probe_rc=$?
+  if [ $probe_rc -gt 1 ] || grep -q "wgmma self-check error: CUDA error" "$OUT/wgmma_probe.log"; then
+    export TESSERA_PREFILL_KERNEL=mma
+    echo "wgmma_probe: the wgmma kernel crashed (rc $probe_rc): TESSERA_PREFILL_KERNEL=mma for the later steps" >> "$SUMMARY"
+  fi
   run_step test 170 "$TEST_BIN" --gtest_output=xml:"$OUT/test.xml"
   if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
     SAN_FILTER='Cases/ExecutorTest.MatchesReference/mixed_s100_d64_f16_t64:Cases/ExecutorTest.MatchesReference/mixed_s1000_d128_bf16:Cases/ExecutorTest.MatchesReference/mixed_s300_d256_f16_t64:Cases/ExecutorTest.MatchesReference/mixed_chunk_q777_s333_tail50:Cases/ExecutorTest.MatchesReference/empty_vs_s200:Cases/DeviceIndexTest.IdenticalToCpuLowering/mixed_s1000:Cases/DeviceEstimateTest.*/s100_d64_bf16:Cases/EndToEndTest.MatchesReferenceOnItsOwnIndex/mixed_s1000_bf16:CudaAttention.*'
@@ -265,6 +276,7 @@ set +x
     fi
   done
   if [ -s "$OUT/test.log" ]; then
+    [ -s "$OUT/wgmma_probe.log" ] && { echo "--- wgmma_probe:"; grep -E "self-check|^wgmma|PASSED|FAILED|error" "$OUT/wgmma_probe.log" | head -12; }
     echo "--- test: failures and numbers"
     grep -E "^\[  SKIPPED \] [0-9]+ test" "$OUT/test.log"
     grep -E "^\[  FAILED|^\[  PASSED|Failure|Expected|Which is|actual|error" "$OUT/test.log" | head -60

@@ -378,6 +378,7 @@ const char* prefill_kernel_name(PrefillKernel kernel) {
 }
 
 bool wgmma_prefill_applies(DType dtype, int head_dim, int tile) {
+  if (env_override() == PrefillKernel::kMma) return false;  // TESSERA_PREFILL_KERNEL=mma: switched off
   return (dtype == DType::BF16 || dtype == DType::F16) && head_dim == 128 && tile == 128 && device_is_sm90();
 }
 

@@ -23,7 +23,9 @@
 // that could use the wgmma kernel: a small problem (ranges, gathered columns, partial tiles) through both
 // kernels on `stream`, compared on the host (so that first call synchronises `stream`); it tries the wgmma
 // kernel's V-operand variants in order and keeps the first that matches. The environment variable
-// TESSERA_PREFILL_KERNEL=mma|wgmma|auto overrides kAuto (a test or benchmark can still ask for one kernel).
+// TESSERA_PREFILL_KERNEL=wgmma|auto overrides kAuto (a test or benchmark can still ask for one kernel);
+// TESSERA_PREFILL_KERNEL=mma switches the wgmma kernel off altogether (wgmma_prefill_applies is false, no
+// self-check runs), e.g. after it crashed the context on a device.
 //
 // Scheduling: persistent CTAs (as many as fit on the device, at most one per item) take items in the order of
 // `plan` (work_plan.h: heaviest first) through plan.counter, which is reset on `stream` before the launch.
@@ -59,7 +61,8 @@ struct WgmmaSelfCheck {
 const WgmmaSelfCheck& wgmma_prefill_self_check(DType dtype, cudaStream_t stream = nullptr);
 
 // Whether the wgmma kernel applies to this dtype, head_dim and tile on the current device (before its
-// self-check: compute capability 9.0, bf16/f16, head_dim 128, tile 128, built for sm_90a).
+// self-check: compute capability 9.0, bf16/f16, head_dim 128, tile 128, built for sm_90a; not switched off by
+// TESSERA_PREFILL_KERNEL=mma).
 bool wgmma_prefill_applies(DType dtype, int head_dim, int tile);
 
 // The kernel a call with `requested` runs (kMma or kWgmma; may run the self-check). Throws like
