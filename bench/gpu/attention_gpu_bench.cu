@@ -324,6 +324,36 @@ int main(int argc, char** argv) {
           r.rel_diff = sd[1] > 0 ? std::sqrt(sd[0] / sd[1]) : -1;
         }
 
+        // Dense rows: every wgmma variant that passed the self-check, timed alone (which schedule is faster).
+        if (opt.kernel == "both" && name == "dense" &&
+            r.kernel == gpu::prefill_kernel_name(gpu::PrefillKernel::kWgmma)) {
+          const gpu::WgmmaSelfCheck& sc = gpu::wgmma_prefill_self_check(DType::BF16, stream);
+          for (int v = 0; v < gpu::wgmma_prefill_variants(); ++v) {
+            if (static_cast<size_t>(v) >= sc.variant_passed.size() || !sc.variant_passed[v]) {
+              std::printf("  variant seq %6d dense: wgmma variant %d (%s) failed its self-check\n", seq, v,
+                          gpu::wgmma_prefill_variant_name(v));
+              continue;
+            }
+            layer.attend(args, stream, gpu::PrefillKernel::kWgmma, v);
+            std::vector<double> vk;
+            for (int rep = 0; rep < opt.reps; ++rep) {
+              TESSERA_CUDA_CHECK(cudaEventRecord(ev[0], stream));
+              layer.attend(args, stream, gpu::PrefillKernel::kWgmma, v);
+              TESSERA_CUDA_CHECK(cudaEventRecord(ev[1], stream));
+              TESSERA_CUDA_CHECK(cudaEventSynchronize(ev[1]));
+              float t = 0;
+              TESSERA_CUDA_CHECK(cudaEventElapsedTime(&t, ev[0], ev[1]));
+              vk.push_back(t);
+            }
+            const double ms = median(vk);
+            const double flops = 4.0 * kD * (static_cast<double>(seq) * (seq + 1) / 2) * kHq;
+            std::printf("  variant seq %6d dense: wgmma variant %d (%s)%s %9.3f ms  %6.1f TFLOP/s\n", seq, v,
+                        gpu::wgmma_prefill_variant_name(v), v == sc.variant ? " [in use]" : "", ms,
+                        flops / (ms * 1e-3) / 1e12);
+          }
+          std::fflush(stdout);
+        }
+
         const SparseIndex index = layer.download_index();
         const IndexStats st = index_stats(index);
         const std::vector<int32_t> costs = gpu::prefill_item_costs(index);

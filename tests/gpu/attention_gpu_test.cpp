@@ -1,7 +1,8 @@
 // GPU attention core against the CPU: executor, device index build, device estimators, end to end.
 //
-// Executor cases run every kernel that applies (mma.sync always; the wgmma kernel on compute capability 9.0
-// for bf16/f16, head_dim 128, tile 128), each printed with its name; end-to-end cases run the kAuto choice.
+// Executor cases run every kernel that applies (mma.sync always; on compute capability 9.0 for bf16/f16,
+// head_dim 128, tile 128 every wgmma variant that passed its self-check), each printed with its name
+// (wgmma/<variant>); end-to-end cases run the kAuto choice.
 //
 // Every case draws fresh random inputs (seeded per case, so a failure reproduces), rounds them to the GPU
 // dtype and runs the CPU side on the same values in f32. Checks:
@@ -290,16 +291,29 @@ TEST_P(ExecutorTest, MatchesReference) {
   gpu::DeviceWorkPlan plan = gpu::DeviceWorkPlan::upload(gpu::plan_prefill(index));
 
   const Reference reference = reference_of(s, in, index);
-  // Every kernel that applies: mma.sync always, wgmma on Hopper for bf16/f16, head_dim 128, tile 128.
-  std::vector<gpu::PrefillKernel> kernels = {gpu::PrefillKernel::kMma};
-  if (gpu::wgmma_prefill_applies(s.dtype, s.d, s.tile)) kernels.push_back(gpu::PrefillKernel::kWgmma);
-  for (const gpu::PrefillKernel kernel : kernels) {
-    const char* kname = gpu::prefill_kernel_name(kernel);
+  // Every kernel that applies: mma.sync always; on Hopper (bf16/f16, head_dim 128, tile 128) every wgmma
+  // variant that passed the self-check, or, if none did, the wgmma kernel once (which fails with the report).
+  struct Run {
+    gpu::PrefillKernel kernel;
+    int variant;
+    std::string name;
+  };
+  std::vector<Run> runs = {{gpu::PrefillKernel::kMma, -1, "mma.sync"}};
+  if (gpu::wgmma_prefill_applies(s.dtype, s.d, s.tile)) {
+    const gpu::WgmmaSelfCheck& sc = gpu::wgmma_prefill_self_check(s.dtype);
+    for (int v = 0; v < static_cast<int>(sc.variant_passed.size()); ++v) {
+      if (sc.variant_passed[v]) runs.push_back({gpu::PrefillKernel::kWgmma, v, "wgmma/" + std::to_string(v)});
+    }
+    if (!sc.passed) runs.push_back({gpu::PrefillKernel::kWgmma, -1, "wgmma"});
+  }
+  for (const Run& run : runs) {
+    const gpu::PrefillKernel kernel = run.kernel;
+    const char* kname = run.name.c_str();
     SCOPED_TRACE(std::string("kernel ") + kname);
     DeviceTensor out = poisoned(s.q_len, s.hq, s.d, s.dtype);
     gpu::DeviceBuffer<float> lse(static_cast<size_t>(s.hq) * static_cast<size_t>(s.q_len));
     try {
-      gpu::sparse_prefill(device_args(in, out, &lse, s), dindex, plan, nullptr, kernel);
+      gpu::sparse_prefill(device_args(in, out, &lse, s), dindex, plan, nullptr, kernel, run.variant);
     } catch (const Error& e) {
       ADD_FAILURE() << kname << " kernel did not run: " << e.what();
       continue;
@@ -315,7 +329,7 @@ TEST_P(ExecutorTest, MatchesReference) {
 
     // Same launch again, plan reused: results must not depend on the schedule (no races).
     DeviceTensor out2 = poisoned(s.q_len, s.hq, s.d, s.dtype);
-    gpu::sparse_prefill(device_args(in, out2, nullptr, s), dindex, plan, nullptr, kernel);
+    gpu::sparse_prefill(device_args(in, out2, nullptr, s), dindex, plan, nullptr, kernel, run.variant);
     TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
     EXPECT_EQ(out.buf.download(), out2.buf.download()) << "two runs differ";
   }

@@ -39,9 +39,10 @@ void CudaLayerAttention::build_index(cudaStream_t stream) {
   builder_.build(index_, plan_, stream);
 }
 
-void CudaLayerAttention::attend(const AttentionArgs& args, cudaStream_t stream, PrefillKernel kernel) {
+void CudaLayerAttention::attend(const AttentionArgs& args, cudaStream_t stream, PrefillKernel kernel,
+                                int wgmma_variant) {
   check_args(args);
-  sparse_prefill(args, index_, plan_, stream, kernel);
+  sparse_prefill(args, index_, plan_, stream, kernel, wgmma_variant);
 }
 
 }  // namespace tessera::attn::gpu

@@ -34,9 +34,9 @@ class CudaLayerAttention {
 
   void estimate(const AttentionArgs& args, cudaStream_t stream = nullptr);
   void build_index(cudaStream_t stream = nullptr);
-  // kernel: which prefill kernel runs (sparse_prefill.h; kAuto by default).
+  // kernel, wgmma_variant: which prefill kernel runs (sparse_prefill.h; kAuto and its choice by default).
   void attend(const AttentionArgs& args, cudaStream_t stream = nullptr,
-              PrefillKernel kernel = PrefillKernel::kAuto);
+              PrefillKernel kernel = PrefillKernel::kAuto, int wgmma_variant = -1);
   void run(const AttentionArgs& args, cudaStream_t stream = nullptr) {
     estimate(args, stream);
     build_index(stream);

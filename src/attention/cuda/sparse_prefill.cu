@@ -340,15 +340,16 @@ WgmmaSelfCheck run_self_check(DType dtype, cudaStream_t stream) {
                     dtype_name(dtype).data(), var.name, ok ? "PASS" : "FAIL", rel, lse_err,
                     static_cast<long long>(bad));
       result.report += line;
-      if (ok) {
+      result.variant_passed.push_back(ok);
+      if (ok && !result.passed) {
         result.passed = true;
         result.variant = vi;
-        break;
       }
     }
   } catch (const std::exception& e) {
     result.passed = false;
     result.variant = -1;
+    result.variant_passed.assign(std::size(kWgmmaVariants), false);
     result.report += std::string("wgmma self-check error: ") + e.what() + "\n";
   }
   return result;
@@ -420,16 +421,34 @@ PrefillKernel resolve_prefill_kernel(PrefillKernel requested, DType dtype, int h
   return wgmma_prefill_self_check(dtype, stream).passed ? PrefillKernel::kWgmma : PrefillKernel::kMma;
 }
 
+int wgmma_prefill_variants() {
+  return static_cast<int>(std::size(kWgmmaVariants));
+}
+
+const char* wgmma_prefill_variant_name(int variant) {
+  check(variant >= 0 && variant < wgmma_prefill_variants(),
+        "CUDA sparse prefill: no wgmma variant " + std::to_string(variant));
+  return kWgmmaVariants[variant].name;
+}
+
 void sparse_prefill(const AttentionArgs& args, const DeviceSparseIndex& index, DeviceWorkPlan& plan,
-                    cudaStream_t stream, PrefillKernel kernel) {
+                    cudaStream_t stream, PrefillKernel kernel, int wgmma_variant) {
   check_call(args, index, plan);
   const int d = static_cast<int>(args.head_dim());
   const PrefillKernel k = resolve_prefill_kernel(kernel, args.q.dtype, d, index.tile, stream);
+  if (k == PrefillKernel::kWgmma && wgmma_variant >= 0) {
+    const WgmmaSelfCheck& sc = wgmma_prefill_self_check(args.q.dtype, stream);
+    check(wgmma_variant < wgmma_prefill_variants() &&
+              static_cast<size_t>(wgmma_variant) < sc.variant_passed.size() &&
+              sc.variant_passed[wgmma_variant],
+          "CUDA sparse prefill: wgmma variant " + std::to_string(wgmma_variant) +
+              " does not exist or failed its self-check");
+  }
   if (args.q_len() == 0) return;
   const detail::PrefillParams p = make_params(args, index, plan);
   if (k == PrefillKernel::kWgmma) {
-    launch_wgmma(args.q.dtype, kWgmmaVariants[wgmma_prefill_self_check(args.q.dtype, stream).variant], p,
-                 stream);
+    const int v = wgmma_variant >= 0 ? wgmma_variant : wgmma_prefill_self_check(args.q.dtype, stream).variant;
+    launch_wgmma(args.q.dtype, kWgmmaVariants[v], p, stream);
   } else {
     launch_mma(args.q.dtype, d, index.tile, p, stream);
   }

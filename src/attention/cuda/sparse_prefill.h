@@ -21,11 +21,11 @@
 // compute capability 9.0. PrefillKernel::kAuto takes the wgmma kernel where it applies and its self-check
 // passed, else the mma.sync kernel. The self-check runs once per process, device and dtype, at the first call
 // that could use the wgmma kernel: a small problem (ranges, gathered columns, partial tiles) through both
-// kernels on `stream`, compared on the host (so that first call synchronises `stream`); it tries the wgmma
-// kernel's V-operand variants in order and keeps the first that matches. The environment variable
-// TESSERA_PREFILL_KERNEL=wgmma|auto overrides kAuto (a test or benchmark can still ask for one kernel);
-// TESSERA_PREFILL_KERNEL=mma switches the wgmma kernel off altogether (wgmma_prefill_applies is false, no
-// self-check runs), e.g. after it crashed the context on a device.
+// kernels on `stream`, compared on the host (so that first call synchronises `stream`); it runs every
+// variant of the wgmma kernel (wgmma_prefill_variant_name) and uses the first that matches. The environment
+// variable TESSERA_PREFILL_KERNEL=wgmma|auto overrides kAuto (a test or benchmark can still ask for one
+// kernel); TESSERA_PREFILL_KERNEL=mma switches the wgmma kernel off altogether (wgmma_prefill_applies is
+// false, no self-check runs), e.g. after it crashed the context on a device.
 //
 // Scheduling: persistent CTAs (as many as fit on the device, at most one per item) take items in the order of
 // `plan` (work_plan.h: heaviest first) through plan.counter, which is reset on `stream` before the launch.
@@ -35,6 +35,7 @@
 #include <cuda_runtime.h>
 
 #include <string>
+#include <vector>
 
 #include "attention/cpu/attention_args.h"
 #include "attention/cuda/device_index.h"
@@ -54,9 +55,9 @@ const char* prefill_kernel_name(PrefillKernel kernel);
 // Result of the wgmma kernel's self-check for one dtype on the current device (runs it on first use).
 struct WgmmaSelfCheck {
   bool passed = false;
-  int variant = -1;  // index of the variant in use when passed
-  std::string
-      report;  // one line per variant tried: relative error, lse error, non-finite count, or the error
+  int variant = -1;                  // the variant kAuto / kWgmma use: the first that passed
+  std::vector<bool> variant_passed;  // per variant (all are tried)
+  std::string report;                // one line per variant (errors and non-finite count), or the error
 };
 const WgmmaSelfCheck& wgmma_prefill_self_check(DType dtype, cudaStream_t stream = nullptr);
 
@@ -70,8 +71,15 @@ bool wgmma_prefill_applies(DType dtype, int head_dim, int tile);
 PrefillKernel resolve_prefill_kernel(PrefillKernel requested, DType dtype, int head_dim, int tile,
                                      cudaStream_t stream = nullptr);
 
+// The wgmma kernel's variants (schedule and P V form), for benchmarks: how many, and their names.
+int wgmma_prefill_variants();
+const char* wgmma_prefill_variant_name(int variant);
+
+// wgmma_variant >= 0 runs that variant of the wgmma kernel when the call runs the wgmma kernel (it must have
+// passed the self-check; throws otherwise); -1 runs the self-check's choice.
 void sparse_prefill(const AttentionArgs& args, const DeviceSparseIndex& index, DeviceWorkPlan& plan,
-                    cudaStream_t stream = nullptr, PrefillKernel kernel = PrefillKernel::kAuto);
+                    cudaStream_t stream = nullptr, PrefillKernel kernel = PrefillKernel::kAuto,
+                    int wgmma_variant = -1);
 
 // Head dimensions and tiles the kernel is built for.
 bool sparse_prefill_supports(int head_dim, int tile);
