@@ -18,6 +18,12 @@
 //   attention_bench [--seq 4096,8192,16384] [--dim 64,128] [--dtype f32,bf16] [--heads 1] [--kv-heads H]
 //                   [--reps 3] [--threads 0] [--kernel auto|baseline|avx512] [--no-peak]
 //                   [--patterns ashape,triangle,moa_window,vertical_slash,block_sparse]
+//   attention_bench --decode [--seq 8192,32768] [--shapes 9/3/64,4/1/256] [--q-len 1,4] [--dtype f32,bf16]
+//                   [--reps 3] [--threads 0] [--kernel ...]
+//
+// --decode times dense attention of a few query rows at the end of a kv_len-long cache (a decode step: the
+// rows are the last positions), per shape `q_heads/kv_heads/head_dim`; one timing is the mean over a batch of
+// calls (>= 0.2 s), best of --reps. Bandwidth is the K and V bytes of one step over its wall time.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -312,6 +318,10 @@ int32_t budget_for_density(double target, int32_t lo, int32_t hi,
 }
 
 struct Options {
+  bool decode = false;
+  std::vector<int> decode_seqs = {8192, 32768};
+  std::vector<int> q_lens = {1};
+  std::vector<std::string> shapes = {"9/3/64", "4/1/256"};
   std::vector<int> seqs = {4096, 8192, 16384};
   std::vector<int> dims = {64, 128};
   std::vector<std::string> dtypes = {"f32", "bf16"};
@@ -326,7 +336,60 @@ void usage() {
       "usage: attention_bench [--seq 4096,8192,16384] [--dim 64,128] [--dtype f32,bf16] [--heads 1] "
       "[--kv-heads H]\n"
       "                       [--reps 3] [--threads 0] [--kernel auto|baseline|avx512] [--no-peak]\n"
-      "                       [--patterns ashape,triangle,moa_window,vertical_slash,block_sparse]\n");
+      "                       [--patterns ashape,triangle,moa_window,vertical_slash,block_sparse]\n"
+      "       attention_bench --decode [--seq 8192,32768] [--shapes 9/3/64,4/1/256] [--q-len 1,4] "
+      "[--dtype f32,bf16]\n"
+      "                       [--reps 3] [--threads 0] [--kernel auto|baseline|avx512]\n");
+}
+
+// Decode steps: q_len rows at positions [kv_len - q_len, kv_len), dense over the whole cache.
+void run_decode(const Options& o, const std::vector<int>& seqs, ThreadPool& pool) {
+  std::printf(
+      "\n## decode: dense attention of the last q_len rows over a kv_len cache\n\n"
+      "| dtype | heads q/kv | d | kv_len | q_len | wall us | cpu us | K+V GB/s |\n"
+      "|---|---|---:|---:|---:|---:|---:|---:|\n");
+  for (const std::string& dt : o.dtypes) {
+    const DType dtype = dt == "bf16" ? DType::BF16 : DType::F32;
+    for (const std::string& shape : o.shapes) {
+      std::vector<int> hqd;
+      size_t b = 0;
+      while (b <= shape.size()) {
+        const size_t e = shape.find('/', b);
+        hqd.push_back(std::atoi(shape.substr(b, e == std::string::npos ? std::string::npos : e - b).c_str()));
+        if (e == std::string::npos) break;
+        b = e + 1;
+      }
+      if (hqd.size() != 3 || hqd[0] <= 0 || hqd[1] <= 0 || hqd[2] <= 0)
+        throw Error("--shapes: expected q_heads/kv_heads/head_dim, got '" + shape + "'");
+      const int hq = hqd[0], hkv = hqd[1], d = hqd[2];
+      for (int s : seqs) {
+        Tensor k = random_tensor(dtype, s, hkv, d, 2), v = random_tensor(dtype, s, hkv, d, 3);
+        for (int q_len : o.q_lens) {
+          Tensor q = random_tensor(dtype, q_len, hq, d, 1);
+          Tensor out(DType::F32, {q_len, hq, d});
+          AttentionArgs args;
+          args.q = q;
+          args.k = k;
+          args.v = v;
+          args.out = out;
+          args.q_begin = s - q_len;
+          // Calls per timing: enough for >= 0.2 s, measured on one call.
+          const auto t0 = Clock::now();
+          dense_attention_cpu(args, pool);
+          const double one = std::chrono::duration<double>(Clock::now() - t0).count();
+          const int batch = std::max(1, static_cast<int>(0.2 / std::max(one, 1e-6)));
+          const Timing t = best_of(o.reps, [&] {
+            for (int i = 0; i < batch; ++i) dense_attention_cpu(args, pool);
+          });
+          const double wall = t.wall / batch, cpu = t.cpu / batch;
+          const double bytes = 2.0 * s * hkv * d * (dtype == DType::BF16 ? 2 : 4);
+          std::printf("| %s | %d/%d | %d | %d | %d | %.1f | %.1f | %.1f |\n", dt.c_str(), hq, hkv, d, s,
+                      q_len, wall * 1e6, cpu * 1e6, bytes / wall * 1e-9);
+          std::fflush(stdout);
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -342,8 +405,14 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--seq") {
-      o.seqs = split_ints(next());
+    if (a == "--decode") {
+      o.decode = true;
+    } else if (a == "--q-len") {
+      o.q_lens = split_ints(next());
+    } else if (a == "--shapes") {
+      o.shapes = split(next());
+    } else if (a == "--seq") {
+      o.seqs = o.decode_seqs = split_ints(next());
     } else if (a == "--dim") {
       o.dims = split_ints(next());
     } else if (a == "--dtype") {
@@ -377,6 +446,10 @@ int main(int argc, char** argv) {
 
     std::printf("# attention_bench: %d thread(s), kernel %s, best of %d\n", threads,
                 std::string(cpu_kernel_name(active_cpu_kernel())).c_str(), o.reps);
+    if (o.decode) {
+      run_decode(o, o.decode_seqs, pool);
+      return 0;
+    }
     Peak peak;
     double peak_core = 0;
     if (o.peak) {
@@ -429,7 +502,8 @@ int main(int argc, char** argv) {
               p = ElasticWindowPattern{512, 0.05, 64};
             } else if (name == "vertical_slash") {
               // v = 1000, capped at S/16 so that the columns alone stay well below the target at short S (at
-              // S = 4096, 1000 columns are already ~25% density); the slash budget is searched for ~10% density.
+              // S = 4096, 1000 columns are already ~25% density); the slash budget is searched for ~10%
+              // density.
               const int32_t vert = std::min(1000, s / 16);
               const int32_t slash = budget_for_density(0.10, 1, s, [&](int32_t sl) {
                 return density_of(VerticalSlashPattern{vert, sl, 64, 30, 100}, o.heads, args, ctx, pool);

@@ -178,9 +178,9 @@ TEST(attention_cpu_dense, Bf16Inputs) {
 TEST(attention_cpu_dense, PeakySoftmaxAndExplicitScale) {
   ThreadPool pool(2);
   // scale 1 with d 64: scores of standard deviation 8, so the running max changes often and weights span
-  // dozens of orders of magnitude. Scores near 40 carry f32 rounding of about 40 * 2^-24 * sqrt(d) each, which
-  // reaches the outputs at the 1e-5 level: the tolerance is 4e-5 here (it is the inputs' precision, not the
-  // algorithm's).
+  // dozens of orders of magnitude. Scores near 40 carry f32 rounding of about 40 * 2^-24 * sqrt(d) each,
+  // which reaches the outputs at the 1e-5 level: the tolerance is 4e-5 here (it is the inputs' precision, not
+  // the algorithm's).
   check_dense({200, 200, 2, 1, 64, 0, DType::F32, 1.0f}, pool, 4e-5);
   check_dense({130, 130, 1, 1, 128, 0, DType::F32, 0.5f}, pool, 4e-5);
 }
@@ -307,6 +307,13 @@ TEST(attention_cpu_errors, ExactMessages) {
   a.q = q_i32;
   EXPECT_EQ(error_of([&] { dense_attention_cpu(a, pool); }),
             "attention q: expected dtype f32 or bf16, got i32");
+
+  a = p.args;
+  a.window = -1;
+  EXPECT_EQ(error_of([&] { dense_attention_cpu(a, pool); }),
+            "attention: window must be >= 0 (0: no window), got -1");
+  EXPECT_EQ(error_of([&] { sparse_attention_cpu(a, SparseIndex{}, pool); }),
+            "attention: window must be >= 0 (0: no window), got -1");
 
   a = p.args;
   a.scale = std::nanf("");
@@ -498,6 +505,134 @@ TEST(attention_cpu_sparse, LoweredPatterns) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// Row-exact sliding window (args.window), alone and intersected with sparse indexes
+
+struct WindowCase {
+  int64_t q_len, kv_len, hq, hkv, d;
+  int32_t q_begin;
+  DType dtype;
+};
+
+std::string describe(const WindowCase& c, int32_t window) {
+  return "window " + std::to_string(window) + " q_len " + std::to_string(c.q_len) + " kv_len " +
+         std::to_string(c.kv_len) + " heads " + std::to_string(c.hq) + "/" + std::to_string(c.hkv) + " d " +
+         std::to_string(c.d) + " q_begin " + std::to_string(c.q_begin) + " " +
+         std::string(dtype_name(c.dtype));
+}
+
+void check_dense_window(const WindowCase& c, int32_t window, ThreadPool& pool) {
+  Problem p(c.q_len, c.kv_len, c.hq, c.hkv, c.d, c.q_begin, c.dtype,
+            77u + static_cast<uint32_t>(c.q_len * 3 + c.d + window));
+  p.args.window = p.ref_args.window = window;
+  reference_attention_causal(p.ref_args, &p.ref64);
+  for_each_kernel([&](const std::string& kern) {
+    std::fill(p.out.ptr<float>(), p.out.ptr<float>() + p.out.numel(), std::nanf(""));
+    dense_attention_cpu(p.args, pool);
+    p.expect_matches_reference(1e-5, describe(c, window) + " [" + kern + "]");
+  });
+}
+
+const int32_t kWindows[] = {1, 5, 63, 64, 65, 200, 1000};  // 1000: larger than every sequence below
+
+TEST(attention_cpu_window, DenseWindows) {
+  ThreadPool pool(2);
+  const WindowCase cases[] = {
+      {257, 257, 2, 1, 64, 0, DType::F32},   {130, 130, 8, 2, 40, 0, DType::F32},
+      {100, 300, 2, 1, 64, 200, DType::F32}, {37, 170, 2, 2, 80, 133, DType::F32},
+      {193, 193, 4, 2, 128, 0, DType::BF16}, {65, 400, 3, 1, 17, 300, DType::BF16},
+  };
+  for (const WindowCase& c : cases)
+    for (int32_t w : kWindows) check_dense_window(c, w, pool);
+}
+
+TEST(attention_cpu_window, WindowCoveringEverythingEqualsNoWindow) {
+  ThreadPool pool(2);
+  Problem p(150, 150, 2, 1, 64, 0, DType::F32, 31);
+  dense_attention_cpu(p.args, pool);
+  std::vector<float> plain(p.out.ptr<float>(), p.out.ptr<float>() + p.out.numel());
+  p.args.window = 150;
+  dense_attention_cpu(p.args, pool);
+  for (int64_t i = 0; i < p.out.numel(); ++i)
+    ASSERT_EQ(plain[static_cast<size_t>(i)], p.out.ptr<float>()[i]) << i;
+}
+
+TEST(attention_cpu_window, SparseIndexAndWindow) {
+  ThreadPool pool(2);
+  struct Case {
+    int32_t q_len, kv_len, hq, hkv, d, q_begin, tile;
+    DType dtype;
+  };
+  const Case cases[] = {
+      {257, 257, 2, 1, 64, 0, 64, DType::F32},  {200, 450, 4, 2, 80, 250, 64, DType::F32},
+      {257, 257, 2, 2, 64, 0, 128, DType::F32}, {150, 400, 2, 1, 64, 201, 100, DType::F32},
+      {131, 131, 6, 3, 64, 0, 64, DType::BF16},
+  };
+  uint32_t seed = 900;
+  for (const Case& c : cases) {
+    Problem p(c.q_len, c.kv_len, c.hq, c.hkv, c.d, c.q_begin, c.dtype, seed);
+    for (int32_t w : kWindows) {
+      for (double keep : {0.3, 0.9}) {
+        const SparseIndex index = random_index(c.hq, c.tile, c.q_begin, c.q_len, c.kv_len, seed++, keep);
+        p.args.window = p.ref_args.window = w;
+        check_sparse(p, index, pool,
+                     "window " + std::to_string(w) + " q_len " + std::to_string(c.q_len) + " tile " +
+                         std::to_string(c.tile) + " q_begin " + std::to_string(c.q_begin) + " keep " +
+                         std::to_string(keep));
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Few rows (decode): items of at most 4 rows take their own path
+
+TEST(attention_cpu_decode, FewRowsAgainstReference) {
+  ThreadPool pool(2);
+  const WindowCase shapes[] = {
+      {0, 300, 9, 3, 64, 0, DType::F32},  {0, 1000, 4, 1, 256, 0, DType::F32},
+      {0, 200, 4, 2, 40, 0, DType::F32},  {0, 129, 2, 1, 17, 0, DType::F32},
+      {0, 257, 6, 2, 64, 0, DType::BF16}, {0, 70, 2, 2, 128, 0, DType::BF16},
+      {0, 3, 2, 1, 64, 0, DType::F32},
+  };
+  for (WindowCase c : shapes) {
+    for (int64_t q_len = 1; q_len <= 4; ++q_len) {
+      if (q_len > c.kv_len) continue;
+      c.q_len = q_len;
+      c.q_begin = static_cast<int32_t>(c.kv_len - q_len);
+      for (int32_t w : {0, 1, 2, 5, 64, 65, 200}) check_dense_window(c, w, pool);
+    }
+  }
+  // A chunk that is not at the end of the cache: keys past the last row are ignored.
+  check_dense_window({3, 500, 2, 1, 64, 100, DType::F32}, 0, pool);
+  check_dense_window({3, 500, 2, 1, 64, 100, DType::F32}, 50, pool);
+}
+
+TEST(attention_cpu_decode, FewRowsSparse) {
+  ThreadPool pool(2);
+  uint32_t seed = 1300;
+  for (int32_t q_len = 1; q_len <= 4; ++q_len) {
+    for (auto [kv_len, tile] : {std::pair{700, 64}, std::pair{300, 1}, std::pair{90, 3}}) {
+      const int32_t q_begin = kv_len - q_len;
+      Problem p(q_len, kv_len, 4, 2, 64, q_begin, seed % 2 ? DType::BF16 : DType::F32, seed);
+      for (int32_t w : {0, 5, 100}) {
+        const SparseIndex index = random_index(4, tile, q_begin, q_len, kv_len, seed++, 0.4);
+        p.args.window = p.ref_args.window = w;
+        check_sparse(p, index, pool,
+                     "few rows: q_len " + std::to_string(q_len) + " kv_len " + std::to_string(kv_len) +
+                         " tile " + std::to_string(tile) + " window " + std::to_string(w));
+      }
+    }
+  }
+}
+
+// The last few rows of a prefill (q_len % 64 in 1..4) take the few-row path beside full tiles.
+TEST(attention_cpu_decode, PrefillTailTiles) {
+  ThreadPool pool(2);
+  for (int64_t s : {65, 66, 67, 68, 132})
+    for (int32_t w : {0, 7, 64}) check_dense_window({s, s, 2, 1, 64, 0, DType::F32}, w, pool);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // Metrics
 
 TEST(attention_cpu_metrics, RecallByHand) {
@@ -521,6 +656,13 @@ TEST(attention_cpu_metrics, RecallByHand) {
   EXPECT_NEAR(attention_recall(args, one({{1, 2}}, {}), pool).mean, 0.75, 1e-7);
   EXPECT_NEAR(attention_recall(args, one({{0, 2}}, {}), pool).mean, 1.0, 1e-12);
   EXPECT_EQ(attention_recall(args, one({}, {}), pool).mean, 0.0);
+  // A window of 1: the row's only key is its own; key 0 lies outside it.
+  args.window = 1;
+  EXPECT_EQ(attention_recall(args, one({}, {0}), pool).mean, 0.0);
+  EXPECT_NEAR(attention_recall(args, one({{1, 2}}, {}), pool).mean, 1.0, 1e-12);
+  args.window = -2;
+  EXPECT_EQ(error_of([&] { attention_recall(args, one({}, {}), pool); }),
+            "attention_recall: window must be >= 0 (0: no window), got -2");
 }
 
 TEST(attention_cpu_metrics, RecallPerHeadAndRows) {

@@ -16,12 +16,12 @@
 #include <string>
 #include <vector>
 
+#include "attention/cpu/dense_attention.h"
 #include "attention/cpu/reference.h"
 #include "attention/pattern/policy.h"
 #include "core/error.h"
 #include "runtime/engine.h"
 #include "runtime/model.h"
-#include "runtime/sliding_window.h"
 #include "runtime/weights.h"
 
 namespace tessera::runtime {
@@ -444,30 +444,45 @@ TEST(RuntimeEngine, GenerateGreedyMatchesManualLoop) {
   EXPECT_EQ(e1.generate(prompt, sampled), e2.generate(prompt, sampled));
 }
 
-TEST(RuntimeSlidingWindow, PiecesAreDisjointAndCoverTheWindow) {
-  for (int32_t window : {1, 3, 8, 63, 64, 65, 100}) {
-    for (int32_t q_begin : {0, 5, 70}) {
-      for (int32_t q_len : {1, 7, 64, 130}) {
-        const int32_t kv_len = q_begin + q_len;
-        const attn::SparseIndex a = sliding_window_tile_index(2, q_begin, q_len, kv_len, window, 64);
-        const attn::SparseIndex b = sliding_window_rest_index(2, q_begin, q_len, kv_len, window, 64);
-        a.validate();
-        b.validate();
-        for (int32_t h = 0; h < 2; ++h)
-          for (int32_t r = 0; r < q_len; ++r)
-            for (int32_t j = 0; j < kv_len; ++j) {
-              const int32_t p = q_begin + r;
-              const bool in_a = a.visible(h, r, j), in_b = b.visible(h, r, j);
-              ASSERT_FALSE(in_a && in_b);
-              ASSERT_EQ(in_a || in_b, j <= p && p - j < window)
-                  << "window " << window << " q_begin " << q_begin << " row " << r << " key " << j;
-            }
-      }
+// A windowed layer with a policy runs the intersection of the pattern and the model's window. Gemma-3's local
+// layers (window 8) under A-shape local 8 (per tile: every row sees at least its 8 most recent keys) keep
+// exactly the window, so with the global layers dense the logits are the dense ones; A-shape with half the
+// window hides part of it, so they change.
+TEST(RuntimeSlidingWindow, PolicyAndWindowBothApply) {
+  for (const char* name : {"gemma3", "mistral"}) {
+    const Expected e = expected(name);
+    const ModelConfig& c = model(name).config();
+    const int32_t window = c.layers[0].sliding_window;
+    ASSERT_GT(window, 0) << name;
+    Engine dense(model(name));
+    const std::vector<float> ref = dense.forward_all_logits(e.tokens);
+    auto policy = [&](int32_t local) {
+      std::vector<attn::Pattern> table;
+      for (int l = 0; l < c.num_layers; ++l)
+        for (int h = 0; h < c.num_q_heads; ++h)
+          table.push_back(c.layers[static_cast<size_t>(l)].sliding_window > 0
+                              ? attn::Pattern(attn::AShapePattern{.sink = 1, .local = local})
+                              : attn::Pattern(attn::DensePattern{}));
+      return attn::AttentionPolicy(c.num_layers, c.num_q_heads, c.num_kv_heads, std::move(table));
+    };
+    for (int chunk : {2048, 7, 1}) {
+      Engine covering(model(name), opts(chunk, policy(window)));
+      const std::vector<float> same = covering.forward_all_logits(e.tokens);
+      EXPECT_LT(max_abs_diff(same.data(), ref.data(), ref.size()), kTol) << name << " chunk " << chunk;
+      // One chunk of 40 tokens is one query tile starting at 0, which A-shape leaves whole: only smaller
+      // chunks put tiles where local/2 cuts into the window.
+      if (chunk == 2048) continue;
+      Engine narrower(model(name), opts(chunk, policy(window / 2)));
+      const std::vector<float> other = narrower.forward_all_logits(e.tokens);
+      for (float v : other) ASSERT_TRUE(std::isfinite(v)) << name;
+      EXPECT_GT(max_abs_diff(other.data(), ref.data(), ref.size()), 1e-3f) << name << " chunk " << chunk;
     }
   }
 }
 
-TEST(RuntimeSlidingWindow, AttentionEqualsMaskedReference) {
+// The executor's row-exact window (what the runtime's windowed layers run) against the f64 reference masked
+// by an explicit predicate.
+TEST(RuntimeSlidingWindow, ExecutorWindowEqualsMaskedReference) {
   std::mt19937 rng(3);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (int32_t window : {1, 5, 64, 65, 150}) {
@@ -483,8 +498,9 @@ TEST(RuntimeSlidingWindow, AttentionEqualsMaskedReference) {
       args.v = TensorView(v.data(), DType::F32, {kv_len, hk, d});
       args.out = TensorView(out.data(), DType::F32, {q_len, hq, d});
       args.q_begin = q_begin;
-      sliding_window_attention(args, window, ThreadPool::global());
       attn::AttentionArgs rargs = args;
+      args.window = window;
+      attn::dense_attention_cpu(args, ThreadPool::global());
       rargs.out = TensorView(ref.data(), DType::F32, {q_len, hq, d});
       attn::reference_attention_masked(rargs,
                                        [&](int, int row, int key) { return q_begin + row - key < window; });

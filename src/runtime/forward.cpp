@@ -12,7 +12,6 @@
 #include "core/error.h"
 #include "runtime/ops.h"
 #include "runtime/rope.h"
-#include "runtime/sliding_window.h"
 
 namespace tessera::runtime {
 
@@ -62,13 +61,11 @@ void Forward::attention(int32_t layer, int32_t pos, int32_t n, KVCache& cache,
   args.scale = cfg_.attention_scale;
   args.q_begin = pos;
 
+  // A sliding-window layer's window is part of the model: the executors apply it on top of whatever the
+  // policy's pattern keeps (a window covering every key changes nothing, so it is left out).
   const int32_t window = cfg_.layers[static_cast<size_t>(layer)].sliding_window;
-  if (window > 0 && window < kv_len) {
-    // TODO(window): args.window = window and the dense executor, once AttentionArgs has a row-exact window.
-    sliding_window_attention(args, window, pool_);
-    return;
-  }
-  if (window > 0 || policy == nullptr || policy->table().empty()) {
+  if (window > 0 && window < kv_len) args.window = window;
+  if (policy == nullptr || policy->table().empty()) {
     attn::dense_attention_cpu(args, pool_);
     return;
   }

@@ -15,13 +15,12 @@
 // them).
 //
 // Attention of a layer:
-//  - a sliding-window layer (part of the model: Gemma-3 local layers, Mistral) runs its row-exact window
-//  through
-//    the sparse executor (runtime/sliding_window.h; dense when the window covers every key); a policy's
-//    pattern does not apply to such layers;
-//  - otherwise, with no policy (or every head of the layer dense): the dense executor;
+//  - with no policy (or every head of the layer dense): the dense executor;
 //  - otherwise: estimate_layer + lower_layer (query tile 64) + the sparse executor, with q_begin = pos and
-//    total_len = the whole prompt's length (MoA spans, Triangle's last rows).
+//    total_len = the whole prompt's length (MoA spans, Triangle's last rows);
+//  - a sliding-window layer (part of the model: Gemma-3 local layers, Mistral) passes its row-exact window
+//    as args.window to either executor: a policy's pattern and the window both apply (their intersection).
+//    Decode is always dense (within the window).
 #pragma once
 
 #include <cstdint>

@@ -43,6 +43,7 @@ void validate(const AttentionArgs& a) {
   check(kv_len >= a.q_begin + q_len,
         "attention: kv_len " + std::to_string(kv_len) + " is less than q_begin + q_len = " +
             std::to_string(a.q_begin + q_len) + " (every query must see its own position)");
+  check(a.window >= 0, "attention: window must be >= 0 (0: no window), got " + std::to_string(a.window));
   check(std::isfinite(a.scale), "attention: scale must be finite, got " + std::to_string(a.scale));
   if (q_len > 0) {
     check(a.k.data != nullptr && a.v.data != nullptr, "attention: k or v data is null");

@@ -8,9 +8,10 @@
 //   lse [num_q_heads, q_len]              f32, optional (data == nullptr: absent), written
 //
 // Positions: query row r sits at absolute position q_begin + r; key j is visible to row r only if
-// j <= q_begin + r (causal), and a sparse index may hide more. Keys at positions >= q_begin + q_len are never
-// visible, so kv_len must be at least q_begin + q_len (normally equal; a longer cache is allowed and its tail
-// is ignored).
+// j <= q_begin + r (causal) and, when window > 0, q_begin + r - j < window (the model's own row-exact sliding
+// window: Gemma-3 local layers, Mistral); a sparse index may hide more (the visible set is the intersection).
+// Keys at positions >= q_begin + q_len are never visible, so kv_len must be at least q_begin + q_len
+// (normally equal; a longer cache is allowed and its tail is ignored).
 //
 // GQA: query head h reads kv head h / (num_q_heads / num_kv_heads); repeated K/V are never materialised.
 //
@@ -32,6 +33,7 @@ struct AttentionArgs {
   TensorView lse;       // optional: [num_q_heads, q_len], f32
   float scale = 0;      // 0 means 1 / sqrt(head_dim)
   int32_t q_begin = 0;  // absolute position of query row 0
+  int32_t window = 0;   // row-exact sliding window in keys (a row sees its `window` most recent); 0: none
 
   int64_t q_len() const { return q.dim(0); }
   int64_t kv_len() const { return k.dim(0); }
@@ -48,6 +50,7 @@ struct AttentionArgs {
 //   "attention k: expected shape [*, *, 64], got [10, 2, 32]"
 //   "attention: 8 query heads are not a multiple of 3 kv heads"
 //   "attention: kv_len 10 is less than q_begin + q_len = 12 (every query must see its own position)"
+//   "attention: window must be >= 0 (0: no window), got -1"
 void validate(const AttentionArgs& args);
 
 }  // namespace tessera::attn

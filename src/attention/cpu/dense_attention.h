@@ -4,6 +4,8 @@
 // Work items are (query head, 64-row query tile), run heaviest first over the pool; per item the keys
 // [0, last row's position] are processed in 64-key blocks with an online softmax; only blocks crossing the
 // diagonal are masked. It is sparse_attention_cpu with one range per tile (same kernel, same numerics).
+// With args.window > 0 a tile's keys start at its first row's window, and only the blocks straddling a row's
+// lower bound are masked per row: the work is rows x (window + 63) per tile, not rows x position.
 #pragma once
 
 #include "attention/cpu/attention_args.h"

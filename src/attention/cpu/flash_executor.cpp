@@ -95,6 +95,7 @@ void execute_items(const AttentionArgs& args, std::vector<WorkItem>& items, Thre
     job.rows = it.rows;
     job.head_dim = d;
     job.first_pos = args.q_begin + it.row_begin;
+    job.window = args.window;
     job.scale = scale;
     job.ranges = it.ranges;
     job.num_ranges = it.num_ranges;

@@ -7,9 +7,15 @@
 //
 // run_tile_* processes the keys in blocks of at most kKeyBlock: ranges block by block from their start, then
 // columns gathered 64 at a time; online softmax across all blocks; the causal mask is applied only to blocks
-// holding a key beyond the tile's first row. Rows in lanes: scores are kept transposed (S^T[key][row]) so
-// that the row max, sum and rescale are plain vertical vector ops and K and V are read in their natural
-// token-major layout through broadcasts, without transposing them.
+// holding a key beyond the tile's first row, and a row-exact sliding window (job.window > 0) only to blocks
+// holding a key below the tile's last row's window (the executors clip the keys to the first row's window,
+// so only the blocks near that lower edge straddle it). Rows in lanes: scores are kept transposed
+// (S^T[key][row]) so that the row max, sum and rescale are plain vertical vector ops and K and V are read in
+// their natural token-major layout through broadcasts, without transposing them.
+//
+// Items of at most kFewRows rows (decode: one row per head) take a second path with head dims in lanes
+// instead of rows: per key a vectorised dot product with each row's query, per row an online softmax and an
+// axpy of the values, so a one-row item does 1/64 of a full tile's lane work.
 //
 // Not part of the public API: include only from src/attention/cpu.
 #pragma once
@@ -23,6 +29,7 @@ namespace tessera::attn::cpu_detail {
 
 inline constexpr int kTileRows = 64;  // query rows per work item
 inline constexpr int kKeyBlock = 64;  // keys per softmax block
+inline constexpr int kFewRows = 4;    // items of at most this many rows take the few-row (decode) path
 
 struct TileJob {
   // Element (row r, dim c) at q + r * q_rs + c * q_cs, in elements of the dtype (bf16 when q_bf16, else f32).
@@ -41,9 +48,11 @@ struct TileJob {
   int32_t rows = 0;  // 1..kTileRows
   int32_t head_dim = 0;
   int32_t first_pos = 0;  // absolute position of row 0
+  int32_t window = 0;     // > 0: key j is hidden from row r when first_pos + r - j >= window; 0: no window
   float scale = 1;
   // Sorted, disjoint, non-empty ranges within [0, first_pos + rows); ascending columns outside every range,
-  // in the same bounds. The caller guarantees both (they come from a validated index).
+  // in the same bounds (with a window, within [first_pos - window + 1, first_pos + rows)). The caller
+  // guarantees both (they come from a validated index).
   const KeyRange* ranges = nullptr;
   int32_t num_ranges = 0;
   const int32_t* columns = nullptr;
@@ -57,7 +66,7 @@ constexpr size_t tile_scratch_floats(int head_dim) {
          + static_cast<size_t>(kKeyBlock) * kTileRows  // S^T / P^T
          + 3 * kTileRows                               // running max, running sum, rescale factors
          + 2 * static_cast<size_t>(kKeyBlock) * ((d + 15) / 16 * 16 + 16)  // packed K and V blocks
-         + 64;                                                        // slack
+         + 64;                                                             // slack
 }
 
 // Both write job.out (and job.lse). run_tile_avx512 requires a CPU with AVX-512F/BW/VL/DQ.

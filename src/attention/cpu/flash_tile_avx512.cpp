@@ -34,6 +34,7 @@ struct Avx512 {
   static reg sub(reg a, reg b) { return _mm512_sub_ps(a, b); }
   static reg mul(reg a, reg b) { return _mm512_mul_ps(a, b); }
   static reg max(reg a, reg b) { return _mm512_max_ps(a, b); }
+  static float reduce_add(reg x) { return _mm512_reduce_add_ps(x); }
   static reg zero_if_neg_inf(reg x) {
     return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-__builtin_inff()), _CMP_NEQ_UQ), x);
   }

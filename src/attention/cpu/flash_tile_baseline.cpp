@@ -28,6 +28,12 @@ struct Avx2 {
   static reg sub(reg a, reg b) { return _mm256_sub_ps(a, b); }
   static reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }
   static reg max(reg a, reg b) { return _mm256_max_ps(a, b); }
+  static float reduce_add(reg x) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
   static reg zero_if_neg_inf(reg x) {
     return _mm256_and_ps(x, _mm256_cmp_ps(x, _mm256_set1_ps(-__builtin_inff()), _CMP_NEQ_UQ));
   }
@@ -109,6 +115,11 @@ struct Portable {
   }
   static reg max(reg a, reg b) {
     return map([&](int i) { return a.x[i] > b.x[i] ? a.x[i] : b.x[i]; });
+  }
+  static float reduce_add(reg a) {
+    float s = 0;
+    for (int i = 0; i < 8; ++i) s += a.x[i];
+    return s;
   }
   static reg zero_if_neg_inf(reg a) {
     return map([&](int i) { return a.x[i] == -HUGE_VALF ? 0.0f : a.x[i]; });

@@ -8,8 +8,13 @@
 // A SIMD policy S provides:
 //   reg; kWidth (lanes); kRowVecs (row vectors per micro-kernel pass); kQkKeys (keys per QK^T micro-kernel);
 //   kPvDims (head dims per PV micro-kernel); zero, set1, load, store, fmadd(a, b, c) = a * b + c, add, sub,
-//   max; exp2(x) (0 for x <= -125, including -inf); zero_if_neg_inf(x); cvt_bf16(src, dst, n) (n contiguous
-//   values).
+//   max; exp2(x) (0 for x <= -125, including -inf); zero_if_neg_inf(x); reduce_add(x) (the sum of the lanes);
+//   cvt_bf16(src, dst, n) (n contiguous values).
+//
+// Two paths share the block walk, the K/V packing and the masks: tiles of more than kFewRows rows keep rows
+// in lanes (S^T, above); tiles of at most kFewRows rows (decode, and the last few rows of a prefill) keep
+// head dims in lanes instead: per key a vectorised dot product with each row's query, then per row an online
+// softmax over the block and an axpy of the block's values, so the work is proportional to the real rows.
 #pragma once
 
 #include <cstdint>
@@ -64,6 +69,10 @@ class FlashTile {
   }
 
   void execute() {
+    if (job_.rows <= kFewRows) {
+      execute_few();
+      return;
+    }
     pack_queries();
     for (int i = 0; i < d_ * kTileRows; ++i) ot_[i] = 0;
     for (int r = 0; r < kTileRows; ++r) {
@@ -72,7 +81,7 @@ class FlashTile {
     }
     // Ranges block by block from their start, then columns 64 at a time.
     for (BlockRef b = first_block(); b.n > 0; b = following(b)) block(b);
-    finish();
+    finish(1, kTileRows);
   }
 
   // A block of keys: contiguous positions [first, first + n) when pos is null, else pos[0..n). n == 0: none.
@@ -320,6 +329,19 @@ class FlashTile {
       }
     }
 
+    // Window mask, only where some key lies below the last row's window: key p is hidden from rows
+    // r >= p - first_pos + window. Keys ascend, so the first key that no row hides ends the loop.
+    if (job_.window > 0) {
+      const int32_t rows_end = nvu_ * W;
+      for (int i = 0; i < n; ++i) {
+        const int32_t p = pos != nullptr ? pos[i] : first + i;
+        int32_t from = p - job_.first_pos + job_.window;
+        if (from >= rows_end) break;
+        if (from < 0) from = 0;
+        for (int r = from; r < rows_end; ++r) st_[i * kTileRows + r] = kNegInf;
+      }
+    }
+
     softmax_dispatch<NV>(n);
 
     for (int ch = 0; ch < nvu_; ch += RC) {
@@ -331,7 +353,189 @@ class FlashTile {
     }
   }
 
-  void finish() {
+  // ------------------------------------------------------------------------------------------------------------
+  // Few rows (rows <= kFewRows): qt_ holds the scaled queries row-major [R][d], ot_ the output [R][d], st_
+  // the scores of the block [R][kKeyBlock].
+
+  void execute_few() {
+    switch (job_.rows) {
+      case 1:
+        few<1>();
+        break;
+      case 2:
+        few<2>();
+        break;
+      case 3:
+        few<3>();
+        break;
+      default:
+        few<4>();
+        break;
+    }
+  }
+
+  template <int R>
+  void few() {
+    static_assert(R <= kFewRows, "few-row path: too many rows");
+    const float scale = job_.scale * 1.44269504088896341f;
+    for (int r = 0; r < R; ++r) {
+      float* qr = qt_ + r * d_;
+      if (job_.q_bf16) {
+        const uint16_t* q = static_cast<const uint16_t*>(job_.q) + r * job_.q_rs;
+        for (int c = 0; c < d_; ++c) qr[c] = scale * bf16_bits_to_f32(q[c * job_.q_cs]);
+      } else {
+        const float* q = static_cast<const float*>(job_.q) + r * job_.q_rs;
+        for (int c = 0; c < d_; ++c) qr[c] = scale * q[c * job_.q_cs];
+      }
+      m_[r] = kNegInf;
+      l_[r] = 0;
+    }
+    for (int i = 0; i < R * d_; ++i) ot_[i] = 0;
+    for (BlockRef b = first_block(); b.n > 0; b = following(b)) few_block<R>(b);
+    finish(d_, 1);
+  }
+
+  // Pointers to the f32 rows of the block's keys (or values): in place when the tensor is f32 with unit dim
+  // stride (a few rows read each key once, so there is nothing to gain from packing), else converted into
+  // buf.
+  void few_rows_of(const void* base, int64_t rs, int64_t cs, bool is_bf16, const BlockRef& b, float* buf,
+                   const float** rows) const {
+    if (!is_bf16 && cs == 1) {
+      const float* f = static_cast<const float*>(base);
+      for (int i = 0; i < b.n; ++i) rows[i] = f + (b.pos != nullptr ? b.pos[i] : b.first + i) * rs;
+      return;
+    }
+    int64_t ld = 0;
+    const float* packed = block_rows(base, rs, cs, is_bf16, b.pos, b.first, b.n, buf, &ld);
+    for (int i = 0; i < b.n; ++i) rows[i] = packed + i * ld;
+  }
+
+  // st_[r][i .. i + NKK) = q_r . k_{i..}: NKK keys at once (independent accumulator chains), dims in lanes.
+  template <int R, int NKK>
+  void few_qk(const float* const* krow, int i) {
+    const int dv = d_ / W * W;
+    reg acc[NKK][R];
+#pragma GCC unroll 8
+    for (int k = 0; k < NKK; ++k)
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) acc[k][r] = S::zero();
+    for (int c = 0; c < dv; c += W) {
+      reg q[R];
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) q[r] = S::load(qt_ + r * d_ + c);
+#pragma GCC unroll 8
+      for (int k = 0; k < NKK; ++k) {
+        const reg kv = S::load(krow[i + k] + c);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) acc[k][r] = S::fmadd(q[r], kv, acc[k][r]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < NKK; ++k) {
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        float x = S::reduce_add(acc[k][r]);
+        for (int c = dv; c < d_; ++c) x += qt_[r * d_ + c] * krow[i + k][c];
+        st_[r * kKeyBlock + i + k] = x;
+      }
+    }
+  }
+
+  // ot_[r][c .. c + NDV * W) = alpha_r * ot_[r][..] + sum_j P[r][j] v_j[..].
+  template <int R, int NDV>
+  void few_pv(const float* const* vrow, int n, int c) {
+    reg acc[R][NDV];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const reg a = S::set1(alpha_[r]);
+#pragma GCC unroll 8
+      for (int x = 0; x < NDV; ++x) acc[r][x] = S::mul(S::load(ot_ + r * d_ + c + x * W), a);
+    }
+    for (int j = 0; j < n; ++j) {
+      reg v[NDV];
+#pragma GCC unroll 8
+      for (int x = 0; x < NDV; ++x) v[x] = S::load(vrow[j] + c + x * W);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const reg p = S::set1(st_[r * kKeyBlock + j]);
+#pragma GCC unroll 8
+        for (int x = 0; x < NDV; ++x) acc[r][x] = S::fmadd(p, v[x], acc[r][x]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+      for (int x = 0; x < NDV; ++x) S::store(ot_ + r * d_ + c + x * W, acc[r][x]);
+  }
+
+  template <int R>
+  void few_block(const BlockRef& b) {
+    const int n = b.n;
+    const float* krow[kKeyBlock];
+    const float* vrow[kKeyBlock];
+    few_rows_of(job_.k, job_.k_rs, job_.k_cs, job_.k_bf16, b, kbuf_, krow);
+    few_rows_of(job_.v, job_.v_rs, job_.v_cs, job_.v_bf16, b, vbuf_, vrow);
+
+    int i = 0;
+    for (; i + 4 <= n; i += 4) few_qk<R, 4>(krow, i);
+    for (; i < n; ++i) few_qk<R, 1>(krow, i);
+
+    // Causal and window masks, only when the block holds a key some row does not see: key p is visible to
+    // row r iff p - window < first_pos + r (window > 0) and p <= first_pos + r.
+    const int32_t lo_key = b.pos != nullptr ? b.pos[0] : b.first;
+    const int32_t hi_key = b.pos != nullptr ? b.pos[n - 1] : b.first + n - 1;
+    if (hi_key > job_.first_pos || (job_.window > 0 && lo_key <= job_.first_pos + R - 1 - job_.window)) {
+      for (int k = 0; k < n; ++k) {
+        const int32_t p = b.pos != nullptr ? b.pos[k] : b.first + k;
+        for (int r = 0; r < R; ++r) {
+          const int32_t row_pos = job_.first_pos + r;
+          if (p > row_pos || (job_.window > 0 && row_pos - p >= job_.window))
+            st_[r * kKeyBlock + k] = kNegInf;
+        }
+      }
+    }
+
+    // Online softmax per row over the block (padded with -inf to whole vectors).
+    const int nv = (n + W - 1) / W * W;
+    alignas(64) float lane[W];
+    for (int r = 0; r < R; ++r) {
+      float* sr = st_ + r * kKeyBlock;
+      for (int k = n; k < nv; ++k) sr[k] = kNegInf;
+      reg mx = S::set1(kNegInf);
+      for (int k = 0; k < nv; k += W) mx = S::max(mx, S::load(sr + k));
+      S::store(lane, mx);
+      float m_new = m_[r];
+      for (int x = 0; x < W; ++x) m_new = lane[x] > m_new ? lane[x] : m_new;
+      const float mu = m_new == kNegInf ? 0.0f : m_new;  // a row with no key so far: weights stay 0
+      S::store(lane, S::exp2(S::set1(m_[r] - mu)));
+      alpha_[r] = lane[0];
+      m_[r] = m_new;
+      const reg muv = S::set1(mu);
+      reg sum = S::zero();
+      for (int k = 0; k < nv; k += W) {
+        const reg p = S::exp2(S::sub(S::load(sr + k), muv));
+        S::store(sr + k, p);
+        sum = S::add(sum, p);
+      }
+      l_[r] = l_[r] * alpha_[r] + S::reduce_add(sum);
+    }
+
+    constexpr int kChunk = 4;  // vectors of head dims per PV pass: R * kChunk accumulators
+    const int dv = d_ / W * W;
+    int c = 0;
+    for (; c + kChunk * W <= dv; c += kChunk * W) few_pv<R, kChunk>(vrow, n, c);
+    for (; c < dv; c += W) few_pv<R, 1>(vrow, n, c);
+    for (; c < d_; ++c) {
+      for (int r = 0; r < R; ++r) {
+        float x = ot_[r * d_ + c] * alpha_[r];
+        for (int j = 0; j < n; ++j) x += st_[r * kKeyBlock + j] * vrow[j][c];
+        ot_[r * d_ + c] = x;
+      }
+    }
+  }
+
+  // Normalises and writes the rows; the unnormalised output of row r, dim c is at ot_[r * ot_rs + c * ot_cs].
+  void finish(int64_t ot_rs, int64_t ot_cs) {
     for (int r = 0; r < job_.rows; ++r) {
       float* o = job_.out + r * job_.out_rs;
       if (m_[r] == kNegInf) {  // the row saw no key
@@ -340,7 +544,7 @@ class FlashTile {
         continue;
       }
       const float inv = 1.0f / l_[r];
-      for (int c = 0; c < d_; ++c) o[c * job_.out_cs] = ot_[c * kTileRows + r] * inv;
+      for (int c = 0; c < d_; ++c) o[c * job_.out_cs] = ot_[r * ot_rs + c * ot_cs] * inv;
       if (job_.lse != nullptr)
         job_.lse[r * job_.lse_rs] = (m_[r] + __builtin_log2f(l_[r])) * 0.693147180559945309f;
     }
@@ -350,9 +554,9 @@ class FlashTile {
   int d_;
   int64_t dpad_ = 0;
   int nvu_ = 0;
-  float* qt_ = nullptr;     // [d][64]  scaled queries, transposed
-  float* ot_ = nullptr;     // [d][64]  unnormalised output, transposed
-  float* st_ = nullptr;     // [64][64] scores, then probabilities, transposed (key-major)
+  float* qt_ = nullptr;     // [d][64]  scaled queries, transposed (few rows: [R][d])
+  float* ot_ = nullptr;     // [d][64]  unnormalised output, transposed (few rows: [R][d])
+  float* st_ = nullptr;     // [64][64] scores, then probabilities, transposed (key-major; few rows: [R][64])
   float* m_ = nullptr;      // [64] running max of scaled scores (base 2)
   float* l_ = nullptr;      // [64] running sum of exp2(score - max)
   float* alpha_ = nullptr;  // [64] rescale factor of the current block

@@ -38,6 +38,8 @@ RecallResult attention_recall(const AttentionArgs& args, const SparseIndex& inde
   check(index.num_heads == hq && index.q_begin == args.q_begin && index.q_len == q_len &&
             index.kv_len == kv_len,
         "attention_recall: the sparse index does not describe this call (heads, q_begin, q_len, kv_len)");
+  check(args.window >= 0,
+        "attention_recall: window must be >= 0 (0: no window), got " + std::to_string(args.window));
 
   RecallResult result;
   result.per_head.assign(static_cast<size_t>(hq), 0.0);
@@ -62,24 +64,25 @@ RecallResult attention_recall(const AttentionArgs& args, const SparseIndex& inde
     double sum = 0;
     for (int64_t r = t * index.tile; r < std::min<int64_t>(q_len, (t + 1) * index.tile); ++r) {
       const int64_t pos = args.q_begin + r;
+      const int64_t lo = args.window > 0 ? std::max<int64_t>(0, pos - args.window + 1) : 0;
       load_row(args.q, r, h, q.data());
       double mx = -std::numeric_limits<double>::infinity();
-      for (int64_t j = 0; j <= pos; ++j) {
+      for (int64_t j = lo; j <= pos; ++j) {
         double s = 0;
         for (int64_t c = 0; c < d; ++c) s += q[static_cast<size_t>(c)] * kh[j * d + c];
         p[static_cast<size_t>(j)] = s * scale;
         mx = std::max(mx, p[static_cast<size_t>(j)]);
       }
       double total = 0;
-      for (int64_t j = 0; j <= pos; ++j)
+      for (int64_t j = lo; j <= pos; ++j)
         total += (p[static_cast<size_t>(j)] = std::exp(p[static_cast<size_t>(j)] - mx));
       double kept = 0;
       for (const KeyRange& kr : ranges) {
-        for (int64_t j = kr.begin; j < std::min<int64_t>(kr.end, pos + 1); ++j)
+        for (int64_t j = std::max<int64_t>(kr.begin, lo); j < std::min<int64_t>(kr.end, pos + 1); ++j)
           kept += p[static_cast<size_t>(j)];
       }
       for (int32_t j : columns) {
-        if (j <= pos) kept += p[static_cast<size_t>(j)];
+        if (j >= lo && j <= pos) kept += p[static_cast<size_t>(j)];
       }
       sum += kept / total;
     }

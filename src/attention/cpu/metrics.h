@@ -19,10 +19,11 @@ struct RecallResult {
 };
 
 // For every (query head, row): the share of the dense causal softmax mass of scale * q.k that lies on the
-// cells index.visible keeps, computed in f64; averaged over rows, then heads. Uses args.q, args.k,
-// args.scale, args.q_begin (v, out and lse are not read). The index must describe the call (heads, q_begin,
-// q_len, kv_len). Cost: one dense score matrix per head (O(q_len * kv_len * head_dim)), parallel over the
-// pool.
+// cells index.visible keeps, computed in f64; averaged over rows, then heads. With args.window > 0 both sides
+// are windowed: the dense mass is the row's window's, and the kept cells are the index's within the window.
+// Uses args.q, args.k, args.scale, args.q_begin, args.window (v, out and lse are not read). The index must
+// describe the call (heads, q_begin, q_len, kv_len). Cost: one dense score matrix per head (O(q_len * kv_len
+// * head_dim)), parallel over the pool.
 RecallResult attention_recall(const AttentionArgs& args, const SparseIndex& index,
                               ThreadPool& pool = ThreadPool::global());
 

@@ -36,7 +36,8 @@ void reference_attention_masked(const AttentionArgs& args,
       const int64_t pos = args.q_begin + r;
       double max_score = -std::numeric_limits<double>::infinity();
       for (int64_t j = 0; j < kv_len; ++j) {
-        const bool vis = j <= pos && visible(static_cast<int>(h), static_cast<int>(r), static_cast<int>(j));
+        const bool vis = j <= pos && (args.window == 0 || pos - j < args.window) &&
+                         visible(static_cast<int>(h), static_cast<int>(r), static_cast<int>(j));
         if (!vis) {
           scores[static_cast<size_t>(j)] = -std::numeric_limits<double>::infinity();
           continue;

@@ -44,9 +44,13 @@ void sparse_attention_cpu(const AttentionArgs& args, const SparseIndex& index, T
         it.rows = std::min(piece, tile_rows - r0);
         const int32_t key_end =
             index.q_begin + it.row_begin + it.rows;  // keys >= key_end are hidden from the piece
+        // With a window, keys below key_begin (the first row's window) are hidden from every row of the
+        // piece.
+        const int32_t key_begin =
+            args.window > 0 ? std::max(0, index.q_begin + it.row_begin - args.window + 1) : 0;
         const bool last_piece = r0 + it.rows == tile_rows;
         int64_t keys = 0;
-        if (last_piece) {  // the tile's own keys already end at or before key_end
+        if (last_piece && key_begin == 0) {  // the tile's own keys already end at or before key_end
           it.ranges = ranges.data();
           it.num_ranges = static_cast<int32_t>(ranges.size());
           it.columns = columns.data();
@@ -56,14 +60,16 @@ void sparse_attention_cpu(const AttentionArgs& args, const SparseIndex& index, T
           const size_t first = clipped.size();
           for (const KeyRange& kr : ranges) {
             if (kr.begin >= key_end) break;
-            clipped.push_back(KeyRange{kr.begin, std::min(kr.end, key_end)});
-            keys += clipped.back().end - kr.begin;
+            if (kr.end <= key_begin) continue;
+            clipped.push_back(KeyRange{std::max(kr.begin, key_begin), std::min(kr.end, key_end)});
+            keys += clipped.back().end - clipped.back().begin;
           }
           clipped_of.emplace_back(items.size(), first);
           it.num_ranges = static_cast<int32_t>(clipped.size() - first);
-          it.columns = columns.data();
-          it.num_columns = static_cast<int32_t>(std::lower_bound(columns.begin(), columns.end(), key_end) -
-                                                columns.begin());
+          const auto col_begin = std::lower_bound(columns.begin(), columns.end(), key_begin);
+          it.columns = columns.data() + (col_begin - columns.begin());
+          it.num_columns =
+              static_cast<int32_t>(std::lower_bound(col_begin, columns.end(), key_end) - col_begin);
         }
         keys += it.num_columns;
         if (keys == 0) {

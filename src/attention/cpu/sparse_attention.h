@@ -8,6 +8,9 @@
 //
 // The index may use any query-tile height: tiles higher than 64 rows are run as 64-row pieces, each with the
 // tile's keys clipped to the piece's last row (which is the same mask).
+//
+// args.window > 0 intersects the index with the row-exact window: each piece's ranges and columns are clipped
+// to its first row's window, and blocks straddling a row's lower bound are masked per row.
 #pragma once
 
 #include "attention/cpu/attention_args.h"
