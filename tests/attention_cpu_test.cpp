@@ -587,8 +587,10 @@ TEST(attention_cpu_window, SparseIndexAndWindow) {
 // Few rows (decode): items of at most 4 rows take their own path
 
 TEST(attention_cpu_decode, FewRowsAgainstReference) {
-  ThreadPool pool(2);
+  // One worker: every item takes as many heads of a GQA group as fit in 4 rows; two: fewer, to fill both.
+  ThreadPool one(1), two(2);
   const WindowCase shapes[] = {
+      {0, 150, 7, 1, 32, 0, DType::F32},  {0, 150, 8, 1, 64, 0, DType::BF16},
       {0, 300, 9, 3, 64, 0, DType::F32},  {0, 1000, 4, 1, 256, 0, DType::F32},
       {0, 200, 4, 2, 40, 0, DType::F32},  {0, 129, 2, 1, 17, 0, DType::F32},
       {0, 257, 6, 2, 64, 0, DType::BF16}, {0, 70, 2, 2, 128, 0, DType::BF16},
@@ -599,12 +601,15 @@ TEST(attention_cpu_decode, FewRowsAgainstReference) {
       if (q_len > c.kv_len) continue;
       c.q_len = q_len;
       c.q_begin = static_cast<int32_t>(c.kv_len - q_len);
-      for (int32_t w : {0, 1, 2, 5, 64, 65, 200}) check_dense_window(c, w, pool);
+      for (int32_t w : {0, 1, 2, 5, 64, 65, 200}) {
+        check_dense_window(c, w, one);
+        check_dense_window(c, w, two);
+      }
     }
   }
   // A chunk that is not at the end of the cache: keys past the last row are ignored.
-  check_dense_window({3, 500, 2, 1, 64, 100, DType::F32}, 0, pool);
-  check_dense_window({3, 500, 2, 1, 64, 100, DType::F32}, 50, pool);
+  check_dense_window({3, 500, 2, 1, 64, 100, DType::F32}, 0, two);
+  check_dense_window({3, 500, 2, 1, 64, 100, DType::F32}, 50, one);
 }
 
 TEST(attention_cpu_decode, FewRowsSparse) {

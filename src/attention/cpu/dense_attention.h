@@ -6,6 +6,8 @@
 // diagonal are masked. It is sparse_attention_cpu with one range per tile (same kernel, same numerics).
 // With args.window > 0 a tile's keys start at its first row's window, and only the blocks straddling a row's
 // lower bound are masked per row: the work is rows x (window + 63) per tile, not rows x position.
+// Tiles of at most 4 rows (decode) take the kernel's few-row path, and their items hold several query heads
+// of one GQA group (up to 4 rows in all, fewer when workers would be idle), which then read K and V once.
 #pragma once
 
 #include "attention/cpu/attention_args.h"

@@ -93,6 +93,10 @@ void execute_items(const AttentionArgs& args, std::vector<WorkItem>& items, Thre
       job.lse_rs = args.lse.stride[1];
     }
     job.rows = it.rows;
+    job.heads = it.heads;
+    job.q_hs = args.q.stride[1];
+    job.out_hs = args.out.stride[1];
+    job.lse_hs = args.has_lse() ? args.lse.stride[0] : 0;
     job.head_dim = d;
     job.first_pos = args.q_begin + it.row_begin;
     job.window = args.window;

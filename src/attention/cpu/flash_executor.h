@@ -17,6 +17,7 @@ struct WorkItem {
   int32_t head = 0;       // query head
   int32_t row_begin = 0;  // first query row (0-based within the call)
   int32_t rows = 0;       // 1..64
+  int32_t heads = 1;      // query heads head .. head + heads - 1, of one kv head (rows * heads <= kFewRows)
   int64_t cost = 0;       // rows x keys, for ordering
   // Keys of the item, clipped to [0, q_begin + row_begin + rows); storage owned by the caller.
   const KeyRange* ranges = nullptr;

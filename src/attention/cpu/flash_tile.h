@@ -46,6 +46,11 @@ struct TileJob {
   float* lse = nullptr;  // f32, row r at lse + r * lse_rs; nullptr when absent
   int64_t lse_rs = 0;
   int32_t rows = 0;  // 1..kTileRows
+  // Query heads of the item (consecutive, all reading this kv head); > 1 only when heads * rows <= kFewRows.
+  // Head i's rows are at q + i * q_hs, out + i * out_hs and lse + i * lse_hs: a decode step reads K and V
+  // once for its whole GQA group.
+  int32_t heads = 1;
+  int64_t q_hs = 0, out_hs = 0, lse_hs = 0;
   int32_t head_dim = 0;
   int32_t first_pos = 0;  // absolute position of row 0
   int32_t window = 0;     // > 0: key j is hidden from row r when first_pos + r - j >= window; 0: no window

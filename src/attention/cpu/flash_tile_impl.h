@@ -69,7 +69,7 @@ class FlashTile {
   }
 
   void execute() {
-    if (job_.rows <= kFewRows) {
+    if (job_.rows * job_.heads <= kFewRows) {
       execute_few();
       return;
     }
@@ -357,8 +357,9 @@ class FlashTile {
   // Few rows (rows <= kFewRows): qt_ holds the scaled queries row-major [R][d], ot_ the output [R][d], st_
   // the scores of the block [R][kKeyBlock].
 
+  // Rows of the few-row path are (head i, row r) pairs, i * job.rows + r: the item's heads share K and V.
   void execute_few() {
-    switch (job_.rows) {
+    switch (job_.rows * job_.heads) {
       case 1:
         few<1>();
         break;
@@ -380,11 +381,12 @@ class FlashTile {
     const float scale = job_.scale * 1.44269504088896341f;
     for (int r = 0; r < R; ++r) {
       float* qr = qt_ + r * d_;
+      const int64_t at = (r / job_.rows) * job_.q_hs + (r % job_.rows) * job_.q_rs;
       if (job_.q_bf16) {
-        const uint16_t* q = static_cast<const uint16_t*>(job_.q) + r * job_.q_rs;
+        const uint16_t* q = static_cast<const uint16_t*>(job_.q) + at;
         for (int c = 0; c < d_; ++c) qr[c] = scale * bf16_bits_to_f32(q[c * job_.q_cs]);
       } else {
-        const float* q = static_cast<const float*>(job_.q) + r * job_.q_rs;
+        const float* q = static_cast<const float*>(job_.q) + at;
         for (int c = 0; c < d_; ++c) qr[c] = scale * q[c * job_.q_cs];
       }
       m_[r] = kNegInf;
@@ -484,12 +486,14 @@ class FlashTile {
     // row r iff p - window < first_pos + r (window > 0) and p <= first_pos + r.
     const int32_t lo_key = b.pos != nullptr ? b.pos[0] : b.first;
     const int32_t hi_key = b.pos != nullptr ? b.pos[n - 1] : b.first + n - 1;
-    if (hi_key > job_.first_pos || (job_.window > 0 && lo_key <= job_.first_pos + R - 1 - job_.window)) {
+    if (hi_key > job_.first_pos ||
+        (job_.window > 0 && lo_key <= job_.first_pos + job_.rows - 1 - job_.window)) {
+      int32_t row_pos[R];
+      for (int r = 0; r < R; ++r) row_pos[r] = job_.first_pos + r % job_.rows;
       for (int k = 0; k < n; ++k) {
         const int32_t p = b.pos != nullptr ? b.pos[k] : b.first + k;
         for (int r = 0; r < R; ++r) {
-          const int32_t row_pos = job_.first_pos + r;
-          if (p > row_pos || (job_.window > 0 && row_pos - p >= job_.window))
+          if (p > row_pos[r] || (job_.window > 0 && row_pos[r] - p >= job_.window))
             st_[r * kKeyBlock + k] = kNegInf;
         }
       }
@@ -535,18 +539,20 @@ class FlashTile {
   }
 
   // Normalises and writes the rows; the unnormalised output of row r, dim c is at ot_[r * ot_rs + c * ot_cs].
+  // Rows are (head, row) pairs as in the few-row path (one head on the other).
   void finish(int64_t ot_rs, int64_t ot_cs) {
-    for (int r = 0; r < job_.rows; ++r) {
-      float* o = job_.out + r * job_.out_rs;
+    for (int r = 0; r < job_.rows * job_.heads; ++r) {
+      const int64_t hh = r / job_.rows, rr = r % job_.rows;
+      float* o = job_.out + hh * job_.out_hs + rr * job_.out_rs;
+      float* lse = job_.lse != nullptr ? job_.lse + hh * job_.lse_hs + rr * job_.lse_rs : nullptr;
       if (m_[r] == kNegInf) {  // the row saw no key
         for (int c = 0; c < d_; ++c) o[c * job_.out_cs] = 0;
-        if (job_.lse != nullptr) job_.lse[r * job_.lse_rs] = kNegInf;
+        if (lse != nullptr) *lse = kNegInf;
         continue;
       }
       const float inv = 1.0f / l_[r];
       for (int c = 0; c < d_; ++c) o[c * job_.out_cs] = ot_[r * ot_rs + c * ot_cs] * inv;
-      if (job_.lse != nullptr)
-        job_.lse[r * job_.lse_rs] = (m_[r] + __builtin_log2f(l_[r])) * 0.693147180559945309f;
+      if (lse != nullptr) *lse = (m_[r] + __builtin_log2f(l_[r])) * 0.693147180559945309f;
     }
   }
 
