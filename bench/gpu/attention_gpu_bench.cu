@@ -355,6 +355,28 @@ int main(int argc, char** argv) {
         }
 
         const SparseIndex index = layer.download_index();
+        // Index build with a warp per (head, tile) (experimental): time, and the same index?
+        if (name == "vs" || name == "bs") {
+          layer.set_warp_index_build(true);
+          layer.build_index(stream);
+          std::vector<double> wi;
+          for (int rep = 0; rep < opt.reps; ++rep) {
+            TESSERA_CUDA_CHECK(cudaEventRecord(ev[0], stream));
+            layer.build_index(stream);
+            TESSERA_CUDA_CHECK(cudaEventRecord(ev[1], stream));
+            TESSERA_CUDA_CHECK(cudaEventSynchronize(ev[1]));
+            float t = 0;
+            TESSERA_CUDA_CHECK(cudaEventElapsedTime(&t, ev[0], ev[1]));
+            wi.push_back(t);
+          }
+          const SparseIndex windex = layer.download_index();
+          layer.set_warp_index_build(false);
+          const bool same = windex.range_offsets == index.range_offsets && windex.ranges == index.ranges &&
+                            windex.column_offsets == index.column_offsets && windex.columns == index.columns;
+          std::printf("  index seq %6d %-9s thread per tile %8.3f ms, warp per tile %8.3f ms, %s\n", seq,
+                      name.c_str(), r.index_ms, median(wi), same ? "same index" : "DIFFERENT INDEX");
+          std::fflush(stdout);
+        }
         const IndexStats st = index_stats(index);
         const std::vector<int32_t> costs = gpu::prefill_item_costs(index);
         const gpu::PlanSummary plan = gpu::summarize_plan(costs);

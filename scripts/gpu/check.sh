@@ -287,8 +287,8 @@ set +x
   for s in sanitizer_memcheck sanitizer_racecheck sanitizer_racecheck_wgmma; do
     [ -s "$OUT/$s.log" ] && { echo "--- $s:"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race|hazard|PASSED|FAILED" "$OUT/$s.log" | head -15; }
   done
-  [ -s "$OUT/bench.log" ] && { echo "--- bench:"; grep -E "^\||device|shape|rror|self-check|^wgmma|variant seq" "$OUT/bench.log"; }
-  [ -s "$OUT/bench_local.log" ] && { echo "--- bench, local inputs:"; grep -E "^\||shape|rror|self-check" "$OUT/bench_local.log"; }
+  [ -s "$OUT/bench.log" ] && { echo "--- bench:"; grep -E "^\||device|shape|rror|self-check|^wgmma|variant seq|index seq" "$OUT/bench.log"; }
+  [ -s "$OUT/bench_local.log" ] && { echo "--- bench, local inputs:"; grep -E "^\||shape|rror|self-check|index seq" "$OUT/bench_local.log"; }
   [ -s "$OUT/sdpa.log" ] && { echo "--- sdpa:"; grep -E "^\||device|unavailable|rror" "$OUT/sdpa.log"; }
 } | tee "$OUT/summary_full.txt"
 exit 0

@@ -493,12 +493,17 @@ TEST_P(DeviceIndexTest, IdenticalToCpuLowering) {
   const std::vector<HeadEstimate> est = cpu_estimates(layer, in, s);
   const SparseIndex want = lower_layer(layer, est, s.ctx());
 
-  gpu::CudaLayerAttention gl(layer, s.ctx(), s.hkv, s.d);
-  if (gl.has_dynamic_heads()) gl.upload_estimates(est);
-  gl.build_index();
-  const SparseIndex got = gl.download_index();
-  expect_same_index(want, got);
-  EXPECT_EQ(gl.download_plan(), gpu::plan_prefill(want)) << "device plan differs from the host plan";
+  // A thread per (head, tile) (the default) and a warp per (head, tile) (set_warp_index_build).
+  for (const bool warp : {false, true}) {
+    SCOPED_TRACE(warp ? "index build: warp per tile" : "index build: thread per tile");
+    gpu::CudaLayerAttention gl(layer, s.ctx(), s.hkv, s.d);
+    gl.set_warp_index_build(warp);
+    if (gl.has_dynamic_heads()) gl.upload_estimates(est);
+    gl.build_index();
+    const SparseIndex got = gl.download_index();
+    expect_same_index(want, got);
+    EXPECT_EQ(gl.download_plan(), gpu::plan_prefill(want)) << "device plan differs from the host plan";
+  }
 }
 
 std::vector<IndexCase> index_cases() {

@@ -43,6 +43,9 @@ class CudaLayerAttention {
     attend(args, stream);
   }
 
+  // Index build with a warp per (head, tile) (DeviceIndexBuilder::set_warp_per_tile; experimental).
+  void set_warp_index_build(bool on) { builder_.set_warp_per_tile(on); }
+
   bool has_dynamic_heads() const { return !estimates_.empty(); }
   const std::vector<Pattern>& patterns() const { return patterns_; }
   const LoweringContext& context() const { return ctx_; }

@@ -17,7 +17,8 @@ namespace {
 struct LowerParams {
   const DeviceHeadPattern* heads = nullptr;
   int32_t num_tiles = 0, tile = 0, q_begin = 0, q_len = 0, kv_len = 0, num_items = 0;
-  int64_t n_total = 0;  // N of the prompt (Triangle's last rows)
+  int64_t n_total = 0;                              // N of the prompt (Triangle's last rows)
+  int64_t range_capacity = 0, column_capacity = 0;  // allocated lengths of ranges and columns
   int32_t* range_counts = nullptr;
   int32_t* column_counts = nullptr;
   int32_t* costs = nullptr;
@@ -51,6 +52,130 @@ __global__ void lower_fill_kernel(const LowerParams p) {
   const int h = item / p.num_tiles, t = item - h * p.num_tiles;
   lower_tile(p.heads[h], tile_geometry(t, p.tile, p.q_begin, p.q_len, p.kv_len, p.n_total),
              p.ranges + p.range_offsets[item], p.columns + p.column_offsets[item]);
+}
+
+// A warp per item (DeviceIndexBuilder::set_warp_per_tile). Vertical-slash tiles are lowered by the whole
+// warp, 32 slash intervals (then 32 columns) at a time; other kinds by lane 0 with lower_tile. Same output as
+// lower_tile: the intervals of the walk (offsets descending) have non-decreasing clipped begins and ends, so
+// the running end of the open range is the end of the previous non-empty interval, and interval k opens a new
+// range iff its begin is past that end.
+__device__ TileCounts lower_tile_warp(const DeviceHeadPattern& hp, const TileGeometry& g,
+                                      KeyRange* out_ranges, int32_t* out_columns, int64_t range_room,
+                                      int64_t column_room) {
+  const int lane = threadIdx.x % 32;
+  const unsigned below = (1u << lane) - 1u;
+  if (hp.kind != DeviceHeadPattern::kVerticalSlash) {
+    TileCounts n;
+    if (lane == 0) n = lower_tile(hp, g, out_ranges, out_columns);
+    n.ranges = __shfl_sync(0xffffffffu, n.ranges, 0);
+    n.columns = __shfl_sync(0xffffffffu, n.columns, 0);
+    n.cost = __shfl_sync(0xffffffffu, n.cost, 0);
+    return n;
+  }
+  const int64_t p0 = g.p0, p1 = g.p1, key_end = g.key_end;
+  const int hi = detail::lower_bound_index(hp.offsets, 0, hp.num_offsets, p1);  // walk i = hi - 1 .. 0
+  int64_t cb = 0, ce = 0;  // the open range (when starts > 0)
+  int32_t starts = 0;      // ranges opened so far
+  int32_t key_tiles = 0;   // of the closed ranges (this lane's share)
+  for (int base = 0; base < hi; base += 32) {
+    const int k = base + lane;
+    int64_t b = 0, e = 0;
+    if (k < hi) {
+      const int64_t o = hp.offsets[hi - 1 - k];
+      b = p0 - o < 0 ? 0 : p0 - o;
+      e = p1 - o < key_end ? p1 - o : key_end;
+    }
+    const bool valid = k < hi && b < e;
+    const unsigned vmask = __ballot_sync(0xffffffffu, valid);
+    const unsigned vprev = vmask & below;
+    const int pv = vprev ? 31 - __clz(vprev) : lane;
+    const int64_t e_lane = __shfl_sync(0xffffffffu, e, pv);
+    const bool has_prev = vprev != 0 || starts > 0;
+    const int64_t e_prev = vprev != 0 ? e_lane : ce;
+    const bool start = valid && (!has_prev || b > e_prev);
+    const unsigned smask = __ballot_sync(0xffffffffu, start);
+    const unsigned sprev = smask & below;
+    const int ps = sprev ? 31 - __clz(sprev) : lane;
+    const int64_t b_lane = __shfl_sync(0xffffffffu, b, ps);
+    const int64_t cb_prev = sprev != 0 ? b_lane : cb;
+    const int32_t idx = starts + __popc(sprev);  // this start's range
+    if (start) {
+      if (has_prev) {  // closes range idx - 1 = [cb_prev, e_prev)
+        if (out_ranges != nullptr && idx - 1 < range_room)
+          out_ranges[idx - 1].end = static_cast<int32_t>(e_prev);
+        key_tiles += static_cast<int32_t>((e_prev - cb_prev + kPrefillKeyTile - 1) / kPrefillKeyTile);
+      }
+      if (out_ranges != nullptr && idx < range_room) out_ranges[idx].begin = static_cast<int32_t>(b);
+    }
+    if (vmask != 0) ce = __shfl_sync(0xffffffffu, e, 31 - __clz(vmask));
+    if (smask != 0) cb = __shfl_sync(0xffffffffu, b, 31 - __clz(smask));
+    starts += __popc(smask);
+  }
+  for (int o = 16; o > 0; o /= 2) key_tiles += __shfl_xor_sync(0xffffffffu, key_tiles, o);
+  if (starts > 0) {  // close the last range
+    if (out_ranges != nullptr && lane == 0 && starts - 1 < range_room)
+      out_ranges[starts - 1].end = static_cast<int32_t>(ce);
+    key_tiles += static_cast<int32_t>((ce - cb + kPrefillKeyTile - 1) / kPrefillKeyTile);
+  }
+
+  // Columns: c is kept iff 0 <= c < key_end, no offset o has p0 - c <= o < p1 - c, and c differs from the
+  // previous column (duplicates).
+  int32_t nc = 0;
+  for (int base = 0; base < hp.num_columns; base += 32) {
+    const int j = base + lane;
+    bool keep = false;
+    int64_t c = -1;
+    if (j < hp.num_columns) {
+      c = hp.columns[j];
+      keep = c >= 0 && c < key_end && (j == 0 || hp.columns[j - 1] != c);
+      if (keep) {
+        const int i = detail::lower_bound_index(hp.offsets, 0, hp.num_offsets, p0 - c);
+        if (i < hp.num_offsets && hp.offsets[i] < p1 - c) keep = false;
+      }
+    }
+    const unsigned kmask = __ballot_sync(0xffffffffu, keep);
+    const int32_t at = nc + __popc(kmask & below);
+    if (keep && out_columns != nullptr && at < column_room) out_columns[at] = static_cast<int32_t>(c);
+    nc += __popc(kmask);
+  }
+  TileCounts counts;
+  counts.ranges = starts;
+  counts.columns = nc;
+  counts.cost = 1 + key_tiles + (nc + kPrefillKeyTile - 1) / kPrefillKeyTile;
+  return counts;
+}
+
+__global__ void lower_count_warp_kernel(const LowerParams p) {
+  const int item = static_cast<int>((blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32);
+  const int lane = threadIdx.x % 32;
+  if (item > p.num_items) return;  // whole warps: blockDim is a multiple of 32
+  if (item == p.num_items) {
+    if (lane == 0) {
+      p.range_counts[item] = 0;
+      p.column_counts[item] = 0;
+    }
+    return;
+  }
+  const int h = item / p.num_tiles, t = item - h * p.num_tiles;
+  const TileCounts n = lower_tile_warp(
+      p.heads[h], tile_geometry(t, p.tile, p.q_begin, p.q_len, p.kv_len, p.n_total), nullptr, nullptr, 0, 0);
+  if (lane == 0) {
+    p.range_counts[item] = n.ranges;
+    p.column_counts[item] = n.columns;
+    p.costs[item] = n.cost;
+    p.items[item] = item;
+  }
+}
+
+__global__ void lower_fill_warp_kernel(const LowerParams p) {
+  const int item = static_cast<int>((blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32);
+  if (item >= p.num_items) return;
+  const int h = item / p.num_tiles, t = item - h * p.num_tiles;
+  // Writes stay inside the allocations even if the counts were wrong (an index test then fails, nothing
+  // else).
+  lower_tile_warp(p.heads[h], tile_geometry(t, p.tile, p.q_begin, p.q_len, p.kv_len, p.n_total),
+                  p.ranges + p.range_offsets[item], p.columns + p.column_offsets[item],
+                  p.range_capacity - p.range_offsets[item], p.column_capacity - p.column_offsets[item]);
 }
 
 }  // namespace
@@ -196,10 +321,19 @@ void DeviceIndexBuilder::build(DeviceSparseIndex& index, DeviceWorkPlan& plan, c
   p.ranges = index.ranges.data();
   p.column_offsets = index.column_offsets.data();
   p.columns = index.columns.data();
+  p.range_capacity = static_cast<int64_t>(index.ranges.size());
+  p.column_capacity = static_cast<int64_t>(index.columns.size());
 
   constexpr int kThreads = 128;
-  lower_count_kernel<<<(n_items + 1 + kThreads - 1) / kThreads, kThreads, 0, stream>>>(p);
-  check_launch("lower_count_kernel");
+  constexpr int kWarpItemsPerBlock = kThreads / 32;
+  if (warp_per_tile_) {
+    lower_count_warp_kernel<<<(n_items + 1 + kWarpItemsPerBlock - 1) / kWarpItemsPerBlock, kThreads, 0,
+                              stream>>>(p);
+    check_launch("lower_count_warp_kernel");
+  } else {
+    lower_count_kernel<<<(n_items + 1 + kThreads - 1) / kThreads, kThreads, 0, stream>>>(p);
+    check_launch("lower_count_kernel");
+  }
   size_t bytes = scan_temp_.size();
   TESSERA_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(scan_temp_.data(), bytes, range_counts_.data(),
                                                    index.range_offsets.data(), n_items + 1, stream));
@@ -207,8 +341,14 @@ void DeviceIndexBuilder::build(DeviceSparseIndex& index, DeviceWorkPlan& plan, c
   TESSERA_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(scan_temp_.data(), bytes, column_counts_.data(),
                                                    index.column_offsets.data(), n_items + 1, stream));
   if (n_items == 0) return;
-  lower_fill_kernel<<<(n_items + kThreads - 1) / kThreads, kThreads, 0, stream>>>(p);
-  check_launch("lower_fill_kernel");
+  if (warp_per_tile_) {
+    lower_fill_warp_kernel<<<(n_items + kWarpItemsPerBlock - 1) / kWarpItemsPerBlock, kThreads, 0, stream>>>(
+        p);
+    check_launch("lower_fill_warp_kernel");
+  } else {
+    lower_fill_kernel<<<(n_items + kThreads - 1) / kThreads, kThreads, 0, stream>>>(p);
+    check_launch("lower_fill_kernel");
+  }
   bytes = sort_temp_.size();
   TESSERA_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(sort_temp_.data(), bytes, costs_.data(),
                                                                sorted_costs_.data(), items_.data(),

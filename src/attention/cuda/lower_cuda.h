@@ -40,6 +40,11 @@ class DeviceIndexBuilder {
   // Asynchronous on `stream`.
   void build(DeviceSparseIndex& index, DeviceWorkPlan& plan, cudaStream_t stream);
 
+  // Experimental: a warp per (head, tile) in the count and fill passes (vertical-slash tiles walk their
+  // slashes 32 at a time) instead of a thread. Same index; off by default until measured on a device.
+  void set_warp_per_tile(bool on) { warp_per_tile_ = on; }
+  bool warp_per_tile() const { return warp_per_tile_; }
+
   int64_t range_capacity() const { return range_capacity_; }
   int64_t column_capacity() const { return column_capacity_; }
 
@@ -49,6 +54,7 @@ class DeviceIndexBuilder {
   int32_t num_tiles_ = 0;
   int64_t range_capacity_ = 0;
   int64_t column_capacity_ = 0;
+  bool warp_per_tile_ = false;
   DeviceBuffer<DeviceHeadPattern> heads_;
   DeviceBuffer<int32_t> range_counts_, column_counts_, costs_, sorted_costs_, items_;
   DeviceBuffer<unsigned char> scan_temp_, sort_temp_;
