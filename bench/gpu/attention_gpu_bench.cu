@@ -24,7 +24,8 @@
 // ("mma ms") and both outputs are compared ("rel diff" = ||auto - mma|| / ||mma||).
 //
 //   attention_gpu_bench [--seq 8192,32768,131072] [--patterns dense,vs,bs,ashape,triangle] [--reps 5]
-//                       [--warmup 1] [--inputs rope|random|local] [--kernel both|auto|mma|wgmma] [--csv FILE]
+//                       [--warmup 1] [--inputs rope|random|local] [--kernel both|auto|mma|wgmma]
+//                       [--variants on|off] [--csv FILE]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -138,6 +139,7 @@ struct Options {
   int warmup = 1;
   std::string inputs = "rope";
   std::string kernel = "both";
+  bool variants = true;  // time every wgmma variant on dense rows
   std::string csv;
 };
 
@@ -175,6 +177,10 @@ Options parse(int argc, char** argv) {
       o.kernel = value();
       if (o.kernel != "both" && o.kernel != "auto" && o.kernel != "mma" && o.kernel != "wgmma")
         throw Error("--kernel must be both, auto, mma or wgmma");
+    } else if (a == "--variants") {
+      const std::string v = value();
+      if (v != "on" && v != "off") throw Error("--variants must be on or off");
+      o.variants = v == "on";
     } else if (a == "--csv") {
       o.csv = value();
     } else {
@@ -325,7 +331,7 @@ int main(int argc, char** argv) {
         }
 
         // Dense rows: every wgmma variant that passed the self-check, timed alone (which schedule is faster).
-        if (opt.kernel == "both" && name == "dense" &&
+        if (opt.kernel == "both" && opt.variants && name == "dense" &&
             r.kernel == gpu::prefill_kernel_name(gpu::PrefillKernel::kWgmma)) {
           const gpu::WgmmaSelfCheck& sc = gpu::wgmma_prefill_self_check(DType::BF16, stream);
           for (int v = 0; v < gpu::wgmma_prefill_variants(); ++v) {

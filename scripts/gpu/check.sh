@@ -236,7 +236,7 @@ if [ "$built" = yes ]; then
     run_step bench 150 "$BENCH_BIN" ${BENCH_ARGS:-} --csv "$OUT/bench.csv"
     # Local/sink-structured inputs (VS slashes near the diagonal, as real models give).
     # shellcheck disable=SC2086
-    run_step bench_local 75 "$BENCH_BIN" --inputs local --seq 32768,131072 --patterns dense,vs,bs \
+    run_step bench_local 75 "$BENCH_BIN" --inputs local --seq 32768,131072 --patterns dense,vs,bs --variants off \
       ${BENCH_LOCAL_ARGS:-} --csv "$OUT/bench_local.csv"
   fi
 fi
