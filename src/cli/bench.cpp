@@ -1,0 +1,119 @@
+// `tessera bench`: prefill rates at several depths, dense and each sparse policy from the same run, and decode
+// rates at each depth, as one table (markdown, csv or json).
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/session.h"
+#include "core/error.h"
+#include "eval/haystack.h"
+
+namespace tessera::cli {
+
+namespace {
+
+struct Row {
+  int depth = 0;
+  std::string policy;
+  double prefill_s = 0, attention_s = 0, gemm_s = 0;
+  double decode_tok_s = 0;
+  double speedup = 0;
+};
+
+// Real text for the prompt (KJV when installed, else synthetic filler), so that dynamic estimators see
+// attention of the kind they were designed for; repeated to the longest depth.
+std::vector<int32_t> bench_tokens(const Session& s, int count) {
+  eval::Haystack hay;
+  try {
+    hay = eval::load_haystack("kjv");
+  } catch (const Error&) {
+    hay = eval::load_haystack("noise:1");
+  }
+  std::string text;
+  for (size_t i = 0; text.size() < static_cast<size_t>(count) * 6; ++i) text += hay.sentence(i) + " ";
+  std::vector<int32_t> ids = s.tokenizer->encode(text, {.add_special = true, .parse_special = false});
+  check(!ids.empty(), "bench: the haystack text encoded to no tokens");
+  while (static_cast<int>(ids.size()) < count) ids.insert(ids.end(), ids.begin(), ids.end());
+  ids.resize(static_cast<size_t>(count));
+  return ids;
+}
+
+}  // namespace
+
+int bench_command(const BenchOptions& o) {
+  const Session s = Session::open(o.model);
+  const auto& c = s.model->config();
+  const int max_depth = *std::max_element(o.depths.begin(), o.depths.end());
+  check(max_depth + o.decode_tokens <= c.context_length,
+        "bench: depth " + std::to_string(max_depth) + " + " + std::to_string(o.decode_tokens) +
+            " decode tokens exceeds the model's context of " + std::to_string(c.context_length));
+  const std::vector<int32_t> tokens = bench_tokens(s, max_depth + o.decode_tokens);
+  std::vector<std::string> policies = {"dense"};
+  policies.insert(policies.end(), o.attn.begin(), o.attn.end());
+  std::vector<Row> rows;
+  for (int depth : o.depths) {
+    double dense_s = 0;
+    for (const std::string& spec : policies) {
+      runtime::EngineOptions eo;
+      eo.chunk_size = o.chunk;
+      eo.policy = s.policy(spec);
+      runtime::Engine engine(*s.model, eo);
+      Row r;
+      r.depth = depth;
+      r.policy = spec;
+      r.prefill_s = 1e30;
+      for (int rep = 0; rep < std::max(1, o.reps); ++rep) {  // best of reps
+        engine.reset();
+        engine.reset_stats();
+        engine.prefill(std::span<const int32_t>(tokens.data(), static_cast<size_t>(depth)));
+        if (engine.stats().prefill_seconds < r.prefill_s) {
+          r.prefill_s = engine.stats().prefill_seconds;
+          r.attention_s = engine.stats().attention_seconds;
+          r.gemm_s = engine.stats().gemm_seconds;
+        }
+      }
+      if (spec == "dense") {
+        dense_s = r.prefill_s;
+        engine.reset_stats();
+        for (int i = 0; i < o.decode_tokens; ++i) engine.decode(tokens[static_cast<size_t>(depth + i)]);
+        r.decode_tok_s = engine.stats().decode_tokens_per_second();
+      }
+      r.speedup = dense_s / r.prefill_s;
+      rows.push_back(r);
+      std::fprintf(stderr, "bench: depth %d %s: prefill %.2f s\n", depth, spec.c_str(), r.prefill_s);
+    }
+  }
+  if (o.format == "json") {
+    nlohmann::json j = nlohmann::json::array();
+    for (const Row& r : rows) {
+      j.push_back({{"model", c.name}, {"depth", r.depth}, {"policy", r.policy}, {"prefill_s", r.prefill_s},
+                   {"prefill_tok_s", r.depth / r.prefill_s}, {"attention_s", r.attention_s}, {"gemm_s", r.gemm_s},
+                   {"speedup_vs_dense", r.speedup}, {"decode_tok_s", r.decode_tok_s}});
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  const bool csv = o.format == "csv";
+  if (csv) {
+    std::printf("model,depth,policy,prefill_s,prefill_tok_s,attention_s,gemm_s,speedup_vs_dense,decode_tok_s\n");
+  } else {
+    std::printf("model: %s, %d layers, %d/%d heads, head dim %d; chunk %d; best of %d\n\n", c.name.c_str(),
+                c.num_layers, c.num_q_heads, c.num_kv_heads, c.head_dim, o.chunk, std::max(1, o.reps));
+    std::printf("| depth | policy | prefill s | prefill tok/s | attention s | GEMM s | vs dense | decode tok/s |\n");
+    std::printf("|---:|---|---:|---:|---:|---:|---:|---:|\n");
+  }
+  for (const Row& r : rows) {
+    const std::string decode = r.decode_tok_s > 0 ? std::to_string(r.decode_tok_s).substr(0, 5) : (csv ? "" : "-");
+    if (csv) {
+      std::printf("%s,%d,%s,%.3f,%.1f,%.3f,%.3f,%.2f,%s\n", c.name.c_str(), r.depth, r.policy.c_str(), r.prefill_s,
+                  r.depth / r.prefill_s, r.attention_s, r.gemm_s, r.speedup, decode.c_str());
+    } else {
+      std::printf("| %d | %s | %.2f | %.0f | %.2f | %.2f | %.2fx | %s |\n", r.depth, r.policy.c_str(), r.prefill_s,
+                  r.depth / r.prefill_s, r.attention_s, r.gemm_s, r.speedup, decode.c_str());
+    }
+  }
+  return 0;
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,151 @@
+// `tessera run`: one prompt through a model, with any attention policy; --compare runs dense first.
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "cli/session.h"
+#include "core/error.h"
+#include "eval/haystack.h"
+#include "eval/scoring.h"
+#include "eval/task.h"
+
+namespace tessera::cli {
+
+namespace {
+
+struct Outcome {
+  std::string text;
+  runtime::EngineStats prefill;  // right after the prefill
+  runtime::EngineStats stats;    // at the end
+  int64_t generated = 0;
+};
+
+Outcome generate_once(const Session& s, const RunOptions& o, const std::string& spec,
+                      const std::vector<int32_t>& prompt, bool stream) {
+  runtime::EngineOptions eo;
+  eo.chunk_size = o.chunk;
+  eo.policy = s.policy(spec);
+  eo.max_context = o.max_context;
+  runtime::Engine engine(*s.model, eo);
+  runtime::GenerateOptions g;
+  g.max_new_tokens = o.max_tokens;
+  g.sampling = o.sampling;
+  g.stop_tokens = s.tokenizer->special().end_of_generation;
+  ProgressBar bar("prefill " + spec, o.progress || isatty(STDERR_FILENO));
+  model::StreamingDecoder decoder(*s.tokenizer, {.skip_special = true});
+  Outcome out;
+  bool first = true;
+  // Prefill with a progress bar, then sample token by token.
+  std::vector<float> logits = engine.prefill(prompt, [&](int64_t done, int64_t total) { bar.update(done, total); });
+  bar.finish();
+  out.prefill = engine.stats();
+  runtime::Sampler sampler(g.sampling);
+  for (int i = 0; i < g.max_new_tokens && engine.position() < engine.max_context(); ++i) {
+    const int32_t t = sampler.sample(logits);
+    if (s.tokenizer->is_end_of_generation(t)) break;
+    const std::string piece = decoder.push(t);
+    out.text += piece;
+    ++out.generated;
+    if (stream) {
+      if (first) std::printf("answer: ");
+      first = false;
+      std::fputs(piece.c_str(), stdout);
+      std::fflush(stdout);
+    }
+    if (i + 1 < g.max_new_tokens && engine.position() + 1 < engine.max_context()) logits = engine.decode(t);
+  }
+  const std::string rest = decoder.flush();
+  out.text += rest;
+  if (stream) {
+    if (first) std::printf("answer: ");
+    std::printf("%s\n", rest.c_str());
+  }
+  out.stats = engine.stats();
+  return out;
+}
+
+void print_stats(const std::string& spec, const Outcome& r, int64_t prompt_tokens) {
+  const auto& p = r.prefill;
+  std::printf("[%s] prefill %s tokens in %.2f s (%.0f tok/s; attention %.2f s, GEMM %.2f s); decode %lld tokens at %.1f tok/s\n",
+              spec.c_str(), with_commas(prompt_tokens).c_str(), p.prefill_seconds, p.prefill_tokens_per_second(),
+              p.attention_seconds, p.gemm_seconds, static_cast<long long>(r.stats.decode_tokens),
+              r.stats.decode_tokens_per_second());
+}
+
+}  // namespace
+
+int run_command(const RunOptions& o) {
+  if (o.needle_tokens > 0) {
+    check(o.prompt.empty() && o.prompt_file.empty(), "--needle replaces --prompt and --prompt-file");
+    check(o.needle_depth >= 0 && o.needle_depth <= 1, "--needle-depth must be in [0, 1]");
+  }
+  std::string text = o.prompt;
+  if (!o.prompt_file.empty()) {
+    std::ifstream in(o.prompt_file, std::ios::binary);
+    check(static_cast<bool>(in), o.prompt_file + ": cannot read the prompt file");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    text = ss.str();
+  }
+  check(!text.empty() || o.needle_tokens > 0, "no prompt: pass --prompt TEXT, --prompt-file FILE or --needle TOKENS");
+  const double t0 = now_seconds();
+  const Session s = Session::open(o.model);
+  const auto& c = s.model->config();
+  std::printf("model: %s (%s, %d layers, %d/%d heads, head dim %d, context %s) loaded in %.1f s\n", c.name.c_str(),
+              std::string(runtime::architecture_name(c.arch)).c_str(), c.num_layers, c.num_q_heads, c.num_kv_heads,
+              c.head_dim, with_commas(c.context_length).c_str(), now_seconds() - t0);
+  std::optional<eval::TaskCase> needle;
+  std::vector<int32_t> prompt;
+  if (o.needle_tokens > 0) {
+    const eval::Haystack hay = eval::load_haystack(o.haystack);
+    eval::TaskOptions topts;
+    topts.reserve_tokens = 64;  // chat template and answer prefix
+    const eval::CaseSpec spec{eval::TaskKind::niah_single, static_cast<size_t>(o.needle_tokens), o.needle_depth,
+                              o.needle_seed, 0};
+    needle = eval::generate_case(
+        spec, hay, [&](const std::string& t) { return s.tokenizer->encode(t, {.add_special = false}).size(); },
+        topts);
+    prompt = s.encode_prompt(eval::user_prompt(*needle), o.chat, o.system);
+    const auto prefix = s.tokenizer->encode((o.chat ? "" : " ") + needle->answer_prefix, {.add_special = false});
+    prompt.insert(prompt.end(), prefix.begin(), prefix.end());
+    std::printf("needle: haystack %s, depth %.0f%%, expected answer %s\n", hay.name.c_str(), 100 * o.needle_depth,
+                needle->answers.front().c_str());
+  } else {
+    prompt = s.encode_prompt(text, o.chat, o.system);
+  }
+  std::printf("prompt: %s tokens\n", with_commas(static_cast<int64_t>(prompt.size())).c_str());
+  std::fflush(stdout);
+  if (!o.compare) {
+    const Outcome r = generate_once(s, o, o.attn, prompt, /*stream=*/true);
+    print_stats(o.attn, r, static_cast<int64_t>(prompt.size()));
+    if (needle) {
+      std::printf("needle %s\n", eval::score_output(needle->metric, r.text, needle->answers).pass ? "found" : "NOT found");
+    }
+    return 0;
+  }
+  std::printf("\n== dense ==\n");
+  std::fflush(stdout);
+  const Outcome dense = generate_once(s, o, "dense", prompt, true);
+  print_stats("dense", dense, static_cast<int64_t>(prompt.size()));
+  std::printf("\n== %s ==\n", o.attn.c_str());
+  std::fflush(stdout);
+  const Outcome sparse = generate_once(s, o, o.attn, prompt, true);
+  print_stats(o.attn, sparse, static_cast<int64_t>(prompt.size()));
+  if (needle) {
+    auto found = [&](const Outcome& out) {
+      return eval::score_output(needle->metric, out.text, needle->answers).pass ? "found" : "NOT found";
+    };
+    std::printf("\nneedle (%s): dense %s, %s %s\n", needle->answers.front().c_str(), found(dense), o.attn.c_str(),
+                found(sparse));
+  }
+  std::printf("\nprefill speedup of %s over dense: %.2fx (attention alone: %.2fx); answers %s\n", o.attn.c_str(),
+              dense.prefill.prefill_seconds / sparse.prefill.prefill_seconds,
+              sparse.prefill.attention_seconds > 0 ? dense.prefill.attention_seconds / sparse.prefill.attention_seconds : 0.0,
+              dense.text == sparse.text ? "identical" : "differ");
+  return 0;
+}
+
+}  // namespace tessera::cli

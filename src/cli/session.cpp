@@ -1,0 +1,102 @@
+#include "cli/session.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "attention/pattern/presets.h"
+#include "core/error.h"
+
+namespace tessera::cli {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string with_commas(int64_t n) {
+  std::string s = std::to_string(n < 0 ? -n : n);
+  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<size_t>(i), ",");
+  return (n < 0 ? "-" : "") + s;
+}
+
+Session Session::open(const std::string& path) {
+  Session s;
+  s.model = runtime::Model::load(path);
+  const model::ModelFile& file = s.model->file();
+  if (file.format() == model::FileFormat::GGUF) {
+    s.tokenizer = model::Tokenizer::from_gguf(file.metadata());
+    try {
+      s.chat = model::ChatTemplate::from_gguf(file.metadata());
+    } catch (const Error&) {
+      s.chat.reset();  // no known chat format: --chat will say so
+    }
+  } else {
+    const auto tok = file.tokenizer_json_path();
+    check(tok.has_value(), path + ": no tokenizer.json beside the weights");
+    s.tokenizer = model::Tokenizer::from_hf_file(*tok);
+    std::string template_text;
+    const std::string cfg_path = std::filesystem::path(*tok).parent_path() / "tokenizer_config.json";
+    if (std::ifstream in(cfg_path); in) {
+      const nlohmann::json cfg = nlohmann::json::parse(in, nullptr, false);
+      if (cfg.is_object() && cfg.contains("chat_template") && cfg["chat_template"].is_string()) {
+        template_text = cfg["chat_template"].get<std::string>();
+      }
+    }
+    std::vector<std::string> vocab;
+    for (int32_t i = 0; i < s.tokenizer->vocab_size(); ++i) vocab.push_back(s.tokenizer->token_text(i));
+    model::ChatTemplate::Options options;
+    const auto& sp = s.tokenizer->special();
+    if (sp.bos >= 0) options.bos_token = s.tokenizer->token_text(sp.bos);
+    if (sp.eos >= 0) options.eos_token = s.tokenizer->token_text(sp.eos);
+    options.default_system_prompt = model::ChatTemplate::chatml_default_system_prompt(template_text);
+    try {
+      s.chat = model::ChatTemplate::detect(template_text,
+                                           runtime::architecture_name(s.model->config().arch), vocab, options);
+    } catch (const Error&) {
+      s.chat.reset();
+    }
+  }
+  return s;
+}
+
+attn::AttentionPolicy Session::policy(const std::string& spec) const {
+  const auto& c = model->config();
+  if (spec == "dense") return {};
+  return attn::policy_from_spec(spec, attn::PolicyShape{c.num_layers, c.num_q_heads, c.num_kv_heads});
+}
+
+std::vector<int32_t> Session::encode_prompt(const std::string& text, bool chat_mode, const std::string& system) const {
+  if (!chat_mode) return tokenizer->encode(text, {.add_special = true, .parse_special = false});
+  check(chat.has_value(), "model " + model->config().name +
+                              " has no chat format tessera knows (ChatML, Llama-3, Gemma, Mistral); run without --chat");
+  std::vector<model::ChatMessage> messages;
+  if (!system.empty()) messages.push_back({"system", system});
+  messages.push_back({"user", text});
+  const std::string prompt = chat->apply(messages, /*add_generation_prompt=*/true);
+  return tokenizer->encode(prompt, {.add_special = !chat->renders_bos(), .parse_special = true});
+}
+
+ProgressBar::ProgressBar(std::string label, bool enabled)
+    : label_(std::move(label)), enabled_(enabled), start_(now_seconds()) {}
+
+void ProgressBar::update(int64_t done, int64_t total) {
+  if (!enabled_ || total <= 0) return;
+  const int width = 30;
+  const int filled = static_cast<int>(width * done / total);
+  const double elapsed = now_seconds() - start_;
+  std::fprintf(stderr, "\r%s [%s%s] %s/%s tokens  %.0f tok/s ", label_.c_str(), std::string(static_cast<size_t>(filled), '#').c_str(),
+               std::string(static_cast<size_t>(width - filled), ' ').c_str(), with_commas(done).c_str(),
+               with_commas(total).c_str(), elapsed > 0 ? static_cast<double>(done) / elapsed : 0.0);
+  std::fflush(stderr);
+  drawn_ = true;
+}
+
+void ProgressBar::finish() {
+  if (drawn_) std::fprintf(stderr, "\r\033[K");
+  drawn_ = false;
+}
+
+}  // namespace tessera::cli

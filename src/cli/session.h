@@ -1,0 +1,48 @@
+// tessera/cli/session.h — what every command loads: the model, its tokenizer and chat format, a policy.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "attention/pattern/policy.h"
+#include "model/tokenizer/chat_template.h"
+#include "model/tokenizer/tokenizer.h"
+#include "runtime/engine.h"
+#include "runtime/model.h"
+
+namespace tessera::cli {
+
+struct Session {
+  std::unique_ptr<runtime::Model> model;
+  std::unique_ptr<model::Tokenizer> tokenizer;
+  std::optional<model::ChatTemplate> chat;  // absent when the model names no known chat format
+
+  // Loads the model file and its tokenizer (GGUF metadata, or tokenizer.json beside HF weights).
+  static Session open(const std::string& path);
+
+  // The policy named by `spec` (presets.h) for this model's shape; "dense" gives an empty table.
+  attn::AttentionPolicy policy(const std::string& spec) const;
+
+  // Prompt text -> ids: as a chat user turn (with an optional system message) or as plain text.
+  std::vector<int32_t> encode_prompt(const std::string& text, bool chat_mode, const std::string& system) const;
+};
+
+// Progress on stderr: a bar when stderr is a terminal, nothing otherwise (unless forced).
+class ProgressBar {
+ public:
+  ProgressBar(std::string label, bool enabled);
+  void update(int64_t done, int64_t total);
+  void finish();
+
+ private:
+  std::string label_;
+  bool enabled_;
+  double start_;
+  bool drawn_ = false;
+};
+
+double now_seconds();
+std::string with_commas(int64_t n);
+
+}  // namespace tessera::cli
