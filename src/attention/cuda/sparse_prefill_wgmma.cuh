@@ -296,8 +296,8 @@ __global__ void __launch_bounds__(256, 1) sparse_prefill_wgmma_kernel(const Pref
       while (cur.count > 0) {
         cp_async_wait<1>();
         fence_proxy_async_shared();
-        __syncthreads();  // tile j landed; everyone is done with tile j - 2 (its P V waited for in step j -
-                          // 1)
+        // Tile j landed; everyone is done with tile j - 2 (its P V was waited for in step j - 1).
+        __syncthreads();
         const int stage_load = stage < 2 ? stage + kStages - 2 : stage - 2;
         const KeyTile nn = nxt.count > 0 ? next_tile() : KeyTile{};
         if (nn.count > 0) load_kv(stage_load, nn);
