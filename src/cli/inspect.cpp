@@ -27,7 +27,11 @@ int inspect_command(const InspectOptions& o) {
   std::printf("\n");
   const auto& tok = *s.tokenizer;
   const auto& sp = tok.special();
-  auto name = [&](int32_t id) { return id >= 0 ? tok.token_text(id) + " (" + std::to_string(id) + ")" : std::string("-"); };
+  auto name = [&](int32_t id) {
+    std::string out = "-";
+    if (id >= 0) out.assign(tok.token_text(id)).append(" (").append(std::to_string(id)).append(")");
+    return out;
+  };
   std::printf("tokenizer: %s, %s tokens, pre-tokenizer '%s'; bos %s, eos %s, eot %s; add_bos %s\n",
               tok.kind() == model::TokenizerKind::ByteLevelBPE ? "byte-level BPE" : "SentencePiece BPE",
               with_commas(tok.vocab_size()).c_str(), tok.pre_tokenizer_name().c_str(), name(sp.bos).c_str(),
