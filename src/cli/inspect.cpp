@@ -39,8 +39,12 @@ int inspect_command(const InspectOptions& o) {
   std::printf("chat format: %s\n", s.chat ? std::string(model::chat_family_name(s.chat->family())).c_str() : "none known");
   if (o.metadata) {
     for (const auto& [key, value] : f.metadata().items()) {
-      std::string v = value.is_array() ? "[" + std::to_string(value.size()) + " items]"
-                                       : value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      std::string v;
+      if (value.is_array()) {
+        v.append("[").append(std::to_string(value.size())).append(" items]");
+      } else {
+        v = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      }
       if (v.size() > 120) v = v.substr(0, 117) + "...";
       std::printf("  %s = %s\n", key.c_str(), v.c_str());
     }
