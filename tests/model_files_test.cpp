@@ -217,6 +217,12 @@ TEST(MappedFile, DirectoryIsNotARegularFile) {
             dir.path().string() + ": not a regular file");
 }
 
+TEST(MappedFile, FifoIsRejectedWithoutBlocking) {
+  TempDir dir;
+  ASSERT_EQ(mkfifo(dir.file("pipe").c_str(), 0600), 0);
+  EXPECT_EQ(error_of([&] { MappedFile::open(dir.file("pipe")); }), dir.file("pipe") + ": not a regular file");
+}
+
 TEST(MappedFile, FromBytesIsAlignedCopy) {
   const char text[] = "abc";
   auto f = MappedFile::from_bytes("mem", text, 3);

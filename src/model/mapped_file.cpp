@@ -21,7 +21,8 @@ namespace {
 }  // namespace
 
 std::shared_ptr<const MappedFile> MappedFile::open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd =
+      ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // NONBLOCK: a FIFO must not hang us
   if (fd < 0) fail(path, "cannot open", errno);
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
