@@ -45,9 +45,9 @@ int bench_command(const BenchOptions& o) {
   const Session s = Session::open(o.model);
   const auto& c = s.model->config();
   const int max_depth = *std::max_element(o.depths.begin(), o.depths.end());
-  check(max_depth + o.decode_tokens <= c.context_length,
-        "bench: depth " + std::to_string(max_depth) + " + " + std::to_string(o.decode_tokens) +
-            " decode tokens exceeds the model's context of " + std::to_string(c.context_length));
+  check(max_depth <= c.context_length, "bench: depth " + std::to_string(max_depth) +
+                                          " exceeds the model's context of " + std::to_string(c.context_length));
+  check(o.decode_tokens < c.context_length, "bench: --decode must be smaller than the model's context");
   const std::vector<int32_t> tokens = bench_tokens(s, max_depth + o.decode_tokens);
   std::vector<std::string> policies = {"dense"};
   policies.insert(policies.end(), o.attn.begin(), o.attn.end());
@@ -75,8 +75,14 @@ int bench_command(const BenchOptions& o) {
       }
       if (spec == "dense") {
         dense_s = r.prefill_s;
+        // Decode at this depth: the last decode_tokens positions of the context when the depth reaches its end.
+        const int start = std::min(depth, c.context_length - o.decode_tokens);
+        if (start < depth) {
+          engine.reset();
+          engine.prefill(std::span<const int32_t>(tokens.data(), static_cast<size_t>(start)));
+        }
         engine.reset_stats();
-        for (int i = 0; i < o.decode_tokens; ++i) engine.decode(tokens[static_cast<size_t>(depth + i)]);
+        for (int i = 0; i < o.decode_tokens; ++i) engine.decode(tokens[static_cast<size_t>(engine.position())]);
         r.decode_tok_s = engine.stats().decode_tokens_per_second();
       }
       r.speedup = dense_s / r.prefill_s;
