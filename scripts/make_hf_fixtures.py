@@ -24,7 +24,9 @@ Real models: python3 scripts/make_hf_fixtures.py --real ~/.cache/tessera/models/
 that scripts/fetch_models.sh fetches through transformers' own GGUF loader (which dequantizes with gguf-py; needs
 accelerate) and writes tests/data/hf_tiny/real/<model>.json: the token ids of a fixed text, and at a few positions
 the 16 largest logits and the logits of 48 fixed probe ids (the full rows would be megabytes). The text is long
-enough for Gemma-3's 512-token sliding window to matter.
+enough for Gemma-3's 512-token sliding window to matter. It also writes real/<model>-greedy.json: for 3 short
+prompts (plain text, a chat turn in the model's chat template, a code start) the prompt ids and the 32 tokens
+that greedy generation (no stop token) produces, with the reference's top-2 logits at each step.
 """
 
 from __future__ import annotations
@@ -474,6 +476,75 @@ def make_real(path: Path, length: int = 600, probes: int = 48, top: int = 16) ->
     }
     (out / (path.stem + ".json")).write_text(json.dumps(doc) + "\n")
     print(f"{path.name}: {len(ids)} tokens, vocab {vocab}, argmax at {[c['top_ids'][0] for c in checks]}")
+    make_greedy(path, tok, model)
+
+
+GREEDY_NEW_TOKENS = 32
+GREEDY_PROMPTS = [
+    ("text", "The history of the printing press begins"),
+    ("chat", "What is the capital of France?"),
+    ("code", "def fibonacci(n):\n    "),
+]
+
+
+def make_greedy(path: Path, tok, model) -> None:
+    """Greedy continuations of GREEDY_PROMPTS: writes tests/data/hf_tiny/real/<model>-greedy.json.
+
+    Prompt ids come from transformers' tokenizer (the chat prompt through the GGUF's chat template), so the C++
+    test needs no tokenizer. Generation is plain argmax with no stop token (transformers' generate with
+    do_sample=False, EOS disabled), f32, eager attention. Each step also records the reference's two largest
+    logits, so a divergence can be told apart from a near-tie.
+    """
+    prompts = []
+    for kind, text in GREEDY_PROMPTS:
+        if kind == "chat" and tok.chat_template is None:
+            # Gemma-3-270m (the base model) ships no chat template: Gemma's turn format by hand (the BOS comes
+            # from the tokenizer).
+            assert "gemma" in model.config.model_type, "no chat template"
+            ids = tok(f"<start_of_turn>user\n{text}<end_of_turn>\n<start_of_turn>model\n")["input_ids"]
+        elif kind == "chat":
+            ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                          tokenize=True)
+            if not isinstance(ids, list):
+                ids = ids["input_ids"]
+        else:
+            ids = tok(text)["input_ids"]
+        ids = [int(i) for i in ids]
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                 do_sample=False, max_new_tokens=GREEDY_NEW_TOKENS,
+                                 min_new_tokens=0, eos_token_id=None, pad_token_id=0,
+                                 temperature=None, top_p=None, top_k=None,
+                                 output_logits=True, return_dict_in_generate=True)
+        new = out.sequences[0, len(ids):].tolist()
+        assert len(new) == GREEDY_NEW_TOKENS, (kind, len(new))
+        top2_ids, top2_logits = [], []
+        for step, row in enumerate(out.logits):
+            row = row[0].float()
+            vals, idx = torch.topk(row, 2)
+            assert int(idx[0]) == new[step] or float(vals[0] - vals[1]) == 0.0, (kind, step)
+            top2_ids.append([int(i) for i in idx])
+            top2_logits.append([float(v) for v in vals])
+        gaps = [a - b for a, b in top2_logits]
+        prompts.append({
+            "kind": kind,
+            "text": text,
+            "prompt_ids": ids,
+            "expected_ids": [int(i) for i in new],
+            "top2_ids": top2_ids,
+            "top2_logits": top2_logits,
+        })
+        print(f"  greedy {kind}: {len(ids)} prompt tokens, min top-2 gap {min(gaps):.4g} at step "
+              f"{int(np.argmin(gaps))}: {tok.decode(new)!r}")
+    doc = {
+        "model": path.name,
+        "max_new_tokens": GREEDY_NEW_TOKENS,
+        "prompts": prompts,
+        "made_by": "scripts/make_hf_fixtures.py --real (transformers GGUF loader, f32, eager attention, "
+                   "generate(do_sample=False), no EOS)",
+        "transformers": __import__("transformers").__version__,
+    }
+    (OUT / "real" / (path.stem + "-greedy.json")).write_text(json.dumps(doc) + "\n")
 
 
 def main() -> None:
