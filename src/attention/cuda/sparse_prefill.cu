@@ -94,6 +94,10 @@ bool sparse_prefill_supports(int head_dim, int tile) {
 }
 
 void validate_cuda_args(const AttentionArgs& a) {
+  // Model sliding windows (Gemma-3 local layers, Mistral) are row-exact masks the CUDA kernels do not apply yet:
+  // refuse rather than silently attend outside the window.
+  check(a.window == 0, "CUDA attention: args.window = " + std::to_string(a.window) +
+                           " (a model sliding window) is not implemented on the GPU yet");
   check(a.q.dtype == DType::BF16 || a.q.dtype == DType::F16,
         "CUDA attention q: dtype must be bf16 or f16, got " + std::string(dtype_name(a.q.dtype)));
   check_view(a.q, "q", a.q.dtype);
