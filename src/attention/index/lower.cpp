@@ -6,17 +6,11 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/overloaded.h"
 
 namespace tessera::attn {
 
 namespace {
-
-template <class... Ts>
-struct Overloaded : Ts... {
-  using Ts::operator()...;
-};
-template <class... Ts>
-Overloaded(Ts...) -> Overloaded<Ts...>;
 
 // Collects intervals for one (head, tile), then clips, sorts and merges them.
 class TileBuilder {

@@ -4,17 +4,10 @@
 
 #include "attention/index/lower.h"
 #include "core/error.h"
+#include "core/overloaded.h"
 
 namespace tessera::attn {
 
-namespace {
-template <class... Ts>
-struct Overloaded : Ts... {
-  using Ts::operator()...;
-};
-template <class... Ts>
-Overloaded(Ts...) -> Overloaded<Ts...>;
-}  // namespace
 
 std::vector<uint8_t> pattern_mask(const Pattern& pattern, const HeadEstimate& estimate, const LoweringContext& ctx) {
   const int64_t S = ctx.q_len, K = ctx.kv_len, T = ctx.tile, n = ctx.n();

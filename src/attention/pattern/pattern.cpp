@@ -4,16 +4,11 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/overloaded.h"
 
 namespace tessera::attn {
 
 namespace {
-template <class... Ts>
-struct Overloaded : Ts... {
-  using Ts::operator()...;
-};
-template <class... Ts>
-Overloaded(Ts...) -> Overloaded<Ts...>;
 
 std::string num(double v) {
   std::string s = std::to_string(v);
