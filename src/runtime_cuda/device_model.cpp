@@ -1,0 +1,192 @@
+#include "runtime_cuda/device_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "attention/cuda/cuda_check.h"
+#include "core/error.h"
+#include "runtime_cuda/kernels.h"
+
+namespace tessera::runtime::gpu {
+
+bf16* DeviceModel::alloc_bf16(int64_t count) {
+  bf16_buffers_.emplace_back(static_cast<size_t>(count));
+  bytes_ += static_cast<size_t>(count) * sizeof(bf16);
+  return bf16_buffers_.back().data();
+}
+
+float* DeviceModel::alloc_f32(int64_t count) {
+  f32_buffers_.emplace_back(static_cast<size_t>(count));
+  bytes_ += static_cast<size_t>(count) * sizeof(float);
+  return f32_buffers_.back().data();
+}
+
+void DeviceModel::allocate_layout() {
+  const ModelConfig& c = config_;
+  check(c.num_layers > 0 && static_cast<int32_t>(c.layers.size()) == c.num_layers && c.hidden_size > 0 &&
+            c.head_dim > 0 && c.num_q_heads > 0 && c.num_kv_heads > 0 && c.intermediate_size > 0 && c.vocab_size > 0,
+        "device model: incomplete configuration for " + c.name);
+  const int64_t H = c.hidden_size, F = c.intermediate_size, D = c.head_dim, V = c.vocab_size;
+  const int64_t QD = c.num_q_heads * D, KD = c.num_kv_heads * D;
+  embedding_ = alloc_bf16(V * H);
+  output_ = c.tied_embeddings ? embedding_ : alloc_bf16(V * H);
+  final_norm_ = alloc_f32(H);
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    LayerSlots s{};
+    s.attn_norm = alloc_f32(H);
+    s.wq = alloc_bf16(QD * H);
+    s.wk = alloc_bf16(KD * H);
+    s.wv = alloc_bf16(KD * H);
+    s.wo = alloc_bf16(H * QD);
+    if (c.qkv_bias) {
+      s.bq = alloc_f32(QD);
+      s.bk = alloc_f32(KD);
+      s.bv = alloc_f32(KD);
+    }
+    if (c.qk_norm) {
+      s.q_norm = alloc_f32(D);
+      s.k_norm = alloc_f32(D);
+    }
+    if (c.post_norms) {
+      s.post_attn_norm = alloc_f32(H);
+      s.post_ffn_norm = alloc_f32(H);
+    }
+    s.ffn_norm = alloc_f32(H);
+    s.w_gate_up = alloc_bf16(2 * F * H);
+    s.w_down = alloc_bf16(H * F);
+    slots_.push_back(s);
+    DeviceLayer d;
+    d.attn_norm = s.attn_norm;
+    d.wq = s.wq;
+    d.wk = s.wk;
+    d.wv = s.wv;
+    d.wo = s.wo;
+    d.bq = s.bq;
+    d.bk = s.bk;
+    d.bv = s.bv;
+    d.q_norm = s.q_norm;
+    d.k_norm = s.k_norm;
+    d.post_attn_norm = s.post_attn_norm;
+    d.ffn_norm = s.ffn_norm;
+    d.post_ffn_norm = s.post_ffn_norm;
+    d.w_gate_up = s.w_gate_up;
+    d.w_down = s.w_down;
+    layers_.push_back(d);
+  }
+}
+
+namespace {
+
+// Host f32 -> device bf16 through a device staging buffer (copy, then round on the device).
+class Uploader {
+ public:
+  Uploader() : staging_(kChunk) {}
+
+  void bf16_weight(bf16* dst, const Weight& w, int64_t count, const std::string& what) {
+    check(static_cast<int64_t>(w.data.size()) == count,
+          "device model: " + what + " has " + std::to_string(w.data.size()) + " values, expected " +
+              std::to_string(count));
+    for (int64_t b = 0; b < count; b += static_cast<int64_t>(kChunk)) {
+      const int64_t n = std::min<int64_t>(count - b, static_cast<int64_t>(kChunk));
+      TESSERA_CUDA_CHECK(cudaMemcpy(staging_.data(), w.data.data() + b, static_cast<size_t>(n) * sizeof(float),
+                                    cudaMemcpyHostToDevice));
+      f32_to_bf16(staging_.data(), n, dst + b, nullptr);
+    }
+  }
+
+  static void f32_weight(float* dst, const Weight& w, int64_t count, const std::string& what) {
+    if (dst == nullptr) return;
+    check(static_cast<int64_t>(w.data.size()) == count,
+          "device model: " + what + " has " + std::to_string(w.data.size()) + " values, expected " +
+              std::to_string(count));
+    TESSERA_CUDA_CHECK(
+        cudaMemcpy(dst, w.data.data(), static_cast<size_t>(count) * sizeof(float), cudaMemcpyHostToDevice));
+  }
+
+ private:
+  static constexpr size_t kChunk = size_t{16} << 20;  // floats (64 MB)
+  attn::gpu::DeviceBuffer<float> staging_;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceModel> DeviceModel::upload(const Model& model) {
+  std::unique_ptr<DeviceModel> m(new DeviceModel());
+  m->config_ = model.config();
+  const ModelWeights& w = model.weights();
+  m->rope_freq_factors_ = w.rope_freq_factors;
+  m->allocate_layout();
+  const ModelConfig& c = m->config_;
+  const int64_t H = c.hidden_size, F = c.intermediate_size, D = c.head_dim, V = c.vocab_size;
+  const int64_t QD = c.num_q_heads * D, KD = c.num_kv_heads * D;
+  check(static_cast<int32_t>(w.layers.size()) == c.num_layers, "device model: layer count differs from the config");
+  Uploader up;
+  up.bf16_weight(m->embedding_, w.embedding, V * H, "embedding");
+  if (!c.tied_embeddings) up.bf16_weight(m->output_, w.output(), V * H, "lm_head");
+  Uploader::f32_weight(m->final_norm_, w.final_norm, H, "final norm");
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& L = w.layers[static_cast<size_t>(l)];
+    const LayerSlots& s = m->slots_[static_cast<size_t>(l)];
+    const std::string p = "layer " + std::to_string(l) + " ";
+    Uploader::f32_weight(s.attn_norm, L.attn_norm, H, p + "attn_norm");
+    up.bf16_weight(s.wq, L.wq, QD * H, p + "wq");
+    up.bf16_weight(s.wk, L.wk, KD * H, p + "wk");
+    up.bf16_weight(s.wv, L.wv, KD * H, p + "wv");
+    up.bf16_weight(s.wo, L.wo, H * QD, p + "wo");
+    Uploader::f32_weight(s.bq, L.bq, QD, p + "bq");
+    Uploader::f32_weight(s.bk, L.bk, KD, p + "bk");
+    Uploader::f32_weight(s.bv, L.bv, KD, p + "bv");
+    Uploader::f32_weight(s.q_norm, L.q_norm, D, p + "q_norm");
+    Uploader::f32_weight(s.k_norm, L.k_norm, D, p + "k_norm");
+    Uploader::f32_weight(s.post_attn_norm, L.post_attn_norm, H, p + "post_attn_norm");
+    Uploader::f32_weight(s.ffn_norm, L.ffn_norm, H, p + "ffn_norm");
+    Uploader::f32_weight(s.post_ffn_norm, L.post_ffn_norm, H, p + "post_ffn_norm");
+    up.bf16_weight(s.w_gate_up, L.w_gate, F * H, p + "w_gate");
+    up.bf16_weight(s.w_gate_up + F * H, L.w_up, F * H, p + "w_up");
+    up.bf16_weight(s.w_down, L.w_down, H * F, p + "w_down");
+  }
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+  return m;
+}
+
+std::unique_ptr<DeviceModel> DeviceModel::random(const ModelConfig& config, uint64_t seed) {
+  std::unique_ptr<DeviceModel> m(new DeviceModel());
+  m->config_ = config;
+  m->allocate_layout();
+  const ModelConfig& c = m->config_;
+  const int64_t H = c.hidden_size, F = c.intermediate_size, D = c.head_dim, V = c.vocab_size;
+  const int64_t QD = c.num_q_heads * D, KD = c.num_kv_heads * D;
+  const float scale = 0.02f * std::sqrt(3.0f);  // uniform [-a, a] with standard deviation 0.02
+  uint64_t tensor = 0;
+  auto matrix = [&](bf16* p, int64_t count) {
+    fill_uniform_bf16(p, count, seed * 0x100000001b3ull + ++tensor, scale, nullptr);
+  };
+  auto vec = [&](float* p, int64_t count, float value) {
+    if (p != nullptr) fill_f32(p, count, value, nullptr);
+  };
+  matrix(m->embedding_, V * H);
+  if (!c.tied_embeddings) matrix(m->output_, V * H);
+  vec(m->final_norm_, H, 1.0f);
+  for (const LayerSlots& s : m->slots_) {
+    vec(s.attn_norm, H, 1.0f);
+    matrix(s.wq, QD * H);
+    matrix(s.wk, KD * H);
+    matrix(s.wv, KD * H);
+    matrix(s.wo, H * QD);
+    vec(s.bq, QD, 0.0f);
+    vec(s.bk, KD, 0.0f);
+    vec(s.bv, KD, 0.0f);
+    vec(s.q_norm, D, 1.0f);
+    vec(s.k_norm, D, 1.0f);
+    vec(s.post_attn_norm, H, 1.0f);
+    vec(s.ffn_norm, H, 1.0f);
+    vec(s.post_ffn_norm, H, 1.0f);
+    matrix(s.w_gate_up, 2 * F * H);
+    matrix(s.w_down, H * F);
+  }
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+  return m;
+}
+
+}  // namespace tessera::runtime::gpu

@@ -1,0 +1,235 @@
+#include "runtime_cuda/gpu_engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "attention/cuda/cuda_check.h"
+#include "core/error.h"
+#include "runtime/sampling.h"
+
+namespace tessera::runtime::gpu {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::string shape_of(int layers, int q_heads, int kv_heads) {
+  return std::to_string(layers) + " layers x " + std::to_string(q_heads) + " query heads (" +
+         std::to_string(kv_heads) + " kv heads)";
+}
+
+}  // namespace
+
+bool gpu_available() {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return count > 0;
+}
+
+std::string gpu_description() {
+  int device = 0;
+  cudaDeviceProp prop{};
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaGetDeviceProperties(&prop, device);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return std::string("no CUDA device (") + cudaGetErrorString(err) + ")";
+  }
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%s (sm_%d%d, %d SMs, %.1f GB)", prop.name, prop.major, prop.minor,
+                prop.multiProcessorCount, static_cast<double>(prop.totalGlobalMem) / 1e9);
+  return buf;
+}
+
+GpuEngine::GpuEngine(const DeviceModel& model, GpuEngineOptions options)
+    : model_(model), options_(std::move(options)), timer_(options_.timing) {
+  const ModelConfig& cfg = model.config();
+  check(options_.max_context >= 0, "GPU engine: max_context must not be negative");
+  const attn::AttentionPolicy& p = options_.policy;
+  if (!p.table().empty() && (p.num_layers() != cfg.num_layers || p.num_q_heads() != cfg.num_q_heads ||
+                             p.num_kv_heads() != cfg.num_kv_heads)) {
+    throw Error("attention policy has " + shape_of(p.num_layers(), p.num_q_heads(), p.num_kv_heads()) +
+                "; model " + cfg.name + " has " + shape_of(cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads));
+  }
+  max_context_ = options_.max_context > 0 ? options_.max_context : cfg.context_length;
+  // A blocking stream: the attention backend uploads its small descriptors on the legacy default stream,
+  // which orders with blocking streams.
+  TESSERA_CUDA_CHECK(cudaStreamCreate(&stream_));
+  try {
+    gemm_ = std::make_unique<Gemm>(stream_);
+    cache_ = DeviceKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max_context_);
+    ForwardOptions fo;
+    fo.mlp_chunk = options_.mlp_chunk;
+    fo.tile = options_.tile;
+    fo.attention = options_.attention;
+    forward_ = std::make_unique<GpuForward>(model, fo, stream_, *gemm_, timer_);
+  } catch (...) {
+    forward_.reset();
+    gemm_.reset();
+    cudaStreamDestroy(stream_);
+    throw;
+  }
+}
+
+GpuEngine::~GpuEngine() {
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  forward_.reset();
+  gemm_.reset();
+  cache_.release();
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+GpuMemoryStats GpuEngine::memory() const {
+  GpuMemoryStats m;
+  m.weights_bytes = model_.bytes();
+  m.kv_cache_bytes = cache_.bytes();
+  m.scratch_bytes = forward_->scratch_bytes() + gemm_->workspace_bytes();
+  m.peak_in_use_bytes = forward_->peak_device_bytes();
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess)
+    m.device_total_bytes = total_bytes;
+  else
+    (void)cudaGetLastError();
+  return m;
+}
+
+void GpuEngine::release_memory() {
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  cache_.release();
+  forward_->release_scratch();
+  position_ = 0;
+}
+
+void GpuEngine::check_tokens(std::span<const int32_t> tokens) const {
+  const int32_t vocab = model_.config().vocab_size;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= vocab)
+      throw Error("token id " + std::to_string(tokens[i]) + " at index " + std::to_string(i) +
+                  " is outside the vocabulary of " + std::to_string(vocab) + " tokens (model " +
+                  model_.config().name + ")");
+  }
+}
+
+void GpuEngine::discard_timers() noexcept {
+  cudaStreamSynchronize(stream_);
+  (void)cudaGetLastError();
+  try {
+    timer_.collect();
+  } catch (...) {
+  }
+}
+
+void GpuEngine::add_timers() {
+  const auto t = timer_.collect();
+  stats_.gemm_seconds += t[EventTimer::kGemm];
+  stats_.attention_seconds += t[EventTimer::kAttention];
+}
+
+std::vector<float> GpuEngine::run_prefill(std::span<const int32_t> tokens, LogitRows rows,
+                                          const Progress& progress) {
+  if (tokens.empty()) throw Error("prefill: empty prompt");
+  check_tokens(tokens);
+  const int64_t end = static_cast<int64_t>(position_) + static_cast<int64_t>(tokens.size());
+  if (end > max_context_) {
+    std::string what = "prompt of " + std::to_string(tokens.size()) + " tokens";
+    if (position_ > 0) what += " after " + std::to_string(position_) + " tokens already in the context";
+    throw Error(what + " exceeds the context limit of " + std::to_string(max_context_) + " tokens (model " +
+                model_.config().name + "); pass a larger max context (--max-context) or shorten the prompt");
+  }
+  const auto t0 = Clock::now();
+  cache_.reserve(static_cast<int32_t>(end), position_);
+  const auto n = static_cast<int64_t>(tokens.size());
+  const int64_t chunk = options_.chunk_size > 0 ? options_.chunk_size : n;
+  const auto total_len = static_cast<int32_t>(end);
+  std::vector<float> logits;
+  try {
+    for (int64_t c0 = 0; c0 < n; c0 += chunk) {
+      const int64_t c1 = std::min<int64_t>(n, c0 + chunk);
+      const bool last = c1 == n;
+      const LogitRows want = rows == LogitRows::kAll ? LogitRows::kAll : (last ? rows : LogitRows::kNone);
+      std::vector<float> part = forward_->run(tokens.subspan(static_cast<size_t>(c0), static_cast<size_t>(c1 - c0)),
+                                              position_, cache_, &options_.policy, total_len, want);
+      position_ += static_cast<int32_t>(c1 - c0);
+      logits.insert(logits.end(), part.begin(), part.end());
+      if (progress) {
+        TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        progress(c1, n);
+      }
+    }
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  } catch (...) {
+    discard_timers();
+    throw;
+  }
+  stats_.prefill_tokens += n;
+  stats_.prefill_seconds += since(t0);
+  add_timers();
+  return logits;
+}
+
+std::vector<float> GpuEngine::prefill(std::span<const int32_t> tokens, const Progress& progress) {
+  return run_prefill(tokens, LogitRows::kLast, progress);
+}
+
+std::vector<float> GpuEngine::forward_all_logits(std::span<const int32_t> tokens) {
+  return run_prefill(tokens, LogitRows::kAll, {});
+}
+
+std::vector<float> GpuEngine::decode(int32_t token) { return run_decode(token, LogitRows::kLast); }
+
+std::vector<float> GpuEngine::run_decode(int32_t token, LogitRows rows) {
+  const int32_t one[1] = {token};
+  check_tokens(one);
+  if (position_ + 1 > max_context_)
+    throw Error("decoding past the context limit of " + std::to_string(max_context_) + " tokens (model " +
+                model_.config().name + "); pass a larger max context (--max-context) or generate fewer tokens");
+  const auto t0 = Clock::now();
+  cache_.reserve(position_ + 1, position_);
+  std::vector<float> logits;
+  try {
+    logits = forward_->run(one, position_, cache_, nullptr, position_ + 1, rows);
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  } catch (...) {
+    discard_timers();
+    throw;
+  }
+  position_ += 1;
+  stats_.decode_tokens += 1;
+  stats_.decode_seconds += since(t0);
+  add_timers();
+  return logits;
+}
+
+std::vector<int32_t> GpuEngine::generate(std::span<const int32_t> prompt, const GenerateOptions& options,
+                                         const OnToken& on_token) {
+  std::vector<int32_t> out;
+  if (options.max_new_tokens <= 0) {
+    prefill(prompt);
+    return out;
+  }
+  Sampler sampler(options.sampling);
+  std::vector<float> logits = prefill(prompt);
+  for (;;) {
+    const int32_t tok = sampler.sample(logits);
+    if (std::find(options.stop_tokens.begin(), options.stop_tokens.end(), tok) != options.stop_tokens.end()) break;
+    if (position_ >= max_context_) break;  // the context is full: stop rather than fail mid-generation
+    out.push_back(tok);
+    const bool more = (!on_token || on_token(tok)) && static_cast<int32_t>(out.size()) < options.max_new_tokens;
+    if (!more) {
+      run_decode(tok, LogitRows::kNone);  // into the cache, no LM head
+      break;
+    }
+    logits = decode(tok);
+  }
+  return out;
+}
+
+}  // namespace tessera::runtime::gpu

@@ -1,0 +1,117 @@
+// tessera/runtime_cuda/gpu_engine.h — one sequence's inference on the GPU: the same API as runtime::Engine.
+//
+//   auto model = tessera::runtime::Model::load("smollm2.gguf");             // or an HF folder, safetensors
+//   auto dev = tessera::runtime::gpu::DeviceModel::upload(*model);         // bf16 weights on the GPU
+//   tessera::runtime::gpu::GpuEngineOptions options;
+//   options.policy = policy;                                               // empty: dense everywhere
+//   tessera::runtime::gpu::GpuEngine engine(*dev, options);
+//   std::vector<float> logits = engine.prefill(prompt_ids);                // f32, [vocab], on the host
+//   logits = engine.decode(next_id);
+//   engine.stats();          // tokens, seconds; GEMM and attention seconds (GPU time, CUDA events)
+//   engine.memory();         // weights, KV cache, scratch, peak device memory in use
+//
+// Semantics follow runtime::Engine (engine.h): prefill appends at position() in chunks of chunk_size, each
+// attending to all earlier keys under the policy (q_begin = chunk start, total_len = the sequence length at
+// the end of this prefill); decode is one token with dense attention over the cache; generate samples with
+// runtime::Sampler; errors are tessera::Error with the CPU engine's messages (context limit, token ids).
+// The KV cache lives on the device in bf16 and grows like the CPU one. Timing: prefill_seconds and
+// decode_seconds are wall time up to the logits on the host (time to first token for a prefill);
+// gemm_seconds and attention_seconds are GPU time between CUDA events around every GEMM and every layer's
+// attention (estimation, index and kernel), so their sum is at most the wall time; the rest is the small
+// kernels, launches and copies.
+//
+// Not thread-safe; one engine per sequence; the DeviceModel must outlive it. Uses the current CUDA device.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "attention/pattern/policy.h"
+#include "runtime/engine.h"
+#include "runtime_cuda/device_kv_cache.h"
+#include "runtime_cuda/device_model.h"
+#include "runtime_cuda/event_timer.h"
+#include "runtime_cuda/gemm.h"
+#include "runtime_cuda/gpu_forward.h"
+
+namespace tessera::runtime::gpu {
+
+// Whether a CUDA device is usable in this process (false without a driver or device; never throws).
+bool gpu_available();
+// "NVIDIA H200 (sm_90, 139.8 GB)" for the current device, or the CUDA error.
+std::string gpu_description();
+
+struct GpuEngineOptions {
+  int32_t chunk_size = 32768;     // prefill chunk (tokens per forward pass); <= 0: the whole prompt at once
+  int32_t mlp_chunk = 16384;      // rows per MLP piece inside a chunk
+  attn::AttentionPolicy policy;   // per layer and query head; empty table: dense everywhere
+  int32_t max_context = 0;        // tokens the cache may hold; 0: the model's context length
+  int32_t tile = 128;             // the executor's query tile in prefill (64 or 128)
+  AttentionBackend attention = AttentionBackend::kAuto;
+  bool timing = true;             // CUDA events around GEMMs and attention (stats().gemm/attention_seconds)
+};
+
+struct GpuMemoryStats {
+  size_t weights_bytes = 0;
+  size_t kv_cache_bytes = 0;
+  size_t scratch_bytes = 0;       // the forward pass's activation buffers (attention's own buffers excluded)
+  size_t peak_in_use_bytes = 0;   // most device memory in use (whole device) seen during prefill/decode
+  size_t device_total_bytes = 0;
+};
+
+class GpuEngine {
+ public:
+  using Progress = std::function<void(int64_t done, int64_t total)>;
+  using OnToken = std::function<bool(int32_t token)>;
+
+  // Throws tessera::Error when the policy does not fit the model or an option is out of range.
+  explicit GpuEngine(const DeviceModel& model, GpuEngineOptions options = {});
+  ~GpuEngine();
+  GpuEngine(const GpuEngine&) = delete;
+  GpuEngine& operator=(const GpuEngine&) = delete;
+
+  std::vector<float> prefill(std::span<const int32_t> tokens, const Progress& progress = {});
+  std::vector<float> decode(int32_t token);
+  std::vector<int32_t> generate(std::span<const int32_t> prompt, const GenerateOptions& options,
+                                const OnToken& on_token = {});
+  // Like prefill, but the logits of every token ([tokens.size(), vocab], row-major). For tests.
+  std::vector<float> forward_all_logits(std::span<const int32_t> tokens);
+
+  void reset() { position_ = 0; }
+  int32_t position() const { return position_; }
+  int32_t max_context() const { return max_context_; }
+  const EngineStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = {}; }
+  GpuMemoryStats memory() const;
+  void reset_peak_memory() { forward_->reset_peak(); }
+  const ModelConfig& config() const { return model_.config(); }
+  const GpuEngineOptions& options() const { return options_; }
+  size_t kv_cache_bytes() const { return cache_.bytes(); }
+  // Frees the KV cache and the scratch buffers (the next prefill allocates them again); resets position().
+  void release_memory();
+
+ private:
+  std::vector<float> run_prefill(std::span<const int32_t> tokens, LogitRows rows, const Progress& progress);
+  std::vector<float> run_decode(int32_t token, LogitRows rows);
+  void check_tokens(std::span<const int32_t> tokens) const;
+  void add_timers();
+  void discard_timers() noexcept;  // after an error: waits for the stream, drops the recorded events
+
+  const DeviceModel& model_;
+  GpuEngineOptions options_;
+  int32_t max_context_ = 0;
+  int32_t position_ = 0;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<Gemm> gemm_;
+  EventTimer timer_;
+  DeviceKVCache cache_;
+  std::unique_ptr<GpuForward> forward_;
+  EngineStats stats_;
+};
+
+}  // namespace tessera::runtime::gpu

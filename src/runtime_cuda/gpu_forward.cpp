@@ -1,0 +1,315 @@
+#include "runtime_cuda/gpu_forward.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <utility>
+#include <variant>
+
+#include "attention/cuda/cuda_check.h"
+#include "attention/cuda/layer_attention_cuda.h"
+#include "attention/cuda/sparse_prefill.h"
+#include "core/error.h"
+#include "runtime/rope.h"
+#include "runtime_cuda/kernels.h"
+
+namespace tessera::runtime::gpu {
+
+const char* attention_backend_name(AttentionBackend b) {
+  switch (b) {
+    case AttentionBackend::kAuto:
+      return "auto";
+    case AttentionBackend::kExecutor:
+      return "executor";
+    case AttentionBackend::kSimple:
+      return "simple";
+  }
+  return "?";
+}
+
+AttentionBackend parse_attention_backend(const std::string& name) {
+  if (name == "auto") return AttentionBackend::kAuto;
+  if (name == "executor") return AttentionBackend::kExecutor;
+  if (name == "simple") return AttentionBackend::kSimple;
+  throw Error("unknown GPU attention backend '" + name + "' (auto, executor, simple)");
+}
+
+namespace {
+
+template <class T>
+void grow(attn::gpu::DeviceBuffer<T>& b, int64_t count) {
+  if (static_cast<int64_t>(b.size()) < count) b.resize(static_cast<size_t>(count));
+}
+
+bool all_dense(const std::vector<attn::Pattern>& patterns) {
+  return std::all_of(patterns.begin(), patterns.end(),
+                     [](const attn::Pattern& p) { return std::holds_alternative<attn::DensePattern>(p); });
+}
+
+}  // namespace
+
+bool executor_applies_windows() {
+  static const bool applies = [] {
+    // validate_cuda_args only looks at shapes, dtypes, alignment and the window: a dummy call tells whether the
+    // backend accepts args.window (no kernel runs).
+    alignas(16) static unsigned char dummy[256];
+    attn::AttentionArgs a;
+    a.q = TensorView(dummy, DType::BF16, {1, 1, 64});
+    a.k = TensorView(dummy, DType::BF16, {1, 1, 64});
+    a.v = TensorView(dummy, DType::BF16, {1, 1, 64});
+    a.out = TensorView(dummy, DType::BF16, {1, 1, 64});
+    a.window = 1;
+    try {
+      attn::gpu::validate_cuda_args(a);
+      return true;
+    } catch (const Error& e) {
+      return std::string(e.what()).find("window") == std::string::npos;
+    }
+  }();
+  return applies;
+}
+
+// The executors of one chunk, one per distinct (patterns, window) of its layers.
+struct GpuForward::AttentionSet {
+  struct Entry {
+    std::vector<attn::Pattern> patterns;
+    int32_t window = 0;
+    std::unique_ptr<attn::gpu::CudaLayerAttention> layer;
+    bool index_built = false;
+  };
+  std::vector<Entry> entries;
+
+  Entry& find(const std::vector<attn::Pattern>& patterns, int32_t window) {
+    for (Entry& e : entries)
+      if (e.window == window && e.patterns == patterns) return e;
+    entries.push_back(Entry{patterns, window, nullptr, false});
+    return entries.back();
+  }
+};
+
+GpuForward::GpuForward(const DeviceModel& model, const ForwardOptions& options, cudaStream_t stream, Gemm& gemm,
+                       EventTimer& timer)
+    : model_(model), cfg_(model.config()), options_(options), stream_(stream), gemm_(gemm), timer_(timer) {
+  check(options_.mlp_chunk > 0, "GPU forward: mlp_chunk must be positive");
+  check(options_.tile == 64 || options_.tile == 128,
+        "GPU forward: the index tile must be 64 or 128, got " + std::to_string(options_.tile));
+  scale_ = cfg_.attention_scale > 0 ? cfg_.attention_scale : 1.0f / std::sqrt(static_cast<float>(cfg_.head_dim));
+  std::vector<RopeConfig> seen;
+  for (const LayerConfig& l : cfg_.layers) {
+    auto it = std::find(seen.begin(), seen.end(), l.rope);
+    if (it == seen.end()) {
+      seen.push_back(l.rope);
+      inv_freqs_.emplace_back();
+      inv_freqs_.back().upload(rope_inv_freq(l.rope, cfg_.head_dim, model.rope_freq_factors()));
+      it = seen.end() - 1;
+    }
+    layer_rope_.push_back(static_cast<size_t>(it - seen.begin()));
+  }
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());  // the uploads above ran on the legacy stream
+  cos_.resize(inv_freqs_.size());
+  sin_.resize(inv_freqs_.size());
+}
+
+size_t GpuForward::scratch_bytes() const {
+  size_t b = tokens_.bytes() + x_.bytes() + o_.bytes() + logits_.bytes() + h_.bytes() + q_.bytes() + a_.bytes() +
+             gu_.bytes();
+  for (const auto& c : cos_) b += c.bytes();
+  for (const auto& s : sin_) b += s.bytes();
+  return b;
+}
+
+void GpuForward::release_scratch() {
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  tokens_ = {};
+  x_ = {};
+  o_ = {};
+  logits_ = {};
+  h_ = {};
+  q_ = {};
+  a_ = {};
+  gu_ = {};
+  for (auto& c : cos_) c = {};
+  for (auto& s : sin_) s = {};
+}
+
+void GpuForward::sample_memory() {
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess)
+    peak_in_use_ = std::max(peak_in_use_, total_bytes - free_bytes);
+  else
+    (void)cudaGetLastError();
+}
+
+void GpuForward::attention(int32_t layer, int32_t pos, int32_t n, DeviceKVCache& cache,
+                           const attn::AttentionPolicy* policy, int32_t total_len, AttentionSet& set) {
+  const int32_t nq = cfg_.num_q_heads, nkv = cfg_.num_kv_heads, d = cfg_.head_dim, kv_len = pos + n;
+  const int64_t QD = static_cast<int64_t>(nq) * d;
+  const std::vector<attn::Pattern> patterns = policy != nullptr && !policy->table().empty()
+                                                  ? policy->layer(layer)
+                                                  : std::vector<attn::Pattern>(static_cast<size_t>(nq),
+                                                                               attn::DensePattern{});
+  const int32_t model_window = cfg_.layers[static_cast<size_t>(layer)].sliding_window;
+  const int32_t window = model_window > 0 && model_window < kv_len ? model_window : 0;
+  const int32_t tile = n <= 64 ? 64 : options_.tile;
+  const bool dense = all_dense(patterns);
+  const std::string where = "layer " + std::to_string(layer) + " attention";
+  AttentionBackend backend = options_.attention;
+  if (backend == AttentionBackend::kAuto) {
+    backend = AttentionBackend::kExecutor;
+    if (!attn::gpu::sparse_prefill_supports(d, tile)) {
+      backend = AttentionBackend::kSimple;
+      if (!dense)
+        throw Error(where + ": the CUDA sparse executor does not support head_dim " + std::to_string(d) +
+                    " (64, 128 or 256), so model " + cfg_.name +
+                    " runs only dense attention on the GPU; run sparse policies with --device cpu");
+    } else if (window > 0 && !executor_applies_windows()) {
+      backend = AttentionBackend::kSimple;
+      if (!dense)
+        throw Error(where + ": this layer has a sliding window of " + std::to_string(model_window) +
+                    " keys, which the CUDA sparse executor does not apply yet, so a sparse policy cannot run on it "
+                    "on the GPU; run it with --device cpu (dense attention on such layers runs on the GPU)");
+    }
+  }
+
+  if (backend == AttentionBackend::kSimple) {
+    if (!dense) {
+      const auto sparse = std::find_if(patterns.begin(), patterns.end(), [](const attn::Pattern& p) {
+        return !std::holds_alternative<attn::DensePattern>(p);
+      });
+      throw Error(where + ": the simple attention kernel runs dense attention only; this layer's policy has " +
+                  attn::describe(*sparse) + " (the sparse executor runs sparse policies)");
+    }
+    simple_attention(q_.data(), QD, cache.k(layer, 0), cache.v(layer, 0), cache.row_elements(), a_.data(), QD, n,
+                     nq, nkv, d, pos, window, scale_, stream_);
+    return;
+  }
+
+  attn::AttentionArgs args;
+  args.q = TensorView(q_.data(), DType::BF16, {n, nq, d});
+  args.k = TensorView(cache.k(layer, 0), DType::BF16, {kv_len, nkv, d});
+  args.v = TensorView(cache.v(layer, 0), DType::BF16, {kv_len, nkv, d});
+  args.out = TensorView(a_.data(), DType::BF16, {n, nq, d});
+  args.scale = scale_;
+  args.q_begin = pos;
+  args.window = window;
+  try {
+    AttentionSet::Entry& e = set.find(patterns, window);
+    if (!e.layer) {
+      const attn::LoweringContext ctx{pos, n, kv_len, std::max(total_len, kv_len), tile};
+      e.layer = std::make_unique<attn::gpu::CudaLayerAttention>(patterns, ctx, nkv, d);
+    }
+    if (e.layer->has_dynamic_heads() || !e.index_built) {
+      e.layer->estimate(args, stream_);
+      e.layer->build_index(stream_);
+      e.index_built = true;
+    }
+    e.layer->attend(args, stream_);
+  } catch (const Error& err) {
+    std::string msg = where;
+    if (window > 0) msg += " (sliding window " + std::to_string(window) + ")";
+    msg += ": ";
+    msg += err.what();
+    throw Error(msg);
+  }
+}
+
+std::vector<float> GpuForward::run(std::span<const int32_t> tokens, int32_t pos, DeviceKVCache& cache,
+                                   const attn::AttentionPolicy* policy, int32_t total_len, LogitRows rows) {
+  const auto n = static_cast<int32_t>(tokens.size());
+  if (n == 0) return {};
+  check(cache.capacity() >= pos + n, "GPU forward: the KV cache has no room for the chunk");
+  const int64_t H = cfg_.hidden_size, D = cfg_.head_dim, F = cfg_.intermediate_size, V = cfg_.vocab_size;
+  const int64_t QD = cfg_.num_q_heads * D, KD = cfg_.num_kv_heads * D;
+  const int64_t M = std::min<int64_t>(options_.mlp_chunk, n);
+  const float eps = cfg_.rms_norm_eps;
+  const GateActivation act = cfg_.activation == Activation::SiLU       ? GateActivation::kSiLU
+                             : cfg_.activation == Activation::GeluTanh ? GateActivation::kGeluTanh
+                                                                       : GateActivation::kGelu;
+
+  grow(tokens_, n);
+  grow(x_, n * H);
+  grow(h_, n * H);
+  grow(q_, n * QD);
+  grow(a_, n * QD);
+  grow(gu_, M * 2 * F);
+  if (cfg_.post_norms) grow(o_, n * H);
+  for (size_t r = 0; r < inv_freqs_.size(); ++r) {
+    grow(cos_[r], n * (D / 2));
+    grow(sin_[r], n * (D / 2));
+    rope_tables(inv_freqs_[r].data(), static_cast<int>(D / 2), pos, n, cos_[r].data(), sin_[r].data(), stream_);
+  }
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(tokens_.data(), tokens.data(), tokens.size() * sizeof(int32_t),
+                                     cudaMemcpyHostToDevice, stream_));
+  embed_tokens(tokens_.data(), n, model_.embedding(), H, cfg_.embedding_scale, x_.data(), stream_);
+
+  auto gemm = [&](const bf16* x, int64_t ldx, int64_t m, const bf16* w, int64_t out, int64_t in, void* y,
+                  DType y_type, int64_t ldy, float beta) {
+    timer_.begin(EventTimer::kGemm, stream_);
+    gemm_.linear(x, ldx, m, w, out, in, y, y_type, ldy, beta);
+    timer_.end(EventTimer::kGemm, stream_);
+  };
+
+  AttentionSet set;
+  for (int32_t l = 0; l < cfg_.num_layers; ++l) {
+    const DeviceLayer& L = model_.layer(l);
+    bf16* kc = cache.k(l, pos);
+    bf16* vc = cache.v(l, pos);
+    rms_norm_to_bf16(x_.data(), n, H, L.attn_norm, eps, h_.data(), H, stream_);
+    gemm(h_.data(), H, n, L.wq, QD, H, q_.data(), DType::BF16, QD, 0.0f);
+    gemm(h_.data(), H, n, L.wk, KD, H, kc, DType::BF16, KD, 0.0f);
+    gemm(h_.data(), H, n, L.wv, KD, H, vc, DType::BF16, KD, 0.0f);
+    if (cfg_.qkv_bias) {
+      add_bias(q_.data(), n, QD, QD, L.bq, stream_);
+      add_bias(kc, n, KD, KD, L.bk, stream_);
+      add_bias(vc, n, KD, KD, L.bv, stream_);
+    }
+    const size_t r = layer_rope_[static_cast<size_t>(l)];
+    qk_norm_rope(q_.data(), n, QD, cfg_.num_q_heads, static_cast<int>(D), cfg_.qk_norm ? L.q_norm : nullptr, eps,
+                 cos_[r].data(), sin_[r].data(), stream_);
+    qk_norm_rope(kc, n, KD, cfg_.num_kv_heads, static_cast<int>(D), cfg_.qk_norm ? L.k_norm : nullptr, eps,
+                 cos_[r].data(), sin_[r].data(), stream_);
+
+    timer_.begin(EventTimer::kAttention, stream_);
+    attention(l, pos, n, cache, policy, total_len, set);
+    timer_.end(EventTimer::kAttention, stream_);
+    sample_memory();
+
+    if (cfg_.post_norms) {
+      gemm(a_.data(), QD, n, L.wo, H, QD, o_.data(), DType::F32, H, 0.0f);
+      add_rms_normed(x_.data(), o_.data(), n, H, L.post_attn_norm, eps, stream_);
+    } else {
+      gemm(a_.data(), QD, n, L.wo, H, QD, x_.data(), DType::F32, H, 1.0f);  // x += a Wo^T
+    }
+
+    rms_norm_to_bf16(x_.data(), n, H, L.ffn_norm, eps, h_.data(), H, stream_);
+    for (int64_t m0 = 0; m0 < n; m0 += M) {
+      const int64_t mm = std::min<int64_t>(M, n - m0);
+      gemm(h_.data() + m0 * H, H, mm, L.w_gate_up, 2 * F, H, gu_.data(), DType::BF16, 2 * F, 0.0f);
+      gated_activation(gu_.data(), mm, F, act, stream_);
+      if (cfg_.post_norms) {
+        gemm(gu_.data(), 2 * F, mm, L.w_down, H, F, o_.data() + m0 * H, DType::F32, H, 0.0f);
+        add_rms_normed(x_.data() + m0 * H, o_.data() + m0 * H, mm, H, L.post_ffn_norm, eps, stream_);
+      } else {
+        gemm(gu_.data(), 2 * F, mm, L.w_down, H, F, x_.data() + m0 * H, DType::F32, H, 1.0f);  // x += m Wd^T
+      }
+    }
+    if (l == 0) sample_memory();
+  }
+
+  if (rows == LogitRows::kNone) return {};
+  const int32_t first = rows == LogitRows::kLast ? n - 1 : 0;
+  const int64_t count = n - first;
+  grow(logits_, count * V);
+  rms_norm_to_bf16(x_.data() + static_cast<int64_t>(first) * H, count, H, model_.final_norm(), eps, h_.data(), H,
+                   stream_);
+  gemm(h_.data(), H, count, model_.output(), V, H, logits_.data(), DType::F32, V, 0.0f);
+  if (cfg_.final_logit_softcap > 0) softcap(logits_.data(), count * V, cfg_.final_logit_softcap, stream_);
+  std::vector<float> out(static_cast<size_t>(count * V));
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(out.data(), logits_.data(), out.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                                     stream_));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  sample_memory();
+  return out;
+}
+
+}  // namespace tessera::runtime::gpu

@@ -1,0 +1,487 @@
+// The GPU engine (runtime_cuda) against the CPU engine (runtime), which itself matches transformers within
+// 1e-4 on these models (tests/runtime_logits_test.cpp).
+//
+// What is compared, and why these bounds. The GPU runs bf16 weights and activations with f32 accumulation
+// and an f32 residual stream; the CPU runs f32 throughout. bf16 keeps 8 significant bits: one rounding is a
+// relative error of at most 2^-9 ≈ 2.0e-3 (about 1.1e-3 RMS for errors uniform in sign and size). A layer
+// rounds about six times on the way into the residual stream (normed input, weights, q/k/v, attention output,
+// gated activation); independent errors add in quadrature, so a model of L layers carries about
+// 1.1e-3 · sqrt(6 L) relative error into its logits before any amplification by the network: 0.4% for the
+// 2-layer fixtures, 0.7% at 6 layers, 1.5% at 30 (SmolLM2-135M). The bounds are 3-5x that (kFixtureRelL2 =
+// 3e-2 for the fixtures, kRealRelL2 = 8e-2 for real models), on the relative L2 error of each logits row.
+// Top-1: identical at every position, except a position whose two candidates are closer on the CPU than
+// 3 times the row's RMS error (a flip the measured noise explains); such near-ties are counted, printed and
+// allowed at no more than one position in 20. Every comparison prints its numbers ("[engine] ...").
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "attention/pattern/presets.h"
+#include "core/error.h"
+#include "model/tokenizer/tokenizer.h"
+#include "runtime/engine.h"
+#include "runtime/model.h"
+#include "runtime/sampling.h"
+#include "runtime_cuda/device_model.h"
+#include "runtime_cuda/gpu_engine.h"
+#include "runtime_cuda/synthetic_config.h"
+
+namespace tessera::runtime::gpu {
+namespace {
+
+const std::string kFixtures = std::string(TESSERA_SOURCE_DIR) + "/tests/data/hf_tiny/";
+constexpr double kFixtureRelL2 = 3e-2;
+constexpr double kRealRelL2 = 8e-2;
+constexpr double kSameDeviceRelL2 = 2e-2;  // executor vs simple kernel, chunked vs whole (both bf16 on the GPU)
+
+#define REQUIRE_GPU()                                                  \
+  do {                                                                 \
+    if (!gpu_available()) GTEST_SKIP() << "no CUDA device available"; \
+  } while (0)
+
+// ---------------------------------------------------------------------------------------------------------
+// Comparison of [rows, vocab] logits.
+
+struct Agreement {
+  int rows = 0;
+  int top1_same = 0;
+  int near_ties = 0;
+  double worst_rel_l2 = 0;
+  double worst_abs = 0;
+  std::vector<std::string> flips;  // top-1 differences the noise does not explain
+  std::string summary(const std::string& what) const {
+    char buf[512];
+    std::snprintf(buf, sizeof buf,
+                  "[engine] %s: rows %d, top-1 same %d, near-ties %d, worst rel L2 %.3g, worst abs %.3g",
+                  what.c_str(), rows, top1_same, near_ties, worst_rel_l2, worst_abs);
+    return buf;
+  }
+};
+
+int32_t argmax_row(const float* r, int64_t n) { return static_cast<int32_t>(std::max_element(r, r + n) - r); }
+
+Agreement compare(const std::vector<float>& ref, const std::vector<float>& got, int64_t vocab) {
+  Agreement a;
+  EXPECT_EQ(ref.size(), got.size());
+  if (ref.size() != got.size() || vocab <= 0) return a;
+  a.rows = static_cast<int>(ref.size() / static_cast<size_t>(vocab));
+  for (int r = 0; r < a.rows; ++r) {
+    const float* x = ref.data() + static_cast<int64_t>(r) * vocab;
+    const float* y = got.data() + static_cast<int64_t>(r) * vocab;
+    double diff2 = 0, ref2 = 0, worst = 0;
+    bool finite = true;
+    for (int64_t i = 0; i < vocab; ++i) {
+      if (!std::isfinite(y[i])) finite = false;
+      const double d = static_cast<double>(y[i]) - x[i];
+      diff2 += d * d;
+      ref2 += static_cast<double>(x[i]) * x[i];
+      worst = std::max(worst, std::fabs(d));
+    }
+    if (!finite) {
+      a.flips.push_back("row " + std::to_string(r) + ": non-finite GPU logits");
+      a.worst_rel_l2 = INFINITY;
+      continue;
+    }
+    a.worst_rel_l2 = std::max(a.worst_rel_l2, std::sqrt(diff2 / std::max(ref2, 1e-30)));
+    a.worst_abs = std::max(a.worst_abs, worst);
+    const int32_t t = argmax_row(x, vocab), g = argmax_row(y, vocab);
+    if (t == g) {
+      ++a.top1_same;
+      continue;
+    }
+    const double margin = static_cast<double>(x[t]) - x[g];
+    const double rms = std::sqrt(diff2 / static_cast<double>(vocab));
+    if (margin <= 3 * rms) {
+      ++a.near_ties;
+    } else {
+      char buf[256];
+      std::snprintf(buf, sizeof buf, "row %d: CPU top-1 %d, GPU top-1 %d, CPU margin %.4g > 3 x RMS error %.4g", r,
+                    t, g, margin, rms);
+      a.flips.push_back(buf);
+    }
+  }
+  return a;
+}
+
+void expect_agreement(const Agreement& a, double rel_bound, const std::string& what) {
+  std::printf("%s\n", a.summary(what).c_str());
+  std::fflush(stdout);
+  EXPECT_GT(a.rows, 0) << what;
+  EXPECT_LE(a.worst_rel_l2, rel_bound) << what;
+  EXPECT_TRUE(a.flips.empty()) << what << ": " << (a.flips.empty() ? "" : a.flips.front()) << " ("
+                               << a.flips.size() << " such rows)";
+  EXPECT_LE(a.near_ties, std::max(1, a.rows / 20)) << what;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Models, loaded once per path for the whole program.
+
+const Model& cpu_model(const std::string& path) {
+  static std::map<std::string, std::unique_ptr<Model>> cache;
+  auto& m = cache[path];
+  if (!m) m = Model::load(path);
+  return *m;
+}
+
+const DeviceModel& gpu_model(const std::string& path) {
+  static std::map<std::string, std::unique_ptr<DeviceModel>> cache;
+  auto& m = cache[path];
+  if (!m) m = DeviceModel::upload(cpu_model(path));
+  return *m;
+}
+
+std::vector<int32_t> fixture_tokens(const std::string& name) {
+  std::ifstream f(kFixtures + name + "/expected.json");
+  const nlohmann::json j = nlohmann::json::parse(f);
+  return j["tokens"].get<std::vector<int32_t>>();
+}
+
+GpuEngineOptions gpu_opts(int32_t chunk = 0, AttentionBackend backend = AttentionBackend::kAuto,
+                          attn::AttentionPolicy policy = {}, int32_t tile = 128) {
+  GpuEngineOptions o;
+  o.chunk_size = chunk;
+  o.attention = backend;
+  o.policy = std::move(policy);
+  o.tile = tile;
+  return o;
+}
+
+std::vector<float> rows_of(const std::vector<float>& all, int64_t vocab, int64_t first, int64_t count) {
+  return {all.begin() + first * vocab, all.begin() + (first + count) * vocab};
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Every tiny fixture (architectures, formats): all-position logits, chunked prefill, prefill + decode.
+
+struct FixtureCase {
+  std::string name;     // for the test name
+  std::string rel;      // path under tests/data/hf_tiny
+  std::string tokens;   // fixture whose expected.json holds the tokens
+};
+
+class FixtureTest : public ::testing::TestWithParam<FixtureCase> {};
+
+TEST_P(FixtureTest, MatchesCpuEngine) {
+  REQUIRE_GPU();
+  const FixtureCase& fc = GetParam();
+  const std::string path = kFixtures + fc.rel;
+  const Model& cpu = cpu_model(path);
+  const DeviceModel& dev = gpu_model(path);
+  const std::vector<int32_t> tokens = fixture_tokens(fc.tokens);
+  const int64_t vocab = cpu.config().vocab_size;
+  const auto n = static_cast<int64_t>(tokens.size());
+
+  Engine cpu_engine(cpu);
+  const std::vector<float> ref = cpu_engine.forward_all_logits(tokens);
+
+  // One chunk.
+  GpuEngine whole(dev, gpu_opts());
+  const std::vector<float> got = whole.forward_all_logits(tokens);
+  expect_agreement(compare(ref, got, vocab), kFixtureRelL2, fc.name + " all positions");
+
+  // Chunks of 7 (every chunk attends to all earlier keys in the device cache).
+  GpuEngine chunked(dev, gpu_opts(7));
+  const std::vector<float> got7 = chunked.forward_all_logits(tokens);
+  expect_agreement(compare(ref, got7, vocab), kFixtureRelL2, fc.name + " chunks of 7");
+  expect_agreement(compare(got, got7, vocab), kSameDeviceRelL2, fc.name + " chunks of 7 vs one chunk (GPU)");
+
+  // Prefill of most of the tokens, then decode of the rest one by one.
+  GpuEngine gen(dev, gpu_opts(16));
+  const int64_t split = n - 8;
+  std::vector<float> stepwise = gen.prefill(std::span<const int32_t>(tokens.data(), static_cast<size_t>(split)));
+  for (int64_t t = split; t < n; ++t) {
+    const std::vector<float> next = gen.decode(tokens[static_cast<size_t>(t)]);
+    if (t + 1 < n) stepwise.insert(stepwise.end(), next.begin(), next.end());
+  }
+  EXPECT_EQ(gen.position(), n);
+  expect_agreement(compare(rows_of(ref, vocab, split - 1, n - split), stepwise, vocab), kFixtureRelL2,
+                   fc.name + " prefill + decode");
+
+  const EngineStats& s = gen.stats();
+  EXPECT_EQ(s.prefill_tokens, split);
+  EXPECT_EQ(s.decode_tokens, n - split);
+  EXPECT_GT(s.gemm_seconds, 0.0);
+  EXPECT_LE(s.gemm_seconds + s.attention_seconds, s.prefill_seconds + s.decode_seconds);
+  EXPECT_GT(gen.memory().peak_in_use_bytes, gen.memory().weights_bytes);
+}
+
+std::string case_name(const ::testing::TestParamInfo<FixtureCase>& info) { return info.param.name; }
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureTest,
+                         ::testing::Values(FixtureCase{"llama3", "llama3", "llama3"},
+                                           FixtureCase{"llama3_gguf", "llama3/model.gguf", "llama3"},
+                                           FixtureCase{"smollm2", "smollm2", "smollm2"},
+                                           FixtureCase{"smollm2_gguf", "smollm2/model.gguf", "smollm2"},
+                                           FixtureCase{"smollm2_q8_0", "smollm2/model-q8_0.gguf", "smollm2"},
+                                           FixtureCase{"mistral", "mistral", "mistral"},
+                                           FixtureCase{"qwen2", "qwen2", "qwen2"},
+                                           FixtureCase{"qwen2_gguf", "qwen2/model.gguf", "qwen2"},
+                                           FixtureCase{"gemma3", "gemma3", "gemma3"},
+                                           FixtureCase{"gemma3_gguf", "gemma3/model.gguf", "gemma3"},
+                                           FixtureCase{"gemma3_scaled", "gemma3_scaled", "gemma3_scaled"}),
+                         case_name);
+
+// ---------------------------------------------------------------------------------------------------------
+// The sparse executor inside the engine, on small random models whose head dims it runs (64, 128, 256).
+
+ModelConfig small_llama(int head_dim, int layers = 2, int q_heads = 4, int kv_heads = 2) {
+  nlohmann::json c = synthetic_hf_config("llama3-8b");
+  c["_name_or_path"] = "small llama d" + std::to_string(head_dim);
+  c["hidden_size"] = 256;
+  c["head_dim"] = head_dim;
+  c["num_attention_heads"] = q_heads;
+  c["num_key_value_heads"] = kv_heads;
+  c["num_hidden_layers"] = layers;
+  c["intermediate_size"] = 512;
+  c["vocab_size"] = 1000;
+  return config_from_hf(c, "small llama");
+}
+
+std::vector<int32_t> pseudo_random_tokens(int64_t n, int32_t vocab, uint64_t seed = 7) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  uint64_t s = seed;
+  for (auto& x : t) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    x = static_cast<int32_t>((s >> 33) % static_cast<uint64_t>(vocab));
+  }
+  return t;
+}
+
+class ExecutorTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(ExecutorTest, MatchesSimpleKernelAndChunks) {
+  REQUIRE_GPU();
+  const int d = GetParam();
+  const ModelConfig cfg = small_llama(d);
+  const auto dev = DeviceModel::random(cfg, 3);
+  const std::vector<int32_t> tokens = pseudo_random_tokens(700, cfg.vocab_size);
+  const int64_t vocab = cfg.vocab_size;
+  const std::string tag = "d" + std::to_string(d);
+
+  GpuEngine simple(*dev, gpu_opts(0, AttentionBackend::kSimple));
+  const std::vector<float> ref = simple.forward_all_logits(tokens);
+  for (int tile : {64, 128}) {
+    GpuEngine exec(*dev, gpu_opts(0, AttentionBackend::kExecutor, {}, tile));
+    expect_agreement(compare(ref, exec.forward_all_logits(tokens), vocab), kSameDeviceRelL2,
+                     tag + " executor tile " + std::to_string(tile) + " vs simple kernel");
+  }
+  GpuEngine chunked(*dev, gpu_opts(256, AttentionBackend::kExecutor));
+  expect_agreement(compare(ref, chunked.forward_all_logits(tokens), vocab), kSameDeviceRelL2,
+                   tag + " executor, chunks of 256, vs simple kernel");
+
+  // A pattern whose mask covers every key is dense.
+  const attn::PolicyShape shape{cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads};
+  GpuEngine covering(*dev, gpu_opts(0, AttentionBackend::kExecutor,
+                                    attn::policy_from_spec("ashape:sink=1024,local=1024", shape)));
+  expect_agreement(compare(ref, covering.forward_all_logits(tokens), vocab), kSameDeviceRelL2,
+                   tag + " covering A-shape vs simple kernel");
+
+  // Real sparse policies run and give finite logits that differ from dense.
+  for (const char* spec : {"vs:v=64,s=64", "triangle:sink=16,local=64,last=32", "bs:top_k=2,block=64"}) {
+    GpuEngine sparse(*dev, gpu_opts(300, AttentionBackend::kExecutor, attn::policy_from_spec(spec, shape)));
+    const std::vector<float> logits = sparse.prefill(tokens);
+    ASSERT_EQ(static_cast<int64_t>(logits.size()), vocab) << spec;
+    EXPECT_TRUE(std::all_of(logits.begin(), logits.end(), [](float v) { return std::isfinite(v); })) << spec;
+    const std::vector<float> dense_last = rows_of(ref, vocab, static_cast<int64_t>(tokens.size()) - 1, 1);
+    EXPECT_NE(logits, dense_last) << spec;
+    std::printf("[engine] %s %s: prefill %.4f s, attention %.4f s (GPU)\n", tag.c_str(), spec,
+                sparse.stats().prefill_seconds, sparse.stats().attention_seconds);
+  }
+
+  // A model sliding window (Mistral-style, 100 keys, on every layer): kAuto (the executor once it applies
+  // args.window, else the simple kernel on those layers) against the simple kernel.
+  nlohmann::json mc = synthetic_hf_config("llama3-8b");
+  mc["architectures"] = {"MistralForCausalLM"};
+  mc["model_type"] = "mistral";
+  mc.erase("rope_scaling");
+  mc["sliding_window"] = 100;
+  mc["hidden_size"] = 256;
+  mc["head_dim"] = d;
+  mc["num_attention_heads"] = 4;
+  mc["num_key_value_heads"] = 2;
+  mc["num_hidden_layers"] = 2;
+  mc["intermediate_size"] = 512;
+  mc["vocab_size"] = 1000;
+  const auto windowed = DeviceModel::random(config_from_hf(mc, "small mistral"), 5);
+  GpuEngine wsimple(*windowed, gpu_opts(0, AttentionBackend::kSimple));
+  GpuEngine wauto(*windowed, gpu_opts(256, AttentionBackend::kAuto));
+  expect_agreement(compare(wsimple.forward_all_logits(tokens), wauto.forward_all_logits(tokens), vocab),
+                   kSameDeviceRelL2,
+                   tag + " window 100, auto (executor applies windows: " +
+                       (executor_applies_windows() ? "yes" : "no") + ") vs simple kernel");
+
+  // The simple kernel refuses sparse policies with a message naming the layer.
+  GpuEngine refusing(*dev, gpu_opts(0, AttentionBackend::kSimple, attn::policy_from_spec("vs", shape)));
+  try {
+    refusing.prefill(tokens);
+    ADD_FAILURE() << "the simple kernel ran a sparse policy";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layer 0 attention"), std::string::npos) << e.what();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(HeadDims, ExecutorTest, ::testing::Values(64, 128, 256),
+                         [](const ::testing::TestParamInfo<int>& info) { return "d" + std::to_string(info.param); });
+
+// Llama-3-8B shapes (vocab 128256, llama3 RoPE, GQA 32/8, d 128) with 2 layers: an 8K prefill under dense, VS,
+// TriangleMix and A-shape runs, the logits are finite, and the policies differ from dense.
+TEST(GpuEngineLlama3Shapes, TwoLayerPrefill8K) {
+  REQUIRE_GPU();
+  ModelConfig cfg = synthetic_config("llama3-8b");
+  cfg.num_layers = 2;
+  cfg.layers.resize(2);
+  const auto dev = DeviceModel::random(cfg, 11);
+  const std::vector<int32_t> tokens = pseudo_random_tokens(8192, cfg.vocab_size);
+  const attn::PolicyShape shape{cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads};
+  std::vector<float> dense;
+  for (const char* spec : {"dense", "vs:v=1000,s=6096", "trianglemix:start=1,sink=64,local=512,last=64",
+                           "ashape:sink=128,local=4096"}) {
+    attn::AttentionPolicy policy = std::string(spec) == "dense" ? attn::AttentionPolicy{}
+                                                                : attn::policy_from_spec(spec, shape);
+    GpuEngine engine(*dev, gpu_opts(0, AttentionBackend::kAuto, policy));
+    const std::vector<float> logits = engine.prefill(tokens);
+    ASSERT_EQ(static_cast<int64_t>(logits.size()), cfg.vocab_size);
+    EXPECT_TRUE(std::all_of(logits.begin(), logits.end(), [](float v) { return std::isfinite(v); })) << spec;
+    if (dense.empty())
+      dense = logits;
+    else
+      EXPECT_NE(logits, dense) << spec;
+    const GpuMemoryStats m = engine.memory();
+    std::printf("[engine] llama3-8b shapes, 2 layers, 8K, %s: %.4f s (GEMM %.4f, attention %.4f), peak %.2f GB\n",
+                spec, engine.stats().prefill_seconds, engine.stats().gemm_seconds, engine.stats().attention_seconds,
+                static_cast<double>(m.peak_in_use_bytes) / 1e9);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Errors.
+
+TEST(GpuEngineErrors, MessagesMatchTheCpuEngine) {
+  REQUIRE_GPU();
+  const std::string path = kFixtures + "llama3";
+  const DeviceModel& dev = gpu_model(path);
+  GpuEngineOptions o = gpu_opts();
+  o.max_context = 16;
+  GpuEngine engine(dev, o);
+  const std::vector<int32_t> long_prompt(20, 1);
+  try {
+    engine.prefill(long_prompt);
+    ADD_FAILURE() << "no error past the context limit";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("exceeds the context limit of 16 tokens"), std::string::npos) << e.what();
+  }
+  const std::vector<int32_t> bad = {1, 2, 100000};
+  try {
+    engine.prefill(bad);
+    ADD_FAILURE() << "no error for a token outside the vocabulary";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("outside the vocabulary"), std::string::npos) << e.what();
+  }
+  GpuEngineOptions wrong = gpu_opts();
+  wrong.policy = attn::AttentionPolicy::uniform(3, 4, 2, attn::DensePattern{});
+  EXPECT_THROW(GpuEngine(dev, wrong), Error);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The real small models (scripts/fetch_models.sh), when present: TESSERA_MODEL_DIR, else TESSERA_MODELS, else
+// ~/.cache/tessera/models. A missing model skips (the GPU machine has no network).
+
+std::string real_model_path(const std::string& file) {
+  for (const char* var : {"TESSERA_MODEL_DIR", "TESSERA_MODELS"}) {
+    if (const char* env = std::getenv(var); env != nullptr && *env != '\0') {
+      const std::string p = std::string(env) + "/" + file;
+      if (std::filesystem::exists(p)) return p;
+    }
+  }
+  const char* home = std::getenv("HOME");
+  const std::string p = std::string(home != nullptr ? home : ".") + "/.cache/tessera/models/" + file;
+  return std::filesystem::exists(p) ? p : std::string();
+}
+
+const char* kText =
+    "The lighthouse keeper climbed the spiral stairs every evening at dusk, carrying a lamp, a logbook and a "
+    "small tin of oil. From the gallery he could see the whole bay: the fishing boats returning in a ragged "
+    "line, the gulls settling on the breakwater, and far to the west the dark shape of the island where his "
+    "brother had lived for twenty years. He wrote the weather in the logbook, the direction of the wind, the "
+    "height of the swell and the names of the ships that passed. On clear nights he counted the stars above "
+    "the horizon and wondered how many sailors were counting them too. ";
+
+std::vector<int32_t> text_tokens(const Model& m, int64_t count) {
+  const auto tok = model::Tokenizer::from_gguf(m.file().metadata());
+  std::string text;
+  std::vector<int32_t> ids;
+  while (static_cast<int64_t>(ids.size()) < count) {
+    text += kText;
+    ids = tok->encode(text, {.add_special = true, .parse_special = false});
+  }
+  ids.resize(static_cast<size_t>(count));
+  return ids;
+}
+
+void check_real_model(const std::string& file) {
+  REQUIRE_GPU();
+  const std::string path = real_model_path(file);
+  if (path.empty()) GTEST_SKIP() << file << " not found (set TESSERA_MODEL_DIR to the folder holding it)";
+  const Model& cpu = cpu_model(path);
+  const DeviceModel& dev = gpu_model(path);
+  const int64_t vocab = cpu.config().vocab_size;
+  const std::vector<int32_t> tokens = text_tokens(cpu, 600);
+
+  Engine cpu_engine(cpu);
+  const std::vector<float> ref = cpu_engine.forward_all_logits(tokens);
+
+  // kAuto: the executor on every layer it runs (Gemma-3's sliding-window layers run the simple kernel until
+  // the CUDA backend applies args.window: executor_applies_windows()), and the simple kernel everywhere.
+  std::printf("[engine] %s: executor applies sliding windows: %s\n", file.c_str(),
+              executor_applies_windows() ? "yes" : "no");
+  for (AttentionBackend backend : {AttentionBackend::kAuto, AttentionBackend::kSimple}) {
+    GpuEngine engine(dev, gpu_opts(256, backend));
+    expect_agreement(compare(ref, engine.forward_all_logits(tokens), vocab), kRealRelL2,
+                     file + " (" + attention_backend_name(backend) + ") 600 positions, chunks of 256");
+  }
+
+  // Greedy continuation of 32 tokens from the first 400 tokens, step by step on both engines. Where the
+  // tokens diverge, the CPU's two candidates at that step must be within the measured noise (3 x RMS error).
+  const std::span<const int32_t> prompt(tokens.data(), 400);
+  Engine c(cpu);
+  GpuEngine g(dev, gpu_opts());
+  std::vector<float> lc = c.prefill(prompt), lg = g.prefill(prompt);
+  int same = 0;
+  for (int step = 0; step < 32; ++step) {
+    const int32_t tc = argmax(lc), tg = argmax(lg);
+    if (tc != tg) {
+      const Agreement a = compare(lc, lg, vocab);
+      double diff2 = 0;
+      for (int64_t i = 0; i < vocab; ++i)
+        diff2 += (static_cast<double>(lg[static_cast<size_t>(i)]) - lc[static_cast<size_t>(i)]) *
+                 (static_cast<double>(lg[static_cast<size_t>(i)]) - lc[static_cast<size_t>(i)]);
+      const double rms = std::sqrt(diff2 / static_cast<double>(vocab));
+      const double margin = static_cast<double>(lc[static_cast<size_t>(tc)]) - lc[static_cast<size_t>(tg)];
+      std::printf("[engine] %s greedy: diverges at step %d (CPU %d, GPU %d): CPU margin %.4g, RMS error %.4g, "
+                  "rel L2 %.3g\n",
+                  file.c_str(), step, tc, tg, margin, rms, a.worst_rel_l2);
+      EXPECT_LE(margin, 3 * rms) << file << ": greedy divergence at step " << step << " is not a near-tie";
+      break;
+    }
+    ++same;
+    lc = c.decode(tc);
+    lg = g.decode(tg);
+  }
+  std::printf("[engine] %s greedy: %d of 32 tokens identical\n", file.c_str(), same);
+}
+
+TEST(GpuEngineRealModels, SmolLM2) { check_real_model("smollm2-135m-instruct-q4_1.gguf"); }
+TEST(GpuEngineRealModels, Gemma3) { check_real_model("gemma-3-270m-q4_k_m.gguf"); }
+
+}  // namespace
+}  // namespace tessera::runtime::gpu
