@@ -1,6 +1,7 @@
 // tessera/cli/commands.h — the subcommands of the `tessera` program.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,7 @@ struct RunOptions {
   double needle_depth = 0.5;
   uint64_t needle_seed = 0;
   std::string haystack = "kjv";
+  std::string device = "auto";  // cpu | cuda | auto (cuda when a GPU is usable and tessera was built with CUDA)
 };
 
 struct BenchOptions {
@@ -37,6 +39,29 @@ struct BenchOptions {
   int chunk = 2048;
   int reps = 1;
   std::string format = "md";  // md | csv | json
+  std::string device = "auto";  // cpu | cuda | auto
+};
+
+struct EvalOptions {
+  std::string model;
+  std::vector<std::string> tasks = {"niah_single"};  // empty: no task suite (only layer stats / perplexity)
+  std::vector<int> lengths = {1024, 2048, 4096};
+  std::vector<double> depths = {0, 25, 50, 75, 100};
+  int samples = 1;
+  uint64_t seed = 0;
+  std::vector<std::string> attn = {"trianglemix"};  // dense always runs first
+  std::string haystack = "kjv";
+  std::string chat = "auto";  // auto | on | off
+  int answer_tokens = 0;      // 0: the task's RULER budget
+  bool full_answers = false;  // generate the whole budget even after every answer appeared
+  int chunk = 2048;
+  std::string out = "eval-out";
+  bool resume = false;
+  bool report_only = false;
+  std::vector<int> layer_stats_lengths;  // per-layer attention metrics at these lengths
+  std::vector<int> perplexity_lengths;   // perplexity at these lengths
+  std::string command_line;              // recorded in the reports
+  std::string model_name;                // filled in by eval_command
 };
 
 struct InspectOptions {
@@ -45,8 +70,13 @@ struct InspectOptions {
   bool metadata = false;
 };
 
+// --device: true for the GPU engine (runtime_cuda). "auto" picks it when tessera was built with CUDA and a device
+// is usable; "cuda" without either throws tessera::Error saying which is missing.
+bool use_gpu_device(const std::string& device);
+
 int run_command(const RunOptions& o);
 int bench_command(const BenchOptions& o);
 int inspect_command(const InspectOptions& o);
+int eval_command(EvalOptions o);
 
 }  // namespace tessera::cli

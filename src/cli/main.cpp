@@ -1,10 +1,11 @@
-// tessera — the command line: run, bench, inspect.
+// tessera — the command line: run, bench, eval, inspect.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <string>
 
 #include "cli/commands.h"
 #include "core/error.h"
@@ -59,6 +60,8 @@ int main(int argc, char** argv) {
   r->add_option("--needle-seed", run.needle_seed, "Seed of the needle case")->capture_default_str();
   r->add_option("--haystack", run.haystack, "kjv, noise[:seed] or file:<path>")->capture_default_str();
   r->add_flag("--progress", run.progress, "Show the prefill progress bar even when stderr is not a terminal");
+  r->add_option("--device", run.device, "cpu, cuda or auto (cuda when a GPU is usable)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))->capture_default_str();
 
   BenchOptions bench;
   auto* b = app.add_subcommand("bench", "Prefill and decode rates at several depths, dense and sparse");
@@ -69,6 +72,37 @@ int main(int argc, char** argv) {
   b->add_option("--chunk", bench.chunk, "Prefill chunk size")->capture_default_str();
   b->add_option("--reps", bench.reps, "Repetitions (best is reported)")->capture_default_str();
   b->add_option("--format", bench.format, "md, csv or json")->check(CLI::IsMember({"md", "csv", "json"}))->capture_default_str();
+  b->add_option("--device", bench.device, "cpu, cuda or auto (cuda when a GPU is usable)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))->capture_default_str();
+
+  EvalOptions ev;
+  auto* ec = app.add_subcommand("eval", "Accuracy: needle grids and RULER-style tasks, dense vs sparse on the same cases");
+  ec->add_option("-m,--model", ev.model, "Model file or folder")->required();
+  ec->add_option("--tasks", ev.tasks,
+                "Tasks: niah_single, niah_multikey, niah_multivalue, passkey, variable_tracking, common_words, "
+                "frequent_words (\"none\": skip the task suite)")
+      ->delimiter(',')->capture_default_str();
+  ec->add_option("-l,--lengths", ev.lengths, "Context lengths in tokens (whole prompt incl. answer budget)")
+      ->delimiter(',')->capture_default_str();
+  ec->add_option("--depths", ev.depths, "Needle depths in percent")->delimiter(',')->capture_default_str();
+  ec->add_option("--samples", ev.samples, "Cases per (task, length, depth)")->capture_default_str();
+  ec->add_option("--seed", ev.seed, "Seed of the cases")->capture_default_str();
+  ec->add_option("--attn", ev.attn, "Sparse policies (';'-separated specs as for run --attn); dense always runs")
+      ->delimiter(';')->capture_default_str();
+  ec->add_option("--haystack", ev.haystack, "kjv, noise[:seed] or file:<path>")->capture_default_str();
+  ec->add_option("--chat", ev.chat, "Chat template: auto (when the model has one), on, off")
+      ->check(CLI::IsMember({"auto", "on", "off"}))->capture_default_str();
+  ec->add_option("--answer-tokens", ev.answer_tokens, "Answer budget (0: the task's RULER budget)")->capture_default_str();
+  ec->add_flag("--full-answers", ev.full_answers, "Generate the whole budget even once every answer appeared");
+  ec->add_option("--chunk", ev.chunk, "Prefill chunk size")->capture_default_str();
+  ec->add_option("-o,--out", ev.out, "Output folder: results.json, report.md, heatmaps")->capture_default_str();
+  ec->add_flag("--resume", ev.resume, "Keep the results already in the output folder and run only the missing ones");
+  ec->add_flag("--report-only", ev.report_only, "Rewrite report.md and heatmaps from results.json");
+  ec->add_option("--layer-stats", ev.layer_stats_lengths,
+                "Per-layer attention recall / output error / density of each policy at these lengths")
+      ->delimiter(',');
+  ec->add_option("--perplexity", ev.perplexity_lengths, "Perplexity of the haystack text at these lengths")
+      ->delimiter(',');
 
   InspectOptions inspect;
   auto* i = app.add_subcommand("inspect", "Show what a model file holds");
@@ -81,6 +115,11 @@ int main(int argc, char** argv) {
     if (r->parsed()) return run_command(run);
     if (b->parsed()) return bench_command(bench);
     if (i->parsed()) return inspect_command(inspect);
+    if (ec->parsed()) {
+      for (int a = 0; a < argc; ++a) ev.command_line += (a ? " " : "") + std::string(a == 0 ? "tessera" : argv[a]);
+      if (ev.tasks.size() == 1 && ev.tasks[0] == "none") ev.tasks.clear();
+      return eval_command(ev);
+    }
   } catch (const tessera::Error& e) {
     std::fprintf(stderr, "tessera: error: %s\n", e.what());
     return 1;

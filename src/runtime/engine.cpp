@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <string>
 
 #include "core/error.h"
@@ -54,7 +55,7 @@ void Engine::check_tokens(std::span<const int32_t> tokens) const {
 }
 
 std::vector<float> Engine::run_prefill(std::span<const int32_t> tokens, LogitRows rows,
-                                       const Progress& progress) {
+                                       const Progress& progress, const ChunkLogits& on_logits) {
   if (tokens.empty()) throw Error("prefill: empty prompt");
   check_tokens(tokens);
   const int64_t end = static_cast<int64_t>(position_) + static_cast<int64_t>(tokens.size());
@@ -67,6 +68,7 @@ std::vector<float> Engine::run_prefill(std::span<const int32_t> tokens, LogitRow
   const auto t0 = Clock::now();
   cache_.reserve(static_cast<int32_t>(end));
   ForwardTimers timers;
+  forward_.set_observer(options_.observer ? &options_.observer : nullptr);
   const auto n = static_cast<int64_t>(tokens.size());
   const auto total_len = static_cast<int32_t>(end);
   std::vector<float> logits;
@@ -78,7 +80,10 @@ std::vector<float> Engine::run_prefill(std::span<const int32_t> tokens, LogitRow
         forward_.run(tokens.subspan(static_cast<size_t>(c0), static_cast<size_t>(c1 - c0)), position_, cache_,
                      &options_.policy, total_len, want, timers);
     position_ += static_cast<int32_t>(c1 - c0);
-    logits.insert(logits.end(), part.begin(), part.end());
+    if (on_logits && want == LogitRows::All)
+      on_logits(c0, c1 - c0, part);
+    else
+      logits.insert(logits.end(), part.begin(), part.end());
     if (progress) progress(c1, n);
   }
   stats_.prefill_tokens += n;
@@ -96,6 +101,24 @@ std::vector<float> Engine::forward_all_logits(std::span<const int32_t> tokens) {
   return run_prefill(tokens, LogitRows::All, {});
 }
 
+std::vector<double> Engine::score(std::span<const int32_t> tokens, const Progress& progress) {
+  const int64_t vocab = model_.config().vocab_size;
+  std::vector<double> logprobs;
+  logprobs.reserve(tokens.empty() ? 0 : tokens.size() - 1);
+  run_prefill(tokens, LogitRows::All, progress, [&](int64_t first, int64_t rows, const std::vector<float>& logits) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t next = first + r + 1;  // the token row r predicts
+      if (next >= static_cast<int64_t>(tokens.size())) break;
+      const float* row = logits.data() + r * vocab;
+      const float mx = *std::max_element(row, row + vocab);
+      double sum = 0;
+      for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v]) - mx);
+      logprobs.push_back(static_cast<double>(row[tokens[static_cast<size_t>(next)]]) - mx - std::log(sum));
+    }
+  });
+  return logprobs;
+}
+
 std::vector<float> Engine::decode(int32_t token) {
   return run_decode(token, LogitRows::Last);
 }
@@ -110,6 +133,7 @@ std::vector<float> Engine::run_decode(int32_t token, LogitRows rows) {
   const auto t0 = Clock::now();
   cache_.reserve(position_ + 1);
   ForwardTimers timers;
+  forward_.set_observer(nullptr);  // the observer sees prefill chunks only
   std::vector<float> logits = forward_.run(one, position_, cache_, nullptr, position_ + 1, rows, timers);
   position_ += 1;
   stats_.decode_tokens += 1;

@@ -40,6 +40,9 @@ struct EngineOptions {
   attn::AttentionPolicy policy;  // per layer and query head; empty table: dense everywhere
   int32_t max_context = 0;       // tokens the cache may hold; 0: the model's context length
   ThreadPool* pool = nullptr;    // null: ThreadPool::global()
+  // Called after every layer's attention during prefill (forward.h); empty: none. Evaluation uses it to measure
+  // what a sparse policy would lose on the dense model's own activations.
+  AttentionObserver observer;
 };
 
 struct GenerateOptions {
@@ -91,6 +94,11 @@ class Engine {
   // Like prefill, but returns the logits of every token ([tokens.size(), vocab], row-major). For tests.
   std::vector<float> forward_all_logits(std::span<const int32_t> tokens);
 
+  // Like prefill, but returns, for i in [1, tokens.size()), the natural-log probability the model gives
+  // tokens[i] after tokens[0..i) (and the cache's earlier tokens): tokens.size() - 1 values, for perplexity.
+  // Logits are reduced chunk by chunk, so memory stays at one chunk of logits ([chunk_size, vocab] f32).
+  std::vector<double> score(std::span<const int32_t> tokens, const Progress& progress = {});
+
   void reset();                                   // empties the sequence (keeps the cache's memory)
   int32_t position() const { return position_; }  // tokens in the sequence
   int32_t max_context() const { return max_context_; }
@@ -101,7 +109,11 @@ class Engine {
   size_t kv_cache_bytes() const { return cache_.bytes(); }
 
  private:
-  std::vector<float> run_prefill(std::span<const int32_t> tokens, LogitRows rows, const Progress& progress);
+  // Chunked prefill; with rows == All, each chunk's logits go to on_logits(first token index, chunk rows,
+  // logits) when it is set, else into the returned vector.
+  using ChunkLogits = std::function<void(int64_t first, int64_t rows, const std::vector<float>& logits)>;
+  std::vector<float> run_prefill(std::span<const int32_t> tokens, LogitRows rows, const Progress& progress,
+                                 const ChunkLogits& on_logits = {});
   std::vector<float> run_decode(int32_t token, LogitRows rows);
   void check_tokens(std::span<const int32_t> tokens) const;
 

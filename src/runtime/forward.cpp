@@ -50,7 +50,7 @@ Forward::Forward(const Model& model, ThreadPool& pool) : model_(model), cfg_(mod
   sin_.resize(inv_freqs_.size());
 }
 
-void Forward::attention(int32_t layer, int32_t pos, int32_t n, KVCache& cache,
+attn::AttentionArgs Forward::attention(int32_t layer, int32_t pos, int32_t n, KVCache& cache,
                         const attn::AttentionPolicy* policy, int32_t total_len) {
   const int32_t nq = cfg_.num_q_heads, d = cfg_.head_dim, kv_len = pos + n;
   attn::AttentionArgs args;
@@ -65,19 +65,16 @@ void Forward::attention(int32_t layer, int32_t pos, int32_t n, KVCache& cache,
   // policy's pattern keeps (a window covering every key changes nothing, so it is left out).
   const int32_t window = cfg_.layers[static_cast<size_t>(layer)].sliding_window;
   if (window > 0 && window < kv_len) args.window = window;
-  if (policy == nullptr || policy->table().empty()) {
+  if (policy == nullptr || policy->table().empty() || all_dense(policy->layer(layer))) {
     attn::dense_attention_cpu(args, pool_);
-    return;
+  } else {
+    const std::vector<attn::Pattern> patterns = policy->layer(layer);
+    attn::LoweringContext ctx{pos, n, kv_len, std::max(total_len, kv_len), kTile};
+    const std::vector<attn::HeadEstimate> estimates =
+        attn::estimate_layer(patterns, args.q, args.k, ctx, args.effective_scale(), pool_);
+    attn::sparse_attention_cpu(args, attn::lower_layer(patterns, estimates, ctx), pool_);
   }
-  const std::vector<attn::Pattern> patterns = policy->layer(layer);
-  if (all_dense(patterns)) {
-    attn::dense_attention_cpu(args, pool_);
-    return;
-  }
-  attn::LoweringContext ctx{pos, n, kv_len, std::max(total_len, kv_len), kTile};
-  const std::vector<attn::HeadEstimate> estimates =
-      attn::estimate_layer(patterns, args.q, args.k, ctx, args.effective_scale(), pool_);
-  attn::sparse_attention_cpu(args, attn::lower_layer(patterns, estimates, ctx), pool_);
+  return args;
 }
 
 std::vector<float> Forward::run(std::span<const int32_t> tokens, int32_t pos, KVCache& cache,
@@ -137,8 +134,9 @@ std::vector<float> Forward::run(std::span<const int32_t> tokens, int32_t pos, KV
     apply_rope(kc, n, KD, cfg_.num_kv_heads, D, cos_[r].data(), sin_[r].data());
 
     const auto t0 = Clock::now();
-    attention(l, pos, n, cache, policy, total_len);
+    const attn::AttentionArgs args = attention(l, pos, n, cache, policy, total_len);
     timers.attention_seconds += since(t0);
+    if (observer_ != nullptr && *observer_) (*observer_)(l, args);
 
     gemm(attn_.data(), L.wo, nullptr, h_.data());
     if (cfg_.post_norms)

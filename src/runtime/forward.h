@@ -24,9 +24,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
+#include "attention/cpu/attention_args.h"
 #include "attention/pattern/policy.h"
 #include "core/thread_pool.h"
 #include "runtime/kv_cache.h"
@@ -42,6 +44,13 @@ struct ForwardTimers {
 
 enum class LogitRows { None, Last, All };
 
+// Called after each layer's attention of a prefill chunk with the layer index and the executor's arguments:
+// q [n, q_heads, d] of the chunk, k/v [pos + n, kv_heads, d] (the whole cache so far), out [n, q_heads, d]
+// holding this layer's attention output, q_begin = pos, window = the model's sliding window for the layer
+// (0: none). The views are valid only during the call. Used by evaluation (per-layer attention metrics on
+// real prompts); costs nothing when unset.
+using AttentionObserver = std::function<void(int32_t layer, const attn::AttentionArgs& args)>;
+
 class Forward {
  public:
   static constexpr int32_t kTile = 64;  // the CPU executor's query-tile height for lowered indices
@@ -56,13 +65,18 @@ class Forward {
                          const attn::AttentionPolicy* policy, int32_t total_len, LogitRows rows,
                          ForwardTimers& timers);
 
+  // The observer run() calls after every layer's attention (null or empty: none). Not owned.
+  void set_observer(const AttentionObserver* observer) { observer_ = observer; }
+
  private:
-  void attention(int32_t layer, int32_t pos, int32_t n, KVCache& cache, const attn::AttentionPolicy* policy,
+  // Runs one layer's attention into attn_ and returns the arguments it ran with.
+  attn::AttentionArgs attention(int32_t layer, int32_t pos, int32_t n, KVCache& cache, const attn::AttentionPolicy* policy,
                  int32_t total_len);
 
   const Model& model_;
   const ModelConfig& cfg_;
   ThreadPool& pool_;
+  const AttentionObserver* observer_ = nullptr;
   std::vector<std::vector<float>> inv_freqs_;  // distinct RoPE frequency sets
   std::vector<size_t> layer_rope_;             // layer -> index into inv_freqs_
   // Scratch, grown to the largest chunk seen.

@@ -1,0 +1,335 @@
+// `tessera eval`: RULER-style tasks and needle grids through a real model, dense and sparse on the same cases;
+// per-layer attention metrics on the dense model's activations; perplexity on long text. See
+// docs/accuracy/README.md for the tasks and the files written.
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "cli/commands.h"
+#include "cli/session.h"
+#include "core/error.h"
+#include "eval/attention_stats.h"
+#include "eval/haystack.h"
+#include "eval/heatmap.h"
+#include "eval/metrics.h"
+#include "eval/report.h"
+#include "eval/results.h"
+#include "eval/task.h"
+#include "runtime/forward.h"
+
+namespace tessera::cli {
+
+namespace fs = std::filesystem;
+
+// results -> report.md and one needle heatmap per (policy, task with depths) in `dir`; prints the report.
+void write_report(const fs::path& dir, const std::vector<eval::CaseResult>& results, const EvalOptions& o);
+
+namespace {
+
+void write_text(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  check(static_cast<bool>(out), path.string() + ": cannot write");
+  out << text;
+  check(static_cast<bool>(out), path.string() + ": write failed");
+}
+
+// "vs:v=128,s=512" -> "vs-v128-s512": safe in file names.
+std::string file_safe(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.') {
+      out += c;
+    } else if (c != '=' && !out.empty() && out.back() != '-') {
+      out += '-';
+    }
+  }
+  while (!out.empty() && out.back() == '-') out.pop_back();
+  return out;
+}
+
+bool chat_mode(const Session& s, const std::string& chat) {
+  if (chat == "on") return true;
+  if (chat == "off") return false;
+  return s.chat.has_value();  // auto
+}
+
+// The prompt a case gives the model: a chat user turn with the answer prefix opening the reply, or the plain
+// text a base model continues.
+std::vector<int32_t> case_prompt(const Session& s, const eval::TaskCase& c, bool chat) {
+  if (!chat) return s.tokenizer->encode(eval::full_prompt(c), {.add_special = true, .parse_special = false});
+  std::vector<int32_t> ids = s.encode_prompt(eval::user_prompt(c), true, "");
+  const auto prefix = s.tokenizer->encode(c.answer_prefix, {.add_special = false});
+  ids.insert(ids.end(), prefix.begin(), prefix.end());
+  return ids;
+}
+
+// Greedy answer. Stops at an end-of-generation token, after max_tokens, or, with stop_when_found, once every
+// expected answer is in the output: the metrics only look for the answers' presence, so later tokens cannot
+// change the score and need not be computed.
+std::string answer(runtime::Engine& engine, const Session& s, const std::vector<int32_t>& prompt,
+                   const eval::TaskCase& c, int max_tokens, bool stop_when_found) {
+  engine.reset();
+  std::vector<float> logits = engine.prefill(prompt);
+  runtime::SamplingOptions greedy;
+  greedy.temperature = 0;
+  runtime::Sampler sampler(greedy);
+  model::StreamingDecoder decoder(*s.tokenizer, {.skip_special = true});
+  std::string text;
+  for (int i = 0; i < max_tokens && engine.position() < engine.max_context(); ++i) {
+    const int32_t t = sampler.sample(logits);
+    if (s.tokenizer->is_end_of_generation(t)) break;
+    text += decoder.push(t);
+    if (stop_when_found && eval::score_output(c.metric, text, c.answers).pass) break;
+    if (i + 1 < max_tokens && engine.position() + 1 < engine.max_context()) logits = engine.decode(t);
+  }
+  return text + decoder.flush();
+}
+
+std::vector<std::string> policy_list(const std::vector<std::string>& attn) {
+  std::vector<std::string> out = {"dense"};
+  for (const std::string& a : attn)
+    if (a != "dense" && std::find(out.begin(), out.end(), a) == out.end()) out.push_back(a);
+  return out;
+}
+
+nlohmann::json meta_of(const Session& s, const EvalOptions& o, const std::vector<std::string>& policies) {
+  const auto& c = s.model->config();
+  return {{"model", c.name},
+          {"model_file", fs::path(o.model).filename().string()},
+          {"layers", c.num_layers},
+          {"context_length", c.context_length},
+          {"policies", policies},
+          {"chat", o.chat},
+          {"haystack", o.haystack},
+          {"seed", o.seed},
+          {"samples", o.samples},
+          {"chunk", o.chunk},
+          {"command", o.command_line}};
+}
+
+// The tasks x lengths x depths suite: cases, answers for every policy, results.json after every case.
+void run_tasks(const Session& s, const EvalOptions& o, const std::vector<std::string>& policies, const fs::path& dir) {
+  const eval::Haystack hay = eval::load_haystack(o.haystack);
+  const bool chat = chat_mode(s, o.chat);
+  const eval::TokenCounter count = [&](const std::string& t) {
+    return s.tokenizer->encode(t, {.add_special = false}).size();
+  };
+  // What the counter does not see: the chat template (or BOS) around the prompt, plus a little slack.
+  const size_t overhead = (chat ? s.encode_prompt("", true, "").size() : 1) + 4;
+
+  const fs::path results_path = dir / "results.json";
+  std::vector<eval::CaseResult> results;
+  std::set<std::pair<std::string, std::string>> done;
+  if (o.resume && fs::exists(results_path)) {
+    results = eval::read_results_file(results_path);
+    for (const auto& r : results) done.insert({r.id, r.policy});
+    std::fprintf(stderr, "eval: resuming with %zu results from %s\n", results.size(), results_path.c_str());
+  }
+  std::vector<eval::CaseSpec> specs;
+  for (const std::string& name : o.tasks) {
+    eval::SuiteSpec suite;
+    suite.tasks = {eval::parse_task(name)};
+    for (int l : o.lengths) suite.lengths.push_back(static_cast<size_t>(l));
+    suite.depths = o.depths;
+    suite.samples = static_cast<uint32_t>(o.samples);
+    suite.seed = o.seed;
+    const auto part = eval::suite_specs(suite);
+    specs.insert(specs.end(), part.begin(), part.end());
+  }
+  const auto& cfg = s.model->config();
+  size_t index = 0;
+  for (const eval::CaseSpec& spec : specs) {
+    ++index;
+    const int max_answer = o.answer_tokens > 0 ? o.answer_tokens : static_cast<int>(eval::answer_tokens(spec.task));
+    eval::TaskOptions topts;
+    topts.reserve_tokens = overhead + static_cast<size_t>(max_answer);
+    check(spec.length <= static_cast<size_t>(cfg.context_length),
+          "eval: length " + std::to_string(spec.length) + " exceeds the context of " + cfg.name + " (" +
+              std::to_string(cfg.context_length) + " tokens)");
+    const eval::TaskCase c = eval::generate_case(spec, hay, count, topts);
+    const std::vector<int32_t> prompt = case_prompt(s, c, chat);
+    for (const std::string& policy : policies) {
+      if (done.count({c.id, policy})) continue;
+      runtime::EngineOptions eo;
+      eo.chunk_size = o.chunk;
+      eo.policy = s.policy(policy);
+      eo.max_context = static_cast<int32_t>(
+          std::min<size_t>(static_cast<size_t>(cfg.context_length), prompt.size() + static_cast<size_t>(max_answer)));
+      runtime::Engine engine(*s.model, eo);
+      const double t0 = now_seconds();
+      const std::string out = answer(engine, s, prompt, c, max_answer, !o.full_answers);
+      eval::CaseResult r = eval::score_case(c, policy, out);
+      std::string shown = eval::normalize_output(out).substr(0, 60);
+      std::replace(shown.begin(), shown.end(), '\n', ' ');
+      std::fprintf(stderr, "[%zu/%zu] %s %s: %s (%zu tokens, %.1f s) \"%s\"\n", index, specs.size(), c.id.c_str(),
+                   policy.c_str(), r.pass ? "pass" : "FAIL", prompt.size(), now_seconds() - t0, shown.c_str());
+      results.push_back(std::move(r));
+      done.insert({c.id, policy});
+    }
+    eval::write_results_file(results_path, results, meta_of(s, o, policies));
+  }
+  write_report(dir, results, o);
+}
+
+}  // namespace
+
+void write_report(const fs::path& dir, const std::vector<eval::CaseResult>& results, const EvalOptions& o) {
+  std::string md = "# tessera eval\n\n";
+  if (!o.command_line.empty()) md += "Command: `" + o.command_line + "`\n\n";
+  md += eval::markdown_report(results);
+  write_text(dir / "report.md", md);
+  for (const std::string& policy : eval::policies_in(results)) {
+    for (const std::string& task : eval::tasks_in(results)) {
+      const eval::PassGrid grid = eval::depth_length_grid(results, policy, task);
+      if (grid.rows() == 0 || grid.cols() == 0) continue;
+      const std::string title = task + " — " + policy + (o.model_name.empty() ? "" : " — " + o.model_name);
+      write_text(dir / ("heatmap_" + task + "_" + file_safe(policy) + ".svg"), eval::heatmap_svg(grid, title));
+    }
+  }
+  std::printf("%s", md.c_str());
+}
+
+namespace {
+
+// Per layer and head, what each sparse policy would lose on the dense model's own activations, on the
+// niah_single case at each length (depth 50%).
+void run_layer_stats(const Session& s, const EvalOptions& o, const std::vector<std::string>& policies,
+                     const fs::path& dir) {
+  const eval::Haystack hay = eval::load_haystack(o.haystack);
+  const bool chat = chat_mode(s, o.chat);
+  const eval::TokenCounter count = [&](const std::string& t) {
+    return s.tokenizer->encode(t, {.add_special = false}).size();
+  };
+  const auto& cfg = s.model->config();
+  nlohmann::json all = nlohmann::json::object();
+  std::string md = "# Attention metrics per layer (dense activations)\n\n";
+  if (!o.command_line.empty()) md += "Command: `" + o.command_line + "`\n\n";
+  md += "Recall: share of the dense softmax mass the policy keeps; rel. error: ||sparse - dense|| / ||dense|| of "
+        "the layer's attention output; density: kept cells / cells dense attention computes. Means over query "
+        "heads, measured on the niah_single case (depth 50%) through the dense model.\n\n";
+  for (int length : o.layer_stats_lengths) {
+    eval::TaskOptions topts;
+    topts.reserve_tokens = (chat ? s.encode_prompt("", true, "").size() : 1) + 4;
+    const eval::TaskCase c =
+        eval::generate_case({eval::TaskKind::niah_single, static_cast<size_t>(length), 50.0, o.seed, 0}, hay, count, topts);
+    const std::vector<int32_t> prompt = case_prompt(s, c, chat);
+    std::map<std::string, std::vector<eval::LayerAttentionStats>> stats;  // policy -> per layer (row-weighted)
+    std::map<std::string, attn::AttentionPolicy> table;
+    for (const std::string& p : policies) {
+      if (p == "dense") continue;
+      table[p] = s.policy(p);
+      stats[p].resize(static_cast<size_t>(cfg.num_layers));
+    }
+    runtime::EngineOptions eo;
+    eo.chunk_size = o.chunk;
+    eo.observer = [&](int32_t layer, const attn::AttentionArgs& args) {
+      for (auto& [name, policy] : table) {
+        const eval::LayerAttentionStats part = eval::measure_layer(
+            layer, policy.layer(layer), args, static_cast<int32_t>(prompt.size()), runtime::Forward::kTile);
+        eval::LayerAttentionStats& acc = stats[name][static_cast<size_t>(layer)];
+        if (acc.heads.empty()) acc.heads.assign(part.heads.size(), eval::HeadAttentionStats{0, 0, 0});
+        acc.layer = layer;
+        for (size_t h = 0; h < part.heads.size(); ++h) {  // running row-weighted means over chunks
+          const double w0 = static_cast<double>(acc.rows), w1 = static_cast<double>(part.rows), w = w0 + w1;
+          acc.heads[h].recall = (acc.heads[h].recall * w0 + part.heads[h].recall * w1) / w;
+          acc.heads[h].rel_error = (acc.heads[h].rel_error * w0 + part.heads[h].rel_error * w1) / w;
+          acc.heads[h].density = (acc.heads[h].density * w0 + part.heads[h].density * w1) / w;
+        }
+        acc.rows += part.rows;
+      }
+    };
+    runtime::Engine engine(*s.model, eo);
+    const double t0 = now_seconds();
+    engine.prefill(prompt);
+    std::fprintf(stderr, "eval: layer metrics at %d tokens (%zu prompt tokens) in %.1f s\n", length, prompt.size(),
+                 now_seconds() - t0);
+    nlohmann::json at_length = nlohmann::json::object();
+    for (const auto& [name, layers] : stats) {
+      md += "## " + eval::format_length(static_cast<size_t>(length)) + ", " + name + "\n\n" +
+            eval::layer_stats_markdown(layers) + "\n";
+      at_length[name] = eval::layer_stats_to_json(layers);
+    }
+    all[std::to_string(length)] = at_length;
+  }
+  write_text(dir / "layer_stats.json", all.dump(1) + "\n");
+  write_text(dir / "layer_stats.md", md);
+  std::printf("%s", md.c_str());
+}
+
+// Perplexity of the haystack's text from its first sentence, at each length, under each policy.
+void run_perplexity(const Session& s, const EvalOptions& o, const std::vector<std::string>& policies,
+                    const fs::path& dir) {
+  const eval::Haystack hay = eval::load_haystack(o.haystack);
+  const int max_len = *std::max_element(o.perplexity_lengths.begin(), o.perplexity_lengths.end());
+  std::string text;
+  std::vector<int32_t> ids;
+  for (size_t i = 0; static_cast<int>(ids.size()) < max_len; i += 256) {
+    for (size_t j = i; j < i + 256; ++j) text += hay.sentence(j) + " ";
+    ids = s.tokenizer->encode(text, {.add_special = true, .parse_special = false});
+    check(i < 100 * hay.sentences.size(), "eval: the haystack is too short for perplexity at " + std::to_string(max_len));
+  }
+  std::string md = "# Perplexity (" + hay.name + ", from its first sentence)\n\n";
+  if (!o.command_line.empty()) md += "Command: `" + o.command_line + "`\n\n";
+  md += "| policy |";
+  for (int l : o.perplexity_lengths) md += " " + eval::format_length(static_cast<size_t>(l)) + " |";
+  md += "\n|---|";
+  for (size_t i = 0; i < o.perplexity_lengths.size(); ++i) md += "---:|";
+  md += "\n";
+  nlohmann::json j = nlohmann::json::array();
+  for (const std::string& policy : policies) {
+    md += "| " + policy + " |";
+    for (int l : o.perplexity_lengths) {
+      runtime::EngineOptions eo;
+      eo.chunk_size = o.chunk;
+      eo.policy = s.policy(policy);
+      eo.max_context = l;
+      runtime::Engine engine(*s.model, eo);
+      const double t0 = now_seconds();
+      const std::vector<double> lp = engine.score(std::span<const int32_t>(ids.data(), static_cast<size_t>(l)));
+      const double ppl = eval::perplexity(lp);
+      std::fprintf(stderr, "eval: perplexity %s at %d tokens: %.3f (%.1f s)\n", policy.c_str(), l, ppl,
+                   now_seconds() - t0);
+      char cell[32];
+      std::snprintf(cell, sizeof cell, " %.3f |", ppl);
+      md += cell;
+      j.push_back({{"policy", policy}, {"length", l}, {"perplexity", ppl}, {"tokens_scored", lp.size()}});
+    }
+    md += "\n";
+  }
+  write_text(dir / "perplexity.json", nlohmann::json{{"haystack", hay.name}, {"results", j}}.dump(1) + "\n");
+  write_text(dir / "perplexity.md", md);
+  std::printf("%s", md.c_str());
+}
+
+}  // namespace
+
+int eval_command(EvalOptions o) {
+  check(!o.lengths.empty(), "eval: --lengths is empty");
+  for (int l : o.lengths) check(l > 0, "eval: lengths must be positive");
+  for (double d : o.depths) check(d >= 0 && d <= 100, "eval: depths are percentages in [0, 100]");
+  check(o.samples > 0, "eval: --samples must be positive");
+  const Session s = Session::open(o.model);
+  o.model_name = s.model->config().name;
+  for (int l : o.lengths)
+    check(l <= s.model->config().context_length,
+          "eval: length " + std::to_string(l) + " exceeds the context of " + o.model_name + " (" +
+              std::to_string(s.model->config().context_length) + " tokens)");
+  const std::vector<std::string> policies = policy_list(o.attn);
+  for (const std::string& p : policies) (void)s.policy(p);  // bad specs fail before any work
+  const fs::path dir = o.out;
+  fs::create_directories(dir);
+  if (o.report_only) {
+    write_report(dir, eval::read_results_file(dir / "results.json"), o);
+    return 0;
+  }
+  if (!o.tasks.empty()) run_tasks(s, o, policies, dir);
+  if (!o.layer_stats_lengths.empty()) run_layer_stats(s, o, policies, dir);
+  if (!o.perplexity_lengths.empty()) run_perplexity(s, o, policies, dir);
+  return 0;
+}
+
+}  // namespace tessera::cli
