@@ -22,14 +22,21 @@
 // Kernels (sparse_prefill.h): the kernel column is what PrefillKernel::kAuto ran (wgmma on Hopper when its
 // self-check passed, else mma.sync); with --kernel both (default) the mma.sync kernel is timed as well
 // ("mma ms") and both outputs are compared ("rel diff" = ||auto - mma|| / ||mma||).
+// Paths (layer_attention_cuda.h): each row runs what the engine runs (CudaLayerAttention::run): dense rows on
+// the dense backend (--dense-backend; auto: cuDNN's fused SDPA where available and q_len >= 2048), sparse rows
+// sparse or, with the dense fallback (--fallback on, default), dense when their index costs more; the path
+// column says which. Dense rows also time both backends alone ("dense backends" lines: ours, cuDNN, their
+// ratio, cuDNN's first call with its plan build), and a row that fell back times its sparse path alone
+// ("fallback" lines).
 //
 //   attention_gpu_bench [--seq 8192,32768,131072] [--patterns dense,vs,bs,ashape,triangle] [--reps 5]
 //                       [--warmup 1] [--inputs rope|random|local] [--kernel both|auto|mma|wgmma]
-//                       [--variants on|off] [--csv FILE]
+//                       [--variants on|off] [--dense-backend auto|ours|cudnn] [--fallback on|off] [--csv FILE]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -40,6 +47,7 @@
 #include <vector>
 
 #include "attention/cuda/cuda_check.h"
+#include "attention/cuda/cudnn_sdpa.h"
 #include "attention/cuda/device_buffer.h"
 #include "attention/cuda/layer_attention_cuda.h"
 #include "attention/cuda/sparse_prefill.h"
@@ -140,6 +148,8 @@ struct Options {
   std::string inputs = "rope";
   std::string kernel = "both";
   bool variants = true;  // time every wgmma variant on dense rows
+  std::string dense_backend = "auto";
+  bool fallback = true;
   std::string csv;
 };
 
@@ -181,6 +191,14 @@ Options parse(int argc, char** argv) {
       const std::string v = value();
       if (v != "on" && v != "off") throw Error("--variants must be on or off");
       o.variants = v == "on";
+    } else if (a == "--dense-backend") {
+      o.dense_backend = value();
+      if (o.dense_backend != "auto" && o.dense_backend != "ours" && o.dense_backend != "cudnn")
+        throw Error("--dense-backend must be auto, ours or cudnn");
+    } else if (a == "--fallback") {
+      const std::string v = value();
+      if (v != "on" && v != "off") throw Error("--fallback must be on or off");
+      o.fallback = v == "on";
     } else if (a == "--csv") {
       o.csv = value();
     } else {
@@ -209,7 +227,9 @@ struct Row {
   std::string pattern;
   double density = 0, est_ms = 0, index_ms = 0, kernel_ms = 0, total_ms = 0;
   double mask_tflops = 0, tile_tflops = 0, speedup = 0, max_over_mean_cost = 0;
-  std::string kernel;    // what ran in kernel_ms
+  std::string kernel;    // the prefill kernel kAuto resolves to
+  std::string path;      // what ran in kernel_ms (CudaLayerAttention::last_path)
+  double ours_dense_ms = 0, cudnn_ms = 0;  // dense rows: each backend alone (0: not run)
   double mma_ms = 0;     // the mma.sync kernel alone (--kernel both), 0 if not timed
   double rel_diff = -1;  // ||out - out_mma|| / ||out_mma||, -1 if not compared
   unsigned long long non_finite = 0;
@@ -226,8 +246,14 @@ int main(int argc, char** argv) {
                 prop.l2CacheSize / 1048576.0);
     std::printf(
         "shape: 1 sequence, %d query heads, %d kv heads, head_dim %d, bf16, tile %d; reps %d (median), "
-        "warm-up %d; inputs %s\n",
-        kHq, kHkv, kD, kTile, opt.reps, opt.warmup, opt.inputs.c_str());
+        "warm-up %d; inputs %s; dense backend %s, dense fallback %s\n",
+        kHq, kHkv, kD, kTile, opt.reps, opt.warmup, opt.inputs.c_str(), opt.dense_backend.c_str(),
+        opt.fallback ? "on" : "off");
+    {
+      std::string why;
+      const bool ok = gpu::cudnn_available(&why);
+      std::printf("cuDNN: %s (%s)\n", ok ? "available" : "unavailable", why.c_str());
+    }
     cudaStream_t stream;
     TESSERA_CUDA_CHECK(cudaStreamCreate(&stream));
     if (gpu::wgmma_prefill_applies(DType::BF16, kD, kTile)) {
@@ -272,15 +298,26 @@ int main(int argc, char** argv) {
         r.seq = seq;
         r.pattern = name;
         gpu::CudaLayerAttention layer(std::vector<Pattern>(kHq, make_pattern(name)), ctx, kHkv, kD);
+        layer.set_dense_backend(opt.dense_backend == "ours"    ? gpu::DenseBackend::kOurs
+                                : opt.dense_backend == "cudnn" ? gpu::DenseBackend::kCudnn
+                                                               : gpu::DenseBackend::kAuto);
+        layer.set_dense_fallback(opt.fallback);
         const gpu::PrefillKernel main_kernel = opt.kernel == "mma"     ? gpu::PrefillKernel::kMma
                                                : opt.kernel == "wgmma" ? gpu::PrefillKernel::kWgmma
                                                                        : gpu::PrefillKernel::kAuto;
         r.kernel = gpu::prefill_kernel_name(
             gpu::resolve_prefill_kernel(main_kernel, DType::BF16, kD, kTile, stream));
         TESSERA_CUDA_CHECK(cudaMemsetAsync(out.data(), 0xff, out.bytes(), stream));  // NaN poison
+        // As CudaLayerAttention::run: an all-dense layer on cuDNN needs no index (built once here for the
+        // density and the explicit-kernel timings below).
+        layer.estimate(args, stream);
+        layer.build_index(stream);
+        const bool needs_index =
+            !(layer.all_dense() && main_kernel == gpu::PrefillKernel::kAuto &&
+              layer.resolve_dense_backend(args) == gpu::DenseBackend::kCudnn);
         for (int i = 0; i < opt.warmup; ++i) {
           layer.estimate(args, stream);
-          layer.build_index(stream);
+          if (needs_index) layer.build_index(stream);
           layer.attend(args, stream, main_kernel);
         }
         TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -289,7 +326,7 @@ int main(int argc, char** argv) {
           TESSERA_CUDA_CHECK(cudaEventRecord(ev[0], stream));
           layer.estimate(args, stream);
           TESSERA_CUDA_CHECK(cudaEventRecord(ev[1], stream));
-          layer.build_index(stream);
+          if (needs_index) layer.build_index(stream);
           TESSERA_CUDA_CHECK(cudaEventRecord(ev[2], stream));
           layer.attend(args, stream, main_kernel);
           TESSERA_CUDA_CHECK(cudaEventRecord(ev[3], stream));
@@ -305,6 +342,75 @@ int main(int argc, char** argv) {
         count_non_finite<<<1024, 256, 0, stream>>>(out.data(), nq, bad.data());
         gpu::check_launch("count_non_finite");
         r.non_finite = bad.download()[0];
+        r.path = main_kernel == gpu::PrefillKernel::kAuto ? layer.last_path() : "sparse " + r.kernel;
+        if (!needs_index) layer.build_index(stream);  // the explicit-kernel runs below need the index
+
+        // Times `attend` alone (median of reps, after one untimed call) with the layer's current settings.
+        auto time_attend = [&](const AttentionArgs& a) {
+          layer.attend(a, stream);
+          std::vector<double> ts;
+          for (int rep = 0; rep < opt.reps; ++rep) {
+            TESSERA_CUDA_CHECK(cudaEventRecord(ev[0], stream));
+            layer.attend(a, stream);
+            TESSERA_CUDA_CHECK(cudaEventRecord(ev[1], stream));
+            TESSERA_CUDA_CHECK(cudaEventSynchronize(ev[1]));
+            float t = 0;
+            TESSERA_CUDA_CHECK(cudaEventElapsedTime(&t, ev[0], ev[1]));
+            ts.push_back(t);
+          }
+          return median(ts);
+        };
+        // Dense rows: both dense backends alone, on the same inputs (outputs compared).
+        if (name == "dense") {
+          AttentionArgs margs = args;
+          margs.out = TensorView(out_mma.data(), DType::BF16, {seq, kHq, kD});
+          layer.set_dense_backend(gpu::DenseBackend::kOurs);
+          r.ours_dense_ms = time_attend(margs);
+          const std::string ours_path = layer.last_path();
+          std::string why;
+          if (gpu::cudnn_dense_plan(args, &why) || gpu::cudnn_dense_supports(args)) {
+            layer.set_dense_backend(gpu::DenseBackend::kCudnn);
+            AttentionArgs cargs = args;
+            cargs.out = TensorView(out.data(), DType::BF16, {seq, kHq, kD});
+            try {
+              const auto t0 = std::chrono::steady_clock::now();
+              layer.attend(cargs, stream);
+              TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+              const double first_ms =
+                  std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+              r.cudnn_ms = time_attend(cargs);
+              TESSERA_CUDA_CHECK(cudaMemsetAsync(sums.data(), 0, 2 * sizeof(double), stream));
+              diff_norms<<<1024, 256, 0, stream>>>(out.data(), out_mma.data(), nq, sums.data());
+              gpu::check_launch("diff_norms");
+              const std::vector<double> sd = sums.download();
+              std::printf(
+                  "  dense backends seq %6d: ours %9.3f ms (%s), cuDNN %9.3f ms (first call %.1f ms), cuDNN/ours "
+                  "%.3f, rel diff %.2e; kAuto runs %s\n",
+                  seq, r.ours_dense_ms, ours_path.c_str(), r.cudnn_ms, first_ms, r.cudnn_ms / r.ours_dense_ms,
+                  sd[1] > 0 ? std::sqrt(sd[0] / sd[1]) : -1.0, r.path.c_str());
+            } catch (const std::exception& e) {
+              std::printf("  dense backends seq %6d: ours %9.3f ms (%s), cuDNN failed: %s\n", seq,
+                          r.ours_dense_ms, ours_path.c_str(), e.what());
+            }
+          } else {
+            std::printf("  dense backends seq %6d: ours %9.3f ms (%s), cuDNN not run: %s\n", seq, r.ours_dense_ms,
+                        ours_path.c_str(), why.c_str());
+          }
+          std::fflush(stdout);
+          layer.set_dense_backend(gpu::DenseBackend::kAuto);
+        }
+        // A row that fell back to dense: its sparse path alone, and the costs the rule compared.
+        if (r.path.rfind("dense fallback", 0) == 0) {
+          layer.set_dense_fallback(false);
+          const double sparse_ms = time_attend(args);
+          layer.set_dense_fallback(true);
+          std::printf("  fallback seq %6d %-9s sparse cost %lld, dense cost %lld: ran %s (%.3f ms) instead of %s "
+                      "(%.3f ms)\n",
+                      seq, name.c_str(), static_cast<long long>(layer.sparse_cost(stream)),
+                      static_cast<long long>(layer.dense_cost()), r.path.c_str(), median(ker),
+                      layer.last_path().c_str(), sparse_ms);
+          std::fflush(stdout);
+        }
 
         // The mma.sync kernel on the same index: time and output, compared with the main kernel's.
         if (opt.kernel == "both" && r.kernel != gpu::prefill_kernel_name(gpu::PrefillKernel::kMma)) {
@@ -361,9 +467,10 @@ int main(int argc, char** argv) {
         }
 
         const SparseIndex index = layer.download_index();
-        // Index build with a warp per (head, tile) (experimental): time, and the same index?
+        // Index build with a thread per (head, tile) (the old path; the default is a warp per tile): time,
+        // and the same index?
         if (name == "vs" || name == "bs") {
-          layer.set_warp_index_build(true);
+          layer.set_warp_index_build(false);
           layer.build_index(stream);
           std::vector<double> wi;
           for (int rep = 0; rep < opt.reps; ++rep) {
@@ -376,11 +483,11 @@ int main(int argc, char** argv) {
             wi.push_back(t);
           }
           const SparseIndex windex = layer.download_index();
-          layer.set_warp_index_build(false);
+          layer.set_warp_index_build(true);
           const bool same = windex.range_offsets == index.range_offsets && windex.ranges == index.ranges &&
                             windex.column_offsets == index.column_offsets && windex.columns == index.columns;
-          std::printf("  index seq %6d %-9s thread per tile %8.3f ms, warp per tile %8.3f ms, %s\n", seq,
-                      name.c_str(), r.index_ms, median(wi), same ? "same index" : "DIFFERENT INDEX");
+          std::printf("  index seq %6d %-9s warp per tile (default) %8.3f ms, thread per tile %8.3f ms, %s\n",
+                      seq, name.c_str(), median(idx), median(wi), same ? "same index" : "DIFFERENT INDEX");
           std::fflush(stdout);
         }
         const IndexStats st = index_stats(index);
@@ -405,33 +512,37 @@ int main(int argc, char** argv) {
             "  seq %6d %-9s density %.4f  est %8.3f ms  index %8.3f ms  kernel %9.3f ms (%s)  total %9.3f ms "
             " "
             "%6.1f TFLOP/s mask  %6.1f tiles  mma %9.3f ms  rel diff %.2e%s\n",
-            seq, name.c_str(), r.density, r.est_ms, r.index_ms, r.kernel_ms, r.kernel.c_str(), r.total_ms,
+            seq, name.c_str(), r.density, r.est_ms, r.index_ms, r.kernel_ms, r.path.c_str(), r.total_ms,
             r.mask_tflops, r.tile_tflops, r.mma_ms, r.rel_diff, r.non_finite ? "  NON-FINITE OUTPUT" : "");
         std::fflush(stdout);
       }
     }
 
     std::printf(
-        "\n| seq | pattern | density | estimate ms | index ms | kernel | kernel ms | total ms | TFLOP/s mask "
+        "\n| seq | pattern | density | estimate ms | index ms | path | kernel ms | total ms | TFLOP/s mask "
         "| "
-        "TFLOP/s tiles | vs dense | mma.sync ms | rel diff vs mma | non-finite |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+        "TFLOP/s tiles | vs dense | mma.sync ms | rel diff vs mma | non-finite | dense: ours ms | dense: cuDNN ms |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (const Row& r : rows) {
       std::printf(
-          "| %d | %s | %.4f | %.3f | %.3f | %s | %.3f | %.3f | %.1f | %.1f | %.2fx | %.3f | %.1e | %llu |\n",
-          r.seq, r.pattern.c_str(), r.density, r.est_ms, r.index_ms, r.kernel.c_str(), r.kernel_ms,
-          r.total_ms, r.mask_tflops, r.tile_tflops, r.speedup, r.mma_ms, r.rel_diff, r.non_finite);
+          "| %d | %s | %.4f | %.3f | %.3f | %s | %.3f | %.3f | %.1f | %.1f | %.2fx | %.3f | %.1e | %llu | %.3f | "
+          "%.3f |\n",
+          r.seq, r.pattern.c_str(), r.density, r.est_ms, r.index_ms, r.path.c_str(), r.kernel_ms, r.total_ms,
+          r.mask_tflops, r.tile_tflops, r.speedup, r.mma_ms, r.rel_diff, r.non_finite, r.ours_dense_ms,
+          r.cudnn_ms);
     }
     if (!opt.csv.empty()) {
       std::ofstream f(opt.csv);
       f << "seq,pattern,density,estimate_ms,index_ms,kernel_ms,total_ms,tflops_mask,tflops_tiles,speedup_vs_"
            "dense,"
-           "max_over_mean_item_cost,non_finite,kernel,mma_kernel_ms,rel_diff_vs_mma\n";
+           "max_over_mean_item_cost,non_finite,kernel,mma_kernel_ms,rel_diff_vs_mma,path,dense_ours_ms,dense_cudnn_"
+           "ms\n";
       for (const Row& r : rows) {
         f << r.seq << ',' << r.pattern << ',' << r.density << ',' << r.est_ms << ',' << r.index_ms << ','
           << r.kernel_ms << ',' << r.total_ms << ',' << r.mask_tflops << ',' << r.tile_tflops << ','
           << r.speedup << ',' << r.max_over_mean_cost << ',' << r.non_finite << ',' << r.kernel << ','
-          << r.mma_ms << ',' << r.rel_diff << '\n';
+          << r.mma_ms << ',' << r.rel_diff << ',' << r.path << ',' << r.ours_dense_ms << ',' << r.cudnn_ms
+          << '\n';
       }
     }
     for (cudaEvent_t& e : ev) cudaEventDestroy(e);

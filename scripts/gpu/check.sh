@@ -7,8 +7,9 @@
 #                                          build/gpu-deps, to carry to a GPU machine without those packages
 #
 # Steps, each logged to $OUT/<step>.log; a failing step does not stop the later ones, and every step's time is
-# capped so that the whole run stays within CHECK_BUDGET_S seconds (default 470):
-#   env        nvidia-smi, nvcc, compilers, cmake, torch; which of GTest / nlohmann_json the machine has
+# capped so that the whole run stays within CHECK_BUDGET_S seconds (default 520, for a 600 s device call):
+#   env        nvidia-smi, nvcc, compilers, cmake, torch; which of GTest / nlohmann_json the machine has; the
+#              cuDNN libraries (pip nvidia-cudnn-*) CMake will look for
 #   configure  cmake --preset cuda -B build/cuda -DTESSERA_WERROR=ON -DTESSERA_CUDA_PTXAS_VERBOSE=ON
 #              (+ -DCMAKE_PREFIX_PATH=build/gpu-deps when carried)
 #   build      cmake --build build/cuda -j$JOBS --target tessera_cuda attention_gpu_test attention_gpu_bench
@@ -18,10 +19,17 @@
 #   resources  ptxas registers / spills (from the build log) and cuobjdump -res-usage of the kernels
 #   wgmma_probe the wgmma kernel's self-check alone (CudaAttention.WgmmaSelfCheck); if it crashed the process,
 #              the later steps run with TESSERA_PREFILL_KERNEL=mma (wgmma switched off)
-#   test       attention_gpu_test (every GPU test; gtest XML in $OUT/test.xml)
-#   memcheck   compute-sanitizer memcheck on a subset of small cases
-#   bench      attention_gpu_bench (Llama-3-8B shapes at 8K, 32K, 128K; CSV in $OUT/bench.csv): the kAuto kernel
-#              (wgmma on Hopper if its self-check passed) and the mma.sync kernel, timed and compared
+#   test       attention_gpu_test (every GPU test; gtest XML in $OUT/test.xml): executor (sliding-window cases
+#              included), index (warp- and thread-per-tile builds), estimators, end to end, cuDNN dense
+#              (CudnnDenseTest: skipped with the reason when cuDNN is absent), the layer's dense paths
+#              (LayerDensePaths: dense backend, dense fallback rule)
+#   memcheck   compute-sanitizer memcheck on a subset of small cases (window cases included)
+#   racecheck_topk compute-sanitizer racecheck (hazard report) on the VS/BS estimators' block top-k only: fails if
+#              any hazard is reported (the 64 warnings of the second H200 run were a real race, fixed)
+#   bench      attention_gpu_bench (Llama-3-8B shapes at 8K, 32K, 128K; CSV in $OUT/bench.csv): each row runs the
+#              engine's path (dense rows on cuDNN where it is faster, sparse rows with the dense fallback), the
+#              kAuto kernel and the mma.sync kernel timed and compared; "dense backends" lines: ours vs cuDNN
+#   bench_short the same at 1K, 2K, 4K (dense, vs): where cuDNN and the dense fallback start to pay
 #   bench_local the same with --inputs local (local/sink attention) at 32K and 128K, dense/vs/bs
 #   sdpa       bench/gpu/sdpa_reference.py (torch SDPA cuDNN / flash / efficient; CSV in $OUT/sdpa.csv)
 #   racecheck  compute-sanitizer racecheck on three tiny cases (last: it gets what is left of the budget), then
@@ -56,7 +64,7 @@ exec > >(tee "$OUT/check.log") 2>&1
 set -x
 
 JOBS=${JOBS:-16}
-BUDGET=${CHECK_BUDGET_S:-470}
+BUDGET=${CHECK_BUDGET_S:-520}
 START=$(date +%s)
 SUMMARY=$OUT/summary.txt
 : > "$SUMMARY"
@@ -99,6 +107,10 @@ env_report() {
   command -v ninja && ninja --version
   command -v compute-sanitizer cuobjdump
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), torch.cuda.get_device_name(0))'
+  python3 -c 'import site; print("\n".join(site.getsitepackages()))' | while read -r d; do
+    ls "$d"/nvidia/cudnn/lib/libcudnn.so* "$d"/nvidia/cudnn/include/cudnn_graph.h 2>/dev/null
+  done
+  ls /usr/local/cuda/include/cudnn_graph.h 2>/dev/null || echo "no cudnn_graph.h in /usr/local/cuda/include"
   nproc
   free -g
   for f in /usr/include/gtest/gtest.h /usr/include/nlohmann/json.hpp /usr/lib/x86_64-linux-gnu/cmake/GTest/GTestConfig.cmake; do
@@ -214,7 +226,24 @@ resources() {
   return 0
 }
 
-export -f resources
+racecheck_topk() {
+  local log=$OUT/racecheck_topk.raw
+  compute-sanitizer --tool racecheck --racecheck-report hazard "$TEST_BIN" \
+    --gtest_filter='Cases/DeviceEstimateTest.*/s100_d64_bf16:Cases/DeviceEstimateTest.*/s1000_d64_f16:Cases/DeviceEstimateTest.*/s40_short' \
+    > "$log" 2>&1
+  local rc=$?
+  cat "$log"
+  grep -E "RACECHECK SUMMARY" "$log"
+  if grep -qE "RACECHECK SUMMARY: [1-9][0-9]* hazard" "$log"; then
+    echo "racecheck_topk: hazards reported (block_topk.cuh / estimate_cuda.cu)"
+    grep -E "block_topk|estimate_cuda" "$log" | sort | uniq -c | sort -rn | head -10
+    return 4
+  fi
+  return $rc
+}
+
+export TEST_BIN
+export -f resources racecheck_topk
 if [ "$built" = yes ]; then
   run_step resources 30 resources
   # The wgmma kernel's self-check alone first. A numeric failure is handled in-process (kAuto falls back to
@@ -228,8 +257,10 @@ if [ "$built" = yes ]; then
   fi
   run_step test 170 "$TEST_BIN" --gtest_output=xml:"$OUT/test.xml"
   if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
-    SAN_FILTER='Cases/ExecutorTest.MatchesReference/mixed_s100_d64_f16_t64:Cases/ExecutorTest.MatchesReference/mixed_s1000_d128_bf16:Cases/ExecutorTest.MatchesReference/mixed_s300_d256_f16_t64:Cases/ExecutorTest.MatchesReference/mixed_chunk_q777_s333_tail50:Cases/ExecutorTest.MatchesReference/empty_vs_s200:Cases/DeviceIndexTest.IdenticalToCpuLowering/mixed_s1000:Cases/DeviceEstimateTest.*/s100_d64_bf16:Cases/EndToEndTest.MatchesReferenceOnItsOwnIndex/mixed_s1000_bf16:CudaAttention.*'
+    SAN_FILTER='Cases/ExecutorTest.MatchesReference/dense_win37_s100_d64_f16_t64:Cases/ExecutorTest.MatchesReference/mixed_win70_s130_d128_bf16:Cases/ExecutorTest.MatchesReference/mixed_s100_d64_f16_t64:Cases/ExecutorTest.MatchesReference/mixed_s1000_d128_bf16:Cases/ExecutorTest.MatchesReference/mixed_s300_d256_f16_t64:Cases/ExecutorTest.MatchesReference/mixed_chunk_q777_s333_tail50:Cases/ExecutorTest.MatchesReference/empty_vs_s200:Cases/DeviceIndexTest.IdenticalToCpuLowering/mixed_s1000:Cases/DeviceEstimateTest.*/s100_d64_bf16:Cases/EndToEndTest.MatchesReferenceOnItsOwnIndex/mixed_s1000_bf16:CudaAttention.*'
     run_step sanitizer_memcheck 100 compute-sanitizer --tool memcheck --error-exitcode 3 "$TEST_BIN" --gtest_filter="$SAN_FILTER"
+    # The block top-k of the VS/BS estimators alone, every hazard reported: any hazard fails the step.
+    run_step sanitizer_racecheck_topk 60 racecheck_topk
   fi
   if [ "${SKIP_BENCH:-0}" != 1 ]; then
     # shellcheck disable=SC2086
@@ -238,6 +269,10 @@ if [ "$built" = yes ]; then
     # shellcheck disable=SC2086
     run_step bench_local 75 "$BENCH_BIN" --inputs local --seq 32768,131072 --patterns dense,vs,bs --variants off \
       ${BENCH_LOCAL_ARGS:-} --csv "$OUT/bench_local.csv"
+    # Short prompts: cuDNN against ours, and the dense fallback, where prompts are cheap.
+    # shellcheck disable=SC2086
+    run_step bench_short 40 "$BENCH_BIN" --seq 1024,2048,4096 --patterns dense,vs,bs --variants off --kernel auto \
+      ${BENCH_SHORT_ARGS:-} --csv "$OUT/bench_short.csv"
   fi
 fi
 if [ "${SKIP_SDPA:-0}" != 1 ]; then
@@ -281,14 +316,21 @@ set +x
     grep -E "^\[  SKIPPED \] [0-9]+ test" "$OUT/test.log"
     grep -E "^\[  FAILED|^\[  PASSED|Failure|Expected|Which is|actual|error" "$OUT/test.log" | head -60
     grep -E "^\[ wgmma self-check \]|^wgmma " "$OUT/test.log"
+    echo "cuDNN / dense paths:"
+    grep -E "tessera: cuDNN|tessera: TESSERA_CUDNN" "$OUT/configure.log" "$OUT/fallback_configure.log" 2>/dev/null | head -2
+    grep -E "^\[ (cudnn|layer|fallback) " "$OUT/test.log" | head -20
+    grep -E "CudnnDense.*(SKIPPED|FAILED)|cuDNN (unavailable|has no|built no)" "$OUT/test.log" | head -10
+    echo "sliding-window cases (worst):"
+    grep -E "^\[ executor \] [a-z]+_win" "$OUT/test.log" | awk '{print $4, $5, $7}' | sort -k3 -g -r | head -4
     echo "worst relative errors (case, kernel, error):"
     grep -E "^\[ (executor|end2end) \]" "$OUT/test.log" | awk '{print $4, $5, $7}' | sort -k3 -g -r | head -8
   fi
-  for s in sanitizer_memcheck sanitizer_racecheck sanitizer_racecheck_wgmma; do
+  for s in sanitizer_memcheck sanitizer_racecheck_topk sanitizer_racecheck sanitizer_racecheck_wgmma; do
     [ -s "$OUT/$s.log" ] && { echo "--- $s:"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race|hazard|PASSED|FAILED" "$OUT/$s.log" | head -15; }
   done
-  [ -s "$OUT/bench.log" ] && { echo "--- bench:"; grep -E "^\||device|shape|rror|self-check|^wgmma|variant seq|index seq" "$OUT/bench.log"; }
-  [ -s "$OUT/bench_local.log" ] && { echo "--- bench, local inputs:"; grep -E "^\||shape|rror|self-check|index seq" "$OUT/bench_local.log"; }
+  [ -s "$OUT/bench.log" ] && { echo "--- bench:"; grep -E "^\||device|shape|cuDNN|rror|self-check|^wgmma|variant seq|index seq|dense backends|fallback seq" "$OUT/bench.log"; }
+  [ -s "$OUT/bench_local.log" ] && { echo "--- bench, local inputs:"; grep -E "^\||shape|rror|self-check|index seq|dense backends|fallback seq" "$OUT/bench_local.log"; }
+  [ -s "$OUT/bench_short.log" ] && { echo "--- bench, short prompts:"; grep -E "^\||rror|dense backends|fallback seq" "$OUT/bench_short.log"; }
   [ -s "$OUT/sdpa.log" ] && { echo "--- sdpa:"; grep -E "^\||device|unavailable|rror" "$OUT/sdpa.log"; }
 } | tee "$OUT/summary_full.txt"
 exit 0

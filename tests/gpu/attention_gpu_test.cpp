@@ -30,6 +30,7 @@
 
 #include "attention/cpu/reference.h"
 #include "attention/cpu/sparse_attention.h"
+#include "attention/cuda/cudnn_sdpa.h"
 #include "attention/cuda/device_buffer.h"
 #include "attention/cuda/layer_attention_cuda.h"
 #include "attention/cuda/lower_tile.h"
@@ -78,6 +79,7 @@ struct Shape {
   int d = 128;
   int tile = 128;
   DType dtype = DType::BF16;
+  int window = 0;  // AttentionArgs::window (row-exact sliding window), 0: none
   int kv_len() const { return q_begin + q_len + extra_kv; }
   LoweringContext ctx() const { return LoweringContext{q_begin, q_len, kv_len(), q_begin + q_len, tile}; }
 };
@@ -86,7 +88,7 @@ std::string describe(const Shape& s) {
   return "q_len " + std::to_string(s.q_len) + " q_begin " + std::to_string(s.q_begin) + " kv_len " +
          std::to_string(s.kv_len()) + " hq " + std::to_string(s.hq) + " hkv " + std::to_string(s.hkv) +
          " d " + std::to_string(s.d) + " tile " + std::to_string(s.tile) + " " +
-         std::string(dtype_name(s.dtype));
+         std::string(dtype_name(s.dtype)) + (s.window > 0 ? " window " + std::to_string(s.window) : "");
 }
 
 // f32 host tensor of N(0, sigma) values rounded to `t`.
@@ -138,8 +140,9 @@ Inputs make_inputs(const Shape& s, uint64_t seed, float q_sigma = 1.0f) {
   return in;
 }
 
-AttentionArgs host_args(const Inputs& in, Tensor& out, Tensor* lse, int q_begin) {
+AttentionArgs host_args(const Inputs& in, Tensor& out, Tensor* lse, int q_begin, int window = 0) {
   AttentionArgs a;
+  a.window = window;
   a.q = in.q;
   a.k = in.k;
   a.v = in.v;
@@ -190,7 +193,7 @@ Reference reference_of(const Shape& s, const Inputs& in, const SparseIndex& inde
   Tensor out(DType::F32, {s.q_len, s.hq, s.d});
   Reference r;
   r.lse = Tensor(DType::F32, {s.hq, s.q_len});
-  AttentionArgs ha = host_args(in, out, &r.lse, s.q_begin);
+  AttentionArgs ha = host_args(in, out, &r.lse, s.q_begin, s.window);
   if (s.q_len <= 1100) {
     reference_attention_sparse(ha, index, &r.out);
   } else {
@@ -258,6 +261,7 @@ AttentionArgs device_args(const Inputs& in, const DeviceTensor& out, const gpu::
   a.out = out.view;
   if (lse != nullptr) a.lse = TensorView(const_cast<float*>(lse->data()), DType::F32, {s.hq, s.q_len});
   a.q_begin = s.q_begin;
+  a.window = s.window;
   return a;
 }
 
@@ -361,6 +365,34 @@ std::vector<ExecCase> exec_cases() {
   add("dense", Shape{129, 4000, 0, 4, 2, 128, 128, DType::BF16}, "chunk_q4000_s129");
   // Rows that see no key: output 0, lse -inf.
   add("empty_vs", Shape{200, 0, 0, 2, 1, 64, 64, DType::BF16}, "s200");
+  // Row-exact sliding window (AttentionArgs::window) on top of the index: dense and sparse layers, odd sizes
+  // and windows (not multiples of the key tile), chunks (q_begin > 0), d = 64 / 128 / 256, both tiles. Gemma-3
+  // local layers: d = 256, window 512; Mistral: d = 128.
+  auto win = [](Shape s, int w) {
+    s.window = w;
+    return s;
+  };
+  add("dense", win(Shape{1000, 0, 0, 4, 2, 128, 128, DType::BF16}, 300), "win300_s1000_d128_bf16");
+  add("dense", win(Shape{777, 0, 0, 4, 2, 64, 64, DType::F16}, 129), "win129_s777_d64_f16_t64");
+  add("dense", win(Shape{1000, 0, 0, 4, 1, 256, 128, DType::BF16}, 512), "win512_s1000_d256_bf16");
+  add("dense", win(Shape{700, 0, 0, 4, 2, 256, 64, DType::F16}, 200), "win200_s700_d256_f16_t64");
+  add("dense", win(Shape{1000, 0, 0, 4, 2, 128, 128, DType::F16}, 1), "win1_s1000_d128_f16");
+  add("dense", win(Shape{300, 0, 0, 4, 2, 128, 128, DType::BF16}, 5000), "win5000_s300_d128_bf16");
+  add("dense", win(Shape{4097, 0, 0, 4, 2, 128, 128, DType::BF16}, 512), "win512_s4097_d128_bf16");
+  add("dense", win(Shape{2500, 0, 0, 4, 1, 256, 128, DType::BF16}, 512), "win512_s2500_d256_bf16");
+  add("dense", win(Shape{129, 4000, 0, 4, 2, 128, 128, DType::BF16}, 1000), "win1000_chunk_q4000_s129");
+  add("mixed", win(Shape{500, 1000, 0, 6, 2, 128, 128, DType::BF16}, 333), "win333_chunk_q1000_s500");
+  add("mixed", win(Shape{333, 777, 50, 6, 2, 64, 64, DType::F16}, 100), "win100_chunk_q777_s333_tail50");
+  add("mixed", win(Shape{1000, 0, 0, 6, 3, 128, 128, DType::F16}, 257), "win257_s1000_d128_f16");
+  add("mixed", win(Shape{700, 0, 0, 6, 2, 256, 128, DType::BF16}, 150), "win150_s700_d256_bf16");
+  add("mixed", win(Shape{4097, 0, 0, 6, 2, 64, 64, DType::F16}, 700), "win700_s4097_d64_f16_t64");
+  add("vs", win(Shape{1000, 0, 0, 4, 2, 128, 128, DType::BF16}, 400), "win400_s1000_d128_bf16");
+  add("ashape", win(Shape{1000, 0, 0, 4, 2, 64, 128, DType::BF16}, 90), "win90_s1000_d64_bf16");
+  add("bs", win(Shape{1000, 0, 0, 4, 2, 128, 64, DType::BF16}, 600), "win600_s1000_d128_bf16_t64");
+  add("triangle", win(Shape{1000, 0, 0, 4, 2, 128, 128, DType::BF16}, 77), "win77_s1000_d128_bf16");
+  // Small ones for the sanitizers (scripts/gpu/check.sh): mma.sync d 64, and a wgmma-eligible d 128 case.
+  add("dense", win(Shape{100, 0, 0, 4, 2, 64, 64, DType::F16}, 37), "win37_s100_d64_f16_t64");
+  add("mixed", win(Shape{130, 0, 0, 6, 2, 128, 128, DType::BF16}, 70), "win70_s130_d128_bf16");
   return v;
 }
 
@@ -467,9 +499,236 @@ TEST(CudaAttention, RejectsBadArguments) {
   a = device_args(in, out, nullptr, s);
   a.q_begin = 5;
   EXPECT_THROW(gpu::sparse_prefill(a, dindex, plan), Error);  // index describes another call
+  a = device_args(in, out, nullptr, s);
+  a.window = -1;
+  EXPECT_THROW(gpu::sparse_prefill(a, dindex, plan), Error);  // window must be >= 0
+  a.window = 64;
+  EXPECT_NO_THROW(gpu::sparse_prefill(a, dindex, plan));  // sliding windows run on the GPU
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
   EXPECT_THROW(gpu::CudaLayerAttention(layer, LoweringContext::prefill(64, 32), 2, 128), Error);  // tile 32
   EXPECT_THROW(gpu::CudaLayerAttention(layer, LoweringContext::prefill(64, 128), 2, 96),
                Error);  // head_dim 96
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Dense attention through cuDNN's fused SDPA (cudnn_sdpa.h) against the CPU reference. Skipped (with the
+// reason) where cuDNN is not built in or has no handle; a shape cuDNN has no engine for fails only for the
+// shapes the engine relies on (must_plan: Llama-style bf16/f16 d = 128 and 64), otherwise it is skipped with
+// cuDNN's reason.
+
+struct CudnnCase {
+  std::string name;
+  Shape shape;
+  bool must_plan = true;
+  bool fused = false;  // q, k, v as slices of one [S, hq + 2 hkv, d] buffer
+};
+
+class CudnnDenseTest : public ::testing::TestWithParam<CudnnCase> {};
+
+TEST_P(CudnnDenseTest, MatchesReference) {
+  REQUIRE_GPU();
+  std::string why;
+  if (!gpu::cudnn_available(&why)) GTEST_SKIP() << "cuDNN unavailable: " << why;
+  const CudnnCase& c = GetParam();
+  const Shape& s = c.shape;
+  SCOPED_TRACE(describe(s) + (c.fused ? " fused qkv" : ""));
+  const Inputs in = make_inputs(s, seed_of(c.name + "cudnn"));
+  const std::vector<Pattern> layer = make_layer("dense", s.hq, s.q_len);
+  const SparseIndex index = lower_layer(layer, std::vector<HeadEstimate>(static_cast<size_t>(s.hq)), s.ctx());
+  const Reference reference = reference_of(s, in, index);
+
+  DeviceTensor out = poisoned(s.q_len, s.hq, s.d, s.dtype);
+  gpu::DeviceBuffer<float> lse(static_cast<size_t>(s.hq) * static_cast<size_t>(s.q_len));
+  AttentionArgs a = device_args(in, out, &lse, s);
+  gpu::DeviceBuffer<uint16_t> fused;
+  if (c.fused) {
+    const int64_t heads = s.hq + 2 * s.hkv;
+    std::vector<uint16_t> host(static_cast<size_t>(s.q_len * heads * s.d));
+    for (int64_t t = 0; t < s.q_len; ++t) {
+      for (int64_t ch = 0; ch < s.d; ++ch) {
+        for (int64_t h = 0; h < s.hq; ++h)
+          host[static_cast<size_t>((t * heads + h) * s.d + ch)] = encode(*in.q.view().at<float>(t, h, ch), s.dtype);
+        for (int64_t h = 0; h < s.hkv; ++h) {
+          host[static_cast<size_t>((t * heads + s.hq + h) * s.d + ch)] =
+              encode(*in.k.view().at<float>(t, h, ch), s.dtype);
+          host[static_cast<size_t>((t * heads + s.hq + s.hkv + h) * s.d + ch)] =
+              encode(*in.v.view().at<float>(t, h, ch), s.dtype);
+        }
+      }
+    }
+    fused.upload(host);
+    auto slice = [&](int64_t first_head, int64_t n) {
+      TensorView v(fused.data() + first_head * s.d, s.dtype, {s.q_len, n, s.d});
+      v.stride[0] = heads * s.d;
+      return v;
+    };
+    a.q = slice(0, s.hq);
+    a.k = slice(s.hq, s.hkv);
+    a.v = slice(s.hq + s.hkv, s.hkv);
+  }
+  ASSERT_TRUE(gpu::cudnn_dense_supports(a, &why)) << why;
+  if (!gpu::cudnn_dense_plan(a, &why)) {
+    if (c.must_plan) FAIL() << "cuDNN built no plan for this shape: " << why;
+    GTEST_SKIP() << "cuDNN has no engine for this shape: " << why;
+  }
+  gpu::cudnn_dense_attention(a);
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+  const OutputCheck r = check_output(s, reference, out, &lse);
+  EXPECT_EQ(r.non_finite, 0) << "elements not written or not finite";
+  EXPECT_LT(r.rel_err, 1e-2);
+  EXPECT_LT(r.lse_max_err, 2e-3);
+  std::printf("[ cudnn    ] %-28s rel_err %.2e lse_err %.2e (cuDNN %d)\n", c.name.c_str(), r.rel_err,
+              r.lse_max_err, gpu::cudnn_version());
+
+  // Without lse (stats into the plan's scratch buffer), twice: same output.
+  DeviceTensor out2 = poisoned(s.q_len, s.hq, s.d, s.dtype);
+  AttentionArgs a2 = a;
+  a2.out = out2.view;
+  a2.lse = TensorView();
+  gpu::cudnn_dense_attention(a2);
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(out.buf.download(), out2.buf.download()) << "runs with and without lse differ";
+}
+
+std::vector<CudnnCase> cudnn_cases() {
+  return {
+      {"s1_d128_bf16", Shape{1, 0, 0, 4, 2, 128, 128, DType::BF16}, false},
+      {"s100_d64_f16", Shape{100, 0, 0, 4, 2, 64, 128, DType::F16}, true},
+      {"s1000_d128_bf16", Shape{1000, 0, 0, 4, 2, 128, 128, DType::BF16}, true},
+      {"s1000_d128_f16_mqa", Shape{1000, 0, 0, 4, 1, 128, 128, DType::F16}, true},
+      {"s777_d256_bf16", Shape{777, 0, 0, 4, 1, 256, 128, DType::BF16}, false},
+      {"s2048_llama_heads", Shape{2048, 0, 0, 32, 8, 128, 128, DType::BF16}, true},
+      {"s4097_d128_bf16", Shape{4097, 0, 0, 8, 2, 128, 128, DType::BF16}, true},
+      {"s1000_d128_bf16_fused", Shape{1000, 0, 0, 4, 2, 128, 128, DType::BF16}, true, true},
+  };
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CudnnDenseTest, ::testing::ValuesIn(cudnn_cases()),
+                         [](const ::testing::TestParamInfo<CudnnCase>& i) { return i.param.name; });
+
+TEST(CudnnDense, RefusesWhatItDoesNotRun) {
+  REQUIRE_GPU();
+  const Shape s{300, 0, 0, 4, 2, 128, 128, DType::BF16};
+  const Inputs in = make_inputs(s, 3);
+  DeviceTensor out = poisoned(s.q_len, s.hq, s.d, s.dtype);
+  AttentionArgs a = device_args(in, out, nullptr, s);
+  std::string why;
+  a.window = 64;
+  EXPECT_FALSE(gpu::cudnn_dense_supports(a, &why));
+  EXPECT_NE(why.find("window"), std::string::npos) << why;
+  a.window = 0;
+  a.q_begin = 1;  // kv_len 300 < q_begin + q_len: invalid anyway
+  EXPECT_FALSE(gpu::cudnn_dense_supports(a, &why));
+  a.q_begin = 0;
+  if (!gpu::cudnn_built()) {
+    EXPECT_FALSE(gpu::cudnn_dense_supports(a, &why));
+    EXPECT_THROW(gpu::cudnn_dense_attention(a), Error);
+    std::printf("[ cudnn    ] not built in: %s\n", why.c_str());
+  } else {
+    EXPECT_TRUE(gpu::cudnn_dense_supports(a, &why)) << why;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// CudaLayerAttention's dense paths: the dense backend of an all-dense layer, and the dense fallback.
+
+TEST(LayerDensePaths, AllDenseLayerOnEachBackend) {
+  REQUIRE_GPU();
+  const Shape s{2500, 0, 0, 8, 2, 128, 128, DType::BF16};
+  const Inputs in = make_inputs(s, seed_of("layer_dense"));
+  const std::vector<Pattern> layer = make_layer("dense", s.hq, s.q_len);
+  const SparseIndex index = lower_layer(layer, std::vector<HeadEstimate>(static_cast<size_t>(s.hq)), s.ctx());
+  const Reference reference = reference_of(s, in, index);
+  gpu::CudaLayerAttention gl(layer, s.ctx(), s.hkv, s.d);
+  EXPECT_TRUE(gl.all_dense());
+  for (const gpu::DenseBackend b : {gpu::DenseBackend::kAuto, gpu::DenseBackend::kOurs, gpu::DenseBackend::kCudnn}) {
+    SCOPED_TRACE(std::string("dense backend ") + gpu::dense_backend_name(b));
+    gl.set_dense_backend(b);
+    DeviceTensor out = poisoned(s.q_len, s.hq, s.d, s.dtype);
+    const AttentionArgs a = device_args(in, out, nullptr, s);
+    if (b == gpu::DenseBackend::kCudnn && !gpu::cudnn_dense_plan(a)) {
+      gl.build_index();
+      EXPECT_THROW(gl.attend(a), Error) << "forced cuDNN without a plan must throw";
+      continue;
+    }
+    gl.run(a);
+    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+    const OutputCheck r = check_output(s, reference, out, nullptr);
+    EXPECT_EQ(r.non_finite, 0);
+    EXPECT_LT(r.rel_err, 1e-2);
+    const std::string expect = gl.resolve_dense_backend(a) == gpu::DenseBackend::kCudnn ? "dense cudnn" : "dense ";
+    EXPECT_EQ(gl.last_path().rfind(expect, 0), 0u) << gl.last_path();
+    std::printf("[ layer    ] all-dense s2500 backend %-5s ran %-16s rel_err %.2e\n", gpu::dense_backend_name(b),
+                gl.last_path().c_str(), r.rel_err);
+  }
+}
+
+// The fallback rule: fall back iff sparse cost > r * dense cost (layer_attention_cuda.h); the output is then
+// dense attention's, else the index's.
+TEST(LayerDensePaths, DenseFallbackFollowsItsRule) {
+  REQUIRE_GPU();
+  struct Case {
+    std::string name;
+    std::vector<Pattern> layer;
+    Shape shape;
+    int expect;  // 1: must fall back, 0: must not, -1: either (printed)
+  };
+  const int n = 2048;
+  std::vector<Case> cases;
+  // Heavy VS on random inputs: the lowered index covers nearly everything, in fragments, plus columns.
+  cases.push_back({"vs_heavy", std::vector<Pattern>(4, VerticalSlashPattern{1500, 1500, 64, 8, 16}),
+                   Shape{n, 0, 0, 4, 2, 128, 128, DType::BF16}, -1});
+  // Triangle with a short window: far below dense.
+  cases.push_back({"triangle", std::vector<Pattern>(4, TrianglePattern{8, 128, 16}),
+                   Shape{4096, 0, 0, 4, 2, 128, 128, DType::BF16}, 0});
+  // A-shape whose window covers everything: the index is exactly dense (cost equal: with our kernel as the
+  // dense backend no fallback, with cuDNN (r < 1) a fallback).
+  cases.push_back({"ashape_full", std::vector<Pattern>(4, AShapePattern{16, n}),
+                   Shape{n, 0, 0, 4, 2, 128, 128, DType::BF16}, -1});
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Shape& s = c.shape;
+    const Inputs in = make_inputs(s, seed_of("fallback" + c.name));
+    gpu::CudaLayerAttention gl(c.layer, s.ctx(), s.hkv, s.d);
+    EXPECT_FALSE(gl.all_dense());
+    // dense_cost() is the work-plan cost of the dense index of this shape.
+    const std::vector<Pattern> dense(static_cast<size_t>(s.hq), Pattern{DensePattern{}});
+    const SparseIndex dense_index =
+        lower_layer(dense, std::vector<HeadEstimate>(static_cast<size_t>(s.hq)), s.ctx());
+    const std::vector<int32_t> dcosts = gpu::prefill_item_costs(dense_index);
+    EXPECT_EQ(gl.dense_cost(), std::accumulate(dcosts.begin(), dcosts.end(), int64_t{0}));
+
+    DeviceTensor out = poisoned(s.q_len, s.hq, s.d, s.dtype);
+    const AttentionArgs a = device_args(in, out, nullptr, s);
+    gl.run(a);
+    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+    const SparseIndex index = gl.download_index();
+    const std::vector<int32_t> costs = gpu::prefill_item_costs(index);
+    const int64_t sparse = std::accumulate(costs.begin(), costs.end(), int64_t{0});
+    EXPECT_EQ(gl.sparse_cost(), sparse) << "device cost sum differs from the host sum of the device index";
+    const double r = gl.resolve_dense_backend(a) == gpu::DenseBackend::kCudnn ? gpu::kCudnnRelTileCost : 1.0;
+    const bool fell_back = gl.last_path().rfind("dense fallback", 0) == 0;
+    EXPECT_EQ(fell_back, static_cast<double>(sparse) > r * static_cast<double>(gl.dense_cost())) << gl.last_path();
+    if (c.expect >= 0) {
+      EXPECT_EQ(fell_back, c.expect == 1) << gl.last_path();
+    }
+    const OutputCheck chk = check_output(s, reference_of(s, in, fell_back ? dense_index : index), out, nullptr);
+    EXPECT_EQ(chk.non_finite, 0);
+    EXPECT_LT(chk.rel_err, 1e-2);
+    std::printf("[ fallback ] %-12s sparse cost %lld dense cost %lld r %.2f: %-24s rel_err %.2e\n", c.name.c_str(),
+                static_cast<long long>(sparse), static_cast<long long>(gl.dense_cost()), r, gl.last_path().c_str(),
+                chk.rel_err);
+
+    // Switched off: the sparse path, on the index.
+    gl.set_dense_fallback(false);
+    DeviceTensor out2 = poisoned(s.q_len, s.hq, s.d, s.dtype);
+    gl.run(device_args(in, out2, nullptr, s));
+    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(gl.last_path().rfind("sparse", 0), 0u) << gl.last_path();
+    const OutputCheck chk2 = check_output(s, reference_of(s, in, gl.download_index()), out2, nullptr);
+    EXPECT_EQ(chk2.non_finite, 0);
+    EXPECT_LT(chk2.rel_err, 1e-2);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -493,10 +752,11 @@ TEST_P(DeviceIndexTest, IdenticalToCpuLowering) {
   const std::vector<HeadEstimate> est = cpu_estimates(layer, in, s);
   const SparseIndex want = lower_layer(layer, est, s.ctx());
 
-  // A thread per (head, tile) (the default) and a warp per (head, tile) (set_warp_index_build).
-  for (const bool warp : {false, true}) {
+  // A warp per (head, tile) (the default) and a thread per (head, tile) (set_warp_index_build(false)).
+  for (const bool warp : {true, false}) {
     SCOPED_TRACE(warp ? "index build: warp per tile" : "index build: thread per tile");
     gpu::CudaLayerAttention gl(layer, s.ctx(), s.hkv, s.d);
+    EXPECT_TRUE(gl.warp_index_build()) << "the warp-per-tile build is the default";
     gl.set_warp_index_build(warp);
     if (gl.has_dynamic_heads()) gl.upload_estimates(est);
     gl.build_index();
@@ -727,6 +987,9 @@ std::vector<ExecCase> e2e_cases() {
       {"vs_s2048_f16_t64", "vs", Shape{2048, 0, 0, 4, 2, 64, 64, DType::F16}},
       {"bs_s3000_bf16", "bs", Shape{3000, 0, 0, 4, 1, 128, 128, DType::BF16}},
       {"mixed_chunk", "mixed", Shape{900, 1100, 0, 6, 3, 64, 128, DType::BF16}},
+      // Gemma-3 local layer (d 256, window 512) and a Mistral-like windowed layer, end to end.
+      {"dense_gemma_win512", "dense", Shape{2000, 0, 0, 4, 1, 256, 128, DType::BF16, 512}},
+      {"mixed_win1000_chunk", "mixed", Shape{1500, 700, 0, 6, 2, 128, 128, DType::BF16, 1000}},
   };
 }
 

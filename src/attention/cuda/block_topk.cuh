@@ -68,6 +68,13 @@ struct BlockTopK {
           cnt[j] = st.hist[255 - 8 * lane - j];
           sum += cnt[j];
         }
+        // Every lane has read st.remaining (and its digits) before the one lane that finds the digit
+        // overwrites st.remaining / st.prefix below. Without this barrier the read and that write are
+        // unordered (a warp's lanes are not in lockstep since Volta, and the shuffles below order execution,
+        // not shared-memory accesses: the compiler may even sink the load of `rem` past them): the race
+        // compute-sanitizer racecheck reported in this kernel (read line "rem = st.remaining" / write line
+        // "st.remaining = ..."). A lane reading the new value would compare against the wrong count.
+        __syncwarp();
         unsigned incl = sum;
 #pragma unroll
         for (int off = 1; off < 32; off <<= 1) {

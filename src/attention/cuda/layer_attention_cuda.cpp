@@ -1,12 +1,59 @@
 #include "attention/cuda/layer_attention_cuda.h"
 
+#include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <utility>
+#include <variant>
 
+#include "attention/cuda/cudnn_sdpa.h"
 #include "attention/cuda/sparse_prefill.h"
+#include "attention/cuda/work_plan.h"
+#include "attention/index/lower.h"
 #include "core/error.h"
 
 namespace tessera::attn::gpu {
+
+namespace {
+
+// TESSERA_DENSE_BACKEND=ours|cudnn|auto: "ours" forces our kernel, "cudnn" takes cuDNN wherever it can run
+// the call (no minimum length); anything else leaves kAuto.
+std::string env_dense_backend() {
+  const char* e = std::getenv("TESSERA_DENSE_BACKEND");
+  return e == nullptr ? std::string() : std::string(e);
+}
+
+bool env_fallback_off() {
+  const char* e = std::getenv("TESSERA_DENSE_FALLBACK");
+  return e != nullptr && std::string(e) == "0";
+}
+
+// Cost (work_plan.h) of the dense causal index of this shape: per item 1 + ceil(tile_key_end / 64).
+int64_t dense_index_cost(const LoweringContext& ctx, int64_t num_heads) {
+  if (ctx.tile <= 0 || ctx.q_len <= 0) return 0;
+  const int64_t tiles = (ctx.q_len + ctx.tile - 1) / ctx.tile;
+  int64_t per_head = 0;
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t last_row = std::min<int64_t>((t + 1) * ctx.tile, ctx.q_len);
+    const int64_t key_end = std::min<int64_t>(ctx.kv_len, ctx.q_begin + last_row);
+    per_head += 1 + (key_end + kPrefillKeyTile - 1) / kPrefillKeyTile;
+  }
+  return per_head * num_heads;
+}
+
+}  // namespace
+
+const char* dense_backend_name(DenseBackend b) {
+  switch (b) {
+    case DenseBackend::kAuto:
+      return "auto";
+    case DenseBackend::kOurs:
+      return "ours";
+    case DenseBackend::kCudnn:
+      return "cudnn";
+  }
+  return "?";
+}
 
 CudaLayerAttention::CudaLayerAttention(std::vector<Pattern> patterns, const LoweringContext& ctx,
                                        int num_kv_heads, int head_dim)
@@ -18,6 +65,9 @@ CudaLayerAttention::CudaLayerAttention(std::vector<Pattern> patterns, const Lowe
             std::to_string(ctx.tile) + " is not supported (head_dim 64, 128 or 256; tile 64 or 128)");
   estimates_ = DeviceEstimates(patterns_, ctx_, num_kv_heads, head_dim);
   builder_ = DeviceIndexBuilder(patterns_, ctx_, estimates_);
+  all_dense_ = !patterns_.empty();
+  for (const Pattern& p : patterns_) all_dense_ = all_dense_ && std::holds_alternative<DensePattern>(p);
+  dense_cost_ = dense_index_cost(ctx_, static_cast<int64_t>(patterns_.size()));
 }
 
 void CudaLayerAttention::check_args(const AttentionArgs& args) const {
@@ -39,10 +89,82 @@ void CudaLayerAttention::build_index(cudaStream_t stream) {
   builder_.build(index_, plan_, stream);
 }
 
+DenseBackend CudaLayerAttention::resolve_dense_backend(const AttentionArgs& args) const {
+  if (dense_backend_ != DenseBackend::kAuto) return dense_backend_;
+  const std::string env = env_dense_backend();
+  if (env == "ours") return DenseBackend::kOurs;
+  if (env != "cudnn" && args.q_len() < kCudnnMinQLen) return DenseBackend::kOurs;
+  // cudnn_dense_plan: built with cuDNN, a handle, the call supported, and an engine for its shape (the plan is
+  // built here on first use of a shape and cached; a failure is cached too).
+  return cudnn_dense_plan(args) ? DenseBackend::kCudnn : DenseBackend::kOurs;
+}
+
+void CudaLayerAttention::attend_dense(const AttentionArgs& args, cudaStream_t stream, DenseBackend backend) {
+  if (backend == DenseBackend::kCudnn) {
+    cudnn_dense_attention(args, stream);
+    last_path_ = "dense cudnn";
+    return;
+  }
+  DeviceSparseIndex* index = &index_;
+  DeviceWorkPlan* plan = &plan_;
+  if (!all_dense_) {
+    if (!dense_index_built_) {
+      const std::vector<Pattern> dense(patterns_.size(), Pattern{DensePattern{}});
+      const SparseIndex host = lower_layer(dense, std::vector<HeadEstimate>(patterns_.size()), ctx_);
+      dense_index_ = DeviceSparseIndex::upload(host, stream);
+      dense_plan_ = DeviceWorkPlan::upload(plan_prefill(host), stream);
+      TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));  // the host vectors die here
+      dense_index_built_ = true;
+    }
+    index = &dense_index_;
+    plan = &dense_plan_;
+  }
+  sparse_prefill(args, *index, *plan, stream);
+  last_path_ = std::string("dense ") +
+               prefill_kernel_name(resolve_prefill_kernel(PrefillKernel::kAuto, args.q.dtype, head_dim_,
+                                                          ctx_.tile, stream));
+}
+
+bool CudaLayerAttention::fall_back_to_dense(const AttentionArgs& args, DenseBackend backend,
+                                            cudaStream_t stream) {
+  int64_t sparse = static_sparse_cost_;
+  if (sparse < 0) {
+    sparse = builder_.download_total_cost(stream);
+    if (!has_dynamic_heads()) static_sparse_cost_ = sparse;
+  }
+  (void)args;
+  const double r = backend == DenseBackend::kCudnn ? kCudnnRelTileCost : 1.0;
+  return static_cast<double>(sparse) > r * static_cast<double>(dense_cost_);
+}
+
 void CudaLayerAttention::attend(const AttentionArgs& args, cudaStream_t stream, PrefillKernel kernel,
                                 int wgmma_variant) {
   check_args(args);
+  if (kernel == PrefillKernel::kAuto && wgmma_variant < 0 && args.q_len() > 0) {
+    if (all_dense_) {
+      attend_dense(args, stream, resolve_dense_backend(args));
+      return;
+    }
+    if (dense_fallback_ && !env_fallback_off() && args.window == 0) {
+      const DenseBackend backend = resolve_dense_backend(args);
+      if (fall_back_to_dense(args, backend, stream)) {
+        attend_dense(args, stream, backend);
+        last_path_ = "dense fallback " + last_path_.substr(6);  // "dense X" -> "dense fallback X"
+        return;
+      }
+    }
+  }
   sparse_prefill(args, index_, plan_, stream, kernel, wgmma_variant);
+  last_path_ = std::string("sparse ") +
+               prefill_kernel_name(resolve_prefill_kernel(kernel, args.q.dtype, head_dim_, ctx_.tile, stream));
+}
+
+void CudaLayerAttention::run(const AttentionArgs& args, cudaStream_t stream) {
+  estimate(args, stream);
+  if (!(all_dense_ && args.q_len() > 0 && resolve_dense_backend(args) == DenseBackend::kCudnn)) {
+    build_index(stream);
+  }
+  attend(args, stream);
 }
 
 }  // namespace tessera::attn::gpu

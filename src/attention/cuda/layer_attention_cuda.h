@@ -8,10 +8,29 @@
 //   attend(args)       the sparse prefill executor (sparse_prefill.h)
 // The context's tile is the executor's query tile (64 or 128; 128 on Hopper). Dense causal attention is a
 // layer whose patterns are all DensePattern.
+//
+// Dense paths (attend() with PrefillKernel::kAuto and no wgmma variant forced):
+//  - an all-dense layer runs on the dense backend (DenseBackend): by default cuDNN's fused SDPA
+//    (cudnn_sdpa.h) where it is built, supports the call (whole-prompt prefill, no window) and has an engine,
+//    and q_len >= kCudnnMinQLen; else our kernel on the dense index. Measured on an H200 (docs/PERF.md):
+//    cuDNN 0.91 / 12.8 / 254 ms against ours 1.65 / 24.8 / 401 ms at 8K / 32K / 128K, so kAuto prefers cuDNN;
+//    attention_gpu_bench prints both every run ("dense backends" lines), the figures that set this default.
+//  - dense fallback (set_dense_fallback, on by default): a layer with sparse heads whose index costs more
+//    than dense attention would, runs dense instead (on the dense backend). Cost = key tiles of 64 plus one
+//    per item (work_plan.h), summed on the device by build_index(); the rule, with C_dense the cost of the
+//    dense index of the same shape and r the dense backend's time per tile relative to our kernel's
+//    (1 for ours, kCudnnRelTileCost for cuDNN):   fall back  iff  C_sparse > r * C_dense.
+//    Deciding needs the sparse cost on the host: one 8-byte copy and a stream synchronisation per call for
+//    layers with dynamic (VS/BS) heads, once per layer for static ones. Not applied with args.window > 0
+//    (the window already bounds the work), nor when attend() is asked for a specific kernel.
+// Environment (read at each call, for experiments): TESSERA_DENSE_BACKEND=ours sends kAuto's dense calls to our
+// kernel, =cudnn to cuDNN wherever it can run them (no minimum length); TESSERA_DENSE_FALLBACK=0 switches the
+// fallback off.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <string>
 #include <vector>
 
 #include "attention/cpu/attention_args.h"
@@ -25,6 +44,20 @@
 
 namespace tessera::attn::gpu {
 
+// Who runs dense attention (all-dense layers and the dense fallback).
+enum class DenseBackend {
+  kAuto,   // cuDNN where it can run the call and q_len >= kCudnnMinQLen, else ours
+  kOurs,   // our prefill kernel (wgmma / mma.sync) on the dense index
+  kCudnn,  // cuDNN; attend() throws where it cannot run the call (e.g. a window, q_begin > 0)
+};
+const char* dense_backend_name(DenseBackend b);
+
+// kAuto sends dense calls shorter than this to our kernel (cuDNN plans are built per shape on first use,
+// which costs host time for every new prompt length; below 8K the two were not compared on a device yet).
+inline constexpr int64_t kCudnnMinQLen = 2048;
+// cuDNN's dense time per key tile relative to our kernel's (H200: 0.55 at 8K, 0.52 at 32K, 0.63 at 128K).
+inline constexpr double kCudnnRelTileCost = 0.55;
+
 class CudaLayerAttention {
  public:
   // patterns: one per query head. Throws tessera::Error for invalid patterns, an unsupported tile or
@@ -37,14 +70,28 @@ class CudaLayerAttention {
   // kernel, wgmma_variant: which prefill kernel runs (sparse_prefill.h; kAuto and its choice by default).
   void attend(const AttentionArgs& args, cudaStream_t stream = nullptr,
               PrefillKernel kernel = PrefillKernel::kAuto, int wgmma_variant = -1);
-  void run(const AttentionArgs& args, cudaStream_t stream = nullptr) {
-    estimate(args, stream);
-    build_index(stream);
-    attend(args, stream);
-  }
+  // estimate, build_index (skipped for an all-dense layer that runs on cuDNN), attend.
+  void run(const AttentionArgs& args, cudaStream_t stream = nullptr);
 
-  // Index build with a warp per (head, tile) (DeviceIndexBuilder::set_warp_per_tile; experimental).
+  // Dense paths (see the top of this file).
+  void set_dense_backend(DenseBackend b) { dense_backend_ = b; }
+  DenseBackend dense_backend() const { return dense_backend_; }
+  void set_dense_fallback(bool on) { dense_fallback_ = on; }
+  bool dense_fallback() const { return dense_fallback_; }
+  bool all_dense() const { return all_dense_; }
+  // The backend kAuto resolves to for this call: kCudnn or kOurs (may build the cuDNN plan).
+  DenseBackend resolve_dense_backend(const AttentionArgs& args) const;
+  // What the last attend() ran, e.g. "sparse wgmma", "dense cudnn", "dense fallback cudnn",
+  // "dense fallback wgmma".
+  const std::string& last_path() const { return last_path_; }
+  // Costs of the dense fallback rule for the last build_index(): sparse (downloaded) and dense (host).
+  int64_t sparse_cost(cudaStream_t stream = nullptr) const { return builder_.download_total_cost(stream); }
+  int64_t dense_cost() const { return dense_cost_; }
+
+  // Index build with a warp per (head, tile) (the default) or, with false, a thread per (head, tile)
+  // (DeviceIndexBuilder::set_warp_per_tile).
   void set_warp_index_build(bool on) { builder_.set_warp_per_tile(on); }
+  bool warp_index_build() const { return builder_.warp_per_tile(); }
 
   bool has_dynamic_heads() const { return !estimates_.empty(); }
   const std::vector<Pattern>& patterns() const { return patterns_; }
@@ -59,6 +106,9 @@ class CudaLayerAttention {
 
  private:
   void check_args(const AttentionArgs& args) const;
+  // Dense attention of the call on `backend` (kOurs or kCudnn); the dense index is built on first use.
+  void attend_dense(const AttentionArgs& args, cudaStream_t stream, DenseBackend backend);
+  bool fall_back_to_dense(const AttentionArgs& args, DenseBackend backend, cudaStream_t stream);
 
   std::vector<Pattern> patterns_;
   LoweringContext ctx_;
@@ -68,6 +118,15 @@ class CudaLayerAttention {
   DeviceIndexBuilder builder_;
   DeviceSparseIndex index_;
   DeviceWorkPlan plan_;
+  DenseBackend dense_backend_ = DenseBackend::kAuto;
+  bool dense_fallback_ = true;
+  bool all_dense_ = false;
+  int64_t dense_cost_ = 0;         // cost of the dense index of this shape
+  int64_t static_sparse_cost_ = -1;  // layers without dynamic heads: the sparse cost, once downloaded
+  bool dense_index_built_ = false;
+  DeviceSparseIndex dense_index_;  // for the fallback on our kernel
+  DeviceWorkPlan dense_plan_;
+  std::string last_path_;
 };
 
 }  // namespace tessera::attn::gpu

@@ -204,6 +204,14 @@ DeviceHeadPattern describe_head(const Pattern& pattern, const LoweringContext& c
   return d;
 }
 
+// total[0] = sum of the item costs (one block; zeroed before the launch).
+__global__ void sum_costs_kernel(const int32_t* costs, int n, unsigned long long* total) {
+  unsigned long long local = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) local += static_cast<unsigned long long>(costs[i]);
+  for (int o = 16; o > 0; o /= 2) local += __shfl_xor_sync(0xffffffffu, local, o);
+  if (threadIdx.x % 32 == 0 && local != 0) atomicAdd(total, local);
+}
+
 DeviceIndexBuilder::DeviceIndexBuilder(const std::vector<Pattern>& patterns, const LoweringContext& ctx,
                                        const DeviceEstimates& estimates)
     : ctx_(ctx), num_heads_(static_cast<int32_t>(patterns.size())) {
@@ -353,6 +361,19 @@ void DeviceIndexBuilder::build(DeviceSparseIndex& index, DeviceWorkPlan& plan, c
   TESSERA_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(sort_temp_.data(), bytes, costs_.data(),
                                                                sorted_costs_.data(), items_.data(),
                                                                plan.order.data(), n_items, 0, 32, stream));
+  total_cost_.resize(1);
+  TESSERA_CUDA_CHECK(cudaMemsetAsync(total_cost_.data(), 0, sizeof(unsigned long long), stream));
+  sum_costs_kernel<<<1, 1024, 0, stream>>>(costs_.data(), n_items, total_cost_.data());
+  check_launch("sum_costs_kernel");
+}
+
+int64_t DeviceIndexBuilder::download_total_cost(cudaStream_t stream) const {
+  if (num_heads_ * num_tiles_ == 0 || total_cost_.size() == 0) return 0;
+  unsigned long long total = 0;
+  TESSERA_CUDA_CHECK(
+      cudaMemcpyAsync(&total, total_cost_.data(), sizeof total, cudaMemcpyDeviceToHost, stream));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return static_cast<int64_t>(total);
 }
 
 }  // namespace tessera::attn::gpu

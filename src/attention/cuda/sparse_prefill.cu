@@ -94,10 +94,9 @@ bool sparse_prefill_supports(int head_dim, int tile) {
 }
 
 void validate_cuda_args(const AttentionArgs& a) {
-  // Model sliding windows (Gemma-3 local layers, Mistral) are row-exact masks the CUDA kernels do not apply yet:
-  // refuse rather than silently attend outside the window.
-  check(a.window == 0, "CUDA attention: args.window = " + std::to_string(a.window) +
-                           " (a model sliding window) is not implemented on the GPU yet");
+  // args.window (a model's row-exact sliding window: Gemma-3 local layers, Mistral) is applied by both kernels
+  // on top of the index (the visible set is the intersection).
+  check(a.window >= 0, "CUDA attention: window must be >= 0 (0: no window), got " + std::to_string(a.window));
   check(a.q.dtype == DType::BF16 || a.q.dtype == DType::F16,
         "CUDA attention q: dtype must be bf16 or f16, got " + std::string(dtype_name(a.q.dtype)));
   check_view(a.q, "q", a.q.dtype);
@@ -156,6 +155,8 @@ detail::PrefillParams make_params(const AttentionArgs& args, const DeviceSparseI
   p.q_begin = args.q_begin;
   p.num_tiles = index.num_tiles();
   p.group = static_cast<int32_t>(args.group_size());
+  p.window = args.window;
+  p.span = args.window > 0 ? static_cast<uint32_t>(args.window) : 0x7fffffffu;
   p.scale_log2 = args.effective_scale() * 1.4426950408889634f;
   p.range_offsets = index.range_offsets.data();
   p.ranges = reinterpret_cast<const int2*>(index.ranges.data());

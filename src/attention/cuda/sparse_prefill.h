@@ -12,7 +12,10 @@
 //   lse [num_q_heads, q_len]              f32, optional, natural log (a row that sees no key: -inf, output 0)
 // Any token and head strides are accepted as long as the last dimension is contiguous, strides are multiples
 // of 8 elements and the pointers 16-byte aligned (so that fused QKV buffers work without a copy). head_dim is
-// 64, 128 or 256. GQA: query head h reads kv head h / (num_q_heads / num_kv_heads), never materialised. The
+// 64, 128 or 256. args.window > 0 (a model's row-exact sliding window) intersects the index with the window:
+// each item's keys start at its first row's window (whole key tiles below it are skipped, never loaded) and
+// tiles straddling a row's lower bound are masked per row, as on the CPU (attention_args.h).
+// GQA: query head h reads kv head h / (num_q_heads / num_kv_heads), never materialised. The
 // index tile must be 64 or 128 (the kernel's query-tile height) and must describe this call (heads, q_begin,
 // q_len, kv_len).
 //

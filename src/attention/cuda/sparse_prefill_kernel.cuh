@@ -3,13 +3,15 @@
 //
 // CTA layout: BM / 16 warps, warp w owns query rows [16w, 16w + 16) of the tile. Shared memory: Q [BM][D],
 // K and V [2 stages][64][D] (16-byte chunks XOR-swizzled, mma_sm80.cuh), and the key position of every K/V
-// row of each stage (-1 for a row past the end of a partial tile), which is all the masking step needs: a
-// score is kept iff 0 <= key <= the row's absolute position.
+// row of each stage (kAbsentKey for a row past the end of a partial tile), which is all the masking step
+// needs: a score is kept iff 0 <= position - key < span (span: the sliding window args.window, or 2^31 - 1),
+// one unsigned compare (key_visible).
 //
 // Key tiles of one item come from a cursor: first the ranges, each cut into tiles of 64 consecutive keys
 // starting at the range's begin (token-granular, so tiles need not align), then the columns, 64 per tile,
-// gathered row by row. A tile is masked only when it is partial or reaches past the tile's first query
-// position; full tiles left of the diagonal skip the mask.
+// gathered row by row (KeyCursor; with a window the item starts at its first row's window). A tile is masked
+// only when it is partial, reaches past the tile's first query position, or (window) holds a key below the
+// last row's window; full tiles inside every row's visible band skip the mask.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -37,6 +39,8 @@ struct PrefillParams {
   int32_t q_begin = 0;
   int32_t num_tiles = 0;
   int32_t group = 1;        // query heads per kv head
+  int32_t window = 0;       // > 0: row-exact sliding window (key j hidden from position p when p - j >= window)
+  uint32_t span = 0x7fffffffu;  // window, or 2^31 - 1 without one: key j visible to p iff 0 <= p - j < span
   float scale_log2 = 0.0f;  // softmax scale * log2(e)
   const int32_t* range_offsets = nullptr;
   const int2* ranges = nullptr;
@@ -75,6 +79,100 @@ struct KeyTile {
   bool gathered = false;
   bool masked = false;
 };
+
+// The key tiles of one item (both kernels): first its ranges, each cut into tiles of BN consecutive keys
+// starting at the range's begin, then its columns, BN per tile. With a sliding window (p.window > 0) the
+// item starts at the tile's first row's window: ranges ending at or below its lowest visible key
+// lo = pos0 - window + 1 are skipped (binary search: ranges are sorted and disjoint, so their ends ascend),
+// the first range left is clipped to lo, and columns below lo are skipped (binary search: they ascend).
+// A tile is masked when it is partial, holds a key past the first row (causal), or, with a window, a key below
+// the last row's window (key < pos_last - window + 1); the per-row mask itself is the kernel's.
+template <int BN>
+struct KeyCursor {
+  const int2* ranges;
+  const int32_t* columns;
+  int r, r_end, c, c_end, rb, re;
+  int first_pos;   // absolute position of the tile's first row
+  int mask_below;  // window: tiles holding a key below this are masked (the tile's last row does not see it)
+  bool windowed;
+
+  __device__ __forceinline__ KeyCursor(const PrefillParams& p, int item, int pos0, int rows)
+      : ranges(p.ranges),
+        columns(p.columns),
+        r(p.range_offsets[item]),
+        r_end(p.range_offsets[item + 1]),
+        c(p.column_offsets[item]),
+        c_end(p.column_offsets[item + 1]),
+        rb(0),
+        re(0),
+        first_pos(pos0),
+        mask_below(0),
+        windowed(p.window > 0) {
+    int lo = 0;
+    if (windowed) {
+      lo = max(0, pos0 - p.window + 1);
+      mask_below = pos0 + rows - p.window;
+      int a = r, b = r_end;
+      while (a < b) {
+        const int m = (a + b) / 2;
+        if (ranges[m].y <= lo) {
+          a = m + 1;
+        } else {
+          b = m;
+        }
+      }
+      r = a;
+      a = c;
+      b = c_end;
+      while (a < b) {
+        const int m = (a + b) / 2;
+        if (columns[m] < lo) {
+          a = m + 1;
+        } else {
+          b = m;
+        }
+      }
+      c = a;
+    }
+    if (r < r_end) {
+      const int2 x = ranges[r];
+      rb = max(x.x, lo);
+      re = x.y;
+    }
+  }
+
+  __device__ __forceinline__ KeyTile next() {
+    KeyTile kt;
+    if (r < r_end) {
+      kt.first = rb;
+      kt.count = min(BN, re - rb);
+      kt.masked = kt.count < BN || rb + BN - 1 > first_pos || (windowed && rb < mask_below);
+      rb += kt.count;
+      if (rb >= re && ++r < r_end) {
+        const int2 x = ranges[r];
+        rb = x.x;
+        re = x.y;
+      }
+    } else if (c < c_end) {
+      kt.first = c;
+      kt.count = min(BN, c_end - c);
+      kt.gathered = true;
+      kt.masked = kt.count < BN || columns[c + kt.count - 1] > first_pos || (windowed && columns[c] < mask_below);
+      c += kt.count;
+    }
+    return kt;
+  }
+};
+
+// Key slot of an absent row of a partial tile (shared memory key list): above every position.
+inline constexpr int kAbsentKey = 0x7fffffff;
+
+// Whether row position `pos` sees key `key`: 0 <= pos - key < span, span = window, or 2^31 - 1 without a
+// window (PrefillParams::span). One unsigned compare covers causality (key > pos wraps to >= 2^31), the window
+// and absent rows (kAbsentKey > any pos).
+__device__ __forceinline__ bool key_visible(int pos, int key, uint32_t span) {
+  return static_cast<uint32_t>(pos) - static_cast<uint32_t>(key) < span;
+}
 
 template <typename T, int D, int BM>
 __global__ void __launch_bounds__(PrefillConfig<D, BM>::kThreads, PrefillConfig<D, BM>::kMinBlocks)
@@ -120,38 +218,9 @@ __global__ void __launch_bounds__(PrefillConfig<D, BM>::kThreads, PrefillConfig<
     const T* kh = k_all + kvh * p.k_head;
     const T* vh = v_all + kvh * p.v_head;
 
-    // Cursor over the item's key tiles: ranges first, then columns.
-    int r = p.range_offsets[item];
-    const int r_end = p.range_offsets[item + 1];
-    int c = p.column_offsets[item];
-    const int c_end = p.column_offsets[item + 1];
-    int rb = 0, re = 0;
-    if (r < r_end) {
-      const int2 x = p.ranges[r];
-      rb = x.x;
-      re = x.y;
-    }
-    auto next_tile = [&]() {
-      KeyTile kt;
-      if (r < r_end) {
-        kt.first = rb;
-        kt.count = min(BN, re - rb);
-        kt.masked = kt.count < BN || rb + BN - 1 > pos0;
-        rb += kt.count;
-        if (rb >= re && ++r < r_end) {
-          const int2 x = p.ranges[r];
-          rb = x.x;
-          re = x.y;
-        }
-      } else if (c < c_end) {
-        kt.first = c;
-        kt.count = min(BN, c_end - c);
-        kt.gathered = true;
-        kt.masked = kt.count < BN || p.columns[c + kt.count - 1] > pos0;
-        c += kt.count;
-      }
-      return kt;
-    };
+    // Cursor over the item's key tiles: ranges first, then columns (window-clipped).
+    KeyCursor<BN> cursor(p, item, pos0, rows);
+    auto next_tile = [&]() { return cursor.next(); };
     auto load_kv = [&](int stage, const KeyTile& kt) {
       T* dk = sK + stage * BN * D;
       T* dv = sV + stage * BN * D;
@@ -165,7 +234,7 @@ __global__ void __launch_bounds__(PrefillConfig<D, BM>::kThreads, PrefillConfig<
         const int64_t kr = ok ? key : 0;
         cp_async_16(smem_addr(dk + swizzle<D>(row, ch)), kh + kr * p.k_tok + ch * 8, ok);
         cp_async_16(smem_addr(dv + swizzle<D>(row, ch)), vh + kr * p.v_tok + ch * 8, ok);
-        if (ch == 0) sKeys[stage * BN + row] = key;
+        if (ch == 0) sKeys[stage * BN + row] = ok ? key : kAbsentKey;
       }
     };
 
@@ -213,8 +282,8 @@ __global__ void __launch_bounds__(PrefillConfig<D, BM>::kThreads, PrefillConfig<
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
             const int key = keys[i * 8 + 2 * c4 + j];
-            if (key < 0 || key > pos_row[0]) s[i][j] = neg_inf;
-            if (key < 0 || key > pos_row[1]) s[i][2 + j] = neg_inf;
+            if (!key_visible(pos_row[0], key, p.span)) s[i][j] = neg_inf;
+            if (!key_visible(pos_row[1], key, p.span)) s[i][2 + j] = neg_inf;
           }
         }
       }

@@ -90,38 +90,9 @@ __global__ void __launch_bounds__(256, 1) sparse_prefill_wgmma_kernel(const Pref
     const T* kh = k_all + kvh * p.k_head;
     const T* vh = v_all + kvh * p.v_head;
 
-    // Cursor over the item's key tiles: ranges first, then columns (as in sparse_prefill_kernel.cuh).
-    int r = p.range_offsets[item];
-    const int r_end = p.range_offsets[item + 1];
-    int c = p.column_offsets[item];
-    const int c_end = p.column_offsets[item + 1];
-    int rb = 0, re = 0;
-    if (r < r_end) {
-      const int2 x = p.ranges[r];
-      rb = x.x;
-      re = x.y;
-    }
-    auto next_tile = [&]() {
-      KeyTile kt;
-      if (r < r_end) {
-        kt.first = rb;
-        kt.count = min(BN, re - rb);
-        kt.masked = kt.count < BN || rb + BN - 1 > pos0;
-        rb += kt.count;
-        if (rb >= re && ++r < r_end) {
-          const int2 x = p.ranges[r];
-          rb = x.x;
-          re = x.y;
-        }
-      } else if (c < c_end) {
-        kt.first = c;
-        kt.count = min(BN, c_end - c);
-        kt.gathered = true;
-        kt.masked = kt.count < BN || p.columns[c + kt.count - 1] > pos0;
-        c += kt.count;
-      }
-      return kt;
-    };
+    // Cursor over the item's key tiles: ranges first, then columns (window-clipped; sparse_prefill_kernel.cuh).
+    KeyCursor<BN> cursor(p, item, pos0, rows);
+    auto next_tile = [&]() { return cursor.next(); };
     auto load_kv = [&](int stage, const KeyTile& kt) {
       const uint32_t dk = sK + stage * Cfg::kKvBytes;
       const uint32_t dv = sV + stage * Cfg::kKvBytes;
@@ -136,7 +107,7 @@ __global__ void __launch_bounds__(256, 1) sparse_prefill_wgmma_kernel(const Pref
         const uint32_t off = sw128_offset<BN>(row, ch);
         cp_async_16(dk + off, kh + kr * p.k_tok + ch * 8, ok);
         cp_async_16(dv + off, vh + kr * p.v_tok + ch * 8, ok);
-        if (ch == 0) sKeys[stage * BN + row] = key;
+        if (ch == 0) sKeys[stage * BN + row] = ok ? key : kAbsentKey;
       }
     };
 
@@ -206,8 +177,8 @@ __global__ void __launch_bounds__(256, 1) sparse_prefill_wgmma_kernel(const Pref
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
             const int key = keys[i * 8 + 2 * c4 + j];
-            if (key < 0 || key > pos_row[0]) sc[4 * i + j] = neg_inf;
-            if (key < 0 || key > pos_row[1]) sc[4 * i + 2 + j] = neg_inf;
+            if (!key_visible(pos_row[0], key, p.span)) sc[4 * i + j] = neg_inf;
+            if (!key_visible(pos_row[1], key, p.span)) sc[4 * i + 2 + j] = neg_inf;
           }
         }
       }

@@ -1,0 +1,462 @@
+// cuDNN fused SDPA through the v9 graph (backend) API (contract: cudnn_sdpa.h).
+#include "attention/cuda/cudnn_sdpa.h"
+
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "attention/cuda/sparse_prefill.h"
+#include "core/dtype.h"
+#include "core/error.h"
+
+#if TESSERA_HAS_CUDNN
+#include <cudnn_graph.h>
+
+#include <array>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "attention/cuda/cuda_check.h"
+#include "attention/cuda/device_buffer.h"
+#endif
+
+namespace tessera::attn::gpu {
+
+bool cudnn_dense_supports(const AttentionArgs& a, std::string* why) {
+  auto no = [&](const std::string& reason) {
+    if (why != nullptr) *why = reason;
+    return false;
+  };
+  if (!cudnn_built()) return no("built without cuDNN");
+  try {
+    validate_cuda_args(a);
+  } catch (const Error& e) {
+    return no(e.what());
+  }
+  if (a.window > 0) return no("sliding window (args.window > 0): not in the cuDNN graph");
+  if (a.q_begin != 0 || a.kv_len() != a.q_len())
+    return no("cuDNN dense runs whole-prompt prefill only (q_begin 0, kv_len = q_len)");
+  if (a.q_len() == 0) return no("empty call");
+  const int64_t d = a.head_dim();
+  if (d % 8 != 0 || d > 256) return no("head_dim must be a multiple of 8 up to 256");
+  if (a.has_lse() && (a.lse.stride[1] != 1 || a.lse.stride[0] != a.q_len()))
+    return no("lse must be contiguous [num_q_heads, q_len] for cuDNN");
+  return true;
+}
+
+#if !TESSERA_HAS_CUDNN
+
+bool cudnn_built() {
+  return false;
+}
+bool cudnn_available(std::string* why) {
+  if (why != nullptr)
+    *why = "built without cuDNN (no cuDNN 9 headers/library were found when tessera was configured)";
+  return false;
+}
+int cudnn_version() {
+  return 0;
+}
+bool cudnn_dense_plan(const AttentionArgs&, std::string* why) {
+  return cudnn_available(why);
+}
+void cudnn_dense_attention(const AttentionArgs&, cudaStream_t) {
+  throw Error("CUDA attention: cuDNN dense attention requested, but tessera was built without cuDNN");
+}
+
+#else  // TESSERA_HAS_CUDNN
+
+namespace {
+
+std::string status_text(cudnnStatus_t s) {
+  std::string t = cudnnGetErrorString(s);
+  char last[1024] = {0};
+  cudnnGetLastErrorString(last, sizeof last);
+  if (last[0] != 0) t += std::string(" (") + last + ")";
+  return t;
+}
+
+void ck(cudnnStatus_t s, const char* what) {
+  if (s != CUDNN_STATUS_SUCCESS) throw Error(std::string("cuDNN ") + what + ": " + status_text(s));
+}
+
+// An owned backend descriptor.
+class Desc {
+ public:
+  explicit Desc(cudnnBackendDescriptorType_t type) {
+    ck(cudnnBackendCreateDescriptor(type, &d_), "create descriptor");
+  }
+  ~Desc() {
+    if (d_ != nullptr) cudnnBackendDestroyDescriptor(d_);
+  }
+  Desc(const Desc&) = delete;
+  Desc& operator=(const Desc&) = delete;
+  cudnnBackendDescriptor_t get() const { return d_; }
+
+ private:
+  cudnnBackendDescriptor_t d_ = nullptr;
+};
+
+void set(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type,
+         int64_t count, const void* values, const char* what) {
+  ck(cudnnBackendSetAttribute(d, name, type, count, values), what);
+}
+
+using Dims = std::array<int64_t, 4>;
+
+// The operation graph of causal SDPA with stats (see cudnn_sdpa.h), its descriptors kept alive.
+struct GraphBuilder {
+  std::vector<std::unique_ptr<Desc>> keep;
+  std::vector<cudnnBackendDescriptor_t> ops;
+  int64_t next_virtual_uid = 100;
+
+  cudnnBackendDescriptor_t make(cudnnBackendDescriptorType_t type) {
+    keep.push_back(std::make_unique<Desc>(type));
+    return keep.back()->get();
+  }
+
+  cudnnBackendDescriptor_t tensor(int64_t uid, cudnnDataType_t type, const Dims& dims, const Dims& strides,
+                                  bool is_virtual, bool by_value = false) {
+    cudnnBackendDescriptor_t t = make(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+    const int64_t alignment = 16;
+    set(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type, "tensor data type");
+    set(t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims.data(), "tensor dimensions");
+    set(t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides.data(), "tensor strides");
+    set(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid, "tensor uid");
+    set(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment, "tensor alignment");
+    if (is_virtual) {
+      const bool v = true;
+      set(t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &v, "tensor is_virtual");
+    }
+    if (by_value) {
+      const bool v = true;
+      set(t, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &v, "tensor is_by_value");
+    }
+    ck(cudnnBackendFinalize(t), "finalize tensor");
+    return t;
+  }
+  cudnnBackendDescriptor_t virt(cudnnDataType_t type, const Dims& dims, const Dims& strides) {
+    return tensor(next_virtual_uid++, type, dims, strides, true);
+  }
+
+  void matmul(cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t c) {
+    cudnnBackendDescriptor_t mm = make(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
+    const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
+    set(mm, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp, "matmul compute type");
+    ck(cudnnBackendFinalize(mm), "finalize matmul");
+    cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
+    set(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a, "matmul A");
+    set(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b, "matmul B");
+    set(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c, "matmul C");
+    set(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &mm, "matmul desc");
+    ck(cudnnBackendFinalize(op), "finalize matmul operation");
+    ops.push_back(op);
+  }
+
+  // y = mode(x [, b] [, t]); axis >= 0 for GEN_INDEX.
+  void pointwise(cudnnPointwiseMode_t mode, cudnnDataType_t prec, cudnnBackendDescriptor_t x,
+                 cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t t, cudnnBackendDescriptor_t y,
+                 int64_t axis = -1) {
+    cudnnBackendDescriptor_t pw = make(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+    set(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode, "pointwise mode");
+    set(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec, "pointwise precision");
+    if (axis >= 0) set(pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis, "pointwise axis");
+    ck(cudnnBackendFinalize(pw), "finalize pointwise");
+    cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+    set(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &pw, "pointwise desc");
+    set(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x, "pointwise x");
+    if (b != nullptr) set(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b, "pointwise b");
+    if (t != nullptr) set(op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &t, "pointwise t");
+    set(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y, "pointwise y");
+    ck(cudnnBackendFinalize(op), "finalize pointwise operation");
+    ops.push_back(op);
+  }
+
+  void reduction(cudnnReduceTensorOp_t mode, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
+    cudnnBackendDescriptor_t rd = make(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
+    const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
+    set(rd, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode, "reduction mode");
+    set(rd, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp, "reduction compute type");
+    ck(cudnnBackendFinalize(rd), "finalize reduction");
+    cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
+    set(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x, "reduction x");
+    set(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y, "reduction y");
+    set(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &rd, "reduction desc");
+    ck(cudnnBackendFinalize(op), "finalize reduction operation");
+    ops.push_back(op);
+  }
+};
+
+// Unique ids of the real (variant pack) tensors.
+enum : int64_t { kUidQ = 1, kUidK, kUidV, kUidO, kUidStats, kUidScale, kUidNegInf };
+
+// Shape and strides of a call: what a plan depends on (pointers and the scale value do not).
+using PlanKey = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                           int64_t, int64_t, int64_t, int64_t>;
+
+PlanKey key_of(const AttentionArgs& a, int device) {
+  return {device,          static_cast<int>(a.q.dtype), a.num_q_heads(), a.num_kv_heads(), a.q_len(),
+          a.head_dim(),    a.q.stride[0],               a.q.stride[1],   a.k.stride[0],     a.k.stride[1],
+          a.v.stride[0],   a.v.stride[1],               a.out.stride[0], a.out.stride[1]};
+}
+
+struct Plan {
+  GraphBuilder graph;
+  std::unique_ptr<Desc> op_graph, heuristics, plan;
+  std::vector<std::unique_ptr<Desc>> configs;
+  int64_t workspace_bytes = 0;
+  DeviceBuffer<unsigned char> workspace;
+  DeviceBuffer<float> stats_scratch;  // when the caller has no lse
+};
+
+std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const AttentionArgs& a) {
+  auto p = std::make_unique<Plan>();
+  GraphBuilder& g = p->graph;
+  const cudnnDataType_t io = a.q.dtype == DType::BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
+  const int64_t hq = a.num_q_heads(), hkv = a.num_kv_heads(), s = a.q_len(), d = a.head_dim();
+  // Token-major [S, H, d] views as [1, H, S, d] (K transposed as [1, H, d, S]).
+  const Dims q_dims{1, hq, s, d}, q_str{s * a.q.stride[0], a.q.stride[1], a.q.stride[0], 1};
+  const Dims kt_dims{1, hkv, d, s}, kt_str{s * a.k.stride[0], a.k.stride[1], 1, a.k.stride[0]};
+  const Dims v_dims{1, hkv, s, d}, v_str{s * a.v.stride[0], a.v.stride[1], a.v.stride[0], 1};
+  const Dims o_dims{1, hq, s, d}, o_str{s * a.out.stride[0], a.out.stride[1], a.out.stride[0], 1};
+  const Dims s_dims{1, hq, s, s}, s_str{hq * s * s, s * s, s, 1};
+  const Dims r_dims{1, hq, s, 1}, r_str{hq * s, s, 1, 1};
+  const Dims one{1, 1, 1, 1};
+
+  cudnnBackendDescriptor_t tq = g.tensor(kUidQ, io, q_dims, q_str, false);
+  cudnnBackendDescriptor_t tk = g.tensor(kUidK, io, kt_dims, kt_str, false);
+  cudnnBackendDescriptor_t tv = g.tensor(kUidV, io, v_dims, v_str, false);
+  cudnnBackendDescriptor_t to = g.tensor(kUidO, io, o_dims, o_str, false);
+  cudnnBackendDescriptor_t tstats = g.tensor(kUidStats, CUDNN_DATA_FLOAT, r_dims, r_str, false);
+  cudnnBackendDescriptor_t tscale = g.tensor(kUidScale, CUDNN_DATA_FLOAT, one, one, false, true);
+  cudnnBackendDescriptor_t tneg = g.tensor(kUidNegInf, CUDNN_DATA_FLOAT, one, one, false, true);
+
+  const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
+  // S = Q K^T, scaled.
+  cudnnBackendDescriptor_t s0 = g.virt(f32, s_dims, s_str);
+  g.matmul(tq, tk, s0);
+  cudnnBackendDescriptor_t s1 = g.virt(f32, s_dims, s_str);
+  g.pointwise(CUDNN_POINTWISE_MUL, f32, s0, tscale, nullptr, s1);
+  // Causal mask: keep row >= col, else the lowest float.
+  cudnnBackendDescriptor_t row = g.virt(CUDNN_DATA_INT32, s_dims, s_str);
+  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, s1, nullptr, nullptr, row, 2);
+  cudnnBackendDescriptor_t col = g.virt(CUDNN_DATA_INT32, s_dims, s_str);
+  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, s1, nullptr, nullptr, col, 3);
+  cudnnBackendDescriptor_t keep = g.virt(CUDNN_DATA_BOOLEAN, s_dims, s_str);
+  g.pointwise(CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, row, col, nullptr, keep);
+  cudnnBackendDescriptor_t s2 = g.virt(f32, s_dims, s_str);
+  g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, f32, s1, tneg, keep, s2);
+  // Softmax with stats = max + log(sum).
+  cudnnBackendDescriptor_t mx = g.virt(f32, r_dims, r_str);
+  g.reduction(CUDNN_REDUCE_TENSOR_MAX, s2, mx);
+  cudnnBackendDescriptor_t sub = g.virt(f32, s_dims, s_str);
+  g.pointwise(CUDNN_POINTWISE_SUB, f32, s2, mx, nullptr, sub);
+  cudnnBackendDescriptor_t ex = g.virt(f32, s_dims, s_str);
+  g.pointwise(CUDNN_POINTWISE_EXP, f32, sub, nullptr, nullptr, ex);
+  cudnnBackendDescriptor_t sum = g.virt(f32, r_dims, r_str);
+  g.reduction(CUDNN_REDUCE_TENSOR_ADD, ex, sum);
+  cudnnBackendDescriptor_t lg = g.virt(f32, r_dims, r_str);
+  g.pointwise(CUDNN_POINTWISE_LOG, f32, sum, nullptr, nullptr, lg);
+  g.pointwise(CUDNN_POINTWISE_ADD, f32, mx, lg, nullptr, tstats);
+  cudnnBackendDescriptor_t prob = g.virt(f32, s_dims, s_str);
+  g.pointwise(CUDNN_POINTWISE_DIV, f32, ex, sum, nullptr, prob);
+  // O = P V.
+  g.matmul(prob, tv, to);
+
+  p->op_graph = std::make_unique<Desc>(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+  cudnnBackendDescriptor_t og = p->op_graph->get();
+  set(og, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, static_cast<int64_t>(g.ops.size()),
+      g.ops.data(), "graph operations");
+  set(og, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "graph handle");
+  ck(cudnnBackendFinalize(og), "finalize operation graph");
+
+  // Engine configurations from the heuristics (mode A, then the fallback list); the first that finalises.
+  std::string tried;
+  for (const cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    p->heuristics = std::make_unique<Desc>(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+    cudnnBackendDescriptor_t h = p->heuristics->get();
+    set(h, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &og, "heuristics graph");
+    set(h, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "heuristics mode");
+    const cudnnStatus_t hs = cudnnBackendFinalize(h);
+    const char* mode_name = mode == CUDNN_HEUR_MODE_A ? "heuristics A" : "fallback heuristics";
+    if (hs != CUDNN_STATUS_SUCCESS) {
+      tried += std::string(mode_name) + ": " + status_text(hs) + "; ";
+      continue;
+    }
+    int64_t count = 0;
+    ck(cudnnBackendGetAttribute(h, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count,
+                                nullptr),
+       "heuristics result count");
+    p->configs.clear();
+    std::vector<cudnnBackendDescriptor_t> raw;
+    for (int64_t i = 0; i < count; ++i) {
+      p->configs.push_back(std::make_unique<Desc>(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
+      raw.push_back(p->configs.back()->get());
+    }
+    int64_t got = 0;
+    if (count > 0) {
+      ck(cudnnBackendGetAttribute(h, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got,
+                                  raw.data()),
+         "heuristics results");
+    }
+    tried += std::string(mode_name) + ": " + std::to_string(got) + " engine configs";
+    for (int64_t i = 0; i < got; ++i) {
+      auto plan = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+      set(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "plan handle");
+      set(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+          &raw[static_cast<size_t>(i)], "plan engine config");
+      const cudnnStatus_t ps = cudnnBackendFinalize(plan->get());
+      if (ps != CUDNN_STATUS_SUCCESS) {
+        tried += std::string(i == 0 ? " (" : ", ") + "config " + std::to_string(i) + ": " + status_text(ps);
+        continue;
+      }
+      int64_t ws = 0, n = 0;
+      ck(cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n,
+                                  &ws),
+         "plan workspace size");
+      p->plan = std::move(plan);
+      p->workspace_bytes = ws;
+      if (ws > 0) p->workspace.resize(static_cast<size_t>(ws));
+      return p;
+    }
+    tried += got > 0 ? "); " : "; ";
+  }
+  throw Error("cuDNN has no engine for causal SDPA of this shape (" + std::to_string(hq) + " query heads, " +
+              std::to_string(hkv) + " kv heads, S " + std::to_string(s) + ", d " + std::to_string(d) +
+              "): " + tried);
+}
+
+struct DeviceState {
+  cudnnHandle_t handle = nullptr;
+  std::string error;  // why no handle
+  std::map<PlanKey, std::unique_ptr<Plan>> plans;
+  std::map<PlanKey, std::string> failed;
+};
+
+std::mutex& state_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+// The current device's state (handle created on first use; never destroyed: process lifetime). Caller holds
+// state_mutex().
+DeviceState* device_state(std::string* why) {
+  static std::map<int, std::unique_ptr<DeviceState>> states;
+  int dev = -1;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (why != nullptr) *why = "no CUDA device";
+    return nullptr;
+  }
+  auto it = states.find(dev);
+  if (it == states.end()) {
+    auto st = std::make_unique<DeviceState>();
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+      (void)cudaGetLastError();
+      st->error = "no CUDA device";
+    } else {
+      const cudnnStatus_t s = cudnnCreate(&st->handle);
+      if (s != CUDNN_STATUS_SUCCESS) {
+        st->handle = nullptr;
+        st->error = "cudnnCreate failed: " + status_text(s);
+      }
+    }
+    it = states.emplace(dev, std::move(st)).first;
+  }
+  if (it->second->handle == nullptr) {
+    if (why != nullptr) *why = it->second->error;
+    return nullptr;
+  }
+  return it->second.get();
+}
+
+// The plan of this call, built on first use; nullptr with the reason when cuDNN cannot run it.
+Plan* find_plan(const AttentionArgs& a, DeviceState& st, int device, std::string* why) {
+  const PlanKey key = key_of(a, device);
+  auto it = st.plans.find(key);
+  if (it != st.plans.end()) return it->second.get();
+  auto f = st.failed.find(key);
+  if (f != st.failed.end()) {
+    if (why != nullptr) *why = f->second;
+    return nullptr;
+  }
+  try {
+    std::unique_ptr<Plan> plan = build_plan(st.handle, a);
+    return st.plans.emplace(key, std::move(plan)).first->second.get();
+  } catch (const Error& e) {
+    st.failed.emplace(key, e.what());
+    if (why != nullptr) *why = e.what();
+    return nullptr;
+  }
+}
+
+}  // namespace
+
+bool cudnn_built() {
+  return true;
+}
+
+int cudnn_version() {
+  return static_cast<int>(cudnnGetVersion());
+}
+
+bool cudnn_available(std::string* why) {
+  const std::lock_guard<std::mutex> lock(state_mutex());
+  std::string reason;
+  if (device_state(&reason) == nullptr) {
+    if (why != nullptr) *why = reason;
+    return false;
+  }
+  if (why != nullptr) *why = "cuDNN " + std::to_string(cudnnGetVersion());
+  return true;
+}
+
+bool cudnn_dense_plan(const AttentionArgs& a, std::string* why) {
+  if (!cudnn_dense_supports(a, why)) return false;
+  const std::lock_guard<std::mutex> lock(state_mutex());
+  DeviceState* st = device_state(why);
+  if (st == nullptr) return false;
+  int dev = 0;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
+  return find_plan(a, *st, dev, why) != nullptr;
+}
+
+void cudnn_dense_attention(const AttentionArgs& a, cudaStream_t stream) {
+  std::string why;
+  check(cudnn_dense_supports(a, &why), "CUDA attention (cuDNN dense): " + why);
+  const std::lock_guard<std::mutex> lock(state_mutex());
+  DeviceState* st = device_state(&why);
+  check(st != nullptr, "CUDA attention (cuDNN dense): cuDNN unavailable: " + why);
+  int dev = 0;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
+  Plan* plan = find_plan(a, *st, dev, &why);
+  check(plan != nullptr, "CUDA attention (cuDNN dense): " + why);
+
+  void* stats = a.lse.data;
+  if (stats == nullptr) {
+    plan->stats_scratch.resize(static_cast<size_t>(a.num_q_heads() * a.q_len()));
+    stats = plan->stats_scratch.data();
+  }
+  float scale = a.effective_scale();
+  float lowest = std::numeric_limits<float>::lowest();
+  const std::array<int64_t, 7> uids{kUidQ, kUidK, kUidV, kUidO, kUidStats, kUidScale, kUidNegInf};
+  const std::array<void*, 7> ptrs{a.q.data, a.k.data, a.v.data, a.out.data, stats, &scale, &lowest};
+  void* ws = plan->workspace_bytes > 0 ? static_cast<void*>(plan->workspace.data()) : nullptr;
+  Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+  set(pack.get(), CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 7, uids.data(), "variant pack uids");
+  set(pack.get(), CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 7, ptrs.data(),
+      "variant pack pointers");
+  set(pack.get(), CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws, "variant pack workspace");
+  ck(cudnnBackendFinalize(pack.get()), "finalize variant pack");
+  ck(cudnnSetStream(st->handle, stream), "set stream");
+  ck(cudnnBackendExecute(st->handle, plan->plan->get(), pack.get()), "execute SDPA plan");
+}
+
+#endif  // TESSERA_HAS_CUDNN
+
+}  // namespace tessera::attn::gpu
