@@ -174,11 +174,41 @@ __device__ __forceinline__ bool key_visible(int pos, int key, uint32_t span) {
   return static_cast<uint32_t>(pos) - static_cast<uint32_t>(key) < span;
 }
 
+// Epilogue of both kernels for one thread's two rows, g and g + 8 of the 16-row slice starting at row16:
+// normalise by the row sums (each spread over the 4 lanes of the row), store the thread's column pairs
+// (2 c4 + 8 i, i < D / 8) as 4-byte words, write the lse (natural log; -inf for a row that saw no key). Rows past
+// q_len (a short last tile) are not written. o_at(i, e) returns the accumulator pair of column block i, row e.
+template <typename T, int D, class OAt>
+__device__ __forceinline__ void store_rows(const PrefillParams& p, int h, int row16, int g, int c4,
+                                           const float (&l)[2], const float (&m)[2], OAt o_at) {
+  const float neg_inf = -__int_as_float(0x7f800000);
+  T* oh = static_cast<T*>(p.out) + h * p.o_head;
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    float lt = l[e];
+    lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+    lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+    const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
+    const int row = row16 + g + 8 * e;
+    if (row < p.q_len) {
+      T* dst = oh + static_cast<int64_t>(row) * p.o_tok + 2 * c4;
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) {
+        const float2 v = o_at(i, e);
+        *reinterpret_cast<uint32_t*>(dst + i * 8) = MmaTraits<T>::pack(v.x * inv, v.y * inv);
+      }
+      if (p.lse != nullptr && c4 == 0) {
+        p.lse[h * p.lse_head + static_cast<int64_t>(row) * p.lse_tok] =
+            lt > 0.0f ? (m[e] + __log2f(lt)) * 0.69314718055994531f : neg_inf;
+      }
+    }
+  }
+}
+
 template <typename T, int D, int BM>
 __global__ void __launch_bounds__(PrefillConfig<D, BM>::kThreads, PrefillConfig<D, BM>::kMinBlocks)
     sparse_prefill_kernel(const PrefillParams p) {
   using Cfg = PrefillConfig<D, BM>;
-  using Mma = MmaTraits<T>;
   constexpr int BN = Cfg::BN, kThreads = Cfg::kThreads, kChunks = Cfg::kChunks;
   const float neg_inf = -__int_as_float(0x7f800000);
 
@@ -195,7 +225,6 @@ __global__ void __launch_bounds__(PrefillConfig<D, BM>::kThreads, PrefillConfig<
   const T* q_all = static_cast<const T*>(p.q);
   const T* k_all = static_cast<const T*>(p.k);
   const T* v_all = static_cast<const T*>(p.v);
-  T* out_all = static_cast<T*>(p.out);
 
   constexpr int kRowBytes = D * 2;
   const LaneSwizzle sw(lane);
@@ -324,26 +353,8 @@ __global__ void __launch_bounds__(PrefillConfig<D, BM>::kThreads, PrefillConfig<
     cp_async_wait<0>();  // an item without key tiles still has its Q load in flight
 
     // Epilogue: normalise and store; rows past q_len (short last tile) are not written.
-    T* oh = out_all + h * p.o_head;
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      float lt = l[e];
-      lt += __shfl_xor_sync(0xffffffffu, lt, 1);
-      lt += __shfl_xor_sync(0xffffffffu, lt, 2);
-      const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
-      const int row = row0 + warp * 16 + g + 8 * e;
-      if (row < p.q_len) {
-        T* dst = oh + static_cast<int64_t>(row) * p.o_tok + 2 * c4;
-#pragma unroll
-        for (int i = 0; i < D / 8; ++i) {
-          *reinterpret_cast<uint32_t*>(dst + i * 8) = Mma::pack(o[i][2 * e] * inv, o[i][2 * e + 1] * inv);
-        }
-        if (p.lse != nullptr && c4 == 0) {
-          p.lse[h * p.lse_head + static_cast<int64_t>(row) * p.lse_tok] =
-              lt > 0.0f ? (m[e] + __log2f(lt)) * 0.69314718055994531f : neg_inf;
-        }
-      }
-    }
+    store_rows<T, D>(p, h, row0 + warp * 16, g, c4, l, m,
+                     [&](int i, int e) { return make_float2(o[i][2 * e], o[i][2 * e + 1]); });
     __syncthreads();  // everyone has read s_slot and finished with shared memory before the next item
   }
 }

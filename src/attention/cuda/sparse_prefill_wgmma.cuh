@@ -73,7 +73,6 @@ __global__ void __launch_bounds__(256, 1) sparse_prefill_wgmma_kernel(const Pref
   const T* q_all = static_cast<const T*>(p.q);
   const T* k_all = static_cast<const T*>(p.k);
   const T* v_all = static_cast<const T*>(p.v);
-  T* out_all = static_cast<T*>(p.out);
 
   for (;;) {
     if (tid == 0) s_slot = atomicAdd(p.counter, 1);
@@ -305,28 +304,9 @@ __global__ void __launch_bounds__(256, 1) sparse_prefill_wgmma_kernel(const Pref
     }
     cp_async_wait<0>();  // an item without key tiles still has its Q load in flight
 
-    // Epilogue: normalise and store; rows past q_len (short last tile) are not written.
-    T* oh = out_all + h * p.o_head;
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      float lt = l[e];
-      lt += __shfl_xor_sync(0xffffffffu, lt, 1);
-      lt += __shfl_xor_sync(0xffffffffu, lt, 2);
-      const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
-      const int row = row0 + wg * 64 + (warp % 4) * 16 + g + 8 * e;
-      if (row < p.q_len) {
-        T* dst = oh + static_cast<int64_t>(row) * p.o_tok + 2 * c4;
-#pragma unroll
-        for (int i = 0; i < D / 8; ++i) {
-          *reinterpret_cast<uint32_t*>(dst + i * 8) =
-              Mma::pack(o[4 * i + 2 * e] * inv, o[4 * i + 2 * e + 1] * inv);
-        }
-        if (p.lse != nullptr && c4 == 0) {
-          p.lse[h * p.lse_head + static_cast<int64_t>(row) * p.lse_tok] =
-              lt > 0.0f ? (m[e] + __log2f(lt)) * 0.69314718055994531f : neg_inf;
-        }
-      }
-    }
+    // Epilogue (shared with the mma.sync kernel): normalise and store; rows past q_len are not written.
+    store_rows<T, D>(p, h, row0 + wg * 64 + (warp % 4) * 16, g, c4, l, m,
+                     [&](int i, int e) { return make_float2(o[4 * i + 2 * e], o[4 * i + 2 * e + 1]); });
     __syncthreads();  // everyone has read s_slot and finished with shared memory before the next item
   }
 #endif
