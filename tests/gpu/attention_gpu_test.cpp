@@ -34,6 +34,7 @@
 #include "attention/cuda/device_buffer.h"
 #include "attention/cuda/layer_attention_cuda.h"
 #include "attention/cuda/lower_tile.h"
+#include "attention/cuda/prefill_cursor.h"
 #include "attention/cuda/sparse_prefill.h"
 #include "attention/cuda/work_plan.h"
 #include "attention/index/estimate.h"
@@ -962,6 +963,8 @@ TEST_P(EndToEndTest, MatchesReferenceOnItsOwnIndex) {
   const Inputs in = make_inputs(s, seed_of(c.name + "e2e"));
   const std::vector<Pattern> layer = make_layer(c.layer, s.hq, s.q_begin + s.q_len);
   gpu::CudaLayerAttention gl(layer, s.ctx(), s.hkv, s.d);
+  // The sparse pipeline itself (a dense layer: its dense backend); LayerDensePaths tests the fallback.
+  gl.set_dense_fallback(false);
   DeviceTensor out = poisoned(s.q_len, s.hq, s.d, s.dtype);
   gl.run(device_args(in, out, nullptr, s));
   TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
@@ -976,8 +979,8 @@ TEST_P(EndToEndTest, MatchesReferenceOnItsOwnIndex) {
   const IndexStats st = index_stats(index);
   const char* kname = gpu::prefill_kernel_name(
       gpu::resolve_prefill_kernel(gpu::PrefillKernel::kAuto, s.dtype, s.d, s.tile));  // what kAuto ran
-  std::printf("[ end2end  ] %-28s %-8s rel_err %.2e density %.3f\n", c.name.c_str(), kname, r.rel_err,
-              st.density());
+  std::printf("[ end2end  ] %-28s %-8s rel_err %.2e density %.3f (%s)\n", c.name.c_str(), kname, r.rel_err,
+              st.density(), gl.last_path().c_str());
 }
 
 std::vector<ExecCase> e2e_cases() {
@@ -1134,6 +1137,99 @@ TEST(DeviceLoweringOnHost, CpuEstimatesOfRandomInputs) {
   const std::vector<HeadEstimate> est = cpu_estimates(layer, in, s);
   std::vector<int32_t> costs;
   expect_same_index(lower_layer(layer, est, s.ctx()), lower_like_device(layer, est, s.ctx(), costs));
+}
+
+// The kernels' walk over an item's key tiles (KeyCursor) and their per-element mask (key_visible), run on the
+// host over random indexes and windows: for every row, the keys the tiles present and the mask keeps are
+// exactly index.visible AND the window, each once; a tile the cursor does not flag `masked` is visible to every
+// row of the tile.
+template <int BN>
+void check_cursor(const SparseIndex& index, int window, int64_t& tiles_seen, int64_t& skipped_tiles) {
+  gpu::detail::PrefillParams p;
+  p.q_len = index.q_len;
+  p.q_begin = index.q_begin;
+  p.num_tiles = index.num_tiles();
+  p.window = window;
+  p.span = window > 0 ? static_cast<uint32_t>(window) : 0x7fffffffu;
+  p.range_offsets = index.range_offsets.data();
+  p.ranges = reinterpret_cast<const int2*>(index.ranges.data());
+  p.column_offsets = index.column_offsets.data();
+  p.columns = index.columns.data();
+  for (int h = 0; h < index.num_heads; ++h) {
+    for (int t = 0; t < index.num_tiles(); ++t) {
+      const int item = h * index.num_tiles() + t;
+      const int row0 = t * index.tile, rows = std::min(index.tile, index.q_len - row0);
+      const int pos0 = index.q_begin + row0;
+      gpu::detail::KeyCursor<BN> cursor(p, item, pos0, rows);
+      std::vector<std::vector<int>> seen(static_cast<size_t>(rows));
+      for (gpu::detail::KeyTile kt = cursor.next(); kt.count > 0; kt = cursor.next()) {
+        ++tiles_seen;
+        ASSERT_LE(kt.count, BN);
+        for (int j = 0; j < BN; ++j) {
+          const int key = j < kt.count ? (kt.gathered ? index.columns[static_cast<size_t>(kt.first + j)]
+                                                      : kt.first + j)
+                                       : gpu::detail::kAbsentKey;
+          for (int r = 0; r < rows; ++r) {
+            const bool vis = gpu::detail::key_visible(pos0 + r, key, p.span);
+            if (!kt.masked) {
+              ASSERT_TRUE(vis) << "unmasked tile holds key " << key << " hidden from row " << row0 + r << " (head "
+                               << h << ", window " << window << ")";
+            }
+            if (vis) seen[static_cast<size_t>(r)].push_back(key);
+          }
+        }
+      }
+      for (int r = 0; r < rows; ++r) {
+        const int pos = pos0 + r;
+        std::vector<int> want;
+        for (int key = 0; key < index.kv_len; ++key) {
+          if (index.visible(h, row0 + r, key) && (window == 0 || pos - key < window)) want.push_back(key);
+        }
+        std::vector<int>& got = seen[static_cast<size_t>(r)];
+        std::sort(got.begin(), got.end());
+        ASSERT_EQ(got, want) << "head " << h << " row " << row0 + r << " window " << window;
+      }
+      // Keys of the index below the first row's window are never loaded.
+      if (window > 0) {
+        for (const KeyRange& kr : index.ranges_of(h, t))
+          if (kr.end <= pos0 - window + 1) ++skipped_tiles;
+      }
+    }
+  }
+}
+
+TEST(PrefillCursorOnHost, TilesAndMaskAreIndexAndWindow) {
+  std::mt19937_64 rng(99);
+  int64_t tiles = 0, skipped = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    std::uniform_int_distribution<int> len(1, 300), beg(0, 200), small(0, 40), big(1, 300);
+    LoweringContext ctx;
+    ctx.q_len = len(rng);
+    ctx.q_begin = trial % 3 == 0 ? 0 : beg(rng);
+    ctx.kv_len = ctx.q_begin + ctx.q_len + (trial % 4 == 1 ? small(rng) : 0);
+    ctx.total_len = ctx.q_begin + ctx.q_len;
+    ctx.tile = trial % 2 ? 64 : 128;
+    const std::vector<Pattern> layer = {
+        DensePattern{},
+        AShapePattern{small(rng), big(rng)},
+        TrianglePattern{small(rng), big(rng), small(rng)},
+        VerticalSlashPattern{small(rng), small(rng), 64, 4, 8},
+        BlockSparsePattern{1 + small(rng) / 10, 16},
+    };
+    std::vector<HeadEstimate> est;
+    for (const Pattern& pat : layer) est.push_back(random_estimate(pat, ctx, rng));
+    const SparseIndex index = lower_layer(layer, est, ctx);
+    const int n = ctx.q_begin + ctx.q_len;
+    for (const int window : {0, 1, 7, 64, 65, 129, std::max(1, n / 3), n + 5}) {
+      SCOPED_TRACE("trial " + std::to_string(trial) + " window " + std::to_string(window));
+      check_cursor<64>(index, window, tiles, skipped);
+      check_cursor<32>(index, window, tiles, skipped);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+  std::printf("[ cursor   ] %lld key tiles checked, %lld index ranges below a window skipped\n",
+              static_cast<long long>(tiles), static_cast<long long>(skipped));
+  EXPECT_GT(skipped, 0);
 }
 
 TEST(WorkPlan, HeaviestFirstStable) {

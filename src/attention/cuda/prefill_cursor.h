@@ -1,0 +1,147 @@
+// tessera/attention/cuda/prefill_cursor.h — the parameters of the sparse prefill kernels and the walk over
+// one item's key tiles (KeyCursor), shared by the mma.sync and the wgmma kernel. Host and device code, so
+// that the cursor is tested on the CPU (tests/gpu: PrefillCursorOnHost) against the index and the window.
+#pragma once
+
+#include <cuda_runtime.h>  // int2
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define TESSERA_HD_INLINE __host__ __device__ __forceinline__
+#else
+#define TESSERA_HD_INLINE inline
+#endif
+
+namespace tessera::attn::gpu::detail {
+
+struct PrefillParams {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* out = nullptr;
+  float* lse = nullptr;  // optional
+  // Strides in elements.
+  int64_t q_tok = 0, q_head = 0, k_tok = 0, k_head = 0, v_tok = 0, v_head = 0, o_tok = 0, o_head = 0;
+  int64_t lse_head = 0, lse_tok = 0;
+  int32_t q_len = 0;
+  int32_t q_begin = 0;
+  int32_t num_tiles = 0;
+  int32_t group = 1;        // query heads per kv head
+  int32_t window = 0;       // > 0: row-exact sliding window (key j hidden from position p when p - j >= window)
+  uint32_t span = 0x7fffffffu;  // window, or 2^31 - 1 without one: key j visible to p iff 0 <= p - j < span
+  float scale_log2 = 0.0f;  // softmax scale * log2(e)
+  const int32_t* range_offsets = nullptr;
+  const int2* ranges = nullptr;
+  const int32_t* column_offsets = nullptr;
+  const int32_t* columns = nullptr;
+  const int32_t* order = nullptr;
+  int32_t num_items = 0;
+  int32_t* counter = nullptr;
+  // wgmma kernel only (sparse_prefill_wgmma.cuh): byte strides of the N-major V descriptor along N (64-column
+  // halves) and along K (8-key groups).
+  uint32_t pv_lbo = 0, pv_sbo = 0;
+};
+
+struct KeyTile {
+  int32_t first = 0;  // first key (range) or first column slot (gathered)
+  int32_t count = 0;  // keys in the tile, 0 = no tile
+  bool gathered = false;
+  bool masked = false;
+};
+
+// The key tiles of one item (both kernels): first its ranges, each cut into tiles of BN consecutive keys
+// starting at the range's begin, then its columns, BN per tile. With a sliding window (p.window > 0) the
+// item starts at the tile's first row's window: ranges ending at or below its lowest visible key
+// lo = pos0 - window + 1 are skipped (binary search: ranges are sorted and disjoint, so their ends ascend),
+// the first range left is clipped to lo, and columns below lo are skipped (binary search: they ascend).
+// A tile is masked when it is partial, holds a key past the first row (causal), or, with a window, a key below
+// the last row's window (key < pos_last - window + 1); the per-row mask itself is the kernel's.
+template <int BN>
+struct KeyCursor {
+  const int2* ranges;
+  const int32_t* columns;
+  int r, r_end, c, c_end, rb, re;
+  int first_pos;   // absolute position of the tile's first row
+  int mask_below;  // window: tiles holding a key below this are masked (the tile's last row does not see it)
+  bool windowed;
+
+  TESSERA_HD_INLINE KeyCursor(const PrefillParams& p, int item, int pos0, int rows)
+      : ranges(p.ranges),
+        columns(p.columns),
+        r(p.range_offsets[item]),
+        r_end(p.range_offsets[item + 1]),
+        c(p.column_offsets[item]),
+        c_end(p.column_offsets[item + 1]),
+        rb(0),
+        re(0),
+        first_pos(pos0),
+        mask_below(0),
+        windowed(p.window > 0) {
+    int lo = 0;
+    if (windowed) {
+      lo = pos0 - p.window + 1 > 0 ? pos0 - p.window + 1 : 0;
+      mask_below = pos0 + rows - p.window;
+      int a = r, b = r_end;
+      while (a < b) {
+        const int m = (a + b) / 2;
+        if (ranges[m].y <= lo) {
+          a = m + 1;
+        } else {
+          b = m;
+        }
+      }
+      r = a;
+      a = c;
+      b = c_end;
+      while (a < b) {
+        const int m = (a + b) / 2;
+        if (columns[m] < lo) {
+          a = m + 1;
+        } else {
+          b = m;
+        }
+      }
+      c = a;
+    }
+    if (r < r_end) {
+      const int2 x = ranges[r];
+      rb = x.x > lo ? x.x : lo;
+      re = x.y;
+    }
+  }
+
+  TESSERA_HD_INLINE KeyTile next() {
+    KeyTile kt;
+    if (r < r_end) {
+      kt.first = rb;
+      kt.count = re - rb < BN ? re - rb : BN;
+      kt.masked = kt.count < BN || rb + BN - 1 > first_pos || (windowed && rb < mask_below);
+      rb += kt.count;
+      if (rb >= re && ++r < r_end) {
+        const int2 x = ranges[r];
+        rb = x.x;
+        re = x.y;
+      }
+    } else if (c < c_end) {
+      kt.first = c;
+      kt.count = c_end - c < BN ? c_end - c : BN;
+      kt.gathered = true;
+      kt.masked = kt.count < BN || columns[c + kt.count - 1] > first_pos || (windowed && columns[c] < mask_below);
+      c += kt.count;
+    }
+    return kt;
+  }
+};
+
+// Key slot of an absent row of a partial tile (shared memory key list): above every position.
+inline constexpr int kAbsentKey = 0x7fffffff;
+
+// Whether row position `pos` sees key `key`: 0 <= pos - key < span, span = window, or 2^31 - 1 without a
+// window (PrefillParams::span). One unsigned compare covers causality (key > pos wraps to >= 2^31), the window
+// and absent rows (kAbsentKey > any pos).
+TESSERA_HD_INLINE bool key_visible(int pos, int key, uint32_t span) {
+  return static_cast<uint32_t>(pos) - static_cast<uint32_t>(key) < span;
+}
+
+}  // namespace tessera::attn::gpu::detail
