@@ -654,6 +654,7 @@ TEST(LayerDensePaths, AllDenseLayerOnEachBackend) {
     }
     gl.run(a);
     TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_FALSE(gl.cudnn_failed()) << "cuDNN's plan built but its launch failed: " << gl.cudnn_error();
     const OutputCheck r = check_output(s, reference, out, nullptr);
     EXPECT_EQ(r.non_finite, 0);
     EXPECT_LT(r.rel_err, 1e-2);

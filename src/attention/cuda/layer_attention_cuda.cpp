@@ -87,10 +87,12 @@ void CudaLayerAttention::estimate(const AttentionArgs& args, cudaStream_t stream
 
 void CudaLayerAttention::build_index(cudaStream_t stream) {
   builder_.build(index_, plan_, stream);
+  index_built_ = true;
 }
 
 DenseBackend CudaLayerAttention::resolve_dense_backend(const AttentionArgs& args) const {
   if (dense_backend_ != DenseBackend::kAuto) return dense_backend_;
+  if (cudnn_failed_) return DenseBackend::kOurs;
   const std::string env = env_dense_backend();
   if (env == "ours") return DenseBackend::kOurs;
   if (env != "cudnn" && args.q_len() < kCudnnMinQLen) return DenseBackend::kOurs;
@@ -101,9 +103,21 @@ DenseBackend CudaLayerAttention::resolve_dense_backend(const AttentionArgs& args
 
 void CudaLayerAttention::attend_dense(const AttentionArgs& args, cudaStream_t stream, DenseBackend backend) {
   if (backend == DenseBackend::kCudnn) {
-    cudnn_dense_attention(args, stream);
-    last_path_ = "dense cudnn";
-    return;
+    if (dense_backend_ == DenseBackend::kCudnn) {  // asked for: its errors are the caller's
+      cudnn_dense_attention(args, stream);
+      last_path_ = "dense cudnn";
+      return;
+    }
+    try {
+      cudnn_dense_attention(args, stream);
+      last_path_ = "dense cudnn";
+      return;
+    } catch (const Error& e) {
+      // kAuto chose cuDNN (its plan built) but the launch failed: ours from now on, for this layer.
+      cudnn_failed_ = true;
+      cudnn_error_ = e.what();
+      if (all_dense_ && !index_built_) build_index(stream);
+    }
   }
   DeviceSparseIndex* index = &index_;
   DeviceWorkPlan* plan = &plan_;

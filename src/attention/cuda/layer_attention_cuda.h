@@ -84,6 +84,9 @@ class CudaLayerAttention {
   // What the last attend() ran, e.g. "sparse wgmma", "dense cudnn", "dense fallback cudnn",
   // "dense fallback wgmma".
   const std::string& last_path() const { return last_path_; }
+  // kAuto chose cuDNN and its launch failed (this layer then runs dense on ours; the error is kept).
+  bool cudnn_failed() const { return cudnn_failed_; }
+  const std::string& cudnn_error() const { return cudnn_error_; }
   // Costs of the dense fallback rule for the last build_index(): sparse (downloaded) and dense (host).
   int64_t sparse_cost(cudaStream_t stream = nullptr) const { return builder_.download_total_cost(stream); }
   int64_t dense_cost() const { return dense_cost_; }
@@ -127,6 +130,9 @@ class CudaLayerAttention {
   DeviceSparseIndex dense_index_;  // for the fallback on our kernel
   DeviceWorkPlan dense_plan_;
   std::string last_path_;
+  bool index_built_ = false;
+  bool cudnn_failed_ = false;
+  std::string cudnn_error_;
 };
 
 }  // namespace tessera::attn::gpu
