@@ -7,7 +7,7 @@
 #                                          build/gpu-deps, to carry to a GPU machine without those packages
 #
 # Steps, each logged to $OUT/<step>.log; a failing step does not stop the later ones, and every step's time is
-# capped so that the whole run stays within CHECK_BUDGET_S seconds (default 520, for a 600 s device call):
+# capped so that the whole run stays within CHECK_BUDGET_S seconds (default 540, for a 600 s device call):
 #   env        nvidia-smi, nvcc, compilers, cmake, torch; which of GTest / nlohmann_json the machine has; the
 #              cuDNN libraries (pip nvidia-cudnn-*) CMake will look for
 #   configure  cmake --preset cuda -B build/cuda -DTESSERA_WERROR=ON -DTESSERA_CUDA_PTXAS_VERBOSE=ON
@@ -35,8 +35,12 @@
 #   racecheck  compute-sanitizer racecheck on three tiny cases (last: it gets what is left of the budget), then
 #              on one tiny case through the wgmma kernel (sanitizer_racecheck_wgmma)
 #   summary    one line per step (status, seconds), the tail of each failure, the two result tables
+# Run order after the build: test, bench, bench_short, racecheck_topk, memcheck, bench_local, sdpa, racecheck,
+# racecheck_wgmma (the later ones get what is left of the budget; a second call on the same machine reuses the
+# build: e.g. SKIP_TEST=1 SKIP_BENCH=1 for the sanitizers alone).
 # Environment: OUT, JOBS (default 16), CHECK_BUDGET_S, BENCH_ARGS (e.g. "--seq 8192,32768 --reps 3"), BENCH_LOCAL_ARGS,
-# SDPA_ARGS, SKIP_SANITIZER=1, SKIP_BENCH=1, SKIP_SDPA=1, CHECK_STANDALONE=1 (skip the preset build).
+# BENCH_SHORT_ARGS, SDPA_ARGS, SKIP_TEST=1, SKIP_SANITIZER=1, SKIP_BENCH=1, SKIP_SDPA=1, CHECK_STANDALONE=1 (skip
+# the preset build).
 set -u
 set -o pipefail
 cd "$(dirname "$0")/../.."
@@ -64,7 +68,7 @@ exec > >(tee "$OUT/check.log") 2>&1
 set -x
 
 JOBS=${JOBS:-16}
-BUDGET=${CHECK_BUDGET_S:-520}
+BUDGET=${CHECK_BUDGET_S:-540}
 START=$(date +%s)
 SUMMARY=$OUT/summary.txt
 : > "$SUMMARY"
@@ -255,24 +259,28 @@ if [ "$built" = yes ]; then
     export TESSERA_PREFILL_KERNEL=mma
     echo "wgmma_probe: the wgmma kernel crashed (rc $probe_rc): TESSERA_PREFILL_KERNEL=mma for the later steps" >> "$SUMMARY"
   fi
-  run_step test 170 "$TEST_BIN" --gtest_output=xml:"$OUT/test.xml"
-  if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
-    SAN_FILTER='Cases/ExecutorTest.MatchesReference/dense_win37_s100_d64_f16_t64:Cases/ExecutorTest.MatchesReference/mixed_win70_s130_d128_bf16:Cases/ExecutorTest.MatchesReference/mixed_s100_d64_f16_t64:Cases/ExecutorTest.MatchesReference/mixed_s1000_d128_bf16:Cases/ExecutorTest.MatchesReference/mixed_s300_d256_f16_t64:Cases/ExecutorTest.MatchesReference/mixed_chunk_q777_s333_tail50:Cases/ExecutorTest.MatchesReference/empty_vs_s200:Cases/DeviceIndexTest.IdenticalToCpuLowering/mixed_s1000:Cases/DeviceEstimateTest.*/s100_d64_bf16:Cases/EndToEndTest.MatchesReferenceOnItsOwnIndex/mixed_s1000_bf16:CudaAttention.*'
-    run_step sanitizer_memcheck 100 compute-sanitizer --tool memcheck --error-exitcode 3 "$TEST_BIN" --gtest_filter="$SAN_FILTER"
-    # The block top-k of the VS/BS estimators alone, every hazard reported: any hazard fails the step.
-    run_step sanitizer_racecheck_topk 60 racecheck_topk
-  fi
+  # Order: what the run is for first (tests, then the benchmark and the short-prompt benchmark), then the
+  # sanitizers; every step is capped by what is left of the budget.
+  [ "${SKIP_TEST:-0}" != 1 ] && run_step test 200 "$TEST_BIN" --gtest_output=xml:"$OUT/test.xml"
   if [ "${SKIP_BENCH:-0}" != 1 ]; then
     # shellcheck disable=SC2086
     run_step bench 150 "$BENCH_BIN" ${BENCH_ARGS:-} --csv "$OUT/bench.csv"
-    # Local/sink-structured inputs (VS slashes near the diagonal, as real models give).
-    # shellcheck disable=SC2086
-    run_step bench_local 75 "$BENCH_BIN" --inputs local --seq 32768,131072 --patterns dense,vs,bs --variants off \
-      ${BENCH_LOCAL_ARGS:-} --csv "$OUT/bench_local.csv"
     # Short prompts: cuDNN against ours, and the dense fallback, where prompts are cheap.
     # shellcheck disable=SC2086
     run_step bench_short 40 "$BENCH_BIN" --seq 1024,2048,4096 --patterns dense,vs,bs --variants off --kernel auto \
       ${BENCH_SHORT_ARGS:-} --csv "$OUT/bench_short.csv"
+  fi
+  if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
+    # The block top-k of the VS/BS estimators alone, every hazard reported: any hazard fails the step.
+    run_step sanitizer_racecheck_topk 60 racecheck_topk
+    SAN_FILTER='Cases/ExecutorTest.MatchesReference/dense_win37_s100_d64_f16_t64:Cases/ExecutorTest.MatchesReference/mixed_win70_s130_d128_bf16:Cases/ExecutorTest.MatchesReference/mixed_s100_d64_f16_t64:Cases/ExecutorTest.MatchesReference/mixed_s1000_d128_bf16:Cases/ExecutorTest.MatchesReference/mixed_s300_d256_f16_t64:Cases/ExecutorTest.MatchesReference/mixed_chunk_q777_s333_tail50:Cases/ExecutorTest.MatchesReference/empty_vs_s200:Cases/DeviceIndexTest.IdenticalToCpuLowering/mixed_s1000:Cases/DeviceEstimateTest.*/s100_d64_bf16:Cases/EndToEndTest.MatchesReferenceOnItsOwnIndex/mixed_s1000_bf16:CudaAttention.*'
+    run_step sanitizer_memcheck 100 compute-sanitizer --tool memcheck --error-exitcode 3 "$TEST_BIN" --gtest_filter="$SAN_FILTER"
+  fi
+  if [ "${SKIP_BENCH:-0}" != 1 ]; then
+    # Local/sink-structured inputs (VS slashes near the diagonal, as real models give).
+    # shellcheck disable=SC2086
+    run_step bench_local 75 "$BENCH_BIN" --inputs local --seq 32768,131072 --patterns dense,vs,bs --variants off \
+      ${BENCH_LOCAL_ARGS:-} --csv "$OUT/bench_local.csv"
   fi
 fi
 if [ "${SKIP_SDPA:-0}" != 1 ]; then
