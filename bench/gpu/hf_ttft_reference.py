@@ -43,14 +43,25 @@ def build_model(layers):
     if layers:
         cfg["num_hidden_layers"] = layers
     config = LlamaConfig(**cfg)
-    config._attn_implementation = "sdpa"
+    try:
+        config._attn_implementation = "sdpa"
+    except Exception:  # noqa: BLE001 - older/newer versions spell it differently; the constructor gets it too
+        pass
     torch.manual_seed(0)
     t0 = time.time()
-    with torch.device("cuda"):
-        try:
-            model = LlamaForCausalLM._from_config(config, torch_dtype=torch.bfloat16, attn_implementation="sdpa")
-        except TypeError:
-            model = LlamaForCausalLM(config).to(torch.bfloat16)
+    # Built directly in bf16 on the GPU (default dtype and device), whatever the constructor's dtype keyword is
+    # called in this transformers version.
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("cuda"):
+            try:
+                model = LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
+            except TypeError:
+                model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    if next(model.parameters()).dtype != torch.bfloat16:
+        model = model.to(torch.bfloat16)
     model.eval()
     torch.cuda.synchronize()
     params = sum(p.numel() for p in model.parameters())

@@ -109,7 +109,9 @@ if [ -d "$DEPS" ]; then
   CONFIG_ARGS+=("-DCMAKE_CXX_FLAGS=-isystem $DEPS/include"
     "-DCMAKE_EXE_LINKER_FLAGS=-Wl,-rpath-link,$DEPS/lib -Wl,-rpath,$DEPS/lib"
     "-DBLAS_openblas_LIBRARY=$DEPS/lib/libopenblas.so"
-    "-DPCRE2_INCLUDE_DIR=$DEPS/include" "-DPCRE2_LIBRARY=$DEPS/lib/libpcre2-8.so")
+    "-DPCRE2_INCLUDE_DIR=$DEPS/include" "-DPCRE2_LIBRARY=$DEPS/lib/libpcre2-8.so"
+    "-DGTest_DIR=$DEPS/lib/x86_64-linux-gnu/cmake/GTest" "-Dnlohmann_json_DIR=$DEPS/share/cmake/nlohmann_json"
+    "-DCLI11_DIR=$DEPS/share/cmake/CLI11")
 fi
 
 env_report() {

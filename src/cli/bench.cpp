@@ -8,6 +8,10 @@
 #include "cli/session.h"
 #include "core/error.h"
 #include "eval/haystack.h"
+#ifdef TESSERA_WITH_GPU_ENGINE
+#include "runtime_cuda/device_model.h"
+#include "runtime_cuda/gpu_engine.h"
+#endif
 
 namespace tessera::cli {
 
@@ -19,6 +23,7 @@ struct Row {
   double prefill_s = 0, attention_s = 0, gemm_s = 0;
   double decode_tok_s = 0;
   double speedup = 0;
+  double peak_gb = -1;  // GPU: peak device memory in use
 };
 
 // Real text for the prompt (KJV when installed, else synthetic filler), so that dynamic estimators see
@@ -51,39 +56,62 @@ int bench_command(const BenchOptions& o) {
   const std::vector<int32_t> tokens = bench_tokens(s, max_depth + o.decode_tokens);
   std::vector<std::string> policies = {"dense"};
   policies.insert(policies.end(), o.attn.begin(), o.attn.end());
+  const bool gpu = use_gpu_device(o.device);
+#ifdef TESSERA_WITH_GPU_ENGINE
+  std::unique_ptr<runtime::gpu::DeviceModel> weights;
+  if (gpu) weights = runtime::gpu::DeviceModel::upload(*s.model);
+#endif
   std::vector<Row> rows;
   for (int depth : o.depths) {
     double dense_s = 0;
     for (const std::string& spec : policies) {
-      runtime::EngineOptions eo;
-      eo.chunk_size = o.chunk;
-      eo.policy = s.policy(spec);
-      runtime::Engine engine(*s.model, eo);
       Row r;
       r.depth = depth;
       r.policy = spec;
       r.prefill_s = 1e30;
-      for (int rep = 0; rep < std::max(1, o.reps); ++rep) {  // best of reps
-        engine.reset();
-        engine.reset_stats();
-        engine.prefill(std::span<const int32_t>(tokens.data(), static_cast<size_t>(depth)));
-        if (engine.stats().prefill_seconds < r.prefill_s) {
-          r.prefill_s = engine.stats().prefill_seconds;
-          r.attention_s = engine.stats().attention_seconds;
-          r.gemm_s = engine.stats().gemm_seconds;
-        }
-      }
-      if (spec == "dense") {
-        dense_s = r.prefill_s;
-        // Decode at this depth: the last decode_tokens positions of the context when the depth reaches its end.
-        const int start = std::min(depth, c.context_length - o.decode_tokens);
-        if (start < depth) {
+      // The same measurement on either engine (runtime::Engine, runtime::gpu::GpuEngine).
+      auto measure = [&](auto& engine) {
+        for (int rep = 0; rep < std::max(1, o.reps); ++rep) {  // best of reps
           engine.reset();
-          engine.prefill(std::span<const int32_t>(tokens.data(), static_cast<size_t>(start)));
+          engine.reset_stats();
+          if constexpr (requires { engine.reset_peak_memory(); }) engine.reset_peak_memory();
+          engine.prefill(std::span<const int32_t>(tokens.data(), static_cast<size_t>(depth)));
+          if (engine.stats().prefill_seconds < r.prefill_s) {
+            r.prefill_s = engine.stats().prefill_seconds;
+            r.attention_s = engine.stats().attention_seconds;
+            r.gemm_s = engine.stats().gemm_seconds;
+            if constexpr (requires { engine.memory(); })
+              r.peak_gb = static_cast<double>(engine.memory().peak_in_use_bytes) / 1e9;
+          }
         }
-        engine.reset_stats();
-        for (int i = 0; i < o.decode_tokens; ++i) engine.decode(tokens[static_cast<size_t>(engine.position())]);
-        r.decode_tok_s = engine.stats().decode_tokens_per_second();
+        if (spec == "dense") {
+          dense_s = r.prefill_s;
+          // Decode at this depth: the last decode_tokens positions of the context when the depth reaches its end.
+          const int start = std::min(depth, c.context_length - o.decode_tokens);
+          if (start < depth) {
+            engine.reset();
+            engine.prefill(std::span<const int32_t>(tokens.data(), static_cast<size_t>(start)));
+          }
+          engine.reset_stats();
+          for (int i = 0; i < o.decode_tokens; ++i) engine.decode(tokens[static_cast<size_t>(engine.position())]);
+          r.decode_tok_s = engine.stats().decode_tokens_per_second();
+        }
+      };
+#ifdef TESSERA_WITH_GPU_ENGINE
+      if (gpu) {
+        runtime::gpu::GpuEngineOptions go;
+        go.chunk_size = o.chunk;
+        go.policy = s.policy(spec);
+        runtime::gpu::GpuEngine engine(*weights, go);
+        measure(engine);
+      }
+#endif
+      if (!gpu) {
+        runtime::EngineOptions eo;
+        eo.chunk_size = o.chunk;
+        eo.policy = s.policy(spec);
+        runtime::Engine engine(*s.model, eo);
+        measure(engine);
       }
       r.speedup = dense_s / r.prefill_s;
       rows.push_back(r);
@@ -95,28 +123,37 @@ int bench_command(const BenchOptions& o) {
     for (const Row& r : rows) {
       j.push_back({{"model", c.name}, {"depth", r.depth}, {"policy", r.policy}, {"prefill_s", r.prefill_s},
                    {"prefill_tok_s", r.depth / r.prefill_s}, {"attention_s", r.attention_s}, {"gemm_s", r.gemm_s},
-                   {"speedup_vs_dense", r.speedup}, {"decode_tok_s", r.decode_tok_s}});
+                   {"speedup_vs_dense", r.speedup}, {"decode_tok_s", r.decode_tok_s},
+                   {"device", gpu ? "cuda" : "cpu"}});
+      if (r.peak_gb >= 0) j.back()["peak_device_gb"] = r.peak_gb;
     }
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
   const bool csv = o.format == "csv";
   if (csv) {
-    std::printf("model,depth,policy,prefill_s,prefill_tok_s,attention_s,gemm_s,speedup_vs_dense,decode_tok_s\n");
+    std::printf("model,depth,policy,prefill_s,prefill_tok_s,attention_s,gemm_s,speedup_vs_dense,decode_tok_s%s\n",
+                gpu ? ",peak_device_gb" : "");
   } else {
-    std::printf("model: %s, %d layers, %d/%d heads, head dim %d; chunk %d; best of %d\n\n", c.name.c_str(),
-                c.num_layers, c.num_q_heads, c.num_kv_heads, c.head_dim, o.chunk, std::max(1, o.reps));
-    std::printf("| depth | policy | prefill s | prefill tok/s | attention s | GEMM s | vs dense | decode tok/s |\n");
-    std::printf("|---:|---|---:|---:|---:|---:|---:|---:|\n");
+    std::printf("model: %s, %d layers, %d/%d heads, head dim %d; chunk %d; best of %d; device %s\n\n", c.name.c_str(),
+                c.num_layers, c.num_q_heads, c.num_kv_heads, c.head_dim, o.chunk, std::max(1, o.reps),
+                gpu ? "cuda (bf16; attention and GEMM s are GPU time)" : "cpu");
+    std::printf("| depth | policy | prefill s | prefill tok/s | attention s | GEMM s | vs dense | decode tok/s |%s\n",
+                gpu ? " peak GB |" : "");
+    std::printf("|---:|---|---:|---:|---:|---:|---:|---:|%s\n", gpu ? "---:|" : "");
   }
   for (const Row& r : rows) {
     const std::string decode = r.decode_tok_s > 0 ? std::to_string(r.decode_tok_s).substr(0, 5) : (csv ? "" : "-");
     if (csv) {
-      std::printf("%s,%d,%s,%.3f,%.1f,%.3f,%.3f,%.2f,%s\n", c.name.c_str(), r.depth, r.policy.c_str(), r.prefill_s,
+      std::printf("%s,%d,%s,%.3f,%.1f,%.3f,%.3f,%.2f,%s", c.name.c_str(), r.depth, r.policy.c_str(), r.prefill_s,
                   r.depth / r.prefill_s, r.attention_s, r.gemm_s, r.speedup, decode.c_str());
+      if (gpu) std::printf(",%.2f", r.peak_gb);
+      std::printf("\n");
     } else {
-      std::printf("| %d | %s | %.2f | %.0f | %.2f | %.2f | %.2fx | %s |\n", r.depth, r.policy.c_str(), r.prefill_s,
+      std::printf("| %d | %s | %.2f | %.0f | %.2f | %.2f | %.2fx | %s |", r.depth, r.policy.c_str(), r.prefill_s,
                   r.depth / r.prefill_s, r.attention_s, r.gemm_s, r.speedup, decode.c_str());
+      if (gpu) std::printf(" %.2f |", r.peak_gb);
+      std::printf("\n");
     }
   }
   return 0;

@@ -11,8 +11,29 @@
 #include "eval/haystack.h"
 #include "eval/scoring.h"
 #include "eval/task.h"
+#ifdef TESSERA_WITH_GPU_ENGINE
+#include "runtime_cuda/device_model.h"
+#include "runtime_cuda/gpu_engine.h"
+#endif
 
 namespace tessera::cli {
+
+bool use_gpu_device(const std::string& device) {
+  if (device == "cpu") return false;
+#ifdef TESSERA_WITH_GPU_ENGINE
+  if (device == "auto") return runtime::gpu::gpu_available();
+  if (device == "cuda") {
+    check(runtime::gpu::gpu_available(), "--device cuda: " + runtime::gpu::gpu_description());
+    return true;
+  }
+#else
+  if (device == "auto") return false;
+  if (device == "cuda")
+    throw Error("--device cuda: this tessera was built without the CUDA backend (configure with -DTESSERA_CUDA=ON on a "
+                "machine with nvcc)");
+#endif
+  throw Error("--device must be cpu, cuda or auto, got '" + device + "'");
+}
 
 namespace {
 
@@ -21,15 +42,20 @@ struct Outcome {
   runtime::EngineStats prefill;  // right after the prefill
   runtime::EngineStats stats;    // at the end
   int64_t generated = 0;
+  double peak_gb = -1;  // GPU: peak device memory in use
 };
 
-Outcome generate_once(const Session& s, const RunOptions& o, const std::string& spec,
+// Where the model runs: the CPU engine, or the GPU engine over the weights uploaded once (--compare reuses them).
+struct Device {
+  bool gpu = false;
+#ifdef TESSERA_WITH_GPU_ENGINE
+  std::unique_ptr<runtime::gpu::DeviceModel> weights;
+#endif
+};
+
+template <class EngineT>
+Outcome generate_with(EngineT& engine, const Session& s, const RunOptions& o, const std::string& spec,
                       const std::vector<int32_t>& prompt, bool stream) {
-  runtime::EngineOptions eo;
-  eo.chunk_size = o.chunk;
-  eo.policy = s.policy(spec);
-  eo.max_context = o.max_context;
-  runtime::Engine engine(*s.model, eo);
   runtime::GenerateOptions g;
   g.max_new_tokens = o.max_tokens;
   g.sampling = o.sampling;
@@ -64,7 +90,28 @@ Outcome generate_once(const Session& s, const RunOptions& o, const std::string& 
     std::printf("%s\n", rest.c_str());
   }
   out.stats = engine.stats();
+  if constexpr (requires { engine.memory(); }) out.peak_gb = static_cast<double>(engine.memory().peak_in_use_bytes) / 1e9;
   return out;
+}
+
+Outcome generate_once(const Session& s, const Device& d, const RunOptions& o, const std::string& spec,
+                      const std::vector<int32_t>& prompt, bool stream) {
+#ifdef TESSERA_WITH_GPU_ENGINE
+  if (d.gpu) {
+    runtime::gpu::GpuEngineOptions go;
+    go.chunk_size = o.chunk;
+    go.policy = s.policy(spec);
+    go.max_context = o.max_context;
+    runtime::gpu::GpuEngine engine(*d.weights, go);
+    return generate_with(engine, s, o, spec, prompt, stream);
+  }
+#endif
+  runtime::EngineOptions eo;
+  eo.chunk_size = o.chunk;
+  eo.policy = s.policy(spec);
+  eo.max_context = o.max_context;
+  runtime::Engine engine(*s.model, eo);
+  return generate_with(engine, s, o, spec, prompt, stream);
 }
 
 void print_stats(const std::string& spec, const Outcome& r, int64_t prompt_tokens) {
@@ -73,6 +120,7 @@ void print_stats(const std::string& spec, const Outcome& r, int64_t prompt_token
               spec.c_str(), with_commas(prompt_tokens).c_str(), p.prefill_seconds, p.prefill_tokens_per_second(),
               p.attention_seconds, p.gemm_seconds, static_cast<long long>(r.stats.decode_tokens),
               r.stats.decode_tokens_per_second());
+  if (r.peak_gb >= 0) std::printf("[%s] peak device memory %.2f GB\n", spec.c_str(), r.peak_gb);
 }
 
 }  // namespace
@@ -97,6 +145,17 @@ int run_command(const RunOptions& o) {
   std::printf("model: %s (%s, %d layers, %d/%d heads, head dim %d, context %s) loaded in %.1f s\n", c.name.c_str(),
               std::string(runtime::architecture_name(c.arch)).c_str(), c.num_layers, c.num_q_heads, c.num_kv_heads,
               c.head_dim, with_commas(c.context_length).c_str(), now_seconds() - t0);
+  Device device;
+  device.gpu = use_gpu_device(o.device);
+#ifdef TESSERA_WITH_GPU_ENGINE
+  if (device.gpu) {
+    const double t1 = now_seconds();
+    device.weights = runtime::gpu::DeviceModel::upload(*s.model);
+    std::printf("device: %s; weights %.2f GB in bf16, uploaded in %.1f s\n", runtime::gpu::gpu_description().c_str(),
+                static_cast<double>(device.weights->bytes()) / 1e9, now_seconds() - t1);
+  }
+#endif
+  if (!device.gpu) std::printf("device: cpu\n");
   std::optional<eval::TaskCase> needle;
   std::vector<int32_t> prompt;
   if (o.needle_tokens > 0) {
@@ -119,7 +178,7 @@ int run_command(const RunOptions& o) {
   std::printf("prompt: %s tokens\n", with_commas(static_cast<int64_t>(prompt.size())).c_str());
   std::fflush(stdout);
   if (!o.compare) {
-    const Outcome r = generate_once(s, o, o.attn, prompt, /*stream=*/true);
+    const Outcome r = generate_once(s, device, o, o.attn, prompt, /*stream=*/true);
     print_stats(o.attn, r, static_cast<int64_t>(prompt.size()));
     if (needle) {
       std::printf("needle %s\n", eval::score_output(needle->metric, r.text, needle->answers).pass ? "found" : "NOT found");
@@ -128,11 +187,11 @@ int run_command(const RunOptions& o) {
   }
   std::printf("\n== dense ==\n");
   std::fflush(stdout);
-  const Outcome dense = generate_once(s, o, "dense", prompt, true);
+  const Outcome dense = generate_once(s, device, o, "dense", prompt, true);
   print_stats("dense", dense, static_cast<int64_t>(prompt.size()));
   std::printf("\n== %s ==\n", o.attn.c_str());
   std::fflush(stdout);
-  const Outcome sparse = generate_once(s, o, o.attn, prompt, true);
+  const Outcome sparse = generate_once(s, device, o, o.attn, prompt, true);
   print_stats(o.attn, sparse, static_cast<int64_t>(prompt.size()));
   if (needle) {
     auto found = [&](const Outcome& out) {

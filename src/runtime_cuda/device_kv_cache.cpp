@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <string>
+#include <utility>
 
 #include "attention/cuda/cuda_check.h"
 #include "core/error.h"

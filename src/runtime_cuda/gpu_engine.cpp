@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <utility>
 
 #include "attention/cuda/cuda_check.h"
 #include "core/error.h"
@@ -43,10 +44,10 @@ std::string gpu_description() {
     (void)cudaGetLastError();
     return std::string("no CUDA device (") + cudaGetErrorString(err) + ")";
   }
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "%s (sm_%d%d, %d SMs, %.1f GB)", prop.name, prop.major, prop.minor,
-                prop.multiProcessorCount, static_cast<double>(prop.totalGlobalMem) / 1e9);
-  return buf;
+  char buf[96];
+  std::snprintf(buf, sizeof buf, " (sm_%d%d, %d SMs, %.1f GB)", prop.major, prop.minor, prop.multiProcessorCount,
+                static_cast<double>(prop.totalGlobalMem) / 1e9);
+  return std::string(prop.name) + buf;
 }
 
 GpuEngine::GpuEngine(const DeviceModel& model, GpuEngineOptions options)

@@ -29,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "attention/pattern/policy.h"

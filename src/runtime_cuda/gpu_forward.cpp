@@ -199,11 +199,11 @@ void GpuForward::attention(int32_t layer, int32_t pos, int32_t n, DeviceKVCache&
       e.layer = std::make_unique<attn::gpu::CudaLayerAttention>(patterns, ctx, nkv, d);
     }
     if (e.layer->has_dynamic_heads() || !e.index_built) {
-      e.layer->estimate(args, stream_);
-      e.layer->build_index(stream_);
+      e.layer->run(args, stream_);  // estimate, index (unless cuDNN runs an all-dense layer), attend
       e.index_built = true;
+    } else {
+      e.layer->attend(args, stream_);  // static patterns: the index of the first layer serves every layer
     }
-    e.layer->attend(args, stream_);
   } catch (const Error& err) {
     std::string msg = where;
     if (window > 0) msg += " (sliding window " + std::to_string(window) + ")";

@@ -15,8 +15,10 @@
 //
 // Attention of a layer (patterns from the policy as the CPU Forward takes them; no policy: all dense):
 //  - the sparse executor (attn::gpu::CudaLayerAttention: estimate, index, prefill kernel) with the lowering
-//    context {pos, n, pos + n, total_len, tile}. Layers with the same patterns share one CudaLayerAttention per
-//    chunk, and static patterns (dense, A-shape, Triangle, ...) build their index once per chunk;
+//    context {pos, n, pos + n, total_len, tile}, through CudaLayerAttention::run (which sends all-dense layers to
+//    cuDNN where it can run them, and sparse layers whose index costs more than dense to the dense path). Layers
+//    with the same patterns share one CudaLayerAttention per chunk; static patterns (dense, A-shape, Triangle,
+//    ...) build their index once per chunk and later layers only attend();
 //  - the simple kernel (kernels.h simple_attention): dense only, for head dims the executor is not built for
 //    (it runs 64, 128 and 256), or when asked for (AttentionBackend::Simple, the reference in tests);
 //  - sliding-window layers (Gemma-3 local layers, Mistral) pass their row-exact window: args.window for the

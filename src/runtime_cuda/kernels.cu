@@ -140,24 +140,25 @@ __global__ void add_bias_kernel(nbf* y, int64_t rows, int64_t cols, int64_t ld, 
   }
 }
 
+// Rows over blockIdx.y, columns over x: no division per element.
 template <GateActivation kAct>
 __global__ void gated_activation_kernel(nbf* gu, int64_t rows, int64_t f) {
-  const int64_t total = rows * f;
-  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = idx / f, c = idx % f;
-    nbf* g_ptr = gu + r * 2 * f + c;
-    const float g = to_f(*g_ptr), u = to_f(g_ptr[f]);
-    float a;
-    if constexpr (kAct == GateActivation::kSiLU) {
-      a = g / (1.0f + expf(-g));
-    } else if constexpr (kAct == GateActivation::kGeluTanh) {
-      const float k = 0.7978845608028654f;  // sqrt(2 / pi)
-      a = 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g)));
-    } else {
-      a = 0.5f * g * (1.0f + erff(g * 0.7071067811865476f));
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    nbf* row = gu + r * 2 * f;
+    for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < f;
+         c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      const float g = to_f(row[c]), u = to_f(row[f + c]);
+      float a;
+      if constexpr (kAct == GateActivation::kSiLU) {
+        a = g / (1.0f + expf(-g));
+      } else if constexpr (kAct == GateActivation::kGeluTanh) {
+        const float k = 0.7978845608028654f;  // sqrt(2 / pi)
+        a = 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g)));
+      } else {
+        a = 0.5f * g * (1.0f + erff(g * 0.7071067811865476f));
+      }
+      row[c] = to_bf(a * u);
     }
-    *g_ptr = to_bf(a * u);
   }
 }
 
@@ -309,7 +310,8 @@ void add_bias(bf16* y, int64_t rows, int64_t cols, int64_t ld, const float* bias
 
 void gated_activation(bf16* gu, int64_t rows, int64_t f, GateActivation act, cudaStream_t stream) {
   if (rows <= 0 || f <= 0) return;
-  const unsigned grid = grid_for(rows * f);
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((f + 255) / 256, 1024)),
+                  static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
   switch (act) {
     case GateActivation::kSiLU:
       gated_activation_kernel<GateActivation::kSiLU><<<grid, 256, 0, stream>>>(dev(gu), rows, f);

@@ -330,8 +330,9 @@ TEST_P(ExecutorTest, MatchesSimpleKernelAndChunks) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(HeadDims, ExecutorTest, ::testing::Values(64, 128, 256),
-                         [](const ::testing::TestParamInfo<int>& info) { return "d" + std::to_string(info.param); });
+std::string head_dim_name(const ::testing::TestParamInfo<int>& p) { return "d" + std::to_string(p.param); }
+
+INSTANTIATE_TEST_SUITE_P(HeadDims, ExecutorTest, ::testing::Values(64, 128, 256), head_dim_name);
 
 // Llama-3-8B shapes (vocab 128256, llama3 RoPE, GQA 32/8, d 128) with 2 layers: an 8K prefill under dense, VS,
 // TriangleMix and A-shape runs, the logits are finite, and the policies differ from dense.
@@ -440,8 +441,9 @@ void check_real_model(const std::string& file) {
   Engine cpu_engine(cpu);
   const std::vector<float> ref = cpu_engine.forward_all_logits(tokens);
 
-  // kAuto: the executor on every layer it runs (Gemma-3's sliding-window layers run the simple kernel until
-  // the CUDA backend applies args.window: executor_applies_windows()), and the simple kernel everywhere.
+  // kAuto: the executor on every layer (Gemma-3's sliding-window layers pass args.window; a backend that did
+  // not apply windows would send them to the simple kernel: executor_applies_windows()), and the simple kernel
+  // everywhere.
   std::printf("[engine] %s: executor applies sliding windows: %s\n", file.c_str(),
               executor_applies_windows() ? "yes" : "no");
   for (AttentionBackend backend : {AttentionBackend::kAuto, AttentionBackend::kSimple}) {
