@@ -5,7 +5,7 @@
 //
 //   ttft_bench [--model llama3-8b] [--seq 8192,32768,131072] [--policies "dense;vs:v=1000,s=6096;..."]
 //              [--chunk 0] [--mlp-chunk 16384] [--tile 128] [--reps 1] [--layers N] [--decode 0]
-//              [--seed 1] [--csv FILE] [--max-seconds S]
+//              [--seed 1] [--csv FILE] [--max-seconds S] [--no-dense-fallback]
 //
 // Policies are attention specs (attention/pattern/presets.h) separated by ';'. Defaults: dense, VS(1000, 6096)
 // on every head, TriangleMix (dense in layers 0-15, Triangle sink 64 / local 512 / last 64 in 16-31),
@@ -54,6 +54,7 @@ struct Options {
   uint64_t seed = 1;
   std::string csv;
   double max_seconds = 0;
+  bool dense_fallback = true;
 };
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -98,6 +99,8 @@ Options parse(int argc, char** argv) {
       o.csv = value(i);
     } else if (a == "--max-seconds") {
       o.max_seconds = std::stod(value(i));
+    } else if (a == "--no-dense-fallback") {
+      o.dense_fallback = false;
     } else if (a == "--help" || a == "-h") {
       std::printf("see the header of bench/gpu/ttft_bench.cpp\n");
       std::exit(0);
@@ -186,6 +189,7 @@ int main(int argc, char** argv) {
       eo.tile = o.tile;
       eo.policy = policies[spec];
       eo.max_context = std::max(cfg.context_length, max_seq);
+      eo.dense_fallback = o.dense_fallback;
       return eo;
     };
 
@@ -196,8 +200,9 @@ int main(int argc, char** argv) {
       warm.prefill(std::span<const int32_t>(tokens.data(), static_cast<size_t>(std::min(max_seq, 4096))));
     }
     std::printf("warm-up: %.2f s\n", now() - t0);
-    std::printf("chunk %s, MLP pieces of %d rows, index tile %d, best of %d\n\n",
-                o.chunk > 0 ? std::to_string(o.chunk).c_str() : "whole prompt", o.mlp_chunk, o.tile, o.reps);
+    std::printf("chunk %s, MLP pieces of %d rows, index tile %d, best of %d, dense fallback %s\n\n",
+                o.chunk > 0 ? std::to_string(o.chunk).c_str() : "whole prompt", o.mlp_chunk, o.tile, o.reps,
+                o.dense_fallback ? "on (a sparse layer whose index costs more than dense runs dense)" : "off");
     std::printf("| seq | policy | TTFT s | vs dense | GEMM s (share) | attention s (share) | other s | GEMM TFLOP/s | "
                 "peak GB |\n");
     std::printf("|---:|---|---:|---:|---:|---:|---:|---:|---:|\n");

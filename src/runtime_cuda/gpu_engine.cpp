@@ -71,6 +71,7 @@ GpuEngine::GpuEngine(const DeviceModel& model, GpuEngineOptions options)
     fo.mlp_chunk = options_.mlp_chunk;
     fo.tile = options_.tile;
     fo.attention = options_.attention;
+    fo.dense_fallback = options_.dense_fallback;
     forward_ = std::make_unique<GpuForward>(model, fo, stream_, *gemm_, timer_);
   } catch (...) {
     forward_.reset();

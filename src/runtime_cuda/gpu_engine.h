@@ -55,6 +55,7 @@ struct GpuEngineOptions {
   int32_t tile = 128;             // the executor's query tile in prefill (64 or 128)
   AttentionBackend attention = AttentionBackend::kAuto;
   bool timing = true;             // CUDA events around GEMMs and attention (stats().gemm/attention_seconds)
+  bool dense_fallback = true;     // sparse layers whose index costs more than dense run dense (gpu_forward.h)
 };
 
 struct GpuMemoryStats {

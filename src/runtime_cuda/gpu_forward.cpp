@@ -197,6 +197,7 @@ void GpuForward::attention(int32_t layer, int32_t pos, int32_t n, DeviceKVCache&
     if (!e.layer) {
       const attn::LoweringContext ctx{pos, n, kv_len, std::max(total_len, kv_len), tile};
       e.layer = std::make_unique<attn::gpu::CudaLayerAttention>(patterns, ctx, nkv, d);
+      e.layer->set_dense_fallback(options_.dense_fallback);
     }
     if (e.layer->has_dynamic_heads() || !e.index_built) {
       e.layer->run(args, stream_);  // estimate, index (unless cuDNN runs an all-dense layer), attend

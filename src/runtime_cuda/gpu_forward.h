@@ -62,6 +62,9 @@ struct ForwardOptions {
   int32_t mlp_chunk = 16384;  // rows per MLP piece
   int32_t tile = 128;         // query tile of the executor's index in prefill (64 or 128); decode uses 64
   AttentionBackend attention = AttentionBackend::kAuto;
+  // The executor's dense fallback (CudaLayerAttention::set_dense_fallback): a sparse layer whose index would
+  // cost more than dense attention runs dense. Off: every policy runs its own index (tests, experiments).
+  bool dense_fallback = true;
 };
 
 class GpuForward {

@@ -286,9 +286,12 @@ TEST_P(ExecutorTest, MatchesSimpleKernelAndChunks) {
   expect_agreement(compare(ref, covering.forward_all_logits(tokens), vocab), kSameDeviceRelL2,
                    tag + " covering A-shape vs simple kernel");
 
-  // Real sparse policies run and give finite logits that differ from dense.
+  // Real sparse policies run and give finite logits that differ from dense (the dense fallback off: at 700
+  // tokens a VS index can cost more than dense, and the executor would then run dense).
   for (const char* spec : {"vs:v=64,s=64", "triangle:sink=16,local=64,last=32", "bs:top_k=2,block=64"}) {
-    GpuEngine sparse(*dev, gpu_opts(300, AttentionBackend::kExecutor, attn::policy_from_spec(spec, shape)));
+    GpuEngineOptions so = gpu_opts(300, AttentionBackend::kExecutor, attn::policy_from_spec(spec, shape));
+    so.dense_fallback = false;
+    GpuEngine sparse(*dev, so);
     const std::vector<float> logits = sparse.prefill(tokens);
     ASSERT_EQ(static_cast<int64_t>(logits.size()), vocab) << spec;
     EXPECT_TRUE(std::all_of(logits.begin(), logits.end(), [](float v) { return std::isfinite(v); })) << spec;
@@ -349,7 +352,9 @@ TEST(GpuEngineLlama3Shapes, TwoLayerPrefill8K) {
                            "ashape:sink=128,local=4096"}) {
     attn::AttentionPolicy policy = std::string(spec) == "dense" ? attn::AttentionPolicy{}
                                                                 : attn::policy_from_spec(spec, shape);
-    GpuEngine engine(*dev, gpu_opts(0, AttentionBackend::kAuto, policy));
+    GpuEngineOptions eo = gpu_opts(0, AttentionBackend::kAuto, policy);
+    eo.dense_fallback = false;  // every policy runs its own index (VS at 8K could otherwise fall back to dense)
+    GpuEngine engine(*dev, eo);
     const std::vector<float> logits = engine.prefill(tokens);
     ASSERT_EQ(static_cast<int64_t>(logits.size()), cfg.vocab_size);
     EXPECT_TRUE(std::all_of(logits.begin(), logits.end(), [](float v) { return std::isfinite(v); })) << spec;
