@@ -312,11 +312,13 @@ int main(int argc, char** argv) {
         // density and the explicit-kernel timings below).
         layer.estimate(args, stream);
         layer.build_index(stream);
+        // The dense shortcut (dense_shortcut.h): no estimation and no index either, as in run().
+        const bool shortcut = main_kernel == gpu::PrefillKernel::kAuto && layer.dense_before_estimation(args);
         const bool needs_index =
-            !(layer.all_dense() && main_kernel == gpu::PrefillKernel::kAuto &&
-              layer.resolve_dense_backend(args) == gpu::DenseBackend::kCudnn);
+            !shortcut && !(layer.all_dense() && main_kernel == gpu::PrefillKernel::kAuto &&
+                           layer.resolve_dense_backend(args) == gpu::DenseBackend::kCudnn);
         for (int i = 0; i < opt.warmup; ++i) {
-          layer.estimate(args, stream);
+          if (!shortcut) layer.estimate(args, stream);
           if (needs_index) layer.build_index(stream);
           layer.attend(args, stream, main_kernel);
         }
@@ -324,7 +326,7 @@ int main(int argc, char** argv) {
         std::vector<double> est, idx, ker, tot;
         for (int rep = 0; rep < opt.reps; ++rep) {
           TESSERA_CUDA_CHECK(cudaEventRecord(ev[0], stream));
-          layer.estimate(args, stream);
+          if (!shortcut) layer.estimate(args, stream);
           TESSERA_CUDA_CHECK(cudaEventRecord(ev[1], stream));
           if (needs_index) layer.build_index(stream);
           TESSERA_CUDA_CHECK(cudaEventRecord(ev[2], stream));
@@ -343,7 +345,10 @@ int main(int argc, char** argv) {
         gpu::check_launch("count_non_finite");
         r.non_finite = bad.download()[0];
         r.path = main_kernel == gpu::PrefillKernel::kAuto ? layer.last_path() : "sparse " + r.kernel;
-        if (!needs_index) layer.build_index(stream);  // the explicit-kernel runs below need the index
+        if (!needs_index) {  // the explicit-kernel runs below need the estimates and the index
+          layer.estimate(args, stream);
+          layer.build_index(stream);
+        }
 
         // Times `attend` alone (median of reps, after one untimed call) with the layer's current settings.
         auto time_attend = [&](const AttentionArgs& a) {
@@ -467,27 +472,35 @@ int main(int argc, char** argv) {
         }
 
         const SparseIndex index = layer.download_index();
-        // Index build with a thread per (head, tile) (the old path; the default is a warp per tile): time,
-        // and the same index?
+        // Index build modes (lower_cuda.h IndexBuildMode; `idx` timed the default, per kind): a warp per tile
+        // and a thread per tile for every head, timed the same way, and the same index?
         if (name == "vs" || name == "bs") {
-          layer.set_warp_index_build(false);
-          layer.build_index(stream);
-          std::vector<double> wi;
-          for (int rep = 0; rep < opt.reps; ++rep) {
-            TESSERA_CUDA_CHECK(cudaEventRecord(ev[0], stream));
+          double mode_ms[2] = {0, 0};
+          bool same[2] = {true, true};
+          const gpu::IndexBuildMode modes[2] = {gpu::IndexBuildMode::kWarp, gpu::IndexBuildMode::kThread};
+          for (int m = 0; m < 2; ++m) {
+            layer.set_index_build_mode(modes[m]);
             layer.build_index(stream);
-            TESSERA_CUDA_CHECK(cudaEventRecord(ev[1], stream));
-            TESSERA_CUDA_CHECK(cudaEventSynchronize(ev[1]));
-            float t = 0;
-            TESSERA_CUDA_CHECK(cudaEventElapsedTime(&t, ev[0], ev[1]));
-            wi.push_back(t);
+            std::vector<double> wi;
+            for (int rep = 0; rep < opt.reps; ++rep) {
+              TESSERA_CUDA_CHECK(cudaEventRecord(ev[0], stream));
+              layer.build_index(stream);
+              TESSERA_CUDA_CHECK(cudaEventRecord(ev[1], stream));
+              TESSERA_CUDA_CHECK(cudaEventSynchronize(ev[1]));
+              float t = 0;
+              TESSERA_CUDA_CHECK(cudaEventElapsedTime(&t, ev[0], ev[1]));
+              wi.push_back(t);
+            }
+            const SparseIndex other = layer.download_index();
+            mode_ms[m] = median(wi);
+            same[m] = other.range_offsets == index.range_offsets && other.ranges == index.ranges &&
+                      other.column_offsets == index.column_offsets && other.columns == index.columns;
           }
-          const SparseIndex windex = layer.download_index();
-          layer.set_warp_index_build(true);
-          const bool same = windex.range_offsets == index.range_offsets && windex.ranges == index.ranges &&
-                            windex.column_offsets == index.column_offsets && windex.columns == index.columns;
-          std::printf("  index seq %6d %-9s warp per tile (default) %8.3f ms, thread per tile %8.3f ms, %s\n",
-                      seq, name.c_str(), median(idx), median(wi), same ? "same index" : "DIFFERENT INDEX");
+          layer.set_index_build_mode(gpu::IndexBuildMode::kPerKind);
+          std::printf("  index seq %6d %-9s per kind (default) %8.3f ms, warp per tile %8.3f ms, thread per tile "
+                      "%8.3f ms, %s\n",
+                      seq, name.c_str(), median(idx), mode_ms[0], mode_ms[1],
+                      same[0] && same[1] ? "same index" : "DIFFERENT INDEX");
           std::fflush(stdout);
         }
         const IndexStats st = index_stats(index);

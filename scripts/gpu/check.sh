@@ -23,6 +23,8 @@
 #              included), index (warp- and thread-per-tile builds), estimators, end to end, cuDNN dense
 #              (CudnnDenseTest: skipped with the reason when cuDNN is absent), the layer's dense paths
 #              (LayerDensePaths: dense backend, dense fallback rule)
+#   cudnn_diag which libcudnn the test loads, its sub-libraries and their unresolved dependencies, and one
+#              CudnnDenseTest case with CUDNN_LOGLEVEL_DBG=2 (cuDNN's log in $OUT/cudnn_dbg.log)
 #   memcheck   compute-sanitizer memcheck on a subset of small cases (window cases included)
 #   racecheck_topk compute-sanitizer racecheck (hazard report) on the VS/BS estimators' block top-k only: fails if
 #              any hazard is reported (the 64 warnings of the second H200 run were a real race, fixed)
@@ -246,8 +248,31 @@ racecheck_topk() {
   return $rc
 }
 
+# cuDNN: which libcudnn the test binary loads, whether its sub-libraries (engines, heuristics) and their
+# dependencies resolve (a sub-library that fails to load leaves the heuristics with no engine), and one small
+# CudnnDenseTest case with cuDNN's own log at warning level (why each engine refuses the graph).
+cudnn_diag() {
+  local lib dir
+  ldd "$TEST_BIN" | grep -iE "cudnn|not found"
+  lib=$(ldd "$TEST_BIN" | awk '/libcudnn\.so/ {print $3; exit}')
+  if [ -n "$lib" ]; then
+    dir=$(dirname "$(readlink -f "$lib")")
+    echo "libcudnn: $lib -> $dir"
+    ls "$dir"/libcudnn*.so* 2>/dev/null
+    for f in "$dir"/libcudnn_engines_*.so.9 "$dir"/libcudnn_heuristic.so.9 "$dir"/libcudnn_graph.so.9; do
+      [ -e "$f" ] && { echo "ldd $f:"; ldd "$f" | grep -E "not found|nvrtc|cublas|cudart"; }
+    done
+  fi
+  CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG="$OUT/cudnn_dbg.log" "$TEST_BIN" \
+    --gtest_filter='Cases/CudnnDenseTest.MatchesReference/s100_d64_f16'
+  local rc=$?
+  echo "cuDNN log ($OUT/cudnn_dbg.log, $(wc -l < "$OUT/cudnn_dbg.log" 2>/dev/null || echo 0) lines), first warnings/errors:"
+  grep -iE "warn|error|not_supported|reason|fail" "$OUT/cudnn_dbg.log" 2>/dev/null | cut -c1-400 | head -40
+  return $rc
+}
+
 export TEST_BIN
-export -f resources racecheck_topk
+export -f resources racecheck_topk cudnn_diag
 if [ "$built" = yes ]; then
   run_step resources 30 resources
   # The wgmma kernel's self-check alone first. A numeric failure is handled in-process (kAuto falls back to
@@ -262,6 +287,7 @@ if [ "$built" = yes ]; then
   # Order: what the run is for first (tests, then the benchmark and the short-prompt benchmark), then the
   # sanitizers; every step is capped by what is left of the budget.
   [ "${SKIP_TEST:-0}" != 1 ] && run_step test 200 "$TEST_BIN" --gtest_output=xml:"$OUT/test.xml"
+  [ "${SKIP_TEST:-0}" != 1 ] && run_step cudnn_diag 40 cudnn_diag
   if [ "${SKIP_BENCH:-0}" != 1 ]; then
     # shellcheck disable=SC2086
     run_step bench 150 "$BENCH_BIN" ${BENCH_ARGS:-} --csv "$OUT/bench.csv"
@@ -327,12 +353,13 @@ set +x
     echo "cuDNN / dense paths:"
     grep -E "tessera: cuDNN|tessera: TESSERA_CUDNN" "$OUT/configure.log" "$OUT/fallback_configure.log" 2>/dev/null | head -2
     grep -E "^\[ (cudnn|layer|fallback) " "$OUT/test.log" | head -20
-    grep -E "CudnnDense.*(SKIPPED|FAILED)|cuDNN (unavailable|has no|built no)" "$OUT/test.log" | head -10
+    grep -E "CudnnDense.*(SKIPPED|FAILED)|cuDNN (unavailable|has no|built no)" "$OUT/test.log" | cut -c1-3000 | head -10
     echo "sliding-window cases (worst):"
     grep -E "^\[ executor \] [a-z]+_win" "$OUT/test.log" | awk '{print $4, $5, $7}' | sort -k3 -g -r | head -4
     echo "worst relative errors (case, kernel, error):"
     grep -E "^\[ (executor|end2end) \]" "$OUT/test.log" | awk '{print $4, $5, $7}' | sort -k3 -g -r | head -8
   fi
+  [ -s "$OUT/cudnn_diag.log" ] && { echo "--- cudnn_diag (library, sub-libraries, cuDNN's log):"; grep -vE "^\[ (RUN|      OK) " "$OUT/cudnn_diag.log" | cut -c1-3000 | head -70; }
   for s in sanitizer_memcheck sanitizer_racecheck_topk sanitizer_racecheck sanitizer_racecheck_wgmma; do
     [ -s "$OUT/$s.log" ] && { echo "--- $s:"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race|hazard|PASSED|FAILED" "$OUT/$s.log" | head -15; }
   done

@@ -572,6 +572,7 @@ TEST_P(CudnnDenseTest, MatchesReference) {
     if (c.must_plan) FAIL() << "cuDNN built no plan for this shape: " << why;
     GTEST_SKIP() << "cuDNN has no engine for this shape: " << why;
   }
+  std::printf("[ cudnn    ] %-28s plan: %s\n", c.name.c_str(), why.c_str());
   gpu::cudnn_dense_attention(a);
   TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
   const OutputCheck r = check_output(s, reference, out, &lse);
@@ -692,6 +693,7 @@ TEST(LayerDensePaths, DenseFallbackFollowsItsRule) {
     const Shape& s = c.shape;
     const Inputs in = make_inputs(s, seed_of("fallback" + c.name));
     gpu::CudaLayerAttention gl(c.layer, s.ctx(), s.hkv, s.d);
+    gl.set_dense_shortcut(false);  // the cost rule alone here (DenseShortcutSkipsEstimation: the shortcut)
     EXPECT_FALSE(gl.all_dense());
     // dense_cost() is the work-plan cost of the dense index of this shape.
     const std::vector<Pattern> dense(static_cast<size_t>(s.hq), Pattern{DensePattern{}});
@@ -733,6 +735,35 @@ TEST(LayerDensePaths, DenseFallbackFollowsItsRule) {
   }
 }
 
+// The dense shortcut (attention/index/dense_shortcut.h): a layer whose budgets cover the keys runs dense from
+// run() without estimating or building the index; the output is dense attention's.
+TEST(LayerDensePaths, DenseShortcutSkipsEstimation) {
+  REQUIRE_GPU();
+  const Shape s{2048, 0, 0, 4, 2, 128, 128, DType::BF16};
+  const std::vector<Pattern> layer(4, VerticalSlashPattern{1500, 1500, 64, 8, 16});
+  const Inputs in = make_inputs(s, seed_of("shortcut"));
+  gpu::CudaLayerAttention gl(layer, s.ctx(), s.hkv, s.d);
+  DeviceTensor out = poisoned(s.q_len, s.hq, s.d, s.dtype);
+  const AttentionArgs a = device_args(in, out, nullptr, s);
+  EXPECT_TRUE(gl.dense_before_estimation(a)) << "budget 3000 per row covers 2048 keys";
+  gl.run(a);
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(gl.last_path().rfind("dense shortcut", 0), 0u) << gl.last_path();
+  const std::vector<Pattern> dense(static_cast<size_t>(s.hq), Pattern{DensePattern{}});
+  const SparseIndex dense_index = lower_layer(dense, std::vector<HeadEstimate>(static_cast<size_t>(s.hq)), s.ctx());
+  const OutputCheck chk = check_output(s, reference_of(s, in, dense_index), out, nullptr);
+  EXPECT_EQ(chk.non_finite, 0);
+  EXPECT_LT(chk.rel_err, 1e-2);
+  std::printf("[ fallback ] shortcut     %-24s rel_err %.2e\n", gl.last_path().c_str(), chk.rel_err);
+  // Off: estimation, index, then the cost rule.
+  gl.set_dense_shortcut(false);
+  EXPECT_FALSE(gl.dense_before_estimation(a));
+  // A layer far from covered: no shortcut.
+  gpu::CudaLayerAttention narrow(std::vector<Pattern>(4, VerticalSlashPattern{64, 64, 64, 8, 16}), s.ctx(), s.hkv,
+                                 s.d);
+  EXPECT_FALSE(narrow.dense_before_estimation(a));
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Device index build and plan, from the CPU's estimates.
 
@@ -754,12 +785,14 @@ TEST_P(DeviceIndexTest, IdenticalToCpuLowering) {
   const std::vector<HeadEstimate> est = cpu_estimates(layer, in, s);
   const SparseIndex want = lower_layer(layer, est, s.ctx());
 
-  // A warp per (head, tile) (the default) and a thread per (head, tile) (set_warp_index_build(false)).
-  for (const bool warp : {true, false}) {
-    SCOPED_TRACE(warp ? "index build: warp per tile" : "index build: thread per tile");
+  // Every index build mode: per kind (the default: a warp per tile for VS heads, a thread per tile for the
+  // others; the "mixed" layers run both kernels in one build), a warp per tile, a thread per tile.
+  for (const gpu::IndexBuildMode mode :
+       {gpu::IndexBuildMode::kPerKind, gpu::IndexBuildMode::kWarp, gpu::IndexBuildMode::kThread}) {
+    SCOPED_TRACE(std::string("index build: ") + gpu::index_build_mode_name(mode));
     gpu::CudaLayerAttention gl(layer, s.ctx(), s.hkv, s.d);
-    EXPECT_TRUE(gl.warp_index_build()) << "the warp-per-tile build is the default";
-    gl.set_warp_index_build(warp);
+    EXPECT_EQ(gl.index_build_mode(), gpu::IndexBuildMode::kPerKind) << "per kind is the default";
+    gl.set_index_build_mode(mode);
     if (gl.has_dynamic_heads()) gl.upload_estimates(est);
     gl.build_index();
     const SparseIndex got = gl.download_index();

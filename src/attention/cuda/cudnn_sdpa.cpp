@@ -11,6 +11,8 @@
 
 #if TESSERA_HAS_CUDNN
 #include <cudnn_graph.h>
+#include <cudnn_version.h>
+#include <dlfcn.h>
 
 #include <array>
 #include <map>
@@ -194,31 +196,54 @@ struct GraphBuilder {
 // Unique ids of the real (variant pack) tensors.
 enum : int64_t { kUidQ = 1, kUidK, kUidV, kUidO, kUidStats, kUidScale, kUidNegInf };
 
-// Shape and strides of a call: what a plan depends on (pointers and the scale value do not).
+// Shape and strides of a call, and whether it wants the lse: what a plan depends on (pointers and the scale
+// value do not).
 using PlanKey = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                           int64_t, int64_t, int64_t, int64_t>;
+                           int64_t, int64_t, int64_t, int64_t, bool>;
 
 PlanKey key_of(const AttentionArgs& a, int device) {
-  return {device,          static_cast<int>(a.q.dtype), a.num_q_heads(), a.num_kv_heads(), a.q_len(),
-          a.head_dim(),    a.q.stride[0],               a.q.stride[1],   a.k.stride[0],     a.k.stride[1],
-          a.v.stride[0],   a.v.stride[1],               a.out.stride[0], a.out.stride[1]};
+  return {device,        static_cast<int>(a.q.dtype), a.num_q_heads(), a.num_kv_heads(), a.q_len(),
+          a.head_dim(),  a.q.stride[0],               a.q.stride[1],   a.k.stride[0],     a.k.stride[1],
+          a.v.stride[0], a.v.stride[1],               a.out.stride[0], a.out.stride[1],   a.has_lse()};
 }
+
+// The graph's free choices. The first variant is the graph cudnn-frontend's SDPA node lowers to (causal
+// mask = GEN_INDEX row/col, CMP_GE, BINARY_SELECT; the softmax output P, matmul 2's A operand, in the I/O
+// type: the fused engines take bmm2's A in bf16/f16, never f32 — run 3's graph had P in f32 and got no engine
+// at all). The others are tried only when it gets none, so that one GPU run says which choice matters.
+struct GraphVariant {
+  const char* name;
+  bool p_in_io_type;            // P (softmax output, bmm2's A) in bf16/f16 (true) or f32
+  cudnnDataType_t index_prec;   // GEN_INDEX math precision (frontend: the graph's compute type, f32)
+  bool stats;                   // stats (lse) as a graph output; without: only for calls with no lse
+};
+
+constexpr std::array<GraphVariant, 4> kVariants{{
+    {"P io-type, index prec f32, stats", true, CUDNN_DATA_FLOAT, true},
+    {"P io-type, index prec int32, stats", true, CUDNN_DATA_INT32, true},
+    {"P io-type, index prec f32, no stats", true, CUDNN_DATA_FLOAT, false},
+    {"P f32 (run-3 graph), stats", false, CUDNN_DATA_INT32, true},
+}};
 
 struct Plan {
   GraphBuilder graph;
   std::unique_ptr<Desc> op_graph, heuristics, plan;
   std::vector<std::unique_ptr<Desc>> configs;
+  std::unique_ptr<Desc> engine;  // when the plan came from the engine list (no heuristics result)
   int64_t workspace_bytes = 0;
+  bool stats = true;             // whether the graph writes stats (variant pack has the stats pointer)
+  std::string how;               // variant and engine config, for the record
   DeviceBuffer<unsigned char> workspace;
   DeviceBuffer<float> stats_scratch;  // when the caller has no lse
 };
 
-std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const AttentionArgs& a) {
-  auto p = std::make_unique<Plan>();
-  GraphBuilder& g = p->graph;
+// The operation graph of `v` for call `a`, finalised into p->op_graph (throws on a descriptor failure).
+void build_graph(cudnnHandle_t handle, const AttentionArgs& a, const GraphVariant& v, Plan& p) {
+  GraphBuilder& g = p.graph;
   const cudnnDataType_t io = a.q.dtype == DType::BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
   const int64_t hq = a.num_q_heads(), hkv = a.num_kv_heads(), s = a.q_len(), d = a.head_dim();
-  // Token-major [S, H, d] views as [1, H, S, d] (K transposed as [1, H, d, S]).
+  // Token-major [S, H, d] views as [1, H, S, d] (K transposed as [1, H, d, S]: dims 2 and 3 and their strides
+  // swapped, as cudnn-frontend maps K to K^T).
   const Dims q_dims{1, hq, s, d}, q_str{s * a.q.stride[0], a.q.stride[1], a.q.stride[0], 1};
   const Dims kt_dims{1, hkv, d, s}, kt_str{s * a.k.stride[0], a.k.stride[1], 1, a.k.stride[0]};
   const Dims v_dims{1, hkv, s, d}, v_str{s * a.v.stride[0], a.v.stride[1], a.v.stride[0], 1};
@@ -231,26 +256,25 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const AttentionArgs& a) {
   cudnnBackendDescriptor_t tk = g.tensor(kUidK, io, kt_dims, kt_str, false);
   cudnnBackendDescriptor_t tv = g.tensor(kUidV, io, v_dims, v_str, false);
   cudnnBackendDescriptor_t to = g.tensor(kUidO, io, o_dims, o_str, false);
-  cudnnBackendDescriptor_t tstats = g.tensor(kUidStats, CUDNN_DATA_FLOAT, r_dims, r_str, false);
   cudnnBackendDescriptor_t tscale = g.tensor(kUidScale, CUDNN_DATA_FLOAT, one, one, false, true);
   cudnnBackendDescriptor_t tneg = g.tensor(kUidNegInf, CUDNN_DATA_FLOAT, one, one, false, true);
 
   const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
-  // S = Q K^T, scaled.
+  // S = Q K^T (f32), scaled.
   cudnnBackendDescriptor_t s0 = g.virt(f32, s_dims, s_str);
   g.matmul(tq, tk, s0);
   cudnnBackendDescriptor_t s1 = g.virt(f32, s_dims, s_str);
   g.pointwise(CUDNN_POINTWISE_MUL, f32, s0, tscale, nullptr, s1);
-  // Causal mask: keep row >= col, else the lowest float.
+  // Causal mask (top-left diagonal): keep row >= col, else the lowest float.
   cudnnBackendDescriptor_t row = g.virt(CUDNN_DATA_INT32, s_dims, s_str);
-  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, s1, nullptr, nullptr, row, 2);
+  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, v.index_prec, s1, nullptr, nullptr, row, 2);
   cudnnBackendDescriptor_t col = g.virt(CUDNN_DATA_INT32, s_dims, s_str);
-  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, s1, nullptr, nullptr, col, 3);
+  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, v.index_prec, s1, nullptr, nullptr, col, 3);
   cudnnBackendDescriptor_t keep = g.virt(CUDNN_DATA_BOOLEAN, s_dims, s_str);
   g.pointwise(CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, row, col, nullptr, keep);
   cudnnBackendDescriptor_t s2 = g.virt(f32, s_dims, s_str);
   g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, f32, s1, tneg, keep, s2);
-  // Softmax with stats = max + log(sum).
+  // Softmax (f32) with stats = max + log(sum).
   cudnnBackendDescriptor_t mx = g.virt(f32, r_dims, r_str);
   g.reduction(CUDNN_REDUCE_TENSOR_MAX, s2, mx);
   cudnnBackendDescriptor_t sub = g.virt(f32, s_dims, s_str);
@@ -259,43 +283,80 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const AttentionArgs& a) {
   g.pointwise(CUDNN_POINTWISE_EXP, f32, sub, nullptr, nullptr, ex);
   cudnnBackendDescriptor_t sum = g.virt(f32, r_dims, r_str);
   g.reduction(CUDNN_REDUCE_TENSOR_ADD, ex, sum);
-  cudnnBackendDescriptor_t lg = g.virt(f32, r_dims, r_str);
-  g.pointwise(CUDNN_POINTWISE_LOG, f32, sum, nullptr, nullptr, lg);
-  g.pointwise(CUDNN_POINTWISE_ADD, f32, mx, lg, nullptr, tstats);
-  cudnnBackendDescriptor_t prob = g.virt(f32, s_dims, s_str);
+  if (v.stats) {
+    cudnnBackendDescriptor_t tstats = g.tensor(kUidStats, f32, r_dims, r_str, false);
+    cudnnBackendDescriptor_t lg = g.virt(f32, r_dims, r_str);
+    g.pointwise(CUDNN_POINTWISE_LOG, f32, sum, nullptr, nullptr, lg);
+    g.pointwise(CUDNN_POINTWISE_ADD, f32, mx, lg, nullptr, tstats);
+  }
+  // P = exp / sum, in the I/O type (bmm2's A operand), math in f32.
+  cudnnBackendDescriptor_t prob = g.virt(v.p_in_io_type ? io : f32, s_dims, s_str);
   g.pointwise(CUDNN_POINTWISE_DIV, f32, ex, sum, nullptr, prob);
   // O = P V.
   g.matmul(prob, tv, to);
 
-  p->op_graph = std::make_unique<Desc>(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
-  cudnnBackendDescriptor_t og = p->op_graph->get();
+  p.op_graph = std::make_unique<Desc>(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+  cudnnBackendDescriptor_t og = p.op_graph->get();
   set(og, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, static_cast<int64_t>(g.ops.size()),
       g.ops.data(), "graph operations");
   set(og, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "graph handle");
   ck(cudnnBackendFinalize(og), "finalize operation graph");
+}
 
-  // Engine configurations from the heuristics (mode A, then the fallback list); the first that finalises.
-  std::string tried;
+// The text of cuDNN's last error on this thread (empty when none), cleared by reading it.
+std::string last_error() {
+  char last[1024] = {0};
+  cudnnGetLastErrorString(last, sizeof last);
+  return last;
+}
+
+// Finalises an execution plan for `cfg`; on success keeps it in p (with its workspace) and returns true,
+// else appends the status to `log`.
+bool try_config(cudnnHandle_t handle, cudnnBackendDescriptor_t cfg, Plan& p, const std::string& label,
+                std::string& log) {
+  auto plan = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+  set(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "plan handle");
+  set(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg,
+      "plan engine config");
+  const cudnnStatus_t ps = cudnnBackendFinalize(plan->get());
+  if (ps != CUDNN_STATUS_SUCCESS) {
+    log += " [" + label + " plan finalize: " + status_text(ps) + "]";
+    return false;
+  }
+  int64_t ws = 0, n = 0;
+  ck(cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, &ws),
+     "plan workspace size");
+  p.plan = std::move(plan);
+  p.workspace_bytes = ws;
+  if (ws > 0) p.workspace.resize(static_cast<size_t>(ws));
+  p.how += ", " + label + ", workspace " + std::to_string(ws) + " B";
+  return true;
+}
+
+// Heuristics mode A, then the fallback list: the first engine config whose plan finalises. Appends what each
+// step gave to `log`.
+bool plan_from_heuristics(cudnnHandle_t handle, Plan& p, std::string& log) {
+  cudnnBackendDescriptor_t og = p.op_graph->get();
   for (const cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
-    p->heuristics = std::make_unique<Desc>(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
-    cudnnBackendDescriptor_t h = p->heuristics->get();
+    const char* mode_name = mode == CUDNN_HEUR_MODE_A ? "heuristics A" : "fallback heuristics";
+    p.heuristics = std::make_unique<Desc>(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+    cudnnBackendDescriptor_t h = p.heuristics->get();
     set(h, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &og, "heuristics graph");
     set(h, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "heuristics mode");
     const cudnnStatus_t hs = cudnnBackendFinalize(h);
-    const char* mode_name = mode == CUDNN_HEUR_MODE_A ? "heuristics A" : "fallback heuristics";
     if (hs != CUDNN_STATUS_SUCCESS) {
-      tried += std::string(mode_name) + ": " + status_text(hs) + "; ";
+      log += std::string(" ") + mode_name + " finalize: " + status_text(hs) + ";";
       continue;
     }
     int64_t count = 0;
     ck(cudnnBackendGetAttribute(h, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count,
                                 nullptr),
        "heuristics result count");
-    p->configs.clear();
+    p.configs.clear();
     std::vector<cudnnBackendDescriptor_t> raw;
     for (int64_t i = 0; i < count; ++i) {
-      p->configs.push_back(std::make_unique<Desc>(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
-      raw.push_back(p->configs.back()->get());
+      p.configs.push_back(std::make_unique<Desc>(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
+      raw.push_back(p.configs.back()->get());
     }
     int64_t got = 0;
     if (count > 0) {
@@ -303,31 +364,100 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const AttentionArgs& a) {
                                   raw.data()),
          "heuristics results");
     }
-    tried += std::string(mode_name) + ": " + std::to_string(got) + " engine configs";
+    log += std::string(" ") + mode_name + ": " + std::to_string(got) + " engine configs";
+    const std::string why_none = last_error();
+    if (got == 0 && !why_none.empty()) log += " (last error: " + why_none + ")";
     for (int64_t i = 0; i < got; ++i) {
-      auto plan = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-      set(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "plan handle");
-      set(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
-          &raw[static_cast<size_t>(i)], "plan engine config");
-      const cudnnStatus_t ps = cudnnBackendFinalize(plan->get());
-      if (ps != CUDNN_STATUS_SUCCESS) {
-        tried += std::string(i == 0 ? " (" : ", ") + "config " + std::to_string(i) + ": " + status_text(ps);
-        continue;
-      }
-      int64_t ws = 0, n = 0;
-      ck(cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n,
-                                  &ws),
-         "plan workspace size");
-      p->plan = std::move(plan);
-      p->workspace_bytes = ws;
-      if (ws > 0) p->workspace.resize(static_cast<size_t>(ws));
-      return p;
+      if (try_config(handle, raw[static_cast<size_t>(i)], p,
+                     std::string(mode_name) + " config " + std::to_string(i), log))
+        return true;
     }
-    tried += got > 0 ? "); " : "; ";
+    log += ";";
   }
+  return false;
+}
+
+// Every engine cuDNN has for the graph, by global index (what the heuristics would choose from): each engine's
+// finalize status with cuDNN's reason, and a plan from the first engine that accepts the graph (its default
+// knobs). Appends one entry per distinct status text to `log`.
+bool plan_from_engine_list(cudnnHandle_t handle, Plan& p, std::string& log) {
+  cudnnBackendDescriptor_t og = p.op_graph->get();
+  int64_t count = 0, n = 0;
+  const cudnnStatus_t cs = cudnnBackendGetAttribute(og, CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT,
+                                                    CUDNN_TYPE_INT64, 1, &n, &count);
+  if (cs != CUDNN_STATUS_SUCCESS) {
+    log += " engine count: " + status_text(cs) + ";";
+    return false;
+  }
+  log += " engines for this graph: " + std::to_string(count) + " {";
+  std::map<std::string, std::string> by_status;  // status text -> engine indices
+  bool done = false;
+  for (int64_t i = 0; i < count && !done; ++i) {
+    auto engine = std::make_unique<Desc>(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+    set(engine->get(), CUDNN_ATTR_ENGINE_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &og, "engine graph");
+    set(engine->get(), CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &i, "engine index");
+    const cudnnStatus_t es = cudnnBackendFinalize(engine->get());
+    if (es != CUDNN_STATUS_SUCCESS) {
+      std::string& ids = by_status[status_text(es)];
+      ids += (ids.empty() ? "" : ",") + std::to_string(i);
+      continue;
+    }
+    auto cfg = std::make_unique<Desc>(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+    cudnnBackendDescriptor_t e = engine->get();
+    set(cfg->get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &e, "engine config engine");
+    const cudnnStatus_t fs = cudnnBackendFinalize(cfg->get());
+    if (fs != CUDNN_STATUS_SUCCESS) {
+      log += " engine " + std::to_string(i) + " config finalize: " + status_text(fs) + ";";
+      continue;
+    }
+    log += " engine " + std::to_string(i) + " accepts the graph;";
+    if (try_config(handle, cfg->get(), p, "engine " + std::to_string(i) + " (default knobs)", log)) {
+      p.configs.clear();
+      p.configs.push_back(std::move(cfg));
+      p.engine = std::move(engine);
+      done = true;
+    }
+  }
+  for (const auto& [status, ids] : by_status) log += " engines " + ids + ": " + status + ";";
+  log += " }";
+  return done;
+}
+
+// Where the cuDNN library this process runs came from, and its version against the headers' (a mismatch is
+// worth knowing: run 3 compiled against 9.19 headers and ran a 9.14 libcudnn).
+std::string library_report() {
+  std::string r = "cuDNN runtime " + std::to_string(cudnnGetVersion()) + ", headers " +
+                  std::to_string(CUDNN_VERSION) + ", cudart of cuDNN " + std::to_string(cudnnGetCudartVersion());
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&cudnnGetVersion), &info) != 0 && info.dli_fname != nullptr)
+    r += std::string(", library ") + info.dli_fname;
+  return r;
+}
+
+std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const AttentionArgs& a) {
+  std::string log;
+  for (size_t vi = 0; vi < kVariants.size(); ++vi) {
+    const GraphVariant& v = kVariants[vi];
+    if (!v.stats && a.has_lse()) continue;  // the caller needs the lse
+    auto p = std::make_unique<Plan>();
+    p->stats = v.stats;
+    p->how = std::string("graph variant ") + std::to_string(vi) + " (" + v.name + ")";
+    log += std::string(" | variant ") + std::to_string(vi) + " (" + v.name + "):";
+    try {
+      build_graph(handle, a, v, *p);
+    } catch (const Error& e) {
+      log += std::string(" graph: ") + e.what();
+      continue;
+    }
+    if (plan_from_heuristics(handle, *p, log)) return p;
+    // No heuristics result: list the engines (why each refuses; a plan from one that accepts). For every
+    // variant, so that a failing run shows which choice changes cuDNN's answer.
+    if (plan_from_engine_list(handle, *p, log)) return p;
+  }
+  const int64_t hq = a.num_q_heads(), hkv = a.num_kv_heads(), s = a.q_len(), d = a.head_dim();
   throw Error("cuDNN has no engine for causal SDPA of this shape (" + std::to_string(hq) + " query heads, " +
-              std::to_string(hkv) + " kv heads, S " + std::to_string(s) + ", d " + std::to_string(d) +
-              "): " + tried);
+              std::to_string(hkv) + " kv heads, S " + std::to_string(s) + ", d " + std::to_string(d) + ", " +
+              (a.q.dtype == DType::BF16 ? "bf16" : "f16") + "; " + library_report() + "):" + log);
 }
 
 struct DeviceState {
@@ -412,7 +542,7 @@ bool cudnn_available(std::string* why) {
     if (why != nullptr) *why = reason;
     return false;
   }
-  if (why != nullptr) *why = "cuDNN " + std::to_string(cudnnGetVersion());
+  if (why != nullptr) *why = library_report();
   return true;
 }
 
@@ -423,7 +553,9 @@ bool cudnn_dense_plan(const AttentionArgs& a, std::string* why) {
   if (st == nullptr) return false;
   int dev = 0;
   TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
-  return find_plan(a, *st, dev, why) != nullptr;
+  const Plan* plan = find_plan(a, *st, dev, why);
+  if (plan != nullptr && why != nullptr) *why = plan->how;
+  return plan != nullptr;
 }
 
 void cudnn_dense_attention(const AttentionArgs& a, cudaStream_t stream) {
@@ -438,18 +570,20 @@ void cudnn_dense_attention(const AttentionArgs& a, cudaStream_t stream) {
   check(plan != nullptr, "CUDA attention (cuDNN dense): " + why);
 
   void* stats = a.lse.data;
-  if (stats == nullptr) {
+  if (stats == nullptr && plan->stats) {
     plan->stats_scratch.resize(static_cast<size_t>(a.num_q_heads() * a.q_len()));
     stats = plan->stats_scratch.data();
   }
   float scale = a.effective_scale();
   float lowest = std::numeric_limits<float>::lowest();
-  const std::array<int64_t, 7> uids{kUidQ, kUidK, kUidV, kUidO, kUidStats, kUidScale, kUidNegInf};
-  const std::array<void*, 7> ptrs{a.q.data, a.k.data, a.v.data, a.out.data, stats, &scale, &lowest};
+  // The stats entry last, so that a graph without stats passes the first 6.
+  const std::array<int64_t, 7> uids{kUidQ, kUidK, kUidV, kUidO, kUidScale, kUidNegInf, kUidStats};
+  const std::array<void*, 7> ptrs{a.q.data, a.k.data, a.v.data, a.out.data, &scale, &lowest, stats};
+  const int64_t n = plan->stats ? 7 : 6;
   void* ws = plan->workspace_bytes > 0 ? static_cast<void*>(plan->workspace.data()) : nullptr;
   Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
-  set(pack.get(), CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 7, uids.data(), "variant pack uids");
-  set(pack.get(), CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 7, ptrs.data(),
+  set(pack.get(), CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids.data(), "variant pack uids");
+  set(pack.get(), CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs.data(),
       "variant pack pointers");
   set(pack.get(), CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws, "variant pack workspace");
   ck(cudnnBackendFinalize(pack.get()), "finalize variant pack");

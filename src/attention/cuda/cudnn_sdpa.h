@@ -3,7 +3,10 @@
 // Our own small wrapper over the cuDNN v9 graph ("backend") API: no cudnn-frontend. One operation graph per
 // call shape, the one cuDNN's fused flash-attention engines recognise:
 //   S = Q K^T (f32) -> S * scale -> causal mask (GEN_INDEX row/col, CMP_GE, BINARY_SELECT with the lowest
-//   float) -> softmax as MAX, SUB, EXP, ADD-reduce, DIV, with stats = max + log(sum) -> O = P V
+//   float) -> softmax as MAX, SUB, EXP, ADD-reduce, DIV, with stats = max + log(sum) -> O = P V,
+// with P (the DIV output, matmul 2's A operand) in the I/O type (bf16/f16): the fused engines require it
+// (cudnn-frontend sets it so; run 3 had P in f32 and no engine took the graph). If that graph gets no engine,
+// a few variants are tried (cudnn_sdpa.cpp kVariants) and every engine's refusal is reported.
 // on tensors laid out as AttentionArgs' (token-major [S, H, d], any 16-byte-aligned token/head strides, GQA
 // as H_kv < H_q, never materialised). Stats are the natural-log LSE of each row (AttentionArgs::lse); when
 // args.lse is absent they go to a scratch buffer (the engines that fuse this graph write them anyway).
@@ -44,8 +47,10 @@ int cudnn_version();
 // the reason when not. Does not build a plan (cudnn_dense_plan does).
 bool cudnn_dense_supports(const AttentionArgs& args, std::string* why = nullptr);
 
-// Builds (or finds) the plan for this call's shape; false with the reason (each engine's cuDNN status) when
-// cuDNN has no engine for it. Synchronous host work on first use of a shape.
+// Builds (or finds) the plan for this call's shape; false with the reason when cuDNN has no engine for it:
+// the library (path, runtime and header versions), then per graph variant the heuristics' answers (mode A,
+// fallback) and every engine's finalize status with cuDNN's own message. On success `why` gets the graph
+// variant and engine config in use. Synchronous host work on first use of a shape.
 bool cudnn_dense_plan(const AttentionArgs& args, std::string* why = nullptr);
 
 // Dense causal attention of `args` (device views, as for sparse_prefill) through cuDNN, asynchronous on

@@ -9,6 +9,7 @@
 #include "attention/cuda/cudnn_sdpa.h"
 #include "attention/cuda/sparse_prefill.h"
 #include "attention/cuda/work_plan.h"
+#include "attention/index/dense_shortcut.h"
 #include "attention/index/lower.h"
 #include "core/error.h"
 
@@ -68,6 +69,14 @@ CudaLayerAttention::CudaLayerAttention(std::vector<Pattern> patterns, const Lowe
   all_dense_ = !patterns_.empty();
   for (const Pattern& p : patterns_) all_dense_ = all_dense_ && std::holds_alternative<DensePattern>(p);
   dense_cost_ = dense_index_cost(ctx_, static_cast<int64_t>(patterns_.size()));
+  shortcut_ours_ = !all_dense_ && attn::dense_before_estimation(patterns_, ctx_, 1.0);
+  shortcut_cudnn_ = !all_dense_ && attn::dense_before_estimation(patterns_, ctx_, kCudnnRelTileCost);
+}
+
+bool CudaLayerAttention::dense_before_estimation(const AttentionArgs& args) const {
+  if (all_dense_ || !dense_shortcut_ || !dense_fallback_ || env_fallback_off() || args.window != 0 || args.q_len() == 0) return false;
+  if (!shortcut_ours_ && !shortcut_cudnn_) return false;  // (the cuDNN threshold is the lower one)
+  return resolve_dense_backend(args) == DenseBackend::kCudnn ? shortcut_cudnn_ : shortcut_ours_;
 }
 
 void CudaLayerAttention::check_args(const AttentionArgs& args) const {
@@ -159,6 +168,11 @@ void CudaLayerAttention::attend(const AttentionArgs& args, cudaStream_t stream, 
       attend_dense(args, stream, resolve_dense_backend(args));
       return;
     }
+    if (dense_before_estimation(args)) {
+      attend_dense(args, stream, resolve_dense_backend(args));
+      last_path_ = "dense shortcut " + last_path_.substr(6);  // "dense X" -> "dense shortcut X"
+      return;
+    }
     if (dense_fallback_ && !env_fallback_off() && args.window == 0) {
       const DenseBackend backend = resolve_dense_backend(args);
       if (fall_back_to_dense(args, backend, stream)) {
@@ -174,6 +188,10 @@ void CudaLayerAttention::attend(const AttentionArgs& args, cudaStream_t stream, 
 }
 
 void CudaLayerAttention::run(const AttentionArgs& args, cudaStream_t stream) {
+  if (dense_before_estimation(args)) {  // budgets cover the keys: no estimation, no index
+    attend(args, stream);
+    return;
+  }
   estimate(args, stream);
   if (!(all_dense_ && args.q_len() > 0 && resolve_dense_backend(args) == DenseBackend::kCudnn)) {
     build_index(stream);

@@ -23,6 +23,11 @@
 //    Deciding needs the sparse cost on the host: one 8-byte copy and a stream synchronisation per call for
 //    layers with dynamic (VS/BS) heads, once per layer for static ones. Not applied with args.window > 0
 //    (the window already bounds the work), nor when attend() is asked for a specific kernel.
+//  - dense shortcut (part of the dense fallback, same switches): before estimating, the static rule of
+//    attention/index/dense_shortcut.h (each head's budget or exact coverage of the causal keys against a
+//    threshold scaled by r) sends layers whose budgets already cover most keys dense without estimation or
+//    index build (VS / BS at 8K: run 3 paid 0.36 ms for them and then fell back anyway). run() and attend()
+//    apply it; the path reads "dense shortcut X".
 // Environment (read at each call, for experiments): TESSERA_DENSE_BACKEND=ours sends kAuto's dense calls to our
 // kernel, =cudnn to cuDNN wherever it can run them (no minimum length); TESSERA_DENSE_FALLBACK=0 switches the
 // fallback off.
@@ -91,10 +96,17 @@ class CudaLayerAttention {
   int64_t sparse_cost(cudaStream_t stream = nullptr) const { return builder_.download_total_cost(stream); }
   int64_t dense_cost() const { return dense_cost_; }
 
-  // Index build with a warp per (head, tile) (the default) or, with false, a thread per (head, tile)
-  // (DeviceIndexBuilder::set_warp_per_tile).
+  // How the index build maps items to threads (lower_cuda.h IndexBuildMode; default kPerKind: a warp per
+  // tile for VS heads, a thread per tile for the others). set_warp_index_build(true/false) = kWarp / kThread.
+  void set_index_build_mode(IndexBuildMode m) { builder_.set_mode(m); }
+  IndexBuildMode index_build_mode() const { return builder_.mode(); }
   void set_warp_index_build(bool on) { builder_.set_warp_per_tile(on); }
-  bool warp_index_build() const { return builder_.warp_per_tile(); }
+
+  // The dense shortcut's answer for this call (see above): true iff attend()/run() will run it dense without
+  // looking at the estimates or the index (the bench skips estimation and index build then).
+  bool dense_before_estimation(const AttentionArgs& args) const;
+  // The shortcut alone can be switched off (on by default; the dense fallback switch covers both).
+  void set_dense_shortcut(bool on) { dense_shortcut_ = on; }
 
   bool has_dynamic_heads() const { return !estimates_.empty(); }
   const std::vector<Pattern>& patterns() const { return patterns_; }
@@ -125,6 +137,8 @@ class CudaLayerAttention {
   bool dense_fallback_ = true;
   bool all_dense_ = false;
   int64_t dense_cost_ = 0;         // cost of the dense index of this shape
+  bool dense_shortcut_ = true;
+  bool shortcut_ours_ = false, shortcut_cudnn_ = false;  // dense_shortcut.h rule at r = 1 and r = kCudnnRelTileCost
   int64_t static_sparse_cost_ = -1;  // layers without dynamic heads: the sparse cost, once downloaded
   bool dense_index_built_ = false;
   DeviceSparseIndex dense_index_;  // for the fallback on our kernel

@@ -27,7 +27,18 @@ struct LowerParams {
   KeyRange* ranges = nullptr;
   const int32_t* column_offsets = nullptr;
   int32_t* columns = nullptr;
+  // Which heads' items this launch lowers: kAll, or only the vertical-slash heads, or only the others
+  // (IndexBuildMode::kPerKind runs the warp kernel on the first and the thread kernel on the second).
+  int32_t select = 0;
 };
+
+constexpr int32_t kSelectAll = 0, kSelectVs = 1, kSelectOthers = 2;
+
+__device__ __forceinline__ bool selected(const LowerParams& p, int h) {
+  if (p.select == kSelectAll) return true;
+  const bool vs = p.heads[h].kind == DeviceHeadPattern::kVerticalSlash;
+  return p.select == kSelectVs ? vs : !vs;
+}
 
 __global__ void lower_count_kernel(const LowerParams p) {
   const int item = blockIdx.x * blockDim.x + threadIdx.x;
@@ -38,6 +49,7 @@ __global__ void lower_count_kernel(const LowerParams p) {
     return;
   }
   const int h = item / p.num_tiles, t = item - h * p.num_tiles;
+  if (!selected(p, h)) return;
   const TileCounts n = lower_tile(
       p.heads[h], tile_geometry(t, p.tile, p.q_begin, p.q_len, p.kv_len, p.n_total), nullptr, nullptr);
   p.range_counts[item] = n.ranges;
@@ -50,6 +62,7 @@ __global__ void lower_fill_kernel(const LowerParams p) {
   const int item = blockIdx.x * blockDim.x + threadIdx.x;
   if (item >= p.num_items) return;
   const int h = item / p.num_tiles, t = item - h * p.num_tiles;
+  if (!selected(p, h)) return;
   lower_tile(p.heads[h], tile_geometry(t, p.tile, p.q_begin, p.q_len, p.kv_len, p.n_total),
              p.ranges + p.range_offsets[item], p.columns + p.column_offsets[item]);
 }
@@ -157,6 +170,7 @@ __global__ void lower_count_warp_kernel(const LowerParams p) {
     return;
   }
   const int h = item / p.num_tiles, t = item - h * p.num_tiles;
+  if (!selected(p, h)) return;  // uniform over the warp
   const TileCounts n = lower_tile_warp(
       p.heads[h], tile_geometry(t, p.tile, p.q_begin, p.q_len, p.kv_len, p.n_total), nullptr, nullptr, 0, 0);
   if (lane == 0) {
@@ -171,6 +185,7 @@ __global__ void lower_fill_warp_kernel(const LowerParams p) {
   const int item = static_cast<int>((blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32);
   if (item >= p.num_items) return;
   const int h = item / p.num_tiles, t = item - h * p.num_tiles;
+  if (!selected(p, h)) return;  // uniform over the warp
   // Writes stay inside the allocations even if the counts were wrong (an index test then fails, nothing
   // else).
   lower_tile_warp(p.heads[h], tile_geometry(t, p.tile, p.q_begin, p.q_len, p.kv_len, p.n_total),
@@ -179,6 +194,18 @@ __global__ void lower_fill_warp_kernel(const LowerParams p) {
 }
 
 }  // namespace
+
+const char* index_build_mode_name(IndexBuildMode m) {
+  switch (m) {
+    case IndexBuildMode::kPerKind:
+      return "per kind (warp for VS, thread for others)";
+    case IndexBuildMode::kWarp:
+      return "warp per tile";
+    case IndexBuildMode::kThread:
+      return "thread per tile";
+  }
+  return "?";
+}
 
 DeviceHeadPattern describe_head(const Pattern& pattern, const LoweringContext& ctx) {
   DeviceHeadPattern d;
@@ -278,6 +305,12 @@ DeviceIndexBuilder::DeviceIndexBuilder(const std::vector<Pattern>& patterns, con
   }
   check(range_capacity_ < INT32_MAX && column_capacity_ < INT32_MAX,
         "CUDA lowering: the index of this layer could exceed 2^31 entries");
+  for (const DeviceHeadPattern& d : heads) {
+    if (d.kind == DeviceHeadPattern::kVerticalSlash)
+      has_vs_ = true;
+    else
+      has_other_ = true;
+  }
   heads_.upload(heads);
 
   const int n_items = num_heads_ * num_tiles_;
@@ -334,11 +367,35 @@ void DeviceIndexBuilder::build(DeviceSparseIndex& index, DeviceWorkPlan& plan, c
 
   constexpr int kThreads = 128;
   constexpr int kWarpItemsPerBlock = kThreads / 32;
-  if (warp_per_tile_) {
+  // Which kernel lowers which heads: (warp kernel's selection or -1, thread kernel's selection or -1).
+  int32_t warp_sel = -1, thread_sel = -1;
+  switch (mode_) {
+    case IndexBuildMode::kWarp:
+      warp_sel = kSelectAll;
+      break;
+    case IndexBuildMode::kThread:
+      thread_sel = kSelectAll;
+      break;
+    case IndexBuildMode::kPerKind:
+      if (has_vs_ && has_other_) {
+        warp_sel = kSelectVs;
+        thread_sel = kSelectOthers;
+      } else if (has_vs_) {
+        warp_sel = kSelectAll;
+      } else {
+        thread_sel = kSelectAll;
+      }
+      break;
+  }
+  // Both kernels write the extra (num_items-th) zero count, with the same values.
+  if (warp_sel >= 0) {
+    p.select = warp_sel;
     lower_count_warp_kernel<<<(n_items + 1 + kWarpItemsPerBlock - 1) / kWarpItemsPerBlock, kThreads, 0,
                               stream>>>(p);
     check_launch("lower_count_warp_kernel");
-  } else {
+  }
+  if (thread_sel >= 0) {
+    p.select = thread_sel;
     lower_count_kernel<<<(n_items + 1 + kThreads - 1) / kThreads, kThreads, 0, stream>>>(p);
     check_launch("lower_count_kernel");
   }
@@ -349,11 +406,14 @@ void DeviceIndexBuilder::build(DeviceSparseIndex& index, DeviceWorkPlan& plan, c
   TESSERA_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(scan_temp_.data(), bytes, column_counts_.data(),
                                                    index.column_offsets.data(), n_items + 1, stream));
   if (n_items == 0) return;
-  if (warp_per_tile_) {
+  if (warp_sel >= 0) {
+    p.select = warp_sel;
     lower_fill_warp_kernel<<<(n_items + kWarpItemsPerBlock - 1) / kWarpItemsPerBlock, kThreads, 0, stream>>>(
         p);
     check_launch("lower_fill_warp_kernel");
-  } else {
+  }
+  if (thread_sel >= 0) {
+    p.select = thread_sel;
     lower_fill_kernel<<<(n_items + kThreads - 1) / kThreads, kThreads, 0, stream>>>(p);
     check_launch("lower_fill_kernel");
   }

@@ -29,6 +29,16 @@ namespace tessera::attn::gpu {
 // for ctx.n()); the estimate pointers are left null for the caller to set.
 DeviceHeadPattern describe_head(const Pattern& pattern, const LoweringContext& ctx);
 
+// How the count and fill passes map (head, tile) items to threads.
+//   kPerKind (default): a warp per tile for vertical-slash heads, a thread per tile for every other kind (a
+//     layer with both runs two launches per pass, each on its heads' items). Measured on the H200 (run 3):
+//     VS warp 0.24 / 0.49 / 1.4 ms vs thread 2.4 / 3.4 / 3.8 ms at 8K / 32K / 128K, but BS warp 0.33 / 0.99 /
+//     3.4 ms vs thread 0.40 / 0.49 / 0.70 ms (the warp kernel lowers non-VS tiles on lane 0 alone).
+//   kWarp: a warp per tile for every head (non-VS on lane 0). kThread: a thread per tile for every head.
+// All three build the same index (DeviceIndexTest checks each against the CPU lowering).
+enum class IndexBuildMode { kPerKind, kWarp, kThread };
+const char* index_build_mode_name(IndexBuildMode m);
+
 class DeviceIndexBuilder {
  public:
   DeviceIndexBuilder() = default;
@@ -40,11 +50,11 @@ class DeviceIndexBuilder {
   // Asynchronous on `stream`.
   void build(DeviceSparseIndex& index, DeviceWorkPlan& plan, cudaStream_t stream);
 
-  // A warp per (head, tile) in the count and fill passes (vertical-slash tiles walk their slashes 32 at a
-  // time; the default: measured on an H200 at 0.24 ms against 2.4 ms for the thread version at 8K, same
-  // index) or, with false, a thread per (head, tile) (kept, and tested, as its twin).
-  void set_warp_per_tile(bool on) { warp_per_tile_ = on; }
-  bool warp_per_tile() const { return warp_per_tile_; }
+  // IndexBuildMode above (default kPerKind).
+  void set_mode(IndexBuildMode m) { mode_ = m; }
+  IndexBuildMode mode() const { return mode_; }
+  // Shorthands kept for the older callers: true = kWarp, false = kThread.
+  void set_warp_per_tile(bool on) { mode_ = on ? IndexBuildMode::kWarp : IndexBuildMode::kThread; }
 
   // Sum of the item costs (work_plan.h: 1 + key tiles per item) of the last build(): synchronises `stream`
   // (a 8-byte copy). The dense fallback of CudaLayerAttention compares it with the dense index's cost.
@@ -59,7 +69,8 @@ class DeviceIndexBuilder {
   int32_t num_tiles_ = 0;
   int64_t range_capacity_ = 0;
   int64_t column_capacity_ = 0;
-  bool warp_per_tile_ = true;
+  IndexBuildMode mode_ = IndexBuildMode::kPerKind;
+  bool has_vs_ = false, has_other_ = false;  // head kinds of the layer (kPerKind's launches)
   DeviceBuffer<DeviceHeadPattern> heads_;
   DeviceBuffer<int32_t> range_counts_, column_counts_, costs_, sorted_costs_, items_;
   DeviceBuffer<unsigned long long> total_cost_;  // 1 entry: sum of costs_ (build())
