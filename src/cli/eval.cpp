@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <set>
 
 #include "cli/commands.h"
@@ -20,6 +21,11 @@
 #include "eval/results.h"
 #include "eval/task.h"
 #include "runtime/forward.h"
+
+#ifdef TESSERA_WITH_GPU_ENGINE
+#include "runtime_cuda/device_model.h"
+#include "runtime_cuda/gpu_engine.h"
+#endif
 
 namespace tessera::cli {
 
@@ -70,7 +76,8 @@ std::vector<int32_t> case_prompt(const Session& s, const eval::TaskCase& c, bool
 // Greedy answer. Stops at an end-of-generation token, after max_tokens, or, with stop_when_found, once every
 // expected answer is in the output: the metrics only look for the answers' presence, so later tokens cannot
 // change the score and need not be computed.
-std::string answer(runtime::Engine& engine, const Session& s, const std::vector<int32_t>& prompt,
+template <class EngineT>
+std::string answer(EngineT& engine, const Session& s, const std::vector<int32_t>& prompt,
                    const eval::TaskCase& c, int max_tokens, bool stop_when_found) {
   engine.reset();
   std::vector<float> logits = engine.prefill(prompt);
@@ -99,6 +106,7 @@ std::vector<std::string> policy_list(const std::vector<std::string>& attn) {
 nlohmann::json meta_of(const Session& s, const EvalOptions& o, const std::vector<std::string>& policies) {
   const auto& c = s.model->config();
   return {{"model", c.name},
+          {"device", o.device},
           {"model_file", fs::path(o.model).filename().string()},
           {"layers", c.num_layers},
           {"context_length", c.context_length},
@@ -112,7 +120,16 @@ nlohmann::json meta_of(const Session& s, const EvalOptions& o, const std::vector
 }
 
 // The tasks x lengths x depths suite: cases, answers for every policy, results.json after every case.
-void run_tasks(const Session& s, const EvalOptions& o, const std::vector<std::string>& policies, const fs::path& dir) {
+// Where the cases run: the CPU engine, or the GPU engine over weights uploaded once.
+struct EvalDevice {
+  bool gpu = false;
+#ifdef TESSERA_WITH_GPU_ENGINE
+  std::unique_ptr<runtime::gpu::DeviceModel> weights;
+#endif
+};
+
+void run_tasks(const Session& s, const EvalOptions& o, const std::vector<std::string>& policies, const fs::path& dir,
+               const EvalDevice& device) {
   const eval::Haystack hay = eval::load_haystack(o.haystack);
   const bool chat = chat_mode(s, o.chat);
   const eval::TokenCounter count = [&](const std::string& t) {
@@ -154,14 +171,29 @@ void run_tasks(const Session& s, const EvalOptions& o, const std::vector<std::st
     const std::vector<int32_t> prompt = case_prompt(s, c, chat);
     for (const std::string& policy : policies) {
       if (done.count({c.id, policy})) continue;
-      runtime::EngineOptions eo;
-      eo.chunk_size = o.chunk;
-      eo.policy = s.policy(policy);
-      eo.max_context = static_cast<int32_t>(
+      const auto max_context = static_cast<int32_t>(
           std::min<size_t>(static_cast<size_t>(cfg.context_length), prompt.size() + static_cast<size_t>(max_answer)));
-      runtime::Engine engine(*s.model, eo);
       const double t0 = now_seconds();
-      const std::string out = answer(engine, s, prompt, c, max_answer, !o.full_answers);
+      std::string out;
+#ifdef TESSERA_WITH_GPU_ENGINE
+      if (device.weights) {
+        runtime::gpu::GpuEngineOptions go;
+        go.chunk_size = o.chunk;
+        go.policy = s.policy(policy);
+        go.max_context = max_context;
+        go.dense_fallback = false;  // the policy must really run: a dense fallback would measure dense
+        runtime::gpu::GpuEngine engine(*device.weights, go);
+        out = answer(engine, s, prompt, c, max_answer, !o.full_answers);
+      }
+#endif
+      if (!device.gpu) {
+        runtime::EngineOptions eo;
+        eo.chunk_size = o.chunk;
+        eo.policy = s.policy(policy);
+        eo.max_context = max_context;
+        runtime::Engine engine(*s.model, eo);
+        out = answer(engine, s, prompt, c, max_answer, !o.full_answers);
+      }
       eval::CaseResult r = eval::score_case(c, policy, out);
       std::string shown = eval::normalize_output(out).substr(0, 60);
       std::replace(shown.begin(), shown.end(), '\n', ' ');
@@ -326,7 +358,13 @@ int eval_command(EvalOptions o) {
     write_report(dir, eval::read_results_file(dir / "results.json"), o);
     return 0;
   }
-  if (!o.tasks.empty()) run_tasks(s, o, policies, dir);
+  EvalDevice device;
+  device.gpu = use_gpu_device(o.device);
+#ifdef TESSERA_WITH_GPU_ENGINE
+  if (device.gpu) device.weights = runtime::gpu::DeviceModel::upload(*s.model);
+#endif
+  std::fprintf(stderr, "eval: cases run on the %s\n", device.gpu ? "GPU (bf16, no dense fallback)" : "CPU (f32)");
+  if (!o.tasks.empty()) run_tasks(s, o, policies, dir, device);
   if (!o.layer_stats_lengths.empty()) run_layer_stats(s, o, policies, dir);
   if (!o.perplexity_lengths.empty()) run_perplexity(s, o, policies, dir);
   return 0;
