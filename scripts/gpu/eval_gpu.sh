@@ -13,6 +13,7 @@ mkdir -p "$OUT"
 HAYSTACK=${HAYSTACK:-kjv}
 LENGTHS=${LENGTHS:-4096,8192,16384,32768}
 TASK_LENGTHS=${TASK_LENGTHS:-4096,16384}
+SAMPLES=${SAMPLES:-1}      # cases per (length, depth) of the needle grid
 POLICIES="vs:v=256,s=1024;bs:top_k=16;ashape:sink=64,local=1024;triangle:sink=64,local=1024,last=64;trianglemix;moa:alpha=512,beta=0.25,sink=64"
 if [ ! -x build/cuda-engine/src/tessera ]; then
   TESSERA_MODEL_DIR=$(dirname "$MODEL") SKIP_TTFT=1 SKIP_HF=1 bash scripts/gpu/engine_check.sh > "$OUT/engine_check.log" 2>&1
@@ -21,10 +22,10 @@ fi
 T=build/cuda-engine/src/tessera
 D=$OUT/$NAME-gpu
 "$T" eval -m "$MODEL" --device cuda --haystack "$HAYSTACK" --tasks niah_single --lengths "$LENGTHS" \
-  --depths 0,25,50,75,100 --attn "$POLICIES" -o "$D" --resume 2> "$OUT/eval_niah.log" > /dev/null
+  --depths 0,25,50,75,100 --samples "${SAMPLES:-1}" --attn "$POLICIES" -o "$D" --resume 2> "$OUT/eval_niah.log" > /dev/null
 "$T" eval -m "$MODEL" --device cuda --haystack "$HAYSTACK" \
   --tasks niah_multikey,niah_multivalue,passkey,variable_tracking,common_words,frequent_words \
   --lengths "$TASK_LENGTHS" --depths 50 --attn "$POLICIES" -o "$D" --resume 2> "$OUT/eval_tasks.log" > /dev/null
 tail -3 "$OUT/eval_niah.log" "$OUT/eval_tasks.log"
 cat "$D/report.md"
-tar czf "$OUT/$NAME-gpu.tgz" -C "$OUT" "$NAME-gpu" eval_niah.log eval_tasks.log
+tar czf "$OUT/$NAME-gpu.tgz" -C "$OUT" "$NAME-gpu" eval_niah.log eval_tasks.log && rm -rf "$D"
