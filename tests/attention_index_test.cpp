@@ -278,7 +278,46 @@ TEST(Estimators, VerticalSlashFindsAPlantedDiagonal) {
             (std::vector<int32_t>{0, 1, 16, 17}));
 }
 
-TEST(Estimators, BlockSparseFindsPlantedBlocksAndEqualsBruteForce) {
+// Brute-force BS estimate for one head: per query block qb, the diagonal block qb (when top_k >= 1) plus the
+// min(top_k, qb + 1) - 1 best-scoring blocks of [0, qb) (ties to the smaller block), ascending; f64 pooling.
+std::vector<std::vector<int32_t>> brute_bs(const Qk& y, int64_t top_k, int64_t B, int q_head, int kv_head,
+                                           const LoweringContext& ctx, double scale) {
+  const int64_t d = y.q.view().dim(2), q_end = ctx.q_begin + ctx.q_len;
+  std::vector<std::vector<int32_t>> out;
+  if (ctx.q_len == 0) return out;
+  for (int64_t qb = ctx.q_begin / B; qb <= (q_end - 1) / B; ++qb) {
+    std::vector<double> qp(size_t(d), 0.0);
+    const int64_t r0 = std::max<int64_t>(qb * B, ctx.q_begin), r1 = std::min<int64_t>((qb + 1) * B, q_end);
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t i = 0; i < d; ++i)
+        qp[size_t(i)] += *y.q.view().at<float>(r - ctx.q_begin, q_head, i) / double(r1 - r0);
+    std::vector<std::pair<double, int32_t>> sc;  // (-score, block): sorting puts the best, then smaller, first
+    for (int64_t kb = 0; kb < qb; ++kb) {
+      const int64_t k0 = kb * B, k1 = std::min<int64_t>((kb + 1) * B, ctx.kv_len);
+      double s = 0;
+      for (int64_t i = 0; i < d; ++i) {
+        double kp = 0;
+        for (int64_t j = k0; j < k1; ++j) kp += *y.k.view().at<float>(j, kv_head, i) / double(k1 - k0);
+        s += qp[size_t(i)] * kp;
+      }
+      sc.push_back({-s * scale, static_cast<int32_t>(kb)});
+    }
+    std::sort(sc.begin(), sc.end());
+    std::vector<int32_t> want;
+    const int64_t count = std::min<int64_t>(top_k, qb + 1);
+    for (int64_t i = 0; i + 1 < count; ++i) want.push_back(sc[size_t(i)].second);
+    if (count >= 1) want.push_back(static_cast<int32_t>(qb));
+    std::sort(want.begin(), want.end());
+    out.push_back(want);
+  }
+  return out;
+}
+
+std::vector<int32_t> bs_row(const BlockSparseEstimate& e, size_t i) {
+  return {e.key_blocks.begin() + e.offsets[i], e.key_blocks.begin() + e.offsets[i + 1]};
+}
+
+TEST(Estimators, BlockSparseFindsPlantedBlocksAndAlwaysKeepsTheDiagonal) {
   const int64_t S = 300, d = 16, B = 32;
   std::mt19937 rng(3);
   Qk x = random_qk(rng, S, S, 2, 1, d);
@@ -287,40 +326,66 @@ TEST(Estimators, BlockSparseFindsPlantedBlocksAndEqualsBruteForce) {
   for (int64_t i = 0; i < x.k.numel(); ++i) x.k.ptr<float>()[i] *= 0.01f;
   for (int64_t p = 0; p < S; ++p) *x.q.view().at<float>(p, 0, 0) = 1.0f;
   for (int64_t j = 160; j < 192; ++j) *x.k.view().at<float>(j, 0, 0) = 5.0f;
-  const BlockSparsePattern p{1, static_cast<int32_t>(B)};
-  const auto est = estimate_block_sparse(p, x.q, x.k, 0, 0, LoweringContext::prefill(S), 1.0f);
+  const auto ctx = LoweringContext::prefill(S);
+  // top_k 2: the diagonal block plus the planted one (for query block 5 they coincide: the diagonal plus the
+  // best of the rest).
+  const auto est = estimate_block_sparse(BlockSparsePattern{2, static_cast<int32_t>(B)}, x.q, x.k, 0, 0, ctx, 1.0f);
   ASSERT_EQ(est.offsets.size(), 11u);  // ceil(300 / 32) query blocks
-  for (int32_t qb = 5; qb < 10; ++qb) EXPECT_EQ(est.key_blocks[static_cast<size_t>(est.offsets[size_t(qb)])], 5);
-
-  // Brute force for head 1 with top_k 3 and a chunk that starts mid-block.
-  const LoweringContext ctx{45, 200, 245, 0, 64};
-  Qk y = random_qk(rng, 200, 245, 2, 1, d);
-  const BlockSparsePattern p3{3, static_cast<int32_t>(B)};
-  const auto got = estimate_block_sparse(p3, y.q, y.k, 1, 0, ctx, 0.5f);
-  EXPECT_EQ(got.first_q_block, 1);
-  size_t e = 0;
-  for (int64_t qb = 1; qb <= (245 - 1) / B; ++qb, ++e) {
-    std::vector<double> qp(d, 0.0);
-    const int64_t r0 = std::max<int64_t>(qb * B, 45), r1 = std::min<int64_t>((qb + 1) * B, 245);
-    for (int64_t r = r0; r < r1; ++r)
-      for (int64_t i = 0; i < d; ++i) qp[size_t(i)] += *y.q.view().at<float>(r - 45, 1, i) / double(r1 - r0);
-    std::vector<std::pair<double, int32_t>> sc;
-    for (int64_t kb = 0; kb <= qb; ++kb) {
-      const int64_t k0 = kb * B, k1 = std::min<int64_t>((kb + 1) * B, 245);
-      double s = 0;
-      for (int64_t i = 0; i < d; ++i) {
-        double kp = 0;
-        for (int64_t j = k0; j < k1; ++j) kp += *y.k.view().at<float>(j, 0, i) / double(k1 - k0);
-        s += qp[size_t(i)] * kp;
-      }
-      sc.push_back({-s, static_cast<int32_t>(kb)});
+  EXPECT_EQ(bs_row(est, 0), (std::vector<int32_t>{0}));
+  for (int32_t qb = 1; qb < 10; ++qb) {
+    const auto row = bs_row(est, size_t(qb));
+    ASSERT_EQ(row.size(), 2u) << "query block " << qb;
+    EXPECT_EQ(row.back(), qb) << "query block " << qb;
+    if (qb > 5) {
+      EXPECT_EQ(row.front(), 5) << "query block " << qb;
     }
-    std::sort(sc.begin(), sc.end());
-    std::vector<int32_t> want;
-    for (size_t i = 0; i < std::min<size_t>(3, sc.size()); ++i) want.push_back(sc[i].second);
-    std::sort(want.begin(), want.end());
-    std::vector<int32_t> have(got.key_blocks.begin() + got.offsets[e], got.key_blocks.begin() + got.offsets[e + 1]);
-    EXPECT_EQ(have, want) << "query block " << qb;
+  }
+  // top_k 1: only the diagonal, even where the planted block scores far higher.
+  const auto one = estimate_block_sparse(BlockSparsePattern{1, static_cast<int32_t>(B)}, x.q, x.k, 0, 0, ctx, 1.0f);
+  for (int32_t qb = 0; qb < 10; ++qb) EXPECT_EQ(bs_row(one, size_t(qb)), (std::vector<int32_t>{qb}));
+  // top_k 0 chooses nothing.
+  const auto none = estimate_block_sparse(BlockSparsePattern{0, static_cast<int32_t>(B)}, x.q, x.k, 0, 0, ctx, 1.0f);
+  EXPECT_TRUE(none.key_blocks.empty());
+  EXPECT_EQ(none.offsets, std::vector<int32_t>(11, 0));
+
+  // A diagonal that scores lowest of all is still kept: make every key of blocks 7 and 9 (the partial last
+  // block, keys 288..299) anti-aligned with the queries.
+  for (int64_t j = 224; j < 256; ++j) *x.k.view().at<float>(j, 0, 0) = -5.0f;
+  for (int64_t j = 288; j < 300; ++j) *x.k.view().at<float>(j, 0, 0) = -5.0f;
+  const auto low = estimate_block_sparse(BlockSparsePattern{3, static_cast<int32_t>(B)}, x.q, x.k, 0, 0, ctx, 1.0f);
+  const auto want = brute_bs(x, 3, B, 0, 0, ctx, 1.0);
+  for (int32_t qb : {7, 9}) {
+    const auto row = bs_row(low, size_t(qb));
+    EXPECT_EQ(row, want[size_t(qb)]) << "query block " << qb;
+    ASSERT_EQ(row.size(), 3u);
+    EXPECT_NE(std::find(row.begin(), row.end(), 5), row.end()) << "query block " << qb;
+    EXPECT_EQ(row[2], qb);
+  }
+}
+
+TEST(Estimators, BlockSparseEqualsBruteForce) {
+  // Diagonal plus the top-(k-1) of the earlier blocks, on whole prompts and chunks starting mid-block, with
+  // partial last blocks, GQA heads, budgets of 0, 1, a few and more than exist.
+  std::mt19937 rng(5);
+  const int64_t d = 16;
+  for (const auto& [q_begin, q_len, B] : std::vector<std::tuple<int, int, int>>{
+           {0, 300, 32}, {45, 200, 32}, {64, 64, 64}, {100, 1, 16}, {0, 7, 16}, {17, 150, 16}, {0, 257, 64}}) {
+    const LoweringContext ctx{q_begin, q_len, q_begin + q_len, 0, 64};
+    const Qk y = random_qk(rng, q_len, q_begin + q_len, 4, 2, d);
+    for (int top_k : {0, 1, 2, 3, 5, 1000}) {
+      for (int h = 0; h < 4; ++h) {
+        const auto got = estimate_block_sparse(BlockSparsePattern{top_k, B}, y.q, y.k, h, h / 2, ctx, 0.5f);
+        const auto want = brute_bs(y, top_k, B, h, h / 2, ctx, 0.5);
+        EXPECT_EQ(got.block, B);
+        EXPECT_EQ(got.first_q_block, q_begin / B);
+        ASSERT_EQ(got.offsets.size(), want.size() + 1);
+        for (size_t e = 0; e < want.size(); ++e) {
+          EXPECT_EQ(bs_row(got, e), want[e]) << "q_begin " << q_begin << " q_len " << q_len << " B " << B
+                                             << " top_k " << top_k << " head " << h << " query block "
+                                             << got.first_q_block + int(e);
+        }
+      }
+    }
   }
 }
 

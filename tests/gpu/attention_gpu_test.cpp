@@ -952,7 +952,12 @@ TEST_P(DeviceEstimateTest, BlockSparseIdenticalUpToNearTies) {
       };
       double lo_kept = std::numeric_limits<double>::infinity(),
              hi_dropped = -std::numeric_limits<double>::infinity();
-      for (int32_t kb : a) lo_kept = std::min(lo_kept, score(kb));
+      // Both must keep the diagonal block qb (forced, not chosen by score); only the others can be near-ties.
+      EXPECT_TRUE(!a.empty() && a.back() == qb && !b.empty() && b.back() == qb)
+          << "head " << h << " query block " << qb << ": the diagonal block is missing";
+      for (int32_t kb : a) {
+        if (kb != qb) lo_kept = std::min(lo_kept, score(kb));
+      }
       for (int kb = 0; kb <= qb; ++kb) {
         if (std::find(a.begin(), a.end(), kb) == a.end()) hi_dropped = std::max(hi_dropped, score(kb));
       }

@@ -12,7 +12,8 @@
 //   5. vs_topk: forced prefix, then BlockTopK over the rest, for columns and offsets.
 // Everything is deterministic (no atomics on floats).
 // BS: pool K per kv head (one pool per distinct block size), pool Q per head, then one CTA per (head, query
-// block) computes the causal block scores (a warp per key block) and selects with BlockTopK.
+// block) computes the causal block scores (a warp per key block), keeps the diagonal block and selects the
+// rest with BlockTopK.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -308,8 +309,8 @@ __global__ void bs_pool_q_kernel(const BsParams p) {
       acc / static_cast<float>(r1 - r0);
 }
 
-// grid (query blocks, BS heads): scores of the causal key blocks, then the top-k. Dynamic shared memory: the
-// scores (max key blocks floats) after the pooled query (D floats).
+// grid (query blocks, BS heads): scores of the causal key blocks below the diagonal, then the diagonal plus the
+// top-(k-1) of those. Dynamic shared memory: the scores (max key blocks floats) after the pooled query (D floats).
 template <int D>
 __global__ void __launch_bounds__(kBsThreads) bs_select_kernel(const BsParams p) {
   using TopK = detail::BlockTopK<kBsThreads>;
@@ -327,7 +328,7 @@ __global__ void __launch_bounds__(kBsThreads) bs_select_kernel(const BsParams p)
   const int qb = hd.first_q_block + e;
   const int n = qb + 1;
   const float* kp = p.kpool + hd.kpool_base;
-  for (int kb = warp; kb < n; kb += kBsThreads / 32) {
+  for (int kb = warp; kb < qb; kb += kBsThreads / 32) {  // the diagonal's score is not needed
     float acc = 0.0f;
 #pragma unroll
     for (int i = lane; i < D; i += 32) acc += qp[i] * kp[static_cast<int64_t>(kb) * D + i];
@@ -336,9 +337,14 @@ __global__ void __launch_bounds__(kBsThreads) bs_select_kernel(const BsParams p)
     if (lane == 0) score[kb] = acc * p.scale;
   }
   __syncthreads();
+  // The diagonal block qb is always kept (one of the top_k slots) and goes last; the other count - 1 are the
+  // top of [0, qb), as in the CPU estimator (attention/index/estimate.h).
   const int32_t* offs = p.offsets + hd.offsets_base;
-  TopK::select([&](int i) { return score[i]; }, 0, n, min(hd.top_k, n), p.key_blocks + hd.key_base + offs[e],
-               st);
+  const int count = min(hd.top_k, n);
+  if (count <= 0) return;  // uniform across the CTA
+  int32_t* out = p.key_blocks + hd.key_base + offs[e];
+  TopK::select([&](int i) { return score[i]; }, 0, qb, count - 1, out, st);
+  if (tid == 0) out[count - 1] = qb;
 }
 
 template <typename T, int D>

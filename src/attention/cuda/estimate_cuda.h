@@ -7,7 +7,8 @@
 //    sums of A; the first forced columns / diagonals, then the top-k of the rest (ties to the smaller index),
 //    ascending. Scores come from tensor-core products (f32 accumulation), the softmax in f32.
 //  - BS: mean-pooled Q and K blocks (aligned to absolute position 0, partial blocks pool what they have), raw
-//    scores scale * Qp . Kp per causal key block, top-k per query block, ascending.
+//    scores scale * Qp . Kp per causal key block; per query block qb the diagonal block qb always (when
+//    top_k >= 1) plus the top-(min(top_k, qb + 1) - 1) of blocks [0, qb), ascending.
 // Arithmetic order differs from the CPU (which accumulates in f64 and dots with AVX), so estimates are
 // identical wherever the k-th and (k+1)-th scores are not within rounding of each other.
 //

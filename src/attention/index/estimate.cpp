@@ -162,10 +162,16 @@ BlockSparseEstimate estimate_block_sparse(const BlockSparsePattern& p, const Ten
       qpool[static_cast<size_t>(i)] = static_cast<float>(acc[static_cast<size_t>(i)] / static_cast<double>(r1 - r0));
     }
     // Softmax is monotone within a row, so the top-k of the raw scores is the top-k of the softmax.
-    for (int64_t kb = 0; kb <= qb; ++kb) {
+    for (int64_t kb = 0; kb < qb; ++kb) {
       score[static_cast<size_t>(kb)] = static_cast<double>(dot(qpool.data(), kpool.data() + kb * d, d) * scale);
     }
-    for (int32_t kb : top_k(score, 0, qb + 1, p.top_k)) est.key_blocks.push_back(kb);
+    // The diagonal block qb (the block's own keys) is always kept and takes one of the top_k slots; the other
+    // min(top_k, qb + 1) - 1 are the best of [0, qb). qb is the largest causal block, so it goes last.
+    const int64_t count = std::min<int64_t>(p.top_k, qb + 1);
+    if (count >= 1) {
+      for (int32_t kb : top_k(score, 0, qb, count - 1)) est.key_blocks.push_back(kb);
+      est.key_blocks.push_back(static_cast<int32_t>(qb));
+    }
     est.offsets.push_back(static_cast<int32_t>(est.key_blocks.size()));
   }
   return est;

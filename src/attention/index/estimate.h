@@ -42,8 +42,10 @@ VerticalSlashEstimate estimate_vertical_slash(const VerticalSlashPattern& p, con
                                               const LoweringContext& ctx, float scale);
 
 // BS (MInference Alg. 3): mean-pool Q and K over pattern.block tokens (partial blocks pool what they have),
-// A = softmax(Qp Kp^T * scale + block-causal mask); per query block the top-`top_k` key blocks among the causal
-// ones (key block <= query block). Ties go to the smaller block.
+// A = softmax(Qp Kp^T * scale + block-causal mask); per query block qb, min(top_k, qb + 1) key blocks among the
+// causal ones (key block <= qb): the diagonal block qb itself (the block holding the query block's own
+// positions) is always one of them when top_k >= 1, the other min(top_k, qb + 1) - 1 are the best-scoring of
+// [0, qb). Ties go to the smaller block. top_k = 0 chooses nothing.
 BlockSparseEstimate estimate_block_sparse(const BlockSparsePattern& p, const TensorView& q, const TensorView& k,
                                           int q_head, int kv_head, const LoweringContext& ctx, float scale);
 
