@@ -393,6 +393,9 @@ int main(int argc, char** argv) {
                   "%.3f, rel diff %.2e; kAuto runs %s\n",
                   seq, r.ours_dense_ms, ours_path.c_str(), r.cudnn_ms, first_ms, r.cudnn_ms / r.ours_dense_ms,
                   sd[1] > 0 ? std::sqrt(sd[0] / sd[1]) : -1.0, r.path.c_str());
+              std::string plan_why;
+              (void)gpu::cudnn_dense_plan(cargs, &plan_why);
+              std::printf("  cuDNN plan seq %6d: %s\n", seq, plan_why.c_str());
             } catch (const std::exception& e) {
               std::printf("  dense backends seq %6d: ours %9.3f ms (%s), cuDNN failed: %s\n", seq,
                           r.ours_dense_ms, ours_path.c_str(), e.what());

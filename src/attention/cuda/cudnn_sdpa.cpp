@@ -2,6 +2,7 @@
 #include "attention/cuda/cudnn_sdpa.h"
 
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <string>
 
@@ -14,10 +15,15 @@
 #include <cudnn_version.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -225,14 +231,52 @@ constexpr std::array<GraphVariant, 4> kVariants{{
     {"P f32 (run-3 graph), stats", false, CUDNN_DATA_INT32, true},
 }};
 
+// One finalised execution plan (an engine config of one graph variant).
+struct Candidate {
+  std::unique_ptr<Desc> plan;
+  int64_t workspace_bytes = 0;
+  bool stats = true;   // whether its graph writes stats (variant pack has the stats pointer)
+  std::string label;   // "heuristics A config 2 (engine 8 {k1=2})", for the record
+  std::string signature;  // config_signature of its engine config ("" when unknown)
+};
+
+// Autotuning (TESSERA_CUDNN_AUTOTUNE, default on; "0" switches it off): at plan build, besides the plan of the
+// first engine config that finalises (candidate 0: what runs without autotuning), up to kMaxCandidates - 1
+// more distinct engine configs (rest of heuristics A, heuristics B, fallback; and the no-stats graph when the
+// caller has no lse) are finalised, within kExtraFinalizeMs of host time. The first execution of the shape
+// times them on the call's own buffers (TESSERA_CUDNN_AUTOTUNE_BUDGET_MS, default 1500, of GPU time in all)
+// and keeps the fastest. Any failure keeps candidate 0.
+constexpr size_t kMaxCandidates = 6;
+constexpr double kExtraFinalizeMs = 1000.0;
+
+bool autotune_enabled() {
+  const char* e = std::getenv("TESSERA_CUDNN_AUTOTUNE");
+  return e == nullptr || std::string(e) != "0";
+}
+
+double autotune_budget_ms() {
+  const char* e = std::getenv("TESSERA_CUDNN_AUTOTUNE_BUDGET_MS");
+  if (e != nullptr) {
+    char* end = nullptr;
+    const double v = std::strtod(e, &end);
+    if (end != e && v > 0) return v;
+  }
+  return 1500.0;
+}
+
 struct Plan {
   GraphBuilder graph;
-  std::unique_ptr<Desc> op_graph, heuristics, plan;
+  std::unique_ptr<Desc> op_graph;
+  std::vector<std::unique_ptr<Desc>> heuristics;  // kept alive with the configs they produced
   std::vector<std::unique_ptr<Desc>> configs;
   std::unique_ptr<Desc> engine;  // when the plan came from the engine list (no heuristics result)
-  int64_t workspace_bytes = 0;
-  bool stats = true;             // whether the graph writes stats (variant pack has the stats pointer)
-  std::string how;               // variant and engine config, for the record
+  bool stats = true;             // whether this graph writes stats
+  std::vector<Candidate> candidates;             // [0]: the plan without autotuning
+  std::vector<std::unique_ptr<Plan>> others;     // other graph variants whose candidates are in `candidates`
+  size_t chosen = 0;
+  bool tune_pending = false;     // more than one candidate, not timed yet
+  std::string how;               // variant and engine config of candidate 0, for the record
+  std::string tune_note;         // what autotuning did
   DeviceBuffer<unsigned char> workspace;
   DeviceBuffer<float> stats_scratch;  // when the caller has no lse
 };
@@ -310,10 +354,9 @@ std::string last_error() {
   return last;
 }
 
-// Finalises an execution plan for `cfg`; on success keeps it in p (with its workspace) and returns true,
-// else appends the status to `log`.
-bool try_config(cudnnHandle_t handle, cudnnBackendDescriptor_t cfg, Plan& p, const std::string& label,
-                std::string& log) {
+// Finalises an execution plan for `cfg` into `out`; false (status appended to `log`) when it does not.
+bool try_config(cudnnHandle_t handle, cudnnBackendDescriptor_t cfg, bool stats, const std::string& label,
+                std::string& log, Candidate& out) {
   auto plan = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
   set(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "plan handle");
   set(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg,
@@ -326,55 +369,159 @@ bool try_config(cudnnHandle_t handle, cudnnBackendDescriptor_t cfg, Plan& p, con
   int64_t ws = 0, n = 0;
   ck(cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, &ws),
      "plan workspace size");
-  p.plan = std::move(plan);
-  p.workspace_bytes = ws;
-  if (ws > 0) p.workspace.resize(static_cast<size_t>(ws));
-  p.how += ", " + label + ", workspace " + std::to_string(ws) + " B";
+  out.plan = std::move(plan);
+  out.workspace_bytes = ws;
+  out.stats = stats;
+  out.label = label;
   return true;
 }
 
-// Heuristics mode A, then the fallback list: the first engine config whose plan finalises. Appends what each
-// step gave to `log`.
-bool plan_from_heuristics(cudnnHandle_t handle, Plan& p, std::string& log) {
+// Candidate 0 of p from `cfg` (the previous behaviour: the first config that finalises).
+bool try_primary(cudnnHandle_t handle, cudnnBackendDescriptor_t cfg, Plan& p, const std::string& label,
+                 std::string& log) {
+  Candidate c;
+  if (!try_config(handle, cfg, p.stats, label, log, c)) return false;
+  p.how += ", " + label + ", workspace " + std::to_string(c.workspace_bytes) + " B";
+  p.candidates.clear();
+  p.candidates.push_back(std::move(c));
+  return true;
+}
+
+// "engine 8 {k3=1,k10=2}": engine global index and knob choices of an engine config (dedupes the heuristics
+// modes' answers); "" when cuDNN does not say.
+std::string config_signature(cudnnBackendDescriptor_t cfg) {
+  try {
+    Desc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+    cudnnBackendDescriptor_t e = engine.get();
+    int64_t n = 0;
+    if (cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &e) !=
+            CUDNN_STATUS_SUCCESS ||
+        n != 1)
+      return "";
+    int64_t idx = -1;
+    if (cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, &idx) !=
+        CUDNN_STATUS_SUCCESS)
+      return "";
+    std::string sig = "engine " + std::to_string(idx) + " {";
+    int64_t count = 0;
+    if (cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count,
+                                 nullptr) != CUDNN_STATUS_SUCCESS)
+      return "";
+    if (count > 0) {
+      std::vector<std::unique_ptr<Desc>> keep;
+      std::vector<cudnnBackendDescriptor_t> raw;
+      for (int64_t i = 0; i < count; ++i) {
+        keep.push_back(std::make_unique<Desc>(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR));
+        raw.push_back(keep.back()->get());
+      }
+      int64_t got = 0;
+      if (cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR, count,
+                                   &got, raw.data()) != CUDNN_STATUS_SUCCESS)
+        return "";
+      for (int64_t i = 0; i < got; ++i) {
+        cudnnBackendKnobType_t type{};
+        int64_t value = 0;
+        if (cudnnBackendGetAttribute(raw[static_cast<size_t>(i)], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE,
+                                     CUDNN_TYPE_KNOB_TYPE, 1, &n, &type) != CUDNN_STATUS_SUCCESS ||
+            cudnnBackendGetAttribute(raw[static_cast<size_t>(i)], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE,
+                                     CUDNN_TYPE_INT64, 1, &n, &value) != CUDNN_STATUS_SUCCESS)
+          return "";
+        sig += (i == 0 ? "k" : ",k") + std::to_string(static_cast<int>(type)) + "=" + std::to_string(value);
+      }
+    }
+    return sig + "}";
+  } catch (const Error&) {
+    return "";
+  }
+}
+
+// The engine configs heuristics `mode` returns for p's graph (kept alive in p); appends what it gave to `log`
+// when `log` is not null. Throws on a descriptor failure other than the heuristics' own finalize.
+std::vector<cudnnBackendDescriptor_t> heuristic_configs(Plan& p, cudnnBackendHeurMode_t mode, const char* mode_name,
+                                                        std::string* log) {
   cudnnBackendDescriptor_t og = p.op_graph->get();
+  p.heuristics.push_back(std::make_unique<Desc>(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR));
+  cudnnBackendDescriptor_t h = p.heuristics.back()->get();
+  set(h, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &og, "heuristics graph");
+  set(h, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "heuristics mode");
+  const cudnnStatus_t hs = cudnnBackendFinalize(h);
+  if (hs != CUDNN_STATUS_SUCCESS) {
+    if (log != nullptr) *log += std::string(" ") + mode_name + " finalize: " + status_text(hs) + ";";
+    return {};
+  }
+  int64_t count = 0;
+  ck(cudnnBackendGetAttribute(h, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr),
+     "heuristics result count");
+  std::vector<cudnnBackendDescriptor_t> raw;
+  for (int64_t i = 0; i < count; ++i) {
+    p.configs.push_back(std::make_unique<Desc>(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
+    raw.push_back(p.configs.back()->get());
+  }
+  int64_t got = 0;
+  if (count > 0) {
+    ck(cudnnBackendGetAttribute(h, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got,
+                                raw.data()),
+       "heuristics results");
+  }
+  raw.resize(static_cast<size_t>(std::max<int64_t>(0, std::min(got, count))));
+  if (log != nullptr) {
+    *log += std::string(" ") + mode_name + ": " + std::to_string(got) + " engine configs";
+    const std::string why_none = last_error();
+    if (got == 0 && !why_none.empty()) *log += " (last error: " + why_none + ")";
+  }
+  return raw;
+}
+
+// Heuristics mode A, then the fallback list: the first engine config whose plan finalises (candidate 0).
+// Appends what each step gave to `log`.
+bool plan_from_heuristics(cudnnHandle_t handle, Plan& p, std::string& log) {
   for (const cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
     const char* mode_name = mode == CUDNN_HEUR_MODE_A ? "heuristics A" : "fallback heuristics";
-    p.heuristics = std::make_unique<Desc>(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
-    cudnnBackendDescriptor_t h = p.heuristics->get();
-    set(h, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &og, "heuristics graph");
-    set(h, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "heuristics mode");
-    const cudnnStatus_t hs = cudnnBackendFinalize(h);
-    if (hs != CUDNN_STATUS_SUCCESS) {
-      log += std::string(" ") + mode_name + " finalize: " + status_text(hs) + ";";
-      continue;
-    }
-    int64_t count = 0;
-    ck(cudnnBackendGetAttribute(h, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count,
-                                nullptr),
-       "heuristics result count");
-    p.configs.clear();
-    std::vector<cudnnBackendDescriptor_t> raw;
-    for (int64_t i = 0; i < count; ++i) {
-      p.configs.push_back(std::make_unique<Desc>(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
-      raw.push_back(p.configs.back()->get());
-    }
-    int64_t got = 0;
-    if (count > 0) {
-      ck(cudnnBackendGetAttribute(h, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got,
-                                  raw.data()),
-         "heuristics results");
-    }
-    log += std::string(" ") + mode_name + ": " + std::to_string(got) + " engine configs";
-    const std::string why_none = last_error();
-    if (got == 0 && !why_none.empty()) log += " (last error: " + why_none + ")";
-    for (int64_t i = 0; i < got; ++i) {
-      if (try_config(handle, raw[static_cast<size_t>(i)], p,
-                     std::string(mode_name) + " config " + std::to_string(i), log))
+    const std::vector<cudnnBackendDescriptor_t> raw = heuristic_configs(p, mode, mode_name, &log);
+    for (size_t i = 0; i < raw.size(); ++i) {
+      if (try_primary(handle, raw[i], p, std::string(mode_name) + " config " + std::to_string(i), log)) {
+        if (const std::string sig = config_signature(raw[i]); !sig.empty()) {
+          p.candidates.back().label += " (" + sig + ")";
+          p.candidates.back().signature = sig;
+        }
         return true;
+      }
     }
     log += ";";
   }
   return false;
+}
+
+// More candidates for `into` from graph `g` (heuristics A, B, fallback; every distinct config that finalises,
+// skipping those in `seen`), until `into` has kMaxCandidates or `deadline` passes. Never throws.
+void collect_candidates(cudnnHandle_t handle, Plan& g, Plan& into, std::set<std::string>& seen,
+                        std::chrono::steady_clock::time_point deadline) {
+  try {
+    for (const cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_B, CUDNN_HEUR_MODE_FALLBACK}) {
+      const char* mode_name = mode == CUDNN_HEUR_MODE_A   ? "heuristics A"
+                              : mode == CUDNN_HEUR_MODE_B ? "heuristics B"
+                                                          : "fallback heuristics";
+      const std::vector<cudnnBackendDescriptor_t> raw = heuristic_configs(g, mode, mode_name, nullptr);
+      for (size_t i = 0; i < raw.size(); ++i) {
+        if (into.candidates.size() >= kMaxCandidates || std::chrono::steady_clock::now() > deadline) return;
+        const std::string sig = config_signature(raw[i]);
+        const std::string key = (g.stats ? "stats " : "no stats ") + sig;
+        if (sig.empty() || seen.count(key) != 0) continue;  // unknown configs are not timed (may be duplicates)
+        seen.insert(key);
+        std::string ignored;
+        Candidate c;
+        std::string label = std::string(mode_name) + " config " + std::to_string(i) + " (" + sig + ")";
+        if (&g != &into) label += " [no-stats graph]";
+        if (try_config(handle, raw[i], g.stats, label, ignored, c)) {
+          c.signature = sig;
+          into.candidates.push_back(std::move(c));
+        }
+      }
+    }
+  } catch (const Error&) {
+    // keep what was collected; candidate 0 is untouched
+  }
+  (void)last_error();
 }
 
 // Every engine cuDNN has for the graph, by global index (what the heuristics would choose from): each engine's
@@ -411,7 +558,7 @@ bool plan_from_engine_list(cudnnHandle_t handle, Plan& p, std::string& log) {
       continue;
     }
     log += " engine " + std::to_string(i) + " accepts the graph;";
-    if (try_config(handle, cfg->get(), p, "engine " + std::to_string(i) + " (default knobs)", log)) {
+    if (try_primary(handle, cfg->get(), p, "engine " + std::to_string(i) + " (default knobs)", log)) {
       p.configs.clear();
       p.configs.push_back(std::move(cfg));
       p.engine = std::move(engine);
@@ -434,6 +581,40 @@ std::string library_report() {
   return r;
 }
 
+// With autotuning on: more candidates for p (graph variant vi, candidate 0 found), from its own graph and,
+// when the caller has no lse and p's graph writes stats, from the no-stats variant's graph. Never throws;
+// candidate 0 stays what it was.
+void add_candidates(cudnnHandle_t handle, const AttentionArgs& a, size_t vi, Plan& p) {
+  if (!autotune_enabled() || p.candidates.empty()) return;
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::microseconds(static_cast<int64_t>(kExtraFinalizeMs * 1000));
+  std::set<std::string> seen;
+  if (!p.candidates[0].signature.empty())
+    seen.insert((p.stats ? "stats " : "no stats ") + p.candidates[0].signature);
+  collect_candidates(handle, p, p, seen, deadline);
+  if (!a.has_lse() && p.stats) {
+    for (size_t wi = 0; wi < kVariants.size(); ++wi) {
+      const GraphVariant& w = kVariants[wi];
+      if (wi == vi || w.stats || w.p_in_io_type != kVariants[vi].p_in_io_type ||
+          w.index_prec != kVariants[vi].index_prec)
+        continue;
+      try {
+        auto g = std::make_unique<Plan>();
+        g->stats = false;
+        build_graph(handle, a, w, *g);
+        const size_t before = p.candidates.size();
+        collect_candidates(handle, *g, p, seen, deadline);
+        if (p.candidates.size() > before) p.others.push_back(std::move(g));
+      } catch (const Error&) {
+        // no such graph: nothing added
+      }
+      break;
+    }
+  }
+  (void)last_error();
+  p.tune_pending = p.candidates.size() > 1;
+}
+
 std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const AttentionArgs& a) {
   std::string log;
   for (size_t vi = 0; vi < kVariants.size(); ++vi) {
@@ -449,7 +630,10 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const AttentionArgs& a) {
       log += std::string(" graph: ") + e.what();
       continue;
     }
-    if (plan_from_heuristics(handle, *p, log)) return p;
+    if (plan_from_heuristics(handle, *p, log)) {
+      add_candidates(handle, a, vi, *p);
+      return p;
+    }
     // No heuristics result: list the engines (why each refuses; a plan from one that accepts). For every
     // variant, so that a failing run shows which choice changes cuDNN's answer.
     if (plan_from_engine_list(handle, *p, log)) return p;
@@ -525,6 +709,125 @@ Plan* find_plan(const AttentionArgs& a, DeviceState& st, int device, std::string
   }
 }
 
+// Runs candidate c on the call's pointers (q, k, v, out, &scale, unused, stats), asynchronous on the handle's
+// stream; the status, never throws.
+cudnnStatus_t execute(cudnnHandle_t handle, const Candidate& c, const void* const* ptrs, void* workspace) {
+  try {
+    float scale = *static_cast<const float*>(ptrs[4]);
+    float lowest = std::numeric_limits<float>::lowest();
+    // The stats entry last, so that a graph without stats passes the first 6.
+    const std::array<int64_t, 7> uids{kUidQ, kUidK, kUidV, kUidO, kUidScale, kUidNegInf, kUidStats};
+    const std::array<void*, 7> p{const_cast<void*>(ptrs[0]), const_cast<void*>(ptrs[1]), const_cast<void*>(ptrs[2]),
+                                 const_cast<void*>(ptrs[3]), &scale, &lowest, const_cast<void*>(ptrs[6])};
+    const int64_t n = c.stats ? 7 : 6;
+    void* ws = c.workspace_bytes > 0 ? workspace : nullptr;
+    Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+    set(pack.get(), CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids.data(), "variant pack uids");
+    set(pack.get(), CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, p.data(),
+        "variant pack pointers");
+    set(pack.get(), CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws, "variant pack workspace");
+    const cudnnStatus_t fs = cudnnBackendFinalize(pack.get());
+    if (fs != CUDNN_STATUS_SUCCESS) return fs;
+    return cudnnBackendExecute(handle, c.plan->get(), pack.get());
+  } catch (const Error&) {
+    return CUDNN_STATUS_BAD_PARAM;
+  }
+}
+
+std::string ms_text(double ms) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.3f ms", ms);
+  return b;
+}
+
+// Times p's candidates on the call's buffers (writes out and stats: the real call overwrites them) and keeps
+// the fastest in p.chosen; any failure keeps candidate 0. Synchronises `stream`. Skipped (and retried on the
+// next call) while the stream is being captured.
+void autotune(cudnnHandle_t handle, Plan& p, const void* const* ptrs, cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
+    (void)cudaGetLastError();
+    p.tune_pending = false;
+    p.tune_note = ", autotune skipped (stream capture status unknown)";
+    return;
+  }
+  if (capture != cudaStreamCaptureStatusNone) return;  // try again on an uncaptured call
+  p.tune_pending = false;
+  p.chosen = 0;
+  const size_t total = p.candidates.size();
+  auto note = [&](const std::string& t) { p.tune_note = ", autotune: " + t; };
+  // Workspace: the largest that can be had; candidates needing more are not timed.
+  int64_t ws_max = 0;
+  for (const Candidate& c : p.candidates) ws_max = std::max(ws_max, c.workspace_bytes);
+  try {
+    if (static_cast<int64_t>(p.workspace.size()) < ws_max) p.workspace.resize(static_cast<size_t>(ws_max));
+  } catch (const Error&) {
+    try {
+      if (static_cast<int64_t>(p.workspace.size()) < p.candidates[0].workspace_bytes)
+        p.workspace.resize(static_cast<size_t>(p.candidates[0].workspace_bytes));
+    } catch (const Error&) {
+      note("skipped (no workspace)");
+      return;
+    }
+  }
+  const int64_t ws_have = static_cast<int64_t>(p.workspace.size());
+  cudaEvent_t ev[2] = {nullptr, nullptr};
+  if (cudaEventCreate(&ev[0]) != cudaSuccess || cudaEventCreate(&ev[1]) != cudaSuccess) {
+    (void)cudaGetLastError();
+    for (cudaEvent_t e : ev)
+      if (e != nullptr) cudaEventDestroy(e);
+    note("skipped (no CUDA events)");
+    return;
+  }
+  // Mean time of `reps` back-to-back runs of candidate i; negative when it failed.
+  auto time_of = [&](size_t i, int reps) -> double {
+    if (cudaEventRecord(ev[0], stream) != cudaSuccess) return -1;
+    for (int r = 0; r < reps; ++r)
+      if (execute(handle, p.candidates[i], ptrs, p.workspace.data()) != CUDNN_STATUS_SUCCESS) {
+        (void)last_error();
+        (void)cudaStreamSynchronize(stream);
+        return -1;
+      }
+    float ms = 0;
+    if (cudaEventRecord(ev[1], stream) != cudaSuccess || cudaEventSynchronize(ev[1]) != cudaSuccess ||
+        cudaEventElapsedTime(&ms, ev[0], ev[1]) != cudaSuccess)
+      return -1;
+    return static_cast<double>(ms) / reps;
+  };
+  const double budget = autotune_budget_ms();
+  const double t_warm = time_of(0, 1);  // warm-up of candidate 0, and the run time estimate
+  std::string result;
+  if (t_warm <= 0) {
+    result = "skipped (warm-up of config 0 failed)";
+  } else if (3 * t_warm > budget) {  // room for at least config 0 and one other after the warm-up
+    result = "skipped (one run " + ms_text(t_warm) + ", budget " + ms_text(budget) +
+             " (TESSERA_CUDNN_AUTOTUNE_BUDGET_MS); " + std::to_string(total) + " candidates)";
+  } else {
+    const size_t m = std::min(total, static_cast<size_t>((budget - t_warm) / t_warm));
+    const int reps = std::clamp(static_cast<int>((budget - t_warm) / (t_warm * static_cast<double>(m))), 1, 3);
+    std::vector<double> t(m, -1);
+    for (size_t i = 0; i < m; ++i)
+      if (p.candidates[i].workspace_bytes <= ws_have) t[i] = time_of(i, reps);
+    if (t[0] <= 0) {
+      result = "skipped (config 0 failed when timed)";
+    } else {
+      size_t best = 0;
+      for (size_t i = 1; i < m; ++i)
+        if (t[i] > 0 && t[i] < t[best]) best = i;
+      p.chosen = best;
+      result = p.candidates[best].label + ", candidate " + std::to_string(best) + " of " + std::to_string(total) +
+               (best == 0 ? ", kept: " : ", autotuned: ") + ms_text(t[best]) + " vs " + ms_text(t[0]) +
+               " config 0 (" + std::to_string(m) + " timed, " + std::to_string(reps) + " rep(s) each; times:";
+      for (size_t i = 0; i < m; ++i) result += " " + (t[i] > 0 ? ms_text(t[i]) : std::string("failed"));
+      result += ")";
+    }
+  }
+  (void)cudaStreamSynchronize(stream);
+  (void)cudaGetLastError();
+  for (cudaEvent_t e : ev) cudaEventDestroy(e);
+  note(result);
+}
+
 }  // namespace
 
 bool cudnn_built() {
@@ -554,7 +857,16 @@ bool cudnn_dense_plan(const AttentionArgs& a, std::string* why) {
   int dev = 0;
   TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
   const Plan* plan = find_plan(a, *st, dev, why);
-  if (plan != nullptr && why != nullptr) *why = plan->how;
+  if (plan != nullptr && why != nullptr) {
+    *why = plan->how;
+    if (plan->tune_pending) {
+      *why += ", autotune pending (" + std::to_string(plan->candidates.size()) + " candidates, timed on the first call)";
+    } else if (!plan->tune_note.empty()) {
+      *why += plan->tune_note;
+    } else if (plan->candidates.size() <= 1) {
+      *why += autotune_enabled() ? ", autotune: single candidate" : ", autotune off (TESSERA_CUDNN_AUTOTUNE=0)";
+    }
+  }
   return plan != nullptr;
 }
 
@@ -574,21 +886,22 @@ void cudnn_dense_attention(const AttentionArgs& a, cudaStream_t stream) {
     plan->stats_scratch.resize(static_cast<size_t>(a.num_q_heads() * a.q_len()));
     stats = plan->stats_scratch.data();
   }
-  float scale = a.effective_scale();
-  float lowest = std::numeric_limits<float>::lowest();
-  // The stats entry last, so that a graph without stats passes the first 6.
-  const std::array<int64_t, 7> uids{kUidQ, kUidK, kUidV, kUidO, kUidScale, kUidNegInf, kUidStats};
-  const std::array<void*, 7> ptrs{a.q.data, a.k.data, a.v.data, a.out.data, &scale, &lowest, stats};
-  const int64_t n = plan->stats ? 7 : 6;
-  void* ws = plan->workspace_bytes > 0 ? static_cast<void*>(plan->workspace.data()) : nullptr;
-  Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
-  set(pack.get(), CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids.data(), "variant pack uids");
-  set(pack.get(), CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs.data(),
-      "variant pack pointers");
-  set(pack.get(), CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws, "variant pack workspace");
-  ck(cudnnBackendFinalize(pack.get()), "finalize variant pack");
+  const float scale = a.effective_scale();
+  const void* const ptrs[] = {a.q.data, a.k.data, a.v.data, a.out.data, &scale, nullptr, stats};
   ck(cudnnSetStream(st->handle, stream), "set stream");
-  ck(cudnnBackendExecute(st->handle, plan->plan->get(), pack.get()), "execute SDPA plan");
+  if (plan->tune_pending) {
+    try {
+      autotune(st->handle, *plan, ptrs, stream);
+    } catch (const std::exception& e) {  // never fails the call: candidate 0, as without autotuning
+      plan->tune_pending = false;
+      plan->chosen = 0;
+      plan->tune_note = std::string(", autotune failed (") + e.what() + "), config 0 kept";
+    }
+  }
+  Candidate& c = plan->candidates[plan->chosen];
+  if (static_cast<int64_t>(plan->workspace.size()) < c.workspace_bytes)
+    plan->workspace.resize(static_cast<size_t>(c.workspace_bytes));
+  ck(execute(st->handle, c, ptrs, plan->workspace.data()), "execute SDPA plan");
 }
 
 #endif  // TESSERA_HAS_CUDNN
