@@ -23,7 +23,7 @@
 // builds its plan on the host (heuristics + finalisation: from milliseconds to ~1 s for runtime-compiled
 // engines), so a caller that cares times the second call. Calls are asynchronous on `stream` afterwards.
 // Thread-safe (one mutex around plan lookup and execution; execution itself is an asynchronous launch).
-// Autotuning (default on; TESSERA_CUDNN_AUTOTUNE=0 switches it off): the plan build also finalises up to 5
+// Autotuning (off by default; TESSERA_CUDNN_AUTOTUNE=1 switches it on): the plan build also finalises up to 5
 // more distinct engine configs (heuristics A, B, fallback; the no-stats graph when the call has no lse), and
 // the first execution of the shape times them on the call's buffers (synchronising `stream`; within
 // TESSERA_CUDNN_AUTOTUNE_BUDGET_MS, default 1500 ms of GPU time) and keeps the fastest. Any failure keeps the
