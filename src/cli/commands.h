@@ -60,7 +60,7 @@ struct EvalOptions {
   bool report_only = false;
   std::vector<int> layer_stats_lengths;  // per-layer attention metrics at these lengths
   std::vector<int> perplexity_lengths;   // perplexity at these lengths
-  std::string device = "cpu";            // cpu | cuda | auto: where the task cases run (layer stats and
+  std::string device = "auto";           // cpu | cuda | auto: where the task cases run (layer stats and
                                          // perplexity always run on the CPU engine)
   std::string command_line;              // recorded in the reports
   std::string model_name;                // filled in by eval_command

@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
   ec->add_option("--answer-tokens", ev.answer_tokens, "Answer budget (0: the task's RULER budget)")->capture_default_str();
   ec->add_flag("--full-answers", ev.full_answers, "Generate the whole budget even once every answer appeared");
   ec->add_option("--chunk", ev.chunk, "Prefill chunk size")->capture_default_str();
-  ec->add_option("--device", ev.device, "Where the task cases run: cpu, cuda or auto (bf16 GPU engine)")
+  ec->add_option("--device", ev.device, "Where the task cases run: cpu, cuda or auto (the bf16 GPU engine when a GPU is usable)")
       ->capture_default_str();
   ec->add_option("-o,--out", ev.out, "Output folder: results.json, report.md, heatmaps")->capture_default_str();
   ec->add_flag("--resume", ev.resume, "Keep the results already in the output folder and run only the missing ones");
