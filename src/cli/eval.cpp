@@ -80,19 +80,15 @@ template <class EngineT>
 std::string answer(EngineT& engine, const Session& s, const std::vector<int32_t>& prompt,
                    const eval::TaskCase& c, int max_tokens, bool stop_when_found) {
   engine.reset();
-  std::vector<float> logits = engine.prefill(prompt);
-  runtime::SamplingOptions greedy;
-  greedy.temperature = 0;
-  runtime::Sampler sampler(greedy);
+  runtime::GenerateOptions g;  // greedy: the default sampling options
+  g.max_new_tokens = max_tokens;
+  g.stop_tokens = s.tokenizer->special().end_of_generation;
   model::StreamingDecoder decoder(*s.tokenizer, {.skip_special = true});
   std::string text;
-  for (int i = 0; i < max_tokens && engine.position() < engine.max_context(); ++i) {
-    const int32_t t = sampler.sample(logits);
-    if (s.tokenizer->is_end_of_generation(t)) break;
+  engine.generate(prompt, g, [&](int32_t t) {
     text += decoder.push(t);
-    if (stop_when_found && eval::score_output(c.metric, text, c.answers).pass) break;
-    if (i + 1 < max_tokens && engine.position() + 1 < engine.max_context()) logits = engine.decode(t);
-  }
+    return !(stop_when_found && eval::score_output(c.metric, text, c.answers).pass);
+  });
   return text + decoder.flush();
 }
 
@@ -120,6 +116,28 @@ nlohmann::json meta_of(const Session& s, const EvalOptions& o, const std::vector
 }
 
 // The tasks x lengths x depths suite: cases, answers for every policy, results.json after every case.
+// What the task suite and the layer metrics both need to turn a spec into a case: the haystack, whether the
+// chat template wraps the prompt, the model's token counter and the tokens that counter does not see.
+struct CaseSource {
+  eval::Haystack hay;
+  bool chat;
+  eval::TokenCounter count;
+  size_t overhead;  // the chat template (or BOS) around the prompt, plus a little slack
+
+  CaseSource(const Session& s, const EvalOptions& o)
+      : hay(eval::load_haystack(o.haystack)),
+        chat(chat_mode(s, o.chat)),
+        count([&s](const std::string& t) { return s.tokenizer->encode(t, {.add_special = false}).size(); }),
+        overhead((chat ? s.encode_prompt("", true, "").size() : 1) + 4) {}
+
+  // A case of spec.length tokens whose prompt leaves room for `answer_budget` generated tokens.
+  eval::TaskCase make(const eval::CaseSpec& spec, size_t answer_budget) const {
+    eval::TaskOptions topts;
+    topts.reserve_tokens = overhead + answer_budget;
+    return eval::generate_case(spec, hay, count, topts);
+  }
+};
+
 // Where the cases run: the CPU engine, or the GPU engine over weights uploaded once.
 struct EvalDevice {
   bool gpu = false;
@@ -130,13 +148,7 @@ struct EvalDevice {
 
 void run_tasks(const Session& s, const EvalOptions& o, const std::vector<std::string>& policies, const fs::path& dir,
                const EvalDevice& device) {
-  const eval::Haystack hay = eval::load_haystack(o.haystack);
-  const bool chat = chat_mode(s, o.chat);
-  const eval::TokenCounter count = [&](const std::string& t) {
-    return s.tokenizer->encode(t, {.add_special = false}).size();
-  };
-  // What the counter does not see: the chat template (or BOS) around the prompt, plus a little slack.
-  const size_t overhead = (chat ? s.encode_prompt("", true, "").size() : 1) + 4;
+  const CaseSource source(s, o);
 
   const fs::path results_path = dir / "results.json";
   std::vector<eval::CaseResult> results;
@@ -162,13 +174,11 @@ void run_tasks(const Session& s, const EvalOptions& o, const std::vector<std::st
   for (const eval::CaseSpec& spec : specs) {
     ++index;
     const int max_answer = o.answer_tokens > 0 ? o.answer_tokens : static_cast<int>(eval::answer_tokens(spec.task));
-    eval::TaskOptions topts;
-    topts.reserve_tokens = overhead + static_cast<size_t>(max_answer);
     check(spec.length <= static_cast<size_t>(cfg.context_length),
           "eval: length " + std::to_string(spec.length) + " exceeds the context of " + cfg.name + " (" +
               std::to_string(cfg.context_length) + " tokens)");
-    const eval::TaskCase c = eval::generate_case(spec, hay, count, topts);
-    const std::vector<int32_t> prompt = case_prompt(s, c, chat);
+    const eval::TaskCase c = source.make(spec, static_cast<size_t>(max_answer));
+    const std::vector<int32_t> prompt = case_prompt(s, c, source.chat);
     for (const std::string& policy : policies) {
       if (done.count({c.id, policy})) continue;
       const auto max_context = static_cast<int32_t>(
@@ -231,11 +241,7 @@ namespace {
 // niah_single case at each length (depth 50%).
 void run_layer_stats(const Session& s, const EvalOptions& o, const std::vector<std::string>& policies,
                      const fs::path& dir) {
-  const eval::Haystack hay = eval::load_haystack(o.haystack);
-  const bool chat = chat_mode(s, o.chat);
-  const eval::TokenCounter count = [&](const std::string& t) {
-    return s.tokenizer->encode(t, {.add_special = false}).size();
-  };
+  const CaseSource source(s, o);
   const auto& cfg = s.model->config();
   nlohmann::json all = nlohmann::json::object();
   std::string md = "# Attention metrics per layer (dense activations)\n\n";
@@ -244,11 +250,9 @@ void run_layer_stats(const Session& s, const EvalOptions& o, const std::vector<s
         "the layer's attention output; density: kept cells / cells dense attention computes. Means over query "
         "heads, measured on the niah_single case (depth 50%) through the dense model.\n\n";
   for (int length : o.layer_stats_lengths) {
-    eval::TaskOptions topts;
-    topts.reserve_tokens = (chat ? s.encode_prompt("", true, "").size() : 1) + 4;
     const eval::TaskCase c =
-        eval::generate_case({eval::TaskKind::niah_single, static_cast<size_t>(length), 50.0, o.seed, 0}, hay, count, topts);
-    const std::vector<int32_t> prompt = case_prompt(s, c, chat);
+        source.make({eval::TaskKind::niah_single, static_cast<size_t>(length), 50.0, o.seed, 0}, 0);
+    const std::vector<int32_t> prompt = case_prompt(s, c, source.chat);
     std::map<std::string, std::vector<eval::LayerAttentionStats>> stats;  // policy -> per layer (row-weighted)
     std::map<std::string, attn::AttentionPolicy> table;
     for (const std::string& p : policies) {

@@ -145,28 +145,7 @@ std::vector<float> Engine::run_decode(int32_t token, LogitRows rows) {
 
 std::vector<int32_t> Engine::generate(std::span<const int32_t> prompt, const GenerateOptions& options,
                                       const OnToken& on_token) {
-  std::vector<int32_t> out;
-  if (options.max_new_tokens <= 0) {
-    prefill(prompt);
-    return out;
-  }
-  Sampler sampler(options.sampling);
-  std::vector<float> logits = prefill(prompt);
-  for (;;) {
-    const int32_t tok = sampler.sample(logits);
-    if (std::find(options.stop_tokens.begin(), options.stop_tokens.end(), tok) != options.stop_tokens.end())
-      break;
-    if (position_ >= max_context_) break;  // the context is full: stop rather than fail mid-generation
-    out.push_back(tok);
-    const bool more =
-        (!on_token || on_token(tok)) && static_cast<int32_t>(out.size()) < options.max_new_tokens;
-    if (!more) {
-      run_decode(tok, LogitRows::None);  // into the cache, no LM head
-      break;
-    }
-    logits = decode(tok);
-  }
-  return out;
+  return generate_tokens(*this, prompt, options, on_token, [this](int32_t t) { run_decode(t, LogitRows::None); });
 }
 
 void Engine::reset() {

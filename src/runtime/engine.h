@@ -29,6 +29,7 @@
 #include "attention/pattern/policy.h"
 #include "core/thread_pool.h"
 #include "runtime/forward.h"
+#include "runtime/generation.h"
 #include "runtime/kv_cache.h"
 #include "runtime/model.h"
 #include "runtime/sampling.h"
@@ -45,11 +46,6 @@ struct EngineOptions {
   AttentionObserver observer;
 };
 
-struct GenerateOptions {
-  int32_t max_new_tokens = 128;
-  SamplingOptions sampling;
-  std::vector<int32_t> stop_tokens;  // generation ends when one is sampled (it is not returned or reported)
-};
 
 struct EngineStats {
   int64_t prefill_tokens = 0;
