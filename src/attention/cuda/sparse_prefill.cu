@@ -44,6 +44,15 @@ void launch_sparse_prefill_wgmma(const PrefillParams& p, cudaStream_t stream);
 TESSERA_DECLARE_WGMMA(__nv_bfloat16)
 TESSERA_DECLARE_WGMMA(__half)
 #undef TESSERA_DECLARE_WGMMA
+// Instantiated in sparse_prefill_wgmma_ws_{bf16,f16}.cu.
+template <typename T, int kStages>
+void launch_sparse_prefill_wgmma_ws(const PrefillParams& p, cudaStream_t stream);
+#define TESSERA_DECLARE_WGMMA_WS(T)                                                                 \
+  extern template void launch_sparse_prefill_wgmma_ws<T, 4>(const PrefillParams&, cudaStream_t); \
+  extern template void launch_sparse_prefill_wgmma_ws<T, 5>(const PrefillParams&, cudaStream_t);
+TESSERA_DECLARE_WGMMA_WS(__nv_bfloat16)
+TESSERA_DECLARE_WGMMA_WS(__half)
+#undef TESSERA_DECLARE_WGMMA_WS
 }  // namespace detail
 
 namespace {
@@ -187,21 +196,28 @@ void check_call(const AttentionArgs& args, const DeviceSparseIndex& index, const
 // bytes apart, the stride byte offset), or as two m64n64 (split), each one half wide, so that only the
 // K-direction stride matters (given as both: robust to reading the two fields the other way round).
 struct WgmmaVariant {
+  int ws_stages;  // > 0: the warp-specialized kernel with this many K/V stages (always overlapped, m64n128)
   bool overlap;
   bool split_pv;
   uint32_t lbo, sbo;
   const char* name;
 };
 constexpr WgmmaVariant kWgmmaVariants[] = {
-    {true, false, 8192, 1024, "overlapped S/PV, m64n128 PV"},
-    {true, true, 1024, 1024, "overlapped S/PV, 2 x m64n64 PV"},
-    {false, false, 8192, 1024, "serial S/PV, m64n128 PV"},
-    {false, true, 1024, 1024, "serial S/PV, 2 x m64n64 PV"},
+    {4, true, false, 8192, 1024, "warp-specialized, 4 stages"},
+    {5, true, false, 8192, 1024, "warp-specialized, 5 stages"},
+    {0, true, false, 8192, 1024, "overlapped S/PV, m64n128 PV"},
+    {0, true, true, 1024, 1024, "overlapped S/PV, 2 x m64n64 PV"},
+    {0, false, false, 8192, 1024, "serial S/PV, m64n128 PV"},
+    {0, false, true, 1024, 1024, "serial S/PV, 2 x m64n64 PV"},
 };
 
 template <typename T>
 void launch_wgmma_t(const WgmmaVariant& v, const detail::PrefillParams& p, cudaStream_t stream) {
-  if (v.overlap) {
+  if (v.ws_stages == 4) {
+    detail::launch_sparse_prefill_wgmma_ws<T, 4>(p, stream);
+  } else if (v.ws_stages == 5) {
+    detail::launch_sparse_prefill_wgmma_ws<T, 5>(p, stream);
+  } else if (v.overlap) {
     if (v.split_pv) {
       detail::launch_sparse_prefill_wgmma<T, true, true>(p, stream);
     } else {

@@ -26,6 +26,7 @@
 #include "attention/cuda/cuda_check.h"
 #include "attention/cuda/mma_sm80.cuh"
 #include "attention/cuda/sparse_prefill_kernel.cuh"
+#include "attention/cuda/wgmma_consumer.cuh"
 #include "attention/cuda/wgmma_sm90.cuh"
 #include "attention/cuda/work_plan.h"
 
@@ -50,11 +51,9 @@ template <typename T, bool kSplitPv, bool kOverlap>
 __global__ void __launch_bounds__(256, 1) sparse_prefill_wgmma_kernel(const PrefillParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Cfg = WgmmaPrefillConfig<kOverlap ? 4 : 3>;
-  using Mma = MmaTraits<T>;
-  using Wg = Wgmma<T>;
+  using Consumer = WgmmaConsumer<T, kSplitPv>;
   constexpr int D = Cfg::D, BM = Cfg::BM, BN = Cfg::BN, kThreads = Cfg::kThreads, kChunks = Cfg::kChunks;
   constexpr int kStages = Cfg::kStages;
-  const float neg_inf = -__int_as_float(0x7f800000);
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ int s_slot;
@@ -126,106 +125,17 @@ __global__ void __launch_bounds__(256, 1) sparse_prefill_wgmma_kernel(const Pref
     if (nxt.count > 0) load_kv(1, nxt);
     cp_async_commit();
 
-    float o[D / 2];  // 64 x 128 per warpgroup: 16 column blocks of 8, 4 values each
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
-    float m[2] = {neg_inf, neg_inf};
-    float l[2] = {0.0f, 0.0f};
-    const int pos_row[2] = {pos0 + wg * 64 + (warp % 4) * 16 + g, pos0 + wg * 64 + (warp % 4) * 16 + g + 8};
+    Consumer cs;
+    cs.start(pos0 + wg * 64 + (warp % 4) * 16 + g);
     const uint32_t q_wg = sQ + wg * 64 * 128;  // this warpgroup's first Q row in each half
-
-    // S = Q K^T (64 rows x 64 keys per warpgroup), issued and committed, not waited for.
     auto issue_qk = [&](float(&sc)[BN / 2], int st) {
-      const uint32_t k_stage = sK + st * Cfg::kKvBytes;
-      fence_operands(sc);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const uint32_t a = q_wg + (kk / 4) * (BM * 128) + (kk % 4) * 32;
-        const uint32_t b = k_stage + (kk / 4) * (BN * 128) + (kk % 4) * 32;
-        Wg::ss_m64n64(sc, sw128_desc(a, 16, 1024), sw128_desc(b, 16, 1024), kk > 0 ? 1 : 0);
-      }
-      wgmma_commit();
+      Consumer::template issue_qk<BM>(sc, q_wg, sK + st * Cfg::kKvBytes);
     };
-    // O += P V: P of key block kk (16 keys) is pa[kk]; issued and committed, not waited for.
     auto issue_pv = [&](const uint32_t(&pa)[BN / 16][4], int st) {
-      const uint32_t v_stage = sV + st * Cfg::kKvBytes;
-      fence_operands(o);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) {
-        const uint32_t b = v_stage + kk * 16 * 128;
-        if constexpr (kSplitPv) {
-          Wg::template rs_m64n64_tb<0>(o, pa[kk], sw128_desc(b, p.pv_sbo, p.pv_sbo));
-          Wg::template rs_m64n64_tb<D / 4>(o, pa[kk], sw128_desc(b + BN * 128, p.pv_sbo, p.pv_sbo));
-        } else {
-          Wg::rs_m64n128_tb(o, pa[kk], sw128_desc(b, p.pv_lbo, p.pv_sbo));
-        }
-      }
-      wgmma_commit();
+      cs.issue_pv(pa, sV + st * Cfg::kKvBytes, p.pv_lbo, p.pv_sbo);
     };
-    // Scale, mask, and the online-softmax step on finished scores: s becomes P (relative to the new running
-    // max), l is updated, alpha[e] is the factor O must be multiplied by (rows g and g + 8).
     auto softmax = [&](float(&sc)[BN / 2], bool masked, int st, float(&alpha)[2]) {
-#pragma unroll
-      for (int i = 0; i < BN / 2; ++i) sc[i] *= p.scale_log2;
-      if (masked) {
-        const int* keys = sKeys + st * BN;
-#pragma unroll
-        for (int i = 0; i < BN / 8; ++i) {
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const int key = keys[i * 8 + 2 * c4 + j];
-            if (!key_visible(pos_row[0], key, p.span)) sc[4 * i + j] = neg_inf;
-            if (!key_visible(pos_row[1], key, p.span)) sc[4 * i + 2 + j] = neg_inf;
-          }
-        }
-      }
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float mx = neg_inf;
-#pragma unroll
-        for (int i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(sc[4 * i + 2 * e], sc[4 * i + 2 * e + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m[e], mx);
-        const float m_use = m_new == neg_inf ? 0.0f : m_new;  // a row with nothing visible yet stays at zero
-        alpha[e] = fast_exp2(m[e] - m_use);
-        float sum = 0.0f;
-#pragma unroll
-        for (int i = 0; i < BN / 8; ++i) {
-          sc[4 * i + 2 * e] = fast_exp2(sc[4 * i + 2 * e] - m_use);
-          sc[4 * i + 2 * e + 1] = fast_exp2(sc[4 * i + 2 * e + 1] - m_use);
-          sum += sc[4 * i + 2 * e] + sc[4 * i + 2 * e + 1];
-        }
-        l[e] = l[e] * alpha[e] + sum;
-        m[e] = m_new;
-      }
-    };
-    auto rescale_o = [&](const float(&alpha)[2]) {
-#pragma unroll
-      for (int i = 0; i < D / 8; ++i) {
-        o[4 * i] *= alpha[0];
-        o[4 * i + 1] *= alpha[0];
-        o[4 * i + 2] *= alpha[1];
-        o[4 * i + 3] *= alpha[1];
-      }
-    };
-    auto pack_p = [&](const float(&sc)[BN / 2], uint32_t(&pa)[BN / 16][4]) {
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) {
-        pa[kk][0] = Mma::pack(sc[8 * kk + 0], sc[8 * kk + 1]);
-        pa[kk][1] = Mma::pack(sc[8 * kk + 2], sc[8 * kk + 3]);
-        pa[kk][2] = Mma::pack(sc[8 * kk + 4], sc[8 * kk + 5]);
-        pa[kk][3] = Mma::pack(sc[8 * kk + 6], sc[8 * kk + 7]);
-      }
-    };
-    auto keep_live = [](uint32_t(&pa)[BN / 16][4]) {
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(pa[kk][j])::"memory");
-      }
+      cs.softmax(sc, masked, sKeys + st * BN, p.span, p.scale_log2, alpha);
     };
 
     int stage = 0;
@@ -246,13 +156,13 @@ __global__ void __launch_bounds__(256, 1) sparse_prefill_wgmma_kernel(const Pref
         fence_operands(s);
         float alpha[2];
         softmax(s, cur.masked, stage, alpha);
-        rescale_o(alpha);
+        cs.rescale(alpha);
         uint32_t pa[BN / 16][4];
-        pack_p(s, pa);
+        Consumer::pack_p(s, pa);
         issue_pv(pa, stage);
         wgmma_wait<0>();
-        fence_operands(o);
-        keep_live(pa);
+        fence_operands(cs.o);
+        Consumer::keep_live(pa);
 
         cur = nxt;
         nxt = nn;
@@ -285,10 +195,10 @@ __global__ void __launch_bounds__(256, 1) sparse_prefill_wgmma_kernel(const Pref
         float alpha[2];
         softmax(s, cur.masked, stage, alpha);
         wgmma_wait<0>();
-        fence_operands(o);
-        keep_live(pa);
-        rescale_o(alpha);
-        pack_p(s, pa);
+        fence_operands(cs.o);
+        Consumer::keep_live(pa);
+        cs.rescale(alpha);
+        Consumer::pack_p(s, pa);
 
         prev_stage = stage;
         cur = nxt;
@@ -298,15 +208,15 @@ __global__ void __launch_bounds__(256, 1) sparse_prefill_wgmma_kernel(const Pref
       if (prev_stage >= 0) {
         issue_pv(pa, prev_stage);
         wgmma_wait<0>();
-        fence_operands(o);
-        keep_live(pa);
+        fence_operands(cs.o);
+        Consumer::keep_live(pa);
       }
     }
     cp_async_wait<0>();  // an item without key tiles still has its Q load in flight
 
     // Epilogue (shared with the mma.sync kernel): normalise and store; rows past q_len are not written.
-    store_rows<T, D>(p, h, row0 + wg * 64 + (warp % 4) * 16, g, c4, l, m,
-                     [&](int i, int e) { return make_float2(o[4 * i + 2 * e], o[4 * i + 2 * e + 1]); });
+    store_rows<T, D>(p, h, row0 + wg * 64 + (warp % 4) * 16, g, c4, cs.l, cs.m,
+                     [&](int i, int e) { return make_float2(cs.o[4 * i + 2 * e], cs.o[4 * i + 2 * e + 1]); });
     __syncthreads();  // everyone has read s_slot and finished with shared memory before the next item
   }
 #endif

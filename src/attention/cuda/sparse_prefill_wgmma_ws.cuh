@@ -1,0 +1,276 @@
+// tessera/attention/cuda/sparse_prefill_wgmma_ws.cuh — the warp-specialized Hopper (sm_90a) sparse prefill
+// kernel: a producer warpgroup loads, two consumer warpgroups compute (device code; see sparse_prefill.h).
+//
+// Same contract, item cursor, scores and epilogue as sparse_prefill_wgmma.cuh (bf16/f16, head_dim 128, query
+// tile 128, key tiles of 64); the difference is who does what and how they synchronise:
+//  - warpgroup 0 (the producer, 128 threads, registers lowered to 40) takes items from the plan's counter,
+//    walks each item's key tiles with the shared KeyCursor and copies Q and every K/V tile into shared memory
+//    with cp.async (ranges and gathered columns alike: 16-byte chunks into the 128-byte-swizzled layout),
+//    writing the tile's key positions and a small descriptor (item, key count, masked / last flags) beside it;
+//  - warpgroups 1 and 2 (the consumers, registers raised to 232) own query rows [0, 64) and [64, 128) of the
+//    item and run S = Q K^T, the online softmax and P V (WgmmaConsumer), S of tile j overlapped with P V of
+//    tile j - 1 as in the overlapped variant of the other kernel;
+//  - between them, mbarriers instead of __syncthreads: full[s] completes when the producer's copies into stage
+//    s have landed (cp.async.mbarrier.arrive, one per producer thread) and its descriptor is written (one
+//    ordinary arrive per producer thread, release semantics); empty[s] when both consumer warpgroups are done
+//    with stage s (one arrive per consumer warp, after the P V that read V was waited for). Q is
+//    double-buffered with its own full/empty pair, so the next item's Q and first tiles load while the
+//    consumers finish the previous item.
+// Nothing synchronises the whole CTA after the start, so the consumers never wait for a load they do not
+// need yet, and no consumer thread issues a copy or walks the index. Items without key tiles still send one
+// descriptor (count 0, last) so that their rows are written (zeros, lse -inf). After the last item the
+// producer sends an "end" descriptor and both roles leave.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "attention/cuda/cuda_check.h"
+#include "attention/cuda/mma_sm80.cuh"
+#include "attention/cuda/sparse_prefill_kernel.cuh"
+#include "attention/cuda/wgmma_consumer.cuh"
+#include "attention/cuda/wgmma_sm90.cuh"
+#include "attention/cuda/work_plan.h"
+
+namespace tessera::attn::gpu::detail {
+
+template <int kStagesT>
+struct WgmmaWsConfig {
+  static constexpr int D = 128;
+  static constexpr int BM = 128;
+  static constexpr int BN = kPrefillKeyTile;  // 64
+  static constexpr int kStages = kStagesT;
+  static constexpr int kProducerThreads = 128;
+  static constexpr int kThreads = 384;
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;  // 128 x 40 + 256 x 232 = 64512 <= 65536
+  static constexpr int kChunks = D / 8;
+  static constexpr uint32_t kQBytes = BM * D * 2;   // 32 KB, two buffers
+  static constexpr uint32_t kKvBytes = BN * D * 2;  // 16 KB per K (or V) stage
+  static constexpr uint32_t kKOffset = 2 * kQBytes;
+  static constexpr uint32_t kVOffset = kKOffset + kStages * kKvBytes;
+  static constexpr uint32_t kKeysOffset = kVOffset + kStages * kKvBytes;
+  static constexpr uint32_t kMetaOffset = kKeysOffset + kStages * BN * 4;  // int4 per stage
+  static constexpr uint32_t kBarOffset = kMetaOffset + kStages * 16;       // full[S], empty[S], qfull[2], qempty[2]
+  static constexpr uint32_t kSlotOffset = kBarOffset + (2 * kStages + 4) * 8;  // int[2]
+  static constexpr size_t kSmemBytes = 1024 + kSlotOffset + 8;  // + alignment slack
+  static constexpr int kFlagMasked = 1, kFlagLast = 2, kFlagEnd = 4;
+  static_assert((BN * kChunks) % kProducerThreads == 0 && (BM * kChunks) % kProducerThreads == 0);
+};
+
+template <typename T, int kStages>
+__global__ void __launch_bounds__(384, 1) sparse_prefill_wgmma_ws_kernel(const PrefillParams p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Cfg = WgmmaWsConfig<kStages>;
+  using Consumer = WgmmaConsumer<T, false>;
+  constexpr int D = Cfg::D, BM = Cfg::BM, BN = Cfg::BN, kChunks = Cfg::kChunks;
+
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  unsigned char* smem = smem_raw + (((raw_addr + 1023u) & ~1023u) - raw_addr);
+  const uint32_t sQ = smem_addr(smem);  // buffer b at sQ + b * kQBytes
+  const uint32_t sK = sQ + Cfg::kKOffset;
+  const uint32_t sV = sQ + Cfg::kVOffset;
+  int* sKeys = reinterpret_cast<int*>(smem + Cfg::kKeysOffset);  // [kStages][BN]
+  int4* sMeta = reinterpret_cast<int4*>(smem + Cfg::kMetaOffset);
+  const uint32_t bar = sQ + Cfg::kBarOffset;
+  auto full = [&](int s) { return bar + 8u * s; };
+  auto empty = [&](int s) { return bar + 8u * (kStages + s); };
+  auto qfull = [&](int b) { return bar + 8u * (2 * kStages + b); };
+  auto qempty = [&](int b) { return bar + 8u * (2 * kStages + 2 + b); };
+  int* sSlot = reinterpret_cast<int*>(smem + Cfg::kSlotOffset);
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32, lane = tid % 32;
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(full(s), 2 * Cfg::kProducerThreads);  // a copy arrive and a descriptor arrive per thread
+      mbarrier_init(empty(s), 8);                          // one per consumer warp
+    }
+    for (int b = 0; b < 2; ++b) {
+      mbarrier_init(qfull(b), Cfg::kProducerThreads);
+      mbarrier_init(qempty(b), 8);
+    }
+  }
+  __syncthreads();
+
+  if (warp < 4) {
+    // ---------------------------------------------------------------- producer
+    setmaxnreg_dec<Cfg::kProducerRegs>();
+    const int ptid = tid;
+    const T* q_all = static_cast<const T*>(p.q);
+    const T* k_all = static_cast<const T*>(p.k);
+    const T* v_all = static_cast<const T*>(p.v);
+    int it = 0;  // tiles sent: stage it % kStages, phase it / kStages
+    for (int n = 0;; ++n) {
+      if (ptid == 0) sSlot[n & 1] = atomicAdd(p.counter, 1);
+      named_barrier_sync(1, Cfg::kProducerThreads);
+      const int slot = sSlot[n & 1];
+      if (slot >= p.num_items) {
+        const int st = it % kStages;
+        mbarrier_wait(empty(st), ((it / kStages) & 1) ^ 1);
+        if (ptid == 0) sMeta[st] = make_int4(-1, 0, Cfg::kFlagEnd, 0);
+        cp_async_mbarrier_arrive(full(st));
+        mbarrier_arrive(full(st));
+        break;
+      }
+      const int item = p.order[slot];
+      const int h = item / p.num_tiles, t = item - h * p.num_tiles;
+      const int row0 = t * BM;
+      const int rows = min(BM, p.q_len - row0);
+      const int pos0 = p.q_begin + row0;
+      const int kvh = h / p.group;
+      const T* qh = q_all + h * p.q_head + static_cast<int64_t>(row0) * p.q_tok;
+      const T* kh = k_all + kvh * p.k_head;
+      const T* vh = v_all + kvh * p.v_head;
+
+      // Q into buffer n % 2, once the consumers are done with item n - 2's.
+      const int qb = n & 1;
+      mbarrier_wait(qempty(qb), ((n >> 1) & 1) ^ 1);
+      const uint32_t q_dst = sQ + qb * Cfg::kQBytes;
+#pragma unroll 2
+      for (int i_ = 0; i_ < BM * kChunks / Cfg::kProducerThreads; ++i_) {
+        const int i = ptid + i_ * Cfg::kProducerThreads;
+        const int row = i / kChunks, ch = i % kChunks;
+        const bool ok = row < rows;
+        const T* src = ok ? qh + static_cast<int64_t>(row) * p.q_tok + ch * 8 : q_all;
+        cp_async_16(q_dst + sw128_offset<BM>(row, ch), src, ok);
+      }
+      cp_async_mbarrier_arrive(qfull(qb));
+
+      KeyCursor<BN> cursor(p, item, pos0, rows);
+      KeyTile cur = cursor.next();
+      for (;;) {
+        const KeyTile nxt = cur.count > 0 ? cursor.next() : KeyTile{};
+        const int st = it % kStages;
+        mbarrier_wait(empty(st), ((it / kStages) & 1) ^ 1);
+        if (ptid == 0) {
+          sMeta[st] = make_int4(item, cur.count,
+                                (cur.masked ? Cfg::kFlagMasked : 0) | (nxt.count == 0 ? Cfg::kFlagLast : 0), 0);
+        }
+        if (cur.count > 0) {
+          const uint32_t dk = sK + st * Cfg::kKvBytes, dv = sV + st * Cfg::kKvBytes;
+#pragma unroll 2
+          for (int i_ = 0; i_ < BN * kChunks / Cfg::kProducerThreads; ++i_) {
+            const int i = ptid + i_ * Cfg::kProducerThreads;
+            const int row = i / kChunks, ch = i % kChunks;
+            int key = -1;
+            if (row < cur.count) key = cur.gathered ? p.columns[cur.first + row] : cur.first + row;
+            const bool ok = key >= 0;
+            const int64_t kr = ok ? key : 0;
+            const uint32_t off = sw128_offset<BN>(row, ch);
+            cp_async_16(dk + off, kh + kr * p.k_tok + ch * 8, ok);
+            cp_async_16(dv + off, vh + kr * p.v_tok + ch * 8, ok);
+            if (ch == 0) sKeys[st * BN + row] = ok ? key : kAbsentKey;
+          }
+        }
+        cp_async_mbarrier_arrive(full(st));
+        mbarrier_arrive(full(st));
+        ++it;
+        if (nxt.count == 0) break;
+        cur = nxt;
+      }
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+  } else {
+    // ---------------------------------------------------------------- consumers
+    setmaxnreg_inc<Cfg::kConsumerRegs>();
+    const int cw = warp / 4 - 1;  // rows [64 cw, 64 cw + 64) of the item
+    const int g = lane / 4, c4 = lane % 4;
+    auto release = [&](uint32_t b) {
+      __syncwarp();
+      if (lane == 0) mbarrier_arrive(b);
+    };
+    int it = 0;
+    for (int n = 0;; ++n) {
+      int st = it % kStages;
+      mbarrier_wait(full(st), (it / kStages) & 1);
+      int4 mt = sMeta[st];
+      if (mt.z & Cfg::kFlagEnd) break;
+      const int item = mt.x;
+      const int h = item / p.num_tiles, t = item - h * p.num_tiles;
+      const int row0 = t * BM;
+      const int pos0 = p.q_begin + row0;
+      const int qb = n & 1;
+      mbarrier_wait(qfull(qb), (n >> 1) & 1);
+      const uint32_t q_wg = sQ + qb * Cfg::kQBytes + cw * 64 * 128;
+
+      Consumer cs;
+      cs.start(pos0 + cw * 64 + (warp % 4) * 16 + g);
+      uint32_t pa[BN / 16][4];
+      int prev_st = -1;  // stage of the previous tile, whose P V is pending
+      for (;;) {
+        fence_proxy_async_shared();  // the producer's copies (generic proxy) before the wgmma reads
+        if (mt.y > 0) {
+          float s[BN / 2];
+          Consumer::template issue_qk<BM>(s, q_wg, sK + st * Cfg::kKvBytes);
+          if (prev_st >= 0) {
+            cs.issue_pv(pa, sV + prev_st * Cfg::kKvBytes, p.pv_lbo, p.pv_sbo);
+            wgmma_wait<1>();  // S done (committed first), P V may still run
+          } else {
+            wgmma_wait<0>();
+          }
+          fence_operands(s);
+          float alpha[2];
+          cs.softmax(s, (mt.z & Cfg::kFlagMasked) != 0, sKeys + st * BN, p.span, p.scale_log2, alpha);
+          wgmma_wait<0>();  // P V of the previous tile (nothing pending for the first)
+          fence_operands(cs.o);
+          Consumer::keep_live(pa);
+          if (prev_st >= 0) release(empty(prev_st));
+          cs.rescale(alpha);
+          Consumer::pack_p(s, pa);
+          prev_st = st;
+        } else {
+          release(empty(st));
+        }
+        ++it;
+        if (mt.z & Cfg::kFlagLast) break;
+        st = it % kStages;
+        mbarrier_wait(full(st), (it / kStages) & 1);
+        mt = sMeta[st];
+      }
+      if (prev_st >= 0) {
+        cs.issue_pv(pa, sV + prev_st * Cfg::kKvBytes, p.pv_lbo, p.pv_sbo);
+        wgmma_wait<0>();
+        fence_operands(cs.o);
+        Consumer::keep_live(pa);
+        release(empty(prev_st));
+      }
+      release(qempty(qb));  // every Q K^T of the item has completed
+      store_rows<T, D>(p, h, row0 + cw * 64 + (warp % 4) * 16, g, c4, cs.l, cs.m,
+                       [&](int i, int e) { return make_float2(cs.o[4 * i + 2 * e], cs.o[4 * i + 2 * e + 1]); });
+    }
+  }
+#endif
+}
+
+// Launches the warp-specialized kernel (instantiated in sparse_prefill_wgmma_{bf16,f16}.cu). Throws
+// tessera::Error when the device cannot run it.
+template <typename T, int kStages>
+void launch_sparse_prefill_wgmma_ws(const PrefillParams& p, cudaStream_t stream) {
+  using Cfg = WgmmaWsConfig<kStages>;
+  auto kernel = sparse_prefill_wgmma_ws_kernel<T, kStages>;
+  const DeviceInfo& dev = current_device_info();
+  if (static_cast<size_t>(dev.max_smem_per_block) < Cfg::kSmemBytes) {
+    throw Error("sparse prefill (wgmma, warp-specialized): needs " + std::to_string(Cfg::kSmemBytes) +
+                " bytes of shared memory per block, the device allows " +
+                std::to_string(dev.max_smem_per_block));
+  }
+  TESSERA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(Cfg::kSmemBytes)));
+  int per_sm = 0;
+  TESSERA_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Cfg::kThreads, Cfg::kSmemBytes));
+  if (per_sm < 1) throw Error("sparse prefill (wgmma, warp-specialized): kernel does not fit on a multiprocessor");
+  const int grid =
+      static_cast<int>(std::min<int64_t>(p.num_items, static_cast<int64_t>(per_sm) * dev.num_sms));
+  TESSERA_CUDA_CHECK(cudaMemsetAsync(p.counter, 0, sizeof(int32_t), stream));
+  if (grid == 0) return;
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  check_launch("sparse_prefill_wgmma_ws_kernel");
+}
+
+}  // namespace tessera::attn::gpu::detail

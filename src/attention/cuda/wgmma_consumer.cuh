@@ -1,0 +1,151 @@
+// tessera/attention/cuda/wgmma_consumer.cuh — one consumer warpgroup's share of a key tile in the Hopper
+// prefill kernels (device code, sm_90a): S = Q K^T on the tensor cores, the online-softmax step, O += P V.
+//
+// Shared by the two wgmma kernels: sparse_prefill_wgmma.cuh (all threads load and compute, one barrier per
+// key tile) and sparse_prefill_wgmma_ws.cuh (a producer warpgroup loads, two consumer warpgroups compute,
+// mbarriers between them). A warpgroup owns 64 query rows; per key tile of BN = 64 keys:
+//   issue_qk   S[64 x 64] = Q[64 x 128] K^T, 8 x wgmma m64n64k16 (Q and K from shared memory, K-major);
+//   softmax    mask (when the tile is masked), running max, P = 2^(S * scale_log2 - m) as one FFMA + EX2
+//              per score, row sums; alpha = the factor O must be multiplied by;
+//   rescale    O *= alpha, skipped when no row of the thread changed its max (alpha = 1 exactly);
+//   pack_p     P to 16-bit pairs: the A fragments of P V (the accumulator layout is mma.sync's C layout,
+//              which is the A layout of the next k-step: no shuffle);
+//   issue_pv   O[64 x 128] += P V, 4 x m64n128k16 (or 8 x m64n64k16, kSplitPv), V N-major (transposed).
+// Accumulator layout (wgmma_sm90.cuh): thread (warp w, g = lane / 4, c4 = lane % 4) holds rows 16w + g and
+// 16w + g + 8 of its warpgroup's 64, columns 8i + 2 c4 + {0, 1}.
+#pragma once
+
+#include <cstdint>
+
+#include "attention/cuda/mma_sm80.cuh"
+#include "attention/cuda/prefill_cursor.h"
+#include "attention/cuda/wgmma_sm90.cuh"
+
+namespace tessera::attn::gpu::detail {
+
+template <typename T, bool kSplitPv>
+struct WgmmaConsumer {
+  static constexpr int D = 128;
+  static constexpr int BN = 64;
+  using Mma = MmaTraits<T>;
+  using Wg = Wgmma<T>;
+
+  float o[D / 2];  // 64 x 128 per warpgroup: 16 column blocks of 8, 4 values each
+  float m[2];      // running max of rows g and g + 8, in scaled (log2) units
+  float l[2];      // running sums (this thread's columns only; the 4 lanes of a row are summed at the end)
+  int pos_row[2];  // absolute positions of rows g and g + 8
+
+  __device__ __forceinline__ void start(int pos_first_row_of_thread) {
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+    const float neg_inf = -__int_as_float(0x7f800000);
+    m[0] = m[1] = neg_inf;
+    l[0] = l[1] = 0.0f;
+    pos_row[0] = pos_first_row_of_thread;
+    pos_row[1] = pos_first_row_of_thread + 8;
+  }
+
+  // S = Q K^T for this warpgroup's rows: q_wg is the shared address of its first Q row (in a [BM][128] tile
+  // of `q_rows` rows), k_stage the K tile's. Issued and committed, not waited for.
+  template <int kQRows>
+  __device__ __forceinline__ static void issue_qk(float (&sc)[BN / 2], uint32_t q_wg, uint32_t k_stage) {
+    fence_operands(sc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t a = q_wg + (kk / 4) * (kQRows * 128) + (kk % 4) * 32;
+      const uint32_t b = k_stage + (kk / 4) * (BN * 128) + (kk % 4) * 32;
+      Wg::ss_m64n64(sc, sw128_desc(a, 16, 1024), sw128_desc(b, 16, 1024), kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+  }
+
+  // O += P V, P of key block kk (16 keys) in pa[kk]; issued and committed, not waited for.
+  __device__ __forceinline__ void issue_pv(const uint32_t (&pa)[BN / 16][4], uint32_t v_stage, uint32_t lbo,
+                                           uint32_t sbo) {
+    fence_operands(o);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      const uint32_t b = v_stage + kk * 16 * 128;
+      if constexpr (kSplitPv) {
+        Wg::template rs_m64n64_tb<0>(o, pa[kk], sw128_desc(b, sbo, sbo));
+        Wg::template rs_m64n64_tb<D / 4>(o, pa[kk], sw128_desc(b + BN * 128, sbo, sbo));
+      } else {
+        Wg::rs_m64n128_tb(o, pa[kk], sw128_desc(b, lbo, sbo));
+      }
+    }
+    wgmma_commit();
+  }
+
+  // Mask (keys: the tile's key positions, kAbsentKey for absent rows), running max and sums; sc becomes P
+  // relative to the new max; alpha[e] is the factor for O's row e.
+  __device__ __forceinline__ void softmax(float (&sc)[BN / 2], bool masked, const int* keys, uint32_t span,
+                                          float scale_log2, float (&alpha)[2]) {
+    const float neg_inf = -__int_as_float(0x7f800000);
+    if (masked) {
+#pragma unroll
+      for (int i = 0; i < BN / 8; ++i) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int key = keys[i * 8 + 2 * (threadIdx.x % 4) + j];
+          if (!key_visible(pos_row[0], key, span)) sc[4 * i + j] = neg_inf;
+          if (!key_visible(pos_row[1], key, span)) sc[4 * i + 2 + j] = neg_inf;
+        }
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float mx = neg_inf;
+#pragma unroll
+      for (int i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(sc[4 * i + 2 * e], sc[4 * i + 2 * e + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      // The raw max times the (positive) scale is the scaled max.
+      const float m_new = fmaxf(m[e], mx * scale_log2);
+      const float m_use = m_new == neg_inf ? 0.0f : m_new;  // a row with nothing visible yet stays at zero
+      alpha[e] = fast_exp2(m[e] - m_use);
+      float sum = 0.0f;
+#pragma unroll
+      for (int i = 0; i < BN / 8; ++i) {
+        sc[4 * i + 2 * e] = fast_exp2(fmaf(sc[4 * i + 2 * e], scale_log2, -m_use));
+        sc[4 * i + 2 * e + 1] = fast_exp2(fmaf(sc[4 * i + 2 * e + 1], scale_log2, -m_use));
+        sum += sc[4 * i + 2 * e] + sc[4 * i + 2 * e + 1];
+      }
+      l[e] = l[e] * alpha[e] + sum;
+      m[e] = m_new;
+    }
+  }
+
+  __device__ __forceinline__ void rescale(const float (&alpha)[2]) {
+    if (alpha[0] == 1.0f && alpha[1] == 1.0f) return;  // the common case once the maxima settle
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      o[4 * i] *= alpha[0];
+      o[4 * i + 1] *= alpha[0];
+      o[4 * i + 2] *= alpha[1];
+      o[4 * i + 3] *= alpha[1];
+    }
+  }
+
+  __device__ __forceinline__ static void pack_p(const float (&sc)[BN / 2], uint32_t (&pa)[BN / 16][4]) {
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      pa[kk][0] = Mma::pack(sc[8 * kk + 0], sc[8 * kk + 1]);
+      pa[kk][1] = Mma::pack(sc[8 * kk + 2], sc[8 * kk + 3]);
+      pa[kk][2] = Mma::pack(sc[8 * kk + 4], sc[8 * kk + 5]);
+      pa[kk][3] = Mma::pack(sc[8 * kk + 6], sc[8 * kk + 7]);
+    }
+  }
+
+  // Keeps the P fragments alive (and in place) until the P V that reads them was waited for.
+  __device__ __forceinline__ static void keep_live(uint32_t (&pa)[BN / 16][4]) {
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(pa[kk][j])::"memory");
+    }
+  }
+};
+
+}  // namespace tessera::attn::gpu::detail
