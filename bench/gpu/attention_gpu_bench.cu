@@ -18,7 +18,20 @@
 // 0.95, noise 0.31): q_t . k_s then falls off steadily with log |t - s| (each RoPE frequency stops
 // contributing once (t - s) theta_f passes ~1), so the VS estimator's best slashes are the offsets nearest
 // the diagonal and its columns the sink and the most recent keys — the local/sink structure real models give
-// (the default rope inputs scatter the 6096 slashes, which makes VS near dense at 32K).
+// (the default rope inputs scatter the 6096 slashes, which makes VS near dense at 32K). Measured on the H200,
+// local still gave VS density 0.76 at 32K and 0.36 at 128K: a random shared direction puts most of its energy on
+// short-wavelength RoPE pairs, whose cos((t - s) theta) keeps oscillating at every distance, so the "best"
+// diagonals still scatter far from the diagonal.
+// --inputs model (bench/gpu/model_inputs.h, which explains it in full): the shared direction's energy sits only on
+// the RoPE pairs (Llama-3.1's frequencies) whose wavelength is 4K-262K tokens (runtime_cuda/
+// local_attention_spectrum.h), so that the shared part of q_t . k_s is a function of t - s that falls steadily with
+// distance (32 logits at distance 0, 0.74 of that at 6096, 0.44 at 16K), plus a sink (the first 4 keys, +16
+// logits on pairs that hardly rotate), per-head sharpness (x 0.8-1.2) and noise (about 1.2 logits per cell): the VS
+// estimator's best slashes are then (nearly) the 6096 offsets nearest the diagonal, its columns the sink and the
+// most recent keys, as on real models. The CPU twin (tests/model_inputs_test.cpp: same values, CPU estimator and
+// lowering, 128-row tiles) measured VS density 0.356 at 32K (the nearest 6096 diagonals give 0.342: ratio 1.04) and
+// 0.0968 / 0.0932 at 128K for two heads (nearest 0.0922: ratio 1.01-1.05), max chosen offset 6161-6873; BS (top
+// 100) 0.353 at 32K, 0.095 at 128K.
 // Kernels (sparse_prefill.h): the kernel column is what PrefillKernel::kAuto ran (wgmma on Hopper when its
 // self-check passed, else mma.sync); with --kernel both (default) the mma.sync kernel is timed as well
 // ("mma ms") and both outputs are compared ("rel diff" = ||auto - mma|| / ||mma||).
@@ -30,7 +43,7 @@
 // ("fallback" lines).
 //
 //   attention_gpu_bench [--seq 8192,32768,131072] [--patterns dense,vs,bs,ashape,triangle] [--reps 5]
-//                       [--warmup 1] [--inputs rope|random|local] [--kernel both|auto|mma|wgmma]
+//                       [--warmup 1] [--inputs rope|random|local|model] [--kernel both|auto|mma|wgmma]
 //                       [--variants on|off] [--dense-backend auto|ours|cudnn] [--fallback on|off] [--csv FILE]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -53,6 +66,7 @@
 #include "attention/cuda/sparse_prefill.h"
 #include "attention/cuda/work_plan.h"
 #include "attention/index/sparse_index.h"
+#include "model_inputs.h"
 
 namespace {
 
@@ -62,19 +76,8 @@ namespace gpu = tessera::attn::gpu;
 
 constexpr int kHq = 32, kHkv = 8, kD = 128, kTile = 128;
 
-__device__ uint64_t splitmix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-__device__ float normal_at(uint64_t seed, uint64_t i) {
-  const uint64_t h = splitmix(seed * 0x100000001b3ull + i);
-  const float u1 = (static_cast<float>(h >> 40) + 1.0f) * (1.0f / 16777217.0f);
-  const float u2 = static_cast<float>((h >> 16) & 0xffffff) * (1.0f / 16777216.0f);
-  return sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
-}
+// normal_at: N(0, 1) from a hash of (seed, index), shared with the model inputs' CPU twin (model_inputs.h).
+using tessera::bench::normal_at;
 
 __global__ void fill_normal(__nv_bfloat16* x, int64_t n, uint64_t seed) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
@@ -107,6 +110,25 @@ __global__ void fill_rope(__nv_bfloat16* x, int seq, int heads, int d, int group
     const float c = static_cast<float>(cos(theta)), s = static_cast<float>(sin(theta));
     x[2 * i] = __float2bfloat16(v0 * c - v1 * s);
     x[2 * i + 1] = __float2bfloat16(v0 * s + v1 * c);
+  }
+}
+
+// --inputs model (model_inputs.h): x [seq, heads, d], every RoPE pair of every (token, head) from
+// model_input_pair, the same function the CPU check (tests/model_inputs_test.cpp) calls.
+__global__ void fill_model(__nv_bfloat16* x, int seq, int heads, int group, bool key, tessera::bench::ModelInputs m,
+                           uint64_t seed) {
+  const int half = m.half;
+  const int64_t pairs = int64_t{seq} * heads * half;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < pairs;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int f = static_cast<int>(i % half);
+    const int h = static_cast<int>((i / half) % heads);
+    const int64_t t = i / (int64_t{half} * heads);
+    float v[2];
+    tessera::bench::model_input_pair(m, key, t, heads, h, h / group, f, seed, v);
+    __nv_bfloat16* row = x + (t * heads + h) * (2 * half);
+    row[f] = __float2bfloat16(v[0]);
+    row[f + half] = __float2bfloat16(v[1]);
   }
 }
 
@@ -181,8 +203,8 @@ Options parse(int argc, char** argv) {
       o.warmup = std::max(0, std::stoi(value()));
     } else if (a == "--inputs") {
       o.inputs = value();
-      if (o.inputs != "rope" && o.inputs != "random" && o.inputs != "local")
-        throw Error("--inputs must be rope, random or local");
+      if (o.inputs != "rope" && o.inputs != "random" && o.inputs != "local" && o.inputs != "model")
+        throw Error("--inputs must be rope, random, local or model");
     } else if (a == "--kernel") {
       o.kernel = value();
       if (o.kernel != "both" && o.kernel != "auto" && o.kernel != "mma" && o.kernel != "wgmma")
@@ -273,7 +295,11 @@ int main(int argc, char** argv) {
       const int64_t nq = int64_t{seq} * kHq * kD, nkv = int64_t{seq} * kHkv * kD;
       gpu::DeviceBuffer<__nv_bfloat16> q(static_cast<size_t>(nq)), k(static_cast<size_t>(nkv)),
           v(static_cast<size_t>(nkv)), out(static_cast<size_t>(nq)), out_mma(static_cast<size_t>(nq));
-      if (opt.inputs == "local") {
+      if (opt.inputs == "model") {
+        const tessera::bench::ModelInputs m = tessera::bench::make_model_inputs(kD);
+        fill_model<<<1024, 256, 0, stream>>>(q.data(), seq, kHq, kHq / kHkv, false, m, 1);
+        fill_model<<<1024, 256, 0, stream>>>(k.data(), seq, kHkv, 1, true, m, 2);
+      } else if (opt.inputs == "local") {
         fill_rope<<<1024, 256, 0, stream>>>(q.data(), seq, kHq, kD, kHq / kHkv, 1, 0.95f, 0.31f, 0.0f);
         fill_rope<<<1024, 256, 0, stream>>>(k.data(), seq, kHkv, kD, 1, 2, 0.95f, 0.31f, 3.0f);
       } else if (opt.inputs == "rope") {

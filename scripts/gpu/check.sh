@@ -32,15 +32,18 @@
 #              engine's path (dense rows on cuDNN where it is faster, sparse rows with the dense fallback), the
 #              kAuto kernel and the mma.sync kernel timed and compared; "dense backends" lines: ours vs cuDNN
 #   bench_short the same at 1K, 2K, 4K (dense, vs): where cuDNN and the dense fallback start to pay
-#   bench_local the same with --inputs local (local/sink attention) at 32K and 128K, dense/vs/bs
+#   bench_model the same with --inputs model (bench/gpu/model_inputs.h: scores that fall with distance plus a sink,
+#              as in real models; the CPU twin picks the nearest diagonals: VS density 0.36 at 32K, 0.097 at 128K)
+#              at 32K and 128K, dense/vs/bs: the VS and BS costs at a realistic index density
+#   bench_local the same with --inputs local (the older local/sink inputs) at 128K, dense/vs/bs
 #   sdpa       bench/gpu/sdpa_reference.py (torch SDPA cuDNN / flash / efficient; CSV in $OUT/sdpa.csv)
 #   racecheck  compute-sanitizer racecheck on three tiny cases (last: it gets what is left of the budget), then
 #              on one tiny case through the wgmma kernel (sanitizer_racecheck_wgmma)
 #   summary    one line per step (status, seconds), the tail of each failure, the two result tables
-# Run order after the build: test, bench, bench_short, racecheck_topk, memcheck, bench_local, sdpa, racecheck,
+# Run order after the build: test, bench, bench_short, bench_model, racecheck_topk, memcheck, bench_local, sdpa, racecheck,
 # racecheck_wgmma (the later ones get what is left of the budget; a second call on the same machine reuses the
 # build: e.g. SKIP_TEST=1 SKIP_BENCH=1 for the sanitizers alone).
-# Environment: OUT, JOBS (default 16), CHECK_BUDGET_S, BENCH_ARGS (e.g. "--seq 8192,32768 --reps 3"), BENCH_LOCAL_ARGS,
+# Environment: OUT, JOBS (default 16), CHECK_BUDGET_S, BENCH_ARGS (e.g. "--seq 8192,32768 --reps 3"), BENCH_MODEL_ARGS, BENCH_LOCAL_ARGS,
 # BENCH_SHORT_ARGS, SDPA_ARGS, SKIP_TEST=1, SKIP_SANITIZER=1, SKIP_BENCH=1, SKIP_SDPA=1, CHECK_STANDALONE=1 (skip
 # the preset build).
 set -u
@@ -295,6 +298,11 @@ if [ "$built" = yes ]; then
     # shellcheck disable=SC2086
     run_step bench_short 40 "$BENCH_BIN" --seq 1024,2048,4096 --patterns dense,vs,bs --variants off --kernel auto \
       ${BENCH_SHORT_ARGS:-} --csv "$OUT/bench_short.csv"
+    # Model-like inputs (VS picks the diagonals nearest the diagonal, as on real models): VS and BS at a realistic
+    # density. 3 reps: about 30 s.
+    # shellcheck disable=SC2086
+    run_step bench_model 75 "$BENCH_BIN" --inputs model --seq 32768,131072 --patterns dense,vs,bs --variants off \
+      --reps 3 ${BENCH_MODEL_ARGS:-} --csv "$OUT/bench_model.csv"
   fi
   if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
     # The block top-k of the VS/BS estimators alone, every hazard reported: any hazard fails the step.
@@ -305,7 +313,7 @@ if [ "$built" = yes ]; then
   if [ "${SKIP_BENCH:-0}" != 1 ]; then
     # Local/sink-structured inputs (VS slashes near the diagonal, as real models give).
     # shellcheck disable=SC2086
-    run_step bench_local 75 "$BENCH_BIN" --inputs local --seq 32768,131072 --patterns dense,vs,bs --variants off \
+    run_step bench_local 45 "$BENCH_BIN" --inputs local --seq 131072 --patterns dense,vs,bs --variants off --reps 3 \
       ${BENCH_LOCAL_ARGS:-} --csv "$OUT/bench_local.csv"
   fi
 fi
@@ -364,6 +372,7 @@ set +x
     [ -s "$OUT/$s.log" ] && { echo "--- $s:"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race|hazard|PASSED|FAILED" "$OUT/$s.log" | head -15; }
   done
   [ -s "$OUT/bench.log" ] && { echo "--- bench:"; grep -E "^\||device|shape|cuDNN|rror|self-check|^wgmma|variant seq|index seq|dense backends|fallback seq" "$OUT/bench.log"; }
+  [ -s "$OUT/bench_model.log" ] && { echo "--- bench, model inputs:"; grep -E "^\||shape|rror|index seq|dense backends|fallback seq" "$OUT/bench_model.log"; }
   [ -s "$OUT/bench_local.log" ] && { echo "--- bench, local inputs:"; grep -E "^\||shape|rror|self-check|index seq|dense backends|fallback seq" "$OUT/bench_local.log"; }
   [ -s "$OUT/bench_short.log" ] && { echo "--- bench, short prompts:"; grep -E "^\||rror|dense backends|fallback seq" "$OUT/bench_short.log"; }
   [ -s "$OUT/sdpa.log" ] && { echo "--- sdpa:"; grep -E "^\||device|unavailable|rror" "$OUT/sdpa.log"; }
