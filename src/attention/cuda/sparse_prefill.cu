@@ -45,11 +45,12 @@ TESSERA_DECLARE_WGMMA(__nv_bfloat16)
 TESSERA_DECLARE_WGMMA(__half)
 #undef TESSERA_DECLARE_WGMMA
 // Instantiated in sparse_prefill_wgmma_ws_{bf16,f16}.cu.
-template <typename T, int kStages>
+template <typename T, int kStages, bool kQRegs>
 void launch_sparse_prefill_wgmma_ws(const PrefillParams& p, cudaStream_t stream);
-#define TESSERA_DECLARE_WGMMA_WS(T)                                                                 \
-  extern template void launch_sparse_prefill_wgmma_ws<T, 4>(const PrefillParams&, cudaStream_t); \
-  extern template void launch_sparse_prefill_wgmma_ws<T, 5>(const PrefillParams&, cudaStream_t);
+#define TESSERA_DECLARE_WGMMA_WS(T)                                                                       \
+  extern template void launch_sparse_prefill_wgmma_ws<T, 4, true>(const PrefillParams&, cudaStream_t);  \
+  extern template void launch_sparse_prefill_wgmma_ws<T, 5, true>(const PrefillParams&, cudaStream_t);  \
+  extern template void launch_sparse_prefill_wgmma_ws<T, 4, false>(const PrefillParams&, cudaStream_t);
 TESSERA_DECLARE_WGMMA_WS(__nv_bfloat16)
 TESSERA_DECLARE_WGMMA_WS(__half)
 #undef TESSERA_DECLARE_WGMMA_WS
@@ -197,26 +198,30 @@ void check_call(const AttentionArgs& args, const DeviceSparseIndex& index, const
 // K-direction stride matters (given as both: robust to reading the two fields the other way round).
 struct WgmmaVariant {
   int ws_stages;  // > 0: the warp-specialized kernel with this many K/V stages (always overlapped, m64n128)
+  bool q_regs;    // warp-specialized: Q in registers (S = Q K^T with a register A operand)
   bool overlap;
   bool split_pv;
   uint32_t lbo, sbo;
   const char* name;
 };
 constexpr WgmmaVariant kWgmmaVariants[] = {
-    {4, true, false, 8192, 1024, "warp-specialized, 4 stages"},
-    {5, true, false, 8192, 1024, "warp-specialized, 5 stages"},
-    {0, true, false, 8192, 1024, "overlapped S/PV, m64n128 PV"},
-    {0, true, true, 1024, 1024, "overlapped S/PV, 2 x m64n64 PV"},
-    {0, false, false, 8192, 1024, "serial S/PV, m64n128 PV"},
-    {0, false, true, 1024, 1024, "serial S/PV, 2 x m64n64 PV"},
+    {4, true, true, false, 8192, 1024, "warp-specialized, Q in registers, 4 stages"},
+    {5, true, true, false, 8192, 1024, "warp-specialized, Q in registers, 5 stages"},
+    {4, false, true, false, 8192, 1024, "warp-specialized, Q in shared memory, 4 stages"},
+    {0, false, true, false, 8192, 1024, "overlapped S/PV, m64n128 PV"},
+    {0, false, true, true, 1024, 1024, "overlapped S/PV, 2 x m64n64 PV"},
+    {0, false, false, false, 8192, 1024, "serial S/PV, m64n128 PV"},
+    {0, false, false, true, 1024, 1024, "serial S/PV, 2 x m64n64 PV"},
 };
 
 template <typename T>
 void launch_wgmma_t(const WgmmaVariant& v, const detail::PrefillParams& p, cudaStream_t stream) {
-  if (v.ws_stages == 4) {
-    detail::launch_sparse_prefill_wgmma_ws<T, 4>(p, stream);
-  } else if (v.ws_stages == 5) {
-    detail::launch_sparse_prefill_wgmma_ws<T, 5>(p, stream);
+  if (v.ws_stages == 4 && v.q_regs) {
+    detail::launch_sparse_prefill_wgmma_ws<T, 4, true>(p, stream);
+  } else if (v.ws_stages == 5 && v.q_regs) {
+    detail::launch_sparse_prefill_wgmma_ws<T, 5, true>(p, stream);
+  } else if (v.ws_stages == 4) {
+    detail::launch_sparse_prefill_wgmma_ws<T, 4, false>(p, stream);
   } else if (v.overlap) {
     if (v.split_pv) {
       detail::launch_sparse_prefill_wgmma<T, true, true>(p, stream);

@@ -3,13 +3,16 @@
 //
 // Same contract, item cursor, scores and epilogue as sparse_prefill_wgmma.cuh (bf16/f16, head_dim 128, query
 // tile 128, key tiles of 64); the difference is who does what and how they synchronise:
-//  - warpgroup 0 (the producer, 128 threads, registers lowered to 40) takes items from the plan's counter,
+//  - warpgroup 0 (the producer, 128 threads, registers lowered to 56) takes items from the plan's counter,
 //    walks each item's key tiles with the shared KeyCursor and copies Q and every K/V tile into shared memory
 //    with cp.async (ranges and gathered columns alike: 16-byte chunks into the 128-byte-swizzled layout),
 //    writing the tile's key positions and a small descriptor (item, key count, masked / last flags) beside it;
-//  - warpgroups 1 and 2 (the consumers, registers raised to 232) own query rows [0, 64) and [64, 128) of the
+//  - warpgroups 1 and 2 (the consumers, registers raised to 224) own query rows [0, 64) and [64, 128) of the
 //    item and run S = Q K^T, the online softmax and P V (WgmmaConsumer), S of tile j overlapped with P V of
-//    tile j - 1 as in the overlapped variant of the other kernel;
+//    tile j - 1 as in the overlapped variant of the other kernel; with kQRegs, Q is read into registers once
+//    per item (32 per thread) and S is computed with Q as the register operand: the m64n64 shared-memory form
+//    reads 4 KB of operands per 32 cycles of tensor work, which with the K/V copies landing in shared memory
+//    saturates its bandwidth (first H200 run: 364-392 TFLOP/s with Q in shared memory);
 //  - between them, mbarriers instead of __syncthreads: full[s] completes when the producer's copies into stage
 //    s have landed (cp.async.mbarrier.arrive, one per producer thread) and its descriptor is written (one
 //    ordinary arrive per producer thread, release semantics); empty[s] when both consumer warpgroups are done
@@ -45,8 +48,8 @@ struct WgmmaWsConfig {
   static constexpr int kStages = kStagesT;
   static constexpr int kProducerThreads = 128;
   static constexpr int kThreads = 384;
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;  // 128 x 40 + 256 x 232 = 64512 <= 65536
+  static constexpr int kProducerRegs = 56;
+  static constexpr int kConsumerRegs = 224;  // 128 x 56 + 256 x 224 = 64512 <= 65536
   static constexpr int kChunks = D / 8;
   static constexpr uint32_t kQBytes = BM * D * 2;   // 32 KB, two buffers
   static constexpr uint32_t kKvBytes = BN * D * 2;  // 16 KB per K (or V) stage
@@ -58,10 +61,10 @@ struct WgmmaWsConfig {
   static constexpr uint32_t kSlotOffset = kBarOffset + (2 * kStages + 4) * 8;  // int[2]
   static constexpr size_t kSmemBytes = 1024 + kSlotOffset + 8;  // + alignment slack
   static constexpr int kFlagMasked = 1, kFlagLast = 2, kFlagEnd = 4;
-  static_assert((BN * kChunks) % kProducerThreads == 0 && (BM * kChunks) % kProducerThreads == 0);
+  static_assert(kProducerThreads == 8 * kChunks, "producer thread (r0, ch): rows r0 + 8 i, 16-byte chunk ch");
 };
 
-template <typename T, int kStages>
+template <typename T, int kStages, bool kQRegs>
 __global__ void __launch_bounds__(384, 1) sparse_prefill_wgmma_ws_kernel(const PrefillParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Cfg = WgmmaWsConfig<kStages>;
@@ -101,6 +104,10 @@ __global__ void __launch_bounds__(384, 1) sparse_prefill_wgmma_ws_kernel(const P
     // ---------------------------------------------------------------- producer
     setmaxnreg_dec<Cfg::kProducerRegs>();
     const int ptid = tid;
+    // This thread's part of every copy: 16-byte chunk p_ch of rows p_r0 + 8 i (the swizzle of wgmma_sm90.cuh
+    // depends on the row only through row % 8, so rows p_r0 + 8 i sit at p_off + 1024 i).
+    const int p_ch = ptid % kChunks, p_r0 = ptid / kChunks;
+    const uint32_t p_off = sw128_offset<BN>(p_r0, p_ch);
     const T* q_all = static_cast<const T*>(p.q);
     const T* k_all = static_cast<const T*>(p.k);
     const T* v_all = static_cast<const T*>(p.v);
@@ -130,14 +137,16 @@ __global__ void __launch_bounds__(384, 1) sparse_prefill_wgmma_ws_kernel(const P
       // Q into buffer n % 2, once the consumers are done with item n - 2's.
       const int qb = n & 1;
       mbarrier_wait(qempty(qb), ((n >> 1) & 1) ^ 1);
-      const uint32_t q_dst = sQ + qb * Cfg::kQBytes;
-#pragma unroll 2
-      for (int i_ = 0; i_ < BM * kChunks / Cfg::kProducerThreads; ++i_) {
-        const int i = ptid + i_ * Cfg::kProducerThreads;
-        const int row = i / kChunks, ch = i % kChunks;
-        const bool ok = row < rows;
-        const T* src = ok ? qh + static_cast<int64_t>(row) * p.q_tok + ch * 8 : q_all;
-        cp_async_16(q_dst + sw128_offset<BM>(row, ch), src, ok);
+      const uint32_t q_dst = sQ + qb * Cfg::kQBytes + sw128_offset<BM>(p_r0, p_ch);
+      {
+        const T* qs = qh + static_cast<int64_t>(p_r0) * p.q_tok + p_ch * 8;
+        const int64_t step_q = 8 * p.q_tok;
+#pragma unroll
+        for (int i = 0; i < BM / 8; ++i) {
+          const bool ok = p_r0 + 8 * i < rows;
+          cp_async_16(q_dst + 1024u * i, ok ? qs : q_all, ok);
+          qs += step_q;
+        }
       }
       cp_async_mbarrier_arrive(qfull(qb));
 
@@ -152,19 +161,40 @@ __global__ void __launch_bounds__(384, 1) sparse_prefill_wgmma_ws_kernel(const P
                                 (cur.masked ? Cfg::kFlagMasked : 0) | (nxt.count == 0 ? Cfg::kFlagLast : 0), 0);
         }
         if (cur.count > 0) {
-          const uint32_t dk = sK + st * Cfg::kKvBytes, dv = sV + st * Cfg::kKvBytes;
-#pragma unroll 2
-          for (int i_ = 0; i_ < BN * kChunks / Cfg::kProducerThreads; ++i_) {
-            const int i = ptid + i_ * Cfg::kProducerThreads;
-            const int row = i / kChunks, ch = i % kChunks;
-            int key = -1;
-            if (row < cur.count) key = cur.gathered ? p.columns[cur.first + row] : cur.first + row;
-            const bool ok = key >= 0;
-            const int64_t kr = ok ? key : 0;
-            const uint32_t off = sw128_offset<BN>(row, ch);
-            cp_async_16(dk + off, kh + kr * p.k_tok + ch * 8, ok);
-            cp_async_16(dv + off, vh + kr * p.v_tok + ch * 8, ok);
-            if (ch == 0) sKeys[st * BN + row] = ok ? key : kAbsentKey;
+          // Thread (r0, ch) copies 16-byte chunk ch of rows r0, r0 + 8, ...: its swizzled offset only moves by
+          // 1024 bytes per 8 rows and a range's source pointer by 8 rows' stride, so a copy costs a compare,
+          // two cp.async and a pointer add (the first version recomputed both per chunk: the producer could
+          // not keep up with the consumers, which spun on `full` ~34 times per tile).
+          const uint32_t dk = sK + st * Cfg::kKvBytes + p_off, dv = sV + st * Cfg::kKvBytes + p_off;
+          if (!cur.gathered) {
+            const int64_t step_k = 8 * p.k_tok, step_v = 8 * p.v_tok;
+            const T* ks = kh + static_cast<int64_t>(cur.first + p_r0) * p.k_tok + p_ch * 8;
+            const T* vs = vh + static_cast<int64_t>(cur.first + p_r0) * p.v_tok + p_ch * 8;
+#pragma unroll
+            for (int i = 0; i < BN / 8; ++i) {
+              const bool ok = p_r0 + 8 * i < cur.count;
+              cp_async_16(dk + 1024u * i, ok ? ks : kh, ok);
+              cp_async_16(dv + 1024u * i, ok ? vs : vh, ok);
+              ks += step_k;
+              vs += step_v;
+            }
+            if (p_ch == 0) {
+#pragma unroll
+              for (int i = 0; i < BN / 8; ++i) {
+                const int row = p_r0 + 8 * i;
+                sKeys[st * BN + row] = row < cur.count ? cur.first + row : kAbsentKey;
+              }
+            }
+          } else {
+#pragma unroll
+            for (int i = 0; i < BN / 8; ++i) {
+              const int row = p_r0 + 8 * i;
+              const int key = row < cur.count ? p.columns[cur.first + row] : -1;
+              const bool ok = key >= 0;
+              cp_async_16(dk + 1024u * i, kh + static_cast<int64_t>(ok ? key : 0) * p.k_tok + p_ch * 8, ok);
+              cp_async_16(dv + 1024u * i, vh + static_cast<int64_t>(ok ? key : 0) * p.v_tok + p_ch * 8, ok);
+              if (p_ch == 0) sKeys[st * BN + row] = ok ? key : kAbsentKey;
+            }
           }
         }
         cp_async_mbarrier_arrive(full(st));
@@ -197,6 +227,11 @@ __global__ void __launch_bounds__(384, 1) sparse_prefill_wgmma_ws_kernel(const P
       const int qb = n & 1;
       mbarrier_wait(qfull(qb), (n >> 1) & 1);
       const uint32_t q_wg = sQ + qb * Cfg::kQBytes + cw * 64 * 128;
+      uint32_t qf[kQRegs ? D / 16 : 1][4];
+      if constexpr (kQRegs) {
+        Consumer::template load_q<BM>(qf, sQ + qb * Cfg::kQBytes, cw * 64 + (warp % 4) * 16);
+        release(qempty(qb));  // Q is in registers: the producer may load the item after next's
+      }
 
       Consumer cs;
       cs.start(pos0 + cw * 64 + (warp % 4) * 16 + g);
@@ -206,7 +241,11 @@ __global__ void __launch_bounds__(384, 1) sparse_prefill_wgmma_ws_kernel(const P
         fence_proxy_async_shared();  // the producer's copies (generic proxy) before the wgmma reads
         if (mt.y > 0) {
           float s[BN / 2];
-          Consumer::template issue_qk<BM>(s, q_wg, sK + st * Cfg::kKvBytes);
+          if constexpr (kQRegs) {
+            Consumer::issue_qk_rs(s, qf, sK + st * Cfg::kKvBytes);
+          } else {
+            Consumer::template issue_qk<BM>(s, q_wg, sK + st * Cfg::kKvBytes);
+          }
           if (prev_st >= 0) {
             cs.issue_pv(pa, sV + prev_st * Cfg::kKvBytes, p.pv_lbo, p.pv_sbo);
             wgmma_wait<1>();  // S done (committed first), P V may still run
@@ -239,7 +278,7 @@ __global__ void __launch_bounds__(384, 1) sparse_prefill_wgmma_ws_kernel(const P
         Consumer::keep_live(pa);
         release(empty(prev_st));
       }
-      release(qempty(qb));  // every Q K^T of the item has completed
+      if constexpr (!kQRegs) release(qempty(qb));  // every Q K^T of the item has completed
       store_rows<T, D>(p, h, row0 + cw * 64 + (warp % 4) * 16, g, c4, cs.l, cs.m,
                        [&](int i, int e) { return make_float2(cs.o[4 * i + 2 * e], cs.o[4 * i + 2 * e + 1]); });
     }
@@ -249,10 +288,10 @@ __global__ void __launch_bounds__(384, 1) sparse_prefill_wgmma_ws_kernel(const P
 
 // Launches the warp-specialized kernel (instantiated in sparse_prefill_wgmma_{bf16,f16}.cu). Throws
 // tessera::Error when the device cannot run it.
-template <typename T, int kStages>
+template <typename T, int kStages, bool kQRegs>
 void launch_sparse_prefill_wgmma_ws(const PrefillParams& p, cudaStream_t stream) {
   using Cfg = WgmmaWsConfig<kStages>;
-  auto kernel = sparse_prefill_wgmma_ws_kernel<T, kStages>;
+  auto kernel = sparse_prefill_wgmma_ws_kernel<T, kStages, kQRegs>;
   const DeviceInfo& dev = current_device_info();
   if (static_cast<size_t>(dev.max_smem_per_block) < Cfg::kSmemBytes) {
     throw Error("sparse prefill (wgmma, warp-specialized): needs " + std::to_string(Cfg::kSmemBytes) +

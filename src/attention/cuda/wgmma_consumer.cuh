@@ -60,6 +60,30 @@ struct WgmmaConsumer {
     wgmma_commit();
   }
 
+  // Q's A fragments for this warp's 16 rows, all 8 k-steps of 16 (32 registers), read once per item with
+  // ldmatrix from the [kQRows][128] swizzled tile at q_tile; row16 = the warp's first row in the tile.
+  template <int kQRows>
+  __device__ __forceinline__ static void load_q(uint32_t (&qf)[D / 16][4], uint32_t q_tile, int row16) {
+    const int lane = threadIdx.x % 32;
+    const int row = row16 + (lane % 16);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qf[kk], q_tile + sw128_offset<kQRows>(row, 2 * kk + lane / 16));
+  }
+  // S = Q K^T with Q from registers (load_q): K is the only shared-memory operand, so the tensor cores read
+  // 2 KB per k-step instead of 4 (the shared-memory bandwidth bound of the m64n64 "ss" form). Issued and
+  // committed, not waited for.
+  __device__ __forceinline__ static void issue_qk_rs(float (&sc)[BN / 2], const uint32_t (&qf)[D / 16][4],
+                                                     uint32_t k_stage) {
+    fence_operands(sc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t b = k_stage + (kk / 4) * (BN * 128) + (kk % 4) * 32;
+      Wg::rs_m64n64(sc, qf[kk], sw128_desc(b, 16, 1024), kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+  }
+
   // O += P V, P of key block kk (16 keys) in pa[kk]; issued and committed, not waited for.
   __device__ __forceinline__ void issue_pv(const uint32_t (&pa)[BN / 16][4], uint32_t v_stage, uint32_t lbo,
                                            uint32_t sbo) {

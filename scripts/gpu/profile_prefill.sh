@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# scripts/gpu/profile_prefill.sh — Nsight Compute profile of the sparse prefill kernel on a GPU machine.
+#
+#   bash scripts/gpu/profile_prefill.sh     (carry build/gpu-deps; reports under $OUT, default build/gpu-profile)
+#
+# Builds the attention library and bench through scripts/gpu/check.sh (build steps only), then runs ncu on
+# attention_gpu_bench for one pattern and length (PROFILE_ARGS, default A-shape at 32K: the sparse wgmma path)
+# and keeps the details page of the first kernel launches matching PROFILE_KERNEL after PROFILE_SKIP launches
+# (the wgmma self-check launches each variant once on a tiny problem first).
+set -u
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-build/gpu-profile}
+mkdir -p "$OUT"
+SKIP_TEST=1 SKIP_BENCH=1 SKIP_SANITIZER=1 SKIP_SDPA=1 OUT=$OUT/check bash scripts/gpu/check.sh > "$OUT/build.log" 2>&1
+BENCH=$(find build -name attention_gpu_bench -type f -perm -u+x | head -1)
+NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+echo "bench: $BENCH  ncu: $NCU"
+[ -n "$BENCH" ] && [ -n "$NCU" ] || { tail -30 "$OUT/build.log"; exit 1; }
+ARGS=${PROFILE_ARGS:---seq 32768 --patterns ashape --reps 1 --warmup 0 --kernel auto --variants off}
+KERNEL=${PROFILE_KERNEL:-regex:sparse_prefill_wgmma}
+SKIP=${PROFILE_SKIP:-7}
+if [ "${PROFILE_FULL:-1}" = 1 ]; then
+  timeout 200 "$NCU" --kernel-name "$KERNEL" --launch-skip "$SKIP" --launch-count 1 --set full \
+    --import-source no --page details --print-units base "$BENCH" $ARGS > "$OUT/ncu.txt" 2> "$OUT/ncu.err"
+  echo "ncu rc=$?"
+fi
+# Stall reasons (per issued instruction) and the tensor pipe, then the per-instruction stall samples (SASS).
+timeout 120 "$NCU" --kernel-name "$KERNEL" --launch-skip "$SKIP" --launch-count 1 --page raw --csv \
+  --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,sm__cycles_elapsed.avg" \
+  "$BENCH" $ARGS > "$OUT/ncu_stalls.csv" 2>> "$OUT/ncu.err"
+echo "ncu stalls rc=$?"
+timeout 200 "$NCU" --kernel-name "$KERNEL" --launch-skip "$SKIP" --launch-count 1 --section SourceCounters \
+  --section WarpStateStats --page source --print-source sass --csv "$BENCH" $ARGS > "$OUT/ncu_source.csv" \
+  2>> "$OUT/ncu.err"
+echo "ncu source rc=$?"
+python3 - "$OUT/ncu_stalls.csv" <<'PY'
+import csv, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 5]
+if rows:
+    hdr, val = rows[0], rows[-1]
+    for h, v in sorted(zip(hdr, val), key=lambda x: x[0]):
+        if "stalled" in h or "gmma" in h or "inst_executed" in h or "cycles" in h:
+            print(f"{h:90s} {v}")
+PY
+[ -f "$OUT/ncu.txt" ] && grep -E "sparse_prefill|Duration|Throughput|Pipe|Issue Slots|Warp Cycles|Stall|Registers|Achieved|Eligible|Active Warps|Executed Ipc|L2 Hit|Bank" "$OUT/ncu.txt" | head -80
