@@ -13,7 +13,8 @@
 //  - an all-dense layer runs on the dense backend (DenseBackend): by default cuDNN's fused SDPA
 //    (cudnn_sdpa.h) where it is built, supports the call (whole-prompt prefill, no window) and has an engine,
 //    and q_len >= kCudnnMinQLen; else our kernel on the dense index. Measured on an H200 (docs/PERF.md):
-//    cuDNN 0.91 / 12.8 / 254 ms against ours 1.65 / 24.8 / 401 ms at 8K / 32K / 128K, so kAuto prefers cuDNN;
+//    cuDNN 0.89 / 14.5 / 257 ms against ours 1.04 / 17.8 / 282 ms at 8K / 32K / 128K (warp-specialized
+//    kernel; 1.65 / 24.8 / 401 ms before it), so kAuto prefers cuDNN;
 //    attention_gpu_bench prints both every run ("dense backends" lines), the figures that set this default.
 //  - dense fallback (set_dense_fallback, on by default): a layer with sparse heads whose index costs more
 //    than dense attention would, runs dense instead (on the dense backend). Cost = key tiles of 64 plus one
@@ -60,8 +61,9 @@ const char* dense_backend_name(DenseBackend b);
 // kAuto sends dense calls shorter than this to our kernel (cuDNN plans are built per shape on first use,
 // which costs host time for every new prompt length; below 8K the two were not compared on a device yet).
 inline constexpr int64_t kCudnnMinQLen = 2048;
-// cuDNN's dense time per key tile relative to our kernel's (H200: 0.55 at 8K, 0.52 at 32K, 0.63 at 128K).
-inline constexpr double kCudnnRelTileCost = 0.55;
+// cuDNN's dense time per key tile relative to our kernel's. H200, warp-specialized wgmma kernel (PERF.md, fifth
+// attention run): 0.86 at 8K, 0.81 at 32K, 0.91 at 128K (the earlier all-threads-load kernel: 0.55 / 0.52 / 0.63).
+inline constexpr double kCudnnRelTileCost = 0.85;
 
 class CudaLayerAttention {
  public:
