@@ -32,8 +32,9 @@ constexpr int kD = 128, kHq = 32, kHkv = 8, kTile = 128;
 
 struct Densities {
   double vs = 0, nearest = 0, ideal = 0, bs = 0;
-  int32_t max_offset = 0;  // largest chosen diagonal offset
-  int far_offsets = 0;     // chosen offsets >= 1.25 * slash budget
+  int32_t max_offset = 0;  // largest chosen diagonal offset below seq - 100
+  int far_offsets = 0;     // chosen offsets in [1.25 * slash budget, seq - 100)
+  int sink_offsets = 0;    // chosen offsets >= seq - 100: the diagonals through the sink keys
   int recent_columns = 0;  // chosen columns among the last 8192 keys
   int sink_columns = 0;    // chosen columns below sink_keys
 };
@@ -77,8 +78,14 @@ Densities measure(const ModelInputs& m, int seq, int q_head, bool with_bs) {
   ideal.columns.resize(static_cast<size_t>(std::min(vs.vertical, seq)));
   std::iota(ideal.columns.begin(), ideal.columns.end(), 0);
   d.ideal = attn::index_stats(attn::lower_layer({vs}, {ideal}, ctx)).density();
-  d.max_offset = est.offsets.empty() ? 0 : est.offsets.back();
-  for (int32_t o : est.offsets) d.far_offsets += o >= vs.slash * 5 / 4;
+  for (int32_t o : est.offsets) {
+    if (o >= seq - 100) {
+      ++d.sink_offsets;
+      continue;
+    }
+    d.max_offset = std::max(d.max_offset, o);
+    d.far_offsets += o >= vs.slash * 5 / 4;
+  }
   for (int32_t c : est.columns) {
     d.recent_columns += c >= seq - 8192;
     d.sink_columns += c < m.sink_keys;
@@ -90,9 +97,10 @@ Densities measure(const ModelInputs& m, int seq, int q_head, bool with_bs) {
   }
   std::printf(
       "[ model inputs ] seq %6d head %2d: vs %.4f (nearest 6096 diagonals %.4f, ratio %.3f; nearest + first "
-      "1000 columns %.4f), max offset %d, %d offsets >= 7620, columns: %d recent (last 8192), %d sink",
-      seq, q_head, d.vs, d.nearest, d.vs / d.nearest, d.ideal, d.max_offset, d.far_offsets, d.recent_columns,
-      d.sink_columns);
+      "1000 columns %.4f), offsets: max %d below S - 100, %d in [7620, S - 100), %d through the sink; "
+      "columns: %d recent (last 8192), %d sink",
+      seq, q_head, d.vs, d.nearest, d.vs / d.nearest, d.ideal, d.max_offset, d.far_offsets, d.sink_offsets,
+      d.recent_columns, d.sink_columns);
   if (with_bs) std::printf("; bs %.4f", d.bs);
   std::printf("\n");
   std::fflush(stdout);

@@ -22,16 +22,17 @@
 // local still gave VS density 0.76 at 32K and 0.36 at 128K: a random shared direction puts most of its energy on
 // short-wavelength RoPE pairs, whose cos((t - s) theta) keeps oscillating at every distance, so the "best"
 // diagonals still scatter far from the diagonal.
-// --inputs model (bench/gpu/model_inputs.h, which explains it in full): the shared direction's energy sits only on
-// the RoPE pairs (Llama-3.1's frequencies) whose wavelength is 4K-262K tokens (runtime_cuda/
-// local_attention_spectrum.h), so that the shared part of q_t . k_s is a function of t - s that falls steadily with
-// distance (32 logits at distance 0, 0.74 of that at 6096, 0.44 at 16K), plus a sink (the first 4 keys, +16
-// logits on pairs that hardly rotate), per-head sharpness (x 0.8-1.2) and noise (about 1.2 logits per cell): the VS
-// estimator's best slashes are then (nearly) the 6096 offsets nearest the diagonal, its columns the sink and the
-// most recent keys, as on real models. The CPU twin (tests/model_inputs_test.cpp: same values, CPU estimator and
-// lowering, 128-row tiles) measured VS density 0.356 at 32K (the nearest 6096 diagonals give 0.342: ratio 1.04) and
-// 0.0968 / 0.0932 at 128K for two heads (nearest 0.0922: ratio 1.01-1.05), max chosen offset 6161-6873; BS (top
-// 100) 0.353 at 32K, 0.095 at 128K.
+// --inputs model (bench/gpu/model_inputs.h, which explains it in full): the shared direction's energy sits
+// only on the RoPE pairs (Llama-3.1's frequencies) whose wavelength is 4K-262K tokens (runtime_cuda/
+// local_attention_spectrum.h), so that the shared part of q_t . k_s is a function of t - s that falls
+// steadily with distance (32 logits at distance 0, 0.74 of that at 6096, 0.44 at 16K), plus a sink (the first
+// 4 keys: 38 logits at any distance, on pairs that hardly rotate), per-head sharpness (x 0.8-1.2) and noise
+// (about 1.2 logits per cell): the VS estimator's best slashes are then (nearly) the 6096 offsets nearest the
+// diagonal, its columns the sink and the most recent keys, as on real models. The CPU twin
+// (tests/model_inputs_test.cpp: same values, CPU estimator and lowering, 128-row tiles, two heads) measured VS
+// density 0.357 / 0.359 at 32K (the nearest 6096 diagonals give 0.342: ratio 1.04-1.05) and 0.0974 / 0.0982
+// at 128K (nearest 0.0922: ratio 1.06-1.07); largest chosen offset 6409-6911 (plus 67 diagonals through the
+// sink from the last rows); BS (top 100) 0.353 at 32K, 0.095 at 128K.
 // Kernels (sparse_prefill.h): the kernel column is what PrefillKernel::kAuto ran (wgmma on Hopper when its
 // self-check passed, else mma.sync); with --kernel both (default) the mma.sync kernel is timed as well
 // ("mma ms") and both outputs are compared ("rel diff" = ||auto - mma|| / ||mma||).

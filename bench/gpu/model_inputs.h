@@ -5,33 +5,29 @@
 //
 // Per token t, query head h (kv head g = h / group) and RoPE pair i (dims i and i + d/2, the rotate_half
 // layout of Llama), the pre-rotation pair z = x_i + j x_{i+d/2} is
-//     query:  gain_h * (A_i e^{j phi_gi} + S_i e^{j psi_gi}) + noise * (n1 + j n2)
-//     key:             A_i e^{j phi_gi} + [t < sink_keys] * S_i e^{j psi_gi} * sink_boost + noise * (n1 + j
-//     n2)
-// and the stored value is z rotated by t * theta_i (Llama-3.1's RoPE: base 500000, llama3 scaling factor 8,
-// original context 8192). n1, n2 are fresh N(0, 1) per element; phi, psi are random phases per (kv head,
-// pair); gain_h in [0.8, 1.2] makes some heads sharper than others. After RoPE, q_m . k_n / sqrt(d) holds
-//   - gain_h * decay_logits * h(m - n), h = sum_i w_i cos((m - n) theta_i) with A_i^2 = w_i * decay_logits *
-//   sqrt(d):
-//     the weights of runtime_cuda/local_attention_spectrum.h (energy only on the pairs of wavelength 4K-262K
-//     tokens, none on the short-wavelength pairs whose oscillation would swamp the decay at long distance). h
-//     falls from 1 at distance 0 to 0.74 at 6096 and below 0.44 beyond 16K, every distance below x beating
-//     every distance beyond 1.5 x by >= 1.4% of the peak for x in [565, 30K]: times decay_logits = 32, a 1.5x
-//     step in distance costs
-//     >= 0.45 logits, more than the noise left after summing a diagonal over the estimator's 64 query rows;
-//   - the sink: keys [0, sink_keys) add gain_h * sink_logits on the pairs whose wavelength is >= 2M tokens
-//   (they
-//     barely rotate within a prompt: >= 0.93 of the boost at 128K), so every query attends to them;
-//   - noise: each one's noise against the other's shared part, and the two noises against each other:
-//   about 1.2
-//     logits per cell (standard deviation) with the defaults (noise 0.5), content the estimator must see
-//     through.
-// So the VS estimator's best diagonals are the ones nearest the diagonal, its best columns the sink and the
-// most recent keys, as MInference reports for real models (their merged ranges cover about (slash + vertical
-// + tile) keys per 128-row tile: density ~2 (6096 + 1000 + 128) / S, about 0.1 at 128K), unlike the earlier
-// rope/local inputs, whose random shared direction puts most of its energy on short wavelengths (the chosen
-// diagonals scattered: VS density 0.36 at 128K). Measured on the CPU with tests/model_inputs_test.cpp: see
-// there and src/attention/cuda/NOTES.md.
+//     query:       gain_h (A_i e^{j phi_gi} + S_i e^{j psi_gi}) + noise (n1 + j n2)
+//     key t >= 4:  A_i e^{j phi_gi} + noise (n1 + j n2)
+//     key t < 4:   S_i e^{j psi_gi} * sink_boost + noise (n1 + j n2)              (the sink keys)
+// and the stored value is z rotated by t theta_i (Llama-3.1's RoPE: base 500000, llama3 scaling factor 8,
+// original context 8192). n1, n2 are fresh N(0, 1) per element; phi, psi random phases per (kv head, pair);
+// gain_h in [0.8, 1.2] makes some heads sharper than others. After RoPE, q_m . k_n / sqrt(d) holds:
+//   - for ordinary keys gain_h decay_logits h(m - n), h = sum_i w_i cos((m - n) theta_i), A_i^2 = w_i
+//     decay_logits sqrt(d), w from runtime_cuda/local_attention_spectrum.h: energy only on the pairs of
+//     wavelength 4K-262K tokens, none on the short-wavelength pairs whose oscillation would swamp the decay at
+//     long distance. h falls from 1 at distance 0 to 0.74 at 6096 and 0.44 at 16K; for x in [565, 30K] every
+//     distance below x beats every distance beyond 1.5 x by >= 1.4% of the peak: with decay_logits = 32, a
+//     1.5x step in distance costs >= 0.45 logits, more than the noise left in a diagonal summed over the
+//     estimator's 64 query rows;
+//   - for the sink keys gain_h sink_logits (38), on the pairs of wavelength >= 2M tokens, which barely rotate
+//     within a prompt (>= 0.93 of it at 128K): about what the nearest keys score, at any distance;
+//   - noise: each side's noise against the other's shared part, and the two noises against each other: about
+//     1.2 logits per cell (standard deviation) with noise 0.5: content the estimator must see through.
+// So the VS estimator's best diagonals are the ones nearest the diagonal (and those through the sink keys from
+// the last rows), its best columns the sink and the most recent keys, as MInference reports for real models:
+// the merged ranges cover about (slash + vertical + tile) keys per 128-row tile, density ~2 (6096 + 1000 +
+// 128) / S, about 0.1 at 128K. The earlier rope/local inputs' random shared direction put most of its energy on
+// short wavelengths (their chosen diagonals scattered: VS density 0.36 at 128K). Measured on the CPU with
+// tests/model_inputs_test.cpp: see there and src/attention/cuda/NOTES.md.
 #pragma once
 
 #include <cmath>
@@ -80,7 +76,7 @@ struct ModelInputs {
   float inv_freq[kMaxHalf] = {};       // RoPE frequencies (Llama-3.1)
   float amp[kMaxHalf] = {};            // A_i: the shared, distance-decaying part
   float sink[kMaxHalf] = {};           // S_i: the sink part (long-wavelength pairs only)
-  float sink_boost = 1.0f;             // sink keys carry S_i * sink_boost (queries S_i)
+  float sink_boost = 1.0f;             // sink keys carry S_i * sink_boost (queries S_i), not A_i
   float noise = 0.5f;                  // standard deviation of the per-element noise
   int sink_keys = 4;
 };
@@ -105,9 +101,8 @@ inline std::vector<float> llama31_inv_freq(int head_dim) {
   return inv;
 }
 
-// decay_logits: the shared part's score at distance 0 (times gain_h); sink_logits: the sink keys' extra
-// score.
-inline ModelInputs make_model_inputs(int head_dim, float decay_logits = 32.0f, float sink_logits = 16.0f,
+// decay_logits: the shared part's score at distance 0 (times gain_h); sink_logits: the sink keys' score
+inline ModelInputs make_model_inputs(int head_dim, float decay_logits = 32.0f, float sink_logits = 38.0f,
                                      float noise = 0.5f, int sink_keys = 4) {
   ModelInputs m;
   m.half = head_dim / 2;
@@ -137,11 +132,12 @@ TESSERA_BENCH_HD void model_input_pair(const ModelInputs& m, bool key, int64_t t
   const float phi = kTwoPi * uniform_at(1001, static_cast<uint64_t>(kv_head) * ModelInputs::kMaxHalf + i);
   const float psi = kTwoPi * uniform_at(1002, static_cast<uint64_t>(kv_head) * ModelInputs::kMaxHalf + i);
   const float gain = key ? 1.0f : 0.8f + 0.4f * uniform_at(1003, static_cast<uint64_t>(head));
-  float s = m.sink[i];
-  if (key) s = t < m.sink_keys ? s * m.sink_boost : 0.0f;
+  const bool sink_key = key && t < m.sink_keys;
+  const float a = sink_key ? 0.0f : m.amp[i];
+  const float s = key ? (sink_key ? m.sink[i] * m.sink_boost : 0.0f) : m.sink[i];
   const uint64_t e = 2 * ((static_cast<uint64_t>(t) * heads + head) * m.half + i);
-  const float re = gain * (m.amp[i] * cosf(phi) + s * cosf(psi)) + m.noise * normal_at(seed, e);
-  const float im = gain * (m.amp[i] * sinf(phi) + s * sinf(psi)) + m.noise * normal_at(seed, e + 1);
+  const float re = gain * (a * cosf(phi) + s * cosf(psi)) + m.noise * normal_at(seed, e);
+  const float im = gain * (a * sinf(phi) + s * sinf(psi)) + m.noise * normal_at(seed, e + 1);
   const double angle = static_cast<double>(t) * static_cast<double>(m.inv_freq[i]);
   const float c = static_cast<float>(cos(angle)), sn = static_cast<float>(sin(angle));
   out[0] = re * c - im * sn;

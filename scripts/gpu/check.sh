@@ -33,7 +33,7 @@
 #              kAuto kernel and the mma.sync kernel timed and compared; "dense backends" lines: ours vs cuDNN
 #   bench_short the same at 1K, 2K, 4K (dense, vs): where cuDNN and the dense fallback start to pay
 #   bench_model the same with --inputs model (bench/gpu/model_inputs.h: scores that fall with distance plus a sink,
-#              as in real models; the CPU twin picks the nearest diagonals: VS density 0.36 at 32K, 0.097 at 128K)
+#              as in real models; the CPU twin picks the nearest diagonals: VS density 0.36 at 32K, 0.098 at 128K)
 #              at 32K and 128K, dense/vs/bs: the VS and BS costs at a realistic index density
 #   bench_local the same with --inputs local (the older local/sink inputs) at 128K, dense/vs/bs
 #   sdpa       bench/gpu/sdpa_reference.py (torch SDPA cuDNN / flash / efficient; CSV in $OUT/sdpa.csv)
