@@ -43,3 +43,34 @@ if rows:
             print(f"{h:90s} {v}")
 PY
 [ -f "$OUT/ncu.txt" ] && grep -E "sparse_prefill|Duration|Throughput|Pipe|Issue Slots|Warp Cycles|Stall|Registers|Achieved|Eligible|Active Warps|Executed Ipc|L2 Hit|Bank" "$OUT/ncu.txt" | head -80
+# Per-instruction summary of the source page: the instructions with the most stall samples (share of all
+# samples, executions, the main stall reasons), in address order.
+python3 - "$OUT/ncu_source.csv" > "$OUT/profile_summary.txt" <<'PY'
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+hi = next((i for i, r in enumerate(rows) if "Source" in r and "Address" in r), None)
+if hi is None:
+    sys.exit("no source table")
+hdr = rows[hi]
+data = [r for r in rows[hi + 1:] if len(r) == len(hdr)]
+ix = {h: i for i, h in enumerate(hdr)}
+def f(r, k):
+    try:
+        return float(r[ix[k]].replace(",", ""))
+    except (KeyError, ValueError):
+        return 0.0
+S = "Warp Stall Sampling (All Samples)"
+tot = sum(f(r, S) for r in data) or 1.0
+reasons = [h for h in hdr if h.startswith("stall_") and "Not Issued" not in h]
+print("total samples", tot, "instructions executed", sum(f(r, "Instructions Executed") for r in data))
+print("by reason:", ", ".join(f"{h[6:]} {sum(f(r, h) for r in data) / tot * 100:.1f}%" for h in reasons
+                               if sum(f(r, h) for r in data) > 0.005 * tot))
+for r in data:
+    s = f(r, S) / tot * 100
+    ins = r[ix["Source"]]
+    if s > 0.25 or any(k in ins for k in ("HGMMA", "DEPBAR", "SYNCS", "BAR.", "MEMBAR", "LDGSTS")):
+        top = sorted(((f(r, h), h[6:]) for h in reasons), reverse=True)[:3]
+        print(f"{r[0][-5:]} {ins[:64]:64s} S={s:5.2f}% I={f(r, 'Instructions Executed') / 1e6:8.2f}M",
+              " ".join(f"{n}={v:.0f}" for v, n in top if v > 0))
+PY
+head -3 "$OUT/profile_summary.txt"

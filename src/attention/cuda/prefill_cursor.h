@@ -26,6 +26,8 @@ struct PrefillParams {
   int64_t lse_head = 0, lse_tok = 0;
   int32_t q_len = 0;
   int32_t q_begin = 0;
+  int32_t kv_len = 0;        // keys in k/v (the TMA kernel's tensor maps)
+  int32_t num_q_heads = 0, num_kv_heads = 0;
   int32_t num_tiles = 0;
   int32_t group = 1;        // query heads per kv head
   int32_t window = 0;       // > 0: row-exact sliding window (key j hidden from position p when p - j >= window)

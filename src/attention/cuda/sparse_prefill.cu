@@ -47,10 +47,13 @@ TESSERA_DECLARE_WGMMA(__half)
 // Instantiated in sparse_prefill_wgmma_ws_{bf16,f16}.cu.
 template <typename T, int kStages, bool kQRegs>
 void launch_sparse_prefill_wgmma_ws(const PrefillParams& p, cudaStream_t stream);
+template <typename T, int kStages, bool kQRegs>
+void launch_sparse_prefill_wgmma_tma(const PrefillParams& p, cudaStream_t stream);
 #define TESSERA_DECLARE_WGMMA_WS(T)                                                                       \
   extern template void launch_sparse_prefill_wgmma_ws<T, 4, true>(const PrefillParams&, cudaStream_t);  \
   extern template void launch_sparse_prefill_wgmma_ws<T, 5, true>(const PrefillParams&, cudaStream_t);  \
-  extern template void launch_sparse_prefill_wgmma_ws<T, 4, false>(const PrefillParams&, cudaStream_t);
+  extern template void launch_sparse_prefill_wgmma_ws<T, 4, false>(const PrefillParams&, cudaStream_t); \
+  extern template void launch_sparse_prefill_wgmma_tma<T, 4, true>(const PrefillParams&, cudaStream_t);
 TESSERA_DECLARE_WGMMA_WS(__nv_bfloat16)
 TESSERA_DECLARE_WGMMA_WS(__half)
 #undef TESSERA_DECLARE_WGMMA_WS
@@ -163,6 +166,9 @@ detail::PrefillParams make_params(const AttentionArgs& args, const DeviceSparseI
   }
   p.q_len = static_cast<int32_t>(args.q_len());
   p.q_begin = args.q_begin;
+  p.kv_len = static_cast<int32_t>(args.kv_len());
+  p.num_q_heads = static_cast<int32_t>(args.num_q_heads());
+  p.num_kv_heads = static_cast<int32_t>(args.num_kv_heads());
   p.num_tiles = index.num_tiles();
   p.group = static_cast<int32_t>(args.group_size());
   p.window = args.window;
@@ -197,6 +203,7 @@ void check_call(const AttentionArgs& args, const DeviceSparseIndex& index, const
 // bytes apart, the stride byte offset), or as two m64n64 (split), each one half wide, so that only the
 // K-direction stride matters (given as both: robust to reading the two fields the other way round).
 struct WgmmaVariant {
+  bool tma;       // the TMA producer-warp kernel (288 threads; ws_stages and q_regs as below)
   int ws_stages;  // > 0: the warp-specialized kernel with this many K/V stages (always overlapped, m64n128)
   bool q_regs;    // warp-specialized: Q in registers (S = Q K^T with a register A operand)
   bool overlap;
@@ -205,18 +212,21 @@ struct WgmmaVariant {
   const char* name;
 };
 constexpr WgmmaVariant kWgmmaVariants[] = {
-    {4, true, true, false, 8192, 1024, "warp-specialized, Q in registers, 4 stages"},
-    {5, true, true, false, 8192, 1024, "warp-specialized, Q in registers, 5 stages"},
-    {4, false, true, false, 8192, 1024, "warp-specialized, Q in shared memory, 4 stages"},
-    {0, false, true, false, 8192, 1024, "overlapped S/PV, m64n128 PV"},
-    {0, false, true, true, 1024, 1024, "overlapped S/PV, 2 x m64n64 PV"},
-    {0, false, false, false, 8192, 1024, "serial S/PV, m64n128 PV"},
-    {0, false, false, true, 1024, 1024, "serial S/PV, 2 x m64n64 PV"},
+    {true, 4, true, true, false, 8192, 1024, "TMA producer warp, Q in registers, 4 stages"},
+    {false, 4, true, true, false, 8192, 1024, "warp-specialized, Q in registers, 4 stages"},
+    {false, 5, true, true, false, 8192, 1024, "warp-specialized, Q in registers, 5 stages"},
+    {false, 4, false, true, false, 8192, 1024, "warp-specialized, Q in shared memory, 4 stages"},
+    {false, 0, false, true, false, 8192, 1024, "overlapped S/PV, m64n128 PV"},
+    {false, 0, false, true, true, 1024, 1024, "overlapped S/PV, 2 x m64n64 PV"},
+    {false, 0, false, false, false, 8192, 1024, "serial S/PV, m64n128 PV"},
+    {false, 0, false, false, true, 1024, 1024, "serial S/PV, 2 x m64n64 PV"},
 };
 
 template <typename T>
 void launch_wgmma_t(const WgmmaVariant& v, const detail::PrefillParams& p, cudaStream_t stream) {
-  if (v.ws_stages == 4 && v.q_regs) {
+  if (v.tma) {
+    detail::launch_sparse_prefill_wgmma_tma<T, 4, true>(p, stream);
+  } else if (v.ws_stages == 4 && v.q_regs) {
     detail::launch_sparse_prefill_wgmma_ws<T, 4, true>(p, stream);
   } else if (v.ws_stages == 5 && v.q_regs) {
     detail::launch_sparse_prefill_wgmma_ws<T, 5, true>(p, stream);

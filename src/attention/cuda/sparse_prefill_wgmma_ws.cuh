@@ -25,11 +25,14 @@
 // producer sends an "end" descriptor and both roles leave.
 #pragma once
 
+#include <cuda.h>  // CUtensorMap (the driver entry point is looked up at run time: no libcuda link)
 #include <cuda_runtime.h>
+#include <cudaTypedefs.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "attention/cuda/cuda_check.h"
 #include "attention/cuda/mma_sm80.cuh"
@@ -64,27 +67,143 @@ struct WgmmaWsConfig {
   static_assert(kProducerThreads == 8 * kChunks, "producer thread (r0, ch): rows r0 + 8 i, 16-byte chunk ch");
 };
 
+// Shared-memory addresses of the warp-specialized kernels (WgmmaWsConfig offsets from a 1024-aligned base).
+template <int kStages>
+struct WgmmaWsLayout {
+  using Cfg = WgmmaWsConfig<kStages>;
+  uint32_t sQ, sK, sV, bar;
+  int* keys;   // [kStages][BN]
+  int4* meta;  // per stage: item, key count, flags
+  int* slot;   // int[2]
+  __device__ __forceinline__ explicit WgmmaWsLayout(unsigned char* smem_raw) {
+    const uint32_t raw_addr = smem_addr(smem_raw);
+    unsigned char* smem = smem_raw + (((raw_addr + 1023u) & ~1023u) - raw_addr);
+    sQ = smem_addr(smem);  // buffer b at sQ + b * kQBytes
+    sK = sQ + Cfg::kKOffset;
+    sV = sQ + Cfg::kVOffset;
+    bar = sQ + Cfg::kBarOffset;
+    keys = reinterpret_cast<int*>(smem + Cfg::kKeysOffset);
+    meta = reinterpret_cast<int4*>(smem + Cfg::kMetaOffset);
+    slot = reinterpret_cast<int*>(smem + Cfg::kSlotOffset);
+  }
+  __device__ __forceinline__ uint32_t full(int s) const { return bar + 8u * s; }
+  __device__ __forceinline__ uint32_t empty(int s) const { return bar + 8u * (kStages + s); }
+  __device__ __forceinline__ uint32_t qfull(int b) const { return bar + 8u * (2 * kStages + b); }
+  __device__ __forceinline__ uint32_t qempty(int b) const { return bar + 8u * (2 * kStages + 2 + b); }
+};
+
+// The consumer warpgroups' loop (both warp-specialized kernels): warpgroup cw owns rows [64 cw, 64 cw + 64) of
+// every item; wq is the warp's index in its warpgroup. Stage descriptors, keys and barriers as laid out by
+// WgmmaWsLayout; the producer's side of the protocol is in the kernels.
+template <typename T, int kStages, bool kQRegs>
+__device__ __forceinline__ void ws_consumer_loop(const PrefillParams& p, const WgmmaWsLayout<kStages>& L, int cw,
+                                                 int wq, int lane) {
+  using Cfg = WgmmaWsConfig<kStages>;
+  using Consumer = WgmmaConsumer<T, false>;
+  constexpr int D = Cfg::D, BM = Cfg::BM, BN = Cfg::BN;
+  const uint32_t sQ = L.sQ, sK = L.sK, sV = L.sV;
+  int* sKeys = L.keys;
+  const int4* sMeta = L.meta;
+  auto full = [&](int s) { return L.full(s); };
+  auto empty = [&](int s) { return L.empty(s); };
+  auto qfull = [&](int b) { return L.qfull(b); };
+  auto qempty = [&](int b) { return L.qempty(b); };
+  const int g = lane / 4, c4 = lane % 4;
+  auto release = [&](uint32_t b) {
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(b);
+  };
+  int it = 0;
+  for (int n = 0;; ++n) {
+    int st = it % kStages;
+    mbarrier_wait(full(st), (it / kStages) & 1);
+    int4 mt = sMeta[st];
+    if (mt.z & Cfg::kFlagEnd) break;
+    const int item = mt.x;
+    const int h = item / p.num_tiles, t = item - h * p.num_tiles;
+    const int row0 = t * BM;
+    const int pos0 = p.q_begin + row0;
+    const int qb = n & 1;
+    mbarrier_wait(qfull(qb), (n >> 1) & 1);
+    const uint32_t q_wg = sQ + qb * Cfg::kQBytes + cw * 64 * 128;
+    uint32_t qf[kQRegs ? D / 16 : 1][4];
+    if constexpr (kQRegs) {
+      Consumer::template load_q<BM>(qf, sQ + qb * Cfg::kQBytes, cw * 64 + wq * 16);
+      release(qempty(qb));  // Q is in registers: the producer may load the item after next's
+    }
+
+    Consumer cs;
+    cs.start(pos0 + cw * 64 + wq * 16 + g);
+    uint32_t pa[BN / 16][4];
+    int prev_st = -1;  // stage of the previous tile, whose P V is pending
+    for (;;) {
+      fence_proxy_async_shared();  // the producer's copies (generic proxy) before the wgmma reads
+      if (mt.y > 0) {
+        float s[BN / 2];
+        if constexpr (kQRegs) {
+          Consumer::issue_qk_rs(s, qf, sK + st * Cfg::kKvBytes);
+        } else {
+          Consumer::template issue_qk<BM>(s, q_wg, sK + st * Cfg::kKvBytes);
+        }
+        if (prev_st >= 0) {
+          cs.issue_pv(pa, sV + prev_st * Cfg::kKvBytes, p.pv_lbo, p.pv_sbo);
+          wgmma_wait<1>();  // S done (committed first), P V may still run
+        } else {
+          wgmma_wait<0>();
+        }
+        fence_operands(s);
+        float alpha[2];
+        cs.softmax(s, (mt.z & Cfg::kFlagMasked) != 0, sKeys + st * BN, p.span, p.scale_log2, alpha);
+        // Keeps the wait below the softmax: no instruction links the two, and ptxas otherwise schedules the
+        // wait for P V first, serialising the softmax with P V (H200 profile: 6.7% of the samples on that wait).
+        // A warp barrier is a scheduling fence; a never-taken trap branch did the same but, being divergent,
+        // made ptxas serialise every wgmma (C7518).
+        __syncwarp();
+        wgmma_wait<0>();  // P V of the previous tile (nothing pending for the first)
+        fence_operands(cs.o);
+        Consumer::keep_live(pa);
+        if (prev_st >= 0) release(empty(prev_st));
+        cs.rescale(alpha);
+        Consumer::pack_p(s, pa);
+        prev_st = st;
+      } else {
+        release(empty(st));
+      }
+      ++it;
+      if (mt.z & Cfg::kFlagLast) break;
+      st = it % kStages;
+      mbarrier_wait(full(st), (it / kStages) & 1);
+      mt = sMeta[st];
+    }
+    if (prev_st >= 0) {
+      cs.issue_pv(pa, sV + prev_st * Cfg::kKvBytes, p.pv_lbo, p.pv_sbo);
+      wgmma_wait<0>();
+      fence_operands(cs.o);
+      Consumer::keep_live(pa);
+      release(empty(prev_st));
+    }
+    if constexpr (!kQRegs) release(qempty(qb));  // every Q K^T of the item has completed
+    store_rows<T, D>(p, h, row0 + cw * 64 + wq * 16, g, c4, cs.l, cs.m,
+                     [&](int i, int e) { return make_float2(cs.o[4 * i + 2 * e], cs.o[4 * i + 2 * e + 1]); });
+  }
+}
+
 template <typename T, int kStages, bool kQRegs>
 __global__ void __launch_bounds__(384, 1) sparse_prefill_wgmma_ws_kernel(const PrefillParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Cfg = WgmmaWsConfig<kStages>;
-  using Consumer = WgmmaConsumer<T, false>;
-  constexpr int D = Cfg::D, BM = Cfg::BM, BN = Cfg::BN, kChunks = Cfg::kChunks;
+  constexpr int BM = Cfg::BM, BN = Cfg::BN, kChunks = Cfg::kChunks;
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const uint32_t raw_addr = smem_addr(smem_raw);
-  unsigned char* smem = smem_raw + (((raw_addr + 1023u) & ~1023u) - raw_addr);
-  const uint32_t sQ = smem_addr(smem);  // buffer b at sQ + b * kQBytes
-  const uint32_t sK = sQ + Cfg::kKOffset;
-  const uint32_t sV = sQ + Cfg::kVOffset;
-  int* sKeys = reinterpret_cast<int*>(smem + Cfg::kKeysOffset);  // [kStages][BN]
-  int4* sMeta = reinterpret_cast<int4*>(smem + Cfg::kMetaOffset);
-  const uint32_t bar = sQ + Cfg::kBarOffset;
-  auto full = [&](int s) { return bar + 8u * s; };
-  auto empty = [&](int s) { return bar + 8u * (kStages + s); };
-  auto qfull = [&](int b) { return bar + 8u * (2 * kStages + b); };
-  auto qempty = [&](int b) { return bar + 8u * (2 * kStages + 2 + b); };
-  int* sSlot = reinterpret_cast<int*>(smem + Cfg::kSlotOffset);
+  const WgmmaWsLayout<kStages> L(smem_raw);
+  const uint32_t sQ = L.sQ, sK = L.sK, sV = L.sV;
+  int* sKeys = L.keys;
+  int4* sMeta = L.meta;
+  int* sSlot = L.slot;
+  auto full = [&](int s) { return L.full(s); };
+  auto empty = [&](int s) { return L.empty(s); };
+  auto qfull = [&](int b) { return L.qfull(b); };
+  auto qempty = [&](int b) { return L.qempty(b); };
 
   const int tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
@@ -208,80 +327,7 @@ __global__ void __launch_bounds__(384, 1) sparse_prefill_wgmma_ws_kernel(const P
   } else {
     // ---------------------------------------------------------------- consumers
     setmaxnreg_inc<Cfg::kConsumerRegs>();
-    const int cw = warp / 4 - 1;  // rows [64 cw, 64 cw + 64) of the item
-    const int g = lane / 4, c4 = lane % 4;
-    auto release = [&](uint32_t b) {
-      __syncwarp();
-      if (lane == 0) mbarrier_arrive(b);
-    };
-    int it = 0;
-    for (int n = 0;; ++n) {
-      int st = it % kStages;
-      mbarrier_wait(full(st), (it / kStages) & 1);
-      int4 mt = sMeta[st];
-      if (mt.z & Cfg::kFlagEnd) break;
-      const int item = mt.x;
-      const int h = item / p.num_tiles, t = item - h * p.num_tiles;
-      const int row0 = t * BM;
-      const int pos0 = p.q_begin + row0;
-      const int qb = n & 1;
-      mbarrier_wait(qfull(qb), (n >> 1) & 1);
-      const uint32_t q_wg = sQ + qb * Cfg::kQBytes + cw * 64 * 128;
-      uint32_t qf[kQRegs ? D / 16 : 1][4];
-      if constexpr (kQRegs) {
-        Consumer::template load_q<BM>(qf, sQ + qb * Cfg::kQBytes, cw * 64 + (warp % 4) * 16);
-        release(qempty(qb));  // Q is in registers: the producer may load the item after next's
-      }
-
-      Consumer cs;
-      cs.start(pos0 + cw * 64 + (warp % 4) * 16 + g);
-      uint32_t pa[BN / 16][4];
-      int prev_st = -1;  // stage of the previous tile, whose P V is pending
-      for (;;) {
-        fence_proxy_async_shared();  // the producer's copies (generic proxy) before the wgmma reads
-        if (mt.y > 0) {
-          float s[BN / 2];
-          if constexpr (kQRegs) {
-            Consumer::issue_qk_rs(s, qf, sK + st * Cfg::kKvBytes);
-          } else {
-            Consumer::template issue_qk<BM>(s, q_wg, sK + st * Cfg::kKvBytes);
-          }
-          if (prev_st >= 0) {
-            cs.issue_pv(pa, sV + prev_st * Cfg::kKvBytes, p.pv_lbo, p.pv_sbo);
-            wgmma_wait<1>();  // S done (committed first), P V may still run
-          } else {
-            wgmma_wait<0>();
-          }
-          fence_operands(s);
-          float alpha[2];
-          cs.softmax(s, (mt.z & Cfg::kFlagMasked) != 0, sKeys + st * BN, p.span, p.scale_log2, alpha);
-          wgmma_wait<0>();  // P V of the previous tile (nothing pending for the first)
-          fence_operands(cs.o);
-          Consumer::keep_live(pa);
-          if (prev_st >= 0) release(empty(prev_st));
-          cs.rescale(alpha);
-          Consumer::pack_p(s, pa);
-          prev_st = st;
-        } else {
-          release(empty(st));
-        }
-        ++it;
-        if (mt.z & Cfg::kFlagLast) break;
-        st = it % kStages;
-        mbarrier_wait(full(st), (it / kStages) & 1);
-        mt = sMeta[st];
-      }
-      if (prev_st >= 0) {
-        cs.issue_pv(pa, sV + prev_st * Cfg::kKvBytes, p.pv_lbo, p.pv_sbo);
-        wgmma_wait<0>();
-        fence_operands(cs.o);
-        Consumer::keep_live(pa);
-        release(empty(prev_st));
-      }
-      if constexpr (!kQRegs) release(qempty(qb));  // every Q K^T of the item has completed
-      store_rows<T, D>(p, h, row0 + cw * 64 + (warp % 4) * 16, g, c4, cs.l, cs.m,
-                       [&](int i, int e) { return make_float2(cs.o[4 * i + 2 * e], cs.o[4 * i + 2 * e + 1]); });
-    }
+    ws_consumer_loop<T, kStages, kQRegs>(p, L, warp / 4 - 1, warp % 4, lane);
   }
 #endif
 }
@@ -310,6 +356,193 @@ void launch_sparse_prefill_wgmma_ws(const PrefillParams& p, cudaStream_t stream)
   if (grid == 0) return;
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   check_launch("sparse_prefill_wgmma_ws_kernel");
+}
+
+
+// ------------------------------------------------------------------------------------------------------------
+// TMA variant: one producer warp (warp 8; warps 0-7 are the two consumer warpgroups, whose first warp indices
+// must be multiples of 4), 288 threads, so every thread may hold 224 registers without setmaxnreg (ptxas
+// allocates for the whole kernel: at 384 threads its limit of 168 made the overlapped step spill). Q and range
+// tiles arrive by TMA (one thread, four 8 KB boxes per K/V tile: the two 64-column halves of K and of V, into
+// the same 128-byte-swizzled layout; rows past kv_len are zero-filled, rows of a partial tile past its count
+// carry other keys, masked through the tile's key list); gathered columns by cp.async from the 32 lanes.
+// full[s] counts 64 arrivals per phase: per lane one for the data (lane 0's with the TMA byte count, or a
+// cp.async arrive for gathered tiles) and one after its key-list writes.
+template <typename T, int kStages, bool kQRegs>
+__global__ void __maxnreg__(224)
+    sparse_prefill_wgmma_tma_kernel(const PrefillParams p, const __grid_constant__ CUtensorMap tm_q,
+                                    const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Cfg = WgmmaWsConfig<kStages>;
+  constexpr int BM = Cfg::BM, BN = Cfg::BN, kChunks = Cfg::kChunks;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const WgmmaWsLayout<kStages> L(smem_raw);
+  const int tid = threadIdx.x;
+  const int warp = tid / 32, lane = tid % 32;
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(L.full(s), 64);
+      mbarrier_init(L.empty(s), 8);
+    }
+    for (int b = 0; b < 2; ++b) {
+      mbarrier_init(L.qfull(b), 1);
+      mbarrier_init(L.qempty(b), 8);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  if (warp < 8) {
+    ws_consumer_loop<T, kStages, kQRegs>(p, L, warp / 4, warp % 4, lane);
+    return;
+  }
+  // ---------------------------------------------------------------- producer warp
+  const T* k_all = static_cast<const T*>(p.k);
+  const T* v_all = static_cast<const T*>(p.v);
+  int it = 0;
+  for (int n = 0;; ++n) {
+    int slot = 0;
+    if (lane == 0) slot = atomicAdd(p.counter, 1);
+    slot = __shfl_sync(0xffffffffu, slot, 0);
+    if (slot >= p.num_items) {
+      const int st = it % kStages;
+      mbarrier_wait(L.empty(st), ((it / kStages) & 1) ^ 1);
+      if (lane == 0) L.meta[st] = make_int4(-1, 0, Cfg::kFlagEnd, 0);
+      mbarrier_arrive(L.full(st));
+      mbarrier_arrive(L.full(st));
+      break;
+    }
+    const int item = p.order[slot];
+    const int h = item / p.num_tiles, t = item - h * p.num_tiles;
+    const int row0 = t * BM;
+    const int rows = min(BM, p.q_len - row0);
+    const int pos0 = p.q_begin + row0;
+    const int kvh = h / p.group;
+    const int qb = n & 1;
+    mbarrier_wait(L.qempty(qb), ((n >> 1) & 1) ^ 1);
+    if (lane == 0) {
+      const uint32_t dst = L.sQ + qb * Cfg::kQBytes;
+      mbarrier_arrive_expect_tx(L.qfull(qb), Cfg::kQBytes);
+      tma_load_3d(dst, &tm_q, 0, h, row0, L.qfull(qb));
+      tma_load_3d(dst + BM * 128, &tm_q, 64, h, row0, L.qfull(qb));
+    }
+    KeyCursor<BN> cursor(p, item, pos0, rows);
+    KeyTile cur = cursor.next();
+    for (;;) {
+      const KeyTile nxt = cur.count > 0 ? cursor.next() : KeyTile{};
+      const int st = it % kStages;
+      mbarrier_wait(L.empty(st), ((it / kStages) & 1) ^ 1);
+      const uint32_t dk = L.sK + st * Cfg::kKvBytes, dv = L.sV + st * Cfg::kKvBytes;
+      int* keys = L.keys + st * BN;
+      if (cur.count > 0 && !cur.gathered) {
+        if (lane == 0) {
+          mbarrier_arrive_expect_tx(L.full(st), 2 * Cfg::kKvBytes);
+          tma_load_3d(dk, &tm_k, 0, kvh, cur.first, L.full(st));
+          tma_load_3d(dk + BN * 128, &tm_k, 64, kvh, cur.first, L.full(st));
+          tma_load_3d(dv, &tm_v, 0, kvh, cur.first, L.full(st));
+          tma_load_3d(dv + BN * 128, &tm_v, 64, kvh, cur.first, L.full(st));
+        } else {
+          mbarrier_arrive(L.full(st));
+        }
+        keys[lane] = lane < cur.count ? cur.first + lane : kAbsentKey;
+        keys[lane + 32] = lane + 32 < cur.count ? cur.first + lane + 32 : kAbsentKey;
+      } else if (cur.count > 0) {
+        // Gathered columns: lane copies rows lane and lane + 32, all 16 chunks of K and V.
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int row = lane + 32 * half;
+          const int key = row < cur.count ? p.columns[cur.first + row] : -1;
+          const bool ok = key >= 0;
+          const T* ks = k_all + kvh * p.k_head + static_cast<int64_t>(ok ? key : 0) * p.k_tok;
+          const T* vs = v_all + kvh * p.v_head + static_cast<int64_t>(ok ? key : 0) * p.v_tok;
+#pragma unroll
+          for (int ch = 0; ch < kChunks; ++ch) {
+            const uint32_t off = sw128_offset<BN>(row, ch);
+            cp_async_16(dk + off, ks + ch * 8, ok);
+            cp_async_16(dv + off, vs + ch * 8, ok);
+          }
+          keys[row] = ok ? key : kAbsentKey;
+        }
+        cp_async_mbarrier_arrive(L.full(st));
+      } else {
+        mbarrier_arrive(L.full(st));
+      }
+      if (lane == 0) {
+        L.meta[st] = make_int4(item, cur.count,
+                               (cur.masked ? Cfg::kFlagMasked : 0) | (nxt.count == 0 ? Cfg::kFlagLast : 0), 0);
+      }
+      mbarrier_arrive(L.full(st));  // after this lane's key-list (and descriptor) writes
+      ++it;
+      if (nxt.count == 0) break;
+      cur = nxt;
+    }
+  }
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) !=
+            cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      f = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// A [rows][heads][128] token-major view (strides in elements) as a 3-D tensor map: dims (128, heads, rows),
+// box (64, 1, box_rows), 128-byte swizzle, out-of-bounds rows zero-filled.
+template <typename T>
+CUtensorMap make_head_tensor_map(const void* base, int heads, int rows, int64_t head_stride, int64_t tok_stride,
+                                 int box_rows) {
+  auto encode = tensor_map_encoder();
+  if (encode == nullptr) throw Error("sparse prefill (TMA): cuTensorMapEncodeTiled is not available from the driver");
+  CUtensorMap m{};
+  const cuuint64_t dims[3] = {128, static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(head_stride) * sizeof(T),
+                                 static_cast<cuuint64_t>(tok_stride) * sizeof(T)};
+  const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t estrides[3] = {1, 1, 1};
+  const CUtensorMapDataType dt =
+      sizeof(T) == 2 && std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const CUresult r = encode(&m, dt, 3, const_cast<void*>(base), dims, strides, box, estrides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    throw Error("sparse prefill (TMA): cuTensorMapEncodeTiled failed with CUresult " + std::to_string(static_cast<int>(r)) +
+                " (heads " + std::to_string(heads) + ", rows " + std::to_string(rows) + ", strides " +
+                std::to_string(head_stride) + "/" + std::to_string(tok_stride) + ")");
+  }
+  return m;
+}
+
+template <typename T, int kStages, bool kQRegs>
+void launch_sparse_prefill_wgmma_tma(const PrefillParams& p, cudaStream_t stream) {
+  using Cfg = WgmmaWsConfig<kStages>;
+  auto kernel = sparse_prefill_wgmma_tma_kernel<T, kStages, kQRegs>;
+  const DeviceInfo& dev = current_device_info();
+  if (static_cast<size_t>(dev.max_smem_per_block) < Cfg::kSmemBytes) {
+    throw Error("sparse prefill (wgmma, TMA): needs " + std::to_string(Cfg::kSmemBytes) +
+                " bytes of shared memory per block, the device allows " + std::to_string(dev.max_smem_per_block));
+  }
+  const CUtensorMap tq = make_head_tensor_map<T>(p.q, p.num_q_heads, p.q_len, p.q_head, p.q_tok, Cfg::BM);
+  const CUtensorMap tk = make_head_tensor_map<T>(p.k, p.num_kv_heads, p.kv_len, p.k_head, p.k_tok, Cfg::BN);
+  const CUtensorMap tv = make_head_tensor_map<T>(p.v, p.num_kv_heads, p.kv_len, p.v_head, p.v_tok, Cfg::BN);
+  TESSERA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(Cfg::kSmemBytes)));
+  int per_sm = 0;
+  TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 288, Cfg::kSmemBytes));
+  if (per_sm < 1) throw Error("sparse prefill (wgmma, TMA): kernel does not fit on a multiprocessor");
+  const int grid = static_cast<int>(std::min<int64_t>(p.num_items, static_cast<int64_t>(per_sm) * dev.num_sms));
+  TESSERA_CUDA_CHECK(cudaMemsetAsync(p.counter, 0, sizeof(int32_t), stream));
+  if (grid == 0) return;
+  kernel<<<grid, 288, Cfg::kSmemBytes, stream>>>(p, tq, tk, tv);
+  check_launch("sparse_prefill_wgmma_tma_kernel");
 }
 
 }  // namespace tessera::attn::gpu::detail
