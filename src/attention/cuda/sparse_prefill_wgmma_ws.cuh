@@ -360,16 +360,16 @@ void launch_sparse_prefill_wgmma_ws(const PrefillParams& p, cudaStream_t stream)
 
 
 // ------------------------------------------------------------------------------------------------------------
-// TMA variant: one producer warp (warp 8; warps 0-7 are the two consumer warpgroups, whose first warp indices
-// must be multiples of 4), 288 threads, so every thread may hold 224 registers without setmaxnreg (ptxas
-// allocates for the whole kernel: at 384 threads its limit of 168 made the overlapped step spill). Q and range
-// tiles arrive by TMA (one thread, four 8 KB boxes per K/V tile: the two 64-column halves of K and of V, into
+// TMA variant: the producer warpgroup's first warp does all the loading (warps 1-3 of it leave at once), the
+// consumers are warps 4-11 as in the cp.async kernel. (A 288-thread layout with one producer warp did not
+// launch: Hopper allocates registers per warpgroup, so 3 warpgroups x 128 x 184 registers exceed the file; ptxas
+// caps such kernels at 168 registers, as at 384 threads.) Q and range tiles arrive by TMA (one thread, four 8 KB boxes per K/V tile: the two 64-column halves of K and of V, into
 // the same 128-byte-swizzled layout; rows past kv_len are zero-filled, rows of a partial tile past its count
 // carry other keys, masked through the tile's key list); gathered columns by cp.async from the 32 lanes.
 // full[s] counts 64 arrivals per phase: per lane one for the data (lane 0's with the TMA byte count, or a
 // cp.async arrive for gathered tiles) and one after its key-list writes.
 template <typename T, int kStages, bool kQRegs>
-__global__ void __maxnreg__(224)
+__global__ void __launch_bounds__(384, 1)
     sparse_prefill_wgmma_tma_kernel(const PrefillParams p, const __grid_constant__ CUtensorMap tm_q,
                                     const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -391,10 +391,15 @@ __global__ void __maxnreg__(224)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-  if (warp < 8) {
-    ws_consumer_loop<T, kStages, kQRegs>(p, L, warp / 4, warp % 4, lane);
+  // Registers: ptxas gives each side the budget of its setmaxnreg (without it the consumer step spills at the
+  // kernel's 168); the producer warp's gathered-column copies need more than the cp.async kernel's 56.
+  if (warp >= 4) {
+    setmaxnreg_inc<208>();
+    ws_consumer_loop<T, kStages, kQRegs>(p, L, warp / 4 - 1, warp % 4, lane);
     return;
   }
+  setmaxnreg_dec<88>();  // 128 x 88 + 256 x 208 = 64512 <= 65536
+  if (warp != 0) return;
   // ---------------------------------------------------------------- producer warp
   const T* k_all = static_cast<const T*>(p.k);
   const T* v_all = static_cast<const T*>(p.v);
@@ -536,12 +541,12 @@ void launch_sparse_prefill_wgmma_tma(const PrefillParams& p, cudaStream_t stream
   TESSERA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(Cfg::kSmemBytes)));
   int per_sm = 0;
-  TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 288, Cfg::kSmemBytes));
+  TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 384, Cfg::kSmemBytes));
   if (per_sm < 1) throw Error("sparse prefill (wgmma, TMA): kernel does not fit on a multiprocessor");
   const int grid = static_cast<int>(std::min<int64_t>(p.num_items, static_cast<int64_t>(per_sm) * dev.num_sms));
   TESSERA_CUDA_CHECK(cudaMemsetAsync(p.counter, 0, sizeof(int32_t), stream));
   if (grid == 0) return;
-  kernel<<<grid, 288, Cfg::kSmemBytes, stream>>>(p, tq, tk, tv);
+  kernel<<<grid, 384, Cfg::kSmemBytes, stream>>>(p, tq, tk, tv);
   check_launch("sparse_prefill_wgmma_tma_kernel");
 }
 
