@@ -1,4 +1,5 @@
-// tessera/attention/cuda/block_topk.cuh — exact top-k of a score array by one thread block (device code).
+// tessera/attention/cuda/block_topk.cuh — exact top-k of a score array by one thread block (BlockTopK) or by
+// one warp (WarpTopK, further down) (device code).
 //
 // Radix select on the order-preserving 32-bit image of the floats: four passes of an 8-bit histogram find the
 // k-th largest key T exactly; a final ordered pass keeps every element above T and the first (smallest-index)
@@ -120,6 +121,120 @@ struct BlockTopK {
       out_base += sel_total;
       eq_base += eq_total;
     }
+  }
+};
+
+// Exact top-k of one row by one warp, with the selection rule of BlockTopK (the k largest order keys, ties to
+// the smaller index, written in ascending index order), for 0 < k < n. The row is read from global memory
+// once into registers when it has at most 32 * kRegSlots entries (kInRegisters), else once per pass.
+//
+// The k-th largest key T is found bit by bit from the top: prefix/upper bracket T (count(key >= prefix) >= k
+// > count(key >= upper)); each pass counts the keys at or above the midpoint (a per-lane count and one warp
+// reduction). Once at most 32 keys lie in [prefix, upper) they are gathered into one register per lane
+// (through `buf`, 32 words of shared memory per warp) and the remaining bits are decided on those alone. Then
+// one ordered pass keeps every key above T and the first k - count(key > T) keys equal to T (ballots give
+// each lane its output slot). Every lane of the warp must call it with the same arguments.
+template <int kRegSlots>
+struct WarpTopK {
+  template <bool kInRegisters>
+  __device__ static void select(const float* row, int n, int k, int32_t* out, uint32_t* buf) {
+    constexpr unsigned kAll = 0xffffffffu;
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+    const unsigned below = (1u << lane) - 1u;
+    const int slots = (n + 31) >> 5;
+    uint32_t key[kInRegisters ? kRegSlots : 1];
+    if constexpr (kInRegisters) {
+#pragma unroll
+      for (int r = 0; r < kRegSlots; ++r) {
+        const int i = r * 32 + lane;
+        key[r] = i < n ? order_key(row[i]) : 0u;
+      }
+    }
+    // f(key, valid, index) for the row's slots in index order (slot r holds index 32 r + lane) while it
+    // returns true; the return value must be the same on every lane.
+    auto visit = [&](auto&& f) {
+      if constexpr (kInRegisters) {
+        bool go = true;
+#pragma unroll
+        for (int g = 0; g < kRegSlots / 8; ++g) {
+          if (!go || g * 8 >= slots) break;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const int r = g * 8 + j, i = r * 32 + lane;
+            if (go) go = f(key[r], i < n, i);
+          }
+        }
+      } else {
+        for (int r = 0; r < slots; ++r) {
+          const int i = r * 32 + lane;
+          const bool ok = i < n;
+          if (!f(ok ? order_key(row[i]) : 0u, ok, i)) break;
+        }
+      }
+    };
+    const unsigned kk = static_cast<unsigned>(k);
+    uint32_t prefix = 0;
+    unsigned c_prefix = static_cast<unsigned>(n), c_upper = 0;  // count(key >= prefix), count(key >= upper)
+    int bit = 31;                                               // upper = prefix + 2^(bit + 1)
+    for (; bit >= 0; --bit) {
+      if (c_prefix - c_upper <= 32u) break;
+      const uint32_t cand = prefix | (1u << bit);
+      unsigned local = 0;
+      visit([&](uint32_t x, bool ok, int) {
+        local += ok && x >= cand ? 1u : 0u;
+        return true;
+      });
+      const unsigned cnt = __reduce_add_sync(kAll, local);
+      if (cnt >= kk) {
+        prefix = cand;
+        c_prefix = cnt;
+      } else {
+        c_upper = cnt;
+      }
+    }
+    if (bit >= 0) {
+      // The m <= 32 keys in [prefix, upper), one per lane; count(key >= cand) = c_upper + those in
+      // [cand, upper), i.e. those that agree with cand from `bit` up.
+      const unsigned m = c_prefix - c_upper;
+      const uint32_t high = bit == 31 ? 0u : ~0u << (bit + 1);
+      unsigned found = 0;
+      visit([&](uint32_t x, bool ok, int) {
+        const bool in = ok && (x & high) == prefix;
+        const unsigned b = __ballot_sync(kAll, in);
+        if (in) buf[found + __popc(b & below)] = x;
+        found += __popc(b);
+        return found < m;
+      });
+      __syncwarp();
+      const bool mine_ok = static_cast<unsigned>(lane) < m;
+      const uint32_t mine = mine_ok ? buf[lane] : 0u;
+      __syncwarp();  // buf is free again when this returns
+      for (; bit >= 0; --bit) {
+        const uint32_t cand = prefix | (1u << bit);
+        const unsigned cnt =
+            c_upper + __reduce_add_sync(kAll, mine_ok && mine >> bit == cand >> bit ? 1u : 0u);
+        if (cnt >= kk) {
+          prefix = cand;
+          c_prefix = cnt;
+        } else {
+          c_upper = cnt;
+        }
+      }
+    }
+    // T = prefix; count(key > T) = c_upper < k <= count(key >= T).
+    const uint32_t thr = prefix;
+    const unsigned need_eq = kk - c_upper;
+    unsigned taken = 0, eq_seen = 0;
+    visit([&](uint32_t x, bool ok, int i) {
+      const bool eq = ok && x == thr;
+      const unsigned em = __ballot_sync(kAll, eq);
+      const bool sel = (ok && x > thr) || (eq && eq_seen + __popc(em & below) < need_eq);
+      const unsigned sm = __ballot_sync(kAll, sel);
+      if (sel) out[taken + __popc(sm & below)] = i;
+      taken += __popc(sm);
+      eq_seen += __popc(em);
+      return taken < kk;
+    });
   }
 };
 
