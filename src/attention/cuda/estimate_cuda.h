@@ -11,6 +11,10 @@
 //    top_k >= 1) plus the top-(min(top_k, qb + 1) - 1) of blocks [0, qb), ascending.
 // Arithmetic order differs from the CPU (which accumulates in f64 and dots with AVX), so estimates are
 // identical wherever the k-th and (k+1)-th scores are not within rounding of each other.
+// The BS scores are defined exactly (so a test can reproduce them on the host): pooled rows are f32 sums of
+// the rows in order divided by the row count (f32); a score is 32 leaves (leaf l = fma over elements l, l +
+// 32, ... in order, from +0) added as the binary tree that pairs leaves l and l + 16 first, then l and l + 8,
+// ..., then 0 and 1, times scale; ranking by the order key of block_topk.cuh (-0 = +0).
 //
 // The output lives in device memory in a fixed layout decided on the host from the patterns and the shape
 // (no host synchronisation in the run path): per VS head min(vertical, keys) columns and min(slash, keys)
@@ -57,6 +61,29 @@ struct BsHeadDesc {
   int64_t key_base = 0;      // into DeviceEstimates::bs_key_blocks
 };
 
+// BS scoring work, laid out on the host (estimate_cuda.cu, "BS estimator v2"). A tile is up to 64 (32 at
+// head_dim 256) consecutive query blocks of one BS head; its scored rows (those that choose among their
+// causal blocks: 2 <= top_k <= qb) are [e_scored, e1), and their scores (qb floats each, row after row) start
+// at `scratch` in the score buffer of the tile's wave.
+struct BsTileDesc {
+  int32_t slot = 0;  // index into the BS heads
+  int32_t e0 = 0;    // rows [e0, e1) (query-block entries of the head)
+  int32_t e1 = 0;
+  int32_t e_scored = 0;  // first scored row, in [e0, e1]
+  int64_t scratch = 0;   // offset of row e_scored's scores in the wave's scratch (floats)
+};
+// One CTA of the scoring kernel: the scores of a tile against key tiles [kt0, kt1).
+struct BsWorkDesc {
+  int32_t tile = 0;
+  int32_t kt0 = 0;
+  int32_t kt1 = 0;
+};
+// Scoring and selection run in waves whose scores fit the scratch: tiles [tile_begin, tile_end) and their
+// scoring work [work_begin, work_end) (heaviest first).
+struct BsWave {
+  int32_t tile_begin = 0, tile_end = 0, work_begin = 0, work_end = 0;
+};
+
 class DeviceEstimates {
  public:
   DeviceEstimates() = default;
@@ -66,6 +93,13 @@ class DeviceEstimates {
                   int head_dim);
 
   bool empty() const { return vs_.empty() && bs_.empty(); }
+
+  // The most BS scores one wave of the BS estimator holds (floats; default 16M = 64 MB; a single tile of
+  // query blocks may exceed it). Read when a DeviceEstimates is constructed: tests lower it to run many
+  // waves.
+  static void set_bs_wave_floats(int64_t floats);
+  static int64_t bs_wave_floats();
+  int num_bs_waves() const { return static_cast<int>(bs_waves_.size()); }
 
   // Runs the estimators on device tensors q [q_len, num_q_heads, d] and k [kv_len, num_kv_heads, d] (bf16 or
   // f16, head_dim 64/128/256, last dimension contiguous). Asynchronous on `stream`.
@@ -100,7 +134,7 @@ class DeviceEstimates {
   std::vector<int32_t> bs_block_sizes_;  // distinct BS block sizes (pool_index)
   std::vector<int64_t> bs_pool_base_;    // start of each pool in bs_kpool_
   int32_t bs_max_q_blocks_ = 0;
-  int32_t bs_max_key_blocks_ = 0;
+  std::vector<BsWave> bs_waves_;
   std::vector<int32_t> bs_offsets_host_;  // CSR offsets of every BS head, concatenated
   DeviceBuffer<int32_t> vs_columns_, vs_offsets_, bs_offsets_, bs_key_blocks_;
   DeviceBuffer<VsHeadDesc> vs_desc_;
@@ -108,7 +142,9 @@ class DeviceEstimates {
   // Scratch.
   DeviceBuffer<float2> vs_partial_stats_, vs_stats_;
   DeviceBuffer<float> vs_colsum_, vs_diag_partial_, vs_diag_;
-  DeviceBuffer<float> bs_kpool_, bs_qpool_;
+  DeviceBuffer<float> bs_kpool_, bs_qpool_, bs_scores_;
+  DeviceBuffer<BsTileDesc> bs_tiles_;
+  DeviceBuffer<BsWorkDesc> bs_work_;
   int vs_chunks_ = 0;
 };
 
