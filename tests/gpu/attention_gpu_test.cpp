@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -32,6 +33,7 @@
 #include "attention/cpu/sparse_attention.h"
 #include "attention/cuda/cudnn_sdpa.h"
 #include "attention/cuda/device_buffer.h"
+#include "attention/cuda/estimate_cuda.h"
 #include "attention/cuda/layer_attention_cuda.h"
 #include "attention/cuda/lower_tile.h"
 #include "attention/cuda/prefill_cursor.h"
@@ -988,6 +990,164 @@ std::vector<EstimateCase> estimate_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Cases, DeviceEstimateTest, ::testing::ValuesIn(estimate_cases()),
                          [](const ::testing::TestParamInfo<EstimateCase>& i) { return i.param.name; });
+
+// ---------------------------------------------------------------------------------------------------------------
+// The device BS estimate bit for bit. Its arithmetic is defined exactly (estimate_cuda.h: f32 pooling in row
+// order, 32 fma leaves added as a fixed tree, times scale), so the host can reproduce it; with an exact top-k
+// (order keys, ties to the smaller block, diagonal last) every key block of every query block must match.
+// Unlike BlockSparseIdenticalUpToNearTies (against the CPU estimator's f64 arithmetic) there is no slack:
+// this checks the scoring tiles, the waves and the warp top-k, including exact ties and rows of more than
+// 2048 blocks.
+
+uint32_t order_key_host(float x) {
+  if (x == 0.0f) x = 0.0f;  // -0 ranks as +0
+  uint32_t u = 0;
+  std::memcpy(&u, &x, sizeof u);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Mean of rows [r0, r1) of head h of an f32 [rows, heads, d] tensor, summed in row order in f32.
+std::vector<float> pooled_f32(const Tensor& t, int h, int r0, int r1) {
+  const int d = static_cast<int>(t.dim(2));
+  std::vector<float> acc(static_cast<size_t>(d), 0.0f);
+  const TensorView v = t.view();
+  for (int r = r0; r < r1; ++r)
+    for (int c = 0; c < d; ++c) acc[static_cast<size_t>(c)] += *v.at<float>(r, h, c);
+  for (float& x : acc) x = x / static_cast<float>(r1 - r0);
+  return acc;
+}
+
+float bs_score_f32(const std::vector<float>& q, const std::vector<float>& k, float scale) {
+  float leaf[32];
+  for (size_t l = 0; l < 32; ++l) {
+    float a = 0.0f;
+    for (size_t i = l; i < q.size(); i += 32) a = std::fma(q[i], k[i], a);
+    leaf[l] = a;
+  }
+  for (size_t m = 16; m >= 1; m /= 2)
+    for (size_t l = 0; l < m; ++l) leaf[l] = leaf[l] + leaf[l + m];
+  return leaf[0] * scale;
+}
+
+BlockSparseEstimate emulate_block_sparse(const BlockSparsePattern& p, const Inputs& in, const Shape& s, int h,
+                                         float scale) {
+  const int B = p.block, kvh = h / (s.hq / s.hkv), q_end = s.q_begin + s.q_len;
+  BlockSparseEstimate e;
+  e.block = B;
+  e.offsets.assign(1, 0);
+  if (s.q_len == 0) return e;
+  e.first_q_block = s.q_begin / B;
+  const int nkb = (q_end + B - 1) / B;
+  std::vector<std::vector<float>> kp;
+  for (int kb = 0; kb < nkb; ++kb)
+    kp.push_back(pooled_f32(in.k, kvh, kb * B, std::min((kb + 1) * B, s.kv_len())));
+  for (int qb = e.first_q_block; qb <= (q_end - 1) / B; ++qb) {
+    const int count = std::min(p.top_k, qb + 1);
+    if (count >= 1) {
+      std::vector<int32_t> keep;
+      if (count - 1 >= qb) {
+        for (int kb = 0; kb < qb; ++kb) keep.push_back(kb);
+      } else if (count > 1) {
+        const std::vector<float> qp = pooled_f32(in.q, h, std::max(qb * B, s.q_begin) - s.q_begin,
+                                                 std::min((qb + 1) * B, q_end) - s.q_begin);
+        std::vector<std::pair<uint32_t, int32_t>> ranked;
+        for (int kb = 0; kb < qb; ++kb)
+          ranked.emplace_back(order_key_host(bs_score_f32(qp, kp[static_cast<size_t>(kb)], scale)), kb);
+        std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
+          return a.first != b.first ? a.first > b.first : a.second < b.second;
+        });
+        for (int i = 0; i < count - 1; ++i) keep.push_back(ranked[static_cast<size_t>(i)].second);
+        std::sort(keep.begin(), keep.end());
+      }
+      keep.push_back(qb);
+      e.key_blocks.insert(e.key_blocks.end(), keep.begin(), keep.end());
+    }
+    e.offsets.push_back(static_cast<int32_t>(e.key_blocks.size()));
+  }
+  return e;
+}
+
+struct BsExactCase {
+  std::string name;
+  Shape shape;
+  std::vector<BlockSparsePattern> heads;  // cycled over the query heads
+  bool tied = false;                      // k repeats every 192 tokens: equal pooled blocks, tied scores
+  int64_t wave_floats = 0;                // DeviceEstimates::set_bs_wave_floats for the case (0: default)
+};
+
+class DeviceBsExactTest : public ::testing::TestWithParam<BsExactCase> {};
+
+TEST_P(DeviceBsExactTest, MatchesHostEmulationExactly) {
+  REQUIRE_GPU();
+  const BsExactCase& c = GetParam();
+  const Shape& s = c.shape;
+  SCOPED_TRACE(describe(s));
+  Inputs in = make_inputs(s, seed_of(c.name + "bsx"));
+  if (c.tied) {
+    const int64_t row = int64_t{s.hkv} * s.d;
+    float* k = in.k.ptr<float>();
+    for (int64_t j = 192; j < s.kv_len(); ++j) std::copy_n(k + (j % 192) * row, row, k + j * row);
+    in.dk = to_device(in.k, s.dtype);
+  }
+  std::vector<Pattern> layer;
+  for (int h = 0; h < s.hq; ++h) layer.push_back(c.heads[static_cast<size_t>(h) % c.heads.size()]);
+  const int64_t saved = gpu::DeviceEstimates::bs_wave_floats();
+  if (c.wave_floats > 0) gpu::DeviceEstimates::set_bs_wave_floats(c.wave_floats);
+  gpu::DeviceEstimates est(layer, s.ctx(), s.hkv, s.d);
+  gpu::DeviceEstimates::set_bs_wave_floats(saved);
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.d)));
+  est.estimate(in.dq.view, in.dk.view, scale, nullptr);
+  const std::vector<HeadEstimate> got = est.download();
+  int64_t blocks = 0;
+  for (int h = 0; h < s.hq; ++h) {
+    const auto& pat = std::get<BlockSparsePattern>(layer[static_cast<size_t>(h)]);
+    const BlockSparseEstimate want = emulate_block_sparse(pat, in, s, h, scale);
+    const auto& g = std::get<BlockSparseEstimate>(got[static_cast<size_t>(h)]);
+    ASSERT_EQ(g.block, want.block) << "head " << h;
+    ASSERT_EQ(g.first_q_block, want.first_q_block) << "head " << h;
+    ASSERT_EQ(g.offsets, want.offsets) << "head " << h;
+    if (g.key_blocks != want.key_blocks) {
+      for (size_t e = 0; e + 1 < want.offsets.size(); ++e) {
+        const std::vector<int32_t> a(want.key_blocks.begin() + want.offsets[e],
+                                     want.key_blocks.begin() + want.offsets[e + 1]);
+        const std::vector<int32_t> b(g.key_blocks.begin() + g.offsets[e],
+                                     g.key_blocks.begin() + g.offsets[e + 1]);
+        ASSERT_EQ(b, a) << "head " << h << " (" << attn::describe(Pattern{pat}) << ") query block "
+                        << want.first_q_block + static_cast<int>(e);
+      }
+    }
+    blocks += static_cast<int64_t>(want.key_blocks.size());
+  }
+  std::printf("[ bs exact ] %-28s %d wave(s), %lld key blocks identical\n", c.name.c_str(),
+              est.num_bs_waves(), static_cast<long long>(blocks));
+}
+
+std::vector<BsExactCase> bs_exact_cases() {
+  return {
+      {"s40_short", Shape{40, 0, 0, 2, 2, 64, 64, DType::BF16}, {{4, 64}, {2, 16}}},
+      {"s777_d64_blocks",
+       Shape{777, 0, 0, 4, 2, 64, 128, DType::BF16},
+       {{5, 16}, {2, 32}, {40, 64}, {1, 100}}},
+      // A chunk (q_begin not a block multiple) with a cache tail; top_k >= blocks and top_k = 0.
+      {"chunk_q1000_s1500_tail_f16",
+       Shape{1500, 1000, 37, 4, 1, 128, 128, DType::F16},
+       {{7, 64}, {3, 32}, {1000, 16}, {0, 64}}},
+      {"tied_s3000_d128",
+       Shape{3000, 0, 0, 4, 2, 128, 128, DType::BF16},
+       {{10, 64}, {25, 32}, {3, 16}, {50, 64}},
+       true},
+      {"llama_s8192_top100", Shape{8192, 0, 0, 8, 2, 128, 128, DType::BF16}, {{100, 64}, {100, 32}}},
+      // Rows of more than 2048 key blocks (WarpTopK from memory), k close to the row length.
+      {"long_rows_s33000_b16", Shape{33000, 0, 0, 2, 1, 64, 128, DType::BF16}, {{100, 16}, {1900, 16}}},
+      {"block1_s2100_f16", Shape{2100, 0, 0, 2, 1, 64, 128, DType::F16}, {{30, 1}, {2099, 1}}},
+      // Many waves (a wave limit below one tile's scores), d 256 tiles of 32 query blocks.
+      {"waves_s2000_d256", Shape{2000, 0, 0, 4, 2, 256, 128, DType::F16}, {{6, 16}, {12, 32}}, false, 3000},
+      {"waves_chunk_d128", Shape{1200, 700, 0, 4, 2, 128, 128, DType::BF16}, {{9, 16}, {4, 64}}, true, 20000},
+  };
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, DeviceBsExactTest, ::testing::ValuesIn(bs_exact_cases()),
+                         [](const ::testing::TestParamInfo<BsExactCase>& i) { return i.param.name; });
 
 // ---------------------------------------------------------------------------------------------------------------
 // End to end on the device: estimate, index, kernel.
