@@ -62,7 +62,8 @@ struct WgmmaWsConfig {
   static constexpr uint32_t kMetaOffset = kKeysOffset + kStages * BN * 4;  // int4 per stage
   static constexpr uint32_t kBarOffset = kMetaOffset + kStages * 16;       // full[S], empty[S], qfull[2], qempty[2]
   static constexpr uint32_t kSlotOffset = kBarOffset + (2 * kStages + 4) * 8;  // int[2]
-  static constexpr size_t kSmemBytes = 1024 + kSlotOffset + 8;  // + alignment slack
+  static constexpr uint32_t kPinOffset = kSlotOffset + 16;  // float[256]: the consumers' softmax pins
+  static constexpr size_t kSmemBytes = 1024 + kPinOffset + 256 * 4;  // + alignment slack
   static constexpr int kFlagMasked = 1, kFlagLast = 2, kFlagEnd = 4;
   static_assert(kProducerThreads == 8 * kChunks, "producer thread (r0, ch): rows r0 + 8 i, 16-byte chunk ch");
 };
@@ -75,6 +76,7 @@ struct WgmmaWsLayout {
   int* keys;   // [kStages][BN]
   int4* meta;  // per stage: item, key count, flags
   int* slot;   // int[2]
+  float* pin;  // float[256], one per consumer thread
   __device__ __forceinline__ explicit WgmmaWsLayout(unsigned char* smem_raw) {
     const uint32_t raw_addr = smem_addr(smem_raw);
     unsigned char* smem = smem_raw + (((raw_addr + 1023u) & ~1023u) - raw_addr);
@@ -85,6 +87,7 @@ struct WgmmaWsLayout {
     keys = reinterpret_cast<int*>(smem + Cfg::kKeysOffset);
     meta = reinterpret_cast<int4*>(smem + Cfg::kMetaOffset);
     slot = reinterpret_cast<int*>(smem + Cfg::kSlotOffset);
+    pin = reinterpret_cast<float*>(smem + Cfg::kPinOffset);
   }
   __device__ __forceinline__ uint32_t full(int s) const { return bar + 8u * s; }
   __device__ __forceinline__ uint32_t empty(int s) const { return bar + 8u * (kStages + s); }
@@ -155,10 +158,11 @@ __device__ __forceinline__ void ws_consumer_loop(const PrefillParams& p, const W
         float alpha[2];
         cs.softmax(s, (mt.z & Cfg::kFlagMasked) != 0, sKeys + st * BN, p.span, p.scale_log2, alpha);
         // Keeps the wait below the softmax: no instruction links the two, and ptxas otherwise schedules the
-        // wait for P V first, serialising the softmax with P V (H200 profile: 6.7% of the samples on that wait).
-        // A warp barrier is a scheduling fence; a never-taken trap branch did the same but, being divergent,
-        // made ptxas serialise every wgmma (C7518).
-        __syncwarp();
+        // wait for P V first, serialising the softmax with P V (H200 profile: 10% of the samples on that wait).
+        // ptxas does not move the wait above a shared-memory store, and the row sums need every score of the
+        // step, so storing them pins the whole softmax before the wait. (A never-taken trap branch made ptxas
+        // serialise every wgmma, C7518; a __syncwarp was compiled away.)
+        L.pin[cw * 128 + wq * 32 + lane] = cs.l[0] + cs.l[1];
         wgmma_wait<0>();  // P V of the previous tile (nothing pending for the first)
         fence_operands(cs.o);
         Consumer::keep_live(pa);
