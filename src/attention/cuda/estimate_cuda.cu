@@ -634,6 +634,9 @@ void launch_bs(const BsParams& p, int num_heads, int num_kv_heads, const std::ve
   constexpr int smem = 2 * kBsKTileBytes;
   TESSERA_CUDA_CHECK(
       cudaFuncSetAttribute(bs_score_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  // Three CTAs per SM need 3 x 64 KB of shared memory: ask for the largest carveout.
+  TESSERA_CUDA_CHECK(cudaFuncSetAttribute(bs_score_kernel<D>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                          cudaSharedmemCarveoutMaxShared));
   for (const BsWave& w : waves) {
     if (w.work_end > w.work_begin) {
       bs_score_kernel<D><<<static_cast<unsigned>(w.work_end - w.work_begin), kBsScoreThreads, smem, stream>>>(
