@@ -13,8 +13,8 @@
 //  - an all-dense layer runs on the dense backend (DenseBackend): by default cuDNN's fused SDPA
 //    (cudnn_sdpa.h) where it is built, supports the call (whole-prompt prefill, no window) and has an engine,
 //    and q_len >= kCudnnMinQLen; else our kernel on the dense index. Measured on an H200 (docs/PERF.md):
-//    cuDNN 0.89 / 14.5 / 257 ms against ours 1.04 / 17.8 / 282 ms at 8K / 32K / 128K (warp-specialized
-//    kernel; 1.65 / 24.8 / 401 ms before it), so kAuto prefers cuDNN;
+//    cuDNN 0.93 / 14.7 / 253 ms against ours 0.96 / 16.2 / 252 ms at 8K / 32K / 128K (TMA warp-specialized
+//    kernel; 1.65 / 24.8 / 401 ms before it), so kAuto prefers cuDNN (equal at 128K, faster below);
 //    attention_gpu_bench prints both every run ("dense backends" lines), the figures that set this default.
 //  - dense fallback (set_dense_fallback, on by default): a layer with sparse heads whose index costs more
 //    than dense attention would, runs dense instead (on the dense backend). Cost = key tiles of 64 plus one
@@ -61,9 +61,10 @@ const char* dense_backend_name(DenseBackend b);
 // kAuto sends dense calls shorter than this to our kernel (cuDNN plans are built per shape on first use,
 // which costs host time for every new prompt length; below 8K the two were not compared on a device yet).
 inline constexpr int64_t kCudnnMinQLen = 2048;
-// cuDNN's dense time per key tile relative to our kernel's. H200, warp-specialized wgmma kernel (PERF.md, fifth
-// attention run): 0.86 at 8K, 0.81 at 32K, 0.91 at 128K (the earlier all-threads-load kernel: 0.55 / 0.52 / 0.63).
-inline constexpr double kCudnnRelTileCost = 0.85;
+// cuDNN's dense time per key tile relative to our kernel's. H200, TMA warp-specialized wgmma kernel (PERF.md,
+// fifth attention run): 0.97 at 8K, 0.90 at 32K, 1.01 at 128K (the earlier all-threads-load kernel: 0.55 / 0.52 /
+// 0.63).
+inline constexpr double kCudnnRelTileCost = 0.95;
 
 class CudaLayerAttention {
  public:

@@ -51,7 +51,6 @@ template <typename T, int kStages, bool kQRegs>
 void launch_sparse_prefill_wgmma_tma(const PrefillParams& p, cudaStream_t stream);
 #define TESSERA_DECLARE_WGMMA_WS(T)                                                                       \
   extern template void launch_sparse_prefill_wgmma_ws<T, 4, true>(const PrefillParams&, cudaStream_t);  \
-  extern template void launch_sparse_prefill_wgmma_ws<T, 5, true>(const PrefillParams&, cudaStream_t);  \
   extern template void launch_sparse_prefill_wgmma_ws<T, 4, false>(const PrefillParams&, cudaStream_t); \
   extern template void launch_sparse_prefill_wgmma_tma<T, 4, true>(const PrefillParams&, cudaStream_t);
 TESSERA_DECLARE_WGMMA_WS(__nv_bfloat16)
@@ -214,7 +213,6 @@ struct WgmmaVariant {
 constexpr WgmmaVariant kWgmmaVariants[] = {
     {true, 4, true, true, false, 8192, 1024, "TMA producer warp, Q in registers, 4 stages"},
     {false, 4, true, true, false, 8192, 1024, "warp-specialized, Q in registers, 4 stages"},
-    {false, 5, true, true, false, 8192, 1024, "warp-specialized, Q in registers, 5 stages"},
     {false, 4, false, true, false, 8192, 1024, "warp-specialized, Q in shared memory, 4 stages"},
     {false, 0, false, true, false, 8192, 1024, "overlapped S/PV, m64n128 PV"},
     {false, 0, false, true, true, 1024, 1024, "overlapped S/PV, 2 x m64n64 PV"},
@@ -228,8 +226,6 @@ void launch_wgmma_t(const WgmmaVariant& v, const detail::PrefillParams& p, cudaS
     detail::launch_sparse_prefill_wgmma_tma<T, 4, true>(p, stream);
   } else if (v.ws_stages == 4 && v.q_regs) {
     detail::launch_sparse_prefill_wgmma_ws<T, 4, true>(p, stream);
-  } else if (v.ws_stages == 5 && v.q_regs) {
-    detail::launch_sparse_prefill_wgmma_ws<T, 5, true>(p, stream);
   } else if (v.ws_stages == 4) {
     detail::launch_sparse_prefill_wgmma_ws<T, 4, false>(p, stream);
   } else if (v.overlap) {

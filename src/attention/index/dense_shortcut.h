@@ -14,8 +14,8 @@
 //     top_k * block (BS): at most that many keys per row can be selected.
 // The layer goes dense iff every head is covered: coverage >= kStaticDenseCoverage * r (static heads) or
 // >= kDynamicDenseCoverage * r (dynamic heads), r = the dense backend's time per key tile relative to our
-// sparse kernel's (1 when our kernel runs dense, ~0.85 for cuDNN on the H200 since the warp-specialized kernel;
-// 0.55 before it). Static heads get the higher
+// sparse kernel's (1 when our kernel runs dense, ~0.95 for cuDNN on the H200 since the TMA warp-specialized
+// kernel; 0.55 before it). Static heads get the higher
 // threshold because their index costs nothing to build (their exact tile cost decides later anyway) and tile
 // granularity makes their executed density higher than the cell coverage; dynamic heads' executed density is
 // far above the budget bound (VS at 32K: bound 0.39, executed tile density 0.83), hence the lower threshold.
