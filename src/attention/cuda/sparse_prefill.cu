@@ -47,12 +47,13 @@ TESSERA_DECLARE_WGMMA(__half)
 // Instantiated in sparse_prefill_wgmma_ws_{bf16,f16}.cu.
 template <typename T, int kStages, bool kQRegs>
 void launch_sparse_prefill_wgmma_ws(const PrefillParams& p, cudaStream_t stream);
-template <typename T, int kStages, bool kQRegs>
+template <typename T, int kStages, bool kQRegs, bool kPingpong>
 void launch_sparse_prefill_wgmma_tma(const PrefillParams& p, cudaStream_t stream);
 #define TESSERA_DECLARE_WGMMA_WS(T)                                                                       \
   extern template void launch_sparse_prefill_wgmma_ws<T, 4, true>(const PrefillParams&, cudaStream_t);  \
   extern template void launch_sparse_prefill_wgmma_ws<T, 4, false>(const PrefillParams&, cudaStream_t); \
-  extern template void launch_sparse_prefill_wgmma_tma<T, 4, true>(const PrefillParams&, cudaStream_t);
+  extern template void launch_sparse_prefill_wgmma_tma<T, 4, true, false>(const PrefillParams&, cudaStream_t); \
+  extern template void launch_sparse_prefill_wgmma_tma<T, 4, true, true>(const PrefillParams&, cudaStream_t);
 TESSERA_DECLARE_WGMMA_WS(__nv_bfloat16)
 TESSERA_DECLARE_WGMMA_WS(__half)
 #undef TESSERA_DECLARE_WGMMA_WS
@@ -203,6 +204,7 @@ void check_call(const AttentionArgs& args, const DeviceSparseIndex& index, const
 // K-direction stride matters (given as both: robust to reading the two fields the other way round).
 struct WgmmaVariant {
   bool tma;       // the TMA producer-warp kernel (ws_stages and q_regs as below)
+  bool pingpong;  // TMA kernel: the consumer warpgroups take turns issuing their wgmmas
   int ws_stages;  // > 0: the warp-specialized kernel with this many K/V stages (always overlapped, m64n128)
   bool q_regs;    // warp-specialized: Q in registers (S = Q K^T with a register A operand)
   bool overlap;
@@ -211,19 +213,22 @@ struct WgmmaVariant {
   const char* name;
 };
 constexpr WgmmaVariant kWgmmaVariants[] = {
-    {true, 4, true, true, false, 8192, 1024, "TMA producer warp, Q in registers, 4 stages"},
-    {false, 4, true, true, false, 8192, 1024, "warp-specialized, Q in registers, 4 stages"},
-    {false, 4, false, true, false, 8192, 1024, "warp-specialized, Q in shared memory, 4 stages"},
-    {false, 0, false, true, false, 8192, 1024, "overlapped S/PV, m64n128 PV"},
-    {false, 0, false, true, true, 1024, 1024, "overlapped S/PV, 2 x m64n64 PV"},
-    {false, 0, false, false, false, 8192, 1024, "serial S/PV, m64n128 PV"},
-    {false, 0, false, false, true, 1024, 1024, "serial S/PV, 2 x m64n64 PV"},
+    {true, true, 4, true, true, false, 8192, 1024, "TMA producer warp, ping-pong, Q in registers, 4 stages"},
+    {true, false, 4, true, true, false, 8192, 1024, "TMA producer warp, Q in registers, 4 stages"},
+    {false, false, 4, true, true, false, 8192, 1024, "warp-specialized, Q in registers, 4 stages"},
+    {false, false, 4, false, true, false, 8192, 1024, "warp-specialized, Q in shared memory, 4 stages"},
+    {false, false, 0, false, true, false, 8192, 1024, "overlapped S/PV, m64n128 PV"},
+    {false, false, 0, false, true, true, 1024, 1024, "overlapped S/PV, 2 x m64n64 PV"},
+    {false, false, 0, false, false, false, 8192, 1024, "serial S/PV, m64n128 PV"},
+    {false, false, 0, false, false, true, 1024, 1024, "serial S/PV, 2 x m64n64 PV"},
 };
 
 template <typename T>
 void launch_wgmma_t(const WgmmaVariant& v, const detail::PrefillParams& p, cudaStream_t stream) {
-  if (v.tma) {
-    detail::launch_sparse_prefill_wgmma_tma<T, 4, true>(p, stream);
+  if (v.tma && v.pingpong) {
+    detail::launch_sparse_prefill_wgmma_tma<T, 4, true, true>(p, stream);
+  } else if (v.tma) {
+    detail::launch_sparse_prefill_wgmma_tma<T, 4, true, false>(p, stream);
   } else if (v.ws_stages == 4 && v.q_regs) {
     detail::launch_sparse_prefill_wgmma_ws<T, 4, true>(p, stream);
   } else if (v.ws_stages == 4) {

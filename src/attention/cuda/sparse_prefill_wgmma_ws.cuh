@@ -98,7 +98,11 @@ struct WgmmaWsLayout {
 // The consumer warpgroups' loop (both warp-specialized kernels): warpgroup cw owns rows [64 cw, 64 cw + 64) of
 // every item; wq is the warp's index in its warpgroup. Stage descriptors, keys and barriers as laid out by
 // WgmmaWsLayout; the producer's side of the protocol is in the kernels.
-template <typename T, int kStages, bool kQRegs>
+// kPingpong (FA3's warpgroup ping-pong): the two warpgroups take turns issuing their S and P V wgmmas, through
+// named barriers 2 and 3 (warpgroup w waits on 2 + w, then lets the other one go by arriving on 3 - w), so
+// that one warpgroup's softmax runs while the tensor cores work on the other's tiles. Both warpgroups see the
+// same tiles, so their turns pair up; warpgroup 1 opens with one arrive, which is left pending at the end.
+template <typename T, int kStages, bool kQRegs, bool kPingpong = false>
 __device__ __forceinline__ void ws_consumer_loop(const PrefillParams& p, const WgmmaWsLayout<kStages>& L, int cw,
                                                  int wq, int lane) {
   using Cfg = WgmmaWsConfig<kStages>;
@@ -116,6 +120,9 @@ __device__ __forceinline__ void ws_consumer_loop(const PrefillParams& p, const W
     __syncwarp();
     if (lane == 0) mbarrier_arrive(b);
   };
+  if constexpr (kPingpong) {
+    if (cw == 1) named_barrier_arrive(2, 256);
+  }
   int it = 0;
   for (int n = 0;; ++n) {
     int st = it % kStages;
@@ -143,6 +150,7 @@ __device__ __forceinline__ void ws_consumer_loop(const PrefillParams& p, const W
       fence_proxy_async_shared();  // the producer's copies (generic proxy) before the wgmma reads
       if (mt.y > 0) {
         float s[BN / 2];
+        if constexpr (kPingpong) named_barrier_sync(2 + cw, 256);  // this warpgroup's turn
         if constexpr (kQRegs) {
           Consumer::issue_qk_rs(s, qf, sK + st * Cfg::kKvBytes);
         } else {
@@ -150,8 +158,10 @@ __device__ __forceinline__ void ws_consumer_loop(const PrefillParams& p, const W
         }
         if (prev_st >= 0) {
           cs.issue_pv(pa, sV + prev_st * Cfg::kKvBytes, p.pv_lbo, p.pv_sbo);
+          if constexpr (kPingpong) named_barrier_arrive(3 - cw, 256);  // the other warpgroup's turn
           wgmma_wait<1>();  // S done (committed first), P V may still run
         } else {
+          if constexpr (kPingpong) named_barrier_arrive(3 - cw, 256);
           wgmma_wait<0>();
         }
         fence_operands(s);
@@ -372,7 +382,7 @@ void launch_sparse_prefill_wgmma_ws(const PrefillParams& p, cudaStream_t stream)
 // carry other keys, masked through the tile's key list); gathered columns by cp.async from the 32 lanes.
 // full[s] counts 64 arrivals per phase: per lane one for the data (lane 0's with the TMA byte count, or a
 // cp.async arrive for gathered tiles) and one after its key-list writes.
-template <typename T, int kStages, bool kQRegs>
+template <typename T, int kStages, bool kQRegs, bool kPingpong>
 __global__ void __launch_bounds__(384, 1)
     sparse_prefill_wgmma_tma_kernel(const PrefillParams p, const __grid_constant__ CUtensorMap tm_q,
                                     const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
@@ -399,7 +409,7 @@ __global__ void __launch_bounds__(384, 1)
   // kernel's 168); the producer warp's gathered-column copies need more than the cp.async kernel's 56.
   if (warp >= 4) {
     setmaxnreg_inc<208>();
-    ws_consumer_loop<T, kStages, kQRegs>(p, L, warp / 4 - 1, warp % 4, lane);
+    ws_consumer_loop<T, kStages, kQRegs, kPingpong>(p, L, warp / 4 - 1, warp % 4, lane);
     return;
   }
   setmaxnreg_dec<88>();  // 128 x 88 + 256 x 208 = 64512 <= 65536
@@ -530,10 +540,10 @@ CUtensorMap make_head_tensor_map(const void* base, int heads, int rows, int64_t 
   return m;
 }
 
-template <typename T, int kStages, bool kQRegs>
+template <typename T, int kStages, bool kQRegs, bool kPingpong>
 void launch_sparse_prefill_wgmma_tma(const PrefillParams& p, cudaStream_t stream) {
   using Cfg = WgmmaWsConfig<kStages>;
-  auto kernel = sparse_prefill_wgmma_tma_kernel<T, kStages, kQRegs>;
+  auto kernel = sparse_prefill_wgmma_tma_kernel<T, kStages, kQRegs, kPingpong>;
   const DeviceInfo& dev = current_device_info();
   if (static_cast<size_t>(dev.max_smem_per_block) < Cfg::kSmemBytes) {
     throw Error("sparse prefill (wgmma, TMA): needs " + std::to_string(Cfg::kSmemBytes) +

@@ -8,5 +8,6 @@
 namespace tessera::attn::gpu::detail {
 template void launch_sparse_prefill_wgmma_ws<__nv_bfloat16, 4, true>(const PrefillParams&, cudaStream_t);
 template void launch_sparse_prefill_wgmma_ws<__nv_bfloat16, 4, false>(const PrefillParams&, cudaStream_t);
-template void launch_sparse_prefill_wgmma_tma<__nv_bfloat16, 4, true>(const PrefillParams&, cudaStream_t);
+template void launch_sparse_prefill_wgmma_tma<__nv_bfloat16, 4, true, false>(const PrefillParams&, cudaStream_t);
+template void launch_sparse_prefill_wgmma_tma<__nv_bfloat16, 4, true, true>(const PrefillParams&, cudaStream_t);
 }  // namespace tessera::attn::gpu::detail

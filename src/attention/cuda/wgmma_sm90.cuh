@@ -106,6 +106,10 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* tmap, int 
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// Arrive on barrier `id` without waiting (counts toward a bar.sync of `threads` elsewhere).
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 // Per-warpgroup register budget (all warps of the warpgroup execute it).
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
