@@ -1,6 +1,7 @@
 // Device lowering of patterns to the range+column index (contract: lower_cuda.h; semantics: index/lower.cpp).
 #include <algorithm>
 #include <climits>
+#include <cub/block/block_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 #include <string>
@@ -30,6 +31,14 @@ struct LowerParams {
   // Which heads' items this launch lowers: kAll, or only the vertical-slash heads, or only the others
   // (IndexBuildMode::kPerKind runs the warp kernel on the first and the thread kernel on the second).
   int32_t select = 0;
+  // VS runs (vs_runs_kernel), used by the warp kernels when use_runs is set: per VS head (run_base), the
+  // indices i with offsets[i + 1] - offsets[i] > tile (run_breaks, ascending, run_count[h] of them; -1: the
+  // offsets do not qualify, lower by the walk) and the exclusive prefix sums of the key tiles of the runs
+  // they close (run_tiles, run_count[h] + 1 entries).
+  int32_t use_runs = 0;
+  int32_t* run_breaks = nullptr;
+  int32_t* run_tiles = nullptr;
+  int32_t* run_count = nullptr;
 };
 
 constexpr int32_t kSelectAll = 0, kSelectVs = 1, kSelectOthers = 2;
@@ -67,14 +76,117 @@ __global__ void lower_fill_kernel(const LowerParams p) {
              p.ranges + p.range_offsets[item], p.columns + p.column_offsets[item]);
 }
 
+// VS by runs. For offsets ascending with offsets[0] >= 0 and a full tile (rows = tile, key_end = p1; the
+// builder requires kv_len >= q_begin + q_len), the walk of lower_tile adds the intervals [p0 - o, p1 - o) of
+// the offsets o < p1 (indices 0 .. hi - 1), from the largest offset down; all are non-empty, only begins can
+// be clipped (at 0), and the interval of o_k merges into the open range iff max(0, p0 - o_k) <=
+// p1 - o_(k+1), i.e. (o_(k+1) < p1 makes the right side positive) iff o_(k+1) - o_k <= tile. So the tile's
+// ranges are the runs of consecutive indices not separated by a break (o_(i+1) - o_i > tile) below hi - 1:
+// with nb such breaks, run j = [a_j, z_j] (a_0 = 0, z_j = breaks[j], a_(j+1) = z_j + 1, z_nb = hi - 1) gives
+// range nb - j = [max(0, p0 - o_(z_j)), p1 - o_(a_j)). Only run nb can be clipped (o_z > p0 and a break
+// after z would put o_(z+1) past p1) or cut short by hi, so every other run's length tile + o_z - o_a, and
+// its key tiles, do not depend on the tile: prefix sums per head (run_tiles) give the cost in O(log).
+__global__ void __launch_bounds__(512) vs_runs_kernel(const LowerParams p) {
+  using Scan = cub::BlockScan<int, 512>;
+  __shared__ typename Scan::TempStorage scan;
+  const int h = blockIdx.x, tid = threadIdx.x;
+  const DeviceHeadPattern hp = p.heads[h];
+  if (hp.kind != DeviceHeadPattern::kVerticalSlash || hp.run_base < 0) return;
+  const int n = hp.num_offsets;
+  const int32_t* o = hp.offsets;
+  int32_t* breaks = p.run_breaks + hp.run_base;
+  int32_t* tiles = p.run_tiles + hp.run_base;
+  bool bad = false;
+  int nb = 0;
+  for (int base = 0; base < n; base += 512) {
+    const int i = base + tid;
+    bool flag = false;
+    if (i < n) {
+      const int64_t x = o[i];
+      if (i == 0 && x < 0) bad = true;
+      if (i + 1 < n) {
+        const int64_t y = o[i + 1];
+        if (y < x) bad = true;
+        flag = y - x > p.tile;
+      }
+    }
+    int pos = 0, total = 0;
+    Scan(scan).ExclusiveSum(flag ? 1 : 0, pos, total);
+    if (flag) breaks[nb + pos] = i;
+    nb += total;
+    __syncthreads();  // scan storage reuse
+  }
+  if (__syncthreads_or(bad)) {
+    if (tid == 0) p.run_count[h] = -1;
+    return;
+  }
+  // breaks[] written by this block is visible after the barrier above.
+  int carry = 0;
+  for (int base = 0; base < nb; base += 512) {
+    const int j = base + tid;
+    int t = 0;
+    if (j < nb) {
+      const int a = j == 0 ? 0 : breaks[j - 1] + 1, z = breaks[j];
+      t = (p.tile + o[z] - o[a] + kPrefillKeyTile - 1) / kPrefillKeyTile;
+    }
+    int pos = 0, total = 0;
+    Scan(scan).ExclusiveSum(t, pos, total);
+    if (j < nb) tiles[j] = carry + pos;
+    carry += total;
+    __syncthreads();
+  }
+  if (tid == 0) {
+    tiles[nb] = carry;
+    p.run_count[h] = nb;
+  }
+}
+
+// The VS ranges of a full tile by runs (above) into out_ranges (when not null; at most range_room), with
+// counts.ranges and the ranges' key tiles in counts.cost; false (nothing done) when the runs do not apply.
+__device__ bool lower_vs_ranges_by_runs(const LowerParams& p, int h, const DeviceHeadPattern& hp,
+                                        const TileGeometry& g, KeyRange* out_ranges, int64_t range_room,
+                                        TileCounts& counts) {
+  if (!p.use_runs || hp.run_base < 0 || g.p1 - g.p0 != p.tile || g.key_end != g.p1) return false;
+  const int nbr = p.run_count[h];
+  if (nbr < 0) return false;
+  const int lane = threadIdx.x % 32;
+  const int32_t* o = hp.offsets;
+  const int32_t* breaks = p.run_breaks + hp.run_base;
+  const int64_t p0 = g.p0, p1 = g.p1;
+  const int hi = detail::lower_bound_index(o, 0, hp.num_offsets, p1);
+  counts.ranges = 0;
+  counts.cost = 0;
+  if (hi == 0) return true;
+  const int nb = detail::lower_bound_index(breaks, 0, nbr, hi - 1);  // breaks below hi - 1
+  const int a_top = nb == 0 ? 0 : breaks[nb - 1] + 1;
+  const int64_t b_top = p0 - o[hi - 1] < 0 ? 0 : p0 - o[hi - 1], e_top = p1 - o[a_top];
+  counts.ranges = nb + 1;
+  counts.cost = p.run_tiles[hp.run_base + nb] +
+                static_cast<int32_t>((e_top - b_top + kPrefillKeyTile - 1) / kPrefillKeyTile);
+  if (out_ranges != nullptr) {
+    if (lane == 0 && range_room > 0) {
+      out_ranges[0].begin = static_cast<int32_t>(b_top);
+      out_ranges[0].end = static_cast<int32_t>(e_top);
+    }
+    for (int j = lane; j < nb; j += 32) {
+      const int a = j == 0 ? 0 : breaks[j - 1] + 1, z = breaks[j];
+      if (nb - j < range_room) {
+        out_ranges[nb - j].begin = static_cast<int32_t>(p0 - o[z]);
+        out_ranges[nb - j].end = static_cast<int32_t>(p1 - o[a]);
+      }
+    }
+  }
+  return true;
+}
+
 // A warp per item (DeviceIndexBuilder::set_warp_per_tile). Vertical-slash tiles are lowered by the whole
 // warp, 32 slash intervals (then 32 columns) at a time; other kinds by lane 0 with lower_tile. Same output as
 // lower_tile: the intervals of the walk (offsets descending) have non-decreasing clipped begins and ends, so
 // the running end of the open range is the end of the previous non-empty interval, and interval k opens a new
 // range iff its begin is past that end.
-__device__ TileCounts lower_tile_warp(const DeviceHeadPattern& hp, const TileGeometry& g,
-                                      KeyRange* out_ranges, int32_t* out_columns, int64_t range_room,
-                                      int64_t column_room) {
+__device__ TileCounts lower_tile_warp(const LowerParams& p, int h, const DeviceHeadPattern& hp,
+                                      const TileGeometry& g, KeyRange* out_ranges, int32_t* out_columns,
+                                      int64_t range_room, int64_t column_room) {
   const int lane = threadIdx.x % 32;
   const unsigned below = (1u << lane) - 1u;
   if (hp.kind != DeviceHeadPattern::kVerticalSlash) {
@@ -86,49 +198,55 @@ __device__ TileCounts lower_tile_warp(const DeviceHeadPattern& hp, const TileGeo
     return n;
   }
   const int64_t p0 = g.p0, p1 = g.p1, key_end = g.key_end;
-  const int hi = detail::lower_bound_index(hp.offsets, 0, hp.num_offsets, p1);  // walk i = hi - 1 .. 0
-  int64_t cb = 0, ce = 0;  // the open range (when starts > 0)
-  int32_t starts = 0;      // ranges opened so far
-  int32_t key_tiles = 0;   // of the closed ranges (this lane's share)
-  for (int base = 0; base < hi; base += 32) {
-    const int k = base + lane;
-    int64_t b = 0, e = 0;
-    if (k < hi) {
-      const int64_t o = hp.offsets[hi - 1 - k];
-      b = p0 - o < 0 ? 0 : p0 - o;
-      e = p1 - o < key_end ? p1 - o : key_end;
-    }
-    const bool valid = k < hi && b < e;
-    const unsigned vmask = __ballot_sync(0xffffffffu, valid);
-    const unsigned vprev = vmask & below;
-    const int pv = vprev ? 31 - __clz(vprev) : lane;
-    const int64_t e_lane = __shfl_sync(0xffffffffu, e, pv);
-    const bool has_prev = vprev != 0 || starts > 0;
-    const int64_t e_prev = vprev != 0 ? e_lane : ce;
-    const bool start = valid && (!has_prev || b > e_prev);
-    const unsigned smask = __ballot_sync(0xffffffffu, start);
-    const unsigned sprev = smask & below;
-    const int ps = sprev ? 31 - __clz(sprev) : lane;
-    const int64_t b_lane = __shfl_sync(0xffffffffu, b, ps);
-    const int64_t cb_prev = sprev != 0 ? b_lane : cb;
-    const int32_t idx = starts + __popc(sprev);  // this start's range
-    if (start) {
-      if (has_prev) {  // closes range idx - 1 = [cb_prev, e_prev)
-        if (out_ranges != nullptr && idx - 1 < range_room)
-          out_ranges[idx - 1].end = static_cast<int32_t>(e_prev);
-        key_tiles += static_cast<int32_t>((e_prev - cb_prev + kPrefillKeyTile - 1) / kPrefillKeyTile);
+  int32_t starts = 0;     // ranges opened so far
+  int32_t key_tiles = 0;  // of the ranges
+  TileCounts by_runs;
+  if (lower_vs_ranges_by_runs(p, h, hp, g, out_ranges, range_room, by_runs)) {
+    starts = by_runs.ranges;
+    key_tiles = by_runs.cost;
+  } else {  // the walk, 32 intervals at a time
+    const int hi = detail::lower_bound_index(hp.offsets, 0, hp.num_offsets, p1);  // walk i = hi - 1 .. 0
+    int64_t cb = 0, ce = 0;  // the open range (when starts > 0)
+    for (int base = 0; base < hi; base += 32) {
+      const int k = base + lane;
+      int64_t b = 0, e = 0;
+      if (k < hi) {
+        const int64_t o = hp.offsets[hi - 1 - k];
+        b = p0 - o < 0 ? 0 : p0 - o;
+        e = p1 - o < key_end ? p1 - o : key_end;
       }
-      if (out_ranges != nullptr && idx < range_room) out_ranges[idx].begin = static_cast<int32_t>(b);
+      const bool valid = k < hi && b < e;
+      const unsigned vmask = __ballot_sync(0xffffffffu, valid);
+      const unsigned vprev = vmask & below;
+      const int pv = vprev ? 31 - __clz(vprev) : lane;
+      const int64_t e_lane = __shfl_sync(0xffffffffu, e, pv);
+      const bool has_prev = vprev != 0 || starts > 0;
+      const int64_t e_prev = vprev != 0 ? e_lane : ce;
+      const bool start = valid && (!has_prev || b > e_prev);
+      const unsigned smask = __ballot_sync(0xffffffffu, start);
+      const unsigned sprev = smask & below;
+      const int ps = sprev ? 31 - __clz(sprev) : lane;
+      const int64_t b_lane = __shfl_sync(0xffffffffu, b, ps);
+      const int64_t cb_prev = sprev != 0 ? b_lane : cb;
+      const int32_t idx = starts + __popc(sprev);  // this start's range
+      if (start) {
+        if (has_prev) {  // closes range idx - 1 = [cb_prev, e_prev)
+          if (out_ranges != nullptr && idx - 1 < range_room)
+            out_ranges[idx - 1].end = static_cast<int32_t>(e_prev);
+          key_tiles += static_cast<int32_t>((e_prev - cb_prev + kPrefillKeyTile - 1) / kPrefillKeyTile);
+        }
+        if (out_ranges != nullptr && idx < range_room) out_ranges[idx].begin = static_cast<int32_t>(b);
+      }
+      if (vmask != 0) ce = __shfl_sync(0xffffffffu, e, 31 - __clz(vmask));
+      if (smask != 0) cb = __shfl_sync(0xffffffffu, b, 31 - __clz(smask));
+      starts += __popc(smask);
     }
-    if (vmask != 0) ce = __shfl_sync(0xffffffffu, e, 31 - __clz(vmask));
-    if (smask != 0) cb = __shfl_sync(0xffffffffu, b, 31 - __clz(smask));
-    starts += __popc(smask);
-  }
-  for (int o = 16; o > 0; o /= 2) key_tiles += __shfl_xor_sync(0xffffffffu, key_tiles, o);
-  if (starts > 0) {  // close the last range
-    if (out_ranges != nullptr && lane == 0 && starts - 1 < range_room)
-      out_ranges[starts - 1].end = static_cast<int32_t>(ce);
-    key_tiles += static_cast<int32_t>((ce - cb + kPrefillKeyTile - 1) / kPrefillKeyTile);
+    for (int o = 16; o > 0; o /= 2) key_tiles += __shfl_xor_sync(0xffffffffu, key_tiles, o);
+    if (starts > 0) {  // close the last range
+      if (out_ranges != nullptr && lane == 0 && starts - 1 < range_room)
+        out_ranges[starts - 1].end = static_cast<int32_t>(ce);
+      key_tiles += static_cast<int32_t>((ce - cb + kPrefillKeyTile - 1) / kPrefillKeyTile);
+    }
   }
 
   // Columns: c is kept iff 0 <= c < key_end, no offset o has p0 - c <= o < p1 - c, and c differs from the
@@ -171,8 +289,9 @@ __global__ void lower_count_warp_kernel(const LowerParams p) {
   }
   const int h = item / p.num_tiles, t = item - h * p.num_tiles;
   if (!selected(p, h)) return;  // uniform over the warp
-  const TileCounts n = lower_tile_warp(
-      p.heads[h], tile_geometry(t, p.tile, p.q_begin, p.q_len, p.kv_len, p.n_total), nullptr, nullptr, 0, 0);
+  const TileCounts n =
+      lower_tile_warp(p, h, p.heads[h], tile_geometry(t, p.tile, p.q_begin, p.q_len, p.kv_len, p.n_total),
+                      nullptr, nullptr, 0, 0);
   if (lane == 0) {
     p.range_counts[item] = n.ranges;
     p.column_counts[item] = n.columns;
@@ -188,7 +307,7 @@ __global__ void lower_fill_warp_kernel(const LowerParams p) {
   if (!selected(p, h)) return;  // uniform over the warp
   // Writes stay inside the allocations even if the counts were wrong (an index test then fails, nothing
   // else).
-  lower_tile_warp(p.heads[h], tile_geometry(t, p.tile, p.q_begin, p.q_len, p.kv_len, p.n_total),
+  lower_tile_warp(p, h, p.heads[h], tile_geometry(t, p.tile, p.q_begin, p.q_len, p.kv_len, p.n_total),
                   p.ranges + p.range_offsets[item], p.columns + p.column_offsets[item],
                   p.range_capacity - p.range_offsets[item], p.column_capacity - p.column_offsets[item]);
 }
@@ -305,13 +424,21 @@ DeviceIndexBuilder::DeviceIndexBuilder(const std::vector<Pattern>& patterns, con
   }
   check(range_capacity_ < INT32_MAX && column_capacity_ < INT32_MAX,
         "CUDA lowering: the index of this layer could exceed 2^31 entries");
-  for (const DeviceHeadPattern& d : heads) {
-    if (d.kind == DeviceHeadPattern::kVerticalSlash)
+  int64_t run_entries = 0;  // VS runs (vs_runs_kernel): num_offsets + 1 entries per VS head
+  for (DeviceHeadPattern& d : heads) {
+    if (d.kind == DeviceHeadPattern::kVerticalSlash) {
       has_vs_ = true;
-    else
+      d.run_base = static_cast<int32_t>(run_entries);
+      run_entries += int64_t{d.num_offsets} + 1;
+    } else {
       has_other_ = true;
+    }
   }
+  check(run_entries < INT32_MAX, "CUDA lowering: too many VS offsets in this layer");
   heads_.upload(heads);
+  run_breaks_.resize(static_cast<size_t>(std::max<int64_t>(run_entries, 1)));
+  run_tiles_.resize(static_cast<size_t>(std::max<int64_t>(run_entries, 1)));
+  run_count_.resize(static_cast<size_t>(std::max(num_heads_, 1)));
 
   const int n_items = num_heads_ * num_tiles_;
   range_counts_.resize(static_cast<size_t>(n_items) + 1);
@@ -386,6 +513,15 @@ void DeviceIndexBuilder::build(DeviceSparseIndex& index, DeviceWorkPlan& plan, c
         thread_sel = kSelectAll;
       }
       break;
+  }
+  // VS heads lowered by the warp kernel: their runs first (one block per head; others return at once).
+  if (warp_sel >= 0 && has_vs_ && num_tiles_ > 0) {
+    p.use_runs = 1;
+    p.run_breaks = run_breaks_.data();
+    p.run_tiles = run_tiles_.data();
+    p.run_count = run_count_.data();
+    vs_runs_kernel<<<num_heads_, 512, 0, stream>>>(p);
+    check_launch("vs_runs_kernel");
   }
   // Both kernels write the extra (num_items-th) zero count, with the same values.
   if (warp_sel >= 0) {

@@ -75,6 +75,8 @@ class DeviceIndexBuilder {
   DeviceBuffer<int32_t> range_counts_, column_counts_, costs_, sorted_costs_, items_;
   DeviceBuffer<unsigned long long> total_cost_;  // 1 entry: sum of costs_ (build())
   DeviceBuffer<unsigned char> scan_temp_, sort_temp_;
+  // VS runs (lower_cuda.cu vs_runs_kernel): breaks and key-tile prefix sums per VS head, count per head.
+  DeviceBuffer<int32_t> run_breaks_, run_tiles_, run_count_;
 };
 
 }  // namespace tessera::attn::gpu

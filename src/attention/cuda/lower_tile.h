@@ -39,6 +39,9 @@ struct DeviceHeadPattern {
   int32_t bs_first_q_block = 0;
   int32_t bs_num_q_blocks = 0;
   int32_t bs_block = 64;
+  // VS, device build only (lower_cuda.cu "runs"): base of this head's entries in the builder's run arrays,
+  // -1 when it has none (host callers leave it).
+  int32_t run_base = -1;
 };
 
 struct TileGeometry {
