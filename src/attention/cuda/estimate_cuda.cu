@@ -9,7 +9,8 @@
 //      belongs to one chunk); diagonal sums are accumulated per chunk over the band of offsets the chunk
 //      touches (512 + 63 offsets) in a fixed order and stored per chunk;
 //   4. vs_merge_diag: each offset sums the (at most two) chunk bands that cover it, in chunk order;
-//   5. vs_topk: forced prefix, then BlockTopK over the rest, for columns and offsets.
+//   5. vs_topk: forced prefix, then VsTopK (BlockTopK's selection, faster) over the rest, for columns and
+//      offsets.
 // Everything is deterministic (no atomics on floats).
 // BS: pool K per kv head (one pool per distinct block size), pool Q per head, then per wave a tiled f32
 // scoring kernel (the scores of v1 bit for bit) into a scratch buffer and a warp per query block selecting
@@ -42,7 +43,7 @@ constexpr int kVsRows = 64;  // rows of the VS estimate handled by one CTA (4 wa
 constexpr int kVsThreads = 128;
 constexpr int kVsChunk = 512;  // keys per CTA
 constexpr int kVsBand = kVsChunk + kVsRows - 1;
-constexpr int kTopKThreads = 512;
+constexpr int kTopKThreads = 512;  // vs_topk: a block per (head, columns or offsets)
 
 struct VsParams {
   const void* q = nullptr;
@@ -255,9 +256,132 @@ __global__ void vs_merge_diag_kernel(const VsParams p) {
   p.diag[static_cast<int64_t>(slot) * p.keys + o] = sum;
 }
 
+// Exact top-k of one row by one block (v2; NOTES.md "VS estimator/index v2"): BlockTopK's selection (the k
+// largest order keys, ties to the smaller index, written ascending) and its four 8-bit radix passes, but
+// (1) each thread counts runs of equal digits in registers and adds a run to the shared histogram when its
+// digit changes (BlockTopK's per-element shared atomics serialised on the few bins most scores share: same
+// sign and exponent), and (2) the ordered collection gives each warp one contiguous segment of the row: a
+// counting pass (ballots), the warps' bases from 32 shared totals, then one ordered ballot pass per warp
+// (BlockTopK ran two block-wide scans and two barriers per 512 elements).
+struct VsTopK {
+  static constexpr int kWarps = kTopKThreads / 32;
+  struct Storage {
+    unsigned hist[256];
+    uint32_t prefix;
+    int remaining;
+    int gt[kWarps], eq[kWarps];
+  };
+
+  // out[0, k) = the indices i in [begin, end) of the k largest score[i] (ties: smaller i), ascending; k
+  // clamped to [0, end - begin]. Every thread of the block calls it with the same arguments.
+  __device__ static void select(const float* score, int begin, int end, int k, int32_t* out, Storage& st) {
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int n = end - begin;
+    if (k > n) k = n;
+    if (k <= 0) return;
+    if (k == n) {
+      for (int i = tid; i < n; i += kTopKThreads) out[i] = begin + i;
+      return;
+    }
+    const float* row = score + begin;
+    if (tid == 0) {
+      st.prefix = 0;
+      st.remaining = k;
+    }
+    uint32_t mask = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+      for (int i = tid; i < 256; i += kTopKThreads) st.hist[i] = 0;
+      __syncthreads();
+      const uint32_t prefix = st.prefix;
+      unsigned run_digit = 0, run = 0;
+      for (int i = tid; i < n; i += kTopKThreads) {
+        const uint32_t u = detail::order_key(row[i]);
+        if ((u & mask) != prefix) continue;
+        const unsigned d = (u >> shift) & 255u;
+        if (d != run_digit && run != 0) {
+          atomicAdd(&st.hist[run_digit], run);
+          run = 0;
+        }
+        run_digit = d;
+        ++run;
+      }
+      if (run != 0) atomicAdd(&st.hist[run_digit], run);
+      __syncthreads();
+      if (tid < 32) {  // BlockTopK's digit search
+        const unsigned rem = static_cast<unsigned>(st.remaining);
+        unsigned cnt[8];
+        unsigned sum = 0;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          cnt[j] = st.hist[255 - 8 * lane - j];
+          sum += cnt[j];
+        }
+        __syncwarp();  // every lane has read st.remaining before it is overwritten (block_topk.cuh)
+        unsigned incl = sum;
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+          const unsigned v = __shfl_up_sync(0xffffffffu, incl, off);
+          if (lane >= off) incl += v;
+        }
+        const unsigned excl = incl - sum;
+        if (excl < rem && incl >= rem) {
+          unsigned acc = excl;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            if (acc + cnt[j] >= rem) {
+              st.prefix = prefix | (static_cast<uint32_t>(255 - 8 * lane - j) << shift);
+              st.remaining = static_cast<int>(rem - acc);
+              break;
+            }
+            acc += cnt[j];
+          }
+        }
+      }
+      mask |= 255u << shift;
+      __syncthreads();
+    }
+
+    // T = st.prefix; keep every key above T and the first need_eq keys equal to T (index order).
+    const uint32_t thr = st.prefix;
+    const int need_eq = st.remaining;
+    const unsigned below = (1u << lane) - 1u;
+    const int seg = (n + kTopKThreads - 1) / kTopKThreads * 32;  // a multiple of 32 per warp
+    const int s0 = min(n, warp * seg), s1 = min(n, s0 + seg);
+    int gt = 0, eq = 0;
+    for (int base = s0; base < s1; base += 32) {
+      const int i = base + lane;
+      const uint32_t u = i < s1 ? detail::order_key(row[i]) : 0u;
+      gt += __popc(__ballot_sync(0xffffffffu, i < s1 && u > thr));
+      eq += __popc(__ballot_sync(0xffffffffu, i < s1 && u == thr));
+    }
+    if (lane == 0) {
+      st.gt[warp] = gt;
+      st.eq[warp] = eq;
+    }
+    __syncthreads();
+    int taken = 0, eq_seen = 0;  // over the warps before this one
+    for (int w = 0; w < warp; ++w) {
+      const int eq_w = st.eq[w];
+      const int left = need_eq - eq_seen;
+      taken += st.gt[w] + (left <= 0 ? 0 : (left < eq_w ? left : eq_w));
+      eq_seen += eq_w;
+    }
+    for (int base = s0; base < s1; base += 32) {
+      const int i = base + lane;
+      const uint32_t u = i < s1 ? detail::order_key(row[i]) : 0u;
+      const bool is_eq = i < s1 && u == thr;
+      const unsigned em = __ballot_sync(0xffffffffu, is_eq);
+      const bool sel = (i < s1 && u > thr) || (is_eq && eq_seen + __popc(em & below) < need_eq);
+      const unsigned sm = __ballot_sync(0xffffffffu, sel);
+      if (sel) out[taken + __popc(sm & below)] = begin + i;
+      taken += __popc(sm);
+      eq_seen += __popc(em);
+    }
+  }
+};
+
 __global__ void __launch_bounds__(kTopKThreads) vs_topk_kernel(const VsParams p) {
-  using TopK = detail::BlockTopK<kTopKThreads>;
-  __shared__ typename TopK::Storage st;
+  __shared__ VsTopK::Storage st;
   const int slot = blockIdx.x;
   const bool cols = blockIdx.y == 0;
   const VsHeadDesc hd = p.heads[slot];
@@ -266,7 +390,7 @@ __global__ void __launch_bounds__(kTopKThreads) vs_topk_kernel(const VsParams p)
   const int forced = cols ? hd.forced_columns : hd.forced_offsets;
   const int count = cols ? hd.num_columns : hd.num_offsets;
   for (int i = threadIdx.x; i < forced; i += kTopKThreads) out[i] = i;
-  TopK::select([&](int i) { return score[i]; }, forced, p.keys, count - forced, out + forced, st);
+  VsTopK::select(score, forced, p.keys, count - forced, out + forced, st);
 }
 
 // ---------------------------------------------------------------------------------------------------------------

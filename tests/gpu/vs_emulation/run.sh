@@ -12,3 +12,6 @@ python3 "$here/extract.py" "$work"
 g++ -std=c++20 -O1 -Wno-unknown-pragmas -I"$work" -I"$here" -I"$here/../bs_emulation" -I"$root/src" \
   -o "$work/lower_runs" "$here/lower_runs.cpp"
 "$work/lower_runs" "$@"
+g++ -std=c++20 -O1 -Wno-unknown-pragmas -I"$work" -I"$here" -I"$here/../bs_emulation" -I"$root/src" \
+  -o "$work/topk" "$here/topk.cpp"
+"$work/topk"

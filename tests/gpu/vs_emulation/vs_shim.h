@@ -26,6 +26,12 @@ inline bool __syncthreads_or(bool p) {
   __syncthreads();
   return any;
 }
+inline unsigned atomicAdd(unsigned* a, unsigned v) { const unsigned o = *a; *a = o + v; return o; }
+inline unsigned __shfl_up_sync(unsigned m, unsigned v, int d) {
+  const int l = emu::cur()->lane;
+  const unsigned r = __shfl_sync(m, v, l >= d ? l - d : l);
+  return r;
+}
 namespace cub {
 template <class T, int N>
 struct BlockScan {
