@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "attention/cuda/cuda_check.h"
 #include "core/error.h"
 #include "runtime_cuda/kernels.h"
+#include "runtime_cuda/local_attention_init.h"
 
 namespace tessera::runtime::gpu {
 
@@ -77,6 +79,30 @@ void DeviceModel::allocate_layout() {
 }
 
 namespace {
+
+std::vector<bf16> to_bf16(const std::vector<float>& x) {
+  std::vector<bf16> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = tessera::f32_to_bf16(x[i]);
+  return out;
+}
+
+// Writes columns of row-major bf16 device matrices from host values, through a device staging buffer.
+class ColumnWriter {
+ public:
+  explicit ColumnWriter(int64_t max_rows) : staging_(static_cast<size_t>(max_rows)) {}
+  // Column `col` of [rows, ld] matrix m = values (rows of them).
+  void write(bf16* m, int64_t rows, int64_t ld, int64_t col, const std::vector<bf16>& values) {
+    check(static_cast<int64_t>(values.size()) == rows && rows <= static_cast<int64_t>(staging_.size()),
+          "device model: column of the wrong length");
+    TESSERA_CUDA_CHECK(cudaMemcpy(staging_.data(), values.data(), static_cast<size_t>(rows) * sizeof(bf16),
+                                  cudaMemcpyHostToDevice));
+    write_column_bf16(m, rows, ld, col, staging_.data(), nullptr);
+    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());  // the staging buffer is reused by the next column
+  }
+
+ private:
+  attn::gpu::DeviceBuffer<bf16> staging_;
+};
 
 // Host f32 -> device bf16 through a device staging buffer (copy, then round on the device).
 class Uploader {
@@ -150,9 +176,15 @@ std::unique_ptr<DeviceModel> DeviceModel::upload(const Model& model) {
   return m;
 }
 
-std::unique_ptr<DeviceModel> DeviceModel::random(const ModelConfig& config, uint64_t seed) {
+std::unique_ptr<DeviceModel> DeviceModel::random(const ModelConfig& config, uint64_t seed, RandomInit init) {
   std::unique_ptr<DeviceModel> m(new DeviceModel());
   m->config_ = config;
+  const bool local = init == RandomInit::kLocalAttention;
+  if (local) {
+    check(config.hidden_size >= 64 && config.head_dim % 2 == 0,
+          "device model: local-attention random init needs hidden_size >= 64 and an even head_dim");
+    check(!config.qk_norm, "device model: local-attention random init does not support QK-norm (Gemma-3)");
+  }
   m->allocate_layout();
   const ModelConfig& c = m->config_;
   const int64_t H = c.hidden_size, F = c.intermediate_size, D = c.head_dim, V = c.vocab_size;
@@ -165,7 +197,12 @@ std::unique_ptr<DeviceModel> DeviceModel::random(const ModelConfig& config, uint
   auto vec = [&](float* p, int64_t count, float value) {
     if (p != nullptr) fill_f32(p, count, value, nullptr);
   };
-  matrix(m->embedding_, V * H);
+  if (local) {  // the token part of the embedding rows (shape_local_attention adds the rest)
+    fill_uniform_bf16(m->embedding_, V * H, seed * 0x100000001b3ull + ++tensor,
+                      static_cast<float>(local_init::kTokenStd * std::sqrt(3.0)), nullptr);
+  } else {
+    matrix(m->embedding_, V * H);
+  }
   if (!c.tied_embeddings) matrix(m->output_, V * H);
   vec(m->final_norm_, H, 1.0f);
   for (const LayerSlots& s : m->slots_) {
@@ -185,8 +222,54 @@ std::unique_ptr<DeviceModel> DeviceModel::random(const ModelConfig& config, uint
     matrix(s.w_gate_up, 2 * F * H);
     matrix(s.w_down, H * F);
   }
+  if (local) m->shape_local_attention(seed);
   TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
   return m;
+}
+
+void DeviceModel::shape_local_attention(uint64_t seed) {
+  namespace li = local_init;
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size, F = c.intermediate_size, V = c.vocab_size;
+  const int64_t QD = c.num_q_heads * c.head_dim, KD = c.num_kv_heads * c.head_dim;
+  const li::Channels ch = li::channels(H);
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());  // the plain fill (default stream) first
+  ColumnWriter cw(std::max({V, 2 * F, QD, KD}));
+  auto write_column = [&](bf16* m, int64_t rows, int64_t ld, int64_t col, const std::vector<bf16>& values) {
+    cw.write(m, rows, ld, col, values);
+  };
+
+  // Embedding: every row holds the shared value on the massive channels and 0 on the sink channels; the sink
+  // token's row holds only its sink channels (same value).
+  const bf16 massive = tessera::f32_to_bf16(static_cast<float>(li::massive_value(H)));
+  for (int64_t j : ch.massive) write_column(embedding_, V, H, j, std::vector<bf16>(static_cast<size_t>(V), massive));
+  for (int64_t j : ch.sink) write_column(embedding_, V, H, j, std::vector<bf16>(static_cast<size_t>(V), bf16{}));
+  bf16* sink_row = embedding_ + static_cast<int64_t>(kSinkToken) * H;
+  TESSERA_CUDA_CHECK(cudaMemset(sink_row, 0, static_cast<size_t>(H) * sizeof(bf16)));
+  for (int64_t j : ch.sink) TESSERA_CUDA_CHECK(cudaMemcpy(sink_row + j, &massive, sizeof(bf16), cudaMemcpyHostToDevice));
+
+  const std::vector<bf16> zeros_kd(static_cast<size_t>(KD)), zeros_qd(static_cast<size_t>(QD)),
+      zeros_2f(static_cast<size_t>(2 * F));
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    const LayerSlots& s = slots_[static_cast<size_t>(l)];
+    // Layers read the special channels only in Q and K, and write them nowhere.
+    for (int64_t j : ch.all()) {
+      write_column(s.wv, KD, H, j, zeros_kd);
+      write_column(s.w_gate_up, 2 * F, H, j, zeros_2f);
+      TESSERA_CUDA_CHECK(cudaMemset(s.wo + j * QD, 0, static_cast<size_t>(QD) * sizeof(bf16)));
+      TESSERA_CUDA_CHECK(cudaMemset(s.w_down + j * F, 0, static_cast<size_t>(F) * sizeof(bf16)));
+    }
+    const li::LayerColumns cols = li::layer_columns(c, l, seed);
+    const std::vector<bf16> qm = to_bf16(cols.q_massive), km = to_bf16(cols.k_massive), kz = to_bf16(cols.k_sink);
+    for (int64_t j : ch.massive) {
+      write_column(s.wq, QD, H, j, qm);
+      write_column(s.wk, KD, H, j, km);
+    }
+    for (int64_t j : ch.sink) {
+      write_column(s.wq, QD, H, j, zeros_qd);
+      write_column(s.wk, KD, H, j, kz);
+    }
+  }
 }
 
 }  // namespace tessera::runtime::gpu

@@ -12,6 +12,27 @@
 // element), uniform with standard deviation 0.02 (transformers' initializer_range), norms 1, biases 0: the
 // compute cost of a forward pass does not depend on the values, and the same seed gives the same model.
 //
+// random(config, seed, RandomInit::kLocalAttention) is a synthetic model shaped to have the attention structure
+// real LLMs have, so that the dynamic patterns (VS, BS) meet a realistic index density: with plain random weights
+// queries and keys carry no positional structure, MInference's estimator scatters its diagonals and VS runs as
+// dense (the worst case). Same shapes, dtypes and GEMM costs; the same pseudo-random matrices except:
+//   - a "massive activation": 4 fixed channels of every embedding row hold the same large value (240 for hidden
+//     4096; the rest of the row is uniform noise of standard deviation 3, a token part 0.4 times the shared part),
+//     like the few huge residual channels of real LLMs; layers neither read them in V, gate and up nor write them in
+//     O and down, so the shared part stays what the embedding put there (the layers' own updates to the other
+//     channels grow the token part from 0.4 to about 0.47 of it over 32 layers);
+//   - Q and K read those channels through designed columns: every query head of a KV group and its KV head get the
+//     same vector z (random phase per RoPE pair, per layer and group; queries times a per-head gain 0.8-1.2) whose
+//     energy sits on the RoPE pairs of wavelength 4K-262K tokens (runtime_cuda/local_attention_spectrum.h), so that
+//     after RoPE q_m . k_n holds sum_i |z_i|^2 cos((m - n) theta_i): about 32 logits at distance 0, falling steadily
+//     with distance (0.74 of it at 6096, 0.44 at 16K), above the noise the token part adds (about 1.2 logits);
+//   - a sink: embedding row kSinkToken (a BOS-like token; ttft_bench --weights local starts its prompt with it)
+//     holds only 2 sink channels, which K maps onto the RoPE pairs that hardly rotate within a prompt, aligned with a
+//     part every query carries: about +38 logits at any distance, a value of zero (V reads no special channel), as
+//     real models' sinks.
+// bench/gpu/local_weights_sim.py simulates this recipe at reduced width (numpy) and prints the VS estimate's
+// density per layer. Only for benchmarks: this model computes nothing meaningful.
+//
 // A DeviceModel is immutable after construction and may be shared by several GpuEngines on the same device.
 #pragma once
 
@@ -38,13 +59,24 @@ struct DeviceLayer {
   const bf16* w_down = nullptr;          // [hidden, ffn]
 };
 
+// How DeviceModel::random fills the weights (see the header comment).
+enum class RandomInit {
+  kPlain,           // every matrix uniform with standard deviation 0.02, norms 1: no attention structure
+  kLocalAttention,  // the same, shaped so that attention is local with a sink, as in real LLMs
+};
+
 class DeviceModel {
  public:
+  // kLocalAttention: the embedding row of this token is the sink (a prompt should start with it).
+  static constexpr int32_t kSinkToken = 0;
+
   // Copies and rounds the weights of a loaded model to the current device. Throws tessera::Error when the
   // device memory does not suffice ("out of device memory: ...").
   static std::unique_ptr<DeviceModel> upload(const Model& model);
   // Deterministic pseudo-random weights of the shapes `config` describes (nothing read from any file).
-  static std::unique_ptr<DeviceModel> random(const ModelConfig& config, uint64_t seed = 1);
+  // kLocalAttention needs hidden_size >= 64 and no QK-norm (throws tessera::Error otherwise).
+  static std::unique_ptr<DeviceModel> random(const ModelConfig& config, uint64_t seed = 1,
+                                             RandomInit init = RandomInit::kPlain);
 
   const ModelConfig& config() const { return config_; }
   // GGUF rope_freqs factors (llama3 scaling), empty when absent (runtime/weights.h).
@@ -60,6 +92,7 @@ class DeviceModel {
   bf16* alloc_bf16(int64_t count);
   float* alloc_f32(int64_t count);
   void allocate_layout();  // every buffer, for config_
+  void shape_local_attention(uint64_t seed);  // RandomInit::kLocalAttention, after the plain fill
 
   ModelConfig config_;
   std::vector<float> rope_freq_factors_;

@@ -244,6 +244,12 @@ __global__ void fill_f32_kernel(float* p, int64_t n, float value) {
     p[i] = value;
 }
 
+__global__ void write_column_kernel(nbf* m, int64_t rows, int64_t ld, const nbf* values) {
+  for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < rows;
+       r += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    m[r * ld] = values[r];
+}
+
 __global__ void f32_to_bf16_kernel(const float* x, int64_t n, nbf* y) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -358,6 +364,14 @@ void fill_f32(float* p, int64_t n, float value, cudaStream_t stream) {
   if (n <= 0) return;
   fill_f32_kernel<<<grid_for(n), 256, 0, stream>>>(p, n, value);
   check_launch("fill_f32");
+}
+
+void write_column_bf16(bf16* m, int64_t rows, int64_t ld, int64_t col, const bf16* values, cudaStream_t stream) {
+  if (rows <= 0) return;
+  check(col >= 0 && col < ld, "write_column_bf16: column " + std::to_string(col) + " outside rows of " +
+                                  std::to_string(ld));
+  write_column_kernel<<<grid_for(rows), 256, 0, stream>>>(dev(m) + col, rows, ld, dev(values));
+  check_launch("write_column_bf16");
 }
 
 void f32_to_bf16(const float* x, int64_t n, bf16* y, cudaStream_t stream) {

@@ -67,6 +67,10 @@ void simple_attention(const bf16* q, int64_t q_stride, const bf16* k, const bf16
 void fill_uniform_bf16(bf16* p, int64_t n, uint64_t seed, float scale, cudaStream_t stream);
 void fill_f32(float* p, int64_t n, float value, cudaStream_t stream);
 
+// Column `col` of a row-major bf16 matrix (rows `ld` elements apart): m[r * ld + col] = values[r] for r < rows,
+// values on the device (DeviceModel::random's local-attention weights).
+void write_column_bf16(bf16* m, int64_t rows, int64_t ld, int64_t col, const bf16* values, cudaStream_t stream);
+
 // y[i] = bf16(x[i]), round to nearest even (as core/dtype.h f32_to_bf16).
 void f32_to_bf16(const float* x, int64_t n, bf16* y, cudaStream_t stream);
 
