@@ -16,11 +16,15 @@
 #              shapes with 2 layers, the real models when TESSERA_MODEL_DIR holds them; ctest label gpu)
 #   ttft       ttft_bench: Llama-3-8B shapes, random weights, 128K/32K/8K (best of 2) x dense, VS, TriangleMix (dense / VS
 #              inner), A-shape (TTFT_ARGS adds or overrides arguments)
+#   ttft_local ttft_bench --weights local (the same shapes, weights shaped so that attention is local with a sink as in
+#              real LLMs: VS at a realistic index density instead of the plain weights' worst case), 128K and 32K, one
+#              rep: dense, VS, TriangleMix with VS inner (TTFT_LOCAL_ARGS adds or overrides arguments)
 #   hf         bench/gpu/hf_ttft_reference.py: transformers + SDPA on the same shapes (HF_ARGS likewise)
 #   cli        tessera bench --device cuda on the real SmolLM2 when TESSERA_MODEL_DIR holds it
-# $OUT receives (4 files): summary.txt (step status and the result tables), ttft.csv, hf_ttft.csv and
+# $OUT receives (5 files): summary.txt (step status and the result tables), ttft.csv, ttft_local.csv, hf_ttft.csv and
 # engine_logs.tar.gz (every step's log and the test XML).
-# Environment: OUT, JOBS (default 16), ENGINE_BUDGET_S, TTFT_ARGS, HF_ARGS, SKIP_HF=1, SKIP_TTFT=1, ENGINE_USE_DEPS=0
+# Environment: OUT, JOBS (default 16), ENGINE_BUDGET_S, TTFT_ARGS, TTFT_LOCAL_ARGS, HF_ARGS, SKIP_HF=1, SKIP_TTFT=1
+# (both TTFT steps), ENGINE_USE_DEPS=0
 # (ignore carried deps), ENGINE_BUILD_DIR (default build/cuda-engine),
 # TESSERA_MODEL_DIR (real models), TESSERA_PREFILL_KERNEL (passed through to the attention backend).
 set -u
@@ -178,6 +182,11 @@ if [ "$built" = yes ]; then
     # also builds cuDNN's plan for it).
     run_step ttft 230 "$BUILD_DIR/bench/gpu/ttft_bench" --seq 131072,32768,8192 --reps 2 --csv "$LOGS/ttft.csv" \
       --max-seconds 170 ${TTFT_ARGS:-}
+    # Local-attention weights: what VS and TriangleMix + VS cost at a realistic index density (about 30 s).
+    # shellcheck disable=SC2086
+    run_step ttft_local 100 "$BUILD_DIR/bench/gpu/ttft_bench" --weights local --seq 131072,32768 --reps 1 \
+      --policies "dense;vs:v=1000,s=6096;trianglemix:start=16,inner=vs,v=1000,s=6096,sink=64,local=512,last=64" \
+      --csv "$LOGS/ttft_local.csv" --max-seconds 75 ${TTFT_LOCAL_ARGS:-}
   fi
 fi
 if [ "${SKIP_HF:-0}" != 1 ]; then
@@ -206,11 +215,13 @@ fi
       "$LOGS/test.log" | head -150
   fi
   [ -s "$LOGS/ttft.log" ] && { echo "--- ttft_bench:"; grep -vE "^$" "$LOGS/ttft.log" | head -60; }
+  [ -s "$LOGS/ttft_local.log" ] && { echo "--- ttft_bench --weights local:"; grep -vE "^$" "$LOGS/ttft_local.log" | head -30; }
   [ -s "$LOGS/hf.log" ] && { echo "--- transformers reference:"; tail -n 12 "$LOGS/hf.log"; }
   [ -s "$LOGS/cli.log" ] && { echo "--- cli:"; tail -n 20 "$LOGS/cli.log"; }
 } | tee "$LOGS/summary_full.txt"
 cp "$LOGS/summary_full.txt" "$OUT/summary.txt"
 [ -f "$LOGS/ttft.csv" ] && cp "$LOGS/ttft.csv" "$OUT/ttft.csv"
+[ -f "$LOGS/ttft_local.csv" ] && cp "$LOGS/ttft_local.csv" "$OUT/ttft_local.csv"
 [ -f "$LOGS/hf_ttft.csv" ] && cp "$LOGS/hf_ttft.csv" "$OUT/hf_ttft.csv"
 tar -C "$WORK" -czf "$OUT/engine_logs.tar.gz" logs
 exit 0
