@@ -64,7 +64,9 @@ struct WgmmaWsConfig {
   static constexpr uint32_t kSlotOffset = kBarOffset + (2 * kStages + 4) * 8;  // int[2]
   static constexpr uint32_t kPinOffset = kSlotOffset + 16;  // float[256]: the consumers' softmax pins
   static constexpr size_t kSmemBytes = 1024 + kPinOffset + 256 * 4;  // + alignment slack
-  static constexpr int kFlagMasked = 1, kFlagLast = 2, kFlagEnd = 4;
+  // Descriptor flags. kFlagCopied: the tile's K/V were written by cp.async (the generic proxy), so the consumers
+  // need a proxy fence before their wgmma reads it; TMA-written tiles (the async proxy, like wgmma) do not.
+  static constexpr int kFlagMasked = 1, kFlagLast = 2, kFlagEnd = 4, kFlagCopied = 8;
   static_assert(kProducerThreads == 8 * kChunks, "producer thread (r0, ch): rows r0 + 8 i, 16-byte chunk ch");
 };
 
@@ -147,7 +149,7 @@ __device__ __forceinline__ void ws_consumer_loop(const PrefillParams& p, const W
     uint32_t pa[BN / 16][4];
     int prev_st = -1;  // stage of the previous tile, whose P V is pending
     for (;;) {
-      fence_proxy_async_shared();  // the producer's copies (generic proxy) before the wgmma reads
+      if (mt.z & Cfg::kFlagCopied) fence_proxy_async_shared();  // cp.async (generic proxy) before wgmma reads
       if (mt.y > 0) {
         float s[BN / 2];
         if constexpr (kPingpong) named_barrier_sync(2 + cw, 256);  // this warpgroup's turn
@@ -291,7 +293,9 @@ __global__ void __launch_bounds__(384, 1) sparse_prefill_wgmma_ws_kernel(const P
         mbarrier_wait(empty(st), ((it / kStages) & 1) ^ 1);
         if (ptid == 0) {
           sMeta[st] = make_int4(item, cur.count,
-                                (cur.masked ? Cfg::kFlagMasked : 0) | (nxt.count == 0 ? Cfg::kFlagLast : 0), 0);
+                                (cur.masked ? Cfg::kFlagMasked : 0) | (nxt.count == 0 ? Cfg::kFlagLast : 0) |
+                                    Cfg::kFlagCopied,
+                                0);
         }
         if (cur.count > 0) {
           // Thread (r0, ch) copies 16-byte chunk ch of rows r0, r0 + 8, ...: its swizzled offset only moves by
@@ -487,7 +491,9 @@ __global__ void __launch_bounds__(384, 1)
       }
       if (lane == 0) {
         L.meta[st] = make_int4(item, cur.count,
-                               (cur.masked ? Cfg::kFlagMasked : 0) | (nxt.count == 0 ? Cfg::kFlagLast : 0), 0);
+                               (cur.masked ? Cfg::kFlagMasked : 0) | (nxt.count == 0 ? Cfg::kFlagLast : 0) |
+                                   (cur.gathered ? Cfg::kFlagCopied : 0),
+                               0);
       }
       mbarrier_arrive(L.full(st));  // after this lane's key-list (and descriptor) writes
       ++it;
