@@ -1,6 +1,12 @@
 // tessera/runtime_cuda/kernels.h — the small kernels of the GPU forward pass (everything but GEMMs and the
 // sparse attention executor).
 //
+// The per-token kernels (norms, RoPE, activation, embedding) take 16-byte vector loads and stores when the row
+// sizes and pointers allow it (f32 rows: n % 4 == 0; bf16: multiples of 8 elements; 16-byte aligned bases),
+// and fall back to scalar kernels otherwise; the two paths agree bit for bit except in the sums of squares of the
+// norms (another summation order: a last-bit difference in the inverse norm, so an output may differ by one
+// bf16 unit in the last place).
+//
 // Device pointers throughout. bf16 data is tessera::bf16 on the host side of the API (bit-identical to CUDA's
 // __nv_bfloat16), so that this header needs no CUDA type headers. Matrices are row-major; `ld`/`stride`
 // arguments are in elements between rows. Every function launches asynchronously on `stream` and throws
@@ -73,5 +79,9 @@ void write_column_bf16(bf16* m, int64_t rows, int64_t ld, int64_t col, const bf1
 
 // y[i] = bf16(x[i]), round to nearest even (as core/dtype.h f32_to_bf16).
 void f32_to_bf16(const float* x, int64_t n, bf16* y, cudaStream_t stream);
+
+// For tests: true makes every launch above that has a vector kernel run its scalar fallback instead (process-wide,
+// not thread-safe; default false).
+void force_scalar_kernels(bool on);
 
 }  // namespace tessera::runtime::gpu

@@ -27,9 +27,11 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "attention/cuda/device_buffer.h"
 #include "attention/pattern/presets.h"
 #include "core/error.h"
 #include "model/tokenizer/tokenizer.h"
@@ -38,6 +40,7 @@
 #include "runtime/sampling.h"
 #include "runtime_cuda/device_model.h"
 #include "runtime_cuda/gpu_engine.h"
+#include "runtime_cuda/kernels.h"
 #include "runtime_cuda/synthetic_config.h"
 
 namespace tessera::runtime::gpu {
@@ -499,6 +502,190 @@ void check_real_model(const std::string& file) {
 
 TEST(GpuEngineRealModels, SmolLM2) { check_real_model("smollm2-135m-instruct-q4_1.gguf"); }
 TEST(GpuEngineRealModels, Gemma3) { check_real_model("gemma-3-270m-q4_k_m.gguf"); }
+
+// ---------------------------------------------------------------------------------------------------------
+// The small kernels' vector paths against their scalar twins (force_scalar_kernels), on the engine's shapes and
+// beyond (hidden 48-16384, head_dim 16-256, odd head and row counts, padded rows, FFN widths 64-14336):
+// bit-identical, except the norms, whose sums of squares run in another order (at most one bf16 unit in the last
+// place). Padding between rows must stay untouched.
+
+template <class T>
+attn::gpu::DeviceBuffer<T> on_device(const std::vector<T>& host) {
+  attn::gpu::DeviceBuffer<T> b;
+  b.upload(host);
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+  return b;
+}
+
+// Runs `launch` with the vector kernels, then with the scalar ones; returns {vector, scalar} results.
+template <class F>
+auto vector_and_scalar(F&& launch) {
+  auto vec = launch();
+  force_scalar_kernels(true);
+  try {
+    auto scalar = launch();
+    force_scalar_kernels(false);
+    return std::make_pair(std::move(vec), std::move(scalar));
+  } catch (...) {
+    force_scalar_kernels(false);
+    throw;
+  }
+}
+
+std::vector<float> random_f32(size_t n, uint32_t seed, float lo, float hi) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(gen);
+  return v;
+}
+
+std::vector<bf16> random_bf16(size_t n, uint32_t seed, float lo, float hi) {
+  const std::vector<float> f = random_f32(n, seed, lo, hi);
+  std::vector<bf16> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = tessera::f32_to_bf16(f[i]);
+  return v;
+}
+
+// Distance in units in the last place between two bf16 (ordered like integers; +0 and -0 are 0 apart).
+int bf16_ulps(bf16 a, bf16 b) {
+  auto ordered = [](bf16 x) {
+    return (x.bits & 0x8000) ? -static_cast<int>(x.bits & 0x7fff) : static_cast<int>(x.bits);
+  };
+  return std::abs(ordered(a) - ordered(b));
+}
+
+// Largest distance; counts the differing elements.
+int max_ulps(const std::vector<bf16>& a, const std::vector<bf16>& b, int64_t* differing) {
+  EXPECT_EQ(a.size(), b.size());
+  int worst = 0;
+  *differing = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    const int d = bf16_ulps(a[i], b[i]);
+    worst = std::max(worst, d);
+    *differing += d != 0;
+  }
+  return worst;
+}
+
+int64_t bitwise_differences(const std::vector<bf16>& a, const std::vector<bf16>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  int64_t n = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) n += a[i].bits != b[i].bits;
+  return n;
+}
+
+TEST(GpuKernels, RmsNormVectorMatchesScalar) {
+  REQUIRE_GPU();
+  const int64_t rows = 37;
+  for (int64_t n : {48, 64, 576, 640, 2048, 4096, 5120, 16384, 16388}) {
+    const int64_t ldy = n + 8;
+    auto x = on_device(random_f32(static_cast<size_t>(rows * n), 1, -3.0f, 3.0f));
+    auto w = on_device(random_f32(static_cast<size_t>(n), 2, 0.5f, 1.5f));
+    const auto [vec, scalar] = vector_and_scalar([&] {
+      auto y = on_device(std::vector<bf16>(static_cast<size_t>(rows * ldy), tessera::f32_to_bf16(0.0f)));
+      rms_norm_to_bf16(x.data(), rows, n, w.data(), 1e-5f, y.data(), ldy, nullptr);
+      return y.download();
+    });
+    int64_t differing = 0;
+    const int worst = max_ulps(vec, scalar, &differing);
+    EXPECT_LE(worst, 1) << "n " << n;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = n; c < ldy; ++c) EXPECT_EQ(vec[static_cast<size_t>(r * ldy + c)].bits, 0) << "padding written";
+    std::printf("[kernels] rms_norm n %lld: %lld of %lld outputs differ (max %d ulp)\n", static_cast<long long>(n),
+                static_cast<long long>(differing), static_cast<long long>(rows * n), worst);
+  }
+}
+
+TEST(GpuKernels, AddRmsNormedVectorMatchesScalar) {
+  REQUIRE_GPU();
+  const int64_t rows = 19;
+  for (int64_t n : {48, 640, 4096, 16384}) {
+    const std::vector<float> x0 = random_f32(static_cast<size_t>(rows * n), 3, -2.0f, 2.0f);
+    auto o = on_device(random_f32(static_cast<size_t>(rows * n), 4, -5.0f, 5.0f));
+    auto w = on_device(random_f32(static_cast<size_t>(n), 5, 0.5f, 1.5f));
+    const auto [vec, scalar] = vector_and_scalar([&] {
+      auto x = on_device(x0);
+      add_rms_normed(x.data(), o.data(), rows, n, w.data(), 1e-6f, nullptr);
+      return x.download();
+    });
+    ASSERT_EQ(vec.size(), scalar.size());
+    for (size_t i = 0; i < vec.size(); ++i)
+      ASSERT_NEAR(vec[i], scalar[i], 1e-6 * (std::abs(scalar[i]) + 1)) << "n " << n << " element " << i;
+  }
+}
+
+TEST(GpuKernels, GatedActivationVectorMatchesScalar) {
+  REQUIRE_GPU();
+  struct Shape {
+    int64_t rows, f;
+  };
+  for (const Shape sh : {Shape{1, 64}, Shape{7, 96}, Shape{7, 160}, Shape{3, 1536}, Shape{5, 14336},
+                         Shape{131075, 64}}) {
+    const std::vector<bf16> gu0 = random_bf16(static_cast<size_t>(sh.rows * 2 * sh.f), 6, -8.0f, 8.0f);
+    for (GateActivation act : {GateActivation::kSiLU, GateActivation::kGeluTanh, GateActivation::kGelu}) {
+      if (sh.rows > 1000 && act != GateActivation::kSiLU) continue;
+      const auto [vec, scalar] = vector_and_scalar([&] {
+        auto gu = on_device(gu0);
+        gated_activation(gu.data(), sh.rows, sh.f, act, nullptr);
+        return gu.download();
+      });
+      EXPECT_EQ(bitwise_differences(vec, scalar), 0)
+          << "rows " << sh.rows << " f " << sh.f << " activation " << static_cast<int>(act);
+    }
+  }
+}
+
+TEST(GpuKernels, QkNormRopeVectorMatchesScalar) {
+  REQUIRE_GPU();
+  const int64_t rows = 21, pos0 = 1000;
+  for (int d : {16, 32, 64, 128, 256}) {
+    const int half = d / 2;
+    std::vector<float> inv_freq(static_cast<size_t>(half));
+    for (int i = 0; i < half; ++i) inv_freq[static_cast<size_t>(i)] = std::pow(10000.0f, -2.0f * i / d);
+    auto freq = on_device(inv_freq);
+    attn::gpu::DeviceBuffer<float> cos_t(static_cast<size_t>(rows * half)), sin_t(static_cast<size_t>(rows * half));
+    rope_tables(freq.data(), half, pos0, rows, cos_t.data(), sin_t.data(), nullptr);
+    auto norm_w = on_device(random_f32(static_cast<size_t>(d), 7, 0.5f, 1.5f));
+    for (int heads : {1, 3, 8, 32, 64}) {
+      if (static_cast<int64_t>(heads) * d > 8192) continue;  // the scalar kernel's shared memory
+      const int64_t stride = int64_t{heads} * d + 8;        // padded rows
+      const std::vector<bf16> x0 = random_bf16(static_cast<size_t>(rows * stride), 8, -4.0f, 4.0f);
+      for (bool norm : {false, true}) {
+        const auto [vec, scalar] = vector_and_scalar([&] {
+          auto x = on_device(x0);
+          qk_norm_rope(x.data(), rows, stride, heads, d, norm ? norm_w.data() : nullptr, 1e-6f, cos_t.data(),
+                       sin_t.data(), nullptr);
+          return x.download();
+        });
+        int64_t differing = 0;
+        const int worst = max_ulps(vec, scalar, &differing);
+        EXPECT_LE(worst, norm ? 1 : 0) << "head_dim " << d << " heads " << heads << (norm ? " with" : " without")
+                                       << " QK-norm";
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = int64_t{heads} * d; c < stride; ++c)
+            EXPECT_EQ(vec[static_cast<size_t>(r * stride + c)].bits, x0[static_cast<size_t>(r * stride + c)].bits)
+                << "padding written";
+      }
+    }
+  }
+}
+
+TEST(GpuKernels, EmbedVectorMatchesScalar) {
+  REQUIRE_GPU();
+  const int64_t vocab = 50;
+  const std::vector<int32_t> ids = {0, 49, 7, 7, 13, 1, 48, 25, 3};
+  auto tokens = on_device(ids);
+  for (int64_t hidden : {48, 576, 4096}) {
+    auto table = on_device(random_bf16(static_cast<size_t>(vocab * hidden), 9, -1.0f, 1.0f));
+    const auto [vec, scalar] = vector_and_scalar([&] {
+      attn::gpu::DeviceBuffer<float> x(ids.size() * static_cast<size_t>(hidden));
+      embed_tokens(tokens.data(), static_cast<int64_t>(ids.size()), table.data(), hidden, 3.5f, x.data(), nullptr);
+      return x.download();
+    });
+    EXPECT_EQ(vec, scalar) << "hidden " << hidden;
+  }
+}
 
 }  // namespace
 }  // namespace tessera::runtime::gpu
