@@ -1,4 +1,5 @@
-// tessera/runtime_cuda/event_timer.h — GPU time of categories of work (GEMMs, attention), by CUDA events.
+// tessera/runtime_cuda/event_timer.h — GPU time of categories of work (GEMMs, attention, the small kernels:
+// norms, RoPE, activations, the rest), by CUDA events.
 //
 // begin(kind) / end(kind) record a pair of events on the stream around the work; collect() waits for the last
 // event and returns the summed elapsed time per kind since the previous collect(). Pairs must not nest or
@@ -14,7 +15,15 @@ namespace tessera::runtime::gpu {
 
 class EventTimer {
  public:
-  enum Kind { kGemm = 0, kAttention = 1, kKinds = 2 };
+  enum Kind {
+    kGemm = 0,
+    kAttention = 1,
+    kNorm = 2,        // RMSNorms: before attention and MLP, Gemma-3's post-norms, the final norm
+    kRope = 3,        // RoPE tables, QK-norm + RoPE of q and k
+    kActivation = 4,  // the gated MLP's activation
+    kMisc = 5,        // embedding, QKV bias, logit softcap
+    kKinds = 6
+  };
 
   explicit EventTimer(bool enabled = true) : enabled_(enabled) {}
   ~EventTimer();

@@ -133,6 +133,10 @@ void GpuEngine::add_timers() {
   const auto t = timer_.collect();
   stats_.gemm_seconds += t[EventTimer::kGemm];
   stats_.attention_seconds += t[EventTimer::kAttention];
+  kernel_seconds_.norm += t[EventTimer::kNorm];
+  kernel_seconds_.rope += t[EventTimer::kRope];
+  kernel_seconds_.activation += t[EventTimer::kActivation];
+  kernel_seconds_.misc += t[EventTimer::kMisc];
 }
 
 std::vector<float> GpuEngine::run_prefill(std::span<const int32_t> tokens, LogitRows rows,

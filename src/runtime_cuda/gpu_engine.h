@@ -8,6 +8,7 @@
 //   std::vector<float> logits = engine.prefill(prompt_ids);                // f32, [vocab], on the host
 //   logits = engine.decode(next_id);
 //   engine.stats();          // tokens, seconds; GEMM and attention seconds (GPU time, CUDA events)
+//   engine.kernel_seconds(); // GPU time of the small kernels: norms, RoPE, activation, the rest
 //   engine.memory();         // weights, KV cache, scratch, peak device memory in use
 //
 // Semantics follow runtime::Engine (engine.h): prefill appends at position() in chunks of chunk_size, each
@@ -18,7 +19,7 @@
 // decode_seconds are wall time up to the logits on the host (time to first token for a prefill);
 // gemm_seconds and attention_seconds are GPU time between CUDA events around every GEMM and every layer's
 // attention (estimation, index and kernel), so their sum is at most the wall time; the rest is the small
-// kernels, launches and copies.
+// kernels (kernel_seconds(), also CUDA events), launches and copies.
 //
 // Not thread-safe; one engine per sequence; the DeviceModel must outlive it. Uses the current CUDA device.
 #pragma once
@@ -54,8 +55,18 @@ struct GpuEngineOptions {
   int32_t max_context = 0;        // tokens the cache may hold; 0: the model's context length
   int32_t tile = 128;             // the executor's query tile in prefill (64 or 128)
   AttentionBackend attention = AttentionBackend::kAuto;
-  bool timing = true;             // CUDA events around GEMMs and attention (stats().gemm/attention_seconds)
+  bool timing = true;             // CUDA events around GEMMs, attention (stats().gemm/attention_seconds) and the
+                                  // small kernels (kernel_seconds())
   bool dense_fallback = true;     // sparse layers whose index costs more than dense run dense (gpu_forward.h)
+};
+
+// GPU time of the small kernels within prefill and decode (CUDA events around each launch; 0 without timing).
+struct GpuKernelSeconds {
+  double norm = 0;        // RMSNorms (before attention and MLP, Gemma-3's post-norms, final)
+  double rope = 0;        // RoPE tables, QK-norm + RoPE of q and k
+  double activation = 0;  // the gated MLP's activation
+  double misc = 0;        // embedding, QKV bias, logit softcap
+  double total() const { return norm + rope + activation + misc; }
 };
 
 struct GpuMemoryStats {
@@ -88,7 +99,11 @@ class GpuEngine {
   int32_t position() const { return position_; }
   int32_t max_context() const { return max_context_; }
   const EngineStats& stats() const { return stats_; }
-  void reset_stats() { stats_ = {}; }
+  const GpuKernelSeconds& kernel_seconds() const { return kernel_seconds_; }
+  void reset_stats() {
+    stats_ = {};
+    kernel_seconds_ = {};
+  }
   GpuMemoryStats memory() const;
   void reset_peak_memory() { forward_->reset_peak(); }
   const ModelConfig& config() const { return model_.config(); }
@@ -114,6 +129,7 @@ class GpuEngine {
   DeviceKVCache cache_;
   std::unique_ptr<GpuForward> forward_;
   EngineStats stats_;
+  GpuKernelSeconds kernel_seconds_;
 };
 
 }  // namespace tessera::runtime::gpu

@@ -234,14 +234,24 @@ std::vector<float> GpuForward::run(std::span<const int32_t> tokens, int32_t pos,
   grow(a_, n * QD);
   grow(gu_, M * 2 * F);
   if (cfg_.post_norms) grow(o_, n * H);
-  for (size_t r = 0; r < inv_freqs_.size(); ++r) {
-    grow(cos_[r], n * (D / 2));
-    grow(sin_[r], n * (D / 2));
-    rope_tables(inv_freqs_[r].data(), static_cast<int>(D / 2), pos, n, cos_[r].data(), sin_[r].data(), stream_);
-  }
+
+  // The small kernels' GPU time by category (EventTimer pairs; no-ops when timing is off).
+  auto timed = [&](EventTimer::Kind kind, auto&& launch) {
+    timer_.begin(kind, stream_);
+    launch();
+    timer_.end(kind, stream_);
+  };
+  timed(EventTimer::kRope, [&] {
+    for (size_t r = 0; r < inv_freqs_.size(); ++r) {
+      grow(cos_[r], n * (D / 2));
+      grow(sin_[r], n * (D / 2));
+      rope_tables(inv_freqs_[r].data(), static_cast<int>(D / 2), pos, n, cos_[r].data(), sin_[r].data(), stream_);
+    }
+  });
   TESSERA_CUDA_CHECK(cudaMemcpyAsync(tokens_.data(), tokens.data(), tokens.size() * sizeof(int32_t),
                                      cudaMemcpyHostToDevice, stream_));
-  embed_tokens(tokens_.data(), n, model_.embedding(), H, cfg_.embedding_scale, x_.data(), stream_);
+  timed(EventTimer::kMisc,
+        [&] { embed_tokens(tokens_.data(), n, model_.embedding(), H, cfg_.embedding_scale, x_.data(), stream_); });
 
   auto gemm = [&](const bf16* x, int64_t ldx, int64_t m, const bf16* w, int64_t out, int64_t in, void* y,
                   DType y_type, int64_t ldy, float beta) {
@@ -255,20 +265,24 @@ std::vector<float> GpuForward::run(std::span<const int32_t> tokens, int32_t pos,
     const DeviceLayer& L = model_.layer(l);
     bf16* kc = cache.k(l, pos);
     bf16* vc = cache.v(l, pos);
-    rms_norm_to_bf16(x_.data(), n, H, L.attn_norm, eps, h_.data(), H, stream_);
+    timed(EventTimer::kNorm, [&] { rms_norm_to_bf16(x_.data(), n, H, L.attn_norm, eps, h_.data(), H, stream_); });
     gemm(h_.data(), H, n, L.wq, QD, H, q_.data(), DType::BF16, QD, 0.0f);
     gemm(h_.data(), H, n, L.wk, KD, H, kc, DType::BF16, KD, 0.0f);
     gemm(h_.data(), H, n, L.wv, KD, H, vc, DType::BF16, KD, 0.0f);
     if (cfg_.qkv_bias) {
-      add_bias(q_.data(), n, QD, QD, L.bq, stream_);
-      add_bias(kc, n, KD, KD, L.bk, stream_);
-      add_bias(vc, n, KD, KD, L.bv, stream_);
+      timed(EventTimer::kMisc, [&] {
+        add_bias(q_.data(), n, QD, QD, L.bq, stream_);
+        add_bias(kc, n, KD, KD, L.bk, stream_);
+        add_bias(vc, n, KD, KD, L.bv, stream_);
+      });
     }
     const size_t r = layer_rope_[static_cast<size_t>(l)];
-    qk_norm_rope(q_.data(), n, QD, cfg_.num_q_heads, static_cast<int>(D), cfg_.qk_norm ? L.q_norm : nullptr, eps,
-                 cos_[r].data(), sin_[r].data(), stream_);
-    qk_norm_rope(kc, n, KD, cfg_.num_kv_heads, static_cast<int>(D), cfg_.qk_norm ? L.k_norm : nullptr, eps,
-                 cos_[r].data(), sin_[r].data(), stream_);
+    timed(EventTimer::kRope, [&] {
+      qk_norm_rope(q_.data(), n, QD, cfg_.num_q_heads, static_cast<int>(D), cfg_.qk_norm ? L.q_norm : nullptr, eps,
+                   cos_[r].data(), sin_[r].data(), stream_);
+      qk_norm_rope(kc, n, KD, cfg_.num_kv_heads, static_cast<int>(D), cfg_.qk_norm ? L.k_norm : nullptr, eps,
+                   cos_[r].data(), sin_[r].data(), stream_);
+    });
 
     timer_.begin(EventTimer::kAttention, stream_);
     attention(l, pos, n, cache, policy, total_len, set);
@@ -277,19 +291,20 @@ std::vector<float> GpuForward::run(std::span<const int32_t> tokens, int32_t pos,
 
     if (cfg_.post_norms) {
       gemm(a_.data(), QD, n, L.wo, H, QD, o_.data(), DType::F32, H, 0.0f);
-      add_rms_normed(x_.data(), o_.data(), n, H, L.post_attn_norm, eps, stream_);
+      timed(EventTimer::kNorm, [&] { add_rms_normed(x_.data(), o_.data(), n, H, L.post_attn_norm, eps, stream_); });
     } else {
       gemm(a_.data(), QD, n, L.wo, H, QD, x_.data(), DType::F32, H, 1.0f);  // x += a Wo^T
     }
 
-    rms_norm_to_bf16(x_.data(), n, H, L.ffn_norm, eps, h_.data(), H, stream_);
+    timed(EventTimer::kNorm, [&] { rms_norm_to_bf16(x_.data(), n, H, L.ffn_norm, eps, h_.data(), H, stream_); });
     for (int64_t m0 = 0; m0 < n; m0 += M) {
       const int64_t mm = std::min<int64_t>(M, n - m0);
       gemm(h_.data() + m0 * H, H, mm, L.w_gate_up, 2 * F, H, gu_.data(), DType::BF16, 2 * F, 0.0f);
-      gated_activation(gu_.data(), mm, F, act, stream_);
+      timed(EventTimer::kActivation, [&] { gated_activation(gu_.data(), mm, F, act, stream_); });
       if (cfg_.post_norms) {
         gemm(gu_.data(), 2 * F, mm, L.w_down, H, F, o_.data() + m0 * H, DType::F32, H, 0.0f);
-        add_rms_normed(x_.data() + m0 * H, o_.data() + m0 * H, mm, H, L.post_ffn_norm, eps, stream_);
+        timed(EventTimer::kNorm,
+              [&] { add_rms_normed(x_.data() + m0 * H, o_.data() + m0 * H, mm, H, L.post_ffn_norm, eps, stream_); });
       } else {
         gemm(gu_.data(), 2 * F, mm, L.w_down, H, F, x_.data() + m0 * H, DType::F32, H, 1.0f);  // x += m Wd^T
       }
@@ -301,10 +316,13 @@ std::vector<float> GpuForward::run(std::span<const int32_t> tokens, int32_t pos,
   const int32_t first = rows == LogitRows::kLast ? n - 1 : 0;
   const int64_t count = n - first;
   grow(logits_, count * V);
-  rms_norm_to_bf16(x_.data() + static_cast<int64_t>(first) * H, count, H, model_.final_norm(), eps, h_.data(), H,
-                   stream_);
+  timed(EventTimer::kNorm, [&] {
+    rms_norm_to_bf16(x_.data() + static_cast<int64_t>(first) * H, count, H, model_.final_norm(), eps, h_.data(), H,
+                     stream_);
+  });
   gemm(h_.data(), H, count, model_.output(), V, H, logits_.data(), DType::F32, V, 0.0f);
-  if (cfg_.final_logit_softcap > 0) softcap(logits_.data(), count * V, cfg_.final_logit_softcap, stream_);
+  if (cfg_.final_logit_softcap > 0)
+    timed(EventTimer::kMisc, [&] { softcap(logits_.data(), count * V, cfg_.final_logit_softcap, stream_); });
   std::vector<float> out(static_cast<size_t>(count * V));
   TESSERA_CUDA_CHECK(cudaMemcpyAsync(out.data(), logits_.data(), out.size() * sizeof(float), cudaMemcpyDeviceToHost,
                                      stream_));

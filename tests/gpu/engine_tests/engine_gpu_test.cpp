@@ -224,6 +224,12 @@ TEST_P(FixtureTest, MatchesCpuEngine) {
   EXPECT_EQ(s.decode_tokens, n - split);
   EXPECT_GT(s.gemm_seconds, 0.0);
   EXPECT_LE(s.gemm_seconds + s.attention_seconds, s.prefill_seconds + s.decode_seconds);
+  const GpuKernelSeconds& k = gen.kernel_seconds();
+  EXPECT_GT(k.norm, 0.0);
+  EXPECT_GT(k.rope, 0.0);
+  EXPECT_GT(k.activation, 0.0);
+  EXPECT_GT(k.misc, 0.0);  // the embedding
+  EXPECT_LE(s.gemm_seconds + s.attention_seconds + k.total(), s.prefill_seconds + s.decode_seconds);
   EXPECT_GT(gen.memory().peak_in_use_bytes, gen.memory().weights_bytes);
 }
 
