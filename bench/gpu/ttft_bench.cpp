@@ -1,7 +1,9 @@
 // ttft_bench — time to first token of the GPU engine on a model of Llama-3-8B shapes with deterministic random
 // weights (compute cost does not depend on the values for fixed pattern budgets), for dense attention and
 // sparse policies, all from one run: a table with each policy's speedup over the dense row of the same length,
-// the GEMM and attention shares of the time (GPU time from CUDA events), and the peak device memory.
+// the GEMM and attention shares of the time (GPU time from CUDA events), the small kernels' GPU time (norms,
+// RoPE, activation, the rest; also CUDA events: "other" minus these is launch gaps, copies and the host), and the
+// peak device memory.
 //
 //   ttft_bench [--model llama3-8b] [--seq 8192,32768,131072] [--policies "dense;vs:v=1000,s=6096;..."]
 //              [--chunk 0] [--mlp-chunk 16384] [--tile 128] [--reps 1] [--layers N] [--decode 0]
@@ -197,6 +199,7 @@ struct Row {
   std::string policy;
   std::string error;
   double ttft = 0, gemm = 0, attention = 0;
+  GpuKernelSeconds kernels;
   double speedup = 0;
   double peak_gb = 0, kv_gb = 0;
   double gemm_tflops = 0;
@@ -213,12 +216,14 @@ double gemm_flops(const tessera::runtime::ModelConfig& c, int seq) {
 
 void print_row_md(const Row& r) {
   if (!r.error.empty()) {
-    std::printf("| %d | %s | error: %s |||||||\n", r.seq, r.policy.c_str(), r.error.c_str());
+    std::printf("| %d | %s | error: %s ||||||||\n", r.seq, r.policy.c_str(), r.error.c_str());
   } else {
     const double other = std::max(0.0, r.ttft - r.gemm - r.attention);
-    std::printf("| %d | %s | %.3f | %.2fx | %.3f (%.0f%%) | %.3f (%.0f%%) | %.3f | %.0f | %.1f |", r.seq,
-                r.policy.c_str(), r.ttft, r.speedup, r.gemm, 100 * r.gemm / r.ttft, r.attention,
-                100 * r.attention / r.ttft, other, r.gemm_tflops, r.peak_gb);
+    const GpuKernelSeconds& k = r.kernels;
+    std::printf("| %d | %s | %.3f | %.2fx | %.3f (%.0f%%) | %.3f (%.0f%%) | %.3f | %.0f | %.1f | "
+                "%.3f / %.3f / %.3f / %.3f |",
+                r.seq, r.policy.c_str(), r.ttft, r.speedup, r.gemm, 100 * r.gemm / r.ttft, r.attention,
+                100 * r.attention / r.ttft, other, r.gemm_tflops, r.peak_gb, k.norm, k.rope, k.activation, k.misc);
     if (r.decode_ms > 0) std::printf(" decode %.2f ms/token |", r.decode_ms);
     std::printf("\n");
   }
@@ -287,8 +292,8 @@ int main(int argc, char** argv) {
                 o.chunk > 0 ? std::to_string(o.chunk).c_str() : "whole prompt", o.mlp_chunk, o.tile, o.reps,
                 o.dense_fallback ? "on (a sparse layer whose index costs more than dense runs dense)" : "off");
     std::printf("| seq | policy | TTFT s | vs dense | GEMM s (share) | attention s (share) | other s | GEMM TFLOP/s | "
-                "peak GB |\n");
-    std::printf("|---:|---|---:|---:|---:|---:|---:|---:|---:|\n");
+                "peak GB | norm / rope / act / misc s |\n");
+    std::printf("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     std::fflush(stdout);
 
     FILE* csv = nullptr;
@@ -296,7 +301,8 @@ int main(int argc, char** argv) {
       csv = std::fopen(o.csv.c_str(), "w");
       check(csv != nullptr, o.csv + ": cannot write");
       std::fprintf(csv, "device,model,layers,seq,policy,chunk,ttft_s,speedup_vs_dense,gemm_s,attention_s,other_s,"
-                        "gemm_share,attention_share,gemm_tflops,peak_gb,kv_gb,decode_ms_per_token,error,weights\n");
+                        "gemm_share,attention_share,gemm_tflops,peak_gb,kv_gb,decode_ms_per_token,error,weights,"
+                        "norm_s,rope_s,activation_s,misc_kernels_s\n");
       std::fflush(csv);
     }
     const double start = now();
@@ -323,6 +329,7 @@ int main(int argc, char** argv) {
                 r.ttft = st.prefill_seconds;
                 r.gemm = st.gemm_seconds;
                 r.attention = st.attention_seconds;
+                r.kernels = engine.kernel_seconds();
                 r.peak_gb = static_cast<double>(engine.memory().peak_in_use_bytes) / 1e9;
                 r.kv_gb = static_cast<double>(engine.memory().kv_cache_bytes) / 1e9;
               }
@@ -345,11 +352,14 @@ int main(int argc, char** argv) {
           std::replace(err.begin(), err.end(), ',', ';');
           std::replace(err.begin(), err.end(), '\n', ' ');
           const double other = std::max(0.0, r.ttft - r.gemm - r.attention);
-          std::fprintf(csv, "\"%s\",%s,%d,%d,\"%s\",%d,%.4f,%.3f,%.4f,%.4f,%.4f,%.3f,%.3f,%.1f,%.2f,%.2f,%.3f,%s,%s\n",
+          std::fprintf(csv,
+                       "\"%s\",%s,%d,%d,\"%s\",%d,%.4f,%.3f,%.4f,%.4f,%.4f,%.3f,%.3f,%.1f,%.2f,%.2f,%.3f,%s,%s,"
+                       "%.4f,%.4f,%.4f,%.4f\n",
                        gpu_description().c_str(), o.model.c_str(), cfg.num_layers, r.seq, r.policy.c_str(), o.chunk,
                        r.ttft, r.speedup, r.gemm, r.attention, other, r.ttft > 0 ? r.gemm / r.ttft : 0,
                        r.ttft > 0 ? r.attention / r.ttft : 0, r.gemm_tflops, r.peak_gb, r.kv_gb, r.decode_ms,
-                       err.c_str(), o.weights.c_str());
+                       err.c_str(), o.weights.c_str(), r.kernels.norm, r.kernels.rope, r.kernels.activation,
+                       r.kernels.misc);
           std::fflush(csv);
         }
         rows.push_back(r);
