@@ -12,9 +12,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <map>
-#include <memory>
-#include <string>
 
 #include "core/dtype.h"
 
@@ -36,28 +33,10 @@ class Gemm {
 
   size_t workspace_bytes() const { return workspace_bytes_; }
 
-  // Measured algorithm choice (cuBLASLt), on by default; TESSERA_GEMM_TUNE=0 turns it off. The first product of
-  // each shape with beta = 0 times cuBLASLt's top heuristic candidates on the call's own buffers (the output is
-  // overwritten by the final run) and keeps the fastest; products that accumulate (beta != 0: the residual
-  // stream) use the shape's tuned beta = 0 choice when there is one, else cuBLAS's default. Any cuBLASLt failure
-  // falls back to cublasGemmEx for that shape.
-  bool tuning() const { return tune_; }
-  void set_tuning(bool on) { tune_ = on; }
-  // One line per tuned shape: the candidates' times and the choice.
-  std::string tuning_report() const;
-
  private:
-  struct Tuned;
-  bool run_tuned(const bf16* x, int64_t ldx, int64_t m, const bf16* w, int64_t out, int64_t in, void* y,
-                 DType y_type, int64_t ldy, float beta);
-  void* handle_ = nullptr;    // cublasHandle_t
-  void* lt_handle_ = nullptr;  // cublasLtHandle_t
+  void* handle_ = nullptr;  // cublasHandle_t
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
-  cudaStream_t stream_ = nullptr;
-  bool tune_ = true;
-  std::map<std::string, std::shared_ptr<Tuned>> tuned_;
-  std::string report_;
 };
 
 }  // namespace tessera::runtime::gpu
