@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "runtime/input_checks.h"
 
 namespace tessera::runtime {
 
@@ -44,27 +45,12 @@ Engine::Engine(const Model& model, EngineOptions options)
   cache_ = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max_context_);
 }
 
-void Engine::check_tokens(std::span<const int32_t> tokens) const {
-  const int32_t vocab = model_.config().vocab_size;
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] < 0 || tokens[i] >= vocab)
-      throw Error("token id " + std::to_string(tokens[i]) + " at index " + std::to_string(i) +
-                  " is outside the vocabulary of " + std::to_string(vocab) + " tokens (model " +
-                  model_.config().name + ")");
-  }
-}
-
 std::vector<float> Engine::run_prefill(std::span<const int32_t> tokens, LogitRows rows,
                                        const Progress& progress, const ChunkLogits& on_logits) {
   if (tokens.empty()) throw Error("prefill: empty prompt");
-  check_tokens(tokens);
+  check_token_ids(tokens, model_.config());
+  check_prompt_fits(tokens.size(), position_, max_context_, model_.config());
   const int64_t end = static_cast<int64_t>(position_) + static_cast<int64_t>(tokens.size());
-  if (end > max_context_) {
-    std::string what = "prompt of " + std::to_string(tokens.size()) + " tokens";
-    if (position_ > 0) what += " after " + std::to_string(position_) + " tokens already in the context";
-    throw Error(what + " exceeds the context limit of " + std::to_string(max_context_) + " tokens (model " +
-                model_.config().name + "); pass a larger max context (--max-context) or shorten the prompt");
-  }
   const auto t0 = Clock::now();
   cache_.reserve(static_cast<int32_t>(end));
   ForwardTimers timers;
@@ -125,11 +111,8 @@ std::vector<float> Engine::decode(int32_t token) {
 
 std::vector<float> Engine::run_decode(int32_t token, LogitRows rows) {
   const int32_t one[1] = {token};
-  check_tokens(one);
-  if (position_ + 1 > max_context_)
-    throw Error("decoding past the context limit of " + std::to_string(max_context_) + " tokens (model " +
-                model_.config().name +
-                "); pass a larger max context (--max-context) or generate fewer tokens");
+  check_token_ids(one, model_.config());
+  check_decode_fits(position_, max_context_, model_.config());
   const auto t0 = Clock::now();
   cache_.reserve(position_ + 1);
   ForwardTimers timers;

@@ -111,7 +111,6 @@ class Engine {
   std::vector<float> run_prefill(std::span<const int32_t> tokens, LogitRows rows, const Progress& progress,
                                  const ChunkLogits& on_logits = {});
   std::vector<float> run_decode(int32_t token, LogitRows rows);
-  void check_tokens(std::span<const int32_t> tokens) const;
 
   const Model& model_;
   EngineOptions options_;

@@ -8,6 +8,7 @@
 
 #include "attention/cuda/cuda_check.h"
 #include "core/error.h"
+#include "runtime/input_checks.h"
 #include "runtime/sampling.h"
 
 namespace tessera::runtime::gpu {
@@ -110,16 +111,6 @@ void GpuEngine::release_memory() {
   position_ = 0;
 }
 
-void GpuEngine::check_tokens(std::span<const int32_t> tokens) const {
-  const int32_t vocab = model_.config().vocab_size;
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] < 0 || tokens[i] >= vocab)
-      throw Error("token id " + std::to_string(tokens[i]) + " at index " + std::to_string(i) +
-                  " is outside the vocabulary of " + std::to_string(vocab) + " tokens (model " +
-                  model_.config().name + ")");
-  }
-}
-
 void GpuEngine::discard_timers() noexcept {
   cudaStreamSynchronize(stream_);
   (void)cudaGetLastError();
@@ -142,14 +133,9 @@ void GpuEngine::add_timers() {
 std::vector<float> GpuEngine::run_prefill(std::span<const int32_t> tokens, LogitRows rows,
                                           const Progress& progress) {
   if (tokens.empty()) throw Error("prefill: empty prompt");
-  check_tokens(tokens);
+  check_token_ids(tokens, model_.config());
+  check_prompt_fits(tokens.size(), position_, max_context_, model_.config());
   const int64_t end = static_cast<int64_t>(position_) + static_cast<int64_t>(tokens.size());
-  if (end > max_context_) {
-    std::string what = "prompt of " + std::to_string(tokens.size()) + " tokens";
-    if (position_ > 0) what += " after " + std::to_string(position_) + " tokens already in the context";
-    throw Error(what + " exceeds the context limit of " + std::to_string(max_context_) + " tokens (model " +
-                model_.config().name + "); pass a larger max context (--max-context) or shorten the prompt");
-  }
   const auto t0 = Clock::now();
   cache_.reserve(static_cast<int32_t>(end), position_);
   const auto n = static_cast<int64_t>(tokens.size());
@@ -193,10 +179,8 @@ std::vector<float> GpuEngine::decode(int32_t token) { return run_decode(token, L
 
 std::vector<float> GpuEngine::run_decode(int32_t token, LogitRows rows) {
   const int32_t one[1] = {token};
-  check_tokens(one);
-  if (position_ + 1 > max_context_)
-    throw Error("decoding past the context limit of " + std::to_string(max_context_) + " tokens (model " +
-                model_.config().name + "); pass a larger max context (--max-context) or generate fewer tokens");
+  check_token_ids(one, model_.config());
+  check_decode_fits(position_, max_context_, model_.config());
   const auto t0 = Clock::now();
   cache_.reserve(position_ + 1, position_);
   std::vector<float> logits;

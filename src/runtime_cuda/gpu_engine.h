@@ -115,7 +115,6 @@ class GpuEngine {
  private:
   std::vector<float> run_prefill(std::span<const int32_t> tokens, LogitRows rows, const Progress& progress);
   std::vector<float> run_decode(int32_t token, LogitRows rows);
-  void check_tokens(std::span<const int32_t> tokens) const;
   void add_timers();
   void discard_timers() noexcept;  // after an error: waits for the stream, drops the recorded events
 
