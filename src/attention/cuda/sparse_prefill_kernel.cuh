@@ -231,30 +231,39 @@ __global__ void __launch_bounds__(PrefillConfig<D, BM>::kThreads, PrefillConfig<
   }
 }
 
+// The launch shared by every persistent prefill kernel: check the shared memory the kernel needs against the
+// device, raise its dynamic shared-memory limit, size the grid to the CTAs that fit (at most one per item),
+// reset the plan's item counter on `stream` and launch with `args`. `who` names the kernel in errors ("sparse
+// prefill (wgmma)"), `shape` optionally what it was built for ("head_dim 128 with tile 128"); `name` is the
+// kernel's name for check_launch.
+template <class Kernel, class... Args>
+void launch_persistent(Kernel kernel, int threads, size_t smem_bytes, const std::string& who,
+                       const std::string& shape, const char* name, const PrefillParams& p, cudaStream_t stream,
+                       const Args&... args) {
+  const DeviceInfo& dev = current_device_info();
+  if (static_cast<size_t>(dev.max_smem_per_block) < smem_bytes) {
+    throw Error(who + ": " + (shape.empty() ? std::string() : shape + " ") + "needs " + std::to_string(smem_bytes) +
+                " bytes of shared memory per block, the device allows " + std::to_string(dev.max_smem_per_block));
+  }
+  TESSERA_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)));
+  int per_sm = 0;
+  TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem_bytes));
+  if (per_sm < 1) throw Error(who + ": kernel does not fit on a multiprocessor");
+  const int grid = static_cast<int>(std::min<int64_t>(p.num_items, static_cast<int64_t>(per_sm) * dev.num_sms));
+  TESSERA_CUDA_CHECK(cudaMemsetAsync(p.counter, 0, sizeof(int32_t), stream));
+  if (grid == 0) return;
+  kernel<<<grid, threads, smem_bytes, stream>>>(args...);
+  check_launch(name);
+}
+
 // Launches the persistent kernel for one (dtype, head_dim, tile) (instantiated in sparse_prefill_*.cu).
 template <typename T, int D, int BM>
 void launch_sparse_prefill(const PrefillParams& p, cudaStream_t stream) {
   using Cfg = PrefillConfig<D, BM>;
-  auto kernel = sparse_prefill_kernel<T, D, BM>;
-  const DeviceInfo& dev = current_device_info();
-  if (static_cast<size_t>(dev.max_smem_per_block) < Cfg::kSmemBytes) {
-    throw Error("sparse prefill: head_dim " + std::to_string(D) + " with tile " + std::to_string(BM) +
-                " needs " + std::to_string(Cfg::kSmemBytes) +
-                " bytes of shared memory per block, the device allows " +
-                std::to_string(dev.max_smem_per_block));
-  }
-  TESSERA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(Cfg::kSmemBytes)));
-  int per_sm = 0;
-  TESSERA_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Cfg::kThreads, Cfg::kSmemBytes));
-  if (per_sm < 1) throw Error("sparse prefill: kernel does not fit on a multiprocessor");
-  const int grid =
-      static_cast<int>(std::min<int64_t>(p.num_items, static_cast<int64_t>(per_sm) * dev.num_sms));
-  TESSERA_CUDA_CHECK(cudaMemsetAsync(p.counter, 0, sizeof(int32_t), stream));
-  if (grid == 0) return;
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  check_launch("sparse_prefill_kernel");
+  launch_persistent(sparse_prefill_kernel<T, D, BM>, Cfg::kThreads, Cfg::kSmemBytes, "sparse prefill",
+                    "head_dim " + std::to_string(D) + " with tile " + std::to_string(BM), "sparse_prefill_kernel", p,
+                    stream, p);
 }
 
 }  // namespace tessera::attn::gpu::detail

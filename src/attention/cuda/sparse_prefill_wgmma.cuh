@@ -227,25 +227,8 @@ __global__ void __launch_bounds__(256, 1) sparse_prefill_wgmma_kernel(const Pref
 template <typename T, bool kSplitPv, bool kOverlap>
 void launch_sparse_prefill_wgmma(const PrefillParams& p, cudaStream_t stream) {
   using Cfg = WgmmaPrefillConfig<kOverlap ? 4 : 3>;
-  auto kernel = sparse_prefill_wgmma_kernel<T, kSplitPv, kOverlap>;
-  const DeviceInfo& dev = current_device_info();
-  if (static_cast<size_t>(dev.max_smem_per_block) < Cfg::kSmemBytes) {
-    throw Error("sparse prefill (wgmma): needs " + std::to_string(Cfg::kSmemBytes) +
-                " bytes of shared memory per block, the device allows " +
-                std::to_string(dev.max_smem_per_block));
-  }
-  TESSERA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(Cfg::kSmemBytes)));
-  int per_sm = 0;
-  TESSERA_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Cfg::kThreads, Cfg::kSmemBytes));
-  if (per_sm < 1) throw Error("sparse prefill (wgmma): kernel does not fit on a multiprocessor");
-  const int grid =
-      static_cast<int>(std::min<int64_t>(p.num_items, static_cast<int64_t>(per_sm) * dev.num_sms));
-  TESSERA_CUDA_CHECK(cudaMemsetAsync(p.counter, 0, sizeof(int32_t), stream));
-  if (grid == 0) return;
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  check_launch("sparse_prefill_wgmma_kernel");
+  launch_persistent(sparse_prefill_wgmma_kernel<T, kSplitPv, kOverlap>, Cfg::kThreads, Cfg::kSmemBytes,
+                    "sparse prefill (wgmma)", "", "sparse_prefill_wgmma_kernel", p, stream, p);
 }
 
 }  // namespace tessera::attn::gpu::detail

@@ -355,25 +355,8 @@ __global__ void __launch_bounds__(384, 1) sparse_prefill_wgmma_ws_kernel(const P
 template <typename T, int kStages, bool kQRegs>
 void launch_sparse_prefill_wgmma_ws(const PrefillParams& p, cudaStream_t stream) {
   using Cfg = WgmmaWsConfig<kStages>;
-  auto kernel = sparse_prefill_wgmma_ws_kernel<T, kStages, kQRegs>;
-  const DeviceInfo& dev = current_device_info();
-  if (static_cast<size_t>(dev.max_smem_per_block) < Cfg::kSmemBytes) {
-    throw Error("sparse prefill (wgmma, warp-specialized): needs " + std::to_string(Cfg::kSmemBytes) +
-                " bytes of shared memory per block, the device allows " +
-                std::to_string(dev.max_smem_per_block));
-  }
-  TESSERA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(Cfg::kSmemBytes)));
-  int per_sm = 0;
-  TESSERA_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Cfg::kThreads, Cfg::kSmemBytes));
-  if (per_sm < 1) throw Error("sparse prefill (wgmma, warp-specialized): kernel does not fit on a multiprocessor");
-  const int grid =
-      static_cast<int>(std::min<int64_t>(p.num_items, static_cast<int64_t>(per_sm) * dev.num_sms));
-  TESSERA_CUDA_CHECK(cudaMemsetAsync(p.counter, 0, sizeof(int32_t), stream));
-  if (grid == 0) return;
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  check_launch("sparse_prefill_wgmma_ws_kernel");
+  launch_persistent(sparse_prefill_wgmma_ws_kernel<T, kStages, kQRegs>, Cfg::kThreads, Cfg::kSmemBytes,
+                    "sparse prefill (wgmma, warp-specialized)", "", "sparse_prefill_wgmma_ws_kernel", p, stream, p);
 }
 
 
@@ -549,25 +532,11 @@ CUtensorMap make_head_tensor_map(const void* base, int heads, int rows, int64_t 
 template <typename T, int kStages, bool kQRegs, bool kPingpong>
 void launch_sparse_prefill_wgmma_tma(const PrefillParams& p, cudaStream_t stream) {
   using Cfg = WgmmaWsConfig<kStages>;
-  auto kernel = sparse_prefill_wgmma_tma_kernel<T, kStages, kQRegs, kPingpong>;
-  const DeviceInfo& dev = current_device_info();
-  if (static_cast<size_t>(dev.max_smem_per_block) < Cfg::kSmemBytes) {
-    throw Error("sparse prefill (wgmma, TMA): needs " + std::to_string(Cfg::kSmemBytes) +
-                " bytes of shared memory per block, the device allows " + std::to_string(dev.max_smem_per_block));
-  }
   const CUtensorMap tq = make_head_tensor_map<T>(p.q, p.num_q_heads, p.q_len, p.q_head, p.q_tok, Cfg::BM);
   const CUtensorMap tk = make_head_tensor_map<T>(p.k, p.num_kv_heads, p.kv_len, p.k_head, p.k_tok, Cfg::BN);
   const CUtensorMap tv = make_head_tensor_map<T>(p.v, p.num_kv_heads, p.kv_len, p.v_head, p.v_tok, Cfg::BN);
-  TESSERA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(Cfg::kSmemBytes)));
-  int per_sm = 0;
-  TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 384, Cfg::kSmemBytes));
-  if (per_sm < 1) throw Error("sparse prefill (wgmma, TMA): kernel does not fit on a multiprocessor");
-  const int grid = static_cast<int>(std::min<int64_t>(p.num_items, static_cast<int64_t>(per_sm) * dev.num_sms));
-  TESSERA_CUDA_CHECK(cudaMemsetAsync(p.counter, 0, sizeof(int32_t), stream));
-  if (grid == 0) return;
-  kernel<<<grid, 384, Cfg::kSmemBytes, stream>>>(p, tq, tk, tv);
-  check_launch("sparse_prefill_wgmma_tma_kernel");
+  launch_persistent(sparse_prefill_wgmma_tma_kernel<T, kStages, kQRegs, kPingpong>, Cfg::kThreads, Cfg::kSmemBytes,
+                    "sparse prefill (wgmma, TMA)", "", "sparse_prefill_wgmma_tma_kernel", p, stream, p, tq, tk, tv);
 }
 
 }  // namespace tessera::attn::gpu::detail
