@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# scripts/gpu/kernel_times.sh — GPU time of every kernel one attention_gpu_bench invocation launches, from
+# Nsight Compute (gpu__time_duration per launch, summed per kernel name), on a GPU machine after
+# scripts/gpu/check.sh has built the bench.
+#
+#   bash scripts/gpu/kernel_times.sh [bench args...]    (default: VS and BS, model-like inputs, 128K, one rep)
+#
+# Prints one line per kernel: launches, total and mean microseconds, share of the listed kernels' total; the
+# raw CSV goes to $OUT/kernel_times.csv (OUT default build/gpu-kernel-times). Launches before KT_SKIP (default:
+# the wgmma self-check's and the bench's warm-up, none by default) are all counted: pass bench args that run
+# what you want to see once (--reps 1 --warmup 0 --variants off).
+set -u
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-build/gpu-kernel-times}
+mkdir -p "$OUT"
+BENCH=$(find build -name attention_gpu_bench -type f -perm -u+x | head -1)
+NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+[ -n "$BENCH" ] && [ -n "$NCU" ] || { echo "kernel_times: need attention_gpu_bench (built) and ncu"; exit 1; }
+if [ $# -eq 0 ]; then
+  set -- --inputs model --seq 131072 --patterns vs,bs --reps 1 --warmup 0 --kernel auto --variants off
+fi
+echo "bench: $BENCH $*"
+timeout "${KT_TIMEOUT_S:-240}" "$NCU" --metrics gpu__time_duration.sum --csv --page raw --print-units base \
+  "$BENCH" "$@" > "$OUT/kernel_times.csv" 2> "$OUT/kernel_times.err"
+echo "ncu rc=$?"
+python3 - "$OUT/kernel_times.csv" <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 3]
+if not rows:
+    sys.exit("no ncu rows")
+hdr = rows[0]
+ix = {h: i for i, h in enumerate(hdr)}
+name_col = ix.get("Kernel Name", 4)
+t_col = ix.get("gpu__time_duration.sum")
+if t_col is None:
+    sys.exit("no gpu__time_duration column: " + ",".join(hdr))
+tot = collections.OrderedDict()
+for r in rows[1:]:
+    try:
+        t = float(r[t_col].replace(",", ""))
+    except ValueError:
+        continue  # the units row
+    name = r[name_col].split("(")[0].split("<")[0].strip()
+    n, s = tot.get(name, (0, 0.0))
+    tot[name] = (n + 1, s + t)
+total = sum(s for _, s in tot.values()) or 1.0
+print(f"{'kernel':60s} {'launches':>8s} {'total us':>12s} {'mean us':>10s} {'share':>7s}")
+for name, (n, s) in tot.items():
+    print(f"{name[:60]:60s} {n:8d} {s / 1e3:12.1f} {s / 1e3 / n:10.1f} {s / total * 100:6.1f}%")
+PY
