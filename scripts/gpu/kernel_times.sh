@@ -25,9 +25,12 @@ timeout "${KT_TIMEOUT_S:-240}" "$NCU" --metrics gpu__time_duration.sum --csv --p
 echo "ncu rc=$?"
 python3 - "$OUT/kernel_times.csv" <<'PY'
 import csv, sys, collections
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 3]
-if not rows:
-    sys.exit("no ncu rows")
+# The bench's own stdout lines are mixed in: the table starts at ncu's header row ("ID", ...).
+rows = list(csv.reader(open(sys.argv[1])))
+start = next((i for i, r in enumerate(rows) if r and r[0] == "ID"), None)
+if start is None:
+    sys.exit("no ncu table")
+rows = [r for r in rows[start:] if len(rows[start]) == len(r)]
 hdr = rows[0]
 ix = {h: i for i, h in enumerate(hdr)}
 name_col = ix.get("Kernel Name", 4)

@@ -6,7 +6,7 @@
 # Builds the attention library and bench through scripts/gpu/check.sh (build steps only), then runs ncu on
 # attention_gpu_bench for one pattern and length (PROFILE_ARGS, default A-shape at 32K: the sparse wgmma path)
 # and keeps the details page of the first kernel launches matching PROFILE_KERNEL after PROFILE_SKIP launches
-# (the wgmma self-check launches each of its 8 variants once on a tiny problem first).
+# (the wgmma self-check launches each of its 9 variants once on a tiny problem first).
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-build/gpu-profile}
@@ -18,7 +18,7 @@ echo "bench: $BENCH  ncu: $NCU"
 [ -n "$BENCH" ] && [ -n "$NCU" ] || { tail -30 "$OUT/build.log"; exit 1; }
 ARGS=${PROFILE_ARGS:---seq 32768 --patterns ashape --reps 1 --warmup 0 --kernel auto --variants off}
 KERNEL=${PROFILE_KERNEL:-regex:sparse_prefill_wgmma}
-SKIP=${PROFILE_SKIP:-8}
+SKIP=${PROFILE_SKIP:-9}
 if [ "${PROFILE_FULL:-1}" = 1 ]; then
   timeout 200 "$NCU" --kernel-name "$KERNEL" --launch-skip "$SKIP" --launch-count 1 --set full \
     --import-source no --page details --print-units base "$BENCH" $ARGS > "$OUT/ncu.txt" 2> "$OUT/ncu.err"
@@ -26,7 +26,7 @@ if [ "${PROFILE_FULL:-1}" = 1 ]; then
 fi
 # Stall reasons (per issued instruction) and the tensor pipe, then the per-instruction stall samples (SASS).
 timeout 120 "$NCU" --kernel-name "$KERNEL" --launch-skip "$SKIP" --launch-count 1 --page raw --csv \
-  --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,sm__cycles_elapsed.avg" \
+  --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_tensor_op_gmma.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,sm__cycles_elapsed.avg" \
   "$BENCH" $ARGS > "$OUT/ncu_stalls.csv" 2>> "$OUT/ncu.err"
 echo "ncu stalls rc=$?"
 timeout 200 "$NCU" --kernel-name "$KERNEL" --launch-skip "$SKIP" --launch-count 1 --section SourceCounters \
@@ -35,11 +35,11 @@ timeout 200 "$NCU" --kernel-name "$KERNEL" --launch-skip "$SKIP" --launch-count 
 echo "ncu source rc=$?"
 python3 - "$OUT/ncu_stalls.csv" <<'PY'
 import csv, sys
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 5]
-if rows:
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 5 and r[0] != "" and (r[0] == "ID" or r[0].isdigit())]
+if len(rows) > 1:  # ncu's header row ("ID", ...) and the kernel's row; the bench's stdout lines are skipped
     hdr, val = rows[0], rows[-1]
     for h, v in sorted(zip(hdr, val), key=lambda x: x[0]):
-        if "stalled" in h or "gmma" in h or "inst_executed" in h or "cycles" in h:
+        if "stalled" in h or "gmma" in h or "inst_executed" in h or "cycles" in h or "issue_active" in h:
             print(f"{h:90s} {v}")
 PY
 [ -f "$OUT/ncu.txt" ] && grep -E "sparse_prefill|Duration|Throughput|Pipe|Issue Slots|Warp Cycles|Stall|Registers|Achieved|Eligible|Active Warps|Executed Ipc|L2 Hit|Bank" "$OUT/ncu.txt" | head -80

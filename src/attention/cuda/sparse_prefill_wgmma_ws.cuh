@@ -104,11 +104,11 @@ struct WgmmaWsLayout {
 // named barriers 2 and 3 (warpgroup w waits on 2 + w, then lets the other one go by arriving on 3 - w), so
 // that one warpgroup's softmax runs while the tensor cores work on the other's tiles. Both warpgroups see the
 // same tiles, so their turns pair up; warpgroup 1 opens with one arrive, which is left pending at the end.
-template <typename T, int kStages, bool kQRegs, bool kPingpong = false>
+template <typename T, int kStages, bool kQRegs, bool kPingpong = false, int kRescale = 8>
 __device__ __forceinline__ void ws_consumer_loop(const PrefillParams& p, const WgmmaWsLayout<kStages>& L, int cw,
                                                  int wq, int lane) {
   using Cfg = WgmmaWsConfig<kStages>;
-  using Consumer = WgmmaConsumer<T, false>;
+  using Consumer = WgmmaConsumer<T, false, kRescale>;
   constexpr int D = Cfg::D, BM = Cfg::BM, BN = Cfg::BN;
   const uint32_t sQ = L.sQ, sK = L.sK, sV = L.sV;
   int* sKeys = L.keys;
@@ -125,6 +125,8 @@ __device__ __forceinline__ void ws_consumer_loop(const PrefillParams& p, const W
   if constexpr (kPingpong) {
     if (cw == 1) named_barrier_arrive(2, 256);
   }
+  // Stage 0's K and V descriptors; stage s's are these advanced by s * kKvBytes (desc_advance).
+  const uint64_t k_desc0 = sw128_desc(sK, 16, 1024), v_desc0 = sw128_desc(sV, p.pv_lbo, p.pv_sbo);
   int it = 0;
   for (int n = 0;; ++n) {
     int st = it % kStages;
@@ -154,12 +156,12 @@ __device__ __forceinline__ void ws_consumer_loop(const PrefillParams& p, const W
         float s[BN / 2];
         if constexpr (kPingpong) named_barrier_sync(2 + cw, 256);  // this warpgroup's turn
         if constexpr (kQRegs) {
-          Consumer::issue_qk_rs(s, qf, sK + st * Cfg::kKvBytes);
+          Consumer::issue_qk_rs_desc(s, qf, desc_advance(k_desc0, st * Cfg::kKvBytes));
         } else {
           Consumer::template issue_qk<BM>(s, q_wg, sK + st * Cfg::kKvBytes);
         }
         if (prev_st >= 0) {
-          cs.issue_pv(pa, sV + prev_st * Cfg::kKvBytes, p.pv_lbo, p.pv_sbo);
+          cs.issue_pv_desc(pa, desc_advance(v_desc0, prev_st * Cfg::kKvBytes));
           if constexpr (kPingpong) named_barrier_arrive(3 - cw, 256);  // the other warpgroup's turn
           wgmma_wait<1>();  // S done (committed first), P V may still run
         } else {
@@ -192,7 +194,7 @@ __device__ __forceinline__ void ws_consumer_loop(const PrefillParams& p, const W
       mt = sMeta[st];
     }
     if (prev_st >= 0) {
-      cs.issue_pv(pa, sV + prev_st * Cfg::kKvBytes, p.pv_lbo, p.pv_sbo);
+      cs.issue_pv_desc(pa, desc_advance(v_desc0, prev_st * Cfg::kKvBytes));
       wgmma_wait<0>();
       fence_operands(cs.o);
       Consumer::keep_live(pa);
@@ -369,7 +371,7 @@ void launch_sparse_prefill_wgmma_ws(const PrefillParams& p, cudaStream_t stream)
 // carry other keys, masked through the tile's key list); gathered columns by cp.async from the 32 lanes.
 // full[s] counts 64 arrivals per phase: per lane one for the data (lane 0's with the TMA byte count, or a
 // cp.async arrive for gathered tiles) and one after its key-list writes.
-template <typename T, int kStages, bool kQRegs, bool kPingpong>
+template <typename T, int kStages, bool kQRegs, bool kPingpong, int kRescale = 8>
 __global__ void __launch_bounds__(384, 1)
     sparse_prefill_wgmma_tma_kernel(const PrefillParams p, const __grid_constant__ CUtensorMap tm_q,
                                     const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
@@ -396,7 +398,7 @@ __global__ void __launch_bounds__(384, 1)
   // kernel's 168); the producer warp's gathered-column copies need more than the cp.async kernel's 56.
   if (warp >= 4) {
     setmaxnreg_inc<208>();
-    ws_consumer_loop<T, kStages, kQRegs, kPingpong>(p, L, warp / 4 - 1, warp % 4, lane);
+    ws_consumer_loop<T, kStages, kQRegs, kPingpong, kRescale>(p, L, warp / 4 - 1, warp % 4, lane);
     return;
   }
   setmaxnreg_dec<88>();  // 128 x 88 + 256 x 208 = 64512 <= 65536
@@ -529,13 +531,13 @@ CUtensorMap make_head_tensor_map(const void* base, int heads, int rows, int64_t 
   return m;
 }
 
-template <typename T, int kStages, bool kQRegs, bool kPingpong>
+template <typename T, int kStages, bool kQRegs, bool kPingpong, int kRescale = 8>
 void launch_sparse_prefill_wgmma_tma(const PrefillParams& p, cudaStream_t stream) {
   using Cfg = WgmmaWsConfig<kStages>;
   const CUtensorMap tq = make_head_tensor_map<T>(p.q, p.num_q_heads, p.q_len, p.q_head, p.q_tok, Cfg::BM);
   const CUtensorMap tk = make_head_tensor_map<T>(p.k, p.num_kv_heads, p.kv_len, p.k_head, p.k_tok, Cfg::BN);
   const CUtensorMap tv = make_head_tensor_map<T>(p.v, p.num_kv_heads, p.kv_len, p.v_head, p.v_tok, Cfg::BN);
-  launch_persistent(sparse_prefill_wgmma_tma_kernel<T, kStages, kQRegs, kPingpong>, Cfg::kThreads, Cfg::kSmemBytes,
+  launch_persistent(sparse_prefill_wgmma_tma_kernel<T, kStages, kQRegs, kPingpong, kRescale>, Cfg::kThreads, Cfg::kSmemBytes,
                     "sparse prefill (wgmma, TMA)", "", "sparse_prefill_wgmma_tma_kernel", p, stream, p, tq, tk, tv);
 }
 
