@@ -37,12 +37,14 @@ using detail::cp_async_tile;
 using detail::cp_async_wait;
 using detail::LaneSwizzle;
 using detail::smem_addr;
-using detail::warp_qk;
+using detail::ldmatrix_x4;
+using detail::MmaTraits;
 
 constexpr int kVsRows = 64;  // rows of the VS estimate handled by one CTA (4 warps x 16)
 constexpr int kVsThreads = 128;
 constexpr int kVsChunk = 512;  // keys per CTA
 constexpr int kVsBand = kVsChunk + kVsRows - 1;
+constexpr int kVsPStride = 72;  // vs_sums' sP rows: a half warp's float2 stores of a C fragment hit 32 banks
 constexpr int kTopKThreads = 512;  // vs_topk: a block per (head, columns or offsets)
 
 struct VsParams {
@@ -65,72 +67,100 @@ __device__ __forceinline__ int floor_div(int a, int b) {
   return a >= 0 ? a / b : -((-a + b - 1) / b);
 }
 
-// Shared part of the two VS passes: Q rows of the head into sQ, and the lane's two rows.
+// Shared part of the two VS passes. Dynamic shared memory starts with two [64][D] tiles: the head's Q rows are
+// loaded into the first and each warp keeps its 16 rows as mma A fragments in registers; the two tiles then
+// double-buffer the chunk's K tiles (tile t in buffer (t + 1) % 2), so that the load of tile t + 1 runs under
+// the work on tile t.
 template <typename T, int D>
 struct VsTile {
-  T* sQ;
-  T* sK;
-  int rq0;   // q row index of estimate row 0
-  int pos0;  // absolute position of estimate row 0
+  T* buf;
+  uint32_t qa[D / 16][4];
   int row[2];
   bool valid[2];
   int pos[2];
 };
 
 template <typename T, int D>
-__device__ __forceinline__ VsTile<T, D> vs_setup(const VsParams& p, const VsHeadDesc& hd,
+__device__ __forceinline__ void vs_load_k(const VsParams& p, const VsHeadDesc& hd, T* dst, int kb) {
+  const T* kh = static_cast<const T*>(p.k) + hd.kv_head * p.k_head;
+  cp_async_tile<D, 64, kVsThreads>(dst, threadIdx.x, p.k, [&](int r) -> const void* {
+    return kb + r < p.keys ? kh + static_cast<int64_t>(kb + r) * p.k_tok : nullptr;
+  });
+  cp_async_commit();
+}
+
+// Also starts the load of the chunk's first K tile (kb0), which runs while Q goes into the registers.
+template <typename T, int D>
+__device__ __forceinline__ VsTile<T, D> vs_setup(const VsParams& p, const VsHeadDesc& hd, int kb0,
                                                  unsigned char* smem) {
   VsTile<T, D> v;
-  v.sQ = reinterpret_cast<T*>(smem);
-  v.sK = v.sQ + kVsRows * D;
-  v.rq0 = p.q_len - hd.rows;
-  v.pos0 = p.q_begin + v.rq0;
+  v.buf = reinterpret_cast<T*>(smem);
+  const int rq0 = p.q_len - hd.rows;
+  const int pos0 = p.q_begin + rq0;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const T* qh = static_cast<const T*>(p.q) + hd.q_head * p.q_head;
-  cp_async_tile<D, kVsRows, kVsThreads>(v.sQ, tid, p.q, [&](int r) -> const void* {
-    return r < hd.rows ? qh + static_cast<int64_t>(v.rq0 + r) * p.q_tok : nullptr;
+  cp_async_tile<D, kVsRows, kVsThreads>(v.buf, tid, p.q, [&](int r) -> const void* {
+    return r < hd.rows ? qh + static_cast<int64_t>(rq0 + r) * p.q_tok : nullptr;
   });
+  cp_async_commit();
+  vs_load_k<T, D>(p, hd, v.buf + 64 * D, kb0);
+  cp_async_wait<1>();
+  __syncthreads();
+  const LaneSwizzle sw(lane);
+  const uint32_t q_base = smem_addr(v.buf) + warp * 16 * D * 2 + LaneSwizzle::a_row<D>(lane);
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(v.qa[kk], q_base + (kk / 4) * 128 + sw.a_off[kk % 4]);
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
     v.row[e] = warp * 16 + lane / 4 + 8 * e;
     v.valid[e] = v.row[e] < hd.rows;
-    v.pos[e] = v.pos0 + v.row[e];
+    v.pos[e] = pos0 + v.row[e];
   }
   return v;
 }
 
-// Scores of the lane's fragment for the 64 keys starting at kb (loaded into sK here).
+// Scores of the lane's fragment for tile t of the chunk (keys from kb), warp_qk's products in warp_qk's order
+// with Q from the registers. First waits for the tile and starts the load of the next one (at `next`, if below
+// kb1) into the other buffer: the barrier between them also ends every warp's reads of that buffer (tile t - 1,
+// or Q when t = 0) and, in vs_sums, of the previous tile's sP, sCol and band entries.
 template <typename T, int D>
-__device__ __forceinline__ void vs_scores(const VsParams& p, const VsHeadDesc& hd, const VsTile<T, D>& v,
-                                          int kb, float (&s)[8][4]) {
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const T* kh = static_cast<const T*>(p.k) + hd.kv_head * p.k_head;
-  cp_async_tile<D, 64, kVsThreads>(v.sK, tid, p.k, [&](int r) -> const void* {
-    return kb + r < p.keys ? kh + static_cast<int64_t>(kb + r) * p.k_tok : nullptr;
-  });
-  cp_async_commit();
+__device__ __forceinline__ void vs_scores(const VsParams& p, const VsHeadDesc& hd, const VsTile<T, D>& v, int t,
+                                          int next, int kb1, float (&s)[8][4]) {
   cp_async_wait<0>();
   __syncthreads();
+  if (next < kb1) vs_load_k<T, D>(p, hd, v.buf + (t % 2) * 64 * D, next);
+  const int lane = threadIdx.x % 32;
   const LaneSwizzle sw(lane);
+  const uint32_t k_base = smem_addr(v.buf + ((t + 1) % 2) * 64 * D) + LaneSwizzle::b_row<D>(lane);
 #pragma unroll
   for (int i = 0; i < 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
-  warp_qk<T, D, 64>(s, smem_addr(v.sQ) + warp * 16 * D * 2 + LaneSwizzle::a_row<D>(lane),
-                    smem_addr(v.sK) + LaneSwizzle::b_row<D>(lane), sw);
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+    for (int np = 0; np < 4; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4(b, k_base + np * 16 * (D * 2) + (kk / 4) * 128 + sw.b_off[kk % 4]);
+      MmaTraits<T>::mma(s[2 * np], v.qa[kk], b[0], b[1]);
+      MmaTraits<T>::mma(s[2 * np + 1], v.qa[kk], b[2], b[3]);
+    }
+  }
 }
 
+// Grids of vs_stats and vs_sums are (heads, chunks) with the heads varying fastest: the CTAs of one chunk run
+// together, so the query heads of a GQA group read its K tiles once from memory and then from L2.
 template <typename T, int D>
 __global__ void __launch_bounds__(kVsThreads) vs_stats_kernel(const VsParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
-  const VsHeadDesc hd = p.heads[blockIdx.y];
-  const int chunk = blockIdx.x;
+  const int slot = blockIdx.x, chunk = blockIdx.y;
+  const VsHeadDesc hd = p.heads[slot];
   const int kb0 = chunk * kVsChunk, kb1 = min(kb0 + kVsChunk, p.keys);
-  const VsTile<T, D> v = vs_setup<T, D>(p, hd, smem);
+  const VsTile<T, D> v = vs_setup<T, D>(p, hd, kb0, smem);
   const int c4 = threadIdx.x % 4;
   const float neg_inf = -__int_as_float(0x7f800000);
   float m[2] = {neg_inf, neg_inf}, l[2] = {0.0f, 0.0f};
-  for (int kb = kb0; kb < kb1; kb += 64) {
+  for (int kb = kb0, t = 0; kb < kb1; kb += 64, ++t) {
     float s[8][4];
-    vs_scores<T, D>(p, hd, v, kb, s);
+    vs_scores<T, D>(p, hd, v, t, kb + 64, kb1, s);
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       float mx = neg_inf;
@@ -152,7 +182,6 @@ __global__ void __launch_bounds__(kVsThreads) vs_stats_kernel(const VsParams p) 
       l[e] = l[e] * expf(m[e] - m_new) + sum;
       m[e] = m_new;
     }
-    __syncthreads();  // before sK is overwritten
   }
   // Merge the four lanes of each row.
 #pragma unroll
@@ -164,7 +193,7 @@ __global__ void __launch_bounds__(kVsThreads) vs_stats_kernel(const VsParams p) 
     lq += __shfl_xor_sync(0xffffffffu, lq, 1);
     lq += __shfl_xor_sync(0xffffffffu, lq, 2);
     if (c4 == 0) {
-      p.partial[(static_cast<int64_t>(blockIdx.y) * p.chunks + chunk) * kVsRows + v.row[e]] =
+      p.partial[(static_cast<int64_t>(slot) * p.chunks + chunk) * kVsRows + v.row[e]] =
           make_float2(mq, lq);
     }
   }
@@ -186,18 +215,35 @@ __global__ void vs_merge_stats_kernel(const VsParams p) {
   p.stats[slot * kVsRows + r] = make_float2(m, l);
 }
 
+// One reduce-scatter step over lane bit `mask` (32 > mask): of its 2N values the lane keeps the upper N when
+// its bit is set, the lower N otherwise, each plus the partner lane's copy.
+template <int N>
+__device__ __forceinline__ void vs_fold(const float (&x)[2 * N], float (&y)[N], int mask) {
+  const bool up = (threadIdx.x & mask) != 0;
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    const float keep = up ? x[k + N] : x[k];
+    const float give = up ? x[k] : x[k + N];
+    y[k] = keep + __shfl_xor_sync(0xffffffffu, give, mask);
+  }
+}
+
+// Per tile: A into sP (for the band) while the column sums come from the registers (a fold over the 8 lanes of
+// each column per warp, then the 4 warps through sCol); the band sums walk sP along "wrapped diagonals" (all
+// 128 threads, 32 cells each, conflict-free), with one band copy per half of the rows. Sums are in a fixed
+// order (deterministic), not v2's serial row order. Four CTAs per SM up to D = 128 (registers and shared memory).
 template <typename T, int D>
-__global__ void __launch_bounds__(kVsThreads) vs_sums_kernel(const VsParams p) {
+__global__ void __launch_bounds__(kVsThreads, D <= 128 ? 4 : 1) vs_sums_kernel(const VsParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
-  const int slot = blockIdx.y;
+  const int slot = blockIdx.x, chunk = blockIdx.y;
   const VsHeadDesc hd = p.heads[slot];
-  const int chunk = blockIdx.x;
   const int kb0 = chunk * kVsChunk, kb1 = min(kb0 + kVsChunk, p.keys);
-  const VsTile<T, D> v = vs_setup<T, D>(p, hd, smem);
-  float* sP = reinterpret_cast<float*>(v.sK + 64 * D);  // [64][65]
-  float* band = sP + 64 * 65;                           // [kVsBand]
-  const int tid = threadIdx.x, c4 = tid % 4;
-  for (int i = tid; i < kVsBand; i += kVsThreads) band[i] = 0.0f;
+  float* sP = reinterpret_cast<float*>(smem + 2 * 64 * D * sizeof(T));  // [64][kVsPStride]
+  float* sCol = sP + 64 * kVsPStride;                                   // [4 warps][64]
+  float* band = sCol + 4 * 64;                                          // [2 row halves][kVsBand]
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, c4 = lane % 4;
+  for (int i = tid; i < 2 * kVsBand; i += kVsThreads) band[i] = 0.0f;
+  const VsTile<T, D> v = vs_setup<T, D>(p, hd, kb0, smem);
   float m[2], l[2];
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
@@ -205,38 +251,60 @@ __global__ void __launch_bounds__(kVsThreads) vs_sums_kernel(const VsParams p) {
     m[e] = st.x;
     l[e] = st.y;
   }
+  // The thread's wrapped diagonal: cells (r, (r + 63 - dw) % 64) of rows [32 half, 32 half + 32).
+  const int dw = tid % 64, half = tid / 64;
   for (int kb = kb0, tl = 0; kb < kb1; kb += 64, ++tl) {
     float s[8][4];
-    vs_scores<T, D>(p, hd, v, kb, s);
+    vs_scores<T, D>(p, hd, v, tl, kb + 64, kb1, s);
+    float cs[16];  // the lane's two rows added; cs[2 i + j] is column 8 i + 2 c4 + j
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
+    for (int i = 0; i < 8; ++i) {
+      float a[2][2];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
+      for (int e = 0; e < 2; ++e) {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           const int col = i * 8 + 2 * c4 + j;
           const bool vis = v.valid[e] && kb + col <= v.pos[e] && l[e] > 0.0f;
-          sP[v.row[e] * 65 + col] = vis ? expf(s[i][2 * e + j] * p.scale - m[e]) / l[e] : 0.0f;
+          a[e][j] = vis ? expf(s[i][2 * e + j] * p.scale - m[e]) / l[e] : 0.0f;
         }
+        *reinterpret_cast<float2*>(&sP[v.row[e] * kVsPStride + i * 8 + 2 * c4]) = make_float2(a[e][0], a[e][1]);
       }
+      cs[2 * i] = a[0][0] + a[1][0];
+      cs[2 * i + 1] = a[0][1] + a[1][1];
     }
+    // Over lane bits 4, 3, 2 (the rows g): lane (g, c4) ends with cs of columns 8 g + 2 c4 + {0, 1}, i.e.
+    // 2 lane + {0, 1}.
+    float c8[8], c4s[4], c2[2];
+    vs_fold<8>(cs, c8, 16);
+    vs_fold<4>(c8, c4s, 8);
+    vs_fold<2>(c4s, c2, 4);
+    *reinterpret_cast<float2*>(&sCol[warp * 64 + 2 * lane]) = make_float2(c2[0], c2[1]);
     __syncthreads();
     if (tid < 64 && kb + tid < p.keys) {
-      float sum = 0.0f;
-      for (int r = 0; r < kVsRows; ++r) sum += sP[r * 65 + tid];
-      p.colsum[static_cast<int64_t>(slot) * p.keys + kb + tid] = sum;
+      p.colsum[static_cast<int64_t>(slot) * p.keys + kb + tid] =
+          (sCol[tid] + sCol[64 + tid]) + (sCol[128 + tid] + sCol[192 + tid]);
     }
-    if (tid < 2 * kVsRows - 1) {
-      // Band entry b holds the cells with row - col = b - 63 (offset = pos0 - kb + b - 63).
-      const int b = tid;
-      float sum = 0.0f;
-      for (int r = max(0, b - 63); r <= min(63, b); ++r) sum += sP[r * 65 + r - b + 63];
-      band[b + kVsChunk - 64 - 64 * tl] += sum;
+    // Band entry b holds the cells with row - col = b - 63 (offset = pos0 - kb + b - 63): on the wrapped
+    // diagonal, rows r <= dw are b = dw and the others b = dw + 64. Four partial sums each break the chains.
+    float lo[4] = {0.0f, 0.0f, 0.0f, 0.0f}, hi[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int k = 0; k < 32; ++k) {
+      const int r = 32 * half + k;
+      const float x = sP[r * kVsPStride + ((r + 63 - dw) & 63)];
+      if (r <= dw) {
+        lo[k % 4] += x;
+      } else {
+        hi[k % 4] += x;
+      }
     }
-    __syncthreads();
+    float* bt = band + half * kVsBand + kVsChunk - 64 - 64 * tl;
+    bt[dw] += (lo[0] + lo[1]) + (lo[2] + lo[3]);
+    if (dw < 63) bt[dw + 64] += (hi[0] + hi[1]) + (hi[2] + hi[3]);
   }
+  __syncthreads();
   float* out = p.diag_partial + (static_cast<int64_t>(slot) * p.chunks + chunk) * kVsBand;
-  for (int i = tid; i < kVsBand; i += kVsThreads) out[i] = band[i];
+  for (int i = tid; i < kVsBand; i += kVsThreads) out[i] = band[i] + band[kVsBand + i];
 }
 
 // Chunk c's band entry i is offset pos0 - c * kVsChunk - kVsChunk + 1 + i.
@@ -719,12 +787,18 @@ __global__ void __launch_bounds__(kBsSelectThreads) bs_select_kernel(const BsPar
 template <typename T, int D>
 void launch_vs(const VsParams& p, int num_heads, cudaStream_t stream) {
   const size_t smem_scores = 2u * 64u * D * sizeof(T);
-  const size_t smem_sums = smem_scores + (64u * 65u + kVsBand) * sizeof(float);
+  const size_t smem_sums = smem_scores + (64u * kVsPStride + 4u * 64u + 2u * kVsBand) * sizeof(float);
+  check(p.chunks <= 65535, "CUDA estimate: " + std::to_string(p.keys) + " keys are too many for the VS grid");
   TESSERA_CUDA_CHECK(cudaFuncSetAttribute(vs_stats_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(smem_scores)));
   TESSERA_CUDA_CHECK(cudaFuncSetAttribute(vs_sums_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(smem_sums)));
-  const dim3 grid(static_cast<unsigned>(p.chunks), static_cast<unsigned>(num_heads));
+  // Four vs_sums CTAs per SM at D = 128 need 4 x 56 KB: ask for the largest carveout (for both).
+  TESSERA_CUDA_CHECK(cudaFuncSetAttribute(vs_stats_kernel<T, D>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                          cudaSharedmemCarveoutMaxShared));
+  TESSERA_CUDA_CHECK(cudaFuncSetAttribute(vs_sums_kernel<T, D>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                          cudaSharedmemCarveoutMaxShared));
+  const dim3 grid(static_cast<unsigned>(num_heads), static_cast<unsigned>(p.chunks));
   vs_stats_kernel<T, D><<<grid, kVsThreads, smem_scores, stream>>>(p);
   check_launch("vs_stats_kernel");
   vs_merge_stats_kernel<<<num_heads, kVsRows, 0, stream>>>(p);
