@@ -47,14 +47,15 @@ TESSERA_DECLARE_WGMMA(__half)
 // Instantiated in sparse_prefill_wgmma_ws_{bf16,f16}.cu.
 template <typename T, int kStages, bool kQRegs>
 void launch_sparse_prefill_wgmma_ws(const PrefillParams& p, cudaStream_t stream);
-template <typename T, int kStages, bool kQRegs, bool kPingpong, int kRescale>
+template <typename T, int kStages, bool kQRegs, bool kPingpong, int kRescale, bool kPair>
 void launch_sparse_prefill_wgmma_tma(const PrefillParams& p, cudaStream_t stream);
 #define TESSERA_DECLARE_WGMMA_WS(T)                                                                       \
   extern template void launch_sparse_prefill_wgmma_ws<T, 4, true>(const PrefillParams&, cudaStream_t);  \
   extern template void launch_sparse_prefill_wgmma_ws<T, 4, false>(const PrefillParams&, cudaStream_t); \
-  extern template void launch_sparse_prefill_wgmma_tma<T, 4, true, false, 8>(const PrefillParams&, cudaStream_t); \
-  extern template void launch_sparse_prefill_wgmma_tma<T, 4, true, true, 8>(const PrefillParams&, cudaStream_t); \
-  extern template void launch_sparse_prefill_wgmma_tma<T, 4, true, true, 0>(const PrefillParams&, cudaStream_t);
+  extern template void launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true>(const PrefillParams&, cudaStream_t); \
+  extern template void launch_sparse_prefill_wgmma_tma<T, 4, true, false, 8, false>(const PrefillParams&, cudaStream_t); \
+  extern template void launch_sparse_prefill_wgmma_tma<T, 4, true, true, 8, false>(const PrefillParams&, cudaStream_t); \
+  extern template void launch_sparse_prefill_wgmma_tma<T, 4, true, true, 0, false>(const PrefillParams&, cudaStream_t);
 TESSERA_DECLARE_WGMMA_WS(__nv_bfloat16)
 TESSERA_DECLARE_WGMMA_WS(__half)
 #undef TESSERA_DECLARE_WGMMA_WS
@@ -213,8 +214,11 @@ struct WgmmaVariant {
   uint32_t lbo, sbo;
   const char* name;
   bool eager_rescale = false;  // TMA ping-pong kernel: move the softmax max whenever it grows (the v4 behaviour)
+  bool pair = false;           // TMA ping-pong kernel with 128-key steps, one Q buffer and 6 K/V stages
 };
 constexpr WgmmaVariant kWgmmaVariants[] = {
+    {true, true, 6, true, true, false, 8192, 1024, "TMA producer warp, ping-pong, 128-key steps, 6 stages", false,
+     true},
     {true, true, 4, true, true, false, 8192, 1024, "TMA producer warp, ping-pong, Q in registers, 4 stages"},
     {true, true, 4, true, true, false, 8192, 1024, "TMA producer warp, ping-pong, eager rescale", true},
     {true, false, 4, true, true, false, 8192, 1024, "TMA producer warp, Q in registers, 4 stages"},
@@ -228,12 +232,14 @@ constexpr WgmmaVariant kWgmmaVariants[] = {
 
 template <typename T>
 void launch_wgmma_t(const WgmmaVariant& v, const detail::PrefillParams& p, cudaStream_t stream) {
-  if (v.tma && v.pingpong && v.eager_rescale) {
-    detail::launch_sparse_prefill_wgmma_tma<T, 4, true, true, 0>(p, stream);
+  if (v.tma && v.pair) {
+    detail::launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true>(p, stream);
+  } else if (v.tma && v.pingpong && v.eager_rescale) {
+    detail::launch_sparse_prefill_wgmma_tma<T, 4, true, true, 0, false>(p, stream);
   } else if (v.tma && v.pingpong) {
-    detail::launch_sparse_prefill_wgmma_tma<T, 4, true, true, 8>(p, stream);
+    detail::launch_sparse_prefill_wgmma_tma<T, 4, true, true, 8, false>(p, stream);
   } else if (v.tma) {
-    detail::launch_sparse_prefill_wgmma_tma<T, 4, true, false, 8>(p, stream);
+    detail::launch_sparse_prefill_wgmma_tma<T, 4, true, false, 8, false>(p, stream);
   } else if (v.ws_stages == 4 && v.q_regs) {
     detail::launch_sparse_prefill_wgmma_ws<T, 4, true>(p, stream);
   } else if (v.ws_stages == 4) {

@@ -43,7 +43,9 @@
 
 namespace tessera::attn::gpu::detail {
 
-template <int kStagesT>
+// kQBufsT: Q buffers in shared memory (2: the next item's Q loads while the current one's is still read; 1: Q
+// is read into registers at the item's start, so one buffer suffices and its 32 KB go to two more K/V stages).
+template <int kStagesT, int kQBufsT = 2>
 struct WgmmaWsConfig {
   static constexpr int D = 128;
   static constexpr int BM = 128;
@@ -54,16 +56,18 @@ struct WgmmaWsConfig {
   static constexpr int kProducerRegs = 56;
   static constexpr int kConsumerRegs = 224;  // 128 x 56 + 256 x 224 = 64512 <= 65536
   static constexpr int kChunks = D / 8;
-  static constexpr uint32_t kQBytes = BM * D * 2;   // 32 KB, two buffers
+  static constexpr int kQBufs = kQBufsT;
+  static constexpr uint32_t kQBytes = BM * D * 2;   // 32 KB per buffer
   static constexpr uint32_t kKvBytes = BN * D * 2;  // 16 KB per K (or V) stage
-  static constexpr uint32_t kKOffset = 2 * kQBytes;
+  static constexpr uint32_t kKOffset = kQBufs * kQBytes;
   static constexpr uint32_t kVOffset = kKOffset + kStages * kKvBytes;
   static constexpr uint32_t kKeysOffset = kVOffset + kStages * kKvBytes;
   static constexpr uint32_t kMetaOffset = kKeysOffset + kStages * BN * 4;  // int4 per stage
   static constexpr uint32_t kBarOffset = kMetaOffset + kStages * 16;       // full[S], empty[S], qfull[2], qempty[2]
   static constexpr uint32_t kSlotOffset = kBarOffset + (2 * kStages + 4) * 8;  // int[2]
-  static constexpr uint32_t kPinOffset = kSlotOffset + 16;  // float[256]: the consumers' softmax pins
-  static constexpr size_t kSmemBytes = 1024 + kPinOffset + 256 * 4;  // + alignment slack
+  static constexpr uint32_t kPinOffset = kSlotOffset + 16;  // the consumers' softmax pins:
+  static constexpr int kPinFloats = kQBufs == 2 ? 256 : 8;   // one per consumer thread, or per warp (smem-tight)
+  static constexpr size_t kSmemBytes = 1024 + kPinOffset + kPinFloats * 4;  // + alignment slack
   // Descriptor flags. kFlagCopied: the tile's K/V were written by cp.async (the generic proxy), so the consumers
   // need a proxy fence before their wgmma reads it; TMA-written tiles (the async proxy, like wgmma) do not.
   static constexpr int kFlagMasked = 1, kFlagLast = 2, kFlagEnd = 4, kFlagCopied = 8;
@@ -71,9 +75,9 @@ struct WgmmaWsConfig {
 };
 
 // Shared-memory addresses of the warp-specialized kernels (WgmmaWsConfig offsets from a 1024-aligned base).
-template <int kStages>
+template <int kStages, int kQBufs = 2>
 struct WgmmaWsLayout {
-  using Cfg = WgmmaWsConfig<kStages>;
+  using Cfg = WgmmaWsConfig<kStages, kQBufs>;
   uint32_t sQ, sK, sV, bar;
   int* keys;   // [kStages][BN]
   int4* meta;  // per stage: item, key count, flags
@@ -201,6 +205,111 @@ __device__ __forceinline__ void ws_consumer_loop(const PrefillParams& p, const W
       release(empty(prev_st));
     }
     if constexpr (!kQRegs) release(qempty(qb));  // every Q K^T of the item has completed
+    store_rows<T, D>(p, h, row0 + cw * 64 + wq * 16, g, c4, cs.l, cs.m,
+                     [&](int i, int e) { return make_float2(cs.o[4 * i + 2 * e], cs.o[4 * i + 2 * e + 1]); });
+  }
+}
+
+// The consumers' loop with pair steps (WgmmaConsumer kBN = 128), for the TMA kernel with one Q buffer (Q in
+// registers): each step takes the item's next two key tiles (stages a and b), so the per-step costs are paid
+// once per 128 keys (H200 profile of the 64-key step: ~330 instructions per warp and step, about half of them
+// per step rather than per score). An item with an odd number of tiles ends with a one-tile step: the missing
+// half's scores are masked out and its wgmmas read tile a again (64 keys of tensor work wasted per odd item).
+// S of step j overlaps P V of step j - 1, the warpgroups ping-pong as in ws_consumer_loop, and the stages of a
+// step are released once the P V that read their V completed.
+template <typename T, int kStages, bool kPingpong, int kRescale = 8>
+__device__ __forceinline__ void ws_consumer_loop_pairs(const PrefillParams& p, const WgmmaWsLayout<kStages, 1>& L,
+                                                       int cw, int wq, int lane) {
+  using Cfg = WgmmaWsConfig<kStages, 1>;
+  using Consumer = WgmmaConsumer<T, false, kRescale, 128>;
+  constexpr int D = Cfg::D, BM = Cfg::BM, BN = Cfg::BN;  // BN: one key tile (stage)
+  const int g = lane / 4, c4 = lane % 4;
+  auto release = [&](uint32_t b) {
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(b);
+  };
+  if constexpr (kPingpong) {
+    if (cw == 1) named_barrier_arrive(2, 256);
+  }
+  const uint64_t k_desc0 = sw128_desc(L.sK, 16, 1024), v_desc0 = sw128_desc(L.sV, p.pv_lbo, p.pv_sbo);
+  auto k_desc = [&](int st) { return desc_advance(k_desc0, st * Cfg::kKvBytes); };
+  auto v_desc = [&](int st) { return desc_advance(v_desc0, st * Cfg::kKvBytes); };
+  int it = 0;
+  for (int n = 0;; ++n) {
+    int st = it % kStages;
+    mbarrier_wait(L.full(st), (it / kStages) & 1);
+    int4 mt = L.meta[st];
+    if (mt.z & Cfg::kFlagEnd) break;
+    const int item = mt.x;
+    const int h = item / p.num_tiles, t = item - h * p.num_tiles;
+    const int row0 = t * BM;
+    const int pos0 = p.q_begin + row0;
+    mbarrier_wait(L.qfull(0), n & 1);
+    uint32_t qf[D / 16][4];
+    Consumer::template load_q<BM>(qf, L.sQ, cw * 64 + wq * 16);
+    release(L.qempty(0));  // Q is in registers: the producer may load the next item's
+
+    Consumer cs;
+    cs.start(pos0 + cw * 64 + wq * 16 + g);
+    uint32_t pa[Consumer::BN / 16][4];
+    int prev_a = -1, prev_b = -1;  // stages of the previous step, whose P V is pending (prev_b -1: one tile)
+    if (mt.y == 0) {  // an item without key tiles: its one (last) descriptor, rows written as empty
+      release(L.empty(st));
+      ++it;
+    } else {
+      for (;;) {
+        int st_b = -1;
+        int4 mb = make_int4(0, 0, 0, 0);
+        if (!(mt.z & Cfg::kFlagLast)) {  // a tile follows in this item (its count is > 0)
+          st_b = (it + 1) % kStages;
+          mbarrier_wait(L.full(st_b), ((it + 1) / kStages) & 1);
+          mb = L.meta[st_b];
+        }
+        const bool has_b = st_b >= 0;
+        if ((mt.z | mb.z) & Cfg::kFlagCopied) fence_proxy_async_shared();  // cp.async tiles before wgmma reads
+        float s[Consumer::BN / 2];
+        if constexpr (kPingpong) named_barrier_sync(2 + cw, 256);  // this warpgroup's turn
+        Consumer::issue_qk_rs_pair(s, qf, k_desc(st), k_desc(has_b ? st_b : st));
+        if (prev_a >= 0) {
+          cs.issue_pv_pair(pa, v_desc(prev_a), v_desc(prev_b >= 0 ? prev_b : prev_a));
+          if constexpr (kPingpong) named_barrier_arrive(3 - cw, 256);  // the other warpgroup's turn
+          wgmma_wait<1>();  // S done (committed first), P V may still run
+        } else {
+          if constexpr (kPingpong) named_barrier_arrive(3 - cw, 256);
+          wgmma_wait<0>();
+        }
+        fence_operands(s);
+        float alpha[2];
+        cs.softmax(s, (mt.z & Cfg::kFlagMasked) != 0, L.keys + st * BN, has_b, (mb.z & Cfg::kFlagMasked) != 0,
+                   L.keys + (has_b ? st_b : st) * BN, p.span, p.scale_log2, alpha);
+        // Pins the softmax above the wait for P V (see ws_consumer_loop); one word per warp here.
+        if (lane == 0) L.pin[cw * 4 + wq] = cs.l[0] + cs.l[1];
+        wgmma_wait<0>();  // P V of the previous step
+        fence_operands(cs.o);
+        Consumer::keep_live(pa);
+        if (prev_a >= 0) {
+          release(L.empty(prev_a));
+          if (prev_b >= 0) release(L.empty(prev_b));
+        }
+        cs.rescale(alpha);
+        Consumer::pack_p(s, pa);
+        prev_a = st;
+        prev_b = st_b;
+        it += has_b ? 2 : 1;
+        if (!has_b || (mb.z & Cfg::kFlagLast)) break;
+        st = it % kStages;
+        mbarrier_wait(L.full(st), (it / kStages) & 1);
+        mt = L.meta[st];
+      }
+    }
+    if (prev_a >= 0) {
+      cs.issue_pv_pair(pa, v_desc(prev_a), v_desc(prev_b >= 0 ? prev_b : prev_a));
+      wgmma_wait<0>();
+      fence_operands(cs.o);
+      Consumer::keep_live(pa);
+      release(L.empty(prev_a));
+      if (prev_b >= 0) release(L.empty(prev_b));
+    }
     store_rows<T, D>(p, h, row0 + cw * 64 + wq * 16, g, c4, cs.l, cs.m,
                      [&](int i, int e) { return make_float2(cs.o[4 * i + 2 * e], cs.o[4 * i + 2 * e + 1]); });
   }
@@ -371,15 +480,17 @@ void launch_sparse_prefill_wgmma_ws(const PrefillParams& p, cudaStream_t stream)
 // carry other keys, masked through the tile's key list); gathered columns by cp.async from the 32 lanes.
 // full[s] counts 64 arrivals per phase: per lane one for the data (lane 0's with the TMA byte count, or a
 // cp.async arrive for gathered tiles) and one after its key-list writes.
-template <typename T, int kStages, bool kQRegs, bool kPingpong, int kRescale = 8>
+template <typename T, int kStages, bool kQRegs, bool kPingpong, int kRescale = 8, bool kPair = false>
 __global__ void __launch_bounds__(384, 1)
     sparse_prefill_wgmma_tma_kernel(const PrefillParams p, const __grid_constant__ CUtensorMap tm_q,
                                     const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Cfg = WgmmaWsConfig<kStages>;
+  constexpr int kQBufs = kPair ? 1 : 2;
+  using Cfg = WgmmaWsConfig<kStages, kQBufs>;
   constexpr int BM = Cfg::BM, BN = Cfg::BN, kChunks = Cfg::kChunks;
+  static_assert(!kPair || kQRegs, "pair steps keep Q in registers");
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const WgmmaWsLayout<kStages> L(smem_raw);
+  const WgmmaWsLayout<kStages, kQBufs> L(smem_raw);
   const int tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
   if (tid == 0) {
@@ -387,7 +498,7 @@ __global__ void __launch_bounds__(384, 1)
       mbarrier_init(L.full(s), 64);
       mbarrier_init(L.empty(s), 8);
     }
-    for (int b = 0; b < 2; ++b) {
+    for (int b = 0; b < kQBufs; ++b) {
       mbarrier_init(L.qfull(b), 1);
       mbarrier_init(L.qempty(b), 8);
     }
@@ -396,12 +507,23 @@ __global__ void __launch_bounds__(384, 1)
   __syncthreads();
   // Registers: ptxas gives each side the budget of its setmaxnreg (without it the consumer step spills at the
   // kernel's 168); the producer warp's gathered-column copies need more than the cp.async kernel's 56.
+  // Pair steps hold twice the scores and P fragments: 224 registers for the consumers, 64 for the producer
+  // warpgroup (128 x 64 + 256 x 224 = 65536).
   if (warp >= 4) {
-    setmaxnreg_inc<208>();
-    ws_consumer_loop<T, kStages, kQRegs, kPingpong, kRescale>(p, L, warp / 4 - 1, warp % 4, lane);
+    if constexpr (kPair) {
+      setmaxnreg_inc<224>();
+      ws_consumer_loop_pairs<T, kStages, kPingpong, kRescale>(p, L, warp / 4 - 1, warp % 4, lane);
+    } else {
+      setmaxnreg_inc<208>();
+      ws_consumer_loop<T, kStages, kQRegs, kPingpong, kRescale>(p, L, warp / 4 - 1, warp % 4, lane);
+    }
     return;
   }
-  setmaxnreg_dec<88>();  // 128 x 88 + 256 x 208 = 64512 <= 65536
+  if constexpr (kPair) {
+    setmaxnreg_dec<64>();
+  } else {
+    setmaxnreg_dec<88>();  // 128 x 88 + 256 x 208 = 64512 <= 65536
+  }
   if (warp != 0) return;
   // ---------------------------------------------------------------- producer warp
   const T* k_all = static_cast<const T*>(p.k);
@@ -425,8 +547,8 @@ __global__ void __launch_bounds__(384, 1)
     const int rows = min(BM, p.q_len - row0);
     const int pos0 = p.q_begin + row0;
     const int kvh = h / p.group;
-    const int qb = n & 1;
-    mbarrier_wait(L.qempty(qb), ((n >> 1) & 1) ^ 1);
+    const int qb = n % kQBufs;
+    mbarrier_wait(L.qempty(qb), ((n / kQBufs) & 1) ^ 1);
     if (lane == 0) {
       const uint32_t dst = L.sQ + qb * Cfg::kQBytes;
       mbarrier_arrive_expect_tx(L.qfull(qb), Cfg::kQBytes);
@@ -454,8 +576,9 @@ __global__ void __launch_bounds__(384, 1)
         keys[lane] = lane < cur.count ? cur.first + lane : kAbsentKey;
         keys[lane + 32] = lane + 32 < cur.count ? cur.first + lane + 32 : kAbsentKey;
       } else if (cur.count > 0) {
-        // Gathered columns: lane copies rows lane and lane + 32, all 16 chunks of K and V.
-#pragma unroll
+        // Gathered columns: lane copies rows lane and lane + 32, all 16 chunks of K and V (one row at a time:
+        // unrolling both rows costs the producer registers the pair-step consumers need).
+#pragma unroll 1
         for (int half = 0; half < 2; ++half) {
           const int row = lane + 32 * half;
           const int key = row < cur.count ? p.columns[cur.first + row] : -1;
@@ -531,13 +654,13 @@ CUtensorMap make_head_tensor_map(const void* base, int heads, int rows, int64_t 
   return m;
 }
 
-template <typename T, int kStages, bool kQRegs, bool kPingpong, int kRescale = 8>
+template <typename T, int kStages, bool kQRegs, bool kPingpong, int kRescale = 8, bool kPair = false>
 void launch_sparse_prefill_wgmma_tma(const PrefillParams& p, cudaStream_t stream) {
-  using Cfg = WgmmaWsConfig<kStages>;
+  using Cfg = WgmmaWsConfig<kStages, kPair ? 1 : 2>;
   const CUtensorMap tq = make_head_tensor_map<T>(p.q, p.num_q_heads, p.q_len, p.q_head, p.q_tok, Cfg::BM);
   const CUtensorMap tk = make_head_tensor_map<T>(p.k, p.num_kv_heads, p.kv_len, p.k_head, p.k_tok, Cfg::BN);
   const CUtensorMap tv = make_head_tensor_map<T>(p.v, p.num_kv_heads, p.kv_len, p.v_head, p.v_tok, Cfg::BN);
-  launch_persistent(sparse_prefill_wgmma_tma_kernel<T, kStages, kQRegs, kPingpong, kRescale>, Cfg::kThreads, Cfg::kSmemBytes,
+  launch_persistent(sparse_prefill_wgmma_tma_kernel<T, kStages, kQRegs, kPingpong, kRescale, kPair>, Cfg::kThreads, Cfg::kSmemBytes,
                     "sparse prefill (wgmma, TMA)", "", "sparse_prefill_wgmma_tma_kernel", p, stream, p, tq, tk, tv);
 }
 

@@ -25,10 +25,13 @@
 namespace tessera::attn::gpu::detail {
 
 // kRescale: the lazy-rescaling threshold in log2 units (softmax); 0 moves the max whenever it grows (eager).
-template <typename T, bool kSplitPv, int kRescale = 8>
+// kBN: keys per step, 64 (one key tile) or 128 (two key tiles of 64 from two pipeline stages, the "pair" step:
+// the per-step costs — barriers, waits, max shuffles, descriptor set-up, branches — are paid once per 128 keys).
+template <typename T, bool kSplitPv, int kRescale = 8, int kBN = 64>
 struct WgmmaConsumer {
   static constexpr int D = 128;
-  static constexpr int BN = 64;
+  static constexpr int BN = kBN;
+  static_assert(kBN == 64 || kBN == 128, "a step covers one or two key tiles of 64");
   static constexpr float kRescaleLog2 = static_cast<float>(kRescale);  // see softmax
   using Mma = MmaTraits<T>;
   using Wg = Wgmma<T>;
@@ -114,19 +117,64 @@ struct WgmmaConsumer {
     wgmma_commit();
   }
 
+  // Pair step (kBN = 128): S[:, 0:64] from K tile a, S[:, 64:128] from K tile b (two m64n64 per k-step: the
+  // stages are not adjacent in N); Q from registers. Issued and committed, not waited for.
+  __device__ __forceinline__ static void issue_qk_rs_pair(float (&sc)[BN / 2], const uint32_t (&qf)[D / 16][4],
+                                                          uint64_t k_desc_a, uint64_t k_desc_b) {
+    static_assert(kBN == 128, "pair step only");
+    float(&lo)[32] = *reinterpret_cast<float(*)[32]>(&sc[0]);
+    float(&hi)[32] = *reinterpret_cast<float(*)[32]>(&sc[32]);
+    fence_operands(sc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t off = (kk / 4) * (64 * 128) + (kk % 4) * 32;
+      Wg::rs_m64n64(lo, qf[kk], desc_advance(k_desc_a, off), kk > 0 ? 1 : 0);
+      Wg::rs_m64n64(hi, qf[kk], desc_advance(k_desc_b, off), kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+  }
+  // Pair step: O += P V over 128 keys, k-steps 0-3 from V tile a, 4-7 from V tile b.
+  __device__ __forceinline__ void issue_pv_pair(const uint32_t (&pa)[BN / 16][4], uint64_t v_desc_a,
+                                                uint64_t v_desc_b) {
+    static_assert(kBN == 128 && !kSplitPv, "pair step: one m64n128 per k-step");
+    fence_operands(o);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      Wg::rs_m64n128_tb(o, pa[kk], desc_advance(kk < 4 ? v_desc_a : v_desc_b, (kk % 4) * 16 * 128));
+    }
+    wgmma_commit();
+  }
+
   // Mask (keys: the tile's key positions, kAbsentKey for absent rows), running max and sums; sc becomes P
   // relative to the new max; alpha[e] is the factor for O's row e.
   __device__ __forceinline__ void softmax(float (&sc)[BN / 2], bool masked, const int* keys, uint32_t span,
                                           float scale_log2, float (&alpha)[2]) {
+    softmax(sc, masked, keys, true, masked, keys, span, scale_log2, alpha);
+  }
+  // The same with the key positions of columns 64-127 (pair step) from their own tile's list; without a second
+  // tile (has_b false: the item's odd last tile) those columns are masked out whole.
+  __device__ __forceinline__ void softmax(float (&sc)[BN / 2], bool masked_a, const int* keys_a, bool has_b,
+                                          bool masked_b, const int* keys_b, uint32_t span, float scale_log2,
+                                          float (&alpha)[2]) {
     const float neg_inf = -__int_as_float(0x7f800000);
-    if (masked) {
+    if (BN == 128 && !has_b) {
 #pragma unroll
-      for (int i = 0; i < BN / 8; ++i) {
+      for (int i = BN / 4; i < BN / 2; ++i) sc[i] = neg_inf;
+    }
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int key = keys[i * 8 + 2 * (threadIdx.x % 4) + j];
-          if (!key_visible(pos_row[0], key, span)) sc[4 * i + j] = neg_inf;
-          if (!key_visible(pos_row[1], key, span)) sc[4 * i + 2 + j] = neg_inf;
+    for (int half = 0; half < BN / 64; ++half) {
+      if (half == 0 ? masked_a : (masked_b && has_b)) {
+        const int* keys = half == 0 ? keys_a : keys_b;
+#pragma unroll
+        for (int i = 8 * half; i < 8 * half + 8; ++i) {
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const int key = keys[(i - 8 * half) * 8 + 2 * (threadIdx.x % 4) + j];
+            if (!key_visible(pos_row[0], key, span)) sc[4 * i + j] = neg_inf;
+            if (!key_visible(pos_row[1], key, span)) sc[4 * i + 2 + j] = neg_inf;
+          }
         }
       }
     }
