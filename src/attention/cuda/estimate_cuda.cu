@@ -333,6 +333,9 @@ __global__ void vs_merge_diag_kernel(const VsParams p) {
 // (BlockTopK ran two block-wide scans and two barriers per 512 elements).
 struct VsTopK {
   static constexpr int kWarps = kTopKThreads / 32;
+  // Loads a thread (or a warp, in the collection) issues before it uses them: one at a time, each pass over
+  // the row was a chain of ~n / kTopKThreads memory latencies (most of the kernel's time at 128K).
+  static constexpr int kLoads = 4;
   struct Storage {
     unsigned hist[256];
     uint32_t prefix;
@@ -362,16 +365,24 @@ struct VsTopK {
       __syncthreads();
       const uint32_t prefix = st.prefix;
       unsigned run_digit = 0, run = 0;
-      for (int i = tid; i < n; i += kTopKThreads) {
-        const uint32_t u = detail::order_key(row[i]);
-        if ((u & mask) != prefix) continue;
-        const unsigned d = (u >> shift) & 255u;
-        if (d != run_digit && run != 0) {
-          atomicAdd(&st.hist[run_digit], run);
-          run = 0;
+      for (int i0 = tid; i0 < n; i0 += kLoads * kTopKThreads) {  // the thread's elements in index order
+        uint32_t u[kLoads];
+#pragma unroll
+        for (int j = 0; j < kLoads; ++j) {
+          const int i = i0 + j * kTopKThreads;
+          u[j] = i < n ? detail::order_key(row[i]) : 0u;
         }
-        run_digit = d;
-        ++run;
+#pragma unroll
+        for (int j = 0; j < kLoads; ++j) {
+          if (i0 + j * kTopKThreads >= n || (u[j] & mask) != prefix) continue;
+          const unsigned d = (u[j] >> shift) & 255u;
+          if (d != run_digit && run != 0) {
+            atomicAdd(&st.hist[run_digit], run);
+            run = 0;
+          }
+          run_digit = d;
+          ++run;
+        }
       }
       if (run != 0) atomicAdd(&st.hist[run_digit], run);
       __syncthreads();
@@ -416,11 +427,19 @@ struct VsTopK {
     const int seg = (n + kTopKThreads - 1) / kTopKThreads * 32;  // a multiple of 32 per warp
     const int s0 = min(n, warp * seg), s1 = min(n, s0 + seg);
     int gt = 0, eq = 0;
-    for (int base = s0; base < s1; base += 32) {
-      const int i = base + lane;
-      const uint32_t u = i < s1 ? detail::order_key(row[i]) : 0u;
-      gt += __popc(__ballot_sync(0xffffffffu, i < s1 && u > thr));
-      eq += __popc(__ballot_sync(0xffffffffu, i < s1 && u == thr));
+    for (int b0 = s0; b0 < s1; b0 += 32 * kLoads) {
+      uint32_t u[kLoads];
+#pragma unroll
+      for (int j = 0; j < kLoads; ++j) {
+        const int i = b0 + 32 * j + lane;
+        u[j] = i < s1 ? detail::order_key(row[i]) : 0u;
+      }
+#pragma unroll
+      for (int j = 0; j < kLoads; ++j) {
+        const int i = b0 + 32 * j + lane;
+        gt += __popc(__ballot_sync(0xffffffffu, i < s1 && u[j] > thr));
+        eq += __popc(__ballot_sync(0xffffffffu, i < s1 && u[j] == thr));
+      }
     }
     if (lane == 0) {
       st.gt[warp] = gt;
@@ -434,16 +453,24 @@ struct VsTopK {
       taken += st.gt[w] + (left <= 0 ? 0 : (left < eq_w ? left : eq_w));
       eq_seen += eq_w;
     }
-    for (int base = s0; base < s1; base += 32) {
-      const int i = base + lane;
-      const uint32_t u = i < s1 ? detail::order_key(row[i]) : 0u;
-      const bool is_eq = i < s1 && u == thr;
-      const unsigned em = __ballot_sync(0xffffffffu, is_eq);
-      const bool sel = (i < s1 && u > thr) || (is_eq && eq_seen + __popc(em & below) < need_eq);
-      const unsigned sm = __ballot_sync(0xffffffffu, sel);
-      if (sel) out[taken + __popc(sm & below)] = begin + i;
-      taken += __popc(sm);
-      eq_seen += __popc(em);
+    for (int b0 = s0; b0 < s1; b0 += 32 * kLoads) {
+      uint32_t u[kLoads];
+#pragma unroll
+      for (int j = 0; j < kLoads; ++j) {
+        const int i = b0 + 32 * j + lane;
+        u[j] = i < s1 ? detail::order_key(row[i]) : 0u;
+      }
+#pragma unroll
+      for (int j = 0; j < kLoads; ++j) {  // in index order
+        const int i = b0 + 32 * j + lane;
+        const bool is_eq = i < s1 && u[j] == thr;
+        const unsigned em = __ballot_sync(0xffffffffu, is_eq);
+        const bool sel = (i < s1 && u[j] > thr) || (is_eq && eq_seen + __popc(em & below) < need_eq);
+        const unsigned sm = __ballot_sync(0xffffffffu, sel);
+        if (sel) out[taken + __popc(sm & below)] = begin + i;
+        taken += __popc(sm);
+        eq_seen += __popc(em);
+      }
     }
   }
 };
