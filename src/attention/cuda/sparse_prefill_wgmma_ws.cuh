@@ -507,11 +507,14 @@ __global__ void __launch_bounds__(384, 1)
   __syncthreads();
   // Registers: ptxas gives each side the budget of its setmaxnreg (without it the consumer step spills at the
   // kernel's 168); the producer warp's gathered-column copies need more than the cp.async kernel's 56.
-  // Pair steps hold twice the scores and P fragments: 224 registers for the consumers, 64 for the producer
-  // warpgroup (128 x 64 + 256 x 224 = 65536).
+  // Pair steps hold twice the scores and P fragments: 232 registers for the consumers, 40 for the producer
+  // warpgroup (its gathered-column loop copies one row at a time). setmaxnreg moves registers within the CTA's
+  // launch allocation (384 x 168 = 64512), not the SM's 65536: 128 x 64 + 256 x 224 = 65536 compiled cleanly
+  // and hung in setmaxnreg.inc on the H200 (the consumers waited for registers that never came).
   if (warp >= 4) {
     if constexpr (kPair) {
-      setmaxnreg_inc<224>();
+      static_assert(128 * 40 + 256 * 232 <= 384 * 168, "setmaxnreg within the launch allocation");
+      setmaxnreg_inc<232>();
       ws_consumer_loop_pairs<T, kStages, kPingpong, kRescale>(p, L, warp / 4 - 1, warp % 4, lane);
     } else {
       setmaxnreg_inc<208>();
@@ -520,7 +523,7 @@ __global__ void __launch_bounds__(384, 1)
     return;
   }
   if constexpr (kPair) {
-    setmaxnreg_dec<64>();
+    setmaxnreg_dec<40>();
   } else {
     setmaxnreg_dec<88>();  // 128 x 88 + 256 x 208 = 64512 <= 65536
   }
