@@ -40,7 +40,8 @@ using detail::smem_addr;
 using detail::ldmatrix_x4;
 using detail::MmaTraits;
 
-constexpr int kVsRows = 64;  // rows of the VS estimate handled by one CTA (4 warps x 16)
+constexpr int kVsRows = 64;
+constexpr float kLog2e = 1.4426950408889634f;  // VS row maxima are kept in log2 units (vs_stats)  // rows of the VS estimate handled by one CTA (4 warps x 16)
 constexpr int kVsThreads = 128;
 constexpr int kVsChunk = 512;  // keys per CTA
 constexpr int kVsBand = kVsChunk + kVsRows - 1;
@@ -157,6 +158,9 @@ __global__ void __launch_bounds__(kVsThreads) vs_stats_kernel(const VsParams p) 
   const VsTile<T, D> v = vs_setup<T, D>(p, hd, kb0, smem);
   const int c4 = threadIdx.x % 4;
   const float neg_inf = -__int_as_float(0x7f800000);
+  // Log2 domain: scores times scale * log2(e), exp2 (one MUFU op; expf is a ~10-instruction accurate routine),
+  // so m is the row max in log2 units; l is unchanged (2^(x log2 e) = e^x).
+  const float scale2 = p.scale * kLog2e;
   float m[2] = {neg_inf, neg_inf}, l[2] = {0.0f, 0.0f};
   for (int kb = kb0, t = 0; kb < kb1; kb += 64, ++t) {
     float s[8][4];
@@ -170,7 +174,7 @@ __global__ void __launch_bounds__(kVsThreads) vs_stats_kernel(const VsParams p) 
         for (int j = 0; j < 2; ++j) {
           const int key = kb + i * 8 + 2 * c4 + j;
           const bool vis = v.valid[e] && key <= v.pos[e];
-          s[i][2 * e + j] = vis ? s[i][2 * e + j] * p.scale : neg_inf;
+          s[i][2 * e + j] = vis ? s[i][2 * e + j] * scale2 : neg_inf;
           mx = fmaxf(mx, s[i][2 * e + j]);
         }
       }
@@ -178,8 +182,8 @@ __global__ void __launch_bounds__(kVsThreads) vs_stats_kernel(const VsParams p) 
       const float m_new = fmaxf(m[e], mx);
       float sum = 0.0f;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) sum += expf(s[i][2 * e] - m_new) + expf(s[i][2 * e + 1] - m_new);
-      l[e] = l[e] * expf(m[e] - m_new) + sum;
+      for (int i = 0; i < 8; ++i) sum += exp2f(s[i][2 * e] - m_new) + exp2f(s[i][2 * e + 1] - m_new);
+      l[e] = l[e] * exp2f(m[e] - m_new) + sum;
       m[e] = m_new;
     }
   }
@@ -189,7 +193,7 @@ __global__ void __launch_bounds__(kVsThreads) vs_stats_kernel(const VsParams p) 
     float mq = m[e];
     mq = fmaxf(mq, __shfl_xor_sync(0xffffffffu, mq, 1));
     mq = fmaxf(mq, __shfl_xor_sync(0xffffffffu, mq, 2));
-    float lq = mq == neg_inf ? 0.0f : l[e] * expf(m[e] - mq);
+    float lq = mq == neg_inf ? 0.0f : l[e] * exp2f(m[e] - mq);
     lq += __shfl_xor_sync(0xffffffffu, lq, 1);
     lq += __shfl_xor_sync(0xffffffffu, lq, 2);
     if (c4 == 0) {
@@ -209,7 +213,7 @@ __global__ void vs_merge_stats_kernel(const VsParams p) {
   if (m != neg_inf) {
     for (int c = 0; c < p.chunks; ++c) {
       const float2 x = part[static_cast<int64_t>(c) * kVsRows];
-      if (x.x != neg_inf) l += x.y * expf(x.x - m);
+      if (x.x != neg_inf) l += x.y * exp2f(x.x - m);  // maxima in log2 units (vs_stats)
     }
   }
   p.stats[slot * kVsRows + r] = make_float2(m, l);
@@ -244,12 +248,17 @@ __global__ void __launch_bounds__(kVsThreads, D <= 128 ? 4 : 1) vs_sums_kernel(c
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, c4 = lane % 4;
   for (int i = tid; i < 2 * kVsBand; i += kVsThreads) band[i] = 0.0f;
   const VsTile<T, D> v = vs_setup<T, D>(p, hd, kb0, smem);
-  float m[2], l[2];
+  // Row maxima in log2 units (vs_stats), so A = 2^(s scale log2(e) - m) / l, with 1 / l once per row (the IEEE
+  // division per score was, with expf, most of this kernel's instructions: ~55 per score on the H200).
+  const float scale2 = p.scale * kLog2e;
+  float m[2], inv_l[2];
+  bool live[2];
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
     const float2 st = p.stats[slot * kVsRows + v.row[e]];
     m[e] = st.x;
-    l[e] = st.y;
+    live[e] = v.valid[e] && st.y > 0.0f;
+    inv_l[e] = st.y > 0.0f ? 1.0f / st.y : 0.0f;
   }
   // The thread's wrapped diagonal: cells (r, (r + 63 - dw) % 64) of rows [32 half, 32 half + 32).
   const int dw = tid % 64, half = tid / 64;
@@ -265,8 +274,8 @@ __global__ void __launch_bounds__(kVsThreads, D <= 128 ? 4 : 1) vs_sums_kernel(c
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           const int col = i * 8 + 2 * c4 + j;
-          const bool vis = v.valid[e] && kb + col <= v.pos[e] && l[e] > 0.0f;
-          a[e][j] = vis ? expf(s[i][2 * e + j] * p.scale - m[e]) / l[e] : 0.0f;
+          const bool vis = live[e] && kb + col <= v.pos[e];
+          a[e][j] = vis ? exp2f(fmaf(s[i][2 * e + j], scale2, -m[e])) * inv_l[e] : 0.0f;
         }
         *reinterpret_cast<float2*>(&sP[v.row[e] * kVsPStride + i * 8 + 2 * c4]) = make_float2(a[e][0], a[e][1]);
       }

@@ -1,10 +1,12 @@
 // Host emulation of the VS estimate's first four kernels (vs_stats, vs_merge_stats, vs_sums, vs_merge_diag) of
 // the working tree ("cur") against those of a reference revision ("ref", sums_run.sh) on small layers: row
-// statistics identical bit for bit; column sums, chunk bands and diagonal sums equal to a relative 1e-5 (all
+// statistics equal (maxima in log2 units since the log2-domain kernels, to 1e-6; sums to 1e-5); column sums, chunk bands and diagonal sums equal to a relative 1e-5 (all
 // terms are >= 0, so a different order of the float additions moves a sum by at most ~64 ulp); and both
 // against an f64 evaluation of the definition (bf16 inputs) to 1e-3, which catches layout and indexing errors
 // that both revisions would share. Grids: ref (chunks, heads) as before; cur (heads, chunks).
 #include <cstdio>
+#include <cstdlib>
+#include <cmath>
 #include <random>
 
 #include "sums_extracted.h"
@@ -111,14 +113,17 @@ int run_case(const Case& c, std::mt19937& rng) {
   auto report = [&](const char* what, size_t i, double got, double want) {
     if (++bad <= 10) std::printf("  %s[%zu]: got %.9g want %.9g\n", what, i, got, want);
   };
-  for (size_t i = 0; i < br.partial.size(); ++i) {
-    const float2 a = bc.partial[i], b = br.partial[i];
-    if (std::memcmp(&a, &b, sizeof a) != 0) report("partial.m", i, a.x, b.x);
-  }
-  for (size_t i = 0; i < br.stats.size(); ++i) {
-    const float2 a = bc.stats[i], b = br.stats[i];
-    if (std::memcmp(&a, &b, sizeof a) != 0) report("stats.m", i, a.x, b.x);
-  }
+  // Since the log2-domain stats (after 8c37dfb) the maxima are the reference's times log2(e) (REF_LOG2=1 when the
+  // reference revision has them too) and the sums equal to float rounding; -inf rows stay -inf with sum 0.
+  const double m_scale = std::getenv("REF_LOG2") != nullptr ? 1.0 : 1.4426950408889634;
+  auto same_stat = [&](const char* what, size_t i, float2 a, float2 b) {
+    const bool inf_ok = std::isinf(a.x) == std::isinf(b.x) && (!std::isinf(a.x) || a.y == b.y);
+    const bool m_ok = std::isinf(b.x) || std::fabs(a.x - b.x * m_scale) <= 1e-6 * (1.0 + std::fabs(b.x * m_scale));
+    const bool l_ok = std::fabs(double(a.y) - b.y) <= 1e-5 * std::fabs(double(b.y));
+    if (!(inf_ok && m_ok && l_ok)) report(what, i, a.x, b.x);
+  };
+  for (size_t i = 0; i < br.partial.size(); ++i) same_stat("partial", i, bc.partial[i], br.partial[i]);
+  for (size_t i = 0; i < br.stats.size(); ++i) same_stat("stats", i, bc.stats[i], br.stats[i]);
   int exact = 0, total = 0;
   auto close = [&](const char* what, const std::vector<float>& got, const std::vector<float>& want) {
     for (size_t i = 0; i < want.size(); ++i) {
