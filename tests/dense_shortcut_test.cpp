@@ -71,7 +71,7 @@ TEST(DenseShortcut, Run3Decisions) {
   EXPECT_TRUE(dense_before_estimation(layer_of(ashape), ctx8, 0.55));
   EXPECT_FALSE(dense_before_estimation(layer_of(ashape), ctx32, 0.55));
   EXPECT_FALSE(dense_before_estimation(layer_of(vs), ctx128, 0.55));
-  // r = 0.95 (cuDNN against the TMA warp-specialized kernel, the current kCudnnRelTileCost): VS at 8K still
+  // r = 0.95 (cuDNN against the TMA warp-specialized kernel; now cudnn_rel_tile_cost(8K) = 0.993): VS at 8K still
   // dense (bound 0.98 >= 0.65 x 0.95), VS at 32K estimates (0.39; with local attention its executed density is
   // 0.36, H200 fifth run), A-shape at 8K now sparse (0.77 < 0.9 x 0.95 = 0.855: our kernel at 77% of the tiles
   // beats cuDNN's dense).

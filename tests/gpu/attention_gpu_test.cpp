@@ -712,7 +712,7 @@ TEST(LayerDensePaths, DenseFallbackFollowsItsRule) {
     const std::vector<int32_t> costs = gpu::prefill_item_costs(index);
     const int64_t sparse = std::accumulate(costs.begin(), costs.end(), int64_t{0});
     EXPECT_EQ(gl.sparse_cost(), sparse) << "device cost sum differs from the host sum of the device index";
-    const double r = gl.resolve_dense_backend(a) == gpu::DenseBackend::kCudnn ? gpu::kCudnnRelTileCost : 1.0;
+    const double r = gl.resolve_dense_backend(a) == gpu::DenseBackend::kCudnn ? gpu::cudnn_rel_tile_cost(s.q_len) : 1.0;
     const bool fell_back = gl.last_path().rfind("dense fallback", 0) == 0;
     EXPECT_EQ(fell_back, static_cast<double>(sparse) > r * static_cast<double>(gl.dense_cost())) << gl.last_path();
     if (c.expect >= 0) {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cmath>
+#include <iterator>
 #include <string>
 #include <utility>
 #include <variant>
@@ -44,6 +46,20 @@ int64_t dense_index_cost(const LoweringContext& ctx, int64_t num_heads) {
 
 }  // namespace
 
+double cudnn_rel_tile_cost(int64_t q_len) {
+  constexpr auto& t = kCudnnRelTime;
+  constexpr size_t n = std::size(kCudnnRelTime);
+  if (q_len <= t[0].q_len) return t[0].cudnn_over_ours;
+  for (size_t i = 1; i < n; ++i) {
+    if (q_len <= t[i].q_len) {
+      const double x0 = std::log2(static_cast<double>(t[i - 1].q_len)), x1 = std::log2(static_cast<double>(t[i].q_len));
+      const double f = (std::log2(static_cast<double>(q_len)) - x0) / (x1 - x0);
+      return t[i - 1].cudnn_over_ours + f * (t[i].cudnn_over_ours - t[i - 1].cudnn_over_ours);
+    }
+  }
+  return t[n - 1].cudnn_over_ours;
+}
+
 const char* dense_backend_name(DenseBackend b) {
   switch (b) {
     case DenseBackend::kAuto:
@@ -70,7 +86,7 @@ CudaLayerAttention::CudaLayerAttention(std::vector<Pattern> patterns, const Lowe
   for (const Pattern& p : patterns_) all_dense_ = all_dense_ && std::holds_alternative<DensePattern>(p);
   dense_cost_ = dense_index_cost(ctx_, static_cast<int64_t>(patterns_.size()));
   shortcut_ours_ = !all_dense_ && attn::dense_before_estimation(patterns_, ctx_, 1.0);
-  shortcut_cudnn_ = !all_dense_ && attn::dense_before_estimation(patterns_, ctx_, kCudnnRelTileCost);
+  shortcut_cudnn_ = !all_dense_ && attn::dense_before_estimation(patterns_, ctx_, cudnn_rel_tile_cost(ctx_.q_len));
 }
 
 bool CudaLayerAttention::dense_before_estimation(const AttentionArgs& args) const {
@@ -104,7 +120,8 @@ DenseBackend CudaLayerAttention::resolve_dense_backend(const AttentionArgs& args
   if (cudnn_failed_) return DenseBackend::kOurs;
   const std::string env = env_dense_backend();
   if (env == "ours") return DenseBackend::kOurs;
-  if (env != "cudnn" && args.q_len() < kCudnnMinQLen) return DenseBackend::kOurs;
+  if (env != "cudnn" && (args.q_len() < kCudnnMinQLen || cudnn_rel_tile_cost(args.q_len()) >= 1.0))
+    return DenseBackend::kOurs;
   // cudnn_dense_plan: built with cuDNN, a handle, the call supported, and an engine for its shape (the plan is
   // built here on first use of a shape and cached; a failure is cached too).
   return cudnn_dense_plan(args) ? DenseBackend::kCudnn : DenseBackend::kOurs;
@@ -155,8 +172,7 @@ bool CudaLayerAttention::fall_back_to_dense(const AttentionArgs& args, DenseBack
     sparse = builder_.download_total_cost(stream);
     if (!has_dynamic_heads()) static_sparse_cost_ = sparse;
   }
-  (void)args;
-  const double r = backend == DenseBackend::kCudnn ? kCudnnRelTileCost : 1.0;
+  const double r = backend == DenseBackend::kCudnn ? cudnn_rel_tile_cost(args.q_len()) : 1.0;
   return static_cast<double>(sparse) > r * static_cast<double>(dense_cost_);
 }
 

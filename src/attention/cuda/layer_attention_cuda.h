@@ -12,15 +12,15 @@
 // Dense paths (attend() with PrefillKernel::kAuto and no wgmma variant forced):
 //  - an all-dense layer runs on the dense backend (DenseBackend): by default cuDNN's fused SDPA
 //    (cudnn_sdpa.h) where it is built, supports the call (whole-prompt prefill, no window) and has an engine,
-//    and q_len >= kCudnnMinQLen; else our kernel on the dense index. Measured on an H200 (docs/PERF.md):
-//    cuDNN 0.93 / 14.7 / 253 ms against ours 0.96 / 16.2 / 252 ms at 8K / 32K / 128K (TMA warp-specialized
-//    kernel; 1.65 / 24.8 / 401 ms before it), so kAuto prefers cuDNN (equal at 128K, faster below);
-//    attention_gpu_bench prints both every run ("dense backends" lines), the figures that set this default.
+//    q_len >= kCudnnMinQLen and cuDNN is the faster at that length (kCudnnRelTime, measured on an H200:
+//    cuDNN 0.894 / 14.65 / 255.3 ms against ours 0.901 / 15.41 / 243.0 ms at 8K / 32K / 128K with the pair-step
+//    kernel); else our kernel on the dense index. attention_gpu_bench prints both every run ("dense backends"
+//    lines), the figures that set the table.
 //  - dense fallback (set_dense_fallback, on by default): a layer with sparse heads whose index costs more
 //    than dense attention would, runs dense instead (on the dense backend). Cost = key tiles of 64 plus one
 //    per item (work_plan.h), summed on the device by build_index(); the rule, with C_dense the cost of the
 //    dense index of the same shape and r the dense backend's time per tile relative to our kernel's
-//    (1 for ours, kCudnnRelTileCost for cuDNN):   fall back  iff  C_sparse > r * C_dense.
+//    (1 for ours, cudnn_rel_tile_cost(q_len) for cuDNN):   fall back  iff  C_sparse > r * C_dense.
 //    Deciding needs the sparse cost on the host: one 8-byte copy and a stream synchronisation per call for
 //    layers with dynamic (VS/BS) heads, once per layer for static ones. Not applied with args.window > 0
 //    (the window already bounds the work), nor when attend() is asked for a specific kernel.
@@ -52,19 +52,28 @@ namespace tessera::attn::gpu {
 
 // Who runs dense attention (all-dense layers and the dense fallback).
 enum class DenseBackend {
-  kAuto,   // cuDNN where it can run the call and q_len >= kCudnnMinQLen, else ours
+  kAuto,   // cuDNN where it can run the call, q_len >= kCudnnMinQLen and it is the faster (kCudnnRelTime)
   kOurs,   // our prefill kernel (wgmma / mma.sync) on the dense index
   kCudnn,  // cuDNN; attend() throws where it cannot run the call (e.g. a window, q_begin > 0)
 };
 const char* dense_backend_name(DenseBackend b);
 
 // kAuto sends dense calls shorter than this to our kernel (cuDNN plans are built per shape on first use,
-// which costs host time for every new prompt length; below 8K the two were not compared on a device yet).
+// which costs host time for every new prompt length).
 inline constexpr int64_t kCudnnMinQLen = 2048;
-// cuDNN's dense time per key tile relative to our kernel's. H200, TMA warp-specialized wgmma kernel (PERF.md,
-// fifth attention run): 0.97 at 8K, 0.90 at 32K, 1.01 at 128K (the earlier all-threads-load kernel: 0.55 / 0.52 /
-// 0.63).
-inline constexpr double kCudnnRelTileCost = 0.95;
+// cuDNN's dense time relative to our kernel's (cuDNN / ours, per key tile), by prompt length: H200, the pair-step
+// TMA kernel, one sweep of `attention_gpu_bench --patterns dense` (docs/PERF.md, sixth attention run). Neither
+// wins everywhere: ours at <= 4K, 16K and 128K, cuDNN by 4-7% at 24K-96K.
+struct DenseTimeRatio {
+  int64_t q_len;
+  double cudnn_over_ours;
+};
+inline constexpr DenseTimeRatio kCudnnRelTime[] = {
+    {1024, 1.054},  {2048, 1.079},  {4096, 1.022},  {8192, 0.993},  {16384, 1.021}, {24576, 0.957},
+    {32768, 0.950}, {49152, 0.935}, {65536, 0.965}, {98304, 0.959}, {131072, 1.051}};
+// The ratio at q_len: linear in log2(q_len) between the measured lengths, the end values beyond them. kAuto runs
+// cuDNN only where it is below 1; the dense fallback and the dense shortcut weigh cuDNN's tiles by it.
+double cudnn_rel_tile_cost(int64_t q_len);
 
 class CudaLayerAttention {
  public:
@@ -141,7 +150,7 @@ class CudaLayerAttention {
   bool all_dense_ = false;
   int64_t dense_cost_ = 0;         // cost of the dense index of this shape
   bool dense_shortcut_ = true;
-  bool shortcut_ours_ = false, shortcut_cudnn_ = false;  // dense_shortcut.h rule at r = 1 and r = kCudnnRelTileCost
+  bool shortcut_ours_ = false, shortcut_cudnn_ = false;  // dense_shortcut.h rule at r = 1 and r = cudnn_rel_tile_cost(q_len)
   int64_t static_sparse_cost_ = -1;  // layers without dynamic heads: the sparse cost, once downloaded
   bool dense_index_built_ = false;
   DeviceSparseIndex dense_index_;  // for the fallback on our kernel
