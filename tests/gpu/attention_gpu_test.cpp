@@ -636,6 +636,19 @@ TEST(CudnnDense, RefusesWhatItDoesNotRun) {
 // ---------------------------------------------------------------------------------------------------------------
 // CudaLayerAttention's dense paths: the dense backend of an all-dense layer, and the dense fallback.
 
+// The measured cuDNN/ours ratio that picks the dense backend: the table's values at its lengths, linear in
+// log2(length) between them, the end values beyond; kAuto's choice follows it (below 1: cuDNN, if it can run).
+TEST(LayerDensePaths, DenseBackendRatioByLength) {
+  for (const gpu::DenseTimeRatio& r : gpu::kCudnnRelTime) EXPECT_DOUBLE_EQ(gpu::cudnn_rel_tile_cost(r.q_len), r.cudnn_over_ours);
+  EXPECT_DOUBLE_EQ(gpu::cudnn_rel_tile_cost(512), gpu::kCudnnRelTime[0].cudnn_over_ours);
+  EXPECT_DOUBLE_EQ(gpu::cudnn_rel_tile_cost(1 << 20), std::end(gpu::kCudnnRelTime)[-1].cudnn_over_ours);
+  // 40K lies 0.55 of the way from 32K (0.950) to 48K (0.935) in log2 units.
+  const double f = (std::log2(40960.0) - 15.0) / (std::log2(49152.0) - 15.0);
+  EXPECT_NEAR(gpu::cudnn_rel_tile_cost(40960), 0.950 + f * (0.935 - 0.950), 1e-12);
+  EXPECT_LT(gpu::cudnn_rel_tile_cost(65536), 1.0);
+  EXPECT_GT(gpu::cudnn_rel_tile_cost(131072), 1.0);
+}
+
 TEST(LayerDensePaths, AllDenseLayerOnEachBackend) {
   REQUIRE_GPU();
   const Shape s{2500, 0, 0, 8, 2, 128, 128, DType::BF16};
