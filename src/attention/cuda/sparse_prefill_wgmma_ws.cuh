@@ -57,6 +57,10 @@ struct WgmmaWsConfig {
   static constexpr int kConsumerRegs = 224;  // 128 x 56 + 256 x 224 = 64512 <= 65536
   static constexpr int kChunks = D / 8;
   static constexpr int kQBufs = kQBufsT;
+  // The pair-step layout (one Q buffer): the K tiles of stages 2p and 2p + 1 form one [2 halves][128 rows]
+  // operand (S over 128 keys is one m64n128 per k-step), and every item starts on an even stage (the producer
+  // sends a skip descriptor after an item with an odd number of tiles).
+  static constexpr bool kPairs = kQBufs == 1;
   static constexpr uint32_t kQBytes = BM * D * 2;   // 32 KB per buffer
   static constexpr uint32_t kKvBytes = BN * D * 2;  // 16 KB per K (or V) stage
   static constexpr uint32_t kKOffset = kQBufs * kQBytes;
@@ -70,7 +74,7 @@ struct WgmmaWsConfig {
   static constexpr size_t kSmemBytes = 1024 + kPinOffset + kPinFloats * 4;  // + alignment slack
   // Descriptor flags. kFlagCopied: the tile's K/V were written by cp.async (the generic proxy), so the consumers
   // need a proxy fence before their wgmma reads it; TMA-written tiles (the async proxy, like wgmma) do not.
-  static constexpr int kFlagMasked = 1, kFlagLast = 2, kFlagEnd = 4, kFlagCopied = 8;
+  static constexpr int kFlagMasked = 1, kFlagLast = 2, kFlagEnd = 4, kFlagCopied = 8, kFlagSkip = 16;
   static_assert(kProducerThreads == 8 * kChunks, "producer thread (r0, ch): rows r0 + 8 i, 16-byte chunk ch");
 };
 
@@ -94,6 +98,15 @@ struct WgmmaWsLayout {
     meta = reinterpret_cast<int4*>(smem + Cfg::kMetaOffset);
     slot = reinterpret_cast<int*>(smem + Cfg::kSlotOffset);
     pin = reinterpret_cast<float*>(smem + Cfg::kPinOffset);
+  }
+  // Half h (64 of the 128 columns) of stage s's K tile: [2][64 rows][128 B] per stage, or in the pair layout
+  // [2][128 rows][128 B] per stage pair with stage 2p + 1's rows after stage 2p's.
+  __device__ __forceinline__ uint32_t k_half(int s, int h) const {
+    if constexpr (Cfg::kPairs) {
+      return sK + (s / 2) * 2 * Cfg::kKvBytes + h * (2 * Cfg::BN * 128) + (s % 2) * (Cfg::BN * 128);
+    } else {
+      return sK + s * Cfg::kKvBytes + h * (Cfg::BN * 128);
+    }
   }
   __device__ __forceinline__ uint32_t full(int s) const { return bar + 8u * s; }
   __device__ __forceinline__ uint32_t empty(int s) const { return bar + 8u * (kStages + s); }
@@ -239,6 +252,13 @@ __device__ __forceinline__ void ws_consumer_loop_pairs(const PrefillParams& p, c
     int st = it % kStages;
     mbarrier_wait(L.full(st), (it / kStages) & 1);
     int4 mt = L.meta[st];
+    if (mt.z & Cfg::kFlagSkip) {  // the stage that puts the item's first tile on an even stage
+      release(L.empty(st));
+      ++it;
+      st = it % kStages;
+      mbarrier_wait(L.full(st), (it / kStages) & 1);
+      mt = L.meta[st];
+    }
     if (mt.z & Cfg::kFlagEnd) break;
     const int item = mt.x;
     const int h = item / p.num_tiles, t = item - h * p.num_tiles;
@@ -269,7 +289,7 @@ __device__ __forceinline__ void ws_consumer_loop_pairs(const PrefillParams& p, c
         if ((mt.z | mb.z) & Cfg::kFlagCopied) fence_proxy_async_shared();  // cp.async tiles before wgmma reads
         float s[Consumer::BN / 2];
         if constexpr (kPingpong) named_barrier_sync(2 + cw, 256);  // this warpgroup's turn
-        Consumer::issue_qk_rs_pair(s, qf, k_desc(st), k_desc(has_b ? st_b : st));
+        Consumer::issue_qk_rs_pair(s, qf, k_desc(st));  // st is even: the pair's base (rows of b follow a's)
         if (prev_a >= 0) {
           cs.issue_pv_pair(pa, v_desc(prev_a), v_desc(prev_b >= 0 ? prev_b : prev_a));
           if constexpr (kPingpong) named_barrier_arrive(3 - cw, 256);  // the other warpgroup's turn
@@ -280,8 +300,9 @@ __device__ __forceinline__ void ws_consumer_loop_pairs(const PrefillParams& p, c
         }
         fence_operands(s);
         float alpha[2];
-        cs.softmax(s, (mt.z & Cfg::kFlagMasked) != 0, L.keys + st * BN, has_b, (mb.z & Cfg::kFlagMasked) != 0,
-                   L.keys + (has_b ? st_b : st) * BN, p.span, p.scale_log2, alpha);
+        // Without a second tile, the pair's upper half holds stale rows: masked out whole (span 0).
+        cs.softmax(s, (mt.z & Cfg::kFlagMasked) != 0, L.keys + st * BN, !has_b || (mb.z & Cfg::kFlagMasked) != 0,
+                   L.keys + (has_b ? st_b : st) * BN, p.span, has_b ? p.span : 0u, p.scale_log2, alpha);
         // Pins the softmax above the wait for P V (see ws_consumer_loop); one word per warp here.
         if (lane == 0) L.pin[cw * 4 + wq] = cs.l[0] + cs.l[1];
         wgmma_wait<0>();  // P V of the previous step
@@ -507,14 +528,14 @@ __global__ void __launch_bounds__(384, 1)
   __syncthreads();
   // Registers: ptxas gives each side the budget of its setmaxnreg (without it the consumer step spills at the
   // kernel's 168); the producer warp's gathered-column copies need more than the cp.async kernel's 56.
-  // Pair steps hold twice the scores and P fragments: 232 registers for the consumers, 40 for the producer
-  // warpgroup (its gathered-column loop copies one row at a time). setmaxnreg moves registers within the CTA's
-  // launch allocation (384 x 168 = 64512), not the SM's 65536: 128 x 64 + 256 x 224 = 65536 compiled cleanly
-  // and hung in setmaxnreg.inc on the H200 (the consumers waited for registers that never came).
+  // Pair steps hold twice the scores and P fragments: 224 registers for the consumers, 56 for the producer
+  // warpgroup (40 spilled in its gathered-column loop). setmaxnreg moves registers within the CTA's launch
+  // allocation (384 x 168 = 64512), not the SM's 65536: 128 x 64 + 256 x 224 = 65536 compiled cleanly and hung
+  // in setmaxnreg.inc on the H200 (the consumers waited for registers that never came).
   if (warp >= 4) {
     if constexpr (kPair) {
-      static_assert(128 * 40 + 256 * 232 <= 384 * 168, "setmaxnreg within the launch allocation");
-      setmaxnreg_inc<232>();
+      static_assert(128 * 56 + 256 * 224 <= 384 * 168, "setmaxnreg within the launch allocation");
+      setmaxnreg_inc<224>();
       ws_consumer_loop_pairs<T, kStages, kPingpong, kRescale>(p, L, warp / 4 - 1, warp % 4, lane);
     } else {
       setmaxnreg_inc<208>();
@@ -523,7 +544,7 @@ __global__ void __launch_bounds__(384, 1)
     return;
   }
   if constexpr (kPair) {
-    setmaxnreg_dec<40>();
+    setmaxnreg_dec<56>();
   } else {
     setmaxnreg_dec<88>();  // 128 x 88 + 256 x 208 = 64512 <= 65536
   }
@@ -558,19 +579,29 @@ __global__ void __launch_bounds__(384, 1)
       tma_load_3d(dst, &tm_q, 0, h, row0, L.qfull(qb));
       tma_load_3d(dst + BM * 128, &tm_q, 64, h, row0, L.qfull(qb));
     }
+    if constexpr (Cfg::kPairs) {
+      if (it & 1) {  // the item starts on an even stage: a skip descriptor fills the odd one
+        const int st = it % kStages;
+        mbarrier_wait(L.empty(st), ((it / kStages) & 1) ^ 1);
+        if (lane == 0) L.meta[st] = make_int4(-1, 0, Cfg::kFlagSkip, 0);
+        mbarrier_arrive(L.full(st));
+        mbarrier_arrive(L.full(st));
+        ++it;
+      }
+    }
     KeyCursor<BN> cursor(p, item, pos0, rows);
     KeyTile cur = cursor.next();
     for (;;) {
       const KeyTile nxt = cur.count > 0 ? cursor.next() : KeyTile{};
       const int st = it % kStages;
       mbarrier_wait(L.empty(st), ((it / kStages) & 1) ^ 1);
-      const uint32_t dk = L.sK + st * Cfg::kKvBytes, dv = L.sV + st * Cfg::kKvBytes;
+      const uint32_t dv = L.sV + st * Cfg::kKvBytes;
       int* keys = L.keys + st * BN;
       if (cur.count > 0 && !cur.gathered) {
         if (lane == 0) {
           mbarrier_arrive_expect_tx(L.full(st), 2 * Cfg::kKvBytes);
-          tma_load_3d(dk, &tm_k, 0, kvh, cur.first, L.full(st));
-          tma_load_3d(dk + BN * 128, &tm_k, 64, kvh, cur.first, L.full(st));
+          tma_load_3d(L.k_half(st, 0), &tm_k, 0, kvh, cur.first, L.full(st));
+          tma_load_3d(L.k_half(st, 1), &tm_k, 64, kvh, cur.first, L.full(st));
           tma_load_3d(dv, &tm_v, 0, kvh, cur.first, L.full(st));
           tma_load_3d(dv + BN * 128, &tm_v, 64, kvh, cur.first, L.full(st));
         } else {
@@ -590,9 +621,9 @@ __global__ void __launch_bounds__(384, 1)
           const T* vs = v_all + kvh * p.v_head + static_cast<int64_t>(ok ? key : 0) * p.v_tok;
 #pragma unroll
           for (int ch = 0; ch < kChunks; ++ch) {
-            const uint32_t off = sw128_offset<BN>(row, ch);
-            cp_async_16(dk + off, ks + ch * 8, ok);
-            cp_async_16(dv + off, vs + ch * 8, ok);
+            const uint32_t swz = row * 128 + (((ch & 7) ^ (row & 7)) << 4);  // sw128_offset within a half
+            cp_async_16(L.k_half(st, ch >> 3) + swz, ks + ch * 8, ok);
+            cp_async_16(dv + sw128_offset<BN>(row, ch), vs + ch * 8, ok);
           }
           keys[row] = ok ? key : kAbsentKey;
         }

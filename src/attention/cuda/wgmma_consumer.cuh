@@ -117,20 +117,17 @@ struct WgmmaConsumer {
     wgmma_commit();
   }
 
-  // Pair step (kBN = 128): S[:, 0:64] from K tile a, S[:, 64:128] from K tile b (two m64n64 per k-step: the
-  // stages are not adjacent in N); Q from registers. Issued and committed, not waited for.
+  // Pair step (kBN = 128): S[64 x 128] = Q K^T over the two key tiles of a stage pair, which the producer
+  // stores as one [2 halves][128 rows] operand (k_desc: the pair's base), so 8 x m64n128k16 (two m64n64 per
+  // k-step cost twice the wgmma issues and descriptor set-up). Q from registers. Issued and committed.
   __device__ __forceinline__ static void issue_qk_rs_pair(float (&sc)[BN / 2], const uint32_t (&qf)[D / 16][4],
-                                                          uint64_t k_desc_a, uint64_t k_desc_b) {
+                                                          uint64_t k_desc) {
     static_assert(kBN == 128, "pair step only");
-    float(&lo)[32] = *reinterpret_cast<float(*)[32]>(&sc[0]);
-    float(&hi)[32] = *reinterpret_cast<float(*)[32]>(&sc[32]);
     fence_operands(sc);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t off = (kk / 4) * (64 * 128) + (kk % 4) * 32;
-      Wg::rs_m64n64(lo, qf[kk], desc_advance(k_desc_a, off), kk > 0 ? 1 : 0);
-      Wg::rs_m64n64(hi, qf[kk], desc_advance(k_desc_b, off), kk > 0 ? 1 : 0);
+      Wg::rs_m64n128(sc, qf[kk], desc_advance(k_desc, (kk / 4) * (128 * 128) + (kk % 4) * 32), kk > 0 ? 1 : 0);
     }
     wgmma_commit();
   }
@@ -151,22 +148,19 @@ struct WgmmaConsumer {
   // relative to the new max; alpha[e] is the factor for O's row e.
   __device__ __forceinline__ void softmax(float (&sc)[BN / 2], bool masked, const int* keys, uint32_t span,
                                           float scale_log2, float (&alpha)[2]) {
-    softmax(sc, masked, keys, true, masked, keys, span, scale_log2, alpha);
+    softmax(sc, masked, keys, masked, keys, span, span, scale_log2, alpha);
   }
-  // The same with the key positions of columns 64-127 (pair step) from their own tile's list; without a second
-  // tile (has_b false: the item's odd last tile) those columns are masked out whole.
-  __device__ __forceinline__ void softmax(float (&sc)[BN / 2], bool masked_a, const int* keys_a, bool has_b,
-                                          bool masked_b, const int* keys_b, uint32_t span, float scale_log2,
+  // The same with the key positions of columns 64-127 (pair step) from their own tile's list and span; a pair
+  // without a second tile (the item's odd last tile) passes masked_b with span_b = 0: nothing visible.
+  __device__ __forceinline__ void softmax(float (&sc)[BN / 2], bool masked_a, const int* keys_a, bool masked_b,
+                                          const int* keys_b, uint32_t span_a, uint32_t span_b, float scale_log2,
                                           float (&alpha)[2]) {
     const float neg_inf = -__int_as_float(0x7f800000);
-    if (BN == 128 && !has_b) {
-#pragma unroll
-      for (int i = BN / 4; i < BN / 2; ++i) sc[i] = neg_inf;
-    }
 #pragma unroll
     for (int half = 0; half < BN / 64; ++half) {
-      if (half == 0 ? masked_a : (masked_b && has_b)) {
+      if (half == 0 ? masked_a : masked_b) {
         const int* keys = half == 0 ? keys_a : keys_b;
+        const uint32_t span = half == 0 ? span_a : span_b;
 #pragma unroll
         for (int i = 8 * half; i < 8 * half + 8; ++i) {
 #pragma unroll
