@@ -43,7 +43,14 @@ for r in rows[1:]:
         t = float(r[t_col].replace(",", ""))
     except ValueError:
         continue  # the units row
-    name = r[name_col].split("(")[0].split("<")[0].strip()
+    # The function's own name: drop the return type, template arguments, parameters and namespaces.
+    full, depth, base = r[name_col].split("(")[0], 0, ""
+    for ch in full:
+        depth += ch == "<"
+        if depth == 0:
+            base += ch
+        depth -= ch == ">"
+    name = base.replace("void ", "").split("::")[-1].strip()
     n, s = tot.get(name, (0, 0.0))
     tot[name] = (n + 1, s + t)
 total = sum(s for _, s in tot.values()) or 1.0
