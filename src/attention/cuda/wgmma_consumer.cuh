@@ -172,53 +172,31 @@ struct WgmmaConsumer {
         }
       }
     }
-    // Row maxima and sums in 4 independent chains per row (a single chain is BN / 4 dependent FMNMX or FADD:
-    // with one softmax warp per SMSP under ping-pong, the step was bound by such fixed-latency waits, ~40% of the
-    // stall samples on the H200).
-    float mx[2][4];
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
+      float mx = neg_inf;
 #pragma unroll
-      for (int k = 0; k < 4; ++k) mx[e][k] = neg_inf;
-    }
-#pragma unroll
-    for (int i = 0; i < BN / 8; ++i) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) mx[e][i % 4] = fmaxf(mx[e][i % 4], fmaxf(sc[4 * i + 2 * e], sc[4 * i + 2 * e + 1]));
-    }
-    float m_use[2];
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      float row_max = fmaxf(fmaxf(mx[e][0], mx[e][1]), fmaxf(mx[e][2], mx[e][3]));
-      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
-      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
+      for (int i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(sc[4 * i + 2 * e], sc[4 * i + 2 * e + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       // The raw max times the (positive) scale is the scaled max. Lazy rescaling: the running max moves only
       // when the tile's exceeds it by more than kRescaleLog2, so most steps keep alpha = 1 and skip the 64
       // multiplies of O (H200 profile: ~36 FMUL per step). Exact, not approximate: P, l and O all use the same
       // max; P is then at most 2^kRescaleLog2 (256 by default), well inside bf16/f16 range and the f32 accumulators.
-      const float m_cand = fmaxf(m[e], row_max * scale_log2);
+      const float m_cand = fmaxf(m[e], mx * scale_log2);
       const float m_new = m_cand > m[e] + kRescaleLog2 ? m_cand : m[e];
-      m_use[e] = m_new == neg_inf ? 0.0f : m_new;  // a row with nothing visible yet stays at zero
-      alpha[e] = m_new == m[e] ? 1.0f : fast_exp2(m[e] - m_use[e]);
+      const float m_use = m_new == neg_inf ? 0.0f : m_new;  // a row with nothing visible yet stays at zero
+      alpha[e] = m_new == m[e] ? 1.0f : fast_exp2(m[e] - m_use);
+      float sum = 0.0f;
+#pragma unroll
+      for (int i = 0; i < BN / 8; ++i) {
+        sc[4 * i + 2 * e] = fast_exp2(fmaf(sc[4 * i + 2 * e], scale_log2, -m_use));
+        sc[4 * i + 2 * e + 1] = fast_exp2(fmaf(sc[4 * i + 2 * e + 1], scale_log2, -m_use));
+        sum += sc[4 * i + 2 * e] + sc[4 * i + 2 * e + 1];
+      }
+      l[e] = l[e] * alpha[e] + sum;
       m[e] = m_new;
     }
-    float su[2][4];
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) su[e][k] = 0.0f;
-    }
-#pragma unroll
-    for (int i = 0; i < BN / 8; ++i) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        sc[4 * i + 2 * e] = fast_exp2(fmaf(sc[4 * i + 2 * e], scale_log2, -m_use[e]));
-        sc[4 * i + 2 * e + 1] = fast_exp2(fmaf(sc[4 * i + 2 * e + 1], scale_log2, -m_use[e]));
-        su[e][i % 4] += sc[4 * i + 2 * e] + sc[4 * i + 2 * e + 1];
-      }
-    }
-#pragma unroll
-    for (int e = 0; e < 2; ++e) l[e] = l[e] * alpha[e] + ((su[e][0] + su[e][1]) + (su[e][2] + su[e][3]));
     // Pin the results here: the scores, max and sums are plain register arithmetic, so without these the
     // compiler may sink the whole step below the next volatile asm (the wait for the pending P V), which
     // serialises the softmax with P V (H200 profile: the wait at the top of the step took 6.7% of the samples).
