@@ -52,6 +52,7 @@ void launch_sparse_prefill_wgmma_tma(const PrefillParams& p, cudaStream_t stream
 #define TESSERA_DECLARE_WGMMA_WS(T)                                                                       \
   extern template void launch_sparse_prefill_wgmma_ws<T, 4, true>(const PrefillParams&, cudaStream_t);  \
   extern template void launch_sparse_prefill_wgmma_ws<T, 4, false>(const PrefillParams&, cudaStream_t); \
+  extern template void launch_sparse_prefill_wgmma_tma<T, 6, true, false, 8, true>(const PrefillParams&, cudaStream_t); \
   extern template void launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true>(const PrefillParams&, cudaStream_t); \
   extern template void launch_sparse_prefill_wgmma_tma<T, 4, true, false, 8, false>(const PrefillParams&, cudaStream_t); \
   extern template void launch_sparse_prefill_wgmma_tma<T, 4, true, true, 8, false>(const PrefillParams&, cudaStream_t); \
@@ -217,6 +218,7 @@ struct WgmmaVariant {
   bool pair = false;           // TMA ping-pong kernel with 128-key steps, one Q buffer and 6 K/V stages
 };
 constexpr WgmmaVariant kWgmmaVariants[] = {
+    {true, false, 6, true, true, false, 8192, 1024, "TMA producer warp, 128-key steps, 6 stages", false, true},
     {true, true, 6, true, true, false, 8192, 1024, "TMA producer warp, ping-pong, 128-key steps, 6 stages", false,
      true},
     {true, true, 4, true, true, false, 8192, 1024, "TMA producer warp, ping-pong, Q in registers, 4 stages"},
@@ -232,7 +234,9 @@ constexpr WgmmaVariant kWgmmaVariants[] = {
 
 template <typename T>
 void launch_wgmma_t(const WgmmaVariant& v, const detail::PrefillParams& p, cudaStream_t stream) {
-  if (v.tma && v.pair) {
+  if (v.tma && v.pair && !v.pingpong) {
+    detail::launch_sparse_prefill_wgmma_tma<T, 6, true, false, 8, true>(p, stream);
+  } else if (v.tma && v.pair) {
     detail::launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true>(p, stream);
   } else if (v.tma && v.pingpong && v.eager_rescale) {
     detail::launch_sparse_prefill_wgmma_tma<T, 4, true, true, 0, false>(p, stream);

@@ -8,6 +8,7 @@
 namespace tessera::attn::gpu::detail {
 template void launch_sparse_prefill_wgmma_ws<__half, 4, true>(const PrefillParams&, cudaStream_t);
 template void launch_sparse_prefill_wgmma_ws<__half, 4, false>(const PrefillParams&, cudaStream_t);
+template void launch_sparse_prefill_wgmma_tma<__half, 6, true, false, 8, true>(const PrefillParams&, cudaStream_t);
 template void launch_sparse_prefill_wgmma_tma<__half, 6, true, true, 8, true>(const PrefillParams&, cudaStream_t);
 template void launch_sparse_prefill_wgmma_tma<__half, 4, true, false, 8, false>(const PrefillParams&, cudaStream_t);
 template void launch_sparse_prefill_wgmma_tma<__half, 4, true, true, 8, false>(const PrefillParams&, cudaStream_t);
