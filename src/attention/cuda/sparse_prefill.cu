@@ -218,9 +218,9 @@ struct WgmmaVariant {
   bool pair = false;           // TMA ping-pong kernel with 128-key steps, one Q buffer and 6 K/V stages
 };
 constexpr WgmmaVariant kWgmmaVariants[] = {
-    {true, false, 6, true, true, false, 8192, 1024, "TMA producer warp, 128-key steps, 6 stages", false, true},
     {true, true, 6, true, true, false, 8192, 1024, "TMA producer warp, ping-pong, 128-key steps, 6 stages", false,
      true},
+    {true, false, 6, true, true, false, 8192, 1024, "TMA producer warp, 128-key steps, 6 stages", false, true},
     {true, true, 4, true, true, false, 8192, 1024, "TMA producer warp, ping-pong, Q in registers, 4 stages"},
     {true, true, 4, true, true, false, 8192, 1024, "TMA producer warp, ping-pong, eager rescale", true},
     {true, false, 4, true, true, false, 8192, 1024, "TMA producer warp, Q in registers, 4 stages"},
