@@ -352,6 +352,16 @@ struct VsTopK {
     int gt[kWarps], eq[kWarps];
   };
 
+  // The order keys of row[first + j * stride], j < kLoads (0 at or past end): every load is issued before any
+  // is used, so a pass over the row waits on kLoads latencies at a time, not one per element.
+  __device__ static void load_keys(const float* row, int first, int stride, int end, uint32_t (&u)[kLoads]) {
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) {
+      const int i = first + j * stride;
+      u[j] = i < end ? detail::order_key(row[i]) : 0u;
+    }
+  }
+
   // out[0, k) = the indices i in [begin, end) of the k largest score[i] (ties: smaller i), ascending; k
   // clamped to [0, end - begin]. Every thread of the block calls it with the same arguments.
   __device__ static void select(const float* score, int begin, int end, int k, int32_t* out, Storage& st) {
@@ -376,11 +386,7 @@ struct VsTopK {
       unsigned run_digit = 0, run = 0;
       for (int i0 = tid; i0 < n; i0 += kLoads * kTopKThreads) {  // the thread's elements in index order
         uint32_t u[kLoads];
-#pragma unroll
-        for (int j = 0; j < kLoads; ++j) {
-          const int i = i0 + j * kTopKThreads;
-          u[j] = i < n ? detail::order_key(row[i]) : 0u;
-        }
+        load_keys(row, i0, kTopKThreads, n, u);
 #pragma unroll
         for (int j = 0; j < kLoads; ++j) {
           if (i0 + j * kTopKThreads >= n || (u[j] & mask) != prefix) continue;
@@ -438,11 +444,7 @@ struct VsTopK {
     int gt = 0, eq = 0;
     for (int b0 = s0; b0 < s1; b0 += 32 * kLoads) {
       uint32_t u[kLoads];
-#pragma unroll
-      for (int j = 0; j < kLoads; ++j) {
-        const int i = b0 + 32 * j + lane;
-        u[j] = i < s1 ? detail::order_key(row[i]) : 0u;
-      }
+      load_keys(row, b0 + lane, 32, s1, u);
 #pragma unroll
       for (int j = 0; j < kLoads; ++j) {
         const int i = b0 + 32 * j + lane;
@@ -464,11 +466,7 @@ struct VsTopK {
     }
     for (int b0 = s0; b0 < s1; b0 += 32 * kLoads) {
       uint32_t u[kLoads];
-#pragma unroll
-      for (int j = 0; j < kLoads; ++j) {
-        const int i = b0 + 32 * j + lane;
-        u[j] = i < s1 ? detail::order_key(row[i]) : 0u;
-      }
+      load_keys(row, b0 + lane, 32, s1, u);
 #pragma unroll
       for (int j = 0; j < kLoads; ++j) {  // in index order
         const int i = b0 + 32 * j + lane;
