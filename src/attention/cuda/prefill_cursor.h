@@ -136,6 +136,22 @@ struct KeyCursor {
   }
 };
 
+// Work item `item` of the plan (head-major: item = h * num_tiles + t) as its query tile: head, tile, first row,
+// row count (the last tile may be partial), absolute position of the first row, KV head.
+struct PrefillItem {
+  int h, t, row0, rows, pos0, kvh;
+};
+TESSERA_HD_INLINE PrefillItem prefill_item(const PrefillParams& p, int item, int bm) {
+  PrefillItem it;
+  it.h = item / p.num_tiles;
+  it.t = item - it.h * p.num_tiles;
+  it.row0 = it.t * bm;
+  it.rows = p.q_len - it.row0 < bm ? p.q_len - it.row0 : bm;
+  it.pos0 = p.q_begin + it.row0;
+  it.kvh = it.h / p.group;
+  return it;
+}
+
 // Key slot of an absent row of a partial tile (shared memory key list): above every position.
 inline constexpr int kAbsentKey = 0x7fffffff;
 

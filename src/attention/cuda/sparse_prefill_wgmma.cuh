@@ -79,11 +79,7 @@ __global__ void __launch_bounds__(256, 1) sparse_prefill_wgmma_kernel(const Pref
     const int slot = s_slot;
     if (slot >= p.num_items) break;
     const int item = p.order[slot];
-    const int h = item / p.num_tiles, t = item - h * p.num_tiles;
-    const int row0 = t * BM;
-    const int rows = min(BM, p.q_len - row0);
-    const int pos0 = p.q_begin + row0;
-    const int kvh = h / p.group;
+    [[maybe_unused]] const auto [h, t, row0, rows, pos0, kvh] = prefill_item(p, item, BM);
     const T* qh = q_all + h * p.q_head + static_cast<int64_t>(row0) * p.q_tok;
     const T* kh = k_all + kvh * p.k_head;
     const T* vh = v_all + kvh * p.v_head;

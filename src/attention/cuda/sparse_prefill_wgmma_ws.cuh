@@ -114,6 +114,23 @@ struct WgmmaWsLayout {
   __device__ __forceinline__ uint32_t qempty(int b) const { return bar + 8u * (2 * kStages + 2 + b); }
 };
 
+// One consumer step's wgmma issue and the wait for its S (both consumer loops): with kPingpong, this warpgroup's
+// turn (named barrier 2 + cw) before issuing and the other's (3 - cw) after; S, then the previous step's P V when
+// one is pending (pv_pending), committed in that order, so waiting for all but the last group waits for S only.
+template <bool kPingpong, class IssueS, class IssuePv>
+__device__ __forceinline__ void ws_issue_step(int cw, bool pv_pending, IssueS&& issue_s, IssuePv&& issue_pv) {
+  if constexpr (kPingpong) named_barrier_sync(2 + cw, 256);
+  issue_s();
+  if (pv_pending) {
+    issue_pv();
+    if constexpr (kPingpong) named_barrier_arrive(3 - cw, 256);
+    wgmma_wait<1>();  // S done, P V may still run
+  } else {
+    if constexpr (kPingpong) named_barrier_arrive(3 - cw, 256);
+    wgmma_wait<0>();
+  }
+}
+
 // The consumer warpgroups' loop (both warp-specialized kernels): warpgroup cw owns rows [64 cw, 64 cw + 64) of
 // every item; wq is the warp's index in its warpgroup. Stage descriptors, keys and barriers as laid out by
 // WgmmaWsLayout; the producer's side of the protocol is in the kernels.
@@ -151,9 +168,7 @@ __device__ __forceinline__ void ws_consumer_loop(const PrefillParams& p, const W
     int4 mt = sMeta[st];
     if (mt.z & Cfg::kFlagEnd) break;
     const int item = mt.x;
-    const int h = item / p.num_tiles, t = item - h * p.num_tiles;
-    const int row0 = t * BM;
-    const int pos0 = p.q_begin + row0;
+    [[maybe_unused]] const auto [h, t, row0, rows, pos0, kvh] = prefill_item(p, item, BM);
     const int qb = n & 1;
     mbarrier_wait(qfull(qb), (n >> 1) & 1);
     const uint32_t q_wg = sQ + qb * Cfg::kQBytes + cw * 64 * 128;
@@ -171,20 +186,16 @@ __device__ __forceinline__ void ws_consumer_loop(const PrefillParams& p, const W
       if (mt.z & Cfg::kFlagCopied) fence_proxy_async_shared();  // cp.async (generic proxy) before wgmma reads
       if (mt.y > 0) {
         float s[BN / 2];
-        if constexpr (kPingpong) named_barrier_sync(2 + cw, 256);  // this warpgroup's turn
-        if constexpr (kQRegs) {
-          Consumer::issue_qk_rs_desc(s, qf, desc_advance(k_desc0, st * Cfg::kKvBytes));
-        } else {
-          Consumer::template issue_qk<BM>(s, q_wg, sK + st * Cfg::kKvBytes);
-        }
-        if (prev_st >= 0) {
-          cs.issue_pv_desc(pa, desc_advance(v_desc0, prev_st * Cfg::kKvBytes));
-          if constexpr (kPingpong) named_barrier_arrive(3 - cw, 256);  // the other warpgroup's turn
-          wgmma_wait<1>();  // S done (committed first), P V may still run
-        } else {
-          if constexpr (kPingpong) named_barrier_arrive(3 - cw, 256);
-          wgmma_wait<0>();
-        }
+        ws_issue_step<kPingpong>(
+            cw, prev_st >= 0,
+            [&] {
+              if constexpr (kQRegs) {
+                Consumer::issue_qk_rs_desc(s, qf, desc_advance(k_desc0, st * Cfg::kKvBytes));
+              } else {
+                Consumer::template issue_qk<BM>(s, q_wg, sK + st * Cfg::kKvBytes);
+              }
+            },
+            [&] { cs.issue_pv_desc(pa, desc_advance(v_desc0, prev_st * Cfg::kKvBytes)); });
         fence_operands(s);
         float alpha[2];
         cs.softmax(s, (mt.z & Cfg::kFlagMasked) != 0, sKeys + st * BN, p.span, p.scale_log2, alpha);
@@ -261,9 +272,7 @@ __device__ __forceinline__ void ws_consumer_loop_pairs(const PrefillParams& p, c
     }
     if (mt.z & Cfg::kFlagEnd) break;
     const int item = mt.x;
-    const int h = item / p.num_tiles, t = item - h * p.num_tiles;
-    const int row0 = t * BM;
-    const int pos0 = p.q_begin + row0;
+    [[maybe_unused]] const auto [h, t, row0, rows, pos0, kvh] = prefill_item(p, item, BM);
     mbarrier_wait(L.qfull(0), n & 1);
     uint32_t qf[D / 16][4];
     Consumer::template load_q<BM>(qf, L.sQ, cw * 64 + wq * 16);
@@ -288,16 +297,10 @@ __device__ __forceinline__ void ws_consumer_loop_pairs(const PrefillParams& p, c
         const bool has_b = st_b >= 0;
         if ((mt.z | mb.z) & Cfg::kFlagCopied) fence_proxy_async_shared();  // cp.async tiles before wgmma reads
         float s[Consumer::BN / 2];
-        if constexpr (kPingpong) named_barrier_sync(2 + cw, 256);  // this warpgroup's turn
-        Consumer::issue_qk_rs_pair(s, qf, k_desc(st));  // st is even: the pair's base (rows of b follow a's)
-        if (prev_a >= 0) {
-          cs.issue_pv_pair(pa, v_desc(prev_a), v_desc(prev_b >= 0 ? prev_b : prev_a));
-          if constexpr (kPingpong) named_barrier_arrive(3 - cw, 256);  // the other warpgroup's turn
-          wgmma_wait<1>();  // S done (committed first), P V may still run
-        } else {
-          if constexpr (kPingpong) named_barrier_arrive(3 - cw, 256);
-          wgmma_wait<0>();
-        }
+        ws_issue_step<kPingpong>(
+            cw, prev_a >= 0,
+            [&] { Consumer::issue_qk_rs_pair(s, qf, k_desc(st)); },  // st even: the pair's base (b's rows follow)
+            [&] { cs.issue_pv_pair(pa, v_desc(prev_a), v_desc(prev_b >= 0 ? prev_b : prev_a)); });
         fence_operands(s);
         float alpha[2];
         // Without a second tile, the pair's upper half holds stale rows: masked out whole (span 0).
@@ -392,11 +395,7 @@ __global__ void __launch_bounds__(384, 1) sparse_prefill_wgmma_ws_kernel(const P
         break;
       }
       const int item = p.order[slot];
-      const int h = item / p.num_tiles, t = item - h * p.num_tiles;
-      const int row0 = t * BM;
-      const int rows = min(BM, p.q_len - row0);
-      const int pos0 = p.q_begin + row0;
-      const int kvh = h / p.group;
+      [[maybe_unused]] const auto [h, t, row0, rows, pos0, kvh] = prefill_item(p, item, BM);
       const T* qh = q_all + h * p.q_head + static_cast<int64_t>(row0) * p.q_tok;
       const T* kh = k_all + kvh * p.k_head;
       const T* vh = v_all + kvh * p.v_head;
@@ -566,11 +565,7 @@ __global__ void __launch_bounds__(384, 1)
       break;
     }
     const int item = p.order[slot];
-    const int h = item / p.num_tiles, t = item - h * p.num_tiles;
-    const int row0 = t * BM;
-    const int rows = min(BM, p.q_len - row0);
-    const int pos0 = p.q_begin + row0;
-    const int kvh = h / p.group;
+    [[maybe_unused]] const auto [h, t, row0, rows, pos0, kvh] = prefill_item(p, item, BM);
     const int qb = n % kQBufs;
     mbarrier_wait(L.qempty(qb), ((n / kQBufs) & 1) ^ 1);
     if (lane == 0) {
