@@ -9,6 +9,9 @@
 # raw CSV goes to $OUT/kernel_times.csv (OUT default build/gpu-kernel-times). Launches before KT_SKIP (default:
 # the wgmma self-check's and the bench's warm-up, none by default) are all counted: pass bench args that run
 # what you want to see once (--reps 1 --warmup 0 --variants off).
+# KT_SECTIONS_REGEX (e.g. "vs_|bs_"): a second ncu pass over the first launch of each kernel whose name matches,
+# with the SpeedOfLight, Occupancy, LaunchStats and MemoryWorkloadAnalysis sections (what limits each kernel:
+# compute, L2 / DRAM bandwidth, latency), into $OUT/kernel_sections.txt (its summary lines are printed).
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-build/gpu-kernel-times}
@@ -58,3 +61,12 @@ print(f"{'kernel':60s} {'launches':>8s} {'total us':>12s} {'mean us':>10s} {'sha
 for name, (n, s) in tot.items():
     print(f"{name[:60]:60s} {n:8d} {s / 1e3:12.1f} {s / 1e3 / n:10.1f} {s / total * 100:6.1f}%")
 PY
+if [ -n "${KT_SECTIONS_REGEX:-}" ]; then
+  timeout "${KT_TIMEOUT_S:-240}" "$NCU" --kernel-name "regex:${KT_SECTIONS_REGEX}" --launch-count "${KT_SECTIONS_COUNT:-12}" \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
+    "$BENCH" "$@" > "$OUT/kernel_sections.txt" 2>&1
+  echo "ncu sections rc=$?"
+  grep -E "^  [a-z_].*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Grid Size|Block Size|Waves Per SM" \
+    "$OUT/kernel_sections.txt" | head -300
+fi
+
