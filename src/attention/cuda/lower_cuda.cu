@@ -28,8 +28,9 @@ struct LowerParams {
   KeyRange* ranges = nullptr;
   const int32_t* column_offsets = nullptr;
   int32_t* columns = nullptr;
-  // Which heads' items this launch lowers: kAll, or only the vertical-slash heads, or only the others
-  // (IndexBuildMode::kPerKind runs the warp kernel on the first and the thread kernel on the second).
+  // Which heads' items this launch lowers: kAll, or only the warp kinds (vertical-slash and block-sparse
+  // heads), or only the others (IndexBuildMode::kPerKind runs the warp kernel on the first and the thread
+  // kernel on the second).
   int32_t select = 0;
   // VS runs (vs_runs_kernel), used by the warp kernels when use_runs is set: per VS head (run_base), the
   // indices i with offsets[i + 1] - offsets[i] > tile (run_breaks, ascending, run_count[h] of them; -1: the
@@ -39,14 +40,28 @@ struct LowerParams {
   int32_t* run_breaks = nullptr;
   int32_t* run_tiles = nullptr;
   int32_t* run_count = nullptr;
+  // VS column coverage (vs_cover_kernel; with use_runs, for the heads whose run_count is >= 0): bit u of
+  // head h's cover_words words at cover + h * cover_words is set iff some offset o has u - tile <= o < u.
+  // A full tile's column c (0 <= c < key_end) lies in a slash interval iff bit p1 - c is set.
+  uint32_t* cover = nullptr;
+  int32_t cover_words = 0;
 };
 
-constexpr int32_t kSelectAll = 0, kSelectVs = 1, kSelectOthers = 2;
+constexpr int32_t kSelectAll = 0, kSelectWarpKinds = 1, kSelectOthers = 2;
+// Threads per block of the warp kernels (a warp per item; the BS bitmaps are per warp of the block).
+constexpr int kWarpKernelThreads = 128;
+// Key blocks per window of the BS bitmap (lower_bs_tile_warp): 8192 (256 words, 1 KB per warp), which covers
+// 512K keys of 64-key blocks in one window.
+constexpr int kBsWindowWords = 256;
+
+__device__ __forceinline__ bool warp_kind(int32_t kind) {
+  return kind == DeviceHeadPattern::kVerticalSlash || kind == DeviceHeadPattern::kBlockSparse;
+}
 
 __device__ __forceinline__ bool selected(const LowerParams& p, int h) {
   if (p.select == kSelectAll) return true;
-  const bool vs = p.heads[h].kind == DeviceHeadPattern::kVerticalSlash;
-  return p.select == kSelectVs ? vs : !vs;
+  const bool w = warp_kind(p.heads[h].kind);
+  return p.select == kSelectWarpKinds ? w : !w;
 }
 
 __global__ void lower_count_kernel(const LowerParams p) {
@@ -141,6 +156,33 @@ __global__ void __launch_bounds__(512) vs_runs_kernel(const LowerParams p) {
   }
 }
 
+// VS column coverage (LowerParams::cover), one thread per word, after vs_runs_kernel (only heads whose offsets
+// it found ascending with offsets[0] >= 0). For ascending offsets, lower_tile's column test on a full tile
+// (first offset >= p0 - c is below p1 - c) says whether some offset lies in [p0 - c, p1 - c) = [u - tile, u)
+// with u = p1 - c, which is bit u here: j walks to the first offset >= u - tile, bit u is set iff it is < u.
+__global__ void __launch_bounds__(256) vs_cover_kernel(const LowerParams p) {
+  const int h = blockIdx.x;
+  const int w = static_cast<int>(blockIdx.y * 256 + threadIdx.x);
+  if (w >= p.cover_words) return;
+  const DeviceHeadPattern& hp = p.heads[h];
+  if (hp.kind != DeviceHeadPattern::kVerticalSlash || hp.run_base < 0 || p.run_count[h] < 0) return;
+  const int32_t* o = hp.offsets;
+  const int n = hp.num_offsets;
+  const int64_t u0 = int64_t{w} * 32;
+  int j = detail::lower_bound_index(o, 0, n, u0 - p.tile);
+  uint32_t word = 0;
+  int64_t oj = j < n ? o[j] : INT64_MAX;
+  for (int b = 0; b < 32; ++b) {
+    const int64_t u = u0 + b;
+    while (oj < u - p.tile) {
+      ++j;
+      oj = j < n ? o[j] : INT64_MAX;
+    }
+    if (oj < u) word |= 1u << b;
+  }
+  p.cover[int64_t{h} * p.cover_words + w] = word;
+}
+
 // The VS ranges of a full tile by runs (above) into out_ranges (when not null; at most range_room), with
 // counts.ranges and the ranges' key tiles in counts.cost; false (nothing done) when the runs do not apply.
 __device__ bool lower_vs_ranges_by_runs(const LowerParams& p, int h, const DeviceHeadPattern& hp,
@@ -179,16 +221,121 @@ __device__ bool lower_vs_ranges_by_runs(const LowerParams& p, int h, const Devic
   return true;
 }
 
+// Block-sparse tile by the whole warp. lower_tile emits, in ascending order, the union of the key blocks kb
+// listed by the query blocks the tile touches (those in [bs_first_q_block, + bs_num_q_blocks)), as [kb * blk,
+// (kb + 1) * blk) clipped to [0, key_end) and merged when touching: so its ranges are the maximal runs of
+// consecutive blocks of that union among the nkb = ceil(key_end / blk) blocks that meet [0, key_end), run
+// [a, z] giving [a * blk, min((z + 1) * blk, key_end)) (negative blocks and blocks >= nkb give nothing). Here the
+// union is a bitmap in shared memory (atomicOr from every listed entry, all lanes), per window of
+// kBsWindowWords * 32 blocks plus one word of look-ahead (the window's last run may go on); then one word per
+// lane: run starts are set bits whose lower neighbour is clear, run ends set bits whose upper neighbour is
+// clear; a warp sum of the starts gives each start's range index, a warp max the start of the run an end
+// closes when it began in an earlier word. Writes range r only when r < range_room; returns the number of
+// ranges and their key tiles (kPrefillKeyTile, as RangeEmitter counts them) on every lane.
+__device__ void lower_bs_tile_warp(const DeviceHeadPattern& hp, const TileGeometry& g, KeyRange* out_ranges,
+                                   int64_t range_room, int32_t& num_ranges, int32_t& num_key_tiles) {
+  __shared__ uint32_t bs_bits[kWarpKernelThreads / 32][kBsWindowWords + 1];
+  const int lane = threadIdx.x % 32;
+  uint32_t* bits = bs_bits[threadIdx.x / 32];
+  const int64_t blk = hp.bs_block, key_end = g.key_end;
+  const int64_t qb_first = g.p0 / blk, qb_last = (g.p1 - 1) / blk;
+  // Query blocks of the tile inside the head's range: entries e_lo .. e_hi, whose lists are contiguous in the
+  // CSR arrays.
+  const int64_t e_lo = qb_first - hp.bs_first_q_block < 0 ? 0 : qb_first - hp.bs_first_q_block;
+  const int64_t e_hi = qb_last - hp.bs_first_q_block < hp.bs_num_q_blocks ? qb_last - hp.bs_first_q_block
+                                                                           : int64_t{hp.bs_num_q_blocks} - 1;
+  const int64_t nkb = (key_end + blk - 1) / blk;
+  int32_t starts = 0;      // ranges opened so far (all lanes)
+  int32_t key_tiles = 0;   // of the ranges this lane closed
+  int64_t last_start = -1;  // block where the last run opened so far began (all lanes)
+  if (e_lo <= e_hi && nkb > 0) {
+    const int i_begin = hp.bs_offsets[e_lo], i_end = hp.bs_offsets[e_hi + 1];
+    uint32_t carry = 0;  // is the block before the window set
+    for (int64_t wb = 0; wb < nkb; wb += int64_t{kBsWindowWords} * 32) {
+      const int64_t wspan = nkb - wb < int64_t{kBsWindowWords} * 32 ? nkb - wb : int64_t{kBsWindowWords} * 32;
+      const int nwords = static_cast<int>((wspan + 31) / 32);
+      // Blocks [wb, fill_end) go into the bitmap: the window and its look-ahead word, below nkb.
+      const int64_t fill_end = nkb - wb < wspan + 32 ? nkb : wb + wspan + 32;
+      for (int k = lane; k <= nwords; k += 32) bits[k] = 0;
+      __syncwarp();
+      for (int i = i_begin + lane; i < i_end; i += 32) {
+        const int64_t kb = hp.bs_key_blocks[i];
+        if (kb >= wb && kb < fill_end) {
+          const int64_t r = kb - wb;
+          atomicOr(&bits[r >> 5], 1u << (r & 31));
+        }
+      }
+      __syncwarp();
+      for (int base = 0; base < nwords; base += 32) {
+        const int w = base + lane;
+        uint32_t x = 0, prev = 0, next = 0;
+        if (w < nwords) {
+          x = bits[w];
+          prev = w == 0 ? carry : bits[w - 1] >> 31;
+          next = bits[w + 1] & 1u;  // w + 1 <= nwords: zeroed, the look-ahead word at most
+        }
+        const uint32_t st = x & ~((x << 1) | prev);
+        const uint32_t en = x & ~((x >> 1) | (next << 31));
+        const int ns = __popc(st);
+        const int ls = st != 0 ? w * 32 + 31 - __clz(st) : -1;  // this word's last start, window-relative
+        int incl = ns, mx = ls;  // inclusive warp scans: sum of starts, max of last starts
+        for (int d = 1; d < 32; d *= 2) {
+          const int v = __shfl_up_sync(0xffffffffu, incl, d);
+          const int m = __shfl_up_sync(0xffffffffu, mx, d);
+          if (lane >= d) {
+            incl += v;
+            mx = m > mx ? m : mx;
+          }
+        }
+        const int before = starts + incl - ns;  // ranges opened before this word
+        const int mx_prev = __shfl_up_sync(0xffffffffu, mx, 1);
+        const int64_t open_before = lane > 0 && mx_prev >= 0 ? wb + mx_prev : last_start;
+        const int64_t wblock = wb + int64_t{w} * 32;
+        if (out_ranges != nullptr) {
+          int r = before;
+          for (uint32_t s = st; s != 0; s &= s - 1u, ++r)
+            if (r < range_room) out_ranges[r].begin = static_cast<int32_t>((wblock + __ffs(s) - 1) * blk);
+        }
+        for (uint32_t e = en; e != 0; e &= e - 1u) {
+          const int b = __ffs(e) - 1;
+          const uint32_t s_upto = st & ((2u << b) - 1u);  // starts at or below b (2u << 31 is 0)
+          const int64_t a = s_upto != 0 ? wblock + 31 - __clz(s_upto) : open_before;
+          const int r = before + __popc(s_upto) - 1;
+          const int64_t rb = a * blk, re = (wblock + b + 1) * blk < key_end ? (wblock + b + 1) * blk : key_end;
+          key_tiles += static_cast<int32_t>((re - rb + kPrefillKeyTile - 1) / kPrefillKeyTile);
+          if (out_ranges != nullptr && r < range_room) out_ranges[r].end = static_cast<int32_t>(re);
+        }
+        starts += __shfl_sync(0xffffffffu, incl, 31);
+        const int mx_all = __shfl_sync(0xffffffffu, mx, 31);
+        if (mx_all >= 0) last_start = wb + mx_all;
+      }
+      carry = nwords == kBsWindowWords ? bits[kBsWindowWords - 1] >> 31 : 0u;
+      __syncwarp();  // the next window's zeroing after every lane's reads
+    }
+  }
+  for (int o = 16; o > 0; o /= 2) key_tiles += __shfl_xor_sync(0xffffffffu, key_tiles, o);
+  num_ranges = starts;
+  num_key_tiles = key_tiles;
+}
+
 // A warp per item (DeviceIndexBuilder::set_warp_per_tile). Vertical-slash tiles are lowered by the whole
-// warp, 32 slash intervals (then 32 columns) at a time; other kinds by lane 0 with lower_tile. Same output as
-// lower_tile: the intervals of the walk (offsets descending) have non-decreasing clipped begins and ends, so
-// the running end of the open range is the end of the previous non-empty interval, and interval k opens a new
-// range iff its begin is past that end.
+// warp, 32 slash intervals (then 32 columns) at a time; block-sparse tiles by lower_bs_tile_warp; other kinds
+// by lane 0 with lower_tile. Same output as lower_tile: the intervals of the walk (offsets descending) have
+// non-decreasing clipped begins and ends, so the running end of the open range is the end of the previous
+// non-empty interval, and interval k opens a new range iff its begin is past that end.
 __device__ TileCounts lower_tile_warp(const LowerParams& p, int h, const DeviceHeadPattern& hp,
                                       const TileGeometry& g, KeyRange* out_ranges, int32_t* out_columns,
                                       int64_t range_room, int64_t column_room) {
   const int lane = threadIdx.x % 32;
   const unsigned below = (1u << lane) - 1u;
+  if (hp.kind == DeviceHeadPattern::kBlockSparse) {
+    TileCounts n;
+    int32_t key_tiles = 0;
+    lower_bs_tile_warp(hp, g, out_ranges, range_room, n.ranges, key_tiles);
+    n.columns = 0;
+    n.cost = 1 + key_tiles;
+    return n;
+  }
   if (hp.kind != DeviceHeadPattern::kVerticalSlash) {
     TileCounts n;
     if (lane == 0) n = lower_tile(hp, g, out_ranges, out_columns);
@@ -250,24 +397,46 @@ __device__ TileCounts lower_tile_warp(const LowerParams& p, int h, const DeviceH
   }
 
   // Columns: c is kept iff 0 <= c < key_end, no offset o has p0 - c <= o < p1 - c, and c differs from the
-  // previous column (duplicates).
+  // previous column (duplicates). Columns are ascending, so those below key_end are the first jn (lower_tile
+  // stops at the first c >= key_end). On a full tile whose head has the coverage bitmap (vs_cover_kernel) the
+  // offset test is bit p1 - c; otherwise the binary search of lower_tile. kColumnBatches batches of 32 columns
+  // per step for independent loads.
+  const int jn = detail::lower_bound_index(hp.columns, 0, hp.num_columns, key_end);
+  const bool by_cover = p.use_runs && p.cover != nullptr && hp.run_base >= 0 && p1 - p0 == p.tile &&
+                        p.run_count[h] >= 0;
+  const uint32_t* cover = by_cover ? p.cover + int64_t{h} * p.cover_words : nullptr;
+  constexpr int kColumnBatches = 4;
   int32_t nc = 0;
-  for (int base = 0; base < hp.num_columns; base += 32) {
-    const int j = base + lane;
-    bool keep = false;
-    int64_t c = -1;
-    if (j < hp.num_columns) {
-      c = hp.columns[j];
-      keep = c >= 0 && c < key_end && (j == 0 || hp.columns[j - 1] != c);
-      if (keep) {
-        const int i = detail::lower_bound_index(hp.offsets, 0, hp.num_offsets, p0 - c);
-        if (i < hp.num_offsets && hp.offsets[i] < p1 - c) keep = false;
+  for (int base = 0; base < jn; base += 32 * kColumnBatches) {
+    bool keep[kColumnBatches];
+    int32_t cv[kColumnBatches];
+#pragma unroll
+    for (int k = 0; k < kColumnBatches; ++k) {
+      const int j = base + 32 * k + lane;
+      keep[k] = false;
+      cv[k] = -1;
+      if (j < jn) {
+        const int64_t c = hp.columns[j];
+        cv[k] = static_cast<int32_t>(c);
+        keep[k] = c >= 0 && (j == 0 || hp.columns[j - 1] != c);
+        if (keep[k]) {
+          if (cover != nullptr) {
+            const int64_t u = p1 - c;  // 1 <= u <= p1
+            keep[k] = ((cover[u >> 5] >> (u & 31)) & 1u) == 0;
+          } else {
+            const int i = detail::lower_bound_index(hp.offsets, 0, hp.num_offsets, p0 - c);
+            if (i < hp.num_offsets && hp.offsets[i] < p1 - c) keep[k] = false;
+          }
+        }
       }
     }
-    const unsigned kmask = __ballot_sync(0xffffffffu, keep);
-    const int32_t at = nc + __popc(kmask & below);
-    if (keep && out_columns != nullptr && at < column_room) out_columns[at] = static_cast<int32_t>(c);
-    nc += __popc(kmask);
+#pragma unroll
+    for (int k = 0; k < kColumnBatches; ++k) {
+      const unsigned kmask = __ballot_sync(0xffffffffu, keep[k]);
+      const int32_t at = nc + __popc(kmask & below);
+      if (keep[k] && out_columns != nullptr && at < column_room) out_columns[at] = cv[k];
+      nc += __popc(kmask);
+    }
   }
   TileCounts counts;
   counts.ranges = starts;
@@ -317,7 +486,7 @@ __global__ void lower_fill_warp_kernel(const LowerParams p) {
 const char* index_build_mode_name(IndexBuildMode m) {
   switch (m) {
     case IndexBuildMode::kPerKind:
-      return "per kind (warp for VS, thread for others)";
+      return "per kind (warp for VS and BS, thread for others)";
     case IndexBuildMode::kWarp:
       return "warp per tile";
     case IndexBuildMode::kThread:
@@ -350,12 +519,24 @@ DeviceHeadPattern describe_head(const Pattern& pattern, const LoweringContext& c
   return d;
 }
 
-// total[0] = sum of the item costs (one block; zeroed before the launch).
-__global__ void sum_costs_kernel(const int32_t* costs, int n, unsigned long long* total) {
+// total[0] += sum of the item costs (zeroed before the launch): a grid-stride loop, a warp then a block sum,
+// one atomic per block (integers: the order of the additions does not matter).
+constexpr int kSumThreads = 256, kSumItemsPerThread = 4;
+__global__ void __launch_bounds__(kSumThreads) sum_costs_kernel(const int32_t* costs, int n,
+                                                                unsigned long long* total) {
+  __shared__ unsigned long long warp_sums[kSumThreads / 32];
   unsigned long long local = 0;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) local += static_cast<unsigned long long>(costs[i]);
+  for (int i = static_cast<int>(blockIdx.x * kSumThreads + threadIdx.x); i < n;
+       i += static_cast<int>(gridDim.x * kSumThreads))
+    local += static_cast<unsigned long long>(costs[i]);
   for (int o = 16; o > 0; o /= 2) local += __shfl_xor_sync(0xffffffffu, local, o);
-  if (threadIdx.x % 32 == 0 && local != 0) atomicAdd(total, local);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = local;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned long long block = 0;
+    for (int w = 0; w < kSumThreads / 32; ++w) block += warp_sums[w];
+    if (block != 0) atomicAdd(total, block);
+  }
 }
 
 DeviceIndexBuilder::DeviceIndexBuilder(const std::vector<Pattern>& patterns, const LoweringContext& ctx,
@@ -430,6 +611,8 @@ DeviceIndexBuilder::DeviceIndexBuilder(const std::vector<Pattern>& patterns, con
       has_vs_ = true;
       d.run_base = static_cast<int32_t>(run_entries);
       run_entries += int64_t{d.num_offsets} + 1;
+    } else if (d.kind == DeviceHeadPattern::kBlockSparse) {
+      has_bs_ = true;
     } else {
       has_other_ = true;
     }
@@ -439,6 +622,9 @@ DeviceIndexBuilder::DeviceIndexBuilder(const std::vector<Pattern>& patterns, con
   run_breaks_.resize(static_cast<size_t>(std::max<int64_t>(run_entries, 1)));
   run_tiles_.resize(static_cast<size_t>(std::max<int64_t>(run_entries, 1)));
   run_count_.resize(static_cast<size_t>(std::max(num_heads_, 1)));
+  // VS column coverage (vs_cover_kernel): bits 0 .. q_begin + q_len (u = p1 - c <= p1) per head.
+  cover_words_ = static_cast<int32_t>((int64_t{ctx.q_begin} + ctx.q_len) / 32 + 1);
+  if (has_vs_) cover_.resize(static_cast<size_t>(num_heads_) * static_cast<size_t>(cover_words_));
 
   const int n_items = num_heads_ * num_tiles_;
   range_counts_.resize(static_cast<size_t>(n_items) + 1);
@@ -493,7 +679,7 @@ void DeviceIndexBuilder::build(DeviceSparseIndex& index, DeviceWorkPlan& plan, c
   p.column_capacity = static_cast<int64_t>(index.columns.size());
 
   constexpr int kThreads = 128;
-  constexpr int kWarpItemsPerBlock = kThreads / 32;
+  constexpr int kWarpItemsPerBlock = kWarpKernelThreads / 32;
   // Which kernel lowers which heads: (warp kernel's selection or -1, thread kernel's selection or -1).
   int32_t warp_sel = -1, thread_sel = -1;
   switch (mode_) {
@@ -504,17 +690,18 @@ void DeviceIndexBuilder::build(DeviceSparseIndex& index, DeviceWorkPlan& plan, c
       thread_sel = kSelectAll;
       break;
     case IndexBuildMode::kPerKind:
-      if (has_vs_ && has_other_) {
-        warp_sel = kSelectVs;
+      if ((has_vs_ || has_bs_) && has_other_) {
+        warp_sel = kSelectWarpKinds;
         thread_sel = kSelectOthers;
-      } else if (has_vs_) {
+      } else if (has_vs_ || has_bs_) {
         warp_sel = kSelectAll;
       } else {
         thread_sel = kSelectAll;
       }
       break;
   }
-  // VS heads lowered by the warp kernel: their runs first (one block per head; others return at once).
+  // VS heads lowered by the warp kernel: their runs first (one block per head; others return at once), then
+  // the column coverage (a thread per word; heads without runs return at once).
   if (warp_sel >= 0 && has_vs_ && num_tiles_ > 0) {
     p.use_runs = 1;
     p.run_breaks = run_breaks_.data();
@@ -522,12 +709,17 @@ void DeviceIndexBuilder::build(DeviceSparseIndex& index, DeviceWorkPlan& plan, c
     p.run_count = run_count_.data();
     vs_runs_kernel<<<num_heads_, 512, 0, stream>>>(p);
     check_launch("vs_runs_kernel");
+    p.cover = cover_.data();
+    p.cover_words = cover_words_;
+    vs_cover_kernel<<<dim3(static_cast<unsigned>(num_heads_), static_cast<unsigned>((cover_words_ + 255) / 256)),
+                      256, 0, stream>>>(p);
+    check_launch("vs_cover_kernel");
   }
   // Both kernels write the extra (num_items-th) zero count, with the same values.
   if (warp_sel >= 0) {
     p.select = warp_sel;
-    lower_count_warp_kernel<<<(n_items + 1 + kWarpItemsPerBlock - 1) / kWarpItemsPerBlock, kThreads, 0,
-                              stream>>>(p);
+    lower_count_warp_kernel<<<(n_items + 1 + kWarpItemsPerBlock - 1) / kWarpItemsPerBlock, kWarpKernelThreads,
+                              0, stream>>>(p);
     check_launch("lower_count_warp_kernel");
   }
   if (thread_sel >= 0) {
@@ -544,8 +736,8 @@ void DeviceIndexBuilder::build(DeviceSparseIndex& index, DeviceWorkPlan& plan, c
   if (n_items == 0) return;
   if (warp_sel >= 0) {
     p.select = warp_sel;
-    lower_fill_warp_kernel<<<(n_items + kWarpItemsPerBlock - 1) / kWarpItemsPerBlock, kThreads, 0, stream>>>(
-        p);
+    lower_fill_warp_kernel<<<(n_items + kWarpItemsPerBlock - 1) / kWarpItemsPerBlock, kWarpKernelThreads, 0,
+                             stream>>>(p);
     check_launch("lower_fill_warp_kernel");
   }
   if (thread_sel >= 0) {
@@ -559,7 +751,9 @@ void DeviceIndexBuilder::build(DeviceSparseIndex& index, DeviceWorkPlan& plan, c
                                                                plan.order.data(), n_items, 0, 32, stream));
   total_cost_.resize(1);
   TESSERA_CUDA_CHECK(cudaMemsetAsync(total_cost_.data(), 0, sizeof(unsigned long long), stream));
-  sum_costs_kernel<<<1, 1024, 0, stream>>>(costs_.data(), n_items, total_cost_.data());
+  const int sum_blocks = std::min((n_items + kSumThreads * kSumItemsPerThread - 1) / (kSumThreads * kSumItemsPerThread),
+                                  1024);
+  sum_costs_kernel<<<sum_blocks, kSumThreads, 0, stream>>>(costs_.data(), n_items, total_cost_.data());
   check_launch("sum_costs_kernel");
 }
 

@@ -30,11 +30,13 @@ namespace tessera::attn::gpu {
 DeviceHeadPattern describe_head(const Pattern& pattern, const LoweringContext& ctx);
 
 // How the count and fill passes map (head, tile) items to threads.
-//   kPerKind (default): a warp per tile for vertical-slash heads, a thread per tile for every other kind (a
-//     layer with both runs two launches per pass, each on its heads' items). Measured on the H200 (run 3):
-//     VS warp 0.24 / 0.49 / 1.4 ms vs thread 2.4 / 3.4 / 3.8 ms at 8K / 32K / 128K, but BS warp 0.33 / 0.99 /
-//     3.4 ms vs thread 0.40 / 0.49 / 0.70 ms (the warp kernel lowers non-VS tiles on lane 0 alone).
-//   kWarp: a warp per tile for every head (non-VS on lane 0). kThread: a thread per tile for every head.
+//   kPerKind (default): a warp per tile for vertical-slash and block-sparse heads, a thread per tile for every
+//     other kind (a layer with both runs two launches per pass, each on its heads' items). Measured on the
+//     H200 (run 3): VS warp 0.24 / 0.49 / 1.4 ms vs thread 2.4 / 3.4 / 3.8 ms at 8K / 32K / 128K; BS was
+//     thread-per-tile until the warp kernel got its own BS path (NOTES.md "Index build v3"; before it, BS warp
+//     0.33 / 0.99 / 3.4 ms vs thread 0.40 / 0.49 / 0.70 ms, lane 0 alone).
+//   kWarp: a warp per tile for every head (dense / streaming / triangle on lane 0). kThread: a thread per tile
+//     for every head.
 // All three build the same index (DeviceIndexTest checks each against the CPU lowering).
 enum class IndexBuildMode { kPerKind, kWarp, kThread };
 const char* index_build_mode_name(IndexBuildMode m);
@@ -70,13 +72,17 @@ class DeviceIndexBuilder {
   int64_t range_capacity_ = 0;
   int64_t column_capacity_ = 0;
   IndexBuildMode mode_ = IndexBuildMode::kPerKind;
-  bool has_vs_ = false, has_other_ = false;  // head kinds of the layer (kPerKind's launches)
+  // Head kinds of the layer (kPerKind's launches): VS, BS, any other.
+  bool has_vs_ = false, has_bs_ = false, has_other_ = false;
   DeviceBuffer<DeviceHeadPattern> heads_;
   DeviceBuffer<int32_t> range_counts_, column_counts_, costs_, sorted_costs_, items_;
   DeviceBuffer<unsigned long long> total_cost_;  // 1 entry: sum of costs_ (build())
   DeviceBuffer<unsigned char> scan_temp_, sort_temp_;
   // VS runs (lower_cuda.cu vs_runs_kernel): breaks and key-tile prefix sums per VS head, count per head.
   DeviceBuffer<int32_t> run_breaks_, run_tiles_, run_count_;
+  // VS column coverage (vs_cover_kernel): cover_words_ words per head (allocated when the layer has VS heads).
+  DeviceBuffer<uint32_t> cover_;
+  int32_t cover_words_ = 0;
 };
 
 }  // namespace tessera::attn::gpu

@@ -1,5 +1,6 @@
-// Host emulation of the device index build's VS path (lower_cuda.cu: vs_runs_kernel, lower_count_warp_kernel,
-// lower_fill_warp_kernel with the runs) against lower_tile (the walk, itself tested against the CPU lowering):
+// Host emulation of the device index build's VS path (lower_cuda.cu: vs_runs_kernel, vs_cover_kernel,
+// lower_count_warp_kernel, lower_fill_warp_kernel with the runs and the column coverage) against lower_tile (the
+// walk, itself tested against the CPU lowering); the coverage bits also against their definition:
 // random VS heads (offsets dense near the diagonal with gaps, scattered, duplicates, a negative first offset,
 // none, more than one block of offsets), tiles 64 / 128, q_begin > 0, odd q_len (partial last tile).
 #include <cstdio>
@@ -10,7 +11,7 @@
 using namespace tessera::attn;
 using namespace tessera::attn::gpu;
 
-static long g_run_tiles = 0, g_walk_tiles = 0, g_multi_run_tiles = 0;
+static long g_run_tiles = 0, g_walk_tiles = 0, g_multi_run_tiles = 0, g_cover_bits = 0, g_cover_columns = 0;
 
 static int check_case(std::mt19937& rng, int ci) {
   const int tile = (rng() % 2) ? 128 : 64;
@@ -83,6 +84,29 @@ static int check_case(std::mt19937& rng, int ci) {
     dim3 d; d.x = 512;
     emu::run_block(b, d, [&] { vs_runs_kernel(p); });
   }
+  const int cover_words = (q_begin + q_len) / 32 + 1;
+  std::vector<uint32_t> cover(size_t(heads) * size_t(cover_words), 0xdeadbeefu);
+  p.cover = cover.data();
+  p.cover_words = cover_words;
+  for (int h = 0; h < heads; ++h) {
+    for (int by = 0; by < (cover_words + 255) / 256; ++by) {
+      dim3 b; b.x = unsigned(h); b.y = unsigned(by);
+      dim3 d; d.x = 256;
+      emu::run_block(b, d, [&] { vs_cover_kernel(p); });
+    }
+  }
+  int bad = 0;
+  for (int h = 0; h < heads; ++h) {  // bit u iff some offset in [u - tile, u), for u = 0 .. q_begin + q_len
+    if (rc[size_t(h)] < 0) continue;
+    const std::vector<int32_t>& o = offs[h];
+    for (int64_t u = 0; u <= q_begin + q_len; ++u) {
+      const auto it_lo = std::lower_bound(o.begin(), o.end(), u - tile);
+      const bool want = it_lo != o.end() && *it_lo < u;
+      const bool got = (cover[size_t(h) * size_t(cover_words) + size_t(u >> 5)] >> (u & 31)) & 1u;
+      ++g_cover_bits;
+      if (want != got && bad++ < 5) std::printf("case %d head %d: cover bit %ld is %d\n", ci, h, long(u), int(got));
+    }
+  }
   const int blocks_count = (items + 1 + 3) / 4;
   for (int bi = 0; bi < blocks_count; ++bi) {
     dim3 b; b.x = unsigned(bi);
@@ -104,7 +128,6 @@ static int check_case(std::mt19937& rng, int ci) {
     dim3 d; d.x = 128;
     emu::run_block(b, d, [&] { lower_fill_warp_kernel(p); });
   }
-  int bad = 0;
   for (int h = 0; h < heads; ++h) {
     for (int t = 0; t < tiles; ++t) {
       const int item = h * tiles + t;
@@ -115,6 +138,7 @@ static int check_case(std::mt19937& rng, int ci) {
       if (rc[size_t(h)] >= 0 && g.p1 - g.p0 == tile) {
         ++g_run_tiles;
         g_multi_run_tiles += n.ranges > 1;
+        for (int32_t c : cols[h]) g_cover_columns += c >= 0 && c < g.key_end;
       } else {
         ++g_walk_tiles;
       }
@@ -138,7 +162,8 @@ int main(int argc, char** argv) {
   std::mt19937 rng(12345);
   int bad_cases = 0;
   for (int c = 0; c < cases; ++c) bad_cases += check_case(rng, c) != 0;
-  std::printf("vs index runs: %d of %d cases differ (%ld tiles by runs, %ld of them with > 1 range; %ld by the walk)\n",
-              bad_cases, cases, g_run_tiles, g_multi_run_tiles, g_walk_tiles);
+  std::printf("vs index runs: %d of %d cases differ (%ld tiles by runs, %ld of them with > 1 range; %ld by the walk; "
+              "%ld coverage bits checked, %ld columns tested by coverage)\n",
+              bad_cases, cases, g_run_tiles, g_multi_run_tiles, g_walk_tiles, g_cover_bits, g_cover_columns);
   return bad_cases == 0 ? 0 : 1;
 }

@@ -1,5 +1,6 @@
-// Extra emulation for the index build's kernels (on top of ../bs_emulation/shim.h): shuffles of any 4/8-byte
-// type, __clz, __syncthreads_or, cub::BlockScan<int, N>::ExclusiveSum.
+// Extra emulation for the index build's kernels (on top of ../bs_emulation/shim.h): shuffles (and shuffles up)
+// of any 4/8-byte type, __clz, __ffs, atomicAdd / atomicOr on unsigned, __syncthreads_or,
+// cub::BlockScan<int, N>::ExclusiveSum.
 #pragma once
 #include "shim.h"
 
@@ -27,11 +28,14 @@ inline bool __syncthreads_or(bool p) {
   return any;
 }
 inline unsigned atomicAdd(unsigned* a, unsigned v) { const unsigned o = *a; *a = o + v; return o; }
-inline unsigned __shfl_up_sync(unsigned m, unsigned v, int d) {
+template <class T>
+inline T __shfl_up_sync(unsigned m, T v, int d) {
   const int l = emu::cur()->lane;
-  const unsigned r = __shfl_sync(m, v, l >= d ? l - d : l);
-  return r;
+  return __shfl_sync(m, v, l >= d ? l - d : l);
 }
+// Lanes are fibers of one CPU thread switched only at warp intrinsics and barriers: a read-modify-write is atomic.
+inline unsigned atomicOr(unsigned* a, unsigned v) { const unsigned o = *a; *a = o | v; return o; }
+inline int __ffs(unsigned x) { return x == 0 ? 0 : __builtin_ctz(x) + 1; }
 namespace cub {
 template <class T, int N>
 struct BlockScan {
