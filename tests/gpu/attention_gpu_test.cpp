@@ -907,16 +907,61 @@ TEST_P(DeviceEstimateTest, VerticalSlashIdenticalWhenSeparated) {
     layer.push_back(p);
   }
   const std::vector<HeadEstimate> want = cpu_estimates(layer, in, s);
+  // Keys per CTA of the scoring passes: chosen by size (512 at these lengths), and forced to 64 (many chunks,
+  // every diagonal band merged from two) and 1024 / 2048 (the long-prompt choices: one or a few chunks).
+  for (const int chunk : {0, 64, 1024, 2048}) {
+    SCOPED_TRACE("vs chunk keys " + std::to_string(chunk));
+    gpu::DeviceEstimates::set_vs_chunk_keys(chunk);
+    gpu::CudaLayerAttention gl(layer, s.ctx(), s.hkv, s.d);
+    gpu::DeviceEstimates::set_vs_chunk_keys(0);
+    DeviceTensor out = poisoned(s.q_len, s.hq, s.d, s.dtype);
+    gl.estimate(device_args(in, out, nullptr, s));
+    const std::vector<HeadEstimate> got = gl.download_estimates();
+    for (int h = 0; h < s.hq; ++h) {
+      const auto& w = std::get<VerticalSlashEstimate>(want[static_cast<size_t>(h)]);
+      const auto& g = std::get<VerticalSlashEstimate>(got[static_cast<size_t>(h)]);
+      EXPECT_EQ(g.columns, w.columns) << "head " << h;
+      EXPECT_EQ(g.offsets, w.offsets) << "head " << h;
+    }
+  }
+}
+
+// Only some heads run VS (a mixed layer): the estimator groups the VS heads of each kv head (up to four per
+// CTA), so groups are partial and some kv heads have none; every VS head must still match the CPU estimate.
+TEST(DeviceEstimateMixed, VerticalSlashGroupsOfSomeHeads) {
+  REQUIRE_GPU();
+  const Shape s{1500, 0, 0, 12, 2, 128, 128, DType::BF16};  // 6 query heads per kv head
+  SCOPED_TRACE(describe(s));
+  const Inputs in = make_inputs(s, seed_of("vs_mixed_groups"));
+  const int n = s.q_begin + s.q_len;
+  std::vector<Pattern> layer;
+  for (int h = 0; h < s.hq; ++h) {
+    if (h == 1 || h == 7 || h == 8) {  // kv head 0: 5 VS heads (groups of 4 and 1); kv head 1: 4 (of 6)
+      layer.push_back(AShapePattern{16, 64});
+      continue;
+    }
+    std::vector<double> col, diag;
+    vs_sums(in, s, h, 64, col, diag);
+    VerticalSlashPattern p{0, 0, 64, 8, 16};
+    p.vertical = separated_budget(col, std::min(p.forced_columns, n), std::max(1, n / 20) + 3 * h);
+    p.slash = separated_budget(diag, std::min(p.forced_diagonals, n), std::max(1, n / 30) + 5 * h);
+    layer.push_back(p);
+  }
+  const std::vector<HeadEstimate> want = cpu_estimates(layer, in, s);
   gpu::CudaLayerAttention gl(layer, s.ctx(), s.hkv, s.d);
   DeviceTensor out = poisoned(s.q_len, s.hq, s.d, s.dtype);
   gl.estimate(device_args(in, out, nullptr, s));
   const std::vector<HeadEstimate> got = gl.download_estimates();
+  int vs_heads = 0;
   for (int h = 0; h < s.hq; ++h) {
-    const auto& w = std::get<VerticalSlashEstimate>(want[static_cast<size_t>(h)]);
+    const auto* w = std::get_if<VerticalSlashEstimate>(&want[static_cast<size_t>(h)]);
+    if (w == nullptr) continue;
     const auto& g = std::get<VerticalSlashEstimate>(got[static_cast<size_t>(h)]);
-    EXPECT_EQ(g.columns, w.columns) << "head " << h;
-    EXPECT_EQ(g.offsets, w.offsets) << "head " << h;
+    EXPECT_EQ(g.columns, w->columns) << "head " << h;
+    EXPECT_EQ(g.offsets, w->offsets) << "head " << h;
+    ++vs_heads;
   }
+  EXPECT_EQ(vs_heads, 9);
 }
 
 TEST_P(DeviceEstimateTest, BlockSparseIdenticalUpToNearTies) {

@@ -1,13 +1,12 @@
 // Device estimators for vertical-slash and block-sparse heads (contract: estimate_cuda.h).
 //
 // VS, per head, in five launches over all VS heads of the layer at once:
-//   1. vs_stats: per chunk of 512 keys, each of the 64 last rows' running max and sum of exp (tensor-core
-//   scores);
+//   1. vs_stats: a CTA per chunk of keys (512-2048) and group of up to four VS heads of one kv head (each K tile
+//   loaded once for the group), each of the 64 last rows' running max and sum of exp (tensor-core scores);
 //   2. vs_merge_stats: the row maxima and normalisers over all chunks;
-//   3. vs_sums: A = exp(s - m) / l tile by tile into shared memory; column sums go straight to memory (each
-//   key
-//      belongs to one chunk); diagonal sums are accumulated per chunk over the band of offsets the chunk
-//      touches (512 + 63 offsets) in a fixed order and stored per chunk;
+//   3. vs_sums (same grid): A = exp(s - m) / l tile by tile into shared memory; column sums go straight to
+//      memory (each key belongs to one chunk); diagonal sums are accumulated per chunk over the band of offsets
+//      the chunk touches (chunk + 63 offsets) in a fixed order and stored per chunk;
 //   4. vs_merge_diag: each offset sums the (at most two) chunk bands that cover it, in chunk order;
 //   5. vs_topk: forced prefix, then VsTopK (BlockTopK's selection, faster) over the rest, for columns and
 //      offsets.
@@ -35,6 +34,7 @@ namespace {
 using detail::cp_async_commit;
 using detail::cp_async_tile;
 using detail::cp_async_wait;
+using detail::fast_exp2;
 using detail::LaneSwizzle;
 using detail::smem_addr;
 using detail::ldmatrix_x4;
@@ -42,9 +42,6 @@ using detail::MmaTraits;
 
 constexpr int kVsRows = 64;
 constexpr float kLog2e = 1.4426950408889634f;  // VS row maxima are kept in log2 units (vs_stats)  // rows of the VS estimate handled by one CTA (4 warps x 16)
-constexpr int kVsThreads = 128;
-constexpr int kVsChunk = 512;  // keys per CTA
-constexpr int kVsBand = kVsChunk + kVsRows - 1;
 constexpr int kVsPStride = 72;  // vs_sums' sP rows: a half warp's float2 stores of a C fragment hit 32 banks
 constexpr int kTopKThreads = 512;  // vs_topk: a block per (head, columns or offsets)
 
@@ -53,8 +50,10 @@ struct VsParams {
   const void* k = nullptr;
   int64_t q_tok = 0, q_head = 0, k_tok = 0, k_head = 0;
   int32_t q_len = 0, q_begin = 0, keys = 0, chunks = 0;
+  int32_t chunk_keys = 0;  // keys per CTA of vs_stats / vs_sums (a multiple of 64)
   float scale = 0.0f;
   const VsHeadDesc* heads = nullptr;
+  const VsGroupDesc* groups = nullptr;
   float2* partial = nullptr;
   float2* stats = nullptr;
   float* colsum = nullptr;
@@ -68,71 +67,113 @@ __device__ __forceinline__ int floor_div(int a, int b) {
   return a >= 0 ? a / b : -((-a + b - 1) / b);
 }
 
-// Shared part of the two VS passes. Dynamic shared memory starts with two [64][D] tiles: the head's Q rows are
-// loaded into the first and each warp keeps its 16 rows as mma A fragments in registers; the two tiles then
-// double-buffer the chunk's K tiles (tile t in buffer (t + 1) % 2), so that the load of tile t + 1 runs under
-// the work on tile t.
+// Shared part of the two VS passes (v3). A CTA takes one chunk of keys for a group of up to vs_group<D>() VS
+// heads that read the same kv head (DeviceEstimates builds the groups): warps 4 s .. 4 s + 3 take the 64 rows
+// of the group's head s, so each K tile is loaded once for all of them (v2 ran a CTA of 4 warps per head and
+// chunk: every K tile was loaded once per query head, and with a two-tile double buffer at 4 CTAs per SM the
+// SMs waited on memory, ~5 us per 64-key tile). Dynamic shared memory starts with kVsStages [64][D] tiles: the
+// group's Q rows are staged there first (head s in stage s; each warp then keeps its 16 rows as mma A
+// fragments in registers), then they form a ring of K tiles with kVsStages - 1 loads in flight.
+template <int D>
+__host__ __device__ constexpr int vs_group() {
+  return D <= 128 ? 4 : 1;  // 4 G warps per CTA within 128 registers a thread (Q fragments: D / 4 registers)
+}
+constexpr int kVsStages = 4;
+
 template <typename T, int D>
 struct VsTile {
   T* buf;
   uint32_t qa[D / 16][4];
+  int slot;     // the warp's head (index into p.heads); -1: the group has fewer heads, the warp only loads
+  int kv_head;  // the group's
   int row[2];
   bool valid[2];
   int pos[2];
 };
 
 template <typename T, int D>
-__device__ __forceinline__ void vs_load_k(const VsParams& p, const VsHeadDesc& hd, T* dst, int kb) {
-  const T* kh = static_cast<const T*>(p.k) + hd.kv_head * p.k_head;
-  cp_async_tile<D, 64, kVsThreads>(dst, threadIdx.x, p.k, [&](int r) -> const void* {
+__device__ __forceinline__ void vs_load_k(const VsParams& p, int kv_head, T* dst, int kb) {
+  const T* kh = static_cast<const T*>(p.k) + kv_head * p.k_head;
+  cp_async_tile<D, 64, 128 * vs_group<D>()>(dst, threadIdx.x, p.k, [&](int r) -> const void* {
     return kb + r < p.keys ? kh + static_cast<int64_t>(kb + r) * p.k_tok : nullptr;
   });
-  cp_async_commit();
 }
 
-// Also starts the load of the chunk's first K tile (kb0), which runs while Q goes into the registers.
+// Q into the registers, then the loads of the chunk's first kVsStages - 1 K tiles (one commit group each,
+// empty past the chunk's end, so that vs_scores can count them).
 template <typename T, int D>
-__device__ __forceinline__ VsTile<T, D> vs_setup(const VsParams& p, const VsHeadDesc& hd, int kb0,
-                                                 unsigned char* smem) {
+__device__ __forceinline__ VsTile<T, D> vs_setup(const VsParams& p, int kb0, int kb1, unsigned char* smem) {
+  constexpr int G = vs_group<D>();
+  static_assert(kVsStages >= G, "the group's Q rows are staged in the K ring");
   VsTile<T, D> v;
   v.buf = reinterpret_cast<T*>(smem);
-  const int rq0 = p.q_len - hd.rows;
-  const int pos0 = p.q_begin + rq0;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const T* qh = static_cast<const T*>(p.q) + hd.q_head * p.q_head;
-  cp_async_tile<D, kVsRows, kVsThreads>(v.buf, tid, p.q, [&](int r) -> const void* {
-    return r < hd.rows ? qh + static_cast<int64_t>(rq0 + r) * p.q_tok : nullptr;
-  });
+  const int32_t* gslot = p.groups[blockIdx.x].slot;  // read in place: a local copy would go to the stack
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wq = warp % 4, gs = warp / 4;
+#pragma unroll
+  for (int s = 0; s < G; ++s) {
+    const int slot = gslot[s];
+    if (slot < 0) continue;
+    const VsHeadDesc hd = p.heads[slot];
+    const int rq0 = p.q_len - hd.rows;
+    const T* qh = static_cast<const T*>(p.q) + hd.q_head * p.q_head;
+    cp_async_tile<D, kVsRows, 128 * G>(v.buf + s * 64 * D, tid, p.q, [&](int r) -> const void* {
+      return r < hd.rows ? qh + static_cast<int64_t>(rq0 + r) * p.q_tok : nullptr;
+    });
+  }
   cp_async_commit();
-  vs_load_k<T, D>(p, hd, v.buf + 64 * D, kb0);
-  cp_async_wait<1>();
+  cp_async_wait<0>();
   __syncthreads();
-  const LaneSwizzle sw(lane);
-  const uint32_t q_base = smem_addr(v.buf) + warp * 16 * D * 2 + LaneSwizzle::a_row<D>(lane);
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(v.qa[kk], q_base + (kk / 4) * 128 + sw.a_off[kk % 4]);
-#pragma unroll
+  v.slot = gslot[gs];
+  v.kv_head = p.heads[gslot[0]].kv_head;
   for (int e = 0; e < 2; ++e) {
-    v.row[e] = warp * 16 + lane / 4 + 8 * e;
-    v.valid[e] = v.row[e] < hd.rows;
-    v.pos[e] = pos0 + v.row[e];
+    v.row[e] = wq * 16 + lane / 4 + 8 * e;
+    v.valid[e] = false;
+    v.pos[e] = 0;
+  }
+  if (v.slot >= 0) {
+    const VsHeadDesc hd = p.heads[v.slot];
+    const LaneSwizzle sw(lane);
+    const uint32_t q_base = smem_addr(v.buf + gs * 64 * D) + wq * 16 * D * 2 + LaneSwizzle::a_row<D>(lane);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(v.qa[kk], q_base + (kk / 4) * 128 + sw.a_off[kk % 4]);
+    const int pos0 = p.q_begin + p.q_len - hd.rows;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      v.valid[e] = v.row[e] < hd.rows;
+      v.pos[e] = pos0 + v.row[e];
+    }
+  }
+  __syncthreads();  // every warp holds its Q: the stages become the K ring
+  for (int s = 0; s + 1 < kVsStages; ++s) {
+    if (kb0 + 64 * s < kb1) vs_load_k<T, D>(p, v.kv_head, v.buf + s * 64 * D, kb0 + 64 * s);
+    cp_async_commit();
   }
   return v;
 }
 
-// Scores of the lane's fragment for tile t of the chunk (keys from kb), warp_qk's products in warp_qk's order
-// with Q from the registers. First waits for the tile and starts the load of the next one (at `next`, if below
-// kb1) into the other buffer: the barrier between them also ends every warp's reads of that buffer (tile t - 1,
-// or Q when t = 0) and, in vs_sums, of the previous tile's sP, sCol and band entries.
+// The load of tile t + kVsStages - 1 of the chunk into the stage of tile t - 1 (one commit group, empty past
+// the chunk's end), issued by every thread at the end of step t: vs_scores(t)'s barrier ended every warp's
+// reads of that stage. (Issued after the step's work rather than before it: the loads' addresses would
+// otherwise be live across the scores and make vs_sums spill at 128 registers.)
 template <typename T, int D>
-__device__ __forceinline__ void vs_scores(const VsParams& p, const VsHeadDesc& hd, const VsTile<T, D>& v, int t,
-                                          int next, int kb1, float (&s)[8][4]) {
-  cp_async_wait<0>();
+__device__ __forceinline__ void vs_prefetch(const VsParams& p, const VsTile<T, D>& v, int t, int kb0, int kb1) {
+  const int tn = t + kVsStages - 1;
+  if (kb0 + 64 * tn < kb1) vs_load_k<T, D>(p, v.kv_head, v.buf + (tn % kVsStages) * 64 * D, kb0 + 64 * tn);
+  cp_async_commit();
+}
+
+// Scores of the lane's fragment for tile t of the chunk (keys from kb0 + 64 t), warp_qk's products in
+// warp_qk's order with Q from the registers (an idle warp computes none). First waits for tile t: the barrier
+// also ends every warp's reads of tile t - 1's stage (vs_prefetch(t) reuses it) and, in vs_sums, of the
+// previous tile's sP, sCol and band entries.
+template <typename T, int D>
+__device__ __forceinline__ void vs_scores(const VsTile<T, D>& v, int t, float (&s)[8][4]) {
+  cp_async_wait<kVsStages - 2>();  // committed: tiles 0 .. t + kVsStages - 2, one group each
   __syncthreads();
-  if (next < kb1) vs_load_k<T, D>(p, hd, v.buf + (t % 2) * 64 * D, next);
+  if (v.slot < 0) return;
   const int lane = threadIdx.x % 32;
   const LaneSwizzle sw(lane);
-  const uint32_t k_base = smem_addr(v.buf + ((t + 1) % 2) * 64 * D) + LaneSwizzle::b_row<D>(lane);
+  const uint32_t k_base = smem_addr(v.buf + (t % kVsStages) * 64 * D) + LaneSwizzle::b_row<D>(lane);
 #pragma unroll
   for (int i = 0; i < 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
 #pragma unroll
@@ -147,24 +188,27 @@ __device__ __forceinline__ void vs_scores(const VsParams& p, const VsHeadDesc& h
   }
 }
 
-// Grids of vs_stats and vs_sums are (heads, chunks) with the heads varying fastest: the CTAs of one chunk run
-// together, so the query heads of a GQA group read its K tiles once from memory and then from L2.
+// Grids of vs_stats and vs_sums are (groups, chunks) with the groups varying fastest.
 template <typename T, int D>
-__global__ void __launch_bounds__(kVsThreads) vs_stats_kernel(const VsParams p) {
+__global__ void __launch_bounds__(128 * vs_group<D>(), 1) vs_stats_kernel(const VsParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
-  const int slot = blockIdx.x, chunk = blockIdx.y;
-  const VsHeadDesc hd = p.heads[slot];
-  const int kb0 = chunk * kVsChunk, kb1 = min(kb0 + kVsChunk, p.keys);
-  const VsTile<T, D> v = vs_setup<T, D>(p, hd, kb0, smem);
+  const int chunk = blockIdx.y;
+  const int kb0 = chunk * p.chunk_keys, kb1 = min(kb0 + p.chunk_keys, p.keys);
+  const VsTile<T, D> v = vs_setup<T, D>(p, kb0, kb1, smem);
   const int c4 = threadIdx.x % 4;
   const float neg_inf = -__int_as_float(0x7f800000);
-  // Log2 domain: scores times scale * log2(e), exp2 (one MUFU op; expf is a ~10-instruction accurate routine),
-  // so m is the row max in log2 units; l is unchanged (2^(x log2 e) = e^x).
+  // Log2 domain: scores times scale * log2(e), fast_exp2 (one MUFU op, ex2.approx.ftz: results below 2^-126
+  // flush to 0; exp2f adds a denormal range fix-up, expf a ~10-instruction accurate routine), so m is the row
+  // max in log2 units; l is unchanged (2^(x log2 e) = e^x).
   const float scale2 = p.scale * kLog2e;
   float m[2] = {neg_inf, neg_inf}, l[2] = {0.0f, 0.0f};
   for (int kb = kb0, t = 0; kb < kb1; kb += 64, ++t) {
     float s[8][4];
-    vs_scores<T, D>(p, hd, v, t, kb + 64, kb1, s);
+    vs_scores<T, D>(v, t, s);
+    if (v.slot < 0) {
+      vs_prefetch<T, D>(p, v, t, kb0, kb1);
+      continue;
+    }
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       float mx = neg_inf;
@@ -182,23 +226,24 @@ __global__ void __launch_bounds__(kVsThreads) vs_stats_kernel(const VsParams p) 
       const float m_new = fmaxf(m[e], mx);
       float sum = 0.0f;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) sum += exp2f(s[i][2 * e] - m_new) + exp2f(s[i][2 * e + 1] - m_new);
-      l[e] = l[e] * exp2f(m[e] - m_new) + sum;
+      for (int i = 0; i < 8; ++i) sum += fast_exp2(s[i][2 * e] - m_new) + fast_exp2(s[i][2 * e + 1] - m_new);
+      l[e] = l[e] * fast_exp2(m[e] - m_new) + sum;
       m[e] = m_new;
     }
+    vs_prefetch<T, D>(p, v, t, kb0, kb1);
   }
+  if (v.slot < 0) return;
   // Merge the four lanes of each row.
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
     float mq = m[e];
     mq = fmaxf(mq, __shfl_xor_sync(0xffffffffu, mq, 1));
     mq = fmaxf(mq, __shfl_xor_sync(0xffffffffu, mq, 2));
-    float lq = mq == neg_inf ? 0.0f : l[e] * exp2f(m[e] - mq);
+    float lq = mq == neg_inf ? 0.0f : l[e] * fast_exp2(m[e] - mq);
     lq += __shfl_xor_sync(0xffffffffu, lq, 1);
     lq += __shfl_xor_sync(0xffffffffu, lq, 2);
     if (c4 == 0) {
-      p.partial[(static_cast<int64_t>(slot) * p.chunks + chunk) * kVsRows + v.row[e]] =
-          make_float2(mq, lq);
+      p.partial[(static_cast<int64_t>(v.slot) * p.chunks + chunk) * kVsRows + v.row[e]] = make_float2(mq, lq);
     }
   }
 }
@@ -232,39 +277,58 @@ __device__ __forceinline__ void vs_fold(const float (&x)[2 * N], float (&y)[N], 
   }
 }
 
+// vs_sums' shared memory per head of the group, after the K ring: sP [64][kVsPStride], sCol [4 warps][64],
+// band [2 row halves][chunk + 63].
+__host__ __device__ constexpr int vs_sums_head_floats(int chunk_keys) {
+  return 64 * kVsPStride + 4 * 64 + 2 * (chunk_keys + kVsRows - 1);
+}
+
 // Per tile: A into sP (for the band) while the column sums come from the registers (a fold over the 8 lanes of
-// each column per warp, then the 4 warps through sCol); the band sums walk sP along "wrapped diagonals" (all
-// 128 threads, 32 cells each, conflict-free), with one band copy per half of the rows. Sums are in a fixed
-// order (deterministic), not v2's serial row order. Four CTAs per SM up to D = 128 (registers and shared memory).
+// each column per warp, then the head's 4 warps through sCol); the band sums walk sP along "wrapped diagonals"
+// (the head's 128 threads, 32 cells each, conflict-free), with one band copy per half of the rows. Sums are in
+// a fixed order (deterministic). The head's four warps meet at named barrier 1 + gs between writing sP / sCol
+// and reading them.
 template <typename T, int D>
-__global__ void __launch_bounds__(kVsThreads, D <= 128 ? 4 : 1) vs_sums_kernel(const VsParams p) {
+__global__ void __launch_bounds__(128 * vs_group<D>(), 1) vs_sums_kernel(const VsParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
-  const int slot = blockIdx.x, chunk = blockIdx.y;
-  const VsHeadDesc hd = p.heads[slot];
-  const int kb0 = chunk * kVsChunk, kb1 = min(kb0 + kVsChunk, p.keys);
-  float* sP = reinterpret_cast<float*>(smem + 2 * 64 * D * sizeof(T));  // [64][kVsPStride]
-  float* sCol = sP + 64 * kVsPStride;                                   // [4 warps][64]
-  float* band = sCol + 4 * 64;                                          // [2 row halves][kVsBand]
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, c4 = lane % 4;
-  for (int i = tid; i < 2 * kVsBand; i += kVsThreads) band[i] = 0.0f;
-  const VsTile<T, D> v = vs_setup<T, D>(p, hd, kb0, smem);
+  const int chunk = blockIdx.y;
+  const int kb0 = chunk * p.chunk_keys, kb1 = min(kb0 + p.chunk_keys, p.keys);
+  const int band_len = p.chunk_keys + kVsRows - 1;
+  const int tid = threadIdx.x, lane = tid % 32, c4 = lane % 4;
+  const int ht = tid % 128, wq = ht / 32;  // thread and warp within the head's four warps
+  float* sP = reinterpret_cast<float*>(smem + kVsStages * 64 * D * sizeof(T)) +
+              (tid / 128) * vs_sums_head_floats(p.chunk_keys);  // [64][kVsPStride]
+  float* sCol = sP + 64 * kVsPStride;                            // [4 warps][64]
+  float* band = sCol + 4 * 64;                                   // [2 row halves][band_len]
+  for (int i = ht; i < 2 * band_len; i += 128) band[i] = 0.0f;
+  const VsTile<T, D> v = vs_setup<T, D>(p, kb0, kb1, smem);
   // Row maxima in log2 units (vs_stats), so A = 2^(s scale log2(e) - m) / l, with 1 / l once per row (the IEEE
   // division per score was, with expf, most of this kernel's instructions: ~55 per score on the H200).
   const float scale2 = p.scale * kLog2e;
-  float m[2], inv_l[2];
-  bool live[2];
+  // A row without scores (past the head's rows, or none visible) gets m = +inf and 1 / l = 0: its A is 0.
+  const float pos_inf = __int_as_float(0x7f800000);
+  float m[2] = {pos_inf, pos_inf}, inv_l[2] = {0.0f, 0.0f};
+  if (v.slot >= 0) {
 #pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    const float2 st = p.stats[slot * kVsRows + v.row[e]];
-    m[e] = st.x;
-    live[e] = v.valid[e] && st.y > 0.0f;
-    inv_l[e] = st.y > 0.0f ? 1.0f / st.y : 0.0f;
+    for (int e = 0; e < 2; ++e) {
+      const float2 st = p.stats[v.slot * kVsRows + v.row[e]];
+      if (v.valid[e] && st.y > 0.0f) {
+        m[e] = st.x;
+        inv_l[e] = 1.0f / st.y;
+      }
+    }
   }
   // The thread's wrapped diagonal: cells (r, (r + 63 - dw) % 64) of rows [32 half, 32 half + 32).
-  const int dw = tid % 64, half = tid / 64;
-  for (int kb = kb0, tl = 0; kb < kb1; kb += 64, ++tl) {
+  const int dw = ht % 64, half = ht / 64;
+  const int tiles = (kb1 - kb0 + 63) / 64;
+  for (int tl = 0; tl < tiles; ++tl) {
+    const int kb = kb0 + 64 * tl;
     float s[8][4];
-    vs_scores<T, D>(p, hd, v, tl, kb + 64, kb1, s);
+    vs_scores<T, D>(v, tl, s);
+    if (v.slot < 0) {
+      vs_prefetch<T, D>(p, v, tl, kb0, kb1);
+      continue;
+    }
     float cs[16];  // the lane's two rows added; cs[2 i + j] is column 8 i + 2 c4 + j
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -274,8 +338,7 @@ __global__ void __launch_bounds__(kVsThreads, D <= 128 ? 4 : 1) vs_sums_kernel(c
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           const int col = i * 8 + 2 * c4 + j;
-          const bool vis = live[e] && kb + col <= v.pos[e];
-          a[e][j] = vis ? exp2f(fmaf(s[i][2 * e + j], scale2, -m[e])) * inv_l[e] : 0.0f;
+          a[e][j] = kb + col <= v.pos[e] ? fast_exp2(fmaf(s[i][2 * e + j], scale2, -m[e])) * inv_l[e] : 0.0f;
         }
         *reinterpret_cast<float2*>(&sP[v.row[e] * kVsPStride + i * 8 + 2 * c4]) = make_float2(a[e][0], a[e][1]);
       }
@@ -288,11 +351,11 @@ __global__ void __launch_bounds__(kVsThreads, D <= 128 ? 4 : 1) vs_sums_kernel(c
     vs_fold<8>(cs, c8, 16);
     vs_fold<4>(c8, c4s, 8);
     vs_fold<2>(c4s, c2, 4);
-    *reinterpret_cast<float2*>(&sCol[warp * 64 + 2 * lane]) = make_float2(c2[0], c2[1]);
-    __syncthreads();
-    if (tid < 64 && kb + tid < p.keys) {
-      p.colsum[static_cast<int64_t>(slot) * p.keys + kb + tid] =
-          (sCol[tid] + sCol[64 + tid]) + (sCol[128 + tid] + sCol[192 + tid]);
+    *reinterpret_cast<float2*>(&sCol[wq * 64 + 2 * lane]) = make_float2(c2[0], c2[1]);
+    asm volatile("bar.sync %0, 128;" ::"r"(1 + tid / 128) : "memory");  // the head's four warps
+    if (ht < 64 && kb + ht < p.keys) {
+      p.colsum[static_cast<int64_t>(v.slot) * p.keys + kb + ht] =
+          (sCol[ht] + sCol[64 + ht]) + (sCol[128 + ht] + sCol[192 + ht]);
     }
     // Band entry b holds the cells with row - col = b - 63 (offset = pos0 - kb + b - 63): on the wrapped
     // diagonal, rows r <= dw are b = dw and the others b = dw + 64. Four partial sums each break the chains.
@@ -307,28 +370,31 @@ __global__ void __launch_bounds__(kVsThreads, D <= 128 ? 4 : 1) vs_sums_kernel(c
         hi[k % 4] += x;
       }
     }
-    float* bt = band + half * kVsBand + kVsChunk - 64 - 64 * tl;
+    float* bt = band + half * band_len + p.chunk_keys - 64 - 64 * tl;
     bt[dw] += (lo[0] + lo[1]) + (lo[2] + lo[3]);
     if (dw < 63) bt[dw + 64] += (hi[0] + hi[1]) + (hi[2] + hi[3]);
+    vs_prefetch<T, D>(p, v, tl, kb0, kb1);
   }
   __syncthreads();
-  float* out = p.diag_partial + (static_cast<int64_t>(slot) * p.chunks + chunk) * kVsBand;
-  for (int i = tid; i < kVsBand; i += kVsThreads) out[i] = band[i] + band[kVsBand + i];
+  if (v.slot < 0) return;
+  float* out = p.diag_partial + (static_cast<int64_t>(v.slot) * p.chunks + chunk) * band_len;
+  for (int i = ht; i < band_len; i += 128) out[i] = band[i] + band[band_len + i];
 }
 
-// Chunk c's band entry i is offset pos0 - c * kVsChunk - kVsChunk + 1 + i.
+// Chunk c's band entry i is offset pos0 - c * chunk_keys - chunk_keys + 1 + i.
 __global__ void vs_merge_diag_kernel(const VsParams p) {
   const int slot = blockIdx.y;
   const int o = blockIdx.x * blockDim.x + threadIdx.x;
   if (o >= p.keys) return;
   const VsHeadDesc hd = p.heads[slot];
   const int pos0 = p.q_begin + p.q_len - hd.rows;
-  const int c_lo = max(0, floor_div(pos0 - o, kVsChunk));
-  const int c_hi = min(p.chunks - 1, floor_div(pos0 + kVsRows - 1 - o, kVsChunk));
+  const int ck = p.chunk_keys, band_len = ck + kVsRows - 1;
+  const int c_lo = max(0, floor_div(pos0 - o, ck));
+  const int c_hi = min(p.chunks - 1, floor_div(pos0 + kVsRows - 1 - o, ck));
   float sum = 0.0f;
   for (int c = c_lo; c <= c_hi; ++c) {
-    const int i = o - (pos0 - c * kVsChunk - kVsChunk + 1);
-    sum += p.diag_partial[(static_cast<int64_t>(slot) * p.chunks + c) * kVsBand + i];
+    const int i = o - (pos0 - c * ck - ck + 1);
+    sum += p.diag_partial[(static_cast<int64_t>(slot) * p.chunks + c) * band_len + i];
   }
   p.diag[static_cast<int64_t>(slot) * p.keys + o] = sum;
 }
@@ -540,6 +606,7 @@ constexpr int kBsKChunk = 2;                   // key tiles per scoring CTA
 constexpr int kBsSelectThreads = 256;          // a warp per query block
 constexpr int kBsRegSlots = 64;                // rows of up to 2048 scores are selected from registers
 int64_t g_bs_wave_floats = int64_t{16} << 20;  // scores per wave (DeviceEstimates::set_bs_wave_floats)
+int g_vs_chunk_keys = 0;                       // VS keys per CTA, 0: by size (DeviceEstimates::set_vs_chunk_keys)
 
 // Query rows per thread, query blocks per tile, key blocks per shared key tile.
 constexpr int bs_tm(int d) {
@@ -819,25 +886,22 @@ __global__ void __launch_bounds__(kBsSelectThreads) bs_select_kernel(const BsPar
 }
 
 template <typename T, int D>
-void launch_vs(const VsParams& p, int num_heads, cudaStream_t stream) {
-  const size_t smem_scores = 2u * 64u * D * sizeof(T);
-  const size_t smem_sums = smem_scores + (64u * kVsPStride + 4u * 64u + 2u * kVsBand) * sizeof(float);
+void launch_vs(const VsParams& p, int num_heads, int num_groups, cudaStream_t stream) {
+  constexpr int kThreads = 128 * vs_group<D>();
+  const size_t smem_scores = size_t{kVsStages} * 64u * D * sizeof(T);
+  const size_t smem_sums =
+      smem_scores + size_t{vs_group<D>()} * static_cast<size_t>(vs_sums_head_floats(p.chunk_keys)) * sizeof(float);
   check(p.chunks <= 65535, "CUDA estimate: " + std::to_string(p.keys) + " keys are too many for the VS grid");
   TESSERA_CUDA_CHECK(cudaFuncSetAttribute(vs_stats_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(smem_scores)));
   TESSERA_CUDA_CHECK(cudaFuncSetAttribute(vs_sums_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(smem_sums)));
-  // Four vs_sums CTAs per SM at D = 128 need 4 x 56 KB: ask for the largest carveout (for both).
-  TESSERA_CUDA_CHECK(cudaFuncSetAttribute(vs_stats_kernel<T, D>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                          cudaSharedmemCarveoutMaxShared));
-  TESSERA_CUDA_CHECK(cudaFuncSetAttribute(vs_sums_kernel<T, D>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                          cudaSharedmemCarveoutMaxShared));
-  const dim3 grid(static_cast<unsigned>(num_heads), static_cast<unsigned>(p.chunks));
-  vs_stats_kernel<T, D><<<grid, kVsThreads, smem_scores, stream>>>(p);
+  const dim3 grid(static_cast<unsigned>(num_groups), static_cast<unsigned>(p.chunks));
+  vs_stats_kernel<T, D><<<grid, kThreads, smem_scores, stream>>>(p);
   check_launch("vs_stats_kernel");
   vs_merge_stats_kernel<<<num_heads, kVsRows, 0, stream>>>(p);
   check_launch("vs_merge_stats_kernel");
-  vs_sums_kernel<T, D><<<grid, kVsThreads, smem_sums, stream>>>(p);
+  vs_sums_kernel<T, D><<<grid, kThreads, smem_sums, stream>>>(p);
   check_launch("vs_sums_kernel");
   vs_merge_diag_kernel<<<dim3(static_cast<unsigned>((p.keys + 255) / 256), static_cast<unsigned>(num_heads)),
                          256, 0, stream>>>(p);
@@ -903,6 +967,12 @@ void DeviceEstimates::set_bs_wave_floats(int64_t floats) {
   check(floats > 0, "DeviceEstimates::set_bs_wave_floats: must be positive");
   g_bs_wave_floats = floats;
 }
+void DeviceEstimates::set_vs_chunk_keys(int keys) {
+  check(keys == 0 || (keys >= 64 && keys <= 2048 && keys % 64 == 0),
+        "DeviceEstimates::set_vs_chunk_keys: 0 or a multiple of 64 in [64, 2048], got " + std::to_string(keys));
+  g_vs_chunk_keys = keys;
+}
+
 int64_t DeviceEstimates::bs_wave_floats() {
   return g_bs_wave_floats;
 }
@@ -1038,13 +1108,41 @@ DeviceEstimates::DeviceEstimates(const std::vector<Pattern>& patterns, const Low
   bs_key_blocks_.resize(static_cast<size_t>(std::max<int64_t>(bs_key_total, 1)));
   if (!vs_.empty()) {
     vs_desc_.upload(vs_);
-    vs_chunks_ = std::max(1, (keys_ + kVsChunk - 1) / kVsChunk);
+    // Groups: the VS heads of each kv head, up to vs_group<D>() per CTA (their K tiles are loaded once).
+    const int per_group = head_dim <= 128 ? vs_group<128>() : vs_group<256>();
+    std::vector<VsGroupDesc> groups;
+    for (int kvh = 0; kvh < num_kv_heads; ++kvh) {
+      int filled = per_group;
+      for (size_t i = 0; i < vs_.size(); ++i) {
+        if (vs_[i].kv_head != kvh) continue;
+        if (filled == per_group) {
+          groups.push_back(VsGroupDesc{{-1, -1, -1, -1}});
+          filled = 0;
+        }
+        groups.back().slot[filled++] = static_cast<int32_t>(i);
+      }
+    }
+    vs_num_groups_ = static_cast<int>(groups.size());
+    vs_groups_.upload(groups);
+    // Keys per CTA: 512, doubled (up to 2048, which halves the per-CTA setup and the partial results) while
+    // the grid keeps four or more CTAs per SM; or the test override.
+    vs_chunk_keys_ = g_vs_chunk_keys;
+    if (vs_chunk_keys_ == 0) {
+      int dev = 0, sms = 0;
+      TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
+      TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+      vs_chunk_keys_ = 512;
+      while (vs_chunk_keys_ < 2048 &&
+             int64_t{vs_num_groups_} * ((keys_ + 2 * vs_chunk_keys_ - 1) / (2 * vs_chunk_keys_)) >= 4 * sms)
+        vs_chunk_keys_ *= 2;
+    }
+    vs_chunks_ = std::max(1, (keys_ + vs_chunk_keys_ - 1) / vs_chunk_keys_);
     const size_t n = vs_.size();
     vs_partial_stats_.resize(n * static_cast<size_t>(vs_chunks_) * kVsRows);
     vs_stats_.resize(n * kVsRows);
     vs_colsum_.resize(n * static_cast<size_t>(std::max(keys_, 1)));
     vs_diag_.resize(n * static_cast<size_t>(std::max(keys_, 1)));
-    vs_diag_partial_.resize(n * static_cast<size_t>(vs_chunks_) * kVsBand);
+    vs_diag_partial_.resize(n * static_cast<size_t>(vs_chunks_) * static_cast<size_t>(vs_chunk_keys_ + kVsRows - 1));
   }
   if (!bs_.empty()) {
     bs_desc_.upload(bs_);
@@ -1086,6 +1184,8 @@ void DeviceEstimates::estimate(const TensorView& q, const TensorView& k, float s
     p.q_begin = ctx_.q_begin;
     p.keys = keys_;
     p.chunks = vs_chunks_;
+    p.chunk_keys = vs_chunk_keys_;
+    p.groups = vs_groups_.data();
     p.scale = scale;
     p.heads = vs_desc_.data();
     p.partial = vs_partial_stats_.data();
@@ -1097,13 +1197,13 @@ void DeviceEstimates::estimate(const TensorView& q, const TensorView& k, float s
     p.offsets = vs_offsets_.data();
     const int n = static_cast<int>(vs_.size());
     if (bf) {
-      if (d == 64) launch_vs<__nv_bfloat16, 64>(p, n, stream);
-      if (d == 128) launch_vs<__nv_bfloat16, 128>(p, n, stream);
-      if (d == 256) launch_vs<__nv_bfloat16, 256>(p, n, stream);
+      if (d == 64) launch_vs<__nv_bfloat16, 64>(p, n, vs_num_groups_, stream);
+      if (d == 128) launch_vs<__nv_bfloat16, 128>(p, n, vs_num_groups_, stream);
+      if (d == 256) launch_vs<__nv_bfloat16, 256>(p, n, vs_num_groups_, stream);
     } else {
-      if (d == 64) launch_vs<__half, 64>(p, n, stream);
-      if (d == 128) launch_vs<__half, 128>(p, n, stream);
-      if (d == 256) launch_vs<__half, 256>(p, n, stream);
+      if (d == 64) launch_vs<__half, 64>(p, n, vs_num_groups_, stream);
+      if (d == 128) launch_vs<__half, 128>(p, n, vs_num_groups_, stream);
+      if (d == 256) launch_vs<__half, 256>(p, n, vs_num_groups_, stream);
     }
   }
   if (!bs_.empty()) {

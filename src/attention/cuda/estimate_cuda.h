@@ -47,6 +47,11 @@ struct VsHeadDesc {
   int64_t offset_base = 0;     // into DeviceEstimates::vs_offsets
 };
 
+// Up to four VS heads of one kv head, scored by one CTA per chunk of keys (slot: index into vs_heads(); -1: none).
+struct VsGroupDesc {
+  int32_t slot[4];
+};
+
 struct BsHeadDesc {
   int32_t q_head = 0;
   int32_t kv_head = 0;
@@ -99,6 +104,9 @@ class DeviceEstimates {
   // waves.
   static void set_bs_wave_floats(int64_t floats);
   static int64_t bs_wave_floats();
+  // Keys per CTA of the VS scoring passes for estimators built afterwards (tests): a multiple of 64 in
+  // [64, 2048], or 0 (default) to choose by the size of the call.
+  static void set_vs_chunk_keys(int keys);
   int num_bs_waves() const { return static_cast<int>(bs_waves_.size()); }
 
   // Runs the estimators on device tensors q [q_len, num_q_heads, d] and k [kv_len, num_kv_heads, d] (bf16 or
@@ -138,6 +146,7 @@ class DeviceEstimates {
   std::vector<int32_t> bs_offsets_host_;  // CSR offsets of every BS head, concatenated
   DeviceBuffer<int32_t> vs_columns_, vs_offsets_, bs_offsets_, bs_key_blocks_;
   DeviceBuffer<VsHeadDesc> vs_desc_;
+  DeviceBuffer<VsGroupDesc> vs_groups_;
   DeviceBuffer<BsHeadDesc> bs_desc_;
   // Scratch.
   DeviceBuffer<float2> vs_partial_stats_, vs_stats_;
@@ -146,6 +155,8 @@ class DeviceEstimates {
   DeviceBuffer<BsTileDesc> bs_tiles_;
   DeviceBuffer<BsWorkDesc> bs_work_;
   int vs_chunks_ = 0;
+  int vs_chunk_keys_ = 512;
+  int vs_num_groups_ = 0;
 };
 
 }  // namespace tessera::attn::gpu
