@@ -399,27 +399,29 @@ __global__ void vs_merge_diag_kernel(const VsParams p) {
   p.diag[static_cast<int64_t>(slot) * p.keys + o] = sum;
 }
 
-// Exact top-k of one row by one block (v2; NOTES.md "VS estimator/index v2"): BlockTopK's selection (the k
-// largest order keys, ties to the smaller index, written ascending) and its four 8-bit radix passes, but
-// (1) each thread counts runs of equal digits in registers and adds a run to the shared histogram when its
-// digit changes (BlockTopK's per-element shared atomics serialised on the few bins most scores share: same
-// sign and exponent), and (2) the ordered collection gives each warp one contiguous segment of the row: a
-// counting pass (ballots), the warps' bases from 32 shared totals, then one ordered ballot pass per warp
-// (BlockTopK ran two block-wide scans and two barriers per 512 elements).
+// Exact top-k of one row by one block (v3; NOTES.md "Top-k v3", v2 in "VS estimator/index v2"): BlockTopK's
+// selection (the k largest order keys, ties to the smaller index, written ascending) and its four 8-bit radix
+// passes with the same threshold and digit search. Each warp owns one contiguous segment of the row for every
+// pass: (1) it counts into its own 256-bin histogram (runs of equal digits per thread in registers, an atomic
+// when the digit changes: BlockTopK's per-element shared atomics serialised on the few bins most scores share),
+// the block's histogram is the sum of the 16; (2) after each digit search a warp adds its bins above the chosen
+// digit to its count of keys above T, and its bin of the last digit is its count of keys equal to T, so the
+// warps' output bases need no counting pass (v2 ran one); (3) one ordered ballot pass per warp writes the
+// output. Every pass issues kLoads loads per thread before using them: the passes wait on L2 latency, ~n /
+// (threads x kLoads) round trips each (v2: 4 loads, 6 passes, 290 us at 128K on the H200).
 struct VsTopK {
   static constexpr int kWarps = kTopKThreads / 32;
-  // Loads a thread (or a warp, in the collection) issues before it uses them: one at a time, each pass over
-  // the row was a chain of ~n / kTopKThreads memory latencies (most of the kernel's time at 128K).
-  static constexpr int kLoads = 4;
+  static constexpr int kLoads = 16;
   struct Storage {
-    unsigned hist[256];
+    unsigned hist[kWarps][256];
+    unsigned total[256];
     uint32_t prefix;
-    int remaining;
+    int remaining, digit;
     int gt[kWarps], eq[kWarps];
   };
 
   // The order keys of row[first + j * stride], j < kLoads (0 at or past end): every load is issued before any
-  // is used, so a pass over the row waits on kLoads latencies at a time, not one per element.
+  // is used, so a pass over the row waits on one latency per kLoads elements, not one per element.
   __device__ static void load_keys(const float* row, int first, int stride, int end, uint32_t (&u)[kLoads]) {
 #pragma unroll
     for (int j = 0; j < kLoads; ++j) {
@@ -440,32 +442,44 @@ struct VsTopK {
       return;
     }
     const float* row = score + begin;
+    const int seg = (n + kTopKThreads - 1) / kTopKThreads * 32;  // a multiple of 32 per warp
+    const int s0 = min(n, warp * seg), s1 = min(n, s0 + seg);
+    unsigned* hist = st.hist[warp];
     if (tid == 0) {
       st.prefix = 0;
       st.remaining = k;
     }
     uint32_t mask = 0;
+    int gt = 0;  // this warp's keys above T (lane 0's copy is complete)
     for (int shift = 24; shift >= 0; shift -= 8) {
-      for (int i = tid; i < 256; i += kTopKThreads) st.hist[i] = 0;
-      __syncthreads();
+#pragma unroll
+      for (int j = 0; j < 8; ++j) hist[lane + 32 * j] = 0;
+      __syncthreads();  // also: st.prefix of the previous digit search is visible
       const uint32_t prefix = st.prefix;
       unsigned run_digit = 0, run = 0;
-      for (int i0 = tid; i0 < n; i0 += kLoads * kTopKThreads) {  // the thread's elements in index order
+      for (int b0 = s0; b0 < s1; b0 += 32 * kLoads) {  // the lane's elements of the segment in index order
         uint32_t u[kLoads];
-        load_keys(row, i0, kTopKThreads, n, u);
+        load_keys(row, b0 + lane, 32, s1, u);
 #pragma unroll
         for (int j = 0; j < kLoads; ++j) {
-          if (i0 + j * kTopKThreads >= n || (u[j] & mask) != prefix) continue;
+          if (b0 + 32 * j + lane >= s1 || (u[j] & mask) != prefix) continue;
           const unsigned d = (u[j] >> shift) & 255u;
           if (d != run_digit && run != 0) {
-            atomicAdd(&st.hist[run_digit], run);
+            atomicAdd(&hist[run_digit], run);
             run = 0;
           }
           run_digit = d;
           ++run;
         }
       }
-      if (run != 0) atomicAdd(&st.hist[run_digit], run);
+      if (run != 0) atomicAdd(&hist[run_digit], run);
+      __syncthreads();
+      if (tid < 256) {
+        unsigned sum = 0;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) sum += st.hist[w][tid];
+        st.total[tid] = sum;
+      }
       __syncthreads();
       if (tid < 32) {  // BlockTopK's digit search
         const unsigned rem = static_cast<unsigned>(st.remaining);
@@ -473,7 +487,7 @@ struct VsTopK {
         unsigned sum = 0;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-          cnt[j] = st.hist[255 - 8 * lane - j];
+          cnt[j] = st.total[255 - 8 * lane - j];
           sum += cnt[j];
         }
         __syncwarp();  // every lane has read st.remaining before it is overwritten (block_topk.cuh)
@@ -491,6 +505,7 @@ struct VsTopK {
             if (acc + cnt[j] >= rem) {
               st.prefix = prefix | (static_cast<uint32_t>(255 - 8 * lane - j) << shift);
               st.remaining = static_cast<int>(rem - acc);
+              st.digit = 255 - 8 * lane - j;
               break;
             }
             acc += cnt[j];
@@ -499,30 +514,27 @@ struct VsTopK {
       }
       mask |= 255u << shift;
       __syncthreads();
+      // This warp's keys with T's digits so far and a larger digit here are above T.
+      const int digit = st.digit;
+      unsigned above = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int d = lane + 32 * j;
+        above += d > digit ? hist[d] : 0u;
+      }
+      gt += static_cast<int>(__reduce_add_sync(0xffffffffu, above));
+      if (shift == 0 && lane == 0) {
+        st.gt[warp] = gt;
+        st.eq[warp] = static_cast<int>(hist[digit]);
+      }
+      __syncwarp();  // the warp's reads of its histogram before the next pass zeroes it
     }
+    __syncthreads();
 
     // T = st.prefix; keep every key above T and the first need_eq keys equal to T (index order).
     const uint32_t thr = st.prefix;
     const int need_eq = st.remaining;
     const unsigned below = (1u << lane) - 1u;
-    const int seg = (n + kTopKThreads - 1) / kTopKThreads * 32;  // a multiple of 32 per warp
-    const int s0 = min(n, warp * seg), s1 = min(n, s0 + seg);
-    int gt = 0, eq = 0;
-    for (int b0 = s0; b0 < s1; b0 += 32 * kLoads) {
-      uint32_t u[kLoads];
-      load_keys(row, b0 + lane, 32, s1, u);
-#pragma unroll
-      for (int j = 0; j < kLoads; ++j) {
-        const int i = b0 + 32 * j + lane;
-        gt += __popc(__ballot_sync(0xffffffffu, i < s1 && u[j] > thr));
-        eq += __popc(__ballot_sync(0xffffffffu, i < s1 && u[j] == thr));
-      }
-    }
-    if (lane == 0) {
-      st.gt[warp] = gt;
-      st.eq[warp] = eq;
-    }
-    __syncthreads();
     int taken = 0, eq_seen = 0;  // over the warps before this one
     for (int w = 0; w < warp; ++w) {
       const int eq_w = st.eq[w];
@@ -860,7 +872,8 @@ __global__ void __launch_bounds__(kBsScoreThreads, 3) bs_score_kernel(const BsPa
 // of the top_k slots) and goes last; the other count - 1 are the top of [0, qb) by score, ascending, as in
 // the CPU estimator (attention/index/estimate.h).
 __global__ void __launch_bounds__(kBsSelectThreads) bs_select_kernel(const BsParams p, int tile_begin) {
-  __shared__ uint32_t buf[kBsSelectThreads / 32][32];
+  using TopK = detail::WarpTopK<kBsRegSlots>;
+  __shared__ uint32_t buf[kBsSelectThreads / 32][TopK::kBufWords];
   const BsTileDesc tl = p.tiles[tile_begin + static_cast<int>(blockIdx.x)];
   const BsHeadDesc hd = p.heads[tl.slot];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -875,7 +888,6 @@ __global__ void __launch_bounds__(kBsSelectThreads) bs_select_kernel(const BsPar
     for (int i = lane; i < qb; i += 32) out[i] = i;
   } else if (k > 0) {  // a scored row: 2 <= top_k <= qb
     const float* row = p.scores + bs_row_offset(tl, hd.first_q_block, e);
-    using TopK = detail::WarpTopK<kBsRegSlots>;
     if (qb <= 32 * kBsRegSlots) {
       TopK::select<true>(row, qb, k, out, buf[warp]);
     } else {

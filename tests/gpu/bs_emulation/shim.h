@@ -160,6 +160,25 @@ inline unsigned __reduce_add_sync(unsigned, unsigned v) {
   return s;
 }
 
+inline unsigned __reduce_max_sync(unsigned, unsigned v) {
+  auto& w = emu::warps()[size_t(emu::cur()->warp)];
+  w.slot[emu::cur()->lane] = v;
+  emu::barrier(w);
+  unsigned s = 0;
+  for (int l = 0; l < 32; ++l) s = std::max(s, unsigned(w.slot[l]));
+  emu::barrier(w);
+  return s;
+}
+inline unsigned __reduce_min_sync(unsigned, unsigned v) {
+  auto& w = emu::warps()[size_t(emu::cur()->warp)];
+  w.slot[emu::cur()->lane] = v;
+  emu::barrier(w);
+  unsigned s = ~0u;
+  for (int l = 0; l < 32; ++l) s = std::min(s, unsigned(w.slot[l]));
+  emu::barrier(w);
+  return s;
+}
+
 namespace tessera::attn::gpu::detail {
 inline uintptr_t smem_addr(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 inline void cp_async_16(uintptr_t dst, const void* src, bool valid) {
