@@ -77,6 +77,10 @@ BUDGET=${CHECK_BUDGET_S:-540}
 START=$(date +%s)
 SUMMARY=$OUT/summary.txt
 : > "$SUMMARY"
+# The device tool copies the tree with the sender's modification times: on a machine kept warm between calls,
+# an object built by the previous call can look newer than a changed source, and ninja would keep it (two
+# stale runs on 2026-11-22). Every source is touched so that the build reflects the tree it was given.
+find "$ROOT/src" "$ROOT/tests" "$ROOT/bench" -type f -exec touch {} +
 
 # run_step NAME MAX_SECONDS CMD...: runs CMD with its output in $OUT/NAME.log, at most MAX_SECONDS and at most
 # what is left of the budget (keeping RESERVE seconds for the steps after it); records status and time.
