@@ -183,6 +183,25 @@ __global__ void __launch_bounds__(256) vs_cover_kernel(const LowerParams p) {
   p.cover[int64_t{h} * p.cover_words + w] = word;
 }
 
+// lower_bound_index by the whole warp for an ascending array (every lane gets the result): 32 probes per round
+// (the first index of each of 32 equal segments; the lanes whose probe is < x are a prefix, the answer lies after
+// the last of them and at most at the next probe), then one probe per lane over the last <= 32 entries. About
+// log32(n) dependent loads instead of log2(n).
+__device__ int warp_lower_bound(const int32_t* a, int lo, int hi, int64_t x) {
+  const int lane = threadIdx.x % 32;
+  while (hi - lo > 32) {
+    const int step = (hi - lo + 31) / 32;
+    const int i = lo + lane * step;
+    const int k = __popc(__ballot_sync(0xffffffffu, i < hi && a[i] < x));
+    if (k == 0) return lo;
+    const int z = lo + k * step;
+    lo += (k - 1) * step + 1;
+    hi = z < hi ? z : hi;
+  }
+  const int i = lo + lane;
+  return lo + __popc(__ballot_sync(0xffffffffu, i < hi && a[i] < x));
+}
+
 // The VS ranges of a full tile by runs (above) into out_ranges (when not null; at most range_room), with
 // counts.ranges and the ranges' key tiles in counts.cost; false (nothing done) when the runs do not apply.
 __device__ bool lower_vs_ranges_by_runs(const LowerParams& p, int h, const DeviceHeadPattern& hp,
@@ -195,11 +214,11 @@ __device__ bool lower_vs_ranges_by_runs(const LowerParams& p, int h, const Devic
   const int32_t* o = hp.offsets;
   const int32_t* breaks = p.run_breaks + hp.run_base;
   const int64_t p0 = g.p0, p1 = g.p1;
-  const int hi = detail::lower_bound_index(o, 0, hp.num_offsets, p1);
+  const int hi = warp_lower_bound(o, 0, hp.num_offsets, p1);  // offsets ascending (nbr >= 0)
   counts.ranges = 0;
   counts.cost = 0;
   if (hi == 0) return true;
-  const int nb = detail::lower_bound_index(breaks, 0, nbr, hi - 1);  // breaks below hi - 1
+  const int nb = warp_lower_bound(breaks, 0, nbr, hi - 1);  // breaks below hi - 1
   const int a_top = nb == 0 ? 0 : breaks[nb - 1] + 1;
   const int64_t b_top = p0 - o[hi - 1] < 0 ? 0 : p0 - o[hi - 1], e_top = p1 - o[a_top];
   counts.ranges = nb + 1;
@@ -258,11 +277,16 @@ __device__ void lower_bs_tile_warp(const DeviceHeadPattern& hp, const TileGeomet
       const int64_t fill_end = nkb - wb < wspan + 32 ? nkb : wb + wspan + 32;
       for (int k = lane; k <= nwords; k += 32) bits[k] = 0;
       __syncwarp();
-      for (int i = i_begin + lane; i < i_end; i += 32) {
-        const int64_t kb = hp.bs_key_blocks[i];
-        if (kb >= wb && kb < fill_end) {
-          const int64_t r = kb - wb;
-          atomicOr(&bits[r >> 5], 1u << (r & 31));
+      for (int i = i_begin + lane; i < i_end; i += 32 * 4) {  // 4 independent loads per lane, then the ORs
+        int64_t kb[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) kb[k] = i + 32 * k < i_end ? hp.bs_key_blocks[i + 32 * k] : -1;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          if (kb[k] >= wb && kb[k] < fill_end) {
+            const int64_t r = kb[k] - wb;
+            atomicOr(&bits[r >> 5], 1u << (r & 31));
+          }
         }
       }
       __syncwarp();
@@ -401,7 +425,7 @@ __device__ TileCounts lower_tile_warp(const LowerParams& p, int h, const DeviceH
   // stops at the first c >= key_end). On a full tile whose head has the coverage bitmap (vs_cover_kernel) the
   // offset test is bit p1 - c; otherwise the binary search of lower_tile. kColumnBatches batches of 32 columns
   // per step for independent loads.
-  const int jn = detail::lower_bound_index(hp.columns, 0, hp.num_columns, key_end);
+  const int jn = warp_lower_bound(hp.columns, 0, hp.num_columns, key_end);
   const bool by_cover = p.use_runs && p.cover != nullptr && hp.run_base >= 0 && p1 - p0 == p.tile &&
                         p.run_count[h] >= 0;
   const uint32_t* cover = by_cover ? p.cover + int64_t{h} * p.cover_words : nullptr;

@@ -133,7 +133,14 @@ static int check_case(std::mt19937& rng, int ci, bool per_kind) {
   };
   p.select = per_kind ? kSelectWarpKinds : kSelectAll;
   warp_pass(lower_count_warp_kernel, items + 1);
-  if (per_kind) {
+  int bad = 0;
+  if (per_kind) {  // the warp kernel lowered exactly the block-sparse items (costs of the others still unset)
+    for (size_t i = 0; i < nit; ++i) {
+      const bool bs_item = hp[i / size_t(tiles)].kind == DeviceHeadPattern::kBlockSparse;
+      if (bs_item != (costs[i] != -7) && bad++ < 5)
+        std::printf("case %d: item %zu (%s) %s by the warp kernel\n", ci, i, bs_item ? "BS" : "other",
+                    bs_item ? "not lowered" : "lowered");
+    }
     p.select = kSelectOthers;
     thread_pass(lower_count_kernel, items + 1);
   }
@@ -153,7 +160,6 @@ static int check_case(std::mt19937& rng, int ci, bool per_kind) {
     p.select = kSelectOthers;
     thread_pass(lower_fill_kernel, items);
   }
-  int bad = 0;
   if (rcount[nit] != 0 || ccount[nit] != 0) bad++, std::printf("case %d: extra count not zero\n", ci);
   for (int h = 0; h < heads; ++h) {
     const DeviceHeadPattern& d = hp[size_t(h)];

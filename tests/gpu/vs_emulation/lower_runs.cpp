@@ -157,10 +157,35 @@ static int check_case(std::mt19937& rng, int ci) {
   return bad;
 }
 
+// warp_lower_bound against detail::lower_bound_index: ascending arrays with duplicates, sizes 0 .. 5000, any
+// [lo, hi) and x below, inside and above the values.
+static int check_warp_lower_bound(std::mt19937& rng, int trials) {
+  int bad = 0;
+  for (int t = 0; t < trials; ++t) {
+    const int n = (t % 4 == 0) ? int(rng() % 40) : int(rng() % 5000);
+    std::vector<int32_t> a(static_cast<size_t>(n));
+    int v = int(rng() % 100) - 50;
+    for (int& x : a) { x = v; v += (rng() % 3 == 0) ? 0 : 1 + int(rng() % (1 + rng() % 200)); }
+    const int lo = n > 0 && rng() % 3 == 0 ? int(rng() % uint32_t(n)) : 0;
+    const int hi = n > lo && rng() % 3 == 0 ? lo + int(rng() % uint32_t(n - lo + 1)) : n;
+    for (int q = 0; q < 8; ++q) {
+      const int64_t x = n > 0 && q < 6 ? int64_t(a[rng() % uint32_t(n)]) + int(rng() % 3) - 1 : int64_t(v) - 200 * (q - 6);
+      const int want = detail::lower_bound_index(a.data(), lo, hi, x);
+      int got[32];
+      dim3 b; dim3 d; d.x = 32;
+      emu::run_block(b, d, [&] { got[threadIdx.x] = warp_lower_bound(a.data(), lo, hi, x); });
+      for (int l = 0; l < 32; ++l)
+        if (got[l] != want && bad++ < 5) std::printf("warp_lower_bound n %d [%d, %d) x %ld: lane %d %d, want %d\n", n, lo, hi, long(x), l, got[l], want);
+    }
+  }
+  std::printf("warp_lower_bound: %d of %d searches differ\n", bad, trials * 8);
+  return bad;
+}
+
 int main(int argc, char** argv) {
   const int cases = argc > 1 ? std::atoi(argv[1]) : 60;
   std::mt19937 rng(12345);
-  int bad_cases = 0;
+  int bad_cases = check_warp_lower_bound(rng, 400) != 0;
   for (int c = 0; c < cases; ++c) bad_cases += check_case(rng, c) != 0;
   std::printf("vs index runs: %d of %d cases differ (%ld tiles by runs, %ld of them with > 1 range; %ld by the walk; "
               "%ld coverage bits checked, %ld columns tested by coverage)\n",
