@@ -25,12 +25,14 @@
 #include "attention/cuda/cuda_check.h"
 #include "attention/cuda/estimate_cuda.h"
 #include "attention/cuda/mma_sm80.cuh"
+#include "attention/cuda/wgmma_sm90.cuh"
 #include "core/error.h"
 
 namespace tessera::attn::gpu {
 
 namespace {
 
+using detail::cp_async_16;
 using detail::cp_async_commit;
 using detail::cp_async_tile;
 using detail::cp_async_wait;
@@ -91,12 +93,46 @@ struct VsTile {
   int pos[2];
 };
 
+// Scores on the tensor cores' warpgroup path (wgmma m64n64k16, Q from the registers, K from shared memory)
+// where it exists (sm_90a device code) at D = 128: a head's four warps are one warpgroup. K tiles are then
+// stored in the 128-byte-swizzled layout the wgmma descriptors name (wgmma_sm90.cuh); elsewhere mma.sync over
+// ldmatrix fragments (swizzle<D>'s layout). (v3 H200 profile with mma.sync: each warp re-read the whole K tile
+// through ldmatrix and the scoring passes ran at ~150 TFLOP/s.)
+template <int D>
+__host__ __device__ constexpr bool vs_wgmma() {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  return D == 128;
+#else
+  return false;
+#endif
+}
+
+// The kernels' shared memory, from a 1024-byte-aligned base (the swizzle's period; the launch adds 1024 bytes).
+__device__ __forceinline__ unsigned char* vs_smem_base(unsigned char* raw) {
+  const uint32_t a = smem_addr(raw);
+  return raw + (((a + 1023u) & ~1023u) - a);
+}
+
 template <typename T, int D>
 __device__ __forceinline__ void vs_load_k(const VsParams& p, int kv_head, T* dst, int kb) {
+  constexpr int kThreads = 128 * vs_group<D>();
   const T* kh = static_cast<const T*>(p.k) + kv_head * p.k_head;
-  cp_async_tile<D, 64, 128 * vs_group<D>()>(dst, threadIdx.x, p.k, [&](int r) -> const void* {
-    return kb + r < p.keys ? kh + static_cast<int64_t>(kb + r) * p.k_tok : nullptr;
-  });
+  if constexpr (vs_wgmma<D>()) {
+    constexpr int kChunks = D / 8;  // 16-byte chunks of a row
+    static_assert((64 * kChunks) % kThreads == 0);
+    const uint32_t base = smem_addr(dst);
+#pragma unroll
+    for (int it = 0; it < 64 * kChunks / kThreads; ++it) {
+      const int i = static_cast<int>(threadIdx.x) + it * kThreads, row = i / kChunks, ch = i % kChunks;
+      const bool ok = kb + row < p.keys;  // rows past the keys are zero-filled (and masked)
+      cp_async_16(base + detail::sw128_offset<64>(row, ch),
+                  ok ? static_cast<const void*>(kh + static_cast<int64_t>(kb + row) * p.k_tok + 8 * ch) : p.k, ok);
+    }
+  } else {
+    cp_async_tile<D, 64, kThreads>(dst, threadIdx.x, p.k, [&](int r) -> const void* {
+      return kb + r < p.keys ? kh + static_cast<int64_t>(kb + r) * p.k_tok : nullptr;
+    });
+  }
 }
 
 // Q into the registers, then the loads of the chunk's first kVsStages - 1 K tiles (one commit group each,
@@ -169,8 +205,23 @@ __device__ __forceinline__ void vs_prefetch(const VsParams& p, const VsTile<T, D
 template <typename T, int D>
 __device__ __forceinline__ void vs_scores(const VsTile<T, D>& v, int t, float (&s)[8][4]) {
   cp_async_wait<kVsStages - 2>();  // committed: tiles 0 .. t + kVsStages - 2, one group each
+  if constexpr (vs_wgmma<D>()) detail::fence_proxy_async_shared();  // cp.async writes before wgmma reads
   __syncthreads();
   if (v.slot < 0) return;
+  if constexpr (vs_wgmma<D>()) {
+    // The accumulator layout per 8-column block is mma.sync's C layout: d[4 i + j] is s[i][j].
+    float(&d)[32] = *reinterpret_cast<float(*)[32]>(&s[0][0]);
+    const uint64_t desc = detail::sw128_desc(smem_addr(v.buf + (t % kVsStages) * 64 * D), 16, 1024);
+    detail::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      detail::Wgmma<T>::rs_m64n64(d, v.qa[kk], detail::desc_advance(desc, (kk / 4) * (64 * 128) + (kk % 4) * 32),
+                                  kk > 0 ? 1 : 0);
+    detail::wgmma_commit();
+    detail::wgmma_wait<0>();
+    detail::fence_operands(d);
+    return;
+  }
   const int lane = threadIdx.x % 32;
   const LaneSwizzle sw(lane);
   const uint32_t k_base = smem_addr(v.buf + (t % kVsStages) * 64 * D) + LaneSwizzle::b_row<D>(lane);
@@ -191,7 +242,8 @@ __device__ __forceinline__ void vs_scores(const VsTile<T, D>& v, int t, float (&
 // Grids of vs_stats and vs_sums are (groups, chunks) with the groups varying fastest.
 template <typename T, int D>
 __global__ void __launch_bounds__(128 * vs_group<D>(), 1) vs_stats_kernel(const VsParams p) {
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* smem = vs_smem_base(smem_raw);
   const int chunk = blockIdx.y;
   const int kb0 = chunk * p.chunk_keys, kb1 = min(kb0 + p.chunk_keys, p.keys);
   const VsTile<T, D> v = vs_setup<T, D>(p, kb0, kb1, smem);
@@ -290,7 +342,8 @@ __host__ __device__ constexpr int vs_sums_head_floats(int chunk_keys) {
 // and reading them.
 template <typename T, int D>
 __global__ void __launch_bounds__(128 * vs_group<D>(), 1) vs_sums_kernel(const VsParams p) {
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* smem = vs_smem_base(smem_raw);
   const int chunk = blockIdx.y;
   const int kb0 = chunk * p.chunk_keys, kb1 = min(kb0 + p.chunk_keys, p.keys);
   const int band_len = p.chunk_keys + kVsRows - 1;
@@ -900,7 +953,7 @@ __global__ void __launch_bounds__(kBsSelectThreads) bs_select_kernel(const BsPar
 template <typename T, int D>
 void launch_vs(const VsParams& p, int num_heads, int num_groups, cudaStream_t stream) {
   constexpr int kThreads = 128 * vs_group<D>();
-  const size_t smem_scores = size_t{kVsStages} * 64u * D * sizeof(T);
+  const size_t smem_scores = size_t{kVsStages} * 64u * D * sizeof(T) + 1024u;  // + alignment (vs_smem_base)
   const size_t smem_sums =
       smem_scores + size_t{vs_group<D>()} * static_cast<size_t>(vs_sums_head_floats(p.chunk_keys)) * sizeof(float);
   check(p.chunks <= 65535, "CUDA estimate: " + std::to_string(p.keys) + " keys are too many for the VS grid");
