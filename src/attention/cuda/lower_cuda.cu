@@ -735,8 +735,8 @@ void DeviceIndexBuilder::build(DeviceSparseIndex& index, DeviceWorkPlan& plan, c
     check_launch("vs_runs_kernel");
     p.cover = cover_.data();
     p.cover_words = cover_words_;
-    vs_cover_kernel<<<dim3(static_cast<unsigned>(num_heads_), static_cast<unsigned>((cover_words_ + 255) / 256)),
-                      256, 0, stream>>>(p);
+    const dim3 cover_grid(static_cast<unsigned>(num_heads_), static_cast<unsigned>((cover_words_ + 255) / 256));
+    vs_cover_kernel<<<cover_grid, 256, 0, stream>>>(p);
     check_launch("vs_cover_kernel");
   }
   // Both kernels write the extra (num_items-th) zero count, with the same values.
@@ -775,8 +775,8 @@ void DeviceIndexBuilder::build(DeviceSparseIndex& index, DeviceWorkPlan& plan, c
                                                                plan.order.data(), n_items, 0, 32, stream));
   total_cost_.resize(1);
   TESSERA_CUDA_CHECK(cudaMemsetAsync(total_cost_.data(), 0, sizeof(unsigned long long), stream));
-  const int sum_blocks = std::min((n_items + kSumThreads * kSumItemsPerThread - 1) / (kSumThreads * kSumItemsPerThread),
-                                  1024);
+  constexpr int kSumItemsPerBlock = kSumThreads * kSumItemsPerThread;
+  const int sum_blocks = std::min((n_items + kSumItemsPerBlock - 1) / kSumItemsPerBlock, 1024);
   sum_costs_kernel<<<sum_blocks, kSumThreads, 0, stream>>>(costs_.data(), n_items, total_cost_.data());
   check_launch("sum_costs_kernel");
 }
