@@ -37,7 +37,8 @@
 #              at 32K and 128K, dense/vs/bs: the VS and BS costs at a realistic index density
 #   bench_local the same with --inputs local (the older local/sink inputs) at 128K, dense/vs/bs
 #   sdpa       bench/gpu/sdpa_reference.py (torch SDPA cuDNN / flash / efficient; CSV in $OUT/sdpa.csv)
-#   racecheck  compute-sanitizer racecheck on three tiny cases (last: it gets what is left of the budget), then
+#   racecheck  compute-sanitizer racecheck on tiny executor / estimator cases, the VS and BS index builds (per-warp
+#              bitmaps) and a mixed VS layer (last: it gets what is left of the budget), then
 #              on one tiny case through the wgmma kernel (sanitizer_racecheck_wgmma)
 #   summary    one line per step (status, seconds), the tail of each failure, the two result tables
 # Run order after the build: test, bench, bench_short, bench_model, racecheck_topk, memcheck, bench_local, sdpa, racecheck,
@@ -329,7 +330,7 @@ fi
 # Shared-memory race check last: slow, so it gets what is left of the budget.
 if [ "$built" = yes ] && [ "${SKIP_SANITIZER:-0}" != 1 ]; then
   run_step sanitizer_racecheck 90 compute-sanitizer --tool racecheck --error-exitcode 3 "$TEST_BIN" \
-    --gtest_filter='Cases/ExecutorTest.MatchesReference/mixed_s100_d64_f16_t64:Cases/ExecutorTest.MatchesReference/dense_s100_d64_f16_t64:Cases/DeviceEstimateTest.*/s40_short'
+    --gtest_filter='Cases/ExecutorTest.MatchesReference/mixed_s100_d64_f16_t64:Cases/ExecutorTest.MatchesReference/dense_s100_d64_f16_t64:Cases/DeviceEstimateTest.*/s40_short:Cases/DeviceIndexTest.IdenticalToCpuLowering/bs_s1000:Cases/DeviceIndexTest.IdenticalToCpuLowering/vs_s1000:DeviceEstimateMixed.*'
   # The wgmma kernel (its self-check, then a one-row case through both kernels), separately: racecheck may
   # not model the async proxy (wgmma reading what cp.async wrote), so a report here needs reading, and a slow
   # run must not cost the check above.

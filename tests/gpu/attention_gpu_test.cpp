@@ -800,8 +800,8 @@ TEST_P(DeviceIndexTest, IdenticalToCpuLowering) {
   const std::vector<HeadEstimate> est = cpu_estimates(layer, in, s);
   const SparseIndex want = lower_layer(layer, est, s.ctx());
 
-  // Every index build mode: per kind (the default: a warp per tile for VS heads, a thread per tile for the
-  // others; the "mixed" layers run both kernels in one build), a warp per tile, a thread per tile.
+  // Every index build mode: per kind (the default: a warp per tile for VS and BS heads, a thread per tile for
+  // the others; the "mixed" layers run both kernels in one build), a warp per tile, a thread per tile.
   for (const gpu::IndexBuildMode mode :
        {gpu::IndexBuildMode::kPerKind, gpu::IndexBuildMode::kWarp, gpu::IndexBuildMode::kThread}) {
     SCOPED_TRACE(std::string("index build: ") + gpu::index_build_mode_name(mode));
