@@ -141,6 +141,7 @@ template <typename T, int D>
 __device__ __forceinline__ VsTile<T, D> vs_setup(const VsParams& p, int kb0, int kb1, unsigned char* smem) {
   constexpr int G = vs_group<D>();
   static_assert(kVsStages >= G, "the group's Q rows are staged in the K ring");
+  static_assert(G <= static_cast<int>(sizeof(VsGroupDesc::slot) / sizeof(int32_t)), "VsGroupDesc holds the group");
   VsTile<T, D> v;
   v.buf = reinterpret_cast<T*>(smem);
   const int32_t* gslot = p.groups[blockIdx.x].slot;  // read in place: a local copy would go to the stack
