@@ -71,9 +71,10 @@ __device__ __forceinline__ int floor_div(int a, int b) {
 
 // Shared part of the two VS passes (v3). A CTA takes one chunk of keys for a group of up to vs_group<D>() VS
 // heads that read the same kv head (DeviceEstimates builds the groups): warps 4 s .. 4 s + 3 take the 64 rows
-// of the group's head s, so each K tile is loaded once for all of them (v2 ran a CTA of 4 warps per head and
-// chunk: every K tile was loaded once per query head, and with a two-tile double buffer at 4 CTAs per SM the
-// SMs waited on memory, ~5 us per 64-key tile). Dynamic shared memory starts with kVsStages [64][D] tiles: the
+// of the group's head s, so each K tile is loaded once for all of them and, on the wgmma path, read once per
+// head (v2 ran a CTA of 4 warps per head and chunk, each warp reading the whole tile through ldmatrix for its 16
+// rows: ~5 us per 64-key tile, bound inside the SM rather than on memory; NOTES.md "VS estimate v3" has the
+// measured steps). Dynamic shared memory starts with kVsStages [64][D] tiles: the
 // group's Q rows are staged there first (head s in stage s; each warp then keeps its 16 rows as mma A
 // fragments in registers), then they form a ring of K tiles with kVsStages - 1 loads in flight.
 template <int D>
