@@ -884,6 +884,32 @@ int separated_budget(const std::vector<double>& score, int forced, int target) {
   return forced + static_cast<int>(rest.size());
 }
 
+// A VS pattern for head h whose budgets sit at separated boundaries of the exact sums (a few per cent of the
+// keys, more for later heads), so that the device and CPU estimates must agree exactly.
+VerticalSlashPattern separated_vs_pattern(const Inputs& in, const Shape& s, int h) {
+  const int n = s.q_begin + s.q_len;
+  std::vector<double> col, diag;
+  vs_sums(in, s, h, 64, col, diag);
+  VerticalSlashPattern p{0, 0, 64, 8, 16};
+  p.vertical = separated_budget(col, std::min(p.forced_columns, n), std::max(1, n / 20) + 3 * h);
+  p.slash = separated_budget(diag, std::min(p.forced_diagonals, n), std::max(1, n / 30) + 5 * h);
+  return p;
+}
+
+// Every VS head's device estimate equals the CPU's; returns the number of VS heads.
+int expect_same_vs_estimates(const std::vector<HeadEstimate>& want, const std::vector<HeadEstimate>& got) {
+  int vs_heads = 0;
+  for (size_t h = 0; h < want.size(); ++h) {
+    const auto* w = std::get_if<VerticalSlashEstimate>(&want[h]);
+    if (w == nullptr) continue;
+    const auto& g = std::get<VerticalSlashEstimate>(got[h]);
+    EXPECT_EQ(g.columns, w->columns) << "head " << h;
+    EXPECT_EQ(g.offsets, w->offsets) << "head " << h;
+    ++vs_heads;
+  }
+  return vs_heads;
+}
+
 struct EstimateCase {
   std::string name;
   Shape shape;
@@ -896,16 +922,8 @@ TEST_P(DeviceEstimateTest, VerticalSlashIdenticalWhenSeparated) {
   const Shape& s = GetParam().shape;
   SCOPED_TRACE(describe(s));
   const Inputs in = make_inputs(s, seed_of(GetParam().name + "vs"));
-  const int n = s.q_begin + s.q_len;
   std::vector<Pattern> layer;
-  for (int h = 0; h < s.hq; ++h) {
-    std::vector<double> col, diag;
-    vs_sums(in, s, h, 64, col, diag);
-    VerticalSlashPattern p{0, 0, 64, 8, 16};
-    p.vertical = separated_budget(col, std::min(p.forced_columns, n), std::max(1, n / 20) + 3 * h);
-    p.slash = separated_budget(diag, std::min(p.forced_diagonals, n), std::max(1, n / 30) + 5 * h);
-    layer.push_back(p);
-  }
+  for (int h = 0; h < s.hq; ++h) layer.push_back(separated_vs_pattern(in, s, h));
   const std::vector<HeadEstimate> want = cpu_estimates(layer, in, s);
   // Keys per CTA of the scoring passes: chosen by size (512 at these lengths), and forced to 64 (many chunks,
   // every diagonal band merged from two) and 1024 / 2048 (the long-prompt choices: one or a few chunks).
@@ -916,13 +934,7 @@ TEST_P(DeviceEstimateTest, VerticalSlashIdenticalWhenSeparated) {
     gpu::DeviceEstimates::set_vs_chunk_keys(0);
     DeviceTensor out = poisoned(s.q_len, s.hq, s.d, s.dtype);
     gl.estimate(device_args(in, out, nullptr, s));
-    const std::vector<HeadEstimate> got = gl.download_estimates();
-    for (int h = 0; h < s.hq; ++h) {
-      const auto& w = std::get<VerticalSlashEstimate>(want[static_cast<size_t>(h)]);
-      const auto& g = std::get<VerticalSlashEstimate>(got[static_cast<size_t>(h)]);
-      EXPECT_EQ(g.columns, w.columns) << "head " << h;
-      EXPECT_EQ(g.offsets, w.offsets) << "head " << h;
-    }
+    EXPECT_EQ(expect_same_vs_estimates(want, gl.download_estimates()), s.hq);
   }
 }
 
@@ -933,35 +945,19 @@ TEST(DeviceEstimateMixed, VerticalSlashGroupsOfSomeHeads) {
   const Shape s{1500, 0, 0, 12, 2, 128, 128, DType::BF16};  // 6 query heads per kv head
   SCOPED_TRACE(describe(s));
   const Inputs in = make_inputs(s, seed_of("vs_mixed_groups"));
-  const int n = s.q_begin + s.q_len;
   std::vector<Pattern> layer;
   for (int h = 0; h < s.hq; ++h) {
     if (h == 1 || h == 7 || h == 8) {  // kv head 0: 5 VS heads (groups of 4 and 1); kv head 1: 4 (of 6)
       layer.push_back(AShapePattern{16, 64});
-      continue;
+    } else {
+      layer.push_back(separated_vs_pattern(in, s, h));
     }
-    std::vector<double> col, diag;
-    vs_sums(in, s, h, 64, col, diag);
-    VerticalSlashPattern p{0, 0, 64, 8, 16};
-    p.vertical = separated_budget(col, std::min(p.forced_columns, n), std::max(1, n / 20) + 3 * h);
-    p.slash = separated_budget(diag, std::min(p.forced_diagonals, n), std::max(1, n / 30) + 5 * h);
-    layer.push_back(p);
   }
   const std::vector<HeadEstimate> want = cpu_estimates(layer, in, s);
   gpu::CudaLayerAttention gl(layer, s.ctx(), s.hkv, s.d);
   DeviceTensor out = poisoned(s.q_len, s.hq, s.d, s.dtype);
   gl.estimate(device_args(in, out, nullptr, s));
-  const std::vector<HeadEstimate> got = gl.download_estimates();
-  int vs_heads = 0;
-  for (int h = 0; h < s.hq; ++h) {
-    const auto* w = std::get_if<VerticalSlashEstimate>(&want[static_cast<size_t>(h)]);
-    if (w == nullptr) continue;
-    const auto& g = std::get<VerticalSlashEstimate>(got[static_cast<size_t>(h)]);
-    EXPECT_EQ(g.columns, w->columns) << "head " << h;
-    EXPECT_EQ(g.offsets, w->offsets) << "head " << h;
-    ++vs_heads;
-  }
-  EXPECT_EQ(vs_heads, 9);
+  EXPECT_EQ(expect_same_vs_estimates(want, gl.download_estimates()), 9);
 }
 
 TEST_P(DeviceEstimateTest, BlockSparseIdenticalUpToNearTies) {

@@ -8,7 +8,7 @@
 //      memory (each key belongs to one chunk); diagonal sums are accumulated per chunk over the band of offsets
 //      the chunk touches (chunk + 63 offsets) in a fixed order and stored per chunk;
 //   4. vs_merge_diag: each offset sums the (at most two) chunk bands that cover it, in chunk order;
-//   5. vs_topk: forced prefix, then VsTopK (BlockTopK's selection, faster) over the rest, for columns and
+//   5. vs_topk: forced prefix, then VsTopK (block_topk.cuh's selection rule) over the rest, for columns and
 //      offsets.
 // Everything is deterministic (no atomics on floats).
 // BS: pool K per kv head (one pool per distinct block size), pool Q per head, then per wave a tiled f32
@@ -454,11 +454,11 @@ __global__ void vs_merge_diag_kernel(const VsParams p) {
   p.diag[static_cast<int64_t>(slot) * p.keys + o] = sum;
 }
 
-// Exact top-k of one row by one block (v3; NOTES.md "Top-k v3", v2 in "VS estimator/index v2"): BlockTopK's
-// selection (the k largest order keys, ties to the smaller index, written ascending) and its four 8-bit radix
-// passes with the same threshold and digit search. Each warp owns one contiguous segment of the row for every
+// Exact top-k of one row by one block (v3; NOTES.md "Top-k v3", v2 in "VS estimator/index v2"): the selection
+// rule of block_topk.cuh (the k largest order keys, ties to the smaller index, written ascending) by four
+// 8-bit radix passes (v1's BlockTopK's threshold and digit search). Each warp owns one contiguous segment of the row for every
 // pass: (1) it counts into its own 256-bin histogram (runs of equal digits per thread in registers, an atomic
-// when the digit changes: BlockTopK's per-element shared atomics serialised on the few bins most scores share),
+// when the digit changes: v1's per-element shared atomics serialised on the few bins most scores share),
 // the block's histogram is the sum of the 16; (2) after each digit search a warp adds its bins above the chosen
 // digit to its count of keys above T, and its bin of the last digit is its count of keys equal to T, so the
 // warps' output bases need no counting pass (v2 ran one); (3) one ordered ballot pass per warp writes the
@@ -536,7 +536,7 @@ struct VsTopK {
         st.total[tid] = sum;
       }
       __syncthreads();
-      if (tid < 32) {  // BlockTopK's digit search
+      if (tid < 32) {  // the digit search: the 8-bit digit where the count from the top reaches `remaining`
         const unsigned rem = static_cast<unsigned>(st.remaining);
         unsigned cnt[8];
         unsigned sum = 0;
@@ -545,7 +545,11 @@ struct VsTopK {
           cnt[j] = st.total[255 - 8 * lane - j];
           sum += cnt[j];
         }
-        __syncwarp();  // every lane has read st.remaining before it is overwritten (block_topk.cuh)
+        // Every lane has read st.remaining (and its digits) before the one lane that finds the digit overwrites
+        // st.remaining / st.prefix below: without this barrier the read and that write are unordered between
+        // lanes (compute-sanitizer racecheck reported exactly that pair in v1's block top-k), and a lane
+        // reading the new value would compare against the wrong count.
+        __syncwarp();
         unsigned incl = sum;
 #pragma unroll
         for (int off = 1; off < 32; off <<= 1) {

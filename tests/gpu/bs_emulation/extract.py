@@ -19,7 +19,7 @@ i=bs.index('__device__ __forceinline__ float bs_select(bool p, float a, float b)
 j=bs.index('\n}\n',i)+3
 bs=bs[:i]+'inline float bs_select(bool p, float a, float b) { return p ? a : b; }\n'+bs[j:]
 # order_key and WarpTopK
-ok=tk[tk.index('__device__ __forceinline__ uint32_t order_key'):tk.index('template <int kThreads>')]
+ok=tk[tk.index('__device__ __forceinline__ uint32_t order_key'):tk.index('// Exact top-k of one row by one warp')]
 wt=tk[tk.index('template <int kRegSlots>\nstruct WarpTopK'):tk.rindex('}  // namespace tessera::attn::gpu::detail')]
 out='''#include "shim.h"
 namespace tessera::attn::gpu {

@@ -17,7 +17,7 @@ open(os.path.join(out_dir, 'lower_extracted.h'), 'w').write(out)
 # VsTopK (estimate_cuda.cu) with order_key (block_topk.cuh) into topk_extracted.h
 est = open(os.path.join(root, 'src/attention/cuda/estimate_cuda.cu')).read()
 tk = open(os.path.join(root, 'src/attention/cuda/block_topk.cuh')).read()
-ok = tk[tk.index('__device__ __forceinline__ uint32_t order_key'):tk.index('template <int kThreads>')]
+ok = tk[tk.index('__device__ __forceinline__ uint32_t order_key'):tk.index('// Exact top-k of one row by one warp')]
 a = est.index('struct VsTopK {')
 b = est.index('__global__ void __launch_bounds__(kTopKThreads) vs_topk_kernel')
 kt = est[est.index('constexpr int kTopKThreads'):]
