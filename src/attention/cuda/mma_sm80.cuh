@@ -92,6 +92,19 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// 2^x on the FMA pipe (no MUFU): x = j + f with j = round(x), f in [-0.5, 0.5]; 2^f by a degree-3 polynomial
+// (relative error 1.0e-4, below bf16's and f16's rounding of P), 2^j added to its exponent with one integer
+// multiply-add (the low bits of x + 1.5 * 2^23 hold j). x is clamped at -125, so -inf gives 2^-125 (about 2.4e-38),
+// not 0: the softmax's masked scores contribute below any visible key's weight, and a row that sees no key is
+// recognised by its running max (-inf), not by its sum (store_rows).
+__device__ __forceinline__ float poly_exp2(float x) {
+  x = fmaxf(x, -125.0f);
+  const float t = x + 12582912.0f;  // 1.5 * 2^23: rounds x to an integer j in t's low mantissa bits
+  const float f = x - (t - 12582912.0f);
+  const float p = fmaf(fmaf(fmaf(0.05500893f, f, 0.242211f), f, 0.69328296f), f, 1.0f);
+  return __uint_as_float(__float_as_uint(t) * (1u << 23) + __float_as_uint(p));
+}
+
 // Element offset of (row, 16-byte chunk) in a [rows][D] tile of 2-byte elements whose chunks are XOR-swizzled
 // with the row (chunk ^ (row % 8)), so that ldmatrix's eight row addresses hit eight different bank groups.
 template <int D>

@@ -47,16 +47,20 @@ TESSERA_DECLARE_WGMMA(__half)
 // Instantiated in sparse_prefill_wgmma_ws_{bf16,f16}.cu.
 template <typename T, int kStages, bool kQRegs>
 void launch_sparse_prefill_wgmma_ws(const PrefillParams& p, cudaStream_t stream);
-template <typename T, int kStages, bool kQRegs, bool kPingpong, int kRescale, bool kPair>
+template <typename T, int kStages, bool kQRegs, bool kPingpong, int kRescale, bool kPair, int kPolyExp, bool kMaxTree>
 void launch_sparse_prefill_wgmma_tma(const PrefillParams& p, cudaStream_t stream);
 #define TESSERA_DECLARE_WGMMA_WS(T)                                                                       \
   extern template void launch_sparse_prefill_wgmma_ws<T, 4, true>(const PrefillParams&, cudaStream_t);  \
   extern template void launch_sparse_prefill_wgmma_ws<T, 4, false>(const PrefillParams&, cudaStream_t); \
-  extern template void launch_sparse_prefill_wgmma_tma<T, 6, true, false, 8, true>(const PrefillParams&, cudaStream_t); \
-  extern template void launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true>(const PrefillParams&, cudaStream_t); \
-  extern template void launch_sparse_prefill_wgmma_tma<T, 4, true, false, 8, false>(const PrefillParams&, cudaStream_t); \
-  extern template void launch_sparse_prefill_wgmma_tma<T, 4, true, true, 8, false>(const PrefillParams&, cudaStream_t); \
-  extern template void launch_sparse_prefill_wgmma_tma<T, 4, true, true, 0, false>(const PrefillParams&, cudaStream_t);
+  extern template void launch_sparse_prefill_wgmma_tma<T, 6, true, false, 8, true, 0, false>(const PrefillParams&, cudaStream_t); \
+  extern template void launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true, 0, false>(const PrefillParams&, cudaStream_t); \
+  extern template void launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true, 0, true>(const PrefillParams&, cudaStream_t); \
+  extern template void launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true, 2, false>(const PrefillParams&, cudaStream_t); \
+  extern template void launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true, 4, false>(const PrefillParams&, cudaStream_t); \
+  extern template void launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true, 4, true>(const PrefillParams&, cudaStream_t); \
+  extern template void launch_sparse_prefill_wgmma_tma<T, 4, true, false, 8, false, 0, false>(const PrefillParams&, cudaStream_t); \
+  extern template void launch_sparse_prefill_wgmma_tma<T, 4, true, true, 8, false, 0, false>(const PrefillParams&, cudaStream_t); \
+  extern template void launch_sparse_prefill_wgmma_tma<T, 4, true, true, 0, false, 0, false>(const PrefillParams&, cudaStream_t);
 TESSERA_DECLARE_WGMMA_WS(__nv_bfloat16)
 TESSERA_DECLARE_WGMMA_WS(__half)
 #undef TESSERA_DECLARE_WGMMA_WS
@@ -216,11 +220,18 @@ struct WgmmaVariant {
   const char* name;
   bool eager_rescale = false;  // TMA ping-pong kernel: move the softmax max whenever it grows (the v4 behaviour)
   bool pair = false;           // TMA ping-pong kernel with 128-key steps, one Q buffer and 6 K/V stages
+  int poly_exp = 0;            // pair kernel: column blocks of 16 per step whose 2^x run on the FMA pipe (poly_exp2)
+  bool max_tree = false;       // pair kernel: row maxima as a tree
 };
 constexpr WgmmaVariant kWgmmaVariants[] = {
     {true, true, 6, true, true, false, 8192, 1024, "TMA producer warp, ping-pong, 128-key steps, 6 stages", false,
      true},
     {true, false, 6, true, true, false, 8192, 1024, "TMA producer warp, 128-key steps, 6 stages", false, true},
+    {true, true, 6, true, true, false, 8192, 1024, "TMA ping-pong, 128-key steps, max tree", false, true, 0, true},
+    {true, true, 6, true, true, false, 8192, 1024, "TMA ping-pong, 128-key steps, 1/8 of 2^x on FMA", false, true, 2},
+    {true, true, 6, true, true, false, 8192, 1024, "TMA ping-pong, 128-key steps, 1/4 of 2^x on FMA", false, true, 4},
+    {true, true, 6, true, true, false, 8192, 1024, "TMA ping-pong, 128-key steps, 1/4 on FMA, max tree", false, true, 4,
+     true},
     {true, true, 4, true, true, false, 8192, 1024, "TMA producer warp, ping-pong, Q in registers, 4 stages"},
     {true, true, 4, true, true, false, 8192, 1024, "TMA producer warp, ping-pong, eager rescale", true},
     {true, false, 4, true, true, false, 8192, 1024, "TMA producer warp, Q in registers, 4 stages"},
@@ -235,15 +246,23 @@ constexpr WgmmaVariant kWgmmaVariants[] = {
 template <typename T>
 void launch_wgmma_t(const WgmmaVariant& v, const detail::PrefillParams& p, cudaStream_t stream) {
   if (v.tma && v.pair && !v.pingpong) {
-    detail::launch_sparse_prefill_wgmma_tma<T, 6, true, false, 8, true>(p, stream);
+    detail::launch_sparse_prefill_wgmma_tma<T, 6, true, false, 8, true, 0, false>(p, stream);
+  } else if (v.tma && v.pair && v.poly_exp == 0 && v.max_tree) {
+    detail::launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true, 0, true>(p, stream);
+  } else if (v.tma && v.pair && v.poly_exp == 2) {
+    detail::launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true, 2, false>(p, stream);
+  } else if (v.tma && v.pair && v.poly_exp == 4 && !v.max_tree) {
+    detail::launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true, 4, false>(p, stream);
+  } else if (v.tma && v.pair && v.poly_exp == 4) {
+    detail::launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true, 4, true>(p, stream);
   } else if (v.tma && v.pair) {
-    detail::launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true>(p, stream);
+    detail::launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true, 0, false>(p, stream);
   } else if (v.tma && v.pingpong && v.eager_rescale) {
-    detail::launch_sparse_prefill_wgmma_tma<T, 4, true, true, 0, false>(p, stream);
+    detail::launch_sparse_prefill_wgmma_tma<T, 4, true, true, 0, false, 0, false>(p, stream);
   } else if (v.tma && v.pingpong) {
-    detail::launch_sparse_prefill_wgmma_tma<T, 4, true, true, 8, false>(p, stream);
+    detail::launch_sparse_prefill_wgmma_tma<T, 4, true, true, 8, false, 0, false>(p, stream);
   } else if (v.tma) {
-    detail::launch_sparse_prefill_wgmma_tma<T, 4, true, false, 8, false>(p, stream);
+    detail::launch_sparse_prefill_wgmma_tma<T, 4, true, false, 8, false, 0, false>(p, stream);
   } else if (v.ws_stages == 4 && v.q_regs) {
     detail::launch_sparse_prefill_wgmma_ws<T, 4, true>(p, stream);
   } else if (v.ws_stages == 4) {
@@ -414,6 +433,19 @@ WgmmaSelfCheck run_self_check(DType dtype, cudaStream_t stream) {
   return result;
 }
 
+// TESSERA_WGMMA_VARIANT=N: the wgmma variant kAuto / kWgmma calls run instead of the self-check's choice (for
+// measuring one variant through the whole engine or benchmark); -1 when unset.
+int env_wgmma_variant() {
+  const char* e = std::getenv("TESSERA_WGMMA_VARIANT");
+  if (e == nullptr || *e == '\0') return -1;
+  char* end = nullptr;
+  const long v = std::strtol(e, &end, 10);
+  check(*end == '\0' && v >= 0 && v < static_cast<long>(std::size(kWgmmaVariants)),
+        std::string("TESSERA_WGMMA_VARIANT: expected a variant number 0..") +
+            std::to_string(std::size(kWgmmaVariants) - 1) + ", got '" + e + "'");
+  return static_cast<int>(v);
+}
+
 PrefillKernel env_override() {
   const char* e = std::getenv("TESSERA_PREFILL_KERNEL");
   if (e == nullptr) return PrefillKernel::kAuto;
@@ -495,6 +527,7 @@ void sparse_prefill(const AttentionArgs& args, const DeviceSparseIndex& index, D
   check_call(args, index, plan);
   const int d = static_cast<int>(args.head_dim());
   const PrefillKernel k = resolve_prefill_kernel(kernel, args.q.dtype, d, index.tile, stream);
+  if (k == PrefillKernel::kWgmma && wgmma_variant < 0) wgmma_variant = env_wgmma_variant();
   if (k == PrefillKernel::kWgmma && wgmma_variant >= 0) {
     const WgmmaSelfCheck& sc = wgmma_prefill_self_check(args.q.dtype, stream);
     check(wgmma_variant < wgmma_prefill_variants() &&

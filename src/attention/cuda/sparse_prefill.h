@@ -28,7 +28,8 @@
 // variant of the wgmma kernel (wgmma_prefill_variant_name) and uses the first that matches. The environment
 // variable TESSERA_PREFILL_KERNEL=wgmma|auto overrides kAuto (a test or benchmark can still ask for one
 // kernel); TESSERA_PREFILL_KERNEL=mma switches the wgmma kernel off altogether (wgmma_prefill_applies is
-// false, no self-check runs), e.g. after it crashed the context on a device.
+// false, no self-check runs), e.g. after it crashed the context on a device. TESSERA_WGMMA_VARIANT=N runs wgmma
+// variant N (it must have passed the self-check) wherever the self-check's choice would run.
 //
 // Scheduling: persistent CTAs (as many as fit on the device, at most one per item) take items in the order of
 // `plan` (work_plan.h: heaviest first) through plan.counter, which is reset on `stream` before the launch.

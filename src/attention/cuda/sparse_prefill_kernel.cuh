@@ -60,7 +60,9 @@ __device__ __forceinline__ void store_rows(const PrefillParams& p, int h, int ro
     float lt = l[e];
     lt += __shfl_xor_sync(0xffffffffu, lt, 1);
     lt += __shfl_xor_sync(0xffffffffu, lt, 2);
-    const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
+    // A row saw a key iff its running max moved off -inf (poly_exp2 gives masked scores a tiny, not zero, weight).
+    const bool seen = m[e] != neg_inf && lt > 0.0f;
+    const float inv = seen ? 1.0f / lt : 0.0f;
     const int row = row16 + g + 8 * e;
     if (row < p.q_len) {
       T* dst = oh + static_cast<int64_t>(row) * p.o_tok + 2 * c4;
@@ -71,7 +73,7 @@ __device__ __forceinline__ void store_rows(const PrefillParams& p, int h, int ro
       }
       if (p.lse != nullptr && c4 == 0) {
         p.lse[h * p.lse_head + static_cast<int64_t>(row) * p.lse_tok] =
-            lt > 0.0f ? (m[e] + __log2f(lt)) * 0.69314718055994531f : neg_inf;
+            seen ? (m[e] + __log2f(lt)) * 0.69314718055994531f : neg_inf;
       }
     }
   }

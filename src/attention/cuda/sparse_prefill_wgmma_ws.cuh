@@ -241,11 +241,11 @@ __device__ __forceinline__ void ws_consumer_loop(const PrefillParams& p, const W
 // half's scores are masked out and its wgmmas read tile a again (64 keys of tensor work wasted per odd item).
 // S of step j overlaps P V of step j - 1, the warpgroups ping-pong as in ws_consumer_loop, and the stages of a
 // step are released once the P V that read their V completed.
-template <typename T, int kStages, bool kPingpong, int kRescale = 8>
+template <typename T, int kStages, bool kPingpong, int kRescale = 8, int kPolyExp = 0, bool kMaxTree = false>
 __device__ __forceinline__ void ws_consumer_loop_pairs(const PrefillParams& p, const WgmmaWsLayout<kStages, 1>& L,
                                                        int cw, int wq, int lane) {
   using Cfg = WgmmaWsConfig<kStages, 1>;
-  using Consumer = WgmmaConsumer<T, false, kRescale, 128>;
+  using Consumer = WgmmaConsumer<T, false, kRescale, 128, kPolyExp, kMaxTree>;
   constexpr int D = Cfg::D, BM = Cfg::BM, BN = Cfg::BN;  // BN: one key tile (stage)
   const int g = lane / 4, c4 = lane % 4;
   auto release = [&](uint32_t b) {
@@ -500,7 +500,8 @@ void launch_sparse_prefill_wgmma_ws(const PrefillParams& p, cudaStream_t stream)
 // carry other keys, masked through the tile's key list); gathered columns by cp.async from the 32 lanes.
 // full[s] counts 64 arrivals per phase: per lane one for the data (lane 0's with the TMA byte count, or a
 // cp.async arrive for gathered tiles) and one after its key-list writes.
-template <typename T, int kStages, bool kQRegs, bool kPingpong, int kRescale = 8, bool kPair = false>
+template <typename T, int kStages, bool kQRegs, bool kPingpong, int kRescale = 8, bool kPair = false, int kPolyExp = 0,
+          bool kMaxTree = false>
 __global__ void __launch_bounds__(384, 1)
     sparse_prefill_wgmma_tma_kernel(const PrefillParams p, const __grid_constant__ CUtensorMap tm_q,
                                     const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
@@ -535,7 +536,7 @@ __global__ void __launch_bounds__(384, 1)
     if constexpr (kPair) {
       static_assert(128 * 56 + 256 * 224 <= 384 * 168, "setmaxnreg within the launch allocation");
       setmaxnreg_inc<224>();
-      ws_consumer_loop_pairs<T, kStages, kPingpong, kRescale>(p, L, warp / 4 - 1, warp % 4, lane);
+      ws_consumer_loop_pairs<T, kStages, kPingpong, kRescale, kPolyExp, kMaxTree>(p, L, warp / 4 - 1, warp % 4, lane);
     } else {
       setmaxnreg_inc<208>();
       ws_consumer_loop<T, kStages, kQRegs, kPingpong, kRescale>(p, L, warp / 4 - 1, warp % 4, lane);
@@ -683,13 +684,15 @@ CUtensorMap make_head_tensor_map(const void* base, int heads, int rows, int64_t 
   return m;
 }
 
-template <typename T, int kStages, bool kQRegs, bool kPingpong, int kRescale = 8, bool kPair = false>
+template <typename T, int kStages, bool kQRegs, bool kPingpong, int kRescale = 8, bool kPair = false, int kPolyExp = 0,
+          bool kMaxTree = false>
 void launch_sparse_prefill_wgmma_tma(const PrefillParams& p, cudaStream_t stream) {
   using Cfg = WgmmaWsConfig<kStages, kPair ? 1 : 2>;
   const CUtensorMap tq = make_head_tensor_map<T>(p.q, p.num_q_heads, p.q_len, p.q_head, p.q_tok, Cfg::BM);
   const CUtensorMap tk = make_head_tensor_map<T>(p.k, p.num_kv_heads, p.kv_len, p.k_head, p.k_tok, Cfg::BN);
   const CUtensorMap tv = make_head_tensor_map<T>(p.v, p.num_kv_heads, p.kv_len, p.v_head, p.v_tok, Cfg::BN);
-  launch_persistent(sparse_prefill_wgmma_tma_kernel<T, kStages, kQRegs, kPingpong, kRescale, kPair>, Cfg::kThreads, Cfg::kSmemBytes,
+  launch_persistent(sparse_prefill_wgmma_tma_kernel<T, kStages, kQRegs, kPingpong, kRescale, kPair, kPolyExp, kMaxTree>,
+                    Cfg::kThreads, Cfg::kSmemBytes,
                     "sparse prefill (wgmma, TMA)", "", "sparse_prefill_wgmma_tma_kernel", p, stream, p, tq, tk, tv);
 }
 

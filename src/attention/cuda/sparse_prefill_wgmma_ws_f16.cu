@@ -10,6 +10,10 @@ template void launch_sparse_prefill_wgmma_ws<__half, 4, true>(const PrefillParam
 template void launch_sparse_prefill_wgmma_ws<__half, 4, false>(const PrefillParams&, cudaStream_t);
 template void launch_sparse_prefill_wgmma_tma<__half, 6, true, false, 8, true>(const PrefillParams&, cudaStream_t);
 template void launch_sparse_prefill_wgmma_tma<__half, 6, true, true, 8, true>(const PrefillParams&, cudaStream_t);
+template void launch_sparse_prefill_wgmma_tma<__half, 6, true, true, 8, true, 0, true>(const PrefillParams&, cudaStream_t);
+template void launch_sparse_prefill_wgmma_tma<__half, 6, true, true, 8, true, 2, false>(const PrefillParams&, cudaStream_t);
+template void launch_sparse_prefill_wgmma_tma<__half, 6, true, true, 8, true, 4, false>(const PrefillParams&, cudaStream_t);
+template void launch_sparse_prefill_wgmma_tma<__half, 6, true, true, 8, true, 4, true>(const PrefillParams&, cudaStream_t);
 template void launch_sparse_prefill_wgmma_tma<__half, 4, true, false, 8, false>(const PrefillParams&, cudaStream_t);
 template void launch_sparse_prefill_wgmma_tma<__half, 4, true, true, 8, false>(const PrefillParams&, cudaStream_t);
 template void launch_sparse_prefill_wgmma_tma<__half, 4, true, true, 0, false>(const PrefillParams&, cudaStream_t);

@@ -27,11 +27,16 @@ namespace tessera::attn::gpu::detail {
 // kRescale: the lazy-rescaling threshold in log2 units (softmax); 0 moves the max whenever it grows (eager).
 // kBN: keys per step, 64 (one key tile) or 128 (two key tiles of 64 from two pipeline stages, the "pair" step:
 // the per-step costs — barriers, waits, max shuffles, descriptor set-up, branches — are paid once per 128 keys).
-template <typename T, bool kSplitPv, int kRescale = 8, int kBN = 64>
+// kPolyExp: of every BN / 8 column blocks of 8 scores, this many take 2^x from an FMA polynomial (poly_exp2) instead
+// of the MUFU unit (whose 16 results per SM and clock are half the tensor cores' time at D = 128); 0: MUFU only.
+// kMaxTree: each row's maximum as a tree of depth log2(BN / 4) instead of a chain.
+template <typename T, bool kSplitPv, int kRescale = 8, int kBN = 64, int kPolyExp = 0, bool kMaxTree = false>
 struct WgmmaConsumer {
   static constexpr int D = 128;
   static constexpr int BN = kBN;
   static_assert(kBN == 64 || kBN == 128, "a step covers one or two key tiles of 64");
+  static_assert(kPolyExp >= 0 && kPolyExp <= kBN / 8 && (kPolyExp == 0 || (kBN / 8) % (kPolyExp > 0 ? kPolyExp : 1) == 0),
+                "kPolyExp: a divisor of the step's column blocks");
   static constexpr float kRescaleLog2 = static_cast<float>(kRescale);  // see softmax
   using Mma = MmaTraits<T>;
   using Wg = Wgmma<T>;
@@ -175,8 +180,23 @@ struct WgmmaConsumer {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       float mx = neg_inf;
+      if constexpr (kMaxTree) {
+        float t[BN / 8];
 #pragma unroll
-      for (int i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(sc[4 * i + 2 * e], sc[4 * i + 2 * e + 1]));
+        for (int i = 0; i < BN / 8; ++i) t[i] = fmaxf(sc[4 * i + 2 * e], sc[4 * i + 2 * e + 1]);
+#pragma unroll
+        for (int i = 0; i < BN / 16; ++i) t[i] = fmaxf(t[i], t[i + BN / 16]);
+#pragma unroll
+        for (int i = 0; i < BN / 32; ++i) t[i] = fmaxf(t[i], t[i + BN / 32]);
+#pragma unroll
+        for (int i = 0; i < BN / 64; ++i) t[i] = fmaxf(t[i], t[i + BN / 64]);
+#pragma unroll
+        for (int i = 0; i < BN / 128; ++i) t[i] = fmaxf(t[i], t[i + BN / 128]);
+        mx = t[0];
+      } else {
+#pragma unroll
+        for (int i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(sc[4 * i + 2 * e], sc[4 * i + 2 * e + 1]));
+      }
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       // The raw max times the (positive) scale is the scaled max. Lazy rescaling: the running max moves only
@@ -190,8 +210,15 @@ struct WgmmaConsumer {
       float sum = 0.0f;
 #pragma unroll
       for (int i = 0; i < BN / 8; ++i) {
-        sc[4 * i + 2 * e] = fast_exp2(fmaf(sc[4 * i + 2 * e], scale_log2, -m_use));
-        sc[4 * i + 2 * e + 1] = fast_exp2(fmaf(sc[4 * i + 2 * e + 1], scale_log2, -m_use));
+        // Every (BN / 8 / kPolyExp)-th column block on the FMA pipe, the others on MUFU.
+        constexpr int kEvery = kPolyExp > 0 ? BN / 8 / kPolyExp : 1;
+        if (kPolyExp > 0 && i % kEvery == kEvery - 1) {
+          sc[4 * i + 2 * e] = poly_exp2(fmaf(sc[4 * i + 2 * e], scale_log2, -m_use));
+          sc[4 * i + 2 * e + 1] = poly_exp2(fmaf(sc[4 * i + 2 * e + 1], scale_log2, -m_use));
+        } else {
+          sc[4 * i + 2 * e] = fast_exp2(fmaf(sc[4 * i + 2 * e], scale_log2, -m_use));
+          sc[4 * i + 2 * e + 1] = fast_exp2(fmaf(sc[4 * i + 2 * e + 1], scale_log2, -m_use));
+        }
         sum += sc[4 * i + 2 * e] + sc[4 * i + 2 * e + 1];
       }
       l[e] = l[e] * alpha[e] + sum;
