@@ -9,6 +9,7 @@
 
 #include "attention/index/estimate.h"
 #include "attention/index/lower.h"
+#include "attention/index/split_plan.h"
 #include "core/thread_pool.h"
 
 namespace tessera::attn {
@@ -426,6 +427,78 @@ TEST(Estimators, Bf16InputsGiveTheSameEstimateAsTheirF32Values) {
   const auto ctx = LoweringContext::prefill(100);
   const VerticalSlashPattern p{7, 9, 64, 2, 2};
   EXPECT_EQ(estimate_vertical_slash(p, qb, kb, 0, 0, ctx, 0.25f), estimate_vertical_slash(p, x.q, x.k, 0, 0, ctx, 0.25f));
+}
+
+// Split-K plan (split_plan.h): which items are cut, into which tile ranges, and the order the executor runs.
+TEST(SplitPlan, NothingToSplitWhenNoItemExceedsItsShare) {
+  EXPECT_TRUE(plan_splits({10, 10, 10, 10}, 2).empty());
+  EXPECT_TRUE(plan_splits({}, 132).empty());
+  // Cost 100 over a share of 10, but 99 tiles do not fill two units of kMinSplitTiles.
+  EXPECT_TRUE(plan_splits({100, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, 11).empty());
+}
+
+TEST(SplitPlan, DecodeLikeItemsSplitIntoEqualUnits) {
+  // Four heads, one query tile each over 1024 key tiles (a decode step at 64K keys), 8 CTAs: share 513,
+  // chunk 256, so each item becomes four units of 256 tiles.
+  const std::vector<SplitUnit> units = plan_splits({1025, 1025, 1025, 1025}, 8);
+  ASSERT_EQ(units.size(), 16u);
+  for (int i = 0; i < 4; ++i) {
+    for (int u = 0; u < 4; ++u) {
+      EXPECT_EQ(units[static_cast<size_t>(4 * i + u)], (SplitUnit{i, 256 * u, 256 * (u + 1)}));
+    }
+  }
+}
+
+TEST(SplitPlan, UnevenTilesCoverTheItemExactly) {
+  // 1000 tiles, share ceil(1004 / 16) = 63, chunk 64: 16 units, the first 1000 % 16 = 8 one tile longer.
+  const std::vector<SplitUnit> units = plan_splits({1, 1001, 1, 1}, 16);
+  ASSERT_EQ(units.size(), 16u);
+  int32_t next = 0;
+  for (size_t u = 0; u < units.size(); ++u) {
+    EXPECT_EQ(units[u].item, 1);
+    EXPECT_EQ(units[u].tile_begin, next);
+    EXPECT_EQ(units[u].tile_end - units[u].tile_begin, u < 8 ? 63 : 62);
+    next = units[u].tile_end;
+  }
+  EXPECT_EQ(next, 1000);
+}
+
+TEST(SplitPlan, OnlySplittableItemsAreCut) {
+  // Item 0 is not splittable (an estimated pattern): its cost counts in the total, it is never cut.
+  const std::vector<SplitUnit> units = plan_splits({2049, 2049, 11, 11}, 4, {0, 1, 1, 1});
+  // share ceil(4120 / 4) = 1030, chunk 515: item 1 (2048 tiles) into 4 units of 512.
+  ASSERT_EQ(units.size(), 4u);
+  for (const SplitUnit& u : units) EXPECT_EQ(u.item, 1);
+  EXPECT_EQ(units.back(), (SplitUnit{1, 1536, 2048}));
+}
+
+TEST(SplitPlan, OrderRunsUnitsByCostAndSkipsSplitItems) {
+  const std::vector<SplitUnit> units = {{1, 0, 150}, {1, 150, 299}};
+  // Keys: items 5, 0 (split), 2; units 151, 150. Stable descending: unit 0, unit 1, item 0, item 2, item 1 (-1).
+  EXPECT_EQ(order_with_splits({5, 300, 2}, units), (std::vector<int32_t>{3, 4, 0, 2, -1}));
+  // Without units it is the plain heaviest-first order.
+  EXPECT_EQ(order_with_splits({3, 5, 3, 9, 1}, {}), (std::vector<int32_t>{3, 1, 0, 2, 4}));
+}
+
+TEST(SplitPlan, RejectsBadInput) {
+  try {
+    (void)plan_splits({5}, 0);
+    FAIL() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "split plan: num_ctas must be positive, got 0");
+  }
+  try {
+    (void)plan_splits({5, 6}, 4, {1});
+    FAIL() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "split plan: 1 splittable flags for 2 items");
+  }
+  try {
+    (void)order_with_splits({5, 6}, {{2, 0, 3}});
+    FAIL() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "split plan: unit of item 2 tiles [0, 3) does not fit 2 items");
+  }
 }
 
 }  // namespace
