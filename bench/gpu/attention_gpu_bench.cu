@@ -7,6 +7,19 @@
 //   TFLOP/s mask   4 * d * visible cells / kernel time (useful work)
 //   TFLOP/s tiles  4 * d * cells of the computed 128 x 64 tiles / kernel time (what the kernel executes)
 //   vs dense       dense total time / this total time, from the same run
+//   SM MHz, W      the GPU's mean SM clock (MHz) and mean board power (W) during the row's timed repetitions
+//                  (the est/index/kernel/total loop; not the mma, backend, variant or index-mode timings),
+//                  sampled every ~5 ms by gpu_clock.h through NVML loaded at run time. Power-capped H100 /
+//                  H200 run at clocks that differ from run to run (the same kernel: 14.5 ms at ~1.7 GHz in
+//                  one run, 15.5 ms at ~1.6 GHz in another), so compare times at similar clocks. NVML's power
+//                  on Hopper is a 1-second average, so rows shorter than that include the warm-up before
+//                  them. Without NVML the bench prints "clock: unavailable (reason)" once and the columns
+//                  show "—" (CSV: empty).
+// Output: a line per row as it finishes, then a markdown table and, with --csv, a CSV with the columns seq,
+// pattern, density, estimate_ms, index_ms, kernel_ms, total_ms, tflops_mask, tflops_tiles, speedup_vs_dense,
+// max_over_mean_item_cost, non_finite, kernel, mma_kernel_ms, rel_diff_vs_mma, path, dense_ours_ms,
+// dense_cudnn_ms, sm_mhz, power_w (in that order: new columns go at the end, so that readers that go by
+// position keep working).
 // Patterns: dense; vs = vertical_slash(1000, 6096); bs = block_sparse(top 100, block 64); ashape(sink 128,
 // window 4096); triangle(sink 8, window 512, last 128).
 // Inputs (never zeros): --inputs rope (default) gives attention a structure like a real model's, so that the
@@ -67,6 +80,7 @@
 #include "attention/cuda/sparse_prefill.h"
 #include "attention/cuda/work_plan.h"
 #include "attention/index/sparse_index.h"
+#include "gpu_clock.h"
 #include "model_inputs.h"
 
 namespace {
@@ -256,7 +270,18 @@ struct Row {
   double mma_ms = 0;     // the mma.sync kernel alone (--kernel both), 0 if not timed
   double rel_diff = -1;  // ||out - out_mma|| / ||out_mma||, -1 if not compared
   unsigned long long non_finite = 0;
+  // The GPU's mean SM clock (MHz) and board power (W) over the timed repetitions (gpu_clock.h); -1: not
+  // measured.
+  double sm_mhz = -1, power_w = -1;
 };
+
+// A measured value with printf format `fmt`, or "—" when not measured (negative).
+std::string measured(double v, const char* fmt) {
+  if (v < 0) return "—";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, fmt, v);
+  return buf;
+}
 
 }  // namespace
 
@@ -277,6 +302,8 @@ int main(int argc, char** argv) {
       const bool ok = gpu::cudnn_available(&why);
       std::printf("cuDNN: %s (%s)\n", ok ? "available" : "unavailable", why.c_str());
     }
+    tessera::bench::GpuClockSampler gpu_clock(0);  // device 0, as everything here
+    std::printf("clock: %s\n", gpu_clock.description().c_str());
     cudaStream_t stream;
     TESSERA_CUDA_CHECK(cudaStreamCreate(&stream));
     if (gpu::wgmma_prefill_applies(DType::BF16, kD, kTile)) {
@@ -351,6 +378,7 @@ int main(int argc, char** argv) {
         }
         TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
         std::vector<double> est, idx, ker, tot;
+        gpu_clock.start();
         for (int rep = 0; rep < opt.reps; ++rep) {
           TESSERA_CUDA_CHECK(cudaEventRecord(ev[0], stream));
           if (!shortcut) layer.estimate(args, stream);
@@ -366,6 +394,11 @@ int main(int argc, char** argv) {
           idx.push_back(t[1]);
           ker.push_back(t[2]);
           tot.push_back(double{t[0]} + t[1] + t[2]);
+        }
+        {
+          const tessera::bench::ClockStats cs = gpu_clock.stop();
+          r.sm_mhz = cs.mean_sm_mhz;
+          r.power_w = cs.mean_power_w;
         }
         TESSERA_CUDA_CHECK(cudaMemsetAsync(bad.data(), 0, sizeof(unsigned long long), stream));
         count_non_finite<<<1024, 256, 0, stream>>>(out.data(), nq, bad.data());
@@ -554,9 +587,10 @@ int main(int argc, char** argv) {
         std::printf(
             "  seq %6d %-9s density %.4f  est %8.3f ms  index %8.3f ms  kernel %9.3f ms (%s)  total %9.3f ms "
             " "
-            "%6.1f TFLOP/s mask  %6.1f tiles  mma %9.3f ms  rel diff %.2e%s\n",
+            "%6.1f TFLOP/s mask  %6.1f tiles  mma %9.3f ms  rel diff %.2e  SM %s MHz  %s W%s\n",
             seq, name.c_str(), r.density, r.est_ms, r.index_ms, r.kernel_ms, r.path.c_str(), r.total_ms,
-            r.mask_tflops, r.tile_tflops, r.mma_ms, r.rel_diff, r.non_finite ? "  NON-FINITE OUTPUT" : "");
+            r.mask_tflops, r.tile_tflops, r.mma_ms, r.rel_diff, measured(r.sm_mhz, "%.0f").c_str(),
+            measured(r.power_w, "%.0f").c_str(), r.non_finite ? "  NON-FINITE OUTPUT" : "");
         std::fflush(stdout);
       }
     }
@@ -564,28 +598,30 @@ int main(int argc, char** argv) {
     std::printf(
         "\n| seq | pattern | density | estimate ms | index ms | path | kernel ms | total ms | TFLOP/s mask "
         "| "
-        "TFLOP/s tiles | vs dense | mma.sync ms | rel diff vs mma | non-finite | dense: ours ms | dense: cuDNN ms |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+        "TFLOP/s tiles | vs dense | mma.sync ms | rel diff vs mma | non-finite | dense: ours ms | dense: cuDNN ms "
+        "| SM MHz | W |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (const Row& r : rows) {
       std::printf(
           "| %d | %s | %.4f | %.3f | %.3f | %s | %.3f | %.3f | %.1f | %.1f | %.2fx | %.3f | %.1e | %llu | %.3f | "
-          "%.3f |\n",
+          "%.3f | %s | %s |\n",
           r.seq, r.pattern.c_str(), r.density, r.est_ms, r.index_ms, r.path.c_str(), r.kernel_ms, r.total_ms,
           r.mask_tflops, r.tile_tflops, r.speedup, r.mma_ms, r.rel_diff, r.non_finite, r.ours_dense_ms,
-          r.cudnn_ms);
+          r.cudnn_ms, measured(r.sm_mhz, "%.0f").c_str(), measured(r.power_w, "%.0f").c_str());
     }
     if (!opt.csv.empty()) {
       std::ofstream f(opt.csv);
       f << "seq,pattern,density,estimate_ms,index_ms,kernel_ms,total_ms,tflops_mask,tflops_tiles,speedup_vs_"
            "dense,"
            "max_over_mean_item_cost,non_finite,kernel,mma_kernel_ms,rel_diff_vs_mma,path,dense_ours_ms,dense_cudnn_"
-           "ms\n";
+           "ms,sm_mhz,power_w\n";
       for (const Row& r : rows) {
         f << r.seq << ',' << r.pattern << ',' << r.density << ',' << r.est_ms << ',' << r.index_ms << ','
           << r.kernel_ms << ',' << r.total_ms << ',' << r.mask_tflops << ',' << r.tile_tflops << ','
           << r.speedup << ',' << r.max_over_mean_cost << ',' << r.non_finite << ',' << r.kernel << ','
           << r.mma_ms << ',' << r.rel_diff << ',' << r.path << ',' << r.ours_dense_ms << ',' << r.cudnn_ms
-          << '\n';
+          << ',' << (r.sm_mhz >= 0 ? measured(r.sm_mhz, "%.0f") : "") << ','
+          << (r.power_w >= 0 ? measured(r.power_w, "%.1f") : "") << '\n';
       }
     }
     for (cudaEvent_t& e : ev) cudaEventDestroy(e);
