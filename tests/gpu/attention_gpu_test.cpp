@@ -402,6 +402,66 @@ std::vector<ExecCase> exec_cases() {
 INSTANTIATE_TEST_SUITE_P(Cases, ExecutorTest, ::testing::ValuesIn(exec_cases()),
                          [](const ::testing::TestParamInfo<ExecCase>& i) { return i.param.name; });
 
+// Split-K (attention/index/split_plan.h): a chunk of the prompt's last rows over a long cache, the shape where
+// one item per head would leave most SMs idle. The items are cut into units (plan_splits with 64 CTAs), every
+// kernel runs the split plan, the merge writes the rows: output and lse against the reference, every row
+// written. Then the same through CudaLayerAttention, whose builder plans the split for this device.
+TEST(CudaAttention, SplitKUnitsMatchTheReference) {
+  REQUIRE_GPU();
+  const Shape shapes[] = {Shape{200, 20000, 0, 4, 2, 128, 128, DType::BF16},
+                          Shape{130, 9000, 5, 4, 1, 64, 64, DType::F16},
+                          Shape{70, 12000, 0, 2, 2, 256, 64, DType::BF16, 5000}};
+  for (const Shape& s : shapes) {
+    for (const char* kind : {"dense", "triangle", "ashape"}) {
+      SCOPED_TRACE(std::string(kind) + " " + describe(s));
+      const Inputs in = make_inputs(s, seed_of(std::string("split_") + kind));
+      const std::vector<Pattern> layer = make_layer(kind, s.hq, s.q_begin + s.q_len);
+      const SparseIndex index = lower_layer(layer, std::vector<HeadEstimate>(static_cast<size_t>(s.hq)), s.ctx());
+      const std::vector<int32_t> costs = gpu::prefill_item_costs(index);
+      const std::vector<SplitUnit> units = plan_splits(costs, 64);
+      if (std::string(kind) != "ashape") {
+        ASSERT_FALSE(units.empty()) << "the shape should split";
+      }
+      gpu::DeviceSparseIndex dindex = gpu::DeviceSparseIndex::upload(index);
+      gpu::DeviceWorkPlan plan =
+          gpu::DeviceWorkPlan::upload(order_with_splits(costs, units), units, index.num_heads * index.num_tiles());
+      const Reference reference = reference_of(s, in, index);
+      std::vector<std::pair<gpu::PrefillKernel, std::string>> kernels = {{gpu::PrefillKernel::kMma, "mma.sync"}};
+      if (gpu::wgmma_prefill_applies(s.dtype, s.d, s.tile)) kernels.push_back({gpu::PrefillKernel::kWgmma, "wgmma"});
+      for (const auto& [kernel, kname] : kernels) {
+        DeviceTensor out = poisoned(s.q_len, s.hq, s.d, s.dtype);
+        gpu::DeviceBuffer<float> lse(static_cast<size_t>(s.hq) * static_cast<size_t>(s.q_len));
+        gpu::sparse_prefill(device_args(in, out, &lse, s), dindex, plan, nullptr, kernel);
+        TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+        const OutputCheck r = check_output(s, reference, out, &lse);
+        EXPECT_EQ(r.non_finite, 0) << kname << ": elements not written or not finite";
+        EXPECT_LT(r.rel_err, 1e-2) << kname;
+        EXPECT_LT(r.lse_max_err, 2e-3) << kname;
+        std::printf("[ split-k ] %-8s %-8s units %3zu rel_err %.2e lse_err %.2e\n", kind, kname.c_str(),
+                    units.size(), r.rel_err, r.lse_max_err);
+      }
+    }
+  }
+  // Through the layer: its own split plan (this device's SM count) and the merge.
+  const Shape s{256, 30000, 0, 4, 2, 128, 128, DType::BF16};
+  const Inputs in = make_inputs(s, seed_of("split_layer"));
+  const std::vector<Pattern> layer = make_layer("dense", s.hq, s.q_begin + s.q_len);
+  gpu::CudaLayerAttention gl(layer, s.ctx(), s.hkv, s.d);
+  EXPECT_FALSE(gl.split_units().empty()) << "8 items of ~470 key tiles on a GPU with more SMs than items";
+  DeviceTensor out = poisoned(s.q_len, s.hq, s.d, s.dtype);
+  gpu::DeviceBuffer<float> lse(static_cast<size_t>(s.hq) * static_cast<size_t>(s.q_len));
+  gl.run(device_args(in, out, &lse, s));
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+  const SparseIndex index = lower_layer(layer, std::vector<HeadEstimate>(static_cast<size_t>(s.hq)), s.ctx());
+  const OutputCheck r = check_output(s, reference_of(s, in, index), out, &lse);
+  EXPECT_EQ(r.non_finite, 0);
+  EXPECT_LT(r.rel_err, 1e-2);
+  EXPECT_LT(r.lse_max_err, 2e-3);
+  EXPECT_EQ(gl.download_plan(), order_with_splits(gpu::prefill_item_costs(index), gl.split_units()));
+  std::printf("[ split-k ] layer %s units %zu rel_err %.2e lse_err %.2e\n", gl.last_path().c_str(),
+              gl.split_units().size(), r.rel_err, r.lse_max_err);
+}
+
 // Strided views: q, k, v as slices of one fused [S, hq + 2 hkv, d] buffer, output into a wider buffer.
 TEST(CudaAttention, FusedQkvStrides) {
   REQUIRE_GPU();
@@ -812,7 +872,8 @@ TEST_P(DeviceIndexTest, IdenticalToCpuLowering) {
     gl.build_index();
     const SparseIndex got = gl.download_index();
     expect_same_index(want, got);
-    EXPECT_EQ(gl.download_plan(), gpu::plan_prefill(want)) << "device plan differs from the host plan";
+    EXPECT_EQ(gl.download_plan(), order_with_splits(gpu::prefill_item_costs(want), gl.split_units()))
+        << "device plan differs from the host plan";
   }
 }
 
@@ -825,6 +886,7 @@ std::vector<IndexCase> index_cases() {
       {"s4097", Shape{4097, 0, 0, 6, 2, 64, 128, DType::BF16}},
       {"s4097_t64", Shape{4097, 0, 0, 6, 3, 64, 64, DType::F16}},
       {"chunk_q3000_s1097", Shape{1097, 3000, 7, 6, 2, 64, 128, DType::BF16}},
+      {"chunk_q16384_s256", Shape{256, 16384, 0, 6, 2, 64, 128, DType::BF16}},  // static heads split
   };
   for (const auto& [tag, shape] : shapes) {
     for (const char* kind : {"dense", "ashape", "moa", "triangle", "vs", "bs", "mixed"}) {

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "attention/cuda/cuda_check.h"
+#include "core/error.h"
 
 namespace tessera::attn::gpu {
 
@@ -42,6 +43,36 @@ DeviceWorkPlan DeviceWorkPlan::upload(const std::vector<int32_t>& order, cudaStr
   p.order.upload(order, stream);
   p.counter.resize(1);
   return p;
+}
+
+DeviceWorkPlan DeviceWorkPlan::upload(const std::vector<int32_t>& order, const std::vector<SplitUnit>& units,
+                                      int32_t num_items, cudaStream_t stream) {
+  check(order.size() == static_cast<size_t>(num_items) + units.size(),
+        "CUDA work plan: an order of " + std::to_string(order.size()) + " entries for " + std::to_string(num_items) +
+            " items and " + std::to_string(units.size()) + " units");
+  DeviceWorkPlan p;
+  p.num_items = num_items;
+  p.order.upload(order, stream);
+  p.counter.resize(1);
+  p.set_units(units, stream);
+  return p;
+}
+
+void DeviceWorkPlan::set_units(const std::vector<SplitUnit>& list, cudaStream_t stream) {
+  num_units = static_cast<int32_t>(list.size());
+  std::vector<int4> u(list.size());
+  std::vector<int4> m;
+  for (size_t i = 0; i < list.size(); ++i) {
+    u[i] = make_int4(list[i].item, list[i].tile_begin, list[i].tile_end, 0);
+    if (m.empty() || m.back().x != list[i].item) {
+      m.push_back(make_int4(list[i].item, static_cast<int>(i), 0, 0));
+    }
+    ++m.back().z;
+  }
+  num_merges = static_cast<int32_t>(m.size());
+  units.upload(u, stream);
+  merges.upload(m, stream);
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));  // the host vectors die here
 }
 
 const DeviceInfo& current_device_info() {

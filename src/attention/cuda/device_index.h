@@ -14,6 +14,7 @@
 
 #include "attention/cuda/device_buffer.h"
 #include "attention/index/sparse_index.h"
+#include "attention/index/split_plan.h"
 
 namespace tessera::attn::gpu {
 
@@ -38,14 +39,28 @@ struct DeviceSparseIndex {
   SparseIndex download() const;
 };
 
-// The execution order of the items and the counter the persistent CTAs take items with.
+// The execution order of the items and the counter the persistent CTAs take items with; with split-K
+// (attention/index/split_plan.h) also the units, the merge groups and the units' scratch.
 struct DeviceWorkPlan {
   int32_t num_items = 0;
-  DeviceBuffer<int32_t> order;    // num_items item numbers, heaviest first
+  int32_t num_units = 0;          // split units: order holds num_items + num_units entries
+  DeviceBuffer<int32_t> order;    // item numbers (or num_items + unit, or -1 for a split item), heaviest first
   DeviceBuffer<int32_t> counter;  // 1 entry; reset by the executor before each launch
+  DeviceBuffer<int4> units;       // {item, first key tile, end key tile, 0} per unit
+  DeviceBuffer<int4> merges;      // {item, first unit, unit count, 0} per split item (its units are consecutive)
+  int32_t num_merges = 0;
+  DeviceBuffer<float> part_o, part_lse;  // the units' rows (sized by the executor: units x tile x head_dim)
 
+  // A plan without splits (order: num_items item numbers).
   static DeviceWorkPlan upload(const std::vector<int32_t>& order, cudaStream_t stream = nullptr);
-  std::vector<int32_t> download() const { return order.download(static_cast<size_t>(num_items)); }
+  // A plan with split units: order = order_with_splits(costs, units) of num_items items. Synchronous.
+  static DeviceWorkPlan upload(const std::vector<int32_t>& order, const std::vector<SplitUnit>& units,
+                               int32_t num_items, cudaStream_t stream = nullptr);
+  // Sets the units and merge groups (units as plan_splits returns them). Synchronous.
+  void set_units(const std::vector<SplitUnit>& units, cudaStream_t stream = nullptr);
+  std::vector<int32_t> download() const {
+    return order.download(static_cast<size_t>(num_items) + static_cast<size_t>(num_units));
+  }
 };
 
 }  // namespace tessera::attn::gpu

@@ -129,6 +129,9 @@ class CudaLayerAttention {
   void upload_estimates(const std::vector<HeadEstimate>& e) { estimates_.upload(e); }
   SparseIndex download_index() const { return index_.download(); }
   std::vector<int32_t> download_plan() const { return plan_.download(); }
+  // The split-K units of this layer's plan (DeviceIndexBuilder::set_split; empty: nothing is cut).
+  const std::vector<SplitUnit>& split_units() const { return builder_.split_units(); }
+  void set_split(bool on) { builder_.set_split(on); }
   const DeviceSparseIndex& index() const { return index_; }
 
  private:

@@ -563,6 +563,15 @@ __global__ void __launch_bounds__(kSumThreads) sum_costs_kernel(const int32_t* c
   }
 }
 
+// Split-K (split_plan.h): the items that units replace leave the sort with cost 0 and entry -1 (their full
+// costs were summed already); the units' own entries sit after the items' in the sort's input.
+__global__ void split_fixup_kernel(const int4* units, int num_units, int32_t* costs, int32_t* items) {
+  const int u = blockIdx.x * blockDim.x + threadIdx.x;
+  if (u >= num_units) return;
+  costs[units[u].x] = 0;
+  items[units[u].x] = -1;
+}
+
 DeviceIndexBuilder::DeviceIndexBuilder(const std::vector<Pattern>& patterns, const LoweringContext& ctx,
                                        const DeviceEstimates& estimates)
     : ctx_(ctx), num_heads_(static_cast<int32_t>(patterns.size())) {
@@ -651,17 +660,52 @@ DeviceIndexBuilder::DeviceIndexBuilder(const std::vector<Pattern>& patterns, con
   if (has_vs_) cover_.resize(static_cast<size_t>(num_heads_) * static_cast<size_t>(cover_words_));
 
   const int n_items = num_heads_ * num_tiles_;
+  // Split-K (split_plan.h) over the static heads, whose item costs the host knows (lower_tile, as the device
+  // computes them); estimated heads count as 0 and are never cut.
+  {
+    std::vector<int32_t> costs(static_cast<size_t>(n_items), 0);
+    std::vector<uint8_t> splittable(static_cast<size_t>(n_items), 0);
+    bool any = false;
+    for (int32_t h = 0; h < num_heads_; ++h) {
+      const DeviceHeadPattern& d = heads[static_cast<size_t>(h)];
+      if (d.kind != DeviceHeadPattern::kDense && d.kind != DeviceHeadPattern::kStreaming &&
+          d.kind != DeviceHeadPattern::kTriangle) {
+        continue;
+      }
+      any = true;
+      for (int32_t t = 0; t < num_tiles_; ++t) {
+        const size_t item = static_cast<size_t>(h) * static_cast<size_t>(num_tiles_) + static_cast<size_t>(t);
+        costs[item] =
+            lower_tile(d, tile_geometry(t, ctx.tile, ctx.q_begin, ctx.q_len, ctx.kv_len, ctx.n()), nullptr, nullptr)
+                .cost;
+        splittable[item] = 1;
+      }
+    }
+    if (any) split_units_ = plan_splits(costs, current_device_info().num_sms, splittable);
+  }
+  const int n_sort = n_items + static_cast<int>(split_units_.size());
   range_counts_.resize(static_cast<size_t>(n_items) + 1);
   column_counts_.resize(static_cast<size_t>(n_items) + 1);
-  costs_.resize(std::max<size_t>(1, static_cast<size_t>(n_items)));
-  sorted_costs_.resize(std::max<size_t>(1, static_cast<size_t>(n_items)));
-  items_.resize(std::max<size_t>(1, static_cast<size_t>(n_items)));
+  costs_.resize(std::max<size_t>(1, static_cast<size_t>(n_sort)));
+  sorted_costs_.resize(std::max<size_t>(1, static_cast<size_t>(n_sort)));
+  items_.resize(std::max<size_t>(1, static_cast<size_t>(n_sort)));
+  if (!split_units_.empty()) {  // the units' sort entries (the count pass writes the items' each build)
+    std::vector<int32_t> unit_costs, unit_items;
+    for (size_t u = 0; u < split_units_.size(); ++u) {
+      unit_costs.push_back(split_unit_cost(split_units_[u]));
+      unit_items.push_back(n_items + static_cast<int32_t>(u));
+    }
+    TESSERA_CUDA_CHECK(cudaMemcpy(costs_.data() + n_items, unit_costs.data(), unit_costs.size() * sizeof(int32_t),
+                                  cudaMemcpyHostToDevice));
+    TESSERA_CUDA_CHECK(cudaMemcpy(items_.data() + n_items, unit_items.data(), unit_items.size() * sizeof(int32_t),
+                                  cudaMemcpyHostToDevice));
+  }
   size_t scan_bytes = 0, sort_bytes = 0;
   TESSERA_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, range_counts_.data(),
                                                    range_counts_.data(), n_items + 1));
   TESSERA_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(nullptr, sort_bytes, costs_.data(),
                                                                sorted_costs_.data(), items_.data(),
-                                                               items_.data(), std::max(n_items, 1)));
+                                                               items_.data(), std::max(n_sort, 1)));
   scan_temp_.resize(std::max<size_t>(scan_bytes, 1));
   sort_temp_.resize(std::max<size_t>(sort_bytes, 1));
   TESSERA_CUDA_CHECK(cudaDeviceSynchronize());  // heads_ was uploaded from a local vector
@@ -678,9 +722,17 @@ void DeviceIndexBuilder::build(DeviceSparseIndex& index, DeviceWorkPlan& plan, c
   index.column_offsets.resize(static_cast<size_t>(n_items) + 1);
   index.ranges.resize(static_cast<size_t>(std::max<int64_t>(range_capacity_, 1)));
   index.columns.resize(static_cast<size_t>(std::max<int64_t>(column_capacity_, 1)));
+  const bool split = split_ && !split_units_.empty();
+  const int n_sort = n_items + (split ? static_cast<int>(split_units_.size()) : 0);
   plan.num_items = n_items;
-  plan.order.resize(std::max<size_t>(1, static_cast<size_t>(n_items)));
+  plan.order.resize(std::max<size_t>(1, static_cast<size_t>(n_sort)));
   plan.counter.resize(1);
+  if (!split) {
+    plan.num_units = 0;
+    plan.num_merges = 0;
+  } else if (plan.num_units != static_cast<int32_t>(split_units_.size()) || plan.units.size() < split_units_.size()) {
+    plan.set_units(split_units_, stream);  // once per plan object (synchronises stream)
+  }
 
   LowerParams p;
   p.heads = heads_.data();
@@ -769,16 +821,22 @@ void DeviceIndexBuilder::build(DeviceSparseIndex& index, DeviceWorkPlan& plan, c
     lower_fill_kernel<<<(n_items + kThreads - 1) / kThreads, kThreads, 0, stream>>>(p);
     check_launch("lower_fill_kernel");
   }
-  bytes = sort_temp_.size();
-  TESSERA_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(sort_temp_.data(), bytes, costs_.data(),
-                                                               sorted_costs_.data(), items_.data(),
-                                                               plan.order.data(), n_items, 0, 32, stream));
+  // The items' full costs are summed before the split fixup zeroes the cut items' entries.
   total_cost_.resize(1);
   TESSERA_CUDA_CHECK(cudaMemsetAsync(total_cost_.data(), 0, sizeof(unsigned long long), stream));
   constexpr int kSumItemsPerBlock = kSumThreads * kSumItemsPerThread;
   const int sum_blocks = std::min((n_items + kSumItemsPerBlock - 1) / kSumItemsPerBlock, 1024);
   sum_costs_kernel<<<sum_blocks, kSumThreads, 0, stream>>>(costs_.data(), n_items, total_cost_.data());
   check_launch("sum_costs_kernel");
+  if (split) {
+    split_fixup_kernel<<<(plan.num_units + 127) / 128, 128, 0, stream>>>(plan.units.data(), plan.num_units,
+                                                                         costs_.data(), items_.data());
+    check_launch("split_fixup_kernel");
+  }
+  bytes = sort_temp_.size();
+  TESSERA_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(sort_temp_.data(), bytes, costs_.data(),
+                                                               sorted_costs_.data(), items_.data(),
+                                                               plan.order.data(), n_sort, 0, 32, stream));
 }
 
 int64_t DeviceIndexBuilder::download_total_cost(cudaStream_t stream) const {

@@ -62,6 +62,12 @@ class DeviceIndexBuilder {
   // (a 8-byte copy). The dense fallback of CudaLayerAttention compares it with the dense index's cost.
   int64_t download_total_cost(cudaStream_t stream = nullptr) const;
 
+  // Split-K (attention/index/split_plan.h, default on): items of static heads (dense, streaming, triangle) that
+  // cost more than a CTA's share of the layer (the device's SM count) run as units of key tiles, merged after
+  // the kernel. The units are planned once, here, from the shape; estimated heads are never cut.
+  void set_split(bool on) { split_ = on; }
+  const std::vector<SplitUnit>& split_units() const { return split_units_; }
+
   int64_t range_capacity() const { return range_capacity_; }
   int64_t column_capacity() const { return column_capacity_; }
 
@@ -72,6 +78,8 @@ class DeviceIndexBuilder {
   int64_t range_capacity_ = 0;
   int64_t column_capacity_ = 0;
   IndexBuildMode mode_ = IndexBuildMode::kPerKind;
+  bool split_ = true;
+  std::vector<SplitUnit> split_units_;
   // Head kinds of the layer (kPerKind's launches): VS, BS, any other.
   bool has_vs_ = false, has_bs_ = false, has_other_ = false;
   DeviceBuffer<DeviceHeadPattern> heads_;

@@ -37,9 +37,16 @@ struct PrefillParams {
   const int2* ranges = nullptr;
   const int32_t* column_offsets = nullptr;
   const int32_t* columns = nullptr;
-  const int32_t* order = nullptr;
+  const int32_t* order = nullptr;  // num_items + num_units entries (split_plan.h order_with_splits)
   int32_t num_items = 0;
   int32_t* counter = nullptr;
+  // Split-K (split_plan.h): unit u = {item, first key tile, end key tile, 0}; its output rows go to part_o
+  // [u][tile rows][head_dim] (f32, normalised) and part_lse [u][tile rows] (log2 units, -inf: no key seen).
+  const int4* units = nullptr;
+  int32_t num_units = 0;
+  float* part_o = nullptr;
+  float* part_lse = nullptr;
+  int32_t part_rows = 0;  // the index tile
   // wgmma kernel only (sparse_prefill_wgmma.cuh): byte strides of the N-major V descriptor along N (64-column
   // halves) and along K (8-key groups).
   uint32_t pv_lbo = 0, pv_sbo = 0;
@@ -59,7 +66,8 @@ struct KeyTile {
 // the first range left is clipped to lo, and columns below lo are skipped (binary search: they ascend).
 // A tile is masked when it is partial, holds a key past the first row (causal), or, with a window, a key below
 // the last row's window (key < pos_last - window + 1); the per-row mask itself is the kernel's.
-template <int BN>
+// kUnits = false: a kernel that never runs split units (its plan has none) walks whole items without counting.
+template <int BN, bool kUnits = true>
 struct KeyCursor {
   const int2* ranges;
   const int32_t* columns;
@@ -68,7 +76,11 @@ struct KeyCursor {
   int mask_below;  // window: tiles holding a key below this are masked (the tile's last row does not see it)
   bool windowed;
 
-  TESSERA_HD_INLINE KeyCursor(const PrefillParams& p, int item, int pos0, int rows)
+  int remaining;   // key tiles left to return (a split unit's share of the item)
+
+  // tile_begin / tile_end: the key tiles [tile_begin, tile_end) of the item's walk only (a split unit).
+  TESSERA_HD_INLINE KeyCursor(const PrefillParams& p, int item, int pos0, int rows, int tile_begin = 0,
+                              int tile_end = 0x7fffffff)
       : ranges(p.ranges),
         columns(p.columns),
         r(p.range_offsets[item]),
@@ -79,7 +91,8 @@ struct KeyCursor {
         re(0),
         first_pos(pos0),
         mask_below(0),
-        windowed(p.window > 0) {
+        windowed(p.window > 0),
+        remaining(tile_end - tile_begin) {
     int lo = 0;
     if (windowed) {
       lo = pos0 - p.window + 1 > 0 ? pos0 - p.window + 1 : 0;
@@ -111,10 +124,33 @@ struct KeyCursor {
       rb = x.x > lo ? x.x : lo;
       re = x.y;
     }
+    if constexpr (kUnits) skip(tile_begin);
+  }
+
+  // Moves past the next n tiles without returning them (whole ranges at a time): the same walk as n next().
+  TESSERA_HD_INLINE void skip(int n) {
+    while (n > 0 && r < r_end) {
+      const int tiles = (re - rb + BN - 1) / BN;
+      if (n < tiles) {
+        rb += n * BN;
+        return;
+      }
+      n -= tiles;
+      if (++r < r_end) {
+        const int2 x = ranges[r];
+        rb = x.x;
+        re = x.y;
+      }
+    }
+    c = c + n * BN < c_end ? c + n * BN : c_end;
   }
 
   TESSERA_HD_INLINE KeyTile next() {
     KeyTile kt;
+    if constexpr (kUnits) {
+      if (remaining <= 0) return kt;
+      --remaining;
+    }
     if (r < r_end) {
       kt.first = rb;
       kt.count = re - rb < BN ? re - rb : BN;
@@ -150,6 +186,18 @@ TESSERA_HD_INLINE PrefillItem prefill_item(const PrefillParams& p, int item, int
   it.pos0 = p.q_begin + it.row0;
   it.kvh = it.h / p.group;
   return it;
+}
+
+// What order[slot] asks for: a whole item (part -1), a split unit's key tiles of an item (part = the unit), or
+// nothing (item -1: an item whose units run it).
+struct PrefillWork {
+  int item, tile_begin, tile_end, part;
+};
+TESSERA_HD_INLINE PrefillWork prefill_work(const PrefillParams& p, int slot) {
+  const int v = p.order[slot];
+  if (v < p.num_items) return PrefillWork{v, 0, 0x7fffffff, -1};
+  const int4 u = p.units[v - p.num_items];
+  return PrefillWork{u.x, u.y, u.z, v - p.num_items};
 }
 
 // Key slot of an absent row of a partial tile (shared memory key list): above every position.

@@ -15,6 +15,7 @@
 
 #include "attention/cuda/sparse_prefill.h"
 #include "attention/cuda/sparse_prefill_kernel.cuh"
+#include "attention/cuda/split_merge.h"
 #include "attention/cuda/work_plan.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -188,6 +189,17 @@ detail::PrefillParams make_params(const AttentionArgs& args, const DeviceSparseI
   p.order = plan.order.data();
   p.num_items = plan.num_items;
   p.counter = plan.counter.data();
+  if (plan.num_units > 0) {  // split-K: the units' scratch rows (split_merge.h)
+    const size_t rows = static_cast<size_t>(plan.num_units) * static_cast<size_t>(index.tile);
+    const size_t cols = rows * static_cast<size_t>(args.head_dim());
+    if (plan.part_o.size() < cols) plan.part_o.resize(cols);
+    if (plan.part_lse.size() < rows) plan.part_lse.resize(rows);
+    p.units = plan.units.data();
+    p.num_units = plan.num_units;
+    p.part_o = plan.part_o.data();
+    p.part_lse = plan.part_lse.data();
+  }
+  p.part_rows = index.tile;
   return p;
 }
 
@@ -198,6 +210,8 @@ void check_call(const AttentionArgs& args, const DeviceSparseIndex& index, const
         "CUDA sparse prefill: the index (heads " + std::to_string(index.num_heads) + ", q_begin " +
             std::to_string(index.q_begin) + ", q_len " + std::to_string(index.q_len) + ", kv_len " +
             std::to_string(index.kv_len) + ") does not describe this call");
+  check(plan.num_units == 0 || (plan.units.size() >= static_cast<size_t>(plan.num_units) && plan.num_merges > 0),
+        "CUDA sparse prefill: the work plan's split units are not set");
   check(plan.num_items == index.num_items(), "CUDA sparse prefill: the work plan has " +
                                                  std::to_string(plan.num_items) + " items, the index " +
                                                  std::to_string(index.num_items()));
@@ -539,10 +553,29 @@ void sparse_prefill(const AttentionArgs& args, const DeviceSparseIndex& index, D
   if (args.q_len() == 0) return;
   const detail::PrefillParams p = make_params(args, index, plan);
   if (k == PrefillKernel::kWgmma) {
-    const int v = wgmma_variant >= 0 ? wgmma_variant : wgmma_prefill_self_check(args.q.dtype, stream).variant;
-    launch_wgmma(args.q.dtype, kWgmmaVariants[v], p, stream);
+    const WgmmaSelfCheck& sc = wgmma_prefill_self_check(args.q.dtype, stream);
+    int v = wgmma_variant >= 0 ? wgmma_variant : sc.variant;
+    if (plan.num_units > 0 && kWgmmaVariants[v].pair) {
+      // The pair kernel runs no split units (registers): the first non-pair variant that passed runs the plan.
+      v = -1;
+      for (int i = 0; i < wgmma_prefill_variants() && v < 0; ++i) {
+        if (!kWgmmaVariants[i].pair && static_cast<size_t>(i) < sc.variant_passed.size() && sc.variant_passed[i]) v = i;
+      }
+    }
+    if (v >= 0) {
+      launch_wgmma(args.q.dtype, kWgmmaVariants[v], p, stream);
+    } else {
+      launch_mma(args.q.dtype, d, index.tile, p, stream);
+    }
   } else {
     launch_mma(args.q.dtype, d, index.tile, p, stream);
+  }
+  if (plan.num_merges > 0) {
+    if (args.q.dtype == DType::BF16) {
+      detail::launch_split_merge<__nv_bfloat16>(p, plan.merges.data(), plan.num_merges, d, stream);
+    } else {
+      detail::launch_split_merge<__half>(p, plan.merges.data(), plan.num_merges, d, stream);
+    }
   }
 }
 

@@ -50,9 +50,12 @@ struct PrefillConfig {
 // normalise by the row sums (each spread over the 4 lanes of the row), store the thread's column pairs
 // (2 c4 + 8 i, i < D / 8) as 4-byte words, write the lse (natural log; -inf for a row that saw no key). Rows past
 // q_len (a short last tile) are not written. o_at(i, e) returns the accumulator pair of column block i, row e.
+// A split unit (part >= 0; row0: its item's first row) writes its rows to the unit's scratch instead: the
+// normalised output in f32 and the lse in log2 units (m + log2 l), which split_merge combines.
 template <typename T, int D, class OAt>
 __device__ __forceinline__ void store_rows(const PrefillParams& p, int h, int row16, int g, int c4,
-                                           const float (&l)[2], const float (&m)[2], OAt o_at) {
+                                           const float (&l)[2], const float (&m)[2], int part, int row0,
+                                           OAt o_at) {
   const float neg_inf = -__int_as_float(0x7f800000);
   T* oh = static_cast<T*>(p.out) + h * p.o_head;
 #pragma unroll
@@ -64,6 +67,21 @@ __device__ __forceinline__ void store_rows(const PrefillParams& p, int h, int ro
     const bool seen = m[e] != neg_inf && lt > 0.0f;
     const float inv = seen ? 1.0f / lt : 0.0f;
     const int row = row16 + g + 8 * e;
+    if (part >= 0) {
+      // The unit's scratch rows: element offset (part * part_rows + row - row0) * D + 2 c4 + 8 i.
+      const int slot = part * p.part_rows + (row - row0);
+      if (row < p.q_len) {
+        float* dst = p.part_o + static_cast<int64_t>(slot) * D + 2 * c4;
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+          const float2 v = o_at(i, e);
+          dst[8 * i] = v.x * inv;
+          dst[8 * i + 1] = v.y * inv;
+        }
+        if (c4 == 0) p.part_lse[slot] = seen ? m[e] + __log2f(lt) : neg_inf;
+      }
+      continue;
+    }
     if (row < p.q_len) {
       T* dst = oh + static_cast<int64_t>(row) * p.o_tok + 2 * c4;
 #pragma unroll
@@ -110,15 +128,20 @@ __global__ void __launch_bounds__(PrefillConfig<D, BM>::kThreads, PrefillConfig<
     if (tid == 0) s_slot = atomicAdd(p.counter, 1);
     __syncthreads();
     const int slot = s_slot;
-    if (slot >= p.num_items) break;
-    const int item = p.order[slot];
+    if (slot >= p.num_items + p.num_units) break;
+    const PrefillWork work = prefill_work(p, slot);
+    if (work.item < 0) {  // split into units: nothing to run here
+      __syncthreads();    // everyone has read s_slot before thread 0 takes the next
+      continue;
+    }
+    const int item = work.item;
     [[maybe_unused]] const auto [h, t, row0, rows, pos0, kvh] = prefill_item(p, item, BM);
     const T* qh = q_all + h * p.q_head + static_cast<int64_t>(row0) * p.q_tok;
     const T* kh = k_all + kvh * p.k_head;
     const T* vh = v_all + kvh * p.v_head;
 
     // Cursor over the item's key tiles: ranges first, then columns (window-clipped).
-    KeyCursor<BN> cursor(p, item, pos0, rows);
+    KeyCursor<BN> cursor(p, item, pos0, rows, work.tile_begin, work.tile_end);
     auto next_tile = [&]() { return cursor.next(); };
     auto load_kv = [&](int stage, const KeyTile& kt) {
       T* dk = sK + stage * BN * D;
@@ -223,7 +246,7 @@ __global__ void __launch_bounds__(PrefillConfig<D, BM>::kThreads, PrefillConfig<
     cp_async_wait<0>();  // an item without key tiles still has its Q load in flight
 
     // Epilogue: normalise and store; rows past q_len (short last tile) are not written.
-    store_rows<T, D>(p, h, row0 + warp * 16, g, c4, l, m,
+    store_rows<T, D>(p, h, row0 + warp * 16, g, c4, l, m, work.part, row0,
                      [&](int i, int e) { return make_float2(o[i][2 * e], o[i][2 * e + 1]); });
     __syncthreads();  // everyone has read s_slot and finished with shared memory before the next item
   }
@@ -248,7 +271,8 @@ void launch_persistent(Kernel kernel, int threads, size_t smem_bytes, const std:
   int per_sm = 0;
   TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem_bytes));
   if (per_sm < 1) throw Error(who + ": kernel does not fit on a multiprocessor");
-  const int grid = static_cast<int>(std::min<int64_t>(p.num_items, static_cast<int64_t>(per_sm) * dev.num_sms));
+  const int grid = static_cast<int>(
+      std::min<int64_t>(int64_t{p.num_items} + p.num_units, static_cast<int64_t>(per_sm) * dev.num_sms));
   TESSERA_CUDA_CHECK(cudaMemsetAsync(p.counter, 0, sizeof(int32_t), stream));
   if (grid == 0) return;
   kernel<<<grid, threads, smem_bytes, stream>>>(args...);

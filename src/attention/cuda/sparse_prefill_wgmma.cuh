@@ -77,15 +77,20 @@ __global__ void __launch_bounds__(256, 1) sparse_prefill_wgmma_kernel(const Pref
     if (tid == 0) s_slot = atomicAdd(p.counter, 1);
     __syncthreads();
     const int slot = s_slot;
-    if (slot >= p.num_items) break;
-    const int item = p.order[slot];
+    if (slot >= p.num_items + p.num_units) break;
+    const PrefillWork work = prefill_work(p, slot);
+    if (work.item < 0) {  // split into units: nothing to run here
+      __syncthreads();    // everyone has read s_slot before thread 0 takes the next
+      continue;
+    }
+    const int item = work.item;
     [[maybe_unused]] const auto [h, t, row0, rows, pos0, kvh] = prefill_item(p, item, BM);
     const T* qh = q_all + h * p.q_head + static_cast<int64_t>(row0) * p.q_tok;
     const T* kh = k_all + kvh * p.k_head;
     const T* vh = v_all + kvh * p.v_head;
 
     // Cursor over the item's key tiles: ranges first, then columns (window-clipped; sparse_prefill_kernel.cuh).
-    KeyCursor<BN> cursor(p, item, pos0, rows);
+    KeyCursor<BN> cursor(p, item, pos0, rows, work.tile_begin, work.tile_end);
     auto next_tile = [&]() { return cursor.next(); };
     auto load_kv = [&](int stage, const KeyTile& kt) {
       const uint32_t dk = sK + stage * Cfg::kKvBytes;
@@ -211,7 +216,7 @@ __global__ void __launch_bounds__(256, 1) sparse_prefill_wgmma_kernel(const Pref
     cp_async_wait<0>();  // an item without key tiles still has its Q load in flight
 
     // Epilogue (shared with the mma.sync kernel): normalise and store; rows past q_len are not written.
-    store_rows<T, D>(p, h, row0 + wg * 64 + (warp % 4) * 16, g, c4, cs.l, cs.m,
+    store_rows<T, D>(p, h, row0 + wg * 64 + (warp % 4) * 16, g, c4, cs.l, cs.m, work.part, row0,
                      [&](int i, int e) { return make_float2(cs.o[4 * i + 2 * e], cs.o[4 * i + 2 * e + 1]); });
     __syncthreads();  // everyone has read s_slot and finished with shared memory before the next item
   }

@@ -229,7 +229,7 @@ __device__ __forceinline__ void ws_consumer_loop(const PrefillParams& p, const W
       release(empty(prev_st));
     }
     if constexpr (!kQRegs) release(qempty(qb));  // every Q K^T of the item has completed
-    store_rows<T, D>(p, h, row0 + cw * 64 + wq * 16, g, c4, cs.l, cs.m,
+    store_rows<T, D>(p, h, row0 + cw * 64 + wq * 16, g, c4, cs.l, cs.m, mt.w, row0,  // mt: the item's last descriptor (w: split unit or -1)
                      [&](int i, int e) { return make_float2(cs.o[4 * i + 2 * e], cs.o[4 * i + 2 * e + 1]); });
   }
 }
@@ -334,7 +334,7 @@ __device__ __forceinline__ void ws_consumer_loop_pairs(const PrefillParams& p, c
       release(L.empty(prev_a));
       if (prev_b >= 0) release(L.empty(prev_b));
     }
-    store_rows<T, D>(p, h, row0 + cw * 64 + wq * 16, g, c4, cs.l, cs.m,
+    store_rows<T, D>(p, h, row0 + cw * 64 + wq * 16, g, c4, cs.l, cs.m, -1, row0,  // no split units in the pair kernel (see its producer)
                      [&](int i, int e) { return make_float2(cs.o[4 * i + 2 * e], cs.o[4 * i + 2 * e + 1]); });
   }
 }
@@ -383,10 +383,15 @@ __global__ void __launch_bounds__(384, 1) sparse_prefill_wgmma_ws_kernel(const P
     const T* v_all = static_cast<const T*>(p.v);
     int it = 0;  // tiles sent: stage it % kStages, phase it / kStages
     for (int n = 0;; ++n) {
-      if (ptid == 0) sSlot[n & 1] = atomicAdd(p.counter, 1);
-      named_barrier_sync(1, Cfg::kProducerThreads);
-      const int slot = sSlot[n & 1];
-      if (slot >= p.num_items) {
+      int slot = 0;
+      for (;;) {  // the next slot that runs something (an item split into units is skipped)
+        if (ptid == 0) sSlot[n & 1] = atomicAdd(p.counter, 1);
+        named_barrier_sync(1, Cfg::kProducerThreads);
+        slot = sSlot[n & 1];
+        if (slot >= p.num_items + p.num_units || p.order[slot] >= 0) break;
+        named_barrier_sync(1, Cfg::kProducerThreads);  // everyone has read sSlot before thread 0 writes it
+      }
+      if (slot >= p.num_items + p.num_units) {
         const int st = it % kStages;
         mbarrier_wait(empty(st), ((it / kStages) & 1) ^ 1);
         if (ptid == 0) sMeta[st] = make_int4(-1, 0, Cfg::kFlagEnd, 0);
@@ -394,7 +399,8 @@ __global__ void __launch_bounds__(384, 1) sparse_prefill_wgmma_ws_kernel(const P
         mbarrier_arrive(full(st));
         break;
       }
-      const int item = p.order[slot];
+      const PrefillWork work = prefill_work(p, slot);
+      const int item = work.item;
       [[maybe_unused]] const auto [h, t, row0, rows, pos0, kvh] = prefill_item(p, item, BM);
       const T* qh = q_all + h * p.q_head + static_cast<int64_t>(row0) * p.q_tok;
       const T* kh = k_all + kvh * p.k_head;
@@ -416,7 +422,7 @@ __global__ void __launch_bounds__(384, 1) sparse_prefill_wgmma_ws_kernel(const P
       }
       cp_async_mbarrier_arrive(qfull(qb));
 
-      KeyCursor<BN> cursor(p, item, pos0, rows);
+      KeyCursor<BN> cursor(p, item, pos0, rows, work.tile_begin, work.tile_end);
       KeyTile cur = cursor.next();
       for (;;) {
         const KeyTile nxt = cur.count > 0 ? cursor.next() : KeyTile{};
@@ -426,7 +432,7 @@ __global__ void __launch_bounds__(384, 1) sparse_prefill_wgmma_ws_kernel(const P
           sMeta[st] = make_int4(item, cur.count,
                                 (cur.masked ? Cfg::kFlagMasked : 0) | (nxt.count == 0 ? Cfg::kFlagLast : 0) |
                                     Cfg::kFlagCopied,
-                                0);
+                                work.part);
         }
         if (cur.count > 0) {
           // Thread (r0, ch) copies 16-byte chunk ch of rows r0, r0 + 8, ...: its swizzled offset only moves by
@@ -554,10 +560,15 @@ __global__ void __launch_bounds__(384, 1)
   const T* v_all = static_cast<const T*>(p.v);
   int it = 0;
   for (int n = 0;; ++n) {
+    // The next slot that runs something (an item split into units is skipped); the pair kernel's plans have no
+    // units (see the cursor below).
+    const int slot_end = kPair ? p.num_items : p.num_items + p.num_units;
     int slot = 0;
-    if (lane == 0) slot = atomicAdd(p.counter, 1);
-    slot = __shfl_sync(0xffffffffu, slot, 0);
-    if (slot >= p.num_items) {
+    do {
+      if (lane == 0) slot = atomicAdd(p.counter, 1);
+      slot = __shfl_sync(0xffffffffu, slot, 0);
+    } while (!kPair && slot < slot_end && p.order[slot] < 0);
+    if (slot >= slot_end) {
       const int st = it % kStages;
       mbarrier_wait(L.empty(st), ((it / kStages) & 1) ^ 1);
       if (lane == 0) L.meta[st] = make_int4(-1, 0, Cfg::kFlagEnd, 0);
@@ -565,7 +576,8 @@ __global__ void __launch_bounds__(384, 1)
       mbarrier_arrive(L.full(st));
       break;
     }
-    const int item = p.order[slot];
+    const PrefillWork work = kPair ? PrefillWork{p.order[slot], 0, 0x7fffffff, -1} : prefill_work(p, slot);
+    const int item = work.item;
     [[maybe_unused]] const auto [h, t, row0, rows, pos0, kvh] = prefill_item(p, item, BM);
     const int qb = n % kQBufs;
     mbarrier_wait(L.qempty(qb), ((n / kQBufs) & 1) ^ 1);
@@ -585,7 +597,9 @@ __global__ void __launch_bounds__(384, 1)
         ++it;
       }
     }
-    KeyCursor<BN> cursor(p, item, pos0, rows);
+    // The pair kernel runs no split units (sparse_prefill routes split plans to the 4-stage kernel: the units'
+    // tile count and scratch rows cost registers that the pair kernel's producer (56) and consumers (224) lack).
+    KeyCursor<BN, !kPair> cursor(p, item, pos0, rows, work.tile_begin, work.tile_end);
     KeyTile cur = cursor.next();
     for (;;) {
       const KeyTile nxt = cur.count > 0 ? cursor.next() : KeyTile{};
@@ -631,7 +645,7 @@ __global__ void __launch_bounds__(384, 1)
         L.meta[st] = make_int4(item, cur.count,
                                (cur.masked ? Cfg::kFlagMasked : 0) | (nxt.count == 0 ? Cfg::kFlagLast : 0) |
                                    (cur.gathered ? Cfg::kFlagCopied : 0),
-                               0);
+                               kPair ? -1 : work.part);
       }
       mbarrier_arrive(L.full(st));  // after this lane's key-list (and descriptor) writes
       ++it;
