@@ -33,6 +33,9 @@
 //
 // Scheduling: persistent CTAs (as many as fit on the device, at most one per item) take items in the order of
 // `plan` (work_plan.h: heaviest first) through plan.counter, which is reset on `stream` before the launch.
+// A plan with split-K units (attention/index/split_plan.h, DeviceWorkPlan::num_units > 0) runs each unit's key
+// tiles into the plan's scratch rows and merges them afterwards (split_merge.h: one more launch); the wgmma pair
+// variant runs no units, so such plans run on the first non-pair variant that passed the self-check.
 // Everything is asynchronous on `stream`; errors in the arguments throw tessera::Error before anything runs.
 #pragma once
 
