@@ -97,6 +97,20 @@ __device__ __forceinline__ void store_rows(const PrefillParams& p, int h, int ro
   }
 }
 
+// The next work of a kernel whose whole CTA takes items (thread 0 takes a slot through p.counter, every thread
+// reads it from s_slot): slots of items split into units are passed over; item -1 at the end of the plan.
+__device__ __forceinline__ PrefillWork take_block_work(const PrefillParams& p, int& s_slot) {
+  for (;;) {
+    if (threadIdx.x == 0) s_slot = atomicAdd(p.counter, 1);
+    __syncthreads();
+    const int slot = s_slot;
+    if (slot >= p.num_items + p.num_units) return PrefillWork{-1, 0, 0, -1};
+    const PrefillWork work = prefill_work(p, slot);
+    if (work.item >= 0) return work;
+    __syncthreads();  // everyone has read s_slot before thread 0 takes the next
+  }
+}
+
 template <typename T, int D, int BM>
 __global__ void __launch_bounds__(PrefillConfig<D, BM>::kThreads, PrefillConfig<D, BM>::kMinBlocks)
     sparse_prefill_kernel(const PrefillParams p) {
@@ -125,15 +139,8 @@ __global__ void __launch_bounds__(PrefillConfig<D, BM>::kThreads, PrefillConfig<
   const uint32_t v_lane = smem_addr(sV) + LaneSwizzle::v_row<D>(lane);
 
   for (;;) {
-    if (tid == 0) s_slot = atomicAdd(p.counter, 1);
-    __syncthreads();
-    const int slot = s_slot;
-    if (slot >= p.num_items + p.num_units) break;
-    const PrefillWork work = prefill_work(p, slot);
-    if (work.item < 0) {  // split into units: nothing to run here
-      __syncthreads();    // everyone has read s_slot before thread 0 takes the next
-      continue;
-    }
+    const PrefillWork work = take_block_work(p, s_slot);
+    if (work.item < 0) break;
     const int item = work.item;
     [[maybe_unused]] const auto [h, t, row0, rows, pos0, kvh] = prefill_item(p, item, BM);
     const T* qh = q_all + h * p.q_head + static_cast<int64_t>(row0) * p.q_tok;

@@ -74,15 +74,8 @@ __global__ void __launch_bounds__(256, 1) sparse_prefill_wgmma_kernel(const Pref
   const T* v_all = static_cast<const T*>(p.v);
 
   for (;;) {
-    if (tid == 0) s_slot = atomicAdd(p.counter, 1);
-    __syncthreads();
-    const int slot = s_slot;
-    if (slot >= p.num_items + p.num_units) break;
-    const PrefillWork work = prefill_work(p, slot);
-    if (work.item < 0) {  // split into units: nothing to run here
-      __syncthreads();    // everyone has read s_slot before thread 0 takes the next
-      continue;
-    }
+    const PrefillWork work = take_block_work(p, s_slot);
+    if (work.item < 0) break;
     const int item = work.item;
     [[maybe_unused]] const auto [h, t, row0, rows, pos0, kvh] = prefill_item(p, item, BM);
     const T* qh = q_all + h * p.q_head + static_cast<int64_t>(row0) * p.q_tok;
