@@ -50,6 +50,9 @@ struct PrefillParams {
   // wgmma kernel only (sparse_prefill_wgmma.cuh): byte strides of the N-major V descriptor along N (64-column
   // halves) and along K (8-key groups).
   uint32_t pv_lbo = 0, pv_sbo = 0;
+  // Host side only: > 0 caps the persistent grid at this many CTAs (the self-check runs every wgmma variant on 2,
+  // so that each CTA takes several items and the item-to-item hand-over is checked too).
+  int32_t max_ctas = 0;
 };
 
 struct KeyTile {

@@ -46,18 +46,16 @@ struct PrefillConfig {
   static_assert(BM % 16 == 0 && (BN * kChunks) % kThreads == 0 && (BM * kChunks) % kThreads == 0);
 };
 
-// Epilogue of both kernels for one thread's two rows, g and g + 8 of the 16-row slice starting at row16:
-// normalise by the row sums (each spread over the 4 lanes of the row), store the thread's column pairs
-// (2 c4 + 8 i, i < D / 8) as 4-byte words, write the lse (natural log; -inf for a row that saw no key). Rows past
-// q_len (a short last tile) are not written. o_at(i, e) returns the accumulator pair of column block i, row e.
-// A split unit (part >= 0; row0: its item's first row) writes its rows to the unit's scratch instead: the
-// normalised output in f32 and the lse in log2 units (m + log2 l), which split_merge combines.
-template <typename T, int D, class OAt>
-__device__ __forceinline__ void store_rows(const PrefillParams& p, int h, int row16, int g, int c4,
-                                           const float (&l)[2], const float (&m)[2], int part, int row0,
-                                           OAt o_at) {
+// The row statistics of a thread's two rows (g and g + 8 of its 16-row slice) that the epilogue needs: 1 / the
+// row sum (each row's sum is spread over the 4 lanes of the row; 0 for a row that saw no key) and the lse in
+// log2 units (m + log2 l; -inf for a row that saw no key).
+struct RowTotals {
+  float inv[2];
+  float lse2[2];
+};
+__device__ __forceinline__ RowTotals row_totals(const float (&l)[2], const float (&m)[2]) {
   const float neg_inf = -__int_as_float(0x7f800000);
-  T* oh = static_cast<T*>(p.out) + h * p.o_head;
+  RowTotals r;
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
     float lt = l[e];
@@ -65,7 +63,40 @@ __device__ __forceinline__ void store_rows(const PrefillParams& p, int h, int ro
     lt += __shfl_xor_sync(0xffffffffu, lt, 2);
     // A row saw a key iff its running max moved off -inf (poly_exp2 gives masked scores a tiny, not zero, weight).
     const bool seen = m[e] != neg_inf && lt > 0.0f;
-    const float inv = seen ? 1.0f / lt : 0.0f;
+    r.inv[e] = seen ? 1.0f / lt : 0.0f;
+    r.lse2[e] = seen ? m[e] + __log2f(lt) : neg_inf;
+  }
+  return r;
+}
+// RowTotals in one register per thread: the 4 lanes of a row quad (c4 = lane % 4) hold inv[0], inv[1], lse2[0],
+// lse2[1] in that order (for a kernel that keeps a finished item's totals while it starts the next one).
+__device__ __forceinline__ float pack_row_totals(const RowTotals& r, int c4) {
+  return c4 == 0 ? r.inv[0] : c4 == 1 ? r.inv[1] : c4 == 2 ? r.lse2[0] : r.lse2[1];
+}
+__device__ __forceinline__ RowTotals unpack_row_totals(float v, int lane) {
+  const int quad = lane & ~3;
+  RowTotals r;
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    r.inv[e] = __shfl_sync(0xffffffffu, v, quad + e);
+    r.lse2[e] = __shfl_sync(0xffffffffu, v, quad + 2 + e);
+  }
+  return r;
+}
+
+// Epilogue of every kernel for one thread's two rows, g and g + 8 of the 16-row slice starting at row16:
+// normalise by the row sums (RowTotals), store the thread's column pairs (2 c4 + 8 i, i < D / 8) as 4-byte words,
+// write the lse (natural log; -inf for a row that saw no key). Rows past q_len (a short last tile) are not
+// written. o_at(i, e) returns the accumulator pair of column block i, row e. A split unit (part >= 0; row0: its
+// item's first row) writes its rows to the unit's scratch instead: the normalised output in f32 and the lse in
+// log2 units (m + log2 l), which split_merge combines.
+template <typename T, int D, class OAt>
+__device__ __forceinline__ void store_rows(const PrefillParams& p, int h, int row16, int g, int c4, const RowTotals& r,
+                                           int part, int row0, OAt o_at) {
+  T* oh = static_cast<T*>(p.out) + h * p.o_head;
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const float inv = r.inv[e];
     const int row = row16 + g + 8 * e;
     if (part >= 0) {
       // The unit's scratch rows: element offset (part * part_rows + row - row0) * D + 2 c4 + 8 i.
@@ -78,7 +109,7 @@ __device__ __forceinline__ void store_rows(const PrefillParams& p, int h, int ro
           dst[8 * i] = v.x * inv;
           dst[8 * i + 1] = v.y * inv;
         }
-        if (c4 == 0) p.part_lse[slot] = seen ? m[e] + __log2f(lt) : neg_inf;
+        if (c4 == 0) p.part_lse[slot] = r.lse2[e];
       }
       continue;
     }
@@ -90,11 +121,17 @@ __device__ __forceinline__ void store_rows(const PrefillParams& p, int h, int ro
         *reinterpret_cast<uint32_t*>(dst + i * 8) = MmaTraits<T>::pack(v.x * inv, v.y * inv);
       }
       if (p.lse != nullptr && c4 == 0) {
-        p.lse[h * p.lse_head + static_cast<int64_t>(row) * p.lse_tok] =
-            seen ? (m[e] + __log2f(lt)) * 0.69314718055994531f : neg_inf;
+        p.lse[h * p.lse_head + static_cast<int64_t>(row) * p.lse_tok] = r.lse2[e] * 0.69314718055994531f;
       }
     }
   }
+}
+// The same from the running sums and maxima (l: this thread's share of each row's sum).
+template <typename T, int D, class OAt>
+__device__ __forceinline__ void store_rows(const PrefillParams& p, int h, int row16, int g, int c4,
+                                           const float (&l)[2], const float (&m)[2], int part, int row0,
+                                           OAt o_at) {
+  store_rows<T, D>(p, h, row16, g, c4, row_totals(l, m), part, row0, o_at);
 }
 
 // The next work of a kernel whose whole CTA takes items (thread 0 takes a slot through p.counter, every thread
@@ -278,8 +315,9 @@ void launch_persistent(Kernel kernel, int threads, size_t smem_bytes, const std:
   int per_sm = 0;
   TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem_bytes));
   if (per_sm < 1) throw Error(who + ": kernel does not fit on a multiprocessor");
-  const int grid = static_cast<int>(
-      std::min<int64_t>(int64_t{p.num_items} + p.num_units, static_cast<int64_t>(per_sm) * dev.num_sms));
+  int64_t grid_max = static_cast<int64_t>(per_sm) * dev.num_sms;
+  if (p.max_ctas > 0) grid_max = std::min<int64_t>(grid_max, p.max_ctas);
+  const int grid = static_cast<int>(std::min<int64_t>(int64_t{p.num_items} + p.num_units, grid_max));
   TESSERA_CUDA_CHECK(cudaMemsetAsync(p.counter, 0, sizeof(int32_t), stream));
   if (grid == 0) return;
   kernel<<<grid, threads, smem_bytes, stream>>>(args...);
