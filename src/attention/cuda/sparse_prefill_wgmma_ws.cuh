@@ -308,31 +308,30 @@ __device__ __forceinline__ void ws_consumer_loop_pairs(const PrefillParams& p, c
     Consumer::template load_q<BM>(qf, L.sQ, cw * 64 + wq * 16);
     release(L.qempty(0));  // Q is in registers: the producer may load the next item's
 
+    if (mt.y == 0) {
+      // An item without key tiles (its one, last, descriptor): its rows are written as empty (zeros, lse -inf)
+      // without touching O, which may still wait for a previous item's last P V (kStream).
+      release(L.empty(st));
+      ++it;
+      const RowTotals none{{0.0f, 0.0f}, {-__int_as_float(0x7f800000), -__int_as_float(0x7f800000)}};
+      store_rows<T, D>(p, h, row0 + cw * 64 + wq * 16, g, c4, none, -1, row0,
+                       [](int, int) { return make_float2(0.0f, 0.0f); });
+      continue;
+    }
     if constexpr (kStream) {
-      // The previous item's maxima and sums are final (only its last P V is pending): keep its totals.
-      if (done_item >= 0) done_totals = pack_row_totals(row_totals(cs.l, cs.m), c4);
-      cs.m[0] = cs.m[1] = neg_inf;  // O stays until the pending P V and the store (after this item's first step)
+      // O stays until the previous item's pending P V and store (this item's first step) and is zeroed there.
+      cs.m[0] = cs.m[1] = -__int_as_float(0x7f800000);
       cs.l[0] = cs.l[1] = 0.0f;
       cs.pos_row[0] = pos0 + cw * 64 + wq * 16 + g;
       cs.pos_row[1] = cs.pos_row[0] + 8;
     } else {
       cs.start(pos0 + cw * 64 + wq * 16 + g);
     }
-    if (mt.y == 0) {  // an item without key tiles: its one (last) descriptor, rows written as empty
-      if constexpr (kStream) {
-        if (done_item >= 0) {
-          flush_pv();
-          store_item(done_item, unpack_row_totals(done_totals, lane));
-          done_item = -1;
-        }
-        cs.start(pos0 + cw * 64 + wq * 16 + g);
-      }
-      release(L.empty(st));
-      ++it;
-      store_item(item, row_totals(cs.l, cs.m));
-      continue;
-    }
-    for (;;) {
+    // One pair step; false after the item's last. kStorePrev (kStream, an item's first step when a previous item
+    // waits): the previous item's O, complete after this step's wait, is stored and this item's O starts at 0. The
+    // first step is peeled off the loop this way: with the store inside the loop body ptxas spilled ~280 bytes
+    // and serialised the wgmmas (C7511).
+    auto step = [&]<bool kStorePrev>() -> bool {
       int st_b = -1;
       int4 mb = make_int4(0, 0, 0, 0);
       if (!(mt.z & Cfg::kFlagLast)) {  // a tile follows in this item (its count is > 0)
@@ -361,33 +360,34 @@ __device__ __forceinline__ void ws_consumer_loop_pairs(const PrefillParams& p, c
         release(L.empty(prev_a));
         if (prev_b >= 0) release(L.empty(prev_b));
       }
-      bool stored = false;
-      if constexpr (kStream) {
-        if (done_item >= 0) {  // (only in the item's first step)
-          // The previous item's O is complete: store it (after P is packed, so that the scores' registers are
-          // free) and start this item's O at 0 (no rescale needed).
-          Consumer::pack_p(s, pa);
-          store_item(done_item, unpack_row_totals(done_totals, lane));
-          done_item = -1;
+      if constexpr (kStorePrev) {
+        Consumer::pack_p(s, pa);  // first, so that the scores' registers are free for the store
+        store_item(done_item, unpack_row_totals(done_totals, lane));
+        done_item = -1;
 #pragma unroll
-          for (int i = 0; i < D / 2; ++i) cs.o[i] = 0.0f;
-          stored = true;
-        }
-      }
-      if (!stored) {
+        for (int i = 0; i < D / 2; ++i) cs.o[i] = 0.0f;  // no rescale: O starts here
+      } else {
         cs.rescale(alpha);
         Consumer::pack_p(s, pa);
       }
       prev_a = st;
       prev_b = st_b;
       it += has_b ? 2 : 1;
-      if (!has_b || (mb.z & Cfg::kFlagLast)) break;
+      if (!has_b || (mb.z & Cfg::kFlagLast)) return false;
       st = it % kStages;
       mbarrier_wait(L.full(st), (it / kStages) & 1);
       mt = L.meta[st];
-    }
+      return true;
+    };
+    bool more = true;
     if constexpr (kStream) {
-      done_item = item;  // its last P V goes with the next item's first S
+      if (done_item >= 0) more = step.template operator()<true>();
+    }
+    while (more) more = step.template operator()<false>();
+    if constexpr (kStream) {
+      // Its maxima and sums are final (only its last P V is pending), which goes with the next item's first S.
+      done_item = item;
+      done_totals = pack_row_totals(row_totals(cs.l, cs.m), c4);
     } else {
       flush_pv();
       store_item(item, row_totals(cs.l, cs.m));
@@ -396,7 +396,7 @@ __device__ __forceinline__ void ws_consumer_loop_pairs(const PrefillParams& p, c
   if constexpr (kStream) {
     if (done_item >= 0) {
       flush_pv();
-      store_item(done_item, row_totals(cs.l, cs.m));
+      store_item(done_item, unpack_row_totals(done_totals, lane));
     }
   }
 }
