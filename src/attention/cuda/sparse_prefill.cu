@@ -237,17 +237,17 @@ struct WgmmaVariant {
   bool pair = false;           // TMA ping-pong kernel with 128-key steps, one Q buffer and 6 K/V stages
   int poly_exp = 0;            // pair kernel: column blocks of 16 per step whose 2^x run on the FMA pipe (poly_exp2)
   bool max_tree = false;       // pair kernel: row maxima as a tree
-  bool stream = false;         // pair kernel: an item's last P V goes with the next item's first S (kStream)
+  bool flush_turn = false;     // pair kernel: an item's last P V in a ping-pong turn of its own (kFlushTurn)
 };
 constexpr WgmmaVariant kWgmmaVariants[] = {
-    {true, true, 6, true, true, false, 8192, 1024, "TMA ping-pong, 128-key steps, 6 stages, items streamed", false, true,
+    {true, true, 6, true, true, false, 8192, 1024, "TMA ping-pong, 128-key steps, 6 stages, last P V in a turn", false, true,
      0, false, true},
     {true, true, 6, true, true, false, 8192, 1024, "TMA producer warp, ping-pong, 128-key steps, 6 stages", false,
      true},
     {true, false, 6, true, true, false, 8192, 1024, "TMA producer warp, 128-key steps, 6 stages", false, true},
     {true, true, 6, true, true, false, 8192, 1024, "TMA ping-pong, 128-key steps, max tree", false, true, 0, true},
     {true, true, 6, true, true, false, 8192, 1024, "TMA ping-pong, 128-key steps, 1/8 of 2^x on FMA", false, true, 2},
-    {true, true, 6, true, true, false, 8192, 1024, "TMA ping-pong, 128-key steps, items streamed, max tree", false, true,
+    {true, true, 6, true, true, false, 8192, 1024, "TMA ping-pong, 128-key steps, last P V in a turn, max tree", false, true,
      0, true, true},
     {true, true, 4, true, true, false, 8192, 1024, "TMA producer warp, ping-pong, Q in registers, 4 stages"},
     {true, true, 4, true, true, false, 8192, 1024, "TMA producer warp, ping-pong, eager rescale", true},
@@ -264,9 +264,9 @@ template <typename T>
 void launch_wgmma_t(const WgmmaVariant& v, const detail::PrefillParams& p, cudaStream_t stream) {
   if (v.tma && v.pair && !v.pingpong) {
     detail::launch_sparse_prefill_wgmma_tma<T, 6, true, false, 8, true, 0, false, false>(p, stream);
-  } else if (v.tma && v.pair && v.stream && v.max_tree) {
+  } else if (v.tma && v.pair && v.flush_turn && v.max_tree) {
     detail::launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true, 0, true, true>(p, stream);
-  } else if (v.tma && v.pair && v.stream) {
+  } else if (v.tma && v.pair && v.flush_turn) {
     detail::launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true, 0, false, true>(p, stream);
   } else if (v.tma && v.pair && v.max_tree) {
     detail::launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true, 0, true, false>(p, stream);

@@ -241,20 +241,21 @@ __device__ __forceinline__ void ws_consumer_loop(const PrefillParams& p, const W
 // half's scores are masked out and its wgmmas read tile a again (64 keys of tensor work wasted per odd item).
 // S of step j overlaps P V of step j - 1, the warpgroups ping-pong as in ws_consumer_loop, and the stages of a
 // step are released once the P V that read their V completed.
-// kStream: an item's last P V is not waited for at the item's end but issued with the next item's first S (one
-// ping-pong turn, as inside an item); the finished rows are stored after that step's softmax, while the tensor
-// cores run the other warpgroup's turn. Without it, each item ends with its own P V, a wait and the store, during
-// which this warpgroup issues nothing and the other one soon waits for its turn (A-shape at 128K: 34 pair steps
-// per item, so the item change is a visible share of the time).
+// kFlushTurn: an item's last P V is issued in a ping-pong turn of its own (both warpgroups take it, so the turns
+// still pair up) instead of at once, so that the other warpgroup is not held at its next turn while this one waits
+// for that P V, stores the rows and loads the next item's Q.
+// (Tried and dropped: issuing the last P V together with the next item's first S and storing the rows after that
+// step. With the store inside the step loop ptxas spilled and serialised the wgmmas (C7511, 33.5 M cycles against
+// 24.1 M for A-shape at 128K); with the item's first step peeled off the loop, the steady step's descriptors left
+// the uniform datapath (32 R2UR per step: 12% more cycles).)
 template <typename T, int kStages, bool kPingpong, int kRescale = 8, int kPolyExp = 0, bool kMaxTree = false,
-          bool kStream = false>
+          bool kFlushTurn = false>
 __device__ __forceinline__ void ws_consumer_loop_pairs(const PrefillParams& p, const WgmmaWsLayout<kStages, 1>& L,
                                                        int cw, int wq, int lane) {
   using Cfg = WgmmaWsConfig<kStages, 1>;
   using Consumer = WgmmaConsumer<T, false, kRescale, 128, kPolyExp, kMaxTree>;
   constexpr int D = Cfg::D, BM = Cfg::BM, BN = Cfg::BN;  // BN: one key tile (stage)
   const int g = lane / 4, c4 = lane % 4;
-  const float neg_inf = -__int_as_float(0x7f800000);
   auto release = [&](uint32_t b) {
     __syncwarp();
     if (lane == 0) mbarrier_arrive(b);
@@ -265,29 +266,6 @@ __device__ __forceinline__ void ws_consumer_loop_pairs(const PrefillParams& p, c
   const uint64_t k_desc0 = sw128_desc(L.sK, 16, 1024), v_desc0 = sw128_desc(L.sV, p.pv_lbo, p.pv_sbo);
   auto k_desc = [&](int st) { return desc_advance(k_desc0, st * Cfg::kKvBytes); };
   auto v_desc = [&](int st) { return desc_advance(v_desc0, st * Cfg::kKvBytes); };
-  Consumer cs;
-  cs.start(0);  // kStream: O = 0 for the first item (later items zero it after the previous one's store)
-  uint32_t pa[Consumer::BN / 16][4];
-  int prev_a = -1, prev_b = -1;  // stages of the previous step, whose P V is pending (prev_b -1: one tile)
-  // kStream: the item whose rows wait for their last P V (-1: none), with its row totals (pack_row_totals: one
-  // register instead of four, as the step is at the register budget).
-  int done_item = -1;
-  float done_totals = 0.0f;
-  auto store_item = [&](int item, const RowTotals& r) {
-    [[maybe_unused]] const auto [h, t, row0, rows, pos0, kvh] = prefill_item(p, item, BM);
-    store_rows<T, D>(p, h, row0 + cw * 64 + wq * 16, g, c4, r, -1, row0,  // no split units in the pair kernel (see its producer)
-                     [&](int i, int e) { return make_float2(cs.o[4 * i + 2 * e], cs.o[4 * i + 2 * e + 1]); });
-  };
-  // The pending P V alone (outside the ping-pong turns), its wait, the release of its stages.
-  auto flush_pv = [&] {
-    cs.issue_pv_pair(pa, v_desc(prev_a), v_desc(prev_b >= 0 ? prev_b : prev_a));
-    wgmma_wait<0>();
-    fence_operands(cs.o);
-    Consumer::keep_live(pa);
-    release(L.empty(prev_a));
-    if (prev_b >= 0) release(L.empty(prev_b));
-    prev_a = prev_b = -1;
-  };
   int it = 0;
   for (int n = 0;; ++n) {
     int st = it % kStages;
@@ -308,96 +286,66 @@ __device__ __forceinline__ void ws_consumer_loop_pairs(const PrefillParams& p, c
     Consumer::template load_q<BM>(qf, L.sQ, cw * 64 + wq * 16);
     release(L.qempty(0));  // Q is in registers: the producer may load the next item's
 
-    if (mt.y == 0) {
-      // An item without key tiles (its one, last, descriptor): its rows are written as empty (zeros, lse -inf)
-      // without touching O, which may still wait for a previous item's last P V (kStream).
+    Consumer cs;
+    cs.start(pos0 + cw * 64 + wq * 16 + g);
+    uint32_t pa[Consumer::BN / 16][4];
+    int prev_a = -1, prev_b = -1;  // stages of the previous step, whose P V is pending (prev_b -1: one tile)
+    if (mt.y == 0) {  // an item without key tiles: its one (last) descriptor, rows written as empty
       release(L.empty(st));
       ++it;
-      const RowTotals none{{0.0f, 0.0f}, {-__int_as_float(0x7f800000), -__int_as_float(0x7f800000)}};
-      store_rows<T, D>(p, h, row0 + cw * 64 + wq * 16, g, c4, none, -1, row0,
-                       [](int, int) { return make_float2(0.0f, 0.0f); });
-      continue;
-    }
-    if constexpr (kStream) {
-      // O stays until the previous item's pending P V and store (this item's first step) and is zeroed there.
-      cs.m[0] = cs.m[1] = -__int_as_float(0x7f800000);
-      cs.l[0] = cs.l[1] = 0.0f;
-      cs.pos_row[0] = pos0 + cw * 64 + wq * 16 + g;
-      cs.pos_row[1] = cs.pos_row[0] + 8;
     } else {
-      cs.start(pos0 + cw * 64 + wq * 16 + g);
-    }
-    // One pair step; false after the item's last. kStorePrev (kStream, an item's first step when a previous item
-    // waits): the previous item's O, complete after this step's wait, is stored and this item's O starts at 0. The
-    // first step is peeled off the loop this way: with the store inside the loop body ptxas spilled ~280 bytes
-    // and serialised the wgmmas (C7511).
-    auto step = [&]<bool kStorePrev>() -> bool {
-      int st_b = -1;
-      int4 mb = make_int4(0, 0, 0, 0);
-      if (!(mt.z & Cfg::kFlagLast)) {  // a tile follows in this item (its count is > 0)
-        st_b = (it + 1) % kStages;
-        mbarrier_wait(L.full(st_b), ((it + 1) / kStages) & 1);
-        mb = L.meta[st_b];
-      }
-      const bool has_b = st_b >= 0;
-      if ((mt.z | mb.z) & Cfg::kFlagCopied) fence_proxy_async_shared();  // cp.async tiles before wgmma reads
-      float s[Consumer::BN / 2];
-      ws_issue_step<kPingpong>(
-          cw, prev_a >= 0,
-          [&] { Consumer::issue_qk_rs_pair(s, qf, k_desc(st)); },  // st even: the pair's base (b's rows follow)
-          [&] { cs.issue_pv_pair(pa, v_desc(prev_a), v_desc(prev_b >= 0 ? prev_b : prev_a)); });
-      fence_operands(s);
-      float alpha[2];
-      // Without a second tile, the pair's upper half holds stale rows: masked out whole (span 0).
-      cs.softmax(s, (mt.z & Cfg::kFlagMasked) != 0, L.keys + st * BN, !has_b || (mb.z & Cfg::kFlagMasked) != 0,
-                 L.keys + (has_b ? st_b : st) * BN, p.span, has_b ? p.span : 0u, p.scale_log2, alpha);
-      // Pins the softmax above the wait for P V (see ws_consumer_loop); one word per warp here.
-      if (lane == 0) L.pin[cw * 4 + wq] = cs.l[0] + cs.l[1];
-      wgmma_wait<0>();  // P V of the previous step
-      fence_operands(cs.o);
-      Consumer::keep_live(pa);
-      if (prev_a >= 0) {
-        release(L.empty(prev_a));
-        if (prev_b >= 0) release(L.empty(prev_b));
-      }
-      if constexpr (kStorePrev) {
-        Consumer::pack_p(s, pa);  // first, so that the scores' registers are free for the store
-        store_item(done_item, unpack_row_totals(done_totals, lane));
-        done_item = -1;
-#pragma unroll
-        for (int i = 0; i < D / 2; ++i) cs.o[i] = 0.0f;  // no rescale: O starts here
-      } else {
+      for (;;) {
+        int st_b = -1;
+        int4 mb = make_int4(0, 0, 0, 0);
+        if (!(mt.z & Cfg::kFlagLast)) {  // a tile follows in this item (its count is > 0)
+          st_b = (it + 1) % kStages;
+          mbarrier_wait(L.full(st_b), ((it + 1) / kStages) & 1);
+          mb = L.meta[st_b];
+        }
+        const bool has_b = st_b >= 0;
+        if ((mt.z | mb.z) & Cfg::kFlagCopied) fence_proxy_async_shared();  // cp.async tiles before wgmma reads
+        float s[Consumer::BN / 2];
+        ws_issue_step<kPingpong>(
+            cw, prev_a >= 0,
+            [&] { Consumer::issue_qk_rs_pair(s, qf, k_desc(st)); },  // st even: the pair's base (b's rows follow)
+            [&] { cs.issue_pv_pair(pa, v_desc(prev_a), v_desc(prev_b >= 0 ? prev_b : prev_a)); });
+        fence_operands(s);
+        float alpha[2];
+        // Without a second tile, the pair's upper half holds stale rows: masked out whole (span 0).
+        cs.softmax(s, (mt.z & Cfg::kFlagMasked) != 0, L.keys + st * BN, !has_b || (mb.z & Cfg::kFlagMasked) != 0,
+                   L.keys + (has_b ? st_b : st) * BN, p.span, has_b ? p.span : 0u, p.scale_log2, alpha);
+        // Pins the softmax above the wait for P V (see ws_consumer_loop); one word per warp here.
+        if (lane == 0) L.pin[cw * 4 + wq] = cs.l[0] + cs.l[1];
+        wgmma_wait<0>();  // P V of the previous step
+        fence_operands(cs.o);
+        Consumer::keep_live(pa);
+        if (prev_a >= 0) {
+          release(L.empty(prev_a));
+          if (prev_b >= 0) release(L.empty(prev_b));
+        }
         cs.rescale(alpha);
         Consumer::pack_p(s, pa);
+        prev_a = st;
+        prev_b = st_b;
+        it += has_b ? 2 : 1;
+        if (!has_b || (mb.z & Cfg::kFlagLast)) break;
+        st = it % kStages;
+        mbarrier_wait(L.full(st), (it / kStages) & 1);
+        mt = L.meta[st];
       }
-      prev_a = st;
-      prev_b = st_b;
-      it += has_b ? 2 : 1;
-      if (!has_b || (mb.z & Cfg::kFlagLast)) return false;
-      st = it % kStages;
-      mbarrier_wait(L.full(st), (it / kStages) & 1);
-      mt = L.meta[st];
-      return true;
-    };
-    bool more = true;
-    if constexpr (kStream) {
-      if (done_item >= 0) more = step.template operator()<true>();
     }
-    while (more) more = step.template operator()<false>();
-    if constexpr (kStream) {
-      // Its maxima and sums are final (only its last P V is pending), which goes with the next item's first S.
-      done_item = item;
-      done_totals = pack_row_totals(row_totals(cs.l, cs.m), c4);
-    } else {
-      flush_pv();
-      store_item(item, row_totals(cs.l, cs.m));
+    if (prev_a >= 0) {
+      if constexpr (kPingpong && kFlushTurn) named_barrier_sync(2 + cw, 256);
+      cs.issue_pv_pair(pa, v_desc(prev_a), v_desc(prev_b >= 0 ? prev_b : prev_a));
+      if constexpr (kPingpong && kFlushTurn) named_barrier_arrive(3 - cw, 256);
+      wgmma_wait<0>();
+      fence_operands(cs.o);
+      Consumer::keep_live(pa);
+      release(L.empty(prev_a));
+      if (prev_b >= 0) release(L.empty(prev_b));
     }
-  }
-  if constexpr (kStream) {
-    if (done_item >= 0) {
-      flush_pv();
-      store_item(done_item, unpack_row_totals(done_totals, lane));
-    }
+    store_rows<T, D>(p, h, row0 + cw * 64 + wq * 16, g, c4, cs.l, cs.m, -1, row0,  // no split units in the pair kernel (see its producer)
+                     [&](int i, int e) { return make_float2(cs.o[4 * i + 2 * e], cs.o[4 * i + 2 * e + 1]); });
   }
 }
 
@@ -569,7 +517,7 @@ void launch_sparse_prefill_wgmma_ws(const PrefillParams& p, cudaStream_t stream)
 // full[s] counts 64 arrivals per phase: per lane one for the data (lane 0's with the TMA byte count, or a
 // cp.async arrive for gathered tiles) and one after its key-list writes.
 template <typename T, int kStages, bool kQRegs, bool kPingpong, int kRescale = 8, bool kPair = false, int kPolyExp = 0,
-          bool kMaxTree = false, bool kStream = false>
+          bool kMaxTree = false, bool kFlushTurn = false>
 __global__ void __launch_bounds__(384, 1)
     sparse_prefill_wgmma_tma_kernel(const PrefillParams p, const __grid_constant__ CUtensorMap tm_q,
                                     const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
@@ -604,8 +552,8 @@ __global__ void __launch_bounds__(384, 1)
     if constexpr (kPair) {
       static_assert(128 * 56 + 256 * 224 <= 384 * 168, "setmaxnreg within the launch allocation");
       setmaxnreg_inc<224>();
-      ws_consumer_loop_pairs<T, kStages, kPingpong, kRescale, kPolyExp, kMaxTree, kStream>(p, L, warp / 4 - 1, warp % 4,
-                                                                                         lane);
+      ws_consumer_loop_pairs<T, kStages, kPingpong, kRescale, kPolyExp, kMaxTree, kFlushTurn>(p, L, warp / 4 - 1,
+                                                                                            warp % 4, lane);
     } else {
       setmaxnreg_inc<208>();
       ws_consumer_loop<T, kStages, kQRegs, kPingpong, kRescale>(p, L, warp / 4 - 1, warp % 4, lane);
@@ -762,14 +710,14 @@ CUtensorMap make_head_tensor_map(const void* base, int heads, int rows, int64_t 
 }
 
 template <typename T, int kStages, bool kQRegs, bool kPingpong, int kRescale = 8, bool kPair = false, int kPolyExp = 0,
-          bool kMaxTree = false, bool kStream = false>
+          bool kMaxTree = false, bool kFlushTurn = false>
 void launch_sparse_prefill_wgmma_tma(const PrefillParams& p, cudaStream_t stream) {
   using Cfg = WgmmaWsConfig<kStages, kPair ? 1 : 2>;
   const CUtensorMap tq = make_head_tensor_map<T>(p.q, p.num_q_heads, p.q_len, p.q_head, p.q_tok, Cfg::BM);
   const CUtensorMap tk = make_head_tensor_map<T>(p.k, p.num_kv_heads, p.kv_len, p.k_head, p.k_tok, Cfg::BN);
   const CUtensorMap tv = make_head_tensor_map<T>(p.v, p.num_kv_heads, p.kv_len, p.v_head, p.v_tok, Cfg::BN);
   launch_persistent(sparse_prefill_wgmma_tma_kernel<T, kStages, kQRegs, kPingpong, kRescale, kPair, kPolyExp, kMaxTree,
-                                                    kStream>,
+                                                    kFlushTurn>,
                     Cfg::kThreads, Cfg::kSmemBytes,
                     "sparse prefill (wgmma, TMA)", "", "sparse_prefill_wgmma_tma_kernel", p, stream, p, tq, tk, tv);
 }
