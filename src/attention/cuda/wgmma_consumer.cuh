@@ -177,13 +177,9 @@ struct WgmmaConsumer {
         }
       }
     }
-    // Both rows' maxima first, then their shuffles, then the exponentials of both rows interleaved: written out
-    // in this order because ptxas does not always find it (the items-streamed pair kernel's first build did row 0's
-    // max, shuffles and 64 exponentials before row 1's max: 12% more cycles).
-    float mx[2];
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      mx[e] = neg_inf;
+      float mx = neg_inf;
       if constexpr (kMaxTree) {
         float t[BN / 8];
 #pragma unroll
@@ -196,48 +192,38 @@ struct WgmmaConsumer {
         for (int i = 0; i < BN / 64; ++i) t[i] = fmaxf(t[i], t[i + BN / 64]);
 #pragma unroll
         for (int i = 0; i < BN / 128; ++i) t[i] = fmaxf(t[i], t[i + BN / 128]);
-        mx[e] = t[0];
+        mx = t[0];
       } else {
 #pragma unroll
-        for (int i = 0; i < BN / 8; ++i) mx[e] = fmaxf(mx[e], fmaxf(sc[4 * i + 2 * e], sc[4 * i + 2 * e + 1]));
+        for (int i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(sc[4 * i + 2 * e], sc[4 * i + 2 * e + 1]));
       }
-    }
-#pragma unroll
-    for (int e = 0; e < 2; ++e) mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 1));
-#pragma unroll
-    for (int e = 0; e < 2; ++e) mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 2));
-    float m_use[2], sum[2];
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       // The raw max times the (positive) scale is the scaled max. Lazy rescaling: the running max moves only
       // when the tile's exceeds it by more than kRescaleLog2, so most steps keep alpha = 1 and skip the 64
       // multiplies of O (H200 profile: ~36 FMUL per step). Exact, not approximate: P, l and O all use the same
       // max; P is then at most 2^kRescaleLog2 (256 by default), well inside bf16/f16 range and the f32 accumulators.
-      const float m_cand = fmaxf(m[e], mx[e] * scale_log2);
+      const float m_cand = fmaxf(m[e], mx * scale_log2);
       const float m_new = m_cand > m[e] + kRescaleLog2 ? m_cand : m[e];
-      m_use[e] = m_new == neg_inf ? 0.0f : m_new;  // a row with nothing visible yet stays at zero
-      alpha[e] = m_new == m[e] ? 1.0f : fast_exp2(m[e] - m_use[e]);
-      m[e] = m_new;
-      sum[e] = 0.0f;
-    }
+      const float m_use = m_new == neg_inf ? 0.0f : m_new;  // a row with nothing visible yet stays at zero
+      alpha[e] = m_new == m[e] ? 1.0f : fast_exp2(m[e] - m_use);
+      float sum = 0.0f;
 #pragma unroll
-    for (int i = 0; i < BN / 8; ++i) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
+      for (int i = 0; i < BN / 8; ++i) {
         // Every (BN / 8 / kPolyExp)-th column block on the FMA pipe, the others on MUFU.
         constexpr int kEvery = kPolyExp > 0 ? BN / 8 / kPolyExp : 1;
         if (kPolyExp > 0 && i % kEvery == kEvery - 1) {
-          sc[4 * i + 2 * e] = poly_exp2(fmaf(sc[4 * i + 2 * e], scale_log2, -m_use[e]));
-          sc[4 * i + 2 * e + 1] = poly_exp2(fmaf(sc[4 * i + 2 * e + 1], scale_log2, -m_use[e]));
+          sc[4 * i + 2 * e] = poly_exp2(fmaf(sc[4 * i + 2 * e], scale_log2, -m_use));
+          sc[4 * i + 2 * e + 1] = poly_exp2(fmaf(sc[4 * i + 2 * e + 1], scale_log2, -m_use));
         } else {
-          sc[4 * i + 2 * e] = fast_exp2(fmaf(sc[4 * i + 2 * e], scale_log2, -m_use[e]));
-          sc[4 * i + 2 * e + 1] = fast_exp2(fmaf(sc[4 * i + 2 * e + 1], scale_log2, -m_use[e]));
+          sc[4 * i + 2 * e] = fast_exp2(fmaf(sc[4 * i + 2 * e], scale_log2, -m_use));
+          sc[4 * i + 2 * e + 1] = fast_exp2(fmaf(sc[4 * i + 2 * e + 1], scale_log2, -m_use));
         }
-        sum[e] += sc[4 * i + 2 * e] + sc[4 * i + 2 * e + 1];
+        sum += sc[4 * i + 2 * e] + sc[4 * i + 2 * e + 1];
       }
+      l[e] = l[e] * alpha[e] + sum;
+      m[e] = m_new;
     }
-#pragma unroll
-    for (int e = 0; e < 2; ++e) l[e] = l[e] * alpha[e] + sum[e];
     // Pin the results here: the scores, max and sums are plain register arithmetic, so without these the
     // compiler may sink the whole step below the next volatile asm (the wait for the pending P V), which
     // serialises the softmax with P V (H200 profile: the wait at the top of the step took 6.7% of the samples).
