@@ -45,9 +45,9 @@ if rows:
           f"throttle reasons seen: {sorted(set(r[6].strip() for r in rows))}")
 PY
 
-# One ncu pass per pattern: the first prefill launch after the self-check's (one per wgmma variant: 15).
+# One ncu pass per pattern: the first prefill launch after the self-check's (one per wgmma variant: 13).
 for pat in $PATTERNS; do
-  timeout 240 "$NCU" --kernel-name regex:sparse_prefill_wgmma --launch-skip "${LAUNCH_SKIP:-15}" --launch-count 1 \
+  timeout 240 "$NCU" --kernel-name regex:sparse_prefill_wgmma --launch-skip "${LAUNCH_SKIP:-13}" --launch-count 1 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
     --metrics "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_tensor_op_gmma.sum,sm__cycles_elapsed.avg,smsp__issue_active.avg.pct_of_peak_sustained_active,lts__t_bytes.sum,dram__bytes_read.sum,lts__t_sectors_srcunit_tex_op_read.sum" \
     --print-units base "$BENCH" --seq "$SEQ" --patterns "$pat" --inputs rope --reps 1 --warmup 0 --variants off \

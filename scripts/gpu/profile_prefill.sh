@@ -6,7 +6,7 @@
 # Builds the attention library and bench through scripts/gpu/check.sh (build steps only), then runs ncu on
 # attention_gpu_bench for one pattern and length (PROFILE_ARGS, default A-shape at 32K: the sparse wgmma path)
 # and keeps the details page of the first kernel launches matching PROFILE_KERNEL after PROFILE_SKIP launches
-# (the wgmma self-check launches each of its 15 variants once on a tiny problem first).
+# (the wgmma self-check launches each of its 13 variants once on a tiny problem first).
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-build/gpu-profile}
@@ -18,7 +18,7 @@ echo "bench: $BENCH  ncu: $NCU"
 [ -n "$BENCH" ] && [ -n "$NCU" ] || { tail -30 "$OUT/build.log"; exit 1; }
 ARGS=${PROFILE_ARGS:---seq 32768 --patterns ashape --reps 1 --warmup 0 --kernel auto --variants off}
 KERNEL=${PROFILE_KERNEL:-regex:sparse_prefill_wgmma}
-SKIP=${PROFILE_SKIP:-15}
+SKIP=${PROFILE_SKIP:-13}
 if [ "${PROFILE_FULL:-1}" = 1 ]; then
   timeout 200 "$NCU" --kernel-name "$KERNEL" --launch-skip "$SKIP" --launch-count 1 --set full \
     --import-source no --page details --print-units base "$BENCH" $ARGS > "$OUT/ncu.txt" 2> "$OUT/ncu.err"

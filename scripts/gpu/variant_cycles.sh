@@ -6,7 +6,7 @@
 #
 # A row is pattern:seq[:inputs] (the bench's --inputs, default rope).
 # Each (variant, row) runs attention_gpu_bench once under ncu with TESSERA_WGMMA_VARIANT=<variant> (the first
-# prefill launch after the self-check's LAUNCH_SKIP, default 15 = one per wgmma variant: sm__cycles_elapsed, the
+# prefill launch after the self-check's LAUNCH_SKIP, default 13 = one per wgmma variant: sm__cycles_elapsed, the
 # tensor pipe's active share, issue-slot use),
 # then once without ncu (--reps 5, median wall time and the bench's SM clock). Wall times move with the GPU's
 # clock under its power cap; the cycle counts are the comparison. Output: one line per (variant, row) and
@@ -26,7 +26,7 @@ for row in $ROWS; do
   IFS=: read -r pat seq inputs <<< "$row"
   inputs=${inputs:-rope}
   for v in $VARIANTS; do
-    TESSERA_WGMMA_VARIANT=$v timeout 120 "$NCU" --kernel-name regex:sparse_prefill_wgmma --launch-skip "${LAUNCH_SKIP:-15}" \
+    TESSERA_WGMMA_VARIANT=$v timeout 120 "$NCU" --kernel-name regex:sparse_prefill_wgmma --launch-skip "${LAUNCH_SKIP:-13}" \
       --launch-count 1 --metrics "$METRICS" --csv --page raw --print-units base "$BENCH" --seq "$seq" \
       --patterns "$pat" --inputs "$inputs" --reps 1 --warmup 0 --variants off > "$OUT/ncu_${pat}_${seq}_${inputs}_$v.csv" 2>&1
     ncu_line=$(python3 - "$OUT/ncu_${pat}_${seq}_${inputs}_$v.csv" <<'PY'

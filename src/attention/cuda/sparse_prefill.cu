@@ -48,21 +48,18 @@ TESSERA_DECLARE_WGMMA(__half)
 // Instantiated in sparse_prefill_wgmma_ws_{bf16,f16}.cu.
 template <typename T, int kStages, bool kQRegs>
 void launch_sparse_prefill_wgmma_ws(const PrefillParams& p, cudaStream_t stream);
-template <typename T, int kStages, bool kQRegs, bool kPingpong, int kRescale, bool kPair, int kPolyExp, bool kMaxTree,
-          bool kStream>
+template <typename T, int kStages, bool kQRegs, bool kPingpong, int kRescale, bool kPair, int kPolyExp, bool kMaxTree>
 void launch_sparse_prefill_wgmma_tma(const PrefillParams& p, cudaStream_t stream);
 #define TESSERA_DECLARE_WGMMA_WS(T)                                                                       \
   extern template void launch_sparse_prefill_wgmma_ws<T, 4, true>(const PrefillParams&, cudaStream_t);  \
   extern template void launch_sparse_prefill_wgmma_ws<T, 4, false>(const PrefillParams&, cudaStream_t); \
-  extern template void launch_sparse_prefill_wgmma_tma<T, 6, true, false, 8, true, 0, false, false>(const PrefillParams&, cudaStream_t); \
-  extern template void launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true, 0, false, false>(const PrefillParams&, cudaStream_t); \
-  extern template void launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true, 0, true, false>(const PrefillParams&, cudaStream_t); \
-  extern template void launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true, 2, false, false>(const PrefillParams&, cudaStream_t); \
-  extern template void launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true, 0, false, true>(const PrefillParams&, cudaStream_t); \
-  extern template void launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true, 0, true, true>(const PrefillParams&, cudaStream_t); \
-  extern template void launch_sparse_prefill_wgmma_tma<T, 4, true, false, 8, false, 0, false, false>(const PrefillParams&, cudaStream_t); \
-  extern template void launch_sparse_prefill_wgmma_tma<T, 4, true, true, 8, false, 0, false, false>(const PrefillParams&, cudaStream_t); \
-  extern template void launch_sparse_prefill_wgmma_tma<T, 4, true, true, 0, false, 0, false, false>(const PrefillParams&, cudaStream_t);
+  extern template void launch_sparse_prefill_wgmma_tma<T, 6, true, false, 8, true, 0, false>(const PrefillParams&, cudaStream_t); \
+  extern template void launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true, 0, false>(const PrefillParams&, cudaStream_t); \
+  extern template void launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true, 0, true>(const PrefillParams&, cudaStream_t); \
+  extern template void launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true, 2, false>(const PrefillParams&, cudaStream_t); \
+  extern template void launch_sparse_prefill_wgmma_tma<T, 4, true, false, 8, false, 0, false>(const PrefillParams&, cudaStream_t); \
+  extern template void launch_sparse_prefill_wgmma_tma<T, 4, true, true, 8, false, 0, false>(const PrefillParams&, cudaStream_t); \
+  extern template void launch_sparse_prefill_wgmma_tma<T, 4, true, true, 0, false, 0, false>(const PrefillParams&, cudaStream_t);
 TESSERA_DECLARE_WGMMA_WS(__nv_bfloat16)
 TESSERA_DECLARE_WGMMA_WS(__half)
 #undef TESSERA_DECLARE_WGMMA_WS
@@ -237,18 +234,13 @@ struct WgmmaVariant {
   bool pair = false;           // TMA ping-pong kernel with 128-key steps, one Q buffer and 6 K/V stages
   int poly_exp = 0;            // pair kernel: column blocks of 16 per step whose 2^x run on the FMA pipe (poly_exp2)
   bool max_tree = false;       // pair kernel: row maxima as a tree
-  bool flush_turn = false;     // pair kernel: an item's last P V in a ping-pong turn of its own (kFlushTurn)
 };
 constexpr WgmmaVariant kWgmmaVariants[] = {
-    {true, true, 6, true, true, false, 8192, 1024, "TMA ping-pong, 128-key steps, 6 stages, last P V in a turn", false, true,
-     0, false, true},
     {true, true, 6, true, true, false, 8192, 1024, "TMA producer warp, ping-pong, 128-key steps, 6 stages", false,
      true},
     {true, false, 6, true, true, false, 8192, 1024, "TMA producer warp, 128-key steps, 6 stages", false, true},
     {true, true, 6, true, true, false, 8192, 1024, "TMA ping-pong, 128-key steps, max tree", false, true, 0, true},
     {true, true, 6, true, true, false, 8192, 1024, "TMA ping-pong, 128-key steps, 1/8 of 2^x on FMA", false, true, 2},
-    {true, true, 6, true, true, false, 8192, 1024, "TMA ping-pong, 128-key steps, last P V in a turn, max tree", false, true,
-     0, true, true},
     {true, true, 4, true, true, false, 8192, 1024, "TMA producer warp, ping-pong, Q in registers, 4 stages"},
     {true, true, 4, true, true, false, 8192, 1024, "TMA producer warp, ping-pong, eager rescale", true},
     {true, false, 4, true, true, false, 8192, 1024, "TMA producer warp, Q in registers, 4 stages"},
@@ -263,23 +255,19 @@ constexpr WgmmaVariant kWgmmaVariants[] = {
 template <typename T>
 void launch_wgmma_t(const WgmmaVariant& v, const detail::PrefillParams& p, cudaStream_t stream) {
   if (v.tma && v.pair && !v.pingpong) {
-    detail::launch_sparse_prefill_wgmma_tma<T, 6, true, false, 8, true, 0, false, false>(p, stream);
-  } else if (v.tma && v.pair && v.flush_turn && v.max_tree) {
-    detail::launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true, 0, true, true>(p, stream);
-  } else if (v.tma && v.pair && v.flush_turn) {
-    detail::launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true, 0, false, true>(p, stream);
+    detail::launch_sparse_prefill_wgmma_tma<T, 6, true, false, 8, true, 0, false>(p, stream);
   } else if (v.tma && v.pair && v.max_tree) {
-    detail::launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true, 0, true, false>(p, stream);
+    detail::launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true, 0, true>(p, stream);
   } else if (v.tma && v.pair && v.poly_exp == 2) {
-    detail::launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true, 2, false, false>(p, stream);
+    detail::launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true, 2, false>(p, stream);
   } else if (v.tma && v.pair) {
-    detail::launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true, 0, false, false>(p, stream);
+    detail::launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true, 0, false>(p, stream);
   } else if (v.tma && v.pingpong && v.eager_rescale) {
-    detail::launch_sparse_prefill_wgmma_tma<T, 4, true, true, 0, false, 0, false, false>(p, stream);
+    detail::launch_sparse_prefill_wgmma_tma<T, 4, true, true, 0, false, 0, false>(p, stream);
   } else if (v.tma && v.pingpong) {
-    detail::launch_sparse_prefill_wgmma_tma<T, 4, true, true, 8, false, 0, false, false>(p, stream);
+    detail::launch_sparse_prefill_wgmma_tma<T, 4, true, true, 8, false, 0, false>(p, stream);
   } else if (v.tma) {
-    detail::launch_sparse_prefill_wgmma_tma<T, 4, true, false, 8, false, 0, false, false>(p, stream);
+    detail::launch_sparse_prefill_wgmma_tma<T, 4, true, false, 8, false, 0, false>(p, stream);
   } else if (v.ws_stages == 4 && v.q_regs) {
     detail::launch_sparse_prefill_wgmma_ws<T, 4, true>(p, stream);
   } else if (v.ws_stages == 4) {

@@ -68,22 +68,6 @@ __device__ __forceinline__ RowTotals row_totals(const float (&l)[2], const float
   }
   return r;
 }
-// RowTotals in one register per thread: the 4 lanes of a row quad (c4 = lane % 4) hold inv[0], inv[1], lse2[0],
-// lse2[1] in that order (for a kernel that keeps a finished item's totals while it starts the next one).
-__device__ __forceinline__ float pack_row_totals(const RowTotals& r, int c4) {
-  return c4 == 0 ? r.inv[0] : c4 == 1 ? r.inv[1] : c4 == 2 ? r.lse2[0] : r.lse2[1];
-}
-__device__ __forceinline__ RowTotals unpack_row_totals(float v, int lane) {
-  const int quad = lane & ~3;
-  RowTotals r;
-#pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    r.inv[e] = __shfl_sync(0xffffffffu, v, quad + e);
-    r.lse2[e] = __shfl_sync(0xffffffffu, v, quad + 2 + e);
-  }
-  return r;
-}
-
 // Epilogue of every kernel for one thread's two rows, g and g + 8 of the 16-row slice starting at row16:
 // normalise by the row sums (RowTotals), store the thread's column pairs (2 c4 + 8 i, i < D / 8) as 4-byte words,
 // write the lse (natural log; -inf for a row that saw no key). Rows past q_len (a short last tile) are not

@@ -241,121 +241,15 @@ __device__ __forceinline__ void ws_consumer_loop(const PrefillParams& p, const W
 // half's scores are masked out and its wgmmas read tile a again (64 keys of tensor work wasted per odd item).
 // S of step j overlaps P V of step j - 1, the warpgroups ping-pong as in ws_consumer_loop, and the stages of a
 // step are released once the P V that read their V completed.
-// kFlushTurn: an item's last P V is issued in a ping-pong turn of its own (both warpgroups take it, so the turns
-// still pair up) instead of at once, so that the other warpgroup is not held at its next turn while this one waits
-// for that P V, stores the rows and loads the next item's Q.
-// (Tried and dropped: issuing the last P V together with the next item's first S and storing the rows after that
-// step. With the store inside the step loop ptxas spilled and serialised the wgmmas (C7511, 33.5 M cycles against
-// 24.1 M for A-shape at 128K); with the item's first step peeled off the loop, the steady step's descriptors left
-// the uniform datapath (32 R2UR per step: 12% more cycles).)
-template <typename T, int kStages, bool kPingpong, int kRescale = 8, int kPolyExp = 0, bool kMaxTree = false,
-          bool kFlushTurn = false>
+// The consumer state (O, the P fragments, the pending stages) lives for the whole CTA rather than one item: with the
+// same instructions per step (602-603 in the SASS), this form takes 2.6-2.8% fewer cycles (H200, ncu: A-shape at
+// 128K 24.07 M against 24.75 M, dense 32K 22.32 against 22.91, model-like VS 128K 36.70 against 37.77; tensor pipe
+// active 70.7% against 68.7%). Tried and dropped (NOTES.md "Items streamed"): an item's last P V issued with the
+// next item's first S (spills and serialised wgmmas, or with the first step peeled off, descriptors off the
+// uniform datapath: +12% cycles), and the last P V in a ping-pong turn of its own (no change).
+template <typename T, int kStages, bool kPingpong, int kRescale = 8, int kPolyExp = 0, bool kMaxTree = false>
 __device__ __forceinline__ void ws_consumer_loop_pairs(const PrefillParams& p, const WgmmaWsLayout<kStages, 1>& L,
                                                        int cw, int wq, int lane) {
-  using Cfg = WgmmaWsConfig<kStages, 1>;
-  using Consumer = WgmmaConsumer<T, false, kRescale, 128, kPolyExp, kMaxTree>;
-  constexpr int D = Cfg::D, BM = Cfg::BM, BN = Cfg::BN;  // BN: one key tile (stage)
-  const int g = lane / 4, c4 = lane % 4;
-  auto release = [&](uint32_t b) {
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(b);
-  };
-  if constexpr (kPingpong) {
-    if (cw == 1) named_barrier_arrive(2, 256);
-  }
-  const uint64_t k_desc0 = sw128_desc(L.sK, 16, 1024), v_desc0 = sw128_desc(L.sV, p.pv_lbo, p.pv_sbo);
-  auto k_desc = [&](int st) { return desc_advance(k_desc0, st * Cfg::kKvBytes); };
-  auto v_desc = [&](int st) { return desc_advance(v_desc0, st * Cfg::kKvBytes); };
-  int it = 0;
-  for (int n = 0;; ++n) {
-    int st = it % kStages;
-    mbarrier_wait(L.full(st), (it / kStages) & 1);
-    int4 mt = L.meta[st];
-    if (mt.z & Cfg::kFlagSkip) {  // the stage that puts the item's first tile on an even stage
-      release(L.empty(st));
-      ++it;
-      st = it % kStages;
-      mbarrier_wait(L.full(st), (it / kStages) & 1);
-      mt = L.meta[st];
-    }
-    if (mt.z & Cfg::kFlagEnd) break;
-    const int item = mt.x;
-    [[maybe_unused]] const auto [h, t, row0, rows, pos0, kvh] = prefill_item(p, item, BM);
-    mbarrier_wait(L.qfull(0), n & 1);
-    uint32_t qf[D / 16][4];
-    Consumer::template load_q<BM>(qf, L.sQ, cw * 64 + wq * 16);
-    release(L.qempty(0));  // Q is in registers: the producer may load the next item's
-
-    Consumer cs;
-    cs.start(pos0 + cw * 64 + wq * 16 + g);
-    uint32_t pa[Consumer::BN / 16][4];
-    int prev_a = -1, prev_b = -1;  // stages of the previous step, whose P V is pending (prev_b -1: one tile)
-    if (mt.y == 0) {  // an item without key tiles: its one (last) descriptor, rows written as empty
-      release(L.empty(st));
-      ++it;
-    } else {
-      for (;;) {
-        int st_b = -1;
-        int4 mb = make_int4(0, 0, 0, 0);
-        if (!(mt.z & Cfg::kFlagLast)) {  // a tile follows in this item (its count is > 0)
-          st_b = (it + 1) % kStages;
-          mbarrier_wait(L.full(st_b), ((it + 1) / kStages) & 1);
-          mb = L.meta[st_b];
-        }
-        const bool has_b = st_b >= 0;
-        if ((mt.z | mb.z) & Cfg::kFlagCopied) fence_proxy_async_shared();  // cp.async tiles before wgmma reads
-        float s[Consumer::BN / 2];
-        ws_issue_step<kPingpong>(
-            cw, prev_a >= 0,
-            [&] { Consumer::issue_qk_rs_pair(s, qf, k_desc(st)); },  // st even: the pair's base (b's rows follow)
-            [&] { cs.issue_pv_pair(pa, v_desc(prev_a), v_desc(prev_b >= 0 ? prev_b : prev_a)); });
-        fence_operands(s);
-        float alpha[2];
-        // Without a second tile, the pair's upper half holds stale rows: masked out whole (span 0).
-        cs.softmax(s, (mt.z & Cfg::kFlagMasked) != 0, L.keys + st * BN, !has_b || (mb.z & Cfg::kFlagMasked) != 0,
-                   L.keys + (has_b ? st_b : st) * BN, p.span, has_b ? p.span : 0u, p.scale_log2, alpha);
-        // Pins the softmax above the wait for P V (see ws_consumer_loop); one word per warp here.
-        if (lane == 0) L.pin[cw * 4 + wq] = cs.l[0] + cs.l[1];
-        wgmma_wait<0>();  // P V of the previous step
-        fence_operands(cs.o);
-        Consumer::keep_live(pa);
-        if (prev_a >= 0) {
-          release(L.empty(prev_a));
-          if (prev_b >= 0) release(L.empty(prev_b));
-        }
-        cs.rescale(alpha);
-        Consumer::pack_p(s, pa);
-        prev_a = st;
-        prev_b = st_b;
-        it += has_b ? 2 : 1;
-        if (!has_b || (mb.z & Cfg::kFlagLast)) break;
-        st = it % kStages;
-        mbarrier_wait(L.full(st), (it / kStages) & 1);
-        mt = L.meta[st];
-      }
-    }
-    if (prev_a >= 0) {
-      if constexpr (kPingpong && kFlushTurn) named_barrier_sync(2 + cw, 256);
-      cs.issue_pv_pair(pa, v_desc(prev_a), v_desc(prev_b >= 0 ? prev_b : prev_a));
-      if constexpr (kPingpong && kFlushTurn) named_barrier_arrive(3 - cw, 256);
-      wgmma_wait<0>();
-      fence_operands(cs.o);
-      Consumer::keep_live(pa);
-      release(L.empty(prev_a));
-      if (prev_b >= 0) release(L.empty(prev_b));
-    }
-    store_rows<T, D>(p, h, row0 + cw * 64 + wq * 16, g, c4, cs.l, cs.m, -1, row0,  // no split units in the pair kernel (see its producer)
-                     [&](int i, int e) { return make_float2(cs.o[4 * i + 2 * e], cs.o[4 * i + 2 * e + 1]); });
-  }
-}
-
-// The pair loop with the consumer state (O, P fragments, pending stages) declared once per CTA instead of per item
-// and the rows stored through RowTotals (the build of 0991508 measured 24.07 M cycles for A-shape at 128K, against
-// 24.81 M for ws_consumer_loop_pairs in a later build).
-template <typename T, int kStages, bool kPingpong, int kRescale = 8, int kPolyExp = 0, bool kMaxTree = false>
-__device__ __forceinline__ void ws_consumer_loop_pairs_hoisted(const PrefillParams& p,
-                                                               const WgmmaWsLayout<kStages, 1>& L, int cw, int wq,
-                                                               int lane) {
   using Cfg = WgmmaWsConfig<kStages, 1>;
   using Consumer = WgmmaConsumer<T, false, kRescale, 128, kPolyExp, kMaxTree>;
   constexpr int D = Cfg::D, BM = Cfg::BM, BN = Cfg::BN;  // BN: one key tile (stage)
@@ -625,7 +519,7 @@ void launch_sparse_prefill_wgmma_ws(const PrefillParams& p, cudaStream_t stream)
 // full[s] counts 64 arrivals per phase: per lane one for the data (lane 0's with the TMA byte count, or a
 // cp.async arrive for gathered tiles) and one after its key-list writes.
 template <typename T, int kStages, bool kQRegs, bool kPingpong, int kRescale = 8, bool kPair = false, int kPolyExp = 0,
-          bool kMaxTree = false, bool kFlushTurn = false>
+          bool kMaxTree = false>
 __global__ void __launch_bounds__(384, 1)
     sparse_prefill_wgmma_tma_kernel(const PrefillParams p, const __grid_constant__ CUtensorMap tm_q,
                                     const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
@@ -660,13 +554,7 @@ __global__ void __launch_bounds__(384, 1)
     if constexpr (kPair) {
       static_assert(128 * 56 + 256 * 224 <= 384 * 168, "setmaxnreg within the launch allocation");
       setmaxnreg_inc<224>();
-      if constexpr (kFlushTurn) {
-        ws_consumer_loop_pairs_hoisted<T, kStages, kPingpong, kRescale, kPolyExp, kMaxTree>(p, L, warp / 4 - 1,
-                                                                                          warp % 4, lane);
-      } else {
-        ws_consumer_loop_pairs<T, kStages, kPingpong, kRescale, kPolyExp, kMaxTree>(p, L, warp / 4 - 1, warp % 4,
-                                                                                    lane);
-      }
+      ws_consumer_loop_pairs<T, kStages, kPingpong, kRescale, kPolyExp, kMaxTree>(p, L, warp / 4 - 1, warp % 4, lane);
     } else {
       setmaxnreg_inc<208>();
       ws_consumer_loop<T, kStages, kQRegs, kPingpong, kRescale>(p, L, warp / 4 - 1, warp % 4, lane);
@@ -823,14 +711,13 @@ CUtensorMap make_head_tensor_map(const void* base, int heads, int rows, int64_t 
 }
 
 template <typename T, int kStages, bool kQRegs, bool kPingpong, int kRescale = 8, bool kPair = false, int kPolyExp = 0,
-          bool kMaxTree = false, bool kFlushTurn = false>
+          bool kMaxTree = false>
 void launch_sparse_prefill_wgmma_tma(const PrefillParams& p, cudaStream_t stream) {
   using Cfg = WgmmaWsConfig<kStages, kPair ? 1 : 2>;
   const CUtensorMap tq = make_head_tensor_map<T>(p.q, p.num_q_heads, p.q_len, p.q_head, p.q_tok, Cfg::BM);
   const CUtensorMap tk = make_head_tensor_map<T>(p.k, p.num_kv_heads, p.kv_len, p.k_head, p.k_tok, Cfg::BN);
   const CUtensorMap tv = make_head_tensor_map<T>(p.v, p.num_kv_heads, p.kv_len, p.v_head, p.v_tok, Cfg::BN);
-  launch_persistent(sparse_prefill_wgmma_tma_kernel<T, kStages, kQRegs, kPingpong, kRescale, kPair, kPolyExp, kMaxTree,
-                                                    kFlushTurn>,
+  launch_persistent(sparse_prefill_wgmma_tma_kernel<T, kStages, kQRegs, kPingpong, kRescale, kPair, kPolyExp, kMaxTree>,
                     Cfg::kThreads, Cfg::kSmemBytes,
                     "sparse prefill (wgmma, TMA)", "", "sparse_prefill_wgmma_tma_kernel", p, stream, p, tq, tk, tv);
 }

@@ -12,10 +12,6 @@ template void launch_sparse_prefill_wgmma_tma<__nv_bfloat16, 6, true, false, 8, 
 template void launch_sparse_prefill_wgmma_tma<__nv_bfloat16, 6, true, true, 8, true>(const PrefillParams&, cudaStream_t);
 template void launch_sparse_prefill_wgmma_tma<__nv_bfloat16, 6, true, true, 8, true, 0, true>(const PrefillParams&, cudaStream_t);
 template void launch_sparse_prefill_wgmma_tma<__nv_bfloat16, 6, true, true, 8, true, 2, false>(const PrefillParams&, cudaStream_t);
-template void launch_sparse_prefill_wgmma_tma<__nv_bfloat16, 6, true, true, 8, true, 0, false, true>(const PrefillParams&,
-                                                                                             cudaStream_t);
-template void launch_sparse_prefill_wgmma_tma<__nv_bfloat16, 6, true, true, 8, true, 0, true, true>(const PrefillParams&,
-                                                                                            cudaStream_t);
 template void launch_sparse_prefill_wgmma_tma<__nv_bfloat16, 4, true, false, 8, false>(const PrefillParams&, cudaStream_t);
 template void launch_sparse_prefill_wgmma_tma<__nv_bfloat16, 4, true, true, 8, false>(const PrefillParams&, cudaStream_t);
 template void launch_sparse_prefill_wgmma_tma<__nv_bfloat16, 4, true, true, 0, false>(const PrefillParams&, cudaStream_t);
