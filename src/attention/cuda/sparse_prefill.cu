@@ -236,10 +236,10 @@ struct WgmmaVariant {
   bool max_tree = false;       // pair kernel: row maxima as a tree
 };
 constexpr WgmmaVariant kWgmmaVariants[] = {
+    {true, true, 6, true, true, false, 8192, 1024, "TMA ping-pong, 128-key steps, max tree", false, true, 0, true},
+    {true, false, 6, true, true, false, 8192, 1024, "TMA producer warp, 128-key steps, 6 stages", false, true},
     {true, true, 6, true, true, false, 8192, 1024, "TMA producer warp, ping-pong, 128-key steps, 6 stages", false,
      true},
-    {true, false, 6, true, true, false, 8192, 1024, "TMA producer warp, 128-key steps, 6 stages", false, true},
-    {true, true, 6, true, true, false, 8192, 1024, "TMA ping-pong, 128-key steps, max tree", false, true, 0, true},
     {true, true, 6, true, true, false, 8192, 1024, "TMA ping-pong, 128-key steps, 1/8 of 2^x on FMA", false, true, 2},
     {true, true, 4, true, true, false, 8192, 1024, "TMA producer warp, ping-pong, Q in registers, 4 stages"},
     {true, true, 4, true, true, false, 8192, 1024, "TMA producer warp, ping-pong, eager rescale", true},
