@@ -242,7 +242,7 @@ __device__ __forceinline__ void ws_consumer_loop(const PrefillParams& p, const W
 // S of step j overlaps P V of step j - 1, the warpgroups ping-pong as in ws_consumer_loop, and the stages of a
 // step are released once the P V that read their V completed.
 // The consumer state (O, the P fragments, the pending stages) lives for the whole CTA rather than one item: with the
-// same instructions per step (602-603 in the SASS), this form takes 2.6-2.8% fewer cycles (H200, ncu: A-shape at
+// same instructions per step (602-603 in the SASS), this form takes 2.6-3.0% fewer cycles (H200, ncu: A-shape at
 // 128K 24.07 M against 24.75 M, dense 32K 22.32 against 22.91, model-like VS 128K 36.70 against 37.77; tensor pipe
 // active 70.7% against 68.7%). Tried and dropped (NOTES.md "Items streamed"): an item's last P V issued with the
 // next item's first S (spills and serialised wgmmas, or with the first step peeled off, descriptors off the
@@ -265,7 +265,7 @@ __device__ __forceinline__ void ws_consumer_loop_pairs(const PrefillParams& p, c
   auto k_desc = [&](int st) { return desc_advance(k_desc0, st * Cfg::kKvBytes); };
   auto v_desc = [&](int st) { return desc_advance(v_desc0, st * Cfg::kKvBytes); };
   Consumer cs;
-  cs.start(0);
+  cs.start(0);  // every item starts it again; this defines it before the lambdas below capture it
   uint32_t pa[Consumer::BN / 16][4];
   int prev_a = -1, prev_b = -1;  // stages of the previous step, whose P V is pending (prev_b -1: one tile)
   auto store_item = [&](int item, const RowTotals& r) {
@@ -328,6 +328,7 @@ __device__ __forceinline__ void ws_consumer_loop_pairs(const PrefillParams& p, c
       // Without a second tile, the pair's upper half holds stale rows: masked out whole (span 0).
       cs.softmax(s, (mt.z & Cfg::kFlagMasked) != 0, L.keys + st * BN, !has_b || (mb.z & Cfg::kFlagMasked) != 0,
                  L.keys + (has_b ? st_b : st) * BN, p.span, has_b ? p.span : 0u, p.scale_log2, alpha);
+      // Pins the softmax above the wait for P V (see ws_consumer_loop); one word per warp here.
       if (lane == 0) L.pin[cw * 4 + wq] = cs.l[0] + cs.l[1];
       wgmma_wait<0>();  // P V of the previous step
       fence_operands(cs.o);
