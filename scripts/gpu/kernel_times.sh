@@ -16,9 +16,8 @@ set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-build/gpu-kernel-times}
 mkdir -p "$OUT"
-BENCH=$(find build -name attention_gpu_bench -type f -perm -u+x | head -1)
-NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-[ -n "$BENCH" ] && [ -n "$NCU" ] || { echo "kernel_times: need attention_gpu_bench (built) and ncu"; exit 1; }
+. scripts/gpu/bench_tools.sh
+find_bench_tools kernel_times
 if [ $# -eq 0 ]; then
   set -- --inputs model --seq 131072 --patterns vs,bs --reps 1 --warmup 0 --kernel auto --variants off
 fi

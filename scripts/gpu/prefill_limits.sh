@@ -14,10 +14,9 @@ mkdir -p "$OUT"
 SEQ=${LIMITS_SEQ:-131072}
 PATTERNS=${LIMITS_PATTERNS:-ashape dense}
 SKIP_TEST=1 SKIP_BENCH=1 SKIP_SANITIZER=1 SKIP_SDPA=1 OUT=$OUT/check bash scripts/gpu/check.sh > "$OUT/build.log" 2>&1
-BENCH=$(find build -name attention_gpu_bench -type f -perm -u+x | head -1)
-NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+. scripts/gpu/bench_tools.sh
+find_bench_tools prefill_limits "$OUT/build.log"
 echo "bench: $BENCH  ncu: $NCU"
-[ -n "$BENCH" ] && [ -n "$NCU" ] || { tail -30 "$OUT/build.log"; exit 1; }
 
 # Which tensor-pipe metrics this ncu has for the device (names differ between ncu versions).
 timeout 60 "$NCU" --query-metrics --chip gh100 > "$OUT/query_metrics.txt" 2>&1

@@ -12,10 +12,9 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-build/gpu-profile}
 mkdir -p "$OUT"
 SKIP_TEST=1 SKIP_BENCH=1 SKIP_SANITIZER=1 SKIP_SDPA=1 OUT=$OUT/check bash scripts/gpu/check.sh > "$OUT/build.log" 2>&1
-BENCH=$(find build -name attention_gpu_bench -type f -perm -u+x | head -1)
-NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+. scripts/gpu/bench_tools.sh
+find_bench_tools profile_prefill "$OUT/build.log"
 echo "bench: $BENCH  ncu: $NCU"
-[ -n "$BENCH" ] && [ -n "$NCU" ] || { tail -30 "$OUT/build.log"; exit 1; }
 ARGS=${PROFILE_ARGS:---seq 32768 --patterns ashape --reps 1 --warmup 0 --kernel auto --variants off}
 KERNEL=${PROFILE_KERNEL:-regex:sparse_prefill_wgmma}
 SKIP=${PROFILE_SKIP:-13}

@@ -15,9 +15,8 @@ set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-build/gpu-variant-cycles}
 mkdir -p "$OUT"
-BENCH=$(find build -name attention_gpu_bench -type f -perm -u+x | head -1)
-NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-[ -n "$BENCH" ] && [ -n "$NCU" ] || { echo "variant_cycles: need attention_gpu_bench (built) and ncu"; exit 1; }
+. scripts/gpu/bench_tools.sh
+find_bench_tools variant_cycles
 VARIANTS=${VARIANTS:-0}
 ROWS=${ROWS:-ashape:131072}
 METRICS=sm__cycles_elapsed.avg,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum
