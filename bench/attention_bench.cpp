@@ -40,7 +40,7 @@
 #include <thread>
 #include <vector>
 
-#include "attention/cpu/attention_args.h"
+#include "attention/attention_args.h"
 #include "attention/cpu/cpu_kernel.h"
 #include "attention/cpu/dense_attention.h"
 #include "attention/cpu/sparse_attention.h"

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "attention/cpu/attention_args.h"
+#include "attention/attention_args.h"
 #include "attention/cpu/cpu_kernel.h"
 #include "attention/cpu/dense_attention.h"
 #include "attention/cpu/metrics.h"

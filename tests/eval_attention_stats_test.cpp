@@ -6,7 +6,7 @@
 #include <random>
 #include <vector>
 
-#include "attention/cpu/attention_args.h"
+#include "attention/attention_args.h"
 #include "attention/cpu/reference.h"
 #include "attention/index/lower.h"
 #include "core/error.h"

@@ -73,9 +73,9 @@
 #include <string>
 #include <vector>
 
-#include "attention/cuda/cuda_check.h"
+#include "cuda/cuda_check.h"
 #include "attention/cuda/cudnn_sdpa.h"
-#include "attention/cuda/device_buffer.h"
+#include "cuda/device_buffer.h"
 #include "attention/cuda/layer_attention_cuda.h"
 #include "attention/cuda/sparse_prefill.h"
 #include "attention/cuda/work_plan.h"

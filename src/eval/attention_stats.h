@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "attention/cpu/attention_args.h"
+#include "attention/attention_args.h"
 #include "attention/pattern/pattern.h"
 #include "core/thread_pool.h"
 

@@ -4,7 +4,7 @@
 #include <chrono>
 #include <variant>
 
-#include "attention/cpu/attention_args.h"
+#include "attention/attention_args.h"
 #include "attention/cpu/dense_attention.h"
 #include "attention/cpu/sparse_attention.h"
 #include "attention/index/estimate.h"

@@ -28,7 +28,7 @@
 #include <span>
 #include <vector>
 
-#include "attention/cpu/attention_args.h"
+#include "attention/attention_args.h"
 #include "attention/pattern/policy.h"
 #include "core/thread_pool.h"
 #include "runtime/kv_cache.h"

@@ -5,7 +5,7 @@
 #include <string>
 #include <utility>
 
-#include "attention/cuda/cuda_check.h"
+#include "cuda/cuda_check.h"
 #include "core/error.h"
 
 namespace tessera::runtime::gpu {

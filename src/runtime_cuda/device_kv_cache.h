@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "attention/cuda/device_buffer.h"
+#include "cuda/device_buffer.h"
 #include "core/dtype.h"
 
 namespace tessera::runtime::gpu {

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "attention/cuda/cuda_check.h"
+#include "cuda/cuda_check.h"
 #include "core/error.h"
 #include "runtime_cuda/kernels.h"
 #include "runtime_cuda/local_attention_init.h"

@@ -40,7 +40,7 @@
 #include <memory>
 #include <vector>
 
-#include "attention/cuda/device_buffer.h"
+#include "cuda/device_buffer.h"
 #include "core/dtype.h"
 #include "runtime/model.h"
 #include "runtime/model_config.h"

@@ -1,6 +1,6 @@
 #include "runtime_cuda/event_timer.h"
 
-#include "attention/cuda/cuda_check.h"
+#include "cuda/cuda_check.h"
 
 namespace tessera::runtime::gpu {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <utility>
 
-#include "attention/cuda/cuda_check.h"
+#include "cuda/cuda_check.h"
 #include "core/error.h"
 #include "runtime/input_checks.h"
 #include "runtime/sampling.h"

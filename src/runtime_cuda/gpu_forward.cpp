@@ -6,7 +6,7 @@
 #include <utility>
 #include <variant>
 
-#include "attention/cuda/cuda_check.h"
+#include "cuda/cuda_check.h"
 #include "attention/cuda/layer_attention_cuda.h"
 #include "attention/cuda/sparse_prefill.h"
 #include "core/error.h"

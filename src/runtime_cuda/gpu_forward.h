@@ -35,7 +35,7 @@
 #include <string>
 #include <vector>
 
-#include "attention/cuda/device_buffer.h"
+#include "cuda/device_buffer.h"
 #include "attention/pattern/policy.h"
 #include "runtime_cuda/device_kv_cache.h"
 #include "runtime_cuda/device_model.h"

@@ -8,7 +8,7 @@
 #include <cmath>
 #include <string>
 
-#include "attention/cuda/cuda_check.h"
+#include "cuda/cuda_check.h"
 #include "core/error.h"
 #include "runtime_cuda/kernels.h"
 

@@ -32,7 +32,7 @@
 #include "attention/cpu/reference.h"
 #include "attention/cpu/sparse_attention.h"
 #include "attention/cuda/cudnn_sdpa.h"
-#include "attention/cuda/device_buffer.h"
+#include "cuda/device_buffer.h"
 #include "attention/cuda/estimate_cuda.h"
 #include "attention/cuda/layer_attention_cuda.h"
 #include "attention/cuda/lower_tile.h"

@@ -10,7 +10,7 @@
 // of one GQA group (up to 4 rows in all, fewer when workers would be idle), which then read K and V once.
 #pragma once
 
-#include "attention/cpu/attention_args.h"
+#include "attention/attention_args.h"
 #include "core/thread_pool.h"
 
 namespace tessera::attn {

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "attention/cpu/attention_args.h"
+#include "attention/attention_args.h"
 #include "attention/index/sparse_index.h"
 #include "core/thread_pool.h"
 

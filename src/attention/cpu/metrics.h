@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include "attention/cpu/attention_args.h"
+#include "attention/attention_args.h"
 #include "attention/index/sparse_index.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"

@@ -8,7 +8,7 @@
 #include <functional>
 #include <vector>
 
-#include "attention/cpu/attention_args.h"
+#include "attention/attention_args.h"
 #include "attention/index/sparse_index.h"
 
 namespace tessera::attn {

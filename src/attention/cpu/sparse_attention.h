@@ -13,7 +13,7 @@
 // to its first row's window, and blocks straddling a row's lower bound are masked per row.
 #pragma once
 
-#include "attention/cpu/attention_args.h"
+#include "attention/attention_args.h"
 #include "attention/index/sparse_index.h"
 #include "core/thread_pool.h"
 

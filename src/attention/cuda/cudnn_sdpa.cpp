@@ -28,8 +28,8 @@
 #include <utility>
 #include <vector>
 
-#include "attention/cuda/cuda_check.h"
-#include "attention/cuda/device_buffer.h"
+#include "cuda/cuda_check.h"
+#include "cuda/device_buffer.h"
 #endif
 
 namespace tessera::attn::gpu {

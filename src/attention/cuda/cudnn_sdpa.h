@@ -34,7 +34,7 @@
 
 #include <string>
 
-#include "attention/cpu/attention_args.h"
+#include "attention/attention_args.h"
 
 namespace tessera::attn::gpu {
 

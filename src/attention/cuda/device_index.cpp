@@ -2,7 +2,7 @@
 
 #include <cuda_runtime.h>
 
-#include "attention/cuda/cuda_check.h"
+#include "cuda/cuda_check.h"
 #include "core/error.h"
 
 namespace tessera::attn::gpu {
@@ -75,21 +75,5 @@ void DeviceWorkPlan::set_units(const std::vector<SplitUnit>& list, cudaStream_t 
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));  // the host vectors die here
 }
 
-const DeviceInfo& current_device_info() {
-  static thread_local DeviceInfo cached[16];
-  static thread_local bool filled[16] = {};
-  int dev = 0;
-  TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= 16) throw Error("CUDA device number " + std::to_string(dev) + " is out of range");
-  if (!filled[dev]) {
-    DeviceInfo& info = cached[dev];
-    info.device = dev;
-    TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&info.num_sms, cudaDevAttrMultiProcessorCount, dev));
-    TESSERA_CUDA_CHECK(
-        cudaDeviceGetAttribute(&info.max_smem_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    filled[dev] = true;
-  }
-  return cached[dev];
-}
 
 }  // namespace tessera::attn::gpu

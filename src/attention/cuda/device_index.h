@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "attention/cuda/device_buffer.h"
+#include "cuda/device_buffer.h"
 #include "attention/index/sparse_index.h"
 #include "attention/index/split_plan.h"
 

@@ -22,7 +22,7 @@
 #include <type_traits>
 
 #include "attention/cuda/block_topk.cuh"
-#include "attention/cuda/cuda_check.h"
+#include "cuda/cuda_check.h"
 #include "attention/cuda/estimate_cuda.h"
 #include "attention/cuda/mma_sm80.cuh"
 #include "attention/cuda/wgmma_sm90.cuh"

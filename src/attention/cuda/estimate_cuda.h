@@ -26,7 +26,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "attention/cuda/device_buffer.h"
+#include "cuda/device_buffer.h"
 #include "attention/index/estimate.h"
 #include "attention/index/lowering_context.h"
 #include "attention/pattern/pattern.h"

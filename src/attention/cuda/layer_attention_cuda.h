@@ -39,7 +39,7 @@
 #include <string>
 #include <vector>
 
-#include "attention/cpu/attention_args.h"
+#include "attention/attention_args.h"
 #include "attention/cuda/device_index.h"
 #include "attention/cuda/estimate_cuda.h"
 #include "attention/cuda/lower_cuda.h"

@@ -6,7 +6,7 @@
 #include <cub/device/device_scan.cuh>
 #include <string>
 
-#include "attention/cuda/cuda_check.h"
+#include "cuda/cuda_check.h"
 #include "attention/cuda/lower_cuda.h"
 #include "attention/cuda/work_plan.h"
 #include "core/error.h"

@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "attention/cuda/device_buffer.h"
+#include "cuda/device_buffer.h"
 #include "attention/cuda/device_index.h"
 #include "attention/cuda/estimate_cuda.h"
 #include "attention/cuda/lower_tile.h"

@@ -5,7 +5,7 @@
 // gathered columns 64 at a time, with one online softmax over both. Dense causal attention is the same kernel
 // on the dense index. mma.sync m16n8k16 (bf16 or f16 operands, f32 accumulation), cp.async double buffering.
 //
-// Arguments are AttentionArgs (attention/cpu/attention_args.h) whose views point to device memory:
+// Arguments are AttentionArgs (attention/attention_args.h) whose views point to device memory:
 //   q   [q_len,  num_q_heads,  head_dim]  bf16 or f16
 //   k,v [kv_len, num_kv_heads, head_dim]  same dtype as q
 //   out [q_len,  num_q_heads,  head_dim]  same dtype as q, written
@@ -44,7 +44,7 @@
 #include <string>
 #include <vector>
 
-#include "attention/cpu/attention_args.h"
+#include "attention/attention_args.h"
 #include "attention/cuda/device_index.h"
 
 namespace tessera::attn::gpu {

@@ -20,7 +20,7 @@
 #include <cstdint>
 #include <string>
 
-#include "attention/cuda/cuda_check.h"
+#include "cuda/cuda_check.h"
 #include "attention/cuda/mma_sm80.cuh"
 #include "attention/cuda/prefill_cursor.h"
 #include "attention/cuda/work_plan.h"

@@ -23,7 +23,7 @@
 #include <cstdint>
 #include <string>
 
-#include "attention/cuda/cuda_check.h"
+#include "cuda/cuda_check.h"
 #include "attention/cuda/mma_sm80.cuh"
 #include "attention/cuda/sparse_prefill_kernel.cuh"
 #include "attention/cuda/wgmma_consumer.cuh"

@@ -34,7 +34,7 @@
 #include <string>
 #include <type_traits>
 
-#include "attention/cuda/cuda_check.h"
+#include "cuda/cuda_check.h"
 #include "attention/cuda/mma_sm80.cuh"
 #include "attention/cuda/sparse_prefill_kernel.cuh"
 #include "attention/cuda/wgmma_consumer.cuh"

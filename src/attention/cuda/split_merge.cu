@@ -5,7 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "attention/cuda/cuda_check.h"
+#include "cuda/cuda_check.h"
 #include "attention/cuda/mma_sm80.cuh"
 #include "attention/cuda/prefill_cursor.h"
 #include "attention/cuda/split_merge.h"

@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "attention/cuda/device_buffer.h"
+#include "cuda/device_buffer.h"
 #include "attention/pattern/presets.h"
 #include "core/error.h"
 #include "model/tokenizer/tokenizer.h"

@@ -1,4 +1,4 @@
-#include "attention/cpu/attention_args.h"
+#include "attention/attention_args.h"
 
 #include <cmath>
 #include <limits>

@@ -1,4 +1,4 @@
-// tessera/attention/cuda/cuda_check.h — CUDA runtime errors as tessera::Error.
+// tessera/cuda/cuda_check.h — CUDA runtime errors as tessera::Error.
 //
 // Every CUDA call of the backend goes through TESSERA_CUDA_CHECK, and every kernel launch is followed by
 // check_launch(what), so that a failure names the call and the kernel instead of surfacing later as a wrong
@@ -35,7 +35,23 @@ struct DeviceInfo {
   int num_sms = 0;
   int max_smem_per_block = 0;  // opt-in limit, bytes
 };
-const DeviceInfo& current_device_info();
+inline const DeviceInfo& current_device_info() {
+  static thread_local DeviceInfo cached[16];
+  static thread_local bool filled[16] = {};
+  int dev = 0;
+  cuda_check(cudaGetDevice(&dev), "cudaGetDevice(&dev)", __FILE__, __LINE__);
+  if (dev < 0 || dev >= 16) throw Error("CUDA device number " + std::to_string(dev) + " is out of range");
+  if (!filled[dev]) {
+    DeviceInfo& info = cached[dev];
+    info.device = dev;
+    cuda_check(cudaDeviceGetAttribute(&info.num_sms, cudaDevAttrMultiProcessorCount, dev),
+               "cudaDeviceGetAttribute(MultiProcessorCount)", __FILE__, __LINE__);
+    cuda_check(cudaDeviceGetAttribute(&info.max_smem_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+               "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)", __FILE__, __LINE__);
+    filled[dev] = true;
+  }
+  return cached[dev];
+}
 
 }  // namespace tessera::attn::gpu
 

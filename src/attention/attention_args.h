@@ -1,4 +1,4 @@
-// tessera/attention/cpu/attention_args.h — the arguments of one attention call (prefill or a prefill chunk).
+// tessera/attention/attention_args.h — the arguments of one attention call (prefill or a prefill chunk).
 //
 // Layouts are token-major, as the model produces them; any element strides are accepted (views are read
 // through their strides, never assumed contiguous).

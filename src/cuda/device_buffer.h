@@ -1,4 +1,4 @@
-// tessera/attention/cuda/device_buffer.h — an owning, typed, uninitialised device allocation.
+// tessera/cuda/device_buffer.h — an owning, typed, uninitialised device allocation.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "attention/cuda/cuda_check.h"
+#include "cuda/cuda_check.h"
 
 namespace tessera::attn::gpu {
 
