@@ -58,7 +58,7 @@
 //
 //   attention_gpu_bench [--seq 8192,32768,131072] [--patterns dense,vs,bs,ashape,triangle] [--reps 5]
 //                       [--warmup 1] [--inputs rope|random|local|model] [--kernel both|auto|mma|wgmma]
-//                       [--variants on|off] [--dense-backend auto|ours|cudnn] [--fallback on|off] [--csv FILE]
+//                       [--dense-backend auto|ours|cudnn] [--fallback on|off] [--csv FILE]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -184,7 +184,6 @@ struct Options {
   int warmup = 1;
   std::string inputs = "rope";
   std::string kernel = "both";
-  bool variants = true;  // time every wgmma variant on dense rows
   std::string dense_backend = "auto";
   bool fallback = true;
   std::string csv;
@@ -224,10 +223,6 @@ Options parse(int argc, char** argv) {
       o.kernel = value();
       if (o.kernel != "both" && o.kernel != "auto" && o.kernel != "mma" && o.kernel != "wgmma")
         throw Error("--kernel must be both, auto, mma or wgmma");
-    } else if (a == "--variants") {
-      const std::string v = value();
-      if (v != "on" && v != "off") throw Error("--variants must be on or off");
-      o.variants = v == "on";
     } else if (a == "--dense-backend") {
       o.dense_backend = value();
       if (o.dense_backend != "auto" && o.dense_backend != "ours" && o.dense_backend != "cudnn")
@@ -307,7 +302,7 @@ int main(int argc, char** argv) {
     cudaStream_t stream;
     TESSERA_CUDA_CHECK(cudaStreamCreate(&stream));
     if (gpu::wgmma_prefill_applies(DType::BF16, kD, kTile)) {
-      const gpu::WgmmaSelfCheck& sc = gpu::wgmma_prefill_self_check(DType::BF16, stream);
+      const gpu::HopperSelfCheck& sc = gpu::hopper_prefill_self_check(DType::BF16, stream);
       std::printf("wgmma self-check: %s\n%s",
                   sc.passed ? "passed" : "FAILED (kAuto runs the mma.sync kernel)", sc.report.c_str());
     } else {
@@ -360,7 +355,8 @@ int main(int argc, char** argv) {
                                                : opt.kernel == "wgmma" ? gpu::PrefillKernel::kWgmma
                                                                        : gpu::PrefillKernel::kAuto;
         r.kernel = gpu::prefill_kernel_name(
-            gpu::resolve_prefill_kernel(main_kernel, DType::BF16, kD, kTile, stream));
+            gpu::resolve_prefill_kernel(main_kernel, DType::BF16, kD, kTile,
+                                        layer.options().split && !layer.split_units().empty(), stream));
         TESSERA_CUDA_CHECK(cudaMemsetAsync(out.data(), 0xff, out.bytes(), stream));  // NaN poison
         // As CudaLayerAttention::run: an all-dense layer on cuDNN needs no index (built once here for the
         // density and the explicit-kernel timings below).
@@ -502,36 +498,6 @@ int main(int argc, char** argv) {
           gpu::check_launch("diff_norms");
           const std::vector<double> sd = sums.download();
           r.rel_diff = sd[1] > 0 ? std::sqrt(sd[0] / sd[1]) : -1;
-        }
-
-        // Dense rows: every wgmma variant that passed the self-check, timed alone (which schedule is faster).
-        if (opt.kernel == "both" && opt.variants && name == "dense" &&
-            r.kernel == gpu::prefill_kernel_name(gpu::PrefillKernel::kWgmma)) {
-          const gpu::WgmmaSelfCheck& sc = gpu::wgmma_prefill_self_check(DType::BF16, stream);
-          for (int v = 0; v < gpu::wgmma_prefill_variants(); ++v) {
-            if (static_cast<size_t>(v) >= sc.variant_passed.size() || !sc.variant_passed[v]) {
-              std::printf("  variant seq %6d dense: wgmma variant %d (%s) failed its self-check\n", seq, v,
-                          gpu::wgmma_prefill_variant_name(v));
-              continue;
-            }
-            layer.attend(args, stream, gpu::PrefillKernel::kWgmma, v);
-            std::vector<double> vk;
-            for (int rep = 0; rep < opt.reps; ++rep) {
-              TESSERA_CUDA_CHECK(cudaEventRecord(ev[0], stream));
-              layer.attend(args, stream, gpu::PrefillKernel::kWgmma, v);
-              TESSERA_CUDA_CHECK(cudaEventRecord(ev[1], stream));
-              TESSERA_CUDA_CHECK(cudaEventSynchronize(ev[1]));
-              float t = 0;
-              TESSERA_CUDA_CHECK(cudaEventElapsedTime(&t, ev[0], ev[1]));
-              vk.push_back(t);
-            }
-            const double ms = median(vk);
-            const double flops = 4.0 * kD * (static_cast<double>(seq) * (seq + 1) / 2) * kHq;
-            std::printf("  variant seq %6d dense: wgmma variant %d (%s)%s %9.3f ms  %6.1f TFLOP/s\n", seq, v,
-                        gpu::wgmma_prefill_variant_name(v), v == sc.variant ? " [in use]" : "", ms,
-                        flops / (ms * 1e-3) / 1e12);
-          }
-          std::fflush(stdout);
         }
 
         const SparseIndex index = layer.download_index();

@@ -48,27 +48,6 @@ bool all_dense(const std::vector<attn::Pattern>& patterns) {
 
 }  // namespace
 
-bool executor_applies_windows() {
-  static const bool applies = [] {
-    // validate_cuda_args only looks at shapes, dtypes, alignment and the window: a dummy call tells whether the
-    // backend accepts args.window (no kernel runs).
-    alignas(16) static unsigned char dummy[256];
-    attn::AttentionArgs a;
-    a.q = TensorView(dummy, DType::BF16, {1, 1, 64});
-    a.k = TensorView(dummy, DType::BF16, {1, 1, 64});
-    a.v = TensorView(dummy, DType::BF16, {1, 1, 64});
-    a.out = TensorView(dummy, DType::BF16, {1, 1, 64});
-    a.window = 1;
-    try {
-      attn::gpu::validate_cuda_args(a);
-      return true;
-    } catch (const Error& e) {
-      return std::string(e.what()).find("window") == std::string::npos;
-    }
-  }();
-  return applies;
-}
-
 // The executors of one chunk, one per distinct (patterns, window) of its layers.
 struct GpuForward::AttentionSet {
   struct Entry {
@@ -162,13 +141,7 @@ void GpuForward::attention(int32_t layer, int32_t pos, int32_t n, DeviceKVCache&
         throw Error(where + ": the CUDA sparse executor does not support head_dim " + std::to_string(d) +
                     " (64, 128 or 256), so model " + cfg_.name +
                     " runs only dense attention on the GPU; run sparse policies with --device cpu");
-    } else if (window > 0 && !executor_applies_windows()) {
-      backend = AttentionBackend::kSimple;
-      if (!dense)
-        throw Error(where + ": this layer has a sliding window of " + std::to_string(model_window) +
-                    " keys, which the CUDA sparse executor does not apply yet, so a sparse policy cannot run on it "
-                    "on the GPU; run it with --device cpu (dense attention on such layers runs on the GPU)");
-    }
+    }  // (the executor applies sliding windows itself: args.window)
   }
 
   if (backend == AttentionBackend::kSimple) {
@@ -196,8 +169,10 @@ void GpuForward::attention(int32_t layer, int32_t pos, int32_t n, DeviceKVCache&
     AttentionSet::Entry& e = set.find(patterns, window);
     if (!e.layer) {
       const attn::LoweringContext ctx{pos, n, kv_len, std::max(total_len, kv_len), tile};
-      e.layer = std::make_unique<attn::gpu::CudaLayerAttention>(patterns, ctx, nkv, d);
-      e.layer->set_dense_fallback(options_.dense_fallback);
+      // The process options (documented environment overrides included), with the engine's fallback switch.
+      attn::gpu::CudaAttentionOptions opt = attn::gpu::cuda_attention_defaults();
+      opt.dense_fallback = opt.dense_fallback && options_.dense_fallback;
+      e.layer = std::make_unique<attn::gpu::CudaLayerAttention>(patterns, ctx, nkv, d, opt);
     }
     if (e.layer->has_dynamic_heads() || !e.index_built) {
       e.layer->run(args, stream_);  // estimate, index (unless cuDNN runs an all-dense layer), attend

@@ -22,10 +22,7 @@
 //  - the simple kernel (kernels.h simple_attention): dense only, for head dims the executor is not built for
 //    (it runs 64, 128 and 256), or when asked for (AttentionBackend::Simple, the reference in tests);
 //  - sliding-window layers (Gemma-3 local layers, Mistral) pass their row-exact window: args.window for the
-//    executor, the kernel's own window for the simple kernel. Until the CUDA backend applies args.window
-//    (executor_applies_windows() probes it), kAuto runs dense window layers with the simple kernel (exact, and
-//    cheap: a row reads at most `window` keys) and refuses sparse policies on them with a message naming the
-//    layer; kExecutor passes the window to the executor regardless (its error names the layer).
+//    executor (which applies it row-exactly on top of any policy), the kernel's own window for the simple kernel.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -45,7 +42,7 @@
 namespace tessera::runtime::gpu {
 
 enum class AttentionBackend {
-  kAuto,      // the executor where it runs the layer (head dim, window), else the simple kernel (dense layers only)
+  kAuto,      // the executor where it runs the layer (head dim), else the simple kernel (dense layers only)
   kExecutor,  // always the sparse executor
   kSimple,    // always the simple kernel (dense layers only)
 };
@@ -53,8 +50,6 @@ const char* attention_backend_name(AttentionBackend b);  // "auto", "executor", 
 // Throws tessera::Error for other names.
 AttentionBackend parse_attention_backend(const std::string& name);
 
-// Whether the CUDA sparse executor applies AttentionArgs::window (a host-side probe of its argument checks).
-bool executor_applies_windows();
 
 enum class LogitRows { kNone, kLast, kAll };
 

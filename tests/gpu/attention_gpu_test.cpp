@@ -1,8 +1,7 @@
 // GPU attention core against the CPU: executor, device index build, device estimators, end to end.
 //
 // Executor cases run every kernel that applies (mma.sync always; on compute capability 9.0 for bf16/f16,
-// head_dim 128, tile 128 every wgmma variant that passed its self-check), each printed with its name
-// (wgmma/<variant>); end-to-end cases run the kAuto choice.
+// head_dim 128, tile 128 the Hopper kernel too), each printed with its name; end-to-end cases run the kAuto choice.
 //
 // Every case draws fresh random inputs (seeded per case, so a failure reproduces), rounds them to the GPU
 // dtype and runs the CPU side on the same values in f32. Checks:
@@ -298,21 +297,14 @@ TEST_P(ExecutorTest, MatchesReference) {
   gpu::DeviceWorkPlan plan = gpu::DeviceWorkPlan::upload(gpu::plan_prefill(index));
 
   const Reference reference = reference_of(s, in, index);
-  // Every kernel that applies: mma.sync always; on Hopper (bf16/f16, head_dim 128, tile 128) every wgmma
-  // variant that passed the self-check, or, if none did, the wgmma kernel once (which fails with the report).
+  // Every kernel that applies: mma.sync always; on Hopper (bf16/f16, head_dim 128, tile 128) the Hopper kernel too
+  // (if its self-check failed, the call fails with the report).
   struct Run {
     gpu::PrefillKernel kernel;
-    int variant;
     std::string name;
   };
-  std::vector<Run> runs = {{gpu::PrefillKernel::kMma, -1, "mma.sync"}};
-  if (gpu::wgmma_prefill_applies(s.dtype, s.d, s.tile)) {
-    const gpu::WgmmaSelfCheck& sc = gpu::wgmma_prefill_self_check(s.dtype);
-    for (int v = 0; v < static_cast<int>(sc.variant_passed.size()); ++v) {
-      if (sc.variant_passed[v]) runs.push_back({gpu::PrefillKernel::kWgmma, v, "wgmma/" + std::to_string(v)});
-    }
-    if (!sc.passed) runs.push_back({gpu::PrefillKernel::kWgmma, -1, "wgmma"});
-  }
+  std::vector<Run> runs = {{gpu::PrefillKernel::kMma, "mma.sync"}};
+  if (gpu::wgmma_prefill_applies(s.dtype, s.d, s.tile)) runs.push_back({gpu::PrefillKernel::kWgmma, "wgmma"});
   for (const Run& run : runs) {
     const gpu::PrefillKernel kernel = run.kernel;
     const char* kname = run.name.c_str();
@@ -320,7 +312,7 @@ TEST_P(ExecutorTest, MatchesReference) {
     DeviceTensor out = poisoned(s.q_len, s.hq, s.d, s.dtype);
     gpu::DeviceBuffer<float> lse(static_cast<size_t>(s.hq) * static_cast<size_t>(s.q_len));
     try {
-      gpu::sparse_prefill(device_args(in, out, &lse, s), dindex, plan, nullptr, kernel, run.variant);
+      gpu::sparse_prefill(device_args(in, out, &lse, s), dindex, plan, nullptr, kernel);
     } catch (const Error& e) {
       ADD_FAILURE() << kname << " kernel did not run: " << e.what();
       continue;
@@ -336,7 +328,7 @@ TEST_P(ExecutorTest, MatchesReference) {
 
     // Same launch again, plan reused: results must not depend on the schedule (no races).
     DeviceTensor out2 = poisoned(s.q_len, s.hq, s.d, s.dtype);
-    gpu::sparse_prefill(device_args(in, out2, nullptr, s), dindex, plan, nullptr, kernel, run.variant);
+    gpu::sparse_prefill(device_args(in, out2, nullptr, s), dindex, plan, nullptr, kernel);
     TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
     EXPECT_EQ(out.buf.download(), out2.buf.download()) << "two runs differ";
   }
@@ -403,9 +395,10 @@ INSTANTIATE_TEST_SUITE_P(Cases, ExecutorTest, ::testing::ValuesIn(exec_cases()),
                          [](const ::testing::TestParamInfo<ExecCase>& i) { return i.param.name; });
 
 // Split-K (attention/index/split_plan.h): a chunk of the prompt's last rows over a long cache, the shape where
-// one item per head would leave most SMs idle. The items are cut into units (plan_splits with 64 CTAs), every
-// kernel runs the split plan, the merge writes the rows: output and lse against the reference, every row
-// written. Then the same through CudaLayerAttention, whose builder plans the split for this device.
+// one item per head would leave most SMs idle. The items are cut into units (plan_splits with 64 CTAs), the mma.sync
+// kernel runs the split plan (kAuto picks it for split plans; the Hopper kernel, asked for, refuses with a message),
+// the merge writes the rows: output and lse against the reference, every row written. Then the same through
+// CudaLayerAttention, whose builder plans the split for this device.
 TEST(CudaAttention, SplitKUnitsMatchTheReference) {
   REQUIRE_GPU();
   const Shape shapes[] = {Shape{200, 20000, 0, 4, 2, 128, 128, DType::BF16},
@@ -426,8 +419,23 @@ TEST(CudaAttention, SplitKUnitsMatchTheReference) {
       gpu::DeviceWorkPlan plan =
           gpu::DeviceWorkPlan::upload(order_with_splits(costs, units), units, index.num_heads * index.num_tiles());
       const Reference reference = reference_of(s, in, index);
-      std::vector<std::pair<gpu::PrefillKernel, std::string>> kernels = {{gpu::PrefillKernel::kMma, "mma.sync"}};
-      if (gpu::wgmma_prefill_applies(s.dtype, s.d, s.tile)) kernels.push_back({gpu::PrefillKernel::kWgmma, "wgmma"});
+      if (!units.empty()) {
+        EXPECT_EQ(gpu::resolve_prefill_kernel(gpu::PrefillKernel::kAuto, s.dtype, s.d, s.tile, true),
+                  gpu::PrefillKernel::kMma);
+        if (gpu::hopper_prefill_ready(s.dtype, s.d, s.tile)) {
+          DeviceTensor refused = poisoned(s.q_len, s.hq, s.d, s.dtype);
+          try {
+            gpu::sparse_prefill(device_args(in, refused, nullptr, s), dindex, plan, nullptr, gpu::PrefillKernel::kWgmma);
+            ADD_FAILURE() << "the Hopper kernel ran a split plan";
+          } catch (const Error& e) {
+            EXPECT_EQ(std::string(e.what()),
+                      "CUDA sparse prefill: the wgmma kernel runs no split-K units; this plan has some (the mma.sync "
+                      "kernel runs them)");
+          }
+        }
+      }
+      const std::vector<std::pair<gpu::PrefillKernel, std::string>> kernels = {
+          {gpu::PrefillKernel::kAuto, "auto"}, {gpu::PrefillKernel::kMma, "mma.sync"}};
       for (const auto& [kernel, kname] : kernels) {
         DeviceTensor out = poisoned(s.q_len, s.hq, s.d, s.dtype);
         gpu::DeviceBuffer<float> lse(static_cast<size_t>(s.hq) * static_cast<size_t>(s.q_len));
@@ -528,16 +536,16 @@ TEST(CudaAttention, FusedQkvStrides) {
   EXPECT_LT(r.rel_err, 1e-2);
 }
 
-// The wgmma kernel's self-check (sparse_prefill.h): on Hopper it must pass for bf16 and f16; the report says
-// which V-operand variant matched the mma.sync kernel, or how each one missed.
-TEST(CudaAttention, WgmmaSelfCheck) {
+// The Hopper kernel's self-check (sparse_prefill.h): on Hopper it must pass for bf16 and f16; the report gives the
+// error against the mma.sync kernel.
+TEST(CudaAttention, HopperSelfCheck) {
   REQUIRE_GPU();
   if (!gpu::wgmma_prefill_applies(DType::BF16, 128, 128))
     GTEST_SKIP() << "not a compute capability 9.0 device";
   for (const DType t : {DType::BF16, DType::F16}) {
-    const gpu::WgmmaSelfCheck& sc = gpu::wgmma_prefill_self_check(t);
-    std::printf("[ wgmma self-check ] %s: %s, variant %d\n%s", std::string(dtype_name(t)).c_str(),
-                sc.passed ? "passed" : "FAILED", sc.variant, sc.report.c_str());
+    const gpu::HopperSelfCheck& sc = gpu::hopper_prefill_self_check(t);
+    std::printf("[ wgmma self-check ] %s: %s\n%s", std::string(dtype_name(t)).c_str(),
+                sc.passed ? "passed" : "FAILED", sc.report.c_str());
     EXPECT_TRUE(sc.passed) << sc.report;
   }
   EXPECT_EQ(gpu::resolve_prefill_kernel(gpu::PrefillKernel::kMma, DType::BF16, 128, 128),

@@ -25,7 +25,7 @@
 #include "cuda/cuda_check.h"
 #include "attention/cuda/estimate_cuda.h"
 #include "attention/cuda/mma_sm80.cuh"
-#include "attention/cuda/wgmma_sm90.cuh"
+#include "attention/cuda/hopper/wgmma.cuh"
 #include "core/error.h"
 
 namespace tessera::attn::gpu {
@@ -96,7 +96,7 @@ struct VsTile {
 
 // Scores on the tensor cores' warpgroup path (wgmma m64n64k16, Q from the registers, K from shared memory)
 // where it exists (sm_90a device code) at D = 128: a head's four warps are one warpgroup. K tiles are then
-// stored in the 128-byte-swizzled layout the wgmma descriptors name (wgmma_sm90.cuh); elsewhere mma.sync over
+// stored in the 128-byte-swizzled layout the wgmma descriptors name (hopper/wgmma.cuh); elsewhere mma.sync over
 // ldmatrix fragments (swizzle<D>'s layout). (v3 H200 profile with mma.sync: each warp re-read the whole K tile
 // through ldmatrix and the scoring passes ran at ~150 TFLOP/s.)
 template <int D>

@@ -19,18 +19,6 @@ namespace tessera::attn::gpu {
 
 namespace {
 
-// TESSERA_DENSE_BACKEND=ours|cudnn|auto: "ours" forces our kernel, "cudnn" takes cuDNN wherever it can run
-// the call (no minimum length); anything else leaves kAuto.
-std::string env_dense_backend() {
-  const char* e = std::getenv("TESSERA_DENSE_BACKEND");
-  return e == nullptr ? std::string() : std::string(e);
-}
-
-bool env_fallback_off() {
-  const char* e = std::getenv("TESSERA_DENSE_FALLBACK");
-  return e != nullptr && std::string(e) == "0";
-}
-
 // Cost (work_plan.h) of the dense causal index of this shape: per item 1 + ceil(tile_key_end / 64).
 int64_t dense_index_cost(const LoweringContext& ctx, int64_t num_heads) {
   if (ctx.tile <= 0 || ctx.q_len <= 0) return 0;
@@ -46,35 +34,13 @@ int64_t dense_index_cost(const LoweringContext& ctx, int64_t num_heads) {
 
 }  // namespace
 
-double cudnn_rel_tile_cost(int64_t q_len) {
-  constexpr auto& t = kCudnnRelTime;
-  constexpr size_t n = std::size(kCudnnRelTime);
-  if (q_len <= t[0].q_len) return t[0].cudnn_over_ours;
-  for (size_t i = 1; i < n; ++i) {
-    if (q_len <= t[i].q_len) {
-      const double x0 = std::log2(static_cast<double>(t[i - 1].q_len)), x1 = std::log2(static_cast<double>(t[i].q_len));
-      const double f = (std::log2(static_cast<double>(q_len)) - x0) / (x1 - x0);
-      return t[i - 1].cudnn_over_ours + f * (t[i].cudnn_over_ours - t[i - 1].cudnn_over_ours);
-    }
-  }
-  return t[n - 1].cudnn_over_ours;
-}
-
-const char* dense_backend_name(DenseBackend b) {
-  switch (b) {
-    case DenseBackend::kAuto:
-      return "auto";
-    case DenseBackend::kOurs:
-      return "ours";
-    case DenseBackend::kCudnn:
-      return "cudnn";
-  }
-  return "?";
-}
-
 CudaLayerAttention::CudaLayerAttention(std::vector<Pattern> patterns, const LoweringContext& ctx,
-                                       int num_kv_heads, int head_dim)
-    : patterns_(std::move(patterns)), ctx_(ctx), num_kv_heads_(num_kv_heads), head_dim_(head_dim) {
+                                       int num_kv_heads, int head_dim, const CudaAttentionOptions& options)
+    : patterns_(std::move(patterns)),
+      ctx_(ctx),
+      num_kv_heads_(num_kv_heads),
+      head_dim_(head_dim),
+      options_(options) {
   for (size_t h = 0; h < patterns_.size(); ++h)
     validate(patterns_[h], "CUDA layer attention head " + std::to_string(h));
   check(sparse_prefill_supports(head_dim, ctx.tile),
@@ -82,6 +48,7 @@ CudaLayerAttention::CudaLayerAttention(std::vector<Pattern> patterns, const Lowe
             std::to_string(ctx.tile) + " is not supported (head_dim 64, 128 or 256; tile 64 or 128)");
   estimates_ = DeviceEstimates(patterns_, ctx_, num_kv_heads, head_dim);
   builder_ = DeviceIndexBuilder(patterns_, ctx_, estimates_);
+  builder_.set_split(options_.split);
   all_dense_ = !patterns_.empty();
   for (const Pattern& p : patterns_) all_dense_ = all_dense_ && std::holds_alternative<DensePattern>(p);
   dense_cost_ = dense_index_cost(ctx_, static_cast<int64_t>(patterns_.size()));
@@ -89,10 +56,50 @@ CudaLayerAttention::CudaLayerAttention(std::vector<Pattern> patterns, const Lowe
   shortcut_cudnn_ = !all_dense_ && attn::dense_before_estimation(patterns_, ctx_, cudnn_rel_tile_cost(ctx_.q_len));
 }
 
-bool CudaLayerAttention::dense_before_estimation(const AttentionArgs& args) const {
-  if (all_dense_ || !dense_shortcut_ || !dense_fallback_ || env_fallback_off() || args.window != 0 || args.q_len() == 0) return false;
-  if (!shortcut_ours_ && !shortcut_cudnn_) return false;  // (the cuDNN threshold is the lower one)
-  return resolve_dense_backend(args) == DenseBackend::kCudnn ? shortcut_cudnn_ : shortcut_ours_;
+void CudaLayerAttention::set_options(const CudaAttentionOptions& o) {
+  options_ = o;
+  builder_.set_split(o.split);
+  invalidate_route();
+}
+void CudaLayerAttention::set_dense_backend(DenseBackend b) {
+  options_.dense_backend = b;
+  invalidate_route();
+}
+void CudaLayerAttention::set_dense_fallback(bool on) {
+  options_.dense_fallback = on;
+  invalidate_route();
+}
+void CudaLayerAttention::set_dense_shortcut(bool on) {
+  options_.dense_shortcut = on;
+  invalidate_route();
+}
+void CudaLayerAttention::set_split(bool on) {
+  options_.split = on;
+  builder_.set_split(on);
+  invalidate_route();
+}
+
+const PrefillRoute& CudaLayerAttention::route(const AttentionArgs& args, cudaStream_t stream) {
+  if (route_valid_ && route_dtype_ == args.q.dtype && route_window_ == args.window) return route_;
+  RouteInputs in;
+  in.q_len = args.q_len();
+  in.window = args.window;
+  in.all_dense = all_dense_;
+  in.shortcut_ours = shortcut_ours_;
+  in.shortcut_cudnn = shortcut_cudnn_;
+  in.split_units = options_.split && !builder_.split_units().empty();
+  in.hopper_applies = options_.kernel != PrefillKernel::kMma &&
+                      hopper_prefill_ready(args.q.dtype, head_dim_, ctx_.tile, stream);
+  // cudnn_dense_plan: built with cuDNN, a handle, the call supported, and an engine for its shape (the plan is
+  // built here on first use of a shape and cached; a failure is cached too).
+  in.cudnn_has_plan = !cudnn_failed_ && wants_cudnn(in, options_) && cudnn_dense_plan(args);
+  CudaAttentionOptions opt = options_;
+  if (cudnn_failed_ && opt.dense_backend == DenseBackend::kAuto) opt.dense_backend = DenseBackend::kOurs;
+  route_ = plan_prefill_route(in, opt);
+  route_valid_ = true;
+  route_dtype_ = args.q.dtype;
+  route_window_ = args.window;
+  return route_;
 }
 
 void CudaLayerAttention::check_args(const AttentionArgs& args) const {
@@ -115,33 +122,22 @@ void CudaLayerAttention::build_index(cudaStream_t stream) {
   index_built_ = true;
 }
 
-DenseBackend CudaLayerAttention::resolve_dense_backend(const AttentionArgs& args) const {
-  if (dense_backend_ != DenseBackend::kAuto) return dense_backend_;
-  if (cudnn_failed_) return DenseBackend::kOurs;
-  const std::string env = env_dense_backend();
-  if (env == "ours") return DenseBackend::kOurs;
-  if (env != "cudnn" && (args.q_len() < kCudnnMinQLen || cudnn_rel_tile_cost(args.q_len()) >= 1.0))
-    return DenseBackend::kOurs;
-  // cudnn_dense_plan: built with cuDNN, a handle, the call supported, and an engine for its shape (the plan is
-  // built here on first use of a shape and cached; a failure is cached too).
-  return cudnn_dense_plan(args) ? DenseBackend::kCudnn : DenseBackend::kOurs;
-}
-
-void CudaLayerAttention::attend_dense(const AttentionArgs& args, cudaStream_t stream, DenseBackend backend) {
+DenseBackend CudaLayerAttention::attend_dense(const AttentionArgs& args, cudaStream_t stream, DenseBackend backend,
+                                              PrefillKernel kernel) {
   if (backend == DenseBackend::kCudnn) {
-    if (dense_backend_ == DenseBackend::kCudnn) {  // asked for: its errors are the caller's
+    if (options_.dense_backend == DenseBackend::kCudnn) {  // asked for: its errors are the caller's
       cudnn_dense_attention(args, stream);
-      last_path_ = "dense cudnn";
-      return;
+      return DenseBackend::kCudnn;
     }
     try {
       cudnn_dense_attention(args, stream);
-      last_path_ = "dense cudnn";
-      return;
+      return DenseBackend::kCudnn;
     } catch (const Error& e) {
-      // kAuto chose cuDNN (its plan built) but the launch failed: ours from now on, for this layer.
+      // The route chose cuDNN (its plan built) but the launch failed: ours from now on, for this layer.
       cudnn_failed_ = true;
       cudnn_error_ = e.what();
+      invalidate_route();
+      kernel = route(args, stream).dense_kernel;
       if (all_dense_ && !index_built_) build_index(stream);
     }
   }
@@ -159,59 +155,46 @@ void CudaLayerAttention::attend_dense(const AttentionArgs& args, cudaStream_t st
     index = &dense_index_;
     plan = &dense_plan_;
   }
-  sparse_prefill(args, *index, *plan, stream);
-  last_path_ = std::string("dense ") +
-               prefill_kernel_name(resolve_prefill_kernel(PrefillKernel::kAuto, args.q.dtype, head_dim_,
-                                                          ctx_.tile, stream));
+  sparse_prefill(args, *index, *plan, stream, kernel);
+  return DenseBackend::kOurs;
 }
 
-bool CudaLayerAttention::fall_back_to_dense(const AttentionArgs& args, DenseBackend backend,
-                                            cudaStream_t stream) {
+bool CudaLayerAttention::fall_back_to_dense(const PrefillRoute& r, cudaStream_t stream) {
   int64_t sparse = static_sparse_cost_;
   if (sparse < 0) {
     sparse = builder_.download_total_cost(stream);
     if (!has_dynamic_heads()) static_sparse_cost_ = sparse;
   }
-  const double r = backend == DenseBackend::kCudnn ? cudnn_rel_tile_cost(args.q_len()) : 1.0;
-  return static_cast<double>(sparse) > r * static_cast<double>(dense_cost_);
+  return static_cast<double>(sparse) > r.dense_tile_cost * static_cast<double>(dense_cost_);
 }
 
-void CudaLayerAttention::attend(const AttentionArgs& args, cudaStream_t stream, PrefillKernel kernel,
-                                int wgmma_variant) {
+void CudaLayerAttention::attend(const AttentionArgs& args, cudaStream_t stream, PrefillKernel kernel) {
   check_args(args);
-  if (kernel == PrefillKernel::kAuto && wgmma_variant < 0 && args.q_len() > 0) {
-    if (all_dense_) {
-      attend_dense(args, stream, resolve_dense_backend(args));
-      return;
-    }
-    if (dense_before_estimation(args)) {
-      attend_dense(args, stream, resolve_dense_backend(args));
-      last_path_ = "dense shortcut " + last_path_.substr(6);  // "dense X" -> "dense shortcut X"
-      return;
-    }
-    if (dense_fallback_ && !env_fallback_off() && args.window == 0) {
-      const DenseBackend backend = resolve_dense_backend(args);
-      if (fall_back_to_dense(args, backend, stream)) {
-        attend_dense(args, stream, backend);
-        last_path_ = "dense fallback " + last_path_.substr(6);  // "dense X" -> "dense fallback X"
-        return;
-      }
-    }
+  if (kernel != PrefillKernel::kAuto) {  // a kernel asked for: that kernel on the sparse index
+    sparse_prefill(args, index_, plan_, stream, kernel);
+    last_path_ = std::string("sparse ") + prefill_kernel_name(kernel);
+    return;
   }
-  sparse_prefill(args, index_, plan_, stream, kernel, wgmma_variant);
-  last_path_ = std::string("sparse ") +
-               prefill_kernel_name(resolve_prefill_kernel(kernel, args.q.dtype, head_dim_, ctx_.tile, stream));
+  const PrefillRoute r = route(args, stream);  // a copy: a cuDNN failure below replaces the layer's route
+  RoutePath path = r.path;
+  if (path == RoutePath::kSparse && r.fallback_check && fall_back_to_dense(r, stream)) path = RoutePath::kDenseFallback;
+  if (path == RoutePath::kSparse) {
+    sparse_prefill(args, index_, plan_, stream, r.sparse_kernel);
+    last_path_ = r.name(path);
+    return;
+  }
+  const DenseBackend ran = attend_dense(args, stream, r.dense, r.dense_kernel);
+  last_path_ = ran == r.dense ? r.name(path) : route_.name(path);
 }
 
 void CudaLayerAttention::run(const AttentionArgs& args, cudaStream_t stream) {
-  if (dense_before_estimation(args)) {  // budgets cover the keys: no estimation, no index
+  const PrefillRoute& r = route(args, stream);
+  if (args.q_len() > 0 && r.path == RoutePath::kDenseShortcut) {  // budgets cover the keys: no estimation, no index
     attend(args, stream);
     return;
   }
   estimate(args, stream);
-  if (!(all_dense_ && args.q_len() > 0 && resolve_dense_backend(args) == DenseBackend::kCudnn)) {
-    build_index(stream);
-  }
+  if (!(r.path == RoutePath::kDense && r.dense == DenseBackend::kCudnn)) build_index(stream);
   attend(args, stream);
 }
 

@@ -9,29 +9,21 @@
 // The context's tile is the executor's query tile (64 or 128; 128 on Hopper). Dense causal attention is a
 // layer whose patterns are all DensePattern.
 //
-// Dense paths (attend() with PrefillKernel::kAuto and no wgmma variant forced):
-//  - an all-dense layer runs on the dense backend (DenseBackend): by default cuDNN's fused SDPA
-//    (cudnn_sdpa.h) where it is built, supports the call (whole-prompt prefill, no window) and has an engine,
-//    q_len >= kCudnnMinQLen and cuDNN is the faster at that length (kCudnnRelTime, measured on an H200:
-//    cuDNN 0.894 / 14.65 / 255.3 ms against ours 0.901 / 15.41 / 243.0 ms at 8K / 32K / 128K with the pair-step
-//    kernel); else our kernel on the dense index. attention_gpu_bench prints both every run ("dense backends"
-//    lines), the figures that set the table.
-//  - dense fallback (set_dense_fallback, on by default): a layer with sparse heads whose index costs more
-//    than dense attention would, runs dense instead (on the dense backend). Cost = key tiles of 64 plus one
-//    per item (work_plan.h), summed on the device by build_index(); the rule, with C_dense the cost of the
-//    dense index of the same shape and r the dense backend's time per tile relative to our kernel's
-//    (1 for ours, cudnn_rel_tile_cost(q_len) for cuDNN):   fall back  iff  C_sparse > r * C_dense.
-//    Deciding needs the sparse cost on the host: one 8-byte copy and a stream synchronisation per call for
-//    layers with dynamic (VS/BS) heads, once per layer for static ones. Not applied with args.window > 0
-//    (the window already bounds the work), nor when attend() is asked for a specific kernel.
-//  - dense shortcut (part of the dense fallback, same switches): before estimating, the static rule of
-//    attention/index/dense_shortcut.h (each head's budget or exact coverage of the causal keys against a
-//    threshold scaled by r) sends layers whose budgets already cover most keys dense without estimation or
-//    index build (VS / BS at 8K: run 3 paid 0.36 ms for them and then fell back anyway). run() and attend()
-//    apply it; the path reads "dense shortcut X".
-// Environment (read at each call, for experiments): TESSERA_DENSE_BACKEND=ours sends kAuto's dense calls to our
-// kernel, =cudnn to cuDNN wherever it can run them (no minimum length); TESSERA_DENSE_FALLBACK=0 switches the
-// fallback off.
+// Which executor runs a call is the layer's route (attention/index/prefill_route.h), computed once per dtype and
+// window from the options, the patterns, the shape and the device, and reported by last_path():
+//  - an all-dense layer runs on the dense backend: cuDNN's fused SDPA (cudnn_sdpa.h) where the route takes it
+//    (whole-prompt prefill, no window, q_len >= kCudnnMinQLen, cuDNN the faster at that length by kCudnnRelTime,
+//    measured on an H200), else our kernel on the dense index;
+//  - dense shortcut (dense_shortcut.h): a sparse layer whose budgets already cover most keys runs dense without
+//    estimation or index build ("dense shortcut X");
+//  - dense fallback (per call, on the sparse path): a layer whose built index costs more than dense attention would
+//    runs dense instead ("dense fallback X"). Cost = key tiles of 64 plus one per item (work_plan.h), summed on the
+//    device by build_index(); fall back iff C_sparse > r * C_dense, r = the dense backend's time per tile relative to
+//    our kernel's. Deciding needs the sparse cost on the host: one 8-byte copy and a stream synchronisation per call
+//    for layers with dynamic (VS/BS) heads, once per layer for static ones. Not applied with args.window > 0 (the
+//    window already bounds the work), nor when attend() is asked for a specific kernel.
+// The options (CudaAttentionOptions: kernel, dense backend, fallback, shortcut, split) come from the constructor
+// (default: the process defaults, cuda_attention_defaults(), which read the documented environment overrides once).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -45,63 +37,45 @@
 #include "attention/cuda/lower_cuda.h"
 #include "attention/cuda/sparse_prefill.h"
 #include "attention/index/estimate.h"
+#include "attention/index/prefill_route.h"
 #include "attention/index/lowering_context.h"
 #include "attention/pattern/pattern.h"
 
 namespace tessera::attn::gpu {
 
-// Who runs dense attention (all-dense layers and the dense fallback).
-enum class DenseBackend {
-  kAuto,   // cuDNN where it can run the call, q_len >= kCudnnMinQLen and it is the faster (kCudnnRelTime)
-  kOurs,   // our prefill kernel (wgmma / mma.sync) on the dense index
-  kCudnn,  // cuDNN; attend() throws where it cannot run the call (e.g. a window, q_begin > 0)
-};
-const char* dense_backend_name(DenseBackend b);
-
-// kAuto sends dense calls shorter than this to our kernel (cuDNN plans are built per shape on first use,
-// which costs host time for every new prompt length).
-inline constexpr int64_t kCudnnMinQLen = 2048;
-// cuDNN's dense time relative to our kernel's (cuDNN / ours, per key tile), by prompt length: H200, the pair-step
-// TMA kernel, one sweep of `attention_gpu_bench --patterns dense` (docs/PERF.md, sixth attention run). Neither
-// wins everywhere: ours at <= 4K, 16K and 128K, cuDNN by 4-7% at 24K-96K.
-struct DenseTimeRatio {
-  int64_t q_len;
-  double cudnn_over_ours;
-};
-inline constexpr DenseTimeRatio kCudnnRelTime[] = {
-    {1024, 1.054},  {2048, 1.079},  {4096, 1.022},  {8192, 0.993},  {16384, 1.021}, {24576, 0.957},
-    {32768, 0.950}, {49152, 0.935}, {65536, 0.965}, {98304, 0.959}, {131072, 1.051}};
-// The ratio at q_len: linear in log2(q_len) between the measured lengths, the end values beyond them. kAuto runs
-// cuDNN only where it is below 1; the dense fallback and the dense shortcut weigh cuDNN's tiles by it.
-double cudnn_rel_tile_cost(int64_t q_len);
-
 class CudaLayerAttention {
  public:
   // patterns: one per query head. Throws tessera::Error for invalid patterns, an unsupported tile or
   // head_dim, or an inconsistent context.
-  CudaLayerAttention(std::vector<Pattern> patterns, const LoweringContext& ctx, int num_kv_heads,
-                     int head_dim);
+  CudaLayerAttention(std::vector<Pattern> patterns, const LoweringContext& ctx, int num_kv_heads, int head_dim,
+                     const CudaAttentionOptions& options = cuda_attention_defaults());
 
   void estimate(const AttentionArgs& args, cudaStream_t stream = nullptr);
   void build_index(cudaStream_t stream = nullptr);
-  // kernel, wgmma_variant: which prefill kernel runs (sparse_prefill.h; kAuto and its choice by default).
-  void attend(const AttentionArgs& args, cudaStream_t stream = nullptr,
-              PrefillKernel kernel = PrefillKernel::kAuto, int wgmma_variant = -1);
+  // kernel: kAuto follows the route; kMma / kWgmma run that kernel on the sparse index (no dense paths).
+  void attend(const AttentionArgs& args, cudaStream_t stream = nullptr, PrefillKernel kernel = PrefillKernel::kAuto);
   // estimate, build_index (skipped for an all-dense layer that runs on cuDNN), attend.
   void run(const AttentionArgs& args, cudaStream_t stream = nullptr);
 
-  // Dense paths (see the top of this file).
-  void set_dense_backend(DenseBackend b) { dense_backend_ = b; }
-  DenseBackend dense_backend() const { return dense_backend_; }
-  void set_dense_fallback(bool on) { dense_fallback_ = on; }
-  bool dense_fallback() const { return dense_fallback_; }
+  // Options (see the top of this file); a change applies from the next call.
+  const CudaAttentionOptions& options() const { return options_; }
+  void set_options(const CudaAttentionOptions& o);
+  void set_dense_backend(DenseBackend b);
+  DenseBackend dense_backend() const { return options_.dense_backend; }
+  void set_dense_fallback(bool on);
+  bool dense_fallback() const { return options_.dense_fallback; }
+  // The shortcut alone can be switched off (on by default; the dense fallback switch covers both).
+  void set_dense_shortcut(bool on);
   bool all_dense() const { return all_dense_; }
-  // The backend kAuto resolves to for this call: kCudnn or kOurs (may build the cuDNN plan).
-  DenseBackend resolve_dense_backend(const AttentionArgs& args) const;
+  // The layer's route for a call like `args` (computed on first use for its dtype and window; may build the cuDNN
+  // plan and run the Hopper kernel's self-check).
+  const PrefillRoute& route(const AttentionArgs& args, cudaStream_t stream = nullptr);
+  // The dense backend the route takes for this call: kCudnn or kOurs.
+  DenseBackend resolve_dense_backend(const AttentionArgs& args) { return route(args).dense; }
   // What the last attend() ran, e.g. "sparse wgmma", "dense cudnn", "dense fallback cudnn",
-  // "dense fallback wgmma".
+  // "dense shortcut mma.sync" (PrefillRoute::name).
   const std::string& last_path() const { return last_path_; }
-  // kAuto chose cuDNN and its launch failed (this layer then runs dense on ours; the error is kept).
+  // The route took cuDNN and its launch failed (this layer then runs dense on ours; the error is kept).
   bool cudnn_failed() const { return cudnn_failed_; }
   const std::string& cudnn_error() const { return cudnn_error_; }
   // Costs of the dense fallback rule for the last build_index(): sparse (downloaded) and dense (host).
@@ -114,11 +88,9 @@ class CudaLayerAttention {
   IndexBuildMode index_build_mode() const { return builder_.mode(); }
   void set_warp_index_build(bool on) { builder_.set_warp_per_tile(on); }
 
-  // The dense shortcut's answer for this call (see above): true iff attend()/run() will run it dense without
-  // looking at the estimates or the index (the bench skips estimation and index build then).
-  bool dense_before_estimation(const AttentionArgs& args) const;
-  // The shortcut alone can be switched off (on by default; the dense fallback switch covers both).
-  void set_dense_shortcut(bool on) { dense_shortcut_ = on; }
+  // The dense shortcut's answer for this call: true iff attend()/run() will run it dense without looking at the
+  // estimates or the index (the bench skips estimation and index build then).
+  bool dense_before_estimation(const AttentionArgs& args) { return route(args).path == RoutePath::kDenseShortcut; }
 
   bool has_dynamic_heads() const { return !estimates_.empty(); }
   const std::vector<Pattern>& patterns() const { return patterns_; }
@@ -131,33 +103,39 @@ class CudaLayerAttention {
   std::vector<int32_t> download_plan() const { return plan_.download(); }
   // The split-K units of this layer's plan (DeviceIndexBuilder::set_split; empty: nothing is cut).
   const std::vector<SplitUnit>& split_units() const { return builder_.split_units(); }
-  void set_split(bool on) { builder_.set_split(on); }
+  void set_split(bool on);
   const DeviceSparseIndex& index() const { return index_; }
 
  private:
   void check_args(const AttentionArgs& args) const;
-  // Dense attention of the call on `backend` (kOurs or kCudnn); the dense index is built on first use.
-  void attend_dense(const AttentionArgs& args, cudaStream_t stream, DenseBackend backend);
-  bool fall_back_to_dense(const AttentionArgs& args, DenseBackend backend, cudaStream_t stream);
+  // Dense attention of the call on `backend` (kOurs or kCudnn) with our kernel `kernel`; the dense index is built on
+  // first use. Returns the backend that ran (kOurs after a cuDNN failure under the auto backend).
+  DenseBackend attend_dense(const AttentionArgs& args, cudaStream_t stream, DenseBackend backend,
+                            PrefillKernel kernel);
+  bool fall_back_to_dense(const PrefillRoute& route, cudaStream_t stream);
+  void invalidate_route() { route_valid_ = false; }
 
   std::vector<Pattern> patterns_;
   LoweringContext ctx_;
   int num_kv_heads_ = 0;
   int head_dim_ = 0;
+  CudaAttentionOptions options_;
   DeviceEstimates estimates_;
   DeviceIndexBuilder builder_;
   DeviceSparseIndex index_;
   DeviceWorkPlan plan_;
-  DenseBackend dense_backend_ = DenseBackend::kAuto;
-  bool dense_fallback_ = true;
   bool all_dense_ = false;
   int64_t dense_cost_ = 0;         // cost of the dense index of this shape
-  bool dense_shortcut_ = true;
   bool shortcut_ours_ = false, shortcut_cudnn_ = false;  // dense_shortcut.h rule at r = 1 and r = cudnn_rel_tile_cost(q_len)
   int64_t static_sparse_cost_ = -1;  // layers without dynamic heads: the sparse cost, once downloaded
   bool dense_index_built_ = false;
   DeviceSparseIndex dense_index_;  // for the fallback on our kernel
   DeviceWorkPlan dense_plan_;
+  // The route of the last (dtype, window) seen.
+  bool route_valid_ = false;
+  DType route_dtype_ = DType::BF16;
+  int32_t route_window_ = 0;
+  PrefillRoute route_;
   std::string last_path_;
   bool index_built_ = false;
   bool cudnn_failed_ = false;

@@ -1,5 +1,5 @@
 // tessera/attention/cuda/prefill_cursor.h — the parameters of the sparse prefill kernels and the walk over
-// one item's key tiles (KeyCursor), shared by the mma.sync and the wgmma kernel. Host and device code, so
+// one item's key tiles (KeyCursor), shared by the mma.sync and the Hopper kernel. Host and device code, so
 // that the cursor is tested on the CPU (tests/gpu: PrefillCursorOnHost) against the index and the window.
 #pragma once
 
@@ -47,10 +47,7 @@ struct PrefillParams {
   float* part_o = nullptr;
   float* part_lse = nullptr;
   int32_t part_rows = 0;  // the index tile
-  // wgmma kernel only (sparse_prefill_wgmma.cuh): byte strides of the N-major V descriptor along N (64-column
-  // halves) and along K (8-key groups).
-  uint32_t pv_lbo = 0, pv_sbo = 0;
-  // Host side only: > 0 caps the persistent grid at this many CTAs (the self-check runs every wgmma variant on 2,
+  // Host side only: > 0 caps the persistent grid at this many CTAs (the Hopper kernel's self-check runs on 2,
   // so that each CTA takes several items and the item-to-item hand-over is checked too).
   int32_t max_ctas = 0;
 };

@@ -1,11 +1,11 @@
-// Argument checks and dispatch of the sparse prefill executor (kernel: sparse_prefill_kernel.cuh).
+// Argument checks, the kernel table's dispatch and the Hopper kernel's self-check of the sparse prefill executor
+// (kernels: mma_prefill_kernel.cuh, hopper/prefill_kernel.cuh; instantiations: prefill_instances.h).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <iterator>
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <random>
@@ -13,8 +13,9 @@
 #include <utility>
 #include <vector>
 
+#include "attention/cuda/prefill_cursor.h"
+#include "attention/cuda/prefill_instances.h"
 #include "attention/cuda/sparse_prefill.h"
-#include "attention/cuda/sparse_prefill_kernel.cuh"
 #include "attention/cuda/split_merge.h"
 #include "attention/cuda/work_plan.h"
 #include "core/dtype.h"
@@ -23,46 +24,19 @@
 namespace tessera::attn::gpu {
 
 namespace detail {
-// Instantiated in sparse_prefill_{bf16,f16}_d{64,128,256}.cu.
-#define TESSERA_DECLARE_PREFILL(T, D)                                                       \
-  extern template void launch_sparse_prefill<T, D, 64>(const PrefillParams&, cudaStream_t); \
-  extern template void launch_sparse_prefill<T, D, 128>(const PrefillParams&, cudaStream_t);
-TESSERA_DECLARE_PREFILL(__nv_bfloat16, 64)
-TESSERA_DECLARE_PREFILL(__nv_bfloat16, 128)
-TESSERA_DECLARE_PREFILL(__nv_bfloat16, 256)
-TESSERA_DECLARE_PREFILL(__half, 64)
-TESSERA_DECLARE_PREFILL(__half, 128)
-TESSERA_DECLARE_PREFILL(__half, 256)
-#undef TESSERA_DECLARE_PREFILL
-// Instantiated in sparse_prefill_wgmma_{bf16,f16}.cu.
-template <typename T, bool kSplitPv, bool kOverlap>
-void launch_sparse_prefill_wgmma(const PrefillParams& p, cudaStream_t stream);
-#define TESSERA_DECLARE_WGMMA(T)                                                                         \
-  extern template void launch_sparse_prefill_wgmma<T, false, false>(const PrefillParams&, cudaStream_t); \
-  extern template void launch_sparse_prefill_wgmma<T, true, false>(const PrefillParams&, cudaStream_t);  \
-  extern template void launch_sparse_prefill_wgmma<T, false, true>(const PrefillParams&, cudaStream_t);  \
-  extern template void launch_sparse_prefill_wgmma<T, true, true>(const PrefillParams&, cudaStream_t);
-TESSERA_DECLARE_WGMMA(__nv_bfloat16)
-TESSERA_DECLARE_WGMMA(__half)
-#undef TESSERA_DECLARE_WGMMA
-// Instantiated in sparse_prefill_wgmma_ws_{bf16,f16}.cu.
-template <typename T, int kStages, bool kQRegs>
-void launch_sparse_prefill_wgmma_ws(const PrefillParams& p, cudaStream_t stream);
-template <typename T, int kStages, bool kQRegs, bool kPingpong, int kRescale, bool kPair, int kPolyExp, bool kMaxTree>
-void launch_sparse_prefill_wgmma_tma(const PrefillParams& p, cudaStream_t stream);
-#define TESSERA_DECLARE_WGMMA_WS(T)                                                                       \
-  extern template void launch_sparse_prefill_wgmma_ws<T, 4, true>(const PrefillParams&, cudaStream_t);  \
-  extern template void launch_sparse_prefill_wgmma_ws<T, 4, false>(const PrefillParams&, cudaStream_t); \
-  extern template void launch_sparse_prefill_wgmma_tma<T, 6, true, false, 8, true, 0, false>(const PrefillParams&, cudaStream_t); \
-  extern template void launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true, 0, false>(const PrefillParams&, cudaStream_t); \
-  extern template void launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true, 0, true>(const PrefillParams&, cudaStream_t); \
-  extern template void launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true, 2, false>(const PrefillParams&, cudaStream_t); \
-  extern template void launch_sparse_prefill_wgmma_tma<T, 4, true, false, 8, false, 0, false>(const PrefillParams&, cudaStream_t); \
-  extern template void launch_sparse_prefill_wgmma_tma<T, 4, true, true, 8, false, 0, false>(const PrefillParams&, cudaStream_t); \
-  extern template void launch_sparse_prefill_wgmma_tma<T, 4, true, true, 0, false, 0, false>(const PrefillParams&, cudaStream_t);
-TESSERA_DECLARE_WGMMA_WS(__nv_bfloat16)
-TESSERA_DECLARE_WGMMA_WS(__half)
-#undef TESSERA_DECLARE_WGMMA_WS
+// Instantiated in prefill_mma_{bf16,f16}.cu and prefill_hopper_{bf16,f16}.cu.
+template <typename T, int D, int BM>
+void launch_mma_prefill(const PrefillParams& p, cudaStream_t stream);
+template <typename T>
+void launch_hopper_prefill(const PrefillParams& p, cudaStream_t stream);
+#define TESSERA_DECLARE_MMA(T, D, BM) \
+  extern template void launch_mma_prefill<T, D, BM>(const PrefillParams&, cudaStream_t);
+#define TESSERA_DECLARE_DTYPE(T, E, S)              \
+  TESSERA_MMA_PREFILL_SHAPES(TESSERA_DECLARE_MMA, T) \
+  extern template void launch_hopper_prefill<T>(const PrefillParams&, cudaStream_t);
+TESSERA_PREFILL_DTYPES(TESSERA_DECLARE_DTYPE)
+#undef TESSERA_DECLARE_DTYPE
+#undef TESSERA_DECLARE_MMA
 }  // namespace detail
 
 namespace {
@@ -78,38 +52,65 @@ void check_view(const TensorView& t, const char* what, DType dtype) {
   check(reinterpret_cast<uintptr_t>(t.data) % 16 == 0, w + ": data must be 16-byte aligned");
 }
 
-template <typename T>
-void dispatch(int d, int tile, const detail::PrefillParams& p, cudaStream_t stream) {
-  switch (d * 1000 + tile) {
-    case 64064:
-      detail::launch_sparse_prefill<T, 64, 64>(p, stream);
-      return;
-    case 64128:
-      detail::launch_sparse_prefill<T, 64, 128>(p, stream);
-      return;
-    case 128064:
-      detail::launch_sparse_prefill<T, 128, 64>(p, stream);
-      return;
-    case 128128:
-      detail::launch_sparse_prefill<T, 128, 128>(p, stream);
-      return;
-    case 256064:
-      detail::launch_sparse_prefill<T, 256, 64>(p, stream);
-      return;
-    case 256128:
-      detail::launch_sparse_prefill<T, 256, 128>(p, stream);
-      return;
-    default:
-      break;
+using LaunchFn = void (*)(const detail::PrefillParams&, cudaStream_t);
+struct KernelEntry {
+  DType dtype;
+  int head_dim, tile;
+  LaunchFn launch;
+};
+// The kernel table, expanded from prefill_instances.h.
+#define TESSERA_MMA_ENTRY(T, D, BM) KernelEntry{kDType, D, BM, &detail::launch_mma_prefill<T, D, BM>},
+#define TESSERA_HOPPER_ENTRY(T, D, BM) KernelEntry{kDType, D, BM, &detail::launch_hopper_prefill<T>},
+#define TESSERA_MMA_ROWS(T, E, S)                    \
+  {                                                  \
+    constexpr DType kDType = DType::E;               \
+    for (const KernelEntry& e : {TESSERA_MMA_PREFILL_SHAPES(TESSERA_MMA_ENTRY, T)}) v.push_back(e); \
   }
-  throw Error("CUDA sparse prefill: head_dim " + std::to_string(d) + " with index tile " +
-              std::to_string(tile) + " is not built (head_dim 64, 128 or 256; tile 64 or 128)");
+#define TESSERA_HOPPER_ROWS(T, E, S)                 \
+  {                                                  \
+    constexpr DType kDType = DType::E;               \
+    for (const KernelEntry& e : {TESSERA_HOPPER_PREFILL_SHAPES(TESSERA_HOPPER_ENTRY, T)}) v.push_back(e); \
+  }
+const std::vector<KernelEntry>& mma_kernels() {
+  static const std::vector<KernelEntry> table = [] {
+    std::vector<KernelEntry> v;
+    TESSERA_PREFILL_DTYPES(TESSERA_MMA_ROWS)
+    return v;
+  }();
+  return table;
+}
+const std::vector<KernelEntry>& hopper_kernels() {
+  static const std::vector<KernelEntry> table = [] {
+    std::vector<KernelEntry> v;
+    TESSERA_PREFILL_DTYPES(TESSERA_HOPPER_ROWS)
+    return v;
+  }();
+  return table;
+}
+#undef TESSERA_HOPPER_ROWS
+#undef TESSERA_MMA_ROWS
+#undef TESSERA_HOPPER_ENTRY
+#undef TESSERA_MMA_ENTRY
+
+const KernelEntry* find_kernel(const std::vector<KernelEntry>& table, DType dtype, int head_dim, int tile) {
+  for (const KernelEntry& e : table) {
+    if (e.dtype == dtype && e.head_dim == head_dim && e.tile == tile) return &e;
+  }
+  return nullptr;
 }
 
 }  // namespace
 
 bool sparse_prefill_supports(int head_dim, int tile) {
-  return (head_dim == 64 || head_dim == 128 || head_dim == 256) && (tile == 64 || tile == 128);
+  return find_kernel(mma_kernels(), DType::BF16, head_dim, tile) != nullptr;
+}
+
+std::vector<PrefillShape> prefill_kernel_table(PrefillKernel kernel) {
+  check(kernel != PrefillKernel::kAuto, "prefill_kernel_table: name a kernel (kMma or kWgmma)");
+  std::vector<PrefillShape> out;
+  for (const KernelEntry& e : kernel == PrefillKernel::kMma ? mma_kernels() : hopper_kernels())
+    out.push_back({e.dtype, e.head_dim, e.tile});
+  return out;
 }
 
 void validate_cuda_args(const AttentionArgs& a) {
@@ -215,102 +216,28 @@ void check_call(const AttentionArgs& args, const DeviceSparseIndex& index, const
                                                  std::to_string(index.num_items()));
 }
 
-// The wgmma kernel's variants, in the order the self-check tries them (the first that matches the mma.sync
-// kernel is used). overlap: S of tile j and P V of tile j - 1 in flight together (else one after the other).
-// P V either as one m64n128 per 16 keys, whose N-major V descriptor needs both strides (N direction: the two
-// 64-column halves of V, 8192 bytes apart, given as the leading byte offset; K direction: 8-key groups, 1024
-// bytes apart, the stride byte offset), or as two m64n64 (split), each one half wide, so that only the
-// K-direction stride matters (given as both: robust to reading the two fields the other way round).
-struct WgmmaVariant {
-  bool tma;       // the TMA producer-warp kernel (ws_stages and q_regs as below)
-  bool pingpong;  // TMA kernel: the consumer warpgroups take turns issuing their wgmmas
-  int ws_stages;  // > 0: the warp-specialized kernel with this many K/V stages (always overlapped, m64n128)
-  bool q_regs;    // warp-specialized: Q in registers (S = Q K^T with a register A operand)
-  bool overlap;
-  bool split_pv;
-  uint32_t lbo, sbo;
-  const char* name;
-  bool eager_rescale = false;  // TMA ping-pong kernel: move the softmax max whenever it grows (the v4 behaviour)
-  bool pair = false;           // TMA ping-pong kernel with 128-key steps, one Q buffer and 6 K/V stages
-  int poly_exp = 0;            // pair kernel: column blocks of 16 per step whose 2^x run on the FMA pipe (poly_exp2)
-  bool max_tree = false;       // pair kernel: row maxima as a tree
-};
-constexpr WgmmaVariant kWgmmaVariants[] = {
-    {true, true, 6, true, true, false, 8192, 1024, "TMA ping-pong, 128-key steps, max tree", false, true, 0, true},
-    {true, false, 6, true, true, false, 8192, 1024, "TMA producer warp, 128-key steps, 6 stages", false, true},
-    {true, true, 6, true, true, false, 8192, 1024, "TMA producer warp, ping-pong, 128-key steps, 6 stages", false,
-     true},
-    {true, true, 6, true, true, false, 8192, 1024, "TMA ping-pong, 128-key steps, 1/8 of 2^x on FMA", false, true, 2},
-    {true, true, 4, true, true, false, 8192, 1024, "TMA producer warp, ping-pong, Q in registers, 4 stages"},
-    {true, true, 4, true, true, false, 8192, 1024, "TMA producer warp, ping-pong, eager rescale", true},
-    {true, false, 4, true, true, false, 8192, 1024, "TMA producer warp, Q in registers, 4 stages"},
-    {false, false, 4, true, true, false, 8192, 1024, "warp-specialized, Q in registers, 4 stages"},
-    {false, false, 4, false, true, false, 8192, 1024, "warp-specialized, Q in shared memory, 4 stages"},
-    {false, false, 0, false, true, false, 8192, 1024, "overlapped S/PV, m64n128 PV"},
-    {false, false, 0, false, true, true, 1024, 1024, "overlapped S/PV, 2 x m64n64 PV"},
-    {false, false, 0, false, false, false, 8192, 1024, "serial S/PV, m64n128 PV"},
-    {false, false, 0, false, false, true, 1024, 1024, "serial S/PV, 2 x m64n64 PV"},
-};
-
-template <typename T>
-void launch_wgmma_t(const WgmmaVariant& v, const detail::PrefillParams& p, cudaStream_t stream) {
-  if (v.tma && v.pair && !v.pingpong) {
-    detail::launch_sparse_prefill_wgmma_tma<T, 6, true, false, 8, true, 0, false>(p, stream);
-  } else if (v.tma && v.pair && v.max_tree) {
-    detail::launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true, 0, true>(p, stream);
-  } else if (v.tma && v.pair && v.poly_exp == 2) {
-    detail::launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true, 2, false>(p, stream);
-  } else if (v.tma && v.pair) {
-    detail::launch_sparse_prefill_wgmma_tma<T, 6, true, true, 8, true, 0, false>(p, stream);
-  } else if (v.tma && v.pingpong && v.eager_rescale) {
-    detail::launch_sparse_prefill_wgmma_tma<T, 4, true, true, 0, false, 0, false>(p, stream);
-  } else if (v.tma && v.pingpong) {
-    detail::launch_sparse_prefill_wgmma_tma<T, 4, true, true, 8, false, 0, false>(p, stream);
-  } else if (v.tma) {
-    detail::launch_sparse_prefill_wgmma_tma<T, 4, true, false, 8, false, 0, false>(p, stream);
-  } else if (v.ws_stages == 4 && v.q_regs) {
-    detail::launch_sparse_prefill_wgmma_ws<T, 4, true>(p, stream);
-  } else if (v.ws_stages == 4) {
-    detail::launch_sparse_prefill_wgmma_ws<T, 4, false>(p, stream);
-  } else if (v.overlap) {
-    if (v.split_pv) {
-      detail::launch_sparse_prefill_wgmma<T, true, true>(p, stream);
-    } else {
-      detail::launch_sparse_prefill_wgmma<T, false, true>(p, stream);
-    }
-  } else {
-    if (v.split_pv) {
-      detail::launch_sparse_prefill_wgmma<T, true, false>(p, stream);
-    } else {
-      detail::launch_sparse_prefill_wgmma<T, false, false>(p, stream);
-    }
-  }
-}
-
-void launch_wgmma(DType dtype, const WgmmaVariant& v, detail::PrefillParams p, cudaStream_t stream) {
-  p.pv_lbo = v.lbo;
-  p.pv_sbo = v.sbo;
-  if (dtype == DType::BF16) {
-    launch_wgmma_t<__nv_bfloat16>(v, p, stream);
-  } else {
-    launch_wgmma_t<__half>(v, p, stream);
-  }
-}
-
-void launch_mma(DType dtype, int d, int tile, const detail::PrefillParams& p, cudaStream_t stream) {
-  if (dtype == DType::BF16) {
-    dispatch<__nv_bfloat16>(d, tile, p, stream);
-  } else {
-    dispatch<__half>(d, tile, p, stream);
-  }
-}
-
 bool device_is_sm90() {
   int dev = 0, major = 0, minor = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return false;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
   if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) return false;
   return major == 9 && minor == 0;
+}
+
+void launch_mma(DType dtype, int d, int tile, const detail::PrefillParams& p, cudaStream_t stream) {
+  const KernelEntry* e = find_kernel(mma_kernels(), dtype, d, tile);
+  if (e == nullptr) {
+    throw Error("CUDA sparse prefill: head_dim " + std::to_string(d) + " with index tile " + std::to_string(tile) +
+                " is not built (head_dim 64, 128 or 256; tile 64 or 128)");
+  }
+  e->launch(p, stream);
+}
+
+void launch_hopper(DType dtype, int d, int tile, const detail::PrefillParams& p, cudaStream_t stream) {
+  const KernelEntry* e = find_kernel(hopper_kernels(), dtype, d, tile);
+  check(e != nullptr, "CUDA sparse prefill: the Hopper kernel is not built for head_dim " + std::to_string(d) +
+                          " with tile " + std::to_string(tile));
+  e->launch(p, stream);
 }
 
 // The self-check problem: 2 query heads on 1 kv head, head_dim 128, 320 queries (tiles of 128, the last one
@@ -353,8 +280,8 @@ std::vector<float> decode_all(const std::vector<uint16_t>& bits, DType t) {
   return out;
 }
 
-WgmmaSelfCheck run_self_check(DType dtype, cudaStream_t stream) {
-  WgmmaSelfCheck result;
+HopperSelfCheck run_self_check(DType dtype, cudaStream_t stream) {
+  HopperSelfCheck result;
   try {
     const SparseIndex index = self_check_index();
     const int hq = 2, d = 128, n = index.q_len;
@@ -388,109 +315,66 @@ WgmmaSelfCheck run_self_check(DType dtype, cudaStream_t stream) {
     TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
     const std::vector<float> ref = decode_all(out_ref.download(), dtype);
     const std::vector<float> ref_lse = lse_ref.download();
-    for (int vi = 0; vi < static_cast<int>(std::size(kWgmmaVariants)); ++vi) {
-      const WgmmaVariant& var = kWgmmaVariants[vi];
-      TESSERA_CUDA_CHECK(cudaMemsetAsync(out.data(), 0xff, out.bytes(), stream));
-      try {
-        detail::PrefillParams vp = make_params(args_for(out, lse), dindex, plan);
-        vp.max_ctas = 2;  // several items per CTA: the hand-over from one item to the next is checked too
-        launch_wgmma(dtype, var, vp, stream);
-      } catch (const Error& e) {  // a variant this device cannot launch fails alone (not a CUDA error state)
-        result.report += std::string("wgmma ") + std::string(dtype_name(dtype)) + " (" + var.name +
-                         "): FAIL, not launched: " + e.what() + "\n";
-        result.variant_passed.push_back(false);
+    TESSERA_CUDA_CHECK(cudaMemsetAsync(out.data(), 0xff, out.bytes(), stream));
+    try {
+      detail::PrefillParams hp = make_params(args_for(out, lse), dindex, plan);
+      hp.max_ctas = 2;  // several items per CTA: the hand-over from one item to the next is checked too
+      launch_hopper(dtype, d, 128, hp, stream);
+    } catch (const Error& e) {  // a kernel this device cannot launch fails alone (not a CUDA error state)
+      result.report = std::string("wgmma ") + std::string(dtype_name(dtype)) + ": FAIL, not launched: " + e.what() + "\n";
+      return result;
+    }
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const std::vector<float> got = decode_all(out.download(), dtype);
+    const std::vector<float> got_lse = lse.download();
+    double num = 0, den = 0, lse_err = 0;
+    int64_t bad = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (!std::isfinite(got[i]) || !std::isfinite(ref[i])) {
+        ++bad;
         continue;
       }
-      TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
-      const std::vector<float> got = decode_all(out.download(), dtype);
-      const std::vector<float> got_lse = lse.download();
-      double num = 0, den = 0, lse_err = 0;
-      int64_t bad = 0;
-      for (size_t i = 0; i < got.size(); ++i) {
-        if (!std::isfinite(got[i]) || !std::isfinite(ref[i])) {
-          ++bad;
-          continue;
-        }
-        num += (static_cast<double>(got[i]) - ref[i]) * (static_cast<double>(got[i]) - ref[i]);
-        den += static_cast<double>(ref[i]) * ref[i];
-      }
-      for (size_t i = 0; i < got_lse.size(); ++i) {
-        const double e = std::abs(static_cast<double>(got_lse[i]) - ref_lse[i]);
-        lse_err = std::max(lse_err, std::isfinite(e) ? e : 1e30);
-      }
-      const double rel = den > 0 ? std::sqrt(num / den) : 1e30;
-      const bool ok = bad == 0 && rel < 1e-2 && lse_err < 1e-2;
-      char line[256];
-      std::snprintf(line, sizeof line, "wgmma %s (%s): %s rel_err %.2e lse_err %.2e non_finite %lld\n",
-                    dtype_name(dtype).data(), var.name, ok ? "PASS" : "FAIL", rel, lse_err,
-                    static_cast<long long>(bad));
-      result.report += line;
-      result.variant_passed.push_back(ok);
-      if (ok && !result.passed) {
-        result.passed = true;
-        result.variant = vi;
-      }
+      num += (static_cast<double>(got[i]) - ref[i]) * (static_cast<double>(got[i]) - ref[i]);
+      den += static_cast<double>(ref[i]) * ref[i];
     }
+    for (size_t i = 0; i < got_lse.size(); ++i) {
+      const double e = std::abs(static_cast<double>(got_lse[i]) - ref_lse[i]);
+      lse_err = std::max(lse_err, std::isfinite(e) ? e : 1e30);
+    }
+    const double rel = den > 0 ? std::sqrt(num / den) : 1e30;
+    result.passed = bad == 0 && rel < 1e-2 && lse_err < 1e-2;
+    char line[256];
+    std::snprintf(line, sizeof line, "wgmma %s: %s rel_err %.2e lse_err %.2e non_finite %lld\n",
+                  dtype_name(dtype).data(), result.passed ? "PASS" : "FAIL", rel, lse_err, static_cast<long long>(bad));
+    result.report = line;
   } catch (const std::exception& e) {
     result.passed = false;
-    result.variant = -1;
-    result.variant_passed.assign(std::size(kWgmmaVariants), false);
     result.report += std::string("wgmma self-check error: ") + e.what() + "\n";
   }
   return result;
 }
 
-// TESSERA_WGMMA_VARIANT=N: the wgmma variant kAuto / kWgmma calls run instead of the self-check's choice (for
-// measuring one variant through the whole engine or benchmark); -1 when unset.
-int env_wgmma_variant() {
-  const char* e = std::getenv("TESSERA_WGMMA_VARIANT");
-  if (e == nullptr || *e == '\0') return -1;
-  char* end = nullptr;
-  const long v = std::strtol(e, &end, 10);
-  check(*end == '\0' && v >= 0 && v < static_cast<long>(std::size(kWgmmaVariants)),
-        std::string("TESSERA_WGMMA_VARIANT: expected a variant number 0..") +
-            std::to_string(std::size(kWgmmaVariants) - 1) + ", got '" + e + "'");
-  return static_cast<int>(v);
-}
-
-PrefillKernel env_override() {
-  const char* e = std::getenv("TESSERA_PREFILL_KERNEL");
-  if (e == nullptr) return PrefillKernel::kAuto;
-  const std::string s = e;
-  if (s == "mma") return PrefillKernel::kMma;
-  if (s == "wgmma") return PrefillKernel::kWgmma;
-  return PrefillKernel::kAuto;
-}
-
 }  // namespace
 
-const char* prefill_kernel_name(PrefillKernel kernel) {
-  switch (kernel) {
-    case PrefillKernel::kAuto:
-      return "auto";
-    case PrefillKernel::kMma:
-      return "mma.sync";
-    case PrefillKernel::kWgmma:
-      return "wgmma";
-  }
-  return "?";
+bool hopper_prefill_built(DType dtype, int head_dim, int tile) {
+  return find_kernel(hopper_kernels(), dtype, head_dim, tile) != nullptr;
 }
 
 bool wgmma_prefill_applies(DType dtype, int head_dim, int tile) {
-  if (env_override() == PrefillKernel::kMma) return false;  // TESSERA_PREFILL_KERNEL=mma: switched off
-  return (dtype == DType::BF16 || dtype == DType::F16) && head_dim == 128 && tile == 128 && device_is_sm90();
+  if (cuda_attention_defaults().kernel == PrefillKernel::kMma) return false;  // TESSERA_PREFILL_KERNEL=mma
+  return hopper_prefill_built(dtype, head_dim, tile) && device_is_sm90();
 }
 
-const WgmmaSelfCheck& wgmma_prefill_self_check(DType dtype, cudaStream_t stream) {
+const HopperSelfCheck& hopper_prefill_self_check(DType dtype, cudaStream_t stream) {
   static std::mutex mu;
-  static std::map<std::pair<int, int>, WgmmaSelfCheck> done;
+  static std::map<std::pair<int, int>, HopperSelfCheck> done;
   int dev = 0;
   TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
   const std::lock_guard<std::mutex> lock(mu);
   const auto key = std::make_pair(dev, static_cast<int>(dtype));
   auto it = done.find(key);
   if (it == done.end()) {
-    WgmmaSelfCheck r;
+    HopperSelfCheck r;
     if (!wgmma_prefill_applies(dtype, 128, 128)) {
       r.report = "wgmma kernel does not apply on this device (needs compute capability 9.0, bf16 or f16)\n";
     } else {
@@ -501,9 +385,13 @@ const WgmmaSelfCheck& wgmma_prefill_self_check(DType dtype, cudaStream_t stream)
   return it->second;
 }
 
-PrefillKernel resolve_prefill_kernel(PrefillKernel requested, DType dtype, int head_dim, int tile,
+bool hopper_prefill_ready(DType dtype, int head_dim, int tile, cudaStream_t stream) {
+  return wgmma_prefill_applies(dtype, head_dim, tile) && hopper_prefill_self_check(dtype, stream).passed;
+}
+
+PrefillKernel resolve_prefill_kernel(PrefillKernel requested, DType dtype, int head_dim, int tile, bool split_units,
                                      cudaStream_t stream) {
-  if (requested == PrefillKernel::kAuto) requested = env_override();
+  if (requested == PrefillKernel::kAuto) requested = cuda_attention_defaults().kernel;
   if (requested == PrefillKernel::kMma) return PrefillKernel::kMma;
   const bool applies = wgmma_prefill_applies(dtype, head_dim, tile);
   if (requested == PrefillKernel::kWgmma) {
@@ -511,55 +399,25 @@ PrefillKernel resolve_prefill_kernel(PrefillKernel requested, DType dtype, int h
           "CUDA sparse prefill: the wgmma kernel runs bf16/f16, head_dim 128, tile 128 on compute "
           "capability 9.0 only (got head_dim " +
               std::to_string(head_dim) + ", tile " + std::to_string(tile) + ")");
-    const WgmmaSelfCheck& sc = wgmma_prefill_self_check(dtype, stream);
+    const HopperSelfCheck& sc = hopper_prefill_self_check(dtype, stream);
     check(sc.passed, "CUDA sparse prefill: the wgmma kernel failed its self-check:\n" + sc.report);
+    check(!split_units, "CUDA sparse prefill: the wgmma kernel runs no split-K units; this plan has some (the "
+                        "mma.sync kernel runs them)");
     return PrefillKernel::kWgmma;
   }
-  if (!applies) return PrefillKernel::kMma;
-  return wgmma_prefill_self_check(dtype, stream).passed ? PrefillKernel::kWgmma : PrefillKernel::kMma;
-}
-
-int wgmma_prefill_variants() {
-  return static_cast<int>(std::size(kWgmmaVariants));
-}
-
-const char* wgmma_prefill_variant_name(int variant) {
-  check(variant >= 0 && variant < wgmma_prefill_variants(),
-        "CUDA sparse prefill: no wgmma variant " + std::to_string(variant));
-  return kWgmmaVariants[variant].name;
+  if (!applies || split_units) return PrefillKernel::kMma;
+  return hopper_prefill_self_check(dtype, stream).passed ? PrefillKernel::kWgmma : PrefillKernel::kMma;
 }
 
 void sparse_prefill(const AttentionArgs& args, const DeviceSparseIndex& index, DeviceWorkPlan& plan,
-                    cudaStream_t stream, PrefillKernel kernel, int wgmma_variant) {
+                    cudaStream_t stream, PrefillKernel kernel) {
   check_call(args, index, plan);
   const int d = static_cast<int>(args.head_dim());
-  const PrefillKernel k = resolve_prefill_kernel(kernel, args.q.dtype, d, index.tile, stream);
-  if (k == PrefillKernel::kWgmma && wgmma_variant < 0) wgmma_variant = env_wgmma_variant();
-  if (k == PrefillKernel::kWgmma && wgmma_variant >= 0) {
-    const WgmmaSelfCheck& sc = wgmma_prefill_self_check(args.q.dtype, stream);
-    check(wgmma_variant < wgmma_prefill_variants() &&
-              static_cast<size_t>(wgmma_variant) < sc.variant_passed.size() &&
-              sc.variant_passed[wgmma_variant],
-          "CUDA sparse prefill: wgmma variant " + std::to_string(wgmma_variant) +
-              " does not exist or failed its self-check");
-  }
+  const PrefillKernel k = resolve_prefill_kernel(kernel, args.q.dtype, d, index.tile, plan.num_units > 0, stream);
   if (args.q_len() == 0) return;
   const detail::PrefillParams p = make_params(args, index, plan);
   if (k == PrefillKernel::kWgmma) {
-    const WgmmaSelfCheck& sc = wgmma_prefill_self_check(args.q.dtype, stream);
-    int v = wgmma_variant >= 0 ? wgmma_variant : sc.variant;
-    if (plan.num_units > 0 && kWgmmaVariants[v].pair) {
-      // The pair kernel runs no split units (registers): the first non-pair variant that passed runs the plan.
-      v = -1;
-      for (int i = 0; i < wgmma_prefill_variants() && v < 0; ++i) {
-        if (!kWgmmaVariants[i].pair && static_cast<size_t>(i) < sc.variant_passed.size() && sc.variant_passed[i]) v = i;
-      }
-    }
-    if (v >= 0) {
-      launch_wgmma(args.q.dtype, kWgmmaVariants[v], p, stream);
-    } else {
-      launch_mma(args.q.dtype, d, index.tile, p, stream);
-    }
+    launch_hopper(args.q.dtype, d, index.tile, p, stream);
   } else {
     launch_mma(args.q.dtype, d, index.tile, p, stream);
   }

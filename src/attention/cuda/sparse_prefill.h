@@ -19,23 +19,20 @@
 // index tile must be 64 or 128 (the kernel's query-tile height) and must describe this call (heads, q_begin,
 // q_len, kv_len).
 //
-// Kernels: the mma.sync kernel (sparse_prefill_kernel.cuh) runs every head_dim and tile on sm_80 and later;
-// the Hopper kernel (sparse_prefill_wgmma.cuh: wgmma, 2 warpgroups) runs bf16/f16, head_dim 128, tile 128 on
-// compute capability 9.0. PrefillKernel::kAuto takes the wgmma kernel where it applies and its self-check
-// passed, else the mma.sync kernel. The self-check runs once per process, device and dtype, at the first call
-// that could use the wgmma kernel: a small problem (ranges, gathered columns, partial tiles) through both
-// kernels on `stream`, compared on the host (so that first call synchronises `stream`); it runs every
-// variant of the wgmma kernel (wgmma_prefill_variant_name) and uses the first that matches. The environment
-// variable TESSERA_PREFILL_KERNEL=wgmma|auto overrides kAuto (a test or benchmark can still ask for one
-// kernel); TESSERA_PREFILL_KERNEL=mma switches the wgmma kernel off altogether (wgmma_prefill_applies is
-// false, no self-check runs), e.g. after it crashed the context on a device. TESSERA_WGMMA_VARIANT=N runs wgmma
-// variant N (it must have passed the self-check) wherever the self-check's choice would run.
+// Kernels (the table: prefill_instances.h): the mma.sync kernel (mma_prefill_kernel.cuh) runs every head_dim and
+// tile on sm_80 and later, and split-K units; the Hopper kernel (hopper/prefill_kernel.cuh: TMA producer warp, two
+// wgmma consumer warpgroups) runs bf16/f16, head_dim 128, tile 128 on compute capability 9.0, plans without split
+// units. PrefillKernel::kAuto takes the Hopper kernel where it applies and its self-check passed, else mma.sync. The
+// self-check runs once per process, device and dtype, at the first call that could use the Hopper kernel: a small
+// problem (ranges, gathered columns, partial tiles, several items per CTA) through both kernels on `stream`,
+// compared on the host (so that first call synchronises `stream`). kAuto follows the process options
+// (cuda_attention_defaults: TESSERA_PREFILL_KERNEL=mma switches the Hopper kernel off altogether, e.g. after it
+// crashed the context on a device; =wgmma asks for it everywhere).
 //
-// Scheduling: persistent CTAs (as many as fit on the device, at most one per item) take items in the order of
-// `plan` (work_plan.h: heaviest first) through plan.counter, which is reset on `stream` before the launch.
-// A plan with split-K units (attention/index/split_plan.h, DeviceWorkPlan::num_units > 0) runs each unit's key
-// tiles into the plan's scratch rows and merges them afterwards (split_merge.h: one more launch); the wgmma pair
-// variant runs no units, so such plans run on the first non-pair variant that passed the self-check.
+// Scheduling (prefill_scheduler.cuh): persistent CTAs (as many as fit on the device, at most one per item) take
+// items in the order of `plan` (work_plan.h: heaviest first) through plan.counter, which is reset on `stream`
+// before the launch. A plan with split-K units (attention/index/split_plan.h, DeviceWorkPlan::num_units > 0) runs
+// each unit's key tiles into the plan's scratch rows and merges them afterwards (split_merge.h: one more launch).
 // Everything is asynchronous on `stream`; errors in the arguments throw tessera::Error before anything runs.
 #pragma once
 
@@ -46,47 +43,45 @@
 
 #include "attention/attention_args.h"
 #include "attention/cuda/device_index.h"
+#include "attention/index/prefill_route.h"
 
 namespace tessera::attn::gpu {
 
 // Throws tessera::Error naming the argument unless the call is one the CUDA executor runs.
 void validate_cuda_args(const AttentionArgs& args);
 
-enum class PrefillKernel {
-  kAuto,   // wgmma where it applies and passed its self-check, else mma.sync
-  kMma,    // the mma.sync kernel
-  kWgmma,  // the wgmma kernel; throws tessera::Error where it does not apply or failed its self-check
-};
-const char* prefill_kernel_name(PrefillKernel kernel);
+// PrefillKernel, the options and the routing of a layer: attention/index/prefill_route.h.
 
-// Result of the wgmma kernel's self-check for one dtype on the current device (runs it on first use).
-struct WgmmaSelfCheck {
+// Result of the Hopper kernel's self-check for one dtype on the current device (runs it on first use).
+struct HopperSelfCheck {
   bool passed = false;
-  int variant = -1;                  // the variant kAuto / kWgmma use: the first that passed
-  std::vector<bool> variant_passed;  // per variant (all are tried)
-  std::string report;                // one line per variant (errors and non-finite count), or the error
+  std::string report;  // one line: errors and non-finite count, or the error
 };
-const WgmmaSelfCheck& wgmma_prefill_self_check(DType dtype, cudaStream_t stream = nullptr);
+const HopperSelfCheck& hopper_prefill_self_check(DType dtype, cudaStream_t stream = nullptr);
 
-// Whether the wgmma kernel applies to this dtype, head_dim and tile on the current device (before its
-// self-check: compute capability 9.0, bf16/f16, head_dim 128, tile 128, built for sm_90a; not switched off by
-// TESSERA_PREFILL_KERNEL=mma).
+// Whether the Hopper kernel is built for this dtype, head_dim and tile (prefill_instances.h).
+bool hopper_prefill_built(DType dtype, int head_dim, int tile);
+// Whether it applies on the current device (before its self-check): built for the shape, compute capability 9.0,
+// not switched off by the process options (TESSERA_PREFILL_KERNEL=mma).
 bool wgmma_prefill_applies(DType dtype, int head_dim, int tile);
+// Applies and passed its self-check (runs the self-check on first use).
+bool hopper_prefill_ready(DType dtype, int head_dim, int tile, cudaStream_t stream = nullptr);
 
-// The kernel a call with `requested` runs (kMma or kWgmma; may run the self-check). Throws like
-// sparse_prefill for kWgmma where it cannot run.
+// The kernel a call with `requested` runs (kMma or kWgmma; may run the self-check): kAuto follows the process
+// options, then the Hopper kernel where it is ready and the plan has no split units. Throws for kWgmma where it
+// cannot run (not applicable, failed self-check, split units).
 PrefillKernel resolve_prefill_kernel(PrefillKernel requested, DType dtype, int head_dim, int tile,
-                                     cudaStream_t stream = nullptr);
+                                     bool split_units = false, cudaStream_t stream = nullptr);
 
-// The wgmma kernel's variants (schedule and P V form), for benchmarks: how many, and their names.
-int wgmma_prefill_variants();
-const char* wgmma_prefill_variant_name(int variant);
-
-// wgmma_variant >= 0 runs that variant of the wgmma kernel when the call runs the wgmma kernel (it must have
-// passed the self-check; throws otherwise); -1 runs the self-check's choice.
 void sparse_prefill(const AttentionArgs& args, const DeviceSparseIndex& index, DeviceWorkPlan& plan,
-                    cudaStream_t stream = nullptr, PrefillKernel kernel = PrefillKernel::kAuto,
-                    int wgmma_variant = -1);
+                    cudaStream_t stream = nullptr, PrefillKernel kernel = PrefillKernel::kAuto);
+
+// The shapes a kernel is built for (kMma or kWgmma), from the instantiation table.
+struct PrefillShape {
+  DType dtype;
+  int head_dim, tile;
+};
+std::vector<PrefillShape> prefill_kernel_table(PrefillKernel kernel);
 
 // Head dimensions and tiles the kernel is built for.
 bool sparse_prefill_supports(int head_dim, int tile);

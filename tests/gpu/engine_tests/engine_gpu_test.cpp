@@ -338,8 +338,7 @@ TEST_P(ExecutorTest, MatchesSimpleKernelAndChunks) {
   GpuEngine wauto(*windowed, gpu_opts(256, AttentionBackend::kAuto));
   expect_agreement(compare(wsimple.forward_all_logits(tokens), wauto.forward_all_logits(tokens), vocab),
                    kSameDeviceRelL2,
-                   tag + " window 100, auto (executor applies windows: " +
-                       (executor_applies_windows() ? "yes" : "no") + ") vs simple kernel");
+                   tag + " window 100, auto (the executor applies the window) vs simple kernel");
 
   // The simple kernel refuses sparse policies with a message naming the layer.
   GpuEngine refusing(*dev, gpu_opts(0, AttentionBackend::kSimple, attn::policy_from_spec("vs", shape)));
@@ -464,11 +463,8 @@ void check_real_model(const std::string& file) {
   Engine cpu_engine(cpu);
   const std::vector<float> ref = cpu_engine.forward_all_logits(tokens);
 
-  // kAuto: the executor on every layer (Gemma-3's sliding-window layers pass args.window; a backend that did
-  // not apply windows would send them to the simple kernel: executor_applies_windows()), and the simple kernel
+  // kAuto: the executor on every layer (Gemma-3's sliding-window layers pass args.window), and the simple kernel
   // everywhere.
-  std::printf("[engine] %s: executor applies sliding windows: %s\n", file.c_str(),
-              executor_applies_windows() ? "yes" : "no");
   for (AttentionBackend backend : {AttentionBackend::kAuto, AttentionBackend::kSimple}) {
     GpuEngine engine(dev, gpu_opts(256, backend));
     expect_agreement(compare(ref, engine.forward_all_logits(tokens), vocab),

@@ -1,8 +1,9 @@
-// tessera/attention/cuda/wgmma_sm90.cuh — Hopper (sm_90a) warpgroup MMA building blocks (device code).
+// tessera/attention/cuda/hopper/wgmma.cuh — Hopper (sm_90a) PTX building blocks of the prefill kernel (device
+// code): warpgroup MMA, mbarriers, TMA, named barriers, setmaxnreg.
 //
 // wgmma.mma_async m64nNk16 with f32 accumulation: a warpgroup (4 consecutive warps, the first one's index a
 // multiple of 4) computes a 64 x N tile. B (and A for the "ss" form) are read from shared memory through
-// 64-bit matrix descriptors; the "rs" form takes A from registers in the same per-warp layout as mma.sync's A
+// 64-bit matrix descriptors; the "rs" form (the only one the kernel uses) takes A from registers in the same per-warp layout as mma.sync's A
 // fragment (warp w of the group owns rows 16w..16w+15). Accumulators follow mma.sync's C layout per 8-column
 // block: d[4i + 0..1] = (row g, cols 8i + 2c..), d[4i + 2..3] = (row g + 8, same cols), g = lane / 4,
 // c = lane % 4. So the f32 scores of Q K^T turn into the A operand of P V without any shuffle.
@@ -136,14 +137,14 @@ struct Wgmma;
 template <>
 struct Wgmma<__nv_bfloat16> {
 #define TESSERA_WGMMA_TYPE "bf16"
-#include "attention/cuda/wgmma_ops.inc"
+#include "attention/cuda/hopper/wgmma_ops.inc"
 #undef TESSERA_WGMMA_TYPE
 };
 
 template <>
 struct Wgmma<__half> {
 #define TESSERA_WGMMA_TYPE "f16"
-#include "attention/cuda/wgmma_ops.inc"
+#include "attention/cuda/hopper/wgmma_ops.inc"
 #undef TESSERA_WGMMA_TYPE
 };
 

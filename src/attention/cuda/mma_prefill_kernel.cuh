@@ -1,5 +1,6 @@
-// tessera/attention/cuda/sparse_prefill_kernel.cuh — the sparse prefill kernel (device code; see
-// sparse_prefill.h).
+// tessera/attention/cuda/mma_prefill_kernel.cuh — the portable prefill kernel (mma.sync m16n8k16, sm_80 and
+// later; device code, see sparse_prefill.h): every head_dim and tile of the instantiation table
+// (prefill_instances.h), split-K units, and the twin the Hopper kernel is checked against.
 //
 // CTA layout: BM / 16 warps, warp w owns query rows [16w, 16w + 16) of the tile. Shared memory: Q [BM][D],
 // K and V [2 stages][64][D] (16-byte chunks XOR-swizzled, mma_sm80.cuh), and the key position of every K/V
@@ -20,10 +21,12 @@
 #include <cstdint>
 #include <string>
 
-#include "cuda/cuda_check.h"
 #include "attention/cuda/mma_sm80.cuh"
 #include "attention/cuda/prefill_cursor.h"
+#include "attention/cuda/prefill_epilogue.cuh"
+#include "attention/cuda/prefill_scheduler.cuh"
 #include "attention/cuda/work_plan.h"
+#include "cuda/cuda_check.h"
 
 namespace tessera::attn::gpu::detail {
 
@@ -46,95 +49,9 @@ struct PrefillConfig {
   static_assert(BM % 16 == 0 && (BN * kChunks) % kThreads == 0 && (BM * kChunks) % kThreads == 0);
 };
 
-// The row statistics of a thread's two rows (g and g + 8 of its 16-row slice) that the epilogue needs: 1 / the
-// row sum (each row's sum is spread over the 4 lanes of the row; 0 for a row that saw no key) and the lse in
-// log2 units (m + log2 l; -inf for a row that saw no key).
-struct RowTotals {
-  float inv[2];
-  float lse2[2];
-};
-__device__ __forceinline__ RowTotals row_totals(const float (&l)[2], const float (&m)[2]) {
-  const float neg_inf = -__int_as_float(0x7f800000);
-  RowTotals r;
-#pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    float lt = l[e];
-    lt += __shfl_xor_sync(0xffffffffu, lt, 1);
-    lt += __shfl_xor_sync(0xffffffffu, lt, 2);
-    // A row saw a key iff its running max moved off -inf (poly_exp2 gives masked scores a tiny, not zero, weight).
-    const bool seen = m[e] != neg_inf && lt > 0.0f;
-    r.inv[e] = seen ? 1.0f / lt : 0.0f;
-    r.lse2[e] = seen ? m[e] + __log2f(lt) : neg_inf;
-  }
-  return r;
-}
-// Epilogue of every kernel for one thread's two rows, g and g + 8 of the 16-row slice starting at row16:
-// normalise by the row sums (RowTotals), store the thread's column pairs (2 c4 + 8 i, i < D / 8) as 4-byte words,
-// write the lse (natural log; -inf for a row that saw no key). Rows past q_len (a short last tile) are not
-// written. o_at(i, e) returns the accumulator pair of column block i, row e. A split unit (part >= 0; row0: its
-// item's first row) writes its rows to the unit's scratch instead: the normalised output in f32 and the lse in
-// log2 units (m + log2 l), which split_merge combines.
-template <typename T, int D, class OAt>
-__device__ __forceinline__ void store_rows(const PrefillParams& p, int h, int row16, int g, int c4, const RowTotals& r,
-                                           int part, int row0, OAt o_at) {
-  T* oh = static_cast<T*>(p.out) + h * p.o_head;
-#pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    const float inv = r.inv[e];
-    const int row = row16 + g + 8 * e;
-    if (part >= 0) {
-      // The unit's scratch rows: element offset (part * part_rows + row - row0) * D + 2 c4 + 8 i.
-      const int slot = part * p.part_rows + (row - row0);
-      if (row < p.q_len) {
-        float* dst = p.part_o + static_cast<int64_t>(slot) * D + 2 * c4;
-#pragma unroll
-        for (int i = 0; i < D / 8; ++i) {
-          const float2 v = o_at(i, e);
-          dst[8 * i] = v.x * inv;
-          dst[8 * i + 1] = v.y * inv;
-        }
-        if (c4 == 0) p.part_lse[slot] = r.lse2[e];
-      }
-      continue;
-    }
-    if (row < p.q_len) {
-      T* dst = oh + static_cast<int64_t>(row) * p.o_tok + 2 * c4;
-#pragma unroll
-      for (int i = 0; i < D / 8; ++i) {
-        const float2 v = o_at(i, e);
-        *reinterpret_cast<uint32_t*>(dst + i * 8) = MmaTraits<T>::pack(v.x * inv, v.y * inv);
-      }
-      if (p.lse != nullptr && c4 == 0) {
-        p.lse[h * p.lse_head + static_cast<int64_t>(row) * p.lse_tok] = r.lse2[e] * 0.69314718055994531f;
-      }
-    }
-  }
-}
-// The same from the running sums and maxima (l: this thread's share of each row's sum).
-template <typename T, int D, class OAt>
-__device__ __forceinline__ void store_rows(const PrefillParams& p, int h, int row16, int g, int c4,
-                                           const float (&l)[2], const float (&m)[2], int part, int row0,
-                                           OAt o_at) {
-  store_rows<T, D>(p, h, row16, g, c4, row_totals(l, m), part, row0, o_at);
-}
-
-// The next work of a kernel whose whole CTA takes items (thread 0 takes a slot through p.counter, every thread
-// reads it from s_slot): slots of items split into units are passed over; item -1 at the end of the plan.
-__device__ __forceinline__ PrefillWork take_block_work(const PrefillParams& p, int& s_slot) {
-  for (;;) {
-    if (threadIdx.x == 0) s_slot = atomicAdd(p.counter, 1);
-    __syncthreads();
-    const int slot = s_slot;
-    if (slot >= p.num_items + p.num_units) return PrefillWork{-1, 0, 0, -1};
-    const PrefillWork work = prefill_work(p, slot);
-    if (work.item >= 0) return work;
-    __syncthreads();  // everyone has read s_slot before thread 0 takes the next
-  }
-}
-
 template <typename T, int D, int BM>
 __global__ void __launch_bounds__(PrefillConfig<D, BM>::kThreads, PrefillConfig<D, BM>::kMinBlocks)
-    sparse_prefill_kernel(const PrefillParams p) {
+    mma_prefill_kernel(const PrefillParams p) {
   using Cfg = PrefillConfig<D, BM>;
   constexpr int BN = Cfg::BN, kThreads = Cfg::kThreads, kChunks = Cfg::kChunks;
   const float neg_inf = -__int_as_float(0x7f800000);
@@ -280,40 +197,13 @@ __global__ void __launch_bounds__(PrefillConfig<D, BM>::kThreads, PrefillConfig<
   }
 }
 
-// The launch shared by every persistent prefill kernel: check the shared memory the kernel needs against the
-// device, raise its dynamic shared-memory limit, size the grid to the CTAs that fit (at most one per item),
-// reset the plan's item counter on `stream` and launch with `args`. `who` names the kernel in errors ("sparse
-// prefill (wgmma)"), `shape` optionally what it was built for ("head_dim 128 with tile 128"); `name` is the
-// kernel's name for check_launch.
-template <class Kernel, class... Args>
-void launch_persistent(Kernel kernel, int threads, size_t smem_bytes, const std::string& who,
-                       const std::string& shape, const char* name, const PrefillParams& p, cudaStream_t stream,
-                       const Args&... args) {
-  const DeviceInfo& dev = current_device_info();
-  if (static_cast<size_t>(dev.max_smem_per_block) < smem_bytes) {
-    throw Error(who + ": " + (shape.empty() ? std::string() : shape + " ") + "needs " + std::to_string(smem_bytes) +
-                " bytes of shared memory per block, the device allows " + std::to_string(dev.max_smem_per_block));
-  }
-  TESSERA_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)));
-  int per_sm = 0;
-  TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem_bytes));
-  if (per_sm < 1) throw Error(who + ": kernel does not fit on a multiprocessor");
-  int64_t grid_max = static_cast<int64_t>(per_sm) * dev.num_sms;
-  if (p.max_ctas > 0) grid_max = std::min<int64_t>(grid_max, p.max_ctas);
-  const int grid = static_cast<int>(std::min<int64_t>(int64_t{p.num_items} + p.num_units, grid_max));
-  TESSERA_CUDA_CHECK(cudaMemsetAsync(p.counter, 0, sizeof(int32_t), stream));
-  if (grid == 0) return;
-  kernel<<<grid, threads, smem_bytes, stream>>>(args...);
-  check_launch(name);
-}
-
-// Launches the persistent kernel for one (dtype, head_dim, tile) (instantiated in sparse_prefill_*.cu).
+// Launches the persistent kernel for one (dtype, head_dim, tile) (instantiated from prefill_instances.h in
+// prefill_mma_{bf16,f16}.cu).
 template <typename T, int D, int BM>
-void launch_sparse_prefill(const PrefillParams& p, cudaStream_t stream) {
+void launch_mma_prefill(const PrefillParams& p, cudaStream_t stream) {
   using Cfg = PrefillConfig<D, BM>;
-  launch_persistent(sparse_prefill_kernel<T, D, BM>, Cfg::kThreads, Cfg::kSmemBytes, "sparse prefill",
-                    "head_dim " + std::to_string(D) + " with tile " + std::to_string(BM), "sparse_prefill_kernel", p,
+  launch_persistent(mma_prefill_kernel<T, D, BM>, Cfg::kThreads, Cfg::kSmemBytes, "sparse prefill (mma.sync)",
+                    "head_dim " + std::to_string(D) + " with tile " + std::to_string(BM), "mma_prefill_kernel", p,
                     stream, p);
 }
 
