@@ -55,12 +55,14 @@ Expected expected(const std::string& name, const std::string& logits_key = "logi
 }
 
 // Models are loaded once per path for the whole test program.
-const Model& model(const std::string& rel) {
+const Model& model(const char* rel) {  // (const char*: a std::string temporary trips GCC 13's -Wdangling-reference)
   static std::map<std::string, std::unique_ptr<Model>> cache;
   auto& m = cache[rel];
   if (!m) m = Model::load(kFixtures + rel);
   return *m;
 }
+
+const Model& model(const std::string& rel) { return model(rel.c_str()); }
 
 float max_abs_diff(const float* a, const float* b, size_t n) {
   float m = 0;

@@ -27,7 +27,7 @@
 // the merged ranges cover about (slash + vertical + tile) keys per 128-row tile, density ~2 (6096 + 1000 +
 // 128) / S, about 0.1 at 128K. The earlier rope/local inputs' random shared direction put most of its energy on
 // short wavelengths (their chosen diagonals scattered: VS density 0.36 at 128K). Measured on the CPU with
-// tests/model_inputs_test.cpp: see there and src/attention/cuda/NOTES.md.
+// tests/model_inputs_test.cpp: see there and the history section of docs/PERF.md.
 #pragma once
 
 #include <cmath>

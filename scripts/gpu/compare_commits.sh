@@ -14,6 +14,10 @@
 #   bash scripts/gpu/compare_commits.sh test     ctest -L gpu on this tree ($OUT/test.log, JUnit in $OUT/ctest.xml)
 #   bash scripts/gpu/compare_commits.sh bench    ROUNDS (default 2) rounds of: attention bench old, new; TTFT old, new
 #                                                ($OUT/*.csv, the table in $OUT/compare.md)
+#   bash scripts/gpu/compare_commits.sh cycles   Nsight Compute at its locked base clock: cycles of the Hopper prefill
+#                                                kernel (old: the self-check's first choice, variant 0) on CYCLE_ROWS
+#                                                (pattern:seq[:backend]), old and new: wall time moves with the SM
+#                                                clock under the 700 W cap, cycles do not
 # Environment: OUT (default build/compare), JOBS (16), ROUNDS (2), ATTN_ARGS (default: model inputs, 32K and 128K,
 # dense vs bs ashape triangle, 5 reps), TTFT_ARGS (default: 128K, local weights, dense / VS / TriangleMix+VS / A-shape).
 set -u
@@ -114,7 +118,47 @@ bench() {
   python3 "$ROOT/scripts/gpu/compare_table.py" "$OUT" "$ROUNDS" | tee "$OUT/compare.md"
 }
 
+# Cycles of one launch of the Hopper kernel (the first after its self-check) in attention_gpu_bench.
+cycles() {
+  old_deps_args
+  new_deps
+  local ncu row pat seq backend tag bin kname
+  ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  [ -n "$ncu" ] || { echo "cycles: no ncu"; return 1; }
+  : > "$OUT/cycles.txt"
+  for row in ${CYCLE_ROWS:-vs:131072 bs:131072 ashape:131072 triangle:131072 dense:32768:ours}; do
+    IFS=: read -r pat seq backend <<< "$row"
+    for tag in old new; do
+      if [ "$tag" = old ]; then
+        bin=$OLD_BUILD; kname='sparse_prefill_wgmma_tma_kernel<__nv_bfloat16, 6, true, true, 8, true, 0, true>'
+      else
+        bin=$NEW_BUILD; kname='hopper_prefill_kernel<__nv_bfloat16>'
+      fi
+      local extra=""
+      [ "$tag" = old ] && extra="--variants off"
+      # shellcheck disable=SC2086
+      timeout 150 "$ncu" --kernel-name-base demangled --kernel-name "$kname" --launch-skip 1 --launch-count 1 \
+        --metrics sm__cycles_elapsed.avg,gpu__time_duration.sum --csv --page raw --print-units base \
+        "$bin/bench/gpu/attention_gpu_bench" --inputs model --seq "$seq" --patterns "$pat" --kernel auto --reps 1 \
+        --warmup 0 --dense-backend "${backend:-auto}" $extra > "$OUT/ncu_${pat}_${seq}_$tag.csv" 2>&1
+      python3 - "$OUT/ncu_${pat}_${seq}_$tag.csv" "$tag $pat $seq" <<'PY' | tee -a "$OUT/cycles.txt"
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+start = next((i for i, r in enumerate(rows) if r and r[0] == "ID"), None)
+val = [] if start is None else [r for r in rows[start + 1:] if len(r) == len(rows[start]) and r[0].isdigit()]
+if not val:
+    print(f"{sys.argv[2]}: no kernel measured ({open(sys.argv[1]).read()[-300:]!r})")
+    sys.exit()
+v = dict(zip(rows[start], val[-1]))
+g = lambda k: float(v.get(k, "nan").replace(",", ""))
+print(f"{sys.argv[2]}: {g('sm__cycles_elapsed.avg') / 1e6:.3f} M cycles, {g('gpu__time_duration.sum') / 1e6:.3f} ms at base clock")
+PY
+    done
+  done
+}
+
 case "${1:-}" in
+  cycles) cycles ;;
   build) build ;;
   test) run_tests ;;
   bench) bench ;;

@@ -33,7 +33,7 @@ DeviceHeadPattern describe_head(const Pattern& pattern, const LoweringContext& c
 //   kPerKind (default): a warp per tile for vertical-slash and block-sparse heads, a thread per tile for every
 //     other kind (a layer with both runs two launches per pass, each on its heads' items). Measured on the
 //     H200 (run 3): VS warp 0.24 / 0.49 / 1.4 ms vs thread 2.4 / 3.4 / 3.8 ms at 8K / 32K / 128K; BS was
-//     thread-per-tile until the warp kernel got its own BS path (NOTES.md "Index build v3"; before it, BS warp
+//     thread-per-tile until the warp kernel got its own BS path (docs/PERF.md history, "Index build v3"; before it, BS warp
 //     0.33 / 0.99 / 3.4 ms vs thread 0.40 / 0.49 / 0.70 ms, lane 0 alone).
 //   kWarp: a warp per tile for every head (dense / streaming / triangle on lane 0). kThread: a thread per tile
 //     for every head.

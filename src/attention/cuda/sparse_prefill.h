@@ -1,9 +1,9 @@
 // tessera/attention/cuda/sparse_prefill.h — the sparse FlashAttention prefill executor on the GPU.
 //
-// One kernel runs any range+column index (attention/index/sparse_index.h): per (query head, query tile) it
+// One executor runs any range+column index (attention/index/sparse_index.h): per (query head, query tile) it
 // walks the tile's key ranges in key tiles of 64 (partial tiles and the causal diagonal masked), then its
-// gathered columns 64 at a time, with one online softmax over both. Dense causal attention is the same kernel
-// on the dense index. mma.sync m16n8k16 (bf16 or f16 operands, f32 accumulation), cp.async double buffering.
+// gathered columns 64 at a time, with one online softmax over both. Dense causal attention is the same executor
+// on the dense index. docs/cuda-backend.md describes the parts.
 //
 // Arguments are AttentionArgs (attention/attention_args.h) whose views point to device memory:
 //   q   [q_len,  num_q_heads,  head_dim]  bf16 or f16
