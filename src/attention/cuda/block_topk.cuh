@@ -1,5 +1,5 @@
 // tessera/attention/cuda/block_topk.cuh — the selection rule of the estimators' exact top-k and its one-warp
-// implementation (WarpTopK) (device code; the one-block VS top-k, VsTopK, is in estimate_cuda.cu).
+// implementation (WarpTopK) (device code; the one-block VS top-k, VsTopK, is in estimate_kernels.cuh).
 //
 // The rule: on the order-preserving 32-bit image of the floats (order_key), find the k-th largest key T
 // exactly; keep every element above T and the first (smallest-index) elements equal to T until k are kept,
@@ -23,7 +23,7 @@ __device__ __forceinline__ uint32_t order_key(float x) {
 // the smaller index, written in ascending index order), for 0 < k < n. The row is read from global memory
 // once into registers when it has at most 32 * kRegSlots entries (kInRegisters), else once per pass.
 //
-// v3 (NOTES.md "Top-k v3"). The k-th largest key T is bracketed by [lo, top] with c_lo = count(key >= lo) >= k
+// v3 (docs/PERF.md history, "Top-k v3"). The k-th largest key T is bracketed by [lo, top] with c_lo = count(key >= lo) >= k
 // > c_hi = count(key > top), and the bracket is narrowed by bisection of the key interval (v2 went bit by bit
 // from bit 31, and on float keys most of those bits were sign and exponent bits that moved no count):
 //   1. one pass: the row's largest key (top) and, for k <= 128, the smallest of the maxima of 128 groups of

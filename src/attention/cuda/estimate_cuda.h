@@ -66,10 +66,10 @@ struct BsHeadDesc {
   int64_t key_base = 0;      // into DeviceEstimates::bs_key_blocks
 };
 
-// BS scoring work, laid out on the host (estimate_cuda.cu, "BS estimator v2"). A tile is up to 64 (32 at
-// head_dim 256) consecutive query blocks of one BS head; its scored rows (those that choose among their
-// causal blocks: 2 <= top_k <= qb) are [e_scored, e1), and their scores (qb floats each, row after row) start
-// at `scratch` in the score buffer of the tile's wave.
+// BS scoring work, laid out on the host (plan_bs_waves in estimate_kernels.cuh, "BS estimator v2"). A tile is
+// up to 64 (32 at head_dim 256) consecutive query blocks of one BS head; its scored rows (those that choose
+// among their causal blocks: 2 <= top_k <= qb) are [e_scored, e1), and their scores (qb floats each, row after
+// row) start at `scratch` in the score buffer of the tile's wave.
 struct BsTileDesc {
   int32_t slot = 0;  // index into the BS heads
   int32_t e0 = 0;    // rows [e0, e1) (query-block entries of the head)

@@ -5,7 +5,9 @@
 #include <cstdio>
 #include <random>
 
-#include "topk_extracted.h"
+#include "shim.h"  // first: the CUDA execution model the real device headers below compile against
+
+#include "attention/cuda/estimate_kernels.cuh"
 
 using namespace tessera::attn::gpu;
 

@@ -6,7 +6,9 @@
 #include <cstdio>
 #include <random>
 
-#include "lower_extracted.h"
+#include "shim.h"  // first: the CUDA execution model the real device headers below compile against
+
+#include "attention/cuda/lower_kernels.cuh"
 
 using namespace tessera::attn;
 using namespace tessera::attn::gpu;

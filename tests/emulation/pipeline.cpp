@@ -1,9 +1,16 @@
-// The BS estimator's kernels end to end under the host emulation (run.sh), against a direct f32 evaluation of
-// the estimate's definition (estimate_cuda.h).
-#include "bs_extracted.h"
+// The BS estimator's kernels (estimate_kernels.cuh, section "BS estimator v2") end to end under the host
+// emulation (shim.h), with the host plan of DeviceEstimates (plan_bs_waves), against a direct f32 evaluation of
+// the estimate's definition (estimate_cuda.h): pooling, scoring and selection over small layers (odd sizes,
+// chunks with a cache tail, several block sizes, top_k 0 / 1 / >= blocks, exact ties, many waves, rows longer
+// than 2048 blocks), every query block's key blocks compared.
+// Usage: pipeline [case name ...]   (all cases when none is named)
 #include <random>
 #include <cassert>
 #include <map>
+
+#include "shim.h"  // first: the CUDA execution model the real device headers below compile against
+
+#include "attention/cuda/estimate_kernels.cuh"
 using namespace tessera::attn::gpu;
 
 struct Pat { int top_k, block; };
@@ -34,9 +41,10 @@ int main(int argc, char** argv) {
     {"waves_chunk_tied2", 600, 333, 0, 2, 1, 128, false, {{9, 16}, {4, 64}}, true, 1000},
     {"chunks_d128_waves", 5000, 0, 3, 2, 1, 128, true, {{50, 16}, {3, 16}}, false, 30000},
   };
-  int failures = 0;
+  int failures = 0, ran = 0;
   for (const Case& c : cases) {
-    if (argc > 1 && c.name != argv[1]) continue;
+    if (argc > 1 && std::find(argv + 1, argv + argc, c.name) == argv + argc) continue;
+    ++ran;
     std::mt19937_64 rng(std::hash<std::string>{}(c.name));
     std::normal_distribution<float> nd(0.f, 1.f);
     const int kv_len = c.q_begin + c.q_len + c.extra, q_end = c.q_begin + c.q_len, d = c.d;
@@ -76,10 +84,10 @@ int main(int argc, char** argv) {
     for (auto& dd : bs_) dd.kpool_base = pool_base[size_t(dd.pool_index)] + int64_t(dd.kv_head) * dd.num_key_blocks * d;
     const int head_dim = d;
     std::vector<BsWave> bs_waves_;
-    const int64_t saved = g_bs_wave_floats;
-    if (c.wave > 0) g_bs_wave_floats = c.wave;
-#include "bs_plan.inc"
-    g_bs_wave_floats = saved;
+    std::vector<BsTileDesc> bs_tiles;
+    std::vector<BsWorkDesc> bs_work;
+    const int64_t bs_scratch =
+        plan_bs_waves(bs_, head_dim, c.wave > 0 ? c.wave : int64_t{16} << 20, bs_tiles, bs_work, bs_waves_);
     std::vector<float> kpool(size_t(std::max<int64_t>(pool_total, 1)), NAN), qpool(bs_.size() * size_t(max_q_blocks) * d, NAN);
     std::vector<float> scores(size_t(bs_scratch), NAN);
     std::vector<int32_t> key_blocks(size_t(std::max<int64_t>(key_total, 1)), -7);
@@ -164,5 +172,10 @@ int main(int argc, char** argv) {
     std::printf("%-20s waves %zu tiles %zu work %zu rows %lld: %s\n", c.name.c_str(), bs_waves_.size(), bs_tiles.size(), bs_work.size(), (long long)checked, bad ? "FAIL" : "ok");
     failures += bad != 0;
   }
-  return failures;
+  if (argc > 1 && ran != argc - 1) {
+    std::printf("unknown case name among the arguments\n");
+    return 1;
+  }
+  std::printf(failures ? "FAILED\n" : "all ok\n");
+  return failures != 0 ? 1 : 0;
 }

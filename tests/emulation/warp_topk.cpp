@@ -1,9 +1,13 @@
-// WarpTopK (block_topk.cuh) on random rows against a sort, under the host emulation (run.sh): ties (few
+// WarpTopK (block_topk.cuh) on random rows against a sort, under the host emulation (shim.h): ties (few
 // values, many equal keys at the threshold, more than kCap equal keys), NaN, +-0, infinities, random bit
 // patterns, Gaussian-like and shifted rows, one large value, rows from registers (n <= 2048) and from memory,
 // k = 1, small, 99, around kHintGroups / kCap, n - 1.
-#include "bs_extracted.h"
 #include <random>
+
+#include "shim.h"  // first: the CUDA execution model the real device headers below compile against
+
+#include "attention/cuda/block_topk.cuh"
+
 using namespace tessera::attn::gpu;
 int main(int argc, char** argv) {
   const int trials = argc > 1 ? std::atoi(argv[1]) : 700;
