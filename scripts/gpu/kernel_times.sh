@@ -7,8 +7,8 @@
 #
 # Prints one line per kernel: launches, total and mean microseconds, share of the listed kernels' total; the
 # raw CSV goes to $OUT/kernel_times.csv (OUT default build/gpu-kernel-times). Launches before KT_SKIP (default:
-# the wgmma self-check's and the bench's warm-up, none by default) are all counted: pass bench args that run
-# what you want to see once (--reps 1 --warmup 0 --variants off).
+# the Hopper kernel's self-check and the bench's warm-up, none by default) are all counted: pass bench args that run
+# what you want to see once (--reps 1 --warmup 0).
 # KT_SECTIONS_REGEX (e.g. "vs_|bs_"): a second ncu pass over the first launch of each kernel whose name matches,
 # with the SpeedOfLight, Occupancy, LaunchStats and MemoryWorkloadAnalysis sections (what limits each kernel:
 # compute, L2 / DRAM bandwidth, latency), into $OUT/kernel_sections.txt (its summary lines are printed).
@@ -19,7 +19,7 @@ mkdir -p "$OUT"
 . scripts/gpu/bench_tools.sh
 find_bench_tools kernel_times
 if [ $# -eq 0 ]; then
-  set -- --inputs model --seq 131072 --patterns vs,bs --reps 1 --warmup 0 --kernel auto --variants off
+  set -- --inputs model --seq 131072 --patterns vs,bs --reps 1 --warmup 0 --kernel auto
 fi
 echo "bench: $BENCH $*"
 timeout "${KT_TIMEOUT_S:-240}" "$NCU" --metrics gpu__time_duration.sum --csv --page raw --print-units base \

@@ -3,7 +3,7 @@
 # while the bench runs, and one Nsight Compute pass per pattern with the throughput sections (tensor pipe, L2,
 # DRAM, shared memory) and the tensor-pipe metrics this ncu knows.
 #
-#   bash scripts/gpu/prefill_limits.sh      (carry build/gpu-deps; everything under $OUT, packed as limits.tgz)
+#   bash scripts/gpu/prefill_limits.sh      (carry build/gpu-debs; everything under $OUT, packed as limits.tgz)
 #
 # LIMITS_SEQ (default 131072) and LIMITS_PATTERNS (default "ashape dense") choose the ncu runs; LIMITS_BENCH_ARGS
 # the timed bench run (default: those patterns at that length, RoPE inputs, 5 reps) that nvidia-smi samples.
@@ -13,7 +13,7 @@ OUT=${OUT:-build/gpu-limits}
 mkdir -p "$OUT"
 SEQ=${LIMITS_SEQ:-131072}
 PATTERNS=${LIMITS_PATTERNS:-ashape dense}
-SKIP_TEST=1 SKIP_BENCH=1 SKIP_SANITIZER=1 SKIP_SDPA=1 OUT=$OUT/check bash scripts/gpu/check.sh > "$OUT/build.log" 2>&1
+BUILD_ONLY=1 OUT=$OUT/check bash scripts/gpu/check.sh > "$OUT/build.log" 2>&1
 . scripts/gpu/bench_tools.sh
 find_bench_tools prefill_limits "$OUT/build.log"
 echo "bench: $BENCH  ncu: $NCU"
@@ -27,7 +27,7 @@ nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.max.sm,power.draw,power.limit,
   --format=csv -lms 50 > "$OUT/smi.csv" 2>&1 &
 SMI=$!
 # shellcheck disable=SC2086
-timeout 200 "$BENCH" --seq "$SEQ" --patterns "$(echo $PATTERNS | tr ' ' ',')" --inputs rope --variants off --reps 5 \
+timeout 200 "$BENCH" --seq "$SEQ" --patterns "$(echo $PATTERNS | tr ' ' ',')" --inputs rope --reps 5 \
   ${LIMITS_BENCH_ARGS:-} --csv "$OUT/bench.csv" > "$OUT/bench.log" 2>&1
 echo "bench rc=$?"
 kill $SMI 2>/dev/null
@@ -44,12 +44,12 @@ if rows:
           f"throttle reasons seen: {sorted(set(r[6].strip() for r in rows))}")
 PY
 
-# One ncu pass per pattern: the first prefill launch after the self-check's (one per wgmma variant: 13).
+# One ncu pass per pattern: the first Hopper prefill launch after the self-check's.
 for pat in $PATTERNS; do
-  timeout 240 "$NCU" --kernel-name regex:sparse_prefill_wgmma --launch-skip "${LAUNCH_SKIP:-13}" --launch-count 1 \
+  timeout 240 "$NCU" --kernel-name "$HOPPER_KERNEL_REGEX" --launch-skip "${LAUNCH_SKIP:-$HOPPER_SELF_CHECK_LAUNCHES}" --launch-count 1 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
     --metrics "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_tensor_op_gmma.sum,sm__cycles_elapsed.avg,smsp__issue_active.avg.pct_of_peak_sustained_active,lts__t_bytes.sum,dram__bytes_read.sum,lts__t_sectors_srcunit_tex_op_read.sum" \
-    --print-units base "$BENCH" --seq "$SEQ" --patterns "$pat" --inputs rope --reps 1 --warmup 0 --variants off \
+    --print-units base "$BENCH" --seq "$SEQ" --patterns "$pat" --inputs rope --reps 1 --warmup 0 \
     > "$OUT/ncu_$pat.txt" 2>&1
   echo "ncu $pat rc=$?"
   grep -E "Duration|SM Frequency|Elapsed Cycles|Throughput|Pipe|gmma|tensor|L2 Hit|Mem Busy|Max Bandwidth|lts__t_bytes|dram__bytes|issue_active|cycles_elapsed" \

@@ -1,23 +1,23 @@
 #!/usr/bin/env bash
 # scripts/gpu/profile_prefill.sh — Nsight Compute profile of the sparse prefill kernel on a GPU machine.
 #
-#   bash scripts/gpu/profile_prefill.sh     (carry build/gpu-deps; reports under $OUT, default build/gpu-profile)
+#   bash scripts/gpu/profile_prefill.sh     (carry build/gpu-debs; reports under $OUT, default build/gpu-profile)
 #
-# Builds the attention library and bench through scripts/gpu/check.sh (build steps only), then runs ncu on
-# attention_gpu_bench for one pattern and length (PROFILE_ARGS, default A-shape at 32K: the sparse wgmma path)
-# and keeps the details page of the first kernel launches matching PROFILE_KERNEL after PROFILE_SKIP launches
-# (the wgmma self-check launches each of its 13 variants once on a tiny problem first).
+# Builds through scripts/gpu/check.sh (BUILD_ONLY=1), then runs ncu on attention_gpu_bench for one pattern and
+# length (PROFILE_ARGS, default A-shape at 32K: the Hopper kernel) and keeps the details page of the first kernel
+# launch matching PROFILE_KERNEL after PROFILE_SKIP launches (the Hopper kernel's self-check launches it once on a
+# tiny problem first).
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-build/gpu-profile}
 mkdir -p "$OUT"
-SKIP_TEST=1 SKIP_BENCH=1 SKIP_SANITIZER=1 SKIP_SDPA=1 OUT=$OUT/check bash scripts/gpu/check.sh > "$OUT/build.log" 2>&1
+BUILD_ONLY=1 OUT=$OUT/check bash scripts/gpu/check.sh > "$OUT/build.log" 2>&1
 . scripts/gpu/bench_tools.sh
 find_bench_tools profile_prefill "$OUT/build.log"
 echo "bench: $BENCH  ncu: $NCU"
-ARGS=${PROFILE_ARGS:---seq 32768 --patterns ashape --reps 1 --warmup 0 --kernel auto --variants off}
-KERNEL=${PROFILE_KERNEL:-regex:sparse_prefill_wgmma}
-SKIP=${PROFILE_SKIP:-13}
+ARGS=${PROFILE_ARGS:---seq 32768 --patterns ashape --reps 1 --warmup 0 --kernel auto}
+KERNEL=${PROFILE_KERNEL:-$HOPPER_KERNEL_REGEX}
+SKIP=${PROFILE_SKIP:-$HOPPER_SELF_CHECK_LAUNCHES}
 if [ "${PROFILE_FULL:-1}" = 1 ]; then
   timeout 200 "$NCU" --kernel-name "$KERNEL" --launch-skip "$SKIP" --launch-count 1 --set full \
     --import-source no --page details --print-units base "$BENCH" $ARGS > "$OUT/ncu.txt" 2> "$OUT/ncu.err"
