@@ -130,9 +130,11 @@ cycles() {
     IFS=: read -r pat seq backend <<< "$row"
     for tag in old new; do
       if [ "$tag" = old ]; then
-        bin=$OLD_BUILD; kname='sparse_prefill_wgmma_tma_kernel<__nv_bfloat16, 6, true, true, 8, true, 0, true>'
+        bin=$OLD_BUILD
+        kname='regex:sparse_prefill_wgmma_tma_kernel<__nv_bfloat16, \(int\)6, \(bool\)1, \(bool\)1, \(int\)8, \(bool\)1, \(int\)0, \(bool\)1>'
       else
-        bin=$NEW_BUILD; kname='hopper_prefill_kernel<__nv_bfloat16>'
+        bin=$NEW_BUILD
+        kname='regex:hopper_prefill_kernel<__nv_bfloat16>'
       fi
       local extra=""
       [ "$tag" = old ] && extra="--variants off"

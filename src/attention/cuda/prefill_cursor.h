@@ -50,6 +50,10 @@ struct PrefillParams {
   // Host side only: > 0 caps the persistent grid at this many CTAs (the Hopper kernel's self-check runs on 2,
   // so that each CTA takes several items and the item-to-item hand-over is checked too).
   int32_t max_ctas = 0;
+  // Hopper kernel only: byte strides of its N-major V descriptor (HopperConfig::kPvLbo / kPvSbo), set by
+  // launch_hopper_prefill. Kernel parameters rather than compile-time constants: as constants, ptxas scheduled the
+  // consumers' uniform datapath differently, 0.5-0.9% more cycles (ncu, H200, issue 15).
+  uint32_t pv_lbo = 0, pv_sbo = 0;
 };
 
 struct KeyTile {

@@ -35,7 +35,8 @@ struct HopperConfig {
   // Lazy rescaling threshold of the online softmax, log2 units (consumer.cuh).
   static constexpr int kRescaleLog2 = 8;
   // The N-major V descriptor of P V (hopper/wgmma.cuh): the two 64-column halves of a V tile 8192 bytes apart (the
-  // leading byte offset), 8-key groups 1024 bytes apart (the stride byte offset).
+  // leading byte offset), 8-key groups 1024 bytes apart (the stride byte offset); passed to the kernel in
+  // PrefillParams::pv_lbo / pv_sbo (see there why).
   static constexpr uint32_t kPvLbo = 8192, kPvSbo = 1024;
 
   static constexpr uint32_t kQBytes = BM * D * 2;   // 32 KB

@@ -219,7 +219,7 @@ __device__ __forceinline__ void hopper_consumer_loop(const PrefillParams& p, con
     if (lane == 0) mbarrier_arrive(b);
   };
   if (cw == 1) named_barrier_arrive(2, 256);
-  const uint64_t k_desc0 = sw128_desc(L.sK, 16, 1024), v_desc0 = sw128_desc(L.sV, Cfg::kPvLbo, Cfg::kPvSbo);
+  const uint64_t k_desc0 = sw128_desc(L.sK, 16, 1024), v_desc0 = sw128_desc(L.sV, p.pv_lbo, p.pv_sbo);
   auto k_desc = [&](int st) { return desc_advance(k_desc0, st * Cfg::kKvBytes); };
   auto v_desc = [&](int st) { return desc_advance(v_desc0, st * Cfg::kKvBytes); };
   Consumer cs;

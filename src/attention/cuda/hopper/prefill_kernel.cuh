@@ -62,8 +62,11 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
 // Launches the kernel on `stream` (instantiated in prefill_hopper_{bf16,f16}.cu). Throws tessera::Error when the
 // device cannot run it.
 template <typename T>
-void launch_hopper_prefill(const PrefillParams& p, cudaStream_t stream) {
+void launch_hopper_prefill(const PrefillParams& params, cudaStream_t stream) {
   using Cfg = HopperConfig;
+  PrefillParams p = params;
+  p.pv_lbo = Cfg::kPvLbo;
+  p.pv_sbo = Cfg::kPvSbo;
   const CUtensorMap tq = make_head_tensor_map<T>(p.q, p.num_q_heads, p.q_len, p.q_head, p.q_tok, Cfg::BM);
   const CUtensorMap tk = make_head_tensor_map<T>(p.k, p.num_kv_heads, p.kv_len, p.k_head, p.k_tok, Cfg::BN);
   const CUtensorMap tv = make_head_tensor_map<T>(p.v, p.num_kv_heads, p.kv_len, p.v_head, p.v_tok, Cfg::BN);
