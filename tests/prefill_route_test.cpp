@@ -62,6 +62,26 @@ TEST(PrefillRouteOptions, MalformedValuesNameTheVariable) {
   EXPECT_EQ(error_of({{"TESSERA_DENSE_FALLBACK", "off"}}), "TESSERA_DENSE_FALLBACK: expected 0 or 1, got 'off'");
 }
 
+TEST(PrefillRouteOptions, CliNamesParse) {
+  EXPECT_EQ(parse_prefill_kernel("auto"), PrefillKernel::kAuto);
+  EXPECT_EQ(parse_prefill_kernel("mma"), PrefillKernel::kMma);
+  EXPECT_EQ(parse_prefill_kernel("wgmma"), PrefillKernel::kWgmma);
+  EXPECT_EQ(parse_dense_backend("ours"), DenseBackend::kOurs);
+  EXPECT_EQ(parse_dense_backend("cudnn"), DenseBackend::kCudnn);
+  try {
+    (void)parse_prefill_kernel("hopper", "--prefill-kernel");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "--prefill-kernel: expected auto, mma or wgmma, got 'hopper'");
+  }
+  try {
+    (void)parse_dense_backend("sdpa", "--dense-backend");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "--dense-backend: expected auto, ours or cudnn, got 'sdpa'");
+  }
+}
+
 TEST(PrefillRoute, CudnnRatioTableInterpolatesInLog2) {
   EXPECT_DOUBLE_EQ(cudnn_rel_tile_cost(512), 1.054);  // below the table: its first value
   EXPECT_DOUBLE_EQ(cudnn_rel_tile_cost(1024), 1.054);

@@ -57,6 +57,8 @@ int bench_command(const BenchOptions& o) {
   std::vector<std::string> policies = {"dense"};
   policies.insert(policies.end(), o.attn.begin(), o.attn.end());
   const bool gpu = use_gpu_device(o.device);
+  const attn::gpu::CudaAttentionOptions cuda_options = cuda_attention_options(o.cuda, gpu);
+  (void)cuda_options;
 #ifdef TESSERA_WITH_GPU_ENGINE
   std::unique_ptr<runtime::gpu::DeviceModel> weights;
   if (gpu) weights = runtime::gpu::DeviceModel::upload(*s.model);
@@ -102,6 +104,7 @@ int bench_command(const BenchOptions& o) {
         runtime::gpu::GpuEngineOptions go;
         go.chunk_size = o.chunk;
         go.policy = s.policy(spec);
+        go.cuda_attention = cuda_options;
         runtime::gpu::GpuEngine engine(*weights, go);
         measure(engine);
       }

@@ -5,9 +5,19 @@
 #include <string>
 #include <vector>
 
+#include "attention/index/prefill_route.h"
 #include "runtime/sampling.h"
 
 namespace tessera::cli {
+
+// --prefill-kernel / --dense-backend: the CUDA attention backend's options (attention/index/prefill_route.h) for
+// --device cuda; empty: the process defaults (CudaAttentionOptions with the documented environment overrides).
+struct CudaAttentionFlags {
+  std::string prefill_kernel;  // auto | mma | wgmma
+  std::string dense_backend;   // auto | ours | cudnn
+};
+// The options the flags ask for. Throws tessera::Error when a flag is given for a run on the CPU.
+attn::gpu::CudaAttentionOptions cuda_attention_options(const CudaAttentionFlags& flags, bool gpu);
 
 struct RunOptions {
   std::string model;
@@ -29,6 +39,7 @@ struct RunOptions {
   uint64_t needle_seed = 0;
   std::string haystack = "kjv";
   std::string device = "auto";  // cpu | cuda | auto (cuda when a GPU is usable and tessera was built with CUDA)
+  CudaAttentionFlags cuda;
 };
 
 struct BenchOptions {
@@ -40,6 +51,7 @@ struct BenchOptions {
   int reps = 1;
   std::string format = "md";  // md | csv | json
   std::string device = "auto";  // cpu | cuda | auto
+  CudaAttentionFlags cuda;
 };
 
 struct EvalOptions {

@@ -62,6 +62,11 @@ int main(int argc, char** argv) {
   r->add_flag("--progress", run.progress, "Show the prefill progress bar even when stderr is not a terminal");
   r->add_option("--device", run.device, "cpu, cuda or auto (cuda when a GPU is usable)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))->capture_default_str();
+  r->add_option("--prefill-kernel", run.cuda.prefill_kernel,
+                "GPU prefill kernel: auto (the Hopper kernel where it applies), mma or wgmma")
+      ->check(CLI::IsMember({"auto", "mma", "wgmma"}));
+  r->add_option("--dense-backend", run.cuda.dense_backend, "GPU dense attention: auto (the faster), ours or cudnn")
+      ->check(CLI::IsMember({"auto", "ours", "cudnn"}));
 
   BenchOptions bench;
   auto* b = app.add_subcommand("bench", "Prefill and decode rates at several depths, dense and sparse");
@@ -74,6 +79,11 @@ int main(int argc, char** argv) {
   b->add_option("--format", bench.format, "md, csv or json")->check(CLI::IsMember({"md", "csv", "json"}))->capture_default_str();
   b->add_option("--device", bench.device, "cpu, cuda or auto (cuda when a GPU is usable)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))->capture_default_str();
+  b->add_option("--prefill-kernel", bench.cuda.prefill_kernel,
+                "GPU prefill kernel: auto (the Hopper kernel where it applies), mma or wgmma")
+      ->check(CLI::IsMember({"auto", "mma", "wgmma"}));
+  b->add_option("--dense-backend", bench.cuda.dense_backend, "GPU dense attention: auto (the faster), ours or cudnn")
+      ->check(CLI::IsMember({"auto", "ours", "cudnn"}));
 
   EvalOptions ev;
   auto* ec = app.add_subcommand("eval", "Accuracy: needle grids and RULER-style tasks, dense vs sparse on the same cases");

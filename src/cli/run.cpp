@@ -35,6 +35,20 @@ bool use_gpu_device(const std::string& device) {
   throw Error("--device must be cpu, cuda or auto, got '" + device + "'");
 }
 
+attn::gpu::CudaAttentionOptions cuda_attention_options(const CudaAttentionFlags& f, bool gpu) {
+  if (!gpu) {
+    check(f.prefill_kernel.empty(), "--prefill-kernel applies to --device cuda (this run is on the CPU)");
+    check(f.dense_backend.empty(), "--dense-backend applies to --device cuda (this run is on the CPU)");
+  }
+  attn::gpu::CudaAttentionOptions o = attn::gpu::cuda_attention_defaults();
+  if (!f.prefill_kernel.empty()) o.kernel = attn::gpu::parse_prefill_kernel(f.prefill_kernel, "--prefill-kernel");
+  if (!f.dense_backend.empty()) {
+    o.dense_backend = attn::gpu::parse_dense_backend(f.dense_backend, "--dense-backend");
+    o.cudnn_any_length = false;
+  }
+  return o;
+}
+
 namespace {
 
 struct Outcome {
@@ -102,6 +116,7 @@ Outcome generate_once(const Session& s, const Device& d, const RunOptions& o, co
     go.chunk_size = o.chunk;
     go.policy = s.policy(spec);
     go.max_context = o.max_context;
+    go.cuda_attention = cuda_attention_options(o.cuda, true);
     runtime::gpu::GpuEngine engine(*d.weights, go);
     return generate_with(engine, s, o, spec, prompt, stream);
   }
@@ -147,6 +162,7 @@ int run_command(const RunOptions& o) {
               c.head_dim, with_commas(c.context_length).c_str(), now_seconds() - t0);
   Device device;
   device.gpu = use_gpu_device(o.device);
+  (void)cuda_attention_options(o.cuda, device.gpu);  // flags for the GPU on a CPU run: an error before any work
 #ifdef TESSERA_WITH_GPU_ENGINE
   if (device.gpu) {
     const double t1 = now_seconds();

@@ -73,6 +73,7 @@ GpuEngine::GpuEngine(const DeviceModel& model, GpuEngineOptions options)
     fo.tile = options_.tile;
     fo.attention = options_.attention;
     fo.dense_fallback = options_.dense_fallback;
+    fo.cuda_attention = options_.cuda_attention;
     forward_ = std::make_unique<GpuForward>(model, fo, stream_, *gemm_, timer_);
   } catch (...) {
     forward_.reset();

@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "attention/index/prefill_route.h"
 #include "attention/pattern/policy.h"
 #include "runtime/engine.h"
 #include "runtime_cuda/device_kv_cache.h"
@@ -58,6 +59,8 @@ struct GpuEngineOptions {
   bool timing = true;             // CUDA events around GEMMs, attention (stats().gemm/attention_seconds) and the
                                   // small kernels (kernel_seconds())
   bool dense_fallback = true;     // sparse layers whose index costs more than dense run dense (gpu_forward.h)
+  // The CUDA attention backend's options (attention/index/prefill_route.h); default: the process defaults.
+  attn::gpu::CudaAttentionOptions cuda_attention = attn::gpu::cuda_attention_defaults();
 };
 
 // GPU time of the small kernels within prefill and decode (CUDA events around each launch; 0 without timing).

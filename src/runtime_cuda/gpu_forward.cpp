@@ -169,8 +169,8 @@ void GpuForward::attention(int32_t layer, int32_t pos, int32_t n, DeviceKVCache&
     AttentionSet::Entry& e = set.find(patterns, window);
     if (!e.layer) {
       const attn::LoweringContext ctx{pos, n, kv_len, std::max(total_len, kv_len), tile};
-      // The process options (documented environment overrides included), with the engine's fallback switch.
-      attn::gpu::CudaAttentionOptions opt = attn::gpu::cuda_attention_defaults();
+      // The engine's options of the backend, with its fallback switch.
+      attn::gpu::CudaAttentionOptions opt = options_.cuda_attention;
       opt.dense_fallback = opt.dense_fallback && options_.dense_fallback;
       e.layer = std::make_unique<attn::gpu::CudaLayerAttention>(patterns, ctx, nkv, d, opt);
     }

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "cuda/device_buffer.h"
+#include "attention/index/prefill_route.h"
 #include "attention/pattern/policy.h"
 #include "runtime_cuda/device_kv_cache.h"
 #include "runtime_cuda/device_model.h"
@@ -60,6 +61,9 @@ struct ForwardOptions {
   // The executor's dense fallback (CudaLayerAttention::set_dense_fallback): a sparse layer whose index would
   // cost more than dense attention runs dense. Off: every policy runs its own index (tests, experiments).
   bool dense_fallback = true;
+  // The CUDA attention backend's options (prefill kernel, dense backend, ...; attention/index/prefill_route.h):
+  // the process defaults, i.e. the documented environment overrides; dense_fallback above is ANDed in.
+  attn::gpu::CudaAttentionOptions cuda_attention = attn::gpu::cuda_attention_defaults();
 };
 
 class GpuForward {

@@ -47,31 +47,31 @@ double cudnn_rel_tile_cost(int64_t q_len) {
   return t[n - 1].cudnn_over_ours;
 }
 
+PrefillKernel parse_prefill_kernel(const std::string& s, const std::string& what) {
+  if (s == "auto") return PrefillKernel::kAuto;
+  if (s == "mma") return PrefillKernel::kMma;
+  if (s == "wgmma") return PrefillKernel::kWgmma;
+  throw Error(what + ": expected auto, mma or wgmma, got '" + s + "'");
+}
+
+DenseBackend parse_dense_backend(const std::string& s, const std::string& what) {
+  if (s == "auto") return DenseBackend::kAuto;
+  if (s == "ours") return DenseBackend::kOurs;
+  if (s == "cudnn") return DenseBackend::kCudnn;
+  throw Error(what + ": expected auto, ours or cudnn, got '" + s + "'");
+}
+
 CudaAttentionOptions apply_env_overrides(CudaAttentionOptions o,
                                          const std::function<const char*(const char*)>& getenv) {
   if (const char* e = getenv("TESSERA_PREFILL_KERNEL"); e != nullptr && *e != '\0') {
-    const std::string s = e;
-    if (s == "auto") {
-      o.kernel = PrefillKernel::kAuto;
-    } else if (s == "mma") {
-      o.kernel = PrefillKernel::kMma;
-    } else if (s == "wgmma") {
-      o.kernel = PrefillKernel::kWgmma;
-    } else {
-      throw Error("TESSERA_PREFILL_KERNEL: expected auto, mma or wgmma, got '" + s + "'");
-    }
+    o.kernel = parse_prefill_kernel(e, "TESSERA_PREFILL_KERNEL");
   }
   if (const char* e = getenv("TESSERA_DENSE_BACKEND"); e != nullptr && *e != '\0') {
-    const std::string s = e;
-    if (s == "auto") {
-      o.dense_backend = DenseBackend::kAuto;
-    } else if (s == "ours") {
-      o.dense_backend = DenseBackend::kOurs;
-    } else if (s == "cudnn") {
+    // cudnn here means "wherever cuDNN has a plan" (any length), not cuDNN or an error.
+    o.dense_backend = parse_dense_backend(e, "TESSERA_DENSE_BACKEND");
+    if (o.dense_backend == DenseBackend::kCudnn) {
       o.dense_backend = DenseBackend::kAuto;
       o.cudnn_any_length = true;
-    } else {
-      throw Error("TESSERA_DENSE_BACKEND: expected auto, ours or cudnn, got '" + s + "'");
     }
   }
   if (const char* e = getenv("TESSERA_DENSE_FALLBACK"); e != nullptr && *e != '\0') {

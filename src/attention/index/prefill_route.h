@@ -75,6 +75,10 @@ CudaAttentionOptions apply_env_overrides(CudaAttentionOptions base,
                                          const std::function<const char*(const char*)>& getenv);
 // The process defaults: CudaAttentionOptions{} with the environment overrides, read once at the first call.
 const CudaAttentionOptions& cuda_attention_defaults();
+// The names the CLI takes (--prefill-kernel, --dense-backend): auto|mma|wgmma, auto|ours|cudnn. Throws tessera::Error
+// naming `what` and the accepted values.
+PrefillKernel parse_prefill_kernel(const std::string& name, const std::string& what = "prefill kernel");
+DenseBackend parse_dense_backend(const std::string& name, const std::string& what = "dense backend");
 
 // What the route is decided from (see the top of this file).
 struct RouteInputs {
