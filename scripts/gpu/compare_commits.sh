@@ -5,9 +5,9 @@
 #
 # Here (this machine reaches Debian's registry; nothing is committed):
 #   git archive OLD_COMMIT | (mkdir -p build/old-src && tar -x -C build/old-src)
-#   (cd build/old-src && bash scripts/gpu/engine_check.sh --pack-deps)   # old trees build with their own deps pack;
-#   rm -rf build/old-src/build/gpu-deps-engine                            # keep only the .tar.xz
 #   bash scripts/gpu/deps.sh download                                     # this tree's deps (build/gpu-debs)
+# An old tree from before scripts/gpu/deps.sh (up to 0e6bebe) builds with its own deps pack instead:
+#   (cd build/old-src && bash scripts/gpu/engine_check.sh --pack-deps && rm -rf build/gpu-deps-engine)
 # There, carrying build/old-src and build/gpu-debs; each phase fits one device call, and a warm machine keeps the
 # build folders between calls:
 #   bash scripts/gpu/compare_commits.sh build    both trees, in parallel (logs in $OUT/build_{old,new}.log)
@@ -45,6 +45,11 @@ new_deps() {
   fi
 }
 old_deps_args() {
+  if [ -f "$OLD_SRC/scripts/gpu/deps.sh" ]; then  # a tree of the same build layout: this tree's packages
+    new_deps
+    read -r -a OLD_ARGS <<< "${TESSERA_DEPS_CMAKE_ARGS:-}"
+    return
+  fi
   local deps=$OLD_SRC/build/gpu-deps-engine
   [ -d "$deps" ] || tar -C "$OLD_SRC/build" -xJf "$OLD_SRC/build/gpu-deps-engine.tar.xz"
   OLD_ARGS=("-DCMAKE_CXX_FLAGS=-isystem $deps/include"
@@ -54,6 +59,11 @@ old_deps_args() {
     "-DGTest_DIR=$deps/lib/x86_64-linux-gnu/cmake/GTest" "-Dnlohmann_json_DIR=$deps/share/cmake/nlohmann_json"
     "-DCLI11_DIR=$deps/share/cmake/CLI11")
   export LD_LIBRARY_PATH="$deps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+}
+
+# The 13-variant benches time every variant unless told not to.
+old_bench_extra() {
+  grep -q -- '"--variants"' "$OLD_SRC/bench/gpu/attention_gpu_bench.cu" && echo "--variants off"
 }
 
 build() {
@@ -103,7 +113,7 @@ bench() {
     for tag in old new; do
       [ "$tag" = old ] && bin=$OLD_BUILD || bin=$NEW_BUILD
       local extra=""
-      [ "$tag" = old ] && extra="--variants off"
+      [ "$tag" = old ] && extra=$(old_bench_extra)
       # shellcheck disable=SC2086
       "$bin/bench/gpu/attention_gpu_bench" $ATTN_ARGS $extra --csv "$OUT/attn_${tag}_$r.csv" \
         > "$OUT/attn_${tag}_$r.log" 2>&1 || echo "attention bench $tag round $r failed: $(tail -3 "$OUT/attn_${tag}_$r.log")"
@@ -129,7 +139,10 @@ cycles() {
   for row in ${CYCLE_ROWS:-vs:131072 bs:131072 ashape:131072 triangle:131072 dense:32768:ours}; do
     IFS=: read -r pat seq backend <<< "$row"
     for tag in old new; do
-      if [ "$tag" = old ]; then
+      if [ "$tag" = old ] && [ -f "$OLD_SRC/src/attention/cuda/hopper/prefill_kernel.cuh" ]; then
+        bin=$OLD_BUILD
+        kname='regex:hopper_prefill_kernel<__nv_bfloat16>'
+      elif [ "$tag" = old ]; then  # the 13-variant trees: variant 0, the self-check's choice
         bin=$OLD_BUILD
         kname='regex:sparse_prefill_wgmma_tma_kernel<__nv_bfloat16, \(int\)6, \(bool\)1, \(bool\)1, \(int\)8, \(bool\)1, \(int\)0, \(bool\)1>'
       else
@@ -137,7 +150,7 @@ cycles() {
         kname='regex:hopper_prefill_kernel<__nv_bfloat16>'
       fi
       local extra=""
-      [ "$tag" = old ] && extra="--variants off"
+      [ "$tag" = old ] && extra=$(old_bench_extra)
       # shellcheck disable=SC2086
       timeout 150 "$ncu" --kernel-name-base demangled --kernel-name "$kname" --launch-skip 1 --launch-count 1 \
         --metrics sm__cycles_elapsed.avg,gpu__time_duration.sum --csv --page raw --print-units base \
