@@ -8,7 +8,7 @@
 //   TFLOP/s tiles  4 * d * cells of the computed 128 x 64 tiles / kernel time (what the kernel executes)
 //   vs dense       dense total time / this total time, from the same run
 //   SM MHz, W      the GPU's mean SM clock (MHz) and mean board power (W) during the row's timed repetitions
-//                  (the est/index/kernel/total loop; not the mma, backend, variant or index-mode timings),
+//                  (the est/index/kernel/total loop; not the mma, backend or index-mode timings),
 //                  sampled every ~5 ms by gpu_clock.h through NVML loaded at run time. Power-capped H100 /
 //                  H200 run at clocks that differ from run to run (the same kernel: 14.5 ms at ~1.7 GHz in
 //                  one run, 15.5 ms at ~1.6 GHz in another), so compare times at similar clocks. NVML's power

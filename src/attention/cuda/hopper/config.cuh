@@ -7,8 +7,9 @@
 // consumer step takes two stages at once (128 keys: the "pair" step), so K tiles of stages 2p and 2p + 1 form one
 // [2 halves][128 rows] operand. Q is read into registers at an item's start, so one Q buffer suffices.
 //
-// This is the measured fastest of the 13 variants the kernel had until issue 15 (docs/PERF.md, "Hopper kernel
-// variants (history)": the TMA ping-pong pair-step kernel with the row maxima as a tree, H200 ninth run).
+// This is the measured fastest of the 13 variants the kernel had until issue 15 (docs/PERF.md, "CUDA wing
+// restructured", "The variants that left the product": the TMA ping-pong pair-step kernel with the row maxima as a
+// tree, H200 ninth run).
 #pragma once
 
 #include <cstdint>
