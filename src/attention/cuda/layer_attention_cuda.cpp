@@ -1,9 +1,6 @@
 #include "attention/cuda/layer_attention_cuda.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <cmath>
-#include <iterator>
 #include <string>
 #include <utility>
 #include <variant>
