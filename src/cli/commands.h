@@ -78,6 +78,25 @@ struct EvalOptions {
   std::string model_name;                // filled in by eval_command
 };
 
+struct ServeOptions {
+  std::string model;
+  std::string model_name;        // the name clients pass as "model"; empty: the file's stem
+  std::string host = "127.0.0.1";
+  int port = 8080;               // 0: any free port (printed)
+  std::string attn = "dense";    // the default policy; requests pick others with "tessera": {"attn": ...}
+  std::string policy_dir;        // policy files requests may name (as plans)
+  std::string device = "auto";   // cpu | cuda | auto
+  int parallel = 1;              // engine slots (sequences generated at once)
+  int queue = 16;                // requests that may wait for a slot
+  int chunk = 2048;              // prefill chunk size
+  int max_context = 0;           // 0: the model's
+  std::string api_key;           // empty: none (also from TESSERA_API_KEY)
+  double timeout = 600;          // seconds per request
+  int max_body_mb = 8;           // request body limit
+  bool quiet = false;            // no per-request lines
+  CudaAttentionFlags cuda;
+};
+
 struct InspectOptions {
   std::string model;
   bool tensors = false;
@@ -92,5 +111,6 @@ int run_command(const RunOptions& o);
 int bench_command(const BenchOptions& o);
 int inspect_command(const InspectOptions& o);
 int eval_command(EvalOptions o);
+int serve_command(const ServeOptions& o);
 
 }  // namespace tessera::cli

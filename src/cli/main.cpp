@@ -1,4 +1,4 @@
-// tessera — the command line: run, bench, eval, inspect.
+// tessera — the command line: run, bench, eval, inspect, serve.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -122,11 +122,36 @@ int main(int argc, char** argv) {
   i->add_flag("--tensors", inspect.tensors, "List every tensor");
   i->add_flag("--metadata", inspect.metadata, "List every metadata key");
 
+  ServeOptions serve;
+  auto* sv = app.add_subcommand("serve", "OpenAI-compatible HTTP server (docs/server.md)");
+  sv->add_option("-m,--model", serve.model, "Model: .gguf, .safetensors or a Hugging Face folder")->required();
+  sv->add_option("--model-name", serve.model_name, "The name clients pass as \"model\" (default: the file's stem)");
+  sv->add_option("--host", serve.host, "Address to listen on")->capture_default_str();
+  sv->add_option("--port", serve.port, "Port (0: any free port, printed)")->capture_default_str();
+  sv->add_option("--attn", serve.attn, "Default attention policy (as for run --attn); requests pick others with "
+                 "\"tessera\": {\"attn\": ...}")->capture_default_str();
+  sv->add_option("--policy-dir", serve.policy_dir, "Folder of policy files requests may name (as plans)");
+  sv->add_option("--device", serve.device, "cpu, cuda or auto (cuda when a GPU is usable)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))->capture_default_str();
+  sv->add_option("--parallel", serve.parallel, "Requests generated at once (engine slots)")->capture_default_str();
+  sv->add_option("--queue", serve.queue, "Requests that may wait for a slot (more get 429)")->capture_default_str();
+  sv->add_option("--chunk", serve.chunk, "Prefill chunk size (CPU)")->capture_default_str();
+  sv->add_option("--max-context", serve.max_context, "Context limit (default: the model's)");
+  sv->add_option("--api-key", serve.api_key, "Require 'Authorization: Bearer KEY' (also TESSERA_API_KEY)");
+  sv->add_option("--timeout", serve.timeout, "Seconds a request may take, queueing included")->capture_default_str();
+  sv->add_option("--max-body", serve.max_body_mb, "Request body limit in MiB")->capture_default_str();
+  sv->add_flag("--quiet", serve.quiet, "No line per request");
+  sv->add_option("--prefill-kernel", serve.cuda.prefill_kernel, "GPU prefill kernel: auto, mma or wgmma")
+      ->check(CLI::IsMember({"auto", "mma", "wgmma"}));
+  sv->add_option("--dense-backend", serve.cuda.dense_backend, "GPU dense attention: auto, ours or cudnn")
+      ->check(CLI::IsMember({"auto", "ours", "cudnn"}));
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (r->parsed()) return run_command(run);
     if (b->parsed()) return bench_command(bench);
     if (i->parsed()) return inspect_command(inspect);
+    if (sv->parsed()) return serve_command(serve);
     if (ec->parsed()) {
       for (int a = 0; a < argc; ++a) ev.command_line += (a ? " " : "") + std::string(a == 0 ? "tessera" : argv[a]);
       if (ev.tasks.size() == 1 && ev.tasks[0] == "none") ev.tasks.clear();

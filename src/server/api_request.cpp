@@ -1,0 +1,329 @@
+#include "server/api_request.h"
+
+#include <cmath>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+
+namespace tessera::server {
+
+ApiError invalid_request(const std::string& message, const std::string& param, const std::string& code) {
+  return ApiError(400, "invalid_request_error", message, param, code);
+}
+
+namespace {
+
+using nlohmann::json;
+
+std::string type_name(const json& j) {
+  switch (j.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::boolean: return "boolean";
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned: return "integer";
+    case json::value_t::number_float: return "number";
+    case json::value_t::string: return "string";
+    case json::value_t::array: return "array";
+    case json::value_t::object: return "object";
+    default: return "a binary value";
+  }
+}
+
+[[noreturn]] void wrong_type(const std::string& field, const std::string& expected, const json& got) {
+  throw invalid_request("'" + field + "' must be " + expected + ", got " + type_name(got), field);
+}
+
+// An integer field in [lo, hi]. JSON floats with an integral value (5.0) are refused like the OpenAI API does.
+int64_t get_int(const json& j, const std::string& field, int64_t lo, int64_t hi) {
+  if (j.is_number_unsigned()) {
+    const auto u = j.get<uint64_t>();
+    if (u > static_cast<uint64_t>(hi))
+      throw invalid_request("'" + field + "' must be at most " + std::to_string(hi) + ", got " + std::to_string(u),
+                            field);
+    return static_cast<int64_t>(u);
+  }
+  if (!j.is_number_integer()) wrong_type(field, "an integer", j);
+  const auto v = j.get<int64_t>();
+  if (v < lo || v > hi)
+    throw invalid_request("'" + field + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                              "], got " + std::to_string(v),
+                          field);
+  return v;
+}
+
+double get_number(const json& j, const std::string& field, double lo, double hi) {
+  if (!j.is_number()) wrong_type(field, "a number", j);
+  const double v = j.get<double>();
+  if (!(v >= lo && v <= hi)) {
+    json shown = j;
+    throw invalid_request("'" + field + "' must be in [" + json(lo).dump() + ", " + json(hi).dump() + "], got " +
+                              shown.dump(),
+                          field);
+  }
+  return v;
+}
+
+bool get_bool(const json& j, const std::string& field) {
+  if (!j.is_boolean()) wrong_type(field, "a boolean", j);
+  return j.get<bool>();
+}
+
+const std::string& get_string(const json& j, const std::string& field) {
+  if (!j.is_string()) wrong_type(field, "a string", j);
+  return j.get_ref<const std::string&>();
+}
+
+[[noreturn]] void unsupported(const std::string& field, const std::string& what) {
+  throw invalid_request("'" + field + "' is not supported by tessera: " + what, field, "unsupported_parameter");
+}
+
+// Fields a client may send with their "off" value (null, false, 0, empty) but which tessera cannot honour
+// otherwise; the message says what tessera does instead.
+void refuse_unless_off(const json& j, const std::string& field, const std::string& what) {
+  const bool off = j.is_null() || (j.is_boolean() && !j.get<bool>()) || (j.is_number() && j.get<double>() == 0) ||
+                   (j.is_string() && j.get_ref<const std::string&>().empty()) || (j.is_array() && j.empty()) ||
+                   (j.is_object() && j.empty());
+  if (!off) unsupported(field, what);
+}
+
+std::string message_content(const json& content, const std::string& field) {
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) wrong_type(field, "a string or an array of text parts", content);
+  std::string text;
+  for (size_t i = 0; i < content.size(); ++i) {
+    const json& part = content[i];
+    const std::string pf = field + "[" + std::to_string(i) + "]";
+    if (!part.is_object()) wrong_type(pf, "an object", part);
+    if (!part.contains("type")) throw invalid_request("'" + pf + ".type' is missing", pf + ".type");
+    const std::string& type = get_string(part["type"], pf + ".type");
+    if (type != "text") unsupported(pf + ".type", "only text parts are (got '" + type + "')");
+    if (!part.contains("text")) throw invalid_request("'" + pf + ".text' is missing", pf + ".text");
+    text += get_string(part["text"], pf + ".text");
+  }
+  return text;
+}
+
+std::vector<model::ChatMessage> parse_messages(const json& j) {
+  if (!j.is_array()) wrong_type("messages", "an array", j);
+  if (j.empty()) throw invalid_request("'messages' must hold at least one message", "messages");
+  std::vector<model::ChatMessage> out;
+  for (size_t i = 0; i < j.size(); ++i) {
+    const json& m = j[i];
+    const std::string f = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) wrong_type(f, "an object", m);
+    for (const auto& [key, value] : m.items()) {
+      if (key == "role" || key == "content" || key == "name") continue;
+      if (key == "tool_calls" || key == "function_call" || key == "tool_call_id" || key == "audio" ||
+          key == "refusal") {
+        refuse_unless_off(value, f + "." + key, "tools, audio and refusals are not implemented");
+        continue;
+      }
+      throw invalid_request("Unrecognized field in " + f + ": '" + key + "'", f + "." + key);
+    }
+    if (!m.contains("role")) throw invalid_request("'" + f + ".role' is missing", f + ".role");
+    std::string role = get_string(m["role"], f + ".role");
+    if (role == "developer") role = "system";
+    if (role != "system" && role != "user" && role != "assistant") {
+      if (role == "tool" || role == "function") unsupported(f + ".role", "tool messages are not implemented");
+      throw invalid_request("'" + f + ".role' must be one of system, developer, user, assistant; got '" + role + "'",
+                            f + ".role");
+    }
+    if (!m.contains("content") || m["content"].is_null())
+      throw invalid_request("'" + f + ".content' is missing", f + ".content");
+    out.push_back({role, message_content(m["content"], f + ".content")});
+  }
+  return out;
+}
+
+int32_t token_id(const json& j, const std::string& field) {
+  return static_cast<int32_t>(get_int(j, field, 0, std::numeric_limits<int32_t>::max()));
+}
+
+void parse_prompt(const json& j, ApiRequest& r) {
+  if (j.is_string()) {
+    r.prompt = j.get<std::string>();
+    return;
+  }
+  if (!j.is_array()) wrong_type("prompt", "a string, an array of token ids or an array of one string", j);
+  if (j.empty()) throw invalid_request("'prompt' must not be an empty array", "prompt");
+  if (j[0].is_string() || j[0].is_array()) {
+    if (j.size() > 1)
+      throw invalid_request("'prompt' holds " + std::to_string(j.size()) +
+                                " prompts; tessera answers one prompt per request (send one request each)",
+                            "prompt", "unsupported_parameter");
+    if (j[0].is_string()) {
+      r.prompt = j[0].get<std::string>();
+      return;
+    }
+    parse_prompt(j[0], r);  // [[ids...]]
+    if (!r.prompt_is_ids) wrong_type("prompt[0]", "an array of token ids", j[0]);
+    return;
+  }
+  r.prompt_is_ids = true;
+  for (size_t i = 0; i < j.size(); ++i) r.prompt_ids.push_back(token_id(j[i], "prompt[" + std::to_string(i) + "]"));
+}
+
+std::vector<std::string> parse_stop(const json& j) {
+  std::vector<std::string> out;
+  if (j.is_string()) {
+    out.push_back(j.get<std::string>());
+  } else if (j.is_array()) {
+    for (size_t i = 0; i < j.size(); ++i) out.push_back(get_string(j[i], "stop[" + std::to_string(i) + "]"));
+  } else {
+    wrong_type("stop", "a string or an array of strings", j);
+  }
+  if (out.size() > kMaxStopSequences)
+    throw invalid_request("'stop' holds " + std::to_string(out.size()) + " sequences; at most " +
+                              std::to_string(kMaxStopSequences) + " are allowed",
+                          "stop");
+  for (const std::string& s : out) {
+    if (s.empty()) throw invalid_request("'stop' sequences must not be empty", "stop");
+    if (s.size() > kMaxStopSequenceBytes)
+      throw invalid_request("'stop' sequences must be at most " + std::to_string(kMaxStopSequenceBytes) +
+                                " bytes, got one of " + std::to_string(s.size()),
+                            "stop");
+  }
+  return out;
+}
+
+void parse_tessera(const json& j, ApiRequest& r) {
+  if (!j.is_object()) wrong_type("tessera", "an object", j);
+  for (const auto& [key, value] : j.items()) {
+    if (key == "attn") {
+      r.attn = get_string(value, "tessera.attn");
+      if (r.attn.empty()) throw invalid_request("'tessera.attn' must not be empty", "tessera.attn");
+    } else {
+      throw invalid_request("Unrecognized field in 'tessera': '" + key + "' (known: attn)", "tessera." + key);
+    }
+  }
+}
+
+}  // namespace
+
+ApiRequest parse_api_request(Endpoint endpoint, std::string_view body) {
+  const json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    // Say where the JSON breaks: parse again with exceptions for the parser's message.
+    std::string detail;
+    try {
+      [[maybe_unused]] const json again = json::parse(body.begin(), body.end());
+    } catch (const json::exception& e) {
+      detail = e.what();
+    }
+    throw invalid_request("malformed JSON in the request body: " + detail, {}, "invalid_json");
+  }
+  if (!j.is_object()) throw invalid_request("the request body must be a JSON object, got " + type_name(j));
+  const bool chat = endpoint == Endpoint::Chat;
+  ApiRequest r;
+  r.endpoint = endpoint;
+  std::optional<int64_t> max_tokens, max_completion_tokens;
+  bool stream_options_given = false;
+  for (const auto& [key, v] : j.items()) {
+    if (key == "model") {
+      r.model = get_string(v, "model");
+    } else if (chat && key == "messages") {
+      r.messages = parse_messages(v);
+    } else if (!chat && key == "prompt") {
+      parse_prompt(v, r);
+    } else if (v.is_null()) {
+      continue;  // every other field is optional, and null means "not given" in the API
+    } else if (key == "max_tokens") {
+      max_tokens = get_int(v, key, 1, std::numeric_limits<int32_t>::max());
+    } else if (chat && key == "max_completion_tokens") {
+      max_completion_tokens = get_int(v, key, 1, std::numeric_limits<int32_t>::max());
+    } else if (key == "temperature") {
+      r.sampling.temperature = static_cast<float>(get_number(v, key, 0, 2));
+    } else if (key == "top_p") {
+      r.sampling.top_p = static_cast<float>(get_number(v, key, 0, 1));
+    } else if (key == "top_k") {
+      const int64_t k = get_int(v, key, -1, std::numeric_limits<int32_t>::max());
+      r.sampling.top_k = k < 0 ? 0 : static_cast<int32_t>(k);  // -1: off, as vLLM and llama.cpp read it
+    } else if (key == "seed") {
+      if (v.is_number_unsigned()) {
+        r.sampling.seed = v.get<uint64_t>();
+      } else {
+        r.sampling.seed = static_cast<uint64_t>(
+            get_int(v, key, std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()));
+      }
+      r.seed_given = true;
+    } else if (key == "stop") {
+      r.stop = parse_stop(v);
+    } else if (key == "stream") {
+      r.stream = get_bool(v, key);
+    } else if (key == "stream_options") {
+      if (!v.is_object()) wrong_type(key, "an object", v);
+      stream_options_given = true;
+      for (const auto& [k2, v2] : v.items()) {
+        if (k2 == "include_usage") {
+          if (!v2.is_null()) r.include_usage = get_bool(v2, "stream_options.include_usage");
+        } else if (k2 == "include_obfuscation") {
+          if (!v2.is_null()) (void)get_bool(v2, "stream_options.include_obfuscation");  // nothing to obfuscate
+        } else {
+          throw invalid_request("Unrecognized field in 'stream_options': '" + k2 + "'", "stream_options." + k2);
+        }
+      }
+    } else if (key == "n") {
+      if (get_int(v, key, std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()) != 1)
+        throw invalid_request("'n' must be 1: tessera returns one choice per request (send n requests instead)",
+                              "n", "unsupported_parameter");
+    } else if (!chat && key == "best_of") {
+      if (get_int(v, key, std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()) != 1)
+        throw invalid_request("'best_of' must be 1: tessera returns one choice per request", "best_of",
+                              "unsupported_parameter");
+    } else if (key == "tessera") {
+      parse_tessera(v, r);
+    } else if (key == "user" || key == "service_tier" || key == "safety_identifier" || key == "prompt_cache_key") {
+      (void)get_string(v, key);  // accepted and ignored: they only label the request
+    } else if (key == "metadata") {
+      if (!v.is_object()) wrong_type(key, "an object", v);
+    } else if (key == "store") {
+      refuse_unless_off(v, key, "tessera keeps no completions");
+    } else if (key == "parallel_tool_calls") {
+      (void)get_bool(v, key);  // meaningless without tools
+    } else if (key == "logprobs") {
+      refuse_unless_off(v, key, "log probabilities are not returned yet");
+    } else if (key == "top_logprobs") {
+      refuse_unless_off(v, key, "log probabilities are not returned yet");
+    } else if (key == "presence_penalty" || key == "frequency_penalty") {
+      (void)get_number(v, key, -2, 2);
+      refuse_unless_off(v, key, "repetition penalties are not implemented (send 0 or leave it out)");
+    } else if (key == "logit_bias") {
+      if (!v.is_object()) wrong_type(key, "an object", v);
+      refuse_unless_off(v, key, "logit biases are not implemented");
+    } else if (chat && (key == "tools" || key == "tool_choice" || key == "functions" || key == "function_call")) {
+      if (!(key == "tool_choice" && v.is_string() && v.get_ref<const std::string&>() == "none"))
+        refuse_unless_off(v, key, "tool calling is not implemented");
+    } else if (chat && key == "response_format") {
+      if (!v.is_object()) wrong_type(key, "an object", v);
+      if (!(v.contains("type") && v["type"].is_string() && v["type"].get_ref<const std::string&>() == "text"))
+        unsupported(key, "only {\"type\": \"text\"} is (structured outputs are not implemented)");
+    } else if (chat && key == "modalities") {
+      if (!(v.is_array() && v.size() == 1 && v[0] == "text")) unsupported(key, "only [\"text\"] is");
+    } else if (chat && (key == "audio" || key == "prediction" || key == "web_search_options" ||
+                        key == "reasoning_effort" || key == "verbosity")) {
+      unsupported(key, "tessera generates plain text only");
+    } else if (!chat && key == "echo") {
+      refuse_unless_off(v, key, "the prompt is not echoed back");
+    } else if (!chat && key == "suffix") {
+      refuse_unless_off(v, key, "insertion (suffix) is not implemented");
+    } else {
+      throw invalid_request("Unrecognized request argument supplied: " + key, key, "unsupported_parameter");
+    }
+  }
+  if (!j.contains("model")) throw invalid_request("'model' is missing", "model");
+  if (chat && (!j.contains("messages") || j["messages"].is_null()))
+    throw invalid_request("'messages' is missing", "messages");
+  if (!chat && (!j.contains("prompt") || j["prompt"].is_null()))
+    throw invalid_request("'prompt' is missing", "prompt");
+  if (max_tokens && max_completion_tokens && *max_tokens != *max_completion_tokens)
+    throw invalid_request("'max_tokens' (" + std::to_string(*max_tokens) + ") and 'max_completion_tokens' (" +
+                              std::to_string(*max_completion_tokens) + ") disagree; send one of them",
+                          "max_tokens");
+  if (max_completion_tokens) max_tokens = max_completion_tokens;
+  if (max_tokens) r.max_tokens = static_cast<int32_t>(*max_tokens);
+  if (stream_options_given && !r.stream)
+    throw invalid_request("'stream_options' is only allowed when 'stream' is true", "stream_options");
+  return r;
+}
+
+}  // namespace tessera::server

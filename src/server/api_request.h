@@ -1,0 +1,71 @@
+// tessera/server/api_request.h — one OpenAI API request, parsed and validated, and the API's error value.
+//
+//   ApiRequest r = parse_api_request(Endpoint::Chat, body);   // throws ApiError (status, type, message, param)
+//
+// parse_api_request is a pure function of the body's bytes (no model, no I/O), so the HTTP layer, the tests and
+// the fuzz harness (tests/fuzz/fuzz_server_request.cpp) call the same code. It checks what the JSON alone can
+// tell: the shape and type of every field the server reads, ranges, and that nothing asks for a feature tessera
+// does not have (n > 1, logprobs, tools, penalties, ...): those are refused by name rather than ignored, so a
+// client never gets an answer computed without what it asked for. What needs the model (the model name, the
+// prompt's length, the attention spec) is checked later (request_prep.h, policy_cache.h).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "model/tokenizer/chat_template.h"
+#include "runtime/sampling.h"
+
+namespace tessera::server {
+
+enum class Endpoint { Chat, Completion };  // POST /v1/chat/completions, POST /v1/completions
+
+// An error as the OpenAI API reports it: HTTP status and {"error": {"message", "type", "param", "code"}}.
+class ApiError : public std::runtime_error {
+ public:
+  ApiError(int status, std::string type, const std::string& message, std::string param = {}, std::string code = {})
+      : std::runtime_error(message), status_(status), type_(std::move(type)), param_(std::move(param)),
+        code_(std::move(code)) {}
+  int status() const { return status_; }
+  const std::string& type() const { return type_; }
+  const std::string& param() const { return param_; }  // "" -> null
+  const std::string& code() const { return code_; }    // "" -> null
+
+ private:
+  int status_;
+  std::string type_, param_, code_;
+};
+
+// 400 invalid_request_error naming the field.
+ApiError invalid_request(const std::string& message, const std::string& param = {}, const std::string& code = {});
+
+struct ApiRequest {
+  Endpoint endpoint = Endpoint::Chat;
+  std::string model;
+  std::vector<model::ChatMessage> messages;  // Chat: roles system (also "developer"), user, assistant
+  std::string prompt;                        // Completion: the prompt text, or
+  std::vector<int32_t> prompt_ids;           // its token ids (the API's integer-array form)
+  bool prompt_is_ids = false;
+  std::optional<int32_t> max_tokens;  // max_tokens or max_completion_tokens; absent: the endpoint's default
+  runtime::SamplingOptions sampling{.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .seed = 0};  // API defaults
+  bool seed_given = false;
+  std::vector<std::string> stop;  // stop sequences (not part of the answer)
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  std::string attn;            // "tessera": {"attn": ...}; empty: the server's --attn
+};
+
+// Parses and validates a request body for `endpoint`. Throws ApiError (status 400, type invalid_request_error)
+// with the offending field in param, e.g. "'max_tokens' must be an integer, got string" (param max_tokens),
+// "'n' must be 1: tessera returns one choice per request" (param n), "malformed JSON: ..." (no param).
+ApiRequest parse_api_request(Endpoint endpoint, std::string_view body);
+
+// Limits the parser enforces (documented in docs/server.md).
+inline constexpr size_t kMaxStopSequences = 4;       // as the OpenAI API
+inline constexpr size_t kMaxStopSequenceBytes = 256;
+
+}  // namespace tessera::server

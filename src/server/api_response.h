@@ -1,0 +1,60 @@
+// tessera/server/api_response.h — the JSON the server sends, in the OpenAI API's shapes.
+//
+// Non-streamed answers are one "chat.completion" / "text_completion" object with usage. Streamed answers are
+// server-sent events: chunks ("chat.completion.chunk" / "text_completion"), the first chat chunk carrying the
+// assistant role, one chunk per piece of text, a last chunk with the finish_reason, with
+// stream_options.include_usage a final chunk with empty choices and the usage (every other chunk then has
+// "usage": null), and the line "data: [DONE]". Errors are {"error": {"message", "type", "param", "code"}}.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "server/api_request.h"
+#include "server/request_prep.h"
+
+namespace tessera::server {
+
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+};
+
+// Identity of one answer: its id ("chatcmpl-..." / "cmpl-..."), creation time and model name.
+struct AnswerHeader {
+  Endpoint endpoint = Endpoint::Chat;
+  std::string id;
+  int64_t created = 0;  // unix seconds
+  std::string model;
+};
+
+// "chatcmpl-" or "cmpl-" followed by 24 hex digits from `number` (unique per server run).
+std::string answer_id(Endpoint endpoint, uint64_t number);
+
+nlohmann::json error_json(const ApiError& e);
+nlohmann::json usage_json(const Usage& u);
+
+// The whole answer of a non-streamed request.
+nlohmann::json answer_json(const AnswerHeader& h, const std::string& text, const std::string& finish_reason,
+                           const Usage& usage);
+
+// One streamed chunk: `text` (chat: the delta's content), `role` (chat: the first chunk says "assistant"),
+// `finish_reason` ("" -> null). `with_usage_null`: stream_options.include_usage was set.
+nlohmann::json chunk_json(const AnswerHeader& h, const std::string& text, bool role, const std::string& finish_reason,
+                          bool with_usage_null);
+// The final chunk of a stream with include_usage: empty choices and the usage.
+nlohmann::json usage_chunk_json(const AnswerHeader& h, const Usage& usage);
+
+// GET /v1/models and /v1/models/{id}.
+nlohmann::json model_json(const ServedModel& m);
+nlohmann::json models_json(const ServedModel& m);
+
+// "data: <json>\n\n" (invalid UTF-8 in text is replaced, never thrown on).
+std::string sse_event(const nlohmann::json& j);
+inline constexpr const char* kSseDone = "data: [DONE]\n\n";
+
+// j.dump() that replaces invalid UTF-8 instead of throwing.
+std::string dump_json(const nlohmann::json& j);
+
+}  // namespace tessera::server

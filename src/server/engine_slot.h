@@ -1,0 +1,69 @@
+// tessera/server/engine_slot.h — a scheduler slot over today's single-sequence engines.
+//
+// EngineSlot<runtime::Engine, runtime::Model, runtime::EngineOptions> on the CPU, and the same with the GPU
+// engine (runtime_cuda/gpu_engine.h) over a DeviceModel: each request gets a fresh engine with its attention
+// policy, sharing the loaded weights; the engine, and with it the request's KV cache, is destroyed when the
+// request ends. kv_tokens / kv_bytes follow the engine between tokens.
+#pragma once
+
+#include <memory>
+#include <utility>
+
+#include "core/thread_pool.h"
+#include "runtime/engine.h"
+#include "server/scheduler.h"
+
+namespace tessera::server {
+
+template <class EngineT, class ModelT, class OptionsT>
+class EngineSlot final : public SlotEngine {
+ public:
+  // `pool`, when given, is this slot's own thread pool (options.pool points at it).
+  EngineSlot(const ModelT& model, OptionsT options, std::unique_ptr<ThreadPool> pool = nullptr)
+      : model_(model), options_(std::move(options)), pool_(std::move(pool)) {
+    if constexpr (requires { options_.pool; }) {
+      if (pool_) options_.pool = pool_.get();
+    }
+  }
+
+  std::vector<int32_t> generate(std::span<const int32_t> prompt, const runtime::GenerateOptions& gen,
+                                const attn::AttentionPolicy& policy,
+                                const std::function<bool(int32_t)>& on_token) override {
+    OptionsT options = options_;
+    options.policy = policy;
+    std::vector<int32_t> out;
+    try {
+      EngineT engine(model_, std::move(options));
+      out = engine.generate(prompt, gen, [&](int32_t token) {
+        kv_tokens_.store(engine.position(), std::memory_order_relaxed);
+        kv_bytes_.store(static_cast<int64_t>(engine.kv_cache_bytes()), std::memory_order_relaxed);
+        return on_token(token);
+      });
+    } catch (...) {
+      kv_tokens_.store(0);
+      kv_bytes_.store(0);
+      throw;
+    }
+    kv_tokens_.store(0);
+    kv_bytes_.store(0);
+    return out;
+  }
+
+ private:
+  const ModelT& model_;
+  OptionsT options_;
+  std::unique_ptr<ThreadPool> pool_;
+};
+
+// Slots of the CPU engine. One slot uses the process's thread pool; several split the cores between them (each
+// its own pool of cores / slots threads, at least one), so that their parallel loops do not share one pool.
+inline SlotFactory cpu_slot_factory(const runtime::Model& model, runtime::EngineOptions options) {
+  return [&model, options](int, int count) -> std::unique_ptr<SlotEngine> {
+    using Slot = EngineSlot<runtime::Engine, runtime::Model, runtime::EngineOptions>;
+    if (count == 1) return std::make_unique<Slot>(model, options);
+    const int threads = std::max(1, ThreadPool::global().size() / count);
+    return std::make_unique<Slot>(model, options, std::make_unique<ThreadPool>(threads));
+  };
+}
+
+}  // namespace tessera::server

@@ -1,0 +1,328 @@
+#include "server/http/http_server.h"
+
+#include <httplib.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <mutex>
+#include <random>
+
+#include "core/error.h"
+#include "server/api_response.h"
+
+namespace tessera::server {
+
+namespace {
+
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+constexpr auto kPoll = 200ms;             // how often a waiting stream checks its job
+constexpr auto kKeepAlive = 1000ms;       // a comment line after this long without a write (notices a gone client)
+
+bool same_secret(const std::string& a, const std::string& b) {  // constant time in the length of b
+  unsigned diff = a.size() == b.size() ? 0u : 1u;
+  for (size_t i = 0; i < b.size(); ++i) diff |= static_cast<unsigned>(b[i] ^ (i < a.size() ? a[i] : 0));
+  return diff == 0;
+}
+
+const char* endpoint_path(Endpoint e) { return e == Endpoint::Chat ? "/v1/chat/completions" : "/v1/completions"; }
+
+// The label of a path in the metrics: the route, or "other" (so clients cannot add label values).
+std::string route_label(const std::string& path) {
+  for (const char* p : {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"})
+    if (path == p) return p;
+  if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
+  return "other";
+}
+
+}  // namespace
+
+struct HttpServer::Impl {
+  HttpOptions options;
+  const ServedModel& model;
+  PolicyCache& policies;
+  Scheduler& scheduler;
+  Metrics& metrics;
+  httplib::Server http;
+  std::atomic<uint64_t> answers{0};
+  std::mutex seed_mu, log_mu;
+  std::mt19937_64 seeds{std::random_device{}()};
+
+  Impl(HttpOptions o, const ServedModel& m, PolicyCache& p, Scheduler& s, Metrics& me)
+      : options(std::move(o)), model(m), policies(p), scheduler(s), metrics(me) {}
+
+  uint64_t random_seed() {
+    std::lock_guard<std::mutex> lock(seed_mu);
+    return seeds();
+  }
+
+  void log(const std::string& line) {
+    if (!options.log_requests) return;
+    std::lock_guard<std::mutex> lock(log_mu);
+    std::fprintf(stdout, "%s\n", line.c_str());
+    std::fflush(stdout);
+  }
+
+  static void send_error(httplib::Response& res, const ApiError& e) {
+    res.status = e.status();
+    res.set_content(dump_json(error_json(e)), "application/json");
+  }
+
+  void check_auth(const httplib::Request& req) const {
+    if (options.api_key.empty()) return;
+    const std::string auth = req.get_header_value("Authorization");
+    const std::string prefix = "Bearer ";
+    if (auth.rfind(prefix, 0) != 0 || !same_secret(auth.substr(prefix.size()), options.api_key))
+      throw ApiError(401, "invalid_request_error",
+                     auth.empty() ? "You didn't provide an API key: pass it as 'Authorization: Bearer KEY'"
+                                  : "Incorrect API key provided",
+                     {}, "invalid_api_key");
+  }
+
+  static std::string summary(const JobResult& r) {
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "prompt=%lld completion=%lld queue=%.2fs ttft=%.3fs total=%.2fs finish=%s slot=%d",
+                  static_cast<long long>(r.prompt_tokens), static_cast<long long>(r.completion_tokens),
+                  r.queue_seconds, r.ttft_seconds, r.total_seconds, finish_reason_name(r.reason), r.slot);
+    return buf;
+  }
+
+  // The error a job that did not end normally answers with.
+  ApiError job_error(const JobResult& r) const {
+    switch (r.reason) {
+      case FinishReason::Timeout:
+        return ApiError(504, "timeout_error",
+                        "the request timed out after " + std::to_string(static_cast<int>(options.timeout_seconds)) +
+                            " s (the server's --timeout)",
+                        {}, "request_timeout");
+      case FinishReason::Cancelled:
+        return ApiError(503, "server_error", "the server is shutting down", {}, "shutting_down");
+      default:
+        return ApiError(500, "server_error", "generation failed: " + r.error, {}, "engine_error");
+    }
+  }
+
+  void generate(Endpoint endpoint, const httplib::Request& req, httplib::Response& res) {
+    const std::string what = std::string("POST ") + endpoint_path(endpoint);
+    try {
+      check_auth(req);
+      const ApiRequest r = parse_api_request(endpoint, req.body);
+      PreparedRequest prepared = prepare_request(r, model, random_seed());
+      auto policy = policies.get(r.attn);
+      const std::string attn = r.attn.empty() ? policies.default_spec() : r.attn;
+      const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                               std::chrono::duration<double>(options.timeout_seconds));
+      auto job = std::make_shared<Job>(std::move(prepared), std::move(policy), deadline);
+      switch (scheduler.submit(job)) {
+        case Admission::Accepted: break;
+        case Admission::QueueFull:
+          throw ApiError(429, "rate_limit_error",
+                         "the server is busy: " + std::to_string(scheduler.options().slots) + " running and " +
+                             std::to_string(scheduler.options().queue) +
+                             " queued requests (--parallel, --queue); retry later",
+                         {}, "queue_full");
+        case Admission::ShuttingDown:
+          throw ApiError(503, "server_error", "the server is shutting down", {}, "shutting_down");
+      }
+      const AnswerHeader h{endpoint, answer_id(endpoint, ++answers), static_cast<int64_t>(std::time(nullptr)),
+                           model.id};
+      if (r.stream) {
+        stream(res, job, h, r.include_usage, what + " 200 stream id=" + h.id + " attn=" + attn);
+        return;
+      }
+      std::string text;
+      while (!job->wait(text, kKeepAlive)) {
+      }
+      const JobResult& result = job->result();
+      metrics.observe_request(result.total_seconds);
+      if (result.reason != FinishReason::Stop && result.reason != FinishReason::Length) throw job_error(result);
+      res.set_content(dump_json(answer_json(h, text, finish_reason_name(result.reason),
+                                            {result.prompt_tokens, result.completion_tokens})),
+                      "application/json");
+      log(what + " 200 id=" + h.id + " attn=" + attn + " " + summary(result));
+    } catch (const ApiError& e) {
+      send_error(res, e);
+      log(what + " " + std::to_string(e.status()) + " " + e.type() + ": " + e.what());
+    }
+  }
+
+  struct StreamState {
+    std::shared_ptr<Job> job;
+    AnswerHeader header;
+    bool include_usage = false;
+    bool started = false;
+    bool ended = false;
+    Clock::time_point last_write = Clock::now();
+    std::string line;  // the log line's start
+  };
+
+  void stream(httplib::Response& res, const std::shared_ptr<Job>& job, const AnswerHeader& h, bool include_usage,
+              std::string line) {
+    auto st = std::make_shared<StreamState>();
+    st->job = job;
+    st->header = h;
+    st->include_usage = include_usage;
+    st->line = std::move(line);
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, st](size_t, httplib::DataSink& sink) {
+          auto write = [&](const std::string& s) {
+            st->last_write = Clock::now();
+            return sink.write(s.data(), s.size());
+          };
+          const AnswerHeader& hh = st->header;
+          if (!st->started) {
+            st->started = true;
+            // The role comes first (chat), before any text, as OpenAI's streams do.
+            if (hh.endpoint == Endpoint::Chat && !write(sse_event(chunk_json(hh, "", true, "", st->include_usage))))
+              return gone(*st);
+          }
+          std::string text;
+          const bool done = st->job->wait(text, kPoll);
+          if (!text.empty()) {
+            if (!write(sse_event(chunk_json(hh, text, false, "", st->include_usage)))) return gone(*st);
+          } else if (!done && Clock::now() - st->last_write >= kKeepAlive) {
+            if (!write(": keep-alive\n\n")) return gone(*st);
+          }
+          if (!done) return true;
+          const JobResult& r = st->job->result();
+          metrics.observe_request(r.total_seconds);
+          std::string tail;
+          if (r.reason == FinishReason::Stop || r.reason == FinishReason::Length) {
+            tail += sse_event(chunk_json(hh, "", false, finish_reason_name(r.reason), st->include_usage));
+            if (st->include_usage) tail += sse_event(usage_chunk_json(hh, {r.prompt_tokens, r.completion_tokens}));
+          } else {
+            tail += sse_event(error_json(job_error(r)));  // the client's library raises it
+          }
+          tail += kSseDone;
+          const bool ok = write(tail);
+          st->ended = true;
+          if (ok) sink.done();
+          log(st->line + " " + summary(r) + (ok ? "" : " (client gone before the end)"));
+          return ok;
+        },
+        [this, st](bool success) {
+          if (!success || !st->ended) scheduler.cancel(st->job);
+        });
+  }
+
+  // The client went away mid-stream: cancel (the slot frees its KV cache at the next token) and say so.
+  bool gone(StreamState& st) {
+    scheduler.cancel(st.job);
+    std::string text;
+    while (!st.job->wait(text, kPoll)) {
+    }
+    st.ended = true;
+    log(st.line + " " + summary(st.job->result()) + " (client disconnected)");
+    return false;
+  }
+
+  json health() const {
+    const Gauges g = scheduler.gauges();
+    return {{"status", "ok"},         {"model", model.id},           {"slots", g.slots},
+            {"running", g.running},   {"queued", g.queued},          {"kv_cache_tokens", g.kv_tokens},
+            {"kv_cache_bytes", g.kv_bytes}, {"rss_bytes", resident_bytes()}};
+  }
+
+  void routes() {
+    http.set_payload_max_length(options.max_body_bytes);
+    const int threads = options.threads > 0 ? options.threads
+                                            : scheduler.options().slots + scheduler.options().queue + 8;
+    http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+    http.Post("/v1/chat/completions",
+              [this](const httplib::Request& q, httplib::Response& s) { generate(Endpoint::Chat, q, s); });
+    http.Post("/v1/completions",
+              [this](const httplib::Request& q, httplib::Response& s) { generate(Endpoint::Completion, q, s); });
+    http.Get("/v1/models", [this](const httplib::Request& q, httplib::Response& s) {
+      try {
+        check_auth(q);
+        s.set_content(dump_json(models_json(model)), "application/json");
+      } catch (const ApiError& e) {
+        send_error(s, e);
+      }
+    });
+    http.Get(R"(/v1/models/(.+))", [this](const httplib::Request& q, httplib::Response& s) {
+      try {
+        check_auth(q);
+        if (q.matches[1] != model.id)
+          throw ApiError(404, "invalid_request_error",
+                         "The model '" + std::string(q.matches[1]) + "' does not exist; this server serves '" +
+                             model.id + "'",
+                         "model", "model_not_found");
+        s.set_content(dump_json(model_json(model)), "application/json");
+      } catch (const ApiError& e) {
+        send_error(s, e);
+      }
+    });
+    http.Get("/health", [this](const httplib::Request&, httplib::Response& s) {
+      s.set_content(dump_json(health()), "application/json");
+    });
+    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& s) {
+      s.set_content(metrics.prometheus(scheduler.gauges()), "text/plain; version=0.0.4");
+    });
+    // What httplib answers by itself (unknown routes, bodies over the limit) gets the API's error shape too.
+    http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& q, httplib::Response& s) {
+      if (!s.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+      std::string message = "HTTP " + std::to_string(s.status);
+      std::string code;
+      if (s.status == 404) {
+        message = "Unknown request URL: " + q.method + " " + q.path;
+        code = "unknown_url";
+      } else if (s.status == 413) {
+        message = "the request body is larger than the server's limit of " + std::to_string(options.max_body_bytes) +
+                  " bytes (--max-body)";
+        code = "body_too_large";
+      } else if (s.status == 400) {
+        message = "malformed HTTP request";
+      }
+      send_error(s, ApiError(s.status, s.status >= 500 ? "server_error" : "invalid_request_error", message, {}, code));
+      log(q.method + " " + q.path + " " + std::to_string(s.status) + " " + message);
+      return httplib::Server::HandlerResponse::Handled;
+    }));
+    http.set_exception_handler([this](const httplib::Request& q, httplib::Response& s, std::exception_ptr ep) {
+      std::string message = "internal error";
+      try {
+        std::rethrow_exception(ep);
+      } catch (const std::exception& e) {
+        message = std::string("internal error: ") + e.what();
+      } catch (...) {
+      }
+      send_error(s, ApiError(500, "server_error", message));
+      log(q.method + " " + q.path + " 500 " + message);
+    });
+    http.set_logger([this](const httplib::Request& q, const httplib::Response& s) {
+      metrics.count_request(route_label(q.path), s.status);
+    });
+  }
+};
+
+HttpServer::HttpServer(HttpOptions options, const ServedModel& model, PolicyCache& policies, Scheduler& scheduler,
+                       Metrics& metrics)
+    : impl_(std::make_unique<Impl>(std::move(options), model, policies, scheduler, metrics)) {
+  impl_->routes();
+}
+
+HttpServer::~HttpServer() = default;
+
+int HttpServer::bind() {
+  const HttpOptions& o = impl_->options;
+  int port = o.port;
+  if (port == 0) {
+    port = impl_->http.bind_to_any_port(o.host);
+    check(port > 0, "serve: cannot listen on " + o.host + " (any port)");
+  } else {
+    check(impl_->http.bind_to_port(o.host, port),
+          "serve: cannot listen on " + o.host + ":" + std::to_string(port) +
+              " (in use, or not an address of this machine; --host / --port)");
+  }
+  return port;
+}
+
+void HttpServer::listen() { impl_->http.listen_after_bind(); }
+
+void HttpServer::stop() { impl_->http.stop(); }
+
+}  // namespace tessera::server

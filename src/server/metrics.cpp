@@ -1,0 +1,130 @@
+#include "server/metrics.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+
+namespace tessera::server {
+
+Histogram::Histogram(std::vector<double> upper_bounds)
+    : bounds_(std::move(upper_bounds)), counts_(bounds_.size() + 1, 0) {}
+
+void Histogram::observe(double value) {
+  const auto it = std::lower_bound(bounds_.begin(), bounds_.end(), value);
+  ++counts_[static_cast<size_t>(it - bounds_.begin())];
+  sum_ += value;
+  ++count_;
+}
+
+namespace {
+
+std::string number(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+void header(std::string& out, const std::string& name, const char* type, const char* help) {
+  out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+}
+
+}  // namespace
+
+void Histogram::render(std::string& out, const std::string& name) const {
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    cumulative += counts_[i];
+    out += name + "_bucket{le=\"" + number(bounds_[i]) + "\"} " + std::to_string(cumulative) + "\n";
+  }
+  out += name + "_bucket{le=\"+Inf\"} " + std::to_string(count_) + "\n";
+  out += name + "_sum " + number(sum_) + "\n";
+  out += name + "_count " + std::to_string(count_) + "\n";
+}
+
+int64_t resident_bytes() {
+  std::ifstream in("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  if (!(in >> size >> resident)) return 0;
+  return resident * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+}
+
+Metrics::Metrics()
+    : ttft_({0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}),
+      inter_token_({0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1}),
+      request_({0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}) {}
+
+void Metrics::count_request(const std::string& endpoint, int status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++requests_[{endpoint, status}];
+}
+
+void Metrics::add_tokens(int64_t prompt, int64_t generated) {
+  std::lock_guard<std::mutex> lock(mu_);
+  prompt_tokens_ += static_cast<uint64_t>(prompt);
+  generated_tokens_ += static_cast<uint64_t>(generated);
+}
+
+void Metrics::count_cancelled() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++cancelled_;
+}
+
+void Metrics::count_timed_out() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++timed_out_;
+}
+
+void Metrics::observe_ttft(double s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ttft_.observe(s);
+}
+
+void Metrics::observe_inter_token(double s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  inter_token_.observe(s);
+}
+
+void Metrics::observe_request(double s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  request_.observe(s);
+}
+
+std::string Metrics::prometheus(const Gauges& g) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string out;
+  header(out, "tessera_requests_total", "counter", "HTTP requests answered, by endpoint and status.");
+  for (const auto& [key, n] : requests_)
+    out += "tessera_requests_total{endpoint=\"" + key.first + "\",status=\"" + std::to_string(key.second) + "\"} " +
+           std::to_string(n) + "\n";
+  header(out, "tessera_prompt_tokens_total", "counter", "Prompt tokens prefilled.");
+  out += "tessera_prompt_tokens_total " + std::to_string(prompt_tokens_) + "\n";
+  header(out, "tessera_generation_tokens_total", "counter", "Tokens generated.");
+  out += "tessera_generation_tokens_total " + std::to_string(generated_tokens_) + "\n";
+  header(out, "tessera_requests_cancelled_total", "counter", "Requests whose client went away before the end.");
+  out += "tessera_requests_cancelled_total " + std::to_string(cancelled_) + "\n";
+  header(out, "tessera_requests_timed_out_total", "counter", "Requests ended by the request timeout.");
+  out += "tessera_requests_timed_out_total " + std::to_string(timed_out_) + "\n";
+  header(out, "tessera_time_to_first_token_seconds", "histogram", "From arrival to the first generated token.");
+  ttft_.render(out, "tessera_time_to_first_token_seconds");
+  header(out, "tessera_inter_token_latency_seconds", "histogram", "Between consecutive generated tokens.");
+  inter_token_.render(out, "tessera_inter_token_latency_seconds");
+  header(out, "tessera_request_duration_seconds", "histogram", "From arrival to the last token.");
+  request_.render(out, "tessera_request_duration_seconds");
+  header(out, "tessera_queue_depth", "gauge", "Requests waiting for a slot.");
+  out += "tessera_queue_depth " + std::to_string(g.queued) + "\n";
+  header(out, "tessera_requests_running", "gauge", "Requests being generated.");
+  out += "tessera_requests_running " + std::to_string(g.running) + "\n";
+  header(out, "tessera_slots", "gauge", "Sequences the server runs at once (--parallel).");
+  out += "tessera_slots " + std::to_string(g.slots) + "\n";
+  header(out, "tessera_kv_cache_tokens", "gauge", "Tokens held in the KV caches of running requests.");
+  out += "tessera_kv_cache_tokens " + std::to_string(g.kv_tokens) + "\n";
+  header(out, "tessera_kv_cache_bytes", "gauge", "Bytes allocated for the KV caches of running requests.");
+  out += "tessera_kv_cache_bytes " + std::to_string(g.kv_bytes) + "\n";
+  header(out, "tessera_process_resident_memory_bytes", "gauge", "Resident set size of the server process.");
+  out += "tessera_process_resident_memory_bytes " + std::to_string(resident_bytes()) + "\n";
+  return out;
+}
+
+}  // namespace tessera::server

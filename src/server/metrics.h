@@ -1,0 +1,60 @@
+// tessera/server/metrics.h — the server's counters and histograms, rendered as Prometheus text (GET /metrics).
+//
+// Counters: requests by endpoint and HTTP status, prompt and generated tokens, cancelled and timed-out requests.
+// Histograms (seconds): time to first token (from arrival, queueing included), inter-token latency, request
+// duration. Gauges come from the scheduler at render time: queue depth, running requests, slots, KV cache
+// tokens and bytes in use, and the process's resident memory. Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace tessera::server {
+
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> upper_bounds);
+  void observe(double value);
+  // "name_bucket{le=...} n" lines (cumulative), name_sum, name_count.
+  void render(std::string& out, const std::string& name) const;
+  uint64_t count() const { return count_; }
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<uint64_t> counts_;  // per bucket, not cumulative; the last one is +Inf
+  double sum_ = 0;
+  uint64_t count_ = 0;
+};
+
+struct Gauges {
+  int64_t queued = 0, running = 0, slots = 0;
+  int64_t kv_tokens = 0, kv_bytes = 0;
+};
+
+// Resident set size of this process in bytes (from /proc/self/statm; 0 where unavailable).
+int64_t resident_bytes();
+
+class Metrics {
+ public:
+  Metrics();
+  void count_request(const std::string& endpoint, int status);
+  void add_tokens(int64_t prompt, int64_t generated);
+  void count_cancelled();
+  void count_timed_out();
+  void observe_ttft(double seconds);
+  void observe_inter_token(double seconds);
+  void observe_request(double seconds);
+  std::string prometheus(const Gauges& gauges) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::pair<std::string, int>, uint64_t> requests_;
+  uint64_t prompt_tokens_ = 0, generated_tokens_ = 0, cancelled_ = 0, timed_out_ = 0;
+  Histogram ttft_, inter_token_, request_;
+};
+
+}  // namespace tessera::server

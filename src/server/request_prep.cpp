@@ -1,0 +1,70 @@
+#include "server/request_prep.h"
+
+#include "core/error.h"
+
+namespace tessera::server {
+
+PreparedRequest prepare_request(const ApiRequest& r, const ServedModel& m, uint64_t random_seed) {
+  if (r.model != m.id)
+    throw ApiError(404, "invalid_request_error",
+                   "The model '" + r.model + "' does not exist; this server serves '" + m.id + "'", "model",
+                   "model_not_found");
+  PreparedRequest p;
+  const model::Tokenizer& tok = *m.tokenizer;
+  if (r.endpoint == Endpoint::Chat) {
+    if (m.chat == nullptr)
+      throw invalid_request("model '" + m.id +
+                                "' has no chat format tessera knows (ChatML, Llama-3, Gemma, Mistral); use "
+                                "/v1/completions",
+                            "messages");
+    std::string text;
+    try {
+      text = m.chat->apply(r.messages, /*add_generation_prompt=*/true);
+    } catch (const Error& e) {
+      throw invalid_request(std::string("the model's chat format refuses this conversation: ") + e.what(),
+                            "messages");
+    }
+    // As the CLI's --chat: the rendered conversation is encoded with parse_special, so the template's markers
+    // become control tokens (so would a marker's spelling typed inside a message).
+    p.prompt = tok.encode(text, {.add_special = !m.chat->renders_bos(), .parse_special = true});
+  } else if (r.prompt_is_ids) {
+    for (size_t i = 0; i < r.prompt_ids.size(); ++i) {
+      if (r.prompt_ids[i] >= tok.vocab_size())
+        throw invalid_request("'prompt[" + std::to_string(i) + "]' is token id " + std::to_string(r.prompt_ids[i]) +
+                                  ", outside the vocabulary of " + std::to_string(tok.vocab_size()) + " tokens",
+                              "prompt");
+    }
+    p.prompt = r.prompt_ids;
+  } else {
+    p.prompt = tok.encode(r.prompt, {.add_special = true, .parse_special = false});
+  }
+  if (p.prompt.empty()) throw invalid_request("the prompt is empty", r.endpoint == Endpoint::Chat ? "messages" : "prompt");
+
+  const int64_t n = static_cast<int64_t>(p.prompt.size());
+  const std::string where = r.endpoint == Endpoint::Chat ? "messages" : "prompt";
+  if (n >= m.context_length)
+    throw invalid_request("This model's maximum context length is " + std::to_string(m.context_length) +
+                              " tokens. However, your " + where + " resulted in " + std::to_string(n) +
+                              " tokens, which leaves no room for the completion. Please reduce the length of the " +
+                              where + ".",
+                          where, "context_length_exceeded");
+  const int64_t room = m.context_length - n;
+  if (r.max_tokens && *r.max_tokens > room)
+    throw invalid_request("This model's maximum context length is " + std::to_string(m.context_length) +
+                              " tokens. However, you requested " + std::to_string(n + *r.max_tokens) + " tokens (" +
+                              std::to_string(n) + " in the " + where + ", " + std::to_string(*r.max_tokens) +
+                              " in the completion). Please reduce the length of the " + where +
+                              " or completion.",
+                          "max_tokens", "context_length_exceeded");
+  int64_t budget = room;
+  if (r.max_tokens) budget = *r.max_tokens;
+  else if (r.endpoint == Endpoint::Completion) budget = std::min<int64_t>(room, kDefaultCompletionTokens);
+  p.gen.max_new_tokens = static_cast<int32_t>(budget);
+  p.gen.sampling = r.sampling;
+  if (!r.seed_given) p.gen.sampling.seed = random_seed;
+  p.gen.stop_tokens = tok.special().end_of_generation;
+  p.stop = r.stop;
+  return p;
+}
+
+}  // namespace tessera::server

@@ -1,0 +1,44 @@
+// tessera/server/request_prep.h — from a parsed request to what the engine runs: prompt ids and options.
+//
+// Applies what needs the served model: the model name, the chat template, the tokenizer, the context limit and
+// the endpoint's default token budget. Errors are ApiError in the OpenAI shape:
+//   404 model_not_found            "The model 'gpt-4' does not exist; this server serves 'smollm2-135m-...'"
+//   400 context_length_exceeded    "This model's maximum context length is 8192 tokens. However, you requested
+//                                   9000 tokens (8990 in the messages, 10 in the completion). ..."
+//   400 invalid_request_error      a conversation the template refuses, token ids outside the vocabulary, an
+//                                  empty prompt, a chat request to a model without a chat format
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/tokenizer/chat_template.h"
+#include "model/tokenizer/tokenizer.h"
+#include "runtime/generation.h"
+#include "server/api_request.h"
+
+namespace tessera::server {
+
+struct ServedModel {
+  std::string id;                               // the name clients pass as "model" (GET /v1/models lists it)
+  const model::Tokenizer* tokenizer = nullptr;  // must outlive the requests
+  const model::ChatTemplate* chat = nullptr;    // null: the model has no chat format tessera knows
+  int32_t context_length = 0;                   // tokens: prompt + completion
+  int64_t created = 0;                          // unix time the server loaded it (the models list shows it)
+};
+
+// /v1/completions without max_tokens generates this many tokens, as the OpenAI API does; chat completions
+// default to the rest of the context.
+inline constexpr int32_t kDefaultCompletionTokens = 16;
+
+struct PreparedRequest {
+  std::vector<int32_t> prompt;       // token ids, chat template applied
+  runtime::GenerateOptions gen;      // token budget, sampling (seed filled in), end-of-generation tokens
+  std::vector<std::string> stop;     // stop sequences
+};
+
+// `random_seed` is used when the request sets no seed.
+PreparedRequest prepare_request(const ApiRequest& request, const ServedModel& model, uint64_t random_seed);
+
+}  // namespace tessera::server
