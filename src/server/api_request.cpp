@@ -35,14 +35,11 @@ std::string type_name(const json& j) {
 
 // An integer field in [lo, hi]. JSON floats with an integral value (5.0) are refused like the OpenAI API does.
 int64_t get_int(const json& j, const std::string& field, int64_t lo, int64_t hi) {
-  if (j.is_number_unsigned()) {
-    const auto u = j.get<uint64_t>();
-    if (u > static_cast<uint64_t>(hi))
-      throw invalid_request("'" + field + "' must be at most " + std::to_string(hi) + ", got " + std::to_string(u),
-                            field);
-    return static_cast<int64_t>(u);
-  }
-  if (!j.is_number_integer()) wrong_type(field, "an integer", j);
+  if (!j.is_number_integer()) wrong_type(field, "an integer", j);  // (unsigned JSON numbers are integers too)
+  if (j.is_number_unsigned() && j.get<uint64_t>() > static_cast<uint64_t>(hi))
+    throw invalid_request("'" + field + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                              "], got " + std::to_string(j.get<uint64_t>()),
+                          field);
   const auto v = j.get<int64_t>();
   if (v < lo || v > hi)
     throw invalid_request("'" + field + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +

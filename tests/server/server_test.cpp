@@ -1,0 +1,570 @@
+// The server's socket-free parts (src/server): request parsing and its exact errors, request preparation against
+// the real SmolLM2 tokenizer and context, stop sequences, response JSON, metrics text, attention specs, and the
+// scheduler (bounded queue, cancellation, timeouts, stop reasons) over a scripted engine and over the real CPU
+// engine, whose answer must equal Engine::generate's. The HTTP front is tested through OpenAI's client
+// (tests/server/test_openai_api.py, concurrency.py).
+#include <gtest/gtest.h>
+
+#include <cctype>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <thread>
+
+#include "attention/pattern/config_io.h"
+#include "attention/pattern/presets.h"
+#include "core/error.h"
+#include "model/tokenizer/byte_level.h"
+#include "runtime/engine.h"
+#include "runtime/model.h"
+#include "server/api_request.h"
+#include "server/api_response.h"
+#include "server/engine_slot.h"
+#include "server/metrics.h"
+#include "server/policy_cache.h"
+#include "server/request_prep.h"
+#include "server/scheduler.h"
+#include "server/stop_matcher.h"
+
+namespace tessera::server {
+namespace {
+
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+// ---------------------------------------------------------------------------------------------------------------
+// Parsing
+
+TEST(ServerRequest, ParsesEveryChatField) {
+  const ApiRequest r = parse_api_request(Endpoint::Chat, R"({
+    "model": "m", "messages": [{"role": "developer", "content": "Be brief."},
+                               {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]},
+                               {"role": "assistant", "content": "Hello", "name": "bot"},
+                               {"role": "user", "content": "Again"}],
+    "max_completion_tokens": 7, "temperature": 0.5, "top_p": 0.9, "top_k": 40, "seed": 12, "stop": ["\n", "END"],
+    "stream": true, "stream_options": {"include_usage": true}, "n": 1, "user": "u", "logprobs": false,
+    "presence_penalty": 0, "tools": null, "tessera": {"attn": "vs"}})");
+  EXPECT_EQ(r.model, "m");
+  ASSERT_EQ(r.messages.size(), 4u);
+  EXPECT_EQ(r.messages[0].role, "system");  // developer is the system role of newer models
+  EXPECT_EQ(r.messages[1].content, "Hi there");
+  EXPECT_EQ(r.messages[2].role, "assistant");
+  EXPECT_EQ(r.max_tokens, 7);
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(r.sampling.top_p, 0.9f);
+  EXPECT_EQ(r.sampling.top_k, 40);
+  EXPECT_EQ(r.sampling.seed, 12u);
+  EXPECT_TRUE(r.seed_given);
+  EXPECT_EQ(r.stop, (std::vector<std::string>{"\n", "END"}));
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_EQ(r.attn, "vs");
+}
+
+TEST(ServerRequest, DefaultsAreTheApis) {
+  const ApiRequest r = parse_api_request(Endpoint::Completion, R"({"model": "m", "prompt": "x", "stop": null,
+                                                                    "max_tokens": null, "top_k": -1})");
+  EXPECT_FALSE(r.max_tokens.has_value());
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 1.0f);
+  EXPECT_FLOAT_EQ(r.sampling.top_p, 1.0f);
+  EXPECT_EQ(r.sampling.top_k, 0);
+  EXPECT_FALSE(r.seed_given);
+  EXPECT_FALSE(r.stream);
+  EXPECT_TRUE(r.stop.empty());
+  EXPECT_TRUE(r.attn.empty());
+  EXPECT_EQ(r.prompt, "x");
+}
+
+TEST(ServerRequest, CompletionPromptForms) {
+  auto parse = [](const std::string& prompt) {
+    return parse_api_request(Endpoint::Completion, R"({"model": "m", "prompt": )" + prompt + "}");
+  };
+  EXPECT_EQ(parse(R"(["one"])").prompt, "one");
+  EXPECT_EQ(parse("[1, 2, 3]").prompt_ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_TRUE(parse("[1, 2, 3]").prompt_is_ids);
+  EXPECT_EQ(parse("[[4, 5]]").prompt_ids, (std::vector<int32_t>{4, 5}));
+}
+
+struct BadRequest {
+  Endpoint endpoint;
+  std::string body;
+  int status;
+  std::string param, code, message;
+};
+
+class ServerRequestErrors : public ::testing::TestWithParam<BadRequest> {};
+
+TEST_P(ServerRequestErrors, ExactError) {
+  const BadRequest& b = GetParam();
+  try {
+    (void)parse_api_request(b.endpoint, b.body);
+    FAIL() << "accepted: " << b.body;
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status(), b.status);
+    EXPECT_EQ(e.type(), "invalid_request_error");
+    EXPECT_EQ(e.param(), b.param);
+    EXPECT_EQ(e.code(), b.code);
+    EXPECT_EQ(std::string(e.what()), b.message);
+  }
+}
+
+const Endpoint C = Endpoint::Chat, P = Endpoint::Completion;
+const std::string kMsgs = R"("messages": [{"role": "user", "content": "Hi"}])";
+
+INSTANTIATE_TEST_SUITE_P(
+    All, ServerRequestErrors,
+    ::testing::Values(
+        BadRequest{C, "", 400, "", "invalid_json",
+                   "malformed JSON in the request body: [json.exception.parse_error.101] parse error at line 1, "
+                   "column 1: syntax error while parsing value - unexpected end of input; expected '[', '{', or a "
+                   "literal"},
+        BadRequest{C, "42", 400, "", "", "the request body must be a JSON object, got integer"},
+        BadRequest{C, "{" + kMsgs + "}", 400, "model", "", "'model' is missing"},
+        BadRequest{C, R"({"model": 3, )" + kMsgs + "}", 400, "model", "", "'model' must be a string, got integer"},
+        BadRequest{C, R"({"model": "m"})", 400, "messages", "", "'messages' is missing"},
+        BadRequest{C, R"({"model": "m", "messages": {}})", 400, "messages", "", "'messages' must be an array, got object"},
+        BadRequest{C, R"({"model": "m", "messages": [{"role": "user"}]})", 400, "messages[0].content", "",
+                   "'messages[0].content' is missing"},
+        BadRequest{C, R"({"model": "m", "messages": [{"role": "tool", "content": "x"}]})", 400, "messages[0].role",
+                   "unsupported_parameter", "'messages[0].role' is not supported by tessera: tool messages are not implemented"},
+        BadRequest{C, R"({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]})", 400,
+                   "messages[0].content[0].type", "unsupported_parameter",
+                   "'messages[0].content[0].type' is not supported by tessera: only text parts are (got 'image_url')"},
+        BadRequest{C, R"({"model": "m", "messages": [{"role": "user", "content": "x", "mood": 1}]})", 400,
+                   "messages[0].mood", "", "Unrecognized field in messages[0]: 'mood'"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "max_tokens": 2.0})", 400, "max_tokens", "",
+                   "'max_tokens' must be an integer, got number"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "max_tokens": 0})", 400, "max_tokens", "",
+                   "'max_tokens' must be in [1, 2147483647], got 0"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "max_tokens": 5, "max_completion_tokens": 6})", 400,
+                   "max_tokens", "", "'max_tokens' (5) and 'max_completion_tokens' (6) disagree; send one of them"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "top_p": -0.5})", 400, "top_p", "",
+                   "'top_p' must be in [0.0, 1.0], got -0.5"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "top_k": -2})", 400, "top_k", "",
+                   "'top_k' must be in [-1, 2147483647], got -2"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "seed": "7"})", 400, "seed", "",
+                   "'seed' must be an integer, got string"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "stop": ["a", "b", "c", "d", "e"]})", 400, "stop", "",
+                   "'stop' holds 5 sequences; at most 4 are allowed"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "stop": [""]})", 400, "stop", "",
+                   "'stop' sequences must not be empty"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "stop": 5})", 400, "stop", "",
+                   "'stop' must be a string or an array of strings, got integer"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "stream_options": {"include_usage": true}})", 400,
+                   "stream_options", "", "'stream_options' is only allowed when 'stream' is true"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "n": 3})", 400, "n", "unsupported_parameter",
+                   "'n' must be 1: tessera returns one choice per request (send n requests instead)"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "frequency_penalty": 0.5})", 400, "frequency_penalty",
+                   "unsupported_parameter",
+                   "'frequency_penalty' is not supported by tessera: repetition penalties are not implemented (send 0 "
+                   "or leave it out)"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "response_format": {"type": "json_object"}})", 400,
+                   "response_format", "unsupported_parameter",
+                   "'response_format' is not supported by tessera: only {\"type\": \"text\"} is (structured outputs "
+                   "are not implemented)"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "tessera": {"attn": ""}})", 400, "tessera.attn", "",
+                   "'tessera.attn' must not be empty"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "tessera": "vs"})", 400, "tessera", "",
+                   "'tessera' must be an object, got string"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "prompt": "x"})", 400, "prompt", "unsupported_parameter",
+                   "Unrecognized request argument supplied: prompt"},
+        BadRequest{P, R"({"model": "m", "prompt": []})", 400, "prompt", "", "'prompt' must not be an empty array"},
+        BadRequest{P, R"({"model": "m", "prompt": [1, -1]})", 400, "prompt[1]", "",
+                   "'prompt[1]' must be in [0, 2147483647], got -1"},
+        BadRequest{P, R"({"model": "m", "prompt": {"text": "x"}})", 400, "prompt", "",
+                   "'prompt' must be a string, an array of token ids or an array of one string, got object"},
+        BadRequest{P, R"({"model": "m", "prompt": "x", "echo": true})", 400, "echo", "unsupported_parameter",
+                   "'echo' is not supported by tessera: the prompt is not echoed back"},
+        BadRequest{P, R"({"model": "m", "prompt": "x", "best_of": 2})", 400, "best_of", "unsupported_parameter",
+                   "'best_of' must be 1: tessera returns one choice per request"},
+        BadRequest{P, R"({"model": "m", "prompt": "x", "max_completion_tokens": 2})", 400, "max_completion_tokens",
+                   "unsupported_parameter", "Unrecognized request argument supplied: max_completion_tokens"}),
+    [](const ::testing::TestParamInfo<BadRequest>& p) {
+      // The field the error names (or the code), made an identifier, and the case's index for uniqueness.
+      std::string name = p.param.param.empty() ? p.param.code : p.param.param;
+      if (name.empty()) name = "body";
+      for (char& ch : name)
+        if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+      return name + "_" + std::to_string(p.index);
+    });
+
+// ---------------------------------------------------------------------------------------------------------------
+// Preparation against the real model's tokenizer
+
+std::string models_dir() {
+  if (const char* env = std::getenv("TESSERA_MODELS"); env != nullptr && *env != '\0') return env;
+  const char* home = std::getenv("HOME");
+  return std::string(home != nullptr ? home : ".") + "/.cache/tessera/models";
+}
+
+// The SmolLM2 model, loaded once for the tests that need it; null (with the test skipped or failed as the other
+// real-model tests do) when it is missing.
+struct RealModel {
+  std::unique_ptr<runtime::Model> model;
+  std::unique_ptr<model::Tokenizer> tokenizer;
+  std::optional<model::ChatTemplate> chat;
+  ServedModel served;
+};
+
+const RealModel* real_model() {
+  static const std::unique_ptr<RealModel> m = []() -> std::unique_ptr<RealModel> {
+    const std::string path = models_dir() + "/smollm2-135m-instruct-q4_1.gguf";
+    if (!std::filesystem::exists(path)) return nullptr;
+    auto r = std::make_unique<RealModel>();
+    r->model = runtime::Model::load(path);
+    r->tokenizer = model::Tokenizer::from_gguf(r->model->file().metadata());
+    r->chat = model::ChatTemplate::from_gguf(r->model->file().metadata());
+    r->served = {"smollm2", r->tokenizer.get(), &*r->chat, 8192, 0};
+    return r;
+  }();
+  return m.get();
+}
+
+#define REQUIRE_REAL_MODEL()                                                                                  \
+  const RealModel* rm = real_model();                                                                         \
+  if (rm == nullptr) {                                                                                        \
+    const char* allow = std::getenv("TESSERA_ALLOW_MISSING_MODELS");                                         \
+    if (allow != nullptr && std::string(allow) == "1") GTEST_SKIP() << "SmolLM2 is missing";                 \
+    FAIL() << models_dir() << "/smollm2-135m-instruct-q4_1.gguf is missing: run scripts/fetch_models.sh";    \
+  }
+
+ApiError prepare_error(const std::string& body, Endpoint e, const ServedModel& m) {
+  try {
+    (void)prepare_request(parse_api_request(e, body), m, 0);
+  } catch (const ApiError& err) {
+    return err;
+  }
+  ADD_FAILURE() << "accepted: " << body;
+  return ApiError(0, "", "");
+}
+
+TEST(ServerPrepare, ChatUsesTheTemplateAndTheRestOfTheContext) {
+  REQUIRE_REAL_MODEL();
+  const PreparedRequest p = prepare_request(
+      parse_api_request(Endpoint::Chat, R"({"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}],
+                                           "seed": 5, "temperature": 0})"),
+      rm->served, 99);
+  const std::vector<model::ChatMessage> msgs = {{"user", "Hi"}};
+  EXPECT_EQ(p.prompt, rm->tokenizer->encode(rm->chat->apply(msgs, true), {.add_special = false, .parse_special = true}));
+  EXPECT_EQ(p.gen.max_new_tokens, 8192 - static_cast<int32_t>(p.prompt.size()));
+  EXPECT_EQ(p.gen.sampling.seed, 5u);
+  EXPECT_EQ(p.gen.stop_tokens, rm->tokenizer->special().end_of_generation);
+  // Completions default to 16 tokens and take the random seed when none is given.
+  const PreparedRequest c =
+      prepare_request(parse_api_request(Endpoint::Completion, R"({"model": "smollm2", "prompt": "Hello"})"),
+                      rm->served, 99);
+  EXPECT_EQ(c.gen.max_new_tokens, kDefaultCompletionTokens);
+  EXPECT_EQ(c.gen.sampling.seed, 99u);
+  EXPECT_EQ(c.prompt, rm->tokenizer->encode("Hello", {.add_special = true}));
+}
+
+TEST(ServerPrepare, ModelAndContextErrors) {
+  REQUIRE_REAL_MODEL();
+  ApiError e = prepare_error(R"({"model": "gpt-4", "prompt": "x"})", Endpoint::Completion, rm->served);
+  EXPECT_EQ(e.status(), 404);
+  EXPECT_EQ(e.code(), "model_not_found");
+  EXPECT_EQ(std::string(e.what()), "The model 'gpt-4' does not exist; this server serves 'smollm2'");
+  ServedModel small = rm->served;
+  small.context_length = 8;
+  e = prepare_error(R"({"model": "smollm2", "prompt": "one two three four five six seven eight nine"})",
+                    Endpoint::Completion, small);
+  EXPECT_EQ(e.code(), "context_length_exceeded");
+  EXPECT_EQ(std::string(e.what()),
+            "This model's maximum context length is 8 tokens. However, your prompt resulted in 9 tokens, which "
+            "leaves no room for the completion. Please reduce the length of the prompt.");
+  e = prepare_error(R"({"model": "smollm2", "prompt": "one two", "max_tokens": 7})", Endpoint::Completion, small);
+  EXPECT_EQ(std::string(e.what()),
+            "This model's maximum context length is 8 tokens. However, you requested 9 tokens (2 in the prompt, 7 in "
+            "the completion). Please reduce the length of the prompt or completion.");
+  EXPECT_EQ(e.param(), "max_tokens");
+  e = prepare_error(R"({"model": "smollm2", "prompt": [1, 49152]})", Endpoint::Completion, rm->served);
+  EXPECT_EQ(std::string(e.what()), "'prompt[1]' is token id 49152, outside the vocabulary of 49152 tokens");
+  e = prepare_error(R"({"model": "smollm2", "prompt": ""})", Endpoint::Completion, rm->served);
+  EXPECT_EQ(std::string(e.what()), "the prompt is empty");
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Stop sequences, responses, metrics, attention specs
+
+TEST(ServerStopMatcher, HoldsBackPrefixesAndCutsAtTheSequence) {
+  StopMatcher m({"</s>", "ab"});
+  EXPECT_EQ(m.push("xy<"), "xy");  // "<" may start "</s>"
+  EXPECT_EQ(m.push("/"), "");
+  EXPECT_EQ(m.push("t"), "</t");   // not a stop sequence after all
+  EXPECT_EQ(m.push("a"), "");
+  EXPECT_EQ(m.push("bc"), "");     // "ab" appeared: nothing from it on is sent
+  EXPECT_TRUE(m.stopped());
+  EXPECT_EQ(m.push("more"), "");
+  EXPECT_EQ(m.flush(), "");
+  StopMatcher n({"\n\n"});
+  EXPECT_EQ(n.push("a\n"), "a");
+  EXPECT_EQ(n.flush(), "\n");  // the end of the answer releases what was held
+  EXPECT_FALSE(n.stopped());
+  StopMatcher none({});
+  EXPECT_EQ(none.push("abc"), "abc");
+}
+
+TEST(ServerResponse, ShapesMatchTheApi) {
+  const AnswerHeader chat{Endpoint::Chat, answer_id(Endpoint::Chat, 26), 1700000000, "m"};
+  EXPECT_EQ(chat.id, "chatcmpl-00000000000000000000001a");
+  EXPECT_EQ(dump_json(answer_json(chat, "Paris", "stop", {5, 2})),
+            R"({"choices":[{"finish_reason":"stop","index":0,"logprobs":null,"message":{"content":"Paris","refusal":null,"role":"assistant"}}],"created":1700000000,"id":"chatcmpl-00000000000000000000001a","model":"m","object":"chat.completion","system_fingerprint":null,"usage":{"completion_tokens":2,"prompt_tokens":5,"total_tokens":7}})");
+  EXPECT_EQ(dump_json(chunk_json(chat, "", true, "", false)["choices"][0]["delta"]),
+            R"({"content":"","role":"assistant"})");
+  EXPECT_EQ(dump_json(chunk_json(chat, "", false, "length", true)),
+            R"({"choices":[{"delta":{},"finish_reason":"length","index":0,"logprobs":null}],"created":1700000000,"id":"chatcmpl-00000000000000000000001a","model":"m","object":"chat.completion.chunk","system_fingerprint":null,"usage":null})");
+  const AnswerHeader text{Endpoint::Completion, answer_id(Endpoint::Completion, 1), 1, "m"};
+  EXPECT_EQ(sse_event(chunk_json(text, "a\xff", false, "", false)),
+            "data: {\"choices\":[{\"finish_reason\":null,\"index\":0,\"logprobs\":null,\"text\":\"a\xEF\xBF\xBD\"}],"
+            "\"created\":1,\"id\":\"cmpl-000000000000000000000001\",\"model\":\"m\",\"object\":\"text_completion\","
+            "\"system_fingerprint\":null}\n\n");
+  EXPECT_EQ(dump_json(usage_chunk_json(text, {3, 4})["usage"]), R"({"completion_tokens":4,"prompt_tokens":3,"total_tokens":7})");
+  EXPECT_EQ(dump_json(error_json(ApiError(429, "rate_limit_error", "busy", {}, "queue_full"))),
+            R"({"error":{"code":"queue_full","message":"busy","param":null,"type":"rate_limit_error"}})");
+}
+
+TEST(ServerMetrics, PrometheusText) {
+  Histogram h({0.1, 1});
+  h.observe(0.05);
+  h.observe(0.1);
+  h.observe(5);
+  std::string out;
+  h.render(out, "x");
+  EXPECT_EQ(out, "x_bucket{le=\"0.1\"} 2\nx_bucket{le=\"1\"} 2\nx_bucket{le=\"+Inf\"} 3\nx_sum 5.15\nx_count 3\n");
+  Metrics m;
+  m.count_request("/v1/completions", 200);
+  m.count_request("/v1/completions", 200);
+  m.add_tokens(10, 3);
+  const std::string text = m.prometheus({.queued = 2, .running = 1, .slots = 1, .kv_tokens = 13, .kv_bytes = 4096});
+  for (const char* line : {"tessera_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 2\n",
+                           "tessera_prompt_tokens_total 10\n", "tessera_generation_tokens_total 3\n",
+                           "tessera_queue_depth 2\n", "tessera_kv_cache_tokens 13\n", "tessera_kv_cache_bytes 4096\n",
+                           "# TYPE tessera_time_to_first_token_seconds histogram\n"})
+    EXPECT_NE(text.find(line), std::string::npos) << line;
+}
+
+TEST(ServerPolicies, PresetsPlansAndNoPaths) {
+  const attn::PolicyShape shape{4, 2, 1};
+  const auto dir = std::filesystem::temp_directory_path() / ("tessera_server_policies_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  attn::save_policy_file(attn::policy_from_spec("ashape:sink=4,local=8", shape), dir / "short.json");
+  PolicyCache cache(shape, "dense", dir.string());
+  EXPECT_TRUE(cache.get("")->table().empty());  // the default: dense
+  EXPECT_EQ(cache.get("vs").get(), cache.get("vs").get());  // built once
+  EXPECT_EQ(cache.get("short")->table(), attn::policy_from_spec("ashape:sink=4,local=8", shape).table());
+  auto error = [&](const std::string& spec) {
+    try {
+      (void)cache.get(spec);
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.param(), "tessera.attn");
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(error((dir / "short.json").string()),
+            "'tessera.attn' is '" + (dir / "short.json").string() +
+                "': not a preset (dense, ashape, triangle, vs, minference, bs, moa, trianglemix) nor a plan name "
+                "(letters, digits, '.', '_', '-'); requests cannot name file paths");
+  EXPECT_EQ(error("long"), "'tessera.attn' is 'long': no such preset, and no plan long or long.json in the server's "
+                           "--policy-dir");
+  EXPECT_EQ(error("bs:top_k=0"), "'tessera.attn': attention spec 'bs:top_k=0': parameter 'top_k' must be >= 1, got 0");
+  std::filesystem::remove_all(dir);
+  EXPECT_THROW(PolicyCache(shape, "vs:x=1", ""), Error);  // the server's own spec is checked at start
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The scheduler over a scripted engine
+
+// A vocabulary of the 256 bytes (ids 0..255) and an end token (256).
+const model::Tokenizer& byte_tokenizer() {
+  static const model::Tokenizer tok = [] {
+    model::TokenizerData d;
+    d.kind = model::TokenizerKind::ByteLevelBPE;
+    for (int b = 0; b < 256; ++b) d.tokens.push_back(model::byte_level::spell(std::string(1, static_cast<char>(b))));
+    d.tokens.push_back("<eos>");
+    d.types.assign(256, model::TokenType::Normal);
+    d.types.push_back(model::TokenType::Control);
+    d.special.eos = 256;
+    d.special.end_of_generation = {256};
+    return model::Tokenizer(std::move(d));
+  }();
+  return tok;
+}
+
+// Generates the bytes of `script` (then the end token), one every `delay`, like generate_tokens does.
+class ScriptedSlot final : public SlotEngine {
+ public:
+  ScriptedSlot(std::string script, std::chrono::milliseconds delay, bool fail = false)
+      : script_(std::move(script)), delay_(delay), fail_(fail) {}
+  std::vector<int32_t> generate(std::span<const int32_t> prompt, const runtime::GenerateOptions& options,
+                                const attn::AttentionPolicy&, const std::function<bool(int32_t)>& on_token) override {
+    if (fail_) throw Error("prefill: out of scripted memory");
+    kv_tokens_ = static_cast<int64_t>(prompt.size());
+    kv_bytes_ = 1000;
+    std::vector<int32_t> out;
+    for (const char ch : script_) {
+      std::this_thread::sleep_for(delay_);
+      const int32_t tok = static_cast<unsigned char>(ch);
+      out.push_back(tok);
+      ++kv_tokens_;
+      if (!on_token(tok) || static_cast<int32_t>(out.size()) >= options.max_new_tokens) break;
+    }
+    kv_tokens_ = 0;
+    kv_bytes_ = 0;
+    return out;
+  }
+
+ private:
+  std::string script_;
+  std::chrono::milliseconds delay_;
+  bool fail_;
+};
+
+struct Fixture {
+  Metrics metrics;
+  std::unique_ptr<Scheduler> scheduler;
+  Fixture(int slots, int queue, std::string script, std::chrono::milliseconds delay = 1ms, bool fail = false) {
+    scheduler = std::make_unique<Scheduler>(
+        SchedulerOptions{slots, queue},
+        [=](int, int) { return std::make_unique<ScriptedSlot>(script, delay, fail); }, byte_tokenizer(), metrics);
+  }
+};
+
+std::shared_ptr<Job> job(int32_t max_tokens, std::vector<std::string> stop = {},
+                         std::chrono::milliseconds timeout = 60s) {
+  PreparedRequest p;
+  p.prompt = {104, 105};
+  p.gen.max_new_tokens = max_tokens;
+  p.gen.stop_tokens = {256};
+  p.stop = std::move(stop);
+  return std::make_shared<Job>(std::move(p), std::make_shared<const attn::AttentionPolicy>(), Clock::now() + timeout);
+}
+
+std::string drain(Job& j) {
+  std::string text;
+  while (!j.wait(text, 50ms)) {
+  }
+  return text;
+}
+
+TEST(ServerScheduler, FinishReasonsAndText) {
+  Fixture f(1, 4, "Hello, world");
+  auto a = job(100);
+  ASSERT_EQ(f.scheduler->submit(a), Admission::Accepted);
+  EXPECT_EQ(drain(*a), "Hello, world");
+  EXPECT_EQ(a->result().reason, FinishReason::Stop);  // the script ran out: as an end token
+  EXPECT_EQ(a->result().completion_tokens, 12);
+  EXPECT_EQ(a->result().prompt_tokens, 2);
+  EXPECT_GE(a->result().ttft_seconds, 0);
+  auto b = job(5);
+  ASSERT_EQ(f.scheduler->submit(b), Admission::Accepted);
+  EXPECT_EQ(drain(*b), "Hello");
+  EXPECT_EQ(b->result().reason, FinishReason::Length);
+  auto c = job(100, {"o, w"});  // a stop sequence across tokens: cut before it, its tokens counted
+  ASSERT_EQ(f.scheduler->submit(c), Admission::Accepted);
+  EXPECT_EQ(drain(*c), "Hell");
+  EXPECT_EQ(c->result().reason, FinishReason::Stop);
+  EXPECT_EQ(c->result().completion_tokens, 8);
+  const std::string m = f.metrics.prometheus(f.scheduler->gauges());
+  EXPECT_NE(m.find("tessera_generation_tokens_total 25\n"), std::string::npos) << m;
+  EXPECT_NE(m.find("tessera_time_to_first_token_seconds_count 3\n"), std::string::npos) << m;
+  EXPECT_NE(m.find("tessera_inter_token_latency_seconds_count 22\n"), std::string::npos) << m;
+}
+
+TEST(ServerScheduler, BoundedQueueAndCancellation) {
+  Fixture f(1, 2, std::string(400, 'x'), 5ms);
+  auto running = job(400), q1 = job(400), q2 = job(400), over = job(400);
+  ASSERT_EQ(f.scheduler->submit(running), Admission::Accepted);
+  std::string text;
+  while (text.empty()) running->wait(text, 50ms);  // it is on the slot
+  ASSERT_EQ(f.scheduler->submit(q1), Admission::Accepted);
+  ASSERT_EQ(f.scheduler->submit(q2), Admission::Accepted);
+  EXPECT_EQ(f.scheduler->submit(over), Admission::QueueFull);
+  Gauges g = f.scheduler->gauges();
+  EXPECT_EQ(g.running, 1);
+  EXPECT_EQ(g.queued, 2);
+  EXPECT_GT(g.kv_tokens, 0);
+  EXPECT_EQ(g.kv_bytes, 1000);
+  f.scheduler->cancel(q1);  // a queued job ends at once
+  EXPECT_TRUE(q1->wait(text, 0ms));
+  EXPECT_EQ(q1->result().reason, FinishReason::Cancelled);
+  EXPECT_EQ(f.scheduler->gauges().queued, 1);
+  f.scheduler->cancel(running);  // a running one at its next token
+  drain(*running);
+  EXPECT_EQ(running->result().reason, FinishReason::Cancelled);
+  EXPECT_LT(running->result().completion_tokens, 400);
+  f.scheduler->cancel(q2);
+  drain(*q2);
+  for (int i = 0; i < 100 && f.scheduler->gauges().running > 0; ++i) std::this_thread::sleep_for(10ms);
+  g = f.scheduler->gauges();
+  EXPECT_EQ(g.running + g.queued + g.kv_tokens + g.kv_bytes, 0);
+  EXPECT_NE(f.metrics.prometheus(g).find("tessera_requests_cancelled_total 3\n"), std::string::npos);
+}
+
+TEST(ServerScheduler, TimeoutsAndEngineErrors) {
+  Fixture f(1, 4, std::string(1000, 'y'), 2ms);
+  auto slow = job(1000, {}, 50ms);
+  ASSERT_EQ(f.scheduler->submit(slow), Admission::Accepted);
+  drain(*slow);
+  EXPECT_EQ(slow->result().reason, FinishReason::Timeout);
+  EXPECT_LT(slow->result().completion_tokens, 1000);
+  auto expired = job(10, {}, -1ms);  // its deadline passed while it waited: never runs
+  ASSERT_EQ(f.scheduler->submit(expired), Admission::Accepted);
+  drain(*expired);
+  EXPECT_EQ(expired->result().reason, FinishReason::Timeout);
+  EXPECT_EQ(expired->result().completion_tokens, 0);
+
+  Fixture broken(1, 1, "z", 1ms, /*fail=*/true);
+  auto j = job(3);
+  ASSERT_EQ(broken.scheduler->submit(j), Admission::Accepted);
+  drain(*j);
+  EXPECT_EQ(j->result().reason, FinishReason::Error);
+  EXPECT_EQ(j->result().error, "prefill: out of scripted memory");
+}
+
+TEST(ServerScheduler, ShutdownEndsEverything) {
+  Fixture f(1, 4, std::string(10000, 'z'), 1ms);
+  auto a = job(10000), b = job(10000);
+  ASSERT_EQ(f.scheduler->submit(a), Admission::Accepted);
+  ASSERT_EQ(f.scheduler->submit(b), Admission::Accepted);
+  f.scheduler->shutdown();
+  drain(*a);
+  drain(*b);
+  EXPECT_EQ(a->result().reason, FinishReason::Cancelled);
+  EXPECT_EQ(b->result().reason, FinishReason::Cancelled);
+  EXPECT_EQ(f.scheduler->submit(job(1)), Admission::ShuttingDown);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The scheduler over the real CPU engine
+
+TEST(ServerScheduler, RealEngineAnswersAsEngineGenerate) {
+  REQUIRE_REAL_MODEL();
+  const PreparedRequest p = prepare_request(
+      parse_api_request(Endpoint::Chat, R"({"model": "smollm2", "temperature": 0, "max_tokens": 12,
+                                           "messages": [{"role": "user", "content": "What is 2+2?"}]})"),
+      rm->served, 0);
+  runtime::Engine engine(*rm->model);
+  const std::vector<int32_t> ids = engine.generate(p.prompt, p.gen);
+  const std::string want = rm->tokenizer->decode(ids, {.skip_special = true});
+
+  Metrics metrics;
+  runtime::EngineOptions eo;
+  eo.chunk_size = 16;  // several prefill chunks
+  Scheduler sched({.slots = 2, .queue = 2}, cpu_slot_factory(*rm->model, eo), *rm->tokenizer, metrics);
+  auto a = std::make_shared<Job>(p, std::make_shared<const attn::AttentionPolicy>(), Clock::now() + 120s);
+  auto b = std::make_shared<Job>(p, std::make_shared<const attn::AttentionPolicy>(), Clock::now() + 120s);
+  ASSERT_EQ(sched.submit(a), Admission::Accepted);
+  ASSERT_EQ(sched.submit(b), Admission::Accepted);  // both slots at once, each with its own thread pool
+  EXPECT_EQ(drain(*a), want);
+  EXPECT_EQ(drain(*b), want);
+  EXPECT_EQ(a->result().completion_tokens, static_cast<int64_t>(ids.size()));
+  EXPECT_EQ(a->result().reason, static_cast<int32_t>(ids.size()) == 12 ? FinishReason::Length : FinishReason::Stop);
+  const Gauges g = sched.gauges();
+  EXPECT_EQ(g.kv_tokens + g.kv_bytes, 0);  // the engines, and their caches, went with the requests
+}
+
+}  // namespace
+}  // namespace tessera::server
