@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -364,6 +365,73 @@ TEST(TokenizerGguf, RejectsUnsupportedModels) {
         {"tokenizer.ggml.pre", "mystery"}};
   EXPECT_THROW(Tokenizer::from_gguf(md), Error);
   EXPECT_THROW(Tokenizer::from_gguf(json::object()), Error);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Hostile tokenizer files (tests/data/tokenizer/fuzz; tests/fuzz): each is a tessera::Error naming the file
+// and the key, never a crash or another exception type.
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("not a tessera::Error: ") + e.what();
+  }
+  return "no error";
+}
+
+const std::string kFuzzDir = kDataDir + "fuzz/";
+
+TEST(HfTokenizerJson, HostileFilesAreErrorsNamingTheKey) {
+  // A negative id was used as an index unchecked: a write far outside the vocabulary (SIGSEGV, issue 22).
+  const std::map<std::string, std::string> cases = {
+      {"hf-vocab-id-negative.json",
+       "model.vocab: token \"b\" has id -1, outside [0, 2) (the file lists 2 tokens)"},
+      {"hf-vocab-id-past-end.json",
+       "model.vocab: token \"b\" has id 70000, outside [0, 2) (the file lists 2 tokens)"},
+      {"hf-vocab-id-float.json", "model.vocab: token \"b\" has id 1.5, which is not an integer token id"},
+      {"hf-added-token-id-past-end.json",
+       "added_tokens[0].id is 4294967295, outside [0, 2) (the file lists 2 tokens)"},
+      {"hf-added-token-content-not-string.json", "added_tokens[0].content must be a string, got 5"},
+      {"hf-merge-not-strings.json", "model.merges[0] is neither \"a b\" nor [\"a\", \"b\"]: [1,2]"},
+      {"hf-pre-tokenizer-flag-not-bool.json",
+       "pre_tokenizer.add_prefix_space must be true or false, got \"yes\""},
+  };
+  for (const auto& [file, message] : cases) {
+    const std::string path = kFuzzDir + file;
+    EXPECT_EQ(error_of([&] { Tokenizer::from_hf_file(path); }), path + ": " + message);
+    EXPECT_EQ(error_of([&] { Tokenizer::from_hf_json(load_json(path)); }), "tokenizer.json: " + message);
+  }
+  EXPECT_EQ(error_of([] { Tokenizer::from_hf_json(json::array()); }),
+            "tokenizer.json: must be a JSON object, got []");
+}
+
+TEST(TokenizerGguf, HostileMetadataIsAnErrorNamingTheKey) {
+  const std::map<std::string, std::string> cases = {
+      {"gguf-token-type-not-integer.json",
+       "tokenizer: tokenizer.ggml.token_type holds a value that is not an integer"},
+      {"gguf-score-not-number.json",
+       "tokenizer: tokenizer.ggml.scores holds a value that is not a 32-bit float"},
+      {"gguf-bos-id-past-end.json",
+       "tokenizer: GGUF metadata tokenizer.ggml.bos_token_id is 300, outside the vocabulary of 4 tokens"},
+      {"gguf-tokens-not-strings.json", "tokenizer: tokenizer.ggml.tokens holds a value that is not a string"},
+  };
+  for (const auto& [file, message] : cases) {
+    EXPECT_EQ(error_of([&] { Tokenizer::from_gguf(load_json(kFuzzDir + file)); }), message) << file;
+  }
+}
+
+TEST(TokenizerGguf, ByteTokensThatAreNotHexAreOrdinaryPieces) {
+  // "<0x-1>" was read by sscanf's %2X as 0xFFFFFFFF and used as an index into the 256 byte tokens; "<0xZZ>"
+  // made decode() throw std::invalid_argument (std::stoi).
+  const auto tok = Tokenizer::from_gguf(load_json(kFuzzDir + "gguf-byte-token-not-hex.json"));
+  EXPECT_EQ(tok->token_to_piece(2), "<0x-1>");
+  EXPECT_EQ(tok->token_to_piece(3), "<0xZZ>");
+  EXPECT_EQ(tok->decode(std::vector<int32_t>{1, 2, 3}), "a<0x-1><0xZZ>");
+  // "▁" and 0xFF have no piece and no byte token: each is the unknown token.
+  EXPECT_EQ(tok->encode("a\xFF", {.add_special = false}), (std::vector<int32_t>{0, 1, 0}));
 }
 
 // ---------------------------------------------------------------------------------------------------------

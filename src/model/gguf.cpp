@@ -350,6 +350,8 @@ ModelFile::Contents read_gguf(std::shared_ptr<const MappedFile> file) {
     const std::string index = str(i);
     TensorInfo t;
     t.name = std::string(c.string([&] { return "the name of tensor info " + index; }));
+    // Every later message names the tensor: an empty name would leave a gap in it ("tensor  has ...").
+    if (t.name.empty()) throw Error(path + ": tensor info " + index + " has an empty name");
     auto what = [&] { return "tensor info " + index + " (" + t.name + ")"; };
     const auto n_dims = c.get<uint32_t>(what);
     if (n_dims > kMaxDims) {

@@ -104,6 +104,8 @@ std::vector<TensorInfo> parse_safetensors(const MappedFile& file) {
   std::vector<uint64_t> begins;
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") continue;
+    // Every later message names the tensor: an empty name would leave a gap in it ("tensor  has ...").
+    if (name.empty()) throw Error(path + ": the header has a tensor with an empty name");
     const std::string where = path + ": tensor " + name;
     if (!entry.is_object()) throw Error(where + ": header entry is not a JSON object");
     const auto dtype = entry.find("dtype");
@@ -218,6 +220,7 @@ ModelFile::Contents read_hf_directory(const std::string& dir_text) {
     weight_map = *wm;
     std::set<std::string> unique;
     for (const auto& [tensor, shard] : weight_map.items()) {
+      if (tensor.empty()) throw Error(index_text + ": \"weight_map\" has a tensor with an empty name");
       const auto& name = shard.get_ref<const std::string&>();
       if (name.empty() || fs::path(name).filename() != fs::path(name)) {  // no "../x", "/abs", "sub/x"
         throw Error(index_text + ": shard name \"" + name + "\" (of tensor " + tensor +

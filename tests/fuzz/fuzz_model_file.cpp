@@ -5,7 +5,8 @@
 // read under AddressSanitizer. A tessera::Error is the expected outcome for bad input; anything else (a
 // crash, a sanitizer report, another exception type, a leak, a huge allocation) is a finding.
 //
-// Not built by default: tests/fuzz/run_fuzz.sh builds and runs it with clang's -fsanitize=fuzzer.
+// Built with the other harnesses by the `fuzz` CMake preset (TESSERA_FUZZ=ON, clang); scripts/fuzz.sh runs
+// them.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>

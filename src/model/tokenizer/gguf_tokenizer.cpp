@@ -1,5 +1,8 @@
 // Tokenizer from GGUF metadata (the tokenizer.ggml.* keys written by llama.cpp's converters).
+#include <cmath>
+#include <limits>
 #include <string>
+#include <utility>
 
 #include "core/error.h"
 #include "model/tokenizer/pretokenizer.h"
@@ -99,7 +102,9 @@ TokenizerData Tokenizer::gguf_data(const json& md) {
           "tokenizer: tokenizer.ggml.token_type does not have one entry per token");
     d.types.reserve(types->size());
     for (const auto& t : *types) {
-      const int v = t.get<int>();
+      if (!t.is_number_integer())
+        throw Error("tokenizer: tokenizer.ggml.token_type holds a value that is not an integer");
+      const int64_t v = t.get<int64_t>();
       d.types.push_back(v >= 0 && v <= 6 ? static_cast<TokenType>(v) : TokenType::Undefined);
     }
   }
@@ -107,7 +112,12 @@ TokenizerData Tokenizer::gguf_data(const json& md) {
     check(scores->is_array() && scores->size() == d.tokens.size(),
           "tokenizer: tokenizer.ggml.scores does not have one entry per token");
     d.scores.reserve(scores->size());
-    for (const auto& s : *scores) d.scores.push_back(s.get<float>());
+    for (const auto& s : *scores) {
+      const double v = s.is_number() ? s.get<double>() : std::nan("");
+      if (std::isnan(v) || (std::isfinite(v) && std::abs(v) > std::numeric_limits<float>::max()))
+        throw Error("tokenizer: tokenizer.ggml.scores holds a value that is not a 32-bit float");
+      d.scores.push_back(static_cast<float>(v));
+    }
   }
 
   SpecialTokens& s = d.special;
@@ -116,6 +126,17 @@ TokenizerData Tokenizer::gguf_data(const json& md) {
   s.eot = id_or(md, "tokenizer.ggml.eot_token_id", -1);
   s.unk = id_or(md, "tokenizer.ggml.unknown_token_id", -1);
   s.pad = id_or(md, "tokenizer.ggml.padding_token_id", -1);
+  for (const auto& [key, id] : {std::pair<const char*, int32_t>{"bos_token_id", s.bos},
+                                {"eos_token_id", s.eos},
+                                {"eot_token_id", s.eot},
+                                {"unknown_token_id", s.unk},
+                                {"padding_token_id", s.pad}}) {
+    if (id < -1 || id >= static_cast<int64_t>(d.tokens.size())) {
+      throw Error(std::string("tokenizer: GGUF metadata tokenizer.ggml.") + key + " is " +
+                  std::to_string(id) + ", outside the vocabulary of " + std::to_string(d.tokens.size()) +
+                  " tokens");
+    }
+  }
   const bool spm = d.kind == TokenizerKind::SentencePieceBPE;
   // llama.cpp's defaults when a file does not say: SentencePiece adds BOS and a prefix space, BPE neither.
   s.add_bos = bool_or(md, "tokenizer.ggml.add_bos_token", spm);

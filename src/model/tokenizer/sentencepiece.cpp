@@ -1,6 +1,5 @@
 #include "model/tokenizer/sentencepiece.h"
 
-#include <cstdio>
 #include <queue>
 
 #include "model/tokenizer/utf8.h"
@@ -20,6 +19,18 @@ std::string escape_spaces(std::string_view text) {
   return out;
 }
 
+int byte_token_value(std::string_view text) {
+  auto hex = [](char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  if (text.size() != 6 || !text.starts_with("<0x") || text.back() != '>') return -1;
+  const int hi = hex(text[3]), lo = hex(text[4]);
+  return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
+}
+
 SentencePieceBpe::SentencePieceBpe(const std::vector<std::string>& tokens,
                                    const std::vector<TokenType>& types, const std::vector<float>& scores,
                                    bool byte_fallback, int32_t unk)
@@ -32,12 +43,9 @@ SentencePieceBpe::SentencePieceBpe(const std::vector<std::string>& tokens,
     if (t == TokenType::Normal || t == TokenType::UserDefined || t == TokenType::Undefined) {
       pieces_.try_emplace(tokens[i], id);
     } else if (t == TokenType::Byte) {
-      unsigned value = 0;
-      char tail = 0;
-      if (tokens[i].size() == 6 && std::sscanf(tokens[i].c_str(), "<0x%2X%c", &value, &tail) == 2 &&
-          tail == '>') {
-        byte_token_[value] = id;
-      }
+      // (not sscanf's %2X, which reads "<0x-1>" as 0xFFFFFFFF, an index far outside byte_token_)
+      if (const int value = byte_token_value(tokens[i]); value >= 0)
+        byte_token_[static_cast<size_t>(value)] = id;
     }
   }
 }

@@ -43,4 +43,7 @@ class SentencePieceBpe {
 // " " -> "▁" (U+2581).
 std::string escape_spaces(std::string_view text);
 
+// The byte a byte-fallback token stands for: "<0x0A>" -> 10 (two hex digits exactly); -1 for any other text.
+int byte_token_value(std::string_view text);
+
 }  // namespace tessera::model

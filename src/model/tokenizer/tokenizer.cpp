@@ -68,8 +68,9 @@ struct Tokenizer::Impl {
     if (d.kind == TokenizerKind::ByteLevelBPE) {
       return t == TokenType::UserDefined ? text : byte_level::unspell(text);
     }
-    if (t == TokenType::Byte && text.size() == 6 && text.starts_with("<0x") && text.back() == '>') {
-      return std::string(1, static_cast<char>(std::stoi(text.substr(3, 2), nullptr, 16)));
+    // (not std::stoi, which throws std::invalid_argument for "<0xZZ>" and reads "<0x-1>")
+    if (const int byte = byte_token_value(text); t == TokenType::Byte && byte >= 0) {
+      return std::string(1, static_cast<char>(byte));
     }
     std::string out;
     out.reserve(text.size());
