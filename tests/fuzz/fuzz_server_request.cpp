@@ -1,0 +1,39 @@
+// libFuzzer harness for the server's request parser (src/server/api_request.h).
+//
+// The input is a request body; the first byte picks the endpoint (even: /v1/chat/completions, odd:
+// /v1/completions) and the rest is parsed as that endpoint's JSON. ApiError is the expected outcome for bad
+// input; anything else (a crash, a sanitizer report, another exception type such as nlohmann's, a leak, a hang)
+// is a finding. An accepted request is checked for what the parser promises: a model name, one of
+// messages / prompt, a positive token budget when one is set, at most 4 non-empty stop sequences.
+//
+// Not built by default. Build and run it like tests/fuzz/run_fuzz.sh does the model-file harness:
+//   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Isrc src/server/api_request.cpp \
+//     tests/fuzz/fuzz_server_request.cpp -o /tmp/fuzz_server_request
+//   /tmp/fuzz_server_request -max_len=4096 -max_total_time=300 CORPUS_DIR
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string_view>
+
+#include "server/api_request.h"
+
+using namespace tessera::server;
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0) return 0;
+  const Endpoint endpoint = (data[0] & 1) == 0 ? Endpoint::Chat : Endpoint::Completion;
+  const std::string_view body(reinterpret_cast<const char*>(data + 1), size - 1);
+  try {
+    const ApiRequest r = parse_api_request(endpoint, body);
+    if (endpoint == Endpoint::Chat && r.messages.empty()) std::abort();
+    if (r.max_tokens && *r.max_tokens < 1) std::abort();
+    if (r.stop.size() > kMaxStopSequences) std::abort();
+    for (const auto& s : r.stop)
+      if (s.empty() || s.size() > kMaxStopSequenceBytes) std::abort();
+    if (r.sampling.temperature < 0 || r.sampling.temperature > 2 || r.sampling.top_p < 0 || r.sampling.top_p > 1)
+      std::abort();
+  } catch (const ApiError& e) {
+    if (e.status() != 400) std::abort();  // the parser only answers 400
+  }
+  return 0;
+}
