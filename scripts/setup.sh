@@ -18,6 +18,7 @@ APT_PACKAGES=(
   libpcre2-dev                     # pre-tokenizer regexes
   libopenblas-dev                  # f32 GEMMs of the CPU model runtime
   libcpp-httplib-dev               # HTTP of `tessera serve` (the server llama.cpp's is built on; small, no framework)
+  clang libclang-rt-14-dev         # libFuzzer harnesses (tests/fuzz, the `fuzz` preset, scripts/fuzz.sh)
   bible-kjv-text                   # public-domain haystack text for the demo and evals
   python3 python3-pip python3-venv
 )
