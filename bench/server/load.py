@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Load figures for an OpenAI-compatible server: throughput, time to first token and inter-token latency.
+
+    bench/server/load.py --url http://127.0.0.1:8080 --model NAME --clients 1,4,16 [--requests 4]
+                         [--prompt-words 64] [--max-tokens 32] [--label tessera] [--format md|json]
+
+Each client is a thread running a closed loop: it sends --requests streamed /v1/completions one after the
+other (each waits for the previous answer) and timestamps every SSE chunk that carries text. The workload is
+the same for any server: greedy sampling, prompts of --prompt-words words of public-domain-like filler with a
+per-request number in front (so that no server can reuse another request's prompt cache wholesale), and a
+--max-tokens budget. Tokens are counted as text chunks (both tessera and llama.cpp's server send one chunk per
+token). Figures per client count:
+  tok/s      generated tokens of all clients / wall time of the run
+  req/s      completed requests / wall time
+  TTFT       request sent -> first text chunk (queueing in the server included), p50 and p99
+  ITL        gap between consecutive text chunks of one answer, p50 and p99
+Only the Python standard library is used, so it runs in any environment.
+"""
+import argparse
+import http.client
+import json
+import statistics
+import sys
+import threading
+import time
+import urllib.parse
+
+WORDS = ("the quick brown fox jumps over a lazy dog while seven wise owls count the silver stars above an old "
+         "stone bridge near the river where children sing songs about distant mountains and golden fields").split()
+
+
+def prompt_text(request_id, words):
+    body = " ".join(WORDS[(request_id * 7 + i) % len(WORDS)] for i in range(words))
+    return f"Note {request_id}: {body}. Continue the story:"
+
+
+def percentile(values, q):
+    if not values:
+        return float("nan")
+    v = sorted(values)
+    k = (len(v) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+
+def one_request(url, model, request_id, args):
+    u = urllib.parse.urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=args.timeout)
+    body = {"model": model, "prompt": prompt_text(request_id, args.prompt_words), "max_tokens": args.max_tokens,
+            "temperature": 0, "stream": True}
+    headers = {"Content-Type": "application/json"}
+    if args.api_key:
+        headers["Authorization"] = "Bearer " + args.api_key
+    t0 = time.perf_counter()
+    stamps = []
+    try:
+        conn.request("POST", "/v1/completions", json.dumps(body), headers)
+        r = conn.getresponse()
+        if r.status != 200:
+            raise RuntimeError(f"HTTP {r.status}: {r.read()[:300]!r}")
+        while True:
+            line = r.fp.readline()
+            if not line:
+                break
+            line = line.strip()
+            if not line.startswith(b"data: "):
+                continue
+            data = line[6:]
+            if data == b"[DONE]":
+                break
+            chunk = json.loads(data)
+            if "error" in chunk:
+                raise RuntimeError(f"stream error: {chunk['error']}")
+            choices = chunk.get("choices") or []
+            if choices and choices[0].get("text"):
+                stamps.append(time.perf_counter())
+    finally:
+        conn.close()
+    return t0, stamps
+
+
+def run_level(args, clients):
+    results, errors = [], []
+    lock = threading.Lock()
+
+    def client(c):
+        for k in range(args.requests):
+            rid = clients * 100000 + c * 1000 + k
+            try:
+                t0, stamps = one_request(args.url, args.model, rid, args)
+                with lock:
+                    results.append((t0, stamps))
+            except Exception as e:  # noqa: BLE001 - counted and reported
+                with lock:
+                    errors.append(repr(e))
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    ttft = [s[0] - t0 for t0, s in results if s]
+    itl = [b - a for _, s in results for a, b in zip(s, s[1:])]
+    tokens = sum(len(s) for _, s in results)
+    return {
+        "label": args.label, "clients": clients, "requests": len(results), "errors": len(errors),
+        "tokens": tokens, "wall_s": wall, "tok_per_s": tokens / wall, "req_per_s": len(results) / wall,
+        "ttft_p50_s": percentile(ttft, 0.5), "ttft_p99_s": percentile(ttft, 0.99),
+        "itl_p50_s": percentile(itl, 0.5), "itl_p99_s": percentile(itl, 0.99),
+        "mean_tokens": statistics.mean(len(s) for _, s in results) if results else 0,
+        "first_error": errors[0] if errors else None,
+    }
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--clients", default="1,4,16")
+    p.add_argument("--requests", type=int, default=4, help="requests per client")
+    p.add_argument("--prompt-words", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--api-key", default="")
+    p.add_argument("--label", default="server")
+    p.add_argument("--timeout", type=float, default=1800)
+    p.add_argument("--warmup", type=int, default=1, help="requests sent (and not counted) before measuring")
+    p.add_argument("--format", choices=["md", "json"], default="md")
+    args = p.parse_args()
+    for k in range(args.warmup):
+        one_request(args.url, args.model, 999999 - k, args)
+    rows = [run_level(args, int(c)) for c in args.clients.split(",")]
+    if args.format == "json":
+        json.dump(rows, sys.stdout, indent=1)
+        print()
+        return
+    print("| server | clients | requests | tokens/req | tok/s | req/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['label']} | {r['clients']} | {r['requests']}{' (' + str(r['errors']) + ' errors)' if r['errors'] else ''}"
+              f" | {r['mean_tokens']:.1f} | {r['tok_per_s']:.1f} | {r['req_per_s']:.2f}"
+              f" | {r['ttft_p50_s'] * 1e3:.0f} ms | {r['ttft_p99_s'] * 1e3:.0f} ms"
+              f" | {r['itl_p50_s'] * 1e3:.1f} ms | {r['itl_p99_s'] * 1e3:.1f} ms |")
+    for r in rows:
+        if r["first_error"]:
+            print(f"{r['label']} x{r['clients']}: first error: {r['first_error']}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
