@@ -1,11 +1,14 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/error.h"
+#include "core/memory_budget.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
 
@@ -100,6 +103,49 @@ TEST(ThreadPool, RunsEveryIndexOnceAndPropagatesErrors) {
   int count = 0;
   pool.parallel_for(1, [&](int64_t, int) { ++count; });  // still usable after an error
   EXPECT_EQ(count, 1);
+}
+
+TEST(MemoryBudget, SizesParseAndPrint) {
+  EXPECT_EQ(parse_byte_size("24G", "x"), int64_t{24} << 30);
+  EXPECT_EQ(parse_byte_size("512MiB", "x"), int64_t{512} << 20);
+  EXPECT_EQ(parse_byte_size("1.5g", "x"), int64_t{3} << 29);
+  EXPECT_EQ(parse_byte_size("1000", "x"), 1000);
+  for (const char* bad : {"", "G", "12Q", "-1G", "0", "1e30T", "5 G"}) {
+    try {
+      parse_byte_size(bad, "--memory-budget");
+      ADD_FAILURE() << bad;
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_EQ(msg.rfind("--memory-budget: '" + std::string(bad) + "' ", 0), 0u) << msg;
+    }
+  }
+  EXPECT_EQ(format_bytes(999), "999 B");
+  EXPECT_EQ(format_bytes(1536.0 * 1024 * 1024), "1.61 GB");
+  EXPECT_EQ(format_bytes(51.2e6), "51.2 MB");
+  EXPECT_EQ(format_bytes(640e9), "640 GB");
+}
+
+TEST(MemoryBudget, ChecksAgainstTheBudgetInForce) {
+  set_host_memory_budget(int64_t{8} << 30, "--memory-budget");
+  EXPECT_EQ(host_memory_budget().bytes, int64_t{8} << 30);
+  EXPECT_NO_THROW(check_host_allocation("x", 1e9, "y"));
+  try {
+    check_host_allocation("the weights of m.gguf", 12.9e9, "use a smaller model");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "the weights of m.gguf needs 12.9 GB, over the host memory budget of 8.59 GB (--memory-budget); use a "
+              "smaller model, or change the budget with --memory-budget or TESSERA_MEMORY_BUDGET");
+  }
+  EXPECT_THROW(check_host_allocation("x", -1, "y"), Error);  // an overflowed size computation
+  set_host_memory_budget(0);
+  setenv("TESSERA_MEMORY_BUDGET", "3G", 1);
+  EXPECT_EQ(host_memory_budget().bytes, int64_t{3} << 30);
+  EXPECT_EQ(host_memory_budget().source, "TESSERA_MEMORY_BUDGET");
+  setenv("TESSERA_MEMORY_BUDGET", "lots", 1);
+  EXPECT_THROW(host_memory_budget(), Error);
+  unsetenv("TESSERA_MEMORY_BUDGET");
+  EXPECT_GT(host_memory_budget().bytes, int64_t{1} << 28);  // physical memory or the cgroup limit
 }
 
 }  // namespace

@@ -574,6 +574,26 @@ TEST_F(ConfigFiles, TesseraMissingAndBadCounts) {
       path("t.json") + ": num_q_heads (4) is not a multiple of num_kv_heads (3)");
 }
 
+TEST_F(ConfigFiles, SizesAreCheckedBeforeAnythingIsAllocated) {
+  // Header counts against the model, before the table (num_layers x num_q_heads patterns) is sized from them.
+  const std::string huge = R"({"tessera_policy": 1, "num_layers": 2000000000, "num_q_heads": 2000000000,
+                               "num_kv_heads": 1, "default": {"type": "dense"}})";
+  EXPECT_EQ(load_error("t.json", huge, PolicyShape{2, 4, 2}),
+            path("t.json") + ": the policy has 2000000000 layers, but the model has 2");
+  EXPECT_EQ(load_error("t.json", huge),
+            path("t.json") + ": num_layers x num_q_heads = 4000000000000000000 heads, more than tessera's limit of " +
+                std::to_string(kMaxPolicyHeads) + " (a policy holds one pattern per layer and query head)");
+  // Only regular files, and of a bounded size.
+  EXPECT_EQ(error_of([&] { load_policy_file("/dev/null"); }),
+            "/dev/null: not a regular file (a policy is read from a JSON file, not a device or a pipe)");
+  const fs::path big = dir_ / "big.json";
+  { std::ofstream(big) << "["; }
+  fs::resize_file(big, kMaxPolicyFileBytes + 1);  // sparse: no disk used
+  EXPECT_EQ(error_of([&] { load_policy_file(big); }),
+            big.string() + ": " + std::to_string(kMaxPolicyFileBytes + 1) +
+                " bytes, more than a policy file may hold (64 MiB)");
+}
+
 TEST_F(ConfigFiles, TesseraUnknownTopLevelField) {
   EXPECT_EQ(load_error("t.json", tessera_doc(R"("defualt": {"type": "dense"})")),
             path("t.json") +

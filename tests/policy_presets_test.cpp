@@ -72,8 +72,41 @@ TEST(PolicyPresets, ErrorsNameTheSpecAndTheProblem) {
   EXPECT_EQ(error_of("sparse"),
             "attention spec 'sparse': not a preset (dense, ashape, triangle, vs, minference, bs, moa, trianglemix) "
             "nor an existing policy file");
-  EXPECT_EQ(error_of("ashape:local=0"), "layer 0, head 0: field 'local' must be >= 1, got 0");
-  EXPECT_EQ(error_of("trianglemix:start=9"), "trianglemix: start_layer must be in [0, 4], got 9");
+  // Range errors name the spec and its parameter, not a layer and head as for a file.
+  EXPECT_EQ(error_of("ashape:local=0"), "attention spec 'ashape:local=0': parameter 'local' must be >= 1, got 0");
+  EXPECT_EQ(error_of("vs:v=-5"), "attention spec 'vs:v=-5': parameter 'v' must be >= 0, got -5");
+  EXPECT_EQ(error_of("bs:top_k=0"), "attention spec 'bs:top_k=0': parameter 'top_k' must be >= 1, got 0");
+  EXPECT_EQ(error_of("moa:beta=-1"), "attention spec 'moa:beta=-1': parameter 'beta' must be finite and >= 0, got -1");
+  EXPECT_EQ(error_of("trianglemix:inner=vs,s=-1"),
+            "attention spec 'trianglemix:inner=vs,s=-1': parameter 's' must be >= 0, got -1");
+  EXPECT_EQ(error_of("trianglemix:local=0"),
+            "attention spec 'trianglemix:local=0': parameter 'local' must be >= 1, got 0");
+  EXPECT_EQ(error_of("trianglemix:start=9"),
+            "attention spec 'trianglemix:start=9': parameter 'start' must be in [0, 4] (the model's layers), got 9");
+}
+
+TEST(PolicyPresets, SpecsAreCheckedWithoutAModel) {
+  EXPECT_NO_THROW(check_policy_spec("vs:v=100,s=200"));
+  EXPECT_NO_THROW(check_policy_spec("trianglemix:start=30,inner=vs"));
+  auto error = [](const std::string& spec) {
+    try {
+      check_policy_spec(spec);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error("vs:v=-5"), "attention spec 'vs:v=-5': parameter 'v' must be >= 0, got -5");
+  EXPECT_EQ(error("bs:top_k=0"), "attention spec 'bs:top_k=0': parameter 'top_k' must be >= 1, got 0");
+  EXPECT_EQ(error(""), "attention spec is empty");
+  EXPECT_EQ(error("nope.json"),
+            "attention spec 'nope.json': not a preset (dense, ashape, triangle, vs, minference, bs, moa, trianglemix) "
+            "nor an existing policy file");
+  const std::string path = testing::TempDir() + "/tessera_check_spec.json";
+  std::ofstream(path) << R"({"tessera_policy": 1, "num_layers": 2, "num_q_heads": 4, "num_kv_heads": 2,
+                             "default": {"type": "block_sparse", "top_k": 0}})";
+  EXPECT_EQ(error(path), path + ": default: field 'top_k' must be >= 1, got 0");
+  std::remove(path.c_str());
 }
 
 }  // namespace

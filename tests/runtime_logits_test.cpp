@@ -20,6 +20,7 @@
 #include "attention/cpu/reference.h"
 #include "attention/pattern/policy.h"
 #include "core/error.h"
+#include "core/memory_budget.h"
 #include "runtime/engine.h"
 #include "runtime/model.h"
 #include "runtime/weights.h"
@@ -212,6 +213,83 @@ TEST(RuntimeConfig, ErrorsNameTheFileAndKey) {
         std::string(e.what()),
         "m.gguf: architecture phi3 is not supported (tessera runs the GGUF architectures llama, qwen2 and "
         "gemma3)");
+  }
+}
+
+TEST(RuntimeConfig, LayerCountsAreBoundedBeforeTablesAreSized) {
+  nlohmann::json cfg = {{"architectures", {"LlamaForCausalLM"}}, {"vocab_size", 10},        {"hidden_size", 8},
+                        {"num_hidden_layers", 2147483647},       {"num_attention_heads", 2}, {"intermediate_size", 8}};
+  auto error = [&](int64_t tensors) {
+    try {
+      config_from_hf(cfg, "x/config.json", tensors);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error(-1), "x/config.json: key num_hidden_layers is 2147483647, more than tessera's limit of 4096 layers");
+  cfg["num_hidden_layers"] = 100;
+  EXPECT_EQ(error(20), "x/config.json: key num_hidden_layers is 100, but the weights hold only 20 tensors (each layer "
+                       "has several)");
+  EXPECT_EQ(error(1000), "no error");
+  cfg["num_hidden_layers"] = 2;
+  cfg["layer_types"] = nlohmann::json::array({"full_attention", 3});
+  EXPECT_EQ(error(-1), "x/config.json: key layer_types entry 1 must be a string, got 3");
+  cfg.erase("layer_types");
+  cfg["rope_scaling"] = {{"rope_type", 7}};
+  EXPECT_EQ(error(-1), "x/config.json: key rope_scaling has rope_type 7, which must be a string");
+  cfg["rope_scaling"] = {{"rope_type", "linear"}, {"factor", "2"}};
+  EXPECT_EQ(error(-1), "x/config.json: key rope_scaling has factor \"2\", which must be a number");
+  cfg.erase("rope_scaling");
+  cfg["architectures"] = nlohmann::json::array({1});
+  EXPECT_EQ(error(-1), "x/config.json: key architectures must list strings, got [1]");
+
+  nlohmann::json md = {{"general.architecture", "llama"}, {"llama.block_count", 500}, {"llama.embedding_length", 8}};
+  try {
+    config_from_gguf(md, "m.gguf", 10, 12);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "m.gguf: metadata key llama.block_count is 500, but the weights hold only 12 tensors (each layer has "
+              "several)");
+  }
+}
+
+// Allocations that follow from the input are checked against the host memory budget first (core/memory_budget.h).
+TEST(RuntimeEngine, MemoryBudgetIsCheckedBeforeAllocating) {
+  const Model& m = model("llama3");  // 2 layers x 2 kv heads x 16 dims: 512 bytes of K and V per token
+  struct Budget {
+    explicit Budget(int64_t b) { set_host_memory_budget(b, "test budget"); }
+    ~Budget() { set_host_memory_budget(0); }
+  } budget(1 << 20);  // 1 MiB: 2048 tokens
+  try {
+    Engine e(m, opts(2048, {}, 100000));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "KV cache for 100,000 tokens (2 layers x 2 kv heads x 16 dims, K and V in f32) needs 51.2 MB, over the "
+              "host memory budget of 1.05 MB (test budget); lower the context limit (--max-context) or shorten the "
+              "prompt, or change the budget with --memory-budget or TESSERA_MEMORY_BUDGET");
+  }
+  // Within the budget the cache grows to what the prompt needs (never to the geometric step beyond the budget).
+  Engine ok(m, opts(2048, {}, 2000));
+  ok.prefill(std::vector<int32_t>(200, 5));
+  EXPECT_LE(ok.kv_cache_bytes(), size_t{1} << 20);
+  try {
+    Model::load(kFixtures + "llama3");
+    SUCCEED();
+  } catch (const Error& e) {
+    FAIL() << e.what();
+  }
+  set_host_memory_budget(1000, "test budget");
+  try {
+    Model::load(kFixtures + "llama3");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "loading " + kFixtures + "llama3 (21 weight tensors, dequantized to f32) needs 427 kB, over the host "
+              "memory budget of 1.00 kB (test budget); use a smaller model, or change the budget with --memory-budget "
+              "or TESSERA_MEMORY_BUDGET");
   }
 }
 

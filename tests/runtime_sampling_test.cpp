@@ -17,6 +17,24 @@ TEST(RuntimeSampling, ArgmaxTiesGoToTheSmallerId) {
   EXPECT_THROW(argmax(std::vector<float>{}), Error);
 }
 
+TEST(RuntimeSampling, OptionsAreChecked) {
+  auto error = [](const SamplingOptions& o, const SamplingOptionNames& n = {}) {
+    try {
+      check_sampling_options(o, n);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error({.temperature = 0.7f, .top_k = 40, .top_p = 0.95f}), "no error");
+  EXPECT_EQ(error({.temperature = -1.0f}), "temperature must be a number >= 0 (0 = greedy), got -1");
+  EXPECT_EQ(error({.temperature = NAN}), "temperature must be a number >= 0 (0 = greedy), got nan");
+  EXPECT_EQ(error({.top_k = -2}), "top_k must be >= 0 (0 = off), got -2");
+  EXPECT_EQ(error({.top_p = 0.0f}), "top_p must be in (0, 1] (1 = off), got 0");
+  EXPECT_EQ(error({.top_p = 1.5f}, {.top_p = "--top-p"}), "--top-p must be in (0, 1] (1 = off), got 1.5");
+  EXPECT_THROW(Sampler({.top_p = 2.0f}), Error);
+}
+
 TEST(RuntimeSampling, GreedyIsArgmax) {
   Sampler s({.temperature = 0.0f, .seed = 3});
   for (int i = 0; i < 5; ++i) EXPECT_EQ(s.sample(kLogits), 1);

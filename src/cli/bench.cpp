@@ -47,6 +47,7 @@ std::vector<int32_t> bench_tokens(const Session& s, int count) {
 }  // namespace
 
 int bench_command(const BenchOptions& o) {
+  check_bench_options(o);
   const Session s = Session::open(o.model);
   const auto& c = s.model->config();
   const int max_depth = *std::max_element(o.depths.begin(), o.depths.end());

@@ -107,6 +107,12 @@ struct InspectOptions {
 // is usable; "cuda" without either throws tessera::Error saying which is missing.
 bool use_gpu_device(const std::string& device);
 
+// Checks of the options that need no model (flags' ranges, --attn specs), run before anything is loaded. Throw
+// tessera::Error naming the flag: "--top-p must be in (0, 1] (1 = off), got 1.5".
+void check_run_options(const RunOptions& o);
+void check_bench_options(const BenchOptions& o);
+void check_eval_options(const EvalOptions& o);
+
 int run_command(const RunOptions& o);
 int bench_command(const BenchOptions& o);
 int inspect_command(const InspectOptions& o);

@@ -348,6 +348,7 @@ int eval_command(EvalOptions o) {
   for (int l : o.lengths) check(l > 0, "eval: lengths must be positive");
   for (double d : o.depths) check(d >= 0 && d <= 100, "eval: depths are percentages in [0, 100]");
   check(o.samples > 0, "eval: --samples must be positive");
+  check_eval_options(o);
   const Session s = Session::open(o.model);
   o.model_name = s.model->config().name;
   for (int l : o.lengths)

@@ -36,7 +36,10 @@ int inspect_command(const InspectOptions& o) {
               tok.kind() == model::TokenizerKind::ByteLevelBPE ? "byte-level BPE" : "SentencePiece BPE",
               with_commas(tok.vocab_size()).c_str(), tok.pre_tokenizer_name().c_str(), name(sp.bos).c_str(),
               name(sp.eos).c_str(), name(sp.eot).c_str(), sp.add_bos ? "yes" : "no");
-  std::printf("chat format: %s\n", s.chat ? std::string(model::chat_family_name(s.chat->family())).c_str() : "none known");
+  if (s.chat)
+    std::printf("chat format: %s (from the model's chat template)\n", std::string(model::chat_family_name(s.chat->family())).c_str());
+  else
+    std::printf("chat format: none (%s)\n", s.no_chat_reason.c_str());
   if (o.metadata) {
     for (const auto& [key, value] : f.metadata().items()) {
       std::string v;

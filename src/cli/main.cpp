@@ -5,10 +5,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <new>
 #include <string>
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/memory_budget.h"
 
 namespace {
 
@@ -32,6 +34,11 @@ int main(int argc, char** argv) {
   using namespace tessera::cli;
   CLI::App app{"tessera: long-context LLM inference with per-head sparse attention"};
   app.require_subcommand(1);
+  app.fallthrough();  // options of the program itself may follow the subcommand
+  std::string memory_budget;
+  app.add_option("--memory-budget", memory_budget,
+                 "Host memory any one allocation may take (e.g. 16G; default: TESSERA_MEMORY_BUDGET, else the "
+                 "machine's memory): weights, KV cache, prompts are checked against it before they are allocated");
 
   RunOptions run;
   auto* r = app.add_subcommand("run", "Run a prompt through a model (dense or sparse attention)");
@@ -148,6 +155,7 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
   try {
+    if (!memory_budget.empty()) tessera::set_host_memory_budget(tessera::parse_byte_size(memory_budget, "--memory-budget"));
     if (r->parsed()) return run_command(run);
     if (b->parsed()) return bench_command(bench);
     if (i->parsed()) return inspect_command(inspect);
@@ -159,6 +167,10 @@ int main(int argc, char** argv) {
     }
   } catch (const tessera::Error& e) {
     std::fprintf(stderr, "tessera: error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "tessera: error: out of host memory (an allocation beyond what the machine has; lower "
+                         "--memory-budget so that such requests are refused with their size)\n");
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tessera: internal error: %s\n", e.what());

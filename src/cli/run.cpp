@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -51,11 +52,32 @@ attn::gpu::CudaAttentionOptions cuda_attention_options(const CudaAttentionFlags&
 
 namespace {
 
+// A prompt file is read whole, so it must be a regular file of a size a prompt can have (1 GiB: far beyond any
+// context limit; the exact bound against the model's context follows once the tokenizer is loaded).
+constexpr uintmax_t kMaxPromptFileBytes = uintmax_t{1} << 30;
+
+std::string read_prompt_file(const std::string& path) {
+  std::error_code ec;
+  check(std::filesystem::exists(path, ec), path + ": prompt file not found");
+  check(std::filesystem::is_regular_file(path, ec), path + ": not a regular file (the prompt is read from a file)");
+  const uintmax_t size = std::filesystem::file_size(path, ec);
+  check(!ec, path + ": cannot read the file size: " + ec.message());
+  check(size <= kMaxPromptFileBytes, path + ": " + with_commas(static_cast<int64_t>(size)) +
+                                         " bytes, more than a prompt file may hold (1 GiB)");
+  std::ifstream in(path, std::ios::binary);
+  check(static_cast<bool>(in), path + ": cannot read the prompt file");
+  std::string text(static_cast<size_t>(size), '\0');
+  in.read(text.data(), static_cast<std::streamsize>(size));
+  check(!in.bad() && static_cast<uintmax_t>(in.gcount()) == size, path + ": error while reading the prompt file");
+  return text;
+}
+
 struct Outcome {
   std::string text;
   runtime::EngineStats prefill;  // right after the prefill
   runtime::EngineStats stats;    // at the end
   int64_t generated = 0;
+  bool context_full = false;  // generation stopped because the context limit was reached
   double peak_gb = -1;  // GPU: peak device memory in use
 };
 
@@ -83,7 +105,10 @@ Outcome generate_with(EngineT& engine, const Session& s, const RunOptions& o, co
   bar.finish();
   out.prefill = engine.stats();
   runtime::Sampler sampler(g.sampling);
-  for (int i = 0; i < g.max_new_tokens && engine.position() < engine.max_context(); ++i) {
+  // Every sampled token comes from fresh logits: a token is sampled from the logits of the position before it and
+  // then decoded (appended) so that the next one can be sampled. When the context is full no token can be
+  // appended: the last sample is the last token, and the run says it stopped at the limit.
+  for (int i = 0; i < g.max_new_tokens; ++i) {
     const int32_t t = sampler.sample(logits);
     if (s.tokenizer->is_end_of_generation(t)) break;
     const std::string piece = decoder.push(t);
@@ -95,13 +120,22 @@ Outcome generate_with(EngineT& engine, const Session& s, const RunOptions& o, co
       std::fputs(piece.c_str(), stdout);
       std::fflush(stdout);
     }
-    if (i + 1 < g.max_new_tokens && engine.position() + 1 < engine.max_context()) logits = engine.decode(t);
+    if (i + 1 == g.max_new_tokens) break;
+    if (engine.position() >= engine.max_context()) {
+      out.context_full = true;
+      break;
+    }
+    logits = engine.decode(t);
   }
   const std::string rest = decoder.flush();
   out.text += rest;
   if (stream) {
     if (first) std::printf("answer: ");
     std::printf("%s\n", rest.c_str());
+    if (out.context_full)
+      std::printf("(generation stopped at the context limit of %s tokens after %lld tokens; raise --max-context to "
+                  "generate more)\n",
+                  with_commas(engine.max_context()).c_str(), static_cast<long long>(out.generated));
   }
   out.stats = engine.stats();
   if constexpr (requires { engine.memory(); }) out.peak_gb = static_cast<double>(engine.memory().peak_in_use_bytes) / 1e9;
@@ -141,18 +175,13 @@ void print_stats(const std::string& spec, const Outcome& r, int64_t prompt_token
 }  // namespace
 
 int run_command(const RunOptions& o) {
+  check_run_options(o);
   if (o.needle_tokens > 0) {
     check(o.prompt.empty() && o.prompt_file.empty(), "--needle replaces --prompt and --prompt-file");
     check(o.needle_depth >= 0 && o.needle_depth <= 1, "--needle-depth must be in [0, 1]");
   }
   std::string text = o.prompt;
-  if (!o.prompt_file.empty()) {
-    std::ifstream in(o.prompt_file, std::ios::binary);
-    check(static_cast<bool>(in), o.prompt_file + ": cannot read the prompt file");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    text = ss.str();
-  }
+  if (!o.prompt_file.empty()) text = read_prompt_file(o.prompt_file);
   check(!text.empty() || o.needle_tokens > 0, "no prompt: pass --prompt TEXT, --prompt-file FILE or --needle TOKENS");
   const double t0 = now_seconds();
   const Session s = Session::open(o.model);
@@ -189,6 +218,8 @@ int run_command(const RunOptions& o) {
     std::printf("needle: haystack %s, depth %.0f%%, expected answer %s\n", hay.name.c_str(), 100 * o.needle_depth,
                 needle->answers.front().c_str());
   } else {
+    check_prompt_text_fits(s, text.size(), o.max_context > 0 ? o.max_context : c.context_length,
+                           o.prompt_file.empty() ? "the prompt" : o.prompt_file);
     prompt = s.encode_prompt(text, o.chat, o.system);
   }
   std::printf("prompt: %s tokens\n", with_commas(static_cast<int64_t>(prompt.size())).c_str());

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -33,6 +34,7 @@ Session Session::open(const std::string& path) {
     } catch (const Error&) {
       s.chat.reset();  // no known chat format: --chat will say so
     }
+    if (!file.metadata().contains("tokenizer.chat_template")) s.no_chat_reason = "its GGUF has no tokenizer.chat_template (a base model?)";
   } else {
     const auto tok = file.tokenizer_json_path();
     check(tok.has_value(), path + ": no tokenizer.json beside the weights");
@@ -52,6 +54,7 @@ Session Session::open(const std::string& path) {
     if (sp.bos >= 0) options.bos_token = s.tokenizer->token_text(sp.bos);
     if (sp.eos >= 0) options.eos_token = s.tokenizer->token_text(sp.eos);
     options.default_system_prompt = model::ChatTemplate::chatml_default_system_prompt(template_text);
+    if (template_text.empty()) s.no_chat_reason = "its tokenizer_config.json has no chat_template (a base model?)";
     try {
       s.chat = model::ChatTemplate::detect(template_text,
                                            runtime::architecture_name(s.model->config().arch), vocab, options);
@@ -59,7 +62,19 @@ Session Session::open(const std::string& path) {
       s.chat.reset();
     }
   }
+  // A format guessed from the architecture or the vocabulary is not the model's: chatting in it gives nonsense.
+  if (s.chat && !s.chat->from_template()) {
+    if (s.no_chat_reason.empty()) s.no_chat_reason = "its chat template is not one tessera recognises";
+    s.chat.reset();
+  }
+  if (!s.chat && s.no_chat_reason.empty())
+    s.no_chat_reason = "its chat template is not one tessera formats (ChatML, Llama-3, Gemma, Mistral)";
   return s;
+}
+
+void Session::require_chat() const {
+  check(chat.has_value(), "model " + model->config().name + " has no chat template tessera can use: " +
+                              no_chat_reason + "; run without --chat");
 }
 
 attn::AttentionPolicy Session::policy(const std::string& spec) const {
@@ -70,13 +85,23 @@ attn::AttentionPolicy Session::policy(const std::string& spec) const {
 
 std::vector<int32_t> Session::encode_prompt(const std::string& text, bool chat_mode, const std::string& system) const {
   if (!chat_mode) return tokenizer->encode(text, {.add_special = true, .parse_special = false});
-  check(chat.has_value(), "model " + model->config().name +
-                              " has no chat format tessera knows (ChatML, Llama-3, Gemma, Mistral); run without --chat");
+  require_chat();
   std::vector<model::ChatMessage> messages;
   if (!system.empty()) messages.push_back({"system", system});
   messages.push_back({"user", text});
   const std::string prompt = chat->apply(messages, /*add_generation_prompt=*/true);
   return tokenizer->encode(prompt, {.add_special = !chat->renders_bos(), .parse_special = true});
+}
+
+void check_prompt_text_fits(const Session& s, size_t bytes, int64_t max_context, const std::string& what) {
+  size_t longest = 1;
+  for (int32_t i = 0; i < s.tokenizer->vocab_size(); ++i) longest = std::max(longest, s.tokenizer->token_text(i).size());
+  const auto at_least = static_cast<int64_t>((bytes + longest - 1) / longest);
+  check(at_least <= max_context,
+        what + " holds " + with_commas(static_cast<int64_t>(bytes)) + " bytes of text: at least " + with_commas(at_least) +
+            " tokens (no token of model " + s.model->config().name + " covers more than " + std::to_string(longest) +
+            " bytes), over the context limit of " + with_commas(max_context) +
+            " tokens; shorten the prompt or pass a larger --max-context");
 }
 
 ProgressBar::ProgressBar(std::string label, bool enabled)

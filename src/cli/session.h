@@ -16,13 +16,17 @@ namespace tessera::cli {
 struct Session {
   std::unique_ptr<runtime::Model> model;
   std::unique_ptr<model::Tokenizer> tokenizer;
-  std::optional<model::ChatTemplate> chat;  // absent when the model names no known chat format
+  std::optional<model::ChatTemplate> chat;  // the model's own chat template; absent when it has none tessera reads
+  std::string no_chat_reason;               // why `chat` is absent ("" when present)
 
   // Loads the model file and its tokenizer (GGUF metadata, or tokenizer.json beside HF weights).
   static Session open(const std::string& path);
 
   // The policy named by `spec` (presets.h) for this model's shape; "dense" gives an empty table.
   attn::AttentionPolicy policy(const std::string& spec) const;
+
+  // Throws tessera::Error (with no_chat_reason) when the model has no chat template.
+  void require_chat() const;
 
   // Prompt text -> ids: as a chat user turn (with an optional system message) or as plain text.
   std::vector<int32_t> encode_prompt(const std::string& text, bool chat_mode, const std::string& system) const;
@@ -41,6 +45,11 @@ class ProgressBar {
   double start_;
   bool drawn_ = false;
 };
+
+// Before a text is tokenized: throws tessera::Error when `bytes` of text must give more than `max_context` tokens
+// (every token covers at most the longest vocabulary entry's bytes), so a huge prompt fails at once with the
+// numbers instead of being tokenized whole first.
+void check_prompt_text_fits(const Session& s, size_t bytes, int64_t max_context, const std::string& what);
 
 double now_seconds();
 std::string with_commas(int64_t n);

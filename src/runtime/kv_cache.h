@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -21,6 +22,10 @@ class KVCache {
   // Makes room for `tokens` rows (<= max_tokens), keeping the rows already written. Throws tessera::Error
   // when the memory cannot be had.
   void reserve(int32_t tokens);
+  // Throws tessera::Error when `tokens` rows would exceed the host memory budget (core/memory_budget.h):
+  //   "KV cache for 131,072 tokens (24 layers x 3 kv heads x 64 dims, K and V in f32) needs 12.9 GB, over ..."
+  void check_budget(int64_t tokens) const;
+  double bytes_for(int64_t tokens) const;  // K and V of every layer for `tokens` rows
   // Frees everything (capacity 0).
   void release();
 
@@ -35,6 +40,7 @@ class KVCache {
   size_t bytes() const;  // allocated bytes, K and V of every layer
 
  private:
+  std::string describe(int64_t tokens) const;
   size_t offset(int32_t pos) const { return static_cast<size_t>(pos) * static_cast<size_t>(row_); }
 
   int32_t num_layers_ = 0, num_kv_heads_ = 0, head_dim_ = 0, max_tokens_ = 0;

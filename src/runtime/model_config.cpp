@@ -117,6 +117,18 @@ int32_t positive(const Keys& k, const std::string& key, int32_t v) {
   return v;
 }
 
+// Layer counts are read before any weight is looked at, and per-layer tables are sized from them: bound them by
+// what the weights can hold (every layer has several tensors) before anything is allocated.
+constexpr int32_t kMaxLayers = 4096;
+int32_t layer_count(const Keys& k, const std::string& key, int32_t v, int64_t tensor_count) {
+  positive(k, key, v);
+  if (v > kMaxLayers) k.fail(key, "is " + std::to_string(v) + ", more than tessera's limit of " + std::to_string(kMaxLayers) + " layers");
+  if (tensor_count >= 0 && v > tensor_count)
+    k.fail(key, "is " + std::to_string(v) + ", but the weights hold only " + std::to_string(tensor_count) +
+                    " tensors (each layer has several)");
+  return v;
+}
+
 void finish(ModelConfig& c, const std::string& source) {
   auto bad = [&](const std::string& what) { throw Error(source + ": " + what); };
   if (c.num_q_heads <= 0 || c.num_kv_heads <= 0 || c.head_dim <= 0 || c.hidden_size <= 0 ||
@@ -139,19 +151,27 @@ RopeConfig parse_hf_rope(const json& p, double default_theta, const Keys& k, con
   r.theta = default_theta;
   if (p.is_null()) return r;
   if (!p.is_object()) k.fail(key, "must be an object, got " + p.dump());
-  if (present(p, "rope_theta")) r.theta = p["rope_theta"].get<double>();
+  auto number = [&](const char* f) -> double {
+    if (!p[f].is_number()) k.fail(key, std::string("has ") + f + " " + p[f].dump() + ", which must be a number");
+    return p[f].get<double>();
+  };
+  auto text = [&](const char* f) -> std::string {
+    if (!p[f].is_string()) k.fail(key, std::string("has ") + f + " " + p[f].dump() + ", which must be a string");
+    return p[f].get<std::string>();
+  };
+  if (present(p, "rope_theta")) r.theta = number("rope_theta");
   std::string type = "default";
   if (present(p, "rope_type"))
-    type = p["rope_type"].get<std::string>();
+    type = text("rope_type");
   else if (present(p, "type"))
-    type = p["type"].get<std::string>();
-  if (present(p, "partial_rotary_factor") && p["partial_rotary_factor"].get<double>() != 1.0)
+    type = text("type");
+  if (present(p, "partial_rotary_factor") && number("partial_rotary_factor") != 1.0)
     k.fail(key, "has partial_rotary_factor " + p["partial_rotary_factor"].dump() +
                     ", which tessera does not support");
   if (type == "default") return r;
   auto need = [&](const char* f) -> double {
     if (!present(p, f)) k.fail(key, std::string("(rope type ") + type + ") lacks " + f);
-    return p[f].get<double>();
+    return number(f);
   };
   if (type == "linear") {
     r.scaling = RopeScaling::Linear;
@@ -172,13 +192,20 @@ RopeConfig parse_hf_rope(const json& p, double default_theta, const Keys& k, con
 
 }  // namespace
 
-ModelConfig config_from_hf(const json& root, const std::string& source) {
+ModelConfig config_from_hf(const json& root, const std::string& source, int64_t tensor_count) {
   if (!root.is_object() || root.empty())
     throw Error(source + ": no config.json (a Hugging Face model needs its config.json beside the weights)");
   std::string arch_name, model_type;
-  if (present(root, "architectures") && root["architectures"].is_array() && !root["architectures"].empty())
+  if (present(root, "architectures") && root["architectures"].is_array() && !root["architectures"].empty()) {
+    if (!root["architectures"][0].is_string())
+      throw Error(source + ": key architectures must list strings, got " + root["architectures"].dump());
     arch_name = root["architectures"][0].get<std::string>();
-  if (present(root, "model_type")) model_type = root["model_type"].get<std::string>();
+  }
+  if (present(root, "model_type")) {
+    if (!root["model_type"].is_string())
+      throw Error(source + ": key model_type must be a string, got " + root["model_type"].dump());
+    model_type = root["model_type"].get<std::string>();
+  }
 
   const json* cfgp = &root;
   ModelConfig c;
@@ -192,6 +219,8 @@ ModelConfig config_from_hf(const json& root, const std::string& source) {
   } else if (arch_name == "Gemma3ForConditionalGeneration" || (arch_name.empty() && model_type == "gemma3")) {
     c.arch = Architecture::Gemma3;  // the language model of a multimodal Gemma-3; the vision tower is not run
     if (!present(root, "text_config")) throw Error(source + ": missing key text_config");
+    if (!root["text_config"].is_object())
+      throw Error(source + ": key text_config must be an object, got " + root["text_config"].dump());
     cfgp = &root["text_config"];
   } else {
     const std::string what =
@@ -214,7 +243,7 @@ ModelConfig config_from_hf(const json& root, const std::string& source) {
     c.vocab_size = k.integer("vocab_size", 262208);
     c.hidden_size = k.integer("hidden_size", 2304);
     c.intermediate_size = k.integer("intermediate_size", 9216);
-    c.num_layers = k.integer("num_hidden_layers", 26);
+    c.num_layers = layer_count(k, "num_hidden_layers", k.integer("num_hidden_layers", 26), tensor_count);
     c.num_q_heads = k.integer("num_attention_heads", 8);
     c.num_kv_heads = k.integer("num_key_value_heads", 4);
     c.head_dim = k.integer("head_dim", 256);
@@ -224,7 +253,7 @@ ModelConfig config_from_hf(const json& root, const std::string& source) {
     c.vocab_size = k.integer("vocab_size");
     c.hidden_size = positive(k, "hidden_size", k.integer("hidden_size"));
     c.intermediate_size = k.integer("intermediate_size");
-    c.num_layers = k.integer("num_hidden_layers");
+    c.num_layers = layer_count(k, "num_hidden_layers", k.integer("num_hidden_layers"), tensor_count);
     c.num_q_heads = positive(k, "num_attention_heads", k.integer("num_attention_heads"));
     c.num_kv_heads = k.integer("num_key_value_heads", c.num_q_heads);
     c.head_dim = k.integer("head_dim", c.hidden_size / c.num_q_heads);
@@ -258,6 +287,7 @@ ModelConfig config_from_hf(const json& root, const std::string& source) {
     if (!lt.is_array() || static_cast<int32_t>(lt.size()) != c.num_layers)
       k.fail("layer_types", "must list one type per layer (" + std::to_string(c.num_layers) + ")");
     for (size_t i = 0; i < lt.size(); ++i) {
+      if (!lt[i].is_string()) k.fail("layer_types", "entry " + std::to_string(i) + " must be a string, got " + lt[i].dump());
       const std::string t = lt[i].get<std::string>();
       if (t == "sliding_attention")
         sliding[i] = true;
@@ -306,7 +336,8 @@ ModelConfig config_from_hf(const json& root, const std::string& source) {
   } else {
     json scaling = k.has("rope_scaling") ? k.raw("rope_scaling") : json();
     if (scaling.is_object() && !present(scaling, "original_max_position_embeddings") &&
-        scaling.value("rope_type", scaling.value("type", std::string())) == "llama3")
+        ((present(scaling, "rope_type") && scaling["rope_type"] == "llama3") ||
+         (!present(scaling, "rope_type") && present(scaling, "type") && scaling["type"] == "llama3")))
       scaling["original_max_position_embeddings"] =
           k.number("original_max_position_embeddings", c.context_length);
     if (scaling.is_object()) scaling["rope_theta"] = k.number("rope_theta", default_theta);
@@ -340,7 +371,7 @@ ModelConfig config_from_hf(const json& root, const std::string& source) {
 // ---- GGUF metadata
 // ---------------------------------------------------------------------------------------------
 
-ModelConfig config_from_gguf(const json& md, const std::string& source, int64_t vocab_rows) {
+ModelConfig config_from_gguf(const json& md, const std::string& source, int64_t vocab_rows, int64_t tensor_count) {
   Keys g(md, source);
   g.set_what("metadata key");
   const std::string arch = g.string("general.architecture");
@@ -362,7 +393,7 @@ ModelConfig config_from_gguf(const json& md, const std::string& source, int64_t 
   c.name = g.has("general.name") && md["general.name"].is_string() ? md["general.name"].get<std::string>()
                                                                    : name_from_path(source);
   c.hidden_size = positive(k, "embedding_length", k.integer("embedding_length"));
-  c.num_layers = positive(k, "block_count", k.integer("block_count"));
+  c.num_layers = layer_count(k, "block_count", k.integer("block_count"), tensor_count);
   c.intermediate_size = k.integer("feed_forward_length");
   c.num_q_heads = positive(k, "attention.head_count", k.integer("attention.head_count"));
   c.num_kv_heads = k.integer("attention.head_count_kv", c.num_q_heads);
@@ -430,14 +461,15 @@ ModelConfig config_from_gguf(const json& md, const std::string& source, int64_t 
 ModelConfig load_model_config(const model::ModelFile& file) {
   if (file.format() == model::FileFormat::GGUF) {
     const model::TensorInfo* emb = file.find("token_embd.weight");
-    ModelConfig c = config_from_gguf(file.metadata(), file.path(), emb ? emb->rows() : 0);
+    ModelConfig c = config_from_gguf(file.metadata(), file.path(), emb ? emb->rows() : 0,
+                                     static_cast<int64_t>(file.tensors().size()));
     // The embedding is the truth about the vocabulary (llama.cpp trims Gemma's unused rows; vocab_size may be
     // absent).
     if (emb != nullptr) c.vocab_size = static_cast<int32_t>(emb->rows());
     c.tied_embeddings = file.find("output.weight") == nullptr;
     return c;
   }
-  return config_from_hf(file.metadata(), file.path());
+  return config_from_hf(file.metadata(), file.path(), static_cast<int64_t>(file.tensors().size()));
 }
 
 }  // namespace tessera::runtime

@@ -96,11 +96,12 @@ struct ModelConfig {
 // From a Hugging Face config.json (already parsed); `source` names the file in errors. Throws tessera::Error
 // "<source>: missing key hidden_size", "<source>: architecture Phi3ForCausalLM is not supported (tessera runs
 // Llama, Mistral, Qwen2 and Gemma-3 models)", "<source>: rope_scaling type yarn is not supported", ...
-ModelConfig config_from_hf(const nlohmann::json& config, const std::string& source);
+ModelConfig config_from_hf(const nlohmann::json& config, const std::string& source, int64_t tensor_count = -1);
 
 // From GGUF metadata (ModelFile::metadata() of a GGUF). vocab_size falls back to `vocab_rows` (the
 // embedding's rows) when the metadata has no {arch}.vocab_size. Errors name the file and the key.
-ModelConfig config_from_gguf(const nlohmann::json& metadata, const std::string& source, int64_t vocab_rows);
+ModelConfig config_from_gguf(const nlohmann::json& metadata, const std::string& source, int64_t vocab_rows,
+                             int64_t tensor_count = -1);
 
 // Either of the above, by the file's format; vocab and tied embeddings are cross-checked against the tensors.
 ModelConfig load_model_config(const model::ModelFile& file);

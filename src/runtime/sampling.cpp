@@ -17,7 +17,28 @@ int32_t argmax(std::span<const float> logits) {
   return static_cast<int32_t>(best);
 }
 
-Sampler::Sampler(const SamplingOptions& options) : options_(options), rng_(options.seed) {}
+namespace {
+std::string show(double v) {
+  std::string s = std::to_string(v);
+  if (s.find('.') != std::string::npos) {
+    s.erase(s.find_last_not_of('0') + 1);
+    if (s.back() == '.') s.pop_back();
+  }
+  return s;
+}
+}  // namespace
+
+void check_sampling_options(const SamplingOptions& o, const SamplingOptionNames& n) {
+  check(std::isfinite(o.temperature) && o.temperature >= 0,
+        std::string(n.temperature) + " must be a number >= 0 (0 = greedy), got " + show(o.temperature));
+  check(o.top_k >= 0, std::string(n.top_k) + " must be >= 0 (0 = off), got " + std::to_string(o.top_k));
+  check(std::isfinite(o.top_p) && o.top_p > 0 && o.top_p <= 1,
+        std::string(n.top_p) + " must be in (0, 1] (1 = off), got " + show(o.top_p));
+}
+
+Sampler::Sampler(const SamplingOptions& options) : options_(options), rng_(options.seed) {
+  check_sampling_options(options);
+}
 
 double Sampler::uniform() {
   return static_cast<double>(rng_() >> 11) * 0x1.0p-53;

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <random>
 #include <span>
+#include <string>
 
 namespace tessera::runtime {
 
@@ -21,11 +22,22 @@ struct SamplingOptions {
   uint64_t seed = 0;
 };
 
+// The names of the options in the caller's interface, for error messages (the CLI's flags, the server's fields).
+struct SamplingOptionNames {
+  const char* temperature = "temperature";
+  const char* top_k = "top_k";
+  const char* top_p = "top_p";
+};
+// Throws tessera::Error unless temperature is finite and >= 0, top_k >= 0 and top_p in (0, 1], e.g.
+//   "top_p must be in (0, 1] (1 = off), got 1.5".
+void check_sampling_options(const SamplingOptions& options, const SamplingOptionNames& names = {});
+
 // Index of the largest value; ties go to the smaller index. Throws tessera::Error for empty logits.
 int32_t argmax(std::span<const float> logits);
 
 class Sampler {
  public:
+  // Checks the options (check_sampling_options).
   explicit Sampler(const SamplingOptions& options = {});
   int32_t sample(std::span<const float> logits);
   const SamplingOptions& options() const { return options_; }

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/memory_budget.h"
 #include "model/model_file.h"
 #include "model/quant.h"
 
@@ -72,6 +73,13 @@ class Loader {
   bool has(const std::string& name) const { return file_.find(name) != nullptr; }
 
   void run(ThreadPool& pool) {
+    // The f32 copies of every weight are the largest allocation that follows from the input: check them against
+    // the host memory budget before making any.
+    double bytes = 0;
+    for (const Job& j : jobs_) bytes += static_cast<double>(j.tensor->numel()) * sizeof(float);
+    check_host_allocation("loading " + file_.path() + " (" + std::to_string(jobs_.size()) +
+                              " weight tensors, dequantized to f32)",
+                          bytes, "use a smaller model");
     pool.parallel_for(static_cast<int64_t>(jobs_.size()), [&](int64_t i, int) {
       Job& j = jobs_[static_cast<size_t>(i)];
       j.dest->data.resize(static_cast<size_t>(j.tensor->numel()));

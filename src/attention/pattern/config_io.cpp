@@ -568,6 +568,19 @@ AttentionPolicy load_policy_json(const json& j, const std::string& source,
   AttentionPolicy policy;
   switch (format) {
     case PolicyFormat::tessera:
+      // The header's counts size the table: compare them with the model before anything is allocated.
+      if (expected && j.is_object()) {
+        // (The messages of check_policy_shape, which the parsed policy meets again.)
+        const std::tuple<const char*, const char*, int> counts[] = {
+            {"num_layers", " layers", expected->num_layers},
+            {"num_q_heads", " query heads per layer", expected->num_q_heads},
+            {"num_kv_heads", " KV heads", expected->num_kv_heads}};
+        for (const auto& [field, unit, want] : counts) {
+          const json* v = find(j, field);
+          if (v && v->is_number_integer() && v->get<int64_t>() != want)
+            throw Error(source + ": the policy has " + show(*v) + unit + ", but the model has " + str(want));
+        }
+      }
       policy = parse_tessera_policy(j, source);
       break;
     case PolicyFormat::minference:
@@ -589,10 +602,18 @@ AttentionPolicy load_policy_file(const std::filesystem::path& path,
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) throw Error(source + ": file not found");
   if (std::filesystem::is_directory(path, ec)) throw Error(source + ": is a directory, not a policy file");
+  if (!std::filesystem::is_regular_file(path, ec))
+    throw Error(source + ": not a regular file (a policy is read from a JSON file, not a device or a pipe)");
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec) throw Error(source + ": cannot read the file size: " + ec.message());
+  if (size > kMaxPolicyFileBytes)
+    throw Error(source + ": " + std::to_string(size) + " bytes, more than a policy file may hold (" +
+                std::to_string(kMaxPolicyFileBytes >> 20) + " MiB)");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(source + ": cannot open file for reading: " + std::strerror(errno));
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw Error(source + ": error while reading the file");
+  std::string text(static_cast<size_t>(size), '\0');
+  in.read(text.data(), static_cast<std::streamsize>(size));
+  if (in.bad() || static_cast<size_t>(in.gcount()) != size) throw Error(source + ": error while reading the file");
 
   json j;
   try {
@@ -631,6 +652,9 @@ AttentionPolicy parse_tessera_policy(const json& j, const std::string& source) {
                                              ") is not a multiple of num_kv_heads (" + str(num_kv_heads) +
                                              ")");
   const size_t L = static_cast<size_t>(num_layers), H = static_cast<size_t>(num_q_heads);
+  if (L * H > kMaxPolicyHeads)
+    throw Error(source + ": num_layers x num_q_heads = " + std::to_string(L * H) + " heads, more than tessera's limit of " +
+                std::to_string(kMaxPolicyHeads) + " (a policy holds one pattern per layer and query head)");
 
   std::vector<Pattern> table;
   table.reserve(L * H);

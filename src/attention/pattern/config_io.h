@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -41,7 +43,13 @@ std::string_view format_name(PolicyFormat format);
 // an object with "alphas" or "betas" is MoA. Throws Error("<source>: not a policy file: ...") otherwise.
 PolicyFormat detect_policy_format(const nlohmann::json& j, const std::string& source);
 
-// Reads, parses and loads a policy file of any of the three formats.
+// Limits on what a policy file may ask for, checked before anything is read or allocated: the file's size
+// (published per-head configs are a few hundred kB) and, for the tessera format, layers x query heads.
+inline constexpr uintmax_t kMaxPolicyFileBytes = uintmax_t{64} << 20;
+inline constexpr size_t kMaxPolicyHeads = size_t{1} << 20;
+
+// Reads, parses and loads a policy file of any of the three formats. The path must name a regular file of at most
+// kMaxPolicyFileBytes.
 //
 // `expected`, when given, is the model's shape: the file must match it (layer count, query heads and, for the
 // tessera format, KV heads), and MInference/MoA files (which are per query head and do not record the KV head

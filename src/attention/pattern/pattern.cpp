@@ -17,8 +17,12 @@ std::string num(double v) {
   return s;
 }
 
+thread_local const FieldNamer* t_namer = nullptr;
+
 void require(bool ok, const std::string& where, const char* field, const std::string& rule, double got) {
-  if (!ok) throw Error(where + ": field '" + field + "' must be " + rule + ", got " + num(got));
+  if (ok) return;
+  if (t_namer != nullptr && *t_namer) throw Error(where + ": " + (*t_namer)(field) + " must be " + rule + ", got " + num(got));
+  throw Error(where + ": field '" + field + "' must be " + rule + ", got " + num(got));
 }
 }  // namespace
 
@@ -66,7 +70,11 @@ std::string describe(const Pattern& p) {
       p);
 }
 
-void validate(const Pattern& p, const std::string& where) {
+void validate(const Pattern& p, const std::string& where, const FieldNamer& namer) {
+  struct Scope {
+    explicit Scope(const FieldNamer* n) { t_namer = n; }
+    ~Scope() { t_namer = nullptr; }
+  } scope(&namer);
   std::visit(Overloaded{[](const DensePattern&) {},
                         [&](const AShapePattern& a) {
                           require(a.sink >= 0, where, "sink", ">= 0", a.sink);
@@ -90,7 +98,7 @@ void validate(const Pattern& p, const std::string& where) {
                           require(v.forced_diagonals >= 0, where, "forced_diagonals", ">= 0", v.forced_diagonals);
                         },
                         [&](const BlockSparsePattern& b) {
-                          require(b.top_k >= 0, where, "top_k", ">= 0", b.top_k);
+                          require(b.top_k >= 1, where, "top_k", ">= 1", b.top_k);
                           require(b.block >= 1, where, "block", ">= 1", b.block);
                         }},
              p);

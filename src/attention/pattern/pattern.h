@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -78,7 +79,10 @@ std::string_view pattern_name(const Pattern& p);
 bool is_dynamic(const Pattern& p);
 // One-line human description with parameters, e.g. "vertical_slash(v=1000, s=6096)".
 std::string describe(const Pattern& p);
-// Throws tessera::Error("<where>: field '<name>' must be ..., got ...") for out-of-range parameters.
-void validate(const Pattern& p, const std::string& where);
+// Throws tessera::Error("<where>: field '<name>' must be ..., got ...") for out-of-range parameters. `namer`, when
+// given, says how a field is called where the value came from ("vertical" -> "parameter 'v'" for a --attn preset):
+// the message then reads "<where>: parameter 'v' must be >= 0, got -5".
+using FieldNamer = std::function<std::string(const char* field)>;
+void validate(const Pattern& p, const std::string& where, const FieldNamer& namer = {});
 
 }  // namespace tessera::attn

@@ -102,6 +102,28 @@ TrianglePattern triangle_from(const Params& p) {
   return t;
 }
 
+constexpr int kMaxSpecLayers = 4096;  // the layer limit of model configs (runtime/model_config.cpp)
+
+// A preset's pattern is checked here, with the preset's own parameter names, before a policy is built from it
+// (policy-level errors would name a layer and head, as for a file).
+Pattern checked(const Pattern& p, const std::string& spec) {
+  static const std::map<std::string, std::string> param_of = {
+      {"vertical", "v"}, {"slash", "s"}, {"last_q", "last_q"}, {"sink", "sink"},   {"local", "local"},
+      {"last", "last"},  {"top_k", "top_k"}, {"block", "block"}, {"alpha", "alpha"}, {"beta", "beta"}};
+  validate(p, "attention spec '" + spec + "'", [](const char* field) {
+    const auto it = param_of.find(field);
+    return "parameter '" + (it == param_of.end() ? std::string(field) : it->second) + "'";
+  });
+  return p;
+}
+
+// Whether `spec` names something on disk. The error_code overload: a spec too long to be a path (ENAMETOOLONG)
+// is no file, not a std::filesystem::filesystem_error (found by tests/fuzz/fuzz_attn_spec).
+bool names_a_file(const std::string& spec) {
+  std::error_code ec;
+  return std::filesystem::exists(spec, ec);
+}
+
 }  // namespace
 
 AttentionPolicy policy_from_spec(const std::string& spec, const PolicyShape& shape) {
@@ -109,7 +131,7 @@ AttentionPolicy policy_from_spec(const std::string& spec, const PolicyShape& sha
   const Spec parsed = parse(spec);
   const std::string& name = parsed.name;
   auto uniform = [&](const Pattern& p) {
-    return AttentionPolicy::uniform(shape.num_layers, shape.num_q_heads, shape.num_kv_heads, p);
+    return AttentionPolicy::uniform(shape.num_layers, shape.num_q_heads, shape.num_kv_heads, checked(p, spec));
   };
   if (name == "dense") {
     Params p(spec, parsed, {});
@@ -144,12 +166,29 @@ AttentionPolicy policy_from_spec(const std::string& spec, const PolicyShape& sha
     check(inner == "dense" || inner == "vs",
           "attention spec '" + spec + "': inner must be 'dense' or 'vs', got '" + inner + "'");
     const AttentionPolicy base = inner == "vs" ? uniform(vs_from(p)) : uniform(DensePattern{});
-    return AttentionPolicy::trianglemix(base, p.integer("start", shape.num_layers / 2), triangle_from(p));
+    const int32_t start = p.integer("start", shape.num_layers / 2);
+    check(start >= 0 && start <= shape.num_layers, "attention spec '" + spec + "': parameter 'start' must be in [0, " +
+                                                     std::to_string(shape.num_layers) + "] (the model's layers), got " +
+                                                     std::to_string(start));
+    const TrianglePattern triangle = triangle_from(p);
+    (void)checked(triangle, spec);
+    return AttentionPolicy::trianglemix(base, start, triangle);
   }
-  if (parsed.params.empty() && std::filesystem::exists(spec)) return load_policy_file(spec, shape);
+  if (parsed.params.empty() && names_a_file(spec)) return load_policy_file(spec, shape);
   throw Error("attention spec '" + spec +
               "': not a preset (dense, ashape, triangle, vs, minference, bs, moa, trianglemix) nor an existing "
               "policy file");
+}
+
+void check_policy_spec(const std::string& spec) {
+  check(!spec.empty(), "attention spec is empty");
+  const Spec parsed = parse(spec);
+  if (parsed.params.empty() && names_a_file(spec)) {
+    (void)load_policy_file(spec);  // every check but the model's shape
+    return;
+  }
+  // A preset on a stand-in shape: one head per layer, as many layers as any model has (trianglemix's start).
+  (void)policy_from_spec(spec, PolicyShape{kMaxSpecLayers, 1, 1});
 }
 
 }  // namespace tessera::attn

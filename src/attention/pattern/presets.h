@@ -23,4 +23,9 @@ namespace tessera::attn {
 
 AttentionPolicy policy_from_spec(const std::string& spec, const PolicyShape& shape);
 
+// Checks a spec before any model is loaded (the CLI calls it first): the preset's name, parameters and ranges, or
+// the policy file's existence and contents. What depends on the model (its layer and head counts) is checked again
+// by policy_from_spec. Throws the errors policy_from_spec would.
+void check_policy_spec(const std::string& spec);
+
 }  // namespace tessera::attn

@@ -102,17 +102,21 @@ std::string ChatTemplate::chatml_default_system_prompt(std::string_view t) {
 
 ChatTemplate ChatTemplate::detect(std::string_view t, std::string_view arch,
                                   const std::vector<std::string>& vocab, Options options) {
+  const auto recognised = [](ChatTemplate c) {
+    c.from_template_ = true;
+    return c;
+  };
   if (contains(t, "<|im_start|>")) {
     if (options.default_system_prompt.empty())
       options.default_system_prompt = chatml_default_system_prompt(t);
-    return ChatTemplate(ChatFamily::ChatML, std::move(options));
+    return recognised(ChatTemplate(ChatFamily::ChatML, std::move(options)));
   }
   if (contains(t, "<|start_header_id|>")) {
-    return ChatTemplate(contains(t, "Cutting Knowledge Date") ? ChatFamily::Llama31 : ChatFamily::Llama3,
-                        std::move(options));
+    return recognised(ChatTemplate(contains(t, "Cutting Knowledge Date") ? ChatFamily::Llama31 : ChatFamily::Llama3,
+                                   std::move(options)));
   }
-  if (contains(t, "<start_of_turn>")) return ChatTemplate(ChatFamily::Gemma, std::move(options));
-  if (contains(t, "[INST]")) return ChatTemplate(ChatFamily::Mistral, std::move(options));
+  if (contains(t, "<start_of_turn>")) return recognised(ChatTemplate(ChatFamily::Gemma, std::move(options)));
+  if (contains(t, "[INST]")) return recognised(ChatTemplate(ChatFamily::Mistral, std::move(options)));
   if (arch == "gemma" || arch == "gemma2" || arch == "gemma3")
     return ChatTemplate(ChatFamily::Gemma, std::move(options));
   auto has = [&](std::string_view token) {
@@ -136,7 +140,12 @@ ChatTemplate ChatTemplate::from_gguf(const json& md) {
   };
   std::vector<std::string> vocab;
   if (const auto it = md.find("tokenizer.ggml.tokens"); it != md.end() && it->is_array()) {
-    vocab = it->get<std::vector<std::string>>();
+    vocab.reserve(it->size());
+    for (const json& t : *it) {
+      if (!t.is_string())
+        throw Error("chat template: GGUF metadata tokenizer.ggml.tokens holds a value that is not a string");
+      vocab.push_back(t.get<std::string>());
+    }
   }
   auto token = [&](const char* key) {
     const auto it = md.find(key);

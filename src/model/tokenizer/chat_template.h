@@ -70,6 +70,9 @@ class ChatTemplate {
   std::string apply(std::span<const ChatMessage> messages, bool add_generation_prompt = true) const;
 
   ChatFamily family() const { return family_; }
+  // True when the family was read from the model's own chat template; false when detect() guessed it from the
+  // architecture or the vocabulary (a base model without a template: chatting with it would give nonsense).
+  bool from_template() const { return from_template_; }
   const Options& options() const { return options_; }
   // True when apply() writes the BOS token's text itself, so the prompt must be encoded without adding BOS.
   bool renders_bos() const;
@@ -77,6 +80,7 @@ class ChatTemplate {
  private:
   ChatFamily family_;
   Options options_;
+  bool from_template_ = false;
 };
 
 // Python's str.strip() (what Jinja's trim filter does): removes leading and trailing Unicode whitespace.

@@ -1,0 +1,61 @@
+// Checks of every command's options that need no model: run before anything is loaded, so that a typo in a flag or
+// an --attn spec fails in milliseconds with the flag's name, not after a multi-gigabyte load (or, for bench, after
+// the first dense row).
+#include <cmath>
+#include <string>
+
+#include "attention/pattern/presets.h"
+#include "cli/commands.h"
+#include "core/error.h"
+
+namespace tessera::cli {
+
+namespace {
+
+void check_sampling(const runtime::SamplingOptions& s) {
+  runtime::check_sampling_options(s, {.temperature = "--temperature", .top_k = "--top-k", .top_p = "--top-p"});
+}
+
+void check_spec(const std::string& spec, const char* flag) {
+  try {
+    attn::check_policy_spec(spec);
+  } catch (const Error& e) {
+    throw Error(std::string(flag) + ": " + e.what());
+  }
+}
+
+void check_chunk(int chunk) { check(chunk > 0, "--chunk must be positive, got " + std::to_string(chunk)); }
+
+}  // namespace
+
+void check_run_options(const RunOptions& o) {
+  check(o.max_tokens >= 0, "-n/--max-tokens must be >= 0, got " + std::to_string(o.max_tokens));
+  check_sampling(o.sampling);
+  check(o.system.empty() || o.chat, "--system needs --chat (the system message is a turn of the chat format)");
+  check_chunk(o.chunk);
+  check(o.max_context >= 0, "--max-context must be >= 0 (0 = the model's), got " + std::to_string(o.max_context));
+  check(o.needle_tokens >= 0, "--needle must be a positive number of tokens, got " + std::to_string(o.needle_tokens));
+  check(o.needle_depth >= 0 && o.needle_depth <= 1, "--needle-depth must be in [0, 1]");
+  check(!o.compare || o.attn != "dense", "--compare runs dense first and then --attn: give a sparse --attn");
+  check_spec(o.attn, "--attn");
+}
+
+void check_bench_options(const BenchOptions& o) {
+  check(!o.depths.empty(), "--depths is empty");
+  for (int d : o.depths) check(d > 0, "--depths must be positive, got " + std::to_string(d));
+  check(o.decode_tokens >= 0, "--decode must be >= 0, got " + std::to_string(o.decode_tokens));
+  check(o.reps >= 1, "--reps must be >= 1, got " + std::to_string(o.reps));
+  check_chunk(o.chunk);
+  for (const std::string& spec : o.attn) check_spec(spec, "--attn");
+}
+
+void check_eval_options(const EvalOptions& o) {
+  check_chunk(o.chunk);
+  check(o.answer_tokens >= 0, "--answer-tokens must be >= 0 (0 = the task's budget), got " + std::to_string(o.answer_tokens));
+  for (int l : o.layer_stats_lengths) check(l > 0, "--layer-stats lengths must be positive, got " + std::to_string(l));
+  for (int l : o.perplexity_lengths) check(l > 1, "--perplexity lengths must be > 1, got " + std::to_string(l));
+  for (const std::string& spec : o.attn)
+    if (spec != "dense") check_spec(spec, "--attn");
+}
+
+}  // namespace tessera::cli
