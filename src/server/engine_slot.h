@@ -3,7 +3,8 @@
 // EngineSlot<runtime::Engine, runtime::Model, runtime::EngineOptions> on the CPU, and the same with the GPU
 // engine (runtime_cuda/gpu_engine.h) over a DeviceModel: each request gets a fresh engine with its attention
 // policy, sharing the loaded weights; the engine, and with it the request's KV cache, is destroyed when the
-// request ends. kv_tokens / kv_bytes follow the engine between tokens.
+// request ends. kv_tokens / kv_bytes follow the engine between tokens. A cancelled or timed-out request stops
+// between prefill chunks too (the engine's progress callback), so a long prompt does not hold the slot to its end.
 #pragma once
 
 #include <memory>
@@ -11,9 +12,27 @@
 
 #include "core/thread_pool.h"
 #include "runtime/engine.h"
+#include "runtime/generation.h"
 #include "server/scheduler.h"
 
 namespace tessera::server {
+
+struct PrefillAborted {};
+
+// The engine as runtime::generate_tokens drives it, with a prefill that asks `abort` after every chunk.
+template <class EngineT>
+struct Abortable {
+  EngineT& engine;
+  const std::function<bool()>& abort;
+  std::vector<float> prefill(std::span<const int32_t> tokens) {
+    return engine.prefill(tokens, [this](int64_t, int64_t) {
+      if (abort && abort()) throw PrefillAborted{};
+    });
+  }
+  std::vector<float> decode(int32_t token) { return engine.decode(token); }
+  int32_t position() const { return engine.position(); }
+  int32_t max_context() const { return engine.max_context(); }
+};
 
 template <class EngineT, class ModelT, class OptionsT>
 class EngineSlot final : public SlotEngine {
@@ -27,18 +46,25 @@ class EngineSlot final : public SlotEngine {
   }
 
   std::vector<int32_t> generate(std::span<const int32_t> prompt, const runtime::GenerateOptions& gen,
-                                const attn::AttentionPolicy& policy,
-                                const std::function<bool(int32_t)>& on_token) override {
+                                const attn::AttentionPolicy& policy, const std::function<bool(int32_t)>& on_token,
+                                const std::function<bool()>& abort) override {
     OptionsT options = options_;
     options.policy = policy;
     std::vector<int32_t> out;
     try {
       EngineT engine(model_, std::move(options));
-      out = engine.generate(prompt, gen, [&](int32_t token) {
-        kv_tokens_.store(engine.position(), std::memory_order_relaxed);
-        kv_bytes_.store(static_cast<int64_t>(engine.kv_cache_bytes()), std::memory_order_relaxed);
-        return on_token(token);
-      });
+      Abortable<EngineT> run{engine, abort};
+      // The engine goes away with the request, so the last token need not enter its cache (no append_last).
+      out = runtime::generate_tokens(
+          run, prompt, gen,
+          [&](int32_t token) {
+            kv_tokens_.store(engine.position(), std::memory_order_relaxed);
+            kv_bytes_.store(static_cast<int64_t>(engine.kv_cache_bytes()), std::memory_order_relaxed);
+            return on_token(token);
+          },
+          [](int32_t) {});
+    } catch (const PrefillAborted&) {
+      out.clear();
     } catch (...) {
       kv_tokens_.store(0);
       kv_bytes_.store(0);

@@ -202,9 +202,14 @@ void Scheduler::run(int slot, Job& job) {
     else if (now >= job.deadline_) ended = FinishReason::Timeout;
     return !ended.has_value();
   };
+  auto abort = [&] {
+    if (job.cancelled()) ended = FinishReason::Cancelled;
+    else if (Clock::now() >= job.deadline_) ended = FinishReason::Timeout;
+    return ended.has_value();
+  };
   try {
     const std::vector<int32_t> out =
-        engines_[static_cast<size_t>(slot)]->generate(req.prompt, req.gen, *job.policy_, on_token);
+        engines_[static_cast<size_t>(slot)]->generate(req.prompt, req.gen, *job.policy_, on_token, abort);
     if (ended) {
       r.reason = *ended;
     } else {

@@ -11,8 +11,8 @@
 // with the request's attention policy, so its KV cache is freed when the request ends). Jobs wait in a bounded
 // FIFO; submit() refuses a job when every slot is busy and the queue is full. Between tokens the slot turns ids
 // into text (StreamingDecoder), applies stop sequences (StopMatcher) and checks the job's cancel flag and
-// deadline, so a cancelled or timed-out request frees its slot and KV cache after at most one more token (a
-// prefill in progress runs to its end first). The batched engine (issue 17) replaces the slots behind the same
+// deadline, so a cancelled or timed-out request frees its slot and KV cache after at most one more token, or
+// one more prefill chunk while it prefills. The batched engine (issue 17) replaces the slots behind the same
 // submit / wait / cancel interface.
 #pragma once
 
@@ -43,10 +43,12 @@ using Clock = std::chrono::steady_clock;
 class SlotEngine {
  public:
   virtual ~SlotEngine() = default;
-  // As runtime::Engine::generate on a fresh sequence under `policy`; on_token returning false stops it.
+  // As runtime::Engine::generate on a fresh sequence under `policy`; on_token returning false stops it. `abort`
+  // is asked between prefill chunks: true ends the request there (an empty result).
   virtual std::vector<int32_t> generate(std::span<const int32_t> prompt, const runtime::GenerateOptions& options,
                                         const attn::AttentionPolicy& policy,
-                                        const std::function<bool(int32_t)>& on_token) = 0;
+                                        const std::function<bool(int32_t)>& on_token,
+                                        const std::function<bool()>& abort) = 0;
   int64_t kv_tokens() const { return kv_tokens_.load(std::memory_order_relaxed); }
   int64_t kv_bytes() const { return kv_bytes_.load(std::memory_order_relaxed); }
 

@@ -396,13 +396,22 @@ const model::Tokenizer& byte_tokenizer() {
 // Generates the bytes of `script` (then the end token), one every `delay`, like generate_tokens does.
 class ScriptedSlot final : public SlotEngine {
  public:
-  ScriptedSlot(std::string script, std::chrono::milliseconds delay, bool fail = false)
-      : script_(std::move(script)), delay_(delay), fail_(fail) {}
+  ScriptedSlot(std::string script, std::chrono::milliseconds delay, bool fail = false, int prefill_chunks = 1)
+      : script_(std::move(script)), delay_(delay), fail_(fail), prefill_chunks_(prefill_chunks) {}
   std::vector<int32_t> generate(std::span<const int32_t> prompt, const runtime::GenerateOptions& options,
-                                const attn::AttentionPolicy&, const std::function<bool(int32_t)>& on_token) override {
+                                const attn::AttentionPolicy&, const std::function<bool(int32_t)>& on_token,
+                                const std::function<bool()>& abort) override {
     if (fail_) throw Error("prefill: out of scripted memory");
     kv_tokens_ = static_cast<int64_t>(prompt.size());
     kv_bytes_ = 1000;
+    for (int chunk = 0; chunk < prefill_chunks_; ++chunk) {  // a prefill in chunks, asking abort after each
+      std::this_thread::sleep_for(delay_);
+      if (abort()) {
+        kv_tokens_ = 0;
+        kv_bytes_ = 0;
+        return {};
+      }
+    }
     std::vector<int32_t> out;
     for (const char ch : script_) {
       std::this_thread::sleep_for(delay_);
@@ -420,15 +429,18 @@ class ScriptedSlot final : public SlotEngine {
   std::string script_;
   std::chrono::milliseconds delay_;
   bool fail_;
+  int prefill_chunks_;
 };
 
 struct Fixture {
   Metrics metrics;
   std::unique_ptr<Scheduler> scheduler;
-  Fixture(int slots, int queue, std::string script, std::chrono::milliseconds delay = 1ms, bool fail = false) {
+  Fixture(int slots, int queue, std::string script, std::chrono::milliseconds delay = 1ms, bool fail = false,
+          int prefill_chunks = 1) {
     scheduler = std::make_unique<Scheduler>(
         SchedulerOptions{slots, queue},
-        [=](int, int) { return std::make_unique<ScriptedSlot>(script, delay, fail); }, byte_tokenizer(), metrics);
+        [=](int, int) { return std::make_unique<ScriptedSlot>(script, delay, fail, prefill_chunks); },
+        byte_tokenizer(), metrics);
   }
 };
 
@@ -522,6 +534,25 @@ TEST(ServerScheduler, TimeoutsAndEngineErrors) {
   drain(*j);
   EXPECT_EQ(j->result().reason, FinishReason::Error);
   EXPECT_EQ(j->result().error, "prefill: out of scripted memory");
+}
+
+TEST(ServerScheduler, CancelAndTimeoutStopAPrefill) {
+  Fixture f(1, 1, "abc", 5ms, false, /*prefill_chunks=*/1000);  // a 5 s prefill
+  auto a = job(3);
+  ASSERT_EQ(f.scheduler->submit(a), Admission::Accepted);
+  while (f.scheduler->gauges().kv_tokens == 0) std::this_thread::sleep_for(1ms);  // it is prefilling
+  const auto t0 = Clock::now();
+  f.scheduler->cancel(a);
+  EXPECT_EQ(drain(*a), "");
+  EXPECT_LT(Clock::now() - t0, 1s);
+  EXPECT_EQ(a->result().reason, FinishReason::Cancelled);
+  EXPECT_EQ(a->result().completion_tokens, 0);
+  auto b = job(3, {}, 100ms);
+  ASSERT_EQ(f.scheduler->submit(b), Admission::Accepted);
+  drain(*b);
+  EXPECT_EQ(b->result().reason, FinishReason::Timeout);
+  EXPECT_LT(b->result().total_seconds, 1.0);
+  EXPECT_EQ(f.scheduler->gauges().kv_bytes, 0);
 }
 
 TEST(ServerScheduler, ShutdownEndsEverything) {
