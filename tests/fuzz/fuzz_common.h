@@ -1,5 +1,5 @@
 // Helpers shared by the libFuzzer harnesses in tests/fuzz: a scratch directory per process, inputs that stand
-// for several files, and the text samples the tokenizer harnesses encode.
+// for several files, GGUF metadata from JSON, and the text samples the tokenizer harnesses encode.
 //
 // Multi-file inputs: a harness that reads a folder (a Hugging Face model directory, tokenizer.json beside its
 // tokenizer_config.json) takes one input made of sections, each starting with a line "#file:<name>\n" and
@@ -17,6 +17,7 @@
 #include <fstream>
 #include <initializer_list>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 
@@ -89,6 +90,30 @@ inline std::map<std::string, std::string_view> split_files(std::string_view inpu
     pos = line_end + 1;
   }
   return files;
+}
+
+// GGUF metadata as ModelFile::metadata() holds it, from a JSON document: only what a GGUF file can hold (an
+// object whose values are numbers, bools, strings and arrays of them; false otherwise), and with every '~' in
+// a string turned into the byte 0xFF, since GGUF strings are raw bytes that need not be UTF-8 (JSON text
+// cannot say that).
+inline bool gguf_metadata(nlohmann::json& j) {
+  if (!j.is_object()) return false;
+  auto fix = [](auto& self, nlohmann::json& v) -> bool {
+    if (v.is_array()) {
+      for (nlohmann::json& e : v)
+        if (!self(self, e)) return false;
+      return true;
+    }
+    if (v.is_string()) {
+      for (char& c : v.get_ref<std::string&>())
+        if (c == '~') c = '\xFF';
+      return true;
+    }
+    return v.is_number() || v.is_boolean();
+  };
+  for (auto& [key, value] : j.items())
+    if (!fix(fix, value)) return false;
+  return true;
 }
 
 // Text the tokenizer harnesses encode besides the input's own: ASCII, digits, whitespace runs, multi-byte and

@@ -3,10 +3,11 @@
 //
 // The input is the metadata as JSON text (how ModelFile::metadata() holds it), so that mutations reach the
 // tokenizer instead of breaking the GGUF framing (fuzz_model_file fuzzes that). Only documents a GGUF file
-// could produce are used: an object whose values are numbers, bools, strings and arrays of them. A tokenizer
-// that loads encodes the fixed samples with and without special tokens, decodes them, streams them and
-// renders the first ids of the vocabulary; a chat format that is recognised formats a few conversations. A
-// tessera::Error is the expected outcome for bad input; anything else is a finding.
+// could produce are used: an object whose values are numbers, bools, strings and arrays of them, '~' in
+// strings standing for the byte 0xFF (fuzz_common.h). A tokenizer that loads encodes the fixed samples with
+// and without special tokens, decodes them, streams them and renders the first ids of the vocabulary; a chat
+// format that is recognised formats a few conversations. A tessera::Error is the expected outcome for bad
+// input; anything else is a finding.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -22,24 +23,9 @@
 using namespace tessera;
 using nlohmann::json;
 
-namespace {
-
-bool gguf_value(const json& v) {
-  if (v.is_array()) {
-    for (const json& e : v)
-      if (!gguf_value(e)) return false;
-    return true;
-  }
-  return v.is_number() || v.is_boolean() || v.is_string();
-}
-
-}  // namespace
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const json md = json::parse(data, data + size, nullptr, /*allow_exceptions=*/false);
-  if (md.is_discarded() || !md.is_object()) return 0;
-  for (const auto& [key, value] : md.items())
-    if (!gguf_value(value)) return 0;
+  json md = json::parse(data, data + size, nullptr, /*allow_exceptions=*/false);
+  if (md.is_discarded() || !fuzz::gguf_metadata(md)) return 0;
   try {
     const auto tok = model::Tokenizer::from_gguf(md);
     for (std::string_view text : fuzz::kSampleTexts) {

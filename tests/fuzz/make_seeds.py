@@ -24,7 +24,7 @@ def read(*parts):
 
 def files_in(*parts):
     d = os.path.join(DATA, *parts)
-    return sorted(os.path.join(d, n) for n in os.listdir(d)) if os.path.isdir(d) else []
+    return sorted(os.path.join(d, n) for n in os.listdir(d) if os.path.isfile(os.path.join(d, n))) if os.path.isdir(d) else []
 
 
 def sections(default, files):
@@ -83,7 +83,6 @@ def main():
     def add(fuzzer, name, data):
         seeds.setdefault(fuzzer, {})[name] = data if isinstance(data, bytes) else data.encode()
 
-    ggufs = [p for p in files_in("hf_tiny", "*") if p.endswith(".gguf")]
     ggufs = sorted(os.path.join(DATA, "hf_tiny", d, f) for d in os.listdir(os.path.join(DATA, "hf_tiny"))
                    if os.path.isdir(os.path.join(DATA, "hf_tiny", d))
                    for f in os.listdir(os.path.join(DATA, "hf_tiny", d)) if f.endswith(".gguf"))
@@ -174,6 +173,20 @@ def main():
                               "moa:alpha=0,beta=0.5,sink=64", "trianglemix:start=1,inner=vs,v=10,s=20,local=64",
                               "trianglemix"]):
         add("fuzz_attn_spec", f"spec-{i}", spec)
+    for p in files_in("configs", "fuzz"):
+        if os.path.basename(p).startswith("attn-spec-"):
+            add("fuzz_attn_spec", "finding-" + os.path.basename(p), open(p, "rb").read().rstrip(b"\n"))
+
+    # fuzz_server_request: request bodies; the first byte picks the endpoint (even: chat, odd: completions).
+    chat = {"model": "tessera", "messages": [{"role": "system", "content": "Be brief."},
+                                             {"role": "user", "content": "Hi"}],
+            "max_tokens": 16, "temperature": 0.7, "top_p": 0.9, "seed": 1, "stop": ["\n\n", "END"],
+            "stream": True, "stream_options": {"include_usage": True}, "tessera": {"attn": "vs:v=64,s=128"}}
+    add("fuzz_server_request", "chat", b"\x00" + json.dumps(chat).encode())
+    add("fuzz_server_request", "chat-min", b"\x00" + b'{"model": "m", "messages": [{"role": "user", "content": "x"}]}')
+    add("fuzz_server_request", "completion", b"\x01" + json.dumps(
+        {"model": "m", "prompt": "Once upon", "max_tokens": 8, "temperature": 0}).encode())
+    add("fuzz_server_request", "completion-ids", b"\x01" + b'{"model": "m", "prompt": [1, 2, 3], "max_completion_tokens": 4}')
 
     for fuzzer, items in seeds.items():
         d = os.path.join(out, fuzzer)
