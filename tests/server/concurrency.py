@@ -11,7 +11,7 @@ from harness import MODEL_ID, Server, run, test
 
 CLIENTS = 32
 HANG_UP_EVERY = 4       # clients 0, 4, 8, ... close the connection after their second text chunk
-MAX_TOKENS = 12
+MAX_TOKENS = 10
 RSS_SLACK = 48 << 20    # allowed growth of the resident size after the burst (allocator and thread stacks)
 DEADLINE_S = 240
 
