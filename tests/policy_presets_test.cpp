@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <string>
 
 #include "attention/pattern/presets.h"
 #include "core/error.h"
@@ -107,6 +108,19 @@ TEST(PolicyPresets, SpecsAreCheckedWithoutAModel) {
                              "default": {"type": "block_sparse", "top_k": 0}})";
   EXPECT_EQ(error(path), path + ": default: field 'top_k' must be >= 1, got 0");
   std::remove(path.c_str());
+}
+
+TEST(PolicyPresets, SpecTooLongForAPathIsNoFile) {
+  // Found by tests/fuzz/fuzz_attn_spec: std::filesystem::exists threw filesystem_error (ENAMETOOLONG) for a spec
+  // longer than a file name may be; tests/data/configs/fuzz/attn-spec-too-long-for-a-path.txt keeps the input.
+  std::ifstream in(std::string(TESSERA_SOURCE_DIR) +
+                   "/tests/data/configs/fuzz/attn-spec-too-long-for-a-path.txt");
+  std::string spec;
+  ASSERT_TRUE(std::getline(in, spec));
+  ASSERT_EQ(spec.size(), 300u);
+  EXPECT_EQ(error_of(spec), "attention spec '" + spec +
+                                "': not a preset (dense, ashape, triangle, vs, minference, bs, moa, trianglemix) "
+                                "nor an existing policy file");
 }
 
 }  // namespace

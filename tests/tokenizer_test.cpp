@@ -421,6 +421,9 @@ TEST(TokenizerGguf, HostileMetadataIsAnErrorNamingTheKey) {
   for (const auto& [file, message] : cases) {
     EXPECT_EQ(error_of([&] { Tokenizer::from_gguf(load_json(kFuzzDir + file)); }), message) << file;
   }
+  // ChatTemplate::from_gguf read the vocabulary with get<std::vector<std::string>>(): a json type_error.
+  EXPECT_EQ(error_of([] { ChatTemplate::from_gguf(load_json(kFuzzDir + "gguf-tokens-not-strings.json")); }),
+            "chat template: GGUF metadata tokenizer.ggml.tokens holds a value that is not a string");
 }
 
 TEST(TokenizerGguf, ByteTokensThatAreNotHexAreOrdinaryPieces) {
