@@ -216,6 +216,19 @@ TEST(RuntimeConfig, ErrorsNameTheFileAndKey) {
   }
 }
 
+TEST(RuntimeConfig, GgufStringsThatAreNotUtf8AreQuotedNotThrown) {
+  // GGUF strings are raw bytes; the message's json::dump() threw type_error 316 (found by fuzz_model_config).
+  const nlohmann::json md = {{"general.architecture", "llama"},
+                             {"llama.embedding_length", std::string("\xFF")}};
+  try {
+    config_from_gguf(md, "m.gguf", 10);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "m.gguf: metadata key llama.embedding_length must be a number, got \"\xEF\xBF\xBD\"");
+  }
+}
+
 TEST(RuntimeConfig, LayerCountsAreBoundedBeforeTablesAreSized) {
   nlohmann::json cfg = {{"architectures", {"LlamaForCausalLM"}}, {"vocab_size", 10},        {"hidden_size", 8},
                         {"num_hidden_layers", 2147483647},       {"num_attention_heads", 2}, {"intermediate_size", 8}};

@@ -56,6 +56,12 @@ std::string name_from_path(const std::string& path) {
   return p.stem().string();
 }
 
+// A value for messages. GGUF strings are raw bytes: dump() would throw type_error 316 on one that is not UTF-8
+// (found by tests/fuzz/fuzz_model_config), so invalid bytes print as U+FFFD.
+std::string show(const json& v) {
+  return v.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 bool present(const json& j, const std::string& key) {
   return j.is_object() && j.contains(key) && !j[key].is_null();
 }
@@ -73,14 +79,14 @@ class Keys {
     require(key);
     const json& v = raw(key);
     if (v.is_array()) fail(key, "has one value per layer, which tessera does not support yet");
-    if (!v.is_number()) fail(key, "must be a number, got " + v.dump());
+    if (!v.is_number()) fail(key, "must be a number, got " + show(v));
     return v.get<double>();
   }
   double number(const std::string& key, double fallback) const { return has(key) ? number(key) : fallback; }
   int32_t integer(const std::string& key) const {
     const double v = number(key);
     if (v != std::floor(v) || v < 0 || v > 2147483647.0)
-      fail(key, "must be a non-negative integer, got " + raw(key).dump());
+      fail(key, "must be a non-negative integer, got " + show(raw(key)));
     return static_cast<int32_t>(v);
   }
   int32_t integer(const std::string& key, int32_t fallback) const {
@@ -88,12 +94,12 @@ class Keys {
   }
   std::string string(const std::string& key) const {
     require(key);
-    if (!raw(key).is_string()) fail(key, "must be a string, got " + raw(key).dump());
+    if (!raw(key).is_string()) fail(key, "must be a string, got " + show(raw(key)));
     return raw(key).get<std::string>();
   }
   bool boolean(const std::string& key, bool fallback) const {
     if (!has(key)) return fallback;
-    if (!raw(key).is_boolean()) fail(key, "must be true or false, got " + raw(key).dump());
+    if (!raw(key).is_boolean()) fail(key, "must be true or false, got " + show(raw(key)));
     return raw(key).get<bool>();
   }
 
@@ -150,13 +156,13 @@ RopeConfig parse_hf_rope(const json& p, double default_theta, const Keys& k, con
   RopeConfig r;
   r.theta = default_theta;
   if (p.is_null()) return r;
-  if (!p.is_object()) k.fail(key, "must be an object, got " + p.dump());
+  if (!p.is_object()) k.fail(key, "must be an object, got " + show(p));
   auto number = [&](const char* f) -> double {
-    if (!p[f].is_number()) k.fail(key, std::string("has ") + f + " " + p[f].dump() + ", which must be a number");
+    if (!p[f].is_number()) k.fail(key, std::string("has ") + f + " " + show(p[f]) + ", which must be a number");
     return p[f].get<double>();
   };
   auto text = [&](const char* f) -> std::string {
-    if (!p[f].is_string()) k.fail(key, std::string("has ") + f + " " + p[f].dump() + ", which must be a string");
+    if (!p[f].is_string()) k.fail(key, std::string("has ") + f + " " + show(p[f]) + ", which must be a string");
     return p[f].get<std::string>();
   };
   if (present(p, "rope_theta")) r.theta = number("rope_theta");
@@ -166,7 +172,7 @@ RopeConfig parse_hf_rope(const json& p, double default_theta, const Keys& k, con
   else if (present(p, "type"))
     type = text("type");
   if (present(p, "partial_rotary_factor") && number("partial_rotary_factor") != 1.0)
-    k.fail(key, "has partial_rotary_factor " + p["partial_rotary_factor"].dump() +
+    k.fail(key, "has partial_rotary_factor " + show(p["partial_rotary_factor"]) +
                     ", which tessera does not support");
   if (type == "default") return r;
   auto need = [&](const char* f) -> double {
@@ -198,12 +204,12 @@ ModelConfig config_from_hf(const json& root, const std::string& source, int64_t 
   std::string arch_name, model_type;
   if (present(root, "architectures") && root["architectures"].is_array() && !root["architectures"].empty()) {
     if (!root["architectures"][0].is_string())
-      throw Error(source + ": key architectures must list strings, got " + root["architectures"].dump());
+      throw Error(source + ": key architectures must list strings, got " + show(root["architectures"]));
     arch_name = root["architectures"][0].get<std::string>();
   }
   if (present(root, "model_type")) {
     if (!root["model_type"].is_string())
-      throw Error(source + ": key model_type must be a string, got " + root["model_type"].dump());
+      throw Error(source + ": key model_type must be a string, got " + show(root["model_type"]));
     model_type = root["model_type"].get<std::string>();
   }
 
@@ -220,7 +226,7 @@ ModelConfig config_from_hf(const json& root, const std::string& source, int64_t 
     c.arch = Architecture::Gemma3;  // the language model of a multimodal Gemma-3; the vision tower is not run
     if (!present(root, "text_config")) throw Error(source + ": missing key text_config");
     if (!root["text_config"].is_object())
-      throw Error(source + ": key text_config must be an object, got " + root["text_config"].dump());
+      throw Error(source + ": key text_config must be an object, got " + show(root["text_config"]));
     cfgp = &root["text_config"];
   } else {
     const std::string what =
@@ -287,7 +293,7 @@ ModelConfig config_from_hf(const json& root, const std::string& source, int64_t 
     if (!lt.is_array() || static_cast<int32_t>(lt.size()) != c.num_layers)
       k.fail("layer_types", "must list one type per layer (" + std::to_string(c.num_layers) + ")");
     for (size_t i = 0; i < lt.size(); ++i) {
-      if (!lt[i].is_string()) k.fail("layer_types", "entry " + std::to_string(i) + " must be a string, got " + lt[i].dump());
+      if (!lt[i].is_string()) k.fail("layer_types", "entry " + std::to_string(i) + " must be a string, got " + show(lt[i]));
       const std::string t = lt[i].get<std::string>();
       if (t == "sliding_attention")
         sliding[i] = true;
