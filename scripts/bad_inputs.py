@@ -219,8 +219,10 @@ def main():
                     problems.append(f"message differs: expected {want!r}")
             if code < 0 or "internal error" in err or "Sanitizer" in err:
                 problems.append("crash or internal error")
-            if rss > 2048:
-                problems.append(f"peak memory {rss:.0f} MB")
+            # The largest case loads Gemma-3-270M in f32 (1.4 GB); AddressSanitizer's shadow memory adds to that.
+            bound = 2048 * (4 if "ASAN_OPTIONS" in os.environ else 1)
+            if rss > bound:
+                problems.append(f"peak memory {rss:.0f} MB, over {bound} MB")
             if problems:
                 failures.append(f"{case['what']}: {'; '.join(problems)}\n    got: {line!r}")
             rows.append((case["klass"], case["what"], line, code, rss, secs))

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds tessera and runs every CPU test (the README's test command; .ci/run calls it), then compiles the CUDA
+# Builds tessera and runs every CPU test (the README's test command; .ci/run calls it), then the same tests built
+# with ASan + UBSan, then every fuzzer for a few seconds (scripts/fuzz.sh), then compiles the CUDA
 # backend (compile only, no GPU: `cmake --preset cuda-ci`, sm_90a, warnings as errors; build target cuda_all =
 # tessera_cuda, tessera_runtime_cuda, the GPU tests and benches, the CLI with --device cuda) and prints
 # "CUDA compile: N s". Fails if a test fails or the CUDA code does not compile; the CUDA step is skipped, with a
@@ -10,6 +11,21 @@ bash scripts/setup.sh models   # apt packages + the real test models (PyPI)
 cmake --preset ci >/dev/null
 cmake --build build/ci -j "$(nproc)"
 ctest --preset ci -j "$(nproc)" --timeout 600
+
+# The same suite built with AddressSanitizer + UndefinedBehaviorSanitizer (`cmake --preset asan`): any report fails
+# the test that triggers it. SKIP_SANITIZERS=1 skips this and the fuzzers (a quick local run).
+if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
+  start=$(date +%s)
+  cmake --preset asan >/dev/null
+  cmake --build build/asan -j "$(nproc)" > build/asan-build.log 2>&1 || { tail -n 40 build/asan-build.log; exit 1; }
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    ctest --test-dir build/asan -LE gpu -j "$(nproc)" --timeout 1800 --output-on-failure
+  echo "ASan+UBSan suite: $(( $(date +%s) - start )) s (build and tests)"
+  # Every parser of untrusted input under libFuzzer for a few seconds each (scripts/fuzz.sh prints a line per fuzzer).
+  start=$(date +%s)
+  bash scripts/fuzz.sh
+  echo "Fuzzers: $(( $(date +%s) - start )) s"
+fi
 
 if ! command -v nvcc > /dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH=$PATH:/usr/local/cuda/bin

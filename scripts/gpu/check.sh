@@ -21,8 +21,10 @@
 #   bench, bench_short, bench_model, bench_local   attention_gpu_bench (Llama-3-8B shapes; CSVs): 8K-128K RoPE
 #              inputs; 1K-4K (cuDNN and the dense fallback); model-like inputs at 32K/128K (VS and BS at a realistic
 #              index density); local/sink inputs at 128K
-#   sanitizer_racecheck_topk, sanitizer_memcheck, sanitizer_racecheck, sanitizer_racecheck_wgmma
-#              compute-sanitizer on small cases (any top-k hazard fails; racecheck last: it gets what is left)
+#   sanitizer_racecheck_topk, sanitizer_memcheck, sanitizer_synccheck, sanitizer_racecheck, sanitizer_racecheck_wgmma
+#              compute-sanitizer on small cases (any top-k hazard fails; racecheck last: it gets what is left);
+#              with MEMCHECK_ALL=1, sanitizer_memcheck_all instead of sanitizer_memcheck: memcheck (with leak check)
+#              over every test of both GPU test programs, MEMCHECK_SHARDS (8) shards in parallel
 #   ttft, ttft_local, hf, cli   with TTFT=1: ttft_bench (GPU engine, Llama-3-8B shapes, random weights; 128K/32K/8K
 #              and --weights local), the transformers + SDPA reference, `tessera bench --device cuda` on the real
 #              SmolLM2 when TESSERA_MODEL_DIR holds it
@@ -30,7 +32,7 @@
 # $OUT receives summary.txt, ctest.xml, the CSVs of bench, bench_model and ttft, and check.tgz (every log and CSV).
 # Environment: OUT, JOBS (16), CTEST_JOBS (4), CHECK_BUDGET_S, BENCH_ARGS, BENCH_SHORT_ARGS, BENCH_MODEL_ARGS,
 # BENCH_LOCAL_ARGS, SDPA_ARGS, TTFT_ARGS, TTFT_LOCAL_ARGS, HF_ARGS, SKIP_TEST=1, SKIP_BENCH=1, SKIP_SANITIZER=1,
-# SKIP_SDPA=1, TTFT=1, BUILD_ONLY=1 (configure and build alone, e.g. for the ncu scripts), TESSERA_MODEL_DIR.
+# SKIP_SDPA=1, TTFT=1, MEMCHECK_ALL=1 (MEMCHECK_SHARDS, MEMCHECK_ALL_S), BUILD_ONLY=1 (configure and build alone, e.g. for the ncu scripts), TESSERA_MODEL_DIR.
 set -u
 set -o pipefail
 cd "$(dirname "$0")/../.." || exit 1
@@ -54,7 +56,8 @@ fi
 # The device tool copies the tree with the sender's modification times: on a machine kept warm between calls,
 # an object built by the previous call can look newer than a changed source, and ninja would keep it (two
 # stale runs on 2026-11-22). Every source is touched so that the build reflects the tree it was given.
-find "$ROOT/src" "$ROOT/tests" "$ROOT/bench" -type f -exec touch {} +
+# NO_TOUCH=1 skips this for a second call on the same tree (e.g. MEMCHECK_ALL=1 after a first full call).
+[ "${NO_TOUCH:-0}" = 1 ] || find "$ROOT/src" "$ROOT/tests" "$ROOT/bench" -type f -exec touch {} +
 
 # run_step NAME MAX_SECONDS CMD...: runs CMD with its output in $LOGS/NAME.log, at most MAX_SECONDS and at most
 # what is left of the budget; records status and time.
@@ -170,11 +173,42 @@ cli_check() {
   "$BUILD_DIR/src/tessera" bench -m "$model" --device cuda -d 1024,4096 --attn "trianglemix;ashape:sink=64,local=1024" \
     --decode 8 && "$BUILD_DIR/src/tessera" run -m "$model" --device cuda -p "The capital of France is" -n 16
 }
+# memcheck over the whole GPU test suite (both test programs, every test), in MEMCHECK_SHARDS parallel shards
+# (gtest sharding; the GPU is shared, compute-sanitizer makes each shard CPU-bound). Fails on any memcheck error
+# or leak, or a test failing under it; the per-shard ERROR SUMMARY lines and the failures go to the log.
+memcheck_all() {
+  local shards=${MEMCHECK_SHARDS:-8} rc=0 bin i
+  for bin in "$TEST_BIN" "$ENGINE_TEST_BIN"; do
+    for ((i = 0; i < shards; i++)); do
+      GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i compute-sanitizer --tool memcheck --leak-check full \
+        --error-exitcode 3 "$bin" > "$LOGS/memcheck_$(basename "$bin")_$i.log" 2>&1 &
+    done
+    for ((i = 0; i < shards; i++)); do wait -n || rc=1; done
+  done
+  # The out-of-memory test alone (it fills the device), without API-error reports: its failed cudaMallocs are the
+  # point of the test; access errors and leaks still count.
+  compute-sanitizer --tool memcheck --leak-check full --report-api-errors no --error-exitcode 3 "$OOM_TEST_BIN" \
+    > "$LOGS/memcheck_oom_serial_test_0.log" 2>&1 || rc=1
+  # cuDNN keeps three small allocations made inside cudnnCreate until after the CUDA context is gone (25,344 + 4 + 4
+  # bytes, also when its handle is destroyed at exit): reported as leaks, not ours. Every other report fails.
+  local errors third ours
+  for f in "$LOGS"/memcheck_*_*.log; do
+    errors=$(grep -oE "ERROR SUMMARY: [0-9]+" "$f" | tail -1 | grep -oE "[0-9]+$")
+    third=$(awk '/^========= Leaked/ {leak = 1; next} leak && /cudnnCreate/ {n++; leak = 0} /^========= $/ {leak = 0} END {print n + 0}' "$f")
+    ours=$(( ${errors:-1} - third ))
+    echo "$(basename "$f" .log): $(grep -E "^\[  (PASSED|FAILED) " "$f" | tr '\n' ' ') memcheck errors ${errors:-?} ($third cuDNN-internal leaks, $ours ours)"
+    [ "$ours" -eq 0 ] || { rc=1; grep -E "^\[  FAILED  \]|Invalid|Leaked|Program hit" "$f" | head -5; }
+  done
+  echo "memcheck over the whole GPU suite: $(cat "$LOGS"/memcheck_*_*.log | grep -c "^\[       OK \]") tests passed; $( [ $rc = 0 ] && echo "no errors of ours" || echo "ERRORS (above)")"
+  return $rc
+}
 TEST_BIN=$BUILD_DIR/tests/gpu/attention_gpu_test
+ENGINE_TEST_BIN=$BUILD_DIR/tests/gpu/engine_gpu_test
+OOM_TEST_BIN=$BUILD_DIR/tests/gpu/oom_serial_test
 BENCH=$BUILD_DIR/bench/gpu/attention_gpu_bench
 TTFT_BIN=$BUILD_DIR/bench/gpu/ttft_bench
-export TEST_BIN
-export -f configure resources racecheck_topk cudnn_diag cli_check
+export TEST_BIN ENGINE_TEST_BIN OOM_TEST_BIN LOGS
+export -f configure resources racecheck_topk cudnn_diag cli_check memcheck_all
 
 built=no
 run_step configure 120 configure && run_step build 330 cmake --build "$BUILD_DIR" -j"$JOBS" --target cuda_all && built=yes
@@ -207,7 +241,12 @@ if [ "$built" = yes ] && [ "${BUILD_ONLY:-0}" != 1 ]; then
   if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
     run_step sanitizer_racecheck_topk 60 racecheck_topk
     SAN_FILTER='Cases/ExecutorTest.MatchesReference/dense_win37_s100_d64_f16_t64:Cases/ExecutorTest.MatchesReference/mixed_win70_s130_d128_bf16:Cases/ExecutorTest.MatchesReference/mixed_s100_d64_f16_t64:Cases/ExecutorTest.MatchesReference/mixed_s1000_d128_bf16:Cases/ExecutorTest.MatchesReference/mixed_s300_d256_f16_t64:Cases/ExecutorTest.MatchesReference/mixed_chunk_q777_s333_tail50:Cases/ExecutorTest.MatchesReference/empty_vs_s200:Cases/DeviceIndexTest.IdenticalToCpuLowering/mixed_s1000:Cases/DeviceEstimateTest.*/s100_d64_bf16:Cases/EndToEndTest.MatchesReferenceOnItsOwnIndex/mixed_s1000_bf16:CudaAttention.*'
-    run_step sanitizer_memcheck 100 compute-sanitizer --tool memcheck --error-exitcode 3 "$TEST_BIN" --gtest_filter="$SAN_FILTER"
+    if [ "${MEMCHECK_ALL:-0}" = 1 ]; then
+      run_step sanitizer_memcheck_all "${MEMCHECK_ALL_S:-420}" memcheck_all
+    else
+      run_step sanitizer_memcheck 100 compute-sanitizer --tool memcheck --error-exitcode 3 "$TEST_BIN" --gtest_filter="$SAN_FILTER"
+    fi
+    run_step sanitizer_synccheck 60 compute-sanitizer --tool synccheck --error-exitcode 3 "$TEST_BIN" --gtest_filter="$SAN_FILTER"
   fi
   if [ "${SKIP_BENCH:-0}" != 1 ]; then
     # shellcheck disable=SC2086
@@ -277,9 +316,10 @@ show() {
     sed -E 's/^[0-9]+: //' "$LOGS/test.log" | grep -E "^\[engine\]" | head -40
   fi
   show cudnn_diag "cudnn_diag (library, sub-libraries, cuDNN's log)" "^([^[]|\[ *(FAILED|SKIPPED|PASSED))" 70
-  for s in sanitizer_memcheck sanitizer_racecheck_topk sanitizer_racecheck sanitizer_racecheck_wgmma; do
+  for s in sanitizer_memcheck sanitizer_synccheck sanitizer_racecheck_topk sanitizer_racecheck sanitizer_racecheck_wgmma; do
     show $s $s "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race|hazard|PASSED|FAILED" 15
   done
+  show sanitizer_memcheck_all "memcheck over the whole GPU suite" "." 60
   show bench "bench" "^\||device|shape|cuDNN|rror|self-check|index seq|dense backends|fallback seq" 200
   show bench_model "bench, model inputs" "^\||shape|rror|index seq|dense backends|fallback seq" 100
   show bench_local "bench, local inputs" "^\||shape|rror|index seq|dense backends|fallback seq" 100

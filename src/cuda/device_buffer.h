@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdio>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,6 +12,19 @@
 #include "cuda/cuda_check.h"
 
 namespace tessera::attn::gpu {
+
+// "1.23 GB free of 79.6 GB" for the current device (or why it cannot be told), for out-of-memory messages.
+inline std::string device_memory_state() {
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return "free device memory unknown";
+  }
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.2f GB free of %.1f GB", static_cast<double>(free_bytes) / 1e9,
+                static_cast<double>(total_bytes) / 1e9);
+  return buf;
+}
 
 // cudaMalloc'd array of `size` elements of T (trivially copyable). Move-only. Allocation failure throws
 // tessera::Error naming the size.
@@ -48,8 +62,8 @@ class DeviceBuffer {
     const cudaError_t err = cudaMalloc(&p, count * sizeof(T));
     if (err != cudaSuccess) {
       (void)cudaGetLastError();
-      throw Error("out of device memory: could not allocate " + std::to_string(count * sizeof(T)) +
-                  " bytes (" + cudaGetErrorString(err) + ")");
+      throw Error("out of device memory: could not allocate " + std::to_string(count * sizeof(T)) + " bytes (" +
+                  cudaGetErrorString(err) + "; " + device_memory_state() + ")");
     }
     data_ = static_cast<T*>(p);
     size_ = capacity_ = count;

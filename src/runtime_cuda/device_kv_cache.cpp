@@ -29,26 +29,36 @@ void DeviceKVCache::reserve(int32_t tokens, int32_t valid) {
         "KV cache: " + std::to_string(tokens) + " tokens exceed its limit of " + std::to_string(max_tokens_));
   if (tokens <= capacity_) return;
   const int64_t grown = std::max<int64_t>({tokens, 2 * static_cast<int64_t>(capacity_), 256});
-  const auto cap = static_cast<int32_t>(std::min<int64_t>(grown, max_tokens_));
+  int32_t cap = static_cast<int32_t>(std::min<int64_t>(grown, max_tokens_));
   valid = std::clamp(valid, 0, capacity_);
   const size_t keep = static_cast<size_t>(valid) * static_cast<size_t>(row_);
-  try {
-    for (int32_t l = 0; l < num_layers_; ++l) {
-      for (auto* buffers : {&k_, &v_}) {
-        attn::gpu::DeviceBuffer<bf16>& old = (*buffers)[static_cast<size_t>(l)];
-        attn::gpu::DeviceBuffer<bf16> grown_buffer(static_cast<size_t>(cap) * static_cast<size_t>(row_));
-        if (keep > 0)
-          TESSERA_CUDA_CHECK(
-              cudaMemcpy(grown_buffer.data(), old.data(), keep * sizeof(bf16), cudaMemcpyDeviceToDevice));
-        old = std::move(grown_buffer);
+  // Geometric growth first; when that does not fit, exactly what is asked for. A layer that grew keeps its rows,
+  // so a failure leaves the cache as it was for every valid row (capacity_ changes only on success).
+  for (;;) {
+    try {
+      for (int32_t l = 0; l < num_layers_; ++l) {
+        for (auto* buffers : {&k_, &v_}) {
+          attn::gpu::DeviceBuffer<bf16>& old = (*buffers)[static_cast<size_t>(l)];
+          if (old.size() >= static_cast<size_t>(cap) * static_cast<size_t>(row_)) continue;
+          attn::gpu::DeviceBuffer<bf16> grown_buffer(static_cast<size_t>(cap) * static_cast<size_t>(row_));
+          if (keep > 0)
+            TESSERA_CUDA_CHECK(
+                cudaMemcpy(grown_buffer.data(), old.data(), keep * sizeof(bf16), cudaMemcpyDeviceToDevice));
+          old = std::move(grown_buffer);
+        }
       }
+      break;
+    } catch (const Error& e) {
+      if (cap > tokens) {
+        cap = tokens;
+        continue;
+      }
+      char gb[32];
+      std::snprintf(gb, sizeof gb, "%.2f", static_cast<double>(bytes_for(cap)) / 1e9);
+      throw Error("KV cache: cannot grow to " + std::to_string(cap) + " tokens (" + gb +
+                  " GB of device memory for K and V in bf16): " + e.what() +
+                  "; shorten the prompt or lower the context limit (--max-context)");
     }
-  } catch (const Error& e) {
-    char gb[32];
-    std::snprintf(gb, sizeof gb, "%.2f", static_cast<double>(bytes_for(cap)) / 1e9);
-    throw Error("KV cache: cannot grow to " + std::to_string(cap) + " tokens (" + gb +
-                " GB of device memory for K and V in bf16): " + e.what() +
-                "; shorten the prompt or lower the context limit (--max-context)");
   }
   capacity_ = cap;
 }

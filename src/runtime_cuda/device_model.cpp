@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,19 @@ void DeviceModel::allocate_layout() {
         "device model: incomplete configuration for " + c.name);
   const int64_t H = c.hidden_size, F = c.intermediate_size, D = c.head_dim, V = c.vocab_size;
   const int64_t QD = c.num_q_heads * D, KD = c.num_kv_heads * D;
+  // Refuse weights that cannot fit before allocating any, with the sizes (norms and biases, a few MB, aside).
+  const double need = 2.0 * (static_cast<double>(V * H) * (c.tied_embeddings ? 1 : 2) +
+                             static_cast<double>(c.num_layers) * static_cast<double>(2 * QD * H + 2 * KD * H + 3 * F * H));
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%.2f GB of device memory in bf16, but only %.2f GB of %.1f GB are free", need / 1e9,
+                  static_cast<double>(free_bytes) / 1e9, static_cast<double>(total_bytes) / 1e9);
+    check(need <= static_cast<double>(free_bytes),
+          "device model " + c.name + ": the weights need " + buf + "; free device memory or run on the CPU (--device cpu)");
+  } else {
+    (void)cudaGetLastError();
+  }
   embedding_ = alloc_bf16(V * H);
   output_ = c.tied_embeddings ? embedding_ : alloc_bf16(V * H);
   final_norm_ = alloc_f32(H);

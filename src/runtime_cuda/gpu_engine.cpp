@@ -148,8 +148,16 @@ std::vector<float> GpuEngine::run_prefill(std::span<const int32_t> tokens, Logit
       const int64_t c1 = std::min<int64_t>(n, c0 + chunk);
       const bool last = c1 == n;
       const LogitRows want = rows == LogitRows::kAll ? LogitRows::kAll : (last ? rows : LogitRows::kNone);
-      std::vector<float> part = forward_->run(tokens.subspan(static_cast<size_t>(c0), static_cast<size_t>(c1 - c0)),
-                                              position_, cache_, &options_.policy, total_len, want);
+      std::vector<float> part;
+      try {
+        part = forward_->run(tokens.subspan(static_cast<size_t>(c0), static_cast<size_t>(c1 - c0)), position_, cache_,
+                             &options_.policy, total_len, want);
+      } catch (const Error& e) {
+        // Say which part of the prompt was running; the engine stays usable after reset().
+        throw Error("prefill of " + std::to_string(n) + " tokens, chunk [" + std::to_string(c0) + ", " +
+                    std::to_string(c1) + ") at position " + std::to_string(position_) + ": " + e.what() +
+                    " (call reset() before the next prompt)");
+      }
       position_ += static_cast<int32_t>(c1 - c0);
       logits.insert(logits.end(), part.begin(), part.end());
       if (progress) {
