@@ -313,6 +313,25 @@ def half_sent_request_does_not_hang(s):
     assert r.usage.completion_tokens == 1
 
 
+@test
+def startup_errors(s):
+    """Bad flags end the server before it listens, with tessera's error line and exit code 1."""
+    import subprocess
+    from harness import BIN, MODEL
+
+    def fails(*args):
+        p = subprocess.run([BIN, "serve", "-m", MODEL, "--device", "cpu", *args], capture_output=True, text=True,
+                           timeout=120)
+        assert p.returncode == 1, (p.returncode, p.stdout, p.stderr)
+        return p.stderr.strip()
+
+    assert fails("--port", "0", "--attn", "vs:x=1") == \
+        "tessera: error: attention spec 'vs:x=1': unknown parameter 'x' (known: v, s, last_q)"
+    assert fails("--port", str(s.port)) == (f"tessera: error: serve: cannot listen on 127.0.0.1:{s.port} (in use, or "
+                                            "not an address of this machine; --host / --port)")
+    assert fails("--port", "0", "--parallel", "0") == "tessera: error: --parallel must be at least 1, got 0"
+
+
 def teardown(s):
     s.stop()
     assert s.lines[-1] == "tessera serve: stopping" or "tessera serve: stopping" in s.lines, s.lines[-3:]

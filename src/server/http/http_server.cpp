@@ -1,6 +1,7 @@
 #include "server/http/http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <cstdio>
@@ -229,6 +230,12 @@ struct HttpServer::Impl {
 
   void routes() {
     http.set_payload_max_length(options.max_body_bytes);
+    // httplib's default sets SO_REUSEPORT, which lets a second server bind the same port and share its
+    // connections; SO_REUSEADDR alone allows a restart over TIME_WAIT but makes a port in use an error.
+    http.set_socket_options([](auto sock) {
+      int yes = 1;
+      setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    });
     const int threads = options.threads > 0 ? options.threads
                                             : scheduler.options().slots + scheduler.options().queue + 8;
     http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
