@@ -574,6 +574,12 @@ TEST_F(ConfigFiles, TesseraMissingAndBadCounts) {
       path("t.json") + ": num_q_heads (4) is not a multiple of num_kv_heads (3)");
 }
 
+TEST_F(ConfigFiles, NumberOverflowIsAnError) {
+  // Found by fuzz_policy_file (scripts/fuzz.sh): nlohmann throws out_of_range, not parse_error, for this.
+  EXPECT_EQ(load_error("t.json", R"([{"0": ["vertical_and_slash", 1024.0e51111111111, 10, 0.5]}])"),
+            path("t.json") + ": invalid JSON (number overflow parsing '1024.0e51111111111')");
+}
+
 TEST_F(ConfigFiles, SizesAreCheckedBeforeAnythingIsAllocated) {
   // Header counts against the model, before the table (num_layers x num_q_heads patterns) is sized from them.
   const std::string huge = R"({"tessera_policy": 1, "num_layers": 2000000000, "num_q_heads": 2000000000,

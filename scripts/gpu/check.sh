@@ -183,12 +183,12 @@ memcheck_all() {
       GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i compute-sanitizer --tool memcheck --leak-check full \
         --error-exitcode 3 "$bin" > "$LOGS/memcheck_$(basename "$bin")_$i.log" 2>&1 &
     done
-    for ((i = 0; i < shards; i++)); do wait -n || rc=1; done
+    for ((i = 0; i < shards; i++)); do wait -n || true; done  # (exit codes: judged from the logs below)
   done
   # The out-of-memory test alone (it fills the device), without API-error reports: its failed cudaMallocs are the
   # point of the test; access errors and leaks still count.
   compute-sanitizer --tool memcheck --leak-check full --report-api-errors no --error-exitcode 3 "$OOM_TEST_BIN" \
-    > "$LOGS/memcheck_oom_serial_test_0.log" 2>&1 || rc=1
+    > "$LOGS/memcheck_oom_serial_test_0.log" 2>&1
   # cuDNN keeps three small allocations made inside cudnnCreate until after the CUDA context is gone (25,344 + 4 + 4
   # bytes, also when its handle is destroyed at exit): reported as leaks, not ours. Every other report fails.
   local errors third ours
@@ -197,7 +197,10 @@ memcheck_all() {
     third=$(awk '/^========= Leaked/ {leak = 1; next} leak && /cudnnCreate/ {n++; leak = 0} /^========= $/ {leak = 0} END {print n + 0}' "$f")
     ours=$(( ${errors:-1} - third ))
     echo "$(basename "$f" .log): $(grep -E "^\[  (PASSED|FAILED) " "$f" | tr '\n' ' ') memcheck errors ${errors:-?} ($third cuDNN-internal leaks, $ours ours)"
-    [ "$ours" -eq 0 ] || { rc=1; grep -E "^\[  FAILED  \]|Invalid|Leaked|Program hit" "$f" | head -5; }
+    if [ "$ours" -ne 0 ] || grep -q "^\[  FAILED  \]" "$f" || ! grep -q "^\[  PASSED  \]" "$f"; then
+      rc=1
+      grep -E "^\[  FAILED  \]|Invalid|Leaked|Program hit" "$f" | head -5
+    fi
   done
   echo "memcheck over the whole GPU suite: $(cat "$LOGS"/memcheck_*_*.log | grep -c "^\[       OK \]") tests passed; $( [ $rc = 0 ] && echo "no errors of ours" || echo "ERRORS (above)")"
   return $rc

@@ -627,6 +627,10 @@ AttentionPolicy load_policy_file(const std::filesystem::path& path,
     else
       what = "at byte " + std::to_string(e.byte) + ": " + what;
     throw Error(source + ": invalid JSON " + what);
+  } catch (const json::exception& e) {  // out_of_range 406: a number too large for a double ("1e999")
+    std::string what = e.what();
+    if (const size_t at = what.find("] "); at != std::string::npos) what.erase(0, at + 2);
+    throw Error(source + ": invalid JSON (" + what + ")");
   }
   return load_policy_json(j, source, expected);
 }
