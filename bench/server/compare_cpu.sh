@@ -7,10 +7,13 @@
 #     LLAMA_PYTHON  a python with llama-cpp-python[server] installed (default build/bench-venv/bin/python; make
 #                   it with: python3 -m venv build/bench-venv && build/bench-venv/bin/pip install
 #                   'llama-cpp-python[server]==0.3.36' -- it compiles llama.cpp, about an hour on 2 cores)
-#   env: CLIENTS (1,4,16), REQUESTS (4 per client), MAX_TOKENS (32), PROMPT_WORDS (64), THREADS (nproc)
+#   env: CLIENTS (1,4,16), REQUESTS (4 per client), MAX_TOKENS (32), PROMPT_WORDS (64), THREADS (nproc),
+#        SERVERS ("tessera llama": which to run)
 #
 # Both servers get all cores (llama.cpp: n_threads; tessera: its thread pool) and answer one request at a time
 # (llama-cpp-python's server serializes requests; tessera with --parallel 1), then tessera with --parallel 2.
+# llama-cpp-python runs with --interrupt_requests False: by default a new request cuts the answer being streamed
+# short, which would make its answers shorter than the workload asks.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 TESSERA=${1:-build/ci/src/tessera}
@@ -35,20 +38,22 @@ wait_up() {  # wait_up PORT
 }
 
 echo "machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)); model $MODEL"
-first=1
+SERVERS=${SERVERS:-tessera llama}
+echo "| server | clients | requests | tokens/req | tok/s | req/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for parallel in 1 2; do
+  [[ " $SERVERS " == *" tessera "* ]] || break
   TESSERA_NUM_THREADS=$THREADS "$TESSERA" serve -m "$MODEL" --model-name smollm2 --port 18181 --device cpu \
     --parallel "$parallel" --queue 64 --quiet > "$LOG/tessera.log" 2>&1 &
   pid=$!
   wait_up 18181
-  if [ $first = 1 ]; then "${LOAD[@]}" --url http://127.0.0.1:18181 --label "tessera --parallel $parallel"
-  else "${LOAD[@]}" --url http://127.0.0.1:18181 --label "tessera --parallel $parallel" | tail -n +3; fi
-  first=0
+  "${LOAD[@]}" --url http://127.0.0.1:18181 --label "tessera --parallel $parallel" | tail -n +3
   kill "$pid"; wait "$pid" || true; pid=""
 done
 
+[[ " $SERVERS " == *" llama "* ]] || exit 0
 "$LLAMA_PY" -m llama_cpp.server --model "$MODEL" --model_alias smollm2 --host 127.0.0.1 --port 18182 \
-  --n_threads "$THREADS" --n_threads_batch "$THREADS" --n_ctx 8192 > "$LOG/llama.log" 2>&1 &
+  --n_threads "$THREADS" --n_threads_batch "$THREADS" --n_ctx 8192 --interrupt_requests False > "$LOG/llama.log" 2>&1 &
 pid=$!
 wait_up 18182
 "${LOAD[@]}" --url http://127.0.0.1:18182 --label "llama-cpp-python $("$LLAMA_PY" -c 'import llama_cpp; print(llama_cpp.__version__)')" | tail -n +3

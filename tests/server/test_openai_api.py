@@ -49,9 +49,9 @@ def models_list(s):
 
 @test
 def chat_greedy_equals_cli(s):
-    want, prompt_tokens = cli_answer("--chat", "-p", QUESTION, "-n", "24")
+    want, prompt_tokens = cli_answer("--chat", "-p", QUESTION, "-n", "16")
     r = s.client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": QUESTION}],
-                                         temperature=0, max_tokens=24)
+                                         temperature=0, max_tokens=16)
     assert r.object == "chat.completion" and r.id.startswith("chatcmpl-") and r.model == MODEL_ID
     c = r.choices[0]
     assert c.message.role == "assistant"
@@ -60,7 +60,7 @@ def chat_greedy_equals_cli(s):
     assert r.usage.prompt_tokens == prompt_tokens
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
     assert c.finish_reason in ("stop", "length")
-    assert (c.finish_reason == "length") == (r.usage.completion_tokens == 24), (c.finish_reason, r.usage)
+    assert (c.finish_reason == "length") == (r.usage.completion_tokens == 16), (c.finish_reason, r.usage)
     assert any(l.startswith("POST /v1/chat/completions 200 id=" + r.id) for l in s.lines), s.lines[-5:]
 
 
@@ -81,7 +81,7 @@ def completion_greedy_equals_cli(s):
 @test
 def chat_stream_equals_non_stream(s):
     kw = dict(model=MODEL_ID, messages=[{"role": "system", "content": "Answer briefly."},
-                                        {"role": "user", "content": QUESTION}], temperature=0, max_tokens=20)
+                                        {"role": "user", "content": QUESTION}], temperature=0, max_tokens=12)
     full = s.client.chat.completions.create(**kw)
     chunks = list(s.client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
     assert chunks[0].choices[0].delta.role == "assistant"
