@@ -17,6 +17,7 @@ cudaError_t cudaGetLastError();
 cudaError_t cudaGetDevice(int*);
 cudaError_t cudaDeviceGetAttribute(int*, cudaDeviceAttr, int);
 cudaError_t cudaMalloc(void**, size_t);
+cudaError_t cudaMemGetInfo(size_t*, size_t*);
 cudaError_t cudaFree(void*);
 cudaError_t cudaMemcpy(void*, const void*, size_t, cudaMemcpyKind);
 cudaError_t cudaMemcpyAsync(void*, const void*, size_t, cudaMemcpyKind, cudaStream_t);
