@@ -4,6 +4,7 @@ ones free their slots, and the KV cache (0 tokens, 0 bytes) and the resident mem
 """
 import http.client
 import json
+import os
 import threading
 import time
 
@@ -91,7 +92,10 @@ def parallel_streams_with_disconnects(s):
           f" -> {after['rss_bytes'] / 2**20:.0f} MiB; cancelled {m['tessera_requests_cancelled_total']:.0f}")
     assert peak_kv > 0
     assert after["kv_cache_tokens"] == 0 and after["kv_cache_bytes"] == 0, after
-    assert after["rss_bytes"] <= base["rss_bytes"] + RSS_SLACK, (base, after)
+    if os.environ.get("TESSERA_SANITIZED") == "1":
+        print("  (AddressSanitizer build: its quarantine keeps freed memory resident; RSS not compared)")
+    else:
+        assert after["rss_bytes"] <= base["rss_bytes"] + RSS_SLACK, (base, after)
     assert m["tessera_requests_cancelled_total"] >= 1, m
     assert m['tessera_requests_total{endpoint="/v1/completions",status="200"}'] == CLIENTS + 1
     # Still serving.
