@@ -83,6 +83,15 @@ class Server:
                 raise AssertionError(f"server not idle after {timeout} s: {h}")
             time.sleep(0.05)
 
+    def saw(self, predicate, count=1, timeout=10):
+        """Waits until `count` of the printed lines satisfy `predicate` (the reader thread may lag the answers)."""
+        end = time.time() + timeout
+        while sum(1 for l in list(self.lines) if predicate(l)) < count:
+            if time.time() > end:
+                return False
+            time.sleep(0.02)
+        return True
+
     def stop(self):
         """SIGTERM; the server must exit 0 within 20 s."""
         self.proc.send_signal(signal.SIGTERM)

@@ -61,7 +61,7 @@ def chat_greedy_equals_cli(s):
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
     assert c.finish_reason in ("stop", "length")
     assert (c.finish_reason == "length") == (r.usage.completion_tokens == 16), (c.finish_reason, r.usage)
-    assert any(l.startswith("POST /v1/chat/completions 200 id=" + r.id) for l in s.lines), s.lines[-5:]
+    assert s.saw(lambda l: l.startswith("POST /v1/chat/completions 200 id=" + r.id)), s.lines[-5:]
 
 
 @test
@@ -141,7 +141,7 @@ def tessera_attention_extension(s):
     r = s.client.completions.create(model=MODEL_ID, prompt=LONG_PROMPT, temperature=0, max_tokens=6,
                                     extra_body={"tessera": {"attn": spec}})
     assert r.choices[0].text == want, (r.choices[0].text, want)
-    assert any(f"attn={spec} " in l for l in s.lines), s.lines[-3:]
+    assert s.saw(lambda l: f"attn={spec} " in l), s.lines[-3:]
     expect_error(lambda: s.client.completions.create(model=MODEL_ID, prompt="x", extra_body={"tessera": {"attn": "vs:x=3"}}),
                  openai.BadRequestError, 400,
                  "'tessera.attn': attention spec 'vs:x=3': unknown parameter 'x' (known: v, s, last_q)", "tessera.attn")
@@ -262,7 +262,7 @@ def queue_full_and_cancel(s):
     h = s.wait_idle()
     assert h["kv_cache_tokens"] == 0 and h["kv_cache_bytes"] == 0, h
     assert s.metrics()["tessera_requests_cancelled_total"] >= before + 4
-    assert sum(1 for l in s.lines if l.endswith("(client disconnected)")) >= 2, s.lines[-6:]
+    assert s.saw(lambda l: l.endswith("(client disconnected)"), count=2), s.lines[-6:]
 
 
 @test
