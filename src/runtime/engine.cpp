@@ -18,11 +18,6 @@ double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-std::string shape_of(int layers, int q_heads, int kv_heads) {
-  return std::to_string(layers) + " layers x " + std::to_string(q_heads) + " query heads (" +
-         std::to_string(kv_heads) + " kv heads)";
-}
-
 }  // namespace
 
 Engine::Engine(const Model& model, EngineOptions options)
@@ -34,13 +29,7 @@ Engine::Engine(const Model& model, EngineOptions options)
   check(options_.chunk_size > 0,
         "engine: chunk_size must be positive, got " + std::to_string(options_.chunk_size));
   check(options_.max_context >= 0, "engine: max_context must not be negative");
-  const attn::AttentionPolicy& p = options_.policy;
-  if (!p.table().empty() && (p.num_layers() != cfg.num_layers || p.num_q_heads() != cfg.num_q_heads ||
-                             p.num_kv_heads() != cfg.num_kv_heads)) {
-    throw Error("attention policy has " + shape_of(p.num_layers(), p.num_q_heads(), p.num_kv_heads()) +
-                "; model " + cfg.name + " has " +
-                shape_of(cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads));
-  }
+  check_policy_fits(options_.policy, cfg);
   max_context_ = options_.max_context > 0 ? options_.max_context : cfg.context_length;
   cache_ = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max_context_);
   // An explicit limit is a promise that the cache may grow that far: refuse one that can never fit now, with the

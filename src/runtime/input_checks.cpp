@@ -24,6 +24,21 @@ void check_prompt_fits(size_t count, int32_t position, int32_t max_context, cons
               "); pass a larger max context (--max-context) or shorten the prompt");
 }
 
+namespace {
+std::string shape_of(int layers, int q_heads, int kv_heads) {
+  return std::to_string(layers) + " layers x " + std::to_string(q_heads) + " query heads (" +
+         std::to_string(kv_heads) + " kv heads)";
+}
+}  // namespace
+
+void check_policy_fits(const attn::AttentionPolicy& p, const ModelConfig& cfg) {
+  if (!p.table().empty() && (p.num_layers() != cfg.num_layers || p.num_q_heads() != cfg.num_q_heads ||
+                             p.num_kv_heads() != cfg.num_kv_heads)) {
+    throw Error("attention policy has " + shape_of(p.num_layers(), p.num_q_heads(), p.num_kv_heads()) + "; model " +
+                cfg.name + " has " + shape_of(cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads));
+  }
+}
+
 void check_decode_fits(int32_t position, int32_t max_context, const ModelConfig& cfg) {
   if (position + 1 > max_context)
     throw Error("decoding past the context limit of " + std::to_string(max_context) + " tokens (model " + cfg.name +

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <span>
 
+#include "attention/pattern/policy.h"
 #include "runtime/model_config.h"
 
 namespace tessera::runtime {
@@ -18,6 +19,11 @@ void check_token_ids(std::span<const int32_t> tokens, const ModelConfig& cfg);
 //   "prompt of 9000 tokens exceeds the context limit of 8192 tokens (model smollm2); pass a larger max context
 //   (--max-context) or shorten the prompt" (with " after N tokens already in the context" when position > 0).
 void check_prompt_fits(size_t count, int32_t position, int32_t max_context, const ModelConfig& cfg);
+
+// An attention policy with the model's layer, query-head and kv-head counts (an empty one fits any model):
+//   "attention policy has 30 layers x 9 query heads (3 kv heads); model smollm2 has 24 layers x 9 query heads
+//   (3 kv heads)".
+void check_policy_fits(const attn::AttentionPolicy& policy, const ModelConfig& cfg);
 
 // One more token after `position` within `max_context`.
 void check_decode_fits(int32_t position, int32_t max_context, const ModelConfig& cfg);

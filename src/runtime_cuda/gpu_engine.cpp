@@ -19,11 +19,6 @@ using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-std::string shape_of(int layers, int q_heads, int kv_heads) {
-  return std::to_string(layers) + " layers x " + std::to_string(q_heads) + " query heads (" +
-         std::to_string(kv_heads) + " kv heads)";
-}
-
 }  // namespace
 
 bool gpu_available() {
@@ -55,12 +50,7 @@ GpuEngine::GpuEngine(const DeviceModel& model, GpuEngineOptions options)
     : model_(model), options_(std::move(options)), timer_(options_.timing) {
   const ModelConfig& cfg = model.config();
   check(options_.max_context >= 0, "GPU engine: max_context must not be negative");
-  const attn::AttentionPolicy& p = options_.policy;
-  if (!p.table().empty() && (p.num_layers() != cfg.num_layers || p.num_q_heads() != cfg.num_q_heads ||
-                             p.num_kv_heads() != cfg.num_kv_heads)) {
-    throw Error("attention policy has " + shape_of(p.num_layers(), p.num_q_heads(), p.num_kv_heads()) +
-                "; model " + cfg.name + " has " + shape_of(cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads));
-  }
+  check_policy_fits(options_.policy, cfg);
   max_context_ = options_.max_context > 0 ? options_.max_context : cfg.context_length;
   // A blocking stream: the attention backend uploads its small descriptors on the legacy default stream,
   // which orders with blocking streams.

@@ -1,0 +1,282 @@
+#include "runtime/batch_engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "core/error.h"
+#include "core/memory_budget.h"
+#include "runtime/input_checks.h"
+
+namespace tessera::runtime {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::string with_commas(int64_t v) {
+  std::string n = std::to_string(v);
+  for (int i = static_cast<int>(n.size()) - 3; i > (v < 0 ? 1 : 0); i -= 3) n.insert(static_cast<size_t>(i), ",");
+  return n;
+}
+
+}  // namespace
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kLength: return "length";
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kContextFull: return "context_full";
+    case FinishReason::kCancelled: return "cancelled";
+    case FinishReason::kError: return "error";
+  }
+  return "?";
+}
+
+// ---- the CPU backend ----
+
+CpuBatchBackend::CpuBatchBackend(const Model& model, ThreadPool* pool)
+    : model_(model),
+      pool_(pool ? *pool : ThreadPool::global()),
+      prefill_(model, pool_),
+      decode_(model, pool_) {}
+
+void CpuBatchBackend::create_store(const PagedKVShape& shape, int32_t num_blocks) {
+  store_ = PagedKVStore(shape, num_blocks);
+}
+
+std::vector<float> CpuBatchBackend::prefill_chunk(std::span<const int32_t> tokens, int32_t pos, int32_t total_len,
+                                                  const attn::AttentionPolicy* policy, bool logits) {
+  const ModelConfig& cfg = model_.config();
+  if (pos == 0) staging_ = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, total_len);
+  staging_.reserve(pos + static_cast<int32_t>(tokens.size()));
+  return prefill_.run(tokens, pos, staging_, policy, total_len, logits ? LogitRows::Last : LogitRows::None, timers_);
+}
+
+void CpuBatchBackend::finish_prefill(const SequenceBlocks& seq) {
+  scatter_to_pages(staging_, seq, store_);
+  staging_.release();
+}
+
+void CpuBatchBackend::abort_prefill() { staging_.release(); }
+
+std::vector<float> CpuBatchBackend::decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) {
+  return decode_.decode(tokens, rows, store_, timers_);
+}
+
+// ---- the scheduler ----
+
+struct BatchEngine::Sequence {
+  int64_t id = 0;
+  BatchRequest request;
+  const attn::AttentionPolicy* policy = nullptr;  // request.policy or the engine's
+  bool prefilling = false;                        // admitted, prompt not done
+  int64_t prefilled = 0;
+  SequenceBlocks blocks;
+  std::vector<DecodeView> views;
+  int64_t reserved = 0;
+  std::optional<Sampler> sampler;
+  int32_t generated = 0;
+  int32_t pending = -1;  // the token to decode next step
+  bool cancelled = false;
+};
+
+BatchEngine::BatchEngine(BatchBackend& backend, BatchEngineOptions options)
+    : backend_(backend), options_(std::move(options)), cfg_(backend.config()) {
+  check(options_.chunk_size > 0, "batch engine: chunk_size must be positive, got " + std::to_string(options_.chunk_size));
+  check(options_.block_tokens > 0 && options_.block_tokens <= 4096,
+        "batch engine: block_tokens must be in [1, 4096], got " + std::to_string(options_.block_tokens));
+  check(options_.max_batch > 0, "batch engine: max_batch must be positive, got " + std::to_string(options_.max_batch));
+  check(options_.max_context >= 0, "batch engine: max_context must not be negative");
+  check(std::isfinite(options_.kv_bytes) && options_.kv_bytes >= 0,
+        "batch engine: the KV budget must be a non-negative number of bytes");
+  check_policy_fits(options_.policy, cfg_);
+  max_context_ = options_.max_context > 0 ? options_.max_context : cfg_.context_length;
+  shape_ = {cfg_.num_layers, cfg_.num_kv_heads, cfg_.head_dim, options_.block_tokens};
+  block_bytes_ = backend_.block_bytes(shape_);
+  double budget = options_.kv_bytes;
+  if (budget <= 0) {
+    const double dense = block_bytes_ * static_cast<double>(cfg_.num_layers) * cfg_.num_kv_heads *
+                         std::ceil(static_cast<double>(max_context_) / options_.block_tokens) * options_.max_batch;
+    budget = std::min(dense, 0.25 * static_cast<double>(host_memory_budget().bytes));
+  }
+  const double blocks = std::floor(budget / block_bytes_);
+  check(blocks >= 1, "batch engine: a KV budget of " + format_bytes(budget) + " holds no block of " +
+                         format_bytes(block_bytes_));
+  check(blocks < 2.0e9, "batch engine: a KV budget of " + format_bytes(budget) + " is over 2^31 blocks; raise block_tokens");
+  pool_ = BlockPool(static_cast<int32_t>(blocks));
+  backend_.create_store(shape_, pool_.total());
+}
+
+BatchEngine::~BatchEngine() = default;
+
+int64_t BatchEngine::submit(BatchRequest request) {
+  if (request.prompt.empty()) throw Error("request: empty prompt");
+  check_token_ids(request.prompt, cfg_);
+  check(request.options.max_new_tokens >= 1,
+        "request: max_new_tokens must be at least 1, got " + std::to_string(request.options.max_new_tokens));
+  check_sampling_options(request.options.sampling);
+  check_prompt_fits(request.prompt.size() + static_cast<size_t>(request.options.max_new_tokens), 0, max_context_, cfg_);
+  if (request.policy) check_policy_fits(*request.policy, cfg_);
+  auto s = std::make_unique<Sequence>();
+  s->id = next_id_;
+  s->request = std::move(request);
+  s->policy = s->request.policy ? &*s->request.policy : &options_.policy;
+  const auto prompt_len = static_cast<int64_t>(s->request.prompt.size());
+  s->views = decode_views(cfg_, s->policy, prompt_len);
+  s->blocks = SequenceBlocks(shape_, kv_retention(cfg_, s->views));
+  s->reserved = s->blocks.max_blocks(prompt_len, prompt_len + s->request.options.max_new_tokens);
+  if (s->reserved > pool_.total()) {
+    throw Error("request needs " + with_commas(s->reserved) + " KV blocks (" + std::to_string(shape_.block_tokens) +
+                " tokens each; " + format_bytes(static_cast<double>(s->reserved) * block_bytes_) +
+                ") for its prompt of " + with_commas(prompt_len) + " tokens and " +
+                with_commas(s->request.options.max_new_tokens) + " new ones, but the KV budget holds " +
+                with_commas(pool_.total()) + " blocks (" + format_bytes(pool_.total() * block_bytes_) +
+                "); shorten the prompt, ask for fewer tokens or raise the KV budget");
+  }
+  s->sampler.emplace(s->request.options.sampling);
+  ++next_id_;
+  waiting_.push_back(std::move(s));
+  return next_id_ - 1;
+}
+
+bool BatchEngine::cancel(int64_t id) {
+  for (auto& s : waiting_)
+    if (s->id == id) return s->cancelled = true;
+  for (auto& s : running_)
+    if (s->id == id) return s->cancelled = true;
+  return false;
+}
+
+void BatchEngine::finish(Sequence& s, FinishReason reason, std::vector<BatchEvent>& events, std::string error) {
+  if (s.prefilling) backend_.abort_prefill();
+  s.prefilling = false;
+  s.blocks.release(pool_);
+  reserved_ -= s.reserved;
+  s.reserved = 0;
+  s.pending = -1;
+  BatchEvent e;
+  e.id = s.id;
+  e.finished = true;
+  e.reason = reason;
+  e.error = std::move(error);
+  events.push_back(std::move(e));
+}
+
+void BatchEngine::admit() {
+  const bool prefill_running =
+      std::any_of(running_.begin(), running_.end(), [](const auto& s) { return s->prefilling; });
+  if (prefill_running || waiting_.empty() || static_cast<int32_t>(running_.size()) >= options_.max_batch) return;
+  Sequence& s = *waiting_.front();
+  if (reserved_ + s.reserved > pool_.total()) return;  // waits for blocks to come back
+  reserved_ += s.reserved;
+  s.prefilling = true;
+  running_.push_back(std::move(waiting_.front()));
+  waiting_.pop_front();
+}
+
+void BatchEngine::take_logits(Sequence& s, std::span<const float> logits, std::vector<BatchEvent>& events) {
+  const int32_t tok = s.sampler->sample(logits);
+  const std::vector<int32_t>& stops = s.request.options.stop_tokens;
+  if (std::find(stops.begin(), stops.end(), tok) != stops.end()) return finish(s, FinishReason::kStop, events);
+  if (s.blocks.length() >= max_context_) return finish(s, FinishReason::kContextFull, events);
+  ++s.generated;
+  events.push_back(BatchEvent{s.id, tok, false, FinishReason::kLength, {}});
+  if (s.generated >= s.request.options.max_new_tokens) return finish(s, FinishReason::kLength, events);
+  s.pending = tok;
+}
+
+void BatchEngine::prefill_step(std::vector<BatchEvent>& events) {
+  auto it = std::find_if(running_.begin(), running_.end(), [](const auto& s) { return s->prefilling; });
+  if (it == running_.end()) return;
+  Sequence& s = **it;
+  const std::vector<int32_t>& prompt = s.request.prompt;
+  const auto n = static_cast<int64_t>(prompt.size());
+  const int64_t c0 = s.prefilled, c1 = std::min<int64_t>(n, c0 + options_.chunk_size);
+  const bool last = c1 == n;
+  const auto t0 = Clock::now();
+  try {
+    std::vector<float> logits = backend_.prefill_chunk(
+        std::span<const int32_t>(prompt).subspan(static_cast<size_t>(c0), static_cast<size_t>(c1 - c0)),
+        static_cast<int32_t>(c0), static_cast<int32_t>(n), s.policy, last);
+    s.prefilled = c1;
+    stats_.prefill_tokens += c1 - c0;
+    if (last) {
+      s.blocks.grow(n, pool_);  // within what was reserved at admission
+      backend_.finish_prefill(s.blocks);
+      s.prefilling = false;
+      take_logits(s, logits, events);
+    }
+  } catch (const Error& e) {
+    finish(s, FinishReason::kError, events, e.what());
+  }
+  stats_.prefill_seconds += since(t0);
+}
+
+void BatchEngine::decode_step(std::vector<BatchEvent>& events) {
+  std::vector<Sequence*> batch;
+  for (auto& s : running_)
+    if (!s->prefilling && s->pending >= 0) batch.push_back(s.get());
+  if (batch.empty()) return;
+  const auto t0 = Clock::now();
+  std::vector<int32_t> tokens;
+  std::vector<DecodeRow> rows;
+  try {
+    for (Sequence* s : batch) {
+      s->blocks.grow(1, pool_);  // within what was reserved at admission
+      tokens.push_back(s->pending);
+      rows.push_back(DecodeRow{&s->blocks, s->views});
+    }
+    const std::vector<float> logits = backend_.decode(tokens, rows);
+    const auto vocab = static_cast<size_t>(cfg_.vocab_size);
+    for (size_t i = 0; i < batch.size(); ++i)
+      take_logits(*batch[i], std::span<const float>(logits).subspan(i * vocab, vocab), events);
+  } catch (const Error& e) {
+    for (Sequence* s : batch) finish(*s, FinishReason::kError, events, e.what());
+  }
+  stats_.decode_tokens += static_cast<int64_t>(batch.size());
+  stats_.max_decode_batch = std::max<int64_t>(stats_.max_decode_batch, static_cast<int64_t>(batch.size()));
+  stats_.decode_seconds += since(t0);
+}
+
+std::vector<BatchEvent> BatchEngine::step() {
+  std::vector<BatchEvent> events;
+  ++stats_.steps;
+  for (auto& s : waiting_)
+    if (s->cancelled) {
+      BatchEvent e;
+      e.id = s->id;
+      e.finished = true;
+      e.reason = FinishReason::kCancelled;
+      events.push_back(e);
+    }
+  std::erase_if(waiting_, [](const auto& s) { return s->cancelled; });
+  for (auto& s : running_)
+    if (s->cancelled) finish(*s, FinishReason::kCancelled, events);
+  const auto done = [](const auto& s) { return s->cancelled || (!s->prefilling && s->pending < 0); };
+  std::erase_if(running_, done);
+  admit();
+  prefill_step(events);
+  decode_step(events);
+  std::erase_if(running_, done);
+  return events;
+}
+
+std::vector<std::vector<int32_t>> BatchEngine::generate_all(std::vector<BatchRequest> requests) {
+  std::vector<int64_t> ids;
+  for (BatchRequest& r : requests) ids.push_back(submit(std::move(r)));
+  std::vector<std::vector<int32_t>> out(ids.size());
+  while (busy()) {
+    for (const BatchEvent& e : step()) {
+      const auto i = static_cast<size_t>(std::find(ids.begin(), ids.end(), e.id) - ids.begin());
+      if (i >= ids.size()) continue;
+      if (e.token >= 0) out[i].push_back(e.token);
+      if (e.finished && e.reason == FinishReason::kError) throw Error(e.error);
+    }
+  }
+  return out;
+}
+
+}  // namespace tessera::runtime

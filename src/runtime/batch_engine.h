@@ -1,0 +1,194 @@
+// tessera/runtime/batch_engine.h — many sequences on one device: continuous batching over a paged KV cache.
+//
+//   runtime::CpuBatchBackend backend(*model);                  // or runtime::gpu::GpuBatchBackend (GPU)
+//   runtime::BatchEngineOptions options;
+//   options.kv_bytes = 2e9;                                    // the KV budget; blocks = kv_bytes / block size
+//   runtime::BatchEngine engine(backend, options);
+//   int64_t a = engine.submit({prompt_a, gen_a});              // tessera::Error if it can never fit
+//   int64_t b = engine.submit({prompt_b, gen_b, policy_b});    // a request may bring its own attention policy
+//   while (engine.busy())
+//     for (const runtime::BatchEvent& e : engine.step()) ...   // tokens and finishes, in order
+//
+// A step (the scheduler, shared by the CPU and GPU backends):
+//  1. cancellations (cancel(id)) take effect: a waiting request leaves, one in prefill stops between chunks, a
+//     decoding one leaves; their blocks return to the pool;
+//  2. admission by memory, first come first served: the oldest waiting request starts its prefill when no other
+//     prefill runs, fewer than max_batch sequences run, and the pool has, beyond what running sequences have
+//     reserved, every block the request can ever hold (prompt + max_new_tokens under its retention:
+//     SequenceBlocks::max_blocks) — so a sequence once admitted never runs out of blocks, and nothing is
+//     preempted. A request that could not fit even in an empty pool is refused by submit() with the numbers;
+//  3. one prefill chunk (chunk_size tokens) of the sequence in prefill, under its attention policy, attending to
+//     all its earlier keys (chunked prefill: the backend stages the prompt's K/V contiguously, as the
+//     single-sequence engines do, and moves the kept rows into blocks when the prompt ends); a finished prompt
+//     samples its first token;
+//  4. one decode token of every decoding sequence, all in one batched forward (batch_forward.h), each sequence
+//     attending through its block tables with its own per-head retention (MoA spans, sliding windows).
+// Sampling is per request (its own seed: the tokens do not depend on what else runs), stop tokens end a request
+// without being reported, as in runtime::generate_tokens; so do max_new_tokens and a full context. The tokens of
+// a request are those the single-sequence engine generates for it alone (up to floating-point summation order).
+//
+// Not thread-safe: one thread calls submit / cancel / step.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "attention/pattern/policy.h"
+#include "core/thread_pool.h"
+#include "runtime/batch_forward.h"
+#include "runtime/forward.h"
+#include "runtime/generation.h"
+#include "runtime/kv_cache.h"
+#include "runtime/model.h"
+#include "runtime/paged_kv.h"
+#include "runtime/sampling.h"
+
+namespace tessera::runtime {
+
+// The device side of the batched engine: the KV blocks' storage, one staged prefill, the batched decode.
+class BatchBackend {
+ public:
+  virtual ~BatchBackend() = default;
+  virtual const ModelConfig& config() const = 0;
+  virtual const char* device_name() const = 0;  // "cpu", "cuda"
+  virtual double block_bytes(const PagedKVShape& shape) const = 0;  // K and V of one block
+  // Allocates the blocks' storage (once, before anything else). Throws tessera::Error when it cannot.
+  virtual void create_store(const PagedKVShape& shape, int32_t num_blocks) = 0;
+  // Runs tokens at [pos, pos + n) of the staged sequence (pos == 0 starts a new one), attending to all its
+  // earlier keys under `policy` (null: dense) with total_len the prompt's length; returns the last token's
+  // logits when `logits` is set.
+  virtual std::vector<float> prefill_chunk(std::span<const int32_t> tokens, int32_t pos, int32_t total_len,
+                                           const attn::AttentionPolicy* policy, bool logits) = 0;
+  // Moves the staged rows [0, seq.length()) that seq keeps into its blocks, then frees the staging memory.
+  virtual void finish_prefill(const SequenceBlocks& seq) = 0;
+  // Drops the staged sequence (cancelled or failed mid-prefill).
+  virtual void abort_prefill() = 0;
+  // One token per row, each at position rows[i].seq->length() - 1 (blocks already grown); logits [B, vocab].
+  virtual std::vector<float> decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) = 0;
+  virtual ForwardTimers timers() const = 0;
+};
+
+// The CPU backend: prefill through runtime::Forward into a contiguous staging cache, decode through BatchForward.
+class CpuBatchBackend final : public BatchBackend {
+ public:
+  explicit CpuBatchBackend(const Model& model, ThreadPool* pool = nullptr);
+  const ModelConfig& config() const override { return model_.config(); }
+  const char* device_name() const override { return "cpu"; }
+  double block_bytes(const PagedKVShape& shape) const override { return PagedKVStore::bytes_per_block(shape); }
+  void create_store(const PagedKVShape& shape, int32_t num_blocks) override;
+  std::vector<float> prefill_chunk(std::span<const int32_t> tokens, int32_t pos, int32_t total_len,
+                                   const attn::AttentionPolicy* policy, bool logits) override;
+  void finish_prefill(const SequenceBlocks& seq) override;
+  void abort_prefill() override;
+  std::vector<float> decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) override;
+  ForwardTimers timers() const override { return timers_; }
+  const PagedKVStore& store() const { return store_; }
+
+ private:
+  const Model& model_;
+  ThreadPool& pool_;
+  Forward prefill_;
+  BatchForward decode_;
+  KVCache staging_;
+  PagedKVStore store_;
+  ForwardTimers timers_;
+};
+
+struct BatchEngineOptions {
+  int32_t chunk_size = 2048;    // prefill chunk (tokens per step of the sequence in prefill)
+  int32_t block_tokens = 64;    // rows per KV block
+  double kv_bytes = 0;          // KV budget in bytes (blocks = kv_bytes / block size); 0: room for max_batch
+                                // sequences of max_context tokens, dense, capped at 1/4 of the host budget
+  int32_t max_batch = 64;       // most sequences running (prefill + decode) at once
+  int32_t max_context = 0;      // tokens a sequence may reach; 0: the model's context length
+  attn::AttentionPolicy policy; // the default policy of requests that bring none; empty: dense
+};
+
+struct BatchRequest {
+  std::vector<int32_t> prompt;
+  GenerateOptions options;                      // max_new_tokens >= 1, sampling (seed), stop tokens
+  std::optional<attn::AttentionPolicy> policy;  // none: the engine's
+};
+
+enum class FinishReason { kLength, kStop, kContextFull, kCancelled, kError };
+const char* finish_reason_name(FinishReason r);  // "length", "stop", "context_full", "cancelled", "error"
+
+struct BatchEvent {
+  int64_t id = 0;
+  int32_t token = -1;  // >= 0: a generated token
+  bool finished = false;
+  FinishReason reason = FinishReason::kLength;  // when finished
+  std::string error;                            // when reason == kError
+};
+
+struct BatchEngineStats {
+  int64_t steps = 0;
+  int64_t prefill_tokens = 0, decode_tokens = 0;
+  double prefill_seconds = 0, decode_seconds = 0;
+  int64_t max_decode_batch = 0;
+};
+
+class BatchEngine {
+ public:
+  // Allocates the KV blocks through the backend. Throws tessera::Error for options out of range or a policy that
+  // does not fit the model.
+  BatchEngine(BatchBackend& backend, BatchEngineOptions options = {});
+  ~BatchEngine();
+  BatchEngine(const BatchEngine&) = delete;
+  BatchEngine& operator=(const BatchEngine&) = delete;
+
+  // Queues a request; returns its id. Throws tessera::Error (and queues nothing) for an empty prompt, token ids
+  // outside the vocabulary, a prompt + max_new_tokens over the context limit, max_new_tokens < 1, a policy that
+  // does not fit the model, or a request whose KV could never fit the pool:
+  //   "request needs 1,024 KV blocks (64 tokens each; 8.39 MB) but the KV budget holds 512 blocks (4.19 MB)..."
+  int64_t submit(BatchRequest request);
+  // Ends the request at the next step (its blocks return to the pool); false if no such request is queued or
+  // running.
+  bool cancel(int64_t id);
+  // One scheduler step (see above); returns what happened, in order. A request whose prefill or decode fails ends
+  // with kError and its message; the others go on.
+  std::vector<BatchEvent> step();
+  bool busy() const { return !waiting_.empty() || !running_.empty(); }
+
+  // Runs every request to its end; returns each one's tokens, in submission order. For tests and benches.
+  std::vector<std::vector<int32_t>> generate_all(std::vector<BatchRequest> requests);
+
+  int32_t waiting() const { return static_cast<int32_t>(waiting_.size()); }
+  int32_t running() const { return static_cast<int32_t>(running_.size()); }
+  const BlockPool& blocks() const { return pool_; }
+  int64_t reserved_blocks() const { return reserved_; }
+  double block_bytes() const { return block_bytes_; }
+  const PagedKVShape& shape() const { return shape_; }
+  int32_t max_context() const { return max_context_; }
+  const BatchEngineStats& stats() const { return stats_; }
+
+ private:
+  struct Sequence;
+  void admit();
+  void finish(Sequence& s, FinishReason reason, std::vector<BatchEvent>& events, std::string error = {});
+  // After logits for s: sample, then a token event and/or a finish.
+  void take_logits(Sequence& s, std::span<const float> logits, std::vector<BatchEvent>& events);
+  void prefill_step(std::vector<BatchEvent>& events);
+  void decode_step(std::vector<BatchEvent>& events);
+
+  BatchBackend& backend_;
+  BatchEngineOptions options_;
+  const ModelConfig& cfg_;
+  int32_t max_context_ = 0;
+  PagedKVShape shape_;
+  double block_bytes_ = 0;
+  BlockPool pool_;
+  int64_t reserved_ = 0;  // blocks promised to running sequences
+  int64_t next_id_ = 1;
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  std::vector<std::unique_ptr<Sequence>> running_;
+  BatchEngineStats stats_;
+};
+
+}  // namespace tessera::runtime

@@ -1,0 +1,89 @@
+// tessera/runtime/batch_forward.h — one decode step of many sequences at once on the CPU, over a paged KV cache.
+//
+// The CPU twin of the GPU batched decode (runtime_cuda/batch_gpu.h) and the CPU batched engine's decode:
+// B sequences, one token each at its own position; every matrix product runs once over the B rows (the point of
+// batching: the weights are read once per step, not once per sequence); RoPE per row at the row's position; each
+// row's K/V go into its sequence's blocks; attention per (row, query head) over the keys its DecodeView shows
+// (paged_kv.h), read through the block tables: paged_decode_attention_cpu, the obvious loop the GPU kernel is
+// checked against.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "runtime/forward.h"
+#include "runtime/kv_cache.h"
+#include "runtime/model.h"
+#include "runtime/paged_kv.h"
+
+namespace tessera::runtime {
+
+// K and V of every block, f32: [num_blocks, block_tokens, head_dim] each.
+class PagedKVStore {
+ public:
+  PagedKVStore() = default;
+  // Throws tessera::Error when the blocks exceed the host memory budget or cannot be allocated.
+  PagedKVStore(const PagedKVShape& shape, int32_t num_blocks);
+  float* k(int32_t block, int64_t row) { return k_.get() + offset(block, row); }
+  float* v(int32_t block, int64_t row) { return v_.get() + offset(block, row); }
+  const float* k(int32_t block, int64_t row) const { return k_.get() + offset(block, row); }
+  const float* v(int32_t block, int64_t row) const { return v_.get() + offset(block, row); }
+  const PagedKVShape& shape() const { return shape_; }
+  int32_t num_blocks() const { return num_blocks_; }
+  size_t bytes() const { return 2 * elements_ * sizeof(float); }
+  static double bytes_per_block(const PagedKVShape& shape) {
+    return 2.0 * static_cast<double>(shape.elements_per_block()) * sizeof(float);
+  }
+
+ private:
+  size_t offset(int32_t block, int64_t row) const {
+    return (static_cast<size_t>(block) * static_cast<size_t>(shape_.block_tokens) + static_cast<size_t>(row)) *
+           static_cast<size_t>(shape_.head_dim);
+  }
+  PagedKVShape shape_;
+  int32_t num_blocks_ = 0;
+  // Left uninitialised: the pages of blocks never used are never touched, so a large budget costs nothing until
+  // sequences fill it.
+  size_t elements_ = 0;
+  std::unique_ptr<float[]> k_, v_;
+};
+
+// Copies the kept rows [0, seq.length()) of a contiguous cache (a sequence's prefill, runtime/kv_cache.h) into its
+// blocks (the rows whose block is -1 are dropped: outside the retention).
+void scatter_to_pages(KVCache& cache, const SequenceBlocks& seq, PagedKVStore& store);
+
+// One decode row: the sequence (its blocks already grown to hold the row's position, i.e. length() = pos + 1)
+// and the decode views of every (layer, query head) of that sequence.
+struct DecodeRow {
+  const SequenceBlocks* seq = nullptr;
+  std::span<const DecodeView> views;  // [layer * q_heads + q_head]
+};
+
+// Attention of one layer for B decode rows: q [B, q_heads, d] -> out [B, q_heads, d] (f32), row i attending over
+// the keys of rows[i].seq at positions DecodeView::ranges(length) of its head, softmax in f32 with the scale.
+void paged_decode_attention_cpu(const float* q, float* out, std::span<const DecodeRow> rows, int32_t layer,
+                                int32_t num_q_heads, const PagedKVStore& store, float scale, ThreadPool& pool);
+
+class BatchForward {
+ public:
+  BatchForward(const Model& model, ThreadPool& pool);
+
+  // tokens[i] at position rows[i].seq->length() - 1 (the blocks already grown by one row). Writes each row's K/V,
+  // returns logits [B, vocab].
+  std::vector<float> decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows, PagedKVStore& store,
+                            ForwardTimers& timers);
+
+ private:
+  const Model& model_;
+  const ModelConfig& cfg_;
+  ThreadPool& pool_;
+  std::vector<std::vector<float>> inv_freqs_;
+  std::vector<size_t> layer_rope_;
+  std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_;
+  std::vector<std::vector<float>> cos_, sin_;
+};
+
+}  // namespace tessera::runtime

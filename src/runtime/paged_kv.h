@@ -1,0 +1,131 @@
+// tessera/runtime/paged_kv.h — the paged KV cache's bookkeeping, shared by the CPU and GPU batched engines.
+//
+// Storage is a pool of fixed-size blocks; a block holds `block_tokens` consecutive rows (positions) of one
+// (layer, kv head): K and V, each [block_tokens, head_dim]. Every sequence has one block table per (layer, kv
+// head) mapping logical block b (positions [b * B, (b + 1) * B)) to a physical block id, or -1 where the rows are
+// not kept. This file holds only ids and counts; the engines own the memory the ids index (f32 on the host,
+// bf16 on the GPU) — see batch_forward.h and runtime_cuda/batch_gpu.h.
+//
+// Per-head retention (MoA's per-head KV caches, the model's sliding windows): a decode query at position
+// len - 1 of query head h sees the keys
+//     j in [0, len)  with  j >= len - horizon  and  (j < sink or j >= len - window)
+// (DecodeView; dense: sink 0, window = horizon = unbounded). A KV head keeps the union over its GQA group: the
+// rows below the largest sink and the last max(min(window, horizon)) rows; a block every row of which has fallen
+// out of that union returns to the pool as soon as it does (a ring of blocks for a window; the sink blocks stay).
+// Allocation and freeing are O(1) from a free list of equal-size blocks, so there is no fragmentation.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "attention/pattern/policy.h"
+#include "runtime/model_config.h"
+
+namespace tessera::runtime {
+
+inline constexpr int64_t kUnbounded = std::numeric_limits<int64_t>::max() / 4;
+
+// The keys one query head sees at decode (see above).
+struct DecodeView {
+  int32_t sink = 0;
+  int64_t window = kUnbounded;   // the most recent keys seen besides the sink (>= 1)
+  int64_t horizon = kUnbounded;  // the model's own sliding window (a Gemma-3 local layer): nothing older
+  bool operator==(const DecodeView&) const = default;
+
+  // The two key ranges [a0, a1) and [b0, b1) (a1 <= b0; either may be empty) a query at position len - 1 sees.
+  struct Ranges {
+    int64_t a0, a1, b0, b1;
+    int64_t count() const { return (a1 - a0) + (b1 - b0); }
+  };
+  Ranges ranges(int64_t len) const;
+};
+
+// The decode views of every (layer, query head), layer-major: MoA's elastic windows keep sink + the last
+// alpha + beta * prompt_len keys (the span is fixed when the prompt ends, as MoA's decode caches are; within the
+// prompt it is the pattern's own mask, span clipped to N), every other pattern decodes densely (the
+// prefill-only patterns of MInference and TriangleMix), and a sliding-window layer's window applies on top.
+// `policy` may be null or empty (dense).
+std::vector<DecodeView> decode_views(const ModelConfig& config, const attn::AttentionPolicy* policy,
+                                     int64_t prompt_len);
+
+// What a KV head keeps: the rows below `sink` and the last `window` rows.
+struct KVRetention {
+  int32_t sink = 0;
+  int64_t window = kUnbounded;
+  bool operator==(const KVRetention&) const = default;
+};
+// The union over each KV head's query heads (decode_views layout in, [layer * kv_heads + kv_head] out).
+std::vector<KVRetention> kv_retention(const ModelConfig& config, std::span<const DecodeView> views);
+
+struct PagedKVShape {
+  int32_t num_layers = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  int32_t block_tokens = 64;
+  int64_t elements_per_block() const { return static_cast<int64_t>(block_tokens) * head_dim; }  // of K (or V)
+};
+
+// Equal-size blocks, ids [0, total()), handed out from a free list.
+class BlockPool {
+ public:
+  BlockPool() = default;
+  explicit BlockPool(int32_t num_blocks);
+  int32_t total() const { return total_; }
+  int32_t available() const { return static_cast<int32_t>(free_.size()); }
+  int32_t used() const { return total_ - available(); }
+  // Throws tessera::Error when none is free (callers reserve first; this is a bug check).
+  int32_t take();
+  void give(int32_t id);
+
+ private:
+  int32_t total_ = 0;
+  std::vector<int32_t> free_;
+};
+
+// The block tables of one sequence.
+class SequenceBlocks {
+ public:
+  SequenceBlocks() = default;
+  SequenceBlocks(const PagedKVShape& shape, std::vector<KVRetention> retention);
+
+  int64_t length() const { return length_; }
+  // Blocks the sequence holds at length `len` under its retention (what grow() to `len` leaves allocated).
+  int64_t blocks_at(int64_t len) const;
+  // Most blocks it holds at any length in [from, to] (admission reserves this).
+  int64_t max_blocks(int64_t from, int64_t to) const;
+  // Appends rows [length, length + n): takes blocks for the new rows the retention keeps, then returns to `pool`
+  // the blocks whose rows have all fallen out. Throws tessera::Error when the pool runs out (after giving back
+  // what it took, so the sequence is unchanged).
+  void grow(int64_t n, BlockPool& pool);
+  // Gives every block back; length becomes 0.
+  void release(BlockPool& pool);
+
+  // Physical block of row `pos` of (layer, kv head), or -1 when the row is not kept (or not written yet).
+  int32_t block(int32_t layer, int32_t kv_head, int64_t pos) const;
+  // Logical block -> physical id (-1: freed or never kept), for rows [0, length()).
+  const std::vector<int32_t>& table(int32_t layer, int32_t kv_head) const {
+    return tables_[static_cast<size_t>(layer) * static_cast<size_t>(shape_.num_kv_heads) +
+                   static_cast<size_t>(kv_head)];
+  }
+  int64_t blocks_held() const { return held_; }
+  const PagedKVShape& shape() const { return shape_; }
+  const KVRetention& retention(int32_t layer, int32_t kv_head) const {
+    return retention_[static_cast<size_t>(layer) * static_cast<size_t>(shape_.num_kv_heads) +
+                      static_cast<size_t>(kv_head)];
+  }
+
+ private:
+  // Whether logical block b holds a row kept at length len.
+  bool kept(const KVRetention& r, int64_t b, int64_t len) const;
+
+  PagedKVShape shape_;
+  std::vector<KVRetention> retention_;     // [layer * kv_heads + kv_head]
+  std::vector<std::vector<int32_t>> tables_;
+  int64_t length_ = 0;
+  int64_t held_ = 0;
+};
+
+}  // namespace tessera::runtime

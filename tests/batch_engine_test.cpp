@@ -1,0 +1,475 @@
+// The batched engine (runtime/batch_engine.h) and its paged KV cache (runtime/paged_kv.h, batch_forward.h):
+// block bookkeeping, paged decode attention against the masked f64 reference, and batched generation against the
+// single-sequence engine (its slow, obvious twin) on the tiny fixtures and the real SmolLM2.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "attention/cpu/reference.h"
+#include "attention/index/lower.h"
+#include "core/error.h"
+#include "core/memory_budget.h"
+#include "runtime/batch_engine.h"
+#include "runtime/engine.h"
+#include "runtime/model.h"
+
+namespace tessera::runtime {
+namespace {
+
+const std::string kFixtures = std::string(TESSERA_SOURCE_DIR) + "/tests/data/hf_tiny/";
+
+const Model& fixture(const char* rel) {
+  static std::map<std::string, std::unique_ptr<Model>> cache;
+  auto& m = cache[rel];
+  if (!m) m = Model::load(kFixtures + rel);
+  return *m;
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+std::vector<int32_t> random_tokens(int32_t n, int32_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> d(0, vocab - 1);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = d(rng);
+  return t;
+}
+
+// ---- block bookkeeping ----
+
+TEST(PagedKV, PoolHandsOutEveryBlockOnce) {
+  BlockPool pool(5);
+  std::set<int32_t> ids;
+  for (int i = 0; i < 5; ++i) ids.insert(pool.take());
+  EXPECT_EQ(ids, (std::set<int32_t>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(pool.available(), 0);
+  EXPECT_EQ(error_of([&] { pool.take(); }),
+            "KV block pool: no free block (a sequence grew past what was reserved for it)");
+  pool.give(3);
+  EXPECT_EQ(pool.take(), 3);
+}
+
+TEST(PagedKV, DenseSequenceHoldsCeilLengthOverBlockBlocksPerHead) {
+  const PagedKVShape shape{2, 3, 8, 16};
+  BlockPool pool(100);
+  SequenceBlocks seq(shape, std::vector<KVRetention>(6));
+  seq.grow(33, pool);  // 3 blocks of 16 per (layer, kv head)
+  EXPECT_EQ(seq.length(), 33);
+  EXPECT_EQ(seq.blocks_held(), 18);
+  EXPECT_EQ(pool.used(), 18);
+  std::set<int32_t> all;
+  for (int l = 0; l < 2; ++l)
+    for (int h = 0; h < 3; ++h)
+      for (int64_t pos = 0; pos < 33; ++pos) {
+        ASSERT_GE(seq.block(l, h, pos), 0);
+        all.insert(seq.block(l, h, pos));
+      }
+  EXPECT_EQ(all.size(), 18u);  // no block shared between heads
+  EXPECT_EQ(seq.block(0, 0, 33), -1);
+
+  // Running out: the message has the numbers and the sequence is unchanged.
+  EXPECT_EQ(error_of([&] { seq.grow(16 * 20, pool); }), "KV cache: 120 more blocks of 16 tokens needed, 82 free of 100");
+  EXPECT_EQ(seq.length(), 33);
+  EXPECT_EQ(pool.used(), 18);
+  seq.release(pool);
+  EXPECT_EQ(pool.used(), 0);
+  EXPECT_EQ(seq.length(), 0);
+}
+
+// A window keeps its rows (and the sink's) and gives back every block that falls out, step by step or all at once.
+TEST(PagedKV, WindowsKeepTheirRowsAndFreeTheRest) {
+  const PagedKVShape shape{1, 3, 4, 16};
+  const std::vector<KVRetention> ret{{4, 100}, {0, 1}, {40, 7}};
+  BlockPool pool(1000), pool2(1000);
+  SequenceBlocks a(shape, ret), b(shape, ret);
+  int64_t most = 0;
+  for (int64_t len = 1; len <= 700; ++len) {
+    a.grow(1, pool);
+    most = std::max(most, a.blocks_held());
+    ASSERT_EQ(a.blocks_held(), a.blocks_at(len));
+    ASSERT_EQ(pool.used(), a.blocks_held());
+    for (int h = 0; h < 3; ++h) {
+      const KVRetention& r = ret[static_cast<size_t>(h)];
+      for (int64_t pos = 0; pos < len; ++pos) {
+        const bool needed = pos < r.sink || pos >= len - r.window;
+        if (needed) {
+          ASSERT_GE(a.block(0, h, pos), 0) << "len " << len << " head " << h << " pos " << pos;
+        }
+        // A block none of whose rows is needed is not held.
+        const int64_t b0 = pos / 16 * 16, b1 = std::min<int64_t>(b0 + 16, len);
+        const bool block_needed = b0 < r.sink || b1 - 1 >= len - r.window;
+        if (!block_needed) {
+          ASSERT_EQ(a.block(0, h, pos), -1) << "len " << len << " head " << h << " pos " << pos;
+        }
+      }
+    }
+  }
+  EXPECT_LE(most, a.max_blocks(1, 700));
+  // At 700 rows: head 0 keeps 1 sink block + rows [600, 700) in blocks 37..43; head 1 one block; head 2 the sink's 3
+  // blocks + block 43. Dense would be 3 x 44.
+  EXPECT_EQ(a.blocks_held(), (1 + 7) + 1 + (3 + 1));
+  b.grow(700, pool2);  // the prompt at once (a prefill)
+  EXPECT_EQ(b.blocks_held(), a.blocks_held());
+  for (int h = 0; h < 3; ++h)
+    for (int64_t pos = 0; pos < 700; ++pos) EXPECT_EQ(b.block(0, h, pos) >= 0, a.block(0, h, pos) >= 0);
+}
+
+TEST(PagedKV, DecodeViewRanges) {
+  const DecodeView dense;
+  const auto r = dense.ranges(10);
+  EXPECT_EQ(r.count(), 10);
+  const DecodeView moa{3, 4};
+  auto m = moa.ranges(20);  // [0, 3) and [16, 20)
+  EXPECT_EQ((std::vector<int64_t>{m.a0, m.a1, m.b0, m.b1}), (std::vector<int64_t>{0, 3, 16, 20}));
+  m = moa.ranges(5);  // [0, 3) and [3, 5): everything
+  EXPECT_EQ(m.count(), 5);
+  const DecodeView local{0, kUnbounded, 8};  // a sliding-window layer
+  m = local.ranges(20);
+  EXPECT_EQ((std::vector<int64_t>{m.a0, m.a1, m.b0, m.b1}), (std::vector<int64_t>{12, 12, 12, 20}));
+  const DecodeView both{3, 4, 6};  // the sink is older than the horizon: not seen
+  m = both.ranges(20);
+  EXPECT_EQ(m.count(), 4);
+}
+
+// The decode view of a MoA head is the MoA pattern's own mask (attention/index: pattern_mask) for a decode query
+// whose total length is the prompt's, at every position after the prompt.
+TEST(PagedKV, MoaDecodeViewIsThePatternsMask) {
+  const ModelConfig& cfg = fixture("llama3").config();
+  for (const attn::ElasticWindowPattern p :
+       {attn::ElasticWindowPattern{5, 0.25, 4}, attn::ElasticWindowPattern{0, 0.1, 0}, attn::ElasticWindowPattern{40, 0, 2}}) {
+    const auto policy = attn::AttentionPolicy::uniform(cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads, p);
+    const int32_t N = 60;
+    const DecodeView v = decode_views(cfg, &policy, N)[0];
+    for (int32_t pos = N; pos < N + 30; ++pos) {
+      const attn::LoweringContext ctx{pos, 1, pos + 1, N, 64};
+      const std::vector<uint8_t> mask = attn::pattern_mask(p, {}, ctx);
+      const auto r = v.ranges(pos + 1);
+      for (int32_t j = 0; j <= pos; ++j) {
+        const bool seen = (j >= r.a0 && j < r.a1) || (j >= r.b0 && j < r.b1);
+        ASSERT_EQ(seen, mask[static_cast<size_t>(j)] != 0) << describe(attn::Pattern(p)) << " pos " << pos << " key " << j;
+      }
+    }
+  }
+}
+
+// ---- paged decode attention = the masked f64 reference over the same keys in a contiguous cache ----
+
+TEST(PagedDecodeAttention, MatchesMaskedReference) {
+  const int32_t L = 2, Hq = 4, Hkv = 2, d = 16;
+  const PagedKVShape shape{L, Hkv, d, 8};
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd;
+  // Views per (layer, q head): dense, MoA sink + window, a horizon (sliding layer), all three.
+  const std::vector<DecodeView> views{{0, kUnbounded, kUnbounded}, {3, 5, kUnbounded}, {0, kUnbounded, 6}, {2, 9, 7},
+                                      {1, 1, kUnbounded},          {0, 20, kUnbounded}, {4, 4, 4},           {0, kUnbounded, kUnbounded}};
+  std::vector<KVRetention> ret(static_cast<size_t>(L * Hkv));
+  for (int l = 0; l < L; ++l)
+    for (int g = 0; g < Hkv; ++g) {
+      KVRetention r{0, 0};
+      for (int h = g * 2; h < g * 2 + 2; ++h) {
+        const DecodeView& v = views[static_cast<size_t>(l * Hq + h)];
+        r.sink = std::max(r.sink, v.sink);
+        r.window = std::max(r.window, std::min(v.window, v.horizon));
+      }
+      ret[static_cast<size_t>(l * Hkv + g)] = r;
+    }
+  BlockPool pool(400);
+  PagedKVStore store(shape, 400);
+  const std::vector<int32_t> lengths{1, 9, 30, 77};
+  std::vector<KVCache> caches;
+  std::vector<SequenceBlocks> seqs;
+  for (int32_t len : lengths) {
+    KVCache c(L, Hkv, d, len);
+    c.reserve(len);
+    for (int l = 0; l < L; ++l)
+      for (int64_t i = 0; i < int64_t{len} * Hkv * d; ++i) {
+        c.k(l, 0)[i] = nd(rng);
+        c.v(l, 0)[i] = nd(rng);
+      }
+    SequenceBlocks s(shape, ret);
+    s.grow(len, pool);
+    scatter_to_pages(c, s, store);
+    caches.push_back(std::move(c));
+    seqs.push_back(std::move(s));
+  }
+  std::vector<DecodeRow> rows;
+  for (const SequenceBlocks& s : seqs) rows.push_back({&s, views});
+  const auto B = static_cast<int64_t>(lengths.size());
+  std::vector<float> q(static_cast<size_t>(B * Hq * d)), out(q.size());
+  for (float& x : q) x = nd(rng);
+  const float scale = 0.25f;
+  for (int32_t l = 0; l < L; ++l) {
+    paged_decode_attention_cpu(q.data(), out.data(), rows, l, Hq, store, scale, ThreadPool::global());
+    for (int64_t i = 0; i < B; ++i) {
+      const int32_t len = lengths[static_cast<size_t>(i)];
+      std::vector<float> ref(static_cast<size_t>(Hq * d));
+      attn::AttentionArgs args;
+      args.q = TensorView(q.data() + i * Hq * d, DType::F32, {1, Hq, d});
+      args.k = caches[static_cast<size_t>(i)].k_view(l, len);
+      args.v = caches[static_cast<size_t>(i)].v_view(l, len);
+      args.out = TensorView(ref.data(), DType::F32, {1, Hq, d});
+      args.scale = scale;
+      args.q_begin = len - 1;
+      attn::reference_attention_masked(args, [&](int head, int, int key) {
+        const auto r = views[static_cast<size_t>(l * Hq + head)].ranges(len);
+        return (key >= r.a0 && key < r.a1) || (key >= r.b0 && key < r.b1);
+      });
+      for (int64_t c = 0; c < Hq * d; ++c)
+        ASSERT_NEAR(out[static_cast<size_t>(i * Hq * d + c)], ref[static_cast<size_t>(c)], 2e-5)
+            << "layer " << l << " sequence " << i << " element " << c;
+    }
+  }
+}
+
+// ---- the batched engine against the single-sequence engine ----
+
+std::vector<int32_t> single(const Model& m, const std::vector<int32_t>& prompt, const GenerateOptions& gen,
+                            const attn::AttentionPolicy& policy = {}, int32_t chunk = 16) {
+  EngineOptions o;
+  o.chunk_size = chunk;
+  o.policy = policy;
+  Engine e(m, o);
+  return e.generate(prompt, gen);
+}
+
+class BatchedEqualsSingle : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(BatchedEqualsSingle, GreedyAndSampled) {
+  const Model& m = fixture(GetParam());
+  const int32_t vocab = m.config().vocab_size;
+  CpuBatchBackend backend(m);
+  BatchEngineOptions o;
+  o.chunk_size = 16;
+  o.block_tokens = 8;
+  o.max_batch = 3;  // six requests: the rest wait for a place
+  BatchEngine engine(backend, o);
+  std::vector<BatchRequest> reqs;
+  const std::vector<int32_t> lengths{5, 37, 100, 64, 1, 16};
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    BatchRequest r;
+    r.prompt = random_tokens(lengths[i], vocab, static_cast<uint32_t>(100 + i));
+    r.options.max_new_tokens = 12 + static_cast<int32_t>(i) * 3;
+    if (i % 2 == 1) r.options.sampling = {0.8f, 20, 0.9f, 1000 + i};
+    reqs.push_back(r);
+  }
+  const auto out = engine.generate_all(reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(out[i], single(m, reqs[i].prompt, reqs[i].options)) << "request " << i;
+    EXPECT_EQ(out[i].size(), static_cast<size_t>(reqs[i].options.max_new_tokens));
+  }
+  EXPECT_EQ(engine.stats().max_decode_batch, 3);
+  EXPECT_EQ(engine.blocks().used(), 0);
+  EXPECT_EQ(engine.reserved_blocks(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, BatchedEqualsSingle, ::testing::Values("llama3", "qwen2", "gemma3", "mistral"),
+                         [](const ::testing::TestParamInfo<const char*>& p) { return std::string(p.param); });
+
+// A stop token ends a request without being reported, as in the single engine.
+TEST(BatchEngine, StopTokens) {
+  const Model& m = fixture("llama3");
+  const auto prompt = random_tokens(20, m.config().vocab_size, 3);
+  GenerateOptions gen;
+  gen.max_new_tokens = 30;
+  const std::vector<int32_t> free_run = single(m, prompt, gen);
+  ASSERT_GE(free_run.size(), 10u);
+  gen.stop_tokens = {free_run[6]};
+  CpuBatchBackend backend(m);
+  BatchEngine engine(backend);
+  const int64_t id = engine.submit({prompt, gen, std::nullopt});
+  std::vector<int32_t> got;
+  FinishReason reason = FinishReason::kError;
+  while (engine.busy())
+    for (const BatchEvent& e : engine.step()) {
+      ASSERT_EQ(e.id, id);
+      if (e.token >= 0) got.push_back(e.token);
+      if (e.finished) reason = e.reason;
+    }
+  EXPECT_EQ(got, single(m, prompt, gen));
+  EXPECT_EQ(reason, FinishReason::kStop);
+}
+
+// MoA's per-head caches: a span covering everything decodes as dense does; a short span keeps far fewer blocks and
+// a request's tokens do not depend on what else is in the batch.
+TEST(BatchEngine, MoaPerHeadCaches) {
+  const Model& m = fixture("llama3");
+  const ModelConfig& cfg = m.config();
+  const auto wide = attn::AttentionPolicy::uniform(cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads,
+                                                   attn::ElasticWindowPattern{1000, 0, 4});
+  const auto prompt = random_tokens(90, cfg.vocab_size, 11);
+  GenerateOptions gen;
+  gen.max_new_tokens = 20;
+  {
+    CpuBatchBackend backend(m);
+    BatchEngineOptions o;
+    o.block_tokens = 8;
+    o.policy = wide;
+    BatchEngine engine(backend, o);
+    EXPECT_EQ(engine.generate_all({{prompt, gen, std::nullopt}})[0], single(m, prompt, gen, wide, 2048));
+  }
+  // Per head: different spans within one layer (GQA groups keep their widest).
+  std::vector<attn::Pattern> table;
+  for (int l = 0; l < cfg.num_layers; ++l)
+    for (int h = 0; h < cfg.num_q_heads; ++h) table.push_back(attn::ElasticWindowPattern{4.0 + 3 * h, 0.05 * l, 2});
+  const attn::AttentionPolicy moa(cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads, table);
+  auto run = [&](const std::vector<BatchRequest>& reqs, int64_t* peak) {
+    CpuBatchBackend backend(m);
+    BatchEngineOptions o;
+    o.block_tokens = 8;
+    o.policy = moa;
+    BatchEngine engine(backend, o);
+    std::vector<std::vector<int32_t>> out(reqs.size());
+    std::vector<int64_t> ids;
+    for (const auto& r : reqs) ids.push_back(engine.submit(r));
+    while (engine.busy())
+      for (const BatchEvent& e : engine.step()) {
+        if (peak) *peak = std::max<int64_t>(*peak, engine.blocks().used());
+        if (e.token >= 0) out[static_cast<size_t>(std::find(ids.begin(), ids.end(), e.id) - ids.begin())].push_back(e.token);
+      }
+    return out;
+  };
+  int64_t peak_alone = 0;
+  const auto alone = run({{prompt, gen, std::nullopt}}, &peak_alone);
+  const auto together = run({{random_tokens(50, cfg.vocab_size, 12), gen, std::nullopt},
+                             {prompt, gen, std::nullopt},
+                             {random_tokens(7, cfg.vocab_size, 13), gen, std::nullopt}},
+                            nullptr);
+  EXPECT_EQ(together[1], alone[0]);
+  EXPECT_EQ(alone[0].size(), 20u);
+  // Dense would hold ceil(110 / 8) = 14 blocks per (layer, kv head).
+  EXPECT_LT(peak_alone, int64_t{14} * cfg.num_layers * cfg.num_kv_heads / 2);
+  // The MoA decode differs from dense decode (the spans are short): the test above is not vacuous.
+  EXPECT_NE(alone[0], single(m, prompt, gen, moa, 2048));
+}
+
+TEST(BatchEngine, AdmissionByMemoryAndCancellation) {
+  const Model& m = fixture("llama3");
+  const ModelConfig& cfg = m.config();
+  CpuBatchBackend backend(m);
+  BatchEngineOptions o;
+  o.block_tokens = 8;
+  o.chunk_size = 8;
+  const double per_token_block = backend.block_bytes({cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 8});
+  const int64_t per_layer_heads = int64_t{cfg.num_layers} * cfg.num_kv_heads;
+  // Room for 10 blocks per (layer, kv head): 80 tokens.
+  o.kv_bytes = per_token_block * static_cast<double>(per_layer_heads) * 10;
+  BatchEngine engine(backend, o);
+  EXPECT_EQ(engine.blocks().total(), per_layer_heads * 10);
+
+  GenerateOptions gen;
+  gen.max_new_tokens = 8;
+  // 72 prompt + 8 new = 80 tokens: fits alone; two of them cannot run at once.
+  const auto p1 = random_tokens(72, cfg.vocab_size, 1), p2 = random_tokens(70, cfg.vocab_size, 2);
+  const int64_t a = engine.submit({p1, gen, std::nullopt});
+  const int64_t b = engine.submit({p2, gen, std::nullopt});
+  engine.step();
+  EXPECT_EQ(engine.running(), 1);
+  EXPECT_EQ(engine.waiting(), 1);
+  std::map<int64_t, std::vector<int32_t>> out;
+  while (engine.busy())
+    for (const BatchEvent& e : engine.step()) {
+      if (e.token >= 0) out[e.id].push_back(e.token);
+      if (e.id == a && e.finished) {
+        EXPECT_EQ(engine.waiting(), 1);  // b waited for a's blocks
+      }
+    }
+  EXPECT_EQ(out[a], single(m, p1, gen));
+  EXPECT_EQ(out[b], single(m, p2, gen));
+
+  // One that can never fit.
+  EXPECT_EQ(error_of([&] { engine.submit({random_tokens(100, cfg.vocab_size, 3), gen, std::nullopt}); }),
+            "request needs " + std::to_string(per_layer_heads * 14) + " KV blocks (8 tokens each; " +
+                format_bytes(per_token_block * static_cast<double>(per_layer_heads * 14)) +
+                ") for its prompt of 100 tokens and 8 new ones, but the KV budget holds " +
+                std::to_string(per_layer_heads * 10) + " blocks (" +
+                format_bytes(per_token_block * static_cast<double>(per_layer_heads * 10)) +
+                "); shorten the prompt, ask for fewer tokens or raise the KV budget");
+  gen.max_new_tokens = 0;
+  EXPECT_EQ(error_of([&] { engine.submit({p1, gen, std::nullopt}); }), "request: max_new_tokens must be at least 1, got 0");
+  gen.max_new_tokens = 300;
+  EXPECT_EQ(error_of([&] { engine.submit({p1, gen, std::nullopt}); }),
+            "prompt of 372 tokens exceeds the context limit of 256 tokens (model " + cfg.name +
+                "); pass a larger max context (--max-context) or shorten the prompt");
+  EXPECT_EQ(error_of([&] { engine.submit({{}, gen, std::nullopt}); }), "request: empty prompt");
+  EXPECT_EQ(engine.waiting(), 0);
+
+  // Cancel mid-prefill (72 tokens = 9 chunks of 8) and a waiting one: both end, every block comes back, and a
+  // later request runs as if nothing had happened.
+  gen.max_new_tokens = 4;
+  const int64_t c = engine.submit({p1, gen, std::nullopt});
+  const int64_t d = engine.submit({p2, gen, std::nullopt});
+  engine.step();
+  engine.step();
+  EXPECT_TRUE(engine.cancel(c));
+  EXPECT_TRUE(engine.cancel(d));
+  EXPECT_FALSE(engine.cancel(12345));
+  std::map<int64_t, FinishReason> ends;
+  for (const BatchEvent& e : engine.step())
+    if (e.finished) ends[e.id] = e.reason;
+  EXPECT_EQ(ends, (std::map<int64_t, FinishReason>{{c, FinishReason::kCancelled}, {d, FinishReason::kCancelled}}));
+  EXPECT_FALSE(engine.busy());
+  EXPECT_EQ(engine.blocks().used(), 0);
+  EXPECT_EQ(engine.reserved_blocks(), 0);
+  EXPECT_EQ(engine.generate_all({{p2, gen, std::nullopt}})[0], single(m, p2, gen));
+}
+
+TEST(BatchEngine, BadOptions) {
+  const Model& m = fixture("llama3");
+  CpuBatchBackend backend(m);
+  BatchEngineOptions o;
+  o.block_tokens = 0;
+  EXPECT_EQ(error_of([&] { BatchEngine e(backend, o); }), "batch engine: block_tokens must be in [1, 4096], got 0");
+  o = {};
+  o.kv_bytes = 10;
+  EXPECT_EQ(error_of([&] { BatchEngine e(backend, o); }).substr(0, 40), "batch engine: a KV budget of 10 B holds ");
+  o = {};
+  o.policy = attn::AttentionPolicy::uniform(3, 4, 2, attn::DensePattern{});
+  EXPECT_EQ(error_of([&] { BatchEngine e(backend, o); }).substr(0, 60),
+            "attention policy has 3 layers x 4 query heads (2 kv heads); ");
+}
+
+// ---- the real SmolLM2: batched greedy = single-sequence greedy ----
+
+TEST(BatchEngineRealModel, SmolLM2BatchedGreedyEqualsSingle) {
+  const char* env = std::getenv("TESSERA_MODELS");
+  const char* home = std::getenv("HOME");
+  const std::string dir = env && *env ? env : std::string(home ? home : ".") + "/.cache/tessera/models";
+  const std::string path = dir + "/smollm2-135m-instruct-q4_1.gguf";
+  if (!std::filesystem::exists(path)) {
+    const char* allow = std::getenv("TESSERA_ALLOW_MISSING_MODELS");
+    if (allow && std::string(allow) == "1") GTEST_SKIP() << path << " is missing";
+    FAIL() << path << " is missing: run scripts/fetch_models.sh";
+  }
+  const auto model = Model::load(path);
+  std::vector<BatchRequest> reqs;
+  for (uint32_t i = 0; i < 3; ++i) {
+    BatchRequest r;
+    r.prompt = random_tokens(40 + 60 * static_cast<int32_t>(i), 20000, 50 + i);
+    r.options.max_new_tokens = 12;
+    reqs.push_back(r);
+  }
+  CpuBatchBackend backend(*model);
+  BatchEngineOptions o;
+  o.chunk_size = 64;
+  o.kv_bytes = 256e6;
+  BatchEngine engine(backend, o);
+  const auto out = engine.generate_all(reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(out[i], single(*model, reqs[i].prompt, reqs[i].options, {}, 64)) << i;
+}
+
+}  // namespace
+}  // namespace tessera::runtime
