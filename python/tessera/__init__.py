@@ -1,0 +1,107 @@
+"""tessera: long-context LLM inference whose attention is a mosaic of sparse patterns.
+
+Quick start::
+
+    import tessera
+    model = tessera.Model.load("smollm2-135m-instruct-q4_1.gguf")
+    engine = tessera.Engine(model, attn="trianglemix", device="cpu")
+    for piece in engine.generate([{"role": "user", "content": "Hi!"}], max_tokens=32, stream=True):
+        print(piece, end="", flush=True)
+    print(engine.stats())
+
+``tessera.ops`` holds the attention kernels as PyTorch custom ops and ``tessera.hf`` patches Hugging Face
+``transformers`` models; both import torch, the rest of the package does not.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence, Union
+
+from . import _tessera
+from ._tessera import Error, Generation, Model, Policy, check_attn_spec
+
+__all__ = ["Model", "Engine", "Policy", "Error", "Generation", "check_attn_spec", "built_with_cuda", "ops", "hf"]
+
+#: Whether this build of the module has the CUDA backend and the GPU engine.
+built_with_cuda: bool = _tessera.built_with_cuda
+
+Message = Mapping[str, str]
+Prompt = Union[str, Sequence[int], Sequence[Message]]
+
+
+class Engine:
+    """One sequence's inference over a loaded model: chunked prefill under an attention policy, then decode.
+
+    ``attn`` is what ``tessera run --attn`` takes (``"dense"``, ``"ashape:sink=64,local=1024"``, ``"vs"``,
+    ``"trianglemix"``, the path of a policy file, ...) or a :class:`tessera.Policy`. ``device`` is ``"cpu"``,
+    ``"cuda"`` (the GPU engine: bf16 weights on the device) or ``"auto"``. ``max_context`` limits the tokens the
+    cache may hold (0: the model's context); ``chunk`` is the prefill chunk (0: the engine's default).
+    Several engines may share one model. An engine is not meant for concurrent use: each ``generate`` starts a
+    new sequence, and a stream still being read from an earlier call raises tessera.Error when resumed.
+    """
+
+    def __init__(self, model: Model, attn: Union[str, Policy] = "dense", device: str = "cpu",
+                 max_context: int = 0, chunk: int = 0) -> None:
+        if not isinstance(model, Model):
+            raise TypeError(f"model must be a tessera.Model, got {type(model).__name__}")
+        self.model = model
+        self.attn = attn
+        self._engine = _tessera._Engine(model, attn, device, max_context, chunk)
+
+    @property
+    def device(self) -> str:
+        """``"cpu"`` or ``"cuda"``: where this engine runs."""
+        return self._engine.device
+
+    @property
+    def max_context(self) -> int:
+        return self._engine.max_context
+
+    def generate(self, prompt: Prompt, *, max_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, seed: int = 0, stream: bool = False, chat: bool | None = None,
+                 system: str | None = None) -> Union[str, Generation]:
+        """Generates a reply to ``prompt`` (a new sequence each call).
+
+        ``prompt``: text (plain, or one chat user turn with ``chat=True`` and an optional ``system`` message), a
+        list of ``{"role", "content"}`` messages (the model's chat template), or a list of token ids.
+        Sampling: ``temperature`` 0 is greedy; otherwise top-k (0: off), then top-p (1: off), drawn from a
+        generator seeded with ``seed`` (same seed, same text). Generation ends at an end-of-turn token, after
+        ``max_tokens`` tokens, or at the context limit.
+
+        Returns the text, or with ``stream=True`` a :class:`tessera.Generation`: an iterator of text pieces whose
+        ``tokens`` and ``finish_reason`` (``"stop"``, ``"length"``, ``"context"``) fill in as it runs.
+        """
+        ids = self.model.encode(prompt, chat=chat, system=system)
+        gen = self._engine.start(ids, max_tokens, temperature, top_k, top_p, seed)
+        if stream:
+            return gen
+        return "".join(gen)
+
+    def logits(self, ids: Sequence[int]) -> list[float]:
+        """Prefills ``ids`` as a new sequence and returns the last position's logits (a list of vocab floats)."""
+        return self._engine.logits(list(ids))
+
+    def stats(self) -> dict:
+        """Tokens and seconds since the engine was made (or ``reset_stats``): prefill and decode counts, times
+        and rates, and the attention and GEMM seconds within them."""
+        return self._engine.stats()
+
+    def reset_stats(self) -> None:
+        self._engine.reset_stats()
+
+    def memory(self) -> dict:
+        """Bytes held: the weights, the KV cache; on CUDA also scratch, the peak in use and the device's total."""
+        return self._engine.memory()
+
+    def __repr__(self) -> str:
+        attn = self.attn if isinstance(self.attn, str) else repr(self.attn)
+        return f"<tessera.Engine {self.model.name} attn={attn!r} device={self.device!r}>"
+
+
+def __getattr__(name: str):
+    # tessera.ops and tessera.hf import torch: loaded on first use only.
+    if name in ("ops", "hf"):
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module 'tessera' has no attribute {name!r}")

@@ -1,0 +1,309 @@
+// tessera.Engine (the C++ side of python/tessera/__init__.py's Engine) and its token stream, Generation.
+//
+// Generation runs the same loop as `tessera run` (cli/run.cpp generate_with): prefill, then per step sample from
+// fresh logits, stop at an end-of-generation token, emit the text that became complete (StreamingDecoder, special
+// tokens skipped), stop after max_tokens or at the context limit, else decode the token. So greedy output is the
+// CLI's, token for token. The GIL is released while the model runs.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cli/session.h"
+#include "core/error.h"
+#include "python/bindings.h"
+#include "python/policy_handle.h"
+#include "runtime/engine.h"
+#include "runtime/sampling.h"
+#ifdef TESSERA_PY_WITH_CUDA
+#include "runtime_cuda/device_model.h"
+#include "runtime_cuda/gpu_engine.h"
+#endif
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace tessera::python {
+
+namespace {
+
+PyObject* decode_utf8(const std::string& bytes) {
+  return PyUnicode_DecodeUTF8(bytes.data(), static_cast<Py_ssize_t>(bytes.size()), "replace");
+}
+
+// One engine (CPU or GPU) over a shared model. Every use holds `mutex`; `epoch` counts generations, so that a
+// Generation superseded by a later one on the same engine says so instead of continuing a reset sequence.
+struct EngineState {
+  std::shared_ptr<const cli::Session> session;
+  std::string device;
+  std::unique_ptr<runtime::Engine> cpu;
+#ifdef TESSERA_PY_WITH_CUDA
+  std::unique_ptr<runtime::gpu::DeviceModel> weights;
+  std::unique_ptr<runtime::gpu::GpuEngine> gpu;
+#endif
+  std::mutex mutex;
+  uint64_t epoch = 0;
+
+  template <class F>
+  decltype(auto) with_engine(F&& f) {
+#ifdef TESSERA_PY_WITH_CUDA
+    if (gpu) return f(*gpu);
+#endif
+    return f(*cpu);
+  }
+};
+
+bool use_gpu(const std::string& device) {
+  if (device == "cpu") return false;
+#ifdef TESSERA_PY_WITH_CUDA
+  if (device == "auto") return runtime::gpu::gpu_available();
+  if (device == "cuda") {
+    check(runtime::gpu::gpu_available(), "device='cuda': " + runtime::gpu::gpu_description());
+    return true;
+  }
+#else
+  if (device == "auto") return false;
+  if (device == "cuda")
+    throw Error("device='cuda': this tessera module was built without the CUDA backend (build it where nvcc is "
+                "installed: pip install . picks CUDA up by itself, or -Ccmake.define.TESSERA_CUDA=ON)");
+#endif
+  throw Error("device must be 'cpu', 'cuda' or 'auto', got '" + device + "'");
+}
+
+class Generation {
+ public:
+  Generation(std::shared_ptr<EngineState> state, std::vector<int32_t> prompt, int32_t max_tokens,
+             const runtime::SamplingOptions& sampling)
+      : state_(std::move(state)),
+        prompt_(std::move(prompt)),
+        max_tokens_(max_tokens),
+        sampler_(sampling),
+        decoder_(*state_->session->tokenizer, {.skip_special = true}) {
+    check(!prompt_.empty(), "generate: the prompt is empty");
+    check(max_tokens_ >= 0, "generate: max_tokens must be >= 0, got " + std::to_string(max_tokens_));
+    std::lock_guard lock(state_->mutex);
+    epoch_ = ++state_->epoch;
+  }
+
+  // The next piece of text (never empty), or nothing when the generation has ended.
+  std::optional<std::string> next() {
+    if (done_) return std::nullopt;
+    std::lock_guard lock(state_->mutex);
+    check(state_->epoch == epoch_,
+          "this generation was superseded: a later generate() on the same Engine reset its sequence");
+    const model::Tokenizer& tok = *state_->session->tokenizer;
+    return state_->with_engine([&](auto& engine) -> std::optional<std::string> {
+      for (;;) {
+        if (!started_) {
+          engine.reset();
+          logits_ = engine.prefill(prompt_);
+          started_ = true;
+        } else if (pending_decode_) {
+          if (engine.position() >= engine.max_context()) return finish("context");
+          logits_ = engine.decode(tokens_.back());
+          pending_decode_ = false;
+        }
+        if (static_cast<int32_t>(tokens_.size()) >= max_tokens_) return finish("length");
+        const int32_t t = sampler_.sample(logits_);
+        if (tok.is_end_of_generation(t)) return finish("stop");
+        tokens_.push_back(t);
+        std::string piece = decoder_.push(t);
+        pending_decode_ = true;
+        if (static_cast<int32_t>(tokens_.size()) >= max_tokens_) {
+          auto rest = finish("length");
+          if (rest) piece += *rest;
+          if (piece.empty()) return std::nullopt;
+          return piece;
+        }
+        if (!piece.empty()) return piece;
+      }
+    });
+  }
+
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+  const std::string& finish_reason() const { return finish_reason_; }
+  size_t prompt_tokens() const { return prompt_.size(); }
+
+ private:
+  std::optional<std::string> finish(const char* reason) {
+    done_ = true;
+    finish_reason_ = reason;
+    std::string rest = decoder_.flush();
+    if (rest.empty()) return std::nullopt;
+    return rest;
+  }
+
+  std::shared_ptr<EngineState> state_;
+  std::vector<int32_t> prompt_;
+  int32_t max_tokens_;
+  runtime::Sampler sampler_;
+  model::StreamingDecoder decoder_;
+  std::vector<float> logits_;
+  std::vector<int32_t> tokens_;
+  uint64_t epoch_ = 0;
+  bool started_ = false, pending_decode_ = false, done_ = false;
+  std::string finish_reason_;
+};
+
+struct EngineHandle {
+  std::shared_ptr<EngineState> state;
+};
+
+EngineHandle make_engine(const ModelHandle& model, const nb::object& attn, const std::string& device,
+                         int32_t max_context, int32_t chunk) {
+  auto st = std::make_shared<EngineState>();
+  st->session = model.session;
+  const cli::Session& s = *model.session;
+  attn::AttentionPolicy policy;
+  if (nb::isinstance<PolicyHandle>(attn)) {
+    policy = nb::cast<const PolicyHandle&>(attn).policy;
+    const auto& c = s.model->config();
+    attn::check_policy_shape(policy, {c.num_layers, c.num_q_heads, c.num_kv_heads}, "attn");
+  } else if (nb::isinstance<nb::str>(attn)) {
+    policy = s.policy(nb::cast<std::string>(attn));
+  } else {
+    throw nb::type_error("attn must be a --attn spec (str) or a tessera.Policy");
+  }
+  check(max_context >= 0, "max_context must be >= 0 (0: the model's context length), got " + std::to_string(max_context));
+  const bool gpu = use_gpu(device);
+  nb::gil_scoped_release release;
+#ifdef TESSERA_PY_WITH_CUDA
+  if (gpu) {
+    st->device = "cuda";
+    st->weights = runtime::gpu::DeviceModel::upload(*s.model);
+    runtime::gpu::GpuEngineOptions o;
+    if (chunk > 0) o.chunk_size = chunk;
+    o.policy = std::move(policy);
+    o.max_context = max_context;
+    st->gpu = std::make_unique<runtime::gpu::GpuEngine>(*st->weights, o);
+    return {st};
+  }
+#else
+  (void)gpu;
+#endif
+  st->device = "cpu";
+  runtime::EngineOptions o;
+  if (chunk > 0) o.chunk_size = chunk;
+  o.policy = std::move(policy);
+  o.max_context = max_context;
+  st->cpu = std::make_unique<runtime::Engine>(*s.model, o);
+  return {st};
+}
+
+}  // namespace
+
+void register_engine(nb::module_& m) {
+  nb::class_<Generation>(m, "Generation",
+                         "The text of one generate() call, piece by piece (iterate it). Attributes after (or during)\n"
+                         "the iteration: tokens, finish_reason ('stop', 'length', 'context' or '' while running).")
+      .def("__iter__", [](nb::handle self) { return self; }, nb::rv_policy::reference)
+      .def("__next__",
+           [](Generation& g) {
+             std::optional<std::string> piece;
+             {
+               nb::gil_scoped_release release;
+               piece = g.next();
+             }
+             if (!piece) throw nb::stop_iteration();
+             PyObject* s = decode_utf8(*piece);
+             if (!s) throw nb::python_error();
+             return nb::steal<nb::str>(s);
+           })
+      .def_prop_ro("tokens", &Generation::tokens, "The generated token ids so far (no end-of-generation token).")
+      .def_prop_ro("finish_reason", &Generation::finish_reason)
+      .def_prop_ro("prompt_tokens", &Generation::prompt_tokens);
+
+  nb::class_<EngineHandle>(m, "_Engine")
+      .def(nb::new_(&make_engine), "model"_a, "attn"_a, "device"_a = "cpu", "max_context"_a = 0, "chunk"_a = 0)
+      .def(
+          "start",
+          [](EngineHandle& e, std::vector<int32_t> prompt, int32_t max_tokens, float temperature, int32_t top_k,
+             float top_p, uint64_t seed) {
+            runtime::SamplingOptions so;
+            so.temperature = temperature;
+            so.top_k = top_k;
+            so.top_p = top_p;
+            so.seed = seed;
+            const int32_t vocab = e.state->session->tokenizer->vocab_size();
+            for (size_t i = 0; i < prompt.size(); ++i)
+              check(prompt[i] >= 0 && prompt[i] < vocab, "prompt[" + std::to_string(i) + "] is token id " +
+                                                             std::to_string(prompt[i]) + ", outside the vocabulary of " +
+                                                             std::to_string(vocab) + " tokens");
+            return Generation(e.state, std::move(prompt), max_tokens, so);
+          },
+          "prompt"_a, "max_tokens"_a, "temperature"_a, "top_k"_a, "top_p"_a, "seed"_a)
+      .def(
+          "logits",
+          [](EngineHandle& e, const std::vector<int32_t>& ids) {
+            std::vector<float> out;
+            {
+              nb::gil_scoped_release release;
+              std::lock_guard lock(e.state->mutex);
+              ++e.state->epoch;
+              out = e.state->with_engine([&](auto& engine) {
+                engine.reset();
+                return engine.prefill(ids);
+              });
+            }
+            return out;
+          },
+          "ids"_a)
+      .def_prop_ro("device", [](EngineHandle& e) { return e.state->device; })
+      .def_prop_ro("position", [](EngineHandle& e) {
+        std::lock_guard lock(e.state->mutex);
+        return e.state->with_engine([](auto& engine) { return engine.position(); });
+      })
+      .def_prop_ro("max_context", [](EngineHandle& e) {
+        return e.state->with_engine([](auto& engine) { return engine.max_context(); });
+      })
+      .def("stats",
+           [](EngineHandle& e) {
+             std::lock_guard lock(e.state->mutex);
+             nb::dict d;
+             e.state->with_engine([&](auto& engine) {
+               const runtime::EngineStats& s = engine.stats();
+               d["prefill_tokens"] = s.prefill_tokens;
+               d["prefill_seconds"] = s.prefill_seconds;
+               d["prefill_tokens_per_second"] = s.prefill_tokens_per_second();
+               d["decode_tokens"] = s.decode_tokens;
+               d["decode_seconds"] = s.decode_seconds;
+               d["decode_tokens_per_second"] = s.decode_tokens_per_second();
+               d["attention_seconds"] = s.attention_seconds;
+               d["gemm_seconds"] = s.gemm_seconds;
+             });
+             return d;
+           })
+      .def("reset_stats",
+           [](EngineHandle& e) {
+             std::lock_guard lock(e.state->mutex);
+             e.state->with_engine([](auto& engine) { engine.reset_stats(); });
+           })
+      .def("memory", [](EngineHandle& e) {
+        std::lock_guard lock(e.state->mutex);
+        nb::dict d;
+#ifdef TESSERA_PY_WITH_CUDA
+        if (e.state->gpu) {
+          const runtime::gpu::GpuMemoryStats m = e.state->gpu->memory();
+          d["device"] = "cuda";
+          d["weights_bytes"] = m.weights_bytes;
+          d["kv_cache_bytes"] = m.kv_cache_bytes;
+          d["scratch_bytes"] = m.scratch_bytes;
+          d["peak_in_use_bytes"] = m.peak_in_use_bytes;
+          d["device_total_bytes"] = m.device_total_bytes;
+          return d;
+        }
+#endif
+        d["device"] = "cpu";
+        d["weights_bytes"] = e.state->session->model->weights().bytes();
+        d["kv_cache_bytes"] = e.state->cpu->kv_cache_bytes();
+        return d;
+      });
+}
+
+}  // namespace tessera::python

@@ -1,0 +1,155 @@
+"""tessera.Model and tessera.Engine against the CLI on the real SmolLM2-135M-Instruct."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import tessera
+from conftest import run_cli
+
+
+def cli_answer(stdout: str, spec: str) -> str:
+    """The generated text of `tessera run` (between "answer: " and the "[spec] prefill" line)."""
+    start = stdout.index("answer: ") + len("answer: ")
+    end = stdout.index(f"\n[{spec}] prefill", start)
+    return stdout[start:end]
+
+
+PROMPT = "The three primary colours are"
+
+
+def test_greedy_equals_cli_plain_text(smollm2, smollm2_path, cli):
+    r = run_cli(cli, "run", "-m", str(smollm2_path), "-p", PROMPT, "-n", "24")
+    assert r.returncode == 0, r.stderr
+    engine = tessera.Engine(smollm2)
+    text = engine.generate(PROMPT, max_tokens=24)
+    assert text == cli_answer(r.stdout, "dense")
+    assert len(text) > 20
+
+
+def test_greedy_equals_cli_chat_and_sparse_policy(smollm2, smollm2_path, cli):
+    spec = "ashape:sink=4,local=8"
+    r = run_cli(cli, "run", "-m", str(smollm2_path), "-p", "Name a fruit.", "--chat", "--system", "Be brief.",
+                "--attn", spec, "-n", "16")
+    assert r.returncode == 0, r.stderr
+    engine = tessera.Engine(smollm2, attn=spec)
+    text = engine.generate("Name a fruit.", chat=True, system="Be brief.", max_tokens=16)
+    assert text == cli_answer(r.stdout, spec)
+    # The same conversation as messages gives the same ids and text.
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a fruit."}]
+    assert smollm2.encode(messages) == smollm2.encode("Name a fruit.", chat=True, system="Be brief.")
+    assert engine.generate(messages, max_tokens=16) == text
+
+
+def test_stream_is_an_iterator_of_the_same_text(smollm2):
+    engine = tessera.Engine(smollm2)
+    whole = engine.generate(PROMPT, max_tokens=12)
+    gen = engine.generate(PROMPT, max_tokens=12, stream=True)
+    assert iter(gen) is gen
+    pieces = list(gen)
+    assert len(pieces) >= 2 and all(pieces)
+    assert "".join(pieces) == whole
+    assert gen.finish_reason == "length"
+    assert len(gen.tokens) == 12
+    assert smollm2.detokenize(gen.tokens, skip_special=True) == whole
+    with pytest.raises(StopIteration):
+        next(gen)
+
+
+def test_stats_and_memory(smollm2):
+    engine = tessera.Engine(smollm2)
+    ids = smollm2.tokenize(PROMPT)
+    engine.generate(ids, max_tokens=5)
+    s = engine.stats()
+    assert s["prefill_tokens"] == len(ids)
+    assert s["decode_tokens"] == 4  # the 5th token is sampled from the 4th decode's logits
+    assert s["prefill_seconds"] > 0 and s["decode_tokens_per_second"] > 0
+    m = engine.memory()
+    assert m["device"] == "cpu"
+    assert m["kv_cache_bytes"] > 0 and m["weights_bytes"] > 100e6  # f32 weights of 135M parameters
+    engine.reset_stats()
+    assert engine.stats()["prefill_tokens"] == 0
+
+
+def test_sampling_is_reproducible_from_the_seed(smollm2):
+    engine = tessera.Engine(smollm2)
+    a = engine.generate(PROMPT, max_tokens=16, temperature=1.0, top_k=40, top_p=0.95, seed=7)
+    b = engine.generate(PROMPT, max_tokens=16, temperature=1.0, top_k=40, top_p=0.95, seed=7)
+    assert a == b
+
+
+def test_tokenizer_and_chat_template(smollm2):
+    ids = smollm2.tokenize("Hello world")
+    assert smollm2.detokenize(ids) == "Hello world"
+    assert smollm2.has_chat_template
+    text = smollm2.apply_chat_template([{"role": "user", "content": "Hi"}])
+    assert "<|im_start|>user\nHi<|im_end|>" in text and text.endswith("<|im_start|>assistant\n")
+    assert smollm2.config["architecture"] == "llama" and smollm2.config["num_layers"] == 30
+    assert smollm2.end_of_generation
+
+
+def test_context_limit_ends_the_generation(smollm2):
+    ids = smollm2.tokenize(PROMPT)
+    engine = tessera.Engine(smollm2, max_context=len(ids) + 3)
+    gen = engine.generate(ids, max_tokens=50, stream=True)
+    list(gen)
+    assert gen.finish_reason == "context"
+    assert len(gen.tokens) == 4
+
+
+def test_policies_from_the_cli_strings_and_files(smollm2, tmp_path):
+    c = smollm2.config
+    p = tessera.Policy.from_spec("trianglemix", c["num_layers"], c["num_q_heads"], c["num_kv_heads"])
+    assert p == smollm2.policy("trianglemix")
+    assert p.pattern(c["num_layers"] - 1, 0).startswith("triangle")
+    path = tmp_path / "policy.json"
+    p.save(str(path))
+    assert tessera.Policy.load(str(path)) == p
+    a = tessera.Engine(smollm2, attn=str(path)).generate(PROMPT, max_tokens=8)
+    b = tessera.Engine(smollm2, attn=p).generate(PROMPT, max_tokens=8)
+    assert a == b
+
+
+def test_errors_carry_the_cli_message(smollm2, cli, tmp_path):
+    missing = str(tmp_path / "missing.gguf")
+    with pytest.raises(tessera.Error) as e:
+        tessera.Model.load(missing)
+    r = run_cli(cli, "inspect", missing)
+    assert r.returncode == 1
+    assert r.stderr.strip() == f"tessera: error: {e.value}"
+    assert isinstance(e.value, RuntimeError)
+
+    with pytest.raises(tessera.Error, match=re.escape("attention spec 'vs:x=3': unknown parameter 'x' (known: v, s, last_q")):
+        tessera.Engine(smollm2, attn="vs:x=3")
+    with pytest.raises(tessera.Error) as e:
+        tessera.check_attn_spec("ashape:local=0")
+    r = run_cli(cli, "run", "-m", "unused.gguf", "-p", "x", "--attn", "ashape:local=0")
+    assert r.stderr.strip() == f"tessera: error: --attn: {e.value}"  # the CLI names its flag first
+
+
+def test_bad_inputs(smollm2):
+    engine = tessera.Engine(smollm2)
+    with pytest.raises(tessera.Error, match="outside the vocabulary"):
+        engine.generate([1, 10**6], max_tokens=1)
+    with pytest.raises(ValueError, match="the prompt is empty"):
+        engine.generate([], max_tokens=1)
+    with pytest.raises(TypeError, match="role"):
+        engine.generate([{"role": "user"}], max_tokens=1)
+    with pytest.raises(tessera.Error, match="device must be"):
+        tessera.Engine(smollm2, device="tpu")
+    if not tessera.built_with_cuda:
+        with pytest.raises(tessera.Error, match="built without the CUDA backend"):
+            tessera.Engine(smollm2, device="cuda")
+    with pytest.raises(tessera.Error, match="max_tokens must be >= 0"):
+        engine.generate(PROMPT, max_tokens=-1)
+
+
+def test_a_later_generate_supersedes_a_running_stream(smollm2):
+    engine = tessera.Engine(smollm2)
+    first = engine.generate(PROMPT, max_tokens=8, stream=True)
+    next(first)
+    engine.generate(PROMPT, max_tokens=2)
+    with pytest.raises(tessera.Error, match="superseded"):
+        next(first)
