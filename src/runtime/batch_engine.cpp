@@ -43,7 +43,7 @@ CpuBatchBackend::CpuBatchBackend(const Model& model, ThreadPool* pool)
       prefill_(model, pool_),
       decode_(model, pool_) {}
 
-void CpuBatchBackend::create_store(const PagedKVShape& shape, int32_t num_blocks) {
+void CpuBatchBackend::create_store(const PagedKVShape& shape, int32_t num_blocks, int32_t, int32_t) {
   store_ = PagedKVStore(shape, num_blocks);
 }
 
@@ -55,7 +55,7 @@ std::vector<float> CpuBatchBackend::prefill_chunk(std::span<const int32_t> token
   return prefill_.run(tokens, pos, staging_, policy, total_len, logits ? LogitRows::Last : LogitRows::None, timers_);
 }
 
-void CpuBatchBackend::finish_prefill(const SequenceBlocks& seq) {
+void CpuBatchBackend::finish_prefill(const SequenceBlocks& seq, std::span<const DecodeView>) {
   scatter_to_pages(staging_, seq, store_);
   staging_.release();
 }
@@ -73,6 +73,7 @@ struct BatchEngine::Sequence {
   BatchRequest request;
   const attn::AttentionPolicy* policy = nullptr;  // request.policy or the engine's
   bool prefilling = false;                        // admitted, prompt not done
+  bool decoding = false;                          // prompt done: the backend holds its views
   int64_t prefilled = 0;
   SequenceBlocks blocks;
   std::vector<DecodeView> views;
@@ -107,7 +108,7 @@ BatchEngine::BatchEngine(BatchBackend& backend, BatchEngineOptions options)
                          format_bytes(block_bytes_));
   check(blocks < 2.0e9, "batch engine: a KV budget of " + format_bytes(budget) + " is over 2^31 blocks; raise block_tokens");
   pool_ = BlockPool(static_cast<int32_t>(blocks));
-  backend_.create_store(shape_, pool_.total());
+  backend_.create_store(shape_, pool_.total(), options_.max_batch, max_context_);
 }
 
 BatchEngine::~BatchEngine() = default;
@@ -152,6 +153,8 @@ bool BatchEngine::cancel(int64_t id) {
 
 void BatchEngine::finish(Sequence& s, FinishReason reason, std::vector<BatchEvent>& events, std::string error) {
   if (s.prefilling) backend_.abort_prefill();
+  if (s.decoding) backend_.release_sequence(s.blocks);
+  s.decoding = false;
   s.prefilling = false;
   s.blocks.release(pool_);
   reserved_ -= s.reserved;
@@ -205,7 +208,8 @@ void BatchEngine::prefill_step(std::vector<BatchEvent>& events) {
     stats_.prefill_tokens += c1 - c0;
     if (last) {
       s.blocks.grow(n, pool_);  // within what was reserved at admission
-      backend_.finish_prefill(s.blocks);
+      backend_.finish_prefill(s.blocks, s.views);
+      s.decoding = true;
       s.prefilling = false;
       take_logits(s, logits, events);
     }

@@ -58,15 +58,20 @@ class BatchBackend {
   virtual const ModelConfig& config() const = 0;
   virtual const char* device_name() const = 0;  // "cpu", "cuda"
   virtual double block_bytes(const PagedKVShape& shape) const = 0;  // K and V of one block
-  // Allocates the blocks' storage (once, before anything else). Throws tessera::Error when it cannot.
-  virtual void create_store(const PagedKVShape& shape, int32_t num_blocks) = 0;
+  // Allocates the blocks' storage (once, before anything else) for at most max_sequences sequences of at most
+  // max_context tokens at once. Throws tessera::Error when it cannot.
+  virtual void create_store(const PagedKVShape& shape, int32_t num_blocks, int32_t max_sequences,
+                            int32_t max_context) = 0;
   // Runs tokens at [pos, pos + n) of the staged sequence (pos == 0 starts a new one), attending to all its
   // earlier keys under `policy` (null: dense) with total_len the prompt's length; returns the last token's
   // logits when `logits` is set.
   virtual std::vector<float> prefill_chunk(std::span<const int32_t> tokens, int32_t pos, int32_t total_len,
                                            const attn::AttentionPolicy* policy, bool logits) = 0;
-  // Moves the staged rows [0, seq.length()) that seq keeps into its blocks, then frees the staging memory.
-  virtual void finish_prefill(const SequenceBlocks& seq) = 0;
+  // Moves the staged rows [0, seq.length()) that seq keeps into its blocks, then frees the staging memory; from
+  // now on seq decodes with `views` (decode_views layout) until release_sequence(seq).
+  virtual void finish_prefill(const SequenceBlocks& seq, std::span<const DecodeView> views) = 0;
+  // seq has ended (its blocks go back to the pool, the scheduler's business); forget what was kept for it.
+  virtual void release_sequence(const SequenceBlocks& seq) = 0;
   // Drops the staged sequence (cancelled or failed mid-prefill).
   virtual void abort_prefill() = 0;
   // One token per row, each at position rows[i].seq->length() - 1 (blocks already grown); logits [B, vocab].
@@ -81,10 +86,12 @@ class CpuBatchBackend final : public BatchBackend {
   const ModelConfig& config() const override { return model_.config(); }
   const char* device_name() const override { return "cpu"; }
   double block_bytes(const PagedKVShape& shape) const override { return PagedKVStore::bytes_per_block(shape); }
-  void create_store(const PagedKVShape& shape, int32_t num_blocks) override;
+  void create_store(const PagedKVShape& shape, int32_t num_blocks, int32_t max_sequences,
+                    int32_t max_context) override;
   std::vector<float> prefill_chunk(std::span<const int32_t> tokens, int32_t pos, int32_t total_len,
                                    const attn::AttentionPolicy* policy, bool logits) override;
-  void finish_prefill(const SequenceBlocks& seq) override;
+  void finish_prefill(const SequenceBlocks& seq, std::span<const DecodeView> views) override;
+  void release_sequence(const SequenceBlocks&) override {}
   void abort_prefill() override;
   std::vector<float> decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) override;
   ForwardTimers timers() const override { return timers_; }

@@ -1,0 +1,187 @@
+// decode_bench — batched decode on the GPU over the paged KV cache (runtime_cuda/batch_gpu.h): step time against
+// the bandwidth floor, and throughput of dense KV against MoA per-head KV under one memory budget.
+//
+//   decode_bench [--model llama3-8b] [--ctx 8192,32768,131072] [--batch 1,8,32,64] [--kv-gb 40] [--steps 20]
+//                [--moa-density 0.5] [--block 64] [--layers N] [--csv FILE]
+//
+// Weights are pseudo-random (DeviceModel::random) of the model's shapes; every sequence's KV is pseudo-random
+// bf16 (no prefill: the benchmark is the decode step), laid out in blocks exactly as a prefill would leave it.
+// Per (context, policy, batch): B sequences of `ctx` tokens decode `steps` tokens each (after 3 warm-up steps);
+// the step time is wall time from the token ids on the host to the B rows of logits on the host. The floor is
+// (weight bytes + KV bytes the step reads) / the device's measured copy bandwidth (cudaMemcpy device to device,
+// read + write bytes over time). "moa" is a uniform MoA plan, span = density x N and a sink of 64, so the KV
+// held and read is about density x dense. A batch whose sequences do not fit the KV budget is reported as such.
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "cuda/cuda_check.h"
+#include "cuda/device_buffer.h"
+#include "runtime/batch_engine.h"
+#include "runtime_cuda/batch_gpu.h"
+#include "runtime_cuda/device_model.h"
+#include "runtime_cuda/gpu_engine.h"
+#include "runtime_cuda/synthetic_config.h"
+
+using namespace tessera;
+using namespace tessera::runtime;
+
+namespace {
+
+std::vector<int64_t> parse_list(const std::string& s) {
+  std::vector<int64_t> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) v.push_back(std::stoll(item));
+  return v;
+}
+
+double copy_bandwidth() {
+  const size_t bytes = size_t{2} << 30;
+  attn::gpu::DeviceBuffer<char> a(bytes), b(bytes);
+  TESSERA_CUDA_CHECK(cudaMemset(a.data(), 1, bytes));
+  TESSERA_CUDA_CHECK(cudaMemcpy(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice));
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 5; ++i) TESSERA_CUDA_CHECK(cudaMemcpy(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice));
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return 2.0 * 5.0 * static_cast<double>(bytes) / s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model = "llama3-8b", csv;
+  std::vector<int64_t> ctxs{8192, 32768, 131072}, batches{1, 8, 32, 64};
+  double kv_gb = 40, density = 0.5;
+  int steps = 20, block = 64, layers = 0;
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      auto next = [&]() -> std::string {
+        check(i + 1 < argc, a + " needs a value");
+        return argv[++i];
+      };
+      if (a == "--model") model = next();
+      else if (a == "--ctx") ctxs = parse_list(next());
+      else if (a == "--batch") batches = parse_list(next());
+      else if (a == "--kv-gb") kv_gb = std::stod(next());
+      else if (a == "--steps") steps = std::stoi(next());
+      else if (a == "--moa-density") density = std::stod(next());
+      else if (a == "--block") block = std::stoi(next());
+      else if (a == "--layers") layers = std::stoi(next());
+      else if (a == "--csv") csv = next();
+      else throw Error("unknown option " + a + " (see the comment at the top of bench/gpu/decode_bench.cpp)");
+    }
+    check(density > 0 && density <= 1, "--moa-density must be in (0, 1]");
+    ModelConfig cfg = gpu::synthetic_config(model);
+    if (layers > 0) {
+      cfg.num_layers = layers;
+      cfg.layers.resize(static_cast<size_t>(layers));
+    }
+    int64_t max_ctx = 0, max_batch = 0;
+    for (int64_t c : ctxs) max_ctx = std::max(max_ctx, c);
+    for (int64_t b : batches) max_batch = std::max(max_batch, b);
+    cfg.context_length = std::max<int32_t>(cfg.context_length, static_cast<int32_t>(max_ctx + 64));
+    std::printf("device: %s\n", gpu::gpu_description().c_str());
+    const double bw = copy_bandwidth();
+    std::printf("copy bandwidth (device to device, read + write): %.0f GB/s\n", bw / 1e9);
+    const auto dev = gpu::DeviceModel::random(cfg, 1);
+    const double weight_bytes = static_cast<double>(dev->bytes());
+    gpu::GpuBatchBackend backend(*dev);
+    const PagedKVShape shape{cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, block};
+    const auto num_blocks = static_cast<int32_t>(kv_gb * 1e9 / backend.block_bytes(shape));
+    backend.create_store(shape, num_blocks, static_cast<int32_t>(max_batch), static_cast<int32_t>(max_ctx + 64));
+    backend.fill_random(7, 1.0f);
+    std::printf("model %s (%d layers, random weights %.2f GB), KV budget %.1f GB = %d blocks of %d tokens\n\n",
+                model.c_str(), cfg.num_layers, weight_bytes / 1e9, kv_gb, num_blocks, block);
+    std::printf("| context | KV | batch | step ms | tokens/s | KV read GB/step | floor ms | step / floor | splits |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|\n");
+    std::ofstream out;
+    if (!csv.empty()) {
+      out.open(csv);
+      out << "context,kv,batch,step_ms,tokens_per_s,kv_read_gb,floor_ms,ratio,splits\n";
+    }
+    const int warm = 3;
+    for (int64_t ctx : ctxs) {
+      for (const bool moa : {false, true}) {
+        std::optional<attn::AttentionPolicy> policy;
+        if (moa)
+          policy = attn::AttentionPolicy::uniform(cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads,
+                                                  attn::ElasticWindowPattern{0, density, 64});
+        const std::vector<DecodeView> views = decode_views(cfg, policy ? &*policy : nullptr, ctx);
+        const std::vector<KVRetention> ret = kv_retention(cfg, views);
+        for (int64_t batch : batches) {
+          BlockPool pool(num_blocks);
+          std::vector<SequenceBlocks> seqs;
+          seqs.reserve(static_cast<size_t>(batch));
+          const int64_t per_seq = SequenceBlocks(shape, ret).max_blocks(ctx, ctx + warm + steps);
+          if (per_seq * batch > num_blocks) {
+            std::printf("| %lld | %s | %lld | does not fit (%lld blocks of %d needed) | | | | | |\n",
+                        static_cast<long long>(ctx), moa ? "moa" : "dense", static_cast<long long>(batch),
+                        static_cast<long long>(per_seq * batch), num_blocks);
+            continue;
+          }
+          for (int64_t b = 0; b < batch; ++b) {
+            seqs.emplace_back(shape, ret);
+            seqs.back().grow(ctx - 1, pool);
+            backend.adopt(seqs.back(), views);
+          }
+          std::vector<int32_t> toks(static_cast<size_t>(batch), 1000);
+          double seconds = 0, kv_read = 0;
+          for (int s = 0; s < warm + steps; ++s) {
+            std::vector<DecodeRow> rows;
+            double kv = 0;
+            for (auto& q : seqs) {
+              q.grow(1, pool);
+              rows.push_back({&q, views});
+              for (int32_t l = 0; l < cfg.num_layers; ++l)
+                for (int32_t h = 0; h < cfg.num_kv_heads; ++h) {
+                  // The keys the kv head's group reads: its widest view.
+                  int64_t keys = 0;
+                  for (int32_t g = 0; g < cfg.num_q_heads / cfg.num_kv_heads; ++g)
+                    keys = std::max(keys, views[static_cast<size_t>(l * cfg.num_q_heads + h * (cfg.num_q_heads / cfg.num_kv_heads) + g)]
+                                              .ranges(q.length())
+                                              .count());
+                  kv += static_cast<double>(keys) * cfg.head_dim * 2 * 2;
+                }
+            }
+            const auto t0 = std::chrono::steady_clock::now();
+            backend.decode(toks, rows);
+            const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            if (s >= warm) {
+              seconds += dt;
+              kv_read += kv;
+            }
+          }
+          const double step = seconds / steps, kv_step = kv_read / steps;
+          const double floor = (weight_bytes + kv_step) / bw;
+          std::printf("| %lld | %s | %lld | %.2f | %.0f | %.2f | %.2f | %.2f | %d |\n", static_cast<long long>(ctx),
+                      moa ? "moa" : "dense", static_cast<long long>(batch), step * 1e3, static_cast<double>(batch) / step,
+                      kv_step / 1e9, floor * 1e3, step / floor, backend.last_splits());
+          std::fflush(stdout);
+          if (out) {
+            out << ctx << ',' << (moa ? "moa" : "dense") << ',' << batch << ',' << step * 1e3 << ','
+                << static_cast<double>(batch) / step << ',' << kv_step / 1e9 << ',' << floor * 1e3 << ','
+                << step / floor << ',' << backend.last_splits() << '\n';
+          }
+          for (auto& q : seqs) {
+            backend.release_sequence(q);
+            q.release(pool);
+          }
+        }
+      }
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "decode_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

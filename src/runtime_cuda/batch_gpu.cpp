@@ -1,0 +1,320 @@
+#include "runtime_cuda/batch_gpu.h"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <string>
+
+#include "core/error.h"
+#include "core/memory_budget.h"
+#include "cuda/cuda_check.h"
+#include "runtime/rope.h"
+#include "runtime_cuda/kernels.h"
+#include "runtime_cuda/paged_decode.h"
+
+namespace tessera::runtime::gpu {
+
+namespace {
+
+template <class T>
+void grow(attn::gpu::DeviceBuffer<T>& b, int64_t n) {
+  if (static_cast<int64_t>(b.size()) < n) b.resize(static_cast<size_t>(n));
+}
+
+int32_t clamp32(int64_t v) { return static_cast<int32_t>(std::min<int64_t>(v, INT32_MAX)); }
+
+}  // namespace
+
+GpuBatchBackend::GpuBatchBackend(const DeviceModel& model, GpuBatchOptions options)
+    : model_(model), options_(std::move(options)), cfg_(model.config()) {
+  TESSERA_CUDA_CHECK(cudaStreamCreate(&stream_));
+  try {
+    gemm_ = std::make_unique<Gemm>(stream_);
+    prefill_ = std::make_unique<GpuForward>(model_, options_.prefill, stream_, *gemm_, timer_);
+    std::vector<RopeConfig> seen;
+    for (const LayerConfig& l : cfg_.layers) {
+      auto it = std::find(seen.begin(), seen.end(), l.rope);
+      if (it == seen.end()) {
+        seen.push_back(l.rope);
+        inv_freqs_.emplace_back();
+        inv_freqs_.back().upload(rope_inv_freq(l.rope, cfg_.head_dim, model.rope_freq_factors()), stream_);
+        it = seen.end() - 1;
+      }
+      layer_rope_.push_back(static_cast<size_t>(it - seen.begin()));
+    }
+    cos_.resize(inv_freqs_.size());
+    sin_.resize(inv_freqs_.size());
+    int dev = 0;
+    TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
+    TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, dev));
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  } catch (...) {
+    cudaStreamDestroy(stream_);
+    throw;
+  }
+}
+
+GpuBatchBackend::~GpuBatchBackend() {
+  cudaStreamSynchronize(stream_);
+  prefill_.reset();
+  gemm_.reset();
+  cudaStreamDestroy(stream_);
+}
+
+void GpuBatchBackend::create_store(const PagedKVShape& shape, int32_t num_blocks, int32_t max_sequences,
+                                   int32_t max_context) {
+  check(shape.head_dim == 64 || shape.head_dim == 128 || shape.head_dim == 256,
+        "GPU batched decode: head dims 64, 128 and 256, got " + std::to_string(shape.head_dim));
+  const int32_t group = cfg_.num_q_heads / cfg_.num_kv_heads;
+  check(group <= 8, "GPU batched decode: GQA groups of at most 8 query heads, got " + std::to_string(group));
+  shape_ = shape;
+  slots_ = max_sequences;
+  max_blocks_ = static_cast<int32_t>((static_cast<int64_t>(max_context) + shape.block_tokens - 1) / shape.block_tokens);
+  const int64_t heads = static_cast<int64_t>(shape.num_layers) * shape.num_kv_heads;
+  const double pool_bytes = block_bytes(shape) * num_blocks;
+  const double table_bytes = static_cast<double>(slots_) * static_cast<double>(heads) * max_blocks_ * 4.0;
+  size_t free_bytes = 0, total_bytes = 0;
+  TESSERA_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (pool_bytes + table_bytes > 0.95 * static_cast<double>(free_bytes))
+    throw Error("KV cache of " + std::to_string(num_blocks) + " blocks of " + std::to_string(shape.block_tokens) +
+                " tokens (K and V in bf16) and block tables need " + format_bytes(pool_bytes + table_bytes) + ", " +
+                format_bytes(static_cast<double>(free_bytes)) + " of device memory free; lower the KV budget");
+  const size_t elems = static_cast<size_t>(num_blocks) * static_cast<size_t>(shape.elements_per_block());
+  k_pool_.resize(elems);
+  v_pool_.resize(elems);
+  host_tables_.assign(static_cast<size_t>(slots_) * static_cast<size_t>(heads) * static_cast<size_t>(max_blocks_), -1);
+  tables_.upload(host_tables_, stream_);
+  views_.resize(static_cast<size_t>(slots_) * static_cast<size_t>(cfg_.num_layers) * cfg_.num_q_heads * 3);
+  free_slots_.clear();
+  for (int32_t s = slots_ - 1; s >= 0; --s) free_slots_.push_back(s);
+  slot_.clear();
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+std::vector<float> GpuBatchBackend::prefill_chunk(std::span<const int32_t> tokens, int32_t pos, int32_t total_len,
+                                                  const attn::AttentionPolicy* policy, bool logits) {
+  if (pos == 0) {
+    staging_ = DeviceKVCache(cfg_.num_layers, cfg_.num_kv_heads, cfg_.head_dim, total_len);
+    staging_.reserve(total_len, 0);
+  }
+  return prefill_->run(tokens, pos, staging_, policy, total_len, logits ? LogitRows::kLast : LogitRows::kNone);
+}
+
+int32_t GpuBatchBackend::slot_of(const SequenceBlocks& seq) const {
+  const auto it = slot_.find(&seq);
+  check(it != slot_.end(), "GPU batched decode: a sequence without a slot (decoded before its prefill ended)");
+  return it->second;
+}
+
+void GpuBatchBackend::upload_table_columns(int32_t slot, const SequenceBlocks& seq, int64_t b0, int64_t b1) {
+  const int64_t heads = static_cast<int64_t>(shape_.num_layers) * shape_.num_kv_heads;
+  b1 = std::min<int64_t>(b1, max_blocks_);
+  if (b1 <= b0) return;
+  int32_t* base = host_tables_.data() + static_cast<int64_t>(slot) * heads * max_blocks_;
+  for (int32_t l = 0; l < shape_.num_layers; ++l)
+    for (int32_t h = 0; h < shape_.num_kv_heads; ++h) {
+      const std::vector<int32_t>& t = seq.table(l, h);
+      int32_t* row = base + (static_cast<int64_t>(l) * shape_.num_kv_heads + h) * max_blocks_;
+      for (int64_t b = b0; b < b1; ++b) row[b] = b < static_cast<int64_t>(t.size()) ? t[static_cast<size_t>(b)] : -1;
+    }
+  const size_t pitch = static_cast<size_t>(max_blocks_) * sizeof(int32_t);
+  TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(tables_.data() + static_cast<int64_t>(slot) * heads * max_blocks_ + b0, pitch,
+                                       base + b0, pitch, static_cast<size_t>(b1 - b0) * sizeof(int32_t),
+                                       static_cast<size_t>(heads), cudaMemcpyHostToDevice, stream_));
+}
+
+void GpuBatchBackend::adopt(const SequenceBlocks& seq, std::span<const DecodeView> views) {
+  check(!free_slots_.empty(), "GPU batched decode: more sequences than slots");
+  check(views.size() == static_cast<size_t>(cfg_.num_layers) * static_cast<size_t>(cfg_.num_q_heads),
+        "GPU batched decode: one decode view per layer and query head");
+  const int32_t slot = free_slots_.back();
+  free_slots_.pop_back();
+  slot_[&seq] = slot;
+  upload_table_columns(slot, seq, 0, (seq.length() + shape_.block_tokens - 1) / shape_.block_tokens);
+  std::vector<int32_t> v;
+  v.reserve(views.size() * 3);
+  for (const DecodeView& dv : views) {
+    v.push_back(dv.sink);
+    v.push_back(clamp32(dv.window));
+    v.push_back(clamp32(dv.horizon));
+  }
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(views_.data() + static_cast<int64_t>(slot) * static_cast<int64_t>(v.size()),
+                                     v.data(), v.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));  // v is on this stack
+}
+
+void GpuBatchBackend::finish_prefill(const SequenceBlocks& seq, std::span<const DecodeView> views) {
+  const int64_t len = seq.length();
+  const int64_t B = shape_.block_tokens;
+  std::vector<int32_t> entries;
+  for (int32_t l = 0; l < shape_.num_layers; ++l)
+    for (int32_t h = 0; h < shape_.num_kv_heads; ++h) {
+      const std::vector<int32_t>& t = seq.table(l, h);
+      for (int64_t b = 0; b < static_cast<int64_t>(t.size()) && b * B < len; ++b)
+        if (t[static_cast<size_t>(b)] >= 0) entries.insert(entries.end(), {l, h, static_cast<int32_t>(b), t[static_cast<size_t>(b)]});
+    }
+  std::vector<const bf16*> kl, vl;
+  for (int32_t l = 0; l < cfg_.num_layers; ++l) {
+    kl.push_back(staging_.k(l, 0));
+    vl.push_back(staging_.v(l, 0));
+  }
+  attn::gpu::DeviceBuffer<int32_t> dev_entries;
+  attn::gpu::DeviceBuffer<const bf16*> dk, dv;
+  dev_entries.upload(entries, stream_);
+  dk.upload(kl, stream_);
+  dv.upload(vl, stream_);
+  paged_scatter(dev_entries.data(), static_cast<int32_t>(entries.size() / 4), dk.data(), dv.data(),
+                staging_.row_elements(), shape_.head_dim, shape_.block_tokens, static_cast<int32_t>(len), k_pool_.data(),
+                v_pool_.data(), stream_);
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  staging_.release();
+  adopt(seq, views);
+}
+
+void GpuBatchBackend::abort_prefill() {
+  cudaStreamSynchronize(stream_);
+  (void)cudaGetLastError();
+  staging_.release();
+}
+
+void GpuBatchBackend::release_sequence(const SequenceBlocks& seq) {
+  const auto it = slot_.find(&seq);
+  if (it == slot_.end()) return;
+  free_slots_.push_back(it->second);
+  slot_.erase(it);
+}
+
+void GpuBatchBackend::fill_random(uint64_t seed, float scale) {
+  fill_uniform_bf16(k_pool_.data(), static_cast<int64_t>(k_pool_.size()), seed, scale, stream_);
+  fill_uniform_bf16(v_pool_.data(), static_cast<int64_t>(v_pool_.size()), seed + 1, scale, stream_);
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+std::vector<float> GpuBatchBackend::decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) {
+  const auto n = static_cast<int64_t>(tokens.size());
+  check(rows.size() == tokens.size(), "GPU batched decode: one row per token");
+  if (n == 0) return {};
+  const int64_t H = cfg_.hidden_size, D = cfg_.head_dim, F = cfg_.intermediate_size, V = cfg_.vocab_size;
+  const int64_t QD = cfg_.num_q_heads * D, KD = cfg_.num_kv_heads * D;
+  const int32_t L = cfg_.num_layers, Hkv = cfg_.num_kv_heads;
+  const float eps = cfg_.rms_norm_eps;
+  const int64_t Bt = shape_.block_tokens;
+
+  // Step data: tokens, positions, slots, lengths, then the block of each (row, layer, kv head)'s new row.
+  std::vector<int32_t> step(static_cast<size_t>(4 * n + n * L * Hkv));
+  int64_t max_len = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const SequenceBlocks& seq = *rows[static_cast<size_t>(i)].seq;
+    const int32_t slot = slot_of(seq);
+    const int64_t pos = seq.length() - 1;
+    check(tokens[static_cast<size_t>(i)] >= 0 && tokens[static_cast<size_t>(i)] < cfg_.vocab_size,
+          "GPU batched decode: token id " + std::to_string(tokens[static_cast<size_t>(i)]) + " outside the vocabulary");
+    step[static_cast<size_t>(i)] = tokens[static_cast<size_t>(i)];
+    step[static_cast<size_t>(n + i)] = static_cast<int32_t>(pos);
+    step[static_cast<size_t>(2 * n + i)] = slot;
+    step[static_cast<size_t>(3 * n + i)] = static_cast<int32_t>(seq.length());
+    max_len = std::max(max_len, seq.length());
+    for (int32_t l = 0; l < L; ++l)
+      for (int32_t h = 0; h < Hkv; ++h)
+        step[static_cast<size_t>(4 * n + (i * L + l) * Hkv + h)] = seq.block(l, h, pos);
+    // A row that starts a block: its (new) table column goes up.
+    if (pos % Bt == 0) upload_table_columns(slot, seq, pos / Bt, pos / Bt + 1);
+  }
+  step_.upload(step, stream_);
+  const int32_t* d_tokens = step_.data();
+  const int32_t* d_pos = d_tokens + n;
+  const int32_t* d_slot = d_tokens + 2 * n;
+  const int32_t* d_len = d_tokens + 3 * n;
+  const int32_t* d_blocks = d_tokens + 4 * n;
+
+  const int32_t splits = options_.splits > 0 ? options_.splits : paged_decode_splits(static_cast<int32_t>(n), Hkv, max_len, sms_);
+  last_splits_ = splits;
+  grow(x_, n * H);
+  grow(h_, n * H);
+  grow(q_, n * QD);
+  grow(knew_, n * KD);
+  grow(vnew_, n * KD);
+  grow(a_, n * QD);
+  grow(gu_, n * 2 * F);
+  grow(logits_, n * V);
+  grow(o_part_, n * cfg_.num_q_heads * splits * D);
+  grow(lse_part_, n * cfg_.num_q_heads * splits);
+  if (cfg_.post_norms) grow(o_, n * H);
+  for (size_t r = 0; r < inv_freqs_.size(); ++r) {
+    grow(cos_[r], n * (D / 2));
+    grow(sin_[r], n * (D / 2));
+    rope_tables_at(inv_freqs_[r].data(), static_cast<int>(D / 2), d_pos, n, cos_[r].data(), sin_[r].data(), stream_);
+  }
+  embed_tokens(d_tokens, n, model_.embedding(), H, cfg_.embedding_scale, x_.data(), stream_);
+  const GateActivation act = cfg_.activation == Activation::SiLU       ? GateActivation::kSiLU
+                             : cfg_.activation == Activation::GeluTanh ? GateActivation::kGeluTanh
+                                                                       : GateActivation::kGelu;
+  const float scale =
+      cfg_.attention_scale > 0 ? cfg_.attention_scale : 1.0f / std::sqrt(static_cast<float>(cfg_.head_dim));
+  for (int32_t l = 0; l < L; ++l) {
+    const DeviceLayer& Ly = model_.layer(l);
+    rms_norm_to_bf16(x_.data(), n, H, Ly.attn_norm, eps, h_.data(), H, stream_);
+    gemm_->linear(h_.data(), H, n, Ly.wq, QD, H, q_.data(), DType::BF16, QD, 0.0f);
+    gemm_->linear(h_.data(), H, n, Ly.wk, KD, H, knew_.data(), DType::BF16, KD, 0.0f);
+    gemm_->linear(h_.data(), H, n, Ly.wv, KD, H, vnew_.data(), DType::BF16, KD, 0.0f);
+    if (cfg_.qkv_bias) {
+      add_bias(q_.data(), n, QD, QD, Ly.bq, stream_);
+      add_bias(knew_.data(), n, KD, KD, Ly.bk, stream_);
+      add_bias(vnew_.data(), n, KD, KD, Ly.bv, stream_);
+    }
+    const size_t r = layer_rope_[static_cast<size_t>(l)];
+    qk_norm_rope(q_.data(), n, QD, cfg_.num_q_heads, static_cast<int>(D), cfg_.qk_norm ? Ly.q_norm : nullptr, eps,
+                 cos_[r].data(), sin_[r].data(), stream_);
+    qk_norm_rope(knew_.data(), n, KD, Hkv, static_cast<int>(D), cfg_.qk_norm ? Ly.k_norm : nullptr, eps,
+                 cos_[r].data(), sin_[r].data(), stream_);
+    paged_append_kv(knew_.data(), vnew_.data(), static_cast<int32_t>(n), Hkv, static_cast<int32_t>(D), d_blocks, l, L,
+                    d_pos, shape_.block_tokens, k_pool_.data(), v_pool_.data(), stream_);
+    PagedDecodeArgs args;
+    args.q = q_.data();
+    args.q_stride = QD;
+    args.k_pool = k_pool_.data();
+    args.v_pool = v_pool_.data();
+    args.tables = tables_.data();
+    args.views = views_.data();
+    args.row_slot = d_slot;
+    args.row_len = d_len;
+    args.rows = static_cast<int32_t>(n);
+    args.layer = l;
+    args.num_layers = L;
+    args.q_heads = cfg_.num_q_heads;
+    args.kv_heads = Hkv;
+    args.head_dim = static_cast<int32_t>(D);
+    args.block_tokens = shape_.block_tokens;
+    args.max_blocks = max_blocks_;
+    args.scale = scale;
+    args.splits = splits;
+    args.o_part = o_part_.data();
+    args.lse_part = lse_part_.data();
+    args.out = a_.data();
+    paged_decode_attention(args, stream_);
+    if (cfg_.post_norms) {
+      gemm_->linear(a_.data(), QD, n, Ly.wo, H, QD, o_.data(), DType::F32, H, 0.0f);
+      add_rms_normed(x_.data(), o_.data(), n, H, Ly.post_attn_norm, eps, stream_);
+    } else {
+      gemm_->linear(a_.data(), QD, n, Ly.wo, H, QD, x_.data(), DType::F32, H, 1.0f);
+    }
+    rms_norm_to_bf16(x_.data(), n, H, Ly.ffn_norm, eps, h_.data(), H, stream_);
+    gemm_->linear(h_.data(), H, n, Ly.w_gate_up, 2 * F, H, gu_.data(), DType::BF16, 2 * F, 0.0f);
+    gated_activation(gu_.data(), n, F, act, stream_);
+    if (cfg_.post_norms) {
+      gemm_->linear(gu_.data(), 2 * F, n, Ly.w_down, H, F, o_.data(), DType::F32, H, 0.0f);
+      add_rms_normed(x_.data(), o_.data(), n, H, Ly.post_ffn_norm, eps, stream_);
+    } else {
+      gemm_->linear(gu_.data(), 2 * F, n, Ly.w_down, H, F, x_.data(), DType::F32, H, 1.0f);
+    }
+  }
+  rms_norm_to_bf16(x_.data(), n, H, model_.final_norm(), eps, h_.data(), H, stream_);
+  gemm_->linear(h_.data(), H, n, model_.output(), V, H, logits_.data(), DType::F32, V, 0.0f);
+  if (cfg_.final_logit_softcap > 0) softcap(logits_.data(), n * V, cfg_.final_logit_softcap, stream_);
+  std::vector<float> out(static_cast<size_t>(n * V));
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(out.data(), logits_.data(), out.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return out;
+}
+
+}  // namespace tessera::runtime::gpu

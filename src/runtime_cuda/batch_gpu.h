@@ -1,0 +1,100 @@
+// tessera/runtime_cuda/batch_gpu.h — the batched engine's GPU backend (runtime/batch_engine.h).
+//
+//   auto dev = runtime::gpu::DeviceModel::upload(*model);
+//   runtime::gpu::GpuBatchBackend backend(*dev);
+//   runtime::BatchEngine engine(backend, options);     // the scheduler is the CPU engine's
+//
+// Prefill runs the single-sequence GPU forward (gpu_forward.h: the sparse executor, chunked) into a contiguous
+// staging cache, whose kept rows are then scattered into the sequence's blocks (paged_decode.h). Decode runs the B
+// sequences' tokens as one forward: every GEMM over B rows (cuBLAS, bf16), RoPE at each row's position, each
+// row's K/V appended to its blocks, paged flash-decoding attention with each head's own view (MoA spans, sliding
+// windows), logits of the B rows back to the host (the scheduler samples). Block tables and views live on the
+// device per sequence slot ([slots, layers * kv_heads, max_blocks]); a decode step uploads only the rows' step
+// data and the table entries that changed (a new block every block_tokens tokens).
+//
+// Not thread-safe; uses the current CUDA device; the DeviceModel must outlive it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "cuda/device_buffer.h"
+#include "runtime/batch_engine.h"
+#include "runtime_cuda/device_kv_cache.h"
+#include "runtime_cuda/device_model.h"
+#include "runtime_cuda/event_timer.h"
+#include "runtime_cuda/gemm.h"
+#include "runtime_cuda/gpu_forward.h"
+
+namespace tessera::runtime::gpu {
+
+struct GpuBatchOptions {
+  ForwardOptions prefill;  // the prefill forward's options (mlp_chunk, tile, attention backend, ...)
+  int32_t splits = 0;      // decode attention splits per (row, kv head); 0: chosen per step from the lengths
+};
+
+class GpuBatchBackend final : public BatchBackend {
+ public:
+  explicit GpuBatchBackend(const DeviceModel& model, GpuBatchOptions options = {});
+  ~GpuBatchBackend() override;
+  GpuBatchBackend(const GpuBatchBackend&) = delete;
+  GpuBatchBackend& operator=(const GpuBatchBackend&) = delete;
+
+  const ModelConfig& config() const override { return model_.config(); }
+  const char* device_name() const override { return "cuda"; }
+  double block_bytes(const PagedKVShape& shape) const override {
+    return 2.0 * static_cast<double>(shape.elements_per_block()) * sizeof(bf16);
+  }
+  // Checks the pools against free device memory first ("KV cache of N blocks needs X, Y free").
+  void create_store(const PagedKVShape& shape, int32_t num_blocks, int32_t max_sequences,
+                    int32_t max_context) override;
+  std::vector<float> prefill_chunk(std::span<const int32_t> tokens, int32_t pos, int32_t total_len,
+                                   const attn::AttentionPolicy* policy, bool logits) override;
+  void finish_prefill(const SequenceBlocks& seq, std::span<const DecodeView> views) override;
+  void abort_prefill() override;
+  void release_sequence(const SequenceBlocks& seq) override;
+  std::vector<float> decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) override;
+  ForwardTimers timers() const override { return {}; }
+
+  // A sequence whose blocks already hold its keys (benchmarks: random KV; no prefill): takes a slot and uploads
+  // its table and views.
+  void adopt(const SequenceBlocks& seq, std::span<const DecodeView> views);
+  // Fills every block with pseudo-random bf16 in [-scale, scale] (benchmarks).
+  void fill_random(uint64_t seed, float scale);
+  size_t store_bytes() const { return k_pool_.bytes() + v_pool_.bytes() + tables_.bytes() + views_.bytes(); }
+  cudaStream_t stream() const { return stream_; }
+  int32_t last_splits() const { return last_splits_; }
+
+ private:
+  int32_t slot_of(const SequenceBlocks& seq) const;
+  void upload_table_columns(int32_t slot, const SequenceBlocks& seq, int64_t b0, int64_t b1);
+
+  const DeviceModel& model_;
+  GpuBatchOptions options_;
+  const ModelConfig& cfg_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<Gemm> gemm_;
+  EventTimer timer_{false};
+  std::unique_ptr<GpuForward> prefill_;
+  DeviceKVCache staging_;
+  PagedKVShape shape_;
+  int32_t max_blocks_ = 0, slots_ = 0, sms_ = 0, last_splits_ = 0;
+  attn::gpu::DeviceBuffer<bf16> k_pool_, v_pool_;
+  attn::gpu::DeviceBuffer<int32_t> tables_, views_;
+  std::vector<int32_t> host_tables_;  // mirror of tables_
+  std::vector<int32_t> free_slots_;
+  std::map<const SequenceBlocks*, int32_t> slot_;
+  // Decode scratch.
+  std::vector<attn::gpu::DeviceBuffer<float>> inv_freqs_, cos_, sin_;
+  std::vector<size_t> layer_rope_;
+  attn::gpu::DeviceBuffer<int32_t> step_;  // tokens, positions, slots, lengths, append blocks
+  attn::gpu::DeviceBuffer<float> x_, o_, logits_, o_part_, lse_part_;
+  attn::gpu::DeviceBuffer<bf16> h_, q_, knew_, vnew_, a_, gu_;
+};
+
+}  // namespace tessera::runtime::gpu
