@@ -17,8 +17,9 @@ The token sequence and targets are the test's: tokens[i] = (37 i + 11) % vocab, 
 with token (5 * tokens[p] + 3) % vocab.
 
 Run from the repository root:  python3 scripts/make_plan_fixtures.py
-Needs torch (CPU) and transformers >= 5 (e.g. a venv: python3 -m venv build/plan-venv &&
-build/plan-venv/bin/pip install torch transformers safetensors). CI does not run it: the JSON files are committed.
+Needs torch and transformers >= 5: the environment `scripts/setup.sh models` makes (~/.cache/tessera/pyenv; the
+committed files were made with torch 2.15.0 and transformers 5.24.0, recorded in each). CI does not run it: the
+JSON files are committed.
 """
 
 from __future__ import annotations

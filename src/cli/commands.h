@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -97,6 +98,26 @@ struct ServeOptions {
   CudaAttentionFlags cuda;
 };
 
+struct PlanOptions {
+  std::string method;                    // minference | moa | trianglemix
+  std::string model;
+  std::optional<double> budget;          // mean density in (0, 1]; default per method (minference 0.3, moa 0.5,
+                                         // trianglemix: the probe's threshold rule)
+  std::string calib;                     // a .jsonl of prompt/target pairs or a text file; empty: synthetic
+  std::vector<int> lengths = {1024, 2048};  // calibration lengths (MoA: the profiled lengths)
+  int samples = 2;                       // synthetic samples per length
+  uint64_t seed = 0;
+  int answer_tokens = 16;                // tokens of each dense answer (the targets)
+  std::string haystack = "kjv";
+  int validation_length = 3072;          // MoA: perplexity at this unseen length picks among the Pareto plans
+  double threshold = 0.1;                // TriangleMix: Middle gradient relative to its largest
+  std::string inner = "dense";           // TriangleMix: the shallow layers' policy (dense, vs or a policy file)
+  std::vector<int> report_lengths = {4096, 16384, 65536};
+  std::string out;                       // the plan (tessera policy JSON)
+  std::string svg;                       // the picture; empty: beside out
+  std::string command_line;
+};
+
 struct InspectOptions {
   std::string model;
   bool tensors = false;
@@ -112,11 +133,13 @@ bool use_gpu_device(const std::string& device);
 void check_run_options(const RunOptions& o);
 void check_bench_options(const BenchOptions& o);
 void check_eval_options(const EvalOptions& o);
+void check_plan_options(const PlanOptions& o);
 
 int run_command(const RunOptions& o);
 int bench_command(const BenchOptions& o);
 int inspect_command(const InspectOptions& o);
 int eval_command(EvalOptions o);
 int serve_command(const ServeOptions& o);
+int plan_command(const PlanOptions& o);
 
 }  // namespace tessera::cli

@@ -1,4 +1,4 @@
-// tessera — the command line: run, bench, eval, inspect, serve.
+// tessera — the command line: run, bench, eval, inspect, serve, plan.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <exception>
 #include <new>
+#include <optional>
 #include <string>
 
 #include "cli/commands.h"
@@ -129,6 +130,36 @@ int main(int argc, char** argv) {
   i->add_flag("--tensors", inspect.tensors, "List every tensor");
   i->add_flag("--metadata", inspect.metadata, "List every metadata key");
 
+  PlanOptions plan;
+  std::optional<double> plan_budget;
+  auto* pl = app.add_subcommand("plan", "Find an attention plan for a model: MInference's search, MoA's optimiser or "
+                                        "TriangleMix's probe (docs/plans/README.md)");
+  pl->add_option("--method", plan.method, "minference, moa or trianglemix")->required();
+  pl->add_option("-m,--model", plan.model, "Model file or folder")->required();
+  pl->add_option("--budget", plan_budget, "Mean attention density in (0, 1] (default: minference 0.3, moa 0.5; "
+                 "trianglemix: the probe decides)");
+  pl->add_option("--calib", plan.calib, "Calibration file: .jsonl of {\"prompt\", \"target\"} or a text file "
+                 "(default: synthetic retrieval tasks answered by the dense model)");
+  pl->add_option("--lengths", plan.lengths, "Calibration lengths in tokens (MoA: the profiled lengths)")
+      ->delimiter(',')->capture_default_str();
+  pl->add_option("--samples", plan.samples, "Synthetic calibration samples per length")->capture_default_str();
+  pl->add_option("--seed", plan.seed, "Seed of the synthetic calibration tasks")->capture_default_str();
+  pl->add_option("--answer-tokens", plan.answer_tokens, "Tokens of each dense answer (the loss's targets)")
+      ->capture_default_str();
+  pl->add_option("--haystack", plan.haystack, "Haystack of the calibration tasks: kjv, noise[:seed], file:PATH")
+      ->capture_default_str();
+  pl->add_option("--validation-length", plan.validation_length,
+                 "MoA: perplexity at this unseen length picks among the Pareto plans (0: the least loss)")
+      ->capture_default_str();
+  pl->add_option("--threshold", plan.threshold, "TriangleMix: Middle gradient (relative to the largest layer's) "
+                 "below which deep layers run Triangle")->capture_default_str();
+  pl->add_option("--inner", plan.inner, "TriangleMix: the shallow layers' policy: dense, vs or a policy file")
+      ->capture_default_str();
+  pl->add_option("--report-lengths", plan.report_lengths, "Lengths of the expected density/FLOPs table")
+      ->delimiter(',')->capture_default_str();
+  pl->add_option("-o,--out", plan.out, "The plan file to write (tessera policy JSON)")->required();
+  pl->add_option("--svg", plan.svg, "The picture (default: beside the plan, .svg)");
+
   ServeOptions serve;
   auto* sv = app.add_subcommand("serve", "OpenAI-compatible HTTP server (docs/server.md)");
   sv->add_option("-m,--model", serve.model, "Model: .gguf, .safetensors or a Hugging Face folder")->required();
@@ -160,6 +191,11 @@ int main(int argc, char** argv) {
     if (b->parsed()) return bench_command(bench);
     if (i->parsed()) return inspect_command(inspect);
     if (sv->parsed()) return serve_command(serve);
+    if (pl->parsed()) {
+      plan.budget = plan_budget;
+      for (int a = 0; a < argc; ++a) plan.command_line += (a ? " " : "") + std::string(a == 0 ? "tessera" : argv[a]);
+      return plan_command(plan);
+    }
     if (ec->parsed()) {
       for (int a = 0; a < argc; ++a) ev.command_line += (a ? " " : "") + std::string(a == 0 ? "tessera" : argv[a]);
       if (ev.tasks.size() == 1 && ev.tasks[0] == "none") ev.tasks.clear();

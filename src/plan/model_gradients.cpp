@@ -54,6 +54,19 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* a, in
 template <typename T>
 using Vec = std::vector<T>;
 
+// The attention tiles' products run inside the pool's workers, one small GEMM per (head, query tile): OpenBLAS
+// must not spread each over its own threads as well (its workers then spin against ours, about 10x slower).
+class SingleThreadedBlas {
+ public:
+  SingleThreadedBlas() : threads_(openblas_get_num_threads()) { openblas_set_num_threads(1); }
+  ~SingleThreadedBlas() { openblas_set_num_threads(threads_); }
+  SingleThreadedBlas(const SingleThreadedBlas&) = delete;
+  SingleThreadedBlas& operator=(const SingleThreadedBlas&) = delete;
+
+ private:
+  int threads_;
+};
+
 size_t sz(int64_t n) { return static_cast<size_t>(n); }
 
 // The activations of one layer's forward pass that its backward pass reads.
@@ -369,6 +382,7 @@ class Backprop {
     const auto work = items();
     const int64_t B = opt_.block;
     std::vector<Vec<T>> tiles(sz(pool_.size()));
+    const SingleThreadedBlas single;
     pool_.parallel_for(static_cast<int64_t>(work.size()), [&](int64_t it, int worker) {
       const auto [h, qb] = work[sz(it)];
       const int64_t kvh = h / (NQ_ / NKV_);
@@ -410,6 +424,7 @@ class Backprop {
     const int64_t B = opt_.block;
     const ProbeRegions& reg = opt_.regions;
     const T tiny = std::is_same_v<T, float> ? T(1e-6) : T(1e-12);
+    const SingleThreadedBlas single;
     pool_.parallel_for(static_cast<int64_t>(work.size()), [&](int64_t it, int worker) {
       const auto [h, qb] = work[sz(it)];
       const int64_t kvh = h / (NQ_ / NKV_);

@@ -1,0 +1,277 @@
+// tessera plan: an attention plan for a model, by MInference's search, MoA's optimiser or TriangleMix's probe
+// (src/plan). Writes the plan (tessera's policy JSON, which run/bench/eval/serve take with --attn), the method's
+// own format where it has one (MInference per-head JSON, MoA alphas/betas), an SVG picture and a JSON report;
+// prints the per-layer summary and the expected density and attention FLOPs at the report lengths.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "attention/pattern/config_io.h"
+#include "cli/commands.h"
+#include "cli/session.h"
+#include "core/error.h"
+#include "core/memory_budget.h"
+#include "eval/haystack.h"
+#include "eval/metrics.h"
+#include "plan/calibration.h"
+#include "plan/minference_plan.h"
+#include "plan/moa_plan.h"
+#include "plan/plan_report.h"
+#include "plan/profile.h"
+#include "plan/trianglemix_plan.h"
+
+namespace tessera::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+void write_text(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  check(static_cast<bool>(out), path.string() + ": cannot write");
+  out << text;
+  check(static_cast<bool>(out), path.string() + ": write failed");
+}
+
+double peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) * 1024.0;
+}
+
+fs::path beside(const fs::path& out, const std::string& suffix) {
+  fs::path p = out;
+  p.replace_extension();
+  return p.string() + suffix;
+}
+
+void log(const char* fmt, const std::string& s, double t0) {
+  std::fprintf(stderr, fmt, s.c_str(), now_seconds() - t0);
+  std::fflush(stderr);
+}
+
+// The validation text for MoA's pick: the haystack from a sentence far from the calibration tasks' start.
+std::vector<int32_t> validation_tokens(const Session& s, const std::string& haystack, int32_t length) {
+  const eval::Haystack hay = eval::load_haystack(haystack);
+  std::string text;
+  std::vector<int32_t> ids;
+  for (size_t i = 0; static_cast<int32_t>(ids.size()) < length; i += 256) {
+    check(i < 100 * hay.sentences.size(), "plan: the haystack is too short for validation at " + std::to_string(length));
+    for (size_t j = i; j < i + 256; ++j) text += hay.sentence(7919 + j) + " ";
+    ids = s.tokenizer->encode(text, {.add_special = true});
+  }
+  ids.resize(static_cast<size_t>(length));
+  return ids;
+}
+
+}  // namespace
+
+void check_plan_options(const PlanOptions& o) {
+  check(o.method == "minference" || o.method == "moa" || o.method == "trianglemix",
+        "--method must be minference, moa or trianglemix, got '" + o.method + "'");
+  check(!o.out.empty(), "-o/--out is required (the plan file to write)");
+  if (o.budget)
+    check(*o.budget > 0 && *o.budget <= 1, "--budget must be a density in (0, 1], got " + std::to_string(*o.budget));
+  check(!o.lengths.empty(), "--lengths is empty");
+  for (int l : o.lengths) check(l >= 128, "--lengths must be >= 128 tokens, got " + std::to_string(l));
+  check(o.samples >= 1, "--samples must be >= 1, got " + std::to_string(o.samples));
+  check(o.answer_tokens >= 1, "--answer-tokens must be >= 1, got " + std::to_string(o.answer_tokens));
+  check(o.threshold > 0 && o.threshold < 1, "--threshold must be in (0, 1), got " + std::to_string(o.threshold));
+  check(o.validation_length >= 0, "--validation-length must be >= 0 (0: none), got " + std::to_string(o.validation_length));
+  for (int l : o.report_lengths) check(l > 0, "--report-lengths must be positive, got " + std::to_string(l));
+  check(o.inner == "dense" || o.inner == "vs" || fs::exists(o.inner),
+        "--inner must be dense, vs or a policy file, got '" + o.inner + "'");
+  if (!o.calib.empty()) {
+    try {
+      plan::check_calibration_file(o.calib);
+    } catch (const Error& e) {
+      throw Error(std::string("--calib: ") + e.what());
+    }
+  }
+}
+
+int plan_command(const PlanOptions& o) {
+  check_plan_options(o);
+  const double t0 = now_seconds();
+  Session s = Session::open(o.model);
+  const runtime::ModelConfig& cfg = s.model->config();
+  if (o.method != "minference") plan::check_backward_supported(cfg);
+  ThreadPool& pool = ThreadPool::global();
+  log("plan: loaded %s (%.1f s)\n", cfg.summary(), t0);
+
+  // Calibration samples.
+  std::vector<plan::CalibrationSample> samples;
+  const int32_t longest = *std::max_element(o.lengths.begin(), o.lengths.end());
+  if (!o.calib.empty()) {
+    try {
+      samples = plan::load_calibration_file(o.calib, *s.model, *s.tokenizer, longest, o.answer_tokens);
+    } catch (const Error& e) {
+      throw Error(std::string("--calib: ") + e.what());
+    }
+  } else {
+    plan::CalibrationSpec spec;
+    spec.lengths = o.lengths;
+    spec.samples_per_length = o.samples;
+    spec.seed = o.seed;
+    spec.answer_tokens = o.answer_tokens;
+    spec.haystack = o.haystack;
+    samples = plan::make_calibration(*s.model, *s.tokenizer, spec,
+                                     [&](const std::string& what) { log("plan: %s (%.1f s)\n", what, t0); });
+  }
+  log("plan: %s calibration samples ready (%.1f s)\n", std::to_string(samples.size()), t0);
+  const double calib_seconds = now_seconds() - t0;
+
+  nlohmann::json report = {{"method", o.method}, {"model", cfg.name}, {"model_file", fs::path(o.model).filename().string()},
+                           {"command", o.command_line}, {"samples", nlohmann::json::array()}};
+  for (const auto& smp : samples)
+    report["samples"].push_back({{"name", smp.name}, {"tokens", smp.tokens.size()}, {"targets", smp.targets.size()}});
+  attn::AttentionPolicy policy;
+  std::vector<std::string> extra_lines;
+  const double t_plan = now_seconds();
+  if (o.method == "minference") {
+    plan::MInferenceOptions mo;
+    if (o.budget) mo.budget = *o.budget;
+    const auto r = plan::plan_minference(*s.model, samples, mo, pool, [&](int32_t done, int32_t total) {
+      log("plan: %s (%.1f s)\n", "searched sample " + std::to_string(done) + "/" + std::to_string(total), t0);
+    });
+    policy = r.policy;
+    nlohmann::json cands = nlohmann::json::array();
+    for (size_t c = 0; c < r.candidates.size(); ++c) {
+      int chosen = 0;
+      for (int32_t ch : r.choice) chosen += ch == static_cast<int32_t>(c);
+      cands.push_back({{"pattern", attn::describe(r.candidates[c])}, {"predicted_density", r.candidate_density[c]},
+                       {"heads", chosen}});
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "candidate %-45s predicted density %.3f, chosen by %d heads",
+                    attn::describe(r.candidates[c]).c_str(), r.candidate_density[c], chosen);
+      extra_lines.push_back(buf);
+    }
+    report["candidates"] = cands;
+    report["calibration_length"] = r.length;
+    report["head_error"] = r.score;
+    report["error"] = r.error;
+    report["measured_density"] = r.measured_density;
+    std::vector<double> scores = r.score;
+    write_text(beside(o.out, ".minference.json"), attn::export_minference(policy, &scores).dump() + "\n");
+  } else {
+    plan::ProbeRegions regions;  // the paper's probe: 64 sink, 128 window, 128 last rows
+    std::vector<int32_t> levels = o.lengths;
+    const plan::GradientProfile prof =
+        plan::profile_gradients(*s.model, samples, levels, regions, pool, [&](int32_t done, int32_t total) {
+          log("plan: %s (%.1f s)\n", "profiled sample " + std::to_string(done) + "/" + std::to_string(total), t0);
+        });
+    report["profile_seconds"] = prof.seconds;
+    report["calibration_loss"] = prof.loss;
+    if (o.method == "moa") {
+      plan::MoaOptions mo;
+      if (o.budget) mo.budget = *o.budget;
+      plan::ValidationPerplexity validate;
+      if (o.validation_length > 0) {
+        const std::vector<int32_t> ids = validation_tokens(s, o.haystack, o.validation_length);
+        validate = [&, ids](const attn::AttentionPolicy& p) {
+          runtime::EngineOptions eo;
+          eo.policy = p;
+          eo.chunk_size = static_cast<int32_t>(ids.size());
+          eo.max_context = static_cast<int32_t>(ids.size());
+          runtime::Engine engine(*s.model, eo);
+          return eval::perplexity(engine.score(ids));
+        };
+      }
+      const auto r = plan::plan_moa(prof, cfg.num_kv_heads, mo, validate,
+                                    [&](const std::string& what) { log("plan: %s (%.1f s)\n", what, t0); });
+      policy = r.policy;
+      nlohmann::json pareto = nlohmann::json::array();
+      for (size_t i = 0; i < r.pareto.size(); ++i) {
+        const auto& c = r.pareto[i];
+        pareto.push_back({{"loss", c.loss}, {"density", c.density}, {"validation_perplexity", c.validation_perplexity},
+                          {"proven_optimal", c.proven_optimal}, {"chosen", i == r.chosen}});
+        std::string line = "pareto plan " + std::to_string(i + 1) + (i == r.chosen ? " (chosen):" : ":");
+        for (size_t k = 0; k < r.lengths.size(); ++k) {
+          char buf[96];
+          std::snprintf(buf, sizeof buf, " loss@%d %.4g density %.3f;", r.lengths[k], c.loss[k], c.density[k]);
+          line += buf;
+        }
+        if (c.validation_perplexity > 0) {
+          char buf[64];
+          std::snprintf(buf, sizeof buf, " validation perplexity %.4f", c.validation_perplexity);
+          line += buf;
+        }
+        extra_lines.push_back(line);
+      }
+      report["lengths"] = r.lengths;
+      report["pareto"] = pareto;
+      report["mips"] = r.mips;
+      report["validation_length"] = o.validation_length;
+      write_text(beside(o.out, ".moa.json"), attn::export_moa(policy).dump() + "\n");
+    } else {
+      plan::TriangleMixOptions to;
+      to.threshold = o.threshold;
+      to.budget = o.budget;
+      to.length = o.report_lengths.empty() ? longest : o.report_lengths.front();
+      attn::AttentionPolicy inner;
+      if (o.inner == "vs")
+        inner = attn::AttentionPolicy::uniform(cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads,
+                                               attn::VerticalSlashPattern{});
+      else if (o.inner != "dense")
+        inner = s.policy(o.inner);
+      const auto r = plan::plan_trianglemix(prof, cfg.num_kv_heads, inner, to);
+      policy = r.policy;
+      for (int32_t l = 0; l < cfg.num_layers; ++l) {
+        char buf[160];
+        std::snprintf(buf, sizeof buf, "probe layer %2d: middle %.3e  last %.3e  streaming %.3e  (middle signed %+.3e)%s",
+                      l, r.middle[static_cast<size_t>(l)], r.last[static_cast<size_t>(l)],
+                      r.streaming[static_cast<size_t>(l)], r.middle_signed[static_cast<size_t>(l)],
+                      l == r.start_layer ? "  <- triangle from here" : "");
+        extra_lines.push_back(buf);
+      }
+      report["probe"] = {{"middle", r.middle}, {"last", r.last}, {"streaming", r.streaming},
+                         {"middle_signed", r.middle_signed}, {"regions", {{"sink", regions.sink}, {"local", regions.local},
+                                                                          {"last", regions.last}}}};
+      report["probe_start_layer"] = r.probe_start;
+      report["start_layer"] = r.start_layer;
+      report["threshold"] = o.threshold;
+    }
+  }
+  const double plan_seconds = now_seconds() - t_plan;
+
+  // The plan, its picture and the report.
+  nlohmann::json pj = attn::save_policy_json(policy);
+  pj["comment"] = "tessera plan --method " + o.method + " for " + cfg.name + ": " + o.command_line;
+  write_text(o.out, attn::format_policy_json(pj));
+  const int32_t pic_len = o.report_lengths.empty() ? longest : o.report_lengths.back();
+  const fs::path svg = o.svg.empty() ? beside(o.out, ".svg") : fs::path(o.svg);
+  write_text(svg, plan::plan_svg(policy, cfg.num_layers, cfg.num_q_heads, pic_len,
+                                 o.method + " plan for " + cfg.name));
+
+  std::printf("# %s plan for %s\n\n", o.method.c_str(), cfg.name.c_str());
+  for (const std::string& l : extra_lines) std::printf("%s\n", l.c_str());
+  if (!extra_lines.empty()) std::printf("\n");
+  for (const std::string& l : plan::layer_summary(policy, cfg.num_layers, cfg.num_q_heads, pic_len))
+    std::printf("%s\n", l.c_str());
+  std::printf("\n| length | density | attention TFLOP | dense TFLOP |\n|---:|---:|---:|---:|\n");
+  nlohmann::json costs = nlohmann::json::array();
+  for (const auto& c : plan::plan_costs(policy, cfg.num_layers, cfg.num_q_heads, cfg.head_dim,
+                                        o.report_lengths.empty() ? std::vector<int32_t>{longest} : o.report_lengths)) {
+    std::printf("| %d | %.3f | %.4f | %.4f |\n", c.length, c.density, c.flops / 1e12, c.dense_flops / 1e12);
+    costs.push_back({{"length", c.length}, {"density", c.density}, {"flops", c.flops}, {"dense_flops", c.dense_flops}});
+  }
+  report["costs"] = costs;
+  report["layers"] = plan::layer_summary(policy, cfg.num_layers, cfg.num_q_heads, pic_len);
+  report["notes"] = extra_lines;
+  report["seconds"] = {{"calibration", calib_seconds}, {"planning", plan_seconds}, {"total", now_seconds() - t0}};
+  report["peak_rss_bytes"] = peak_rss_bytes();
+  write_text(beside(o.out, ".report.json"), report.dump(1) + "\n");
+  std::printf("\nwrote %s, %s, %s%s (calibration %.1f s, planning %.1f s, peak memory %s)\n", o.out.c_str(),
+              svg.string().c_str(), beside(o.out, ".report.json").string().c_str(),
+              o.method == "minference" ? (", " + beside(o.out, ".minference.json").string()).c_str()
+              : o.method == "moa"      ? (", " + beside(o.out, ".moa.json").string()).c_str()
+                                       : "",
+              calib_seconds, plan_seconds, format_bytes(peak_rss_bytes()).c_str());
+  return 0;
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,53 @@
+// tessera/plan/minference_plan.h — MInference's kernel-aware pattern search (minference.txt Alg. 1), forward only.
+//
+// Candidates of equal cost: the paper's space (Table 6) — A-shape, the four vertical-slash shapes (30, 2048),
+// (100, 1800), (500, 1500), (3000, 200) and block-sparse — each scaled so that its density at the calibration
+// length equals the target (the budget): A-shape by its exact index accounting (sink = local / 4), VS by the
+// bound (vertical / 2 + slash) * 2 / N with the shape's ratio kept, BS by top_k = budget x the mean number of
+// causal key blocks. (The paper's target is A-shape (1024, 4096); at 32K that is density ~0.3, the default.)
+//
+// Search: the dense model runs each calibration sample; at every layer (the engine's AttentionObserver gives the
+// layer's q, k, v and dense output) each candidate runs on every head through the same estimators, index and
+// sparse executor the engine uses, and the head's relative output error ||O_c - O_dense|| / ||O_dense|| is
+// accumulated. Each head takes the candidate with the least mean error; the measured work density of every
+// (head, candidate) is kept for the report.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "attention/pattern/pattern.h"
+#include "attention/pattern/policy.h"
+#include "core/thread_pool.h"
+#include "plan/calibration.h"
+#include "runtime/model.h"
+
+namespace tessera::plan {
+
+struct MInferenceOptions {
+  double budget = 0.3;  // target density at the calibration length
+};
+
+struct MInferenceResult {
+  int32_t length = 0;                      // the calibration length candidates were sized for
+  std::vector<attn::Pattern> candidates;
+  std::vector<double> candidate_density;   // predicted (A-shape exact, VS/BS bounds) at `length`
+  std::vector<double> error;               // [layer * heads + head][candidate]: mean relative output error
+  std::vector<double> measured_density;    // [layer * heads + head][candidate]: mean mask density on the samples
+  std::vector<int32_t> choice;             // per head (layer-major): the chosen candidate
+  std::vector<double> score;               // per head: its error (MInference JSON's score)
+  attn::AttentionPolicy policy;
+  double seconds = 0;
+};
+
+// The candidates for a target density at `length` tokens.
+std::vector<attn::Pattern> minference_candidates(double budget, int32_t length);
+
+// Throws tessera::Error for a budget outside (0, 1] or no samples.
+MInferenceResult plan_minference(const runtime::Model& model, const std::vector<CalibrationSample>& samples,
+                                 const MInferenceOptions& options, ThreadPool& pool,
+                                 const std::function<void(int32_t done, int32_t total)>& progress = {});
+
+}  // namespace tessera::plan

@@ -1,0 +1,233 @@
+#include "plan/moa_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <set>
+
+#include "attention/index/lower.h"
+#include "attention/index/sparse_index.h"
+#include "core/error.h"
+#include "plan/rule_mip.h"
+
+namespace tessera::plan {
+
+std::vector<ElasticRule> moa_rule_space() {
+  std::vector<ElasticRule> rules;
+  for (int a = 0; a < 6; ++a)
+    for (int b = 0; b < 9; ++b) rules.push_back({-2048.0 + 2048.0 * a, b / 8.0});
+  return rules;
+}
+
+namespace {
+
+attn::SparseIndex lower_static(const attn::Pattern& pattern, int32_t length) {
+  const attn::LoweringContext ctx = attn::LoweringContext::prefill(length, kProfileBlock);
+  attn::SparseIndex index;
+  index.tile = kProfileBlock;
+  index.q_begin = 0;
+  index.q_len = length;
+  index.kv_len = length;
+  index.range_offsets = {0};
+  index.column_offsets = {0};
+  attn::lower_head(pattern, std::monostate{}, ctx, index);
+  return index;
+}
+
+}  // namespace
+
+double pattern_density_exact(const attn::Pattern& pattern, int32_t length) {
+  return attn::index_stats(lower_static(pattern, length)).density();
+}
+
+BlockCoverage block_coverage(const attn::Pattern& pattern, int32_t length) {
+  const int32_t B = kProfileBlock;
+  const attn::SparseIndex index = lower_static(pattern, length);
+  BlockCoverage c;
+  c.num_blocks = (length + B - 1) / B;
+  const size_t nb = static_cast<size_t>(c.num_blocks);
+  c.kept.assign(nb * nb, 0.0);
+  std::vector<double> causal(nb * nb, 0.0);
+  for (int32_t t = 0; t < index.num_tiles(); ++t) {
+    for (int32_t p = t * B; p < std::min(length, (t + 1) * B); ++p) {
+      auto add = [&](int32_t b, int32_t e, std::vector<double>& into) {
+        e = std::min(e, p + 1);
+        while (b < e) {
+          const int32_t kb = b / B, stop = std::min(e, (kb + 1) * B);
+          into[static_cast<size_t>(t) * nb + static_cast<size_t>(kb)] += stop - b;
+          b = stop;
+        }
+      };
+      for (const attn::KeyRange& r : index.ranges_of(0, t)) add(r.begin, r.end, c.kept);
+      for (int32_t col : index.columns_of(0, t))
+        if (col <= p) c.kept[static_cast<size_t>(t) * nb + static_cast<size_t>(col / B)] += 1;
+      add(0, p + 1, causal);
+    }
+  }
+  for (size_t i = 0; i < c.kept.size(); ++i) c.kept[i] = causal[i] > 0 ? c.kept[i] / causal[i] : 0.0;
+  c.density = attn::index_stats(index).density();
+  return c;
+}
+
+std::vector<std::vector<double>> rule_densities(const std::vector<ElasticRule>& rules, int32_t sink,
+                                                const std::vector<int32_t>& lengths) {
+  std::vector<std::vector<double>> out;
+  for (int32_t n : lengths) {
+    std::vector<double> d;
+    for (const ElasticRule& r : rules) d.push_back(pattern_density_exact(attn::ElasticWindowPattern{r.alpha, r.beta, sink}, n));
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+std::vector<std::vector<double>> rule_losses(const GradientProfile& profile, const std::vector<ElasticRule>& rules,
+                                             int32_t sink) {
+  const size_t R = rules.size();
+  const int32_t heads = profile.num_layers * profile.num_q_heads;
+  std::vector<std::vector<double>> out;
+  for (const LengthProfile& lp : profile.lengths) {
+    std::vector<double> loss(static_cast<size_t>(heads) * R, 0.0);
+    const size_t nb = static_cast<size_t>(lp.num_blocks);
+    for (size_t r = 0; r < R; ++r) {
+      const BlockCoverage c = block_coverage(attn::ElasticWindowPattern{rules[r].alpha, rules[r].beta, sink}, lp.length);
+      for (int32_t hh = 0; hh < heads; ++hh) {
+        const double* e = lp.influence.data() + static_cast<size_t>(hh) * nb * nb;
+        double s = 0;
+        for (size_t qb = 0; qb < nb; ++qb)
+          for (size_t kb = 0; kb <= qb; ++kb) s += (1.0 - c.kept[qb * nb + kb]) * e[qb * nb + kb];
+        loss[static_cast<size_t>(hh) * R + r] = s;
+      }
+    }
+    out.push_back(std::move(loss));
+  }
+  return out;
+}
+
+MoaResult plan_moa(const GradientProfile& profile, int32_t num_kv_heads, const MoaOptions& o,
+                   const ValidationPerplexity& validate, const std::function<void(const std::string&)>& progress) {
+  check(o.budget > 0 && o.budget <= 1, "moa: budget must be in (0, 1], got " + std::to_string(o.budget));
+  check(!profile.lengths.empty(), "moa: the profile has no lengths");
+  const std::vector<ElasticRule> rules = moa_rule_space();
+  const auto R = static_cast<int32_t>(rules.size());
+  MoaResult result;
+  for (const LengthProfile& lp : profile.lengths) result.lengths.push_back(lp.length);
+  const auto K = result.lengths.size();
+  const auto densities = rule_densities(rules, o.sink, result.lengths);
+  const auto losses = rule_losses(profile, rules, o.sink);
+  for (size_t k = 0; k < K; ++k) {
+    const double sparsest = *std::min_element(densities[k].begin(), densities[k].end());
+    check(sparsest <= o.budget, "moa: no plan meets the budget " + std::to_string(o.budget) + " at length " +
+                                    std::to_string(result.lengths[k]) + " (the sparsest rule has density " +
+                                    std::to_string(sparsest) + ")");
+  }
+
+  RuleAssignmentProblem base;
+  base.groups = profile.num_layers;
+  base.items_per_group = profile.num_q_heads;
+  base.options = R;
+  base.weights = densities;
+  base.weight_limits.assign(K, o.budget);
+  base.max_options_per_group = o.max_rules_per_layer;
+  base.time_limit_seconds = o.time_limit_seconds;
+
+  auto candidate = [&](const RuleAssignment& a) {
+    MoaCandidate c;
+    c.rule_of_head = a.choice;
+    c.proven_optimal = a.proven_optimal;
+    for (size_t k = 0; k < K; ++k) {
+      c.loss.push_back(assignment_sum(losses[k], R, a.choice));
+      double d = 0;
+      for (int32_t r : a.choice) d += densities[k][static_cast<size_t>(r)];
+      c.density.push_back(d / static_cast<double>(a.choice.size()));
+    }
+    return c;
+  };
+  auto solve = [&](RuleAssignmentProblem p) {
+    ++result.mips;
+    return solve_rule_assignment(p);
+  };
+
+  // The primary objective is the longest length's loss.
+  const size_t primary = K - 1;
+  RuleAssignmentProblem first = base;
+  first.cost = losses[primary];
+  if (progress) progress("moa: MIP at length " + std::to_string(result.lengths[primary]));
+  const auto a0 = solve(first);
+  check(a0.has_value(), "moa: no plan meets the budget (the MIP is infeasible)");
+  std::vector<MoaCandidate> all{candidate(*a0)};
+  if (K > 1) {
+    // Each secondary length's own optimum bounds its range of caps.
+    std::vector<double> lo(K), hi(K);
+    for (size_t k = 0; k + 1 < K; ++k) {
+      RuleAssignmentProblem p = base;
+      p.cost = losses[k];
+      if (progress) progress("moa: MIP at length " + std::to_string(result.lengths[k]));
+      const auto a = solve(p);
+      check(a.has_value(), "moa: no plan meets the budget (the MIP is infeasible)");
+      all.push_back(candidate(*a));
+      lo[k] = a->objective;
+      hi[k] = all.front().loss[k];
+    }
+    // The grid of caps over the secondary lengths.
+    const size_t secondaries = K - 1;
+    std::vector<int32_t> level(secondaries, 0);
+    for (;;) {
+      RuleAssignmentProblem p = base;
+      p.cost = losses[primary];
+      for (size_t k = 0; k < secondaries; ++k) {
+        p.cap_costs.push_back(losses[k]);
+        p.caps.push_back(lo[k] + (hi[k] - lo[k]) * level[k] / std::max(1, o.intervals));
+      }
+      if (progress) progress("moa: epsilon-constraint MIP " + std::to_string(result.mips + 1));
+      if (const auto a = solve(p)) all.push_back(candidate(*a));
+      size_t k = 0;
+      while (k < secondaries && ++level[k] > o.intervals) level[k++] = 0;
+      if (k == secondaries) break;
+    }
+  }
+  // Distinct, Pareto-optimal plans.
+  std::set<std::vector<int32_t>> seen;
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (!seen.insert(all[i].rule_of_head).second) continue;
+    bool dominated = false;
+    for (size_t j = 0; j < all.size() && !dominated; ++j) {
+      if (all[j].rule_of_head == all[i].rule_of_head) continue;
+      bool no_worse = true, better = false;
+      for (size_t k = 0; k < K; ++k) {
+        if (all[j].loss[k] > all[i].loss[k] + 1e-12 * std::abs(all[i].loss[k])) no_worse = false;
+        if (all[j].loss[k] < all[i].loss[k] - 1e-12 * std::abs(all[i].loss[k])) better = true;
+      }
+      dominated = no_worse && better;
+    }
+    if (!dominated) result.pareto.push_back(all[i]);
+  }
+  auto policy_of = [&](const MoaCandidate& c) {
+    std::vector<attn::Pattern> table;
+    for (int32_t r : c.rule_of_head)
+      table.emplace_back(attn::ElasticWindowPattern{rules[static_cast<size_t>(r)].alpha,
+                                                    rules[static_cast<size_t>(r)].beta, o.sink});
+    return attn::AttentionPolicy(profile.num_layers, profile.num_q_heads, num_kv_heads, std::move(table));
+  };
+  result.chosen = 0;
+  if (validate) {
+    double best = std::numeric_limits<double>::infinity();
+    for (size_t i = 0; i < result.pareto.size(); ++i) {
+      if (progress) progress("moa: validation perplexity of Pareto plan " + std::to_string(i + 1) + " of " +
+                             std::to_string(result.pareto.size()));
+      result.pareto[i].validation_perplexity = validate(policy_of(result.pareto[i]));
+      if (result.pareto[i].validation_perplexity < best) {
+        best = result.pareto[i].validation_perplexity;
+        result.chosen = i;
+      }
+    }
+  } else {
+    // Without validation: the plan with the least loss at the primary length.
+    for (size_t i = 1; i < result.pareto.size(); ++i)
+      if (result.pareto[i].loss[primary] < result.pareto[result.chosen].loss[primary]) result.chosen = i;
+  }
+  result.policy = policy_of(result.pareto[result.chosen]);
+  return result;
+}
+
+}  // namespace tessera::plan

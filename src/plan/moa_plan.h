@@ -1,0 +1,86 @@
+// tessera/plan/moa_plan.h — MoA's optimiser (moa.txt §4): elastic rules per head from the influence profile.
+//
+//  1. The search space: 6 alpha values uniform in [-2048, 8192] x 9 beta values uniform in [0, 1] = 54 rules
+//     S = alpha + beta * N (clipped to [0, N]), each run as ElasticWindowPattern{alpha, beta, sink 64}.
+//  2. A rule's loss at length N, per head: the sum of the head's mean influence over the cells the rule masks,
+//     sum over blocks of (1 - kept fraction of the block) * E_block (MoA averages influence within 64 x 64
+//     blocks; the kept fractions and the rule's density come from lowering the pattern with the index, so they are
+//     what the executor runs).
+//  3. Per length: a mixed-integer program (rule_mip.h): one rule per head, at most 2 distinct rules per layer, mean
+//     density <= budget at every profiled length, minimum total loss.
+//  4. Across lengths (when several are profiled): the epsilon-constraint method — minimise the loss at the longest
+//     length with the loss at each other length capped at M + 1 levels evenly between its own optimum and its
+//     value in the first plan (M = intervals) — then the Pareto-optimal plans among the solutions.
+//  5. The pick: the Pareto plan with the lowest validation perplexity (a caller-given function, run at a length
+//     that was not profiled).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "attention/pattern/pattern.h"
+#include "attention/pattern/policy.h"
+#include "plan/profile.h"
+
+namespace tessera::plan {
+
+struct ElasticRule {
+  double alpha = 0;
+  double beta = 0;
+  bool operator==(const ElasticRule&) const = default;
+};
+
+// The 54 rules, alpha-major: {-2048, 0, 2048, 4096, 6144, 8192} x {0, 0.125, ..., 1}.
+std::vector<ElasticRule> moa_rule_space();
+
+// What a pattern keeps of each 64 x 64 block at a prefill of `length` tokens.
+struct BlockCoverage {
+  int32_t num_blocks = 0;
+  std::vector<double> kept;  // [qb][kb]: kept cells / causal cells of the block (0 above the diagonal)
+  double density = 0;        // index_stats(...).density(): kept cells / causal cells
+};
+BlockCoverage block_coverage(const attn::Pattern& pattern, int32_t length);
+// Only the density (index_stats of the lowered static pattern; cheaper than block_coverage).
+double pattern_density_exact(const attn::Pattern& pattern, int32_t length);
+
+struct MoaOptions {
+  double budget = 0.5;            // mean density (0, 1]
+  int32_t intervals = 5;          // epsilon-constraint levels per secondary length
+  int32_t max_rules_per_layer = 2;
+  int32_t sink = 64;
+  double time_limit_seconds = 60;  // per MIP
+};
+
+struct MoaCandidate {
+  std::vector<int32_t> rule_of_head;   // layer-major, index into moa_rule_space()
+  std::vector<double> loss;            // per profiled length: the sum of rule losses
+  std::vector<double> density;         // per profiled length: mean density over heads
+  double validation_perplexity = 0;    // 0: not measured
+  bool proven_optimal = true;
+};
+
+struct MoaResult {
+  std::vector<int32_t> lengths;            // the profiled lengths
+  std::vector<MoaCandidate> pareto;        // the Pareto-optimal plans
+  size_t chosen = 0;                       // index into pareto
+  attn::AttentionPolicy policy;            // the chosen plan
+  int32_t mips = 0;                        // programs solved
+};
+
+// Density of each rule at each length, [length][rule], and the rule losses [length][head * rules] of a profile.
+std::vector<std::vector<double>> rule_densities(const std::vector<ElasticRule>& rules, int32_t sink,
+                                                const std::vector<int32_t>& lengths);
+std::vector<std::vector<double>> rule_losses(const GradientProfile& profile, const std::vector<ElasticRule>& rules,
+                                             int32_t sink);
+
+using ValidationPerplexity = std::function<double(const attn::AttentionPolicy&)>;
+
+// Throws tessera::Error when the budget is outside (0, 1] or no plan meets it (the sparsest rules' density at a
+// length exceeds the budget).
+MoaResult plan_moa(const GradientProfile& profile, int32_t num_kv_heads, const MoaOptions& options,
+                   const ValidationPerplexity& validate = {},
+                   const std::function<void(const std::string&)>& progress = {});
+
+}  // namespace tessera::plan

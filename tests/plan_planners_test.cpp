@@ -1,0 +1,380 @@
+// The planners (src/plan): MoA's rule space, block coverage against the patterns' cell masks, the MIP against
+// enumeration, rule losses, the epsilon-constraint Pareto set; TriangleMix's start layer; MInference's candidates
+// and search; calibration files and dense answers.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "attention/index/lower.h"
+#include "core/error.h"
+#include "plan/calibration.h"
+#include "plan/minference_plan.h"
+#include "plan/moa_plan.h"
+#include "plan/plan_report.h"
+#include "plan/profile.h"
+#include "plan/rule_mip.h"
+#include "plan/trianglemix_plan.h"
+#include "runtime/engine.h"
+#include "runtime/model.h"
+
+namespace tessera::plan {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kFixtures = std::string(TESSERA_SOURCE_DIR) + "/tests/data/";
+
+const runtime::Model& model(const char* name) {
+  static std::map<std::string, std::unique_ptr<runtime::Model>> cache;
+  auto& m = cache[name];
+  if (!m) m = runtime::Model::load(kFixtures + "hf_tiny/" + name);
+  return *m;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(MoaRules, SpaceIsSixAlphasByNineBetas) {
+  const auto rules = moa_rule_space();
+  ASSERT_EQ(rules.size(), 54u);
+  EXPECT_EQ(rules.front(), (ElasticRule{-2048, 0}));
+  EXPECT_EQ(rules[1], (ElasticRule{-2048, 0.125}));
+  EXPECT_EQ(rules.back(), (ElasticRule{8192, 1}));
+  std::set<double> alphas, betas;
+  for (const auto& r : rules) {
+    alphas.insert(r.alpha);
+    betas.insert(r.beta);
+  }
+  EXPECT_EQ(alphas, (std::set<double>{-2048, 0, 2048, 4096, 6144, 8192}));
+  EXPECT_EQ(betas.size(), 9u);
+}
+
+// Kept fractions per 64 x 64 block equal the cell counts of the pattern's documented mask.
+TEST(MoaRules, BlockCoverageMatchesCellMask) {
+  const int32_t n = 300;
+  for (const attn::Pattern& p :
+       {attn::Pattern{attn::ElasticWindowPattern{-20, 0.25, 64}}, attn::Pattern{attn::ElasticWindowPattern{100, 0, 8}},
+        attn::Pattern{attn::TrianglePattern{8, 70, 40}}, attn::Pattern{attn::AShapePattern{16, 96}},
+        attn::Pattern{attn::DensePattern{}}}) {
+    const BlockCoverage c = block_coverage(p, n);
+    ASSERT_EQ(c.num_blocks, 5);
+    const auto mask = attn::pattern_mask(p, std::monostate{}, attn::LoweringContext::prefill(n, 64));
+    std::vector<double> kept(25, 0), causal(25, 0);
+    double total = 0, all = 0;
+    for (int32_t i = 0; i < n; ++i)
+      for (int32_t j = 0; j <= i; ++j) {
+        const size_t b = static_cast<size_t>((i / 64) * 5 + j / 64);
+        causal[b] += 1;
+        all += 1;
+        if (mask[static_cast<size_t>(i) * n + static_cast<size_t>(j)]) {
+          kept[b] += 1;
+          total += 1;
+        }
+      }
+    for (size_t b = 0; b < 25; ++b)
+      EXPECT_DOUBLE_EQ(c.kept[b], causal[b] > 0 ? kept[b] / causal[b] : 0.0) << attn::describe(p) << " block " << b;
+    EXPECT_DOUBLE_EQ(c.density, total / all) << attn::describe(p);
+  }
+}
+
+RuleAssignmentProblem random_problem(std::mt19937& rng, int groups, int per_group, int options) {
+  std::uniform_real_distribution<double> u(0, 1);
+  RuleAssignmentProblem p;
+  p.groups = groups;
+  p.items_per_group = per_group;
+  p.options = options;
+  for (int i = 0; i < groups * per_group * options; ++i) p.cost.push_back(u(rng) * 1e-5 - 2e-6);
+  std::vector<double> w;
+  for (int r = 0; r < options; ++r) w.push_back(0.1 + 0.9 * r / (options - 1));
+  p.weights = {w};
+  p.weight_limits = {0.5};
+  p.max_options_per_group = 2;
+  return p;
+}
+
+TEST(RuleMip, MatchesEnumeration) {
+  if (!have_mip_solver()) GTEST_SKIP() << "built without CBC";
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 6; ++trial) {
+    RuleAssignmentProblem p = random_problem(rng, 2, 3, 4);
+    if (trial % 2 == 1) p.max_options_per_group = 1;
+    if (trial >= 4) {  // an epsilon constraint on a second cost table
+      std::vector<double> second;
+      std::uniform_real_distribution<double> u(0, 1);
+      for (size_t i = 0; i < p.cost.size(); ++i) second.push_back(u(rng));
+      const auto free = solve_rule_assignment_exhaustive(p);
+      ASSERT_TRUE(free);
+      p.cap_costs = {second};
+      p.caps = {assignment_sum(second, p.options, free->choice) * 0.8};
+    }
+    const auto want = solve_rule_assignment_exhaustive(p);
+    const auto got = solve_rule_assignment(p);
+    ASSERT_EQ(want.has_value(), got.has_value()) << "trial " << trial;
+    if (!want) continue;
+    EXPECT_TRUE(got->proven_optimal);
+    EXPECT_NEAR(got->objective, want->objective, 1e-12) << "trial " << trial;
+    // The constraints hold for the solver's choice.
+    for (int g = 0; g < p.groups; ++g) {
+      std::set<int32_t> used(got->choice.begin() + g * 3, got->choice.begin() + g * 3 + 3);
+      EXPECT_LE(static_cast<int>(used.size()), p.max_options_per_group);
+    }
+    double mean = 0;
+    for (int32_t c : got->choice) mean += p.weights[0][static_cast<size_t>(c)] / 6.0;
+    EXPECT_LE(mean, 0.5 + 1e-12);
+  }
+  // Infeasible: the budget below the lightest option.
+  RuleAssignmentProblem p = random_problem(rng, 2, 2, 3);
+  p.weight_limits = {0.05};
+  EXPECT_FALSE(solve_rule_assignment(p).has_value());
+  EXPECT_FALSE(solve_rule_assignment_exhaustive(p).has_value());
+}
+
+// A profile with known influence: one head of one layer.
+GradientProfile toy_profile(int32_t layers, int32_t heads, const std::vector<int32_t>& lengths, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> u(0, 1);
+  GradientProfile p;
+  p.num_layers = layers;
+  p.num_q_heads = heads;
+  p.probe.resize(static_cast<size_t>(layers));
+  for (int32_t n : lengths) {
+    LengthProfile lp;
+    lp.length = n;
+    lp.num_blocks = (n + 63) / 64;
+    lp.samples = 1;
+    const size_t nb = static_cast<size_t>(lp.num_blocks);
+    lp.influence.assign(static_cast<size_t>(layers * heads) * nb * nb, 0.0);
+    for (int32_t hh = 0; hh < layers * heads; ++hh)
+      for (size_t qb = 0; qb < nb; ++qb)
+        for (size_t kb = 0; kb <= qb; ++kb) {
+          // Heads differ in how far back their influence reaches.
+          const double reach = 1.0 + (hh % 5) * 3.0;
+          const double dist = static_cast<double>(qb - kb);
+          lp.influence[(static_cast<size_t>(hh) * nb + qb) * nb + kb] = 1e-4 * std::exp(-dist / reach) * (0.5 + u(rng));
+        }
+    p.lengths.push_back(std::move(lp));
+  }
+  return p;
+}
+
+TEST(MoaPlan, RuleLossIsMaskedInfluence) {
+  const GradientProfile prof = toy_profile(1, 2, {512}, 3);
+  const auto rules = moa_rule_space();
+  const auto losses = rule_losses(prof, rules, 64);
+  ASSERT_EQ(losses.size(), 1u);
+  for (size_t r : {size_t{0}, size_t{13}, size_t{53}}) {
+    const BlockCoverage c = block_coverage(attn::ElasticWindowPattern{rules[r].alpha, rules[r].beta, 64}, 512);
+    for (int32_t h = 0; h < 2; ++h) {
+      double want = 0;
+      for (int32_t qb = 0; qb < 8; ++qb)
+        for (int32_t kb = 0; kb <= qb; ++kb)
+          want += (1 - c.kept[static_cast<size_t>(qb * 8 + kb)]) * prof.lengths[0].block(0, h, qb, kb, 2);
+      EXPECT_DOUBLE_EQ(losses[0][static_cast<size_t>(h) * 54 + r], want);
+    }
+  }
+  // The densest rule (span = N) keeps everything: no loss.
+  EXPECT_DOUBLE_EQ(losses[0][53], 0.0);
+}
+
+TEST(MoaPlan, ParetoPlansMeetTheBudget) {
+  if (!have_mip_solver()) GTEST_SKIP() << "built without CBC";
+  const GradientProfile prof = toy_profile(3, 4, {1024, 2048}, 5);
+  MoaOptions o;
+  o.budget = 0.4;
+  int calls = 0;
+  const MoaResult r = plan_moa(prof, 2, o, [&](const attn::AttentionPolicy& p) {
+    ++calls;
+    return policy_density(p, 3072);  // any number: the pick must be the smallest
+  });
+  ASSERT_FALSE(r.pareto.empty());
+  EXPECT_EQ(calls, static_cast<int>(r.pareto.size()));
+  EXPECT_EQ(r.mips, 2 + 6);  // one program per length, then 6 caps on the shorter length
+  for (size_t i = 0; i < r.pareto.size(); ++i) {
+    for (double d : r.pareto[i].density) EXPECT_LE(d, 0.4 + 1e-9);
+    EXPECT_LE(r.pareto[r.chosen].validation_perplexity, r.pareto[i].validation_perplexity);
+    for (size_t j = 0; j < r.pareto.size(); ++j) {  // none dominates another
+      if (i == j) continue;
+      const bool dominates = r.pareto[j].loss[0] <= r.pareto[i].loss[0] && r.pareto[j].loss[1] <= r.pareto[i].loss[1] &&
+                             (r.pareto[j].loss[0] < r.pareto[i].loss[0] || r.pareto[j].loss[1] < r.pareto[i].loss[1]);
+      EXPECT_FALSE(dominates) << i << " dominated by " << j;
+    }
+  }
+  // At most two distinct rules per layer, and the policy is the chosen plan's.
+  for (int32_t l = 0; l < 3; ++l) {
+    std::set<std::string> distinct;
+    for (int32_t h = 0; h < 4; ++h) distinct.insert(attn::describe(r.policy.at(l, h)));
+    EXPECT_LE(distinct.size(), 2u);
+  }
+  EXPECT_EQ(r.policy.num_kv_heads(), 2);
+  EXPECT_EQ(error_of([&] { o.budget = 1.5; plan_moa(prof, 2, o); }), "moa: budget must be in (0, 1], got 1.500000");
+}
+
+TEST(TriangleMixPlan, StartLayerWhereMiddleGradientCollapses) {
+  EXPECT_EQ(trianglemix_start({5, 4, 3, 0.2, 0.1, 0.3}, 0.1), 3);
+  EXPECT_EQ(trianglemix_start({5, 4, 3, 0.2, 0.1, 3}, 0.1), 6);  // the last layer still matters: no triangle
+  EXPECT_EQ(trianglemix_start({0.1, 5, 0.2, 0.1}, 0.1), 2);
+  GradientProfile prof = toy_profile(6, 2, {512}, 1);
+  const double middle[] = {5, 4, 3, 0.2, 0.1, 0.3};
+  for (int l = 0; l < 6; ++l) {
+    prof.probe[static_cast<size_t>(l)].middle = {middle[l], middle[l] * 10, 10};
+    prof.probe[static_cast<size_t>(l)].last = {1, 1, 10};
+  }
+  TriangleMixOptions o;
+  const TriangleMixResult r = plan_trianglemix(prof, 1, {}, o);
+  EXPECT_EQ(r.probe_start, 3);
+  EXPECT_EQ(r.start_layer, 3);
+  EXPECT_EQ(r.policy.at(2, 0), attn::Pattern{attn::DensePattern{}});
+  EXPECT_EQ(r.policy.at(3, 1), attn::Pattern{o.triangle});
+  // With a budget: the densest plan within it.
+  o.budget = 0.6;
+  o.length = 8192;
+  const TriangleMixResult b = plan_trianglemix(prof, 1, {}, o);
+  EXPECT_LE(b.density, 0.6);
+  EXPECT_GT(policy_density(attn::AttentionPolicy::trianglemix(
+                               attn::AttentionPolicy::uniform(6, 2, 1, attn::DensePattern{}), b.start_layer + 1, o.triangle),
+                           8192),
+            0.6);
+  o.budget = 0.01;
+  EXPECT_EQ(error_of([&] { plan_trianglemix(prof, 1, {}, o); }).substr(0, 47),
+            "trianglemix: no start layer meets the budget 0.");
+}
+
+TEST(MInferencePlan, CandidatesHaveTheTargetDensity) {
+  const auto c = minference_candidates(0.3, 4096);
+  ASSERT_EQ(c.size(), 6u);
+  const auto& a = std::get<attn::AShapePattern>(c[0]);
+  EXPECT_GE(block_coverage(a, 4096).density, 0.3);
+  EXPECT_LT(block_coverage(attn::AShapePattern{(a.local - 1) / 4, a.local - 1}, 4096).density, 0.3);
+  for (size_t i = 1; i <= 4; ++i) {
+    const auto& vs = std::get<attn::VerticalSlashPattern>(c[i]);
+    EXPECT_NEAR((vs.vertical + 2.0 * vs.slash) / 4096, 0.3, 0.01);
+  }
+  EXPECT_EQ(std::get<attn::BlockSparsePattern>(c[5]).top_k, 10);  // 0.3 x 32.5 causal blocks on average
+  EXPECT_EQ(error_of([] { minference_candidates(0, 4096); }), "minference: budget must be in (0, 1], got 0.000000");
+}
+
+// On a tiny model: at budget 1 the A-shape candidate covers every cell, so its output equals dense.
+TEST(MInferencePlan, SearchMeasuresOutputError) {
+  const runtime::Model& m = model("llama3");
+  std::vector<CalibrationSample> samples(2);
+  for (size_t s = 0; s < 2; ++s)
+    for (int32_t i = 0; i < 150; ++i) samples[s].tokens.push_back(static_cast<int32_t>((i * 31 + 7 * s + 3) % 256));
+  MInferenceOptions o;
+  o.budget = 1.0;
+  const MInferenceResult r = plan_minference(m, samples, o, ThreadPool::global());
+  const size_t C = r.candidates.size();
+  ASSERT_EQ(r.error.size(), static_cast<size_t>(m.config().num_layers * m.config().num_q_heads) * C);
+  for (size_t hh = 0; hh < r.error.size() / C; ++hh) {
+    EXPECT_LE(r.error[hh * C + 0], 1e-5);
+    EXPECT_NEAR(r.measured_density[hh * C + 0], 1.0, 1e-12);
+    EXPECT_LE(r.score[hh], r.error[hh * C + 0]);
+  }
+  // At a low budget errors are real and each head takes its least-error candidate.
+  o.budget = 0.2;
+  const MInferenceResult low = plan_minference(m, samples, o, ThreadPool::global());
+  for (size_t hh = 0; hh < low.choice.size(); ++hh) {
+    for (size_t c = 0; c < C; ++c) EXPECT_LE(low.score[hh], low.error[hh * C + c]);
+    EXPECT_EQ(low.policy.at(static_cast<int>(hh) / m.config().num_q_heads, static_cast<int>(hh) % m.config().num_q_heads),
+              low.candidates[static_cast<size_t>(low.choice[hh])]);
+  }
+  double total = 0;
+  for (double e : low.error) total += e;
+  EXPECT_GT(total, 1e-3);
+}
+
+class CalibrationFiles : public ::testing::Test {
+ protected:
+  fs::path dir = fs::temp_directory_path() / ("tessera_plan_test_" + std::to_string(::getpid()));
+  void SetUp() override { fs::create_directories(dir); }
+  void TearDown() override { fs::remove_all(dir); }
+  fs::path write(const std::string& name, const std::string& text) {
+    std::ofstream(dir / name) << text;
+    return dir / name;
+  }
+};
+
+TEST_F(CalibrationFiles, Errors) {
+  EXPECT_EQ(error_of([&] { check_calibration_file(dir / "missing.jsonl"); }),
+            (dir / "missing.jsonl").string() + ": no such calibration file");
+  const auto empty = write("empty.jsonl", "\n  \n");
+  EXPECT_EQ(error_of([&] { check_calibration_file(empty); }),
+            empty.string() + ": no calibration samples (the file is empty)");
+  const auto bad = write("bad.jsonl", "{\"prompt\": \"a\"}\n\n{\"prompt\": 3}\n");
+  EXPECT_EQ(error_of([&] { check_calibration_file(bad); }),
+            bad.string() + ": line 3: expected a JSON object with a string \"prompt\"");
+  const auto broken = write("broken.jsonl", "{\"prompt\": \"a\", \"target\": \"b\"}\n{\"prompt\": \n");
+  EXPECT_EQ(error_of([&] { check_calibration_file(broken); }),
+            broken.string() + ": line 2: not valid JSON (each line of a .jsonl calibration file is one object "
+                              "{\"prompt\": \"...\", \"target\": \"...\"})");
+  const auto target = write("target.jsonl", "{\"prompt\": \"a\", \"target\": 5}\n");
+  EXPECT_EQ(error_of([&] { check_calibration_file(target); }), target.string() + ": line 1: \"target\" must be a string");
+  const auto text = write("notes.txt", "Some text.");
+  EXPECT_EQ(error_of([&] { check_calibration_file(text); }), "no error");
+}
+
+// Targets are the dense model's greedy tokens, each predicted at the position before it.
+TEST(Calibration, AnswersAreTheDenseModelsGreedyTokens) {
+  const runtime::Model& m = model("llama3");
+  const auto tok = model::Tokenizer::from_hf_file(kFixtures + "tokenizer/tiny_llama3_tokenizer.json");
+  std::vector<int32_t> prompt;
+  for (int32_t i = 0; i < 30; ++i) prompt.push_back((i * 13 + 5) % 200 + 4);
+  const CalibrationSample s = answer_sample(m, *tok, "t", prompt, 6);
+  EXPECT_EQ(s.prompt_tokens, 30);
+  ASSERT_FALSE(s.targets.empty());
+  ASSERT_LE(s.targets.size(), 6u);
+  EXPECT_EQ(s.tokens.size(), 30 + s.targets.size() - 1);
+  runtime::Engine engine(m);
+  const std::vector<float> logits = engine.forward_all_logits(s.tokens);
+  const int64_t V = m.config().vocab_size;
+  for (size_t k = 0; k < s.targets.size(); ++k) {
+    EXPECT_EQ(s.targets[k].position, 29 + static_cast<int32_t>(k));
+    const float* row = logits.data() + s.targets[k].position * V;
+    EXPECT_EQ(std::max_element(row, row + V) - row, s.targets[k].token) << "answer token " << k;
+    if (k + 1 < s.targets.size()) {
+      EXPECT_EQ(s.tokens[static_cast<size_t>(30 + k)], s.targets[k].token);
+    }
+  }
+  // A given target is used as is.
+  const CalibrationSample g = answer_sample(m, *tok, "g", prompt, 6, {7, 8, 9});
+  EXPECT_EQ(g.targets, (std::vector<Target>{{29, 7}, {30, 8}, {31, 9}}));
+  EXPECT_EQ(g.tokens.size(), 32u);
+}
+
+TEST(PlanReport, CostsAndPicture) {
+  const auto policy = attn::AttentionPolicy::trianglemix(attn::AttentionPolicy::uniform(4, 2, 1, attn::DensePattern{}), 2,
+                                                         attn::TrianglePattern{});
+  const auto costs = plan_costs(policy, 4, 2, 64, {1024, 8192});
+  ASSERT_EQ(costs.size(), 2u);
+  const double tri = block_coverage(attn::TrianglePattern{}, 8192).density;
+  EXPECT_NEAR(costs[1].density, (1.0 + tri) / 2, 1e-12);
+  EXPECT_DOUBLE_EQ(costs[1].dense_flops, 4.0 * 64 * 8192.0 * 8193 / 2 * 8);
+  EXPECT_DOUBLE_EQ(costs[1].flops, costs[1].density * costs[1].dense_flops);
+  const std::string svg = plan_svg(policy, 4, 2, 8192, "t <1>");
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_NE(svg.find("t &lt;1&gt;"), std::string::npos);
+  size_t cells = 0;
+  for (size_t at = svg.find("<title>layer"); at != std::string::npos; at = svg.find("<title>layer", at + 1)) ++cells;
+  EXPECT_EQ(cells, 8u);
+  const auto lines = layer_summary(policy, 4, 2, 8192);
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_EQ(lines[0], "layer  0: dense 2  (1 distinct)  density 1.000");
+  EXPECT_EQ(lines[3].substr(0, 34), "layer  3: triangle 2  (1 distinct)");
+}
+
+}  // namespace
+}  // namespace tessera::plan
