@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(PagedDecodeArgs 
   const int tid = threadIdx.x;
 
   // This group's heads: ranges, and the union [lo, A1) u [B0, len) as a compacted key index.
-  int64_t lo = 0, A1 = 0, B0 = len;
+  int64_t lo = len, A1 = 0, B0 = len;
   for (int g = 0; g < G; ++g) {
     const int h = kvh * G + g;
     const Ranges r = view_ranges(a.views + (static_cast<int64_t>(slot) * a.num_layers * a.q_heads +
@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(PagedDecodeArgs 
     if (tid == 0) {
       rng[g][0] = r.a0, rng[g][1] = r.a1, rng[g][2] = r.b0, rng[g][3] = r.b1;
     }
-    lo = r.a0;  // the same for every head of a layer (the layer's horizon)
+    lo = min64(lo, r.a0);  // the same for every head of a layer (the layer's horizon) in a model
     A1 = max64(A1, r.a1);
     B0 = min64(B0, r.b0);
   }
@@ -94,21 +94,33 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(PagedDecodeArgs 
   __syncthreads();
 
   for (int64_t t0 = i_begin; t0 < i_end; t0 += T) {
-    // K and V tiles: 16-byte chunks, each key looked up in the block table.
+    // K and V tiles: 16-byte chunks, each key looked up in the block table; every load of the tile is issued
+    // before the first store to shared memory (memory-level parallelism).
     constexpr int kChunks = D / 8;
-    for (int c = tid; c < T * kChunks; c += kThreads) {
+    constexpr int kPer = T * kChunks / kThreads;
+    static_assert(T * kChunks % kThreads == 0, "tile chunks must divide among the threads");
+    uint4 kv[kPer], vv[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int c = tid + j * kThreads;
       const int t = c / kChunks, part = c % kChunks;
       const int64_t i = t0 + t;
-      uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+      kv[j] = make_uint4(0, 0, 0, 0);
+      vv[j] = make_uint4(0, 0, 0, 0);
       if (i < i_end) {
         const int64_t pos = i < n_first ? lo + i : second + (i - n_first);
         const int64_t blk = table[pos / a.block_tokens];
         const int64_t off = (blk * a.block_tokens + pos % a.block_tokens) * D + part * 8;
-        kv = *reinterpret_cast<const uint4*>(kpool + off);
-        vv = *reinterpret_cast<const uint4*>(vpool + off);
+        kv[j] = __ldg(reinterpret_cast<const uint4*>(kpool + off));
+        vv[j] = __ldg(reinterpret_cast<const uint4*>(vpool + off));
       }
-      *reinterpret_cast<uint4*>(ks + t * kLd + part * 8) = kv;
-      *reinterpret_cast<uint4*>(vs + t * kLd + part * 8) = vv;
+    }
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int c = tid + j * kThreads;
+      const int t = c / kChunks, part = c % kChunks;
+      *reinterpret_cast<uint4*>(ks + t * kLd + part * 8) = kv[j];
+      *reinterpret_cast<uint4*>(vs + t * kLd + part * 8) = vv[j];
     }
     __syncthreads();
     // Scores, masked per head.
@@ -273,9 +285,11 @@ __global__ void rope_at_kernel(const float* inv_freq, int half, const int32_t* p
 
 int32_t paged_decode_splits(int32_t rows, int32_t kv_heads, int64_t max_keys, int32_t sms) {
   const int64_t ctas = static_cast<int64_t>(rows) * kv_heads;
-  const int64_t want = (2LL * sms + ctas - 1) / std::max<int64_t>(ctas, 1);  // about two waves of CTAs
-  const int64_t most = std::max<int64_t>(1, max_keys / 512);                 // at least 512 keys per split
-  return static_cast<int32_t>(std::clamp<int64_t>(want, 1, std::min<int64_t>(most, 64)));
+  // About six CTAs per multiprocessor (five fit at once for head dim 128: latency hiding comes from occupancy),
+  // at least 256 keys per split.
+  const int64_t want = (6LL * sms + ctas - 1) / std::max<int64_t>(ctas, 1);
+  const int64_t most = std::max<int64_t>(1, max_keys / 256);
+  return static_cast<int32_t>(std::clamp<int64_t>(want, 1, std::min<int64_t>(most, 256)));
 }
 
 void paged_decode_attention(const PagedDecodeArgs& a, cudaStream_t stream) {

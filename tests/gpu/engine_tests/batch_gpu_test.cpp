@@ -275,13 +275,24 @@ TEST_P(RealModelBatch, EqualsSingleSequenceAndCpuTwin) {
     go.chunk_size = 512;
     GpuEngine single(*dev, go);
     const auto want = single.generate(reqs[i].prompt, reqs[i].options);
-    // bf16 GEMMs over 4 rows and over 1 row may round differently: a late near-tie may flip; the first 8 tokens
-    // must agree.
-    const size_t n = std::min<size_t>(8, want.size());
-    EXPECT_EQ(std::vector<int32_t>(out[i].begin(), out[i].begin() + static_cast<int64_t>(n)),
-              std::vector<int32_t>(want.begin(), want.begin() + static_cast<int64_t>(n)))
-        << "request " << i;
-    same += out[i] == want;
+    if (out[i] == want) {
+      ++same;
+      continue;
+    }
+    // bf16 GEMMs over 4 rows and over 1 row round differently, so greedy decoding may part at a near-tie: where the
+    // two first differ, the single engine's own logits must rank the batched engine's token within a near-tie of
+    // its top-1 (the prompts are random tokens: flat distributions).
+    size_t k = 0;
+    while (k < out[i].size() && k < want.size() && out[i][k] == want[k]) ++k;
+    ASSERT_LT(k, std::min(out[i].size(), want.size())) << "request " << i << ": one output is a prefix of the other";
+    std::vector<int32_t> prefix = reqs[i].prompt;
+    prefix.insert(prefix.end(), out[i].begin(), out[i].begin() + static_cast<int64_t>(k));
+    GpuEngine again(*dev, go);
+    const std::vector<float> logits = again.prefill(prefix);
+    const float margin = logits[static_cast<size_t>(want[k])] - logits[static_cast<size_t>(out[i][k])];
+    std::printf("[batch] %s request %zu: parts from the single engine at token %zu (%d vs %d), logit margin %.4f\n",
+                GetParam(), i, k, out[i][k], want[k], margin);
+    EXPECT_LT(margin, 0.25f) << "request " << i << " token " << k;
   }
   std::printf("[batch] %s: %d of %zu requests token-for-token equal to the single-sequence GPU engine over 24 tokens\n",
               GetParam(), same, reqs.size());
