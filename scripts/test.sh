@@ -1,16 +1,29 @@
 #!/usr/bin/env bash
-# Builds tessera and runs every CPU test (the README's test command; .ci/run calls it), then the same tests built
-# with ASan + UBSan, then every fuzzer for a few seconds (scripts/fuzz.sh), then compiles the CUDA
-# backend (compile only, no GPU: `cmake --preset cuda-ci`, sm_90a, warnings as errors; build target cuda_all =
+# Builds tessera and runs every CPU test (the README's test command; .ci/run calls it), then the Python module's
+# tests (pytest tests/python against the module of the ci build) and `pip install .` into a fresh virtual
+# environment (scripts/python_wheel_check.sh; SKIP_WHEEL=1 skips it), then the same C++ tests built with ASan +
+# UBSan, then every fuzzer for a few seconds (scripts/fuzz.sh), then compiles the CUDA backend
+# (compile only, no GPU: `cmake --preset cuda-ci`, sm_90a, warnings as errors; build target cuda_all =
 # tessera_cuda, tessera_runtime_cuda, the GPU tests and benches, the CLI with --device cuda) and prints
 # "CUDA compile: N s". Fails if a test fails or the CUDA code does not compile; the CUDA step is skipped, with a
 # message, only where no nvcc is installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh models   # apt packages + the real test models (PyPI)
-cmake --preset ci >/dev/null
+bash scripts/setup.sh models   # apt packages + the real test models (PyPI) + the Python environment
+PYENV="${TESSERA_PYENV:-$HOME/.cache/tessera/pyenv}"
+# The ci build includes the Python module (tessera._tessera in build/ci/python/tessera, beside links to python/tessera).
+cmake --preset ci -DTESSERA_PYTHON=ON -DPython_EXECUTABLE="$PYENV/bin/python" >/dev/null
 cmake --build build/ci -j "$(nproc)"
 ctest --preset ci -j "$(nproc)" --timeout 600
+
+# The Python module: pytest prints its summary line; then the wheel, built and installed as a user would.
+start=$(date +%s)
+PYTHONPATH=build/ci/python TESSERA_CLI=build/ci/src/tessera \
+  "$PYENV/bin/python" -m pytest -q -p no:cacheprovider tests/python
+echo "Python tests: $(( $(date +%s) - start )) s"
+if [ "${SKIP_WHEEL:-0}" != 1 ]; then
+  bash scripts/python_wheel_check.sh
+fi
 
 # The same suite built with AddressSanitizer + UndefinedBehaviorSanitizer (`cmake --preset asan`): any report fails
 # the test that triggers it. SKIP_SANITIZERS=1 skips this and the fuzzers (a quick local run).

@@ -289,13 +289,13 @@ void register_engine(nb::module_& m) {
         nb::dict d;
 #ifdef TESSERA_PY_WITH_CUDA
         if (e.state->gpu) {
-          const runtime::gpu::GpuMemoryStats m = e.state->gpu->memory();
+          const runtime::gpu::GpuMemoryStats mem = e.state->gpu->memory();
           d["device"] = "cuda";
-          d["weights_bytes"] = m.weights_bytes;
-          d["kv_cache_bytes"] = m.kv_cache_bytes;
-          d["scratch_bytes"] = m.scratch_bytes;
-          d["peak_in_use_bytes"] = m.peak_in_use_bytes;
-          d["device_total_bytes"] = m.device_total_bytes;
+          d["weights_bytes"] = mem.weights_bytes;
+          d["kv_cache_bytes"] = mem.kv_cache_bytes;
+          d["scratch_bytes"] = mem.scratch_bytes;
+          d["peak_in_use_bytes"] = mem.peak_in_use_bytes;
+          d["device_total_bytes"] = mem.device_total_bytes;
           return d;
         }
 #endif

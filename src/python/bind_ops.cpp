@@ -474,7 +474,7 @@ void register_ops(nb::module_& m) {
           on_device(c.device_id, [&] {
             const auto s = reinterpret_cast<cudaStream_t>(stream);
             const attn::gpu::DeviceSparseIndex dix = attn::gpu::DeviceSparseIndex::upload(index, s);
-            attn::gpu::DeviceWorkPlan plan = attn::gpu::DeviceWorkPlan::upload(attn::plan_prefill(index), s);
+            attn::gpu::DeviceWorkPlan plan = attn::gpu::DeviceWorkPlan::upload(attn::gpu::plan_prefill(index), s);
             attn::gpu::sparse_prefill(args, dix, plan, s);
             // The uploaded index and plan are freed on return: wait for the kernel that reads them.
             TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
