@@ -2,7 +2,7 @@
 // the bandwidth floor, and throughput of dense KV against MoA per-head KV under one memory budget.
 //
 //   decode_bench [--model llama3-8b] [--ctx 8192,32768,131072] [--batch 1,8,32,64] [--kv-gb 40] [--steps 20]
-//                [--moa-density 0.5] [--block 64] [--layers N] [--csv FILE]
+//                [--moa-density 0.5] [--block 64] [--layers N] [--csv FILE] [--no-graphs]
 //
 // Weights are pseudo-random (DeviceModel::random) of the model's shapes; every sequence's KV is pseudo-random
 // bf16 (no prefill: the benchmark is the decode step), laid out in blocks exactly as a prefill would leave it.
@@ -62,6 +62,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> ctxs{8192, 32768, 131072}, batches{1, 8, 32, 64};
   double kv_gb = 40, density = 0.5;
   int steps = 20, block = 64, layers = 0;
+  bool graphs = true;
   try {
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
@@ -78,6 +79,7 @@ int main(int argc, char** argv) {
       else if (a == "--block") block = std::stoi(next());
       else if (a == "--layers") layers = std::stoi(next());
       else if (a == "--csv") csv = next();
+      else if (a == "--no-graphs") graphs = false;
       else throw Error("unknown option " + a + " (see the comment at the top of bench/gpu/decode_bench.cpp)");
     }
     check(density > 0 && density <= 1, "--moa-density must be in (0, 1]");
@@ -95,13 +97,15 @@ int main(int argc, char** argv) {
     std::printf("copy bandwidth (device to device, read + write): %.0f GB/s\n", bw / 1e9);
     const auto dev = gpu::DeviceModel::random(cfg, 1);
     const double weight_bytes = static_cast<double>(dev->bytes());
-    gpu::GpuBatchBackend backend(*dev);
+    gpu::GpuBatchOptions bo;
+    bo.graphs = graphs;
+    gpu::GpuBatchBackend backend(*dev, bo);
     const PagedKVShape shape{cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, block};
     const auto num_blocks = static_cast<int32_t>(kv_gb * 1e9 / backend.block_bytes(shape));
     backend.create_store(shape, num_blocks, static_cast<int32_t>(max_batch), static_cast<int32_t>(max_ctx + 64));
     backend.fill_random(7, 1.0f);
-    std::printf("model %s (%d layers, random weights %.2f GB), KV budget %.1f GB = %d blocks of %d tokens\n\n",
-                model.c_str(), cfg.num_layers, weight_bytes / 1e9, kv_gb, num_blocks, block);
+    std::printf("model %s (%d layers, random weights %.2f GB), KV budget %.1f GB = %d blocks of %d tokens, CUDA graphs %s\n\n",
+                model.c_str(), cfg.num_layers, weight_bytes / 1e9, kv_gb, num_blocks, block, graphs ? "on" : "off");
     std::printf("| context | KV | batch | step ms | tokens/s | KV read GB/step | floor ms | step / floor | splits |\n");
     std::printf("|---|---|---|---|---|---|---|---|---|\n");
     std::ofstream out;

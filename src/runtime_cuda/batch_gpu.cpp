@@ -16,11 +16,6 @@ namespace tessera::runtime::gpu {
 
 namespace {
 
-template <class T>
-void grow(attn::gpu::DeviceBuffer<T>& b, int64_t n) {
-  if (static_cast<int64_t>(b.size()) < n) b.resize(static_cast<size_t>(n));
-}
-
 int32_t clamp32(int64_t v) { return static_cast<int32_t>(std::min<int64_t>(v, INT32_MAX)); }
 
 }  // namespace
@@ -56,6 +51,7 @@ GpuBatchBackend::GpuBatchBackend(const DeviceModel& model, GpuBatchOptions optio
 
 GpuBatchBackend::~GpuBatchBackend() {
   cudaStreamSynchronize(stream_);
+  drop_graphs();
   prefill_.reset();
   gemm_.reset();
   cudaStreamDestroy(stream_);
@@ -65,6 +61,8 @@ void GpuBatchBackend::create_store(const PagedKVShape& shape, int32_t num_blocks
                                    int32_t max_context) {
   check(shape.head_dim == 64 || shape.head_dim == 128 || shape.head_dim == 256,
         "GPU batched decode: head dims 64, 128 and 256, got " + std::to_string(shape.head_dim));
+  check((shape.block_tokens & (shape.block_tokens - 1)) == 0,
+        "GPU batched decode: block_tokens must be a power of two, got " + std::to_string(shape.block_tokens));
   const int32_t group = cfg_.num_q_heads / cfg_.num_kv_heads;
   check(group <= 8, "GPU batched decode: GQA groups of at most 8 query heads, got " + std::to_string(group));
   shape_ = shape;
@@ -194,11 +192,8 @@ std::vector<float> GpuBatchBackend::decode(std::span<const int32_t> tokens, std:
   const auto n = static_cast<int64_t>(tokens.size());
   check(rows.size() == tokens.size(), "GPU batched decode: one row per token");
   if (n == 0) return {};
-  const int64_t H = cfg_.hidden_size, D = cfg_.head_dim, F = cfg_.intermediate_size, V = cfg_.vocab_size;
-  const int64_t QD = cfg_.num_q_heads * D, KD = cfg_.num_kv_heads * D;
   const int32_t L = cfg_.num_layers, Hkv = cfg_.num_kv_heads;
-  const float eps = cfg_.rms_norm_eps;
-  const int64_t Bt = shape_.block_tokens;
+  const int64_t Bt = shape_.block_tokens, V = cfg_.vocab_size;
 
   // Step data: tokens, positions, slots, lengths, then the block of each (row, layer, kv head)'s new row.
   std::vector<int32_t> step(static_cast<size_t>(4 * n + n * L * Hkv));
@@ -220,31 +215,89 @@ std::vector<float> GpuBatchBackend::decode(std::span<const int32_t> tokens, std:
     // A row that starts a block: its (new) table column goes up.
     if (pos % Bt == 0) upload_table_columns(slot, seq, pos / Bt, pos / Bt + 1);
   }
-  step_.upload(step, stream_);
+  const int32_t splits =
+      options_.splits > 0 ? options_.splits : paged_decode_splits(static_cast<int32_t>(n), Hkv, max_len, sms_);
+  last_splits_ = splits;
+  // Buffers first (a graph holds their addresses: one that grows invalidates every graph), then the step's data.
+  if (reserve_step(n, splits)) drop_graphs();
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(step_.data(), step.data(), step.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                     stream_));
+  if (options_.graphs) {
+    const auto key = std::make_pair(n, splits);
+    auto it = graphs_.find(key);
+    if (it == graphs_.end()) {
+      cudaGraph_t graph = nullptr;
+      TESSERA_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+      try {
+        launch_step(n, splits);
+      } catch (...) {
+        cudaStreamEndCapture(stream_, &graph);
+        if (graph != nullptr) cudaGraphDestroy(graph);
+        throw;
+      }
+      TESSERA_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+      cudaGraphExec_t exec = nullptr;
+      const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+      cudaGraphDestroy(graph);
+      TESSERA_CUDA_CHECK(err);
+      it = graphs_.emplace(key, exec).first;
+    }
+    TESSERA_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
+  } else {
+    launch_step(n, splits);
+  }
+  std::vector<float> out(static_cast<size_t>(n * V));
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(out.data(), logits_.data(), out.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return out;
+}
+
+bool GpuBatchBackend::reserve_step(int64_t n, int32_t splits) {
+  const int64_t H = cfg_.hidden_size, D = cfg_.head_dim, F = cfg_.intermediate_size, V = cfg_.vocab_size;
+  const int64_t QD = cfg_.num_q_heads * D, KD = cfg_.num_kv_heads * D;
+  bool grew = false;
+  auto want = [&](auto& b, int64_t count) {
+    if (static_cast<int64_t>(b.size()) < count) {
+      b.resize(static_cast<size_t>(count));
+      grew = true;
+    }
+  };
+  want(step_, 4 * n + n * cfg_.num_layers * cfg_.num_kv_heads);
+  want(x_, n * H);
+  want(h_, n * H);
+  want(q_, n * QD);
+  want(knew_, n * KD);
+  want(vnew_, n * KD);
+  want(a_, n * QD);
+  want(gu_, n * 2 * F);
+  want(logits_, n * V);
+  want(o_part_, n * cfg_.num_q_heads * splits * D);
+  want(lse_part_, n * cfg_.num_q_heads * splits);
+  if (cfg_.post_norms) want(o_, n * H);
+  for (size_t r = 0; r < inv_freqs_.size(); ++r) {
+    want(cos_[r], n * (D / 2));
+    want(sin_[r], n * (D / 2));
+  }
+  return grew;
+}
+
+void GpuBatchBackend::drop_graphs() noexcept {
+  for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+  graphs_.clear();
+}
+
+void GpuBatchBackend::launch_step(int64_t n, int32_t splits) {
+  const int64_t H = cfg_.hidden_size, D = cfg_.head_dim, F = cfg_.intermediate_size, V = cfg_.vocab_size;
+  const int64_t QD = cfg_.num_q_heads * D, KD = cfg_.num_kv_heads * D;
+  const int32_t L = cfg_.num_layers, Hkv = cfg_.num_kv_heads;
+  const float eps = cfg_.rms_norm_eps;
   const int32_t* d_tokens = step_.data();
   const int32_t* d_pos = d_tokens + n;
   const int32_t* d_slot = d_tokens + 2 * n;
   const int32_t* d_len = d_tokens + 3 * n;
   const int32_t* d_blocks = d_tokens + 4 * n;
-
-  const int32_t splits = options_.splits > 0 ? options_.splits : paged_decode_splits(static_cast<int32_t>(n), Hkv, max_len, sms_);
-  last_splits_ = splits;
-  grow(x_, n * H);
-  grow(h_, n * H);
-  grow(q_, n * QD);
-  grow(knew_, n * KD);
-  grow(vnew_, n * KD);
-  grow(a_, n * QD);
-  grow(gu_, n * 2 * F);
-  grow(logits_, n * V);
-  grow(o_part_, n * cfg_.num_q_heads * splits * D);
-  grow(lse_part_, n * cfg_.num_q_heads * splits);
-  if (cfg_.post_norms) grow(o_, n * H);
-  for (size_t r = 0; r < inv_freqs_.size(); ++r) {
-    grow(cos_[r], n * (D / 2));
-    grow(sin_[r], n * (D / 2));
+  for (size_t r = 0; r < inv_freqs_.size(); ++r)
     rope_tables_at(inv_freqs_[r].data(), static_cast<int>(D / 2), d_pos, n, cos_[r].data(), sin_[r].data(), stream_);
-  }
   embed_tokens(d_tokens, n, model_.embedding(), H, cfg_.embedding_scale, x_.data(), stream_);
   const GateActivation act = cfg_.activation == Activation::SiLU       ? GateActivation::kSiLU
                              : cfg_.activation == Activation::GeluTanh ? GateActivation::kGeluTanh
@@ -311,10 +364,6 @@ std::vector<float> GpuBatchBackend::decode(std::span<const int32_t> tokens, std:
   rms_norm_to_bf16(x_.data(), n, H, model_.final_norm(), eps, h_.data(), H, stream_);
   gemm_->linear(h_.data(), H, n, model_.output(), V, H, logits_.data(), DType::F32, V, 0.0f);
   if (cfg_.final_logit_softcap > 0) softcap(logits_.data(), n * V, cfg_.final_logit_softcap, stream_);
-  std::vector<float> out(static_cast<size_t>(n * V));
-  TESSERA_CUDA_CHECK(cudaMemcpyAsync(out.data(), logits_.data(), out.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
-  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  return out;
 }
 
 }  // namespace tessera::runtime::gpu

@@ -10,7 +10,8 @@
 // row's K/V appended to its blocks, paged flash-decoding attention with each head's own view (MoA spans, sliding
 // windows), logits of the B rows back to the host (the scheduler samples). Block tables and views live on the
 // device per sequence slot ([slots, layers * kv_heads, max_blocks]); a decode step uploads only the rows' step
-// data and the table entries that changed (a new block every block_tokens tokens).
+// data and the table entries that changed (a new block every block_tokens tokens), then replays the CUDA graph of
+// its (batch size, split count): every launch of the step (about 15 per layer) captured once, on first use.
 //
 // Not thread-safe; uses the current CUDA device; the DeviceModel must outlive it.
 #pragma once
@@ -36,6 +37,7 @@ namespace tessera::runtime::gpu {
 struct GpuBatchOptions {
   ForwardOptions prefill;  // the prefill forward's options (mlp_chunk, tile, attention backend, ...)
   int32_t splits = 0;      // decode attention splits per (row, kv head); 0: chosen per step from the lengths
+  bool graphs = true;      // run each decode step as a CUDA graph (one per batch size and split count)
 };
 
 class GpuBatchBackend final : public BatchBackend {
@@ -72,6 +74,9 @@ class GpuBatchBackend final : public BatchBackend {
 
  private:
   int32_t slot_of(const SequenceBlocks& seq) const;
+  bool reserve_step(int64_t n, int32_t splits);  // true when a buffer was reallocated
+  void launch_step(int64_t n, int32_t splits);   // every launch of a decode step (captured into a graph)
+  void drop_graphs() noexcept;
   void upload_table_columns(int32_t slot, const SequenceBlocks& seq, int64_t b0, int64_t b1);
 
   const DeviceModel& model_;
@@ -89,6 +94,7 @@ class GpuBatchBackend final : public BatchBackend {
   std::vector<int32_t> host_tables_;  // mirror of tables_
   std::vector<int32_t> free_slots_;
   std::map<const SequenceBlocks*, int32_t> slot_;
+  std::map<std::pair<int64_t, int32_t>, cudaGraphExec_t> graphs_;  // (rows, splits) -> the decode step
   // Decode scratch.
   std::vector<attn::gpu::DeviceBuffer<float>> inv_freqs_, cos_, sin_;
   std::vector<size_t> layer_rope_;

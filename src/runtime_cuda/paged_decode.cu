@@ -84,13 +84,15 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(PagedDecodeArgs 
   const int32_t* table = a.tables + (static_cast<int64_t>(slot) * a.num_layers * a.kv_heads +
                                      static_cast<int64_t>(a.layer) * a.kv_heads + kvh) *
                                         a.max_blocks;
+  const int shift = __ffs(a.block_tokens) - 1, mask = a.block_tokens - 1;
   const nbf* kpool = reinterpret_cast<const nbf*>(a.k_pool);
   const nbf* vpool = reinterpret_cast<const nbf*>(a.v_pool);
 
-  constexpr int kOut = (GM * D + kThreads - 1) / kThreads;
-  float acc[kOut];
+  // P.V: each thread owns groups of 4 consecutive output dims of one head (8-byte reads of V rows).
+  constexpr int kOut = (GM * D / 4 + kThreads - 1) / kThreads;
+  float acc[kOut][4];
 #pragma unroll
-  for (int k = 0; k < kOut; ++k) acc[k] = 0.0f;
+  for (int k = 0; k < kOut; ++k) acc[k][0] = acc[k][1] = acc[k][2] = acc[k][3] = 0.0f;
   __syncthreads();
 
   for (int64_t t0 = i_begin; t0 < i_end; t0 += T) {
@@ -108,9 +110,10 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(PagedDecodeArgs 
       kv[j] = make_uint4(0, 0, 0, 0);
       vv[j] = make_uint4(0, 0, 0, 0);
       if (i < i_end) {
-        const int64_t pos = i < n_first ? lo + i : second + (i - n_first);
-        const int64_t blk = table[pos / a.block_tokens];
-        const int64_t off = (blk * a.block_tokens + pos % a.block_tokens) * D + part * 8;
+        // 32-bit position arithmetic and a power-of-two block (a 64-bit division per chunk cost more than the load).
+        const int pos = static_cast<int>(i < n_first ? lo + i : second + (i - n_first));
+        const int blk = __ldg(table + (pos >> shift));
+        const int64_t off = (static_cast<int64_t>(blk) * a.block_tokens + (pos & mask)) * D + part * 8;
         kv[j] = __ldg(reinterpret_cast<const uint4*>(kpool + off));
         vv[j] = __ldg(reinterpret_cast<const uint4*>(vpool + off));
       }
@@ -174,14 +177,25 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(PagedDecodeArgs 
     // P.V
 #pragma unroll
     for (int k = 0; k < kOut; ++k) {
-      const int o = tid + k * kThreads;
+      const int o = (tid + k * kThreads) * 4;
       if (o < G * D) {
         const int g = o / D, c = o % D;
-        float v = acc[k] * corr_s[g];
+        const float corr = corr_s[g];
+        float v0 = acc[k][0] * corr, v1 = acc[k][1] * corr, v2 = acc[k][2] * corr, v3 = acc[k][3] * corr;
         const float* pg = ps + g * T;
 #pragma unroll 8
-        for (int t = 0; t < T; ++t) v += pg[t] * __bfloat162float(vs[t * kLd + c]);
-        acc[k] = v;
+        for (int t = 0; t < T; ++t) {
+          const uint2 raw = *reinterpret_cast<const uint2*>(vs + t * kLd + c);
+          const __nv_bfloat162 lo2 = *reinterpret_cast<const __nv_bfloat162*>(&raw.x);
+          const __nv_bfloat162 hi2 = *reinterpret_cast<const __nv_bfloat162*>(&raw.y);
+          const float p = pg[t];
+          const float2 fa = __bfloat1622float2(lo2), fb = __bfloat1622float2(hi2);
+          v0 += p * fa.x;
+          v1 += p * fa.y;
+          v2 += p * fb.x;
+          v3 += p * fb.y;
+        }
+        acc[k][0] = v0, acc[k][1] = v1, acc[k][2] = v2, acc[k][3] = v3;
       }
     }
     __syncthreads();
@@ -189,13 +203,15 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(PagedDecodeArgs 
   // Partial output and log-sum-exp of this split.
 #pragma unroll
   for (int k = 0; k < kOut; ++k) {
-    const int o = tid + k * kThreads;
+    const int o = (tid + k * kThreads) * 4;
     if (o < G * D) {
       const int g = o / D, c = o % D;
       const int h = kvh * G + g;
       const float l = l_s[g];
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
       const int64_t base = (static_cast<int64_t>(row) * a.q_heads + h) * a.splits + split;
-      a.o_part[base * D + c] = l > 0.0f ? acc[k] / l : 0.0f;
+      *reinterpret_cast<float4*>(a.o_part + base * D + c) =
+          make_float4(acc[k][0] * inv, acc[k][1] * inv, acc[k][2] * inv, acc[k][3] * inv);
       if (c == 0) a.lse_part[base] = l > 0.0f ? m_s[g] + __logf(l) : -INFINITY;
     }
   }
@@ -296,6 +312,8 @@ void paged_decode_attention(const PagedDecodeArgs& a, cudaStream_t stream) {
   if (a.rows <= 0) return;
   check(a.kv_heads > 0 && a.q_heads % a.kv_heads == 0, "paged decode attention: query heads must be a multiple of kv heads");
   check(a.splits >= 1, "paged decode attention: splits must be >= 1");
+  check(a.block_tokens > 0 && (a.block_tokens & (a.block_tokens - 1)) == 0,
+        "paged decode attention: block_tokens must be a power of two, got " + std::to_string(a.block_tokens));
   check(a.q_stride % 8 == 0 && reinterpret_cast<uintptr_t>(a.q) % 16 == 0,
         "paged decode attention: q rows must be 16-byte aligned");
   const int group = a.q_heads / a.kv_heads;
