@@ -109,6 +109,15 @@ def make_fixtures(tmp):
     bad_json = os.path.join(tmp, "bad_policy.json")
     open(bad_json, "w").write('{"tessera_policy": 1,\n  "num_layers": 2,\n}\n')
     f["bad_json_policy"] = bad_json
+    # tessera plan: calibration files, and a plan made for another model (SmolLM2's 30 x 9 heads, 3 KV heads).
+    open(os.path.join(tmp, "empty.jsonl"), "w").write("\n")
+    f["empty_calib"] = os.path.join(tmp, "empty.jsonl")
+    open(os.path.join(tmp, "bad.jsonl"), "w").write('{"prompt": "one", "target": "two"}\n{"prompt": "three"\n')
+    f["bad_calib"] = os.path.join(tmp, "bad.jsonl")
+    other = os.path.join(tmp, "smollm2-plan.json")
+    json.dump({"tessera_policy": 1, "num_layers": 30, "num_q_heads": 9, "num_kv_heads": 3,
+               "default": {"type": "moa_window", "alpha": 0, "beta": 0.5}}, open(other, "w"))
+    f["other_model_plan"] = other
     # Prompts.
     huge_prompt = os.path.join(tmp, "huge_prompt.txt")
     with open(huge_prompt, "wb") as fh:
@@ -176,6 +185,18 @@ def cases(tessera, fx, models):
     add("flags", "bench: bad second policy (checked before the first row)",
         T + ["bench", "-m", tiny, "-d", "64", "--attn", "ashape;vs:s=-1"], 1, None)
     add("flags", "bench: depth 0", T + ["bench", "-m", tiny, "-d", "0"], 1, None)
+    # tessera plan (docs/plans/README.md): checked before the model loads, except the last.
+    out = os.path.join(os.path.dirname(fx["empty_calib"]), "plan.json")
+    add("plan", "plan --budget 0", T + ["plan", "--method", "moa", "-m", tiny, "--budget", "0", "-o", out], 1, None)
+    add("plan", "plan --budget 1.5", T + ["plan", "--method", "minference", "-m", tiny, "--budget", "1.5", "-o", out],
+        1, None)
+    add("plan", "plan --method with a typo", T + ["plan", "--method", "mo", "-m", tiny, "-o", out], 1, None)
+    add("plan", "plan with an empty calibration file",
+        T + ["plan", "--method", "trianglemix", "-m", tiny, "--calib", fx["empty_calib"], "-o", out], 1, None)
+    add("plan", "plan with a malformed calibration line",
+        T + ["plan", "--method", "moa", "-m", tiny, "--calib", fx["bad_calib"], "-o", out], 1, None)
+    add("plan", "a plan for SmolLM2 given to run on Gemma-3",
+        T + ["run", "-m", gemma, "-p", "hi", "--attn", fx["other_model_plan"]], 1, None, needs=gemma)
     # Chat.
     add("chat", "--chat on a base model (no chat template)", T + ["run", "-m", gemma, "-p", "hi", "--chat"], 1, None,
         needs=gemma)

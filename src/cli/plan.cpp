@@ -68,6 +68,12 @@ std::vector<int32_t> validation_tokens(const Session& s, const std::string& hays
   return ids;
 }
 
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
 }  // namespace
 
 void check_plan_options(const PlanOptions& o) {
@@ -75,12 +81,12 @@ void check_plan_options(const PlanOptions& o) {
         "--method must be minference, moa or trianglemix, got '" + o.method + "'");
   check(!o.out.empty(), "-o/--out is required (the plan file to write)");
   if (o.budget)
-    check(*o.budget > 0 && *o.budget <= 1, "--budget must be a density in (0, 1], got " + std::to_string(*o.budget));
+    check(*o.budget > 0 && *o.budget <= 1, "--budget must be a density in (0, 1], got " + num(*o.budget));
   check(!o.lengths.empty(), "--lengths is empty");
   for (int l : o.lengths) check(l >= 128, "--lengths must be >= 128 tokens, got " + std::to_string(l));
   check(o.samples >= 1, "--samples must be >= 1, got " + std::to_string(o.samples));
   check(o.answer_tokens >= 1, "--answer-tokens must be >= 1, got " + std::to_string(o.answer_tokens));
-  check(o.threshold > 0 && o.threshold < 1, "--threshold must be in (0, 1), got " + std::to_string(o.threshold));
+  check(o.threshold > 0 && o.threshold < 1, "--threshold must be in (0, 1), got " + num(o.threshold));
   check(o.validation_length >= 0, "--validation-length must be >= 0 (0: none), got " + std::to_string(o.validation_length));
   for (int l : o.report_lengths) check(l > 0, "--report-lengths must be positive, got " + std::to_string(l));
   check(o.inner == "dense" || o.inner == "vs" || fs::exists(o.inner),

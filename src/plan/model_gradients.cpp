@@ -134,7 +134,8 @@ class Backprop {
       if (!opt_.loss_only) inputs_[sz(l)] = x;
       layer_forward(static_cast<int32_t>(l), x, act);
       x = act.x2;
-      for (size_t i = 0; i < x.size(); ++i) x[i] += post_ffn(l, act)[i];
+      const Vec<T>& ffn = post_ffn(l, act);
+      for (size_t i = 0; i < x.size(); ++i) x[i] += ffn[i];
     }
 
     // Loss over the target rows.
