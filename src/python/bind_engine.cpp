@@ -1,9 +1,9 @@
 // tessera.Engine (the C++ side of python/tessera/__init__.py's Engine) and its token stream, Generation.
 //
-// Generation runs the same loop as `tessera run` (cli/run.cpp generate_with): prefill, then per step sample from
-// fresh logits, stop at an end-of-generation token, emit the text that became complete (StreamingDecoder, special
-// tokens skipped), stop after max_tokens or at the context limit, else decode the token. So greedy output is the
-// CLI's, token for token. The GIL is released while the model runs.
+// Generation runs the same loop as `tessera run` (cli/run.cpp generate_with): prefill, then per step sample
+// from fresh logits, stop at an end-of-generation token, emit the text that became complete
+// (StreamingDecoder, special tokens skipped), stop after max_tokens or at the context limit, else decode the
+// token. So greedy output is the CLI's, token for token. The GIL is released while the model runs.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -70,8 +70,9 @@ bool use_gpu(const std::string& device) {
 #else
   if (device == "auto") return false;
   if (device == "cuda")
-    throw Error("device='cuda': this tessera module was built without the CUDA backend (build it where nvcc is "
-                "installed: pip install . picks CUDA up by itself, or -Ccmake.define.TESSERA_CUDA=ON)");
+    throw Error(
+        "device='cuda': this tessera module was built without the CUDA backend (build it where nvcc is "
+        "installed: pip install . picks CUDA up by itself, or -Ccmake.define.TESSERA_CUDA=ON)");
 #endif
   throw Error("device must be 'cpu', 'cuda' or 'auto', got '" + device + "'");
 }
@@ -170,7 +171,8 @@ EngineHandle make_engine(const ModelHandle& model, const nb::object& attn, const
   } else {
     throw nb::type_error("attn must be a --attn spec (str) or a tessera.Policy");
   }
-  check(max_context >= 0, "max_context must be >= 0 (0: the model's context length), got " + std::to_string(max_context));
+  check(max_context >= 0,
+        "max_context must be >= 0 (0: the model's context length), got " + std::to_string(max_context));
   const bool gpu = use_gpu(device);
   nb::gil_scoped_release release;
 #ifdef TESSERA_PY_WITH_CUDA
@@ -199,10 +201,12 @@ EngineHandle make_engine(const ModelHandle& model, const nb::object& attn, const
 }  // namespace
 
 void register_engine(nb::module_& m) {
-  nb::class_<Generation>(m, "Generation",
-                         "The text of one generate() call, piece by piece (iterate it). Attributes after (or during)\n"
-                         "the iteration: tokens, finish_reason ('stop', 'length', 'context' or '' while running).")
-      .def("__iter__", [](nb::handle self) { return self; }, nb::rv_policy::reference)
+  nb::class_<Generation>(
+      m, "Generation",
+      "The text of one generate() call, piece by piece (iterate it). Attributes after (or during)\n"
+      "the iteration: tokens, finish_reason ('stop', 'length', 'context' or '' while running).")
+      .def(
+          "__iter__", [](nb::handle self) { return self; }, nb::rv_policy::reference)
       .def("__next__",
            [](Generation& g) {
              std::optional<std::string> piece;
@@ -215,16 +219,18 @@ void register_engine(nb::module_& m) {
              if (!s) throw nb::python_error();
              return nb::steal<nb::str>(s);
            })
-      .def_prop_ro("tokens", &Generation::tokens, "The generated token ids so far (no end-of-generation token).")
+      .def_prop_ro("tokens", &Generation::tokens,
+                   "The generated token ids so far (no end-of-generation token).")
       .def_prop_ro("finish_reason", &Generation::finish_reason)
       .def_prop_ro("prompt_tokens", &Generation::prompt_tokens);
 
   nb::class_<EngineHandle>(m, "_Engine")
-      .def(nb::new_(&make_engine), "model"_a, "attn"_a, "device"_a = "cpu", "max_context"_a = 0, "chunk"_a = 0)
+      .def(nb::new_(&make_engine), "model"_a, "attn"_a, "device"_a = "cpu", "max_context"_a = 0,
+           "chunk"_a = 0)
       .def(
           "start",
-          [](EngineHandle& e, std::vector<int32_t> prompt, int32_t max_tokens, float temperature, int32_t top_k,
-             float top_p, uint64_t seed) {
+          [](EngineHandle& e, std::vector<int32_t> prompt, int32_t max_tokens, float temperature,
+             int32_t top_k, float top_p, uint64_t seed) {
             runtime::SamplingOptions so;
             so.temperature = temperature;
             so.top_k = top_k;
@@ -232,9 +238,9 @@ void register_engine(nb::module_& m) {
             so.seed = seed;
             const int32_t vocab = e.state->session->tokenizer->vocab_size();
             for (size_t i = 0; i < prompt.size(); ++i)
-              check(prompt[i] >= 0 && prompt[i] < vocab, "prompt[" + std::to_string(i) + "] is token id " +
-                                                             std::to_string(prompt[i]) + ", outside the vocabulary of " +
-                                                             std::to_string(vocab) + " tokens");
+              check(prompt[i] >= 0 && prompt[i] < vocab,
+                    "prompt[" + std::to_string(i) + "] is token id " + std::to_string(prompt[i]) +
+                        ", outside the vocabulary of " + std::to_string(vocab) + " tokens");
             return Generation(e.state, std::move(prompt), max_tokens, so);
           },
           "prompt"_a, "max_tokens"_a, "temperature"_a, "top_k"_a, "top_p"_a, "seed"_a)
@@ -255,13 +261,15 @@ void register_engine(nb::module_& m) {
           },
           "ids"_a)
       .def_prop_ro("device", [](EngineHandle& e) { return e.state->device; })
-      .def_prop_ro("position", [](EngineHandle& e) {
-        std::lock_guard lock(e.state->mutex);
-        return e.state->with_engine([](auto& engine) { return engine.position(); });
-      })
-      .def_prop_ro("max_context", [](EngineHandle& e) {
-        return e.state->with_engine([](auto& engine) { return engine.max_context(); });
-      })
+      .def_prop_ro("position",
+                   [](EngineHandle& e) {
+                     std::lock_guard lock(e.state->mutex);
+                     return e.state->with_engine([](auto& engine) { return engine.position(); });
+                   })
+      .def_prop_ro("max_context",
+                   [](EngineHandle& e) {
+                     return e.state->with_engine([](auto& engine) { return engine.max_context(); });
+                   })
       .def("stats",
            [](EngineHandle& e) {
              std::lock_guard lock(e.state->mutex);

@@ -1,16 +1,16 @@
-// The attention ops of tessera.ops, on the caller's memory: every tensor arrives through DLPack (nb::ndarray) and
-// is read and written in place, through its own strides (no copy of q, k, v or out). Python's tessera.ops wraps
-// these as torch custom ops; numpy arrays work too.
+// The attention ops of tessera.ops, on the caller's memory: every tensor arrives through DLPack (nb::ndarray)
+// and is read and written in place, through its own strides (no copy of q, k, v or out). Python's tessera.ops
+// wraps these as torch custom ops; numpy arrays work too.
 //
-// Layouts: q and out [batch, num_q_heads, q_len, head_dim], k and v [batch, num_kv_heads, kv_len, head_dim] (what
-// torch's scaled_dot_product_attention takes); each batch element is one AttentionArgs call whose views are
-// token-major through strides ([q_len, heads, head_dim] with the head and token strides swapped). On the CPU q, k
-// and v are f32 or bf16 and out f32 (the CPU executor's output); on CUDA q, k, v and out share one dtype, bf16 or
-// f16, and run on the caller's stream (an int: torch.cuda.current_stream().cuda_stream).
+// Layouts: q and out [batch, num_q_heads, q_len, head_dim], k and v [batch, num_kv_heads, kv_len, head_dim]
+// (what torch's scaled_dot_product_attention takes); each batch element is one AttentionArgs call whose views
+// are token-major through strides ([q_len, heads, head_dim] with the head and token strides swapped). On the
+// CPU q, k and v are f32 or bf16 and out f32 (the CPU executor's output); on CUDA q, k, v and out share one
+// dtype, bf16 or f16, and run on the caller's stream (an int: torch.cuda.current_stream().cuda_stream).
 //
-// A layer's policy is a string: a --attn preset for every head or a one-layer policy JSON (policy_handle.h). The
-// step functions (estimate, build_index, run_index) exchange plain int32 arrays: estimates packed as documented at
-// pack_estimates, the index as its four CSR arrays (attention/index/sparse_index.h).
+// A layer's policy is a string: a --attn preset for every head or a one-layer policy JSON (policy_handle.h).
+// The step functions (estimate, build_index, run_index) exchange plain int32 arrays: estimates packed as
+// documented at pack_estimates, the index as its four CSR arrays (attention/index/sparse_index.h).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
@@ -66,9 +66,10 @@ DType dtype_of(const nb::ndarray<>& a, const std::string& what) {
     if (t.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Float) && t.bits == 16) return DType::F16;
     if (t.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat) && t.bits == 16) return DType::BF16;
   }
-  throw Error(what + ": dtype (code " + std::to_string(t.code) + ", " + std::to_string(t.bits) +
-              " bits) is not supported: tessera's attention takes float32 or bfloat16 on the CPU, bfloat16 or "
-              "float16 on CUDA");
+  throw Error(
+      what + ": dtype (code " + std::to_string(t.code) + ", " + std::to_string(t.bits) +
+      " bits) is not supported: tessera's attention takes float32 or bfloat16 on the CPU, bfloat16 or "
+      "float16 on CUDA");
 }
 
 std::string shape_string(const nb::ndarray<>& a) {
@@ -79,9 +80,10 @@ std::string shape_string(const nb::ndarray<>& a) {
 
 // A 4-D [B, H, S, D] array; returns its dims.
 std::array<int64_t, 4> dims4(const nb::ndarray<>& a, const std::string& what) {
-  check(a.ndim() == 4, what + ": expected 4 dimensions [batch, heads, seq, head_dim], got " + shape_string(a));
-  return {static_cast<int64_t>(a.shape(0)), static_cast<int64_t>(a.shape(1)), static_cast<int64_t>(a.shape(2)),
-          static_cast<int64_t>(a.shape(3))};
+  check(a.ndim() == 4,
+        what + ": expected 4 dimensions [batch, heads, seq, head_dim], got " + shape_string(a));
+  return {static_cast<int64_t>(a.shape(0)), static_cast<int64_t>(a.shape(1)),
+          static_cast<int64_t>(a.shape(2)), static_cast<int64_t>(a.shape(3))};
 }
 
 // Batch element b of a [B, H, S, D] array as the token-major view [S, H, D] the executors read (no copy).
@@ -91,7 +93,8 @@ TensorView token_major(const nb::ndarray<>& a, int64_t b, DType t) {
            b * a.stride(0) * static_cast<int64_t>(dtype_size(t));
   v.dtype = t;
   v.rank = 3;
-  v.shape = {static_cast<int64_t>(a.shape(2)), static_cast<int64_t>(a.shape(1)), static_cast<int64_t>(a.shape(3)), 0};
+  v.shape = {static_cast<int64_t>(a.shape(2)), static_cast<int64_t>(a.shape(1)),
+             static_cast<int64_t>(a.shape(3)), 0};
   v.stride = {a.stride(2), a.stride(1), a.stride(3), 0};
   return v;
 }
@@ -103,18 +106,22 @@ struct Call {
 };
 
 // Checks q, k, v (and out when given) against each other; the executors check the rest (validate(args)).
-Call check_call(const nb::ndarray<>& q, const nb::ndarray<>& k, const nb::ndarray<>& v, const nb::ndarray<>* out) {
+Call check_call(const nb::ndarray<>& q, const nb::ndarray<>& k, const nb::ndarray<>& v,
+                const nb::ndarray<>* out) {
   Call c;
   const auto qd = dims4(q, "q"), kd = dims4(k, "k"), vd = dims4(v, "v");
   c.batch = qd[0], c.nq = qd[1], c.q_len = qd[2], c.d = qd[3];
   c.nkv = kd[1], c.kv_len = kd[2];
-  check(kd[0] == c.batch && vd[0] == c.batch,
-        "attention: q, k and v must have the same batch size, got q " + shape_string(q) + ", k " + shape_string(k) +
-            ", v " + shape_string(v));
-  check(vd == kd, "attention: k " + shape_string(k) + " and v " + shape_string(v) + " must have the same shape");
-  check(kd[3] == c.d, "attention: q " + shape_string(q) + " and k " + shape_string(k) + " must have the same head_dim");
-  check(c.nkv > 0 && c.nq % c.nkv == 0, "attention: " + std::to_string(c.nq) + " query heads are not a multiple of " +
-                                            std::to_string(c.nkv) + " kv heads");
+  check(kd[0] == c.batch && vd[0] == c.batch, "attention: q, k and v must have the same batch size, got q " +
+                                                  shape_string(q) + ", k " + shape_string(k) + ", v " +
+                                                  shape_string(v));
+  check(vd == kd,
+        "attention: k " + shape_string(k) + " and v " + shape_string(v) + " must have the same shape");
+  check(kd[3] == c.d,
+        "attention: q " + shape_string(q) + " and k " + shape_string(k) + " must have the same head_dim");
+  check(c.nkv > 0 && c.nq % c.nkv == 0, "attention: " + std::to_string(c.nq) +
+                                            " query heads are not a multiple of " + std::to_string(c.nkv) +
+                                            " kv heads");
   c.qt = dtype_of(q, "q"), c.kt = dtype_of(k, "k"), c.vt = dtype_of(v, "v");
   c.device_type = q.device_type(), c.device_id = q.device_id();
   auto same_device = [&](const nb::ndarray<>& a, const char* what) {
@@ -124,7 +131,8 @@ Call check_call(const nb::ndarray<>& q, const nb::ndarray<>& k, const nb::ndarra
   same_device(k, "k");
   same_device(v, "v");
   check(c.device_type == kDLCPU || c.device_type == kDLCUDA,
-        "attention: tensors must be on the CPU or a CUDA device (DLPack device type " + std::to_string(c.device_type) + ")");
+        "attention: tensors must be on the CPU or a CUDA device (DLPack device type " +
+            std::to_string(c.device_type) + ")");
   if (out) {
     const auto od = dims4(*out, "out");
     check(od == qd, "attention: out " + shape_string(*out) + " must have q's shape " + shape_string(q));
@@ -160,19 +168,22 @@ void on_device(int device_id, F&& f) {
   if (previous != device_id) TESSERA_CUDA_CHECK(cudaSetDevice(previous));
 }
 
-// One CudaLayerAttention per (policy, shape, dtype, device): the route, cuDNN plans, estimates and index buffers
-// are made once and reused by later calls of the same shape (a model's layers share shapes and policies).
-attn::gpu::CudaLayerAttention& cuda_layer(const std::string& policy, const std::vector<attn::Pattern>& patterns,
+// One CudaLayerAttention per (policy, shape, dtype, device): the route, cuDNN plans, estimates and index
+// buffers are made once and reused by later calls of the same shape (a model's layers share shapes and
+// policies).
+attn::gpu::CudaLayerAttention& cuda_layer(const std::string& policy,
+                                          const std::vector<attn::Pattern>& patterns,
                                           const attn::LoweringContext& ctx, int nkv, int d, int device) {
   static std::mutex mutex;
   using Key = std::tuple<std::string, int, int, int, int, int, int, int, int>;
   static std::map<Key, std::unique_ptr<attn::gpu::CudaLayerAttention>> cache;
-  const Key key{policy, ctx.q_begin, ctx.q_len, ctx.kv_len, ctx.total_len, static_cast<int>(patterns.size()), nkv, d,
-                device};
+  const Key key{policy, ctx.q_begin, ctx.q_len, ctx.kv_len, ctx.total_len, static_cast<int>(patterns.size()),
+                nkv,    d,           device};
   std::lock_guard lock(mutex);
   auto it = cache.find(key);
   if (it == cache.end()) {
-    if (cache.size() >= 64) cache.clear();  // shapes of one workload are few; a bound against unbounded growth
+    if (cache.size() >= 64)
+      cache.clear();  // shapes of one workload are few; a bound against unbounded growth
     it = cache.emplace(key, std::make_unique<attn::gpu::CudaLayerAttention>(patterns, ctx, nkv, d)).first;
   }
   return *it->second;
@@ -181,10 +192,12 @@ attn::gpu::CudaLayerAttention& cuda_layer(const std::string& policy, const std::
 
 attn::LoweringContext context(int64_t q_len, int64_t kv_len, int64_t q_begin, int64_t total_len, int tile) {
   check(q_begin >= 0, "attention: q_begin must be >= 0, got " + std::to_string(q_begin));
-  check(kv_len >= q_begin + q_len, "attention: kv_len " + std::to_string(kv_len) + " is less than q_begin + q_len = " +
-                                       std::to_string(q_begin + q_len) + " (every query must see its own position)");
+  check(kv_len >= q_begin + q_len, "attention: kv_len " + std::to_string(kv_len) +
+                                       " is less than q_begin + q_len = " + std::to_string(q_begin + q_len) +
+                                       " (every query must see its own position)");
   check(total_len >= 0, "attention: total_len must be >= 0 (0: kv_len), got " + std::to_string(total_len));
-  return attn::LoweringContext{static_cast<int32_t>(q_begin), static_cast<int32_t>(q_len), static_cast<int32_t>(kv_len),
+  return attn::LoweringContext{static_cast<int32_t>(q_begin), static_cast<int32_t>(q_len),
+                               static_cast<int32_t>(kv_len),
                                static_cast<int32_t>(std::max(total_len, kv_len)), tile};
 }
 
@@ -194,7 +207,9 @@ bool all_dense(const std::vector<attn::Pattern>& patterns) {
   return true;
 }
 
-uintptr_t address(const nb::ndarray<>& a) { return reinterpret_cast<uintptr_t>(a.data()); }
+uintptr_t address(const nb::ndarray<>& a) {
+  return reinterpret_cast<uintptr_t>(a.data());
+}
 
 // Estimates as int32: [num_heads, then per head: kind (0 none, 1 vertical-slash, 2 block-sparse), then
 //   VS: n_columns, n_offsets, columns..., offsets...
@@ -203,7 +218,8 @@ std::vector<int32_t> pack_estimates(const std::vector<attn::HeadEstimate>& estim
   std::vector<int32_t> out{static_cast<int32_t>(estimates.size())};
   for (const attn::HeadEstimate& e : estimates) {
     if (const auto* vs = std::get_if<attn::VerticalSlashEstimate>(&e)) {
-      out.insert(out.end(), {1, static_cast<int32_t>(vs->columns.size()), static_cast<int32_t>(vs->offsets.size())});
+      out.insert(out.end(),
+                 {1, static_cast<int32_t>(vs->columns.size()), static_cast<int32_t>(vs->offsets.size())});
       out.insert(out.end(), vs->columns.begin(), vs->columns.end());
       out.insert(out.end(), vs->offsets.begin(), vs->offsets.end());
     } else if (const auto* bs = std::get_if<attn::BlockSparseEstimate>(&e)) {
@@ -225,8 +241,9 @@ std::vector<attn::HeadEstimate> unpack_estimates(const int32_t* p, size_t n) {
     return p[i++];
   };
   auto take_list = [&](int32_t count, const char* what) {
-    check(count >= 0 && static_cast<size_t>(count) <= n - i,
-          std::string("estimates: ") + what + " count " + std::to_string(count) + " overruns the packed array");
+    check(
+        count >= 0 && static_cast<size_t>(count) <= n - i,
+        std::string("estimates: ") + what + " count " + std::to_string(count) + " overruns the packed array");
     std::vector<int32_t> v(p + i, p + i + count);
     i += static_cast<size_t>(count);
     return v;
@@ -275,7 +292,8 @@ std::vector<int32_t> int32_vector(const nb::ndarray<>& a, const std::string& wha
   const size_t n = a.size();
   std::vector<int32_t> v(n);
   if (a.ndim() == 1) {
-    for (size_t i = 0; i < n; ++i) v[i] = static_cast<const int32_t*>(a.data())[i * static_cast<size_t>(a.stride(0))];
+    for (size_t i = 0; i < n; ++i)
+      v[i] = static_cast<const int32_t*>(a.data())[i * static_cast<size_t>(a.stride(0))];
   } else {
     check(a.ndim() == 2 && a.stride(1) == 1 && a.stride(0) == static_cast<int64_t>(a.shape(1)),
           what + ": must be 1-D, or 2-D and contiguous");
@@ -285,9 +303,9 @@ std::vector<int32_t> int32_vector(const nb::ndarray<>& a, const std::string& wha
 }
 
 // q, k (B = 1) -> per-head estimates for the layer's dynamic patterns (on the CPU).
-std::vector<attn::HeadEstimate> estimate_cpu(const std::vector<attn::Pattern>& patterns, const nb::ndarray<>& q,
-                                             const nb::ndarray<>& k, const Call& c, const attn::LoweringContext& ctx,
-                                             float scale) {
+std::vector<attn::HeadEstimate> estimate_cpu(const std::vector<attn::Pattern>& patterns,
+                                             const nb::ndarray<>& q, const nb::ndarray<>& k, const Call& c,
+                                             const attn::LoweringContext& ctx, float scale) {
   const TensorView qv = token_major(q, 0, c.qt), kv = token_major(k, 0, c.kt);
   const float s = scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(c.d));
   return attn::estimate_layer(patterns, qv, kv, ctx, s, ThreadPool::global());
@@ -296,15 +314,17 @@ std::vector<attn::HeadEstimate> estimate_cpu(const std::vector<attn::Pattern>& p
 }  // namespace
 
 void register_ops(nb::module_& m) {
-  m.def("ops_data_ptr", [](nb::ndarray<> a) { return address(a); }, "a"_a,
-        "The data pointer the C++ side sees for a DLPack tensor (tests assert it is the caller's).");
+  m.def(
+      "ops_data_ptr", [](nb::ndarray<> a) { return address(a); }, "a"_a,
+      "The data pointer the C++ side sees for a DLPack tensor (tests assert it is the caller's).");
 
   m.def(
       "ops_attention",
-      [](nb::ndarray<> q, nb::ndarray<> k, nb::ndarray<> v, nb::ndarray<> out, const std::string& policy, float scale,
-         int64_t q_begin, int64_t total_len, int32_t window, uintptr_t stream) {
+      [](nb::ndarray<> q, nb::ndarray<> k, nb::ndarray<> v, nb::ndarray<> out, const std::string& policy,
+         float scale, int64_t q_begin, int64_t total_len, int32_t window, uintptr_t stream) {
         const Call c = check_call(q, k, v, &out);
-        std::vector<attn::Pattern> patterns = parse_layer(policy, static_cast<int>(c.nq), static_cast<int>(c.nkv));
+        std::vector<attn::Pattern> patterns =
+            parse_layer(policy, static_cast<int>(c.nq), static_cast<int>(c.nkv));
         std::vector<uintptr_t> seen{address(q), address(k), address(v), address(out)};
         nb::gil_scoped_release release;
         for (int64_t b = 0; b < c.batch; ++b) {
@@ -325,8 +345,9 @@ void register_ops(nb::module_& m) {
             });
             continue;
 #else
-            throw Error("attention: CUDA tensors need a tessera module built with the CUDA backend (this one is CPU "
-                        "only)");
+            throw Error(
+                "attention: CUDA tensors need a tessera module built with the CUDA backend (this one is CPU "
+                "only)");
 #endif
           }
           (void)stream;
@@ -336,21 +357,22 @@ void register_ops(nb::module_& m) {
           }
           validate(args);
           const attn::LoweringContext ctx = context(c.q_len, c.kv_len, q_begin, total_len, 64);
-          const auto estimates =
-              attn::estimate_layer(patterns, args.q, args.k, ctx, args.effective_scale(), ThreadPool::global());
+          const auto estimates = attn::estimate_layer(patterns, args.q, args.k, ctx, args.effective_scale(),
+                                                      ThreadPool::global());
           attn::sparse_attention_cpu(args, attn::lower_layer(patterns, estimates, ctx));
         }
         return seen;
       },
-      "q"_a, "k"_a, "v"_a, "out"_a, "policy"_a, "scale"_a = 0.0f, "q_begin"_a = 0, "total_len"_a = 0, "window"_a = 0,
-      "stream"_a = 0,
-      "Attention under one layer's policy, written into `out`: estimation, index and the sparse executor (dense\n"
+      "q"_a, "k"_a, "v"_a, "out"_a, "policy"_a, "scale"_a = 0.0f, "q_begin"_a = 0, "total_len"_a = 0,
+      "window"_a = 0, "stream"_a = 0,
+      "Attention under one layer's policy, written into `out`: estimation, index and the sparse executor "
+      "(dense\n"
       "layers: the dense executor). Returns the data pointers it read and wrote (q, k, v, out).");
 
   m.def(
       "ops_estimate",
-      [](nb::ndarray<> q, nb::ndarray<> k, const std::string& policy, float scale, int64_t q_begin, int64_t total_len,
-         int tile) {
+      [](nb::ndarray<> q, nb::ndarray<> k, const std::string& policy, float scale, int64_t q_begin,
+         int64_t total_len, int tile) {
         const Call c = check_call(q, k, k, nullptr);
         check(c.batch == 1, "estimate: the step functions take batch 1, got " + std::to_string(c.batch));
         const auto patterns = parse_layer(policy, static_cast<int>(c.nq), static_cast<int>(c.nkv));
@@ -367,11 +389,13 @@ void register_ops(nb::module_& m) {
           args.q_begin = static_cast<int32_t>(q_begin);
           nb::gil_scoped_release release;
           on_device(c.device_id, [&] {
-            auto& layer = cuda_layer(policy, patterns, ctx, static_cast<int>(c.nkv), static_cast<int>(c.d), c.device_id);
+            auto& layer = cuda_layer(policy, patterns, ctx, static_cast<int>(c.nkv), static_cast<int>(c.d),
+                                     c.device_id);
             layer.estimate(args);
             TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
-            packed = pack_estimates(layer.has_dynamic_heads() ? layer.download_estimates()
-                                                              : std::vector<attn::HeadEstimate>(patterns.size()));
+            packed =
+                pack_estimates(layer.has_dynamic_heads() ? layer.download_estimates()
+                                                         : std::vector<attn::HeadEstimate>(patterns.size()));
           });
 #else
           throw Error("estimate: CUDA tensors need a tessera module built with the CUDA backend");
@@ -384,7 +408,8 @@ void register_ops(nb::module_& m) {
         return to_numpy(std::move(packed), {n});
       },
       "q"_a, "k"_a, "policy"_a, "scale"_a = 0.0f, "q_begin"_a = 0, "total_len"_a = 0, "tile"_a = 64,
-      "The estimates of the layer's dynamic heads (VS columns/offsets, BS blocks), packed into an int32 array.");
+      "The estimates of the layer's dynamic heads (VS columns/offsets, BS blocks), packed into an int32 "
+      "array.");
 
   m.def(
       "ops_unpack_estimates",
@@ -432,12 +457,14 @@ void register_ops(nb::module_& m) {
         for (const attn::KeyRange& r : index.ranges) ranges.insert(ranges.end(), {r.begin, r.end});
         const size_t nr = index.ranges.size(), no = index.range_offsets.size(), nc = index.columns.size(),
                      nco = index.column_offsets.size();
-        return nb::make_tuple(to_numpy(std::move(index.range_offsets), {no}), to_numpy(std::move(ranges), {nr, 2}),
-                              to_numpy(std::move(index.column_offsets), {nco}), to_numpy(std::move(index.columns), {nc}));
+        return nb::make_tuple(
+            to_numpy(std::move(index.range_offsets), {no}), to_numpy(std::move(ranges), {nr, 2}),
+            to_numpy(std::move(index.column_offsets), {nco}), to_numpy(std::move(index.columns), {nc}));
       },
       "policy"_a, "estimates"_a, "num_q_heads"_a, "num_kv_heads"_a, "q_len"_a, "kv_len"_a, "q_begin"_a = 0,
       "total_len"_a = 0, "tile"_a = 64,
-      "Lowers the layer's patterns (with their estimates) to the range+column index: (range_offsets, ranges [n, 2],\n"
+      "Lowers the layer's patterns (with their estimates) to the range+column index: (range_offsets, ranges "
+      "[n, 2],\n"
       "column_offsets, columns), int32, CSR per (query head, query tile).");
 
   m.def(
@@ -474,7 +501,8 @@ void register_ops(nb::module_& m) {
           on_device(c.device_id, [&] {
             const auto s = reinterpret_cast<cudaStream_t>(stream);
             const attn::gpu::DeviceSparseIndex dix = attn::gpu::DeviceSparseIndex::upload(index, s);
-            attn::gpu::DeviceWorkPlan plan = attn::gpu::DeviceWorkPlan::upload(attn::gpu::plan_prefill(index), s);
+            attn::gpu::DeviceWorkPlan plan =
+                attn::gpu::DeviceWorkPlan::upload(attn::gpu::plan_prefill(index), s);
             attn::gpu::sparse_prefill(args, dix, plan, s);
             // The uploaded index and plan are freed on return: wait for the kernel that reads them.
             TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -487,14 +515,14 @@ void register_ops(nb::module_& m) {
         (void)stream;
         attn::sparse_attention_cpu(args, index);
       },
-      "q"_a, "k"_a, "v"_a, "out"_a, "range_offsets"_a, "ranges"_a, "column_offsets"_a, "columns"_a, "tile"_a = 64,
-      "q_begin"_a = 0, "scale"_a = 0.0f, "window"_a = 0, "stream"_a = 0,
+      "q"_a, "k"_a, "v"_a, "out"_a, "range_offsets"_a, "ranges"_a, "column_offsets"_a, "columns"_a,
+      "tile"_a = 64, "q_begin"_a = 0, "scale"_a = 0.0f, "window"_a = 0, "stream"_a = 0,
       "The sparse executor on a given index (batch 1), written into `out`.");
 
   m.def(
       "ops_pattern_mask",
-      [](nb::ndarray<> q, nb::ndarray<> k, const std::string& policy, float scale, int64_t q_begin, int64_t total_len,
-         int tile) {
+      [](nb::ndarray<> q, nb::ndarray<> k, const std::string& policy, float scale, int64_t q_begin,
+         int64_t total_len, int tile) {
         const Call c = check_call(q, k, k, nullptr);
         check(c.batch == 1, "pattern_mask: takes batch 1, got " + std::to_string(c.batch));
         check(c.device_type == kDLCPU, "pattern_mask: q and k must be on the CPU");
@@ -510,7 +538,8 @@ void register_ops(nb::module_& m) {
             std::memcpy(mask->data() + h * m1.size(), m1.data(), m1.size());
           }
         }
-        const size_t shape[3] = {static_cast<size_t>(c.nq), static_cast<size_t>(c.q_len), static_cast<size_t>(c.kv_len)};
+        const size_t shape[3] = {static_cast<size_t>(c.nq), static_cast<size_t>(c.q_len),
+                                 static_cast<size_t>(c.kv_len)};
         return nb::ndarray<nb::numpy, uint8_t>(mask->data(), 3, shape, owner);
       },
       "q"_a, "k"_a, "policy"_a, "scale"_a = 0.0f, "q_begin"_a = 0, "total_len"_a = 0, "tile"_a = 64,
@@ -519,8 +548,8 @@ void register_ops(nb::module_& m) {
 
   m.def(
       "ops_reference",
-      [](nb::ndarray<> q, nb::ndarray<> k, nb::ndarray<> v, const std::string& policy, float scale, int64_t q_begin,
-         int64_t total_len, int32_t window, int tile) {
+      [](nb::ndarray<> q, nb::ndarray<> k, nb::ndarray<> v, const std::string& policy, float scale,
+         int64_t q_begin, int64_t total_len, int32_t window, int tile) {
         const Call c = check_call(q, k, v, nullptr);
         check(c.device_type == kDLCPU, "reference: q, k and v must be on the CPU");
         const auto patterns = parse_layer(policy, static_cast<int>(c.nq), static_cast<int>(c.nkv));
@@ -541,15 +570,18 @@ void register_ops(nb::module_& m) {
             args.q_begin = static_cast<int32_t>(q_begin);
             args.window = window;
             validate(args);
-            const auto estimates =
-                attn::estimate_layer(patterns, args.q, args.k, ctx, args.effective_scale(), ThreadPool::global());
+            const auto estimates = attn::estimate_layer(patterns, args.q, args.k, ctx, args.effective_scale(),
+                                                        ThreadPool::global());
             std::vector<std::vector<uint8_t>> masks;
-            for (size_t h = 0; h < patterns.size(); ++h) masks.push_back(attn::pattern_mask(patterns[h], estimates[h], ctx));
+            for (size_t h = 0; h < patterns.size(); ++h)
+              masks.push_back(attn::pattern_mask(patterns[h], estimates[h], ctx));
             std::vector<double> out64;
             const int64_t kv_len = c.kv_len;
             attn::reference_attention_masked(
                 args,
-                [&](int head, int row, int key) { return masks[static_cast<size_t>(head)][static_cast<size_t>(row * kv_len + key)] != 0; },
+                [&](int head, int row, int key) {
+                  return masks[static_cast<size_t>(head)][static_cast<size_t>(row * kv_len + key)] != 0;
+                },
                 &out64);
             // out64 is [q_len][heads][head_dim]; the result is [batch][heads][q_len][head_dim].
             double* dst = result->data() + static_cast<size_t>(b) * per;
@@ -559,13 +591,14 @@ void register_ops(nb::module_& m) {
                             static_cast<size_t>(c.d) * sizeof(double));
           }
         }
-        const size_t shape[4] = {static_cast<size_t>(c.batch), static_cast<size_t>(c.nq), static_cast<size_t>(c.q_len),
-                                 static_cast<size_t>(c.d)};
+        const size_t shape[4] = {static_cast<size_t>(c.batch), static_cast<size_t>(c.nq),
+                                 static_cast<size_t>(c.q_len), static_cast<size_t>(c.d)};
         return nb::ndarray<nb::numpy, double>(result->data(), 4, shape, owner);
       },
       "q"_a, "k"_a, "v"_a, "policy"_a, "scale"_a = 0.0f, "q_begin"_a = 0, "total_len"_a = 0, "window"_a = 0,
       "tile"_a = 64,
-      "tessera's masked reference in float64 ([batch, heads, q_len, head_dim]): dense attention over each head's\n"
+      "tessera's masked reference in float64 ([batch, heads, q_len, head_dim]): dense attention over each "
+      "head's\n"
       "explicit pattern mask (pattern_mask, causal and window on top), attention/cpu/reference.h.");
 }
 

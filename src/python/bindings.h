@@ -1,8 +1,9 @@
-// tessera/python/bindings.h — the parts of the Python module tessera._tessera, one register function per file.
+// tessera/python/bindings.h — the parts of the Python module tessera._tessera, one register function per
+// file.
 //
-// The module is thin: models load through the CLI's Session (so Python and `tessera run` tokenize, template and
-// build policies identically), the engine is runtime::Engine (or the GPU engine), and the attention ops run the
-// same executors as the engine on the caller's memory (DLPack, no copy). Every tessera::Error becomes
+// The module is thin: models load through the CLI's Session (so Python and `tessera run` tokenize, template
+// and build policies identically), the engine is runtime::Engine (or the GPU engine), and the attention ops
+// run the same executors as the engine on the caller's memory (DLPack, no copy). Every tessera::Error becomes
 // tessera.Error (a RuntimeError) with the same message.
 #pragma once
 

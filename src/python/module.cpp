@@ -19,7 +19,9 @@ bool built_with_cuda() {
 }  // namespace tessera::python
 
 NB_MODULE(_tessera, m) {
-  m.doc() = "tessera's C++ core: models, the engine and the attention ops (use the package `tessera`, not this module)";
+  m.doc() =
+      "tessera's C++ core: models, the engine and the attention ops (use the package `tessera`, not this "
+      "module)";
   // tessera::Error -> tessera.Error (a RuntimeError subclass), message unchanged.
   nb::exception<tessera::Error>(m, "Error", PyExc_RuntimeError);
   m.attr("built_with_cuda") = tessera::python::built_with_cuda();

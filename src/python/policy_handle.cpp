@@ -14,7 +14,8 @@ namespace {
 
 attn::AttentionPolicy dense_if_empty(attn::AttentionPolicy p, const attn::PolicyShape& shape) {
   if (!p.table().empty()) return p;
-  return attn::AttentionPolicy::uniform(shape.num_layers, shape.num_q_heads, shape.num_kv_heads, attn::DensePattern{});
+  return attn::AttentionPolicy::uniform(shape.num_layers, shape.num_q_heads, shape.num_kv_heads,
+                                        attn::DensePattern{});
 }
 
 }  // namespace
@@ -41,9 +42,9 @@ PolicyHandle PolicyHandle::for_session(const cli::Session& s, const std::string&
 }
 
 const attn::Pattern& PolicyHandle::at(int layer, int q_head) const {
-  check(layer >= 0 && layer < policy.num_layers(),
-        "policy: layer " + std::to_string(layer) + " out of range (the policy has " +
-            std::to_string(policy.num_layers()) + " layers)");
+  check(layer >= 0 && layer < policy.num_layers(), "policy: layer " + std::to_string(layer) +
+                                                       " out of range (the policy has " +
+                                                       std::to_string(policy.num_layers()) + " layers)");
   check(q_head >= 0 && q_head < policy.num_q_heads(),
         "policy: query head " + std::to_string(q_head) + " out of range (the policy has " +
             std::to_string(policy.num_q_heads()) + " query heads)");
@@ -77,8 +78,9 @@ std::vector<attn::Pattern> parse_layer(const std::string& text, int num_q_heads,
   std::vector<attn::Pattern> patterns;
   if (!text.empty() && text.front() == '{') {
     const PolicyHandle p = PolicyHandle::from_json(text, "policy");
-    check(p.policy.num_layers() == 1, "policy: the ops take one layer (Policy.layer_json(layer)); this policy has " +
-                                          std::to_string(p.policy.num_layers()) + " layers");
+    check(p.policy.num_layers() == 1,
+          "policy: the ops take one layer (Policy.layer_json(layer)); this policy has " +
+              std::to_string(p.policy.num_layers()) + " layers");
     check(p.policy.num_q_heads() == num_q_heads && p.policy.num_kv_heads() == num_kv_heads,
           "policy: the layer has " + std::to_string(p.policy.num_q_heads()) + " query heads (" +
               std::to_string(p.policy.num_kv_heads()) + " kv heads); the tensors have " +

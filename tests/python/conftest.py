@@ -49,3 +49,37 @@ def cli() -> Path:
 
 def run_cli(cli: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(cli), *args], capture_output=True, text=True, timeout=600)
+
+
+def byte_level_tokenizer_json() -> dict:
+    """A byte-level BPE tokenizer.json with the 256 byte tokens and no merges (ids 0-255 = bytes), for the tiny
+    fixtures of tests/data/hf_tiny, which ship no tokenizer (their vocabulary is 256)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    vocab = {chr(c): b for b, c in zip(bs, cs)}
+    return {
+        "version": "1.0",
+        "added_tokens": [],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "vocab": vocab, "merges": []},
+    }
+
+
+@pytest.fixture()
+def tiny_llama_dir(tmp_path) -> Path:
+    """tests/data/hf_tiny/llama3 (config.json + model.safetensors, random weights) with a byte-level tokenizer."""
+    import json
+
+    src = ROOT / "tests" / "data" / "hf_tiny" / "llama3"
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / name).symlink_to(src / name)
+    (tmp_path / "tokenizer.json").write_text(json.dumps(byte_level_tokenizer_json()))
+    return tmp_path

@@ -63,3 +63,22 @@ def test_cuda_compile():
     q, k, v = (t.cuda() for t in inputs(s=512))
     f = torch.compile(lambda q, k, v: ops.sparse_attention(q, k, v, "ashape:sink=64,local=128") * 2, fullgraph=True)
     torch.testing.assert_close(f(q, k, v), ops.sparse_attention(q, k, v, "ashape:sink=64,local=128") * 2)
+
+
+def test_cuda_engine_matches_the_cpu_engine(tiny_llama_dir):
+    import numpy as np
+
+    model = tessera.Model.load(str(tiny_llama_dir))
+    ids = list(range(3, 120, 2))
+    cpu = np.array(tessera.Engine(model).logits(ids))
+    engine = tessera.Engine(model, device="cuda", attn="ashape:sink=4,local=16")
+    assert engine.device == "cuda"
+    dense_gpu = np.array(tessera.Engine(model, device="cuda").logits(ids))
+    rel = np.linalg.norm(dense_gpu - cpu) / np.linalg.norm(cpu)
+    assert rel < 4.5e-2, rel  # bf16 weights on the GPU (the bound of tests/gpu/engine_tests)
+    gen = engine.generate(ids, max_tokens=6, stream=True)
+    list(gen)
+    assert len(gen.tokens) == 6 and gen.finish_reason == "length"
+    m = engine.memory()
+    assert m["device"] == "cuda" and m["weights_bytes"] > 0 and m["peak_in_use_bytes"] >= m["weights_bytes"]
+    assert engine.stats()["decode_tokens"] == 5

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -153,3 +154,21 @@ def test_a_later_generate_supersedes_a_running_stream(smollm2):
     engine.generate(PROMPT, max_tokens=2)
     with pytest.raises(tessera.Error, match="superseded"):
         next(first)
+
+
+def test_engine_logits_equal_transformers_on_a_tiny_model(tiny_llama_dir):
+    """Engine.logits against the logits transformers computed for the fixture (scripts/make_hf_fixtures.py)."""
+    import json
+
+    import numpy as np
+
+    src = Path(__file__).resolve().parents[1] / "data" / "hf_tiny" / "llama3"
+    expected = json.loads((src / "expected.json").read_text())
+    ref = np.fromfile(src / expected["logits"], dtype="<f4").reshape(len(expected["tokens"]), -1)
+    model = tessera.Model.load(str(tiny_llama_dir))
+    assert model.config["vocab_size"] == 256 and model.vocab_size == 256
+    engine = tessera.Engine(model)
+    for n in (5, len(expected["tokens"])):
+        got = np.array(engine.logits(expected["tokens"][:n]))
+        np.testing.assert_allclose(got, ref[n - 1], atol=1e-4, rtol=1e-4)
+    assert model.detokenize(model.tokenize("héllo")) == "héllo"
