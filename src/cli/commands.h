@@ -87,7 +87,8 @@ struct ServeOptions {
   std::string attn = "dense";    // the default policy; requests pick others with "tessera": {"attn": ...}
   std::string policy_dir;        // policy files requests may name (as plans)
   std::string device = "auto";   // cpu | cuda | auto
-  int parallel = 1;              // engine slots (sequences generated at once)
+  int parallel = 1;              // sequences generated at once; > 1: the batched engine (continuous batching)
+  std::string kv_budget;         // the batched engine's KV memory ("8G"); empty: its default
   int queue = 16;                // requests that may wait for a slot
   int chunk = 2048;              // prefill chunk size
   int max_context = 0;           // 0: the model's

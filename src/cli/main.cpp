@@ -171,7 +171,12 @@ int main(int argc, char** argv) {
   sv->add_option("--policy-dir", serve.policy_dir, "Folder of policy files requests may name (as plans)");
   sv->add_option("--device", serve.device, "cpu, cuda or auto (cuda when a GPU is usable)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))->capture_default_str();
-  sv->add_option("--parallel", serve.parallel, "Requests generated at once (engine slots)")->capture_default_str();
+  sv->add_option("--parallel", serve.parallel,
+                 "Requests generated at once; above 1, the batched engine (continuous batching, paged KV cache)")
+      ->capture_default_str();
+  sv->add_option("--kv-budget", serve.kv_budget,
+                 "KV cache memory of the batched engine, e.g. 8G (default: a quarter of the host memory budget on "
+                 "the CPU, 70% of the free device memory on the GPU)");
   sv->add_option("--queue", serve.queue, "Requests that may wait for a slot (more get 429)")->capture_default_str();
   sv->add_option("--chunk", serve.chunk, "Prefill chunk size (CPU)")->capture_default_str();
   sv->add_option("--max-context", serve.max_context, "Context limit (default: the model's)");

@@ -15,9 +15,12 @@
 #include "server/scheduler.h"
 #endif
 #ifdef TESSERA_WITH_GPU_ENGINE
+#include "runtime_cuda/batch_gpu.h"
 #include "runtime_cuda/device_model.h"
 #include "runtime_cuda/gpu_engine.h"
 #endif
+#include "core/memory_budget.h"
+#include "runtime/batch_engine.h"
 
 namespace tessera::cli {
 
@@ -43,8 +46,6 @@ int serve_command(const ServeOptions& o) {
   check(o.port >= 0 && o.port <= 65535, "--port must be in [0, 65535], got " + std::to_string(o.port));
   const bool gpu = use_gpu_device(o.device);
   (void)cuda_attention_options(o.cuda, gpu);
-  check(!gpu || o.parallel == 1,
-        "--parallel > 1 on the GPU needs the batched engine (issue 17); today's GPU engine serves one sequence");
 
   const double t0 = now_seconds();
   const Session s = Session::open(o.model);
@@ -61,6 +62,15 @@ int serve_command(const ServeOptions& o) {
   served.created = static_cast<int64_t>(std::time(nullptr));
   server::PolicyCache policies({c.num_layers, c.num_q_heads, c.num_kv_heads}, o.attn, o.policy_dir);
 
+  // --parallel 1: one single-sequence engine (a slot); more: the batched engine over a paged KV cache.
+  const bool batched = o.parallel > 1;
+  const double kv_bytes = o.kv_budget.empty() ? 0.0 : static_cast<double>(parse_byte_size(o.kv_budget, "--kv-budget"));
+  runtime::BatchEngineOptions bo;
+  bo.chunk_size = o.chunk;
+  bo.max_batch = o.parallel;
+  bo.max_context = served.context_length;
+  bo.kv_bytes = kv_bytes;
+  server::BatchedEngine batch;
   server::SlotFactory factory;
   std::string device = "cpu";
 #ifdef TESSERA_WITH_GPU_ENGINE
@@ -71,6 +81,12 @@ int serve_command(const ServeOptions& o) {
     runtime::gpu::GpuEngineOptions go;
     go.max_context = served.context_length;
     go.cuda_attention = cuda_attention_options(o.cuda, true);
+    if (batched) {
+      runtime::gpu::GpuBatchOptions gbo;
+      gbo.prefill.cuda_attention = go.cuda_attention;
+      batch.backend = std::make_unique<runtime::gpu::GpuBatchBackend>(*weights, gbo);
+      bo.chunk_size = go.chunk_size;  // the GPU prefill's chunk (32K), not the CPU's
+    }
     factory = [&weights, go](int, int) -> std::unique_ptr<server::SlotEngine> {
       using Slot = server::EngineSlot<runtime::gpu::GpuEngine, runtime::gpu::DeviceModel, runtime::gpu::GpuEngineOptions>;
       return std::make_unique<Slot>(*weights, go);
@@ -82,10 +98,23 @@ int serve_command(const ServeOptions& o) {
     eo.chunk_size = o.chunk;
     eo.max_context = served.context_length;
     factory = server::cpu_slot_factory(*s.model, eo);
+    if (batched) batch.backend = std::make_unique<runtime::CpuBatchBackend>(*s.model);
   }
+  if (batched) batch.engine = std::make_unique<runtime::BatchEngine>(*batch.backend, bo);
 
   server::Metrics metrics;
-  server::Scheduler scheduler({.slots = o.parallel, .queue = o.queue}, factory, *s.tokenizer, metrics);
+  std::string kv_note;
+  if (batched) {
+    const runtime::BatchEngine& e = *batch.engine;
+    kv_note = ", batched: KV " + format_bytes(e.blocks().total() * e.block_bytes()) + " in " +
+              with_commas(e.blocks().total()) + " blocks of " + std::to_string(e.shape().block_tokens) + " tokens";
+  }
+  std::unique_ptr<server::Scheduler> scheduler_ptr =
+      batched ? std::make_unique<server::Scheduler>(server::SchedulerOptions{.slots = o.parallel, .queue = o.queue},
+                                                    std::move(batch), *s.tokenizer, metrics)
+              : std::make_unique<server::Scheduler>(server::SchedulerOptions{.slots = o.parallel, .queue = o.queue},
+                                                    factory, *s.tokenizer, metrics);
+  server::Scheduler& scheduler = *scheduler_ptr;
   server::HttpOptions ho;
   ho.host = o.host;
   ho.port = o.port;
@@ -111,9 +140,9 @@ int serve_command(const ServeOptions& o) {
       http.stop();
     }
   });
-  std::printf("tessera serve: listening on http://%s:%d (model '%s', device %s, %d slot%s, queue %d, attn %s%s)\n",
+  std::printf("tessera serve: listening on http://%s:%d (model '%s', device %s, %d slot%s, queue %d, attn %s%s%s)\n",
               o.host.c_str(), port, served.id.c_str(), device.c_str(), o.parallel, o.parallel == 1 ? "" : "s",
-              o.queue, o.attn.c_str(), ho.api_key.empty() ? "" : ", API key required");
+              o.queue, o.attn.c_str(), kv_note.c_str(), ho.api_key.empty() ? "" : ", API key required");
   std::fflush(stdout);
   http.listen();
   listening_done.store(true);

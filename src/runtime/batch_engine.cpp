@@ -43,6 +43,8 @@ CpuBatchBackend::CpuBatchBackend(const Model& model, ThreadPool* pool)
       prefill_(model, pool_),
       decode_(model, pool_) {}
 
+double CpuBatchBackend::default_kv_bytes() const { return 0.25 * static_cast<double>(host_memory_budget().bytes); }
+
 void CpuBatchBackend::create_store(const PagedKVShape& shape, int32_t num_blocks, int32_t, int32_t) {
   store_ = PagedKVStore(shape, num_blocks);
 }
@@ -101,7 +103,7 @@ BatchEngine::BatchEngine(BatchBackend& backend, BatchEngineOptions options)
   if (budget <= 0) {
     const double dense = block_bytes_ * static_cast<double>(cfg_.num_layers) * cfg_.num_kv_heads *
                          std::ceil(static_cast<double>(max_context_) / options_.block_tokens) * options_.max_batch;
-    budget = std::min(dense, 0.25 * static_cast<double>(host_memory_budget().bytes));
+    budget = std::min(dense, backend_.default_kv_bytes());
   }
   const double blocks = std::floor(budget / block_bytes_);
   check(blocks >= 1, "batch engine: a KV budget of " + format_bytes(budget) + " holds no block of " +

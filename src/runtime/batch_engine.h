@@ -58,6 +58,8 @@ class BatchBackend {
   virtual const ModelConfig& config() const = 0;
   virtual const char* device_name() const = 0;  // "cpu", "cuda"
   virtual double block_bytes(const PagedKVShape& shape) const = 0;  // K and V of one block
+  // The KV budget when none is given: CPU, a quarter of the host memory budget; GPU, 70% of the free device memory.
+  virtual double default_kv_bytes() const = 0;
   // Allocates the blocks' storage (once, before anything else) for at most max_sequences sequences of at most
   // max_context tokens at once. Throws tessera::Error when it cannot.
   virtual void create_store(const PagedKVShape& shape, int32_t num_blocks, int32_t max_sequences,
@@ -86,6 +88,7 @@ class CpuBatchBackend final : public BatchBackend {
   const ModelConfig& config() const override { return model_.config(); }
   const char* device_name() const override { return "cpu"; }
   double block_bytes(const PagedKVShape& shape) const override { return PagedKVStore::bytes_per_block(shape); }
+  double default_kv_bytes() const override;
   void create_store(const PagedKVShape& shape, int32_t num_blocks, int32_t max_sequences,
                     int32_t max_context) override;
   std::vector<float> prefill_chunk(std::span<const int32_t> tokens, int32_t pos, int32_t total_len,
@@ -111,7 +114,7 @@ struct BatchEngineOptions {
   int32_t chunk_size = 2048;    // prefill chunk (tokens per step of the sequence in prefill)
   int32_t block_tokens = 64;    // rows per KV block
   double kv_bytes = 0;          // KV budget in bytes (blocks = kv_bytes / block size); 0: room for max_batch
-                                // sequences of max_context tokens, dense, capped at 1/4 of the host budget
+                                // sequences of max_context tokens, dense, capped at the backend's default_kv_bytes
   int32_t max_batch = 64;       // most sequences running (prefill + decode) at once
   int32_t max_context = 0;      // tokens a sequence may reach; 0: the model's context length
   attn::AttentionPolicy policy; // the default policy of requests that bring none; empty: dense

@@ -57,6 +57,12 @@ GpuBatchBackend::~GpuBatchBackend() {
   cudaStreamDestroy(stream_);
 }
 
+double GpuBatchBackend::default_kv_bytes() const {
+  size_t free_bytes = 0, total_bytes = 0;
+  TESSERA_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return 0.7 * static_cast<double>(free_bytes);
+}
+
 void GpuBatchBackend::create_store(const PagedKVShape& shape, int32_t num_blocks, int32_t max_sequences,
                                    int32_t max_context) {
   check(shape.head_dim == 64 || shape.head_dim == 128 || shape.head_dim == 256,

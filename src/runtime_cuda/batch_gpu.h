@@ -52,6 +52,7 @@ class GpuBatchBackend final : public BatchBackend {
   double block_bytes(const PagedKVShape& shape) const override {
     return 2.0 * static_cast<double>(shape.elements_per_block()) * sizeof(bf16);
   }
+  double default_kv_bytes() const override;
   // Checks the pools against free device memory first ("KV cache of N blocks needs X, Y free").
   void create_store(const PagedKVShape& shape, int32_t num_blocks, int32_t max_sequences,
                     int32_t max_context) override;

@@ -3,6 +3,7 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <map>
 #include <optional>
 
 #include "core/error.h"
@@ -89,6 +90,7 @@ void Scheduler::shutdown() {
     dropped.swap(queue_);
     for (auto& job : running_)
       if (job) job->cancelled_ = true;
+    for (auto& job : batch_running_) job->cancelled_ = true;
   }
   cv_.notify_all();
   for (auto& job : dropped) {
@@ -101,7 +103,8 @@ Admission Scheduler::submit(const std::shared_ptr<Job>& job) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return Admission::ShuttingDown;
-    const auto busy = std::count_if(running_.begin(), running_.end(), [](const auto& j) { return j != nullptr; });
+    const auto busy = std::count_if(running_.begin(), running_.end(), [](const auto& j) { return j != nullptr; }) +
+                      static_cast<int64_t>(batch_running_.size());
     if (static_cast<int64_t>(queue_.size()) + busy >= options_.slots + options_.queue) return Admission::QueueFull;
     queue_.push_back(job);
   }
@@ -136,6 +139,11 @@ Gauges Scheduler::gauges() const {
     g.kv_tokens += engines_[i]->kv_tokens();
     g.kv_bytes += engines_[i]->kv_bytes();
   }
+  if (batched_.engine) {
+    g.running = static_cast<int64_t>(batch_running_.size());
+    g.kv_tokens = batch_kv_tokens_.load();
+    g.kv_bytes = batch_kv_bytes_.load();
+  }
   return g;
 }
 
@@ -164,70 +172,206 @@ void Scheduler::slot_loop(int slot) {
   }
 }
 
-void Scheduler::run(int slot, Job& job) {
-  JobResult r;
-  r.slot = slot;
-  const Clock::time_point start = Clock::now();
-  r.queue_seconds = seconds(start - job.arrival_);
-  if (job.cancelled()) {
-    metrics_.count_cancelled();
-    r.reason = FinishReason::Cancelled;
-    job.finish(std::move(r));
-    return;
+// What a running job's tokens turn into: text through the streaming decoder and the stop sequences, TTFT and
+// inter-token metrics, and whether to stop (a stop sequence, the client gone, the deadline). Shared by the slots and
+// the batched engine.
+class JobProgress {
+ public:
+  JobProgress(Job& job, const model::Tokenizer& tokenizer, Metrics& metrics, int slot)
+      : job_(job), metrics_(metrics), decoder_(tokenizer, {.skip_special = true}), stop_(job.request_.stop) {
+    r_.slot = slot;
+    start_ = last_ = Clock::now();
+    r_.queue_seconds = seconds(start_ - job.arrival_);
   }
-  if (start >= job.deadline_) {
-    metrics_.count_timed_out();
-    r.reason = FinishReason::Timeout;
-    job.finish(std::move(r));
-    return;
+  Job& job() { return job_; }
+  // Before the engine starts: a cancelled or expired job ends here (true).
+  bool ended_before_start() {
+    if (job_.cancelled()) ended_ = FinishReason::Cancelled;
+    else if (start_ >= job_.deadline_) ended_ = FinishReason::Timeout;
+    if (!ended_) return false;
+    finish();
+    return true;
   }
-  const PreparedRequest& req = job.request_;
-  model::StreamingDecoder decoder(tokenizer_, {.skip_special = true});
-  StopMatcher stop(req.stop);
-  Clock::time_point last = start;
-  std::optional<FinishReason> ended;  // set when on_token stops the generation
-  auto on_token = [&](int32_t token) {
+  // A generated token; false: stop the generation (the reason is kept).
+  bool on_token(int32_t token) {
     const Clock::time_point now = Clock::now();
-    if (r.completion_tokens == 0) {
-      r.ttft_seconds = seconds(now - job.arrival_);
-      metrics_.observe_ttft(r.ttft_seconds);
+    if (r_.completion_tokens == 0) {
+      r_.ttft_seconds = seconds(now - job_.arrival_);
+      metrics_.observe_ttft(r_.ttft_seconds);
     } else {
-      metrics_.observe_inter_token(seconds(now - last));
+      metrics_.observe_inter_token(seconds(now - last_));
     }
-    last = now;
-    ++r.completion_tokens;
-    job.emit(stop.push(decoder.push(token)));
-    if (stop.stopped()) ended = FinishReason::Stop;
-    else if (job.cancelled()) ended = FinishReason::Cancelled;
-    else if (now >= job.deadline_) ended = FinishReason::Timeout;
-    return !ended.has_value();
-  };
-  auto abort = [&] {
-    if (job.cancelled()) ended = FinishReason::Cancelled;
-    else if (Clock::now() >= job.deadline_) ended = FinishReason::Timeout;
-    return ended.has_value();
-  };
-  try {
-    const std::vector<int32_t> out =
-        engines_[static_cast<size_t>(slot)]->generate(req.prompt, req.gen, *job.policy_, on_token, abort);
-    if (ended) {
-      r.reason = *ended;
-    } else {
-      // Not stopped by us: the token budget, or an end-of-generation token. (prepare_request keeps the budget
-      // within the context, so a full context cannot end it first.)
-      r.reason = static_cast<int32_t>(out.size()) >= req.gen.max_new_tokens ? FinishReason::Length : FinishReason::Stop;
-      job.emit(stop.push(decoder.flush()));
-      job.emit(stop.flush());
-      if (stop.stopped()) r.reason = FinishReason::Stop;
-    }
-  } catch (const std::exception& e) {
-    r.reason = FinishReason::Error;
-    r.error = e.what();
+    last_ = now;
+    ++r_.completion_tokens;
+    job_.emit(stop_.push(decoder_.push(token)));
+    if (stop_.stopped()) ended_ = FinishReason::Stop;
+    else if (job_.cancelled()) ended_ = FinishReason::Cancelled;
+    else if (now >= job_.deadline_) ended_ = FinishReason::Timeout;
+    return !ended_.has_value();
   }
-  if (r.reason == FinishReason::Cancelled) metrics_.count_cancelled();
-  if (r.reason == FinishReason::Timeout) metrics_.count_timed_out();
-  metrics_.add_tokens(r.prompt_tokens = static_cast<int64_t>(req.prompt.size()), r.completion_tokens);
-  job.finish(std::move(r));
+  // Between prefill chunks or steps: true when the client is gone or the deadline passed.
+  bool should_abort() {
+    if (!ended_) {
+      if (job_.cancelled()) ended_ = FinishReason::Cancelled;
+      else if (Clock::now() >= job_.deadline_) ended_ = FinishReason::Timeout;
+    }
+    return ended_.has_value();
+  }
+  // The engine ended the generation itself after `generated` tokens: the budget, or an end-of-generation token.
+  void engine_ended(int64_t generated) {
+    if (ended_) return;
+    ended_ = generated >= job_.request_.gen.max_new_tokens ? FinishReason::Length : FinishReason::Stop;
+    job_.emit(stop_.push(decoder_.flush()));
+    job_.emit(stop_.flush());
+    if (stop_.stopped()) ended_ = FinishReason::Stop;
+  }
+  void failed(const std::string& error) {
+    ended_ = FinishReason::Error;
+    r_.error = error;
+  }
+  void finish() {
+    r_.reason = ended_.value_or(FinishReason::Error);
+    if (r_.reason == FinishReason::Cancelled) metrics_.count_cancelled();
+    if (r_.reason == FinishReason::Timeout) metrics_.count_timed_out();
+    metrics_.add_tokens(r_.prompt_tokens = static_cast<int64_t>(job_.request_.prompt.size()), r_.completion_tokens);
+    job_.finish(std::move(r_));
+  }
+
+ private:
+  Job& job_;
+  Metrics& metrics_;
+  model::StreamingDecoder decoder_;
+  StopMatcher stop_;
+  JobResult r_;
+  Clock::time_point start_, last_;
+  std::optional<FinishReason> ended_;
+};
+
+void Scheduler::run(int slot, Job& job) {
+  JobProgress p(job, tokenizer_, metrics_, slot);
+  if (p.ended_before_start()) return;
+  const PreparedRequest& req = job.request_;
+  try {
+    const std::vector<int32_t> out = engines_[static_cast<size_t>(slot)]->generate(
+        req.prompt, req.gen, *job.policy_, [&](int32_t token) { return p.on_token(token); },
+        [&] { return p.should_abort(); });
+    // (prepare_request keeps the budget within the context, so a full context cannot end it first.)
+    p.engine_ended(static_cast<int64_t>(out.size()));
+  } catch (const std::exception& e) {
+    p.failed(e.what());
+  }
+  p.finish();
+}
+
+Scheduler::Scheduler(SchedulerOptions options, BatchedEngine batched, const model::Tokenizer& tokenizer,
+                     Metrics& metrics)
+    : options_(options), tokenizer_(tokenizer), metrics_(metrics), batched_(std::move(batched)) {
+  check(options_.slots >= 1, "--parallel must be at least 1, got " + std::to_string(options_.slots));
+  check(options_.queue >= 0, "--queue must not be negative, got " + std::to_string(options_.queue));
+  check(batched_.engine != nullptr, "scheduler: no batched engine");
+  threads_.emplace_back([this] { batch_loop(); });
+}
+
+void Scheduler::batch_loop() {
+  runtime::BatchEngine& engine = *batched_.engine;
+  struct Active {
+    std::shared_ptr<Job> job;
+    std::unique_ptr<JobProgress> progress;
+    int64_t generated = 0;
+    bool cancel_sent = false;
+  };
+  std::map<int64_t, Active> active;
+  for (;;) {
+    std::vector<std::shared_ptr<Job>> incoming;
+    bool stopping = false;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty() || !active.empty(); });
+      stopping = stopping_;
+      if (stopping && active.empty() && queue_.empty()) return;
+      while (!queue_.empty() && static_cast<int>(active.size() + incoming.size()) < options_.slots) {
+        incoming.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+        batch_running_.push_back(incoming.back());
+      }
+    }
+    auto done = [&](const std::shared_ptr<Job>& job) {
+      std::lock_guard<std::mutex> lock(mu_);
+      std::erase(batch_running_, job);
+    };
+    for (auto& job : incoming) {
+      auto progress = std::make_unique<JobProgress>(*job, tokenizer_, metrics_, 0);
+      if (progress->ended_before_start()) {
+        done(job);
+        continue;
+      }
+      runtime::BatchRequest br;
+      br.prompt = job->request_.prompt;
+      br.options = job->request_.gen;
+      if (!job->policy_->table().empty()) br.policy = *job->policy_;
+      try {
+        const int64_t id = engine.submit(std::move(br));
+        active.emplace(id, Active{job, std::move(progress), 0, false});
+      } catch (const std::exception& e) {
+        progress->failed(e.what());
+        progress->finish();
+        done(job);
+      }
+    }
+    // The client gone, the deadline, a stop sequence, shutting down: the engine drops the request at its next step.
+    for (auto& [id, a] : active) {
+      if (stopping) a.job->cancelled_ = true;
+      if (!a.cancel_sent && a.progress->should_abort()) {
+        engine.cancel(id);
+        a.cancel_sent = true;
+      }
+    }
+    std::vector<runtime::BatchEvent> events;
+    try {
+      events = engine.step();
+    } catch (const std::exception& e) {  // a bug check in the engine: every request in it ends with the error
+      for (auto& [id, a] : active) {
+        a.progress->failed(e.what());
+        a.progress->finish();
+        done(a.job);
+      }
+      active.clear();
+      continue;
+    }
+    for (const runtime::BatchEvent& e : events) {
+      const auto it = active.find(e.id);
+      if (it == active.end()) continue;
+      Active& a = it->second;
+      if (e.token >= 0) {
+        ++a.generated;
+        if (!a.progress->on_token(e.token) && !a.cancel_sent) {
+          engine.cancel(e.id);
+          a.cancel_sent = true;
+        }
+      }
+      if (!e.finished) continue;
+      switch (e.reason) {
+        case runtime::FinishReason::kError: a.progress->failed(e.error); break;
+        case runtime::FinishReason::kCancelled: a.progress->should_abort(); break;  // the reason we cancelled for
+        default: a.progress->engine_ended(a.generated); break;
+      }
+      a.progress->finish();
+      done(a.job);
+      active.erase(it);
+    }
+    int64_t kv_tokens = 0;
+    for (const auto& [id, a] : active) kv_tokens += a.job->request_.prompt.size() + a.generated;
+    batch_kv_tokens_.store(active.empty() ? 0 : kv_tokens);
+    batch_kv_bytes_.store(static_cast<int64_t>(engine.blocks().used() * engine.block_bytes()));
+    if (active.empty()) {
+      bool idle = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        idle = queue_.empty();
+      }
+      if (idle) malloc_trim(0);
+    }
+  }
 }
 
 }  // namespace tessera::server

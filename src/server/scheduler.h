@@ -12,8 +12,13 @@
 // FIFO; submit() refuses a job when every slot is busy and the queue is full. Between tokens the slot turns ids
 // into text (StreamingDecoder), applies stop sequences (StopMatcher) and checks the job's cancel flag and
 // deadline, so a cancelled or timed-out request frees its slot and KV cache after at most one more token, or
-// one more prefill chunk while it prefills. The batched engine (issue 17) replaces the slots behind the same
-// submit / wait / cancel interface.
+// one more prefill chunk while it prefills.
+//
+// With the batched engine (runtime/batch_engine.h; `tessera serve --parallel N`, N > 1) there are no slots: one
+// thread drives one BatchEngine, moving up to `slots` jobs from the queue into it (it admits them by KV memory and
+// runs them with continuous batching: one decode token of every running request per step, prefill chunks in
+// between); the same per-token work as a slot's, and cancellation / deadlines / stop sequences become
+// BatchEngine::cancel, which frees the request's blocks at the next step.
 #pragma once
 
 #include <atomic>
@@ -30,6 +35,7 @@
 
 #include "attention/pattern/policy.h"
 #include "model/tokenizer/tokenizer.h"
+#include "runtime/batch_engine.h"
 #include "runtime/generation.h"
 #include "server/metrics.h"
 #include "server/request_prep.h"
@@ -59,6 +65,12 @@ class SlotEngine {
 // Slot `index` of `count`: makes that slot's engine (called once per slot, on the constructing thread).
 using SlotFactory = std::function<std::unique_ptr<SlotEngine>(int index, int count)>;
 
+// The batched engine behind a scheduler: the engine and the backend it runs on (which must outlive it).
+struct BatchedEngine {
+  std::unique_ptr<runtime::BatchBackend> backend;
+  std::unique_ptr<runtime::BatchEngine> engine;
+};
+
 enum class FinishReason { Stop, Length, Cancelled, Timeout, Error };
 const char* finish_reason_name(FinishReason r);  // "stop", "length", "cancelled", "timeout", "error"
 
@@ -87,6 +99,7 @@ class Job {
 
  private:
   friend class Scheduler;
+  friend class JobProgress;
   void emit(const std::string& text);
   void finish(JobResult result);
 
@@ -113,6 +126,8 @@ class Scheduler {
   // Makes the slots' engines with `factory` and starts their threads. `tokenizer` and `metrics` must outlive it.
   Scheduler(SchedulerOptions options, const SlotFactory& factory, const model::Tokenizer& tokenizer,
             Metrics& metrics);
+  // One batched engine (options.slots: the most requests in it at once) driven by one thread.
+  Scheduler(SchedulerOptions options, BatchedEngine batched, const model::Tokenizer& tokenizer, Metrics& metrics);
   ~Scheduler();  // cancels what is queued or running and joins the slots
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -129,6 +144,7 @@ class Scheduler {
  private:
   void slot_loop(int slot);
   void run(int slot, Job& job);
+  void batch_loop();
 
   SchedulerOptions options_;
   const model::Tokenizer& tokenizer_;
@@ -140,6 +156,9 @@ class Scheduler {
   std::deque<std::shared_ptr<Job>> queue_;
   std::vector<std::shared_ptr<Job>> running_;  // per slot; null when idle
   bool stopping_ = false;
+  BatchedEngine batched_;                            // batched mode: the engine (slots_ and engines_ empty)
+  std::vector<std::shared_ptr<Job>> batch_running_;  // batched mode: the jobs in the engine
+  std::atomic<int64_t> batch_kv_tokens_{0}, batch_kv_bytes_{0};
 };
 
 }  // namespace tessera::server
