@@ -4,8 +4,8 @@
 # environment (scripts/python_wheel_check.sh; SKIP_WHEEL=1 skips it), then the same C++ tests built with ASan +
 # UBSan, then every fuzzer for a few seconds (scripts/fuzz.sh), then compiles the CUDA backend
 # (compile only, no GPU: `cmake --preset cuda-ci`, sm_90a, warnings as errors; build target cuda_all =
-# tessera_cuda, tessera_runtime_cuda, the GPU tests and benches, the CLI with --device cuda) and prints
-# "CUDA compile: N s". Fails if a test fails or the CUDA code does not compile; the CUDA step is skipped, with a
+# tessera_cuda, tessera_runtime_cuda, the GPU tests and benches, the CLI with --device cuda, the Python module) and
+# prints "CUDA compile: N s". Fails if a test fails or the CUDA code does not compile; the CUDA step is skipped, with a
 # message, only where no nvcc is installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,7 +51,9 @@ if ! command -v nvcc > /dev/null; then
 fi
 LOG=build/cuda-ci.log
 start=$(date +%s)
-if ! { cmake --preset cuda-ci && cmake --build --preset cuda-ci -j "$(nproc)"; } > "$LOG" 2>&1; then
+# With the Python module: its CUDA side (the GPU engine and the CUDA attention ops) is compiled too (target _tessera).
+if ! { cmake --preset cuda-ci -DTESSERA_PYTHON=ON -DPython_EXECUTABLE="$PYENV/bin/python" &&
+  cmake --build --preset cuda-ci -j "$(nproc)"; } > "$LOG" 2>&1; then
   echo "CUDA compile: FAILED after $(( $(date +%s) - start )) s (cmake --preset cuda-ci; full log in $LOG):"
   grep -E "error|Error|FAILED" "$LOG" | head -40
   tail -n 30 "$LOG"

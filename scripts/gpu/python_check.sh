@@ -61,6 +61,8 @@ step() {  # step NAME MAX_SECONDS CMD...
 {
   nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader
   python3 -c 'import torch, transformers, nanobind; print("torch", torch.__version__, "transformers", transformers.__version__, "nanobind", nanobind.__version__)'
+  # The module compiles against the interpreter's headers (Python.h): say where they are, or that they are missing.
+  python3 -c 'import os, sys, sysconfig; i = sysconfig.get_paths()["include"]; print(sys.executable, sys.version.split()[0], "headers", i, "ok" if os.path.exists(os.path.join(i, "Python.h")) else "MISSING (Python.h)")'
 } 2>&1 | tee -a "$SUMMARY"
 
 TESSERA_DEPS_CMAKE_ARGS=""
