@@ -204,6 +204,8 @@ TEST(MoaPlan, ParetoPlansMeetTheBudget) {
   ASSERT_FALSE(r.pareto.empty());
   EXPECT_EQ(calls, static_cast<int>(r.pareto.size()));
   EXPECT_EQ(r.mips, 2 + 6);  // one program per length, then 6 caps on the shorter length
+  // At 1K and 2K: the sink alone (alpha -2048, or beta 0), beta 1/8 .. 7/8 with alpha 0, and dense.
+  EXPECT_EQ(r.options, 9);
   for (size_t i = 0; i < r.pareto.size(); ++i) {
     for (double d : r.pareto[i].density) EXPECT_LE(d, 0.4 + 1e-9);
     EXPECT_LE(r.pareto[r.chosen].validation_perplexity, r.pareto[i].validation_perplexity);

@@ -122,24 +122,55 @@ MoaResult plan_moa(const GradientProfile& profile, int32_t num_kv_heads, const M
                                     std::to_string(sparsest) + ")");
   }
 
+  // Rules that mask the same cells at every profiled length (at 2K, every alpha >= 2048 is dense) are one option
+  // to the solver: the first of each class (smallest alpha, then beta) stands for it. This shrinks the programs
+  // several times over without changing their optimum.
+  std::vector<std::vector<std::vector<double>>> kept(K);  // [length][rule]: block coverage
+  for (size_t k = 0; k < K; ++k)
+    for (const ElasticRule& r : rules)
+      kept[k].push_back(block_coverage(attn::ElasticWindowPattern{r.alpha, r.beta, o.sink}, result.lengths[k]).kept);
+  std::vector<int32_t> reps;  // option -> rule
+  for (int32_t r = 0; r < R; ++r) {
+    const bool duplicate = std::any_of(reps.begin(), reps.end(), [&](int32_t q) {
+      for (size_t k = 0; k < K; ++k)
+        if (densities[k][static_cast<size_t>(q)] != densities[k][static_cast<size_t>(r)] ||
+            kept[k][static_cast<size_t>(q)] != kept[k][static_cast<size_t>(r)])
+          return false;
+      return true;
+    });
+    if (!duplicate) reps.push_back(r);
+  }
+  const auto O = static_cast<int32_t>(reps.size());
+  const size_t heads = static_cast<size_t>(profile.num_layers) * static_cast<size_t>(profile.num_q_heads);
+  std::vector<std::vector<double>> opt_densities(K), opt_losses(K);
+  for (size_t k = 0; k < K; ++k) {
+    for (int32_t q : reps) opt_densities[k].push_back(densities[k][static_cast<size_t>(q)]);
+    opt_losses[k].resize(heads * static_cast<size_t>(O));
+    for (size_t h = 0; h < heads; ++h)
+      for (int32_t i = 0; i < O; ++i)
+        opt_losses[k][h * static_cast<size_t>(O) + static_cast<size_t>(i)] =
+            losses[k][h * static_cast<size_t>(R) + static_cast<size_t>(reps[static_cast<size_t>(i)])];
+  }
+  result.options = O;
+
   RuleAssignmentProblem base;
   base.groups = profile.num_layers;
   base.items_per_group = profile.num_q_heads;
-  base.options = R;
-  base.weights = densities;
+  base.options = O;
+  base.weights = opt_densities;
   base.weight_limits.assign(K, o.budget);
   base.max_options_per_group = o.max_rules_per_layer;
   base.time_limit_seconds = o.time_limit_seconds;
 
   auto candidate = [&](const RuleAssignment& a) {
     MoaCandidate c;
-    c.rule_of_head = a.choice;
+    for (int32_t i : a.choice) c.rule_of_head.push_back(reps[static_cast<size_t>(i)]);
     c.proven_optimal = a.proven_optimal;
     for (size_t k = 0; k < K; ++k) {
-      c.loss.push_back(assignment_sum(losses[k], R, a.choice));
+      c.loss.push_back(assignment_sum(losses[k], R, c.rule_of_head));
       double d = 0;
-      for (int32_t r : a.choice) d += densities[k][static_cast<size_t>(r)];
-      c.density.push_back(d / static_cast<double>(a.choice.size()));
+      for (int32_t r : c.rule_of_head) d += densities[k][static_cast<size_t>(r)];
+      c.density.push_back(d / static_cast<double>(c.rule_of_head.size()));
     }
     return c;
   };
@@ -151,7 +182,7 @@ MoaResult plan_moa(const GradientProfile& profile, int32_t num_kv_heads, const M
   // The primary objective is the longest length's loss.
   const size_t primary = K - 1;
   RuleAssignmentProblem first = base;
-  first.cost = losses[primary];
+  first.cost = opt_losses[primary];
   if (progress) progress("moa: MIP at length " + std::to_string(result.lengths[primary]));
   const auto a0 = solve(first);
   check(a0.has_value(), "moa: no plan meets the budget (the MIP is infeasible)");
@@ -161,7 +192,7 @@ MoaResult plan_moa(const GradientProfile& profile, int32_t num_kv_heads, const M
     std::vector<double> lo(K), hi(K);
     for (size_t k = 0; k + 1 < K; ++k) {
       RuleAssignmentProblem p = base;
-      p.cost = losses[k];
+      p.cost = opt_losses[k];
       if (progress) progress("moa: MIP at length " + std::to_string(result.lengths[k]));
       const auto a = solve(p);
       check(a.has_value(), "moa: no plan meets the budget (the MIP is infeasible)");
@@ -174,9 +205,9 @@ MoaResult plan_moa(const GradientProfile& profile, int32_t num_kv_heads, const M
     std::vector<int32_t> level(secondaries, 0);
     for (;;) {
       RuleAssignmentProblem p = base;
-      p.cost = losses[primary];
+      p.cost = opt_losses[primary];
       for (size_t k = 0; k < secondaries; ++k) {
-        p.cap_costs.push_back(losses[k]);
+        p.cap_costs.push_back(opt_losses[k]);
         p.caps.push_back(lo[k] + (hi[k] - lo[k]) * level[k] / std::max(1, o.intervals));
       }
       if (progress) progress("moa: epsilon-constraint MIP " + std::to_string(result.mips + 1));

@@ -67,6 +67,7 @@ struct MoaResult {
   size_t chosen = 0;                       // index into pareto
   attn::AttentionPolicy policy;            // the chosen plan
   int32_t mips = 0;                        // programs solved
+  int32_t options = 0;                     // distinct rules at the profiled lengths (the programs' options)
 };
 
 // Density of each rule at each length, [length][rule], and the rule losses [length][head * rules] of a profile.
