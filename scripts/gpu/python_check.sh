@@ -7,29 +7,32 @@
 #   there:                   bash scripts/gpu/python_check.sh          (device call, carry ["build/gpu-debs"],
 #                                                                       timeout 600)
 # The image has torch, transformers, nanobind and pytest; the build dependencies it lacks come from build/gpu-debs.
-# Steps (logs in $OUT/<step>.log; a failing step does not stop the later ones; every step is capped so that the
-# whole run stays within PY_CHECK_BUDGET_S, default 570 s):
+# Steps (logs in build/py-gpu/logs/<step>.log, packed into $OUT/logs.tgz at the end; a failing step does not stop
+# the later ones; every step is capped so that the whole run stays within PY_CHECK_BUDGET_S, default 570 s):
 #   build    cmake (Release, CUDA sm_90a, TESSERA_PYTHON=ON, benches on) + targets _tessera, attention_gpu_bench
-#   pytest   tests/python (CPU and CUDA tests; the engine-vs-CLI tests skip: no real models or CLI there)
+#   pytest   tests/python/test_cuda.py (PYTEST_ALL=1: all of tests/python; the engine-vs-CLI tests skip there)
 #   ops      attention_gpu_bench --inputs random --kernel auto (C++) and scripts/gpu/python_bench.py ops (the same
 #            shapes and patterns through tessera.ops.sparse_attention and through the raw binding): a table of
 #            C++ total ms, Python ms and their ratio (goal: within 1.03)
 #   ttft     scripts/gpu/python_bench.py ttft: Llama-3.1-8B config, random bf16 weights, TTFT at 32K and 128K:
 #            unpatched SDPA, then tessera.hf.patch with each of TTFT_ATTN (default "dense,vs,trianglemix")
 # Environment: OUT (default build/py-gpu/out), JOBS (16), OPS_SEQ (32768,131072), TTFT_SEQ (32768,131072), TTFT_ATTN,
-# TTFT_LAYERS (0: all 32), SKIP_PYTEST=1, SKIP_OPS=1, SKIP_TTFT=1, NO_TOUCH=1.
-# Prints, at the end, summary.txt: one line per step (ok / FAILED / TIMEOUT and seconds), the ops table and the TTFT
-# table (also in $OUT/ops.md, $OUT/ttft.md and CSVs).
+# TTFT_LAYERS (0: all 32), SKIP_PYTEST=1, PYTEST_ALL=1, SKIP_OPS=1, SKIP_TTFT=1, NO_TOUCH=1.
+# Prints, at the end, summary.txt: one line per step (ok / FAILED / TIMEOUT and seconds, the tail of a failed step's
+# log), the ops table and the TTFT table. $OUT gets 7 files: summary.txt, ops.md, ttft.md, ops_cpp.csv,
+# ops_python.csv, ttft.csv, logs.tgz.
 set -u
 set -o pipefail
 cd "$(dirname "$0")/../.." || exit 1
 ROOT=$PWD
 OUT=${OUT:-$ROOT/build/py-gpu/out}
+LOGS=$ROOT/build/py-gpu/logs
 BUILD=$ROOT/build/py-cuda
 JOBS=${JOBS:-16}
 BUDGET=${PY_CHECK_BUDGET_S:-570}
 START=$(date +%s)
-mkdir -p "$OUT"
+rm -rf "$LOGS"
+mkdir -p "$OUT" "$LOGS"
 SUMMARY=$OUT/summary.txt
 : > "$SUMMARY"
 export PATH=$PATH:/usr/local/cuda/bin
@@ -49,12 +52,12 @@ step() {  # step NAME MAX_SECONDS CMD...
     return 99
   fi
   t0=$(date +%s)
-  timeout -k 10 "$cap" "$@" > "$OUT/$name.log" 2>&1
+  timeout -k 10 "$cap" "$@" > "$LOGS/$name.log" 2>&1
   rc=$?
   [ $rc -eq 124 ] && status="TIMEOUT after ${cap}s"
   [ $rc -ne 0 ] && [ $rc -ne 124 ] && status="FAILED rc=$rc (tail of $name.log below)"
   echo "$name $status ($(( $(date +%s) - t0 ))s)" | tee -a "$SUMMARY"
-  [ $rc -ne 0 ] && tail -n 25 "$OUT/$name.log" | sed 's/^/    /' | tee -a "$SUMMARY"
+  [ $rc -ne 0 ] && { tail -n 25 "$LOGS/$name.log"; echo; } | sed 's/^/    /' | tee -a "$SUMMARY"
   return $rc
 }
 
@@ -67,7 +70,7 @@ step() {  # step NAME MAX_SECONDS CMD...
 
 TESSERA_DEPS_CMAKE_ARGS=""
 if [ -d "$ROOT/build/gpu-debs" ]; then
-  bash scripts/gpu/deps.sh unpack > "$OUT/deps.log" 2>&1 && . "$ROOT/build/gpu-sysroot/deps.env"
+  bash scripts/gpu/deps.sh unpack > "$LOGS/deps.log" 2>&1 && . "$ROOT/build/gpu-sysroot/deps.env"
 else
   echo "no build/gpu-debs carried: the build needs nlohmann_json, PCRE2 and OpenBLAS from the image" | tee -a "$SUMMARY"
 fi
@@ -86,7 +89,11 @@ export ROOT BUILD JOBS TESSERA_DEPS_CMAKE_ARGS
 if step build 330 bash -c build; then
   export PYTHONPATH=$BUILD/python
   if [ "${SKIP_PYTEST:-0}" != 1 ]; then
-    TESSERA_ALLOW_MISSING_MODELS=1 step pytest 120 python3 -m pytest -q -p no:cacheprovider tests/python -rs
+    # The CUDA tests (ops against masked SDPA, steps, stream, zero-copy, torch.compile; the GPU engine against the
+    # CPU engine); the CPU tests run in CI (PYTEST_ALL=1: all of tests/python here too).
+    tests=tests/python/test_cuda.py
+    [ "${PYTEST_ALL:-0}" = 1 ] && tests=tests/python
+    TESSERA_ALLOW_MISSING_MODELS=1 step pytest 150 python3 -m pytest -q -p no:cacheprovider "$tests" -rs
   fi
   if [ "${SKIP_OPS:-0}" != 1 ]; then
     step ops_cpp 90 "$BUILD/bench/gpu/attention_gpu_bench" --seq "${OPS_SEQ:-32768,131072}" \
@@ -99,6 +106,7 @@ if step build 330 bash -c build; then
       --attn "${TTFT_ATTN:-dense,vs,trianglemix}" --layers "${TTFT_LAYERS:-0}" --md "$OUT/ttft.md" --csv "$OUT/ttft.csv"
   fi
 fi
+tar czf "$OUT/logs.tgz" -C "$LOGS" . 2> /dev/null
 echo
 echo "== summary ($(( $(date +%s) - START )) s) =="
 cat "$SUMMARY"
