@@ -6,7 +6,8 @@
 #      models when present) and, unless SKIP_ENGINE_TESTS=1, every other GPU test (ctest -L gpu)
 #   3. decode_bench (Llama-3-8B shapes, random weights): DECODE_ARGS (default: contexts 8K/32K/128K, batches
 #      1/8/32/64, KV budget 40 GB, dense vs MoA at 50%)
-# Logs and CSVs go to $OUT (decode.csv, batch_test.log, decode.log).
+#   4. with HF=1, Hugging Face transformers' decode on the same shapes (bench/gpu/hf_decode_reference.py, HF_ARGS)
+# Logs and CSVs go to $OUT (decode.csv, batch_test.log, decode.log, hf_decode.csv).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-build/batch-check}
@@ -32,3 +33,11 @@ t=$(date +%s)
 # shellcheck disable=SC2086
 timeout ${DECODE_TIMEOUT_S:-240} build/cuda/bench/gpu/decode_bench ${DECODE_ARGS:---csv $OUT/decode.csv} 2>&1 | tee "$OUT/decode.log"
 echo "decode_bench: $(( $(date +%s) - t )) s"
+# 4. HF=1: Hugging Face transformers on the same shapes, same machine (bench/gpu/hf_decode_reference.py; HF_ARGS).
+if [ "${HF:-0}" = 1 ]; then
+  t=$(date +%s)
+  # shellcheck disable=SC2086
+  timeout ${HF_TIMEOUT_S:-300} python3 bench/gpu/hf_decode_reference.py ${HF_ARGS:---csv $OUT/hf_decode.csv} 2>&1 |
+    grep -v Warning | tee "$OUT/hf_decode.log"
+  echo "hf_decode_reference: $(( $(date +%s) - t )) s"
+fi
