@@ -59,27 +59,27 @@ def _out_dtype(q: torch.Tensor) -> torch.dtype:
 
 @torch.library.custom_op("tessera::sparse_attention", mutates_args=())
 def _sparse_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: str, scale: float,
-                         q_begin: int, total_len: int, window: int) -> torch.Tensor:
+                         q_begin: int, total_len: int, window: int, dense_fallback: bool) -> torch.Tensor:
     q, k, v = q.detach(), k.detach(), v.detach()
     out = torch.empty(q.shape, dtype=_out_dtype(q), device=q.device)
-    _tessera.ops_attention(q, k, v, out, policy, scale, q_begin, total_len, window, _stream(q))
+    _tessera.ops_attention(q, k, v, out, policy, scale, q_begin, total_len, window, _stream(q), dense_fallback)
     return out if out.dtype == q.dtype else out.to(q.dtype)
 
 
 @_sparse_attention_op.register_fake
-def _(q, k, v, policy, scale, q_begin, total_len, window):
+def _(q, k, v, policy, scale, q_begin, total_len, window, dense_fallback):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
 @torch.library.custom_op("tessera::sparse_attention_out", mutates_args=("out",))
 def _sparse_attention_out_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, policy: str,
-                             scale: float, q_begin: int, total_len: int, window: int) -> None:
+                             scale: float, q_begin: int, total_len: int, window: int, dense_fallback: bool) -> None:
     _tessera.ops_attention(q.detach(), k.detach(), v.detach(), out.detach(), policy, scale, q_begin, total_len,
-                           window, _stream(q))
+                           window, _stream(q), dense_fallback)
 
 
 @_sparse_attention_out_op.register_fake
-def _(q, k, v, out, policy, scale, q_begin, total_len, window):
+def _(q, k, v, out, policy, scale, q_begin, total_len, window, dense_fallback):
     return None
 
 
@@ -153,19 +153,24 @@ def _scale(scale: Optional[float]) -> float:
 
 def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: Union[str, Policy] = "dense", *,
                      layer: Optional[int] = None, scale: Optional[float] = None, q_begin: int = 0,
-                     total_len: int = 0, window: int = 0, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+                     total_len: int = 0, window: int = 0, out: Optional[torch.Tensor] = None,
+                     dense_fallback: bool = True) -> torch.Tensor:
     """Causal attention under one layer's sparse policy: estimation (VS/BS heads), the range+column index and the
     sparse executor, as the engine runs a layer. Returns ``[.., num_q_heads, q_len, head_dim]`` in q's dtype.
 
     ``out``: a tensor of q's shape to write into (float32 on the CPU, q's dtype on CUDA), returned as is.
+    ``dense_fallback`` (CUDA): as the engine, a layer whose index would cost more than dense attention runs dense;
+    False runs the pattern exactly (the CPU op always does).
     Raises tessera.Error for shapes, dtypes or policies tessera does not take, with the C++ message."""
     p = layer_policy(policy, layer)
     squeezed, (qb, kb, vb) = _batched(q, k, v)
     if out is None:
-        r = torch.ops.tessera.sparse_attention(qb, kb, vb, p, _scale(scale), q_begin, total_len, window)
+        r = torch.ops.tessera.sparse_attention(qb, kb, vb, p, _scale(scale), q_begin, total_len, window,
+                                               dense_fallback)
         return r.squeeze(0) if squeezed else r
     ob = out.unsqueeze(0) if squeezed else out
-    torch.ops.tessera.sparse_attention_out(qb, kb, vb, ob, p, _scale(scale), q_begin, total_len, window)
+    torch.ops.tessera.sparse_attention_out(qb, kb, vb, ob, p, _scale(scale), q_begin, total_len, window,
+                                           dense_fallback)
     return out
 
 

@@ -168,23 +168,28 @@ void on_device(int device_id, F&& f) {
   if (previous != device_id) TESSERA_CUDA_CHECK(cudaSetDevice(previous));
 }
 
-// One CudaLayerAttention per (policy, shape, dtype, device): the route, cuDNN plans, estimates and index
+// One CudaLayerAttention per (policy, shape, device, fallback): the route, cuDNN plans, estimates and index
 // buffers are made once and reused by later calls of the same shape (a model's layers share shapes and
-// policies).
+// policies). dense_fallback = false switches off the dense fallback and shortcut (the pattern runs exactly).
 attn::gpu::CudaLayerAttention& cuda_layer(const std::string& policy,
                                           const std::vector<attn::Pattern>& patterns,
-                                          const attn::LoweringContext& ctx, int nkv, int d, int device) {
+                                          const attn::LoweringContext& ctx, int nkv, int d, int device,
+                                          bool dense_fallback = true) {
   static std::mutex mutex;
-  using Key = std::tuple<std::string, int, int, int, int, int, int, int, int>;
+  using Key = std::tuple<std::string, int, int, int, int, int, int, int, int, bool>;
   static std::map<Key, std::unique_ptr<attn::gpu::CudaLayerAttention>> cache;
-  const Key key{policy, ctx.q_begin, ctx.q_len, ctx.kv_len, ctx.total_len, static_cast<int>(patterns.size()),
-                nkv,    d,           device};
+  const Key key{
+      policy, ctx.q_begin, ctx.q_len, ctx.kv_len,    ctx.total_len, static_cast<int>(patterns.size()),
+      nkv,    d,           device,    dense_fallback};
   std::lock_guard lock(mutex);
   auto it = cache.find(key);
   if (it == cache.end()) {
     if (cache.size() >= 64)
       cache.clear();  // shapes of one workload are few; a bound against unbounded growth
-    it = cache.emplace(key, std::make_unique<attn::gpu::CudaLayerAttention>(patterns, ctx, nkv, d)).first;
+    attn::gpu::CudaAttentionOptions options = attn::gpu::cuda_attention_defaults();
+    if (!dense_fallback) options.dense_fallback = options.dense_shortcut = false;
+    it = cache.emplace(key, std::make_unique<attn::gpu::CudaLayerAttention>(patterns, ctx, nkv, d, options))
+             .first;
   }
   return *it->second;
 }
@@ -321,7 +326,8 @@ void register_ops(nb::module_& m) {
   m.def(
       "ops_attention",
       [](nb::ndarray<> q, nb::ndarray<> k, nb::ndarray<> v, nb::ndarray<> out, const std::string& policy,
-         float scale, int64_t q_begin, int64_t total_len, int32_t window, uintptr_t stream) {
+         float scale, int64_t q_begin, int64_t total_len, int32_t window, uintptr_t stream,
+         bool dense_fallback) {
         const Call c = check_call(q, k, v, &out);
         std::vector<attn::Pattern> patterns =
             parse_layer(policy, static_cast<int>(c.nq), static_cast<int>(c.nkv));
@@ -340,7 +346,8 @@ void register_ops(nb::module_& m) {
 #ifdef TESSERA_PY_WITH_CUDA
             const attn::LoweringContext ctx = context(c.q_len, c.kv_len, q_begin, total_len, 128);
             on_device(c.device_id, [&] {
-              cuda_layer(policy, patterns, ctx, static_cast<int>(c.nkv), static_cast<int>(c.d), c.device_id)
+              cuda_layer(policy, patterns, ctx, static_cast<int>(c.nkv), static_cast<int>(c.d), c.device_id,
+                         dense_fallback)
                   .run(args, reinterpret_cast<cudaStream_t>(stream));
             });
             continue;
@@ -350,7 +357,7 @@ void register_ops(nb::module_& m) {
                 "only)");
 #endif
           }
-          (void)stream;
+          (void)stream, (void)dense_fallback;
           if (all_dense(patterns)) {
             attn::dense_attention_cpu(args);
             continue;
@@ -364,10 +371,13 @@ void register_ops(nb::module_& m) {
         return seen;
       },
       "q"_a, "k"_a, "v"_a, "out"_a, "policy"_a, "scale"_a = 0.0f, "q_begin"_a = 0, "total_len"_a = 0,
-      "window"_a = 0, "stream"_a = 0,
-      "Attention under one layer's policy, written into `out`: estimation, index and the sparse executor "
-      "(dense\n"
-      "layers: the dense executor). Returns the data pointers it read and wrote (q, k, v, out).");
+      "window"_a = 0, "stream"_a = 0, "dense_fallback"_a = true,
+      "Attention under one layer's policy, written into `out`: estimation, index and the sparse executor\n"
+      "(dense layers: the dense executor). On CUDA, dense_fallback (the engine's rule) runs a layer dense "
+      "where\n"
+      "its index would cost more; False runs the pattern exactly. Returns the data pointers it read and "
+      "wrote\n"
+      "(q, k, v, out).");
 
   m.def(
       "ops_estimate",

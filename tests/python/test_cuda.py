@@ -35,7 +35,8 @@ def masked_sdpa(q, k, v, mask):
 @pytest.mark.parametrize("spec", PATTERNS)
 def test_cuda_pattern_equals_masked_sdpa(spec):
     q, k, v = inputs()
-    out = ops.sparse_attention(q.cuda(), k.cuda(), v.cuda(), spec)
+    # dense_fallback=False: the pattern exactly (with the fallback a layer whose index costs more runs dense)
+    out = ops.sparse_attention(q.cuda(), k.cuda(), v.cuda(), spec, dense_fallback=False)
     assert out.is_cuda and out.dtype == torch.bfloat16
     mask = ops.pattern_mask(q, k, spec, tile=128)
     ref = masked_sdpa(q, k, v, mask)
@@ -48,7 +49,7 @@ def test_cuda_steps_and_stream_and_zero_copy():
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         out = torch.empty_like(q)
-        seen = _tessera.ops_attention(q, k, v, out, spec, 0.0, 0, 0, 0, stream.cuda_stream)
+        seen = _tessera.ops_attention(q, k, v, out, spec, 0.0, 0, 0, 0, stream.cuda_stream, False)
         assert seen == [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()]
         est = ops.estimate(q, k, spec, tile=128)
         index = ops.build_index(spec, est, num_q_heads=8, num_kv_heads=2, q_len=700, kv_len=700, tile=128)

@@ -156,7 +156,8 @@ def test_torch_compile_traces_the_ops_without_graph_breaks():
 
 def test_opcheck():
     q, k, v = qkv(hq=4, hkv=2, s=64, d=32)
-    torch.library.opcheck(torch.ops.tessera.sparse_attention.default, (q, k, v, "ashape:sink=4,local=16", 0.0, 0, 0, 0),
+    args = (q, k, v, "ashape:sink=4,local=16", 0.0, 0, 0, 0, True)
+    torch.library.opcheck(torch.ops.tessera.sparse_attention.default, args,
                           test_utils=("test_schema", "test_faketensor"))
 
 
