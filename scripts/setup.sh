@@ -21,6 +21,7 @@ APT_PACKAGES=(
   libcpp-httplib-dev               # HTTP of `tessera serve` (the server llama.cpp's is built on; small, no framework)
   clang libclang-rt-14-dev         # libFuzzer harnesses (tests/fuzz, the `fuzz` preset, scripts/fuzz.sh)
   bible-kjv-text                   # public-domain haystack text for the demo and evals
+  coinor-libcbc-dev                # CBC, the mixed-integer solver of MoA's optimiser (`tessera plan --method moa`)
   python3 python3-pip python3-venv
 )
 

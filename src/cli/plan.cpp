@@ -211,6 +211,9 @@ int plan_command(const PlanOptions& o) {
       report["lengths"] = r.lengths;
       report["pareto"] = pareto;
       report["mips"] = r.mips;
+      report["distinct_rules"] = r.options;
+      extra_lines.push_back(std::to_string(r.options) + " distinct rules at the profiled lengths, " +
+                            std::to_string(r.mips) + " mixed-integer programs");
       report["validation_length"] = o.validation_length;
       write_text(beside(o.out, ".moa.json"), attn::export_moa(policy).dump() + "\n");
     } else {
