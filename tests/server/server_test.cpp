@@ -25,6 +25,7 @@
 #include "server/metrics.h"
 #include "server/policy_cache.h"
 #include "server/request_prep.h"
+#include "runtime/batch_engine.h"
 #include "server/scheduler.h"
 #include "server/stop_matcher.h"
 
@@ -595,6 +596,48 @@ TEST(ServerScheduler, RealEngineAnswersAsEngineGenerate) {
   EXPECT_EQ(a->result().reason, static_cast<int32_t>(ids.size()) == 12 ? FinishReason::Length : FinishReason::Stop);
   const Gauges g = sched.gauges();
   EXPECT_EQ(g.kv_tokens + g.kv_bytes, 0);  // the engines, and their caches, went with the requests
+}
+
+// The scheduler over the batched engine (tessera serve --parallel N > 1): every request answers as the
+// single-sequence engine would, several at once; a cancelled one ends and every KV block comes back.
+TEST(ServerScheduler, BatchedEngineAnswersAsEngineGenerate) {
+  REQUIRE_REAL_MODEL();
+  const PreparedRequest p = prepare_request(
+      parse_api_request(Endpoint::Chat, R"({"model": "smollm2", "temperature": 0, "max_tokens": 12,
+                                           "messages": [{"role": "user", "content": "What is 2+2?"}]})"),
+      rm->served, 0);
+  runtime::Engine engine(*rm->model);
+  const std::vector<int32_t> ids = engine.generate(p.prompt, p.gen);
+  const std::string want = rm->tokenizer->decode(ids, {.skip_special = true});
+
+  Metrics metrics;
+  BatchedEngine batched;
+  batched.backend = std::make_unique<runtime::CpuBatchBackend>(*rm->model);
+  runtime::BatchEngineOptions bo;
+  bo.chunk_size = 16;  // several prefill chunks, between the others' decode steps
+  bo.max_batch = 3;
+  bo.kv_bytes = 64e6;
+  batched.engine = std::make_unique<runtime::BatchEngine>(*batched.backend, bo);
+  const runtime::BatchEngine* eng = batched.engine.get();
+  Scheduler sched({.slots = 3, .queue = 4}, std::move(batched), *rm->tokenizer, metrics);
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (int i = 0; i < 4; ++i) {
+    jobs.push_back(std::make_shared<Job>(p, std::make_shared<const attn::AttentionPolicy>(), Clock::now() + 120s));
+    ASSERT_EQ(sched.submit(jobs.back()), Admission::Accepted);
+  }
+  sched.cancel(jobs[3]);  // queued or just admitted: it ends, cancelled
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(drain(*jobs[static_cast<size_t>(i)]), want) << i;
+    EXPECT_EQ(jobs[static_cast<size_t>(i)]->result().completion_tokens, static_cast<int64_t>(ids.size()));
+    EXPECT_EQ(jobs[static_cast<size_t>(i)]->result().reason,
+              static_cast<int32_t>(ids.size()) == 12 ? FinishReason::Length : FinishReason::Stop);
+  }
+  drain(*jobs[3]);
+  EXPECT_EQ(jobs[3]->result().reason, FinishReason::Cancelled);
+  for (int i = 0; i < 100 && sched.gauges().running > 0; ++i) std::this_thread::sleep_for(10ms);
+  const Gauges g = sched.gauges();
+  EXPECT_EQ(g.running + g.queued + g.kv_tokens + g.kv_bytes, 0);
+  EXPECT_EQ(eng->blocks().used(), 0);
 }
 
 }  // namespace
