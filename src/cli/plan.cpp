@@ -181,7 +181,7 @@ int plan_command(const PlanOptions& o) {
         validate = [&, ids](const attn::AttentionPolicy& p) {
           runtime::EngineOptions eo;
           eo.policy = p;
-          eo.chunk_size = static_cast<int32_t>(ids.size());
+          eo.chunk_size = 512;  // score() keeps one chunk of logits: 512 x vocab (Gemma-3: 0.5 GB), not S x vocab
           eo.max_context = static_cast<int32_t>(ids.size());
           runtime::Engine engine(*s.model, eo);
           return eval::perplexity(engine.score(ids));
