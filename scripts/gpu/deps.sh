@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
 # scripts/gpu/deps.sh — the build dependencies that the GPU machines' image lacks (it has the CUDA toolkit, CMake,
-# ninja, g++ and PyTorch, but no GTest, nlohmann_json, CLI11, PCRE2 or OpenBLAS), as Debian 12 packages by name.
+# ninja, g++ and PyTorch, but no GTest, nlohmann_json, CLI11, PCRE2, OpenBLAS or cpp-httplib), as Debian 12 packages
+# by name.
 #
 #   bash scripts/gpu/deps.sh download   here (Debian 12, reaches Debian's registry): apt-get download of PACKAGES
-#                                       into build/gpu-debs (git-ignored, about 15 MB; carry it with the device
+#                                       into build/gpu-debs (git-ignored, about 19 MB; carry it with the device
 #                                       call: carry ["build/gpu-debs"])
 #   bash scripts/gpu/deps.sh unpack     there: dpkg -x of each .deb into build/gpu-sysroot, then writes and prints
 #                                       build/gpu-sysroot/deps.env, which scripts/gpu/check.sh sources:
 #                                         TESSERA_DEPS_CMAKE_ARGS  -DCMAKE_PREFIX_PATH=<sysroot>/usr (GTest,
-#                                           nlohmann_json and CLI11 by their CMake configs, PCRE2 and OpenBLAS by
-#                                           find_path / find_library) and -DTESSERA_GTEST_SOURCE_DIR (googletest's
+#                                           nlohmann_json and CLI11 by their CMake configs, PCRE2, OpenBLAS and
+#                                           cpp-httplib by find_path / find_library) and -DTESSERA_GTEST_SOURCE_DIR (googletest's
 #                                           sources: tests/CMakeLists.txt builds GTest from them if Debian's
 #                                           libgtest.a, built by gcc 12, does not link with the image's compiler)
 #                                         LD_LIBRARY_PATH  a folder with the shared libraries the image lacks
-#                                           (OpenBLAS and its libgfortran / libquadmath): the linker resolves
-#                                           libopenblas's own dependencies there, and the programs load them
+#                                           (OpenBLAS and its libgfortran / libquadmath, cpp-httplib and its
+#                                           Brotli): the linker resolves libopenblas's and libcpp-httplib's own
+#                                           dependencies there, and the programs load them
 #   e.g. cmake --preset cuda $TESSERA_DEPS_CMAKE_ARGS (after `. build/gpu-sysroot/deps.env`)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -27,8 +29,17 @@ SYSROOT=$ROOT/build/gpu-sysroot
 # libpcre2-8-0 (the library), libopenblas-pthread-dev (cblas.h, libopenblas.so link; libopenblas-dev itself is
 # an empty package that only depends on a flavour) and libopenblas0-pthread (the library), whose libgfortran5 and
 # libquadmath0 are the remaining dependencies (libc6, libgcc-s1 and gcc-12-base are on any image).
+# `tessera serve` needs cpp-httplib: libcpp-httplib-dev (httplib.h, the libcpp-httplib.so link) and
+# libcpp-httplib0.11 (the library: Debian builds it as a compiled library, the header holds declarations only).
+# src/CMakeLists.txt compiles the header with CPPHTTPLIB_OPENSSL/ZLIB/BROTLI_SUPPORT (so that its classes match the
+# library's), and then httplib.h includes <openssl/ssl.h>, <zlib.h> and <brotli/decode.h>: hence libssl-dev,
+# zlib1g-dev and libbrotli-dev for their headers (the image has no -dev packages of its own that we know of).
+# The library needs libssl.so.3, libcrypto.so.3, libz.so.1 and libbrotli{dec,enc,common}.so.1 to link and load:
+# libbrotli1 is carried; libssl3 (on any image with curl, ca-certificates or Python's ssl module) and zlib1g
+# (Essential in Debian and Ubuntu) are not -- `unpack` says so if the image lacks them (then add them here).
 PACKAGES=(libgtest-dev googletest nlohmann-json3-dev libcli11-dev libpcre2-dev libpcre2-8-0
-  libopenblas-pthread-dev libopenblas0-pthread libgfortran5 libquadmath0)
+  libopenblas-pthread-dev libopenblas0-pthread libgfortran5 libquadmath0
+  libcpp-httplib-dev libcpp-httplib0.11 libbrotli1 libbrotli-dev libssl-dev zlib1g-dev)
 
 download() {
   local sudo=""
@@ -68,8 +79,20 @@ unpack() {
   local have
   have=$(ldconfig -p 2> /dev/null || true)
   ln -s "$lib/openblas-pthread/libopenblas.so.0" "$SYSROOT/ld-path/"
-  for so in libgfortran.so.5 libquadmath.so.0; do
+  ln -s "$lib/libcpp-httplib.so.0.11" "$SYSROOT/ld-path/"
+  for so in libgfortran.so.5 libquadmath.so.0 libbrotlicommon.so.1 libbrotlidec.so.1 libbrotlienc.so.1; do
     grep -q "$so " <<< "$have" || ln -s "$lib/$so" "$SYSROOT/ld-path/"
+  done
+  for so in libssl.so.3 libcrypto.so.3 libz.so.1; do
+    grep -q "$so " <<< "$have" ||
+      echo "deps.sh: the image has no $so: libcpp-httplib will not link (tessera serve); add its package to PACKAGES"
+  done
+  # OpenSSL's configuration.h / opensslconf.h live in the multiarch folder (usr/include/x86_64-linux-gnu), which
+  # the compiler searches under /usr but not under the sysroot: linked next to the other OpenSSL headers, where
+  # httplib.h's include folder (found by find_path) reaches them.
+  local inc=$usr/include
+  for h in "$inc"/x86_64-linux-gnu/openssl/*.h; do
+    [ -e "$inc/openssl/$(basename "$h")" ] || ln -s "../x86_64-linux-gnu/openssl/$(basename "$h")" "$inc/openssl/"
   done
   cat > "$SYSROOT/deps.env" <<EOF
 # written by scripts/gpu/deps.sh unpack: source it, then cmake --preset cuda \$TESSERA_DEPS_CMAKE_ARGS
