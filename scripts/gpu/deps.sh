@@ -10,9 +10,10 @@
 #                                       build/gpu-sysroot/deps.env, which scripts/gpu/check.sh sources:
 #                                         TESSERA_DEPS_CMAKE_ARGS  -DCMAKE_PREFIX_PATH=<sysroot>/usr (GTest,
 #                                           nlohmann_json and CLI11 by their CMake configs, PCRE2, OpenBLAS and
-#                                           cpp-httplib by find_path / find_library) and -DTESSERA_GTEST_SOURCE_DIR (googletest's
-#                                           sources: tests/CMakeLists.txt builds GTest from them if Debian's
-#                                           libgtest.a, built by gcc 12, does not link with the image's compiler)
+#                                           cpp-httplib by find_path / find_library) and
+#                                           -DTESSERA_GTEST_SOURCE_DIR (googletest's sources: tests/CMakeLists.txt
+#                                           builds GTest from them if Debian's libgtest.a, built by gcc 12, does not
+#                                           link with the image's compiler)
 #                                         LD_LIBRARY_PATH  a folder with the shared libraries the image lacks
 #                                           (OpenBLAS and its libgfortran / libquadmath, cpp-httplib and its
 #                                           Brotli): the linker resolves libopenblas's and libcpp-httplib's own
@@ -107,5 +108,5 @@ EOF
 case "${1:-}" in
   download) download ;;
   unpack) unpack ;;
-  *) sed -n '2,18p' "$0"; exit 2 ;;
+  *) sed -n '2,21p' "$0"; exit 2 ;;
 esac
