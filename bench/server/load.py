@@ -3,6 +3,7 @@
 
     bench/server/load.py --url http://127.0.0.1:8080 --model NAME --clients 1,4,16 [--requests 4]
                          [--prompt-words 64] [--max-tokens 32] [--label tessera] [--format md|json]
+                         [--deadline S] [--json-out FILE] [--csv-out FILE]
 
 Each client is a thread running a closed loop: it sends --requests streamed /v1/completions one after the
 other (each waits for the previous answer) and timestamps every SSE chunk that carries text. The workload is
@@ -14,11 +15,15 @@ token). Figures per client count:
   req/s      completed requests / wall time
   TTFT       request sent -> first text chunk (queueing in the server included), p50 and p99
   ITL        gap between consecutive text chunks of one answer, p50 and p99
+(the JSON/CSV rows also carry p90). --deadline caps each client count's time: clients send no request after it
+(counted as "not sent"). The open-loop counterpart (requests arriving over time, mixed prompt lengths) is
+bench/server/mixed.py.
 Only the Python standard library is used, so it runs in any environment.
 """
 import argparse
 import http.client
 import json
+import math
 import statistics
 import sys
 import threading
@@ -44,16 +49,22 @@ def percentile(values, q):
     return v[lo] + (v[hi] - v[lo]) * (k - lo)
 
 
-def one_request(url, model, request_id, args):
+def stream_completion(url, model, prompt, max_tokens, timeout, api_key="", include_usage=False, extra=None):
+    """One streamed greedy /v1/completions request: (t0, [perf_counter of every text chunk], usage or None).
+    Raises on an HTTP error or an error event in the stream."""
     u = urllib.parse.urlparse(url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=args.timeout)
-    body = {"model": model, "prompt": prompt_text(request_id, args.prompt_words), "max_tokens": args.max_tokens,
-            "temperature": 0, "stream": True}
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    if include_usage:
+        body["stream_options"] = {"include_usage": True}
+    if extra:
+        body.update(extra)
     headers = {"Content-Type": "application/json"}
-    if args.api_key:
-        headers["Authorization"] = "Bearer " + args.api_key
+    if api_key:
+        headers["Authorization"] = "Bearer " + api_key
     t0 = time.perf_counter()
     stamps = []
+    usage = None
     try:
         conn.request("POST", "/v1/completions", json.dumps(body), headers)
         r = conn.getresponse()
@@ -72,20 +83,33 @@ def one_request(url, model, request_id, args):
             chunk = json.loads(data)
             if "error" in chunk:
                 raise RuntimeError(f"stream error: {chunk['error']}")
+            if chunk.get("usage"):
+                usage = chunk["usage"]
             choices = chunk.get("choices") or []
             if choices and choices[0].get("text"):
                 stamps.append(time.perf_counter())
     finally:
         conn.close()
+    return t0, stamps, usage
+
+
+def one_request(url, model, request_id, args):
+    t0, stamps, _ = stream_completion(url, model, prompt_text(request_id, args.prompt_words), args.max_tokens,
+                                      args.timeout, args.api_key)
     return t0, stamps
 
 
 def run_level(args, clients):
-    results, errors = [], []
+    results, errors, skipped = [], [], []
     lock = threading.Lock()
+    start = time.perf_counter()
 
     def client(c):
         for k in range(args.requests):
+            if args.deadline and time.perf_counter() - start > args.deadline:
+                with lock:
+                    skipped.append(k)
+                continue
             rid = clients * 100000 + c * 1000 + k
             try:
                 t0, stamps = one_request(args.url, args.model, rid, args)
@@ -96,7 +120,6 @@ def run_level(args, clients):
                     errors.append(repr(e))
 
     threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
-    start = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
@@ -107,12 +130,69 @@ def run_level(args, clients):
     tokens = sum(len(s) for _, s in results)
     return {
         "label": args.label, "clients": clients, "requests": len(results), "errors": len(errors),
+        "not_sent": len(skipped), "prompt_words": args.prompt_words, "max_tokens": args.max_tokens,
         "tokens": tokens, "wall_s": wall, "tok_per_s": tokens / wall, "req_per_s": len(results) / wall,
-        "ttft_p50_s": percentile(ttft, 0.5), "ttft_p99_s": percentile(ttft, 0.99),
-        "itl_p50_s": percentile(itl, 0.5), "itl_p99_s": percentile(itl, 0.99),
+        "ttft_p50_s": percentile(ttft, 0.5), "ttft_p90_s": percentile(ttft, 0.9), "ttft_p99_s": percentile(ttft, 0.99),
+        "itl_p50_s": percentile(itl, 0.5), "itl_p90_s": percentile(itl, 0.9), "itl_p99_s": percentile(itl, 0.99),
         "mean_tokens": statistics.mean(len(s) for _, s in results) if results else 0,
         "first_error": errors[0] if errors else None,
     }
+
+
+TABLE_HEAD = ("| server | clients | requests | tokens/req | tok/s | req/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 |\n"
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+
+
+def ms(x, digits=0):
+    """Seconds as milliseconds for a table; '-' for a missing figure (None, NaN)."""
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x * 1e3:.{digits}f} ms"
+
+
+def no_nan(obj):
+    """NaN (a percentile of nothing) as null, so that the JSON files are strict JSON."""
+    if isinstance(obj, float) and math.isnan(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: no_nan(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [no_nan(v) for v in obj]
+    return obj
+
+
+def table_row(r):
+    notes = []
+    if r["errors"]:
+        notes.append(f"{r['errors']} errors")
+    if r.get("not_sent"):
+        notes.append(f"{r['not_sent']} not sent: time cap")
+    return (f"| {r['label']} | {r['clients']} | {r['requests']}{' (' + ', '.join(notes) + ')' if notes else ''}"
+            f" | {r['mean_tokens'] or 0:.1f} | {r['tok_per_s']:.1f} | {r['req_per_s']:.2f}"
+            f" | {ms(r['ttft_p50_s'])} | {ms(r['ttft_p99_s'])} | {ms(r['itl_p50_s'], 1)} | {ms(r['itl_p99_s'], 1)} |")
+
+
+CSV_FIELDS = ["label", "clients", "requests", "errors", "not_sent", "prompt_words", "max_tokens", "tokens", "wall_s",
+              "tok_per_s", "req_per_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "itl_p50_s", "itl_p90_s",
+              "itl_p99_s", "mean_tokens", "first_error"]
+
+
+def write_rows(rows, json_path=None, csv_path=None):
+    """Appends rows to a JSON list file and / or a CSV file (header written when the file is new)."""
+    import csv
+    import os
+    if json_path:
+        old = []
+        if os.path.exists(json_path):
+            with open(json_path) as f:
+                old = json.load(f)
+        with open(json_path, "w") as f:
+            json.dump(no_nan(old + rows), f, indent=1)
+    if csv_path:
+        new = not os.path.exists(csv_path)
+        with open(csv_path, "a", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+            if new:
+                w.writeheader()
+            w.writerows(rows)
 
 
 def main():
@@ -125,24 +205,25 @@ def main():
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--api-key", default="")
     p.add_argument("--label", default="server")
-    p.add_argument("--timeout", type=float, default=1800)
+    p.add_argument("--timeout", type=float, default=1800, help="seconds one request may take")
+    p.add_argument("--deadline", type=float, default=0,
+                   help="seconds per client count after which clients send no further request (0: none)")
     p.add_argument("--warmup", type=int, default=1, help="requests sent (and not counted) before measuring")
     p.add_argument("--format", choices=["md", "json"], default="md")
+    p.add_argument("--json-out", help="append the rows to this JSON list file")
+    p.add_argument("--csv-out", help="append the rows to this CSV file")
     args = p.parse_args()
     for k in range(args.warmup):
         one_request(args.url, args.model, 999999 - k, args)
     rows = [run_level(args, int(c)) for c in args.clients.split(",")]
+    write_rows(rows, args.json_out, args.csv_out)
     if args.format == "json":
-        json.dump(rows, sys.stdout, indent=1)
+        json.dump(no_nan(rows), sys.stdout, indent=1)
         print()
         return
-    print("| server | clients | requests | tokens/req | tok/s | req/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(TABLE_HEAD)
     for r in rows:
-        print(f"| {r['label']} | {r['clients']} | {r['requests']}{' (' + str(r['errors']) + ' errors)' if r['errors'] else ''}"
-              f" | {r['mean_tokens']:.1f} | {r['tok_per_s']:.1f} | {r['req_per_s']:.2f}"
-              f" | {r['ttft_p50_s'] * 1e3:.0f} ms | {r['ttft_p99_s'] * 1e3:.0f} ms"
-              f" | {r['itl_p50_s'] * 1e3:.1f} ms | {r['itl_p99_s'] * 1e3:.1f} ms |")
+        print(table_row(r))
     for r in rows:
         if r["first_error"]:
             print(f"{r['label']} x{r['clients']}: first error: {r['first_error']}", file=sys.stderr)
