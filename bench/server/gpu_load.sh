@@ -91,9 +91,12 @@ if [ ! -x "$TESSERA" ]; then
   echo "on the same warm machine: a machine that went back between the calls has lost the build)"
   exit 1
 fi
-if ! "$TESSERA" serve --help > /dev/null 2>&1; then
-  echo "gpu_load.sh: $TESSERA has no working 'serve':"
-  "$TESSERA" serve --help 2>&1 | head -5
+# A tessera built without cpp-httplib has the subcommand but refuses to serve (before it looks at the model);
+# one with it fails here on the missing model.
+probe=$(timeout 60 "$TESSERA" serve -m /nonexistent/model.gguf --port 0 --device cpu 2>&1)
+if grep -q "without cpp-httplib" <<< "$probe" || ! grep -q "nonexistent" <<< "$probe"; then
+  echo "gpu_load.sh: $TESSERA cannot serve:"
+  head -5 <<< "$probe"
   echo "(cpp-httplib missing at configure time? build/gpu-debs must hold libcpp-httplib-dev: scripts/gpu/deps.sh)"
   exit 1
 fi
