@@ -299,6 +299,31 @@ TEST(MInferencePlan, SearchMeasuresOutputError) {
   EXPECT_GT(total, 1e-3);
 }
 
+// Dynamic candidates are re-sized by measurement: on the calibration q/k their mask density is the A-shape's,
+// where the budget bound alone makes VS shapes execute far more.
+TEST(MInferencePlan, CandidatesSizedByMeasuredDensity) {
+  const runtime::Model& m = model("llama3");
+  std::vector<CalibrationSample> samples(1);
+  for (int32_t i = 0; i < 250; ++i) samples[0].tokens.push_back(static_cast<int32_t>((i * 31 + 3) % 256));
+  MInferenceOptions o;
+  o.budget = 0.4;
+  const MInferenceResult r = plan_minference(m, samples, o, ThreadPool::global());
+  const size_t C = r.candidates.size();
+  const double target = r.candidate_density[0];
+  for (size_t c = 1; c < C; ++c) EXPECT_GE(r.candidate_density[c], target) << attn::describe(r.candidates[c]);
+  for (size_t c = 1; c <= 4; ++c)  // VS (BS moves in whole blocks: 4 at this length)
+    EXPECT_LE(r.candidate_density[c], target + 0.1) << attn::describe(r.candidates[c]);
+  o.size_by_measurement = false;
+  const MInferenceResult b = plan_minference(m, samples, o, ThreadPool::global());
+  double worst = 0;  // what the bound-sized shapes execute (mean over heads and layers)
+  for (size_t c = 1; c <= 4; ++c) {
+    double d = 0;
+    for (size_t hh = 0; hh < b.error.size() / C; ++hh) d += b.measured_density[hh * C + c] / static_cast<double>(b.error.size() / C);
+    worst = std::max(worst, d);
+  }
+  EXPECT_GT(worst, target + 0.1);
+}
+
 class CalibrationFiles : public ::testing::Test {
  protected:
   fs::path dir = fs::temp_directory_path() / ("tessera_plan_test_" + std::to_string(::getpid()));

@@ -44,6 +44,92 @@ std::vector<attn::Pattern> minference_candidates(double budget, int32_t length) 
   return out;
 }
 
+namespace {
+
+// Mean mask density over the heads of one layer's q/k for a pattern on every head (estimation included).
+double measured_density(const attn::Pattern& p, const std::vector<float>& q, const std::vector<float>& k, int64_t n,
+                        const runtime::ModelConfig& cfg, ThreadPool& pool) {
+  const TensorView qv(const_cast<float*>(q.data()), DType::F32, {n, cfg.num_q_heads, cfg.head_dim});
+  const TensorView kv(const_cast<float*>(k.data()), DType::F32, {n, cfg.num_kv_heads, cfg.head_dim});
+  const auto len = static_cast<int32_t>(n);
+  const attn::LoweringContext ctx = attn::LoweringContext::prefill(len, 64);
+  const std::vector<attn::Pattern> patterns(static_cast<size_t>(cfg.num_q_heads), p);
+  const float scale = cfg.attention_scale > 0 ? cfg.attention_scale : 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
+  const auto estimates = attn::estimate_layer(patterns, qv, kv, ctx, scale, pool);
+  return attn::index_stats(attn::lower_layer(patterns, estimates, ctx)).density();
+}
+
+// The dynamic candidates' real density differs from their budget bound (a slash covers a 64-row band per query
+// tile, not one cell per row: VS shapes sized by the bound execute about twice the target). Re-size them by
+// measurement on the first sample's q/k at a global layer near the middle, by bisection on the scale of each
+// shape (VS) or on top_k (BS), to the A-shape's exact density.
+// Returns each candidate's measured density there (the A-shape's too).
+std::vector<double> size_by_measurement(const runtime::Model& model, const CalibrationSample& sample, double target,
+                                        std::vector<attn::Pattern>& candidates, ThreadPool& pool) {
+  const auto& cfg = model.config();
+  int32_t layer = cfg.num_layers / 2;
+  for (int32_t d = 0; d < cfg.num_layers; ++d) {
+    for (int32_t l : {cfg.num_layers / 2 + d, cfg.num_layers / 2 - d})
+      if (l >= 0 && l < cfg.num_layers && cfg.layers[static_cast<size_t>(l)].sliding_window == 0) {
+        layer = l;
+        d = cfg.num_layers;
+        break;
+      }
+  }
+  std::vector<float> q, k;
+  runtime::EngineOptions eo;
+  eo.pool = &pool;
+  eo.chunk_size = static_cast<int32_t>(sample.tokens.size());
+  eo.max_context = static_cast<int32_t>(sample.tokens.size());
+  eo.observer = [&](int32_t l, const attn::AttentionArgs& args) {
+    if (l != layer) return;
+    const auto* qp = static_cast<const float*>(args.q.data);
+    const auto* kp = static_cast<const float*>(args.k.data);
+    q.assign(qp, qp + args.q.numel());
+    k.assign(kp, kp + args.k.numel());
+  };
+  runtime::Engine engine(model, eo);
+  engine.prefill(sample.tokens);
+  const int64_t n = static_cast<int64_t>(sample.tokens.size());
+  for (attn::Pattern& c : candidates) {
+    if (auto* vs = std::get_if<attn::VerticalSlashPattern>(&c)) {
+      const double v0 = vs->vertical, s0 = vs->slash;
+      auto at = [&](double scale) {
+        attn::VerticalSlashPattern p = *vs;
+        p.vertical = static_cast<int32_t>(std::max(1.0, std::round(v0 * scale)));
+        p.slash = static_cast<int32_t>(std::max(1.0, std::round(s0 * scale)));
+        return p;
+      };
+      double lo = 0, hi = 1;  // the bound-sized shape (scale 1) executes at least the target
+      for (int it = 0; it < 14; ++it) {
+        const double mid = (lo + hi) / 2;
+        if (measured_density(at(mid), q, k, n, cfg, pool) >= target)
+          hi = mid;
+        else
+          lo = mid;
+      }
+      c = at(hi);
+    } else if (auto* bs = std::get_if<attn::BlockSparsePattern>(&c)) {
+      int32_t lo = 1, hi = std::max(1, static_cast<int32_t>((n + bs->block - 1) / bs->block));
+      while (lo < hi) {
+        const int32_t mid = lo + (hi - lo) / 2;
+        attn::BlockSparsePattern p = *bs;
+        p.top_k = mid;
+        if (measured_density(p, q, k, n, cfg, pool) >= target)
+          hi = mid;
+        else
+          lo = mid + 1;
+      }
+      bs->top_k = lo;
+    }
+  }
+  std::vector<double> out;
+  for (const attn::Pattern& c : candidates) out.push_back(measured_density(c, q, k, n, cfg, pool));
+  return out;
+}
+
+}  // namespace
+
 MInferenceResult plan_minference(const runtime::Model& model, const std::vector<CalibrationSample>& samples,
                                  const MInferenceOptions& o, ThreadPool& pool,
                                  const std::function<void(int32_t, int32_t)>& progress) {
@@ -53,8 +139,16 @@ MInferenceResult plan_minference(const runtime::Model& model, const std::vector<
   MInferenceResult r;
   for (const CalibrationSample& s : samples) r.length = std::max(r.length, static_cast<int32_t>(s.tokens.size()));
   r.candidates = minference_candidates(o.budget, r.length);
+  if (o.size_by_measurement) {
+    const double target = pattern_density_exact(r.candidates.front(), r.length);  // the A-shape's
+    const auto longest = std::max_element(samples.begin(), samples.end(), [](const auto& a, const auto& b) {
+      return a.tokens.size() < b.tokens.size();
+    });
+    r.candidate_density = size_by_measurement(model, *longest, target, r.candidates, pool);
+  }
   const size_t C = r.candidates.size();
   for (const attn::Pattern& p : r.candidates) {
+    if (o.size_by_measurement) break;
     if (std::holds_alternative<attn::AShapePattern>(p)) {
       r.candidate_density.push_back(pattern_density_exact(p, r.length));
     } else if (const auto* vs = std::get_if<attn::VerticalSlashPattern>(&p)) {

@@ -2,9 +2,10 @@
 //
 // Candidates of equal cost: the paper's space (Table 6) — A-shape, the four vertical-slash shapes (30, 2048),
 // (100, 1800), (500, 1500), (3000, 200) and block-sparse — each scaled so that its density at the calibration
-// length equals the target (the budget): A-shape by its exact index accounting (sink = local / 4), VS by the
+// length equals the target (the budget): A-shape by its exact index accounting (sink = local / 4), VS first by the
 // bound (vertical / 2 + slash) * 2 / N with the shape's ratio kept, BS by top_k = budget x the mean number of
-// causal key blocks. (The paper's target is A-shape (1024, 4096); at 32K that is density ~0.3, the default.)
+// causal key blocks; then (size_by_measurement) VS and BS re-sized to the A-shape's density as the index measures
+// it on calibration q/k. (The paper's target is A-shape (1024, 4096); at 32K that is density ~0.3, the default.)
 //
 // Search: the dense model runs each calibration sample; at every layer (the engine's AttentionObserver gives the
 // layer's q, k, v and dense output) each candidate runs on every head through the same estimators, index and
@@ -28,12 +29,17 @@ namespace tessera::plan {
 
 struct MInferenceOptions {
   double budget = 0.3;  // target density at the calibration length
+  // Re-size the dynamic candidates (VS, BS) by their measured mask density on the longest sample's q/k at a global
+  // layer near the middle (bisection), to the A-shape's exact density: their budget bounds undercount (a slash
+  // covers a 64-row band per query tile), so bound-sized VS shapes execute about twice the target.
+  bool size_by_measurement = true;
 };
 
 struct MInferenceResult {
   int32_t length = 0;                      // the calibration length candidates were sized for
   std::vector<attn::Pattern> candidates;
-  std::vector<double> candidate_density;   // predicted (A-shape exact, VS/BS bounds) at `length`
+  std::vector<double> candidate_density;   // at `length`: measured at the sizing layer (size_by_measurement),
+                                           // else predicted (A-shape exact, VS/BS bounds)
   std::vector<double> error;               // [layer * heads + head][candidate]: mean relative output error
   std::vector<double> measured_density;    // [layer * heads + head][candidate]: mean mask density on the samples
   std::vector<int32_t> choice;             // per head (layer-major): the chosen candidate
