@@ -100,7 +100,11 @@ std::vector<double> size_by_measurement(const runtime::Model& model, const Calib
         p.slash = static_cast<int32_t>(std::max(1.0, std::round(s0 * scale)));
         return p;
       };
-      double lo = 0, hi = 1;  // the bound-sized shape (scale 1) executes at least the target
+      double lo = 0, hi = 1;  // grow the bracket until the shape reaches the target (column-heavy shapes may not)
+      while (hi < 64 && measured_density(at(hi), q, k, n, cfg, pool) < target) {
+        lo = hi;
+        hi *= 2;
+      }
       for (int it = 0; it < 14; ++it) {
         const double mid = (lo + hi) / 2;
         if (measured_density(at(mid), q, k, n, cfg, pool) >= target)
