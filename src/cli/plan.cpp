@@ -149,11 +149,12 @@ int plan_command(const PlanOptions& o) {
     for (size_t c = 0; c < r.candidates.size(); ++c) {
       int chosen = 0;
       for (int32_t ch : r.choice) chosen += ch == static_cast<int32_t>(c);
-      cands.push_back({{"pattern", attn::describe(r.candidates[c])}, {"predicted_density", r.candidate_density[c]},
+      cands.push_back({{"pattern", attn::describe(r.candidates[c])}, {"density", r.candidate_density[c]},
                        {"heads", chosen}});
       char buf[160];
-      std::snprintf(buf, sizeof buf, "candidate %-45s predicted density %.3f, chosen by %d heads",
-                    attn::describe(r.candidates[c]).c_str(), r.candidate_density[c], chosen);
+      std::snprintf(buf, sizeof buf, "candidate %-45s %s density %.3f, chosen by %d heads",
+                    attn::describe(r.candidates[c]).c_str(), mo.size_by_measurement ? "measured" : "predicted",
+                    r.candidate_density[c], chosen);
       extra_lines.push_back(buf);
     }
     report["candidates"] = cands;
