@@ -395,6 +395,7 @@ void register_ops(nb::module_& m) {
           args.q = token_major(q, 0, c.qt);
           args.k = token_major(k, 0, c.kt);
           args.v = args.k;
+          args.out = args.q;  // never written: estimation reads q and k; the argument checks want an out view
           args.scale = scale;
           args.q_begin = static_cast<int32_t>(q_begin);
           nb::gil_scoped_release release;

@@ -72,7 +72,11 @@ def test_cuda_engine_matches_the_cpu_engine(tiny_llama_dir):
     model = tessera.Model.load(str(tiny_llama_dir))
     ids = list(range(3, 120, 2))
     cpu = np.array(tessera.Engine(model).logits(ids))
-    engine = tessera.Engine(model, device="cuda", attn="ashape:sink=4,local=16")
+    # The fixture's head dim (16) has no sparse kernel on the GPU: a sparse policy is refused with the CLI's message.
+    sparse = tessera.Engine(model, device="cuda", attn="ashape:sink=4,local=16")
+    with pytest.raises(tessera.Error, match="does not support head_dim 16"):
+        sparse.generate(ids, max_tokens=2)
+    engine = tessera.Engine(model, device="cuda")
     assert engine.device == "cuda"
     dense_gpu = np.array(tessera.Engine(model, device="cuda").logits(ids))
     rel = np.linalg.norm(dense_gpu - cpu) / np.linalg.norm(cpu)
