@@ -105,17 +105,9 @@ void paged_decode_attention_cpu(const float* q, float* out, std::span<const Deco
 }
 
 BatchForward::BatchForward(const Model& model, ThreadPool& pool) : model_(model), cfg_(model.config()), pool_(pool) {
-  const auto& factors = model.weights().rope_freq_factors;
-  std::vector<RopeConfig> seen;
-  for (const LayerConfig& l : cfg_.layers) {
-    auto it = std::find(seen.begin(), seen.end(), l.rope);
-    if (it == seen.end()) {
-      seen.push_back(l.rope);
-      inv_freqs_.push_back(rope_inv_freq(l.rope, cfg_.head_dim, factors));
-      it = seen.end() - 1;
-    }
-    layer_rope_.push_back(static_cast<size_t>(it - seen.begin()));
-  }
+  LayerRopes ropes = layer_ropes(cfg_, model.weights().rope_freq_factors);
+  inv_freqs_ = std::move(ropes.inv_freqs);
+  layer_rope_ = std::move(ropes.layer);
   cos_.resize(inv_freqs_.size());
   sin_.resize(inv_freqs_.size());
 }

@@ -1,11 +1,28 @@
 #include "runtime/rope.h"
 
+#include <algorithm>
+
 #include <cmath>
 #include <numbers>
 
 #include "core/error.h"
 
 namespace tessera::runtime {
+
+LayerRopes layer_ropes(const ModelConfig& config, std::span<const float> freq_factors) {
+  LayerRopes r;
+  std::vector<RopeConfig> seen;
+  for (const LayerConfig& l : config.layers) {
+    auto it = std::find(seen.begin(), seen.end(), l.rope);
+    if (it == seen.end()) {
+      seen.push_back(l.rope);
+      r.inv_freqs.push_back(rope_inv_freq(l.rope, config.head_dim, freq_factors));
+      it = seen.end() - 1;
+    }
+    r.layer.push_back(static_cast<size_t>(it - seen.begin()));
+  }
+  return r;
+}
 
 std::vector<float> rope_inv_freq(const RopeConfig& rope, int head_dim, std::span<const float> freq_factors) {
   const int half = head_dim / 2;

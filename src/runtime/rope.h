@@ -24,6 +24,14 @@ std::vector<float> rope_inv_freq(const RopeConfig& rope, int head_dim,
                                  std::span<const float> freq_factors = {});
 
 // cos and sin tables for positions [pos0, pos0 + n): cos[t * half + i], sin[t * half + i].
+// The distinct RoPE frequency sets of a model's layers (rope_inv_freq of each distinct RopeConfig, in order of first
+// use) and, per layer, the index of its set: the forward passes build their cos/sin tables once per set, not per layer.
+struct LayerRopes {
+  std::vector<std::vector<float>> inv_freqs;
+  std::vector<size_t> layer;  // layer -> index into inv_freqs
+};
+LayerRopes layer_ropes(const ModelConfig& config, std::span<const float> freq_factors = {});
+
 void rope_tables(std::span<const float> inv_freq, int64_t pos0, int64_t n, float* cos, float* sin);
 
 // Rotates `heads` head vectors of length head_dim in each of `rows` rows; row t starts at x + t * row_stride

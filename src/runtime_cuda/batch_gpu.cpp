@@ -26,17 +26,12 @@ GpuBatchBackend::GpuBatchBackend(const DeviceModel& model, GpuBatchOptions optio
   try {
     gemm_ = std::make_unique<Gemm>(stream_);
     prefill_ = std::make_unique<GpuForward>(model_, options_.prefill, stream_, *gemm_, timer_);
-    std::vector<RopeConfig> seen;
-    for (const LayerConfig& l : cfg_.layers) {
-      auto it = std::find(seen.begin(), seen.end(), l.rope);
-      if (it == seen.end()) {
-        seen.push_back(l.rope);
-        inv_freqs_.emplace_back();
-        inv_freqs_.back().upload(rope_inv_freq(l.rope, cfg_.head_dim, model.rope_freq_factors()), stream_);
-        it = seen.end() - 1;
-      }
-      layer_rope_.push_back(static_cast<size_t>(it - seen.begin()));
+    const LayerRopes ropes = layer_ropes(cfg_, model.rope_freq_factors());
+    for (const std::vector<float>& f : ropes.inv_freqs) {
+      inv_freqs_.emplace_back();
+      inv_freqs_.back().upload(f, stream_);
     }
+    layer_rope_ = ropes.layer;
     cos_.resize(inv_freqs_.size());
     sin_.resize(inv_freqs_.size());
     int dev = 0;

@@ -73,17 +73,12 @@ GpuForward::GpuForward(const DeviceModel& model, const ForwardOptions& options, 
   check(options_.tile == 64 || options_.tile == 128,
         "GPU forward: the index tile must be 64 or 128, got " + std::to_string(options_.tile));
   scale_ = cfg_.attention_scale > 0 ? cfg_.attention_scale : 1.0f / std::sqrt(static_cast<float>(cfg_.head_dim));
-  std::vector<RopeConfig> seen;
-  for (const LayerConfig& l : cfg_.layers) {
-    auto it = std::find(seen.begin(), seen.end(), l.rope);
-    if (it == seen.end()) {
-      seen.push_back(l.rope);
-      inv_freqs_.emplace_back();
-      inv_freqs_.back().upload(rope_inv_freq(l.rope, cfg_.head_dim, model.rope_freq_factors()));
-      it = seen.end() - 1;
-    }
-    layer_rope_.push_back(static_cast<size_t>(it - seen.begin()));
+  const LayerRopes ropes = layer_ropes(cfg_, model.rope_freq_factors());
+  for (const std::vector<float>& f : ropes.inv_freqs) {
+    inv_freqs_.emplace_back();
+    inv_freqs_.back().upload(f);
   }
+  layer_rope_ = ropes.layer;
   TESSERA_CUDA_CHECK(cudaDeviceSynchronize());  // the uploads above ran on the legacy stream
   cos_.resize(inv_freqs_.size());
   sin_.resize(inv_freqs_.size());
