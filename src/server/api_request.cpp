@@ -92,7 +92,7 @@ std::string message_content(const json& content, const std::string& field) {
     const std::string pf = field + "[" + std::to_string(i) + "]";
     if (!part.is_object()) wrong_type(pf, "an object", part);
     if (!part.contains("type")) throw invalid_request("'" + pf + ".type' is missing", pf + ".type");
-    const std::string& type = get_string(part["type"], pf + ".type");
+    const std::string type = get_string(part["type"], pf + ".type");  // a copy: GCC 13 sees a dangling reference
     if (type != "text") unsupported(pf + ".type", "only text parts are (got '" + type + "')");
     if (!part.contains("text")) throw invalid_request("'" + pf + ".text' is missing", pf + ".text");
     text += get_string(part["text"], pf + ".text");
