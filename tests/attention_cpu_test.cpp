@@ -486,6 +486,8 @@ TEST(attention_cpu_sparse, LoweredPatterns) {
       BlockSparsePattern{3, 32},
       VerticalSlashPattern{0, 3, 16, 0, 1},  // no columns, 3 slashes: many rows see few keys
       BlockSparsePattern{1, 64},
+      VerticalSlashPattern{40, 60, 32, 4, 5, 0.8, 2, 3},  // adaptive budgets (gamma 0.8)
+      BlockSparsePattern{6, 32, 0.7, 1},
   };
   uint32_t seed = 500;
   for (const Shape& s : shapes) {

@@ -623,7 +623,7 @@ TEST_F(ConfigFiles, TesseraUnknownPatternField) {
   EXPECT_EQ(load_error("t.json", tessera_doc(R"("default": {"type": "vertical_slash", "slsh": 10})")),
             path("t.json") +
                 ": default: unknown field 'slsh' for pattern 'vertical_slash' (known: vertical, slash, "
-                "last_q, forced_columns, forced_diagonals)");
+                "last_q, forced_columns, forced_diagonals, gamma, min_vertical, min_slash)");
   EXPECT_EQ(load_error("t.json", tessera_doc(R"("default": {"type": "dense", "sink": 10})")),
             path("t.json") + ": default: unknown field 'sink' for pattern 'dense' (it has no fields)");
 }

@@ -77,6 +77,44 @@ std::vector<int32_t> top_k(const std::vector<double>& score, int64_t begin, int6
 
 }  // namespace
 
+int64_t coverage_count(const std::vector<double>& mass, int64_t forced, double gamma, int64_t min_count,
+                       int64_t max_count) {
+  const int64_t n = static_cast<int64_t>(mass.size());
+  forced = std::clamp<int64_t>(forced, 0, n);
+  max_count = std::clamp<int64_t>(max_count, 0, n);
+  const int64_t lo = std::min(std::max(min_count, forced), max_count);
+  double total = 0.0;
+  for (double m : mass) total += m;
+  int64_t count = n;
+  if (gamma < 1.0 && total > 0.0) {
+    const double target = gamma * total;
+    double acc = 0.0;
+    for (int64_t i = 0; i < forced; ++i) acc += mass[static_cast<size_t>(i)];
+    if (acc >= target) {
+      count = forced;
+    } else {
+      std::vector<int32_t> order(static_cast<size_t>(n - forced));
+      std::iota(order.begin(), order.end(), static_cast<int32_t>(forced));
+      // Only the prefix up to max_count can matter: a partial sort of that many.
+      const auto mid = order.begin() + std::min<int64_t>(max_count - forced < 0 ? 0 : max_count - forced,
+                                                         static_cast<int64_t>(order.size()));
+      std::partial_sort(order.begin(), mid, order.end(), [&](int32_t a, int32_t b) {
+        const double ma = mass[static_cast<size_t>(a)], mb = mass[static_cast<size_t>(b)];
+        return ma > mb || (ma == mb && a < b);
+      });
+      count = n;
+      for (auto it = order.begin(); it != mid; ++it) {
+        acc += mass[static_cast<size_t>(*it)];
+        if (acc >= target) {
+          count = forced + (it - order.begin()) + 1;
+          break;
+        }
+      }
+    }
+  }
+  return std::clamp(count, lo, max_count);
+}
+
 VerticalSlashEstimate estimate_vertical_slash(const VerticalSlashPattern& p, const TensorView& q,
                                               const TensorView& k, int q_head, int kv_head,
                                               const LoweringContext& ctx, float scale) {
@@ -110,8 +148,12 @@ VerticalSlashEstimate estimate_vertical_slash(const VerticalSlashPattern& p, con
   }
 
   // Forced columns [0, fc) and diagonals [0, fd) come first, within the budgets; the rest by score.
-  const int64_t kv = std::min<int64_t>(p.vertical, keys), ks = std::min<int64_t>(p.slash, keys);
+  int64_t kv = std::min<int64_t>(p.vertical, keys), ks = std::min<int64_t>(p.slash, keys);
   const int64_t fc = std::min<int64_t>(p.forced_columns, kv), fd = std::min<int64_t>(p.forced_diagonals, ks);
+  if (p.adaptive()) {  // the counts from the coverage target, within [min, max]
+    kv = coverage_count(colsum, fc, p.gamma, p.min_vertical, kv);
+    ks = coverage_count(diagsum, fd, p.gamma, p.min_slash, ks);
+  }
   est.columns.resize(static_cast<size_t>(fc));
   std::iota(est.columns.begin(), est.columns.end(), 0);
   for (int32_t c : top_k(colsum, fc, keys, kv - fc)) est.columns.push_back(c);
@@ -147,7 +189,7 @@ BlockSparseEstimate estimate_block_sparse(const BlockSparsePattern& p, const Ten
       kpool[static_cast<size_t>(kb * d + i)] = static_cast<float>(acc[static_cast<size_t>(i)] / static_cast<double>(b1 - b0));
     }
   }
-  std::vector<double> score(static_cast<size_t>(kb_count));
+  std::vector<double> score(static_cast<size_t>(kb_count)), mass;
   std::vector<float> qpool(static_cast<size_t>(d));
   for (int64_t qb = qb_first; qb <= qb_last; ++qb) {
     // Pool the rows of this call that lie in the block.
@@ -167,7 +209,17 @@ BlockSparseEstimate estimate_block_sparse(const BlockSparsePattern& p, const Ten
     }
     // The diagonal block qb (the block's own keys) is always kept and takes one of the top_k slots; the other
     // min(top_k, qb + 1) - 1 are the best of [0, qb). qb is the largest causal block, so it goes last.
-    const int64_t count = std::min<int64_t>(p.top_k, qb + 1);
+    int64_t count = std::min<int64_t>(p.top_k, qb + 1);
+    if (p.adaptive() && count >= 2) {
+      // Masses of the causal blocks in the order of coverage_count: the diagonal (forced) first, then 0 .. qb-1.
+      const double diag = static_cast<double>(dot(qpool.data(), kpool.data() + qb * d, d) * scale);
+      double mx = diag;
+      for (int64_t kb = 0; kb < qb; ++kb) mx = std::max(mx, score[static_cast<size_t>(kb)]);
+      mass.assign(static_cast<size_t>(qb + 1), 0.0);
+      mass[0] = std::exp(diag - mx);
+      for (int64_t kb = 0; kb < qb; ++kb) mass[static_cast<size_t>(kb + 1)] = std::exp(score[static_cast<size_t>(kb)] - mx);
+      count = coverage_count(mass, 1, p.gamma, p.min_top_k, count);
+    }
     if (count >= 1) {
       for (int32_t kb : top_k(score, 0, qb, count - 1)) est.key_blocks.push_back(kb);
       est.key_blocks.push_back(static_cast<int32_t>(qb));

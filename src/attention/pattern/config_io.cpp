@@ -173,11 +173,16 @@ Pattern parse_pattern(const json& j, const std::string& where) {
     r.int32("last_q", v.last_q);
     r.int32("forced_columns", v.forced_columns);
     r.int32("forced_diagonals", v.forced_diagonals);
+    r.number("gamma", v.gamma);
+    r.int32("min_vertical", v.min_vertical);
+    r.int32("min_slash", v.min_slash);
     p = v;
   } else if (type == "block_sparse") {
     BlockSparsePattern b;
     r.int32("top_k", b.top_k);
     r.int32("block", b.block);
+    r.number("gamma", b.gamma);
+    r.int32("min_top_k", b.min_top_k);
     p = b;
   } else {
     throw Error(where + ": unknown pattern '" + type + "' (known: " +
@@ -211,9 +216,18 @@ json write_pattern(const Pattern& p) {
     if (v->last_q != d.last_q) j["last_q"] = v->last_q;
     if (v->forced_columns != d.forced_columns) j["forced_columns"] = v->forced_columns;
     if (v->forced_diagonals != d.forced_diagonals) j["forced_diagonals"] = v->forced_diagonals;
+    if (v->adaptive()) {  // adaptive budgets: vertical / slash above are the maxima
+      j["gamma"] = v->gamma;
+      j["min_vertical"] = v->min_vertical;
+      j["min_slash"] = v->min_slash;
+    }
   } else if (const auto* b = std::get_if<BlockSparsePattern>(&p)) {
     j["top_k"] = b->top_k;
     j["block"] = b->block;
+    if (b->adaptive()) {
+      j["gamma"] = b->gamma;
+      j["min_top_k"] = b->min_top_k;
+    }
   }
   return j;
 }
@@ -429,7 +443,7 @@ int peek_q_heads(const json& j, PolicyFormat format) {
 
 // Keys in the order a reader expects them; head/layer indices numerically after the known names.
 int key_rank(const std::string& key) {
-  static constexpr std::array<const char*, 25> kOrder = {"tessera_policy",
+  static constexpr std::array<const char*, 29> kOrder = {"tessera_policy",
                                                          "comment",
                                                          "num_layers",
                                                          "num_q_heads",
@@ -452,8 +466,12 @@ int key_rank(const std::string& key) {
                                                          "last_q",
                                                          "forced_columns",
                                                          "forced_diagonals",
+                                                         "gamma",
+                                                         "min_vertical",
+                                                         "min_slash",
                                                          "top_k",
-                                                         "block"};
+                                                         "block",
+                                                         "min_top_k"};
   for (size_t i = 0; i < kOrder.size(); ++i)
     if (key == kOrder[i]) return static_cast<int>(i);
   return static_cast<int>(kOrder.size());
@@ -828,13 +846,13 @@ json export_minference(const AttentionPolicy& policy, const std::vector<double>*
           "block_sparse with block 64";
       if (const auto* v = std::get_if<VerticalSlashPattern>(&p)) {
         if (v->last_q != vs_defaults.last_q || v->forced_columns != vs_defaults.forced_columns ||
-            v->forced_diagonals != vs_defaults.forced_diagonals)
+            v->forced_diagonals != vs_defaults.forced_diagonals || v->adaptive())
           cannot_express("minference", l, h, p, what);
         layer[str(h)] = {"vertical_and_slash", v->vertical, v->slash, score};
       } else if (const auto* a = std::get_if<AShapePattern>(&p)) {
         layer[str(h)] = {"stream_llm", a->sink, a->local, score};
       } else if (const auto* b = std::get_if<BlockSparsePattern>(&p)) {
-        if (b->block != kMInferenceBlock) cannot_express("minference", l, h, p, what);
+        if (b->block != kMInferenceBlock || b->adaptive()) cannot_express("minference", l, h, p, what);
         layer[str(h)] = {"block_sparse", b->top_k, 0, score};
       } else {
         cannot_express("minference", l, h, p, what);

@@ -62,9 +62,18 @@ std::string describe(const Pattern& p) {
                    ", last=" + std::to_string(t.last) + ")";
           },
           [](const VerticalSlashPattern& v) {
+            if (v.adaptive()) {
+              return "vertical_slash(gamma=" + num(v.gamma) + ", v=" + std::to_string(v.min_vertical) + ".." +
+                     std::to_string(v.vertical) + ", s=" + std::to_string(v.min_slash) + ".." +
+                     std::to_string(v.slash) + ")";
+            }
             return "vertical_slash(v=" + std::to_string(v.vertical) + ", s=" + std::to_string(v.slash) + ")";
           },
           [](const BlockSparsePattern& b) {
+            if (b.adaptive()) {
+              return "block_sparse(gamma=" + num(b.gamma) + ", top_k=" + std::to_string(b.min_top_k) + ".." +
+                     std::to_string(b.top_k) + ", block=" + std::to_string(b.block) + ")";
+            }
             return "block_sparse(top_k=" + std::to_string(b.top_k) + ", block=" + std::to_string(b.block) + ")";
           }},
       p);
@@ -96,10 +105,24 @@ void validate(const Pattern& p, const std::string& where, const FieldNamer& name
                           require(v.last_q >= 1, where, "last_q", ">= 1", v.last_q);
                           require(v.forced_columns >= 0, where, "forced_columns", ">= 0", v.forced_columns);
                           require(v.forced_diagonals >= 0, where, "forced_diagonals", ">= 0", v.forced_diagonals);
+                          require(v.gamma >= 0.0 && v.gamma <= 1.0, where, "gamma",
+                                  "in [0, 1] (0: fixed budgets)", v.gamma);  // also catches NaN
+                          if (v.adaptive()) {
+                            require(v.min_vertical >= 0 && v.min_vertical <= v.vertical, where, "min_vertical",
+                                    "in [0, vertical = " + std::to_string(v.vertical) + "]", v.min_vertical);
+                            require(v.min_slash >= 0 && v.min_slash <= v.slash, where, "min_slash",
+                                    "in [0, slash = " + std::to_string(v.slash) + "]", v.min_slash);
+                          }
                         },
                         [&](const BlockSparsePattern& b) {
                           require(b.top_k >= 1, where, "top_k", ">= 1", b.top_k);
                           require(b.block >= 1, where, "block", ">= 1", b.block);
+                          require(b.gamma >= 0.0 && b.gamma <= 1.0, where, "gamma",
+                                  "in [0, 1] (0: fixed budgets)", b.gamma);
+                          if (b.adaptive()) {
+                            require(b.min_top_k >= 1 && b.min_top_k <= b.top_k, where, "min_top_k",
+                                    "in [1, top_k = " + std::to_string(b.top_k) + "]", b.min_top_k);
+                          }
                         }},
              p);
 }

@@ -52,20 +52,43 @@ struct TrianglePattern {
 // `last_q` queries. As in the reference implementation, the first `forced_columns` columns and the
 // `forced_diagonals` diagonals nearest the main one are always chosen (they count against the budgets, and are
 // capped by them: vertical = 0 means no columns at all).
+//
+// Adaptive budgets (gamma > 0; FlexPrefill's coverage gamma): per head and prompt the estimator keeps the
+// smallest set of columns (and, separately, of diagonals) whose estimated attention mass reaches gamma of the
+// total, with `vertical` / `slash` as the maxima and `min_vertical` / `min_slash` as the minima. Mass: A as
+// above (softmax over the causal keys of each of the last `last_q` rows), a column's mass its column sum of A,
+// a diagonal's its diagonal sum, each divided by the sum over all columns (diagonals): verticals and slashes
+// each cover gamma of their own marginal, as FlexPrefill's vertical-slash search does. The forced columns and
+// diagonals are always in and lead the order (their mass counts); the rest follow by mass, descending, ties to
+// the smaller index; the count is the shortest such prefix whose mass is >= gamma (gamma = 1: all), clamped to
+// [max(min, forced), max] (docs/patterns.md, "Adaptive budgets"). gamma = 0: the fixed budgets above.
 struct VerticalSlashPattern {
   int32_t vertical = 1000;
   int32_t slash = 6096;
   int32_t last_q = 64;
   int32_t forced_columns = 30;
   int32_t forced_diagonals = 100;
+  double gamma = 0.0;  // 0: fixed budgets; (0, 1]: adaptive, vertical / slash are the maxima
+  int32_t min_vertical = 0;
+  int32_t min_slash = 0;
+  bool adaptive() const { return gamma > 0.0; }
   bool operator==(const VerticalSlashPattern&) const = default;
 };
 
 // MInference block-sparse: mean-pool Q and K over `block`-token blocks, keep the top-`top_k` causal key blocks
 // per query block.
+// Adaptive budgets (gamma > 0; XAttention's per-row threshold): per query block qb, the mass of key block kb is
+// softmax over the causal blocks [0, qb] of the pooled scores (the diagonal block included); the diagonal block
+// is always kept (it leads the order, its mass counts), then blocks by mass, descending, ties to the smaller
+// block, until the kept mass is >= gamma (gamma = 1: all), the count clamped to [min_top_k, top_k] and to
+// qb + 1. Per row rather than FlexPrefill's one threshold over the flattened map, so that every query block
+// keeps gamma of its own estimated attention.
 struct BlockSparsePattern {
   int32_t top_k = 100;
   int32_t block = 64;
+  double gamma = 0.0;  // 0: fixed top_k; (0, 1]: adaptive, top_k is the maximum
+  int32_t min_top_k = 1;
+  bool adaptive() const { return gamma > 0.0; }
   bool operator==(const BlockSparsePattern&) const = default;
 };
 

@@ -86,12 +86,32 @@ class Params {
   std::vector<std::string> known_;
 };
 
-VerticalSlashPattern vs_from(const Params& p) {
+VerticalSlashPattern vs_from(const Params& p, double default_gamma = 0.0) {
   VerticalSlashPattern v;
   v.vertical = p.integer("v", v.vertical);
   v.slash = p.integer("s", v.slash);
   v.last_q = p.integer("last_q", v.last_q);
+  v.gamma = p.real("gamma", default_gamma);
+  v.min_vertical = p.integer("min_v", v.min_vertical);
+  v.min_slash = p.integer("min_s", v.min_slash);
   return v;
+}
+
+BlockSparsePattern bs_from(const Params& p, double default_gamma = 0.0) {
+  BlockSparsePattern b;
+  b.top_k = p.integer("top_k", b.top_k);
+  b.block = p.integer("block", b.block);
+  b.gamma = p.real("gamma", default_gamma);
+  b.min_top_k = p.integer("min_top_k", b.min_top_k);
+  return b;
+}
+
+// The adaptive presets' gamma must be a coverage target in (0, 1] (0, the fixed budgets, is `vs` / `bs`).
+template <typename P>
+P adaptive_checked(P pattern, const std::string& spec) {
+  check(pattern.gamma > 0.0 && pattern.gamma <= 1.0,
+        "attention spec '" + spec + "': parameter 'gamma' must be in (0, 1], got " + std::to_string(pattern.gamma));
+  return pattern;
 }
 
 TrianglePattern triangle_from(const Params& p) {
@@ -109,7 +129,8 @@ constexpr int kMaxSpecLayers = 4096;  // the layer limit of model configs (runti
 Pattern checked(const Pattern& p, const std::string& spec) {
   static const std::map<std::string, std::string> param_of = {
       {"vertical", "v"}, {"slash", "s"}, {"last_q", "last_q"}, {"sink", "sink"},   {"local", "local"},
-      {"last", "last"},  {"top_k", "top_k"}, {"block", "block"}, {"alpha", "alpha"}, {"beta", "beta"}};
+      {"last", "last"},  {"top_k", "top_k"}, {"block", "block"}, {"alpha", "alpha"}, {"beta", "beta"},
+      {"gamma", "gamma"}, {"min_vertical", "min_v"}, {"min_slash", "min_s"}, {"min_top_k", "min_top_k"}};
   validate(p, "attention spec '" + spec + "'", [](const char* field) {
     const auto it = param_of.find(field);
     return "parameter '" + (it == param_of.end() ? std::string(field) : it->second) + "'";
@@ -150,10 +171,17 @@ AttentionPolicy policy_from_spec(const std::string& spec, const PolicyShape& sha
     Params p(spec, parsed, {"v", "s", "last_q"});
     return uniform(vs_from(p));
   }
+  if (name == "vs_adaptive") {
+    Params p(spec, parsed, {"gamma", "v", "s", "min_v", "min_s", "last_q"});
+    return uniform(adaptive_checked(vs_from(p, kDefaultAdaptiveGamma), spec));
+  }
   if (name == "bs") {
     Params p(spec, parsed, {"top_k", "block"});
-    BlockSparsePattern b;
-    return uniform(BlockSparsePattern{p.integer("top_k", b.top_k), p.integer("block", b.block)});
+    return uniform(bs_from(p));
+  }
+  if (name == "bs_adaptive") {
+    Params p(spec, parsed, {"gamma", "top_k", "min_top_k", "block"});
+    return uniform(adaptive_checked(bs_from(p, kDefaultAdaptiveGamma), spec));
   }
   if (name == "moa") {
     Params p(spec, parsed, {"alpha", "beta", "sink"});
