@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "core/error.h"
@@ -30,6 +31,15 @@ Engine::Engine(const Model& model, EngineOptions options)
         "engine: chunk_size must be positive, got " + std::to_string(options_.chunk_size));
   check(options_.max_context >= 0, "engine: max_context must not be negative");
   check_policy_fits(options_.policy, cfg);
+  if (options_.stream.method != StreamMethod::None) {
+    check(options_.policy.table().empty(),
+          "streaming memory (--stream) runs its own layout with dense attention within it; it cannot be combined "
+          "with an attention policy (--attn)");
+    stream_ = std::make_unique<StreamingKV>(cfg, options_.stream);
+    // No context limit but the one asked for: positions past the model's trained context are what streaming is for.
+    max_context_ = options_.max_context > 0 ? options_.max_context : std::numeric_limits<int32_t>::max() - 1;
+    return;
+  }
   max_context_ = options_.max_context > 0 ? options_.max_context : cfg.context_length;
   cache_ = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max_context_);
   // An explicit limit is a promise that the cache may grow that far: refuse one that can never fit now, with the
@@ -43,6 +53,7 @@ std::vector<float> Engine::run_prefill(std::span<const int32_t> tokens, LogitRow
   check_token_ids(tokens, model_.config());
   check_prompt_fits(tokens.size(), position_, max_context_, model_.config());
   const int64_t end = static_cast<int64_t>(position_) + static_cast<int64_t>(tokens.size());
+  if (stream_) return run_stream_prefill(tokens, rows, progress, on_logits);
   const auto t0 = Clock::now();
   cache_.reserve(static_cast<int32_t>(end));
   ForwardTimers timers;
@@ -69,6 +80,43 @@ std::vector<float> Engine::run_prefill(std::span<const int32_t> tokens, LogitRow
   stats_.attention_seconds += timers.attention_seconds;
   stats_.gemm_seconds += timers.gemm_seconds;
   return logits;
+}
+
+std::vector<float> Engine::run_stream_prefill(std::span<const int32_t> tokens, LogitRows rows,
+                                              const Progress& progress, const ChunkLogits& on_logits) {
+  stream_->check_sequence(static_cast<int64_t>(position_) + static_cast<int64_t>(tokens.size()));
+  const auto t0 = Clock::now();
+  ForwardTimers timers;
+  const auto n = static_cast<int64_t>(tokens.size());
+  const int32_t chunk = options_.stream.chunk;
+  std::vector<float> logits;
+  for (int64_t c0 = 0; c0 < n; c0 += chunk) {
+    const int64_t c1 = std::min<int64_t>(n, c0 + chunk);
+    const bool last = c1 == n;
+    const LogitRows want = rows == LogitRows::All ? LogitRows::All : (last ? rows : LogitRows::None);
+    stream_->begin_chunk(position_, static_cast<int32_t>(c1 - c0),
+                         last ? StreamingKV::ChunkKind::LastPrefill : StreamingKV::ChunkKind::Prefill);
+    std::vector<float> part =
+        forward_.run(tokens.subspan(static_cast<size_t>(c0), static_cast<size_t>(c1 - c0)), position_, *stream_, want,
+                     timers);
+    position_ += static_cast<int32_t>(c1 - c0);
+    if (on_logits && want == LogitRows::All)
+      on_logits(c0, c1 - c0, part);
+    else
+      logits.insert(logits.end(), part.begin(), part.end());
+    if (progress) progress(c1, n);
+  }
+  stats_.prefill_tokens += n;
+  stats_.prefill_seconds += since(t0);
+  stats_.attention_seconds += timers.attention_seconds;
+  stats_.gemm_seconds += timers.gemm_seconds;
+  return logits;
+}
+
+size_t Engine::kv_cache_bytes() const {
+  if (!stream_) return cache_.bytes();
+  const StreamStats s = stream_->stats();
+  return static_cast<size_t>(stream_->resident_bytes() + s.host_bytes + s.index_bytes);
 }
 
 std::vector<float> Engine::prefill(std::span<const int32_t> tokens, const Progress& progress) {
@@ -106,10 +154,17 @@ std::vector<float> Engine::run_decode(int32_t token, LogitRows rows) {
   check_token_ids(one, model_.config());
   check_decode_fits(position_, max_context_, model_.config());
   const auto t0 = Clock::now();
-  cache_.reserve(position_ + 1);
   ForwardTimers timers;
-  forward_.set_observer(nullptr);  // the observer sees prefill chunks only
-  std::vector<float> logits = forward_.run(one, position_, cache_, nullptr, position_ + 1, rows, timers);
+  std::vector<float> logits;
+  if (stream_) {
+    stream_->check_sequence(static_cast<int64_t>(position_) + 1);
+    stream_->begin_chunk(position_, 1, StreamingKV::ChunkKind::Decode);
+    logits = forward_.run(one, position_, *stream_, rows, timers);
+  } else {
+    cache_.reserve(position_ + 1);
+    forward_.set_observer(nullptr);  // the observer sees prefill chunks only
+    logits = forward_.run(one, position_, cache_, nullptr, position_ + 1, rows, timers);
+  }
   position_ += 1;
   stats_.decode_tokens += 1;
   stats_.decode_seconds += since(t0);
@@ -125,6 +180,7 @@ std::vector<int32_t> Engine::generate(std::span<const int32_t> prompt, const Gen
 
 void Engine::reset() {
   position_ = 0;
+  if (stream_) stream_->reset();
 }
 
 }  // namespace tessera::runtime

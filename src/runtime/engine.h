@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -33,6 +34,8 @@
 #include "runtime/kv_cache.h"
 #include "runtime/model.h"
 #include "runtime/sampling.h"
+#include "runtime/stream/stream_options.h"
+#include "runtime/stream/streaming_kv.h"
 
 namespace tessera::runtime {
 
@@ -44,6 +47,11 @@ struct EngineOptions {
   // Called after every layer's attention during prefill (forward.h); empty: none. Evaluation uses it to measure
   // what a sparse policy would lose on the dense model's own activations.
   AttentionObserver observer;
+  // Streaming memory (runtime/stream/stream_options.h): method != None reads prompts of any length in
+  // stream.chunk-token chunks through a bounded attention workspace (chunk_size and the model's context limit are
+  // then unused; max_context, when set, still bounds the sequence). Needs an empty policy and a model without
+  // sliding-window layers.
+  StreamOptions stream;
 };
 
 
@@ -102,7 +110,9 @@ class Engine {
   void reset_stats() { stats_ = {}; }
   const Model& model() const { return model_; }
   const EngineOptions& options() const { return options_; }
-  size_t kv_cache_bytes() const { return cache_.bytes(); }
+  size_t kv_cache_bytes() const;
+  // The streaming memory, or null when options().stream.method is None.
+  const StreamingKV* streaming() const { return stream_.get(); }
 
  private:
   // Chunked prefill; with rows == All, each chunk's logits go to on_logits(first token index, chunk rows,
@@ -110,6 +120,8 @@ class Engine {
   using ChunkLogits = std::function<void(int64_t first, int64_t rows, const std::vector<float>& logits)>;
   std::vector<float> run_prefill(std::span<const int32_t> tokens, LogitRows rows, const Progress& progress,
                                  const ChunkLogits& on_logits = {});
+  std::vector<float> run_stream_prefill(std::span<const int32_t> tokens, LogitRows rows, const Progress& progress,
+                                       const ChunkLogits& on_logits);
   std::vector<float> run_decode(int32_t token, LogitRows rows);
 
   const Model& model_;
@@ -118,6 +130,7 @@ class Engine {
   int32_t max_context_ = 0;
   int32_t position_ = 0;
   KVCache cache_;
+  std::unique_ptr<StreamingKV> stream_;
   Forward forward_;
   EngineStats stats_;
 };

@@ -72,9 +72,20 @@ attn::AttentionArgs Forward::attention(int32_t layer, int32_t pos, int32_t n, KV
 std::vector<float> Forward::run(std::span<const int32_t> tokens, int32_t pos, KVCache& cache,
                                 const attn::AttentionPolicy* policy, int32_t total_len, LogitRows rows,
                                 ForwardTimers& timers) {
+  return run_layers(tokens, pos, &cache, nullptr, policy, total_len, rows, timers);
+}
+
+std::vector<float> Forward::run(std::span<const int32_t> tokens, int32_t pos, KVPolicy& kv, LogitRows rows,
+                                ForwardTimers& timers) {
+  return run_layers(tokens, pos, nullptr, &kv, nullptr, 0, rows, timers);
+}
+
+std::vector<float> Forward::run_layers(std::span<const int32_t> tokens, int32_t pos, KVCache* cache, KVPolicy* kv,
+                                       const attn::AttentionPolicy* policy, int32_t total_len, LogitRows rows,
+                                       ForwardTimers& timers) {
   const auto n = static_cast<int32_t>(tokens.size());
   if (n == 0) return {};
-  check(cache.capacity() >= pos + n, "forward: the KV cache has no room for the chunk");
+  check(kv != nullptr || cache->capacity() >= pos + n, "forward: the KV cache has no room for the chunk");
   const int64_t H = cfg_.hidden_size, D = cfg_.head_dim, F = cfg_.intermediate_size;
   const int64_t QD = cfg_.num_q_heads * D, KD = cfg_.num_kv_heads * D;
   const ModelWeights& w = model_.weights();
@@ -85,6 +96,10 @@ std::vector<float> Forward::run(std::span<const int32_t> tokens, int32_t pos, KV
   grow(attn_, n * QD);
   grow(gate_, n * F);
   grow(up_, n * F);
+  if (kv != nullptr) {
+    grow(k_, n * KD);
+    grow(v_, n * KD);
+  }
   for (size_t r = 0; r < inv_freqs_.size(); ++r) {
     grow(cos_[r], n * (D / 2));
     grow(sin_[r], n * (D / 2));
@@ -110,8 +125,8 @@ std::vector<float> Forward::run(std::span<const int32_t> tokens, int32_t pos, KV
 
   for (int32_t l = 0; l < cfg_.num_layers; ++l) {
     const LayerWeights& L = w.layers[static_cast<size_t>(l)];
-    float* kc = cache.k(l, pos);
-    float* vc = cache.v(l, pos);
+    float* kc = kv != nullptr ? k_.data() : cache->k(l, pos);
+    float* vc = kv != nullptr ? v_.data() : cache->v(l, pos);
 
     rms_norm(x_.data(), h_.data(), n, H, L.attn_norm.ptr(), cfg_.rms_norm_eps, pool_);
     gemm(h_.data(), L.wq, cfg_.qkv_bias ? &L.bq : nullptr, q_.data());
@@ -122,13 +137,18 @@ std::vector<float> Forward::run(std::span<const int32_t> tokens, int32_t pos, KV
       rms_norm(kc, kc, n * cfg_.num_kv_heads, D, L.k_norm.ptr(), cfg_.rms_norm_eps, pool_);
     }
     const size_t r = layer_rope_[static_cast<size_t>(l)];
-    apply_rope(q_.data(), n, QD, cfg_.num_q_heads, D, cos_[r].data(), sin_[r].data());
-    apply_rope(kc, n, KD, cfg_.num_kv_heads, D, cos_[r].data(), sin_[r].data());
-
-    const auto t0 = Clock::now();
-    const attn::AttentionArgs args = attention(l, pos, n, cache, policy, total_len);
-    timers.attention_seconds += since(t0);
-    if (observer_ != nullptr && *observer_) (*observer_)(l, args);
+    if (kv != nullptr) {
+      const auto t0 = Clock::now();
+      kv->attend(l, pos, n, q_.data(), kc, vc, inv_freqs_[r], cfg_.attention_scale, attn_.data(), pool_);
+      timers.attention_seconds += since(t0);
+    } else {
+      apply_rope(q_.data(), n, QD, cfg_.num_q_heads, D, cos_[r].data(), sin_[r].data());
+      apply_rope(kc, n, KD, cfg_.num_kv_heads, D, cos_[r].data(), sin_[r].data());
+      const auto t0 = Clock::now();
+      const attn::AttentionArgs args = attention(l, pos, n, *cache, policy, total_len);
+      timers.attention_seconds += since(t0);
+      if (observer_ != nullptr && *observer_) (*observer_)(l, args);
+    }
 
     gemm(attn_.data(), L.wo, nullptr, h_.data());
     if (cfg_.post_norms)

@@ -51,6 +51,19 @@ enum class LogitRows { None, Last, All };
 // real prompts); costs nothing when unset.
 using AttentionObserver = std::function<void(int32_t layer, const attn::AttentionArgs& args)>;
 
+// A KV-cache policy that keeps the keys and values itself and runs each layer's attention (streaming memory,
+// runtime/stream/streaming_kv.h). Forward hands it every layer's chunk before RoPE: the policy decides at which
+// positions queries and keys are rotated (streaming sees old keys at one fixed distance).
+class KVPolicy {
+ public:
+  virtual ~KVPolicy() = default;
+  // Layer `layer` of the chunk at positions [pos, pos + n): q [n, q_heads, d], k and v [n, kv_heads, d], f32,
+  // contiguous, after the bias and QK-norm and before RoPE (q and k may be overwritten). inv_freq: the layer's RoPE
+  // frequencies (rope.h). Writes the attention output [n, q_heads, d] to out.
+  virtual void attend(int32_t layer, int32_t pos, int32_t n, float* q, float* k, float* v,
+                      std::span<const float> inv_freq, float scale, float* out, ThreadPool& pool) = 0;
+};
+
 class Forward {
  public:
   static constexpr int32_t kTile = 64;  // the CPU executor's query-tile height for lowered indices
@@ -65,10 +78,17 @@ class Forward {
                          const attn::AttentionPolicy* policy, int32_t total_len, LogitRows rows,
                          ForwardTimers& timers);
 
+  // The same with a KV-cache policy that owns the keys and values (the observer is not called).
+  std::vector<float> run(std::span<const int32_t> tokens, int32_t pos, KVPolicy& kv, LogitRows rows,
+                         ForwardTimers& timers);
+
   // The observer run() calls after every layer's attention (null or empty: none). Not owned.
   void set_observer(const AttentionObserver* observer) { observer_ = observer; }
 
  private:
+  std::vector<float> run_layers(std::span<const int32_t> tokens, int32_t pos, KVCache* cache, KVPolicy* kv,
+                                const attn::AttentionPolicy* policy, int32_t total_len, LogitRows rows,
+                                ForwardTimers& timers);
   // Runs one layer's attention into attn_ and returns the arguments it ran with.
   attn::AttentionArgs attention(int32_t layer, int32_t pos, int32_t n, KVCache& cache, const attn::AttentionPolicy* policy,
                  int32_t total_len);
@@ -80,7 +100,7 @@ class Forward {
   std::vector<std::vector<float>> inv_freqs_;  // distinct RoPE frequency sets
   std::vector<size_t> layer_rope_;             // layer -> index into inv_freqs_
   // Scratch, grown to the largest chunk seen.
-  std::vector<float> x_, h_, q_, attn_, gate_, up_;
+  std::vector<float> x_, h_, q_, attn_, gate_, up_, k_, v_;  // k_, v_: a KVPolicy's chunk rows
   std::vector<std::vector<float>> cos_, sin_;
 };
 

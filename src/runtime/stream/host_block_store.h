@@ -1,0 +1,53 @@
+// tessera/runtime/stream/host_block_store.h — evicted KV blocks in host memory, within a byte budget.
+//
+// Streaming memory moves each `block`-token block out of the local window into this store once every row of it
+// is older than the window; retrieval copies the chosen blocks back into the attention workspace. A block holds,
+// for one layer, K (before RoPE: retrieved keys are all seen at one distance, stream_options.h) and V, each
+// [block_tokens, num_kv_heads, head_dim] f32. Blocks are appended in order per layer: block b of every layer holds
+// the same positions.
+//
+// This is the CPU twin of the GPU path's pinned host memory (which would copy blocks back asynchronously ahead of
+// the layer that needs them); the interface is what that path needs too: append, a block's rows, the byte count.
+//
+// The budget bounds the store's total size. add() past it throws tessera::Error with what was needed:
+//   "streaming host store is full: block 7 of layer 2 needs 98.3 kB more, over the budget of 1.00 MB for evicted
+//    KV blocks (holding 10 blocks, 983 kB); raise --stream-host-budget or shorten the prompt"
+// and bytes_for_tokens() lets a caller refuse a whole prompt up front (StreamingKV::check_prompt).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace tessera::runtime::stream {
+
+class HostBlockStore {
+ public:
+  HostBlockStore() = default;
+  // budget_bytes: the store's limit (> 0).
+  HostBlockStore(int32_t num_layers, int32_t num_kv_heads, int32_t head_dim, int32_t block_tokens,
+                 int64_t budget_bytes);
+
+  // Appends block number blocks(layer) of `layer` from k, v ([block_tokens, kv_heads, head_dim] each, contiguous).
+  // Throws tessera::Error (above) when the budget cannot hold it; the store is then unchanged.
+  void add(int32_t layer, std::span<const float> k, std::span<const float> v);
+
+  int32_t blocks(int32_t layer) const { return static_cast<int32_t>(k_[static_cast<size_t>(layer)].size()); }
+  // Rows of block b of `layer`: [block_tokens, kv_heads, head_dim].
+  std::span<const float> k(int32_t layer, int32_t b) const { return k_[static_cast<size_t>(layer)][static_cast<size_t>(b)]; }
+  std::span<const float> v(int32_t layer, int32_t b) const { return v_[static_cast<size_t>(layer)][static_cast<size_t>(b)]; }
+
+  int64_t block_bytes() const;  // one block of one layer, K and V
+  int64_t bytes() const { return bytes_; }
+  int64_t budget() const { return budget_; }
+  int32_t block_tokens() const { return block_tokens_; }
+  void clear();
+
+ private:
+  int32_t num_layers_ = 0, block_tokens_ = 0;
+  int64_t row_ = 0;  // floats per token: kv_heads * head_dim
+  int64_t budget_ = 0, bytes_ = 0, held_ = 0;
+  std::vector<std::vector<std::vector<float>>> k_, v_;  // [layer][block]
+};
+
+}  // namespace tessera::runtime::stream

@@ -1,0 +1,122 @@
+#include "runtime/stream/span_discovery.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace tessera::runtime::stream {
+
+TriangleScores::TriangleScores(std::span<const float> map, int32_t n, double theta)
+    : n_(n), theta_(theta), prefix_(static_cast<size_t>(n + 1) * static_cast<size_t>(n + 1), 0.0) {
+  check(n >= 0 && map.size() >= static_cast<size_t>(n) * static_cast<size_t>(n),
+        "span discovery: the attention map has " + std::to_string(map.size()) + " entries, fewer than " +
+            std::to_string(n) + " x " + std::to_string(n));
+  const size_t w = static_cast<size_t>(n) + 1;
+  for (int32_t r = 0; r < n; ++r) {
+    double row = 0;
+    for (int32_t c = 0; c < n; ++c) {
+      if (c <= r) row += static_cast<double>(map[static_cast<size_t>(r) * static_cast<size_t>(n) + static_cast<size_t>(c)]);
+      prefix_[(static_cast<size_t>(r) + 1) * w + static_cast<size_t>(c) + 1] =
+          prefix_[static_cast<size_t>(r) * w + static_cast<size_t>(c) + 1] + row;
+    }
+  }
+}
+
+double TriangleScores::mass(int32_t r0, int32_t r1, int32_t c0, int32_t c1) const {
+  if (r1 <= r0 || c1 <= c0) return 0;
+  return at(r1, c1) - at(r0, c1) - at(r1, c0) + at(r0, c0);
+}
+
+double TriangleScores::score(int32_t j, int32_t i) const {
+  const double len = static_cast<double>(i - j + 1);
+  return mass(j, i + 1, j, i + 1) - theta_ * len * (len + 1) / 2;
+}
+
+double causal_quantile(std::span<const float> map, int32_t n, double quantile) {
+  std::vector<float> v;
+  v.reserve(static_cast<size_t>(n) * static_cast<size_t>(n + 1) / 2);
+  for (int32_t r = 0; r < n; ++r)
+    for (int32_t c = 0; c <= r; ++c) v.push_back(map[static_cast<size_t>(r) * static_cast<size_t>(n) + static_cast<size_t>(c)]);
+  if (v.empty()) return 0;
+  const auto k = static_cast<size_t>(std::floor(std::clamp(quantile, 0.0, 1.0) * static_cast<double>(v.size() - 1)));
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
+  return static_cast<double>(v[k]);
+}
+
+double span_iou(const Span& a, const Span& b) {
+  const double inter = std::max(0, std::min(a.end, b.end) - std::max(a.begin, b.begin));
+  const double uni = static_cast<double>(a.length() + b.length()) - inter;
+  return uni > 0 ? inter / uni : 0.0;
+}
+
+std::vector<Span> nms(std::vector<Span> candidates, double iou) {
+  std::sort(candidates.begin(), candidates.end(), [](const Span& a, const Span& b) {
+    if (a.score != b.score) return a.score > b.score;
+    if (a.begin != b.begin) return a.begin < b.begin;
+    return a.end < b.end;
+  });
+  std::vector<Span> kept;
+  for (const Span& c : candidates) {
+    const bool suppressed =
+        std::any_of(kept.begin(), kept.end(), [&](const Span& k) { return span_iou(c, k) > iou; });
+    if (!suppressed) kept.push_back(c);
+  }
+  return kept;
+}
+
+std::vector<Span> span_candidates(const TriangleScores& s, bool linear) {
+  const int32_t n = s.size();
+  std::vector<Span> out;
+  if (linear) {
+    for (int32_t d = 0; d <= 2 * (n - 1); ++d) {  // anti-diagonal j + i = d, j <= i
+      Span best{0, 0, 0};
+      bool any = false;
+      for (int32_t j = std::max(0, d - (n - 1)); 2 * j <= d; ++j) {
+        const int32_t i = d - j;
+        const double v = s.score(j, i);
+        if (v > 0 && (!any || v > best.score)) {
+          best = Span{j, i + 1, v};
+          any = true;
+        }
+      }
+      if (any) out.push_back(best);
+    }
+  } else {
+    for (int32_t j = 0; j < n; ++j)
+      for (int32_t i = j; i < n; ++i) {
+        const double v = s.score(j, i);
+        if (v > 0) out.push_back(Span{j, i + 1, v});
+      }
+  }
+  return out;
+}
+
+std::vector<Span> discover_spans(std::span<const float> map, int32_t n, const SpanDiscoveryOptions& o) {
+  if (n <= 0) return {};
+  const TriangleScores scores(map, n, causal_quantile(map, n, o.theta_quantile));
+  std::vector<Span> kept = nms(span_candidates(scores, o.linear), o.iou);
+  std::sort(kept.begin(), kept.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
+  return kept;
+}
+
+std::vector<Span> cover_with_spans(std::span<const Span> spans, int32_t n) {
+  // Owner of each token: the highest-scoring span holding it (spans arrive in any order).
+  std::vector<Span> by_score(spans.begin(), spans.end());
+  std::stable_sort(by_score.begin(), by_score.end(), [](const Span& a, const Span& b) { return a.score > b.score; });
+  std::vector<int32_t> owner(static_cast<size_t>(std::max(n, 0)), -1);
+  for (size_t s = 0; s < by_score.size(); ++s)
+    for (int32_t t = std::max(0, by_score[s].begin); t < std::min(n, by_score[s].end); ++t)
+      if (owner[static_cast<size_t>(t)] < 0) owner[static_cast<size_t>(t)] = static_cast<int32_t>(s);
+  std::vector<Span> out;
+  for (int32_t t = 0; t < n;) {
+    int32_t u = t + 1;
+    while (u < n && owner[static_cast<size_t>(u)] == owner[static_cast<size_t>(t)]) ++u;
+    const int32_t o = owner[static_cast<size_t>(t)];
+    out.push_back(Span{t, u, o < 0 ? 0.0 : by_score[static_cast<size_t>(o)].score});
+    t = u;
+  }
+  return out;
+}
+
+}  // namespace tessera::runtime::stream

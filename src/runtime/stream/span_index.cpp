@@ -1,0 +1,159 @@
+#include "runtime/stream/span_index.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace tessera::runtime::stream {
+
+int32_t retained_vectors(int32_t length, double ratio, double lambda, int32_t min_vectors, int32_t max_vectors) {
+  const double f = std::pow(std::clamp(ratio, 0.0, 1.0), lambda);
+  auto count = static_cast<int64_t>(std::llround(static_cast<double>(length) * f));
+  count = std::clamp<int64_t>(count, min_vectors, std::max(min_vectors, max_vectors));
+  return static_cast<int32_t>(std::clamp<int64_t>(count, 1, std::max(1, length)));
+}
+
+double area_ratio(const TriangleScores& map, const Span& s) {
+  const int32_t n = map.size();
+  const double len = s.length();
+  const double tri = map.mass(s.begin, s.end, s.begin, s.end) / (len * (len + 1) / 2);
+  const double below_rows = n - s.end;
+  const double below = below_rows > 0 ? map.mass(s.end, n, s.begin, s.end) / (below_rows * len) : 0.0;
+  return tri + below > 0 ? tri / (tri + below) : 1.0;
+}
+
+std::vector<int32_t> top_voted(std::span<const float> votes, int32_t begin, int32_t end, int32_t count) {
+  std::vector<int32_t> idx(static_cast<size_t>(std::max(0, end - begin)));
+  std::iota(idx.begin(), idx.end(), begin);
+  count = std::min<int32_t>(count, static_cast<int32_t>(idx.size()));
+  std::partial_sort(idx.begin(), idx.begin() + count, idx.end(), [&](int32_t a, int32_t b) {
+    const float va = votes[static_cast<size_t>(a)], vb = votes[static_cast<size_t>(b)];
+    return va != vb ? va > vb : a < b;
+  });
+  idx.resize(static_cast<size_t>(count));
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
+
+void SpanIndex::add(int32_t block, std::span<const float> keys, int32_t count) {
+  check(count > 0 && static_cast<int64_t>(keys.size()) == count * row(), "span index: wrong key vector count");
+  check(block >= num_blocks() - 1 && block >= 0, "span index: blocks are added in order");
+  if (block >= num_blocks()) block_spans_.resize(static_cast<size_t>(block) + 1);
+  block_spans_[static_cast<size_t>(block)].push_back(num_spans());
+  span_first_.push_back(num_vectors());
+  span_count_.push_back(count);
+  keys_.insert(keys_.end(), keys.begin(), keys.end());
+}
+
+namespace {
+
+double dot(const float* a, const float* b, int32_t d) {
+  float s = 0;
+  for (int32_t i = 0; i < d; ++i) s += a[i] * b[i];
+  return static_cast<double>(s);
+}
+
+}  // namespace
+
+std::vector<double> SpanIndex::block_scores(std::span<const float> queries, std::span<const int32_t> query_counts,
+                                            const HeadWeights& w) const {
+  const int32_t d = shape_.head_dim, nq = shape_.q_heads;
+  const int64_t qrow = static_cast<int64_t>(nq) * d;
+  // sim[t][s] for every query span t and stored span s.
+  const auto S = static_cast<size_t>(num_spans());
+  std::vector<double> sim(query_counts.size() * S, 0.0);
+  int64_t first = 0;
+  for (size_t t = 0; t < query_counts.size(); ++t) {
+    const int32_t m = query_counts[t];
+    for (size_t s = 0; s < S; ++s) {
+      double total = 0;
+      for (int32_t h = 0; h < nq; ++h) {
+        if (w[static_cast<size_t>(h)] == 0) continue;
+        const int32_t g = shape_.kv_head(h);
+        double sum = 0;
+        for (int32_t a = 0; a < m; ++a) {
+          const float* q = queries.data() + (first + a) * qrow + static_cast<int64_t>(h) * d;
+          double best = -std::numeric_limits<double>::infinity();
+          for (int64_t b = 0; b < span_count_[s]; ++b)
+            best = std::max(best, dot(q, keys_.data() + (span_first_[s] + b) * row() + static_cast<int64_t>(g) * d, d));
+          sum += best;
+        }
+        total += w[static_cast<size_t>(h)] * sum / m;
+      }
+      sim[t * S + s] = total;
+    }
+    first += m;
+  }
+  std::vector<double> scores(static_cast<size_t>(num_blocks()), 0.0);
+  for (int32_t b = 0; b < num_blocks(); ++b) {
+    const auto& spans = block_spans_[static_cast<size_t>(b)];
+    double score = 0;
+    for (size_t t = 0; t < query_counts.size(); ++t) {
+      double best = -std::numeric_limits<double>::infinity();
+      for (int64_t s : spans) best = std::max(best, sim[t * S + static_cast<size_t>(s)]);
+      if (!spans.empty()) score += best;
+    }
+    scores[static_cast<size_t>(b)] = spans.empty() ? -std::numeric_limits<double>::infinity() : score;
+  }
+  return scores;
+}
+
+void SpanIndex::clear() {
+  keys_.clear();
+  span_first_.clear();
+  span_count_.clear();
+  block_spans_.clear();
+}
+
+void ReprIndex::add(std::span<const float> keys, int32_t count) {
+  const int64_t row = static_cast<int64_t>(shape_.kv_heads) * shape_.head_dim;
+  check(count > 0 && static_cast<int64_t>(keys.size()) == count * row, "repr index: wrong key vector count");
+  std::vector<float> mean(static_cast<size_t>(row), 0.0f);
+  for (int32_t r = 0; r < count; ++r)
+    for (int64_t i = 0; i < row; ++i) mean[static_cast<size_t>(i)] += keys[static_cast<size_t>(r * row + i)] / static_cast<float>(count);
+  means_.push_back(std::move(mean));
+  vectors_ += count;
+}
+
+std::vector<double> ReprIndex::block_scores(std::span<const float> queries, int32_t n, const HeadWeights& w) const {
+  const int32_t d = shape_.head_dim, nq = shape_.q_heads;
+  std::vector<float> qmean(static_cast<size_t>(nq) * static_cast<size_t>(d), 0.0f);
+  for (int32_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < static_cast<int64_t>(nq) * d; ++j)
+      qmean[static_cast<size_t>(j)] += queries[static_cast<size_t>(static_cast<int64_t>(i) * nq * d + j)] / static_cast<float>(n);
+  std::vector<double> scores(means_.size(), 0.0);
+  for (size_t b = 0; b < means_.size(); ++b) {
+    double s = 0;
+    for (int32_t h = 0; h < nq; ++h) {
+      if (w[static_cast<size_t>(h)] == 0) continue;
+      s += w[static_cast<size_t>(h)] *
+           dot(qmean.data() + static_cast<int64_t>(h) * d, means_[b].data() + static_cast<int64_t>(shape_.kv_head(h)) * d, d);
+    }
+    scores[b] = s;
+  }
+  return scores;
+}
+
+void ReprIndex::clear() {
+  means_.clear();
+  vectors_ = 0;
+}
+
+std::vector<int32_t> top_blocks(std::span<const double> scores, int32_t k) {
+  std::vector<int32_t> idx(scores.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  if (k < static_cast<int32_t>(idx.size())) {
+    std::partial_sort(idx.begin(), idx.begin() + std::max(0, k), idx.end(), [&](int32_t a, int32_t b) {
+      const double sa = scores[static_cast<size_t>(a)], sb = scores[static_cast<size_t>(b)];
+      return sa != sb ? sa > sb : a < b;
+    });
+    idx.resize(static_cast<size_t>(std::max(0, k)));
+  }
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
+
+}  // namespace tessera::runtime::stream

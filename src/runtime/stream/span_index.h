@@ -1,0 +1,96 @@
+// tessera/runtime/stream/span_index.h — the index over evicted blocks, and retrieval per chunk.
+//
+// Ltri-LLM (dynamic span index vectors): a span of length L whose area ratio is r keeps
+//     count = clamp(round(L * r^lambda), min_vectors, max_vectors)  (and at most L)
+// index vectors: the keys (before RoPE, every kv head) of its `count` most attended tokens (votes: the attention
+// a token received within its chunk). r = the span's triangle density / (its triangle density + the density of
+// its row neighbours, the later rows of the chunk attending to it) — in [0, 1], high when later tokens say little
+// about the span (low voter confidence: keep more vectors). The paper's Eq. 7 did not survive extraction; r^lambda
+// is our reading of "a larger lambda restricts more" on r in [0, 1].
+//
+// Retrieval for a chunk: the chunk is split into spans the same way; each query span t keeps query vectors (the
+// queries, before RoPE, of its most attended tokens). With a set of voting heads H (weights w_h):
+//     sim(t, s)   = sum_h w_h * mean_{a in t} max_{b in s} q_h(a) . k_{kv(h)}(b)
+//     score(blk)  = sum_t max_{s in blk} sim(t, s)
+// and the top-K blocks are retrieved (ties: the earlier block).
+//
+// InfLLM (representative keys): a block keeps the keys of its `repr_keys` most attended tokens;
+//     score(blk)  = sum_h w_h * mean_i q_h(i) . mean_r k_{kv(h)}(r)
+// over the chunk's queries i.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "runtime/stream/span_discovery.h"
+
+namespace tessera::runtime::stream {
+
+// Shapes of the vectors: keys are [kv_heads, head_dim] per token, queries [q_heads, head_dim].
+struct HeadShape {
+  int32_t q_heads = 0;
+  int32_t kv_heads = 0;
+  int32_t head_dim = 0;
+  int32_t kv_head(int32_t q_head) const { return q_head / (q_heads / kv_heads); }
+};
+
+// round(L * r^lambda) clamped to [min_vectors, max_vectors] and to [1, L].
+int32_t retained_vectors(int32_t length, double ratio, double lambda, int32_t min_vectors, int32_t max_vectors);
+
+// The span's area ratio from raw prefix sums (theta = 0 or not: only masses are read) of its chunk's map.
+double area_ratio(const TriangleScores& map, const Span& span);
+
+// Indices (within `votes`) of the `count` largest votes in [begin, end), ascending (ties: the earlier token).
+std::vector<int32_t> top_voted(std::span<const float> votes, int32_t begin, int32_t end, int32_t count);
+
+// Head weights: w[h] for every query head (0: the head does not vote).
+using HeadWeights = std::vector<double>;
+
+// The index of one layer: spans with their vectors, grouped by block.
+class SpanIndex {
+ public:
+  explicit SpanIndex(HeadShape shape = {}) : shape_(shape) {}
+  // Adds a span of `block` with the given key vectors ([count, kv_heads, head_dim], contiguous).
+  void add(int32_t block, std::span<const float> keys, int32_t count);
+  int32_t num_blocks() const { return static_cast<int32_t>(block_spans_.size()); }
+  int64_t num_spans() const { return static_cast<int64_t>(span_first_.size()); }
+  int64_t num_vectors() const { return static_cast<int64_t>(keys_.size()) / row(); }
+  int64_t bytes() const { return static_cast<int64_t>(keys_.size() * sizeof(float)); }
+  // Ltri block scores for query spans: queries [m, q_heads, head_dim] of all query spans, spans given by
+  // `query_counts` (the vectors of span t are the next query_counts[t] rows). One score per block.
+  std::vector<double> block_scores(std::span<const float> queries, std::span<const int32_t> query_counts,
+                                   const HeadWeights& w) const;
+  void clear();
+
+ private:
+  int64_t row() const { return static_cast<int64_t>(shape_.kv_heads) * shape_.head_dim; }
+  HeadShape shape_;
+  std::vector<float> keys_;                       // [vectors, kv_heads, head_dim]
+  std::vector<int64_t> span_first_, span_count_;  // per span: first vector, count
+  std::vector<std::vector<int64_t>> block_spans_;  // per block: its spans
+};
+
+// InfLLM's index of one layer: repr_keys representative keys per block.
+class ReprIndex {
+ public:
+  explicit ReprIndex(HeadShape shape = {}) : shape_(shape) {}
+  // Adds the next block's representative keys ([count, kv_heads, head_dim]).
+  void add(std::span<const float> keys, int32_t count);
+  int32_t num_blocks() const { return static_cast<int32_t>(means_.size()); }
+  int64_t num_vectors() const { return vectors_; }
+  int64_t bytes() const { return vectors_ * static_cast<int64_t>(shape_.kv_heads) * shape_.head_dim * 4; }
+  // Scores of every block for queries [n, q_heads, head_dim].
+  std::vector<double> block_scores(std::span<const float> queries, int32_t n, const HeadWeights& w) const;
+  void clear();
+
+ private:
+  HeadShape shape_;
+  std::vector<std::vector<float>> means_;  // per block: the mean representative key, [kv_heads, head_dim]
+  int64_t vectors_ = 0;
+};
+
+// The top `k` blocks by score, ascending block order (ties in score: the earlier block). All blocks when k >= count.
+std::vector<int32_t> top_blocks(std::span<const double> scores, int32_t k);
+
+}  // namespace tessera::runtime::stream

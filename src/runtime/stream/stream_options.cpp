@@ -1,0 +1,60 @@
+#include "runtime/stream/stream_options.h"
+
+#include "core/error.h"
+
+namespace tessera::runtime {
+
+StreamMethod parse_stream_method(const std::string& name, const std::string& what) {
+  if (name == "ltri") return StreamMethod::Ltri;
+  if (name == "infllm") return StreamMethod::InfLLM;
+  if (name == "streamingllm") return StreamMethod::StreamingLLM;
+  if (name == "none" || name.empty()) return StreamMethod::None;
+  throw Error(what + " must be ltri, infllm or streamingllm, got '" + name + "'");
+}
+
+const char* stream_method_name(StreamMethod m) {
+  switch (m) {
+    case StreamMethod::Ltri:
+      return "ltri";
+    case StreamMethod::InfLLM:
+      return "infllm";
+    case StreamMethod::StreamingLLM:
+      return "streamingllm";
+    case StreamMethod::None:
+      break;
+  }
+  return "none";
+}
+
+int64_t StreamOptions::attended_tokens() const {
+  const int64_t k = method == StreamMethod::StreamingLLM ? 0 : top_k;
+  return static_cast<int64_t>(sinks) + k * block + local + block - 1 + chunk;
+}
+
+StreamOptions streamingllm_equal_memory(StreamOptions o) {
+  o.local += o.top_k * o.block;
+  o.top_k = 0;
+  o.method = StreamMethod::StreamingLLM;
+  return o;
+}
+
+void check_stream_options(const StreamOptions& o) {
+  auto positive = [](int64_t v, const char* flag) {
+    check(v > 0, std::string(flag) + " must be positive, got " + std::to_string(v));
+  };
+  check(o.sinks >= 0, "--stream-sinks must not be negative, got " + std::to_string(o.sinks));
+  positive(o.local, "--stream-local");
+  positive(o.chunk, "--stream-chunk");
+  positive(o.block, "--stream-block");
+  check(o.top_k >= 0, "--stream-top-k must not be negative, got " + std::to_string(o.top_k));
+  check(o.host_budget >= 0, "--stream-host-budget must not be negative");
+  check(o.theta_quantile >= 0 && o.theta_quantile <= 1, "the span threshold quantile must be in [0, 1]");
+  check(o.iou >= 0 && o.iou <= 1, "the NMS IoU threshold must be in [0, 1]");
+  check(o.lambda > 0 && o.lambda_early > 0, "the retention slope lambda must be positive");
+  check(o.min_vectors >= 1 && o.max_vectors >= o.min_vectors,
+        "index vectors per span: need 1 <= min (" + std::to_string(o.min_vectors) + ") <= max (" +
+            std::to_string(o.max_vectors) + ")");
+  positive(o.repr_keys, "InfLLM representative keys");
+}
+
+}  // namespace tessera::runtime

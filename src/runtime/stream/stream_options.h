@@ -1,0 +1,76 @@
+// tessera/runtime/stream/stream_options.h — the options of streaming memory (Ltri-LLM and its baselines).
+//
+// Streaming reads a prompt of any length with bounded attention memory, in InfLLM's layout (which Ltri-LLM builds
+// on): each chunk of `chunk` tokens attends to
+//     [sinks | retrieved blocks | local window | the chunk itself]
+// where sinks are the first `sinks` tokens, the local window is the most recent n_local..n_local+block-1 tokens
+// before the chunk, and retrieved blocks are `top_k` of the `block`-token blocks evicted from the local window
+// (kept in host memory, runtime/stream/host_block_store.h). Which blocks are retrieved is the method:
+//   streamingllm  none (sinks + window; StreamingLLM)
+//   infllm        the blocks whose representative keys (the `repr_keys` most attended tokens) best match the
+//                 chunk's mean query (InfLLM)
+//   ltri          the blocks whose spans (triangles of the attention map, found by NMS) best match the chunk's
+//                 spans, with dynamic index vectors per span, retrieval-head and collaborative voting (Ltri-LLM)
+// Positions follow InfLLM: the local window and the chunk keep their true (relative) positions; sinks and
+// retrieved blocks are all seen at one distance, n_local, from every query — so no query ever sees a key farther
+// than n_local + block + chunk positions away, and a model reads past its trained context.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tessera::runtime {
+
+enum class StreamMethod { None, StreamingLLM, InfLLM, Ltri };
+
+// "ltri" | "infllm" | "streamingllm" (and "none"); throws tessera::Error naming `what` on anything else.
+StreamMethod parse_stream_method(const std::string& name, const std::string& what = "--stream");
+const char* stream_method_name(StreamMethod m);
+
+// A retrieval head (Wu et al.): query head `head` of layer `layer`, with its retrieval score.
+struct RetrievalHead {
+  int32_t layer = 0;
+  int32_t head = 0;
+  double score = 0;
+};
+
+struct StreamOptions {
+  StreamMethod method = StreamMethod::None;  // None: no streaming (the engine's dense or per-head cache)
+  int32_t sinks = 128;       // initial tokens, always attended
+  int32_t local = 4096;      // local window (tokens before the chunk, at their true positions)
+  int32_t chunk = 512;       // prefill chunk (tokens per forward pass)
+  int32_t block = 128;       // tokens per evicted block (the unit of host memory and of retrieval)
+  int32_t top_k = 32;        // blocks retrieved per chunk (streamingllm: 0)
+  // Host memory for evicted blocks, bytes (0: the process's host memory budget, core/memory_budget.h).
+  int64_t host_budget = 0;
+
+  // Ltri-LLM: span discovery (span_discovery.h) and dynamic index vectors (span_index.h).
+  double theta_quantile = 0.9;  // threshold theta = this quantile of the summed attention map's causal entries
+  double iou = 0.1;             // NMS IoU threshold tau
+  bool linear_nms = true;       // keep only the best point per anti-diagonal before NMS (Appendix E)
+  double lambda = 3;            // retention slope
+  double lambda_early = 20;     // ... in the first `early_layers` layers
+  int32_t early_layers = 4;
+  int32_t min_vectors = 1;      // index vectors per span, clamped to [min_vectors, max_vectors]
+  int32_t max_vectors = 12;
+  // Retrieval heads: only the best one per layer with score > 0.1 votes for its layer, and layers combine the
+  // votes of earlier layers' heads (collaborative voting), weighted by score. Empty: every head of a layer votes
+  // (averaged) and there is no collaborative voting.
+  std::vector<RetrievalHead> retrieval_heads;
+  bool persist_decode = true;   // decode keeps the blocks retrieved for the last prefill chunk
+
+  // InfLLM: representative keys per block.
+  int32_t repr_keys = 4;
+
+  // Tokens a chunk attends to at most: sinks + top_k blocks + local window + one block of slack + the chunk.
+  int64_t attended_tokens() const;
+};
+
+// StreamingLLM at the same memory as `o`: no retrieval, the retrieved blocks' room given to the local window.
+StreamOptions streamingllm_equal_memory(StreamOptions o);
+
+// Throws tessera::Error naming the option (as its --stream-* flag) when a size is out of range.
+void check_stream_options(const StreamOptions& o);
+
+}  // namespace tessera::runtime

@@ -1,0 +1,384 @@
+#include "runtime/stream/streaming_kv.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "core/error.h"
+#include "core/memory_budget.h"
+#include "runtime/rope.h"
+
+namespace tessera::runtime {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::string commas(int64_t v) {
+  std::string n = std::to_string(v);
+  for (int i = static_cast<int>(n.size()) - 3; i > (v < 0 ? 1 : 0); i -= 3) n.insert(static_cast<size_t>(i), ",");
+  return n;
+}
+
+// Blocks evicted from every layer once a chunk starts at `pos`.
+int32_t evicted_at(const StreamOptions& o, int64_t pos) {
+  const int64_t over = pos - o.sinks - o.local;
+  return over >= o.block ? static_cast<int32_t>(over / o.block) : 0;
+}
+
+// Row-wise rotation of `rows` rows of `heads` head vectors by table rows [first, first + rows).
+void rotate(float* x, int64_t rows, int64_t heads, int64_t d, const float* cos, const float* sin, int64_t first) {
+  apply_rope(x, rows, heads * d, heads, d, cos + first * (d / 2), sin + first * (d / 2));
+}
+
+}  // namespace
+
+void check_model_streams(const ModelConfig& cfg) {
+  int32_t windowed = 0, window = 0;
+  for (const LayerConfig& l : cfg.layers)
+    if (l.sliding_window > 0) {
+      ++windowed;
+      window = l.sliding_window;
+    }
+  if (windowed > 0)
+    throw Error("model " + cfg.name + " cannot stream: " + std::to_string(windowed) + " of its " +
+                std::to_string(cfg.num_layers) + " layers attend within a sliding window of " + std::to_string(window) +
+                " tokens, which streaming memory does not combine with yet; run it without --stream");
+}
+
+StreamingKV::StreamingKV(const ModelConfig& config, StreamOptions options)
+    : cfg_(config), opt_(std::move(options)) {
+  check_stream_options(opt_);
+  check(opt_.method != StreamMethod::None, "streaming: no method (ltri, infllm or streamingllm)");
+  check_model_streams(cfg_);
+  shape_ = {cfg_.num_q_heads, cfg_.num_kv_heads, cfg_.head_dim};
+  row_ = static_cast<int64_t>(cfg_.num_kv_heads) * cfg_.head_dim;
+  layers_.resize(static_cast<size_t>(cfg_.num_layers));
+  for (Layer& l : layers_) {
+    l.span_index = stream::SpanIndex(shape_);
+    l.repr_index = stream::ReprIndex(shape_);
+  }
+  const int64_t budget = opt_.host_budget > 0 ? opt_.host_budget : host_memory_budget().bytes;
+  store_ = stream::HostBlockStore(cfg_.num_layers, cfg_.num_kv_heads, cfg_.head_dim, opt_.block, budget);
+  best_head_.assign(static_cast<size_t>(cfg_.num_layers), -1);
+  best_score_.assign(static_cast<size_t>(cfg_.num_layers), 0.0);
+  for (const RetrievalHead& h : opt_.retrieval_heads) {
+    check(h.layer >= 0 && h.layer < cfg_.num_layers && h.head >= 0 && h.head < cfg_.num_q_heads,
+          "retrieval head (layer " + std::to_string(h.layer) + ", head " + std::to_string(h.head) + ") is outside model " +
+              cfg_.name + " (" + std::to_string(cfg_.num_layers) + " layers x " + std::to_string(cfg_.num_q_heads) +
+              " query heads)");
+    const auto l = static_cast<size_t>(h.layer);
+    if (h.score > 0.1 && h.score > best_score_[l]) {
+      best_head_[l] = h.head;
+      best_score_[l] = h.score;
+    }
+  }
+}
+
+void StreamingKV::check_sequence(int64_t tokens) const {
+  const int64_t blocks = evicted_at(opt_, tokens);
+  const double need = static_cast<double>(blocks) * cfg_.num_layers * static_cast<double>(store_.block_bytes());
+  if (need > static_cast<double>(store_.budget()))
+    throw Error("streaming: a sequence of " + commas(tokens) + " tokens evicts " + commas(blocks) + " blocks of " +
+                std::to_string(opt_.block) + " tokens per layer, whose K and V need " + format_bytes(need) +
+                " of host memory (" + std::to_string(cfg_.num_layers) + " layers), over the budget of " +
+                format_bytes(static_cast<double>(store_.budget())) +
+                " for evicted KV blocks; raise --stream-host-budget or shorten the prompt");
+}
+
+void StreamingKV::reset() {
+  for (Layer& l : layers_) {
+    l.sink_k.clear();
+    l.sink_v.clear();
+    l.recent_k.clear();
+    l.recent_v.clear();
+    l.votes.clear();
+    l.spans.clear();
+    l.span_index.clear();
+    l.repr_index.clear();
+    l.retrieved.clear();
+    l.persisted.clear();
+    l.normalized_scores.clear();
+    l.layout = {};
+  }
+  store_.clear();
+  length_ = evicted_ = prev_evicted_ = 0;
+  max_workspace_ = 0;
+  retrieval_seconds_ = 0;
+}
+
+void StreamingKV::begin_chunk(int32_t pos, int32_t n, ChunkKind kind) {
+  check(pos == length_, "streaming: a chunk at position " + std::to_string(pos) + " after " + std::to_string(length_) +
+                            " tokens (chunks must follow one another)");
+  check(n > 0, "streaming: empty chunk");
+  prev_evicted_ = evicted_;
+  evicted_ = std::max(evicted_, evicted_at(opt_, pos));
+  kind_ = kind;
+}
+
+stream::HeadWeights StreamingKV::head_weights(int32_t layer) const {
+  stream::HeadWeights w(static_cast<size_t>(cfg_.num_q_heads), 0.0);
+  const int32_t best = best_head_[static_cast<size_t>(layer)];
+  if (best >= 0)
+    w[static_cast<size_t>(best)] = 1.0;
+  else
+    std::fill(w.begin(), w.end(), 1.0 / cfg_.num_q_heads);
+  return w;
+}
+
+void StreamingKV::evict(int32_t layer, int32_t b) {
+  Layer& L = layers_[static_cast<size_t>(layer)];
+  const int32_t B = opt_.block, s0 = opt_.sinks + b * B;
+  const auto rows = static_cast<size_t>(B * row_);
+  check(L.recent_k.size() >= rows, "streaming: block " + std::to_string(b) + " is not in the local window");
+  store_.add(layer, std::span<const float>(L.recent_k.data(), rows), std::span<const float>(L.recent_v.data(), rows));
+  const std::span<const float> votes(L.votes.data(), static_cast<size_t>(B));
+  auto keys_of = [&](const std::vector<int32_t>& tokens) {
+    std::vector<float> keys;
+    keys.reserve(tokens.size() * static_cast<size_t>(row_));
+    for (int32_t t : tokens)
+      keys.insert(keys.end(), L.recent_k.begin() + t * row_, L.recent_k.begin() + (t + 1) * row_);
+    return keys;
+  };
+  if (opt_.method == StreamMethod::Ltri) {
+    const double lambda = layer < opt_.early_layers ? opt_.lambda_early : opt_.lambda;
+    auto add_piece = [&](int32_t begin, int32_t end, double ratio) {  // block-relative [begin, end)
+      const int32_t count = stream::retained_vectors(end - begin, ratio, lambda, opt_.min_vectors, opt_.max_vectors);
+      const std::vector<float> keys = keys_of(stream::top_voted(votes, begin, end, count));
+      L.span_index.add(b, keys, count);
+    };
+    int32_t at = 0;  // block-relative: the first token not yet in a piece
+    for (const PendingSpan& s : L.spans) {
+      const int32_t a = std::max(s.begin - s0, at), e = std::min(s.end - s0, B);
+      if (e <= a) continue;
+      if (a > at) add_piece(at, a, 1.0);  // tokens no span covers (decoded ones): a span of their own
+      add_piece(a, e, s.ratio);
+      at = e;
+    }
+    if (at < B) add_piece(at, B, 1.0);
+    std::erase_if(L.spans, [&](const PendingSpan& s) { return s.end <= s0 + B; });
+  } else if (opt_.method == StreamMethod::InfLLM) {
+    const std::vector<int32_t> tokens = stream::top_voted(votes, 0, B, std::min(opt_.repr_keys, B));
+    L.repr_index.add(keys_of(tokens), static_cast<int32_t>(tokens.size()));
+  }
+  L.recent_k.erase(L.recent_k.begin(), L.recent_k.begin() + static_cast<std::ptrdiff_t>(rows));
+  L.recent_v.erase(L.recent_v.begin(), L.recent_v.begin() + static_cast<std::ptrdiff_t>(rows));
+  L.votes.erase(L.votes.begin(), L.votes.begin() + B);
+}
+
+std::vector<int32_t> StreamingKV::retrieve(int32_t layer, const float* q_raw, int32_t n, std::span<const float> map,
+                                           std::span<const stream::Span> spans) {
+  Layer& L = layers_[static_cast<size_t>(layer)];
+  L.normalized_scores.clear();
+  if (opt_.method == StreamMethod::StreamingLLM || opt_.top_k == 0 || evicted_ == 0) return {};
+  if (kind_ == ChunkKind::Decode && opt_.persist_decode && opt_.method == StreamMethod::Ltri && !L.persisted.empty())
+    return L.persisted;
+  if (evicted_ <= opt_.top_k) {
+    std::vector<int32_t> all(static_cast<size_t>(evicted_));
+    for (int32_t b = 0; b < evicted_; ++b) all[static_cast<size_t>(b)] = b;
+    return all;
+  }
+  const stream::HeadWeights w = head_weights(layer);
+  std::vector<double> scores;
+  if (opt_.method == StreamMethod::InfLLM) {
+    scores = L.repr_index.block_scores(std::span<const float>(q_raw, static_cast<size_t>(n) * cfg_.num_q_heads * cfg_.head_dim), n, w);
+  } else {
+    // Query vectors: per chunk span, the raw queries of its most attended tokens.
+    const double lambda = layer < opt_.early_layers ? opt_.lambda_early : opt_.lambda;
+    const stream::TriangleScores masses(map, n, 0.0);
+    std::vector<float> votes(static_cast<size_t>(n), 0.0f);
+    for (int32_t r = 0; r < n; ++r)
+      for (int32_t c = 0; c <= r; ++c) votes[static_cast<size_t>(c)] += map[static_cast<size_t>(r * n + c)];
+    const int64_t qrow = static_cast<int64_t>(cfg_.num_q_heads) * cfg_.head_dim;
+    std::vector<float> queries;
+    std::vector<int32_t> counts;
+    for (const stream::Span& s : spans) {
+      const int32_t count = stream::retained_vectors(s.length(), stream::area_ratio(masses, s), lambda,
+                                                     opt_.min_vectors, opt_.max_vectors);
+      for (int32_t t : stream::top_voted(votes, s.begin, s.end, count))
+        queries.insert(queries.end(), q_raw + t * qrow, q_raw + (t + 1) * qrow);
+      counts.push_back(count);
+    }
+    scores = L.span_index.block_scores(queries, counts, w);
+  }
+  // Normalised to [0, 1] for collaborative voting.
+  const auto [lo, hi] = std::minmax_element(scores.begin(), scores.end());
+  L.normalized_scores.resize(scores.size());
+  for (size_t b = 0; b < scores.size(); ++b)
+    L.normalized_scores[b] = *hi > *lo && std::isfinite(scores[b]) ? (scores[b] - *lo) / (*hi - *lo) : 0.0;
+  if (opt_.method == StreamMethod::Ltri) {
+    // Collaborative voting: the layers up to this one that have a retrieval head vote, weighted by its score.
+    std::vector<double> votes(scores.size(), 0.0);
+    bool any = false;
+    for (int32_t l = 0; l <= layer; ++l) {
+      const Layer& V = layers_[static_cast<size_t>(l)];
+      if (best_head_[static_cast<size_t>(l)] < 0 || V.normalized_scores.size() != scores.size()) continue;
+      any = true;
+      for (size_t b = 0; b < votes.size(); ++b) votes[b] += best_score_[static_cast<size_t>(l)] * V.normalized_scores[b];
+    }
+    if (any) scores = std::move(votes);
+  }
+  return stream::top_blocks(scores, opt_.top_k);
+}
+
+void StreamingKV::attend(int32_t layer, int32_t pos, int32_t n, float* q, float* k, float* v,
+                         std::span<const float> inv_freq, float scale, float* out, ThreadPool& pool) {
+  check(pos == length_ && layer >= 0 && layer < cfg_.num_layers, "streaming: attend() out of order");
+  Layer& L = layers_[static_cast<size_t>(layer)];
+  const int32_t nq = cfg_.num_q_heads, nkv = cfg_.num_kv_heads, d = cfg_.head_dim;
+  const int64_t qrow = static_cast<int64_t>(nq) * d;
+  auto t0 = Clock::now();
+  for (int32_t b = prev_evicted_; b < evicted_; ++b) evict(layer, b);
+  retrieval_seconds_ += since(t0);
+
+  // RoPE tables over the local part and the chunk: positions [local_begin, pos + n), and the global queries' one.
+  const int32_t local_begin = evicted_ > 0 ? opt_.sinks + evicted_ * opt_.block : 0;
+  const int32_t span_len = pos + n - local_begin;
+  const int64_t half = d / 2;
+  cos_.resize(static_cast<size_t>((span_len + 1) * half));
+  sin_.resize(cos_.size());
+  rope_tables(inv_freq, local_begin, span_len, cos_.data(), sin_.data());
+  rope_tables(inv_freq, opt_.local, 1, cos_.data() + span_len * half, sin_.data() + span_len * half);
+
+  // Queries: at their true positions (local), and at the one distance of every global key (global).
+  q_local_.assign(q, q + n * qrow);
+  rotate(q_local_.data(), n, nq, d, cos_.data(), sin_.data(), pos - local_begin);
+  std::vector<float> k_rot(k, k + n * row_);
+  rotate(k_rot.data(), n, nkv, d, cos_.data(), sin_.data(), pos - local_begin);
+
+  // The chunk's attention map within itself (ltri, infllm): summed over heads, softmax over the chunk's causal keys.
+  std::vector<stream::Span> spans;
+  std::vector<double> ratios;
+  const bool maps = opt_.method == StreamMethod::Ltri || opt_.method == StreamMethod::InfLLM;
+  t0 = Clock::now();
+  if (maps) {
+    map_.assign(static_cast<size_t>(n) * static_cast<size_t>(n), 0.0f);
+    std::vector<float> s(static_cast<size_t>(n) * static_cast<size_t>(n));
+    const float sc = scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(d));
+    for (int32_t h = 0; h < nq; ++h) {
+      const int32_t g = shape_.kv_head(h);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, d, sc, q_local_.data() + static_cast<int64_t>(h) * d,
+                  static_cast<int>(qrow), k_rot.data() + static_cast<int64_t>(g) * d, static_cast<int>(row_), 0.0f,
+                  s.data(), n);
+      for (int32_t r = 0; r < n; ++r) {
+        float* sr = s.data() + static_cast<int64_t>(r) * n;
+        const float m = *std::max_element(sr, sr + r + 1);
+        float z = 0;
+        for (int32_t c = 0; c <= r; ++c) {
+          sr[c] = std::exp(sr[c] - m);
+          z += sr[c];
+        }
+        const float inv = 1.0f / z;
+        float* ar = map_.data() + static_cast<int64_t>(r) * n;
+        for (int32_t c = 0; c <= r; ++c) ar[c] += sr[c] * inv;
+      }
+    }
+    if (opt_.method == StreamMethod::Ltri) {
+      const stream::TriangleScores ts(map_, n, stream::causal_quantile(map_, n, opt_.theta_quantile));
+      std::vector<stream::Span> kept = stream::nms(stream::span_candidates(ts, opt_.linear_nms), opt_.iou);
+      spans = stream::cover_with_spans(kept, n);
+      for (const stream::Span& sp : spans) ratios.push_back(stream::area_ratio(ts, sp));
+    }
+  }
+  L.retrieved = retrieve(layer, q, n, map_, spans);
+  if (kind_ == ChunkKind::LastPrefill) L.persisted = L.retrieved;
+  retrieval_seconds_ += since(t0);
+
+  // The workspace: [sinks + retrieved blocks (raw) | local window (rotated) | chunk (rotated)].
+  const int32_t B = opt_.block;
+  const int32_t sink_rows = static_cast<int32_t>(L.sink_k.size() / static_cast<size_t>(row_));
+  const int32_t recent_rows = static_cast<int32_t>(L.recent_k.size() / static_cast<size_t>(row_));
+  stream::StreamLayout lay;
+  lay.global = evicted_ > 0 ? sink_rows + static_cast<int32_t>(L.retrieved.size()) * B : 0;
+  lay.local = evicted_ > 0 ? recent_rows : sink_rows + recent_rows;
+  lay.chunk = n;
+  check(lay.local == pos - local_begin, "streaming: the local window holds " + std::to_string(lay.local) +
+                                            " tokens, expected " + std::to_string(pos - local_begin));
+  const auto total = static_cast<size_t>(lay.kv_len() * row_);
+  ws_k_.resize(total);
+  ws_v_.resize(total);
+  float* wk = ws_k_.data();
+  float* wv = ws_v_.data();
+  auto put = [&](const float* kk, const float* vv, int64_t rows) {
+    std::copy(kk, kk + rows * row_, wk);
+    std::copy(vv, vv + rows * row_, wv);
+    wk += rows * row_;
+    wv += rows * row_;
+  };
+  put(L.sink_k.data(), L.sink_v.data(), sink_rows);
+  if (evicted_ > 0)
+    for (int32_t b : L.retrieved) put(store_.k(layer, b).data(), store_.v(layer, b).data(), B);
+  float* local_k = wk;
+  put(L.recent_k.data(), L.recent_v.data(), recent_rows);
+  if (evicted_ == 0) local_k = ws_k_.data();  // the sinks are local too
+  rotate(local_k, lay.local, nkv, d, cos_.data(), sin_.data(), 0);
+  put(k_rot.data(), v, n);
+
+  const TensorView wk_view(ws_k_.data(), DType::F32, {lay.kv_len(), nkv, d});
+  const TensorView wv_view(ws_v_.data(), DType::F32, {lay.kv_len(), nkv, d});
+  const TensorView ql(q_local_.data(), DType::F32, {n, nq, d});
+  TensorView qg = ql;
+  if (lay.global > 0) {
+    q_global_.assign(q, q + n * qrow);
+    for (int32_t r = 0; r < n; ++r)
+      apply_rope(q_global_.data() + r * qrow, 1, qrow, nq, d, cos_.data() + span_len * half, sin_.data() + span_len * half);
+    qg = TensorView(q_global_.data(), DType::F32, {n, nq, d});
+  }
+  stream::streaming_attention_cpu(lay, ql, qg, wk_view, wv_view, TensorView(out, DType::F32, {n, nq, d}), scale, pool);
+  L.layout = lay;
+  max_workspace_ = std::max<int64_t>(max_workspace_, lay.kv_len());
+
+  // Append the chunk (raw K, V) to the sinks and the local window, with its votes and spans.
+  for (int32_t t = 0; t < n; ++t) {
+    const int32_t p = pos + t;
+    auto& dk = p < opt_.sinks ? L.sink_k : L.recent_k;
+    auto& dv = p < opt_.sinks ? L.sink_v : L.recent_v;
+    dk.insert(dk.end(), k + t * row_, k + (t + 1) * row_);
+    dv.insert(dv.end(), v + t * row_, v + (t + 1) * row_);
+    if (p >= opt_.sinks) {
+      float vote = 0;
+      if (maps)
+        for (int32_t r = t; r < n; ++r) vote += map_[static_cast<size_t>(r) * static_cast<size_t>(n) + static_cast<size_t>(t)];
+      L.votes.push_back(vote);
+    }
+  }
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const int32_t b = std::max(pos + spans[i].begin, opt_.sinks), e = pos + spans[i].end;
+    if (e > b) L.spans.push_back(PendingSpan{b, e, ratios[i]});
+  }
+  if (layer == cfg_.num_layers - 1) length_ = pos + n;
+}
+
+StreamStats StreamingKV::stats() const {
+  StreamStats s;
+  s.evicted_blocks = evicted_;
+  s.host_bytes = store_.bytes();
+  for (const Layer& l : layers_) {
+    if (opt_.method == StreamMethod::Ltri) {
+      s.index_vectors += l.span_index.num_vectors();
+      s.index_bytes += l.span_index.bytes();
+      s.index_spans += l.span_index.num_spans();
+    } else if (opt_.method == StreamMethod::InfLLM) {
+      s.index_vectors += l.repr_index.num_vectors();
+      s.index_bytes += l.repr_index.bytes();
+    }
+  }
+  s.workspace_tokens = max_workspace_;
+  s.retrieval_seconds = retrieval_seconds_;
+  return s;
+}
+
+int64_t StreamingKV::resident_bytes() const {
+  int64_t b = 0;
+  for (const Layer& l : layers_)
+    b += static_cast<int64_t>((l.sink_k.size() + l.sink_v.size() + l.recent_k.size() + l.recent_v.size()) * sizeof(float));
+  return b + static_cast<int64_t>((ws_k_.size() + ws_v_.size()) * sizeof(float));
+}
+
+}  // namespace tessera::runtime

@@ -1,0 +1,129 @@
+// tessera/runtime/stream/streaming_kv.h — streaming memory: a KV-cache policy for prompts of any length.
+//
+// The engine (runtime/engine.h, EngineOptions::stream) runs a sequence chunk by chunk; before each forward pass it
+// calls begin_chunk(), then Forward hands every layer's chunk to attend() (forward.h, KVPolicy). Per layer and
+// chunk, attend():
+//  1. evicts the blocks that have left the local window into the host store (host_block_store.h), indexing them
+//     first: Ltri spans with dynamic index vectors, or InfLLM representative keys (span_index.h);
+//  2. for ltri / infllm, forms the chunk's attention map within itself (softmax over the chunk's causal keys, summed
+//     over heads): its spans (span_discovery.h), its query vectors and the votes (attention received) of its tokens;
+//  3. retrieves top_k evicted blocks (all of them when there are at most top_k; none for streamingllm; at decode,
+//     ltri keeps the blocks of the last prefill chunk when persist_decode is set);
+//  4. builds the workspace [sinks + retrieved | local window | chunk] and runs the two indexes of
+//     stream_layout.h through the CPU sparse executor.
+// Until the first block is evicted (pos < sinks + local + block) nothing is global: the chunk attends to every
+// earlier token at its true position, which is exactly the dense engine's attention.
+//
+// Positions and eviction: with E = max(0, (pos - sinks - local) / block) blocks evicted before a chunk at pos,
+// block b holds positions [sinks + b*block, sinks + (b+1)*block); the local window is [sinks + E*block, pos)
+// (local..local+block-1 tokens).
+//
+// Memory: the attended keys per chunk are bounded (StreamOptions::attended_tokens()); what grows with the sequence
+// is the host store (checked against its budget: check_sequence() before a prefill, HostBlockStore::add() always)
+// and the index (bytes in stats()).
+//
+// A backend interface for a GPU path: everything above is per (layer, chunk) and touches the KV only through the
+// workspace and the store; a GPU twin keeps the workspace and the index on the device and the store in pinned host
+// memory (not built yet: the engine refuses --stream with --device cuda).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "runtime/forward.h"
+#include "runtime/model_config.h"
+#include "runtime/stream/host_block_store.h"
+#include "runtime/stream/span_discovery.h"
+#include "runtime/stream/span_index.h"
+#include "runtime/stream/stream_layout.h"
+#include "runtime/stream/stream_options.h"
+
+namespace tessera::runtime {
+
+// Throws tessera::Error when `config`'s model cannot stream (a layer with its own sliding window):
+//   "model gemma3 cannot stream: 5 of its 6 layers attend within a sliding window of 512 tokens, which streaming
+//    memory does not combine with yet; run it without --stream"
+void check_model_streams(const ModelConfig& config);
+
+struct StreamStats {
+  int64_t evicted_blocks = 0;   // per layer
+  int64_t host_bytes = 0;       // the host store
+  int64_t index_vectors = 0;    // all layers: Ltri span vectors or InfLLM representative keys
+  int64_t index_bytes = 0;      // those vectors' bytes (f32, every kv head)
+  int64_t index_spans = 0;      // Ltri: spans indexed, all layers
+  int64_t workspace_tokens = 0; // the largest workspace a chunk used (keys attended)
+  double retrieval_seconds = 0; // span discovery, indexing and scoring
+};
+
+class StreamingKV : public KVPolicy {
+ public:
+  enum class ChunkKind { Prefill, LastPrefill, Decode };
+
+  StreamingKV(const ModelConfig& config, StreamOptions options);
+
+  // Throws tessera::Error when a sequence of `tokens` tokens cannot fit the host store's budget:
+  //   "streaming: a sequence of 40,000 tokens evicts 311 blocks of 128 tokens per layer, whose K and V need
+  //    1.83 GB of host memory (30 layers), over the budget of 1.00 GB for evicted KV blocks; raise
+  //    --stream-host-budget or shorten the prompt"
+  void check_sequence(int64_t tokens) const;
+
+  // Called before the forward pass of the chunk [pos, pos + n) (pos must be the sequence's length).
+  void begin_chunk(int32_t pos, int32_t n, ChunkKind kind);
+  void attend(int32_t layer, int32_t pos, int32_t n, float* q, float* k, float* v, std::span<const float> inv_freq,
+              float scale, float* out, ThreadPool& pool) override;
+
+  void reset();  // an empty sequence (keeps nothing)
+  int32_t length() const { return length_; }
+  const StreamOptions& options() const { return opt_; }
+  StreamStats stats() const;
+  // Blocks the last chunk of `layer` attended (ascending).
+  const std::vector<int32_t>& retrieved(int32_t layer) const { return layers_[static_cast<size_t>(layer)].retrieved; }
+  // The layout the last chunk of `layer` ran.
+  const stream::StreamLayout& last_layout(int32_t layer) const { return layers_[static_cast<size_t>(layer)].layout; }
+  int32_t evicted_blocks() const { return evicted_; }
+  // Bytes held besides the store and the index: sinks, the local window, the workspace.
+  int64_t resident_bytes() const;
+
+ private:
+  struct PendingSpan {
+    int32_t begin = 0, end = 0;  // absolute positions
+    double ratio = 1;            // area ratio within its chunk
+  };
+  struct Layer {
+    std::vector<float> sink_k, sink_v;      // raw K, V of [0, min(length, sinks))
+    std::vector<float> recent_k, recent_v;  // raw K, V of [recent_begin, length)
+    std::vector<float> votes;               // per recent token
+    std::vector<PendingSpan> spans;         // Ltri spans of the recent tokens
+    stream::SpanIndex span_index;
+    stream::ReprIndex repr_index;
+    std::vector<int32_t> retrieved, persisted;
+    std::vector<double> normalized_scores;  // this chunk's block scores in [0, 1] (collaborative voting)
+    stream::StreamLayout layout;
+  };
+
+  int32_t recent_begin() const { return evicted_ > 0 ? opt_.sinks + evicted_ * opt_.block : std::min(length_, opt_.sinks); }
+  void evict(int32_t layer, int32_t block);
+  stream::HeadWeights head_weights(int32_t layer) const;
+  std::vector<int32_t> retrieve(int32_t layer, const float* q_raw, int32_t n, std::span<const float> map,
+                                std::span<const stream::Span> spans);
+
+  const ModelConfig& cfg_;
+  StreamOptions opt_;
+  stream::HeadShape shape_;
+  int64_t row_ = 0;  // kv_heads * head_dim
+  std::vector<Layer> layers_;
+  stream::HostBlockStore store_;
+  std::vector<int32_t> best_head_;    // per layer: its retrieval head (-1: none)
+  std::vector<double> best_score_;    // ... and its score
+  int32_t length_ = 0;
+  int32_t evicted_ = 0;      // blocks evicted (every layer alike) after this chunk's begin_chunk
+  int32_t prev_evicted_ = 0; // ... before it
+  ChunkKind kind_ = ChunkKind::Prefill;
+  int64_t max_workspace_ = 0;
+  double retrieval_seconds_ = 0;
+  // Scratch.
+  std::vector<float> ws_k_, ws_v_, q_local_, q_global_, cos_, sin_, map_, lse_;
+};
+
+}  // namespace tessera::runtime

@@ -1,0 +1,500 @@
+// Streaming memory (runtime/stream): span discovery and NMS against brute force, retrieval against naive
+// references, the streaming layout's attention against an f64 masked reference, the host store's budget errors,
+// and the streaming engine against the normal engine on the tiny fixtures (tests/data/hf_tiny).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "runtime/engine.h"
+#include "runtime/model.h"
+#include "runtime/stream/host_block_store.h"
+#include "runtime/stream/span_discovery.h"
+#include "runtime/stream/span_index.h"
+#include "runtime/stream/stream_layout.h"
+#include "runtime/stream/stream_options.h"
+#include "runtime/stream/streaming_kv.h"
+
+namespace tessera::runtime {
+namespace {
+
+using stream::Span;
+
+const std::string kFixtures = std::string(TESSERA_SOURCE_DIR) + "/tests/data/hf_tiny/";
+
+const Model& model(const char* rel) {
+  static std::map<std::string, std::unique_ptr<Model>> cache;
+  auto& m = cache[rel];
+  if (!m) m = Model::load(kFixtures + rel);
+  return *m;
+}
+
+std::vector<float> random_map(int32_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  std::vector<float> m(static_cast<size_t>(n * n));
+  for (auto& x : m) x = u(rng);
+  return m;
+}
+
+// TA(j, i) by its definition.
+double brute_score(const std::vector<float>& a, int32_t n, double theta, int32_t j, int32_t i) {
+  double s = 0;
+  for (int32_t r = j; r <= i; ++r)
+    for (int32_t c = j; c <= r; ++c) s += a[static_cast<size_t>(r * n + c)] - theta;
+  return s;
+}
+
+TEST(SpanDiscovery, TriangleScoresEqualBruteForceSums) {
+  const int32_t n = 13;
+  const auto a = random_map(n, 1);
+  for (double theta : {0.0, 0.37, 0.9}) {
+    const stream::TriangleScores s(a, n, theta);
+    for (int32_t j = 0; j < n; ++j)
+      for (int32_t i = j; i < n; ++i) EXPECT_NEAR(s.score(j, i), brute_score(a, n, theta, j, i), 1e-9) << j << "," << i;
+  }
+  // Rectangle masses count only causal cells.
+  const stream::TriangleScores s(a, n, 0.0);
+  double below = 0;
+  for (int32_t r = 7; r < n; ++r)
+    for (int32_t c = 2; c < 5; ++c) below += a[static_cast<size_t>(r * n + c)];
+  EXPECT_NEAR(s.mass(7, n, 2, 5), below, 1e-9);
+  double top = 0;
+  for (size_t i : {0, 13, 14, 26, 27, 28}) top += a[i];
+  EXPECT_NEAR(s.mass(0, 3, 0, n), top, 1e-9);
+}
+
+TEST(SpanDiscovery, QuantileIsNearestRankOfCausalEntries) {
+  const int32_t n = 6;
+  std::vector<float> a(36, 100.0f);  // above the diagonal: ignored
+  std::vector<float> causal;
+  for (int32_t r = 0; r < n; ++r)
+    for (int32_t c = 0; c <= r; ++c) {
+      a[static_cast<size_t>(r * n + c)] = static_cast<float>(r * 10 + c);
+      causal.push_back(static_cast<float>(r * 10 + c));
+    }
+  std::sort(causal.begin(), causal.end());
+  EXPECT_EQ(stream::causal_quantile(a, n, 0.9), causal[static_cast<size_t>(std::floor(0.9 * 20))]);
+  EXPECT_EQ(stream::causal_quantile(a, n, 0.0), 0.0);
+  EXPECT_EQ(stream::causal_quantile(a, n, 1.0), 55.0);
+}
+
+TEST(SpanDiscovery, CandidatesMatchBruteForce) {
+  const int32_t n = 17;
+  const auto a = random_map(n, 2);
+  const double theta = 0.55;
+  const stream::TriangleScores s(a, n, theta);
+  // Full: every (j, i) with a positive score.
+  std::vector<Span> full = stream::span_candidates(s, false), expect;
+  for (int32_t j = 0; j < n; ++j)
+    for (int32_t i = j; i < n; ++i)
+      if (double v = brute_score(a, n, theta, j, i); v > 0) expect.push_back({j, i + 1, v});
+  ASSERT_EQ(full.size(), expect.size());
+  for (size_t k = 0; k < full.size(); ++k) {
+    EXPECT_EQ(full[k].begin, expect[k].begin);
+    EXPECT_EQ(full[k].end, expect[k].end);
+    EXPECT_NEAR(full[k].score, expect[k].score, 1e-9);
+  }
+  // Linear: the best positive point of each anti-diagonal.
+  std::vector<Span> lin = stream::span_candidates(s, true);
+  std::vector<Span> best;
+  for (int32_t d = 0; d <= 2 * (n - 1); ++d) {
+    Span b{-1, -1, 0};
+    for (const Span& c : expect)
+      if (c.begin + (c.end - 1) == d && (b.begin < 0 || c.score > b.score + 1e-12)) b = c;
+    if (b.begin >= 0) best.push_back(b);
+  }
+  ASSERT_EQ(lin.size(), best.size());
+  ASSERT_FALSE(lin.empty());
+  for (size_t k = 0; k < lin.size(); ++k) {
+    EXPECT_EQ(lin[k].begin, best[k].begin);
+    EXPECT_EQ(lin[k].end, best[k].end);
+  }
+}
+
+TEST(SpanDiscovery, NmsKeepsNonOverlappingBestAndEveryDropHasACause) {
+  const int32_t n = 24;
+  const auto a = random_map(n, 3);
+  const stream::TriangleScores s(a, n, 0.5);
+  for (bool linear : {false, true}) {
+    const std::vector<Span> cands = stream::span_candidates(s, linear);
+    const double tau = 0.1;
+    const std::vector<Span> kept = stream::nms(cands, tau);
+    ASSERT_FALSE(kept.empty());
+    // The best candidate is always kept; kept spans overlap by at most tau.
+    const auto top = std::max_element(cands.begin(), cands.end(), [](const Span& x, const Span& y) { return x.score < y.score; });
+    EXPECT_EQ(kept.front().begin, top->begin);
+    EXPECT_EQ(kept.front().end, top->end);
+    for (size_t i = 0; i < kept.size(); ++i)
+      for (size_t j = i + 1; j < kept.size(); ++j) EXPECT_LE(stream::span_iou(kept[i], kept[j]), tau);
+    // Every dropped candidate overlaps a kept one that scores at least as much by more than tau.
+    for (const Span& c : cands) {
+      if (std::find(kept.begin(), kept.end(), c) != kept.end()) continue;
+      const bool cause = std::any_of(kept.begin(), kept.end(), [&](const Span& k) {
+        return k.score >= c.score && stream::span_iou(k, c) > tau;
+      });
+      EXPECT_TRUE(cause) << c.begin << ".." << c.end;
+    }
+  }
+}
+
+TEST(SpanDiscovery, FindsTwoPlantedTriangles) {
+  // Tokens [0, 5) and [5, 12) attend within their group only: two triangles.
+  const int32_t n = 12;
+  std::vector<float> a(static_cast<size_t>(n * n), 0.0f);
+  for (int32_t r = 0; r < n; ++r)
+    for (int32_t c = 0; c <= r; ++c)
+      if ((r < 5) == (c < 5)) a[static_cast<size_t>(r * n + c)] = 1.0f;
+  const stream::TriangleScores s(a, n, 0.5);
+  for (bool linear : {false, true}) {
+    std::vector<Span> kept = stream::nms(stream::span_candidates(s, linear), 0.1);
+    ASSERT_EQ(kept.size(), 2u) << linear;
+    EXPECT_EQ(kept[0], (Span{5, 12, 14.0}));
+    EXPECT_EQ(kept[1], (Span{0, 5, 7.5}));
+  }
+  EXPECT_EQ(stream::span_iou({0, 5, 0}, {3, 8, 0}), 2.0 / 8.0);
+}
+
+TEST(SpanDiscovery, CoverFillsGapsAndResolvesOverlapsByScore) {
+  const std::vector<Span> spans = {{2, 6, 1.0}, {5, 9, 3.0}};
+  const std::vector<Span> cover = stream::cover_with_spans(spans, 12);
+  const std::vector<Span> expect = {{0, 2, 0.0}, {2, 5, 1.0}, {5, 9, 3.0}, {9, 12, 0.0}};
+  EXPECT_EQ(cover, expect);
+}
+
+TEST(SpanIndex, RetentionFollowsTheAreaRatio) {
+  EXPECT_EQ(stream::retained_vectors(20, 1.0, 3, 1, 12), 12);   // clamped to max
+  EXPECT_EQ(stream::retained_vectors(20, 0.5, 3, 1, 12), 3);    // 20 * 0.125 = 2.5 -> 3
+  EXPECT_EQ(stream::retained_vectors(20, 0.5, 20, 1, 12), 1);   // lambda 20: the minimum
+  EXPECT_EQ(stream::retained_vectors(20, 0.5, 20, 2, 12), 2);
+  EXPECT_EQ(stream::retained_vectors(3, 1.0, 3, 1, 12), 3);     // never more than the span
+  EXPECT_EQ(stream::top_voted(std::vector<float>{0.1f, 5, 2, 5, 0.3f}, 0, 5, 3), (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(stream::top_voted(std::vector<float>{0.1f, 5, 2, 5, 0.3f}, 2, 5, 1), (std::vector<int32_t>{3}));
+}
+
+// Naive Ltri retrieval: sim(t, s) = sum_h w_h mean_a max_b q.k, block = sum_t max_s.
+TEST(SpanIndex, BlockScoresEqualNaiveReference) {
+  const stream::HeadShape shape{4, 2, 8};
+  std::mt19937 rng(5);
+  std::normal_distribution<float> g;
+  stream::SpanIndex index(shape);
+  struct Stored { int32_t block; std::vector<float> keys; int32_t count; };
+  std::vector<Stored> stored;
+  const std::vector<int32_t> blocks = {0, 0, 1, 2, 2, 2, 3};
+  for (int32_t b : blocks) {
+    const int32_t count = 1 + static_cast<int32_t>(rng() % 3);
+    std::vector<float> keys(static_cast<size_t>(count * 2 * 8));
+    for (auto& x : keys) x = g(rng);
+    index.add(b, keys, count);
+    stored.push_back({b, keys, count});
+  }
+  const std::vector<int32_t> qcounts = {2, 1, 3};
+  std::vector<float> queries(6 * 4 * 8);
+  for (auto& x : queries) x = g(rng);
+  const stream::HeadWeights w = {0.5, 0.0, 1.0, 0.25};
+  const std::vector<double> got = index.block_scores(queries, qcounts, w);
+  ASSERT_EQ(got.size(), 4u);
+  for (int32_t b = 0; b < 4; ++b) {
+    double expect = 0;
+    int32_t first = 0;
+    for (int32_t m : qcounts) {
+      double best = -1e300;
+      for (const Stored& s : stored) {
+        if (s.block != b) continue;
+        double sim = 0;
+        for (int32_t h = 0; h < 4; ++h) {
+          double mean = 0;
+          for (int32_t a = 0; a < m; ++a) {
+            double mx = -1e300;
+            for (int32_t k = 0; k < s.count; ++k) {
+              double dot = 0;
+              for (int32_t i = 0; i < 8; ++i)
+                dot += queries[static_cast<size_t>(((first + a) * 4 + h) * 8 + i)] *
+                       s.keys[static_cast<size_t>((k * 2 + h / 2) * 8 + i)];
+              mx = std::max(mx, dot);
+            }
+            mean += mx / m;
+          }
+          sim += w[static_cast<size_t>(h)] * mean;
+        }
+        best = std::max(best, sim);
+      }
+      expect += best;
+      first += m;
+    }
+    EXPECT_NEAR(got[static_cast<size_t>(b)], expect, 1e-4) << b;
+  }
+  EXPECT_EQ(index.num_vectors(), static_cast<int64_t>(index.bytes() / (2 * 8 * 4)));
+  // Top-K: by score, ties to the earlier block, returned in block order.
+  EXPECT_EQ(stream::top_blocks(std::vector<double>{1, 5, 3, 5, 0}, 2), (std::vector<int32_t>{1, 3}));
+  EXPECT_EQ(stream::top_blocks(std::vector<double>{1, 5, 3, 5, 0}, 3), (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(stream::top_blocks(std::vector<double>{1, 5}, 7), (std::vector<int32_t>{0, 1}));
+}
+
+TEST(SpanIndex, InfLLMScoresEqualNaiveReference) {
+  const stream::HeadShape shape{4, 2, 8};
+  std::mt19937 rng(6);
+  std::normal_distribution<float> g;
+  stream::ReprIndex index(shape);
+  std::vector<std::vector<float>> blocks;
+  for (int b = 0; b < 5; ++b) {
+    std::vector<float> keys(3 * 2 * 8);
+    for (auto& x : keys) x = g(rng);
+    index.add(keys, 3);
+    blocks.push_back(keys);
+  }
+  const int32_t n = 7;
+  std::vector<float> q(static_cast<size_t>(n * 4 * 8));
+  for (auto& x : q) x = g(rng);
+  const stream::HeadWeights w(4, 0.25);
+  const std::vector<double> got = index.block_scores(q, n, w);
+  for (int b = 0; b < 5; ++b) {
+    double s = 0;  // sum over queries and representative keys, averaged
+    for (int32_t i = 0; i < n; ++i)
+      for (int32_t r = 0; r < 3; ++r)
+        for (int32_t h = 0; h < 4; ++h)
+          for (int32_t e = 0; e < 8; ++e)
+            s += 0.25 * q[static_cast<size_t>((i * 4 + h) * 8 + e)] * blocks[static_cast<size_t>(b)][static_cast<size_t>((r * 2 + h / 2) * 8 + e)] / (n * 3);
+    EXPECT_NEAR(got[static_cast<size_t>(b)], s, 1e-4);
+  }
+  EXPECT_EQ(index.num_vectors(), 15);
+}
+
+// The streaming layout's attention equals dense attention with the same explicit mask, in f64: query row r of
+// head h sees every global key through q_global and the local keys [G, G + L + r] through q_local.
+void check_layout_attention(const stream::StreamLayout& lay, int32_t nq, int32_t nkv, int32_t d, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g;
+  const int32_t n = lay.chunk, kv = lay.kv_len();
+  std::vector<float> ql(static_cast<size_t>(n * nq * d)), qg(ql.size()), k(static_cast<size_t>(kv * nkv * d)), v(k.size()),
+      out(ql.size());
+  for (auto* x : {&ql, &qg, &k, &v})
+    for (auto& e : *x) e = g(rng);
+  ThreadPool pool(2);
+  std::vector<float> lse(static_cast<size_t>(nq * n));
+  stream::streaming_attention_cpu(lay, TensorView(ql.data(), DType::F32, {n, nq, d}),
+                                  TensorView(qg.data(), DType::F32, {n, nq, d}), TensorView(k.data(), DType::F32, {kv, nkv, d}),
+                                  TensorView(v.data(), DType::F32, {kv, nkv, d}), TensorView(out.data(), DType::F32, {n, nq, d}),
+                                  0.0f, pool, lse.data());
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  double worst = 0;
+  for (int32_t r = 0; r < n; ++r)
+    for (int32_t h = 0; h < nq; ++h) {
+      const int32_t kvh = h / (nq / nkv);
+      std::vector<double> s;
+      std::vector<int32_t> keys;
+      for (int32_t j = 0; j < kv; ++j) {
+        const bool global = j < lay.global, local = j >= lay.global && j <= lay.global + lay.local + r;
+        if (!global && !local) continue;
+        const float* q = (global ? qg : ql).data() + (r * nq + h) * d;
+        double dot = 0;
+        for (int32_t e = 0; e < d; ++e) dot += static_cast<double>(q[e]) * k[static_cast<size_t>((j * nkv + kvh) * d + e)];
+        s.push_back(dot * scale);
+        keys.push_back(j);
+      }
+      const double m = *std::max_element(s.begin(), s.end());
+      double z = 0;
+      for (double x : s) z += std::exp(x - m);
+      EXPECT_NEAR(lse[static_cast<size_t>(h * n + r)], m + std::log(z), 1e-4);
+      for (int32_t e = 0; e < d; ++e) {
+        double o = 0;
+        for (size_t i = 0; i < s.size(); ++i)
+          o += std::exp(s[i] - m) / z * v[static_cast<size_t>((keys[i] * nkv + kvh) * d + e)];
+        worst = std::max(worst, std::fabs(o - out[static_cast<size_t>((r * nq + h) * d + e)]));
+      }
+    }
+  EXPECT_LT(worst, 2e-5) << "global " << lay.global << " local " << lay.local << " chunk " << lay.chunk;
+}
+
+TEST(StreamLayout, AttentionEqualsMaskedF64Reference) {
+  check_layout_attention({70, 45, 37}, 4, 2, 16, 1);
+  check_layout_attention({0, 45, 37}, 4, 2, 16, 2);    // nothing evicted yet: the chunk sees its past densely
+  check_layout_attention({131, 0, 70}, 6, 3, 8, 3);    // no local window, tiles of a short last piece
+  check_layout_attention({5, 200, 1}, 2, 1, 32, 4);    // decode
+}
+
+TEST(StreamLayout, LowersToTwoValidIndexes) {
+  const stream::StreamLayout lay{70, 45, 100};
+  const stream::StreamIndexes ix = stream::lower_stream_layout(lay, 3, 64);
+  ix.global.validate();
+  ix.local.validate();
+  for (int32_t h = 0; h < 3; ++h)
+    for (int32_t r = 0; r < lay.chunk; r += 7)
+      for (int32_t j = 0; j < lay.kv_len(); ++j) {
+        EXPECT_EQ(ix.global.visible(h, r, j), j < 70);
+        EXPECT_EQ(ix.local.visible(h, r, j), j >= 70 && j <= 70 + 45 + r);
+      }
+}
+
+TEST(HostBlockStore, BudgetErrorsSayWhatIsNeeded) {
+  // One block: 4 tokens x 2 kv heads x 8 dims, K and V in f32 = 512 bytes.
+  stream::HostBlockStore store(2, 2, 8, 4, 1200);
+  EXPECT_EQ(store.block_bytes(), 512);
+  const std::vector<float> k(64, 1.0f), v(64, 2.0f);
+  store.add(0, k, v);
+  store.add(1, k, v);
+  EXPECT_EQ(store.bytes(), 1024);
+  EXPECT_EQ(store.k(1, 0)[5], 1.0f);
+  EXPECT_EQ(store.v(0, 0)[63], 2.0f);
+  try {
+    store.add(0, k, v);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "streaming host store is full: block 1 of layer 0 needs 512 B more, over the budget of 1.20 kB for "
+                 "evicted KV blocks (holding 2 blocks, 1.02 kB); raise --stream-host-budget or shorten the prompt");
+  }
+  EXPECT_EQ(store.blocks(0), 1);  // unchanged
+  EXPECT_EQ(store.bytes(), 1024);
+}
+
+StreamOptions small_stream(StreamMethod m) {
+  StreamOptions o;
+  o.method = m;
+  o.sinks = 8;
+  o.local = 32;
+  o.block = 16;
+  o.chunk = 16;
+  o.top_k = 2;
+  return o;
+}
+
+TEST(StreamingKV, SequenceOverTheHostBudgetIsRefusedUpFront) {
+  StreamOptions o = small_stream(StreamMethod::Ltri);
+  o.host_budget = 100000;
+  const ModelConfig& cfg = model("smollm2").config();  // 3 layers x 1 kv head x 16 dims: 2 KiB per block and layer
+  StreamingKV kv(cfg, o);
+  kv.check_sequence(8 + 32 + 16 * 16);  // 16 blocks: 96 kB
+  try {
+    kv.check_sequence(10000);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "streaming: a sequence of 10,000 tokens evicts 622 blocks of 16 tokens per layer, whose K and V "
+                 "need 3.82 MB of host memory (3 layers), over the budget of 100 kB for evicted KV blocks; raise "
+                 "--stream-host-budget or shorten the prompt");
+  }
+  // The engine refuses such a prompt before any work.
+  EngineOptions eo;
+  eo.stream = o;
+  Engine engine(model("smollm2"), eo);
+  const std::vector<int32_t> prompt(10000, 5);
+  EXPECT_THROW(engine.prefill(prompt), Error);
+  EXPECT_EQ(engine.position(), 0);
+}
+
+TEST(StreamingKV, RefusesModelsAndOptionsItCannotRun) {
+  EngineOptions eo;
+  eo.stream = small_stream(StreamMethod::Ltri);
+  try {
+    Engine engine(model("gemma3"), eo);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    const ModelConfig& c = model("gemma3").config();
+    int windowed = 0;
+    for (const LayerConfig& l : c.layers) windowed += l.sliding_window > 0;
+    EXPECT_EQ(std::string(e.what()),
+              "model " + c.name + " cannot stream: " + std::to_string(windowed) + " of its " +
+                  std::to_string(c.num_layers) + " layers attend within a sliding window of " +
+                  std::to_string(c.layers[0].sliding_window) +
+                  " tokens, which streaming memory does not combine with yet; run it without --stream");
+  }
+  StreamOptions bad = small_stream(StreamMethod::Ltri);
+  bad.block = 0;
+  EXPECT_THROW(StreamingKV(model("smollm2").config(), bad), Error);
+  EXPECT_THROW(parse_stream_method("h2o"), Error);
+  EXPECT_EQ(parse_stream_method("infllm"), StreamMethod::InfLLM);
+}
+
+std::vector<int32_t> random_tokens(size_t n, int32_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
+  return t;
+}
+
+// While nothing is evicted (window >= prompt) streaming is the dense engine: same logits.
+TEST(StreamingEngine, WindowCoveringThePromptEqualsTheNormalEngine) {
+  for (const char* name : {"smollm2", "llama3", "qwen2"}) {
+    const Model& m = model(name);
+    const std::vector<int32_t> tokens = random_tokens(200, m.config().vocab_size, 7);
+    EngineOptions dense;
+    dense.chunk_size = 48;
+    dense.max_context = 256;
+    Engine a(m, dense);
+    const std::vector<float> want = a.forward_all_logits(tokens);
+    const std::vector<float> da = a.decode(3);
+    for (StreamMethod method : {StreamMethod::Ltri, StreamMethod::InfLLM, StreamMethod::StreamingLLM}) {
+      EngineOptions so;
+      so.stream = small_stream(method);
+      so.stream.chunk = 48;
+      so.stream.local = 200;
+      Engine b(m, so);
+      const std::vector<float> got = b.forward_all_logits(tokens);
+      ASSERT_EQ(got.size(), want.size());
+      float worst = 0;
+      for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]));
+      EXPECT_LE(worst, 1e-5f) << name << " " << stream_method_name(method);
+      EXPECT_EQ(b.streaming()->evicted_blocks(), 0);
+      // Decode continues densely as well.
+      const std::vector<float> db = b.decode(3);
+      for (size_t i = 0; i < da.size(); ++i) EXPECT_NEAR(da[i], db[i], 1e-5f);
+    }
+  }
+}
+
+// Past the window: the layout holds sinks + retrieved blocks | a bounded local window | the chunk, blocks go to the
+// host store, and at most top_k of them are attended per chunk.
+TEST(StreamingEngine, BoundedLayoutPastTheWindow) {
+  const Model& m = model("smollm2");
+  const std::vector<int32_t> tokens = random_tokens(300, m.config().vocab_size, 9);  // past the 256-token context
+  for (StreamMethod method : {StreamMethod::Ltri, StreamMethod::InfLLM, StreamMethod::StreamingLLM}) {
+    EngineOptions so;
+    so.stream = small_stream(method);
+    Engine e(m, so);
+    const std::vector<float> logits = e.prefill(tokens);
+    ASSERT_EQ(static_cast<int32_t>(logits.size()), m.config().vocab_size);
+    for (float x : logits) ASSERT_TRUE(std::isfinite(x));
+    const StreamingKV& kv = *e.streaming();
+    const int32_t last = 288;  // the last chunk: [288, 300)
+    const int32_t evicted = (last - 8 - 32) / 16;
+    EXPECT_EQ(kv.evicted_blocks(), evicted);
+    for (int32_t l = 0; l < m.config().num_layers; ++l) {
+      const auto& got = kv.retrieved(l);
+      const int32_t want = method == StreamMethod::StreamingLLM ? 0 : 2;
+      EXPECT_EQ(static_cast<int32_t>(got.size()), want);
+      EXPECT_TRUE(std::is_sorted(got.begin(), got.end()));
+      for (int32_t b : got) EXPECT_LT(b, evicted);
+      EXPECT_EQ(kv.last_layout(l), (stream::StreamLayout{8 + want * 16, last - (8 + evicted * 16), 12}));
+    }
+    const StreamStats st = kv.stats();
+    EXPECT_EQ(st.host_bytes, int64_t{evicted} * 3 * 2 * 16 * 16 * 4);
+    EXPECT_LE(st.workspace_tokens, so.stream.attended_tokens());
+    if (method == StreamMethod::InfLLM) {
+      EXPECT_EQ(st.index_vectors, int64_t{evicted} * 3 * 4);
+    }
+    if (method == StreamMethod::Ltri) {
+      EXPECT_GE(st.index_vectors, int64_t{evicted} * 3);  // at least one vector per block
+      EXPECT_GE(st.index_spans, int64_t{evicted} * 3);
+    }
+    // Decode: ltri keeps the last prefill chunk's blocks.
+    const std::vector<int32_t> before = kv.retrieved(1);
+    e.decode(4);
+    if (method == StreamMethod::Ltri) {
+      EXPECT_EQ(kv.retrieved(1), before);
+    }
+    // Same input, same output after reset.
+    e.reset();
+    EXPECT_EQ(e.prefill(tokens), logits);
+  }
+}
+
+}  // namespace
+}  // namespace tessera::runtime
