@@ -9,7 +9,7 @@
 //      the chunk touches (chunk + 63 offsets) in a fixed order and stored per chunk;
 //   4. vs_merge_diag: each offset sums the (at most two) chunk bands that cover it, in chunk order;
 //   5. vs_topk: forced prefix, then VsTopK (block_topk.cuh's selection rule) over the rest, for columns and
-//      offsets.
+//      offsets; for adaptive heads (gamma > 0) first the count from the coverage target (VsCoverage).
 // Everything is deterministic (no atomics on floats).
 // BS: pool K per kv head (one pool per distinct block size), pool Q per head, then per wave a tiled f32
 // scoring kernel (the scores of v1 bit for bit) into a scratch buffer and a warp per query block selecting
@@ -155,6 +155,11 @@ DeviceEstimates::DeviceEstimates(const std::vector<Pattern>& patterns, const Low
         d.num_offsets = std::min(vs->slash, keys_);
         d.forced_columns = std::min(vs->forced_columns, d.num_columns);
         d.forced_offsets = std::min(vs->forced_diagonals, d.num_offsets);
+        if (vs->adaptive()) {
+          d.gamma = vs->gamma;
+          d.min_columns = vs->min_vertical;
+          d.min_offsets = vs->min_slash;
+        }
       }
       d.column_base = col_total;
       d.offset_base = off_total;
@@ -163,6 +168,9 @@ DeviceEstimates::DeviceEstimates(const std::vector<Pattern>& patterns, const Low
       slot_of_[h].first = static_cast<int>(vs_.size());
       vs_.push_back(d);
     } else if (const auto* bs = std::get_if<BlockSparsePattern>(&patterns[h])) {
+      check(!bs->adaptive(), "CUDA estimates: head " + std::to_string(h) + ": " + describe(*bs) +
+                                 ": adaptive block_sparse budgets are not on the GPU yet (vs_adaptive is; or run "
+                                 "it on the CPU)");
       BsHeadDesc d;
       d.q_head = static_cast<int32_t>(h);
       d.kv_head = static_cast<int32_t>(h) / group;
@@ -359,6 +367,10 @@ std::vector<HeadEstimate> DeviceEstimates::download() const {
     VerticalSlashEstimate e;
     e.columns.assign(cols.begin() + d.column_base, cols.begin() + d.column_base + d.num_columns);
     e.offsets.assign(offs.begin() + d.offset_base, offs.begin() + d.offset_base + d.num_offsets);
+    if (d.gamma > 0.0) {  // adaptive: the kept entries, without the unused room after them
+      std::erase(e.columns, kVsUnused);
+      std::erase(e.offsets, kVsUnused);
+    }
     out[static_cast<size_t>(d.q_head)] = std::move(e);
   }
   const std::vector<int32_t> keys = bs_key_blocks_.download();
@@ -384,14 +396,19 @@ void DeviceEstimates::upload(const std::vector<HeadEstimate>& estimates) {
     const std::string where = "CUDA estimates upload: head " + std::to_string(d.q_head) + ": ";
     const auto* e = std::get_if<VerticalSlashEstimate>(&estimates[static_cast<size_t>(d.q_head)]);
     check(e != nullptr, where + "expected a vertical_slash estimate");
-    check(e->columns.size() == static_cast<size_t>(d.num_columns) &&
-              e->offsets.size() == static_cast<size_t>(d.num_offsets),
-          where + "expected " + std::to_string(d.num_columns) + " columns and " +
-              std::to_string(d.num_offsets) + " offsets, got " + std::to_string(e->columns.size()) + " and " +
-              std::to_string(e->offsets.size()));
+    // Adaptive heads may hold fewer (the rest of the room gets kVsUnused), fixed ones exactly the layout's.
+    const bool fits = d.gamma > 0.0 ? e->columns.size() <= static_cast<size_t>(d.num_columns) &&
+                                          e->offsets.size() <= static_cast<size_t>(d.num_offsets)
+                                    : e->columns.size() == static_cast<size_t>(d.num_columns) &&
+                                          e->offsets.size() == static_cast<size_t>(d.num_offsets);
+    check(fits, where + "expected " + std::string(d.gamma > 0.0 ? "at most " : "") + std::to_string(d.num_columns) +
+                    " columns and " + std::to_string(d.num_offsets) + " offsets, got " +
+                    std::to_string(e->columns.size()) + " and " + std::to_string(e->offsets.size()));
     check(std::is_sorted(e->columns.begin(), e->columns.end()) &&
               std::is_sorted(e->offsets.begin(), e->offsets.end()),
           where + "columns and offsets must be ascending");
+    std::fill(cols.begin() + d.column_base, cols.begin() + d.column_base + d.num_columns, kVsUnused);
+    std::fill(offs.begin() + d.offset_base, offs.begin() + d.offset_base + d.num_offsets, kVsUnused);
     std::copy(e->columns.begin(), e->columns.end(), cols.begin() + d.column_base);
     std::copy(e->offsets.begin(), e->offsets.end(), offs.begin() + d.offset_base);
   }

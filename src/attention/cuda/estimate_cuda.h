@@ -19,6 +19,11 @@
 // The output lives in device memory in a fixed layout decided on the host from the patterns and the shape
 // (no host synchronisation in the run path): per VS head min(vertical, keys) columns and min(slash, keys)
 // offsets; per BS head min(top_k, qb + 1) key blocks per query block qb, CSR offsets known in closed form.
+// Adaptive VS heads (gamma > 0, pattern.h): the same room (the maxima); the count comes from
+// attention/index/estimate.h's coverage_count rule, evaluated on the device's f32 sums with f64 accumulation
+// (VsCoverage in estimate_kernels.cuh), and the room after the kept entries holds kVsUnused. So counts agree with
+// the CPU wherever the coverage target does not fall within rounding of a prefix sum. Adaptive BS heads are not
+// on the GPU yet (the constructor refuses them with a message).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -45,7 +50,17 @@ struct VsHeadDesc {
   int32_t forced_offsets = 0;  // min(forced_diagonals, num_offsets)
   int64_t column_base = 0;     // into DeviceEstimates::vs_columns
   int64_t offset_base = 0;     // into DeviceEstimates::vs_offsets
+  // Adaptive budgets (gamma > 0): num_columns / num_offsets are the maxima (the layout's room); the kept
+  // counts come from the coverage target, and the room after them holds kVsUnused.
+  double gamma = 0.0;
+  int32_t min_columns = 0;
+  int32_t min_offsets = 0;
 };
+
+// Fills the VS layout after an adaptive head's kept columns / offsets: past every key and every causal offset,
+// so the index build ignores it (columns >= key_end and offsets >= the tile's end give nothing) and the lists
+// stay ascending. download() drops it.
+inline constexpr int32_t kVsUnused = 0x7fffffff;
 
 // Up to four VS heads of one kv head, scored by one CTA per chunk of keys (slot: index into vs_heads(); -1: none).
 struct VsGroupDesc {

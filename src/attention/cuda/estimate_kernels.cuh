@@ -624,17 +624,126 @@ struct VsTopK {
   }
 };
 
+// Adaptive budgets (pattern.h; the rule of coverage_count in attention/index/estimate.h) by one block: the
+// number of entries of a row of masses (column or diagonal sums, >= 0) to keep: the forced [0, forced) first,
+// then the rest by mass (VsTopK's order: order keys descending, ties to the smaller index), the shortest prefix
+// whose mass reaches gamma * total, clamped to [max(min_count, forced), max_count]. With S(t) the mass of the
+// unforced entries whose order key is >= t: the threshold T is the largest t with F + S(t) >= target (F: the
+// forced mass), found by bisection of the key interval (one block-wide pass over the row per step, ~31 steps);
+// the prefix then holds every unforced entry above T and the first ceil((target - F - S(T + 1)) / mass(T)) of
+// those equal to T. Every sum is f64, each thread's in index order, then a fixed tree over lanes and warps: the
+// count does not depend on timing. The CPU sums in the prefix's own order, so the two agree wherever the target
+// is not within rounding of a prefix sum.
+struct VsCoverage {
+  static constexpr int kWarps = kTopKThreads / 32;
+  struct Storage {
+    double sum[kWarps];
+    unsigned count[kWarps];
+  };
+
+  // Mass and number of the entries of row[begin, end) whose order key is >= t (every thread gets both).
+  __device__ static void mass_from(const float* row, int begin, int end, uint32_t t, double& mass, unsigned& count,
+                                   Storage& st) {
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    double m = 0.0;
+    unsigned c = 0;
+#pragma unroll 8
+    for (int i = begin + tid; i < end; i += kTopKThreads) {
+      const float x = row[i];
+      if (detail::order_key(x) >= t) {
+        m += x > 0.0f ? static_cast<double>(x) : 0.0;
+        ++c;
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) {
+      m += __shfl_xor_sync(0xffffffffu, m, o);
+      c += __shfl_xor_sync(0xffffffffu, c, o);
+    }
+    if (lane == 0) {
+      st.sum[warp] = m;
+      st.count[warp] = c;
+    }
+    __syncthreads();
+    mass = 0.0;
+    count = 0;
+    for (int w = 0; w < kWarps; ++w) {
+      mass += st.sum[w];
+      count += st.count[w];
+    }
+    __syncthreads();  // st is reused by the next call
+  }
+
+  __device__ static int count(const float* row, int n, int forced, double gamma, int min_count, int max_count,
+                              Storage& st) {
+    max_count = min(max_count, n);
+    forced = min(forced, max_count);
+    const int lo_count = min(max(min_count, forced), max_count);
+    int keep = n;
+    double total = 0.0, forced_mass = 0.0;
+    unsigned unused = 0;
+    if (gamma < 1.0) mass_from(row, 0, n, 0u, total, unused, st);
+    if (gamma < 1.0 && total > 0.0) {
+      const double target = gamma * total;
+      mass_from(row, 0, forced, 0u, forced_mass, unused, st);
+      if (forced_mass >= target) {
+        keep = forced;
+      } else {
+        // Keys of masses >= 0 are >= order_key(0) = 0x80000000: the bisection runs over [lo, hi) with lo valid
+        // (F + S(lo) >= target, when all unforced mass reaches it) and hi invalid (S(2^32) = 0).
+        uint64_t lo = 0x80000000u, hi = uint64_t{1} << 32;
+        double s_lo = 0.0, s_hi = 0.0;
+        unsigned c_lo = 0, c_hi = 0;
+        mass_from(row, forced, n, static_cast<uint32_t>(lo), s_lo, c_lo, st);
+        if (forced_mass + s_lo >= target) {
+          while (hi - lo > 1) {
+            const uint64_t mid = lo + (hi - lo) / 2;
+            double s = 0.0;
+            unsigned c = 0;
+            mass_from(row, forced, n, static_cast<uint32_t>(mid), s, c, st);
+            if (forced_mass + s >= target) {
+              lo = mid;
+              c_lo = c;
+            } else {
+              hi = mid;
+              s_hi = s;
+              c_hi = c;
+            }
+          }
+          // T = lo: c_hi entries above it (mass s_hi), c_lo - c_hi equal to it, each of mass v.
+          const double v = static_cast<double>(__uint_as_float(static_cast<uint32_t>(lo) & 0x7fffffffu));
+          const double need = target - forced_mass - s_hi;
+          const unsigned eq = c_lo - c_hi;
+          unsigned take = 1;
+          if (v > 0.0) {
+            const double t = ceil(need / v);
+            take = t < 1.0 ? 1u : (t >= static_cast<double>(eq) ? eq : static_cast<unsigned>(t));
+          }
+          keep = forced + static_cast<int>(c_hi + take);
+        }
+      }
+    }
+    return min(max(keep, lo_count), max_count);
+  }
+};
+
 __global__ void __launch_bounds__(kTopKThreads) vs_topk_kernel(const VsParams p) {
   __shared__ VsTopK::Storage st;
+  __shared__ VsCoverage::Storage cover;
   const int slot = blockIdx.x;
   const bool cols = blockIdx.y == 0;
   const VsHeadDesc hd = p.heads[slot];
   const float* score = (cols ? p.colsum : p.diag) + static_cast<int64_t>(slot) * p.keys;
   int32_t* out = cols ? p.columns + hd.column_base : p.offsets + hd.offset_base;
   const int forced = cols ? hd.forced_columns : hd.forced_offsets;
-  const int count = cols ? hd.num_columns : hd.num_offsets;
+  const int room = cols ? hd.num_columns : hd.num_offsets;
+  int count = room;
+  if (hd.gamma > 0.0) {
+    count = VsCoverage::count(score, p.keys, forced, hd.gamma, cols ? hd.min_columns : hd.min_offsets, room, cover);
+  }
   for (int i = threadIdx.x; i < forced; i += kTopKThreads) out[i] = i;
   VsTopK::select(score, forced, p.keys, count - forced, out + forced, st);
+  for (int i = count + static_cast<int>(threadIdx.x); i < room; i += kTopKThreads) out[i] = kVsUnused;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
