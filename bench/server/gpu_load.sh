@@ -209,6 +209,23 @@ for policy in "${policy_list[@]}"; do
       echo "mixed SKIPPED (budget spent: ${cap}s left of the policy's share)"
     fi
   fi
+  # The batched engine's own counters (time in prefill chunks and decode steps, graph captures) for this policy.
+  python3 - "$URL" "$policy" << 'EOF' | tee -a "$OUT/engine.txt"
+import sys, urllib.request
+url, policy = sys.argv[1:3]
+try:
+    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+except Exception as e:  # the server died: its log says why
+    print(f"{policy}: /metrics unavailable ({e})")
+    sys.exit(0)
+m = {l.split()[0]: float(l.split()[1]) for l in text.splitlines() if l.startswith("tessera_engine_")}
+g = lambda k: m.get("tessera_engine_" + k, 0.0)
+steps, dsteps = g("steps_total"), g("decode_steps_total")
+print(f"{policy}: {steps:.0f} steps ({dsteps:.0f} decoding, {g('decode_tokens_total'):.0f} tokens, largest batch "
+      f"{g('max_decode_batch'):.0f}); prefill {g('prefill_seconds_total'):.2f} s, decode {g('decode_seconds_total'):.2f} s "
+      f"({1e3 * g('decode_seconds_total') / max(dsteps, 1):.2f} ms per decode step); {g('step_builds_total'):.0f} step "
+      f"graphs built")
+EOF
   stop_server
   grep -i -E "error|fail|out of memory" "$OUT/server-$tag.log" | head -5
 done

@@ -64,6 +64,17 @@ void CpuBatchBackend::finish_prefill(const SequenceBlocks& seq, std::span<const 
 
 void CpuBatchBackend::abort_prefill() { staging_.release(); }
 
+BatchBackend::Selection BatchBackend::decode_select(std::span<const int32_t> tokens, std::span<const DecodeRow> rows,
+                                                   std::span<const uint8_t> greedy) {
+  Selection out;
+  out.logits = decode(tokens, rows);
+  const auto vocab = static_cast<size_t>(config().vocab_size);
+  out.tokens.assign(tokens.size(), -1);
+  for (size_t i = 0; i < tokens.size() && i < greedy.size(); ++i)
+    if (greedy[i] != 0) out.tokens[i] = argmax(std::span<const float>(out.logits).subspan(i * vocab, vocab));
+  return out;
+}
+
 std::vector<float> CpuBatchBackend::decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) {
   return decode_.decode(tokens, rows, store_, timers_);
 }
@@ -183,7 +194,10 @@ void BatchEngine::admit() {
 }
 
 void BatchEngine::take_logits(Sequence& s, std::span<const float> logits, std::vector<BatchEvent>& events) {
-  const int32_t tok = s.sampler->sample(logits);
+  take_token(s, s.sampler->sample(logits), events);
+}
+
+void BatchEngine::take_token(Sequence& s, int32_t tok, std::vector<BatchEvent>& events) {
   const std::vector<int32_t>& stops = s.request.options.stop_tokens;
   if (std::find(stops.begin(), stops.end(), tok) != stops.end()) return finish(s, FinishReason::kStop, events);
   if (s.blocks.length() >= max_context_) return finish(s, FinishReason::kContextFull, events);
@@ -229,20 +243,31 @@ void BatchEngine::decode_step(std::vector<BatchEvent>& events) {
   const auto t0 = Clock::now();
   std::vector<int32_t> tokens;
   std::vector<DecodeRow> rows;
+  std::vector<uint8_t> greedy;
   try {
     for (Sequence* s : batch) {
       s->blocks.grow(1, pool_);  // within what was reserved at admission
       tokens.push_back(s->pending);
       rows.push_back(DecodeRow{&s->blocks, s->views});
+      greedy.push_back(s->sampler->options().temperature <= 0.0f ? 1 : 0);
     }
-    const std::vector<float> logits = backend_.decode(tokens, rows);
+    const BatchBackend::Selection out = backend_.decode_select(tokens, rows, greedy);
     const auto vocab = static_cast<size_t>(cfg_.vocab_size);
-    for (size_t i = 0; i < batch.size(); ++i)
-      take_logits(*batch[i], std::span<const float>(logits).subspan(i * vocab, vocab), events);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (greedy[i] != 0) {
+        check(out.tokens.size() == batch.size() && out.tokens[i] >= 0 && out.tokens[i] < cfg_.vocab_size,
+              "batched decode: the backend chose no valid token for a greedy row");
+        ++stats_.greedy_tokens;
+        take_token(*batch[i], out.tokens[i], events);
+      } else {
+        take_logits(*batch[i], std::span<const float>(out.logits).subspan(i * vocab, vocab), events);
+      }
+    }
   } catch (const Error& e) {
     for (Sequence* s : batch) finish(*s, FinishReason::kError, events, e.what());
   }
   stats_.decode_tokens += static_cast<int64_t>(batch.size());
+  ++stats_.decode_steps;
   stats_.max_decode_batch = std::max<int64_t>(stats_.max_decode_batch, static_cast<int64_t>(batch.size()));
   stats_.decode_seconds += since(t0);
 }

@@ -78,6 +78,20 @@ class BatchBackend {
   virtual void abort_prefill() = 0;
   // One token per row, each at position rows[i].seq->length() - 1 (blocks already grown); logits [B, vocab].
   virtual std::vector<float> decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) = 0;
+  // The scheduler's decode step: as decode(), but rows with greedy[i] set get their next token chosen by the
+  // backend (tokens[i] = argmax of the row's logits, ties to the smaller id: exactly runtime::argmax) and the
+  // others their logits (logits[i * vocab, (i + 1) * vocab); a greedy row's logits are unspecified: the GPU
+  // backend picks on the device and copies back only what is sampled on the host). This default runs decode()
+  // and argmax on the host.
+  struct Selection {
+    std::vector<int32_t> tokens;  // [B]: the greedy rows' tokens, -1 for the others
+    std::vector<float> logits;    // [B, vocab]
+  };
+  virtual Selection decode_select(std::span<const int32_t> tokens, std::span<const DecodeRow> rows,
+                                  std::span<const uint8_t> greedy);
+  // Decode steps that had to build a new executable step (a CUDA graph capture) before running: the GPU backend's
+  // cost of a batch shape it had not seen; 0 on the CPU.
+  virtual int64_t step_builds() const { return 0; }
   virtual ForwardTimers timers() const = 0;
 };
 
@@ -142,6 +156,8 @@ struct BatchEngineStats {
   int64_t prefill_tokens = 0, decode_tokens = 0;
   double prefill_seconds = 0, decode_seconds = 0;
   int64_t max_decode_batch = 0;
+  int64_t decode_steps = 0;     // steps that ran a decode (some steps only prefill)
+  int64_t greedy_tokens = 0;    // decode tokens chosen by the backend (greedy rows)
 };
 
 class BatchEngine {
@@ -177,13 +193,16 @@ class BatchEngine {
   const PagedKVShape& shape() const { return shape_; }
   int32_t max_context() const { return max_context_; }
   const BatchEngineStats& stats() const { return stats_; }
+  int64_t step_builds() const { return backend_.step_builds(); }
 
  private:
   struct Sequence;
   void admit();
   void finish(Sequence& s, FinishReason reason, std::vector<BatchEvent>& events, std::string error = {});
-  // After logits for s: sample, then a token event and/or a finish.
+  // After logits for s: sample, then take_token.
   void take_logits(Sequence& s, std::span<const float> logits, std::vector<BatchEvent>& events);
+  // s's next token: a token event and/or a finish.
+  void take_token(Sequence& s, int32_t tok, std::vector<BatchEvent>& events);
   void prefill_step(std::vector<BatchEvent>& events);
   void decode_step(std::vector<BatchEvent>& events);
 

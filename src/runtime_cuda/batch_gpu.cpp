@@ -20,6 +20,40 @@ int32_t clamp32(int64_t v) { return static_cast<int32_t>(std::min<int64_t>(v, IN
 
 }  // namespace
 
+int64_t padded_rows(int64_t n) {
+  if (n <= 4) return n;
+  for (int64_t p = 4;; p *= 2) {
+    if (n <= p) return p;
+    if (n <= p + p / 2) return p + p / 2;
+  }
+}
+
+int32_t bucket_splits(int32_t splits) {
+  int32_t p = 1;
+  while (p <= splits / 2) p *= 2;
+  return p;
+}
+
+GpuBatchBackend::PinnedFloats::~PinnedFloats() {
+  if (data_ != nullptr) cudaFreeHost(data_);
+}
+
+float* GpuBatchBackend::PinnedFloats::reserve(size_t count) {
+  if (count <= capacity_) return data_;
+  if (data_ != nullptr) cudaFreeHost(data_);
+  data_ = nullptr;
+  capacity_ = 0;
+  void* p = nullptr;
+  if (cudaMallocHost(&p, count * sizeof(float)) != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw Error("out of pinned host memory for " + format_bytes(static_cast<double>(count * sizeof(float))) +
+                " of decode logits");
+  }
+  data_ = static_cast<float*>(p);
+  capacity_ = count;
+  return data_;
+}
+
 GpuBatchBackend::GpuBatchBackend(const DeviceModel& model, GpuBatchOptions options)
     : model_(model), options_(std::move(options)), cfg_(model.config()) {
   TESSERA_CUDA_CHECK(cudaStreamCreate(&stream_));
@@ -70,20 +104,32 @@ void GpuBatchBackend::create_store(const PagedKVShape& shape, int32_t num_blocks
   slots_ = max_sequences;
   max_blocks_ = static_cast<int32_t>((static_cast<int64_t>(max_context) + shape.block_tokens - 1) / shape.block_tokens);
   const int64_t heads = static_cast<int64_t>(shape.num_layers) * shape.num_kv_heads;
-  const double pool_bytes = block_bytes(shape) * num_blocks;
-  const double table_bytes = static_cast<double>(slots_) * static_cast<double>(heads) * max_blocks_ * 4.0;
+  const double pool_bytes = block_bytes(shape) * (num_blocks + 1.0);  // + the padding rows' scratch block
+  const double table_bytes = (slots_ + 1.0) * static_cast<double>(heads) * max_blocks_ * 4.0;
   size_t free_bytes = 0, total_bytes = 0;
   TESSERA_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   if (pool_bytes + table_bytes > 0.95 * static_cast<double>(free_bytes))
     throw Error("KV cache of " + std::to_string(num_blocks) + " blocks of " + std::to_string(shape.block_tokens) +
                 " tokens (K and V in bf16) and block tables need " + format_bytes(pool_bytes + table_bytes) + ", " +
                 format_bytes(static_cast<double>(free_bytes)) + " of device memory free; lower the KV budget");
-  const size_t elems = static_cast<size_t>(num_blocks) * static_cast<size_t>(shape.elements_per_block());
+  const size_t elems = (static_cast<size_t>(num_blocks) + 1) * static_cast<size_t>(shape.elements_per_block());
   k_pool_.resize(elems);
   v_pool_.resize(elems);
-  host_tables_.assign(static_cast<size_t>(slots_) * static_cast<size_t>(heads) * static_cast<size_t>(max_blocks_), -1);
+  // Slots [0, slots_) for sequences; slot slots_ for the padding rows: every table's first block is the scratch
+  // block, every view dense.
+  scratch_block_ = num_blocks;
+  host_tables_.assign((static_cast<size_t>(slots_) + 1) * static_cast<size_t>(heads) * static_cast<size_t>(max_blocks_),
+                      -1);
+  for (int64_t h = 0; h < heads; ++h)
+    host_tables_[static_cast<size_t>((static_cast<int64_t>(slots_) * heads + h) * max_blocks_)] = scratch_block_;
   tables_.upload(host_tables_, stream_);
-  views_.resize(static_cast<size_t>(slots_) * static_cast<size_t>(cfg_.num_layers) * cfg_.num_q_heads * 3);
+  const size_t views_per_slot = static_cast<size_t>(cfg_.num_layers) * cfg_.num_q_heads * 3;
+  std::vector<int32_t> views((static_cast<size_t>(slots_) + 1) * views_per_slot, 0);
+  for (size_t i = static_cast<size_t>(slots_) * views_per_slot; i < views.size(); i += 3) {
+    views[i + 1] = INT32_MAX;
+    views[i + 2] = INT32_MAX;
+  }
+  views_.upload(views, stream_);
   free_slots_.clear();
   for (int32_t s = slots_ - 1; s >= 0; --s) free_slots_.push_back(s);
   slot_.clear();
@@ -189,48 +235,58 @@ void GpuBatchBackend::fill_random(uint64_t seed, float scale) {
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
-std::vector<float> GpuBatchBackend::decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) {
+int64_t GpuBatchBackend::run_step(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) {
   const auto n = static_cast<int64_t>(tokens.size());
   check(rows.size() == tokens.size(), "GPU batched decode: one row per token");
-  if (n == 0) return {};
+  const int64_t np = options_.pad_rows ? padded_rows(n) : n;
   const int32_t L = cfg_.num_layers, Hkv = cfg_.num_kv_heads;
-  const int64_t Bt = shape_.block_tokens, V = cfg_.vocab_size;
+  const int64_t Bt = shape_.block_tokens;
 
-  // Step data: tokens, positions, slots, lengths, then the block of each (row, layer, kv head)'s new row.
-  std::vector<int32_t> step(static_cast<size_t>(4 * n + n * L * Hkv));
+  // Step data: tokens, positions, slots, lengths, then the block of each (row, layer, kv head)'s new row; the
+  // padding rows decode token 0 at position 0 of the scratch slot (length 1, the scratch block).
+  std::vector<int32_t> step(static_cast<size_t>(4 * np + np * L * Hkv), 0);
   int64_t max_len = 0;
-  for (int64_t i = 0; i < n; ++i) {
+  for (int64_t i = 0; i < np; ++i) {
+    if (i >= n) {
+      step[static_cast<size_t>(2 * np + i)] = slots_;
+      step[static_cast<size_t>(3 * np + i)] = 1;
+      for (int64_t j = 0; j < static_cast<int64_t>(L) * Hkv; ++j)
+        step[static_cast<size_t>(4 * np + i * L * Hkv + j)] = scratch_block_;
+      continue;
+    }
     const SequenceBlocks& seq = *rows[static_cast<size_t>(i)].seq;
     const int32_t slot = slot_of(seq);
     const int64_t pos = seq.length() - 1;
     check(tokens[static_cast<size_t>(i)] >= 0 && tokens[static_cast<size_t>(i)] < cfg_.vocab_size,
           "GPU batched decode: token id " + std::to_string(tokens[static_cast<size_t>(i)]) + " outside the vocabulary");
     step[static_cast<size_t>(i)] = tokens[static_cast<size_t>(i)];
-    step[static_cast<size_t>(n + i)] = static_cast<int32_t>(pos);
-    step[static_cast<size_t>(2 * n + i)] = slot;
-    step[static_cast<size_t>(3 * n + i)] = static_cast<int32_t>(seq.length());
+    step[static_cast<size_t>(np + i)] = static_cast<int32_t>(pos);
+    step[static_cast<size_t>(2 * np + i)] = slot;
+    step[static_cast<size_t>(3 * np + i)] = static_cast<int32_t>(seq.length());
     max_len = std::max(max_len, seq.length());
     for (int32_t l = 0; l < L; ++l)
       for (int32_t h = 0; h < Hkv; ++h)
-        step[static_cast<size_t>(4 * n + (i * L + l) * Hkv + h)] = seq.block(l, h, pos);
+        step[static_cast<size_t>(4 * np + (i * L + l) * Hkv + h)] = seq.block(l, h, pos);
     // A row that starts a block: its (new) table column goes up.
     if (pos % Bt == 0) upload_table_columns(slot, seq, pos / Bt, pos / Bt + 1);
   }
-  const int32_t splits =
-      options_.splits > 0 ? options_.splits : paged_decode_splits(static_cast<int32_t>(n), Hkv, max_len, sms_);
+  const int32_t splits = options_.splits > 0
+                             ? options_.splits
+                             : bucket_splits(paged_decode_splits(static_cast<int32_t>(np), Hkv, max_len, sms_));
   last_splits_ = splits;
+  last_rows_ = np;
   // Buffers first (a graph holds their addresses: one that grows invalidates every graph), then the step's data.
-  if (reserve_step(n, splits)) drop_graphs();
+  if (reserve_step(np, splits)) drop_graphs();
   TESSERA_CUDA_CHECK(cudaMemcpyAsync(step_.data(), step.data(), step.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
                                      stream_));
   if (options_.graphs) {
-    const auto key = std::make_pair(n, splits);
+    const auto key = std::make_pair(np, splits);
     auto it = graphs_.find(key);
     if (it == graphs_.end()) {
       cudaGraph_t graph = nullptr;
       TESSERA_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
       try {
-        launch_step(n, splits);
+        launch_step(np, splits);
       } catch (...) {
         cudaStreamEndCapture(stream_, &graph);
         if (graph != nullptr) cudaGraphDestroy(graph);
@@ -242,15 +298,66 @@ std::vector<float> GpuBatchBackend::decode(std::span<const int32_t> tokens, std:
       cudaGraphDestroy(graph);
       TESSERA_CUDA_CHECK(err);
       it = graphs_.emplace(key, exec).first;
+      ++step_builds_;
     }
     TESSERA_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
   } else {
-    launch_step(n, splits);
+    launch_step(np, splits);
   }
-  std::vector<float> out(static_cast<size_t>(n * V));
+  return np;  // `step` may go: an asynchronous copy from pageable memory returns once the data is staged
+}
+
+std::vector<float> GpuBatchBackend::decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) {
+  if (tokens.empty()) return {};
+  run_step(tokens, rows);
+  std::vector<float> out(tokens.size() * static_cast<size_t>(cfg_.vocab_size));
   TESSERA_CUDA_CHECK(cudaMemcpyAsync(out.data(), logits_.data(), out.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return out;
+}
+
+BatchBackend::Selection GpuBatchBackend::decode_select(std::span<const int32_t> tokens,
+                                                       std::span<const DecodeRow> rows,
+                                                       std::span<const uint8_t> greedy) {
+  Selection sel;
+  const auto n = static_cast<int64_t>(tokens.size());
+  if (n == 0) return sel;
+  check(greedy.size() == tokens.size(), "GPU batched decode: one greedy flag per row");
+  const int64_t V = cfg_.vocab_size;
+  run_step(tokens, rows);
+  const bool any_greedy = std::any_of(greedy.begin(), greedy.end(), [](uint8_t g) { return g != 0; });
+  const bool any_sampled = std::any_of(greedy.begin(), greedy.end(), [](uint8_t g) { return g == 0; });
+  if (any_greedy) {
+    if (static_cast<int64_t>(chosen_.size()) < n) chosen_.resize(static_cast<size_t>(n));
+    row_argmax(logits_.data(), n, V, V, chosen_.data(), stream_);
+    host_chosen_.resize(static_cast<size_t>(n));
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(host_chosen_.data(), chosen_.data(), static_cast<size_t>(n) * sizeof(int32_t),
+                                       cudaMemcpyDeviceToHost, stream_));
+  }
+  float* pinned = nullptr;
+  if (any_sampled) {
+    pinned = host_logits_.reserve(static_cast<size_t>(n * V));
+    for (int64_t i = 0; i < n; ++i)  // runs of sampled rows, one copy each
+      if (greedy[static_cast<size_t>(i)] == 0) {
+        int64_t j = i;
+        while (j < n && greedy[static_cast<size_t>(j)] == 0) ++j;
+        TESSERA_CUDA_CHECK(cudaMemcpyAsync(pinned + i * V, logits_.data() + i * V,
+                                           static_cast<size_t>((j - i) * V) * sizeof(float), cudaMemcpyDeviceToHost,
+                                           stream_));
+        i = j;
+      }
+  }
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  sel.tokens.assign(static_cast<size_t>(n), -1);
+  for (int64_t i = 0; i < n; ++i)
+    if (greedy[static_cast<size_t>(i)] != 0) sel.tokens[static_cast<size_t>(i)] = host_chosen_[static_cast<size_t>(i)];
+  if (any_sampled) {
+    sel.logits.assign(static_cast<size_t>(n * V), 0.0f);
+    for (int64_t i = 0; i < n; ++i)
+      if (greedy[static_cast<size_t>(i)] == 0)
+        std::copy(pinned + i * V, pinned + (i + 1) * V, sel.logits.begin() + i * V);
+  }
+  return sel;
 }
 
 bool GpuBatchBackend::reserve_step(int64_t n, int32_t splits) {

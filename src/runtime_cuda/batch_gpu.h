@@ -11,7 +11,12 @@
 // windows), logits of the B rows back to the host (the scheduler samples). Block tables and views live on the
 // device per sequence slot ([slots, layers * kv_heads, max_blocks]); a decode step uploads only the rows' step
 // data and the table entries that changed (a new block every block_tokens tokens), then replays the CUDA graph of
-// its (batch size, split count): every launch of the step (about 15 per layer) captured once, on first use.
+// its (batch size, split count): every launch of the step (about 15 per layer) captured once, on first use. So
+// that a server, whose batch changes at every request's start and end, reuses a few graphs instead of capturing
+// one per batch size and length, the batch is padded to the next of 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, ...
+// rows (padding rows decode token 0 at position 0 into a scratch slot and block of their own; their results are
+// dropped) and the split count is rounded down to a power of two. decode_select picks the greedy rows' tokens on
+// the device (row_argmax) and copies back, into pinned memory, only the sampled rows' logits.
 //
 // Not thread-safe; uses the current CUDA device; the DeviceModel must outlive it.
 #pragma once
@@ -38,7 +43,13 @@ struct GpuBatchOptions {
   ForwardOptions prefill;  // the prefill forward's options (mlp_chunk, tile, attention backend, ...)
   int32_t splits = 0;      // decode attention splits per (row, kv head); 0: chosen per step from the lengths
   bool graphs = true;      // run each decode step as a CUDA graph (one per batch size and split count)
+  bool pad_rows = true;    // pad the batch to padded_rows(n) rows (fewer distinct graphs)
 };
+
+// The decode batch a step of n rows runs: n up to 4, then the next of 6, 8, 12, 16, 24, 32, 48, 64, 96, ...
+int64_t padded_rows(int64_t n);
+// The largest power of two <= splits (>= 1).
+int32_t bucket_splits(int32_t splits);
 
 class GpuBatchBackend final : public BatchBackend {
  public:
@@ -62,6 +73,9 @@ class GpuBatchBackend final : public BatchBackend {
   void abort_prefill() override;
   void release_sequence(const SequenceBlocks& seq) override;
   std::vector<float> decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) override;
+  Selection decode_select(std::span<const int32_t> tokens, std::span<const DecodeRow> rows,
+                          std::span<const uint8_t> greedy) override;
+  int64_t step_builds() const override { return step_builds_; }
   ForwardTimers timers() const override { return {}; }
 
   // A sequence whose blocks already hold its keys (benchmarks: random KV; no prefill): takes a slot and uploads
@@ -72,8 +86,28 @@ class GpuBatchBackend final : public BatchBackend {
   size_t store_bytes() const { return k_pool_.bytes() + v_pool_.bytes() + tables_.bytes() + views_.bytes(); }
   cudaStream_t stream() const { return stream_; }
   int32_t last_splits() const { return last_splits_; }
+  int64_t last_rows() const { return last_rows_; }  // the padded batch of the last step
+  int64_t graphs() const { return static_cast<int64_t>(graphs_.size()); }
 
  private:
+  // Page-locked host floats (fast, asynchronous device-to-host copies of logits).
+  class PinnedFloats {
+   public:
+    PinnedFloats() = default;
+    ~PinnedFloats();
+    PinnedFloats(const PinnedFloats&) = delete;
+    PinnedFloats& operator=(const PinnedFloats&) = delete;
+    float* reserve(size_t count);  // keeps the contents only when large enough already
+    float* data() const { return data_; }
+
+   private:
+    float* data_ = nullptr;
+    size_t capacity_ = 0;
+  };
+
+  // Uploads the step data of the rows (padded with scratch rows) and runs the decode step; the logits of the
+  // padded batch stay on the device (logits_). Returns the padded row count.
+  int64_t run_step(std::span<const int32_t> tokens, std::span<const DecodeRow> rows);
   int32_t slot_of(const SequenceBlocks& seq) const;
   bool reserve_step(int64_t n, int32_t splits);  // true when a buffer was reallocated
   void launch_step(int64_t n, int32_t splits);   // every launch of a decode step (captured into a graph)
@@ -90,6 +124,8 @@ class GpuBatchBackend final : public BatchBackend {
   DeviceKVCache staging_;
   PagedKVShape shape_;
   int32_t max_blocks_ = 0, slots_ = 0, sms_ = 0, last_splits_ = 0;
+  int32_t scratch_block_ = 0;  // the padding rows' block (one past the pool's blocks); their slot is slots_
+  int64_t last_rows_ = 0, step_builds_ = 0;
   attn::gpu::DeviceBuffer<bf16> k_pool_, v_pool_;
   attn::gpu::DeviceBuffer<int32_t> tables_, views_;
   std::vector<int32_t> host_tables_;  // mirror of tables_
@@ -100,6 +136,9 @@ class GpuBatchBackend final : public BatchBackend {
   std::vector<attn::gpu::DeviceBuffer<float>> inv_freqs_, cos_, sin_;
   std::vector<size_t> layer_rope_;
   attn::gpu::DeviceBuffer<int32_t> step_;  // tokens, positions, slots, lengths, append blocks
+  attn::gpu::DeviceBuffer<int32_t> chosen_;  // row_argmax of the step's logits
+  PinnedFloats host_logits_;
+  std::vector<int32_t> host_chosen_;
   attn::gpu::DeviceBuffer<float> x_, o_, logits_, o_part_, lse_part_;
   attn::gpu::DeviceBuffer<bf16> h_, q_, knew_, vnew_, a_, gu_;
 };

@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <string>
 
@@ -400,6 +401,52 @@ __global__ void softcap_kernel(float* x, int64_t n, float cap) {
     x[i] = cap * tanhf(x[i] / cap);
 }
 
+// One block per row: each thread scans a strided slice keeping (value, index), then the block reduces; "better"
+// is the larger value, on equal values the smaller index, so the result is the sequential scan's.
+constexpr int kArgmaxThreads = 512;
+__global__ void __launch_bounds__(kArgmaxThreads) row_argmax_kernel(const float* x, int64_t n, int64_t ld,
+                                                                     int32_t* out) {
+  __shared__ float bv[kArgmaxThreads / 32];
+  __shared__ int64_t bi[kArgmaxThreads / 32];
+  const float* row = x + static_cast<int64_t>(blockIdx.x) * ld;
+  float v = -INFINITY;
+  int64_t idx = -1;
+  for (int64_t i = threadIdx.x; i < n; i += kArgmaxThreads) {
+    const float y = row[i];
+    if (y > v || (idx < 0 && y == v)) {  // strided: a thread's indices only grow, so ties keep its first
+      v = y;
+      idx = i;
+    }
+  }
+  auto better = [](float av, int64_t ai, float bv_, int64_t bi_) {
+    if (bi_ < 0) return true;
+    if (ai < 0) return false;
+    return av > bv_ || (av == bv_ && ai < bi_);
+  };
+  for (int off = 16; off > 0; off /= 2) {
+    const float ov = __shfl_down_sync(0xffffffffu, v, off);
+    const int64_t oi = __shfl_down_sync(0xffffffffu, idx, off);
+    if (!better(v, idx, ov, oi)) {
+      v = ov;
+      idx = oi;
+    }
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    bv[warp] = v;
+    bi[warp] = idx;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kArgmaxThreads / 32; ++w)
+      if (!better(v, idx, bv[w], bi[w])) {
+        v = bv[w];
+        idx = bi[w];
+      }
+    out[blockIdx.x] = static_cast<int32_t>(idx < 0 ? 0 : idx);
+  }
+}
+
 constexpr int kAttnThreads = 128;
 
 // One block per (query row, query head). Keys in chunks of kAttnThreads: each thread scores one key, the
@@ -635,6 +682,14 @@ void softcap(float* x, int64_t n, float cap, cudaStream_t stream) {
   if (n <= 0) return;
   softcap_kernel<<<grid_for(n), 256, 0, stream>>>(x, n, cap);
   check_launch("softcap");
+}
+
+void row_argmax(const float* x, int64_t rows, int64_t n, int64_t ld, int32_t* out, cudaStream_t stream) {
+  if (rows <= 0) return;
+  check_rows(rows, "row_argmax");
+  check(n > 0 && n <= INT32_MAX && ld >= n, "row_argmax: bad row size " + std::to_string(n));
+  row_argmax_kernel<<<static_cast<unsigned>(rows), kArgmaxThreads, 0, stream>>>(x, n, ld, out);
+  check_launch("row_argmax");
 }
 
 void simple_attention(const bf16* q, int64_t q_stride, const bf16* k, const bf16* v, int64_t kv_stride, bf16* out,

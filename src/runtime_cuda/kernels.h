@@ -59,6 +59,10 @@ void gated_activation(bf16* gu, int64_t rows, int64_t f, GateActivation act, cud
 // x[i] = cap * tanh(x[i] / cap).
 void softcap(float* x, int64_t n, float cap, cudaStream_t stream);
 
+// out[r] = the index of the largest of x[r, 0:n) (rows ld apart), ties to the smaller index: runtime::argmax
+// (sampling.h) for rows without NaN; a NaN is never chosen (a row of NaN only: 0).
+void row_argmax(const float* x, int64_t rows, int64_t n, int64_t ld, int32_t* out, cudaStream_t stream);
+
 // Dense causal attention with an optional row-exact sliding window, in a plain kernel (one block per query
 // row and head, f32 online softmax): the slow, obvious twin of the sparse executor, and the path for head
 // dimensions the executor is not built for (any even head_dim up to 256). q [q_len, nq, d] (rows q_stride

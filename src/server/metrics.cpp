@@ -122,6 +122,23 @@ std::string Metrics::prometheus(const Gauges& g) const {
   out += "tessera_kv_cache_tokens " + std::to_string(g.kv_tokens) + "\n";
   header(out, "tessera_kv_cache_bytes", "gauge", "Bytes allocated for the KV caches of running requests.");
   out += "tessera_kv_cache_bytes " + std::to_string(g.kv_bytes) + "\n";
+  if (g.batched) {
+    header(out, "tessera_engine_steps_total", "counter", "Batched engine steps (a prefill chunk and/or a decode).");
+    out += "tessera_engine_steps_total " + std::to_string(g.engine_steps) + "\n";
+    header(out, "tessera_engine_decode_steps_total", "counter", "Batched engine steps that decoded.");
+    out += "tessera_engine_decode_steps_total " + std::to_string(g.decode_steps) + "\n";
+    header(out, "tessera_engine_decode_tokens_total", "counter", "Tokens decoded (one per running sequence per step).");
+    out += "tessera_engine_decode_tokens_total " + std::to_string(g.decode_tokens) + "\n";
+    header(out, "tessera_engine_prefill_seconds_total", "counter", "Seconds spent in prefill chunks.");
+    out += "tessera_engine_prefill_seconds_total " + std::to_string(g.prefill_seconds) + "\n";
+    header(out, "tessera_engine_decode_seconds_total", "counter", "Seconds spent in decode steps.");
+    out += "tessera_engine_decode_seconds_total " + std::to_string(g.decode_seconds) + "\n";
+    header(out, "tessera_engine_step_builds_total", "counter",
+           "Decode step shapes built before running (CUDA graph captures; 0 on the CPU).");
+    out += "tessera_engine_step_builds_total " + std::to_string(g.step_builds) + "\n";
+    header(out, "tessera_engine_max_decode_batch", "gauge", "The largest decode batch so far.");
+    out += "tessera_engine_max_decode_batch " + std::to_string(g.max_decode_batch) + "\n";
+  }
   header(out, "tessera_process_resident_memory_bytes", "gauge", "Resident set size of the server process.");
   out += "tessera_process_resident_memory_bytes " + std::to_string(resident_bytes()) + "\n";
   return out;

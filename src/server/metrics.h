@@ -33,6 +33,12 @@ class Histogram {
 struct Gauges {
   int64_t queued = 0, running = 0, slots = 0;
   int64_t kv_tokens = 0, kv_bytes = 0;
+  // The batched engine's counters (--parallel > 1; absent from /metrics otherwise): scheduler steps, steps that
+  // decoded, tokens decoded, seconds in prefill chunks and in decode steps, decode step shapes built (CUDA graph
+  // captures), the largest decode batch.
+  bool batched = false;
+  int64_t engine_steps = 0, decode_steps = 0, decode_tokens = 0, step_builds = 0, max_decode_batch = 0;
+  double prefill_seconds = 0, decode_seconds = 0;
 };
 
 // Resident set size of this process in bytes (from /proc/self/statm; 0 where unavailable).

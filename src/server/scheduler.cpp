@@ -143,6 +143,14 @@ Gauges Scheduler::gauges() const {
     g.running = static_cast<int64_t>(batch_running_.size());
     g.kv_tokens = batch_kv_tokens_.load();
     g.kv_bytes = batch_kv_bytes_.load();
+    g.batched = true;
+    g.engine_steps = batch_counters_.engine_steps;
+    g.decode_steps = batch_counters_.decode_steps;
+    g.decode_tokens = batch_counters_.decode_tokens;
+    g.prefill_seconds = batch_counters_.prefill_seconds;
+    g.decode_seconds = batch_counters_.decode_seconds;
+    g.step_builds = batch_counters_.step_builds;
+    g.max_decode_batch = batch_counters_.max_decode_batch;
   }
   return g;
 }
@@ -363,6 +371,17 @@ void Scheduler::batch_loop() {
     for (const auto& [id, a] : active) kv_tokens += a.job->request_.prompt.size() + a.generated;
     batch_kv_tokens_.store(active.empty() ? 0 : kv_tokens);
     batch_kv_bytes_.store(static_cast<int64_t>(engine.blocks().used() * engine.block_bytes()));
+    {
+      const runtime::BatchEngineStats& st = engine.stats();
+      std::lock_guard<std::mutex> lock(mu_);
+      batch_counters_.engine_steps = st.steps;
+      batch_counters_.decode_steps = st.decode_steps;
+      batch_counters_.decode_tokens = st.decode_tokens;
+      batch_counters_.prefill_seconds = st.prefill_seconds;
+      batch_counters_.decode_seconds = st.decode_seconds;
+      batch_counters_.step_builds = engine.step_builds();
+      batch_counters_.max_decode_batch = st.max_decode_batch;
+    }
     if (active.empty()) {
       bool idle = false;
       {

@@ -159,6 +159,7 @@ class Scheduler {
   BatchedEngine batched_;                            // batched mode: the engine (slots_ and engines_ empty)
   std::vector<std::shared_ptr<Job>> batch_running_;  // batched mode: the jobs in the engine
   std::atomic<int64_t> batch_kv_tokens_{0}, batch_kv_bytes_{0};
+  Gauges batch_counters_;  // batched mode: the engine's counters after the last step (under mu_)
 };
 
 }  // namespace tessera::server

@@ -638,6 +638,18 @@ TEST(ServerScheduler, BatchedEngineAnswersAsEngineGenerate) {
   const Gauges g = sched.gauges();
   EXPECT_EQ(g.running + g.queued + g.kv_tokens + g.kv_bytes, 0);
   EXPECT_EQ(eng->blocks().used(), 0);
+  // The engine's counters, as /metrics shows them: every answer's tokens but the first (the prefill's) decoded.
+  EXPECT_TRUE(g.batched);
+  EXPECT_EQ(g.decode_tokens, eng->stats().decode_tokens);
+  EXPECT_GE(g.decode_tokens, 3 * (static_cast<int64_t>(ids.size()) - 1));
+  EXPECT_GT(g.decode_steps, 0);
+  EXPECT_GT(g.engine_steps, g.decode_steps);  // the prefill chunks of 16 tokens took steps of their own
+  EXPECT_EQ(g.step_builds, 0);                // the CPU builds no graphs
+  EXPECT_EQ(eng->stats().greedy_tokens, eng->stats().decode_tokens);  // temperature 0: the backend picks
+  const std::string text = metrics.prometheus(g);
+  EXPECT_NE(text.find("tessera_engine_decode_tokens_total " + std::to_string(g.decode_tokens) + "\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("tessera_engine_step_builds_total 0\n"), std::string::npos);
 }
 
 }  // namespace

@@ -16,9 +16,11 @@
 #include "runtime/batch_engine.h"
 #include "runtime/engine.h"
 #include "runtime/model.h"
+#include "runtime/sampling.h"
 #include "runtime_cuda/batch_gpu.h"
 #include "runtime_cuda/device_model.h"
 #include "runtime_cuda/gpu_engine.h"
+#include "runtime_cuda/kernels.h"
 #include "runtime_cuda/paged_decode.h"
 #include "runtime_cuda/synthetic_config.h"
 
@@ -81,8 +83,8 @@ void check_kernel(const KernelCase& kc) {
   const size_t elems = static_cast<size_t>(nblocks) * static_cast<size_t>(shape.elements_per_block());
   std::vector<bf16> kb(elems), vb(elems);
   for (size_t i = 0; i < elems; ++i) {
-    kb[i] = f32_to_bf16(nd(rng));
-    vb[i] = f32_to_bf16(nd(rng));
+    kb[i] = ::tessera::f32_to_bf16(nd(rng));
+    vb[i] = ::tessera::f32_to_bf16(nd(rng));
     store.k(0, 0)[i] = bf16_to_f32(kb[i]);
     store.v(0, 0)[i] = bf16_to_f32(vb[i]);
   }
@@ -106,7 +108,7 @@ void check_kernel(const KernelCase& kc) {
   std::vector<float> qf(static_cast<size_t>(rows) * Hq * d);
   std::vector<bf16> qb(qf.size());
   for (size_t i = 0; i < qf.size(); ++i) {
-    qb[i] = f32_to_bf16(nd(rng));
+    qb[i] = ::tessera::f32_to_bf16(nd(rng));
     qf[i] = bf16_to_f32(qb[i]);
   }
   DeviceBuffer<bf16> dk, dv, dq, dout;
@@ -242,6 +244,136 @@ TEST(GpuBatch, DecodeEqualsSingleSequenceEngine) {
   std::printf("[batch] Llama-3-8B shapes (2 layers): batched vs single-sequence GPU decode, 12 steps x 3 rows, worst rel L2 %.3g\n",
               worst);
   EXPECT_LT(worst, 2e-2);
+}
+
+// The batch padding buckets and the split rounding (host functions of batch_gpu.h).
+TEST(GpuBatch, PaddingBuckets) {
+  const std::vector<std::pair<int64_t, int64_t>> want{{1, 1},   {2, 2},   {3, 3},   {4, 4},   {5, 6},   {6, 6},
+                                                      {7, 8},   {8, 8},   {9, 12},  {12, 12}, {13, 16}, {17, 24},
+                                                      {25, 32}, {33, 48}, {49, 64}, {65, 96}, {97, 128}};
+  for (const auto& [n, p] : want) EXPECT_EQ(padded_rows(n), p) << n;
+  EXPECT_EQ(bucket_splits(1), 1);
+  EXPECT_EQ(bucket_splits(3), 2);
+  EXPECT_EQ(bucket_splits(8), 8);
+  EXPECT_EQ(bucket_splits(23), 16);
+}
+
+// row_argmax = runtime::argmax on random rows, planted ties (the smaller index wins), a row of -inf (0) and a NaN
+// (never chosen).
+TEST(GpuBatch, RowArgmaxEqualsHostArgmax) {
+  REQUIRE_GPU();
+  const int64_t rows = 7, n = 50000, ld = 50003;
+  std::vector<float> x(static_cast<size_t>(rows * ld), 0.0f);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  for (auto& v : x) v = dist(rng);
+  auto at = [&](int64_t r, int64_t i) -> float& { return x[static_cast<size_t>(r * ld + i)]; };
+  at(1, 700) = at(1, 40001) = at(1, 3) = 99.0f;  // tie: 3
+  for (int64_t i = 0; i < n; ++i) at(2, i) = -INFINITY;
+  at(3, 0) = NAN;
+  at(3, 123) = 50.0f;
+  at(4, n - 1) = 77.0f;  // the last column
+  at(5, 31) = at(5, 32) = 88.0f;  // neighbours in different threads' slices
+  DeviceBuffer<float> dx;
+  dx.upload(x, nullptr);
+  DeviceBuffer<int32_t> out(static_cast<size_t>(rows));
+  row_argmax(dx.data(), rows, n, ld, out.data(), nullptr);
+  std::vector<int32_t> got(static_cast<size_t>(rows));
+  ASSERT_EQ(cudaMemcpy(got.data(), out.data(), got.size() * sizeof(int32_t), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(got[1], 3);
+  EXPECT_EQ(got[2], 0);
+  EXPECT_EQ(got[3], 123);
+  EXPECT_EQ(got[4], n - 1);
+  EXPECT_EQ(got[5], 31);
+  for (int64_t r : {0, 1, 2, 4, 5, 6})
+    EXPECT_EQ(got[static_cast<size_t>(r)], argmax(std::span<const float>(x).subspan(static_cast<size_t>(r * ld),
+                                                                                   static_cast<size_t>(n))))
+        << "row " << r;
+}
+
+// Padding the batch (5 rows run as 6, the sixth a scratch row) changes no real row's logits against an unpadded,
+// graph-less backend fed the same sequences; 5 and then 6 rows reuse one captured graph; decode_select's device
+// argmax is the host argmax of the same step's logits, and its sampled rows' logits are those logits, bit for bit.
+TEST(GpuBatch, PaddedGraphsAndDeviceSelection) {
+  REQUIRE_GPU();
+  ModelConfig cfg = synthetic_config("llama3-8b");
+  cfg.num_layers = 2;
+  cfg.layers.resize(2);
+  cfg.vocab_size = 4096;
+  const auto dev = DeviceModel::random(cfg, 5);
+  GpuBatchOptions plain;
+  plain.graphs = false;
+  plain.pad_rows = false;
+  GpuBatchBackend padded(*dev), reference(*dev, plain);
+  const PagedKVShape shape{cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 64};
+  padded.create_store(shape, 1000, 8, 4096);
+  reference.create_store(shape, 1000, 8, 4096);
+  BlockPool pool_a(1000), pool_b(1000);
+  const std::vector<int32_t> lengths{9, 300, 1200, 2000, 65, 700};
+  const std::vector<DecodeView> views = decode_views(cfg, nullptr, 0);
+  std::vector<SequenceBlocks> a, b;
+  a.reserve(lengths.size());
+  b.reserve(lengths.size());
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    const std::vector<int32_t> prompt = random_tokens(lengths[i], cfg.vocab_size, static_cast<uint32_t>(40 + i));
+    for (auto [backend, seqs, pool] : {std::tuple{&padded, &a, &pool_a}, std::tuple{&reference, &b, &pool_b}}) {
+      seqs->emplace_back(shape, kv_retention(cfg, views));
+      backend->prefill_chunk(prompt, 0, lengths[i], nullptr, false);
+      seqs->back().grow(lengths[i], *pool);
+      backend->finish_prefill(seqs->back(), views);
+    }
+  }
+  double worst = 0;
+  for (int step = 0; step < 4; ++step) {
+    const size_t rows_now = step < 2 ? 5 : 6;  // 5 rows pad to 6: the same graph as 6
+    std::vector<int32_t> toks;
+    std::vector<DecodeRow> ra, rb;
+    for (size_t i = 0; i < rows_now; ++i) {
+      toks.push_back(static_cast<int32_t>((step * 31 + i * 7) % cfg.vocab_size));
+      a[i].grow(1, pool_a);
+      b[i].grow(1, pool_b);
+      ra.push_back({&a[i], views});
+      rb.push_back({&b[i], views});
+    }
+    // The sixth sequence joins at step 2, at its prompt's end.
+    const std::vector<float> got = padded.decode(toks, ra);
+    EXPECT_EQ(padded.last_rows(), 6);
+    const std::vector<float> want = reference.decode(toks, rb);
+    for (size_t i = 0; i < rows_now; ++i) {
+      const auto V = static_cast<int64_t>(cfg.vocab_size);
+      const std::vector<float> g(got.begin() + static_cast<int64_t>(i) * V, got.begin() + static_cast<int64_t>(i + 1) * V);
+      const std::vector<float> w(want.begin() + static_cast<int64_t>(i) * V, want.begin() + static_cast<int64_t>(i + 1) * V);
+      worst = std::max(worst, rel_l2(w, g));
+    }
+    std::vector<uint8_t> greedy(rows_now);
+    for (size_t i = 0; i < rows_now; ++i) greedy[i] = (i + static_cast<size_t>(step)) % 2 == 0 ? 1 : 0;
+    // The same step again (the same token at the same position writes the same K/V row: a step is idempotent).
+    const BatchBackend::Selection sel = padded.decode_select(toks, ra, greedy);
+    ASSERT_EQ(sel.tokens.size(), rows_now);
+    for (size_t i = 0; i < rows_now; ++i) {
+      const auto V = static_cast<size_t>(cfg.vocab_size);
+      const std::span<const float> row = std::span<const float>(got).subspan(i * V, V);
+      if (greedy[i] != 0) {
+        EXPECT_EQ(sel.tokens[i], argmax(row)) << "step " << step << " row " << i;
+      } else {
+        EXPECT_EQ(sel.tokens[i], -1);
+        ASSERT_EQ(sel.logits.size(), rows_now * V);
+        EXPECT_TRUE(std::equal(row.begin(), row.end(), sel.logits.begin() + static_cast<int64_t>(i * V)))
+            << "step " << step << " row " << i;
+      }
+    }
+    // One more position each, both backends (the engine grows the blocks before every step).
+    for (size_t i = 0; i < rows_now; ++i) {
+      a[i].grow(1, pool_a);
+      b[i].grow(1, pool_b);
+    }
+    (void)padded.decode(toks, ra);
+    (void)reference.decode(toks, rb);
+  }
+  std::printf("[batch] padded (5 -> 6 rows, graphs) vs unpadded (no graphs): worst rel L2 %.3g; %lld graph(s) built\n",
+              worst, static_cast<long long>(padded.step_builds()));
+  EXPECT_LT(worst, 5e-3);
+  EXPECT_EQ(padded.step_builds(), 1);
 }
 
 class RealModelBatch : public ::testing::TestWithParam<const char*> {};
