@@ -21,7 +21,9 @@
 // dense_cudnn_ms, sm_mhz, power_w (in that order: new columns go at the end, so that readers that go by
 // position keep working).
 // Patterns: dense; vs = vertical_slash(1000, 6096); bs = block_sparse(top 100, block 64); ashape(sink 128,
-// window 4096); triangle(sink 8, window 512, last 128).
+// window 4096); triangle(sink 8, window 512, last 128); vsaNN = vertical_slash with adaptive budgets (issue 16,
+// pattern.h): gamma NN / 100, at most vs's 1000 columns and 6096 slashes (vsa90, vsa95; a line per row says
+// how many each head kept). scripts/gpu/adaptive_check.sh runs dense, vs, vsa90, vsa95 at 32K and 128K.
 // Inputs (never zeros): --inputs rope (default) gives attention a structure like a real model's, so that the
 // dynamic estimators pick a realistic (local-heavy) index: per kv head a fixed direction a, q_t = R(t)(0.6 a
 // + 0.8 n) and k_t = R(t)(0.6 a + 0.8 n') with R(t) the RoPE rotation (base 500000) and fresh N(0, 1) noise
@@ -246,7 +248,17 @@ Pattern make_pattern(const std::string& name) {
   if (name == "bs") return BlockSparsePattern{100, 64};
   if (name == "ashape") return AShapePattern{128, 4096};
   if (name == "triangle") return TrianglePattern{8, 512, 128};
-  throw Error("unknown pattern " + name + " (dense, vs, bs, ashape, triangle)");
+  if (name.rfind("vsa", 0) == 0 && name.size() > 3) {  // vsaNN: adaptive budgets, gamma NN / 100, maxima of vs
+    VerticalSlashPattern p{1000, 6096, 64, 30, 100};
+    try {
+      p.gamma = std::stod(name.substr(3)) / 100.0;
+    } catch (const std::exception&) {
+      p.gamma = -1;
+    }
+    check(p.gamma > 0 && p.gamma <= 1, "pattern " + name + ": vsaNN takes gamma NN / 100 in (0, 1], e.g. vsa90");
+    return p;
+  }
+  throw Error("unknown pattern " + name + " (dense, vs, bs, ashape, triangle, vsaNN)");
 }
 
 double median(std::vector<double> v) {
@@ -501,9 +513,27 @@ int main(int argc, char** argv) {
         }
 
         const SparseIndex index = layer.download_index();
+        const bool adaptive = name.rfind("vsa", 0) == 0;
+        if (adaptive && !shortcut) {  // what the coverage target kept, per head
+          int64_t cols = 0, offs = 0, cmin = INT64_MAX, cmax = 0, omin = INT64_MAX, omax = 0;
+          for (const HeadEstimate& e : layer.download_estimates()) {
+            const auto& v = std::get<VerticalSlashEstimate>(e);
+            const int64_t c = static_cast<int64_t>(v.columns.size()), o = static_cast<int64_t>(v.offsets.size());
+            cols += c;
+            offs += o;
+            cmin = std::min(cmin, c);
+            cmax = std::max(cmax, c);
+            omin = std::min(omin, o);
+            omax = std::max(omax, o);
+          }
+          std::printf("  adaptive seq %6d %-9s kept per head: columns mean %.0f (%lld..%lld of <= 1000), slashes mean "
+                      "%.0f (%lld..%lld of <= 6096)\n",
+                      seq, name.c_str(), double(cols) / kHq, (long long)cmin, (long long)cmax, double(offs) / kHq,
+                      (long long)omin, (long long)omax);
+        }
         // Index build modes (lower_cuda.h IndexBuildMode; `idx` timed the default, per kind): a warp per tile
         // and a thread per tile for every head, timed the same way, and the same index?
-        if (name == "vs" || name == "bs") {
+        if (name == "vs" || name == "bs" || adaptive) {
           double mode_ms[2] = {0, 0};
           bool same[2] = {true, true};
           const gpu::IndexBuildMode modes[2] = {gpu::IndexBuildMode::kWarp, gpu::IndexBuildMode::kThread};
