@@ -169,6 +169,17 @@ TEST(SpanDiscovery, CoverFillsGapsAndResolvesOverlapsByScore) {
   EXPECT_EQ(cover, expect);
 }
 
+TEST(SpanIndex, AreaRatioIsTriangleMassOverItselfAndItsVoters) {
+  const int32_t n = 10;
+  const auto a = random_map(n, 4);
+  const stream::TriangleScores s(a, n, 0.3);
+  double tri = 0, below = 0;
+  for (int32_t r = 3; r < n; ++r)
+    for (int32_t c = 3; c <= std::min(r, 5); ++c) (r <= 5 ? tri : below) += a[static_cast<size_t>(r * n + c)];
+  EXPECT_NEAR(stream::area_ratio(s, {3, 6, 0}), tri / (tri + below), 1e-9);
+  EXPECT_EQ(stream::area_ratio(s, {7, 10, 0}), 1.0);  // no later rows: no voters
+}
+
 TEST(SpanIndex, RetentionFollowsTheAreaRatio) {
   EXPECT_EQ(stream::retained_vectors(20, 1.0, 3, 1, 12), 12);   // clamped to max
   EXPECT_EQ(stream::retained_vectors(20, 0.5, 3, 1, 12), 3);    // 20 * 0.125 = 2.5 -> 3

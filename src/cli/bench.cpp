@@ -51,13 +51,16 @@ int bench_command(const BenchOptions& o) {
   const Session s = Session::open(o.model);
   const auto& c = s.model->config();
   const int max_depth = *std::max_element(o.depths.begin(), o.depths.end());
-  check(max_depth <= c.context_length, "bench: depth " + std::to_string(max_depth) +
-                                          " exceeds the model's context of " + std::to_string(c.context_length));
+  // Streaming rows read past the model's context; the other rows run only at depths within it.
+  check(max_depth <= c.context_length || !o.stream.methods.empty(),
+        "bench: depth " + std::to_string(max_depth) + " exceeds the model's context of " +
+            std::to_string(c.context_length));
   check(o.decode_tokens < c.context_length, "bench: --decode must be smaller than the model's context");
   const std::vector<int32_t> tokens = bench_tokens(s, max_depth + o.decode_tokens);
   std::vector<std::string> policies = {"dense"};
   policies.insert(policies.end(), o.attn.begin(), o.attn.end());
-  const bool gpu = use_gpu_device(o.device);
+  for (const std::string& m : o.stream.methods) policies.push_back(stream_label(m));
+  const bool gpu = use_gpu_device_for(o.device, o.stream);
   const attn::gpu::CudaAttentionOptions cuda_options = cuda_attention_options(o.cuda, gpu);
   (void)cuda_options;
 #ifdef TESSERA_WITH_GPU_ENGINE
@@ -68,6 +71,8 @@ int bench_command(const BenchOptions& o) {
   for (int depth : o.depths) {
     double dense_s = 0;
     for (const std::string& spec : policies) {
+      const std::string method = stream_method_of(spec);
+      if (method.empty() && depth > c.context_length) continue;  // past the context: streaming rows only
       Row r;
       r.depth = depth;
       r.policy = spec;
@@ -86,6 +91,11 @@ int bench_command(const BenchOptions& o) {
             if constexpr (requires { engine.memory(); })
               r.peak_gb = static_cast<double>(engine.memory().peak_in_use_bytes) / 1e9;
           }
+        }
+        if (!method.empty()) {  // streaming: decode continues past the depth (no context to stay within)
+          engine.reset_stats();
+          for (int i = 0; i < o.decode_tokens; ++i) engine.decode(tokens[static_cast<size_t>(engine.position())]);
+          r.decode_tok_s = engine.stats().decode_tokens_per_second();
         }
         if (spec == "dense") {
           dense_s = r.prefill_s;
@@ -113,11 +123,14 @@ int bench_command(const BenchOptions& o) {
       if (!gpu) {
         runtime::EngineOptions eo;
         eo.chunk_size = o.chunk;
-        eo.policy = s.policy(spec);
+        if (method.empty())
+          eo.policy = s.policy(spec);
+        else
+          eo.stream = stream_options(o.stream, method, gpu);
         runtime::Engine engine(*s.model, eo);
         measure(engine);
       }
-      r.speedup = dense_s / r.prefill_s;
+      r.speedup = dense_s > 0 ? dense_s / r.prefill_s : 0;
       rows.push_back(r);
       std::fprintf(stderr, "bench: depth %d %s: prefill %.2f s\n", depth, spec.c_str(), r.prefill_s);
     }
@@ -154,8 +167,9 @@ int bench_command(const BenchOptions& o) {
       if (gpu) std::printf(",%.2f", r.peak_gb);
       std::printf("\n");
     } else {
-      std::printf("| %d | %s | %.2f | %.0f | %.2f | %.2f | %.2fx | %s |", r.depth, r.policy.c_str(), r.prefill_s,
-                  r.depth / r.prefill_s, r.attention_s, r.gemm_s, r.speedup, decode.c_str());
+      const std::string vs = r.speedup > 0 ? std::to_string(r.speedup).substr(0, 4) + "x" : "-";
+      std::printf("| %d | %s | %.2f | %.0f | %.2f | %.2f | %s | %s |", r.depth, r.policy.c_str(), r.prefill_s,
+                  r.depth / r.prefill_s, r.attention_s, r.gemm_s, vs.c_str(), decode.c_str());
       if (gpu) std::printf(" %.2f |", r.peak_gb);
       std::printf("\n");
     }

@@ -8,6 +8,7 @@
 
 #include "attention/index/prefill_route.h"
 #include "runtime/sampling.h"
+#include "runtime/stream/stream_options.h"
 
 namespace tessera::cli {
 
@@ -19,6 +20,25 @@ struct CudaAttentionFlags {
 };
 // The options the flags ask for. Throws tessera::Error when a flag is given for a run on the CPU.
 attn::gpu::CudaAttentionOptions cuda_attention_options(const CudaAttentionFlags& flags, bool gpu);
+
+// --stream and its sizes: streaming memory over unbounded context (runtime/stream/stream_options.h), CPU only.
+struct StreamFlags {
+  std::vector<std::string> methods;  // ltri | infllm | streamingllm (run: at most one); empty: no streaming
+  int sinks = 128, local = 4096, chunk = 512, block = 128, top_k = 32;
+  std::string host_budget;      // host memory for evicted blocks ("4G"); empty: the host memory budget
+  std::string retrieval_heads;  // a file of "layer head score" lines (Ltri's retrieval-head voting); empty: none
+};
+// The engine options of one --stream method. streamingllm gets the retrieved blocks' room as local window (equal
+// memory). Throws tessera::Error naming the flag for bad sizes, and on the GPU:
+//   "--stream runs on the CPU only for now: the GPU streaming path (span index on the device, evicted blocks in
+//    pinned host memory with prefetch) is not built yet; pass --device cpu"
+runtime::StreamOptions stream_options(const StreamFlags& flags, const std::string& method, bool gpu);
+// "stream:ltri" for a --stream method: the name its rows carry in bench and eval tables.
+std::string stream_label(const std::string& method);
+// The method of a "stream:..." label, or "" for an attention policy spec.
+std::string stream_method_of(const std::string& label);
+// cpu for --device auto when streaming; the error above for --device cuda.
+bool use_gpu_device_for(const std::string& device, const StreamFlags& stream);
 
 struct RunOptions {
   std::string model;
@@ -41,6 +61,7 @@ struct RunOptions {
   std::string haystack = "kjv";
   std::string device = "auto";  // cpu | cuda | auto (cuda when a GPU is usable and tessera was built with CUDA)
   CudaAttentionFlags cuda;
+  StreamFlags stream;
 };
 
 struct BenchOptions {
@@ -53,6 +74,7 @@ struct BenchOptions {
   std::string format = "md";  // md | csv | json
   std::string device = "auto";  // cpu | cuda | auto
   CudaAttentionFlags cuda;
+  StreamFlags stream;  // each method adds a row per depth (depths past the model's context: stream rows only)
 };
 
 struct EvalOptions {
@@ -77,6 +99,8 @@ struct EvalOptions {
                                          // perplexity always run on the CPU engine)
   std::string command_line;              // recorded in the reports
   std::string model_name;                // filled in by eval_command
+  StreamFlags stream;                    // each method runs every case as policy "stream:<method>"; lengths past
+                                         // the model's context run only those
 };
 
 struct ServeOptions {

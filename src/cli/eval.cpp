@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "cli/session.h"
 #include "core/error.h"
+#include "core/memory_budget.h"
 #include "eval/attention_stats.h"
 #include "eval/haystack.h"
 #include "eval/heatmap.h"
@@ -92,11 +93,25 @@ std::string answer(EngineT& engine, const Session& s, const std::vector<int32_t>
   return text + decoder.flush();
 }
 
-std::vector<std::string> policy_list(const std::vector<std::string>& attn) {
+std::vector<std::string> policy_list(const std::vector<std::string>& attn, const StreamFlags& stream) {
   std::vector<std::string> out = {"dense"};
   for (const std::string& a : attn)
     if (a != "dense" && std::find(out.begin(), out.end(), a) == out.end()) out.push_back(a);
+  for (const std::string& m : stream.methods)
+    if (std::find(out.begin(), out.end(), stream_label(m)) == out.end()) out.push_back(stream_label(m));
   return out;
+}
+
+// The CPU engine's options for a policy spec or a "stream:<method>" label.
+runtime::EngineOptions engine_options(const Session& s, const EvalOptions& o, const std::string& policy) {
+  runtime::EngineOptions eo;
+  eo.chunk_size = o.chunk;
+  const std::string method = stream_method_of(policy);
+  if (method.empty())
+    eo.policy = s.policy(policy);
+  else
+    eo.stream = stream_options(o.stream, method, false);
+  return eo;
 }
 
 nlohmann::json meta_of(const Session& s, const EvalOptions& o, const std::vector<std::string>& policies) {
@@ -174,15 +189,19 @@ void run_tasks(const Session& s, const EvalOptions& o, const std::vector<std::st
   for (const eval::CaseSpec& spec : specs) {
     ++index;
     const int max_answer = o.answer_tokens > 0 ? o.answer_tokens : static_cast<int>(eval::answer_tokens(spec.task));
-    check(spec.length <= static_cast<size_t>(cfg.context_length),
+    const bool past_context = spec.length > static_cast<size_t>(cfg.context_length);  // streaming policies only
+    check(!past_context || !o.stream.methods.empty(),
           "eval: length " + std::to_string(spec.length) + " exceeds the context of " + cfg.name + " (" +
               std::to_string(cfg.context_length) + " tokens)");
     const eval::TaskCase c = source.make(spec, static_cast<size_t>(max_answer));
     const std::vector<int32_t> prompt = case_prompt(s, c, source.chat);
     for (const std::string& policy : policies) {
       if (done.count({c.id, policy})) continue;
+      const bool streaming = !stream_method_of(policy).empty();
+      if (past_context && !streaming) continue;
       const auto max_context = static_cast<int32_t>(
           std::min<size_t>(static_cast<size_t>(cfg.context_length), prompt.size() + static_cast<size_t>(max_answer)));
+      std::string note;
       const double t0 = now_seconds();
       std::string out;
 #ifdef TESSERA_WITH_GPU_ENGINE
@@ -197,18 +216,22 @@ void run_tasks(const Session& s, const EvalOptions& o, const std::vector<std::st
       }
 #endif
       if (!device.gpu) {
-        runtime::EngineOptions eo;
-        eo.chunk_size = o.chunk;
-        eo.policy = s.policy(policy);
-        eo.max_context = max_context;
+        runtime::EngineOptions eo = engine_options(s, o, policy);
+        if (!streaming) eo.max_context = max_context;
         runtime::Engine engine(*s.model, eo);
         out = answer(engine, s, prompt, c, max_answer, !o.full_answers);
+        if (streaming) {
+          const runtime::StreamStats st = engine.streaming()->stats();
+          note = "; index " + with_commas(st.index_vectors) + " vectors, " + format_bytes(static_cast<double>(st.index_bytes)) +
+                 "; host " + format_bytes(static_cast<double>(st.host_bytes));
+        }
       }
       eval::CaseResult r = eval::score_case(c, policy, out);
       std::string shown = eval::normalize_output(out).substr(0, 60);
       std::replace(shown.begin(), shown.end(), '\n', ' ');
-      std::fprintf(stderr, "[%zu/%zu] %s %s: %s (%zu tokens, %.1f s) \"%s\"\n", index, specs.size(), c.id.c_str(),
-                   policy.c_str(), r.pass ? "pass" : "FAIL", prompt.size(), now_seconds() - t0, shown.c_str());
+      std::fprintf(stderr, "[%zu/%zu] %s %s: %s (%zu tokens, %.1f s%s) \"%s\"\n", index, specs.size(), c.id.c_str(),
+                   policy.c_str(), r.pass ? "pass" : "FAIL", prompt.size(), now_seconds() - t0, note.c_str(),
+                   shown.c_str());
       results.push_back(std::move(r));
       done.insert({c.id, policy});
     }
@@ -256,7 +279,7 @@ void run_layer_stats(const Session& s, const EvalOptions& o, const std::vector<s
     std::map<std::string, std::vector<eval::LayerAttentionStats>> stats;  // policy -> per layer (row-weighted)
     std::map<std::string, attn::AttentionPolicy> table;
     for (const std::string& p : policies) {
-      if (p == "dense") continue;
+      if (p == "dense" || !stream_method_of(p).empty()) continue;  // streaming is no policy table
       table[p] = s.policy(p);
       stats[p].resize(static_cast<size_t>(cfg.num_layers));
     }
@@ -319,9 +342,11 @@ void run_perplexity(const Session& s, const EvalOptions& o, const std::vector<st
   for (const std::string& policy : policies) {
     md += "| " + policy + " |";
     for (int l : o.perplexity_lengths) {
-      runtime::EngineOptions eo;
-      eo.chunk_size = o.chunk;
-      eo.policy = s.policy(policy);
+      if (stream_method_of(policy).empty() && l > s.model->config().context_length) {  // streaming only
+        md += " - |";
+        continue;
+      }
+      runtime::EngineOptions eo = engine_options(s, o, policy);
       eo.max_context = l;
       runtime::Engine engine(*s.model, eo);
       const double t0 = now_seconds();
@@ -351,12 +376,12 @@ int eval_command(EvalOptions o) {
   check_eval_options(o);
   const Session s = Session::open(o.model);
   o.model_name = s.model->config().name;
-  for (int l : o.lengths)
-    check(l <= s.model->config().context_length,
+  for (int l : o.lengths)  // past the context only streaming runs
+    check(l <= s.model->config().context_length || !o.stream.methods.empty(),
           "eval: length " + std::to_string(l) + " exceeds the context of " + o.model_name + " (" +
               std::to_string(s.model->config().context_length) + " tokens)");
-  const std::vector<std::string> policies = policy_list(o.attn);
-  for (const std::string& p : policies) (void)s.policy(p);  // bad specs fail before any work
+  const std::vector<std::string> policies = policy_list(o.attn, o.stream);
+  for (const std::string& p : policies) (void)engine_options(s, o, p);  // bad specs fail before any work
   const fs::path dir = o.out;
   fs::create_directories(dir);
   if (o.report_only) {
@@ -364,7 +389,7 @@ int eval_command(EvalOptions o) {
     return 0;
   }
   EvalDevice device;
-  device.gpu = use_gpu_device(o.device);
+  device.gpu = use_gpu_device_for(o.device, o.stream);
 #ifdef TESSERA_WITH_GPU_ENGINE
   if (device.gpu) device.weights = runtime::gpu::DeviceModel::upload(*s.model);
 #endif

@@ -28,6 +28,29 @@ void choose_openblas_core(char** argv) {
   execv("/proc/self/exe", argv);  // returns only on failure: then carry on with the library's own choice
 }
 
+// --stream and its sizes (StreamFlags); `several`: a comma-separated list of methods (bench, eval).
+void add_stream_options(CLI::App* app, tessera::cli::StreamFlags& f, bool several) {
+  auto* m = app->add_option("--stream", f.methods,
+                            several ? "Streaming memory over unbounded context, CPU only: ltri, infllm, streamingllm "
+                                      "(comma-separated; each runs beside dense; docs/streaming.md)"
+                                    : "Streaming memory over unbounded context, CPU only: ltri, infllm or streamingllm "
+                                      "(docs/streaming.md)");
+  if (several) m->delimiter(',');
+  m->check(CLI::IsMember({"ltri", "infllm", "streamingllm"}));
+  if (!several) m->expected(1);
+  app->add_option("--stream-sinks", f.sinks, "Streaming: initial tokens always attended")->capture_default_str();
+  app->add_option("--stream-local", f.local, "Streaming: local window (tokens)")->capture_default_str();
+  app->add_option("--stream-chunk", f.chunk, "Streaming: prefill chunk (tokens)")->capture_default_str();
+  app->add_option("--stream-block", f.block, "Streaming: tokens per evicted block")->capture_default_str();
+  app->add_option("--stream-top-k", f.top_k,
+                  "Streaming: blocks retrieved per chunk (streamingllm gets their room as local window)")
+      ->capture_default_str();
+  app->add_option("--stream-host-budget", f.host_budget,
+                  "Streaming: host memory for evicted KV blocks, e.g. 4G (default: the host memory budget)");
+  app->add_option("--stream-retrieval-heads", f.retrieval_heads,
+                  "Streaming (ltri): file of 'layer head score' lines; the best head per layer above 0.1 votes");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -75,6 +98,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "mma", "wgmma"}));
   r->add_option("--dense-backend", run.cuda.dense_backend, "GPU dense attention: auto (the faster), ours or cudnn")
       ->check(CLI::IsMember({"auto", "ours", "cudnn"}));
+  add_stream_options(r, run.stream, false);
 
   BenchOptions bench;
   auto* b = app.add_subcommand("bench", "Prefill and decode rates at several depths, dense and sparse");
@@ -92,6 +116,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "mma", "wgmma"}));
   b->add_option("--dense-backend", bench.cuda.dense_backend, "GPU dense attention: auto (the faster), ours or cudnn")
       ->check(CLI::IsMember({"auto", "ours", "cudnn"}));
+  add_stream_options(b, bench.stream, true);
 
   EvalOptions ev;
   auto* ec = app.add_subcommand("eval", "Accuracy: needle grids and RULER-style tasks, dense vs sparse on the same cases");
@@ -123,6 +148,7 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   ec->add_option("--perplexity", ev.perplexity_lengths, "Perplexity of the haystack text at these lengths")
       ->delimiter(',');
+  add_stream_options(ec, ev.stream, true);
 
   InspectOptions inspect;
   auto* i = app.add_subcommand("inspect", "Show what a model file holds");

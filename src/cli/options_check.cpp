@@ -26,6 +26,10 @@ void check_spec(const std::string& spec, const char* flag) {
 
 void check_chunk(int chunk) { check(chunk > 0, "--chunk must be positive, got " + std::to_string(chunk)); }
 
+void check_stream(const StreamFlags& f) {
+  for (const std::string& m : f.methods) (void)stream_options(f, m, false);
+}
+
 }  // namespace
 
 void check_run_options(const RunOptions& o) {
@@ -36,8 +40,13 @@ void check_run_options(const RunOptions& o) {
   check(o.max_context >= 0, "--max-context must be >= 0 (0 = the model's), got " + std::to_string(o.max_context));
   check(o.needle_tokens >= 0, "--needle must be a positive number of tokens, got " + std::to_string(o.needle_tokens));
   check(o.needle_depth >= 0 && o.needle_depth <= 1, "--needle-depth must be in [0, 1]");
-  check(!o.compare || o.attn != "dense", "--compare runs dense first and then --attn: give a sparse --attn");
+  check(!o.compare || o.attn != "dense" || !o.stream.methods.empty(),
+        "--compare runs dense first and then --attn (or --stream): give a sparse --attn or --stream");
   check_spec(o.attn, "--attn");
+  check(o.stream.methods.size() <= 1, "run: --stream takes one method");
+  check_stream(o.stream);
+  check(o.stream.methods.empty() || o.attn == "dense",
+        "--stream runs its own layout (dense attention within it); it cannot be combined with --attn " + o.attn);
 }
 
 void check_bench_options(const BenchOptions& o) {
@@ -47,6 +56,7 @@ void check_bench_options(const BenchOptions& o) {
   check(o.reps >= 1, "--reps must be >= 1, got " + std::to_string(o.reps));
   check_chunk(o.chunk);
   for (const std::string& spec : o.attn) check_spec(spec, "--attn");
+  check_stream(o.stream);
 }
 
 void check_eval_options(const EvalOptions& o) {
@@ -56,6 +66,7 @@ void check_eval_options(const EvalOptions& o) {
   for (int l : o.perplexity_lengths) check(l > 1, "--perplexity lengths must be > 1, got " + std::to_string(l));
   for (const std::string& spec : o.attn)
     if (spec != "dense") check_spec(spec, "--attn");
+  check_stream(o.stream);
 }
 
 }  // namespace tessera::cli

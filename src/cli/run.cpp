@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "cli/session.h"
 #include "core/error.h"
+#include "core/memory_budget.h"
 #include "eval/haystack.h"
 #include "eval/scoring.h"
 #include "eval/task.h"
@@ -79,7 +80,22 @@ struct Outcome {
   int64_t generated = 0;
   bool context_full = false;  // generation stopped because the context limit was reached
   double peak_gb = -1;  // GPU: peak device memory in use
+  std::string stream_summary;  // streaming memory: what it held at the end
 };
+
+std::string stream_summary(const runtime::StreamingKV& kv) {
+  const runtime::StreamStats st = kv.stats();
+  const runtime::StreamOptions& so = kv.options();
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "sinks %d + top %d blocks of %d + local %d, chunk %d: %s blocks per layer evicted to host memory "
+                "(%s); index %s vectors in %s spans (%s); at most %s keys attended per chunk; retrieval %.2f s",
+                so.sinks, so.method == runtime::StreamMethod::StreamingLLM ? 0 : so.top_k, so.block, so.local, so.chunk,
+                with_commas(st.evicted_blocks).c_str(), format_bytes(static_cast<double>(st.host_bytes)).c_str(),
+                with_commas(st.index_vectors).c_str(), with_commas(st.index_spans).c_str(), format_bytes(static_cast<double>(st.index_bytes)).c_str(),
+                with_commas(st.workspace_tokens).c_str(), st.retrieval_seconds);
+  return buf;
+}
 
 // Where the model runs: the CPU engine, or the GPU engine over the weights uploaded once (--compare reuses them).
 struct Device {
@@ -139,11 +155,21 @@ Outcome generate_with(EngineT& engine, const Session& s, const RunOptions& o, co
   }
   out.stats = engine.stats();
   if constexpr (requires { engine.memory(); }) out.peak_gb = static_cast<double>(engine.memory().peak_in_use_bytes) / 1e9;
+  if constexpr (requires { engine.streaming(); })
+    if (engine.streaming() != nullptr) out.stream_summary = stream_summary(*engine.streaming());
   return out;
 }
 
 Outcome generate_once(const Session& s, const Device& d, const RunOptions& o, const std::string& spec,
                       const std::vector<int32_t>& prompt, bool stream) {
+  const std::string method = stream_method_of(spec);
+  if (!method.empty()) {  // streaming memory (CPU)
+    runtime::EngineOptions eo;
+    eo.max_context = o.max_context;
+    eo.stream = stream_options(o.stream, method, d.gpu);
+    runtime::Engine engine(*s.model, eo);
+    return generate_with(engine, s, o, spec, prompt, stream);
+  }
 #ifdef TESSERA_WITH_GPU_ENGINE
   if (d.gpu) {
     runtime::gpu::GpuEngineOptions go;
@@ -170,6 +196,7 @@ void print_stats(const std::string& spec, const Outcome& r, int64_t prompt_token
               p.attention_seconds, p.gemm_seconds, static_cast<long long>(r.stats.decode_tokens),
               r.stats.decode_tokens_per_second());
   if (r.peak_gb >= 0) std::printf("[%s] peak device memory %.2f GB\n", spec.c_str(), r.peak_gb);
+  if (!r.stream_summary.empty()) std::printf("[%s] %s\n", spec.c_str(), r.stream_summary.c_str());
 }
 
 }  // namespace
@@ -190,7 +217,7 @@ int run_command(const RunOptions& o) {
               std::string(runtime::architecture_name(c.arch)).c_str(), c.num_layers, c.num_q_heads, c.num_kv_heads,
               c.head_dim, with_commas(c.context_length).c_str(), now_seconds() - t0);
   Device device;
-  device.gpu = use_gpu_device(o.device);
+  device.gpu = use_gpu_device_for(o.device, o.stream);
   (void)cuda_attention_options(o.cuda, device.gpu);  // flags for the GPU on a CPU run: an error before any work
 #ifdef TESSERA_WITH_GPU_ENGINE
   if (device.gpu) {
@@ -218,15 +245,17 @@ int run_command(const RunOptions& o) {
     std::printf("needle: haystack %s, depth %.0f%%, expected answer %s\n", hay.name.c_str(), 100 * o.needle_depth,
                 needle->answers.front().c_str());
   } else {
-    check_prompt_text_fits(s, text.size(), o.max_context > 0 ? o.max_context : c.context_length,
-                           o.prompt_file.empty() ? "the prompt" : o.prompt_file);
+    if (o.stream.methods.empty() || o.max_context > 0)  // streaming has no context limit but --max-context
+      check_prompt_text_fits(s, text.size(), o.max_context > 0 ? o.max_context : c.context_length,
+                             o.prompt_file.empty() ? "the prompt" : o.prompt_file);
     prompt = s.encode_prompt(text, o.chat, o.system);
   }
   std::printf("prompt: %s tokens\n", with_commas(static_cast<int64_t>(prompt.size())).c_str());
   std::fflush(stdout);
+  const std::string spec = o.stream.methods.empty() ? o.attn : stream_label(o.stream.methods.front());
   if (!o.compare) {
-    const Outcome r = generate_once(s, device, o, o.attn, prompt, /*stream=*/true);
-    print_stats(o.attn, r, static_cast<int64_t>(prompt.size()));
+    const Outcome r = generate_once(s, device, o, spec, prompt, /*stream=*/true);
+    print_stats(spec, r, static_cast<int64_t>(prompt.size()));
     if (needle) {
       std::printf("needle %s\n", eval::score_output(needle->metric, r.text, needle->answers).pass ? "found" : "NOT found");
     }
@@ -236,18 +265,18 @@ int run_command(const RunOptions& o) {
   std::fflush(stdout);
   const Outcome dense = generate_once(s, device, o, "dense", prompt, true);
   print_stats("dense", dense, static_cast<int64_t>(prompt.size()));
-  std::printf("\n== %s ==\n", o.attn.c_str());
+  std::printf("\n== %s ==\n", spec.c_str());
   std::fflush(stdout);
-  const Outcome sparse = generate_once(s, device, o, o.attn, prompt, true);
-  print_stats(o.attn, sparse, static_cast<int64_t>(prompt.size()));
+  const Outcome sparse = generate_once(s, device, o, spec, prompt, true);
+  print_stats(spec, sparse, static_cast<int64_t>(prompt.size()));
   if (needle) {
     auto found = [&](const Outcome& out) {
       return eval::score_output(needle->metric, out.text, needle->answers).pass ? "found" : "NOT found";
     };
-    std::printf("\nneedle (%s): dense %s, %s %s\n", needle->answers.front().c_str(), found(dense), o.attn.c_str(),
+    std::printf("\nneedle (%s): dense %s, %s %s\n", needle->answers.front().c_str(), found(dense), spec.c_str(),
                 found(sparse));
   }
-  std::printf("\nprefill speedup of %s over dense: %.2fx (attention alone: %.2fx); answers %s\n", o.attn.c_str(),
+  std::printf("\nprefill speedup of %s over dense: %.2fx (attention alone: %.2fx); answers %s\n", spec.c_str(),
               dense.prefill.prefill_seconds / sparse.prefill.prefill_seconds,
               sparse.prefill.attention_seconds > 0 ? dense.prefill.attention_seconds / sparse.prefill.attention_seconds : 0.0,
               dense.text == sparse.text ? "identical" : "differ");

@@ -1,5 +1,7 @@
 #include "runtime/stream/span_index.h"
 
+#include <cblas.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -17,11 +19,8 @@ int32_t retained_vectors(int32_t length, double ratio, double lambda, int32_t mi
 }
 
 double area_ratio(const TriangleScores& map, const Span& s) {
-  const int32_t n = map.size();
-  const double len = s.length();
-  const double tri = map.mass(s.begin, s.end, s.begin, s.end) / (len * (len + 1) / 2);
-  const double below_rows = n - s.end;
-  const double below = below_rows > 0 ? map.mass(s.end, n, s.begin, s.end) / (below_rows * len) : 0.0;
+  const double tri = map.mass(s.begin, s.end, s.begin, s.end);
+  const double below = map.mass(s.end, map.size(), s.begin, s.end);
   return tri + below > 0 ? tri / (tri + below) : 1.0;
 }
 
@@ -62,30 +61,32 @@ std::vector<double> SpanIndex::block_scores(std::span<const float> queries, std:
                                             const HeadWeights& w) const {
   const int32_t d = shape_.head_dim, nq = shape_.q_heads;
   const int64_t qrow = static_cast<int64_t>(nq) * d;
-  // sim[t][s] for every query span t and stored span s.
+  int64_t m = 0;
+  for (int32_t c : query_counts) m += c;
+  const int64_t V = num_vectors();
+  // sim[t][s] for every query span t and stored span s; per voting head, all dot products in one GEMM.
   const auto S = static_cast<size_t>(num_spans());
   std::vector<double> sim(query_counts.size() * S, 0.0);
-  int64_t first = 0;
-  for (size_t t = 0; t < query_counts.size(); ++t) {
-    const int32_t m = query_counts[t];
-    for (size_t s = 0; s < S; ++s) {
-      double total = 0;
-      for (int32_t h = 0; h < nq; ++h) {
-        if (w[static_cast<size_t>(h)] == 0) continue;
-        const int32_t g = shape_.kv_head(h);
+  std::vector<float> dots(static_cast<size_t>(m * V));
+  for (int32_t h = 0; h < nq && m > 0 && V > 0; ++h) {
+    if (w[static_cast<size_t>(h)] == 0) continue;
+    const int32_t g = shape_.kv_head(h);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(V), d, 1.0f,
+                queries.data() + static_cast<int64_t>(h) * d, static_cast<int>(qrow),
+                keys_.data() + static_cast<int64_t>(g) * d, static_cast<int>(row()), 0.0f, dots.data(), static_cast<int>(V));
+    int64_t first = 0;
+    for (size_t t = 0; t < query_counts.size(); ++t) {
+      const int32_t mt = query_counts[t];
+      for (size_t sp = 0; sp < S; ++sp) {
         double sum = 0;
-        for (int32_t a = 0; a < m; ++a) {
-          const float* q = queries.data() + (first + a) * qrow + static_cast<int64_t>(h) * d;
-          double best = -std::numeric_limits<double>::infinity();
-          for (int64_t b = 0; b < span_count_[s]; ++b)
-            best = std::max(best, dot(q, keys_.data() + (span_first_[s] + b) * row() + static_cast<int64_t>(g) * d, d));
-          sum += best;
+        for (int32_t a = 0; a < mt; ++a) {
+          const float* row_a = dots.data() + (first + a) * V + span_first_[sp];
+          sum += static_cast<double>(*std::max_element(row_a, row_a + span_count_[sp]));
         }
-        total += w[static_cast<size_t>(h)] * sum / m;
+        sim[t * S + sp] += w[static_cast<size_t>(h)] * sum / mt;
       }
-      sim[t * S + s] = total;
+      first += mt;
     }
-    first += m;
   }
   std::vector<double> scores(static_cast<size_t>(num_blocks()), 0.0);
   for (int32_t b = 0; b < num_blocks(); ++b) {

@@ -3,9 +3,9 @@
 // Ltri-LLM (dynamic span index vectors): a span of length L whose area ratio is r keeps
 //     count = clamp(round(L * r^lambda), min_vectors, max_vectors)  (and at most L)
 // index vectors: the keys (before RoPE, every kv head) of its `count` most attended tokens (votes: the attention
-// a token received within its chunk). r = the span's triangle density / (its triangle density + the density of
-// its row neighbours, the later rows of the chunk attending to it) — in [0, 1], high when later tokens say little
-// about the span (low voter confidence: keep more vectors). The paper's Eq. 7 did not survive extraction; r^lambda
+// a token received within its chunk). r = the span's triangle mass / (its triangle mass + the mass of its row
+// neighbours, the later rows of the chunk attending to it) — in [0, 1], high when later tokens say little about
+// the span (few or unconvinced voters: keep more vectors). The paper's Eq. 7 did not survive extraction; r^lambda
 // is our reading of "a larger lambda restricts more" on r in [0, 1].
 //
 // Retrieval for a chunk: the chunk is split into spans the same way; each query span t keeps query vectors (the
@@ -38,7 +38,7 @@ struct HeadShape {
 // round(L * r^lambda) clamped to [min_vectors, max_vectors] and to [1, L].
 int32_t retained_vectors(int32_t length, double ratio, double lambda, int32_t min_vectors, int32_t max_vectors);
 
-// The span's area ratio from raw prefix sums (theta = 0 or not: only masses are read) of its chunk's map.
+// The span's area ratio r (above) from the prefix sums of its chunk's map (only raw masses are read, not theta).
 double area_ratio(const TriangleScores& map, const Span& span);
 
 // Indices (within `votes`) of the `count` largest votes in [begin, end), ascending (ties: the earlier token).

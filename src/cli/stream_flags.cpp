@@ -1,0 +1,67 @@
+// --stream: the CLI's streaming-memory options, shared by run, bench and eval.
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/memory_budget.h"
+
+namespace tessera::cli {
+
+namespace {
+
+const char kGpuMessage[] =
+    "--stream runs on the CPU only for now: the GPU streaming path (span index on the device, evicted blocks in "
+    "pinned host memory with prefetch) is not built yet; pass --device cpu";
+
+std::vector<runtime::RetrievalHead> read_retrieval_heads(const std::string& path) {
+  std::ifstream in(path);
+  check(static_cast<bool>(in), path + ": cannot read the retrieval heads file");
+  std::vector<runtime::RetrievalHead> heads;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream ls(line);
+    runtime::RetrievalHead h;
+    check(static_cast<bool>(ls >> h.layer >> h.head >> h.score),
+          path + ":" + std::to_string(n) + ": expected \"layer head score\", got '" + line + "'");
+    heads.push_back(h);
+  }
+  return heads;
+}
+
+}  // namespace
+
+std::string stream_label(const std::string& method) { return "stream:" + method; }
+
+std::string stream_method_of(const std::string& label) {
+  return label.rfind("stream:", 0) == 0 ? label.substr(7) : std::string();
+}
+
+bool use_gpu_device_for(const std::string& device, const StreamFlags& stream) {
+  if (!stream.methods.empty()) {
+    if (device == "cuda") throw Error(kGpuMessage);
+    if (device == "auto") return false;
+  }
+  return use_gpu_device(device);
+}
+
+runtime::StreamOptions stream_options(const StreamFlags& f, const std::string& method, bool gpu) {
+  check(!gpu, kGpuMessage);
+  runtime::StreamOptions o;
+  o.method = runtime::parse_stream_method(method, "--stream");
+  check(o.method != runtime::StreamMethod::None, "--stream must be ltri, infllm or streamingllm, got '" + method + "'");
+  o.sinks = f.sinks;
+  o.local = f.local;
+  o.chunk = f.chunk;
+  o.block = f.block;
+  o.top_k = f.top_k;
+  if (!f.host_budget.empty()) o.host_budget = parse_byte_size(f.host_budget, "--stream-host-budget");
+  if (!f.retrieval_heads.empty()) o.retrieval_heads = read_retrieval_heads(f.retrieval_heads);
+  runtime::check_stream_options(o);
+  if (o.method == runtime::StreamMethod::StreamingLLM) o = runtime::streamingllm_equal_memory(o);
+  return o;
+}
+
+}  // namespace tessera::cli
