@@ -2,7 +2,8 @@
 // lower_count_warp_kernel, lower_fill_warp_kernel with the runs and the column coverage) against lower_tile (the
 // walk, itself tested against the CPU lowering); the coverage bits also against their definition:
 // random VS heads (offsets dense near the diagonal with gaps, scattered, duplicates, a negative first offset,
-// none, more than one block of offsets), tiles 64 / 128, q_begin > 0, odd q_len (partial last tile).
+// none, more than one block of offsets, an adaptive head's kVsUnused room after them), tiles 64 / 128, q_begin > 0,
+// odd q_len (partial last tile).
 #include <cstdio>
 #include <random>
 
@@ -52,6 +53,11 @@ static int check_case(std::mt19937& rng, int ci) {
     const int nc = int(rng() % 200);
     for (int i = 0; i < nc; ++i) c.push_back(int(rng() % (kv_len + 10)) - 5);
     std::sort(c.begin(), c.end());
+    if (rng() % 3 == 0) {  // an adaptive head's layout (estimate_cuda.h): unused room filled with kVsUnused
+      constexpr int32_t kUnused = 0x7fffffff;  // kVsUnused of estimate_cuda.h
+      o.insert(o.end(), 1 + rng() % 40, kUnused);
+      c.insert(c.end(), 1 + rng() % 40, kUnused);
+    }
     hp[h].kind = DeviceHeadPattern::kVerticalSlash;
     hp[h].offsets = o.data();
     hp[h].num_offsets = int32_t(o.size());

@@ -171,7 +171,8 @@ def main():
     for i, spec in enumerate(["dense", "ashape:sink=4,local=64", "streaming", "triangle:sink=8,local=512,last=128",
                               "vs:v=1000,s=6096,last_q=64", "minference", "bs:top_k=100,block=64",
                               "moa:alpha=0,beta=0.5,sink=64", "trianglemix:start=1,inner=vs,v=10,s=20,local=64",
-                              "trianglemix"]):
+                              "trianglemix", "vs_adaptive:gamma=0.9,v=1000,s=6096,min_v=30,min_s=100",
+                              "bs_adaptive:gamma=0.95,top_k=100,min_top_k=2,block=64"]):
         add("fuzz_attn_spec", f"spec-{i}", spec)
     for p in files_in("configs", "fuzz"):
         if os.path.basename(p).startswith("attn-spec-"):

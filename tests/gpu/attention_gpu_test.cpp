@@ -1429,9 +1429,13 @@ HeadEstimate random_estimate(const Pattern& p, const LoweringContext& ctx, std::
   return std::monostate{};
 }
 
-// lower_layer, the way the device does it: counts, exclusive scan, fill, through lower_tile on the host.
+// lower_layer, the way the device does it: counts, exclusive scan, fill, through lower_tile on the host. With
+// pad > 0, every VS head's columns and offsets are followed by `pad` entries of kVsUnused, as an adaptive head's
+// layout is on the device (estimate_cuda.h): the index must not change.
 SparseIndex lower_like_device(const std::vector<Pattern>& layer, const std::vector<HeadEstimate>& est,
-                              const LoweringContext& ctx, std::vector<int32_t>& costs) {
+                              const LoweringContext& ctx, std::vector<int32_t>& costs, int pad = 0) {
+  std::vector<std::vector<int32_t>> padded;  // the padded copies (kept alive while lower_tile reads them)
+  padded.reserve(2 * layer.size());
   SparseIndex idx;
   idx.num_heads = static_cast<int32_t>(layer.size());
   idx.tile = ctx.tile;
@@ -1443,10 +1447,14 @@ SparseIndex lower_like_device(const std::vector<Pattern>& layer, const std::vect
   for (size_t h = 0; h < layer.size(); ++h) {
     gpu::DeviceHeadPattern d = gpu::describe_head(layer[h], ctx);
     if (const auto* vs = std::get_if<VerticalSlashEstimate>(&est[h])) {
-      d.columns = vs->columns.data();
-      d.num_columns = static_cast<int32_t>(vs->columns.size());
-      d.offsets = vs->offsets.data();
-      d.num_offsets = static_cast<int32_t>(vs->offsets.size());
+      padded.push_back(vs->columns);
+      padded.back().insert(padded.back().end(), static_cast<size_t>(pad), gpu::kVsUnused);
+      d.columns = padded.back().data();
+      d.num_columns = static_cast<int32_t>(padded.back().size());
+      padded.push_back(vs->offsets);
+      padded.back().insert(padded.back().end(), static_cast<size_t>(pad), gpu::kVsUnused);
+      d.offsets = padded.back().data();
+      d.num_offsets = static_cast<int32_t>(padded.back().size());
     } else if (const auto* bs = std::get_if<BlockSparseEstimate>(&est[h])) {
       d.bs_offsets = bs->offsets.data();
       d.bs_key_blocks = bs->key_blocks.data();
@@ -1511,7 +1519,7 @@ TEST(DeviceLoweringOnHost, IdenticalToCpuLowering) {
     for (const Pattern& p : layer) est.push_back(random_estimate(p, ctx, rng));
     const SparseIndex want = lower_layer(layer, est, ctx);
     std::vector<int32_t> costs;
-    const SparseIndex got = lower_like_device(layer, est, ctx, costs);
+    const SparseIndex got = lower_like_device(layer, est, ctx, costs, trial % 2 ? 1 + trial % 13 : 0);
     SCOPED_TRACE("trial " + std::to_string(trial));
     expect_same_index(want, got);
     EXPECT_EQ(costs, gpu::prefill_item_costs(want));
