@@ -185,6 +185,17 @@ def cases(tessera, fx, models):
     add("flags", "bench: bad second policy (checked before the first row)",
         T + ["bench", "-m", tiny, "-d", "64", "--attn", "ashape;vs:s=-1"], 1, None)
     add("flags", "bench: depth 0", T + ["bench", "-m", tiny, "-d", "0"], 1, None)
+    # Streaming memory (docs/streaming.md): CPU only so far, models without sliding-window layers, a host budget.
+    add("streaming", "--stream on the GPU (not built yet)",
+        T + ["run", "-m", tiny, "-p", "hi", "--stream", "ltri", "--device", "cuda"], 1, None)
+    add("streaming", "--stream with --attn", T + ["run", "-m", tiny, "-p", "hi", "--stream", "infllm", "--attn", "ashape"],
+        1, None)
+    add("streaming", "--stream on a model with sliding-window layers (Gemma-3)",
+        T + ["run", "-m", gemma, "-p", "hi", "--stream", "ltri"], 1, None, needs=gemma)
+    add("streaming", "--stream-host-budget 4K for a prompt that evicts more",
+        T + ["run", "-m", smol, "-p", "one two three four five six seven eight nine ten " * 12, "--stream", "ltri",
+             "--stream-sinks", "4", "--stream-local", "16", "--stream-block", "16", "--stream-chunk", "16",
+             "--stream-host-budget", "4K"], 1, None, needs=smol)
     # tessera plan (docs/plans/README.md): checked before the model loads, except the last.
     out = os.path.join(os.path.dirname(fx["empty_calib"]), "plan.json")
     add("plan", "plan --budget 0", T + ["plan", "--method", "moa", "-m", tiny, "--budget", "0", "-o", out], 1, None)

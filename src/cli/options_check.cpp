@@ -26,8 +26,8 @@ void check_spec(const std::string& spec, const char* flag) {
 
 void check_chunk(int chunk) { check(chunk > 0, "--chunk must be positive, got " + std::to_string(chunk)); }
 
-void check_stream(const StreamFlags& f) {
-  for (const std::string& m : f.methods) (void)stream_options(f, m, false);
+void check_stream(const StreamFlags& f, const std::string& device) {
+  for (const std::string& m : f.methods) (void)stream_options(f, m, device == "cuda");
 }
 
 }  // namespace
@@ -44,7 +44,7 @@ void check_run_options(const RunOptions& o) {
         "--compare runs dense first and then --attn (or --stream): give a sparse --attn or --stream");
   check_spec(o.attn, "--attn");
   check(o.stream.methods.size() <= 1, "run: --stream takes one method");
-  check_stream(o.stream);
+  check_stream(o.stream, o.device);
   check(o.stream.methods.empty() || o.attn == "dense",
         "--stream runs its own layout (dense attention within it); it cannot be combined with --attn " + o.attn);
 }
@@ -56,7 +56,7 @@ void check_bench_options(const BenchOptions& o) {
   check(o.reps >= 1, "--reps must be >= 1, got " + std::to_string(o.reps));
   check_chunk(o.chunk);
   for (const std::string& spec : o.attn) check_spec(spec, "--attn");
-  check_stream(o.stream);
+  check_stream(o.stream, o.device);
 }
 
 void check_eval_options(const EvalOptions& o) {
@@ -66,7 +66,7 @@ void check_eval_options(const EvalOptions& o) {
   for (int l : o.perplexity_lengths) check(l > 1, "--perplexity lengths must be > 1, got " + std::to_string(l));
   for (const std::string& spec : o.attn)
     if (spec != "dense") check_spec(spec, "--attn");
-  check_stream(o.stream);
+  check_stream(o.stream, o.device);
 }
 
 }  // namespace tessera::cli
