@@ -2,7 +2,7 @@
 // the bandwidth floor, and throughput of dense KV against MoA per-head KV under one memory budget.
 //
 //   decode_bench [--model llama3-8b] [--ctx 8192,32768,131072] [--batch 1,8,32,64] [--kv-gb 40] [--steps 20]
-//                [--moa-density 0.5] [--block 64] [--layers N] [--csv FILE] [--no-graphs]
+//                [--moa-density 0.5] [--moa-plan FILE] [--block 64] [--layers N] [--csv FILE] [--no-graphs]
 //
 // Weights are pseudo-random (DeviceModel::random) of the model's shapes; every sequence's KV is pseudo-random
 // bf16 (no prefill: the benchmark is the decode step), laid out in blocks exactly as a prefill would leave it.
@@ -10,7 +10,9 @@
 // the step time is wall time from the token ids on the host to the B rows of logits on the host. The floor is
 // (weight bytes + KV bytes the step reads) / the device's measured copy bandwidth (cudaMemcpy device to device,
 // read + write bytes over time). "moa" is a uniform MoA plan, span = density x N and a sink of 64, so the KV
-// held and read is about density x dense. A batch whose sequences do not fit the KV budget is reported as such.
+// held and read is about density x dense. --moa-plan adds "moa-plan": a MoA alpha/beta file (MoA's own format,
+// e.g. its published Llama-3-8B-Instruct-262k plan), whose KV per kv head is the widest span of the head's group.
+// A batch whose sequences do not fit the KV budget is reported as such.
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -20,6 +22,9 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "attention/pattern/config_io.h"
 #include "core/error.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device_buffer.h"
@@ -58,7 +63,7 @@ double copy_bandwidth() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model = "llama3-8b", csv;
+  std::string model = "llama3-8b", csv, moa_plan;
   std::vector<int64_t> ctxs{8192, 32768, 131072}, batches{1, 8, 32, 64};
   double kv_gb = 40, density = 0.5;
   int steps = 20, block = 64, layers = 0;
@@ -76,6 +81,7 @@ int main(int argc, char** argv) {
       else if (a == "--kv-gb") kv_gb = std::stod(next());
       else if (a == "--steps") steps = std::stoi(next());
       else if (a == "--moa-density") density = std::stod(next());
+      else if (a == "--moa-plan") moa_plan = next();
       else if (a == "--block") block = std::stoi(next());
       else if (a == "--layers") layers = std::stoi(next());
       else if (a == "--csv") csv = next();
@@ -114,12 +120,22 @@ int main(int argc, char** argv) {
       out << "context,kv,batch,step_ms,tokens_per_s,kv_read_gb,floor_ms,ratio,splits\n";
     }
     const int warm = 3;
+    std::vector<std::pair<std::string, std::optional<attn::AttentionPolicy>>> kinds;
+    kinds.emplace_back("dense", std::nullopt);
+    kinds.emplace_back("moa", attn::AttentionPolicy::uniform(cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads,
+                                                             attn::ElasticWindowPattern{0, density, 64}));
+    if (!moa_plan.empty()) {
+      std::ifstream f(moa_plan);
+      check(static_cast<bool>(f), "cannot open --moa-plan " + moa_plan);
+      attn::AttentionPolicy p = attn::import_moa(nlohmann::json::parse(f), moa_plan, cfg.num_kv_heads);
+      check(p.num_layers() == cfg.num_layers && p.num_q_heads() == cfg.num_q_heads,
+            "--moa-plan " + moa_plan + " is not for " + std::to_string(cfg.num_layers) + " layers x " +
+                std::to_string(cfg.num_q_heads) + " heads");
+      kinds.emplace_back("moa-plan", std::move(p));
+    }
     for (int64_t ctx : ctxs) {
-      for (const bool moa : {false, true}) {
-        std::optional<attn::AttentionPolicy> policy;
-        if (moa)
-          policy = attn::AttentionPolicy::uniform(cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads,
-                                                  attn::ElasticWindowPattern{0, density, 64});
+      for (const auto& [kind, policy] : kinds) {
+        const char* label = kind.c_str();
         const std::vector<DecodeView> views = decode_views(cfg, policy ? &*policy : nullptr, ctx);
         const std::vector<KVRetention> ret = kv_retention(cfg, views);
         for (int64_t batch : batches) {
@@ -129,7 +145,7 @@ int main(int argc, char** argv) {
           const int64_t per_seq = SequenceBlocks(shape, ret).max_blocks(ctx, ctx + warm + steps);
           if (per_seq * batch > num_blocks) {
             std::printf("| %lld | %s | %lld | does not fit (%lld blocks of %d needed) | | | | | |\n",
-                        static_cast<long long>(ctx), moa ? "moa" : "dense", static_cast<long long>(batch),
+                        static_cast<long long>(ctx), label, static_cast<long long>(batch),
                         static_cast<long long>(per_seq * batch), num_blocks);
             continue;
           }
@@ -168,11 +184,11 @@ int main(int argc, char** argv) {
           const double step = seconds / steps, kv_step = kv_read / steps;
           const double floor = (weight_bytes + kv_step) / bw;
           std::printf("| %lld | %s | %lld | %.2f | %.0f | %.2f | %.2f | %.2f | %d |\n", static_cast<long long>(ctx),
-                      moa ? "moa" : "dense", static_cast<long long>(batch), step * 1e3, static_cast<double>(batch) / step,
+                      label, static_cast<long long>(batch), step * 1e3, static_cast<double>(batch) / step,
                       kv_step / 1e9, floor * 1e3, step / floor, backend.last_splits());
           std::fflush(stdout);
           if (out) {
-            out << ctx << ',' << (moa ? "moa" : "dense") << ',' << batch << ',' << step * 1e3 << ','
+            out << ctx << ',' << (label) << ',' << batch << ',' << step * 1e3 << ','
                 << static_cast<double>(batch) / step << ',' << kv_step / 1e9 << ',' << floor * 1e3 << ','
                 << step / floor << ',' << backend.last_splits() << '\n';
           }

@@ -373,9 +373,7 @@ bool GpuBatchBackend::reserve_step(int64_t n, int32_t splits) {
   want(step_, 4 * n + n * cfg_.num_layers * cfg_.num_kv_heads);
   want(x_, n * H);
   want(h_, n * H);
-  want(q_, n * QD);
-  want(knew_, n * KD);
-  want(vnew_, n * KD);
+  want(qkv_, n * (QD + 2 * KD));
   want(a_, n * QD);
   want(gu_, n * 2 * F);
   want(logits_, n * V);
@@ -396,7 +394,7 @@ void GpuBatchBackend::drop_graphs() noexcept {
 
 void GpuBatchBackend::launch_step(int64_t n, int32_t splits) {
   const int64_t H = cfg_.hidden_size, D = cfg_.head_dim, F = cfg_.intermediate_size, V = cfg_.vocab_size;
-  const int64_t QD = cfg_.num_q_heads * D, KD = cfg_.num_kv_heads * D;
+  const int64_t QD = cfg_.num_q_heads * D, KD = cfg_.num_kv_heads * D, QKV = QD + 2 * KD;
   const int32_t L = cfg_.num_layers, Hkv = cfg_.num_kv_heads;
   const float eps = cfg_.rms_norm_eps;
   const int32_t* d_tokens = step_.data();
@@ -415,24 +413,31 @@ void GpuBatchBackend::launch_step(int64_t n, int32_t splits) {
   for (int32_t l = 0; l < L; ++l) {
     const DeviceLayer& Ly = model_.layer(l);
     rms_norm_to_bf16(x_.data(), n, H, Ly.attn_norm, eps, h_.data(), H, stream_);
-    gemm_->linear(h_.data(), H, n, Ly.wq, QD, H, q_.data(), DType::BF16, QD, 0.0f);
-    gemm_->linear(h_.data(), H, n, Ly.wk, KD, H, knew_.data(), DType::BF16, KD, 0.0f);
-    gemm_->linear(h_.data(), H, n, Ly.wv, KD, H, vnew_.data(), DType::BF16, KD, 0.0f);
+    // One GEMM for Q, K and V (DeviceModel keeps the three weights as one [QD + 2 KD, H] matrix): row r of qkv_
+    // holds q, then k, then v.
+    bf16* const q = qkv_.data();
+    bf16* const knew = q + QD;
+    bf16* const vnew = q + QD + KD;
+    gemm_->linear(h_.data(), H, n, Ly.wqkv, QKV, H, q, DType::BF16, QKV, 0.0f);
     if (cfg_.qkv_bias) {
-      add_bias(q_.data(), n, QD, QD, Ly.bq, stream_);
-      add_bias(knew_.data(), n, KD, KD, Ly.bk, stream_);
-      add_bias(vnew_.data(), n, KD, KD, Ly.bv, stream_);
+      add_bias(q, n, QD, QKV, Ly.bq, stream_);
+      add_bias(knew, n, KD, QKV, Ly.bk, stream_);
+      add_bias(vnew, n, KD, QKV, Ly.bv, stream_);
     }
     const size_t r = layer_rope_[static_cast<size_t>(l)];
-    qk_norm_rope(q_.data(), n, QD, cfg_.num_q_heads, static_cast<int>(D), cfg_.qk_norm ? Ly.q_norm : nullptr, eps,
-                 cos_[r].data(), sin_[r].data(), stream_);
-    qk_norm_rope(knew_.data(), n, KD, Hkv, static_cast<int>(D), cfg_.qk_norm ? Ly.k_norm : nullptr, eps,
-                 cos_[r].data(), sin_[r].data(), stream_);
-    paged_append_kv(knew_.data(), vnew_.data(), static_cast<int32_t>(n), Hkv, static_cast<int32_t>(D), d_blocks, l, L,
-                    d_pos, shape_.block_tokens, k_pool_.data(), v_pool_.data(), stream_);
+    if (cfg_.qk_norm) {  // Gemma-3: each with its own norm
+      qk_norm_rope(q, n, QKV, cfg_.num_q_heads, static_cast<int>(D), Ly.q_norm, eps, cos_[r].data(), sin_[r].data(),
+                   stream_);
+      qk_norm_rope(knew, n, QKV, Hkv, static_cast<int>(D), Ly.k_norm, eps, cos_[r].data(), sin_[r].data(), stream_);
+    } else {  // the q and k heads are adjacent in a row: one launch rotates both
+      qk_norm_rope(q, n, QKV, cfg_.num_q_heads + Hkv, static_cast<int>(D), nullptr, eps, cos_[r].data(),
+                   sin_[r].data(), stream_);
+    }
+    paged_append_kv(knew, vnew, QKV, static_cast<int32_t>(n), Hkv, static_cast<int32_t>(D), d_blocks, l, L, d_pos,
+                    shape_.block_tokens, k_pool_.data(), v_pool_.data(), stream_);
     PagedDecodeArgs args;
-    args.q = q_.data();
-    args.q_stride = QD;
+    args.q = q;
+    args.q_stride = QKV;
     args.k_pool = k_pool_.data();
     args.v_pool = v_pool_.data();
     args.tables = tables_.data();

@@ -140,7 +140,7 @@ class GpuBatchBackend final : public BatchBackend {
   PinnedFloats host_logits_;
   std::vector<int32_t> host_chosen_;
   attn::gpu::DeviceBuffer<float> x_, o_, logits_, o_part_, lse_part_;
-  attn::gpu::DeviceBuffer<bf16> h_, q_, knew_, vnew_, a_, gu_;
+  attn::gpu::DeviceBuffer<bf16> h_, qkv_, a_, gu_;  // qkv_: rows of q, k, v ([n, QD + 2 KD])
 };
 
 }  // namespace tessera::runtime::gpu

@@ -51,9 +51,11 @@ void DeviceModel::allocate_layout() {
   for (int32_t l = 0; l < c.num_layers; ++l) {
     LayerSlots s{};
     s.attn_norm = alloc_f32(H);
-    s.wq = alloc_bf16(QD * H);
-    s.wk = alloc_bf16(KD * H);
-    s.wv = alloc_bf16(KD * H);
+    // Q, K and V projections in one allocation, rows of wq then wk then wv: the batched decode's one QKV GEMM.
+    bf16* const qkv = alloc_bf16((QD + 2 * KD) * H);
+    s.wq = qkv;
+    s.wk = qkv + QD * H;
+    s.wv = qkv + (QD + KD) * H;
     s.wo = alloc_bf16(H * QD);
     if (c.qkv_bias) {
       s.bq = alloc_f32(QD);
@@ -77,6 +79,7 @@ void DeviceModel::allocate_layout() {
     d.wq = s.wq;
     d.wk = s.wk;
     d.wv = s.wv;
+    d.wqkv = qkv;
     d.wo = s.wo;
     d.bq = s.bq;
     d.bk = s.bk;

@@ -50,6 +50,7 @@ namespace tessera::runtime::gpu {
 struct DeviceLayer {
   const float* attn_norm = nullptr;                                         // [hidden]
   const bf16 *wq = nullptr, *wk = nullptr, *wv = nullptr, *wo = nullptr;  // as in runtime/weights.h
+  const bf16* wqkv = nullptr;  // [q_dim + 2 kv_dim, hidden]: wq, wk and wv are its three row ranges (one GEMM)
   const float *bq = nullptr, *bk = nullptr, *bv = nullptr;                 // Qwen2 only
   const float *q_norm = nullptr, *k_norm = nullptr;                        // Gemma-3 only, [head_dim]
   const float* post_attn_norm = nullptr;                                   // Gemma-3 only

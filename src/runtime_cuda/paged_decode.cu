@@ -254,14 +254,14 @@ void launch_g(const PagedDecodeArgs& a, int group, cudaStream_t stream) {
   throw Error("paged decode attention: GQA groups of at most 8 query heads, got " + std::to_string(group));
 }
 
-__global__ void append_kernel(const nbf* k_new, const nbf* v_new, int kv_heads, int head_dim, const int32_t* blocks,
+__global__ void append_kernel(const nbf* k_new, const nbf* v_new, int64_t ld, int kv_heads, int head_dim, const int32_t* blocks,
                               int layer, int num_layers, const int32_t* pos, int block_tokens, nbf* k_pool,
                               nbf* v_pool) {
   const int r = blockIdx.x / kv_heads, h = blockIdx.x % kv_heads;
   const int64_t blk = blocks[(static_cast<int64_t>(r) * num_layers + layer) * kv_heads + h];
   if (blk < 0) return;
   const int64_t dst = (blk * block_tokens + pos[r] % block_tokens) * head_dim;
-  const int64_t src = (static_cast<int64_t>(r) * kv_heads + h) * head_dim;
+  const int64_t src = static_cast<int64_t>(r) * ld + static_cast<int64_t>(h) * head_dim;
   for (int c = threadIdx.x; c < head_dim; c += blockDim.x) {
     k_pool[dst + c] = k_new[src + c];
     v_pool[dst + c] = v_new[src + c];
@@ -329,12 +329,13 @@ void paged_decode_attention(const PagedDecodeArgs& a, cudaStream_t stream) {
   check_launch("paged_decode_merge");
 }
 
-void paged_append_kv(const bf16* k_new, const bf16* v_new, int32_t rows, int32_t kv_heads, int32_t head_dim,
+void paged_append_kv(const bf16* k_new, const bf16* v_new, int64_t ld, int32_t rows, int32_t kv_heads, int32_t head_dim,
                      const int32_t* blocks, int32_t layer, int32_t num_layers, const int32_t* pos,
                      int32_t block_tokens, bf16* k_pool, bf16* v_pool, cudaStream_t stream) {
   if (rows <= 0) return;
+  check(ld >= static_cast<int64_t>(kv_heads) * head_dim, "paged_append_kv: row stride below kv_heads * head_dim");
   append_kernel<<<static_cast<unsigned>(rows * kv_heads), 128, 0, stream>>>(
-      reinterpret_cast<const nbf*>(k_new), reinterpret_cast<const nbf*>(v_new), kv_heads, head_dim, blocks, layer,
+      reinterpret_cast<const nbf*>(k_new), reinterpret_cast<const nbf*>(v_new), ld, kv_heads, head_dim, blocks, layer,
       num_layers, pos, block_tokens, reinterpret_cast<nbf*>(k_pool), reinterpret_cast<nbf*>(v_pool));
   check_launch("paged_append_kv");
 }

@@ -44,9 +44,9 @@ int32_t paged_decode_splits(int32_t rows, int32_t kv_heads, int64_t max_keys, in
 
 void paged_decode_attention(const PagedDecodeArgs& args, cudaStream_t stream);
 
-// For every row r and kv head h: writes k_new / v_new [rows, kv_heads * head_dim] into block
+// For every row r and kv head h: writes k_new / v_new [rows, kv_heads * head_dim] (rows ld elements apart) into block
 // blocks[(r * num_layers + layer) * kv_heads + h] at in-block row pos[r] % block_tokens (blocks < 0: skipped).
-void paged_append_kv(const bf16* k_new, const bf16* v_new, int32_t rows, int32_t kv_heads, int32_t head_dim,
+void paged_append_kv(const bf16* k_new, const bf16* v_new, int64_t ld, int32_t rows, int32_t kv_heads, int32_t head_dim,
                      const int32_t* blocks, int32_t layer, int32_t num_layers, const int32_t* pos,
                      int32_t block_tokens, bf16* k_pool, bf16* v_pool, cudaStream_t stream);
 
