@@ -306,9 +306,9 @@ TEST(GpuBatch, PaddedGraphsAndDeviceSelection) {
   plain.pad_rows = false;
   GpuBatchBackend padded(*dev), reference(*dev, plain);
   const PagedKVShape shape{cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 64};
-  padded.create_store(shape, 1000, 8, 4096);
-  reference.create_store(shape, 1000, 8, 4096);
-  BlockPool pool_a(1000), pool_b(1000);
+  padded.create_store(shape, 3000, 8, 4096);  // the six prompts take 1,080 blocks (2 layers x 8 kv heads)
+  reference.create_store(shape, 3000, 8, 4096);
+  BlockPool pool_a(3000), pool_b(3000);
   const std::vector<int32_t> lengths{9, 300, 1200, 2000, 65, 700};
   const std::vector<DecodeView> views = decode_views(cfg, nullptr, 0);
   std::vector<SequenceBlocks> a, b;
