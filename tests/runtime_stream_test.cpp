@@ -16,6 +16,7 @@
 #include "runtime/engine.h"
 #include "runtime/model.h"
 #include "runtime/stream/host_block_store.h"
+#include "runtime/stream/retrieval_heads.h"
 #include "runtime/stream/span_discovery.h"
 #include "runtime/stream/span_index.h"
 #include "runtime/stream/stream_layout.h"
@@ -505,6 +506,43 @@ TEST(StreamingEngine, BoundedLayoutPastTheWindow) {
     e.reset();
     EXPECT_EQ(e.prefill(tokens), logits);
   }
+}
+
+TEST(StreamingEngine, LastChunkHoldsTheQueryOnly) {
+  const Model& m = model("smollm2");
+  const std::vector<int32_t> tokens = random_tokens(150, m.config().vocab_size, 12);
+  EngineOptions so;
+  so.stream = small_stream(StreamMethod::Ltri);
+  so.stream.chunk = 32;
+  so.stream.last_chunk = 8;
+  Engine e(m, so);
+  int chunks = 0;
+  e.prefill(tokens, [&](int64_t, int64_t) { ++chunks; });
+  EXPECT_EQ(chunks, 6);  // [0, 32) .. [96, 128), [128, 142), then [142, 150)
+  EXPECT_EQ(e.streaming()->last_layout(0).chunk, 8);
+  EXPECT_EQ(e.streaming()->last_layout(0).local, 142 - (8 + 6 * 16));
+}
+
+TEST(RetrievalHeads, ScoresEveryHeadInZeroOneAndNeedTheNeedleInThePrompt) {
+  EXPECT_EQ(find_tokens(std::vector<int32_t>{1, 2, 3, 2, 3}, std::vector<int32_t>{2, 3}), 3);
+  EXPECT_EQ(find_tokens(std::vector<int32_t>{1, 2}, std::vector<int32_t>{3}), -1);
+  const Model& m = model("smollm2");
+  std::vector<int32_t> prompt = random_tokens(60, m.config().vocab_size, 11);
+  const std::vector<int32_t> answer(prompt.begin() + 20, prompt.begin() + 24);
+  const std::vector<RetrievalCase> cases = {{prompt, answer}};
+  const std::vector<RetrievalHead> heads = retrieval_head_scores(m, cases);
+  ASSERT_EQ(heads.size(), static_cast<size_t>(m.config().num_layers * m.config().num_q_heads));
+  for (const RetrievalHead& h : heads) {
+    EXPECT_GE(h.score, 0.0);
+    EXPECT_LE(h.score, 1.0);
+    EXPECT_DOUBLE_EQ(h.score * 4, std::round(h.score * 4));  // hits out of 4 answer tokens
+  }
+  EXPECT_EQ(heads[5].layer, 1);
+  EXPECT_EQ(heads[5].head, 1);
+  const std::vector<RetrievalCase> missing = {{prompt, {static_cast<int32_t>(m.config().vocab_size - 1), 0, 0, 0, 0}}};
+  EXPECT_THROW(retrieval_head_scores(m, missing), Error);
+  const std::string text = retrieval_heads_text({{0, 1, 0.25}, {2, 3, 0.5}});
+  EXPECT_NE(text.find("2 3 0.5000\n0 1 0.2500\n"), std::string::npos);
 }
 
 }  // namespace

@@ -24,7 +24,7 @@ attn::gpu::CudaAttentionOptions cuda_attention_options(const CudaAttentionFlags&
 // --stream and its sizes: streaming memory over unbounded context (runtime/stream/stream_options.h), CPU only.
 struct StreamFlags {
   std::vector<std::string> methods;  // ltri | infllm | streamingllm (run: at most one); empty: no streaming
-  int sinks = 128, local = 4096, chunk = 512, block = 128, top_k = 32;
+  int sinks = 128, local = 4096, chunk = 512, block = 128, top_k = 32, last_chunk = 64;
   std::string host_budget;      // host memory for evicted blocks ("4G"); empty: the host memory budget
   std::string retrieval_heads;  // a file of "layer head score" lines (Ltri's retrieval-head voting); empty: none
 };
@@ -101,6 +101,7 @@ struct EvalOptions {
   std::string model_name;                // filled in by eval_command
   StreamFlags stream;                    // each method runs every case as policy "stream:<method>"; lengths past
                                          // the model's context run only those
+  std::string retrieval_heads_out;       // write the retrieval heads found on niah_single cases (dense) here
 };
 
 struct ServeOptions {

@@ -14,6 +14,7 @@
 #include "cli/session.h"
 #include "core/error.h"
 #include "core/memory_budget.h"
+#include "runtime/stream/retrieval_heads.h"
 #include "eval/attention_stats.h"
 #include "eval/haystack.h"
 #include "eval/heatmap.h"
@@ -260,6 +261,31 @@ void write_report(const fs::path& dir, const std::vector<eval::CaseResult>& resu
 
 namespace {
 
+// Retrieval heads (runtime/stream/retrieval_heads.h) on niah_single cases at each length and depth, written to
+// o.retrieval_heads_out.
+void find_retrieval_heads(const Session& s, const EvalOptions& o) {
+  const CaseSource source(s, o);
+  std::vector<runtime::RetrievalCase> cases;
+  for (int length : o.lengths)
+    for (double depth : o.depths)
+      for (int k = 0; k < o.samples; ++k) {
+        const eval::TaskCase c = source.make(
+            {eval::TaskKind::niah_single, static_cast<size_t>(length), depth, o.seed, static_cast<uint32_t>(k)}, 16);
+        runtime::RetrievalCase rc;
+        rc.prompt = case_prompt(s, c, source.chat);
+        for (const std::string& text : {" " + c.answers.front(), c.answers.front()}) {  // as the haystack holds it
+          rc.answer = s.tokenizer->encode(text, {.add_special = false});
+          if (runtime::find_tokens(rc.prompt, rc.answer) >= 0) break;
+        }
+        cases.push_back(std::move(rc));
+      }
+  const double t0 = now_seconds();
+  const std::vector<runtime::RetrievalHead> heads = runtime::retrieval_head_scores(*s.model, cases);
+  write_text(o.retrieval_heads_out, runtime::retrieval_heads_text(heads));
+  std::fprintf(stderr, "eval: retrieval heads from %zu cases in %.1f s -> %s\n", cases.size(), now_seconds() - t0,
+               o.retrieval_heads_out.c_str());
+}
+
 // Per layer and head, what each sparse policy would lose on the dense model's own activations, on the
 // niah_single case at each length (depth 50%).
 void run_layer_stats(const Session& s, const EvalOptions& o, const std::vector<std::string>& policies,
@@ -393,6 +419,7 @@ int eval_command(EvalOptions o) {
 #ifdef TESSERA_WITH_GPU_ENGINE
   if (device.gpu) device.weights = runtime::gpu::DeviceModel::upload(*s.model);
 #endif
+  if (!o.retrieval_heads_out.empty()) find_retrieval_heads(s, o);
   std::fprintf(stderr, "eval: cases run on the %s\n", device.gpu ? "GPU (bf16, no dense fallback)" : "CPU (f32)");
   if (!o.tasks.empty()) run_tasks(s, o, policies, dir, device);
   if (!o.layer_stats_lengths.empty()) run_layer_stats(s, o, policies, dir);

@@ -42,6 +42,10 @@ void add_stream_options(CLI::App* app, tessera::cli::StreamFlags& f, bool severa
   app->add_option("--stream-local", f.local, "Streaming: local window (tokens)")->capture_default_str();
   app->add_option("--stream-chunk", f.chunk, "Streaming: prefill chunk (tokens)")->capture_default_str();
   app->add_option("--stream-block", f.block, "Streaming: tokens per evicted block")->capture_default_str();
+  app->add_option("--stream-last-chunk", f.last_chunk,
+                  "Streaming: the prompt's last chunk (the query retrieval is made for) holds at most this many tokens "
+                  "(0: --stream-chunk)")
+      ->capture_default_str();
   app->add_option("--stream-top-k", f.top_k,
                   "Streaming: blocks retrieved per chunk (streamingllm gets their room as local window)")
       ->capture_default_str();
@@ -149,6 +153,9 @@ int main(int argc, char** argv) {
   ec->add_option("--perplexity", ev.perplexity_lengths, "Perplexity of the haystack text at these lengths")
       ->delimiter(',');
   add_stream_options(ec, ev.stream, true);
+  ec->add_option("--retrieval-heads-out", ev.retrieval_heads_out,
+                 "Find retrieval heads (Wu et al.) on niah_single cases at --lengths/--depths and write them here "
+                 "(the file --stream-retrieval-heads reads)");
 
   InspectOptions inspect;
   auto* i = app.add_subcommand("inspect", "Show what a model file holds");

@@ -57,6 +57,7 @@ runtime::StreamOptions stream_options(const StreamFlags& f, const std::string& m
   o.chunk = f.chunk;
   o.block = f.block;
   o.top_k = f.top_k;
+  o.last_chunk = f.last_chunk;
   if (!f.host_budget.empty()) o.host_budget = parse_byte_size(f.host_budget, "--stream-host-budget");
   if (!f.retrieval_heads.empty()) o.retrieval_heads = read_retrieval_heads(f.retrieval_heads);
   runtime::check_stream_options(o);

@@ -46,6 +46,7 @@ void check_stream_options(const StreamOptions& o) {
   positive(o.local, "--stream-local");
   positive(o.chunk, "--stream-chunk");
   positive(o.block, "--stream-block");
+  check(o.last_chunk >= 0, "--stream-last-chunk must not be negative, got " + std::to_string(o.last_chunk));
   check(o.top_k >= 0, "--stream-top-k must not be negative, got " + std::to_string(o.top_k));
   check(o.host_budget >= 0, "--stream-host-budget must not be negative");
   check(o.theta_quantile >= 0 && o.theta_quantile <= 1, "the span threshold quantile must be in [0, 1]");

@@ -40,6 +40,10 @@ struct StreamOptions {
   int32_t sinks = 128;       // initial tokens, always attended
   int32_t local = 4096;      // local window (tokens before the chunk, at their true positions)
   int32_t chunk = 512;       // prefill chunk (tokens per forward pass)
+  // The last chunk of a prefill holds at most this many tokens (0: chunk), so that the query the retrieval is made
+  // for (the question at the prompt's end) is not drowned in context: the paper sizes it to the query (32 for its
+  // needle prompts). Its retrieval persists through decode.
+  int32_t last_chunk = 64;
   int32_t block = 128;       // tokens per evicted block (the unit of host memory and of retrieval)
   int32_t top_k = 32;        // blocks retrieved per chunk (streamingllm: 0)
   // Host memory for evicted blocks, bytes (0: the process's host memory budget, core/memory_budget.h).
