@@ -629,49 +629,74 @@ struct VsTopK {
 // then the rest by mass (VsTopK's order: order keys descending, ties to the smaller index), the shortest prefix
 // whose mass reaches gamma * total, clamped to [max(min_count, forced), max_count]. With S(t) the mass of the
 // unforced entries whose order key is >= t: the threshold T is the largest t with F + S(t) >= target (F: the
-// forced mass), found by bisection of the key interval (one block-wide pass over the row per step, ~31 steps);
+// forced mass), found by an 8-way search of the key interval (each pass over the row evaluates S at 7 points and
+// narrows the interval 8-fold: 11 passes for the 2^31 keys of non-negative floats, where bisection took 31);
 // the prefix then holds every unforced entry above T and the first ceil((target - F - S(T + 1)) / mass(T)) of
 // those equal to T. Every sum is f64, each thread's in index order, then a fixed tree over lanes and warps: the
-// count does not depend on timing. The CPU sums in the prefix's own order, so the two agree wherever the target
-// is not within rounding of a prefix sum.
+// count does not depend on timing (nor on the search: S(t) is the same sum whichever pass evaluates it). The CPU
+// sums in the prefix's own order, so the two agree wherever the target is not within rounding of a prefix sum.
 struct VsCoverage {
   static constexpr int kWarps = kTopKThreads / 32;
+  static constexpr int kPoints = 7;  // thresholds per pass (more spill registers at 512 threads)
   struct Storage {
-    double sum[kWarps];
-    unsigned count[kWarps];
+    double sum[kWarps][kPoints];
+    unsigned count[kWarps][kPoints];
+    double mass[kPoints];  // the results of the last mass_from
+    unsigned n[kPoints];
   };
 
-  // Mass and number of the entries of row[begin, end) whose order key is >= t (every thread gets both).
-  __device__ static void mass_from(const float* row, int begin, int end, uint32_t t, double& mass, unsigned& count,
+  // For the thresholds t_j = first + j * step, j < points (<= kPoints): the mass and the number of the entries of
+  // row[begin, end) whose order key is >= t_j, into st.mass[j] / st.n[j] (read them before the next call).
+  __device__ static void mass_from(const float* row, int begin, int end, uint64_t first, uint64_t step, int points,
                                    Storage& st) {
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-    double m = 0.0;
-    unsigned c = 0;
-#pragma unroll 8
+    double m[kPoints];
+    unsigned c[kPoints];
+#pragma unroll
+    for (int j = 0; j < kPoints; ++j) {
+      m[j] = 0.0;
+      c[j] = 0;
+    }
+#pragma unroll 2
     for (int i = begin + tid; i < end; i += kTopKThreads) {
       const float x = row[i];
-      if (detail::order_key(x) >= t) {
-        m += x > 0.0f ? static_cast<double>(x) : 0.0;
-        ++c;
+      const uint64_t key = detail::order_key(x);
+      if (key < first) continue;
+      const uint64_t d = key - first;
+      const double v = x > 0.0f ? static_cast<double>(x) : 0.0;
+#pragma unroll
+      for (int j = 0; j < kPoints; ++j) {
+        if (j < points && d >= static_cast<uint64_t>(j) * step) {
+          m[j] += v;
+          ++c[j];
+        }
       }
     }
 #pragma unroll
-    for (int o = 16; o > 0; o /= 2) {
-      m += __shfl_xor_sync(0xffffffffu, m, o);
-      c += __shfl_xor_sync(0xffffffffu, c, o);
+    for (int j = 0; j < kPoints; ++j) {
+      if (j >= points) break;  // uniform over the block
+#pragma unroll
+      for (int o = 16; o > 0; o /= 2) {
+        m[j] += __shfl_xor_sync(0xffffffffu, m[j], o);
+        c[j] += __shfl_xor_sync(0xffffffffu, c[j], o);
+      }
+      if (lane == 0) {
+        st.sum[warp][j] = m[j];
+        st.count[warp][j] = c[j];
+      }
     }
-    if (lane == 0) {
-      st.sum[warp] = m;
-      st.count[warp] = c;
+    __syncthreads();  // also: every thread has read st.mass / st.n of the previous call
+    if (tid < points) {
+      double total = 0.0;
+      unsigned count = 0;
+      for (int w = 0; w < kWarps; ++w) {
+        total += st.sum[w][tid];
+        count += st.count[w][tid];
+      }
+      st.mass[tid] = total;
+      st.n[tid] = count;
     }
     __syncthreads();
-    mass = 0.0;
-    count = 0;
-    for (int w = 0; w < kWarps; ++w) {
-      mass += st.sum[w];
-      count += st.count[w];
-    }
-    __syncthreads();  // st is reused by the next call
   }
 
   __device__ static int count(const float* row, int n, int forced, double gamma, int min_count, int max_count,
@@ -680,35 +705,47 @@ struct VsCoverage {
     forced = min(forced, max_count);
     const int lo_count = min(max(min_count, forced), max_count);
     int keep = n;
-    double total = 0.0, forced_mass = 0.0;
-    unsigned unused = 0;
-    if (gamma < 1.0) mass_from(row, 0, n, 0u, total, unused, st);
+    double total = 0.0;
+    if (gamma < 1.0) {
+      mass_from(row, 0, n, 0, 1, 1, st);
+      total = st.mass[0];
+    }
     if (gamma < 1.0 && total > 0.0) {
       const double target = gamma * total;
-      mass_from(row, 0, forced, 0u, forced_mass, unused, st);
+      mass_from(row, 0, forced, 0, 1, 1, st);
+      const double forced_mass = st.mass[0];
       if (forced_mass >= target) {
         keep = forced;
       } else {
-        // Keys of masses >= 0 are >= order_key(0) = 0x80000000: the bisection runs over [lo, hi) with lo valid
+        // Keys of masses >= 0 are >= order_key(0) = 0x80000000: the search runs over [lo, hi) with lo valid
         // (F + S(lo) >= target, when all unforced mass reaches it) and hi invalid (S(2^32) = 0).
         uint64_t lo = 0x80000000u, hi = uint64_t{1} << 32;
-        double s_lo = 0.0, s_hi = 0.0;
-        unsigned c_lo = 0, c_hi = 0;
-        mass_from(row, forced, n, static_cast<uint32_t>(lo), s_lo, c_lo, st);
-        if (forced_mass + s_lo >= target) {
+        mass_from(row, forced, n, lo, 1, 1, st);
+        double s_hi = 0.0;
+        unsigned c_lo = st.n[0], c_hi = 0;
+        if (forced_mass + st.mass[0] >= target) {
           while (hi - lo > 1) {
-            const uint64_t mid = lo + (hi - lo) / 2;
-            double s = 0.0;
-            unsigned c = 0;
-            mass_from(row, forced, n, static_cast<uint32_t>(mid), s, c, st);
-            if (forced_mass + s >= target) {
-              lo = mid;
-              c_lo = c;
-            } else {
-              hi = mid;
-              s_hi = s;
-              c_hi = c;
+            // Points lo + step, lo + 2 step, ... below hi: (kPoints + 1)-fold narrower each pass.
+            const uint64_t step = (hi - lo + kPoints) / (kPoints + 1);  // >= 1
+            const uint64_t fit = (hi - lo - 1) / step;  // points strictly inside (lo, hi)
+            const int points = fit < static_cast<uint64_t>(kPoints) ? static_cast<int>(fit) : kPoints;
+            mass_from(row, forced, n, lo + step, step, points, st);
+            // Valid points form a prefix (S falls as t grows): lo = the last valid, hi = the first invalid.
+            uint64_t new_lo = lo, new_hi = hi;
+            for (int j = 0; j < points; ++j) {
+              const uint64_t t = lo + static_cast<uint64_t>(j + 1) * step;
+              if (forced_mass + st.mass[j] >= target) {
+                new_lo = t;
+                c_lo = st.n[j];
+              } else {
+                new_hi = t;
+                s_hi = st.mass[j];
+                c_hi = st.n[j];
+                break;
+              }
             }
+            lo = new_lo;
+            hi = new_hi;
           }
           // T = lo: c_hi entries above it (mass s_hi), c_lo - c_hi equal to it, each of mass v.
           const double v = static_cast<double>(__uint_as_float(static_cast<uint32_t>(lo) & 0x7fffffffu));
@@ -716,8 +753,8 @@ struct VsCoverage {
           const unsigned eq = c_lo - c_hi;
           unsigned take = 1;
           if (v > 0.0) {
-            const double t = ceil(need / v);
-            take = t < 1.0 ? 1u : (t >= static_cast<double>(eq) ? eq : static_cast<unsigned>(t));
+            const double tk = ceil(need / v);
+            take = tk < 1.0 ? 1u : (tk >= static_cast<double>(eq) ? eq : static_cast<unsigned>(tk));
           }
           keep = forced + static_cast<int>(c_hi + take);
         }
