@@ -1,6 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
+#include <random>
 #include <vector>
 
 #include "core/error.h"
@@ -93,6 +96,76 @@ TEST(RuntimeSampling, TopKAndTopPRestrictTheCandidates) {
     saw1 = saw1 || t == 1;
   }
   EXPECT_TRUE(saw1);
+}
+
+// The sampling rule written the obvious way (sampling.h): every candidate sorted, probabilities in double; a
+// top_k or top_p cut walks in logit order, no cut in id order. Takes the uniform draw u in [0, 1).
+int32_t reference_sample(const std::vector<float>& logits, const SamplingOptions& o, double u) {
+  const size_t n = logits.size();
+  std::vector<int32_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)] ||
+           (logits[static_cast<size_t>(a)] == logits[static_cast<size_t>(b)] && a < b);
+  });
+  std::vector<int32_t> cand = order;
+  const bool top_k = o.top_k > 0 && static_cast<size_t>(o.top_k) < n;
+  if (top_k) cand.resize(static_cast<size_t>(o.top_k));
+  const double inv_t = 1.0 / o.temperature, top = static_cast<double>(logits[static_cast<size_t>(cand[0])]) * inv_t;
+  auto p = [&](int32_t id) { return std::exp(static_cast<double>(logits[static_cast<size_t>(id)]) * inv_t - top); };
+  std::vector<int32_t> by_id = cand;  // the candidates in the order the total is summed (sampling.cpp)
+  if (!top_k) std::sort(by_id.begin(), by_id.end());
+  double sum = 0;
+  for (int32_t id : by_id) sum += p(id);
+  bool cut = top_k;
+  if (o.top_p < 1.0f) {
+    double cum = 0;
+    size_t keep = cand.size();
+    for (size_t i = 0; i < cand.size(); ++i) {
+      cum += p(cand[i]) / sum;
+      if (cum >= o.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+    cut = true;  // a top_p walk leaves the kept candidates in logit order
+    cand.resize(keep);
+    sum = 0;
+    for (int32_t id : cand) sum += p(id);
+  }
+  const std::vector<int32_t>& walk = cut ? cand : by_id;
+  const double r = u * sum;
+  double acc = 0;
+  for (int32_t id : walk) {
+    acc += p(id);
+    if (r < acc) return id;
+  }
+  return walk.back();
+}
+
+// Sampler (partial sorts of growing prefixes, id-order draws without a cut) = the obvious rule above on
+// vocabulary-sized random logits, token for token, for every combination of the options; the uniform stream is the
+// one Sampler documents (mt19937_64(seed), 53 bits).
+TEST(RuntimeSampling, EqualsTheFullSortReference) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 2.5f);
+  std::vector<float> logits(49152);
+  for (auto& x : logits) x = dist(rng);
+  for (int i = 0; i < 30; ++i) logits[rng() % logits.size()] += 10.0f;  // a peaked head, as LM logits have
+  logits[100] = logits[200] = 40.0f;                                    // a tie at the top
+  for (const SamplingOptions& o : {SamplingOptions{.temperature = 0.8f, .seed = 3},
+                                   SamplingOptions{.temperature = 1.0f, .top_p = 0.9f, .seed = 4},
+                                   SamplingOptions{.temperature = 1.5f, .top_p = 0.999f, .seed = 5},
+                                   SamplingOptions{.temperature = 0.7f, .top_k = 40, .seed = 6},
+                                   SamplingOptions{.temperature = 2.0f, .top_k = 5000, .top_p = 0.8f, .seed = 8}}) {
+    Sampler s(o);
+    std::mt19937_64 stream(o.seed);
+    for (int i = 0; i < 40; ++i) {
+      const double u = static_cast<double>(stream() >> 11) * 0x1.0p-53;
+      EXPECT_EQ(s.sample(logits), reference_sample(logits, o, u))
+          << "temperature " << o.temperature << " top_k " << o.top_k << " top_p " << o.top_p << " draw " << i;
+    }
+  }
 }
 
 TEST(RuntimeSampling, LowTemperatureConcentrates) {

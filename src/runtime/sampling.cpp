@@ -48,47 +48,66 @@ int32_t Sampler::sample(std::span<const float> logits) {
   if (options_.temperature <= 0.0f) return argmax(logits);
   check(!logits.empty(), "sampling: empty logits");
   const size_t n = logits.size();
-  std::vector<int32_t> ids(n);
-  std::iota(ids.begin(), ids.end(), 0);
   auto before = [&](int32_t a, int32_t b) {
     const float la = logits[static_cast<size_t>(a)], lb = logits[static_cast<size_t>(b)];
     return la > lb || (la == lb && a < b);
   };
-  size_t keep = n;
+  std::vector<int32_t> ids(n);
+  std::iota(ids.begin(), ids.end(), 0);
+  // ids[0, sorted) is in `before` order and holds the `sorted` first candidates of that order.
+  size_t keep = n, sorted = 0;
   if (options_.top_k > 0 && static_cast<size_t>(options_.top_k) < n) {
-    keep = static_cast<size_t>(options_.top_k);
+    keep = sorted = static_cast<size_t>(options_.top_k);
     std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(keep), ids.end(), before);
-  } else {
-    std::sort(ids.begin(), ids.end(), before);
+    ids.resize(keep);
   }
-  ids.resize(keep);
+  auto sort_to = [&](size_t m) {  // extends the ordered prefix to min(m, keep) candidates
+    m = std::min(m, keep);
+    if (m <= sorted) return;
+    std::partial_sort(ids.begin() + static_cast<std::ptrdiff_t>(sorted), ids.begin() + static_cast<std::ptrdiff_t>(m),
+                      ids.begin() + static_cast<std::ptrdiff_t>(keep), before);
+    sorted = m;
+  };
 
-  // Softmax over the candidates, in double.
+  // Softmax over the candidates, in double, summed in the candidates' order (ids: by logit after a top_k cut, by
+  // id otherwise).
   const double inv_t = 1.0 / static_cast<double>(options_.temperature);
-  const double top = static_cast<double>(logits[static_cast<size_t>(ids[0])]) * inv_t;
-  std::vector<double> p(keep);
+  float best = logits[static_cast<size_t>(ids[0])];
+  for (size_t i = 1; i < keep; ++i) best = std::max(best, logits[static_cast<size_t>(ids[i])]);
+  const double top = static_cast<double>(best) * inv_t;
+  // Probabilities by position in ids after a top_k cut (ids no longer moves), by token id otherwise (the top_p
+  // walk reorders ids).
+  const bool by_position = keep < n;
+  std::vector<double> p(by_position ? keep : n);
   double sum = 0;
   for (size_t i = 0; i < keep; ++i) {
-    p[i] = std::exp(static_cast<double>(logits[static_cast<size_t>(ids[i])]) * inv_t - top);
-    sum += p[i];
+    const auto id = static_cast<size_t>(ids[i]);
+    double& slot = p[by_position ? i : id];
+    slot = std::exp(static_cast<double>(logits[id]) * inv_t - top);
+    sum += slot;
   }
+  auto prob = [&](size_t i) { return p[by_position ? i : static_cast<size_t>(ids[i])]; };
   if (options_.top_p < 1.0f) {
     double cum = 0;
     size_t cut = keep;
     for (size_t i = 0; i < keep; ++i) {
-      cum += p[i] / sum;
+      if (i == sorted) sort_to(std::max<size_t>(64, 4 * sorted));
+      cum += prob(i) / sum;
       if (cum >= static_cast<double>(options_.top_p)) {
         cut = i + 1;
         break;
       }
     }
     keep = std::max<size_t>(cut, 1);
-    sum = std::accumulate(p.begin(), p.begin() + static_cast<std::ptrdiff_t>(keep), 0.0);
+    sum = 0;
+    for (size_t i = 0; i < keep; ++i) sum += prob(i);
   }
+  // Candidates cut by top_k or top_p walk in logit order (ids[0, keep) is sorted then); all of them, in id order.
+  if (keep == n && sorted > 0 && sorted < n) std::iota(ids.begin(), ids.end(), 0);
   const double r = uniform() * sum;
   double acc = 0;
   for (size_t i = 0; i < keep; ++i) {
-    acc += p[i];
+    acc += prob(i);
     if (r < acc) return ids[i];
   }
   return ids[keep - 1];

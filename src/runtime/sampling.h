@@ -3,9 +3,12 @@
 // temperature <= 0 is greedy (argmax; ties go to the smaller id). Otherwise, in this order: logits /
 // temperature; keep the top_k largest (top_k <= 0: all); softmax; keep the smallest set of most probable
 // tokens whose probability reaches top_p (top_p >= 1: all; at least one token always stays); renormalise and
-// draw. Candidates are ordered by logit, ties by id, so the draw is a function of (logits, options, seed,
-// draws so far) alone: the random stream is std::mt19937_64(seed), turned into uniform doubles by hand (53
-// bits), not by a standard-library distribution whose algorithm differs between implementations.
+// draw. The draw walks the candidates in order of logit, ties by id, when top_k or top_p cut them, and in id
+// order when every token is a candidate (the same distribution, without sorting the vocabulary at every token:
+// only as much of it is ordered as the top_p walk reaches, by partial sorts of growing prefixes). So the draw
+// is a function of (logits, options, seed, draws so far) alone: the random stream is std::mt19937_64(seed),
+// turned into uniform doubles by hand (53 bits), not by a standard-library distribution whose algorithm differs
+// between implementations. Probabilities and sums are doubles.
 #pragma once
 
 #include <cstdint>
