@@ -444,6 +444,7 @@ TEST(BatchEngine, BadOptions) {
 
 // ---- the real SmolLM2: batched greedy = single-sequence greedy ----
 
+// Greedy rows and seeded sampled rows (temperature, top_p, top_k) of the batched engine = the single engine.
 TEST(BatchEngineRealModel, SmolLM2BatchedGreedyEqualsSingle) {
   const char* env = std::getenv("TESSERA_MODELS");
   const char* home = std::getenv("HOME");
@@ -456,10 +457,13 @@ TEST(BatchEngineRealModel, SmolLM2BatchedGreedyEqualsSingle) {
   }
   const auto model = Model::load(path);
   std::vector<BatchRequest> reqs;
-  for (uint32_t i = 0; i < 3; ++i) {
+  for (uint32_t i = 0; i < 5; ++i) {
     BatchRequest r;
-    r.prompt = random_tokens(40 + 60 * static_cast<int32_t>(i), 20000, 50 + i);
+    r.prompt = random_tokens(40 + 40 * static_cast<int32_t>(i), 20000, 50 + i);
     r.options.max_new_tokens = 12;
+    if (i >= 2) {  // sampled rows (49,152-token vocabulary: drawn in parallel by the engine), seeded
+      r.options.sampling = {.temperature = 0.9f, .top_k = i == 4 ? 50 : 0, .top_p = i == 3 ? 0.9f : 1.0f, .seed = 7 + i};
+    }
     reqs.push_back(r);
   }
   CpuBatchBackend backend(*model);

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/memory_budget.h"
+#include "core/thread_pool.h"
 #include "runtime/input_checks.h"
 
 namespace tessera::runtime {
@@ -253,6 +254,20 @@ void BatchEngine::decode_step(std::vector<BatchEvent>& events) {
     }
     const BatchBackend::Selection out = backend_.decode_select(tokens, rows, greedy);
     const auto vocab = static_cast<size_t>(cfg_.vocab_size);
+    // The sampled rows draw in parallel (each sequence has its own random stream, so the draws do not depend on
+    // the order; a draw over a large vocabulary takes milliseconds), then every row's token is taken in order.
+    std::vector<size_t> sampled;
+    for (size_t i = 0; i < batch.size(); ++i)
+      if (greedy[i] == 0) sampled.push_back(i);
+    std::vector<int32_t> drawn(batch.size(), -1);
+    auto draw = [&](int64_t j, int) {
+      const size_t i = sampled[static_cast<size_t>(j)];
+      drawn[i] = batch[i]->sampler->sample(std::span<const float>(out.logits).subspan(i * vocab, vocab));
+    };
+    if (sampled.size() > 1 && vocab >= 4096)
+      ThreadPool::global().parallel_for(static_cast<int64_t>(sampled.size()), draw);
+    else
+      for (size_t j = 0; j < sampled.size(); ++j) draw(static_cast<int64_t>(j), 0);
     for (size_t i = 0; i < batch.size(); ++i) {
       if (greedy[i] != 0) {
         check(out.tokens.size() == batch.size() && out.tokens[i] >= 0 && out.tokens[i] < cfg_.vocab_size,
@@ -260,7 +275,7 @@ void BatchEngine::decode_step(std::vector<BatchEvent>& events) {
         ++stats_.greedy_tokens;
         take_token(*batch[i], out.tokens[i], events);
       } else {
-        take_logits(*batch[i], std::span<const float>(out.logits).subspan(i * vocab, vocab), events);
+        take_token(*batch[i], drawn[i], events);
       }
     }
   } catch (const Error& e) {
