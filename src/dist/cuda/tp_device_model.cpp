@@ -45,11 +45,15 @@ std::vector<bf16> cols_bf16(const Weight& w, int64_t c0, int64_t c1) {
 }  // namespace
 
 std::unique_ptr<TpDeviceModel> TpDeviceModel::upload(const runtime::Model& model, const RankPlan& plan) {
+  return upload(model.config(), model.weights(), plan);
+}
+
+std::unique_ptr<TpDeviceModel> TpDeviceModel::upload(const ModelConfig& c, const runtime::ModelWeights& w,
+                                                     const RankPlan& plan) {
   std::unique_ptr<TpDeviceModel> m(new TpDeviceModel());
-  const ModelConfig& c = model.config();
   m->config_ = c;
   m->plan_ = plan;
-  m->rope_freq_factors_ = model.weights().rope_freq_factors;
+  m->rope_freq_factors_ = w.rope_freq_factors;
   const int64_t H = c.hidden_size, D = c.head_dim;
   auto put_bf16 = [&](const std::vector<bf16>& host) -> const bf16* {
     bf16* p = m->bf16_buffer(static_cast<int64_t>(host.size()));
@@ -63,8 +67,7 @@ std::unique_ptr<TpDeviceModel> TpDeviceModel::upload(const runtime::Model& model
     TESSERA_CUDA_CHECK(cudaMemcpy(p, host, static_cast<size_t>(count) * sizeof(float), cudaMemcpyHostToDevice));
     return p;
   };
-  auto vec = [&](const Weight& w) { return w.empty() ? nullptr : put_f32(w.ptr(), w.rows * w.cols); };
-  const runtime::ModelWeights& w = model.weights();
+  auto vec = [&](const Weight& x) { return x.empty() ? nullptr : put_f32(x.ptr(), x.rows * x.cols); };
   m->embedding_ = put_bf16(rows_bf16(w.embedding, 0, w.embedding.rows));
   m->output_ = w.lm_head.empty() ? m->embedding_ : put_bf16(rows_bf16(w.lm_head, 0, w.lm_head.rows));
   m->final_norm_ = vec(w.final_norm);

@@ -41,6 +41,9 @@ class TpDeviceModel {
  public:
   // On the current device. Throws Error when device memory does not suffice.
   static std::unique_ptr<TpDeviceModel> upload(const runtime::Model& model, const RankPlan& plan);
+  // The same from a config and host weights (tests build small random models without a file).
+  static std::unique_ptr<TpDeviceModel> upload(const runtime::ModelConfig& config,
+                                               const runtime::ModelWeights& weights, const RankPlan& plan);
   static std::unique_ptr<TpDeviceModel> random(const runtime::ModelConfig& config, const RankPlan& plan,
                                                uint64_t seed = 1);
 
