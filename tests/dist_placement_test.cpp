@@ -165,8 +165,8 @@ TEST(Placement, ErrorsForBadInput) {
   EXPECT_EQ(back.gpu_of_head, g.gpu_of_head);
   EXPECT_EQ(back.method, "greedy");
   EXPECT_EQ(error_of([&] { load_placement(file, 4, 2, 8, 2); }),
-            file.string() + ": the placement was made for 2 GPUs, this run has 4; make one for 4 with tessera plan "
-                            "--place greedy --gpus 4");
+            file.string() + ": the placement was made for 2 GPUs, this run has 4; make one for 4 GPUs (tp_bench "
+                            "--gpus 4 writes placement_greedy_<length>.json)");
   EXPECT_EQ(error_of([&] { load_placement(file, 2, 3, 8, 2); }),
             file.string() + ": the placement has 2 layers, the model 3");
   // Inside a plan document, under "placement".

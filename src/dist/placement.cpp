@@ -503,8 +503,8 @@ Placement load_placement(const std::filesystem::path& path, int32_t num_gpus, in
   Placement p = placement_from_json(j, source);
   check(p.num_gpus == num_gpus, source + ": the placement was made for " + std::to_string(p.num_gpus) +
                                     " GPUs, this run has " + std::to_string(num_gpus) +
-                                    "; make one for " + std::to_string(num_gpus) + " with tessera plan --place " +
-                                    p.method + " --gpus " + std::to_string(num_gpus));
+                                    "; make one for " + std::to_string(num_gpus) + " GPUs (tp_bench --gpus " +
+                                    std::to_string(num_gpus) + " writes placement_" + p.method + "_<length>.json)");
   validate(p, num_layers, num_q_heads, num_kv_heads, source);
   return p;
 }

@@ -161,8 +161,8 @@ nlohmann::json placement_to_json(const Placement& placement);
 Placement placement_from_json(const nlohmann::json& j, const std::string& source);
 void save_placement(const Placement& placement, const std::filesystem::path& path);
 // Reads a placement (or a plan with "placement") and checks it against the run: its GPU count must be
-// `num_gpus` ("<file>: the placement was made for 4 GPUs, this run has 2; make one for 2 with tessera plan
-// --place ... --gpus 2") and its shape the model's.
+// `num_gpus` ("<file>: the placement was made for 4 GPUs, this run has 2; make one for 2 GPUs (tp_bench --gpus 2
+// writes placement_<method>_<length>.json)") and its shape the model's.
 Placement load_placement(const std::filesystem::path& path, int32_t num_gpus, int32_t num_layers,
                          int32_t num_q_heads, int32_t num_kv_heads);
 
