@@ -158,5 +158,91 @@ TEST(ModelInputs, VsPicksNearestDiagonals128K) {
   }
 }
 
+// Adaptive budgets (issue 16, pattern.h) on the same inputs: VS with coverage targets gamma 0.9 / 0.95 within
+// the fixed budgets (1000, 6096) — the attention_gpu_bench rows vsa90 / vsa95 — and gamma 0.9 with wide maxima
+// (8192 columns, 32768 slashes: what the target alone asks for). The estimate of an adaptive head is a prefix of
+// the fixed estimate's order, so within the same maxima its index is a subset of the fixed one's: density and
+// recall cannot exceed the fixed one's. Recall: the share of the exact softmax mass (f64) of 16 rows spread over
+// the second half of the prompt, and of the last row, that the index keeps. Printed: "[ adaptive ] seq S head h:
+// vs D (recall R), vsa90 D (recall R; columns c, slashes s), ...".
+struct AdaptiveRow {
+  double density = 0, recall = 0;
+  std::string kept;
+};
+// The exact softmax rows (f64) of the rows recall is measured on.
+struct RecallRows {
+  std::vector<int> rows;
+  std::vector<std::vector<double>> p;
+};
+RecallRows recall_rows(const TensorView& qv, const TensorView& kv, int seq, float scale) {
+  RecallRows rr;
+  for (int i = 0; i < 16; ++i) rr.rows.push_back(seq / 2 + i * (seq / 32) + 17);
+  rr.rows.push_back(seq - 1);
+  std::vector<float> kf(static_cast<size_t>(seq) * kD), qf(kD);
+  for (int j = 0; j < seq; ++j)
+    for (int i = 0; i < kD; ++i) kf[static_cast<size_t>(j) * kD + i] = bf16_to_f32(*kv.at<bf16>(j, 0, i));
+  for (int r0 : rr.rows) {
+    for (int i = 0; i < kD; ++i) qf[static_cast<size_t>(i)] = bf16_to_f32(*qv.at<bf16>(r0, 0, i));
+    std::vector<double> s(static_cast<size_t>(r0) + 1);
+    double mx = -INFINITY, all = 0;
+    for (int j = 0; j <= r0; ++j) {
+      double dot = 0;
+      for (int i = 0; i < kD; ++i) dot += double(qf[static_cast<size_t>(i)]) * kf[static_cast<size_t>(j) * kD + i];
+      s[static_cast<size_t>(j)] = dot * scale;
+      mx = std::max(mx, s[static_cast<size_t>(j)]);
+    }
+    for (double& x : s) all += (x = std::exp(x - mx));
+    for (double& x : s) x /= all;
+    rr.p.push_back(std::move(s));
+  }
+  return rr;
+}
+
+AdaptiveRow adaptive_row(const attn::VerticalSlashPattern& p, const TensorView& qv, const TensorView& kv,
+                         const attn::LoweringContext& ctx, float scale, const RecallRows& rr) {
+  const attn::VerticalSlashEstimate est = attn::estimate_vertical_slash(p, qv, kv, 0, 0, ctx, scale);
+  const attn::SparseIndex index = attn::lower_layer({p}, {est}, ctx);
+  AdaptiveRow r;
+  r.kept = "columns " + std::to_string(est.columns.size()) + ", slashes " + std::to_string(est.offsets.size());
+  r.density = attn::index_stats(index).density();
+  for (size_t i = 0; i < rr.rows.size(); ++i) {
+    double kept = 0;
+    for (int j = 0; j <= rr.rows[i]; ++j)
+      if (index.visible(0, rr.rows[i], j)) kept += rr.p[i][static_cast<size_t>(j)];
+    r.recall += kept / static_cast<double>(rr.rows.size());
+  }
+  return r;
+}
+
+TEST(ModelInputs, AdaptiveBudgetsKeepLessThanFixedVs) {
+  const ModelInputs m = make_model_inputs(kD);
+  for (const auto& [seq, head] : std::vector<std::pair<int, int>>{{32768, 0}, {131072, 0}}) {
+    std::vector<bf16> q, k;
+    fill(m, seq, head, seq, q, k);
+    const TensorView qv(q.data(), DType::BF16, {seq, 1, kD}), kv(k.data(), DType::BF16, {seq, 1, kD});
+    const attn::LoweringContext ctx = attn::LoweringContext::prefill(seq, kTile);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(kD));
+    attn::VerticalSlashPattern fixed{1000, 6096, 64, 30, 100};
+    attn::VerticalSlashPattern a90 = fixed, a95 = fixed, wide = fixed;
+    a90.gamma = 0.9;
+    a95.gamma = 0.95;
+    wide.gamma = 0.9;
+    wide.vertical = 8192;
+    wide.slash = 32768;
+    const RecallRows rr = recall_rows(qv, kv, seq, scale);
+    const AdaptiveRow f = adaptive_row(fixed, qv, kv, ctx, scale, rr), r90 = adaptive_row(a90, qv, kv, ctx, scale, rr),
+                      r95 = adaptive_row(a95, qv, kv, ctx, scale, rr), rw = adaptive_row(wide, qv, kv, ctx, scale, rr);
+    std::printf("[ adaptive ] seq %6d head %2d: vs(1000, 6096) %.4f (recall %.4f); vsa90 %.4f (recall %.4f; %s); "
+                "vsa95 %.4f (recall %.4f; %s); gamma 0.9 within (8192, 32768) %.4f (recall %.4f; %s)\n",
+                seq, head, f.density, f.recall, r90.density, r90.recall, r90.kept.c_str(), r95.density, r95.recall,
+                r95.kept.c_str(), rw.density, rw.recall, rw.kept.c_str());
+    std::fflush(stdout);
+    EXPECT_LE(r90.density, r95.density + 1e-12) << "seq " << seq << " head " << head;
+    EXPECT_LE(r95.density, f.density + 1e-12) << "seq " << seq << " head " << head;
+    EXPECT_LE(r90.recall, r95.recall + 1e-12) << "seq " << seq << " head " << head;
+    EXPECT_LE(r95.recall, f.recall + 1e-12) << "seq " << seq << " head " << head;
+  }
+}
+
 }  // namespace
 }  // namespace tessera::bench
