@@ -1,6 +1,7 @@
 // `tessera run`: one prompt through a model, with any attention policy; --compare runs dense first.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +12,7 @@
 #include "core/error.h"
 #include "core/memory_budget.h"
 #include "eval/haystack.h"
+#include "runtime/stream/retrieval_heads.h"
 #include "eval/scoring.h"
 #include "eval/task.h"
 #ifdef TESSERA_WITH_GPU_ENGINE
@@ -81,6 +83,7 @@ struct Outcome {
   bool context_full = false;  // generation stopped because the context limit was reached
   double peak_gb = -1;  // GPU: peak device memory in use
   std::string stream_summary;  // streaming memory: what it held at the end
+  std::string needle_recall;   // streaming with --needle: was the needle's block retrieved
 };
 
 std::string stream_summary(const runtime::StreamingKV& kv) {
@@ -105,9 +108,28 @@ struct Device {
 #endif
 };
 
+// Where the needle's tokens sit among the evicted blocks, and in how many layers the last prefill chunk retrieved
+// the block holding their first token (the paper's recall); "" when the needle is still in the window.
+std::string needle_recall(const runtime::StreamingKV& kv, const std::vector<int32_t>& prompt,
+                          const std::vector<int32_t>& needle) {
+  const int64_t at = runtime::find_tokens(prompt, needle);
+  const runtime::StreamOptions& so = kv.options();
+  if (at < so.sinks) return "";
+  const auto block = static_cast<int32_t>((at - so.sinks) / so.block);
+  if (block >= kv.evicted_blocks()) return "needle in the local window";
+  int32_t layers = 0;
+  const int32_t n = kv.layers();
+  for (int32_t l = 0; l < n; ++l) {
+    const auto& r = kv.retrieved(l);
+    layers += std::find(r.begin(), r.end(), block) != r.end();
+  }
+  return "needle in evicted block " + std::to_string(block) + " of " + std::to_string(kv.evicted_blocks()) +
+         ", retrieved for the last chunk in " + std::to_string(layers) + " of " + std::to_string(n) + " layers";
+}
+
 template <class EngineT>
 Outcome generate_with(EngineT& engine, const Session& s, const RunOptions& o, const std::string& spec,
-                      const std::vector<int32_t>& prompt, bool stream) {
+                      const std::vector<int32_t>& prompt, bool stream, const std::vector<int32_t>& needle_tokens) {
   runtime::GenerateOptions g;
   g.max_new_tokens = o.max_tokens;
   g.sampling = o.sampling;
@@ -120,6 +142,8 @@ Outcome generate_with(EngineT& engine, const Session& s, const RunOptions& o, co
   std::vector<float> logits = engine.prefill(prompt, [&](int64_t done, int64_t total) { bar.update(done, total); });
   bar.finish();
   out.prefill = engine.stats();
+  if constexpr (requires { engine.streaming(); })
+    if (engine.streaming() != nullptr && !needle_tokens.empty()) out.needle_recall = needle_recall(*engine.streaming(), prompt, needle_tokens);
   runtime::Sampler sampler(g.sampling);
   // Every sampled token comes from fresh logits: a token is sampled from the logits of the position before it and
   // then decoded (appended) so that the next one can be sampled. When the context is full no token can be
@@ -161,14 +185,14 @@ Outcome generate_with(EngineT& engine, const Session& s, const RunOptions& o, co
 }
 
 Outcome generate_once(const Session& s, const Device& d, const RunOptions& o, const std::string& spec,
-                      const std::vector<int32_t>& prompt, bool stream) {
+                      const std::vector<int32_t>& prompt, bool stream, const std::vector<int32_t>& needle_tokens = {}) {
   const std::string method = stream_method_of(spec);
   if (!method.empty()) {  // streaming memory (CPU)
     runtime::EngineOptions eo;
     eo.max_context = o.max_context;
     eo.stream = stream_options(o.stream, method, d.gpu);
     runtime::Engine engine(*s.model, eo);
-    return generate_with(engine, s, o, spec, prompt, stream);
+    return generate_with(engine, s, o, spec, prompt, stream, needle_tokens);
   }
 #ifdef TESSERA_WITH_GPU_ENGINE
   if (d.gpu) {
@@ -178,7 +202,7 @@ Outcome generate_once(const Session& s, const Device& d, const RunOptions& o, co
     go.max_context = o.max_context;
     go.cuda_attention = cuda_attention_options(o.cuda, true);
     runtime::gpu::GpuEngine engine(*d.weights, go);
-    return generate_with(engine, s, o, spec, prompt, stream);
+    return generate_with(engine, s, o, spec, prompt, stream, needle_tokens);
   }
 #endif
   runtime::EngineOptions eo;
@@ -186,7 +210,7 @@ Outcome generate_once(const Session& s, const Device& d, const RunOptions& o, co
   eo.policy = s.policy(spec);
   eo.max_context = o.max_context;
   runtime::Engine engine(*s.model, eo);
-  return generate_with(engine, s, o, spec, prompt, stream);
+  return generate_with(engine, s, o, spec, prompt, stream, needle_tokens);
 }
 
 void print_stats(const std::string& spec, const Outcome& r, int64_t prompt_tokens) {
@@ -197,6 +221,7 @@ void print_stats(const std::string& spec, const Outcome& r, int64_t prompt_token
               r.stats.decode_tokens_per_second());
   if (r.peak_gb >= 0) std::printf("[%s] peak device memory %.2f GB\n", spec.c_str(), r.peak_gb);
   if (!r.stream_summary.empty()) std::printf("[%s] %s\n", spec.c_str(), r.stream_summary.c_str());
+  if (!r.needle_recall.empty()) std::printf("[%s] %s\n", spec.c_str(), r.needle_recall.c_str());
 }
 
 }  // namespace
@@ -250,11 +275,17 @@ int run_command(const RunOptions& o) {
                              o.prompt_file.empty() ? "the prompt" : o.prompt_file);
     prompt = s.encode_prompt(text, o.chat, o.system);
   }
+  std::vector<int32_t> needle_tokens;  // the needle's value as the prompt holds it (streaming reports its block)
+  if (needle)
+    for (const std::string& value : {" " + needle->answers.front(), needle->answers.front()}) {
+      needle_tokens = s.tokenizer->encode(value, {.add_special = false});
+      if (runtime::find_tokens(prompt, needle_tokens) >= 0) break;
+    }
   std::printf("prompt: %s tokens\n", with_commas(static_cast<int64_t>(prompt.size())).c_str());
   std::fflush(stdout);
   const std::string spec = o.stream.methods.empty() ? o.attn : stream_label(o.stream.methods.front());
   if (!o.compare) {
-    const Outcome r = generate_once(s, device, o, spec, prompt, /*stream=*/true);
+    const Outcome r = generate_once(s, device, o, spec, prompt, /*stream=*/true, needle_tokens);
     print_stats(spec, r, static_cast<int64_t>(prompt.size()));
     if (needle) {
       std::printf("needle %s\n", eval::score_output(needle->metric, r.text, needle->answers).pass ? "found" : "NOT found");
@@ -267,7 +298,7 @@ int run_command(const RunOptions& o) {
   print_stats("dense", dense, static_cast<int64_t>(prompt.size()));
   std::printf("\n== %s ==\n", spec.c_str());
   std::fflush(stdout);
-  const Outcome sparse = generate_once(s, device, o, spec, prompt, true);
+  const Outcome sparse = generate_once(s, device, o, spec, prompt, true, needle_tokens);
   print_stats(spec, sparse, static_cast<int64_t>(prompt.size()));
   if (needle) {
     auto found = [&](const Outcome& out) {

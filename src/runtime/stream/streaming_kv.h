@@ -82,6 +82,7 @@ class StreamingKV : public KVPolicy {
   // The layout the last chunk of `layer` ran.
   const stream::StreamLayout& last_layout(int32_t layer) const { return layers_[static_cast<size_t>(layer)].layout; }
   int32_t evicted_blocks() const { return evicted_; }
+  int32_t layers() const { return static_cast<int32_t>(layers_.size()); }
   // Bytes held besides the store and the index: sinks, the local window, the workspace.
   int64_t resident_bytes() const;
 
