@@ -182,6 +182,10 @@ def cases(tessera, fx, models):
         T + ["run", "-m", "/nonexistent.gguf", "-p", "hi", "--attn", "vs:v=-5"], 1, None)
     add("flags", "--attn bs:top_k=0", T + ["run", "-m", tiny, "-p", "hi", "--attn", "bs:top_k=0"], 1, None)
     add("flags", "--attn with a typo", T + ["run", "-m", tiny, "-p", "hi", "--attn", "vss"], 1, None)
+    add("flags", "--attn vs_adaptive:gamma=1.5 (a coverage target outside (0, 1])",
+        T + ["run", "-m", "/nonexistent.gguf", "-p", "hi", "--attn", "vs_adaptive:gamma=1.5"], 1, None)
+    add("flags", "--attn bs_adaptive:min_top_k=500 (a minimum above the maximum)",
+        T + ["run", "-m", tiny, "-p", "hi", "--attn", "bs_adaptive:min_top_k=500"], 1, None)
     add("flags", "bench: bad second policy (checked before the first row)",
         T + ["bench", "-m", tiny, "-d", "64", "--attn", "ashape;vs:s=-1"], 1, None)
     add("flags", "bench: depth 0", T + ["bench", "-m", tiny, "-d", "0"], 1, None)

@@ -347,9 +347,9 @@ TEST(AdaptiveBudgets, PresetsAndTheirErrors) {
             Pattern(BlockSparsePattern{50, 64, 1.0, 4}));
   EXPECT_EQ(describe(BlockSparsePattern{50, 64, 1.0, 4}), "block_sparse(gamma=1, top_k=4..50, block=64)");
   EXPECT_EQ(error_of("vs_adaptive:gamma=0"),
-            "attention spec 'vs_adaptive:gamma=0': parameter 'gamma' must be in (0, 1], got 0.000000");
+            "attention spec 'vs_adaptive:gamma=0': parameter 'gamma' must be in (0, 1], got 0");
   EXPECT_EQ(error_of("vs_adaptive:gamma=1.5"),
-            "attention spec 'vs_adaptive:gamma=1.5': parameter 'gamma' must be in (0, 1], got 1.500000");
+            "attention spec 'vs_adaptive:gamma=1.5': parameter 'gamma' must be in (0, 1], got 1.5");
   EXPECT_EQ(error_of("bs_adaptive:gamma=nan"),
             "attention spec 'bs_adaptive:gamma=nan': parameter 'gamma' must be in (0, 1], got nan");
   EXPECT_EQ(error_of("vs_adaptive:gamma=high"),

@@ -1,6 +1,7 @@
 #include "attention/pattern/presets.h"
 
 #include <charconv>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <vector>
@@ -109,8 +110,11 @@ BlockSparsePattern bs_from(const Params& p, double default_gamma = 0.0) {
 // The adaptive presets' gamma must be a coverage target in (0, 1] (0, the fixed budgets, is `vs` / `bs`).
 template <typename P>
 P adaptive_checked(P pattern, const std::string& spec) {
-  check(pattern.gamma > 0.0 && pattern.gamma <= 1.0,
-        "attention spec '" + spec + "': parameter 'gamma' must be in (0, 1], got " + std::to_string(pattern.gamma));
+  if (!(pattern.gamma > 0.0 && pattern.gamma <= 1.0)) {  // also NaN
+    char got[32];
+    std::snprintf(got, sizeof got, "%g", pattern.gamma);
+    throw Error("attention spec '" + spec + "': parameter 'gamma' must be in (0, 1], got " + got);
+  }
   return pattern;
 }
 
