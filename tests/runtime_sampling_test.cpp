@@ -98,8 +98,8 @@ TEST(RuntimeSampling, TopKAndTopPRestrictTheCandidates) {
   EXPECT_TRUE(saw1);
 }
 
-// The sampling rule written the obvious way (sampling.h): every candidate sorted, probabilities in double; a
-// top_k or top_p cut walks in logit order, no cut in id order. Takes the uniform draw u in [0, 1).
+// The sampling rule written the obvious way (sampling.h): every candidate sorted, probabilities in double; the
+// top_k and top_p cuts in logit order, the draw over the kept tokens in id order. Takes the uniform draw u.
 int32_t reference_sample(const std::vector<float>& logits, const SamplingOptions& o, double u) {
   const size_t n = logits.size();
   std::vector<int32_t> order(n);
@@ -113,11 +113,10 @@ int32_t reference_sample(const std::vector<float>& logits, const SamplingOptions
   if (top_k) cand.resize(static_cast<size_t>(o.top_k));
   const double inv_t = 1.0 / o.temperature, top = static_cast<double>(logits[static_cast<size_t>(cand[0])]) * inv_t;
   auto p = [&](int32_t id) { return std::exp(static_cast<double>(logits[static_cast<size_t>(id)]) * inv_t - top); };
-  std::vector<int32_t> by_id = cand;  // the candidates in the order the total is summed (sampling.cpp)
-  if (!top_k) std::sort(by_id.begin(), by_id.end());
+  std::vector<int32_t> summed = cand;  // the order sample_token sums the total in: logit order after top_k, else id
+  if (!top_k) std::sort(summed.begin(), summed.end());
   double sum = 0;
-  for (int32_t id : by_id) sum += p(id);
-  bool cut = top_k;
+  for (int32_t id : summed) sum += p(id);
   if (o.top_p < 1.0f) {
     double cum = 0;
     size_t keep = cand.size();
@@ -128,22 +127,21 @@ int32_t reference_sample(const std::vector<float>& logits, const SamplingOptions
         break;
       }
     }
-    cut = true;  // a top_p walk leaves the kept candidates in logit order
     cand.resize(keep);
-    sum = 0;
-    for (int32_t id : cand) sum += p(id);
   }
-  const std::vector<int32_t>& walk = cut ? cand : by_id;
-  const double r = u * sum;
+  std::sort(cand.begin(), cand.end());
+  double kept = 0;
+  for (int32_t id : cand) kept += p(id);
+  const double r = u * kept;
   double acc = 0;
-  for (int32_t id : walk) {
+  for (int32_t id : cand) {
     acc += p(id);
     if (r < acc) return id;
   }
-  return walk.back();
+  return cand.back();
 }
 
-// Sampler (partial sorts of growing prefixes, id-order draws without a cut) = the obvious rule above on
+// Sampler (partial sorts of growing prefixes) = the obvious rule above on
 // vocabulary-sized random logits, token for token, for every combination of the options; the uniform stream is the
 // one Sampler documents (mt19937_64(seed), 53 bits).
 TEST(RuntimeSampling, EqualsTheFullSortReference) {

@@ -65,15 +65,24 @@ void CpuBatchBackend::finish_prefill(const SequenceBlocks& seq, std::span<const 
 
 void CpuBatchBackend::abort_prefill() { staging_.release(); }
 
-BatchBackend::Selection BatchBackend::decode_select(std::span<const int32_t> tokens, std::span<const DecodeRow> rows,
-                                                   std::span<const uint8_t> greedy) {
-  Selection out;
-  out.logits = decode(tokens, rows);
+std::vector<int32_t> BatchBackend::decode_select(std::span<const int32_t> tokens, std::span<const DecodeRow> rows,
+                                                  std::span<const RowChoice> choice) {
+  check(choice.size() == tokens.size(), "batched decode: one sampling choice per row");
+  const std::vector<float> logits = decode(tokens, rows);
   const auto vocab = static_cast<size_t>(config().vocab_size);
-  out.tokens.assign(tokens.size(), -1);
-  for (size_t i = 0; i < tokens.size() && i < greedy.size(); ++i)
-    if (greedy[i] != 0) out.tokens[i] = argmax(std::span<const float>(out.logits).subspan(i * vocab, vocab));
-  return out;
+  std::vector<int32_t> next(tokens.size(), -1);
+  auto pick = [&](int64_t i, int) {
+    const auto row = std::span<const float>(logits).subspan(static_cast<size_t>(i) * vocab, vocab);
+    const RowChoice& c = choice[static_cast<size_t>(i)];
+    next[static_cast<size_t>(i)] = c.options.temperature <= 0.0f ? argmax(row) : sample_token(row, c.options, c.u);
+  };
+  // A draw over a large vocabulary takes milliseconds: the sampled rows in parallel.
+  const bool sampled = std::any_of(choice.begin(), choice.end(), [](const RowChoice& c) { return c.options.temperature > 0.0f; });
+  if (sampled && tokens.size() > 1 && vocab >= 4096)
+    ThreadPool::global().parallel_for(static_cast<int64_t>(tokens.size()), pick);
+  else
+    for (size_t i = 0; i < tokens.size(); ++i) pick(static_cast<int64_t>(i), 0);
+  return next;
 }
 
 std::vector<float> CpuBatchBackend::decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) {
@@ -244,42 +253,30 @@ void BatchEngine::decode_step(std::vector<BatchEvent>& events) {
   const auto t0 = Clock::now();
   std::vector<int32_t> tokens;
   std::vector<DecodeRow> rows;
-  std::vector<uint8_t> greedy;
+  std::vector<BatchBackend::RowChoice> choice;
+  std::vector<int32_t> next;
   try {
     for (Sequence* s : batch) {
       s->blocks.grow(1, pool_);  // within what was reserved at admission
       tokens.push_back(s->pending);
       rows.push_back(DecodeRow{&s->blocks, s->views});
-      greedy.push_back(s->sampler->options().temperature <= 0.0f ? 1 : 0);
+      // A sampled row's uniform draw comes from its own stream, as the single-sequence engine's Sampler takes it.
+      choice.push_back({s->sampler->options(), s->sampler->greedy() ? 0.0 : s->sampler->next_uniform()});
     }
-    const BatchBackend::Selection out = backend_.decode_select(tokens, rows, greedy);
-    const auto vocab = static_cast<size_t>(cfg_.vocab_size);
-    // The sampled rows draw in parallel (each sequence has its own random stream, so the draws do not depend on
-    // the order; a draw over a large vocabulary takes milliseconds), then every row's token is taken in order.
-    std::vector<size_t> sampled;
-    for (size_t i = 0; i < batch.size(); ++i)
-      if (greedy[i] == 0) sampled.push_back(i);
-    std::vector<int32_t> drawn(batch.size(), -1);
-    auto draw = [&](int64_t j, int) {
-      const size_t i = sampled[static_cast<size_t>(j)];
-      drawn[i] = batch[i]->sampler->sample(std::span<const float>(out.logits).subspan(i * vocab, vocab));
-    };
-    if (sampled.size() > 1 && vocab >= 4096)
-      ThreadPool::global().parallel_for(static_cast<int64_t>(sampled.size()), draw);
-    else
-      for (size_t j = 0; j < sampled.size(); ++j) draw(static_cast<int64_t>(j), 0);
-    for (size_t i = 0; i < batch.size(); ++i) {
-      if (greedy[i] != 0) {
-        check(out.tokens.size() == batch.size() && out.tokens[i] >= 0 && out.tokens[i] < cfg_.vocab_size,
-              "batched decode: the backend chose no valid token for a greedy row");
-        ++stats_.greedy_tokens;
-        take_token(*batch[i], out.tokens[i], events);
-      } else {
-        take_token(*batch[i], drawn[i], events);
-      }
-    }
+    next = backend_.decode_select(tokens, rows, choice);
+    check(next.size() == batch.size(), "batched decode: the backend chose " + std::to_string(next.size()) +
+                                           " tokens for " + std::to_string(batch.size()) + " rows");
+    for (int32_t t : next)
+      check(t >= 0 && t < cfg_.vocab_size,
+            "batched decode: the backend chose token " + std::to_string(t) + " outside the vocabulary");
   } catch (const Error& e) {
     for (Sequence* s : batch) finish(*s, FinishReason::kError, events, e.what());
+    stats_.decode_seconds += since(t0);
+    return;
+  }
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (batch[i]->sampler->greedy()) ++stats_.greedy_tokens;
+    take_token(*batch[i], next[i], events);
   }
   stats_.decode_tokens += static_cast<int64_t>(batch.size());
   ++stats_.decode_steps;

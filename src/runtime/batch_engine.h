@@ -78,17 +78,17 @@ class BatchBackend {
   virtual void abort_prefill() = 0;
   // One token per row, each at position rows[i].seq->length() - 1 (blocks already grown); logits [B, vocab].
   virtual std::vector<float> decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) = 0;
-  // The scheduler's decode step: as decode(), but rows with greedy[i] set get their next token chosen by the
-  // backend (tokens[i] = argmax of the row's logits, ties to the smaller id: exactly runtime::argmax) and the
-  // others their logits (logits[i * vocab, (i + 1) * vocab); a greedy row's logits are unspecified: the GPU
-  // backend picks on the device and copies back only what is sampled on the host). This default runs decode()
-  // and argmax on the host.
-  struct Selection {
-    std::vector<int32_t> tokens;  // [B]: the greedy rows' tokens, -1 for the others
-    std::vector<float> logits;    // [B, vocab]
+  // The scheduler's decode step: as decode(), then each row's next token chosen from its logits by its sampling
+  // options: temperature <= 0, runtime::argmax; else runtime::sample_token(logits, options, u) with the row's
+  // uniform draw u (taken from the sequence's Sampler, so that the stream is the single-sequence engine's). This
+  // default runs decode() and chooses on the host (the sampled rows in parallel on the thread pool); the GPU
+  // backend chooses on the device and copies back only the tokens.
+  struct RowChoice {
+    SamplingOptions options;
+    double u = 0.0;
   };
-  virtual Selection decode_select(std::span<const int32_t> tokens, std::span<const DecodeRow> rows,
-                                  std::span<const uint8_t> greedy);
+  virtual std::vector<int32_t> decode_select(std::span<const int32_t> tokens, std::span<const DecodeRow> rows,
+                                             std::span<const RowChoice> choice);
   // Decode steps that had to build a new executable step (a CUDA graph capture) before running: the GPU backend's
   // cost of a batch shape it had not seen; 0 on the CPU.
   virtual int64_t step_builds() const { return 0; }
@@ -157,7 +157,7 @@ struct BatchEngineStats {
   double prefill_seconds = 0, decode_seconds = 0;
   int64_t max_decode_batch = 0;
   int64_t decode_steps = 0;     // steps that ran a decode (some steps only prefill)
-  int64_t greedy_tokens = 0;    // decode tokens chosen by the backend (greedy rows)
+  int64_t greedy_tokens = 0;    // decode tokens of greedy rows (the rest were sampled)
 };
 
 class BatchEngine {
@@ -199,7 +199,7 @@ class BatchEngine {
   struct Sequence;
   void admit();
   void finish(Sequence& s, FinishReason reason, std::vector<BatchEvent>& events, std::string error = {});
-  // After logits for s: sample, then take_token.
+  // After the prefill's logits for s: sample, then take_token.
   void take_logits(Sequence& s, std::span<const float> logits, std::vector<BatchEvent>& events);
   // s's next token: a token event and/or a finish.
   void take_token(Sequence& s, int32_t tok, std::vector<BatchEvent>& events);

@@ -44,8 +44,7 @@ double Sampler::uniform() {
   return static_cast<double>(rng_() >> 11) * 0x1.0p-53;
 }
 
-int32_t Sampler::sample(std::span<const float> logits) {
-  if (options_.temperature <= 0.0f) return argmax(logits);
+int32_t sample_token(std::span<const float> logits, const SamplingOptions& options, double u) {
   check(!logits.empty(), "sampling: empty logits");
   const size_t n = logits.size();
   auto before = [&](int32_t a, int32_t b) {
@@ -56,8 +55,8 @@ int32_t Sampler::sample(std::span<const float> logits) {
   std::iota(ids.begin(), ids.end(), 0);
   // ids[0, sorted) is in `before` order and holds the `sorted` first candidates of that order.
   size_t keep = n, sorted = 0;
-  if (options_.top_k > 0 && static_cast<size_t>(options_.top_k) < n) {
-    keep = sorted = static_cast<size_t>(options_.top_k);
+  if (options.top_k > 0 && static_cast<size_t>(options.top_k) < n) {
+    keep = sorted = static_cast<size_t>(options.top_k);
     std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(keep), ids.end(), before);
     ids.resize(keep);
   }
@@ -69,48 +68,52 @@ int32_t Sampler::sample(std::span<const float> logits) {
     sorted = m;
   };
 
-  // Softmax over the candidates, in double, summed in the candidates' order (ids: by logit after a top_k cut, by
-  // id otherwise).
-  const double inv_t = 1.0 / static_cast<double>(options_.temperature);
+  // Softmax over the candidates, in double (p by token id).
+  const double inv_t = 1.0 / static_cast<double>(options.temperature);
   float best = logits[static_cast<size_t>(ids[0])];
   for (size_t i = 1; i < keep; ++i) best = std::max(best, logits[static_cast<size_t>(ids[i])]);
   const double top = static_cast<double>(best) * inv_t;
-  // Probabilities by position in ids after a top_k cut (ids no longer moves), by token id otherwise (the top_p
-  // walk reorders ids).
-  const bool by_position = keep < n;
-  std::vector<double> p(by_position ? keep : n);
+  std::vector<double> p(n, 0.0);
   double sum = 0;
   for (size_t i = 0; i < keep; ++i) {
     const auto id = static_cast<size_t>(ids[i]);
-    double& slot = p[by_position ? i : id];
-    slot = std::exp(static_cast<double>(logits[id]) * inv_t - top);
-    sum += slot;
+    p[id] = std::exp(static_cast<double>(logits[id]) * inv_t - top);
+    sum += p[id];
   }
-  auto prob = [&](size_t i) { return p[by_position ? i : static_cast<size_t>(ids[i])]; };
-  if (options_.top_p < 1.0f) {
+  if (options.top_p < 1.0f) {
     double cum = 0;
     size_t cut = keep;
     for (size_t i = 0; i < keep; ++i) {
       if (i == sorted) sort_to(std::max<size_t>(64, 4 * sorted));
-      cum += prob(i) / sum;
-      if (cum >= static_cast<double>(options_.top_p)) {
+      cum += p[static_cast<size_t>(ids[i])] / sum;
+      if (cum >= static_cast<double>(options.top_p)) {
         cut = i + 1;
         break;
       }
     }
     keep = std::max<size_t>(cut, 1);
-    sum = 0;
-    for (size_t i = 0; i < keep; ++i) sum += prob(i);
   }
-  // Candidates cut by top_k or top_p walk in logit order (ids[0, keep) is sorted then); all of them, in id order.
-  if (keep == n && sorted > 0 && sorted < n) std::iota(ids.begin(), ids.end(), 0);
-  const double r = uniform() * sum;
+  // The kept tokens in id order; the draw.
+  if (keep < n) {
+    ids.resize(keep);
+    std::sort(ids.begin(), ids.end());
+  } else {
+    std::iota(ids.begin(), ids.end(), 0);
+  }
+  double kept = 0;
+  for (int32_t id : ids) kept += p[static_cast<size_t>(id)];
+  const double r = u * kept;
   double acc = 0;
-  for (size_t i = 0; i < keep; ++i) {
-    acc += prob(i);
-    if (r < acc) return ids[i];
+  for (int32_t id : ids) {
+    acc += p[static_cast<size_t>(id)];
+    if (r < acc) return id;
   }
-  return ids[keep - 1];
+  return ids.back();
+}
+
+int32_t Sampler::sample(std::span<const float> logits) {
+  if (greedy()) return argmax(logits);
+  return sample_token(logits, options_, uniform());
 }
 
 }  // namespace tessera::runtime

@@ -3,12 +3,12 @@
 // temperature <= 0 is greedy (argmax; ties go to the smaller id). Otherwise, in this order: logits /
 // temperature; keep the top_k largest (top_k <= 0: all); softmax; keep the smallest set of most probable
 // tokens whose probability reaches top_p (top_p >= 1: all; at least one token always stays); renormalise and
-// draw. The draw walks the candidates in order of logit, ties by id, when top_k or top_p cut them, and in id
-// order when every token is a candidate (the same distribution, without sorting the vocabulary at every token:
-// only as much of it is ordered as the top_p walk reaches, by partial sorts of growing prefixes). So the draw
-// is a function of (logits, options, seed, draws so far) alone: the random stream is std::mt19937_64(seed),
-// turned into uniform doubles by hand (53 bits), not by a standard-library distribution whose algorithm differs
-// between implementations. Probabilities and sums are doubles.
+// draw. "Largest" and "most probable" follow the order of logits, ties to the smaller id; the draw walks the kept
+// tokens in id order (sample_token below: the same distribution as a walk in probability order, and what a GPU
+// computes without sorting the vocabulary: the batched GPU backend draws with the same rule). So the draw is a
+// function of (logits, options, seed, draws so far) alone: the random stream is std::mt19937_64(seed), one
+// uniform double per sampled token turned from it by hand (53 bits), not by a standard-library distribution whose
+// algorithm differs between implementations. Probabilities and sums are doubles.
 #pragma once
 
 #include <cstdint>
@@ -38,12 +38,20 @@ void check_sampling_options(const SamplingOptions& options, const SamplingOption
 // Index of the largest value; ties go to the smaller index. Throws tessera::Error for empty logits.
 int32_t argmax(std::span<const float> logits);
 
+// The rule above for temperature > 0 with the uniform draw u in [0, 1) given: the kept set by partial sorts of
+// growing prefixes (no full sort of the vocabulary), then the walk in id order. Throws for empty logits.
+int32_t sample_token(std::span<const float> logits, const SamplingOptions& options, double u);
+
 class Sampler {
  public:
   // Checks the options (check_sampling_options).
   explicit Sampler(const SamplingOptions& options = {});
+  // argmax when greedy (no draw taken from the stream), else sample_token(logits, options, next_uniform()).
   int32_t sample(std::span<const float> logits);
   const SamplingOptions& options() const { return options_; }
+  bool greedy() const { return options_.temperature <= 0.0f; }
+  // The next uniform draw of the stream, for a caller that applies sample_token elsewhere (the GPU).
+  double next_uniform() { return uniform(); }
 
  private:
   double uniform();  // [0, 1)

@@ -34,26 +34,6 @@ int32_t bucket_splits(int32_t splits) {
   return p;
 }
 
-GpuBatchBackend::PinnedFloats::~PinnedFloats() {
-  if (data_ != nullptr) cudaFreeHost(data_);
-}
-
-float* GpuBatchBackend::PinnedFloats::reserve(size_t count) {
-  if (count <= capacity_) return data_;
-  if (data_ != nullptr) cudaFreeHost(data_);
-  data_ = nullptr;
-  capacity_ = 0;
-  void* p = nullptr;
-  if (cudaMallocHost(&p, count * sizeof(float)) != cudaSuccess) {
-    (void)cudaGetLastError();
-    throw Error("out of pinned host memory for " + format_bytes(static_cast<double>(count * sizeof(float))) +
-                " of decode logits");
-  }
-  data_ = static_cast<float*>(p);
-  capacity_ = count;
-  return data_;
-}
-
 GpuBatchBackend::GpuBatchBackend(const DeviceModel& model, GpuBatchOptions options)
     : model_(model), options_(std::move(options)), cfg_(model.config()) {
   TESSERA_CUDA_CHECK(cudaStreamCreate(&stream_));
@@ -316,48 +296,36 @@ std::vector<float> GpuBatchBackend::decode(std::span<const int32_t> tokens, std:
   return out;
 }
 
-BatchBackend::Selection GpuBatchBackend::decode_select(std::span<const int32_t> tokens,
-                                                       std::span<const DecodeRow> rows,
-                                                       std::span<const uint8_t> greedy) {
-  Selection sel;
+std::vector<int32_t> GpuBatchBackend::decode_select(std::span<const int32_t> tokens, std::span<const DecodeRow> rows,
+                                                    std::span<const RowChoice> choice) {
   const auto n = static_cast<int64_t>(tokens.size());
-  if (n == 0) return sel;
-  check(greedy.size() == tokens.size(), "GPU batched decode: one greedy flag per row");
+  if (n == 0) return {};
+  check(choice.size() == tokens.size(), "GPU batched decode: one sampling choice per row");
   const int64_t V = cfg_.vocab_size;
   run_step(tokens, rows);
-  const bool any_greedy = std::any_of(greedy.begin(), greedy.end(), [](uint8_t g) { return g != 0; });
-  const bool any_sampled = std::any_of(greedy.begin(), greedy.end(), [](uint8_t g) { return g == 0; });
-  if (any_greedy) {
-    if (static_cast<int64_t>(chosen_.size()) < n) chosen_.resize(static_cast<size_t>(n));
-    row_argmax(logits_.data(), n, V, V, chosen_.data(), stream_);
-    host_chosen_.resize(static_cast<size_t>(n));
-    TESSERA_CUDA_CHECK(cudaMemcpyAsync(host_chosen_.data(), chosen_.data(), static_cast<size_t>(n) * sizeof(int32_t),
-                                       cudaMemcpyDeviceToHost, stream_));
+  // chosen_[0, n): every row's argmax; chosen_[n, n + sampled): the sampled rows' draws.
+  std::vector<SampleRow> sampled;
+  for (int64_t i = 0; i < n; ++i) {
+    const SamplingOptions& o = choice[static_cast<size_t>(i)].options;
+    if (o.temperature > 0.0f)
+      sampled.push_back({static_cast<int32_t>(i), o.top_k, o.temperature, o.top_p, choice[static_cast<size_t>(i)].u});
   }
-  float* pinned = nullptr;
-  if (any_sampled) {
-    pinned = host_logits_.reserve(static_cast<size_t>(n * V));
-    for (int64_t i = 0; i < n; ++i)  // runs of sampled rows, one copy each
-      if (greedy[static_cast<size_t>(i)] == 0) {
-        int64_t j = i;
-        while (j < n && greedy[static_cast<size_t>(j)] == 0) ++j;
-        TESSERA_CUDA_CHECK(cudaMemcpyAsync(pinned + i * V, logits_.data() + i * V,
-                                           static_cast<size_t>((j - i) * V) * sizeof(float), cudaMemcpyDeviceToHost,
-                                           stream_));
-        i = j;
-      }
+  const auto m = static_cast<int64_t>(sampled.size());
+  if (static_cast<int64_t>(chosen_.size()) < n + m) chosen_.resize(static_cast<size_t>(n + m));
+  row_argmax(logits_.data(), n, V, V, chosen_.data(), stream_);
+  if (m > 0) {
+    if (static_cast<int64_t>(sample_scratch_.size()) < m * V) sample_scratch_.resize(static_cast<size_t>(m * V));
+    sample_rows_.upload(sampled, stream_);
+    sample_rows(logits_.data(), V, static_cast<int32_t>(V), sample_rows_.data(), static_cast<int32_t>(m),
+                sample_scratch_.data(), chosen_.data() + n, stream_);
   }
+  std::vector<int32_t> got(static_cast<size_t>(n + m));
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(got.data(), chosen_.data(), got.size() * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                     stream_));
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  sel.tokens.assign(static_cast<size_t>(n), -1);
-  for (int64_t i = 0; i < n; ++i)
-    if (greedy[static_cast<size_t>(i)] != 0) sel.tokens[static_cast<size_t>(i)] = host_chosen_[static_cast<size_t>(i)];
-  if (any_sampled) {
-    sel.logits.assign(static_cast<size_t>(n * V), 0.0f);
-    for (int64_t i = 0; i < n; ++i)
-      if (greedy[static_cast<size_t>(i)] == 0)
-        std::copy(pinned + i * V, pinned + (i + 1) * V, sel.logits.begin() + i * V);
-  }
-  return sel;
+  for (int64_t j = 0; j < m; ++j) got[static_cast<size_t>(sampled[static_cast<size_t>(j)].row)] = got[static_cast<size_t>(n + j)];
+  got.resize(static_cast<size_t>(n));
+  return got;
 }
 
 bool GpuBatchBackend::reserve_step(int64_t n, int32_t splits) {

@@ -15,8 +15,9 @@
 // that a server, whose batch changes at every request's start and end, reuses a few graphs instead of capturing
 // one per batch size and length, the batch is padded to the next of 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, ...
 // rows (padding rows decode token 0 at position 0 into a scratch slot and block of their own; their results are
-// dropped) and the split count is rounded down to a power of two. decode_select picks the greedy rows' tokens on
-// the device (row_argmax) and copies back, into pinned memory, only the sampled rows' logits.
+// dropped) and the split count is rounded down to a power of two. decode_select chooses every row's token on the
+// device (row_argmax for greedy rows, sample_rows (sample_gpu.h) with the host's uniform draws for the others) and
+// copies back only the tokens.
 //
 // Not thread-safe; uses the current CUDA device; the DeviceModel must outlive it.
 #pragma once
@@ -36,6 +37,7 @@
 #include "runtime_cuda/event_timer.h"
 #include "runtime_cuda/gemm.h"
 #include "runtime_cuda/gpu_forward.h"
+#include "runtime_cuda/sample_gpu.h"
 
 namespace tessera::runtime::gpu {
 
@@ -73,8 +75,8 @@ class GpuBatchBackend final : public BatchBackend {
   void abort_prefill() override;
   void release_sequence(const SequenceBlocks& seq) override;
   std::vector<float> decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) override;
-  Selection decode_select(std::span<const int32_t> tokens, std::span<const DecodeRow> rows,
-                          std::span<const uint8_t> greedy) override;
+  std::vector<int32_t> decode_select(std::span<const int32_t> tokens, std::span<const DecodeRow> rows,
+                                     std::span<const RowChoice> choice) override;
   int64_t step_builds() const override { return step_builds_; }
   ForwardTimers timers() const override { return {}; }
 
@@ -90,21 +92,6 @@ class GpuBatchBackend final : public BatchBackend {
   int64_t graphs() const { return static_cast<int64_t>(graphs_.size()); }
 
  private:
-  // Page-locked host floats (fast, asynchronous device-to-host copies of logits).
-  class PinnedFloats {
-   public:
-    PinnedFloats() = default;
-    ~PinnedFloats();
-    PinnedFloats(const PinnedFloats&) = delete;
-    PinnedFloats& operator=(const PinnedFloats&) = delete;
-    float* reserve(size_t count);  // keeps the contents only when large enough already
-    float* data() const { return data_; }
-
-   private:
-    float* data_ = nullptr;
-    size_t capacity_ = 0;
-  };
-
   // Uploads the step data of the rows (padded with scratch rows) and runs the decode step; the logits of the
   // padded batch stay on the device (logits_). Returns the padded row count.
   int64_t run_step(std::span<const int32_t> tokens, std::span<const DecodeRow> rows);
@@ -136,9 +123,9 @@ class GpuBatchBackend final : public BatchBackend {
   std::vector<attn::gpu::DeviceBuffer<float>> inv_freqs_, cos_, sin_;
   std::vector<size_t> layer_rope_;
   attn::gpu::DeviceBuffer<int32_t> step_;  // tokens, positions, slots, lengths, append blocks
-  attn::gpu::DeviceBuffer<int32_t> chosen_;  // row_argmax of the step's logits
-  PinnedFloats host_logits_;
-  std::vector<int32_t> host_chosen_;
+  attn::gpu::DeviceBuffer<int32_t> chosen_;  // the step's tokens: row_argmax of every row, then the sampled rows'
+  attn::gpu::DeviceBuffer<SampleRow> sample_rows_;
+  attn::gpu::DeviceBuffer<double> sample_scratch_;
   attn::gpu::DeviceBuffer<float> x_, o_, logits_, o_part_, lse_part_;
   attn::gpu::DeviceBuffer<bf16> h_, qkv_, a_, gu_;  // qkv_: rows of q, k, v ([n, QD + 2 KD])
 };

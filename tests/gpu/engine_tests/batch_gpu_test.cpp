@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/error.h"
@@ -21,6 +22,7 @@
 #include "runtime_cuda/device_model.h"
 #include "runtime_cuda/gpu_engine.h"
 #include "runtime_cuda/kernels.h"
+#include "runtime_cuda/sample_gpu.h"
 #include "runtime_cuda/paged_decode.h"
 #include "runtime_cuda/synthetic_config.h"
 
@@ -291,9 +293,56 @@ TEST(GpuBatch, RowArgmaxEqualsHostArgmax) {
         << "row " << r;
 }
 
+// sample_rows (the GPU draw) = sample_token (the host rule) on random rows of a 50,000-token vocabulary with a
+// peaked head and planted ties, for temperature alone, top_k (with a tie at the k-th place), top_p, both, and
+// draws near 0 and 1.
+TEST(GpuBatch, SampleRowsEqualsTheHostRule) {
+  REQUIRE_GPU();
+  const int32_t V = 50000;
+  std::vector<SampleRow> jobs;
+  std::vector<SamplingOptions> opts;
+  const std::vector<std::tuple<float, int32_t, float>> kinds{{1.0f, 0, 1.0f},  {0.7f, 40, 1.0f}, {1.3f, 0, 0.9f},
+                                                             {0.9f, 100, 0.8f}, {2.0f, 3, 1.0f}, {0.5f, 0, 0.5f}};
+  const std::vector<double> us{0.0, 0.013, 0.5, 0.77, 0.999999};
+  for (const auto& [t, k, pp] : kinds)
+    for (double u : us) {
+      jobs.push_back({static_cast<int32_t>(jobs.size()), k, t, pp, u});
+      opts.push_back({.temperature = t, .top_k = k, .top_p = pp});
+    }
+  const auto R = static_cast<int64_t>(jobs.size());
+  std::vector<float> logits(static_cast<size_t>(R * V));
+  std::mt19937 rng(21);
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  for (auto& x : logits) x = dist(rng);
+  for (int64_t r = 0; r < R; ++r) {
+    float* row = logits.data() + r * V;
+    for (int i = 0; i < 25; ++i) row[rng() % V] += 9.0f;
+    row[11] = row[40000] = row[777] = 30.0f;  // a three-way tie at the top: top_k 3 keeps ids 11, 777, 40000
+    row[12] = row[39999] = 29.0f;
+  }
+  DeviceBuffer<float> dl;
+  dl.upload(logits, nullptr);
+  DeviceBuffer<SampleRow> dj;
+  dj.upload(jobs, nullptr);
+  DeviceBuffer<double> scratch(static_cast<size_t>(R * V));
+  DeviceBuffer<int32_t> out(static_cast<size_t>(R));
+  sample_rows(dl.data(), V, V, dj.data(), static_cast<int32_t>(R), scratch.data(), out.data(), nullptr);
+  const std::vector<int32_t> got = out.download();
+  int same = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    const std::span<const float> row(logits.data() + r * V, static_cast<size_t>(V));
+    const int32_t want = sample_token(row, opts[static_cast<size_t>(r)], jobs[static_cast<size_t>(r)].u);
+    EXPECT_EQ(got[static_cast<size_t>(r)], want)
+        << "temperature " << jobs[static_cast<size_t>(r)].temperature << " top_k " << jobs[static_cast<size_t>(r)].top_k
+        << " top_p " << jobs[static_cast<size_t>(r)].top_p << " u " << jobs[static_cast<size_t>(r)].u;
+    same += got[static_cast<size_t>(r)] == want;
+  }
+  std::printf("[batch] sample_rows vs sample_token: %d of %lld draws equal\n", same, static_cast<long long>(R));
+}
+
 // Padding the batch (5 rows run as 6, the sixth a scratch row) changes no real row's logits against an unpadded,
-// graph-less backend fed the same sequences; 5 and then 6 rows reuse one captured graph; decode_select's device
-// argmax is the host argmax of the same step's logits, and its sampled rows' logits are those logits, bit for bit.
+// graph-less backend fed the same sequences; 5 and then 6 rows reuse one captured graph; decode_select's tokens,
+// chosen on the device, are the host's choice (argmax, sample_token) on the same step's logits.
 TEST(GpuBatch, PaddedGraphsAndDeviceSelection) {
   REQUIRE_GPU();
   ModelConfig cfg = synthetic_config("llama3-8b");
@@ -345,22 +394,22 @@ TEST(GpuBatch, PaddedGraphsAndDeviceSelection) {
       const std::vector<float> w(want.begin() + static_cast<int64_t>(i) * V, want.begin() + static_cast<int64_t>(i + 1) * V);
       worst = std::max(worst, rel_l2(w, g));
     }
-    std::vector<uint8_t> greedy(rows_now);
-    for (size_t i = 0; i < rows_now; ++i) greedy[i] = (i + static_cast<size_t>(step)) % 2 == 0 ? 1 : 0;
+    // Alternate greedy and sampled rows (temperature, top_k, top_p, a uniform draw of our own).
+    std::vector<BatchBackend::RowChoice> choice(rows_now);
+    for (size_t i = 0; i < rows_now; ++i)
+      if ((i + static_cast<size_t>(step)) % 2 != 0)
+        choice[i] = {{.temperature = 0.8f + 0.1f * static_cast<float>(i), .top_k = i == 3 ? 50 : 0,
+                      .top_p = i == 1 ? 0.9f : 1.0f},
+                     (static_cast<double>(i) + 0.37) / static_cast<double>(rows_now)};
     // The same step again (the same token at the same position writes the same K/V row: a step is idempotent).
-    const BatchBackend::Selection sel = padded.decode_select(toks, ra, greedy);
-    ASSERT_EQ(sel.tokens.size(), rows_now);
+    const std::vector<int32_t> next = padded.decode_select(toks, ra, choice);
+    ASSERT_EQ(next.size(), rows_now);
     for (size_t i = 0; i < rows_now; ++i) {
       const auto V = static_cast<size_t>(cfg.vocab_size);
       const std::span<const float> row = std::span<const float>(got).subspan(i * V, V);
-      if (greedy[i] != 0) {
-        EXPECT_EQ(sel.tokens[i], argmax(row)) << "step " << step << " row " << i;
-      } else {
-        EXPECT_EQ(sel.tokens[i], -1);
-        ASSERT_EQ(sel.logits.size(), rows_now * V);
-        EXPECT_TRUE(std::equal(row.begin(), row.end(), sel.logits.begin() + static_cast<int64_t>(i * V)))
-            << "step " << step << " row " << i;
-      }
+      const int32_t want_tok = choice[i].options.temperature <= 0.0f ? argmax(row)
+                                                                      : sample_token(row, choice[i].options, choice[i].u);
+      EXPECT_EQ(next[i], want_tok) << "step " << step << " row " << i;
     }
     // One more position each, both backends (the engine grows the blocks before every step).
     for (size_t i = 0; i < rows_now; ++i) {
