@@ -62,6 +62,8 @@ struct RunOptions {
   std::string device = "auto";  // cpu | cuda | auto (cuda when a GPU is usable and tessera was built with CUDA)
   CudaAttentionFlags cuda;
   StreamFlags stream;
+  int gpus = 1;           // > 1: the tensor-parallel engine (cli/run_tp.cpp, docs/multi-gpu.md)
+  std::string placement;  // its head placement file (default: genetic on the FLOP cost model)
 };
 
 struct BenchOptions {
@@ -162,6 +164,8 @@ void check_eval_options(const EvalOptions& o);
 void check_plan_options(const PlanOptions& o);
 
 int run_command(const RunOptions& o);
+// `tessera run --gpus N` (or --placement): the tensor-parallel engine over N GPUs (cli/run_tp.cpp).
+int run_tp_command(const RunOptions& o);
 int bench_command(const BenchOptions& o);
 int inspect_command(const InspectOptions& o);
 int eval_command(EvalOptions o);

@@ -103,6 +103,10 @@ int main(int argc, char** argv) {
   r->add_option("--dense-backend", run.cuda.dense_backend, "GPU dense attention: auto (the faster), ours or cudnn")
       ->check(CLI::IsMember({"auto", "ours", "cudnn"}));
   add_stream_options(r, run.stream, false);
+  r->add_option("--gpus", run.gpus, "Tensor parallelism over this many GPUs (NCCL; one process per GPU, forked here "
+                                    "or started by torchrun/mpirun: docs/multi-gpu.md)")
+      ->check(CLI::Range(1, 1024));
+  r->add_option("--placement", run.placement, "Head placement file for --gpus (tp_bench writes them; default: genetic)");
 
   BenchOptions bench;
   auto* b = app.add_subcommand("bench", "Prefill and decode rates at several depths, dense and sparse");
@@ -225,7 +229,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (!memory_budget.empty()) tessera::set_host_memory_budget(tessera::parse_byte_size(memory_budget, "--memory-budget"));
-    if (r->parsed()) return run_command(run);
+    if (r->parsed()) return run.gpus > 1 || !run.placement.empty() ? run_tp_command(run) : run_command(run);
     if (b->parsed()) return bench_command(bench);
     if (i->parsed()) return inspect_command(inspect);
     if (sv->parsed()) return serve_command(serve);
