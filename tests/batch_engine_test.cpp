@@ -427,6 +427,73 @@ TEST(BatchEngine, AdmissionByMemoryAndCancellation) {
   EXPECT_EQ(engine.generate_all({{p2, gen, std::nullopt}})[0], single(m, p2, gen));
 }
 
+// A backend that runs out of (device) memory where a GPU would: the staging of one request's prompt fails. That
+// request ends with the error; the others run on, token for token as alone, and every block comes back.
+class OutOfMemoryAtPrefill final : public BatchBackend {
+ public:
+  explicit OutOfMemoryAtPrefill(const Model& m) : inner_(m) {}
+  const ModelConfig& config() const override { return inner_.config(); }
+  const char* device_name() const override { return "test"; }
+  double block_bytes(const PagedKVShape& shape) const override { return inner_.block_bytes(shape); }
+  double default_kv_bytes() const override { return inner_.default_kv_bytes(); }
+  void create_store(const PagedKVShape& shape, int32_t blocks, int32_t seqs, int32_t ctx) override {
+    inner_.create_store(shape, blocks, seqs, ctx);
+  }
+  std::vector<float> prefill_chunk(std::span<const int32_t> tokens, int32_t pos, int32_t total_len,
+                                   const attn::AttentionPolicy* policy, bool logits) override {
+    if (total_len == 33 && pos > 0) throw Error("out of device memory: 2.10 GB for the prompt's KV, 0.50 GB free");
+    return inner_.prefill_chunk(tokens, pos, total_len, policy, logits);
+  }
+  void finish_prefill(const SequenceBlocks& seq, std::span<const DecodeView> views) override {
+    inner_.finish_prefill(seq, views);
+  }
+  void release_sequence(const SequenceBlocks& seq) override { inner_.release_sequence(seq); }
+  void abort_prefill() override {
+    ++aborts;
+    inner_.abort_prefill();
+  }
+  std::vector<float> decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) override {
+    return inner_.decode(tokens, rows);
+  }
+  ForwardTimers timers() const override { return inner_.timers(); }
+  int aborts = 0;
+
+ private:
+  CpuBatchBackend inner_;
+};
+
+TEST(BatchEngine, OutOfMemoryInOnePrefillLeavesTheOthers) {
+  const Model& m = fixture("llama3");
+  OutOfMemoryAtPrefill backend(m);
+  BatchEngineOptions o;
+  o.block_tokens = 8;
+  o.chunk_size = 8;  // the failing prompt (33 tokens) fails at its second chunk, with others decoding beside it
+  BatchEngine engine(backend, o);
+  GenerateOptions gen;
+  gen.max_new_tokens = 6;
+  const auto p1 = random_tokens(20, m.config().vocab_size, 1), bad = random_tokens(33, m.config().vocab_size, 2),
+             p3 = random_tokens(45, m.config().vocab_size, 3);
+  const int64_t a = engine.submit({p1, gen, std::nullopt});
+  const int64_t b = engine.submit({bad, gen, std::nullopt});
+  const int64_t c = engine.submit({p3, gen, std::nullopt});
+  std::map<int64_t, std::vector<int32_t>> out;
+  std::map<int64_t, BatchEvent> end;
+  while (engine.busy())
+    for (const BatchEvent& e : engine.step()) {
+      if (e.token >= 0) out[e.id].push_back(e.token);
+      if (e.finished) end[e.id] = e;
+    }
+  EXPECT_EQ(end[b].reason, FinishReason::kError);
+  EXPECT_EQ(end[b].error, "out of device memory: 2.10 GB for the prompt's KV, 0.50 GB free");
+  EXPECT_TRUE(out[b].empty());
+  EXPECT_EQ(backend.aborts, 1);
+  EXPECT_EQ(end[a].reason, FinishReason::kLength);
+  EXPECT_EQ(out[a], single(m, p1, gen));
+  EXPECT_EQ(out[c], single(m, p3, gen));
+  EXPECT_EQ(engine.blocks().used(), 0);
+  EXPECT_EQ(engine.reserved_blocks(), 0);
+}
+
 TEST(BatchEngine, BadOptions) {
   const Model& m = fixture("llama3");
   CpuBatchBackend backend(m);
