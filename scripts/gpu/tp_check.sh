@@ -12,9 +12,10 @@
 #   configure  cmake --preset cuda -B build/tp-cuda (+ deps.sh's arguments, TESSERA_NCCL_ROOT from nccl.sh)
 #   build      tp_gpu_test tp_bench (and what they need)
 #   test       tp_gpu_test: TP on 2 GPUs vs the single-GPU engine (fixtures), sparse policy under 3 placements
-#   bench_1    tp_bench --gpus 1 at TP_LENGTHS (the same engine on one GPU: the baseline of the same call)
-#   bench_N    tp_bench --gpus N (N = TP_GPUS, default: every GPU) at TP_LENGTHS, uniform / greedy / genetic
-# $OUT receives summary.txt, tp_gpu_test.xml, tp_bench_1.csv, tp_bench_N.csv, head_profile.json and tp_check.tgz.
+#   bench_<N>gpu_<len>  tp_bench --gpus N (N = TP_GPUS, default: every GPU), uniform / greedy / genetic placement
+#   bench_1gpu_<len>    tp_bench --gpus 1 (the same engine on one GPU: the baseline of the same call)
+#              for each length of TP_LENGTHS that the time left can hold
+# $OUT receives summary.txt, tp_gpu_test.xml, tp_bench.csv (every table row), head_profile.json and tp_check.tgz.
 # Environment: OUT, JOBS (16), TP_BUDGET_S, TP_GPUS, TP_LENGTHS (131072,262144), TP_COSTS (profile).
 # NCCL_NVLS_ENABLE=0 is exported for every process (no NVLink multicast on shared machines).
 set -u
@@ -74,21 +75,34 @@ if [ -d "$ROOT/build/gpu-debs" ] && run_step deps 60 bash "$ROOT/scripts/gpu/dep
   . "$ROOT/build/gpu-sysroot/deps.env"
 fi
 run_step configure 90 cmake --preset cuda -B "$BUILD_DIR" -DTESSERA_BUILD_BENCH=ON $TESSERA_DEPS_CMAKE_ARGS $NCCL_ARGS
-run_step build 330 cmake --build "$BUILD_DIR" -j "${JOBS:-16}" --target tp_gpu_test tp_bench
-run_step test 120 "$BUILD_DIR/tests/gpu/tp_gpu_test" --gtest_output="xml:$OUT/tp_gpu_test.xml"
+run_step build 360 cmake --build "$BUILD_DIR" -j "${JOBS:-16}" --target tp_gpu_test tp_bench
+run_step test 100 "$BUILD_DIR/tests/gpu/tp_gpu_test" --gtest_output="xml:$OUT/tp_gpu_test.xml"
 
 GPUS=${TP_GPUS:-$(nvidia-smi -L | wc -l)}
 LENGTHS=${TP_LENGTHS:-131072,262144}
 POLICY=$ROOT/build/tp-data/Llama_3_8B_Instruct_262k_kv_out_v32_fit_o_best_pattern.json
-left() { echo $((BUDGET - ($(date +%s) - START) - 15)); }
-run_step bench_N 400 "$BUILD_DIR/bench/gpu/tp_bench" --gpus "$GPUS" --policy "$POLICY" --lengths "$LENGTHS" \
-  --costs "${TP_COSTS:-profile}" --out "$WORK/bench_N" --max-seconds "$(($(left) * 2 / 3))"
-run_step bench_1 200 "$BUILD_DIR/bench/gpu/tp_bench" --gpus 1 --policy "$POLICY" --lengths "$LENGTHS" \
-  --costs flops --out "$WORK/bench_1" --max-seconds "$(($(left) - 40))"
+left() { echo $((BUDGET - ($(date +%s) - START) - 10)); }
+# One step per length and GPU count (a step cut by its time limit loses only its own table; the per-rank JSON files
+# of every finished run stay in the tarball). A length starts only when the time left could hold it.
+for LEN in ${LENGTHS//,/ }; do
+  need=$((LEN / 1024))  # seconds a length needs for N GPUs x 3 placements and 1 GPU, roughly (128K: 128 s)
+  if [ "$(left)" -lt "$need" ]; then
+    echo "bench $LEN SKIPPED (about ${need}s needed, $(left)s left)" | tee -a "$SUMMARY"
+    continue
+  fi
+  run_step "bench_${GPUS}gpu_$LEN" $(($(left) - need / 3)) "$BUILD_DIR/bench/gpu/tp_bench" --gpus "$GPUS" --policy "$POLICY" \
+    --lengths "$LEN" --costs "${TP_COSTS:-profile}" --out "$WORK/bench_N_$LEN" --max-seconds $(($(left) - need / 2))
+  run_step "bench_1gpu_$LEN" $(($(left))) "$BUILD_DIR/bench/gpu/tp_bench" --gpus 1 --policy "$POLICY" \
+    --lengths "$LEN" --costs flops --out "$WORK/bench_1_$LEN"
+done
 
-cp "$WORK/bench_N/tp_bench.csv" "$OUT/tp_bench_N.csv" 2> /dev/null
-cp "$WORK/bench_1/tp_bench.csv" "$OUT/tp_bench_1.csv" 2> /dev/null
-cp "$WORK/bench_N/head_profile.json" "$OUT/" 2> /dev/null
+: > "$OUT/tp_bench.csv"
+for f in "$WORK"/bench_N_*/tp_bench.csv "$WORK"/bench_1_*/tp_bench.csv; do
+  [ -f "$f" ] || continue
+  [ -s "$OUT/tp_bench.csv" ] && tail -n +2 "$f" >> "$OUT/tp_bench.csv" || cat "$f" >> "$OUT/tp_bench.csv"
+done
+cp "$WORK"/bench_N_131072/head_profile.json "$OUT/" 2> /dev/null
 cp "$SUMMARY" "$OUT/summary.txt"
-tar -czf "$OUT/tp_check.tgz" -C "$WORK" logs bench_N bench_1 2> /dev/null
+tar -czf "$OUT/tp_check.tgz" -C "$WORK" logs $(cd "$WORK" && ls -d bench_* 2> /dev/null) 2> /dev/null
 cat "$SUMMARY"
+cat "$OUT/tp_bench.csv"

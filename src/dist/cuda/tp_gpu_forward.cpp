@@ -132,7 +132,12 @@ void TpGpuForward::layer_attention(int32_t l, int32_t pos, int32_t n, const attn
         opt.dense_fallback = opt.dense_fallback && options_.dense_fallback;
         e.layer = std::make_unique<attn::gpu::CudaLayerAttention>(patterns, ctx, 1, d, opt);
       }
-      if (e.layer->has_dynamic_heads() || !e.index_built) {
+      if (e.layer->has_dynamic_heads()) {
+        // Dynamic heads estimate and index afresh on every call: nothing to keep, and keeping every group's
+        // estimates and index (up to layers x groups of them, each sized for the prompt) would fill the GPU.
+        e.layer->run(args, stream_);
+        e.layer.reset();
+      } else if (!e.index_built) {
         e.layer->run(args, stream_);
         e.index_built = true;
       } else {

@@ -157,6 +157,7 @@ TEST(TpGpu, FixturesEqualTheSingleGpuEngine) {
                   runtime::gpu::GpuForward f(*dev, runtime::gpu::ForwardOptions{}, stream, gemm, timer);
                   runtime::gpu::DeviceKVCache cache(c.num_layers, c.num_kv_heads, c.head_dim,
                                                     static_cast<int32_t>(tokens.size()));
+                  cache.reserve(static_cast<int32_t>(tokens.size()), 0);
                   write_floats(single, f.run(tokens, 0, cache, nullptr, static_cast<int32_t>(tokens.size()),
                                              runtime::gpu::LogitRows::kAll));
                 }
