@@ -1,6 +1,6 @@
-// One process per rank (dist/launch.h): forked ranks, the rendezvous by file and by TCP, the environment, failures.
+// One process per rank (dist/launch.h): forked ranks, the rendezvous by file and by TCP, the environment,
+// failures.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <chrono>
@@ -33,9 +33,10 @@ std::vector<uint8_t> id_blob() {
 // Each rank checks its environment, receives rank 0's blob and writes "<rank> <world> <ok>" to its file.
 int rank_body(const RankEnv& e, const fs::path& dir) {
   const RankEnv from_env = rank_env_from_environment();
-  const std::vector<uint8_t> got = exchange_root_blob(e, e.rank == 0 ? id_blob() : std::vector<uint8_t>{}, 20);
-  std::ofstream(dir / ("rank" + std::to_string(e.rank))) << from_env.rank << " " << from_env.world << " "
-                                                          << from_env.local_rank << " " << (got == id_blob());
+  const std::vector<uint8_t> got =
+      exchange_root_blob(e, e.rank == 0 ? id_blob() : std::vector<uint8_t>{}, 20);
+  std::ofstream(dir / ("rank" + std::to_string(e.rank)))
+      << from_env.rank << " " << from_env.world << " " << from_env.local_rank << " " << (got == id_blob());
   return 0;
 }
 
@@ -43,7 +44,9 @@ int rank_body(const RankEnv& e, const fs::path& dir) {
 
 TEST(Launch, ForkedRanksShareRankZerosBlobThroughAFile) {
   const fs::path dir = temp_dir("file");
-  ASSERT_EQ(launch_local_ranks(3, (dir / "rendezvous").string(), [&](const RankEnv& e) { return rank_body(e, dir); }), 0);
+  ASSERT_EQ(launch_local_ranks(3, (dir / "rendezvous").string(),
+                               [&](const RankEnv& e) { return rank_body(e, dir); }),
+            0);
   for (int r = 0; r < 3; ++r) {
     std::ifstream f(dir / ("rank" + std::to_string(r)));
     int rank = -1, world = -1, local = -1, ok = 0;
@@ -66,7 +69,8 @@ TEST(Launch, RanksShareRankZerosBlobOverTcp) {
     e.rendezvous_file.clear();
     e.master_addr = "127.0.0.1";
     e.master_port = port;
-    const std::vector<uint8_t> got = exchange_root_blob(e, e.rank == 0 ? id_blob() : std::vector<uint8_t>{}, 20);
+    const std::vector<uint8_t> got =
+        exchange_root_blob(e, e.rank == 0 ? id_blob() : std::vector<uint8_t>{}, 20);
     std::ofstream(dir / ("rank" + std::to_string(e.rank))) << (got == id_blob());
     return got == id_blob() ? 0 : 3;
   });
@@ -117,6 +121,7 @@ TEST(Launch, EnvironmentErrors) {
     exchange_root_blob(lonely, {}, 0.2);
     ADD_FAILURE() << "no error";
   } catch (const Error& err) {
-    EXPECT_EQ(std::string(err.what()), "rank 1: no rendezvous file " + lonely.rendezvous_file + " from rank 0 within 0 s");
+    EXPECT_EQ(std::string(err.what()),
+              "rank 1: no rendezvous file " + lonely.rendezvous_file + " from rank 0 within 0 s");
   }
 }

@@ -69,7 +69,8 @@ TEST(Placement, CostModelChargesKvProjectionOncePerGroupAndGpu) {
 TEST(Placement, GreedyPutsLongestHeadsFirstOntoTheLeastLoadedGpu) {
   const CostModel m = small_model();
   const Placement g = place(m, 2, PlacementMethod::kGreedy);
-  // Layer 1 (no projection costs): 8 -> 0, 7 -> 1, 6 -> 1, 5 -> 0, 4 -> 0 (13 vs 17?) ... the loads end 18 and 18.
+  // Layer 1 (no projection costs): 8 -> 0, 7 -> 1, 6 -> 1, 5 -> 0, 4 -> 0 (13 vs 17?) ... the loads end 18
+  // and 18.
   const auto c = gpu_costs(m, g);
   EXPECT_DOUBLE_EQ(c[1][0], 18);
   EXPECT_DOUBLE_EQ(c[1][1], 18);
@@ -135,15 +136,16 @@ TEST(Placement, ProfileCostsInterpolateAndNameMissingPatterns) {
   HeadCostProfile prof;
   prof.entries = {{"dense", 1000, 1.0}, {"dense", 2000, 4.0}};
   prof.projections = {{1000, 0.1, 0.2}};
-  EXPECT_EQ(error_of([&] { profile_costs(policy, 1500, prof, "prof.json"); }),
-            "prof.json: the profile has no timing for ashape(sink=1024, local=4096) (layer 0, head 3); profile it "
-            "with tp_bench --profile");
+  EXPECT_EQ(
+      error_of([&] { profile_costs(policy, 1500, prof, "prof.json"); }),
+      "prof.json: the profile has no timing for ashape(sink=1024, local=4096) (layer 0, head 3); profile it "
+      "with tp_bench --profile");
   prof.entries.push_back({"ashape(sink=1024, local=4096)", 1000, 0.5});
   const HeadCostProfile round = HeadCostProfile::from_json(prof.to_json(), "round");
   const CostModel m = profile_costs(policy, 1500, round, "prof.json");
-  EXPECT_DOUBLE_EQ(m.layers[0].attn[0], 2.5);                 // linear between 1000 and 2000
-  EXPECT_DOUBLE_EQ(m.layers[0].attn[3], 0.5 * 1.5 * 1.5);     // beyond the profile: quadratic
-  EXPECT_DOUBLE_EQ(m.layers[0].qo, 0.15);                     // projections: linear in length
+  EXPECT_DOUBLE_EQ(m.layers[0].attn[0], 2.5);              // linear between 1000 and 2000
+  EXPECT_DOUBLE_EQ(m.layers[0].attn[3], 0.5 * 1.5 * 1.5);  // beyond the profile: quadratic
+  EXPECT_DOUBLE_EQ(m.layers[0].qo, 0.15);                  // projections: linear in length
   EXPECT_DOUBLE_EQ(m.layers[0].kv, 0.3);
 }
 
@@ -165,8 +167,9 @@ TEST(Placement, ErrorsForBadInput) {
   EXPECT_EQ(back.gpu_of_head, g.gpu_of_head);
   EXPECT_EQ(back.method, "greedy");
   EXPECT_EQ(error_of([&] { load_placement(file, 4, 2, 8, 2); }),
-            file.string() + ": the placement was made for 2 GPUs, this run has 4; make one for 4 GPUs (tp_bench "
-                            "--gpus 4 writes placement_greedy_<length>.json)");
+            file.string() +
+                ": the placement was made for 2 GPUs, this run has 4; make one for 4 GPUs (tp_bench "
+                "--gpus 4 writes placement_greedy_<length>.json)");
   EXPECT_EQ(error_of([&] { load_placement(file, 2, 3, 8, 2); }),
             file.string() + ": the placement has 2 layers, the model 3");
   // Inside a plan document, under "placement".

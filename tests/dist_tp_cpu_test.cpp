@@ -1,7 +1,7 @@
-// The CPU twin of tensor parallelism (dist/tp_forward_cpu.h) against the single-rank forward (runtime/forward.h) on
-// the tiny Hugging Face fixtures: N virtual ranks whose all-reduce is a sum give the same logits whatever the
-// placement (uniform, greedy, KV groups split over ranks, a rank without heads), dense and sparse policies,
-// chunked prefill.
+// The CPU twin of tensor parallelism (dist/tp_forward_cpu.h) against the single-rank forward
+// (runtime/forward.h) on the tiny Hugging Face fixtures: N virtual ranks whose all-reduce is a sum give the
+// same logits whatever the placement (uniform, greedy, KV groups split over ranks, a rank without heads),
+// dense and sparse policies, chunked prefill.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -55,8 +55,9 @@ std::vector<float> reference(const runtime::Model& m, const std::vector<int32_t>
   return all;
 }
 
-std::vector<float> tensor_parallel(const runtime::Model& m, const Placement& p, const std::vector<int32_t>& tokens,
-                                   int32_t chunk, const attn::AttentionPolicy* policy) {
+std::vector<float> tensor_parallel(const runtime::Model& m, const Placement& p,
+                                   const std::vector<int32_t>& tokens, int32_t chunk,
+                                   const attn::AttentionPolicy* policy) {
   TpForwardCpu tp(m, p, static_cast<int32_t>(tokens.size()), ThreadPool::global());
   std::vector<float> all;
   for (size_t s = 0; s < tokens.size(); s += static_cast<size_t>(chunk)) {
@@ -114,7 +115,8 @@ TEST(TensorParallelCpu, EqualsSingleRankForEveryPlacement) {
     placements.push_back(place(skewed_costs(c), 2, PlacementMethod::kUniform));
     placements.push_back(place(skewed_costs(c), 2, PlacementMethod::kGreedy));
     placements.push_back(place(skewed_costs(c), 3, PlacementMethod::kGenetic));
-    placements.push_back(place(skewed_costs(c), c.num_q_heads, PlacementMethod::kUniform));  // a head per rank
+    placements.push_back(
+        place(skewed_costs(c), c.num_q_heads, PlacementMethod::kUniform));  // a head per rank
     // Every head on rank 1 in layer 0 (rank 0 holds none), reversed split in the other layers.
     std::vector<std::vector<int32_t>> layers(static_cast<size_t>(c.num_layers));
     for (int32_t l = 0; l < c.num_layers; ++l)
@@ -135,8 +137,8 @@ TEST(TensorParallelCpu, SparsePolicyPlacementChangesNoOutput) {
   const runtime::Model& m = fixture("llama3");
   const runtime::ModelConfig& c = m.config();
   const std::vector<int32_t> tokens = prompt(200, c.vocab_size);
-  attn::AttentionPolicy policy = attn::AttentionPolicy::uniform(c.num_layers, c.num_q_heads, c.num_kv_heads,
-                                                                attn::AShapePattern{4, 32});
+  attn::AttentionPolicy policy =
+      attn::AttentionPolicy::uniform(c.num_layers, c.num_q_heads, c.num_kv_heads, attn::AShapePattern{4, 32});
   attn::VerticalSlashPattern vs;
   vs.vertical = 12;
   vs.slash = 24;
@@ -148,9 +150,11 @@ TEST(TensorParallelCpu, SparsePolicyPlacementChangesNoOutput) {
   policy.at(1, 3) = attn::BlockSparsePattern{2, 64};
   policy.at(0, 3) = attn::DensePattern{};
   const std::vector<float> ref = reference(m, tokens, 256, &policy);
-  for (PlacementMethod method : {PlacementMethod::kUniform, PlacementMethod::kGreedy, PlacementMethod::kGenetic}) {
+  for (PlacementMethod method :
+       {PlacementMethod::kUniform, PlacementMethod::kGreedy, PlacementMethod::kGenetic}) {
     const Placement p = place(flop_costs(policy, 200, c.hidden_size, c.head_dim), 2, method);
-    EXPECT_LT(max_abs_diff(tensor_parallel(m, p, tokens, 256, &policy), ref), kTol) << placement_method_name(method);
+    EXPECT_LT(max_abs_diff(tensor_parallel(m, p, tokens, 256, &policy), ref), kTol)
+        << placement_method_name(method);
   }
   // Group 0's heads split over both ranks (its K/V computed on each).
   const Placement split = custom(c, 2, {{0, 1, 1, 0}, {1, 0, 0, 1}});

@@ -1,27 +1,32 @@
 // tp_bench — the tensor-parallel engine (dist/cuda) on N GPUs with uniform, greedy and genetic head placement
-// (FlexAttn): per-layer attention time per GPU (slowest / fastest), TTFT, and the placement search time, for a
-// model of Llama-3-8B shapes (random weights) and a per-head policy (MInference's Llama-3-8B-262K config).
+// (FlexAttn): per-layer attention time per GPU (slowest / fastest), TTFT, and the placement search time, for
+// a model of Llama-3-8B shapes (random weights) and a per-head policy (MInference's Llama-3-8B-262K config).
 //
-//   tp_bench --gpus 2 --policy ../shared/data/minference-configs/Llama_3_8B_Instruct_262k_kv_out_v32_fit_o_best_pattern.json
+//   tp_bench --gpus 2 --policy
+//   ../shared/data/minference-configs/Llama_3_8B_Instruct_262k_kv_out_v32_fit_o_best_pattern.json
 //            [--lengths 131072,262144] [--placements uniform,greedy,genetic] [--costs profile|flops]
 //            [--model llama3-8b] [--seed 1] [--out DIR] [--dense-fallback] [--max-seconds S]
 //
 // Steps (the bench process itself never touches CUDA; GPU work runs in forked ranks, dist/launch.h):
-//  1. --costs profile (default): one rank on GPU 0 times each distinct pattern of the policy at each length (a GQA
-//     group of 4 heads through CudaLayerAttention: estimate, index and attend, on random q/k/v; per head = / 4) and
-//     the per-head Q+O and per-group K+V projections (cuBLAS): the runtime profiling report, saved as
+//  1. --costs profile (default): one rank on GPU 0 times each distinct pattern of the policy at each length
+//  (a GQA
+//     group of 4 heads through CudaLayerAttention: estimate, index and attend, on random q/k/v; per head = /
+//     4) and the per-head Q+O and per-group K+V projections (cuBLAS): the runtime profiling report, saved as
 //     DIR/head_profile.json. --costs flops: the index FLOP accounting instead (dist/placement.h flop_costs).
-//  2. placements per length and method (search time measured), saved as DIR/placement_<method>_<length>.json, with
+//  2. placements per length and method (search time measured), saved as DIR/placement_<method>_<length>.json,
+//  with
 //     the cost model's predicted imbalance.
-//  3. N ranks (NCCL): per length and placement, the rank's shard with random weights, a warm-up prefill of 4096
+//  3. N ranks (NCCL): per length and placement, the rank's shard with random weights, a warm-up prefill of
+//  4096
 //     tokens, then the timed prefill of the whole prompt (barrier, run, barrier: TTFT on rank 0), per-layer
 //     attention time from CUDA events on every rank.
-// Output: a markdown table on stdout and DIR/tp_bench.csv (one row per length x method): TTFT, the sum over layers of
-// the slowest and of the fastest GPU's attention, the mean and max per-layer imbalance (slowest / fastest),
-// predicted imbalance, search time. --gpus 1 runs the same engine on one GPU (uniform only): the baseline.
-// Random weights: queries and keys have no structure, so dynamic patterns (VS) run at their budgets with scattered
-// indices; the dense fallback is off unless --dense-fallback (with it, scattered VS heads run dense and all heads
-// cost the same).
+// Output: a markdown table on stdout and DIR/tp_bench.csv (one row per length x method): TTFT, the sum over
+// layers of the slowest and of the fastest GPU's attention, the mean and max per-layer imbalance (slowest /
+// fastest), predicted imbalance, search time. --gpus 1 runs the same engine on one GPU (uniform only): the
+// baseline. Random weights: queries and keys have no structure, so dynamic patterns (VS) run at their budgets
+// with scattered indices; the dense fallback is off unless --dense-fallback (with it, scattered VS heads run
+// dense and all heads cost the same).
+#include <cuda_runtime.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -33,13 +38,11 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <cuda_runtime.h>
-#include <nlohmann/json.hpp>
 
 #include "attention/cuda/layer_attention_cuda.h"
 #include "attention/pattern/config_io.h"
@@ -90,21 +93,32 @@ Options parse(int argc, char** argv) {
       if (i + 1 >= argc) throw Error(a + " needs a value");
       return argv[++i];
     };
-    if (a == "--gpus") o.gpus = std::stoi(value());
-    else if (a == "--policy") o.policy = value();
+    if (a == "--gpus")
+      o.gpus = std::stoi(value());
+    else if (a == "--policy")
+      o.policy = value();
     else if (a == "--lengths") {
       o.lengths.clear();
       for (const std::string& s : split(value(), ',')) o.lengths.push_back(std::stoll(s));
-    } else if (a == "--placements") o.placements = split(value(), ',');
-    else if (a == "--costs") o.costs = value();
-    else if (a == "--model") o.model = value();
-    else if (a == "--seed") o.seed = std::stoull(value());
-    else if (a == "--out") o.out = value();
-    else if (a == "--dense-fallback") o.dense_fallback = true;
-    else if (a == "--max-seconds") o.max_seconds = std::stod(value());
-    else throw Error("tp_bench: unknown option " + a + " (see the top of bench/gpu/tp_bench.cpp)");
+    } else if (a == "--placements")
+      o.placements = split(value(), ',');
+    else if (a == "--costs")
+      o.costs = value();
+    else if (a == "--model")
+      o.model = value();
+    else if (a == "--seed")
+      o.seed = std::stoull(value());
+    else if (a == "--out")
+      o.out = value();
+    else if (a == "--dense-fallback")
+      o.dense_fallback = true;
+    else if (a == "--max-seconds")
+      o.max_seconds = std::stod(value());
+    else
+      throw Error("tp_bench: unknown option " + a + " (see the top of bench/gpu/tp_bench.cpp)");
   }
-  if (o.policy.empty()) throw Error("tp_bench: --policy FILE is required (a MInference, MoA or tessera policy)");
+  if (o.policy.empty())
+    throw Error("tp_bench: --policy FILE is required (a MInference, MoA or tessera policy)");
   if (o.costs != "profile" && o.costs != "flops") throw Error("tp_bench: --costs must be profile or flops");
   if (o.gpus == 1) o.placements = {"uniform"};
   return o;
@@ -142,7 +156,8 @@ HeadCostProfile profile_heads(const runtime::ModelConfig& cfg, const attn::Atten
       const auto n = static_cast<int32_t>(len);
       attn::gpu::DeviceBuffer<bf16> q(static_cast<size_t>(len * kHeads * D)), k(static_cast<size_t>(len * D)),
           v(static_cast<size_t>(len * D)), out(static_cast<size_t>(len * kHeads * D)),
-          h(static_cast<size_t>(len * H)), w(static_cast<size_t>(2 * D * H)), y(static_cast<size_t>(len * 2 * D));
+          h(static_cast<size_t>(len * H)), w(static_cast<size_t>(2 * D * H)),
+          y(static_cast<size_t>(len * 2 * D));
       runtime::gpu::fill_uniform_bf16(q.data(), static_cast<int64_t>(q.size()), 11, 1.0f, stream);
       runtime::gpu::fill_uniform_bf16(k.data(), static_cast<int64_t>(k.size()), 12, 1.0f, stream);
       runtime::gpu::fill_uniform_bf16(v.data(), static_cast<int64_t>(v.size()), 13, 1.0f, stream);
@@ -156,15 +171,17 @@ HeadCostProfile profile_heads(const runtime::ModelConfig& cfg, const attn::Atten
       for (const auto& [name, p] : patterns) {
         attn::gpu::CudaAttentionOptions opt = attn::gpu::cuda_attention_defaults();
         opt.dense_fallback = opt.dense_fallback && dense_fallback;
-        attn::gpu::CudaLayerAttention layer(std::vector<attn::Pattern>(kHeads, p), attn::LoweringContext::prefill(n, 128),
-                                            1, static_cast<int>(D), opt);
+        attn::gpu::CudaLayerAttention layer(std::vector<attn::Pattern>(kHeads, p),
+                                            attn::LoweringContext::prefill(n, 128), 1, static_cast<int>(D),
+                                            opt);
         layer.run(args, stream);  // warm-up (route, plans)
         cudaEventRecord(e0, stream);
         layer.run(args, stream);
         cudaEventRecord(e1, stream);
         const double ms = elapsed_ms();
         prof.entries.push_back({name, len, ms / 1e3 / kHeads});
-        std::printf("profile %-40s %7lld: %8.3f ms per head\n", name.c_str(), static_cast<long long>(len), ms / kHeads);
+        std::printf("profile %-40s %7lld: %8.3f ms per head\n", name.c_str(), static_cast<long long>(len),
+                    ms / kHeads);
       }
       // Projections: Q+O of one head = 2 GEMMs [n, H] x [D, H]^T; K+V of one group the same shapes.
       gemm.linear(h.data(), H, len, w.data(), 2 * D, H, y.data(), DType::BF16, 2 * D, 0.0f);
@@ -208,7 +225,8 @@ int main(int argc, char** argv) {
       const fs::path path = fs::path(o.out) / "head_profile.json";
       const int rc = launch_local_ranks(1, (fs::path(o.out) / "rv-profile").string(), [&](const RankEnv&) {
         cudaSetDevice(0);
-        std::ofstream(path) << profile_heads(cfg, policy, o.lengths, o.dense_fallback).to_json().dump(1) << "\n";
+        std::ofstream(path) << profile_heads(cfg, policy, o.lengths, o.dense_fallback).to_json().dump(1)
+                            << "\n";
         return 0;
       });
       if (rc != 0) throw Error("tp_bench: the profiling rank failed");
@@ -250,7 +268,9 @@ int main(int argc, char** argv) {
           }
           for (const std::string& m : o.placements) {
             if (o.max_seconds > 0 && now_s() - t_start > o.max_seconds) {
-              if (env.rank == 0) std::printf("skipping %s at %lld: past --max-seconds\n", m.c_str(), static_cast<long long>(len));
+              if (env.rank == 0)
+                std::printf("skipping %s at %lld: past --max-seconds\n", m.c_str(),
+                            static_cast<long long>(len));
               continue;
             }
             const Placement& p = placements.at({len, m});
@@ -267,11 +287,15 @@ int main(int argc, char** argv) {
             fwd.run(tokens, 0, &policy, static_cast<int32_t>(len), true);
             comm->barrier(stream);
             const double ttft = now_s() - t0;
-            json j = {{"rank", env.rank}, {"length", len}, {"method", m}, {"ttft_s", ttft},
-                      {"layer_ms", fwd.layer_attention_ms()}, {"weights_bytes", model->bytes()},
+            json j = {{"rank", env.rank},
+                      {"length", len},
+                      {"method", m},
+                      {"ttft_s", ttft},
+                      {"layer_ms", fwd.layer_attention_ms()},
+                      {"weights_bytes", model->bytes()},
                       {"kv_bytes", fwd.kv_bytes()}};
-            std::ofstream(fs::path(o.out) / ("rank" + std::to_string(env.rank) + "_" + m + "_" + std::to_string(len) +
-                                             ".json"))
+            std::ofstream(fs::path(o.out) /
+                          ("rank" + std::to_string(env.rank) + "_" + m + "_" + std::to_string(len) + ".json"))
                 << j.dump() << "\n";
             if (env.rank == 0)
               std::printf("  %s at %lld: TTFT %.3f s\n", m.c_str(), static_cast<long long>(len), ttft);
@@ -287,13 +311,16 @@ int main(int argc, char** argv) {
     std::ofstream csv(fs::path(o.out) / "tp_bench.csv");
     csv << "gpus,length,method,ttft_s,attn_slowest_s,attn_fastest_s,mean_imbalance,max_imbalance,"
            "predicted_mean_imbalance,predicted_max_imbalance,search_s\n";
-    std::printf("\n| GPUs | length | placement | TTFT (s) | attention, slowest GPU (s) | fastest GPU (s) | "
-                "imbalance mean / max | predicted mean / max | search (s) |\n|---|---|---|---|---|---|---|---|---|\n");
+    std::printf(
+        "\n| GPUs | length | placement | TTFT (s) | attention, slowest GPU (s) | fastest GPU (s) | "
+        "imbalance mean / max | predicted mean / max | search (s) "
+        "|\n|---|---|---|---|---|---|---|---|---|\n");
     for (int64_t len : o.lengths)
       for (const std::string& m : o.placements) {
         std::vector<RankResult> ranks;
         for (int32_t r = 0; r < o.gpus; ++r) {
-          const fs::path f = fs::path(o.out) / ("rank" + std::to_string(r) + "_" + m + "_" + std::to_string(len) + ".json");
+          const fs::path f =
+              fs::path(o.out) / ("rank" + std::to_string(r) + "_" + m + "_" + std::to_string(len) + ".json");
           if (!fs::exists(f)) break;
           const json j = json::parse(std::ifstream(f));
           ranks.push_back({j["ttft_s"].get<double>(), j["layer_ms"].get<std::vector<float>>()});
@@ -318,8 +345,9 @@ int main(int argc, char** argv) {
         std::printf("| %d | %lld | %s | %.3f | %.3f | %.3f | %.3f / %.3f | %.3f / %.3f | %.3f |\n", o.gpus,
                     static_cast<long long>(len), m.c_str(), ranks[0].ttft_s, slow, fast, mean_imb, max_imb,
                     ps.mean_imbalance, ps.max_imbalance, search);
-        csv << o.gpus << "," << len << "," << m << "," << ranks[0].ttft_s << "," << slow << "," << fast << "," << mean_imb
-            << "," << max_imb << "," << ps.mean_imbalance << "," << ps.max_imbalance << "," << search << "\n";
+        csv << o.gpus << "," << len << "," << m << "," << ranks[0].ttft_s << "," << slow << "," << fast << ","
+            << mean_imb << "," << max_imb << "," << ps.mean_imbalance << "," << ps.max_imbalance << ","
+            << search << "\n";
       }
     return rc;
   } catch (const std::exception& e) {

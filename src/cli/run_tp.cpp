@@ -1,8 +1,8 @@
-// `tessera run --gpus N [--placement FILE]`: the prompt through the tensor-parallel engine (docs/multi-gpu.md), one
-// process per GPU. Without WORLD_SIZE in the environment this process forks N ranks on this host (it never touches
-// CUDA itself); with it (torchrun, mpirun, or by hand on several hosts) this process is one rank. Greedy or sampled
-// decoding needs no broadcast: every rank computes the same logits (the all-reduce gives every rank the same sum)
-// and draws with the same seed; rank 0 prints.
+// `tessera run --gpus N [--placement FILE]`: the prompt through the tensor-parallel engine
+// (docs/multi-gpu.md), one process per GPU. Without WORLD_SIZE in the environment this process forks N ranks
+// on this host (it never touches CUDA itself); with it (torchrun, mpirun, or by hand on several hosts) this
+// process is one rank. Greedy or sampled decoding needs no broadcast: every rank computes the same logits
+// (the all-reduce gives every rank the same sum) and draws with the same seed; rank 0 prints.
 #include <unistd.h>
 
 #include <cstdio>
@@ -32,8 +32,9 @@ int run_tp_command(const RunOptions& o) {
   check(o.needle_tokens == 0 && o.stream.methods.empty() && !o.compare,
         "--gpus runs --prompt or --prompt-file with --attn (not --needle, --stream or --compare)");
 #ifndef TESSERA_WITH_TP
-  throw Error("--gpus " + std::to_string(o.gpus) +
-              ": this tessera was built without the tensor-parallel engine (CUDA and NCCL; see docs/multi-gpu.md)");
+  throw Error(
+      "--gpus " + std::to_string(o.gpus) +
+      ": this tessera was built without the tensor-parallel engine (CUDA and NCCL; see docs/multi-gpu.md)");
 #else
   std::string text = o.prompt;
   if (!o.prompt_file.empty()) {
@@ -42,18 +43,20 @@ int run_tp_command(const RunOptions& o) {
     text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
   check(!text.empty(), "no prompt: pass --prompt TEXT or --prompt-file FILE");
-  // The host model and tokenizer load here, before the ranks are forked (they share them; none touches CUDA here).
+  // The host model and tokenizer load here, before the ranks are forked (they share them; none touches CUDA
+  // here).
   const Session s = Session::open(o.model);
   const runtime::ModelConfig& c = s.model->config();
   check_prompt_text_fits(s, text.size(), o.max_context > 0 ? o.max_context : c.context_length,
                          o.prompt_file.empty() ? "the prompt" : o.prompt_file);
   const std::vector<int32_t> prompt = s.encode_prompt(text, o.chat, o.system);
-  std::printf("model: %s; prompt: %s tokens\n", c.summary().c_str(), with_commas(static_cast<int64_t>(prompt.size())).c_str());
+  std::printf("model: %s; prompt: %s tokens\n", c.summary().c_str(),
+              with_commas(static_cast<int64_t>(prompt.size())).c_str());
   const char* world_env = std::getenv("WORLD_SIZE");
   const bool external = world_env != nullptr || std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
   const int32_t world = external ? dist::rank_env_from_environment().world : o.gpus;
-  check(!external || world == o.gpus, "--gpus " + std::to_string(o.gpus) + " but the environment says WORLD_SIZE=" +
-                                          std::to_string(world));
+  check(!external || world == o.gpus,
+        "--gpus " + std::to_string(o.gpus) + " but the environment says WORLD_SIZE=" + std::to_string(world));
   const attn::AttentionPolicy policy = s.policy(o.attn);
   dist::Placement placement;
   if (!o.placement.empty()) {
@@ -63,9 +66,9 @@ int run_tp_command(const RunOptions& o) {
         policy.table().empty() ? attn::AttentionPolicy::uniform(c.num_layers, c.num_q_heads, c.num_kv_heads,
                                                                 attn::DensePattern{})
                                : policy;
-    placement = dist::place(dist::flop_costs(costs_policy, static_cast<int64_t>(prompt.size()), c.hidden_size,
-                                             c.head_dim),
-                            world, dist::PlacementMethod::kGenetic);
+    placement = dist::place(
+        dist::flop_costs(costs_policy, static_cast<int64_t>(prompt.size()), c.hidden_size, c.head_dim), world,
+        dist::PlacementMethod::kGenetic);
   }
   const int32_t capacity = static_cast<int32_t>(prompt.size()) + o.max_tokens;
   auto body = [&](const dist::RankEnv& env) -> int {
@@ -82,12 +85,12 @@ int run_tp_command(const RunOptions& o) {
       dist::TpGpuForward fwd(*model, *comm, fo, stream, gemm);
       fwd.reserve(capacity);
       if (env.rank == 0)
-        std::printf("tensor parallel: %d GPUs, placement %s; rank 0 holds %.2f GB of weights (loaded in %.1f s)\n",
-                    world, placement.method.c_str(), static_cast<double>(model->bytes()) / 1e9, now_seconds() - t0);
+        std::printf(
+            "tensor parallel: %d GPUs, placement %s; rank 0 holds %.2f GB of weights (loaded in %.1f s)\n",
+            world, placement.method.c_str(), static_cast<double>(model->bytes()) / 1e9, now_seconds() - t0);
       comm->barrier(stream);
       const double t1 = now_seconds();
-      std::vector<float> logits =
-          fwd.run(prompt, 0, &policy, static_cast<int32_t>(prompt.size()), true);
+      std::vector<float> logits = fwd.run(prompt, 0, &policy, static_cast<int32_t>(prompt.size()), true);
       const double prefill = now_seconds() - t1;
       runtime::Sampler sampler(o.sampling);
       std::vector<int32_t> out;
@@ -103,10 +106,11 @@ int run_tp_command(const RunOptions& o) {
       const double decode = now_seconds() - t2;
       if (env.rank == 0) {
         std::printf("%s\n", s.tokenizer->decode(out).c_str());
-        std::printf("[%s, %d GPUs] prefill %s tokens in %.2f s (%.0f tok/s); decode %zu tokens at %.1f tok/s\n",
-                    o.attn.c_str(), world, with_commas(static_cast<int64_t>(prompt.size())).c_str(), prefill,
-                    static_cast<double>(prompt.size()) / prefill, out.size(),
-                    decode > 0 ? static_cast<double>(out.size()) / decode : 0.0);
+        std::printf(
+            "[%s, %d GPUs] prefill %s tokens in %.2f s (%.0f tok/s); decode %zu tokens at %.1f tok/s\n",
+            o.attn.c_str(), world, with_commas(static_cast<int64_t>(prompt.size())).c_str(), prefill,
+            static_cast<double>(prompt.size()) / prefill, out.size(),
+            decode > 0 ? static_cast<double>(out.size()) / decode : 0.0);
       }
     }
     cudaStreamDestroy(stream);
@@ -114,9 +118,9 @@ int run_tp_command(const RunOptions& o) {
   };
   std::fflush(stdout);
   if (external) return body(dist::rank_env_from_environment());
-  const std::string rv = (std::filesystem::temp_directory_path() /
-                          ("tessera-rendezvous-" + std::to_string(::getpid())))
-                             .string();
+  const std::string rv =
+      (std::filesystem::temp_directory_path() / ("tessera-rendezvous-" + std::to_string(::getpid())))
+          .string();
   return dist::launch_local_ranks(world, rv, body);
 #endif
 }

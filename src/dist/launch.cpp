@@ -33,13 +33,16 @@ int32_t env_int(const char* name, int32_t fallback) {
   if (v == nullptr) return fallback;
   char* end = nullptr;
   const long x = std::strtol(v, &end, 10);
-  if (end == v || *end != '\0' || x < 0 || x > 1 << 20) throw Error(std::string(name) + "=" + v + " is not a rank count or index");
+  if (end == v || *end != '\0' || x < 0 || x > 1 << 20)
+    throw Error(std::string(name) + "=" + v + " is not a rank count or index");
   return static_cast<int32_t>(x);
 }
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 // Connects to addr:port; -1 on failure.
 int connect_to(const std::string& addr, int32_t port) {
@@ -96,8 +99,8 @@ std::vector<uint8_t> exchange_file(const RankEnv& e, const std::vector<uint8_t>&
   const auto t0 = Clock::now();
   while (!fs::exists(path)) {
     if (seconds_since(t0) > timeout_s)
-      throw Error("rank " + std::to_string(e.rank) + ": no rendezvous file " + path.string() + " from rank 0 within " +
-                  std::to_string(static_cast<int>(timeout_s)) + " s");
+      throw Error("rank " + std::to_string(e.rank) + ": no rendezvous file " + path.string() +
+                  " from rank 0 within " + std::to_string(static_cast<int>(timeout_s)) + " s");
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   std::ifstream f(path, std::ios::binary);
@@ -171,11 +174,13 @@ RankEnv rank_env_from_environment() {
   e.master_port = env_int("MASTER_PORT", e.master_port);
   if (const char* f = env("TESSERA_RENDEZVOUS_FILE")) e.rendezvous_file = f;
   check(e.world >= 1, "WORLD_SIZE must be at least 1");
-  check(e.rank < e.world, "RANK=" + std::to_string(e.rank) + " is outside [0, WORLD_SIZE=" + std::to_string(e.world) + ")");
+  check(e.rank < e.world,
+        "RANK=" + std::to_string(e.rank) + " is outside [0, WORLD_SIZE=" + std::to_string(e.world) + ")");
   return e;
 }
 
-std::vector<uint8_t> exchange_root_blob(const RankEnv& e, const std::vector<uint8_t>& blob, double timeout_s) {
+std::vector<uint8_t> exchange_root_blob(const RankEnv& e, const std::vector<uint8_t>& blob,
+                                        double timeout_s) {
   if (e.world == 1) return blob;
   return e.rendezvous_file.empty() ? exchange_tcp(e, blob, timeout_s) : exchange_file(e, blob, timeout_s);
 }
@@ -228,7 +233,8 @@ int launch_local_ranks(int32_t world, const std::string& rendezvous_file,
     if (r == pids.size()) continue;  // not one of ours
     pids[r] = -1;
     --left;
-    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    const int code =
+        WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
     if (code != 0 && result == 0) {
       result = code;
       std::fprintf(stderr, "rank %zu failed (status %d); stopping the other ranks\n", r, code);

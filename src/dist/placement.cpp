@@ -36,8 +36,8 @@ class Rng {
 };
 
 // Eq. 11-12 for one layer: the per-GPU loads of an assignment.
-void layer_loads(const LayerCosts& c, int32_t group, const std::vector<int32_t>& gpu_of_head, int32_t num_gpus,
-                 std::vector<double>& loads, std::vector<uint8_t>& held) {
+void layer_loads(const LayerCosts& c, int32_t group, const std::vector<int32_t>& gpu_of_head,
+                 int32_t num_gpus, std::vector<double>& loads, std::vector<uint8_t>& held) {
   loads.assign(static_cast<size_t>(num_gpus), 0.0);
   const size_t groups = c.attn.size() / static_cast<size_t>(group);
   held.assign(groups * static_cast<size_t>(num_gpus), 0);
@@ -52,8 +52,8 @@ void layer_loads(const LayerCosts& c, int32_t group, const std::vector<int32_t>&
   }
 }
 
-double layer_makespan(const LayerCosts& c, int32_t group, const std::vector<int32_t>& gpu_of_head, int32_t num_gpus,
-                      std::vector<double>& loads, std::vector<uint8_t>& held) {
+double layer_makespan(const LayerCosts& c, int32_t group, const std::vector<int32_t>& gpu_of_head,
+                      int32_t num_gpus, std::vector<double>& loads, std::vector<uint8_t>& held) {
   layer_loads(c, group, gpu_of_head, num_gpus, loads, held);
   return *std::max_element(loads.begin(), loads.end());
 }
@@ -73,8 +73,9 @@ std::vector<int32_t> greedy_layer(const LayerCosts& c, int32_t group, int32_t nu
   std::vector<int32_t> order(static_cast<size_t>(heads));
   std::iota(order.begin(), order.end(), 0);
   // Longest first; equal costs keep head order (stable), so the result is deterministic.
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int32_t a, int32_t b) { return c.attn[static_cast<size_t>(a)] > c.attn[static_cast<size_t>(b)]; });
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return c.attn[static_cast<size_t>(a)] > c.attn[static_cast<size_t>(b)];
+  });
   std::vector<double> load(static_cast<size_t>(num_gpus), 0.0);
   std::vector<uint8_t> held(static_cast<size_t>(heads / group * num_gpus), 0);
   std::vector<int32_t> a(static_cast<size_t>(heads), 0);
@@ -83,7 +84,8 @@ std::vector<int32_t> greedy_layer(const LayerCosts& c, int32_t group, int32_t nu
     int32_t best = 0;
     double best_end = 0;
     for (int32_t d = 0; d < num_gpus; ++d) {
-      const double add = c.attn[static_cast<size_t>(h)] + c.qo + (held[static_cast<size_t>(g * num_gpus + d)] ? 0 : c.kv);
+      const double add =
+          c.attn[static_cast<size_t>(h)] + c.qo + (held[static_cast<size_t>(g * num_gpus + d)] ? 0 : c.kv);
       const double end = load[static_cast<size_t>(d)] + add;
       if (d == 0 || end < best_end ||
           (end == best_end && load[static_cast<size_t>(d)] < load[static_cast<size_t>(best)])) {
@@ -98,13 +100,15 @@ std::vector<int32_t> greedy_layer(const LayerCosts& c, int32_t group, int32_t nu
   return a;
 }
 
-std::vector<int32_t> genetic_layer(const LayerCosts& c, int32_t group, int32_t num_gpus, const GeneticOptions& o,
-                                   uint64_t layer_seed) {
+std::vector<int32_t> genetic_layer(const LayerCosts& c, int32_t group, int32_t num_gpus,
+                                   const GeneticOptions& o, uint64_t layer_seed) {
   const auto heads = static_cast<int32_t>(c.attn.size());
   Rng rng(layer_seed);
   std::vector<double> loads;
   std::vector<uint8_t> held;
-  auto cost = [&](const std::vector<int32_t>& ind) { return layer_makespan(c, group, ind, num_gpus, loads, held); };
+  auto cost = [&](const std::vector<int32_t>& ind) {
+    return layer_makespan(c, group, ind, num_gpus, loads, held);
+  };
   const auto pop_size = static_cast<size_t>(std::max(o.population, 2));
 
   std::vector<std::vector<int32_t>> pop;
@@ -118,7 +122,9 @@ std::vector<int32_t> genetic_layer(const LayerCosts& c, int32_t group, int32_t n
   std::vector<double> costs(pop.size());
   for (size_t i = 0; i < pop.size(); ++i) costs[i] = cost(pop[i]);
 
-  auto best_of = [&] { return static_cast<size_t>(std::min_element(costs.begin(), costs.end()) - costs.begin()); };
+  auto best_of = [&] {
+    return static_cast<size_t>(std::min_element(costs.begin(), costs.end()) - costs.begin());
+  };
   double best = costs[best_of()];
   int32_t stall = 0;
   const size_t elite = std::min(pop_size, static_cast<size_t>(std::max(o.elite, 0)));
@@ -186,7 +192,8 @@ T get(const json& j, const char* key, const std::string& source) {
 
 CostModel flop_costs(const attn::AttentionPolicy& policy, int64_t length, int64_t hidden, int64_t head_dim,
                      const FlopRates& rates) {
-  check(length > 0 && length <= INT32_MAX, "placement: prompt length must be in [1, 2^31), got " + std::to_string(length));
+  check(length > 0 && length <= INT32_MAX,
+        "placement: prompt length must be in [1, 2^31), got " + std::to_string(length));
   CostModel m;
   m.num_q_heads = policy.num_q_heads();
   m.num_kv_heads = policy.num_kv_heads();
@@ -195,7 +202,8 @@ CostModel flop_costs(const attn::AttentionPolicy& policy, int64_t length, int64_
   const attn::LoweringContext ctx = attn::LoweringContext::prefill(len, 128);
   const double causal = static_cast<double>(length) * static_cast<double>(length + 1) / 2.0;
   const double d = static_cast<double>(head_dim);
-  const double proj = 2.0 * static_cast<double>(length) * static_cast<double>(hidden) * d / rates.gemm_flops_per_s;
+  const double proj =
+      2.0 * static_cast<double>(length) * static_cast<double>(hidden) * d / rates.gemm_flops_per_s;
   for (int32_t l = 0; l < policy.num_layers(); ++l) {
     LayerCosts c;
     c.qo = 2 * proj;
@@ -221,7 +229,8 @@ json HeadCostProfile::to_json() const {
   j["tessera_head_profile"] = 1;
   j["device"] = device;
   json e = json::array();
-  for (const Entry& x : entries) e.push_back({{"pattern", x.pattern}, {"length", x.length}, {"seconds", x.seconds}});
+  for (const Entry& x : entries)
+    e.push_back({{"pattern", x.pattern}, {"length", x.length}, {"seconds", x.seconds}});
   j["entries"] = e;
   json p = json::array();
   for (const Projection& x : projections)
@@ -234,33 +243,38 @@ HeadCostProfile HeadCostProfile::from_json(const json& j, const std::string& sou
   if (!j.is_object() || find(j, "tessera_head_profile") == nullptr)
     throw Error(source + ": not a head profile (an object with \"tessera_head_profile\")");
   HeadCostProfile p;
-  if (const json* dev = find(j, "device"); dev != nullptr && dev->is_string()) p.device = dev->get<std::string>();
+  if (const json* dev = find(j, "device"); dev != nullptr && dev->is_string())
+    p.device = dev->get<std::string>();
   for (const json& e : get<json>(j, "entries", source)) {
-    Entry x{get<std::string>(e, "pattern", source), get<int64_t>(e, "length", source), get<double>(e, "seconds", source)};
+    Entry x{get<std::string>(e, "pattern", source), get<int64_t>(e, "length", source),
+            get<double>(e, "seconds", source)};
     if (x.length <= 0 || !(x.seconds >= 0))
       throw Error(source + ": entry for " + x.pattern + " needs length > 0 and seconds >= 0");
     p.entries.push_back(std::move(x));
   }
   if (const json* pr = find(j, "projections"); pr != nullptr)
     for (const json& e : *pr)
-      p.projections.push_back(
-          {get<int64_t>(e, "length", source), get<double>(e, "qo_seconds", source), get<double>(e, "kv_seconds", source)});
+      p.projections.push_back({get<int64_t>(e, "length", source), get<double>(e, "qo_seconds", source),
+                               get<double>(e, "kv_seconds", source)});
   return p;
 }
 
 namespace {
 
-// Interpolates (length, value) samples at `length`: linear between neighbours, scaled by (length / nearest)^power
-// outside.
+// Interpolates (length, value) samples at `length`: linear between neighbours, scaled by (length /
+// nearest)^power outside.
 double interpolate(std::vector<std::pair<int64_t, double>> s, int64_t length, double power) {
   std::sort(s.begin(), s.end());
   if (length <= s.front().first)
-    return s.front().second * std::pow(static_cast<double>(length) / static_cast<double>(s.front().first), power);
+    return s.front().second *
+           std::pow(static_cast<double>(length) / static_cast<double>(s.front().first), power);
   if (length >= s.back().first)
-    return s.back().second * std::pow(static_cast<double>(length) / static_cast<double>(s.back().first), power);
+    return s.back().second *
+           std::pow(static_cast<double>(length) / static_cast<double>(s.back().first), power);
   for (size_t i = 1; i < s.size(); ++i)
     if (length <= s[i].first) {
-      const double t = static_cast<double>(length - s[i - 1].first) / static_cast<double>(s[i].first - s[i - 1].first);
+      const double t =
+          static_cast<double>(length - s[i - 1].first) / static_cast<double>(s[i].first - s[i - 1].first);
       return s[i - 1].second + t * (s[i].second - s[i - 1].second);
     }
   return s.back().second;
@@ -334,7 +348,8 @@ std::vector<int32_t> Placement::heads_of(int32_t layer, int32_t gpu) const {
   std::vector<int32_t> out;
   const auto& a = gpu_of_head.at(static_cast<size_t>(layer));
   for (size_t h = 0; h < a.size(); ++h)
-    if (a[h] == gpu) out.push_back(static_cast<int32_t>(h));  // head order is group order (GQA groups are contiguous)
+    if (a[h] == gpu)
+      out.push_back(static_cast<int32_t>(h));  // head order is group order (GQA groups are contiguous)
   return out;
 }
 
@@ -346,12 +361,15 @@ std::vector<int32_t> Placement::groups_of(int32_t layer, int32_t gpu) const {
   return out;
 }
 
-Placement place_uniform(const CostModel& costs, int32_t num_gpus) { return place(costs, num_gpus, PlacementMethod::kUniform); }
+Placement place_uniform(const CostModel& costs, int32_t num_gpus) {
+  return place(costs, num_gpus, PlacementMethod::kUniform);
+}
 
-Placement place(const CostModel& costs, int32_t num_gpus, PlacementMethod method, const GeneticOptions& genetic) {
+Placement place(const CostModel& costs, int32_t num_gpus, PlacementMethod method,
+                const GeneticOptions& genetic) {
   check(costs.num_kv_heads > 0 && costs.num_q_heads % costs.num_kv_heads == 0,
-        "placement: query heads (" + std::to_string(costs.num_q_heads) + ") must be a multiple of KV heads (" +
-            std::to_string(costs.num_kv_heads) + ")");
+        "placement: query heads (" + std::to_string(costs.num_q_heads) +
+            ") must be a multiple of KV heads (" + std::to_string(costs.num_kv_heads) + ")");
   check_gpu_count(num_gpus, costs.num_q_heads);
   const auto t0 = std::chrono::steady_clock::now();
   Placement p;
@@ -364,15 +382,15 @@ Placement place(const CostModel& costs, int32_t num_gpus, PlacementMethod method
   for (size_t l = 0; l < costs.layers.size(); ++l) {
     const LayerCosts& c = costs.layers[l];
     check(static_cast<int32_t>(c.attn.size()) == costs.num_q_heads,
-          "placement: layer " + std::to_string(l) + " has " + std::to_string(c.attn.size()) + " head costs, expected " +
-              std::to_string(costs.num_q_heads));
+          "placement: layer " + std::to_string(l) + " has " + std::to_string(c.attn.size()) +
+              " head costs, expected " + std::to_string(costs.num_q_heads));
     switch (method) {
       case PlacementMethod::kUniform:
         p.gpu_of_head.push_back(uniform_layer(costs.num_q_heads, num_gpus));
         break;
       case PlacementMethod::kGreedy: {
-        // Greedy is a heuristic: where it splits KV groups for no gain it can end behind the uniform split; the
-        // layer then keeps the uniform split.
+        // Greedy is a heuristic: where it splits KV groups for no gain it can end behind the uniform split;
+        // the layer then keeps the uniform split.
         std::vector<int32_t> g = greedy_layer(c, costs.group_size(), num_gpus);
         std::vector<int32_t> u = uniform_layer(costs.num_q_heads, num_gpus);
         std::vector<double> loads;
@@ -398,7 +416,8 @@ std::vector<std::vector<double>> gpu_costs(const CostModel& costs, const Placeme
   std::vector<double> loads;
   std::vector<uint8_t> held;
   for (size_t l = 0; l < costs.layers.size(); ++l) {
-    layer_loads(costs.layers[l], costs.group_size(), placement.gpu_of_head.at(l), placement.num_gpus, loads, held);
+    layer_loads(costs.layers[l], costs.group_size(), placement.gpu_of_head.at(l), placement.num_gpus, loads,
+                held);
     out.push_back(loads);
   }
   return out;
@@ -423,20 +442,20 @@ void validate(const Placement& p, int32_t num_layers, int32_t num_q_heads, int32
               const std::string& source) {
   check(p.num_q_heads == num_q_heads && p.num_kv_heads == num_kv_heads,
         source + ": the placement is for " + std::to_string(p.num_q_heads) + " query / " +
-            std::to_string(p.num_kv_heads) + " KV heads, the model has " + std::to_string(num_q_heads) + " / " +
-            std::to_string(num_kv_heads));
+            std::to_string(p.num_kv_heads) + " KV heads, the model has " + std::to_string(num_q_heads) +
+            " / " + std::to_string(num_kv_heads));
   check(p.num_layers() == num_layers, source + ": the placement has " + std::to_string(p.num_layers()) +
                                           " layers, the model " + std::to_string(num_layers));
   check_gpu_count(p.num_gpus, num_q_heads);
   for (int32_t l = 0; l < p.num_layers(); ++l) {
     const auto& a = p.gpu_of_head[static_cast<size_t>(l)];
-    check(static_cast<int32_t>(a.size()) == num_q_heads, source + ": layer " + std::to_string(l) + " places " +
-                                                             std::to_string(a.size()) + " heads, expected " +
-                                                             std::to_string(num_q_heads));
+    check(static_cast<int32_t>(a.size()) == num_q_heads,
+          source + ": layer " + std::to_string(l) + " places " + std::to_string(a.size()) +
+              " heads, expected " + std::to_string(num_q_heads));
     for (size_t h = 0; h < a.size(); ++h)
-      check(a[h] >= 0 && a[h] < p.num_gpus, source + ": layer " + std::to_string(l) + " head " + std::to_string(h) +
-                                                " is on GPU " + std::to_string(a[h]) + ", outside [0, " +
-                                                std::to_string(p.num_gpus) + ")");
+      check(a[h] >= 0 && a[h] < p.num_gpus, source + ": layer " + std::to_string(l) + " head " +
+                                                std::to_string(h) + " is on GPU " + std::to_string(a[h]) +
+                                                ", outside [0, " + std::to_string(p.num_gpus) + ")");
   }
 }
 
@@ -462,7 +481,8 @@ Placement placement_from_json(const json& doc, const std::string& source) {
     pj = find(doc, "placement");
   const json& j = *pj;
   if (!j.is_object() || find(j, "tessera_placement") == nullptr)
-    throw Error(source + ": no placement (an object with \"tessera_placement\", or a plan with \"placement\")");
+    throw Error(source +
+                ": no placement (an object with \"tessera_placement\", or a plan with \"placement\")");
   if (get<int>(j, "tessera_placement", source) != 1)
     throw Error(source + ": unsupported tessera_placement version " + find(j, "tessera_placement")->dump());
   Placement p;
@@ -489,8 +509,8 @@ void save_placement(const Placement& p, const std::filesystem::path& path) {
   check(static_cast<bool>(f), path.string() + ": write failed");
 }
 
-Placement load_placement(const std::filesystem::path& path, int32_t num_gpus, int32_t num_layers, int32_t num_q_heads,
-                         int32_t num_kv_heads) {
+Placement load_placement(const std::filesystem::path& path, int32_t num_gpus, int32_t num_layers,
+                         int32_t num_q_heads, int32_t num_kv_heads) {
   const std::string source = path.string();
   std::ifstream f(path);
   check(static_cast<bool>(f), source + ": cannot open the placement file");
@@ -502,9 +522,10 @@ Placement load_placement(const std::filesystem::path& path, int32_t num_gpus, in
   }
   Placement p = placement_from_json(j, source);
   check(p.num_gpus == num_gpus, source + ": the placement was made for " + std::to_string(p.num_gpus) +
-                                    " GPUs, this run has " + std::to_string(num_gpus) +
-                                    "; make one for " + std::to_string(num_gpus) + " GPUs (tp_bench --gpus " +
-                                    std::to_string(num_gpus) + " writes placement_" + p.method + "_<length>.json)");
+                                    " GPUs, this run has " + std::to_string(num_gpus) + "; make one for " +
+                                    std::to_string(num_gpus) + " GPUs (tp_bench --gpus " +
+                                    std::to_string(num_gpus) + " writes placement_" + p.method +
+                                    "_<length>.json)");
   validate(p, num_layers, num_q_heads, num_kv_heads, source);
   return p;
 }

@@ -45,7 +45,8 @@ Weight gather_rows(const Weight& w, const std::vector<int32_t>& blocks, int64_t 
   out.data.resize(static_cast<size_t>(out.rows * out.cols));
   for (size_t b = 0; b < blocks.size(); ++b) {
     const float* src = w.ptr() + blocks[b] * block_rows * w.cols;
-    std::copy(src, src + block_rows * w.cols, out.data.data() + static_cast<int64_t>(b) * block_rows * w.cols);
+    std::copy(src, src + block_rows * w.cols,
+              out.data.data() + static_cast<int64_t>(b) * block_rows * w.cols);
   }
   return out;
 }

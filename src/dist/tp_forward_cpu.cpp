@@ -31,7 +31,8 @@ TpForwardCpu::TpForwardCpu(const runtime::Model& model, const Placement& placeme
       const RankLayer& rl = rank.plan.layers[static_cast<size_t>(l)];
       rank.layers.push_back(shard_layer(model.weights().layers[static_cast<size_t>(l)], cfg_, rl,
                                         rank.plan.ffn_begin, rank.plan.ffn_end));
-      const size_t kv = static_cast<size_t>(max_tokens) * rl.groups.size() * static_cast<size_t>(cfg_.head_dim);
+      const size_t kv =
+          static_cast<size_t>(max_tokens) * rl.groups.size() * static_cast<size_t>(cfg_.head_dim);
       rank.k.emplace_back(kv);
       rank.v.emplace_back(kv);
     }
@@ -39,8 +40,9 @@ TpForwardCpu::TpForwardCpu(const runtime::Model& model, const Placement& placeme
   }
 }
 
-void TpForwardCpu::attention(Rank& r, int32_t layer, int32_t pos, int32_t n, const attn::AttentionPolicy* policy,
-                             int32_t total_len, const float* q, float* out) {
+void TpForwardCpu::attention(Rank& r, int32_t layer, int32_t pos, int32_t n,
+                             const attn::AttentionPolicy* policy, int32_t total_len, const float* q,
+                             float* out) {
   const RankLayer& rl = r.plan.layers[static_cast<size_t>(layer)];
   const int64_t d = cfg_.head_dim, m = static_cast<int64_t>(rl.heads.size());
   const auto g_count = static_cast<int64_t>(rl.groups.size());
@@ -58,10 +60,10 @@ void TpForwardCpu::attention(Rank& r, int32_t layer, int32_t pos, int32_t n, con
     const float* kc = r.k[static_cast<size_t>(layer)].data();
     const float* vc = r.v[static_cast<size_t>(layer)].data();
     for (int64_t t = 0; t < kv_len; ++t) {
-      std::copy(kc + (t * g_count + static_cast<int64_t>(gi)) * d, kc + (t * g_count + static_cast<int64_t>(gi) + 1) * d,
-                kg.data() + t * d);
-      std::copy(vc + (t * g_count + static_cast<int64_t>(gi)) * d, vc + (t * g_count + static_cast<int64_t>(gi) + 1) * d,
-                vg.data() + t * d);
+      std::copy(kc + (t * g_count + static_cast<int64_t>(gi)) * d,
+                kc + (t * g_count + static_cast<int64_t>(gi) + 1) * d, kg.data() + t * d);
+      std::copy(vc + (t * g_count + static_cast<int64_t>(gi)) * d,
+                vc + (t * g_count + static_cast<int64_t>(gi) + 1) * d, vg.data() + t * d);
     }
     attn::AttentionArgs args;
     args.q = TensorView(qg.data(), DType::F32, {n, mg, d});
@@ -73,7 +75,8 @@ void TpForwardCpu::attention(Rank& r, int32_t layer, int32_t pos, int32_t n, con
     if (window > 0 && window < kv_len) args.window = window;
     std::vector<attn::Pattern> patterns;
     if (sparse)
-      for (int32_t h = h0; h < h1; ++h) patterns.push_back(policy->at(layer, rl.heads[static_cast<size_t>(h)]));
+      for (int32_t h = h0; h < h1; ++h)
+        patterns.push_back(policy->at(layer, rl.heads[static_cast<size_t>(h)]));
     const bool dense = !sparse || std::all_of(patterns.begin(), patterns.end(), [](const attn::Pattern& p) {
       return std::holds_alternative<attn::DensePattern>(p);
     });
@@ -90,8 +93,8 @@ void TpForwardCpu::attention(Rank& r, int32_t layer, int32_t pos, int32_t n, con
   }
 }
 
-std::vector<float> TpForwardCpu::run(std::span<const int32_t> tokens, int32_t pos, const attn::AttentionPolicy* policy,
-                                     int32_t total_len, bool last_only) {
+std::vector<float> TpForwardCpu::run(std::span<const int32_t> tokens, int32_t pos,
+                                     const attn::AttentionPolicy* policy, int32_t total_len, bool last_only) {
   const auto n = static_cast<int32_t>(tokens.size());
   if (n == 0) return {};
   check(pos + n <= max_tokens_, "tensor-parallel forward: the KV caches have no room for the chunk");
@@ -163,7 +166,8 @@ std::vector<float> TpForwardCpu::run(std::span<const int32_t> tokens, int32_t po
 
   const int32_t first = last_only ? n - 1 : 0;
   const int32_t count = n - first;
-  runtime::rms_norm(x.data() + static_cast<int64_t>(first) * H, h.data(), count, H, w.final_norm.ptr(), eps, pool_);
+  runtime::rms_norm(x.data() + static_cast<int64_t>(first) * H, h.data(), count, H, w.final_norm.ptr(), eps,
+                    pool_);
   std::vector<float> logits(static_cast<size_t>(count) * static_cast<size_t>(cfg_.vocab_size));
   runtime::linear(h.data(), count, w.output(), nullptr, logits.data());
   if (cfg_.final_logit_softcap > 0)

@@ -21,11 +21,12 @@ int select_rank_device(const RankEnv& env) {
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
   if (env.local_rank >= count)
     throw Error("rank " + std::to_string(env.rank) + ": LOCAL_RANK " + std::to_string(env.local_rank) +
-                " needs GPU " + std::to_string(env.local_rank) + ", but this host shows " + std::to_string(count) +
-                (count == 1 ? " GPU" : " GPUs") + " (CUDA_VISIBLE_DEVICES=" + (visible ? visible : "unset") + ")");
+                " needs GPU " + std::to_string(env.local_rank) + ", but this host shows " +
+                std::to_string(count) + (count == 1 ? " GPU" : " GPUs") +
+                " (CUDA_VISIBLE_DEVICES=" + (visible ? visible : "unset") + ")");
   if (cudaSetDevice(env.local_rank) != cudaSuccess)
-    throw Error("rank " + std::to_string(env.rank) + ": cannot use GPU " + std::to_string(env.local_rank) + ": " +
-                cudaGetErrorString(cudaGetLastError()));
+    throw Error("rank " + std::to_string(env.rank) + ": cannot use GPU " + std::to_string(env.local_rank) +
+                ": " + cudaGetErrorString(cudaGetLastError()));
   return env.local_rank;
 }
 
@@ -47,7 +48,8 @@ class NcclCollective final : public Collective {
     std::vector<uint8_t> blob(reinterpret_cast<uint8_t*>(&id), reinterpret_cast<uint8_t*>(&id) + sizeof id);
     blob = exchange_root_blob(env, blob);
     check(blob.size() == sizeof id, "rank " + std::to_string(rank_) + ": the NCCL id from rank 0 has " +
-                                        std::to_string(blob.size()) + " bytes, expected " + std::to_string(sizeof id));
+                                        std::to_string(blob.size()) + " bytes, expected " +
+                                        std::to_string(sizeof id));
     std::memcpy(&id, blob.data(), sizeof id);
     nccl_check(ncclCommInitRank(&comm_, world_, id, rank_), "ncclCommInitRank", rank_);
   }
@@ -65,7 +67,8 @@ class NcclCollective final : public Collective {
       throw Error("rank " + std::to_string(rank_) + ": cannot allocate the barrier's float");
     all_reduce_sum(static_cast<float*>(scratch_), 1, stream);
     if (cudaStreamSynchronize(stream) != cudaSuccess)
-      throw Error("rank " + std::to_string(rank_) + ": barrier failed: " + cudaGetErrorString(cudaGetLastError()));
+      throw Error("rank " + std::to_string(rank_) +
+                  ": barrier failed: " + cudaGetErrorString(cudaGetLastError()));
   }
 
  private:

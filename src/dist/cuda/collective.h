@@ -2,8 +2,9 @@
 //
 //   RankEnv env = rank_env_from_environment();           // dist/launch.h
 //   int dev = select_rank_device(env);                    // cudaSetDevice(LOCAL_RANK), with a clear error
-//   NcclCollective comm(env);                             // ncclUniqueId from rank 0 (file or TCP), ncclCommInitRank
-//   comm.all_reduce_sum(x, n, stream);                    // ncclAllReduce(ncclFloat, ncclSum), asynchronous
+//   NcclCollective comm(env);                             // ncclUniqueId from rank 0 (file or TCP),
+//   ncclCommInitRank comm.all_reduce_sum(x, n, stream);                    // ncclAllReduce(ncclFloat,
+//   ncclSum), asynchronous
 //
 // NCCL is the field's collective library (never a hand-made transport). Keep NCCL_NVLS_ENABLE=0 in the
 // environment on shared machines (NVLink multicast); NcclCollective sets it when it is unset.

@@ -38,7 +38,8 @@ std::vector<bf16> cols_bf16(const Weight& w, int64_t c0, int64_t c1) {
   std::vector<bf16> out(static_cast<size_t>(w.rows * (c1 - c0)));
   for (int64_t r = 0; r < w.rows; ++r)
     for (int64_t c = c0; c < c1; ++c)
-      out[static_cast<size_t>(r * (c1 - c0) + c - c0)] = f32_to_bf16(w.data[static_cast<size_t>(r * w.cols + c)]);
+      out[static_cast<size_t>(r * (c1 - c0) + c - c0)] =
+          f32_to_bf16(w.data[static_cast<size_t>(r * w.cols + c)]);
   return out;
 }
 
@@ -64,7 +65,8 @@ std::unique_ptr<TpDeviceModel> TpDeviceModel::upload(const ModelConfig& c, const
   auto put_f32 = [&](const float* host, int64_t count) -> const float* {
     if (host == nullptr || count <= 0) return nullptr;
     float* p = m->f32_buffer(count);
-    TESSERA_CUDA_CHECK(cudaMemcpy(p, host, static_cast<size_t>(count) * sizeof(float), cudaMemcpyHostToDevice));
+    TESSERA_CUDA_CHECK(
+        cudaMemcpy(p, host, static_cast<size_t>(count) * sizeof(float), cudaMemcpyHostToDevice));
     return p;
   };
   auto vec = [&](const Weight& x) { return x.empty() ? nullptr : put_f32(x.ptr(), x.rows * x.cols); };
@@ -111,7 +113,8 @@ std::unique_ptr<TpDeviceModel> TpDeviceModel::upload(const ModelConfig& c, const
   return m;
 }
 
-std::unique_ptr<TpDeviceModel> TpDeviceModel::random(const ModelConfig& c, const RankPlan& plan, uint64_t seed) {
+std::unique_ptr<TpDeviceModel> TpDeviceModel::random(const ModelConfig& c, const RankPlan& plan,
+                                                     uint64_t seed) {
   std::unique_ptr<TpDeviceModel> m(new TpDeviceModel());
   m->config_ = c;
   m->plan_ = plan;
@@ -120,7 +123,8 @@ std::unique_ptr<TpDeviceModel> TpDeviceModel::random(const ModelConfig& c, const
   uint64_t tensor = 0;
   auto matrix = [&](int64_t count) -> const bf16* {
     bf16* p = m->bf16_buffer(count);
-    if (p != nullptr) runtime::gpu::fill_uniform_bf16(p, count, seed * 0x100000001b3ull + ++tensor, scale, nullptr);
+    if (p != nullptr)
+      runtime::gpu::fill_uniform_bf16(p, count, seed * 0x100000001b3ull + ++tensor, scale, nullptr);
     return p;
   };
   auto vec = [&](int64_t count, float value) -> const float* {

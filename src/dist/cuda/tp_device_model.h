@@ -1,12 +1,13 @@
-// tessera/dist/cuda/tp_device_model.h — one tensor-parallel rank's weights on its GPU, in bf16, reorganised once.
+// tessera/dist/cuda/tp_device_model.h — one tensor-parallel rank's weights on its GPU, in bf16, reorganised
+// once.
 //
-// The shard of dist/shard.h, laid out for contiguous GEMMs: per layer and per held KV group g (with m_g of the
-// rank's query heads), wq_g [m_g d, hidden], wk_g and wv_g [d, hidden], wo_g [hidden, m_g d] (f32 biases for Qwen2);
-// the MLP's stacked [gate; up] rows of the rank's columns [2 F_r, hidden] and down [hidden, F_r]. Norms, embeddings
-// and the LM head are replicated. upload() rounds a loaded model's f32 weights to bf16 (nearest even, as
-// runtime_cuda/device_model.h does); random() fills every matrix from a hash (kernels.h fill_uniform_bf16,
-// standard deviation 0.02 as DeviceModel::random's plain init, norms 1): for benchmarks, the same GEMM and
-// attention shapes as the real model.
+// The shard of dist/shard.h, laid out for contiguous GEMMs: per layer and per held KV group g (with m_g of
+// the rank's query heads), wq_g [m_g d, hidden], wk_g and wv_g [d, hidden], wo_g [hidden, m_g d] (f32 biases
+// for Qwen2); the MLP's stacked [gate; up] rows of the rank's columns [2 F_r, hidden] and down [hidden, F_r].
+// Norms, embeddings and the LM head are replicated. upload() rounds a loaded model's f32 weights to bf16
+// (nearest even, as runtime_cuda/device_model.h does); random() fills every matrix from a hash (kernels.h
+// fill_uniform_bf16, standard deviation 0.02 as DeviceModel::random's plain init, norms 1): for benchmarks,
+// the same GEMM and attention shapes as the real model.
 #pragma once
 
 #include <cstdint>
@@ -31,8 +32,8 @@ struct TpLayerWeights {
   const float *attn_norm = nullptr, *ffn_norm = nullptr, *post_attn_norm = nullptr, *post_ffn_norm = nullptr;
   const float *q_norm = nullptr, *k_norm = nullptr;
   std::vector<TpGroupWeights> groups;
-  int32_t heads = 0;    // the rank's query heads in this layer
-  int64_t ffn = 0;      // F_r
+  int32_t heads = 0;                // the rank's query heads in this layer
+  int64_t ffn = 0;                  // F_r
   const bf16* w_gate_up = nullptr;  // [2 F_r, hidden]
   const bf16* w_down = nullptr;     // [hidden, F_r]
 };

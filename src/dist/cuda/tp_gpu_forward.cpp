@@ -52,7 +52,8 @@ TpGpuForward::TpGpuForward(const TpDeviceModel& model, Collective& comm, const T
                            cudaStream_t stream, gpu::Gemm& gemm)
     : model_(model), cfg_(model.config()), comm_(comm), options_(options), stream_(stream), gemm_(gemm) {
   check(options_.mlp_chunk > 0, "tensor-parallel forward: mlp_chunk must be positive");
-  scale_ = cfg_.attention_scale > 0 ? cfg_.attention_scale : 1.0f / std::sqrt(static_cast<float>(cfg_.head_dim));
+  scale_ =
+      cfg_.attention_scale > 0 ? cfg_.attention_scale : 1.0f / std::sqrt(static_cast<float>(cfg_.head_dim));
   const runtime::LayerRopes ropes = runtime::layer_ropes(cfg_, model.rope_freq_factors());
   for (const std::vector<float>& f : ropes.inv_freqs) {
     inv_freqs_.emplace_back();
@@ -76,7 +77,8 @@ void TpGpuForward::reserve(int32_t tokens) {
   k_.clear();
   v_.clear();
   for (int32_t l = 0; l < cfg_.num_layers; ++l) {
-    const size_t n = model_.layer(l).groups.size() * static_cast<size_t>(tokens) * static_cast<size_t>(cfg_.head_dim);
+    const size_t n =
+        model_.layer(l).groups.size() * static_cast<size_t>(tokens) * static_cast<size_t>(cfg_.head_dim);
     k_.emplace_back(n);
     v_.emplace_back(n);
   }
@@ -107,8 +109,10 @@ void TpGpuForward::layer_attention(int32_t l, int32_t pos, int32_t n, const attn
     const bf16* vc = v_[static_cast<size_t>(l)].data() + static_cast<int64_t>(gi) * capacity_ * d;
     std::vector<attn::Pattern> patterns;
     for (int32_t h = g.first_head; h < g.first_head + g.heads; ++h)
-      patterns.push_back(sparse ? policy->at(l, heads[static_cast<size_t>(h)]) : attn::Pattern{attn::DensePattern{}});
-    const std::string where = "layer " + std::to_string(l) + " attention (KV group " + std::to_string(g.group) + ")";
+      patterns.push_back(sparse ? policy->at(l, heads[static_cast<size_t>(h)])
+                                : attn::Pattern{attn::DensePattern{}});
+    const std::string where =
+        "layer " + std::to_string(l) + " attention (KV group " + std::to_string(g.group) + ")";
     if (!executor) {
       if (!all_dense(patterns))
         throw Error(where + ": the CUDA sparse executor does not support head_dim " + std::to_string(d) +
@@ -149,19 +153,21 @@ void TpGpuForward::layer_attention(int32_t l, int32_t pos, int32_t n, const attn
   }
 }
 
-std::vector<float> TpGpuForward::run(std::span<const int32_t> tokens, int32_t pos, const attn::AttentionPolicy* policy,
-                                     int32_t total_len, bool last_only) {
+std::vector<float> TpGpuForward::run(std::span<const int32_t> tokens, int32_t pos,
+                                     const attn::AttentionPolicy* policy, int32_t total_len, bool last_only) {
   const auto n = static_cast<int32_t>(tokens.size());
   if (n == 0) return {};
-  check(pos + n <= capacity_, "tensor-parallel forward: the KV cache has room for " + std::to_string(capacity_) +
-                                  " tokens, the chunk ends at " + std::to_string(pos + n) + " (reserve more)");
+  check(pos + n <= capacity_, "tensor-parallel forward: the KV cache has room for " +
+                                  std::to_string(capacity_) + " tokens, the chunk ends at " +
+                                  std::to_string(pos + n) + " (reserve more)");
   const int64_t H = cfg_.hidden_size, D = cfg_.head_dim, V = cfg_.vocab_size;
   const int64_t M = std::min<int64_t>(options_.mlp_chunk, n);
   const float eps = cfg_.rms_norm_eps;
   const bool root = comm_.rank() == 0;
-  const gpu::GateActivation act = cfg_.activation == runtime::Activation::SiLU       ? gpu::GateActivation::kSiLU
-                                  : cfg_.activation == runtime::Activation::GeluTanh ? gpu::GateActivation::kGeluTanh
-                                                                                     : gpu::GateActivation::kGelu;
+  const gpu::GateActivation act = cfg_.activation == runtime::Activation::SiLU ? gpu::GateActivation::kSiLU
+                                  : cfg_.activation == runtime::Activation::GeluTanh
+                                      ? gpu::GateActivation::kGeluTanh
+                                      : gpu::GateActivation::kGelu;
   int64_t max_heads = 0, max_ffn = 0;
   for (int32_t l = 0; l < cfg_.num_layers; ++l) {
     max_heads = std::max<int64_t>(max_heads, model_.layer(l).heads);
@@ -177,14 +183,15 @@ std::vector<float> TpGpuForward::run(std::span<const int32_t> tokens, int32_t po
   for (size_t r = 0; r < inv_freqs_.size(); ++r) {
     grow(cos_[r], n * (D / 2));
     grow(sin_[r], n * (D / 2));
-    gpu::rope_tables(inv_freqs_[r].data(), static_cast<int>(D / 2), pos, n, cos_[r].data(), sin_[r].data(), stream_);
+    gpu::rope_tables(inv_freqs_[r].data(), static_cast<int>(D / 2), pos, n, cos_[r].data(), sin_[r].data(),
+                     stream_);
   }
   TESSERA_CUDA_CHECK(cudaMemcpyAsync(tokens_.data(), tokens.data(), tokens.size() * sizeof(int32_t),
                                      cudaMemcpyHostToDevice, stream_));
   gpu::embed_tokens(tokens_.data(), n, model_.embedding(), H, cfg_.embedding_scale, x_.data(), stream_);
 
-  // Where a partial sum goes before the all-reduce: x itself (rank 0 adds to it, the others overwrite it), or o for
-  // Gemma-3's post-norms (the norm applies to the reduced sum).
+  // Where a partial sum goes before the all-reduce: x itself (rank 0 adds to it, the others overwrite it), or
+  // o for Gemma-3's post-norms (the norm applies to the reduced sum).
   auto partial_target = [&](int64_t row0) -> std::pair<float*, float> {
     if (cfg_.post_norms) return {o_.data() + row0 * H, 0.0f};
     return {x_.data() + row0 * H, root ? 1.0f : 0.0f};
@@ -213,12 +220,14 @@ std::vector<float> TpGpuForward::run(std::span<const int32_t> tokens, int32_t po
       }
       gpu::qk_norm_rope(q, n, QD, g.heads, static_cast<int>(D), cfg_.qk_norm ? L.q_norm : nullptr, eps,
                         cos_[r].data(), sin_[r].data(), stream_);
-      gpu::qk_norm_rope(kc, n, D, 1, static_cast<int>(D), cfg_.qk_norm ? L.k_norm : nullptr, eps, cos_[r].data(),
-                        sin_[r].data(), stream_);
+      gpu::qk_norm_rope(kc, n, D, 1, static_cast<int>(D), cfg_.qk_norm ? L.k_norm : nullptr, eps,
+                        cos_[r].data(), sin_[r].data(), stream_);
     }
-    if (options_.time_layers) TESSERA_CUDA_CHECK(cudaEventRecord(events_[static_cast<size_t>(2 * l)], stream_));
+    if (options_.time_layers)
+      TESSERA_CUDA_CHECK(cudaEventRecord(events_[static_cast<size_t>(2 * l)], stream_));
     layer_attention(l, pos, n, policy, total_len, set);
-    if (options_.time_layers) TESSERA_CUDA_CHECK(cudaEventRecord(events_[static_cast<size_t>(2 * l + 1)], stream_));
+    if (options_.time_layers)
+      TESSERA_CUDA_CHECK(cudaEventRecord(events_[static_cast<size_t>(2 * l + 1)], stream_));
 
     auto [target, beta] = partial_target(0);
     if (L.groups.empty() && beta == 0.0f)
@@ -238,7 +247,8 @@ std::vector<float> TpGpuForward::run(std::span<const int32_t> tokens, int32_t po
       const int64_t mm = std::min<int64_t>(M, n - m0);
       auto [t, b] = partial_target(m0);
       if (F == 0) {
-        if (b == 0.0f) TESSERA_CUDA_CHECK(cudaMemsetAsync(t, 0, static_cast<size_t>(mm * H) * sizeof(float), stream_));
+        if (b == 0.0f)
+          TESSERA_CUDA_CHECK(cudaMemsetAsync(t, 0, static_cast<size_t>(mm * H) * sizeof(float), stream_));
         continue;
       }
       gemm_.linear(h_.data() + m0 * H, H, mm, L.w_gate_up, 2 * F, H, gu_.data(), DType::BF16, 2 * F, 0.0f);
@@ -252,17 +262,19 @@ std::vector<float> TpGpuForward::run(std::span<const int32_t> tokens, int32_t po
   const int32_t first = last_only ? n - 1 : 0;
   const int64_t count = n - first;
   grow(logits_, count * V);
-  gpu::rms_norm_to_bf16(x_.data() + static_cast<int64_t>(first) * H, count, H, model_.final_norm(), eps, h_.data(), H,
-                        stream_);
+  gpu::rms_norm_to_bf16(x_.data() + static_cast<int64_t>(first) * H, count, H, model_.final_norm(), eps,
+                        h_.data(), H, stream_);
   gemm_.linear(h_.data(), H, count, model_.output(), V, H, logits_.data(), DType::F32, V, 0.0f);
-  if (cfg_.final_logit_softcap > 0) gpu::softcap(logits_.data(), count * V, cfg_.final_logit_softcap, stream_);
+  if (cfg_.final_logit_softcap > 0)
+    gpu::softcap(logits_.data(), count * V, cfg_.final_logit_softcap, stream_);
   std::vector<float> out(static_cast<size_t>(count * V));
-  TESSERA_CUDA_CHECK(cudaMemcpyAsync(out.data(), logits_.data(), out.size() * sizeof(float), cudaMemcpyDeviceToHost,
-                                     stream_));
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(out.data(), logits_.data(), out.size() * sizeof(float),
+                                     cudaMemcpyDeviceToHost, stream_));
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   if (options_.time_layers)
     for (int32_t l = 0; l < cfg_.num_layers; ++l)
-      TESSERA_CUDA_CHECK(cudaEventElapsedTime(&layer_ms_[static_cast<size_t>(l)], events_[static_cast<size_t>(2 * l)],
+      TESSERA_CUDA_CHECK(cudaEventElapsedTime(&layer_ms_[static_cast<size_t>(l)],
+                                              events_[static_cast<size_t>(2 * l)],
                                               events_[static_cast<size_t>(2 * l + 1)]));
   return out;
 }

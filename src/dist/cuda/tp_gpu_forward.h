@@ -1,15 +1,18 @@
 // tessera/dist/cuda/tp_gpu_forward.h — one rank's forward pass of the tensor-parallel engine.
 //
-// Every rank runs this with its TpDeviceModel on its own GPU, the same tokens and the same policy; per layer (as
-// runtime_cuda/gpu_forward.h, in bf16 with f32 accumulation and an f32 residual stream x replicated on every rank):
+// Every rank runs this with its TpDeviceModel on its own GPU, the same tokens and the same policy; per layer
+// (as runtime_cuda/gpu_forward.h, in bf16 with f32 accumulation and an f32 residual stream x replicated on
+// every rank):
 //   h = bf16(RMSNorm(x))
-//   per held KV group g (m_g local heads): q_g = h wq_g^T, K_g, V_g = h wk_g^T, h wv_g^T into the rank's own KV
-//     cache (only its groups: [groups, capacity, d] per layer), QK-norm + RoPE, then the group's heads' attention
-//     as one GQA call (CudaLayerAttention over the policy's patterns of those heads; the simple kernel for head
-//     dims the executor does not build, dense only)
+//   per held KV group g (m_g local heads): q_g = h wq_g^T, K_g, V_g = h wk_g^T, h wv_g^T into the rank's own
+//   KV
+//     cache (only its groups: [groups, capacity, d] per layer), QK-norm + RoPE, then the group's heads'
+//     attention as one GQA call (CudaLayerAttention over the policy's patterns of those heads; the simple
+//     kernel for head dims the executor does not build, dense only)
 //   x_r = (rank 0: x, others: 0) + sum over g of a_g wo_g^T         (cuBLAS, beta = 1 on rank 0's x)
-//   all-reduce(x_r) -> x                                              (NCCL, f32, in place)        [Gemma-3: o is
-//   h = bf16(RMSNorm(x)); per chunk: x_r += act(h wg_r^T) * (h wu_r^T) wd_r^T; all-reduce   reduced, then
+//   all-reduce(x_r) -> x                                              (NCCL, f32, in place)        [Gemma-3:
+//   o is h = bf16(RMSNorm(x)); per chunk: x_r += act(h wg_r^T) * (h wu_r^T) wd_r^T; all-reduce   reduced,
+//   then
 //                                                                                    x += RMSNorm(o)]
 // then the final norm and the LM head on every rank (replicated; the logits of rank 0 are the answer).
 // Two all-reduces per layer of n x hidden f32 each: the communication does not depend on the placement.
@@ -43,16 +46,16 @@ struct TpForwardOptions {
 
 class TpGpuForward {
  public:
-  TpGpuForward(const TpDeviceModel& model, Collective& comm, const TpForwardOptions& options, cudaStream_t stream,
-               runtime::gpu::Gemm& gemm);
+  TpGpuForward(const TpDeviceModel& model, Collective& comm, const TpForwardOptions& options,
+               cudaStream_t stream, runtime::gpu::Gemm& gemm);
   ~TpGpuForward();
   TpGpuForward(const TpGpuForward&) = delete;
   TpGpuForward& operator=(const TpGpuForward&) = delete;
 
   // KV caches for `tokens` rows (keeps nothing written before).
   void reserve(int32_t tokens);
-  // Runs tokens at [pos, pos + n) (every rank the same), returns the logits of the last token (last_only) or of
-  // every token, [rows, vocab] f32 on the host. policy: null or empty for dense.
+  // Runs tokens at [pos, pos + n) (every rank the same), returns the logits of the last token (last_only) or
+  // of every token, [rows, vocab] f32 on the host. policy: null or empty for dense.
   std::vector<float> run(std::span<const int32_t> tokens, int32_t pos, const attn::AttentionPolicy* policy,
                          int32_t total_len, bool last_only);
 
@@ -62,8 +65,8 @@ class TpGpuForward {
 
  private:
   struct AttentionSet;
-  void layer_attention(int32_t layer, int32_t pos, int32_t n, const attn::AttentionPolicy* policy, int32_t total_len,
-                       AttentionSet& set);
+  void layer_attention(int32_t layer, int32_t pos, int32_t n, const attn::AttentionPolicy* policy,
+                       int32_t total_len, AttentionSet& set);
 
   const TpDeviceModel& model_;
   const runtime::ModelConfig& cfg_;

@@ -1,15 +1,16 @@
-// The tensor-parallel GPU engine (dist/cuda) against the single-GPU engine, over NCCL with one process per GPU.
+// The tensor-parallel GPU engine (dist/cuda) against the single-GPU engine, over NCCL with one process per
+// GPU.
 //
-// The test process itself never touches CUDA: every GPU run happens in forked ranks (dist/launch.h), which write
-// their logits to files that the test compares. Needs 2 GPUs (skips otherwise).
+// The test process itself never touches CUDA: every GPU run happens in forked ranks (dist/launch.h), which
+// write their logits to files that the test compares. Needs 2 GPUs (skips otherwise).
 //  - the tiny HF fixtures (head_dim 16: dense, the simple kernel): TP over 2 GPUs, uniform and a non-uniform
-//    placement (a KV group split over both GPUs), equals the single-GPU engine (runtime_cuda GpuForward) within
-//    bf16 tolerance, and the CPU f32 forward;
-//  - a small random Llama with head_dim 64 and a sparse policy (VS, A-shape, BS, dense heads): TP over 2 GPUs with
+//    placement (a KV group split over both GPUs), equals the single-GPU engine (runtime_cuda GpuForward)
+//    within bf16 tolerance, and the CPU f32 forward;
+//  - a small random Llama with head_dim 64 and a sparse policy (VS, A-shape, BS, dense heads): TP over 2 GPUs
+//  with
 //    uniform, greedy and split placements equals TP on 1 GPU (placement changes no output).
-#include <gtest/gtest.h>
-
 #include <cuda_runtime.h>
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -104,8 +105,8 @@ std::vector<int32_t> prompt(int32_t n, int32_t vocab) {
 
 // Runs the TP engine on `world` GPUs; rank 0 writes every token's logits to `out`.
 int run_tp(int32_t world, const runtime::ModelConfig& cfg, const runtime::ModelWeights& weights,
-           const Placement& placement, const std::vector<int32_t>& tokens, const attn::AttentionPolicy* policy,
-           const fs::path& out) {
+           const Placement& placement, const std::vector<int32_t>& tokens,
+           const attn::AttentionPolicy* policy, const fs::path& out) {
   return launch_local_ranks(world, (work_dir() / "rv").string(), [&](const RankEnv& env) {
     select_rank_device(env);
     std::unique_ptr<Collective> comm = make_nccl_collective(env);
@@ -118,7 +119,8 @@ int run_tp(int32_t world, const runtime::ModelConfig& cfg, const runtime::ModelW
       o.dense_fallback = false;  // every policy runs its own index
       TpGpuForward fwd(*model, *comm, o, stream, gemm);
       fwd.reserve(static_cast<int32_t>(tokens.size()));
-      const std::vector<float> logits = fwd.run(tokens, 0, policy, static_cast<int32_t>(tokens.size()), false);
+      const std::vector<float> logits =
+          fwd.run(tokens, 0, policy, static_cast<int32_t>(tokens.size()), false);
       if (env.rank == 0) write_floats(out, logits);
     }
     cudaStreamDestroy(stream);
@@ -146,24 +148,27 @@ TEST(TpGpu, FixturesEqualTheSingleGpuEngine) {
     const std::vector<int32_t> tokens = prompt(48, c.vocab_size);
     // The single-GPU engine, in its own process.
     const fs::path single = work_dir() / (std::string(name) + "-single");
-    ASSERT_EQ(launch_local_ranks(1, (work_dir() / "rv1").string(), [&](const RankEnv&) {
-                cudaSetDevice(0);
-                cudaStream_t stream;
-                cudaStreamCreate(&stream);
-                {
-                  auto dev = runtime::gpu::DeviceModel::upload(*m);
-                  runtime::gpu::Gemm gemm(stream);
-                  runtime::gpu::EventTimer timer;
-                  runtime::gpu::GpuForward f(*dev, runtime::gpu::ForwardOptions{}, stream, gemm, timer);
-                  runtime::gpu::DeviceKVCache cache(c.num_layers, c.num_kv_heads, c.head_dim,
-                                                    static_cast<int32_t>(tokens.size()));
-                  cache.reserve(static_cast<int32_t>(tokens.size()), 0);
-                  write_floats(single, f.run(tokens, 0, cache, nullptr, static_cast<int32_t>(tokens.size()),
-                                             runtime::gpu::LogitRows::kAll));
-                }
-                cudaStreamDestroy(stream);
-                return 0;
-              }),
+    ASSERT_EQ(launch_local_ranks(
+                  1, (work_dir() / "rv1").string(),
+                  [&](const RankEnv&) {
+                    cudaSetDevice(0);
+                    cudaStream_t stream;
+                    cudaStreamCreate(&stream);
+                    {
+                      auto dev = runtime::gpu::DeviceModel::upload(*m);
+                      runtime::gpu::Gemm gemm(stream);
+                      runtime::gpu::EventTimer timer;
+                      runtime::gpu::GpuForward f(*dev, runtime::gpu::ForwardOptions{}, stream, gemm, timer);
+                      runtime::gpu::DeviceKVCache cache(c.num_layers, c.num_kv_heads, c.head_dim,
+                                                        static_cast<int32_t>(tokens.size()));
+                      cache.reserve(static_cast<int32_t>(tokens.size()), 0);
+                      write_floats(single,
+                                   f.run(tokens, 0, cache, nullptr, static_cast<int32_t>(tokens.size()),
+                                         runtime::gpu::LogitRows::kAll));
+                    }
+                    cudaStreamDestroy(stream);
+                    return 0;
+                  }),
               0);
     const std::vector<float> ref = read_floats(single);
     ASSERT_EQ(ref.size(), tokens.size() * static_cast<size_t>(c.vocab_size)) << name;
@@ -177,13 +182,14 @@ TEST(TpGpu, FixturesEqualTheSingleGpuEngine) {
 
     std::vector<std::vector<int32_t>> split(static_cast<size_t>(c.num_layers));
     for (int32_t l = 0; l < c.num_layers; ++l)
-      for (int32_t h = 0; h < c.num_q_heads; ++h) split[static_cast<size_t>(l)].push_back(h == 0 ? 1 : (h + l) % 2);
-    for (const Placement& p : {place_uniform(flop_costs(attn::AttentionPolicy::uniform(c.num_layers, c.num_q_heads,
-                                                                                       c.num_kv_heads,
-                                                                                       attn::DensePattern{}),
-                                                        64, c.hidden_size, c.head_dim),
-                                             2),
-                               custom(c, 2, split)}) {
+      for (int32_t h = 0; h < c.num_q_heads; ++h)
+        split[static_cast<size_t>(l)].push_back(h == 0 ? 1 : (h + l) % 2);
+    for (const Placement& p :
+         {place_uniform(flop_costs(attn::AttentionPolicy::uniform(c.num_layers, c.num_q_heads, c.num_kv_heads,
+                                                                  attn::DensePattern{}),
+                                   64, c.hidden_size, c.head_dim),
+                        2),
+          custom(c, 2, split)}) {
       const fs::path out = work_dir() / (std::string(name) + "-tp-" + p.method);
       ASSERT_EQ(run_tp(2, c, m->weights(), p, tokens, nullptr, out), 0) << name;
       const std::vector<float> got = read_floats(out);
@@ -195,11 +201,20 @@ TEST(TpGpu, FixturesEqualTheSingleGpuEngine) {
 
 TEST(TpGpu, SparsePolicyPlacementChangesNoOutput) {
   if (gpu_count() < 2) GTEST_SKIP() << "needs 2 GPUs, found " << gpu_count();
-  const nlohmann::json hf = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
-                             {"vocab_size", 512}, {"hidden_size", 256}, {"intermediate_size", 512},
-                             {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
-                             {"head_dim", 64}, {"max_position_embeddings", 8192}, {"rms_norm_eps", 1e-5},
-                             {"rope_theta", 10000.0}, {"tie_word_embeddings", false}, {"hidden_act", "silu"}};
+  const nlohmann::json hf = {{"architectures", {"LlamaForCausalLM"}},
+                             {"model_type", "llama"},
+                             {"vocab_size", 512},
+                             {"hidden_size", 256},
+                             {"intermediate_size", 512},
+                             {"num_hidden_layers", 2},
+                             {"num_attention_heads", 4},
+                             {"num_key_value_heads", 2},
+                             {"head_dim", 64},
+                             {"max_position_embeddings", 8192},
+                             {"rms_norm_eps", 1e-5},
+                             {"rope_theta", 10000.0},
+                             {"tie_word_embeddings", false},
+                             {"hidden_act", "silu"}};
   const runtime::ModelConfig c = runtime::config_from_hf(hf, "tiny-sparse");
   // Random host weights (std ~0.05; norms 1), deterministic.
   uint64_t s = 12345;
@@ -256,8 +271,9 @@ TEST(TpGpu, SparsePolicyPlacementChangesNoOutput) {
   const std::vector<float> ref = read_floats(ref_path);
   ASSERT_EQ(ref.size(), tokens.size() * 512u);
   const CostModel costs = flop_costs(policy, 1500, H, D);
-  for (const Placement& p : {place(costs, 2, PlacementMethod::kUniform), place(costs, 2, PlacementMethod::kGreedy),
-                             custom(c, 2, {{1, 0, 0, 1}, {0, 1, 1, 0}})}) {
+  for (const Placement& p :
+       {place(costs, 2, PlacementMethod::kUniform), place(costs, 2, PlacementMethod::kGreedy),
+        custom(c, 2, {{1, 0, 0, 1}, {0, 1, 1, 0}})}) {
     const fs::path out = work_dir() / ("sparse-2-" + p.method);
     ASSERT_EQ(run_tp(2, c, w, p, tokens, &policy, out), 0) << p.method;
     EXPECT_LT(worst_rel_l2(read_floats(out), ref, 512), 2e-2) << p.method;
@@ -281,7 +297,8 @@ TEST(TpGpu, MissingGpuIsAClearError) {
   ASSERT_EQ(rc, 0);
   std::ifstream f(msg);
   const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  EXPECT_EQ(text.rfind("rank 0: LOCAL_RANK 64 needs GPU 64, but this host shows " + std::to_string(gpu_count()), 0),
-            0u)
+  EXPECT_EQ(
+      text.rfind("rank 0: LOCAL_RANK 64 needs GPU 64, but this host shows " + std::to_string(gpu_count()), 0),
+      0u)
       << text;
 }
