@@ -114,7 +114,8 @@ std::string needle_recall(const runtime::StreamingKV& kv, const std::vector<int3
                           const std::vector<int32_t>& needle) {
   const int64_t at = runtime::find_tokens(prompt, needle);
   const runtime::StreamOptions& so = kv.options();
-  if (at < so.sinks) return "";
+  if (at < 0) return "needle tokens not found in the prompt";
+  if (at < so.sinks) return "needle among the sinks";
   const auto block = static_cast<int32_t>((at - so.sinks) / so.block);
   if (block >= kv.evicted_blocks()) return "needle in the local window";
   int32_t layers = 0;
