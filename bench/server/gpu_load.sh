@@ -34,7 +34,8 @@
 #        the sequences the batched engine runs at once), KV_BUDGET (8G: --kv-budget), POLICIES ("dense vs
 #        trianglemix": one server each, --attn), CLIENTS (1,8,32), REQUESTS (2 per client), PROMPT_WORDS (6000),
 #        MAX_TOKENS (32), MIXED (1), MIXED_REQUESTS (64), MIXED_RATE (4), MIXED_MIN_WORDS (1000),
-#        MIXED_MAX_WORDS (6000), MIXED_MAX_TOKENS (64), MIXED_SEED (17), BUDGET_S, LOAD_S, MIXED_S, PORT (18183)
+#        MIXED_MAX_WORDS (6000), MIXED_MAX_TOKENS (64), MIXED_SEED (17), BUDGET_S, LOAD_S, MIXED_S, PORT (18183),
+#        TEMPERATURE (0: greedy; > 0 samples, with TOP_P (1))
 # Prompt sizes: the filler text is about one token per word with SmolLM2's tokenizer (the script prints the real
 # count), so 6000 words + 32 or 64 tokens out fit SmolLM2's 8K context. Issue 17 asks for 32K prompts and a 1K-64K
 # mixed range: that needs a long-context model (e.g. Gemma-3-270M, 32K: PROMPT_WORDS=30000 MIXED_MAX_WORDS=30000;
@@ -55,6 +56,10 @@ TESSERA=${2:-build/cuda/src/tessera}
 DEVICE=${DEVICE:-cuda}
 PARALLEL=${PARALLEL:-32}
 KV_BUDGET=${KV_BUDGET:-8G}
+TEMPERATURE=${TEMPERATURE:-0}   # > 0: sampled answers (temperature, TOP_P; seeded), drawn on the GPU
+TOP_P=${TOP_P:-1}
+LABEL_SUFFIX=""
+[ "$TEMPERATURE" != 0 ] && LABEL_SUFFIX=" (T $TEMPERATURE, top_p $TOP_P)"
 POLICIES=${POLICIES:-dense vs trianglemix}
 CLIENTS=${CLIENTS:-1,8,32}
 REQUESTS=${REQUESTS:-2}
@@ -189,7 +194,8 @@ for policy in "${policy_list[@]}"; do
   if [ "$cap" -ge 10 ]; then
     # Each client count gets an equal part of the cap as its deadline; the timeout is a backstop.
     timeout -k 5 $((cap + 60)) python3 bench/server/load.py --url "$URL" --model bench --clients "$CLIENTS" \
-      --requests "$REQUESTS" --prompt-words "$PROMPT_WORDS" --max-tokens "$MAX_TOKENS" --label "tessera $policy" \
+      --requests "$REQUESTS" --prompt-words "$PROMPT_WORDS" --max-tokens "$MAX_TOKENS" --label "tessera $policy$LABEL_SUFFIX" \
+      --temperature "$TEMPERATURE" --top-p "$TOP_P" \
       --deadline $((cap / levels)) --timeout 300 --json-out "$OUT/load.json" --csv-out "$OUT/load.csv"
     echo "closed loop: exit $?, $(($(date +%s) - pstart))s into the policy"
   else
@@ -202,7 +208,8 @@ for policy in "${policy_list[@]}"; do
       timeout -k 5 $((cap + 20)) python3 bench/server/mixed.py --url "$URL" --model bench \
         --requests "${MIXED_REQUESTS:-64}" --rate "${MIXED_RATE:-4}" --min-words "${MIXED_MIN_WORDS:-1000}" \
         --max-words "${MIXED_MAX_WORDS:-6000}" --max-tokens "${MIXED_MAX_TOKENS:-64}" --seed "${MIXED_SEED:-17}" \
-        --deadline $((cap - 35)) --timeout 300 --label "tessera $policy" --json-out "$OUT/mixed.json" \
+        --deadline $((cap - 35)) --timeout 300 --label "tessera $policy$LABEL_SUFFIX" --json-out "$OUT/mixed.json" \
+        --temperature "$TEMPERATURE" --top-p "$TOP_P" \
         --csv-out "$OUT/mixed.csv" --requests-csv "$OUT/mixed_requests.csv"
       echo "mixed: exit $?, $(($(date +%s) - pstart))s into the policy"
     else

@@ -93,9 +93,15 @@ def stream_completion(url, model, prompt, max_tokens, timeout, api_key="", inclu
     return t0, stamps, usage
 
 
+def sampling_fields(args, seed):
+    """The request's sampling fields: greedy by default; --temperature T (with --top-p) samples, seeded."""
+    t = getattr(args, "temperature", 0.0)
+    return {"temperature": t, "top_p": args.top_p, "seed": seed} if t > 0 else None
+
+
 def one_request(url, model, request_id, args):
     t0, stamps, _ = stream_completion(url, model, prompt_text(request_id, args.prompt_words), args.max_tokens,
-                                      args.timeout, args.api_key)
+                                      args.timeout, args.api_key, extra=sampling_fields(args, request_id))
     return t0, stamps
 
 
@@ -203,6 +209,8 @@ def main():
     p.add_argument("--requests", type=int, default=4, help="requests per client")
     p.add_argument("--prompt-words", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0 samples (seeded per request)")
+    p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--api-key", default="")
     p.add_argument("--label", default="server")
     p.add_argument("--timeout", type=float, default=1800, help="seconds one request may take")

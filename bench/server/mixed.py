@@ -93,7 +93,10 @@ def summarize(args, recs, makespan):
 
 def run(args):
     work = draw_workload(args.requests, args.rate, args.min_words, args.max_words, args.dist, args.seed)
-    extra = {"tessera": {"attn": args.attn}} if args.attn else None
+    extra = dict({"tessera": {"attn": args.attn}} if args.attn else {})
+    if args.temperature > 0:  # sampled answers (seeded by the workload seed)
+        extra.update({"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed})
+    extra = extra or None
     recs = [{"i": i, "arrival_s": a, "words": w, "status": "unfinished", "ttft_s": None, "prompt_tokens": None,
              "stamps": [], "error": None} for i, (a, w) in enumerate(work)]
     lock = threading.Lock()
@@ -201,6 +204,8 @@ def main():
     p.add_argument("--dist", choices=["loguniform", "uniform"], default="loguniform")
     p.add_argument("--seed", type=int, default=17)
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0 samples (seeded)")
+    p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--attn", default="", help='per-request policy: "tessera": {"attn": SPEC} (tessera only)')
     p.add_argument("--api-key", default="")
     p.add_argument("--label", default="server")
