@@ -85,7 +85,7 @@ left() { echo $((BUDGET - ($(date +%s) - START) - 10)); }
 # One step per length and GPU count (a step cut by its time limit loses only its own table; the per-rank JSON files
 # of every finished run stay in the tarball). A length starts only when the time left could hold it.
 for LEN in ${LENGTHS//,/ }; do
-  need=$((LEN / 1024))  # seconds a length needs for N GPUs x 3 placements and 1 GPU, roughly (128K: 128 s)
+  need=$((LEN / 2048))  # seconds a length needs for N GPUs x 3 placements and 1 GPU, roughly (2 H200s: 128K 30 s, 256K 75 s)
   if [ "$(left)" -lt "$need" ]; then
     echo "bench $LEN SKIPPED (about ${need}s needed, $(left)s left)" | tee -a "$SUMMARY"
     continue

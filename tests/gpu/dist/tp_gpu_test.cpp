@@ -194,7 +194,9 @@ TEST(TpGpu, FixturesEqualTheSingleGpuEngine) {
       ASSERT_EQ(run_tp(2, c, m->weights(), p, tokens, nullptr, out), 0) << name;
       const std::vector<float> got = read_floats(out);
       EXPECT_LT(worst_rel_l2(got, ref, c.vocab_size), 2e-2) << name << " " << p.method << " vs single GPU";
-      EXPECT_LT(worst_rel_l2(got, f32, c.vocab_size), 3e-2) << name << " " << p.method << " vs CPU f32";
+      // The single-GPU engine's own bound against the f32 reference on these fixtures (engine_gpu_test's
+      // kFixtureRelL2): tensor parallelism adds nothing measurable to bf16's error (the line above).
+      EXPECT_LT(worst_rel_l2(got, f32, c.vocab_size), 4.5e-2) << name << " " << p.method << " vs CPU f32";
     }
   }
 }
