@@ -16,7 +16,8 @@
 #   bench_1gpu_<len>    tp_bench --gpus 1 (the same engine on one GPU: the baseline of the same call)
 #              for each length of TP_LENGTHS that the time left can hold
 # $OUT receives summary.txt, tp_gpu_test.xml, tp_bench.csv (every table row), head_profile.json and tp_check.tgz.
-# Environment: OUT, JOBS (16), TP_BUDGET_S, TP_GPUS, TP_LENGTHS (131072,262144), TP_COSTS (profile).
+# Environment: OUT, JOBS (16), TP_BUDGET_S, TP_GPUS, TP_LENGTHS (131072,262144), TP_COSTS (profile), TP_PLACEMENTS
+# (uniform,greedy,genetic).
 # NCCL_NVLS_ENABLE=0 is exported for every process (no NVLink multicast on shared machines).
 set -u
 set -o pipefail
@@ -91,7 +92,8 @@ for LEN in ${LENGTHS//,/ }; do
     continue
   fi
   run_step "bench_${GPUS}gpu_$LEN" $(($(left) - need / 3)) "$BUILD_DIR/bench/gpu/tp_bench" --gpus "$GPUS" --policy "$POLICY" \
-    --lengths "$LEN" --costs "${TP_COSTS:-profile}" --out "$WORK/bench_N_$LEN" --max-seconds $(($(left) - need / 2))
+    --lengths "$LEN" --costs "${TP_COSTS:-profile}" --placements "${TP_PLACEMENTS:-uniform,greedy,genetic}" \
+    --out "$WORK/bench_N_$LEN" --max-seconds $(($(left) - need / 2))
   run_step "bench_1gpu_$LEN" $(($(left))) "$BUILD_DIR/bench/gpu/tp_bench" --gpus 1 --policy "$POLICY" \
     --lengths "$LEN" --costs flops --out "$WORK/bench_1_$LEN"
 done
