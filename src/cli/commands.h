@@ -77,6 +77,7 @@ struct BenchOptions {
   std::string device = "auto";  // cpu | cuda | auto
   CudaAttentionFlags cuda;
   StreamFlags stream;  // each method adds a row per depth (depths past the model's context: stream rows only)
+  int gpus = 1;        // > 1: the tensor-parallel engine (cli/bench_tp.cpp, docs/multi-gpu.md)
 };
 
 struct EvalOptions {
@@ -166,6 +167,8 @@ void check_plan_options(const PlanOptions& o);
 int run_command(const RunOptions& o);
 // `tessera run --gpus N` (or --placement): the tensor-parallel engine over N GPUs (cli/run_tp.cpp).
 int run_tp_command(const RunOptions& o);
+// `tessera bench --gpus N`: the tensor-parallel engine's rates (cli/bench_tp.cpp).
+int bench_tp_command(const BenchOptions& o);
 int bench_command(const BenchOptions& o);
 int inspect_command(const InspectOptions& o);
 int eval_command(EvalOptions o);

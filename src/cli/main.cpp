@@ -112,6 +112,9 @@ int main(int argc, char** argv) {
   auto* b = app.add_subcommand("bench", "Prefill and decode rates at several depths, dense and sparse");
   b->add_option("-m,--model", bench.model, "Model file or folder")->required();
   b->add_option("-d,--depths", bench.depths, "Prompt lengths")->delimiter(',')->capture_default_str();
+  b->add_option("--gpus", bench.gpus, "Tensor parallelism over this many GPUs (NCCL, one process per GPU: "
+                                      "docs/multi-gpu.md)")
+      ->check(CLI::Range(1, 1024));
   b->add_option("--attn", bench.attn, "Sparse policies to compare with dense")->delimiter(';')->capture_default_str();
   b->add_option("--decode", bench.decode_tokens, "Decode steps timed at each depth")->capture_default_str();
   b->add_option("--chunk", bench.chunk, "Prefill chunk size")->capture_default_str();
@@ -230,7 +233,7 @@ int main(int argc, char** argv) {
   try {
     if (!memory_budget.empty()) tessera::set_host_memory_budget(tessera::parse_byte_size(memory_budget, "--memory-budget"));
     if (r->parsed()) return run.gpus > 1 || !run.placement.empty() ? run_tp_command(run) : run_command(run);
-    if (b->parsed()) return bench_command(bench);
+    if (b->parsed()) return bench.gpus > 1 ? bench_tp_command(bench) : bench_command(bench);
     if (i->parsed()) return inspect_command(inspect);
     if (sv->parsed()) return serve_command(serve);
     if (pl->parsed()) {
