@@ -116,7 +116,9 @@ int bench_tp_command(const BenchOptions& o) {
               static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
           for (int i = 0; i < o.decode_tokens; ++i) {
             logits = fwd.run(std::span<const int32_t>(&next, 1), depth + i, nullptr, depth + i + 1, true);
-            next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+            next = dist::broadcast_token(
+                *comm, static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()),
+                stream);
           }
           const double decode = now_seconds() - t1;
           if (env.rank == 0)

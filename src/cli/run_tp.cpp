@@ -96,7 +96,7 @@ int run_tp_command(const RunOptions& o) {
       std::vector<int32_t> out;
       const double t2 = now_seconds();
       for (int i = 0; i < o.max_tokens; ++i) {
-        const int32_t next = sampler.sample(logits);
+        const int32_t next = dist::broadcast_token(*comm, sampler.sample(logits), stream);
         if (s.tokenizer->is_end_of_generation(next)) break;
         out.push_back(next);
         if (i + 1 == o.max_tokens) break;

@@ -30,6 +30,24 @@ int select_rank_device(const RankEnv& env) {
   return env.local_rank;
 }
 
+int32_t broadcast_token(Collective& comm, int32_t token, cudaStream_t stream) {
+  if (comm.world() == 1) return token;
+  float* d = nullptr;
+  if (cudaMalloc(&d, sizeof(float)) != cudaSuccess)
+    throw Error("rank " + std::to_string(comm.rank()) + ": cannot allocate the token broadcast's float");
+  const float mine = comm.rank() == 0 ? static_cast<float>(token) : 0.0f;
+  float out = 0;
+  cudaMemcpyAsync(d, &mine, sizeof(float), cudaMemcpyHostToDevice, stream);
+  comm.all_reduce_sum(d, 1, stream);
+  cudaMemcpyAsync(&out, d, sizeof(float), cudaMemcpyDeviceToHost, stream);
+  const cudaError_t err = cudaStreamSynchronize(stream);
+  cudaFree(d);
+  if (err != cudaSuccess)
+    throw Error("rank " + std::to_string(comm.rank()) +
+                ": token broadcast failed: " + cudaGetErrorString(err));
+  return static_cast<int32_t>(out);
+}
+
 namespace {
 
 void nccl_check(ncclResult_t r, const char* what, int32_t rank) {

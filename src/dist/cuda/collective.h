@@ -38,6 +38,11 @@ class SingleRank final : public Collective {
   void barrier(cudaStream_t) override {}
 };
 
+// Rank 0's token id on every rank (a sum where the other ranks add 0; exact for ids below 2^24). Decoding
+// loops use it so that ranks agree on each token even where their logits could differ in the last bit
+// (different GPU models).
+int32_t broadcast_token(Collective& comm, int32_t token, cudaStream_t stream);
+
 // Makes GPU LOCAL_RANK current. Throws Error("rank 1: LOCAL_RANK 1 needs GPU 1, but this host shows 1 GPU
 // (CUDA_VISIBLE_DEVICES=...)") when it is missing. Returns the device index.
 int select_rank_device(const RankEnv& env);
