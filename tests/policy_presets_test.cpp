@@ -71,7 +71,8 @@ TEST(PolicyPresets, ErrorsNameTheSpecAndTheProblem) {
   EXPECT_EQ(error_of("vs:v=1,v=2"), "attention spec 'vs:v=1,v=2': parameter 'v' given twice");
   EXPECT_EQ(error_of("trianglemix:inner=bs"), "attention spec 'trianglemix:inner=bs': inner must be 'dense' or 'vs', got 'bs'");
   EXPECT_EQ(error_of("sparse"),
-            "attention spec 'sparse': not a preset (dense, ashape, triangle, vs, minference, bs, moa, trianglemix) "
+            "attention spec 'sparse': not a preset (dense, ashape, triangle, vs, vs_adaptive, minference, bs, "
+            "bs_adaptive, moa, trianglemix) "
             "nor an existing policy file");
   // Range errors name the spec and its parameter, not a layer and head as for a file.
   EXPECT_EQ(error_of("ashape:local=0"), "attention spec 'ashape:local=0': parameter 'local' must be >= 1, got 0");
@@ -101,7 +102,8 @@ TEST(PolicyPresets, SpecsAreCheckedWithoutAModel) {
   EXPECT_EQ(error("bs:top_k=0"), "attention spec 'bs:top_k=0': parameter 'top_k' must be >= 1, got 0");
   EXPECT_EQ(error(""), "attention spec is empty");
   EXPECT_EQ(error("nope.json"),
-            "attention spec 'nope.json': not a preset (dense, ashape, triangle, vs, minference, bs, moa, trianglemix) "
+            "attention spec 'nope.json': not a preset (dense, ashape, triangle, vs, vs_adaptive, minference, bs, "
+            "bs_adaptive, moa, trianglemix) "
             "nor an existing policy file");
   const std::string path = testing::TempDir() + "/tessera_check_spec.json";
   std::ofstream(path) << R"({"tessera_policy": 1, "num_layers": 2, "num_q_heads": 4, "num_kv_heads": 2,
@@ -119,7 +121,8 @@ TEST(PolicyPresets, SpecTooLongForAPathIsNoFile) {
   ASSERT_TRUE(std::getline(in, spec));
   ASSERT_EQ(spec.size(), 300u);
   EXPECT_EQ(error_of(spec), "attention spec '" + spec +
-                                "': not a preset (dense, ashape, triangle, vs, minference, bs, moa, trianglemix) "
+                                "': not a preset (dense, ashape, triangle, vs, vs_adaptive, minference, bs, "
+            "bs_adaptive, moa, trianglemix) "
                                 "nor an existing policy file");
 }
 

@@ -11,12 +11,7 @@ namespace tessera::server {
 
 namespace {
 
-bool is_preset(const std::string& spec) {
-  const std::string name = spec.substr(0, spec.find(':'));
-  for (const char* p : {"dense", "ashape", "streaming", "triangle", "vs", "minference", "bs", "moa", "trianglemix"})
-    if (name == p) return true;
-  return false;
-}
+bool is_preset(const std::string& spec) { return attn::is_preset_name(spec.substr(0, spec.find(':'))); }
 
 bool is_plan_name(const std::string& s) {
   if (s.empty() || s[0] == '.') return false;
@@ -40,14 +35,12 @@ attn::AttentionPolicy PolicyCache::build(const std::string& spec) const {
   if (spec == "dense") return {};
   if (is_preset(spec)) return attn::policy_from_spec(spec, shape_);
   if (!is_plan_name(spec))
-    throw invalid_request("'tessera.attn' is '" + spec +
-                              "': not a preset (dense, ashape, triangle, vs, minference, bs, moa, trianglemix) nor a "
-                              "plan name (letters, digits, '.', '_', '-'); requests cannot name file paths",
+    throw invalid_request("'tessera.attn' is '" + spec + "': not a preset (" + attn::preset_list() +
+                              ") nor a plan name (letters, digits, '.', '_', '-'); requests cannot name file paths",
                           "tessera.attn");
   if (policy_dir_.empty())
-    throw invalid_request("'tessera.attn' is '" + spec +
-                              "': not a preset (dense, ashape, triangle, vs, minference, bs, moa, trianglemix), and "
-                              "this server has no --policy-dir to find plans in",
+    throw invalid_request("'tessera.attn' is '" + spec + "': not a preset (" + attn::preset_list() +
+                              "), and this server has no --policy-dir to find plans in",
                           "tessera.attn");
   for (const std::string& file : {policy_dir_ + "/" + spec, policy_dir_ + "/" + spec + ".json"})
     if (std::filesystem::is_regular_file(file)) return attn::policy_from_spec(file, shape_);

@@ -355,6 +355,10 @@ TEST(ServerPolicies, PresetsPlansAndNoPaths) {
   EXPECT_TRUE(cache.get("")->table().empty());  // the default: dense
   EXPECT_EQ(cache.get("vs").get(), cache.get("vs").get());  // built once
   EXPECT_EQ(cache.get("short")->table(), attn::policy_from_spec("ashape:sink=4,local=8", shape).table());
+  // The adaptive presets are presets, not plan names.
+  EXPECT_EQ(cache.get("vs_adaptive:gamma=0.95")->table(),
+            attn::policy_from_spec("vs_adaptive:gamma=0.95", shape).table());
+  EXPECT_EQ(cache.get("bs_adaptive")->table(), attn::policy_from_spec("bs_adaptive", shape).table());
   auto error = [&](const std::string& spec) {
     try {
       (void)cache.get(spec);
@@ -366,8 +370,8 @@ TEST(ServerPolicies, PresetsPlansAndNoPaths) {
   };
   EXPECT_EQ(error((dir / "short.json").string()),
             "'tessera.attn' is '" + (dir / "short.json").string() +
-                "': not a preset (dense, ashape, triangle, vs, minference, bs, moa, trianglemix) nor a plan name "
-                "(letters, digits, '.', '_', '-'); requests cannot name file paths");
+                "': not a preset (dense, ashape, triangle, vs, vs_adaptive, minference, bs, bs_adaptive, moa, "
+                "trianglemix) nor a plan name (letters, digits, '.', '_', '-'); requests cannot name file paths");
   EXPECT_EQ(error("long"), "'tessera.attn' is 'long': no such preset, and no plan long or long.json in the server's "
                            "--policy-dir");
   EXPECT_EQ(error("bs:top_k=0"), "'tessera.attn': attention spec 'bs:top_k=0': parameter 'top_k' must be >= 1, got 0");

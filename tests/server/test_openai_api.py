@@ -147,8 +147,9 @@ def tessera_attention_extension(s):
                  "'tessera.attn': attention spec 'vs:x=3': unknown parameter 'x' (known: v, s, last_q)", "tessera.attn")
     expect_error(lambda: s.client.completions.create(model=MODEL_ID, prompt="x", extra_body={"tessera": {"attn": "/etc/passwd"}}),
                  openai.BadRequestError, 400,
-                 "'tessera.attn' is '/etc/passwd': not a preset (dense, ashape, triangle, vs, minference, bs, moa, "
-                 "trianglemix) nor a plan name (letters, digits, '.', '_', '-'); requests cannot name file paths",
+                 "'tessera.attn' is '/etc/passwd': not a preset (dense, ashape, triangle, vs, vs_adaptive, minference, "
+                 "bs, bs_adaptive, moa, trianglemix) nor a plan name (letters, digits, '.', '_', '-'); requests cannot "
+                 "name file paths",
                  "tessera.attn")
     expect_error(lambda: s.client.completions.create(model=MODEL_ID, prompt="x", extra_body={"tessera": {"plan": 1}}),
                  openai.BadRequestError, 400, "Unrecognized field in 'tessera': 'plan' (known: attn)", "tessera.plan")

@@ -207,9 +207,18 @@ AttentionPolicy policy_from_spec(const std::string& spec, const PolicyShape& sha
     return AttentionPolicy::trianglemix(base, start, triangle);
   }
   if (parsed.params.empty() && names_a_file(spec)) return load_policy_file(spec, shape);
-  throw Error("attention spec '" + spec +
-              "': not a preset (dense, ashape, triangle, vs, minference, bs, moa, trianglemix) nor an existing "
-              "policy file");
+  throw Error("attention spec '" + spec + "': not a preset (" + preset_list() + ") nor an existing policy file");
+}
+
+bool is_preset_name(const std::string& name) {
+  for (const char* p : {"dense", "ashape", "streaming", "triangle", "vs", "vs_adaptive", "minference", "bs",
+                        "bs_adaptive", "moa", "trianglemix"})
+    if (name == p) return true;
+  return false;
+}
+
+const char* preset_list() {
+  return "dense, ashape, triangle, vs, vs_adaptive, minference, bs, bs_adaptive, moa, trianglemix";
 }
 
 void check_policy_spec(const std::string& spec) {

@@ -33,6 +33,12 @@ inline constexpr double kDefaultAdaptiveGamma = 0.9;
 
 AttentionPolicy policy_from_spec(const std::string& spec, const PolicyShape& shape);
 
+// The presets policy_from_spec knows (the name before any ':'; "streaming" is ashape's other name), and their list
+// as error messages print it: "dense, ashape, triangle, vs, vs_adaptive, minference, bs, bs_adaptive, moa,
+// trianglemix".
+bool is_preset_name(const std::string& name);
+const char* preset_list();
+
 // Checks a spec before any model is loaded (the CLI calls it first): the preset's name, parameters and ranges, or
 // the policy file's existence and contents. What depends on the model (its layer and head counts) is checked again
 // by policy_from_spec. Throws the errors policy_from_spec would.
