@@ -30,6 +30,13 @@ void header(std::string& out, const std::string& name, const char* type, const c
   out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
 }
 
+// A metric with one unlabelled value: its header and its line.
+template <class T>
+void single(std::string& out, const std::string& name, const char* type, const char* help, T value) {
+  header(out, name, type, help);
+  out += name + " " + std::to_string(value) + "\n";
+}
+
 }  // namespace
 
 void Histogram::render(std::string& out, const std::string& name) const {
@@ -96,51 +103,46 @@ std::string Metrics::prometheus(const Gauges& g) const {
   std::string out;
   header(out, "tessera_requests_total", "counter", "HTTP requests answered, by endpoint and status.");
   for (const auto& [key, n] : requests_)
-    out += "tessera_requests_total{endpoint=\"" + key.first + "\",status=\"" + std::to_string(key.second) + "\"} " +
-           std::to_string(n) + "\n";
-  header(out, "tessera_prompt_tokens_total", "counter", "Prompt tokens prefilled.");
-  out += "tessera_prompt_tokens_total " + std::to_string(prompt_tokens_) + "\n";
-  header(out, "tessera_generation_tokens_total", "counter", "Tokens generated.");
-  out += "tessera_generation_tokens_total " + std::to_string(generated_tokens_) + "\n";
-  header(out, "tessera_requests_cancelled_total", "counter", "Requests whose client went away before the end.");
-  out += "tessera_requests_cancelled_total " + std::to_string(cancelled_) + "\n";
-  header(out, "tessera_requests_timed_out_total", "counter", "Requests ended by the request timeout.");
-  out += "tessera_requests_timed_out_total " + std::to_string(timed_out_) + "\n";
-  header(out, "tessera_time_to_first_token_seconds", "histogram", "From arrival to the first generated token.");
+    out += "tessera_requests_total{endpoint=\"" + key.first + "\",status=\"" + std::to_string(key.second) +
+           "\"} " + std::to_string(n) + "\n";
+  single(out, "tessera_prompt_tokens_total", "counter", "Prompt tokens prefilled.", prompt_tokens_);
+  single(out, "tessera_generation_tokens_total", "counter", "Tokens generated.", generated_tokens_);
+  single(out, "tessera_requests_cancelled_total", "counter",
+         "Requests whose client went away before the end.", cancelled_);
+  single(out, "tessera_requests_timed_out_total", "counter", "Requests ended by the request timeout.",
+         timed_out_);
+  header(out, "tessera_time_to_first_token_seconds", "histogram",
+         "From arrival to the first generated token.");
   ttft_.render(out, "tessera_time_to_first_token_seconds");
   header(out, "tessera_inter_token_latency_seconds", "histogram", "Between consecutive generated tokens.");
   inter_token_.render(out, "tessera_inter_token_latency_seconds");
   header(out, "tessera_request_duration_seconds", "histogram", "From arrival to the last token.");
   request_.render(out, "tessera_request_duration_seconds");
-  header(out, "tessera_queue_depth", "gauge", "Requests waiting for a slot.");
-  out += "tessera_queue_depth " + std::to_string(g.queued) + "\n";
-  header(out, "tessera_requests_running", "gauge", "Requests being generated.");
-  out += "tessera_requests_running " + std::to_string(g.running) + "\n";
-  header(out, "tessera_slots", "gauge", "Sequences the server runs at once (--parallel).");
-  out += "tessera_slots " + std::to_string(g.slots) + "\n";
-  header(out, "tessera_kv_cache_tokens", "gauge", "Tokens held in the KV caches of running requests.");
-  out += "tessera_kv_cache_tokens " + std::to_string(g.kv_tokens) + "\n";
-  header(out, "tessera_kv_cache_bytes", "gauge", "Bytes allocated for the KV caches of running requests.");
-  out += "tessera_kv_cache_bytes " + std::to_string(g.kv_bytes) + "\n";
+  single(out, "tessera_queue_depth", "gauge", "Requests waiting for a slot.", g.queued);
+  single(out, "tessera_requests_running", "gauge", "Requests being generated.", g.running);
+  single(out, "tessera_slots", "gauge", "Sequences the server runs at once (--parallel).", g.slots);
+  single(out, "tessera_kv_cache_tokens", "gauge", "Tokens held in the KV caches of running requests.",
+         g.kv_tokens);
+  single(out, "tessera_kv_cache_bytes", "gauge", "Bytes allocated for the KV caches of running requests.",
+         g.kv_bytes);
   if (g.batched) {
-    header(out, "tessera_engine_steps_total", "counter", "Batched engine steps (a prefill chunk and/or a decode).");
-    out += "tessera_engine_steps_total " + std::to_string(g.engine_steps) + "\n";
-    header(out, "tessera_engine_decode_steps_total", "counter", "Batched engine steps that decoded.");
-    out += "tessera_engine_decode_steps_total " + std::to_string(g.decode_steps) + "\n";
-    header(out, "tessera_engine_decode_tokens_total", "counter", "Tokens decoded (one per running sequence per step).");
-    out += "tessera_engine_decode_tokens_total " + std::to_string(g.decode_tokens) + "\n";
-    header(out, "tessera_engine_prefill_seconds_total", "counter", "Seconds spent in prefill chunks.");
-    out += "tessera_engine_prefill_seconds_total " + std::to_string(g.prefill_seconds) + "\n";
-    header(out, "tessera_engine_decode_seconds_total", "counter", "Seconds spent in decode steps.");
-    out += "tessera_engine_decode_seconds_total " + std::to_string(g.decode_seconds) + "\n";
-    header(out, "tessera_engine_step_builds_total", "counter",
-           "Decode step shapes built before running (CUDA graph captures; 0 on the CPU).");
-    out += "tessera_engine_step_builds_total " + std::to_string(g.step_builds) + "\n";
-    header(out, "tessera_engine_max_decode_batch", "gauge", "The largest decode batch so far.");
-    out += "tessera_engine_max_decode_batch " + std::to_string(g.max_decode_batch) + "\n";
+    single(out, "tessera_engine_steps_total", "counter",
+           "Batched engine steps (a prefill chunk and/or a decode).", g.engine_steps);
+    single(out, "tessera_engine_decode_steps_total", "counter", "Batched engine steps that decoded.",
+           g.decode_steps);
+    single(out, "tessera_engine_decode_tokens_total", "counter",
+           "Tokens decoded (one per running sequence per step).", g.decode_tokens);
+    single(out, "tessera_engine_prefill_seconds_total", "counter", "Seconds spent in prefill chunks.",
+           g.prefill_seconds);
+    single(out, "tessera_engine_decode_seconds_total", "counter", "Seconds spent in decode steps.",
+           g.decode_seconds);
+    single(out, "tessera_engine_step_builds_total", "counter",
+           "Decode step shapes built before running (CUDA graph captures; 0 on the CPU).", g.step_builds);
+    single(out, "tessera_engine_max_decode_batch", "gauge", "The largest decode batch so far.",
+           g.max_decode_batch);
   }
-  header(out, "tessera_process_resident_memory_bytes", "gauge", "Resident set size of the server process.");
-  out += "tessera_process_resident_memory_bytes " + std::to_string(resident_bytes()) + "\n";
+  single(out, "tessera_process_resident_memory_bytes", "gauge", "Resident set size of the server process.",
+         resident_bytes());
   return out;
 }
 
