@@ -6,9 +6,10 @@
 //
 // Prefill runs the single-sequence GPU forward (gpu_forward.h: the sparse executor, chunked) into a contiguous
 // staging cache, whose kept rows are then scattered into the sequence's blocks (paged_decode.h). Decode runs the B
-// sequences' tokens as one forward: every GEMM over B rows (cuBLAS, bf16), RoPE at each row's position, each
-// row's K/V appended to its blocks, paged flash-decoding attention with each head's own view (MoA spans, sliding
-// windows), logits of the B rows back to the host (the scheduler samples). Block tables and views live on the
+// sequences' tokens as one forward: one QKV GEMM and every other GEMM over B rows (cuBLAS, bf16), RoPE at each
+// row's position, each row's K/V appended to its blocks, paged flash-decoding attention with each head's own view
+// (MoA spans, sliding windows), the logits [B, vocab] on the device (decode() copies them back; decode_select
+// copies back only the chosen tokens, below). Block tables and views live on the
 // device per sequence slot ([slots, layers * kv_heads, max_blocks]); a decode step uploads only the rows' step
 // data and the table entries that changed (a new block every block_tokens tokens), then replays the CUDA graph of
 // its (batch size, split count): every launch of the step (about 15 per layer) captured once, on first use. So
