@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "runtime/engine.h"
 #include "runtime/model.h"
 #include "runtime/stream/host_block_store.h"
@@ -423,6 +424,75 @@ TEST(StreamingKV, RefusesModelsAndOptionsItCannotRun) {
   EXPECT_THROW(StreamingKV(model("smollm2").config(), bad), Error);
   EXPECT_THROW(parse_stream_method("h2o"), Error);
   EXPECT_EQ(parse_stream_method("infllm"), StreamMethod::InfLLM);
+}
+
+// The GPU path's decisions (Storage::Device, plan()) are the CPU path's: the same layouts, retrieved blocks, evictions
+// and index on the same q, k, v, chunk after chunk (prefill chunks, the last one, decode), for every method; the
+// block rows are only counted (bf16: half the host path's bytes).
+TEST(StreamingKV, DeviceStoragePlansWhatTheHostPathAttends) {
+  const ModelConfig& cfg = model("llama3").config();
+  const int32_t nq = cfg.num_q_heads, nkv = cfg.num_kv_heads, d = cfg.head_dim;
+  std::vector<float> inv_freq(static_cast<size_t>(d / 2));
+  for (int32_t i = 0; i < d / 2; ++i) inv_freq[static_cast<size_t>(i)] = std::pow(10000.0f, -2.0f * i / d);
+  for (StreamMethod m : {StreamMethod::Ltri, StreamMethod::InfLLM, StreamMethod::StreamingLLM}) {
+    SCOPED_TRACE(stream_method_name(m));
+    const StreamOptions o = small_stream(m);
+    StreamingKV host(cfg, o), dev(cfg, o, StreamingKV::Storage::Device);
+    std::mt19937 rng(11);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    ThreadPool pool(2);
+    int32_t pos = 0, compared = 0;
+    // 13 prefill chunks of 16 (evicting from the 4th on: more blocks than top_k), a last chunk of 5, 3 decode steps.
+    std::vector<std::pair<int32_t, StreamingKV::ChunkKind>> chunks(13, {16, StreamingKV::ChunkKind::Prefill});
+    chunks.push_back({5, StreamingKV::ChunkKind::LastPrefill});
+    for (int i = 0; i < 3; ++i) chunks.push_back({1, StreamingKV::ChunkKind::Decode});
+    for (const auto& [n, kind] : chunks) {
+      host.begin_chunk(pos, n, kind);
+      dev.begin_chunk(pos, n, kind);
+      for (int32_t l = 0; l < cfg.num_layers; ++l) {
+        std::vector<float> q(static_cast<size_t>(n * nq * d)), k(static_cast<size_t>(n * nkv * d)), v(k.size());
+        for (auto* t : {&q, &k, &v})
+          for (float& x : *t) x = g(rng);
+        const std::vector<float> q0 = q, k0 = k;
+        std::vector<float> out(q.size());
+        const stream::StreamLayout lay =
+            dev.plan(l, pos, n, m == StreamMethod::StreamingLLM ? nullptr : q0.data(),
+                     m == StreamMethod::StreamingLLM ? nullptr : k0.data(), inv_freq, 0.0f);
+        host.attend(l, pos, n, q.data(), k.data(), v.data(), inv_freq, 0.0f, out.data(), pool);
+        EXPECT_EQ(lay, host.last_layout(l)) << "layer " << l << " at " << pos;
+        EXPECT_EQ(dev.retrieved(l), host.retrieved(l)) << "layer " << l << " at " << pos;
+        compared += host.evicted_blocks() > o.top_k && !host.retrieved(l).empty();  // a choice among the blocks
+      }
+      pos += n;
+      EXPECT_EQ(dev.evicted_blocks(), host.evicted_blocks());
+    }
+    EXPECT_EQ(dev.length(), host.length());
+    const StreamStats hs = host.stats(), ds = dev.stats();
+    EXPECT_GT(hs.evicted_blocks, o.top_k);
+    EXPECT_EQ(ds.host_bytes * 2, hs.host_bytes);
+    EXPECT_EQ(ds.index_vectors, hs.index_vectors);
+    EXPECT_EQ(ds.index_spans, hs.index_spans);
+    EXPECT_EQ(ds.workspace_tokens, hs.workspace_tokens);
+    if (m == StreamMethod::StreamingLLM)
+      EXPECT_EQ(compared, 0);
+    else
+      EXPECT_GT(compared, 20);
+  }
+  // The device path's budget counts bf16 blocks, with the host store's message.
+  stream::HostBlockStore counted(2, 2, 8, 4, 600, 2);
+  EXPECT_EQ(counted.block_bytes(), 256);
+  counted.account(0);
+  counted.account(1);
+  EXPECT_EQ(counted.blocks(1), 1);
+  try {
+    counted.account(1);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "streaming host store is full: block 1 of layer 1 needs 256 B more, over the budget of 600 B for "
+                 "evicted KV blocks (holding 2 blocks, 512 B); raise --stream-host-budget or shorten the prompt");
+  }
+  EXPECT_EQ(counted.bytes(), 512);
 }
 
 std::vector<int32_t> random_tokens(size_t n, int32_t vocab, uint32_t seed) {

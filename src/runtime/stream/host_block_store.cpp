@@ -1,5 +1,6 @@
 #include "runtime/stream/host_block_store.h"
 
+#include <algorithm>
 #include <new>
 #include <string>
 
@@ -9,27 +10,26 @@
 namespace tessera::runtime::stream {
 
 HostBlockStore::HostBlockStore(int32_t num_layers, int32_t num_kv_heads, int32_t head_dim, int32_t block_tokens,
-                               int64_t budget_bytes)
+                               int64_t budget_bytes, int32_t element_bytes)
     : num_layers_(num_layers),
       block_tokens_(block_tokens),
+      element_bytes_(element_bytes),
+      counts_(static_cast<size_t>(num_layers), 0),
       row_(static_cast<int64_t>(num_kv_heads) * head_dim),
       budget_(budget_bytes),
       k_(static_cast<size_t>(num_layers)),
       v_(static_cast<size_t>(num_layers)) {
   check(budget_bytes > 0, "streaming host store: the budget must be positive, got " + std::to_string(budget_bytes));
   check(block_tokens > 0, "streaming host store: block_tokens must be positive");
+  check(element_bytes == 4 || element_bytes == 2, "streaming host store: values are 4 (f32) or 2 (bf16) bytes");
 }
 
 int64_t HostBlockStore::block_bytes() const {
-  return 2 * static_cast<int64_t>(block_tokens_) * row_ * static_cast<int64_t>(sizeof(float));
+  return 2 * static_cast<int64_t>(block_tokens_) * row_ * static_cast<int64_t>(element_bytes_);
 }
 
-void HostBlockStore::add(int32_t layer, std::span<const float> k, std::span<const float> v) {
-  const auto floats = static_cast<size_t>(block_tokens_ * row_);
+void HostBlockStore::check_room(int32_t layer) const {
   check(layer >= 0 && layer < num_layers_, "streaming host store: layer " + std::to_string(layer) + " out of range");
-  check(k.size() == floats && v.size() == floats, "streaming host store: a block is " + std::to_string(floats) +
-                                                      " floats of K and of V, got " + std::to_string(k.size()) +
-                                                      " and " + std::to_string(v.size()));
   const int64_t need = block_bytes();
   if (bytes_ + need > budget_) {
     throw Error("streaming host store is full: block " + std::to_string(blocks(layer)) + " of layer " +
@@ -39,6 +39,23 @@ void HostBlockStore::add(int32_t layer, std::span<const float> k, std::span<cons
                 format_bytes(static_cast<double>(bytes_)) +
                 "); raise --stream-host-budget or shorten the prompt");
   }
+}
+
+void HostBlockStore::account(int32_t layer) {
+  check_room(layer);
+  bytes_ += block_bytes();
+  ++held_;
+  ++counts_[static_cast<size_t>(layer)];
+}
+
+void HostBlockStore::add(int32_t layer, std::span<const float> k, std::span<const float> v) {
+  const auto floats = static_cast<size_t>(block_tokens_ * row_);
+  check(element_bytes_ == 4, "streaming host store: add() holds f32 rows; this store only accounts bf16 blocks");
+  check(k.size() == floats && v.size() == floats, "streaming host store: a block is " + std::to_string(floats) +
+                                                      " floats of K and of V, got " + std::to_string(k.size()) +
+                                                      " and " + std::to_string(v.size()));
+  check_room(layer);
+  const int64_t need = block_bytes();
   try {
     k_[static_cast<size_t>(layer)].emplace_back(k.begin(), k.end());
     v_[static_cast<size_t>(layer)].emplace_back(v.begin(), v.end());
@@ -50,11 +67,13 @@ void HostBlockStore::add(int32_t layer, std::span<const float> k, std::span<cons
   }
   bytes_ += need;
   ++held_;
+  ++counts_[static_cast<size_t>(layer)];
 }
 
 void HostBlockStore::clear() {
   for (auto& l : k_) l.clear();
   for (auto& l : v_) l.clear();
+  std::fill(counts_.begin(), counts_.end(), 0);
   bytes_ = 0;
   held_ = 0;
 }

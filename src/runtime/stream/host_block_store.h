@@ -24,27 +24,34 @@ namespace tessera::runtime::stream {
 class HostBlockStore {
  public:
   HostBlockStore() = default;
-  // budget_bytes: the store's limit (> 0).
+  // budget_bytes: the store's limit (> 0). element_bytes: bytes per stored value, 4 (f32, this store's own rows)
+  // or 2 (bf16: the GPU path's pinned blocks, which only account() here).
   HostBlockStore(int32_t num_layers, int32_t num_kv_heads, int32_t head_dim, int32_t block_tokens,
-                 int64_t budget_bytes);
+                 int64_t budget_bytes, int32_t element_bytes = 4);
 
   // Appends block number blocks(layer) of `layer` from k, v ([block_tokens, kv_heads, head_dim] each, contiguous).
   // Throws tessera::Error (above) when the budget cannot hold it; the store is then unchanged.
   void add(int32_t layer, std::span<const float> k, std::span<const float> v);
+  // Counts block number blocks(layer) of `layer` against the budget without holding its rows (the GPU path keeps
+  // them in pinned memory: runtime_cuda/stream/pinned_block_store.h). The same error as add() past the budget.
+  void account(int32_t layer);
 
-  int32_t blocks(int32_t layer) const { return static_cast<int32_t>(k_[static_cast<size_t>(layer)].size()); }
+  int32_t blocks(int32_t layer) const { return counts_[static_cast<size_t>(layer)]; }
   // Rows of block b of `layer`: [block_tokens, kv_heads, head_dim].
   std::span<const float> k(int32_t layer, int32_t b) const { return k_[static_cast<size_t>(layer)][static_cast<size_t>(b)]; }
   std::span<const float> v(int32_t layer, int32_t b) const { return v_[static_cast<size_t>(layer)][static_cast<size_t>(b)]; }
 
-  int64_t block_bytes() const;  // one block of one layer, K and V
+  int64_t block_bytes() const;  // one block of one layer, K and V (element_bytes each)
   int64_t bytes() const { return bytes_; }
   int64_t budget() const { return budget_; }
   int32_t block_tokens() const { return block_tokens_; }
   void clear();
 
  private:
-  int32_t num_layers_ = 0, block_tokens_ = 0;
+  void check_room(int32_t layer) const;  // throws when one more block would pass the budget
+
+  int32_t num_layers_ = 0, block_tokens_ = 0, element_bytes_ = 4;
+  std::vector<int32_t> counts_;  // blocks per layer
   int64_t row_ = 0;  // floats per token: kv_heads * head_dim
   int64_t budget_ = 0, bytes_ = 0, held_ = 0;
   std::vector<std::vector<std::vector<float>>> k_, v_;  // [layer][block]

@@ -52,8 +52,8 @@ void check_model_streams(const ModelConfig& cfg) {
                 " tokens, which streaming memory does not combine with yet; run it without --stream");
 }
 
-StreamingKV::StreamingKV(const ModelConfig& config, StreamOptions options)
-    : cfg_(config), opt_(std::move(options)) {
+StreamingKV::StreamingKV(const ModelConfig& config, StreamOptions options, Storage storage)
+    : cfg_(config), opt_(std::move(options)), storage_(storage) {
   check_stream_options(opt_);
   check(opt_.method != StreamMethod::None, "streaming: no method (ltri, infllm or streamingllm)");
   check_model_streams(cfg_);
@@ -65,7 +65,8 @@ StreamingKV::StreamingKV(const ModelConfig& config, StreamOptions options)
     l.repr_index = stream::ReprIndex(shape_);
   }
   const int64_t budget = opt_.host_budget > 0 ? opt_.host_budget : host_memory_budget().bytes;
-  store_ = stream::HostBlockStore(cfg_.num_layers, cfg_.num_kv_heads, cfg_.head_dim, opt_.block, budget);
+  store_ = stream::HostBlockStore(cfg_.num_layers, cfg_.num_kv_heads, cfg_.head_dim, opt_.block, budget,
+                                  storage_ == Storage::Host ? 4 : 2);
   best_head_.assign(static_cast<size_t>(cfg_.num_layers), -1);
   best_score_.assign(static_cast<size_t>(cfg_.num_layers), 0.0);
   for (const RetrievalHead& h : opt_.retrieval_heads) {
@@ -94,6 +95,7 @@ void StreamingKV::check_sequence(int64_t tokens) const {
 
 void StreamingKV::reset() {
   for (Layer& l : layers_) {
+    l.sink_count = l.recent_count = 0;
     l.sink_k.clear();
     l.sink_v.clear();
     l.recent_k.clear();
@@ -136,8 +138,11 @@ void StreamingKV::evict(int32_t layer, int32_t b) {
   Layer& L = layers_[static_cast<size_t>(layer)];
   const int32_t B = opt_.block, s0 = opt_.sinks + b * B;
   const auto rows = static_cast<size_t>(B * row_);
-  check(L.recent_k.size() >= rows, "streaming: block " + std::to_string(b) + " is not in the local window");
-  store_.add(layer, std::span<const float>(L.recent_k.data(), rows), std::span<const float>(L.recent_v.data(), rows));
+  check(L.recent_count >= B, "streaming: block " + std::to_string(b) + " is not in the local window");
+  if (storage_ == Storage::Host)
+    store_.add(layer, std::span<const float>(L.recent_k.data(), rows), std::span<const float>(L.recent_v.data(), rows));
+  else
+    store_.account(layer);  // the rows go to the GPU path's pinned store
   const std::span<const float> votes(L.votes.data(), static_cast<size_t>(B));
   auto keys_of = [&](const std::vector<int32_t>& tokens) {
     std::vector<float> keys;
@@ -167,9 +172,11 @@ void StreamingKV::evict(int32_t layer, int32_t b) {
     const std::vector<int32_t> tokens = stream::top_voted(votes, 0, B, std::min(opt_.repr_keys, B));
     L.repr_index.add(keys_of(tokens), static_cast<int32_t>(tokens.size()));
   }
-  L.recent_k.erase(L.recent_k.begin(), L.recent_k.begin() + static_cast<std::ptrdiff_t>(rows));
-  L.recent_v.erase(L.recent_v.begin(), L.recent_v.begin() + static_cast<std::ptrdiff_t>(rows));
+  if (keeps_recent_k()) L.recent_k.erase(L.recent_k.begin(), L.recent_k.begin() + static_cast<std::ptrdiff_t>(rows));
+  if (storage_ == Storage::Host)
+    L.recent_v.erase(L.recent_v.begin(), L.recent_v.begin() + static_cast<std::ptrdiff_t>(rows));
   L.votes.erase(L.votes.begin(), L.votes.begin() + B);
+  L.recent_count -= B;
 }
 
 std::vector<int32_t> StreamingKV::retrieve(int32_t layer, const float* q_raw, int32_t n, std::span<const float> map,
@@ -227,8 +234,8 @@ std::vector<int32_t> StreamingKV::retrieve(int32_t layer, const float* q_raw, in
   return stream::top_blocks(scores, opt_.top_k);
 }
 
-void StreamingKV::attend(int32_t layer, int32_t pos, int32_t n, float* q, float* k, float* v,
-                         std::span<const float> inv_freq, float scale, float* out, ThreadPool& pool) {
+void StreamingKV::prepare(int32_t layer, int32_t pos, int32_t n, const float* q, const float* k,
+                          std::span<const float> inv_freq, float scale) {
   check(pos == length_ && layer >= 0 && layer < cfg_.num_layers, "streaming: attend() out of order");
   Layer& L = layers_[static_cast<size_t>(layer)];
   const int32_t nq = cfg_.num_q_heads, nkv = cfg_.num_kv_heads, d = cfg_.head_dim;
@@ -237,25 +244,27 @@ void StreamingKV::attend(int32_t layer, int32_t pos, int32_t n, float* q, float*
   for (int32_t b = prev_evicted_; b < evicted_; ++b) evict(layer, b);
   retrieval_seconds_ += since(t0);
 
-  // RoPE tables over the local part and the chunk: positions [local_begin, pos + n), and the global queries' one.
-  const int32_t local_begin = evicted_ > 0 ? opt_.sinks + evicted_ * opt_.block : 0;
-  const int32_t span_len = pos + n - local_begin;
+  const bool maps = needs_qk();
+  local_begin_ = evicted_ > 0 ? opt_.sinks + evicted_ * opt_.block : 0;
+  span_len_ = pos + n - local_begin_;
   const int64_t half = d / 2;
-  cos_.resize(static_cast<size_t>((span_len + 1) * half));
-  sin_.resize(cos_.size());
-  rope_tables(inv_freq, local_begin, span_len, cos_.data(), sin_.data());
-  rope_tables(inv_freq, opt_.local, 1, cos_.data() + span_len * half, sin_.data() + span_len * half);
-
-  // Queries: at their true positions (local), and at the one distance of every global key (global).
-  q_local_.assign(q, q + n * qrow);
-  rotate(q_local_.data(), n, nq, d, cos_.data(), sin_.data(), pos - local_begin);
-  std::vector<float> k_rot(k, k + n * row_);
-  rotate(k_rot.data(), n, nkv, d, cos_.data(), sin_.data(), pos - local_begin);
+  if (storage_ == Storage::Host || maps) {
+    check(q != nullptr && k != nullptr, "streaming: this chunk needs its queries and keys");
+    // RoPE tables over the local part and the chunk: positions [local_begin, pos + n), and the global queries' one.
+    cos_.resize(static_cast<size_t>((span_len_ + 1) * half));
+    sin_.resize(cos_.size());
+    rope_tables(inv_freq, local_begin_, span_len_, cos_.data(), sin_.data());
+    rope_tables(inv_freq, opt_.local, 1, cos_.data() + span_len_ * half, sin_.data() + span_len_ * half);
+    // Queries at their true positions (local); the chunk's keys likewise.
+    q_local_.assign(q, q + n * qrow);
+    rotate(q_local_.data(), n, nq, d, cos_.data(), sin_.data(), pos - local_begin_);
+    k_rot_.assign(k, k + n * row_);
+    rotate(k_rot_.data(), n, nkv, d, cos_.data(), sin_.data(), pos - local_begin_);
+  }
 
   // The chunk's attention map within itself (ltri, infllm): summed over heads, softmax over the chunk's causal keys.
-  std::vector<stream::Span> spans;
-  std::vector<double> ratios;
-  const bool maps = opt_.method == StreamMethod::Ltri || opt_.method == StreamMethod::InfLLM;
+  chunk_spans_.clear();
+  chunk_ratios_.clear();
   t0 = Clock::now();
   if (maps) {
     map_.assign(static_cast<size_t>(n) * static_cast<size_t>(n), 0.0f);
@@ -264,7 +273,7 @@ void StreamingKV::attend(int32_t layer, int32_t pos, int32_t n, float* q, float*
     for (int32_t h = 0; h < nq; ++h) {
       const int32_t g = shape_.kv_head(h);
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, d, sc, q_local_.data() + static_cast<int64_t>(h) * d,
-                  static_cast<int>(qrow), k_rot.data() + static_cast<int64_t>(g) * d, static_cast<int>(row_), 0.0f,
+                  static_cast<int>(qrow), k_rot_.data() + static_cast<int64_t>(g) * d, static_cast<int>(row_), 0.0f,
                   s.data(), n);
       for (int32_t r = 0; r < n; ++r) {
         float* sr = s.data() + static_cast<int64_t>(r) * n;
@@ -282,24 +291,74 @@ void StreamingKV::attend(int32_t layer, int32_t pos, int32_t n, float* q, float*
     if (opt_.method == StreamMethod::Ltri) {
       const stream::TriangleScores ts(map_, n, stream::causal_quantile(map_, n, opt_.theta_quantile));
       std::vector<stream::Span> kept = stream::nms(stream::span_candidates(ts, opt_.linear_nms), opt_.iou);
-      spans = stream::cover_with_spans(kept, n);
-      for (const stream::Span& sp : spans) ratios.push_back(stream::area_ratio(ts, sp));
+      chunk_spans_ = stream::cover_with_spans(kept, n);
+      for (const stream::Span& sp : chunk_spans_) chunk_ratios_.push_back(stream::area_ratio(ts, sp));
     }
   }
-  L.retrieved = retrieve(layer, q, n, map_, spans);
+  L.retrieved = retrieve(layer, q, n, map_, chunk_spans_);
   if (kind_ == ChunkKind::LastPrefill) L.persisted = L.retrieved;
   retrieval_seconds_ += since(t0);
 
+  stream::StreamLayout lay;
+  lay.global = evicted_ > 0 ? L.sink_count + static_cast<int32_t>(L.retrieved.size()) * opt_.block : 0;
+  lay.local = evicted_ > 0 ? L.recent_count : L.sink_count + L.recent_count;
+  lay.chunk = n;
+  check(lay.local == pos - local_begin_, "streaming: the local window holds " + std::to_string(lay.local) +
+                                             " tokens, expected " + std::to_string(pos - local_begin_));
+  L.layout = lay;
+  max_workspace_ = std::max<int64_t>(max_workspace_, lay.kv_len());
+}
+
+void StreamingKV::finish(int32_t layer, int32_t pos, int32_t n, const float* k, const float* v) {
+  Layer& L = layers_[static_cast<size_t>(layer)];
+  const bool maps = needs_qk();
+  // Append the chunk (raw K, V) to the sinks and the local window, with its votes and spans.
+  for (int32_t t = 0; t < n; ++t) {
+    const int32_t p = pos + t;
+    const bool sink = p < opt_.sinks;
+    ++(sink ? L.sink_count : L.recent_count);
+    if (storage_ == Storage::Host) {
+      auto& dk = sink ? L.sink_k : L.recent_k;
+      auto& dv = sink ? L.sink_v : L.recent_v;
+      dk.insert(dk.end(), k + t * row_, k + (t + 1) * row_);
+      dv.insert(dv.end(), v + t * row_, v + (t + 1) * row_);
+    } else if (!sink && keeps_recent_k()) {
+      L.recent_k.insert(L.recent_k.end(), k + t * row_, k + (t + 1) * row_);
+    }
+    if (!sink) {
+      float vote = 0;
+      if (maps)
+        for (int32_t r = t; r < n; ++r) vote += map_[static_cast<size_t>(r) * static_cast<size_t>(n) + static_cast<size_t>(t)];
+      L.votes.push_back(vote);
+    }
+  }
+  for (size_t i = 0; i < chunk_spans_.size(); ++i) {
+    const int32_t b = std::max(pos + chunk_spans_[i].begin, opt_.sinks), e = pos + chunk_spans_[i].end;
+    if (e > b) L.spans.push_back(PendingSpan{b, e, chunk_ratios_[i]});
+  }
+  if (layer == cfg_.num_layers - 1) length_ = pos + n;
+}
+
+stream::StreamLayout StreamingKV::plan(int32_t layer, int32_t pos, int32_t n, const float* q, const float* k,
+                                       std::span<const float> inv_freq, float scale) {
+  check(storage_ == Storage::Device, "streaming: plan() is for the GPU path (Storage::Device); the CPU calls attend()");
+  prepare(layer, pos, n, q, k, inv_freq, scale);
+  finish(layer, pos, n, k, nullptr);
+  return layers_[static_cast<size_t>(layer)].layout;
+}
+
+void StreamingKV::attend(int32_t layer, int32_t pos, int32_t n, float* q, float* k, float* v,
+                         std::span<const float> inv_freq, float scale, float* out, ThreadPool& pool) {
+  check(storage_ == Storage::Host, "streaming: attend() needs Storage::Host (the GPU path calls plan())");
+  prepare(layer, pos, n, q, k, inv_freq, scale);
+  Layer& L = layers_[static_cast<size_t>(layer)];
+  const int32_t nq = cfg_.num_q_heads, nkv = cfg_.num_kv_heads, d = cfg_.head_dim;
+  const int64_t qrow = static_cast<int64_t>(nq) * d;
+  const int64_t half = d / 2;
+  const stream::StreamLayout lay = L.layout;
+
   // The workspace: [sinks + retrieved blocks (raw) | local window (rotated) | chunk (rotated)].
   const int32_t B = opt_.block;
-  const int32_t sink_rows = static_cast<int32_t>(L.sink_k.size() / static_cast<size_t>(row_));
-  const int32_t recent_rows = static_cast<int32_t>(L.recent_k.size() / static_cast<size_t>(row_));
-  stream::StreamLayout lay;
-  lay.global = evicted_ > 0 ? sink_rows + static_cast<int32_t>(L.retrieved.size()) * B : 0;
-  lay.local = evicted_ > 0 ? recent_rows : sink_rows + recent_rows;
-  lay.chunk = n;
-  check(lay.local == pos - local_begin, "streaming: the local window holds " + std::to_string(lay.local) +
-                                            " tokens, expected " + std::to_string(pos - local_begin));
   const auto total = static_cast<size_t>(lay.kv_len() * row_);
   ws_k_.resize(total);
   ws_v_.resize(total);
@@ -311,14 +370,14 @@ void StreamingKV::attend(int32_t layer, int32_t pos, int32_t n, float* q, float*
     wk += rows * row_;
     wv += rows * row_;
   };
-  put(L.sink_k.data(), L.sink_v.data(), sink_rows);
+  put(L.sink_k.data(), L.sink_v.data(), L.sink_count);
   if (evicted_ > 0)
     for (int32_t b : L.retrieved) put(store_.k(layer, b).data(), store_.v(layer, b).data(), B);
   float* local_k = wk;
-  put(L.recent_k.data(), L.recent_v.data(), recent_rows);
+  put(L.recent_k.data(), L.recent_v.data(), L.recent_count);
   if (evicted_ == 0) local_k = ws_k_.data();  // the sinks are local too
   rotate(local_k, lay.local, nkv, d, cos_.data(), sin_.data(), 0);
-  put(k_rot.data(), v, n);
+  put(k_rot_.data(), v, n);
 
   const TensorView wk_view(ws_k_.data(), DType::F32, {lay.kv_len(), nkv, d});
   const TensorView wv_view(ws_v_.data(), DType::F32, {lay.kv_len(), nkv, d});
@@ -327,32 +386,11 @@ void StreamingKV::attend(int32_t layer, int32_t pos, int32_t n, float* q, float*
   if (lay.global > 0) {
     q_global_.assign(q, q + n * qrow);
     for (int32_t r = 0; r < n; ++r)
-      apply_rope(q_global_.data() + r * qrow, 1, qrow, nq, d, cos_.data() + span_len * half, sin_.data() + span_len * half);
+      apply_rope(q_global_.data() + r * qrow, 1, qrow, nq, d, cos_.data() + span_len_ * half, sin_.data() + span_len_ * half);
     qg = TensorView(q_global_.data(), DType::F32, {n, nq, d});
   }
   stream::streaming_attention_cpu(lay, ql, qg, wk_view, wv_view, TensorView(out, DType::F32, {n, nq, d}), scale, pool);
-  L.layout = lay;
-  max_workspace_ = std::max<int64_t>(max_workspace_, lay.kv_len());
-
-  // Append the chunk (raw K, V) to the sinks and the local window, with its votes and spans.
-  for (int32_t t = 0; t < n; ++t) {
-    const int32_t p = pos + t;
-    auto& dk = p < opt_.sinks ? L.sink_k : L.recent_k;
-    auto& dv = p < opt_.sinks ? L.sink_v : L.recent_v;
-    dk.insert(dk.end(), k + t * row_, k + (t + 1) * row_);
-    dv.insert(dv.end(), v + t * row_, v + (t + 1) * row_);
-    if (p >= opt_.sinks) {
-      float vote = 0;
-      if (maps)
-        for (int32_t r = t; r < n; ++r) vote += map_[static_cast<size_t>(r) * static_cast<size_t>(n) + static_cast<size_t>(t)];
-      L.votes.push_back(vote);
-    }
-  }
-  for (size_t i = 0; i < spans.size(); ++i) {
-    const int32_t b = std::max(pos + spans[i].begin, opt_.sinks), e = pos + spans[i].end;
-    if (e > b) L.spans.push_back(PendingSpan{b, e, ratios[i]});
-  }
-  if (layer == cfg_.num_layers - 1) length_ = pos + n;
+  finish(layer, pos, n, k, v);
 }
 
 StreamStats StreamingKV::stats() const {

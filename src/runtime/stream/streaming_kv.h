@@ -22,9 +22,11 @@
 // is the host store (checked against its budget: check_sequence() before a prefill, HostBlockStore::add() always)
 // and the index (bytes in stats()).
 //
-// A backend interface for a GPU path: everything above is per (layer, chunk) and touches the KV only through the
-// workspace and the store; a GPU twin keeps the workspace and the index on the device and the store in pinned host
-// memory (not built yet: the engine refuses --stream with --device cuda).
+// The GPU path (runtime_cuda/stream/gpu_streaming_kv.h) uses this class for its decisions: constructed with
+// Storage::Device, it keeps no V and no block rows (K of the recent tokens only where indexing needs it, i.e.
+// ltri / infllm), counts the evicted blocks against the budget as bf16, and plan() runs steps 1-3 and the
+// bookkeeping of attend() on f32 copies of the device's q and k, returning the layout; the GPU twin moves the rows
+// and runs the same two indexes on the device. Same inputs, same code: the same retrieved blocks.
 #pragma once
 
 #include <cstdint>
@@ -60,7 +62,10 @@ class StreamingKV : public KVPolicy {
  public:
   enum class ChunkKind { Prefill, LastPrefill, Decode };
 
-  StreamingKV(const ModelConfig& config, StreamOptions options);
+  // Host: this object holds every row (the CPU path). Device: the caller holds the rows (see above).
+  enum class Storage { Host, Device };
+
+  StreamingKV(const ModelConfig& config, StreamOptions options, Storage storage = Storage::Host);
 
   // Throws tessera::Error when a sequence of `tokens` tokens cannot fit the host store's budget:
   //   "streaming: a sequence of 40,000 tokens evicts 311 blocks of 128 tokens per layer, whose K and V need
@@ -72,6 +77,17 @@ class StreamingKV : public KVPolicy {
   void begin_chunk(int32_t pos, int32_t n, ChunkKind kind);
   void attend(int32_t layer, int32_t pos, int32_t n, float* q, float* k, float* v, std::span<const float> inv_freq,
               float scale, float* out, ThreadPool& pool) override;
+
+  // Storage::Device: steps 1-3 of attend() and its bookkeeping for layer `layer` of the chunk [pos, pos + n): q
+  // [n, q_heads, d] and k [n, kv_heads, d], f32, before RoPE (read only; may be null when !needs_qk()). Returns the
+  // layout; retrieved(layer) holds the blocks to put after the sinks (ascending), the blocks [evicted_before(),
+  // evicted_blocks()) have left the local window of every layer this chunk.
+  stream::StreamLayout plan(int32_t layer, int32_t pos, int32_t n, const float* q, const float* k,
+                            std::span<const float> inv_freq, float scale);
+  // Whether plan() reads q and k (ltri and infllm map the chunk; streamingllm only counts).
+  bool needs_qk() const { return opt_.method == StreamMethod::Ltri || opt_.method == StreamMethod::InfLLM; }
+  int32_t evicted_before() const { return prev_evicted_; }
+  Storage storage() const { return storage_; }
 
   void reset();  // an empty sequence (keeps nothing)
   int32_t length() const { return length_; }
@@ -92,8 +108,9 @@ class StreamingKV : public KVPolicy {
     double ratio = 1;            // area ratio within its chunk
   };
   struct Layer {
-    std::vector<float> sink_k, sink_v;      // raw K, V of [0, min(length, sinks))
-    std::vector<float> recent_k, recent_v;  // raw K, V of [recent_begin, length)
+    int32_t sink_count = 0, recent_count = 0;  // tokens of [0, min(length, sinks)) and [recent_begin, length)
+    std::vector<float> sink_k, sink_v;      // raw K, V of the sinks (Storage::Host)
+    std::vector<float> recent_k, recent_v;  // raw K, V of the recent tokens (Device: K only, for ltri / infllm)
     std::vector<float> votes;               // per recent token
     std::vector<PendingSpan> spans;         // Ltri spans of the recent tokens
     stream::SpanIndex span_index;
@@ -108,9 +125,16 @@ class StreamingKV : public KVPolicy {
   stream::HeadWeights head_weights(int32_t layer) const;
   std::vector<int32_t> retrieve(int32_t layer, const float* q_raw, int32_t n, std::span<const float> map,
                                 std::span<const stream::Span> spans);
+  // attend() in three steps: prepare (evictions, rotations, map, spans, retrieval, the layout: steps 1-3), the
+  // workspace and the executor (Host only), finish (the chunk appended to the sinks / local window).
+  void prepare(int32_t layer, int32_t pos, int32_t n, const float* q, const float* k, std::span<const float> inv_freq,
+               float scale);
+  void finish(int32_t layer, int32_t pos, int32_t n, const float* k, const float* v);
+  bool keeps_recent_k() const { return storage_ == Storage::Host || needs_qk(); }
 
   const ModelConfig& cfg_;
   StreamOptions opt_;
+  Storage storage_ = Storage::Host;
   stream::HeadShape shape_;
   int64_t row_ = 0;  // kv_heads * head_dim
   std::vector<Layer> layers_;
@@ -124,7 +148,10 @@ class StreamingKV : public KVPolicy {
   int64_t max_workspace_ = 0;
   double retrieval_seconds_ = 0;
   // Scratch.
-  std::vector<float> ws_k_, ws_v_, q_local_, q_global_, cos_, sin_, map_, lse_;
+  std::vector<float> ws_k_, ws_v_, q_local_, q_global_, k_rot_, cos_, sin_, map_, lse_;
+  std::vector<stream::Span> chunk_spans_;  // prepare() -> finish(): the chunk's spans and area ratios
+  std::vector<double> chunk_ratios_;
+  int32_t local_begin_ = 0, span_len_ = 0;
 };
 
 }  // namespace tessera::runtime
