@@ -125,3 +125,43 @@ TEST(Launch, EnvironmentErrors) {
               "rank 1: no rendezvous file " + lonely.rendezvous_file + " from rank 0 within 0 s");
   }
 }
+
+// `--gpus N` commands (run_ranks): forked here, or this process is the one rank an external launcher started.
+TEST(Launch, RunRanksForksOrRunsTheEnvironmentsRank) {
+  unsetenv("WORLD_SIZE");
+  unsetenv("OMPI_COMM_WORLD_SIZE");
+  unsetenv("RANK");
+  EXPECT_FALSE(launched_externally());
+  EXPECT_EQ(world_for_gpus(3), 3);
+  const fs::path dir = temp_dir("run_ranks");
+  EXPECT_EQ(run_ranks(3, [&](const RankEnv& e) { return rank_body(e, dir); }), 0);
+  for (int r = 0; r < 3; ++r) EXPECT_TRUE(fs::exists(dir / ("rank" + std::to_string(r)))) << r;
+
+  // Rank 1 of a world of 2 started outside: run_ranks runs the body here, once, with that identity.
+  setenv("WORLD_SIZE", "2", 1);
+  setenv("RANK", "1", 1);
+  setenv("LOCAL_RANK", "1", 1);
+  EXPECT_TRUE(launched_externally());
+  int calls = 0;
+  RankEnv seen;
+  EXPECT_EQ(run_ranks(2, [&](const RankEnv& e) {
+              ++calls;
+              seen = e;
+              return 7;
+            }),
+            7);
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(seen.rank, 1);
+  EXPECT_EQ(seen.world, 2);
+  EXPECT_EQ(seen.local_rank, 1);
+  try {
+    world_for_gpus(4);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& err) {
+    EXPECT_STREQ(err.what(), "--gpus 4 but the environment says WORLD_SIZE=2");
+  }
+  unsetenv("WORLD_SIZE");
+  unsetenv("RANK");
+  unsetenv("LOCAL_RANK");
+  fs::remove_all(dir);
+}

@@ -6,6 +6,10 @@
 //   ../shared/data/minference-configs/Llama_3_8B_Instruct_262k_kv_out_v32_fit_o_best_pattern.json
 //            [--lengths 131072,262144] [--placements uniform,greedy,genetic] [--costs profile|flops]
 //            [--model llama3-8b] [--seed 1] [--out DIR] [--dense-fallback] [--max-seconds S]
+//            [--chunk N] [--no-overlap] [--tag NAME]
+//  --chunk N: prefill in chunks of N tokens (each attends to all earlier keys; bounds the activations, as
+//  the single-GPU engine's prefill chunks do: what a 1M-token prompt needs); --no-overlap: the all-reduces on
+//  the compute stream (tp_gpu_forward.h's baseline); --tag: a label in the CSV's last column.
 //
 // Steps (the bench process itself never touches CUDA; GPU work runs in forked ranks, dist/launch.h):
 //  1. --costs profile (default): one rank on GPU 0 times each distinct pattern of the policy at each length
@@ -74,6 +78,9 @@ struct Options {
   std::string out = "tp-bench-out";
   bool dense_fallback = false;
   double max_seconds = 0;
+  int64_t chunk = 0;  // 0: the whole prompt in one pass
+  bool overlap = true;
+  std::string tag;
 };
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -114,12 +121,19 @@ Options parse(int argc, char** argv) {
       o.dense_fallback = true;
     else if (a == "--max-seconds")
       o.max_seconds = std::stod(value());
+    else if (a == "--chunk")
+      o.chunk = std::stoll(value());
+    else if (a == "--no-overlap")
+      o.overlap = false;
+    else if (a == "--tag")
+      o.tag = value();
     else
       throw Error("tp_bench: unknown option " + a + " (see the top of bench/gpu/tp_bench.cpp)");
   }
   if (o.policy.empty())
     throw Error("tp_bench: --policy FILE is required (a MInference, MoA or tessera policy)");
   if (o.costs != "profile" && o.costs != "flops") throw Error("tp_bench: --costs must be profile or flops");
+  if (o.chunk < 0) throw Error("tp_bench: --chunk must be positive (0: the whole prompt)");
   if (o.gpus == 1) o.placements = {"uniform"};
   return o;
 }
@@ -203,6 +217,7 @@ HeadCostProfile profile_heads(const runtime::ModelConfig& cfg, const attn::Atten
 struct RankResult {
   double ttft_s = 0;
   std::vector<float> layer_ms;
+  double gpu_gb = 0;
 };
 
 }  // namespace
@@ -278,27 +293,39 @@ int main(int argc, char** argv) {
             TpForwardOptions fo;
             fo.time_layers = true;
             fo.dense_fallback = o.dense_fallback;
+            fo.overlap_comm = o.overlap;
             TpGpuForward fwd(*model, *comm, fo, stream, gemm);
             fwd.reserve(static_cast<int32_t>(len));
             const int32_t warm = static_cast<int32_t>(std::min<int64_t>(4096, len));
             fwd.run(std::span(tokens).first(static_cast<size_t>(warm)), 0, &policy, warm, true);
             comm->barrier(stream);
             const double t0 = now_s();
-            fwd.run(tokens, 0, &policy, static_cast<int32_t>(len), true);
+            const int64_t chunk = o.chunk > 0 ? o.chunk : len;
+            std::vector<float> layer_ms(static_cast<size_t>(cfg.num_layers), 0.0f);
+            for (int64_t c0 = 0; c0 < len; c0 += chunk) {
+              const int64_t cn = std::min(chunk, len - c0);
+              fwd.run(std::span(tokens).subspan(static_cast<size_t>(c0), static_cast<size_t>(cn)),
+                      static_cast<int32_t>(c0), &policy, static_cast<int32_t>(len), true);
+              for (size_t l = 0; l < layer_ms.size(); ++l) layer_ms[l] += fwd.layer_attention_ms()[l];
+            }
             comm->barrier(stream);
             const double ttft = now_s() - t0;
+            size_t free_b = 0, total_b = 0;
+            cudaMemGetInfo(&free_b, &total_b);
             json j = {{"rank", env.rank},
                       {"length", len},
                       {"method", m},
                       {"ttft_s", ttft},
-                      {"layer_ms", fwd.layer_attention_ms()},
+                      {"layer_ms", layer_ms},
+                      {"gpu_used_bytes", total_b - free_b},
                       {"weights_bytes", model->bytes()},
                       {"kv_bytes", fwd.kv_bytes()}};
             std::ofstream(fs::path(o.out) /
                           ("rank" + std::to_string(env.rank) + "_" + m + "_" + std::to_string(len) + ".json"))
                 << j.dump() << "\n";
             if (env.rank == 0)
-              std::printf("  %s at %lld: TTFT %.3f s\n", m.c_str(), static_cast<long long>(len), ttft);
+              std::printf("  %s at %lld: TTFT %.3f s (GPU 0 memory in use %.1f GB)\n", m.c_str(),
+                          static_cast<long long>(len), ttft, static_cast<double>(total_b - free_b) / 1e9);
             std::fflush(stdout);
           }
         }
@@ -310,7 +337,7 @@ int main(int argc, char** argv) {
     // 4. The table.
     std::ofstream csv(fs::path(o.out) / "tp_bench.csv");
     csv << "gpus,length,method,ttft_s,attn_slowest_s,attn_fastest_s,mean_imbalance,max_imbalance,"
-           "predicted_mean_imbalance,predicted_max_imbalance,search_s\n";
+           "predicted_mean_imbalance,predicted_max_imbalance,search_s,max_gpu_gb,chunk,overlap,tag\n";
     std::printf(
         "\n| GPUs | length | placement | TTFT (s) | attention, slowest GPU (s) | fastest GPU (s) | "
         "imbalance mean / max | predicted mean / max | search (s) "
@@ -323,7 +350,8 @@ int main(int argc, char** argv) {
               fs::path(o.out) / ("rank" + std::to_string(r) + "_" + m + "_" + std::to_string(len) + ".json");
           if (!fs::exists(f)) break;
           const json j = json::parse(std::ifstream(f));
-          ranks.push_back({j["ttft_s"].get<double>(), j["layer_ms"].get<std::vector<float>>()});
+          ranks.push_back({j["ttft_s"].get<double>(), j["layer_ms"].get<std::vector<float>>(),
+                           j.value("gpu_used_bytes", 0.0) / 1e9});
         }
         if (static_cast<int32_t>(ranks.size()) != o.gpus) continue;
         double slow = 0, fast = 0, mean_imb = 0, max_imb = 0;
@@ -340,6 +368,8 @@ int main(int argc, char** argv) {
           mean_imb += imb / static_cast<double>(layers);
           max_imb = std::max(max_imb, imb);
         }
+        double gpu_gb = 0;
+        for (const RankResult& r : ranks) gpu_gb = std::max(gpu_gb, r.gpu_gb);
         const PlacementSummary& ps = predicted.at({len, m});
         const double search = placements.at({len, m}).search_seconds;
         std::printf("| %d | %lld | %s | %.3f | %.3f | %.3f | %.3f / %.3f | %.3f / %.3f | %.3f |\n", o.gpus,
@@ -347,7 +377,7 @@ int main(int argc, char** argv) {
                     ps.mean_imbalance, ps.max_imbalance, search);
         csv << o.gpus << "," << len << "," << m << "," << ranks[0].ttft_s << "," << slow << "," << fast << ","
             << mean_imb << "," << max_imb << "," << ps.mean_imbalance << "," << ps.max_imbalance << ","
-            << search << "\n";
+            << search << "," << gpu_gb << "," << o.chunk << "," << (o.overlap ? 1 : 0) << "," << o.tag << "\n";
       }
     return rc;
   } catch (const std::exception& e) {

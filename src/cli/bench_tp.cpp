@@ -3,11 +3,9 @@
 // loads the model and tokenizer and never touches CUDA) or started by torchrun / mpirun. Each (depth, policy)
 // gets its own placement: the genetic search on the FLOP cost model of that depth (the placement depends on
 // the prompt's length).
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
 #include <map>
 #include <memory>
 
@@ -57,9 +55,7 @@ int bench_tp_command(const BenchOptions& o) {
     tokens.insert(tokens.end(), tokens.begin(), tokens.end());
   tokens.resize(static_cast<size_t>(max_depth));
 
-  const bool external =
-      std::getenv("WORLD_SIZE") != nullptr || std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
-  const int32_t world = external ? dist::rank_env_from_environment().world : o.gpus;
+  const int32_t world = dist::world_for_gpus(o.gpus);
   std::vector<std::string> specs = {"dense"};
   for (const std::string& a : o.attn)
     if (a != "dense") specs.push_back(a);
@@ -131,11 +127,7 @@ int bench_tp_command(const BenchOptions& o) {
     cudaStreamDestroy(stream);
     return 0;
   };
-  if (external) return body(dist::rank_env_from_environment());
-  const std::string rv =
-      (std::filesystem::temp_directory_path() / ("tessera-rendezvous-" + std::to_string(::getpid())))
-          .string();
-  return dist::launch_local_ranks(world, rv, body);
+  return dist::run_ranks(o.gpus, body);
 #endif
 }
 

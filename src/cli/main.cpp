@@ -107,6 +107,8 @@ int main(int argc, char** argv) {
                                     "or started by torchrun/mpirun: docs/multi-gpu.md)")
       ->check(CLI::Range(1, 1024));
   r->add_option("--placement", run.placement, "Head placement file for --gpus (tp_bench writes them; default: genetic)");
+  r->add_option("--logits-out", run.logits_out,
+                "Write the logits after the prompt (raw f32, vocabulary-many) to this file, e.g. to compare devices");
 
   BenchOptions bench;
   auto* b = app.add_subcommand("bench", "Prefill and decode rates at several depths, dense and sparse");

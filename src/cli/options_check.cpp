@@ -43,6 +43,7 @@ void check_run_options(const RunOptions& o) {
   check(!o.compare || o.attn != "dense" || !o.stream.methods.empty(),
         "--compare runs dense first and then --attn (or --stream): give a sparse --attn or --stream");
   check_spec(o.attn, "--attn");
+  check(!o.compare || o.logits_out.empty(), "--logits-out writes one run's logits: drop --compare");
   check(o.stream.methods.size() <= 1, "run: --stream takes one method");
   check_stream(o.stream, o.device);
   check(o.stream.methods.empty() || o.attn == "dense",

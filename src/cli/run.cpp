@@ -142,6 +142,7 @@ Outcome generate_with(EngineT& engine, const Session& s, const RunOptions& o, co
   // Prefill with a progress bar, then sample token by token.
   std::vector<float> logits = engine.prefill(prompt, [&](int64_t done, int64_t total) { bar.update(done, total); });
   bar.finish();
+  if (!o.logits_out.empty()) write_logits(o.logits_out, logits);
   out.prefill = engine.stats();
   if constexpr (requires { engine.streaming(); })
     if (engine.streaming() != nullptr && !needle_tokens.empty()) out.needle_recall = needle_recall(*engine.streaming(), prompt, needle_tokens);

@@ -3,10 +3,8 @@
 // on this host (it never touches CUDA itself); with it (torchrun, mpirun, or by hand on several hosts) this
 // process is one rank. Greedy or sampled decoding needs no broadcast: every rank computes the same logits
 // (the all-reduce gives every rank the same sum) and draws with the same seed; rank 0 prints.
-#include <unistd.h>
 
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 
@@ -52,11 +50,7 @@ int run_tp_command(const RunOptions& o) {
   const std::vector<int32_t> prompt = s.encode_prompt(text, o.chat, o.system);
   std::printf("model: %s; prompt: %s tokens\n", c.summary().c_str(),
               with_commas(static_cast<int64_t>(prompt.size())).c_str());
-  const char* world_env = std::getenv("WORLD_SIZE");
-  const bool external = world_env != nullptr || std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
-  const int32_t world = external ? dist::rank_env_from_environment().world : o.gpus;
-  check(!external || world == o.gpus,
-        "--gpus " + std::to_string(o.gpus) + " but the environment says WORLD_SIZE=" + std::to_string(world));
+  const int32_t world = dist::world_for_gpus(o.gpus);
   const attn::AttentionPolicy policy = s.policy(o.attn);
   dist::Placement placement;
   if (!o.placement.empty()) {
@@ -92,6 +86,7 @@ int run_tp_command(const RunOptions& o) {
       const double t1 = now_seconds();
       std::vector<float> logits = fwd.run(prompt, 0, &policy, static_cast<int32_t>(prompt.size()), true);
       const double prefill = now_seconds() - t1;
+      if (env.rank == 0 && !o.logits_out.empty()) write_logits(o.logits_out, logits);
       runtime::Sampler sampler(o.sampling);
       std::vector<int32_t> out;
       const double t2 = now_seconds();
@@ -116,12 +111,7 @@ int run_tp_command(const RunOptions& o) {
     cudaStreamDestroy(stream);
     return 0;
   };
-  std::fflush(stdout);
-  if (external) return body(dist::rank_env_from_environment());
-  const std::string rv =
-      (std::filesystem::temp_directory_path() / ("tessera-rendezvous-" + std::to_string(::getpid())))
-          .string();
-  return dist::launch_local_ranks(world, rv, body);
+  return dist::run_ranks(o.gpus, body);
 #endif
 }
 

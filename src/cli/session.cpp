@@ -104,6 +104,12 @@ void check_prompt_text_fits(const Session& s, size_t bytes, int64_t max_context,
             " tokens; shorten the prompt or pass a larger --max-context");
 }
 
+void write_logits(const std::string& path, const std::vector<float>& logits) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(logits.data()), static_cast<std::streamsize>(logits.size() * sizeof(float)));
+  check(static_cast<bool>(out), path + ": cannot write the logits (--logits-out)");
+}
+
 ProgressBar::ProgressBar(std::string label, bool enabled)
     : label_(std::move(label)), enabled_(enabled), start_(now_seconds()) {}
 

@@ -51,6 +51,11 @@ class ProgressBar {
 // numbers instead of being tokenized whole first.
 void check_prompt_text_fits(const Session& s, size_t bytes, int64_t max_context, const std::string& what);
 
+// `tessera run --logits-out FILE`: the logits after the prompt (the first answer token's distribution), raw f32
+// little-endian, vocabulary-many values — what scripts/gpu/tp_x4.sh compares between one GPU and several.
+// Throws tessera::Error when the file cannot be written.
+void write_logits(const std::string& path, const std::vector<float>& logits);
+
 double now_seconds();
 std::string with_commas(int64_t n);
 

@@ -247,3 +247,28 @@ int launch_local_ranks(int32_t world, const std::string& rendezvous_file,
 }
 
 }  // namespace tessera::dist
+
+namespace tessera::dist {
+
+bool launched_externally() {
+  return std::getenv("WORLD_SIZE") != nullptr || std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
+}
+
+int32_t world_for_gpus(int32_t gpus) {
+  if (!launched_externally()) return gpus;
+  const int32_t world = rank_env_from_environment().world;
+  check(world == gpus, "--gpus " + std::to_string(gpus) + " but the environment says WORLD_SIZE=" +
+                           std::to_string(world));
+  return world;
+}
+
+int run_ranks(int32_t gpus, const std::function<int(const RankEnv&)>& body) {
+  const int32_t world = world_for_gpus(gpus);
+  std::fflush(stdout);
+  if (launched_externally()) return body(rank_env_from_environment());
+  const std::string rv =
+      (std::filesystem::temp_directory_path() / ("tessera-rendezvous-" + std::to_string(::getpid()))).string();
+  return launch_local_ranks(world, rv, body);
+}
+
+}  // namespace tessera::dist

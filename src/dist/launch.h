@@ -48,4 +48,16 @@ std::vector<uint8_t> exchange_root_blob(const RankEnv& env, const std::vector<ui
 int launch_local_ranks(int32_t world, const std::string& rendezvous_file,
                        const std::function<int(const RankEnv&)>& body);
 
+// Whether this process is one rank of a world started outside it (WORLD_SIZE or OMPI_COMM_WORLD_SIZE is set).
+bool launched_externally();
+
+// The world a `--gpus N` command runs in: N, or under an external launcher the environment's size, which must
+// equal N ("--gpus 4 but the environment says WORLD_SIZE=2").
+int32_t world_for_gpus(int32_t gpus);
+
+// The ranks of a `--gpus N` command (tessera run / bench / serve): under an external launcher, body(this
+// process's rank); otherwise forks world_for_gpus(gpus) local ranks with a rendezvous file in the temp folder.
+// Returns the exit status (launch_local_ranks).
+int run_ranks(int32_t gpus, const std::function<int(const RankEnv&)>& body);
+
 }  // namespace tessera::dist

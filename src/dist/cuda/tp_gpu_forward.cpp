@@ -66,10 +66,24 @@ TpGpuForward::TpGpuForward(const TpDeviceModel& model, Collective& comm, const T
   events_.resize(static_cast<size_t>(2 * cfg_.num_layers));
   for (cudaEvent_t& e : events_) TESSERA_CUDA_CHECK(cudaEventCreate(&e));
   layer_ms_.assign(static_cast<size_t>(cfg_.num_layers), 0.0f);
+  if (options_.overlap_comm) TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
 }
 
 TpGpuForward::~TpGpuForward() {
   for (cudaEvent_t e : events_) cudaEventDestroy(e);
+  for (cudaEvent_t e : written_) cudaEventDestroy(e);
+  for (cudaEvent_t e : reduced_) cudaEventDestroy(e);
+  if (comm_stream_) cudaStreamDestroy(comm_stream_);
+}
+
+void TpGpuForward::piece_events(size_t pieces) {
+  while (written_.size() < pieces) {
+    cudaEvent_t w, r;
+    TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&w, cudaEventDisableTiming));
+    TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&r, cudaEventDisableTiming));
+    written_.push_back(w);
+    reduced_.push_back(r);
+  }
 }
 
 void TpGpuForward::reserve(int32_t tokens) {
@@ -197,6 +211,22 @@ std::vector<float> TpGpuForward::run(std::span<const int32_t> tokens, int32_t po
     return {x_.data() + row0 * H, root ? 1.0f : 0.0f};
   };
 
+  // The all-reduce of rows [r0, r0 + mm) of `t` (partial sums written on the compute stream): on the comm
+  // stream after the piece is written (overlap_comm), else in order on the compute stream.
+  const bool overlap = comm_stream_ != nullptr;
+  const int64_t pieces = (n + M - 1) / M;
+  if (overlap) piece_events(static_cast<size_t>(pieces));
+  auto reduce_piece = [&](int64_t c, float* t, int64_t mm) {
+    if (!overlap) {
+      comm_.all_reduce_sum(t, static_cast<size_t>(mm * H), stream_);
+      return;
+    }
+    TESSERA_CUDA_CHECK(cudaEventRecord(written_[static_cast<size_t>(c)], stream_));
+    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, written_[static_cast<size_t>(c)], 0));
+    comm_.all_reduce_sum(t, static_cast<size_t>(mm * H), comm_stream_);
+    TESSERA_CUDA_CHECK(cudaEventRecord(reduced_[static_cast<size_t>(c)], comm_stream_));
+  };
+
   AttentionSet set;
   for (int32_t l = 0; l < cfg_.num_layers; ++l) {
     const TpLayerWeights& L = model_.layer(l);
@@ -229,33 +259,41 @@ std::vector<float> TpGpuForward::run(std::span<const int32_t> tokens, int32_t po
     if (options_.time_layers)
       TESSERA_CUDA_CHECK(cudaEventRecord(events_[static_cast<size_t>(2 * l + 1)], stream_));
 
-    auto [target, beta] = partial_target(0);
-    if (L.groups.empty() && beta == 0.0f)
-      TESSERA_CUDA_CHECK(cudaMemsetAsync(target, 0, static_cast<size_t>(n * H) * sizeof(float), stream_));
-    for (size_t gi = 0; gi < L.groups.size(); ++gi) {
-      const TpGroupWeights& g = L.groups[gi];
-      const int64_t QD = static_cast<int64_t>(g.heads) * D;
-      const bf16* a = a_.data() + static_cast<int64_t>(n) * g.first_head * D;
-      gemm_.linear(a, QD, n, g.wo, H, QD, target, DType::F32, H, gi == 0 ? beta : 1.0f);
+    // o_proj per row piece, each piece all-reduced on the comm stream as soon as it is written; then the MLP
+    // per piece, once its rows are reduced, its own all-reduce again on the comm stream (header: overlap_comm).
+    for (int64_t c = 0; c < pieces; ++c) {
+      const int64_t r0 = c * M, mm = std::min<int64_t>(M, n - r0);
+      auto [t, beta] = partial_target(r0);
+      if (L.groups.empty() && beta == 0.0f)
+        TESSERA_CUDA_CHECK(cudaMemsetAsync(t, 0, static_cast<size_t>(mm * H) * sizeof(float), stream_));
+      for (size_t gi = 0; gi < L.groups.size(); ++gi) {
+        const TpGroupWeights& g = L.groups[gi];
+        const int64_t QD = static_cast<int64_t>(g.heads) * D;
+        const bf16* a = a_.data() + static_cast<int64_t>(n) * g.first_head * D + r0 * QD;
+        gemm_.linear(a, QD, mm, g.wo, H, QD, t, DType::F32, H, gi == 0 ? beta : 1.0f);
+      }
+      reduce_piece(c, t, mm);
     }
-    comm_.all_reduce_sum(target, static_cast<size_t>(n * H), stream_);
-    if (cfg_.post_norms) gpu::add_rms_normed(x_.data(), o_.data(), n, H, L.post_attn_norm, eps, stream_);
-
-    gpu::rms_norm_to_bf16(x_.data(), n, H, L.ffn_norm, eps, h_.data(), H, stream_);
-    const int64_t F = L.ffn;
-    for (int64_t m0 = 0; m0 < n; m0 += M) {
-      const int64_t mm = std::min<int64_t>(M, n - m0);
-      auto [t, b] = partial_target(m0);
+    for (int64_t c = 0; c < pieces; ++c) {
+      const int64_t r0 = c * M, mm = std::min<int64_t>(M, n - r0);
+      if (overlap) TESSERA_CUDA_CHECK(cudaStreamWaitEvent(stream_, reduced_[static_cast<size_t>(c)], 0));
+      if (cfg_.post_norms)
+        gpu::add_rms_normed(x_.data() + r0 * H, o_.data() + r0 * H, mm, H, L.post_attn_norm, eps, stream_);
+      gpu::rms_norm_to_bf16(x_.data() + r0 * H, mm, H, L.ffn_norm, eps, h_.data() + r0 * H, H, stream_);
+      const int64_t F = L.ffn;
+      auto [t, b] = partial_target(r0);
       if (F == 0) {
         if (b == 0.0f)
           TESSERA_CUDA_CHECK(cudaMemsetAsync(t, 0, static_cast<size_t>(mm * H) * sizeof(float), stream_));
-        continue;
+      } else {
+        gemm_.linear(h_.data() + r0 * H, H, mm, L.w_gate_up, 2 * F, H, gu_.data(), DType::BF16, 2 * F, 0.0f);
+        gpu::gated_activation(gu_.data(), mm, F, act, stream_);
+        gemm_.linear(gu_.data(), 2 * F, mm, L.w_down, H, F, t, DType::F32, H, b);
       }
-      gemm_.linear(h_.data() + m0 * H, H, mm, L.w_gate_up, 2 * F, H, gu_.data(), DType::BF16, 2 * F, 0.0f);
-      gpu::gated_activation(gu_.data(), mm, F, act, stream_);
-      gemm_.linear(gu_.data(), 2 * F, mm, L.w_down, H, F, t, DType::F32, H, b);
+      reduce_piece(c, t, mm);
     }
-    comm_.all_reduce_sum(target, static_cast<size_t>(n * H), stream_);
+    // The comm stream runs in order: the last piece reduced means every piece is.
+    if (overlap) TESSERA_CUDA_CHECK(cudaStreamWaitEvent(stream_, reduced_[static_cast<size_t>(pieces - 1)], 0));
     if (cfg_.post_norms) gpu::add_rms_normed(x_.data(), o_.data(), n, H, L.post_ffn_norm, eps, stream_);
   }
 

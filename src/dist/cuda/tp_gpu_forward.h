@@ -17,6 +17,12 @@
 // then the final norm and the LM head on every rank (replicated; the logits of rank 0 are the answer).
 // Two all-reduces per layer of n x hidden f32 each: the communication does not depend on the placement.
 //
+// Communication overlaps compute (TpForwardOptions::overlap_comm, FlexAttn's pipelining where it pays): o_proj
+// and the MLP run in row pieces of mlp_chunk rows, and each piece's all-reduce runs on a second stream as soon as
+// its partial sum is written, while the next pieces compute (the MLP of piece c waits only for piece c's o_proj
+// all-reduce). Only the last piece's MLP all-reduce is exposed. The sums are the same either way (row pieces of
+// one in-place all-reduce); with overlap_comm off the all-reduces run on the compute stream (the baseline).
+//
 // Per-layer attention time (CUDA events around the layer's attention, projections excluded) is kept when
 // TpForwardOptions::time_layers is on: the per-GPU load the placement balances (bench/gpu/tp_bench).
 #pragma once
@@ -41,6 +47,7 @@ struct TpForwardOptions {
   int32_t tile = 128;         // the executor's query tile in prefill
   bool dense_fallback = true;
   bool time_layers = false;
+  bool overlap_comm = true;   // all-reduces on a second stream, per row piece (above)
   attn::gpu::CudaAttentionOptions cuda_attention = attn::gpu::cuda_attention_defaults();
 };
 
@@ -73,6 +80,7 @@ class TpGpuForward {
   Collective& comm_;
   TpForwardOptions options_;
   cudaStream_t stream_;
+  cudaStream_t comm_stream_ = nullptr;  // overlap_comm: the all-reduces' stream
   runtime::gpu::Gemm& gemm_;
   float scale_ = 0;
   int32_t capacity_ = 0;
@@ -84,6 +92,9 @@ class TpGpuForward {
   attn::gpu::DeviceBuffer<bf16> h_, q_, a_, gu_;
   std::vector<attn::gpu::DeviceBuffer<float>> cos_, sin_;
   std::vector<cudaEvent_t> events_;  // 2 per layer
+  // overlap_comm: per row piece, "partial sum written" and "all-reduced" (re-recorded every layer).
+  std::vector<cudaEvent_t> written_, reduced_;
+  void piece_events(size_t pieces);
   std::vector<float> layer_ms_;
 };
 
