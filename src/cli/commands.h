@@ -145,6 +145,7 @@ struct PlanOptions {
   std::vector<int> report_lengths = {4096, 16384, 65536};
   std::string out;                       // the plan (tessera policy JSON)
   std::string svg;                       // the picture; empty: beside out
+  std::string device = "cpu";            // moa / trianglemix: where the reverse-mode passes run (cpu, cuda, auto)
   std::string command_line;
 };
 

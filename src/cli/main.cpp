@@ -201,6 +201,8 @@ int main(int argc, char** argv) {
       ->delimiter(',')->capture_default_str();
   pl->add_option("-o,--out", plan.out, "The plan file to write (tessera policy JSON)")->required();
   pl->add_option("--svg", plan.svg, "The picture (default: beside the plan, .svg)");
+  pl->add_option("--device", plan.device, "moa, trianglemix: where the gradient passes run: cpu, cuda or auto")
+      ->capture_default_str();
 
   ServeOptions serve;
   auto* sv = app.add_subcommand("serve", "OpenAI-compatible HTTP server (docs/server.md)");

@@ -23,6 +23,9 @@
 #include "plan/plan_report.h"
 #include "plan/profile.h"
 #include "plan/trianglemix_plan.h"
+#ifdef TESSERA_WITH_GPU_PLAN
+#include "plan/cuda/gradients_cuda.h"
+#endif
 
 namespace tessera::cli {
 
@@ -89,6 +92,10 @@ void check_plan_options(const PlanOptions& o) {
   check(o.threshold > 0 && o.threshold < 1, "--threshold must be in (0, 1), got " + num(o.threshold));
   check(o.validation_length >= 0, "--validation-length must be >= 0 (0: none), got " + std::to_string(o.validation_length));
   for (int l : o.report_lengths) check(l > 0, "--report-lengths must be positive, got " + std::to_string(l));
+  check(o.device == "cpu" || o.device == "cuda" || o.device == "auto",
+        "--device must be cpu, cuda or auto, got '" + o.device + "'");
+  check(o.method != "minference" || o.device != "cuda",
+        "--device cuda: MInference's search runs on the CPU (the gradient planners moa and trianglemix run on the GPU)");
   check(o.inner == "dense" || o.inner == "vs" || fs::exists(o.inner),
         "--inner must be dense, vs or a policy file, got '" + o.inner + "'");
   if (!o.calib.empty()) {
@@ -100,8 +107,26 @@ void check_plan_options(const PlanOptions& o) {
   }
 }
 
+// Where the reverse-mode passes run: --device cpu, cuda (an error where tessera has no GPU path or no GPU is
+// usable), auto (the GPU when both are there).
+static plan::Device plan_device(const PlanOptions& o) {
+  if (o.method == "minference" || o.device == "cpu") return plan::Device::Cpu;
+#ifdef TESSERA_WITH_GPU_PLAN
+  const bool usable = plan::cuda::gpu_available();
+  if (o.device == "cuda") check(usable, "--device cuda: no CUDA device is usable");
+  if (!usable) return plan::Device::Cpu;
+  plan::cuda::enable();
+  return plan::Device::Cuda;
+#else
+  check(o.device == "auto", "--device cuda: this tessera was built without the CUDA backend (configure with "
+                            "-DTESSERA_CUDA=ON on a machine with nvcc)");
+  return plan::Device::Cpu;
+#endif
+}
+
 int plan_command(const PlanOptions& o) {
   check_plan_options(o);
+  const plan::Device device = plan_device(o);
   const double t0 = now_seconds();
   Session s = Session::open(o.model);
   const runtime::ModelConfig& cfg = s.model->config();
@@ -170,8 +195,9 @@ int plan_command(const PlanOptions& o) {
     const plan::GradientProfile prof =
         plan::profile_gradients(*s.model, samples, levels, regions, pool, [&](int32_t done, int32_t total) {
           log("plan: %s (%.1f s)\n", "profiled sample " + std::to_string(done) + "/" + std::to_string(total), t0);
-        });
+        }, device);
     report["profile_seconds"] = prof.seconds;
+    report["profile_device"] = plan::device_name(device);
     report["calibration_loss"] = prof.loss;
     if (o.method == "moa") {
       plan::MoaOptions mo;

@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -585,10 +586,23 @@ class Backprop {
 
 }  // namespace
 
-GradientResult attention_gradients(const Model& model, std::span<const int32_t> tokens,
-                                   std::span<const Target> targets, const GradientOptions& options,
-                                   ThreadPool& pool) {
-  const ModelConfig& cfg = model.config();
+namespace {
+std::atomic<DeviceGradientFn> g_cuda_gradients{nullptr};
+}  // namespace
+
+void register_cuda_gradients(DeviceGradientFn fn) { g_cuda_gradients.store(fn); }
+bool cuda_gradients_registered() { return g_cuda_gradients.load() != nullptr; }
+
+const char* device_name(Device d) { return d == Device::Cuda ? "cuda" : "cpu"; }
+
+Device parse_device(const std::string& name) {
+  if (name == "cpu") return Device::Cpu;
+  if (name == "cuda") return Device::Cuda;
+  throw Error("--device must be cpu or cuda, got '" + name + "'");
+}
+
+void check_gradient_inputs(const ModelConfig& cfg, std::span<const int32_t> tokens, std::span<const Target> targets,
+                           const GradientOptions& options) {
   check_backward_supported(cfg);
   const int64_t S = static_cast<int64_t>(tokens.size());
   check(S > 0, "attention gradients: empty token sequence");
@@ -607,6 +621,26 @@ GradientResult attention_gradients(const Model& model, std::span<const int32_t> 
               std::to_string(cfg.vocab_size));
   }
   check(!options.gate || options.loss_only, "attention gradients: an attention gate needs loss_only");
+  if (options.device == Device::Cuda)
+    check(options.precision == Precision::F32,
+          "attention gradients: the CUDA path runs in f32 only (f64 is the CPU's, for finite-difference checks)");
+  else
+    check(!options.tf32, "attention gradients: tf32 applies to the CUDA path only");
+}
+
+GradientResult attention_gradients(const Model& model, std::span<const int32_t> tokens,
+                                   std::span<const Target> targets, const GradientOptions& options,
+                                   ThreadPool& pool) {
+  const ModelConfig& cfg = model.config();
+  check_gradient_inputs(cfg, tokens, targets, options);
+  if (options.device == Device::Cuda) {
+    const DeviceGradientFn fn = g_cuda_gradients.load();
+    check(fn != nullptr,
+          "attention gradients: this tessera has no CUDA reverse mode (built without the CUDA toolkit, or "
+          "src/plan/cuda not linked); use the CPU (--device cpu)");
+    return fn(model, tokens, targets, options);
+  }
+  const int64_t S = static_cast<int64_t>(tokens.size());
   const double elem = options.precision == Precision::F64 ? 8.0 : 4.0;
   const double s = static_cast<double>(S);
   const double qd = static_cast<double>(cfg.num_q_heads) * cfg.head_dim;

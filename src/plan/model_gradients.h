@@ -36,6 +36,11 @@ namespace tessera::plan {
 
 enum class Precision { F32, F64 };
 
+// Where the pass runs. Device::Cuda is the GPU path of src/plan/cuda (f32, cuBLAS products, a blockwise attention
+// backward that emits the same block and region sums, no S x S buffer); it exists where tessera was built with the
+// CUDA toolkit and that library registered itself (plan::cuda::enable()), and runs f32 only.
+enum class Device { Cpu, Cuda };
+
 // The logits at `position` (0-based, < S) are trained to predict `token`.
 struct Target {
   int32_t position = 0;
@@ -78,6 +83,8 @@ struct GradientOptions {
   ProbeRegions regions;
   bool loss_only = false;    // forward and loss only (no gradients)
   std::optional<AttentionGate> gate;
+  Device device = Device::Cpu;
+  bool tf32 = false;         // Device::Cuda only: the products on tensor cores in TF32 (faster, ~1e-3 relative)
 };
 
 struct LayerGradients {
@@ -107,11 +114,26 @@ struct GradientResult {
 // forward pass this reverse mode does not mirror.
 void check_backward_supported(const runtime::ModelConfig& config);
 
-// Runs the forward and backward pass. Throws tessera::Error for an empty sequence, token ids outside the
-// vocabulary, no targets, a target position outside [0, S), a block < 1, or when the buffers exceed the host
-// memory budget (core/memory_budget.h).
+// Runs the forward and backward pass on options.device. Throws tessera::Error for an empty sequence, token ids
+// outside the vocabulary, no targets, a target position outside [0, S), a block < 1, or when the buffers exceed the
+// host memory budget (core/memory_budget.h); for Device::Cuda also when no CUDA path is registered (a build without
+// CUDA), for Precision::F64, or when the device's memory is short.
 GradientResult attention_gradients(const runtime::Model& model, std::span<const int32_t> tokens,
                                    std::span<const Target> targets, const GradientOptions& options,
                                    ThreadPool& pool);
+
+// The inputs' checks of attention_gradients (every device), for the device paths that take weights from elsewhere.
+void check_gradient_inputs(const runtime::ModelConfig& config, std::span<const int32_t> tokens,
+                           std::span<const Target> targets, const GradientOptions& options);
+
+// The GPU path's entry (src/plan/cuda registers it; nullptr unregisters). Receives checked inputs.
+using DeviceGradientFn = GradientResult (*)(const runtime::Model& model, std::span<const int32_t> tokens,
+                                             std::span<const Target> targets, const GradientOptions& options);
+void register_cuda_gradients(DeviceGradientFn fn);
+bool cuda_gradients_registered();
+
+// "cpu" or "cuda"; parse_device throws tessera::Error("--device must be cpu or cuda, got 'X'") otherwise.
+const char* device_name(Device d);
+Device parse_device(const std::string& name);
 
 }  // namespace tessera::plan

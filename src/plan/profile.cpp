@@ -9,7 +9,7 @@ namespace tessera::plan {
 
 GradientProfile profile_gradients(const runtime::Model& model, const std::vector<CalibrationSample>& samples,
                                   std::vector<int32_t> levels, const ProbeRegions& regions, ThreadPool& pool,
-                                  const ProfileProgress& progress) {
+                                  const ProfileProgress& progress, Device device) {
   const auto t0 = std::chrono::steady_clock::now();
   check(!samples.empty(), "profile: no calibration samples");
   std::sort(levels.begin(), levels.end());
@@ -29,6 +29,7 @@ GradientProfile profile_gradients(const runtime::Model& model, const std::vector
   GradientOptions opt;
   opt.block = kProfileBlock;
   opt.regions = regions;
+  opt.device = device;
   int32_t done = 0;
   for (const CalibrationSample& s : samples) {
     const auto n = static_cast<int32_t>(s.tokens.size());

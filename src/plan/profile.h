@@ -45,9 +45,9 @@ struct GradientProfile {
 using ProfileProgress = std::function<void(int32_t done, int32_t total)>;
 
 // `levels`: the length levels (ascending after sorting); a sample longer than the largest is an error. regions:
-// TriangleMix's probe regions.
+// TriangleMix's probe regions. device: where the reverse-mode passes run (model_gradients.h).
 GradientProfile profile_gradients(const runtime::Model& model, const std::vector<CalibrationSample>& samples,
                                   std::vector<int32_t> levels, const ProbeRegions& regions, ThreadPool& pool,
-                                  const ProfileProgress& progress = {});
+                                  const ProfileProgress& progress = {}, Device device = Device::Cpu);
 
 }  // namespace tessera::plan
