@@ -1,0 +1,204 @@
+#!/usr/bin/env bash
+# scripts/gpu/tp_x4.sh — the tensor-parallel engine on a 4-GPU host (issue 21, docs/multi-gpu.md): scaling 1 -> 2 -> 4
+# GPUs, placements at 128K-1M, MoA's plan, the real model on 1/2/4 GPUs, and two "hosts" of 2 GPUs each through
+# NCCL's network transport. Phases, chosen by PHASES (default: all that the files present allow), each a few
+# minutes, so that one device call can hold one or two of them:
+#
+#   here, once:  bash scripts/gpu/deps.sh download ; bash scripts/gpu/tp_x4.sh prepare
+#                (build/gpu-debs; build/tp-data: MInference's and MoA's Llama-3-8B configs; build/smol-p0, -p1: the
+#                SmolLM2 GGUF in two parts of < 53 MB, which travel in two calls to the same warm machine)
+#   there:       PHASES=bench4,base bash scripts/gpu/tp_x4.sh   (kind nvidia-h100-x4; carry build/gpu-debs,
+#                build/tp-data), then PHASES=... with carry build/smol-p0, then build/smol-p1 (the model joins when
+#                both parts are there: build/models/smollm2-135m-instruct-q4_1.gguf)
+#
+#   build   cmake --preset cuda -B build/x4-cuda; targets tessera tp_gpu_test tp_bench (incremental on a warm host);
+#           from build/x4-src when carried (here: rm -rf build/x4-src && mkdir -p build/x4-src &&
+#           git archive HEAD | tar -x -C build/x4-src), so that uncommitted edits in the checkout cannot break it
+#   bench4  tp_gpu_test; tp_bench --gpus 4, MInference Llama-3-8B-262K config, 128K and 512K, uniform / greedy /
+#           genetic (costs profiled on the GPU); 128K uniform with the all-reduces on the compute stream (--no-overlap)
+#   base    tp_bench --gpus 1 and --gpus 2 (GPUs 0,1) at 128K: the scaling baselines of the same host
+#   model   SmolLM2-135M: `tessera run` greedy, on one GPU (the single-GPU engine), --gpus 2 and --gpus 4 (forked
+#           ranks), and --gpus 4 as two hosts of two GPUs (RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR set per process,
+#           CUDA_VISIBLE_DEVICES 0,1 and 2,3, NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1: the ranks talk through NCCL's
+#           socket transport, as separate hosts do); logits (--logits-out) and answers compared
+#   big     MoA's Llama-3-8B plan at 128K and 512K (uniform, genetic) and a 1M-token prompt on 4 GPUs (MInference
+#           config, prefill in chunks of 128K)
+# $OUT/x4 receives every tp_bench CSV (tp_<phase>.csv), the model comparison (model.txt), logs (x4.tgz), summary.txt.
+set -u
+set -o pipefail
+cd "$(dirname "$0")/../.." || exit 1
+ROOT=$PWD
+export NCCL_NVLS_ENABLE=0
+
+if [ "${1:-}" = prepare ]; then
+  mkdir -p build/tp-data
+  cp ../shared/data/minference-configs/Llama_3_8B_Instruct_262k_kv_out_v32_fit_o_best_pattern.json build/tp-data/
+  cp ../shared/data/moa-configs/Llama-3-8B-Instruct-262k_moa_alpha_beta.json build/tp-data/
+  m=${TESSERA_MODEL:-$HOME/.cache/tessera/models/smollm2-135m-instruct-q4_1.gguf}
+  mkdir -p build/smol-p0 build/smol-p1
+  half=$(( ($(stat -c %s "$m") + 1) / 2 ))
+  head -c "$half" "$m" > build/smol-p0/smol.00
+  tail -c +$((half + 1)) "$m" > build/smol-p1/smol.01
+  sha256sum "$m" | cut -d' ' -f1 > build/smol-p1/sha256
+  du -sh build/tp-data build/smol-p0 build/smol-p1
+  exit 0
+fi
+
+OUTD=${OUT:-$ROOT/build/x4-out}/x4
+WORK=$ROOT/build/x4-work
+LOGS=$WORK/logs
+BUILD_DIR=$ROOT/build/x4-cuda
+mkdir -p "$OUTD" "$LOGS"
+SUMMARY=$LOGS/summary.txt
+touch "$SUMMARY"
+START=$(date +%s)
+BUDGET=${X4_BUDGET_S:-570}
+export PATH=$PATH:/usr/local/cuda/bin
+
+step() {  # step NAME MAX_SECONDS command...
+  local name=$1 max=$2 left cap rc t0 status
+  shift 2
+  left=$((BUDGET - ($(date +%s) - START)))
+  cap=$max
+  [ "$left" -lt "$cap" ] && cap=$left
+  if [ "$cap" -lt 10 ]; then echo "$name SKIPPED (budget spent)" | tee -a "$SUMMARY"; return 99; fi
+  t0=$(date +%s)
+  timeout -k 10 "$cap" "$@" > "$LOGS/$name.log" 2>&1
+  rc=$?
+  status=ok
+  [ $rc -ne 0 ] && status="FAILED (rc $rc)"
+  [ $rc -eq 124 ] && status="TIMED OUT after ${cap}s"
+  echo "$name $status $(($(date +%s) - t0))s" | tee -a "$SUMMARY"
+  tail -n 30 "$LOGS/$name.log"
+  return $rc
+}
+
+# Build (incremental: a warm host keeps build/x4-cuda between calls).
+if [ -d build/gpu-debs ] && [ ! -f build/gpu-sysroot/deps.env ]; then step deps 90 bash scripts/gpu/deps.sh unpack; fi
+TESSERA_DEPS_CMAKE_ARGS=""
+[ -f build/gpu-sysroot/deps.env ] && . build/gpu-sysroot/deps.env
+NCCL_ARGS=""
+ROOT_NCCL=$(bash scripts/gpu/nccl.sh locate 2> /dev/null | sed -n 's/^TESSERA_NCCL_ROOT=//p' | head -1)
+[ -n "$ROOT_NCCL" ] && NCCL_ARGS="-DTESSERA_NCCL_ROOT=$ROOT_NCCL"
+# Sources: build/x4-src when it was carried (`git archive HEAD` made here: the committed tree, whatever else is
+# being edited in the working tree), else this checkout.
+SRC=$ROOT
+[ -f build/x4-src/CMakeLists.txt ] && SRC=$ROOT/build/x4-src
+if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
+  step configure 120 bash -c "cd '$SRC' && cmake --preset cuda -B '$BUILD_DIR' -DTESSERA_BUILD_BENCH=ON $TESSERA_DEPS_CMAKE_ARGS $NCCL_ARGS" || exit 1
+fi
+step build 360 cmake --build "$BUILD_DIR" -j "${JOBS:-60}" --target tessera tp_gpu_test tp_bench || exit 1
+TP=$BUILD_DIR/bench/gpu/tp_bench
+TS=$BUILD_DIR/src/tessera
+[ -x "$TS" ] || TS=$(find "$BUILD_DIR" -name tessera -type f -perm -u+x | head -1)
+MINF=$ROOT/build/tp-data/Llama_3_8B_Instruct_262k_kv_out_v32_fit_o_best_pattern.json
+MOA=$ROOT/build/tp-data/Llama-3-8B-Instruct-262k_moa_alpha_beta.json
+nvidia-smi -L | tee -a "$SUMMARY"
+
+# The model joins once both parts have arrived (two calls to the same host).
+MODEL=$ROOT/build/models/smollm2-135m-instruct-q4_1.gguf
+if [ ! -f "$MODEL" ] && [ -f build/smol-p0/smol.00 ] && [ -f build/smol-p1/smol.01 ]; then
+  mkdir -p build/models
+  cat build/smol-p0/smol.00 build/smol-p1/smol.01 > "$MODEL"
+  if [ "$(sha256sum "$MODEL" | cut -d' ' -f1)" != "$(cat build/smol-p1/sha256)" ]; then
+    echo "model parts do not join to the recorded sha256" | tee -a "$SUMMARY"
+    rm -f "$MODEL"
+  fi
+fi
+
+left() { echo $((BUDGET - ($(date +%s) - START) - 10)); }
+tpb() {  # tpb NAME ARGS...: tp_bench into $WORK/NAME, its CSV kept as $OUTD/tp_NAME.csv
+  local name=$1
+  shift
+  step "$name" "$(left)" "$TP" --out "$WORK/$name" --max-seconds "$(($(left) - 20))" "$@"
+  [ -f "$WORK/$name/tp_bench.csv" ] && cp "$WORK/$name/tp_bench.csv" "$OUTD/tp_$name.csv"
+  cp "$WORK/$name/head_profile.json" "$OUTD/head_profile_$name.json" 2> /dev/null
+  return 0
+}
+
+PHASES=${PHASES:-bench4,base,model,big}
+case ",$PHASES," in *,bench4,*)
+  step tp_gpu_test 120 "$BUILD_DIR/tests/gpu/tp_gpu_test" --gtest_output="xml:$OUTD/tp_gpu_test.xml"
+  tpb bench4 --gpus 4 --policy "$MINF" --lengths 131072,524288 --tag overlap
+  tpb bench4_nooverlap --gpus 4 --policy "$MINF" --lengths 131072 --placements uniform --costs flops --no-overlap \
+    --tag no-overlap
+  ;;
+esac
+case ",$PHASES," in *,base,*)
+  tpb base1 --gpus 1 --policy "$MINF" --lengths 131072 --costs flops --tag 1gpu
+  CUDA_VISIBLE_DEVICES=0,1 tpb base2 --gpus 2 --policy "$MINF" --lengths 131072 --tag 2gpu
+  ;;
+esac
+case ",$PHASES," in *,model,*)
+  if [ -f "$MODEL" ]; then
+    # A long prompt with one fact to find: 300 numbered facts, then the question (about 6K tokens).
+    python3 - "$WORK/prompt.txt" << 'EOF'
+import sys
+lines = [f"Room {i} of the archive keeps the code {(i * 7919) % 100000:05d}." for i in range(1, 301)]
+open(sys.argv[1], "w").write("\n".join(lines) + "\n\nWhat code does room 137 of the archive keep? Answer with the code.")
+EOF
+    RUN=("$TS" run -m "$MODEL" --prompt-file "$WORK/prompt.txt" --chat -n 24)
+    for attn in dense ashape:sink=64,local=1024; do
+      tag=${attn%%:*}
+      step "model_1gpu_$tag" 90 "${RUN[@]}" --attn "$attn" --device cuda --logits-out "$WORK/l1_$tag.f32"
+      step "model_2gpu_$tag" 90 "${RUN[@]}" --attn "$attn" --gpus 2 --logits-out "$WORK/l2_$tag.f32"
+      step "model_4gpu_$tag" 90 "${RUN[@]}" --attn "$attn" --gpus 4 --logits-out "$WORK/l4_$tag.f32"
+    done
+    # Two hosts of two GPUs: one process per GPU started by hand with torchrun-style variables, the NCCL id over TCP
+    # from rank 0, and no peer-to-peer or shared-memory transport (NCCL's socket transport, as between hosts).
+    t0=$(date +%s)
+    pids=()
+    for r in 0 1 2 3; do
+      host=$((r / 2))
+      CUDA_VISIBLE_DEVICES=$([ $host = 0 ] && echo 0,1 || echo 2,3) RANK=$r LOCAL_RANK=$((r % 2)) WORLD_SIZE=4 \
+        MASTER_ADDR=127.0.0.1 MASTER_PORT=29611 NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_DEBUG=INFO \
+        timeout -k 5 120 "${RUN[@]}" --attn dense --gpus 4 --logits-out "$WORK/l4h_dense.f32" \
+        > "$LOGS/model_twohost_rank$r.log" 2>&1 &
+      pids+=($!)
+    done
+    rc=0
+    for p in "${pids[@]}"; do wait "$p" || rc=1; done
+    echo "model_twohost_dense $([ $rc = 0 ] && echo ok || echo FAILED) $(($(date +%s) - t0))s" | tee -a "$SUMMARY"
+    grep -v "NCCL INFO" "$LOGS/model_twohost_rank0.log" | tail -5
+    grep -h "via NET\|NET/Socket" "$LOGS"/model_twohost_rank*.log | head -3 | tee -a "$SUMMARY"
+    python3 - "$WORK" "$LOGS" << 'EOF' | tee "$OUTD/model.txt" | tee -a "$SUMMARY"
+import sys, os, re, numpy as np
+work, logs = sys.argv[1], sys.argv[2]
+def answer(log):  # the expected code (room 137: 137 * 7919 % 100000) in the run's output
+    try: text = open(os.path.join(logs, log)).read()
+    except OSError: return "no log"
+    text = "\n".join(l for l in text.splitlines() if "NCCL" not in l)
+    return "84903 found" if "84903" in text else "84903 NOT found"
+print("| policy | run | vs one GPU: rel L2 of the logits | max abs | same argmax | top-5 overlap | answer |")
+print("|---|---|---:|---:|---|---:|---|")
+for tag in ["dense", "ashape"]:
+    ref_p = os.path.join(work, f"l1_{tag}.f32")
+    if not os.path.exists(ref_p): continue
+    ref = np.fromfile(ref_p, dtype=np.float32)
+    runs = [("1 GPU (single-GPU engine)", f"l1_{tag}.f32", f"model_1gpu_{tag}.log"),
+            ("--gpus 2", f"l2_{tag}.f32", f"model_2gpu_{tag}.log"),
+            ("--gpus 4", f"l4_{tag}.f32", f"model_4gpu_{tag}.log")]
+    if tag == "dense": runs.append(("--gpus 4 as 2 hosts x 2 (NCCL sockets)", "l4h_dense.f32", "model_twohost_rank0.log"))
+    for name, f, log in runs:
+        p = os.path.join(work, f)
+        if not os.path.exists(p): print(f"| {tag} | {name} | missing | | | | |"); continue
+        x = np.fromfile(p, dtype=np.float32)
+        rel = float(np.linalg.norm(x - ref) / np.linalg.norm(ref))
+        top = len(set(np.argsort(-x)[:5]) & set(np.argsort(-ref)[:5]))
+        print(f"| {tag} | {name} | {rel:.2e} | {float(np.max(np.abs(x - ref))):.3f} | {int(x.argmax()) == int(ref.argmax())} | {top}/5 | {answer(log)} |")
+EOF
+  else
+    echo "model SKIPPED (build/models/smollm2-135m-instruct-q4_1.gguf not assembled yet)" | tee -a "$SUMMARY"
+  fi
+  ;;
+esac
+case ",$PHASES," in *,big,*)
+  tpb moa4 --gpus 4 --policy "$MOA" --lengths 131072,524288 --placements uniform,genetic --tag moa
+  tpb m1m --gpus 4 --policy "$MINF" --lengths 1048576 --chunk 131072 --placements genetic,uniform --costs flops --tag 1m
+  ;;
+esac
+
+cp "$SUMMARY" "$OUTD/summary.txt"
+tar -czf "$OUTD/x4.tgz" -C "$WORK" logs $(cd "$WORK" && ls -d */ 2> /dev/null | grep -v logs) 2> /dev/null
+cat "$SUMMARY"
+for f in "$OUTD"/tp_*.csv; do [ -f "$f" ] && { echo "== $f"; cat "$f"; }; done
