@@ -10,6 +10,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -300,6 +301,65 @@ TEST(GradientErrors, Messages) {
   bad = o;
   bad.gate = AttentionGate{};
   EXPECT_EQ(message(tokens, targets, bad), "attention gradients: an attention gate needs loss_only");
+  // The device choice (the GPU path is src/plan/cuda, tested in tests/gpu/plan; this CPU test binary never
+  // registers it).
+  bad = o;
+  bad.tf32 = true;
+  EXPECT_EQ(message(tokens, targets, bad), "attention gradients: tf32 applies to the CUDA path only");
+  bad = o;
+  bad.device = Device::Cuda;
+  bad.precision = Precision::F64;
+  EXPECT_EQ(message(tokens, targets, bad),
+            "attention gradients: the CUDA path runs in f32 only (f64 is the CPU's, for finite-difference checks)");
+  ASSERT_FALSE(cuda_gradients_registered());
+  bad.precision = Precision::F32;
+  EXPECT_EQ(message(tokens, targets, bad),
+            "attention gradients: this tessera has no CUDA reverse mode (built without the CUDA toolkit, or "
+            "src/plan/cuda not linked); use the CPU (--device cpu)");
+  // The inputs are checked before the device is chosen.
+  EXPECT_EQ(message({}, targets, bad), "attention gradients: empty token sequence");
+}
+
+// The registration hook: attention_gradients with Device::Cuda goes to the registered function, with the options
+// unchanged and the inputs already checked; unregistering restores the error.
+GradientResult fake_device(const runtime::Model&, std::span<const int32_t> tokens, std::span<const Target> targets,
+                           const GradientOptions& options) {
+  GradientResult r;
+  r.seq_len = static_cast<int32_t>(tokens.size());
+  r.block = options.block;
+  r.loss = static_cast<double>(targets.size()) + (options.tf32 ? 0.5 : 0.0);
+  return r;
+}
+
+TEST(GradientDevices, RegisteredPathAndNames) {
+  const runtime::Model& m = model("llama3");
+  const std::vector<int32_t> tokens{1, 2, 3, 4, 5};
+  const std::vector<Target> targets{{3, 7}, {4, 9}};
+  GradientOptions o;
+  o.device = Device::Cuda;
+  o.block = 3;
+  o.tf32 = true;
+  register_cuda_gradients(&fake_device);
+  EXPECT_TRUE(cuda_gradients_registered());
+  const GradientResult r = attention_gradients(m, tokens, targets, o, ThreadPool::global());
+  EXPECT_EQ(r.seq_len, 5);
+  EXPECT_EQ(r.block, 3);
+  EXPECT_EQ(r.loss, 2.5);
+  const std::vector<Target> outside{{5, 1}};
+  EXPECT_THROW(attention_gradients(m, tokens, outside, o, ThreadPool::global()), Error);  // checked first
+  register_cuda_gradients(nullptr);
+  EXPECT_FALSE(cuda_gradients_registered());
+  EXPECT_THROW(attention_gradients(m, tokens, targets, o, ThreadPool::global()), Error);
+  EXPECT_EQ(parse_device("cpu"), Device::Cpu);
+  EXPECT_EQ(parse_device("cuda"), Device::Cuda);
+  EXPECT_STREQ(device_name(Device::Cuda), "cuda");
+  EXPECT_STREQ(device_name(Device::Cpu), "cpu");
+  try {
+    parse_device("gpu");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "--device must be cpu or cuda, got 'gpu'");
+  }
 }
 
 }  // namespace
