@@ -189,9 +189,9 @@ def cases(tessera, fx, models):
     add("flags", "bench: bad second policy (checked before the first row)",
         T + ["bench", "-m", tiny, "-d", "64", "--attn", "ashape;vs:s=-1"], 1, None)
     add("flags", "bench: depth 0", T + ["bench", "-m", tiny, "-d", "0"], 1, None)
-    # Streaming memory (docs/streaming.md): CPU only so far, models without sliding-window layers, a host budget.
-    add("streaming", "--stream on the GPU (not built yet)",
-        T + ["run", "-m", tiny, "-p", "hi", "--stream", "ltri", "--device", "cuda"], 1, None)
+    # Streaming memory (docs/streaming.md): sizes, models without sliding-window layers, a host budget.
+    add("streaming", "--stream-chunk 0",
+        T + ["run", "-m", tiny, "-p", "hi", "--stream", "ltri", "--stream-chunk", "0"], 1, None)
     add("streaming", "--stream with --attn", T + ["run", "-m", tiny, "-p", "hi", "--stream", "infllm", "--attn", "ashape"],
         1, None)
     add("streaming", "--stream on a model with sliding-window layers (Gemma-3)",

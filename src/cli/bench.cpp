@@ -114,7 +114,10 @@ int bench_command(const BenchOptions& o) {
       if (gpu) {
         runtime::gpu::GpuEngineOptions go;
         go.chunk_size = o.chunk;
-        go.policy = s.policy(spec);
+        if (method.empty())
+          go.policy = s.policy(spec);
+        else
+          go.stream = stream_options(o.stream, method, gpu);
         go.cuda_attention = cuda_options;
         runtime::gpu::GpuEngine engine(*weights, go);
         measure(engine);

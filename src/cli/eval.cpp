@@ -209,7 +209,10 @@ void run_tasks(const Session& s, const EvalOptions& o, const std::vector<std::st
       if (device.weights) {
         runtime::gpu::GpuEngineOptions go;
         go.chunk_size = o.chunk;
-        go.policy = s.policy(policy);
+        if (streaming)
+          go.stream = stream_options(o.stream, stream_method_of(policy), true);
+        else
+          go.policy = s.policy(policy);
         go.max_context = max_context;
         go.dense_fallback = false;  // the policy must really run: a dense fallback would measure dense
         runtime::gpu::GpuEngine engine(*device.weights, go);

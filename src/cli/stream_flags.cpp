@@ -11,10 +11,6 @@ namespace tessera::cli {
 
 namespace {
 
-const char kGpuMessage[] =
-    "--stream runs on the CPU only for now: the GPU streaming path (span index on the device, evicted blocks in "
-    "pinned host memory with prefetch) is not built yet; pass --device cpu";
-
 std::vector<runtime::RetrievalHead> read_retrieval_heads(const std::string& path) {
   std::ifstream in(path);
   check(static_cast<bool>(in), path + ": cannot read the retrieval heads file");
@@ -39,16 +35,14 @@ std::string stream_method_of(const std::string& label) {
   return label.rfind("stream:", 0) == 0 ? label.substr(7) : std::string();
 }
 
+// Streaming runs on either device (the GPU twin: runtime_cuda/stream_gpu_kv.h).
 bool use_gpu_device_for(const std::string& device, const StreamFlags& stream) {
-  if (!stream.methods.empty()) {
-    if (device == "cuda") throw Error(kGpuMessage);
-    if (device == "auto") return false;
-  }
+  (void)stream;
   return use_gpu_device(device);
 }
 
 runtime::StreamOptions stream_options(const StreamFlags& f, const std::string& method, bool gpu) {
-  check(!gpu, kGpuMessage);
+  (void)gpu;  // the same options on both devices
   runtime::StreamOptions o;
   o.method = runtime::parse_stream_method(method, "--stream");
   check(o.method != runtime::StreamMethod::None, "--stream must be ltri, infllm or streamingllm, got '" + method + "'");

@@ -65,7 +65,12 @@ GpuEngine::GpuEngine(const DeviceModel& model, GpuEngineOptions options)
     fo.dense_fallback = options_.dense_fallback;
     fo.cuda_attention = options_.cuda_attention;
     forward_ = std::make_unique<GpuForward>(model, fo, stream_, *gemm_, timer_);
+    if (options_.stream.method != StreamMethod::None) {
+      check(!cfg.qk_norm, "model " + cfg.name + " has QK-norm, which the GPU streaming path does not apply yet");
+      streaming_ = std::make_unique<GpuStreamingKV>(cfg, options_.stream);
+    }
   } catch (...) {
+    streaming_.reset();
     forward_.reset();
     gemm_.reset();
     cudaStreamDestroy(stream_);
@@ -75,6 +80,7 @@ GpuEngine::GpuEngine(const DeviceModel& model, GpuEngineOptions options)
 
 GpuEngine::~GpuEngine() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  streaming_.reset();
   forward_.reset();
   gemm_.reset();
   cache_.release();
@@ -84,7 +90,7 @@ GpuEngine::~GpuEngine() {
 GpuMemoryStats GpuEngine::memory() const {
   GpuMemoryStats m;
   m.weights_bytes = model_.bytes();
-  m.kv_cache_bytes = cache_.bytes();
+  m.kv_cache_bytes = kv_cache_bytes();
   m.scratch_bytes = forward_->scratch_bytes() + gemm_->workspace_bytes();
   m.peak_in_use_bytes = forward_->peak_device_bytes();
   size_t free_bytes = 0, total_bytes = 0;
@@ -93,6 +99,16 @@ GpuMemoryStats GpuEngine::memory() const {
   else
     (void)cudaGetLastError();
   return m;
+}
+
+size_t GpuEngine::kv_cache_bytes() const { return streaming_ ? streaming_->device_bytes() : cache_.bytes(); }
+
+void GpuEngine::reset() {
+  position_ = 0;
+  if (streaming_) {
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    streaming_->reset();
+  }
 }
 
 void GpuEngine::release_memory() {
@@ -121,10 +137,58 @@ void GpuEngine::add_timers() {
   kernel_seconds_.misc += t[EventTimer::kMisc];
 }
 
+std::vector<float> GpuEngine::run_stream_prefill(std::span<const int32_t> tokens, LogitRows rows,
+                                                 const Progress& progress) {
+  const int64_t end = static_cast<int64_t>(position_) + static_cast<int64_t>(tokens.size());
+  streaming_->check_sequence(end);
+  check(end < (int64_t{1} << 31), "streaming: a sequence of " + std::to_string(end) + " tokens (at most 2^31 - 1)");
+  const auto t0 = Clock::now();
+  streaming_->reserve(end);
+  const auto n = static_cast<int64_t>(tokens.size());
+  // Chunks of stream.chunk tokens, the last one of at most stream.last_chunk (the query's own chunk): the CPU's.
+  const int32_t chunk = options_.stream.chunk, last_chunk = options_.stream.last_chunk;
+  const int64_t tail = last_chunk > 0 && last_chunk < chunk ? std::max<int64_t>(0, n - last_chunk) : n;
+  std::vector<float> logits;
+  try {
+    for (int64_t c0 = 0; c0 < n;) {
+      const int64_t c1 = c0 < tail ? std::min<int64_t>(tail, c0 + chunk) : n;
+      const bool last = c1 == n;
+      const LogitRows want = rows == LogitRows::kAll ? LogitRows::kAll : (last ? rows : LogitRows::kNone);
+      streaming_->begin_chunk(position_, static_cast<int32_t>(c1 - c0),
+                              last ? StreamingKV::ChunkKind::LastPrefill : StreamingKV::ChunkKind::Prefill);
+      std::vector<float> part;
+      try {
+        part = forward_->run(tokens.subspan(static_cast<size_t>(c0), static_cast<size_t>(c1 - c0)), position_,
+                             *streaming_, want);
+      } catch (const Error& e) {
+        throw Error("streaming prefill of " + std::to_string(n) + " tokens, chunk [" + std::to_string(c0) + ", " +
+                    std::to_string(c1) + ") at position " + std::to_string(position_) + ": " + e.what() +
+                    " (call reset() before the next prompt)");
+      }
+      position_ += static_cast<int32_t>(c1 - c0);
+      logits.insert(logits.end(), part.begin(), part.end());
+      if (progress) {
+        TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        progress(c1, n);
+      }
+      c0 = c1;
+    }
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  } catch (...) {
+    discard_timers();
+    throw;
+  }
+  stats_.prefill_tokens += n;
+  stats_.prefill_seconds += since(t0);
+  add_timers();
+  return logits;
+}
+
 std::vector<float> GpuEngine::run_prefill(std::span<const int32_t> tokens, LogitRows rows,
                                           const Progress& progress) {
   if (tokens.empty()) throw Error("prefill: empty prompt");
   check_token_ids(tokens, model_.config());
+  if (streaming_) return run_stream_prefill(tokens, rows, progress);
   check_prompt_fits(tokens.size(), position_, max_context_, model_.config());
   const int64_t end = static_cast<int64_t>(position_) + static_cast<int64_t>(tokens.size());
   const auto t0 = Clock::now();
@@ -179,12 +243,19 @@ std::vector<float> GpuEngine::decode(int32_t token) { return run_decode(token, L
 std::vector<float> GpuEngine::run_decode(int32_t token, LogitRows rows) {
   const int32_t one[1] = {token};
   check_token_ids(one, model_.config());
-  check_decode_fits(position_, max_context_, model_.config());
+  if (!streaming_) check_decode_fits(position_, max_context_, model_.config());
   const auto t0 = Clock::now();
-  cache_.reserve(position_ + 1, position_);
+  if (!streaming_) cache_.reserve(position_ + 1, position_);
   std::vector<float> logits;
   try {
-    logits = forward_->run(one, position_, cache_, nullptr, position_ + 1, rows);
+    if (streaming_) {
+      streaming_->check_sequence(static_cast<int64_t>(position_) + 1);
+      streaming_->reserve(static_cast<int64_t>(position_) + 1);
+      streaming_->begin_chunk(position_, 1, StreamingKV::ChunkKind::Decode);
+      logits = forward_->run(one, position_, *streaming_, rows);
+    } else {
+      logits = forward_->run(one, position_, cache_, nullptr, position_ + 1, rows);
+    }
     TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   } catch (...) {
     discard_timers();

@@ -41,6 +41,7 @@
 #include "runtime_cuda/event_timer.h"
 #include "runtime_cuda/gemm.h"
 #include "runtime_cuda/gpu_forward.h"
+#include "runtime_cuda/stream_gpu_kv.h"
 
 namespace tessera::runtime::gpu {
 
@@ -61,6 +62,10 @@ struct GpuEngineOptions {
   bool dense_fallback = true;     // sparse layers whose index costs more than dense run dense (gpu_forward.h)
   // The CUDA attention backend's options (attention/index/prefill_route.h); default: the process defaults.
   attn::gpu::CudaAttentionOptions cuda_attention = attn::gpu::cuda_attention_defaults();
+  // Streaming memory (runtime/stream/stream_options.h, the GPU twin: stream_gpu_kv.h): method != None reads prompts
+  // of any length in stream.chunk-token chunks (chunk_size, max_context and the policy are then unused; the KV
+  // lives in the streaming workspace and evicted blocks in pinned host memory).
+  StreamOptions stream;
 };
 
 // GPU time of the small kernels within prefill and decode (CUDA events around each launch; 0 without timing).
@@ -98,7 +103,7 @@ class GpuEngine {
   // Like prefill, but the logits of every token ([tokens.size(), vocab], row-major). For tests.
   std::vector<float> forward_all_logits(std::span<const int32_t> tokens);
 
-  void reset() { position_ = 0; }
+  void reset();
   int32_t position() const { return position_; }
   int32_t max_context() const { return max_context_; }
   const EngineStats& stats() const { return stats_; }
@@ -111,13 +116,18 @@ class GpuEngine {
   void reset_peak_memory() { forward_->reset_peak(); }
   const ModelConfig& config() const { return model_.config(); }
   const GpuEngineOptions& options() const { return options_; }
-  size_t kv_cache_bytes() const { return cache_.bytes(); }
+  size_t kv_cache_bytes() const;  // streaming: its device buffers
+  // The streaming memory's decisions (the CPU path's StreamingKV: stats, retrieved blocks), or null when
+  // options().stream.method is None; gpu_streaming() the GPU twin itself (copies, pinned memory).
+  const StreamingKV* streaming() const { return streaming_ ? &streaming_->decisions() : nullptr; }
+  const GpuStreamingKV* gpu_streaming() const { return streaming_.get(); }
   // Frees the KV cache and the scratch buffers (the next prefill allocates them again); resets position().
   void release_memory();
 
  private:
   std::vector<float> run_prefill(std::span<const int32_t> tokens, LogitRows rows, const Progress& progress);
   std::vector<float> run_decode(int32_t token, LogitRows rows);
+  std::vector<float> run_stream_prefill(std::span<const int32_t> tokens, LogitRows rows, const Progress& progress);
   void add_timers();
   void discard_timers() noexcept;  // after an error: waits for the stream, drops the recorded events
 
@@ -130,6 +140,7 @@ class GpuEngine {
   EventTimer timer_;
   DeviceKVCache cache_;
   std::unique_ptr<GpuForward> forward_;
+  std::unique_ptr<GpuStreamingKV> streaming_;
   EngineStats stats_;
   GpuKernelSeconds kernel_seconds_;
 };

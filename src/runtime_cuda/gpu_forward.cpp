@@ -79,6 +79,7 @@ GpuForward::GpuForward(const DeviceModel& model, const ForwardOptions& options, 
     inv_freqs_.back().upload(f);
   }
   layer_rope_ = ropes.layer;
+  host_inv_freqs_ = ropes.inv_freqs;
   TESSERA_CUDA_CHECK(cudaDeviceSynchronize());  // the uploads above ran on the legacy stream
   cos_.resize(inv_freqs_.size());
   sin_.resize(inv_freqs_.size());
@@ -86,7 +87,7 @@ GpuForward::GpuForward(const DeviceModel& model, const ForwardOptions& options, 
 
 size_t GpuForward::scratch_bytes() const {
   size_t b = tokens_.bytes() + x_.bytes() + o_.bytes() + logits_.bytes() + h_.bytes() + q_.bytes() + a_.bytes() +
-             gu_.bytes();
+             gu_.bytes() + k_chunk_.bytes() + v_chunk_.bytes();
   for (const auto& c : cos_) b += c.bytes();
   for (const auto& s : sin_) b += s.bytes();
   return b;
@@ -102,6 +103,8 @@ void GpuForward::release_scratch() {
   q_ = {};
   a_ = {};
   gu_ = {};
+  k_chunk_ = {};
+  v_chunk_ = {};
   for (auto& c : cos_) c = {};
   for (auto& s : sin_) s = {};
 }
@@ -186,9 +189,20 @@ void GpuForward::attention(int32_t layer, int32_t pos, int32_t n, DeviceKVCache&
 
 std::vector<float> GpuForward::run(std::span<const int32_t> tokens, int32_t pos, DeviceKVCache& cache,
                                    const attn::AttentionPolicy* policy, int32_t total_len, LogitRows rows) {
+  return run_layers(tokens, pos, &cache, nullptr, policy, total_len, rows);
+}
+
+std::vector<float> GpuForward::run(std::span<const int32_t> tokens, int32_t pos, GpuKVPolicy& kv, LogitRows rows) {
+  check(!cfg_.qk_norm, "model " + cfg_.name + " has QK-norm, which the GPU streaming path does not apply yet");
+  return run_layers(tokens, pos, nullptr, &kv, nullptr, pos + static_cast<int32_t>(tokens.size()), rows);
+}
+
+std::vector<float> GpuForward::run_layers(std::span<const int32_t> tokens, int32_t pos, DeviceKVCache* cache,
+                                          GpuKVPolicy* kv, const attn::AttentionPolicy* policy, int32_t total_len,
+                                          LogitRows rows) {
   const auto n = static_cast<int32_t>(tokens.size());
   if (n == 0) return {};
-  check(cache.capacity() >= pos + n, "GPU forward: the KV cache has no room for the chunk");
+  check(kv != nullptr || cache->capacity() >= pos + n, "GPU forward: the KV cache has no room for the chunk");
   const int64_t H = cfg_.hidden_size, D = cfg_.head_dim, F = cfg_.intermediate_size, V = cfg_.vocab_size;
   const int64_t QD = cfg_.num_q_heads * D, KD = cfg_.num_kv_heads * D;
   const int64_t M = std::min<int64_t>(options_.mlp_chunk, n);
@@ -204,6 +218,10 @@ std::vector<float> GpuForward::run(std::span<const int32_t> tokens, int32_t pos,
   grow(a_, n * QD);
   grow(gu_, M * 2 * F);
   if (cfg_.post_norms) grow(o_, n * H);
+  if (kv != nullptr) {
+    grow(k_chunk_, n * KD);
+    grow(v_chunk_, n * KD);
+  }
 
   // The small kernels' GPU time by category (EventTimer pairs; no-ops when timing is off).
   auto timed = [&](EventTimer::Kind kind, auto&& launch) {
@@ -233,8 +251,8 @@ std::vector<float> GpuForward::run(std::span<const int32_t> tokens, int32_t pos,
   AttentionSet set;
   for (int32_t l = 0; l < cfg_.num_layers; ++l) {
     const DeviceLayer& L = model_.layer(l);
-    bf16* kc = cache.k(l, pos);
-    bf16* vc = cache.v(l, pos);
+    bf16* kc = kv != nullptr ? k_chunk_.data() : cache->k(l, pos);
+    bf16* vc = kv != nullptr ? v_chunk_.data() : cache->v(l, pos);
     timed(EventTimer::kNorm, [&] { rms_norm_to_bf16(x_.data(), n, H, L.attn_norm, eps, h_.data(), H, stream_); });
     gemm(h_.data(), H, n, L.wq, QD, H, q_.data(), DType::BF16, QD, 0.0f);
     gemm(h_.data(), H, n, L.wk, KD, H, kc, DType::BF16, KD, 0.0f);
@@ -247,16 +265,22 @@ std::vector<float> GpuForward::run(std::span<const int32_t> tokens, int32_t pos,
       });
     }
     const size_t r = layer_rope_[static_cast<size_t>(l)];
-    timed(EventTimer::kRope, [&] {
-      qk_norm_rope(q_.data(), n, QD, cfg_.num_q_heads, static_cast<int>(D), cfg_.qk_norm ? L.q_norm : nullptr, eps,
-                   cos_[r].data(), sin_[r].data(), stream_);
-      qk_norm_rope(kc, n, KD, cfg_.num_kv_heads, static_cast<int>(D), cfg_.qk_norm ? L.k_norm : nullptr, eps,
-                   cos_[r].data(), sin_[r].data(), stream_);
-    });
+    if (kv != nullptr) {  // the policy rotates q and k itself (streaming: two positions per query)
+      timer_.begin(EventTimer::kAttention, stream_);
+      kv->attend(l, pos, n, q_.data(), kc, vc, inv_freqs_[r].data(), host_inv_freqs_[r], scale_, a_.data(), stream_);
+      timer_.end(EventTimer::kAttention, stream_);
+    } else {
+      timed(EventTimer::kRope, [&] {
+        qk_norm_rope(q_.data(), n, QD, cfg_.num_q_heads, static_cast<int>(D), cfg_.qk_norm ? L.q_norm : nullptr, eps,
+                     cos_[r].data(), sin_[r].data(), stream_);
+        qk_norm_rope(kc, n, KD, cfg_.num_kv_heads, static_cast<int>(D), cfg_.qk_norm ? L.k_norm : nullptr, eps,
+                     cos_[r].data(), sin_[r].data(), stream_);
+      });
 
-    timer_.begin(EventTimer::kAttention, stream_);
-    attention(l, pos, n, cache, policy, total_len, set);
-    timer_.end(EventTimer::kAttention, stream_);
+      timer_.begin(EventTimer::kAttention, stream_);
+      attention(l, pos, n, *cache, policy, total_len, set);
+      timer_.end(EventTimer::kAttention, stream_);
+    }
     sample_memory();
 
     if (cfg_.post_norms) {

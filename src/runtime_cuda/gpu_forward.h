@@ -54,6 +54,18 @@ AttentionBackend parse_attention_backend(const std::string& name);
 
 enum class LogitRows { kNone, kLast, kAll };
 
+// A KV-cache policy that owns the keys and values of the GPU forward (runtime_cuda/stream_gpu_kv.h: streaming
+// memory), the GPU twin of runtime/forward.h's KVPolicy. Layer `layer` of the chunk at [pos, pos + n): q
+// [n, q_heads, d], k and v [n, kv_heads, d], bf16 on the device, contiguous, after the bias and before RoPE (q and k
+// may be overwritten); inv_freq: the layer's RoPE frequencies on the device, inv_freq_host the same on the host.
+// Writes the attention output [n, q_heads, d] (bf16) to out, on `stream`.
+class GpuKVPolicy {
+ public:
+  virtual ~GpuKVPolicy() = default;
+  virtual void attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16* k, bf16* v, const float* inv_freq,
+                      std::span<const float> inv_freq_host, float scale, bf16* out, cudaStream_t stream) = 0;
+};
+
 struct ForwardOptions {
   int32_t mlp_chunk = 16384;  // rows per MLP piece
   int32_t tile = 128;         // query tile of the executor's index in prefill (64 or 128); decode uses 64
@@ -79,6 +91,9 @@ class GpuForward {
   std::vector<float> run(std::span<const int32_t> tokens, int32_t pos, DeviceKVCache& cache,
                          const attn::AttentionPolicy* policy, int32_t total_len, LogitRows rows);
 
+  // The same with a KV-cache policy that holds the keys and values (no cache; models with QK-norm are refused).
+  std::vector<float> run(std::span<const int32_t> tokens, int32_t pos, GpuKVPolicy& kv, LogitRows rows);
+
   size_t scratch_bytes() const;
   void release_scratch();
   // The most device memory seen in use (cudaMemGetInfo: total - free, the whole device) at the sample points
@@ -89,6 +104,8 @@ class GpuForward {
 
  private:
   struct AttentionSet;
+  std::vector<float> run_layers(std::span<const int32_t> tokens, int32_t pos, DeviceKVCache* cache, GpuKVPolicy* kv,
+                                const attn::AttentionPolicy* policy, int32_t total_len, LogitRows rows);
   void attention(int32_t layer, int32_t pos, int32_t n, DeviceKVCache& cache, const attn::AttentionPolicy* policy,
                  int32_t total_len, AttentionSet& set);
 
@@ -101,10 +118,12 @@ class GpuForward {
   float scale_ = 0;  // attention scale
   std::vector<attn::gpu::DeviceBuffer<float>> inv_freqs_;  // distinct RoPE frequency sets, on the device
   std::vector<size_t> layer_rope_;                          // layer -> index into inv_freqs_
+  std::vector<std::vector<float>> host_inv_freqs_;          // the same on the host (GpuKVPolicy)
   // Scratch, grown to the largest chunk seen.
   attn::gpu::DeviceBuffer<int32_t> tokens_;
   attn::gpu::DeviceBuffer<float> x_, o_, logits_;
   attn::gpu::DeviceBuffer<bf16> h_, q_, a_, gu_;
+  attn::gpu::DeviceBuffer<bf16> k_chunk_, v_chunk_;  // a GpuKVPolicy's chunk rows
   std::vector<attn::gpu::DeviceBuffer<float>> cos_, sin_;
   size_t peak_in_use_ = 0;
 };

@@ -1,0 +1,270 @@
+// stream_bench — streaming memory on the GPU (runtime_cuda/stream_gpu_kv.h) at long lengths: a prompt of up to 1M
+// tokens through a model of Llama-3-8B shapes with deterministic random weights (DeviceModel::random, kPlain) on one
+// GPU, with InfLLM's bounded workspace [sinks + retrieved blocks | local window | chunk] and the evicted KV in
+// pinned host memory. Per (length, method) row: TTFT (wall time from the token ids on the host to the last
+// position's logits), peak device memory in use (cudaMemGetInfo over the whole device, sampled after every layer's
+// attention: weights included), decode tokens/s at that length (--decode steps after the prefill), host memory
+// (pinned slabs for the evicted blocks, the index, the process's peak RSS), the GEMM / attention GPU time (CUDA
+// events), the host's decision time (ltri / infllm read q and k back every layer and chunk), copies to and from
+// the host. A dense row (the normal GPU engine, whole KV on the device) at every length that fits the model's
+// context (131,072) is the baseline from the same run.
+//
+//   stream_bench [--seq 131072,262144,524288,1048576] [--methods streamingllm,infllm,ltri] [--dense 131072]
+//                [--sinks 128 --local 4096 --block 128 --top-k 32 --chunk 512 --last-chunk 64] [--decode 16]
+//                [--layers N] [--seed 1] [--csv FILE] [--max-seconds S] [--method-max-seq ltri=32768,...]
+//                [--host-budget BYTES]   (default: the host memory budget, core/memory_budget.h)
+//
+// --method-max-seq skips a method's rows past a length (ltri / infllm decide on the host: minutes at 128K+).
+// --max-seconds skips the rows that would start after that budget. Rows are printed and appended to the CSV as they
+// finish, so a run cut short keeps what it measured.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "core/error.h"
+#include "runtime_cuda/device_model.h"
+#include "runtime_cuda/gpu_engine.h"
+#include "runtime_cuda/synthetic_config.h"
+
+namespace {
+
+using namespace tessera;
+using namespace tessera::runtime;
+using namespace tessera::runtime::gpu;
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  std::vector<int> seqs = {131072, 262144, 524288, 1048576};
+  std::vector<std::string> methods = {"streamingllm"};
+  std::vector<int> dense = {131072};
+  StreamOptions stream;
+  int decode = 16;
+  int layers = 0;
+  uint64_t seed = 1;
+  std::string csv;
+  double max_seconds = 0;
+  std::map<std::string, int> method_max;
+};
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, sep))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  o.stream.sinks = 128;
+  o.stream.local = 4096;
+  o.stream.block = 128;
+  o.stream.top_k = 32;
+  o.stream.chunk = 512;
+  o.stream.last_chunk = 64;
+  auto value = [&](int& i) -> std::string {
+    check(i + 1 < argc, std::string(argv[i]) + " needs a value");
+    return argv[++i];
+  };
+  auto ints = [](const std::string& s) {
+    std::vector<int> v;
+    for (const std::string& x : split(s, ',')) v.push_back(std::stoi(x));
+    return v;
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--seq") o.seqs = ints(value(i));
+    else if (a == "--methods") o.methods = split(value(i), ',');
+    else if (a == "--dense") o.dense = ints(value(i));
+    else if (a == "--sinks") o.stream.sinks = std::stoi(value(i));
+    else if (a == "--local") o.stream.local = std::stoi(value(i));
+    else if (a == "--block") o.stream.block = std::stoi(value(i));
+    else if (a == "--top-k") o.stream.top_k = std::stoi(value(i));
+    else if (a == "--chunk") o.stream.chunk = std::stoi(value(i));
+    else if (a == "--last-chunk") o.stream.last_chunk = std::stoi(value(i));
+    else if (a == "--decode") o.decode = std::stoi(value(i));
+    else if (a == "--host-budget") o.stream.host_budget = static_cast<int64_t>(std::stod(value(i)));
+    else if (a == "--layers") o.layers = std::stoi(value(i));
+    else if (a == "--seed") o.seed = std::stoull(value(i));
+    else if (a == "--csv") o.csv = value(i);
+    else if (a == "--max-seconds") o.max_seconds = std::stod(value(i));
+    else if (a == "--method-max-seq") {
+      for (const std::string& kv : split(value(i), ',')) {
+        const size_t eq = kv.find('=');
+        check(eq != std::string::npos, "--method-max-seq takes method=length pairs");
+        o.method_max[kv.substr(0, eq)] = std::stoi(kv.substr(eq + 1));
+      }
+    } else if (a == "--help" || a == "-h") {
+      std::printf("stream_bench: see the header of bench/gpu/stream_bench.cpp\n");
+      std::exit(0);
+    } else {
+      throw Error("unknown argument " + a);
+    }
+  }
+  return o;
+}
+
+// VmHWM / VmRSS of this process, bytes.
+int64_t proc_status_bytes(const char* key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(key, 0) == 0) return std::stoll(line.substr(std::string(key).size())) * 1024;
+  return 0;
+}
+
+struct Row {
+  int seq = 0;
+  std::string method;
+  double ttft = 0, gemm = 0, attention = 0, decision = 0, decode_tok_s = 0, peak_gb = 0, workspace_gb = 0;
+  double pinned_gb = 0, index_gb = 0, rss_gb = 0, pin_s = 0;
+  int64_t evicted = 0, to_host = 0, to_device = 0, cached = 0;
+  std::string error;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Options o = parse(argc, argv);
+    ModelConfig cfg = synthetic_config("llama3-8b");
+    if (o.layers > 0) {
+      cfg.num_layers = o.layers;
+      cfg.layers.resize(static_cast<size_t>(o.layers));
+    }
+    std::printf("model: %s, random weights (seed %llu); device: %s\n", cfg.summary().c_str(),
+                static_cast<unsigned long long>(o.seed), gpu_description().c_str());
+    std::printf("streaming: sinks %d, local %d, blocks of %d, top-%d, chunk %d (last %d); decode %d steps\n",
+                o.stream.sinks, o.stream.local, o.stream.block, o.stream.top_k, o.stream.chunk, o.stream.last_chunk,
+                o.decode);
+    const auto dev = DeviceModel::random(cfg, o.seed);
+    const int max_seq = *std::max_element(o.seqs.begin(), o.seqs.end());
+    std::vector<int32_t> tokens(static_cast<size_t>(max_seq + o.decode + 1));
+    uint64_t x = o.seed * 0x9E3779B97F4A7C15ull + 1;
+    for (auto& t : tokens) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      t = static_cast<int32_t>(x % static_cast<uint64_t>(cfg.vocab_size));
+    }
+    FILE* csv = o.csv.empty() ? nullptr : std::fopen(o.csv.c_str(), "w");
+    if (csv != nullptr) {
+      std::fprintf(csv, "seq,method,ttft_s,prefill_tok_s,gemm_s,attention_s,decision_s,decode_tok_s,peak_gpu_gb,"
+                        "stream_device_gb,pinned_host_gb,index_gb,peak_rss_gb,pin_s,evicted_blocks_per_layer,"
+                        "blocks_to_host,blocks_to_device,blocks_cached,error\n");
+      std::fflush(csv);
+    }
+    const auto start = Clock::now();
+    std::vector<Row> rows;
+    auto print_row = [&](const Row& r) {
+      std::printf("| %d | %s | %.2f | %.0f | %.2f | %.2f | %.2f | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f | %lld | "
+                  "%lld / %lld / %lld | %s\n",
+                  r.seq, r.method.c_str(), r.ttft, r.ttft > 0 ? r.seq / r.ttft : 0.0, r.gemm, r.attention, r.decision,
+                  r.decode_tok_s, r.peak_gb, r.workspace_gb, r.pinned_gb, r.index_gb, r.rss_gb,
+                  static_cast<long long>(r.evicted), static_cast<long long>(r.to_host),
+                  static_cast<long long>(r.to_device), static_cast<long long>(r.cached), r.error.c_str());
+      std::fflush(stdout);
+      if (csv != nullptr) {
+        std::fprintf(csv, "%d,%s,%.3f,%.1f,%.3f,%.3f,%.3f,%.2f,%.3f,%.3f,%.3f,%.4f,%.3f,%.2f,%lld,%lld,%lld,%lld,%s\n",
+                     r.seq, r.method.c_str(), r.ttft, r.ttft > 0 ? r.seq / r.ttft : 0.0, r.gemm, r.attention,
+                     r.decision, r.decode_tok_s, r.peak_gb, r.workspace_gb, r.pinned_gb, r.index_gb, r.rss_gb, r.pin_s,
+                     static_cast<long long>(r.evicted), static_cast<long long>(r.to_host),
+                     static_cast<long long>(r.to_device), static_cast<long long>(r.cached), r.error.c_str());
+        std::fflush(csv);
+      }
+    };
+    std::printf("\n| tokens | method | TTFT s | prefill tok/s | GEMM s | attention s | host decisions s | decode tok/s | "
+                "peak GPU GB | stream GPU GB | pinned host GB | index GB | peak RSS GB | evicted blocks/layer | "
+                "blocks to host / to GPU / cached |\n");
+    std::printf("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+    std::fflush(stdout);
+    // A warm-up (cuBLAS handles, the executor's self-check) outside every row.
+    {
+      GpuEngineOptions w;
+      w.stream = o.stream;
+      w.stream.method = StreamMethod::StreamingLLM;
+      w.stream = streamingllm_equal_memory(w.stream);
+      GpuEngine warm(*dev, w);
+      warm.prefill(std::span<const int32_t>(tokens.data(), 2048));
+    }
+    for (int seq : o.seqs) {
+      std::vector<std::string> specs;
+      if (std::find(o.dense.begin(), o.dense.end(), seq) != o.dense.end()) specs.push_back("dense");
+      for (const std::string& m : o.methods) specs.push_back(m);
+      for (const std::string& spec : specs) {
+        Row r;
+        r.seq = seq;
+        r.method = spec;
+        const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+        if (o.max_seconds > 0 && elapsed > o.max_seconds) {
+          r.error = "skipped (--max-seconds)";
+          print_row(r);
+          continue;
+        }
+        const auto mm = o.method_max.find(spec);
+        if (mm != o.method_max.end() && seq > mm->second) continue;
+        try {
+          GpuEngineOptions go;
+          go.chunk_size = 32768;
+          if (spec != "dense") {
+            go.stream = o.stream;
+            go.stream.method = parse_stream_method(spec, "--methods");
+            if (go.stream.method == StreamMethod::StreamingLLM) go.stream = streamingllm_equal_memory(go.stream);
+          }
+          // Dense: within the model's context, the decode steps included (the row says how many tokens it ran).
+          const int run = spec == "dense" ? std::min(seq, cfg.context_length - o.decode) : seq;
+          r.seq = run;
+          GpuEngine engine(*dev, go);
+          engine.reset_peak_memory();
+          engine.prefill(std::span<const int32_t>(tokens.data(), static_cast<size_t>(run)));
+          const auto& st = engine.stats();
+          r.ttft = st.prefill_seconds;  // (reset_stats() below keeps it)
+          r.gemm = st.gemm_seconds;
+          r.attention = st.attention_seconds;
+          if (o.decode > 0) {
+            engine.reset_stats();
+            for (int i = 0; i < o.decode; ++i) engine.decode(tokens[static_cast<size_t>(run + i)]);
+            r.decode_tok_s = engine.stats().decode_tokens_per_second();
+          }
+          const GpuMemoryStats mem = engine.memory();
+          r.peak_gb = static_cast<double>(mem.peak_in_use_bytes) / 1e9;
+          r.workspace_gb = static_cast<double>(mem.kv_cache_bytes) / 1e9;
+          if (const GpuStreamingKV* g = engine.gpu_streaming()) {
+            const GpuStreamStats& gs = g->gpu_stats();
+            const StreamStats ss = g->decisions().stats();
+            r.decision = gs.decision_seconds;
+            r.pinned_gb = static_cast<double>(gs.pinned_bytes) / 1e9;
+            r.index_gb = static_cast<double>(ss.index_bytes) / 1e9;
+            r.pin_s = gs.pin_seconds;
+            r.evicted = ss.evicted_blocks;
+            r.to_host = gs.blocks_to_host;
+            r.to_device = gs.blocks_to_device;
+            r.cached = gs.blocks_cached;
+          }
+        } catch (const std::exception& e) {
+          r.error = e.what();
+          for (char& c : r.error)
+            if (c == ',' || c == '\n') c = ';';
+        }
+        r.rss_gb = static_cast<double>(proc_status_bytes("VmHWM:")) / 1e9;
+        print_row(r);
+        rows.push_back(r);
+      }
+    }
+    if (csv != nullptr) std::fclose(csv);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "stream_bench: %s\n", e.what());
+    return 1;
+  }
+}

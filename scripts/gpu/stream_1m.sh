@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# stream_1m.sh — issue 20's long-prompt run: streaming memory on ONE GPU (GPU 0) with Llama-3-8B shapes (random
+# weights), 32K .. 1M tokens: TTFT, peak GPU memory, decode tokens/s at the length, host memory (bench/gpu/stream_bench.cpp).
+# The evicted KV of 1M tokens is ~131 GB of pinned host memory (bf16, 32 layers): run it on a machine with more host
+# memory than that (the 4-GPU kinds: 512 GiB); SEQS=... for less.
+#
+#   device call (after the build, same call):
+#     BUILD_ONLY=1 bash scripts/gpu/check.sh && bash scripts/gpu/stream_1m.sh        carry ["build/gpu-debs"]
+#
+# Writes $OUT/stream/{stream_1m.csv,stream_1m.log,gpu.txt,host_mem.txt} and prints the table last. Env: SEQS
+# (default 32768,131072,262144,524288,1048576), METHODS (streamingllm,infllm,ltri), LTRI_MAX (ltri / infllm rows up
+# to this length: their decisions run on the host, 32768), DENSE (dense rows, 32768,131072), DECODE (16), CHUNK (512),
+# HOST_BUDGET (bytes, 200e9), TIME_S (330: the bench's own limit; rows that would start after ~300 s are skipped).
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+BUILD_DIR=${BUILD_DIR:-$ROOT/build/cuda}
+[ -f "$ROOT/build/gpu-sysroot/deps.env" ] && . "$ROOT/build/gpu-sysroot/deps.env"
+OUTDIR=${OUT:-$ROOT/build/stream-out}/stream
+mkdir -p "$OUTDIR"
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+BIN=$BUILD_DIR/bench/gpu/stream_bench
+if [ ! -x "$BIN" ]; then
+  echo "stream_1m: $BIN missing: building it"
+  cmake --build "$BUILD_DIR" -j"${JOBS:-16}" --target stream_bench > "$OUTDIR/build.log" 2>&1 || { tail -30 "$OUTDIR/build.log"; exit 1; }
+fi
+{ nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv; echo; free -g; nproc; } > "$OUTDIR/gpu.txt" 2>&1
+TIME_S=${TIME_S:-330}
+echo "stream_1m: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null) on $(head -2 "$OUTDIR/gpu.txt" | tail -1)"
+# Host memory in use, sampled every 5 s while the bench runs (MemAvailable drop = pinned blocks + the rest).
+( while sleep 5; do echo "$(date +%s) $(grep -E 'MemTotal|MemAvailable' /proc/meminfo | tr -s ' ' | tr '\n' ' ')"; done ) \
+  > "$OUTDIR/host_mem.txt" 2>&1 &
+SAMPLER=$!
+timeout -k 10 "$TIME_S" "$BIN" --seq "${SEQS:-32768,131072,262144,524288,1048576}" \
+  --methods "${METHODS:-streamingllm,infllm,ltri}" --method-max-seq "ltri=${LTRI_MAX:-32768},infllm=${LTRI_MAX:-32768}" \
+  --dense "${DENSE:-32768,131072}" --decode "${DECODE:-16}" --chunk "${CHUNK:-512}" --host-budget "${HOST_BUDGET:-200e9}" \
+  --max-seconds $((TIME_S - 40)) --csv "$OUTDIR/stream_1m.csv" > "$OUTDIR/stream_1m.log" 2>&1
+rc=$?
+kill "$SAMPLER" 2> /dev/null
+echo "stream_1m: stream_bench exit $rc (124: cut at ${TIME_S} s; the rows before are kept)"
+cat "$OUTDIR/stream_1m.log"
+exit $rc

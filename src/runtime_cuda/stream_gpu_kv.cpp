@@ -1,0 +1,402 @@
+#include "runtime_cuda/stream_gpu_kv.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <string>
+
+#include "attention/attention_args.h"
+#include "attention/cuda/sparse_prefill.h"
+#include "attention/cuda/work_plan.h"
+#include "core/error.h"
+#include "core/memory_budget.h"
+#include "cuda/cuda_check.h"
+#include "runtime/stream/stream_layout.h"
+#include "runtime_cuda/stream_kernels.h"
+
+namespace tessera::runtime::gpu {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+constexpr int64_t kSlabBlocks = 256;
+
+// Blocks evicted from every layer once a sequence holds `tokens` tokens (streaming_kv.cpp's rule).
+int64_t evicted_at(const StreamOptions& o, int64_t tokens) {
+  const int64_t over = tokens - o.sinks - o.local;
+  return over >= o.block ? over / o.block : 0;
+}
+
+void d2d(void* dst, const void* src, size_t bytes, cudaStream_t s) {
+  if (bytes > 0) TESSERA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s));
+}
+
+}  // namespace
+
+GpuStreamingKV::GpuStreamingKV(const ModelConfig& config, StreamOptions options)
+    : cfg_(config), opt_(options), host_(config, std::move(options), StreamingKV::Storage::Device) {
+  row_ = static_cast<int64_t>(cfg_.num_kv_heads) * cfg_.head_dim;
+  qrow_ = static_cast<int64_t>(cfg_.num_q_heads) * cfg_.head_dim;
+  block_values_ = 2 * static_cast<int64_t>(opt_.block) * row_;
+  layers_.resize(static_cast<size_t>(cfg_.num_layers));
+  TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+  TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+  TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&blocks_in_, cudaEventDisableTiming));
+  for (LayerState& L : layers_) TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&L.evicted, cudaEventDisableTiming));
+}
+
+GpuStreamingKV::~GpuStreamingKV() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (reserver_.joinable()) reserver_.join();
+  if (copy_ != nullptr) cudaStreamSynchronize(copy_);
+  for (LayerState& L : layers_)
+    if (L.evicted != nullptr) cudaEventDestroy(L.evicted);
+  if (ready_ != nullptr) cudaEventDestroy(ready_);
+  if (blocks_in_ != nullptr) cudaEventDestroy(blocks_in_);
+  if (copy_ != nullptr) cudaStreamDestroy(copy_);
+  for (bf16* p : slabs_) cudaFreeHost(p);
+  for (bf16* p : ready_slabs_) cudaFreeHost(p);
+  if (stage_ != nullptr) cudaFreeHost(stage_);
+}
+
+size_t GpuStreamingKV::device_bytes() const {
+  size_t b = ws_k_.bytes() + ws_v_.bytes() + q_local_.bytes() + q_global_.bytes() + out_global_.bytes() +
+             lse_local_.bytes() + lse_global_.bytes();
+  for (const LayerState& L : layers_)
+    b += L.sink_k.bytes() + L.sink_v.bytes() + L.ring_k.bytes() + L.ring_v.bytes() + L.cache_k.bytes() +
+         L.cache_v.bytes();
+  return b;
+}
+
+void GpuStreamingKV::ensure_device(int32_t n) {
+  const int32_t B = opt_.block;
+  if (layers_[0].ring_k.size() == 0) {
+    max_chunk_ = std::max(opt_.chunk, n);
+    ring_rows_ = ((opt_.local + B + max_chunk_ + B - 1) / B) * B + B;
+    for (LayerState& L : layers_) {
+      L.sink_k.resize(static_cast<size_t>(std::max(opt_.sinks, 1) * row_));
+      L.sink_v.resize(L.sink_k.size());
+      L.ring_k.resize(static_cast<size_t>(ring_rows_ * row_));
+      L.ring_v.resize(L.ring_k.size());
+      L.cache_k.resize(static_cast<size_t>(std::max<int64_t>(opt_.top_k, 1) * B * row_));
+      L.cache_v.resize(L.cache_k.size());
+      L.cache_block.assign(static_cast<size_t>(std::max(opt_.top_k, 1)), -1);
+    }
+  }
+  check(n <= max_chunk_, "GPU streaming: a chunk of " + std::to_string(n) + " tokens, over the " +
+                             std::to_string(max_chunk_) + " the buffers were sized for");
+  const int64_t ws_rows = opt_.attended_tokens() + max_chunk_ + B;
+  if (ws_k_.size() < static_cast<size_t>(ws_rows * row_)) {
+    ws_k_.resize(static_cast<size_t>(ws_rows * row_));
+    ws_v_.resize(ws_k_.size());
+    q_local_.resize(static_cast<size_t>(max_chunk_ * qrow_));
+    q_global_.resize(q_local_.size());
+    out_global_.resize(q_local_.size());
+    lse_local_.resize(static_cast<size_t>(max_chunk_) * static_cast<size_t>(cfg_.num_q_heads));
+    lse_global_.resize(lse_local_.size());
+    if (stage_ != nullptr) cudaFreeHost(stage_);
+    stage_values_ = static_cast<size_t>(max_chunk_ * (qrow_ + row_));
+    TESSERA_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&stage_), stage_values_ * sizeof(bf16),
+                                     cudaHostAllocDefault));
+  }
+}
+
+void GpuStreamingKV::reserve(int64_t tokens) {
+  const int64_t blocks = evicted_at(opt_, tokens) * cfg_.num_layers;
+  const int64_t slabs = (blocks + kSlabBlocks - 1) / kSlabBlocks;
+  int device = 0;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&device));
+  std::unique_lock<std::mutex> lock(mu_);
+  if (slabs <= static_cast<int64_t>(slabs_.size()) + want_slabs_) return;
+  want_slabs_ = slabs - static_cast<int64_t>(slabs_.size());
+  if (reserver_.joinable()) {
+    lock.unlock();
+    reserver_.join();
+    lock.lock();
+  }
+  reserver_ = std::thread([this, device] {
+    if (cudaSetDevice(device) != cudaSuccess) return;
+    const size_t bytes = static_cast<size_t>(kSlabBlocks * block_values_) * sizeof(bf16);
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        if (stop_ || made_slabs_ >= want_slabs_) return;
+      }
+      const auto t0 = Clock::now();
+      void* p = nullptr;
+      const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
+      std::lock_guard<std::mutex> g(mu_);
+      stats_.pin_seconds += since(t0);
+      if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        reserve_error_ = cudaGetErrorString(err);
+        want_slabs_ = made_slabs_;
+        cv_.notify_all();
+        return;
+      }
+      ready_slabs_.push_back(static_cast<bf16*>(p));
+      ++made_slabs_;
+      cv_.notify_all();
+    }
+  });
+}
+
+bf16* GpuStreamingKV::pinned_block() {
+  if (slabs_.empty() || slab_used_ == kSlabBlocks) {
+    bf16* slab = nullptr;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return !ready_slabs_.empty() || made_slabs_ >= want_slabs_ || stop_; });
+      if (!ready_slabs_.empty()) {
+        slab = ready_slabs_.front();
+        ready_slabs_.erase(ready_slabs_.begin());
+        --made_slabs_;
+        --want_slabs_;
+      }
+    }
+    const size_t bytes = static_cast<size_t>(kSlabBlocks * block_values_) * sizeof(bf16);
+    if (slab == nullptr) {
+      const auto t0 = Clock::now();
+      void* p = nullptr;
+      const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
+      stats_.pin_seconds += since(t0);
+      if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        throw Error("streaming: out of pinned host memory allocating " + format_bytes(static_cast<double>(bytes)) +
+                    " for evicted KV blocks (" + cudaGetErrorString(err) +
+                    "); lower --stream-host-budget or shorten the prompt");
+      }
+      slab = static_cast<bf16*>(p);
+    }
+    slabs_.push_back(slab);
+    slab_used_ = 0;
+    stats_.pinned_bytes += static_cast<int64_t>(bytes);
+  }
+  return slabs_.back() + (slab_used_++) * block_values_;
+}
+
+GpuStreamingKV::Indexes& GpuStreamingKV::indexes(const stream::StreamLayout& lay, int32_t tile, cudaStream_t s) {
+  const auto key = std::make_tuple(lay.global, lay.local, lay.chunk, tile);
+  auto it = index_cache_.find(key);
+  if (it != index_cache_.end()) return it->second;
+  if (index_cache_.size() > 1024) {
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
+    index_cache_.clear();
+  }
+  Indexes& ix = index_cache_[key];
+  stream::StreamIndexes host = stream::lower_stream_layout(lay, cfg_.num_q_heads, tile);
+  ix.host_global = std::move(host.global);
+  ix.host_local = std::move(host.local);
+  ix.local = attn::gpu::DeviceSparseIndex::upload(ix.host_local, s);
+  ix.local_plan = attn::gpu::DeviceWorkPlan::upload(attn::gpu::plan_prefill(ix.host_local), s);
+  if (lay.global > 0) {
+    ix.global = attn::gpu::DeviceSparseIndex::upload(ix.host_global, s);
+    ix.global_plan = attn::gpu::DeviceWorkPlan::upload(attn::gpu::plan_prefill(ix.host_global), s);
+  }
+  return ix;
+}
+
+void GpuStreamingKV::copy_from_ring(const attn::gpu::DeviceBuffer<bf16>& ring, int32_t p, int32_t rows, bf16* dst,
+                                    cudaStream_t s) {
+  const int32_t slot = (p - opt_.sinks) % ring_rows_;
+  const int32_t first = std::min(rows, ring_rows_ - slot);
+  d2d(dst, ring.data() + slot * row_, static_cast<size_t>(first * row_) * sizeof(bf16), s);
+  if (rows > first) d2d(dst + first * row_, ring.data(), static_cast<size_t>((rows - first) * row_) * sizeof(bf16), s);
+}
+
+void GpuStreamingKV::copy_to_ring(attn::gpu::DeviceBuffer<bf16>& ring, int32_t p, int32_t rows, const bf16* src,
+                                  cudaStream_t s) {
+  const int32_t slot = (p - opt_.sinks) % ring_rows_;
+  const int32_t first = std::min(rows, ring_rows_ - slot);
+  d2d(ring.data() + slot * row_, src, static_cast<size_t>(first * row_) * sizeof(bf16), s);
+  if (rows > first) d2d(ring.data(), src + first * row_, static_cast<size_t>((rows - first) * row_) * sizeof(bf16), s);
+}
+
+void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16* k, bf16* v, const float* inv_freq,
+                            std::span<const float> inv_freq_host, float scale, bf16* out, cudaStream_t s) {
+  ensure_device(n);
+  LayerState& L = layers_[static_cast<size_t>(layer)];
+  const int32_t nq = cfg_.num_q_heads, nkv = cfg_.num_kv_heads, d = cfg_.head_dim, B = opt_.block;
+  const size_t row_bytes = static_cast<size_t>(row_) * sizeof(bf16);
+
+  // 1. The decisions, on the host (f32 copies of q and k where the method reads them).
+  const auto t0 = Clock::now();
+  stream::StreamLayout lay;
+  if (host_.needs_qk()) {
+    bf16* hq = stage_;
+    bf16* hk = stage_ + n * qrow_;
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(hq, q, static_cast<size_t>(n * qrow_) * sizeof(bf16), cudaMemcpyDeviceToHost, s));
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(hk, k, static_cast<size_t>(n) * row_bytes, cudaMemcpyDeviceToHost, s));
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
+    qf_.resize(static_cast<size_t>(n * qrow_));
+    kf_.resize(static_cast<size_t>(n * row_));
+    for (size_t i = 0; i < qf_.size(); ++i) qf_[i] = bf16_to_f32(hq[i]);
+    for (size_t i = 0; i < kf_.size(); ++i) kf_[i] = bf16_to_f32(hk[i]);
+    lay = host_.plan(layer, pos, n, qf_.data(), kf_.data(), inv_freq_host, scale);
+  } else {
+    lay = host_.plan(layer, pos, n, nullptr, nullptr, inv_freq_host, scale);
+  }
+  stats_.decision_seconds += since(t0);
+
+  // 2. Evicted blocks: out of the ring into pinned host memory, on the copy stream once the ring rows are written.
+  const int32_t e0 = host_.evicted_before(), e1 = host_.evicted_blocks();
+  if (e1 > e0) {
+    TESSERA_CUDA_CHECK(cudaEventRecord(ready_, s));
+    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(copy_, ready_, 0));
+    for (int32_t b = e0; b < e1; ++b) {
+      check(static_cast<int32_t>(L.host_k.size()) == b, "GPU streaming: blocks evicted out of order");
+      bf16* dst = pinned_block();
+      const int32_t slot = (b * B) % ring_rows_;
+      const size_t bytes = static_cast<size_t>(B) * row_bytes;
+      TESSERA_CUDA_CHECK(cudaMemcpyAsync(dst, L.ring_k.data() + slot * row_, bytes, cudaMemcpyDeviceToHost, copy_));
+      TESSERA_CUDA_CHECK(
+          cudaMemcpyAsync(dst + B * row_, L.ring_v.data() + slot * row_, bytes, cudaMemcpyDeviceToHost, copy_));
+      L.host_k.push_back(dst);
+      L.host_v.push_back(dst + B * row_);
+      ++stats_.blocks_to_host;
+    }
+    TESSERA_CUDA_CHECK(cudaEventRecord(L.evicted, copy_));
+  }
+
+  // 3. Retrieved blocks not in the layer's cache: host-to-device on the copy stream (after the evictions above, and
+  // after the compute stream's last reads of the slots they replace).
+  const std::vector<int32_t>& R = host_.retrieved(layer);
+  std::vector<int32_t> slot_of(R.size(), -1);
+  bool copies = false;
+  if (lay.global > 0 && !R.empty()) {
+    check(R.size() <= L.cache_block.size(), "GPU streaming: more retrieved blocks than cache slots");
+    std::vector<bool> keep(L.cache_block.size(), false);
+    for (size_t i = 0; i < R.size(); ++i)
+      for (size_t c = 0; c < L.cache_block.size(); ++c)
+        if (L.cache_block[c] == R[i]) {
+          slot_of[i] = static_cast<int32_t>(c);
+          keep[c] = true;
+        }
+    size_t free_slot = 0;
+    for (size_t i = 0; i < R.size(); ++i) {
+      if (slot_of[i] >= 0) {
+        ++stats_.blocks_cached;
+        continue;
+      }
+      while (keep[free_slot]) ++free_slot;
+      keep[free_slot] = true;
+      slot_of[i] = static_cast<int32_t>(free_slot);
+      L.cache_block[free_slot] = R[i];
+      if (!copies) {
+        TESSERA_CUDA_CHECK(cudaEventRecord(ready_, s));
+        TESSERA_CUDA_CHECK(cudaStreamWaitEvent(copy_, ready_, 0));
+        copies = true;
+      }
+      const size_t bytes = static_cast<size_t>(B) * row_bytes;
+      const int64_t at = static_cast<int64_t>(free_slot) * B * row_;
+      TESSERA_CUDA_CHECK(cudaMemcpyAsync(L.cache_k.data() + at, L.host_k[static_cast<size_t>(R[i])], bytes,
+                                         cudaMemcpyHostToDevice, copy_));
+      TESSERA_CUDA_CHECK(cudaMemcpyAsync(L.cache_v.data() + at, L.host_v[static_cast<size_t>(R[i])], bytes,
+                                         cudaMemcpyHostToDevice, copy_));
+      ++stats_.blocks_to_device;
+    }
+    if (copies) TESSERA_CUDA_CHECK(cudaEventRecord(blocks_in_, copy_));
+  }
+
+  // 4. The workspace's local part and chunk, rotated at their true positions; the queries.
+  const int32_t E = e1;
+  const int32_t local_begin = E > 0 ? opt_.sinks + E * B : 0;
+  const int32_t G = lay.global;
+  bf16* wk = ws_k_.data();
+  bf16* wv = ws_v_.data();
+  {
+    int64_t at = G;  // rows
+    int32_t p = local_begin;
+    if (E == 0) {  // the sinks are local too
+      const int32_t sinks = std::min(pos, opt_.sinks);
+      d2d(wk + at * row_, L.sink_k.data(), static_cast<size_t>(sinks) * row_bytes, s);
+      d2d(wv + at * row_, L.sink_v.data(), static_cast<size_t>(sinks) * row_bytes, s);
+      at += sinks;
+      p = sinks;
+    }
+    if (pos > p) {
+      copy_from_ring(L.ring_k, p, pos - p, wk + at * row_, s);
+      copy_from_ring(L.ring_v, p, pos - p, wv + at * row_, s);
+      at += pos - p;
+    }
+    check(at == G + lay.local, "GPU streaming: the local window holds " + std::to_string(at - G) + " rows, the layout " +
+                                   std::to_string(lay.local));
+    d2d(wk + at * row_, k, static_cast<size_t>(n) * row_bytes, s);
+    d2d(wv + at * row_, v, static_cast<size_t>(n) * row_bytes, s);
+    stream_rope_rows(wk + static_cast<int64_t>(G) * row_, lay.local + n, row_, nkv, d, inv_freq, local_begin, 1, s);
+    d2d(q_local_.data(), q, static_cast<size_t>(n * qrow_) * sizeof(bf16), s);
+    stream_rope_rows(q_local_.data(), n, qrow_, nq, d, inv_freq, pos, 1, s);
+  }
+
+  // 5. Attention: the local index now (overlapping the block copies), then the global one, merged.
+  const int32_t tile = n <= 64 ? 64 : 128;
+  Indexes& ix = indexes(lay, tile, s);
+  const int32_t kv_len = lay.kv_len();
+  attn::AttentionArgs a;
+  a.q = TensorView(q_local_.data(), DType::BF16, {n, nq, d});
+  a.k = TensorView(wk, DType::BF16, {kv_len, nkv, d});
+  a.v = TensorView(wv, DType::BF16, {kv_len, nkv, d});
+  a.out = TensorView(out, DType::BF16, {n, nq, d});
+  a.lse = TensorView(lse_local_.data(), DType::F32, {nq, n});
+  a.scale = scale;
+  a.q_begin = G + lay.local;
+  attn::gpu::sparse_prefill(a, ix.local, ix.local_plan, s);
+  if (G > 0) {
+    if (copies) TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, blocks_in_, 0));
+    const int32_t sinks = std::min(pos, opt_.sinks);
+    d2d(wk, L.sink_k.data(), static_cast<size_t>(sinks) * row_bytes, s);
+    d2d(wv, L.sink_v.data(), static_cast<size_t>(sinks) * row_bytes, s);
+    for (size_t i = 0; i < R.size(); ++i) {
+      const int64_t src = static_cast<int64_t>(slot_of[i]) * B * row_;
+      const int64_t dst = (sinks + static_cast<int64_t>(i) * B) * row_;
+      d2d(wk + dst, L.cache_k.data() + src, static_cast<size_t>(B) * row_bytes, s);
+      d2d(wv + dst, L.cache_v.data() + src, static_cast<size_t>(B) * row_bytes, s);
+    }
+    d2d(q_global_.data(), q, static_cast<size_t>(n * qrow_) * sizeof(bf16), s);
+    stream_rope_rows(q_global_.data(), n, qrow_, nq, d, inv_freq, opt_.local, 0, s);
+    attn::AttentionArgs g = a;
+    g.q = TensorView(q_global_.data(), DType::BF16, {n, nq, d});
+    g.out = TensorView(out_global_.data(), DType::BF16, {n, nq, d});
+    g.lse = TensorView(lse_global_.data(), DType::F32, {nq, n});
+    attn::gpu::sparse_prefill(g, ix.global, ix.global_plan, s);
+    stream_merge_lse(out, out_global_.data(), lse_local_.data(), lse_global_.data(), n, nq, d, s);
+  }
+
+  // 6. The chunk's raw K / V into the sinks and the ring (after the evictions' copies out of the ring).
+  TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, L.evicted, 0));
+  const int32_t into_sinks = std::clamp(opt_.sinks - pos, 0, n);
+  d2d(L.sink_k.data() + static_cast<int64_t>(pos) * row_, k, static_cast<size_t>(into_sinks) * row_bytes, s);
+  d2d(L.sink_v.data() + static_cast<int64_t>(pos) * row_, v, static_cast<size_t>(into_sinks) * row_bytes, s);
+  if (n > into_sinks) {
+    copy_to_ring(L.ring_k, pos + into_sinks, n - into_sinks, k + into_sinks * row_, s);
+    copy_to_ring(L.ring_v, pos + into_sinks, n - into_sinks, v + into_sinks * row_, s);
+  }
+}
+
+void GpuStreamingKV::reset() {
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(copy_));
+  host_.reset();
+  for (LayerState& L : layers_) {
+    L.host_k.clear();
+    L.host_v.clear();
+    std::fill(L.cache_block.begin(), L.cache_block.end(), -1);
+  }
+  // Pinned slabs are kept for the next sequence: reuse them from the first.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = slabs_.rbegin(); it != slabs_.rend(); ++it) ready_slabs_.insert(ready_slabs_.begin(), *it);
+    made_slabs_ += static_cast<int64_t>(slabs_.size());
+    want_slabs_ += static_cast<int64_t>(slabs_.size());
+    stats_.pinned_bytes = 0;
+    slabs_.clear();
+    slab_used_ = 0;
+  }
+}
+
+}  // namespace tessera::runtime::gpu

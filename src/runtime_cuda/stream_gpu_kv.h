@@ -1,0 +1,123 @@
+// tessera/runtime_cuda/stream_gpu_kv.h — streaming memory on the GPU: the twin of runtime/stream/streaming_kv.h.
+//
+// A GpuKVPolicy (gpu_forward.h): GpuForward hands it each layer's chunk (q, k, v in bf16 before RoPE) and it
+// attends over InfLLM's layout [sinks + retrieved blocks | local window | chunk] on the device:
+//  - decisions: a runtime::StreamingKV with Storage::Device, the CPU path's own code: evictions (and their index
+//    vectors), the chunk's attention map, Ltri spans, retrieval, retrieval-head and collaborative voting, the layout.
+//    For ltri / infllm it reads f32 copies of the chunk's q and k (one device-to-host copy per layer and chunk, which
+//    synchronises the compute stream); streamingllm needs none (the GPU never waits for the host). Same inputs, same
+//    code: the same retrieved blocks as the CPU path (tests/gpu/engine_tests/stream_gpu_test.cpp checks it);
+//  - device memory per layer: the sinks' raw K/V, a ring of the recent tokens' raw K/V (capacity: local + block +
+//    chunk, rounded up to blocks, plus one block; a block never wraps), and a cache of top_k retrieved blocks;
+//    one workspace for the chunk being attended ([global | local | chunk], as the CPU's). Bounded whatever the length;
+//  - evicted blocks: pinned host memory (cudaHostAlloc, slabs of 256 blocks; bf16), copied out of the ring on a copy
+//    stream (device-to-host, ordered by events before the ring rows are overwritten), within the host budget of the
+//    decisions' store (the CPU store's error messages); the slabs a prompt needs are allocated by a host thread ahead
+//    of the chunks that fill them (reserve());
+//  - retrieved blocks: those not already in the layer's block cache are copied host-to-device on the copy stream as
+//    soon as the layer's retrieval is known; the local half of the attention runs meanwhile, the global half waits on
+//    the copy's event. At decode (blocks persisted from the last prefill chunk) they are all in the cache;
+//  - attention: the two SparseIndexes of stream_layout.h (lower_stream_layout, the CPU's) through the CUDA sparse
+//    executor (attn::gpu::sparse_prefill) with their log-sum-exps, merged exactly (stream_kernels.h).
+// Positions as the CPU path: local window and chunk rotated at their true positions in the workspace, sinks and
+// retrieved blocks raw, the global queries rotated to position `local`.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "attention/cuda/device_index.h"
+#include "cuda/device_buffer.h"
+#include "runtime/stream/streaming_kv.h"
+#include "runtime_cuda/gpu_forward.h"
+
+namespace tessera::runtime::gpu {
+
+struct GpuStreamStats {
+  int64_t blocks_to_device = 0;   // retrieved blocks copied host-to-device
+  int64_t blocks_cached = 0;      // retrieved blocks already in the layer's block cache
+  int64_t blocks_to_host = 0;     // evicted blocks copied device-to-host
+  int64_t pinned_bytes = 0;       // pinned host memory allocated (slabs)
+  double pin_seconds = 0;         // host time spent in cudaHostAlloc (the reserve thread's included)
+  double decision_seconds = 0;    // host time in the decisions (copies of q / k, map, spans, retrieval)
+};
+
+class GpuStreamingKV : public GpuKVPolicy {
+ public:
+  // Throws tessera::Error for models that cannot stream (check_model_streams) and options out of range.
+  GpuStreamingKV(const ModelConfig& config, StreamOptions options);
+  ~GpuStreamingKV() override;
+  GpuStreamingKV(const GpuStreamingKV&) = delete;
+  GpuStreamingKV& operator=(const GpuStreamingKV&) = delete;
+
+  // The host budget check of StreamingKV::check_sequence (bf16 blocks).
+  void check_sequence(int64_t tokens) const { host_.check_sequence(tokens); }
+  // Starts allocating the pinned slabs a sequence of `tokens` tokens needs, on a host thread.
+  void reserve(int64_t tokens);
+  void begin_chunk(int32_t pos, int32_t n, StreamingKV::ChunkKind kind) { host_.begin_chunk(pos, n, kind); }
+  void attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16* k, bf16* v, const float* inv_freq,
+              std::span<const float> inv_freq_host, float scale, bf16* out, cudaStream_t stream) override;
+  void reset();
+
+  const StreamingKV& decisions() const { return host_; }
+  const GpuStreamStats& gpu_stats() const { return stats_; }
+  size_t device_bytes() const;  // the per-layer buffers, the block caches, the workspace, the indexes
+
+ private:
+  struct LayerState {
+    attn::gpu::DeviceBuffer<bf16> sink_k, sink_v, ring_k, ring_v, cache_k, cache_v;
+    std::vector<int32_t> cache_block;  // block held by each cache slot (-1: none)
+    std::vector<bf16*> host_k, host_v; // pinned rows of each evicted block
+    cudaEvent_t evicted = nullptr;     // the last device-to-host copy out of this layer's ring
+  };
+  struct Indexes {
+    attn::SparseIndex host_global, host_local;  // kept alive while their uploads may run
+    attn::gpu::DeviceSparseIndex global, local;
+    attn::gpu::DeviceWorkPlan global_plan, local_plan;
+  };
+  void ensure_device(int32_t max_chunk);
+  bf16* pinned_block();  // K then V of one block (block * row * 2 values)
+  Indexes& indexes(const stream::StreamLayout& layout, int32_t tile, cudaStream_t stream);
+  // Copies `rows` ring rows starting at absolute position p (>= sinks) to dst (row stride row_), in <= 2 pieces.
+  void copy_from_ring(const attn::gpu::DeviceBuffer<bf16>& ring, int32_t p, int32_t rows, bf16* dst, cudaStream_t s);
+  void copy_to_ring(attn::gpu::DeviceBuffer<bf16>& ring, int32_t p, int32_t rows, const bf16* src, cudaStream_t s);
+
+  const ModelConfig& cfg_;
+  StreamOptions opt_;
+  StreamingKV host_;
+  int64_t row_ = 0, qrow_ = 0;  // kv_heads * d, q_heads * d
+  int32_t ring_rows_ = 0, max_chunk_ = 0;
+  std::vector<LayerState> layers_;
+  attn::gpu::DeviceBuffer<bf16> ws_k_, ws_v_, q_local_, q_global_, out_global_;
+  attn::gpu::DeviceBuffer<float> lse_local_, lse_global_;
+  bf16* stage_ = nullptr;  // pinned: the chunk's q and k for the decisions
+  size_t stage_values_ = 0;
+  std::vector<float> qf_, kf_;
+  std::map<std::tuple<int32_t, int32_t, int32_t, int32_t>, Indexes> index_cache_;
+  cudaStream_t copy_ = nullptr;
+  cudaEvent_t ready_ = nullptr, blocks_in_ = nullptr;
+  // Pinned slabs: 256 blocks each; next_ the first free block of the last slab.
+  std::vector<bf16*> slabs_;
+  int64_t slab_used_ = 0;
+  int64_t block_values_ = 0;  // bf16 values of one block's K and V
+  // The reserve thread: allocates slabs up to want_slabs_ into ready_slabs_.
+  std::thread reserver_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<bf16*> ready_slabs_;
+  int64_t want_slabs_ = 0, made_slabs_ = 0;
+  bool stop_ = false;
+  std::string reserve_error_;
+  GpuStreamStats stats_;
+};
+
+}  // namespace tessera::runtime::gpu

@@ -1,0 +1,230 @@
+// The GPU streaming path (runtime_cuda/stream_gpu_kv.h) against the CPU one (runtime/stream/streaming_kv.h).
+//
+//  - The policy alone, on the same inputs (q, k, v drawn at random and rounded to bf16, so that both paths see the
+//    same values): for every method, chunk after chunk (prefill chunks of two query tiles, a short last chunk, decode
+//    steps) and layer after layer, the GPU's layout and retrieved blocks must EQUAL the CPU's, and its attention
+//    output must be within bf16 rounding of the CPU's f32 one (relative L2 per call <= 2e-2: q and k are rotated in
+//    bf16 and the executor's output is bf16, a few roundings of 2^-9 each). Evicted blocks go through the pinned
+//    store and back (more blocks evicted than retrieved: the cache misses and hits both run).
+//  - The engine: a random-weight model of head dim 64 (the executor's), streaming with a window that covers the
+//    prompt equals the dense GPU engine (logits of the last position, relative L2 <= 2e-2, same top-1), prefill and
+//    decode; past the window it runs, evicts, and its decisions are the CPU class's (same object).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "cuda/device_buffer.h"
+#include "runtime/model_config.h"
+#include "runtime/stream/streaming_kv.h"
+#include "runtime_cuda/device_model.h"
+#include "runtime_cuda/gpu_engine.h"
+#include "runtime_cuda/stream_gpu_kv.h"
+#include "runtime_cuda/synthetic_config.h"
+
+namespace tessera::runtime::gpu {
+namespace {
+
+#define REQUIRE_GPU()                                                  \
+  do {                                                                 \
+    if (!gpu_available()) GTEST_SKIP() << "no CUDA device available"; \
+  } while (0)
+
+// Llama-3 architecture, head dim 64 (the executor's), 8 query / 2 kv heads, `layers` layers.
+ModelConfig small_config(int layers) {
+  nlohmann::json j = synthetic_hf_config("llama3-8b");
+  j["hidden_size"] = 512;
+  j["intermediate_size"] = 1024;
+  j["num_attention_heads"] = 8;
+  j["num_key_value_heads"] = 2;
+  j["num_hidden_layers"] = layers;
+  j["vocab_size"] = 1000;
+  j["rope_theta"] = 10000.0;
+  j.erase("rope_scaling");
+  return config_from_hf(j, "synthetic:small");
+}
+
+float round_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+
+double rel_l2(const std::vector<float>& a, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (static_cast<double>(a[i]) - ref[i]) * (static_cast<double>(a[i]) - ref[i]);
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+TEST(StreamGpu, RetrievesTheCpuBlocksAndMatchesItsAttention) {
+  REQUIRE_GPU();
+  const ModelConfig cfg = small_config(3);
+  const int32_t nq = cfg.num_q_heads, nkv = cfg.num_kv_heads, d = cfg.head_dim;
+  std::vector<float> inv_freq(static_cast<size_t>(d / 2));
+  for (int32_t i = 0; i < d / 2; ++i) inv_freq[static_cast<size_t>(i)] = std::pow(10000.0f, -2.0f * i / d);
+  attn::gpu::DeviceBuffer<float> inv_freq_dev;
+  inv_freq_dev.upload(inv_freq);
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  ThreadPool pool(2);
+  for (StreamMethod m : {StreamMethod::Ltri, StreamMethod::InfLLM, StreamMethod::StreamingLLM}) {
+    SCOPED_TRACE(stream_method_name(m));
+    StreamOptions o;
+    o.method = m;
+    o.sinks = 16;
+    o.local = 128;
+    o.block = 32;
+    o.chunk = 96;
+    o.top_k = 3;
+    if (m == StreamMethod::StreamingLLM) o = streamingllm_equal_memory(o);
+    StreamingKV cpu(cfg, o);
+    GpuStreamingKV gpu(cfg, o);
+    gpu.reserve(2000);
+    std::mt19937 rng(5);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    // Chunks of 96 (two query tiles of 64... the executor's 128-row tile) and 40 (one 64-row tile), a last chunk of 7,
+    // then decode.
+    std::vector<std::pair<int32_t, StreamingKV::ChunkKind>> chunks;
+    for (int i = 0; i < 14; ++i) chunks.push_back({i % 3 == 2 ? 40 : 96, StreamingKV::ChunkKind::Prefill});
+    chunks.push_back({7, StreamingKV::ChunkKind::LastPrefill});
+    for (int i = 0; i < 3; ++i) chunks.push_back({1, StreamingKV::ChunkKind::Decode});
+    int32_t pos = 0, choices = 0;
+    double worst = 0;
+    attn::gpu::DeviceBuffer<bf16> dq, dk, dv, dout;
+    for (const auto& [n, kind] : chunks) {
+      cpu.begin_chunk(pos, n, kind);
+      gpu.begin_chunk(pos, n, kind);
+      for (int32_t l = 0; l < cfg.num_layers; ++l) {
+        std::vector<float> q(static_cast<size_t>(n * nq * d)), k(static_cast<size_t>(n * nkv * d)), v(k.size());
+        for (auto* t : {&q, &k, &v})
+          for (float& x : *t) x = round_bf16(g(rng));
+        auto to_bf = [](const std::vector<float>& x) {
+          std::vector<bf16> b(x.size());
+          for (size_t i = 0; i < x.size(); ++i) b[i] = f32_to_bf16(x[i]);
+          return b;
+        };
+        dq.upload(to_bf(q));
+        dk.upload(to_bf(k));
+        dv.upload(to_bf(v));
+        dout.resize(q.size());
+        std::vector<float> out_cpu(q.size());
+        std::vector<float> qc = q, kc = k, vc = v;
+        cpu.attend(l, pos, n, qc.data(), kc.data(), vc.data(), inv_freq, 0.0f, out_cpu.data(), pool);
+        gpu.attend(l, pos, n, dq.data(), dk.data(), dv.data(), inv_freq_dev.data(), inv_freq, 0.0f, dout.data(), s);
+        ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+        const std::vector<bf16> ob = dout.download(q.size());
+        std::vector<float> out_gpu(q.size());
+        for (size_t i = 0; i < ob.size(); ++i) out_gpu[i] = bf16_to_f32(ob[i]);
+        ASSERT_EQ(gpu.decisions().last_layout(l), cpu.last_layout(l)) << "layer " << l << " at " << pos;
+        ASSERT_EQ(gpu.decisions().retrieved(l), cpu.retrieved(l)) << "layer " << l << " at " << pos;
+        const double e = rel_l2(out_gpu, out_cpu);
+        worst = std::max(worst, e);
+        EXPECT_LT(e, 2e-2) << "layer " << l << " at " << pos << " (" << n << " queries)";
+        choices += cpu.evicted_blocks() > o.top_k && !cpu.retrieved(l).empty();
+      }
+      pos += n;
+    }
+    const GpuStreamStats& st = gpu.gpu_stats();
+    std::printf("[stream] %s: worst rel L2 %.3g; blocks evicted %lld per layer, to host %lld, to device %lld, cached "
+                "%lld; pinned %.1f MB\n",
+                stream_method_name(m), worst, static_cast<long long>(cpu.evicted_blocks()),
+                static_cast<long long>(st.blocks_to_host), static_cast<long long>(st.blocks_to_device),
+                static_cast<long long>(st.blocks_cached), static_cast<double>(st.pinned_bytes) / 1e6);
+    EXPECT_GT(cpu.evicted_blocks(), 3 * o.top_k);
+    EXPECT_EQ(st.blocks_to_host, static_cast<int64_t>(cpu.evicted_blocks()) * cfg.num_layers);
+    EXPECT_EQ(gpu.decisions().stats().host_bytes * 2, cpu.stats().host_bytes);  // bf16 against f32
+    if (m != StreamMethod::StreamingLLM) {
+      EXPECT_GT(choices, 20);
+      EXPECT_GT(st.blocks_to_device, 0);
+      EXPECT_GT(st.blocks_cached, 0);  // decode's persisted blocks at least
+    }
+  }
+  cudaStreamDestroy(s);
+}
+
+std::vector<int32_t> random_tokens(size_t n, int32_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
+  return t;
+}
+
+TEST(StreamGpu, EngineEqualsDenseWhileNothingIsEvictedAndRunsPastTheWindow) {
+  REQUIRE_GPU();
+  const ModelConfig cfg = small_config(2);
+  const auto model = DeviceModel::random(cfg, 3);
+  const std::vector<int32_t> tokens = random_tokens(700, cfg.vocab_size, 9);
+  GpuEngineOptions dense;
+  dense.chunk_size = 256;
+  GpuEngine ref(*model, dense);
+  std::vector<float> want = ref.prefill(std::span<const int32_t>(tokens.data(), 600));
+  std::vector<float> want_decode = ref.decode(tokens[600]);
+  for (StreamMethod m : {StreamMethod::Ltri, StreamMethod::InfLLM, StreamMethod::StreamingLLM}) {
+    SCOPED_TRACE(stream_method_name(m));
+    GpuEngineOptions so;
+    so.stream.method = m;
+    so.stream.sinks = 16;
+    so.stream.local = 1024;  // covers the prompt: nothing evicted
+    so.stream.block = 64;
+    so.stream.chunk = 128;
+    so.stream.top_k = 4;
+    GpuEngine engine(*model, so);
+    const std::vector<float> got = engine.prefill(std::span<const int32_t>(tokens.data(), 600));
+    const std::vector<float> got_decode = engine.decode(tokens[600]);
+    const double e = rel_l2(got, want), ed = rel_l2(got_decode, want_decode);
+    std::printf("[stream] engine %s vs dense, window covering the prompt: rel L2 prefill %.3g, decode %.3g\n",
+                stream_method_name(m), e, ed);
+    EXPECT_LT(e, 2e-2);
+    EXPECT_LT(ed, 2e-2);
+    EXPECT_EQ(std::max_element(got.begin(), got.end()) - got.begin(),
+              std::max_element(want.begin(), want.end()) - want.begin());
+    EXPECT_EQ(engine.streaming()->evicted_blocks(), 0);
+
+    // Past the window: evicts and retrieves; bounded workspace; the logits are finite.
+    GpuEngineOptions past = so;
+    past.stream.local = 128;
+    GpuEngine small(*model, past);
+    const std::vector<float> logits = small.prefill(tokens);
+    for (int i = 0; i < 4; ++i) (void)small.decode(tokens[static_cast<size_t>(i)]);
+    EXPECT_TRUE(std::all_of(logits.begin(), logits.end(), [](float x) { return std::isfinite(x); }));
+    const StreamStats st = small.streaming()->stats();
+    EXPECT_EQ(st.evicted_blocks, (704 - 16 - 128) / 64);
+    EXPECT_LE(st.workspace_tokens, past.stream.attended_tokens());
+    EXPECT_EQ(small.gpu_streaming()->gpu_stats().blocks_to_host, st.evicted_blocks * cfg.num_layers);
+  }
+}
+
+TEST(StreamGpu, RefusesWhatTheCpuRefuses) {
+  REQUIRE_GPU();
+  const ModelConfig cfg = small_config(2);
+  StreamOptions o;
+  o.method = StreamMethod::Ltri;
+  o.sinks = 16;
+  o.local = 128;
+  o.block = 32;
+  o.chunk = 64;
+  o.host_budget = 100000;
+  GpuStreamingKV kv(cfg, o);
+  try {
+    kv.check_sequence(10000);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    StreamingKV cpu(cfg, o, StreamingKV::Storage::Device);
+    try {
+      cpu.check_sequence(10000);
+    } catch (const Error& c) {
+      EXPECT_STREQ(e.what(), c.what());
+    }
+    EXPECT_NE(std::string(e.what()).find("over the budget of 100 kB for evicted KV blocks"), std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tessera::runtime::gpu
