@@ -189,7 +189,16 @@ Outcome generate_with(EngineT& engine, const Session& s, const RunOptions& o, co
 Outcome generate_once(const Session& s, const Device& d, const RunOptions& o, const std::string& spec,
                       const std::vector<int32_t>& prompt, bool stream, const std::vector<int32_t>& needle_tokens = {}) {
   const std::string method = stream_method_of(spec);
-  if (!method.empty()) {  // streaming memory (CPU)
+  if (!method.empty()) {  // streaming memory
+#ifdef TESSERA_WITH_GPU_ENGINE
+    if (d.gpu) {
+      runtime::gpu::GpuEngineOptions go;
+      go.stream = stream_options(o.stream, method, true);
+      go.cuda_attention = cuda_attention_options(o.cuda, true);
+      runtime::gpu::GpuEngine engine(*d.weights, go);
+      return generate_with(engine, s, o, spec, prompt, stream, needle_tokens);
+    }
+#endif
     runtime::EngineOptions eo;
     eo.max_context = o.max_context;
     eo.stream = stream_options(o.stream, method, d.gpu);
