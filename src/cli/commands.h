@@ -28,10 +28,8 @@ struct StreamFlags {
   std::string host_budget;      // host memory for evicted blocks ("4G"); empty: the host memory budget
   std::string retrieval_heads;  // a file of "layer head score" lines (Ltri's retrieval-head voting); empty: none
 };
-// The engine options of one --stream method. streamingllm gets the retrieved blocks' room as local window (equal
-// memory). Throws tessera::Error naming the flag for bad sizes, and on the GPU:
-//   "--stream runs on the CPU only for now: the GPU streaming path (span index on the device, evicted blocks in
-//    pinned host memory with prefetch) is not built yet; pass --device cpu"
+// The engine options of one --stream method (the same on the CPU and the GPU; `gpu` is unused). streamingllm gets
+// the retrieved blocks' room as local window (equal memory). Throws tessera::Error naming the flag for bad sizes.
 runtime::StreamOptions stream_options(const StreamFlags& flags, const std::string& method, bool gpu);
 // "stream:ltri" for a --stream method: the name its rows carry in bench and eval tables.
 std::string stream_label(const std::string& method);

@@ -1,7 +1,10 @@
 #include "runtime_cuda/stream_gpu_kv.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -27,6 +30,51 @@ constexpr int64_t kSlabBlocks = 256;
 int64_t evicted_at(const StreamOptions& o, int64_t tokens) {
   const int64_t over = tokens - o.sinks - o.local;
   return over >= o.block ? over / o.block : 0;
+}
+
+// Pinned slabs. TESSERA_STREAM_PIN=alloc: cudaHostAlloc. Default (register): anonymous memory with transparent huge
+// pages, first touched by several threads (the kernel zeroes pages far faster in parallel and in 2 MB pages), then
+// cudaHostRegister. Returns null when the memory cannot be had.
+bool pin_with_alloc() {
+  const char* v = std::getenv("TESSERA_STREAM_PIN");
+  return v != nullptr && std::string(v) == "alloc";
+}
+
+void* alloc_slab(size_t bytes) {
+  if (pin_with_alloc()) {
+    void* p = nullptr;
+    if (cudaHostAlloc(&p, bytes, cudaHostAllocDefault) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    return p;
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  (void)madvise(p, bytes, MADV_HUGEPAGE);
+  const size_t threads = 8, part = (bytes / threads + 4095) / 4096 * 4096;
+  std::vector<std::thread> touch;
+  for (size_t t = 0; t < threads; ++t) {
+    const size_t b = t * part, e = std::min(bytes, b + part);
+    if (b < e) touch.emplace_back([p, b, e] { std::memset(static_cast<char*>(p) + b, 0, e - b); });
+  }
+  for (std::thread& t : touch) t.join();
+  if (cudaHostRegister(p, bytes, cudaHostRegisterDefault) != cudaSuccess) {
+    (void)cudaGetLastError();
+    munmap(p, bytes);
+    return nullptr;
+  }
+  return p;
+}
+
+void free_slab(void* p, size_t bytes) {
+  if (p == nullptr) return;
+  if (pin_with_alloc()) {
+    cudaFreeHost(p);
+    return;
+  }
+  cudaHostUnregister(p);
+  munmap(p, bytes);
 }
 
 void d2d(void* dst, const void* src, size_t bytes, cudaStream_t s) {
@@ -60,8 +108,9 @@ GpuStreamingKV::~GpuStreamingKV() {
   if (ready_ != nullptr) cudaEventDestroy(ready_);
   if (blocks_in_ != nullptr) cudaEventDestroy(blocks_in_);
   if (copy_ != nullptr) cudaStreamDestroy(copy_);
-  for (bf16* p : slabs_) cudaFreeHost(p);
-  for (bf16* p : ready_slabs_) cudaFreeHost(p);
+  const size_t slab_bytes = static_cast<size_t>(kSlabBlocks * block_values_) * sizeof(bf16);
+  for (bf16* p : slabs_) free_slab(p, slab_bytes);
+  for (bf16* p : ready_slabs_) free_slab(p, slab_bytes);
   if (stage_ != nullptr) cudaFreeHost(stage_);
 }
 
@@ -129,13 +178,11 @@ void GpuStreamingKV::reserve(int64_t tokens) {
         if (stop_ || made_slabs_ >= want_slabs_) return;
       }
       const auto t0 = Clock::now();
-      void* p = nullptr;
-      const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
+      void* p = alloc_slab(bytes);
       std::lock_guard<std::mutex> g(mu_);
       stats_.pin_seconds += since(t0);
-      if (err != cudaSuccess) {
-        (void)cudaGetLastError();
-        reserve_error_ = cudaGetErrorString(err);
+      if (p == nullptr) {
+        reserve_error_ = "no pinned memory";
         want_slabs_ = made_slabs_;
         cv_.notify_all();
         return;
@@ -163,15 +210,12 @@ bf16* GpuStreamingKV::pinned_block() {
     const size_t bytes = static_cast<size_t>(kSlabBlocks * block_values_) * sizeof(bf16);
     if (slab == nullptr) {
       const auto t0 = Clock::now();
-      void* p = nullptr;
-      const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
+      void* p = alloc_slab(bytes);
       stats_.pin_seconds += since(t0);
-      if (err != cudaSuccess) {
-        (void)cudaGetLastError();
+      if (p == nullptr)
         throw Error("streaming: out of pinned host memory allocating " + format_bytes(static_cast<double>(bytes)) +
-                    " for evicted KV blocks (" + cudaGetErrorString(err) +
-                    "); lower --stream-host-budget or shorten the prompt");
-      }
+                    " for evicted KV blocks (" + std::to_string(slabs_.size()) + " slabs of it held); lower "
+                    "--stream-host-budget or shorten the prompt");
       slab = static_cast<bf16*>(p);
     }
     slabs_.push_back(slab);
@@ -238,7 +282,7 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
     kf_.resize(static_cast<size_t>(n * row_));
     for (size_t i = 0; i < qf_.size(); ++i) qf_[i] = bf16_to_f32(hq[i]);
     for (size_t i = 0; i < kf_.size(); ++i) kf_[i] = bf16_to_f32(hk[i]);
-    lay = host_.plan(layer, pos, n, qf_.data(), kf_.data(), inv_freq_host, scale);
+    lay = host_.plan(layer, pos, n, qf_.data(), kf_.data(), inv_freq_host, scale, &pool_);
   } else {
     lay = host_.plan(layer, pos, n, nullptr, nullptr, inv_freq_host, scale);
   }

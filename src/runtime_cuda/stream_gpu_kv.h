@@ -10,7 +10,8 @@
 //  - device memory per layer: the sinks' raw K/V, a ring of the recent tokens' raw K/V (capacity: local + block +
 //    chunk, rounded up to blocks, plus one block; a block never wraps), and a cache of top_k retrieved blocks;
 //    one workspace for the chunk being attended ([global | local | chunk], as the CPU's). Bounded whatever the length;
-//  - evicted blocks: pinned host memory (cudaHostAlloc, slabs of 256 blocks; bf16), copied out of the ring on a copy
+//  - evicted blocks: pinned host memory (slabs of 256 blocks, bf16: anonymous huge-page memory first touched by 8
+//    threads then cudaHostRegister'ed; TESSERA_STREAM_PIN=alloc: cudaHostAlloc), copied out of the ring on a copy
 //    stream (device-to-host, ordered by events before the ring rows are overwritten), within the host budget of the
 //    decisions' store (the CPU store's error messages); the slabs a prompt needs are allocated by a host thread ahead
 //    of the chunks that fill them (reserve());
@@ -36,6 +37,7 @@
 #include <vector>
 
 #include "attention/cuda/device_index.h"
+#include "core/thread_pool.h"
 #include "cuda/device_buffer.h"
 #include "runtime/stream/streaming_kv.h"
 #include "runtime_cuda/gpu_forward.h"
@@ -102,6 +104,7 @@ class GpuStreamingKV : public GpuKVPolicy {
   bf16* stage_ = nullptr;  // pinned: the chunk's q and k for the decisions
   size_t stage_values_ = 0;
   std::vector<float> qf_, kf_;
+  ThreadPool pool_;  // the decisions' attention map, heads in parallel
   std::map<std::tuple<int32_t, int32_t, int32_t, int32_t>, Indexes> index_cache_;
   cudaStream_t copy_ = nullptr;
   cudaEvent_t ready_ = nullptr, blocks_in_ = nullptr;

@@ -235,7 +235,7 @@ std::vector<int32_t> StreamingKV::retrieve(int32_t layer, const float* q_raw, in
 }
 
 void StreamingKV::prepare(int32_t layer, int32_t pos, int32_t n, const float* q, const float* k,
-                          std::span<const float> inv_freq, float scale) {
+                          std::span<const float> inv_freq, float scale, ThreadPool* pool) {
   check(pos == length_ && layer >= 0 && layer < cfg_.num_layers, "streaming: attend() out of order");
   Layer& L = layers_[static_cast<size_t>(layer)];
   const int32_t nq = cfg_.num_q_heads, nkv = cfg_.num_kv_heads, d = cfg_.head_dim;
@@ -267,16 +267,21 @@ void StreamingKV::prepare(int32_t layer, int32_t pos, int32_t n, const float* q,
   chunk_ratios_.clear();
   t0 = Clock::now();
   if (maps) {
-    map_.assign(static_cast<size_t>(n) * static_cast<size_t>(n), 0.0f);
-    std::vector<float> s(static_cast<size_t>(n) * static_cast<size_t>(n));
+    // Per head: the softmax rows into its own buffer (heads in parallel), then summed in head order (the same sums
+    // whatever the thread count).
+    const size_t nn = static_cast<size_t>(n) * static_cast<size_t>(n);
+    map_.assign(nn, 0.0f);
+    head_maps_.resize(static_cast<size_t>(nq) * nn);
     const float sc = scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(d));
-    for (int32_t h = 0; h < nq; ++h) {
+    auto head_map = [&](int64_t hh, int /*worker*/) {
+      const auto h = static_cast<int32_t>(hh);
       const int32_t g = shape_.kv_head(h);
+      float* sm = head_maps_.data() + static_cast<size_t>(h) * nn;
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, d, sc, q_local_.data() + static_cast<int64_t>(h) * d,
                   static_cast<int>(qrow), k_rot_.data() + static_cast<int64_t>(g) * d, static_cast<int>(row_), 0.0f,
-                  s.data(), n);
+                  sm, n);
       for (int32_t r = 0; r < n; ++r) {
-        float* sr = s.data() + static_cast<int64_t>(r) * n;
+        float* sr = sm + static_cast<int64_t>(r) * n;
         const float m = *std::max_element(sr, sr + r + 1);
         float z = 0;
         for (int32_t c = 0; c <= r; ++c) {
@@ -284,8 +289,23 @@ void StreamingKV::prepare(int32_t layer, int32_t pos, int32_t n, const float* q,
           z += sr[c];
         }
         const float inv = 1.0f / z;
+        for (int32_t c = 0; c <= r; ++c) sr[c] *= inv;
+      }
+    };
+    if (pool != nullptr && pool->size() > 1) {
+      const int threads = openblas_get_num_threads();
+      openblas_set_num_threads(1);  // one GEMM per head and thread
+      pool->parallel_for(nq, head_map);
+      openblas_set_num_threads(threads);
+    } else {
+      for (int32_t h = 0; h < nq; ++h) head_map(h, 0);
+    }
+    for (int32_t h = 0; h < nq; ++h) {
+      const float* sm = head_maps_.data() + static_cast<size_t>(h) * nn;
+      for (int32_t r = 0; r < n; ++r) {
         float* ar = map_.data() + static_cast<int64_t>(r) * n;
-        for (int32_t c = 0; c <= r; ++c) ar[c] += sr[c] * inv;
+        const float* sr = sm + static_cast<int64_t>(r) * n;
+        for (int32_t c = 0; c <= r; ++c) ar[c] += sr[c];
       }
     }
     if (opt_.method == StreamMethod::Ltri) {
@@ -340,9 +360,9 @@ void StreamingKV::finish(int32_t layer, int32_t pos, int32_t n, const float* k, 
 }
 
 stream::StreamLayout StreamingKV::plan(int32_t layer, int32_t pos, int32_t n, const float* q, const float* k,
-                                       std::span<const float> inv_freq, float scale) {
+                                       std::span<const float> inv_freq, float scale, ThreadPool* pool) {
   check(storage_ == Storage::Device, "streaming: plan() is for the GPU path (Storage::Device); the CPU calls attend()");
-  prepare(layer, pos, n, q, k, inv_freq, scale);
+  prepare(layer, pos, n, q, k, inv_freq, scale, pool);
   finish(layer, pos, n, k, nullptr);
   return layers_[static_cast<size_t>(layer)].layout;
 }
@@ -350,7 +370,7 @@ stream::StreamLayout StreamingKV::plan(int32_t layer, int32_t pos, int32_t n, co
 void StreamingKV::attend(int32_t layer, int32_t pos, int32_t n, float* q, float* k, float* v,
                          std::span<const float> inv_freq, float scale, float* out, ThreadPool& pool) {
   check(storage_ == Storage::Host, "streaming: attend() needs Storage::Host (the GPU path calls plan())");
-  prepare(layer, pos, n, q, k, inv_freq, scale);
+  prepare(layer, pos, n, q, k, inv_freq, scale, &pool);
   Layer& L = layers_[static_cast<size_t>(layer)];
   const int32_t nq = cfg_.num_q_heads, nkv = cfg_.num_kv_heads, d = cfg_.head_dim;
   const int64_t qrow = static_cast<int64_t>(nq) * d;

@@ -82,8 +82,9 @@ class StreamingKV : public KVPolicy {
   // [n, q_heads, d] and k [n, kv_heads, d], f32, before RoPE (read only; may be null when !needs_qk()). Returns the
   // layout; retrieved(layer) holds the blocks to put after the sinks (ascending), the blocks [evicted_before(),
   // evicted_blocks()) have left the local window of every layer this chunk.
+  // pool (optional): the chunk's attention map runs its heads in parallel.
   stream::StreamLayout plan(int32_t layer, int32_t pos, int32_t n, const float* q, const float* k,
-                            std::span<const float> inv_freq, float scale);
+                            std::span<const float> inv_freq, float scale, ThreadPool* pool = nullptr);
   // Whether plan() reads q and k (ltri and infllm map the chunk; streamingllm only counts).
   bool needs_qk() const { return opt_.method == StreamMethod::Ltri || opt_.method == StreamMethod::InfLLM; }
   int32_t evicted_before() const { return prev_evicted_; }
@@ -128,7 +129,7 @@ class StreamingKV : public KVPolicy {
   // attend() in three steps: prepare (evictions, rotations, map, spans, retrieval, the layout: steps 1-3), the
   // workspace and the executor (Host only), finish (the chunk appended to the sinks / local window).
   void prepare(int32_t layer, int32_t pos, int32_t n, const float* q, const float* k, std::span<const float> inv_freq,
-               float scale);
+               float scale, ThreadPool* pool);
   void finish(int32_t layer, int32_t pos, int32_t n, const float* k, const float* v);
   bool keeps_recent_k() const { return storage_ == Storage::Host || needs_qk(); }
 
@@ -148,7 +149,7 @@ class StreamingKV : public KVPolicy {
   int64_t max_workspace_ = 0;
   double retrieval_seconds_ = 0;
   // Scratch.
-  std::vector<float> ws_k_, ws_v_, q_local_, q_global_, k_rot_, cos_, sin_, map_, lse_;
+  std::vector<float> ws_k_, ws_v_, q_local_, q_global_, k_rot_, cos_, sin_, map_, lse_, head_maps_;
   std::vector<stream::Span> chunk_spans_;  // prepare() -> finish(): the chunk's spans and area ratios
   std::vector<double> chunk_ratios_;
   int32_t local_begin_ = 0, span_len_ = 0;
