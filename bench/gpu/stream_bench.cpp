@@ -12,7 +12,12 @@
 //   stream_bench [--seq 131072,262144,524288,1048576] [--methods streamingllm,infllm,ltri] [--dense 131072]
 //                [--sinks 128 --local 4096 --block 128 --top-k 32 --chunk 512 --last-chunk 64] [--decode 16]
 //                [--layers N] [--seed 1] [--csv FILE] [--max-seconds S] [--method-max-seq ltri=32768,...]
-//                [--host-budget BYTES]   (default: the host memory budget, core/memory_budget.h)
+//                [--host-budget BYTES]   (default: the host memory budget, core/memory_budget.h) [--prepin]
+//
+// --prepin: before each streaming row's prefill, allocate (and wait for) the pinned slabs the row needs, timed on
+// its own ("pin s"), as a server allocates its offload pool at start; without it the slabs are allocated by a host
+// thread during the prefill (inside TTFT). Streaming engines are reused across lengths (ascending), so a row pins
+// only what the previous rows did not.
 //
 // --method-max-seq skips a method's rows past a length (ltri / infllm decide on the host: minutes at 128K+).
 // --max-seconds skips the rows that would start after that budget. Rows are printed and appended to the CSV as they
@@ -53,6 +58,7 @@ struct Options {
   std::string csv;
   double max_seconds = 0;
   std::map<std::string, int> method_max;
+  bool prepin = false;
 };
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -97,6 +103,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--layers") o.layers = std::stoi(value(i));
     else if (a == "--seed") o.seed = std::stoull(value(i));
     else if (a == "--csv") o.csv = value(i);
+    else if (a == "--prepin") o.prepin = true;
     else if (a == "--max-seconds") o.max_seconds = std::stod(value(i));
     else if (a == "--method-max-seq") {
       for (const std::string& kv : split(value(i), ',')) {
@@ -127,7 +134,7 @@ struct Row {
   int seq = 0;
   std::string method;
   double ttft = 0, gemm = 0, attention = 0, decision = 0, decode_tok_s = 0, peak_gb = 0, workspace_gb = 0;
-  double pinned_gb = 0, index_gb = 0, rss_gb = 0, pin_s = 0;
+  double pinned_gb = 0, index_gb = 0, rss_gb = 0, pin_s = 0, prepin_s = 0;
   int64_t evicted = 0, to_host = 0, to_device = 0, cached = 0;
   std::string error;
 };
@@ -160,33 +167,34 @@ int main(int argc, char** argv) {
     FILE* csv = o.csv.empty() ? nullptr : std::fopen(o.csv.c_str(), "w");
     if (csv != nullptr) {
       std::fprintf(csv, "seq,method,ttft_s,prefill_tok_s,gemm_s,attention_s,decision_s,decode_tok_s,peak_gpu_gb,"
-                        "stream_device_gb,pinned_host_gb,index_gb,peak_rss_gb,pin_s,evicted_blocks_per_layer,"
+                        "stream_device_gb,pinned_host_gb,index_gb,peak_rss_gb,pin_s,prepin_s,evicted_blocks_per_layer,"
                         "blocks_to_host,blocks_to_device,blocks_cached,error\n");
       std::fflush(csv);
     }
     const auto start = Clock::now();
     std::vector<Row> rows;
     auto print_row = [&](const Row& r) {
-      std::printf("| %d | %s | %.2f | %.0f | %.2f | %.2f | %.2f | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f | %lld | "
+      std::printf("| %d | %s | %.2f | %.0f | %.2f | %.2f | %.2f | %.1f | %.2f | %.2f | %.2f | %.1f | %.2f | %.2f | %lld | "
                   "%lld / %lld / %lld | %s\n",
                   r.seq, r.method.c_str(), r.ttft, r.ttft > 0 ? r.seq / r.ttft : 0.0, r.gemm, r.attention, r.decision,
-                  r.decode_tok_s, r.peak_gb, r.workspace_gb, r.pinned_gb, r.index_gb, r.rss_gb,
+                  r.decode_tok_s, r.peak_gb, r.workspace_gb, r.pinned_gb, r.prepin_s, r.index_gb, r.rss_gb,
                   static_cast<long long>(r.evicted), static_cast<long long>(r.to_host),
                   static_cast<long long>(r.to_device), static_cast<long long>(r.cached), r.error.c_str());
       std::fflush(stdout);
       if (csv != nullptr) {
-        std::fprintf(csv, "%d,%s,%.3f,%.1f,%.3f,%.3f,%.3f,%.2f,%.3f,%.3f,%.3f,%.4f,%.3f,%.2f,%lld,%lld,%lld,%lld,%s\n",
+        std::fprintf(csv, "%d,%s,%.3f,%.1f,%.3f,%.3f,%.3f,%.2f,%.3f,%.3f,%.3f,%.4f,%.3f,%.2f,%.2f,%lld,%lld,%lld,%lld,%s\n",
                      r.seq, r.method.c_str(), r.ttft, r.ttft > 0 ? r.seq / r.ttft : 0.0, r.gemm, r.attention,
                      r.decision, r.decode_tok_s, r.peak_gb, r.workspace_gb, r.pinned_gb, r.index_gb, r.rss_gb, r.pin_s,
+                     r.prepin_s,
                      static_cast<long long>(r.evicted), static_cast<long long>(r.to_host),
                      static_cast<long long>(r.to_device), static_cast<long long>(r.cached), r.error.c_str());
         std::fflush(csv);
       }
     };
     std::printf("\n| tokens | method | TTFT s | prefill tok/s | GEMM s | attention s | host decisions s | decode tok/s | "
-                "peak GPU GB | stream GPU GB | pinned host GB | index GB | peak RSS GB | evicted blocks/layer | "
-                "blocks to host / to GPU / cached |\n");
-    std::printf("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+                "peak GPU GB | stream GPU GB | pinned host GB | pin s (before) | index GB | peak RSS GB | "
+                "evicted blocks/layer | blocks to host / to GPU / cached |\n");
+    std::printf("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
     std::fflush(stdout);
     // A warm-up (cuBLAS handles, the executor's self-check) outside every row.
     {
@@ -197,6 +205,7 @@ int main(int argc, char** argv) {
       GpuEngine warm(*dev, w);
       warm.prefill(std::span<const int32_t>(tokens.data(), 2048));
     }
+    std::map<std::string, std::unique_ptr<GpuEngine>> engines;
     for (int seq : o.seqs) {
       std::vector<std::string> specs;
       if (std::find(o.dense.begin(), o.dense.end(), seq) != o.dense.end()) specs.push_back("dense");
@@ -224,7 +233,25 @@ int main(int argc, char** argv) {
           // Dense: within the model's context, the decode steps included (the row says how many tokens it ran).
           const int run = spec == "dense" ? std::min(seq, cfg.context_length - o.decode) : seq;
           r.seq = run;
-          GpuEngine engine(*dev, go);
+          // One engine per streaming method, reused across lengths (its pinned slabs too: reset() keeps them).
+          std::unique_ptr<GpuEngine> own;
+          GpuEngine* ep = nullptr;
+          if (spec == "dense") {
+            own = std::make_unique<GpuEngine>(*dev, go);
+            ep = own.get();
+          } else {
+            auto& slot = engines[spec];
+            if (!slot) slot = std::make_unique<GpuEngine>(*dev, go);
+            ep = slot.get();
+            ep->reset();
+            ep->reset_stats();
+          }
+          GpuEngine& engine = *ep;
+          if (spec != "dense" && o.prepin) {  // the pinned pool for this length first, timed on its own
+            const auto p0 = Clock::now();
+            engine.reserve_stream(run + o.decode, true);
+            r.prepin_s = std::chrono::duration<double>(Clock::now() - p0).count();
+          }
           engine.reset_peak_memory();
           engine.prefill(std::span<const int32_t>(tokens.data(), static_cast<size_t>(run)));
           const auto& st = engine.stats();

@@ -10,7 +10,9 @@
 # Writes $OUT/stream/{stream_1m.csv,stream_1m.log,gpu.txt,host_mem.txt} and prints the table last. Env: SEQS
 # (default 32768,131072,262144,524288,1048576), METHODS (streamingllm,infllm,ltri), LTRI_MAX (ltri / infllm rows up
 # to this length: their decisions run on the host, 32768), DENSE (dense rows, 32768,131072), DECODE (16), CHUNK (512),
-# HOST_BUDGET (bytes, 200e9), TIME_S (330: the bench's own limit; rows that would start after ~300 s are skipped).
+# HOST_BUDGET (bytes, 200e9), TIME_S (330: the bench's own limit; rows that would start after ~300 s are skipped),
+# PREPIN (1: each streaming row allocates its pinned pool before the timed prefill, reported as "pin s"; 0: inside TTFT),
+# EXTRA (more stream_bench arguments).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD_DIR=${BUILD_DIR:-$ROOT/build/cuda}
@@ -33,7 +35,8 @@ SAMPLER=$!
 timeout -k 10 "$TIME_S" "$BIN" --seq "${SEQS:-32768,131072,262144,524288,1048576}" \
   --methods "${METHODS:-streamingllm,infllm,ltri}" --method-max-seq "ltri=${LTRI_MAX:-32768},infllm=${LTRI_MAX:-32768}" \
   --dense "${DENSE:-32768,131072}" --decode "${DECODE:-16}" --chunk "${CHUNK:-512}" --host-budget "${HOST_BUDGET:-200e9}" \
-  --max-seconds $((TIME_S - 40)) --csv "$OUTDIR/stream_1m.csv" > "$OUTDIR/stream_1m.log" 2>&1
+  --max-seconds $((TIME_S - 40)) --csv "$OUTDIR/stream_1m.csv" $([ "${PREPIN:-1}" = 1 ] && echo --prepin) ${EXTRA:-} \
+  > "$OUTDIR/stream_1m.log" 2>&1
 rc=$?
 kill "$SAMPLER" 2> /dev/null
 echo "stream_1m: stream_bench exit $rc (124: cut at ${TIME_S} s; the rows before are kept)"

@@ -103,6 +103,13 @@ GpuMemoryStats GpuEngine::memory() const {
 
 size_t GpuEngine::kv_cache_bytes() const { return streaming_ ? streaming_->device_bytes() : cache_.bytes(); }
 
+void GpuEngine::reserve_stream(int64_t tokens, bool wait) {
+  if (!streaming_) return;
+  streaming_->check_sequence(tokens);
+  streaming_->reserve(tokens);
+  if (wait) streaming_->wait_reserved();
+}
+
 void GpuEngine::reset() {
   position_ = 0;
   if (streaming_) {

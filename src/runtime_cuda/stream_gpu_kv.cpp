@@ -194,6 +194,11 @@ void GpuStreamingKV::reserve(int64_t tokens) {
   });
 }
 
+void GpuStreamingKV::wait_reserved() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return made_slabs_ >= want_slabs_ || stop_; });
+}
+
 bf16* GpuStreamingKV::pinned_block() {
   if (slabs_.empty() || slab_used_ == kSlabBlocks) {
     bf16* slab = nullptr;

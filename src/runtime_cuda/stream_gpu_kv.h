@@ -65,6 +65,7 @@ class GpuStreamingKV : public GpuKVPolicy {
   void check_sequence(int64_t tokens) const { host_.check_sequence(tokens); }
   // Starts allocating the pinned slabs a sequence of `tokens` tokens needs, on a host thread.
   void reserve(int64_t tokens);
+  void wait_reserved();  // until the reserve thread has made what was asked (or failed)
   void begin_chunk(int32_t pos, int32_t n, StreamingKV::ChunkKind kind) { host_.begin_chunk(pos, n, kind); }
   void attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16* k, bf16* v, const float* inv_freq,
               std::span<const float> inv_freq_host, float scale, bf16* out, cudaStream_t stream) override;
