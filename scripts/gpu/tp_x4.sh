@@ -164,11 +164,13 @@ EOF
     python3 - "$WORK" "$LOGS" << 'EOF' | tee "$OUTD/model.txt" | tee -a "$SUMMARY"
 import sys, os, re, numpy as np
 work, logs = sys.argv[1], sys.argv[2]
-def answer(log):  # the expected code (room 137: 137 * 7919 % 100000) in the run's output
-    try: text = open(os.path.join(logs, log)).read()
+def answer(log):  # the generated answer: "answer: ..." (one GPU) or the line before "[..., N GPUs] prefill"
+    try: lines = [l for l in open(os.path.join(logs, log)).read().splitlines() if "NCCL" not in l]
     except OSError: return "no log"
-    text = "\n".join(l for l in text.splitlines() if "NCCL" not in l)
-    return "84903 found" if "84903" in text else "84903 NOT found"
+    for i, l in enumerate(lines):
+        if l.startswith("answer: "): return l[len("answer: "):]
+        if re.match(r"\[.*GPUs?\] prefill", l) and i > 0: return lines[i - 1]
+    return "no answer"
 print("| policy | run | vs one GPU: rel L2 of the logits | max abs | same argmax | top-5 overlap | answer |")
 print("|---|---|---:|---:|---|---:|---|")
 for tag in ["dense", "ashape"]:
