@@ -27,7 +27,7 @@ namespace {
 
 const std::string kFixtures = std::string(TESSERA_SOURCE_DIR) + "/tests/data/hf_tiny/";
 
-const runtime::Model& model(const std::string& name) {
+const runtime::Model& model(const char* name) {
   static std::map<std::string, std::unique_ptr<runtime::Model>> cache;
   auto& m = cache[name];
   if (!m) m = runtime::Model::load(kFixtures + name);
