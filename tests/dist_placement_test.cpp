@@ -181,3 +181,45 @@ TEST(Placement, ErrorsForBadInput) {
             "bad.json: layer 1 head 3 is on GPU 5, outside [0, 2)");
   fs::remove_all(dir);
 }
+
+// `tessera plan --gpus N` saves a placement in the plan; `tessera run --gpus N --attn plan.json` finds it there.
+TEST(Placement, SavedInAPlanAndFoundByRun) {
+  const attn::AttentionPolicy policy = llama3_262k();
+  const Placement p = plan_placement(policy, 131072, 4096, 128, 4, PlacementMethod::kGenetic);
+  EXPECT_EQ(p.length, 131072);
+  EXPECT_EQ(p.cost_source, "flops");
+  EXPECT_EQ(p.method, "genetic");
+  validate(p, 32, 32, 8, "plan");
+  // The same as placing by hand on the same cost model.
+  const Placement by_hand = place(flop_costs(policy, 131072, 4096, 128), 4, PlacementMethod::kGenetic);
+  EXPECT_EQ(p.gpu_of_head, by_hand.gpu_of_head);
+
+  const fs::path dir = fs::temp_directory_path() / ("tessera_plan_placement_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const fs::path plan = dir / "plan.json";
+  nlohmann::json doc = attn::save_policy_json(policy);
+  doc["placement"] = placement_to_json(p);
+  std::ofstream(plan) << doc.dump();
+  // The policy loader reads the plan as before (the placement is beside the policy)...
+  EXPECT_EQ(attn::load_policy_file(plan, attn::PolicyShape{32, 32, 8}).table(), policy.table());
+  // ... and run finds the placement for the same GPU count.
+  std::string note;
+  const std::optional<Placement> found = placement_in_policy_file(plan, 4, 32, 32, 8, &note);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->gpu_of_head, p.gpu_of_head);
+  EXPECT_EQ(note, "");
+  // Another GPU count: none, and the note says why.
+  EXPECT_FALSE(placement_in_policy_file(plan, 2, 32, 32, 8, &note).has_value());
+  EXPECT_EQ(note, plan.string() + " holds a placement for 4 GPUs, this run has 2: placing the heads anew");
+  // Another model's shape: the error load_placement gives.
+  EXPECT_EQ(error_of([&] { placement_in_policy_file(plan, 4, 30, 32, 8, nullptr); }),
+            plan.string() + ": the placement has 32 layers, the model 30");
+  // A preset name or a policy without a placement: none, no note.
+  note.clear();
+  EXPECT_FALSE(placement_in_policy_file("vs", 4, 32, 32, 8, &note).has_value());
+  EXPECT_FALSE(placement_in_policy_file(kMinference, 4, 32, 32, 8, &note).has_value());
+  EXPECT_EQ(note, "");
+  EXPECT_EQ(error_of([&] { plan_placement(policy, 0, 4096, 128, 4, PlacementMethod::kGreedy); }),
+            "placement: the prompt length must be positive, got 0");
+  fs::remove_all(dir);
+}

@@ -144,6 +144,9 @@ struct PlanOptions {
   std::string out;                       // the plan (tessera policy JSON)
   std::string svg;                       // the picture; empty: beside out
   std::string device = "cpu";            // moa / trianglemix: where the reverse-mode passes run (cpu, cuda, auto)
+  int gpus = 0;                          // > 0: also place the heads over this many GPUs (saved as "placement")
+  std::string placement = "genetic";     // ... by this method (uniform, greedy, genetic)
+  int placement_length = 0;              // ... for prompts of this length (0: the longest --report-lengths)
   std::string command_line;
 };
 

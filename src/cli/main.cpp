@@ -203,6 +203,13 @@ int main(int argc, char** argv) {
   pl->add_option("--svg", plan.svg, "The picture (default: beside the plan, .svg)");
   pl->add_option("--device", plan.device, "moa, trianglemix: where the gradient passes run: cpu, cuda or auto")
       ->capture_default_str();
+  pl->add_option("--gpus", plan.gpus, "Also place the plan's heads over this many tensor-parallel GPUs (FlexAttn; saved "
+                                      "in the plan, which `run --gpus N --attn plan.json` then uses)")
+      ->check(CLI::Range(1, 1024));
+  pl->add_option("--placement", plan.placement, "With --gpus: uniform, greedy or genetic")
+      ->check(CLI::IsMember({"uniform", "greedy", "genetic"}))->capture_default_str();
+  pl->add_option("--placement-length", plan.placement_length,
+                 "With --gpus: the prompt length the placement is for (default: the longest --report-lengths)");
 
   ServeOptions serve;
   auto* sv = app.add_subcommand("serve", "OpenAI-compatible HTTP server (docs/server.md)");

@@ -15,6 +15,7 @@
 #include "cli/session.h"
 #include "core/error.h"
 #include "core/memory_budget.h"
+#include "dist/placement.h"
 #include "eval/haystack.h"
 #include "eval/metrics.h"
 #include "plan/calibration.h"
@@ -130,6 +131,7 @@ int plan_command(const PlanOptions& o) {
   const double t0 = now_seconds();
   Session s = Session::open(o.model);
   const runtime::ModelConfig& cfg = s.model->config();
+  if (o.gpus > 0) dist::check_gpu_count(o.gpus, cfg.num_q_heads);  // before the long part
   if (o.method != "minference") plan::check_backward_supported(cfg);
   ThreadPool& pool = ThreadPool::global();
   log("plan: loaded %s (%.1f s)\n", cfg.summary(), t0);
@@ -277,6 +279,20 @@ int plan_command(const PlanOptions& o) {
   // The plan, its picture and the report.
   nlohmann::json pj = attn::save_policy_json(policy);
   pj["comment"] = "tessera plan --method " + o.method + " for " + cfg.name + ": " + o.command_line;
+  if (o.gpus > 0) {
+    // FlexAttn's placement of this plan's heads over tensor-parallel GPUs (docs/multi-gpu.md), on the FLOP costs.
+    const int64_t len = o.placement_length > 0 ? o.placement_length
+                        : o.report_lengths.empty() ? longest
+                                                   : *std::max_element(o.report_lengths.begin(), o.report_lengths.end());
+    const dist::Placement p = dist::plan_placement(policy, len, cfg.hidden_size, cfg.head_dim, o.gpus,
+                                                   dist::parse_placement_method(o.placement));
+    const dist::PlacementSummary ps = dist::summarize(dist::flop_costs(policy, len, cfg.hidden_size, cfg.head_dim), p);
+    pj["placement"] = dist::placement_to_json(p);
+    extra_lines.push_back("placement: " + o.placement + " over " + std::to_string(o.gpus) + " GPUs for " +
+                          with_commas(len) + "-token prompts (FLOP costs): predicted per-layer imbalance mean " +
+                          std::to_string(ps.mean_imbalance).substr(0, 5) + ", max " +
+                          std::to_string(ps.max_imbalance).substr(0, 5) + " (saved in the plan as \"placement\")");
+  }
   write_text(o.out, attn::format_policy_json(pj));
   const int32_t pic_len = o.report_lengths.empty() ? longest : o.report_lengths.back();
   const fs::path svg = o.svg.empty() ? beside(o.out, ".svg") : fs::path(o.svg);

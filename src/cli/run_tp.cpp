@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 
 #include "cli/commands.h"
 #include "cli/session.h"
@@ -53,8 +54,16 @@ int run_tp_command(const RunOptions& o) {
   const int32_t world = dist::world_for_gpus(o.gpus);
   const attn::AttentionPolicy policy = s.policy(o.attn);
   dist::Placement placement;
+  std::string note;
+  const std::optional<dist::Placement> in_plan =
+      o.placement.empty()
+          ? dist::placement_in_policy_file(o.attn, world, c.num_layers, c.num_q_heads, c.num_kv_heads, &note)
+          : std::nullopt;
+  if (!note.empty()) std::printf("%s\n", note.c_str());
   if (!o.placement.empty()) {
     placement = dist::load_placement(o.placement, world, c.num_layers, c.num_q_heads, c.num_kv_heads);
+  } else if (in_plan) {
+    placement = *in_plan;  // saved by `tessera plan --gpus N`
   } else {
     const attn::AttentionPolicy costs_policy =
         policy.table().empty() ? attn::AttentionPolicy::uniform(c.num_layers, c.num_q_heads, c.num_kv_heads,

@@ -530,4 +530,32 @@ Placement load_placement(const std::filesystem::path& path, int32_t num_gpus, in
   return p;
 }
 
+Placement plan_placement(const attn::AttentionPolicy& policy, int64_t length, int64_t hidden, int64_t head_dim,
+                         int32_t num_gpus, PlacementMethod method) {
+  check(length > 0, "placement: the prompt length must be positive, got " + std::to_string(length));
+  Placement p = place(flop_costs(policy, length, hidden, head_dim), num_gpus, method);
+  p.length = length;
+  return p;
+}
+
+std::optional<Placement> placement_in_policy_file(const std::filesystem::path& path, int32_t num_gpus,
+                                                  int32_t num_layers, int32_t num_q_heads, int32_t num_kv_heads,
+                                                  std::string* note) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return std::nullopt;  // a preset name, not a file
+  std::ifstream f(path);
+  if (!f) return std::nullopt;
+  const json j = json::parse(f, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("placement")) return std::nullopt;
+  Placement p = placement_from_json(j, path.string());
+  if (p.num_gpus != num_gpus) {
+    if (note)
+      *note = path.string() + " holds a placement for " + std::to_string(p.num_gpus) + " GPUs, this run has " +
+              std::to_string(num_gpus) + ": placing the heads anew";
+    return std::nullopt;
+  }
+  validate(p, num_layers, num_q_heads, num_kv_heads, path.string());
+  return p;
+}
+
 }  // namespace tessera::dist

@@ -170,4 +170,19 @@ void save_placement(const Placement& placement, const std::filesystem::path& pat
 Placement load_placement(const std::filesystem::path& path, int32_t num_gpus, int32_t num_layers,
                          int32_t num_q_heads, int32_t num_kv_heads);
 
+// `tessera plan --gpus N`: the placement of `policy`'s heads over `num_gpus` GPUs for a `length`-token prompt by
+// `method`, on the FLOP cost model (a plan is made without the target GPUs at hand; tp_bench --costs profile
+// measures a profile on them), with `length` recorded; saved in the plan document under "placement".
+Placement plan_placement(const attn::AttentionPolicy& policy, int64_t length, int64_t hidden, int64_t head_dim,
+                         int32_t num_gpus, PlacementMethod method);
+
+// The placement a policy file carries (a plan document with "placement", written by `tessera plan --gpus N`),
+// for `tessera run --gpus N --attn plan.json` without --placement: the placement when the file has one made for
+// `num_gpus` GPUs (checked against the model's shape: a wrong one throws as load_placement does); std::nullopt
+// when the path is no JSON file with "placement", or when its placement is for another GPU count — then `note`
+// says so ("plan.json holds a placement for 4 GPUs, this run has 2: placing the heads anew").
+std::optional<Placement> placement_in_policy_file(const std::filesystem::path& path, int32_t num_gpus,
+                                                  int32_t num_layers, int32_t num_q_heads, int32_t num_kv_heads,
+                                                  std::string* note);
+
 }  // namespace tessera::dist
