@@ -134,21 +134,23 @@ stream::HeadWeights StreamingKV::head_weights(int32_t layer) const {
   return w;
 }
 
-void StreamingKV::evict(int32_t layer, int32_t b) {
+void StreamingKV::evict(int32_t layer, int32_t b, int32_t first) {
   Layer& L = layers_[static_cast<size_t>(layer)];
   const int32_t B = opt_.block, s0 = opt_.sinks + b * B;
   const auto rows = static_cast<size_t>(B * row_);
-  check(L.recent_count >= B, "streaming: block " + std::to_string(b) + " is not in the local window");
+  const int64_t at_row = static_cast<int64_t>(first) * row_;
+  check(L.recent_count >= first + B, "streaming: block " + std::to_string(b) + " is not in the local window");
   if (storage_ == Storage::Host)
-    store_.add(layer, std::span<const float>(L.recent_k.data(), rows), std::span<const float>(L.recent_v.data(), rows));
+    store_.add(layer, std::span<const float>(L.recent_k.data() + at_row, rows),
+               std::span<const float>(L.recent_v.data() + at_row, rows));
   else
     store_.account(layer);  // the rows go to the GPU path's pinned store
-  const std::span<const float> votes(L.votes.data(), static_cast<size_t>(B));
+  const std::span<const float> votes(L.votes.data() + first, static_cast<size_t>(B));
   auto keys_of = [&](const std::vector<int32_t>& tokens) {
     std::vector<float> keys;
     keys.reserve(tokens.size() * static_cast<size_t>(row_));
     for (int32_t t : tokens)
-      keys.insert(keys.end(), L.recent_k.begin() + t * row_, L.recent_k.begin() + (t + 1) * row_);
+      keys.insert(keys.end(), L.recent_k.begin() + at_row + t * row_, L.recent_k.begin() + at_row + (t + 1) * row_);
     return keys;
   };
   if (opt_.method == StreamMethod::Ltri) {
@@ -172,11 +174,15 @@ void StreamingKV::evict(int32_t layer, int32_t b) {
     const std::vector<int32_t> tokens = stream::top_voted(votes, 0, B, std::min(opt_.repr_keys, B));
     L.repr_index.add(keys_of(tokens), static_cast<int32_t>(tokens.size()));
   }
-  if (keeps_recent_k()) L.recent_k.erase(L.recent_k.begin(), L.recent_k.begin() + static_cast<std::ptrdiff_t>(rows));
-  if (storage_ == Storage::Host)
-    L.recent_v.erase(L.recent_v.begin(), L.recent_v.begin() + static_cast<std::ptrdiff_t>(rows));
-  L.votes.erase(L.votes.begin(), L.votes.begin() + B);
-  L.recent_count -= B;
+}
+
+void StreamingKV::drop_front(int32_t layer, int32_t tokens) {
+  Layer& L = layers_[static_cast<size_t>(layer)];
+  const auto rows = static_cast<std::ptrdiff_t>(static_cast<int64_t>(tokens) * row_);
+  if (keeps_recent_k()) L.recent_k.erase(L.recent_k.begin(), L.recent_k.begin() + rows);
+  if (storage_ == Storage::Host) L.recent_v.erase(L.recent_v.begin(), L.recent_v.begin() + rows);
+  L.votes.erase(L.votes.begin(), L.votes.begin() + tokens);
+  L.recent_count -= tokens;
 }
 
 std::vector<int32_t> StreamingKV::retrieve(int32_t layer, const float* q_raw, int32_t n, std::span<const float> map,
@@ -241,7 +247,9 @@ void StreamingKV::prepare(int32_t layer, int32_t pos, int32_t n, const float* q,
   const int32_t nq = cfg_.num_q_heads, nkv = cfg_.num_kv_heads, d = cfg_.head_dim;
   const int64_t qrow = static_cast<int64_t>(nq) * d;
   auto t0 = Clock::now();
-  for (int32_t b = prev_evicted_; b < evicted_; ++b) evict(layer, b);
+  // Every block leaving the window is indexed and stored first, then the recent rows shift once (one move per chunk).
+  for (int32_t b = prev_evicted_; b < evicted_; ++b) evict(layer, b, (b - prev_evicted_) * opt_.block);
+  if (evicted_ > prev_evicted_) drop_front(layer, (evicted_ - prev_evicted_) * opt_.block);
   retrieval_seconds_ += since(t0);
 
   const bool maps = needs_qk();
@@ -250,16 +258,19 @@ void StreamingKV::prepare(int32_t layer, int32_t pos, int32_t n, const float* q,
   const int64_t half = d / 2;
   if (storage_ == Storage::Host || maps) {
     check(q != nullptr && k != nullptr, "streaming: this chunk needs its queries and keys");
-    // RoPE tables over the local part and the chunk: positions [local_begin, pos + n), and the global queries' one.
-    cos_.resize(static_cast<size_t>((span_len_ + 1) * half));
+    // RoPE tables over the local part and the chunk: positions [local_begin, pos + n), and the global queries' one
+    // (Storage::Device: the chunk's positions only; the device rotates the window and the global queries).
+    const int32_t table_begin = storage_ == Storage::Host ? local_begin_ : pos;
+    const int32_t table_rows = pos + n - table_begin;
+    cos_.resize(static_cast<size_t>((table_rows + 1) * half));
     sin_.resize(cos_.size());
-    rope_tables(inv_freq, local_begin_, span_len_, cos_.data(), sin_.data());
-    rope_tables(inv_freq, opt_.local, 1, cos_.data() + span_len_ * half, sin_.data() + span_len_ * half);
+    rope_tables(inv_freq, table_begin, table_rows, cos_.data(), sin_.data());
+    rope_tables(inv_freq, opt_.local, 1, cos_.data() + table_rows * half, sin_.data() + table_rows * half);
     // Queries at their true positions (local); the chunk's keys likewise.
     q_local_.assign(q, q + n * qrow);
-    rotate(q_local_.data(), n, nq, d, cos_.data(), sin_.data(), pos - local_begin_);
+    rotate(q_local_.data(), n, nq, d, cos_.data(), sin_.data(), pos - table_begin);
     k_rot_.assign(k, k + n * row_);
-    rotate(k_rot_.data(), n, nkv, d, cos_.data(), sin_.data(), pos - local_begin_);
+    rotate(k_rot_.data(), n, nkv, d, cos_.data(), sin_.data(), pos - table_begin);
   }
 
   // The chunk's attention map within itself (ltri, infllm): summed over heads, softmax over the chunk's causal keys.
@@ -277,9 +288,15 @@ void StreamingKV::prepare(int32_t layer, int32_t pos, int32_t n, const float* q,
       const auto h = static_cast<int32_t>(hh);
       const int32_t g = shape_.kv_head(h);
       float* sm = head_maps_.data() + static_cast<size_t>(h) * nn;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, d, sc, q_local_.data() + static_cast<int64_t>(h) * d,
-                  static_cast<int>(qrow), k_rot_.data() + static_cast<int64_t>(g) * d, static_cast<int>(row_), 0.0f,
-                  sm, n);
+      // Causal rows only: rows [r0, r1) against keys [0, r1) (the rest of those rows is never read).
+      constexpr int32_t kRows = 64;
+      for (int32_t r0 = 0; r0 < n; r0 += kRows) {
+        const int32_t r1 = std::min(n, r0 + kRows);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, d, sc,
+                    q_local_.data() + static_cast<int64_t>(r0) * qrow + static_cast<int64_t>(h) * d,
+                    static_cast<int>(qrow), k_rot_.data() + static_cast<int64_t>(g) * d, static_cast<int>(row_), 0.0f,
+                    sm + static_cast<int64_t>(r0) * n, n);
+      }
       for (int32_t r = 0; r < n; ++r) {
         float* sr = sm + static_cast<int64_t>(r) * n;
         const float m = *std::max_element(sr, sr + r + 1);

@@ -122,7 +122,9 @@ class StreamingKV : public KVPolicy {
   };
 
   int32_t recent_begin() const { return evicted_ > 0 ? opt_.sinks + evicted_ * opt_.block : std::min(length_, opt_.sinks); }
-  void evict(int32_t layer, int32_t block);
+  // Indexes and stores block `block`, whose rows start `first` tokens into the recent ones (nothing is removed).
+  void evict(int32_t layer, int32_t block, int32_t first);
+  void drop_front(int32_t layer, int32_t tokens);  // removes the first `tokens` recent tokens
   stream::HeadWeights head_weights(int32_t layer) const;
   std::vector<int32_t> retrieve(int32_t layer, const float* q_raw, int32_t n, std::span<const float> map,
                                 std::span<const stream::Span> spans);
