@@ -316,6 +316,17 @@ int plan_command(const PlanOptions& o) {
   report["notes"] = extra_lines;
   report["seconds"] = {{"calibration", calib_seconds}, {"planning", plan_seconds}, {"total", now_seconds() - t0}};
   report["peak_rss_bytes"] = peak_rss_bytes();
+#ifdef TESSERA_WITH_GPU_PLAN
+  if (device == plan::Device::Cuda) {
+    const plan::cuda::RegisteredStats g = plan::cuda::registered_stats();
+    report["gpu"] = {{"passes", g.passes}, {"seconds", g.seconds}, {"weight_bytes", g.weight_bytes},
+                     {"peak_pass_bytes", g.peak_pass_bytes}, {"peak_device_used_bytes", g.peak_used_bytes}};
+    std::printf("GPU: %lld gradient passes, %.1f s; device memory: weights %s, pass peak %s, in use at most %s\n",
+                static_cast<long long>(g.passes), g.seconds, format_bytes(static_cast<double>(g.weight_bytes)).c_str(),
+                format_bytes(static_cast<double>(g.peak_pass_bytes)).c_str(),
+                format_bytes(static_cast<double>(g.peak_used_bytes)).c_str());
+  }
+#endif
   write_text(beside(o.out, ".report.json"), report.dump(1) + "\n");
   std::printf("\nwrote %s, %s, %s%s (calibration %.1f s, planning %.1f s, peak memory %s)\n", o.out.c_str(),
               svg.string().c_str(), beside(o.out, ".report.json").string().c_str(),

@@ -1043,6 +1043,7 @@ std::mutex g_mutex;
 const runtime::Model* g_model = nullptr;
 const float* g_model_embedding = nullptr;
 std::unique_ptr<GradientModel> g_weights;
+RegisteredStats g_stats;
 
 GradientResult run_registered(const runtime::Model& model, std::span<const int32_t> tokens,
                               std::span<const Target> targets, const GradientOptions& options) {
@@ -1054,11 +1055,23 @@ GradientResult run_registered(const runtime::Model& model, std::span<const int32
     g_model = &model;
     g_model_embedding = model.weights().embedding.ptr();
   }
-  return g_weights->run(tokens, targets, options);
+  DeviceStats st;
+  GradientResult r = g_weights->run(tokens, targets, options, {.stats = &st});
+  ++g_stats.passes;
+  g_stats.seconds += st.seconds;
+  g_stats.weight_bytes = st.weight_bytes;
+  g_stats.peak_pass_bytes = std::max(g_stats.peak_pass_bytes, st.peak_pass_bytes);
+  g_stats.peak_used_bytes = std::max(g_stats.peak_used_bytes, st.peak_used_bytes);
+  return r;
 }
 
 }  // namespace
 
 void enable() { register_cuda_gradients(&run_registered); }
+
+RegisteredStats registered_stats() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_stats;
+}
 
 }  // namespace tessera::plan::cuda

@@ -40,6 +40,17 @@ struct DeviceStats {
   int64_t chunk_rows = 0;        // the query chunk R
 };
 
+// Of the passes run through the registered path since the program started: their number, total seconds, the
+// weights' bytes and the largest peaks (for `tessera plan`'s report).
+struct RegisteredStats {
+  int64_t passes = 0;
+  double seconds = 0;
+  size_t weight_bytes = 0;
+  size_t peak_pass_bytes = 0;
+  size_t peak_used_bytes = 0;
+};
+RegisteredStats registered_stats();
+
 struct DeviceRunOptions {
   int64_t chunk_rows = 0;  // 0: from the 1 GiB chunk budget; else a multiple of 64 (tests force several chunks)
   DeviceStats* stats = nullptr;

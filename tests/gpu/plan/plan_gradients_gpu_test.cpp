@@ -149,7 +149,12 @@ TEST(GpuGradientsRegistered, ProfileEqualsCpu) {
   }
   const ProbeRegions regions{8, 16, 20};
   const GradientProfile cpu = profile_gradients(m, samples, {128, 256}, regions, ThreadPool::global(), {}, Device::Cpu);
+  const int64_t before = cuda::registered_stats().passes;
   const GradientProfile gpu = profile_gradients(m, samples, {128, 256}, regions, ThreadPool::global(), {}, Device::Cuda);
+  const cuda::RegisteredStats stats = cuda::registered_stats();
+  EXPECT_EQ(stats.passes - before, 3);  // one pass per sample, counted for `tessera plan`'s report
+  EXPECT_GT(stats.peak_pass_bytes, 0u);
+  EXPECT_GT(stats.weight_bytes, 0u);
   EXPECT_NEAR(gpu.loss, cpu.loss, 1e-5 * cpu.loss);
   ASSERT_EQ(gpu.lengths.size(), cpu.lengths.size());
   for (size_t i = 0; i < cpu.lengths.size(); ++i) {
