@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/memory_budget.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device_buffer.h"
 #include "runtime/rope.h"
@@ -1014,6 +1015,13 @@ GradientResult GradientModel::run(std::span<const int32_t> tokens, std::span<con
   GradientOptions o = options;
   o.device = Device::Cuda;
   check_gradient_inputs(impl_->cfg, tokens, targets, o);
+  if (!o.loss_only) {  // the block sums come back to the host: 3 doubles per block, head and layer
+    const double nb = std::ceil(static_cast<double>(tokens.size()) / o.block);
+    check_host_allocation("attention gradients of " + std::to_string(tokens.size()) + " tokens (" + impl_->cfg.name +
+                              "): block sums",
+                          24.0 * impl_->cfg.num_layers * impl_->cfg.num_q_heads * nb * nb,
+                          "use shorter calibration samples");
+  }
   const auto t0 = std::chrono::steady_clock::now();
   Pass pass(*impl_, tokens, o, run);
   GradientResult r = pass.run(tokens, targets);
