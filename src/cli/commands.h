@@ -124,6 +124,8 @@ struct ServeOptions {
   int max_body_mb = 8;           // request body limit
   bool quiet = false;            // no per-request lines
   CudaAttentionFlags cuda;
+  int gpus = 1;                  // > 1: the tensor-parallel engine, one process per GPU (docs/multi-gpu.md)
+  std::string placement;         // its head placement file (default: the --attn plan's, else genetic)
 };
 
 struct PlanOptions {

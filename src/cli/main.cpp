@@ -225,6 +225,11 @@ int main(int argc, char** argv) {
   sv->add_option("--parallel", serve.parallel,
                  "Requests generated at once; above 1, the batched engine (continuous batching, paged KV cache)")
       ->capture_default_str();
+  sv->add_option("--gpus", serve.gpus, "Tensor parallelism over this many GPUs (NCCL, one process per GPU; one request "
+                                       "at a time: docs/multi-gpu.md)")
+      ->check(CLI::Range(1, 1024));
+  sv->add_option("--placement", serve.placement,
+                 "Head placement file for --gpus (default: the --attn plan's, else genetic)");
   sv->add_option("--kv-budget", serve.kv_budget,
                  "KV cache memory of the batched engine, e.g. 8G (default: a quarter of the host memory budget on "
                  "the CPU, 70% of the free device memory on the GPU)");

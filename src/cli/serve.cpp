@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
+#include <memory>
+#include <optional>
 #include <thread>
 
 #include "cli/commands.h"
@@ -20,7 +22,19 @@
 #include "runtime_cuda/gpu_engine.h"
 #endif
 #include "core/memory_budget.h"
+#include "dist/launch.h"
+#include "dist/placement.h"
+#include "dist/shard.h"
 #include "runtime/batch_engine.h"
+#ifdef TESSERA_WITH_TP
+#include "cuda/cuda_check.h"
+#include "dist/cuda/collective.h"
+#include "dist/cuda/tp_device_model.h"
+#include "dist/cuda/tp_gpu_forward.h"
+#include "dist/cuda/tp_service_cuda.h"
+#include "dist/tp_service.h"
+#include "runtime_cuda/gemm.h"
+#endif
 
 namespace tessera::cli {
 
@@ -36,6 +50,158 @@ namespace {
 std::atomic<bool> g_stop{false};
 extern "C" void on_stop_signal(int) { g_stop.store(true); }
 
+// The HTTP front end over a scheduler, until SIGINT / SIGTERM.
+int listen_and_serve(const ServeOptions& o, server::ServedModel& served, server::PolicyCache& policies,
+                     server::Scheduler& scheduler, server::Metrics& metrics, const std::string& device,
+                     const std::string& kv_note) {
+  server::HttpOptions ho;
+  ho.host = o.host;
+  ho.port = o.port;
+  ho.api_key = o.api_key;
+  if (ho.api_key.empty())
+    if (const char* env = std::getenv("TESSERA_API_KEY")) ho.api_key = env;
+  ho.max_body_bytes = static_cast<size_t>(o.max_body_mb) << 20;
+  ho.timeout_seconds = o.timeout;
+  ho.log_requests = !o.quiet;
+  server::HttpServer http(ho, served, policies, scheduler, metrics);
+  const int port = http.bind();
+
+  std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error return, not the end of the server
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+  std::atomic<bool> listening_done{false};
+  std::thread watcher([&] {
+    while (!g_stop.load() && !listening_done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (g_stop.load()) {
+      std::printf("tessera serve: stopping\n");
+      std::fflush(stdout);
+      scheduler.shutdown();
+      http.stop();
+    }
+  });
+  std::printf("tessera serve: listening on http://%s:%d (model '%s', device %s, %d slot%s, queue %d, attn %s%s%s)\n",
+              o.host.c_str(), port, served.id.c_str(), device.c_str(), o.parallel, o.parallel == 1 ? "" : "s",
+              o.queue, o.attn.c_str(), kv_note.c_str(), ho.api_key.empty() ? "" : ", API key required");
+  std::fflush(stdout);
+  http.listen();
+  listening_done.store(true);
+  watcher.join();
+  return 0;
+}
+
+
+// A server slot over the tensor-parallel engine: rank 0's TpLeader, which sends every step to the other ranks.
+#ifdef TESSERA_WITH_TP
+class TpSlot final : public server::SlotEngine {
+ public:
+  explicit TpSlot(dist::TpLeader& leader) : leader_(leader) {}
+  std::vector<int32_t> generate(std::span<const int32_t> prompt, const runtime::GenerateOptions& gen,
+                                const attn::AttentionPolicy& policy, const std::function<bool(int32_t)>& on_token,
+                                const std::function<bool()>& abort) override {
+    std::vector<int32_t> out;
+    leader_.begin(policy);
+    try {
+      server::Abortable<dist::TpLeader> run{leader_, abort};
+      out = runtime::generate_tokens(
+          run, prompt, gen,
+          [&](int32_t token) {
+            kv_tokens_.store(leader_.position(), std::memory_order_relaxed);
+            return on_token(token);
+          },
+          [](int32_t) {});
+    } catch (const server::PrefillAborted&) {
+      out.clear();  // TpLeader::prefill has sent kEnd
+    } catch (...) {
+      leader_.end();
+      kv_tokens_.store(0);
+      throw;
+    }
+    leader_.end();
+    kv_tokens_.store(0);
+    return out;
+  }
+
+ private:
+  dist::TpLeader& leader_;
+};
+#endif
+
+// `tessera serve --gpus N`: one process per GPU (forked here, or started by torchrun / mpirun); rank 0 serves HTTP
+// with one slot over dist::TpLeader, the other ranks run the commands it sends (dist/tp_service.h).
+int serve_tensor_parallel(const ServeOptions& o, const Session& s, server::ServedModel& served,
+                          server::PolicyCache& policies) {
+#ifndef TESSERA_WITH_TP
+  (void)s;
+  (void)served;
+  (void)policies;
+  throw Error("--gpus " + std::to_string(o.gpus) +
+              ": this tessera was built without the tensor-parallel engine (CUDA and NCCL; see docs/multi-gpu.md)");
+#else
+  const runtime::ModelConfig& c = s.model->config();
+  const int32_t world = dist::world_for_gpus(o.gpus);
+  const int32_t context = static_cast<int32_t>(served.context_length);
+  // The placement: --placement, else the default policy's plan's, else genetic on the FLOP costs of a full context.
+  const attn::AttentionPolicy default_policy = s.policy(o.attn);
+  std::string note;
+  std::optional<dist::Placement> placement =
+      !o.placement.empty()
+          ? std::optional<dist::Placement>(
+                dist::load_placement(o.placement, world, c.num_layers, c.num_q_heads, c.num_kv_heads))
+          : dist::placement_in_policy_file(o.attn, world, c.num_layers, c.num_q_heads, c.num_kv_heads, &note);
+  if (!note.empty()) std::printf("%s\n", note.c_str());
+  if (!placement)
+    placement = dist::plan_placement(default_policy.table().empty()
+                                         ? attn::AttentionPolicy::uniform(c.num_layers, c.num_q_heads,
+                                                                          c.num_kv_heads, attn::DensePattern{})
+                                         : default_policy,
+                                     context, c.hidden_size, c.head_dim, world, dist::PlacementMethod::kGenetic);
+  const attn::PolicyShape shape{c.num_layers, c.num_q_heads, c.num_kv_heads};
+  return dist::run_ranks(o.gpus, [&](const dist::RankEnv& env) -> int {
+    const int dev = dist::select_rank_device(env);
+    std::unique_ptr<dist::Collective> comm = dist::make_nccl_collective(env);
+    cudaStream_t stream;
+    TESSERA_CUDA_CHECK(cudaStreamCreate(&stream));
+    int rc = 0;
+    {
+      runtime::gpu::Gemm gemm(stream);
+      auto model = dist::TpDeviceModel::upload(*s.model, dist::rank_plan(c, *placement, env.rank));
+      dist::TpForwardOptions fo;
+      fo.cuda_attention = cuda_attention_options(o.cuda, true);
+      dist::TpGpuForward fwd(*model, *comm, fo, stream, gemm);
+      dist::TpRankForward forward(fwd, dev, context);
+      dist::NcclCommandChannel channel(*comm, stream, dev);
+      if (env.rank != 0) {
+        // The others follow rank 0's commands; only rank 0's kQuit ends them (a terminal's Ctrl-C reaches every
+        // process of the group: rank 0 handles it and sends kQuit).
+        std::signal(SIGINT, SIG_IGN);
+        std::signal(SIGTERM, SIG_IGN);
+        dist::tp_serve_worker(channel, forward, shape);
+      } else {
+        dist::TpLeader leader(channel, forward, context, 32768);
+        server::Metrics metrics;
+        auto scheduler = std::make_unique<server::Scheduler>(
+            server::SchedulerOptions{.slots = 1, .queue = o.queue},
+            [&leader](int, int) -> std::unique_ptr<server::SlotEngine> { return std::make_unique<TpSlot>(leader); },
+            *s.tokenizer, metrics);
+        const std::string device = std::to_string(world) + " GPUs, tensor parallel (placement " +
+                                   placement->method + ")";
+        // The scheduler goes first (it cancels and joins its slot, whose request then sends kEnd), then kQuit.
+        try {
+          rc = listen_and_serve(o, served, policies, *scheduler, metrics, device, "");
+        } catch (...) {
+          scheduler.reset();
+          leader.quit();
+          throw;
+        }
+        scheduler.reset();
+        leader.quit();
+      }
+    }
+    cudaStreamDestroy(stream);
+    return rc;
+  });
+#endif
+}
 }  // namespace
 
 int serve_command(const ServeOptions& o) {
@@ -44,8 +210,13 @@ int serve_command(const ServeOptions& o) {
   check(o.timeout > 0, "--timeout must be positive");
   check(o.max_body_mb > 0, "--max-body must be positive");
   check(o.port >= 0 && o.port <= 65535, "--port must be in [0, 65535], got " + std::to_string(o.port));
-  const bool gpu = use_gpu_device(o.device);
-  (void)cuda_attention_options(o.cuda, gpu);
+  check(o.gpus == 1 || o.parallel == 1,
+        "--gpus " + std::to_string(o.gpus) + " serves one request at a time: drop --parallel (the batched engine "
+        "has no tensor-parallel backend yet)");
+  check(o.gpus == 1 || o.device != "cpu", "--gpus runs on GPUs: drop --device cpu");
+  // --gpus forks one process per GPU: this process must not touch CUDA first (use_gpu_device would).
+  const bool gpu = o.gpus == 1 && use_gpu_device(o.device);
+  (void)cuda_attention_options(o.cuda, o.gpus > 1 || gpu);
 
   const double t0 = now_seconds();
   const Session s = Session::open(o.model);
@@ -61,6 +232,7 @@ int serve_command(const ServeOptions& o) {
   served.context_length = o.max_context > 0 ? std::min(o.max_context, c.context_length) : c.context_length;
   served.created = static_cast<int64_t>(std::time(nullptr));
   server::PolicyCache policies({c.num_layers, c.num_q_heads, c.num_kv_heads}, o.attn, o.policy_dir);
+  if (o.gpus > 1) return serve_tensor_parallel(o, s, served, policies);
 
   // --parallel 1: one single-sequence engine (a slot); more: the batched engine over a paged KV cache.
   const bool batched = o.parallel > 1;
@@ -115,39 +287,7 @@ int serve_command(const ServeOptions& o) {
               : std::make_unique<server::Scheduler>(server::SchedulerOptions{.slots = o.parallel, .queue = o.queue},
                                                     factory, *s.tokenizer, metrics);
   server::Scheduler& scheduler = *scheduler_ptr;
-  server::HttpOptions ho;
-  ho.host = o.host;
-  ho.port = o.port;
-  ho.api_key = o.api_key;
-  if (ho.api_key.empty())
-    if (const char* env = std::getenv("TESSERA_API_KEY")) ho.api_key = env;
-  ho.max_body_bytes = static_cast<size_t>(o.max_body_mb) << 20;
-  ho.timeout_seconds = o.timeout;
-  ho.log_requests = !o.quiet;
-  server::HttpServer http(ho, served, policies, scheduler, metrics);
-  const int port = http.bind();
-
-  std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error return, not the end of the server
-  std::signal(SIGINT, on_stop_signal);
-  std::signal(SIGTERM, on_stop_signal);
-  std::atomic<bool> listening_done{false};
-  std::thread watcher([&] {
-    while (!g_stop.load() && !listening_done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    if (g_stop.load()) {
-      std::printf("tessera serve: stopping\n");
-      std::fflush(stdout);
-      scheduler.shutdown();
-      http.stop();
-    }
-  });
-  std::printf("tessera serve: listening on http://%s:%d (model '%s', device %s, %d slot%s, queue %d, attn %s%s%s)\n",
-              o.host.c_str(), port, served.id.c_str(), device.c_str(), o.parallel, o.parallel == 1 ? "" : "s",
-              o.queue, o.attn.c_str(), kv_note.c_str(), ho.api_key.empty() ? "" : ", API key required");
-  std::fflush(stdout);
-  http.listen();
-  listening_done.store(true);
-  watcher.join();
-  return 0;
+  return listen_and_serve(o, served, policies, scheduler, metrics, device, kv_note);
 }
 
 #endif

@@ -80,6 +80,9 @@ class NcclCollective final : public Collective {
   void all_reduce_sum(float* x, size_t count, cudaStream_t stream) override {
     nccl_check(ncclAllReduce(x, x, count, ncclFloat, ncclSum, comm_, stream), "ncclAllReduce", rank_);
   }
+  void broadcast(int32_t* x, size_t count, cudaStream_t stream) override {
+    nccl_check(ncclBroadcast(x, x, count, ncclInt32, 0, comm_, stream), "ncclBroadcast", rank_);
+  }
   void barrier(cudaStream_t stream) override {
     if (scratch_ == nullptr && cudaMalloc(&scratch_, sizeof(float)) != cudaSuccess)
       throw Error("rank " + std::to_string(rank_) + ": cannot allocate the barrier's float");

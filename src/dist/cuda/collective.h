@@ -26,6 +26,8 @@ class Collective {
   virtual int32_t world() const = 0;
   // x[0, count) = sum over ranks of every rank's x, in place, ordered on `stream`.
   virtual void all_reduce_sum(float* x, size_t count, cudaStream_t stream) = 0;
+  // x[0, count) (device memory) = rank 0's x[0, count) on every rank, ordered on `stream`.
+  virtual void broadcast(int32_t* x, size_t count, cudaStream_t stream) = 0;
   virtual void barrier(cudaStream_t stream) = 0;
 };
 
@@ -35,6 +37,7 @@ class SingleRank final : public Collective {
   int32_t rank() const override { return 0; }
   int32_t world() const override { return 1; }
   void all_reduce_sum(float*, size_t, cudaStream_t) override {}
+  void broadcast(int32_t*, size_t, cudaStream_t) override {}
   void barrier(cudaStream_t) override {}
 };
 
