@@ -23,6 +23,13 @@
 #           socket transport, as separate hosts do); logits (--logits-out) and answers compared
 #   big     MoA's Llama-3-8B plan at 128K and 512K (uniform, genetic) and a 1M-token prompt on 4 GPUs (MInference
 #           config, prefill in chunks of 128K)
+#   serve   `tessera serve --gpus 2` against `tessera serve --device cuda` (one GPU), greedy answers to the same
+#           requests (scripts/gpu/serve_probe.py: completions, chat, a per-request policy, a client that leaves
+#           mid-stream), then SIGTERM: every rank must exit. The model: SmolLM2 cut to 2 of its 30 layers with its
+#           real tokenizer and chat template (scripts/truncate_gguf.py), xz-compressed in build/tiny-served-xz so
+#           that it travels with build/gpu-debs in one call
+#   stream1m  issue 20's streaming run (scripts/gpu/stream_1m.sh on GPU 0; X4_TARGETS=stream_bench builds it), SEQS
+#           (1048576) beside the dense engine at 128K
 # $OUT/x4 receives every tp_bench CSV (tp_<phase>.csv), the model comparison (model.txt), logs (x4.tgz), summary.txt.
 set -u
 set -o pipefail
@@ -87,7 +94,7 @@ SRC=$ROOT
 if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
   step configure 120 bash -c "cd '$SRC' && cmake --preset cuda -B '$BUILD_DIR' -DTESSERA_BUILD_BENCH=ON $TESSERA_DEPS_CMAKE_ARGS $NCCL_ARGS" || exit 1
 fi
-step build 360 cmake --build "$BUILD_DIR" -j "${JOBS:-60}" --target tessera tp_gpu_test tp_bench || exit 1
+step build 360 cmake --build "$BUILD_DIR" -j "${JOBS:-$(nproc)}" --target tessera tp_gpu_test tp_bench ${X4_TARGETS:-} || exit 1
 TP=$BUILD_DIR/bench/gpu/tp_bench
 TS=$BUILD_DIR/src/tessera
 [ -x "$TS" ] || TS=$(find "$BUILD_DIR" -name tessera -type f -perm -u+x | head -1)
@@ -197,6 +204,46 @@ esac
 case ",$PHASES," in *,big,*)
   tpb moa4 --gpus 4 --policy "$MOA" --lengths 131072,524288 --placements uniform,genetic --tag moa
   tpb m1m --gpus 4 --policy "$MINF" --lengths 1048576 --chunk 131072 --placements genetic,uniform --costs flops --tag 1m
+  ;;
+esac
+
+case ",$PHASES," in *,serve,*)
+  SMALL=$ROOT/build/models/smol2l.gguf
+  if [ ! -f "$SMALL" ] && [ -f build/tiny-served-xz/smol2l.gguf.xz ]; then
+    mkdir -p build/models
+    python3 -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" \
+      build/tiny-served-xz/smol2l.gguf.xz "$SMALL"
+    [ "$(sha256sum "$SMALL" | cut -d' ' -f1)" = "$(cat build/tiny-served-xz/sha256)" ] || rm -f "$SMALL"
+  fi
+  serve_run() {  # serve_run TAG PORT ARGS...: start, probe, SIGTERM; answers in $WORK/serve_TAG.json
+    local tag=$1 port=$2 pid t0 rc
+    shift 2
+    "$TS" serve -m "$SMALL" --port "$port" --quiet "$@" > "$LOGS/serve_$tag.log" 2>&1 &
+    pid=$!
+    t0=$(date +%s)
+    until grep -q "listening on" "$LOGS/serve_$tag.log" || [ $(($(date +%s) - t0)) -gt 90 ]; do sleep 0.5; done
+    timeout 150 python3 scripts/gpu/serve_probe.py "$port" "$WORK/serve_$tag.json" >> "$LOGS/serve_$tag.log" 2>&1
+    rc=$?
+    kill -TERM "$pid"
+    t0=$(date +%s)
+    while kill -0 "$pid" 2> /dev/null && [ $(($(date +%s) - t0)) -lt 30 ]; do sleep 0.5; done
+    kill -0 "$pid" 2> /dev/null && { echo "serve_$tag: still running 30 s after SIGTERM" | tee -a "$SUMMARY"; kill -KILL "$pid"; }
+    echo "serve_$tag: probe rc $rc; exited $(($(date +%s) - t0)) s after SIGTERM; tessera processes left: $(pgrep -c -f "serve -m $SMALL")" | tee -a "$SUMMARY"
+    tail -n 6 "$LOGS/serve_$tag.log"
+  }
+  if [ -f "$SMALL" ]; then
+    serve_run 1gpu 8301 --device cuda
+    serve_run 2gpu 8302 --gpus 2
+    python3 scripts/gpu/serve_probe.py --compare "$WORK/serve_1gpu.json" "$WORK/serve_2gpu.json" | tee "$OUTD/serve.txt" | tee -a "$SUMMARY"
+  else
+    echo "serve SKIPPED (no build/tiny-served-xz)" | tee -a "$SUMMARY"
+  fi
+  ;;
+esac
+case ",$PHASES," in *,stream1m,*)
+  step stream1m "$(left)" env BUILD_DIR="$BUILD_DIR" OUT="$OUTD" SEQS="${SEQS:-1048576}" TIME_S="$(($(left) - 15))" \
+    bash scripts/gpu/stream_1m.sh
+  cp -r "$OUTD/stream" "$WORK/" 2> /dev/null
   ;;
 esac
 
