@@ -1,6 +1,8 @@
 // One process per rank (dist/launch.h): forked ranks, the rendezvous by file and by TCP, the environment,
 // failures.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -163,5 +165,39 @@ TEST(Launch, RunRanksForksOrRunsTheEnvironmentsRank) {
   unsetenv("WORLD_SIZE");
   unsetenv("RANK");
   unsetenv("LOCAL_RANK");
+  fs::remove_all(dir);
+}
+
+namespace {
+volatile sig_atomic_t g_rank_got_term = 0;
+extern "C" void on_rank_term(int) { g_rank_got_term = 1; }
+}  // namespace
+
+// `kill <launcher>` (SIGTERM to `tessera serve --gpus N`): every rank receives it and may shut down in order.
+TEST(Launch, TheLauncherPassesSigtermOnToItsRanks) {
+  const fs::path dir = temp_dir("sigterm");
+  const pid_t launcher = fork();
+  ASSERT_GE(launcher, 0);
+  if (launcher == 0) {
+    const int rc = launch_local_ranks(2, (dir / "rendezvous").string(), [&](const RankEnv& e) -> int {
+      signal(SIGTERM, on_rank_term);
+      std::ofstream(dir / ("ready" + std::to_string(e.rank))) << "1";
+      for (int i = 0; i < 200 && !g_rank_got_term; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (!g_rank_got_term) return 5;
+      std::ofstream(dir / ("term" + std::to_string(e.rank))) << "1";
+      return 0;
+    });
+    _exit(rc);
+  }
+  for (int i = 0; i < 200 && !(fs::exists(dir / "ready0") && fs::exists(dir / "ready1")); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the launcher is in its wait
+  ASSERT_EQ(kill(launcher, SIGTERM), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(launcher, &status, 0), launcher);
+  ASSERT_TRUE(WIFEXITED(status)) << "the launcher died of the signal instead of passing it on";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_TRUE(fs::exists(dir / "term0"));
+  EXPECT_TRUE(fs::exists(dir / "term1"));
   fs::remove_all(dir);
 }

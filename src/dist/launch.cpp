@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -185,6 +186,15 @@ std::vector<uint8_t> exchange_root_blob(const RankEnv& e, const std::vector<uint
   return e.rendezvous_file.empty() ? exchange_tcp(e, blob, timeout_s) : exchange_file(e, blob, timeout_s);
 }
 
+namespace {
+
+// SIGTERM / SIGINT sent to the launcher (`kill <pid>` of `tessera serve --gpus N`) go on to every rank, so that rank 0
+// shuts down as a single-process server would and the others follow it; without this they would outlive it.
+volatile sig_atomic_t g_forward_signal = 0;
+extern "C" void on_launcher_signal(int sig) { g_forward_signal = sig; }
+
+}  // namespace
+
 int launch_local_ranks(int32_t world, const std::string& rendezvous_file,
                        const std::function<int(const RankEnv&)>& body) {
   check(world >= 1, "--gpus must be at least 1");
@@ -222,12 +232,30 @@ int launch_local_ranks(int32_t world, const std::string& rendezvous_file,
     }
     pids.push_back(pid);
   }
+  struct sigaction forward = {}, old_term = {}, old_int = {};
+  forward.sa_handler = on_launcher_signal;
+  sigemptyset(&forward.sa_mask);
+  forward.sa_flags = 0;  // no SA_RESTART: waitpid returns EINTR, and the signal is passed on
+  g_forward_signal = 0;
+  sigaction(SIGTERM, &forward, &old_term);
+  sigaction(SIGINT, &forward, &old_int);
+  auto pass_on = [&] {
+    const int sig = g_forward_signal;
+    if (sig == 0) return;
+    g_forward_signal = 0;
+    for (pid_t p : pids)
+      if (p > 0) kill(p, sig);
+  };
   int result = 0;
   size_t left = pids.size();
   while (left > 0) {
+    pass_on();
     int status = 0;
     const pid_t pid = waitpid(-1, &status, 0);
-    if (pid < 0) break;
+    if (pid < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
     size_t r = 0;
     while (r < pids.size() && pids[r] != pid) ++r;
     if (r == pids.size()) continue;  // not one of ours
@@ -242,6 +270,8 @@ int launch_local_ranks(int32_t world, const std::string& rendezvous_file,
         if (p > 0) kill(p, SIGKILL);
     }
   }
+  sigaction(SIGTERM, &old_term, nullptr);
+  sigaction(SIGINT, &old_int, nullptr);
   std::filesystem::remove(rendezvous_file, ec);
   return result;
 }

@@ -44,7 +44,7 @@ std::vector<uint8_t> exchange_root_blob(const RankEnv& env, const std::vector<ui
 // TESSERA_RENDEZVOUS_FILE), then exits with body's return value (1 and the message on stderr if it throws).
 // The caller must not have initialised CUDA. When a rank fails, the others (which may wait in a collective
 // for it) are killed. Returns 0 when every rank returned 0, else the first failing rank's status, and says
-// which rank failed on stderr.
+// which rank failed on stderr. SIGTERM and SIGINT sent to the launcher while it waits go on to every rank.
 int launch_local_ranks(int32_t world, const std::string& rendezvous_file,
                        const std::function<int(const RankEnv&)>& body);
 
