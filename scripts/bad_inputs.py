@@ -189,6 +189,14 @@ def cases(tessera, fx, models):
     add("flags", "bench: bad second policy (checked before the first row)",
         T + ["bench", "-m", tiny, "-d", "64", "--attn", "ashape;vs:s=-1"], 1, None)
     add("flags", "bench: depth 0", T + ["bench", "-m", tiny, "-d", "0"], 1, None)
+    add("flags", "--logits-out with --compare", T + ["run", "-m", tiny, "-p", "hi", "--attn", "ashape", "--compare",
+                                                     "--logits-out", "/tmp/l.f32"], 1, None)
+    # Several GPUs (docs/multi-gpu.md): checked before any GPU is touched.
+    add("several GPUs", "serve --gpus 2 --parallel 4 (the batched engine has no tensor-parallel backend)",
+        T + ["serve", "-m", tiny, "--gpus", "2", "--parallel", "4"], 1, None)
+    add("several GPUs", "plan --gpus 64 for a model with 9 query heads (refused before planning)",
+        T + ["plan", "--method", "minference", "-m", smol, "--gpus", "64", "-o", "/tmp/tessera-bad-input-plan.json"], 1,
+        None, needs=smol)
     # Streaming memory (docs/streaming.md): sizes, models without sliding-window layers, a host budget.
     add("streaming", "--stream-chunk 0",
         T + ["run", "-m", tiny, "-p", "hi", "--stream", "ltri", "--stream-chunk", "0"], 1, None)
