@@ -35,6 +35,7 @@
 
 #include <cuda_runtime.h>
 
+#include "bench_args.h"
 #include "core/error.h"
 #include "runtime_cuda/device_model.h"
 #include "runtime_cuda/gpu_engine.h"
@@ -61,14 +62,7 @@ struct Options {
   bool prepin = false;
 };
 
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, sep))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
+using bench::split_list;
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -84,13 +78,13 @@ Options parse(int argc, char** argv) {
   };
   auto ints = [](const std::string& s) {
     std::vector<int> v;
-    for (const std::string& x : split(s, ',')) v.push_back(std::stoi(x));
+    for (const std::string& x : split_list(s, ',')) v.push_back(std::stoi(x));
     return v;
   };
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--seq") o.seqs = ints(value(i));
-    else if (a == "--methods") o.methods = split(value(i), ',');
+    else if (a == "--methods") o.methods = split_list(value(i), ',');
     else if (a == "--dense") o.dense = ints(value(i));
     else if (a == "--sinks") o.stream.sinks = std::stoi(value(i));
     else if (a == "--local") o.stream.local = std::stoi(value(i));
@@ -106,7 +100,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--prepin") o.prepin = true;
     else if (a == "--max-seconds") o.max_seconds = std::stod(value(i));
     else if (a == "--method-max-seq") {
-      for (const std::string& kv : split(value(i), ',')) {
+      for (const std::string& kv : split_list(value(i), ',')) {
         const size_t eq = kv.find('=');
         check(eq != std::string::npos, "--method-max-seq takes method=length pairs");
         o.method_max[kv.substr(0, eq)] = std::stoi(kv.substr(eq + 1));

@@ -48,6 +48,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_args.h"
 #include "attention/cuda/layer_attention_cuda.h"
 #include "attention/pattern/config_io.h"
 #include "core/error.h"
@@ -83,14 +84,7 @@ struct Options {
   std::string tag;
 };
 
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, sep))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
+using bench::split_list;
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -106,9 +100,9 @@ Options parse(int argc, char** argv) {
       o.policy = value();
     else if (a == "--lengths") {
       o.lengths.clear();
-      for (const std::string& s : split(value(), ',')) o.lengths.push_back(std::stoll(s));
+      for (const std::string& s : split_list(value(), ',')) o.lengths.push_back(std::stoll(s));
     } else if (a == "--placements")
-      o.placements = split(value(), ',');
+      o.placements = split_list(value(), ',');
     else if (a == "--costs")
       o.costs = value();
     else if (a == "--model")

@@ -40,6 +40,7 @@
 
 #include <cuda_runtime.h>
 
+#include "bench_args.h"
 #include "attention/pattern/presets.h"
 #include "core/error.h"
 #include "runtime_cuda/device_model.h"
@@ -75,14 +76,7 @@ struct Options {
   bool dense_fallback = true;
 };
 
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, sep))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
+using bench::split_list;
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -96,9 +90,9 @@ Options parse(int argc, char** argv) {
       o.model = value(i);
     } else if (a == "--seq") {
       o.seqs.clear();
-      for (const std::string& s : split(value(i), ',')) o.seqs.push_back(std::stoi(s));
+      for (const std::string& s : split_list(value(i), ',')) o.seqs.push_back(std::stoi(s));
     } else if (a == "--policies") {
-      o.policies = split(value(i), ';');
+      o.policies = split_list(value(i), ';');
     } else if (a == "--chunk") {
       o.chunk = std::stoi(value(i));
     } else if (a == "--mlp-chunk") {
