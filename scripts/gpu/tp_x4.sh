@@ -38,8 +38,7 @@ ROOT=$PWD
 export NCCL_NVLS_ENABLE=0
 
 if [ "${1:-}" = prepare ]; then
-  mkdir -p build/tp-data
-  cp ../shared/data/minference-configs/Llama_3_8B_Instruct_262k_kv_out_v32_fit_o_best_pattern.json build/tp-data/
+  bash scripts/gpu/tp_check.sh prepare > /dev/null || exit 1  # build/tp-data: MInference's config
   cp ../shared/data/moa-configs/Llama-3-8B-Instruct-262k_moa_alpha_beta.json build/tp-data/
   m=${TESSERA_MODEL:-$HOME/.cache/tessera/models/smollm2-135m-instruct-q4_1.gguf}
   mkdir -p build/smol-p0 build/smol-p1
