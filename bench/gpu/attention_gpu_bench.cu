@@ -23,7 +23,8 @@
 // Patterns: dense; vs = vertical_slash(1000, 6096); bs = block_sparse(top 100, block 64); ashape(sink 128,
 // window 4096); triangle(sink 8, window 512, last 128); vsaNN = vertical_slash with adaptive budgets (issue 16,
 // pattern.h): gamma NN / 100, at most vs's 1000 columns and 6096 slashes (vsa90, vsa95; a line per row says
-// how many each head kept). scripts/gpu/adaptive_check.sh runs dense, vs, vsa90, vsa95 at 32K and 128K.
+// how many each head kept); bsaNN = block_sparse with adaptive budgets, gamma NN / 100, at most bs's 100 blocks
+// per query block. scripts/gpu/adaptive_check.sh runs dense, vs, bs, vsa90, vsa95, bsa90, bsa95 at 32K and 128K.
 // Inputs (never zeros): --inputs rope (default) gives attention a structure like a real model's, so that the
 // dynamic estimators pick a realistic (local-heavy) index: per kv head a fixed direction a, q_t = R(t)(0.6 a
 // + 0.8 n) and k_t = R(t)(0.6 a + 0.8 n') with R(t) the RoPE rotation (base 500000) and fresh N(0, 1) noise
@@ -258,7 +259,17 @@ Pattern make_pattern(const std::string& name) {
     check(p.gamma > 0 && p.gamma <= 1, "pattern " + name + ": vsaNN takes gamma NN / 100 in (0, 1], e.g. vsa90");
     return p;
   }
-  throw Error("unknown pattern " + name + " (dense, vs, bs, ashape, triangle, vsaNN)");
+  if (name.rfind("bsa", 0) == 0 && name.size() > 3) {  // bsaNN: adaptive block-sparse, gamma NN / 100, max bs's 100
+    BlockSparsePattern p{100, 64};
+    try {
+      p.gamma = std::stod(name.substr(3)) / 100.0;
+    } catch (const std::exception&) {
+      p.gamma = -1;
+    }
+    check(p.gamma > 0 && p.gamma <= 1, "pattern " + name + ": bsaNN takes gamma NN / 100 in (0, 1], e.g. bsa90");
+    return p;
+  }
+  throw Error("unknown pattern " + name + " (dense, vs, bs, ashape, triangle, vsaNN, bsaNN)");
 }
 
 double median(std::vector<double> v) {
@@ -513,8 +524,28 @@ int main(int argc, char** argv) {
         }
 
         const SparseIndex index = layer.download_index();
-        const bool adaptive = name.rfind("vsa", 0) == 0;
-        if (adaptive && !shortcut) {  // what the coverage target kept, per head
+        const bool adaptive_bs = name.rfind("bsa", 0) == 0;
+        const bool adaptive = name.rfind("vsa", 0) == 0 || adaptive_bs;
+        if (adaptive_bs && !shortcut) {  // what the coverage target kept: key blocks per query block
+          int64_t kept = 0, room = 0, lists = 0;
+          double hmin = 1e300, hmax = 0;
+          for (const HeadEstimate& e : layer.download_estimates()) {
+            const auto& b = std::get<BlockSparseEstimate>(e);
+            const int64_t n = static_cast<int64_t>(b.offsets.size()) - 1;
+            int64_t r = 0;
+            for (int64_t q = 0; q < n; ++q) r += std::min<int64_t>(100, b.first_q_block + q + 1);
+            kept += b.offsets.back();
+            room += r;
+            lists += n;
+            const double mean = n > 0 ? double(b.offsets.back()) / double(n) : 0.0;
+            hmin = std::min(hmin, mean);
+            hmax = std::max(hmax, mean);
+          }
+          std::printf("  adaptive seq %6d %-9s kept key blocks per query block: mean %.1f (heads %.1f..%.1f) of "
+                      "<= 100 (%.1f%% of the fixed layout's room)\n",
+                      seq, name.c_str(), double(kept) / double(std::max<int64_t>(lists, 1)), hmin, hmax,
+                      100.0 * double(kept) / double(std::max<int64_t>(room, 1)));
+        } else if (adaptive && !shortcut) {  // what the coverage target kept, per head
           int64_t cols = 0, offs = 0, cmin = INT64_MAX, cmax = 0, omin = INT64_MAX, omax = 0;
           for (const HeadEstimate& e : layer.download_estimates()) {
             const auto& v = std::get<VerticalSlashEstimate>(e);

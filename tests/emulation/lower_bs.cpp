@@ -4,7 +4,8 @@
 // kinds, thread kernels on the others) or as kWarp does (warp kernels on every head). Random heads: block
 // sizes 1..256 (powers of two and others), tiles 64 / 128, q_begin > 0, partial last tiles, per query block
 // sorted key-block lists (the diagonal block, a local window, random blocks, sometimes blocks past the
-// diagonal or the keys, duplicates, negative blocks, empty lists), query blocks outside the head's range, and
+// diagonal or the keys, duplicates, negative blocks, empty lists, lists padded with an adaptive head's unused
+// entries), query blocks outside the head's range, and
 // small blocks with long contexts (several bitmap windows, runs across a window's edge).
 #include <cstdio>
 #include <random>
@@ -64,6 +65,9 @@ static void make_bs_head(std::mt19937& rng, int kv_len, int q_begin, int q_len, 
       }
       std::sort(l.begin(), l.end());
       if (style != 5) l.erase(std::unique(l.begin(), l.end()), l.end());  // style 5: duplicates kept
+      // style 6: an adaptive head's layout (estimate_cuda.h): the room after the kept blocks holds kBsUnused
+      // (0x7fffffff), which both builds must ignore.
+      if (style == 6) l.insert(l.end(), 1 + rng() % 5, int32_t{0x7fffffff});
     }
     b.key_blocks.insert(b.key_blocks.end(), l.begin(), l.end());
     b.offsets.push_back(int32_t(b.key_blocks.size()));

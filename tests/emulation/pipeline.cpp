@@ -2,7 +2,11 @@
 // emulation (shim.h), with the host plan of DeviceEstimates (plan_bs_waves), against a direct f32 evaluation of
 // the estimate's definition (estimate_cuda.h): pooling, scoring and selection over small layers (odd sizes,
 // chunks with a cache tail, several block sizes, top_k 0 / 1 / >= blocks, exact ties, many waves, rows longer
-// than 2048 blocks), every query block's key blocks compared.
+// than 2048 blocks), every query block's key blocks compared. Adaptive heads (gamma > 0, issue 16): the count by
+// coverage_count's rule (attention/index/estimate.h) over the masses exp(s - max) of the diagonal (forced) and
+// the earlier blocks, summed in f64 in the order's own order here (the device sums per lane, then by the warp's
+// butterfly: a count may differ only where the target is within rounding of a prefix sum, counted and reported
+// as such), the kept blocks then kBsUnused up to the room.
 // Usage: pipeline [case name ...]   (all cases when none is named)
 #include <random>
 #include <cassert>
@@ -13,8 +17,8 @@
 #include "attention/cuda/estimate_kernels.cuh"
 using namespace tessera::attn::gpu;
 
-struct Pat { int top_k, block; };
-struct Case { std::string name; int q_len, q_begin, extra, hq, hkv, d; bool f16; std::vector<Pat> heads; bool tied; int64_t wave; };
+struct Pat { int top_k, block; double gamma = 0.0; int min_top_k = 0; };
+struct Case { std::string name; int q_len, q_begin, extra, hq, hkv, d; bool f16; std::vector<Pat> heads; bool tied; int64_t wave; float sharp = 1.0f; };
 
 uint16_t to_bits(float x, bool f16) {
   if (!f16) { uint32_t u; std::memcpy(&u, &x, 4); uint32_t r = u + 0x7fff + ((u >> 16) & 1); return uint16_t(r >> 16); }
@@ -40,6 +44,13 @@ int main(int argc, char** argv) {
     {"tiny_ties_allsame", 300, 0, 0, 1, 1, 64, false, {{7, 4}}, true, 0},
     {"waves_chunk_tied2", 600, 333, 0, 2, 1, 128, false, {{9, 16}, {4, 64}}, true, 1000},
     {"chunks_d128_waves", 5000, 0, 3, 2, 1, 128, true, {{50, 16}, {3, 16}}, false, 30000},
+    // Adaptive budgets: flat and sharpened scores (q x 6: a few blocks hold most of the mass), maxima below and
+    // above qb + 1, min_top_k, gamma 1, exact ties, chunks with a cache tail, waves, rows of 800 blocks.
+    {"adaptive_flat", 1500, 0, 0, 4, 2, 64, false, {{1000, 16, 0.9}, {8, 32, 0.5, 3}, {40, 16, 0.99}, {5, 64, 1.0}}, false, 0},
+    {"adaptive_sharp", 2000, 0, 0, 4, 1, 128, true, {{1000, 16, 0.9}, {30, 16, 0.95, 2}, {1000, 32, 0.5}, {6, 64, 0.8}}, false, 0, 6.0f},
+    {"adaptive_chunk_tied", 700, 1000, 37, 2, 1, 128, false, {{1000, 16, 0.9}, {12, 32, 0.7, 4}}, true, 3000, 4.0f},
+    {"adaptive_d256_waves", 900, 0, 0, 2, 1, 256, true, {{1000, 16, 0.9}, {20, 32, 0.6}}, false, 800, 5.0f},
+    {"adaptive_block2_long", 1600, 0, 0, 1, 1, 64, false, {{3000, 2, 0.9}}, false, 0, 8.0f},
   };
   int failures = 0, ran = 0;
   for (const Case& c : cases) {
@@ -49,7 +60,7 @@ int main(int argc, char** argv) {
     std::normal_distribution<float> nd(0.f, 1.f);
     const int kv_len = c.q_begin + c.q_len + c.extra, q_end = c.q_begin + c.q_len, d = c.d;
     std::vector<uint16_t> qb16(size_t(c.q_len) * c.hq * d), kb16(size_t(kv_len) * c.hkv * d);
-    for (auto& x : qb16) x = to_bits(nd(rng), c.f16);
+    for (auto& x : qb16) x = to_bits(c.sharp * nd(rng), c.f16);
     for (auto& x : kb16) x = to_bits(nd(rng), c.f16);
     if (c.tied) {
       const int per = c.name == "tiny_ties_allsame" ? 4 : 192;
@@ -66,6 +77,7 @@ int main(int argc, char** argv) {
       const Pat p = c.heads[size_t(h) % c.heads.size()];
       BsHeadDesc dd;
       dd.q_head = h; dd.kv_head = h / group; dd.block = p.block; dd.top_k = p.top_k;
+      dd.gamma = p.gamma; dd.min_top_k = p.min_top_k;
       dd.first_q_block = c.q_begin / p.block;
       dd.num_q_blocks = (q_end - 1) / p.block - dd.first_q_block + 1;
       dd.num_key_blocks = (q_end + p.block - 1) / p.block;
@@ -115,14 +127,14 @@ int main(int argc, char** argv) {
       for (const BsWave& w : bs_waves_) {
         std::fill(scores.begin(), scores.end(), NAN);
         if (w.work_end > w.work_begin) launch(dim3{unsigned(w.work_end - w.work_begin), 1, 1}, kBsScoreThreads, [&] { bs_score_kernel<D>(p, w.work_begin); });
-        launch(dim3{unsigned(w.tile_end - w.tile_begin), unsigned(bs_tile_rows(D) / (kBsSelectThreads / 32)), 1}, kBsSelectThreads, [&] { bs_select_kernel(p, w.tile_begin); });
+        launch(dim3{unsigned(w.tile_end - w.tile_begin), unsigned(bs_tile_rows(D) / (kBsSelectThreads / 32)), 1}, kBsSelectThreads, [&] { bs_select_kernel<D>(p, w.tile_begin); });
       }
     };
     if (d == 64) dispatch(std::integral_constant<int, 64>{});
     if (d == 128) dispatch(std::integral_constant<int, 128>{});
     if (d == 256) dispatch(std::integral_constant<int, 256>{});
     // reference
-    int bad = 0; int64_t checked = 0;
+    int bad = 0; int64_t checked = 0, adaptive_rows = 0, near_ties = 0, kept_sum = 0, room_sum = 0;
     for (size_t s = 0; s < bs_.size(); ++s) {
       const BsHeadDesc& hd = bs_[s];
       const int B = hd.block;
@@ -144,16 +156,46 @@ int main(int argc, char** argv) {
           for (int r = r0; r < r1; ++r) for (int x = 0; x < d; ++x) qp[size_t(x)] += qf(r, hd.q_head, x);
           for (auto& x : qp) x = x / float(r1 - r0);
           std::vector<std::pair<uint32_t, int>> ranked;
-          for (int kb = 0; kb < qb; ++kb) {
+          std::vector<float> sc;  // f32 scores of blocks [0, qb], the diagonal last
+          for (int kb = 0; kb <= qb; ++kb) {
             float leaf[32];
             for (int l = 0; l < 32; ++l) { float a = 0.f; for (int i = l; i < d; i += 32) a = std::fma(qp[size_t(i)], kp[size_t(kb)][size_t(i)], a); leaf[l] = a; }
             for (int m = 16; m >= 1; m /= 2) for (int l = 0; l < m; ++l) leaf[l] = leaf[l] + leaf[l + m];
-            ranked.push_back({okey(leaf[0] * p.scale), kb});
+            sc.push_back(leaf[0] * p.scale);
+            if (kb < qb) ranked.push_back({okey(leaf[0] * p.scale), kb});
           }
           std::sort(ranked.begin(), ranked.end(), [](auto& a, auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
-          for (int i = 0; i < std::min(count - 1, qb); ++i) want.push_back(ranked[size_t(i)].second);
+          int keep = count;
+          if (hd.gamma > 0.0 && count >= 2) {  // coverage_count's rule, summed in the order's own order
+            double mx = -INFINITY;
+            for (float x : sc) mx = std::max(mx, double(x));
+            std::vector<double> prefix(1, std::exp(double(sc[size_t(qb)]) - mx));  // the diagonal first
+            for (const auto& [key, kb] : ranked) prefix.push_back(prefix.back() + std::exp(double(sc[size_t(kb)]) - mx));
+            double total = std::exp(double(sc[size_t(qb)]) - mx);
+            for (int kb = 0; kb < qb; ++kb) total += std::exp(double(sc[size_t(kb)]) - mx);
+            const double target = hd.gamma * total;
+            int n_ref = qb + 1;
+            if (hd.gamma < 1.0) {
+              for (int i = 0; i <= qb; ++i) if (prefix[size_t(i)] >= target) { n_ref = i + 1; break; }
+            }
+            keep = std::clamp(n_ref, std::min(std::max(hd.min_top_k, 1), count), count);
+            // The device's count, when it differs, must be at a near-tie of the target (rounding of the sums).
+            const int o0 = offsets_host[size_t(hd.offsets_base + e)];
+            int got_n = 0;
+            for (int i = 0; i < count; ++i) got_n += key_blocks[size_t(hd.key_base + o0 + i)] != kBsUnused;
+            const int got_raw = got_n;
+            if (got_raw != keep && got_raw >= 1 && got_raw <= qb + 1) {
+              const int lo = std::min(got_raw, keep) - 1;  // prefix[lo] is below the target on one side
+              if (std::abs(prefix[size_t(lo)] - target) <= 1e-12 * total) { keep = got_raw; ++near_ties; }
+            }
+            ++adaptive_rows;
+            kept_sum += keep;
+            room_sum += count;
+          }
+          for (int i = 0; i < std::min(keep - 1, qb); ++i) want.push_back(ranked[size_t(i)].second);
           std::sort(want.begin(), want.end());
           want.push_back(qb);
+          while (int(want.size()) < count) want.push_back(kBsUnused);
         }
         const int o0 = offsets_host[size_t(hd.offsets_base + e)], o1 = offsets_host[size_t(hd.offsets_base + e + 1)];
         std::vector<int32_t> got(key_blocks.begin() + hd.key_base + o0, key_blocks.begin() + hd.key_base + o1);
@@ -169,7 +211,11 @@ int main(int argc, char** argv) {
         }
       }
     }
-    std::printf("%-20s waves %zu tiles %zu work %zu rows %lld: %s\n", c.name.c_str(), bs_waves_.size(), bs_tiles.size(), bs_work.size(), (long long)checked, bad ? "FAIL" : "ok");
+    std::printf("%-20s waves %zu tiles %zu work %zu rows %lld: %s", c.name.c_str(), bs_waves_.size(), bs_tiles.size(), bs_work.size(), (long long)checked, bad ? "FAIL" : "ok");
+    if (adaptive_rows > 0)
+      std::printf(" (adaptive rows %lld: kept %.1f%% of the room, %lld near-ties)", (long long)adaptive_rows,
+                  100.0 * double(kept_sum) / double(room_sum), (long long)near_ties);
+    std::printf("\n");
     failures += bad != 0;
   }
   if (argc > 1 && ran != argc - 1) {

@@ -13,7 +13,8 @@
 // Everything is deterministic (no atomics on floats).
 // BS: pool K per kv head (one pool per distinct block size), pool Q per head, then per wave a tiled f32
 // scoring kernel (the scores of v1 bit for bit) into a scratch buffer and a warp per query block selecting
-// from it with WarpTopK (section "BS estimator" of estimate_kernels.cuh).
+// from it with WarpTopK (section "BS estimator" of estimate_kernels.cuh); for adaptive heads (gamma > 0) every
+// query block past the first is scored and the warp first counts its blocks by the coverage target (BsCoverage).
 // The kernels, their parameters and the BS plan are in estimate_kernels.cuh; this file has the launches and the
 // host side of DeviceEstimates.
 #include <cuda_bf16.h>
@@ -89,7 +90,7 @@ void launch_bs(const BsParams& p, int num_heads, int num_kv_heads, const std::ve
           p, w.work_begin);
       check_launch("bs_score_kernel");
     }
-    bs_select_kernel<<<dim3(static_cast<unsigned>(w.tile_end - w.tile_begin),
+    bs_select_kernel<D><<<dim3(static_cast<unsigned>(w.tile_end - w.tile_begin),
                             static_cast<unsigned>(bs_tile_rows(D) / (kBsSelectThreads / 32))),
                        kBsSelectThreads, 0, stream>>>(p, w.tile_begin);
     check_launch("bs_select_kernel");
@@ -168,14 +169,15 @@ DeviceEstimates::DeviceEstimates(const std::vector<Pattern>& patterns, const Low
       slot_of_[h].first = static_cast<int>(vs_.size());
       vs_.push_back(d);
     } else if (const auto* bs = std::get_if<BlockSparsePattern>(&patterns[h])) {
-      check(!bs->adaptive(), "CUDA estimates: head " + std::to_string(h) + ": " + describe(*bs) +
-                                 ": adaptive block_sparse budgets are not on the GPU yet (vs_adaptive is; or run "
-                                 "it on the CPU)");
       BsHeadDesc d;
       d.q_head = static_cast<int32_t>(h);
       d.kv_head = static_cast<int32_t>(h) / group;
       d.block = bs->block;
       d.top_k = bs->top_k;
+      if (bs->adaptive()) {
+        d.gamma = bs->gamma;
+        d.min_top_k = bs->min_top_k;
+      }
       if (ctx.q_len > 0) {
         d.first_q_block = ctx.q_begin / bs->block;
         d.num_q_blocks = static_cast<int32_t>((q_end - 1) / bs->block) - d.first_q_block + 1;
@@ -381,6 +383,18 @@ std::vector<HeadEstimate> DeviceEstimates::download() const {
     e.offsets.assign(bs_offsets_host_.begin() + d.offsets_base,
                      bs_offsets_host_.begin() + d.offsets_base + d.num_q_blocks + 1);
     e.key_blocks.assign(keys.begin() + d.key_base, keys.begin() + d.key_base + e.offsets.back());
+    if (d.gamma > 0.0) {  // adaptive: each query block's kept blocks, without the unused room after them
+      std::vector<int32_t> kept;
+      std::vector<int32_t> offsets(1, 0);
+      for (int32_t q = 0; q < d.num_q_blocks; ++q) {
+        for (int32_t i = e.offsets[static_cast<size_t>(q)]; i < e.offsets[static_cast<size_t>(q) + 1]; ++i) {
+          if (e.key_blocks[static_cast<size_t>(i)] != kBsUnused) kept.push_back(e.key_blocks[static_cast<size_t>(i)]);
+        }
+        offsets.push_back(static_cast<int32_t>(kept.size()));
+      }
+      e.key_blocks = std::move(kept);
+      e.offsets = std::move(offsets);
+    }
     out[static_cast<size_t>(d.q_head)] = std::move(e);
   }
   return out;
@@ -418,6 +432,22 @@ void DeviceEstimates::upload(const std::vector<HeadEstimate>& estimates) {
     check(e != nullptr, where + "expected a block_sparse estimate");
     const std::vector<int32_t> expect(bs_offsets_host_.begin() + d.offsets_base,
                                       bs_offsets_host_.begin() + d.offsets_base + d.num_q_blocks + 1);
+    if (d.gamma > 0.0) {  // adaptive: per query block at most the layout's room, the rest kBsUnused
+      bool fits = e->block == d.block && e->first_q_block == d.first_q_block &&
+                  e->offsets.size() == expect.size() && !e->offsets.empty() && e->offsets.front() == 0 &&
+                  static_cast<size_t>(e->offsets.back()) == e->key_blocks.size();
+      for (size_t q = 0; fits && q + 1 < expect.size(); ++q) {
+        const int32_t n = e->offsets[q + 1] - e->offsets[q], room = expect[q + 1] - expect[q];
+        fits = n >= 0 && n <= room;
+        if (!fits) break;
+        std::copy(e->key_blocks.begin() + e->offsets[q], e->key_blocks.begin() + e->offsets[q + 1],
+                  keys.begin() + d.key_base + expect[q]);
+        std::fill(keys.begin() + d.key_base + expect[q] + n, keys.begin() + d.key_base + expect[q + 1], kBsUnused);
+      }
+      check(fits, where + "the adaptive block_sparse estimate does not fit the layout of this shape (at most "
+                          "min(top_k, qb + 1) key blocks per query block)");
+      continue;
+    }
     check(e->block == d.block && e->first_q_block == d.first_q_block && e->offsets == expect,
           where + "the block_sparse estimate does not have the layout of this shape");
     std::copy(e->key_blocks.begin(), e->key_blocks.end(), keys.begin() + d.key_base);

@@ -22,8 +22,11 @@
 // Adaptive VS heads (gamma > 0, pattern.h): the same room (the maxima); the count comes from
 // attention/index/estimate.h's coverage_count rule, evaluated on the device's f32 sums with f64 accumulation
 // (VsCoverage in estimate_kernels.cuh), and the room after the kept entries holds kVsUnused. So counts agree with
-// the CPU wherever the coverage target does not fall within rounding of a prefix sum. Adaptive BS heads are not
-// on the GPU yet (the constructor refuses them with a message).
+// the CPU wherever the coverage target does not fall within rounding of a prefix sum. Adaptive BS heads likewise:
+// per query block the fixed layout's room min(top_k, qb + 1); the count from coverage_count's rule over the masses
+// exp(s - max) of the causal blocks (the diagonal's score computed as the scoring kernel computes the others,
+// f64 masses and sums: BsCoverage in estimate_kernels.cuh), the kept blocks ascending with the diagonal last,
+// then kBsUnused up to the room.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -61,6 +64,10 @@ struct VsHeadDesc {
 // so the index build ignores it (columns >= key_end and offsets >= the tile's end give nothing) and the lists
 // stay ascending. download() drops it.
 inline constexpr int32_t kVsUnused = 0x7fffffff;
+// The same for an adaptive BS head's key blocks (after the diagonal block, which ends each query block's kept
+// list): past every key block, so both index builds ignore it (lower_tile clips it, lower_bs_tile_warp's
+// bitmap window never holds it).
+inline constexpr int32_t kBsUnused = 0x7fffffff;
 
 // Up to four VS heads of one kv head, scored by one CTA per chunk of keys (slot: index into vs_heads(); -1: none).
 struct VsGroupDesc {
@@ -79,6 +86,10 @@ struct BsHeadDesc {
   int64_t kpool_base = 0;    // into the pooled keys: [num_key_blocks][head_dim] floats of this head's kv head
   int64_t offsets_base = 0;  // into DeviceEstimates::bs_offsets (num_q_blocks + 1 entries)
   int64_t key_base = 0;      // into DeviceEstimates::bs_key_blocks
+  // Adaptive budgets (gamma > 0): top_k is the maximum; every query block with qb >= 1 is scored and keeps the
+  // coverage count's blocks, the rest of its room kBsUnused.
+  double gamma = 0.0;
+  int32_t min_top_k = 0;
 };
 
 // BS scoring work, laid out on the host (plan_bs_waves in estimate_kernels.cuh, "BS estimator v2"). A tile is

@@ -1084,9 +1084,145 @@ __global__ void __launch_bounds__(kBsScoreThreads, 3) bs_score_kernel(const BsPa
   }
 }
 
+// Adaptive BS budgets (pattern.h; the rule of coverage_count in attention/index/estimate.h, as the CPU's
+// estimate_block_sparse applies it) for one query block qb by one warp: the masses are exp(s - mx) in f64 (s the
+// f32 scores, as the CPU's doubles of its f32 scores) of the diagonal block (forced: first in the order) and of
+// the blocks [0, qb) (row), mx the largest of them; the count is the shortest prefix of the order (the diagonal,
+// then the rest by score descending, ties to the smaller block) whose mass reaches gamma * total, clamped to
+// [max(min_count, 1), max_count]. The search is VsCoverage's, on one warp and over the order keys of the scores
+// (any sign: the whole 2^32 key interval, 11 passes): S(t) = the mass of the blocks whose key is >= t; the
+// threshold T is the largest t with F + S(t) >= target (F: the diagonal's mass); the prefix holds the blocks above
+// T and the first ceil((target - F - S(T + 1)) / mass(T)) of those equal to T. Sums are f64, each lane's in index
+// order, then the warp's xor butterfly (every lane ends with the same value): the count does not depend on
+// timing. The CPU sums in the prefix's own order, so the two agree wherever the target is not within rounding of
+// a prefix sum (and the scores are not within rounding of each other: the CPU's dot products add in another order).
+struct BsCoverage {
+  static constexpr int kPoints = 7;
+
+  __device__ static double mass(float s, double mx) { return exp(static_cast<double>(s) - mx); }
+
+  // For t_j = first + j * step, j < points (<= kPoints): the mass and number of the blocks of row[0, n) whose
+  // order key is >= t_j, on every lane.
+  __device__ static void mass_from(const float* row, int n, double mx, uint64_t first, uint64_t step, int points,
+                                   double (&m)[kPoints], unsigned (&c)[kPoints]) {
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+#pragma unroll
+    for (int j = 0; j < kPoints; ++j) {
+      m[j] = 0.0;
+      c[j] = 0;
+    }
+    for (int i = lane; i < n; i += 32) {
+      const float x = row[i];
+      const uint64_t key = detail::order_key(x);
+      if (key < first) continue;
+      const uint64_t d = key - first;
+      const double v = mass(x, mx);
+#pragma unroll
+      for (int j = 0; j < kPoints; ++j) {
+        if (j < points && d >= static_cast<uint64_t>(j) * step) {
+          m[j] += v;
+          ++c[j];
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kPoints; ++j) {
+#pragma unroll
+      for (int o = 16; o > 0; o /= 2) {
+        m[j] += __shfl_xor_sync(0xffffffffu, m[j], o);
+        c[j] += __shfl_xor_sync(0xffffffffu, c[j], o);
+      }
+    }
+  }
+
+  // The float whose order key is `key` (order_key's inverse).
+  __device__ static float from_key(uint32_t key) {
+    return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+  }
+
+  // Every lane must call it with the same arguments; max_count >= 2.
+  __device__ static int count(const float* row, int n, float diag, double gamma, int min_count, int max_count) {
+    const int lo_count = min(max(min_count, 1), max_count);
+    if (gamma >= 1.0) return max_count;
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+    float top = diag;
+    for (int i = lane; i < n; i += 32) top = fmaxf(top, row[i]);
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, o));
+    const double mx = top;
+    double m[kPoints];
+    unsigned c[kPoints];
+    const double forced_mass = mass(diag, mx);
+    mass_from(row, n, mx, 0, 1, 1, m, c);
+    const double target = gamma * (forced_mass + m[0]);
+    int keep = n + 1;  // no prefix reaches the target (rounding): all
+    if (forced_mass >= target) {
+      keep = 1;
+    } else if (forced_mass + m[0] >= target) {
+      // [lo, hi): lo valid (F + S(lo) >= target), hi invalid (S(2^32) = 0).
+      uint64_t lo = 0, hi = uint64_t{1} << 32;
+      double s_hi = 0.0;
+      unsigned c_lo = c[0], c_hi = 0;
+      while (hi - lo > 1) {
+        const uint64_t step = (hi - lo + kPoints) / (kPoints + 1);  // >= 1
+        const uint64_t fit = (hi - lo - 1) / step;                  // points strictly inside (lo, hi)
+        const int points = fit < static_cast<uint64_t>(kPoints) ? static_cast<int>(fit) : kPoints;
+        mass_from(row, n, mx, lo + step, step, points, m, c);
+        uint64_t new_lo = lo, new_hi = hi;
+        for (int j = 0; j < points; ++j) {
+          const uint64_t t = lo + static_cast<uint64_t>(j + 1) * step;
+          if (forced_mass + m[j] >= target) {
+            new_lo = t;
+            c_lo = c[j];
+          } else {
+            new_hi = t;
+            s_hi = m[j];
+            c_hi = c[j];
+            break;
+          }
+        }
+        lo = new_lo;
+        hi = new_hi;
+      }
+      // T = lo: c_hi blocks above it (mass s_hi), c_lo - c_hi equal to it, each of mass v.
+      const double v = mass(from_key(static_cast<uint32_t>(lo)), mx);
+      const double need = target - forced_mass - s_hi;
+      const unsigned eq = c_lo - c_hi;
+      unsigned take = 1;
+      if (v > 0.0) {
+        const double tk = ceil(need / v);
+        take = tk < 1.0 ? 1u : (tk >= static_cast<double>(eq) ? eq : static_cast<unsigned>(tk));
+      }
+      keep = 1 + static_cast<int>(c_hi + take);
+    }
+    return min(max(keep, lo_count), max_count);
+  }
+};
+
+// The score of query block e (entry of the head in slot `slot`) against its own key block qb, as bs_score_kernel
+// computes the others (v1's tree: lane l's leaf is the fma over elements l, l + 32, ... from +0, the leaves added
+// by the xor butterfly over lane masks 16 .. 1, times the scale), on every lane.
+template <int D>
+__device__ __forceinline__ float bs_diag_score(const BsParams& p, const BsHeadDesc& hd, int slot, int e, int qb) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const float* qp = p.qpool + (static_cast<int64_t>(slot) * p.max_q_blocks + e) * D;
+  const float* kp = p.kpool + hd.kpool_base + static_cast<int64_t>(qb) * D;
+  float a = 0.0f;
+#pragma unroll
+  for (int t = 0; t < D / 32; ++t) {
+    const int pos = bs_leaf_pos<D>(lane + 32 * t);
+    a = fmaf(qp[pos], kp[pos], a);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) a = a + __shfl_xor_sync(0xffffffffu, a, o);
+  return a * p.scale;
+}
+
 // grid (tiles of the wave, tile rows / 8): a warp per query block. The diagonal block qb is always kept (one
 // of the top_k slots) and goes last; the other count - 1 are the top of [0, qb) by score, ascending, as in
-// the CPU estimator (attention/index/estimate.h).
+// the CPU estimator (attention/index/estimate.h). count = min(top_k, qb + 1), the layout's room; for adaptive
+// heads (gamma > 0) with room >= 2 the coverage count (BsCoverage), and kBsUnused fills the room after the kept.
+template <int D>
 __global__ void __launch_bounds__(kBsSelectThreads) bs_select_kernel(const BsParams p, int tile_begin) {
   using TopK = detail::WarpTopK<kBsRegSlots>;
   __shared__ uint32_t buf[kBsSelectThreads / 32][TopK::kBufWords];
@@ -1096,13 +1232,18 @@ __global__ void __launch_bounds__(kBsSelectThreads) bs_select_kernel(const BsPar
   const int e = tl.e0 + static_cast<int>(blockIdx.y) * (kBsSelectThreads / 32) + warp;
   if (e >= tl.e1) return;  // uniform across the warp
   const int qb = hd.first_q_block + e;
-  const int count = min(hd.top_k, qb + 1);
-  if (count <= 0) return;
+  const int room = min(hd.top_k, qb + 1);
+  if (room <= 0) return;
   int32_t* out = p.key_blocks + hd.key_base + p.offsets[hd.offsets_base + e];
+  int count = room;
+  if (hd.gamma > 0.0 && room >= 2) {  // a scored row (adaptive heads score every qb >= 1)
+    const float* row = p.scores + bs_row_offset(tl, hd.first_q_block, e);
+    count = BsCoverage::count(row, qb, bs_diag_score<D>(p, hd, tl.slot, e, qb), hd.gamma, hd.min_top_k, room);
+  }
   const int k = count - 1;
   if (k >= qb) {
     for (int i = lane; i < qb; i += 32) out[i] = i;
-  } else if (k > 0) {  // a scored row: 2 <= top_k <= qb
+  } else if (k > 0) {  // a scored row: 2 <= top_k <= qb, or adaptive
     const float* row = p.scores + bs_row_offset(tl, hd.first_q_block, e);
     if (qb <= 32 * kBsRegSlots) {
       TopK::select<true>(row, qb, k, out, buf[warp]);
@@ -1111,6 +1252,7 @@ __global__ void __launch_bounds__(kBsSelectThreads) bs_select_kernel(const BsPar
     }
   }
   if (lane == 0) out[count - 1] = qb;
+  for (int i = count + lane; i < room; i += 32) out[i] = kBsUnused;
 }
 
 // The BS scoring plan (host code, run by DeviceEstimates' constructor): tiles of query blocks per head, grouped
@@ -1139,9 +1281,11 @@ int64_t plan_bs_waves(const std::vector<BsHeadDesc>& heads, int head_dim, int64_
     };
     for (size_t slot = 0; slot < heads.size(); ++slot) {
       const BsHeadDesc& d = heads[slot];
-      // Scored rows choose among their causal blocks: 2 <= top_k <= qb = first_q_block + e.
+      // Scored rows choose among their causal blocks: 2 <= top_k <= qb = first_q_block + e; with adaptive
+      // budgets every row with 2 <= top_k and 1 <= qb (its count may be below qb + 1).
+      const int first_scored = d.gamma > 0.0 ? 1 : d.top_k;
       const int e_min =
-          d.top_k >= 2 ? std::clamp(d.top_k - d.first_q_block, 0, d.num_q_blocks) : d.num_q_blocks;
+          d.top_k >= 2 ? std::clamp(first_scored - d.first_q_block, 0, d.num_q_blocks) : d.num_q_blocks;
       for (int e0 = 0; e0 < d.num_q_blocks; e0 += rows) {
         BsTileDesc t;
         t.slot = static_cast<int32_t>(slot);
