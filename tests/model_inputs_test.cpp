@@ -198,12 +198,23 @@ RecallRows recall_rows(const TensorView& qv, const TensorView& kv, int seq, floa
   return rr;
 }
 
-AdaptiveRow adaptive_row(const attn::VerticalSlashPattern& p, const TensorView& qv, const TensorView& kv,
+AdaptiveRow adaptive_row(const attn::Pattern& p, const TensorView& qv, const TensorView& kv,
                          const attn::LoweringContext& ctx, float scale, const RecallRows& rr) {
-  const attn::VerticalSlashEstimate est = attn::estimate_vertical_slash(p, qv, kv, 0, 0, ctx, scale);
-  const attn::SparseIndex index = attn::lower_layer({p}, {est}, ctx);
   AdaptiveRow r;
-  r.kept = "columns " + std::to_string(est.columns.size()) + ", slashes " + std::to_string(est.offsets.size());
+  attn::SparseIndex index;
+  if (const auto* vs = std::get_if<attn::VerticalSlashPattern>(&p)) {
+    const attn::VerticalSlashEstimate est = attn::estimate_vertical_slash(*vs, qv, kv, 0, 0, ctx, scale);
+    index = attn::lower_layer({p}, {est}, ctx);
+    r.kept = "columns " + std::to_string(est.columns.size()) + ", slashes " + std::to_string(est.offsets.size());
+  } else {
+    const auto& bs = std::get<attn::BlockSparsePattern>(p);
+    const attn::BlockSparseEstimate est = attn::estimate_block_sparse(bs, qv, kv, 0, 0, ctx, scale);
+    index = attn::lower_layer({p}, {est}, ctx);
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "key blocks per query block %.1f",
+                  double(est.key_blocks.size()) / double(std::max<size_t>(1, est.offsets.size() - 1)));
+    r.kept = buf;
+  }
   r.density = attn::index_stats(index).density();
   for (size_t i = 0; i < rr.rows.size(); ++i) {
     double kept = 0;
@@ -236,6 +247,37 @@ TEST(ModelInputs, AdaptiveBudgetsKeepLessThanFixedVs) {
                 "vsa95 %.4f (recall %.4f; %s); gamma 0.9 within (8192, 32768) %.4f (recall %.4f; %s)\n",
                 seq, head, f.density, f.recall, r90.density, r90.recall, r90.kept.c_str(), r95.density, r95.recall,
                 r95.kept.c_str(), rw.density, rw.recall, rw.kept.c_str());
+    std::fflush(stdout);
+    EXPECT_LE(r90.density, r95.density + 1e-12) << "seq " << seq << " head " << head;
+    EXPECT_LE(r95.density, f.density + 1e-12) << "seq " << seq << " head " << head;
+    EXPECT_LE(r90.recall, r95.recall + 1e-12) << "seq " << seq << " head " << head;
+    EXPECT_LE(r95.recall, f.recall + 1e-12) << "seq " << seq << " head " << head;
+  }
+}
+
+// The same for block-sparse (bs_adaptive, pattern.h): the attention_gpu_bench rows bs (top 100, block 64) and
+// bsa90 / bsa95 (the same maximum). Per query block an adaptive list is the diagonal and a prefix of the fixed
+// list's ranking, so within the same maximum density and recall cannot exceed the fixed one's, and gamma 0.9's
+// cannot exceed gamma 0.95's. Printed: "[ adaptive ] seq S head h: bs(100) D (recall R), bsa90 D (...), ...".
+TEST(ModelInputs, AdaptiveBudgetsKeepLessThanFixedBs) {
+  const ModelInputs m = make_model_inputs(kD);
+  for (const auto& [seq, head] : std::vector<std::pair<int, int>>{{32768, 0}, {131072, 0}}) {
+    std::vector<bf16> q, k;
+    fill(m, seq, head, seq, q, k);
+    const TensorView qv(q.data(), DType::BF16, {seq, 1, kD}), kv(k.data(), DType::BF16, {seq, 1, kD});
+    const attn::LoweringContext ctx = attn::LoweringContext::prefill(seq, kTile);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(kD));
+    const attn::BlockSparsePattern fixed{100, 64};
+    attn::BlockSparsePattern a90 = fixed, a95 = fixed;
+    a90.gamma = 0.9;
+    a95.gamma = 0.95;
+    const RecallRows rr = recall_rows(qv, kv, seq, scale);
+    const AdaptiveRow f = adaptive_row(fixed, qv, kv, ctx, scale, rr), r90 = adaptive_row(a90, qv, kv, ctx, scale, rr),
+                      r95 = adaptive_row(a95, qv, kv, ctx, scale, rr);
+    std::printf("[ adaptive ] seq %6d head %2d: bs(100) %.4f (recall %.4f; %s); bsa90 %.4f (recall %.4f; %s); "
+                "bsa95 %.4f (recall %.4f; %s)\n",
+                seq, head, f.density, f.recall, f.kept.c_str(), r90.density, r90.recall, r90.kept.c_str(),
+                r95.density, r95.recall, r95.kept.c_str());
     std::fflush(stdout);
     EXPECT_LE(r90.density, r95.density + 1e-12) << "seq " << seq << " head " << head;
     EXPECT_LE(r95.density, f.density + 1e-12) << "seq " << seq << " head " << head;
