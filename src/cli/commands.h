@@ -21,12 +21,13 @@ struct CudaAttentionFlags {
 // The options the flags ask for. Throws tessera::Error when a flag is given for a run on the CPU.
 attn::gpu::CudaAttentionOptions cuda_attention_options(const CudaAttentionFlags& flags, bool gpu);
 
-// --stream and its sizes: streaming memory over unbounded context (runtime/stream/stream_options.h), CPU only.
+// --stream and its sizes: streaming memory over unbounded context (runtime/stream/stream_options.h), CPU or GPU.
 struct StreamFlags {
   std::vector<std::string> methods;  // ltri | infllm | streamingllm (run: at most one); empty: no streaming
   int sinks = 128, local = 4096, chunk = 512, block = 128, top_k = 32, last_chunk = 64;
   std::string host_budget;      // host memory for evicted blocks ("4G"); empty: the host memory budget
   std::string retrieval_heads;  // a file of "layer head score" lines (Ltri's retrieval-head voting); empty: none
+  double index_ratio = 0;       // ltri: evicted tokens per index vector (per-layer lambda search); 0: fixed lambda
 };
 // The engine options of one --stream method (the same on the CPU and the GPU; `gpu` is unused). streamingllm gets
 // the retrieved blocks' room as local window (equal memory). Throws tessera::Error naming the flag for bad sizes.
@@ -126,6 +127,7 @@ struct ServeOptions {
   CudaAttentionFlags cuda;
   int gpus = 1;                  // > 1: the tensor-parallel engine, one process per GPU (docs/multi-gpu.md)
   std::string placement;         // its head placement file (default: the --attn plan's, else genetic)
+  StreamFlags stream;            // --stream: every request through streaming memory (docs/streaming.md)
 };
 
 struct PlanOptions {

@@ -31,9 +31,9 @@ void choose_openblas_core(char** argv) {
 // --stream and its sizes (StreamFlags); `several`: a comma-separated list of methods (bench, eval).
 void add_stream_options(CLI::App* app, tessera::cli::StreamFlags& f, bool several) {
   auto* m = app->add_option("--stream", f.methods,
-                            several ? "Streaming memory over unbounded context, CPU only: ltri, infllm, streamingllm "
+                            several ? "Streaming memory over unbounded context: ltri, infllm, streamingllm "
                                       "(comma-separated; each runs beside dense; docs/streaming.md)"
-                                    : "Streaming memory over unbounded context, CPU only: ltri, infllm or streamingllm "
+                                    : "Streaming memory over unbounded context: ltri, infllm or streamingllm "
                                       "(docs/streaming.md)");
   if (several) m->delimiter(',');
   m->check(CLI::IsMember({"ltri", "infllm", "streamingllm"}));
@@ -53,6 +53,10 @@ void add_stream_options(CLI::App* app, tessera::cli::StreamFlags& f, bool severa
                   "Streaming: host memory for evicted KV blocks, e.g. 4G (default: the host memory budget)");
   app->add_option("--stream-retrieval-heads", f.retrieval_heads,
                   "Streaming (ltri): file of 'layer head score' lines; the best head per layer above 0.1 votes");
+  app->add_option("--stream-index-ratio", f.index_ratio,
+                  "Streaming (ltri): target evicted tokens per index vector; each layer's retention slope lambda is "
+                  "the smallest meeting it (0: lambda 3, 20 in the first four layers)")
+      ->capture_default_str();
 }
 
 }  // namespace
@@ -240,6 +244,7 @@ int main(int argc, char** argv) {
   sv->add_option("--timeout", serve.timeout, "Seconds a request may take, queueing included")->capture_default_str();
   sv->add_option("--max-body", serve.max_body_mb, "Request body limit in MiB")->capture_default_str();
   sv->add_flag("--quiet", serve.quiet, "No line per request");
+  add_stream_options(sv, serve.stream, false);
   sv->add_option("--prefill-kernel", serve.cuda.prefill_kernel, "GPU prefill kernel: auto, mma or wgmma")
       ->check(CLI::IsMember({"auto", "mma", "wgmma"}));
   sv->add_option("--dense-backend", serve.cuda.dense_backend, "GPU dense attention: auto, ours or cudnn")

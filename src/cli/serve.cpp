@@ -2,6 +2,7 @@
 #include <csignal>
 #include <cstdio>
 #include <ctime>
+#include <limits>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -15,6 +16,7 @@
 #include "server/http/http_server.h"
 #include "server/policy_cache.h"
 #include "server/scheduler.h"
+#include "server/stream_serving.h"
 #endif
 #ifdef TESSERA_WITH_GPU_ENGINE
 #include "runtime_cuda/batch_gpu.h"
@@ -214,9 +216,18 @@ int serve_command(const ServeOptions& o) {
         "--gpus " + std::to_string(o.gpus) + " serves one request at a time: drop --parallel (the batched engine "
         "has no tensor-parallel backend yet)");
   check(o.gpus == 1 || o.device != "cpu", "--gpus runs on GPUs: drop --device cpu");
+  const bool streaming = !o.stream.methods.empty();
+  check(!streaming || o.gpus == 1,
+        "--stream serves on one GPU or the CPU: drop --gpus (the tensor-parallel engine has no streaming memory yet)");
+  check(!streaming || o.attn == "dense",
+        "--stream cannot be combined with --attn " + o.attn +
+            ": streaming memory attends densely within its own layout (docs/streaming.md)");
   // --gpus forks one process per GPU: this process must not touch CUDA first (use_gpu_device would).
   const bool gpu = o.gpus == 1 && use_gpu_device(o.device);
   (void)cuda_attention_options(o.cuda, o.gpus > 1 || gpu);
+  check(!streaming || !gpu || o.parallel == 1,
+        "--stream on the GPU serves one request at a time: drop --parallel (on the CPU, --parallel N runs N streaming "
+        "engines)");
 
   const double t0 = now_seconds();
   const Session s = Session::open(o.model);
@@ -234,8 +245,28 @@ int serve_command(const ServeOptions& o) {
   server::PolicyCache policies({c.num_layers, c.num_q_heads, c.num_kv_heads}, o.attn, o.policy_dir);
   if (o.gpus > 1) return serve_tensor_parallel(o, s, served, policies);
 
-  // --parallel 1: one single-sequence engine (a slot); more: the batched engine over a paged KV cache.
-  const bool batched = o.parallel > 1;
+  // --stream: every request through streaming memory, each slot its own engine (--parallel N: N of them, sharing the
+  // host budget for evicted blocks). The context is what that budget holds, not the model's trained context.
+  runtime::StreamOptions stream;
+  std::string stream_note;
+  if (streaming) {
+    const std::string& method = o.stream.methods.front();
+    stream = stream_options(o.stream, method, gpu);
+    const int64_t total = stream.host_budget > 0 ? stream.host_budget : host_memory_budget().bytes;
+    stream.host_budget = total / o.parallel;
+    const int32_t cap = o.max_context > 0 ? o.max_context : std::numeric_limits<int32_t>::max() - 1;
+    served.context_length = server::streaming_context_limit(
+        c, stream, gpu ? runtime::StreamingKV::Storage::Device : runtime::StreamingKV::Storage::Host, cap);
+    policies.only_dense("this server streams every request (--stream " + method +
+                        "), which attends densely within its own layout; drop 'tessera.attn'",
+                        stream_label(method));
+    stream_note = ", streaming: " + server::describe_streaming(stream, stream.host_budget) +
+                  (o.parallel > 1 ? " per slot" : "") + ", context " + with_commas(served.context_length) + " tokens";
+  }
+
+  // --parallel 1: one single-sequence engine (a slot); more: the batched engine over a paged KV cache (--stream:
+  // one streaming engine per slot).
+  const bool batched = o.parallel > 1 && !streaming;
   const double kv_bytes = o.kv_budget.empty() ? 0.0 : static_cast<double>(parse_byte_size(o.kv_budget, "--kv-budget"));
   runtime::BatchEngineOptions bo;
   bo.chunk_size = o.chunk;
@@ -253,6 +284,7 @@ int serve_command(const ServeOptions& o) {
     runtime::gpu::GpuEngineOptions go;
     go.max_context = served.context_length;
     go.cuda_attention = cuda_attention_options(o.cuda, true);
+    go.stream = stream;
     if (batched) {
       runtime::gpu::GpuBatchOptions gbo;
       gbo.prefill.cuda_attention = go.cuda_attention;
@@ -269,13 +301,14 @@ int serve_command(const ServeOptions& o) {
     runtime::EngineOptions eo;
     eo.chunk_size = o.chunk;
     eo.max_context = served.context_length;
+    eo.stream = stream;
     factory = server::cpu_slot_factory(*s.model, eo);
     if (batched) batch.backend = std::make_unique<runtime::CpuBatchBackend>(*s.model);
   }
   if (batched) batch.engine = std::make_unique<runtime::BatchEngine>(*batch.backend, bo);
 
   server::Metrics metrics;
-  std::string kv_note;
+  std::string kv_note = stream_note;
   if (batched) {
     const runtime::BatchEngine& e = *batch.engine;
     kv_note = ", batched: KV " + format_bytes(e.blocks().total() * e.block_bytes()) + " in " +

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -51,13 +52,18 @@ GpuEngine::GpuEngine(const DeviceModel& model, GpuEngineOptions options)
   const ModelConfig& cfg = model.config();
   check(options_.max_context >= 0, "GPU engine: max_context must not be negative");
   check_policy_fits(options_.policy, cfg);
-  max_context_ = options_.max_context > 0 ? options_.max_context : cfg.context_length;
+  // Streaming has no context limit but the one asked for (as the CPU engine): positions past the model's trained
+  // context are what it is for, and it keeps no whole-sequence cache.
+  const bool streams = options_.stream.method != StreamMethod::None;
+  max_context_ = options_.max_context > 0 ? options_.max_context
+                 : streams                 ? std::numeric_limits<int32_t>::max() - 1
+                                           : cfg.context_length;
   // A blocking stream: the attention backend uploads its small descriptors on the legacy default stream,
   // which orders with blocking streams.
   TESSERA_CUDA_CHECK(cudaStreamCreate(&stream_));
   try {
     gemm_ = std::make_unique<Gemm>(stream_);
-    cache_ = DeviceKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max_context_);
+    if (!streams) cache_ = DeviceKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max_context_);
     ForwardOptions fo;
     fo.mlp_chunk = options_.mlp_chunk;
     fo.tile = options_.tile;
@@ -195,8 +201,8 @@ std::vector<float> GpuEngine::run_prefill(std::span<const int32_t> tokens, Logit
                                           const Progress& progress) {
   if (tokens.empty()) throw Error("prefill: empty prompt");
   check_token_ids(tokens, model_.config());
-  if (streaming_) return run_stream_prefill(tokens, rows, progress);
   check_prompt_fits(tokens.size(), position_, max_context_, model_.config());
+  if (streaming_) return run_stream_prefill(tokens, rows, progress);
   const int64_t end = static_cast<int64_t>(position_) + static_cast<int64_t>(tokens.size());
   const auto t0 = Clock::now();
   cache_.reserve(static_cast<int32_t>(end), position_);
@@ -250,7 +256,7 @@ std::vector<float> GpuEngine::decode(int32_t token) { return run_decode(token, L
 std::vector<float> GpuEngine::run_decode(int32_t token, LogitRows rows) {
   const int32_t one[1] = {token};
   check_token_ids(one, model_.config());
-  if (!streaming_) check_decode_fits(position_, max_context_, model_.config());
+  check_decode_fits(position_, max_context_, model_.config());
   const auto t0 = Clock::now();
   if (!streaming_) cache_.reserve(position_ + 1, position_);
   std::vector<float> logits;

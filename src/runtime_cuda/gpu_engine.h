@@ -63,8 +63,9 @@ struct GpuEngineOptions {
   // The CUDA attention backend's options (attention/index/prefill_route.h); default: the process defaults.
   attn::gpu::CudaAttentionOptions cuda_attention = attn::gpu::cuda_attention_defaults();
   // Streaming memory (runtime/stream/stream_options.h, the GPU twin: stream_gpu_kv.h): method != None reads prompts
-  // of any length in stream.chunk-token chunks (chunk_size, max_context and the policy are then unused; the KV
-  // lives in the streaming workspace and evicted blocks in pinned host memory).
+  // of any length in stream.chunk-token chunks (chunk_size and the policy are then unused, and there is no context
+  // limit but max_context when set, as on the CPU; the KV lives in the streaming workspace and evicted blocks in
+  // pinned host memory).
   StreamOptions stream;
 };
 

@@ -50,6 +50,8 @@ attn::AttentionPolicy PolicyCache::build(const std::string& spec) const {
 }
 
 std::shared_ptr<const attn::AttentionPolicy> PolicyCache::get(const std::string& spec) {
+  if (!only_dense_.empty() && !spec.empty() && spec != "dense")
+    throw invalid_request("'tessera.attn' is '" + spec + "': " + only_dense_, "tessera.attn");
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (auto it = cache_.find(spec); it != cache_.end()) return it->second;

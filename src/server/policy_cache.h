@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "attention/pattern/config_io.h"
 #include "attention/pattern/policy.h"
@@ -27,12 +28,20 @@ class PolicyCache {
   // The policy for a request's spec; "" gives the server's default.
   std::shared_ptr<const attn::AttentionPolicy> get(const std::string& spec);
   const std::string& default_spec() const { return default_spec_; }
+  // Every request runs dense attention within another memory (serve --stream): a request naming a spec other than
+  // "dense" gets 400 "'tessera.attn' is 'SPEC': <why>", and the request lines name `label` ("stream:ltri").
+  void only_dense(std::string why, std::string label) {
+    only_dense_ = std::move(why);
+    label_ = std::move(label);
+  }
+  // What a request without "tessera.attn" runs, for the request lines.
+  const std::string& default_label() const { return label_.empty() ? default_spec_ : label_; }
 
  private:
   attn::AttentionPolicy build(const std::string& spec) const;
 
   attn::PolicyShape shape_;
-  std::string default_spec_, policy_dir_;
+  std::string default_spec_, policy_dir_, only_dense_, label_;
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<const attn::AttentionPolicy>> cache_;
 };

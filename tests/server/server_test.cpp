@@ -28,6 +28,7 @@
 #include "runtime/batch_engine.h"
 #include "server/scheduler.h"
 #include "server/stop_matcher.h"
+#include "server/stream_serving.h"
 
 namespace tessera::server {
 namespace {
@@ -379,6 +380,24 @@ TEST(ServerPolicies, PresetsPlansAndNoPaths) {
   EXPECT_THROW(PolicyCache(shape, "vs:x=1", ""), Error);  // the server's own spec is checked at start
 }
 
+// serve --stream: requests run dense attention within streaming memory; naming another policy is a 400.
+TEST(ServerPolicies, OnlyDenseWhenStreaming) {
+  PolicyCache cache({4, 2, 1}, "dense", "");
+  EXPECT_EQ(cache.default_label(), "dense");
+  cache.only_dense("this server streams every request (--stream ltri)", "stream:ltri");
+  EXPECT_EQ(cache.default_label(), "stream:ltri");
+  EXPECT_TRUE(cache.get("")->table().empty());
+  EXPECT_TRUE(cache.get("dense")->table().empty());
+  try {
+    (void)cache.get("vs");
+    ADD_FAILURE() << "accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status(), 400);
+    EXPECT_EQ(e.param(), "tessera.attn");
+    EXPECT_EQ(std::string(e.what()), "'tessera.attn' is 'vs': this server streams every request (--stream ltri)");
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // The scheduler over a scripted engine
 
@@ -600,6 +619,68 @@ TEST(ServerScheduler, RealEngineAnswersAsEngineGenerate) {
   EXPECT_EQ(a->result().reason, static_cast<int32_t>(ids.size()) == 12 ? FinishReason::Length : FinishReason::Stop);
   const Gauges g = sched.gauges();
   EXPECT_EQ(g.kv_tokens + g.kv_bytes, 0);  // the engines, and their caches, went with the requests
+}
+
+// serve --stream: the context the server states is the longest sequence whose evicted blocks fit the host budget
+// (f32 blocks on the CPU, bf16 on the GPU), and its slots answer as the streaming engine does, several at once.
+runtime::StreamOptions small_stream(int64_t host_budget) {
+  runtime::StreamOptions o;
+  o.method = runtime::StreamMethod::Ltri;
+  o.sinks = 16;
+  o.local = 64;
+  o.block = 16;
+  o.top_k = 2;
+  o.chunk = 32;
+  o.last_chunk = 16;
+  o.host_budget = host_budget;
+  return o;
+}
+
+TEST(ServerStreaming, ContextIsWhatTheHostBudgetHolds) {
+  REQUIRE_REAL_MODEL();
+  const runtime::ModelConfig& c = rm->model->config();  // 30 layers, 3 kv heads of 64
+  // One evicted block of 16 tokens, all 30 layers, K and V: 16 * 3 * 64 * 2 values = 737,280 B in f32.
+  // 2 MiB holds 2 of them; a sequence evicts (n - 16 - 64) / 16 blocks: the longest is 80 + 3 * 16 - 1 = 127.
+  const runtime::StreamOptions o = small_stream(2 << 20);
+  using Storage = runtime::StreamingKV::Storage;
+  EXPECT_EQ(streaming_context_limit(c, o, Storage::Host, 1 << 30), 127);
+  // bf16 blocks (the GPU's pinned memory): 5 fit, so 80 + 6 * 16 - 1 = 175.
+  EXPECT_EQ(streaming_context_limit(c, o, Storage::Device, 1 << 30), 175);
+  EXPECT_EQ(streaming_context_limit(c, o, Storage::Host, 100), 100);  // --max-context below the budget's bound
+  const runtime::StreamingKV probe(c, o, Storage::Host);
+  EXPECT_NO_THROW(probe.check_sequence(127));
+  EXPECT_THROW(probe.check_sequence(128), Error);
+  EXPECT_EQ(describe_streaming(o, 2 << 20),
+            "ltri (sinks 16, local 64, chunk 32, blocks of 16, top 2; host budget 2.10 MB)");
+}
+
+TEST(ServerStreaming, SlotsAnswerAsTheStreamingEngine) {
+  REQUIRE_REAL_MODEL();
+  std::string text;
+  for (int i = 0; i < 10; ++i) text += "The quick brown fox jumps over the lazy dog. ";
+  const PreparedRequest p = prepare_request(
+      parse_api_request(Endpoint::Completion,
+                        R"({"model": "smollm2", "temperature": 0, "max_tokens": 8, "prompt": ")" + text + R"("})"),
+      rm->served, 0);
+  ASSERT_GT(p.prompt.size(), 96u);  // past sinks + local + one block: blocks are evicted and retrieved
+  runtime::EngineOptions eo;
+  eo.stream = small_stream(64 << 20);
+  runtime::Engine engine(*rm->model, eo);
+  const std::vector<int32_t> ids = engine.generate(p.prompt, p.gen);
+  ASSERT_GT(engine.streaming()->evicted_blocks(), 0);
+  const std::string want = rm->tokenizer->decode(ids, {.skip_special = true});
+
+  Metrics metrics;
+  Scheduler sched({.slots = 2, .queue = 2}, cpu_slot_factory(*rm->model, eo), *rm->tokenizer, metrics);
+  auto a = std::make_shared<Job>(p, std::make_shared<const attn::AttentionPolicy>(), Clock::now() + 120s);
+  auto b = std::make_shared<Job>(p, std::make_shared<const attn::AttentionPolicy>(), Clock::now() + 120s);
+  ASSERT_EQ(sched.submit(a), Admission::Accepted);
+  ASSERT_EQ(sched.submit(b), Admission::Accepted);  // two streaming engines at once
+  EXPECT_EQ(drain(*a), want);
+  EXPECT_EQ(drain(*b), want);
+  EXPECT_EQ(a->result().completion_tokens, static_cast<int64_t>(ids.size()));
+  const Gauges g = sched.gauges();
+  EXPECT_EQ(g.kv_tokens + g.kv_bytes, 0);
 }
 
 // The scheduler over the batched engine (tessera serve --parallel N > 1): every request answers as the

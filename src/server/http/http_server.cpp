@@ -112,7 +112,7 @@ struct HttpServer::Impl {
       const ApiRequest r = parse_api_request(endpoint, req.body);
       PreparedRequest prepared = prepare_request(r, model, random_seed());
       auto policy = policies.get(r.attn);
-      const std::string attn = r.attn.empty() ? policies.default_spec() : r.attn;
+      const std::string attn = r.attn.empty() ? policies.default_label() : r.attn;
       const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                                std::chrono::duration<double>(options.timeout_seconds));
       auto job = std::make_shared<Job>(std::move(prepared), std::move(policy), deadline);
