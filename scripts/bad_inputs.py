@@ -197,13 +197,17 @@ def cases(tessera, fx, models):
     add("several GPUs", "plan --gpus 64 for a model with 9 query heads (refused before planning)",
         T + ["plan", "--method", "minference", "-m", smol, "--gpus", "64", "-o", "/tmp/tessera-bad-input-plan.json"], 1,
         None, needs=smol)
-    # Streaming memory (docs/streaming.md): sizes, models without sliding-window layers, a host budget.
+    # Streaming memory (docs/streaming.md): sizes, the index ratio, host budgets (Gemma-3: its global layers only).
     add("streaming", "--stream-chunk 0",
         T + ["run", "-m", tiny, "-p", "hi", "--stream", "ltri", "--stream-chunk", "0"], 1, None)
     add("streaming", "--stream with --attn", T + ["run", "-m", tiny, "-p", "hi", "--stream", "infllm", "--attn", "ashape"],
         1, None)
-    add("streaming", "--stream on a model with sliding-window layers (Gemma-3)",
-        T + ["run", "-m", gemma, "-p", "hi", "--stream", "ltri"], 1, None, needs=gemma)
+    add("streaming", "--stream-index-ratio 0.5 (under one evicted token per index vector)",
+        T + ["run", "-m", tiny, "-p", "hi", "--stream", "ltri", "--stream-index-ratio", "0.5"], 1, None)
+    add("streaming", "--stream-host-budget 4K on Gemma-3 (only its global layers keep evicted blocks)",
+        T + ["run", "-m", gemma, "-p", "one two three four five six seven eight nine ten " * 12, "--stream", "ltri",
+             "--stream-sinks", "4", "--stream-local", "16", "--stream-block", "16", "--stream-chunk", "16",
+             "--stream-host-budget", "4K"], 1, None, needs=gemma)
     add("streaming", "--stream-host-budget 4K for a prompt that evicts more",
         T + ["run", "-m", smol, "-p", "one two three four five six seven eight nine ten " * 12, "--stream", "ltri",
              "--stream-sinks", "4", "--stream-local", "16", "--stream-block", "16", "--stream-chunk", "16",

@@ -192,6 +192,91 @@ TEST(SpanIndex, RetentionFollowsTheAreaRatio) {
   EXPECT_EQ(stream::top_voted(std::vector<float>{0.1f, 5, 2, 5, 0.3f}, 2, 5, 1), (std::vector<int32_t>{3}));
 }
 
+// The per-layer lambda search (Sec. 3.3.2): the table's vector count is the sum of the spans' counts with r at its
+// range's upper edge (an upper bound of the exact counts), never increases with lambda, and the lambda chosen is the
+// smallest that meets the ratio.
+TEST(SpanIndex, LambdaSearchMeetsTheRatioWithTheSmallestLambda) {
+  std::mt19937 rng(21);
+  std::uniform_int_distribution<int32_t> len(1, 64);
+  std::uniform_real_distribution<double> ratio(0.0, 1.0);
+  stream::LambdaTable table;
+  std::vector<std::pair<int32_t, double>> spans;
+  int64_t tokens = 0;
+  for (int i = 0; i < 500; ++i) {
+    spans.emplace_back(len(rng), ratio(rng));
+    table.add(spans.back().first, spans.back().second);
+    tokens += spans.back().first;
+  }
+  spans.emplace_back(7, 1.0);  // r = 1 lands in the last range
+  table.add(7, 1.0);
+  tokens += 7;
+  EXPECT_EQ(table.tokens(), tokens);
+  EXPECT_EQ(table.spans(), 501);
+  int64_t last = std::numeric_limits<int64_t>::max();
+  for (double lambda : {0.0, 0.5, 1.0, 2.0, 3.0, 5.0, 8.0, 20.0, 64.0}) {
+    int64_t upper = 0, exact = 0;
+    for (const auto& [l, r] : spans) {
+      const double edge = std::min(std::floor(r * 256) + 1, 256.0) / 256;
+      upper += stream::retained_vectors(l, edge, lambda, 1, 12);
+      exact += stream::retained_vectors(l, r, lambda, 1, 12);
+    }
+    const int64_t v = table.vectors(lambda, 1, 12);
+    EXPECT_EQ(v, upper) << lambda;
+    EXPECT_GE(v, exact) << lambda;
+    EXPECT_LE(v, last) << lambda;  // never increases with lambda
+    last = v;
+  }
+  // At the cap every span keeps its minimum but those in r's last range (r = 1 there: no voters), which keep all
+  // they may.
+  int64_t floor_count = 0;
+  for (const auto& [l, r] : spans) floor_count += std::floor(r * 256) >= 255 ? std::min(l, 12) : 1;
+  EXPECT_EQ(table.vectors(stream::LambdaTable::kMaxLambda, 1, 12), floor_count);
+  auto meets = [&](double target, double lambda) {
+    return static_cast<double>(tokens) >= target * static_cast<double>(table.vectors(lambda, 1, 12));
+  };
+  EXPECT_FALSE(meets(4, 0));  // lambda 0 keeps min(length, 12) per span: ~3 tokens per vector here
+  double prev = 0;
+  for (double target : {4.0, 8.0, 16.0, 24.0, 30.0}) {
+    const double lambda = table.smallest_lambda(target, 1, 12);
+    EXPECT_GE(lambda, prev) << target;  // a higher ratio needs a larger lambda
+    EXPECT_GT(lambda, 1e-3) << target;
+    EXPECT_LT(lambda, stream::LambdaTable::kMaxLambda) << target;
+    prev = lambda;
+    EXPECT_TRUE(meets(target, lambda)) << target;
+    EXPECT_FALSE(meets(target, lambda - 2e-6)) << target;  // the smallest: any lambda below it misses
+  }
+  // Ratio 1 is met by any lambda (a span keeps at most its length); one over tokens per span by none (the cap).
+  EXPECT_LE(table.smallest_lambda(1, 1, 12), 1e-6);
+  EXPECT_EQ(table.smallest_lambda(1000, 1, 12), stream::LambdaTable::kMaxLambda);
+  EXPECT_FALSE(meets(1000, stream::LambdaTable::kMaxLambda));
+  // min_vectors raises the floor.
+  EXPECT_GT(table.vectors(stream::LambdaTable::kMaxLambda, 2, 12), floor_count);
+  // Bad targets, with the flag's message.
+  for (const auto& [bad, msg] : std::vector<std::pair<double, std::string>>{{0.5, "0.5"}, {-2, "-2"}, {NAN, "nan"}}) {
+    try {
+      table.smallest_lambda(bad, 1, 12);
+      FAIL() << "no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()),
+                "--stream-index-ratio must be at least 1 (evicted tokens per index vector), got " + msg);
+    }
+  }
+  StreamOptions o;
+  o.method = StreamMethod::Ltri;
+  o.index_ratio = -1;
+  try {
+    check_stream_options(o);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "--stream-index-ratio must be at least 1 (evicted tokens per index vector), got -1");
+  }
+  o.index_ratio = 0;  // the fixed lambdas
+  EXPECT_NO_THROW(check_stream_options(o));
+  table.clear();
+  EXPECT_EQ(table.tokens(), 0);
+  EXPECT_EQ(table.vectors(3, 1, 12), 0);
+}
+
 // Naive Ltri retrieval: sim(t, s) = sum_h w_h mean_a max_b q.k, block = sum_t max_s.
 TEST(SpanIndex, BlockScoresEqualNaiveReference) {
   const stream::HeadShape shape{4, 2, 8};
@@ -394,6 +479,19 @@ TEST(StreamingKV, SequenceOverTheHostBudgetIsRefusedUpFront) {
                  "need 3.82 MB of host memory (3 layers), over the budget of 100 kB for evicted KV blocks; raise "
                  "--stream-host-budget or shorten the prompt");
   }
+  // Only global layers keep evicted blocks: Gemma-3's fixture has 1 of 6 (1 kv head x 16 dims: 2 KiB per block).
+  StreamingKV gemma(model("gemma3").config(), o);
+  EXPECT_EQ(gemma.global_layers(), 1);
+  gemma.check_sequence(8 + 32 + 48 * 16);  // 48 blocks: 96 kB
+  try {
+    gemma.check_sequence(10000);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "streaming: a sequence of 10,000 tokens evicts 622 blocks of 16 tokens per layer, whose K and V "
+                 "need 1.27 MB of host memory (1 global layer of 6), over the budget of 100 kB for evicted KV blocks; "
+                 "raise --stream-host-budget or shorten the prompt");
+  }
   // The engine refuses such a prompt before any work.
   EngineOptions eo;
   eo.stream = o;
@@ -404,20 +502,16 @@ TEST(StreamingKV, SequenceOverTheHostBudgetIsRefusedUpFront) {
 }
 
 TEST(StreamingKV, RefusesModelsAndOptionsItCannotRun) {
-  EngineOptions eo;
-  eo.stream = small_stream(StreamMethod::Ltri);
+  // Gemma-3 streams on the CPU; the GPU path (Storage::Device) refuses its sliding-window layers.
+  const ModelConfig& c = model("gemma3").config();
+  EXPECT_NO_THROW(StreamingKV(c, small_stream(StreamMethod::Ltri)));
   try {
-    Engine engine(model("gemma3"), eo);
+    StreamingKV kv(c, small_stream(StreamMethod::Ltri), StreamingKV::Storage::Device);
     FAIL() << "no error";
   } catch (const Error& e) {
-    const ModelConfig& c = model("gemma3").config();
-    int windowed = 0;
-    for (const LayerConfig& l : c.layers) windowed += l.sliding_window > 0;
     EXPECT_EQ(std::string(e.what()),
-              "model " + c.name + " cannot stream: " + std::to_string(windowed) + " of its " +
-                  std::to_string(c.num_layers) + " layers attend within a sliding window of " +
-                  std::to_string(c.layers[0].sliding_window) +
-                  " tokens, which streaming memory does not combine with yet; run it without --stream");
+              "model " + c.name + " cannot stream on the GPU: 5 of its 6 layers attend within a sliding window of 8 "
+              "tokens, which the GPU streaming path does not combine with yet; the CPU path streams it (--device cpu)");
   }
   StreamOptions bad = small_stream(StreamMethod::Ltri);
   bad.block = 0;
@@ -504,7 +598,9 @@ std::vector<int32_t> random_tokens(size_t n, int32_t vocab, uint32_t seed) {
 
 // While nothing is evicted (window >= prompt) streaming is the dense engine: same logits.
 TEST(StreamingEngine, WindowCoveringThePromptEqualsTheNormalEngine) {
-  for (const char* name : {"smollm2", "llama3", "qwen2"}) {
+  // gemma3: 5 sliding-window layers (window 8, under the chunk of 48: the window is trimmed every chunk) per global
+  // one, QK-norm, two RoPE bases.
+  for (const char* name : {"smollm2", "llama3", "qwen2", "gemma3"}) {
     const Model& m = model(name);
     const std::vector<int32_t> tokens = random_tokens(200, m.config().vocab_size, 7);
     EngineOptions dense;
@@ -576,6 +672,87 @@ TEST(StreamingEngine, BoundedLayoutPastTheWindow) {
     e.reset();
     EXPECT_EQ(e.prefill(tokens), logits);
   }
+}
+
+// Gemma-3 past the window: the global layer runs the streaming layout (its host store and index alone), each
+// sliding-window layer holds its last window - 1 tokens and attends to them and the chunk.
+TEST(StreamingEngine, GemmaStreamsGlobalLayersAndKeepsTheWindowOfTheOthers) {
+  const Model& m = model("gemma3");
+  const ModelConfig& c = m.config();
+  const std::vector<int32_t> tokens = random_tokens(300, c.vocab_size, 9);  // past the 256-token context
+  for (StreamMethod method : {StreamMethod::Ltri, StreamMethod::InfLLM, StreamMethod::StreamingLLM}) {
+    EngineOptions so;
+    so.stream = small_stream(method);
+    Engine e(m, so);
+    const std::vector<float> logits = e.prefill(tokens);
+    ASSERT_EQ(static_cast<int32_t>(logits.size()), c.vocab_size);
+    for (float x : logits) ASSERT_TRUE(std::isfinite(x));
+    const StreamingKV& kv = *e.streaming();
+    EXPECT_EQ(kv.global_layers(), 1);
+    const int32_t last = 288, evicted = (last - 8 - 32) / 16;
+    EXPECT_EQ(kv.evicted_blocks(), evicted);
+    for (int32_t l = 0; l < c.num_layers; ++l) {
+      const bool windowed = l != 5;
+      EXPECT_EQ(kv.windowed(l), windowed) << l;
+      if (windowed) {
+        EXPECT_EQ(kv.last_layout(l), (stream::StreamLayout{0, 7, 12})) << l;
+        EXPECT_EQ(kv.window_tokens(l), 7) << l;
+        EXPECT_TRUE(kv.retrieved(l).empty());
+      } else {
+        const int32_t want = method == StreamMethod::StreamingLLM ? 0 : 2;
+        EXPECT_EQ(static_cast<int32_t>(kv.retrieved(l).size()), want);
+        EXPECT_EQ(kv.last_layout(l), (stream::StreamLayout{8 + want * 16, last - (8 + evicted * 16), 12}));
+        EXPECT_EQ(kv.window_tokens(l), 0);
+      }
+    }
+    const StreamStats st = kv.stats();
+    EXPECT_EQ(st.host_bytes, int64_t{evicted} * 1 * 2 * 16 * 16 * 4);  // the global layer's blocks only
+    if (method == StreamMethod::InfLLM) {
+      EXPECT_EQ(st.index_vectors, int64_t{evicted} * 4);
+    }
+    if (method == StreamMethod::Ltri) {
+      EXPECT_GE(st.index_spans, evicted);
+      ASSERT_EQ(st.lambdas.size(), 6u);
+      EXPECT_EQ(st.lambdas[0], 0);        // a sliding-window layer indexes nothing
+      EXPECT_EQ(st.lambdas[5], 3);        // the global layer is past the first four
+    }
+    // Resident: the sinks and the local window of the global layer, 7 tokens per sliding-window layer, workspace.
+    EXPECT_GE(kv.resident_bytes(), int64_t{5} * 7 * 2 * 16 * 4);
+    // Decode keeps the windows at 7 tokens; the same input gives the same output after reset.
+    e.decode(3);
+    EXPECT_EQ(kv.window_tokens(0), 7);
+    EXPECT_EQ(kv.last_layout(0), (stream::StreamLayout{0, 7, 1}));
+    e.reset();
+    EXPECT_EQ(e.prefill(tokens), logits);
+  }
+}
+
+// --stream-index-ratio: each layer's lambda is searched; a ratio no lambda meets puts lambda at its cap (one vector
+// per span but those with r = 1), ratio 1 is met by any lambda (the smallest: ~0, every span keeps min(length, 12));
+// without a ratio the fixed lambdas (20 early, 3 later).
+TEST(StreamingEngine, IndexRatioChoosesEachLayersLambda) {
+  const Model& m = model("smollm2");
+  const std::vector<int32_t> tokens = random_tokens(300, m.config().vocab_size, 9);
+  auto run = [&](double ratio) {
+    EngineOptions so;
+    so.stream = small_stream(StreamMethod::Ltri);
+    so.stream.early_layers = 1;
+    so.stream.index_ratio = ratio;
+    Engine e(m, so);
+    e.prefill(tokens);
+    return e.streaming()->stats();
+  };
+  const StreamStats fixed = run(0);
+  EXPECT_EQ(fixed.lambdas, (std::vector<double>{20, 3, 3}));
+  const StreamStats tight = run(1e6);
+  EXPECT_EQ(tight.lambdas, (std::vector<double>(3, stream::LambdaTable::kMaxLambda)));
+  EXPECT_GE(tight.index_vectors, tight.index_spans);  // one vector per span but those no later row voted for
+  EXPECT_LE(tight.index_vectors, fixed.index_vectors);
+  const StreamStats loose = run(1);
+  for (double l : loose.lambdas) EXPECT_LE(l, 1e-6);
+  EXPECT_GT(loose.index_vectors, fixed.index_vectors);
+  // Same input, same choice.
+  EXPECT_EQ(run(4).lambdas, run(4).lambdas);
 }
 
 TEST(StreamingEngine, LastChunkHoldsTheQueryOnly) {

@@ -64,6 +64,7 @@ struct RunOptions {
   int gpus = 1;           // > 1: the tensor-parallel engine (cli/run_tp.cpp, docs/multi-gpu.md)
   std::string placement;  // its head placement file (default: genetic on the FLOP cost model)
   std::string logits_out; // the logits after the prompt, raw f32 (session.h write_logits)
+  std::string stream_trace;  // --stream: the blocks each layer retrieved, per prefill chunk and decode step
 };
 
 struct BenchOptions {

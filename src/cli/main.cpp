@@ -113,6 +113,9 @@ int main(int argc, char** argv) {
   r->add_option("--placement", run.placement, "Head placement file for --gpus (tp_bench writes them; default: genetic)");
   r->add_option("--logits-out", run.logits_out,
                 "Write the logits after the prompt (raw f32, vocabulary-many) to this file, e.g. to compare devices");
+  r->add_option("--stream-trace", run.stream_trace,
+                "With --stream: write the blocks every layer retrieved after each prefill chunk and decode step "
+                "(\"prefill|decode END LAYER: blocks\" lines), e.g. to compare the CPU and GPU paths");
 
   BenchOptions bench;
   auto* b = app.add_subcommand("bench", "Prefill and decode rates at several depths, dense and sparse");

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <cstdio>
 #include <numeric>
+#include <string>
 
 #include "core/error.h"
 
@@ -22,6 +24,55 @@ double area_ratio(const TriangleScores& map, const Span& s) {
   const double tri = map.mass(s.begin, s.end, s.begin, s.end);
   const double below = map.mass(s.end, map.size(), s.begin, s.end);
   return tri + below > 0 ? tri / (tri + below) : 1.0;
+}
+
+void check_index_ratio(double ratio) {
+  if (!(ratio >= 1)) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%g", ratio);
+    throw Error(std::string("--stream-index-ratio must be at least 1 (evicted tokens per index vector), got ") + buf);
+  }
+}
+
+void LambdaTable::add(int32_t length, double ratio) {
+  check(length > 0, "lambda table: a span needs tokens");
+  const int64_t bin = std::clamp<int64_t>(static_cast<int64_t>(std::floor(std::clamp(ratio, 0.0, 1.0) * kBins)), 0,
+                                          kBins - 1);
+  const int64_t cell = static_cast<int64_t>(length) * kBins + bin;
+  if (static_cast<int64_t>(counts_.size()) <= cell) counts_.resize(static_cast<size_t>(cell) + 1, 0);
+  if (counts_[static_cast<size_t>(cell)]++ == 0) used_.push_back(cell);
+  tokens_ += length;
+  ++spans_;
+}
+
+int64_t LambdaTable::vectors(double lambda, int32_t min_vectors, int32_t max_vectors) const {
+  int64_t v = 0;
+  for (int64_t cell : used_) {
+    const auto length = static_cast<int32_t>(cell / kBins);
+    const double r = static_cast<double>(cell % kBins + 1) / kBins;
+    v += counts_[static_cast<size_t>(cell)] * retained_vectors(length, r, lambda, min_vectors, max_vectors);
+  }
+  return v;
+}
+
+double LambdaTable::smallest_lambda(double ratio, int32_t min_vectors, int32_t max_vectors) const {
+  check_index_ratio(ratio);
+  auto meets = [&](double lambda) {
+    return static_cast<double>(tokens_) >= ratio * static_cast<double>(vectors(lambda, min_vectors, max_vectors));
+  };
+  if (!meets(kMaxLambda)) return kMaxLambda;
+  double lo = 0, hi = kMaxLambda;  // meets(hi); lo: 0 or a lambda that misses
+  while (hi - lo > 1e-6) {
+    const double mid = 0.5 * (lo + hi);
+    (meets(mid) ? hi : lo) = mid;
+  }
+  return hi;
+}
+
+void LambdaTable::clear() {
+  counts_.clear();
+  used_.clear();
+  tokens_ = spans_ = 0;
 }
 
 std::vector<int32_t> top_voted(std::span<const float> votes, int32_t begin, int32_t end, int32_t count) {

@@ -41,6 +41,40 @@ int32_t retained_vectors(int32_t length, double ratio, double lambda, int32_t mi
 // The span's area ratio r (above) from the prefix sums of its chunk's map (only raw masses are read, not theta).
 double area_ratio(const TriangleScores& map, const Span& span);
 
+// The paper's per-layer choice of lambda for a target compression ratio (Sec. 3.3.2): "collect the values of r, calculate
+// the probability of r across various ranges, calculate the expected number of index vectors for any given lambda
+// through Eq. 7, and find the smallest lambda that meets the compression ratio (tokens / index vectors) for each
+// layer". The table holds the spans a layer indexes (their lengths and area ratios, r in kBins ranges of [0, 1]);
+// vectors() is the number of index vectors they would keep at slope lambda, each r counted at its range's upper
+// edge — an upper bound, as a span's count never decreases with r — so the lambda found meets the ratio on the
+// spans it was calibrated on. vectors() never increases with lambda; smallest_lambda() bisects on it.
+class LambdaTable {
+ public:
+  static constexpr int32_t kBins = 256;
+  // The search's cap (where no lambda meets the ratio): there every span whose r is below the last range keeps its
+  // minimum ((255/256)^4096 < 1e-7); spans with r = 1 (no later rows voted for them) keep min(length, max) whatever
+  // lambda is.
+  static constexpr double kMaxLambda = 4096;
+  void add(int32_t length, double ratio);
+  int64_t tokens() const { return tokens_; }
+  int64_t spans() const { return spans_; }
+  // Index vectors the spans keep at `lambda`: sum of retained_vectors(length, upper edge of r's range, lambda, ...).
+  int64_t vectors(double lambda, int32_t min_vectors, int32_t max_vectors) const;
+  // The smallest lambda in (0, kMaxLambda] with tokens() >= ratio * vectors(lambda) (to 1e-6; kMaxLambda when even
+  // that one misses: too many spans, or too many with r = 1, for the ratio). Throws tessera::Error on a ratio
+  // below 1: "--stream-index-ratio must be at least 1 (evicted tokens per index vector), got 0.5".
+  double smallest_lambda(double ratio, int32_t min_vectors, int32_t max_vectors) const;
+  void clear();
+
+ private:
+  std::vector<int64_t> counts_;  // spans per cell length * kBins + range
+  std::vector<int64_t> used_;    // the cells with spans
+  int64_t tokens_ = 0, spans_ = 0;
+};
+
+// The check of a target ratio (above); the same message.
+void check_index_ratio(double ratio);
+
 // Indices (within `votes`) of the `count` largest votes in [begin, end), ascending (ties: the earlier token).
 std::vector<int32_t> top_voted(std::span<const float> votes, int32_t begin, int32_t end, int32_t count);
 
@@ -62,6 +96,12 @@ class SpanIndex {
   std::vector<double> block_scores(std::span<const float> queries, std::span<const int32_t> query_counts,
                                    const HeadWeights& w) const;
   void clear();
+  // The stored vectors and their grouping, for a device mirror (runtime_cuda/stream_decide.h): keys [vectors,
+  // kv_heads, head_dim]; span s holds vectors [span_first()[s], + span_count()[s]); a block's spans are consecutive.
+  std::span<const float> keys() const { return keys_; }
+  std::span<const int64_t> span_first() const { return span_first_; }
+  std::span<const int64_t> span_count() const { return span_count_; }
+  std::span<const int64_t> block_spans(int32_t block) const { return block_spans_[static_cast<size_t>(block)]; }
 
  private:
   int64_t row() const { return static_cast<int64_t>(shape_.kv_heads) * shape_.head_dim; }

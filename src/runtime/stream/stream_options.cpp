@@ -1,6 +1,7 @@
 #include "runtime/stream/stream_options.h"
 
 #include "core/error.h"
+#include "runtime/stream/span_index.h"
 
 namespace tessera::runtime {
 
@@ -56,6 +57,7 @@ void check_stream_options(const StreamOptions& o) {
         "index vectors per span: need 1 <= min (" + std::to_string(o.min_vectors) + ") <= max (" +
             std::to_string(o.max_vectors) + ")");
   positive(o.repr_keys, "InfLLM representative keys");
+  if (o.index_ratio != 0) stream::check_index_ratio(o.index_ratio);
 }
 
 }  // namespace tessera::runtime

@@ -58,6 +58,10 @@ struct StreamOptions {
   int32_t early_layers = 4;
   int32_t min_vectors = 1;      // index vectors per span, clamped to [min_vectors, max_vectors]
   int32_t max_vectors = 12;
+  // > 0: a target compression ratio (evicted tokens per index vector, >= 1) instead of the fixed lambdas above: each
+  // layer's lambda is the smallest that meets it on the spans that layer has indexed so far (the paper's lookup
+  // table, Sec. 3.3.2; span_index.h LambdaTable), chosen again at every evicted block. 0: lambda / lambda_early.
+  double index_ratio = 0;
   // Retrieval heads: only the best one per layer with score > 0.1 votes for its layer, and layers combine the
   // votes of earlier layers' heads (collaborative voting), weighted by score. Empty: every head of a layer votes
   // (averaged) and there is no collaborative voting.

@@ -10,6 +10,8 @@
 
 #include "core/error.h"
 #include "core/memory_budget.h"
+#include "attention/attention_args.h"
+#include "attention/cpu/dense_attention.h"
 #include "runtime/rope.h"
 
 namespace tessera::runtime {
@@ -39,7 +41,8 @@ void rotate(float* x, int64_t rows, int64_t heads, int64_t d, const float* cos, 
 
 }  // namespace
 
-void check_model_streams(const ModelConfig& cfg) {
+void check_model_streams(const ModelConfig& cfg, bool gpu) {
+  if (!gpu) return;  // the CPU streams every model: sliding-window layers keep their own window
   int32_t windowed = 0, window = 0;
   for (const LayerConfig& l : cfg.layers)
     if (l.sliding_window > 0) {
@@ -47,16 +50,17 @@ void check_model_streams(const ModelConfig& cfg) {
       window = l.sliding_window;
     }
   if (windowed > 0)
-    throw Error("model " + cfg.name + " cannot stream: " + std::to_string(windowed) + " of its " +
+    throw Error("model " + cfg.name + " cannot stream on the GPU: " + std::to_string(windowed) + " of its " +
                 std::to_string(cfg.num_layers) + " layers attend within a sliding window of " + std::to_string(window) +
-                " tokens, which streaming memory does not combine with yet; run it without --stream");
+                " tokens, which the GPU streaming path does not combine with yet; the CPU path streams it (--device cpu)");
 }
 
 StreamingKV::StreamingKV(const ModelConfig& config, StreamOptions options, Storage storage)
     : cfg_(config), opt_(std::move(options)), storage_(storage) {
   check_stream_options(opt_);
   check(opt_.method != StreamMethod::None, "streaming: no method (ltri, infllm or streamingllm)");
-  check_model_streams(cfg_);
+  check_model_streams(cfg_, storage_ == Storage::Device);
+  for (const LayerConfig& l : cfg_.layers) global_layers_ += l.sliding_window > 0 ? 0 : 1;
   shape_ = {cfg_.num_q_heads, cfg_.num_kv_heads, cfg_.head_dim};
   row_ = static_cast<int64_t>(cfg_.num_kv_heads) * cfg_.head_dim;
   layers_.resize(static_cast<size_t>(cfg_.num_layers));
@@ -84,11 +88,15 @@ StreamingKV::StreamingKV(const ModelConfig& config, StreamOptions options, Stora
 
 void StreamingKV::check_sequence(int64_t tokens) const {
   const int64_t blocks = evicted_at(opt_, tokens);
-  const double need = static_cast<double>(blocks) * cfg_.num_layers * static_cast<double>(store_.block_bytes());
+  const double need = static_cast<double>(blocks) * global_layers_ * static_cast<double>(store_.block_bytes());
+  const std::string layers = global_layers_ == cfg_.num_layers
+                                 ? std::to_string(cfg_.num_layers) + " layers"
+                                 : std::to_string(global_layers_) + (global_layers_ == 1 ? " global layer" : " global layers") +
+                                       " of " + std::to_string(cfg_.num_layers);
   if (need > static_cast<double>(store_.budget()))
     throw Error("streaming: a sequence of " + commas(tokens) + " tokens evicts " + commas(blocks) + " blocks of " +
                 std::to_string(opt_.block) + " tokens per layer, whose K and V need " + format_bytes(need) +
-                " of host memory (" + std::to_string(cfg_.num_layers) + " layers), over the budget of " +
+                 " of host memory (" + layers + "), over the budget of " +
                 format_bytes(static_cast<double>(store_.budget())) +
                 " for evicted KV blocks; raise --stream-host-budget or shorten the prompt");
 }
@@ -108,6 +116,13 @@ void StreamingKV::reset() {
     l.persisted.clear();
     l.normalized_scores.clear();
     l.layout = {};
+    l.lambda_table.clear();
+    l.lambda = 0;
+    l.measured_mass = 0;
+    l.measured_tokens = 0;
+    l.win_count = 0;
+    l.win_k.clear();
+    l.win_v.clear();
   }
   store_.clear();
   length_ = evicted_ = prev_evicted_ = 0;
@@ -154,22 +169,44 @@ void StreamingKV::evict(int32_t layer, int32_t b, int32_t first) {
     return keys;
   };
   if (opt_.method == StreamMethod::Ltri) {
-    const double lambda = layer < opt_.early_layers ? opt_.lambda_early : opt_.lambda;
-    auto add_piece = [&](int32_t begin, int32_t end, double ratio) {  // block-relative [begin, end)
-      const int32_t count = stream::retained_vectors(end - begin, ratio, lambda, opt_.min_vectors, opt_.max_vectors);
-      const std::vector<float> keys = keys_of(stream::top_voted(votes, begin, end, count));
-      L.span_index.add(b, keys, count);
+    // The block's pieces: its spans clipped to it, and the tokens no span covers (decoded ones) as spans of their own.
+    struct Piece {
+      int32_t begin, end;  // block-relative
+      double ratio;
     };
+    std::vector<Piece> pieces;
     int32_t at = 0;  // block-relative: the first token not yet in a piece
     for (const PendingSpan& s : L.spans) {
       const int32_t a = std::max(s.begin - s0, at), e = std::min(s.end - s0, B);
       if (e <= a) continue;
-      if (a > at) add_piece(at, a, 1.0);  // tokens no span covers (decoded ones): a span of their own
-      add_piece(a, e, s.ratio);
+      if (a > at) pieces.push_back({at, a, kUnmeasured});
+      pieces.push_back({a, e, s.ratio});
       at = e;
     }
-    if (at < B) add_piece(at, B, 1.0);
+    if (at < B) pieces.push_back({at, B, kUnmeasured});
     std::erase_if(L.spans, [&](const PendingSpan& s) { return s.end <= s0 + B; });
+    if (opt_.index_ratio > 0) {
+      for (const Piece& p : pieces)
+        if (p.ratio != kUnmeasured) {
+          L.measured_mass += p.ratio * (p.end - p.begin);
+          L.measured_tokens += p.end - p.begin;
+        }
+      const double mean = L.measured_tokens > 0 ? L.measured_mass / static_cast<double>(L.measured_tokens) : 1.0;
+      for (Piece& p : pieces)
+        if (p.ratio == kUnmeasured) p.ratio = mean;
+      // The paper's lookup: the smallest lambda that meets the ratio on every piece this layer has indexed.
+      for (const Piece& p : pieces) L.lambda_table.add(p.end - p.begin, p.ratio);
+      L.lambda = L.lambda_table.smallest_lambda(opt_.index_ratio, opt_.min_vectors, opt_.max_vectors);
+    } else {
+      for (Piece& p : pieces)
+        if (p.ratio == kUnmeasured) p.ratio = 1.0;
+    }
+    const double lam = lambda(layer);
+    for (const Piece& p : pieces) {
+      const int32_t count = stream::retained_vectors(p.end - p.begin, p.ratio, lam, opt_.min_vectors, opt_.max_vectors);
+      const std::vector<float> keys = keys_of(stream::top_voted(votes, p.begin, p.end, count));
+      L.span_index.add(b, keys, count);
+    }
   } else if (opt_.method == StreamMethod::InfLLM) {
     const std::vector<int32_t> tokens = stream::top_voted(votes, 0, B, std::min(opt_.repr_keys, B));
     L.repr_index.add(keys_of(tokens), static_cast<int32_t>(tokens.size()));
@@ -200,26 +237,33 @@ std::vector<int32_t> StreamingKV::retrieve(int32_t layer, const float* q_raw, in
   const stream::HeadWeights w = head_weights(layer);
   std::vector<double> scores;
   if (opt_.method == StreamMethod::InfLLM) {
-    scores = L.repr_index.block_scores(std::span<const float>(q_raw, static_cast<size_t>(n) * cfg_.num_q_heads * cfg_.head_dim), n, w);
+    if (given_ != nullptr)
+      scores = given_->block_scores({}, {}, w);
+    else
+      scores = L.repr_index.block_scores(std::span<const float>(q_raw, static_cast<size_t>(n) * cfg_.num_q_heads * cfg_.head_dim), n, w);
   } else {
     // Query vectors: per chunk span, the raw queries of its most attended tokens.
-    const double lambda = layer < opt_.early_layers ? opt_.lambda_early : opt_.lambda;
+    const double lam = lambda(layer);
     const stream::TriangleScores masses(map, n, 0.0);
-    std::vector<float> votes(static_cast<size_t>(n), 0.0f);
-    for (int32_t r = 0; r < n; ++r)
-      for (int32_t c = 0; c <= r; ++c) votes[static_cast<size_t>(c)] += map[static_cast<size_t>(r * n + c)];
     const int64_t qrow = static_cast<int64_t>(cfg_.num_q_heads) * cfg_.head_dim;
     std::vector<float> queries;
-    std::vector<int32_t> counts;
+    std::vector<int32_t> counts, tokens;
     for (const stream::Span& s : spans) {
-      const int32_t count = stream::retained_vectors(s.length(), stream::area_ratio(masses, s), lambda,
+      const int32_t count = stream::retained_vectors(s.length(), stream::area_ratio(masses, s), lam,
                                                      opt_.min_vectors, opt_.max_vectors);
-      for (int32_t t : stream::top_voted(votes, s.begin, s.end, count))
-        queries.insert(queries.end(), q_raw + t * qrow, q_raw + (t + 1) * qrow);
+      for (int32_t t : stream::top_voted(chunk_votes_, s.begin, s.end, count)) {
+        if (given_ != nullptr)
+          tokens.push_back(t);
+        else
+          queries.insert(queries.end(), q_raw + t * qrow, q_raw + (t + 1) * qrow);
+      }
       counts.push_back(count);
     }
-    scores = L.span_index.block_scores(queries, counts, w);
+    scores = given_ != nullptr ? given_->block_scores(tokens, counts, w) : L.span_index.block_scores(queries, counts, w);
   }
+  check(given_ == nullptr || static_cast<int32_t>(scores.size()) == evicted_,
+        "streaming: the device's block scores have " + std::to_string(scores.size()) + " entries for " +
+            std::to_string(evicted_) + " evicted blocks");
   // Normalised to [0, 1] for collaborative voting.
   const auto [lo, hi] = std::minmax_element(scores.begin(), scores.end());
   L.normalized_scores.resize(scores.size());
@@ -256,7 +300,8 @@ void StreamingKV::prepare(int32_t layer, int32_t pos, int32_t n, const float* q,
   local_begin_ = evicted_ > 0 ? opt_.sinks + evicted_ * opt_.block : 0;
   span_len_ = pos + n - local_begin_;
   const int64_t half = d / 2;
-  if (storage_ == Storage::Host || maps) {
+  const bool given_map = maps && given_ != nullptr;
+  if (storage_ == Storage::Host || (maps && !given_map)) {
     check(q != nullptr && k != nullptr, "streaming: this chunk needs its queries and keys");
     // RoPE tables over the local part and the chunk: positions [local_begin, pos + n), and the global queries' one
     // (Storage::Device: the chunk's positions only; the device rotates the window and the global queries).
@@ -277,7 +322,18 @@ void StreamingKV::prepare(int32_t layer, int32_t pos, int32_t n, const float* q,
   chunk_spans_.clear();
   chunk_ratios_.clear();
   t0 = Clock::now();
-  if (maps) {
+  if (given_map) {
+    // The device's map (ltri) and votes.
+    const size_t nn = static_cast<size_t>(n) * static_cast<size_t>(n);
+    check(opt_.method != StreamMethod::Ltri || given_->map.size() == nn,
+          "streaming: the device's attention map has " + std::to_string(given_->map.size()) + " entries for a chunk of " +
+              std::to_string(n) + " tokens (" + std::to_string(nn) + " expected)");
+    check(given_->votes.size() == static_cast<size_t>(n), "streaming: the device's votes have " +
+                                                              std::to_string(given_->votes.size()) +
+                                                              " entries for a chunk of " + std::to_string(n) + " tokens");
+    map_.assign(given_->map.begin(), given_->map.end());
+    chunk_votes_.assign(given_->votes.begin(), given_->votes.end());
+  } else if (maps) {
     // Per head: the softmax rows into its own buffer (heads in parallel), then summed in head order (the same sums
     // whatever the thread count).
     const size_t nn = static_cast<size_t>(n) * static_cast<size_t>(n);
@@ -325,12 +381,17 @@ void StreamingKV::prepare(int32_t layer, int32_t pos, int32_t n, const float* q,
         for (int32_t c = 0; c <= r; ++c) ar[c] += sr[c];
       }
     }
-    if (opt_.method == StreamMethod::Ltri) {
-      const stream::TriangleScores ts(map_, n, stream::causal_quantile(map_, n, opt_.theta_quantile));
-      std::vector<stream::Span> kept = stream::nms(stream::span_candidates(ts, opt_.linear_nms), opt_.iou);
-      chunk_spans_ = stream::cover_with_spans(kept, n);
-      for (const stream::Span& sp : chunk_spans_) chunk_ratios_.push_back(stream::area_ratio(ts, sp));
-    }
+    // Votes: the attention each token received (column sums, rows in order).
+    chunk_votes_.assign(static_cast<size_t>(n), 0.0f);
+    for (int32_t r = 0; r < n; ++r)
+      for (int32_t c = 0; c <= r; ++c) chunk_votes_[static_cast<size_t>(c)] += map_[static_cast<size_t>(r) * static_cast<size_t>(n) + static_cast<size_t>(c)];
+  }
+  if (maps && opt_.method == StreamMethod::Ltri) {
+    const stream::TriangleScores ts(map_, n, stream::causal_quantile(map_, n, opt_.theta_quantile));
+    std::vector<stream::Span> kept = stream::nms(stream::span_candidates(ts, opt_.linear_nms), opt_.iou);
+    chunk_spans_ = stream::cover_with_spans(kept, n);
+    for (const stream::Span& sp : chunk_spans_)
+      chunk_ratios_.push_back(sp.end < n ? stream::area_ratio(ts, sp) : kUnmeasured);
   }
   L.retrieved = retrieve(layer, q, n, map_, chunk_spans_);
   if (kind_ == ChunkKind::LastPrefill) L.persisted = L.retrieved;
@@ -362,12 +423,7 @@ void StreamingKV::finish(int32_t layer, int32_t pos, int32_t n, const float* k, 
     } else if (!sink && keeps_recent_k()) {
       L.recent_k.insert(L.recent_k.end(), k + t * row_, k + (t + 1) * row_);
     }
-    if (!sink) {
-      float vote = 0;
-      if (maps)
-        for (int32_t r = t; r < n; ++r) vote += map_[static_cast<size_t>(r) * static_cast<size_t>(n) + static_cast<size_t>(t)];
-      L.votes.push_back(vote);
-    }
+    if (!sink) L.votes.push_back(maps ? chunk_votes_[static_cast<size_t>(t)] : 0.0f);
   }
   for (size_t i = 0; i < chunk_spans_.size(); ++i) {
     const int32_t b = std::max(pos + chunk_spans_[i].begin, opt_.sinks), e = pos + chunk_spans_[i].end;
@@ -384,9 +440,84 @@ stream::StreamLayout StreamingKV::plan(int32_t layer, int32_t pos, int32_t n, co
   return layers_[static_cast<size_t>(layer)].layout;
 }
 
+stream::StreamLayout StreamingKV::plan(int32_t layer, int32_t pos, int32_t n, const float* k,
+                                       std::span<const float> inv_freq, const DeviceDecisions& given) {
+  check(storage_ == Storage::Device, "streaming: plan() is for the GPU path (Storage::Device); the CPU calls attend()");
+  given_ = &given;
+  try {
+    prepare(layer, pos, n, nullptr, k, inv_freq, 0.0f, nullptr);
+  } catch (...) {
+    given_ = nullptr;
+    throw;
+  }
+  given_ = nullptr;
+  finish(layer, pos, n, k, nullptr);
+  return layers_[static_cast<size_t>(layer)].layout;
+}
+
+void StreamingKV::attend(int32_t layer, int32_t pos, int32_t n, float* q, float* k, float* v,
+                         std::span<const float> inv_freq, float scale, float* out, ThreadPool& pool,
+                         const DeviceDecisions& given) {
+  given_ = &given;
+  try {
+    attend(layer, pos, n, q, k, v, inv_freq, scale, out, pool);
+  } catch (...) {
+    given_ = nullptr;
+    throw;
+  }
+  given_ = nullptr;
+}
+
+double StreamingKV::lambda(int32_t layer) const {
+  if (windowed(layer)) return 0;
+  const double searched = layers_[static_cast<size_t>(layer)].lambda;
+  if (opt_.index_ratio > 0 && searched > 0) return searched;
+  return layer < opt_.early_layers ? opt_.lambda_early : opt_.lambda;
+}
+
+void StreamingKV::attend_window(int32_t layer, int32_t pos, int32_t n, float* q, float* k, float* v,
+                                std::span<const float> inv_freq, float scale, float* out, ThreadPool& pool) {
+  check(pos == length_ && layer >= 0 && layer < cfg_.num_layers, "streaming: attend() out of order");
+  Layer& L = layers_[static_cast<size_t>(layer)];
+  const int32_t nq = cfg_.num_q_heads, nkv = cfg_.num_kv_heads, d = cfg_.head_dim;
+  const int32_t window = cfg_.layers[static_cast<size_t>(layer)].sliding_window;
+  const int64_t half = d / 2;
+  // Queries and the chunk's keys at their true positions; the held keys were rotated at theirs.
+  cos_.resize(static_cast<size_t>(n * half));
+  sin_.resize(cos_.size());
+  rope_tables(inv_freq, pos, n, cos_.data(), sin_.data());
+  rotate(q, n, nq, d, cos_.data(), sin_.data(), 0);
+  rotate(k, n, nkv, d, cos_.data(), sin_.data(), 0);
+  L.win_k.insert(L.win_k.end(), k, k + n * row_);
+  L.win_v.insert(L.win_v.end(), v, v + n * row_);
+  const int32_t held = L.win_count, kv_len = held + n;
+  attn::AttentionArgs args;
+  args.q = TensorView(q, DType::F32, {n, nq, d});
+  args.k = TensorView(L.win_k.data(), DType::F32, {kv_len, nkv, d});
+  args.v = TensorView(L.win_v.data(), DType::F32, {kv_len, nkv, d});
+  args.out = TensorView(out, DType::F32, {n, nq, d});
+  args.scale = scale;
+  args.q_begin = held;  // positions relative to the first held token: the window's mask is unchanged
+  if (window < kv_len) args.window = window;
+  attn::dense_attention_cpu(args, pool);
+  max_workspace_ = std::max<int64_t>(max_workspace_, kv_len);
+  // Keep the last window - 1 tokens: all the next query (at pos + n) can see.
+  const int32_t keep = std::min(kv_len, window - 1);
+  const auto drop = static_cast<std::ptrdiff_t>(static_cast<int64_t>(kv_len - keep) * row_);
+  L.win_k.erase(L.win_k.begin(), L.win_k.begin() + drop);
+  L.win_v.erase(L.win_v.begin(), L.win_v.begin() + drop);
+  L.win_count = keep;
+  L.layout = stream::StreamLayout{0, held, n};
+  if (layer == cfg_.num_layers - 1) length_ = pos + n;
+}
+
 void StreamingKV::attend(int32_t layer, int32_t pos, int32_t n, float* q, float* k, float* v,
                          std::span<const float> inv_freq, float scale, float* out, ThreadPool& pool) {
   check(storage_ == Storage::Host, "streaming: attend() needs Storage::Host (the GPU path calls plan())");
+  if (windowed(layer)) {
+    attend_window(layer, pos, n, q, k, v, inv_freq, scale, out, pool);
+    return;
+  }
   prepare(layer, pos, n, q, k, inv_freq, scale, &pool);
   Layer& L = layers_[static_cast<size_t>(layer)];
   const int32_t nq = cfg_.num_q_heads, nkv = cfg_.num_kv_heads, d = cfg_.head_dim;
@@ -444,6 +575,8 @@ StreamStats StreamingKV::stats() const {
       s.index_bytes += l.repr_index.bytes();
     }
   }
+  if (opt_.method == StreamMethod::Ltri)
+    for (int32_t l = 0; l < layers(); ++l) s.lambdas.push_back(lambda(l));
   s.workspace_tokens = max_workspace_;
   s.retrieval_seconds = retrieval_seconds_;
   return s;
@@ -452,7 +585,8 @@ StreamStats StreamingKV::stats() const {
 int64_t StreamingKV::resident_bytes() const {
   int64_t b = 0;
   for (const Layer& l : layers_)
-    b += static_cast<int64_t>((l.sink_k.size() + l.sink_v.size() + l.recent_k.size() + l.recent_v.size()) * sizeof(float));
+    b += static_cast<int64_t>((l.sink_k.size() + l.sink_v.size() + l.recent_k.size() + l.recent_v.size() +
+                               l.win_k.size() + l.win_v.size()) * sizeof(float));
   return b + static_cast<int64_t>((ws_k_.size() + ws_v_.size()) * sizeof(float));
 }
 

@@ -30,6 +30,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -43,10 +44,14 @@
 
 namespace tessera::runtime {
 
-// Throws tessera::Error when `config`'s model cannot stream (a layer with its own sliding window):
-//   "model gemma3 cannot stream: 5 of its 6 layers attend within a sliding window of 512 tokens, which streaming
-//    memory does not combine with yet; run it without --stream"
-void check_model_streams(const ModelConfig& config);
+// Models with sliding-window layers (Gemma-3: 5 local layers per global one) stream on the CPU: a sliding-window
+// layer keeps only its own window (the raw V and the K rotated at their true positions of the last window - 1
+// tokens, all a later query can see: exactly its dense attention, in bounded memory) and never evicts, indexes or
+// retrieves; the global layers run the streaming layout. Only global layers count against the host budget.
+// The GPU path (Storage::Device) does not run sliding-window layers yet; it throws tessera::Error:
+//   "model gemma3 cannot stream on the GPU: 5 of its 6 layers attend within a sliding window of 512 tokens, which
+//    the GPU streaming path does not combine with yet; the CPU path streams it (--device cpu)"
+void check_model_streams(const ModelConfig& config, bool gpu);
 
 struct StreamStats {
   int64_t evicted_blocks = 0;   // per layer
@@ -54,6 +59,8 @@ struct StreamStats {
   int64_t index_vectors = 0;    // all layers: Ltri span vectors or InfLLM representative keys
   int64_t index_bytes = 0;      // those vectors' bytes (f32, every kv head)
   int64_t index_spans = 0;      // Ltri: spans indexed, all layers
+  std::vector<double> lambdas;  // Ltri: each layer's retention slope now (with index_ratio: the searched one;
+                                // sliding-window layers: 0)
   int64_t workspace_tokens = 0; // the largest workspace a chunk used (keys attended)
   double retrieval_seconds = 0; // span discovery, indexing and scoring
 };
@@ -85,6 +92,33 @@ class StreamingKV : public KVPolicy {
   // pool (optional): the chunk's attention map runs its heads in parallel.
   stream::StreamLayout plan(int32_t layer, int32_t pos, int32_t n, const float* q, const float* k,
                             std::span<const float> inv_freq, float scale, ThreadPool* pool = nullptr);
+  // What the GPU computed for one layer's chunk (runtime_cuda/stream_decide.h), taken by plan() / attend() instead of
+  // computing it here. Everything else (evictions and their index vectors, spans, NMS, span covers, vector counts,
+  // normalisation, collaborative voting, top-K, the layout, the bookkeeping) runs as without it.
+  struct DeviceDecisions {
+    std::span<const float> map;    // ltri: the chunk's map [n, n] (summed over heads; above the diagonal unread)
+    std::span<const float> votes;  // ltri / infllm: attention each chunk token received, [n] (the map's column sums)
+    // The block scores, called only when retrieval ranks blocks: ltri passes its query vectors' tokens
+    // (chunk-relative, span after span), the vector count per chunk span and the head weights; infllm passes empty
+    // tokens and counts. Must return one score per evicted block.
+    std::function<std::vector<double>(std::span<const int32_t> tokens, std::span<const int32_t> counts,
+                                      const stream::HeadWeights& weights)>
+        block_scores;
+  };
+  // plan() with the device's map, votes and block scores: q is not read (k is: the index takes raw keys). Throws
+  // tessera::Error on sizes that do not fit the chunk: "streaming: the device's attention map has 10 entries for a
+  // chunk of 4 tokens (16 expected)", "streaming: the device's votes have 3 entries for a chunk of 4 tokens",
+  // "streaming: the device's block scores have 2 entries for 5 evicted blocks".
+  stream::StreamLayout plan(int32_t layer, int32_t pos, int32_t n, const float* k, std::span<const float> inv_freq,
+                            const DeviceDecisions& given);
+  // attend() (Storage::Host) with the device's decisions (tests: the CPU's attention on the GPU's decisions).
+  void attend(int32_t layer, int32_t pos, int32_t n, float* q, float* k, float* v, std::span<const float> inv_freq,
+              float scale, float* out, ThreadPool& pool, const DeviceDecisions& given);
+  // The last chunk's map ([n, n]; ltri / infllm) and votes ([n]) as this object used them, and each layer's index.
+  const std::vector<float>& last_map() const { return map_; }
+  const std::vector<float>& last_votes() const { return chunk_votes_; }
+  const stream::SpanIndex& span_index(int32_t layer) const { return layers_[static_cast<size_t>(layer)].span_index; }
+  const stream::ReprIndex& repr_index(int32_t layer) const { return layers_[static_cast<size_t>(layer)].repr_index; }
   // Whether plan() reads q and k (ltri and infllm map the chunk; streamingllm only counts).
   bool needs_qk() const { return opt_.method == StreamMethod::Ltri || opt_.method == StreamMethod::InfLLM; }
   int32_t evicted_before() const { return prev_evicted_; }
@@ -96,6 +130,14 @@ class StreamingKV : public KVPolicy {
   StreamStats stats() const;
   // Blocks the last chunk of `layer` attended (ascending).
   const std::vector<int32_t>& retrieved(int32_t layer) const { return layers_[static_cast<size_t>(layer)].retrieved; }
+  // Whether `layer` attends within its own sliding window (it keeps window - 1 tokens; no eviction, no retrieval).
+  bool windowed(int32_t layer) const { return cfg_.layers[static_cast<size_t>(layer)].sliding_window > 0; }
+  // Tokens a sliding-window layer holds (its window's keys); 0 for a global layer.
+  int32_t window_tokens(int32_t layer) const { return layers_[static_cast<size_t>(layer)].win_count; }
+  // Layers that stream (global ones): the host store and the index are theirs.
+  int32_t global_layers() const { return global_layers_; }
+  // Ltri: the retention slope `layer` indexes with now (fixed, or the one index_ratio's search chose last).
+  double lambda(int32_t layer) const;
   // The layout the last chunk of `layer` ran.
   const stream::StreamLayout& last_layout(int32_t layer) const { return layers_[static_cast<size_t>(layer)].layout; }
   int32_t evicted_blocks() const { return evicted_; }
@@ -106,7 +148,7 @@ class StreamingKV : public KVPolicy {
  private:
   struct PendingSpan {
     int32_t begin = 0, end = 0;  // absolute positions
-    double ratio = 1;            // area ratio within its chunk
+    double ratio = 1;            // area ratio within its chunk; kUnmeasured: no later row of its chunk (below)
   };
   struct Layer {
     int32_t sink_count = 0, recent_count = 0;  // tokens of [0, min(length, sinks)) and [recent_begin, length)
@@ -119,8 +161,18 @@ class StreamingKV : public KVPolicy {
     std::vector<int32_t> retrieved, persisted;
     std::vector<double> normalized_scores;  // this chunk's block scores in [0, 1] (collaborative voting)
     stream::StreamLayout layout;
+    stream::LambdaTable lambda_table;       // Ltri with index_ratio: the spans indexed (lengths, area ratios)
+    double lambda = 0;                      // ... and the lambda chosen from them (0: none yet)
+    double measured_mass = 0;               // ... sum of length * r over the measured pieces indexed
+    int64_t measured_tokens = 0;            // ... and their tokens
+    int32_t win_count = 0;                  // sliding-window layer: tokens held
+    std::vector<float> win_k, win_v;        // ... their K (rotated at their positions) and V
   };
 
+  // The area ratio of a span no later row of its chunk attends to (the chunk's last span; decoded tokens): no voters
+  // measured it. With fixed lambdas it counts as r = 1 (keeps min(length, max)); with index_ratio as the layer's mean
+  // r so far (length-weighted; 1 before any), so that these spans do not set a floor under the index.
+  static constexpr double kUnmeasured = -1;
   int32_t recent_begin() const { return evicted_ > 0 ? opt_.sinks + evicted_ * opt_.block : std::min(length_, opt_.sinks); }
   // Indexes and stores block `block`, whose rows start `first` tokens into the recent ones (nothing is removed).
   void evict(int32_t layer, int32_t block, int32_t first);
@@ -133,6 +185,9 @@ class StreamingKV : public KVPolicy {
   void prepare(int32_t layer, int32_t pos, int32_t n, const float* q, const float* k, std::span<const float> inv_freq,
                float scale, ThreadPool* pool);
   void finish(int32_t layer, int32_t pos, int32_t n, const float* k, const float* v);
+  // A sliding-window layer's chunk: dense attention within its window, then the window trimmed.
+  void attend_window(int32_t layer, int32_t pos, int32_t n, float* q, float* k, float* v,
+                     std::span<const float> inv_freq, float scale, float* out, ThreadPool& pool);
   bool keeps_recent_k() const { return storage_ == Storage::Host || needs_qk(); }
 
   const ModelConfig& cfg_;
@@ -144,6 +199,7 @@ class StreamingKV : public KVPolicy {
   stream::HostBlockStore store_;
   std::vector<int32_t> best_head_;    // per layer: its retrieval head (-1: none)
   std::vector<double> best_score_;    // ... and its score
+  int32_t global_layers_ = 0;
   int32_t length_ = 0;
   int32_t evicted_ = 0;      // blocks evicted (every layer alike) after this chunk's begin_chunk
   int32_t prev_evicted_ = 0; // ... before it
@@ -152,6 +208,8 @@ class StreamingKV : public KVPolicy {
   double retrieval_seconds_ = 0;
   // Scratch.
   std::vector<float> ws_k_, ws_v_, q_local_, q_global_, k_rot_, cos_, sin_, map_, lse_, head_maps_;
+  std::vector<float> chunk_votes_;         // prepare() -> finish(): attention each chunk token received
+  const DeviceDecisions* given_ = nullptr; // set during plan() / attend() with the device's decisions
   std::vector<stream::Span> chunk_spans_;  // prepare() -> finish(): the chunk's spans and area ratios
   std::vector<double> chunk_ratios_;
   int32_t local_begin_ = 0, span_len_ = 0;
