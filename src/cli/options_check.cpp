@@ -45,6 +45,8 @@ void check_run_options(const RunOptions& o) {
   check_spec(o.attn, "--attn");
   check(!o.compare || o.logits_out.empty(), "--logits-out writes one run's logits: drop --compare");
   check(o.stream.methods.size() <= 1, "run: --stream takes one method");
+  check(o.stream_trace.empty() || !o.stream.methods.empty(),
+        "--stream-trace records what streaming memory retrieved: add --stream ltri|infllm|streamingllm");
   check_stream(o.stream, o.device);
   check(o.stream.methods.empty() || o.attn == "dense",
         "--stream runs its own layout (dense attention within it); it cannot be combined with --attn " + o.attn);

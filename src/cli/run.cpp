@@ -128,6 +128,33 @@ std::string needle_recall(const runtime::StreamingKV& kv, const std::vector<int3
          ", retrieved for the last chunk in " + std::to_string(layers) + " of " + std::to_string(n) + " layers";
 }
 
+// --stream-trace: "prefill|decode END LAYER: b0 b1 ..." for every layer after each prefill chunk / decode step
+// (END: the sequence's length after it), the blocks that layer's last chunk attended.
+class StreamTrace {
+ public:
+  explicit StreamTrace(const std::string& path) {
+    if (path.empty()) return;
+    out_.open(path);
+    check(static_cast<bool>(out_), "--stream-trace " + path + ": cannot write");
+  }
+  void record(const runtime::StreamingKV* kv, const char* kind) {
+    if (!out_.is_open() || kv == nullptr) return;
+    for (int32_t l = 0; l < kv->layers(); ++l) {
+      out_ << kind << ' ' << kv->length() << ' ' << l << ':';
+      for (const int32_t b : kv->retrieved(l)) out_ << ' ' << b;
+      out_ << '\n';
+    }
+  }
+  void finish(const std::string& path) {
+    if (!out_.is_open()) return;
+    out_.flush();
+    check(static_cast<bool>(out_), "--stream-trace " + path + ": write failed");
+  }
+
+ private:
+  std::ofstream out_;
+};
+
 template <class EngineT>
 Outcome generate_with(EngineT& engine, const Session& s, const RunOptions& o, const std::string& spec,
                       const std::vector<int32_t>& prompt, bool stream, const std::vector<int32_t>& needle_tokens) {
@@ -139,8 +166,16 @@ Outcome generate_with(EngineT& engine, const Session& s, const RunOptions& o, co
   model::StreamingDecoder decoder(*s.tokenizer, {.skip_special = true});
   Outcome out;
   bool first = true;
+  StreamTrace trace(stream ? o.stream_trace : std::string());
+  const auto streaming = [&engine]() -> const runtime::StreamingKV* {
+    if constexpr (requires { engine.streaming(); }) return engine.streaming();
+    return nullptr;
+  };
   // Prefill with a progress bar, then sample token by token.
-  std::vector<float> logits = engine.prefill(prompt, [&](int64_t done, int64_t total) { bar.update(done, total); });
+  std::vector<float> logits = engine.prefill(prompt, [&](int64_t done, int64_t total) {
+    bar.update(done, total);
+    trace.record(streaming(), "prefill");
+  });
   bar.finish();
   if (!o.logits_out.empty()) write_logits(o.logits_out, logits);
   out.prefill = engine.stats();
@@ -168,7 +203,9 @@ Outcome generate_with(EngineT& engine, const Session& s, const RunOptions& o, co
       break;
     }
     logits = engine.decode(t);
+    trace.record(streaming(), "decode");
   }
+  trace.finish(o.stream_trace);
   const std::string rest = decoder.flush();
   out.text += rest;
   if (stream) {
@@ -194,6 +231,7 @@ Outcome generate_once(const Session& s, const Device& d, const RunOptions& o, co
     if (d.gpu) {
       runtime::gpu::GpuEngineOptions go;
       go.stream = stream_options(o.stream, method, true);
+      go.max_context = o.max_context;
       go.cuda_attention = cuda_attention_options(o.cuda, true);
       runtime::gpu::GpuEngine engine(*d.weights, go);
       return generate_with(engine, s, o, spec, prompt, stream, needle_tokens);

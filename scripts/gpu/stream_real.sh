@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# scripts/gpu/stream_real.sh — streaming memory on the GPU with a real model (SmolLM2-135M, 8K native context):
+# needle cases past the context for ltri / infllm / streamingllm, and the GPU path's retrieved blocks against the
+# CPU path's on the same prompt (`tessera run --stream-trace`), on one GPU machine.
+#
+# The model (98 MB) does not fit one call's carry (64 MiB with the tree), so it comes in two halves
+# (`bash scripts/gpu/tp_x4.sh prepare` makes build/smol-p0, build/smol-p1 here), over three calls to a warm host:
+#   1. carry ["build/gpu-debs"]:  bash scripts/gpu/stream_real.sh        (deps, configure, build tessera)
+#   2. carry ["build/smol-p0"]:   bash scripts/gpu/stream_real.sh        (the first half; the build is incremental)
+#   3. carry ["build/smol-p1"]:   bash scripts/gpu/stream_real.sh        (joins the model, then the runs)
+# Environment: LENGTHS (16384,32768,65536), DEPTHS (25,50,75), METHODS (ltri,infllm,streamingllm),
+# TRACE_LENGTH (16384: the CPU-vs-GPU trace comparison; 0 skips it), TRACE_METHODS (ltri,infllm),
+# BUDGET_S (560). Output: $OUT/stream-real/ (summary.txt, eval reports, traces' comparison, logs).
+set -u
+cd "$(dirname "$0")/../.." || exit 1
+ROOT=$PWD
+OUTD=${OUT:-$ROOT/build/sr-out}/stream-real
+WORK=$ROOT/build/sr-work
+LOGS=$OUTD/logs
+BUILD_DIR=$ROOT/build/sr-cuda
+mkdir -p "$OUTD" "$LOGS" "$WORK"
+SUMMARY=$OUTD/summary.txt
+touch "$SUMMARY"
+START=$(date +%s)
+BUDGET=${BUDGET_S:-560}
+export PATH=$PATH:/usr/local/cuda/bin
+
+step() {  # step NAME MAX_SECONDS command...
+  local name=$1 max=$2 left cap rc t0 status
+  shift 2
+  left=$((BUDGET - ($(date +%s) - START)))
+  cap=$max
+  [ "$left" -lt "$cap" ] && cap=$left
+  if [ "$cap" -lt 10 ]; then echo "$name SKIPPED (budget spent)" | tee -a "$SUMMARY"; return 99; fi
+  t0=$(date +%s)
+  timeout -k 10 "$cap" "$@" > "$LOGS/$name.log" 2>&1
+  rc=$?
+  status=ok
+  [ $rc -ne 0 ] && status="FAILED (rc $rc)"
+  [ $rc -eq 124 ] && status="TIMED OUT after ${cap}s"
+  echo "$name $status $(($(date +%s) - t0))s" | tee -a "$SUMMARY"
+  tail -n 20 "$LOGS/$name.log"
+  return $rc
+}
+
+if [ -d build/gpu-debs ] && [ ! -f build/gpu-sysroot/deps.env ]; then step deps 90 bash scripts/gpu/deps.sh unpack; fi
+TESSERA_DEPS_CMAKE_ARGS=""
+[ -f build/gpu-sysroot/deps.env ] && . build/gpu-sysroot/deps.env
+if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
+  step configure 120 cmake --preset cuda -B "$BUILD_DIR" $TESSERA_DEPS_CMAKE_ARGS || exit 1
+fi
+step build 400 cmake --build "$BUILD_DIR" -j "${JOBS:-$(nproc)}" --target tessera || exit 1
+TS=$BUILD_DIR/src/tessera
+nvidia-smi -L | tee -a "$SUMMARY"
+
+MODEL=$ROOT/build/models/smollm2-135m-instruct-q4_1.gguf
+if [ ! -f "$MODEL" ] && [ -f build/smol-p0/smol.00 ] && [ -f build/smol-p1/smol.01 ]; then
+  mkdir -p build/models
+  cat build/smol-p0/smol.00 build/smol-p1/smol.01 > "$MODEL"
+  if [ "$(sha256sum "$MODEL" | cut -d' ' -f1)" != "$(cat build/smol-p1/sha256)" ]; then
+    echo "model parts do not join to the recorded sha256" | tee -a "$SUMMARY"
+    rm -f "$MODEL"
+  fi
+fi
+if [ ! -f "$MODEL" ]; then
+  echo "model not assembled yet (build/smol-p0: $(ls build/smol-p0 2> /dev/null | tr '\n' ' '); build/smol-p1: $(ls build/smol-p1 2> /dev/null | tr '\n' ' '))" | tee -a "$SUMMARY"
+  exit 0
+fi
+
+# docs/streaming.md's sizes for the 8K model (equal memory for the three methods: at most 1,856 keys per chunk).
+SIZES=(--stream-sinks 64 --stream-local 1024 --stream-block 64 --stream-top-k 8 --stream-chunk 256 --stream-last-chunk 64)
+left() { echo $((BUDGET - ($(date +%s) - START) - 10)); }
+
+# 1. The GPU path against the CPU path on one real prompt: the blocks each layer retrieved after every chunk.
+TRACE_LENGTH=${TRACE_LENGTH:-16384}
+if [ "$TRACE_LENGTH" -gt 0 ]; then
+  for m in $(echo "${TRACE_METHODS:-ltri,infllm}" | tr ',' ' '); do
+    for dev in cuda cpu; do
+      step "trace_${m}_$dev" "$(left)" "$TS" run -m "$MODEL" --device "$dev" --needle "$TRACE_LENGTH" --chat -n 16 \
+        --stream "$m" "${SIZES[@]}" --stream-trace "$WORK/trace_${m}_$dev.txt" --logits-out "$WORK/logits_${m}_$dev.f32"
+      grep -E "^answer:|needle|^\[stream" "$LOGS/trace_${m}_$dev.log" | sed "s/^/  $m $dev: /" >> "$SUMMARY"
+    done
+    if [ -f "$WORK/trace_${m}_cpu.txt" ] && [ -f "$WORK/trace_${m}_cuda.txt" ]; then
+      python3 - "$WORK/trace_${m}_cpu.txt" "$WORK/trace_${m}_cuda.txt" "$WORK/logits_${m}_cpu.f32" \
+        "$WORK/logits_${m}_cuda.f32" "$m" >> "$SUMMARY" 2>&1 << 'PY'
+import sys, array, math
+def load(p):
+    out = {}
+    for line in open(p):
+        head, _, blocks = line.partition(":")
+        out[tuple(head.split())] = frozenset(int(b) for b in blocks.split())
+    return out
+cpu, gpu, m = load(sys.argv[1]), load(sys.argv[2]), sys.argv[5]
+keys = sorted(set(cpu) & set(gpu), key=lambda k: (k[0] != "prefill", int(k[1]), int(k[2])))
+retr = [k for k in keys if cpu[k] or gpu[k]]
+same = sum(cpu[k] == gpu[k] for k in retr)
+jac = [len(cpu[k] & gpu[k]) / len(cpu[k] | gpu[k]) for k in retr]
+first = next((k for k in retr if cpu[k] != gpu[k]), None)
+print(f"  {m} trace: {len(keys)} (step, layer) records on both ({len(cpu)} cpu, {len(gpu)} gpu); {len(retr)} with "
+      f"retrieval; identical block sets {same}/{len(retr)}; mean Jaccard {sum(jac) / max(1, len(jac)):.4f}; "
+      f"first difference {first}")
+try:
+    a = array.array("f"); a.frombytes(open(sys.argv[3], "rb").read())
+    b = array.array("f"); b.frombytes(open(sys.argv[4], "rb").read())
+    num = math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b))); den = math.sqrt(sum(x * x for x in a))
+    print(f"  {m} last logits: relative L2 {num / den:.3e}; argmax cpu {max(range(len(a)), key=a.__getitem__)} "
+          f"gpu {max(range(len(b)), key=b.__getitem__)}")
+except Exception as e:  # noqa: BLE001
+    print(f"  {m} logits: {e}")
+PY
+    fi
+  done
+fi
+
+# 2. Needle cases past the context on the GPU (tessera eval: RULER's niah_single, the chat template, greedy).
+for L in $(echo "${LENGTHS:-16384,32768,65536}" | tr ',' ' '); do
+  step "eval_$L" "$(left)" "$TS" eval -m "$MODEL" --tasks niah_single -l "$L" --depths "${DEPTHS:-25,50,75}" \
+    --attn dense --stream "${METHODS:-ltri,infllm,streamingllm}" "${SIZES[@]}" --answer-tokens 16 --device cuda \
+    -o "$OUTD/eval_$L"
+  grep -iE "pass|fail|stream:" "$LOGS/eval_$L.log" | tail -n 20 | sed "s/^/  $L: /" >> "$SUMMARY"
+done
+echo "total $(($(date +%s) - START))s" | tee -a "$SUMMARY"
