@@ -5,7 +5,8 @@
 #
 # The model (98 MB) does not fit one call's carry (64 MiB with the tree), so it comes in two halves
 # (`bash scripts/gpu/tp_x4.sh prepare` makes build/smol-p0, build/smol-p1 here), over three calls to a warm host:
-#   1. carry ["build/gpu-debs"]:  bash scripts/gpu/stream_real.sh        (deps, configure, build tessera)
+#   1. carry ["build/gpu-debs", "build/sr-src"]:  bash scripts/gpu/stream_real.sh   (deps, configure, build tessera;
+#      build/sr-src: `rm -rf build/sr-src && mkdir -p build/sr-src && git archive HEAD | tar -x -C build/sr-src`)
 #   2. carry ["build/smol-p0"]:   bash scripts/gpu/stream_real.sh        (the first half; the build is incremental)
 #   3. carry ["build/smol-p1"]:   bash scripts/gpu/stream_real.sh        (joins the model, then the runs)
 # Environment: LENGTHS (16384,32768,65536), DEPTHS (25,50,75), METHODS (ltri,infllm,streamingllm),
@@ -46,8 +47,12 @@ step() {  # step NAME MAX_SECONDS command...
 if [ -d build/gpu-debs ] && [ ! -f build/gpu-sysroot/deps.env ]; then step deps 90 bash scripts/gpu/deps.sh unpack; fi
 TESSERA_DEPS_CMAKE_ARGS=""
 [ -f build/gpu-sysroot/deps.env ] && . build/gpu-sysroot/deps.env
+# Sources: build/sr-src when it was carried (`git archive HEAD` made here: the committed tree, whatever else is
+# being edited in the working tree; it stays on a warm host for the later calls), else this checkout.
+SRC=$ROOT
+[ -f build/sr-src/CMakeLists.txt ] && SRC=$ROOT/build/sr-src
 if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
-  step configure 120 cmake --preset cuda -B "$BUILD_DIR" $TESSERA_DEPS_CMAKE_ARGS || exit 1
+  step configure 120 bash -c "cd '$SRC' && cmake --preset cuda -B '$BUILD_DIR' $TESSERA_DEPS_CMAKE_ARGS" || exit 1
 fi
 step build 400 cmake --build "$BUILD_DIR" -j "${JOBS:-$(nproc)}" --target tessera || exit 1
 TS=$BUILD_DIR/src/tessera
