@@ -104,6 +104,13 @@ std::vector<std::string> policy_list(const std::vector<std::string>& attn, const
 }
 
 // The CPU engine's options for a policy spec or a "stream:<method>" label.
+// What a streaming case held at its end: the index and the host store (the GPU's pinned blocks are bf16).
+std::string stream_note(const runtime::StreamingKV& kv) {
+  const runtime::StreamStats st = kv.stats();
+  return "; index " + with_commas(st.index_vectors) + " vectors, " + format_bytes(static_cast<double>(st.index_bytes)) +
+         "; host " + format_bytes(static_cast<double>(st.host_bytes));
+}
+
 runtime::EngineOptions engine_options(const Session& s, const EvalOptions& o, const std::string& policy) {
   runtime::EngineOptions eo;
   eo.chunk_size = o.chunk;
@@ -213,10 +220,11 @@ void run_tasks(const Session& s, const EvalOptions& o, const std::vector<std::st
           go.stream = stream_options(o.stream, stream_method_of(policy), true);
         else
           go.policy = s.policy(policy);
-        go.max_context = max_context;
+        if (!streaming) go.max_context = max_context;  // streaming reads past the model's context
         go.dense_fallback = false;  // the policy must really run: a dense fallback would measure dense
         runtime::gpu::GpuEngine engine(*device.weights, go);
         out = answer(engine, s, prompt, c, max_answer, !o.full_answers);
+        if (streaming) note = stream_note(*engine.streaming());
       }
 #endif
       if (!device.gpu) {
@@ -224,11 +232,7 @@ void run_tasks(const Session& s, const EvalOptions& o, const std::vector<std::st
         if (!streaming) eo.max_context = max_context;
         runtime::Engine engine(*s.model, eo);
         out = answer(engine, s, prompt, c, max_answer, !o.full_answers);
-        if (streaming) {
-          const runtime::StreamStats st = engine.streaming()->stats();
-          note = "; index " + with_commas(st.index_vectors) + " vectors, " + format_bytes(static_cast<double>(st.index_bytes)) +
-                 "; host " + format_bytes(static_cast<double>(st.host_bytes));
-        }
+        if (streaming) note = stream_note(*engine.streaming());
       }
       eval::CaseResult r = eval::score_case(c, policy, out);
       std::string shown = eval::normalize_output(out).substr(0, 60);
