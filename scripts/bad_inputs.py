@@ -212,6 +212,10 @@ def cases(tessera, fx, models):
         T + ["run", "-m", smol, "-p", "one two three four five six seven eight nine ten " * 12, "--stream", "ltri",
              "--stream-sinks", "4", "--stream-local", "16", "--stream-block", "16", "--stream-chunk", "16",
              "--stream-host-budget", "4K"], 1, None, needs=smol)
+    add("streaming", "--stream-trace without --stream",
+        T + ["run", "-m", tiny, "-p", "hi", "--stream-trace", "/tmp/tessera-bad-input-trace.txt"], 1, None)
+    add("streaming", "serve --stream with --attn (streaming attends densely within its layout)",
+        T + ["serve", "-m", tiny, "--device", "cpu", "--stream", "ltri", "--attn", "vs"], 1, None)
     # tessera plan (docs/plans/README.md): checked before the model loads, except the last.
     out = os.path.join(os.path.dirname(fx["empty_calib"]), "plan.json")
     add("plan", "plan --budget 0", T + ["plan", "--method", "moa", "-m", tiny, "--budget", "0", "-o", out], 1, None)
