@@ -5,7 +5,13 @@
 // pass in useful time).
 //
 //   plan_gradients_bench [--model llama3-8b] [--seq 8192] [--targets 16] [--reps 2] [--cpu-layers 1]
-//                        [--cpu-seq 8192] [--no-tf32]
+//                        [--cpu-seq 8192] [--no-tf32] [--minference]
+//
+// --minference times MInference's search forward on the GPU (plan/cuda/minference_cuda.h) instead: one sample of
+// --seq tokens through the f32 device forward, the six candidates of minference_candidates(0.3, seq) (bound-sized) on
+// every head of every layer (estimate, index, sparse attention in bf16, error against dense); with --cpu-layers N
+// the CPU search (plan_minference, the same candidates) against the GPU's on the N-layer model: time, choices and
+// the worst error difference.
 //
 // The pass: tokens pseudo-random over the vocabulary, the loss on the last --targets positions, 64 x 64 block sums
 // (as `tessera plan` profiles). --cpu-layers N writes an HF folder (config.json with N layers and tied embeddings,
@@ -31,6 +37,8 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "plan/cuda/gradients_cuda.h"
+#include "plan/cuda/minference_cuda.h"
+#include "plan/minference_plan.h"
 #include "plan/model_gradients.h"
 #include "plan/moa_plan.h"
 #include "plan/profile.h"
@@ -162,12 +170,77 @@ std::string write_model(const std::string& name, int32_t layers) {
   return dir.string();
 }
 
+// Choices per candidate (how many heads took each) from errors [heads][C].
+std::vector<int> choices(const std::vector<double>& error, size_t C, std::vector<int32_t>* per_head = nullptr) {
+  std::vector<int> n(C, 0);
+  for (size_t hh = 0; hh * C < error.size(); ++hh) {
+    size_t best = 0;
+    for (size_t c = 1; c < C; ++c)
+      if (error[hh * C + c] < error[hh * C + best]) best = c;
+    ++n[best];
+    if (per_head) per_head->push_back(static_cast<int32_t>(best));
+  }
+  return n;
+}
+
+int minference_bench(const plan::cuda::GradientModel& gm, const std::string& model, const std::vector<int32_t>& tokens,
+                     int reps, int32_t cpu_layers, int32_t cpu_seq) {
+  const runtime::ModelConfig& cfg = gm.config();
+  const int32_t seq = static_cast<int32_t>(tokens.size());
+  const std::vector<attn::Pattern> cands = plan::minference_candidates(0.3, seq);
+  const size_t C = cands.size(), heads = static_cast<size_t>(cfg.num_layers) * static_cast<size_t>(cfg.num_q_heads);
+  std::printf("MInference search forward on the GPU: %zu candidates (bound-sized for density 0.3 at %d):", C, seq);
+  for (const attn::Pattern& p : cands) std::printf(" %s;", attn::describe(p).c_str());
+  std::printf("\n| run | seconds | of which candidates (device events) | forward and host round trips |\n|---:|---:|---:|---:|\n");
+  std::vector<double> err, den;
+  for (int r = 0; r < reps; ++r) {
+    err.assign(heads * C, 0.0);
+    den.assign(heads * C, 0.0);
+    plan::cuda::MInferenceDeviceStats st;
+    plan::cuda::minference_errors(gm, tokens, cands, 1.0, err, den, &st);
+    std::printf("| %d | %.3f | %.3f | %.3f |\n", r + 1, st.seconds, st.candidate_seconds, st.seconds - st.candidate_seconds);
+    std::fflush(stdout);
+  }
+  const std::vector<int> n = choices(err, C);
+  std::printf("heads per candidate (random weights: not a plan):");
+  for (size_t c = 0; c < C; ++c) std::printf(" %s %d;", attn::describe(cands[c]).c_str(), n[c]);
+  std::printf("\n");
+  if (cpu_layers <= 0) return 0;
+  double t = now();
+  const std::string dir = write_model(model, cpu_layers);
+  const auto m = runtime::Model::load(dir);
+  std::printf("\nCPU vs GPU search, %d layer(s) of %s shapes, seq %d: model written and loaded in %.1f s (%d threads)\n",
+              cpu_layers, model.c_str(), cpu_seq, now() - t, ThreadPool::global().size());
+  std::vector<plan::CalibrationSample> samples(1);
+  samples[0].name = "random";
+  samples[0].tokens = tokens_for(cpu_seq, cfg.vocab_size);
+  plan::MInferenceOptions mo;
+  mo.size_by_measurement = false;
+  plan::cuda::enable();
+  mo.device = plan::Device::Cuda;
+  plan::plan_minference(*m, samples, mo, ThreadPool::global());  // weights to the device, warm-up
+  const plan::MInferenceResult g = plan::plan_minference(*m, samples, mo, ThreadPool::global());
+  mo.device = plan::Device::Cpu;
+  const double rss0 = rss_bytes();
+  const plan::MInferenceResult c = plan::plan_minference(*m, samples, mo, ThreadPool::global());
+  int same = 0;
+  double worst = 0;
+  for (size_t hh = 0; hh < c.choice.size(); ++hh) same += c.choice[hh] == g.choice[hh];
+  for (size_t i = 0; i < c.error.size(); ++i) worst = std::max(worst, std::abs(c.error[i] - g.error[i]));
+  std::printf("| device | search seconds | peak memory GB |\n|---|---:|---:|\n");
+  std::printf("| GPU | %.3f | (device) |\n| CPU | %.3f | %.2f (max RSS; %.2f before) |\n", g.seconds, c.seconds,
+              gb(rss_bytes()), gb(rss0));
+  std::printf("CPU / GPU time: %.1fx; same choice on %d of %zu heads; worst |error GPU - CPU| %.2e\n",
+              c.seconds / g.seconds, same, c.choice.size(), worst);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string model = "llama3-8b";
   int32_t seq = 8192, ntargets = 16, reps = 2, cpu_layers = 0, cpu_seq = 0;
-  bool tf32 = true;
+  bool tf32 = true, minference = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -181,9 +254,10 @@ int main(int argc, char** argv) {
     else if (a == "--cpu-layers") cpu_layers = std::stoi(next());
     else if (a == "--cpu-seq") cpu_seq = std::stoi(next());
     else if (a == "--no-tf32") tf32 = false;
+    else if (a == "--minference") minference = true;
     else {
       std::fprintf(stderr, "plan_gradients_bench [--model llama3-8b] [--seq 8192] [--targets 16] [--reps 2] "
-                           "[--cpu-layers 1] [--cpu-seq 8192] [--no-tf32]\n");
+                           "[--cpu-layers 1] [--cpu-seq 8192] [--no-tf32] [--minference]\n");
       return 2;
     }
   }
@@ -203,6 +277,7 @@ int main(int argc, char** argv) {
     std::printf("weights on the device: %.2f GB f32 (%.1f s)\n", gb(static_cast<double>(gm->bytes())), now() - t);
     const auto tokens = tokens_for(seq, cfg.vocab_size);
     const auto targets = targets_for(tokens, ntargets);
+    if (minference) return minference_bench(*gm, model, tokens, reps, cpu_layers, cpu_seq);
     plan::GradientOptions o;
     o.block = plan::kProfileBlock;
     plan::GradientResult f32_result;

@@ -95,8 +95,6 @@ void check_plan_options(const PlanOptions& o) {
   for (int l : o.report_lengths) check(l > 0, "--report-lengths must be positive, got " + std::to_string(l));
   check(o.device == "cpu" || o.device == "cuda" || o.device == "auto",
         "--device must be cpu, cuda or auto, got '" + o.device + "'");
-  check(o.method != "minference" || o.device != "cuda",
-        "--device cuda: MInference's search runs on the CPU (the gradient planners moa and trianglemix run on the GPU)");
   check(o.inner == "dense" || o.inner == "vs" || fs::exists(o.inner),
         "--inner must be dense, vs or a policy file, got '" + o.inner + "'");
   if (!o.calib.empty()) {
@@ -108,10 +106,10 @@ void check_plan_options(const PlanOptions& o) {
   }
 }
 
-// Where the reverse-mode passes run: --device cpu, cuda (an error where tessera has no GPU path or no GPU is
-// usable), auto (the GPU when both are there).
+// Where the reverse-mode passes (moa, trianglemix) or the search's forward (minference) run: --device cpu, cuda (an
+// error where tessera has no GPU path or no GPU is usable), auto (the GPU when both are there).
 static plan::Device plan_device(const PlanOptions& o) {
-  if (o.method == "minference" || o.device == "cpu") return plan::Device::Cpu;
+  if (o.device == "cpu") return plan::Device::Cpu;
 #ifdef TESSERA_WITH_GPU_PLAN
   const bool usable = plan::cuda::gpu_available();
   if (o.device == "cuda") check(usable, "--device cuda: no CUDA device is usable");
@@ -168,6 +166,8 @@ int plan_command(const PlanOptions& o) {
   if (o.method == "minference") {
     plan::MInferenceOptions mo;
     if (o.budget) mo.budget = *o.budget;
+    mo.device = device;
+    report["search_device"] = plan::device_name(device);
     const auto r = plan::plan_minference(*s.model, samples, mo, pool, [&](int32_t done, int32_t total) {
       log("plan: %s (%.1f s)\n", "searched sample " + std::to_string(done) + "/" + std::to_string(total), t0);
     });
@@ -321,8 +321,9 @@ int plan_command(const PlanOptions& o) {
     const plan::cuda::RegisteredStats g = plan::cuda::registered_stats();
     report["gpu"] = {{"passes", g.passes}, {"seconds", g.seconds}, {"weight_bytes", g.weight_bytes},
                      {"peak_pass_bytes", g.peak_pass_bytes}, {"peak_device_used_bytes", g.peak_used_bytes}};
-    std::printf("GPU: %lld gradient passes, %.1f s; device memory: weights %s, pass peak %s, in use at most %s\n",
-                static_cast<long long>(g.passes), g.seconds, format_bytes(static_cast<double>(g.weight_bytes)).c_str(),
+    std::printf("GPU: %lld %s, %.1f s; device memory: weights %s, pass peak %s, in use at most %s\n",
+                static_cast<long long>(g.passes), o.method == "minference" ? "search forwards" : "gradient passes",
+                g.seconds, format_bytes(static_cast<double>(g.weight_bytes)).c_str(),
                 format_bytes(static_cast<double>(g.peak_pass_bytes)).c_str(),
                 format_bytes(static_cast<double>(g.peak_used_bytes)).c_str());
   }

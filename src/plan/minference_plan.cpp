@@ -1,6 +1,7 @@
 #include "plan/minference_plan.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 
@@ -13,6 +14,13 @@
 #include "runtime/engine.h"
 
 namespace tessera::plan {
+
+namespace {
+std::atomic<DeviceMInferenceFn> g_cuda_minference{nullptr};
+}  // namespace
+
+void register_cuda_minference(DeviceMInferenceFn fn) { g_cuda_minference.store(fn); }
+bool cuda_minference_registered() { return g_cuda_minference.load() != nullptr; }
 
 std::vector<attn::Pattern> minference_candidates(double budget, int32_t length) {
   check(budget > 0 && budget <= 1, "minference: budget must be in (0, 1], got " + std::to_string(budget));
@@ -199,7 +207,17 @@ MInferenceResult plan_minference(const runtime::Model& model, const std::vector<
     }
   };
   int32_t done = 0;
+  if (o.device == Device::Cuda) {
+    const DeviceMInferenceFn fn = g_cuda_minference.load();
+    check(fn != nullptr, "minference: this tessera has no CUDA search (built without the CUDA toolkit, or src/plan/cuda "
+                         "not linked); use the CPU (--device cpu)");
+    for (const CalibrationSample& s : samples) {
+      fn(model, s.tokens, r.candidates, 1.0 / static_cast<double>(samples.size()), r.error, r.measured_density);
+      if (progress) progress(++done, static_cast<int32_t>(samples.size()));
+    }
+  }
   for (const CalibrationSample& s : samples) {
+    if (o.device == Device::Cuda) break;
     eo.chunk_size = static_cast<int32_t>(s.tokens.size());
     eo.max_context = static_cast<int32_t>(s.tokens.size());
     runtime::Engine engine(model, eo);

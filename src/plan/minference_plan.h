@@ -11,7 +11,9 @@
 // layer's q, k, v and dense output) each candidate runs on every head through the same estimators, index and
 // sparse executor the engine uses, and the head's relative output error ||O_c - O_dense|| / ||O_dense|| is
 // accumulated. Each head takes the candidate with the least mean error; the measured work density of every
-// (head, candidate) is kept for the report.
+// (head, candidate) is kept for the report. On the GPU (MInferenceOptions::device, plan/cuda/minference_cuda.h) the
+// forward is the planners' f32 device pass (the dense attention output its reference) and each candidate runs
+// through the device's estimators, index build and sparse executor (bf16 q/k/v, 64-row tiles as here).
 #pragma once
 
 #include <cstdint>
@@ -23,12 +25,17 @@
 #include "attention/pattern/policy.h"
 #include "core/thread_pool.h"
 #include "plan/calibration.h"
+#include "plan/model_gradients.h"
 #include "runtime/model.h"
 
 namespace tessera::plan {
 
 struct MInferenceOptions {
   double budget = 0.3;  // target density at the calibration length
+  // Where the search's forward runs (the model's activations per layer and every candidate's attention output
+  // error): Device::Cuda runs it through the function registered with register_cuda_minference (plan/cuda:
+  // plan::cuda::enable()); candidate sizing (size_by_measurement) stays on the CPU.
+  Device device = Device::Cpu;
   // Re-size the dynamic candidates (VS, BS) by their measured mask density on the longest sample's q/k at a global
   // layer near the middle (bisection), to the A-shape's exact density: their budget bounds undercount (a slash
   // covers a 64-row band per query tile), so bound-sized VS shapes execute about twice the target.
@@ -47,6 +54,15 @@ struct MInferenceResult {
   attn::AttentionPolicy policy;
   double seconds = 0;
 };
+
+// The search's forward on one calibration sample on the GPU: adds, for every (layer * heads + head, candidate),
+// weight x the relative output error of the candidate against dense attention to error[...] and weight x its mask
+// density to density[...] (both [layers * heads][candidates], layer-major). Registered by plan/cuda.
+using DeviceMInferenceFn = void (*)(const runtime::Model& model, const std::vector<int32_t>& tokens,
+                                    const std::vector<attn::Pattern>& candidates, double weight,
+                                    std::vector<double>& error, std::vector<double>& density);
+void register_cuda_minference(DeviceMInferenceFn fn);
+bool cuda_minference_registered();
 
 // The candidates for a target density at `length` tokens.
 std::vector<attn::Pattern> minference_candidates(double budget, int32_t length);

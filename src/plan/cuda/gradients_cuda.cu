@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -583,6 +584,27 @@ class Pass {
   const Tracker& tracker() const { return tr_; }
   size_t peak_used() const { return peak_used_; }
 
+  // The forward alone, observe() after each layer's attention (GradientModel::forward).
+  void forward(std::span<const int32_t> tokens, const std::function<void(const GradientModel::AttentionView&)>& observe) {
+    alloc_activations();
+    Buf<int32_t> tok(sz(S_), &tr_);
+    to_device(tok.get(), tokens.data(), tokens.size());
+    Buf<float> x(sz(S_ * H_), &tr_);
+    embed_kernel<<<grid_for(S_ * H_), kThreads, 0, stream_>>>(tok.get(), m_.embedding.ptr(), x.get(), S_, H_,
+                                                              static_cast<float>(cfg_.embedding_scale));
+    check_launch("embedding");
+    for (int64_t l = 0; l < cfg_.num_layers; ++l) {
+      observed_layer_ = static_cast<int32_t>(l);
+      observe_ = &observe;
+      layer_forward(static_cast<int32_t>(l), x.get());
+      observe_ = nullptr;
+      copy(x.get(), x2_.get(), sz(S_ * H_));
+      add(x.get(), post_ffn(l), S_ * H_);
+    }
+    sample_memory();
+    sync();
+  }
+
   GradientResult run(std::span<const int32_t> tokens, std::span<const Target> targets) {
     GradientResult result;
     result.seq_len = static_cast<int32_t>(S_);
@@ -822,6 +844,17 @@ class Pass {
     rope(q_.get(), NQ_, QD_, r, false);
     rope(k_.get(), NKV_, KD_, r, false);
     attention_forward(l);
+    if (observe_ != nullptr) {
+      GradientModel::AttentionView view;
+      view.layer = observed_layer_;
+      view.tokens = S_;
+      view.q = q_.get();
+      view.k = k_.get();
+      view.v = v_.get();
+      view.o = o_.get();
+      view.stream = stream_;
+      (*observe_)(view);
+    }
     linear(o_.get(), QD_, W.wo, nullptr, att_.get());
     copy(x2_.get(), x, sz(S_ * H_));
     if (cfg_.post_norms) {
@@ -1006,6 +1039,8 @@ class Pass {
   Buf<float> dP_, dm_, dact_, dh2_, dx2_, da_, dout_, dq_, dk_, dv_, dke_, dve_, dvec_, dh1_, tq_;
   Buf<double> sums_;
   Buf<unsigned long long> cells_;
+  const std::function<void(const GradientModel::AttentionView&)>* observe_ = nullptr;
+  int32_t observed_layer_ = 0;
 };
 
 }  // namespace
@@ -1035,6 +1070,29 @@ GradientResult GradientModel::run(std::span<const int32_t> tokens, std::span<con
   return r;
 }
 
+void GradientModel::forward(std::span<const int32_t> tokens, const std::function<void(const AttentionView&)>& observe,
+                            const DeviceRunOptions& run) const {
+  const ModelConfig& cfg = impl_->cfg;
+  check(!tokens.empty(), "forward (CUDA): empty token sequence");
+  for (size_t i = 0; i < tokens.size(); ++i)
+    check(tokens[i] >= 0 && tokens[i] < cfg.vocab_size,
+          "forward (CUDA): token " + std::to_string(i) + " has id " + std::to_string(tokens[i]) +
+              ", outside the vocabulary of " + std::to_string(cfg.vocab_size));
+  GradientOptions o;
+  o.device = Device::Cuda;
+  o.loss_only = true;
+  const auto t0 = std::chrono::steady_clock::now();
+  Pass pass(*impl_, tokens, o, run);
+  pass.forward(tokens, observe);
+  if (run.stats) {
+    run.stats->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    run.stats->weight_bytes = impl_->bytes;
+    run.stats->peak_pass_bytes = pass.tracker().peak;
+    run.stats->peak_used_bytes = pass.peak_used();
+    run.stats->chunk_rows = pass.chunk_rows();
+  }
+}
+
 bool gpu_available() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -1053,16 +1111,22 @@ const float* g_model_embedding = nullptr;
 std::unique_ptr<GradientModel> g_weights;
 RegisteredStats g_stats;
 
-GradientResult run_registered(const runtime::Model& model, std::span<const int32_t> tokens,
-                              std::span<const Target> targets, const GradientOptions& options) {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  check(gpu_available(), "attention gradients: --device cuda, but no CUDA device is usable");
+// The device weights of `model` (g_mutex held).
+const GradientModel& weights_of(const runtime::Model& model) {
   if (g_model != &model || g_model_embedding != model.weights().embedding.ptr() || !g_weights) {
     g_weights.reset();
     g_weights = std::make_unique<GradientModel>(model.config(), model.weights());
     g_model = &model;
     g_model_embedding = model.weights().embedding.ptr();
   }
+  return *g_weights;
+}
+
+GradientResult run_registered(const runtime::Model& model, std::span<const int32_t> tokens,
+                              std::span<const Target> targets, const GradientOptions& options) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  check(gpu_available(), "attention gradients: --device cuda, but no CUDA device is usable");
+  weights_of(model);
   DeviceStats st;
   GradientResult r = g_weights->run(tokens, targets, options, {.stats = &st});
   ++g_stats.passes;
@@ -1075,7 +1139,23 @@ GradientResult run_registered(const runtime::Model& model, std::span<const int32
 
 }  // namespace
 
-void enable() { register_cuda_gradients(&run_registered); }
+void with_device_weights(const runtime::Model& model, const std::function<void(const GradientModel&)>& fn) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  check(gpu_available(), "plan: --device cuda, but no CUDA device is usable");
+  const GradientModel& g = weights_of(model);
+  const auto t0 = std::chrono::steady_clock::now();
+  fn(g);
+  ++g_stats.passes;
+  g_stats.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  g_stats.weight_bytes = g.bytes();
+}
+
+void register_minference();  // minference_cuda.cu
+
+void enable() {
+  register_cuda_gradients(&run_registered);
+  register_minference();
+}
 
 RegisteredStats registered_stats() {
   std::lock_guard<std::mutex> lock(g_mutex);

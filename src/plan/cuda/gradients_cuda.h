@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 
@@ -51,6 +52,7 @@ struct RegisteredStats {
 };
 RegisteredStats registered_stats();
 
+
 struct DeviceRunOptions {
   int64_t chunk_rows = 0;  // 0: from the 1 GiB chunk budget; else a multiple of 64 (tests force several chunks)
   DeviceStats* stats = nullptr;
@@ -77,11 +79,32 @@ class GradientModel {
   GradientResult run(std::span<const int32_t> tokens, std::span<const Target> targets,
                      const GradientOptions& options, const DeviceRunOptions& run = {}) const;
 
+  // The forward pass alone (f32, the products in plain f32), for MInference's search on the GPU
+  // (minference_cuda.h): after each layer's attention, observe(view) with the layer's q (after QK-norm and RoPE),
+  // k, v and dense attention output o on the device, row-major [tokens, heads, head_dim], valid during the call, and
+  // the stream the pass runs on (work the observer queues there is ordered with the pass).
+  struct AttentionView {
+    int32_t layer = 0;
+    int64_t tokens = 0;
+    const float* q = nullptr;  // [tokens, num_q_heads, head_dim]
+    const float* k = nullptr;  // [tokens, num_kv_heads, head_dim]
+    const float* v = nullptr;
+    const float* o = nullptr;  // [tokens, num_q_heads, head_dim]
+    void* stream = nullptr;    // cudaStream_t
+  };
+  void forward(std::span<const int32_t> tokens, const std::function<void(const AttentionView&)>& observe,
+               const DeviceRunOptions& run = {}) const;
+
   struct Impl;
 
  private:
   GradientModel();
   std::unique_ptr<Impl> impl_;
 };
+
+// Runs fn with the device copy of `model`'s weights that the registered path keeps (made on first use, as for the
+// gradient passes; one Model at a time), under that path's lock; counted in registered_stats() as a pass (its
+// seconds; not its peaks).
+void with_device_weights(const runtime::Model& model, const std::function<void(const GradientModel&)>& fn);
 
 }  // namespace tessera::plan::cuda

@@ -6,18 +6,31 @@
 // --device cuda` runs); and the errors. Tolerance: f32 on both sides, different summation orders: every block sum
 // within 1e-3 of the array's largest magnitude (the bound the CPU's own f32-vs-f64 test states), region sums within
 // 1e-3 of their absolute sums, cells equal. The measured worst errors are printed ([ gpu-vs-cpu ] lines).
+// Also MInference's search forward on the GPU (plan/cuda/minference_cuda.h) against the CPU search, on a tiny Llama
+// with head_dim 64 (the GPU sparse executors' smallest; written here with random weights): the static candidate's
+// errors within bf16 rounding, the dynamic ones' errors and densities within tolerance (their estimates run on bf16
+// q/k), the same candidate per head on at least half the heads and elsewhere one within tolerance of the CPU's best
+// by the CPU's errors ([ minference ] lines).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "attention/pattern/pattern.h"
 #include "core/error.h"
 #include "plan/cuda/gradients_cuda.h"
+#include "plan/cuda/minference_cuda.h"
+#include "plan/minference_plan.h"
 #include "plan/model_gradients.h"
 #include "plan/profile.h"
 #include "runtime/model.h"
@@ -194,6 +207,145 @@ TEST(GpuGradientsErrors, Messages) {
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(), "attention gradients (CUDA): chunk rows must be a multiple of 64, got 100");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// MInference's search forward on the GPU against the CPU's.
+
+// An HF folder: a 2-layer Llama, hidden 256, 4 query heads of 64 (2 kv heads), FFN 256, vocab 300, bf16 weights
+// uniform with standard deviation 1/sqrt(in) (q and k projections x 4: peaked attention, so that the candidates'
+// errors differ), norms 1, tied embeddings. Deterministic.
+std::string write_tiny_llama_d64() {
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "tessera_minference_tiny_d64";
+  std::filesystem::create_directories(dir);
+  const int64_t H = 256, F = 256, V = 300, NQ = 4, NKV = 2, D = 64, L = 2;
+  nlohmann::json cfg = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"vocab_size", V},
+                        {"hidden_size", H}, {"intermediate_size", F}, {"num_hidden_layers", L},
+                        {"num_attention_heads", NQ}, {"num_key_value_heads", NKV}, {"head_dim", D},
+                        {"hidden_act", "silu"}, {"max_position_embeddings", 4096}, {"rms_norm_eps", 1e-5},
+                        {"rope_theta", 10000.0}, {"tie_word_embeddings", true}, {"torch_dtype", "bfloat16"}};
+  std::ofstream(dir / "config.json") << cfg.dump(2);
+  struct T {
+    std::string name;
+    int64_t rows, cols;
+    float gain;  // 0: a norm (ones)
+  };
+  std::vector<T> ts{{"model.embed_tokens.weight", V, H, 1.0f}, {"model.norm.weight", 1, H, 0.0f}};
+  for (int64_t l = 0; l < L; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    ts.push_back({p + "input_layernorm.weight", 1, H, 0.0f});
+    ts.push_back({p + "post_attention_layernorm.weight", 1, H, 0.0f});
+    ts.push_back({p + "self_attn.q_proj.weight", NQ * D, H, 4.0f});
+    ts.push_back({p + "self_attn.k_proj.weight", NKV * D, H, 4.0f});
+    ts.push_back({p + "self_attn.v_proj.weight", NKV * D, H, 1.0f});
+    ts.push_back({p + "self_attn.o_proj.weight", H, NQ * D, 1.0f});
+    ts.push_back({p + "mlp.gate_proj.weight", F, H, 1.0f});
+    ts.push_back({p + "mlp.up_proj.weight", F, H, 1.0f});
+    ts.push_back({p + "mlp.down_proj.weight", H, F, 1.0f});
+  }
+  nlohmann::json header = nlohmann::json::object();
+  uint64_t off = 0;
+  for (const T& t : ts) {
+    const uint64_t n = static_cast<uint64_t>(t.rows * t.cols) * 2;
+    header[t.name] = {{"dtype", "BF16"},
+                      {"shape", t.rows == 1 ? nlohmann::json::array({t.cols}) : nlohmann::json::array({t.rows, t.cols})},
+                      {"data_offsets", {off, off + n}}};
+    off += n;
+  }
+  std::string h = header.dump();
+  while (h.size() % 8) h += ' ';
+  std::ofstream f(dir / "model.safetensors", std::ios::binary);
+  const uint64_t hl = h.size();
+  f.write(reinterpret_cast<const char*>(&hl), 8);
+  f.write(h.data(), static_cast<std::streamsize>(h.size()));
+  uint64_t s = 2026;
+  for (const T& t : ts) {
+    const float amp = t.gain * std::sqrt(3.0f / static_cast<float>(t.name.find("embed") != std::string::npos ? 1 : t.cols));
+    std::vector<uint16_t> buf(static_cast<size_t>(t.rows * t.cols));
+    for (auto& v : buf) {
+      float x = 1.0f;
+      if (t.gain > 0) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        x = (static_cast<float>(s >> 40) / 16777216.0f * 2.0f - 1.0f) * amp;
+      }
+      uint32_t bits;
+      std::memcpy(&bits, &x, 4);
+      v = static_cast<uint16_t>(bits >> 16);
+    }
+    f.write(reinterpret_cast<const char*>(buf.data()), static_cast<std::streamsize>(buf.size() * 2));
+  }
+  return dir.string();
+}
+
+TEST(GpuMInference, SameChoicesAsTheCpuSearch) {
+  if (!cuda::gpu_available()) GTEST_SKIP() << "no CUDA device";
+  const std::unique_ptr<runtime::Model> m = runtime::Model::load(write_tiny_llama_d64());
+  ASSERT_EQ(m->config().head_dim, 64);
+  std::vector<CalibrationSample> samples(2);
+  for (int i = 0; i < 2; ++i) {
+    samples[static_cast<size_t>(i)].name = "random-" + std::to_string(i);
+    for (int32_t t = 0; t < 1024; ++t) samples[static_cast<size_t>(i)].tokens.push_back((t * (31 + 6 * i) + 7 * i) % 300);
+  }
+  MInferenceOptions o;
+  o.budget = 0.3;
+  o.size_by_measurement = false;  // the same (bound-sized) candidates on both sides; sizing is the CPU's anyway
+  const MInferenceResult cpu = plan_minference(*m, samples, o, ThreadPool::global());
+  cuda::enable();
+  o.device = Device::Cuda;
+  const MInferenceResult gpu = plan_minference(*m, samples, o, ThreadPool::global());
+  ASSERT_EQ(gpu.candidates, cpu.candidates);
+  ASSERT_EQ(gpu.error.size(), cpu.error.size());
+  const size_t C = cpu.candidates.size(), heads = cpu.choice.size();
+  // Tolerances. The static candidate (A-shape) has the same mask on both sides: its errors differ by the bf16 copies
+  // of q, k, v and the bf16 output alone. The dynamic ones (VS, BS) estimate on bf16 q / k on the GPU, f32 on the
+  // CPU: near-ties of the estimates pick other columns / blocks, so their errors and densities move more.
+  auto dyn_tol = [](double e) { return 0.05 + 0.2 * e; };
+  double worst_err = 0, worst_ashape = 0, worst_density = 0;
+  int same = 0;
+  for (size_t hh = 0; hh < heads; ++hh) {
+    for (size_t c = 0; c < C; ++c) {
+      const double e_cpu = cpu.error[hh * C + c], e_gpu = gpu.error[hh * C + c];
+      const double d_cpu = cpu.measured_density[hh * C + c], d_gpu = gpu.measured_density[hh * C + c];
+      if (std::holds_alternative<attn::AShapePattern>(cpu.candidates[c])) {
+        EXPECT_LE(std::abs(e_gpu - e_cpu), 0.002 + 0.02 * e_cpu) << "head " << hh << " (A-shape)";
+        EXPECT_NEAR(d_gpu, d_cpu, 1e-12) << "head " << hh << " (A-shape)";
+        worst_ashape = std::max(worst_ashape, std::abs(e_gpu - e_cpu));
+      } else {
+        EXPECT_LE(std::abs(e_gpu - e_cpu), dyn_tol(e_cpu)) << "head " << hh << " candidate " << c;
+        EXPECT_NEAR(d_gpu, d_cpu, 0.02) << "head " << hh << " candidate " << c;
+      }
+      EXPECT_GT(e_gpu, 0.0) << "head " << hh << " candidate " << c;
+      worst_err = std::max(worst_err, std::abs(e_gpu - e_cpu));
+      worst_density = std::max(worst_density, std::abs(d_gpu - d_cpu));
+    }
+    // The GPU's choice is the CPU's, or near-optimal by the CPU's own errors (a near-tie between candidates).
+    const size_t g = static_cast<size_t>(gpu.choice[hh]), c = static_cast<size_t>(cpu.choice[hh]);
+    same += g == c;
+    EXPECT_LE(cpu.error[hh * C + g] - cpu.error[hh * C + c], dyn_tol(cpu.error[hh * C + c])) << "head " << hh;
+  }
+  std::printf("[ minference ] %zu heads, %zu candidates: CPU choices", heads, C);
+  for (int32_t x : cpu.choice) std::printf(" %d", x);
+  std::printf(", GPU choices");
+  for (int32_t x : gpu.choice) std::printf(" %d", x);
+  std::printf("; same on %d heads; worst |error GPU - CPU| %.2e (A-shape %.2e), worst density difference %.2e; "
+              "CPU %.2f s, GPU %.2f s\n",
+              same, worst_err, worst_ashape, worst_density, cpu.seconds, gpu.seconds);
+  EXPECT_GE(2 * same, static_cast<int>(heads)) << "the GPU search agrees with the CPU's on fewer than half the heads";
+}
+
+TEST(GpuMInference, HeadDimOutsideTheExecutorsIsAnError) {
+  if (!cuda::gpu_available()) GTEST_SKIP() << "no CUDA device";
+  const runtime::Model& m = model("llama3");  // head_dim 16
+  const cuda::GradientModel dm(m.config(), m.weights());
+  const std::vector<attn::Pattern> cands = minference_candidates(0.3, 256);
+  std::vector<double> err(static_cast<size_t>(m.config().num_layers * m.config().num_q_heads) * cands.size()), den = err;
+  try {
+    cuda::minference_errors(dm, std::vector<int32_t>(256, 3), cands, 1.0, err, den);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "minference (CUDA): head_dim 16 is not run by the GPU sparse executors (64, 128, 256); use "
+                           "--device cpu");
   }
 }
 
