@@ -117,7 +117,40 @@ PY
   done
 fi
 
-# 2. Needle cases past the context on the GPU (tessera eval: RULER's niah_single, the chat template, greedy).
+# 2. serve --stream on the GPU: a completion past the first eviction equals `tessera run --stream` on the GPU.
+if [ "${SERVE:-1}" = 1 ]; then
+  python3 -c "print('The quick brown fox jumps over the lazy dog. ' * 300 + 'How many times did the fox jump? Answer:', end='')" > "$WORK/serve_prompt.txt"
+  step serve_run 120 "$TS" run -m "$MODEL" --device cuda -p "$(cat "$WORK/serve_prompt.txt")" -n 16 --stream ltri "${SIZES[@]}"
+  "$TS" serve -m "$MODEL" --device cuda --port 18093 --stream ltri "${SIZES[@]}" > "$LOGS/serve.log" 2>&1 &
+  SERVE_PID=$!
+  step serve_request 120 python3 - "$WORK/serve_prompt.txt" "$LOGS/serve_run.log" << 'PY'
+import json, re, sys, time, urllib.request
+prompt = open(sys.argv[1]).read()
+out = open(sys.argv[2]).read()
+want = out[out.index("answer: ") + len("answer: "):re.search(r"\n\[[^\]]+\] prefill ", out).start()]
+for _ in range(120):
+    try:
+        models = json.loads(urllib.request.urlopen("http://127.0.0.1:18093/v1/models", timeout=5).read())
+        break
+    except Exception:  # noqa: BLE001 - not listening yet
+        time.sleep(1)
+mid = models["data"][0]["id"]
+req = urllib.request.Request("http://127.0.0.1:18093/v1/completions",
+                             json.dumps({"model": mid, "prompt": prompt, "max_tokens": 16, "temperature": 0}).encode(),
+                             {"Content-Type": "application/json"})
+r = json.loads(urllib.request.urlopen(req, timeout=120).read())
+got = r["choices"][0]["text"]
+print(f"serve --stream ltri on the GPU: context_length {models['data'][0]['context_length']}, prompt "
+      f"{r['usage']['prompt_tokens']} tokens; answer {got!r}; tessera run --stream: {want!r}; equal: {got == want}")
+sys.exit(0 if got == want else 1)
+PY
+  grep "equal:" "$LOGS/serve_request.log" | sed 's/^/  /' >> "$SUMMARY"
+  kill -TERM "$SERVE_PID" 2> /dev/null
+  wait "$SERVE_PID"
+  echo "  serve exit $?: $(grep -E 'listening|POST' "$LOGS/serve.log" | tr '\n' ' ' | cut -c1-400)" >> "$SUMMARY"
+fi
+
+# 3. Needle cases past the context on the GPU (tessera eval: RULER's niah_single, the chat template, greedy).
 for L in $(echo "${LENGTHS:-16384,32768,65536}" | tr ',' ' '); do
   step "eval_$L" "$(left)" "$TS" eval -m "$MODEL" --tasks niah_single -l "$L" --depths "${DEPTHS:-25,50,75}" \
     --attn dense --stream "${METHODS:-ltri,infllm,streamingllm}" "${SIZES[@]}" --answer-tokens 16 --device cuda \
