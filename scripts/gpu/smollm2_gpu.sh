@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
-# scripts/gpu/stream_real.sh — streaming memory on the GPU with a real model (SmolLM2-135M, 8K native context):
-# needle cases past the context for ltri / infllm / streamingllm, and the GPU path's retrieved blocks against the
-# CPU path's on the same prompt (`tessera run --stream-trace`), on one GPU machine.
+# scripts/gpu/smollm2_gpu.sh — the real SmolLM2-135M (8K native context) on one GPU machine, in phases (PHASES,
+# default trace,serve,plan,eval):
+#   trace  streaming memory's retrieved blocks on the GPU path against the CPU path's on one needle prompt past the
+#          context (`tessera run --stream-trace`, ltri and infllm), the answers and the last logits;
+#   serve  `tessera serve --stream ltri --device cuda`: a completion past the first eviction against `tessera run`;
+#   plan   `tessera plan --device cuda` for trianglemix and minference with docs/plans/make_plans.sh's arguments,
+#          compared with the committed CPU plans (docs/plans/smollm2-*.json);
+#   eval   needle cases past the context for ltri / infllm / streamingllm on the GPU (tessera eval).
 #
 # The model (98 MB) does not fit one call's carry (64 MiB with the tree), so it comes in two halves
 # (`bash scripts/gpu/tp_x4.sh prepare` makes build/smol-p0, build/smol-p1 here), over three calls to a warm host:
-#   1. carry ["build/gpu-debs", "build/sr-src"]:  bash scripts/gpu/stream_real.sh   (deps, configure, build tessera;
+#   1. carry ["build/gpu-debs", "build/sr-src"]:  bash scripts/gpu/smollm2_gpu.sh   (deps, configure, build tessera;
 #      build/sr-src: `rm -rf build/sr-src && mkdir -p build/sr-src && git archive HEAD | tar -x -C build/sr-src`)
-#   2. carry ["build/smol-p0"]:   bash scripts/gpu/stream_real.sh        (the first half; the build is incremental)
-#   3. carry ["build/smol-p1"]:   bash scripts/gpu/stream_real.sh        (joins the model, then the runs)
+#   2. carry ["build/smol-p0"]:   bash scripts/gpu/smollm2_gpu.sh        (the first half; the build is incremental)
+#   3. carry ["build/smol-p1"]:   bash scripts/gpu/smollm2_gpu.sh        (joins the model, then the runs)
 # Environment: LENGTHS (16384,32768,65536), DEPTHS (25,50,75), METHODS (ltri,infllm,streamingllm),
 # TRACE_LENGTH (16384: the CPU-vs-GPU trace comparison; 0 skips it), TRACE_METHODS (ltri,infllm),
 # BUDGET_S (560). Output: $OUT/stream-real/ (summary.txt, eval reports, traces' comparison, logs).
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 ROOT=$PWD
-OUTD=${OUT:-$ROOT/build/sr-out}/stream-real
+OUTD=${OUT:-$ROOT/build/sr-out}/smollm2-gpu
 WORK=$ROOT/build/sr-work
 LOGS=$OUTD/logs
 BUILD_DIR=$ROOT/build/sr-cuda
@@ -77,8 +82,10 @@ SIZES=(--stream-sinks 64 --stream-local 1024 --stream-block 64 --stream-top-k 8 
 left() { echo $((BUDGET - ($(date +%s) - START) - 10)); }
 
 # 1. The GPU path against the CPU path on one real prompt: the blocks each layer retrieved after every chunk.
+PHASES=${PHASES:-trace,serve,plan,eval}
+has() { case ",$PHASES," in *,$1,*) return 0 ;; esac; return 1; }
 TRACE_LENGTH=${TRACE_LENGTH:-16384}
-if [ "$TRACE_LENGTH" -gt 0 ]; then
+if has trace; then
   for m in $(echo "${TRACE_METHODS:-ltri,infllm}" | tr ',' ' '); do
     for dev in cuda cpu; do
       step "trace_${m}_$dev" "$(left)" "$TS" run -m "$MODEL" --device "$dev" --needle "$TRACE_LENGTH" --chat -n 16 \
@@ -118,7 +125,7 @@ PY
 fi
 
 # 2. serve --stream on the GPU: a completion past the first eviction equals `tessera run --stream` on the GPU.
-if [ "${SERVE:-1}" = 1 ]; then
+if has serve; then
   python3 -c "print('The quick brown fox jumps over the lazy dog. ' * 300 + 'How many times did the fox jump? Answer:', end='')" > "$WORK/serve_prompt.txt"
   step serve_run 120 "$TS" run -m "$MODEL" --device cuda -p "$(cat "$WORK/serve_prompt.txt")" -n 16 --stream ltri "${SIZES[@]}"
   "$TS" serve -m "$MODEL" --device cuda --port 18093 --stream ltri "${SIZES[@]}" > "$LOGS/serve.log" 2>&1 &
@@ -150,11 +157,43 @@ PY
   echo "  serve exit $?: $(grep -E 'listening|POST' "$LOGS/serve.log" | tr '\n' ' ' | cut -c1-400)" >> "$SUMMARY"
 fi
 
-# 3. Needle cases past the context on the GPU (tessera eval: RULER's niah_single, the chat template, greedy).
+# 3. Plans on the GPU against the committed CPU plans (the same arguments as docs/plans/make_plans.sh).
+if has plan; then
+  mkdir -p "$OUTD/plans"
+  TIMEV=""
+  [ -x /usr/bin/time ] && TIMEV="/usr/bin/time -v"
+  for method in trianglemix minference; do
+    case $method in
+      trianglemix) args=(--lengths 1024,2048 --samples 2) ;;
+      minference) args=(--lengths 2048 --samples 2 --budget 0.3) ;;
+    esac
+    step "plan_$method" "$(left)" $TIMEV "$TS" plan --method "$method" -m "$MODEL" "${args[@]}" --device cuda \
+      --report-lengths 4096,16384,65536 -o "$OUTD/plans/smollm2-$method.json"
+    grep -E "Elapsed|Maximum resident" "$LOGS/plan_$method.log" | sed "s/^\s*/  plan $method: /" >> "$SUMMARY"
+    [ -f "$OUTD/plans/smollm2-$method.json" ] && python3 - "docs/plans/smollm2-$method.json" \
+      "$OUTD/plans/smollm2-$method.json" "$method" >> "$SUMMARY" 2>&1 << 'PY'
+import json, sys
+cpu, gpu, method = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), sys.argv[3]
+if method == "trianglemix":
+    print(f"  plan trianglemix: start layer cpu {cpu['trianglemix']['start_layer']} gpu {gpu['trianglemix']['start_layer']}")
+else:
+    def head(p, l, h):
+        layer = p["layers"][l]
+        return json.dumps(layer.get("heads", {}).get(str(h), layer.get("default", p.get("default"))), sort_keys=True)
+    pairs = [(l, h) for l in range(cpu["num_layers"]) for h in range(cpu["num_q_heads"])]
+    same = sum(head(cpu, l, h) == head(gpu, l, h) for l, h in pairs)
+    print(f"  plan minference: {same}/{len(pairs)} heads chose the same pattern on the GPU as the committed CPU plan")
+PY
+  done
+fi
+
+# 4. Needle cases past the context on the GPU (tessera eval: RULER's niah_single, the chat template, greedy).
+if has eval; then
 for L in $(echo "${LENGTHS:-16384,32768,65536}" | tr ',' ' '); do
   step "eval_$L" "$(left)" "$TS" eval -m "$MODEL" --tasks niah_single -l "$L" --depths "${DEPTHS:-25,50,75}" \
     --attn dense --stream "${METHODS:-ltri,infllm,streamingllm}" "${SIZES[@]}" --answer-tokens 16 --device cuda \
     -o "$OUTD/eval_$L"
   grep -iE "pass|fail|stream:" "$LOGS/eval_$L.log" | tail -n 20 | sed "s/^/  $L: /" >> "$SUMMARY"
 done
+fi
 echo "total $(($(date +%s) - START))s" | tee -a "$SUMMARY"
