@@ -3,7 +3,8 @@
 // the estimate's definition (estimate_cuda.h): pooling, scoring and selection over small layers (odd sizes,
 // chunks with a cache tail, several block sizes, top_k 0 / 1 / >= blocks, exact ties, many waves, rows longer
 // than 2048 blocks), every query block's key blocks compared. Adaptive heads (gamma > 0, issue 16): the count by
-// coverage_count's rule (attention/index/estimate.h) over the masses exp(s - max) of the diagonal (forced) and
+// coverage_count's rule (attention/index/estimate.h) over the masses expf(s - max) (f32, the device's definition)
+// of the diagonal (forced) and
 // the earlier blocks, summed in f64 in the order's own order here (the device sums per lane, then by the warp's
 // butterfly: a count may differ only where the target is within rounding of a prefix sum, counted and reported
 // as such), the kept blocks then kBsUnused up to the room.
@@ -45,12 +46,14 @@ int main(int argc, char** argv) {
     {"waves_chunk_tied2", 600, 333, 0, 2, 1, 128, false, {{9, 16}, {4, 64}}, true, 1000},
     {"chunks_d128_waves", 5000, 0, 3, 2, 1, 128, true, {{50, 16}, {3, 16}}, false, 30000},
     // Adaptive budgets: flat and sharpened scores (q x 6: a few blocks hold most of the mass), maxima below and
-    // above qb + 1, min_top_k, gamma 1, exact ties, chunks with a cache tail, waves, rows of 800 blocks.
+    // above qb + 1, min_top_k, gamma 1, exact ties, chunks with a cache tail, waves, rows of 800 and of 2060+ blocks.
     {"adaptive_flat", 1500, 0, 0, 4, 2, 64, false, {{1000, 16, 0.9}, {8, 32, 0.5, 3}, {40, 16, 0.99}, {5, 64, 1.0}}, false, 0},
     {"adaptive_sharp", 2000, 0, 0, 4, 1, 128, true, {{1000, 16, 0.9}, {30, 16, 0.95, 2}, {1000, 32, 0.5}, {6, 64, 0.8}}, false, 0, 6.0f},
     {"adaptive_chunk_tied", 700, 1000, 37, 2, 1, 128, false, {{1000, 16, 0.9}, {12, 32, 0.7, 4}}, true, 3000, 4.0f},
     {"adaptive_d256_waves", 900, 0, 0, 2, 1, 256, true, {{1000, 16, 0.9}, {20, 32, 0.6}}, false, 800, 5.0f},
     {"adaptive_block2_long", 1600, 0, 0, 1, 1, 64, false, {{3000, 2, 0.9}}, false, 0, 8.0f},
+    // rows of over 2048 blocks (the coverage count reads the scores once per pass instead of from registers)
+    {"adaptive_past2048", 40, 2060, 0, 2, 1, 64, false, {{3000, 1, 0.9}, {50, 1, 0.6, 5}}, false, 0, 8.0f},
   };
   int failures = 0, ran = 0;
   for (const Case& c : cases) {
@@ -167,12 +170,13 @@ int main(int argc, char** argv) {
           std::sort(ranked.begin(), ranked.end(), [](auto& a, auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
           int keep = count;
           if (hd.gamma > 0.0 && count >= 2) {  // coverage_count's rule, summed in the order's own order
-            double mx = -INFINITY;
-            for (float x : sc) mx = std::max(mx, double(x));
-            std::vector<double> prefix(1, std::exp(double(sc[size_t(qb)]) - mx));  // the diagonal first
-            for (const auto& [key, kb] : ranked) prefix.push_back(prefix.back() + std::exp(double(sc[size_t(kb)]) - mx));
-            double total = std::exp(double(sc[size_t(qb)]) - mx);
-            for (int kb = 0; kb < qb; ++kb) total += std::exp(double(sc[size_t(kb)]) - mx);
+            float top = -INFINITY;
+            for (float x : sc) top = std::max(top, x);
+            auto ms = [&](int kb) { return double(expf(sc[size_t(kb)] - top)); };  // the device's f32 masses
+            std::vector<double> prefix(1, ms(qb));  // the diagonal first, then by score (= by mass, up to ties)
+            for (const auto& [key, kb] : ranked) prefix.push_back(prefix.back() + ms(kb));
+            double total = ms(qb);
+            for (int kb = 0; kb < qb; ++kb) total += ms(kb);
             const double target = hd.gamma * total;
             int n_ref = qb + 1;
             if (hd.gamma < 1.0) {

@@ -1085,115 +1085,155 @@ __global__ void __launch_bounds__(kBsScoreThreads, 3) bs_score_kernel(const BsPa
 }
 
 // Adaptive BS budgets (pattern.h; the rule of coverage_count in attention/index/estimate.h, as the CPU's
-// estimate_block_sparse applies it) for one query block qb by one warp: the masses are exp(s - mx) in f64 (s the
-// f32 scores, as the CPU's doubles of its f32 scores) of the diagonal block (forced: first in the order) and of
-// the blocks [0, qb) (row), mx the largest of them; the count is the shortest prefix of the order (the diagonal,
-// then the rest by score descending, ties to the smaller block) whose mass reaches gamma * total, clamped to
-// [max(min_count, 1), max_count]. The search is VsCoverage's, on one warp and over the order keys of the scores
-// (any sign: the whole 2^32 key interval, 11 passes): S(t) = the mass of the blocks whose key is >= t; the
-// threshold T is the largest t with F + S(t) >= target (F: the diagonal's mass); the prefix holds the blocks above
-// T and the first ceil((target - F - S(T + 1)) / mass(T)) of those equal to T. Sums are f64, each lane's in index
-// order, then the warp's xor butterfly (every lane ends with the same value): the count does not depend on
+// estimate_block_sparse applies it) for one query block qb by one warp. The masses are m = expf(s - top) in f32
+// (s the f32 scores, top the largest of them; the CPU takes exp(s - top) in f64 of the same f32 scores: the two
+// differ by about 1e-7 relative) of the diagonal block (forced: first in the order) and of the blocks [0, qb)
+// (row). The count is the shortest prefix of the order (the diagonal, then the rest by mass descending) whose
+// summed mass (f64) reaches gamma * total, clamped to [max(min_count, 1), max_count]; blocks of equal mass are
+// interchangeable for the count, so ordering by mass rather than by score (the selection afterwards) gives the
+// same count. With S(t) the mass of the blocks whose mass's order key is >= t and F the diagonal's mass, the
+// threshold T is the largest t with F + S(t) >= target, found by an 8-way radix search over the order keys of the
+// masses (>= 0: 31 bits, 11 passes): each pass sorts the blocks whose key lies in the current interval into 8
+// buckets of equal key width (per lane, in shared memory, f64 masses and counts), the warp sums each bucket over the
+// lanes in lane order, and the interval becomes the highest bucket whose suffix (with the mass above the interval)
+// still reaches the target. The prefix then holds the blocks above T and the first ceil((target - F - S(T + 1)) /
+// m(T)) of those equal to T. With kInRegisters (qb <= 32 * kBsRegSlots) each lane computes its masses once into
+// registers; otherwise every pass reads the scores again. Every sum has a fixed order: the count does not depend on
 // timing. The CPU sums in the prefix's own order, so the two agree wherever the target is not within rounding of
-// a prefix sum (and the scores are not within rounding of each other: the CPU's dot products add in another order).
+// a prefix sum (nor the scores within rounding of each other: the CPU's dot products add in another order).
+// (v1 evaluated S at 7 thresholds per pass, each element adding into 7 f64 accumulators, and computed f64 masses
+// from the scores every pass: 4.6 ms of the 128K estimate's 6.4 ms on an H200, docs/PERF.md.)
+constexpr int kBsBuckets = 8;
+struct BsCoverageStorage {
+  double mass[kBsBuckets][32];  // one warp's buckets, a column per lane
+  unsigned count[kBsBuckets][32];
+};
+
+template <bool kInRegisters>
 struct BsCoverage {
-  static constexpr int kPoints = 7;
+  static constexpr int kSlots = kInRegisters ? kBsRegSlots : 1;
 
-  __device__ static double mass(float s, double mx) { return exp(static_cast<double>(s) - mx); }
+  __device__ static float mass(float s, float top) { return expf(s - top); }
 
-  // For t_j = first + j * step, j < points (<= kPoints): the mass and number of the blocks of row[0, n) whose
-  // order key is >= t_j, on every lane.
-  __device__ static void mass_from(const float* row, int n, double mx, uint64_t first, uint64_t step, int points,
-                                   double (&m)[kPoints], unsigned (&c)[kPoints]) {
-    const int lane = static_cast<int>(threadIdx.x) & 31;
-#pragma unroll
-    for (int j = 0; j < kPoints; ++j) {
-      m[j] = 0.0;
-      c[j] = 0;
-    }
-    for (int i = lane; i < n; i += 32) {
-      const float x = row[i];
-      const uint64_t key = detail::order_key(x);
-      if (key < first) continue;
-      const uint64_t d = key - first;
-      const double v = mass(x, mx);
-#pragma unroll
-      for (int j = 0; j < kPoints; ++j) {
-        if (j < points && d >= static_cast<uint64_t>(j) * step) {
-          m[j] += v;
-          ++c[j];
-        }
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kPoints; ++j) {
-#pragma unroll
-      for (int o = 16; o > 0; o /= 2) {
-        m[j] += __shfl_xor_sync(0xffffffffu, m[j], o);
-        c[j] += __shfl_xor_sync(0xffffffffu, c[j], o);
-      }
-    }
-  }
-
-  // The float whose order key is `key` (order_key's inverse).
-  __device__ static float from_key(uint32_t key) {
-    return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
-  }
-
-  // Every lane must call it with the same arguments; max_count >= 2.
-  __device__ static int count(const float* row, int n, float diag, double gamma, int min_count, int max_count) {
+  // Every lane must call it with the same arguments; max_count >= 2. `st`: this warp's storage.
+  __device__ static int count(const float* scores, int n, float diag, double gamma, int min_count, int max_count,
+                              BsCoverageStorage& st) {
     const int lo_count = min(max(min_count, 1), max_count);
     if (gamma >= 1.0) return max_count;
     const int lane = static_cast<int>(threadIdx.x) & 31;
+    const int slots = (n + 31) / 32;  // uniform over the warp
+    float m[kSlots];
     float top = diag;
-    for (int i = lane; i < n; i += 32) top = fmaxf(top, row[i]);
+    if constexpr (kInRegisters) {
+#pragma unroll
+      for (int r = 0; r < kSlots; ++r) {
+        if (r >= slots) break;
+        const int i = lane + 32 * r;
+        m[r] = i < n ? scores[i] : -INFINITY;
+        top = fmaxf(top, m[r]);
+      }
+    } else {
+      for (int i = lane; i < n; i += 32) top = fmaxf(top, scores[i]);
+    }
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, o));
-    const double mx = top;
-    double m[kPoints];
-    unsigned c[kPoints];
-    const double forced_mass = mass(diag, mx);
-    mass_from(row, n, mx, 0, 1, 1, m, c);
-    const double target = gamma * (forced_mass + m[0]);
+    if constexpr (kInRegisters) {
+#pragma unroll
+      for (int r = 0; r < kSlots; ++r) {
+        if (r >= slots) break;
+        m[r] = lane + 32 * r < n ? mass(m[r], top) : -1.0f;  // -1: below every mass's key
+      }
+    }
+    // One pass: the blocks whose key is in [lo, lo + 2^width) into 8 buckets of width 2^shift (shift = width - 3,
+    // or 0 with 2^width buckets); then lane b < 8 holds bucket b's mass and count (bm, bc; bucket(b) reads them,
+    // on every lane: a shuffle, so that nothing is indexed at run time in registers).
+    double bm = 0.0;
+    unsigned bc = 0;
+    auto bucket_mass = [&](int b) { return __shfl_sync(0xffffffffu, bm, b); };
+    auto bucket_count = [&](int b) { return __shfl_sync(0xffffffffu, bc, b); };
+    auto pass = [&](uint32_t lo, int width, int shift) {
+#pragma unroll
+      for (int b = 0; b < kBsBuckets; ++b) {
+        st.mass[b][lane] = 0.0;
+        st.count[b][lane] = 0;
+      }
+      auto add = [&](float x) {
+        const uint32_t key = detail::order_key(x);
+        if (key < lo || static_cast<uint64_t>(key - lo) >= (uint64_t{1} << width)) return;
+        const int b = static_cast<int>((key - lo) >> shift);
+        st.mass[b][lane] += static_cast<double>(x);
+        st.count[b][lane] += 1;
+      };
+      if constexpr (kInRegisters) {
+#pragma unroll
+        for (int r = 0; r < kSlots; ++r) {
+          if (r >= slots) break;
+          add(m[r]);
+        }
+      } else {
+        for (int i = lane; i < n; i += 32) add(mass(scores[i], top));
+      }
+      __syncwarp();
+      bm = 0.0;
+      bc = 0;
+      if (lane < kBsBuckets) {
+        for (int l = 0; l < 32; ++l) {
+          bm += st.mass[lane][l];
+          bc += st.count[lane][l];
+        }
+      }
+      __syncwarp();  // every lane's reads of the storage before the next pass clears it
+    };
+    const double forced_mass = static_cast<double>(mass(diag, top));
+    constexpr uint32_t kZero = 0x80000000u;  // order_key(0.0f); masses are in [0, 1]: keys in [kZero, 2^32)
+    // The first pass over the whole interval also gives the total.
+    uint32_t lo = kZero;
+    int width = 31;
+    pass(lo, width, width - 3);
+    double total_rest = 0.0;
+    for (int b = 0; b < kBsBuckets; ++b) total_rest += bucket_mass(b);
+    const double target = gamma * (forced_mass + total_rest);
     int keep = n + 1;  // no prefix reaches the target (rounding): all
     if (forced_mass >= target) {
       keep = 1;
-    } else if (forced_mass + m[0] >= target) {
-      // [lo, hi): lo valid (F + S(lo) >= target), hi invalid (S(2^32) = 0).
-      uint64_t lo = 0, hi = uint64_t{1} << 32;
-      double s_hi = 0.0;
-      unsigned c_lo = c[0], c_hi = 0;
-      while (hi - lo > 1) {
-        const uint64_t step = (hi - lo + kPoints) / (kPoints + 1);  // >= 1
-        const uint64_t fit = (hi - lo - 1) / step;                  // points strictly inside (lo, hi)
-        const int points = fit < static_cast<uint64_t>(kPoints) ? static_cast<int>(fit) : kPoints;
-        mass_from(row, n, mx, lo + step, step, points, m, c);
-        uint64_t new_lo = lo, new_hi = hi;
-        for (int j = 0; j < points; ++j) {
-          const uint64_t t = lo + static_cast<uint64_t>(j + 1) * step;
-          if (forced_mass + m[j] >= target) {
-            new_lo = t;
-            c_lo = c[j];
-          } else {
-            new_hi = t;
-            s_hi = m[j];
-            c_hi = c[j];
+    } else if (forced_mass + total_rest >= target) {
+      double s_above = 0.0;  // mass and number of the blocks above the interval
+      unsigned c_above = 0;
+      for (;;) {
+        const int shift = width > 3 ? width - 3 : 0;
+        const int buckets = 1 << (width - shift);
+        // The highest bucket whose suffix still reaches the target (bucket 0's always does: the invariant).
+        double suffix = s_above;
+        unsigned csuffix = c_above;
+        int chosen = 0;
+        for (int b = buckets - 1; b >= 0; --b) {
+          const double mb = bucket_mass(b);
+          if (forced_mass + suffix + mb >= target) {
+            chosen = b;
             break;
           }
+          suffix += mb;
+          csuffix += bucket_count(b);
         }
-        lo = new_lo;
-        hi = new_hi;
+        s_above = suffix;
+        c_above = csuffix;
+        lo += static_cast<uint32_t>(chosen) << shift;
+        if (shift == 0) {
+          // T = lo: c_above blocks above it (mass s_above), bc[chosen] equal to it, each of mass v.
+          const unsigned eq = bucket_count(chosen);
+          const double v = static_cast<double>(__uint_as_float(lo & 0x7fffffffu));
+          const double need = target - forced_mass - s_above;
+          unsigned take = 1;
+          if (v > 0.0) {
+            const double tk = ceil(need / v);
+            take = tk < 1.0 ? 1u : (tk >= static_cast<double>(eq) ? eq : static_cast<unsigned>(tk));
+          }
+          keep = 1 + static_cast<int>(c_above + take);
+          break;
+        }
+        width = shift;
+        pass(lo, width, width > 3 ? width - 3 : 0);
       }
-      // T = lo: c_hi blocks above it (mass s_hi), c_lo - c_hi equal to it, each of mass v.
-      const double v = mass(from_key(static_cast<uint32_t>(lo)), mx);
-      const double need = target - forced_mass - s_hi;
-      const unsigned eq = c_lo - c_hi;
-      unsigned take = 1;
-      if (v > 0.0) {
-        const double tk = ceil(need / v);
-        take = tk < 1.0 ? 1u : (tk >= static_cast<double>(eq) ? eq : static_cast<unsigned>(tk));
-      }
-      keep = 1 + static_cast<int>(c_hi + take);
     }
     return min(max(keep, lo_count), max_count);
   }
@@ -1226,6 +1266,7 @@ template <int D>
 __global__ void __launch_bounds__(kBsSelectThreads) bs_select_kernel(const BsParams p, int tile_begin) {
   using TopK = detail::WarpTopK<kBsRegSlots>;
   __shared__ uint32_t buf[kBsSelectThreads / 32][TopK::kBufWords];
+  __shared__ BsCoverageStorage cover[kBsSelectThreads / 32];
   const BsTileDesc tl = p.tiles[tile_begin + static_cast<int>(blockIdx.x)];
   const BsHeadDesc hd = p.heads[tl.slot];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -1238,7 +1279,9 @@ __global__ void __launch_bounds__(kBsSelectThreads) bs_select_kernel(const BsPar
   int count = room;
   if (hd.gamma > 0.0 && room >= 2) {  // a scored row (adaptive heads score every qb >= 1)
     const float* row = p.scores + bs_row_offset(tl, hd.first_q_block, e);
-    count = BsCoverage::count(row, qb, bs_diag_score<D>(p, hd, tl.slot, e, qb), hd.gamma, hd.min_top_k, room);
+    const float diag = bs_diag_score<D>(p, hd, tl.slot, e, qb);
+    count = qb <= 32 * kBsRegSlots ? BsCoverage<true>::count(row, qb, diag, hd.gamma, hd.min_top_k, room, cover[warp])
+                                   : BsCoverage<false>::count(row, qb, diag, hd.gamma, hd.min_top_k, room, cover[warp]);
   }
   const int k = count - 1;
   if (k >= qb) {
