@@ -36,17 +36,24 @@ class Engine:
     ``"trianglemix"``, the path of a policy file, ...) or a :class:`tessera.Policy`. ``device`` is ``"cpu"``,
     ``"cuda"`` (the GPU engine: bf16 weights on the device) or ``"auto"``. ``max_context`` limits the tokens the
     cache may hold (0: the model's context); ``chunk`` is the prefill chunk (0: the engine's default).
+    ``streaming`` reads prompts of any length through streaming memory (docs/streaming.md), as ``tessera run
+    --stream`` does: a method (``"ltri"``, ``"infllm"``, ``"streamingllm"``) or a dict with ``"method"`` and the
+    sizes of ``--stream-*`` (``sinks``, ``local``, ``chunk``, ``block``, ``top_k``, ``last_chunk``, ``host_budget``
+    (bytes or ``"4G"``), ``retrieval_heads`` (a file), ``index_ratio``); ``attn`` must then be ``"dense"``, and
+    there is no context limit but ``max_context`` when given.
     Several engines may share one model. An engine is not meant for concurrent use: each ``generate`` starts a
     new sequence, and a stream still being read from an earlier call raises tessera.Error when resumed.
     """
 
     def __init__(self, model: Model, attn: Union[str, Policy] = "dense", device: str = "cpu",
-                 max_context: int = 0, chunk: int = 0) -> None:
+                 max_context: int = 0, chunk: int = 0, streaming: Union[None, str, Mapping] = None) -> None:
         if not isinstance(model, Model):
             raise TypeError(f"model must be a tessera.Model, got {type(model).__name__}")
         self.model = model
         self.attn = attn
-        self._engine = _tessera._Engine(model, attn, device, max_context, chunk)
+        self.streaming = streaming
+        self._engine = _tessera._Engine(model, attn, device, max_context, chunk,
+                                        dict(streaming) if isinstance(streaming, Mapping) else streaming)
 
     @property
     def device(self) -> str:
@@ -86,6 +93,13 @@ class Engine:
         and rates, and the attention and GEMM seconds within them."""
         return self._engine.stats()
 
+    def streaming_stats(self) -> dict | None:
+        """With ``streaming``: what the streaming memory holds after the last call (``evicted_blocks`` per layer,
+        ``host_bytes``, ``index_vectors``, ``index_bytes``, ``index_spans``, ``workspace_tokens`` (the most keys a
+        chunk attended), ``retrieval_seconds``, and ``retrieved``: per layer, the blocks its last chunk attended);
+        None without."""
+        return self._engine.streaming_stats()
+
     def reset_stats(self) -> None:
         self._engine.reset_stats()
 
@@ -95,6 +109,9 @@ class Engine:
 
     def __repr__(self) -> str:
         attn = self.attn if isinstance(self.attn, str) else repr(self.attn)
+        if self.streaming is not None:
+            method = self.streaming if isinstance(self.streaming, str) else self.streaming.get("method")
+            return f"<tessera.Engine {self.model.name} streaming={method!r} device={self.device!r}>"
         return f"<tessera.Engine {self.model.name} attn={attn!r} device={self.device!r}>"
 
 

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/commands.h"
 #include "cli/session.h"
 #include "core/error.h"
 #include "python/bindings.h"
@@ -156,8 +157,65 @@ struct EngineHandle {
   std::shared_ptr<EngineState> state;
 };
 
+// Engine(streaming=...): None, a method name ("ltri", "infllm", "streamingllm"), or a dict with "method" and the
+// sizes of `tessera run --stream-*` (sinks, local, chunk, block, top_k, last_chunk, host_budget (bytes or "4G"),
+// retrieval_heads (a file), index_ratio). Built by the CLI's own stream_options(), so the checks and the
+// streamingllm equal-memory rule are the CLI's.
+std::optional<runtime::StreamOptions> streaming_options(const nb::object& streaming, bool gpu) {
+  if (streaming.is_none()) return std::nullopt;
+  cli::StreamFlags f;
+  std::string method;
+  if (nb::isinstance<nb::str>(streaming)) {
+    method = nb::cast<std::string>(streaming);
+  } else if (nb::isinstance<nb::dict>(streaming)) {
+    const auto d = nb::cast<nb::dict>(streaming);
+    const std::string known = "method, sinks, local, chunk, block, top_k, last_chunk, host_budget, retrieval_heads, "
+                              "index_ratio";
+    for (auto [key, value] : d) {
+      check(nb::isinstance<nb::str>(key), "streaming: option names are strings (known: " + known + ")");
+      const std::string k = nb::cast<std::string>(key);
+      const auto integer = [&](int& out) {
+        check(nb::isinstance<nb::int_>(value) && !nb::isinstance<nb::bool_>(value),
+              "streaming: '" + k + "' must be an int");
+        out = nb::cast<int>(value);
+      };
+      if (k == "method") {
+        check(nb::isinstance<nb::str>(value), "streaming: 'method' must be a str (ltri, infllm or streamingllm)");
+        method = nb::cast<std::string>(value);
+      } else if (k == "sinks") integer(f.sinks);
+      else if (k == "local") integer(f.local);
+      else if (k == "chunk") integer(f.chunk);
+      else if (k == "block") integer(f.block);
+      else if (k == "top_k") integer(f.top_k);
+      else if (k == "last_chunk") integer(f.last_chunk);
+      else if (k == "host_budget") {
+        if (nb::isinstance<nb::int_>(value) && !nb::isinstance<nb::bool_>(value))
+          f.host_budget = std::to_string(nb::cast<int64_t>(value));
+        else if (nb::isinstance<nb::str>(value))
+          f.host_budget = nb::cast<std::string>(value);
+        else
+          throw Error("streaming: 'host_budget' must be bytes (int) or a size such as \"4G\" (str)");
+      } else if (k == "retrieval_heads") {
+        check(nb::isinstance<nb::str>(value), "streaming: 'retrieval_heads' must be the path of a file (str)");
+        f.retrieval_heads = nb::cast<std::string>(value);
+      } else if (k == "index_ratio") {
+        check((nb::isinstance<nb::float_>(value) || nb::isinstance<nb::int_>(value)) && !nb::isinstance<nb::bool_>(value),
+              "streaming: 'index_ratio' must be a number");
+        f.index_ratio = nb::cast<double>(value);
+      } else {
+        throw Error("streaming: unknown option '" + k + "' (known: " + known + ")");
+      }
+    }
+    check(!method.empty(), "streaming: the dict needs a 'method' (ltri, infllm or streamingllm)");
+  } else {
+    throw nb::type_error("streaming must be None, a method name (str) or a dict of options");
+  }
+  f.methods = {method};
+  return cli::stream_options(f, method, gpu);
+}
+
 EngineHandle make_engine(const ModelHandle& model, const nb::object& attn, const std::string& device,
-                         int32_t max_context, int32_t chunk) {
+                         int32_t max_context, int32_t chunk, const nb::object& streaming) {
   auto st = std::make_shared<EngineState>();
   st->session = model.session;
   const cli::Session& s = *model.session;
@@ -174,6 +232,10 @@ EngineHandle make_engine(const ModelHandle& model, const nb::object& attn, const
   check(max_context >= 0,
         "max_context must be >= 0 (0: the model's context length), got " + std::to_string(max_context));
   const bool gpu = use_gpu(device);
+  const std::optional<runtime::StreamOptions> stream = streaming_options(streaming, gpu);
+  check(!stream || policy.table().empty(),
+        "streaming memory runs its own layout with dense attention within it: it cannot be combined with attn=" +
+            (nb::isinstance<nb::str>(attn) ? nb::cast<std::string>(attn) : std::string("a Policy")));
   nb::gil_scoped_release release;
 #ifdef TESSERA_PY_WITH_CUDA
   if (gpu) {
@@ -183,6 +245,7 @@ EngineHandle make_engine(const ModelHandle& model, const nb::object& attn, const
     if (chunk > 0) o.chunk_size = chunk;
     o.policy = std::move(policy);
     o.max_context = max_context;
+    if (stream) o.stream = *stream;
     st->gpu = std::make_unique<runtime::gpu::GpuEngine>(*st->weights, o);
     return {st};
   }
@@ -194,6 +257,7 @@ EngineHandle make_engine(const ModelHandle& model, const nb::object& attn, const
   if (chunk > 0) o.chunk_size = chunk;
   o.policy = std::move(policy);
   o.max_context = max_context;
+  if (stream) o.stream = *stream;
   st->cpu = std::make_unique<runtime::Engine>(*s.model, o);
   return {st};
 }
@@ -226,7 +290,28 @@ void register_engine(nb::module_& m) {
 
   nb::class_<EngineHandle>(m, "_Engine")
       .def(nb::new_(&make_engine), "model"_a, "attn"_a, "device"_a = "cpu", "max_context"_a = 0,
-           "chunk"_a = 0)
+           "chunk"_a = 0, "streaming"_a = nb::none())
+      .def("streaming_stats",
+           [](EngineHandle& e) -> nb::object {
+             std::lock_guard lock(e.state->mutex);
+             const runtime::StreamingKV* kv = e.state->with_engine(
+                 [](auto& engine) -> const runtime::StreamingKV* { return engine.streaming(); });
+             if (kv == nullptr) return nb::none();
+             const runtime::StreamStats st = kv->stats();
+             nb::dict d;
+             d["method"] = runtime::stream_method_name(kv->options().method);
+             d["evicted_blocks"] = st.evicted_blocks;
+             d["host_bytes"] = st.host_bytes;
+             d["index_vectors"] = st.index_vectors;
+             d["index_bytes"] = st.index_bytes;
+             d["index_spans"] = st.index_spans;
+             d["workspace_tokens"] = st.workspace_tokens;
+             d["retrieval_seconds"] = st.retrieval_seconds;
+             nb::list retrieved;
+             for (int32_t l = 0; l < kv->layers(); ++l) retrieved.append(nb::cast(kv->retrieved(l)));
+             d["retrieved"] = retrieved;
+             return d;
+           })
       .def(
           "start",
           [](EngineHandle& e, std::vector<int32_t> prompt, int32_t max_tokens, float temperature,

@@ -147,6 +147,58 @@ def test_bad_inputs(smollm2):
         engine.generate(PROMPT, max_tokens=-1)
 
 
+STREAM_SIZES = {"sinks": 16, "local": 64, "block": 16, "top_k": 2, "chunk": 32, "last_chunk": 16}
+LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 12 + "How many times did the fox jump? Answer:"
+
+
+def test_streaming_equals_cli_stream(smollm2, smollm2_path, cli):
+    """Engine(streaming=...) is `tessera run --stream`: the same answer past the first eviction."""
+    flags = [a for k, v in STREAM_SIZES.items() for a in (f"--stream-{k.replace('_', '-')}", str(v))]
+    r = run_cli(cli, "run", "-m", str(smollm2_path), "-p", LONG_PROMPT, "-n", "12", "--stream", "ltri", *flags)
+    assert r.returncode == 0, r.stderr
+    engine = tessera.Engine(smollm2, streaming={"method": "ltri", **STREAM_SIZES})
+    assert engine.generate(LONG_PROMPT, max_tokens=12) == cli_answer(r.stdout, "stream:ltri")
+    st = engine.streaming_stats()
+    n = len(smollm2.tokenize(LONG_PROMPT))
+    assert st["method"] == "ltri"
+    assert st["evicted_blocks"] == (n + 11 - 16 - 64) // 16  # the prompt and the 11 decoded tokens before the last
+    assert st["index_vectors"] > 0 and st["host_bytes"] > 0
+    assert len(st["retrieved"]) == smollm2.config["num_layers"]
+    assert all(len(blocks) <= 2 for blocks in st["retrieved"])
+    assert engine.max_context > 10**9  # no context limit but the one asked for
+    assert "streaming='ltri'" in repr(engine)
+    assert tessera.Engine(smollm2).streaming_stats() is None
+
+
+def test_streaming_method_name_and_equal_memory(smollm2):
+    """A bare method name takes the paper's sizes; streamingllm gets the retrieved blocks' room as window."""
+    short = tessera.Engine(smollm2, streaming="streamingllm")
+    assert short.generate(PROMPT, max_tokens=4) == tessera.Engine(smollm2).generate(PROMPT, max_tokens=4)
+    e = tessera.Engine(smollm2, streaming={"method": "streamingllm", **STREAM_SIZES})
+    e.generate(LONG_PROMPT, max_tokens=1)
+    st = e.streaming_stats()
+    assert st["index_vectors"] == 0 and all(not b for b in st["retrieved"])
+    assert st["workspace_tokens"] <= 16 + 64 + 2 * 16 + 16 + 32  # sinks + window (local + top_k blocks) + block + chunk
+
+
+def test_streaming_bad_options(smollm2):
+    def error(streaming, attn="dense"):
+        with pytest.raises((tessera.Error, TypeError)) as e:
+            tessera.Engine(smollm2, attn=attn, streaming=streaming)
+        return str(e.value)
+
+    assert error({"method": "ltri", "windows": 3}) == (
+        "streaming: unknown option 'windows' (known: method, sinks, local, chunk, block, top_k, last_chunk, "
+        "host_budget, retrieval_heads, index_ratio)")
+    assert error({"sinks": 4}) == "streaming: the dict needs a 'method' (ltri, infllm or streamingllm)"
+    assert error("ltri2") == "--stream must be ltri, infllm or streamingllm, got 'ltri2'"
+    assert error({"method": "ltri", "chunk": 0}) == "--stream-chunk must be positive, got 0"
+    assert error({"method": "ltri", "top_k": "8"}) == "streaming: 'top_k' must be an int"
+    assert error("ltri", attn="vs") == ("streaming memory runs its own layout with dense attention within it: it "
+                                        "cannot be combined with attn=vs")
+    assert error(3) == "streaming must be None, a method name (str) or a dict of options"
+
+
 def test_a_later_generate_supersedes_a_running_stream(smollm2):
     engine = tessera.Engine(smollm2)
     first = engine.generate(PROMPT, max_tokens=8, stream=True)
