@@ -8,7 +8,10 @@
 #   2. tests/gpu/plan/plan_gradients_gpu_test (GPU against the CPU on the tiny models; [ gpu-vs-cpu ] lines give the
 #      worst errors), then compute-sanitizer memcheck on one of its cases (SKIP_SANITIZER=1 skips it)
 #   3. plan_gradients_bench at Llama-3-8B shapes (random weights), BENCH_ARGS (default: --seq 8192 --reps 2
-#      --cpu-layers 1: f32 and TF32 passes over 32 layers, then the CPU against the GPU on one layer)
+#      --cpu-layers 1: f32 and TF32 passes over 32 layers, then the CPU against the GPU on one layer); with
+#      MINFERENCE=1 also MInference's search forward (--minference, MINFERENCE_ARGS, default --seq 8192 --reps 2
+#      --cpu-layers 1: the 32-layer GPU search, then the CPU search against the GPU's on one layer)
+# The test program includes MInference's GPU search against the CPU's (GpuMInference.*).
 # Logs go to $OUT (build.log, test.log, memcheck.log, bench.log).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -45,4 +48,11 @@ echo "build (bench): exit $?, $(( $(date +%s) - t )) s"
 timeout "${BENCH_TIMEOUT_S:-300}" build/cuda/bench/gpu/plan_gradients_bench ${BENCH_ARGS:---seq 8192 --reps 2 --cpu-layers 1} \
   2>&1 | tee "$OUT/bench.log"
 echo "plan_gradients_bench: $(( $(date +%s) - t )) s"
+if [ "${MINFERENCE:-0}" = 1 ]; then
+  t=$(date +%s)
+  # shellcheck disable=SC2086
+  timeout "${BENCH_TIMEOUT_S:-300}" build/cuda/bench/gpu/plan_gradients_bench --minference \
+    ${MINFERENCE_ARGS:---seq 8192 --reps 2 --cpu-layers 1} 2>&1 | tee "$OUT/minference_bench.log"
+  echo "plan_gradients_bench --minference: $(( $(date +%s) - t )) s"
+fi
 echo "total: $(( $(date +%s) - start )) s"
