@@ -301,6 +301,48 @@ TEST(MInferencePlan, SearchMeasuresOutputError) {
 
 // Dynamic candidates are re-sized by measurement: on the calibration q/k their mask density is the A-shape's,
 // where the budget bound alone makes VS shapes execute far more.
+// MInferenceOptions::device = Cuda: without a registered GPU search (this program does not link plan/cuda) an error
+// naming the remedy; with one, plan_minference takes its errors and densities (weighted by 1 / samples) and chooses
+// from them. The fake below gives head hh's candidate c the error |c - hh % C| + 0.5 and density 0.25 per sample.
+namespace {
+void fake_gpu_search(const runtime::Model& model, const std::vector<int32_t>& tokens,
+                     const std::vector<attn::Pattern>& candidates, double weight, std::vector<double>& error,
+                     std::vector<double>& density) {
+  const size_t C = candidates.size();
+  EXPECT_EQ(error.size(), static_cast<size_t>(model.config().num_layers * model.config().num_q_heads) * C);
+  EXPECT_FALSE(tokens.empty());
+  for (size_t hh = 0; hh < error.size() / C; ++hh) {
+    for (size_t c = 0; c < C; ++c) {
+      error[hh * C + c] += weight * (std::abs(static_cast<double>(c) - static_cast<double>(hh % C)) + 0.5);
+      density[hh * C + c] += weight * 0.25;
+    }
+  }
+}
+}  // namespace
+
+TEST(MInferencePlan, DeviceSearchGoesThroughTheRegisteredFunction) {
+  const runtime::Model& m = model("llama3");
+  std::vector<CalibrationSample> samples(2);
+  for (size_t s = 0; s < 2; ++s)
+    for (int32_t i = 0; i < 130; ++i) samples[s].tokens.push_back(static_cast<int32_t>((i * 17 + 5 * s + 1) % 256));
+  MInferenceOptions o;
+  o.size_by_measurement = false;
+  o.device = Device::Cuda;
+  ASSERT_FALSE(cuda_minference_registered());
+  EXPECT_EQ(error_of([&] { plan_minference(m, samples, o, ThreadPool::global()); }),
+            "minference: this tessera has no CUDA search (built without the CUDA toolkit, or src/plan/cuda not "
+            "linked); use the CPU (--device cpu)");
+  register_cuda_minference(&fake_gpu_search);
+  const MInferenceResult r = plan_minference(m, samples, o, ThreadPool::global());
+  register_cuda_minference(nullptr);
+  const size_t C = r.candidates.size();
+  for (size_t hh = 0; hh < r.choice.size(); ++hh) {
+    EXPECT_EQ(r.choice[hh], static_cast<int32_t>(hh % C)) << "head " << hh;
+    EXPECT_NEAR(r.score[hh], 0.5, 1e-12) << "head " << hh;
+    for (size_t c = 0; c < C; ++c) EXPECT_NEAR(r.measured_density[hh * C + c], 0.25, 1e-12);
+  }
+}
+
 TEST(MInferencePlan, CandidatesSizedByMeasuredDensity) {
   const runtime::Model& m = model("llama3");
   std::vector<CalibrationSample> samples(1);
