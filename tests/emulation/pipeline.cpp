@@ -98,6 +98,8 @@ int main(int argc, char** argv) {
     for (int b : block_sizes) { pool_base.push_back(pool_total); pool_total += int64_t(c.hkv) * ((q_end + b - 1) / b) * d; }
     for (auto& dd : bs_) dd.kpool_base = pool_base[size_t(dd.pool_index)] + int64_t(dd.kv_head) * dd.num_key_blocks * d;
     const int head_dim = d;
+    bool any_adaptive = false;  // as DeviceEstimates: the select kernel with the coverage count
+    for (const auto& dd : bs_) any_adaptive = any_adaptive || dd.gamma > 0.0;
     std::vector<BsWave> bs_waves_;
     std::vector<BsTileDesc> bs_tiles;
     std::vector<BsWorkDesc> bs_work;
@@ -130,7 +132,7 @@ int main(int argc, char** argv) {
       for (const BsWave& w : bs_waves_) {
         std::fill(scores.begin(), scores.end(), NAN);
         if (w.work_end > w.work_begin) launch(dim3{unsigned(w.work_end - w.work_begin), 1, 1}, kBsScoreThreads, [&] { bs_score_kernel<D>(p, w.work_begin); });
-        launch(dim3{unsigned(w.tile_end - w.tile_begin), unsigned(bs_tile_rows(D) / (kBsSelectThreads / 32)), 1}, kBsSelectThreads, [&] { bs_select_kernel<D>(p, w.tile_begin); });
+        launch(dim3{unsigned(w.tile_end - w.tile_begin), unsigned(bs_tile_rows(D) / (kBsSelectThreads / 32)), 1}, kBsSelectThreads, [&] { if (any_adaptive) bs_select_kernel<D, true>(p, w.tile_begin); else bs_select_kernel<D, false>(p, w.tile_begin); });
       }
     };
     if (d == 64) dispatch(std::integral_constant<int, 64>{});

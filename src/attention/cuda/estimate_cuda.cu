@@ -63,7 +63,8 @@ void launch_vs(const VsParams& p, int num_heads, int num_groups, cudaStream_t st
 
 template <typename T, int D>
 void launch_bs(const BsParams& p, int num_heads, int num_kv_heads, const std::vector<int32_t>& block_sizes,
-               const std::vector<int64_t>& pool_base, const std::vector<BsWave>& waves, cudaStream_t stream) {
+               const std::vector<int64_t>& pool_base, const std::vector<BsWave>& waves, bool adaptive,
+               cudaStream_t stream) {
   const int q_end = p.q_begin + p.q_len;
   constexpr int kPerCta = kBsPoolThreads / (D / 8);  // blocks pooled per CTA
   for (size_t i = 0; i < block_sizes.size(); ++i) {
@@ -90,9 +91,13 @@ void launch_bs(const BsParams& p, int num_heads, int num_kv_heads, const std::ve
           p, w.work_begin);
       check_launch("bs_score_kernel");
     }
-    bs_select_kernel<D><<<dim3(static_cast<unsigned>(w.tile_end - w.tile_begin),
-                            static_cast<unsigned>(bs_tile_rows(D) / (kBsSelectThreads / 32))),
-                       kBsSelectThreads, 0, stream>>>(p, w.tile_begin);
+    const dim3 grid(static_cast<unsigned>(w.tile_end - w.tile_begin),
+                    static_cast<unsigned>(bs_tile_rows(D) / (kBsSelectThreads / 32)));
+    if (adaptive) {
+      bs_select_kernel<D, true><<<grid, kBsSelectThreads, 0, stream>>>(p, w.tile_begin);
+    } else {
+      bs_select_kernel<D, false><<<grid, kBsSelectThreads, 0, stream>>>(p, w.tile_begin);
+    }
     check_launch("bs_select_kernel");
   }
 }
@@ -177,6 +182,7 @@ DeviceEstimates::DeviceEstimates(const std::vector<Pattern>& patterns, const Low
       if (bs->adaptive()) {
         d.gamma = bs->gamma;
         d.min_top_k = bs->min_top_k;
+        bs_adaptive_ = true;
       }
       if (ctx.q_len > 0) {
         d.first_q_block = ctx.q_begin / bs->block;
@@ -345,18 +351,24 @@ void DeviceEstimates::estimate(const TensorView& q, const TensorView& k, float s
     const int n = static_cast<int>(bs_.size());
     if (bf) {
       if (d == 64)
-        launch_bs<__nv_bfloat16, 64>(p, n, num_kv_heads_, bs_block_sizes_, bs_pool_base_, bs_waves_, stream);
+        launch_bs<__nv_bfloat16, 64>(p, n, num_kv_heads_, bs_block_sizes_, bs_pool_base_, bs_waves_,
+                                              bs_adaptive_, stream);
       if (d == 128)
-        launch_bs<__nv_bfloat16, 128>(p, n, num_kv_heads_, bs_block_sizes_, bs_pool_base_, bs_waves_, stream);
+        launch_bs<__nv_bfloat16, 128>(p, n, num_kv_heads_, bs_block_sizes_, bs_pool_base_, bs_waves_,
+                                              bs_adaptive_, stream);
       if (d == 256)
-        launch_bs<__nv_bfloat16, 256>(p, n, num_kv_heads_, bs_block_sizes_, bs_pool_base_, bs_waves_, stream);
+        launch_bs<__nv_bfloat16, 256>(p, n, num_kv_heads_, bs_block_sizes_, bs_pool_base_, bs_waves_,
+                                              bs_adaptive_, stream);
     } else {
       if (d == 64)
-        launch_bs<__half, 64>(p, n, num_kv_heads_, bs_block_sizes_, bs_pool_base_, bs_waves_, stream);
+        launch_bs<__half, 64>(p, n, num_kv_heads_, bs_block_sizes_, bs_pool_base_, bs_waves_,
+                                              bs_adaptive_, stream);
       if (d == 128)
-        launch_bs<__half, 128>(p, n, num_kv_heads_, bs_block_sizes_, bs_pool_base_, bs_waves_, stream);
+        launch_bs<__half, 128>(p, n, num_kv_heads_, bs_block_sizes_, bs_pool_base_, bs_waves_,
+                                              bs_adaptive_, stream);
       if (d == 256)
-        launch_bs<__half, 256>(p, n, num_kv_heads_, bs_block_sizes_, bs_pool_base_, bs_waves_, stream);
+        launch_bs<__half, 256>(p, n, num_kv_heads_, bs_block_sizes_, bs_pool_base_, bs_waves_,
+                                              bs_adaptive_, stream);
     }
   }
 }

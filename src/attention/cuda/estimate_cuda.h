@@ -170,6 +170,7 @@ class DeviceEstimates {
   int32_t bs_max_q_blocks_ = 0;
   std::vector<BsWave> bs_waves_;
   std::vector<int32_t> bs_offsets_host_;  // CSR offsets of every BS head, concatenated
+  bool bs_adaptive_ = false;              // some BS head is adaptive (the select kernel with the coverage count)
   DeviceBuffer<int32_t> vs_columns_, vs_offsets_, bs_offsets_, bs_key_blocks_;
   DeviceBuffer<VsHeadDesc> vs_desc_;
   DeviceBuffer<VsGroupDesc> vs_groups_;

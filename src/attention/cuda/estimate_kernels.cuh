@@ -1097,22 +1097,19 @@ __global__ void __launch_bounds__(kBsScoreThreads, 3) bs_score_kernel(const BsPa
 // buckets of equal key width (per lane, in shared memory, f64 masses and counts), the warp sums each bucket over the
 // lanes in lane order, and the interval becomes the highest bucket whose suffix (with the mass above the interval)
 // still reaches the target. The prefix then holds the blocks above T and the first ceil((target - F - S(T + 1)) /
-// m(T)) of those equal to T. With kInRegisters (qb <= 32 * kBsRegSlots) each lane computes its masses once into
-// registers; otherwise every pass reads the scores again. Every sum has a fixed order: the count does not depend on
-// timing. The CPU sums in the prefix's own order, so the two agree wherever the target is not within rounding of
+// m(T)) of those equal to T. Every pass reads the row's scores again (L2-resident: the scoring kernel just wrote
+// them; masses cached in registers took the kernel to 253 registers, one block per SM). Every sum has a fixed order:
+// the count does not depend on timing. The CPU sums in the prefix's own order, so the two agree wherever the target is not within rounding of
 // a prefix sum (nor the scores within rounding of each other: the CPU's dot products add in another order).
 // (v1 evaluated S at 7 thresholds per pass, each element adding into 7 f64 accumulators, and computed f64 masses
-// from the scores every pass: 4.6 ms of the 128K estimate's 6.4 ms on an H200, docs/PERF.md.)
+// from the scores every pass; docs/PERF.md has each version's 128K estimate time on an H200.)
 constexpr int kBsBuckets = 8;
 struct BsCoverageStorage {
   double mass[kBsBuckets][32];  // one warp's buckets, a column per lane
   unsigned count[kBsBuckets][32];
 };
 
-template <bool kInRegisters>
 struct BsCoverage {
-  static constexpr int kSlots = kInRegisters ? kBsRegSlots : 1;
-
   __device__ static float mass(float s, float top) { return expf(s - top); }
 
   // Every lane must call it with the same arguments; max_count >= 2. `st`: this warp's storage.
@@ -1121,32 +1118,13 @@ struct BsCoverage {
     const int lo_count = min(max(min_count, 1), max_count);
     if (gamma >= 1.0) return max_count;
     const int lane = static_cast<int>(threadIdx.x) & 31;
-    const int slots = (n + 31) / 32;  // uniform over the warp
-    float m[kSlots];
     float top = diag;
-    if constexpr (kInRegisters) {
-#pragma unroll
-      for (int r = 0; r < kSlots; ++r) {
-        if (r >= slots) break;
-        const int i = lane + 32 * r;
-        m[r] = i < n ? scores[i] : -INFINITY;
-        top = fmaxf(top, m[r]);
-      }
-    } else {
-      for (int i = lane; i < n; i += 32) top = fmaxf(top, scores[i]);
-    }
+    for (int i = lane; i < n; i += 32) top = fmaxf(top, scores[i]);
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, o));
-    if constexpr (kInRegisters) {
-#pragma unroll
-      for (int r = 0; r < kSlots; ++r) {
-        if (r >= slots) break;
-        m[r] = lane + 32 * r < n ? mass(m[r], top) : -1.0f;  // -1: below every mass's key
-      }
-    }
     // One pass: the blocks whose key is in [lo, lo + 2^width) into 8 buckets of width 2^shift (shift = width - 3,
-    // or 0 with 2^width buckets); then lane b < 8 holds bucket b's mass and count (bm, bc; bucket(b) reads them,
-    // on every lane: a shuffle, so that nothing is indexed at run time in registers).
+    // or 0 with 2^width buckets); then lane b < 8 holds bucket b's mass and count (bm, bc; bucket_mass(b) reads
+    // them on every lane: a shuffle, so that nothing in registers is indexed at run time).
     double bm = 0.0;
     unsigned bc = 0;
     auto bucket_mass = [&](int b) { return __shfl_sync(0xffffffffu, bm, b); };
@@ -1157,21 +1135,13 @@ struct BsCoverage {
         st.mass[b][lane] = 0.0;
         st.count[b][lane] = 0;
       }
-      auto add = [&](float x) {
+      for (int i = lane; i < n; i += 32) {
+        const float x = mass(scores[i], top);
         const uint32_t key = detail::order_key(x);
-        if (key < lo || static_cast<uint64_t>(key - lo) >= (uint64_t{1} << width)) return;
+        if (key < lo || static_cast<uint64_t>(key - lo) >= (uint64_t{1} << width)) continue;
         const int b = static_cast<int>((key - lo) >> shift);
         st.mass[b][lane] += static_cast<double>(x);
         st.count[b][lane] += 1;
-      };
-      if constexpr (kInRegisters) {
-#pragma unroll
-        for (int r = 0; r < kSlots; ++r) {
-          if (r >= slots) break;
-          add(m[r]);
-        }
-      } else {
-        for (int i = lane; i < n; i += 32) add(mass(scores[i], top));
       }
       __syncwarp();
       bm = 0.0;
@@ -1262,11 +1232,13 @@ __device__ __forceinline__ float bs_diag_score(const BsParams& p, const BsHeadDe
 // of the top_k slots) and goes last; the other count - 1 are the top of [0, qb) by score, ascending, as in
 // the CPU estimator (attention/index/estimate.h). count = min(top_k, qb + 1), the layout's room; for adaptive
 // heads (gamma > 0) with room >= 2 the coverage count (BsCoverage), and kBsUnused fills the room after the kept.
-template <int D>
+// kAdaptive: the layer has adaptive heads (the fixed-only kernel keeps the coverage count's code and shared memory
+// out).
+template <int D, bool kAdaptive>
 __global__ void __launch_bounds__(kBsSelectThreads) bs_select_kernel(const BsParams p, int tile_begin) {
   using TopK = detail::WarpTopK<kBsRegSlots>;
   __shared__ uint32_t buf[kBsSelectThreads / 32][TopK::kBufWords];
-  __shared__ BsCoverageStorage cover[kBsSelectThreads / 32];
+  __shared__ BsCoverageStorage cover[kAdaptive ? kBsSelectThreads / 32 : 1];
   const BsTileDesc tl = p.tiles[tile_begin + static_cast<int>(blockIdx.x)];
   const BsHeadDesc hd = p.heads[tl.slot];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -1277,11 +1249,12 @@ __global__ void __launch_bounds__(kBsSelectThreads) bs_select_kernel(const BsPar
   if (room <= 0) return;
   int32_t* out = p.key_blocks + hd.key_base + p.offsets[hd.offsets_base + e];
   int count = room;
-  if (hd.gamma > 0.0 && room >= 2) {  // a scored row (adaptive heads score every qb >= 1)
-    const float* row = p.scores + bs_row_offset(tl, hd.first_q_block, e);
-    const float diag = bs_diag_score<D>(p, hd, tl.slot, e, qb);
-    count = qb <= 32 * kBsRegSlots ? BsCoverage<true>::count(row, qb, diag, hd.gamma, hd.min_top_k, room, cover[warp])
-                                   : BsCoverage<false>::count(row, qb, diag, hd.gamma, hd.min_top_k, room, cover[warp]);
+  if constexpr (kAdaptive) {
+    if (hd.gamma > 0.0 && room >= 2) {  // a scored row (adaptive heads score every qb >= 1)
+      const float* row = p.scores + bs_row_offset(tl, hd.first_q_block, e);
+      const float diag = bs_diag_score<D>(p, hd, tl.slot, e, qb);
+      count = BsCoverage::count(row, qb, diag, hd.gamma, hd.min_top_k, room, cover[warp]);
+    }
   }
   const int k = count - 1;
   if (k >= qb) {
