@@ -523,6 +523,112 @@ TEST(StreamingKV, RefusesModelsAndOptionsItCannotRun) {
 // The GPU path's decisions (Storage::Device, plan()) are the CPU path's: the same layouts, retrieved blocks, evictions
 // and index on the same q, k, v, chunk after chunk (prefill chunks, the last one, decode), for every method; the
 // block rows are only counted (bf16: half the host path's bytes).
+// The entry point the GPU's device decisions take (plan() with DeviceDecisions): given the map, votes and block
+// scores the CPU computes itself, it decides exactly as plan() computing them (the GPU path's single source of truth),
+// asks the block scores for the query vectors the CPU's own retrieval builds, and refuses sizes that do not fit.
+TEST(StreamingKV, DeviceDecisionsDecideAsTheCpuOnTheSameMapAndScores) {
+  const ModelConfig& cfg = model("llama3").config();
+  const int32_t nq = cfg.num_q_heads, nkv = cfg.num_kv_heads, d = cfg.head_dim;
+  std::vector<float> inv_freq(static_cast<size_t>(d / 2));
+  for (int32_t i = 0; i < d / 2; ++i) inv_freq[static_cast<size_t>(i)] = std::pow(10000.0f, -2.0f * i / d);
+  for (StreamMethod m : {StreamMethod::Ltri, StreamMethod::InfLLM}) {
+    SCOPED_TRACE(stream_method_name(m));
+    const StreamOptions o = small_stream(m);
+    StreamingKV own(cfg, o, StreamingKV::Storage::Device), fed(cfg, o, StreamingKV::Storage::Device);
+    std::mt19937 rng(13);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    int32_t pos = 0, scored = 0;
+    std::vector<std::pair<int32_t, StreamingKV::ChunkKind>> chunks(12, {16, StreamingKV::ChunkKind::Prefill});
+    chunks.push_back({5, StreamingKV::ChunkKind::LastPrefill});
+    for (int i = 0; i < 2; ++i) chunks.push_back({1, StreamingKV::ChunkKind::Decode});
+    for (const auto& [n, kind] : chunks) {
+      own.begin_chunk(pos, n, kind);
+      fed.begin_chunk(pos, n, kind);
+      for (int32_t l = 0; l < cfg.num_layers; ++l) {
+        std::vector<float> q(static_cast<size_t>(n * nq * d)), k(static_cast<size_t>(n * nkv * d));
+        for (auto* t : {&q, &k})
+          for (float& x : *t) x = g(rng);
+        const stream::StreamLayout lay = own.plan(l, pos, n, q.data(), k.data(), inv_freq, 0.0f);
+        StreamingKV::DeviceDecisions given;
+        const std::vector<float> map = own.last_map(), votes = own.last_votes();
+        if (m == StreamMethod::Ltri) given.map = map;
+        given.votes = votes;
+        given.block_scores = [&](std::span<const int32_t> tokens, std::span<const int32_t> counts,
+                                 const stream::HeadWeights& w) {
+          ++scored;
+          if (m == StreamMethod::InfLLM) {
+            EXPECT_TRUE(tokens.empty() && counts.empty());
+            return fed.repr_index(l).block_scores(q, n, w);
+          }
+          int64_t total = 0;
+          for (int32_t c : counts) total += c;
+          EXPECT_EQ(total, static_cast<int64_t>(tokens.size()));
+          std::vector<float> queries;
+          for (int32_t t : tokens) {
+            EXPECT_TRUE(t >= 0 && t < n);
+            queries.insert(queries.end(), q.begin() + t * nq * d, q.begin() + (t + 1) * nq * d);
+          }
+          return fed.span_index(l).block_scores(queries, counts, w);
+        };
+        EXPECT_EQ(fed.plan(l, pos, n, k.data(), inv_freq, given), lay) << "layer " << l << " at " << pos;
+        EXPECT_EQ(fed.retrieved(l), own.retrieved(l)) << "layer " << l << " at " << pos;
+        EXPECT_EQ(fed.last_votes(), own.last_votes());
+      }
+      pos += n;
+    }
+    EXPECT_GT(scored, 10);
+    const StreamStats a = own.stats(), b = fed.stats();
+    EXPECT_EQ(a.index_vectors, b.index_vectors);
+    EXPECT_EQ(a.index_spans, b.index_spans);
+    EXPECT_EQ(a.host_bytes, b.host_bytes);
+    // Sizes that do not fit the chunk.
+    auto refused = [&](StreamingKV::DeviceDecisions bad, int32_t n, const std::string& want) {
+      StreamingKV kv(cfg, o, StreamingKV::Storage::Device);
+      kv.begin_chunk(0, n, StreamingKV::ChunkKind::Prefill);
+      const std::vector<float> k(static_cast<size_t>(n * nkv * d), 0.5f);
+      try {
+        kv.plan(0, 0, n, k.data(), inv_freq, bad);
+        ADD_FAILURE() << "no error";
+      } catch (const Error& e) {
+        EXPECT_EQ(std::string(e.what()), want);
+      }
+    };
+    const std::vector<float> ten(10, 0.1f), sixteen(16, 0.1f), three(3, 1.0f), four(4, 1.0f);
+    StreamingKV::DeviceDecisions bad;
+    bad.votes = three;
+    bad.map = sixteen;
+    refused(bad, 4, "streaming: the device's votes have 3 entries for a chunk of 4 tokens");
+    if (m == StreamMethod::Ltri) {
+      bad.map = ten;
+      bad.votes = four;
+      refused(bad, 4, "streaming: the device's attention map has 10 entries for a chunk of 4 tokens (16 expected)");
+    }
+  }
+  // Block scores of the wrong count: past top_k evicted blocks, a retrieval that returns one score too few.
+  const StreamOptions o = small_stream(StreamMethod::InfLLM);
+  StreamingKV kv(cfg, o, StreamingKV::Storage::Device);
+  int32_t pos = 0;
+  std::string error;
+  for (int c = 0; c < 8 && error.empty(); ++c) {
+    kv.begin_chunk(pos, 16, StreamingKV::ChunkKind::Prefill);
+    for (int32_t l = 0; l < cfg.num_layers && error.empty(); ++l) {
+      const std::vector<float> k(static_cast<size_t>(16 * nkv * d), 0.25f), votes(16, 1.0f);
+      StreamingKV::DeviceDecisions given;
+      given.votes = votes;
+      given.block_scores = [&](std::span<const int32_t>, std::span<const int32_t>, const stream::HeadWeights&) {
+        return std::vector<double>(static_cast<size_t>(kv.evicted_blocks() - 1), 0.0);
+      };
+      try {
+        kv.plan(l, pos, 16, k.data(), inv_freq, given);
+      } catch (const Error& e) {
+        error = e.what();
+      }
+    }
+    pos += 16;
+  }
+  EXPECT_EQ(error, "streaming: the device's block scores have 2 entries for 3 evicted blocks");
+}
+
 TEST(StreamingKV, DeviceStoragePlansWhatTheHostPathAttends) {
   const ModelConfig& cfg = model("llama3").config();
   const int32_t nq = cfg.num_q_heads, nkv = cfg.num_kv_heads, d = cfg.head_dim;

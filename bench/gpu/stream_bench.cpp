@@ -5,7 +5,9 @@
 // position's logits), peak device memory in use (cudaMemGetInfo over the whole device, sampled after every layer's
 // attention: weights included), decode tokens/s at that length (--decode steps after the prefill), host memory
 // (pinned slabs for the evicted blocks, the index, the process's peak RSS), the GEMM / attention GPU time (CUDA
-// events), the host's decision time (ltri / infllm read q and k back every layer and chunk), copies to and from
+// events), the decisions' wall time and, in parentheses, the part spent waiting for the device's map and block
+// scores (runtime_cuda/stream_decide.h; methods "ltri-host" / "infllm-host" decide on the host from copies of q and
+// k, the path before it, as a baseline), copies to and from
 // the host. A dense row (the normal GPU engine, whole KV on the device) at every length that fits the model's
 // context (131,072) is the baseline from the same run.
 //
@@ -19,7 +21,7 @@
 // thread during the prefill (inside TTFT). Streaming engines are reused across lengths (ascending), so a row pins
 // only what the previous rows did not.
 //
-// --method-max-seq skips a method's rows past a length (ltri / infllm decide on the host: minutes at 128K+).
+// --method-max-seq skips a method's rows past a length (ltri-host / infllm-host: minutes at 32K+).
 // --max-seconds skips the rows that would start after that budget. Rows are printed and appended to the CSV as they
 // finish, so a run cut short keeps what it measured.
 #include <algorithm>
@@ -127,7 +129,7 @@ int64_t proc_status_bytes(const char* key) {
 struct Row {
   int seq = 0;
   std::string method;
-  double ttft = 0, gemm = 0, attention = 0, decision = 0, decode_tok_s = 0, peak_gb = 0, workspace_gb = 0;
+  double ttft = 0, gemm = 0, attention = 0, decision = 0, decision_device = 0, decode_tok_s = 0, peak_gb = 0, workspace_gb = 0;
   double pinned_gb = 0, index_gb = 0, rss_gb = 0, pin_s = 0, prepin_s = 0;
   int64_t evicted = 0, to_host = 0, to_device = 0, cached = 0;
   std::string error;
@@ -160,7 +162,7 @@ int main(int argc, char** argv) {
     }
     FILE* csv = o.csv.empty() ? nullptr : std::fopen(o.csv.c_str(), "w");
     if (csv != nullptr) {
-      std::fprintf(csv, "seq,method,ttft_s,prefill_tok_s,gemm_s,attention_s,decision_s,decode_tok_s,peak_gpu_gb,"
+      std::fprintf(csv, "seq,method,ttft_s,prefill_tok_s,gemm_s,attention_s,decision_s,decision_device_s,decode_tok_s,peak_gpu_gb,"
                         "stream_device_gb,pinned_host_gb,index_gb,peak_rss_gb,pin_s,prepin_s,evicted_blocks_per_layer,"
                         "blocks_to_host,blocks_to_device,blocks_cached,error\n");
       std::fflush(csv);
@@ -168,24 +170,24 @@ int main(int argc, char** argv) {
     const auto start = Clock::now();
     std::vector<Row> rows;
     auto print_row = [&](const Row& r) {
-      std::printf("| %d | %s | %.2f | %.0f | %.2f | %.2f | %.2f | %.1f | %.2f | %.2f | %.2f | %.1f | %.2f | %.2f | %lld | "
+      std::printf("| %d | %s | %.2f | %.0f | %.2f | %.2f | %.2f (%.2f) | %.1f | %.2f | %.2f | %.2f | %.1f | %.2f | %.2f | %lld | "
                   "%lld / %lld / %lld | %s\n",
                   r.seq, r.method.c_str(), r.ttft, r.ttft > 0 ? r.seq / r.ttft : 0.0, r.gemm, r.attention, r.decision,
-                  r.decode_tok_s, r.peak_gb, r.workspace_gb, r.pinned_gb, r.prepin_s, r.index_gb, r.rss_gb,
+                  r.decision_device, r.decode_tok_s, r.peak_gb, r.workspace_gb, r.pinned_gb, r.prepin_s, r.index_gb, r.rss_gb,
                   static_cast<long long>(r.evicted), static_cast<long long>(r.to_host),
                   static_cast<long long>(r.to_device), static_cast<long long>(r.cached), r.error.c_str());
       std::fflush(stdout);
       if (csv != nullptr) {
-        std::fprintf(csv, "%d,%s,%.3f,%.1f,%.3f,%.3f,%.3f,%.2f,%.3f,%.3f,%.3f,%.4f,%.3f,%.2f,%.2f,%lld,%lld,%lld,%lld,%s\n",
+        std::fprintf(csv, "%d,%s,%.3f,%.1f,%.3f,%.3f,%.3f,%.3f,%.2f,%.3f,%.3f,%.3f,%.4f,%.3f,%.2f,%.2f,%lld,%lld,%lld,%lld,%s\n",
                      r.seq, r.method.c_str(), r.ttft, r.ttft > 0 ? r.seq / r.ttft : 0.0, r.gemm, r.attention,
-                     r.decision, r.decode_tok_s, r.peak_gb, r.workspace_gb, r.pinned_gb, r.index_gb, r.rss_gb, r.pin_s,
+                     r.decision, r.decision_device, r.decode_tok_s, r.peak_gb, r.workspace_gb, r.pinned_gb, r.index_gb, r.rss_gb, r.pin_s,
                      r.prepin_s,
                      static_cast<long long>(r.evicted), static_cast<long long>(r.to_host),
                      static_cast<long long>(r.to_device), static_cast<long long>(r.cached), r.error.c_str());
         std::fflush(csv);
       }
     };
-    std::printf("\n| tokens | method | TTFT s | prefill tok/s | GEMM s | attention s | host decisions s | decode tok/s | "
+    std::printf("\n| tokens | method | TTFT s | prefill tok/s | GEMM s | attention s | decisions s (device part) | decode tok/s | "
                 "peak GPU GB | stream GPU GB | pinned host GB | pin s (before) | index GB | peak RSS GB | "
                 "evicted blocks/layer | blocks to host / to GPU / cached |\n");
     std::printf("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
@@ -221,7 +223,10 @@ int main(int argc, char** argv) {
           go.chunk_size = 32768;
           if (spec != "dense") {
             go.stream = o.stream;
-            go.stream.method = parse_stream_method(spec, "--methods");
+            // "ltri-host" / "infllm-host": the decisions' map, votes and block scores on the host (the path before
+            // stream_decide.h), for a baseline in the same run.
+            const bool host_decisions = spec.size() > 5 && spec.substr(spec.size() - 5) == "-host";
+            go.stream.method = parse_stream_method(host_decisions ? spec.substr(0, spec.size() - 5) : spec, "--methods");
             if (go.stream.method == StreamMethod::StreamingLLM) go.stream = streamingllm_equal_memory(go.stream);
           }
           // Dense: within the model's context, the decode steps included (the row says how many tokens it ran).
@@ -235,7 +240,12 @@ int main(int argc, char** argv) {
             ep = own.get();
           } else {
             auto& slot = engines[spec];
-            if (!slot) slot = std::make_unique<GpuEngine>(*dev, go);
+            if (!slot) {
+              const bool host_decisions = spec.size() > 5 && spec.substr(spec.size() - 5) == "-host";
+              if (host_decisions) setenv("TESSERA_STREAM_DECISIONS", "host", 1);  // read by GpuStreamingKV's constructor
+              slot = std::make_unique<GpuEngine>(*dev, go);
+              if (host_decisions) unsetenv("TESSERA_STREAM_DECISIONS");
+            }
             ep = slot.get();
             ep->reset();
             ep->reset_stats();
@@ -264,6 +274,7 @@ int main(int argc, char** argv) {
             const GpuStreamStats& gs = g->gpu_stats();
             const StreamStats ss = g->decisions().stats();
             r.decision = gs.decision_seconds;
+            r.decision_device = gs.decision_device_seconds;
             r.pinned_gb = static_cast<double>(gs.pinned_bytes) / 1e9;
             r.index_gb = static_cast<double>(ss.index_bytes) / 1e9;
             r.pin_s = gs.pin_seconds;

@@ -93,6 +93,9 @@ GpuStreamingKV::GpuStreamingKV(const ModelConfig& config, StreamOptions options)
   TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
   TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&blocks_in_, cudaEventDisableTiming));
   for (LayerState& L : layers_) TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&L.evicted, cudaEventDisableTiming));
+  const char* where = std::getenv("TESSERA_STREAM_DECISIONS");
+  device_decisions_ = where == nullptr || std::string(where) != "host";
+  if (host_.needs_qk()) decider_ = std::make_unique<StreamDecider>(cfg_);
 }
 
 GpuStreamingKV::~GpuStreamingKV() {
@@ -120,7 +123,7 @@ size_t GpuStreamingKV::device_bytes() const {
   for (const LayerState& L : layers_)
     b += L.sink_k.bytes() + L.sink_v.bytes() + L.ring_k.bytes() + L.ring_v.bytes() + L.cache_k.bytes() +
          L.cache_v.bytes();
-  return b;
+  return b + (decider_ ? decider_->device_bytes() : 0);
 }
 
 void GpuStreamingKV::ensure_device(int32_t n) {
@@ -274,10 +277,48 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
   const int32_t nq = cfg_.num_q_heads, nkv = cfg_.num_kv_heads, d = cfg_.head_dim, B = opt_.block;
   const size_t row_bytes = static_cast<size_t>(row_) * sizeof(bf16);
 
-  // 1. The decisions, on the host (f32 copies of q and k where the method reads them).
+  // 1. The decisions: the CPU class's, with the map, votes and block scores from the device (or, with
+  // device_decisions(false), all on the host from f32 copies of q and k).
   const auto t0 = Clock::now();
   stream::StreamLayout lay;
-  if (host_.needs_qk()) {
+  if (host_.needs_qk() && device_decisions_) {
+    // Raw K to the host (the index keeps raw keys of the recent tokens); the map and votes on the device.
+    bf16* hk = stage_;
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(hk, k, static_cast<size_t>(n) * row_bytes, cudaMemcpyDeviceToHost, s));
+    const bool ltri = opt_.method == StreamMethod::Ltri;
+    auto td = Clock::now();
+    decider_->chunk_map(q, k, n, pos, inv_freq, scale, ltri || record_, s);  // synchronises s (and the copy above)
+    stats_.decision_device_seconds += since(td);
+    kf_.resize(static_cast<size_t>(n * row_));
+    for (size_t i = 0; i < kf_.size(); ++i) kf_[i] = bf16_to_f32(hk[i]);
+    if (record_) {
+      record_data_ = {};
+      record_data_.map.assign(decider_->map().begin(), decider_->map().end());
+      record_data_.votes.assign(decider_->votes().begin(), decider_->votes().end());
+    }
+    StreamingKV::DeviceDecisions given;
+    if (ltri) given.map = decider_->map();
+    given.votes = decider_->votes();
+    given.block_scores = [&](std::span<const int32_t> tokens, std::span<const int32_t> counts,
+                             const stream::HeadWeights& w) {
+      const auto ts = Clock::now();
+      std::vector<double> scores;
+      if (ltri) {
+        scores = decider_->ltri_scores(layer, host_.span_index(layer), q, tokens, counts, w, s);
+      } else {  // InfLLM: the mean query from the device; the host's own scoring of it (exactly its arithmetic)
+        const std::vector<float> mean = decider_->mean_query(q, n, s);
+        scores = host_.repr_index(layer).block_scores(mean, 1, w);
+      }
+      stats_.decision_device_seconds += since(ts);
+      if (record_) {
+        record_data_.tokens.assign(tokens.begin(), tokens.end());
+        record_data_.counts.assign(counts.begin(), counts.end());
+        record_data_.scores = scores;
+      }
+      return scores;
+    };
+    lay = host_.plan(layer, pos, n, kf_.data(), inv_freq_host, given);
+  } else if (host_.needs_qk()) {
     bf16* hq = stage_;
     bf16* hk = stage_ + n * qrow_;
     TESSERA_CUDA_CHECK(cudaMemcpyAsync(hq, q, static_cast<size_t>(n * qrow_) * sizeof(bf16), cudaMemcpyDeviceToHost, s));
@@ -431,6 +472,7 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
 void GpuStreamingKV::reset() {
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(copy_));
   host_.reset();
+  if (decider_) decider_->reset();
   for (LayerState& L : layers_) {
     L.host_k.clear();
     L.host_v.clear();

@@ -41,6 +41,7 @@
 #include "cuda/device_buffer.h"
 #include "runtime/stream/streaming_kv.h"
 #include "runtime_cuda/gpu_forward.h"
+#include "runtime_cuda/stream_decide.h"
 
 namespace tessera::runtime::gpu {
 
@@ -51,6 +52,14 @@ struct GpuStreamStats {
   int64_t pinned_bytes = 0;       // pinned host memory allocated (slabs)
   double pin_seconds = 0;         // host time spent in cudaHostAlloc (the reserve thread's included)
   double decision_seconds = 0;    // host time in the decisions (copies of q / k, map, spans, retrieval)
+  double decision_device_seconds = 0;  // ... of which waiting for the device's map and block scores (stream_decide.h)
+};
+
+// What the device computed for one layer's chunk (GpuStreamingKV::record(true); tests compare it with the CPU's).
+struct GpuDecisionRecord {
+  std::vector<float> map, votes;         // the chunk's map [n, n] and votes [n]
+  std::vector<int32_t> tokens, counts;   // ltri: the query vectors' tokens and counts the host asked scores for
+  std::vector<double> scores;            // the block scores returned (empty: none asked)
 };
 
 class GpuStreamingKV : public GpuKVPolicy {
@@ -72,6 +81,13 @@ class GpuStreamingKV : public GpuKVPolicy {
   void reset();
 
   const StreamingKV& decisions() const { return host_; }
+  // Where the decisions' map, votes and block scores are computed: on the device (StreamDecider, the default) or,
+  // with device_decisions(false) or TESSERA_STREAM_DECISIONS=host, by the CPU class from f32 copies of q and k.
+  void device_decisions(bool on) { device_decisions_ = on; }
+  bool device_decisions() const { return device_decisions_; }
+  // Keeps a copy of what the device computed for the last layer's chunk (recorded()).
+  void record(bool on) { record_ = on; }
+  const GpuDecisionRecord& recorded() const { return record_data_; }
   const GpuStreamStats& gpu_stats() const { return stats_; }
   size_t device_bytes() const;  // the per-layer buffers, the block caches, the workspace, the indexes
 
@@ -122,6 +138,9 @@ class GpuStreamingKV : public GpuKVPolicy {
   bool stop_ = false;
   std::string reserve_error_;
   GpuStreamStats stats_;
+  std::unique_ptr<StreamDecider> decider_;
+  bool device_decisions_ = true, record_ = false;
+  GpuDecisionRecord record_data_;
 };
 
 }  // namespace tessera::runtime::gpu

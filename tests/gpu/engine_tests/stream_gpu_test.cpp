@@ -6,6 +6,11 @@
 //    output must be within bf16 rounding of the CPU's f32 one (relative L2 per call <= 2e-2: q and k are rotated in
 //    bf16 and the executor's output is bf16, a few roundings of 2^-9 each). Evicted blocks go through the pinned
 //    store and back (more blocks evicted than retrieved: the cache misses and hits both run).
+//    The map, votes and block scores come from the device (stream_decide.h): the CPU path is given them
+//    (StreamingKV::DeviceDecisions) and must then decide EXACTLY as the GPU did, and separately the device's map and
+//    votes must be within rounding of the CPU's own (max abs 1e-4 on entries summing to the head count per row), its
+//    Ltri block scores within 1e-5 relative of the CPU's on the same index and query vectors, its InfLLM block scores
+//    equal, and the CPU's fully own decisions agree in >= 90% of the calls (a near-tie may flip).
 //  - The engine: a random-weight model of head dim 64 (the executor's), streaming with a window that covers the
 //    prompt equals the dense GPU engine (logits of the last position, relative L2 <= 2e-2, same top-1), prefill and
 //    decode; past the window it runs, evicts, and its decisions are the CPU class's (same object).
@@ -84,8 +89,14 @@ TEST(StreamGpu, RetrievesTheCpuBlocksAndMatchesItsAttention) {
     o.top_k = 3;
     if (m == StreamMethod::StreamingLLM) o = streamingllm_equal_memory(o);
     StreamingKV cpu(cfg, o);
+    StreamingKV own(cfg, o, StreamingKV::Storage::Device);  // the CPU's own map, votes and decisions
     GpuStreamingKV gpu(cfg, o);
     gpu.reserve(2000);
+    gpu.record(true);
+    const bool maps = cpu.needs_qk();
+    const stream::HeadWeights w(static_cast<size_t>(nq), 1.0 / nq);  // no retrieval heads: every head votes
+    double worst_map = 0, worst_votes = 0, worst_scores = 0;
+    int32_t own_agree = 0, own_calls = 0, scored = 0;
     std::mt19937 rng(5);
     std::normal_distribution<float> g(0.0f, 1.0f);
     // Chunks of 96 (two query tiles of 64... the executor's 128-row tile) and 40 (one 64-row tile), a last chunk of 7,
@@ -99,6 +110,7 @@ TEST(StreamGpu, RetrievesTheCpuBlocksAndMatchesItsAttention) {
     attn::gpu::DeviceBuffer<bf16> dq, dk, dv, dout;
     for (const auto& [n, kind] : chunks) {
       cpu.begin_chunk(pos, n, kind);
+      own.begin_chunk(pos, n, kind);
       gpu.begin_chunk(pos, n, kind);
       for (int32_t l = 0; l < cfg.num_layers; ++l) {
         std::vector<float> q(static_cast<size_t>(n * nq * d)), k(static_cast<size_t>(n * nkv * d)), v(k.size());
@@ -115,9 +127,54 @@ TEST(StreamGpu, RetrievesTheCpuBlocksAndMatchesItsAttention) {
         dout.resize(q.size());
         std::vector<float> out_cpu(q.size());
         std::vector<float> qc = q, kc = k, vc = v;
-        cpu.attend(l, pos, n, qc.data(), kc.data(), vc.data(), inv_freq, 0.0f, out_cpu.data(), pool);
         gpu.attend(l, pos, n, dq.data(), dk.data(), dv.data(), inv_freq_dev.data(), inv_freq, 0.0f, dout.data(), s);
         ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+        if (!maps) {
+          cpu.attend(l, pos, n, qc.data(), kc.data(), vc.data(), inv_freq, 0.0f, out_cpu.data(), pool);
+        } else {
+          // The device's map and votes against the CPU's own (a function of the chunk's q and k alone).
+          const GpuDecisionRecord& rec = gpu.recorded();
+          own.plan(l, pos, n, q.data(), k.data(), inv_freq, 0.0f, &pool);
+          ASSERT_EQ(rec.map.size(), own.last_map().size());
+          ASSERT_EQ(rec.votes.size(), own.last_votes().size());
+          for (int32_t r = 0; r < n; ++r)
+            for (int32_t c = 0; c <= r; ++c) {
+              const size_t i = static_cast<size_t>(r * n + c);
+              worst_map = std::max(worst_map, static_cast<double>(std::fabs(rec.map[i] - own.last_map()[i])));
+            }
+          for (size_t i = 0; i < rec.votes.size(); ++i)
+            worst_votes = std::max(worst_votes, std::fabs(static_cast<double>(rec.votes[i]) - own.last_votes()[i]) /
+                                                    std::max(1.0, static_cast<double>(own.last_votes()[i])));
+          // The CPU path on the device's decisions: the same query vectors asked for, block scores within rounding of
+          // its own computation (InfLLM: equal), then the same layout and blocks (asserted below).
+          StreamingKV::DeviceDecisions given;
+          given.map = rec.map;
+          given.votes = rec.votes;
+          given.block_scores = [&](std::span<const int32_t> tokens, std::span<const int32_t> counts,
+                                   const stream::HeadWeights& weights) {
+            EXPECT_EQ(weights, w);
+            EXPECT_EQ(std::vector<int32_t>(tokens.begin(), tokens.end()), rec.tokens);
+            EXPECT_EQ(std::vector<int32_t>(counts.begin(), counts.end()), rec.counts);
+            std::vector<double> mine;
+            if (m == StreamMethod::InfLLM) {
+              mine = cpu.repr_index(l).block_scores(q, n, w);
+              EXPECT_EQ(mine, rec.scores) << "layer " << l << " at " << pos;
+            } else {
+              std::vector<float> queries;
+              for (int32_t t : tokens)
+                queries.insert(queries.end(), q.begin() + t * nq * d, q.begin() + (t + 1) * nq * d);
+              mine = cpu.span_index(l).block_scores(queries, counts, w);
+            }
+            EXPECT_EQ(mine.size(), rec.scores.size());
+            for (size_t b = 0; b < std::min(mine.size(), rec.scores.size()); ++b)
+              worst_scores = std::max(worst_scores, std::fabs(mine[b] - rec.scores[b]) / std::max(1.0, std::fabs(mine[b])));
+            ++scored;
+            return rec.scores.size() == mine.size() ? rec.scores : mine;
+          };
+          cpu.attend(l, pos, n, qc.data(), kc.data(), vc.data(), inv_freq, 0.0f, out_cpu.data(), pool, given);
+          ++own_calls;
+          own_agree += own.last_layout(l) == gpu.decisions().last_layout(l) && own.retrieved(l) == gpu.decisions().retrieved(l);
+        }
         const std::vector<bf16> ob = dout.download(q.size());
         std::vector<float> out_gpu(q.size());
         for (size_t i = 0; i < ob.size(); ++i) out_gpu[i] = bf16_to_f32(ob[i]);
@@ -129,6 +186,16 @@ TEST(StreamGpu, RetrievesTheCpuBlocksAndMatchesItsAttention) {
         choices += cpu.evicted_blocks() > o.top_k && !cpu.retrieved(l).empty();
       }
       pos += n;
+    }
+    if (maps) {
+      std::printf("[stream] %s: device vs CPU map max abs diff %.3g, votes max rel diff %.3g, block scores max rel "
+                  "diff %.3g (%d scored calls); the CPU's own decisions equal the device-fed ones in %d of %d calls\n",
+                  stream_method_name(m), worst_map, worst_votes, worst_scores, scored, own_agree, own_calls);
+      EXPECT_LT(worst_map, 1e-4);
+      EXPECT_LT(worst_votes, 1e-4);
+      EXPECT_LT(worst_scores, 1e-5);
+      EXPECT_GT(scored, 10);
+      EXPECT_GE(own_agree * 10, own_calls * 9);  // near-ties may flip; with these inputs none is expected
     }
     const GpuStreamStats& st = gpu.gpu_stats();
     std::printf("[stream] %s: worst rel L2 %.3g; blocks evicted %lld per layer, to host %lld, to device %lld, cached "

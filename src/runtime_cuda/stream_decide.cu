@@ -1,0 +1,432 @@
+#include "runtime_cuda/stream_decide.h"
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "core/error.h"
+#include "cuda/cuda_check.h"
+
+namespace tessera::runtime::gpu {
+
+namespace {
+
+using nbf = __nv_bfloat16;
+
+void check_launch(const char* what) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) throw Error(std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+void cublas_check(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS)
+    throw Error("cuBLAS error " + std::string(cublasGetStatusName(status)) + " in " + what);
+}
+
+cublasHandle_t as_handle(void* h) { return static_cast<cublasHandle_t>(h); }
+
+int blocks_for(int64_t total, int threads) {
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((total + threads - 1) / threads, 65535LL * 16)));
+}
+
+// Rows of `heads` head vectors, bf16 -> f32 rotated at position pos0 + r (runtime/rope.cpp's tables and products,
+// without contraction into FMAs).
+__global__ void rotate_f32_kernel(const nbf* x, float* y, int64_t rows, int heads, int d, const float* inv_freq,
+                                  int64_t pos0) {
+  const int half = d / 2;
+  const int64_t total = rows * half;
+  const int64_t ld = static_cast<int64_t>(heads) * d;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = idx / half;
+    const int i = static_cast<int>(idx % half);
+    const float angle = __fmul_rn(static_cast<float>(pos0 + r), inv_freq[i]);
+    const float c = static_cast<float>(cos(static_cast<double>(angle)));
+    const float s = static_cast<float>(sin(static_cast<double>(angle)));
+    for (int h = 0; h < heads; ++h) {
+      const int64_t at = r * ld + static_cast<int64_t>(h) * d + i;
+      const float a = __bfloat162float(x[at]), b = __bfloat162float(x[at + half]);
+      y[at] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+      y[at + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+    }
+  }
+}
+
+constexpr int kThreads = 256;
+
+__device__ float block_max(float v, float* red) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  v = -INFINITY;
+  for (int w = 0; w < kThreads / 32; ++w) v = fmaxf(v, red[w]);
+  return v;
+}
+
+__device__ float block_sum(float v, float* red) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  v = 0;
+  for (int w = 0; w < kThreads / 32; ++w) v += red[w];
+  return v;
+}
+
+// One block per row r: per head in order, the causal softmax of S_h[r][0..r] added into map[r] (0 above the diagonal).
+__global__ void softmax_sum_kernel(float* scores, float* map, int n, int heads) {
+  __shared__ float red[kThreads / 32];
+  const int r = static_cast<int>(blockIdx.x);
+  float* out = map + static_cast<int64_t>(r) * n;
+  for (int c = static_cast<int>(threadIdx.x); c < n; c += kThreads) out[c] = 0.0f;
+  for (int h = 0; h < heads; ++h) {
+    float* row = scores + (static_cast<int64_t>(h) * n + r) * n;
+    float m = -INFINITY;
+    for (int c = static_cast<int>(threadIdx.x); c <= r; c += kThreads) m = fmaxf(m, row[c]);
+    m = block_max(m, red);
+    float z = 0;
+    for (int c = static_cast<int>(threadIdx.x); c <= r; c += kThreads) {
+      const float e = expf(__fsub_rn(row[c], m));
+      row[c] = e;
+      z += e;
+    }
+    z = block_sum(z, red);
+    const float inv = __fdiv_rn(1.0f, z);
+    for (int c = static_cast<int>(threadIdx.x); c <= r; c += kThreads) out[c] = __fadd_rn(out[c], __fmul_rn(row[c], inv));
+  }
+}
+
+// votes[c] = sum over rows r >= c of map[r][c], rows in order (the CPU's order).
+__global__ void votes_kernel(const float* map, float* votes, int n) {
+  const int c = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (c >= n) return;
+  float v = 0;
+  for (int r = c; r < n; ++r) v = __fadd_rn(v, map[static_cast<int64_t>(r) * n + c]);
+  votes[c] = v;
+}
+
+// mean[j] = sum over i in order of q[i][j] / n (ReprIndex::block_scores's arithmetic).
+__global__ void mean_query_kernel(const nbf* q, float* mean, int n, int64_t qrow) {
+  const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (j >= qrow) return;
+  const float fn = static_cast<float>(n);
+  float acc = 0;
+  for (int i = 0; i < n; ++i) acc = __fadd_rn(acc, __fdiv_rn(__bfloat162float(q[i * qrow + j]), fn));
+  mean[j] = acc;
+}
+
+__global__ void gather_kernel(const nbf* q, const int32_t* tokens, float* out, int64_t m, int64_t qrow) {
+  const int64_t total = m * qrow;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t a = idx / qrow, j = idx % qrow;
+    out[idx] = __bfloat162float(q[static_cast<int64_t>(tokens[a]) * qrow + j]);
+  }
+}
+
+// sim[t][s] for the query spans t and the stored spans s of one tile (vectors [v0, v0 + vt)): per voting head in
+// order, the mean over t's vectors of the max over s's vectors of their dot products (dots[slot][a][v - v0]).
+__global__ void sim_kernel(const float* dots, const int32_t* offsets, int32_t query_spans, const int32_t* span_first,
+                           const int32_t* span_count, int32_t s0, int32_t s1, int64_t v0, int64_t vt, int64_t m,
+                           const double* weights, int32_t voters, double* sim, int64_t total_spans) {
+  const int64_t width = s1 - s0;
+  const int64_t total = static_cast<int64_t>(query_spans) * width;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = idx / width;
+    const int64_t s = s0 + idx % width;
+    const int32_t a0 = offsets[t], a1 = offsets[t + 1];
+    const int64_t b0 = span_first[s] - v0, b1 = b0 + span_count[s];
+    double acc = 0;
+    for (int32_t h = 0; h < voters; ++h) {
+      const float* dh = dots + static_cast<int64_t>(h) * m * vt;
+      double sum = 0;
+      for (int32_t a = a0; a < a1; ++a) {
+        const float* row = dh + static_cast<int64_t>(a) * vt;
+        float mx = row[b0];
+        for (int64_t b = b0 + 1; b < b1; ++b) mx = fmaxf(mx, row[b]);
+        sum = __dadd_rn(sum, static_cast<double>(mx));
+      }
+      if (a1 > a0) acc = __dadd_rn(acc, __ddiv_rn(__dmul_rn(weights[h], sum), static_cast<double>(a1 - a0)));
+    }
+    sim[t * total_spans + s] = acc;
+  }
+}
+
+// score[b] = sum over query spans t of max over b's spans of sim[t][s]; -inf for a block without spans.
+__global__ void block_kernel(const double* sim, const int32_t* block_begin, int32_t blocks, int32_t query_spans,
+                             int64_t total_spans, double* scores) {
+  const int b = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (b >= blocks) return;
+  const int32_t s0 = block_begin[b], s1 = block_begin[b + 1];
+  if (s1 <= s0) {
+    scores[b] = -INFINITY;
+    return;
+  }
+  double score = 0;
+  for (int32_t t = 0; t < query_spans; ++t) {
+    double best = -INFINITY;
+    for (int32_t s = s0; s < s1; ++s) best = fmax(best, sim[t * total_spans + s]);
+    score = __dadd_rn(score, best);
+  }
+  scores[b] = score;
+}
+
+template <typename T>
+void h2d(T* dst, const T* src, size_t count, cudaStream_t s) {
+  if (count > 0) TESSERA_CUDA_CHECK(cudaMemcpyAsync(dst, src, count * sizeof(T), cudaMemcpyHostToDevice, s));
+}
+
+template <typename T>
+void pinned(T*& p, size_t& have, size_t want) {
+  if (want <= have) return;
+  if (p != nullptr) cudaFreeHost(p);
+  p = nullptr;
+  have = std::max(want, have * 2);
+  TESSERA_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&p), have * sizeof(T), cudaHostAllocDefault));
+}
+
+// Grows a device array to at least `want` elements keeping its first `keep` (a new allocation, copied).
+template <typename T>
+void grow(attn::gpu::DeviceBuffer<T>& buf, int64_t& capacity, int64_t want, int64_t keep, int64_t per, cudaStream_t s) {
+  if (want <= capacity) return;
+  const int64_t cap = std::max<int64_t>({want, 2 * capacity, 1024});
+  attn::gpu::DeviceBuffer<T> bigger(static_cast<size_t>(cap * per));
+  if (keep > 0)
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(bigger.data(), buf.data(), static_cast<size_t>(keep * per) * sizeof(T),
+                                       cudaMemcpyDeviceToDevice, s));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));  // the old buffer is freed on assignment
+  buf = std::move(bigger);
+  capacity = cap;
+}
+
+}  // namespace
+
+StreamDecider::StreamDecider(const ModelConfig& cfg)
+    : nq_(cfg.num_q_heads), nkv_(cfg.num_kv_heads), d_(cfg.head_dim) {
+  qrow_ = static_cast<int64_t>(nq_) * d_;
+  row_ = static_cast<int64_t>(nkv_) * d_;
+  mirrors_.resize(static_cast<size_t>(cfg.num_layers));
+  cublasHandle_t h = nullptr;
+  cublas_check(cublasCreate(&h), "cublasCreate");
+  handle_ = h;
+  cublas_check(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");  // f32 products, no TF32
+}
+
+StreamDecider::~StreamDecider() {
+  if (handle_ != nullptr) cublasDestroy(as_handle(handle_));
+  if (map_host_ != nullptr) cudaFreeHost(map_host_);
+  if (votes_host_ != nullptr) cudaFreeHost(votes_host_);
+  if (staging_ != nullptr) cudaFreeHost(staging_);
+  if (scores_host_ != nullptr) cudaFreeHost(scores_host_);
+}
+
+size_t StreamDecider::device_bytes() const {
+  size_t b = qf_.bytes() + kf_.bytes() + scores_.bytes() + map_.bytes() + votes_.bytes() + qsel_.bytes() +
+             dots_.bytes() + mean_.bytes() + sim_.bytes() + block_scores_.bytes() + weights_.bytes() + tokens_.bytes() +
+             span_offsets_.bytes() + vote_heads_.bytes();
+  for (const Mirror& m : mirrors_) b += m.keys.bytes() + m.span_first.bytes() + m.span_count.bytes() + m.block_begin.bytes();
+  return b;
+}
+
+void StreamDecider::reset() {
+  for (Mirror& m : mirrors_) {
+    m.vectors = m.spans = 0;
+    m.first_host.clear();
+    m.count_host.clear();
+  }
+}
+
+void StreamDecider::chunk_map(const bf16* q, const bf16* k, int32_t n, int32_t pos, const float* inv_freq,
+                              float scale, bool want_map, cudaStream_t s) {
+  const cublasHandle_t h = as_handle(handle_);
+  cublas_check(cublasSetStream(h, s), "cublasSetStream");
+  const int64_t nn = static_cast<int64_t>(n) * n;
+  qf_.resize(static_cast<size_t>(n * qrow_));
+  kf_.resize(static_cast<size_t>(n * row_));
+  scores_.resize(static_cast<size_t>(nq_ * nn));
+  map_.resize(static_cast<size_t>(nn));
+  votes_.resize(static_cast<size_t>(n));
+  const int half = d_ / 2;
+  rotate_f32_kernel<<<blocks_for(static_cast<int64_t>(n) * half, kThreads), kThreads, 0, s>>>(
+      reinterpret_cast<const nbf*>(q), qf_.data(), n, nq_, d_, inv_freq, pos);
+  rotate_f32_kernel<<<blocks_for(static_cast<int64_t>(n) * half, kThreads), kThreads, 0, s>>>(
+      reinterpret_cast<const nbf*>(k), kf_.data(), n, nkv_, d_, inv_freq, pos);
+  check_launch("stream chunk map: rotate");
+  // S_h (row-major [n, n]) = sc * Q_h K_g^T; column-major C[c + r*n] = sum_i K[c][g*d+i] Q[r][h*d+i]: a TN GEMM.
+  // Query head h = g * group + j: for each j, one strided batch over the kv heads g.
+  const float alpha = scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(d_)), beta = 0.0f;
+  const int group = nq_ / nkv_;
+  for (int j = 0; j < group; ++j)
+    cublas_check(cublasSgemmStridedBatched(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, d_, &alpha, kf_.data(),
+                                           static_cast<int>(row_), d_, qf_.data() + static_cast<int64_t>(j) * d_,
+                                           static_cast<int>(qrow_), static_cast<int64_t>(group) * d_, &beta,
+                                           scores_.data() + j * nn, n, group * nn, nkv_),
+                 "stream chunk map: cublasSgemmStridedBatched");
+  softmax_sum_kernel<<<n, kThreads, 0, s>>>(scores_.data(), map_.data(), n, nq_);
+  votes_kernel<<<(n + 127) / 128, 128, 0, s>>>(map_.data(), votes_.data(), n);
+  check_launch("stream chunk map: softmax");
+  size_t vh = static_cast<size_t>(votes_host_values_);
+  pinned(votes_host_, vh, static_cast<size_t>(n));
+  votes_host_values_ = static_cast<int32_t>(vh);
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(votes_host_, votes_.data(), static_cast<size_t>(n) * sizeof(float),
+                                     cudaMemcpyDeviceToHost, s));
+  if (want_map) {
+    pinned(map_host_, map_host_values_, static_cast<size_t>(nn));
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(map_host_, map_.data(), static_cast<size_t>(nn) * sizeof(float),
+                                       cudaMemcpyDeviceToHost, s));
+  }
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
+  map_n_ = n;
+}
+
+std::vector<float> StreamDecider::mean_query(const bf16* q, int32_t n, cudaStream_t s) {
+  mean_.resize(static_cast<size_t>(qrow_));
+  mean_query_kernel<<<static_cast<unsigned>((qrow_ + 127) / 128), 128, 0, s>>>(reinterpret_cast<const nbf*>(q),
+                                                                               mean_.data(), n, qrow_);
+  check_launch("stream mean query");
+  std::vector<float> out(static_cast<size_t>(qrow_));
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(out.data(), mean_.data(), out.size() * sizeof(float), cudaMemcpyDeviceToHost, s));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
+  return out;
+}
+
+void StreamDecider::mirror(int32_t layer, const stream::SpanIndex& index, cudaStream_t s) {
+  Mirror& M = mirrors_[static_cast<size_t>(layer)];
+  const std::span<const float> keys = index.keys();
+  const int64_t vectors = static_cast<int64_t>(keys.size()) / row_;
+  const int64_t spans = index.num_spans();
+  if (vectors < M.vectors || spans < M.spans) {  // the index was cleared (a new sequence)
+    M.vectors = M.spans = 0;
+    M.first_host.clear();
+    M.count_host.clear();
+  }
+  grow(M.keys, M.vector_capacity, vectors, M.vectors, row_, s);
+  h2d(M.keys.data() + M.vectors * row_, keys.data() + M.vectors * row_, static_cast<size_t>((vectors - M.vectors) * row_), s);
+  M.vectors = vectors;
+  if (spans > M.spans) {
+    int64_t cap = M.span_capacity;
+    grow(M.span_first, cap, spans, M.spans, 1, s);
+    cap = M.span_capacity;
+    grow(M.span_count, cap, spans, M.spans, 1, s);
+    M.span_capacity = cap;
+    const std::span<const int64_t> first = index.span_first(), count = index.span_count();
+    for (int64_t i = M.spans; i < spans; ++i) {
+      M.first_host.push_back(static_cast<int32_t>(first[static_cast<size_t>(i)]));
+      M.count_host.push_back(static_cast<int32_t>(count[static_cast<size_t>(i)]));
+    }
+    // Pageable copies: staged before cudaMemcpyAsync returns, so the host vectors may change afterwards.
+    h2d(M.span_first.data() + M.spans, M.first_host.data() + M.spans, static_cast<size_t>(spans - M.spans), s);
+    h2d(M.span_count.data() + M.spans, M.count_host.data() + M.spans, static_cast<size_t>(spans - M.spans), s);
+    M.spans = spans;
+  }
+  const int32_t blocks = index.num_blocks();
+  M.block_begin_host.assign(static_cast<size_t>(blocks) + 1, 0);
+  for (int32_t b = 0; b < blocks; ++b) {
+    const std::span<const int64_t> bs = index.block_spans(b);
+    check(bs.empty() || bs.front() == M.block_begin_host[static_cast<size_t>(b)],
+          "GPU streaming: a block's spans are not consecutive in the span index");
+    M.block_begin_host[static_cast<size_t>(b) + 1] = M.block_begin_host[static_cast<size_t>(b)] + static_cast<int32_t>(bs.size());
+  }
+  M.block_begin.upload(M.block_begin_host, s);
+}
+
+std::vector<double> StreamDecider::ltri_scores(int32_t layer, const stream::SpanIndex& index, const bf16* q,
+                                               std::span<const int32_t> tokens, std::span<const int32_t> counts,
+                                               const stream::HeadWeights& w, cudaStream_t s) {
+  mirror(layer, index, s);
+  Mirror& M = mirrors_[static_cast<size_t>(layer)];
+  const cublasHandle_t h = as_handle(handle_);
+  cublas_check(cublasSetStream(h, s), "cublasSetStream");
+  const int32_t blocks = index.num_blocks();
+  const auto T = static_cast<int32_t>(counts.size());
+  const auto m = static_cast<int64_t>(tokens.size());
+  const int64_t S = M.spans, V = M.vectors;
+  std::vector<double> out(static_cast<size_t>(blocks), 0.0);
+  if (blocks == 0) return out;
+  // Voting heads (weights in head order).
+  std::vector<int32_t> heads;
+  std::vector<double> weights;
+  for (int32_t hh = 0; hh < nq_; ++hh)
+    if (w[static_cast<size_t>(hh)] != 0) {
+      heads.push_back(hh);
+      weights.push_back(w[static_cast<size_t>(hh)]);
+    }
+  const auto H = static_cast<int32_t>(heads.size());
+  // Query vectors and span offsets.
+  pinned(staging_, staging_values_, static_cast<size_t>(m + T + 1));
+  std::copy(tokens.begin(), tokens.end(), staging_);
+  int32_t* offsets = staging_ + m;
+  offsets[0] = 0;
+  for (int32_t t = 0; t < T; ++t) offsets[t + 1] = offsets[t] + counts[static_cast<size_t>(t)];
+  check(offsets[T] == m, "GPU streaming: the query spans' counts do not add up to their vectors");
+  tokens_.resize(static_cast<size_t>(std::max<int64_t>(m, 1)));
+  span_offsets_.resize(static_cast<size_t>(T) + 1);
+  h2d(tokens_.data(), staging_, static_cast<size_t>(m), s);
+  h2d(span_offsets_.data(), offsets, static_cast<size_t>(T) + 1, s);
+  weights_.resize(static_cast<size_t>(std::max(H, 1)));
+  h2d(weights_.data(), weights.data(), weights.size(), s);
+  sim_.resize(static_cast<size_t>(std::max<int64_t>(static_cast<int64_t>(T) * S, 1)));
+  if (m > 0 && V > 0 && H > 0 && S > 0) {
+    qsel_.resize(static_cast<size_t>(m * qrow_));
+    gather_kernel<<<blocks_for(m * qrow_, kThreads), kThreads, 0, s>>>(reinterpret_cast<const nbf*>(q), tokens_.data(),
+                                                                      qsel_.data(), m, qrow_);
+    check_launch("stream ltri scores: gather");
+    // Tiles of whole spans, at most ~256 MB of dot products each.
+    const int64_t tile_vectors = std::max<int64_t>(1024, (int64_t{64} << 20) / (static_cast<int64_t>(H) * m));
+    const float alpha = 1.0f, beta = 0.0f;
+    const int group = nq_ / nkv_;
+    for (int64_t s0 = 0; s0 < S;) {
+      const int64_t v0 = M.first_host[static_cast<size_t>(s0)];
+      int64_t s1 = s0 + 1;
+      while (s1 < S && M.first_host[static_cast<size_t>(s1)] + M.count_host[static_cast<size_t>(s1)] - v0 <= tile_vectors) ++s1;
+      const int64_t vt = M.first_host[static_cast<size_t>(s1 - 1)] + M.count_host[static_cast<size_t>(s1 - 1)] - v0;
+      dots_.resize(static_cast<size_t>(static_cast<int64_t>(H) * m * vt));
+      // dots[slot] (row-major [m, vt]) = Q_h K_g^T: column-major C [vt, m] = K^T-read (TN).
+      if (H == nq_) {
+        for (int j = 0; j < group; ++j)
+          cublas_check(cublasSgemmStridedBatched(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(vt), static_cast<int>(m),
+                                                 d_, &alpha, M.keys.data() + v0 * row_, static_cast<int>(row_), d_,
+                                                 qsel_.data() + static_cast<int64_t>(j) * d_, static_cast<int>(qrow_),
+                                                 static_cast<int64_t>(group) * d_, &beta, dots_.data() + j * m * vt,
+                                                 static_cast<int>(vt), group * m * vt, nkv_),
+                       "stream ltri scores: cublasSgemmStridedBatched");
+      } else {
+        for (int32_t slot = 0; slot < H; ++slot) {
+          const int32_t hh = heads[static_cast<size_t>(slot)], g = hh / group;
+          cublas_check(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(vt), static_cast<int>(m), d_, &alpha,
+                                   M.keys.data() + v0 * row_ + static_cast<int64_t>(g) * d_, static_cast<int>(row_),
+                                   qsel_.data() + static_cast<int64_t>(hh) * d_, static_cast<int>(qrow_), &beta,
+                                   dots_.data() + slot * m * vt, static_cast<int>(vt)),
+                       "stream ltri scores: cublasSgemm");
+        }
+      }
+      sim_kernel<<<blocks_for(static_cast<int64_t>(T) * (s1 - s0), kThreads), kThreads, 0, s>>>(
+          dots_.data(), span_offsets_.data(), T, M.span_first.data(), M.span_count.data(), static_cast<int32_t>(s0),
+          static_cast<int32_t>(s1), v0, vt, m, weights_.data(), H, sim_.data(), S);
+      check_launch("stream ltri scores: sim");
+      s0 = s1;
+    }
+  } else if (static_cast<int64_t>(T) * S > 0) {
+    TESSERA_CUDA_CHECK(cudaMemsetAsync(sim_.data(), 0, static_cast<size_t>(T) * static_cast<size_t>(S) * sizeof(double), s));
+  }
+  block_scores_.resize(static_cast<size_t>(blocks));
+  block_kernel<<<(blocks + 127) / 128, 128, 0, s>>>(sim_.data(), M.block_begin.data(), blocks, T, S,
+                                                     block_scores_.data());
+  check_launch("stream ltri scores: blocks");
+  pinned(scores_host_, scores_host_values_, static_cast<size_t>(blocks));
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(scores_host_, block_scores_.data(), static_cast<size_t>(blocks) * sizeof(double),
+                                     cudaMemcpyDeviceToHost, s));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
+  std::copy(scores_host_, scores_host_ + blocks, out.begin());
+  return out;
+}
+
+}  // namespace tessera::runtime::gpu

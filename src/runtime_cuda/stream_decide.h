@@ -1,0 +1,94 @@
+// tessera/runtime_cuda/stream_decide.h — the heavy parts of Ltri-LLM's / InfLLM's retrieval decisions on the GPU.
+//
+// The decisions stay the CPU class's (runtime/stream/streaming_kv.h: evictions and their index vectors, spans, NMS,
+// vector counts, voting, top-K, the layout); GpuStreamingKV hands it what this class computes, through
+// StreamingKV::plan(..., DeviceDecisions):
+//  - chunk_map(): the chunk's attention map within itself. q and k (bf16, before RoPE) are rotated in f32 at their
+//    true positions (the CPU tables' arithmetic), S_h = scale * Q_h K_g^T by cuBLAS strided-batched SGEMMs (f32
+//    inputs, f32 accumulation, no TF32), a causal softmax per row and head summed over heads in head order -> the
+//    [n, n] map, then the votes (each column's sum, rows in order: the CPU's order). Only the map (ltri: span
+//    discovery reads it) and the n votes come back, not q and k.
+//  - InfLLM: mean_query() — the mean raw query of the chunk, in the CPU's order and rounding (each element summed
+//    sequentially over the tokens, q / n each): the host scores the blocks with ReprIndex::block_scores(mean, 1),
+//    which is then exactly its own computation.
+//  - Ltri: a per-layer mirror of the span index (the host index's f32 key vectors, uploaded as they are added) and
+//    ltri_scores(): the query vectors (raw q rows of the tokens the host chose) gathered on the device, all their dot
+//    products with the index vectors by cuBLAS SGEMMs (per voting head; the index in tiles of whole spans, so the
+//    dot products never need more than ~256 MB), then sim(t, s) = sum_h w_h mean_{a in t} max_{b in s} q_h(a).k(b)
+//    and score(blk) = sum_t max_{s in blk} sim(t, s) in f64 in the CPU's order (SpanIndex::block_scores); only the
+//    block scores come back. The dot products are f32 sums in another order than OpenBLAS's: the scores are within
+//    ~1e-6 relative of the CPU's, not bitwise equal.
+// Every call is asynchronous on `stream` except the results it returns, which synchronise it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/dtype.h"
+#include "cuda/device_buffer.h"
+#include "runtime/model_config.h"
+#include "runtime/stream/span_index.h"
+
+namespace tessera::runtime::gpu {
+
+class StreamDecider {
+ public:
+  // Throws tessera::Error when cuBLAS cannot start.
+  explicit StreamDecider(const ModelConfig& config);
+  ~StreamDecider();
+  StreamDecider(const StreamDecider&) = delete;
+  StreamDecider& operator=(const StreamDecider&) = delete;
+
+  // The map and votes of the chunk [pos, pos + n): q [n, q_heads, d], k [n, kv_heads, d] bf16 before RoPE; scale 0:
+  // 1/sqrt(d). Brings back the votes, and the map when `want_map`; synchronises `stream`.
+  void chunk_map(const bf16* q, const bf16* k, int32_t n, int32_t pos, const float* inv_freq, float scale,
+                 bool want_map, cudaStream_t stream);
+  std::span<const float> map() const { return {map_host_, static_cast<size_t>(map_n_) * static_cast<size_t>(map_n_)}; }
+  std::span<const float> votes() const { return {votes_host_, static_cast<size_t>(map_n_)}; }
+
+  // InfLLM: the chunk's mean raw query [q_heads * d] (the CPU's arithmetic); synchronises `stream`.
+  std::vector<float> mean_query(const bf16* q, int32_t n, cudaStream_t stream);
+
+  // Ltri block scores (one per block of `index`, layer `layer`'s span index) for the query vectors of `tokens`
+  // (chunk-relative rows of q [n, q_heads, d] bf16), span t holding the next counts[t] of them; w: the head weights.
+  // First brings the layer's device mirror up to `index` (the vectors and spans added since the last call).
+  // Synchronises `stream`.
+  std::vector<double> ltri_scores(int32_t layer, const stream::SpanIndex& index, const bf16* q,
+                                  std::span<const int32_t> tokens, std::span<const int32_t> counts,
+                                  const stream::HeadWeights& w, cudaStream_t stream);
+
+  size_t device_bytes() const;  // the mirrors and the scratch
+  void reset();                 // a new sequence: the mirrors empty (their memory kept)
+
+ private:
+  struct Mirror {
+    attn::gpu::DeviceBuffer<float> keys;                  // [capacity, row]
+    attn::gpu::DeviceBuffer<int32_t> span_first, span_count, block_begin;  // block_begin: [blocks + 1] span ids
+    int64_t vectors = 0, vector_capacity = 0, spans = 0, span_capacity = 0;
+    std::vector<int32_t> block_begin_host;
+    std::vector<int32_t> first_host, count_host;  // the spans' vectors (tiles are cut at span boundaries)
+  };
+  void mirror(int32_t layer, const stream::SpanIndex& index, cudaStream_t stream);
+
+  int32_t nq_ = 0, nkv_ = 0, d_ = 0;
+  int64_t qrow_ = 0, row_ = 0;
+  void* handle_ = nullptr;  // cublasHandle_t
+  attn::gpu::DeviceBuffer<float> qf_, kf_, scores_, map_, votes_, qsel_, dots_, mean_;
+  attn::gpu::DeviceBuffer<double> sim_, block_scores_, weights_;
+  attn::gpu::DeviceBuffer<int32_t> tokens_, span_offsets_, vote_heads_;
+  std::vector<Mirror> mirrors_;
+  float* map_host_ = nullptr;  // pinned
+  float* votes_host_ = nullptr;
+  size_t map_host_values_ = 0;
+  int32_t votes_host_values_ = 0;
+  int32_t map_n_ = 0;
+  int32_t* staging_ = nullptr;  // pinned: tokens and span offsets
+  size_t staging_values_ = 0;
+  double* scores_host_ = nullptr;  // pinned
+  size_t scores_host_values_ = 0;
+};
+
+}  // namespace tessera::runtime::gpu
