@@ -154,6 +154,7 @@ class StreamingKV : public KVPolicy {
     int32_t sink_count = 0, recent_count = 0;  // tokens of [0, min(length, sinks)) and [recent_begin, length)
     std::vector<float> sink_k, sink_v;      // raw K, V of the sinks (Storage::Host)
     std::vector<float> recent_k, recent_v;  // raw K, V of the recent tokens (Device: K only, for ltri / infllm)
+    int64_t recent_skip = 0;                // leading rows of recent_k / recent_v already dropped (drop_front())
     std::vector<float> votes;               // per recent token
     std::vector<PendingSpan> spans;         // Ltri spans of the recent tokens
     stream::SpanIndex span_index;
