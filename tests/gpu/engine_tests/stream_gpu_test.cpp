@@ -110,7 +110,7 @@ TEST(StreamGpu, RetrievesTheCpuBlocksAndMatchesItsAttention) {
     attn::gpu::DeviceBuffer<bf16> dq, dk, dv, dout;
     for (const auto& [n, kind] : chunks) {
       cpu.begin_chunk(pos, n, kind);
-      own.begin_chunk(pos, n, kind);
+      if (maps) own.begin_chunk(pos, n, kind);  // (own plans only what maps)
       gpu.begin_chunk(pos, n, kind);
       for (int32_t l = 0; l < cfg.num_layers; ++l) {
         std::vector<float> q(static_cast<size_t>(n * nq * d)), k(static_cast<size_t>(n * nkv * d)), v(k.size());
