@@ -4,9 +4,13 @@
 // attends over InfLLM's layout [sinks + retrieved blocks | local window | chunk] on the device:
 //  - decisions: a runtime::StreamingKV with Storage::Device, the CPU path's own code: evictions (and their index
 //    vectors), the chunk's attention map, Ltri spans, retrieval, retrieval-head and collaborative voting, the layout.
-//    For ltri / infllm it reads f32 copies of the chunk's q and k (one device-to-host copy per layer and chunk, which
-//    synchronises the compute stream); streamingllm needs none (the GPU never waits for the host). Same inputs, same
-//    code: the same retrieved blocks as the CPU path (tests/gpu/engine_tests/stream_gpu_test.cpp checks it);
+//    For ltri / infllm the heavy parts run on the device (stream_decide.h: the chunk's map and votes, Ltri's block
+//    scores against a device mirror of the span index, InfLLM's mean query) and the class decides on them through
+//    StreamingKV::plan(..., DeviceDecisions); the host gets the map (ltri) or the votes (infllm), the raw K of the chunk
+//    (the index keeps raw keys) and the block scores, and synchronises the compute stream twice per layer and chunk.
+//    With device_decisions(false) / TESSERA_STREAM_DECISIONS=host, the class computes them itself from f32 copies of
+//    q and k (the earlier path). streamingllm needs none (the GPU never waits for the host). On the device's results
+//    the CPU class decides exactly as the GPU path (tests/gpu/engine_tests/stream_gpu_test.cpp checks it);
 //  - device memory per layer: the sinks' raw K/V, a ring of the recent tokens' raw K/V (capacity: local + block +
 //    chunk, rounded up to blocks, plus one block; a block never wraps), and a cache of top_k retrieved blocks;
 //    one workspace for the chunk being attended ([global | local | chunk], as the CPU's). Bounded whatever the length;

@@ -26,7 +26,8 @@
 // Storage::Device, it keeps no V and no block rows (K of the recent tokens only where indexing needs it, i.e.
 // ltri / infllm), counts the evicted blocks against the budget as bf16, and plan() runs steps 1-3 and the
 // bookkeeping of attend() on f32 copies of the device's q and k, returning the layout; the GPU twin moves the rows
-// and runs the same two indexes on the device. Same inputs, same code: the same retrieved blocks.
+// and runs the same two indexes on the device. Same inputs, same code: the same retrieved blocks. The GPU computes
+// the heavy parts itself (runtime_cuda/stream_decide.h) and hands them to plan(..., DeviceDecisions).
 #pragma once
 
 #include <cstdint>
