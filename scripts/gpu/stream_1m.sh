@@ -11,8 +11,9 @@
 #     BUILD_ONLY=1 bash scripts/gpu/check.sh && bash scripts/gpu/stream_1m.sh        carry ["build/gpu-debs"]
 #
 # Writes $OUT/stream/{stream_1m.csv,stream_1m.log,gpu.txt,host_mem.txt} and prints the table last. Env: SEQS
-# (default 131072,262144,524288,1048576), METHODS (streamingllm; ltri / infllm decide on the host: ~70-115 s at 32K
-# on an H100, so only with LTRI_MAX small), LTRI_MAX (ltri / infllm rows up to this length, 32768), DENSE (dense
+# (default 131072,262144,524288,1048576), METHODS (streamingllm; ltri / infllm: ~10 s / ~5 s at 32K and ~52 s / ~30 s
+# at 128K on an H200 with the device decisions, so only with LTRI_MAX small; ltri-host / infllm-host: the host path,
+# ~70-115 s at 32K), LTRI_MAX (ltri / infllm rows up to this length, 32768), DENSE (dense
 # rows, 131072), DECODE (16), CHUNK (2048; the paper's 512 measured 1.2x slower at 128K),
 # HOST_BUDGET (bytes, 200e9), TIME_S (330: the bench's own limit; rows that would start after ~300 s are skipped),
 # PREPIN (1: each streaming row allocates its pinned pool before the timed prefill, reported as "pin s"; 0: inside TTFT),
