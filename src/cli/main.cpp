@@ -208,7 +208,9 @@ int main(int argc, char** argv) {
       ->delimiter(',')->capture_default_str();
   pl->add_option("-o,--out", plan.out, "The plan file to write (tessera policy JSON)")->required();
   pl->add_option("--svg", plan.svg, "The picture (default: beside the plan, .svg)");
-  pl->add_option("--device", plan.device, "moa, trianglemix: where the gradient passes run: cpu, cuda or auto")
+  pl->add_option("--device", plan.device,
+                 "Where the gradient passes (moa, trianglemix) or the search's forward (minference) run: cpu, cuda "
+                 "or auto")
       ->capture_default_str();
   pl->add_option("--gpus", plan.gpus, "Also place the plan's heads over this many tensor-parallel GPUs (FlexAttn; saved "
                                       "in the plan, which `run --gpus N --attn plan.json` then uses)")
