@@ -308,7 +308,8 @@ int run_command(const RunOptions& o) {
     const eval::Haystack hay = eval::load_haystack(o.haystack);
     eval::TaskOptions topts;
     topts.reserve_tokens = 64;  // chat template and answer prefix
-    const eval::CaseSpec spec{eval::TaskKind::niah_single, static_cast<size_t>(o.needle_tokens), o.needle_depth,
+    // CaseSpec's depth is in percent; --needle-depth a fraction.
+    const eval::CaseSpec spec{eval::TaskKind::niah_single, static_cast<size_t>(o.needle_tokens), 100.0 * o.needle_depth,
                               o.needle_seed, 0};
     needle = eval::generate_case(
         spec, hay, [&](const std::string& t) { return s.tokenizer->encode(t, {.add_special = false}).size(); },

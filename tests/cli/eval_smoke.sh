@@ -75,4 +75,17 @@ set -e
 [ $rc -eq 1 ] || fail "expected exit 1 for a length over the context, got $rc"
 [ "$msg" = "tessera: error: eval: length 9000 exceeds the context of Smollm2 135M 8k Lc100K Mix1 Ep2 (8192 tokens)" ] ||
   fail "unexpected error: $msg"
+# `tessera run --needle` puts the needle at --needle-depth (a fraction of the prompt): with streaming memory the run
+# names the evicted block that holds it, whose first position must sit near that depth.
+"$TESSERA" run -m "$MODEL" --device cpu --needle 1024 --needle-depth 0.5 --chat -n 1 --stream ltri \
+  --stream-sinks 16 --stream-local 128 --stream-block 32 --stream-chunk 64 --stream-top-k 2 --stream-last-chunk 32 \
+  > "$OUT/needle.txt"
+python3 - "$OUT/needle.txt" <<'PY' || fail "the needle is not at half the prompt: $(grep -E 'prompt:|needle' "$OUT/needle.txt")"
+import re, sys
+out = open(sys.argv[1]).read()
+n = int(re.search(r"^prompt: ([\d,]+) tokens$", out, re.M).group(1).replace(",", ""))
+b = int(re.search(r"needle in evicted block (\d+) of \d+", out).group(1))
+first = 16 + 32 * b  # sinks + b blocks
+assert 0.4 <= first / n <= 0.6, (first, n)
+PY
 echo "eval smoke: ok"
