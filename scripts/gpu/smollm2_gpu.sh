@@ -31,23 +31,8 @@ START=$(date +%s)
 BUDGET=${BUDGET_S:-560}
 export PATH=$PATH:/usr/local/cuda/bin
 
-step() {  # step NAME MAX_SECONDS command...
-  local name=$1 max=$2 left cap rc t0 status
-  shift 2
-  left=$((BUDGET - ($(date +%s) - START)))
-  cap=$max
-  [ "$left" -lt "$cap" ] && cap=$left
-  if [ "$cap" -lt 10 ]; then echo "$name SKIPPED (budget spent)" | tee -a "$SUMMARY"; return 99; fi
-  t0=$(date +%s)
-  timeout -k 10 "$cap" "$@" > "$LOGS/$name.log" 2>&1
-  rc=$?
-  status=ok
-  [ $rc -ne 0 ] && status="FAILED (rc $rc)"
-  [ $rc -eq 124 ] && status="TIMED OUT after ${cap}s"
-  echo "$name $status $(($(date +%s) - t0))s" | tee -a "$SUMMARY"
-  tail -n 20 "$LOGS/$name.log"
-  return $rc
-}
+STEP_TAIL=20
+. "$ROOT/scripts/gpu/step.sh"  # step NAME MAX_SECONDS command...
 
 if [ -d build/gpu-debs ] && [ ! -f build/gpu-sysroot/deps.env ]; then step deps 90 bash scripts/gpu/deps.sh unpack; fi
 TESSERA_DEPS_CMAKE_ARGS=""
