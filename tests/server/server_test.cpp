@@ -683,6 +683,69 @@ TEST(ServerStreaming, SlotsAnswerAsTheStreamingEngine) {
   EXPECT_EQ(g.kv_tokens + g.kv_bytes, 0);
 }
 
+// With streaming memory a slot keeps one engine between requests (resetting it), so the pinned slabs and the
+// streaming buffers are made once: every answer still equals a fresh streaming engine's, after an aborted request
+// too, and a failed request (over the host budget: the exact error) leaves no engine behind to reuse.
+TEST(ServerStreaming, SlotKeepsItsEngineBetweenRequests) {
+  REQUIRE_REAL_MODEL();
+  const auto request = [rm](const std::string& text) {
+    return prepare_request(
+        parse_api_request(Endpoint::Completion,
+                          R"({"model": "smollm2", "temperature": 0, "max_tokens": 8, "prompt": ")" + text + R"("})"),
+        rm->served, 0);
+  };
+  std::string fox, lorem, long_text;
+  for (int i = 0; i < 10; ++i) fox += "The quick brown fox jumps over the lazy dog. ";
+  for (int i = 0; i < 5; ++i) lorem += "Lorem ipsum dolor sit amet, consectetur adipiscing elit. ";
+  for (int i = 0; i < 30; ++i) long_text += "The quick brown fox jumps over the lazy dog. ";
+  const PreparedRequest a = request(fox), b = request(lorem), over = request(long_text);
+  ASSERT_GT(a.prompt.size(), 96u);  // both evict blocks and retrieve them
+  ASSERT_GT(b.prompt.size(), 96u);
+  runtime::EngineOptions eo;
+  eo.stream = small_stream(2 << 20);  // holds 127 tokens (ContextIsWhatTheHostBudgetHolds)
+  ASSERT_LE(a.prompt.size() + 8, 127u);
+  ASSERT_LE(b.prompt.size() + 8, 127u);
+  ASSERT_GT(over.prompt.size(), 127u);
+  const auto fresh = [&](const PreparedRequest& p) {
+    runtime::Engine engine(*rm->model, eo);
+    return engine.generate(p.prompt, p.gen);
+  };
+  const std::vector<int32_t> want_a = fresh(a), want_b = fresh(b);
+  ASSERT_NE(want_a, want_b);
+
+  EngineSlot<runtime::Engine, runtime::Model, runtime::EngineOptions> slot(*rm->model, eo);
+  ASSERT_TRUE(slot.keeps_engine());
+  const attn::AttentionPolicy dense;
+  const auto on_token = [](int32_t) { return true; };
+  const std::function<bool()> no_abort;
+  EXPECT_EQ(slot.generate(a.prompt, a.gen, dense, on_token, no_abort), want_a);
+  EXPECT_EQ(slot.generate(b.prompt, b.gen, dense, on_token, no_abort), want_b);
+  EXPECT_EQ(slot.generate(a.prompt, a.gen, dense, on_token, no_abort), want_a);
+  EXPECT_EQ(slot.engines_made(), 1);
+  int asked = 0;  // aborted after its second prefill chunk: an empty answer, then the next request is whole
+  const std::function<bool()> abort_second = [&asked] { return ++asked >= 2; };
+  EXPECT_TRUE(slot.generate(b.prompt, b.gen, dense, on_token, abort_second).empty());
+  EXPECT_EQ(slot.generate(b.prompt, b.gen, dense, on_token, no_abort), want_b);
+  EXPECT_EQ(slot.engines_made(), 1);
+  try {
+    slot.generate(over.prompt, over.gen, dense, on_token, no_abort);
+    ADD_FAILURE() << "a prompt over the host budget streamed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("over the budget of 2.10 MB for evicted KV blocks"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(slot.generate(a.prompt, a.gen, dense, on_token, no_abort), want_a);
+  EXPECT_EQ(slot.engines_made(), 2);  // the failed request's engine was dropped
+  EXPECT_EQ(slot.kv_tokens() + slot.kv_bytes(), 0);
+
+  runtime::EngineOptions plain;  // no streaming: a fresh engine per request, as before
+  EngineSlot<runtime::Engine, runtime::Model, runtime::EngineOptions> dense_slot(*rm->model, plain);
+  EXPECT_FALSE(dense_slot.keeps_engine());
+  dense_slot.generate(a.prompt, a.gen, dense, on_token, no_abort);
+  dense_slot.generate(a.prompt, a.gen, dense, on_token, no_abort);
+  EXPECT_EQ(dense_slot.engines_made(), 2);
+}
+
 // The scheduler over the batched engine (tessera serve --parallel N > 1): every request answers as the
 // single-sequence engine would, several at once; a cancelled one ends and every KV block comes back.
 TEST(ServerScheduler, BatchedEngineAnswersAsEngineGenerate) {
