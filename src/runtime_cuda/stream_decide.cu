@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "cuda/cuda_check.h"
+#include "runtime/stream/span_math.h"
 
 namespace tessera::runtime::gpu {
 
@@ -179,6 +180,112 @@ __global__ void block_kernel(const double* sim, const int32_t* block_begin, int3
   scores[b] = score;
 }
 
+namespace sm = stream::span_math;
+
+// Span discovery (span_math.h): the prefix sums' rows (one thread per row), then its columns (one per column).
+__global__ void prefix_rows_kernel(const float* map, int n, double* P) {
+  const int r = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (r < n) sm::prefix_row(map, n, r, P);
+}
+__global__ void prefix_cols_kernel(int n, double* P) {
+  const int c = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (c < n) sm::prefix_column(n, c, P);
+}
+
+// theta: the k-th smallest causal entry of the map, by a radix select over span_math's order keys (four passes of
+// 8 bits; the counts are integers, so the order of the atomic adds does not matter).
+constexpr int kSelectThreads = 1024;
+__global__ void __launch_bounds__(kSelectThreads) quantile_kernel(const float* map, int n, uint64_t k, double* theta) {
+  __shared__ uint32_t hist[256];
+  __shared__ uint32_t chosen;
+  __shared__ uint64_t rank;
+  uint32_t prefix = 0, mask = 0;
+  if (threadIdx.x == 0) rank = k;
+  const int64_t total = static_cast<int64_t>(n) * n;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int b = static_cast<int>(threadIdx.x); b < 256; b += kSelectThreads) hist[b] = 0;
+    __syncthreads();
+    for (int64_t base = 0; base < total; base += kSelectThreads) {
+      const int64_t idx = base + threadIdx.x;
+      int bin = -1;
+      if (idx < total && idx % n <= idx / n) {
+        const uint32_t key = sm::order_key(map[idx]);
+        if ((key & mask) == prefix) bin = static_cast<int>((key >> shift) & 255u);
+      }
+      const unsigned peers = __match_any_sync(0xffffffffu, bin);
+      if (bin >= 0 && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], static_cast<uint32_t>(__popc(peers)));
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      uint64_t r = rank;
+      chosen = sm::pick_digit(hist, &r);
+      rank = r;
+    }
+    __syncthreads();
+    prefix |= chosen << shift;
+    mask |= 255u << shift;
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *theta = static_cast<double>(sm::from_order_key(prefix));
+}
+
+// The linear variant's candidate per anti-diagonal d (begin -1: none).
+__global__ void candidates_kernel(const double* P, int n, const double* theta, int32_t* begin_end, double* score) {
+  const int d = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (d >= 2 * n - 1) return;
+  int32_t b = -1, e = -1;
+  double v = 0;
+  if (!sm::diagonal_best(P, n, *theta, d, &b, &e, &v)) {
+    b = e = -1;
+    v = 0;
+  }
+  begin_end[2 * d] = b;
+  begin_end[2 * d + 1] = e;
+  score[d] = v;
+}
+
+// Masses of spans (begin, end pairs): the triangle and the later rows' (span_masses()).
+__global__ void masses_kernel(const double* P, int n, const int32_t* spans, int count, double* out) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i >= count) return;
+  const int32_t b = spans[2 * i], e = spans[2 * i + 1];
+  out[2 * i] = sm::mass(P, n, b, e, b, e);
+  out[2 * i + 1] = sm::mass(P, n, e, n, b, e);
+}
+
+// Ring rows of positions -> f32 rows.
+__global__ void gather_ring_kernel(const nbf* ring, int32_t ring_rows, int32_t sinks, const int32_t* positions,
+                                   int64_t m, int64_t row, float* out) {
+  const int64_t total = m * row;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t a = idx / row, j = idx % row;
+    const int64_t slot = (positions[a] - sinks) % ring_rows;
+    out[idx] = __bfloat162float(ring[slot * row + j]);
+  }
+}
+
+// InfLLM: the dot of the mean query of head h with block b's mean key (voting heads only), then per block the
+// weighted sum over heads in order (span_math::repr_score's arithmetic).
+__global__ void repr_dots_kernel(const float* qmean, const float* means, const double* w, int64_t blocks, int nq,
+                                 int group, int d, int64_t row, float* dots) {
+  const int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (idx >= blocks * nq) return;
+  const int64_t b = idx / nq;
+  const int h = static_cast<int>(idx % nq);
+  dots[idx] = w[h] == 0 ? 0.0f
+                        : sm::repr_dot(qmean + static_cast<int64_t>(h) * d, means + b * row + static_cast<int64_t>(h / group) * d, d);
+}
+__global__ void repr_sum_kernel(const float* dots, const double* w, int64_t blocks, int nq, double* scores) {
+  const int64_t b = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (b >= blocks) return;
+  double s = 0;
+  for (int h = 0; h < nq; ++h)
+    if (w[h] != 0) s = sm::repr_accumulate(s, w[h], dots[b * nq + h]);
+  scores[b] = s;
+}
+
 template <typename T>
 void h2d(T* dst, const T* src, size_t count, cudaStream_t s) {
   if (count > 0) TESSERA_CUDA_CHECK(cudaMemcpyAsync(dst, src, count * sizeof(T), cudaMemcpyHostToDevice, s));
@@ -214,6 +321,7 @@ StreamDecider::StreamDecider(const ModelConfig& cfg)
   qrow_ = static_cast<int64_t>(nq_) * d_;
   row_ = static_cast<int64_t>(nkv_) * d_;
   mirrors_.resize(static_cast<size_t>(cfg.num_layers));
+  means_mirrors_.resize(static_cast<size_t>(cfg.num_layers));
   cublasHandle_t h = nullptr;
   cublas_check(cublasCreate(&h), "cublasCreate");
   handle_ = h;
@@ -226,6 +334,10 @@ StreamDecider::~StreamDecider() {
   if (votes_host_ != nullptr) cudaFreeHost(votes_host_);
   if (staging_ != nullptr) cudaFreeHost(staging_);
   if (scores_host_ != nullptr) cudaFreeHost(scores_host_);
+  if (cand_host_ != nullptr) cudaFreeHost(cand_host_);
+  if (cand_score_host_ != nullptr) cudaFreeHost(cand_score_host_);
+  if (keys_host_ != nullptr) cudaFreeHost(keys_host_);
+  if (masses_host_ != nullptr) cudaFreeHost(masses_host_);
 }
 
 size_t StreamDecider::device_bytes() const {
@@ -233,6 +345,9 @@ size_t StreamDecider::device_bytes() const {
              dots_.bytes() + mean_.bytes() + sim_.bytes() + block_scores_.bytes() + weights_.bytes() + tokens_.bytes() +
              span_offsets_.bytes() + vote_heads_.bytes();
   for (const Mirror& m : mirrors_) b += m.keys.bytes() + m.span_first.bytes() + m.span_count.bytes() + m.block_begin.bytes();
+  for (const MeansMirror& m : means_mirrors_) b += m.means.bytes();
+  b += prefix_.bytes() + theta_dev_.bytes() + masses_.bytes() + cand_begin_.bytes() + cand_end_.bytes() +
+       positions_.bytes() + cand_score_.bytes() + keys_.bytes() + repr_dots_.bytes();
   return b;
 }
 
@@ -242,10 +357,38 @@ void StreamDecider::reset() {
     m.first_host.clear();
     m.count_host.clear();
   }
+  for (MeansMirror& m : means_mirrors_) m.blocks = 0;
+  pending_ = pending_candidates_ = false;
 }
 
 void StreamDecider::chunk_map(const bf16* q, const bf16* k, int32_t n, int32_t pos, const float* inv_freq,
                               float scale, bool want_map, cudaStream_t s) {
+  launch_chunk(q, k, n, pos, inv_freq, scale, want_map, false, 0.0, s);
+  wait(s);
+}
+
+void StreamDecider::wait(cudaStream_t s) {
+  if (!pending_) return;
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
+  synced();
+}
+
+void StreamDecider::synced() {
+  if (!pending_) return;
+  pending_ = false;
+  candidates_.clear();
+  if (!pending_candidates_) return;
+  pending_candidates_ = false;
+  const int32_t diagonals = 2 * map_n_ - 1;
+  for (int32_t d = 0; d < diagonals; ++d)
+    if (cand_host_[2 * d] >= 0)
+      candidates_.push_back(stream::Span{cand_host_[2 * d], cand_host_[2 * d + 1], cand_score_host_[d]});
+  theta_ = cand_score_host_[diagonals];
+}
+
+void StreamDecider::launch_chunk(const bf16* q, const bf16* k, int32_t n, int32_t pos, const float* inv_freq,
+                                 float scale, bool want_map, bool candidates, double theta_quantile, cudaStream_t s) {
+  check(!pending_, "GPU streaming: a chunk's decisions launched before the last one was waited for");
   const cublasHandle_t h = as_handle(handle_);
   cublas_check(cublasSetStream(h, s), "cublasSetStream");
   const int64_t nn = static_cast<int64_t>(n) * n;
@@ -283,8 +426,119 @@ void StreamDecider::chunk_map(const bf16* q, const bf16* k, int32_t n, int32_t p
     TESSERA_CUDA_CHECK(cudaMemcpyAsync(map_host_, map_.data(), static_cast<size_t>(nn) * sizeof(float),
                                        cudaMemcpyDeviceToHost, s));
   }
-  TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
   map_n_ = n;
+  pending_ = true;
+  pending_candidates_ = candidates;
+  if (!candidates) return;
+  // Span discovery: prefix sums, theta, the best point per anti-diagonal.
+  const int64_t w = static_cast<int64_t>(n) + 1;
+  prefix_.resize(static_cast<size_t>(w * w));
+  theta_dev_.resize(1);
+  TESSERA_CUDA_CHECK(cudaMemsetAsync(prefix_.data(), 0, static_cast<size_t>(w) * sizeof(double), s));
+  prefix_rows_kernel<<<(n + 127) / 128, 128, 0, s>>>(map_.data(), n, prefix_.data());
+  prefix_cols_kernel<<<(n + 127) / 128, 128, 0, s>>>(n, prefix_.data());
+  const uint64_t causal = static_cast<uint64_t>(n) * static_cast<uint64_t>(n + 1) / 2;
+  quantile_kernel<<<1, kSelectThreads, 0, s>>>(map_.data(), n, sm::quantile_rank(theta_quantile, causal),
+                                               theta_dev_.data());
+  const int32_t diagonals = 2 * n - 1;
+  cand_begin_.resize(static_cast<size_t>(2 * diagonals));
+  cand_score_.resize(static_cast<size_t>(diagonals));
+  candidates_kernel<<<(diagonals + 127) / 128, 128, 0, s>>>(prefix_.data(), n, theta_dev_.data(), cand_begin_.data(),
+                                                            cand_score_.data());
+  check_launch("stream span discovery");
+  pinned(cand_host_, cand_host_values_, static_cast<size_t>(2 * diagonals));
+  pinned(cand_score_host_, cand_score_host_values_, static_cast<size_t>(diagonals) + 1);
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(cand_host_, cand_begin_.data(), static_cast<size_t>(2 * diagonals) * sizeof(int32_t),
+                                     cudaMemcpyDeviceToHost, s));
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(cand_score_host_, cand_score_.data(), static_cast<size_t>(diagonals) * sizeof(double),
+                                     cudaMemcpyDeviceToHost, s));
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(cand_score_host_ + diagonals, theta_dev_.data(), sizeof(double),
+                                     cudaMemcpyDeviceToHost, s));
+}
+
+std::vector<stream::SpanMasses> StreamDecider::span_masses(std::span<const stream::Span> spans, cudaStream_t s) {
+  const auto count = static_cast<int32_t>(spans.size());
+  std::vector<stream::SpanMasses> out(spans.size());
+  if (count == 0) return out;
+  pinned(staging_, staging_values_, static_cast<size_t>(2 * count));
+  for (int32_t i = 0; i < count; ++i) {
+    staging_[2 * i] = spans[static_cast<size_t>(i)].begin;
+    staging_[2 * i + 1] = spans[static_cast<size_t>(i)].end;
+  }
+  cand_end_.resize(static_cast<size_t>(2 * count));
+  masses_.resize(static_cast<size_t>(2 * count));
+  h2d(cand_end_.data(), staging_, static_cast<size_t>(2 * count), s);
+  masses_kernel<<<(count + 127) / 128, 128, 0, s>>>(prefix_.data(), map_n_, cand_end_.data(), count, masses_.data());
+  check_launch("stream span masses");
+  pinned(masses_host_, masses_host_values_, static_cast<size_t>(2 * count));
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(masses_host_, masses_.data(), static_cast<size_t>(2 * count) * sizeof(double),
+                                     cudaMemcpyDeviceToHost, s));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
+  synced();
+  for (int32_t i = 0; i < count; ++i) out[static_cast<size_t>(i)] = {masses_host_[2 * i], masses_host_[2 * i + 1]};
+  return out;
+}
+
+std::vector<float> StreamDecider::gather_keys(const bf16* ring, int32_t ring_rows, int32_t sinks,
+                                              std::span<const int32_t> positions, cudaStream_t s) {
+  const auto m = static_cast<int64_t>(positions.size());
+  std::vector<float> out(static_cast<size_t>(m * row_));
+  if (m == 0) return out;
+  pinned(staging_, staging_values_, static_cast<size_t>(m));
+  std::copy(positions.begin(), positions.end(), staging_);
+  positions_.resize(static_cast<size_t>(m));
+  keys_.resize(static_cast<size_t>(m * row_));
+  h2d(positions_.data(), staging_, static_cast<size_t>(m), s);
+  gather_ring_kernel<<<blocks_for(m * row_, kThreads), kThreads, 0, s>>>(reinterpret_cast<const nbf*>(ring), ring_rows,
+                                                                         sinks, positions_.data(), m, row_, keys_.data());
+  check_launch("stream index keys");
+  pinned(keys_host_, keys_host_values_, static_cast<size_t>(m * row_));
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(keys_host_, keys_.data(), static_cast<size_t>(m * row_) * sizeof(float),
+                                     cudaMemcpyDeviceToHost, s));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
+  synced();
+  std::copy(keys_host_, keys_host_ + m * row_, out.begin());
+  return out;
+}
+
+std::vector<double> StreamDecider::infllm_scores(int32_t layer, const stream::ReprIndex& index, const bf16* q,
+                                                 int32_t n, const stream::HeadWeights& w, cudaStream_t s) {
+  MeansMirror& M = means_mirrors_[static_cast<size_t>(layer)];
+  const int32_t blocks = index.num_blocks();
+  if (blocks < M.blocks) M.blocks = 0;  // the index was cleared
+  if (blocks > M.blocks) {
+    grow(M.means, M.capacity, blocks, M.blocks, row_, s);
+    means_staging_.clear();
+    for (int32_t b = static_cast<int32_t>(M.blocks); b < blocks; ++b) {
+      const std::span<const float> mean = index.mean(b);
+      means_staging_.insert(means_staging_.end(), mean.begin(), mean.end());
+    }
+    // Pageable: staged before cudaMemcpyAsync returns.
+    h2d(M.means.data() + M.blocks * row_, means_staging_.data(), means_staging_.size(), s);
+    M.blocks = blocks;
+  }
+  std::vector<double> out(static_cast<size_t>(blocks), 0.0);
+  if (blocks == 0) return out;
+  mean_.resize(static_cast<size_t>(qrow_));
+  mean_query_kernel<<<static_cast<unsigned>((qrow_ + 127) / 128), 128, 0, s>>>(reinterpret_cast<const nbf*>(q),
+                                                                               mean_.data(), n, qrow_);
+  weights_.resize(static_cast<size_t>(nq_));
+  h2d(weights_.data(), w.data(), static_cast<size_t>(nq_), s);
+  repr_dots_.resize(static_cast<size_t>(blocks) * static_cast<size_t>(nq_));
+  const int64_t pairs = static_cast<int64_t>(blocks) * nq_;
+  repr_dots_kernel<<<static_cast<unsigned>((pairs + 127) / 128), 128, 0, s>>>(
+      mean_.data(), M.means.data(), weights_.data(), blocks, nq_, nq_ / nkv_, d_, row_, repr_dots_.data());
+  block_scores_.resize(static_cast<size_t>(blocks));
+  repr_sum_kernel<<<(blocks + 127) / 128, 128, 0, s>>>(repr_dots_.data(), weights_.data(), blocks, nq_,
+                                                       block_scores_.data());
+  check_launch("stream infllm scores");
+  pinned(scores_host_, scores_host_values_, static_cast<size_t>(blocks));
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(scores_host_, block_scores_.data(), static_cast<size_t>(blocks) * sizeof(double),
+                                     cudaMemcpyDeviceToHost, s));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
+  synced();
+  std::copy(scores_host_, scores_host_ + blocks, out.begin());
+  return out;
 }
 
 std::vector<float> StreamDecider::mean_query(const bf16* q, int32_t n, cudaStream_t s) {
@@ -295,6 +549,7 @@ std::vector<float> StreamDecider::mean_query(const bf16* q, int32_t n, cudaStrea
   std::vector<float> out(static_cast<size_t>(qrow_));
   TESSERA_CUDA_CHECK(cudaMemcpyAsync(out.data(), mean_.data(), out.size() * sizeof(float), cudaMemcpyDeviceToHost, s));
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
+  synced();
   return out;
 }
 
@@ -425,6 +680,7 @@ std::vector<double> StreamDecider::ltri_scores(int32_t layer, const stream::Span
   TESSERA_CUDA_CHECK(cudaMemcpyAsync(scores_host_, block_scores_.data(), static_cast<size_t>(blocks) * sizeof(double),
                                      cudaMemcpyDeviceToHost, s));
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
+  synced();
   std::copy(scores_host_, scores_host_ + blocks, out.begin());
   return out;
 }

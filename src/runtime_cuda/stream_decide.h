@@ -8,9 +8,18 @@
 //    inputs, f32 accumulation, no TF32), a causal softmax per row and head summed over heads in head order -> the
 //    [n, n] map, then the votes (each column's sum, rows in order: the CPU's order). Only the map (ltri: span
 //    discovery reads it) and the n votes come back, not q and k.
+//  - Ltri span discovery (launch_chunk(..., candidates)): from the map on the device, its 2-D prefix sums in f64
+//    (one thread per row, then one per column: the CPU's operations in its order), theta (the quantile of the
+//    causal entries, an exact radix select of the k-th smallest), the triangle scores and the linear variant's best
+//    point per anti-diagonal (runtime/stream/span_math.h, the CPU's own functions): only the <= 2n - 1 candidates
+//    come back, EQUAL to span_candidates() of the same map; NMS and the cover stay on the host, which then asks
+//    span_masses() for its spans' masses (the prefix sums stay on the device).
+//  - index keys: gather_keys() — the raw K rows of the positions the evictions index, from the layer's device ring
+//    (bf16 -> f32, exactly the host's conversion), instead of copying the chunk's K back.
 //  - InfLLM: mean_query() — the mean raw query of the chunk, in the CPU's order and rounding (each element summed
-//    sequentially over the tokens, q / n each): the host scores the blocks with ReprIndex::block_scores(mean, 1),
-//    which is then exactly its own computation.
+//    sequentially over the tokens, q / n each) — and infllm_scores(): the blocks scored on the device against a
+//    per-layer mirror of the block means (uploaded as blocks are evicted) with span_math::repr_score's arithmetic
+//    (ReprIndex::block_scores's): only the scores come back, EQUAL to the host's.
 //  - Ltri: a per-layer mirror of the span index (the host index's f32 key vectors, uploaded as they are added) and
 //    ltri_scores(): the query vectors (raw q rows of the tokens the host chose) gathered on the device, all their dot
 //    products with the index vectors by cuBLAS SGEMMs (per voting head; the index in tiles of whole spans, so the
@@ -46,11 +55,29 @@ class StreamDecider {
   // 1/sqrt(d). Brings back the votes, and the map when `want_map`; synchronises `stream`.
   void chunk_map(const bf16* q, const bf16* k, int32_t n, int32_t pos, const float* inv_freq, float scale,
                  bool want_map, cudaStream_t stream);
+  // chunk_map() without the synchronisation, and with `candidates`, span discovery (theta at `theta_quantile`):
+  // the results (map(), votes(), candidates(), theta()) are there after wait() or a call that synchronises.
+  void launch_chunk(const bf16* q, const bf16* k, int32_t n, int32_t pos, const float* inv_freq, float scale,
+                    bool want_map, bool candidates, double theta_quantile, cudaStream_t stream);
+  void wait(cudaStream_t stream);  // synchronises `stream` once after launch_chunk()
   std::span<const float> map() const { return {map_host_, static_cast<size_t>(map_n_) * static_cast<size_t>(map_n_)}; }
   std::span<const float> votes() const { return {votes_host_, static_cast<size_t>(map_n_)}; }
+  std::span<const stream::Span> candidates() const { return candidates_; }
+  double theta() const { return theta_; }
+  // The masses (stream::span_masses()) of chunk spans, from the prefix sums of the last launch_chunk(candidates);
+  // synchronises `stream`.
+  std::vector<stream::SpanMasses> span_masses(std::span<const stream::Span> spans, cudaStream_t stream);
+  // Raw K rows [positions, kv_heads * d] (f32 of the bf16 values) of absolute positions held by a ring of
+  // `ring_rows` rows whose row of position p is (p - sinks) % ring_rows; synchronises `stream`.
+  std::vector<float> gather_keys(const bf16* ring, int32_t ring_rows, int32_t sinks, std::span<const int32_t> positions,
+                                 cudaStream_t stream);
 
   // InfLLM: the chunk's mean raw query [q_heads * d] (the CPU's arithmetic); synchronises `stream`.
   std::vector<float> mean_query(const bf16* q, int32_t n, cudaStream_t stream);
+  // InfLLM block scores of the chunk (q [n, q_heads, d]) against layer `layer`'s block means (its device mirror
+  // brought up to `index` first); ReprIndex::block_scores's arithmetic, equal; synchronises `stream`.
+  std::vector<double> infllm_scores(int32_t layer, const stream::ReprIndex& index, const bf16* q, int32_t n,
+                                    const stream::HeadWeights& w, cudaStream_t stream);
 
   // Ltri block scores (one per block of `index`, layer `layer`'s span index) for the query vectors of `tokens`
   // (chunk-relative rows of q [n, q_heads, d] bf16), span t holding the next counts[t] of them; w: the head weights.
@@ -72,6 +99,11 @@ class StreamDecider {
     std::vector<int32_t> first_host, count_host;  // the spans' vectors (tiles are cut at span boundaries)
   };
   void mirror(int32_t layer, const stream::SpanIndex& index, cudaStream_t stream);
+  struct MeansMirror {
+    attn::gpu::DeviceBuffer<float> means;  // [capacity, row]
+    int64_t blocks = 0, capacity = 0;
+  };
+  void synced();  // after a synchronisation: launch_chunk()'s candidates compacted (once)
 
   int32_t nq_ = 0, nkv_ = 0, d_ = 0;
   int64_t qrow_ = 0, row_ = 0;
@@ -80,6 +112,23 @@ class StreamDecider {
   attn::gpu::DeviceBuffer<double> sim_, block_scores_, weights_;
   attn::gpu::DeviceBuffer<int32_t> tokens_, span_offsets_, vote_heads_;
   std::vector<Mirror> mirrors_;
+  std::vector<MeansMirror> means_mirrors_;
+  attn::gpu::DeviceBuffer<double> prefix_, theta_dev_, masses_;
+  attn::gpu::DeviceBuffer<int32_t> cand_begin_, cand_end_, positions_;
+  attn::gpu::DeviceBuffer<double> cand_score_;
+  attn::gpu::DeviceBuffer<float> keys_, repr_dots_;
+  std::vector<stream::Span> candidates_;
+  double theta_ = 0;
+  bool pending_ = false, pending_candidates_ = false;
+  int32_t* cand_host_ = nullptr;      // pinned: begin, end per anti-diagonal
+  size_t cand_host_values_ = 0;
+  double* cand_score_host_ = nullptr; // pinned: score per anti-diagonal, then theta
+  size_t cand_score_host_values_ = 0;
+  float* keys_host_ = nullptr;        // pinned
+  size_t keys_host_values_ = 0;
+  double* masses_host_ = nullptr;     // pinned
+  size_t masses_host_values_ = 0;
+  std::vector<float> means_staging_;
   float* map_host_ = nullptr;  // pinned
   float* votes_host_ = nullptr;
   size_t map_host_values_ = 0;

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "runtime/stream/span_math.h"
 
 namespace tessera::runtime::stream {
 
@@ -16,21 +17,19 @@ TriangleScores::TriangleScores(std::span<const float> map, int32_t n, double the
   for (int32_t r = 0; r < n; ++r) {
     double row = 0;
     for (int32_t c = 0; c < n; ++c) {
-      if (c <= r) row += static_cast<double>(map[static_cast<size_t>(r) * static_cast<size_t>(n) + static_cast<size_t>(c)]);
+      if (c <= r) row = row + static_cast<double>(map[static_cast<size_t>(r) * static_cast<size_t>(n) + static_cast<size_t>(c)]);
       prefix_[(static_cast<size_t>(r) + 1) * w + static_cast<size_t>(c) + 1] =
-          prefix_[static_cast<size_t>(r) * w + static_cast<size_t>(c) + 1] + row;
+          span_math::add(prefix_[static_cast<size_t>(r) * w + static_cast<size_t>(c) + 1], row);
     }
   }
 }
 
 double TriangleScores::mass(int32_t r0, int32_t r1, int32_t c0, int32_t c1) const {
-  if (r1 <= r0 || c1 <= c0) return 0;
-  return at(r1, c1) - at(r0, c1) - at(r1, c0) + at(r0, c0);
+  return span_math::mass(prefix_.data(), n_, r0, r1, c0, c1);
 }
 
 double TriangleScores::score(int32_t j, int32_t i) const {
-  const double len = static_cast<double>(i - j + 1);
-  return mass(j, i + 1, j, i + 1) - theta_ * len * (len + 1) / 2;
+  return span_math::triangle_score(prefix_.data(), n_, theta_, j, i);
 }
 
 double causal_quantile(std::span<const float> map, int32_t n, double quantile) {
@@ -39,7 +38,7 @@ double causal_quantile(std::span<const float> map, int32_t n, double quantile) {
   for (int32_t r = 0; r < n; ++r)
     for (int32_t c = 0; c <= r; ++c) v.push_back(map[static_cast<size_t>(r) * static_cast<size_t>(n) + static_cast<size_t>(c)]);
   if (v.empty()) return 0;
-  const auto k = static_cast<size_t>(std::floor(std::clamp(quantile, 0.0, 1.0) * static_cast<double>(v.size() - 1)));
+  const auto k = static_cast<size_t>(span_math::quantile_rank(quantile, v.size()));
   std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
   return static_cast<double>(v[k]);
 }
@@ -92,12 +91,16 @@ std::vector<Span> span_candidates(const TriangleScores& s, bool linear) {
   return out;
 }
 
+std::vector<Span> spans_from_candidates(std::vector<Span> candidates, double iou) {
+  std::vector<Span> kept = nms(std::move(candidates), iou);
+  std::sort(kept.begin(), kept.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
+  return kept;
+}
+
 std::vector<Span> discover_spans(std::span<const float> map, int32_t n, const SpanDiscoveryOptions& o) {
   if (n <= 0) return {};
   const TriangleScores scores(map, n, causal_quantile(map, n, o.theta_quantile));
-  std::vector<Span> kept = nms(span_candidates(scores, o.linear), o.iou);
-  std::sort(kept.begin(), kept.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
-  return kept;
+  return spans_from_candidates(span_candidates(scores, o.linear), o.iou);
 }
 
 std::vector<Span> cover_with_spans(std::span<const Span> spans, int32_t n) {

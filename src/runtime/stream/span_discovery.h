@@ -1,5 +1,8 @@
 // tessera/runtime/stream/span_discovery.h — Ltri-LLM's semantic spans: triangles of the attention map, found by NMS.
 //
+// The arithmetic (prefix sums, masses, scores, the quantile's rank) is span_math.h's, shared with the device
+// kernels (runtime_cuda/stream_decide.cu), which find the same theta and candidates on the device.
+//
 // Input: A, the attention map of n consecutive tokens summed over heads, [n, n] row-major; row r holds what token r
 // gives to tokens c <= r (entries above the diagonal are ignored). For a span [j, i] (j <= i) the triangle score is
 //     TA(j, i) = sum over r in [j, i], c in [j, r] of (A[r][c] - theta)
@@ -41,7 +44,6 @@ class TriangleScores {
   double score(int32_t j, int32_t i) const;
 
  private:
-  double at(int32_t r, int32_t c) const { return prefix_[static_cast<size_t>(r) * static_cast<size_t>(n_ + 1) + static_cast<size_t>(c)]; }
   int32_t n_ = 0;
   double theta_ = 0;
   std::vector<double> prefix_;  // (n + 1) x (n + 1): prefix_[r][c] = sum of A over rows < r, columns < c, c' <= r'
@@ -67,6 +69,10 @@ struct SpanDiscoveryOptions {
 // The candidates NMS sees: every (j, i) with TA > 0, or (linear) the best of them on each anti-diagonal (ties:
 // the smaller j).
 std::vector<Span> span_candidates(const TriangleScores& scores, bool linear);
+
+// The host part of span discovery on given candidates (span_candidates()'s, or the device's: stream_decide.h):
+// NMS, then sorted by begin.
+std::vector<Span> spans_from_candidates(std::vector<Span> candidates, double iou);
 
 // Candidates, then NMS; returned sorted by begin.
 std::vector<Span> discover_spans(std::span<const float> map, int32_t n, const SpanDiscoveryOptions& options);

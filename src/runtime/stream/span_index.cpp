@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "runtime/stream/span_math.h"
 
 namespace tessera::runtime::stream {
 
@@ -20,11 +21,13 @@ int32_t retained_vectors(int32_t length, double ratio, double lambda, int32_t mi
   return static_cast<int32_t>(std::clamp<int64_t>(count, 1, std::max(1, length)));
 }
 
-double area_ratio(const TriangleScores& map, const Span& s) {
-  const double tri = map.mass(s.begin, s.end, s.begin, s.end);
-  const double below = map.mass(s.end, map.size(), s.begin, s.end);
-  return tri + below > 0 ? tri / (tri + below) : 1.0;
+SpanMasses span_masses(const TriangleScores& map, const Span& s) {
+  return {map.mass(s.begin, s.end, s.begin, s.end), map.mass(s.end, map.size(), s.begin, s.end)};
 }
+
+double area_ratio(const SpanMasses& m) { return m.tri + m.below > 0 ? m.tri / (m.tri + m.below) : 1.0; }
+
+double area_ratio(const TriangleScores& map, const Span& s) { return area_ratio(span_masses(map, s)); }
 
 void check_index_ratio(double ratio) {
   if (!(ratio >= 1)) {
@@ -98,16 +101,6 @@ void SpanIndex::add(int32_t block, std::span<const float> keys, int32_t count) {
   keys_.insert(keys_.end(), keys.begin(), keys.end());
 }
 
-namespace {
-
-double dot(const float* a, const float* b, int32_t d) {
-  float s = 0;
-  for (int32_t i = 0; i < d; ++i) s += a[i] * b[i];
-  return static_cast<double>(s);
-}
-
-}  // namespace
-
 std::vector<double> SpanIndex::block_scores(std::span<const float> queries, std::span<const int32_t> query_counts,
                                             const HeadWeights& w) const {
   const int32_t d = shape_.head_dim, nq = shape_.q_heads;
@@ -177,15 +170,9 @@ std::vector<double> ReprIndex::block_scores(std::span<const float> queries, int3
     for (int64_t j = 0; j < static_cast<int64_t>(nq) * d; ++j)
       qmean[static_cast<size_t>(j)] += queries[static_cast<size_t>(static_cast<int64_t>(i) * nq * d + j)] / static_cast<float>(n);
   std::vector<double> scores(means_.size(), 0.0);
-  for (size_t b = 0; b < means_.size(); ++b) {
-    double s = 0;
-    for (int32_t h = 0; h < nq; ++h) {
-      if (w[static_cast<size_t>(h)] == 0) continue;
-      s += w[static_cast<size_t>(h)] *
-           dot(qmean.data() + static_cast<int64_t>(h) * d, means_[b].data() + static_cast<int64_t>(shape_.kv_head(h)) * d, d);
-    }
-    scores[b] = s;
-  }
+  const int32_t group = nq / shape_.kv_heads;
+  for (size_t b = 0; b < means_.size(); ++b)
+    scores[b] = span_math::repr_score(qmean.data(), means_[b].data(), w.data(), nq, group, d);
   return scores;
 }
 

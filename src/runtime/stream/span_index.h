@@ -38,6 +38,15 @@ struct HeadShape {
 // round(L * r^lambda) clamped to [min_vectors, max_vectors] and to [1, L].
 int32_t retained_vectors(int32_t length, double ratio, double lambda, int32_t min_vectors, int32_t max_vectors);
 
+// The masses r is made of: the span's triangle (rows and columns [begin, end)) and its row neighbours (rows
+// [end, n), columns [begin, end)); the device computes them from its own prefix sums (stream_decide.h), equal.
+struct SpanMasses {
+  double tri = 0, below = 0;
+  bool operator==(const SpanMasses&) const = default;
+};
+SpanMasses span_masses(const TriangleScores& map, const Span& span);
+// r = tri / (tri + below), 1 when both are 0.
+double area_ratio(const SpanMasses& masses);
 // The span's area ratio r (above) from the prefix sums of its chunk's map (only raw masses are read, not theta).
 double area_ratio(const TriangleScores& map, const Span& span);
 
@@ -120,8 +129,10 @@ class ReprIndex {
   int32_t num_blocks() const { return static_cast<int32_t>(means_.size()); }
   int64_t num_vectors() const { return vectors_; }
   int64_t bytes() const { return vectors_ * static_cast<int64_t>(shape_.kv_heads) * shape_.head_dim * 4; }
-  // Scores of every block for queries [n, q_heads, head_dim].
+  // Scores of every block for queries [n, q_heads, head_dim] (the mean query, then span_math::repr_score per block).
   std::vector<double> block_scores(std::span<const float> queries, int32_t n, const HeadWeights& w) const;
+  // Block b's mean representative key [kv_heads, head_dim] (a device mirror: runtime_cuda/stream_decide.h).
+  std::span<const float> mean(int32_t block) const { return means_[static_cast<size_t>(block)]; }
   void clear();
 
  private:

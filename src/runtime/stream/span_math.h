@@ -1,0 +1,182 @@
+// tessera/runtime/stream/span_math.h — the arithmetic of span discovery and InfLLM's block scores, one definition
+// for the CPU class (span_discovery.cpp, span_index.cpp) and the device kernels (runtime_cuda/stream_decide.cu),
+// so that the device's theta, triangle scores, candidates, span masses and InfLLM block scores EQUAL the CPU's
+// bit for bit on the same map and vectors. Every sum, difference and product is one correctly rounded operation
+// (or an explicit fused multiply-add), written so that neither compiler may contract or reorder it: on the device
+// through the __*_rn intrinsics, on the host through plain operators (runtime code is built with -O3, without
+// -ffast-math) and std::fma where a fused operation is meant.
+//
+// The prefix sums P of a causal map A ([n, n] row-major, entries above the diagonal ignored) are (n + 1) x (n + 1)
+// doubles: P[0][*] = P[*][0] = 0 and P[r + 1][c + 1] = P[r][c + 1] + R[r][c], R[r][c] the running sum of
+// A[r][0..min(c, r)] taken left to right. The device builds R row by row (one thread per row, left to right) and
+// then P column by column (one thread per column, top to bottom): the same operations in the same order as the
+// CPU's row-major loop. tests/runtime_stream_test.cpp runs these functions as the kernels do (the host emulation)
+// and checks them against TriangleScores / causal_quantile / span_candidates.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define TESSERA_SPAN_HD __host__ __device__ __forceinline__
+#else
+#define TESSERA_SPAN_HD inline
+#endif
+
+namespace tessera::runtime::stream::span_math {
+
+TESSERA_SPAN_HD double add(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+TESSERA_SPAN_HD double sub(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+TESSERA_SPAN_HD double mul(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+TESSERA_SPAN_HD double fma(double a, double b, double c) {
+#if defined(__CUDA_ARCH__)
+  return __fma_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+TESSERA_SPAN_HD float fmaf(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+
+// P[r][c] of the (n + 1) x (n + 1) table.
+TESSERA_SPAN_HD double at(const double* P, int32_t n, int32_t r, int32_t c) {
+  return P[static_cast<int64_t>(r) * (n + 1) + c];
+}
+
+// Mass of the causal cells in rows [r0, r1) x columns [c0, c1): ((P[r1][c1] - P[r0][c1]) - P[r1][c0]) + P[r0][c0].
+TESSERA_SPAN_HD double mass(const double* P, int32_t n, int32_t r0, int32_t r1, int32_t c0, int32_t c1) {
+  if (r1 <= r0 || c1 <= c0) return 0;
+  return add(sub(sub(at(P, n, r1, c1), at(P, n, r0, c1)), at(P, n, r1, c0)), at(P, n, r0, c0));
+}
+
+// TA(j, i) = mass of the triangle j..i - theta * len (len + 1) / 2 (the cell count is an exact integer in double):
+// one fused multiply-add.
+TESSERA_SPAN_HD double triangle_score(const double* P, int32_t n, double theta, int32_t j, int32_t i) {
+  const double len = static_cast<double>(i - j + 1);
+  const double cells = len * (len + 1) / 2;  // exact: an integer below 2^53
+  return fma(-theta, cells, mass(P, n, j, i + 1, j, i + 1));
+}
+
+// Row r of R into P's row r + 1 (P[r + 1][c + 1] = R[r][c]; the column pass adds the rows above).
+TESSERA_SPAN_HD void prefix_row(const float* map, int32_t n, int32_t r, double* P) {
+  double row = 0;
+  double* out = P + static_cast<int64_t>(r + 1) * (n + 1);
+  out[0] = 0;
+  for (int32_t c = 0; c < n; ++c) {
+    if (c <= r) row = add(row, static_cast<double>(map[static_cast<int64_t>(r) * n + c]));
+    out[c + 1] = row;
+  }
+}
+
+// Column c + 1 of P, top to bottom, after every prefix_row: P[r + 1][c + 1] = P[r][c + 1] + R[r][c].
+TESSERA_SPAN_HD void prefix_column(int32_t n, int32_t c, double* P) {
+  double acc = 0;  // P[0][c + 1]
+  for (int32_t r = 0; r < n; ++r) {
+    double* cell = P + static_cast<int64_t>(r + 1) * (n + 1) + c + 1;
+    acc = add(acc, *cell);
+    *cell = acc;
+  }
+}
+
+// The linear variant's candidate on anti-diagonal d (j + i = d, j <= i): the best TA > 0, ties to the smaller j.
+// Returns false when none scores above 0.
+TESSERA_SPAN_HD bool diagonal_best(const double* P, int32_t n, double theta, int32_t d, int32_t* begin, int32_t* end,
+                                   double* score) {
+  bool any = false;
+  const int32_t j0 = d - (n - 1) > 0 ? d - (n - 1) : 0;
+  for (int32_t j = j0; 2 * j <= d; ++j) {
+    const double v = triangle_score(P, n, theta, j, d - j);
+    if (v > 0 && (!any || v > *score)) {
+      *begin = j;
+      *end = d - j + 1;
+      *score = v;
+      any = true;
+    }
+  }
+  return any;
+}
+
+// The order key of a float: unsigned order equals the float order (negative values below positive ones).
+TESSERA_SPAN_HD uint32_t order_key(float x) {
+  uint32_t u;
+#if defined(__CUDA_ARCH__)
+  u = __float_as_uint(x);
+#else
+  std::memcpy(&u, &x, 4);
+#endif
+  return (u & 0x80000000u) != 0 ? ~u : (u | 0x80000000u);
+}
+TESSERA_SPAN_HD float from_order_key(uint32_t key) {
+  const uint32_t u = (key & 0x80000000u) != 0 ? (key & 0x7fffffffu) : ~key;
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+
+// One radix pass of the k-th smallest (0-based) key: given the 256 counts of the digit at this pass among the keys
+// that match the digits chosen so far, the digit holding the k-th one; k becomes its rank among those keys.
+TESSERA_SPAN_HD uint32_t pick_digit(const uint32_t* hist, uint64_t* k) {
+  uint64_t below = 0;
+  for (uint32_t b = 0; b < 256; ++b) {
+    if (*k < below + hist[b]) {
+      *k -= below;
+      return b;
+    }
+    below += hist[b];
+  }
+  return 255;  // k out of range: not reached for k < the keys counted
+}
+
+// The nearest-rank index causal_quantile() takes among m causal entries.
+inline uint64_t quantile_rank(double quantile, uint64_t m) {
+  const double q = quantile < 0 ? 0.0 : (quantile > 1 ? 1.0 : quantile);
+  return m == 0 ? 0 : static_cast<uint64_t>(std::floor(q * static_cast<double>(m - 1)));
+}
+
+// InfLLM: sum over voting heads (w != 0) of w_h * dot(qmean_h, mean_{kv(h)}), each dot an f32 chain of fused
+// multiply-adds in element order, the sum over heads f64 fused multiply-adds in head order.
+TESSERA_SPAN_HD float repr_dot(const float* a, const float* b, int32_t d) {
+  float dot = 0;
+  for (int32_t i = 0; i < d; ++i) dot = fmaf(a[i], b[i], dot);
+  return dot;
+}
+TESSERA_SPAN_HD double repr_accumulate(double s, double w, float dot) { return fma(w, static_cast<double>(dot), s); }
+TESSERA_SPAN_HD double repr_score(const float* qmean, const float* mean, const double* w, int32_t q_heads,
+                                  int32_t group, int32_t d) {
+  double s = 0;
+  for (int32_t h = 0; h < q_heads; ++h) {
+    if (w[h] == 0) continue;
+    s = repr_accumulate(s, w[h], repr_dot(qmean + static_cast<int64_t>(h) * d, mean + static_cast<int64_t>(h / group) * d, d));
+  }
+  return s;
+}
+
+}  // namespace tessera::runtime::stream::span_math
