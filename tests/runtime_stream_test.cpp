@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -759,7 +760,8 @@ TEST(StreamingEngine, BoundedLayoutPastTheWindow) {
       EXPECT_EQ(kv.last_layout(l), (stream::StreamLayout{8 + want * 16, last - (8 + evicted * 16), 12}));
     }
     const StreamStats st = kv.stats();
-    EXPECT_EQ(st.host_bytes, int64_t{evicted} * 3 * 2 * 16 * 16 * 4);
+    // streamingllm drops its evicted blocks (it never retrieves them).
+    EXPECT_EQ(st.host_bytes, method == StreamMethod::StreamingLLM ? 0 : int64_t{evicted} * 3 * 2 * 16 * 16 * 4);
     EXPECT_LE(st.workspace_tokens, so.stream.attended_tokens());
     if (method == StreamMethod::InfLLM) {
       EXPECT_EQ(st.index_vectors, int64_t{evicted} * 3 * 4);
@@ -812,7 +814,8 @@ TEST(StreamingEngine, GemmaStreamsGlobalLayersAndKeepsTheWindowOfTheOthers) {
       }
     }
     const StreamStats st = kv.stats();
-    EXPECT_EQ(st.host_bytes, int64_t{evicted} * 1 * 2 * 16 * 16 * 4);  // the global layer's blocks only
+    EXPECT_EQ(st.host_bytes,  // the global layer's blocks only (streamingllm: none kept)
+              method == StreamMethod::StreamingLLM ? 0 : int64_t{evicted} * 1 * 2 * 16 * 16 * 4);
     if (method == StreamMethod::InfLLM) {
       EXPECT_EQ(st.index_vectors, int64_t{evicted} * 4);
     }
@@ -874,6 +877,42 @@ TEST(StreamingEngine, LastChunkHoldsTheQueryOnly) {
   EXPECT_EQ(chunks, 6);  // [0, 32) .. [96, 128), [128, 142), then [142, 150)
   EXPECT_EQ(e.streaming()->last_layout(0).chunk, 8);
   EXPECT_EQ(e.streaming()->last_layout(0).local, 142 - (8 + 6 * 16));
+}
+
+// StreamingLLM never retrieves an evicted block, so it keeps none: no host bytes, no limit from the host budget (a
+// prompt far past the budget runs), and the same logits as when it kept them (the values below were printed by the
+// code of commit 98f89b7, which stored every evicted block in the host store).
+TEST(StreamingEngine, StreamingLLMKeepsNoEvictedBlocks) {
+  const Model& m = model("smollm2");
+  const std::vector<int32_t> tokens = random_tokens(300, m.config().vocab_size, 9);
+  EngineOptions so;
+  so.stream = small_stream(StreamMethod::StreamingLLM);
+  so.stream.host_budget = 1;  // one byte: not one block (2 KiB per layer) would fit
+  Engine e(m, so);
+  const StreamingKV& kv = *e.streaming();
+  EXPECT_FALSE(kv.keeps_evicted());
+  EXPECT_NO_THROW(kv.check_sequence(int64_t{1} << 40));
+  const std::vector<float> logits = e.prefill(tokens);
+  const int32_t evicted = (288 - 8 - 32) / 16;
+  EXPECT_EQ(kv.evicted_blocks(), evicted);
+  EXPECT_EQ(kv.stats().host_bytes, 0);
+  double sum = 0;
+  for (float x : logits) sum += x;
+  EXPECT_FLOAT_EQ(logits[0], -4.84682655f);
+  EXPECT_FLOAT_EQ(logits[1], -1.04284668f);
+  EXPECT_FLOAT_EQ(logits[100], -0.543711066f);
+  EXPECT_NEAR(sum, -6.64031169, 1e-3);
+  const std::vector<float> d = e.decode(4);
+  EXPECT_FLOAT_EQ(d[0], 6.47151136f);
+  EXPECT_FLOAT_EQ(d[7], -0.839829922f);
+  EXPECT_EQ(kv.stats().host_bytes, 0);
+  // The Device storage (the GPU path's decisions) counts nothing either; ltri still needs the budget.
+  StreamingKV dev(m.config(), so.stream, StreamingKV::Storage::Device);
+  EXPECT_NO_THROW(dev.check_sequence(int64_t{1} << 40));
+  StreamOptions lo = so.stream;
+  lo.method = StreamMethod::Ltri;
+  EXPECT_TRUE(StreamingKV(m.config(), lo).keeps_evicted());
+  EXPECT_THROW(StreamingKV(m.config(), lo).check_sequence(300), Error);
 }
 
 TEST(RetrievalHeads, ScoresEveryHeadInZeroOneAndNeedTheNeedleInThePrompt) {

@@ -16,10 +16,16 @@
 //                [--layers N] [--seed 1] [--csv FILE] [--max-seconds S] [--method-max-seq ltri=32768,...]
 //                [--host-budget BYTES]   (default: the host memory budget, core/memory_budget.h) [--prepin]
 //
+// TESSERA_STREAM_PROFILE=1: a line after each streaming row with the GPU time of attend()'s sections in the prefill
+// (GpuStreamStats::*_gpu_seconds: events around each section of each layer's call; they cost a little TTFT).
+//
 // --prepin: before each streaming row's prefill, allocate (and wait for) the pinned slabs the row needs, timed on
 // its own ("pin s"), as a server allocates its offload pool at start; without it the slabs are allocated by a host
 // thread during the prefill (inside TTFT). Streaming engines are reused across lengths (ascending), so a row pins
 // only what the previous rows did not.
+//
+// "streamingllm-copy": streamingllm with its window copied out of the ring and rotated every chunk (the path before
+// GpuStreamingKV::window_kept()), a baseline in the same run.
 //
 // --method-max-seq skips a method's rows past a length (ltri-host / infllm-host: minutes at 32K+).
 // --max-seconds skips the rows that would start after that budget. Rows are printed and appended to the CSV as they
@@ -131,6 +137,7 @@ struct Row {
   std::string method;
   double ttft = 0, gemm = 0, attention = 0, decision = 0, decision_device = 0, decode_tok_s = 0, peak_gb = 0, workspace_gb = 0;
   double pinned_gb = 0, index_gb = 0, rss_gb = 0, pin_s = 0, prepin_s = 0;
+  double ws_s = 0, local_s = 0, global_s = 0, store_s = 0;  // TESSERA_STREAM_PROFILE=1: attend()'s sections, prefill
   int64_t evicted = 0, to_host = 0, to_device = 0, cached = 0;
   std::string error;
 };
@@ -176,6 +183,10 @@ int main(int argc, char** argv) {
                   r.decision_device, r.decode_tok_s, r.peak_gb, r.workspace_gb, r.pinned_gb, r.prepin_s, r.index_gb, r.rss_gb,
                   static_cast<long long>(r.evicted), static_cast<long long>(r.to_host),
                   static_cast<long long>(r.to_device), static_cast<long long>(r.cached), r.error.c_str());
+      if (r.ws_s + r.local_s + r.global_s + r.store_s > 0)
+        std::printf("|   | (profile: %s at %d) | attention sections, GPU s: workspace %.3f, local pass %.3f, global pass + "
+                    "merge %.3f, store %.3f |\n",
+                    r.method.c_str(), r.seq, r.ws_s, r.local_s, r.global_s, r.store_s);
       std::fflush(stdout);
       if (csv != nullptr) {
         std::fprintf(csv, "%d,%s,%.3f,%.1f,%.3f,%.3f,%.3f,%.3f,%.2f,%.3f,%.3f,%.3f,%.4f,%.3f,%.2f,%.2f,%lld,%lld,%lld,%lld,%s\n",
@@ -226,7 +237,11 @@ int main(int argc, char** argv) {
             // "ltri-host" / "infllm-host": the decisions' map, votes and block scores on the host (the path before
             // stream_decide.h), for a baseline in the same run.
             const bool host_decisions = spec.size() > 5 && spec.substr(spec.size() - 5) == "-host";
-            go.stream.method = parse_stream_method(host_decisions ? spec.substr(0, spec.size() - 5) : spec, "--methods");
+            // "streamingllm-copy": the window copied out of the ring and rotated every chunk (the path before the
+            // kept window, GpuStreamingKV::window_kept()), for a baseline in the same run.
+            const bool copy_window = spec.size() > 5 && spec.substr(spec.size() - 5) == "-copy";
+            go.stream.method = parse_stream_method(host_decisions || copy_window ? spec.substr(0, spec.size() - 5) : spec,
+                                                   "--methods");
             if (go.stream.method == StreamMethod::StreamingLLM) go.stream = streamingllm_equal_memory(go.stream);
           }
           // Dense: within the model's context, the decode steps included (the row says how many tokens it ran).
@@ -242,9 +257,12 @@ int main(int argc, char** argv) {
             auto& slot = engines[spec];
             if (!slot) {
               const bool host_decisions = spec.size() > 5 && spec.substr(spec.size() - 5) == "-host";
+              const bool copy_window = spec.size() > 5 && spec.substr(spec.size() - 5) == "-copy";
               if (host_decisions) setenv("TESSERA_STREAM_DECISIONS", "host", 1);  // read by GpuStreamingKV's constructor
+              if (copy_window) setenv("TESSERA_STREAM_WINDOW", "copy", 1);
               slot = std::make_unique<GpuEngine>(*dev, go);
               if (host_decisions) unsetenv("TESSERA_STREAM_DECISIONS");
+              if (copy_window) unsetenv("TESSERA_STREAM_WINDOW");
             }
             ep = slot.get();
             ep->reset();
@@ -256,12 +274,24 @@ int main(int argc, char** argv) {
             engine.reserve_stream(run + o.decode, true);
             r.prepin_s = std::chrono::duration<double>(Clock::now() - p0).count();
           }
+          GpuStreamStats before;  // the profile so far (earlier rows' decode steps included)
+          if (GpuStreamingKV* g = engine.gpu_streaming()) {
+            g->collect_profile();
+            before = g->gpu_stats();
+          }
           engine.reset_peak_memory();
           engine.prefill(std::span<const int32_t>(tokens.data(), static_cast<size_t>(run)));
           const auto& st = engine.stats();
           r.ttft = st.prefill_seconds;  // (reset_stats() below keeps it)
           r.gemm = st.gemm_seconds;
           r.attention = st.attention_seconds;
+          if (GpuStreamingKV* g = engine.gpu_streaming()) {  // the sections' GPU time of this prefill (profiling on)
+            g->collect_profile();
+            r.ws_s = g->gpu_stats().workspace_gpu_seconds - before.workspace_gpu_seconds;
+            r.local_s = g->gpu_stats().local_gpu_seconds - before.local_gpu_seconds;
+            r.global_s = g->gpu_stats().global_gpu_seconds - before.global_gpu_seconds;
+            r.store_s = g->gpu_stats().store_gpu_seconds - before.store_gpu_seconds;
+          }
           if (o.decode > 0) {
             engine.reset_stats();
             for (int i = 0; i < o.decode; ++i) engine.decode(tokens[static_cast<size_t>(run + i)]);

@@ -10,7 +10,9 @@
 #   device call (after the build, same call):
 #     BUILD_ONLY=1 bash scripts/gpu/check.sh && bash scripts/gpu/stream_1m.sh        carry ["build/gpu-debs"]
 #
-# Writes $OUT/stream/{stream_1m.csv,stream_1m.log,gpu.txt,host_mem.txt} and prints the table last. Env: SEQS
+# Writes $OUT/stream/{$TAG.csv,$TAG.log,$TAG.host_mem.txt,gpu.txt} (TAG: stream_1m) and prints the table last.
+# BUILD_DIR: where stream_bench is (build/cuda; carried binaries: build/cuda-ci, with the debs unpacked here).
+# TESSERA_STREAM_PROFILE=1: each streaming row is followed by its attention sections' GPU time. Env: SEQS
 # (default 131072,262144,524288,1048576), METHODS (streamingllm; ltri / infllm: ~10 s / ~5 s at 32K and ~52 s / ~30 s
 # at 128K on an H200 with the device decisions, so only with LTRI_MAX small; ltri-host / infllm-host: the host path,
 # ~70-115 s at 32K), LTRI_MAX (ltri / infllm rows up to this length, 32768), DENSE (dense
@@ -21,9 +23,12 @@
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD_DIR=${BUILD_DIR:-$ROOT/build/cuda}
-[ -f "$ROOT/build/gpu-sysroot/deps.env" ] && . "$ROOT/build/gpu-sysroot/deps.env"
 OUTDIR=${OUT:-$ROOT/build/stream-out}/stream
 mkdir -p "$OUTDIR"
+# Carried binaries (BUILD_DIR=build/cuda-ci, built on another machine) need the CUDA libraries of the debs.
+[ -f "$ROOT/build/gpu-sysroot/deps.env" ] || bash "$ROOT/scripts/gpu/deps.sh" unpack > "$OUTDIR/deps.log" 2>&1
+[ -f "$ROOT/build/gpu-sysroot/deps.env" ] && . "$ROOT/build/gpu-sysroot/deps.env"
+TAG=${TAG:-stream_1m}  # the files' name: several calls in one device command keep theirs apart
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 BIN=$BUILD_DIR/bench/gpu/stream_bench
 if [ ! -x "$BIN" ]; then
@@ -35,15 +40,15 @@ TIME_S=${TIME_S:-330}
 echo "stream_1m: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null) on $(head -2 "$OUTDIR/gpu.txt" | tail -1)"
 # Host memory in use, sampled every 5 s while the bench runs (MemAvailable drop = pinned blocks + the rest).
 ( while sleep 5; do echo "$(date +%s) $(grep -E 'MemTotal|MemAvailable' /proc/meminfo | tr -s ' ' | tr '\n' ' ')"; done ) \
-  > "$OUTDIR/host_mem.txt" 2>&1 &
+  > "$OUTDIR/$TAG.host_mem.txt" 2>&1 &
 SAMPLER=$!
 timeout -k 10 "$TIME_S" "$BIN" --seq "${SEQS:-131072,262144,524288,1048576}" \
   --methods "${METHODS:-streamingllm}" --method-max-seq "ltri=${LTRI_MAX:-32768},infllm=${LTRI_MAX:-32768}" \
   --dense "${DENSE:-131072}" --decode "${DECODE:-16}" --chunk "${CHUNK:-2048}" --host-budget "${HOST_BUDGET:-200e9}" \
-  --max-seconds $((TIME_S - 40)) --csv "$OUTDIR/stream_1m.csv" $([ "${PREPIN:-1}" = 1 ] && echo --prepin) ${EXTRA:-} \
-  > "$OUTDIR/stream_1m.log" 2>&1
+  --max-seconds $((TIME_S - 40)) --csv "$OUTDIR/$TAG.csv" $([ "${PREPIN:-1}" = 1 ] && echo --prepin) ${EXTRA:-} \
+  > "$OUTDIR/$TAG.log" 2>&1
 rc=$?
 kill "$SAMPLER" 2> /dev/null
 echo "stream_1m: stream_bench exit $rc (124: cut at ${TIME_S} s; the rows before are kept)"
-cat "$OUTDIR/stream_1m.log"
+cat "$OUTDIR/$TAG.log"
 exit $rc

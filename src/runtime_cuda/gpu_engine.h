@@ -122,6 +122,7 @@ class GpuEngine {
   // options().stream.method is None; gpu_streaming() the GPU twin itself (copies, pinned memory).
   const StreamingKV* streaming() const { return streaming_ ? &streaming_->decisions() : nullptr; }
   const GpuStreamingKV* gpu_streaming() const { return streaming_.get(); }
+  GpuStreamingKV* gpu_streaming() { return streaming_.get(); }
   // Streaming: allocates the pinned slabs a sequence of `tokens` tokens needs (on a host thread; wait: until done).
   void reserve_stream(int64_t tokens, bool wait);
   // Frees the KV cache and the scratch buffers (the next prefill allocates them again); resets position().

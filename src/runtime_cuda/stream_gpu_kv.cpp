@@ -96,6 +96,33 @@ GpuStreamingKV::GpuStreamingKV(const ModelConfig& config, StreamOptions options)
   const char* where = std::getenv("TESSERA_STREAM_DECISIONS");
   device_decisions_ = where == nullptr || std::string(where) != "host";
   if (host_.needs_qk()) decider_ = std::make_unique<StreamDecider>(cfg_);
+  const char* win = std::getenv("TESSERA_STREAM_WINDOW");
+  window_kept_ = opt_.method == StreamMethod::StreamingLLM && (win == nullptr || std::string(win) != "copy");
+  const char* prof = std::getenv("TESSERA_STREAM_PROFILE");
+  profile_ = prof != nullptr && std::string(prof) == "1";
+}
+
+void GpuStreamingKV::prof_mark(cudaStream_t s) {
+  if (!profile_) return;
+  if (prof_used_ == prof_events_.size()) {
+    prof_events_.push_back(nullptr);
+    TESSERA_CUDA_CHECK(cudaEventCreate(&prof_events_.back()));
+  }
+  TESSERA_CUDA_CHECK(cudaEventRecord(prof_events_[prof_used_++], s));
+}
+
+void GpuStreamingKV::collect_profile() {
+  if (prof_used_ == 0) return;
+  TESSERA_CUDA_CHECK(cudaEventSynchronize(prof_events_[prof_used_ - 1]));
+  double* sums[4] = {&stats_.workspace_gpu_seconds, &stats_.local_gpu_seconds, &stats_.global_gpu_seconds,
+                     &stats_.store_gpu_seconds};
+  for (size_t c = 0; c + 5 <= prof_used_; c += 5)
+    for (size_t i = 0; i < 4; ++i) {
+      float ms = 0;
+      TESSERA_CUDA_CHECK(cudaEventElapsedTime(&ms, prof_events_[c + i], prof_events_[c + i + 1]));
+      *sums[i] += ms / 1e3;
+    }
+  prof_used_ = 0;
 }
 
 GpuStreamingKV::~GpuStreamingKV() {
@@ -106,6 +133,7 @@ GpuStreamingKV::~GpuStreamingKV() {
   cv_.notify_all();
   if (reserver_.joinable()) reserver_.join();
   if (copy_ != nullptr) cudaStreamSynchronize(copy_);
+  for (cudaEvent_t e : prof_events_) cudaEventDestroy(e);
   for (LayerState& L : layers_)
     if (L.evicted != nullptr) cudaEventDestroy(L.evicted);
   if (ready_ != nullptr) cudaEventDestroy(ready_);
@@ -122,7 +150,7 @@ size_t GpuStreamingKV::device_bytes() const {
              lse_local_.bytes() + lse_global_.bytes();
   for (const LayerState& L : layers_)
     b += L.sink_k.bytes() + L.sink_v.bytes() + L.ring_k.bytes() + L.ring_v.bytes() + L.cache_k.bytes() +
-         L.cache_v.bytes();
+         L.cache_v.bytes() + L.win_k.bytes() + L.win_v.bytes();
   return b + (decider_ ? decider_->device_bytes() : 0);
 }
 
@@ -139,6 +167,14 @@ void GpuStreamingKV::ensure_device(int32_t n) {
       L.cache_k.resize(static_cast<size_t>(std::max<int64_t>(opt_.top_k, 1) * B * row_));
       L.cache_v.resize(L.cache_k.size());
       L.cache_block.assign(static_cast<size_t>(std::max(opt_.top_k, 1)), -1);
+    }
+    if (window_kept_) {
+      win_rows_ = opt_.sinks + 2 * static_cast<int64_t>(opt_.local + B) + max_chunk_;
+      for (LayerState& L : layers_) {
+        L.win_k.resize(static_cast<size_t>(win_rows_ * row_));
+        L.win_v.resize(L.win_k.size());
+        L.win_origin = 0;
+      }
     }
   }
   check(n <= max_chunk_, "GPU streaming: a chunk of " + std::to_string(n) + " tokens, over the " +
@@ -160,6 +196,7 @@ void GpuStreamingKV::ensure_device(int32_t n) {
 }
 
 void GpuStreamingKV::reserve(int64_t tokens) {
+  if (!host_.keeps_evicted()) return;  // streamingllm drops its evicted blocks: no pinned memory
   const int64_t blocks = evicted_at(opt_, tokens) * cfg_.num_layers;
   const int64_t slabs = (blocks + kSlabBlocks - 1) / kSlabBlocks;
   int device = 0;
@@ -334,9 +371,10 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
   }
   stats_.decision_seconds += since(t0);
 
-  // 2. Evicted blocks: out of the ring into pinned host memory, on the copy stream once the ring rows are written.
+  // 2. Evicted blocks: out of the ring into pinned host memory, on the copy stream once the ring rows are written
+  // (streamingllm never retrieves them: they are dropped, their ring rows simply overwritten).
   const int32_t e0 = host_.evicted_before(), e1 = host_.evicted_blocks();
-  if (e1 > e0) {
+  if (e1 > e0 && host_.keeps_evicted()) {
     TESSERA_CUDA_CHECK(cudaEventRecord(ready_, s));
     TESSERA_CUDA_CHECK(cudaStreamWaitEvent(copy_, ready_, 0));
     for (int32_t b = e0; b < e1; ++b) {
@@ -394,7 +432,14 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
     if (copies) TESSERA_CUDA_CHECK(cudaEventRecord(blocks_in_, copy_));
   }
 
+  // streamingllm past its first eviction: the window kept rotated in place (attend_window()).
+  if (window_kept_ && e1 > 0) {
+    attend_window(layer, pos, n, lay, q, k, v, inv_freq, scale, out, s);
+    return;
+  }
+
   // 4. The workspace's local part and chunk, rotated at their true positions; the queries.
+  prof_mark(s);
   const int32_t E = e1;
   const int32_t local_begin = E > 0 ? opt_.sinks + E * B : 0;
   const int32_t G = lay.global;
@@ -425,6 +470,7 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
   }
 
   // 5. Attention: the local index now (overlapping the block copies), then the global one, merged.
+  prof_mark(s);
   const int32_t tile = n <= 64 ? 64 : 128;
   Indexes& ix = indexes(lay, tile, s);
   const int32_t kv_len = lay.kv_len();
@@ -437,6 +483,7 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
   a.scale = scale;
   a.q_begin = G + lay.local;
   attn::gpu::sparse_prefill(a, ix.local, ix.local_plan, s);
+  prof_mark(s);
   if (G > 0) {
     if (copies) TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, blocks_in_, 0));
     const int32_t sinks = std::min(pos, opt_.sinks);
@@ -459,6 +506,7 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
   }
 
   // 6. The chunk's raw K / V into the sinks and the ring (after the evictions' copies out of the ring).
+  prof_mark(s);
   TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, L.evicted, 0));
   const int32_t into_sinks = std::clamp(opt_.sinks - pos, 0, n);
   d2d(L.sink_k.data() + static_cast<int64_t>(pos) * row_, k, static_cast<size_t>(into_sinks) * row_bytes, s);
@@ -467,6 +515,79 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
     copy_to_ring(L.ring_k, pos + into_sinks, n - into_sinks, k + into_sinks * row_, s);
     copy_to_ring(L.ring_v, pos + into_sinks, n - into_sinks, v + into_sinks * row_, s);
   }
+  if (window_kept_) store_window(L, pos, n, k, v, inv_freq, s);  // (the ring serves until the first eviction)
+  prof_mark(s);
+}
+
+void GpuStreamingKV::store_window(LayerState& L, int32_t pos, int32_t n, const bf16* k, const bf16* v,
+                                  const float* inv_freq, cudaStream_t s) {
+  const int32_t first = std::max(pos, opt_.sinks);  // the sinks are kept raw on their own
+  const int32_t rows = pos + n - first;
+  if (rows <= 0) return;
+  const int64_t r0 = first - L.win_origin;
+  check(r0 >= opt_.sinks && r0 + rows <= win_rows_, "GPU streaming: the window buffer has no room for positions [" +
+                                                        std::to_string(first) + ", " + std::to_string(pos + n) + ")");
+  const size_t bytes = static_cast<size_t>(rows * row_) * sizeof(bf16);
+  d2d(L.win_k.data() + r0 * row_, k + (first - pos) * row_, bytes, s);
+  d2d(L.win_v.data() + r0 * row_, v + (first - pos) * row_, bytes, s);
+  stream_rope_rows(L.win_k.data() + r0 * row_, rows, row_, cfg_.num_kv_heads, cfg_.head_dim, inv_freq, first, 1, s);
+}
+
+void GpuStreamingKV::attend_window(int32_t layer, int32_t pos, int32_t n, const stream::StreamLayout& lay, bf16* q,
+                                   const bf16* k, const bf16* v, const float* inv_freq, float scale, bf16* out,
+                                   cudaStream_t s) {
+  LayerState& L = layers_[static_cast<size_t>(layer)];
+  const int32_t nq = cfg_.num_q_heads, nkv = cfg_.num_kv_heads, d = cfg_.head_dim;
+  const size_t row_bytes = static_cast<size_t>(row_) * sizeof(bf16);
+  const int32_t G = lay.global, local_begin = opt_.sinks + host_.evicted_blocks() * opt_.block;
+  check(G == opt_.sinks && lay.local == pos - local_begin && host_.retrieved(layer).empty(),
+        "GPU streaming: the kept window expects [sinks | window | chunk], got a layout of " + std::to_string(G) + " + " +
+            std::to_string(lay.local) + " + " + std::to_string(lay.chunk));
+  prof_mark(s);
+  // The window [local_begin, pos) and the chunk must fit: else the window moves to the front (rows [sinks, ...);
+  // the buffer holds more than twice the window, so the two ranges never overlap).
+  if (pos + n - L.win_origin > win_rows_) {
+    const int64_t from = local_begin - L.win_origin;
+    check(from >= G + lay.local, "GPU streaming: the window buffer is too small to move the window");
+    d2d(L.win_k.data() + G * row_, L.win_k.data() + from * row_, static_cast<size_t>(lay.local) * row_bytes, s);
+    d2d(L.win_v.data() + G * row_, L.win_v.data() + from * row_, static_cast<size_t>(lay.local) * row_bytes, s);
+    L.win_origin = local_begin - G;
+  }
+  const int64_t off = local_begin - L.win_origin;  // the window's first row (>= G)
+  // The sinks (raw) just before the window: rows of tokens already evicted, never read again.
+  d2d(L.win_k.data() + (off - G) * row_, L.sink_k.data(), static_cast<size_t>(G) * row_bytes, s);
+  d2d(L.win_v.data() + (off - G) * row_, L.sink_v.data(), static_cast<size_t>(G) * row_bytes, s);
+  store_window(L, pos, n, k, v, inv_freq, s);  // the chunk after the window, rotated
+  // The queries: raw for the global pass, rotated in place at their positions for the local one.
+  d2d(q_global_.data(), q, static_cast<size_t>(n * qrow_) * sizeof(bf16), s);
+  stream_rope_rows(q, n, qrow_, nq, d, inv_freq, pos, 1, s);
+  prof_mark(s);
+
+  // The attention over [sinks | window | chunk] read in place: the workspace path's two passes and merge.
+  const int32_t tile = n <= 64 ? 64 : 128;
+  Indexes& ix = indexes(lay, tile, s);
+  const int32_t kv_len = lay.kv_len();
+  bf16* wk = L.win_k.data() + (off - G) * row_;
+  bf16* wv = L.win_v.data() + (off - G) * row_;
+  attn::AttentionArgs a;
+  a.q = TensorView(q, DType::BF16, {n, nq, d});
+  a.k = TensorView(wk, DType::BF16, {kv_len, nkv, d});
+  a.v = TensorView(wv, DType::BF16, {kv_len, nkv, d});
+  a.out = TensorView(out, DType::BF16, {n, nq, d});
+  a.lse = TensorView(lse_local_.data(), DType::F32, {nq, n});
+  a.scale = scale;
+  a.q_begin = G + lay.local;
+  attn::gpu::sparse_prefill(a, ix.local, ix.local_plan, s);
+  prof_mark(s);
+  stream_rope_rows(q_global_.data(), n, qrow_, nq, d, inv_freq, opt_.local, 0, s);
+  attn::AttentionArgs g = a;
+  g.q = TensorView(q_global_.data(), DType::BF16, {n, nq, d});
+  g.out = TensorView(out_global_.data(), DType::BF16, {n, nq, d});
+  g.lse = TensorView(lse_global_.data(), DType::F32, {nq, n});
+  attn::gpu::sparse_prefill(g, ix.global, ix.global_plan, s);
+  stream_merge_lse(out, out_global_.data(), lse_local_.data(), lse_global_.data(), n, nq, d, s);
+  prof_mark(s);
+  prof_mark(s);  // (nothing to store: the chunk is in the window buffer, the sinks are full)
 }
 
 void GpuStreamingKV::reset() {
@@ -476,6 +597,7 @@ void GpuStreamingKV::reset() {
   for (LayerState& L : layers_) {
     L.host_k.clear();
     L.host_v.clear();
+    L.win_origin = 0;
     std::fill(L.cache_block.begin(), L.cache_block.end(), -1);
   }
   // Pinned slabs are kept for the next sequence: reuse them from the first.

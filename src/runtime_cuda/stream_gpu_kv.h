@@ -14,7 +14,8 @@
 //  - device memory per layer: the sinks' raw K/V, a ring of the recent tokens' raw K/V (capacity: local + block +
 //    chunk, rounded up to blocks, plus one block; a block never wraps), and a cache of top_k retrieved blocks;
 //    one workspace for the chunk being attended ([global | local | chunk], as the CPU's). Bounded whatever the length;
-//  - evicted blocks: pinned host memory (slabs of 256 blocks, bf16: anonymous huge-page memory first touched by 8
+//  - evicted blocks (ltri / infllm; streamingllm never retrieves one and drops them: no pinned memory, no copies,
+//    no host budget): pinned host memory (slabs of 256 blocks, bf16: anonymous huge-page memory first touched by 8
 //    threads then cudaHostRegister'ed; TESSERA_STREAM_PIN=alloc: cudaHostAlloc), copied out of the ring on a copy
 //    stream (device-to-host, ordered by events before the ring rows are overwritten), within the host budget of the
 //    decisions' store (the CPU store's error messages); the slabs a prompt needs are allocated by a host thread ahead
@@ -57,6 +58,10 @@ struct GpuStreamStats {
   double pin_seconds = 0;         // host time spent in cudaHostAlloc (the reserve thread's included)
   double decision_seconds = 0;    // host time in the decisions (copies of q / k, map, spans, retrieval)
   double decision_device_seconds = 0;  // ... of which waiting for the device's map and block scores (stream_decide.h)
+  // With profile(true) (TESSERA_STREAM_PROFILE=1), GPU time (events) of attend()'s sections, summed by
+  // collect_profile(): the workspace (window and chunk copied and rotated, the queries), the local pass, the global
+  // pass with the merge (sinks and retrieved blocks copied in), the chunk stored into the sinks / ring.
+  double workspace_gpu_seconds = 0, local_gpu_seconds = 0, global_gpu_seconds = 0, store_gpu_seconds = 0;
 };
 
 // What the device computed for one layer's chunk (GpuStreamingKV::record(true); tests compare it with the CPU's).
@@ -89,10 +94,16 @@ class GpuStreamingKV : public GpuKVPolicy {
   // with device_decisions(false) or TESSERA_STREAM_DECISIONS=host, by the CPU class from f32 copies of q and k.
   void device_decisions(bool on) { device_decisions_ = on; }
   bool device_decisions() const { return device_decisions_; }
+  // streamingllm: whether its window is kept rotated in place (see window_kept_ below; default on).
+  bool window_kept() const { return window_kept_; }
   // Keeps a copy of what the device computed for the last layer's chunk (recorded()).
   void record(bool on) { record_ = on; }
   const GpuDecisionRecord& recorded() const { return record_data_; }
   const GpuStreamStats& gpu_stats() const { return stats_; }
+  // Times attend()'s sections with CUDA events (GpuStreamStats::*_gpu_seconds); collect_profile() waits for the
+  // last event and adds what was recorded since the previous collect.
+  void profile(bool on) { profile_ = on; }
+  void collect_profile();
   size_t device_bytes() const;  // the per-layer buffers, the block caches, the workspace, the indexes
 
  private:
@@ -101,6 +112,10 @@ class GpuStreamingKV : public GpuKVPolicy {
     std::vector<int32_t> cache_block;  // block held by each cache slot (-1: none)
     std::vector<bf16*> host_k, host_v; // pinned rows of each evicted block
     cudaEvent_t evicted = nullptr;     // the last device-to-host copy out of this layer's ring
+    // streamingllm's window (window_kept()): the tokens after the sinks, K rotated at their true positions and V,
+    // position p at row p - win_origin; rows [0, sinks) are kept free for a copy of the sinks before the window.
+    attn::gpu::DeviceBuffer<bf16> win_k, win_v;
+    int64_t win_origin = 0;
   };
   struct Indexes {
     attn::SparseIndex host_global, host_local;  // kept alive while their uploads may run
@@ -119,6 +134,18 @@ class GpuStreamingKV : public GpuKVPolicy {
   StreamingKV host_;
   int64_t row_ = 0, qrow_ = 0;  // kv_heads * d, q_heads * d
   int32_t ring_rows_ = 0, max_chunk_ = 0;
+  // streamingllm (retrieves nothing, so its workspace is [sinks | window | chunk] every chunk): the window is kept
+  // rotated in a linear buffer per layer (LayerState::win_k) that the attention reads in place, instead of being
+  // copied out of the ring and rotated again every chunk; the sinks are copied in front of it (128 rows) and the
+  // window moved to the front when the buffer is full (capacity sinks + 2 (local + block) + chunk rows: once per
+  // ~local / chunk chunks). Same rows, same rotation: the same attention. TESSERA_STREAM_WINDOW=copy: the
+  // workspace path for every method (the baseline).
+  bool window_kept_ = false;
+  int64_t win_rows_ = 0;
+  void store_window(LayerState& L, int32_t pos, int32_t n, const bf16* k, const bf16* v, const float* inv_freq,
+                    cudaStream_t s);
+  void attend_window(int32_t layer, int32_t pos, int32_t n, const stream::StreamLayout& lay, bf16* q, const bf16* k,
+                     const bf16* v, const float* inv_freq, float scale, bf16* out, cudaStream_t s);
   std::vector<LayerState> layers_;
   attn::gpu::DeviceBuffer<bf16> ws_k_, ws_v_, q_local_, q_global_, out_global_;
   attn::gpu::DeviceBuffer<float> lse_local_, lse_global_;
@@ -144,6 +171,10 @@ class GpuStreamingKV : public GpuKVPolicy {
   GpuStreamStats stats_;
   std::unique_ptr<StreamDecider> decider_;
   bool device_decisions_ = true, record_ = false;
+  bool profile_ = false;
+  std::vector<cudaEvent_t> prof_events_;  // 5 per attend(): the bounds of sections 4, 5 (local), 5 (global), 6
+  size_t prof_used_ = 0;
+  void prof_mark(cudaStream_t s);
   GpuDecisionRecord record_data_;
 };
 

@@ -31,8 +31,10 @@ int32_t streaming_context_limit(const runtime::ModelConfig& config, const runtim
 std::string describe_streaming(const runtime::StreamOptions& o, int64_t host_budget) {
   return std::string(runtime::stream_method_name(o.method)) + " (sinks " + std::to_string(o.sinks) + ", local " +
          std::to_string(o.local) + ", chunk " + std::to_string(o.chunk) + ", blocks of " + std::to_string(o.block) +
-         (o.method == runtime::StreamMethod::StreamingLLM ? "" : ", top " + std::to_string(o.top_k)) +
-         "; host budget " + format_bytes(static_cast<double>(host_budget)) + ")";
+         (o.method == runtime::StreamMethod::StreamingLLM
+              ? "; evicted blocks dropped: no host memory)"  // it never retrieves them (StreamingKV::keeps_evicted)
+              : ", top " + std::to_string(o.top_k) + "; host budget " + format_bytes(static_cast<double>(host_budget)) +
+                    ")");
 }
 
 }  // namespace tessera::server

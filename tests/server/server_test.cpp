@@ -652,6 +652,13 @@ TEST(ServerStreaming, ContextIsWhatTheHostBudgetHolds) {
   EXPECT_THROW(probe.check_sequence(128), Error);
   EXPECT_EQ(describe_streaming(o, 2 << 20),
             "ltri (sinks 16, local 64, chunk 32, blocks of 16, top 2; host budget 2.10 MB)");
+  // streamingllm keeps no evicted block: the budget sets no context.
+  runtime::StreamOptions sl = o;
+  sl.method = runtime::StreamMethod::StreamingLLM;
+  EXPECT_EQ(streaming_context_limit(c, sl, Storage::Host, 1 << 30), 1 << 30);
+  EXPECT_EQ(streaming_context_limit(c, sl, Storage::Device, 1 << 30), 1 << 30);
+  EXPECT_EQ(describe_streaming(sl, 2 << 20),
+            "streamingllm (sinks 16, local 64, chunk 32, blocks of 16; evicted blocks dropped: no host memory)");
 }
 
 TEST(ServerStreaming, SlotsAnswerAsTheStreamingEngine) {

@@ -87,6 +87,7 @@ StreamingKV::StreamingKV(const ModelConfig& config, StreamOptions options, Stora
 }
 
 void StreamingKV::check_sequence(int64_t tokens) const {
+  if (!keeps_evicted()) return;  // streamingllm drops its evicted blocks: no host memory, no limit
   const int64_t blocks = evicted_at(opt_, tokens);
   const double need = static_cast<double>(blocks) * global_layers_ * static_cast<double>(store_.block_bytes());
   const std::string layers = global_layers_ == cfg_.num_layers
@@ -156,7 +157,9 @@ void StreamingKV::evict(int32_t layer, int32_t b, int32_t first) {
   const auto rows = static_cast<size_t>(B * row_);
   const int64_t at_row = (L.recent_skip + first) * row_;
   check(L.recent_count >= first + B, "streaming: block " + std::to_string(b) + " is not in the local window");
-  if (storage_ == Storage::Host)
+  if (!keeps_evicted())
+    ;  // streamingllm never retrieves a block: dropped
+  else if (storage_ == Storage::Host)
     store_.add(layer, std::span<const float>(L.recent_k.data() + at_row, rows),
                std::span<const float>(L.recent_v.data() + at_row, rows));
   else

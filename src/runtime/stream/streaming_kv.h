@@ -20,7 +20,7 @@
 //
 // Memory: the attended keys per chunk are bounded (StreamOptions::attended_tokens()); what grows with the sequence
 // is the host store (checked against its budget: check_sequence() before a prefill, HostBlockStore::add() always)
-// and the index (bytes in stats()).
+// and the index (bytes in stats()). streamingllm keeps neither: its evicted blocks are dropped (keeps_evicted()).
 //
 // The GPU path (runtime_cuda/stream/gpu_streaming_kv.h) uses this class for its decisions: constructed with
 // Storage::Device, it keeps no V and no block rows (K of the recent tokens only where indexing needs it, i.e.
@@ -75,7 +75,11 @@ class StreamingKV : public KVPolicy {
 
   StreamingKV(const ModelConfig& config, StreamOptions options, Storage storage = Storage::Host);
 
-  // Throws tessera::Error when a sequence of `tokens` tokens cannot fit the host store's budget:
+  // Whether evicted blocks are kept (host store; the GPU path's pinned memory) for retrieval: ltri and infllm.
+  // streamingllm never retrieves one, so it drops them: no host memory, no length limit from the host budget.
+  bool keeps_evicted() const { return opt_.method != StreamMethod::StreamingLLM; }
+  // Throws tessera::Error when a sequence of `tokens` tokens cannot fit the host store's budget (never for
+  // streamingllm, which keeps no evicted block):
   //   "streaming: a sequence of 40,000 tokens evicts 311 blocks of 128 tokens per layer, whose K and V need
   //    1.83 GB of host memory (30 layers), over the budget of 1.00 GB for evicted KV blocks; raise
   //    --stream-host-budget or shorten the prompt"

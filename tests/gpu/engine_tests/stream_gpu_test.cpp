@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -204,9 +205,13 @@ TEST(StreamGpu, RetrievesTheCpuBlocksAndMatchesItsAttention) {
                 static_cast<long long>(st.blocks_to_host), static_cast<long long>(st.blocks_to_device),
                 static_cast<long long>(st.blocks_cached), static_cast<double>(st.pinned_bytes) / 1e6);
     EXPECT_GT(cpu.evicted_blocks(), 3 * o.top_k);
-    EXPECT_EQ(st.blocks_to_host, static_cast<int64_t>(cpu.evicted_blocks()) * cfg.num_layers);
     EXPECT_EQ(gpu.decisions().stats().host_bytes * 2, cpu.stats().host_bytes);  // bf16 against f32
-    if (m != StreamMethod::StreamingLLM) {
+    if (m == StreamMethod::StreamingLLM) {  // never retrieves: keeps nothing, copies nothing, pins nothing
+      EXPECT_EQ(st.blocks_to_host, 0);
+      EXPECT_EQ(st.pinned_bytes, 0);
+      EXPECT_EQ(cpu.stats().host_bytes, 0);
+    } else {
+      EXPECT_EQ(st.blocks_to_host, static_cast<int64_t>(cpu.evicted_blocks()) * cfg.num_layers);
       EXPECT_GT(choices, 20);
       EXPECT_GT(st.blocks_to_device, 0);
       EXPECT_GT(st.blocks_cached, 0);  // decode's persisted blocks at least
@@ -263,7 +268,42 @@ TEST(StreamGpu, EngineEqualsDenseWhileNothingIsEvictedAndRunsPastTheWindow) {
     const StreamStats st = small.streaming()->stats();
     EXPECT_EQ(st.evicted_blocks, (704 - 16 - 128) / 64);
     EXPECT_LE(st.workspace_tokens, past.stream.attended_tokens());
-    EXPECT_EQ(small.gpu_streaming()->gpu_stats().blocks_to_host, st.evicted_blocks * cfg.num_layers);
+    EXPECT_EQ(small.gpu_streaming()->gpu_stats().blocks_to_host,
+              m == StreamMethod::StreamingLLM ? 0 : st.evicted_blocks * cfg.num_layers);
+  }
+}
+
+// streamingllm keeps its window rotated in a linear buffer that the attention reads in place (moved to the front when
+// full) instead of copying it out of the ring and rotating it every chunk: the same rows and rotation, so the logits
+// EQUAL the workspace path's (TESSERA_STREAM_WINDOW=copy), through several moves of the window and decode steps.
+TEST(StreamGpu, KeptWindowEqualsTheWorkspacePath) {
+  REQUIRE_GPU();
+  const ModelConfig cfg = small_config(2);
+  const auto model = DeviceModel::random(cfg, 4);
+  const std::vector<int32_t> tokens = random_tokens(1500, cfg.vocab_size, 13);
+  GpuEngineOptions so;
+  so.stream.method = StreamMethod::StreamingLLM;
+  so.stream.sinks = 16;
+  so.stream.local = 128;
+  so.stream.block = 64;
+  so.stream.chunk = 96;
+  so.stream.last_chunk = 40;
+  so.stream.top_k = 2;
+  so.stream = streamingllm_equal_memory(so.stream);
+  GpuEngine kept(*model, so);
+  setenv("TESSERA_STREAM_WINDOW", "copy", 1);  // read by GpuStreamingKV's constructor
+  GpuEngine copied(*model, so);
+  unsetenv("TESSERA_STREAM_WINDOW");
+  ASSERT_TRUE(kept.gpu_streaming()->window_kept());
+  ASSERT_FALSE(copied.gpu_streaming()->window_kept());
+  for (int round = 0; round < 2; ++round) {  // and again after reset()
+    EXPECT_EQ(kept.prefill(tokens), copied.prefill(tokens)) << "round " << round;
+    for (int i = 0; i < 5; ++i)
+      EXPECT_EQ(kept.decode(tokens[static_cast<size_t>(i)]), copied.decode(tokens[static_cast<size_t>(i)]))
+          << "decode step " << i;
+    EXPECT_GT(kept.streaming()->evicted_blocks(), 10);
+    kept.reset();
+    copied.reset();
   }
 }
 
@@ -291,6 +331,13 @@ TEST(StreamGpu, RefusesWhatTheCpuRefuses) {
     EXPECT_NE(std::string(e.what()).find("over the budget of 100 kB for evicted KV blocks"), std::string::npos)
         << e.what();
   }
+  // streamingllm keeps no evicted block: no limit from the budget, nothing pinned.
+  o.method = StreamMethod::StreamingLLM;
+  GpuStreamingKV sl(cfg, o);
+  EXPECT_NO_THROW(sl.check_sequence(10000000));
+  sl.reserve(10000000);
+  sl.wait_reserved();
+  EXPECT_EQ(sl.gpu_stats().pinned_bytes, 0);
 }
 
 }  // namespace
