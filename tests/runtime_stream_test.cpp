@@ -21,6 +21,7 @@
 #include "runtime/stream/retrieval_heads.h"
 #include "runtime/stream/span_discovery.h"
 #include "runtime/stream/span_index.h"
+#include "runtime/stream/span_math.h"
 #include "runtime/stream/stream_layout.h"
 #include "runtime/stream/stream_options.h"
 #include "runtime/stream/streaming_kv.h"
@@ -170,6 +171,113 @@ TEST(SpanDiscovery, CoverFillsGapsAndResolvesOverlapsByScore) {
   const std::vector<Span> cover = stream::cover_with_spans(spans, 12);
   const std::vector<Span> expect = {{0, 2, 0.0}, {2, 5, 1.0}, {5, 9, 3.0}, {9, 12, 0.0}};
   EXPECT_EQ(cover, expect);
+}
+
+// Host emulation of the device's span discovery (runtime_cuda/stream_decide.cu): its kernels run span_math.h's
+// per-thread functions — prefix_row per row, then prefix_column per column, the radix select's four passes
+// (order_key, pick_digit; the device's atomic counts are integers, so any order gives the same histogram), and per
+// anti-diagonal one warp: diagonal_best_lane on each of 32 lanes, combined by the kernel's butterfly of
+// diagonal_better — which are run here thread after thread.
+struct EmulatedSpanKernels {
+  std::vector<double> prefix;
+  double theta = 0;
+  std::vector<Span> candidates;
+};
+
+EmulatedSpanKernels emulate_span_kernels(const std::vector<float>& map, int32_t n, double quantile) {
+  namespace sm = stream::span_math;
+  EmulatedSpanKernels e;
+  e.prefix.assign(static_cast<size_t>(n + 1) * static_cast<size_t>(n + 1), 0.0);
+  for (int32_t r = 0; r < n; ++r) sm::prefix_row(map.data(), n, r, e.prefix.data());
+  for (int32_t c = 0; c < n; ++c) sm::prefix_column(n, c, e.prefix.data());
+  uint64_t rank = sm::quantile_rank(quantile, static_cast<uint64_t>(n) * static_cast<uint64_t>(n + 1) / 2);
+  uint32_t prefix = 0, mask = 0;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    uint32_t hist[256] = {};
+    for (int32_t r = 0; r < n; ++r)
+      for (int32_t c = 0; c <= r; ++c) {
+        const uint32_t key = sm::order_key(map[static_cast<size_t>(r * n + c)]);
+        if ((key & mask) == prefix) ++hist[(key >> shift) & 255u];
+      }
+    prefix |= sm::pick_digit(hist, &rank) << shift;
+    mask |= 255u << shift;
+  }
+  e.theta = static_cast<double>(sm::from_order_key(prefix));
+  // One warp per anti-diagonal: 32 lanes' shares, then the butterfly of __shfl_xor_sync (offsets 16, 8, 4, 2, 1).
+  for (int32_t d = 0; d < 2 * n - 1; ++d) {
+    struct Lane {
+      bool any = false;
+      int32_t j = -1;
+      double v = 0;
+    } lanes[32];
+    for (int32_t l = 0; l < 32; ++l) lanes[l].any = sm::diagonal_best_lane(e.prefix.data(), n, e.theta, d, l, 32, &lanes[l].j, &lanes[l].v);
+    for (int32_t off = 16; off > 0; off >>= 1) {
+      Lane next[32];
+      for (int32_t l = 0; l < 32; ++l) {
+        const Lane& me = lanes[l];
+        const Lane& other = lanes[l ^ off];
+        next[l] = other.any && (!me.any || sm::diagonal_better(other.v, other.j, me.v, me.j)) ? other : me;
+      }
+      std::copy(next, next + 32, lanes);
+    }
+    Span one;
+    const bool any = sm::diagonal_best(e.prefix.data(), n, e.theta, d, &one.begin, &one.end, &one.score);
+    EXPECT_EQ(any, lanes[0].any) << d;
+    if (lanes[0].any) {
+      e.candidates.push_back(Span{lanes[0].j, d - lanes[0].j + 1, lanes[0].v});
+      EXPECT_EQ(one, e.candidates.back()) << d;  // the one-lane scan finds the same point
+    }
+  }
+  return e;
+}
+
+// A chunk's map as the device makes it: softmax rows summed over heads (ties, tiny and equal entries included).
+std::vector<float> softmax_map(int32_t n, int32_t heads, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(0.0f, 3.0f);
+  std::vector<float> map(static_cast<size_t>(n * n), 0.0f);
+  for (int32_t h = 0; h < heads; ++h)
+    for (int32_t r = 0; r < n; ++r) {
+      std::vector<float> row(static_cast<size_t>(r + 1));
+      float mx = -1e30f, z = 0;
+      for (float& x : row) mx = std::max(mx, x = (h == 0 && r % 5 == 0) ? 0.0f : g(rng));
+      for (float& x : row) z += (x = std::exp(x - mx));
+      for (int32_t c = 0; c <= r; ++c) map[static_cast<size_t>(r * n + c)] += row[static_cast<size_t>(c)] / z;
+    }
+  return map;
+}
+
+// The device's theta, triangle scores, candidates and span masses EQUAL the CPU's (span_discovery.h) on the same map,
+// bit for bit; the spans from the device's candidates (NMS and the cover on the host) are the CPU's spans.
+TEST(SpanDiscovery, DeviceKernelsEqualTheCpuOnTheSameMap) {
+  int32_t checked = 0;
+  for (const int32_t n : {1, 2, 3, 7, 40, 97, 256}) {
+    for (const uint32_t seed : {1u, 2u}) {
+      const std::vector<float> map = seed == 1 ? softmax_map(n, 4, 100 + static_cast<uint32_t>(n)) : random_map(n, 7);
+      for (const double q : {0.0, 0.5, 0.9, 1.0}) {
+        SCOPED_TRACE("n " + std::to_string(n) + " seed " + std::to_string(seed) + " quantile " + std::to_string(q));
+        const EmulatedSpanKernels e = emulate_span_kernels(map, n, q);
+        const double theta = stream::causal_quantile(map, n, q);
+        ASSERT_EQ(e.theta, theta);
+        const stream::TriangleScores ts(map, n, theta);
+        for (int32_t j = 0; j < n; ++j)
+          for (int32_t i = j; i < n; ++i)
+            ASSERT_EQ(stream::span_math::triangle_score(e.prefix.data(), n, e.theta, j, i), ts.score(j, i))
+                << j << ", " << i;
+        const std::vector<Span> cands = stream::span_candidates(ts, true);
+        ASSERT_EQ(e.candidates, cands);
+        const std::vector<Span> spans = stream::cover_with_spans(stream::nms(e.candidates, 0.1), n);
+        EXPECT_EQ(stream::spans_from_candidates(e.candidates, 0.1), stream::discover_spans(map, n, {q, 0.1, true}));
+        for (const Span& sp : spans) {
+          const stream::SpanMasses dev{stream::span_math::mass(e.prefix.data(), n, sp.begin, sp.end, sp.begin, sp.end),
+                                       stream::span_math::mass(e.prefix.data(), n, sp.end, n, sp.begin, sp.end)};
+          ASSERT_EQ(dev, stream::span_masses(ts, sp));
+        }
+        checked += static_cast<int32_t>(cands.size());
+      }
+    }
+  }
+  EXPECT_GT(checked, 500);
 }
 
 TEST(SpanIndex, AreaRatioIsTriangleMassOverItselfAndItsVoters) {
@@ -536,6 +644,11 @@ TEST(StreamingKV, DeviceDecisionsDecideAsTheCpuOnTheSameMapAndScores) {
     SCOPED_TRACE(stream_method_name(m));
     const StreamOptions o = small_stream(m);
     StreamingKV own(cfg, o, StreamingKV::Storage::Device), fed(cfg, o, StreamingKV::Storage::Device);
+    // emu: what the GPU path hands over without the map — span candidates (the device's, emulated above), the
+    // masses of the spans it asks for, the evictions' index keys from a "ring" of every raw K row, and a ready().
+    StreamingKV emu(cfg, o, StreamingKV::Storage::Device);
+    std::vector<float> ring;  // raw K of every position so far
+    int32_t asked_masses = 0, asked_keys = 0, readies = 0;
     std::mt19937 rng(13);
     std::normal_distribution<float> g(0.0f, 1.0f);
     int32_t pos = 0, scored = 0;
@@ -545,11 +658,67 @@ TEST(StreamingKV, DeviceDecisionsDecideAsTheCpuOnTheSameMapAndScores) {
     for (const auto& [n, kind] : chunks) {
       own.begin_chunk(pos, n, kind);
       fed.begin_chunk(pos, n, kind);
+      emu.begin_chunk(pos, n, kind);
       for (int32_t l = 0; l < cfg.num_layers; ++l) {
         std::vector<float> q(static_cast<size_t>(n * nq * d)), k(static_cast<size_t>(n * nkv * d));
         for (auto* t : {&q, &k})
           for (float& x : *t) x = g(rng);
         const stream::StreamLayout lay = own.plan(l, pos, n, q.data(), k.data(), inv_freq, 0.0f);
+        {
+          const int64_t row = static_cast<int64_t>(nkv) * d, layers = cfg.num_layers;
+          ring.resize(static_cast<size_t>((pos + n) * layers * row));
+          std::copy(k.begin(), k.end(), ring.begin() + (static_cast<int64_t>(pos) * layers + l * n) * row);
+          auto ring_row = [&](int32_t p) {  // position p of layer l: chunks are stored [layers, n] one after another
+            int32_t c0 = 0;
+            for (const auto& [cn, ck] : chunks) {
+              if (p < c0 + cn) return ring.begin() + (static_cast<int64_t>(c0) * layers + l * cn + (p - c0)) * row;
+              c0 += cn;
+            }
+            return ring.end();
+          };
+          const EmulatedSpanKernels e = emulate_span_kernels(own.last_map(), n, o.theta_quantile);
+          StreamingKV::DeviceDecisions dev;
+          const std::vector<float> votes = own.last_votes();
+          dev.votes = votes;
+          dev.has_candidates = m == StreamMethod::Ltri;
+          dev.ready = [&] { ++readies; };
+          if (m == StreamMethod::Ltri) dev.candidates = e.candidates;
+          dev.span_masses = [&](std::span<const Span> spans) {
+            ++asked_masses;
+            std::vector<stream::SpanMasses> out;
+            for (const Span& sp : spans)
+              out.push_back({stream::span_math::mass(e.prefix.data(), n, sp.begin, sp.end, sp.begin, sp.end),
+                             stream::span_math::mass(e.prefix.data(), n, sp.end, n, sp.begin, sp.end)});
+            return out;
+          };
+          dev.index_keys = [&](std::span<const int32_t> positions) {
+            ++asked_keys;
+            std::vector<float> out;
+            for (int32_t p : positions) {
+              EXPECT_TRUE(p >= o.sinks && p < pos) << p;
+              out.insert(out.end(), ring_row(p), ring_row(p) + row);
+            }
+            return out;
+          };
+          dev.block_scores = [&](std::span<const int32_t> tokens, std::span<const int32_t> counts,
+                                 const stream::HeadWeights& w) {
+            if (m == StreamMethod::InfLLM) return emu.repr_index(l).block_scores(q, n, w);
+            std::vector<float> queries;
+            for (int32_t t : tokens) queries.insert(queries.end(), q.begin() + t * nq * d, q.begin() + (t + 1) * nq * d);
+            return emu.span_index(l).block_scores(queries, counts, w);
+          };
+          EXPECT_EQ(emu.plan(l, pos, n, nullptr, inv_freq, dev), lay) << "layer " << l << " at " << pos;
+          EXPECT_EQ(emu.retrieved(l), own.retrieved(l)) << "layer " << l << " at " << pos;
+          if (m == StreamMethod::Ltri) {
+            EXPECT_TRUE(std::equal(emu.span_index(l).keys().begin(), emu.span_index(l).keys().end(),
+                                   own.span_index(l).keys().begin(), own.span_index(l).keys().end()));
+            EXPECT_TRUE(std::equal(emu.span_index(l).span_count().begin(), emu.span_index(l).span_count().end(),
+                                   own.span_index(l).span_count().begin(), own.span_index(l).span_count().end()));
+          } else {
+            for (int32_t b = 0; b < own.repr_index(l).num_blocks(); ++b)
+              EXPECT_TRUE(std::ranges::equal(emu.repr_index(l).mean(b), own.repr_index(l).mean(b)));
+          }
+        }
         StreamingKV::DeviceDecisions given;
         const std::vector<float> map = own.last_map(), votes = own.last_votes();
         if (m == StreamMethod::Ltri) given.map = map;
@@ -578,10 +747,18 @@ TEST(StreamingKV, DeviceDecisionsDecideAsTheCpuOnTheSameMapAndScores) {
       pos += n;
     }
     EXPECT_GT(scored, 10);
-    const StreamStats a = own.stats(), b = fed.stats();
+    const StreamStats a = own.stats(), b = fed.stats(), c = emu.stats();
     EXPECT_EQ(a.index_vectors, b.index_vectors);
     EXPECT_EQ(a.index_spans, b.index_spans);
     EXPECT_EQ(a.host_bytes, b.host_bytes);
+    EXPECT_EQ(a.index_vectors, c.index_vectors);
+    EXPECT_EQ(a.index_spans, c.index_spans);
+    EXPECT_EQ(a.host_bytes, c.host_bytes);
+    EXPECT_EQ(readies, static_cast<int32_t>(chunks.size()) * cfg.num_layers);
+    EXPECT_GT(asked_keys, 5);
+    if (m == StreamMethod::Ltri) {
+      EXPECT_GT(asked_masses, 10);
+    }
     // Sizes that do not fit the chunk.
     auto refused = [&](StreamingKV::DeviceDecisions bad, int32_t n, const std::string& want) {
       StreamingKV kv(cfg, o, StreamingKV::Storage::Device);
@@ -603,6 +780,13 @@ TEST(StreamingKV, DeviceDecisionsDecideAsTheCpuOnTheSameMapAndScores) {
       bad.map = ten;
       bad.votes = four;
       refused(bad, 4, "streaming: the device's attention map has 10 entries for a chunk of 4 tokens (16 expected)");
+      bad.has_candidates = true;
+      const std::vector<Span> outside = {{3, 9, 1.0}}, inside = {{0, 2, 1.0}};
+      bad.candidates = outside;
+      refused(bad, 4, "streaming: the device's span candidate [3, 9) lies outside a chunk of 4 tokens");
+      bad.candidates = inside;
+      bad.span_masses = [](std::span<const Span>) { return std::vector<stream::SpanMasses>(1); };
+      refused(bad, 4, "streaming: the device's span masses have 1 entries for 2 spans");
     }
   }
   // Block scores of the wrong count: past top_k evicted blocks, a retrieval that returns one score too few.

@@ -192,57 +192,82 @@ __global__ void prefix_cols_kernel(int n, double* P) {
   if (c < n) sm::prefix_column(n, c, P);
 }
 
-// theta: the k-th smallest causal entry of the map, by a radix select over span_math's order keys (four passes of
-// 8 bits; the counts are integers, so the order of the atomic adds does not matter).
-constexpr int kSelectThreads = 1024;
-__global__ void __launch_bounds__(kSelectThreads) quantile_kernel(const float* map, int n, uint64_t k, double* theta) {
-  __shared__ uint32_t hist[256];
-  __shared__ uint32_t chosen;
-  __shared__ uint64_t rank;
-  uint32_t prefix = 0, mask = 0;
-  if (threadIdx.x == 0) rank = k;
-  const int64_t total = static_cast<int64_t>(n) * n;
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int b = static_cast<int>(threadIdx.x); b < 256; b += kSelectThreads) hist[b] = 0;
-    __syncthreads();
-    for (int64_t base = 0; base < total; base += kSelectThreads) {
-      const int64_t idx = base + threadIdx.x;
-      int bin = -1;
-      if (idx < total && idx % n <= idx / n) {
-        const uint32_t key = sm::order_key(map[idx]);
-        if ((key & mask) == prefix) bin = static_cast<int>((key >> shift) & 255u);
-      }
-      const unsigned peers = __match_any_sync(0xffffffffu, bin);
-      if (bin >= 0 && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], static_cast<uint32_t>(__popc(peers)));
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      uint64_t r = rank;
-      chosen = sm::pick_digit(hist, &r);
-      rank = r;
-    }
-    __syncthreads();
-    prefix |= chosen << shift;
-    mask |= 255u << shift;
-    __syncthreads();
+// theta: the k-th smallest causal entry of the map, by a radix select over span_math's order keys: four passes of
+// 8 bits, each a histogram over the whole grid (the counts are integers: the order of the atomic adds does not
+// matter) and a pick of the digit holding the k-th key (one thread).
+struct SelectState {
+  uint32_t prefix, mask;
+  uint64_t rank;
+  uint32_t hist[256];
+};
+
+__global__ void select_init_kernel(SelectState* st, uint64_t k) {
+  for (int b = static_cast<int>(threadIdx.x); b < 256; b += blockDim.x) st->hist[b] = 0;
+  if (threadIdx.x == 0) {
+    st->prefix = st->mask = 0;
+    st->rank = k;
   }
-  if (threadIdx.x == 0) *theta = static_cast<double>(sm::from_order_key(prefix));
 }
 
-// The linear variant's candidate per anti-diagonal d (begin -1: none).
-__global__ void candidates_kernel(const double* P, int n, const double* theta, int32_t* begin_end, double* score) {
-  const int d = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (d >= 2 * n - 1) return;
-  int32_t b = -1, e = -1;
-  double v = 0;
-  if (!sm::diagonal_best(P, n, *theta, d, &b, &e, &v)) {
-    b = e = -1;
-    v = 0;
+constexpr int kSelectThreads = 256;
+__global__ void __launch_bounds__(kSelectThreads) select_hist_kernel(const float* map, int n, SelectState* st, int shift) {
+  __shared__ uint32_t hist[256];
+  for (int b = static_cast<int>(threadIdx.x); b < 256; b += kSelectThreads) hist[b] = 0;
+  __syncthreads();
+  const uint32_t prefix = st->prefix, mask = st->mask;
+  const int64_t total = static_cast<int64_t>(n) * n;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kSelectThreads;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kSelectThreads; base < total; base += stride) {
+    const int64_t idx = base + threadIdx.x;
+    int bin = -1;
+    if (idx < total && idx % n <= idx / n) {
+      const uint32_t key = sm::order_key(map[idx]);
+      if ((key & mask) == prefix) bin = static_cast<int>((key >> shift) & 255u);
+    }
+    const unsigned peers = __match_any_sync(0xffffffffu, bin);
+    if (bin >= 0 && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], static_cast<uint32_t>(__popc(peers)));
   }
-  begin_end[2 * d] = b;
-  begin_end[2 * d + 1] = e;
-  score[d] = v;
+  __syncthreads();
+  for (int b = static_cast<int>(threadIdx.x); b < 256; b += kSelectThreads)
+    if (hist[b] != 0) atomicAdd(&st->hist[b], hist[b]);
+}
+
+__global__ void select_pick_kernel(SelectState* st, int shift, double* theta) {
+  if (threadIdx.x != 0) return;
+  uint64_t r = st->rank;
+  const uint32_t digit = sm::pick_digit(st->hist, &r);
+  st->rank = r;
+  st->prefix |= digit << shift;
+  st->mask |= 255u << shift;
+  for (int b = 0; b < 256; ++b) st->hist[b] = 0;
+  if (shift == 0) *theta = static_cast<double>(sm::from_order_key(st->prefix));
+}
+
+// The linear variant's candidate per anti-diagonal d, one warp per diagonal (begin -1: none): each lane scans its
+// share, the lanes' bests combine by span_math::diagonal_better (order-free: the maximum, ties the smallest j).
+__global__ void candidates_kernel(const double* P, int n, const double* theta, int32_t* begin_end, double* score) {
+  const int d = static_cast<int>((blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32);
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  if (d >= 2 * n - 1) return;  // whole warps leave together
+  int32_t j = -1;
+  double v = 0;
+  bool any = sm::diagonal_best_lane(P, n, *theta, d, lane, 32, &j, &v);
+  for (int off = 16; off > 0; off >>= 1) {
+    const int32_t oj = __shfl_xor_sync(0xffffffffu, j, off);
+    const double ov = __shfl_xor_sync(0xffffffffu, v, off);
+    const bool oany = __shfl_xor_sync(0xffffffffu, any ? 1 : 0, off) != 0;
+    if (oany && (!any || sm::diagonal_better(ov, oj, v, j))) {
+      j = oj;
+      v = ov;
+      any = true;
+    }
+  }
+  if (lane == 0) {
+    begin_end[2 * d] = any ? j : -1;
+    begin_end[2 * d + 1] = any ? d - j + 1 : -1;
+    score[d] = any ? v : 0.0;
+  }
 }
 
 // Masses of spans (begin, end pairs): the triangle and the later rows' (span_masses()).
@@ -284,6 +309,13 @@ __global__ void repr_sum_kernel(const float* dots, const double* w, int64_t bloc
   for (int h = 0; h < nq; ++h)
     if (w[h] != 0) s = sm::repr_accumulate(s, w[h], dots[b * nq + h]);
   scores[b] = s;
+}
+
+// Grows a scratch buffer geometrically and never shrinks it (a reallocation frees the old buffer, which waits for
+// the whole device: per layer and chunk that would be a hidden synchronisation). Kernels take explicit counts.
+template <typename T>
+void fit(attn::gpu::DeviceBuffer<T>& b, size_t count) {
+  if (count > b.size()) b.resize(std::max(count, 2 * b.size()));
 }
 
 template <typename T>
@@ -347,7 +379,7 @@ size_t StreamDecider::device_bytes() const {
   for (const Mirror& m : mirrors_) b += m.keys.bytes() + m.span_first.bytes() + m.span_count.bytes() + m.block_begin.bytes();
   for (const MeansMirror& m : means_mirrors_) b += m.means.bytes();
   b += prefix_.bytes() + theta_dev_.bytes() + masses_.bytes() + cand_begin_.bytes() + cand_end_.bytes() +
-       positions_.bytes() + cand_score_.bytes() + keys_.bytes() + repr_dots_.bytes();
+       positions_.bytes() + cand_score_.bytes() + keys_.bytes() + repr_dots_.bytes() + select_.bytes();
   return b;
 }
 
@@ -392,11 +424,11 @@ void StreamDecider::launch_chunk(const bf16* q, const bf16* k, int32_t n, int32_
   const cublasHandle_t h = as_handle(handle_);
   cublas_check(cublasSetStream(h, s), "cublasSetStream");
   const int64_t nn = static_cast<int64_t>(n) * n;
-  qf_.resize(static_cast<size_t>(n * qrow_));
-  kf_.resize(static_cast<size_t>(n * row_));
-  scores_.resize(static_cast<size_t>(nq_ * nn));
-  map_.resize(static_cast<size_t>(nn));
-  votes_.resize(static_cast<size_t>(n));
+  fit(qf_, static_cast<size_t>(n * qrow_));
+  fit(kf_, static_cast<size_t>(n * row_));
+  fit(scores_, static_cast<size_t>(nq_ * nn));
+  fit(map_, static_cast<size_t>(nn));
+  fit(votes_, static_cast<size_t>(n));
   const int half = d_ / 2;
   rotate_f32_kernel<<<blocks_for(static_cast<int64_t>(n) * half, kThreads), kThreads, 0, s>>>(
       reinterpret_cast<const nbf*>(q), qf_.data(), n, nq_, d_, inv_freq, pos);
@@ -432,19 +464,25 @@ void StreamDecider::launch_chunk(const bf16* q, const bf16* k, int32_t n, int32_
   if (!candidates) return;
   // Span discovery: prefix sums, theta, the best point per anti-diagonal.
   const int64_t w = static_cast<int64_t>(n) + 1;
-  prefix_.resize(static_cast<size_t>(w * w));
-  theta_dev_.resize(1);
+  fit(prefix_, static_cast<size_t>(w * w));
+  fit(theta_dev_, 1);
   TESSERA_CUDA_CHECK(cudaMemsetAsync(prefix_.data(), 0, static_cast<size_t>(w) * sizeof(double), s));
   prefix_rows_kernel<<<(n + 127) / 128, 128, 0, s>>>(map_.data(), n, prefix_.data());
   prefix_cols_kernel<<<(n + 127) / 128, 128, 0, s>>>(n, prefix_.data());
   const uint64_t causal = static_cast<uint64_t>(n) * static_cast<uint64_t>(n + 1) / 2;
-  quantile_kernel<<<1, kSelectThreads, 0, s>>>(map_.data(), n, sm::quantile_rank(theta_quantile, causal),
-                                               theta_dev_.data());
+  fit(select_, (sizeof(SelectState) + 7) / 8);
+  auto* st = reinterpret_cast<SelectState*>(select_.data());
+  select_init_kernel<<<1, 256, 0, s>>>(st, sm::quantile_rank(theta_quantile, causal));
+  const int select_blocks = static_cast<int>(std::clamp<int64_t>(nn / (kSelectThreads * 8), 1, 264));
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    select_hist_kernel<<<select_blocks, kSelectThreads, 0, s>>>(map_.data(), n, st, shift);
+    select_pick_kernel<<<1, 32, 0, s>>>(st, shift, theta_dev_.data());
+  }
   const int32_t diagonals = 2 * n - 1;
-  cand_begin_.resize(static_cast<size_t>(2 * diagonals));
-  cand_score_.resize(static_cast<size_t>(diagonals));
-  candidates_kernel<<<(diagonals + 127) / 128, 128, 0, s>>>(prefix_.data(), n, theta_dev_.data(), cand_begin_.data(),
-                                                            cand_score_.data());
+  fit(cand_begin_, static_cast<size_t>(2 * diagonals));
+  fit(cand_score_, static_cast<size_t>(diagonals));
+  candidates_kernel<<<(diagonals + 3) / 4, 128, 0, s>>>(prefix_.data(), n, theta_dev_.data(), cand_begin_.data(),
+                                                        cand_score_.data());
   check_launch("stream span discovery");
   pinned(cand_host_, cand_host_values_, static_cast<size_t>(2 * diagonals));
   pinned(cand_score_host_, cand_score_host_values_, static_cast<size_t>(diagonals) + 1);
@@ -465,8 +503,8 @@ std::vector<stream::SpanMasses> StreamDecider::span_masses(std::span<const strea
     staging_[2 * i] = spans[static_cast<size_t>(i)].begin;
     staging_[2 * i + 1] = spans[static_cast<size_t>(i)].end;
   }
-  cand_end_.resize(static_cast<size_t>(2 * count));
-  masses_.resize(static_cast<size_t>(2 * count));
+  fit(cand_end_, static_cast<size_t>(2 * count));
+  fit(masses_, static_cast<size_t>(2 * count));
   h2d(cand_end_.data(), staging_, static_cast<size_t>(2 * count), s);
   masses_kernel<<<(count + 127) / 128, 128, 0, s>>>(prefix_.data(), map_n_, cand_end_.data(), count, masses_.data());
   check_launch("stream span masses");
@@ -486,8 +524,8 @@ std::vector<float> StreamDecider::gather_keys(const bf16* ring, int32_t ring_row
   if (m == 0) return out;
   pinned(staging_, staging_values_, static_cast<size_t>(m));
   std::copy(positions.begin(), positions.end(), staging_);
-  positions_.resize(static_cast<size_t>(m));
-  keys_.resize(static_cast<size_t>(m * row_));
+  fit(positions_, static_cast<size_t>(m));
+  fit(keys_, static_cast<size_t>(m * row_));
   h2d(positions_.data(), staging_, static_cast<size_t>(m), s);
   gather_ring_kernel<<<blocks_for(m * row_, kThreads), kThreads, 0, s>>>(reinterpret_cast<const nbf*>(ring), ring_rows,
                                                                          sinks, positions_.data(), m, row_, keys_.data());
@@ -519,16 +557,16 @@ std::vector<double> StreamDecider::infllm_scores(int32_t layer, const stream::Re
   }
   std::vector<double> out(static_cast<size_t>(blocks), 0.0);
   if (blocks == 0) return out;
-  mean_.resize(static_cast<size_t>(qrow_));
+  fit(mean_, static_cast<size_t>(qrow_));
   mean_query_kernel<<<static_cast<unsigned>((qrow_ + 127) / 128), 128, 0, s>>>(reinterpret_cast<const nbf*>(q),
                                                                                mean_.data(), n, qrow_);
-  weights_.resize(static_cast<size_t>(nq_));
+  fit(weights_, static_cast<size_t>(nq_));
   h2d(weights_.data(), w.data(), static_cast<size_t>(nq_), s);
-  repr_dots_.resize(static_cast<size_t>(blocks) * static_cast<size_t>(nq_));
+  fit(repr_dots_, static_cast<size_t>(blocks) * static_cast<size_t>(nq_));
   const int64_t pairs = static_cast<int64_t>(blocks) * nq_;
   repr_dots_kernel<<<static_cast<unsigned>((pairs + 127) / 128), 128, 0, s>>>(
       mean_.data(), M.means.data(), weights_.data(), blocks, nq_, nq_ / nkv_, d_, row_, repr_dots_.data());
-  block_scores_.resize(static_cast<size_t>(blocks));
+  fit(block_scores_, static_cast<size_t>(blocks));
   repr_sum_kernel<<<(blocks + 127) / 128, 128, 0, s>>>(repr_dots_.data(), weights_.data(), blocks, nq_,
                                                        block_scores_.data());
   check_launch("stream infllm scores");
@@ -542,7 +580,7 @@ std::vector<double> StreamDecider::infllm_scores(int32_t layer, const stream::Re
 }
 
 std::vector<float> StreamDecider::mean_query(const bf16* q, int32_t n, cudaStream_t s) {
-  mean_.resize(static_cast<size_t>(qrow_));
+  fit(mean_, static_cast<size_t>(qrow_));
   mean_query_kernel<<<static_cast<unsigned>((qrow_ + 127) / 128), 128, 0, s>>>(reinterpret_cast<const nbf*>(q),
                                                                                mean_.data(), n, qrow_);
   check_launch("stream mean query");
@@ -590,7 +628,8 @@ void StreamDecider::mirror(int32_t layer, const stream::SpanIndex& index, cudaSt
           "GPU streaming: a block's spans are not consecutive in the span index");
     M.block_begin_host[static_cast<size_t>(b) + 1] = M.block_begin_host[static_cast<size_t>(b)] + static_cast<int32_t>(bs.size());
   }
-  M.block_begin.upload(M.block_begin_host, s);
+  fit(M.block_begin, M.block_begin_host.size());
+  h2d(M.block_begin.data(), M.block_begin_host.data(), M.block_begin_host.size(), s);  // pageable: staged at once
 }
 
 std::vector<double> StreamDecider::ltri_scores(int32_t layer, const stream::SpanIndex& index, const bf16* q,
@@ -622,15 +661,15 @@ std::vector<double> StreamDecider::ltri_scores(int32_t layer, const stream::Span
   offsets[0] = 0;
   for (int32_t t = 0; t < T; ++t) offsets[t + 1] = offsets[t] + counts[static_cast<size_t>(t)];
   check(offsets[T] == m, "GPU streaming: the query spans' counts do not add up to their vectors");
-  tokens_.resize(static_cast<size_t>(std::max<int64_t>(m, 1)));
-  span_offsets_.resize(static_cast<size_t>(T) + 1);
+  fit(tokens_, static_cast<size_t>(std::max<int64_t>(m, 1)));
+  fit(span_offsets_, static_cast<size_t>(T) + 1);
   h2d(tokens_.data(), staging_, static_cast<size_t>(m), s);
   h2d(span_offsets_.data(), offsets, static_cast<size_t>(T) + 1, s);
-  weights_.resize(static_cast<size_t>(std::max(H, 1)));
+  fit(weights_, static_cast<size_t>(std::max(H, 1)));
   h2d(weights_.data(), weights.data(), weights.size(), s);
-  sim_.resize(static_cast<size_t>(std::max<int64_t>(static_cast<int64_t>(T) * S, 1)));
+  fit(sim_, static_cast<size_t>(std::max<int64_t>(static_cast<int64_t>(T) * S, 1)));
   if (m > 0 && V > 0 && H > 0 && S > 0) {
-    qsel_.resize(static_cast<size_t>(m * qrow_));
+    fit(qsel_, static_cast<size_t>(m * qrow_));
     gather_kernel<<<blocks_for(m * qrow_, kThreads), kThreads, 0, s>>>(reinterpret_cast<const nbf*>(q), tokens_.data(),
                                                                       qsel_.data(), m, qrow_);
     check_launch("stream ltri scores: gather");
@@ -643,7 +682,7 @@ std::vector<double> StreamDecider::ltri_scores(int32_t layer, const stream::Span
       int64_t s1 = s0 + 1;
       while (s1 < S && M.first_host[static_cast<size_t>(s1)] + M.count_host[static_cast<size_t>(s1)] - v0 <= tile_vectors) ++s1;
       const int64_t vt = M.first_host[static_cast<size_t>(s1 - 1)] + M.count_host[static_cast<size_t>(s1 - 1)] - v0;
-      dots_.resize(static_cast<size_t>(static_cast<int64_t>(H) * m * vt));
+      fit(dots_, static_cast<size_t>(static_cast<int64_t>(H) * m * vt));
       // dots[slot] (row-major [m, vt]) = Q_h K_g^T: column-major C [vt, m] = K^T-read (TN).
       if (H == nq_) {
         for (int j = 0; j < group; ++j)
@@ -672,7 +711,7 @@ std::vector<double> StreamDecider::ltri_scores(int32_t layer, const stream::Span
   } else if (static_cast<int64_t>(T) * S > 0) {
     TESSERA_CUDA_CHECK(cudaMemsetAsync(sim_.data(), 0, static_cast<size_t>(T) * static_cast<size_t>(S) * sizeof(double), s));
   }
-  block_scores_.resize(static_cast<size_t>(blocks));
+  fit(block_scores_, static_cast<size_t>(blocks));
   block_kernel<<<(blocks + 127) / 128, 128, 0, s>>>(sim_.data(), M.block_begin.data(), blocks, T, S,
                                                      block_scores_.data());
   check_launch("stream ltri scores: blocks");

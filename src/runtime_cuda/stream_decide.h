@@ -10,8 +10,8 @@
 //    discovery reads it) and the n votes come back, not q and k.
 //  - Ltri span discovery (launch_chunk(..., candidates)): from the map on the device, its 2-D prefix sums in f64
 //    (one thread per row, then one per column: the CPU's operations in its order), theta (the quantile of the
-//    causal entries, an exact radix select of the k-th smallest), the triangle scores and the linear variant's best
-//    point per anti-diagonal (runtime/stream/span_math.h, the CPU's own functions): only the <= 2n - 1 candidates
+//    causal entries, an exact radix select of the k-th smallest: four histogram passes over the grid), the triangle
+//    scores and the linear variant's best point per anti-diagonal (one warp per diagonal) (runtime/stream/span_math.h, the CPU's own functions): only the <= 2n - 1 candidates
 //    come back, EQUAL to span_candidates() of the same map; NMS and the cover stay on the host, which then asks
 //    span_masses() for its spans' masses (the prefix sums stay on the device).
 //  - index keys: gather_keys() — the raw K rows of the positions the evictions index, from the layer's device ring
@@ -114,6 +114,7 @@ class StreamDecider {
   std::vector<Mirror> mirrors_;
   std::vector<MeansMirror> means_mirrors_;
   attn::gpu::DeviceBuffer<double> prefix_, theta_dev_, masses_;
+  attn::gpu::DeviceBuffer<uint64_t> select_;  // the radix select's state
   attn::gpu::DeviceBuffer<int32_t> cand_begin_, cand_end_, positions_;
   attn::gpu::DeviceBuffer<double> cand_score_;
   attn::gpu::DeviceBuffer<float> keys_, repr_dots_;

@@ -319,33 +319,58 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
   const auto t0 = Clock::now();
   stream::StreamLayout lay;
   if (host_.needs_qk() && device_decisions_) {
-    // Raw K to the host (the index keeps raw keys of the recent tokens); the map and votes on the device.
-    bf16* hk = stage_;
-    TESSERA_CUDA_CHECK(cudaMemcpyAsync(hk, k, static_cast<size_t>(n) * row_bytes, cudaMemcpyDeviceToHost, s));
+    // The map, votes and (ltri, linear variant) span candidates on the device; nothing waits until the evictions'
+    // index keys (gathered from the ring) or the votes are needed. The host gets no q and no K.
     const bool ltri = opt_.method == StreamMethod::Ltri;
+    const bool cands = ltri && opt_.linear_nms;
     auto td = Clock::now();
-    decider_->chunk_map(q, k, n, pos, inv_freq, scale, ltri || record_, s);  // synchronises s (and the copy above)
+    decider_->launch_chunk(q, k, n, pos, inv_freq, scale, (ltri && !cands) || record_, cands, opt_.theta_quantile, s);
     stats_.decision_device_seconds += since(td);
-    kf_.resize(static_cast<size_t>(n * row_));
-    for (size_t i = 0; i < kf_.size(); ++i) kf_[i] = bf16_to_f32(hk[i]);
-    if (record_) {
-      record_data_ = {};
-      record_data_.map.assign(decider_->map().begin(), decider_->map().end());
-      record_data_.votes.assign(decider_->votes().begin(), decider_->votes().end());
-    }
+    if (record_) record_data_ = {};
     StreamingKV::DeviceDecisions given;
-    if (ltri) given.map = decider_->map();
+    if (ltri && !cands) given.map = decider_->map();
     given.votes = decider_->votes();
+    given.has_candidates = cands;
+    given.ready = [&] {
+      const auto tw = Clock::now();
+      decider_->wait(s);
+      stats_.decision_device_seconds += since(tw);
+      given.candidates = decider_->candidates();
+      if (record_) {
+        record_data_.map.assign(decider_->map().begin(), decider_->map().end());
+        record_data_.votes.assign(decider_->votes().begin(), decider_->votes().end());
+        record_data_.candidates.assign(decider_->candidates().begin(), decider_->candidates().end());
+        record_data_.theta = decider_->theta();
+      }
+    };
+    given.index_keys = [&](std::span<const int32_t> positions) {
+      const auto tk = Clock::now();
+      std::vector<float> keys = decider_->gather_keys(L.ring_k.data(), ring_rows_, opt_.sinks, positions, s);
+      stats_.decision_device_seconds += since(tk);
+      if (record_) {
+        record_data_.key_positions.assign(positions.begin(), positions.end());
+        record_data_.keys = keys;
+      }
+      return keys;
+    };
+    given.span_masses = [&](std::span<const stream::Span> spans) {
+      const auto tm = Clock::now();
+      std::vector<stream::SpanMasses> masses = decider_->span_masses(spans, s);
+      stats_.decision_device_seconds += since(tm);
+      if (record_) {
+        record_data_.mass_spans.assign(spans.begin(), spans.end());
+        record_data_.masses = masses;
+      }
+      return masses;
+    };
     given.block_scores = [&](std::span<const int32_t> tokens, std::span<const int32_t> counts,
                              const stream::HeadWeights& w) {
       const auto ts = Clock::now();
       std::vector<double> scores;
-      if (ltri) {
+      if (ltri)
         scores = decider_->ltri_scores(layer, host_.span_index(layer), q, tokens, counts, w, s);
-      } else {  // InfLLM: the mean query from the device; the host's own scoring of it (exactly its arithmetic)
-        const std::vector<float> mean = decider_->mean_query(q, n, s);
-        scores = host_.repr_index(layer).block_scores(mean, 1, w);
-      }
+      else  // InfLLM: the mean query and the blocks' scores on the device (exactly the host's arithmetic)
+        scores = decider_->infllm_scores(layer, host_.repr_index(layer), q, n, w, s);
       stats_.decision_device_seconds += since(ts);
       if (record_) {
         record_data_.tokens.assign(tokens.begin(), tokens.end());
@@ -354,7 +379,13 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
       }
       return scores;
     };
-    lay = host_.plan(layer, pos, n, kf_.data(), inv_freq_host, given);
+    try {
+      lay = host_.plan(layer, pos, n, nullptr, inv_freq_host, given);
+    } catch (...) {
+      decider_->wait(s);
+      throw;
+    }
+    decider_->wait(s);  // (a no-op: plan() waited)
   } else if (host_.needs_qk()) {
     bf16* hq = stage_;
     bf16* hk = stage_ + n * qrow_;

@@ -6,8 +6,11 @@
 //    vectors), the chunk's attention map, Ltri spans, retrieval, retrieval-head and collaborative voting, the layout.
 //    For ltri / infllm the heavy parts run on the device (stream_decide.h: the chunk's map and votes, Ltri's block
 //    scores against a device mirror of the span index, InfLLM's mean query) and the class decides on them through
-//    StreamingKV::plan(..., DeviceDecisions); the host gets the map (ltri) or the votes (infllm), the raw K of the chunk
-//    (the index keeps raw keys) and the block scores, and synchronises the compute stream twice per layer and chunk.
+//    StreamingKV::plan(..., DeviceDecisions); the host gets the votes, Ltri's span candidates (<= 2n - 1) and its
+//    spans' masses, the raw keys of the rows the evictions index (gathered from the ring) and the block scores
+//    (InfLLM's scored on the device against a mirror of the block means) — never the chunk's q, K or map (but for
+//    Ltri's non-linear variant, which takes the map) — and waits for the device three times per layer and chunk
+//    (ltri: keys and candidates, masses, scores; infllm: keys and votes, scores).
 //    With device_decisions(false) / TESSERA_STREAM_DECISIONS=host, the class computes them itself from f32 copies of
 //    q and k (the earlier path). streamingllm needs none (the GPU never waits for the host). On the device's results
 //    the CPU class decides exactly as the GPU path (tests/gpu/engine_tests/stream_gpu_test.cpp checks it);
@@ -67,6 +70,12 @@ struct GpuStreamStats {
 // What the device computed for one layer's chunk (GpuStreamingKV::record(true); tests compare it with the CPU's).
 struct GpuDecisionRecord {
   std::vector<float> map, votes;         // the chunk's map [n, n] and votes [n]
+  std::vector<stream::Span> candidates;  // ltri (linear variant): the device's span candidates, and its theta
+  double theta = 0;
+  std::vector<stream::Span> mass_spans;  // ltri: the spans the host asked masses for, and the masses
+  std::vector<stream::SpanMasses> masses;
+  std::vector<int32_t> key_positions;    // the positions whose raw keys the evictions' index took from the ring
+  std::vector<float> keys;               // ... and those keys [positions, kv_heads * d]
   std::vector<int32_t> tokens, counts;   // ltri: the query vectors' tokens and counts the host asked scores for
   std::vector<double> scores;            // the block scores returned (empty: none asked)
 };

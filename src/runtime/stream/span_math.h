@@ -81,43 +81,85 @@ TESSERA_SPAN_HD double triangle_score(const double* P, int32_t n, double theta, 
   return fma(-theta, cells, mass(P, n, j, i + 1, j, i + 1));
 }
 
+// Loads are taken kChunk at a time into registers before the chunk's dependent adds (the device's memory latency
+// is then paid once per chunk); the adds themselves run one after another in column (row) order.
+constexpr int32_t kPrefixChunk = 16;
+
 // Row r of R into P's row r + 1 (P[r + 1][c + 1] = R[r][c]; the column pass adds the rows above).
-TESSERA_SPAN_HD void prefix_row(const float* map, int32_t n, int32_t r, double* P) {
+TESSERA_SPAN_HD void prefix_row(const float* __restrict__ map, int32_t n, int32_t r, double* __restrict__ P) {
   double row = 0;
+  const float* in = map + static_cast<int64_t>(r) * n;
   double* out = P + static_cast<int64_t>(r + 1) * (n + 1);
   out[0] = 0;
-  for (int32_t c = 0; c < n; ++c) {
-    if (c <= r) row = add(row, static_cast<double>(map[static_cast<int64_t>(r) * n + c]));
-    out[c + 1] = row;
+  for (int32_t c0 = 0; c0 < n; c0 += kPrefixChunk) {
+    float v[kPrefixChunk];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int32_t i = 0; i < kPrefixChunk; ++i) v[i] = c0 + i < n && c0 + i <= r ? in[c0 + i] : 0.0f;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int32_t i = 0; i < kPrefixChunk; ++i) {
+      if (c0 + i >= n) break;
+      if (c0 + i <= r) row = add(row, static_cast<double>(v[i]));
+      out[c0 + i + 1] = row;
+    }
   }
 }
 
 // Column c + 1 of P, top to bottom, after every prefix_row: P[r + 1][c + 1] = P[r][c + 1] + R[r][c].
-TESSERA_SPAN_HD void prefix_column(int32_t n, int32_t c, double* P) {
+TESSERA_SPAN_HD void prefix_column(int32_t n, int32_t c, double* __restrict__ P) {
   double acc = 0;  // P[0][c + 1]
-  for (int32_t r = 0; r < n; ++r) {
-    double* cell = P + static_cast<int64_t>(r + 1) * (n + 1) + c + 1;
-    acc = add(acc, *cell);
-    *cell = acc;
+  const int64_t ld = n + 1;
+  double* col = P + ld + c + 1;  // P[1][c + 1]
+  for (int32_t r0 = 0; r0 < n; r0 += kPrefixChunk) {
+    double v[kPrefixChunk];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int32_t i = 0; i < kPrefixChunk; ++i) v[i] = r0 + i < n ? col[(r0 + i) * ld] : 0.0;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int32_t i = 0; i < kPrefixChunk; ++i) {
+      if (r0 + i >= n) break;
+      acc = add(acc, v[i]);
+      col[(r0 + i) * ld] = acc;
+    }
   }
+}
+
+// Whether candidate (v1 at begin j1) beats (v2 at j2) on one anti-diagonal: the higher score, ties the smaller j.
+TESSERA_SPAN_HD bool diagonal_better(double v1, int32_t j1, double v2, int32_t j2) {
+  return v1 > v2 || (v1 == v2 && j1 < j2);
+}
+
+// One lane's share of anti-diagonal d (j + i = d, j <= i): j = j0 + lane, j0 + lane + lanes, ...; its best TA > 0
+// (ties: the smaller j, as it scans j upwards). Combining the lanes' bests with diagonal_better() in any order gives
+// diagonal_best()'s point (the maximum; among equal maxima the smallest j).
+TESSERA_SPAN_HD bool diagonal_best_lane(const double* P, int32_t n, double theta, int32_t d, int32_t lane,
+                                        int32_t lanes, int32_t* begin, double* score) {
+  bool any = false;
+  const int32_t j0 = d - (n - 1) > 0 ? d - (n - 1) : 0;
+  for (int32_t j = j0 + lane; 2 * j <= d; j += lanes) {
+    const double v = triangle_score(P, n, theta, j, d - j);
+    if (v > 0 && (!any || v > *score)) {
+      *begin = j;
+      *score = v;
+      any = true;
+    }
+  }
+  return any;
 }
 
 // The linear variant's candidate on anti-diagonal d (j + i = d, j <= i): the best TA > 0, ties to the smaller j.
 // Returns false when none scores above 0.
 TESSERA_SPAN_HD bool diagonal_best(const double* P, int32_t n, double theta, int32_t d, int32_t* begin, int32_t* end,
                                    double* score) {
-  bool any = false;
-  const int32_t j0 = d - (n - 1) > 0 ? d - (n - 1) : 0;
-  for (int32_t j = j0; 2 * j <= d; ++j) {
-    const double v = triangle_score(P, n, theta, j, d - j);
-    if (v > 0 && (!any || v > *score)) {
-      *begin = j;
-      *end = d - j + 1;
-      *score = v;
-      any = true;
-    }
-  }
-  return any;
+  if (!diagonal_best_lane(P, n, theta, d, 0, 1, begin, score)) return false;
+  *end = d - *begin + 1;
+  return true;
 }
 
 // The order key of a float: unsigned order equals the float order (negative values below positive ones).

@@ -151,7 +151,7 @@ stream::HeadWeights StreamingKV::head_weights(int32_t layer) const {
   return w;
 }
 
-void StreamingKV::evict(int32_t layer, int32_t b, int32_t first) {
+void StreamingKV::evict(int32_t layer, int32_t b, int32_t first, std::vector<PendingVectors>& pending) {
   Layer& L = layers_[static_cast<size_t>(layer)];
   const int32_t B = opt_.block, s0 = opt_.sinks + b * B;
   const auto rows = static_cast<size_t>(B * row_);
@@ -165,12 +165,10 @@ void StreamingKV::evict(int32_t layer, int32_t b, int32_t first) {
   else
     store_.account(layer);  // the rows go to the GPU path's pinned store
   const std::span<const float> votes(L.votes.data() + first, static_cast<size_t>(B));
-  auto keys_of = [&](const std::vector<int32_t>& tokens) {
-    std::vector<float> keys;
-    keys.reserve(tokens.size() * static_cast<size_t>(row_));
-    for (int32_t t : tokens)
-      keys.insert(keys.end(), L.recent_k.begin() + at_row + t * row_, L.recent_k.begin() + at_row + (t + 1) * row_);
-    return keys;
+  auto add = [&](const std::vector<int32_t>& tokens, int32_t count) {  // block-relative tokens
+    PendingVectors p{b, count, {}};
+    for (int32_t t : tokens) p.positions.push_back(s0 + t);
+    pending.push_back(std::move(p));
   };
   if (opt_.method == StreamMethod::Ltri) {
     // The block's pieces: its spans clipped to it, and the tokens no span covers (decoded ones) as spans of their own.
@@ -208,12 +206,46 @@ void StreamingKV::evict(int32_t layer, int32_t b, int32_t first) {
     const double lam = lambda(layer);
     for (const Piece& p : pieces) {
       const int32_t count = stream::retained_vectors(p.end - p.begin, p.ratio, lam, opt_.min_vectors, opt_.max_vectors);
-      const std::vector<float> keys = keys_of(stream::top_voted(votes, p.begin, p.end, count));
-      L.span_index.add(b, keys, count);
+      add(stream::top_voted(votes, p.begin, p.end, count), count);
     }
   } else if (opt_.method == StreamMethod::InfLLM) {
     const std::vector<int32_t> tokens = stream::top_voted(votes, 0, B, std::min(opt_.repr_keys, B));
-    L.repr_index.add(keys_of(tokens), static_cast<int32_t>(tokens.size()));
+    add(tokens, static_cast<int32_t>(tokens.size()));
+  }
+}
+
+void StreamingKV::index_keys(int32_t layer, const std::vector<PendingVectors>& pending) {
+  if (pending.empty()) return;
+  Layer& L = layers_[static_cast<size_t>(layer)];
+  std::vector<int32_t> positions;
+  for (const PendingVectors& p : pending) positions.insert(positions.end(), p.positions.begin(), p.positions.end());
+  std::vector<float> keys;
+  if (given_ != nullptr && given_->index_keys) {
+    keys = given_->index_keys(positions);
+    check(keys.size() == positions.size() * static_cast<size_t>(row_),
+          "streaming: the device's index keys have " + std::to_string(keys.size()) + " values for " +
+              std::to_string(positions.size()) + " positions (" + std::to_string(positions.size() * static_cast<size_t>(row_)) +
+              " expected)");
+  } else {
+    // The recent rows start at the first block this chunk evicts (drop_front() runs after the index).
+    const int32_t first = opt_.sinks + prev_evicted_ * opt_.block;
+    keys.reserve(positions.size() * static_cast<size_t>(row_));
+    for (int32_t p : positions) {
+      const int64_t at = (L.recent_skip + p - first) * row_;
+      check(p >= first && at + row_ <= static_cast<int64_t>(L.recent_k.size()),
+            "streaming: the key of position " + std::to_string(p) + " is not held (a sequence takes its index keys "
+            "from the device from its first chunk on)");
+      keys.insert(keys.end(), L.recent_k.begin() + at, L.recent_k.begin() + at + row_);
+    }
+  }
+  size_t at = 0;
+  for (const PendingVectors& p : pending) {
+    const std::span<const float> k(keys.data() + at, p.positions.size() * static_cast<size_t>(row_));
+    at += k.size();
+    if (opt_.method == StreamMethod::Ltri)
+      L.span_index.add(p.block, k, p.count);
+    else
+      L.repr_index.add(k, p.count);
   }
 }
 
@@ -226,7 +258,9 @@ void StreamingKV::drop_front(int32_t layer, int32_t tokens) {
   L.recent_count -= tokens;
   if (L.recent_skip >= L.recent_count) {
     const auto rows = static_cast<std::ptrdiff_t>(L.recent_skip * row_);
-    if (keeps_recent_k()) L.recent_k.erase(L.recent_k.begin(), L.recent_k.begin() + rows);
+    if (keeps_recent_k())
+      L.recent_k.erase(L.recent_k.begin(), L.recent_k.begin() + std::min<std::ptrdiff_t>(
+                                                                  rows, static_cast<std::ptrdiff_t>(L.recent_k.size())));
     if (storage_ == Storage::Host) L.recent_v.erase(L.recent_v.begin(), L.recent_v.begin() + rows);
     L.recent_skip = 0;
   }
@@ -254,13 +288,13 @@ std::vector<int32_t> StreamingKV::retrieve(int32_t layer, const float* q_raw, in
   } else {
     // Query vectors: per chunk span, the raw queries of its most attended tokens.
     const double lam = lambda(layer);
-    const stream::TriangleScores masses(map, n, 0.0);
     const int64_t qrow = static_cast<int64_t>(cfg_.num_q_heads) * cfg_.head_dim;
     std::vector<float> queries;
     std::vector<int32_t> counts, tokens;
-    for (const stream::Span& s : spans) {
-      const int32_t count = stream::retained_vectors(s.length(), stream::area_ratio(masses, s), lam,
-                                                     opt_.min_vectors, opt_.max_vectors);
+    check(chunk_area_.size() == spans.size(), "streaming: the chunk's spans have no area ratios");
+    for (size_t i = 0; i < spans.size(); ++i) {
+      const stream::Span& s = spans[i];
+      const int32_t count = stream::retained_vectors(s.length(), chunk_area_[i], lam, opt_.min_vectors, opt_.max_vectors);
       for (int32_t t : stream::top_voted(chunk_votes_, s.begin, s.end, count)) {
         if (given_ != nullptr)
           tokens.push_back(t);
@@ -302,8 +336,11 @@ void StreamingKV::prepare(int32_t layer, int32_t pos, int32_t n, const float* q,
   const int64_t qrow = static_cast<int64_t>(nq) * d;
   auto t0 = Clock::now();
   // Every block leaving the window is indexed and stored first, then the recent rows shift once (one move per chunk).
-  for (int32_t b = prev_evicted_; b < evicted_; ++b) evict(layer, b, (b - prev_evicted_) * opt_.block);
+  std::vector<PendingVectors> pending;
+  for (int32_t b = prev_evicted_; b < evicted_; ++b) evict(layer, b, (b - prev_evicted_) * opt_.block, pending);
+  index_keys(layer, pending);
   if (evicted_ > prev_evicted_) drop_front(layer, (evicted_ - prev_evicted_) * opt_.block);
+  if (given_ != nullptr && given_->ready) given_->ready();
   retrieval_seconds_ += since(t0);
 
   const bool maps = needs_qk();
@@ -331,11 +368,12 @@ void StreamingKV::prepare(int32_t layer, int32_t pos, int32_t n, const float* q,
   // The chunk's attention map within itself (ltri, infllm): summed over heads, softmax over the chunk's causal keys.
   chunk_spans_.clear();
   chunk_ratios_.clear();
+  chunk_area_.clear();
   t0 = Clock::now();
   if (given_map) {
     // The device's map (ltri) and votes.
     const size_t nn = static_cast<size_t>(n) * static_cast<size_t>(n);
-    check(opt_.method != StreamMethod::Ltri || given_->map.size() == nn,
+    check(opt_.method != StreamMethod::Ltri || given_->has_candidates || given_->map.size() == nn,
           "streaming: the device's attention map has " + std::to_string(given_->map.size()) + " entries for a chunk of " +
               std::to_string(n) + " tokens (" + std::to_string(nn) + " expected)");
     check(given_->votes.size() == static_cast<size_t>(n), "streaming: the device's votes have " +
@@ -397,11 +435,30 @@ void StreamingKV::prepare(int32_t layer, int32_t pos, int32_t n, const float* q,
       for (int32_t c = 0; c <= r; ++c) chunk_votes_[static_cast<size_t>(c)] += map_[static_cast<size_t>(r) * static_cast<size_t>(n) + static_cast<size_t>(c)];
   }
   if (maps && opt_.method == StreamMethod::Ltri) {
-    const stream::TriangleScores ts(map_, n, stream::causal_quantile(map_, n, opt_.theta_quantile));
-    std::vector<stream::Span> kept = stream::nms(stream::span_candidates(ts, opt_.linear_nms), opt_.iou);
-    chunk_spans_ = stream::cover_with_spans(kept, n);
-    for (const stream::Span& sp : chunk_spans_)
-      chunk_ratios_.push_back(sp.end < n ? stream::area_ratio(ts, sp) : kUnmeasured);
+    std::vector<stream::SpanMasses> masses;
+    if (given_map && given_->has_candidates) {
+      // The device's candidates: NMS and the cover here, then the masses of the cover's spans from the device.
+      for (const stream::Span& c : given_->candidates)
+        check(c.begin >= 0 && c.begin < c.end && c.end <= n,
+              "streaming: the device's span candidate [" + std::to_string(c.begin) + ", " + std::to_string(c.end) +
+                  ") lies outside a chunk of " + std::to_string(n) + " tokens");
+      std::vector<stream::Span> kept =
+          stream::nms(std::vector<stream::Span>(given_->candidates.begin(), given_->candidates.end()), opt_.iou);
+      chunk_spans_ = stream::cover_with_spans(kept, n);
+      masses = given_->span_masses(chunk_spans_);
+      check(masses.size() == chunk_spans_.size(), "streaming: the device's span masses have " +
+                                                      std::to_string(masses.size()) + " entries for " +
+                                                      std::to_string(chunk_spans_.size()) + " spans");
+    } else {
+      const stream::TriangleScores ts(map_, n, stream::causal_quantile(map_, n, opt_.theta_quantile));
+      std::vector<stream::Span> kept = stream::nms(stream::span_candidates(ts, opt_.linear_nms), opt_.iou);
+      chunk_spans_ = stream::cover_with_spans(kept, n);
+      for (const stream::Span& sp : chunk_spans_) masses.push_back(stream::span_masses(ts, sp));
+    }
+    for (size_t i = 0; i < chunk_spans_.size(); ++i) {
+      chunk_area_.push_back(stream::area_ratio(masses[i]));
+      chunk_ratios_.push_back(chunk_spans_[i].end < n ? chunk_area_.back() : kUnmeasured);
+    }
   }
   L.retrieved = retrieve(layer, q, n, map_, chunk_spans_);
   if (kind_ == ChunkKind::LastPrefill) L.persisted = L.retrieved;
@@ -430,7 +487,7 @@ void StreamingKV::finish(int32_t layer, int32_t pos, int32_t n, const float* k, 
       auto& dv = sink ? L.sink_v : L.recent_v;
       dk.insert(dk.end(), k + t * row_, k + (t + 1) * row_);
       dv.insert(dv.end(), v + t * row_, v + (t + 1) * row_);
-    } else if (!sink && keeps_recent_k()) {
+    } else if (!sink && keeps_recent_k() && k != nullptr) {
       L.recent_k.insert(L.recent_k.end(), k + t * row_, k + (t + 1) * row_);
     }
     if (!sink) L.votes.push_back(maps ? chunk_votes_[static_cast<size_t>(t)] : 0.0f);

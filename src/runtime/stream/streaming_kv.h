@@ -103,6 +103,18 @@ class StreamingKV : public KVPolicy {
   struct DeviceDecisions {
     std::span<const float> map;    // ltri: the chunk's map [n, n] (summed over heads; above the diagonal unread)
     std::span<const float> votes;  // ltri / infllm: attention each chunk token received, [n] (the map's column sums)
+    // Ltri without the map: the device's span candidates (span_candidates() of the chunk's map with its theta, in
+    // that order; the linear variant's best point per anti-diagonal), then NMS and the cover here, and span_masses:
+    // for the chunk's spans (the cover, in order) their triangle and row-neighbour masses (span_masses() of the map).
+    bool has_candidates = false;
+    std::span<const stream::Span> candidates;
+    std::function<std::vector<stream::SpanMasses>(std::span<const stream::Span> spans)> span_masses;
+    // The raw keys ([positions, kv_heads * head_dim], f32) of the absolute positions given: the index vectors of the
+    // blocks this chunk evicts, from the device's ring, in one call per layer and chunk. When set, plan() keeps no
+    // K rows of its own (k may be null); a sequence takes them this way from its first chunk on.
+    std::function<std::vector<float>(std::span<const int32_t> positions)> index_keys;
+    // Called once per plan(), after the evictions' index_keys and before votes, map or candidates are read.
+    std::function<void()> ready;
     // The block scores, called only when retrieval ranks blocks: ltri passes its query vectors' tokens
     // (chunk-relative, span after span), the vector count per chunk span and the head weights; infllm passes empty
     // tokens and counts. Must return one score per evicted block.
@@ -110,10 +122,12 @@ class StreamingKV : public KVPolicy {
                                       const stream::HeadWeights& weights)>
         block_scores;
   };
-  // plan() with the device's map, votes and block scores: q is not read (k is: the index takes raw keys). Throws
-  // tessera::Error on sizes that do not fit the chunk: "streaming: the device's attention map has 10 entries for a
-  // chunk of 4 tokens (16 expected)", "streaming: the device's votes have 3 entries for a chunk of 4 tokens",
-  // "streaming: the device's block scores have 2 entries for 5 evicted blocks".
+  // plan() with the device's map, votes and block scores: q is not read (k is, unless index_keys is given: the index
+  // takes raw keys). Throws tessera::Error on sizes that do not fit the chunk: "streaming: the device's attention
+  // map has 10 entries for a chunk of 4 tokens (16 expected)", "streaming: the device's votes have 3 entries for a
+  // chunk of 4 tokens", "streaming: the device's block scores have 2 entries for 5 evicted blocks", "streaming: the
+  // device's span candidate [3, 9) lies outside a chunk of 4 tokens", "streaming: the device's span masses have 1
+  // entries for 2 spans", "streaming: the device's index keys have 8 values for 3 positions (12 expected)".
   stream::StreamLayout plan(int32_t layer, int32_t pos, int32_t n, const float* k, std::span<const float> inv_freq,
                             const DeviceDecisions& given);
   // attend() (Storage::Host) with the device's decisions (tests: the CPU's attention on the GPU's decisions).
@@ -180,8 +194,17 @@ class StreamingKV : public KVPolicy {
   // r so far (length-weighted; 1 before any), so that these spans do not set a floor under the index.
   static constexpr double kUnmeasured = -1;
   int32_t recent_begin() const { return evicted_ > 0 ? opt_.sinks + evicted_ * opt_.block : std::min(length_, opt_.sinks); }
-  // Indexes and stores block `block`, whose rows start `first` tokens into the recent ones (nothing is removed).
-  void evict(int32_t layer, int32_t block, int32_t first);
+  // Index vectors waiting for their keys (evict() -> index_keys()): block `block`, `count` vectors (ltri: one span
+  // piece; infllm: the block's representative keys), the keys of absolute positions `positions`.
+  struct PendingVectors {
+    int32_t block = 0, count = 0;
+    std::vector<int32_t> positions;
+  };
+  // Stores block `block`, whose rows start `first` tokens into the recent ones, and chooses its index vectors
+  // (appended to `pending`; nothing is removed).
+  void evict(int32_t layer, int32_t block, int32_t first, std::vector<PendingVectors>& pending);
+  // The pending vectors' keys (the recent rows, or the device's index_keys) into the layer's index, in order.
+  void index_keys(int32_t layer, const std::vector<PendingVectors>& pending);
   void drop_front(int32_t layer, int32_t tokens);  // removes the first `tokens` recent tokens
   stream::HeadWeights head_weights(int32_t layer) const;
   std::vector<int32_t> retrieve(int32_t layer, const float* q_raw, int32_t n, std::span<const float> map,
@@ -218,6 +241,7 @@ class StreamingKV : public KVPolicy {
   const DeviceDecisions* given_ = nullptr; // set during plan() / attend() with the device's decisions
   std::vector<stream::Span> chunk_spans_;  // prepare() -> finish(): the chunk's spans and area ratios
   std::vector<double> chunk_ratios_;
+  std::vector<double> chunk_area_;         // ... every chunk span's area ratio (the query vectors' counts)
   int32_t local_begin_ = 0, span_len_ = 0;
 };
 

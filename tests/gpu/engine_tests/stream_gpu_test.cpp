@@ -97,7 +97,8 @@ TEST(StreamGpu, RetrievesTheCpuBlocksAndMatchesItsAttention) {
     const bool maps = cpu.needs_qk();
     const stream::HeadWeights w(static_cast<size_t>(nq), 1.0 / nq);  // no retrieval heads: every head votes
     double worst_map = 0, worst_votes = 0, worst_scores = 0;
-    int32_t own_agree = 0, own_calls = 0, scored = 0;
+    int32_t own_agree = 0, own_calls = 0, scored = 0, candidates = 0;
+    int64_t keys_gathered = 0;
     std::mt19937 rng(5);
     std::normal_distribution<float> g(0.0f, 1.0f);
     // Chunks of 96 (two query tiles of 64... the executor's 128-row tile) and 40 (one 64-row tile), a last chunk of 7,
@@ -151,6 +152,24 @@ TEST(StreamGpu, RetrievesTheCpuBlocksAndMatchesItsAttention) {
           StreamingKV::DeviceDecisions given;
           given.map = rec.map;
           given.votes = rec.votes;
+          if (m == StreamMethod::Ltri) {
+            // The device's span discovery (theta, candidates, the masses of the spans the host asked for) EQUALS the
+            // CPU's on the device's map; the CPU class takes the candidates and masses as the GPU path did.
+            const double theta = stream::causal_quantile(rec.map, n, o.theta_quantile);
+            EXPECT_EQ(rec.theta, theta) << "layer " << l << " at " << pos;
+            const stream::TriangleScores ts(rec.map, n, theta);
+            EXPECT_EQ(rec.candidates, stream::span_candidates(ts, true)) << "layer " << l << " at " << pos;
+            EXPECT_EQ(rec.masses.size(), rec.mass_spans.size());
+            for (size_t i = 0; i < std::min(rec.masses.size(), rec.mass_spans.size()); ++i)
+              EXPECT_EQ(rec.masses[i], stream::span_masses(ts, rec.mass_spans[i])) << "layer " << l << " at " << pos;
+            candidates += static_cast<int32_t>(rec.candidates.size());
+            given.has_candidates = true;
+            given.candidates = rec.candidates;
+            given.span_masses = [&](std::span<const stream::Span> spans) {
+              EXPECT_EQ(std::vector<stream::Span>(spans.begin(), spans.end()), rec.mass_spans);
+              return rec.masses;
+            };
+          }
           given.block_scores = [&](std::span<const int32_t> tokens, std::span<const int32_t> counts,
                                    const stream::HeadWeights& weights) {
             EXPECT_EQ(weights, w);
@@ -173,6 +192,16 @@ TEST(StreamGpu, RetrievesTheCpuBlocksAndMatchesItsAttention) {
             return rec.scores.size() == mine.size() ? rec.scores : mine;
           };
           cpu.attend(l, pos, n, qc.data(), kc.data(), vc.data(), inv_freq, 0.0f, out_cpu.data(), pool, given);
+          // The index keys the GPU gathered from its ring are the CPU's own rows.
+          if (m == StreamMethod::Ltri) {
+            EXPECT_TRUE(std::ranges::equal(gpu.decisions().span_index(l).keys(), cpu.span_index(l).keys()))
+                << "layer " << l << " at " << pos;
+          } else {
+            ASSERT_EQ(gpu.decisions().repr_index(l).num_blocks(), cpu.repr_index(l).num_blocks());
+            for (int32_t b = 0; b < cpu.repr_index(l).num_blocks(); ++b)
+              EXPECT_TRUE(std::ranges::equal(gpu.decisions().repr_index(l).mean(b), cpu.repr_index(l).mean(b)));
+          }
+          keys_gathered += static_cast<int64_t>(rec.key_positions.size());
           ++own_calls;
           own_agree += own.last_layout(l) == gpu.decisions().last_layout(l) && own.retrieved(l) == gpu.decisions().retrieved(l);
         }
@@ -196,6 +225,12 @@ TEST(StreamGpu, RetrievesTheCpuBlocksAndMatchesItsAttention) {
       EXPECT_LT(worst_votes, 1e-4);
       EXPECT_LT(worst_scores, 1e-5);
       EXPECT_GT(scored, 10);
+      std::printf("[stream] %s: %d device span candidates equal to the CPU's on the device's map; %lld index keys "
+                  "gathered from the ring\n", stream_method_name(m), candidates, static_cast<long long>(keys_gathered));
+      EXPECT_GT(keys_gathered, 100);
+      if (m == StreamMethod::Ltri) {
+        EXPECT_GT(candidates, 100);
+      }
       EXPECT_GE(own_agree * 10, own_calls * 9);  // near-ties may flip; with these inputs none is expected
     }
     const GpuStreamStats& st = gpu.gpu_stats();
