@@ -2,13 +2,16 @@
 # stream_1m.sh — issue 20's long-prompt run: streaming memory on ONE GPU (GPU 0) with Llama-3-8B shapes (random
 # weights), 128K .. 1M tokens, streamingllm (sinks + window; its decisions never wait for the host) beside the dense
 # engine at 128K: TTFT, peak GPU memory, decode tokens/s at the length, host memory (bench/gpu/stream_bench.cpp).
-# The evicted KV of 1M tokens is ~136 GB of pinned host memory (bf16, 32 layers): run it on a machine with more host
-# memory than that (the 2- and 4-GPU kinds: 256 / 512 GiB; only GPU 0 is used); SEQS=... for less.
-# Expected (H100, measured to 512K on 2026-11-27): ~29K tok/s with chunk 2048, i.e. 1M in ~37 s + pinning ~10-50 s
-# before it (outside TTFT with PREPIN=1); the whole script ~3 min after the build.
+# streamingllm keeps no evicted block (it never retrieves one): no pinned host memory, so 1M runs on the one-GPU
+# kinds (128 GiB). ltri / infllm keep theirs in pinned host memory (bf16, 32 layers: ~136 GB at 1M, ~68 GB at 512K):
+# past ~512K they need the 2- or 4-GPU kinds (256 / 512 GiB; only GPU 0 is used).
+# Expected (H200, 2026-11-27 ~09:40 UTC): ~30K tok/s with chunk 2048, 1M in 35.1 s; the whole script ~3 min after the
+# build (docs/streaming.md "1M tokens on a one-GPU machine").
 #
 #   device call (after the build, same call):
 #     BUILD_ONLY=1 bash scripts/gpu/check.sh && bash scripts/gpu/stream_1m.sh        carry ["build/gpu-debs"]
+#   or with binaries built here (ninja -C build/cuda-ci stream_bench) and carried:
+#     BUILD_DIR=build/cuda-ci bash scripts/gpu/stream_1m.sh    carry ["build/gpu-debs", "build/cuda-ci/bench/gpu/stream_bench"]
 #
 # Writes $OUT/stream/{$TAG.csv,$TAG.log,$TAG.host_mem.txt,gpu.txt} (TAG: stream_1m) and prints the table last.
 # BUILD_DIR: where stream_bench is (build/cuda; carried binaries: build/cuda-ci, with the debs unpacked here).
