@@ -11,6 +11,9 @@
 # Env: SEQS (8192,32768,131072), METHODS (streamingllm,infllm,ltri,infllm-host,ltri-host), HOST_MAX (the host
 # baseline's rows up to this length, 8192), DEVICE_MAX (ltri / infllm rows, 131072), DENSE (131072), CHUNK (512),
 # DECODE (16), TIME_S (240: the bench's limit), SKIP_TEST=1, SKIP_BENCH=1. Writes $OUT/stream/{test.log,bench.log,bench.csv}.
+# The 256K run of docs/streaming.md ("Span discovery ... on the device"):
+#   SEQS=8192,32768,131072,262144 DEVICE_MAX=262144 TIME_S=270 TEST_S=60 bash scripts/gpu/stream_check.sh
+# (256K pins ~34 GB of host memory for ltri / infllm.)
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 ROOT=$PWD
