@@ -539,6 +539,29 @@ std::vector<float> StreamDecider::gather_keys(const bf16* ring, int32_t ring_row
   return out;
 }
 
+void StreamDecider::append_index_keys(int32_t layer, const bf16* ring, int32_t ring_rows, int32_t sinks,
+                                      std::span<const int32_t> positions, cudaStream_t s) {
+  Mirror& M = mirrors_[static_cast<size_t>(layer)];
+  const auto m = static_cast<int64_t>(positions.size());
+  if (m == 0) return;
+  grow(M.keys, M.vector_capacity, M.vectors + m, M.vectors, row_, s);
+  fit(positions_, static_cast<size_t>(m));
+  h2d(positions_.data(), positions.data(), static_cast<size_t>(m), s);  // pageable: staged at once
+  gather_ring_kernel<<<blocks_for(m * row_, kThreads), kThreads, 0, s>>>(reinterpret_cast<const nbf*>(ring), ring_rows,
+                                                                         sinks, positions_.data(), m, row_,
+                                                                         M.keys.data() + M.vectors * row_);
+  check_launch("stream index keys to the mirror");
+  M.vectors += m;
+}
+
+std::vector<float> StreamDecider::mirror_keys(int32_t layer) const {
+  const Mirror& M = mirrors_[static_cast<size_t>(layer)];
+  std::vector<float> out(static_cast<size_t>(M.vectors * row_));
+  if (!out.empty())
+    TESSERA_CUDA_CHECK(cudaMemcpy(out.data(), M.keys.data(), out.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  return out;
+}
+
 std::vector<double> StreamDecider::infllm_scores(int32_t layer, const stream::ReprIndex& index, const bf16* q,
                                                  int32_t n, const stream::HeadWeights& w, cudaStream_t s) {
   MeansMirror& M = means_mirrors_[static_cast<size_t>(layer)];
@@ -594,16 +617,22 @@ std::vector<float> StreamDecider::mean_query(const bf16* q, int32_t n, cudaStrea
 void StreamDecider::mirror(int32_t layer, const stream::SpanIndex& index, cudaStream_t s) {
   Mirror& M = mirrors_[static_cast<size_t>(layer)];
   const std::span<const float> keys = index.keys();
-  const int64_t vectors = static_cast<int64_t>(keys.size()) / row_;
+  const int64_t vectors = index.num_vectors();
   const int64_t spans = index.num_spans();
   if (vectors < M.vectors || spans < M.spans) {  // the index was cleared (a new sequence)
     M.vectors = M.spans = 0;
     M.first_host.clear();
     M.count_host.clear();
   }
-  grow(M.keys, M.vector_capacity, vectors, M.vectors, row_, s);
-  h2d(M.keys.data() + M.vectors * row_, keys.data() + M.vectors * row_, static_cast<size_t>((vectors - M.vectors) * row_), s);
-  M.vectors = vectors;
+  if (index.holds_keys()) {
+    grow(M.keys, M.vector_capacity, vectors, M.vectors, row_, s);
+    h2d(M.keys.data() + M.vectors * row_, keys.data() + M.vectors * row_,
+        static_cast<size_t>((vectors - M.vectors) * row_), s);
+    M.vectors = vectors;
+  } else {  // the keys were appended here as they were gathered (append_index_keys)
+    check(M.vectors == vectors, "GPU streaming: the device's index mirror holds " + std::to_string(M.vectors) +
+                                    " vectors, the span index " + std::to_string(vectors));
+  }
   if (spans > M.spans) {
     int64_t cap = M.span_capacity;
     grow(M.span_first, cap, spans, M.spans, 1, s);

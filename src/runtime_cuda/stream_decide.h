@@ -71,6 +71,12 @@ class StreamDecider {
   // `ring_rows` rows whose row of position p is (p - sinks) % ring_rows; synchronises `stream`.
   std::vector<float> gather_keys(const bf16* ring, int32_t ring_rows, int32_t sinks, std::span<const int32_t> positions,
                                  cudaStream_t stream);
+  // Ltri: the same rows appended to layer `layer`'s index mirror instead (the host's span index counts them without
+  // holding them: SpanIndex::add_counted, in the same order); asynchronous.
+  void append_index_keys(int32_t layer, const bf16* ring, int32_t ring_rows, int32_t sinks,
+                         std::span<const int32_t> positions, cudaStream_t stream);
+  // The mirror's keys of `layer` [vectors, kv_heads * d] (tests; synchronous).
+  std::vector<float> mirror_keys(int32_t layer) const;
 
   // InfLLM: the chunk's mean raw query [q_heads * d] (the CPU's arithmetic); synchronises `stream`.
   std::vector<float> mean_query(const bf16* q, int32_t n, cudaStream_t stream);

@@ -343,9 +343,14 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
         record_data_.theta = decider_->theta();
       }
     };
+    given.keys_on_device = ltri;  // Ltri's keys go from the ring to its index mirror; InfLLM's come back (4 a block)
     given.index_keys = [&](std::span<const int32_t> positions) {
       const auto tk = Clock::now();
-      std::vector<float> keys = decider_->gather_keys(L.ring_k.data(), ring_rows_, opt_.sinks, positions, s);
+      std::vector<float> keys;
+      if (ltri)
+        decider_->append_index_keys(layer, L.ring_k.data(), ring_rows_, opt_.sinks, positions, s);
+      else
+        keys = decider_->gather_keys(L.ring_k.data(), ring_rows_, opt_.sinks, positions, s);
       stats_.decision_device_seconds += since(tk);
       if (record_) {
         record_data_.key_positions.assign(positions.begin(), positions.end());

@@ -7,7 +7,8 @@
 //    For ltri / infllm the heavy parts run on the device (stream_decide.h: the chunk's map and votes, Ltri's block
 //    scores against a device mirror of the span index, InfLLM's mean query) and the class decides on them through
 //    StreamingKV::plan(..., DeviceDecisions); the host gets the votes, Ltri's span candidates (<= 2n - 1) and its
-//    spans' masses, the raw keys of the rows the evictions index (gathered from the ring) and the block scores
+//    spans' masses, InfLLM's raw keys of the rows the evictions index (gathered from the ring; Ltri's go from the
+//    ring into its index mirror, the host index only counts them) and the block scores
 //    (InfLLM's scored on the device against a mirror of the block means) — never the chunk's q, K or map (but for
 //    Ltri's non-linear variant, which takes the map) — and waits for the device three times per layer and chunk
 //    (ltri: keys and candidates, masses, scores; infllm: keys and votes, scores).
@@ -75,7 +76,7 @@ struct GpuDecisionRecord {
   std::vector<stream::Span> mass_spans;  // ltri: the spans the host asked masses for, and the masses
   std::vector<stream::SpanMasses> masses;
   std::vector<int32_t> key_positions;    // the positions whose raw keys the evictions' index took from the ring
-  std::vector<float> keys;               // ... and those keys [positions, kv_heads * d]
+  std::vector<float> keys;               // ... and those keys [positions, kv_heads * d] (infllm; ltri keeps them on the device)
   std::vector<int32_t> tokens, counts;   // ltri: the query vectors' tokens and counts the host asked scores for
   std::vector<double> scores;            // the block scores returned (empty: none asked)
 };
@@ -108,6 +109,8 @@ class GpuStreamingKV : public GpuKVPolicy {
   // Keeps a copy of what the device computed for the last layer's chunk (recorded()).
   void record(bool on) { record_ = on; }
   const GpuDecisionRecord& recorded() const { return record_data_; }
+  // Ltri with device decisions: the device index mirror's keys of `layer` (the host's span index only counts them).
+  std::vector<float> device_index_keys(int32_t layer) const { return decider_ ? decider_->mirror_keys(layer) : std::vector<float>{}; }
   const GpuStreamStats& gpu_stats() const { return stats_; }
   // Times attend()'s sections with CUDA events (GpuStreamStats::*_gpu_seconds); collect_profile() waits for the
   // last event and adds what was recorded since the previous collect.

@@ -96,13 +96,27 @@ void SpanIndex::add(int32_t block, std::span<const float> keys, int32_t count) {
   check(block >= num_blocks() - 1 && block >= 0, "span index: blocks are added in order");
   if (block >= num_blocks()) block_spans_.resize(static_cast<size_t>(block) + 1);
   block_spans_[static_cast<size_t>(block)].push_back(num_spans());
+  check(holds_keys(), "span index: keys added to an index whose keys are held elsewhere");
   span_first_.push_back(num_vectors());
   span_count_.push_back(count);
   keys_.insert(keys_.end(), keys.begin(), keys.end());
+  vectors_ += count;
+}
+
+void SpanIndex::add_counted(int32_t block, int32_t count) {
+  check(count > 0, "span index: wrong key vector count");
+  check(block >= num_blocks() - 1 && block >= 0, "span index: blocks are added in order");
+  check(keys_.empty(), "span index: keys held elsewhere added to an index that holds its keys");
+  if (block >= num_blocks()) block_spans_.resize(static_cast<size_t>(block) + 1);
+  block_spans_[static_cast<size_t>(block)].push_back(num_spans());
+  span_first_.push_back(num_vectors());
+  span_count_.push_back(count);
+  vectors_ += count;
 }
 
 std::vector<double> SpanIndex::block_scores(std::span<const float> queries, std::span<const int32_t> query_counts,
                                             const HeadWeights& w) const {
+  check(holds_keys(), "span index: its keys are held on the device (score it there: runtime_cuda/stream_decide.h)");
   const int32_t d = shape_.head_dim, nq = shape_.q_heads;
   const int64_t qrow = static_cast<int64_t>(nq) * d;
   int64_t m = 0;
@@ -148,6 +162,7 @@ std::vector<double> SpanIndex::block_scores(std::span<const float> queries, std:
 
 void SpanIndex::clear() {
   keys_.clear();
+  vectors_ = 0;
   span_first_.clear();
   span_count_.clear();
   block_spans_.clear();

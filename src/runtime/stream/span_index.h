@@ -96,10 +96,14 @@ class SpanIndex {
   explicit SpanIndex(HeadShape shape = {}) : shape_(shape) {}
   // Adds a span of `block` with the given key vectors ([count, kv_heads, head_dim], contiguous).
   void add(int32_t block, std::span<const float> keys, int32_t count);
+  // Adds a span of `count` vectors whose keys are held elsewhere (the GPU path's device mirror,
+  // runtime_cuda/stream_decide.h: gathered there in the same order); an index holds all its keys or none.
+  void add_counted(int32_t block, int32_t count);
+  bool holds_keys() const { return static_cast<int64_t>(keys_.size()) == vectors_ * row(); }
   int32_t num_blocks() const { return static_cast<int32_t>(block_spans_.size()); }
   int64_t num_spans() const { return static_cast<int64_t>(span_first_.size()); }
-  int64_t num_vectors() const { return static_cast<int64_t>(keys_.size()) / row(); }
-  int64_t bytes() const { return static_cast<int64_t>(keys_.size() * sizeof(float)); }
+  int64_t num_vectors() const { return vectors_; }
+  int64_t bytes() const { return vectors_ * row() * static_cast<int64_t>(sizeof(float)); }  // wherever they are held
   // Ltri block scores for query spans: queries [m, q_heads, head_dim] of all query spans, spans given by
   // `query_counts` (the vectors of span t are the next query_counts[t] rows). One score per block.
   std::vector<double> block_scores(std::span<const float> queries, std::span<const int32_t> query_counts,
@@ -115,7 +119,8 @@ class SpanIndex {
  private:
   int64_t row() const { return static_cast<int64_t>(shape_.kv_heads) * shape_.head_dim; }
   HeadShape shape_;
-  std::vector<float> keys_;                       // [vectors, kv_heads, head_dim]
+  std::vector<float> keys_;                       // [vectors, kv_heads, head_dim] (empty: held elsewhere)
+  int64_t vectors_ = 0;
   std::vector<int64_t> span_first_, span_count_;  // per span: first vector, count
   std::vector<std::vector<int64_t>> block_spans_;  // per block: its spans
 };

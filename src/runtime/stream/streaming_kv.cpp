@@ -222,6 +222,11 @@ void StreamingKV::index_keys(int32_t layer, const std::vector<PendingVectors>& p
   std::vector<float> keys;
   if (given_ != nullptr && given_->index_keys) {
     keys = given_->index_keys(positions);
+    if (opt_.method == StreamMethod::Ltri && given_->keys_on_device) {
+      check(keys.empty(), "streaming: the device returned index keys it was to keep");
+      for (const PendingVectors& p : pending) L.span_index.add_counted(p.block, p.count);
+      return;
+    }
     check(keys.size() == positions.size() * static_cast<size_t>(row_),
           "streaming: the device's index keys have " + std::to_string(keys.size()) + " values for " +
               std::to_string(positions.size()) + " positions (" + std::to_string(positions.size() * static_cast<size_t>(row_)) +

@@ -113,6 +113,9 @@ class StreamingKV : public KVPolicy {
     // blocks this chunk evicts, from the device's ring, in one call per layer and chunk. When set, plan() keeps no
     // K rows of its own (k may be null); a sequence takes them this way from its first chunk on.
     std::function<std::vector<float>(std::span<const int32_t> positions)> index_keys;
+    // ltri: index_keys() keeps the keys on the device (appended to its index mirror in this order) and returns none;
+    // the span index then counts its vectors without holding them (SpanIndex::add_counted).
+    bool keys_on_device = false;
     // Called once per plan(), after the evictions' index_keys and before votes, map or candidates are read.
     std::function<void()> ready;
     // The block scores, called only when retrieval ranks blocks: ltri passes its query vectors' tokens
