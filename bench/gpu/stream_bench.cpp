@@ -15,6 +15,7 @@
 //                [--sinks 128 --local 4096 --block 128 --top-k 32 --chunk 512 --last-chunk 64] [--decode 16]
 //                [--layers N] [--seed 1] [--csv FILE] [--max-seconds S] [--method-max-seq ltri=32768,...]
 //                [--host-budget BYTES]   (default: the host memory budget, core/memory_budget.h) [--prepin]
+//                [--gemm bf16|fp8]
 //
 // TESSERA_STREAM_PROFILE=1: a line after each streaming row with the GPU time of attend()'s sections in the prefill
 // (GpuStreamStats::*_gpu_seconds: events around each section of each layer's call; they cost a little TTFT).
@@ -26,6 +27,10 @@
 //
 // "streamingllm-copy": streamingllm with its window copied out of the ring and rotated every chunk (the path before
 // GpuStreamingKV::window_kept()), a baseline in the same run.
+//
+// --gemm fp8: every row's GEMMs in FP8 E4M3 (GpuEngineOptions::gemm; runtime_cuda/gemm.h). A method (or "dense") with
+// the suffix "-fp8" runs in FP8 whatever --gemm says ("--methods streamingllm,streamingllm-fp8,dense-fp8": bf16 and
+// FP8 rows from the same run); its rows are labelled with the suffix.
 //
 // --method-max-seq skips a method's rows past a length (ltri-host / infllm-host: minutes at 32K+).
 // --max-seconds skips the rows that would start after that budget. Rows are printed and appended to the CSV as they
@@ -68,6 +73,7 @@ struct Options {
   double max_seconds = 0;
   std::map<std::string, int> method_max;
   bool prepin = false;
+  bool fp8 = false;  // --gemm fp8
 };
 
 using bench::split_list;
@@ -106,6 +112,11 @@ Options parse(int argc, char** argv) {
     else if (a == "--seed") o.seed = std::stoull(value(i));
     else if (a == "--csv") o.csv = value(i);
     else if (a == "--prepin") o.prepin = true;
+    else if (a == "--gemm") {
+      const std::string g = value(i);
+      check(g == "bf16" || g == "fp8", "--gemm must be bf16 or fp8, got '" + g + "'");
+      o.fp8 = g == "fp8";
+    }
     else if (a == "--max-seconds") o.max_seconds = std::stod(value(i));
     else if (a == "--method-max-seq") {
       for (const std::string& kv : split_list(value(i), ',')) {
@@ -230,34 +241,40 @@ int main(int argc, char** argv) {
         const auto mm = o.method_max.find(spec);
         if (mm != o.method_max.end() && seq > mm->second) continue;
         try {
+          // "<method>-fp8" / "dense-fp8": that row in FP8 (as --gemm fp8 does for every row).
+          const bool fp8_suffix = spec.size() > 4 && spec.substr(spec.size() - 4) == "-fp8";
+          const std::string spec_bf16 = fp8_suffix ? spec.substr(0, spec.size() - 4) : spec;
           GpuEngineOptions go;
           go.chunk_size = 32768;
-          if (spec != "dense") {
+          if (fp8_suffix || o.fp8) go.gemm = GemmPrecision::kFp8;
+          if (spec_bf16 != "dense") {
+            const std::string& base = spec_bf16;
             go.stream = o.stream;
             // "ltri-host" / "infllm-host": the decisions' map, votes and block scores on the host (the path before
             // stream_decide.h), for a baseline in the same run.
-            const bool host_decisions = spec.size() > 5 && spec.substr(spec.size() - 5) == "-host";
+            const bool host_decisions = base.size() > 5 && base.substr(base.size() - 5) == "-host";
             // "streamingllm-copy": the window copied out of the ring and rotated every chunk (the path before the
             // kept window, GpuStreamingKV::window_kept()), for a baseline in the same run.
-            const bool copy_window = spec.size() > 5 && spec.substr(spec.size() - 5) == "-copy";
-            go.stream.method = parse_stream_method(host_decisions || copy_window ? spec.substr(0, spec.size() - 5) : spec,
+            const bool copy_window = base.size() > 5 && base.substr(base.size() - 5) == "-copy";
+            go.stream.method = parse_stream_method(host_decisions || copy_window ? base.substr(0, base.size() - 5) : base,
                                                    "--methods");
             if (go.stream.method == StreamMethod::StreamingLLM) go.stream = streamingllm_equal_memory(go.stream);
           }
           // Dense: within the model's context, the decode steps included (the row says how many tokens it ran).
-          const int run = spec == "dense" ? std::min(seq, cfg.context_length - o.decode) : seq;
+          const int run = spec_bf16 == "dense" ? std::min(seq, cfg.context_length - o.decode) : seq;
           r.seq = run;
           // One engine per streaming method, reused across lengths (its pinned slabs too: reset() keeps them).
           std::unique_ptr<GpuEngine> own;
           GpuEngine* ep = nullptr;
-          if (spec == "dense") {
+          if (spec_bf16 == "dense") {
             own = std::make_unique<GpuEngine>(*dev, go);
             ep = own.get();
           } else {
             auto& slot = engines[spec];
             if (!slot) {
-              const bool host_decisions = spec.size() > 5 && spec.substr(spec.size() - 5) == "-host";
-              const bool copy_window = spec.size() > 5 && spec.substr(spec.size() - 5) == "-copy";
+              const std::string& base = spec_bf16;
+              const bool host_decisions = base.size() > 5 && base.substr(base.size() - 5) == "-host";
+              const bool copy_window = base.size() > 5 && base.substr(base.size() - 5) == "-copy";
               if (host_decisions) setenv("TESSERA_STREAM_DECISIONS", "host", 1);  // read by GpuStreamingKV's constructor
               if (copy_window) setenv("TESSERA_STREAM_WINDOW", "copy", 1);
               slot = std::make_unique<GpuEngine>(*dev, go);
@@ -269,7 +286,7 @@ int main(int argc, char** argv) {
             ep->reset_stats();
           }
           GpuEngine& engine = *ep;
-          if (spec != "dense" && o.prepin) {  // the pinned pool for this length first, timed on its own
+          if (spec_bf16 != "dense" && o.prepin) {  // the pinned pool for this length first, timed on its own
             const auto p0 = Clock::now();
             engine.reserve_stream(run + o.decode, true);
             r.prepin_s = std::chrono::duration<double>(Clock::now() - p0).count();

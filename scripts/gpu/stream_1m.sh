@@ -22,7 +22,9 @@
 # rows, 131072), DECODE (16), CHUNK (2048; the paper's 512 measured 1.2x slower at 128K),
 # HOST_BUDGET (bytes, 200e9), TIME_S (330: the bench's own limit; rows that would start after ~300 s are skipped),
 # PREPIN (1: each streaming row allocates its pinned pool before the timed prefill, reported as "pin s"; 0: inside TTFT),
-# EXTRA (more stream_bench arguments).
+# GEMM (bf16 | fp8: every row's GEMMs, stream_bench --gemm; or a method / "dense" with the suffix "-fp8" in METHODS,
+# e.g. METHODS=streamingllm,streamingllm-fp8,dense-fp8, for bf16 and FP8 rows from the same run; dense-fp8 rows stop
+# at DENSE_MAX, 131072), EXTRA (more stream_bench arguments).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD_DIR=${BUILD_DIR:-$ROOT/build/cuda}
@@ -46,9 +48,10 @@ echo "stream_1m: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null) on $(head 
   > "$OUTDIR/$TAG.host_mem.txt" 2>&1 &
 SAMPLER=$!
 timeout -k 10 "$TIME_S" "$BIN" --seq "${SEQS:-131072,262144,524288,1048576}" \
-  --methods "${METHODS:-streamingllm}" --method-max-seq "ltri=${LTRI_MAX:-32768},infllm=${LTRI_MAX:-32768}" \
+  --methods "${METHODS:-streamingllm}" --method-max-seq "ltri=${LTRI_MAX:-32768},infllm=${LTRI_MAX:-32768},dense-fp8=${DENSE_MAX:-131072}" \
   --dense "${DENSE:-131072}" --decode "${DECODE:-16}" --chunk "${CHUNK:-2048}" --host-budget "${HOST_BUDGET:-200e9}" \
-  --max-seconds $((TIME_S - 40)) --csv "$OUTDIR/$TAG.csv" $([ "${PREPIN:-1}" = 1 ] && echo --prepin) ${EXTRA:-} \
+  --max-seconds $((TIME_S - 40)) --csv "$OUTDIR/$TAG.csv" $([ "${PREPIN:-1}" = 1 ] && echo --prepin) \
+  $([ -n "${GEMM:-}" ] && echo --gemm "$GEMM") ${EXTRA:-} \
   > "$OUTDIR/$TAG.log" 2>&1
 rc=$?
 kill "$SAMPLER" 2> /dev/null

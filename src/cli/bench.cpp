@@ -119,6 +119,7 @@ int bench_command(const BenchOptions& o) {
         else
           go.stream = stream_options(o.stream, method, gpu);
         go.cuda_attention = cuda_options;
+        if (gemm_fp8(o.cuda)) go.gemm = runtime::gpu::GemmPrecision::kFp8;
         runtime::gpu::GpuEngine engine(*weights, go);
         measure(engine);
       }

@@ -17,9 +17,12 @@ namespace tessera::cli {
 struct CudaAttentionFlags {
   std::string prefill_kernel;  // auto | mma | wgmma
   std::string dense_backend;   // auto | ours | cudnn
+  std::string gemm;            // bf16 | fp8 (--gemm): the GPU engine's GEMM precision (runtime_cuda/gemm.h); empty: bf16
 };
 // The options the flags ask for. Throws tessera::Error when a flag is given for a run on the CPU.
 attn::gpu::CudaAttentionOptions cuda_attention_options(const CudaAttentionFlags& flags, bool gpu);
+// --gemm fp8 asked for; throws "--gemm fp8 is not supported with --gpus (...)" when tensor_parallel.
+bool gemm_fp8(const CudaAttentionFlags& flags, bool tensor_parallel = false);
 
 // --stream and its sizes: streaming memory over unbounded context (runtime/stream/stream_options.h), CPU or GPU.
 struct StreamFlags {
@@ -99,6 +102,7 @@ struct EvalOptions {
   bool report_only = false;
   std::vector<int> layer_stats_lengths;  // per-layer attention metrics at these lengths
   std::vector<int> perplexity_lengths;   // perplexity at these lengths
+  std::string gemm;                      // --gemm bf16 | fp8: the GPU engine's GEMMs (task cases); empty: bf16
   std::string device = "auto";           // cpu | cuda | auto: where the task cases run (layer stats and
                                          // perplexity always run on the CPU engine)
   std::string command_line;              // recorded in the reports

@@ -222,6 +222,7 @@ void run_tasks(const Session& s, const EvalOptions& o, const std::vector<std::st
           go.policy = s.policy(policy);
         if (!streaming) go.max_context = max_context;  // streaming reads past the model's context
         go.dense_fallback = false;  // the policy must really run: a dense fallback would measure dense
+        if (o.gemm == "fp8") go.gemm = runtime::gpu::GemmPrecision::kFp8;
         runtime::gpu::GpuEngine engine(*device.weights, go);
         out = answer(engine, s, prompt, c, max_answer, !o.full_answers);
         if (streaming) note = stream_note(*engine.streaming());
@@ -423,11 +424,13 @@ int eval_command(EvalOptions o) {
   }
   EvalDevice device;
   device.gpu = use_gpu_device_for(o.device, o.stream);
+  check(o.gemm.empty() || device.gpu, "--gemm applies to --device cuda (this run is on the CPU)");
+  check(o.gemm.empty() || o.gemm == "bf16" || o.gemm == "fp8", "--gemm must be bf16 or fp8, got '" + o.gemm + "'");
 #ifdef TESSERA_WITH_GPU_ENGINE
   if (device.gpu) device.weights = runtime::gpu::DeviceModel::upload(*s.model);
 #endif
   if (!o.retrieval_heads_out.empty()) find_retrieval_heads(s, o);
-  std::fprintf(stderr, "eval: cases run on the %s\n", device.gpu ? "GPU (bf16, no dense fallback)" : "CPU (f32)");
+  std::fprintf(stderr, "eval: cases run on the %s\n", device.gpu ? (o.gemm == "fp8" ? "GPU (bf16, FP8 GEMMs, no dense fallback)" : "GPU (bf16, no dense fallback)") : "CPU (f32)");
   if (!o.tasks.empty()) run_tasks(s, o, policies, dir, device);
   if (!o.layer_stats_lengths.empty()) run_layer_stats(s, o, policies, dir);
   if (!o.perplexity_lengths.empty()) run_perplexity(s, o, policies, dir);

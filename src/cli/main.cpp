@@ -106,6 +106,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "mma", "wgmma"}));
   r->add_option("--dense-backend", run.cuda.dense_backend, "GPU dense attention: auto (the faster), ours or cudnn")
       ->check(CLI::IsMember({"auto", "ours", "cudnn"}));
+  r->add_option("--gemm", run.cuda.gemm,
+                "GPU GEMM precision: bf16 (default) or fp8 (E4M3 weights and activations, per-tensor scales; "
+                "compute capability 8.9+)")
+      ->check(CLI::IsMember({"bf16", "fp8"}));
   add_stream_options(r, run.stream, false);
   r->add_option("--gpus", run.gpus, "Tensor parallelism over this many GPUs (NCCL; one process per GPU, forked here "
                                     "or started by torchrun/mpirun: docs/multi-gpu.md)")
@@ -136,6 +140,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "mma", "wgmma"}));
   b->add_option("--dense-backend", bench.cuda.dense_backend, "GPU dense attention: auto (the faster), ours or cudnn")
       ->check(CLI::IsMember({"auto", "ours", "cudnn"}));
+  b->add_option("--gemm", bench.cuda.gemm,
+                "GPU GEMM precision: bf16 (default) or fp8 (E4M3 weights and activations, per-tensor scales; "
+                "compute capability 8.9+)")
+      ->check(CLI::IsMember({"bf16", "fp8"}));
   add_stream_options(b, bench.stream, true);
 
   EvalOptions ev;
@@ -160,6 +168,8 @@ int main(int argc, char** argv) {
   ec->add_option("--chunk", ev.chunk, "Prefill chunk size")->capture_default_str();
   ec->add_option("--device", ev.device, "Where the task cases run: cpu, cuda or auto (the bf16 GPU engine when a GPU is usable)")
       ->capture_default_str();
+  ec->add_option("--gemm", ev.gemm, "GPU GEMM precision of the task cases: bf16 (default) or fp8")
+      ->check(CLI::IsMember({"bf16", "fp8"}));
   ec->add_option("-o,--out", ev.out, "Output folder: results.json, report.md, heatmaps")->capture_default_str();
   ec->add_flag("--resume", ev.resume, "Keep the results already in the output folder and run only the missing ones");
   ec->add_flag("--report-only", ev.report_only, "Rewrite report.md and heatmaps from results.json");
@@ -254,6 +264,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "mma", "wgmma"}));
   sv->add_option("--dense-backend", serve.cuda.dense_backend, "GPU dense attention: auto, ours or cudnn")
       ->check(CLI::IsMember({"auto", "ours", "cudnn"}));
+  sv->add_option("--gemm", serve.cuda.gemm,
+                "GPU GEMM precision: bf16 (default) or fp8 (E4M3 weights and activations, per-tensor scales; "
+                "compute capability 8.9+)")
+      ->check(CLI::IsMember({"bf16", "fp8"}));
 
   CLI11_PARSE(app, argc, argv);
   try {

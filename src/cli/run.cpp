@@ -43,6 +43,7 @@ attn::gpu::CudaAttentionOptions cuda_attention_options(const CudaAttentionFlags&
   if (!gpu) {
     check(f.prefill_kernel.empty(), "--prefill-kernel applies to --device cuda (this run is on the CPU)");
     check(f.dense_backend.empty(), "--dense-backend applies to --device cuda (this run is on the CPU)");
+    check(f.gemm.empty(), "--gemm applies to --device cuda (this run is on the CPU)");
   }
   attn::gpu::CudaAttentionOptions o = attn::gpu::cuda_attention_defaults();
   if (!f.prefill_kernel.empty()) o.kernel = attn::gpu::parse_prefill_kernel(f.prefill_kernel, "--prefill-kernel");
@@ -51,6 +52,13 @@ attn::gpu::CudaAttentionOptions cuda_attention_options(const CudaAttentionFlags&
     o.cudnn_any_length = false;
   }
   return o;
+}
+
+bool gemm_fp8(const CudaAttentionFlags& f, bool tensor_parallel) {
+  check(f.gemm.empty() || f.gemm == "bf16" || f.gemm == "fp8", "--gemm must be bf16 or fp8, got '" + f.gemm + "'");
+  const bool fp8 = f.gemm == "fp8";
+  check(!fp8 || !tensor_parallel, "--gemm fp8 is not supported with --gpus (tensor parallelism): run on one GPU");
+  return fp8;
 }
 
 namespace {
@@ -235,6 +243,7 @@ Outcome generate_once(const Session& s, const Device& d, const RunOptions& o, co
       go.stream = stream_options(o.stream, method, true);
       go.max_context = o.max_context;
       go.cuda_attention = cuda_attention_options(o.cuda, true);
+      if (gemm_fp8(o.cuda)) go.gemm = runtime::gpu::GemmPrecision::kFp8;
       runtime::gpu::GpuEngine engine(*d.weights, go);
       return generate_with(engine, s, o, spec, prompt, stream, needle_tokens);
     }
@@ -252,6 +261,7 @@ Outcome generate_once(const Session& s, const Device& d, const RunOptions& o, co
     go.policy = s.policy(spec);
     go.max_context = o.max_context;
     go.cuda_attention = cuda_attention_options(o.cuda, true);
+    if (gemm_fp8(o.cuda)) go.gemm = runtime::gpu::GemmPrecision::kFp8;
     runtime::gpu::GpuEngine engine(*d.weights, go);
     return generate_with(engine, s, o, spec, prompt, stream, needle_tokens);
   }

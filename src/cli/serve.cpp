@@ -225,6 +225,9 @@ int serve_command(const ServeOptions& o) {
   // --gpus forks one process per GPU: this process must not touch CUDA first (use_gpu_device would).
   const bool gpu = o.gpus == 1 && use_gpu_device(o.device);
   (void)cuda_attention_options(o.cuda, o.gpus > 1 || gpu);
+  const bool fp8 = gemm_fp8(o.cuda, o.gpus > 1);
+  check(!fp8 || o.parallel == 1 || streaming,
+        "--gemm fp8 runs in the single-sequence GPU engine: drop --parallel (the batched engine's GEMMs are bf16)");
   check(!streaming || !gpu || o.parallel == 1,
         "--stream on the GPU serves one request at a time: drop --parallel (on the CPU, --parallel N runs N streaming "
         "engines)");
@@ -284,6 +287,7 @@ int serve_command(const ServeOptions& o) {
     runtime::gpu::GpuEngineOptions go;
     go.max_context = served.context_length;
     go.cuda_attention = cuda_attention_options(o.cuda, true);
+    if (fp8) go.gemm = runtime::gpu::GemmPrecision::kFp8;
     go.stream = stream;
     if (batched) {
       runtime::gpu::GpuBatchOptions gbo;

@@ -8,6 +8,7 @@
 
 #include "cuda/cuda_check.h"
 #include "core/error.h"
+#include "runtime_cuda/fp8_quant.h"
 #include "runtime_cuda/kernels.h"
 #include "runtime_cuda/local_attention_init.h"
 
@@ -287,6 +288,48 @@ void DeviceModel::shape_local_attention(uint64_t seed) {
       write_column(s.wk, KD, H, j, kz);
     }
   }
+}
+
+Fp8Matrix DeviceFp8Weights::add(const bf16* w, int64_t rows, int64_t cols, cudaStream_t stream) {
+  codes_.emplace_back(static_cast<size_t>(rows * cols));
+  bytes_ += static_cast<size_t>(rows * cols);
+  float* work = scales_.data() + next_scale_;
+  next_scale_ += 2;
+  quantize_e4m3(w, cols, rows, cols, codes_.back().data(), work, stream);
+  return Fp8Matrix{codes_.back().data(), work + 1, rows, cols};
+}
+
+std::unique_ptr<DeviceFp8Weights> DeviceFp8Weights::quantize(const DeviceModel& model, cudaStream_t stream) {
+  check_gemm_precision_supported(GemmPrecision::kFp8);
+  const ModelConfig& c = model.config();
+  const int64_t H = c.hidden_size, F = c.intermediate_size, D = c.head_dim;
+  const int64_t QD = c.num_q_heads * D, KD = c.num_kv_heads * D;
+  const double need = static_cast<double>(c.num_layers) * static_cast<double>(2 * QD * H + 2 * KD * H + 3 * F * H);
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%.2f GB of device memory in FP8, but only %.2f GB of %.1f GB are free", need / 1e9,
+                  static_cast<double>(free_bytes) / 1e9, static_cast<double>(total_bytes) / 1e9);
+    check(need <= static_cast<double>(free_bytes), "FP8 weights of " + c.name + ": the layers need " + buf);
+  } else {
+    (void)cudaGetLastError();
+  }
+  std::unique_ptr<DeviceFp8Weights> out(new DeviceFp8Weights());
+  out->scales_ = attn::gpu::DeviceBuffer<float>(static_cast<size_t>(c.num_layers) * 6 * 2);
+  out->bytes_ += out->scales_.size() * sizeof(float);
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    const DeviceLayer& L = model.layer(l);
+    Fp8Layer f;
+    f.wq = out->add(L.wq, QD, H, stream);
+    f.wk = out->add(L.wk, KD, H, stream);
+    f.wv = out->add(L.wv, KD, H, stream);
+    f.wo = out->add(L.wo, H, QD, stream);
+    f.w_gate_up = out->add(L.w_gate_up, 2 * F, H, stream);
+    f.w_down = out->add(L.w_down, H, F, stream);
+    out->layers_.push_back(f);
+  }
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return out;
 }
 
 }  // namespace tessera::runtime::gpu

@@ -40,8 +40,11 @@
 #include <memory>
 #include <vector>
 
+#include <cuda_runtime.h>
+
 #include "cuda/device_buffer.h"
 #include "core/dtype.h"
+#include "runtime_cuda/gemm.h"
 #include "runtime/model.h"
 #include "runtime/model_config.h"
 
@@ -109,6 +112,34 @@ class DeviceModel {
   bf16* embedding_ = nullptr;
   bf16* output_ = nullptr;
   float* final_norm_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// The layers' matrices of a DeviceModel in FP8 E4M3, each with one per-tensor scale (amax / 448, on the device),
+// for GemmPrecision::kFp8 (gemm.h): Q, K and V separately (their rows of wqkv), O, the stacked gate/up, down. The
+// embedding and the LM head stay bf16 in the DeviceModel. Quantized on the device from the bf16 weights
+// (fp8_quant.h: round-to-nearest-even, saturating), 1 byte per element: an 8B model's layers take ~7 GB beside
+// their bf16 copies.
+struct Fp8Layer {
+  Fp8Matrix wq, wk, wv, wo, w_gate_up, w_down;
+};
+
+class DeviceFp8Weights {
+ public:
+  // Synchronises `stream` before returning. Throws tessera::Error when the device memory does not suffice or the
+  // device has no FP8 tensor cores (check_gemm_precision_supported).
+  static std::unique_ptr<DeviceFp8Weights> quantize(const DeviceModel& model, cudaStream_t stream);
+  const Fp8Layer& layer(int l) const { return layers_[static_cast<size_t>(l)]; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  DeviceFp8Weights() = default;
+  Fp8Matrix add(const bf16* w, int64_t rows, int64_t cols, cudaStream_t stream);
+
+  std::vector<attn::gpu::DeviceBuffer<uint8_t>> codes_;
+  attn::gpu::DeviceBuffer<float> scales_;  // 2 floats per matrix: amax, scale
+  size_t next_scale_ = 0;
+  std::vector<Fp8Layer> layers_;
   size_t bytes_ = 0;
 };
 

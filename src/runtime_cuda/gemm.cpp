@@ -1,12 +1,18 @@
 #include "runtime_cuda/gemm.h"
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
+#include <cstring>
 #include <limits>
 #include <string>
 
 #include "cuda/cuda_check.h"
 #include "core/error.h"
+#include "runtime_cuda/fp8_quant.h"
 
 namespace tessera::runtime::gpu {
 
@@ -19,13 +25,52 @@ void cublas_check(cublasStatus_t status, const std::string& what) {
 }
 
 cublasHandle_t as_handle(void* h) { return static_cast<cublasHandle_t>(h); }
+cublasLtHandle_t as_lt(void* h) { return static_cast<cublasLtHandle_t>(h); }
+
+// TESSERA_FP8_FAST_ACCUM=1: cuBLASLt's FP8 "fast accumulation" (the tensor cores' own accumulator throughout, no
+// periodic promotion to f32): faster, less exact over long inner dimensions. Default off.
+bool fp8_fast_accum() {
+  static const bool on = [] {
+    const char* v = std::getenv("TESSERA_FP8_FAST_ACCUM");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return on;
+}
 
 }  // namespace
+
+const char* gemm_precision_name(GemmPrecision p) { return p == GemmPrecision::kFp8 ? "fp8" : "bf16"; }
+
+GemmPrecision parse_gemm_precision(const std::string& name, const std::string& flag) {
+  if (name == "bf16") return GemmPrecision::kBf16;
+  if (name == "fp8") return GemmPrecision::kFp8;
+  throw Error(flag + " must be bf16 or fp8, got '" + name + "'");
+}
+
+void check_gemm_precision_supported(GemmPrecision p, const std::string& flag) {
+  if (p != GemmPrecision::kFp8) return;
+  std::string why;
+  check(fp8_tensor_cores(&why),
+        flag + " fp8 needs FP8 tensor cores (compute capability 8.9 or newer); this GPU is " + why);
+}
+
+struct Gemm::LtPlan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  ~LtPlan() {
+    if (c != nullptr) cublasLtMatrixLayoutDestroy(c);
+    if (b != nullptr) cublasLtMatrixLayoutDestroy(b);
+    if (a != nullptr) cublasLtMatrixLayoutDestroy(a);
+    if (desc != nullptr) cublasLtMatmulDescDestroy(desc);
+  }
+};
 
 Gemm::Gemm(cudaStream_t stream) {
   cublasHandle_t h = nullptr;
   cublas_check(cublasCreate(&h), "cublasCreate");
   handle_ = h;
+  stream_ = stream;
   try {
     cublas_check(cublasSetStream(h, stream), "cublasSetStream");
     workspace_bytes_ = size_t{32} << 20;  // cuBLAS's recommendation for Hopper
@@ -39,6 +84,10 @@ Gemm::Gemm(cudaStream_t stream) {
 }
 
 Gemm::~Gemm() {
+  for (auto& [key, plan] : plans_) delete plan;
+  if (lt_handle_ != nullptr) cublasLtDestroy(as_lt(lt_handle_));
+  if (act_ != nullptr) cudaFree(act_);
+  if (act_work_ != nullptr) cudaFree(act_work_);
   if (handle_ != nullptr) cublasDestroy(as_handle(handle_));
   if (workspace_ != nullptr) cudaFree(workspace_);
 }
@@ -56,6 +105,94 @@ void Gemm::linear(const bf16* x, int64_t ldx, int64_t m, const bf16* w, int64_t 
                             static_cast<int>(in), &alpha, w, CUDA_R_16BF, static_cast<int>(in), x, CUDA_R_16BF,
                             static_cast<int>(ldx), &beta, y, y_type == DType::F32 ? CUDA_R_32F : CUDA_R_16BF,
                             static_cast<int>(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               shape);
+}
+
+Fp8Matrix Gemm::quantize_activation(const bf16* x, int64_t ldx, int64_t m, int64_t in) {
+  const size_t need = static_cast<size_t>(std::max<int64_t>(m, 0) * in);
+  if (need > act_bytes_) {
+    if (act_ != nullptr) {
+      TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old buffer may still be read
+      TESSERA_CUDA_CHECK(cudaFree(act_));
+      act_ = nullptr;
+      act_bytes_ = 0;
+    }
+    const size_t bytes = std::max(need + need / 4, size_t{1} << 20);  // geometric growth
+    TESSERA_CUDA_CHECK(cudaMalloc(&act_, bytes));
+    act_bytes_ = bytes;
+  }
+  if (act_work_ == nullptr) TESSERA_CUDA_CHECK(cudaMalloc(&act_work_, 2 * sizeof(float)));
+  quantize_e4m3(x, ldx, m, in, act_, act_work_, stream_);
+  return Fp8Matrix{act_, act_work_ + 1, m, in};
+}
+
+Gemm::LtPlan& Gemm::lt_plan(int64_t m, int64_t out, int64_t in, DType y_type, int64_t ldy, bool accumulate) {
+  const auto key = std::make_tuple(m, out, in, static_cast<int>(y_type), ldy, accumulate);
+  if (auto it = plans_.find(key); it != plans_.end()) return *it->second;
+  const std::string shape = "FP8 GEMM [" + std::to_string(m) + " x " + std::to_string(in) + "] x [" +
+                            std::to_string(out) + " x " + std::to_string(in) + "]^T";
+  if (lt_handle_ == nullptr) {
+    cublasLtHandle_t h = nullptr;
+    cublas_check(cublasLtCreate(&h), "cublasLtCreate");
+    lt_handle_ = h;
+  }
+  auto plan = std::make_unique<LtPlan>();
+  cublas_check(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), shape);
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  cublas_check(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), shape);
+  cublas_check(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), shape);
+  const int8_t fast = fp8_fast_accum() ? 1 : 0;
+  cublas_check(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast), shape);
+  const cudaDataType_t yt = y_type == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;
+  // A: the weights as stored, [in, out] column-major (lda = in), read transposed; B: x^T [in, m] (ldb = in).
+  cublas_check(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_8F_E4M3, static_cast<uint64_t>(in),
+                                          static_cast<uint64_t>(out), in),
+               shape);
+  cublas_check(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_8F_E4M3, static_cast<uint64_t>(in),
+                                          static_cast<uint64_t>(m), in),
+               shape);
+  cublas_check(cublasLtMatrixLayoutCreate(&plan->c, yt, static_cast<uint64_t>(out), static_cast<uint64_t>(m), ldy),
+               shape);
+  cublasLtMatmulPreference_t pref = nullptr;
+  cublas_check(cublasLtMatmulPreferenceCreate(&pref), shape);
+  const uint64_t ws = workspace_bytes_;
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulAlgoGetHeuristic(as_lt(lt_handle_), plan->desc, plan->a, plan->b, plan->c, plan->c, pref, 1,
+                                        &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublas_check(st, shape + " (algorithm search)");
+  check(found > 0, shape + ": cuBLASLt has no FP8 algorithm for this shape (" +
+                       (accumulate ? std::string("beta = 1, ") : std::string()) + "output " +
+                       (y_type == DType::F32 ? "f32" : "bf16") + ")");
+  plan->algo = result.algo;
+  LtPlan* raw = plan.release();
+  plans_.emplace(key, raw);
+  return *raw;
+}
+
+void Gemm::linear_fp8(const Fp8Matrix& x, const Fp8Matrix& w, void* y, DType y_type, int64_t ldy, float beta) {
+  const int64_t m = x.rows, in = x.cols, out = w.rows;
+  if (m <= 0) return;
+  constexpr int64_t kMax = std::numeric_limits<int>::max();
+  const std::string shape = "FP8 GEMM [" + std::to_string(m) + " x " + std::to_string(in) + "] x [" +
+                            std::to_string(out) + " x " + std::to_string(w.cols) + "]^T";
+  check(w.cols == in, shape + ": inner dimensions differ");
+  check(m <= kMax && out <= kMax && in <= kMax && ldy <= kMax, shape + ": dimensions exceed int");
+  check(in % 16 == 0, shape + ": the inner dimension must be a multiple of 16 for FP8");
+  check(y_type == DType::BF16 || y_type == DType::F32, shape + ": output must be bf16 or f32");
+  LtPlan& plan = lt_plan(m, out, in, y_type, ldy, beta != 0.0f);
+  cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w.scale,
+                                              sizeof w.scale),
+               shape);
+  cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x.scale,
+                                              sizeof x.scale),
+               shape);
+  const float alpha = 1.0f;
+  cublas_check(cublasLtMatmul(as_lt(lt_handle_), plan.desc, &alpha, w.data, plan.a, x.data, plan.b, &beta, y, plan.c,
+                              y, plan.c, &plan.algo, workspace_, workspace_bytes_, stream_),
                shape);
 }
 

@@ -70,7 +70,8 @@ GpuEngine::GpuEngine(const DeviceModel& model, GpuEngineOptions options)
     fo.attention = options_.attention;
     fo.dense_fallback = options_.dense_fallback;
     fo.cuda_attention = options_.cuda_attention;
-    forward_ = std::make_unique<GpuForward>(model, fo, stream_, *gemm_, timer_);
+    if (options_.gemm == GemmPrecision::kFp8) fp8_ = DeviceFp8Weights::quantize(model, stream_);
+    forward_ = std::make_unique<GpuForward>(model, fo, stream_, *gemm_, timer_, fp8_.get());
     if (options_.stream.method != StreamMethod::None) {
       check(!cfg.qk_norm, "model " + cfg.name + " has QK-norm, which the GPU streaming path does not apply yet");
       streaming_ = std::make_unique<GpuStreamingKV>(cfg, options_.stream);
@@ -78,6 +79,7 @@ GpuEngine::GpuEngine(const DeviceModel& model, GpuEngineOptions options)
   } catch (...) {
     streaming_.reset();
     forward_.reset();
+    fp8_.reset();
     gemm_.reset();
     cudaStreamDestroy(stream_);
     throw;
@@ -88,6 +90,7 @@ GpuEngine::~GpuEngine() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   streaming_.reset();
   forward_.reset();
+  fp8_.reset();
   gemm_.reset();
   cache_.release();
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -95,7 +98,7 @@ GpuEngine::~GpuEngine() {
 
 GpuMemoryStats GpuEngine::memory() const {
   GpuMemoryStats m;
-  m.weights_bytes = model_.bytes();
+  m.weights_bytes = model_.bytes() + (fp8_ ? fp8_->bytes() : 0);
   m.kv_cache_bytes = kv_cache_bytes();
   m.scratch_bytes = forward_->scratch_bytes() + gemm_->workspace_bytes();
   m.peak_in_use_bytes = forward_->peak_device_bytes();

@@ -60,6 +60,10 @@ struct GpuEngineOptions {
   bool timing = true;             // CUDA events around GEMMs, attention (stats().gemm/attention_seconds) and the
                                   // small kernels (kernel_seconds())
   bool dense_fallback = true;     // sparse layers whose index costs more than dense run dense (gpu_forward.h)
+  // The layers' GEMMs (gemm.h): bf16, or FP8 E4M3 (W8A8, per-tensor scales; compute capability 8.9+, the
+  // constructor throws check_gemm_precision_supported's error otherwise). FP8 quantizes the weights once per engine
+  // (DeviceFp8Weights: ~1 byte per layer weight, beside the bf16 model) and each product's input per call.
+  GemmPrecision gemm = GemmPrecision::kBf16;
   // The CUDA attention backend's options (attention/index/prefill_route.h); default: the process defaults.
   attn::gpu::CudaAttentionOptions cuda_attention = attn::gpu::cuda_attention_defaults();
   // Streaming memory (runtime/stream/stream_options.h, the GPU twin: stream_gpu_kv.h): method != None reads prompts
@@ -141,6 +145,7 @@ class GpuEngine {
   int32_t position_ = 0;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<Gemm> gemm_;
+  std::unique_ptr<DeviceFp8Weights> fp8_;  // GemmPrecision::kFp8
   EventTimer timer_;
   DeviceKVCache cache_;
   std::unique_ptr<GpuForward> forward_;

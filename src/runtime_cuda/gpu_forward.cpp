@@ -67,8 +67,8 @@ struct GpuForward::AttentionSet {
 };
 
 GpuForward::GpuForward(const DeviceModel& model, const ForwardOptions& options, cudaStream_t stream, Gemm& gemm,
-                       EventTimer& timer)
-    : model_(model), cfg_(model.config()), options_(options), stream_(stream), gemm_(gemm), timer_(timer) {
+                       EventTimer& timer, const DeviceFp8Weights* fp8)
+    : model_(model), cfg_(model.config()), options_(options), stream_(stream), gemm_(gemm), timer_(timer), fp8_(fp8) {
   check(options_.mlp_chunk > 0, "GPU forward: mlp_chunk must be positive");
   check(options_.tile == 64 || options_.tile == 128,
         "GPU forward: the index tile must be 64 or 128, got " + std::to_string(options_.tile));
@@ -241,22 +241,33 @@ std::vector<float> GpuForward::run_layers(std::span<const int32_t> tokens, int32
   timed(EventTimer::kMisc,
         [&] { embed_tokens(tokens_.data(), n, model_.embedding(), H, cfg_.embedding_scale, x_.data(), stream_); });
 
-  auto gemm = [&](const bf16* x, int64_t ldx, int64_t m, const bf16* w, int64_t out, int64_t in, void* y,
-                  DType y_type, int64_t ldy, float beta) {
+  // One product of the layers: bf16 (cuBLAS), or FP8 when fp8_ is set (w8: the same matrix in E4M3; the input is
+  // quantized unless `reuse`: the previous product's input again, i.e. K and V after Q). The quantization counts as
+  // GEMM time.
+  Fp8Matrix x8;
+  auto gemm = [&](const bf16* x, int64_t ldx, int64_t m, const bf16* w, const Fp8Matrix& w8, int64_t out, int64_t in,
+                  void* y, DType y_type, int64_t ldy, float beta, bool reuse = false) {
     timer_.begin(EventTimer::kGemm, stream_);
-    gemm_.linear(x, ldx, m, w, out, in, y, y_type, ldy, beta);
+    if (fp8_ != nullptr) {
+      if (!reuse) x8 = gemm_.quantize_activation(x, ldx, m, in);
+      gemm_.linear_fp8(x8, w8, y, y_type, ldy, beta);
+    } else {
+      gemm_.linear(x, ldx, m, w, out, in, y, y_type, ldy, beta);
+    }
     timer_.end(EventTimer::kGemm, stream_);
   };
 
   AttentionSet set;
+  const Fp8Layer no_fp8{};
   for (int32_t l = 0; l < cfg_.num_layers; ++l) {
     const DeviceLayer& L = model_.layer(l);
+    const Fp8Layer& L8 = fp8_ != nullptr ? fp8_->layer(l) : no_fp8;
     bf16* kc = kv != nullptr ? k_chunk_.data() : cache->k(l, pos);
     bf16* vc = kv != nullptr ? v_chunk_.data() : cache->v(l, pos);
     timed(EventTimer::kNorm, [&] { rms_norm_to_bf16(x_.data(), n, H, L.attn_norm, eps, h_.data(), H, stream_); });
-    gemm(h_.data(), H, n, L.wq, QD, H, q_.data(), DType::BF16, QD, 0.0f);
-    gemm(h_.data(), H, n, L.wk, KD, H, kc, DType::BF16, KD, 0.0f);
-    gemm(h_.data(), H, n, L.wv, KD, H, vc, DType::BF16, KD, 0.0f);
+    gemm(h_.data(), H, n, L.wq, L8.wq, QD, H, q_.data(), DType::BF16, QD, 0.0f);
+    gemm(h_.data(), H, n, L.wk, L8.wk, KD, H, kc, DType::BF16, KD, 0.0f, true);
+    gemm(h_.data(), H, n, L.wv, L8.wv, KD, H, vc, DType::BF16, KD, 0.0f, true);
     if (cfg_.qkv_bias) {
       timed(EventTimer::kMisc, [&] {
         add_bias(q_.data(), n, QD, QD, L.bq, stream_);
@@ -284,23 +295,23 @@ std::vector<float> GpuForward::run_layers(std::span<const int32_t> tokens, int32
     sample_memory();
 
     if (cfg_.post_norms) {
-      gemm(a_.data(), QD, n, L.wo, H, QD, o_.data(), DType::F32, H, 0.0f);
+      gemm(a_.data(), QD, n, L.wo, L8.wo, H, QD, o_.data(), DType::F32, H, 0.0f);
       timed(EventTimer::kNorm, [&] { add_rms_normed(x_.data(), o_.data(), n, H, L.post_attn_norm, eps, stream_); });
     } else {
-      gemm(a_.data(), QD, n, L.wo, H, QD, x_.data(), DType::F32, H, 1.0f);  // x += a Wo^T
+      gemm(a_.data(), QD, n, L.wo, L8.wo, H, QD, x_.data(), DType::F32, H, 1.0f);  // x += a Wo^T
     }
 
     timed(EventTimer::kNorm, [&] { rms_norm_to_bf16(x_.data(), n, H, L.ffn_norm, eps, h_.data(), H, stream_); });
     for (int64_t m0 = 0; m0 < n; m0 += M) {
       const int64_t mm = std::min<int64_t>(M, n - m0);
-      gemm(h_.data() + m0 * H, H, mm, L.w_gate_up, 2 * F, H, gu_.data(), DType::BF16, 2 * F, 0.0f);
+      gemm(h_.data() + m0 * H, H, mm, L.w_gate_up, L8.w_gate_up, 2 * F, H, gu_.data(), DType::BF16, 2 * F, 0.0f);
       timed(EventTimer::kActivation, [&] { gated_activation(gu_.data(), mm, F, act, stream_); });
       if (cfg_.post_norms) {
-        gemm(gu_.data(), 2 * F, mm, L.w_down, H, F, o_.data() + m0 * H, DType::F32, H, 0.0f);
+        gemm(gu_.data(), 2 * F, mm, L.w_down, L8.w_down, H, F, o_.data() + m0 * H, DType::F32, H, 0.0f);
         timed(EventTimer::kNorm,
               [&] { add_rms_normed(x_.data() + m0 * H, o_.data() + m0 * H, mm, H, L.post_ffn_norm, eps, stream_); });
       } else {
-        gemm(gu_.data(), 2 * F, mm, L.w_down, H, F, x_.data() + m0 * H, DType::F32, H, 1.0f);  // x += m Wd^T
+        gemm(gu_.data(), 2 * F, mm, L.w_down, L8.w_down, H, F, x_.data() + m0 * H, DType::F32, H, 1.0f);  // x += m Wd^T
       }
     }
     if (l == 0) sample_memory();
@@ -314,7 +325,9 @@ std::vector<float> GpuForward::run_layers(std::span<const int32_t> tokens, int32
     rms_norm_to_bf16(x_.data() + static_cast<int64_t>(first) * H, count, H, model_.final_norm(), eps, h_.data(), H,
                      stream_);
   });
-  gemm(h_.data(), H, count, model_.output(), V, H, logits_.data(), DType::F32, V, 0.0f);
+  timer_.begin(EventTimer::kGemm, stream_);  // the LM head: bf16 in both precisions
+  gemm_.linear(h_.data(), H, count, model_.output(), V, H, logits_.data(), DType::F32, V, 0.0f);
+  timer_.end(EventTimer::kGemm, stream_);
   if (cfg_.final_logit_softcap > 0)
     timed(EventTimer::kMisc, [&] { softcap(logits_.data(), count * V, cfg_.final_logit_softcap, stream_); });
   std::vector<float> out(static_cast<size_t>(count * V));

@@ -80,9 +80,11 @@ struct ForwardOptions {
 
 class GpuForward {
  public:
-  // `gemm` and `timer` must outlive the forward; everything runs on `stream`.
+  // `gemm` and `timer` must outlive the forward; everything runs on `stream`. fp8: the layers' weights in E4M3
+  // (device_model.h), which must outlive the forward too: the layers' GEMMs then run in FP8 (activations quantized
+  // per product, Q/K/V sharing one quantization; gemm.h), the LM head in bf16. Null: bf16.
   GpuForward(const DeviceModel& model, const ForwardOptions& options, cudaStream_t stream, Gemm& gemm,
-             EventTimer& timer);
+             EventTimer& timer, const DeviceFp8Weights* fp8 = nullptr);
 
   // Runs `tokens` (host ids, already checked against the vocabulary) at positions [pos, pos + n), appending
   // their K/V to `cache` (which must have room for pos + n rows and hold valid rows [0, pos)). `policy`: null
@@ -115,6 +117,7 @@ class GpuForward {
   cudaStream_t stream_;
   Gemm& gemm_;
   EventTimer& timer_;
+  const DeviceFp8Weights* fp8_ = nullptr;
   float scale_ = 0;  // attention scale
   std::vector<attn::gpu::DeviceBuffer<float>> inv_freqs_;  // distinct RoPE frequency sets, on the device
   std::vector<size_t> layer_rope_;                          // layer -> index into inv_freqs_

@@ -1,0 +1,122 @@
+#include "runtime_cuda/fp8_quant.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <string>
+
+#include "cuda/cuda_check.h"
+#include "core/error.h"
+
+namespace tessera::runtime::gpu {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr float kMax = 448.0f;  // core/fp8.h kE4M3Max
+
+// 8 bf16 of row r, columns [8c, 8c + 8).
+__device__ inline uint4 load8(const __nv_bfloat16* x, int64_t ldx, int64_t groups_per_row, int64_t g) {
+  const int64_t r = g / groups_per_row, c = g - r * groups_per_row;
+  return *reinterpret_cast<const uint4*>(x + r * ldx + c * 8);
+}
+
+__device__ inline void unpack8(const uint4& v, float (&f)[8]) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 p = __bfloat1622float2(h[i]);
+    f[2 * i] = p.x;
+    f[2 * i + 1] = p.y;
+  }
+}
+
+__global__ void amax_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx, int64_t groups_per_row, int64_t groups,
+                            float* __restrict__ amax) {
+  float a = 0.0f;
+  for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < groups;
+       g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float f[8];
+    unpack8(load8(x, ldx, groups_per_row, g), f);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) a = fmaxf(a, fabsf(f[i]));  // fmaxf drops NaN
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+  __shared__ float warp_max[kThreads / 32];
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = a;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kThreads / 32; ++w) a = fmaxf(a, warp_max[w]);
+    // Non-negative floats order as their bit patterns: an unsigned atomic max is the float max.
+    atomicMax(reinterpret_cast<unsigned int*>(amax), __float_as_uint(a));
+  }
+}
+
+__global__ void quantize_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx, int64_t groups_per_row,
+                                int64_t groups, const float* __restrict__ amax_p, uint8_t* __restrict__ q,
+                                float* __restrict__ scale_out) {
+  const float amax = *amax_p;
+  const bool usable = amax > 0.0f && isfinite(amax);
+  const float inv = usable ? __fdiv_rn(kMax, amax) : 1.0f;  // IEEE division, as the host's e4m3_inverse_scale
+  if (blockIdx.x == 0 && threadIdx.x == 0) *scale_out = usable ? __fdiv_rn(amax, kMax) : 1.0f;
+  for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < groups;
+       g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float f[8];
+    unpack8(load8(x, ldx, groups_per_row, g), f);
+    uint2 out;
+    __nv_fp8x2_storage_t* o = reinterpret_cast<__nv_fp8x2_storage_t*>(&out);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      o[i] = __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(f[2 * i], inv), __fmul_rn(f[2 * i + 1], inv)),
+                                      __NV_SATFINITE, __NV_E4M3);
+    *reinterpret_cast<uint2*>(q + g * 8) = out;  // q is contiguous: group g is bytes [8g, 8g + 8)
+  }
+}
+
+int grid_for(int64_t groups) {
+  static int sms = [] {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 132;
+    }
+    return n;
+  }();
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((groups + kThreads - 1) / kThreads, int64_t{sms} * 4)));
+}
+
+}  // namespace
+
+void quantize_e4m3(const bf16* x, int64_t ldx, int64_t m, int64_t in, uint8_t* q, float* work, cudaStream_t stream) {
+  if (m <= 0 || in <= 0) return;
+  check(in % 8 == 0 && ldx % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+            reinterpret_cast<uintptr_t>(q) % 16 == 0,
+        "FP8 quantization of [" + std::to_string(m) + " x " + std::to_string(in) + "] (rows " + std::to_string(ldx) +
+            " apart): needs 16-byte aligned rows of a multiple of 8 elements");
+  const int64_t groups_per_row = in / 8, groups = m * groups_per_row;
+  const int grid = grid_for(groups);
+  const auto* xb = reinterpret_cast<const __nv_bfloat16*>(x);
+  TESSERA_CUDA_CHECK(cudaMemsetAsync(work, 0, sizeof(float), stream));
+  amax_kernel<<<grid, kThreads, 0, stream>>>(xb, ldx, groups_per_row, groups, work);
+  TESSERA_CUDA_CHECK(cudaGetLastError());
+  quantize_kernel<<<grid, kThreads, 0, stream>>>(xb, ldx, groups_per_row, groups, work, q, work + 1);
+  TESSERA_CUDA_CHECK(cudaGetLastError());
+}
+
+bool fp8_tensor_cores(std::string* why) {
+  int dev = 0;
+  cudaDeviceProp prop{};
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (why != nullptr) *why = "no CUDA device";
+    return false;
+  }
+  if (why != nullptr)
+    *why = std::string(prop.name) + ", compute capability " + std::to_string(prop.major) + "." +
+           std::to_string(prop.minor);
+  return prop.major > 8 || (prop.major == 8 && prop.minor >= 9);
+}
+
+}  // namespace tessera::runtime::gpu
