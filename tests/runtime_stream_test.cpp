@@ -886,11 +886,195 @@ TEST(StreamingKV, DeviceStoragePlansWhatTheHostPathAttends) {
   EXPECT_EQ(counted.bytes(), 512);
 }
 
+// Ltri with retrieval heads keeps, per layer, only the kv heads its scores read (StreamOptions::index_all_heads false,
+// the default): the layers before the first retrieval layer every kv head, a retrieval layer its head's kv head, a
+// later layer without one nothing (collaborative voting replaces its scores). Everything it decides and attends is
+// EXACTLY the full index's (the dropped heads have weight 0): layouts, retrieved blocks, attention outputs, chunk after
+// chunk; the kept keys are the full index's columns of those heads; the index shrinks by the expected factor. The GPU
+// path's emulated device (keys gathered from a ring into its mirror: the kept heads only) decides the same.
+TEST(StreamingKV, RetrievalHeadIndexKeepsOnlyTheKvHeadsItsVotersReadAndDecidesExactlyAsTheFullIndex) {
+  ModelConfig cfg = model("llama3").config();  // 4 query heads, 2 kv heads
+  cfg.num_layers = 4;
+  cfg.layers.resize(4, cfg.layers[0]);
+  const int32_t nq = cfg.num_q_heads, nkv = cfg.num_kv_heads, d = cfg.head_dim;
+  ASSERT_EQ(nkv, 2);
+  std::vector<float> inv_freq(static_cast<size_t>(d / 2));
+  for (int32_t i = 0; i < d / 2; ++i) inv_freq[static_cast<size_t>(i)] = std::pow(10000.0f, -2.0f * i / d);
+  StreamOptions o = small_stream(StreamMethod::Ltri);
+  // Layer 0: a head below 0.1 (no vote: every head scores); layer 1: head 3 (kv head 1); layer 2: head 0 (kv head 0);
+  // layer 3: none (voted only).
+  o.retrieval_heads = {{0, 1, 0.05}, {1, 3, 0.5}, {2, 0, 0.3}, {2, 2, 0.2}};
+  StreamOptions all = o;
+  all.index_all_heads = true;
+  StreamingKV full(cfg, all), red(cfg, o), emu(cfg, o, StreamingKV::Storage::Device);
+  EXPECT_FALSE(full.voted_only(3));
+  EXPECT_FALSE(red.voted_only(0) || red.voted_only(1) || red.voted_only(2));
+  EXPECT_TRUE(red.voted_only(3));
+  const int32_t begins[] = {0, 1, 0, 0}, kept[] = {2, 1, 1, 0};
+  for (int32_t l = 0; l < 4; ++l) {
+    EXPECT_EQ(red.span_index(l).kv_head_begin(), begins[l]);
+    EXPECT_EQ(red.span_index(l).kv_heads_kept(), kept[l]);
+    EXPECT_EQ(full.span_index(l).kv_heads_kept(), 2);
+  }
+  std::vector<float> ring;  // raw K rows of every (position, layer): [pos, layers, nkv * d]
+  std::vector<std::vector<float>> mirror(4);
+  const int64_t row = static_cast<int64_t>(nkv) * d;
+  std::mt19937 rng(21);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  ThreadPool pool(2);
+  int32_t pos = 0, choices = 0, voted = 0;
+  std::vector<std::pair<int32_t, StreamingKV::ChunkKind>> chunks(14, {16, StreamingKV::ChunkKind::Prefill});
+  chunks.push_back({5, StreamingKV::ChunkKind::LastPrefill});
+  for (int i = 0; i < 3; ++i) chunks.push_back({1, StreamingKV::ChunkKind::Decode});
+  for (const auto& [n, kind] : chunks) {
+    full.begin_chunk(pos, n, kind);
+    red.begin_chunk(pos, n, kind);
+    emu.begin_chunk(pos, n, kind);
+    ring.resize(static_cast<size_t>((pos + n) * 4 * row));
+    for (int32_t l = 0; l < 4; ++l) {
+      std::vector<float> q(static_cast<size_t>(n * nq * d)), k(static_cast<size_t>(n * row)), v(k.size());
+      for (auto* t : {&q, &k, &v})
+        for (float& x : *t) x = g(rng);
+      for (int32_t t = 0; t < n; ++t)
+        std::copy_n(k.begin() + t * row, row, ring.begin() + (static_cast<int64_t>(pos + t) * 4 + l) * row);
+      const std::vector<float> q0 = q, k0 = k;
+      std::vector<float> qa = q, ka = k, va = v, out_full(q.size()), out_red(q.size());
+      full.attend(l, pos, n, qa.data(), ka.data(), va.data(), inv_freq, 0.0f, out_full.data(), pool);
+      red.attend(l, pos, n, q.data(), k.data(), v.data(), inv_freq, 0.0f, out_red.data(), pool);
+      EXPECT_EQ(red.last_layout(l), full.last_layout(l)) << "layer " << l << " at " << pos;
+      EXPECT_EQ(red.retrieved(l), full.retrieved(l)) << "layer " << l << " at " << pos;
+      EXPECT_EQ(out_red, out_full) << "layer " << l << " at " << pos;  // bitwise
+      // The emulated device: its own map (the CPU's, from q and k), the kept heads of the ring's rows into its mirror.
+      StreamingKV own(cfg, o, StreamingKV::Storage::Device);  // (only for this chunk's map and votes)
+      own.begin_chunk(0, n, StreamingKV::ChunkKind::Prefill);
+      own.plan(0, 0, n, q0.data(), k0.data(), inv_freq, 0.0f);
+      StreamingKV::DeviceDecisions dev;
+      const std::vector<float> map = own.last_map(), votes = own.last_votes();
+      dev.map = map;
+      dev.votes = votes;
+      dev.keys_on_device = true;
+      dev.index_keys = [&](std::span<const int32_t> positions) {
+        const stream::SpanIndex& ix = emu.span_index(l);
+        for (int32_t p : positions) {
+          const auto at = ring.begin() + (static_cast<int64_t>(p) * 4 + l) * row + ix.kv_head_begin() * d;
+          mirror[static_cast<size_t>(l)].insert(mirror[static_cast<size_t>(l)].end(), at, at + ix.row());
+        }
+        return std::vector<float>{};
+      };
+      dev.block_scores = [&](std::span<const int32_t> tokens, std::span<const int32_t> counts,
+                             const stream::HeadWeights& w) {
+        std::vector<float> queries;
+        for (int32_t t : tokens) queries.insert(queries.end(), q0.begin() + t * nq * d, q0.begin() + (t + 1) * nq * d);
+        EXPECT_NE(l, 3) << "a voted-only layer is not scored";
+        return red.span_index(l).block_scores(queries, counts, w);  // the same keys as the mirror (asserted below)
+      };
+      EXPECT_EQ(emu.plan(l, pos, n, nullptr, inv_freq, dev), full.last_layout(l)) << "layer " << l << " at " << pos;
+      EXPECT_EQ(emu.retrieved(l), full.retrieved(l)) << "layer " << l << " at " << pos;
+      EXPECT_TRUE(std::ranges::equal(mirror[static_cast<size_t>(l)], red.span_index(l).keys()));
+      EXPECT_EQ(emu.span_index(l).num_vectors(), red.span_index(l).num_vectors());
+      choices += full.evicted_blocks() > o.top_k && kind != StreamingKV::ChunkKind::Decode;
+      voted += l == 3 && full.evicted_blocks() > o.top_k;
+    }
+    pos += n;
+  }
+  EXPECT_GT(choices, 20);
+  EXPECT_GT(voted, 5);
+  // The kept keys are the full index's columns of the kept heads; the same spans and vector counts but for layer 3.
+  int64_t want_bytes = 0, want_head_vectors = 0;
+  for (int32_t l = 0; l < 4; ++l) {
+    const stream::SpanIndex &a = full.span_index(l), &b = red.span_index(l);
+    if (l == 3) {
+      EXPECT_EQ(b.num_vectors(), 0);
+      EXPECT_EQ(b.num_spans(), 0);
+      EXPECT_GT(a.num_vectors(), 0);
+      continue;
+    }
+    ASSERT_EQ(b.num_vectors(), a.num_vectors());
+    EXPECT_TRUE(std::ranges::equal(a.span_count(), b.span_count()));
+    for (int64_t r = 0; r < a.num_vectors(); ++r)
+      EXPECT_TRUE(std::equal(b.keys().begin() + r * b.row(), b.keys().begin() + (r + 1) * b.row(),
+                             a.keys().begin() + r * row + begins[l] * d));
+    want_bytes += a.num_vectors() * kept[l] * d * 4;
+    want_head_vectors += a.num_vectors() * kept[l];
+  }
+  const StreamStats fs = full.stats(), rs = red.stats(), es = emu.stats();
+  EXPECT_EQ(rs.index_bytes, want_bytes);
+  EXPECT_EQ(rs.index_head_vectors, want_head_vectors);
+  EXPECT_EQ(fs.index_head_vectors, fs.index_vectors * 2);
+  EXPECT_EQ(fs.index_bytes, fs.index_vectors * row * 4);
+  EXPECT_EQ(es.index_bytes, rs.index_bytes);
+  EXPECT_EQ(es.index_vectors, rs.index_vectors);
+  EXPECT_LT(rs.index_bytes * 2, fs.index_bytes);  // (2 + 1 + 1 + 0) of 8 kv-head columns, layer 0 often larger
+  std::printf("[stream] retrieval-head index: %lld of %lld bytes (%.2fx smaller), %lld of %lld vectors\n",
+              static_cast<long long>(rs.index_bytes), static_cast<long long>(fs.index_bytes),
+              static_cast<double>(fs.index_bytes) / static_cast<double>(rs.index_bytes),
+              static_cast<long long>(rs.index_vectors), static_cast<long long>(fs.index_vectors));
+  // A voted-only layer whose voters did not run this chunk: an error, not a silent guess.
+  StreamingKV lone(cfg, o);
+  const int32_t n = 16;
+  std::vector<float> q(static_cast<size_t>(n * nq * d), 0.1f), k(static_cast<size_t>(n * row), 0.2f), v(k.size(), 0.3f),
+      out(q.size());
+  int32_t p = 0;
+  for (; p < 160; p += n) {
+    lone.begin_chunk(p, n, StreamingKV::ChunkKind::Prefill);
+    for (int32_t l = 0; l < 4; ++l) {
+      std::vector<float> qq = q, kk = k, vv = v;
+      lone.attend(l, p, n, qq.data(), kk.data(), vv.data(), inv_freq, 0.0f, out.data(), pool);
+    }
+  }
+  lone.begin_chunk(p, n, StreamingKV::ChunkKind::Prefill);
+  std::vector<float> qq = q, kk = k, vv = v;
+  lone.attend(0, p, n, qq.data(), kk.data(), vv.data(), inv_freq, 0.0f, out.data(), pool);
+  qq = q, kk = k, vv = v;
+  try {
+    lone.attend(3, p, n, qq.data(), kk.data(), vv.data(), inv_freq, 0.0f, out.data(), pool);  // layers 1, 2 skipped
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "streaming: layer 3 takes its blocks from the retrieval heads' votes, but no earlier layer "
+                           "voted in this chunk (layers run in order within a chunk)");
+  }
+}
+
 std::vector<int32_t> random_tokens(size_t n, int32_t vocab, uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<int32_t> t(n);
   for (auto& x : t) x = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
   return t;
+}
+
+// The engine with retrieval heads: the retrieval-head index gives the full index's logits, bit for bit.
+TEST(StreamingEngine, RetrievalHeadIndexGivesTheFullIndexLogits) {
+  for (const char* name : {"llama3", "smollm2"}) {
+    SCOPED_TRACE(name);
+    const Model& m = model(name);
+    const std::vector<int32_t> tokens = random_tokens(300, m.config().vocab_size, 17);
+    std::vector<std::vector<float>> logits;
+    std::vector<StreamStats> stats;
+    for (bool all : {true, false}) {
+      EngineOptions so;
+      so.stream = small_stream(StreamMethod::Ltri);
+      // llama3 (2 layers, 2 kv heads): layer 0 keeps kv head 1, layer 1 nothing; smollm2 (3 layers, 1 kv head):
+      // layer 0 every head, layer 1 its one, layer 2 nothing.
+      if (std::string(name) == "llama3")
+        so.stream.retrieval_heads = {{0, 3, 0.6}};
+      else
+        so.stream.retrieval_heads = {{1, 2, 0.6}};
+      so.stream.index_all_heads = all;
+      Engine e(m, so);
+      std::vector<float> l = e.prefill(tokens);
+      for (int32_t t : {3, 7}) {
+        const std::vector<float> step = e.decode(t);
+        l.insert(l.end(), step.begin(), step.end());
+      }
+      logits.push_back(l);
+      stats.push_back(e.streaming()->stats());
+    }
+    EXPECT_EQ(logits[0], logits[1]);
+    EXPECT_LT(stats[1].index_bytes, stats[0].index_bytes);
+    EXPECT_EQ(stats[1].evicted_blocks, stats[0].evicted_blocks);
+    std::printf("[stream] %s: index %lld -> %lld bytes with the retrieval heads' kv heads only\n", name,
+                static_cast<long long>(stats[0].index_bytes), static_cast<long long>(stats[1].index_bytes));
+  }
 }
 
 // While nothing is evicted (window >= prompt) streaming is the dense engine: same logits.

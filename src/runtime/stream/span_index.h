@@ -93,8 +93,17 @@ using HeadWeights = std::vector<double>;
 // The index of one layer: spans with their vectors, grouped by block.
 class SpanIndex {
  public:
-  explicit SpanIndex(HeadShape shape = {}) : shape_(shape) {}
-  // Adds a span of `block` with the given key vectors ([count, kv_heads, head_dim], contiguous).
+  // Keeps the kv heads [head_begin, head_begin + heads) of every vector (heads < 0: all of them). Ltri with retrieval
+  // heads keeps only the kv head its voting head reads (or none: a layer whose scores collaborative voting replaces);
+  // scoring a head whose kv head is not kept throws.
+  explicit SpanIndex(HeadShape shape = {}, int32_t head_begin = 0, int32_t heads = -1)
+      : shape_(shape), head_begin_(head_begin), heads_(heads < 0 ? shape.kv_heads : heads) {}
+  int32_t kv_head_begin() const { return head_begin_; }
+  int32_t kv_heads_kept() const { return heads_; }
+  // Floats per stored vector: kv_heads_kept() * head_dim.
+  int64_t row() const { return static_cast<int64_t>(heads_) * shape_.head_dim; }
+  // Adds a span of `block` with the given key vectors ([count, kv_heads_kept(), head_dim], contiguous: the kept heads
+  // of each key).
   void add(int32_t block, std::span<const float> keys, int32_t count);
   // Adds a span of `count` vectors whose keys are held elsewhere (the GPU path's device mirror,
   // runtime_cuda/stream_decide.h: gathered there in the same order); an index holds all its keys or none.
@@ -104,22 +113,23 @@ class SpanIndex {
   int64_t num_spans() const { return static_cast<int64_t>(span_first_.size()); }
   int64_t num_vectors() const { return vectors_; }
   int64_t bytes() const { return vectors_ * row() * static_cast<int64_t>(sizeof(float)); }  // wherever they are held
+  int64_t head_vectors() const { return vectors_ * heads_; }  // one per stored token and kept kv head
   // Ltri block scores for query spans: queries [m, q_heads, head_dim] of all query spans, spans given by
   // `query_counts` (the vectors of span t are the next query_counts[t] rows). One score per block.
   std::vector<double> block_scores(std::span<const float> queries, std::span<const int32_t> query_counts,
                                    const HeadWeights& w) const;
   void clear();
   // The stored vectors and their grouping, for a device mirror (runtime_cuda/stream_decide.h): keys [vectors,
-  // kv_heads, head_dim]; span s holds vectors [span_first()[s], + span_count()[s]); a block's spans are consecutive.
+  // kv_heads_kept(), head_dim]; span s holds vectors [span_first()[s], + span_count()[s]); a block's spans are consecutive.
   std::span<const float> keys() const { return keys_; }
   std::span<const int64_t> span_first() const { return span_first_; }
   std::span<const int64_t> span_count() const { return span_count_; }
   std::span<const int64_t> block_spans(int32_t block) const { return block_spans_[static_cast<size_t>(block)]; }
 
  private:
-  int64_t row() const { return static_cast<int64_t>(shape_.kv_heads) * shape_.head_dim; }
   HeadShape shape_;
-  std::vector<float> keys_;                       // [vectors, kv_heads, head_dim] (empty: held elsewhere)
+  int32_t head_begin_ = 0, heads_ = 0;            // the kv heads kept
+  std::vector<float> keys_;                       // [vectors, heads_, head_dim] (empty: held elsewhere)
   int64_t vectors_ = 0;
   std::vector<int64_t> span_first_, span_count_;  // per span: first vector, count
   std::vector<std::vector<int64_t>> block_spans_;  // per block: its spans

@@ -66,6 +66,13 @@ struct StreamOptions {
   // votes of earlier layers' heads (collaborative voting), weighted by score. Empty: every head of a layer votes
   // (averaged) and there is no collaborative voting.
   std::vector<RetrievalHead> retrieval_heads;
+  // Ltri with retrieval heads: which kv heads each layer's span index keeps (the paper counts the retrieval heads'
+  // vectors only). false (the default, `--stream-index-heads retrieval`): a layer with a retrieval head keeps its kv
+  // head only (the only one its scores read), a later layer without one keeps none (collaborative voting replaces its
+  // scores: it is never scored), the layers before the first retrieval layer keep every kv head (they score with all
+  // heads). The block scores, retrieved blocks and outputs are exactly the full index's. true (`all`): every layer
+  // keeps every kv head (the comparison). No effect without retrieval heads.
+  bool index_all_heads = false;
   bool persist_decode = true;   // decode keeps the blocks retrieved for the last prefill chunk
 
   // InfLLM: representative keys per block.

@@ -64,10 +64,7 @@ StreamingKV::StreamingKV(const ModelConfig& config, StreamOptions options, Stora
   shape_ = {cfg_.num_q_heads, cfg_.num_kv_heads, cfg_.head_dim};
   row_ = static_cast<int64_t>(cfg_.num_kv_heads) * cfg_.head_dim;
   layers_.resize(static_cast<size_t>(cfg_.num_layers));
-  for (Layer& l : layers_) {
-    l.span_index = stream::SpanIndex(shape_);
-    l.repr_index = stream::ReprIndex(shape_);
-  }
+  for (Layer& l : layers_) l.repr_index = stream::ReprIndex(shape_);
   const int64_t budget = opt_.host_budget > 0 ? opt_.host_budget : host_memory_budget().bytes;
   store_ = stream::HostBlockStore(cfg_.num_layers, cfg_.num_kv_heads, cfg_.head_dim, opt_.block, budget,
                                   storage_ == Storage::Host ? 4 : 2);
@@ -84,6 +81,30 @@ StreamingKV::StreamingKV(const ModelConfig& config, StreamOptions options, Stora
       best_score_[l] = h.score;
     }
   }
+  // The kv heads each layer's span index keeps (StreamOptions::index_all_heads): with retrieval heads, a voting layer
+  // reads its head's kv head only, a layer after the first voting one is never scored (voted_only()), the layers
+  // before it score with every head.
+  for (int32_t l = 0; l < cfg_.num_layers; ++l)
+    if (best_head_[static_cast<size_t>(l)] >= 0 && !windowed(l)) {
+      first_voter_ = l;
+      break;
+    }
+  for (int32_t l = 0; l < cfg_.num_layers; ++l) {
+    int32_t begin = 0, heads = -1;  // all
+    if (opt_.method == StreamMethod::Ltri && !opt_.index_all_heads && first_voter_ >= 0 && l >= first_voter_) {
+      const int32_t best = best_head_[static_cast<size_t>(l)];
+      if (best >= 0)
+        begin = shape_.kv_head(best), heads = 1;
+      else
+        heads = 0;
+    }
+    layers_[static_cast<size_t>(l)].span_index = stream::SpanIndex(shape_, begin, heads);
+  }
+}
+
+bool StreamingKV::voted_only(int32_t layer) const {
+  return opt_.method == StreamMethod::Ltri && !opt_.index_all_heads && first_voter_ >= 0 && layer > first_voter_ &&
+         best_head_[static_cast<size_t>(layer)] < 0;
 }
 
 void StreamingKV::check_sequence(int64_t tokens) const {
@@ -204,10 +225,11 @@ void StreamingKV::evict(int32_t layer, int32_t b, int32_t first, std::vector<Pen
         if (p.ratio == kUnmeasured) p.ratio = 1.0;
     }
     const double lam = lambda(layer);
-    for (const Piece& p : pieces) {
-      const int32_t count = stream::retained_vectors(p.end - p.begin, p.ratio, lam, opt_.min_vectors, opt_.max_vectors);
-      add(stream::top_voted(votes, p.begin, p.end, count), count);
-    }
+    if (!voted_only(layer))  // (a layer never scored indexes nothing)
+      for (const Piece& p : pieces) {
+        const int32_t count = stream::retained_vectors(p.end - p.begin, p.ratio, lam, opt_.min_vectors, opt_.max_vectors);
+        add(stream::top_voted(votes, p.begin, p.end, count), count);
+      }
   } else if (opt_.method == StreamMethod::InfLLM) {
     const std::vector<int32_t> tokens = stream::top_voted(votes, 0, B, std::min(opt_.repr_keys, B));
     add(tokens, static_cast<int32_t>(tokens.size()));
@@ -243,9 +265,18 @@ void StreamingKV::index_keys(int32_t layer, const std::vector<PendingVectors>& p
       keys.insert(keys.end(), L.recent_k.begin() + at, L.recent_k.begin() + at + row_);
     }
   }
+  if (opt_.method == StreamMethod::Ltri && L.span_index.row() != row_) {
+    // The kv heads the span index keeps, row by row (the same values: the kept heads' scores are unchanged).
+    const int64_t kept = L.span_index.row(), first = static_cast<int64_t>(L.span_index.kv_head_begin()) * cfg_.head_dim;
+    for (size_t r = 0; r < positions.size(); ++r)
+      std::copy_n(keys.begin() + static_cast<std::ptrdiff_t>(static_cast<int64_t>(r) * row_ + first), kept,
+                  keys.begin() + static_cast<std::ptrdiff_t>(static_cast<int64_t>(r) * kept));
+    keys.resize(positions.size() * static_cast<size_t>(kept));
+  }
+  const int64_t row = opt_.method == StreamMethod::Ltri ? L.span_index.row() : row_;
   size_t at = 0;
   for (const PendingVectors& p : pending) {
-    const std::span<const float> k(keys.data() + at, p.positions.size() * static_cast<size_t>(row_));
+    const std::span<const float> k(keys.data() + at, p.positions.size() * static_cast<size_t>(row));
     at += k.size();
     if (opt_.method == StreamMethod::Ltri)
       L.span_index.add(p.block, k, p.count);
@@ -282,6 +313,20 @@ std::vector<int32_t> StreamingKV::retrieve(int32_t layer, const float* q_raw, in
     std::vector<int32_t> all(static_cast<size_t>(evicted_));
     for (int32_t b = 0; b < evicted_; ++b) all[static_cast<size_t>(b)] = b;
     return all;
+  }
+  if (voted_only(layer)) {
+    // Collaborative voting replaces this layer's scores (below): no query vectors, no scoring, no index.
+    std::vector<double> votes(static_cast<size_t>(evicted_), 0.0);
+    bool any = false;
+    for (int32_t l = 0; l < layer; ++l) {
+      const Layer& V = layers_[static_cast<size_t>(l)];
+      if (best_head_[static_cast<size_t>(l)] < 0 || V.normalized_scores.size() != votes.size()) continue;
+      any = true;
+      for (size_t b = 0; b < votes.size(); ++b) votes[b] += best_score_[static_cast<size_t>(l)] * V.normalized_scores[b];
+    }
+    check(any, "streaming: layer " + std::to_string(layer) + " takes its blocks from the retrieval heads' votes, but "
+               "no earlier layer voted in this chunk (layers run in order within a chunk)");
+    return stream::top_blocks(votes, opt_.top_k);
   }
   const stream::HeadWeights w = head_weights(layer);
   std::vector<double> scores;
@@ -641,10 +686,12 @@ StreamStats StreamingKV::stats() const {
     if (opt_.method == StreamMethod::Ltri) {
       s.index_vectors += l.span_index.num_vectors();
       s.index_bytes += l.span_index.bytes();
+      s.index_head_vectors += l.span_index.head_vectors();
       s.index_spans += l.span_index.num_spans();
     } else if (opt_.method == StreamMethod::InfLLM) {
       s.index_vectors += l.repr_index.num_vectors();
       s.index_bytes += l.repr_index.bytes();
+      s.index_head_vectors += l.repr_index.num_vectors() * cfg_.num_kv_heads;
     }
   }
   if (opt_.method == StreamMethod::Ltri)

@@ -58,7 +58,9 @@ struct StreamStats {
   int64_t evicted_blocks = 0;   // per layer
   int64_t host_bytes = 0;       // the host store
   int64_t index_vectors = 0;    // all layers: Ltri span vectors or InfLLM representative keys
-  int64_t index_bytes = 0;      // those vectors' bytes (f32, every kv head)
+  int64_t index_bytes = 0;      // those vectors' bytes (f32, the kv heads each index keeps: every one but for
+                                // Ltri with retrieval heads, StreamOptions::index_all_heads)
+  int64_t index_head_vectors = 0;  // vectors x kv heads kept (one per token and kv head: the paper's unit)
   int64_t index_spans = 0;      // Ltri: spans indexed, all layers
   std::vector<double> lambdas;  // Ltri: each layer's retention slope now (with index_ratio: the searched one;
                                 // sliding-window layers: 0)
@@ -141,6 +143,10 @@ class StreamingKV : public KVPolicy {
   const std::vector<float>& last_votes() const { return chunk_votes_; }
   const stream::SpanIndex& span_index(int32_t layer) const { return layers_[static_cast<size_t>(layer)].span_index; }
   const stream::ReprIndex& repr_index(int32_t layer) const { return layers_[static_cast<size_t>(layer)].repr_index; }
+  // Ltri with retrieval heads (and !index_all_heads): a layer without a retrieval head after the first layer with
+  // one. Collaborative voting replaces its scores, so it keeps no index and scores nothing (the blocks it retrieves
+  // are the full index's: the votes of the earlier layers).
+  bool voted_only(int32_t layer) const;
   // Whether plan() reads q and k (ltri and infllm map the chunk; streamingllm only counts).
   bool needs_qk() const { return opt_.method == StreamMethod::Ltri || opt_.method == StreamMethod::InfLLM; }
   int32_t evicted_before() const { return prev_evicted_; }
@@ -231,6 +237,7 @@ class StreamingKV : public KVPolicy {
   stream::HostBlockStore store_;
   std::vector<int32_t> best_head_;    // per layer: its retrieval head (-1: none)
   std::vector<double> best_score_;    // ... and its score
+  int32_t first_voter_ = -1;          // the first (global) layer with a retrieval head
   int32_t global_layers_ = 0;
   int32_t length_ = 0;
   int32_t evicted_ = 0;      // blocks evicted (every layer alike) after this chunk's begin_chunk
