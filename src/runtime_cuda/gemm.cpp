@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "cuda/cuda_check.h"
 #include "core/error.h"
@@ -57,7 +58,8 @@ void check_gemm_precision_supported(GemmPrecision p, const std::string& flag) {
 struct Gemm::LtPlan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  cublasLtMatmulAlgo_t algo{};
+  std::vector<cublasLtMatmulAlgo_t> algos;  // the heuristic's candidates, best first
+  size_t chosen = 0;                        // the first that ran (NOT_SUPPORTED moves on to the next)
   ~LtPlan() {
     if (c != nullptr) cublasLtMatrixLayoutDestroy(c);
     if (b != nullptr) cublasLtMatrixLayoutDestroy(b);
@@ -143,6 +145,16 @@ Gemm::LtPlan& Gemm::lt_plan(int64_t m, int64_t out, int64_t in, DType y_type, in
   cublas_check(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), shape);
   const int8_t fast = fp8_fast_accum() ? 1 : 0;
   cublas_check(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast), shape);
+  // The scale pointers must be set before the algorithm search: cuBLASLt may otherwise pick a kernel without scaling,
+  // which then refuses the scaled call (NOT_SUPPORTED). Any device float serves here; linear_fp8 sets the real ones.
+  if (act_work_ == nullptr) TESSERA_CUDA_CHECK(cudaMalloc(&act_work_, 2 * sizeof(float)));
+  const float* placeholder = act_work_ + 1;
+  cublas_check(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &placeholder,
+                                              sizeof placeholder),
+               shape + " (A scale)");
+  cublas_check(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &placeholder,
+                                              sizeof placeholder),
+               shape + " (B scale)");
   const cudaDataType_t yt = y_type == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;
   // A: the weights as stored, [in, out] column-major (lda = in), read transposed; B: x^T [in, m] (ldb = in).
   cublas_check(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_8F_E4M3, static_cast<uint64_t>(in),
@@ -156,18 +168,20 @@ Gemm::LtPlan& Gemm::lt_plan(int64_t m, int64_t out, int64_t in, DType y_type, in
   cublasLtMatmulPreference_t pref = nullptr;
   cublas_check(cublasLtMatmulPreferenceCreate(&pref), shape);
   const uint64_t ws = workspace_bytes_;
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[8] = {};
   int found = 0;
   cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
   if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasLtMatmulAlgoGetHeuristic(as_lt(lt_handle_), plan->desc, plan->a, plan->b, plan->c, plan->c, pref, 1,
-                                        &result, &found);
+    st = cublasLtMatmulAlgoGetHeuristic(as_lt(lt_handle_), plan->desc, plan->a, plan->b, plan->c, plan->c, pref, 8,
+                                        results, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   cublas_check(st, shape + " (algorithm search)");
   check(found > 0, shape + ": cuBLASLt has no FP8 algorithm for this shape (" +
                        (accumulate ? std::string("beta = 1, ") : std::string()) + "output " +
                        (y_type == DType::F32 ? "f32" : "bf16") + ")");
-  plan->algo = result.algo;
+  for (int i = 0; i < found; ++i)
+    if (results[i].state == CUBLAS_STATUS_SUCCESS) plan->algos.push_back(results[i].algo);
+  check(!plan->algos.empty(), shape + ": cuBLASLt's FP8 algorithms all report a failed state");
   LtPlan* raw = plan.release();
   plans_.emplace(key, raw);
   return *raw;
@@ -191,9 +205,18 @@ void Gemm::linear_fp8(const Fp8Matrix& x, const Fp8Matrix& w, void* y, DType y_t
                                               sizeof x.scale),
                shape);
   const float alpha = 1.0f;
-  cublas_check(cublasLtMatmul(as_lt(lt_handle_), plan.desc, &alpha, w.data, plan.a, x.data, plan.b, &beta, y, plan.c,
-                              y, plan.c, &plan.algo, workspace_, workspace_bytes_, stream_),
-               shape);
+  for (;;) {
+    const cublasStatus_t st =
+        cublasLtMatmul(as_lt(lt_handle_), plan.desc, &alpha, w.data, plan.a, x.data, plan.b, &beta, y, plan.c, y,
+                       plan.c, &plan.algos[plan.chosen], workspace_, workspace_bytes_, stream_);
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED && plan.chosen + 1 < plan.algos.size()) {
+      ++plan.chosen;  // the heuristic's next candidate
+      continue;
+    }
+    cublas_check(st, shape + " (cublasLtMatmul, candidate " + std::to_string(plan.chosen + 1) + " of " +
+                         std::to_string(plan.algos.size()) + ")");
+    break;
+  }
 }
 
 }  // namespace tessera::runtime::gpu
