@@ -173,11 +173,8 @@ def cases(tessera, fx, models):
         needs=smol, stdout="(generation stopped at the context limit of 12 tokens")
     # Flags.
     add("flags", "-n -1", T + ["run", "-m", tiny, "-p", "hi", "-n", "-1"], 1, None)
-    add("flags", "--gemm fp8 on the CPU", T + ["run", "-m", tiny, "-p", "hi", "--device", "cpu", "--gemm", "fp8"], 1,
-        None)
-    add("flags", "--gemm int8", T + ["run", "-m", tiny, "-p", "hi", "--gemm", "int8"], 1, None)
-    add("flags", "eval --gemm fp8 on the CPU",
-        T + ["eval", "-m", tiny, "--device", "cpu", "--gemm", "fp8", "--tasks", "niah_single_1"], 1, None)
+    add("flags", "--gemm fp8 on the CPU", T + ["run", "-m", smol, "-p", "hi", "--device", "cpu", "--gemm", "fp8"], 1,
+        None, needs=smol)
     add("flags", "--gemm fp8 with --gpus 2", T + ["run", "-m", tiny, "-p", "hi", "--gpus", "2", "--gemm", "fp8"], 1,
         None)
     add("flags", "--temperature -1", T + ["run", "-m", tiny, "-p", "hi", "--temperature", "-1"], 1, None)

@@ -9,6 +9,7 @@
 # Binaries built on the CPU machine and carried (ninja -C build/cuda-ci stream_bench fp8_gemm_test):
 #   BUILD_DIR=build/cuda-ci bash scripts/gpu/fp8_check.sh
 #   carry ["build/gpu-debs", "build/cuda-ci/bench/gpu/stream_bench", "build/cuda-ci/tests/gpu/fp8_gemm_test"]
+# cuBLASLt logs errors, hints and info (CUBLASLT_LOG_MASK=13) during the tests: why a call is refused.
 # Writes $OUT/fp8_test.log, $OUT/fp8_bench.log and $OUT/stream/ (stream_1m.sh's files).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -22,7 +23,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 echo "fp8_check: commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null)"
 T=$BUILD_DIR/tests/gpu/fp8_gemm_test
 if [ -x "$T" ]; then
-  CUBLASLT_LOG_LEVEL=${CUBLASLT_LOG_LEVEL:-2} timeout -k 5 120 "$T" 2>&1 | tee "$OUTDIR/fp8_test.log" | grep -E "^\[fp8\]|FAILED|PASSED|Failure|error|cublasLt"
+  CUBLASLT_LOG_MASK=${CUBLASLT_LOG_MASK:-13} timeout -k 5 120 "$T" 2>&1 | tee "$OUTDIR/fp8_test.log" | grep -E "^\[fp8\]|FAILED|PASSED|Failure|error|cublasLt"
   echo "fp8_check: fp8_gemm_test exit ${PIPESTATUS[0]}"
   { TESSERA_FP8_BENCH=1 timeout -k 5 45 "$T" --gtest_filter='*Throughput*'
     echo "--- TESSERA_FP8_FAST_ACCUM=1"

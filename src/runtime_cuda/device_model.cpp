@@ -294,9 +294,9 @@ Fp8Matrix DeviceFp8Weights::add(const bf16* w, int64_t rows, int64_t cols, cudaS
   codes_.emplace_back(static_cast<size_t>(rows * cols));
   bytes_ += static_cast<size_t>(rows * cols);
   float* work = scales_.data() + next_scale_;
-  next_scale_ += 2;
+  next_scale_ += kFp8WorkFloats;
   quantize_e4m3(w, cols, rows, cols, codes_.back().data(), work, stream);
-  return Fp8Matrix{codes_.back().data(), work + 1, rows, cols};
+  return Fp8Matrix{codes_.back().data(), work + kFp8ScaleOffset, rows, cols};
 }
 
 std::unique_ptr<DeviceFp8Weights> DeviceFp8Weights::quantize(const DeviceModel& model, cudaStream_t stream) {
@@ -315,7 +315,7 @@ std::unique_ptr<DeviceFp8Weights> DeviceFp8Weights::quantize(const DeviceModel& 
     (void)cudaGetLastError();
   }
   std::unique_ptr<DeviceFp8Weights> out(new DeviceFp8Weights());
-  out->scales_ = attn::gpu::DeviceBuffer<float>(static_cast<size_t>(c.num_layers) * 6 * 2);
+  out->scales_ = attn::gpu::DeviceBuffer<float>(static_cast<size_t>(c.num_layers) * 6 * kFp8WorkFloats);
   out->bytes_ += out->scales_.size() * sizeof(float);
   for (int32_t l = 0; l < c.num_layers; ++l) {
     const DeviceLayer& L = model.layer(l);

@@ -137,7 +137,7 @@ class DeviceFp8Weights {
   Fp8Matrix add(const bf16* w, int64_t rows, int64_t cols, cudaStream_t stream);
 
   std::vector<attn::gpu::DeviceBuffer<uint8_t>> codes_;
-  attn::gpu::DeviceBuffer<float> scales_;  // 2 floats per matrix: amax, scale
+  attn::gpu::DeviceBuffer<float> scales_;  // kFp8WorkFloats per matrix (fp8_quant.h): amax, scale
   size_t next_scale_ = 0;
   std::vector<Fp8Layer> layers_;
   size_t bytes_ = 0;

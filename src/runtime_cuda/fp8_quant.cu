@@ -92,7 +92,7 @@ int grid_for(int64_t groups) {
 void quantize_e4m3(const bf16* x, int64_t ldx, int64_t m, int64_t in, uint8_t* q, float* work, cudaStream_t stream) {
   if (m <= 0 || in <= 0) return;
   check(in % 8 == 0 && ldx % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-            reinterpret_cast<uintptr_t>(q) % 16 == 0,
+            reinterpret_cast<uintptr_t>(q) % 16 == 0 && reinterpret_cast<uintptr_t>(work) % 16 == 0,
         "FP8 quantization of [" + std::to_string(m) + " x " + std::to_string(in) + "] (rows " + std::to_string(ldx) +
             " apart): needs 16-byte aligned rows of a multiple of 8 elements");
   const int64_t groups_per_row = in / 8, groups = m * groups_per_row;
@@ -101,7 +101,7 @@ void quantize_e4m3(const bf16* x, int64_t ldx, int64_t m, int64_t in, uint8_t* q
   TESSERA_CUDA_CHECK(cudaMemsetAsync(work, 0, sizeof(float), stream));
   amax_kernel<<<grid, kThreads, 0, stream>>>(xb, ldx, groups_per_row, groups, work);
   TESSERA_CUDA_CHECK(cudaGetLastError());
-  quantize_kernel<<<grid, kThreads, 0, stream>>>(xb, ldx, groups_per_row, groups, work, q, work + 1);
+  quantize_kernel<<<grid, kThreads, 0, stream>>>(xb, ldx, groups_per_row, groups, work, q, work + kFp8ScaleOffset);
   TESSERA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -16,8 +16,13 @@
 
 namespace tessera::runtime::gpu {
 
-// x: 16-byte aligned, ldx and in multiples of 8 (throws tessera::Error otherwise). work: 2 floats of device memory
-// (amax, then scale; scale = work + 1 on return).
+// The work area of one quantization: kFp8WorkFloats floats of device memory, 16-byte aligned: amax at work[0], the
+// scale at work[kFp8ScaleOffset] (its own 16-byte slot: cuBLASLt reads it through A/B_SCALE_POINTER, and every scale
+// the libraries' examples pass is a separate, aligned allocation).
+inline constexpr int kFp8WorkFloats = 8;
+inline constexpr int kFp8ScaleOffset = 4;
+
+// x: 16-byte aligned, ldx and in multiples of 8 (throws tessera::Error otherwise); work: see above.
 void quantize_e4m3(const bf16* x, int64_t ldx, int64_t m, int64_t in, uint8_t* q, float* work, cudaStream_t stream);
 
 // Whether the current device has FP8 tensor cores (compute capability 8.9 or newer); `why` gets the device's name

@@ -60,6 +60,7 @@ struct Gemm::LtPlan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   std::vector<cublasLtMatmulAlgo_t> algos;  // the heuristic's candidates, best first
   size_t chosen = 0;                        // the first that ran (NOT_SUPPORTED moves on to the next)
+  bool out_of_place = false;                // D in Gemm's scratch, then copied to y (see linear_fp8)
   ~LtPlan() {
     if (c != nullptr) cublasLtMatrixLayoutDestroy(c);
     if (b != nullptr) cublasLtMatrixLayoutDestroy(b);
@@ -90,6 +91,7 @@ Gemm::~Gemm() {
   if (lt_handle_ != nullptr) cublasLtDestroy(as_lt(lt_handle_));
   if (act_ != nullptr) cudaFree(act_);
   if (act_work_ != nullptr) cudaFree(act_work_);
+  if (d_scratch_ != nullptr) cudaFree(d_scratch_);
   if (handle_ != nullptr) cublasDestroy(as_handle(handle_));
   if (workspace_ != nullptr) cudaFree(workspace_);
 }
@@ -123,9 +125,9 @@ Fp8Matrix Gemm::quantize_activation(const bf16* x, int64_t ldx, int64_t m, int64
     TESSERA_CUDA_CHECK(cudaMalloc(&act_, bytes));
     act_bytes_ = bytes;
   }
-  if (act_work_ == nullptr) TESSERA_CUDA_CHECK(cudaMalloc(&act_work_, 2 * sizeof(float)));
+  if (act_work_ == nullptr) TESSERA_CUDA_CHECK(cudaMalloc(&act_work_, kFp8WorkFloats * sizeof(float)));
   quantize_e4m3(x, ldx, m, in, act_, act_work_, stream_);
-  return Fp8Matrix{act_, act_work_ + 1, m, in};
+  return Fp8Matrix{act_, act_work_ + kFp8ScaleOffset, m, in};
 }
 
 Gemm::LtPlan& Gemm::lt_plan(int64_t m, int64_t out, int64_t in, DType y_type, int64_t ldy, bool accumulate) {
@@ -147,8 +149,8 @@ Gemm::LtPlan& Gemm::lt_plan(int64_t m, int64_t out, int64_t in, DType y_type, in
   cublas_check(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast), shape);
   // The scale pointers must be set before the algorithm search: cuBLASLt may otherwise pick a kernel without scaling,
   // which then refuses the scaled call (NOT_SUPPORTED). Any device float serves here; linear_fp8 sets the real ones.
-  if (act_work_ == nullptr) TESSERA_CUDA_CHECK(cudaMalloc(&act_work_, 2 * sizeof(float)));
-  const float* placeholder = act_work_ + 1;
+  if (act_work_ == nullptr) TESSERA_CUDA_CHECK(cudaMalloc(&act_work_, kFp8WorkFloats * sizeof(float)));
+  const float* placeholder = act_work_ + kFp8ScaleOffset;
   cublas_check(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &placeholder,
                                               sizeof placeholder),
                shape + " (A scale)");
@@ -205,16 +207,44 @@ void Gemm::linear_fp8(const Fp8Matrix& x, const Fp8Matrix& w, void* y, DType y_t
                                               sizeof x.scale),
                shape);
   const float alpha = 1.0f;
+  // D = y in place (C = D), or, when no candidate takes the in-place call, D in a scratch buffer with C = y, copied
+  // back to y (plan.out_of_place, remembered for the shape).
+  const size_t elem = y_type == DType::F32 ? 4 : 2;
+  const size_t d_bytes = static_cast<size_t>(m - 1) * static_cast<size_t>(ldy) * elem + static_cast<size_t>(out) * elem;
   for (;;) {
+    void* d = y;
+    if (plan.out_of_place) {
+      if (d_bytes > d_scratch_bytes_) {
+        if (d_scratch_ != nullptr) {
+          TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+          TESSERA_CUDA_CHECK(cudaFree(d_scratch_));
+          d_scratch_ = nullptr;
+          d_scratch_bytes_ = 0;
+        }
+        TESSERA_CUDA_CHECK(cudaMalloc(&d_scratch_, d_bytes + d_bytes / 4));
+        d_scratch_bytes_ = d_bytes + d_bytes / 4;
+      }
+      d = d_scratch_;
+    }
     const cublasStatus_t st =
-        cublasLtMatmul(as_lt(lt_handle_), plan.desc, &alpha, w.data, plan.a, x.data, plan.b, &beta, y, plan.c, y,
+        cublasLtMatmul(as_lt(lt_handle_), plan.desc, &alpha, w.data, plan.a, x.data, plan.b, &beta, y, plan.c, d,
                        plan.c, &plan.algos[plan.chosen], workspace_, workspace_bytes_, stream_);
     if (st == CUBLAS_STATUS_NOT_SUPPORTED && plan.chosen + 1 < plan.algos.size()) {
       ++plan.chosen;  // the heuristic's next candidate
       continue;
     }
-    cublas_check(st, shape + " (cublasLtMatmul, candidate " + std::to_string(plan.chosen + 1) + " of " +
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED && !plan.out_of_place) {
+      plan.out_of_place = true;  // every candidate refused C == D: try them again out of place
+      plan.chosen = 0;
+      continue;
+    }
+    cublas_check(st, shape + " (cublasLtMatmul" + (plan.out_of_place ? ", out of place" : ", in place") +
+                         ", candidate " + std::to_string(plan.chosen + 1) + " of " +
                          std::to_string(plan.algos.size()) + ")");
+    if (plan.out_of_place)
+      TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(y, static_cast<size_t>(ldy) * elem, d, static_cast<size_t>(ldy) * elem,
+                                           static_cast<size_t>(out) * elem, static_cast<size_t>(m),
+                                           cudaMemcpyDeviceToDevice, stream_));
     break;
   }
 }

@@ -76,7 +76,9 @@ class Gemm {
   cudaStream_t stream_ = nullptr;
   uint8_t* act_ = nullptr;  // quantize_activation's buffer
   size_t act_bytes_ = 0;
-  float* act_work_ = nullptr;  // its amax and scale
+  float* act_work_ = nullptr;  // its amax and scale (fp8_quant.h kFp8WorkFloats)
+  void* d_scratch_ = nullptr;  // linear_fp8's out-of-place D, when cuBLASLt refuses C == D
+  size_t d_scratch_bytes_ = 0;
   std::map<std::tuple<int64_t, int64_t, int64_t, int, int64_t, bool>, LtPlan*> plans_;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
