@@ -15,7 +15,10 @@
 //                [--sinks 128 --local 4096 --block 128 --top-k 32 --chunk 512 --last-chunk 64] [--decode 16]
 //                [--layers N] [--seed 1] [--csv FILE] [--max-seconds S] [--method-max-seq ltri=32768,...]
 //                [--host-budget BYTES]   (default: the host memory budget, core/memory_budget.h) [--prepin]
-//                [--gemm bf16|fp8]
+//                [--gemm bf16|fp8] [--retrieval-heads FILE]  ("layer head score" lines: Ltri's retrieval heads)
+//
+// "ltri-fullindex": ltri with every kv head in its span index (with --retrieval-heads, "ltri" keeps only the kv heads
+// its retrieval heads read: StreamOptions::index_all_heads); the same decisions, a larger index.
 //
 // TESSERA_STREAM_PROFILE=1: a line after each streaming row with the GPU time of attend()'s sections in the prefill
 // (GpuStreamStats::*_gpu_seconds: events around each section of each layer's call; they cost a little TTFT).
@@ -112,6 +115,19 @@ Options parse(int argc, char** argv) {
     else if (a == "--seed") o.seed = std::stoull(value(i));
     else if (a == "--csv") o.csv = value(i);
     else if (a == "--prepin") o.prepin = true;
+    else if (a == "--retrieval-heads") {  // "layer head score" lines (tessera's --stream-retrieval-heads file)
+      const std::string path = value(i);
+      std::ifstream in(path);
+      check(static_cast<bool>(in), path + ": cannot read the retrieval heads file");
+      std::string line;
+      while (std::getline(in, line)) {
+        if (line.empty() || line[0] == '#') continue;
+        std::istringstream ls(line);
+        RetrievalHead h;
+        check(static_cast<bool>(ls >> h.layer >> h.head >> h.score), path + ": expected \"layer head score\" lines");
+        o.stream.retrieval_heads.push_back(h);
+      }
+    }
     else if (a == "--gemm") {
       const std::string g = value(i);
       check(g == "bf16" || g == "fp8", "--gemm must be bf16 or fp8, got '" + g + "'");
@@ -243,7 +259,11 @@ int main(int argc, char** argv) {
         try {
           // "<method>-fp8" / "dense-fp8": that row in FP8 (as --gemm fp8 does for every row).
           const bool fp8_suffix = spec.size() > 4 && spec.substr(spec.size() - 4) == "-fp8";
-          const std::string spec_bf16 = fp8_suffix ? spec.substr(0, spec.size() - 4) : spec;
+          std::string spec_bf16 = fp8_suffix ? spec.substr(0, spec.size() - 4) : spec;
+          // "ltri-fullindex": Ltri with every kv head in its span index (StreamOptions::index_all_heads; the default
+          // keeps the retrieval heads' kv heads only when --retrieval-heads is given), beside "ltri" in the same run.
+          const bool full_index = spec_bf16.size() > 10 && spec_bf16.substr(spec_bf16.size() - 10) == "-fullindex";
+          if (full_index) spec_bf16 = spec_bf16.substr(0, spec_bf16.size() - 10);
           GpuEngineOptions go;
           go.chunk_size = 32768;
           if (fp8_suffix || o.fp8) go.gemm = GemmPrecision::kFp8;
@@ -259,6 +279,7 @@ int main(int argc, char** argv) {
             go.stream.method = parse_stream_method(host_decisions || copy_window ? base.substr(0, base.size() - 5) : base,
                                                    "--methods");
             if (go.stream.method == StreamMethod::StreamingLLM) go.stream = streamingllm_equal_memory(go.stream);
+            go.stream.index_all_heads = full_index;
           }
           // Dense: within the model's context, the decode steps included (the row says how many tokens it ran).
           const int run = spec_bf16 == "dense" ? std::min(seq, cfg.context_length - o.decode) : seq;

@@ -14,6 +14,9 @@
 # The 256K run of docs/streaming.md ("Span discovery ... on the device"):
 #   SEQS=8192,32768,131072,262144 DEVICE_MAX=262144 TIME_S=270 TEST_S=60 bash scripts/gpu/stream_check.sh
 # (256K pins ~34 GB of host memory for ltri / infllm.)
+# HEADS=N: a synthetic retrieval-heads file (query head 0 of each of N layers, score 0.5) for every row: "ltri" then
+# keeps each layer's kv head 0 only in its span index, "ltri-fullindex" every kv head (docs/streaming.md, "The index
+# size"), e.g.  HEADS=32 SEQS=131072 METHODS=ltri,ltri-fullindex DENSE=0 TIME_S=130 TEST_S=45 bash scripts/gpu/stream_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 ROOT=$PWD
@@ -41,7 +44,12 @@ if [ "${SKIP_TEST:-0}" != 1 ]; then
 fi
 [ "${SKIP_BENCH:-0}" = 1 ] && exit $rc
 TIME_S=${TIME_S:-240}
-timeout -k 10 "$TIME_S" "$BENCH" --seq "${SEQS:-8192,32768,131072}" \
+HEAD_ARGS=()
+if [ -n "${HEADS:-}" ]; then
+  for ((l = 0; l < HEADS; ++l)); do echo "$l 0 0.5"; done > "$OUTDIR/retrieval-heads.txt"
+  HEAD_ARGS=(--retrieval-heads "$OUTDIR/retrieval-heads.txt")
+fi
+timeout -k 10 "$TIME_S" "$BENCH" "${HEAD_ARGS[@]}" --seq "${SEQS:-8192,32768,131072}" \
   --methods "${METHODS:-streamingllm,infllm,ltri,infllm-host,ltri-host}" \
   --method-max-seq "ltri=${DEVICE_MAX:-131072},infllm=${DEVICE_MAX:-131072},ltri-host=${HOST_MAX:-8192},infllm-host=${HOST_MAX:-8192}" \
   --dense "${DENSE:-131072}" --decode "${DECODE:-16}" --chunk "${CHUNK:-512}" --host-budget 100e9 --prepin \

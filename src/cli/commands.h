@@ -31,6 +31,7 @@ struct StreamFlags {
   std::string host_budget;      // host memory for evicted blocks ("4G"); empty: the host memory budget
   std::string retrieval_heads;  // a file of "layer head score" lines (Ltri's retrieval-head voting); empty: none
   double index_ratio = 0;       // ltri: evicted tokens per index vector (per-layer lambda search); 0: fixed lambda
+  std::string index_heads = "retrieval";  // ltri with retrieval heads: "retrieval" (their kv heads only) or "all"
 };
 // The engine options of one --stream method (the same on the CPU and the GPU; `gpu` is unused). streamingllm gets
 // the retrieved blocks' room as local window (equal memory). Throws tessera::Error naming the flag for bad sizes.

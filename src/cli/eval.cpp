@@ -108,6 +108,7 @@ std::vector<std::string> policy_list(const std::vector<std::string>& attn, const
 std::string stream_note(const runtime::StreamingKV& kv) {
   const runtime::StreamStats st = kv.stats();
   return "; index " + with_commas(st.index_vectors) + " vectors, " + format_bytes(static_cast<double>(st.index_bytes)) +
+         " (" + with_commas(st.index_head_vectors) + " kv-head vectors)" +
          "; host " + format_bytes(static_cast<double>(st.host_bytes));
 }
 

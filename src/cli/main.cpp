@@ -57,6 +57,10 @@ void add_stream_options(CLI::App* app, tessera::cli::StreamFlags& f, bool severa
                   "Streaming (ltri): target evicted tokens per index vector; each layer's retention slope lambda is "
                   "the smallest meeting it (0: lambda 3, 20 in the first four layers)")
       ->capture_default_str();
+  app->add_option("--stream-index-heads", f.index_heads,
+                  "Streaming (ltri, with --stream-retrieval-heads): the kv heads each layer's span index keeps: "
+                  "'retrieval' (the retrieval heads' only: the same retrieval, a smaller index) or 'all'")
+      ->capture_default_str();
 }
 
 }  // namespace

@@ -100,13 +100,13 @@ std::string stream_summary(const runtime::StreamingKV& kv) {
   char buf[512];
   std::snprintf(buf, sizeof buf,
                 "sinks %d + top %d blocks of %d + local %d, chunk %d: %s blocks per layer evicted %s"
-                "(%s); index %s vectors in %s spans (%s); at most %s keys attended per chunk; retrieval %.2f s",
+                "(%s); index %s vectors in %s spans (%s; %s kv-head vectors); at most %s keys attended per chunk; retrieval %.2f s",
                 so.sinks, so.method == runtime::StreamMethod::StreamingLLM ? 0 : so.top_k, so.block, so.local, so.chunk,
                 with_commas(st.evicted_blocks).c_str(),
                 kv.keeps_evicted() ? "to host memory " : "and dropped (streamingllm never retrieves them) ",
                 format_bytes(static_cast<double>(st.host_bytes)).c_str(),
                 with_commas(st.index_vectors).c_str(), with_commas(st.index_spans).c_str(), format_bytes(static_cast<double>(st.index_bytes)).c_str(),
-                with_commas(st.workspace_tokens).c_str(), st.retrieval_seconds);
+                with_commas(st.index_head_vectors).c_str(), with_commas(st.workspace_tokens).c_str(), st.retrieval_seconds);
   return buf;
 }
 

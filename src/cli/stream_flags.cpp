@@ -55,6 +55,9 @@ runtime::StreamOptions stream_options(const StreamFlags& f, const std::string& m
   if (!f.host_budget.empty()) o.host_budget = parse_byte_size(f.host_budget, "--stream-host-budget");
   if (!f.retrieval_heads.empty()) o.retrieval_heads = read_retrieval_heads(f.retrieval_heads);
   o.index_ratio = f.index_ratio;
+  check(f.index_heads == "retrieval" || f.index_heads == "all",
+        "--stream-index-heads must be retrieval or all, got '" + f.index_heads + "'");
+  o.index_all_heads = f.index_heads == "all";
   runtime::check_stream_options(o);
   if (o.method == runtime::StreamMethod::StreamingLLM) o = runtime::streamingllm_equal_memory(o);
   return o;

@@ -280,14 +280,15 @@ __global__ void masses_kernel(const double* P, int n, const int32_t* spans, int 
 }
 
 // Ring rows of positions -> f32 rows.
+// Values [first, first + row) of each ring row (ring rows of `ring_row` values) of the positions, [m, row] f32.
 __global__ void gather_ring_kernel(const nbf* ring, int32_t ring_rows, int32_t sinks, const int32_t* positions,
-                                   int64_t m, int64_t row, float* out) {
+                                   int64_t m, int64_t row, float* out, int64_t ring_row, int64_t first) {
   const int64_t total = m * row;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t a = idx / row, j = idx % row;
     const int64_t slot = (positions[a] - sinks) % ring_rows;
-    out[idx] = __bfloat162float(ring[slot * row + j]);
+    out[idx] = __bfloat162float(ring[slot * ring_row + first + j]);
   }
 }
 
@@ -528,7 +529,8 @@ std::vector<float> StreamDecider::gather_keys(const bf16* ring, int32_t ring_row
   fit(keys_, static_cast<size_t>(m * row_));
   h2d(positions_.data(), staging_, static_cast<size_t>(m), s);
   gather_ring_kernel<<<blocks_for(m * row_, kThreads), kThreads, 0, s>>>(reinterpret_cast<const nbf*>(ring), ring_rows,
-                                                                         sinks, positions_.data(), m, row_, keys_.data());
+                                                                         sinks, positions_.data(), m, row_, keys_.data(),
+                                                                         row_, 0);
   check_launch("stream index keys");
   pinned(keys_host_, keys_host_values_, static_cast<size_t>(m * row_));
   TESSERA_CUDA_CHECK(cudaMemcpyAsync(keys_host_, keys_.data(), static_cast<size_t>(m * row_) * sizeof(float),
@@ -539,24 +541,42 @@ std::vector<float> StreamDecider::gather_keys(const bf16* ring, int32_t ring_row
   return out;
 }
 
+void StreamDecider::set_mirror_heads(Mirror& M, int32_t head_begin, int32_t heads) {
+  check(head_begin >= 0 && heads >= 0 && head_begin + heads <= nkv_, "GPU streaming: index heads outside the kv heads");
+  const int64_t row = static_cast<int64_t>(heads) * d_;
+  if (M.row != row || M.head_begin != head_begin) {
+    check(M.vectors == 0, "GPU streaming: the index mirror's kv heads changed while it holds vectors");
+    M.row = row;
+    M.head_begin = head_begin;
+    M.vector_capacity = 0;  // (grow() reallocates at the new row size)
+  }
+}
+
 void StreamDecider::append_index_keys(int32_t layer, const bf16* ring, int32_t ring_rows, int32_t sinks,
-                                      std::span<const int32_t> positions, cudaStream_t s) {
+                                      std::span<const int32_t> positions, int32_t head_begin, int32_t heads,
+                                      cudaStream_t s) {
   Mirror& M = mirrors_[static_cast<size_t>(layer)];
   const auto m = static_cast<int64_t>(positions.size());
   if (m == 0) return;
-  grow(M.keys, M.vector_capacity, M.vectors + m, M.vectors, row_, s);
+  set_mirror_heads(M, head_begin, heads);
+  if (M.row == 0) {  // a layer that keeps no heads: nothing to hold
+    M.vectors += m;
+    return;
+  }
+  grow(M.keys, M.vector_capacity, M.vectors + m, M.vectors, M.row, s);
   fit(positions_, static_cast<size_t>(m));
   h2d(positions_.data(), positions.data(), static_cast<size_t>(m), s);  // pageable: staged at once
-  gather_ring_kernel<<<blocks_for(m * row_, kThreads), kThreads, 0, s>>>(reinterpret_cast<const nbf*>(ring), ring_rows,
-                                                                         sinks, positions_.data(), m, row_,
-                                                                         M.keys.data() + M.vectors * row_);
+  gather_ring_kernel<<<blocks_for(m * M.row, kThreads), kThreads, 0, s>>>(reinterpret_cast<const nbf*>(ring), ring_rows,
+                                                                          sinks, positions_.data(), m, M.row,
+                                                                          M.keys.data() + M.vectors * M.row, row_,
+                                                                          static_cast<int64_t>(head_begin) * d_);
   check_launch("stream index keys to the mirror");
   M.vectors += m;
 }
 
 std::vector<float> StreamDecider::mirror_keys(int32_t layer) const {
   const Mirror& M = mirrors_[static_cast<size_t>(layer)];
-  std::vector<float> out(static_cast<size_t>(M.vectors * row_));
+  std::vector<float> out(static_cast<size_t>(M.vectors * M.row));
   if (!out.empty())
     TESSERA_CUDA_CHECK(cudaMemcpy(out.data(), M.keys.data(), out.size() * sizeof(float), cudaMemcpyDeviceToHost));
   return out;
@@ -624,10 +644,13 @@ void StreamDecider::mirror(int32_t layer, const stream::SpanIndex& index, cudaSt
     M.first_host.clear();
     M.count_host.clear();
   }
+  set_mirror_heads(M, index.kv_head_begin(), index.kv_heads_kept());
   if (index.holds_keys()) {
-    grow(M.keys, M.vector_capacity, vectors, M.vectors, row_, s);
-    h2d(M.keys.data() + M.vectors * row_, keys.data() + M.vectors * row_,
-        static_cast<size_t>((vectors - M.vectors) * row_), s);
+    if (vectors > M.vectors && M.row > 0) {
+      grow(M.keys, M.vector_capacity, vectors, M.vectors, M.row, s);
+      h2d(M.keys.data() + M.vectors * M.row, keys.data() + M.vectors * M.row,
+          static_cast<size_t>((vectors - M.vectors) * M.row), s);
+    }
     M.vectors = vectors;
   } else {  // the keys were appended here as they were gathered (append_index_keys)
     check(M.vectors == vectors, "GPU streaming: the device's index mirror holds " + std::to_string(M.vectors) +
@@ -713,19 +736,22 @@ std::vector<double> StreamDecider::ltri_scores(int32_t layer, const stream::Span
       const int64_t vt = M.first_host[static_cast<size_t>(s1 - 1)] + M.count_host[static_cast<size_t>(s1 - 1)] - v0;
       fit(dots_, static_cast<size_t>(static_cast<int64_t>(H) * m * vt));
       // dots[slot] (row-major [m, vt]) = Q_h K_g^T: column-major C [vt, m] = K^T-read (TN).
-      if (H == nq_) {
+      const int64_t row = M.row;  // the kept kv heads' values per vector
+      if (H == nq_ && M.row == row_) {
         for (int j = 0; j < group; ++j)
           cublas_check(cublasSgemmStridedBatched(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(vt), static_cast<int>(m),
-                                                 d_, &alpha, M.keys.data() + v0 * row_, static_cast<int>(row_), d_,
+                                                 d_, &alpha, M.keys.data() + v0 * row, static_cast<int>(row), d_,
                                                  qsel_.data() + static_cast<int64_t>(j) * d_, static_cast<int>(qrow_),
                                                  static_cast<int64_t>(group) * d_, &beta, dots_.data() + j * m * vt,
                                                  static_cast<int>(vt), group * m * vt, nkv_),
                        "stream ltri scores: cublasSgemmStridedBatched");
       } else {
         for (int32_t slot = 0; slot < H; ++slot) {
-          const int32_t hh = heads[static_cast<size_t>(slot)], g = hh / group;
+          const int32_t hh = heads[static_cast<size_t>(slot)], g = hh / group - M.head_begin;  // within the kept
+          check(g >= 0 && static_cast<int64_t>(g) * d_ < row, "GPU streaming: query head " + std::to_string(hh) +
+                                                                  " votes, but its kv head is not in the index");
           cublas_check(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(vt), static_cast<int>(m), d_, &alpha,
-                                   M.keys.data() + v0 * row_ + static_cast<int64_t>(g) * d_, static_cast<int>(row_),
+                                   M.keys.data() + v0 * row + static_cast<int64_t>(g) * d_, static_cast<int>(row),
                                    qsel_.data() + static_cast<int64_t>(hh) * d_, static_cast<int>(qrow_), &beta,
                                    dots_.data() + slot * m * vt, static_cast<int>(vt)),
                        "stream ltri scores: cublasSgemm");

@@ -20,7 +20,8 @@
 //    sequentially over the tokens, q / n each) — and infllm_scores(): the blocks scored on the device against a
 //    per-layer mirror of the block means (uploaded as blocks are evicted) with span_math::repr_score's arithmetic
 //    (ReprIndex::block_scores's): only the scores come back, EQUAL to the host's.
-//  - Ltri: a per-layer mirror of the span index (the host index's f32 key vectors, uploaded as they are added) and
+//  - Ltri: a per-layer mirror of the span index (its f32 key vectors: the kv heads the index keeps, gathered from the
+//    ring as the host index counts them, or uploaded from a host index that holds them) and
 //    ltri_scores(): the query vectors (raw q rows of the tokens the host chose) gathered on the device, all their dot
 //    products with the index vectors by cuBLAS SGEMMs (per voting head; the index in tiles of whole spans, so the
 //    dot products never need more than ~256 MB), then sim(t, s) = sum_h w_h mean_{a in t} max_{b in s} q_h(a).k(b)
@@ -72,10 +73,12 @@ class StreamDecider {
   std::vector<float> gather_keys(const bf16* ring, int32_t ring_rows, int32_t sinks, std::span<const int32_t> positions,
                                  cudaStream_t stream);
   // Ltri: the same rows appended to layer `layer`'s index mirror instead (the host's span index counts them without
-  // holding them: SpanIndex::add_counted, in the same order); asynchronous.
+  // holding them: SpanIndex::add_counted, in the same order), only the kv heads [head_begin, head_begin + heads) the
+  // layer's span index keeps (SpanIndex::kv_head_begin / kv_heads_kept: with retrieval heads, the one its voting
+  // head reads, or none); asynchronous.
   void append_index_keys(int32_t layer, const bf16* ring, int32_t ring_rows, int32_t sinks,
-                         std::span<const int32_t> positions, cudaStream_t stream);
-  // The mirror's keys of `layer` [vectors, kv_heads * d] (tests; synchronous).
+                         std::span<const int32_t> positions, int32_t head_begin, int32_t heads, cudaStream_t stream);
+  // The mirror's keys of `layer` [vectors, kept kv heads * d] (tests; synchronous).
   std::vector<float> mirror_keys(int32_t layer) const;
 
   // InfLLM: the chunk's mean raw query [q_heads * d] (the CPU's arithmetic); synchronises `stream`.
@@ -98,13 +101,16 @@ class StreamDecider {
 
  private:
   struct Mirror {
-    attn::gpu::DeviceBuffer<float> keys;                  // [capacity, row]
+    attn::gpu::DeviceBuffer<float> keys;                  // [capacity, row]: the kept kv heads of each vector
+    int64_t row = -1;                                     // kept kv heads * d (-1: not set yet)
+    int32_t head_begin = 0;                               // the first kept kv head
     attn::gpu::DeviceBuffer<int32_t> span_first, span_count, block_begin;  // block_begin: [blocks + 1] span ids
     int64_t vectors = 0, vector_capacity = 0, spans = 0, span_capacity = 0;
     std::vector<int32_t> block_begin_host;
     std::vector<int32_t> first_host, count_host;  // the spans' vectors (tiles are cut at span boundaries)
   };
   void mirror(int32_t layer, const stream::SpanIndex& index, cudaStream_t stream);
+  void set_mirror_heads(Mirror& M, int32_t head_begin, int32_t heads);
   struct MeansMirror {
     attn::gpu::DeviceBuffer<float> means;  // [capacity, row]
     int64_t blocks = 0, capacity = 0;

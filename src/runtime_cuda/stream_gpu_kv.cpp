@@ -318,7 +318,10 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
   // device_decisions(false), all on the host from f32 copies of q and k).
   const auto t0 = Clock::now();
   stream::StreamLayout lay;
-  if (host_.needs_qk() && device_decisions_) {
+  // (A voted-only layer, Ltri with retrieval heads, maps nothing and scores nothing: its blocks are the votes.)
+  const bool maps = host_.maps_chunk(layer);
+  if (record_ && !maps) record_data_ = {};
+  if (maps && device_decisions_) {
     // The map, votes and (ltri, linear variant) span candidates on the device; nothing waits until the evictions'
     // index keys (gathered from the ring) or the votes are needed. The host gets no q and no K.
     const bool ltri = opt_.method == StreamMethod::Ltri;
@@ -348,7 +351,8 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
       const auto tk = Clock::now();
       std::vector<float> keys;
       if (ltri)
-        decider_->append_index_keys(layer, L.ring_k.data(), ring_rows_, opt_.sinks, positions, s);
+        decider_->append_index_keys(layer, L.ring_k.data(), ring_rows_, opt_.sinks, positions,
+                                    host_.span_index(layer).kv_head_begin(), host_.span_index(layer).kv_heads_kept(), s);
       else
         keys = decider_->gather_keys(L.ring_k.data(), ring_rows_, opt_.sinks, positions, s);
       stats_.decision_device_seconds += since(tk);
@@ -391,7 +395,7 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
       throw;
     }
     decider_->wait(s);  // (a no-op: plan() waited)
-  } else if (host_.needs_qk()) {
+  } else if (maps) {
     bf16* hq = stage_;
     bf16* hk = stage_ + n * qrow_;
     TESSERA_CUDA_CHECK(cudaMemcpyAsync(hq, q, static_cast<size_t>(n * qrow_) * sizeof(bf16), cudaMemcpyDeviceToHost, s));

@@ -393,7 +393,11 @@ void StreamingKV::prepare(int32_t layer, int32_t pos, int32_t n, const float* q,
   if (given_ != nullptr && given_->ready) given_->ready();
   retrieval_seconds_ += since(t0);
 
-  const bool maps = needs_qk();
+  const bool maps = maps_chunk(layer);  // (a voted-only layer needs no map: no index, no query vectors)
+  if (!maps) {
+    map_.clear();
+    chunk_votes_.clear();
+  }
   local_begin_ = evicted_ > 0 ? opt_.sinks + evicted_ * opt_.block : 0;
   span_len_ = pos + n - local_begin_;
   const int64_t half = d / 2;
@@ -526,7 +530,7 @@ void StreamingKV::prepare(int32_t layer, int32_t pos, int32_t n, const float* q,
 
 void StreamingKV::finish(int32_t layer, int32_t pos, int32_t n, const float* k, const float* v) {
   Layer& L = layers_[static_cast<size_t>(layer)];
-  const bool maps = needs_qk();
+  const bool maps = maps_chunk(layer);
   // Append the chunk (raw K, V) to the sinks and the local window, with its votes and spans.
   for (int32_t t = 0; t < n; ++t) {
     const int32_t p = pos + t;

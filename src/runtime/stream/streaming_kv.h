@@ -147,6 +147,9 @@ class StreamingKV : public KVPolicy {
   // one. Collaborative voting replaces its scores, so it keeps no index and scores nothing (the blocks it retrieves
   // are the full index's: the votes of the earlier layers).
   bool voted_only(int32_t layer) const;
+  // Whether plan() / attend() of `layer` maps the chunk (and reads q and k for it): needs_qk() but for a voted-only
+  // layer (its map would only choose index and query vectors it does not have). The GPU path asks the same.
+  bool maps_chunk(int32_t layer) const { return needs_qk() && !voted_only(layer); }
   // Whether plan() reads q and k (ltri and infllm map the chunk; streamingllm only counts).
   bool needs_qk() const { return opt_.method == StreamMethod::Ltri || opt_.method == StreamMethod::InfLLM; }
   int32_t evicted_before() const { return prev_evicted_; }

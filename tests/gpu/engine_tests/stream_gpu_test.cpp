@@ -79,8 +79,12 @@ TEST(StreamGpu, RetrievesTheCpuBlocksAndMatchesItsAttention) {
   cudaStream_t s = nullptr;
   ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
   ThreadPool pool(2);
-  for (StreamMethod m : {StreamMethod::Ltri, StreamMethod::InfLLM, StreamMethod::StreamingLLM}) {
-    SCOPED_TRACE(stream_method_name(m));
+  // The fourth pass: Ltri with a retrieval head in layer 1 (query head 5: kv head 1): layer 0 keeps every kv head in
+  // its index, layer 1 kv head 1 only, layer 2 none (collaborative voting replaces its scores: never scored).
+  for (int pass = 0; pass < 4; ++pass) {
+    const StreamMethod m = pass == 1 ? StreamMethod::InfLLM : pass == 2 ? StreamMethod::StreamingLLM : StreamMethod::Ltri;
+    const bool heads = pass == 3;
+    SCOPED_TRACE(std::string(stream_method_name(m)) + (heads ? " + retrieval heads" : ""));
     StreamOptions o;
     o.method = m;
     o.sinks = 16;
@@ -89,13 +93,16 @@ TEST(StreamGpu, RetrievesTheCpuBlocksAndMatchesItsAttention) {
     o.chunk = 96;
     o.top_k = 3;
     if (m == StreamMethod::StreamingLLM) o = streamingllm_equal_memory(o);
+    if (heads) o.retrieval_heads = {{1, 5, 0.5}};
     StreamingKV cpu(cfg, o);
     StreamingKV own(cfg, o, StreamingKV::Storage::Device);  // the CPU's own map, votes and decisions
     GpuStreamingKV gpu(cfg, o);
     gpu.reserve(2000);
     gpu.record(true);
     const bool maps = cpu.needs_qk();
-    const stream::HeadWeights w(static_cast<size_t>(nq), 1.0 / nq);  // no retrieval heads: every head votes
+    const stream::HeadWeights w_all(static_cast<size_t>(nq), 1.0 / nq);  // no retrieval head: every head votes
+    stream::HeadWeights w_head(static_cast<size_t>(nq), 0.0);
+    w_head[5] = 1.0;
     double worst_map = 0, worst_votes = 0, worst_scores = 0;
     int32_t own_agree = 0, own_calls = 0, scored = 0, candidates = 0;
     int64_t keys_gathered = 0;
@@ -131,7 +138,12 @@ TEST(StreamGpu, RetrievesTheCpuBlocksAndMatchesItsAttention) {
         std::vector<float> qc = q, kc = k, vc = v;
         gpu.attend(l, pos, n, dq.data(), dk.data(), dv.data(), inv_freq_dev.data(), inv_freq, 0.0f, dout.data(), s);
         ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-        if (!maps) {
+        if (!maps || cpu.voted_only(l)) {  // (a voted-only layer maps and scores nothing: its blocks are the votes)
+          if (maps) {
+            EXPECT_TRUE(gpu.recorded().map.empty() && gpu.recorded().tokens.empty());
+            own.plan(l, pos, n, q.data(), k.data(), inv_freq, 0.0f, &pool);  // (its bookkeeping: the chunk goes on)
+            EXPECT_TRUE(own.last_map().empty());
+          }
           cpu.attend(l, pos, n, qc.data(), kc.data(), vc.data(), inv_freq, 0.0f, out_cpu.data(), pool);
         } else {
           // The device's map and votes against the CPU's own (a function of the chunk's q and k alone).
@@ -172,7 +184,9 @@ TEST(StreamGpu, RetrievesTheCpuBlocksAndMatchesItsAttention) {
           }
           given.block_scores = [&](std::span<const int32_t> tokens, std::span<const int32_t> counts,
                                    const stream::HeadWeights& weights) {
+            const stream::HeadWeights& w = heads && l == 1 ? w_head : w_all;
             EXPECT_EQ(weights, w);
+            EXPECT_FALSE(heads && l == 2) << "layer 2 takes its blocks from the votes: never scored";
             EXPECT_EQ(std::vector<int32_t>(tokens.begin(), tokens.end()), rec.tokens);
             EXPECT_EQ(std::vector<int32_t>(counts.begin(), counts.end()), rec.counts);
             std::vector<double> mine;
@@ -218,10 +232,23 @@ TEST(StreamGpu, RetrievesTheCpuBlocksAndMatchesItsAttention) {
       }
       pos += n;
     }
+    if (heads) {  // the index keeps the retrieval head's kv head in layer 1, nothing in layer 2
+      EXPECT_EQ(cpu.span_index(0).kv_heads_kept(), nkv);
+      EXPECT_EQ(cpu.span_index(1).kv_heads_kept(), 1);
+      EXPECT_EQ(cpu.span_index(1).kv_head_begin(), 1);
+      EXPECT_EQ(cpu.span_index(2).num_vectors(), 0);
+      EXPECT_EQ(gpu.device_index_keys(1).size(), static_cast<size_t>(cpu.span_index(1).num_vectors() * d));
+      EXPECT_EQ(gpu.decisions().stats().index_bytes, cpu.stats().index_bytes);
+      std::printf("[stream] ltri + retrieval heads: index %lld bytes (layer vectors %lld / %lld / %lld; kv heads kept "
+                  "2 / 1 / 0)\n", static_cast<long long>(cpu.stats().index_bytes),
+                  static_cast<long long>(cpu.span_index(0).num_vectors()),
+                  static_cast<long long>(cpu.span_index(1).num_vectors()),
+                  static_cast<long long>(cpu.span_index(2).num_vectors()));
+    }
     if (maps) {
-      std::printf("[stream] %s: device vs CPU map max abs diff %.3g, votes max rel diff %.3g, block scores max rel "
+      std::printf("[stream] %s%s: device vs CPU map max abs diff %.3g, votes max rel diff %.3g, block scores max rel "
                   "diff %.3g (%d scored calls); the CPU's own decisions equal the device-fed ones in %d of %d calls\n",
-                  stream_method_name(m), worst_map, worst_votes, worst_scores, scored, own_agree, own_calls);
+                  stream_method_name(m), heads ? " + retrieval heads" : "", worst_map, worst_votes, worst_scores, scored, own_agree, own_calls);
       EXPECT_LT(worst_map, 1e-4);
       EXPECT_LT(worst_votes, 1e-4);
       EXPECT_LT(worst_scores, 1e-5);
