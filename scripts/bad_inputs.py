@@ -208,6 +208,8 @@ def cases(tessera, fx, models):
         1, None)
     add("streaming", "--stream-index-ratio 0.5 (under one evicted token per index vector)",
         T + ["run", "-m", tiny, "-p", "hi", "--stream", "ltri", "--stream-index-ratio", "0.5"], 1, None)
+    add("streaming", "--stream-index-heads some (retrieval or all)",
+        T + ["run", "-m", tiny, "-p", "hi", "--stream", "ltri", "--stream-index-heads", "some"], 1, None)
     add("streaming", "--stream-host-budget 4K on Gemma-3 (only its global layers keep evicted blocks)",
         T + ["run", "-m", gemma, "-p", "one two three four five six seven eight nine ten " * 12, "--stream", "ltri",
              "--stream-sinks", "4", "--stream-local", "16", "--stream-block", "16", "--stream-chunk", "16",
