@@ -7,7 +7,7 @@
 //    accumulation differ): |err| <= 2^-12 * scale_x * scale_w * sum_k |q_x q_w| (+ bf16 output rounding), beta = 1
 //    into an f32 y and beta = 0 into bf16;
 //  - the engine: last-position logits with --gemm fp8 against bf16 (and both against the CPU's f32 engine) on the
-//    hf_tiny fixtures and on a 2-layer Llama-3-8B-shaped random model, within kFp8RelL2 (see there);
+//    hf_tiny fixtures and on a 2-layer Llama-3-8B-shaped random model, within kFp8RelL2Fixture / kFp8RelL2Llama3Shaped (see there);
 //  - the option errors' exact messages.
 // Every comparison prints its numbers ("[fp8] ...").
 #include <gtest/gtest.h>
@@ -44,11 +44,14 @@ using attn::gpu::DeviceBuffer;
     if (!fp8_tensor_cores(&why_)) GTEST_SKIP() << "no FP8 tensor cores: " << why_;     \
   } while (0)
 
-// Relative L2 error bound of last-position logits, FP8 against bf16 on the GPU. E4M3 keeps 4 significant bits:
-// one rounding is a relative error of up to 2^-4 (about 2.5e-2 RMS against bf16's 1.1e-3), applied to both
-// operands of every layer GEMM; values far below the tensor's amax lose more (subnormals). The bound is 1.5x the
-// worst row the first H100/H200 run measured (docs/streaming.md "FP8 GEMMs"), as engine_gpu_test's bounds are.
-constexpr double kFp8RelL2 = 0.5;
+// Relative L2 error bounds of last-position logits (and one decode step), FP8 against bf16 on the GPU. E4M3 keeps 4
+// significant bits: one rounding is a relative error of up to 2^-4 (about 2.5e-2 RMS against bf16's 1.1e-3), applied to
+// both operands of every layer GEMM; values far below the tensor's amax lose more (per-tensor scales). Each bound is
+// 1.5x the worst row of the first H200 run that measured them (2026-11-27, docs/streaming.md "FP8 (E4M3) GEMMs"), as
+// engine_gpu_test's bounds are: the tiny hf_tiny fixtures (hidden 64-ish, a few outliers dominate the per-tensor scale)
+// measured up to 0.3545 (smollm2 prefill); the 2-layer Llama-3-8B-shaped model 0.00354.
+constexpr double kFp8RelL2Fixture = 0.53;
+constexpr double kFp8RelL2Llama3Shaped = 0.0053;
 
 std::vector<bf16> random_bf16(size_t n, float stddev, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -241,7 +244,7 @@ std::vector<int32_t> token_ids(int n, int64_t vocab, uint32_t seed) {
 }
 
 double compare_engines(const DeviceModel& dev, const std::vector<int32_t>& tokens, const std::vector<float>* cpu,
-                       const std::string& what) {
+                       const std::string& what, double bound) {
   GpuEngineOptions bo;
   bo.chunk_size = 64;  // several chunks
   GpuEngineOptions fo = bo;
@@ -259,12 +262,12 @@ double compare_engines(const DeviceModel& dev, const std::vector<int32_t>& token
   std::printf("; FP8 weights %.2f MB\n", static_cast<double>(f8.memory().weights_bytes - bf.memory().weights_bytes) / 1e6);
   std::fflush(stdout);
   EXPECT_GT(f8.memory().weights_bytes, bf.memory().weights_bytes) << what;
-  EXPECT_LE(e, kFp8RelL2) << what;
+  EXPECT_LE(e, bound) << what;
   // Decode runs the same FP8 path at m = 1.
   const std::vector<float> db = bf.decode(tokens[0]), df = f8.decode(tokens[0]);
   const double ed = rel_l2(db, df);
   std::printf("[fp8] %s: one decode step, fp8 vs bf16 rel L2 %.4g\n", what.c_str(), ed);
-  EXPECT_LE(ed, kFp8RelL2) << what << " (decode)";
+  EXPECT_LE(ed, bound) << what << " (decode)";
   return e;
 }
 
@@ -276,7 +279,7 @@ TEST(Fp8Engine, FixtureLastLogitsNearBf16) {
     const std::vector<int32_t> tokens = token_ids(200, model->config().vocab_size, 5);
     Engine cpu(*model);
     const std::vector<float> ref = cpu.prefill(tokens);
-    compare_engines(*dev, tokens, &ref, name);
+    compare_engines(*dev, tokens, &ref, name, kFp8RelL2Fixture);
   }
 }
 
@@ -287,7 +290,7 @@ TEST(Fp8Engine, Llama3ShapedTwoLayersNearBf16) {
   cfg.layers.resize(2);
   const auto dev = DeviceModel::random(cfg, 1, RandomInit::kLocalAttention);
   const std::vector<int32_t> tokens = token_ids(512, cfg.vocab_size, 6);
-  compare_engines(*dev, tokens, nullptr, "llama3-8b shapes, 2 layers, local-attention init");
+  compare_engines(*dev, tokens, nullptr, "llama3-8b shapes, 2 layers, local-attention init", kFp8RelL2Llama3Shaped);
 }
 
 TEST(Fp8Options, ExactMessages) {
