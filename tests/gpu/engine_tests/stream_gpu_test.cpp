@@ -370,6 +370,40 @@ TEST(StreamGpu, KeptWindowEqualsTheWorkspacePath) {
   }
 }
 
+// What `tessera serve --stream` relies on (server/engine_slot.h keeps one engine per slot and resets it between
+// requests): after reset() an engine that streamed a longer prompt (evicted blocks in its pinned slabs, its block
+// caches and index mirrors filled) answers a new prompt EXACTLY as a fresh engine does, for each method.
+TEST(StreamGpu, ResetEngineAnswersAsAFreshOne) {
+  REQUIRE_GPU();
+  const ModelConfig cfg = small_config(2);
+  const auto model = DeviceModel::random(cfg, 5);
+  const std::vector<int32_t> first = random_tokens(1400, cfg.vocab_size, 21), second = random_tokens(900, cfg.vocab_size, 22);
+  for (StreamMethod m : {StreamMethod::Ltri, StreamMethod::InfLLM, StreamMethod::StreamingLLM}) {
+    SCOPED_TRACE(stream_method_name(m));
+    GpuEngineOptions so;
+    so.stream.method = m;
+    so.stream.sinks = 16;
+    so.stream.local = 128;
+    so.stream.block = 64;
+    so.stream.chunk = 96;
+    so.stream.last_chunk = 40;
+    so.stream.top_k = 2;
+    GpuEngine fresh(*model, so);
+    const std::vector<float> want = fresh.prefill(second);
+    std::vector<std::vector<float>> want_decode;
+    for (int i = 0; i < 3; ++i) want_decode.push_back(fresh.decode(second[static_cast<size_t>(i)]));
+    GpuEngine kept(*model, so);
+    (void)kept.prefill(first);
+    (void)kept.decode(first[0]);
+    ASSERT_GT(kept.streaming()->evicted_blocks(), 10);
+    kept.reset();
+    EXPECT_EQ(kept.prefill(second), want);
+    for (int i = 0; i < 3; ++i)
+      EXPECT_EQ(kept.decode(second[static_cast<size_t>(i)]), want_decode[static_cast<size_t>(i)]) << "decode step " << i;
+    EXPECT_EQ(kept.streaming()->evicted_blocks(), fresh.streaming()->evicted_blocks());
+  }
+}
+
 TEST(StreamGpu, RefusesWhatTheCpuRefuses) {
   REQUIRE_GPU();
   const ModelConfig cfg = small_config(2);
