@@ -159,7 +159,7 @@ struct EngineHandle {
 
 // Engine(streaming=...): None, a method name ("ltri", "infllm", "streamingllm"), or a dict with "method" and the
 // sizes of `tessera run --stream-*` (sinks, local, chunk, block, top_k, last_chunk, host_budget (bytes or "4G"),
-// retrieval_heads (a file), index_ratio). Built by the CLI's own stream_options(), so the checks and the
+// retrieval_heads (a file), index_ratio, index_heads ("retrieval" or "all")). Built by the CLI's own stream_options(), so the checks and the
 // streamingllm equal-memory rule are the CLI's.
 std::optional<runtime::StreamOptions> streaming_options(const nb::object& streaming, bool gpu) {
   if (streaming.is_none()) return std::nullopt;
@@ -170,7 +170,7 @@ std::optional<runtime::StreamOptions> streaming_options(const nb::object& stream
   } else if (nb::isinstance<nb::dict>(streaming)) {
     const auto d = nb::cast<nb::dict>(streaming);
     const std::string known = "method, sinks, local, chunk, block, top_k, last_chunk, host_budget, retrieval_heads, "
-                              "index_ratio";
+                              "index_ratio, index_heads";
     for (auto [key, value] : d) {
       check(nb::isinstance<nb::str>(key), "streaming: option names are strings (known: " + known + ")");
       const std::string k = nb::cast<std::string>(key);
@@ -202,6 +202,9 @@ std::optional<runtime::StreamOptions> streaming_options(const nb::object& stream
         check((nb::isinstance<nb::float_>(value) || nb::isinstance<nb::int_>(value)) && !nb::isinstance<nb::bool_>(value),
               "streaming: 'index_ratio' must be a number");
         f.index_ratio = nb::cast<double>(value);
+      } else if (k == "index_heads") {
+        check(nb::isinstance<nb::str>(value), "streaming: 'index_heads' must be a str (retrieval or all)");
+        f.index_heads = nb::cast<std::string>(value);
       } else {
         throw Error("streaming: unknown option '" + k + "' (known: " + known + ")");
       }

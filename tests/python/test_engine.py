@@ -189,7 +189,13 @@ def test_streaming_bad_options(smollm2):
 
     assert error({"method": "ltri", "windows": 3}) == (
         "streaming: unknown option 'windows' (known: method, sinks, local, chunk, block, top_k, last_chunk, "
-        "host_budget, retrieval_heads, index_ratio)")
+        "host_budget, retrieval_heads, index_ratio, index_heads)")
+    assert error({"method": "ltri", "index_heads": "some"}) == "--stream-index-heads must be retrieval or all, got 'some'"
+    assert error({"method": "ltri", "index_heads": 1}) == "streaming: 'index_heads' must be a str (retrieval or all)"
+    # Without retrieval heads every layer keeps every kv head either way: the same answer.
+    full = tessera.Engine(smollm2, streaming={"method": "ltri", "index_heads": "all", **STREAM_SIZES})
+    kept = tessera.Engine(smollm2, streaming={"method": "ltri", "index_heads": "retrieval", **STREAM_SIZES})
+    assert full.generate(LONG_PROMPT, max_tokens=2) == kept.generate(LONG_PROMPT, max_tokens=2)
     assert error({"sinks": 4}) == "streaming: the dict needs a 'method' (ltri, infllm or streamingllm)"
     assert error("ltri2") == "--stream must be ltri, infllm or streamingllm, got 'ltri2'"
     assert error({"method": "ltri", "chunk": 0}) == "--stream-chunk must be positive, got 0"
