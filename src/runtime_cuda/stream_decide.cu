@@ -582,6 +582,16 @@ std::vector<float> StreamDecider::mirror_keys(int32_t layer) const {
   return out;
 }
 
+// block_scores_ [blocks] to the host through the pinned buffer; waits for the stream (the decision needs them).
+std::vector<double> StreamDecider::download_scores(int32_t blocks, cudaStream_t s) {
+  pinned(scores_host_, scores_host_values_, static_cast<size_t>(blocks));
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(scores_host_, block_scores_.data(), static_cast<size_t>(blocks) * sizeof(double),
+                                     cudaMemcpyDeviceToHost, s));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
+  synced();
+  return std::vector<double>(scores_host_, scores_host_ + blocks);
+}
+
 std::vector<double> StreamDecider::infllm_scores(int32_t layer, const stream::ReprIndex& index, const bf16* q,
                                                  int32_t n, const stream::HeadWeights& w, cudaStream_t s) {
   MeansMirror& M = means_mirrors_[static_cast<size_t>(layer)];
@@ -598,8 +608,7 @@ std::vector<double> StreamDecider::infllm_scores(int32_t layer, const stream::Re
     h2d(M.means.data() + M.blocks * row_, means_staging_.data(), means_staging_.size(), s);
     M.blocks = blocks;
   }
-  std::vector<double> out(static_cast<size_t>(blocks), 0.0);
-  if (blocks == 0) return out;
+  if (blocks == 0) return {};
   fit(mean_, static_cast<size_t>(qrow_));
   mean_query_kernel<<<static_cast<unsigned>((qrow_ + 127) / 128), 128, 0, s>>>(reinterpret_cast<const nbf*>(q),
                                                                                mean_.data(), n, qrow_);
@@ -613,13 +622,7 @@ std::vector<double> StreamDecider::infllm_scores(int32_t layer, const stream::Re
   repr_sum_kernel<<<(blocks + 127) / 128, 128, 0, s>>>(repr_dots_.data(), weights_.data(), blocks, nq_,
                                                        block_scores_.data());
   check_launch("stream infllm scores");
-  pinned(scores_host_, scores_host_values_, static_cast<size_t>(blocks));
-  TESSERA_CUDA_CHECK(cudaMemcpyAsync(scores_host_, block_scores_.data(), static_cast<size_t>(blocks) * sizeof(double),
-                                     cudaMemcpyDeviceToHost, s));
-  TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
-  synced();
-  std::copy(scores_host_, scores_host_ + blocks, out.begin());
-  return out;
+  return download_scores(blocks, s);
 }
 
 std::vector<float> StreamDecider::mean_query(const bf16* q, int32_t n, cudaStream_t s) {
@@ -695,8 +698,7 @@ std::vector<double> StreamDecider::ltri_scores(int32_t layer, const stream::Span
   const auto T = static_cast<int32_t>(counts.size());
   const auto m = static_cast<int64_t>(tokens.size());
   const int64_t S = M.spans, V = M.vectors;
-  std::vector<double> out(static_cast<size_t>(blocks), 0.0);
-  if (blocks == 0) return out;
+  if (blocks == 0) return {};
   // Voting heads (weights in head order).
   std::vector<int32_t> heads;
   std::vector<double> weights;
@@ -770,13 +772,7 @@ std::vector<double> StreamDecider::ltri_scores(int32_t layer, const stream::Span
   block_kernel<<<(blocks + 127) / 128, 128, 0, s>>>(sim_.data(), M.block_begin.data(), blocks, T, S,
                                                      block_scores_.data());
   check_launch("stream ltri scores: blocks");
-  pinned(scores_host_, scores_host_values_, static_cast<size_t>(blocks));
-  TESSERA_CUDA_CHECK(cudaMemcpyAsync(scores_host_, block_scores_.data(), static_cast<size_t>(blocks) * sizeof(double),
-                                     cudaMemcpyDeviceToHost, s));
-  TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
-  synced();
-  std::copy(scores_host_, scores_host_ + blocks, out.begin());
-  return out;
+  return download_scores(blocks, s);
 }
 
 }  // namespace tessera::runtime::gpu

@@ -116,6 +116,7 @@ class StreamDecider {
     int64_t blocks = 0, capacity = 0;
   };
   void synced();  // after a synchronisation: launch_chunk()'s candidates compacted (once)
+  std::vector<double> download_scores(int32_t blocks, cudaStream_t stream);
 
   int32_t nq_ = 0, nkv_ = 0, d_ = 0;
   int64_t qrow_ = 0, row_ = 0;

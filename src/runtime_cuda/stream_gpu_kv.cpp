@@ -307,6 +307,36 @@ void GpuStreamingKV::copy_to_ring(attn::gpu::DeviceBuffer<bf16>& ring, int32_t p
   if (rows > first) d2d(ring.data(), src + first * row_, static_cast<size_t>((rows - first) * row_) * sizeof(bf16), s);
 }
 
+// The local pass over the workspace [global | local | chunk] (wk, wv: lay.kv_len() rows): the queries rotated at their
+// true positions, the local index, into `out` and lse_local_. Returns its arguments for global_pass().
+attn::AttentionArgs GpuStreamingKV::local_pass(const stream::StreamLayout& lay, Indexes& ix, int32_t n, bf16* q_rot,
+                                               bf16* wk, bf16* wv, float scale, bf16* out, cudaStream_t s) {
+  const int32_t nq = cfg_.num_q_heads, nkv = cfg_.num_kv_heads, d = cfg_.head_dim, kv_len = lay.kv_len();
+  attn::AttentionArgs a;
+  a.q = TensorView(q_rot, DType::BF16, {n, nq, d});
+  a.k = TensorView(wk, DType::BF16, {kv_len, nkv, d});
+  a.v = TensorView(wv, DType::BF16, {kv_len, nkv, d});
+  a.out = TensorView(out, DType::BF16, {n, nq, d});
+  a.lse = TensorView(lse_local_.data(), DType::F32, {nq, n});
+  a.scale = scale;
+  a.q_begin = lay.global + lay.local;
+  attn::gpu::sparse_prefill(a, ix.local, ix.local_plan, s);
+  return a;
+}
+
+// The global pass over the same workspace with q_global_ (the caller rotated it at position `local`), into
+// out_global_ / lse_global_, merged into `out` by the two passes' log-sum-exps.
+void GpuStreamingKV::global_pass(const attn::AttentionArgs& local, Indexes& ix, int32_t n, bf16* out,
+                                 cudaStream_t s) {
+  const int32_t nq = cfg_.num_q_heads, d = cfg_.head_dim;
+  attn::AttentionArgs g = local;
+  g.q = TensorView(q_global_.data(), DType::BF16, {n, nq, d});
+  g.out = TensorView(out_global_.data(), DType::BF16, {n, nq, d});
+  g.lse = TensorView(lse_global_.data(), DType::F32, {nq, n});
+  attn::gpu::sparse_prefill(g, ix.global, ix.global_plan, s);
+  stream_merge_lse(out, out_global_.data(), lse_local_.data(), lse_global_.data(), n, nq, d, s);
+}
+
 void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16* k, bf16* v, const float* inv_freq,
                             std::span<const float> inv_freq_host, float scale, bf16* out, cudaStream_t s) {
   ensure_device(n);
@@ -511,18 +541,8 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
 
   // 5. Attention: the local index now (overlapping the block copies), then the global one, merged.
   prof_mark(s);
-  const int32_t tile = n <= 64 ? 64 : 128;
-  Indexes& ix = indexes(lay, tile, s);
-  const int32_t kv_len = lay.kv_len();
-  attn::AttentionArgs a;
-  a.q = TensorView(q_local_.data(), DType::BF16, {n, nq, d});
-  a.k = TensorView(wk, DType::BF16, {kv_len, nkv, d});
-  a.v = TensorView(wv, DType::BF16, {kv_len, nkv, d});
-  a.out = TensorView(out, DType::BF16, {n, nq, d});
-  a.lse = TensorView(lse_local_.data(), DType::F32, {nq, n});
-  a.scale = scale;
-  a.q_begin = G + lay.local;
-  attn::gpu::sparse_prefill(a, ix.local, ix.local_plan, s);
+  Indexes& ix = indexes(lay, n <= 64 ? 64 : 128, s);
+  const attn::AttentionArgs a = local_pass(lay, ix, n, q_local_.data(), wk, wv, scale, out, s);
   prof_mark(s);
   if (G > 0) {
     if (copies) TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, blocks_in_, 0));
@@ -537,12 +557,7 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
     }
     d2d(q_global_.data(), q, static_cast<size_t>(n * qrow_) * sizeof(bf16), s);
     stream_rope_rows(q_global_.data(), n, qrow_, nq, d, inv_freq, opt_.local, 0, s);
-    attn::AttentionArgs g = a;
-    g.q = TensorView(q_global_.data(), DType::BF16, {n, nq, d});
-    g.out = TensorView(out_global_.data(), DType::BF16, {n, nq, d});
-    g.lse = TensorView(lse_global_.data(), DType::F32, {nq, n});
-    attn::gpu::sparse_prefill(g, ix.global, ix.global_plan, s);
-    stream_merge_lse(out, out_global_.data(), lse_local_.data(), lse_global_.data(), n, nq, d, s);
+    global_pass(a, ix, n, out, s);
   }
 
   // 6. The chunk's raw K / V into the sinks and the ring (after the evictions' copies out of the ring).
@@ -577,7 +592,7 @@ void GpuStreamingKV::attend_window(int32_t layer, int32_t pos, int32_t n, const 
                                    const bf16* k, const bf16* v, const float* inv_freq, float scale, bf16* out,
                                    cudaStream_t s) {
   LayerState& L = layers_[static_cast<size_t>(layer)];
-  const int32_t nq = cfg_.num_q_heads, nkv = cfg_.num_kv_heads, d = cfg_.head_dim;
+  const int32_t nq = cfg_.num_q_heads, d = cfg_.head_dim;
   const size_t row_bytes = static_cast<size_t>(row_) * sizeof(bf16);
   const int32_t G = lay.global, local_begin = opt_.sinks + host_.evicted_blocks() * opt_.block;
   check(G == opt_.sinks && lay.local == pos - local_begin && host_.retrieved(layer).empty(),
@@ -604,28 +619,12 @@ void GpuStreamingKV::attend_window(int32_t layer, int32_t pos, int32_t n, const 
   prof_mark(s);
 
   // The attention over [sinks | window | chunk] read in place: the workspace path's two passes and merge.
-  const int32_t tile = n <= 64 ? 64 : 128;
-  Indexes& ix = indexes(lay, tile, s);
-  const int32_t kv_len = lay.kv_len();
-  bf16* wk = L.win_k.data() + (off - G) * row_;
-  bf16* wv = L.win_v.data() + (off - G) * row_;
-  attn::AttentionArgs a;
-  a.q = TensorView(q, DType::BF16, {n, nq, d});
-  a.k = TensorView(wk, DType::BF16, {kv_len, nkv, d});
-  a.v = TensorView(wv, DType::BF16, {kv_len, nkv, d});
-  a.out = TensorView(out, DType::BF16, {n, nq, d});
-  a.lse = TensorView(lse_local_.data(), DType::F32, {nq, n});
-  a.scale = scale;
-  a.q_begin = G + lay.local;
-  attn::gpu::sparse_prefill(a, ix.local, ix.local_plan, s);
+  Indexes& ix = indexes(lay, n <= 64 ? 64 : 128, s);
+  const attn::AttentionArgs a = local_pass(lay, ix, n, q, L.win_k.data() + (off - G) * row_,
+                                           L.win_v.data() + (off - G) * row_, scale, out, s);
   prof_mark(s);
   stream_rope_rows(q_global_.data(), n, qrow_, nq, d, inv_freq, opt_.local, 0, s);
-  attn::AttentionArgs g = a;
-  g.q = TensorView(q_global_.data(), DType::BF16, {n, nq, d});
-  g.out = TensorView(out_global_.data(), DType::BF16, {n, nq, d});
-  g.lse = TensorView(lse_global_.data(), DType::F32, {nq, n});
-  attn::gpu::sparse_prefill(g, ix.global, ix.global_plan, s);
-  stream_merge_lse(out, out_global_.data(), lse_local_.data(), lse_global_.data(), n, nq, d, s);
+  global_pass(a, ix, n, out, s);
   prof_mark(s);
   prof_mark(s);  // (nothing to store: the chunk is in the window buffer, the sinks are full)
 }

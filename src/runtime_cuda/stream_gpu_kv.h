@@ -137,6 +137,9 @@ class GpuStreamingKV : public GpuKVPolicy {
   void ensure_device(int32_t max_chunk);
   bf16* pinned_block();  // K then V of one block (block * row * 2 values)
   Indexes& indexes(const stream::StreamLayout& layout, int32_t tile, cudaStream_t stream);
+  attn::AttentionArgs local_pass(const stream::StreamLayout& lay, Indexes& ix, int32_t n, bf16* q_rot, bf16* wk,
+                                 bf16* wv, float scale, bf16* out, cudaStream_t stream);
+  void global_pass(const attn::AttentionArgs& local, Indexes& ix, int32_t n, bf16* out, cudaStream_t stream);
   // Copies `rows` ring rows starting at absolute position p (>= sinks) to dst (row stride row_), in <= 2 pieces.
   void copy_from_ring(const attn::gpu::DeviceBuffer<bf16>& ring, int32_t p, int32_t rows, bf16* dst, cudaStream_t s);
   void copy_to_ring(attn::gpu::DeviceBuffer<bf16>& ring, int32_t p, int32_t rows, const bf16* src, cudaStream_t s);
