@@ -17,6 +17,7 @@
 #include "core/thread_pool.h"
 #include "runtime/engine.h"
 #include "runtime/model.h"
+#include "runtime/rope.h"
 #include "runtime/stream/host_block_store.h"
 #include "runtime/stream/retrieval_heads.h"
 #include "runtime/stream/span_discovery.h"
@@ -611,17 +612,23 @@ TEST(StreamingKV, SequenceOverTheHostBudgetIsRefusedUpFront) {
 }
 
 TEST(StreamingKV, RefusesModelsAndOptionsItCannotRun) {
-  // Gemma-3 streams on the CPU; the GPU path (Storage::Device) refuses its sliding-window layers.
+  // Gemma-3 streams on the CPU and its decisions run with Storage::Device (sliding-window layers too); the GPU path
+  // (GpuStreamingKV) refuses a head_dim the CUDA sparse executor does not run (the fixture's 16).
   const ModelConfig& c = model("gemma3").config();
   EXPECT_NO_THROW(StreamingKV(c, small_stream(StreamMethod::Ltri)));
+  EXPECT_NO_THROW(StreamingKV(c, small_stream(StreamMethod::Ltri), StreamingKV::Storage::Device));
+  EXPECT_NO_THROW(check_model_streams(c, false));
   try {
-    StreamingKV kv(c, small_stream(StreamMethod::Ltri), StreamingKV::Storage::Device);
+    check_model_streams(c, true);
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(std::string(e.what()),
-              "model " + c.name + " cannot stream on the GPU: 5 of its 6 layers attend within a sliding window of 8 "
-              "tokens, which the GPU streaming path does not combine with yet; the CPU path streams it (--device cpu)");
+              "model " + c.name + " cannot stream on the GPU: its head_dim 16 is not one the CUDA sparse executor "
+              "runs (64, 128 or 256); the CPU path streams it (--device cpu)");
   }
+  ModelConfig c64 = c;
+  c64.head_dim = 64;
+  EXPECT_NO_THROW(check_model_streams(c64, true));
   StreamOptions bad = small_stream(StreamMethod::Ltri);
   bad.block = 0;
   EXPECT_THROW(StreamingKV(model("smollm2").config(), bad), Error);
@@ -820,54 +827,62 @@ TEST(StreamingKV, DeviceDecisionsDecideAsTheCpuOnTheSameMapAndScores) {
   EXPECT_EQ(error, "streaming: the device's block scores have 2 entries for 3 evicted blocks");
 }
 
+// Gemma-3 too: its sliding-window layers' plan() keeps the window's count and layout as attend_window() does (each
+// layer with its own RoPE base), its global layer streams.
 TEST(StreamingKV, DeviceStoragePlansWhatTheHostPathAttends) {
-  const ModelConfig& cfg = model("llama3").config();
-  const int32_t nq = cfg.num_q_heads, nkv = cfg.num_kv_heads, d = cfg.head_dim;
-  std::vector<float> inv_freq(static_cast<size_t>(d / 2));
-  for (int32_t i = 0; i < d / 2; ++i) inv_freq[static_cast<size_t>(i)] = std::pow(10000.0f, -2.0f * i / d);
-  for (StreamMethod m : {StreamMethod::Ltri, StreamMethod::InfLLM, StreamMethod::StreamingLLM}) {
-    SCOPED_TRACE(stream_method_name(m));
-    const StreamOptions o = small_stream(m);
-    StreamingKV host(cfg, o), dev(cfg, o, StreamingKV::Storage::Device);
-    std::mt19937 rng(11);
-    std::normal_distribution<float> g(0.0f, 1.0f);
-    ThreadPool pool(2);
-    int32_t pos = 0, compared = 0;
-    // 13 prefill chunks of 16 (evicting from the 4th on: more blocks than top_k), a last chunk of 5, 3 decode steps.
-    std::vector<std::pair<int32_t, StreamingKV::ChunkKind>> chunks(13, {16, StreamingKV::ChunkKind::Prefill});
-    chunks.push_back({5, StreamingKV::ChunkKind::LastPrefill});
-    for (int i = 0; i < 3; ++i) chunks.push_back({1, StreamingKV::ChunkKind::Decode});
-    for (const auto& [n, kind] : chunks) {
-      host.begin_chunk(pos, n, kind);
-      dev.begin_chunk(pos, n, kind);
-      for (int32_t l = 0; l < cfg.num_layers; ++l) {
-        std::vector<float> q(static_cast<size_t>(n * nq * d)), k(static_cast<size_t>(n * nkv * d)), v(k.size());
-        for (auto* t : {&q, &k, &v})
-          for (float& x : *t) x = g(rng);
-        const std::vector<float> q0 = q, k0 = k;
-        std::vector<float> out(q.size());
-        const stream::StreamLayout lay =
-            dev.plan(l, pos, n, m == StreamMethod::StreamingLLM ? nullptr : q0.data(),
-                     m == StreamMethod::StreamingLLM ? nullptr : k0.data(), inv_freq, 0.0f);
-        host.attend(l, pos, n, q.data(), k.data(), v.data(), inv_freq, 0.0f, out.data(), pool);
-        EXPECT_EQ(lay, host.last_layout(l)) << "layer " << l << " at " << pos;
-        EXPECT_EQ(dev.retrieved(l), host.retrieved(l)) << "layer " << l << " at " << pos;
-        compared += host.evicted_blocks() > o.top_k && !host.retrieved(l).empty();  // a choice among the blocks
+  for (const char* name : {"llama3", "gemma3"}) {
+    const ModelConfig& cfg = model(name).config();
+    const int32_t nq = cfg.num_q_heads, nkv = cfg.num_kv_heads, d = cfg.head_dim;
+    const LayerRopes ropes = layer_ropes(cfg);
+    for (StreamMethod m : {StreamMethod::Ltri, StreamMethod::InfLLM, StreamMethod::StreamingLLM}) {
+      SCOPED_TRACE(std::string(name) + " " + stream_method_name(m));
+      const StreamOptions o = small_stream(m);
+      StreamingKV host(cfg, o), dev(cfg, o, StreamingKV::Storage::Device);
+      std::mt19937 rng(11);
+      std::normal_distribution<float> g(0.0f, 1.0f);
+      ThreadPool pool(2);
+      int32_t pos = 0, compared = 0;
+      // 13 prefill chunks of 16 (evicting from the 4th on: more blocks than top_k), a last chunk of 5, 3 decode steps.
+      std::vector<std::pair<int32_t, StreamingKV::ChunkKind>> chunks(13, {16, StreamingKV::ChunkKind::Prefill});
+      chunks.push_back({5, StreamingKV::ChunkKind::LastPrefill});
+      for (int i = 0; i < 3; ++i) chunks.push_back({1, StreamingKV::ChunkKind::Decode});
+      for (const auto& [n, kind] : chunks) {
+        host.begin_chunk(pos, n, kind);
+        dev.begin_chunk(pos, n, kind);
+        for (int32_t l = 0; l < cfg.num_layers; ++l) {
+          const std::vector<float>& inv_freq = ropes.inv_freqs[ropes.layer[static_cast<size_t>(l)]];
+          std::vector<float> q(static_cast<size_t>(n * nq * d)), k(static_cast<size_t>(n * nkv * d)), v(k.size());
+          for (auto* t : {&q, &k, &v})
+            for (float& x : *t) x = g(rng);
+          const std::vector<float> q0 = q, k0 = k;
+          std::vector<float> out(q.size());
+          const stream::StreamLayout lay =
+              dev.plan(l, pos, n, m == StreamMethod::StreamingLLM ? nullptr : q0.data(),
+                       m == StreamMethod::StreamingLLM ? nullptr : k0.data(), inv_freq, 0.0f);
+          host.attend(l, pos, n, q.data(), k.data(), v.data(), inv_freq, 0.0f, out.data(), pool);
+          EXPECT_EQ(lay, host.last_layout(l)) << "layer " << l << " at " << pos;
+          EXPECT_EQ(dev.retrieved(l), host.retrieved(l)) << "layer " << l << " at " << pos;
+          EXPECT_EQ(dev.window_tokens(l), host.window_tokens(l)) << "layer " << l << " at " << pos;
+          if (host.windowed(l)) {
+            EXPECT_EQ(lay, (stream::StreamLayout{0, std::min(pos, cfg.layers[static_cast<size_t>(l)].sliding_window - 1), n}));
+          }
+          compared += host.evicted_blocks() > o.top_k && !host.retrieved(l).empty();  // a choice among the blocks
+        }
+        pos += n;
+        EXPECT_EQ(dev.evicted_blocks(), host.evicted_blocks());
       }
-      pos += n;
-      EXPECT_EQ(dev.evicted_blocks(), host.evicted_blocks());
+      EXPECT_EQ(dev.length(), host.length());
+      const StreamStats hs = host.stats(), ds = dev.stats();
+      EXPECT_GT(hs.evicted_blocks, o.top_k);
+      EXPECT_EQ(ds.host_bytes * 2, hs.host_bytes);
+      EXPECT_EQ(ds.index_vectors, hs.index_vectors);
+      EXPECT_EQ(ds.index_spans, hs.index_spans);
+      EXPECT_EQ(ds.workspace_tokens, hs.workspace_tokens);
+      if (m == StreamMethod::StreamingLLM)
+        EXPECT_EQ(compared, 0);
+      else
+        EXPECT_GT(compared, 8 * host.global_layers());
     }
-    EXPECT_EQ(dev.length(), host.length());
-    const StreamStats hs = host.stats(), ds = dev.stats();
-    EXPECT_GT(hs.evicted_blocks, o.top_k);
-    EXPECT_EQ(ds.host_bytes * 2, hs.host_bytes);
-    EXPECT_EQ(ds.index_vectors, hs.index_vectors);
-    EXPECT_EQ(ds.index_spans, hs.index_spans);
-    EXPECT_EQ(ds.workspace_tokens, hs.workspace_tokens);
-    if (m == StreamMethod::StreamingLLM)
-      EXPECT_EQ(compared, 0);
-    else
-      EXPECT_GT(compared, 20);
   }
   // The device path's budget counts bf16 blocks, with the host store's message.
   stream::HostBlockStore counted(2, 2, 8, 4, 600, 2);

@@ -73,7 +73,6 @@ GpuEngine::GpuEngine(const DeviceModel& model, GpuEngineOptions options)
     if (options_.gemm == GemmPrecision::kFp8) fp8_ = DeviceFp8Weights::quantize(model, stream_);
     forward_ = std::make_unique<GpuForward>(model, fo, stream_, *gemm_, timer_, fp8_.get());
     if (options_.stream.method != StreamMethod::None) {
-      check(!cfg.qk_norm, "model " + cfg.name + " has QK-norm, which the GPU streaming path does not apply yet");
       streaming_ = std::make_unique<GpuStreamingKV>(cfg, options_.stream);
     }
   } catch (...) {

@@ -87,7 +87,7 @@ GpuForward::GpuForward(const DeviceModel& model, const ForwardOptions& options, 
 
 size_t GpuForward::scratch_bytes() const {
   size_t b = tokens_.bytes() + x_.bytes() + o_.bytes() + logits_.bytes() + h_.bytes() + q_.bytes() + a_.bytes() +
-             gu_.bytes() + k_chunk_.bytes() + v_chunk_.bytes();
+             gu_.bytes() + k_chunk_.bytes() + v_chunk_.bytes() + no_freq_.bytes() + id_cos_.bytes() + id_sin_.bytes();
   for (const auto& c : cos_) b += c.bytes();
   for (const auto& s : sin_) b += s.bytes();
   return b;
@@ -105,6 +105,9 @@ void GpuForward::release_scratch() {
   gu_ = {};
   k_chunk_ = {};
   v_chunk_ = {};
+  no_freq_ = {};
+  id_cos_ = {};
+  id_sin_ = {};
   for (auto& c : cos_) c = {};
   for (auto& s : sin_) s = {};
 }
@@ -193,7 +196,6 @@ std::vector<float> GpuForward::run(std::span<const int32_t> tokens, int32_t pos,
 }
 
 std::vector<float> GpuForward::run(std::span<const int32_t> tokens, int32_t pos, GpuKVPolicy& kv, LogitRows rows) {
-  check(!cfg_.qk_norm, "model " + cfg_.name + " has QK-norm, which the GPU streaming path does not apply yet");
   return run_layers(tokens, pos, nullptr, &kv, nullptr, pos + static_cast<int32_t>(tokens.size()), rows);
 }
 
@@ -234,6 +236,14 @@ std::vector<float> GpuForward::run_layers(std::span<const int32_t> tokens, int32
       grow(cos_[r], n * (D / 2));
       grow(sin_[r], n * (D / 2));
       rope_tables(inv_freqs_[r].data(), static_cast<int>(D / 2), pos, n, cos_[r].data(), sin_[r].data(), stream_);
+    }
+    if (kv != nullptr && cfg_.qk_norm) {
+      // The identity rotation (angle 0: cos 1, sin 0 exactly) for QK-norm alone (qk_norm_rope below).
+      grow(no_freq_, D / 2);
+      grow(id_cos_, n * (D / 2));
+      grow(id_sin_, n * (D / 2));
+      TESSERA_CUDA_CHECK(cudaMemsetAsync(no_freq_.data(), 0, static_cast<size_t>(D / 2) * sizeof(float), stream_));
+      rope_tables(no_freq_.data(), static_cast<int>(D / 2), 0, n, id_cos_.data(), id_sin_.data(), stream_);
     }
   });
   TESSERA_CUDA_CHECK(cudaMemcpyAsync(tokens_.data(), tokens.data(), tokens.size() * sizeof(int32_t),
@@ -277,6 +287,13 @@ std::vector<float> GpuForward::run_layers(std::span<const int32_t> tokens, int32
     }
     const size_t r = layer_rope_[static_cast<size_t>(l)];
     if (kv != nullptr) {  // the policy rotates q and k itself (streaming: two positions per query)
+      if (cfg_.qk_norm)  // QK-norm before the policy sees q and k, as the CPU Forward (rounded once to bf16)
+        timed(EventTimer::kRope, [&] {
+          qk_norm_rope(q_.data(), n, QD, cfg_.num_q_heads, static_cast<int>(D), L.q_norm, eps, id_cos_.data(),
+                       id_sin_.data(), stream_);
+          qk_norm_rope(kc, n, KD, cfg_.num_kv_heads, static_cast<int>(D), L.k_norm, eps, id_cos_.data(),
+                       id_sin_.data(), stream_);
+        });
       timer_.begin(EventTimer::kAttention, stream_);
       kv->attend(l, pos, n, q_.data(), kc, vc, inv_freqs_[r].data(), host_inv_freqs_[r], scale_, a_.data(), stream_);
       timer_.end(EventTimer::kAttention, stream_);

@@ -56,8 +56,9 @@ enum class LogitRows { kNone, kLast, kAll };
 
 // A KV-cache policy that owns the keys and values of the GPU forward (runtime_cuda/stream_gpu_kv.h: streaming
 // memory), the GPU twin of runtime/forward.h's KVPolicy. Layer `layer` of the chunk at [pos, pos + n): q
-// [n, q_heads, d], k and v [n, kv_heads, d], bf16 on the device, contiguous, after the bias and before RoPE (q and k
-// may be overwritten); inv_freq: the layer's RoPE frequencies on the device, inv_freq_host the same on the host.
+// [n, q_heads, d], k and v [n, kv_heads, d], bf16 on the device, contiguous, after the bias and QK-norm (Gemma-3)
+// and before RoPE (q and k may be overwritten); inv_freq: the layer's RoPE frequencies on the device (Gemma-3: its
+// local or global base), inv_freq_host the same on the host.
 // Writes the attention output [n, q_heads, d] (bf16) to out, on `stream`.
 class GpuKVPolicy {
  public:
@@ -93,7 +94,8 @@ class GpuForward {
   std::vector<float> run(std::span<const int32_t> tokens, int32_t pos, DeviceKVCache& cache,
                          const attn::AttentionPolicy* policy, int32_t total_len, LogitRows rows);
 
-  // The same with a KV-cache policy that holds the keys and values (no cache; models with QK-norm are refused).
+  // The same with a KV-cache policy that holds the keys and values (no cache). QK-norm (Gemma-3) is applied here
+  // before the policy sees q and k (as the CPU Forward); the policy rotates them with the layer's RoPE table.
   std::vector<float> run(std::span<const int32_t> tokens, int32_t pos, GpuKVPolicy& kv, LogitRows rows);
 
   size_t scratch_bytes() const;
@@ -127,6 +129,7 @@ class GpuForward {
   attn::gpu::DeviceBuffer<float> x_, o_, logits_;
   attn::gpu::DeviceBuffer<bf16> h_, q_, a_, gu_;
   attn::gpu::DeviceBuffer<bf16> k_chunk_, v_chunk_;  // a GpuKVPolicy's chunk rows
+  attn::gpu::DeviceBuffer<float> no_freq_, id_cos_, id_sin_;  // ... with QK-norm: the identity rotation's tables
   std::vector<attn::gpu::DeviceBuffer<float>> cos_, sin_;
   size_t peak_in_use_ = 0;
 };

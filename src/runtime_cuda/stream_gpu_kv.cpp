@@ -85,6 +85,7 @@ void d2d(void* dst, const void* src, size_t bytes, cudaStream_t s) {
 
 GpuStreamingKV::GpuStreamingKV(const ModelConfig& config, StreamOptions options)
     : cfg_(config), opt_(options), host_(config, std::move(options), StreamingKV::Storage::Device) {
+  check_model_streams(cfg_, true);
   row_ = static_cast<int64_t>(cfg_.num_kv_heads) * cfg_.head_dim;
   qrow_ = static_cast<int64_t>(cfg_.num_q_heads) * cfg_.head_dim;
   block_values_ = 2 * static_cast<int64_t>(opt_.block) * row_;
@@ -156,10 +157,18 @@ size_t GpuStreamingKV::device_bytes() const {
 
 void GpuStreamingKV::ensure_device(int32_t n) {
   const int32_t B = opt_.block;
-  if (layers_[0].ring_k.size() == 0) {
+  if (max_chunk_ == 0) {
     max_chunk_ = std::max(opt_.chunk, n);
     ring_rows_ = ((opt_.local + B + max_chunk_ + B - 1) / B) * B + B;
-    for (LayerState& L : layers_) {
+    for (int32_t l = 0; l < cfg_.num_layers; ++l) {
+      LayerState& L = layers_[static_cast<size_t>(l)];
+      if (host_.windowed(l)) {  // its window and a chunk, twice over (attend_sliding() moves it to the front)
+        const int32_t window = cfg_.layers[static_cast<size_t>(l)].sliding_window;
+        L.win_k.resize(static_cast<size_t>((2 * static_cast<int64_t>(window - 1) + max_chunk_) * row_));
+        L.win_v.resize(L.win_k.size());
+        L.win_origin = 0;
+        continue;
+      }
       L.sink_k.resize(static_cast<size_t>(std::max(opt_.sinks, 1) * row_));
       L.sink_v.resize(L.sink_k.size());
       L.ring_k.resize(static_cast<size_t>(ring_rows_ * row_));
@@ -170,7 +179,9 @@ void GpuStreamingKV::ensure_device(int32_t n) {
     }
     if (window_kept_) {
       win_rows_ = opt_.sinks + 2 * static_cast<int64_t>(opt_.local + B) + max_chunk_;
-      for (LayerState& L : layers_) {
+      for (int32_t l = 0; l < cfg_.num_layers; ++l) {
+        if (host_.windowed(l)) continue;
+        LayerState& L = layers_[static_cast<size_t>(l)];
         L.win_k.resize(static_cast<size_t>(win_rows_ * row_));
         L.win_v.resize(L.win_k.size());
         L.win_origin = 0;
@@ -197,7 +208,7 @@ void GpuStreamingKV::ensure_device(int32_t n) {
 
 void GpuStreamingKV::reserve(int64_t tokens) {
   if (!host_.keeps_evicted()) return;  // streamingllm drops its evicted blocks: no pinned memory
-  const int64_t blocks = evicted_at(opt_, tokens) * cfg_.num_layers;
+  const int64_t blocks = evicted_at(opt_, tokens) * host_.global_layers();  // (sliding-window layers evict nothing)
   const int64_t slabs = (blocks + kSlabBlocks - 1) / kSlabBlocks;
   int device = 0;
   TESSERA_CUDA_CHECK(cudaGetDevice(&device));
@@ -310,7 +321,8 @@ void GpuStreamingKV::copy_to_ring(attn::gpu::DeviceBuffer<bf16>& ring, int32_t p
 // The local pass over the workspace [global | local | chunk] (wk, wv: lay.kv_len() rows): the queries rotated at their
 // true positions, the local index, into `out` and lse_local_. Returns its arguments for global_pass().
 attn::AttentionArgs GpuStreamingKV::local_pass(const stream::StreamLayout& lay, Indexes& ix, int32_t n, bf16* q_rot,
-                                               bf16* wk, bf16* wv, float scale, bf16* out, cudaStream_t s) {
+                                               bf16* wk, bf16* wv, float scale, bf16* out, cudaStream_t s,
+                                               int32_t window) {
   const int32_t nq = cfg_.num_q_heads, nkv = cfg_.num_kv_heads, d = cfg_.head_dim, kv_len = lay.kv_len();
   attn::AttentionArgs a;
   a.q = TensorView(q_rot, DType::BF16, {n, nq, d});
@@ -320,6 +332,7 @@ attn::AttentionArgs GpuStreamingKV::local_pass(const stream::StreamLayout& lay, 
   a.lse = TensorView(lse_local_.data(), DType::F32, {nq, n});
   a.scale = scale;
   a.q_begin = lay.global + lay.local;
+  a.window = window;
   attn::gpu::sparse_prefill(a, ix.local, ix.local_plan, s);
   return a;
 }
@@ -340,6 +353,14 @@ void GpuStreamingKV::global_pass(const attn::AttentionArgs& local, Indexes& ix, 
 void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16* k, bf16* v, const float* inv_freq,
                             std::span<const float> inv_freq_host, float scale, bf16* out, cudaStream_t s) {
   ensure_device(n);
+  if (host_.windowed(layer)) {  // a sliding-window layer: its own window only (no decisions, no eviction)
+    if (record_) record_data_ = {};
+    const auto tw = Clock::now();
+    const stream::StreamLayout lay = host_.plan(layer, pos, n, nullptr, nullptr, inv_freq_host, scale);
+    stats_.decision_seconds += since(tw);
+    attend_sliding(layer, pos, n, lay, q, k, v, inv_freq, scale, out, s);
+    return;
+  }
   LayerState& L = layers_[static_cast<size_t>(layer)];
   const int32_t nq = cfg_.num_q_heads, nkv = cfg_.num_kv_heads, d = cfg_.head_dim, B = opt_.block;
   const size_t row_bytes = static_cast<size_t>(row_) * sizeof(bf16);
@@ -627,6 +648,45 @@ void GpuStreamingKV::attend_window(int32_t layer, int32_t pos, int32_t n, const 
   global_pass(a, ix, n, out, s);
   prof_mark(s);
   prof_mark(s);  // (nothing to store: the chunk is in the window buffer, the sinks are full)
+}
+
+void GpuStreamingKV::attend_sliding(int32_t layer, int32_t pos, int32_t n, const stream::StreamLayout& lay, bf16* q,
+                                    const bf16* k, const bf16* v, const float* inv_freq, float scale, bf16* out,
+                                    cudaStream_t s) {
+  LayerState& L = layers_[static_cast<size_t>(layer)];
+  const int32_t nq = cfg_.num_q_heads, nkv = cfg_.num_kv_heads, d = cfg_.head_dim;
+  const int32_t window = cfg_.layers[static_cast<size_t>(layer)].sliding_window;
+  const size_t row_bytes = static_cast<size_t>(row_) * sizeof(bf16);
+  const int32_t held = lay.local;
+  const int64_t rows = static_cast<int64_t>(L.win_k.size()) / row_;
+  check(lay.global == 0 && lay.chunk == n && held < window,
+        "GPU streaming: a sliding-window layer expects [window | chunk], got a layout of " + std::to_string(lay.global) +
+            " + " + std::to_string(held) + " + " + std::to_string(lay.chunk));
+  prof_mark(s);
+  // The held tokens [pos - held, pos) and the chunk must fit: else the held ones move to the front (the buffer holds
+  // 2 (window - 1) + chunk rows, so the two ranges never overlap).
+  if (pos + n - L.win_origin > rows) {
+    const int64_t from = pos - held - L.win_origin;
+    check(from >= held, "GPU streaming: the sliding-window buffer is too small to move the window");
+    d2d(L.win_k.data(), L.win_k.data() + from * row_, static_cast<size_t>(held) * row_bytes, s);
+    d2d(L.win_v.data(), L.win_v.data() + from * row_, static_cast<size_t>(held) * row_bytes, s);
+    L.win_origin = pos - held;
+  }
+  // The chunk after the held tokens, K rotated at its true positions with this layer's table; the queries in place.
+  const int64_t r0 = pos - L.win_origin;
+  d2d(L.win_k.data() + r0 * row_, k, static_cast<size_t>(n) * row_bytes, s);
+  d2d(L.win_v.data() + r0 * row_, v, static_cast<size_t>(n) * row_bytes, s);
+  stream_rope_rows(L.win_k.data() + r0 * row_, n, row_, nkv, d, inv_freq, pos, 1, s);
+  stream_rope_rows(q, n, qrow_, nq, d, inv_freq, pos, 1, s);
+  prof_mark(s);
+  // Causal attention over [held | chunk] with the model's row-exact window (positions relative to the first held
+  // token: the mask is unchanged), as the CPU's attend_window().
+  Indexes& ix = indexes(lay, n <= 64 ? 64 : 128, s);
+  (void)local_pass(lay, ix, n, q, L.win_k.data() + (r0 - held) * row_, L.win_v.data() + (r0 - held) * row_, scale,
+                   out, s, window < held + n ? window : 0);
+  prof_mark(s);
+  prof_mark(s);  // (no global pass)
+  prof_mark(s);  // (nothing to store: the chunk is in the window buffer)
 }
 
 void GpuStreamingKV::reset() {

@@ -31,6 +31,13 @@
 //    executor (attn::gpu::sparse_prefill) with their log-sum-exps, merged exactly (stream_kernels.h).
 // Positions as the CPU path: local window and chunk rotated at their true positions in the workspace, sinks and
 // retrieved blocks raw, the global queries rotated to position `local`.
+// Models with sliding-window layers (Gemma-3: 5 local layers of window 512 per global one) stream as on the CPU:
+// a sliding-window layer keeps a device buffer of its last window - 1 tokens (K rotated at their true positions with
+// that layer's RoPE table, V raw; LayerState::win_k / win_v) and attends chunk x (held + chunk) with the model's
+// row-exact window through the same executor call as the local pass (attend_sliding()); it never evicts, indexes or
+// retrieves: no decisions on the device, no ring, no pinned memory, no host budget (only global layers count, as
+// StreamingKV::check_sequence). Each layer rotates with the RoPE table GpuForward hands it (Gemma-3: local and
+// global bases), the decisions' map included; QK-norm is applied by GpuForward before q and k reach attend().
 #pragma once
 
 #include <cuda_runtime.h>
@@ -126,6 +133,9 @@ class GpuStreamingKV : public GpuKVPolicy {
     cudaEvent_t evicted = nullptr;     // the last device-to-host copy out of this layer's ring
     // streamingllm's window (window_kept()): the tokens after the sinks, K rotated at their true positions and V,
     // position p at row p - win_origin; rows [0, sinks) are kept free for a copy of the sinks before the window.
+    // A sliding-window layer: its held tokens (the last window - 1) then the chunk, likewise at row p - win_origin
+    // (2 (window - 1) + chunk rows; the held ones move to row 0 when the chunk would not fit). It has no sinks, ring,
+    // block cache or pinned blocks.
     attn::gpu::DeviceBuffer<bf16> win_k, win_v;
     int64_t win_origin = 0;
   };
@@ -137,8 +147,9 @@ class GpuStreamingKV : public GpuKVPolicy {
   void ensure_device(int32_t max_chunk);
   bf16* pinned_block();  // K then V of one block (block * row * 2 values)
   Indexes& indexes(const stream::StreamLayout& layout, int32_t tile, cudaStream_t stream);
+  // (window: the model's row-exact sliding window for the executor, 0: none.)
   attn::AttentionArgs local_pass(const stream::StreamLayout& lay, Indexes& ix, int32_t n, bf16* q_rot, bf16* wk,
-                                 bf16* wv, float scale, bf16* out, cudaStream_t stream);
+                                 bf16* wv, float scale, bf16* out, cudaStream_t stream, int32_t window = 0);
   void global_pass(const attn::AttentionArgs& local, Indexes& ix, int32_t n, bf16* out, cudaStream_t stream);
   // Copies `rows` ring rows starting at absolute position p (>= sinks) to dst (row stride row_), in <= 2 pieces.
   void copy_from_ring(const attn::gpu::DeviceBuffer<bf16>& ring, int32_t p, int32_t rows, bf16* dst, cudaStream_t s);
@@ -161,6 +172,9 @@ class GpuStreamingKV : public GpuKVPolicy {
                     cudaStream_t s);
   void attend_window(int32_t layer, int32_t pos, int32_t n, const stream::StreamLayout& lay, bf16* q, const bf16* k,
                      const bf16* v, const float* inv_freq, float scale, bf16* out, cudaStream_t s);
+  // A sliding-window layer (StreamingKV::windowed()): its held tokens and the chunk in LayerState::win_k / win_v.
+  void attend_sliding(int32_t layer, int32_t pos, int32_t n, const stream::StreamLayout& lay, bf16* q, const bf16* k,
+                      const bf16* v, const float* inv_freq, float scale, bf16* out, cudaStream_t s);
   std::vector<LayerState> layers_;
   attn::gpu::DeviceBuffer<bf16> ws_k_, ws_v_, q_local_, q_global_, out_global_;
   attn::gpu::DeviceBuffer<float> lse_local_, lse_global_;

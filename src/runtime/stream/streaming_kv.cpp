@@ -43,23 +43,18 @@ void rotate(float* x, int64_t rows, int64_t heads, int64_t d, const float* cos, 
 
 void check_model_streams(const ModelConfig& cfg, bool gpu) {
   if (!gpu) return;  // the CPU streams every model: sliding-window layers keep their own window
-  int32_t windowed = 0, window = 0;
-  for (const LayerConfig& l : cfg.layers)
-    if (l.sliding_window > 0) {
-      ++windowed;
-      window = l.sliding_window;
-    }
-  if (windowed > 0)
-    throw Error("model " + cfg.name + " cannot stream on the GPU: " + std::to_string(windowed) + " of its " +
-                std::to_string(cfg.num_layers) + " layers attend within a sliding window of " + std::to_string(window) +
-                " tokens, which the GPU streaming path does not combine with yet; the CPU path streams it (--device cpu)");
+  // The GPU path attends through the CUDA sparse executor (sliding-window layers too: their window, row-exact).
+  // (Not checked by StreamingKV itself: its Storage::Device decisions also run on the CPU fixtures' head dims.)
+  const int32_t d = cfg.head_dim;
+  if (d != 64 && d != 128 && d != 256)
+    throw Error("model " + cfg.name + " cannot stream on the GPU: its head_dim " + std::to_string(d) +
+                " is not one the CUDA sparse executor runs (64, 128 or 256); the CPU path streams it (--device cpu)");
 }
 
 StreamingKV::StreamingKV(const ModelConfig& config, StreamOptions options, Storage storage)
     : cfg_(config), opt_(std::move(options)), storage_(storage) {
   check_stream_options(opt_);
   check(opt_.method != StreamMethod::None, "streaming: no method (ltri, infllm or streamingllm)");
-  check_model_streams(cfg_, storage_ == Storage::Device);
   for (const LayerConfig& l : cfg_.layers) global_layers_ += l.sliding_window > 0 ? 0 : 1;
   shape_ = {cfg_.num_q_heads, cfg_.num_kv_heads, cfg_.head_dim};
   row_ = static_cast<int64_t>(cfg_.num_kv_heads) * cfg_.head_dim;
@@ -556,6 +551,7 @@ void StreamingKV::finish(int32_t layer, int32_t pos, int32_t n, const float* k, 
 stream::StreamLayout StreamingKV::plan(int32_t layer, int32_t pos, int32_t n, const float* q, const float* k,
                                        std::span<const float> inv_freq, float scale, ThreadPool* pool) {
   check(storage_ == Storage::Device, "streaming: plan() is for the GPU path (Storage::Device); the CPU calls attend()");
+  if (windowed(layer)) return plan_window(layer, pos, n);
   prepare(layer, pos, n, q, k, inv_freq, scale, pool);
   finish(layer, pos, n, k, nullptr);
   return layers_[static_cast<size_t>(layer)].layout;
@@ -564,6 +560,7 @@ stream::StreamLayout StreamingKV::plan(int32_t layer, int32_t pos, int32_t n, co
 stream::StreamLayout StreamingKV::plan(int32_t layer, int32_t pos, int32_t n, const float* k,
                                        std::span<const float> inv_freq, const DeviceDecisions& given) {
   check(storage_ == Storage::Device, "streaming: plan() is for the GPU path (Storage::Device); the CPU calls attend()");
+  if (windowed(layer)) return plan_window(layer, pos, n);
   given_ = &given;
   try {
     prepare(layer, pos, n, nullptr, k, inv_freq, 0.0f, nullptr);
@@ -596,6 +593,19 @@ double StreamingKV::lambda(int32_t layer) const {
   return layer < opt_.early_layers ? opt_.lambda_early : opt_.lambda;
 }
 
+stream::StreamLayout StreamingKV::plan_window(int32_t layer, int32_t pos, int32_t n) {
+  check(pos == length_ && layer >= 0 && layer < cfg_.num_layers, "streaming: attend() out of order");
+  Layer& L = layers_[static_cast<size_t>(layer)];
+  const int32_t window = cfg_.layers[static_cast<size_t>(layer)].sliding_window;
+  const int32_t held = L.win_count, kv_len = held + n;
+  max_workspace_ = std::max<int64_t>(max_workspace_, kv_len);
+  // Keep the last window - 1 tokens: all the next query (at pos + n) can see.
+  L.win_count = std::min(kv_len, window - 1);
+  L.layout = stream::StreamLayout{0, held, n};
+  if (layer == cfg_.num_layers - 1) length_ = pos + n;
+  return L.layout;
+}
+
 void StreamingKV::attend_window(int32_t layer, int32_t pos, int32_t n, float* q, float* k, float* v,
                                 std::span<const float> inv_freq, float scale, float* out, ThreadPool& pool) {
   check(pos == length_ && layer >= 0 && layer < cfg_.num_layers, "streaming: attend() out of order");
@@ -621,15 +631,10 @@ void StreamingKV::attend_window(int32_t layer, int32_t pos, int32_t n, float* q,
   args.q_begin = held;  // positions relative to the first held token: the window's mask is unchanged
   if (window < kv_len) args.window = window;
   attn::dense_attention_cpu(args, pool);
-  max_workspace_ = std::max<int64_t>(max_workspace_, kv_len);
-  // Keep the last window - 1 tokens: all the next query (at pos + n) can see.
-  const int32_t keep = std::min(kv_len, window - 1);
-  const auto drop = static_cast<std::ptrdiff_t>(static_cast<int64_t>(kv_len - keep) * row_);
+  plan_window(layer, pos, n);  // the bookkeeping (the GPU path's too): the window kept, the layout
+  const auto drop = static_cast<std::ptrdiff_t>(static_cast<int64_t>(kv_len - L.win_count) * row_);
   L.win_k.erase(L.win_k.begin(), L.win_k.begin() + drop);
   L.win_v.erase(L.win_v.begin(), L.win_v.begin() + drop);
-  L.win_count = keep;
-  L.layout = stream::StreamLayout{0, held, n};
-  if (layer == cfg_.num_layers - 1) length_ = pos + n;
 }
 
 void StreamingKV::attend(int32_t layer, int32_t pos, int32_t n, float* q, float* k, float* v,

@@ -22,7 +22,7 @@
 // is the host store (checked against its budget: check_sequence() before a prefill, HostBlockStore::add() always)
 // and the index (bytes in stats()). streamingllm keeps neither: its evicted blocks are dropped (keeps_evicted()).
 //
-// The GPU path (runtime_cuda/stream/gpu_streaming_kv.h) uses this class for its decisions: constructed with
+// The GPU path (runtime_cuda/stream_gpu_kv.h) uses this class for its decisions: constructed with
 // Storage::Device, it keeps no V and no block rows (K of the recent tokens only where indexing needs it, i.e.
 // ltri / infllm), counts the evicted blocks against the budget as bf16, and plan() runs steps 1-3 and the
 // bookkeeping of attend() on f32 copies of the device's q and k, returning the layout; the GPU twin moves the rows
@@ -45,13 +45,16 @@
 
 namespace tessera::runtime {
 
-// Models with sliding-window layers (Gemma-3: 5 local layers per global one) stream on the CPU: a sliding-window
-// layer keeps only its own window (the raw V and the K rotated at their true positions of the last window - 1
-// tokens, all a later query can see: exactly its dense attention, in bounded memory) and never evicts, indexes or
-// retrieves; the global layers run the streaming layout. Only global layers count against the host budget.
-// The GPU path (Storage::Device) does not run sliding-window layers yet; it throws tessera::Error:
-//   "model gemma3 cannot stream on the GPU: 5 of its 6 layers attend within a sliding window of 512 tokens, which
-//    the GPU streaming path does not combine with yet; the CPU path streams it (--device cpu)"
+// Models with sliding-window layers (Gemma-3: 5 local layers per global one) stream on the CPU and the GPU: a
+// sliding-window layer keeps only its own window (the raw V and the K rotated at their true positions of the last
+// window - 1 tokens, all a later query can see: exactly its dense attention, in bounded memory) and never evicts,
+// indexes or retrieves; the global layers run the streaming layout. Only global layers count against the host budget.
+// With Storage::Device, plan() of a sliding-window layer only keeps the count and returns the layout
+// {0, held, chunk} (the GPU path holds the rows: runtime_cuda/stream_gpu_kv.h).
+// check_model_streams(config, gpu): the CPU path streams every model; the GPU path (GpuStreamingKV's constructor)
+// attends through the CUDA sparse executor, so it needs a head_dim the executor runs; else tessera::Error:
+//   "model gemma3 cannot stream on the GPU: its head_dim 16 is not one the CUDA sparse executor runs (64, 128 or
+//    256); the CPU path streams it (--device cpu)"
 void check_model_streams(const ModelConfig& config, bool gpu);
 
 struct StreamStats {
@@ -226,6 +229,8 @@ class StreamingKV : public KVPolicy {
   void prepare(int32_t layer, int32_t pos, int32_t n, const float* q, const float* k, std::span<const float> inv_freq,
                float scale, ThreadPool* pool);
   void finish(int32_t layer, int32_t pos, int32_t n, const float* k, const float* v);
+  // A sliding-window layer's bookkeeping (Host and Device): the tokens held after the chunk, the layout {0, held, n}.
+  stream::StreamLayout plan_window(int32_t layer, int32_t pos, int32_t n);
   // A sliding-window layer's chunk: dense attention within its window, then the window trimmed.
   void attend_window(int32_t layer, int32_t pos, int32_t n, float* q, float* k, float* v,
                      std::span<const float> inv_freq, float scale, float* out, ThreadPool& pool);
