@@ -1,5 +1,6 @@
 // core/fp8.h: the host E4M3 encoder and decoder (the twin of the device conversion the FP8 GEMMs use) against
-// all 256 codes, round-to-nearest-even at every midpoint, saturation, and the per-tensor scale convention.
+// all 256 codes, round-to-nearest-even at every midpoint, saturation, the scale convention, and e4m3_quantize (the
+// host reference of the device quantization) per tensor and per row.
 #include "core/fp8.h"
 
 #include <gtest/gtest.h>
@@ -7,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 namespace tessera {
 namespace {
@@ -85,6 +87,81 @@ TEST(Fp8E4M3, ScaleConvention) {
       EXPECT_LE(std::fabs(back - x), std::fabs(x) * 0.0625f + e4m3_scale(amax) * std::ldexp(1.0f, -10)) << x;
     }
   }
+}
+
+// e4m3_quantize per row: each row's scale from its own amax (NaN skipped; zero or inf: 1), its largest magnitude at
+// code 0x7E, its codes those of float_to_e4m3(x * inverse); per tensor: one scale from the global amax, and the same
+// codes as per row where the matrix is one row; strided input rows.
+TEST(Fp8Quantize, PerRowAndPerTensorScales) {
+  const int64_t rows = 5, cols = 24, ld = 32;
+  std::vector<float> x(static_cast<size_t>(rows * ld), 12345.0f);  // the gap between rows is never read
+  const float mags[rows] = {0.003f, 1.0f, 250.0f, 0.0f, 7.0f};
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      x[static_cast<size_t>(r * ld + c)] = mags[r] * std::sin(0.7f * static_cast<float>(c + 3 * r) + 0.1f);
+  x[static_cast<size_t>(4 * ld + 5)] = std::nanf("");
+  std::vector<uint8_t> q(static_cast<size_t>(rows * cols));
+  std::vector<float> scales(rows, -1.0f);
+  e4m3_quantize(x.data(), ld, rows, cols, Fp8Scaling::kRow, q.data(), scales.data());
+  for (int64_t r = 0; r < rows; ++r) {
+    float amax = 0;
+    for (int64_t c = 0; c < cols; ++c) {
+      const float v = x[static_cast<size_t>(r * ld + c)];
+      if (!std::isnan(v)) amax = std::max(amax, std::fabs(v));
+    }
+    EXPECT_EQ(scales[static_cast<size_t>(r)], e4m3_scale(amax)) << r;
+    const float inv = e4m3_inverse_scale(amax);
+    int at_max = 0;
+    for (int64_t c = 0; c < cols; ++c) {
+      const uint8_t code = q[static_cast<size_t>(r * cols + c)];
+      EXPECT_EQ(code, float_to_e4m3(x[static_cast<size_t>(r * ld + c)] * inv)) << r << ", " << c;
+      at_max += (code & 0x7F) == 0x7E;
+    }
+    if (amax > 0) {
+      EXPECT_GE(at_max, 1) << "row " << r << ": its largest magnitude maps to 448";
+    }
+  }
+  EXPECT_EQ(scales[3], 1.0f);  // the zero row
+  EXPECT_EQ(q[static_cast<size_t>(4 * cols + 5)] & 0x7F, 0x7F);  // NaN stays NaN
+  std::vector<uint8_t> qt(q.size());
+  float tensor_scale = -1;
+  e4m3_quantize(x.data(), ld, rows, cols, Fp8Scaling::kTensor, qt.data(), &tensor_scale);
+  EXPECT_EQ(tensor_scale, scales[2]);  // the largest row holds the global amax
+  EXPECT_EQ(std::vector<uint8_t>(qt.begin() + 2 * cols, qt.begin() + 3 * cols),
+            std::vector<uint8_t>(q.begin() + 2 * cols, q.begin() + 3 * cols));
+  // Infinity: the row's scale is 1 and its values saturate.
+  std::vector<float> inf_row = {1.0f, -std::numeric_limits<float>::infinity(), 1000.0f, 0.5f};
+  std::vector<uint8_t> qi(4);
+  float si = 0;
+  e4m3_quantize(inf_row.data(), 4, 1, 4, Fp8Scaling::kRow, qi.data(), &si);
+  EXPECT_EQ(si, 1.0f);
+  EXPECT_EQ(qi, (std::vector<uint8_t>{float_to_e4m3(1.0f), 0xFE, 0x7E, float_to_e4m3(0.5f)}));
+}
+
+// What per-row scales are for: a row 10^5 times smaller than the tensor's amax falls into E4M3's subnormals per
+// tensor (0.001 * 448 / 100 = 0.0045, steps of 2^-9: relative error up to ~1/4), but keeps 3 mantissa bits per row
+// (relative error <= 2^-4 per element).
+TEST(Fp8Quantize, PerRowKeepsSmallRowsPrecise) {
+  const int64_t rows = 2, cols = 64;
+  std::vector<float> x(static_cast<size_t>(rows * cols));
+  for (int64_t c = 0; c < cols; ++c) {
+    x[static_cast<size_t>(c)] = 0.001f * (1.0f + 0.01f * static_cast<float>(c));              // small row
+    x[static_cast<size_t>(cols + c)] = 100.0f * std::cos(0.3f * static_cast<float>(c));  // large row
+  }
+  auto worst_small_row_error = [&](Fp8Scaling scaling) {
+    std::vector<uint8_t> q(x.size());
+    std::vector<float> s(rows);
+    e4m3_quantize(x.data(), cols, rows, cols, scaling, q.data(), s.data());
+    double worst = 0;
+    for (int64_t c = 0; c < cols; ++c) {
+      const double back = static_cast<double>(e4m3_to_float(q[static_cast<size_t>(c)])) * s[0];
+      worst = std::max(worst, std::fabs(back - x[static_cast<size_t>(c)]) / x[static_cast<size_t>(c)]);
+    }
+    return worst;
+  };
+  const double per_row = worst_small_row_error(Fp8Scaling::kRow), per_tensor = worst_small_row_error(Fp8Scaling::kTensor);
+  EXPECT_LE(per_row, 0.0625);
+  EXPECT_GT(per_tensor, 0.1);
 }
 
 }  // namespace

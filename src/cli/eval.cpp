@@ -3,12 +3,14 @@
 // docs/accuracy/README.md for the tasks and the files written.
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <set>
+#include <span>
 
 #include "cli/commands.h"
 #include "cli/session.h"
@@ -162,13 +164,32 @@ struct CaseSource {
   }
 };
 
-// Where the cases run: the CPU engine, or the GPU engine over weights uploaded once.
+// Where the cases (and the perplexity) run: the CPU engine, or the GPU engine over weights uploaded once.
 struct EvalDevice {
   bool gpu = false;
 #ifdef TESSERA_WITH_GPU_ENGINE
   std::unique_ptr<runtime::gpu::DeviceModel> weights;
 #endif
 };
+
+#ifdef TESSERA_WITH_GPU_ENGINE
+// The GPU engine's options for a policy spec or a "stream:<method>" label (max_context: 0 for streaming, which reads
+// past the model's context), with --gemm.
+runtime::gpu::GpuEngineOptions gpu_engine_options(const Session& s, const EvalOptions& o, const std::string& policy,
+                                                  int32_t max_context) {
+  runtime::gpu::GpuEngineOptions go;
+  go.chunk_size = o.chunk;
+  const bool streaming = !stream_method_of(policy).empty();
+  if (streaming)
+    go.stream = stream_options(o.stream, stream_method_of(policy), true);
+  else
+    go.policy = s.policy(policy);
+  if (!streaming) go.max_context = max_context;
+  go.dense_fallback = false;  // the policy must really run: a dense fallback would measure dense
+  if (o.gemm == "fp8") go.gemm = runtime::gpu::GemmPrecision::kFp8;
+  return go;
+}
+#endif
 
 void run_tasks(const Session& s, const EvalOptions& o, const std::vector<std::string>& policies, const fs::path& dir,
                const EvalDevice& device) {
@@ -215,16 +236,7 @@ void run_tasks(const Session& s, const EvalOptions& o, const std::vector<std::st
       std::string out;
 #ifdef TESSERA_WITH_GPU_ENGINE
       if (device.weights) {
-        runtime::gpu::GpuEngineOptions go;
-        go.chunk_size = o.chunk;
-        if (streaming)
-          go.stream = stream_options(o.stream, stream_method_of(policy), true);
-        else
-          go.policy = s.policy(policy);
-        if (!streaming) go.max_context = max_context;  // streaming reads past the model's context
-        go.dense_fallback = false;  // the policy must really run: a dense fallback would measure dense
-        if (o.gemm == "fp8") go.gemm = runtime::gpu::GemmPrecision::kFp8;
-        runtime::gpu::GpuEngine engine(*device.weights, go);
+        runtime::gpu::GpuEngine engine(*device.weights, gpu_engine_options(s, o, policy, max_context));
         out = answer(engine, s, prompt, c, max_answer, !o.full_answers);
         if (streaming) note = stream_note(*engine.streaming());
       }
@@ -354,9 +366,33 @@ void run_layer_stats(const Session& s, const EvalOptions& o, const std::vector<s
   std::printf("%s", md.c_str());
 }
 
-// Perplexity of the haystack's text from its first sentence, at each length, under each policy.
+// Log-probabilities of tokens[1..] under the GPU engine: the prompt in pieces of at most `piece` tokens through
+// forward_all_logits (the cache carries over), so the host holds one piece's logits at a time; the last row of a
+// piece predicts the first token of the next.
+#ifdef TESSERA_WITH_GPU_ENGINE
+std::vector<double> gpu_score(runtime::gpu::GpuEngine& engine, std::span<const int32_t> tokens, int64_t vocab,
+                              size_t piece) {
+  std::vector<double> logprobs;
+  logprobs.reserve(tokens.empty() ? 0 : tokens.size() - 1);
+  for (size_t p0 = 0; p0 + 1 < tokens.size(); p0 += piece) {
+    const size_t p1 = std::min(tokens.size(), p0 + piece);
+    const std::vector<float> logits = engine.forward_all_logits(tokens.subspan(p0, p1 - p0));
+    for (size_t r = 0; r < p1 - p0 && p0 + r + 1 < tokens.size(); ++r) {
+      const float* row = logits.data() + static_cast<int64_t>(r) * vocab;
+      const float mx = *std::max_element(row, row + vocab);
+      double sum = 0;
+      for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v]) - mx);
+      logprobs.push_back(static_cast<double>(row[tokens[p0 + r + 1]]) - mx - std::log(sum));
+    }
+  }
+  return logprobs;
+}
+#endif
+
+// Perplexity of the haystack's text from its first sentence, at each length, under each policy: on the CPU engine
+// (Engine::score), or on the GPU engine with --device cuda (--gemm applies; the same log-softmax on the host).
 void run_perplexity(const Session& s, const EvalOptions& o, const std::vector<std::string>& policies,
-                    const fs::path& dir) {
+                    const fs::path& dir, const EvalDevice& device) {
   const eval::Haystack hay = eval::load_haystack(o.haystack);
   const int max_len = *std::max_element(o.perplexity_lengths.begin(), o.perplexity_lengths.end());
   std::string text;
@@ -366,7 +402,9 @@ void run_perplexity(const Session& s, const EvalOptions& o, const std::vector<st
     ids = s.tokenizer->encode(text, {.add_special = true, .parse_special = false});
     check(i < 100 * hay.sentences.size(), "eval: the haystack is too short for perplexity at " + std::to_string(max_len));
   }
-  std::string md = "# Perplexity (" + hay.name + ", from its first sentence)\n\n";
+  std::string md = "# Perplexity (" + hay.name + ", from its first sentence; " +
+                   (device.gpu ? std::string(o.gemm == "fp8" ? "GPU, FP8 GEMMs" : "GPU, bf16") : std::string("CPU, f32")) +
+                   ")\n\n";
   if (!o.command_line.empty()) md += "Command: `" + o.command_line + "`\n\n";
   md += "| policy |";
   for (int l : o.perplexity_lengths) md += " " + eval::format_length(static_cast<size_t>(l)) + " |";
@@ -381,18 +419,33 @@ void run_perplexity(const Session& s, const EvalOptions& o, const std::vector<st
         md += " - |";
         continue;
       }
-      runtime::EngineOptions eo = engine_options(s, o, policy);
-      eo.max_context = l;
-      runtime::Engine engine(*s.model, eo);
       const double t0 = now_seconds();
-      const std::vector<double> lp = engine.score(std::span<const int32_t>(ids.data(), static_cast<size_t>(l)));
+      const std::span<const int32_t> text_ids(ids.data(), static_cast<size_t>(l));
+      std::vector<double> lp;
+#ifdef TESSERA_WITH_GPU_ENGINE
+      if (device.weights) {
+        runtime::gpu::GpuEngine engine(*device.weights, gpu_engine_options(s, o, policy, l));
+        lp = gpu_score(engine, text_ids, s.model->config().vocab_size, 2048);
+      }
+#endif
+      if (!device.gpu) {
+        runtime::EngineOptions eo = engine_options(s, o, policy);
+        eo.max_context = l;
+        runtime::Engine engine(*s.model, eo);
+        lp = engine.score(text_ids);
+      }
       const double ppl = eval::perplexity(lp);
-      std::fprintf(stderr, "eval: perplexity %s at %d tokens: %.3f (%.1f s)\n", policy.c_str(), l, ppl,
-                   now_seconds() - t0);
+      std::fprintf(stderr, "eval: perplexity %s at %d tokens: %.3f (%.1f s, %s)\n", policy.c_str(), l, ppl,
+                   now_seconds() - t0, device.gpu ? (o.gemm == "fp8" ? "GPU, FP8 GEMMs" : "GPU, bf16") : "CPU");
       char cell[32];
       std::snprintf(cell, sizeof cell, " %.3f |", ppl);
       md += cell;
-      j.push_back({{"policy", policy}, {"length", l}, {"perplexity", ppl}, {"tokens_scored", lp.size()}});
+      j.push_back({{"policy", policy},
+                   {"length", l},
+                   {"perplexity", ppl},
+                   {"tokens_scored", lp.size()},
+                   {"device", device.gpu ? "cuda" : "cpu"},
+                   {"gemm", device.gpu ? (o.gemm.empty() ? "bf16" : o.gemm) : "f32"}});
     }
     md += "\n";
   }
@@ -434,7 +487,7 @@ int eval_command(EvalOptions o) {
   std::fprintf(stderr, "eval: cases run on the %s\n", device.gpu ? (o.gemm == "fp8" ? "GPU (bf16, FP8 GEMMs, no dense fallback)" : "GPU (bf16, no dense fallback)") : "CPU (f32)");
   if (!o.tasks.empty()) run_tasks(s, o, policies, dir, device);
   if (!o.layer_stats_lengths.empty()) run_layer_stats(s, o, policies, dir);
-  if (!o.perplexity_lengths.empty()) run_perplexity(s, o, policies, dir);
+  if (!o.perplexity_lengths.empty()) run_perplexity(s, o, policies, dir, device);
   return 0;
 }
 

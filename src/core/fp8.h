@@ -11,6 +11,12 @@
 //   q = e4m3(x * inv)                         (one f32 multiply, then the rounding above)
 // and the product of two quantized tensors is scale_a * scale_b * (q_a . q_b). The device computes the same f32
 // operations (IEEE division and multiply), so its codes equal these bit for bit.
+//
+// Per row (Fp8Scaling::kRow, the FP8 GEMMs' default): the same with amax taken over each row alone, one scale per
+// row. For a weight [out, in] that is a scale per output channel, for an activation [m, in] one per token, and the
+// product is y[r, o] = scale_x[r] * scale_w[o] * (q_x[r] . q_w[o]): a row of small values (a token far from the
+// tensor's outliers, an output channel of small weights) keeps E4M3's 3 mantissa bits instead of sliding into its
+// subnormals. e4m3_quantize below is the host reference of both granularities.
 #pragma once
 
 #include <cmath>
@@ -60,5 +66,42 @@ inline uint8_t float_to_e4m3(float f) {
 // The per-tensor scale of a tensor whose largest magnitude is amax, and its inverse (see above).
 inline float e4m3_scale(float amax) { return amax > 0.0f && std::isfinite(amax) ? amax / kE4M3Max : 1.0f; }
 inline float e4m3_inverse_scale(float amax) { return amax > 0.0f && std::isfinite(amax) ? kE4M3Max / amax : 1.0f; }
+
+// The granularity of FP8 scales: one per matrix, or one per row.
+enum class Fp8Scaling {
+  kTensor,  // one scale: amax over the whole matrix
+  kRow,     // one scale per row: per output channel of a weight [out, in], per token of an activation [m, in]
+};
+
+// Quantizes x [rows, cols] (rows ldx apart) into q [rows, cols] (contiguous, row-major): kTensor writes one scale
+// (scales[0]), kRow one per row (scales[r]). amax skips NaN (the device's fmaxf does); inf gives scale 1.
+inline void e4m3_quantize(const float* x, int64_t ldx, int64_t rows, int64_t cols, Fp8Scaling scaling, uint8_t* q,
+                          float* scales) {
+  auto amax_of = [&](int64_t r0, int64_t r1) {
+    float a = 0.0f;
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        const float v = std::fabs(x[r * ldx + c]);
+        if (v > a) a = v;  // false for NaN
+      }
+    return a;
+  };
+  auto encode = [&](int64_t r0, int64_t r1, float amax) {
+    const float inv = e4m3_inverse_scale(amax);
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = 0; c < cols; ++c) q[r * cols + c] = float_to_e4m3(x[r * ldx + c] * inv);
+  };
+  if (scaling == Fp8Scaling::kTensor) {
+    const float amax = amax_of(0, rows);
+    scales[0] = e4m3_scale(amax);
+    encode(0, rows, amax);
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const float amax = amax_of(r, r + 1);
+    scales[r] = e4m3_scale(amax);
+    encode(r, r + 1, amax);
+  }
+}
 
 }  // namespace tessera

@@ -294,17 +294,30 @@ Fp8Matrix DeviceFp8Weights::add(const bf16* w, int64_t rows, int64_t cols, cudaS
   codes_.emplace_back(static_cast<size_t>(rows * cols));
   bytes_ += static_cast<size_t>(rows * cols);
   float* work = scales_.data() + next_scale_;
+  if (scaling_ == Fp8Scaling::kRow) {
+    next_scale_ += static_cast<size_t>((rows + 3) / 4 * 4);
+    quantize_e4m3_rows(w, cols, rows, cols, codes_.back().data(), work, stream);
+    return Fp8Matrix{codes_.back().data(), work, rows, cols, Fp8Scaling::kRow};
+  }
   next_scale_ += kFp8WorkFloats;
   quantize_e4m3(w, cols, rows, cols, codes_.back().data(), work, stream);
-  return Fp8Matrix{codes_.back().data(), work + kFp8ScaleOffset, rows, cols};
+  return Fp8Matrix{codes_.back().data(), work + kFp8ScaleOffset, rows, cols, Fp8Scaling::kTensor};
 }
 
-std::unique_ptr<DeviceFp8Weights> DeviceFp8Weights::quantize(const DeviceModel& model, cudaStream_t stream) {
+std::unique_ptr<DeviceFp8Weights> DeviceFp8Weights::quantize(const DeviceModel& model, cudaStream_t stream,
+                                                             Fp8Scaling scaling) {
   check_gemm_precision_supported(GemmPrecision::kFp8);
   const ModelConfig& c = model.config();
   const int64_t H = c.hidden_size, F = c.intermediate_size, D = c.head_dim;
   const int64_t QD = c.num_q_heads * D, KD = c.num_kv_heads * D;
-  const double need = static_cast<double>(c.num_layers) * static_cast<double>(2 * QD * H + 2 * KD * H + 3 * F * H);
+  // Rows of the six matrices (each rounded up to 4 for the per-row scales' alignment).
+  const int64_t rows[6] = {QD, KD, KD, H, 2 * F, H};
+  size_t scale_floats = 0;
+  for (int64_t r : rows)
+    scale_floats += scaling == Fp8Scaling::kRow ? static_cast<size_t>((r + 3) / 4 * 4) : size_t{kFp8WorkFloats};
+  scale_floats *= static_cast<size_t>(c.num_layers);
+  const double need = static_cast<double>(c.num_layers) * static_cast<double>(2 * QD * H + 2 * KD * H + 3 * F * H) +
+                      static_cast<double>(scale_floats * sizeof(float));
   size_t free_bytes = 0, total_bytes = 0;
   if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
     char buf[160];
@@ -315,7 +328,8 @@ std::unique_ptr<DeviceFp8Weights> DeviceFp8Weights::quantize(const DeviceModel& 
     (void)cudaGetLastError();
   }
   std::unique_ptr<DeviceFp8Weights> out(new DeviceFp8Weights());
-  out->scales_ = attn::gpu::DeviceBuffer<float>(static_cast<size_t>(c.num_layers) * 6 * kFp8WorkFloats);
+  out->scaling_ = scaling;
+  out->scales_ = attn::gpu::DeviceBuffer<float>(scale_floats);
   out->bytes_ += out->scales_.size() * sizeof(float);
   for (int32_t l = 0; l < c.num_layers; ++l) {
     const DeviceLayer& L = model.layer(l);

@@ -115,11 +115,11 @@ class DeviceModel {
   size_t bytes_ = 0;
 };
 
-// The layers' matrices of a DeviceModel in FP8 E4M3, each with one per-tensor scale (amax / 448, on the device),
-// for GemmPrecision::kFp8 (gemm.h): Q, K and V separately (their rows of wqkv), O, the stacked gate/up, down. The
-// embedding and the LM head stay bf16 in the DeviceModel. Quantized on the device from the bf16 weights
-// (fp8_quant.h: round-to-nearest-even, saturating), 1 byte per element: an 8B model's layers take ~7 GB beside
-// their bf16 copies.
+// The layers' matrices of a DeviceModel in FP8 E4M3 for GemmPrecision::kFp8 (gemm.h): Q, K and V separately (their
+// rows of wqkv), O, the stacked gate/up, down. Scales (f32, on the device): one per output channel (Fp8Scaling::kRow,
+// amax of each row / 448, the default) or one per matrix (kTensor). The embedding and the LM head stay bf16 in the
+// DeviceModel. Quantized on the device from the bf16 weights (fp8_quant.h: round-to-nearest-even, saturating), 1 byte
+// per element plus 4 per row: an 8B model's layers take ~7 GB beside their bf16 copies.
 struct Fp8Layer {
   Fp8Matrix wq, wk, wv, wo, w_gate_up, w_down;
 };
@@ -128,16 +128,25 @@ class DeviceFp8Weights {
  public:
   // Synchronises `stream` before returning. Throws tessera::Error when the device memory does not suffice or the
   // device has no FP8 tensor cores (check_gemm_precision_supported).
-  static std::unique_ptr<DeviceFp8Weights> quantize(const DeviceModel& model, cudaStream_t stream);
+  static std::unique_ptr<DeviceFp8Weights> quantize(const DeviceModel& model, cudaStream_t stream,
+                                                    Fp8Scaling scaling);
+  // With fp8_scaling_from_env()'s scaling (per row unless TESSERA_FP8_SCALING=tensor).
+  static std::unique_ptr<DeviceFp8Weights> quantize(const DeviceModel& model, cudaStream_t stream) {
+    return quantize(model, stream, fp8_scaling_from_env());
+  }
   const Fp8Layer& layer(int l) const { return layers_[static_cast<size_t>(l)]; }
+  Fp8Scaling scaling() const { return scaling_; }
   size_t bytes() const { return bytes_; }
 
  private:
   DeviceFp8Weights() = default;
   Fp8Matrix add(const bf16* w, int64_t rows, int64_t cols, cudaStream_t stream);
 
+  Fp8Scaling scaling_ = Fp8Scaling::kRow;
   std::vector<attn::gpu::DeviceBuffer<uint8_t>> codes_;
-  attn::gpu::DeviceBuffer<float> scales_;  // kFp8WorkFloats per matrix (fp8_quant.h): amax, scale
+  // kTensor: kFp8WorkFloats per matrix (fp8_quant.h: amax, scale); kRow: the rows' scales, each matrix's from a
+  // multiple of 4 floats (16-byte aligned, as cuBLASLt's vectors need).
+  attn::gpu::DeviceBuffer<float> scales_;
   size_t next_scale_ = 0;
   std::vector<Fp8Layer> layers_;
   size_t bytes_ = 0;

@@ -74,6 +74,13 @@ Gemm::Gemm(cudaStream_t stream) {
   cublas_check(cublasCreate(&h), "cublasCreate");
   handle_ = h;
   stream_ = stream;
+  // The activations' scaling, read now (with the engine's DeviceFp8Weights, built beside this Gemm); a bad value
+  // throws at the first FP8 call, never for bf16.
+  try {
+    fp8_scaling_ = static_cast<int>(fp8_scaling_from_env());
+  } catch (const Error&) {
+    fp8_scaling_ = -1;
+  }
   try {
     cublas_check(cublasSetStream(h, stream), "cublasSetStream");
     workspace_bytes_ = size_t{32} << 20;  // cuBLAS's recommendation for Hopper
@@ -87,10 +94,13 @@ Gemm::Gemm(cudaStream_t stream) {
 }
 
 Gemm::~Gemm() {
-  for (auto& [key, plan] : plans_) delete plan;
+  for (auto& [key, plan] : plans_) delete plan;  // null entries: shapes without outer-vector kernels
   if (lt_handle_ != nullptr) cublasLtDestroy(as_lt(lt_handle_));
   if (act_ != nullptr) cudaFree(act_);
   if (act_work_ != nullptr) cudaFree(act_work_);
+  if (act_scales_ != nullptr) cudaFree(act_scales_);
+  if (one_ != nullptr) cudaFree(one_);
+  if (e_scratch_ != nullptr) cudaFree(e_scratch_);
   if (d_scratch_ != nullptr) cudaFree(d_scratch_);
   if (handle_ != nullptr) cublasDestroy(as_handle(handle_));
   if (workspace_ != nullptr) cudaFree(workspace_);
@@ -112,7 +122,37 @@ void Gemm::linear(const bf16* x, int64_t ldx, int64_t m, const bf16* w, int64_t 
                shape);
 }
 
+Fp8Scaling fp8_scaling_from_env() {
+  const char* v = std::getenv("TESSERA_FP8_SCALING");
+  if (v == nullptr || std::strcmp(v, "row") == 0) return Fp8Scaling::kRow;
+  if (std::strcmp(v, "tensor") == 0) return Fp8Scaling::kTensor;
+  throw Error("TESSERA_FP8_SCALING must be row or tensor, got '" + std::string(v) + "'");
+}
+
+const char* fp8_scaling_name(Fp8Scaling s) { return s == Fp8Scaling::kRow ? "row" : "tensor"; }
+
+Fp8Scaling Gemm::fp8_scaling() {
+  if (fp8_scaling_ < 0) fp8_scaling_ = static_cast<int>(fp8_scaling_from_env());  // throws the error
+  return static_cast<Fp8Scaling>(fp8_scaling_);
+}
+
+uint8_t* Gemm::grow_bytes(void*& buf, size_t& have, size_t need) {
+  if (need > have) {
+    if (buf != nullptr) {
+      TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old buffer may still be read
+      TESSERA_CUDA_CHECK(cudaFree(buf));
+      buf = nullptr;
+      have = 0;
+    }
+    const size_t bytes = std::max(need + need / 4, size_t{1} << 16);  // geometric growth
+    TESSERA_CUDA_CHECK(cudaMalloc(&buf, bytes));
+    have = bytes;
+  }
+  return static_cast<uint8_t*>(buf);
+}
+
 Fp8Matrix Gemm::quantize_activation(const bf16* x, int64_t ldx, int64_t m, int64_t in) {
+  const Fp8Scaling scaling = fp8_scaling();
   const size_t need = static_cast<size_t>(std::max<int64_t>(m, 0) * in);
   if (need > act_bytes_) {
     if (act_ != nullptr) {
@@ -125,16 +165,24 @@ Fp8Matrix Gemm::quantize_activation(const bf16* x, int64_t ldx, int64_t m, int64
     TESSERA_CUDA_CHECK(cudaMalloc(&act_, bytes));
     act_bytes_ = bytes;
   }
+  if (scaling == Fp8Scaling::kRow) {
+    auto* scales = reinterpret_cast<float*>(
+        grow_bytes(act_scales_, act_scales_bytes_, static_cast<size_t>(std::max<int64_t>(m, 1)) * sizeof(float)));
+    quantize_e4m3_rows(x, ldx, m, in, act_, scales, stream_);
+    return Fp8Matrix{act_, scales, m, in, Fp8Scaling::kRow};
+  }
   if (act_work_ == nullptr) TESSERA_CUDA_CHECK(cudaMalloc(&act_work_, kFp8WorkFloats * sizeof(float)));
   quantize_e4m3(x, ldx, m, in, act_, act_work_, stream_);
-  return Fp8Matrix{act_, act_work_ + kFp8ScaleOffset, m, in};
+  return Fp8Matrix{act_, act_work_ + kFp8ScaleOffset, m, in, Fp8Scaling::kTensor};
 }
 
-Gemm::LtPlan& Gemm::lt_plan(int64_t m, int64_t out, int64_t in, DType y_type, int64_t ldy, bool accumulate) {
-  const auto key = std::make_tuple(m, out, in, static_cast<int>(y_type), ldy, accumulate);
-  if (auto it = plans_.find(key); it != plans_.end()) return *it->second;
+Gemm::LtPlan* Gemm::lt_plan(int64_t m, int64_t out, int64_t in, DType y_type, int64_t ldy, bool accumulate,
+                            bool outer) {
+  const auto key = std::make_tuple(m, out, in, static_cast<int>(y_type), ldy, accumulate, outer);
+  if (auto it = plans_.find(key); it != plans_.end()) return it->second;
   const std::string shape = "FP8 GEMM [" + std::to_string(m) + " x " + std::to_string(in) + "] x [" +
-                            std::to_string(out) + " x " + std::to_string(in) + "]^T";
+                            std::to_string(out) + " x " + std::to_string(in) + "]^T" +
+                            (outer ? " (per-row scales)" : "");
   if (lt_handle_ == nullptr) {
     cublasLtHandle_t h = nullptr;
     cublas_check(cublasLtCreate(&h), "cublasLtCreate");
@@ -147,6 +195,14 @@ Gemm::LtPlan& Gemm::lt_plan(int64_t m, int64_t out, int64_t in, DType y_type, in
   cublas_check(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), shape);
   const int8_t fast = fp8_fast_accum() ? 1 : 0;
   cublas_check(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast), shape);
+  if (outer) {
+    // A = W: a vector of its M = out rows; B = x^T: a vector of its N = m columns (cublasLt.h, OUTER_VEC_32F).
+    const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    cublas_check(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode),
+                 shape + " (A scale mode)");
+    cublas_check(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode),
+                 shape + " (B scale mode)");
+  }
   // The scale pointers must be set before the algorithm search: cuBLASLt may otherwise pick a kernel without scaling,
   // which then refuses the scaled call (NOT_SUPPORTED). Any device float serves here; linear_fp8 sets the real ones.
   if (act_work_ == nullptr) TESSERA_CUDA_CHECK(cudaMalloc(&act_work_, kFp8WorkFloats * sizeof(float)));
@@ -177,55 +233,38 @@ Gemm::LtPlan& Gemm::lt_plan(int64_t m, int64_t out, int64_t in, DType y_type, in
     st = cublasLtMatmulAlgoGetHeuristic(as_lt(lt_handle_), plan->desc, plan->a, plan->b, plan->c, plan->c, pref, 8,
                                         results, &found);
   cublasLtMatmulPreferenceDestroy(pref);
+  if (outer && (st == CUBLAS_STATUS_NOT_SUPPORTED || found == 0)) {
+    plans_.emplace(key, nullptr);  // no outer-vector kernel for this shape: linear_fp8 takes the fallback
+    return nullptr;
+  }
   cublas_check(st, shape + " (algorithm search)");
   check(found > 0, shape + ": cuBLASLt has no FP8 algorithm for this shape (" +
                        (accumulate ? std::string("beta = 1, ") : std::string()) + "output " +
                        (y_type == DType::F32 ? "f32" : "bf16") + ")");
   for (int i = 0; i < found; ++i)
     if (results[i].state == CUBLAS_STATUS_SUCCESS) plan->algos.push_back(results[i].algo);
+  if (outer && plan->algos.empty()) {
+    plans_.emplace(key, nullptr);
+    return nullptr;
+  }
   check(!plan->algos.empty(), shape + ": cuBLASLt's FP8 algorithms all report a failed state");
   LtPlan* raw = plan.release();
   plans_.emplace(key, raw);
-  return *raw;
+  return raw;
 }
 
-void Gemm::linear_fp8(const Fp8Matrix& x, const Fp8Matrix& w, void* y, DType y_type, int64_t ldy, float beta) {
-  const int64_t m = x.rows, in = x.cols, out = w.rows;
-  if (m <= 0) return;
-  constexpr int64_t kMax = std::numeric_limits<int>::max();
-  const std::string shape = "FP8 GEMM [" + std::to_string(m) + " x " + std::to_string(in) + "] x [" +
-                            std::to_string(out) + " x " + std::to_string(w.cols) + "]^T";
-  check(w.cols == in, shape + ": inner dimensions differ");
-  check(m <= kMax && out <= kMax && in <= kMax && ldy <= kMax, shape + ": dimensions exceed int");
-  check(in % 16 == 0, shape + ": the inner dimension must be a multiple of 16 for FP8");
-  check(y_type == DType::BF16 || y_type == DType::F32, shape + ": output must be bf16 or f32");
-  LtPlan& plan = lt_plan(m, out, in, y_type, ldy, beta != 0.0f);
-  cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w.scale,
-                                              sizeof w.scale),
-               shape);
-  cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x.scale,
-                                              sizeof x.scale),
-               shape);
+bool Gemm::run_lt(LtPlan& plan, const Fp8Matrix& x, const Fp8Matrix& w, const float* sx, const float* sw, void* y,
+                  DType y_type, int64_t ldy, float beta, bool may_refuse, const std::string& shape) {
+  const int64_t m = x.rows, out = w.rows;
+  cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof sw), shape);
+  cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sx, sizeof sx), shape);
   const float alpha = 1.0f;
   // D = y in place (C = D), or, when no candidate takes the in-place call, D in a scratch buffer with C = y, copied
   // back to y (plan.out_of_place, remembered for the shape).
   const size_t elem = y_type == DType::F32 ? 4 : 2;
   const size_t d_bytes = static_cast<size_t>(m - 1) * static_cast<size_t>(ldy) * elem + static_cast<size_t>(out) * elem;
   for (;;) {
-    void* d = y;
-    if (plan.out_of_place) {
-      if (d_bytes > d_scratch_bytes_) {
-        if (d_scratch_ != nullptr) {
-          TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
-          TESSERA_CUDA_CHECK(cudaFree(d_scratch_));
-          d_scratch_ = nullptr;
-          d_scratch_bytes_ = 0;
-        }
-        TESSERA_CUDA_CHECK(cudaMalloc(&d_scratch_, d_bytes + d_bytes / 4));
-        d_scratch_bytes_ = d_bytes + d_bytes / 4;
-      }
-      d = d_scratch_;
-    }
+    void* d = plan.out_of_place ? grow_bytes(d_scratch_, d_scratch_bytes_, d_bytes) : y;
     const cublasStatus_t st =
         cublasLtMatmul(as_lt(lt_handle_), plan.desc, &alpha, w.data, plan.a, x.data, plan.b, &beta, y, plan.c, d,
                        plan.c, &plan.algos[plan.chosen], workspace_, workspace_bytes_, stream_);
@@ -238,6 +277,7 @@ void Gemm::linear_fp8(const Fp8Matrix& x, const Fp8Matrix& w, void* y, DType y_t
       plan.chosen = 0;
       continue;
     }
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED && may_refuse) return false;
     cublas_check(st, shape + " (cublasLtMatmul" + (plan.out_of_place ? ", out of place" : ", in place") +
                          ", candidate " + std::to_string(plan.chosen + 1) + " of " +
                          std::to_string(plan.algos.size()) + ")");
@@ -245,8 +285,50 @@ void Gemm::linear_fp8(const Fp8Matrix& x, const Fp8Matrix& w, void* y, DType y_t
       TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(y, static_cast<size_t>(ldy) * elem, d, static_cast<size_t>(ldy) * elem,
                                            static_cast<size_t>(out) * elem, static_cast<size_t>(m),
                                            cudaMemcpyDeviceToDevice, stream_));
-    break;
+    return true;
   }
+}
+
+void Gemm::linear_fp8(const Fp8Matrix& x, const Fp8Matrix& w, void* y, DType y_type, int64_t ldy, float beta) {
+  const int64_t m = x.rows, in = x.cols, out = w.rows;
+  if (m <= 0) return;
+  constexpr int64_t kMax = std::numeric_limits<int>::max();
+  const std::string shape = "FP8 GEMM [" + std::to_string(m) + " x " + std::to_string(in) + "] x [" +
+                            std::to_string(out) + " x " + std::to_string(w.cols) + "]^T";
+  check(w.cols == in, shape + ": inner dimensions differ");
+  check(m <= kMax && out <= kMax && in <= kMax && ldy <= kMax, shape + ": dimensions exceed int");
+  check(in % 16 == 0, shape + ": the inner dimension must be a multiple of 16 for FP8");
+  check(y_type == DType::BF16 || y_type == DType::F32, shape + ": output must be bf16 or f32");
+  check(x.scaling == w.scaling, shape + ": the activation's scales are per " + fp8_scaling_name(x.scaling) +
+                                    ", the weight's per " + fp8_scaling_name(w.scaling) + " (they must match)");
+  if (x.scaling == Fp8Scaling::kTensor) {
+    (void)run_lt(*lt_plan(m, out, in, y_type, ldy, beta != 0.0f, false), x, w, x.scale, w.scale, y, y_type, ldy, beta,
+                 false, shape);
+    return;
+  }
+  if (!force_row_epilogue_) {
+    LtPlan* plan = lt_plan(m, out, in, y_type, ldy, beta != 0.0f, true);
+    if (plan != nullptr && run_lt(*plan, x, w, x.scale, w.scale, y, y_type, ldy, beta, true, shape)) {
+      last_row_path_ = "outer-vector";
+      return;
+    }
+    if (plan != nullptr) {  // every candidate refused: the fallback from now on
+      plans_[std::make_tuple(m, out, in, static_cast<int>(y_type), ldy, beta != 0.0f, true)] = nullptr;
+      delete plan;
+    }
+  }
+  // The fallback: the unscaled product (unit scalar scales) into f32 [m, out], then y = sx sw d + beta y.
+  if (one_ == nullptr) {
+    static const float kOne = 1.0f;
+    TESSERA_CUDA_CHECK(cudaMalloc(&one_, sizeof(float)));
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(one_, &kOne, sizeof(float), cudaMemcpyHostToDevice, stream_));
+  }
+  auto* d = reinterpret_cast<float*>(
+      grow_bytes(e_scratch_, e_scratch_bytes_, static_cast<size_t>(m) * static_cast<size_t>(out) * sizeof(float)));
+  (void)run_lt(*lt_plan(m, out, in, DType::F32, out, false, false), x, w, one_, one_, d, DType::F32, out, 0.0f, false,
+               shape + " (per-row scales in the epilogue)");
+  scale_outer_e4m3(d, m, out, x.scale, w.scale, y, y_type == DType::F32, ldy, beta, stream_);
+  last_row_path_ = "epilogue";
 }
 
 }  // namespace tessera::runtime::gpu

@@ -1,13 +1,16 @@
-// FP8 (E4M3) GEMMs on the GPU (runtime_cuda/gemm.h, fp8_quant.h) against their host twins (core/fp8.h):
-//  - the dynamic per-tensor quantization of a bf16 matrix: the codes and the scale EQUAL the host's (same f32
+// FP8 (E4M3) GEMMs on the GPU (runtime_cuda/gemm.h, fp8_quant.h) against their host twins (core/fp8.h), for both
+// scale granularities (per row, the default: per output channel x per token; per tensor, the baseline):
+//  - the dynamic quantization of a bf16 matrix: the codes and the scales EQUAL the host's e4m3_quantize (same f32
 //    operations, the hardware's round-to-nearest-even saturating conversion against core/fp8.h's encoder), also for
-//    strided rows, subnormals, an outlier, an all-zero matrix and infinite inputs (saturation, never NaN);
-//  - the product: linear_fp8 against an f64 product of the host-decoded codes times the two scales, within the
-//    accumulation-order tolerance (every code product is exact in f32; only the order and the tensor cores' internal
-//    accumulation differ): |err| <= 2^-12 * scale_x * scale_w * sum_k |q_x q_w| (+ bf16 output rounding), beta = 1
-//    into an f32 y and beta = 0 into bf16;
-//  - the engine: last-position logits with --gemm fp8 against bf16 (and both against the CPU's f32 engine) on the
-//    hf_tiny fixtures and on a 2-layer Llama-3-8B-shaped random model, within kFp8RelL2Fixture / kFp8RelL2Llama3Shaped (see there);
+//    strided rows, subnormals, an outlier, all-zero rows and infinite inputs (saturation, never NaN);
+//  - the product: linear_fp8 against an f64 product of the host-decoded codes times the scales (sx[r] sw[o]), within
+//    the accumulation-order tolerance (every code product is exact in f32; only the order and the tensor cores'
+//    internal accumulation differ): |err| <= 2^-12 * sx sw * sum_k |q_x q_w| (+ bf16 output rounding), beta = 1 into
+//    an f32 y and beta = 0 into bf16; per row both through cuBLASLt's outer-vector scaling and through the fallback
+//    epilogue (Gemm::set_fp8_row_epilogue);
+//  - the engine: last-position logits with --gemm fp8 (per row, and per tensor via TESSERA_FP8_SCALING=tensor)
+//    against bf16 (and all against the CPU's f32 engine) on the hf_tiny fixtures and on a 2-layer Llama-3-8B-shaped
+//    random model, within the kFp8RelL2* bounds (see there);
 //  - the option errors' exact messages.
 // Every comparison prints its numbers ("[fp8] ...").
 #include <gtest/gtest.h>
@@ -32,6 +35,8 @@
 #include "runtime_cuda/gpu_engine.h"
 #include "runtime_cuda/synthetic_config.h"
 
+#include <cublasLt.h>
+
 namespace tessera::runtime::gpu {
 namespace {
 
@@ -46,12 +51,17 @@ using attn::gpu::DeviceBuffer;
 
 // Relative L2 error bounds of last-position logits (and one decode step), FP8 against bf16 on the GPU. E4M3 keeps 4
 // significant bits: one rounding is a relative error of up to 2^-4 (about 2.5e-2 RMS against bf16's 1.1e-3), applied to
-// both operands of every layer GEMM; values far below the tensor's amax lose more (per-tensor scales). Each bound is
-// 1.5x the worst row of the first H200 run that measured them (2026-11-27, docs/streaming.md "FP8 (E4M3) GEMMs"), as
-// engine_gpu_test's bounds are: the tiny hf_tiny fixtures (hidden 64-ish, a few outliers dominate the per-tensor scale)
-// measured up to 0.3545 (smollm2 prefill); the 2-layer Llama-3-8B-shaped model 0.00354.
+// both operands of every layer GEMM; values far below their scale's amax lose more. Each bound is 1.5x the worst row
+// (prefill or decode) of the first H200 run that measured it, as engine_gpu_test's bounds are. Per tensor (2026-11-27,
+// docs/streaming.md "FP8 (E4M3) GEMMs"): the tiny hf_tiny fixtures (hidden 64-ish, a few outliers dominate the scale)
+// measured up to 0.3545 (smollm2 prefill), the 2-layer Llama-3-8B-shaped model 0.00354. Per row (2026-11-27,
+// docs/PERF.md "FP8"): the fixtures up to 0.2194 (smollm2 prefill; llama3 0.131, qwen2 0.136, decode 0.177-0.215), the
+// Llama-3-8B-shaped model 0.003526: its error is the E4M3 rounding of every element, which finer scales do not remove,
+// and its outliers are channels (the massive activations every token carries), which per-token scales cannot isolate.
 constexpr double kFp8RelL2Fixture = 0.53;
 constexpr double kFp8RelL2Llama3Shaped = 0.0053;
+constexpr double kFp8RowRelL2Fixture = 0.33;
+constexpr double kFp8RowRelL2Llama3Shaped = 0.0053;
 
 std::vector<bf16> random_bf16(size_t n, float stddev, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -63,48 +73,52 @@ std::vector<bf16> random_bf16(size_t n, float stddev, uint32_t seed) {
 
 struct HostQuant {
   std::vector<uint8_t> codes;
-  float scale = 1;
+  std::vector<float> scales;  // one (per tensor) or one per row
 };
 
-HostQuant host_quantize(const std::vector<bf16>& x, int64_t ldx, int64_t m, int64_t in) {
-  float amax = 0;
-  for (int64_t r = 0; r < m; ++r)
-    for (int64_t c = 0; c < in; ++c) {
-      const float v = std::fabs(bf16_to_f32(x[static_cast<size_t>(r * ldx + c)]));
-      if (!std::isnan(v)) amax = std::max(amax, v);
-    }
+HostQuant host_quantize(const std::vector<bf16>& x, int64_t ldx, int64_t m, int64_t in, Fp8Scaling scaling) {
+  std::vector<float> f(x.size());
+  for (size_t i = 0; i < x.size(); ++i) f[i] = bf16_to_f32(x[i]);
   HostQuant q;
-  q.scale = e4m3_scale(amax);
-  const float inv = e4m3_inverse_scale(amax);
   q.codes.resize(static_cast<size_t>(m * in));
-  for (int64_t r = 0; r < m; ++r)
-    for (int64_t c = 0; c < in; ++c)
-      q.codes[static_cast<size_t>(r * in + c)] = float_to_e4m3(bf16_to_f32(x[static_cast<size_t>(r * ldx + c)]) * inv);
+  q.scales.resize(scaling == Fp8Scaling::kRow ? static_cast<size_t>(m) : 1);
+  e4m3_quantize(f.data(), ldx, m, in, scaling, q.codes.data(), q.scales.data());
   return q;
+}
+
+HostQuant download(const Fp8Matrix& q) {
+  HostQuant h;
+  h.codes.resize(static_cast<size_t>(q.rows * q.cols));
+  h.scales.resize(q.scaling == Fp8Scaling::kRow ? static_cast<size_t>(q.rows) : 1);
+  EXPECT_EQ(cudaMemcpy(h.codes.data(), q.data, h.codes.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(h.scales.data(), q.scale, h.scales.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  return h;
 }
 
 // The device quantization of x through Gemm::quantize_activation, downloaded.
 HostQuant device_quantize(Gemm& gemm, cudaStream_t stream, const std::vector<bf16>& x, int64_t ldx, int64_t m,
-                          int64_t in) {
+                          int64_t in, Fp8Scaling scaling) {
   DeviceBuffer<bf16> dx;
   dx.upload(x, stream);
+  gemm.set_fp8_scaling(scaling);
   const Fp8Matrix q = gemm.quantize_activation(dx.data(), ldx, m, in);
+  EXPECT_EQ(q.scaling, scaling);
   EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  HostQuant h;
-  h.codes.resize(static_cast<size_t>(m * in));
-  EXPECT_EQ(cudaMemcpy(h.codes.data(), q.data, h.codes.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(&h.scale, q.scale, sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
-  return h;
+  return download(q);
 }
 
 void expect_same_quantization(const HostQuant& host, const HostQuant& dev, const std::string& what) {
-  EXPECT_EQ(dev.scale, host.scale) << what;
+  ASSERT_EQ(dev.scales.size(), host.scales.size()) << what;
+  size_t scale_diff = 0;
+  for (size_t i = 0; i < host.scales.size(); ++i)
+    if (dev.scales[i] != host.scales[i] && scale_diff++ < 3)
+      ADD_FAILURE() << what << ": scale " << i << " device " << dev.scales[i] << ", host " << host.scales[i];
   ASSERT_EQ(dev.codes.size(), host.codes.size()) << what;
   size_t diff = 0, first = 0;
   for (size_t i = 0; i < host.codes.size(); ++i)
     if (dev.codes[i] != host.codes[i] && diff++ == 0) first = i;
-  std::printf("[fp8] quantize %s: %zu codes, %zu differ, scale %.6g\n", what.c_str(), host.codes.size(), diff,
-              static_cast<double>(dev.scale));
+  std::printf("[fp8] quantize %s: %zu codes, %zu differ; %zu scales, %zu differ (first %.6g)\n", what.c_str(),
+              host.codes.size(), diff, host.scales.size(), scale_diff, static_cast<double>(dev.scales[0]));
   EXPECT_EQ(diff, 0u) << what << ": first at " << first << " (host " << int(host.codes[first]) << ", device "
                       << int(dev.codes[first]) << ")";
 }
@@ -115,6 +129,8 @@ struct StreamHolder {
   ~StreamHolder() { cudaStreamDestroy(s); }
 };
 
+const Fp8Scaling kScalings[] = {Fp8Scaling::kRow, Fp8Scaling::kTensor};
+
 TEST(Fp8Quantize, EqualsHostBitForBit) {
   REQUIRE_FP8();
   StreamHolder st;
@@ -123,45 +139,78 @@ TEST(Fp8Quantize, EqualsHostBitForBit) {
   std::vector<bf16> x = random_bf16(static_cast<size_t>(m * ldx), 1.0f, 7);
   x[5 * ldx + 17] = f32_to_bf16(-50.0f);  // an outlier: most values land in E4M3's lower binades
   for (int64_t c = 0; c < 64; ++c) x[static_cast<size_t>(3 * ldx + c)] = f32_to_bf16(1e-4f * static_cast<float>(c));  // subnormals
-  expect_same_quantization(host_quantize(x, ldx, m, in), device_quantize(gemm, st.s, x, ldx, m, in), "77x320 ld 336");
+  for (int64_t c = 0; c < in; ++c) x[static_cast<size_t>(9 * ldx + c)] = f32_to_bf16(1e-3f * std::sin(0.1f * static_cast<float>(c)));  // a small row
+  for (int64_t c = 0; c < in; ++c) x[static_cast<size_t>(11 * ldx + c)] = f32_to_bf16(0.0f);  // a zero row
   const std::vector<bf16> big = random_bf16(static_cast<size_t>(2048 * 4096), 0.3f, 8);
-  expect_same_quantization(host_quantize(big, 4096, 2048, 4096), device_quantize(gemm, st.s, big, 4096, 2048, 4096),
-                           "2048x4096");
+  for (Fp8Scaling sc : kScalings) {
+    const std::string tag = std::string(" per ") + fp8_scaling_name(sc);
+    expect_same_quantization(host_quantize(x, ldx, m, in, sc), device_quantize(gemm, st.s, x, ldx, m, in, sc),
+                             "77x320 ld 336" + tag);
+    expect_same_quantization(host_quantize(big, 4096, 2048, 4096, sc),
+                             device_quantize(gemm, st.s, big, 4096, 2048, 4096, sc), "2048x4096" + tag);
+  }
+  // The weights' per-row quantization (DeviceFp8Weights) is quantize_e4m3_rows on [out, in], here a down-projection
+  // shape with a long row.
+  const std::vector<bf16> w = random_bf16(static_cast<size_t>(40 * 14336), 0.02f, 9);
+  DeviceBuffer<bf16> dw;
+  dw.upload(w, st.s);
+  DeviceBuffer<uint8_t> w8(w.size());
+  DeviceBuffer<float> ws(40);
+  quantize_e4m3_rows(dw.data(), 14336, 40, 14336, w8.data(), ws.data(), st.s);
+  ASSERT_EQ(cudaStreamSynchronize(st.s), cudaSuccess);
+  expect_same_quantization(host_quantize(w, 14336, 40, 14336, Fp8Scaling::kRow),
+                           download(Fp8Matrix{w8.data(), ws.data(), 40, 14336, Fp8Scaling::kRow}), "weights 40x14336 per row");
 }
 
 TEST(Fp8Quantize, ZerosAndInfinitiesSaturateNeverNaN) {
   REQUIRE_FP8();
   StreamHolder st;
   Gemm gemm(st.s);
-  const std::vector<bf16> zeros(16 * 32, f32_to_bf16(0.0f));
-  const HostQuant z = device_quantize(gemm, st.s, zeros, 32, 16, 32);
-  EXPECT_EQ(z.scale, 1.0f);
-  EXPECT_TRUE(std::all_of(z.codes.begin(), z.codes.end(), [](uint8_t c) { return c == 0; }));
-  std::vector<bf16> x = random_bf16(16 * 32, 1000.0f, 9);
-  x[40] = f32_to_bf16(std::numeric_limits<float>::infinity());
-  x[41] = f32_to_bf16(-std::numeric_limits<float>::infinity());
-  const HostQuant host = host_quantize(x, 32, 16, 32), dev = device_quantize(gemm, st.s, x, 32, 16, 32);
-  EXPECT_EQ(dev.scale, 1.0f);  // amax inf: scale 1, values beyond 448 saturate
-  EXPECT_EQ(dev.codes[40], 0x7E);
-  EXPECT_EQ(dev.codes[41], 0xFE);
-  expect_same_quantization(host, dev, "16x32 with +-inf and |x| ~ 1000");
-  for (uint8_t c : dev.codes) EXPECT_NE(c & 0x7F, 0x7F);
+  for (Fp8Scaling sc : kScalings) {
+    const std::string tag = std::string(" per ") + fp8_scaling_name(sc);
+    const std::vector<bf16> zeros(16 * 32, f32_to_bf16(0.0f));
+    const HostQuant z = device_quantize(gemm, st.s, zeros, 32, 16, 32, sc);
+    EXPECT_TRUE(std::all_of(z.scales.begin(), z.scales.end(), [](float v) { return v == 1.0f; })) << tag;
+    EXPECT_TRUE(std::all_of(z.codes.begin(), z.codes.end(), [](uint8_t c) { return c == 0; })) << tag;
+    std::vector<bf16> x = random_bf16(16 * 32, 1000.0f, 9);
+    x[40] = f32_to_bf16(std::numeric_limits<float>::infinity());
+    x[41] = f32_to_bf16(-std::numeric_limits<float>::infinity());
+    const HostQuant host = host_quantize(x, 32, 16, 32, sc), dev = device_quantize(gemm, st.s, x, 32, 16, 32, sc);
+    EXPECT_EQ(dev.scales[sc == Fp8Scaling::kRow ? 1 : 0], 1.0f) << tag;  // amax inf (row 1): scale 1, values beyond 448 saturate
+    EXPECT_EQ(dev.codes[40], 0x7E) << tag;
+    EXPECT_EQ(dev.codes[41], 0xFE) << tag;
+    expect_same_quantization(host, dev, "16x32 with +-inf and |x| ~ 1000" + tag);
+    for (uint8_t c : dev.codes) EXPECT_NE(c & 0x7F, 0x7F) << tag;
+  }
 }
 
-// linear_fp8 against the host product of the same codes.
-void check_product(int64_t m, int64_t in, int64_t out, DType y_type, float beta, uint32_t seed) {
+// linear_fp8 against the host product of the same codes. epilogue: per-row scales through the fallback.
+void check_product(int64_t m, int64_t in, int64_t out, DType y_type, float beta, uint32_t seed, Fp8Scaling sc,
+                   bool epilogue = false) {
   StreamHolder st;
   Gemm gemm(st.s);
-  const std::vector<bf16> x = random_bf16(static_cast<size_t>(m * in), 1.0f, seed);
-  const std::vector<bf16> w = random_bf16(static_cast<size_t>(out * in), 0.02f, seed + 1);
-  const HostQuant hx = host_quantize(x, in, m, in), hw = host_quantize(w, in, out, in);
+  gemm.set_fp8_scaling(sc);
+  gemm.set_fp8_row_epilogue(epilogue);
+  std::vector<bf16> x = random_bf16(static_cast<size_t>(m * in), 1.0f, seed);
+  std::vector<bf16> w = random_bf16(static_cast<size_t>(out * in), 0.02f, seed + 1);
+  // Rows and channels of different magnitudes, as real activations and weights have (what per-row scales are for).
+  for (int64_t r = 0; r < m; r += 3)
+    for (int64_t k = 0; k < in; ++k) x[static_cast<size_t>(r * in + k)] = f32_to_bf16(bf16_to_f32(x[static_cast<size_t>(r * in + k)]) * 0.01f);
+  for (int64_t o = 0; o < out; o += 5)
+    for (int64_t k = 0; k < in; ++k) w[static_cast<size_t>(o * in + k)] = f32_to_bf16(bf16_to_f32(w[static_cast<size_t>(o * in + k)]) * 20.0f);
+  const HostQuant hx = host_quantize(x, in, m, in, sc), hw = host_quantize(w, in, out, in, sc);
   DeviceBuffer<bf16> dx, dw;
   dx.upload(x, st.s);
   dw.upload(w, st.s);
   DeviceBuffer<uint8_t> w8(static_cast<size_t>(out * in));
-  DeviceBuffer<float> work(kFp8WorkFloats);
-  quantize_e4m3(dw.data(), in, out, in, w8.data(), work.data(), st.s);
-  const Fp8Matrix wq{w8.data(), work.data() + kFp8ScaleOffset, out, in};
+  DeviceBuffer<float> work(std::max<size_t>(kFp8WorkFloats, static_cast<size_t>(out)));
+  Fp8Matrix wq{w8.data(), work.data(), out, in, sc};
+  if (sc == Fp8Scaling::kRow) {
+    quantize_e4m3_rows(dw.data(), in, out, in, w8.data(), work.data(), st.s);
+  } else {
+    quantize_e4m3(dw.data(), in, out, in, w8.data(), work.data(), st.s);
+    wq.scale = work.data() + kFp8ScaleOffset;
+  }
   const Fp8Matrix xq = gemm.quantize_activation(dx.data(), in, m, in);
   std::mt19937 rng(seed + 2);
   std::normal_distribution<float> d(0.0f, 1.0f);
@@ -183,11 +232,13 @@ void check_product(int64_t m, int64_t in, int64_t out, DType y_type, float beta,
     const std::vector<bf16> h = y.download();
     for (size_t i = 0; i < h.size(); ++i) got[i] = bf16_to_f32(h[i]);
   }
-  const double s = static_cast<double>(hx.scale) * hw.scale;
+  const bool rows = sc == Fp8Scaling::kRow;
   double worst_ratio = 0;
   int64_t bad = 0;
   for (int64_t r = 0; r < m; ++r)
     for (int64_t o = 0; o < out; ++o) {
+      const double s = static_cast<double>(hx.scales[rows ? static_cast<size_t>(r) : 0]) *
+                       hw.scales[rows ? static_cast<size_t>(o) : 0];
       double sum = 0, sum_abs = 0;
       for (int64_t k = 0; k < in; ++k) {
         const double p = static_cast<double>(e4m3_to_float(hx.codes[static_cast<size_t>(r * in + k)])) *
@@ -202,21 +253,54 @@ void check_product(int64_t m, int64_t in, int64_t out, DType y_type, float beta,
       if (y_type == DType::BF16) tol += std::fabs(ref) * std::ldexp(1.0, -8);
       const double err = std::fabs(got[i] - ref);
       worst_ratio = std::max(worst_ratio, err / std::max(scale_abs, 1e-30));
-      if (err > tol && bad++ < 3)
+      if (!(err <= tol) && bad++ < 3)
         ADD_FAILURE() << "y[" << r << ", " << o << "] = " << got[i] << ", host " << ref << " (tolerance " << tol << ")";
     }
-  std::printf("[fp8] product [%lld x %lld] x [%lld x %lld]^T -> %s, beta %g: worst |err| / (s sum|q q|) %.3g, %lld over\n",
+  const std::string path = rows ? gemm.last_fp8_row_path() : "scalar";
+  std::printf("[fp8] product [%lld x %lld] x [%lld x %lld]^T -> %s, beta %g, per %s (%s): worst |err| / (s sum|q q|) "
+              "%.3g, %lld over\n",
               static_cast<long long>(m), static_cast<long long>(in), static_cast<long long>(out),
               static_cast<long long>(in), y_type == DType::F32 ? "f32" : "bf16", static_cast<double>(beta),
-              worst_ratio, static_cast<long long>(bad));
+              fp8_scaling_name(sc), path.c_str(), worst_ratio, static_cast<long long>(bad));
   EXPECT_EQ(bad, 0);
+  if (epilogue) {
+    EXPECT_EQ(path, "epilogue");
+  }
 }
 
 TEST(Fp8Gemm, ProductEqualsHostWithinAccumulationOrder) {
   REQUIRE_FP8();
-  check_product(130, 512, 272, DType::F32, 1.0f, 11);   // the residual's x += a W^T
-  check_product(64, 1024, 384, DType::BF16, 0.0f, 21);  // q, k, v, gate/up
-  check_product(1, 4096, 64, DType::F32, 0.0f, 31);     // decode (m = 1), a long inner dimension
+  for (Fp8Scaling sc : kScalings) {
+    check_product(130, 512, 272, DType::F32, 1.0f, 11, sc);   // the residual's x += a W^T
+    check_product(64, 1024, 384, DType::BF16, 0.0f, 21, sc);  // q, k, v, gate/up
+    check_product(1, 4096, 64, DType::F32, 0.0f, 31, sc);     // decode (m = 1), a long inner dimension
+  }
+  // Per row through the fallback epilogue (where cuBLASLt has no outer-vector kernel).
+  check_product(130, 512, 272, DType::F32, 1.0f, 41, Fp8Scaling::kRow, true);
+  check_product(64, 1024, 384, DType::BF16, 0.0f, 51, Fp8Scaling::kRow, true);
+  check_product(1, 4096, 64, DType::F32, 0.0f, 61, Fp8Scaling::kRow, true);
+}
+
+// The outer-vector path is the default's: report whether this device's cuBLASLt has it (the fallback would be slower).
+TEST(Fp8Gemm, PerRowRunsThroughOuterVectorScaling) {
+  REQUIRE_FP8();
+  StreamHolder st;
+  Gemm gemm(st.s);
+  gemm.set_fp8_scaling(Fp8Scaling::kRow);
+  const int64_t m = 256, in = 4096, out = 1024;
+  DeviceBuffer<bf16> x, w;
+  x.upload(random_bf16(static_cast<size_t>(m * in), 1.0f, 3), st.s);
+  w.upload(random_bf16(static_cast<size_t>(out * in), 0.02f, 4), st.s);
+  DeviceBuffer<uint8_t> w8(static_cast<size_t>(out * in));
+  DeviceBuffer<float> ws(static_cast<size_t>(out));
+  quantize_e4m3_rows(w.data(), in, out, in, w8.data(), ws.data(), st.s);
+  DeviceBuffer<bf16> y(static_cast<size_t>(m * out));
+  gemm.linear_fp8(gemm.quantize_activation(x.data(), in, m, in), Fp8Matrix{w8.data(), ws.data(), out, in, Fp8Scaling::kRow},
+                  y.data(), DType::BF16, out);
+  ASSERT_EQ(cudaStreamSynchronize(st.s), cudaSuccess);
+  std::printf("[fp8] per-row product path on this device: %s (cuBLASLt %zu)\n", gemm.last_fp8_row_path(),
+              cublasLtGetVersion());
+  EXPECT_STREQ(gemm.last_fp8_row_path(), "outer-vector");
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -243,32 +327,51 @@ std::vector<int32_t> token_ids(int n, int64_t vocab, uint32_t seed) {
   return t;
 }
 
-double compare_engines(const DeviceModel& dev, const std::vector<int32_t>& tokens, const std::vector<float>* cpu,
-                       const std::string& what, double bound) {
+// An FP8 engine whose scales are `sc` (the engine reads TESSERA_FP8_SCALING when it is made).
+std::unique_ptr<GpuEngine> fp8_engine(const DeviceModel& dev, GpuEngineOptions o, Fp8Scaling sc) {
+  o.gemm = GemmPrecision::kFp8;
+  if (sc == Fp8Scaling::kTensor) setenv("TESSERA_FP8_SCALING", "tensor", 1);
+  std::unique_ptr<GpuEngine> e;
+  try {
+    e = std::make_unique<GpuEngine>(dev, o);
+  } catch (...) {
+    unsetenv("TESSERA_FP8_SCALING");
+    throw;
+  }
+  unsetenv("TESSERA_FP8_SCALING");
+  return e;
+}
+
+// Last-position logits (and one decode step) of FP8 per row and per tensor against bf16 in the same run; per row
+// within row_bound, per tensor within tensor_bound.
+void compare_engines(const DeviceModel& dev, const std::vector<int32_t>& tokens, const std::vector<float>* cpu,
+                     const std::string& what, double row_bound, double tensor_bound) {
   GpuEngineOptions bo;
   bo.chunk_size = 64;  // several chunks
-  GpuEngineOptions fo = bo;
-  fo.gemm = GemmPrecision::kFp8;
-  GpuEngine bf(dev, bo), f8(dev, fo);
-  const std::vector<float> lb = bf.prefill(tokens), lf = f8.prefill(tokens);
-  EXPECT_EQ(lb.size(), lf.size());
-  const bool finite = std::all_of(lf.begin(), lf.end(), [](float v) { return std::isfinite(v); });
-  EXPECT_TRUE(finite) << what;
-  const double e = rel_l2(lb, lf);
-  std::printf("[fp8] %s: last logits, fp8 vs bf16 rel L2 %.4g (top-1 %s)", what.c_str(), e,
-              argmax(lb) == argmax(lf) ? "same" : "differs");
-  if (cpu != nullptr)
-    std::printf("; vs CPU f32: bf16 %.4g, fp8 %.4g", rel_l2(*cpu, lb), rel_l2(*cpu, lf));
-  std::printf("; FP8 weights %.2f MB\n", static_cast<double>(f8.memory().weights_bytes - bf.memory().weights_bytes) / 1e6);
-  std::fflush(stdout);
-  EXPECT_GT(f8.memory().weights_bytes, bf.memory().weights_bytes) << what;
-  EXPECT_LE(e, bound) << what;
-  // Decode runs the same FP8 path at m = 1.
-  const std::vector<float> db = bf.decode(tokens[0]), df = f8.decode(tokens[0]);
-  const double ed = rel_l2(db, df);
-  std::printf("[fp8] %s: one decode step, fp8 vs bf16 rel L2 %.4g\n", what.c_str(), ed);
-  EXPECT_LE(ed, bound) << what << " (decode)";
-  return e;
+  GpuEngine bf(dev, bo);
+  const std::vector<float> lb = bf.prefill(tokens), db = bf.decode(tokens[0]);
+  for (Fp8Scaling sc : kScalings) {
+    const double bound = sc == Fp8Scaling::kRow ? row_bound : tensor_bound;
+    const std::unique_ptr<GpuEngine> f8 = fp8_engine(dev, bo, sc);
+    const std::vector<float> lf = f8->prefill(tokens);
+    EXPECT_EQ(lb.size(), lf.size());
+    const bool finite = std::all_of(lf.begin(), lf.end(), [](float v) { return std::isfinite(v); });
+    EXPECT_TRUE(finite) << what;
+    const double e = rel_l2(lb, lf);
+    std::printf("[fp8] %s, per %s: last logits, fp8 vs bf16 rel L2 %.4g (top-1 %s)", what.c_str(), fp8_scaling_name(sc),
+                e, argmax(lb) == argmax(lf) ? "same" : "differs");
+    if (cpu != nullptr) std::printf("; vs CPU f32: bf16 %.4g, fp8 %.4g", rel_l2(*cpu, lb), rel_l2(*cpu, lf));
+    std::printf("; FP8 weights %.2f MB\n",
+                static_cast<double>(f8->memory().weights_bytes - bf.memory().weights_bytes) / 1e6);
+    std::fflush(stdout);
+    EXPECT_GT(f8->memory().weights_bytes, bf.memory().weights_bytes) << what;
+    EXPECT_LE(e, bound) << what << " per " << fp8_scaling_name(sc);
+    // Decode runs the same FP8 path at m = 1.
+    const std::vector<float> df = f8->decode(tokens[0]);
+    const double ed = rel_l2(db, df);
+    std::printf("[fp8] %s, per %s: one decode step, fp8 vs bf16 rel L2 %.4g\n", what.c_str(), fp8_scaling_name(sc), ed);
+    EXPECT_LE(ed, bound) << what << " per " << fp8_scaling_name(sc) << " (decode)";
+  }
 }
 
 TEST(Fp8Engine, FixtureLastLogitsNearBf16) {
@@ -279,7 +382,7 @@ TEST(Fp8Engine, FixtureLastLogitsNearBf16) {
     const std::vector<int32_t> tokens = token_ids(200, model->config().vocab_size, 5);
     Engine cpu(*model);
     const std::vector<float> ref = cpu.prefill(tokens);
-    compare_engines(*dev, tokens, &ref, name, kFp8RelL2Fixture);
+    compare_engines(*dev, tokens, &ref, name, kFp8RowRelL2Fixture, kFp8RelL2Fixture);
   }
 }
 
@@ -290,7 +393,8 @@ TEST(Fp8Engine, Llama3ShapedTwoLayersNearBf16) {
   cfg.layers.resize(2);
   const auto dev = DeviceModel::random(cfg, 1, RandomInit::kLocalAttention);
   const std::vector<int32_t> tokens = token_ids(512, cfg.vocab_size, 6);
-  compare_engines(*dev, tokens, nullptr, "llama3-8b shapes, 2 layers, local-attention init", kFp8RelL2Llama3Shaped);
+  compare_engines(*dev, tokens, nullptr, "llama3-8b shapes, 2 layers, local-attention init", kFp8RowRelL2Llama3Shaped,
+                  kFp8RelL2Llama3Shaped);
 }
 
 TEST(Fp8Options, ExactMessages) {
@@ -300,6 +404,17 @@ TEST(Fp8Options, ExactMessages) {
   } catch (const Error& e) {
     EXPECT_EQ(std::string(e.what()), "--gemm must be bf16 or fp8, got 'int8'");
   }
+  EXPECT_EQ(fp8_scaling_from_env(), Fp8Scaling::kRow);  // unset: per row
+  setenv("TESSERA_FP8_SCALING", "tensor", 1);
+  EXPECT_EQ(fp8_scaling_from_env(), Fp8Scaling::kTensor);
+  setenv("TESSERA_FP8_SCALING", "channel", 1);
+  try {
+    (void)fp8_scaling_from_env();
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "TESSERA_FP8_SCALING must be row or tensor, got 'channel'");
+  }
+  unsetenv("TESSERA_FP8_SCALING");
   EXPECT_EQ(parse_gemm_precision("fp8"), GemmPrecision::kFp8);
   EXPECT_EQ(parse_gemm_precision("bf16"), GemmPrecision::kBf16);
   EXPECT_STREQ(gemm_precision_name(GemmPrecision::kFp8), "fp8");
@@ -308,6 +423,17 @@ TEST(Fp8Options, ExactMessages) {
   std::string why;
   if (fp8_tensor_cores(&why)) {
     check_gemm_precision_supported(GemmPrecision::kFp8);
+    StreamHolder st;
+    Gemm gemm(st.s);
+    try {  // checked before any device work: no data needed
+      gemm.linear_fp8(Fp8Matrix{nullptr, nullptr, 4, 32, Fp8Scaling::kRow},
+                      Fp8Matrix{nullptr, nullptr, 8, 32, Fp8Scaling::kTensor}, nullptr, DType::BF16, 8);
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()),
+                "FP8 GEMM [4 x 32] x [8 x 32]^T: the activation's scales are per row, the weight's per tensor (they "
+                "must match)");
+    }
   } else {
     try {
       check_gemm_precision_supported(GemmPrecision::kFp8);
@@ -319,8 +445,11 @@ TEST(Fp8Options, ExactMessages) {
   }
 }
 
-// Timing of the Llama-3-8B layer GEMMs (q, k and v are three products of one input in the forward) at m = 2048 (TESSERA_FP8_BENCH=1 only): bf16 (cuBLAS) against FP8
-// (cuBLASLt; the activation's quantization timed with it, and alone), CUDA events over 50 repetitions.
+// Timing of the Llama-3-8B layer GEMMs (q, k and v are three products of one input in the forward) at m = 2048
+// (TESSERA_FP8_BENCH=1 only): bf16 (cuBLAS) against FP8 (cuBLASLt) per tensor (scalar scales), per row through
+// outer-vector scaling, and per row through the fallback epilogue; each FP8 row also times its activation
+// quantization (per tensor: memset, amax and quantize kernels; per row: one kernel). CUDA events over 50 repetitions;
+// the whole table twice (the spread between the passes is the noise).
 TEST(Fp8Gemm, Llama3ShapesThroughput) {
   REQUIRE_FP8();
   const char* env = std::getenv("TESSERA_FP8_BENCH");
@@ -348,24 +477,52 @@ TEST(Fp8Gemm, Llama3ShapesThroughput) {
     cudaEventElapsedTime(&ms, e0, e1);
     return static_cast<double>(ms) / 1e3 / reps;
   };
-  for (const Shape& s : shapes) {
-    DeviceBuffer<bf16> x, w;
-    x.upload(random_bf16(static_cast<size_t>(m * s.in), 1.0f, 1), st.s);
-    w.upload(random_bf16(static_cast<size_t>(s.out * s.in), 0.02f, 2), st.s);
-    DeviceBuffer<uint8_t> w8(static_cast<size_t>(s.out * s.in));
-    DeviceBuffer<float> work(kFp8WorkFloats);
-    quantize_e4m3(w.data(), s.in, s.out, s.in, w8.data(), work.data(), st.s);
-    const Fp8Matrix wq{w8.data(), work.data() + kFp8ScaleOffset, s.out, s.in};
-    DeviceBuffer<float> y(static_cast<size_t>(m * s.out));
-    const double flop = 2.0 * static_cast<double>(m) * s.out * s.in;
-    const double t_bf16 = time([&] { gemm.linear(x.data(), s.in, m, w.data(), s.out, s.in, y.data(), s.y, s.out, s.beta); });
-    const Fp8Matrix xq = gemm.quantize_activation(x.data(), s.in, m, s.in);
-    const double t_fp8 = time([&] { gemm.linear_fp8(xq, wq, y.data(), s.y, s.out, s.beta); });
-    const double t_q = time([&] { (void)gemm.quantize_activation(x.data(), s.in, m, s.in); });
-    std::printf("[fp8] m=2048 %-26s bf16 %7.1f us %6.0f TFLOP/s | fp8 %7.1f us %6.0f TFLOP/s | + quantize %5.1f us: "
-                "%6.0f TFLOP/s effective, %.2fx bf16\n",
-                s.name, t_bf16 * 1e6, flop / t_bf16 / 1e12, t_fp8 * 1e6, flop / t_fp8 / 1e12, t_q * 1e6,
-                flop / (t_fp8 + t_q) / 1e12, t_bf16 / (t_fp8 + t_q));
+  std::printf("[fp8] m=2048, us per call (TFLOP/s); fp8 columns: GEMM + activation quantization = total, x bf16\n");
+  for (int pass = 1; pass <= 2; ++pass) {
+    double sum_bf16 = 0, sum_tensor = 0, sum_row = 0, sum_epi = 0;
+    for (const Shape& s : shapes) {
+      DeviceBuffer<bf16> x, w;
+      x.upload(random_bf16(static_cast<size_t>(m * s.in), 1.0f, 1), st.s);
+      w.upload(random_bf16(static_cast<size_t>(s.out * s.in), 0.02f, 2), st.s);
+      DeviceBuffer<uint8_t> w8t(static_cast<size_t>(s.out * s.in)), w8r(static_cast<size_t>(s.out * s.in));
+      DeviceBuffer<float> work(kFp8WorkFloats), wscales(static_cast<size_t>(s.out));
+      quantize_e4m3(w.data(), s.in, s.out, s.in, w8t.data(), work.data(), st.s);
+      quantize_e4m3_rows(w.data(), s.in, s.out, s.in, w8r.data(), wscales.data(), st.s);
+      const Fp8Matrix wt{w8t.data(), work.data() + kFp8ScaleOffset, s.out, s.in, Fp8Scaling::kTensor};
+      const Fp8Matrix wr{w8r.data(), wscales.data(), s.out, s.in, Fp8Scaling::kRow};
+      DeviceBuffer<float> y(static_cast<size_t>(m * s.out));
+      const double flop = 2.0 * static_cast<double>(m) * s.out * s.in;
+      const double t_bf16 = time([&] { gemm.linear(x.data(), s.in, m, w.data(), s.out, s.in, y.data(), s.y, s.out, s.beta); });
+      double t_gemm[3], t_q[3];
+      const char* path = "";
+      for (int v = 0; v < 3; ++v) {  // per tensor, per row (outer vector), per row (epilogue)
+        gemm.set_fp8_scaling(v == 0 ? Fp8Scaling::kTensor : Fp8Scaling::kRow);
+        gemm.set_fp8_row_epilogue(v == 2);
+        const Fp8Matrix xq = gemm.quantize_activation(x.data(), s.in, m, s.in);
+        const Fp8Matrix& wq = v == 0 ? wt : wr;
+        t_gemm[v] = time([&] { gemm.linear_fp8(xq, wq, y.data(), s.y, s.out, s.beta); });
+        t_q[v] = time([&] { (void)gemm.quantize_activation(x.data(), s.in, m, s.in); });
+        if (v == 1) path = gemm.last_fp8_row_path();
+      }
+      ASSERT_EQ(cudaStreamSynchronize(st.s), cudaSuccess);
+      auto cell = [&](int v) {
+        char buf[96];
+        const double t = t_gemm[v] + t_q[v];
+        std::snprintf(buf, sizeof buf, "%6.1f + %5.1f = %6.1f (%4.0f) %.2fx", t_gemm[v] * 1e6, t_q[v] * 1e6, t * 1e6,
+                      flop / t / 1e12, t_bf16 / t);
+        return std::string(buf);
+      };
+      std::printf("[fp8] pass %d %-25s bf16 %6.1f (%4.0f) | tensor %s | row[%s] %s | row[epilogue] %s\n", pass, s.name,
+                  t_bf16 * 1e6, flop / t_bf16 / 1e12, cell(0).c_str(), path, cell(1).c_str(), cell(2).c_str());
+      sum_bf16 += t_bf16;
+      sum_tensor += t_gemm[0] + t_q[0];
+      sum_row += t_gemm[1] + t_q[1];
+      sum_epi += t_gemm[2] + t_q[2];
+    }
+    std::printf("[fp8] pass %d all five shapes (q + k + v counted once each): bf16 %.1f us | tensor %.1f us (%.2fx) | "
+                "row %.1f us (%.2fx) | row[epilogue] %.1f us (%.2fx)\n",
+                pass, sum_bf16 * 1e6, sum_tensor * 1e6, sum_bf16 / sum_tensor, sum_row * 1e6, sum_bf16 / sum_row,
+                sum_epi * 1e6, sum_bf16 / sum_epi);
   }
   std::fflush(stdout);
   cudaEventDestroy(e0);
