@@ -9,8 +9,10 @@
 #   stream stream_bench at 128K (dense bf16 and FP8, streamingllm bf16 and FP8; scripts/gpu/stream_1m.sh, TAG
 #          fp8_128k), then at 1M (streamingllm FP8, then bf16; TAG fp8_1m) when ONE_M=1 (default);
 #   real   the real SmolLM2-135M-Instruct on the GPU, --gemm bf16 vs fp8 (per row) vs fp8 per tensor in the same run:
-#          perplexity (`tessera eval --perplexity`, kjv, PPL_LENGTHS 2048,8192) and RULER's niah_single within the 8K
-#          context (REAL_LENGTHS 4096,8192 x depths 10,50,90, REAL_SAMPLES 2), dense attention, greedy.
+#          perplexity (`tessera eval --tasks none --perplexity`, kjv, PPL_LENGTHS 2048,8192; the CPU f32 reference in
+#          docs/accuracy/smollm2-135m: 5.009 at 2K, 6.998 at 8K) and RULER's niah_single within the 8K
+#          context (REAL_LENGTHS 4096,8192 x depths 10,50,90, REAL_SAMPLES 2), dense attention, greedy; first the CPU
+#          engine's perplexity at CPU_PPL_LENGTHS (2048; empty skips it): the f32 reference of the GPU's scoring.
 # Binaries built on the CPU machine and carried (ninja -C build/cuda-ci stream_bench fp8_gemm_test):
 #   BUILD_DIR=build/cuda-ci bash scripts/gpu/fp8_check.sh
 #   carry ["build/gpu-debs", "build/cuda-ci/bench/gpu/stream_bench", "build/cuda-ci/tests/gpu/fp8_gemm_test"]
@@ -63,6 +65,11 @@ if has real; then
   if [ ! -x "$TS" ] || [ ! -f "$MODEL" ]; then
     echo "fp8_check real: needs $TS and $MODEL (scripts/gpu/smollm2_gpu.sh's calls make both)" | tee "$R/summary.txt"
   else
+    if [ -n "${CPU_PPL_LENGTHS-2048}" ]; then
+      timeout -k 5 "${REAL_STEP_S:-150}" "$TS" eval -m "$MODEL" --device cpu --tasks none --perplexity "${CPU_PPL_LENGTHS-2048}" \
+        --haystack kjv --attn dense -o "$R/ppl_cpu" > "$R/ppl_cpu.log" 2>&1
+      echo "real cpu f32 perplexity exit $?: $(grep -E '^eval: perplexity' "$R/ppl_cpu.log" | tr '\n' ' ')" | tee -a "$R/summary.txt"
+    fi
     # Three GEMM precisions, each over the same perplexity text and the same needle cases.
     for v in bf16 fp8 fp8-tensor; do
       case $v in
@@ -71,7 +78,7 @@ if has real; then
         fp8-tensor) env=(TESSERA_FP8_SCALING=tensor); gemm=fp8 ;;
       esac
       env "${env[@]}" timeout -k 5 "${REAL_STEP_S:-150}" "$TS" eval -m "$MODEL" --device cuda --gemm "$gemm" \
-        --perplexity "${PPL_LENGTHS:-2048,8192}" --haystack kjv --attn dense -o "$R/ppl_$v" > "$R/ppl_$v.log" 2>&1
+        --tasks none --perplexity "${PPL_LENGTHS:-2048,8192}" --haystack kjv --attn dense -o "$R/ppl_$v" > "$R/ppl_$v.log" 2>&1
       echo "real $v perplexity exit $?: $(grep -E '^eval: perplexity' "$R/ppl_$v.log" | tr '\n' ' ')" | tee -a "$R/summary.txt"
       env "${env[@]}" timeout -k 5 "${REAL_STEP_S:-150}" "$TS" eval -m "$MODEL" --device cuda --gemm "$gemm" \
         --tasks niah_single -l "${REAL_LENGTHS:-4096,8192}" --depths "${REAL_DEPTHS:-10,50,90}" \
