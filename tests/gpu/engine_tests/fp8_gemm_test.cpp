@@ -350,6 +350,7 @@ void compare_engines(const DeviceModel& dev, const std::vector<int32_t>& tokens,
   bo.chunk_size = 64;  // several chunks
   GpuEngine bf(dev, bo);
   const std::vector<float> lb = bf.prefill(tokens), db = bf.decode(tokens[0]);
+  size_t fp8_bytes[2] = {0, 0};  // per row, per tensor: the environment really switched the weights' scales
   for (Fp8Scaling sc : kScalings) {
     const double bound = sc == Fp8Scaling::kRow ? row_bound : tensor_bound;
     const std::unique_ptr<GpuEngine> f8 = fp8_engine(dev, bo, sc);
@@ -365,6 +366,7 @@ void compare_engines(const DeviceModel& dev, const std::vector<int32_t>& tokens,
                 static_cast<double>(f8->memory().weights_bytes - bf.memory().weights_bytes) / 1e6);
     std::fflush(stdout);
     EXPECT_GT(f8->memory().weights_bytes, bf.memory().weights_bytes) << what;
+    fp8_bytes[sc == Fp8Scaling::kRow ? 0 : 1] = f8->memory().weights_bytes;
     EXPECT_LE(e, bound) << what << " per " << fp8_scaling_name(sc);
     // Decode runs the same FP8 path at m = 1.
     const std::vector<float> df = f8->decode(tokens[0]);
@@ -372,6 +374,7 @@ void compare_engines(const DeviceModel& dev, const std::vector<int32_t>& tokens,
     std::printf("[fp8] %s, per %s: one decode step, fp8 vs bf16 rel L2 %.4g\n", what.c_str(), fp8_scaling_name(sc), ed);
     EXPECT_LE(ed, bound) << what << " per " << fp8_scaling_name(sc) << " (decode)";
   }
+  EXPECT_GT(fp8_bytes[0], fp8_bytes[1]) << what << ": per-row weights hold a scale per row, per tensor one per matrix";
 }
 
 TEST(Fp8Engine, FixtureLastLogitsNearBf16) {
