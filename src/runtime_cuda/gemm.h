@@ -17,7 +17,8 @@
 //     through cuBLASLt's outer-vector scaling (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F, cuBLAS 12.9+ on Hopper: A
 //     = W gets the vector of its M = out rows, B = x^T the vector of its N = m columns). Where the library has no
 //     such kernel for a shape (no heuristic result, or every candidate refuses), the product runs per-tensor-scaled
-//     with unit scales into an f32 scratch and scale_outer_e4m3 applies sx sw and beta (an extra pass over y);
+//     with unit scales into an f32 scratch ([m, out], 4 bytes each) and scale_outer_e4m3 applies sx sw and beta (an
+//     extra pass over y: 1.6x the outer-vector time on an H200, docs/PERF.md "FP8 with per-row scales");
 //   - kTensor: one scale per matrix (scalar scale pointers), the coarser baseline: TESSERA_FP8_SCALING=tensor in the
 //     environment selects it for every engine built afterwards (fp8_scaling_from_env).
 #pragma once
