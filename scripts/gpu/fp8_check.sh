@@ -79,11 +79,14 @@ if has real; then
       esac
       env "${env[@]}" timeout -k 5 "${REAL_STEP_S:-150}" "$TS" eval -m "$MODEL" --device cuda --gemm "$gemm" \
         --tasks none --perplexity "${PPL_LENGTHS:-2048,8192}" --haystack kjv --attn dense -o "$R/ppl_$v" > "$R/ppl_$v.log" 2>&1
-      echo "real $v perplexity exit $?: $(grep -E '^eval: perplexity' "$R/ppl_$v.log" | tr '\n' ' ')" | tee -a "$R/summary.txt"
+      rc=$?
+      echo "real $v perplexity exit $rc: $(grep -E '^eval: perplexity' "$R/ppl_$v.log" | tr '\n' ' ')$([ $rc = 0 ] || tail -n 1 "$R/ppl_$v.log")" \
+        | tee -a "$R/summary.txt"
       env "${env[@]}" timeout -k 5 "${REAL_STEP_S:-150}" "$TS" eval -m "$MODEL" --device cuda --gemm "$gemm" \
         --tasks niah_single -l "${REAL_LENGTHS:-4096,8192}" --depths "${REAL_DEPTHS:-10,50,90}" \
         --samples "${REAL_SAMPLES:-2}" --attn dense --answer-tokens 16 -o "$R/niah_$v" > "$R/niah_$v.log" 2>&1
-      echo "real $v niah_single exit $?: $(grep -cE ' pass \(' "$R/niah_$v.log") pass, $(grep -cE ' FAIL \(' "$R/niah_$v.log") fail" \
+      rc=$?
+      echo "real $v niah_single exit $rc: $(grep -cE ' pass \(' "$R/niah_$v.log") pass, $(grep -cE ' FAIL \(' "$R/niah_$v.log") fail$([ $rc = 0 ] || echo "; $(tail -n 1 "$R/niah_$v.log")")" \
         | tee -a "$R/summary.txt"
     done
   fi
