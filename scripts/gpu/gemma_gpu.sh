@@ -14,7 +14,9 @@
 # ~51 MB (build/gemma-p0 .. build/gemma-p4, each with the whole file's sha256), joined on the device once all are
 # there. Here, first:
 #   bash scripts/gpu/gemma_gpu.sh prepare   the parts, and build/gemma-bin/tessera: a stripped copy of TESSERA_BIN
-#                                           (default build/cuda-ci/src/tessera, built here: never built there)
+#                                           (default build/cuda-ci/src/tessera, built here: never built there; 18 MB)
+#                                           with build/gemma-bin/lib: the libraries it links that the device lacks
+#                                           (COIN-OR CBC, ~7 MB); build/gpu-debs + build/gemma-bin: ~44 MB
 # Then six calls to one warm machine (carried paths stay on it between calls; no kind named):
 #   1. carry ["build/gpu-debs", "build/gemma-bin"]:  bash scripts/gpu/gemma_gpu.sh   (deps, the binary's check)
 #   2. carry ["build/gemma-p0"]:                     bash scripts/gpu/gemma_gpu.sh   (a part: stored, nothing run)
@@ -60,6 +62,17 @@ if [ "${1:-}" = prepare ]; then
     mkdir -p "$ROOT/build/gemma-bin"
     cp "$BIN" "$ROOT/build/gemma-bin/tessera"
     strip "$ROOT/build/gemma-bin/tessera" 2> /dev/null
+    # The shared libraries it links that neither the device's image nor build/gpu-debs has: COIN-OR's CBC (MoA's
+    # optimiser in `tessera plan`, linked when this machine has coinor-libcbc-dev) and its libbz2. (liblapack.so.3,
+    # which CBC needs, is OpenBLAS's: in build/gpu-debs.)
+    rm -rf "$ROOT/build/gemma-bin/lib"
+    mkdir -p "$ROOT/build/gemma-bin/lib"
+    ldd "$ROOT/build/gemma-bin/tessera" | awk '$3 ~ /^\// {print $1, $3}' | while read -r so path; do
+      case $so in
+        libCbc* | libCgl* | libOsi* | libClp* | libCoinUtils* | libbz2*) cp -L "$path" "$ROOT/build/gemma-bin/lib/$so" ;;
+      esac
+    done
+    echo "build/gemma-bin/lib: $(ls "$ROOT/build/gemma-bin/lib" | tr '\n' ' ')"
     echo "build/gemma-bin/tessera: $(stat -c %s "$ROOT/build/gemma-bin/tessera") bytes (from $BIN); with build/gpu-debs:" \
       "$(du -cb "$ROOT/build/gemma-bin" "$ROOT/build/gpu-debs" 2> /dev/null | tail -1 | cut -f1) bytes besides the tree"
   else
@@ -92,7 +105,10 @@ TESSERA_DEPS_CMAKE_ARGS=""
 
 # The binary: TS, the carried build/gemma-bin/tessera, else a build here.
 TS=${TS:-}
-[ -z "$TS" ] && [ -x build/gemma-bin/tessera ] && TS=$ROOT/build/gemma-bin/tessera
+if [ -z "$TS" ] && [ -x build/gemma-bin/tessera ]; then
+  TS=$ROOT/build/gemma-bin/tessera
+  export LD_LIBRARY_PATH="$ROOT/build/gemma-bin/lib:$ROOT/build/gpu-sysroot/usr/lib/x86_64-linux-gnu/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 if [ -z "$TS" ]; then
   BUILD_DIR=$ROOT/build/sr-cuda
   SRC=$ROOT
