@@ -19,6 +19,9 @@
 //
 // "ltri-fullindex": ltri with every kv head in its span index (with --retrieval-heads, "ltri" keeps only the kv heads
 // its retrieval heads read: StreamOptions::index_all_heads); the same decisions, a larger index.
+// "ltri-gemm" (also "ltri-fullindex-gemm"): Ltri's block scores by the cuBLAS f32 SGEMMs and the dots buffer over an
+// f32 index mirror (TESSERA_LTRI_SCORING=gemm: the path before the fused scoring kernel, stream_decide.h), a baseline
+// in the same run.
 //
 // TESSERA_STREAM_PROFILE=1: a line after each streaming row with the GPU time of attend()'s sections in the prefill
 // (GpuStreamStats::*_gpu_seconds: events around each section of each layer's call; they cost a little TTFT).
@@ -260,6 +263,9 @@ int main(int argc, char** argv) {
           // "<method>-fp8" / "dense-fp8": that row in FP8 (as --gemm fp8 does for every row).
           const bool fp8_suffix = spec.size() > 4 && spec.substr(spec.size() - 4) == "-fp8";
           std::string spec_bf16 = fp8_suffix ? spec.substr(0, spec.size() - 4) : spec;
+          // "<ltri...>-gemm": Ltri's scoring by the SGEMMs (TESSERA_LTRI_SCORING=gemm, read by StreamDecider's constructor).
+          const bool gemm_scoring = spec_bf16.size() > 5 && spec_bf16.substr(spec_bf16.size() - 5) == "-gemm";
+          if (gemm_scoring) spec_bf16 = spec_bf16.substr(0, spec_bf16.size() - 5);
           // "ltri-fullindex": Ltri with every kv head in its span index (StreamOptions::index_all_heads; the default
           // keeps the retrieval heads' kv heads only when --retrieval-heads is given), beside "ltri" in the same run.
           const bool full_index = spec_bf16.size() > 10 && spec_bf16.substr(spec_bf16.size() - 10) == "-fullindex";
@@ -298,9 +304,11 @@ int main(int argc, char** argv) {
               const bool copy_window = base.size() > 5 && base.substr(base.size() - 5) == "-copy";
               if (host_decisions) setenv("TESSERA_STREAM_DECISIONS", "host", 1);  // read by GpuStreamingKV's constructor
               if (copy_window) setenv("TESSERA_STREAM_WINDOW", "copy", 1);
+              if (gemm_scoring) setenv("TESSERA_LTRI_SCORING", "gemm", 1);
               slot = std::make_unique<GpuEngine>(*dev, go);
               if (host_decisions) unsetenv("TESSERA_STREAM_DECISIONS");
               if (copy_window) unsetenv("TESSERA_STREAM_WINDOW");
+              if (gemm_scoring) unsetenv("TESSERA_LTRI_SCORING");
             }
             ep = slot.get();
             ep->reset();

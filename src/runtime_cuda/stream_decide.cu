@@ -2,11 +2,14 @@
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
+#include <mma.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <string>
+#include <type_traits>
 
 #include "core/error.h"
 #include "cuda/cuda_check.h"
@@ -129,6 +132,137 @@ __global__ void gather_kernel(const nbf* q, const int32_t* tokens, float* out, i
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t a = idx / qrow, j = idx % qrow;
     out[idx] = __bfloat162float(q[static_cast<int64_t>(tokens[a]) * qrow + j]);
+  }
+}
+
+// The fused scoring's query rows: q rows of `tokens` (bf16, as they are), zero rows from m to m_pad.
+__global__ void gather_bf16_kernel(const nbf* q, const int32_t* tokens, nbf* out, int64_t m, int64_t m_pad, int64_t qrow) {
+  const int64_t total = m_pad * qrow;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t a = idx / qrow, j = idx % qrow;
+    out[idx] = a < m ? q[static_cast<int64_t>(tokens[a]) * qrow + j] : __float2bfloat16(0.0f);
+  }
+}
+
+// Ltri's fused scoring (stream_decide.h): one CTA per tile of stored spans [tile_begin[x], next tile's first or S),
+// whose vectors are consecutive. Per voting head in order: per 64 query rows (one 16-row slice per warp), per 128 of
+// the tile's vectors (a tile of several spans has at most 128: one pass; one longer span takes several), the dot
+// products on the tensor cores (bf16 x bf16, f32 accumulation) into shared memory, then each (row, span)'s maximum
+// over the span's vectors in the pass (combined with the earlier passes' for a span that began in one); then thread
+// s of the CTA adds span s's maxima over the rows in order into the running sum of the query span holding them and,
+// when a query span ends, sim[t][s] += w_h * sum / count (f64: sim_kernel's and the CPU's operations and order).
+constexpr int kFusedRows = 64;      // query rows per pass: 4 warps x 16
+constexpr int kFusedVectors = 128;  // stored vectors per pass; also the most spans of a tile (one thread each)
+constexpr int kFusedThreads = 128;
+constexpr int kDotsLd = kFusedVectors + 4;
+size_t fused_smem_bytes(int d) {
+  return static_cast<size_t>(kFusedVectors) * static_cast<size_t>(d + 8) * sizeof(nbf) +
+         static_cast<size_t>(kFusedRows) * kDotsLd * sizeof(float) + static_cast<size_t>(kFusedRows) * kFusedVectors * sizeof(float) +
+         2 * kFusedVectors * sizeof(int32_t);
+}
+
+__global__ void __launch_bounds__(kFusedThreads) fused_ltri_kernel(
+    const nbf* q, int64_t qrow, int32_t m, const nbf* keys, int64_t row, int d, const int32_t* voter_offsets,
+    const double* weights, int32_t voters, const int32_t* offsets, int32_t T, const int32_t* span_first,
+    const int32_t* span_count, const int32_t* tile_begin, int32_t tiles, int32_t S, double* sim) {
+  namespace wmma = nvcuda::wmma;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int ldk = d + 8;
+  nbf* ks = reinterpret_cast<nbf*>(smem);  // [kFusedVectors][ldk]: one head's keys of the pass
+  float* dots = reinterpret_cast<float*>(smem + static_cast<size_t>(kFusedVectors) * ldk * sizeof(nbf));  // [rows][kDotsLd]
+  float* smax = dots + kFusedRows * kDotsLd;                                  // [rows][kFusedVectors]: per span
+  int32_t* sfirst = reinterpret_cast<int32_t*>(smax + kFusedRows * kFusedVectors);
+  int32_t* scount = sfirst + kFusedVectors;
+  const int tile = static_cast<int>(blockIdx.x);
+  const int32_t s0 = tile_begin[tile], s1 = tile + 1 < tiles ? tile_begin[tile + 1] : S;
+  const int ns = s1 - s0;  // <= kFusedThreads
+  const int tid = static_cast<int>(threadIdx.x), warp = tid / 32;
+  for (int i = tid; i < ns; i += kFusedThreads) {
+    sfirst[i] = span_first[s0 + i];
+    scount[i] = span_count[s0 + i];
+  }
+  __syncthreads();
+  const int64_t v0 = sfirst[0], v1 = static_cast<int64_t>(sfirst[ns - 1]) + scount[ns - 1];
+  const int passes = static_cast<int>((v1 - v0 + kFusedVectors - 1) / kFusedVectors);
+  double* mine = sim + s0 + tid;  // sim[t][s0 + tid] at mine[t * S]
+  if (tid < ns)
+    for (int32_t t = 0; t < T; ++t) mine[static_cast<int64_t>(t) * S] = 0.0;
+  const int per_row = d / 8;  // 16-byte pieces of a key
+  int loaded = -1;              // the pass whose keys ks holds, and their kv head (the heads of a group share it)
+  int32_t loaded_koff = -1;
+  for (int32_t h = 0; h < voters; ++h) {
+    const double w = weights[h];
+    const int32_t qoff = voter_offsets[2 * h], koff = voter_offsets[2 * h + 1];
+    int32_t t = 0;  // thread tid's query span and its running sum
+    double sum = 0;
+    for (int32_t a0 = 0; a0 < m; a0 += kFusedRows) {
+      const int rows = min(kFusedRows, m - a0);
+      for (int p = 0; p < passes; ++p) {
+        const int64_t b0 = v0 + static_cast<int64_t>(p) * kFusedVectors;
+        const int nb = static_cast<int>(min(static_cast<int64_t>(kFusedVectors), v1 - b0));
+        if (loaded != p || loaded_koff != koff) {
+          __syncthreads();  // (the last pass's products are done with ks)
+          for (int i = tid; i < kFusedVectors * per_row; i += kFusedThreads) {
+            const int r = i / per_row, c = (i % per_row) * 8;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (r < nb) v = *reinterpret_cast<const uint4*>(keys + (b0 + r) * row + koff + c);
+            *reinterpret_cast<uint4*>(ks + r * ldk + c) = v;
+          }
+          loaded = p;
+          loaded_koff = koff;
+          __syncthreads();
+        }
+        if (a0 + warp * 16 < m) {  // (a warp whose 16 rows are all padding has nothing to compute)
+          wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[kFusedVectors / 16];
+          for (auto& f : acc) wmma::fill_fragment(f, 0.0f);
+          const nbf* qa = q + static_cast<int64_t>(a0 + warp * 16) * qrow + qoff;
+          for (int k = 0; k < d; k += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, nbf, wmma::row_major> fa;
+            wmma::load_matrix_sync(fa, qa + k, static_cast<unsigned>(qrow));
+            for (int f = 0; f < kFusedVectors / 16; ++f) {
+              wmma::fragment<wmma::matrix_b, 16, 16, 16, nbf, wmma::col_major> fb;
+              wmma::load_matrix_sync(fb, ks + f * 16 * ldk + k, static_cast<unsigned>(ldk));
+              wmma::mma_sync(acc[f], fa, fb, acc[f]);
+            }
+          }
+          for (int f = 0; f < kFusedVectors / 16; ++f)
+            wmma::store_matrix_sync(dots + warp * 16 * kDotsLd + f * 16, acc[f], kDotsLd, wmma::mem_row_major);
+        }
+        __syncthreads();
+        for (int i = tid; i < rows * ns; i += kFusedThreads) {
+          const int a = i / ns, sl = i % ns;
+          const int64_t f0 = sfirst[sl], f1 = f0 + scount[sl];
+          const int64_t lo = max(f0, b0), hi = min(f1, b0 + nb);
+          if (lo >= hi) continue;  // the span is in another pass
+          const float* dr = dots + a * kDotsLd;
+          float mx = dr[lo - b0];
+          for (int64_t b = lo + 1; b < hi; ++b) mx = fmaxf(mx, dr[b - b0]);
+          float* slot = smax + a * kFusedVectors + sl;
+          *slot = f0 < b0 ? fmaxf(*slot, mx) : mx;
+        }
+        __syncthreads();
+      }
+      if (tid < ns)
+        for (int a = 0; a < rows; ++a) {
+          while (offsets[t + 1] <= a0 + a) {  // query span t ended before this row
+            const int32_t c = offsets[t + 1] - offsets[t];
+            if (c > 0) mine[static_cast<int64_t>(t) * S] = __dadd_rn(mine[static_cast<int64_t>(t) * S],
+                                                                     __ddiv_rn(__dmul_rn(w, sum), static_cast<double>(c)));
+            sum = 0;
+            ++t;
+          }
+          sum = __dadd_rn(sum, static_cast<double>(smax[a * kFusedVectors + tid]));
+        }
+      __syncthreads();  // (smax and dots are rewritten by the next rows)
+    }
+    if (tid < ns)
+      for (; t < T; ++t) {
+        const int32_t c = offsets[t + 1] - offsets[t];
+        if (c > 0) mine[static_cast<int64_t>(t) * S] = __dadd_rn(mine[static_cast<int64_t>(t) * S],
+                                                                 __ddiv_rn(__dmul_rn(w, sum), static_cast<double>(c)));
+        sum = 0;
+      }
   }
 }
 
@@ -281,14 +415,19 @@ __global__ void masses_kernel(const double* P, int n, const int32_t* spans, int 
 
 // Ring rows of positions -> f32 rows.
 // Values [first, first + row) of each ring row (ring rows of `ring_row` values) of the positions, [m, row] f32.
+// (Out: float, the bf16 values converted exactly; or nbf, as they are.)
+template <typename Out>
 __global__ void gather_ring_kernel(const nbf* ring, int32_t ring_rows, int32_t sinks, const int32_t* positions,
-                                   int64_t m, int64_t row, float* out, int64_t ring_row, int64_t first) {
+                                   int64_t m, int64_t row, Out* out, int64_t ring_row, int64_t first) {
   const int64_t total = m * row;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t a = idx / row, j = idx % row;
     const int64_t slot = (positions[a] - sinks) % ring_rows;
-    out[idx] = __bfloat162float(ring[slot * ring_row + first + j]);
+    if constexpr (std::is_same_v<Out, float>)
+      out[idx] = __bfloat162float(ring[slot * ring_row + first + j]);
+    else
+      out[idx] = ring[slot * ring_row + first + j];
   }
 }
 
@@ -355,6 +494,13 @@ StreamDecider::StreamDecider(const ModelConfig& cfg)
   row_ = static_cast<int64_t>(nkv_) * d_;
   mirrors_.resize(static_cast<size_t>(cfg.num_layers));
   means_mirrors_.resize(static_cast<size_t>(cfg.num_layers));
+  const char* scoring = std::getenv("TESSERA_LTRI_SCORING");
+  const std::string how = scoring != nullptr ? scoring : "fused";
+  check(how == "fused" || how == "gemm", "TESSERA_LTRI_SCORING must be fused or gemm, got '" + how + "'");
+  fused_ = how == "fused" && d_ % 16 == 0 && d_ <= 256;
+  if (fused_)
+    TESSERA_CUDA_CHECK(cudaFuncSetAttribute(fused_ltri_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(fused_smem_bytes(d_))));
   cublasHandle_t h = nullptr;
   cublas_check(cublasCreate(&h), "cublasCreate");
   handle_ = h;
@@ -377,19 +523,28 @@ size_t StreamDecider::device_bytes() const {
   size_t b = qf_.bytes() + kf_.bytes() + scores_.bytes() + map_.bytes() + votes_.bytes() + qsel_.bytes() +
              dots_.bytes() + mean_.bytes() + sim_.bytes() + block_scores_.bytes() + weights_.bytes() + tokens_.bytes() +
              span_offsets_.bytes() + vote_heads_.bytes();
-  for (const Mirror& m : mirrors_) b += m.keys.bytes() + m.span_first.bytes() + m.span_count.bytes() + m.block_begin.bytes();
+  for (const Mirror& m : mirrors_)
+    b += m.keys.bytes() + m.keys16.bytes() + m.span_first.bytes() + m.span_count.bytes() + m.block_begin.bytes() +
+         m.tile_begin.bytes();
+  b += qsel16_.bytes();
   for (const MeansMirror& m : means_mirrors_) b += m.means.bytes();
   b += prefix_.bytes() + theta_dev_.bytes() + masses_.bytes() + cand_begin_.bytes() + cand_end_.bytes() +
        positions_.bytes() + cand_score_.bytes() + keys_.bytes() + repr_dots_.bytes() + select_.bytes();
   return b;
 }
 
+void StreamDecider::Mirror::clear() {
+  vectors = spans = 0;
+  blocks = 0;
+  tile_vectors = tile_spans = tiles_uploaded = 0;
+  first_host.clear();
+  count_host.clear();
+  block_begin_host.clear();
+  tile_begin_host.clear();
+}
+
 void StreamDecider::reset() {
-  for (Mirror& m : mirrors_) {
-    m.vectors = m.spans = 0;
-    m.first_host.clear();
-    m.count_host.clear();
-  }
+  for (Mirror& m : mirrors_) m.clear();
   for (MeansMirror& m : means_mirrors_) m.blocks = 0;
   pending_ = pending_candidates_ = false;
 }
@@ -530,7 +685,7 @@ std::vector<float> StreamDecider::gather_keys(const bf16* ring, int32_t ring_row
   h2d(positions_.data(), staging_, static_cast<size_t>(m), s);
   gather_ring_kernel<<<blocks_for(m * row_, kThreads), kThreads, 0, s>>>(reinterpret_cast<const nbf*>(ring), ring_rows,
                                                                          sinks, positions_.data(), m, row_, keys_.data(),
-                                                                         row_, 0);
+                                                                         row_, int64_t{0});
   check_launch("stream index keys");
   pinned(keys_host_, keys_host_values_, static_cast<size_t>(m * row_));
   TESSERA_CUDA_CHECK(cudaMemcpyAsync(keys_host_, keys_.data(), static_cast<size_t>(m * row_) * sizeof(float),
@@ -541,13 +696,14 @@ std::vector<float> StreamDecider::gather_keys(const bf16* ring, int32_t ring_row
   return out;
 }
 
-void StreamDecider::set_mirror_heads(Mirror& M, int32_t head_begin, int32_t heads) {
+void StreamDecider::set_mirror_heads(Mirror& M, int32_t head_begin, int32_t heads, bool f32) {
   check(head_begin >= 0 && heads >= 0 && head_begin + heads <= nkv_, "GPU streaming: index heads outside the kv heads");
   const int64_t row = static_cast<int64_t>(heads) * d_;
-  if (M.row != row || M.head_begin != head_begin) {
-    check(M.vectors == 0, "GPU streaming: the index mirror's kv heads changed while it holds vectors");
+  if (M.row != row || M.head_begin != head_begin || M.f32 != f32) {
+    check(M.vectors == 0, "GPU streaming: the index mirror's kv heads or key type changed while it holds vectors");
     M.row = row;
     M.head_begin = head_begin;
+    M.f32 = f32;
     M.vector_capacity = 0;  // (grow() reallocates at the new row size)
   }
 }
@@ -558,27 +714,42 @@ void StreamDecider::append_index_keys(int32_t layer, const bf16* ring, int32_t r
   Mirror& M = mirrors_[static_cast<size_t>(layer)];
   const auto m = static_cast<int64_t>(positions.size());
   if (m == 0) return;
-  set_mirror_heads(M, head_begin, heads);
+  set_mirror_heads(M, head_begin, heads, !fused_);  // the ring's bf16 values as they are for the fused scoring
   if (M.row == 0) {  // a layer that keeps no heads: nothing to hold
     M.vectors += m;
     return;
   }
-  grow(M.keys, M.vector_capacity, M.vectors + m, M.vectors, M.row, s);
   fit(positions_, static_cast<size_t>(m));
   h2d(positions_.data(), positions.data(), static_cast<size_t>(m), s);  // pageable: staged at once
-  gather_ring_kernel<<<blocks_for(m * M.row, kThreads), kThreads, 0, s>>>(reinterpret_cast<const nbf*>(ring), ring_rows,
-                                                                          sinks, positions_.data(), m, M.row,
-                                                                          M.keys.data() + M.vectors * M.row, row_,
-                                                                          static_cast<int64_t>(head_begin) * d_);
+  const auto* r = reinterpret_cast<const nbf*>(ring);
+  const int64_t first = static_cast<int64_t>(head_begin) * d_;
+  if (M.f32) {
+    grow(M.keys, M.vector_capacity, M.vectors + m, M.vectors, M.row, s);
+    gather_ring_kernel<<<blocks_for(m * M.row, kThreads), kThreads, 0, s>>>(r, ring_rows, sinks, positions_.data(), m,
+                                                                            M.row, M.keys.data() + M.vectors * M.row,
+                                                                            row_, first);
+  } else {
+    grow(M.keys16, M.vector_capacity, M.vectors + m, M.vectors, M.row, s);
+    gather_ring_kernel<<<blocks_for(m * M.row, kThreads), kThreads, 0, s>>>(
+        r, ring_rows, sinks, positions_.data(), m, M.row, reinterpret_cast<nbf*>(M.keys16.data()) + M.vectors * M.row,
+        row_, first);
+  }
   check_launch("stream index keys to the mirror");
   M.vectors += m;
 }
 
 std::vector<float> StreamDecider::mirror_keys(int32_t layer) const {
   const Mirror& M = mirrors_[static_cast<size_t>(layer)];
-  std::vector<float> out(static_cast<size_t>(M.vectors * M.row));
-  if (!out.empty())
+  const int64_t values = M.row > 0 ? M.vectors * M.row : 0;
+  std::vector<float> out(static_cast<size_t>(values));
+  if (out.empty()) return out;
+  if (M.f32) {
     TESSERA_CUDA_CHECK(cudaMemcpy(out.data(), M.keys.data(), out.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  } else {
+    std::vector<bf16> raw(out.size());
+    TESSERA_CUDA_CHECK(cudaMemcpy(raw.data(), M.keys16.data(), raw.size() * sizeof(bf16), cudaMemcpyDeviceToHost));
+    std::transform(raw.begin(), raw.end(), out.begin(), bf16_to_f32);
+  }
   return out;
 }
 
@@ -642,13 +813,10 @@ void StreamDecider::mirror(int32_t layer, const stream::SpanIndex& index, cudaSt
   const std::span<const float> keys = index.keys();
   const int64_t vectors = index.num_vectors();
   const int64_t spans = index.num_spans();
-  if (vectors < M.vectors || spans < M.spans) {  // the index was cleared (a new sequence)
-    M.vectors = M.spans = 0;
-    M.first_host.clear();
-    M.count_host.clear();
-  }
-  set_mirror_heads(M, index.kv_head_begin(), index.kv_heads_kept());
-  if (index.holds_keys()) {
+  const int32_t blocks = index.num_blocks();
+  if (vectors < M.vectors || spans < M.spans || blocks < M.blocks) M.clear();  // the index was cleared (a new sequence)
+  if (index.holds_keys()) {  // f32 keys uploaded from the host index (scored by the gemm path)
+    set_mirror_heads(M, index.kv_head_begin(), index.kv_heads_kept(), true);
     if (vectors > M.vectors && M.row > 0) {
       grow(M.keys, M.vector_capacity, vectors, M.vectors, M.row, s);
       h2d(M.keys.data() + M.vectors * M.row, keys.data() + M.vectors * M.row,
@@ -656,6 +824,7 @@ void StreamDecider::mirror(int32_t layer, const stream::SpanIndex& index, cudaSt
     }
     M.vectors = vectors;
   } else {  // the keys were appended here as they were gathered (append_index_keys)
+    set_mirror_heads(M, index.kv_head_begin(), index.kv_heads_kept(), M.f32);
     check(M.vectors == vectors, "GPU streaming: the device's index mirror holds " + std::to_string(M.vectors) +
                                     " vectors, the span index " + std::to_string(vectors));
   }
@@ -667,24 +836,124 @@ void StreamDecider::mirror(int32_t layer, const stream::SpanIndex& index, cudaSt
     M.span_capacity = cap;
     const std::span<const int64_t> first = index.span_first(), count = index.span_count();
     for (int64_t i = M.spans; i < spans; ++i) {
+      const auto c = static_cast<int32_t>(count[static_cast<size_t>(i)]);
       M.first_host.push_back(static_cast<int32_t>(first[static_cast<size_t>(i)]));
-      M.count_host.push_back(static_cast<int32_t>(count[static_cast<size_t>(i)]));
+      M.count_host.push_back(c);
+      // The fused scoring's tiles: whole spans, at most kFusedVectors vectors and spans (or one longer span).
+      if (M.tile_begin_host.empty() || M.tile_vectors + c > kFusedVectors || M.tile_spans == kFusedVectors) {
+        M.tile_begin_host.push_back(static_cast<int32_t>(i));
+        M.tile_vectors = c;
+        M.tile_spans = 1;
+      } else {
+        M.tile_vectors += c;
+        ++M.tile_spans;
+      }
     }
     // Pageable copies: staged before cudaMemcpyAsync returns, so the host vectors may change afterwards.
     h2d(M.span_first.data() + M.spans, M.first_host.data() + M.spans, static_cast<size_t>(spans - M.spans), s);
     h2d(M.span_count.data() + M.spans, M.count_host.data() + M.spans, static_cast<size_t>(spans - M.spans), s);
     M.spans = spans;
+    const auto tiles = static_cast<int64_t>(M.tile_begin_host.size());
+    if (tiles > M.tiles_uploaded) {  // a tile's first span never changes: only the new tiles go up
+      grow(M.tile_begin, M.tile_capacity, tiles, M.tiles_uploaded, 1, s);
+      h2d(M.tile_begin.data() + M.tiles_uploaded, M.tile_begin_host.data() + M.tiles_uploaded,
+          static_cast<size_t>(tiles - M.tiles_uploaded), s);
+      M.tiles_uploaded = tiles;
+    }
   }
-  const int32_t blocks = index.num_blocks();
-  M.block_begin_host.assign(static_cast<size_t>(blocks) + 1, 0);
-  for (int32_t b = 0; b < blocks; ++b) {
-    const std::span<const int64_t> bs = index.block_spans(b);
-    check(bs.empty() || bs.front() == M.block_begin_host[static_cast<size_t>(b)],
-          "GPU streaming: a block's spans are not consecutive in the span index");
-    M.block_begin_host[static_cast<size_t>(b) + 1] = M.block_begin_host[static_cast<size_t>(b)] + static_cast<int32_t>(bs.size());
+  // block_begin: [blocks + 1] span ids, extended from the last block it covered (which may have gained spans); a
+  // block's spans are consecutive and every span is in a block, so the last entry is the spans' count.
+  if (blocks != M.blocks || (blocks > 0 && M.block_begin_host[static_cast<size_t>(blocks)] != spans)) {
+    const int32_t from = std::max(0, M.blocks - 1);
+    M.block_begin_host.resize(static_cast<size_t>(blocks) + 1);
+    M.block_begin_host[0] = 0;
+    for (int32_t b = from; b < blocks; ++b) {
+      const std::span<const int64_t> bs = index.block_spans(b);
+      check(bs.empty() || bs.front() == M.block_begin_host[static_cast<size_t>(b)],
+            "GPU streaming: a block's spans are not consecutive in the span index");
+      M.block_begin_host[static_cast<size_t>(b) + 1] =
+          M.block_begin_host[static_cast<size_t>(b)] + static_cast<int32_t>(bs.size());
+    }
+    check(M.block_begin_host[static_cast<size_t>(blocks)] == spans,
+          "GPU streaming: the span index's blocks hold " + std::to_string(M.block_begin_host[static_cast<size_t>(blocks)]) +
+              " spans, the index " + std::to_string(spans) + " (a block gained spans after a later one)");
+    int64_t cap = M.block_capacity;
+    grow(M.block_begin, cap, static_cast<int64_t>(blocks) + 1, M.blocks > 0 ? from + 1 : 0, 1, s);
+    M.block_capacity = cap;
+    h2d(M.block_begin.data() + from, M.block_begin_host.data() + from, static_cast<size_t>(blocks + 1 - from), s);
+    M.blocks = blocks;
   }
-  fit(M.block_begin, M.block_begin_host.size());
-  h2d(M.block_begin.data(), M.block_begin_host.data(), M.block_begin_host.size(), s);  // pageable: staged at once
+}
+
+void StreamDecider::gemm_scores(Mirror& M, int64_t m, int32_t T, std::span<const int32_t> heads, cudaStream_t s) {
+  const cublasHandle_t h = as_handle(handle_);
+  cublas_check(cublasSetStream(h, s), "cublasSetStream");
+  const auto H = static_cast<int32_t>(heads.size());
+  const int64_t S = M.spans;
+  // Tiles of whole spans, at most ~256 MB of dot products each.
+  const int64_t tile_vectors = std::max<int64_t>(1024, (int64_t{64} << 20) / (static_cast<int64_t>(H) * m));
+  const float alpha = 1.0f, beta = 0.0f;
+  const int group = nq_ / nkv_;
+  for (int64_t s0 = 0; s0 < S;) {
+    const int64_t v0 = M.first_host[static_cast<size_t>(s0)];
+    int64_t s1 = s0 + 1;
+    while (s1 < S && M.first_host[static_cast<size_t>(s1)] + M.count_host[static_cast<size_t>(s1)] - v0 <= tile_vectors) ++s1;
+    const int64_t vt = M.first_host[static_cast<size_t>(s1 - 1)] + M.count_host[static_cast<size_t>(s1 - 1)] - v0;
+    fit(dots_, static_cast<size_t>(static_cast<int64_t>(H) * m * vt));
+    // dots[slot] (row-major [m, vt]) = Q_h K_g^T: column-major C [vt, m] = K^T-read (TN).
+    const int64_t row = M.row;  // the kept kv heads' values per vector
+    if (H == nq_ && M.row == row_) {
+      for (int j = 0; j < group; ++j)
+        cublas_check(cublasSgemmStridedBatched(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(vt), static_cast<int>(m),
+                                               d_, &alpha, M.keys.data() + v0 * row, static_cast<int>(row), d_,
+                                               qsel_.data() + static_cast<int64_t>(j) * d_, static_cast<int>(qrow_),
+                                               static_cast<int64_t>(group) * d_, &beta, dots_.data() + j * m * vt,
+                                               static_cast<int>(vt), group * m * vt, nkv_),
+                     "stream ltri scores: cublasSgemmStridedBatched");
+    } else {
+      for (int32_t slot = 0; slot < H; ++slot) {
+        const int32_t hh = heads[static_cast<size_t>(slot)], g = hh / group - M.head_begin;  // within the kept
+        cublas_check(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(vt), static_cast<int>(m), d_, &alpha,
+                                 M.keys.data() + v0 * row + static_cast<int64_t>(g) * d_, static_cast<int>(row),
+                                 qsel_.data() + static_cast<int64_t>(hh) * d_, static_cast<int>(qrow_), &beta,
+                                 dots_.data() + slot * m * vt, static_cast<int>(vt)),
+                     "stream ltri scores: cublasSgemm");
+      }
+    }
+    sim_kernel<<<blocks_for(static_cast<int64_t>(T) * (s1 - s0), kThreads), kThreads, 0, s>>>(
+        dots_.data(), span_offsets_.data(), T, M.span_first.data(), M.span_count.data(), static_cast<int32_t>(s0),
+        static_cast<int32_t>(s1), v0, vt, m, weights_.data(), H, sim_.data(), S);
+    check_launch("stream ltri scores: sim");
+    s0 = s1;
+  }
+}
+
+void StreamDecider::fused_scores(Mirror& M, const bf16* q, int64_t m, int32_t T, std::span<const int32_t> heads,
+                                 cudaStream_t s) {
+  const auto H = static_cast<int32_t>(heads.size());
+  const int64_t m_pad = (m + kFusedRows - 1) / kFusedRows * kFusedRows;
+  fit(qsel16_, static_cast<size_t>(m_pad * qrow_));
+  auto* qs = reinterpret_cast<nbf*>(qsel16_.data());
+  gather_bf16_kernel<<<blocks_for(m_pad * qrow_, kThreads), kThreads, 0, s>>>(reinterpret_cast<const nbf*>(q),
+                                                                             tokens_.data(), qs, m, m_pad, qrow_);
+  check_launch("stream ltri scores: gather");
+  // Per voter: its query head's offset in a query row and its kv head's in a mirror row (staged by ltri_scores()
+  // after the tokens and span offsets: the pinned staging is read by the copies in flight).
+  int32_t* voters = staging_ + m + T + 1;
+  const int group = nq_ / nkv_;
+  for (int32_t slot = 0; slot < H; ++slot) {
+    const int32_t hh = heads[static_cast<size_t>(slot)];
+    voters[2 * slot] = hh * d_;
+    voters[2 * slot + 1] = (hh / group - M.head_begin) * d_;
+  }
+  fit(vote_heads_, static_cast<size_t>(2 * H));
+  h2d(vote_heads_.data(), voters, static_cast<size_t>(2 * H), s);
+  const auto tiles = static_cast<int32_t>(M.tile_begin_host.size());
+  fused_ltri_kernel<<<tiles, kFusedThreads, fused_smem_bytes(d_), s>>>(
+      qs, qrow_, static_cast<int32_t>(m), reinterpret_cast<const nbf*>(M.keys16.data()), M.row, d_, vote_heads_.data(),
+      weights_.data(), H, span_offsets_.data(), T, M.span_first.data(), M.span_count.data(), M.tile_begin.data(), tiles,
+      static_cast<int32_t>(M.spans), sim_.data());
+  check_launch("stream ltri scores: fused");
 }
 
 std::vector<double> StreamDecider::ltri_scores(int32_t layer, const stream::SpanIndex& index, const bf16* q,
@@ -692,8 +961,6 @@ std::vector<double> StreamDecider::ltri_scores(int32_t layer, const stream::Span
                                                const stream::HeadWeights& w, cudaStream_t s) {
   mirror(layer, index, s);
   Mirror& M = mirrors_[static_cast<size_t>(layer)];
-  const cublasHandle_t h = as_handle(handle_);
-  cublas_check(cublasSetStream(h, s), "cublasSetStream");
   const int32_t blocks = index.num_blocks();
   const auto T = static_cast<int32_t>(counts.size());
   const auto m = static_cast<int64_t>(tokens.size());
@@ -702,14 +969,18 @@ std::vector<double> StreamDecider::ltri_scores(int32_t layer, const stream::Span
   // Voting heads (weights in head order).
   std::vector<int32_t> heads;
   std::vector<double> weights;
+  const int group = nq_ / nkv_;
   for (int32_t hh = 0; hh < nq_; ++hh)
     if (w[static_cast<size_t>(hh)] != 0) {
+      const int32_t g = hh / group - M.head_begin;  // within the kept kv heads
+      check(g >= 0 && static_cast<int64_t>(g) * d_ < M.row, "GPU streaming: query head " + std::to_string(hh) +
+                                                                " votes, but its kv head is not in the index");
       heads.push_back(hh);
       weights.push_back(w[static_cast<size_t>(hh)]);
     }
   const auto H = static_cast<int32_t>(heads.size());
   // Query vectors and span offsets.
-  pinned(staging_, staging_values_, static_cast<size_t>(m + T + 1));
+  pinned(staging_, staging_values_, static_cast<size_t>(m + T + 1 + 2 * H));  // (+ fused_scores()'s voter offsets)
   std::copy(tokens.begin(), tokens.end(), staging_);
   int32_t* offsets = staging_ + m;
   offsets[0] = 0;
@@ -723,47 +994,14 @@ std::vector<double> StreamDecider::ltri_scores(int32_t layer, const stream::Span
   h2d(weights_.data(), weights.data(), weights.size(), s);
   fit(sim_, static_cast<size_t>(std::max<int64_t>(static_cast<int64_t>(T) * S, 1)));
   if (m > 0 && V > 0 && H > 0 && S > 0) {
-    fit(qsel_, static_cast<size_t>(m * qrow_));
-    gather_kernel<<<blocks_for(m * qrow_, kThreads), kThreads, 0, s>>>(reinterpret_cast<const nbf*>(q), tokens_.data(),
-                                                                      qsel_.data(), m, qrow_);
-    check_launch("stream ltri scores: gather");
-    // Tiles of whole spans, at most ~256 MB of dot products each.
-    const int64_t tile_vectors = std::max<int64_t>(1024, (int64_t{64} << 20) / (static_cast<int64_t>(H) * m));
-    const float alpha = 1.0f, beta = 0.0f;
-    const int group = nq_ / nkv_;
-    for (int64_t s0 = 0; s0 < S;) {
-      const int64_t v0 = M.first_host[static_cast<size_t>(s0)];
-      int64_t s1 = s0 + 1;
-      while (s1 < S && M.first_host[static_cast<size_t>(s1)] + M.count_host[static_cast<size_t>(s1)] - v0 <= tile_vectors) ++s1;
-      const int64_t vt = M.first_host[static_cast<size_t>(s1 - 1)] + M.count_host[static_cast<size_t>(s1 - 1)] - v0;
-      fit(dots_, static_cast<size_t>(static_cast<int64_t>(H) * m * vt));
-      // dots[slot] (row-major [m, vt]) = Q_h K_g^T: column-major C [vt, m] = K^T-read (TN).
-      const int64_t row = M.row;  // the kept kv heads' values per vector
-      if (H == nq_ && M.row == row_) {
-        for (int j = 0; j < group; ++j)
-          cublas_check(cublasSgemmStridedBatched(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(vt), static_cast<int>(m),
-                                                 d_, &alpha, M.keys.data() + v0 * row, static_cast<int>(row), d_,
-                                                 qsel_.data() + static_cast<int64_t>(j) * d_, static_cast<int>(qrow_),
-                                                 static_cast<int64_t>(group) * d_, &beta, dots_.data() + j * m * vt,
-                                                 static_cast<int>(vt), group * m * vt, nkv_),
-                       "stream ltri scores: cublasSgemmStridedBatched");
-      } else {
-        for (int32_t slot = 0; slot < H; ++slot) {
-          const int32_t hh = heads[static_cast<size_t>(slot)], g = hh / group - M.head_begin;  // within the kept
-          check(g >= 0 && static_cast<int64_t>(g) * d_ < row, "GPU streaming: query head " + std::to_string(hh) +
-                                                                  " votes, but its kv head is not in the index");
-          cublas_check(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(vt), static_cast<int>(m), d_, &alpha,
-                                   M.keys.data() + v0 * row + static_cast<int64_t>(g) * d_, static_cast<int>(row),
-                                   qsel_.data() + static_cast<int64_t>(hh) * d_, static_cast<int>(qrow_), &beta,
-                                   dots_.data() + slot * m * vt, static_cast<int>(vt)),
-                       "stream ltri scores: cublasSgemm");
-        }
-      }
-      sim_kernel<<<blocks_for(static_cast<int64_t>(T) * (s1 - s0), kThreads), kThreads, 0, s>>>(
-          dots_.data(), span_offsets_.data(), T, M.span_first.data(), M.span_count.data(), static_cast<int32_t>(s0),
-          static_cast<int32_t>(s1), v0, vt, m, weights_.data(), H, sim_.data(), S);
-      check_launch("stream ltri scores: sim");
-      s0 = s1;
+    if (M.f32) {
+      fit(qsel_, static_cast<size_t>(m * qrow_));
+      gather_kernel<<<blocks_for(m * qrow_, kThreads), kThreads, 0, s>>>(reinterpret_cast<const nbf*>(q), tokens_.data(),
+                                                                        qsel_.data(), m, qrow_);
+      check_launch("stream ltri scores: gather");
+      gemm_scores(M, m, T, heads, s);
+    } else {
+      fused_scores(M, q, m, T, heads, s);
     }
   } else if (static_cast<int64_t>(T) * S > 0) {
     TESSERA_CUDA_CHECK(cudaMemsetAsync(sim_.data(), 0, static_cast<size_t>(T) * static_cast<size_t>(S) * sizeof(double), s));

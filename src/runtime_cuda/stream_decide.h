@@ -20,14 +20,25 @@
 //    sequentially over the tokens, q / n each) — and infllm_scores(): the blocks scored on the device against a
 //    per-layer mirror of the block means (uploaded as blocks are evicted) with span_math::repr_score's arithmetic
 //    (ReprIndex::block_scores's): only the scores come back, EQUAL to the host's.
-//  - Ltri: a per-layer mirror of the span index (its f32 key vectors: the kv heads the index keeps, gathered from the
-//    ring as the host index counts them, or uploaded from a host index that holds them) and
-//    ltri_scores(): the query vectors (raw q rows of the tokens the host chose) gathered on the device, all their dot
-//    products with the index vectors by cuBLAS SGEMMs (per voting head; the index in tiles of whole spans, so the
-//    dot products never need more than ~256 MB), then sim(t, s) = sum_h w_h mean_{a in t} max_{b in s} q_h(a).k(b)
-//    and score(blk) = sum_t max_{s in blk} sim(t, s) in f64 in the CPU's order (SpanIndex::block_scores); only the
-//    block scores come back. The dot products are f32 sums in another order than OpenBLAS's: the scores are within
-//    ~1e-6 relative of the CPU's, not bitwise equal.
+//  - Ltri: a per-layer mirror of the span index (the key vectors of the kv heads the index keeps: gathered from the
+//    ring as the host index counts them, kept as the ring's bf16 values — exact, half the bytes of f32 — or uploaded
+//    in f32 from a host index that holds them) and ltri_scores(): the query vectors (raw q rows of the tokens the
+//    host chose) gathered on the device, then sim(t, s) = sum_h w_h mean_{a in t} max_{b in s} q_h(a).k(b) and
+//    score(blk) = sum_t max_{s in blk} sim(t, s) in f64 in the CPU's order (SpanIndex::block_scores); only the block
+//    scores come back. Two ways to the dot products:
+//     * fused (the default for a mirror of bf16 keys): one kernel, one CTA per tile of whole stored spans (<= 128
+//       vectors and <= 128 spans, or one longer span; the tiles are cut as spans are added, never rebuilt), per
+//       voting head in order: the tile's keys in shared memory, 64 query rows at a time against them on the tensor
+//       cores (WMMA bf16 x bf16 -> f32: q and k ARE bf16 values, so each product is exact and only the f32
+//       accumulation order differs from the CPU's), the per-span maxima from shared memory, and sim(t, s)
+//       accumulated in the CPU's order over the query vectors and the heads. No [heads, queries, vectors] buffer:
+//       the index is read once per head, and the work is the tensor cores' instead of f32 SGEMMs'.
+//     * gemm (f32 mirrors; TESSERA_LTRI_SCORING=gemm forces it, a baseline): all dot products by cuBLAS f32 SGEMMs
+//       per voting head (the index in tiles of whole spans, at most ~256 MB of dot products each), then a kernel for
+//       the per-span maxima and sim.
+//    The dot products are f32 sums in another order than OpenBLAS's either way: the scores are within ~1e-6
+//    relative of the CPU's, not bitwise equal. The blocks' span ranges (block_begin) and the tiles are extended by
+//    the spans and blocks added since the last call (O(new) host work and copies per call, not O(index)).
 // Every call is asynchronous on `stream` except the results it returns, which synchronise it.
 #pragma once
 
@@ -97,20 +108,30 @@ class StreamDecider {
                                   const stream::HeadWeights& w, cudaStream_t stream);
 
   size_t device_bytes() const;  // the mirrors and the scratch
+  bool fused_scoring() const { return fused_; }  // Ltri's fused scoring for mirrors of bf16 keys (above)
   void reset();                 // a new sequence: the mirrors empty (their memory kept)
 
  private:
   struct Mirror {
-    attn::gpu::DeviceBuffer<float> keys;                  // [capacity, row]: the kept kv heads of each vector
+    attn::gpu::DeviceBuffer<float> keys;                  // f32 mirrors: [capacity, row], the kept kv heads of each vector
+    attn::gpu::DeviceBuffer<bf16> keys16;                 // bf16 mirrors (keys gathered from the ring): the same
+    bool f32 = false;                                     // which of the two holds the vectors
     int64_t row = -1;                                     // kept kv heads * d (-1: not set yet)
     int32_t head_begin = 0;                               // the first kept kv head
     attn::gpu::DeviceBuffer<int32_t> span_first, span_count, block_begin;  // block_begin: [blocks + 1] span ids
-    int64_t vectors = 0, vector_capacity = 0, spans = 0, span_capacity = 0;
-    std::vector<int32_t> block_begin_host;
+    attn::gpu::DeviceBuffer<int32_t> tile_begin;          // the fused scoring's tiles: their first span
+    int64_t vectors = 0, vector_capacity = 0, spans = 0, span_capacity = 0, block_capacity = 0, tile_capacity = 0;
+    int32_t blocks = 0;                                   // the blocks block_begin covers
+    int64_t tile_vectors = 0, tile_spans = 0;             // the last (open) tile's
+    int64_t tiles_uploaded = 0;
+    std::vector<int32_t> block_begin_host, tile_begin_host;
     std::vector<int32_t> first_host, count_host;  // the spans' vectors (tiles are cut at span boundaries)
+    void clear();                                 // a new sequence: no vectors, spans, blocks or tiles
   };
   void mirror(int32_t layer, const stream::SpanIndex& index, cudaStream_t stream);
-  void set_mirror_heads(Mirror& M, int32_t head_begin, int32_t heads);
+  void set_mirror_heads(Mirror& M, int32_t head_begin, int32_t heads, bool f32);
+  void fused_scores(Mirror& M, const bf16* q, int64_t m, int32_t T, std::span<const int32_t> heads, cudaStream_t s);
+  void gemm_scores(Mirror& M, int64_t m, int32_t T, std::span<const int32_t> heads, cudaStream_t s);
   struct MeansMirror {
     attn::gpu::DeviceBuffer<float> means;  // [capacity, row]
     int64_t blocks = 0, capacity = 0;
@@ -120,10 +141,12 @@ class StreamDecider {
 
   int32_t nq_ = 0, nkv_ = 0, d_ = 0;
   int64_t qrow_ = 0, row_ = 0;
+  bool fused_ = true;       // TESSERA_LTRI_SCORING (fused | gemm), read at construction; fused needs head_dim % 16 == 0
   void* handle_ = nullptr;  // cublasHandle_t
   attn::gpu::DeviceBuffer<float> qf_, kf_, scores_, map_, votes_, qsel_, dots_, mean_;
   attn::gpu::DeviceBuffer<double> sim_, block_scores_, weights_;
-  attn::gpu::DeviceBuffer<int32_t> tokens_, span_offsets_, vote_heads_;
+  attn::gpu::DeviceBuffer<int32_t> tokens_, span_offsets_, vote_heads_;  // vote_heads_: per voter, q and k offsets
+  attn::gpu::DeviceBuffer<bf16> qsel16_;  // the fused scoring's query rows (bf16, zero rows up to a multiple of 64)
   std::vector<Mirror> mirrors_;
   std::vector<MeansMirror> means_mirrors_;
   attn::gpu::DeviceBuffer<double> prefix_, theta_dev_, masses_;

@@ -1,0 +1,140 @@
+// Ltri's block scores on the device (runtime_cuda/stream_decide.h) against the CPU's (SpanIndex::block_scores) on
+// an index built to reach every case of the fused scoring kernel and of the incremental mirror:
+//  - tiles of many short spans (up to the 128-span cap: a run of 1-vector spans), tiles of mixed spans, spans longer
+//    than one pass of 128 vectors (300 and 129 vectors: their maxima combine across passes);
+//  - more query vectors than one pass of 64 rows, query spans straddling the 64-row boundaries;
+//  - empty blocks (-inf), and a second call after more spans were added to the last block of the first call and to
+//    new blocks (block_begin and the tiles extended, not rebuilt);
+//  - every head voting over an index of every kv head, and one retrieval head over an index of its kv head only.
+// The fused kernel (the default: q and k are bf16 values, f32 accumulation on the tensor cores) and the cuBLAS path
+// (TESSERA_LTRI_SCORING=gemm) must both be within 1e-5 relative of the CPU's f64 scores of f32 dot products, and the
+// empty blocks exactly -inf; the mirror's keys equal the CPU index's.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "core/dtype.h"
+#include "cuda/device_buffer.h"
+#include "runtime/model_config.h"
+#include "runtime/stream/span_index.h"
+#include "runtime_cuda/gpu_engine.h"
+#include "runtime_cuda/stream_decide.h"
+#include "runtime_cuda/synthetic_config.h"
+
+namespace tessera::runtime::gpu {
+namespace {
+
+// Llama-3 architecture, head dim 64, 8 query / 2 kv heads.
+ModelConfig config() {
+  nlohmann::json j = synthetic_hf_config("llama3-8b");
+  j["hidden_size"] = 512;
+  j["intermediate_size"] = 1024;
+  j["num_attention_heads"] = 8;
+  j["num_key_value_heads"] = 2;
+  j["num_hidden_layers"] = 2;
+  j["vocab_size"] = 1000;
+  j.erase("rope_scaling");
+  return config_from_hf(j, "synthetic:small");
+}
+
+struct SpanSpec {
+  int32_t block, count;
+};
+
+void scores_match_the_cpu(bool gemm) {
+  if (gemm)
+    setenv("TESSERA_LTRI_SCORING", "gemm", 1);
+  else
+    unsetenv("TESSERA_LTRI_SCORING");
+  const ModelConfig cfg = config();
+  StreamDecider dec(cfg);
+  unsetenv("TESSERA_LTRI_SCORING");
+  EXPECT_EQ(dec.fused_scoring(), !gemm);
+  const int32_t nq = cfg.num_q_heads, nkv = cfg.num_kv_heads, d = cfg.head_dim;
+  const stream::HeadShape shape{nq, nkv, d};
+  const int64_t row = static_cast<int64_t>(nkv) * d, qrow = static_cast<int64_t>(nq) * d;
+  // The spans of both calls: (block, vectors).
+  std::vector<SpanSpec> first = {{0, 3}, {0, 5}, {0, 2}, {2, 300}, {3, 7}, {3, 1}, {3, 12}, {4, 129}, {5, 4}};
+  for (int i = 0; i < 130; ++i) first.push_back({6, 1});  // 130 one-vector spans: a tile of 128, then one more
+  first.push_back({7, 6});
+  std::vector<SpanSpec> second = {{7, 9}, {7, 128}, {9, 2}, {9, 11}, {10, 1}};  // block 7 gains spans; 8 is empty
+  int64_t total = 0;
+  for (const auto* list : {&first, &second})
+    for (const SpanSpec& sp : *list) total += sp.count;
+  // The ring: one row per vector (position p at row p: sinks 0, ring_rows = total), bf16 values.
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<bf16> ring(static_cast<size_t>(total * row));
+  for (bf16& x : ring) x = f32_to_bf16(nd(rng));
+  attn::gpu::DeviceBuffer<bf16> dring;
+  dring.upload(ring);
+  // Queries: 160 chunk rows; 150 query vectors in 6 spans (two straddle the 64-row passes).
+  const int32_t n = 160;
+  std::vector<bf16> q(static_cast<size_t>(n * qrow));
+  for (bf16& x : q) x = f32_to_bf16(nd(rng));
+  attn::gpu::DeviceBuffer<bf16> dq;
+  dq.upload(q);
+  const std::vector<int32_t> counts = {1, 70, 5, 40, 30, 4};
+  std::vector<int32_t> tokens;
+  for (int32_t i = 0; i < 150; ++i) tokens.push_back((i * 7) % n);  // chunk rows in any order
+  std::vector<float> queries;
+  for (int32_t t : tokens)
+    for (int64_t j = 0; j < qrow; ++j) queries.push_back(bf16_to_f32(q[static_cast<size_t>(t * qrow + j)]));
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  // Layer 0: every kv head, every head votes; layer 1: kv head 1 only, query head 5 (its kv head) votes.
+  for (int32_t layer = 0; layer < 2; ++layer) {
+    const int32_t head_begin = layer == 0 ? 0 : 1, heads = layer == 0 ? nkv : 1;
+    stream::HeadWeights w(static_cast<size_t>(nq), layer == 0 ? 1.0 / nq : 0.0);
+    if (layer == 1) w[5] = 1.0;
+    stream::SpanIndex cpu(shape, head_begin, heads), dev(shape, head_begin, heads);
+    int32_t next = 0;  // the next ring row
+    for (const auto* list : {&first, &second}) {
+      for (const SpanSpec& sp : *list) {
+        std::vector<float> keys;
+        std::vector<int32_t> positions;
+        for (int32_t v = 0; v < sp.count; ++v, ++next) {
+          positions.push_back(next);
+          for (int64_t j = head_begin * d; j < (head_begin + heads) * d; ++j)
+            keys.push_back(bf16_to_f32(ring[static_cast<size_t>(next * row + j)]));
+        }
+        cpu.add(sp.block, keys, sp.count);
+        dev.add_counted(sp.block, sp.count);
+        dec.append_index_keys(layer, dring.data(), static_cast<int32_t>(total), 0, positions, head_begin, heads, s);
+      }
+      const std::vector<double> want = cpu.block_scores(queries, counts, w);
+      const std::vector<double> got = dec.ltri_scores(layer, dev, dq.data(), tokens, counts, w, s);
+      ASSERT_EQ(got.size(), want.size());
+      int32_t empty = 0;
+      for (size_t b = 0; b < want.size(); ++b) {
+        if (std::isinf(want[b])) {
+          EXPECT_EQ(got[b], want[b]) << "layer " << layer << " block " << b;
+          ++empty;
+          continue;
+        }
+        EXPECT_LE(std::fabs(got[b] - want[b]) / std::max(1.0, std::fabs(want[b])), 1e-5)
+            << (gemm ? "gemm" : "fused") << " layer " << layer << " block " << b << ": " << got[b] << " vs " << want[b];
+      }
+      EXPECT_EQ(empty, list == &first ? 1 : 2);  // block 1, then also block 8
+      EXPECT_EQ(dec.mirror_keys(layer), std::vector<float>(cpu.keys().begin(), cpu.keys().end()));
+    }
+  }
+  cudaStreamDestroy(s);
+}
+
+TEST(StreamDecide, FusedLtriScoresMatchTheCpu) {
+  if (!gpu_available()) GTEST_SKIP() << "no CUDA device available";
+  scores_match_the_cpu(false);
+}
+
+TEST(StreamDecide, GemmLtriScoresMatchTheCpu) {
+  if (!gpu_available()) GTEST_SKIP() << "no CUDA device available";
+  scores_match_the_cpu(true);
+}
+
+}  // namespace
+}  // namespace tessera::runtime::gpu
