@@ -815,7 +815,10 @@ void StreamDecider::mirror(int32_t layer, const stream::SpanIndex& index, cudaSt
   const int64_t spans = index.num_spans();
   const int32_t blocks = index.num_blocks();
   if (vectors < M.vectors || spans < M.spans || blocks < M.blocks) M.clear();  // the index was cleared (a new sequence)
-  if (index.holds_keys()) {  // f32 keys uploaded from the host index (scored by the gemm path)
+  if (index.row() == 0) {  // a layer whose index keeps no kv head (its blocks come from the votes): no keys to hold
+    set_mirror_heads(M, index.kv_head_begin(), 0, M.f32);
+    M.vectors = vectors;
+  } else if (index.holds_keys()) {  // f32 keys uploaded from the host index (scored by the gemm path)
     set_mirror_heads(M, index.kv_head_begin(), index.kv_heads_kept(), true);
     if (vectors > M.vectors && M.row > 0) {
       grow(M.keys, M.vector_capacity, vectors, M.vectors, M.row, s);
