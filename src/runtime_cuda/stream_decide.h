@@ -32,7 +32,9 @@
 //       cores (WMMA bf16 x bf16 -> f32: q and k ARE bf16 values, so each product is exact and only the f32
 //       accumulation order differs from the CPU's), the per-span maxima from shared memory, and sim(t, s)
 //       accumulated in the CPU's order over the query vectors and the heads. No [heads, queries, vectors] buffer:
-//       the index is read once per head, and the work is the tensor cores' instead of f32 SGEMMs'.
+//       the index is read once per head, and the work is the tensor cores' instead of f32 SGEMMs'. Measured slower
+//       than gemm at 128K with every head voting (H200: 26.1 vs 19.6 s TTFT; each CTA walks its heads and row passes
+//       serially, and a 128K index is fewer tiles than the GPU has CTA slots): docs/streaming.md, "Ltri at 1M".
 //     * gemm (f32 mirrors; TESSERA_LTRI_SCORING=gemm forces it, a baseline): all dot products by cuBLAS f32 SGEMMs
 //       per voting head (the index in tiles of whole spans, at most ~256 MB of dot products each), then a kernel for
 //       the per-span maxima and sim.
