@@ -103,9 +103,9 @@ struct EvalOptions {
   bool report_only = false;
   std::vector<int> layer_stats_lengths;  // per-layer attention metrics at these lengths
   std::vector<int> perplexity_lengths;   // perplexity at these lengths
-  std::string gemm;                      // --gemm bf16 | fp8: the GPU engine's GEMMs (task cases); empty: bf16
-  std::string device = "auto";           // cpu | cuda | auto: where the task cases run (layer stats and
-                                         // perplexity always run on the CPU engine)
+  std::string gemm;                      // --gemm bf16 | fp8: the GPU engine's GEMMs (task cases, perplexity)
+  std::string device = "auto";           // cpu | cuda | auto: where the task cases and the perplexity run
+                                         // (layer stats always run on the CPU engine)
   std::string command_line;              // recorded in the reports
   std::string model_name;                // filled in by eval_command
   StreamFlags stream;                    // each method runs every case as policy "stream:<method>"; lengths past

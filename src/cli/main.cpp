@@ -111,8 +111,8 @@ int main(int argc, char** argv) {
   r->add_option("--dense-backend", run.cuda.dense_backend, "GPU dense attention: auto (the faster), ours or cudnn")
       ->check(CLI::IsMember({"auto", "ours", "cudnn"}));
   r->add_option("--gemm", run.cuda.gemm,
-                "GPU GEMM precision: bf16 (default) or fp8 (E4M3 weights and activations, per-tensor scales; "
-                "compute capability 8.9+)")
+                "GPU GEMM precision: bf16 (default) or fp8 (E4M3 weights and activations: a scale per output channel and "
+                "per token, TESSERA_FP8_SCALING=tensor for one per tensor; compute capability 8.9+)")
       ->check(CLI::IsMember({"bf16", "fp8"}));
   add_stream_options(r, run.stream, false);
   r->add_option("--gpus", run.gpus, "Tensor parallelism over this many GPUs (NCCL; one process per GPU, forked here "
@@ -145,8 +145,8 @@ int main(int argc, char** argv) {
   b->add_option("--dense-backend", bench.cuda.dense_backend, "GPU dense attention: auto (the faster), ours or cudnn")
       ->check(CLI::IsMember({"auto", "ours", "cudnn"}));
   b->add_option("--gemm", bench.cuda.gemm,
-                "GPU GEMM precision: bf16 (default) or fp8 (E4M3 weights and activations, per-tensor scales; "
-                "compute capability 8.9+)")
+                "GPU GEMM precision: bf16 (default) or fp8 (E4M3 weights and activations: a scale per output channel and "
+                "per token, TESSERA_FP8_SCALING=tensor for one per tensor; compute capability 8.9+)")
       ->check(CLI::IsMember({"bf16", "fp8"}));
   add_stream_options(b, bench.stream, true);
 
@@ -172,7 +172,7 @@ int main(int argc, char** argv) {
   ec->add_option("--chunk", ev.chunk, "Prefill chunk size")->capture_default_str();
   ec->add_option("--device", ev.device, "Where the task cases run: cpu, cuda or auto (the bf16 GPU engine when a GPU is usable)")
       ->capture_default_str();
-  ec->add_option("--gemm", ev.gemm, "GPU GEMM precision of the task cases: bf16 (default) or fp8")
+  ec->add_option("--gemm", ev.gemm, "GPU GEMM precision of the task cases and the perplexity: bf16 (default) or fp8")
       ->check(CLI::IsMember({"bf16", "fp8"}));
   ec->add_option("-o,--out", ev.out, "Output folder: results.json, report.md, heatmaps")->capture_default_str();
   ec->add_flag("--resume", ev.resume, "Keep the results already in the output folder and run only the missing ones");
@@ -269,8 +269,8 @@ int main(int argc, char** argv) {
   sv->add_option("--dense-backend", serve.cuda.dense_backend, "GPU dense attention: auto, ours or cudnn")
       ->check(CLI::IsMember({"auto", "ours", "cudnn"}));
   sv->add_option("--gemm", serve.cuda.gemm,
-                "GPU GEMM precision: bf16 (default) or fp8 (E4M3 weights and activations, per-tensor scales; "
-                "compute capability 8.9+)")
+                "GPU GEMM precision: bf16 (default) or fp8 (E4M3 weights and activations: a scale per output channel and "
+                "per token, TESSERA_FP8_SCALING=tensor for one per tensor; compute capability 8.9+)")
       ->check(CLI::IsMember({"bf16", "fp8"}));
 
   CLI11_PARSE(app, argc, argv);

@@ -60,7 +60,8 @@ struct GpuEngineOptions {
   bool timing = true;             // CUDA events around GEMMs, attention (stats().gemm/attention_seconds) and the
                                   // small kernels (kernel_seconds())
   bool dense_fallback = true;     // sparse layers whose index costs more than dense run dense (gpu_forward.h)
-  // The layers' GEMMs (gemm.h): bf16, or FP8 E4M3 (W8A8, per-tensor scales; compute capability 8.9+, the
+  // The layers' GEMMs (gemm.h): bf16, or FP8 E4M3 (W8A8, per-row scales: one per output channel and
+  // per token, TESSERA_FP8_SCALING=tensor for one per tensor; compute capability 8.9+, the
   // constructor throws check_gemm_precision_supported's error otherwise). FP8 quantizes the weights once per engine
   // (DeviceFp8Weights: ~1 byte per layer weight, beside the bf16 model) and each product's input per call.
   GemmPrecision gemm = GemmPrecision::kBf16;
