@@ -19,9 +19,9 @@
 //
 // "ltri-fullindex": ltri with every kv head in its span index (with --retrieval-heads, "ltri" keeps only the kv heads
 // its retrieval heads read: StreamOptions::index_all_heads); the same decisions, a larger index.
-// "ltri-gemm" (also "ltri-fullindex-gemm"): Ltri's block scores by the cuBLAS f32 SGEMMs and the dots buffer over an
-// f32 index mirror (TESSERA_LTRI_SCORING=gemm: the path before the fused scoring kernel, stream_decide.h), a baseline
-// in the same run.
+// "ltri-gemm" / "ltri-fused" (also "ltri-fullindex-gemm", ...): Ltri's block scores by the cuBLAS bf16 GEMMs and the
+// dots buffer, or by the fused kernel, over the same bf16 index mirror (TESSERA_LTRI_SCORING=gemm | fused,
+// stream_decide.h); plain "ltri" takes StreamDecider::kDefaultLtriScoring. Both in one run compare the two.
 //
 // TESSERA_STREAM_PROFILE=1: a line after each streaming row with the GPU time of attend()'s sections in the prefill
 // (GpuStreamStats::*_gpu_seconds: events around each section of each layer's call; they cost a little TTFT).
@@ -263,9 +263,16 @@ int main(int argc, char** argv) {
           // "<method>-fp8" / "dense-fp8": that row in FP8 (as --gemm fp8 does for every row).
           const bool fp8_suffix = spec.size() > 4 && spec.substr(spec.size() - 4) == "-fp8";
           std::string spec_bf16 = fp8_suffix ? spec.substr(0, spec.size() - 4) : spec;
-          // "<ltri...>-gemm": Ltri's scoring by the SGEMMs (TESSERA_LTRI_SCORING=gemm, read by StreamDecider's constructor).
-          const bool gemm_scoring = spec_bf16.size() > 5 && spec_bf16.substr(spec_bf16.size() - 5) == "-gemm";
-          if (gemm_scoring) spec_bf16 = spec_bf16.substr(0, spec_bf16.size() - 5);
+          // "<ltri...>-gemm" / "<ltri...>-fused": Ltri's scoring by the bf16 GEMMs or the fused kernel
+          // (TESSERA_LTRI_SCORING, read by StreamDecider's constructor); without either, the default.
+          std::string scoring;
+          for (const char* suffix : {"-gemm", "-fused"}) {
+            const std::string sfx = suffix;
+            if (spec_bf16.size() > sfx.size() && spec_bf16.substr(spec_bf16.size() - sfx.size()) == sfx) {
+              scoring = sfx.substr(1);
+              spec_bf16 = spec_bf16.substr(0, spec_bf16.size() - sfx.size());
+            }
+          }
           // "ltri-fullindex": Ltri with every kv head in its span index (StreamOptions::index_all_heads; the default
           // keeps the retrieval heads' kv heads only when --retrieval-heads is given), beside "ltri" in the same run.
           const bool full_index = spec_bf16.size() > 10 && spec_bf16.substr(spec_bf16.size() - 10) == "-fullindex";
@@ -304,11 +311,11 @@ int main(int argc, char** argv) {
               const bool copy_window = base.size() > 5 && base.substr(base.size() - 5) == "-copy";
               if (host_decisions) setenv("TESSERA_STREAM_DECISIONS", "host", 1);  // read by GpuStreamingKV's constructor
               if (copy_window) setenv("TESSERA_STREAM_WINDOW", "copy", 1);
-              if (gemm_scoring) setenv("TESSERA_LTRI_SCORING", "gemm", 1);
+              if (!scoring.empty()) setenv("TESSERA_LTRI_SCORING", scoring.c_str(), 1);
               slot = std::make_unique<GpuEngine>(*dev, go);
               if (host_decisions) unsetenv("TESSERA_STREAM_DECISIONS");
               if (copy_window) unsetenv("TESSERA_STREAM_WINDOW");
-              if (gemm_scoring) unsetenv("TESSERA_LTRI_SCORING");
+              if (!scoring.empty()) unsetenv("TESSERA_LTRI_SCORING");
             }
             ep = slot.get();
             ep->reset();

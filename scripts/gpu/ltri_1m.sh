@@ -3,25 +3,29 @@
 # evicted blocks of 1M tokens are ~137 GB pinned; only GPU 0 is used). In order, each step only while time is left
 # (DEADLINE_S after the start; a step gets the time left minus a margin):
 #   1. stream_decide_test (the fused Ltri scoring and the cuBLAS path against the CPU's scores) and stream_gpu_test;
-#   2. the scoring paths at CMP_SEQ (131072) in one stream_bench run: "ltri-gemm" (the cuBLAS f32 SGEMMs and the
-#      dots buffer over an f32 mirror, the path before) and "ltri" (the fused kernel, bf16 mirror), every head voting
-#      over an index of every kv head (no retrieval heads);
-#   3. ltri at 1,048,576 with retrieval heads (HEADS_FILE: Ltri-LLM's Appendix C list for Llama-3-8B, a stand-in on
+#   2. cmpheads: the two scorings (CMP_METHODS: "ltri-gemm", the cuBLAS bf16 GEMMs and the dots buffer, and
+#      "ltri-fused", the fused kernel, over the same bf16 mirror) at CMP_SEQ (131072) in one stream_bench run, with
+#      the retrieval heads of HEADS_FILE (below);
+#   3. cmp: the same without retrieval heads (every head voting over an index of every kv head);
+#   4. ltri at 1,048,576 with retrieval heads (HEADS_FILE: Ltri-LLM's Appendix C list for Llama-3-8B, a stand-in on
 #      random weights; docs/streaming/gpu-1m-ltri/ltri-llm-retrieval-heads.txt);
-#   4. ltri at 1,048,576 without retrieval heads (every head votes, every kv head indexed), if time is left.
-# Steps 3-4 are skipped when step 1 fails (ALWAYS=1 runs them anyway).
+#   5. ltri at 1,048,576 without retrieval heads (every head votes, every kv head indexed), if time is left.
+# Steps 4-5 are skipped when step 1 fails (ALWAYS=1 runs them anyway). H4's one-GPU call (the scoring comparison
+# only; 128 GiB of host memory is enough at 128K):
+#   STEPS=tests,cmpheads,cmp DEADLINE_S=150 HOST_BUDGET=100e9 BUILD_DIR=build/h4-cuda BINS=build/h4-bins.tar.xz \
+#     bash scripts/gpu/ltri_1m.sh                carry ["build/gpu-debs", "build/h4-bins.tar.xz"]
 #
 #   binaries built here (ninja -C build/h2-cuda stream_bench stream_gpu_test stream_decide_test), then one device call:
 #     BUILD_DIR=build/h2-cuda bash scripts/gpu/ltri_1m.sh     kind nvidia-h200-x2, carry ["build/gpu-debs",
 #       "build/h2-cuda/bench/gpu/stream_bench", "build/h2-cuda/tests/gpu/stream_gpu_test",
 #       "build/h2-cuda/tests/gpu/stream_decide_test"]
 #
-# Writes 7 files to $OUT/ltri/ (a device call brings back 8 at most): tests.log, machine.txt, {cmp,heads1m,all1m}.log
+# Writes <= 8 files to $OUT/ltri/ (a device call brings back 8 at most): tests.log, machine.txt, {cmpheads,cmp,heads1m,all1m}.log
 # (stream_1m.sh's logs), rows.csv (their CSVs' rows), host_mem.txt (their host memory samples, per TAG); prints each row.
 # BINS: a tar of BUILD_DIR's bench/gpu/stream_bench and tests/gpu/* unpacked into BUILD_DIR first (the carried tree's
 # 64 MiB: three 13 MB binaries and the debs are over it, their tar.xz is 7 MB).
-# Env: BUILD_DIR, DEADLINE_S (430), CMP_SEQ (131072), SEQ (1048576), HEADS_FILE, CHUNK (512: the paper's), DECODE (8),
-# STEPS (tests,cmp,heads,all).
+# Env: BUILD_DIR, DEADLINE_S (430), CMP_SEQ (131072), CMP_METHODS (ltri-gemm,ltri-fused), SEQ (1048576), HEADS_FILE,
+# CHUNK (512: the paper's), DECODE (8), HOST_BUDGET (230e9), STEPS (tests,cmpheads,cmp,heads,all).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 export BUILD_DIR=${BUILD_DIR:-$ROOT/build/cuda}
@@ -34,7 +38,7 @@ bash "$ROOT/scripts/gpu/deps.sh" unpack > /dev/null 2>&1
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 START=$(date +%s)
 DEADLINE_S=${DEADLINE_S:-430}
-STEPS=${STEPS:-tests,cmp,heads,all}
+STEPS=${STEPS:-tests,cmpheads,cmp,heads,all}
 HEADS_FILE=${HEADS_FILE:-$ROOT/docs/streaming/gpu-1m-ltri/ltri-llm-retrieval-heads.txt}
 left() { echo $((DEADLINE_S - ($(date +%s) - START))); }
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
@@ -54,14 +58,16 @@ run1m() {  # TAG SEQS METHODS EXTRA
   local budget=$(($(left) - 5))
   if [ "$budget" -lt 60 ]; then echo "ltri_1m: $1 skipped ($budget s left)"; return; fi
   OUT=$STREAM_OUT TAG=$1 SEQS=$2 METHODS=$3 LTRI_MAX=1048576 DENSE=0 CHUNK=${CHUNK:-512} DECODE=${DECODE:-8} \
-    HOST_BUDGET=230e9 TIME_S=$budget EXTRA="${4:-}" bash "$ROOT/scripts/gpu/stream_1m.sh" | tail -4
+    HOST_BUDGET=${HOST_BUDGET:-230e9} TIME_S=$budget EXTRA="${4:-}" bash "$ROOT/scripts/gpu/stream_1m.sh" | tail -4
   local d=$STREAM_OUT/stream
   cp "$d/$1.log" "$OUTROOT/ltri/$1.log"
   if [ -f "$OUTROOT/ltri/rows.csv" ]; then tail -n +2 "$d/$1.csv" >> "$OUTROOT/ltri/rows.csv"; else cp "$d/$1.csv" "$OUTROOT/ltri/rows.csv"; fi
   { echo "=== $1"; cat "$d/$1.host_mem.txt"; } >> "$OUTROOT/ltri/host_mem.txt"
   cp "$d/gpu.txt" "$OUTROOT/ltri/machine.txt"
 }
-has cmp && run1m cmp "${CMP_SEQ:-131072}" ltri-gemm,ltri
+CMP_METHODS=${CMP_METHODS:-ltri-gemm,ltri-fused}
+has cmpheads && run1m cmpheads "${CMP_SEQ:-131072}" "$CMP_METHODS" "--retrieval-heads $HEADS_FILE"
+has cmp && run1m cmp "${CMP_SEQ:-131072}" "$CMP_METHODS"
 if [ "$ok" = 1 ] || [ "${ALWAYS:-0}" = 1 ]; then
   has heads && run1m heads1m "${SEQ:-1048576}" ltri "--retrieval-heads $HEADS_FILE"
   has all && run1m all1m "${SEQ:-1048576}" ltri

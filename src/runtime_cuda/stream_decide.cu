@@ -126,16 +126,8 @@ __global__ void mean_query_kernel(const nbf* q, float* mean, int n, int64_t qrow
   mean[j] = acc;
 }
 
-__global__ void gather_kernel(const nbf* q, const int32_t* tokens, float* out, int64_t m, int64_t qrow) {
-  const int64_t total = m * qrow;
-  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t a = idx / qrow, j = idx % qrow;
-    out[idx] = __bfloat162float(q[static_cast<int64_t>(tokens[a]) * qrow + j]);
-  }
-}
-
-// The fused scoring's query rows: q rows of `tokens` (bf16, as they are), zero rows from m to m_pad.
+// Ltri's query rows for either scoring: q rows of `tokens` (bf16, as they are), zero rows from m to m_pad (the fused
+// kernel's passes of 64 rows; the GEMMs read the first m).
 __global__ void gather_bf16_kernel(const nbf* q, const int32_t* tokens, nbf* out, int64_t m, int64_t m_pad, int64_t qrow) {
   const int64_t total = m_pad * qrow;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
@@ -413,9 +405,8 @@ __global__ void masses_kernel(const double* P, int n, const int32_t* spans, int 
   out[2 * i + 1] = sm::mass(P, n, e, n, b, e);
 }
 
-// Ring rows of positions -> f32 rows.
-// Values [first, first + row) of each ring row (ring rows of `ring_row` values) of the positions, [m, row] f32.
-// (Out: float, the bf16 values converted exactly; or nbf, as they are.)
+// Values [first, first + row) of each ring row (ring rows of `ring_row` values) of the positions, [m, row].
+// (Out: float, the bf16 values converted exactly: gather_keys(); or nbf, as they are: the index mirror.)
 template <typename Out>
 __global__ void gather_ring_kernel(const nbf* ring, int32_t ring_rows, int32_t sinks, const int32_t* positions,
                                    int64_t m, int64_t row, Out* out, int64_t ring_row, int64_t first) {
@@ -495,7 +486,7 @@ StreamDecider::StreamDecider(const ModelConfig& cfg)
   mirrors_.resize(static_cast<size_t>(cfg.num_layers));
   means_mirrors_.resize(static_cast<size_t>(cfg.num_layers));
   const char* scoring = std::getenv("TESSERA_LTRI_SCORING");
-  const std::string how = scoring != nullptr ? scoring : "fused";
+  const std::string how = scoring != nullptr ? scoring : kDefaultLtriScoring;
   check(how == "fused" || how == "gemm", "TESSERA_LTRI_SCORING must be fused or gemm, got '" + how + "'");
   fused_ = how == "fused" && d_ % 16 == 0 && d_ <= 256;
   if (fused_)
@@ -504,7 +495,8 @@ StreamDecider::StreamDecider(const ModelConfig& cfg)
   cublasHandle_t h = nullptr;
   cublas_check(cublasCreate(&h), "cublasCreate");
   handle_ = h;
-  cublas_check(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");  // f32 products, no TF32
+  // f32 SGEMMs (the chunk map) without TF32; the index scoring's bf16 GEMMs (CUBLAS_COMPUTE_32F) on the tensor cores.
+  cublas_check(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
 }
 
 StreamDecider::~StreamDecider() {
@@ -520,11 +512,11 @@ StreamDecider::~StreamDecider() {
 }
 
 size_t StreamDecider::device_bytes() const {
-  size_t b = qf_.bytes() + kf_.bytes() + scores_.bytes() + map_.bytes() + votes_.bytes() + qsel_.bytes() +
+  size_t b = qf_.bytes() + kf_.bytes() + scores_.bytes() + map_.bytes() + votes_.bytes() +
              dots_.bytes() + mean_.bytes() + sim_.bytes() + block_scores_.bytes() + weights_.bytes() + tokens_.bytes() +
              span_offsets_.bytes() + vote_heads_.bytes();
   for (const Mirror& m : mirrors_)
-    b += m.keys.bytes() + m.keys16.bytes() + m.span_first.bytes() + m.span_count.bytes() + m.block_begin.bytes() +
+    b += m.keys.bytes() + m.span_first.bytes() + m.span_count.bytes() + m.block_begin.bytes() +
          m.tile_begin.bytes();
   b += qsel16_.bytes();
   for (const MeansMirror& m : means_mirrors_) b += m.means.bytes();
@@ -696,14 +688,13 @@ std::vector<float> StreamDecider::gather_keys(const bf16* ring, int32_t ring_row
   return out;
 }
 
-void StreamDecider::set_mirror_heads(Mirror& M, int32_t head_begin, int32_t heads, bool f32) {
+void StreamDecider::set_mirror_heads(Mirror& M, int32_t head_begin, int32_t heads) {
   check(head_begin >= 0 && heads >= 0 && head_begin + heads <= nkv_, "GPU streaming: index heads outside the kv heads");
   const int64_t row = static_cast<int64_t>(heads) * d_;
-  if (M.row != row || M.head_begin != head_begin || M.f32 != f32) {
-    check(M.vectors == 0, "GPU streaming: the index mirror's kv heads or key type changed while it holds vectors");
+  if (M.row != row || M.head_begin != head_begin) {
+    check(M.vectors == 0, "GPU streaming: the index mirror's kv heads changed while it holds vectors");
     M.row = row;
     M.head_begin = head_begin;
-    M.f32 = f32;
     M.vector_capacity = 0;  // (grow() reallocates at the new row size)
   }
 }
@@ -714,7 +705,7 @@ void StreamDecider::append_index_keys(int32_t layer, const bf16* ring, int32_t r
   Mirror& M = mirrors_[static_cast<size_t>(layer)];
   const auto m = static_cast<int64_t>(positions.size());
   if (m == 0) return;
-  set_mirror_heads(M, head_begin, heads, !fused_);  // the ring's bf16 values as they are for the fused scoring
+  set_mirror_heads(M, head_begin, heads);
   if (M.row == 0) {  // a layer that keeps no heads: nothing to hold
     M.vectors += m;
     return;
@@ -723,17 +714,10 @@ void StreamDecider::append_index_keys(int32_t layer, const bf16* ring, int32_t r
   h2d(positions_.data(), positions.data(), static_cast<size_t>(m), s);  // pageable: staged at once
   const auto* r = reinterpret_cast<const nbf*>(ring);
   const int64_t first = static_cast<int64_t>(head_begin) * d_;
-  if (M.f32) {
-    grow(M.keys, M.vector_capacity, M.vectors + m, M.vectors, M.row, s);
-    gather_ring_kernel<<<blocks_for(m * M.row, kThreads), kThreads, 0, s>>>(r, ring_rows, sinks, positions_.data(), m,
-                                                                            M.row, M.keys.data() + M.vectors * M.row,
-                                                                            row_, first);
-  } else {
-    grow(M.keys16, M.vector_capacity, M.vectors + m, M.vectors, M.row, s);
-    gather_ring_kernel<<<blocks_for(m * M.row, kThreads), kThreads, 0, s>>>(
-        r, ring_rows, sinks, positions_.data(), m, M.row, reinterpret_cast<nbf*>(M.keys16.data()) + M.vectors * M.row,
-        row_, first);
-  }
+  grow(M.keys, M.vector_capacity, M.vectors + m, M.vectors, M.row, s);
+  gather_ring_kernel<<<blocks_for(m * M.row, kThreads), kThreads, 0, s>>>(
+      r, ring_rows, sinks, positions_.data(), m, M.row, reinterpret_cast<nbf*>(M.keys.data()) + M.vectors * M.row, row_,
+      first);
   check_launch("stream index keys to the mirror");
   M.vectors += m;
 }
@@ -743,13 +727,9 @@ std::vector<float> StreamDecider::mirror_keys(int32_t layer) const {
   const int64_t values = M.row > 0 ? M.vectors * M.row : 0;
   std::vector<float> out(static_cast<size_t>(values));
   if (out.empty()) return out;
-  if (M.f32) {
-    TESSERA_CUDA_CHECK(cudaMemcpy(out.data(), M.keys.data(), out.size() * sizeof(float), cudaMemcpyDeviceToHost));
-  } else {
-    std::vector<bf16> raw(out.size());
-    TESSERA_CUDA_CHECK(cudaMemcpy(raw.data(), M.keys16.data(), raw.size() * sizeof(bf16), cudaMemcpyDeviceToHost));
-    std::transform(raw.begin(), raw.end(), out.begin(), bf16_to_f32);
-  }
+  std::vector<bf16> raw(out.size());
+  TESSERA_CUDA_CHECK(cudaMemcpy(raw.data(), M.keys.data(), raw.size() * sizeof(bf16), cudaMemcpyDeviceToHost));
+  std::transform(raw.begin(), raw.end(), out.begin(), bf16_to_f32);
   return out;
 }
 
@@ -816,18 +796,22 @@ void StreamDecider::mirror(int32_t layer, const stream::SpanIndex& index, cudaSt
   const int32_t blocks = index.num_blocks();
   if (vectors < M.vectors || spans < M.spans || blocks < M.blocks) M.clear();  // the index was cleared (a new sequence)
   if (index.row() == 0) {  // a layer whose index keeps no kv head (its blocks come from the votes): no keys to hold
-    set_mirror_heads(M, index.kv_head_begin(), 0, M.f32);
+    set_mirror_heads(M, index.kv_head_begin(), 0);
     M.vectors = vectors;
-  } else if (index.holds_keys()) {  // f32 keys uploaded from the host index (scored by the gemm path)
-    set_mirror_heads(M, index.kv_head_begin(), index.kv_heads_kept(), true);
+  } else if (index.holds_keys()) {  // f32 keys of a host index: uploaded as bf16 (exact for keys of bf16 values)
+    set_mirror_heads(M, index.kv_head_begin(), index.kv_heads_kept());
     if (vectors > M.vectors && M.row > 0) {
       grow(M.keys, M.vector_capacity, vectors, M.vectors, M.row, s);
-      h2d(M.keys.data() + M.vectors * M.row, keys.data() + M.vectors * M.row,
-          static_cast<size_t>((vectors - M.vectors) * M.row), s);
+      const auto from = static_cast<size_t>(M.vectors * M.row);
+      const auto values = static_cast<size_t>((vectors - M.vectors) * M.row);
+      keys_staging_.resize(values);
+      std::transform(keys.begin() + static_cast<std::ptrdiff_t>(from),
+                     keys.begin() + static_cast<std::ptrdiff_t>(from + values), keys_staging_.begin(), f32_to_bf16);
+      h2d(M.keys.data() + from, keys_staging_.data(), values, s);  // pageable: staged before the call returns
     }
     M.vectors = vectors;
   } else {  // the keys were appended here as they were gathered (append_index_keys)
-    set_mirror_heads(M, index.kv_head_begin(), index.kv_heads_kept(), M.f32);
+    set_mirror_heads(M, index.kv_head_begin(), index.kv_heads_kept());
     check(M.vectors == vectors, "GPU streaming: the device's index mirror holds " + std::to_string(M.vectors) +
                                     " vectors, the span index " + std::to_string(vectors));
   }
@@ -897,30 +881,35 @@ void StreamDecider::gemm_scores(Mirror& M, int64_t m, int32_t T, std::span<const
   const int64_t tile_vectors = std::max<int64_t>(1024, (int64_t{64} << 20) / (static_cast<int64_t>(H) * m));
   const float alpha = 1.0f, beta = 0.0f;
   const int group = nq_ / nkv_;
+  const bf16* keys = M.keys.data();
+  const bf16* qs = qsel16_.data();
   for (int64_t s0 = 0; s0 < S;) {
     const int64_t v0 = M.first_host[static_cast<size_t>(s0)];
     int64_t s1 = s0 + 1;
     while (s1 < S && M.first_host[static_cast<size_t>(s1)] + M.count_host[static_cast<size_t>(s1)] - v0 <= tile_vectors) ++s1;
     const int64_t vt = M.first_host[static_cast<size_t>(s1 - 1)] + M.count_host[static_cast<size_t>(s1 - 1)] - v0;
     fit(dots_, static_cast<size_t>(static_cast<int64_t>(H) * m * vt));
-    // dots[slot] (row-major [m, vt]) = Q_h K_g^T: column-major C [vt, m] = K^T-read (TN).
+    // dots[slot] (row-major [m, vt]) = Q_h K_g^T: column-major C [vt, m] = K^T-read (TN); bf16 x bf16 products
+    // (exact in f32), f32 sums, f32 out.
     const int64_t row = M.row;  // the kept kv heads' values per vector
     if (H == nq_ && M.row == row_) {
       for (int j = 0; j < group; ++j)
-        cublas_check(cublasSgemmStridedBatched(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(vt), static_cast<int>(m),
-                                               d_, &alpha, M.keys.data() + v0 * row, static_cast<int>(row), d_,
-                                               qsel_.data() + static_cast<int64_t>(j) * d_, static_cast<int>(qrow_),
-                                               static_cast<int64_t>(group) * d_, &beta, dots_.data() + j * m * vt,
-                                               static_cast<int>(vt), group * m * vt, nkv_),
-                     "stream ltri scores: cublasSgemmStridedBatched");
+        cublas_check(cublasGemmStridedBatchedEx(
+                         h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(vt), static_cast<int>(m), d_, &alpha,
+                         keys + v0 * row, CUDA_R_16BF, static_cast<int>(row), d_, qs + static_cast<int64_t>(j) * d_,
+                         CUDA_R_16BF, static_cast<int>(qrow_), static_cast<int64_t>(group) * d_, &beta,
+                         dots_.data() + j * m * vt, CUDA_R_32F, static_cast<int>(vt), group * m * vt, nkv_,
+                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                     "stream ltri scores: cublasGemmStridedBatchedEx");
     } else {
       for (int32_t slot = 0; slot < H; ++slot) {
         const int32_t hh = heads[static_cast<size_t>(slot)], g = hh / group - M.head_begin;  // within the kept
-        cublas_check(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(vt), static_cast<int>(m), d_, &alpha,
-                                 M.keys.data() + v0 * row + static_cast<int64_t>(g) * d_, static_cast<int>(row),
-                                 qsel_.data() + static_cast<int64_t>(hh) * d_, static_cast<int>(qrow_), &beta,
-                                 dots_.data() + slot * m * vt, static_cast<int>(vt)),
-                     "stream ltri scores: cublasSgemm");
+        cublas_check(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(vt), static_cast<int>(m), d_, &alpha,
+                                  keys + v0 * row + static_cast<int64_t>(g) * d_, CUDA_R_16BF, static_cast<int>(row),
+                                  qs + static_cast<int64_t>(hh) * d_, CUDA_R_16BF, static_cast<int>(qrow_), &beta,
+                                  dots_.data() + slot * m * vt, CUDA_R_32F, static_cast<int>(vt), CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT),
+                     "stream ltri scores: cublasGemmEx");
       }
     }
     sim_kernel<<<blocks_for(static_cast<int64_t>(T) * (s1 - s0), kThreads), kThreads, 0, s>>>(
@@ -931,15 +920,9 @@ void StreamDecider::gemm_scores(Mirror& M, int64_t m, int32_t T, std::span<const
   }
 }
 
-void StreamDecider::fused_scores(Mirror& M, const bf16* q, int64_t m, int32_t T, std::span<const int32_t> heads,
-                                 cudaStream_t s) {
+void StreamDecider::fused_scores(Mirror& M, int64_t m, int32_t T, std::span<const int32_t> heads, cudaStream_t s) {
   const auto H = static_cast<int32_t>(heads.size());
-  const int64_t m_pad = (m + kFusedRows - 1) / kFusedRows * kFusedRows;
-  fit(qsel16_, static_cast<size_t>(m_pad * qrow_));
-  auto* qs = reinterpret_cast<nbf*>(qsel16_.data());
-  gather_bf16_kernel<<<blocks_for(m_pad * qrow_, kThreads), kThreads, 0, s>>>(reinterpret_cast<const nbf*>(q),
-                                                                             tokens_.data(), qs, m, m_pad, qrow_);
-  check_launch("stream ltri scores: gather");
+  const auto* qs = reinterpret_cast<const nbf*>(qsel16_.data());
   // Per voter: its query head's offset in a query row and its kv head's in a mirror row (staged by ltri_scores()
   // after the tokens and span offsets: the pinned staging is read by the copies in flight).
   int32_t* voters = staging_ + m + T + 1;
@@ -953,7 +936,7 @@ void StreamDecider::fused_scores(Mirror& M, const bf16* q, int64_t m, int32_t T,
   h2d(vote_heads_.data(), voters, static_cast<size_t>(2 * H), s);
   const auto tiles = static_cast<int32_t>(M.tile_begin_host.size());
   fused_ltri_kernel<<<tiles, kFusedThreads, fused_smem_bytes(d_), s>>>(
-      qs, qrow_, static_cast<int32_t>(m), reinterpret_cast<const nbf*>(M.keys16.data()), M.row, d_, vote_heads_.data(),
+      qs, qrow_, static_cast<int32_t>(m), reinterpret_cast<const nbf*>(M.keys.data()), M.row, d_, vote_heads_.data(),
       weights_.data(), H, span_offsets_.data(), T, M.span_first.data(), M.span_count.data(), M.tile_begin.data(), tiles,
       static_cast<int32_t>(M.spans), sim_.data());
   check_launch("stream ltri scores: fused");
@@ -997,15 +980,16 @@ std::vector<double> StreamDecider::ltri_scores(int32_t layer, const stream::Span
   h2d(weights_.data(), weights.data(), weights.size(), s);
   fit(sim_, static_cast<size_t>(std::max<int64_t>(static_cast<int64_t>(T) * S, 1)));
   if (m > 0 && V > 0 && H > 0 && S > 0) {
-    if (M.f32) {
-      fit(qsel_, static_cast<size_t>(m * qrow_));
-      gather_kernel<<<blocks_for(m * qrow_, kThreads), kThreads, 0, s>>>(reinterpret_cast<const nbf*>(q), tokens_.data(),
-                                                                        qsel_.data(), m, qrow_);
-      check_launch("stream ltri scores: gather");
+    // The query vectors as they are (bf16), padded with zero rows to the fused kernel's passes.
+    const int64_t m_pad = fused_ ? (m + kFusedRows - 1) / kFusedRows * kFusedRows : m;
+    fit(qsel16_, static_cast<size_t>(m_pad * qrow_));
+    gather_bf16_kernel<<<blocks_for(m_pad * qrow_, kThreads), kThreads, 0, s>>>(
+        reinterpret_cast<const nbf*>(q), tokens_.data(), reinterpret_cast<nbf*>(qsel16_.data()), m, m_pad, qrow_);
+    check_launch("stream ltri scores: gather");
+    if (fused_)
+      fused_scores(M, m, T, heads, s);
+    else
       gemm_scores(M, m, T, heads, s);
-    } else {
-      fused_scores(M, q, m, T, heads, s);
-    }
   } else if (static_cast<int64_t>(T) * S > 0) {
     TESSERA_CUDA_CHECK(cudaMemsetAsync(sim_.data(), 0, static_cast<size_t>(T) * static_cast<size_t>(S) * sizeof(double), s));
   }

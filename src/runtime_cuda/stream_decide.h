@@ -20,27 +20,28 @@
 //    sequentially over the tokens, q / n each) — and infllm_scores(): the blocks scored on the device against a
 //    per-layer mirror of the block means (uploaded as blocks are evicted) with span_math::repr_score's arithmetic
 //    (ReprIndex::block_scores's): only the scores come back, EQUAL to the host's.
-//  - Ltri: a per-layer mirror of the span index (the key vectors of the kv heads the index keeps: gathered from the
-//    ring as the host index counts them, kept as the ring's bf16 values — exact, half the bytes of f32 — or uploaded
-//    in f32 from a host index that holds them) and ltri_scores(): the query vectors (raw q rows of the tokens the
-//    host chose) gathered on the device, then sim(t, s) = sum_h w_h mean_{a in t} max_{b in s} q_h(a).k(b) and
-//    score(blk) = sum_t max_{s in blk} sim(t, s) in f64 in the CPU's order (SpanIndex::block_scores); only the block
-//    scores come back. Two ways to the dot products:
-//     * fused (the default for a mirror of bf16 keys): one kernel, one CTA per tile of whole stored spans (<= 128
-//       vectors and <= 128 spans, or one longer span; the tiles are cut as spans are added, never rebuilt), per
-//       voting head in order: the tile's keys in shared memory, 64 query rows at a time against them on the tensor
-//       cores (WMMA bf16 x bf16 -> f32: q and k ARE bf16 values, so each product is exact and only the f32
-//       accumulation order differs from the CPU's), the per-span maxima from shared memory, and sim(t, s)
-//       accumulated in the CPU's order over the query vectors and the heads. No [heads, queries, vectors] buffer:
-//       the index is read once per head, and the work is the tensor cores' instead of f32 SGEMMs'. Measured slower
-//       than gemm at 128K with every head voting (H200: 26.1 vs 19.6 s TTFT; each CTA walks its heads and row passes
-//       serially, and a 128K index is fewer tiles than the GPU has CTA slots): docs/streaming.md, "Ltri at 1M".
-//     * gemm (f32 mirrors; TESSERA_LTRI_SCORING=gemm forces it, a baseline): all dot products by cuBLAS f32 SGEMMs
-//       per voting head (the index in tiles of whole spans, at most ~256 MB of dot products each), then a kernel for
-//       the per-span maxima and sim.
-//    The dot products are f32 sums in another order than OpenBLAS's either way: the scores are within ~1e-6
-//    relative of the CPU's, not bitwise equal. The blocks' span ranges (block_begin) and the tiles are extended by
-//    the spans and blocks added since the last call (O(new) host work and copies per call, not O(index)).
+//  - Ltri: a per-layer mirror of the span index in bf16 (the key vectors of the kv heads the index keeps: gathered
+//    from the ring as the host index counts them — the ring's own values, exact, half the bytes of f32 — or, from a
+//    host index that holds f32 keys, converted on upload: exact for keys of bf16 values, which all of them are) and
+//    ltri_scores(): the query vectors (raw q rows of the tokens the host chose, bf16 as they are) gathered on the
+//    device, then sim(t, s) = sum_h w_h mean_{a in t} max_{b in s} q_h(a).k(b) and score(blk) = sum_t max_{s in blk}
+//    sim(t, s) in f64 in the CPU's order (SpanIndex::block_scores); only the block scores come back. Two ways to the
+//    dot products over the same mirror (TESSERA_LTRI_SCORING, read at construction; kDefaultLtriScoring without it):
+//     * gemm: cuBLAS GEMMs per voting head on the tensor cores — bf16 q and k in, f32 out, CUBLAS_COMPUTE_32F
+//       (cublasGemmStridedBatchedEx over the kv heads when every head votes over every kv head, else cublasGemmEx
+//       per head) — into a [heads, queries, vectors] dots buffer per tile of whole spans (~256 MB at most), then a
+//       kernel for the per-span maxima and sim.
+//     * fused: one kernel, one CTA per tile of whole stored spans (<= 128 vectors and <= 128 spans, or one longer
+//       span; the tiles are cut as spans are added, never rebuilt), per voting head in order: the tile's keys in
+//       shared memory, 64 query rows at a time against them on the tensor cores (WMMA bf16 x bf16 -> f32), the
+//       per-span maxima from shared memory, and sim(t, s) accumulated in the CPU's order over the query vectors and
+//       the heads. No dots buffer: the index is read once per head, but each CTA walks its heads and row passes
+//       serially, and a 128K index is fewer tiles than the GPU has CTA slots.
+//    Measured (docs/streaming.md, "Ltri at 1M"): MEASUREMENT PENDING.
+//    Either way q and k ARE bf16 values, so each product is exact in f32 and only the f32 summation order differs
+//    from the CPU's (OpenBLAS over f32 copies of the same values): the scores are within ~1e-6 relative of the
+//    CPU's, not bitwise equal. The blocks' span ranges (block_begin) and the tiles are extended by the spans and
+//    blocks added since the last call (O(new) host work and copies per call, not O(index)).
 // Every call is asynchronous on `stream` except the results it returns, which synchronise it.
 #pragma once
 
@@ -110,14 +111,14 @@ class StreamDecider {
                                   const stream::HeadWeights& w, cudaStream_t stream);
 
   size_t device_bytes() const;  // the mirrors and the scratch
-  bool fused_scoring() const { return fused_; }  // Ltri's fused scoring for mirrors of bf16 keys (above)
+  // Ltri's scoring without TESSERA_LTRI_SCORING (above: chosen by measurement); fused_scoring(): this decider's.
+  static constexpr const char* kDefaultLtriScoring = "fused";
+  bool fused_scoring() const { return fused_; }
   void reset();                 // a new sequence: the mirrors empty (their memory kept)
 
  private:
   struct Mirror {
-    attn::gpu::DeviceBuffer<float> keys;                  // f32 mirrors: [capacity, row], the kept kv heads of each vector
-    attn::gpu::DeviceBuffer<bf16> keys16;                 // bf16 mirrors (keys gathered from the ring): the same
-    bool f32 = false;                                     // which of the two holds the vectors
+    attn::gpu::DeviceBuffer<bf16> keys;                   // [capacity, row]: the kept kv heads of each vector
     int64_t row = -1;                                     // kept kv heads * d (-1: not set yet)
     int32_t head_begin = 0;                               // the first kept kv head
     attn::gpu::DeviceBuffer<int32_t> span_first, span_count, block_begin;  // block_begin: [blocks + 1] span ids
@@ -131,8 +132,9 @@ class StreamDecider {
     void clear();                                 // a new sequence: no vectors, spans, blocks or tiles
   };
   void mirror(int32_t layer, const stream::SpanIndex& index, cudaStream_t stream);
-  void set_mirror_heads(Mirror& M, int32_t head_begin, int32_t heads, bool f32);
-  void fused_scores(Mirror& M, const bf16* q, int64_t m, int32_t T, std::span<const int32_t> heads, cudaStream_t s);
+  void set_mirror_heads(Mirror& M, int32_t head_begin, int32_t heads);
+  // The dot products of the query rows in qsel16_ ([m, q_heads * d] bf16) with the mirror's keys -> sim_.
+  void fused_scores(Mirror& M, int64_t m, int32_t T, std::span<const int32_t> heads, cudaStream_t s);
   void gemm_scores(Mirror& M, int64_t m, int32_t T, std::span<const int32_t> heads, cudaStream_t s);
   struct MeansMirror {
     attn::gpu::DeviceBuffer<float> means;  // [capacity, row]
@@ -145,10 +147,11 @@ class StreamDecider {
   int64_t qrow_ = 0, row_ = 0;
   bool fused_ = true;       // TESSERA_LTRI_SCORING (fused | gemm), read at construction; fused needs head_dim % 16 == 0
   void* handle_ = nullptr;  // cublasHandle_t
-  attn::gpu::DeviceBuffer<float> qf_, kf_, scores_, map_, votes_, qsel_, dots_, mean_;
+  attn::gpu::DeviceBuffer<float> qf_, kf_, scores_, map_, votes_, dots_, mean_;
   attn::gpu::DeviceBuffer<double> sim_, block_scores_, weights_;
   attn::gpu::DeviceBuffer<int32_t> tokens_, span_offsets_, vote_heads_;  // vote_heads_: per voter, q and k offsets
-  attn::gpu::DeviceBuffer<bf16> qsel16_;  // the fused scoring's query rows (bf16, zero rows up to a multiple of 64)
+  attn::gpu::DeviceBuffer<bf16> qsel16_;  // Ltri's query rows (bf16; fused: zero rows up to a multiple of 64)
+  std::vector<bf16> keys_staging_;        // a host index's f32 keys as bf16, on their way to its mirror
   std::vector<Mirror> mirrors_;
   std::vector<MeansMirror> means_mirrors_;
   attn::gpu::DeviceBuffer<double> prefix_, theta_dev_, masses_;

@@ -5,19 +5,25 @@
 //  - more query vectors than one pass of 64 rows, query spans straddling the 64-row boundaries;
 //  - empty blocks (-inf), and a second call after more spans were added to the last block of the first call and to
 //    new blocks (block_begin and the tiles extended, not rebuilt);
-//  - every head voting over an index of every kv head, and one retrieval head over an index of its kv head only.
-// The fused kernel (the default: q and k are bf16 values, f32 accumulation on the tensor cores) and the cuBLAS path
-// (TESSERA_LTRI_SCORING=gemm) must both be within 1e-5 relative of the CPU's f64 scores of f32 dot products, and the
-// empty blocks exactly -inf; the mirror's keys equal the CPU index's.
+//  - every head voting over an index of every kv head, and one retrieval head over an index of its kv head only;
+//  - the keys gathered from the ring into the mirror (the engine's way: the host index only counts them), and a host
+//    index holding its f32 keys, converted to the bf16 mirror on upload (layers 2 and 3).
+// Both scorings read the same bf16 mirror: the fused kernel (TESSERA_LTRI_SCORING=fused) and the cuBLAS bf16 GEMMs
+// (gemm; q and k are bf16 values, products exact, f32 accumulation on the tensor cores either way) must be within
+// 1e-5 relative of the CPU's f64 scores of f32 dot products, and the empty blocks exactly -inf; the mirror's keys
+// equal the CPU index's. Without the variable the decider takes StreamDecider::kDefaultLtriScoring; another value is
+// refused.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/error.h"
 #include "cuda/device_buffer.h"
 #include "runtime/model_config.h"
 #include "runtime/stream/span_index.h"
@@ -35,7 +41,7 @@ ModelConfig config() {
   j["intermediate_size"] = 1024;
   j["num_attention_heads"] = 8;
   j["num_key_value_heads"] = 2;
-  j["num_hidden_layers"] = 2;
+  j["num_hidden_layers"] = 4;
   j["vocab_size"] = 1000;
   j.erase("rope_scaling");
   return config_from_hf(j, "synthetic:small");
@@ -46,10 +52,7 @@ struct SpanSpec {
 };
 
 void scores_match_the_cpu(bool gemm) {
-  if (gemm)
-    setenv("TESSERA_LTRI_SCORING", "gemm", 1);
-  else
-    unsetenv("TESSERA_LTRI_SCORING");
+  setenv("TESSERA_LTRI_SCORING", gemm ? "gemm" : "fused", 1);
   const ModelConfig cfg = config();
   StreamDecider dec(cfg);
   unsetenv("TESSERA_LTRI_SCORING");
@@ -86,11 +89,13 @@ void scores_match_the_cpu(bool gemm) {
     for (int64_t j = 0; j < qrow; ++j) queries.push_back(bf16_to_f32(q[static_cast<size_t>(t * qrow + j)]));
   cudaStream_t s = nullptr;
   ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
-  // Layer 0: every kv head, every head votes; layer 1: kv head 1 only, query head 5 (its kv head) votes.
-  for (int32_t layer = 0; layer < 2; ++layer) {
-    const int32_t head_begin = layer == 0 ? 0 : 1, heads = layer == 0 ? nkv : 1;
-    stream::HeadWeights w(static_cast<size_t>(nq), layer == 0 ? 1.0 / nq : 0.0);
-    if (layer == 1) w[5] = 1.0;
+  // Layers 0 and 2: every kv head, every head votes; 1 and 3: kv head 1 only, query head 5 (its kv head) votes.
+  // Layers 0 and 1: keys from the ring to the mirror; 2 and 3: a host index holding them, uploaded.
+  for (int32_t layer = 0; layer < 4; ++layer) {
+    const bool all = layer % 2 == 0, host_keys = layer >= 2;
+    const int32_t head_begin = all ? 0 : 1, heads = all ? nkv : 1;
+    stream::HeadWeights w(static_cast<size_t>(nq), all ? 1.0 / nq : 0.0);
+    if (!all) w[5] = 1.0;
     stream::SpanIndex cpu(shape, head_begin, heads), dev(shape, head_begin, heads);
     int32_t next = 0;  // the next ring row
     for (const auto* list : {&first, &second}) {
@@ -103,11 +108,12 @@ void scores_match_the_cpu(bool gemm) {
             keys.push_back(bf16_to_f32(ring[static_cast<size_t>(next * row + j)]));
         }
         cpu.add(sp.block, keys, sp.count);
+        if (host_keys) continue;
         dev.add_counted(sp.block, sp.count);
         dec.append_index_keys(layer, dring.data(), static_cast<int32_t>(total), 0, positions, head_begin, heads, s);
       }
       const std::vector<double> want = cpu.block_scores(queries, counts, w);
-      const std::vector<double> got = dec.ltri_scores(layer, dev, dq.data(), tokens, counts, w, s);
+      const std::vector<double> got = dec.ltri_scores(layer, host_keys ? cpu : dev, dq.data(), tokens, counts, w, s);
       ASSERT_EQ(got.size(), want.size());
       int32_t empty = 0;
       for (size_t b = 0; b < want.size(); ++b) {
@@ -134,6 +140,21 @@ TEST(StreamDecide, FusedLtriScoresMatchTheCpu) {
 TEST(StreamDecide, GemmLtriScoresMatchTheCpu) {
   if (!gpu_available()) GTEST_SKIP() << "no CUDA device available";
   scores_match_the_cpu(true);
+}
+
+TEST(StreamDecide, ScoringDefaultAndBadValue) {
+  if (!gpu_available()) GTEST_SKIP() << "no CUDA device available";
+  const ModelConfig cfg = config();
+  unsetenv("TESSERA_LTRI_SCORING");
+  EXPECT_EQ(StreamDecider(cfg).fused_scoring(), std::string(StreamDecider::kDefaultLtriScoring) == "fused");
+  setenv("TESSERA_LTRI_SCORING", "sgemm", 1);
+  try {
+    StreamDecider dec(cfg);
+    ADD_FAILURE() << "TESSERA_LTRI_SCORING=sgemm accepted";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "TESSERA_LTRI_SCORING must be fused or gemm, got 'sgemm'");
+  }
+  unsetenv("TESSERA_LTRI_SCORING");
 }
 
 }  // namespace
