@@ -2,7 +2,8 @@
 # ltri_1m.sh — Ltri at 1M tokens on one GPU (issue 20), one device call on a 2-GPU kind (256 GiB of host memory: the
 # evicted blocks of 1M tokens are ~137 GB pinned; only GPU 0 is used). In order, each step only while time is left
 # (DEADLINE_S after the start; a step gets the time left minus a margin):
-#   1. stream_decide_test (the fused Ltri scoring and the cuBLAS path against the CPU's scores) and stream_gpu_test;
+#   1. stream_decide_test (the fused Ltri scoring and the cuBLAS path against the CPU's scores) and stream_gpu_test,
+#      once with each scoring (TESSERA_LTRI_SCORING=fused, then gemm);
 #   2. cmpheads: the two scorings (CMP_METHODS: "ltri-gemm", the cuBLAS bf16 GEMMs and the dots buffer, and
 #      "ltri-fused", the fused kernel, over the same bf16 mirror) at CMP_SEQ (131072) in one stream_bench run, with
 #      the retrieval heads of HEADS_FILE (below);
@@ -44,13 +45,21 @@ left() { echo $((DEADLINE_S - ($(date +%s) - START))); }
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
 ok=1
 if has tests; then
-  for t in stream_decide_test stream_gpu_test; do
-    echo "=== $t" >> "$OUTROOT/ltri/tests.log"
-    timeout 120 "$BUILD_DIR/tests/gpu/$t" > "$STREAM_OUT/$t.log" 2>&1
+  # stream_gpu_test once per scoring (the engine's decisions equal the CPU's with either: TESSERA_LTRI_SCORING).
+  for run in stream_decide_test stream_gpu_test:fused stream_gpu_test:gemm; do
+    t=${run%%:*}
+    scoring=${run#*:}
+    [ "$scoring" = "$run" ] && scoring=
+    echo "=== $t ${scoring:+(TESSERA_LTRI_SCORING=$scoring)}" >> "$OUTROOT/ltri/tests.log"
+    if [ -n "$scoring" ]; then
+      TESSERA_LTRI_SCORING=$scoring timeout 120 "$BUILD_DIR/tests/gpu/$t" > "$STREAM_OUT/$t.log" 2>&1
+    else
+      timeout 120 "$BUILD_DIR/tests/gpu/$t" > "$STREAM_OUT/$t.log" 2>&1
+    fi
     rc=$?
     cat "$STREAM_OUT/$t.log" >> "$OUTROOT/ltri/tests.log"
     [ "$rc" = 0 ] || ok=0
-    echo "ltri_1m: $t exit $rc ($(grep -E '^\[  (PASSED|FAILED) ' "$STREAM_OUT/$t.log" | tr '\n' ' '))"
+    echo "ltri_1m: $t ${scoring:+($scoring) }exit $rc ($(grep -E '^\[  (PASSED|FAILED) ' "$STREAM_OUT/$t.log" | tr '\n' ' '))"
     grep -E "FAILED|Failure|error" "$STREAM_OUT/$t.log" | head -20
   done
 fi
