@@ -26,7 +26,13 @@
 # BINS: a tar of BUILD_DIR's bench/gpu/stream_bench and tests/gpu/* unpacked into BUILD_DIR first (the carried tree's
 # 64 MiB: three 13 MB binaries and the debs are over it, their tar.xz is 7 MB).
 # Env: BUILD_DIR, DEADLINE_S (430), CMP_SEQ (131072), CMP_METHODS (ltri-gemm,ltri-fused), SEQ (1048576), HEADS_FILE,
-# CHUNK (512: the paper's), DECODE (8), HOST_BUDGET (230e9), STEPS (tests,cmpheads,cmp,heads,all).
+# CHUNK (512: the paper's), DECODE (8), HOST_BUDGET (230e9), STEPS (tests,cmpheads,cmp,heads,all), TEST_SCORINGS
+# (stream_gpu_test's runs: "fused gemm"), CMP_SCORING (TESSERA_LTRI_SCORING for the bench runs: the scoring of a
+# METHODS row without -gemm / -fused, e.g. gemm-serial, the gemm path with the previous sim kernel; such a row must
+# come first in CMP_METHODS, before a suffixed row's setenv/unsetenv). H5's call (gemm's sim over the heads vs
+# gemm-serial's, same run):
+#   STEPS=tests,cmpheads,cmp TEST_SCORINGS=gemm CMP_METHODS=ltri,ltri-gemm CMP_SCORING=gemm-serial DEADLINE_S=110 \
+#     HOST_BUDGET=100e9 BUILD_DIR=build/h5-cuda BINS=build/h5-bins.tar.xz bash scripts/gpu/ltri_1m.sh
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 export BUILD_DIR=${BUILD_DIR:-$ROOT/build/cuda}
@@ -46,7 +52,9 @@ has() { [[ ",$STEPS," == *",$1,"* ]]; }
 ok=1
 if has tests; then
   # stream_gpu_test once per scoring (the engine's decisions equal the CPU's with either: TESSERA_LTRI_SCORING).
-  for run in stream_decide_test stream_gpu_test:fused stream_gpu_test:gemm; do
+  runs="stream_decide_test"
+  for sc in ${TEST_SCORINGS:-fused gemm}; do runs="$runs stream_gpu_test:$sc"; done
+  for run in $runs; do
     t=${run%%:*}
     scoring=${run#*:}
     [ "$scoring" = "$run" ] && scoring=
@@ -66,7 +74,7 @@ fi
 run1m() {  # TAG SEQS METHODS EXTRA
   local budget=$(($(left) - 5))
   if [ "$budget" -lt 60 ]; then echo "ltri_1m: $1 skipped ($budget s left)"; return; fi
-  OUT=$STREAM_OUT TAG=$1 SEQS=$2 METHODS=$3 LTRI_MAX=1048576 DENSE=0 CHUNK=${CHUNK:-512} DECODE=${DECODE:-8} \
+  env ${CMP_SCORING:+TESSERA_LTRI_SCORING=$CMP_SCORING} OUT=$STREAM_OUT TAG=$1 SEQS=$2 METHODS=$3 LTRI_MAX=1048576 DENSE=0 CHUNK=${CHUNK:-512} DECODE=${DECODE:-8} \
     HOST_BUDGET=${HOST_BUDGET:-230e9} TIME_S=$budget EXTRA="${4:-}" bash "$ROOT/scripts/gpu/stream_1m.sh" | tail -4
   local d=$STREAM_OUT/stream
   cp "$d/$1.log" "$OUTROOT/ltri/$1.log"
