@@ -29,8 +29,8 @@
 # CHUNK (512: the paper's), DECODE (8), HOST_BUDGET (230e9), STEPS (tests,cmpheads,cmp,heads,all), TEST_SCORINGS
 # (stream_gpu_test's runs: "fused gemm"), CMP_SCORING (TESSERA_LTRI_SCORING for the bench runs: the scoring of a
 # METHODS row without -gemm / -fused, e.g. gemm-serial, the gemm path with the previous sim kernel; such a row must
-# come first in CMP_METHODS, before a suffixed row's setenv/unsetenv). H5's call (gemm's sim over the heads vs
-# gemm-serial's, same run):
+# come first in CMP_METHODS, before a suffixed row's setenv/unsetenv). H5's call at d5eedf9 (gemm's sim over the
+# heads vs gemm-serial's, the previous sim kernel, same run; both reverted since, no TTFT gain):
 #   STEPS=tests,cmpheads,cmp TEST_SCORINGS=gemm CMP_METHODS=ltri,ltri-gemm CMP_SCORING=gemm-serial DEADLINE_S=110 \
 #     HOST_BUDGET=100e9 BUILD_DIR=build/h5-cuda BINS=build/h5-bins.tar.xz bash scripts/gpu/ltri_1m.sh
 set -uo pipefail
