@@ -27,11 +27,13 @@
 # 64 MiB: three 13 MB binaries and the debs are over it, their tar.xz is 7 MB).
 # Env: BUILD_DIR, DEADLINE_S (430), CMP_SEQ (131072), CMP_METHODS (ltri-gemm,ltri-fused), SEQ (1048576), HEADS_FILE,
 # CHUNK (512: the paper's), DECODE (8), HOST_BUDGET (230e9), STEPS (tests,cmpheads,cmp,heads,all), TEST_SCORINGS
-# (stream_gpu_test's runs: "fused gemm"), CMP_SCORING (TESSERA_LTRI_SCORING for the bench runs: the scoring of a
-# METHODS row without -gemm / -fused, e.g. gemm-serial, the gemm path with the previous sim kernel; such a row must
-# come first in CMP_METHODS, before a suffixed row's setenv/unsetenv). H5's call at d5eedf9 (gemm's sim over the
-# heads vs gemm-serial's, the previous sim kernel, same run; both reverted since, no TTFT gain):
-#   STEPS=tests,cmpheads,cmp TEST_SCORINGS=gemm CMP_METHODS=ltri,ltri-gemm CMP_SCORING=gemm-serial DEADLINE_S=110 \
+# (stream_gpu_test's runs: "fused gemm"), SEP_SCORINGS (steps sep / sepheads, below), CMP_SCORING
+# (TESSERA_LTRI_SCORING for the bench runs: the scoring of a METHODS row without -gemm / -fused, e.g. gemm-serial,
+# d5eedf9's name for the gemm path with sim_kernel; such a row must come first in CMP_METHODS, before a suffixed row's
+# setenv/unsetenv). H5's call at d5eedf9 (gemm's sim over the
+# heads vs gemm-serial's, the previous sim kernel, same run; reverted since: no TTFT gain in that run, whose second
+# rows ran after the first row's engine in the same process):
+#   STEPS=tests,cmpheads,cmp TEST_SCORINGS=gemm CMP_METHODS=ltri,ltri-gemm CMP_SCORING=gemm-serial DEADLINE_S=120 \
 #     HOST_BUDGET=100e9 BUILD_DIR=build/h5-cuda BINS=build/h5-bins.tar.xz bash scripts/gpu/ltri_1m.sh
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -85,6 +87,12 @@ run1m() {  # TAG SEQS METHODS EXTRA
 CMP_METHODS=${CMP_METHODS:-ltri-gemm,ltri-fused}
 has cmpheads && run1m cmpheads "${CMP_SEQ:-131072}" "$CMP_METHODS" "--retrieval-heads $HEADS_FILE"
 has cmp && run1m cmp "${CMP_SEQ:-131072}" "$CMP_METHODS"
+# sep / sepheads: one stream_bench process per scoring of SEP_SCORINGS (a row each, METHODS=ltri with
+# TESSERA_LTRI_SCORING set): no row runs after another's engine in the same process.
+for sc in ${SEP_SCORINGS:-}; do
+  has sep && CMP_SCORING=$sc run1m "cmp-$sc" "${CMP_SEQ:-131072}" ltri
+  has sepheads && CMP_SCORING=$sc run1m "cmpheads-$sc" "${CMP_SEQ:-131072}" ltri "--retrieval-heads $HEADS_FILE"
+done
 if [ "$ok" = 1 ] || [ "${ALWAYS:-0}" = 1 ]; then
   has heads && run1m heads1m "${SEQ:-1048576}" ltri "--retrieval-heads $HEADS_FILE"
   has all && run1m all1m "${SEQ:-1048576}" ltri
