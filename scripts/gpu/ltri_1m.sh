@@ -21,7 +21,7 @@
 #       "build/h2-cuda/bench/gpu/stream_bench", "build/h2-cuda/tests/gpu/stream_gpu_test",
 #       "build/h2-cuda/tests/gpu/stream_decide_test"]
 #
-# Writes <= 8 files to $OUT/ltri/ (a device call brings back 8 at most): tests.log, machine.txt, {cmpheads,cmp,heads1m,all1m}.log
+# Writes <= 8 files to $OUT/ltri/ (a device call brings back 8 at most): tests.log, machine.txt, {cmpheads,cmp,cmp-*,heads1m,all1m}.log
 # (stream_1m.sh's logs), rows.csv (their CSVs' rows), host_mem.txt (their host memory samples, per TAG); prints each row.
 # BINS: a tar of BUILD_DIR's bench/gpu/stream_bench and tests/gpu/* unpacked into BUILD_DIR first (the carried tree's
 # 64 MiB: three 13 MB binaries and the debs are over it, their tar.xz is 7 MB).
