@@ -33,7 +33,7 @@
 //       kernel for the per-span maxima and sim (one thread per (query span, stored span), the heads in turn). sim in
 //       parallel over the heads (bit-identical: d5eedf9, reverted) cut the decisions' wait for the device at 128K on
 //       an H200 (12.33 -> 9.97 s every head voting, 6.78 -> 4.87 s with retrieval heads) but not TTFT (18.57 vs
-//       18.64 s, 12.84 vs 12.59 s, same run): sim is not what bounds a layer-chunk there.
+//       18.64 s, 12.84 vs 12.59 s, same process, the new rows second: confounded, docs/streaming.md).
 //     * fused: one kernel, one CTA per tile of whole stored spans (<= 128 vectors and <= 128 spans, or one longer
 //       span; the tiles are cut as spans are added, never rebuilt), per voting head in order: the tile's keys in
 //       shared memory, 64 query rows at a time against them on the tensor cores (WMMA bf16 x bf16 -> f32), the
