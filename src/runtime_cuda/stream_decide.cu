@@ -287,6 +287,47 @@ __global__ void sim_kernel(const float* dots, const int32_t* offsets, int32_t qu
   }
 }
 
+// sim_kernel's sim[t][s], in parallel over the voting heads: a CTA per query span t (blockIdx.y, strided) and 32
+// consecutive stored spans (blockIdx.x), thread (x, y) on span s0 + 32 * blockIdx.x + x and, per round of blockDim.y
+// heads, head h0 + y: its term w_h * (sum over t's vectors of the max over s's vectors) / |t| into shared memory
+// (adjacent lanes: adjacent spans, whose vectors are adjacent in a dots row); then thread (x, 0) adds the round's terms
+// in head order. The same f64 operations in the same order as sim_kernel (each term, then acc += term, head after
+// head; fmaxf's order does not matter): bit-identical to it, with blockDim.y times the threads.
+constexpr int kSimSpans = 32;
+__global__ void __launch_bounds__(1024) sim_heads_kernel(
+    const float* dots, const int32_t* offsets, int32_t query_spans, const int32_t* span_first, const int32_t* span_count,
+    int32_t s0, int32_t s1, int64_t v0, int64_t vt, int64_t m, const double* weights, int32_t voters, double* sim,
+    int64_t total_spans) {
+  extern __shared__ double terms[];  // [blockDim.y][kSimSpans]
+  const int x = static_cast<int>(threadIdx.x), y = static_cast<int>(threadIdx.y), ys = static_cast<int>(blockDim.y);
+  const int64_t s = s0 + static_cast<int64_t>(blockIdx.x) * kSimSpans + x;
+  const bool live = s < s1;
+  const int64_t b0 = live ? span_first[s] - v0 : 0, b1 = live ? b0 + span_count[s] : 0;
+  for (int64_t t = blockIdx.y; t < query_spans; t += gridDim.y) {
+    const int32_t a0 = offsets[t], a1 = offsets[t + 1];
+    double acc = 0;  // thread (x, 0)'s
+    for (int32_t h0 = 0; h0 < voters; h0 += ys) {
+      const int32_t h = h0 + y;
+      if (live && a1 > a0 && h < voters) {
+        const float* dh = dots + static_cast<int64_t>(h) * m * vt;
+        double sum = 0;
+        for (int32_t a = a0; a < a1; ++a) {
+          const float* row = dh + static_cast<int64_t>(a) * vt;
+          float mx = row[b0];
+          for (int64_t b = b0 + 1; b < b1; ++b) mx = fmaxf(mx, row[b]);
+          sum = __dadd_rn(sum, static_cast<double>(mx));
+        }
+        terms[y * kSimSpans + x] = __ddiv_rn(__dmul_rn(weights[h], sum), static_cast<double>(a1 - a0));
+      }
+      __syncthreads();
+      if (y == 0 && live && a1 > a0)
+        for (int32_t j = 0; j < min(ys, voters - h0); ++j) acc = __dadd_rn(acc, terms[j * kSimSpans + x]);
+      __syncthreads();  // (the next round rewrites terms)
+    }
+    if (y == 0 && live) sim[t * total_spans + s] = acc;
+  }
+}
+
 // score[b] = sum over query spans t of max over b's spans of sim[t][s]; -inf for a block without spans.
 __global__ void block_kernel(const double* sim, const int32_t* block_begin, int32_t blocks, int32_t query_spans,
                              int64_t total_spans, double* scores) {
@@ -487,8 +528,10 @@ StreamDecider::StreamDecider(const ModelConfig& cfg)
   means_mirrors_.resize(static_cast<size_t>(cfg.num_layers));
   const char* scoring = std::getenv("TESSERA_LTRI_SCORING");
   const std::string how = scoring != nullptr ? scoring : kDefaultLtriScoring;
-  check(how == "fused" || how == "gemm", "TESSERA_LTRI_SCORING must be fused or gemm, got '" + how + "'");
+  check(how == "fused" || how == "gemm" || how == "gemm-serial",
+        "TESSERA_LTRI_SCORING must be fused, gemm or gemm-serial, got '" + how + "'");
   fused_ = how == "fused" && d_ % 16 == 0 && d_ <= 256;
+  serial_sim_ = how == "gemm-serial";
   if (fused_)
     TESSERA_CUDA_CHECK(cudaFuncSetAttribute(fused_ltri_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(fused_smem_bytes(d_))));
@@ -912,9 +955,18 @@ void StreamDecider::gemm_scores(Mirror& M, int64_t m, int32_t T, std::span<const
                      "stream ltri scores: cublasGemmEx");
       }
     }
-    sim_kernel<<<blocks_for(static_cast<int64_t>(T) * (s1 - s0), kThreads), kThreads, 0, s>>>(
-        dots_.data(), span_offsets_.data(), T, M.span_first.data(), M.span_count.data(), static_cast<int32_t>(s0),
-        static_cast<int32_t>(s1), v0, vt, m, weights_.data(), H, sim_.data(), S);
+    if (serial_sim_) {
+      sim_kernel<<<blocks_for(static_cast<int64_t>(T) * (s1 - s0), kThreads), kThreads, 0, s>>>(
+          dots_.data(), span_offsets_.data(), T, M.span_first.data(), M.span_count.data(), static_cast<int32_t>(s0),
+          static_cast<int32_t>(s1), v0, vt, m, weights_.data(), H, sim_.data(), S);
+    } else {
+      const int ys = std::min<int32_t>(H, 1024 / kSimSpans);  // heads per round: one per thread row
+      const dim3 grid(static_cast<unsigned>((s1 - s0 + kSimSpans - 1) / kSimSpans), static_cast<unsigned>(std::min(T, 65535)));
+      sim_heads_kernel<<<grid, dim3(kSimSpans, static_cast<unsigned>(ys)),
+                         static_cast<size_t>(ys) * kSimSpans * sizeof(double), s>>>(
+          dots_.data(), span_offsets_.data(), T, M.span_first.data(), M.span_count.data(), static_cast<int32_t>(s0),
+          static_cast<int32_t>(s1), v0, vt, m, weights_.data(), H, sim_.data(), S);
+    }
     check_launch("stream ltri scores: sim");
     s0 = s1;
   }

@@ -29,11 +29,12 @@
 //    dot products over the same mirror (TESSERA_LTRI_SCORING, read at construction; kDefaultLtriScoring without it):
 //     * gemm (the default): cuBLAS GEMMs per voting head on the tensor cores — bf16 q and k in, f32 out, CUBLAS_COMPUTE_32F
 //       (cublasGemmStridedBatchedEx over the kv heads when every head votes over every kv head, else cublasGemmEx
-//       per head) — into a [heads, queries, vectors] dots buffer per tile of whole spans (~256 MB at most), then a
-//       kernel for the per-span maxima and sim (one thread per (query span, stored span), the heads in turn). sim in
-//       parallel over the heads (bit-identical: d5eedf9, reverted) cut the decisions' wait for the device at 128K on
-//       an H200 (12.33 -> 9.97 s every head voting, 6.78 -> 4.87 s with retrieval heads) but not TTFT (18.57 vs
-//       18.64 s, 12.84 vs 12.59 s, same process, the new rows second: confounded, docs/streaming.md).
+//       per head) — into a [heads, queries, vectors] dots buffer per tile of whole spans (~256 MB at most), then
+//       sim_heads_kernel: per query span and 32 stored spans a CTA, a thread row per voting head (32 per round), each
+//       head's term w_h * mean max in parallel, summed in head order: bit-identical to sim_kernel (gemm-serial: one
+//       thread per (t, s) walking the heads in turn). H200 at 128K, one process per scoring on one machine
+//       (docs/streaming.md): TTFT 17.00 vs 18.16 s every head voting (decisions 12.30 vs 13.48 s), 12.46 vs 13.46 s
+//       with retrieval heads.
 //     * fused: one kernel, one CTA per tile of whole stored spans (<= 128 vectors and <= 128 spans, or one longer
 //       span; the tiles are cut as spans are added, never rebuilt), per voting head in order: the tile's keys in
 //       shared memory, 64 query rows at a time against them on the tensor cores (WMMA bf16 x bf16 -> f32), the
@@ -120,6 +121,7 @@ class StreamDecider {
   // Ltri's scoring without TESSERA_LTRI_SCORING (above: chosen by measurement); fused_scoring(): this decider's.
   static constexpr const char* kDefaultLtriScoring = "gemm";
   bool fused_scoring() const { return fused_; }
+  bool serial_sim() const { return serial_sim_; }  // gemm-serial: sim_kernel, the heads walked serially
   void reset();                 // a new sequence: the mirrors empty (their memory kept)
 
  private:
@@ -151,7 +153,8 @@ class StreamDecider {
 
   int32_t nq_ = 0, nkv_ = 0, d_ = 0;
   int64_t qrow_ = 0, row_ = 0;
-  bool fused_ = true;       // TESSERA_LTRI_SCORING (fused | gemm), read at construction; fused needs head_dim % 16 == 0
+  bool fused_ = true;       // TESSERA_LTRI_SCORING (fused | gemm | gemm-serial), read at construction; fused needs head_dim % 16 == 0
+  bool serial_sim_ = false;  // gemm-serial: the gemm path with sim_kernel (one thread per (t, s), heads in turn)
   void* handle_ = nullptr;  // cublasHandle_t
   attn::gpu::DeviceBuffer<float> qf_, kf_, scores_, map_, votes_, dots_, mean_;
   attn::gpu::DeviceBuffer<double> sim_, block_scores_, weights_;

@@ -11,8 +11,9 @@
 // Both scorings read the same bf16 mirror: the fused kernel (TESSERA_LTRI_SCORING=fused) and the cuBLAS bf16 GEMMs
 // (gemm; q and k are bf16 values, products exact, f32 accumulation on the tensor cores either way) must be within
 // 1e-5 relative of the CPU's f64 scores of f32 dot products, and the empty blocks exactly -inf; the mirror's keys
-// equal the CPU index's. Without the variable the decider takes StreamDecider::kDefaultLtriScoring; another value is
-// refused.
+// equal the CPU index's. gemm's sim, in parallel over the heads, equals gemm-serial's (the previous sim_kernel, the
+// heads in turn) exactly, with one and two rounds of heads. Without the variable the decider takes
+// StreamDecider::kDefaultLtriScoring; another value is refused.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -20,6 +21,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
@@ -34,13 +36,13 @@
 namespace tessera::runtime::gpu {
 namespace {
 
-// Llama-3 architecture, head dim 64, 8 query / 2 kv heads.
-ModelConfig config() {
+// Llama-3 architecture, head dim 64, 8 query / 2 kv heads (or nq / nkv).
+ModelConfig config(int nq = 8, int nkv = 2) {
   nlohmann::json j = synthetic_hf_config("llama3-8b");
-  j["hidden_size"] = 512;
+  j["hidden_size"] = 64 * nq;
   j["intermediate_size"] = 1024;
-  j["num_attention_heads"] = 8;
-  j["num_key_value_heads"] = 2;
+  j["num_attention_heads"] = nq;
+  j["num_key_value_heads"] = nkv;
   j["num_hidden_layers"] = 4;
   j["vocab_size"] = 1000;
   j.erase("rope_scaling");
@@ -51,12 +53,16 @@ struct SpanSpec {
   int32_t block, count;
 };
 
-void scores_match_the_cpu(bool gemm) {
-  setenv("TESSERA_LTRI_SCORING", gemm ? "gemm" : "fused", 1);
-  const ModelConfig cfg = config();
+// Checks the scores of `scoring` (a TESSERA_LTRI_SCORING value) against the CPU's; returns them all (every call of
+// every layer, in order).
+std::vector<double> scores_match_the_cpu(const std::string& scoring, const ModelConfig& cfg = config()) {
+  const bool gemm = scoring != "fused";
+  setenv("TESSERA_LTRI_SCORING", scoring.c_str(), 1);
   StreamDecider dec(cfg);
   unsetenv("TESSERA_LTRI_SCORING");
   EXPECT_EQ(dec.fused_scoring(), !gemm);
+  EXPECT_EQ(dec.serial_sim(), scoring == "gemm-serial");
+  std::vector<double> every;
   const int32_t nq = cfg.num_q_heads, nkv = cfg.num_kv_heads, d = cfg.head_dim;
   const stream::HeadShape shape{nq, nkv, d};
   const int64_t row = static_cast<int64_t>(nkv) * d, qrow = static_cast<int64_t>(nq) * d;
@@ -88,7 +94,7 @@ void scores_match_the_cpu(bool gemm) {
   for (int32_t t : tokens)
     for (int64_t j = 0; j < qrow; ++j) queries.push_back(bf16_to_f32(q[static_cast<size_t>(t * qrow + j)]));
   cudaStream_t s = nullptr;
-  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  EXPECT_EQ(cudaStreamCreate(&s), cudaSuccess);
   // Layers 0 and 2: every kv head, every head votes; 1 and 3: kv head 1 only, query head 5 (its kv head) votes.
   // Layers 0 and 1: keys from the ring to the mirror; 2 and 3: a host index holding them, uploaded.
   for (int32_t layer = 0; layer < 4; ++layer) {
@@ -114,7 +120,9 @@ void scores_match_the_cpu(bool gemm) {
       }
       const std::vector<double> want = cpu.block_scores(queries, counts, w);
       const std::vector<double> got = dec.ltri_scores(layer, host_keys ? cpu : dev, dq.data(), tokens, counts, w, s);
-      ASSERT_EQ(got.size(), want.size());
+      EXPECT_EQ(got.size(), want.size());
+      if (got.size() != want.size()) return every;
+      every.insert(every.end(), got.begin(), got.end());
       int32_t empty = 0;
       for (size_t b = 0; b < want.size(); ++b) {
         if (std::isinf(want[b])) {
@@ -123,23 +131,37 @@ void scores_match_the_cpu(bool gemm) {
           continue;
         }
         EXPECT_LE(std::fabs(got[b] - want[b]) / std::max(1.0, std::fabs(want[b])), 1e-5)
-            << (gemm ? "gemm" : "fused") << " layer " << layer << " block " << b << ": " << got[b] << " vs " << want[b];
+            << scoring << " layer " << layer << " block " << b << ": " << got[b] << " vs " << want[b];
       }
       EXPECT_EQ(empty, list == &first ? 1 : 2);  // block 1, then also block 8
       EXPECT_EQ(dec.mirror_keys(layer), std::vector<float>(cpu.keys().begin(), cpu.keys().end()));
     }
   }
   cudaStreamDestroy(s);
+  return every;
 }
 
 TEST(StreamDecide, FusedLtriScoresMatchTheCpu) {
   if (!gpu_available()) GTEST_SKIP() << "no CUDA device available";
-  scores_match_the_cpu(false);
+  scores_match_the_cpu("fused");
 }
 
 TEST(StreamDecide, GemmLtriScoresMatchTheCpu) {
   if (!gpu_available()) GTEST_SKIP() << "no CUDA device available";
-  scores_match_the_cpu(true);
+  scores_match_the_cpu("gemm");
+}
+
+// gemm's sim in parallel over the heads (sim_heads_kernel) is bit-identical to sim_kernel's (gemm-serial: the heads
+// walked in turn by one thread per (t, s)): the same f64 operations in the same order. With 8 query heads (one round
+// of heads) and 40 (two rounds: 32, then 8), every head voting and one retrieval head.
+TEST(StreamDecide, GemmSimEqualsTheSerialSim) {
+  if (!gpu_available()) GTEST_SKIP() << "no CUDA device available";
+  for (const auto& [nq, nkv] : {std::pair{8, 2}, std::pair{40, 8}}) {
+    const ModelConfig cfg = config(nq, nkv);
+    const std::vector<double> heads = scores_match_the_cpu("gemm", cfg), serial = scores_match_the_cpu("gemm-serial", cfg);
+    EXPECT_FALSE(heads.empty());
+    EXPECT_EQ(heads, serial) << nq << " query heads";
+  }
 }
 
 TEST(StreamDecide, ScoringDefaultAndBadValue) {
@@ -152,7 +174,7 @@ TEST(StreamDecide, ScoringDefaultAndBadValue) {
     StreamDecider dec(cfg);
     ADD_FAILURE() << "TESSERA_LTRI_SCORING=sgemm accepted";
   } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "TESSERA_LTRI_SCORING must be fused or gemm, got 'sgemm'");
+    EXPECT_STREQ(e.what(), "TESSERA_LTRI_SCORING must be fused, gemm or gemm-serial, got 'sgemm'");
   }
   unsetenv("TESSERA_LTRI_SCORING");
 }
