@@ -16,7 +16,7 @@
 # Writes $OUT/stream/{$TAG.csv,$TAG.log,$TAG.host_mem.txt,gpu.txt} (TAG: stream_1m) and prints the table last.
 # BUILD_DIR: where stream_bench is (build/cuda; carried binaries: build/cuda-ci, with the debs unpacked here).
 # TESSERA_STREAM_PROFILE=1: each streaming row is followed by its attention sections' GPU time. Env: SEQS
-# (default 131072,262144,524288,1048576), METHODS (streamingllm; ltri / infllm: ~19 s / ~13 s at 128K on an H200 with
+# (default 131072,262144,524288,1048576), METHODS (streamingllm; ltri / infllm: ~17 s / ~13 s at 128K on an H200 with
 # the device decisions (ltri scores by cuBLAS bf16 GEMMs, the default; "ltri-fused" / "ltri-gemm" pick a scoring,
 # stream_decide.h), so only with LTRI_MAX small (or see scripts/gpu/ltri_1m.sh: ltri at 1M); ltri-host / infllm-host: the host path,
 # ~70-115 s at 32K), LTRI_MAX (ltri / infllm rows up to this length, 32768), DENSE (dense
