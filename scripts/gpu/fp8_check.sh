@@ -62,6 +62,11 @@ if has real; then
   MODEL=${MODEL:-$ROOT/build/models/smollm2-135m-instruct-q4_1.gguf}
   R=$OUTDIR/fp8-real
   mkdir -p "$R"
+  # The KJV haystack the perplexity and needle cases read (/usr/lib/bible.data; the device image lacks it): the copy
+  # gemma_gpu.sh's prepare carries in build/gemma-bin.
+  if [ ! -f /usr/lib/bible.data ] && [ -f "$ROOT/build/gemma-bin/bible.data" ]; then
+    cp "$ROOT/build/gemma-bin/bible.data" /usr/lib/bible.data || echo "fp8_check real: cannot install bible.data"
+  fi
   if [ ! -x "$TS" ] || [ ! -f "$MODEL" ]; then
     echo "fp8_check real: needs $TS and $MODEL (scripts/gpu/smollm2_gpu.sh's calls make both)" | tee "$R/summary.txt"
   else

@@ -16,7 +16,9 @@
 #   bash scripts/gpu/gemma_gpu.sh prepare   the parts, and build/gemma-bin/tessera: a stripped copy of TESSERA_BIN
 #                                           (default build/cuda-ci/src/tessera, built here: never built there; 18 MB)
 #                                           with build/gemma-bin/lib: the libraries it links that the device lacks
-#                                           (COIN-OR CBC, ~7 MB); build/gpu-debs + build/gemma-bin: ~44 MB
+#                                           (COIN-OR CBC, ~7 MB) and bible.data (the KJV haystack, 1.7 MB: the
+#                                           device image lacks it; installed there as /usr/lib/bible.data);
+#                                           build/gpu-debs + build/gemma-bin: ~46 MB
 # Then six calls to one warm machine (carried paths stay on it between calls; no kind named):
 #   1. carry ["build/gpu-debs", "build/gemma-bin"]:  bash scripts/gpu/gemma_gpu.sh   (deps, the binary's check)
 #   2. carry ["build/gemma-p0"]:                     bash scripts/gpu/gemma_gpu.sh   (a part: stored, nothing run)
@@ -72,6 +74,8 @@ if [ "${1:-}" = prepare ]; then
         libCbc* | libCgl* | libOsi* | libClp* | libCoinUtils* | libbz2*) cp -L "$path" "$ROOT/build/gemma-bin/lib/$so" ;;
       esac
     done
+    # The KJV haystack (bible-kjv-text's /usr/lib/bible.data, 1.7 MB): the device image lacks it.
+    [ -f /usr/lib/bible.data ] && cp /usr/lib/bible.data "$ROOT/build/gemma-bin/bible.data"
     echo "build/gemma-bin/lib: $(ls "$ROOT/build/gemma-bin/lib" | tr '\n' ' ')"
     echo "build/gemma-bin/tessera: $(stat -c %s "$ROOT/build/gemma-bin/tessera") bytes (from $BIN); with build/gpu-debs:" \
       "$(du -cb "$ROOT/build/gemma-bin" "$ROOT/build/gpu-debs" 2> /dev/null | tail -1 | cut -f1) bytes besides the tree"
@@ -108,6 +112,10 @@ TS=${TS:-}
 if [ -z "$TS" ] && [ -x build/gemma-bin/tessera ]; then
   TS=$ROOT/build/gemma-bin/tessera
   export LD_LIBRARY_PATH="$ROOT/build/gemma-bin/lib:$ROOT/build/gpu-sysroot/usr/lib/x86_64-linux-gnu/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+# eval's and run's default haystack is /usr/lib/bible.data, which the device image lacks: the carried copy (root there).
+if [ ! -f /usr/lib/bible.data ] && [ -f build/gemma-bin/bible.data ]; then
+  cp build/gemma-bin/bible.data /usr/lib/bible.data || echo "cannot install build/gemma-bin/bible.data as /usr/lib/bible.data"
 fi
 if [ -z "$TS" ]; then
   BUILD_DIR=$ROOT/build/sr-cuda
