@@ -32,6 +32,17 @@ __device__ inline void unpack8(const uint4& v, float (&f)[8]) {
   }
 }
 
+// Eight values times `inv`, each rounded to E4M3 (saturating to +-448), as 8 bytes in order.
+__device__ __forceinline__ uint2 encode8(const float* f, float inv) {
+  uint2 out;
+  __nv_fp8x2_storage_t* o = reinterpret_cast<__nv_fp8x2_storage_t*>(&out);
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    o[i] = __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(f[2 * i], inv), __fmul_rn(f[2 * i + 1], inv)),
+                                    __NV_SATFINITE, __NV_E4M3);
+  return out;
+}
+
 __global__ void amax_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx, int64_t groups_per_row, int64_t groups,
                             float* __restrict__ amax) {
   float a = 0.0f;
@@ -65,13 +76,7 @@ __global__ void quantize_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx
        g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     float f[8];
     unpack8(load8(x, ldx, groups_per_row, g), f);
-    uint2 out;
-    __nv_fp8x2_storage_t* o = reinterpret_cast<__nv_fp8x2_storage_t*>(&out);
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      o[i] = __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(f[2 * i], inv), __fmul_rn(f[2 * i + 1], inv)),
-                                      __NV_SATFINITE, __NV_E4M3);
-    *reinterpret_cast<uint2*>(q + g * 8) = out;  // q is contiguous: group g is bytes [8g, 8g + 8)
+    *reinterpret_cast<uint2*>(q + g * 8) = encode8(f, inv);  // q is contiguous: group g is bytes [8g, 8g + 8)
   }
 }
 
@@ -102,13 +107,7 @@ __global__ void quantize_rows_kernel(const __nv_bfloat16* __restrict__ x, int64_
   for (int64_t g = lane; g < groups_per_row; g += 32) {
     float f[8];
     unpack8(*reinterpret_cast<const uint4*>(xr + g * 8), f);
-    uint2 out;
-    __nv_fp8x2_storage_t* o = reinterpret_cast<__nv_fp8x2_storage_t*>(&out);
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      o[i] = __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(f[2 * i], inv), __fmul_rn(f[2 * i + 1], inv)),
-                                      __NV_SATFINITE, __NV_E4M3);
-    *reinterpret_cast<uint2*>(qr + g * 8) = out;
+    *reinterpret_cast<uint2*>(qr + g * 8) = encode8(f, inv);
   }
 }
 

@@ -136,7 +136,7 @@ Fp8Scaling Gemm::fp8_scaling() {
   return static_cast<Fp8Scaling>(fp8_scaling_);
 }
 
-uint8_t* Gemm::grow_bytes(void*& buf, size_t& have, size_t need) {
+uint8_t* Gemm::grow_bytes(void*& buf, size_t& have, size_t need, size_t floor) {
   if (need > have) {
     if (buf != nullptr) {
       TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old buffer may still be read
@@ -144,7 +144,7 @@ uint8_t* Gemm::grow_bytes(void*& buf, size_t& have, size_t need) {
       buf = nullptr;
       have = 0;
     }
-    const size_t bytes = std::max(need + need / 4, size_t{1} << 16);  // geometric growth
+    const size_t bytes = std::max(need + need / 4, floor);  // geometric growth
     TESSERA_CUDA_CHECK(cudaMalloc(&buf, bytes));
     have = bytes;
   }
@@ -153,27 +153,16 @@ uint8_t* Gemm::grow_bytes(void*& buf, size_t& have, size_t need) {
 
 Fp8Matrix Gemm::quantize_activation(const bf16* x, int64_t ldx, int64_t m, int64_t in) {
   const Fp8Scaling scaling = fp8_scaling();
-  const size_t need = static_cast<size_t>(std::max<int64_t>(m, 0) * in);
-  if (need > act_bytes_) {
-    if (act_ != nullptr) {
-      TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old buffer may still be read
-      TESSERA_CUDA_CHECK(cudaFree(act_));
-      act_ = nullptr;
-      act_bytes_ = 0;
-    }
-    const size_t bytes = std::max(need + need / 4, size_t{1} << 20);  // geometric growth
-    TESSERA_CUDA_CHECK(cudaMalloc(&act_, bytes));
-    act_bytes_ = bytes;
-  }
+  uint8_t* codes = grow_bytes(act_, act_bytes_, static_cast<size_t>(std::max<int64_t>(m, 0) * in), size_t{1} << 20);
   if (scaling == Fp8Scaling::kRow) {
     auto* scales = reinterpret_cast<float*>(
         grow_bytes(act_scales_, act_scales_bytes_, static_cast<size_t>(std::max<int64_t>(m, 1)) * sizeof(float)));
-    quantize_e4m3_rows(x, ldx, m, in, act_, scales, stream_);
-    return Fp8Matrix{act_, scales, m, in, Fp8Scaling::kRow};
+    quantize_e4m3_rows(x, ldx, m, in, codes, scales, stream_);
+    return Fp8Matrix{codes, scales, m, in, Fp8Scaling::kRow};
   }
   if (act_work_ == nullptr) TESSERA_CUDA_CHECK(cudaMalloc(&act_work_, kFp8WorkFloats * sizeof(float)));
-  quantize_e4m3(x, ldx, m, in, act_, act_work_, stream_);
-  return Fp8Matrix{act_, act_work_ + kFp8ScaleOffset, m, in, Fp8Scaling::kTensor};
+  quantize_e4m3(x, ldx, m, in, codes, act_work_, stream_);
+  return Fp8Matrix{codes, act_work_ + kFp8ScaleOffset, m, in, Fp8Scaling::kTensor};
 }
 
 Gemm::LtPlan* Gemm::lt_plan(int64_t m, int64_t out, int64_t in, DType y_type, int64_t ldy, bool accumulate,

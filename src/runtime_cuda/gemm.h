@@ -104,12 +104,13 @@ class Gemm {
   // and `may_refuse` (else throws).
   bool run_lt(LtPlan& plan, const Fp8Matrix& x, const Fp8Matrix& w, const float* sx, const float* sw, void* y,
               DType y_type, int64_t ldy, float beta, bool may_refuse, const std::string& shape);
-  uint8_t* grow_bytes(void*& buf, size_t& have, size_t need);  // stream-ordered regrowth of a scratch buffer
+  // Stream-ordered regrowth of a scratch buffer: at least `need` bytes (need * 1.25, `floor` at least) when it grows.
+  uint8_t* grow_bytes(void*& buf, size_t& have, size_t need, size_t floor = size_t{1} << 16);
 
   void* handle_ = nullptr;  // cublasHandle_t
   void* lt_handle_ = nullptr;  // cublasLtHandle_t, created on the first FP8 call
   cudaStream_t stream_ = nullptr;
-  uint8_t* act_ = nullptr;  // quantize_activation's buffer
+  void* act_ = nullptr;  // quantize_activation's buffer (FP8 codes)
   size_t act_bytes_ = 0;
   float* act_work_ = nullptr;  // its amax and scale (fp8_quant.h kFp8WorkFloats)
   float* one_ = nullptr;  // 1.0f on the device: the unit scales of the fallback's GEMM

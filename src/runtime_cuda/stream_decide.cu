@@ -258,6 +258,21 @@ __global__ void __launch_bounds__(kFusedThreads) fused_ltri_kernel(
   }
 }
 
+// One voting head's term of sim[t][s]: w * (sum over t's vectors a in [a0, a1) of the max over s's vectors [b0, b1)
+// of dots[h][a][b]) / (a1 - a0), in f64 in the CPU's order (a1 > a0).
+__device__ __forceinline__ double head_term(const float* dots, int32_t h, int64_t m, int64_t vt, int32_t a0, int32_t a1,
+                                            int64_t b0, int64_t b1, double w) {
+  const float* dh = dots + static_cast<int64_t>(h) * m * vt;
+  double sum = 0;
+  for (int32_t a = a0; a < a1; ++a) {
+    const float* row = dh + static_cast<int64_t>(a) * vt;
+    float mx = row[b0];
+    for (int64_t b = b0 + 1; b < b1; ++b) mx = fmaxf(mx, row[b]);
+    sum = __dadd_rn(sum, static_cast<double>(mx));
+  }
+  return __ddiv_rn(__dmul_rn(w, sum), static_cast<double>(a1 - a0));
+}
+
 // sim[t][s] for the query spans t and the stored spans s of one tile (vectors [v0, v0 + vt)): per voting head in
 // order, the mean over t's vectors of the max over s's vectors of their dot products (dots[slot][a][v - v0]).
 __global__ void sim_kernel(const float* dots, const int32_t* offsets, int32_t query_spans, const int32_t* span_first,
@@ -272,17 +287,8 @@ __global__ void sim_kernel(const float* dots, const int32_t* offsets, int32_t qu
     const int32_t a0 = offsets[t], a1 = offsets[t + 1];
     const int64_t b0 = span_first[s] - v0, b1 = b0 + span_count[s];
     double acc = 0;
-    for (int32_t h = 0; h < voters; ++h) {
-      const float* dh = dots + static_cast<int64_t>(h) * m * vt;
-      double sum = 0;
-      for (int32_t a = a0; a < a1; ++a) {
-        const float* row = dh + static_cast<int64_t>(a) * vt;
-        float mx = row[b0];
-        for (int64_t b = b0 + 1; b < b1; ++b) mx = fmaxf(mx, row[b]);
-        sum = __dadd_rn(sum, static_cast<double>(mx));
-      }
-      if (a1 > a0) acc = __dadd_rn(acc, __ddiv_rn(__dmul_rn(weights[h], sum), static_cast<double>(a1 - a0)));
-    }
+    if (a1 > a0)
+      for (int32_t h = 0; h < voters; ++h) acc = __dadd_rn(acc, head_term(dots, h, m, vt, a0, a1, b0, b1, weights[h]));
     sim[t * total_spans + s] = acc;
   }
 }
@@ -308,17 +314,7 @@ __global__ void __launch_bounds__(1024) sim_heads_kernel(
     double acc = 0;  // thread (x, 0)'s
     for (int32_t h0 = 0; h0 < voters; h0 += ys) {
       const int32_t h = h0 + y;
-      if (live && a1 > a0 && h < voters) {
-        const float* dh = dots + static_cast<int64_t>(h) * m * vt;
-        double sum = 0;
-        for (int32_t a = a0; a < a1; ++a) {
-          const float* row = dh + static_cast<int64_t>(a) * vt;
-          float mx = row[b0];
-          for (int64_t b = b0 + 1; b < b1; ++b) mx = fmaxf(mx, row[b]);
-          sum = __dadd_rn(sum, static_cast<double>(mx));
-        }
-        terms[y * kSimSpans + x] = __ddiv_rn(__dmul_rn(weights[h], sum), static_cast<double>(a1 - a0));
-      }
+      if (live && a1 > a0 && h < voters) terms[y * kSimSpans + x] = head_term(dots, h, m, vt, a0, a1, b0, b1, weights[h]);
       __syncthreads();
       if (y == 0 && live && a1 > a0)
         for (int32_t j = 0; j < min(ys, voters - h0); ++j) acc = __dadd_rn(acc, terms[j * kSimSpans + x]);
