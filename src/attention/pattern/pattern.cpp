@@ -46,6 +46,11 @@ bool is_dynamic(const Pattern& p) {
   return std::holds_alternative<VerticalSlashPattern>(p) || std::holds_alternative<BlockSparsePattern>(p);
 }
 
+bool all_dense(std::span<const Pattern> patterns) {
+  return std::all_of(patterns.begin(), patterns.end(),
+                     [](const Pattern& p) { return std::holds_alternative<DensePattern>(p); });
+}
+
 std::string describe(const Pattern& p) {
   return std::visit(
       Overloaded{

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -100,6 +101,8 @@ using Pattern = std::variant<DensePattern, AShapePattern, ElasticWindowPattern, 
 std::string_view pattern_name(const Pattern& p);
 // Dynamic patterns need an online estimate (attention/index/estimate.h) before lowering.
 bool is_dynamic(const Pattern& p);
+// Every pattern of the list is dense (a layer that needs no index); true for an empty list.
+bool all_dense(std::span<const Pattern> patterns);
 // One-line human description with parameters, e.g. "vertical_slash(v=1000, s=6096)".
 std::string describe(const Pattern& p);
 // Throws tessera::Error("<where>: field '<name>' must be ..., got ...") for out-of-range parameters. `namer`, when
