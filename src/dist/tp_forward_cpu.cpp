@@ -1,178 +1,226 @@
 #include "dist/tp_forward_cpu.h"
 
 #include <algorithm>
-#include <variant>
 
 #include "attention/attention_args.h"
 #include "attention/cpu/dense_attention.h"
 #include "attention/cpu/sparse_attention.h"
 #include "attention/index/estimate.h"
 #include "attention/index/lower.h"
+#include "core/clock.h"
 #include "core/error.h"
+#include "runtime/cpu_ops.h"
+#include "runtime/forward.h"
 #include "runtime/ops.h"
-#include "runtime/rope.h"
+#include "runtime/recipe.h"
 
 namespace tessera::dist {
 
 using runtime::LayerWeights;
-using runtime::Weight;
+using runtime::grow_to;
+
+namespace {
+// The replicated part has no attention step of its own: every call that needs one is the ranks' (below).
+class NoAttention final : public runtime::CpuAttentionStep {
+ public:
+  void attend(int32_t, float*, float*, float*, float*) override {}
+};
+}  // namespace
+
+// runtime::CpuOps for the replicated residual stream (embedding, norms, head); the QKV, attention, output and MLP
+// calls run every rank's shard in rank order, and out_proj / mlp sum the ranks' partials (the all-reduce) before
+// the residual add.
+class TpForwardCpu::Ops final : public runtime::CpuOps {
+ public:
+  struct Rank {
+    RankPlan plan;
+    std::vector<LayerWeights> layers;
+    std::vector<std::vector<float>> k, v;  // per layer [max_tokens, groups, d]
+    std::vector<float> q, a, gate, up;     // scratch
+  };
+
+  Ops(const runtime::Model& model, const Placement& placement, int32_t max_tokens, ThreadPool& pool)
+      : CpuOps(model.config(), model.weights(), pool) {
+    for (int32_t r = 0; r < placement.num_gpus; ++r) {
+      Rank rank;
+      rank.plan = rank_plan(cfg_, placement, r);
+      for (int32_t l = 0; l < cfg_.num_layers; ++l) {
+        const RankLayer& rl = rank.plan.layers[static_cast<size_t>(l)];
+        rank.layers.push_back(shard_layer(model.weights().layers[static_cast<size_t>(l)], cfg_, rl,
+                                          rank.plan.ffn_begin, rank.plan.ffn_end));
+        const size_t kv = static_cast<size_t>(max_tokens) * rl.groups.size() * static_cast<size_t>(cfg_.head_dim);
+        rank.k.emplace_back(kv);
+        rank.v.emplace_back(kv);
+      }
+      ranks_.push_back(std::move(rank));
+    }
+  }
+
+  void start(std::span<const int32_t> tokens, int32_t pos, const attn::AttentionPolicy* policy, int32_t total_len,
+             runtime::ForwardTimers& timers) {
+    pos_ = pos;
+    policy_ = policy;
+    total_len_ = total_len;
+    begin(tokens, pos, {}, no_attention_, timers);
+    grow_to(sum_, n_ * cfg_.hidden_size);
+  }
+
+  // --- the recipe's calls that run the shards
+  void qkv(int32_t l, bool bias) {
+    const int64_t D = cfg_.head_dim;
+    for (Rank& r : ranks_) {
+      const LayerWeights& L = r.layers[static_cast<size_t>(l)];
+      const RankLayer& rl = r.plan.layers[static_cast<size_t>(l)];
+      const auto m = static_cast<int64_t>(rl.heads.size()), g = static_cast<int64_t>(rl.groups.size());
+      if (m == 0) continue;  // no head of this layer
+      grow_to(r.q, n_ * m * D);
+      grow_to(r.a, n_ * m * D);
+      linear_timed(h_.data(), n_, L.wq, bias ? &L.bq : nullptr, r.q.data());
+      linear_timed(h_.data(), n_, L.wk, bias ? &L.bk : nullptr, rank_k(r, l, g));
+      linear_timed(h_.data(), n_, L.wv, bias ? &L.bv : nullptr, rank_v(r, l, g));
+    }
+  }
+  void qk_norm_rope(int32_t l, bool norm, bool rope) {
+    const int64_t D = cfg_.head_dim;
+    for (Rank& r : ranks_) {
+      const LayerWeights& L = r.layers[static_cast<size_t>(l)];
+      const RankLayer& rl = r.plan.layers[static_cast<size_t>(l)];
+      const auto m = static_cast<int64_t>(rl.heads.size()), g = static_cast<int64_t>(rl.groups.size());
+      if (m == 0) continue;
+      norm_rope_heads(l, r.q.data(), m * D, m, norm ? &L.q_norm : nullptr, rope);
+      norm_rope_heads(l, rank_k(r, l, g), g * D, g, norm ? &L.k_norm : nullptr, rope);
+    }
+  }
+  bool attention_rotates(int32_t) const { return false; }
+  void attend(int32_t l) {
+    const auto t0 = Clock::now();
+    for (Rank& r : ranks_)
+      if (!r.plan.layers[static_cast<size_t>(l)].heads.empty()) rank_attention(r, l);
+    timers_->attention_seconds += seconds_since(t0);
+  }
+  void out_proj(int32_t l, bool post_norm) {
+    std::fill(sum_.begin(), sum_.begin() + n_ * cfg_.hidden_size, 0.0f);
+    for (Rank& r : ranks_) {
+      if (r.plan.layers[static_cast<size_t>(l)].heads.empty()) continue;
+      linear_timed(r.a.data(), n_, r.layers[static_cast<size_t>(l)].wo, nullptr, h_.data());
+      add_partial();
+    }
+    add_to_x(0, n_, sum_.data(), post_norm ? &weights_.layers[static_cast<size_t>(l)].post_attn_norm : nullptr);
+  }
+  void mlp(int32_t l, int64_t row0, int64_t rows, runtime::Activation act, bool post_norm) {
+    const int64_t H = cfg_.hidden_size;
+    // h holds the ffn-normed rows; the partials go to part_ so that h stays for the next rank.
+    grow_to(part_, rows * H);
+    std::fill(sum_.begin(), sum_.begin() + rows * H, 0.0f);
+    const float* h = h_.data() + row0 * H;
+    for (Rank& r : ranks_) {
+      const LayerWeights& L = r.layers[static_cast<size_t>(l)];
+      const int64_t F = r.plan.ffn_end - r.plan.ffn_begin;
+      if (F == 0) continue;
+      grow_to(r.gate, rows * F);
+      grow_to(r.up, rows * F);
+      linear_timed(h, rows, L.w_gate, nullptr, r.gate.data());
+      linear_timed(h, rows, L.w_up, nullptr, r.up.data());
+      runtime::gated_activation(r.gate.data(), r.up.data(), rows * F, act, pool_);
+      linear_timed(r.gate.data(), rows, L.w_down, nullptr, part_.data());
+      for (int64_t i = 0; i < rows * H; ++i) sum_[static_cast<size_t>(i)] += part_[static_cast<size_t>(i)];
+    }
+    add_to_x(row0, rows, sum_.data(), post_norm ? &weights_.layers[static_cast<size_t>(l)].post_ffn_norm : nullptr);
+  }
+
+  const std::vector<Rank>& ranks() const { return ranks_; }
+
+ private:
+  float* rank_k(Rank& r, int32_t l, int64_t g) {
+    return r.k[static_cast<size_t>(l)].data() + static_cast<int64_t>(pos_) * g * cfg_.head_dim;
+  }
+  float* rank_v(Rank& r, int32_t l, int64_t g) {
+    return r.v[static_cast<size_t>(l)].data() + static_cast<int64_t>(pos_) * g * cfg_.head_dim;
+  }
+  // sum += the partial in h (the rank's output projection).
+  void add_partial() {
+    for (int64_t i = 0; i < n_ * cfg_.hidden_size; ++i) sum_[static_cast<size_t>(i)] += h_[static_cast<size_t>(i)];
+  }
+
+  // The rank's heads of layer l, one GQA call per held KV group (the policy's patterns of those heads).
+  void rank_attention(Rank& r, int32_t layer) {
+    const RankLayer& rl = r.plan.layers[static_cast<size_t>(layer)];
+    const int64_t d = cfg_.head_dim, m = static_cast<int64_t>(rl.heads.size());
+    const auto g_count = static_cast<int64_t>(rl.groups.size());
+    const auto n = static_cast<int32_t>(n_);
+    const int32_t kv_len = pos_ + n;
+    const int32_t window = cfg_.layers[static_cast<size_t>(layer)].sliding_window;
+    const bool sparse = policy_ != nullptr && !policy_->table().empty();
+    const float* q = r.q.data();
+    float* out = r.a.data();
+    for (size_t gi = 0; gi < rl.groups.size(); ++gi) {
+      const auto [h0, h1] = rl.group_heads[gi];
+      const int64_t mg = h1 - h0;
+      // The group's query heads and its K/V, contiguous for the executor.
+      std::vector<float> qg(static_cast<size_t>(n * mg * d)), og(qg.size());
+      std::vector<float> kg(static_cast<size_t>(kv_len * d)), vg(kg.size());
+      for (int64_t t = 0; t < n; ++t) std::copy(q + (t * m + h0) * d, q + (t * m + h1) * d, qg.data() + t * mg * d);
+      const float* kc = r.k[static_cast<size_t>(layer)].data();
+      const float* vc = r.v[static_cast<size_t>(layer)].data();
+      for (int64_t t = 0; t < kv_len; ++t) {
+        const int64_t src = (t * g_count + static_cast<int64_t>(gi)) * d;
+        std::copy(kc + src, kc + src + d, kg.data() + t * d);
+        std::copy(vc + src, vc + src + d, vg.data() + t * d);
+      }
+      attn::AttentionArgs args;
+      args.q = TensorView(qg.data(), DType::F32, {n, mg, d});
+      args.k = TensorView(kg.data(), DType::F32, {kv_len, 1, d});
+      args.v = TensorView(vg.data(), DType::F32, {kv_len, 1, d});
+      args.out = TensorView(og.data(), DType::F32, {n, mg, d});
+      args.scale = cfg_.attention_scale;
+      args.q_begin = pos_;
+      if (window > 0 && window < kv_len) args.window = window;
+      std::vector<attn::Pattern> patterns;
+      if (sparse)
+        for (int32_t h = h0; h < h1; ++h) patterns.push_back(policy_->at(layer, rl.heads[static_cast<size_t>(h)]));
+      if (!sparse || attn::all_dense(patterns)) {
+        attn::dense_attention_cpu(args, pool_);
+      } else {
+        const attn::LoweringContext ctx{pos_, n, kv_len, std::max(total_len_, kv_len), runtime::Forward::kTile};
+        const std::vector<attn::HeadEstimate> estimates =
+            attn::estimate_layer(patterns, args.q, args.k, ctx, args.effective_scale(), pool_);
+        attn::sparse_attention_cpu(args, attn::lower_layer(patterns, estimates, ctx), pool_);
+      }
+      for (int64_t t = 0; t < n; ++t)
+        std::copy(og.data() + t * mg * d, og.data() + (t + 1) * mg * d, out + (t * m + h0) * d);
+    }
+  }
+
+  std::vector<Rank> ranks_;
+  NoAttention no_attention_;
+  int32_t pos_ = 0;
+  const attn::AttentionPolicy* policy_ = nullptr;
+  int32_t total_len_ = 0;
+  std::vector<float> sum_, part_;
+};
 
 TpForwardCpu::TpForwardCpu(const runtime::Model& model, const Placement& placement, int32_t max_tokens,
                            ThreadPool& pool)
-    : model_(model), cfg_(model.config()), pool_(pool), max_tokens_(max_tokens) {
+    : model_(model), max_tokens_(max_tokens) {
   check(max_tokens > 0, "tensor-parallel forward: max_tokens must be positive");
-  const runtime::LayerRopes ropes = runtime::layer_ropes(cfg_, model.weights().rope_freq_factors);
-  inv_freqs_ = ropes.inv_freqs;
-  layer_rope_ = ropes.layer;
-  for (int32_t r = 0; r < placement.num_gpus; ++r) {
-    Rank rank;
-    rank.plan = rank_plan(cfg_, placement, r);
-    for (int32_t l = 0; l < cfg_.num_layers; ++l) {
-      const RankLayer& rl = rank.plan.layers[static_cast<size_t>(l)];
-      rank.layers.push_back(shard_layer(model.weights().layers[static_cast<size_t>(l)], cfg_, rl,
-                                        rank.plan.ffn_begin, rank.plan.ffn_end));
-      const size_t kv =
-          static_cast<size_t>(max_tokens) * rl.groups.size() * static_cast<size_t>(cfg_.head_dim);
-      rank.k.emplace_back(kv);
-      rank.v.emplace_back(kv);
-    }
-    ranks_.push_back(std::move(rank));
-  }
+  ops_ = std::make_unique<Ops>(model, placement, max_tokens, pool);
 }
 
-void TpForwardCpu::attention(Rank& r, int32_t layer, int32_t pos, int32_t n,
-                             const attn::AttentionPolicy* policy, int32_t total_len, const float* q,
-                             float* out) {
-  const RankLayer& rl = r.plan.layers[static_cast<size_t>(layer)];
-  const int64_t d = cfg_.head_dim, m = static_cast<int64_t>(rl.heads.size());
-  const auto g_count = static_cast<int64_t>(rl.groups.size());
-  const int32_t kv_len = pos + n;
-  const int32_t window = cfg_.layers[static_cast<size_t>(layer)].sliding_window;
-  const bool sparse = policy != nullptr && !policy->table().empty();
-  for (size_t gi = 0; gi < rl.groups.size(); ++gi) {
-    const auto [h0, h1] = rl.group_heads[gi];
-    const int64_t mg = h1 - h0;
-    // The group's query heads and its K/V, contiguous for the executor.
-    std::vector<float> qg(static_cast<size_t>(n * mg * d)), og(qg.size());
-    std::vector<float> kg(static_cast<size_t>(kv_len * d)), vg(kg.size());
-    for (int64_t t = 0; t < n; ++t)
-      std::copy(q + (t * m + h0) * d, q + (t * m + h1) * d, qg.data() + t * mg * d);
-    const float* kc = r.k[static_cast<size_t>(layer)].data();
-    const float* vc = r.v[static_cast<size_t>(layer)].data();
-    for (int64_t t = 0; t < kv_len; ++t) {
-      std::copy(kc + (t * g_count + static_cast<int64_t>(gi)) * d,
-                kc + (t * g_count + static_cast<int64_t>(gi) + 1) * d, kg.data() + t * d);
-      std::copy(vc + (t * g_count + static_cast<int64_t>(gi)) * d,
-                vc + (t * g_count + static_cast<int64_t>(gi) + 1) * d, vg.data() + t * d);
-    }
-    attn::AttentionArgs args;
-    args.q = TensorView(qg.data(), DType::F32, {n, mg, d});
-    args.k = TensorView(kg.data(), DType::F32, {kv_len, 1, d});
-    args.v = TensorView(vg.data(), DType::F32, {kv_len, 1, d});
-    args.out = TensorView(og.data(), DType::F32, {n, mg, d});
-    args.scale = cfg_.attention_scale;
-    args.q_begin = pos;
-    if (window > 0 && window < kv_len) args.window = window;
-    std::vector<attn::Pattern> patterns;
-    if (sparse)
-      for (int32_t h = h0; h < h1; ++h)
-        patterns.push_back(policy->at(layer, rl.heads[static_cast<size_t>(h)]));
-    const bool dense = !sparse || std::all_of(patterns.begin(), patterns.end(), [](const attn::Pattern& p) {
-      return std::holds_alternative<attn::DensePattern>(p);
-    });
-    if (dense) {
-      attn::dense_attention_cpu(args, pool_);
-    } else {
-      const attn::LoweringContext ctx{pos, n, kv_len, std::max(total_len, kv_len), 64};
-      const std::vector<attn::HeadEstimate> estimates =
-          attn::estimate_layer(patterns, args.q, args.k, ctx, args.effective_scale(), pool_);
-      attn::sparse_attention_cpu(args, attn::lower_layer(patterns, estimates, ctx), pool_);
-    }
-    for (int64_t t = 0; t < n; ++t)
-      std::copy(og.data() + t * mg * d, og.data() + (t + 1) * mg * d, out + (t * m + h0) * d);
-  }
-}
+TpForwardCpu::~TpForwardCpu() = default;
+
+int32_t TpForwardCpu::world() const { return static_cast<int32_t>(ops_->ranks().size()); }
+
+const RankPlan& TpForwardCpu::plan(int32_t rank) const { return ops_->ranks()[static_cast<size_t>(rank)].plan; }
 
 std::vector<float> TpForwardCpu::run(std::span<const int32_t> tokens, int32_t pos,
                                      const attn::AttentionPolicy* policy, int32_t total_len, bool last_only) {
   const auto n = static_cast<int32_t>(tokens.size());
   if (n == 0) return {};
   check(pos + n <= max_tokens_, "tensor-parallel forward: the KV caches have no room for the chunk");
-  const int64_t H = cfg_.hidden_size, D = cfg_.head_dim;
-  const float eps = cfg_.rms_norm_eps;
-  const runtime::ModelWeights& w = model_.weights();
-
-  std::vector<float> x(static_cast<size_t>(n * H)), h(x.size()), sum(x.size()), part(x.size());
-  for (int32_t t = 0; t < n; ++t) {
-    const float* e = w.embedding.ptr() + static_cast<int64_t>(tokens[static_cast<size_t>(t)]) * H;
-    for (int64_t i = 0; i < H; ++i) x[static_cast<size_t>(t * H + i)] = e[i] * cfg_.embedding_scale;
-  }
-  std::vector<std::vector<float>> cos(inv_freqs_.size()), sin(inv_freqs_.size());
-  for (size_t r = 0; r < inv_freqs_.size(); ++r) {
-    cos[r].resize(static_cast<size_t>(n * (D / 2)));
-    sin[r].resize(cos[r].size());
-    runtime::rope_tables(inv_freqs_[r], pos, n, cos[r].data(), sin[r].data());
-  }
-
-  // The all-reduce of the CPU twin: partials summed in rank order, then added to the residual stream.
-  auto reduce_into_x = [&](const float* post_norm) {
-    if (post_norm != nullptr) runtime::rms_norm(sum.data(), sum.data(), n, H, post_norm, eps, pool_);
-    for (size_t i = 0; i < x.size(); ++i) x[i] += sum[i];
-  };
-
-  for (int32_t l = 0; l < cfg_.num_layers; ++l) {
-    const LayerWeights& full = w.layers[static_cast<size_t>(l)];
-    const size_t rope = layer_rope_[static_cast<size_t>(l)];
-    runtime::rms_norm(x.data(), h.data(), n, H, full.attn_norm.ptr(), eps, pool_);
-    std::fill(sum.begin(), sum.end(), 0.0f);
-    for (Rank& r : ranks_) {
-      const LayerWeights& L = r.layers[static_cast<size_t>(l)];
-      const RankLayer& rl = r.plan.layers[static_cast<size_t>(l)];
-      const auto m = static_cast<int64_t>(rl.heads.size()), g = static_cast<int64_t>(rl.groups.size());
-      if (m == 0) continue;  // no head of this layer: nothing to add
-      std::vector<float> q(static_cast<size_t>(n * m * D)), a(q.size());
-      float* kc = r.k[static_cast<size_t>(l)].data() + static_cast<int64_t>(pos) * g * D;
-      float* vc = r.v[static_cast<size_t>(l)].data() + static_cast<int64_t>(pos) * g * D;
-      runtime::linear(h.data(), n, L.wq, cfg_.qkv_bias ? &L.bq : nullptr, q.data());
-      runtime::linear(h.data(), n, L.wk, cfg_.qkv_bias ? &L.bk : nullptr, kc);
-      runtime::linear(h.data(), n, L.wv, cfg_.qkv_bias ? &L.bv : nullptr, vc);
-      if (cfg_.qk_norm) {
-        runtime::rms_norm(q.data(), q.data(), n * m, D, L.q_norm.ptr(), eps, pool_);
-        runtime::rms_norm(kc, kc, n * g, D, L.k_norm.ptr(), eps, pool_);
-      }
-      runtime::apply_rope(q.data(), n, m * D, m, D, cos[rope].data(), sin[rope].data());
-      runtime::apply_rope(kc, n, g * D, g, D, cos[rope].data(), sin[rope].data());
-      attention(r, l, pos, n, policy, total_len, q.data(), a.data());
-      runtime::linear(a.data(), n, L.wo, nullptr, part.data());
-      for (size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
-    }
-    reduce_into_x(cfg_.post_norms ? full.post_attn_norm.ptr() : nullptr);
-
-    runtime::rms_norm(x.data(), h.data(), n, H, full.ffn_norm.ptr(), eps, pool_);
-    std::fill(sum.begin(), sum.end(), 0.0f);
-    for (Rank& r : ranks_) {
-      const LayerWeights& L = r.layers[static_cast<size_t>(l)];
-      const int64_t F = r.plan.ffn_end - r.plan.ffn_begin;
-      if (F == 0) continue;
-      std::vector<float> gate(static_cast<size_t>(n * F)), up(gate.size());
-      runtime::linear(h.data(), n, L.w_gate, nullptr, gate.data());
-      runtime::linear(h.data(), n, L.w_up, nullptr, up.data());
-      runtime::gated_activation(gate.data(), up.data(), n * F, cfg_.activation, pool_);
-      runtime::linear(gate.data(), n, L.w_down, nullptr, part.data());
-      for (size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
-    }
-    reduce_into_x(cfg_.post_norms ? full.post_ffn_norm.ptr() : nullptr);
-  }
-
-  const int32_t first = last_only ? n - 1 : 0;
-  const int32_t count = n - first;
-  runtime::rms_norm(x.data() + static_cast<int64_t>(first) * H, h.data(), count, H, w.final_norm.ptr(), eps,
-                    pool_);
-  std::vector<float> logits(static_cast<size_t>(count) * static_cast<size_t>(cfg_.vocab_size));
-  runtime::linear(h.data(), count, w.output(), nullptr, logits.data());
-  if (cfg_.final_logit_softcap > 0)
-    runtime::softcap(logits.data(), static_cast<int64_t>(logits.size()), cfg_.final_logit_softcap);
-  return logits;
+  runtime::ForwardTimers timers;
+  ops_->start(tokens, pos, policy, total_len, timers);
+  runtime::run_layers(model_.config(), *ops_);
+  return ops_->head(last_only ? n - 1 : 0);
 }
 
 }  // namespace tessera::dist

@@ -8,12 +8,15 @@
 //   a_r = attention of the rank's heads, one GQA call per held KV group (the policy's patterns of those
 //   heads) o_r = a_r wo_r^T
 // then the "all-reduce": o = sum over ranks of o_r (in rank order), x += o (Gemma-3: x += RMSNorm(o)); the
-// MLP likewise (m_r with the rank's columns, summed). Logits from the replicated final norm and LM head. It
-// runs the runtime's own ops and executors (runtime/ops.h, attention/cpu), so that it equals runtime::Forward
-// up to the order of the f32 sums (tests/dist_tp_cpu_test.cpp), whatever the placement.
+// MLP likewise (m_r with the rank's columns, summed). Logits from the replicated final norm and LM head. It is the
+// one layer recipe (runtime/recipe.h) over a backend whose QKV, attention, output and MLP calls run every rank's
+// shard and whose reductions sum the ranks' partials (runtime::CpuOps for the replicated rest: embedding, norms,
+// head), with the runtime's own executors (attention/cpu), so that it equals runtime::Forward up to the order of the
+// f32 sums (tests/dist_tp_cpu_test.cpp), whatever the placement.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -29,6 +32,7 @@ class TpForwardCpu {
  public:
   // Shards `model` for every rank of `placement` (validated against the model). max_tokens: KV rows per rank.
   TpForwardCpu(const runtime::Model& model, const Placement& placement, int32_t max_tokens, ThreadPool& pool);
+  ~TpForwardCpu();
 
   // Runs `tokens` at positions [pos, pos + n) (rows [0, pos) of every rank's cache must hold the earlier
   // tokens), with `policy` (null or empty: dense) and the prompt's total length. Returns the logits of the
@@ -36,25 +40,16 @@ class TpForwardCpu {
   std::vector<float> run(std::span<const int32_t> tokens, int32_t pos, const attn::AttentionPolicy* policy,
                          int32_t total_len, bool last_only);
 
-  int32_t world() const { return static_cast<int32_t>(ranks_.size()); }
-  const RankPlan& plan(int32_t rank) const { return ranks_[static_cast<size_t>(rank)].plan; }
+  int32_t world() const;
+  const RankPlan& plan(int32_t rank) const;
+
+  // The backend of the layer recipe (runtime/recipe.h) over the ranks' shards: defined in tp_forward_cpu.cpp.
+  class Ops;
 
  private:
-  struct Rank {
-    RankPlan plan;
-    std::vector<runtime::LayerWeights> layers;
-    std::vector<std::vector<float>> k, v;  // per layer [max_tokens, groups, d]
-  };
-  void attention(Rank& r, int32_t layer, int32_t pos, int32_t n, const attn::AttentionPolicy* policy,
-                 int32_t total_len, const float* q, float* out);
-
   const runtime::Model& model_;
-  const runtime::ModelConfig& cfg_;
-  ThreadPool& pool_;
   int32_t max_tokens_ = 0;
-  std::vector<Rank> ranks_;
-  std::vector<std::vector<float>> inv_freqs_;
-  std::vector<size_t> layer_rope_;
+  std::unique_ptr<Ops> ops_;
 };
 
 }  // namespace tessera::dist

@@ -42,7 +42,7 @@ CpuBatchBackend::CpuBatchBackend(const Model& model, ThreadPool* pool)
     : model_(model),
       pool_(pool ? *pool : ThreadPool::global()),
       prefill_(model, pool_),
-      decode_(model, pool_) {}
+      decode_(prefill_.ops()) {}
 
 double CpuBatchBackend::default_kv_bytes() const { return 0.25 * static_cast<double>(host_memory_budget().bytes); }
 

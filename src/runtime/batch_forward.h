@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "runtime/cpu_ops.h"
 #include "runtime/forward.h"
 #include "runtime/kv_cache.h"
 #include "runtime/model.h"
@@ -69,7 +70,9 @@ void paged_decode_attention_cpu(const float* q, float* out, std::span<const Deco
 
 class BatchForward {
  public:
-  BatchForward(const Model& model, ThreadPool& pool);
+  // Runs the recipe (recipe.h) through `ops`, the CPU backend a Forward of the same model already holds (the scratch
+  // is shared: a prefill chunk and a decode step never run at once on one backend). ops must outlive this.
+  explicit BatchForward(CpuOps& ops) : ops_(ops) {}
 
   // tokens[i] at position rows[i].seq->length() - 1 (the blocks already grown by one row). Writes each row's K/V,
   // returns logits [B, vocab].
@@ -77,13 +80,8 @@ class BatchForward {
                             ForwardTimers& timers);
 
  private:
-  const Model& model_;
-  const ModelConfig& cfg_;
-  ThreadPool& pool_;
-  std::vector<std::vector<float>> inv_freqs_;
-  std::vector<size_t> layer_rope_;
-  std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_;
-  std::vector<std::vector<float>> cos_, sin_;
+  CpuOps& ops_;
+  std::vector<int32_t> positions_;
 };
 
 }  // namespace tessera::runtime

@@ -31,6 +31,7 @@
 #include "attention/attention_args.h"
 #include "attention/pattern/policy.h"
 #include "core/thread_pool.h"
+#include "runtime/cpu_ops.h"
 #include "runtime/kv_cache.h"
 #include "runtime/model.h"
 
@@ -85,23 +86,17 @@ class Forward {
   // The observer run() calls after every layer's attention (null or empty: none). Not owned.
   void set_observer(const AttentionObserver* observer) { observer_ = observer; }
 
+  // The backend of the recipe (runtime/recipe.h) this forward runs: other CPU steps (the batched decode) share it.
+  CpuOps& ops() { return ops_; }
+
  private:
-  std::vector<float> run_layers(std::span<const int32_t> tokens, int32_t pos, KVCache* cache, KVPolicy* kv,
-                                const attn::AttentionPolicy* policy, int32_t total_len, LogitRows rows,
-                                ForwardTimers& timers);
-  // Runs one layer's attention into attn_ and returns the arguments it ran with.
-  attn::AttentionArgs attention(int32_t layer, int32_t pos, int32_t n, KVCache& cache, const attn::AttentionPolicy* policy,
-                 int32_t total_len);
+  std::vector<float> finish(int32_t n, LogitRows rows);
 
   const Model& model_;
   const ModelConfig& cfg_;
   ThreadPool& pool_;
   const AttentionObserver* observer_ = nullptr;
-  std::vector<std::vector<float>> inv_freqs_;  // distinct RoPE frequency sets
-  std::vector<size_t> layer_rope_;             // layer -> index into inv_freqs_
-  // Scratch, grown to the largest chunk seen.
-  std::vector<float> x_, h_, q_, attn_, gate_, up_, k_, v_;  // k_, v_: a KVPolicy's chunk rows
-  std::vector<std::vector<float>> cos_, sin_;
+  CpuOps ops_;
 };
 
 }  // namespace tessera::runtime
