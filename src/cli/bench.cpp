@@ -8,10 +8,7 @@
 #include "cli/session.h"
 #include "core/error.h"
 #include "eval/haystack.h"
-#ifdef TESSERA_WITH_GPU_ENGINE
-#include "runtime_cuda/device_model.h"
-#include "runtime_cuda/gpu_engine.h"
-#endif
+#include "runtime/device.h"
 
 namespace tessera::cli {
 
@@ -62,11 +59,8 @@ int bench_command(const BenchOptions& o) {
   for (const std::string& m : o.stream.methods) policies.push_back(stream_label(m));
   const bool gpu = use_gpu_device_for(o.device, o.stream);
   const attn::gpu::CudaAttentionOptions cuda_options = cuda_attention_options(o.cuda, gpu);
-  (void)cuda_options;
-#ifdef TESSERA_WITH_GPU_ENGINE
-  std::unique_ptr<runtime::gpu::DeviceModel> weights;
-  if (gpu) weights = runtime::gpu::DeviceModel::upload(*s.model);
-#endif
+  const bool fp8 = gpu && gemm_fp8(o.cuda);
+  const std::unique_ptr<runtime::Device> device = runtime::open_device(gpu ? "cuda" : "cpu", *s.model);
   std::vector<Row> rows;
   for (int depth : o.depths) {
     double dense_s = 0;
@@ -77,62 +71,44 @@ int bench_command(const BenchOptions& o) {
       r.depth = depth;
       r.policy = spec;
       r.prefill_s = 1e30;
-      // The same measurement on either engine (runtime::Engine, runtime::gpu::GpuEngine).
-      auto measure = [&](auto& engine) {
-        for (int rep = 0; rep < std::max(1, o.reps); ++rep) {  // best of reps
-          engine.reset();
-          engine.reset_stats();
-          if constexpr (requires { engine.reset_peak_memory(); }) engine.reset_peak_memory();
-          engine.prefill(std::span<const int32_t>(tokens.data(), static_cast<size_t>(depth)));
-          if (engine.stats().prefill_seconds < r.prefill_s) {
-            r.prefill_s = engine.stats().prefill_seconds;
-            r.attention_s = engine.stats().attention_seconds;
-            r.gemm_s = engine.stats().gemm_seconds;
-            if constexpr (requires { engine.memory(); })
-              r.peak_gb = static_cast<double>(engine.memory().peak_in_use_bytes) / 1e9;
-          }
+      runtime::EngineOptions eo;
+      eo.chunk_size = o.chunk;
+      if (method.empty())
+        eo.policy = s.policy(spec);
+      else
+        eo.stream = stream_options(o.stream, method, gpu);
+      eo.gpu.cuda_attention = cuda_options;
+      eo.gpu.fp8_gemm = fp8;
+      const std::unique_ptr<runtime::SequenceEngine> engine_ptr = device->engine(eo);
+      runtime::SequenceEngine& engine = *engine_ptr;
+      for (int rep = 0; rep < std::max(1, o.reps); ++rep) {  // best of reps
+        engine.reset();
+        engine.reset_stats();
+        engine.reset_peak_memory();
+        engine.prefill(std::span<const int32_t>(tokens.data(), static_cast<size_t>(depth)));
+        if (engine.stats().prefill_seconds < r.prefill_s) {
+          r.prefill_s = engine.stats().prefill_seconds;
+          r.attention_s = engine.stats().attention_seconds;
+          r.gemm_s = engine.stats().gemm_seconds;
+          if (engine.peak_device_bytes() >= 0) r.peak_gb = engine.peak_device_bytes() / 1e9;
         }
-        if (!method.empty()) {  // streaming: decode continues past the depth (no context to stay within)
-          engine.reset_stats();
-          for (int i = 0; i < o.decode_tokens; ++i) engine.decode(tokens[static_cast<size_t>(engine.position())]);
-          r.decode_tok_s = engine.stats().decode_tokens_per_second();
-        }
-        if (spec == "dense") {
-          dense_s = r.prefill_s;
-          // Decode at this depth: the last decode_tokens positions of the context when the depth reaches its end.
-          const int start = std::min(depth, c.context_length - o.decode_tokens);
-          if (start < depth) {
-            engine.reset();
-            engine.prefill(std::span<const int32_t>(tokens.data(), static_cast<size_t>(start)));
-          }
-          engine.reset_stats();
-          for (int i = 0; i < o.decode_tokens; ++i) engine.decode(tokens[static_cast<size_t>(engine.position())]);
-          r.decode_tok_s = engine.stats().decode_tokens_per_second();
-        }
-      };
-#ifdef TESSERA_WITH_GPU_ENGINE
-      if (gpu) {
-        runtime::gpu::GpuEngineOptions go;
-        go.chunk_size = o.chunk;
-        if (method.empty())
-          go.policy = s.policy(spec);
-        else
-          go.stream = stream_options(o.stream, method, gpu);
-        go.cuda_attention = cuda_options;
-        if (gemm_fp8(o.cuda)) go.gemm = runtime::gpu::GemmPrecision::kFp8;
-        runtime::gpu::GpuEngine engine(*weights, go);
-        measure(engine);
       }
-#endif
-      if (!gpu) {
-        runtime::EngineOptions eo;
-        eo.chunk_size = o.chunk;
-        if (method.empty())
-          eo.policy = s.policy(spec);
-        else
-          eo.stream = stream_options(o.stream, method, gpu);
-        runtime::Engine engine(*s.model, eo);
-        measure(engine);
+      if (!method.empty()) {  // streaming: decode continues past the depth (no context to stay within)
+        engine.reset_stats();
+        for (int i = 0; i < o.decode_tokens; ++i) engine.decode(tokens[static_cast<size_t>(engine.position())]);
+        r.decode_tok_s = engine.stats().decode_tokens_per_second();
+      }
+      if (spec == "dense") {
+        dense_s = r.prefill_s;
+        // Decode at this depth: the last decode_tokens positions of the context when the depth reaches its end.
+        const int start = std::min(depth, c.context_length - o.decode_tokens);
+        if (start < depth) {
+          engine.reset();
+          engine.prefill(std::span<const int32_t>(tokens.data(), static_cast<size_t>(start)));
+        }
+        engine.reset_stats();
+        for (int i = 0; i < o.decode_tokens; ++i) engine.decode(tokens[static_cast<size_t>(engine.position())]);
+        r.decode_tok_s = engine.stats().decode_tokens_per_second();
       }
       r.speedup = dense_s > 0 ? dense_s / r.prefill_s : 0;
       rows.push_back(r);

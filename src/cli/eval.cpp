@@ -26,10 +26,7 @@
 #include "eval/task.h"
 #include "runtime/forward.h"
 
-#ifdef TESSERA_WITH_GPU_ENGINE
-#include "runtime_cuda/device_model.h"
-#include "runtime_cuda/gpu_engine.h"
-#endif
+#include "runtime/device.h"
 
 namespace tessera::cli {
 
@@ -80,8 +77,7 @@ std::vector<int32_t> case_prompt(const Session& s, const eval::TaskCase& c, bool
 // Greedy answer. Stops at an end-of-generation token, after max_tokens, or, with stop_when_found, once every
 // expected answer is in the output: the metrics only look for the answers' presence, so later tokens cannot
 // change the score and need not be computed.
-template <class EngineT>
-std::string answer(EngineT& engine, const Session& s, const std::vector<int32_t>& prompt,
+std::string answer(runtime::SequenceEngine& engine, const Session& s, const std::vector<int32_t>& prompt,
                    const eval::TaskCase& c, int max_tokens, bool stop_when_found) {
   engine.reset();
   runtime::GenerateOptions g;  // greedy: the default sampling options
@@ -114,14 +110,21 @@ std::string stream_note(const runtime::StreamingKV& kv) {
          "; host " + format_bytes(static_cast<double>(st.host_bytes));
 }
 
-runtime::EngineOptions engine_options(const Session& s, const EvalOptions& o, const std::string& policy) {
+// The engine's options for a policy spec or a "stream:<method>" label; on the GPU with --gemm and no dense fallback
+// (the policy must really run: a dense fallback would measure dense).
+runtime::EngineOptions engine_options(const Session& s, const EvalOptions& o, const std::string& policy,
+                                      bool gpu = false) {
   runtime::EngineOptions eo;
   eo.chunk_size = o.chunk;
   const std::string method = stream_method_of(policy);
   if (method.empty())
     eo.policy = s.policy(policy);
   else
-    eo.stream = stream_options(o.stream, method, false);
+    eo.stream = stream_options(o.stream, method, gpu);
+  if (gpu) {
+    eo.gpu.cuda_attention.dense_fallback = false;
+    eo.gpu.fp8_gemm = o.gemm == "fp8";
+  }
   return eo;
 }
 
@@ -164,35 +167,8 @@ struct CaseSource {
   }
 };
 
-// Where the cases (and the perplexity) run: the CPU engine, or the GPU engine over weights uploaded once.
-struct EvalDevice {
-  bool gpu = false;
-#ifdef TESSERA_WITH_GPU_ENGINE
-  std::unique_ptr<runtime::gpu::DeviceModel> weights;
-#endif
-};
-
-#ifdef TESSERA_WITH_GPU_ENGINE
-// The GPU engine's options for a policy spec or a "stream:<method>" label (max_context: 0 for streaming, which reads
-// past the model's context), with --gemm.
-runtime::gpu::GpuEngineOptions gpu_engine_options(const Session& s, const EvalOptions& o, const std::string& policy,
-                                                  int32_t max_context) {
-  runtime::gpu::GpuEngineOptions go;
-  go.chunk_size = o.chunk;
-  const bool streaming = !stream_method_of(policy).empty();
-  if (streaming)
-    go.stream = stream_options(o.stream, stream_method_of(policy), true);
-  else
-    go.policy = s.policy(policy);
-  if (!streaming) go.max_context = max_context;
-  go.dense_fallback = false;  // the policy must really run: a dense fallback would measure dense
-  if (o.gemm == "fp8") go.gemm = runtime::gpu::GemmPrecision::kFp8;
-  return go;
-}
-#endif
-
 void run_tasks(const Session& s, const EvalOptions& o, const std::vector<std::string>& policies, const fs::path& dir,
-               const EvalDevice& device) {
+               const runtime::Device& device) {
   const CaseSource source(s, o);
 
   const fs::path results_path = dir / "results.json";
@@ -234,20 +210,11 @@ void run_tasks(const Session& s, const EvalOptions& o, const std::vector<std::st
       std::string note;
       const double t0 = now_seconds();
       std::string out;
-#ifdef TESSERA_WITH_GPU_ENGINE
-      if (device.weights) {
-        runtime::gpu::GpuEngine engine(*device.weights, gpu_engine_options(s, o, policy, max_context));
-        out = answer(engine, s, prompt, c, max_answer, !o.full_answers);
-        if (streaming) note = stream_note(*engine.streaming());
-      }
-#endif
-      if (!device.gpu) {
-        runtime::EngineOptions eo = engine_options(s, o, policy);
-        if (!streaming) eo.max_context = max_context;
-        runtime::Engine engine(*s.model, eo);
-        out = answer(engine, s, prompt, c, max_answer, !o.full_answers);
-        if (streaming) note = stream_note(*engine.streaming());
-      }
+      runtime::EngineOptions eo = engine_options(s, o, policy, device.gpu());
+      if (!streaming) eo.max_context = max_context;
+      const std::unique_ptr<runtime::SequenceEngine> engine = device.engine(eo);
+      out = answer(*engine, s, prompt, c, max_answer, !o.full_answers);
+      if (streaming) note = stream_note(*engine->streaming());
       eval::CaseResult r = eval::score_case(c, policy, out);
       std::string shown = eval::normalize_output(out).substr(0, 60);
       std::replace(shown.begin(), shown.end(), '\n', ' ');
@@ -366,33 +333,10 @@ void run_layer_stats(const Session& s, const EvalOptions& o, const std::vector<s
   std::printf("%s", md.c_str());
 }
 
-// Log-probabilities of tokens[1..] under the GPU engine: the prompt in pieces of at most `piece` tokens through
-// forward_all_logits (the cache carries over), so the host holds one piece's logits at a time; the last row of a
-// piece predicts the first token of the next.
-#ifdef TESSERA_WITH_GPU_ENGINE
-std::vector<double> gpu_score(runtime::gpu::GpuEngine& engine, std::span<const int32_t> tokens, int64_t vocab,
-                              size_t piece) {
-  std::vector<double> logprobs;
-  logprobs.reserve(tokens.empty() ? 0 : tokens.size() - 1);
-  for (size_t p0 = 0; p0 + 1 < tokens.size(); p0 += piece) {
-    const size_t p1 = std::min(tokens.size(), p0 + piece);
-    const std::vector<float> logits = engine.forward_all_logits(tokens.subspan(p0, p1 - p0));
-    for (size_t r = 0; r < p1 - p0 && p0 + r + 1 < tokens.size(); ++r) {
-      const float* row = logits.data() + static_cast<int64_t>(r) * vocab;
-      const float mx = *std::max_element(row, row + vocab);
-      double sum = 0;
-      for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v]) - mx);
-      logprobs.push_back(static_cast<double>(row[tokens[p0 + r + 1]]) - mx - std::log(sum));
-    }
-  }
-  return logprobs;
-}
-#endif
-
 // Perplexity of the haystack's text from its first sentence, at each length, under each policy: on the CPU engine
 // (Engine::score), or on the GPU engine with --device cuda (--gemm applies; the same log-softmax on the host).
 void run_perplexity(const Session& s, const EvalOptions& o, const std::vector<std::string>& policies,
-                    const fs::path& dir, const EvalDevice& device) {
+                    const fs::path& dir, const runtime::Device& device) {
   const eval::Haystack hay = eval::load_haystack(o.haystack);
   const int max_len = *std::max_element(o.perplexity_lengths.begin(), o.perplexity_lengths.end());
   std::string text;
@@ -403,7 +347,7 @@ void run_perplexity(const Session& s, const EvalOptions& o, const std::vector<st
     check(i < 100 * hay.sentences.size(), "eval: the haystack is too short for perplexity at " + std::to_string(max_len));
   }
   std::string md = "# Perplexity (" + hay.name + ", from its first sentence; " +
-                   (device.gpu ? std::string(o.gemm == "fp8" ? "GPU, FP8 GEMMs" : "GPU, bf16") : std::string("CPU, f32")) +
+                   (device.gpu() ? std::string(o.gemm == "fp8" ? "GPU, FP8 GEMMs" : "GPU, bf16") : std::string("CPU, f32")) +
                    ")\n\n";
   if (!o.command_line.empty()) md += "Command: `" + o.command_line + "`\n\n";
   md += "| policy |";
@@ -421,22 +365,12 @@ void run_perplexity(const Session& s, const EvalOptions& o, const std::vector<st
       }
       const double t0 = now_seconds();
       const std::span<const int32_t> text_ids(ids.data(), static_cast<size_t>(l));
-      std::vector<double> lp;
-#ifdef TESSERA_WITH_GPU_ENGINE
-      if (device.weights) {
-        runtime::gpu::GpuEngine engine(*device.weights, gpu_engine_options(s, o, policy, l));
-        lp = gpu_score(engine, text_ids, s.model->config().vocab_size, 2048);
-      }
-#endif
-      if (!device.gpu) {
-        runtime::EngineOptions eo = engine_options(s, o, policy);
-        eo.max_context = l;
-        runtime::Engine engine(*s.model, eo);
-        lp = engine.score(text_ids);
-      }
+      runtime::EngineOptions eo = engine_options(s, o, policy, device.gpu());
+      eo.max_context = l;
+      const std::vector<double> lp = device.engine(eo)->score(text_ids);
       const double ppl = eval::perplexity(lp);
       std::fprintf(stderr, "eval: perplexity %s at %d tokens: %.3f (%.1f s, %s)\n", policy.c_str(), l, ppl,
-                   now_seconds() - t0, device.gpu ? (o.gemm == "fp8" ? "GPU, FP8 GEMMs" : "GPU, bf16") : "CPU");
+                   now_seconds() - t0, device.gpu() ? (o.gemm == "fp8" ? "GPU, FP8 GEMMs" : "GPU, bf16") : "CPU");
       char cell[32];
       std::snprintf(cell, sizeof cell, " %.3f |", ppl);
       md += cell;
@@ -444,8 +378,8 @@ void run_perplexity(const Session& s, const EvalOptions& o, const std::vector<st
                    {"length", l},
                    {"perplexity", ppl},
                    {"tokens_scored", lp.size()},
-                   {"device", device.gpu ? "cuda" : "cpu"},
-                   {"gemm", device.gpu ? (o.gemm.empty() ? "bf16" : o.gemm) : "f32"}});
+                   {"device", device.gpu() ? "cuda" : "cpu"},
+                   {"gemm", device.gpu() ? (o.gemm.empty() ? "bf16" : o.gemm) : "f32"}});
     }
     md += "\n";
   }
@@ -476,15 +410,13 @@ int eval_command(EvalOptions o) {
     write_report(dir, eval::read_results_file(dir / "results.json"), o);
     return 0;
   }
-  EvalDevice device;
-  device.gpu = use_gpu_device_for(o.device, o.stream);
-  check(o.gemm.empty() || device.gpu, "--gemm applies to --device cuda (this run is on the CPU)");
+  const bool gpu = use_gpu_device_for(o.device, o.stream);
+  check(o.gemm.empty() || gpu, "--gemm applies to --device cuda (this run is on the CPU)");
   check(o.gemm.empty() || o.gemm == "bf16" || o.gemm == "fp8", "--gemm must be bf16 or fp8, got '" + o.gemm + "'");
-#ifdef TESSERA_WITH_GPU_ENGINE
-  if (device.gpu) device.weights = runtime::gpu::DeviceModel::upload(*s.model);
-#endif
+  const std::unique_ptr<runtime::Device> device_ptr = runtime::open_device(gpu ? "cuda" : "cpu", *s.model);
+  const runtime::Device& device = *device_ptr;
   if (!o.retrieval_heads_out.empty()) find_retrieval_heads(s, o);
-  std::fprintf(stderr, "eval: cases run on the %s\n", device.gpu ? (o.gemm == "fp8" ? "GPU (bf16, FP8 GEMMs, no dense fallback)" : "GPU (bf16, no dense fallback)") : "CPU (f32)");
+  std::fprintf(stderr, "eval: cases run on the %s\n", device.gpu() ? (o.gemm == "fp8" ? "GPU (bf16, FP8 GEMMs, no dense fallback)" : "GPU (bf16, no dense fallback)") : "CPU (f32)");
   if (!o.tasks.empty()) run_tasks(s, o, policies, dir, device);
   if (!o.layer_stats_lengths.empty()) run_layer_stats(s, o, policies, dir);
   if (!o.perplexity_lengths.empty()) run_perplexity(s, o, policies, dir, device);

@@ -15,29 +15,11 @@
 #include "runtime/stream/retrieval_heads.h"
 #include "eval/scoring.h"
 #include "eval/task.h"
-#ifdef TESSERA_WITH_GPU_ENGINE
-#include "runtime_cuda/device_model.h"
-#include "runtime_cuda/gpu_engine.h"
-#endif
+#include "runtime/device.h"
 
 namespace tessera::cli {
 
-bool use_gpu_device(const std::string& device) {
-  if (device == "cpu") return false;
-#ifdef TESSERA_WITH_GPU_ENGINE
-  if (device == "auto") return runtime::gpu::gpu_available();
-  if (device == "cuda") {
-    check(runtime::gpu::gpu_available(), "--device cuda: " + runtime::gpu::gpu_description());
-    return true;
-  }
-#else
-  if (device == "auto") return false;
-  if (device == "cuda")
-    throw Error("--device cuda: this tessera was built without the CUDA backend (configure with -DTESSERA_CUDA=ON on a "
-                "machine with nvcc)");
-#endif
-  throw Error("--device must be cpu, cuda or auto, got '" + device + "'");
-}
+bool use_gpu_device(const std::string& device) { return runtime::device_is_gpu(device); }
 
 attn::gpu::CudaAttentionOptions cuda_attention_options(const CudaAttentionFlags& f, bool gpu) {
   if (!gpu) {
@@ -110,14 +92,6 @@ std::string stream_summary(const runtime::StreamingKV& kv) {
   return buf;
 }
 
-// Where the model runs: the CPU engine, or the GPU engine over the weights uploaded once (--compare reuses them).
-struct Device {
-  bool gpu = false;
-#ifdef TESSERA_WITH_GPU_ENGINE
-  std::unique_ptr<runtime::gpu::DeviceModel> weights;
-#endif
-};
-
 // Where the needle's tokens sit among the evicted blocks, and in how many layers the last prefill chunk retrieved
 // the block holding their first token (the paper's recall); "" when the needle is still in the window.
 std::string needle_recall(const runtime::StreamingKV& kv, const std::vector<int32_t>& prompt,
@@ -165,8 +139,7 @@ class StreamTrace {
   std::ofstream out_;
 };
 
-template <class EngineT>
-Outcome generate_with(EngineT& engine, const Session& s, const RunOptions& o, const std::string& spec,
+Outcome generate_with(runtime::SequenceEngine& engine, const Session& s, const RunOptions& o, const std::string& spec,
                       const std::vector<int32_t>& prompt, bool stream, const std::vector<int32_t>& needle_tokens) {
   runtime::GenerateOptions g;
   g.max_new_tokens = o.max_tokens;
@@ -177,10 +150,7 @@ Outcome generate_with(EngineT& engine, const Session& s, const RunOptions& o, co
   Outcome out;
   bool first = true;
   StreamTrace trace(stream ? o.stream_trace : std::string());
-  const auto streaming = [&engine]() -> const runtime::StreamingKV* {
-    if constexpr (requires { engine.streaming(); }) return engine.streaming();
-    return nullptr;
-  };
+  const auto streaming = [&engine] { return engine.streaming(); };
   // Prefill with a progress bar, then sample token by token.
   std::vector<float> logits = engine.prefill(prompt, [&](int64_t done, int64_t total) {
     bar.update(done, total);
@@ -189,8 +159,8 @@ Outcome generate_with(EngineT& engine, const Session& s, const RunOptions& o, co
   bar.finish();
   if (!o.logits_out.empty()) write_logits(o.logits_out, logits);
   out.prefill = engine.stats();
-  if constexpr (requires { engine.streaming(); })
-    if (engine.streaming() != nullptr && !needle_tokens.empty()) out.needle_recall = needle_recall(*engine.streaming(), prompt, needle_tokens);
+  if (engine.streaming() != nullptr && !needle_tokens.empty())
+    out.needle_recall = needle_recall(*engine.streaming(), prompt, needle_tokens);
   runtime::Sampler sampler(g.sampling);
   // Every sampled token comes from fresh logits: a token is sampled from the logits of the position before it and
   // then decoded (appended) so that the next one can be sampled. When the context is full no token can be
@@ -227,51 +197,28 @@ Outcome generate_with(EngineT& engine, const Session& s, const RunOptions& o, co
                   with_commas(engine.max_context()).c_str(), static_cast<long long>(out.generated));
   }
   out.stats = engine.stats();
-  if constexpr (requires { engine.memory(); }) out.peak_gb = static_cast<double>(engine.memory().peak_in_use_bytes) / 1e9;
-  if constexpr (requires { engine.streaming(); })
-    if (engine.streaming() != nullptr) out.stream_summary = stream_summary(*engine.streaming());
+  if (engine.peak_device_bytes() >= 0) out.peak_gb = engine.peak_device_bytes() / 1e9;
+  if (engine.streaming() != nullptr) out.stream_summary = stream_summary(*engine.streaming());
   return out;
 }
 
-Outcome generate_once(const Session& s, const Device& d, const RunOptions& o, const std::string& spec,
+Outcome generate_once(const Session& s, const runtime::Device& d, const RunOptions& o, const std::string& spec,
                       const std::vector<int32_t>& prompt, bool stream, const std::vector<int32_t>& needle_tokens = {}) {
   const std::string method = stream_method_of(spec);
-  if (!method.empty()) {  // streaming memory
-#ifdef TESSERA_WITH_GPU_ENGINE
-    if (d.gpu) {
-      runtime::gpu::GpuEngineOptions go;
-      go.stream = stream_options(o.stream, method, true);
-      go.max_context = o.max_context;
-      go.cuda_attention = cuda_attention_options(o.cuda, true);
-      if (gemm_fp8(o.cuda)) go.gemm = runtime::gpu::GemmPrecision::kFp8;
-      runtime::gpu::GpuEngine engine(*d.weights, go);
-      return generate_with(engine, s, o, spec, prompt, stream, needle_tokens);
-    }
-#endif
-    runtime::EngineOptions eo;
-    eo.max_context = o.max_context;
-    eo.stream = stream_options(o.stream, method, d.gpu);
-    runtime::Engine engine(*s.model, eo);
-    return generate_with(engine, s, o, spec, prompt, stream, needle_tokens);
-  }
-#ifdef TESSERA_WITH_GPU_ENGINE
-  if (d.gpu) {
-    runtime::gpu::GpuEngineOptions go;
-    go.chunk_size = o.chunk;
-    go.policy = s.policy(spec);
-    go.max_context = o.max_context;
-    go.cuda_attention = cuda_attention_options(o.cuda, true);
-    if (gemm_fp8(o.cuda)) go.gemm = runtime::gpu::GemmPrecision::kFp8;
-    runtime::gpu::GpuEngine engine(*d.weights, go);
-    return generate_with(engine, s, o, spec, prompt, stream, needle_tokens);
-  }
-#endif
   runtime::EngineOptions eo;
-  eo.chunk_size = o.chunk;
-  eo.policy = s.policy(spec);
   eo.max_context = o.max_context;
-  runtime::Engine engine(*s.model, eo);
-  return generate_with(engine, s, o, spec, prompt, stream, needle_tokens);
+  if (!method.empty()) {  // streaming memory
+    eo.stream = stream_options(o.stream, method, d.gpu());
+  } else {
+    eo.chunk_size = o.chunk;
+    eo.policy = s.policy(spec);
+  }
+  if (d.gpu()) {
+    eo.gpu.cuda_attention = cuda_attention_options(o.cuda, true);
+    eo.gpu.fp8_gemm = gemm_fp8(o.cuda);
+  }
+  const std::unique_ptr<runtime::SequenceEngine> engine = d.engine(eo);
+  return generate_with(*engine, s, o, spec, prompt, stream, needle_tokens);
 }
 
 void print_stats(const std::string& spec, const Outcome& r, int64_t prompt_tokens) {
@@ -302,18 +249,10 @@ int run_command(const RunOptions& o) {
   std::printf("model: %s (%s, %d layers, %d/%d heads, head dim %d, context %s) loaded in %.1f s\n", c.name.c_str(),
               std::string(runtime::architecture_name(c.arch)).c_str(), c.num_layers, c.num_q_heads, c.num_kv_heads,
               c.head_dim, with_commas(c.context_length).c_str(), now_seconds() - t0);
-  Device device;
-  device.gpu = use_gpu_device_for(o.device, o.stream);
-  (void)cuda_attention_options(o.cuda, device.gpu);  // flags for the GPU on a CPU run: an error before any work
-#ifdef TESSERA_WITH_GPU_ENGINE
-  if (device.gpu) {
-    const double t1 = now_seconds();
-    device.weights = runtime::gpu::DeviceModel::upload(*s.model);
-    std::printf("device: %s; weights %.2f GB in bf16, uploaded in %.1f s\n", runtime::gpu::gpu_description().c_str(),
-                static_cast<double>(device.weights->bytes()) / 1e9, now_seconds() - t1);
-  }
-#endif
-  if (!device.gpu) std::printf("device: cpu\n");
+  const bool gpu = use_gpu_device_for(o.device, o.stream);
+  (void)cuda_attention_options(o.cuda, gpu);  // flags for the GPU on a CPU run: an error before any work
+  const std::unique_ptr<runtime::Device> device = runtime::open_device(gpu ? "cuda" : "cpu", *s.model);
+  std::printf("device: %s\n", device->description().c_str());
   std::optional<eval::TaskCase> needle;
   std::vector<int32_t> prompt;
   if (o.needle_tokens > 0) {
@@ -347,7 +286,7 @@ int run_command(const RunOptions& o) {
   std::fflush(stdout);
   const std::string spec = o.stream.methods.empty() ? o.attn : stream_label(o.stream.methods.front());
   if (!o.compare) {
-    const Outcome r = generate_once(s, device, o, spec, prompt, /*stream=*/true, needle_tokens);
+    const Outcome r = generate_once(s, *device, o, spec, prompt, /*stream=*/true, needle_tokens);
     print_stats(spec, r, static_cast<int64_t>(prompt.size()));
     if (needle) {
       std::printf("needle %s\n", eval::score_output(needle->metric, r.text, needle->answers).pass ? "found" : "NOT found");
@@ -356,11 +295,11 @@ int run_command(const RunOptions& o) {
   }
   std::printf("\n== dense ==\n");
   std::fflush(stdout);
-  const Outcome dense = generate_once(s, device, o, "dense", prompt, true);
+  const Outcome dense = generate_once(s, *device, o, "dense", prompt, true);
   print_stats("dense", dense, static_cast<int64_t>(prompt.size()));
   std::printf("\n== %s ==\n", spec.c_str());
   std::fflush(stdout);
-  const Outcome sparse = generate_once(s, device, o, spec, prompt, true, needle_tokens);
+  const Outcome sparse = generate_once(s, *device, o, spec, prompt, true, needle_tokens);
   print_stats(spec, sparse, static_cast<int64_t>(prompt.size()));
   if (needle) {
     auto found = [&](const Outcome& out) {

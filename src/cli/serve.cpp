@@ -18,16 +18,12 @@
 #include "server/scheduler.h"
 #include "server/stream_serving.h"
 #endif
-#ifdef TESSERA_WITH_GPU_ENGINE
-#include "runtime_cuda/batch_gpu.h"
-#include "runtime_cuda/device_model.h"
-#include "runtime_cuda/gpu_engine.h"
-#endif
 #include "core/memory_budget.h"
 #include "dist/launch.h"
 #include "dist/placement.h"
 #include "dist/shard.h"
 #include "runtime/batch_engine.h"
+#include "runtime/device.h"
 #ifdef TESSERA_WITH_TP
 #include "cuda/cuda_check.h"
 #include "dist/cuda/collective.h"
@@ -277,38 +273,21 @@ int serve_command(const ServeOptions& o) {
   bo.max_context = served.context_length;
   bo.kv_bytes = kv_bytes;
   server::BatchedEngine batch;
-  server::SlotFactory factory;
-  std::string device = "cpu";
-#ifdef TESSERA_WITH_GPU_ENGINE
-  std::unique_ptr<runtime::gpu::DeviceModel> weights;
+  const std::unique_ptr<runtime::Device> device = runtime::open_device(gpu ? "cuda" : "cpu", *s.model);
+  runtime::EngineOptions eo;
+  eo.chunk_size = gpu ? device->default_chunk() : o.chunk;
+  eo.max_context = served.context_length;
+  eo.stream = stream;
   if (gpu) {
-    weights = runtime::gpu::DeviceModel::upload(*s.model);
-    device = runtime::gpu::gpu_description();
-    runtime::gpu::GpuEngineOptions go;
-    go.max_context = served.context_length;
-    go.cuda_attention = cuda_attention_options(o.cuda, true);
-    if (fp8) go.gemm = runtime::gpu::GemmPrecision::kFp8;
-    go.stream = stream;
-    if (batched) {
-      runtime::gpu::GpuBatchOptions gbo;
-      gbo.prefill.cuda_attention = go.cuda_attention;
-      batch.backend = std::make_unique<runtime::gpu::GpuBatchBackend>(*weights, gbo);
-      bo.chunk_size = go.chunk_size;  // the GPU prefill's chunk (32K), not the CPU's
-    }
-    factory = [&weights, go](int, int) -> std::unique_ptr<server::SlotEngine> {
-      using Slot = server::EngineSlot<runtime::gpu::GpuEngine, runtime::gpu::DeviceModel, runtime::gpu::GpuEngineOptions>;
-      return std::make_unique<Slot>(*weights, go);
-    };
+    eo.gpu.cuda_attention = cuda_attention_options(o.cuda, true);
+    eo.gpu.fp8_gemm = fp8;
   }
-#endif
-  if (!gpu) {
-    runtime::EngineOptions eo;
-    eo.chunk_size = o.chunk;
-    eo.max_context = served.context_length;
-    eo.stream = stream;
-    factory = server::cpu_slot_factory(*s.model, eo);
-    if (batched) batch.backend = std::make_unique<runtime::CpuBatchBackend>(*s.model);
+  if (batched) {
+    batch.backend = device->batch_backend(eo);
+    bo.chunk_size = eo.chunk_size;  // the device's prefill chunk (GPU: 32K, not the CPU's)
   }
+  const server::SlotFactory factory = server::device_slot_factory(*device, eo);
+  const std::string device_name = device->description();
   if (batched) batch.engine = std::make_unique<runtime::BatchEngine>(*batch.backend, bo);
 
   server::Metrics metrics;
@@ -324,7 +303,7 @@ int serve_command(const ServeOptions& o) {
               : std::make_unique<server::Scheduler>(server::SchedulerOptions{.slots = o.parallel, .queue = o.queue},
                                                     factory, *s.tokenizer, metrics);
   server::Scheduler& scheduler = *scheduler_ptr;
-  return listen_and_serve(o, served, policies, scheduler, metrics, device, kv_note);
+  return listen_and_serve(o, served, policies, scheduler, metrics, device_name, kv_note);
 }
 
 #endif

@@ -135,15 +135,7 @@ std::vector<double> Engine::score(std::span<const int32_t> tokens, const Progres
   std::vector<double> logprobs;
   logprobs.reserve(tokens.empty() ? 0 : tokens.size() - 1);
   run_prefill(tokens, LogitRows::All, progress, [&](int64_t first, int64_t rows, const std::vector<float>& logits) {
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t next = first + r + 1;  // the token row r predicts
-      if (next >= static_cast<int64_t>(tokens.size())) break;
-      const float* row = logits.data() + r * vocab;
-      const float mx = *std::max_element(row, row + vocab);
-      double sum = 0;
-      for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v]) - mx);
-      logprobs.push_back(static_cast<double>(row[tokens[static_cast<size_t>(next)]]) - mx - std::log(sum));
-    }
+    append_next_token_logprobs(logits, rows, vocab, first, tokens, logprobs);
   });
   return logprobs;
 }

@@ -27,6 +27,7 @@
 #include <span>
 #include <vector>
 
+#include "attention/index/prefill_route.h"
 #include "attention/pattern/policy.h"
 #include "core/thread_pool.h"
 #include "runtime/forward.h"
@@ -34,6 +35,7 @@
 #include "runtime/kv_cache.h"
 #include "runtime/model.h"
 #include "runtime/sampling.h"
+#include "runtime/sequence_engine.h"
 #include "runtime/stream/stream_options.h"
 #include "runtime/stream/streaming_kv.h"
 
@@ -52,23 +54,15 @@ struct EngineOptions {
   // then unused; max_context, when set, still bounds the sequence). Needs an empty policy and a model without
   // sliding-window layers.
   StreamOptions stream;
+  // The GPU engine's knobs (runtime/device.h passes them to the device's engine; the CPU has none of these).
+  struct Gpu {
+    attn::gpu::CudaAttentionOptions cuda_attention = attn::gpu::cuda_attention_defaults();
+    bool fp8_gemm = false;  // the layers' GEMMs in FP8 (gemm.h)
+  } gpu;
 };
 
 
-struct EngineStats {
-  int64_t prefill_tokens = 0;
-  double prefill_seconds = 0;
-  int64_t decode_tokens = 0;
-  double decode_seconds = 0;
-  double attention_seconds = 0;  // within prefill and decode
-  double gemm_seconds = 0;       // within prefill and decode
-  double prefill_tokens_per_second() const {
-    return prefill_seconds > 0 ? prefill_tokens / prefill_seconds : 0;
-  }
-  double decode_tokens_per_second() const { return decode_seconds > 0 ? decode_tokens / decode_seconds : 0; }
-};
-
-class Engine {
+class Engine final : public SequenceEngine {
  public:
   using Progress = std::function<void(int64_t done, int64_t total)>;  // tokens prefilled so far, of total
   using OnToken = std::function<bool(int32_t token)>;                 // return false to stop
@@ -83,36 +77,36 @@ class Engine {
   //   "prompt of 9000 tokens exceeds the context limit of 8192 tokens (model smollm2); pass a larger max
   //   context
   //    (--max-context) or shorten the prompt"
-  std::vector<float> prefill(std::span<const int32_t> tokens, const Progress& progress = {});
+  std::vector<float> prefill(std::span<const int32_t> tokens, const Progress& progress = {}) override;
 
   // Appends one token, attends densely over the whole cache, returns its logits ([vocab]).
-  std::vector<float> decode(int32_t token);
+  std::vector<float> decode(int32_t token) override;
 
   // prefill(prompt), then sample / decode until max_new_tokens, a stop token or on_token returning false (or
   // the context is full). Returns the generated tokens (without the stop token). Continues from position():
   // reset() first for a new conversation. Every returned token is in the cache afterwards (the last one is
   // run without the LM head), the stop token is not: position() grows by prompt + generated tokens.
   std::vector<int32_t> generate(std::span<const int32_t> prompt, const GenerateOptions& options,
-                                const OnToken& on_token = {});
+                                const OnToken& on_token = {}) override;
 
   // Like prefill, but returns the logits of every token ([tokens.size(), vocab], row-major). For tests.
-  std::vector<float> forward_all_logits(std::span<const int32_t> tokens);
+  std::vector<float> forward_all_logits(std::span<const int32_t> tokens) override;
 
   // Like prefill, but returns, for i in [1, tokens.size()), the natural-log probability the model gives
   // tokens[i] after tokens[0..i) (and the cache's earlier tokens): tokens.size() - 1 values, for perplexity.
   // Logits are reduced chunk by chunk, so memory stays at one chunk of logits ([chunk_size, vocab] f32).
-  std::vector<double> score(std::span<const int32_t> tokens, const Progress& progress = {});
+  std::vector<double> score(std::span<const int32_t> tokens, const Progress& progress = {}) override;
 
-  void reset();                                   // empties the sequence (keeps the cache's memory)
-  int32_t position() const { return position_; }  // tokens in the sequence
-  int32_t max_context() const { return max_context_; }
-  const EngineStats& stats() const { return stats_; }
-  void reset_stats() { stats_ = {}; }
+  void reset() override;                                   // empties the sequence (keeps the cache's memory)
+  int32_t position() const override { return position_; }  // tokens in the sequence
+  int32_t max_context() const override { return max_context_; }
+  const EngineStats& stats() const override { return stats_; }
+  void reset_stats() override { stats_ = {}; }
   const Model& model() const { return model_; }
   const EngineOptions& options() const { return options_; }
-  size_t kv_cache_bytes() const;
+  size_t kv_cache_bytes() const override;
   // The streaming memory, or null when options().stream.method is None.
-  const StreamingKV* streaming() const { return stream_.get(); }
+  const StreamingKV* streaming() const override { return stream_.get(); }
 
  private:
   // Chunked prefill; with rows == All, each chunk's logits go to on_logits(first token index, chunk rows,

@@ -253,6 +253,20 @@ std::vector<float> GpuEngine::forward_all_logits(std::span<const int32_t> tokens
   return run_prefill(tokens, LogitRows::kAll, {});
 }
 
+std::vector<double> GpuEngine::score(std::span<const int32_t> tokens, const Progress& progress) {
+  constexpr size_t kPiece = 2048;  // rows of logits on the host at once ([piece, vocab] f32)
+  const int64_t vocab = model_.config().vocab_size;
+  std::vector<double> logprobs;
+  logprobs.reserve(tokens.empty() ? 0 : tokens.size() - 1);
+  for (size_t p0 = 0; p0 + 1 < tokens.size(); p0 += kPiece) {
+    const size_t p1 = std::min(tokens.size(), p0 + kPiece);
+    const std::vector<float> logits = forward_all_logits(tokens.subspan(p0, p1 - p0));
+    append_next_token_logprobs(logits, static_cast<int64_t>(p1 - p0), vocab, static_cast<int64_t>(p0), tokens, logprobs);
+    if (progress) progress(static_cast<int64_t>(p1), static_cast<int64_t>(tokens.size()));
+  }
+  return logprobs;
+}
+
 std::vector<float> GpuEngine::decode(int32_t token) { return run_decode(token, LogitRows::kLast); }
 
 std::vector<float> GpuEngine::run_decode(int32_t token, LogitRows rows) {

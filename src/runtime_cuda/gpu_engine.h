@@ -36,6 +36,7 @@
 #include "attention/index/prefill_route.h"
 #include "attention/pattern/policy.h"
 #include "runtime/engine.h"
+#include "runtime/sequence_engine.h"
 #include "runtime_cuda/device_kv_cache.h"
 #include "runtime_cuda/device_model.h"
 #include "runtime_cuda/event_timer.h"
@@ -91,7 +92,7 @@ struct GpuMemoryStats {
   size_t device_total_bytes = 0;
 };
 
-class GpuEngine {
+class GpuEngine final : public SequenceEngine {
  public:
   using Progress = std::function<void(int64_t done, int64_t total)>;
   using OnToken = std::function<bool(int32_t token)>;
@@ -102,30 +103,33 @@ class GpuEngine {
   GpuEngine(const GpuEngine&) = delete;
   GpuEngine& operator=(const GpuEngine&) = delete;
 
-  std::vector<float> prefill(std::span<const int32_t> tokens, const Progress& progress = {});
-  std::vector<float> decode(int32_t token);
+  std::vector<float> prefill(std::span<const int32_t> tokens, const Progress& progress = {}) override;
+  std::vector<float> decode(int32_t token) override;
   std::vector<int32_t> generate(std::span<const int32_t> prompt, const GenerateOptions& options,
-                                const OnToken& on_token = {});
+                                const OnToken& on_token = {}) override;
   // Like prefill, but the logits of every token ([tokens.size(), vocab], row-major). For tests.
-  std::vector<float> forward_all_logits(std::span<const int32_t> tokens);
+  std::vector<float> forward_all_logits(std::span<const int32_t> tokens) override;
+  // Log-probabilities of each next token (sequence_engine.h), through forward_all_logits in pieces of 2,048 rows.
+  std::vector<double> score(std::span<const int32_t> tokens, const Progress& progress = {}) override;
 
-  void reset();
-  int32_t position() const { return position_; }
-  int32_t max_context() const { return max_context_; }
-  const EngineStats& stats() const { return stats_; }
+  void reset() override;
+  int32_t position() const override { return position_; }
+  int32_t max_context() const override { return max_context_; }
+  const EngineStats& stats() const override { return stats_; }
   const GpuKernelSeconds& kernel_seconds() const { return kernel_seconds_; }
-  void reset_stats() {
+  void reset_stats() override {
     stats_ = {};
     kernel_seconds_ = {};
   }
   GpuMemoryStats memory() const;
-  void reset_peak_memory() { forward_->reset_peak(); }
+  void reset_peak_memory() override { forward_->reset_peak(); }
+  double peak_device_bytes() const override { return static_cast<double>(memory().peak_in_use_bytes); }
   const ModelConfig& config() const { return model_.config(); }
   const GpuEngineOptions& options() const { return options_; }
-  size_t kv_cache_bytes() const;  // streaming: its device buffers
+  size_t kv_cache_bytes() const override;  // streaming: its device buffers
   // The streaming memory's decisions (the CPU path's StreamingKV: stats, retrieved blocks), or null when
   // options().stream.method is None; gpu_streaming() the GPU twin itself (copies, pinned memory).
-  const StreamingKV* streaming() const { return streaming_ ? &streaming_->decisions() : nullptr; }
+  const StreamingKV* streaming() const override { return streaming_ ? &streaming_->decisions() : nullptr; }
   const GpuStreamingKV* gpu_streaming() const { return streaming_.get(); }
   GpuStreamingKV* gpu_streaming() { return streaming_.get(); }
   // Streaming: allocates the pinned slabs a sequence of `tokens` tokens needs (on a host thread; wait: until done).

@@ -9,9 +9,11 @@
 #pragma once
 
 #include <memory>
+#include <type_traits>
 #include <utility>
 
 #include "core/thread_pool.h"
+#include "runtime/device.h"
 #include "runtime/engine.h"
 #include "runtime/generation.h"
 #include "server/scheduler.h"
@@ -56,7 +58,10 @@ class EngineSlot final : public SlotEngine {
     } else {
       OptionsT options = options_;
       options.policy = policy;
-      engine = std::make_unique<EngineT>(model_, std::move(options));
+      if constexpr (std::is_same_v<ModelT, runtime::Device>)
+        engine = model_.engine(options);  // the device's engine (runtime/device.h)
+      else
+        engine = std::make_unique<EngineT>(model_, std::move(options));
       ++engines_made_;
     }
     std::vector<int32_t> out;
@@ -108,6 +113,17 @@ class EngineSlot final : public SlotEngine {
 
 // Slots of the CPU engine. One slot uses the process's thread pool; several split the cores between them (each
 // its own pool of cores / slots threads, at least one), so that their parallel loops do not share one pool.
+// Slots over a device's engines (runtime/device.h): on the CPU, with more than one slot, each slot gets its own
+// thread pool (the global pool's threads shared out), as cpu_slot_factory.
+inline SlotFactory device_slot_factory(const runtime::Device& device, runtime::EngineOptions options) {
+  return [&device, options](int, int count) -> std::unique_ptr<SlotEngine> {
+    using Slot = EngineSlot<runtime::SequenceEngine, runtime::Device, runtime::EngineOptions>;
+    if (count == 1 || device.gpu()) return std::make_unique<Slot>(device, options);
+    const int threads = std::max(1, ThreadPool::global().size() / count);
+    return std::make_unique<Slot>(device, options, std::make_unique<ThreadPool>(threads));
+  };
+}
+
 inline SlotFactory cpu_slot_factory(const runtime::Model& model, runtime::EngineOptions options) {
   return [&model, options](int, int count) -> std::unique_ptr<SlotEngine> {
     using Slot = EngineSlot<runtime::Engine, runtime::Model, runtime::EngineOptions>;

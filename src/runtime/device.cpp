@@ -1,0 +1,73 @@
+#include "runtime/device.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "runtime/batch_engine.h"
+
+namespace tessera::runtime {
+
+void append_next_token_logprobs(std::span<const float> logits, int64_t rows, int64_t vocab, int64_t first,
+                                std::span<const int32_t> tokens, std::vector<double>& out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t next = first + r + 1;  // the token row r predicts
+    if (next >= static_cast<int64_t>(tokens.size())) break;
+    const float* row = logits.data() + r * vocab;
+    const float mx = *std::max_element(row, row + vocab);
+    double sum = 0;
+    for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v]) - mx);
+    out.push_back(static_cast<double>(row[tokens[static_cast<size_t>(next)]]) - mx - std::log(sum));
+  }
+}
+
+namespace {
+
+GpuDeviceHooks& gpu_hooks() {
+  static GpuDeviceHooks hooks;
+  return hooks;
+}
+
+class CpuDevice final : public Device {
+ public:
+  explicit CpuDevice(const Model& model) : model_(model) {}
+  bool gpu() const override { return false; }
+  std::string description() const override { return "cpu"; }
+  int32_t default_chunk() const override { return EngineOptions{}.chunk_size; }
+  std::unique_ptr<SequenceEngine> engine(const EngineOptions& options) const override {
+    EngineOptions o = options;
+    if (o.chunk_size <= 0) o.chunk_size = default_chunk();
+    return std::make_unique<Engine>(model_, std::move(o));
+  }
+  std::unique_ptr<BatchBackend> batch_backend(const EngineOptions& options) const override {
+    return std::make_unique<CpuBatchBackend>(model_, options.pool);
+  }
+
+ private:
+  const Model& model_;
+};
+
+}  // namespace
+
+void register_gpu_device(const GpuDeviceHooks& hooks) { gpu_hooks() = hooks; }
+
+bool device_is_gpu(const std::string& name) {
+  if (name == "cpu") return false;
+  const GpuDeviceHooks& h = gpu_hooks();
+  if (name == "auto") return h.available != nullptr && h.available();
+  if (name == "cuda") {
+    check(h.available != nullptr,
+          "--device cuda: this tessera was built without the CUDA backend (configure with -DTESSERA_CUDA=ON on a "
+          "machine with nvcc)");
+    check(h.available(), "--device cuda: " + h.describe());
+    return true;
+  }
+  throw Error("--device must be cpu, cuda or auto, got '" + name + "'");
+}
+
+std::unique_ptr<Device> open_device(const std::string& name, const Model& model) {
+  if (device_is_gpu(name)) return gpu_hooks().open(model);
+  return std::make_unique<CpuDevice>(model);
+}
+
+}  // namespace tessera::runtime
