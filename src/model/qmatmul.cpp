@@ -1,0 +1,469 @@
+// qmatmul: activation quantization, the row/thread tiling, run-time ISA dispatch, and the portable scalar twin
+// of every row kernel (qmatmul_avx2.cpp and qmatmul_avx512.cpp hold the SIMD ones). Block layouts: quant.h.
+#include "model/qmatmul.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "model/qmatmul_kernels.h"
+
+namespace tessera::model {
+
+namespace {
+
+using qmm::ActRow;
+using qmm::Kernels;
+using qmm::RowKernel;
+
+float f16_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return f16_to_f32(f16::from_bits(h));
+}
+
+float bf16_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return bf16_to_f32(bf16::from_bits(h));
+}
+
+float f32_at(const uint8_t* p) {
+  float v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// ---- the scalar twin ---------------------------------------------------------------------------------------
+// Each computes, per weight block, the same integer sums as the SIMD kernels and scales them by the same f32
+// factors; only the order in which the f32 terms are added differs.
+
+template <float (*Load)(const uint8_t*), int Size>
+void scalar_float(const uint8_t* w, int64_t cols, const ActRow* a, int nx, float* out) {
+  for (int j = 0; j < nx; ++j) {
+    float acc = 0.0f;
+    for (int64_t i = 0; i < cols; ++i) acc += Load(w + Size * i) * a[j].x[i];
+    out[j] = acc;
+  }
+}
+
+// Unpacks a 32-block's weights to q[32] (unsigned for Q4/Q5, signed for Q8_0) and its scale and min.
+enum class Legacy { Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 };
+
+template <Legacy T>
+constexpr size_t legacy_bytes() {
+  switch (T) {
+    case Legacy::Q4_0:
+      return 18;
+    case Legacy::Q4_1:
+      return 20;
+    case Legacy::Q5_0:
+      return 22;
+    case Legacy::Q5_1:
+      return 24;
+    case Legacy::Q8_0:
+      return 34;
+  }
+  return 0;
+}
+
+template <Legacy T>
+void legacy_unpack(const uint8_t* b, int* q, float* d, float* m) {
+  *d = f16_at(b);
+  *m = 0.0f;
+  if constexpr (T == Legacy::Q8_0) {
+    for (int i = 0; i < 32; ++i) q[i] = static_cast<int8_t>(b[2 + i]);
+    return;
+  } else {
+    const bool has_min = T == Legacy::Q4_1 || T == Legacy::Q5_1;
+    const bool five = T == Legacy::Q5_0 || T == Legacy::Q5_1;
+    if (has_min) *m = f16_at(b + 2);
+    const uint8_t* p = b + (has_min ? 4 : 2);
+    uint32_t qh = 0;
+    if (five) {
+      std::memcpy(&qh, p, 4);
+      p += 4;
+    }
+    for (int i = 0; i < 16; ++i) {
+      q[i] = p[i] & 15;
+      q[i + 16] = p[i] >> 4;
+    }
+    if (five)
+      for (int i = 0; i < 32; ++i) q[i] |= static_cast<int>((qh >> i) & 1u) << 4;
+  }
+}
+
+// out = sum_b (dw * dx) * isum_b  + (has min: sum_b mw * ds_b;  offset o: - o * sum_b dw * ds_b)
+template <Legacy T>
+void scalar_legacy(const uint8_t* w, int64_t cols, const ActRow* a, int nx, float* out) {
+  const int64_t nb = cols / 32;
+  constexpr bool has_min = T == Legacy::Q4_1 || T == Legacy::Q5_1;
+  constexpr float offset = T == Legacy::Q4_0 ? 8.0f : T == Legacy::Q5_0 ? 16.0f : 0.0f;
+  for (int j = 0; j < nx; ++j) {
+    float acc = 0.0f, sacc = 0.0f;
+    for (int64_t b = 0; b < nb; ++b) {
+      int q[32];
+      float d, m;
+      legacy_unpack<T>(w + b * legacy_bytes<T>(), q, &d, &m);
+      const int8_t* x = a[j].q + 32 * b;
+      int32_t isum = 0;
+      for (int i = 0; i < 32; ++i) isum += q[i] * x[i];
+      acc += (d * a[j].d[b]) * static_cast<float>(isum);
+      if constexpr (has_min) {
+        sacc += m * a[j].ds[b];
+      } else if constexpr (offset != 0.0f) {
+        sacc += d * a[j].ds[b];
+      }
+    }
+    out[j] = has_min ? acc + sacc : acc - offset * sacc;
+  }
+}
+
+// Q4_K / Q5_K scale and min of group g (6 bits each), the packing described in quant.cpp.
+void k_scale_min(const uint8_t* s, int g, int* scale, int* min) {
+  if (g < 4) {
+    *scale = s[g] & 63;
+    *min = s[g + 4] & 63;
+  } else {
+    *scale = (s[g + 4] & 15) | ((s[g - 4] >> 6) << 4);
+    *min = (s[g + 4] >> 4) | ((s[g] >> 6) << 4);
+  }
+}
+
+// out = sum_sb (d * dx) * sum_g sc_g * isum_g  -  sum_sb (dmin * dx) * sum_g m_g * xsum_g
+template <bool Five>
+void scalar_q45k(const uint8_t* w, int64_t cols, const ActRow* a, int nx, float* out) {
+  const int64_t nsb = cols / 256;
+  const size_t bytes = Five ? 176 : 144;
+  for (int j = 0; j < nx; ++j) {
+    float acc = 0.0f, macc = 0.0f;
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      const uint8_t* b = w + sb * bytes;
+      const float d = f16_at(b), dmin = f16_at(b + 2);
+      const uint8_t* qh = b + 16;
+      const uint8_t* qs = b + (Five ? 48 : 16);
+      const int8_t* x = a[j].q + 256 * sb;
+      const int16_t* bs = a[j].bs + 16 * sb;
+      int32_t isum = 0, msum = 0;
+      for (int g = 0; g < 8; ++g) {
+        int sc, mn;
+        k_scale_min(b + 4, g, &sc, &mn);
+        const int c = g / 2, shift = 4 * (g % 2);
+        int32_t gs = 0;
+        for (int l = 0; l < 32; ++l) {
+          int q = (qs[32 * c + l] >> shift) & 15;
+          if (Five) q |= ((qh[l] >> g) & 1) << 4;
+          gs += q * x[32 * g + l];
+        }
+        isum += sc * gs;
+        msum += mn * (bs[2 * g] + bs[2 * g + 1]);
+      }
+      acc += (d * a[j].d[sb]) * static_cast<float>(isum);
+      macc += (dmin * a[j].d[sb]) * static_cast<float>(msum);
+    }
+    out[j] = acc - macc;
+  }
+}
+
+// out = sum_sb (d * dx) * (sum_g sc_g * isum_g - 32 * sum_g sc_g * xsum_g), groups of 16
+void scalar_q6k(const uint8_t* w, int64_t cols, const ActRow* a, int nx, float* out) {
+  const int64_t nsb = cols / 256;
+  for (int j = 0; j < nx; ++j) {
+    float acc = 0.0f;
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      const uint8_t* b = w + sb * 210;
+      const uint8_t* ql = b;
+      const uint8_t* qh = b + 128;
+      const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
+      const float d = f16_at(b + 208);
+      const int8_t* x = a[j].q + 256 * sb;
+      const int16_t* bs = a[j].bs + 16 * sb;
+      int32_t isum = 0;
+      for (int e0 = 0; e0 < 256; e0 += 16) {
+        const int half = e0 / 128, s = (e0 % 128) / 32, l0 = e0 % 32;
+        int32_t gs = 0;
+        for (int l = l0; l < l0 + 16; ++l) {
+          const int q = ((ql[64 * half + 32 * (s & 1) + l] >> (4 * (s >> 1))) & 15) |
+                        (((qh[32 * half + l] >> (2 * s)) & 3) << 4);
+          gs += q * x[128 * half + 32 * s + l];
+        }
+        isum += sc[e0 / 16] * (gs - 32 * bs[e0 / 16]);
+      }
+      acc += (d * a[j].d[sb]) * static_cast<float>(isum);
+    }
+    out[j] = acc;
+  }
+}
+
+const Kernels kScalar = {
+    scalar_float<f32_at, 4>,       scalar_float<f16_at, 2>,       scalar_float<bf16_at, 2>,
+    scalar_legacy<Legacy::Q4_0>,   scalar_legacy<Legacy::Q4_1>,   scalar_legacy<Legacy::Q5_0>,
+    scalar_legacy<Legacy::Q5_1>,   scalar_legacy<Legacy::Q8_0>,   scalar_q45k<false>,
+    scalar_q45k<true>,             scalar_q6k,
+};
+
+RowKernel pick(const Kernels& k, TensorType t) {
+  switch (t) {
+    case TensorType::F32:
+      return k.f32;
+    case TensorType::F16:
+      return k.f16;
+    case TensorType::BF16:
+      return k.bf16;
+    case TensorType::Q4_0:
+      return k.q4_0;
+    case TensorType::Q4_1:
+      return k.q4_1;
+    case TensorType::Q5_0:
+      return k.q5_0;
+    case TensorType::Q5_1:
+      return k.q5_1;
+    case TensorType::Q8_0:
+      return k.q8_0;
+    case TensorType::Q4_K:
+      return k.q4_k;
+    case TensorType::Q5_K:
+      return k.q5_k;
+    case TensorType::Q6_K:
+      return k.q6_k;
+    default:
+      return nullptr;
+  }
+}
+
+// ---- activations -------------------------------------------------------------------------------------------
+
+// Round to nearest (ties to even) for |v| < 2^22, branch-free so that the loop vectorizes.
+inline float round_nearest(float v) {
+  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
+  return (v + kMagic) - kMagic;
+}
+
+// One row: per block of `ab` elements, d = max|x| / 127 and q = round(x / d) in [-127, 127]; for 32-blocks
+// ds = d * sum(q), for 256-blocks the sums of q over each 16 elements.
+void quantize_row_act(const float* x, int64_t cols, int64_t ab, int8_t* q, float* d, float* ds, int16_t* bs) {
+  const int64_t nb = cols / ab;
+  for (int64_t b = 0; b < nb; ++b) {
+    const float* xb = x + b * ab;
+    float amax = 0.0f;
+    for (int64_t i = 0; i < ab; ++i) amax = std::max(amax, std::fabs(xb[i]));
+    const float dd = amax / 127.0f;
+    const float id = dd > 0.0f ? 1.0f / dd : 0.0f;
+    int8_t* qb = q + b * ab;
+    for (int64_t i = 0; i < ab; ++i) {
+      float r = round_nearest(xb[i] * id);
+      r = r >= -127.0f && r <= 127.0f ? r : 0.0f;  // also NaN (and inf * 0) -> 0
+      qb[i] = static_cast<int8_t>(r);
+    }
+    d[b] = dd;
+    if (ab == 32) {
+      int32_t s = 0;
+      for (int i = 0; i < 32; ++i) s += qb[i];
+      ds[b] = dd * static_cast<float>(s);
+    } else {
+      for (int g = 0; g < 16; ++g) {
+        int32_t s = 0;
+        for (int i = 0; i < 16; ++i) s += qb[16 * g + i];
+        bs[16 * b + g] = static_cast<int16_t>(s);
+      }
+    }
+  }
+}
+
+// Splits [0, n) into at most 4 * pool size pieces of at least `grain` (the runtime's parallel_ranges).
+template <class Fn>
+void parallel_ranges(ThreadPool* pool, int64_t n, int64_t grain, const Fn& fn) {
+  if (n <= 0) return;
+  grain = std::max<int64_t>(grain, 1);
+  const int64_t pieces = pool == nullptr ? 1 : std::min<int64_t>((n + grain - 1) / grain, 4 * int64_t{pool->size()});
+  if (pieces <= 1) {
+    fn(int64_t{0}, n);
+    return;
+  }
+  const int64_t step = (n + pieces - 1) / pieces;
+  pool->parallel_for(pieces, [&](int64_t i, int) {
+    const int64_t b = i * step, e = std::min(n, b + step);
+    if (b < e) fn(b, e);
+  });
+}
+
+struct Scratch {
+  std::vector<int8_t> q;
+  std::vector<float> d, ds;
+  std::vector<int16_t> bs;
+  std::vector<ActRow> rows;
+};
+
+const Kernels* kernels_for(QIsa isa) {
+  switch (isa) {
+    case QIsa::Scalar:
+      return &kScalar;
+    case QIsa::Avx2:
+      return qmatmul_isa_available(QIsa::Avx2) ? qmm::avx2_kernels() : nullptr;
+    case QIsa::Avx512:
+      return qmatmul_isa_available(QIsa::Avx512) ? qmm::avx512_kernels() : nullptr;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+const Kernels& qmm::scalar_kernels() {
+  return kScalar;
+}
+
+bool qmatmul_supported(TensorType t) {
+  return pick(kScalar, t) != nullptr;
+}
+
+int64_t qmatmul_activation_block(TensorType t) {
+  switch (t) {
+    case TensorType::Q4_0:
+    case TensorType::Q4_1:
+    case TensorType::Q5_0:
+    case TensorType::Q5_1:
+    case TensorType::Q8_0:
+      return 32;
+    case TensorType::Q4_K:
+    case TensorType::Q5_K:
+    case TensorType::Q6_K:
+      return 256;
+    default:
+      return 0;
+  }
+}
+
+bool qmatmul_isa_available(QIsa isa) {
+  switch (isa) {
+    case QIsa::Scalar:
+      return true;
+    case QIsa::Avx2: {
+#if defined(__x86_64__) || defined(_M_X64)
+      static const bool has = qmm::avx2_kernels() != nullptr && __builtin_cpu_supports("avx2") &&
+                              __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+      return has;
+#else
+      return false;
+#endif
+    }
+    case QIsa::Avx512: {
+#if defined(__x86_64__) || defined(_M_X64)
+      static const bool has = qmm::avx512_kernels() != nullptr && qmatmul_isa_available(QIsa::Avx2) &&
+                              __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                              __builtin_cpu_supports("avx512vnni");
+      return has;
+#else
+      return false;
+#endif
+    }
+  }
+  return false;
+}
+
+QIsa qmatmul_best_isa() {
+  static const QIsa best = qmatmul_isa_available(QIsa::Avx512) ? QIsa::Avx512
+                           : qmatmul_isa_available(QIsa::Avx2) ? QIsa::Avx2
+                                                               : QIsa::Scalar;
+  return best;
+}
+
+std::string_view qmatmul_isa_name(QIsa isa) {
+  switch (isa) {
+    case QIsa::Scalar:
+      return "scalar";
+    case QIsa::Avx2:
+      return "avx2";
+    case QIsa::Avx512:
+      return "avx512";
+  }
+  return "unknown";
+}
+
+void qmatmul(const QMatrix& w, const float* x, int64_t m, float* y, ThreadPool* pool) {
+  qmatmul(w, x, m, y, pool, qmatmul_best_isa());
+}
+
+void qmatmul(const QMatrix& w, const float* x, int64_t m, float* y, ThreadPool* pool, QIsa isa) {
+  if (!qmatmul_supported(w.type)) {
+    throw Error("qmatmul: weight type " + std::string(tensor_type_name(w.type)) + " (" +
+                std::to_string(static_cast<uint32_t>(w.type)) +
+                ") is not supported (supported: F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K)");
+  }
+  const auto bsize = static_cast<int64_t>(tensor_type_block_size(w.type));
+  if (w.rows < 0 || w.cols < 0 || m < 0 || w.cols % bsize != 0) {
+    throw Error("qmatmul: a " + std::string(tensor_type_name(w.type)) + " matrix of " + std::to_string(w.rows) +
+                " x " + std::to_string(w.cols) + " (m = " + std::to_string(m) +
+                "): cols must be a whole number of blocks of " + std::to_string(bsize));
+  }
+  const Kernels* kernels = kernels_for(isa);
+  if (kernels == nullptr) {
+    throw Error("qmatmul: the " + std::string(qmatmul_isa_name(isa)) + " path is not available on this CPU");
+  }
+  if (m == 0 || w.rows == 0) return;
+  const int64_t cols = w.cols, rows = w.rows;
+  if (cols == 0) {
+    std::fill(y, y + m * rows, 0.0f);
+    return;
+  }
+  const RowKernel kernel = pick(*kernels, w.type);
+
+  // Activations: quantized once per call (the float types read x as is).
+  thread_local Scratch tls;
+  Scratch& s = tls;  // the workers below see the caller's buffers, not their own thread_local ones
+  s.rows.assign(static_cast<size_t>(m), ActRow{});
+  const int64_t ab = qmatmul_activation_block(w.type);
+  if (ab == 0) {
+    for (int64_t i = 0; i < m; ++i) s.rows[static_cast<size_t>(i)].x = x + i * cols;
+  } else {
+    const int64_t nb = cols / ab;
+    s.q.resize(static_cast<size_t>(m * cols));
+    s.d.resize(static_cast<size_t>(m * nb));
+    s.ds.resize(ab == 32 ? static_cast<size_t>(m * nb) : 0);
+    s.bs.resize(ab == 256 ? static_cast<size_t>(m * nb * 16) : 0);
+    for (int64_t i = 0; i < m; ++i) {
+      ActRow& r = s.rows[static_cast<size_t>(i)];
+      r.q = s.q.data() + i * cols;
+      r.d = s.d.data() + i * nb;
+      r.ds = ab == 32 ? s.ds.data() + i * nb : nullptr;
+      r.bs = ab == 256 ? s.bs.data() + i * nb * 16 : nullptr;
+    }
+    parallel_ranges(pool, m, std::max<int64_t>(1, 65536 / cols), [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        quantize_row_act(x + i * cols, cols, ab, s.q.data() + i * cols, s.d.data() + i * nb,
+                         ab == 32 ? s.ds.data() + i * nb : nullptr,
+                         ab == 256 ? s.bs.data() + i * nb * 16 : nullptr);
+      }
+    });
+  }
+
+  // Tiling: a thread owns a range of weight rows; within it, x rows go in blocks that stay in L2 (about 256 KiB
+  // of activations) and, inside a block, in tiles of kMaxNx that share each decoded weight block.
+  const size_t row_bytes = tensor_type_bytes(w.type, cols);
+  const int64_t act_bytes = ab == 0 ? 4 * cols : cols;
+  const int64_t xblock = std::clamp<int64_t>((262144 / std::max<int64_t>(act_bytes, 1)) / qmm::kMaxNx * qmm::kMaxNx,
+                                             qmm::kMaxNx, 64);
+  const int64_t grain = std::max<int64_t>(1, static_cast<int64_t>(32768 / row_bytes));
+  const ActRow* acts = s.rows.data();
+  parallel_ranges(pool, rows, grain, [&](int64_t r0, int64_t r1) {
+    float out[qmm::kMaxNx];
+    for (int64_t xb = 0; xb < m; xb += xblock) {
+      const int64_t xe = std::min(m, xb + xblock);
+      for (int64_t r = r0; r < r1; ++r) {
+        const uint8_t* wr = w.data + static_cast<size_t>(r) * row_bytes;
+        for (int64_t xt = xb; xt < xe; xt += qmm::kMaxNx) {
+          const int nx = static_cast<int>(std::min<int64_t>(qmm::kMaxNx, xe - xt));
+          kernel(wr, cols, acts + xt, nx, out);
+          for (int j = 0; j < nx; ++j) y[(xt + j) * rows + r] = out[j];
+        }
+      }
+    }
+  });
+}
+
+}  // namespace tessera::model

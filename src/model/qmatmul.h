@@ -1,0 +1,58 @@
+// tessera/model/qmatmul.h — matrix products over weights kept as stored (GGUF block types), read in place.
+//
+//   y[m, rows] = x[m, cols] · Wᵀ      W: `rows` rows of `cols` elements, each row tensor_type_bytes(type, cols)
+//                                     bytes of consecutive blocks (a GGUF tensor of shape [rows, cols] as mapped)
+//
+// Weight types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (32-element blocks), Q4_K, Q5_K, Q6_K (256-element super-blocks),
+// and F32, F16, BF16. For the quantized types the activations are quantized once per call to int8 with one f32
+// scale per block of the weight's activation block (32 elements for Q4_0..Q8_0, 256 for the K types:
+// qmatmul_activation_block), round to nearest, scale = max|x| / 127, and each weight block is multiplied with
+// integer dot products (AVX2 maddubs/madd, AVX-512 VNNI dpbusd) and scaled once per block. F32/F16/BF16 weights
+// multiply f32 activations with f32 fused multiply-adds. Each weight block is read from memory once per call
+// for m <= the row tile, and decoded once per tile of x rows for larger m (prefill).
+//
+// The instruction-set path is picked at run time (CPUID): AVX-512 (F, BW, VL, DQ and VNNI) > AVX2 (+FMA, F16C) >
+// the portable scalar twin. A caller (a test, a bench) may force one with the QIsa overload; the scalar twin
+// computes the same integer sums with the same int8 activations, so every path agrees up to the order of the f32
+// summation.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "model/model_file.h"
+
+namespace tessera {
+class ThreadPool;
+}
+
+namespace tessera::model {
+
+enum class QIsa : int { Scalar = 0, Avx2 = 1, Avx512 = 2 };
+
+// A weight matrix as stored: `data` points at rows * tensor_type_bytes(type, cols) bytes (no alignment needed).
+struct QMatrix {
+  const uint8_t* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  TensorType type = TensorType::F32;
+};
+
+// True for the weight types above.
+bool qmatmul_supported(TensorType t);
+// Elements per activation-quantization block for weight type t: 32 (Q4_0..Q8_0), 256 (K types), 0 for the
+// float types (activations stay f32).
+int64_t qmatmul_activation_block(TensorType t);
+
+bool qmatmul_isa_available(QIsa isa);
+QIsa qmatmul_best_isa();  // the fastest path this CPU runs
+std::string_view qmatmul_isa_name(QIsa isa);  // "scalar", "avx2", "avx512"
+
+// y[i * w.rows + r] = sum_k x[i * w.cols + k] * W[r, k] for i < m, r < w.rows. Work is split over the weight
+// rows (output columns) on `pool` when given (nullptr: the calling thread alone). Throws Error, naming the type,
+// for a weight type not listed above, for cols not a multiple of the type's block size, or for an ISA this CPU
+// lacks (the explicit overload).
+void qmatmul(const QMatrix& w, const float* x, int64_t m, float* y, ThreadPool* pool = nullptr);
+void qmatmul(const QMatrix& w, const float* x, int64_t m, float* y, ThreadPool* pool, QIsa isa);
+
+}  // namespace tessera::model

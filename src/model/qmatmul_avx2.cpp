@@ -1,0 +1,347 @@
+// qmatmul row kernels for AVX2 + FMA + F16C (compiled with those flags; called only when CPUID reports them).
+// Integer dot products: _mm256_maddubs_epi16 (unsigned weight x signed int8 activation, pairs summed to int16:
+// at most 2 * 63 * 127 for the 6-bit Q6_K values, no saturation) then _mm256_madd_epi16 (to int32, by 1 or by the
+// group's scale). Q8_0's signed weights go through the sign trick (|w| x sign(x, w)).
+#include "model/qmatmul_kernels.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+
+#include <immintrin.h>
+
+#include <cstring>
+#include <utility>
+
+namespace tessera::model::qmm {
+
+namespace {
+
+inline float f16_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline __m256i load256(const void* p) {
+  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
+
+inline __m128i load128(const void* p) {
+  return _mm_loadu_si128(static_cast<const __m128i*>(p));
+}
+
+// sum over pairs of u8 x s8 products, then over pairs of int16 with weights k: int32 x 8
+inline __m256i dot_u8s8(__m256i u, __m256i s, __m256i k16) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), k16);
+}
+
+template <int NX, class F>
+inline void for_nx(F&& f) {
+  [&]<int... J>(std::integer_sequence<int, J...>) { (f(J), ...); }(std::make_integer_sequence<int, NX>{});
+}
+
+// ---- f32 / f16 / bf16 ----------------------------------------------------------------------------------------
+
+struct LoadF32 {
+  static constexpr int kSize = 4;
+  static __m256 load(const uint8_t* w) { return _mm256_loadu_ps(reinterpret_cast<const float*>(w)); }
+  static float one(const uint8_t* w) {
+    float v;
+    std::memcpy(&v, w, 4);
+    return v;
+  }
+};
+struct LoadF16 {
+  static constexpr int kSize = 2;
+  static __m256 load(const uint8_t* w) { return _mm256_cvtph_ps(load128(w)); }
+  static float one(const uint8_t* w) { return f16_at(w); }
+};
+struct LoadBF16 {
+  static constexpr int kSize = 2;
+  static __m256 load(const uint8_t* w) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(load128(w)), 16));
+  }
+  static float one(const uint8_t* w) {
+    uint16_t h;
+    std::memcpy(&h, w, 2);
+    const uint32_t u = static_cast<uint32_t>(h) << 16;
+    float v;
+    std::memcpy(&v, &u, 4);
+    return v;
+  }
+};
+
+template <class L>
+struct FloatKernel {
+  template <int NX>
+  static void run(const uint8_t* w, int64_t cols, const ActRow* a, float* out) {
+    __m256 acc0[NX], acc1[NX];
+    for_nx<NX>([&](int j) { acc0[j] = acc1[j] = _mm256_setzero_ps(); });
+    int64_t i = 0;
+    for (; i + 16 <= cols; i += 16) {
+      const __m256 w0 = L::load(w + L::kSize * i), w1 = L::load(w + L::kSize * (i + 8));
+      for_nx<NX>([&](int j) {
+        acc0[j] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(a[j].x + i), acc0[j]);
+        acc1[j] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(a[j].x + i + 8), acc1[j]);
+      });
+    }
+    for (; i + 8 <= cols; i += 8) {
+      const __m256 w0 = L::load(w + L::kSize * i);
+      for_nx<NX>([&](int j) { acc0[j] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(a[j].x + i), acc0[j]); });
+    }
+    for_nx<NX>([&](int j) {
+      float s = hsum(_mm256_add_ps(acc0[j], acc1[j]));
+      for (int64_t t = i; t < cols; ++t) s += L::one(w + L::kSize * t) * a[j].x[t];
+      out[j] = s;
+    });
+  }
+};
+
+// ---- Q4_0 .. Q8_0 (32-element blocks) ------------------------------------------------------------------------
+
+// 32 nibbles -> 32 bytes in element order (the low nibbles are elements 0..15, the high ones 16..31).
+inline __m256i nibbles(const uint8_t* qs) {
+  const __m128i v = load128(qs);
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(15));
+}
+
+// Bit i of qh -> 0x10 in byte i.
+inline __m256i fifth_bits(const uint8_t* p) {
+  uint32_t qh;
+  std::memcpy(&qh, p, 4);
+  const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
+                                        3, 3, 3, 3, 3, 3);
+  const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)), shuf);
+  const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(0x10));
+}
+
+struct Q4_0 {
+  static constexpr int kBytes = 18;
+  static constexpr bool kMin = false;
+  static constexpr float kOffset = 8.0f;
+  static __m256i q(const uint8_t* b) { return nibbles(b + 2); }
+};
+struct Q4_1 {
+  static constexpr int kBytes = 20;
+  static constexpr bool kMin = true;
+  static constexpr float kOffset = 0.0f;
+  static __m256i q(const uint8_t* b) { return nibbles(b + 4); }
+};
+struct Q5_0 {
+  static constexpr int kBytes = 22;
+  static constexpr bool kMin = false;
+  static constexpr float kOffset = 16.0f;
+  static __m256i q(const uint8_t* b) { return _mm256_or_si256(nibbles(b + 6), fifth_bits(b + 2)); }
+};
+struct Q5_1 {
+  static constexpr int kBytes = 24;
+  static constexpr bool kMin = true;
+  static constexpr float kOffset = 0.0f;
+  static __m256i q(const uint8_t* b) { return _mm256_or_si256(nibbles(b + 8), fifth_bits(b + 4)); }
+};
+
+// out = sum_b (dw * dx) * isum_b + (min: sum_b mw * ds_b; offset o: -o * sum_b dw * ds_b)
+template <class T>
+struct LegacyKernel {
+  template <int NX>
+  static void run(const uint8_t* w, int64_t cols, const ActRow* a, float* out) {
+    const int64_t nb = cols / 32;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[NX];
+    float sacc[NX];
+    for_nx<NX>([&](int j) {
+      acc[j] = _mm256_setzero_ps();
+      sacc[j] = 0.0f;
+    });
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = w + b * T::kBytes;
+      const float d = f16_at(blk);
+      const float sw = T::kMin ? f16_at(blk + 2) : d;
+      const __m256i q = T::q(blk);
+      for_nx<NX>([&](int j) {
+        const __m256i p = dot_u8s8(q, load256(a[j].q + 32 * b), ones);
+        acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[j].d[b]), _mm256_cvtepi32_ps(p), acc[j]);
+        sacc[j] += sw * a[j].ds[b];
+      });
+    }
+    for_nx<NX>([&](int j) { out[j] = T::kMin ? hsum(acc[j]) + sacc[j] : hsum(acc[j]) - T::kOffset * sacc[j]; });
+  }
+};
+
+struct Q8_0Kernel {
+  template <int NX>
+  static void run(const uint8_t* w, int64_t cols, const ActRow* a, float* out) {
+    const int64_t nb = cols / 32;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[NX];
+    for_nx<NX>([&](int j) { acc[j] = _mm256_setzero_ps(); });
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = w + b * 34;
+      const float d = f16_at(blk);
+      const __m256i q = load256(blk + 2);
+      const __m256i aq = _mm256_sign_epi8(q, q);
+      for_nx<NX>([&](int j) {
+        const __m256i p = dot_u8s8(aq, _mm256_sign_epi8(load256(a[j].q + 32 * b), q), ones);
+        acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[j].d[b]), _mm256_cvtepi32_ps(p), acc[j]);
+      });
+    }
+    for_nx<NX>([&](int j) { out[j] = hsum(acc[j]); });
+  }
+};
+
+// ---- K types (256-element super-blocks) ----------------------------------------------------------------------
+
+// The 8 six-bit scales and mins of a Q4_K/Q5_K super-block (quant.cpp describes the packing).
+inline void k_scales(const uint8_t* s, uint8_t* sc, uint8_t* mn) {
+  for (int g = 0; g < 4; ++g) {
+    sc[g] = s[g] & 63;
+    mn[g] = s[g + 4] & 63;
+  }
+  for (int g = 4; g < 8; ++g) {
+    sc[g] = static_cast<uint8_t>((s[g + 4] & 15) | ((s[g - 4] >> 6) << 4));
+    mn[g] = static_cast<uint8_t>((s[g + 4] >> 4) | ((s[g] >> 6) << 4));
+  }
+}
+
+// out = sum_sb (d * dx) * sum_g sc_g * isum_g - sum_sb (dmin * dx) * sum_g m_g * xsum_g
+template <bool Five>
+struct Q45KKernel {
+  template <int NX>
+  static void run(const uint8_t* w, int64_t cols, const ActRow* a, float* out) {
+    const int64_t nsb = cols / 256;
+    constexpr int kBytes = Five ? 176 : 144;
+    const __m256i m4 = _mm256_set1_epi8(15), one8 = _mm256_set1_epi8(1);
+    __m256 acc[NX], macc[NX];
+    for_nx<NX>([&](int j) { acc[j] = macc[j] = _mm256_setzero_ps(); });
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      const uint8_t* blk = w + sb * kBytes;
+      const float d = f16_at(blk), dmin = f16_at(blk + 2);
+      uint8_t sc[8], mn[8], mn16[16];
+      k_scales(blk + 4, sc, mn);
+      for (int g = 0; g < 8; ++g) mn16[2 * g] = mn16[2 * g + 1] = mn[g];
+      const __m256i mins = _mm256_cvtepu8_epi16(load128(mn16));
+      const uint8_t* qs = blk + (Five ? 48 : 16);
+      __m256i qh = Five ? load256(blk + 16) : _mm256_setzero_si256();
+      __m256i sumi[NX];
+      for_nx<NX>([&](int j) { sumi[j] = _mm256_setzero_si256(); });
+      for (int c = 0; c < 4; ++c) {
+        const __m256i v = load256(qs + 32 * c);
+        __m256i lo = _mm256_and_si256(v, m4);
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        if constexpr (Five) {
+          lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qh, one8), 4));
+          hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one8), 4));
+          qh = _mm256_srli_epi16(qh, 2);
+        }
+        const __m256i s_lo = _mm256_set1_epi16(sc[2 * c]), s_hi = _mm256_set1_epi16(sc[2 * c + 1]);
+        for_nx<NX>([&](int j) {
+          const int8_t* x = a[j].q + 256 * sb + 64 * c;
+          sumi[j] = _mm256_add_epi32(sumi[j], dot_u8s8(lo, load256(x), s_lo));
+          sumi[j] = _mm256_add_epi32(sumi[j], dot_u8s8(hi, load256(x + 32), s_hi));
+        });
+      }
+      for_nx<NX>([&](int j) {
+        const float dx = a[j].d[sb];
+        acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(sumi[j]), acc[j]);
+        const __m256i ms = _mm256_madd_epi16(load256(a[j].bs + 16 * sb), mins);
+        macc[j] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * dx), _mm256_cvtepi32_ps(ms), macc[j]);
+      });
+    }
+    for_nx<NX>([&](int j) { out[j] = hsum(acc[j]) - hsum(macc[j]); });
+  }
+};
+
+// out = sum_sb (d * dx) * (sum_g sc_g * isum_g - 32 * sum_g sc_g * xsum_g), 16 groups of 16
+struct Q6KKernel {
+  template <int NX>
+  static void run(const uint8_t* w, int64_t cols, const ActRow* a, float* out) {
+    const int64_t nsb = cols / 256;
+    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
+    __m256 acc[NX];
+    for_nx<NX>([&](int j) { acc[j] = _mm256_setzero_ps(); });
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      const uint8_t* blk = w + sb * 210;
+      const auto* sc = reinterpret_cast<const int8_t*>(blk + 192);
+      const float d = f16_at(blk + 208);
+      const __m256i sc16 = _mm256_cvtepi8_epi16(load128(sc));
+      __m256i sumi[NX];
+      for_nx<NX>([&](int j) { sumi[j] = _mm256_setzero_si256(); });
+      for (int h = 0; h < 2; ++h) {
+        const __m256i l0 = load256(blk + 64 * h), l1 = load256(blk + 64 * h + 32);
+        const __m256i hb = load256(blk + 128 + 32 * h);
+        __m256i q[4];
+        q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4));
+        q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4));
+        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4));
+        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
+        for (int s = 0; s < 4; ++s) {
+          const int g = 8 * h + 2 * s;
+          const __m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[g + 1]), _mm_set1_epi16(sc[g]));
+          for_nx<NX>([&](int j) {
+            sumi[j] = _mm256_add_epi32(sumi[j], dot_u8s8(q[s], load256(a[j].q + 256 * sb + 128 * h + 32 * s), scv));
+          });
+        }
+      }
+      for_nx<NX>([&](int j) {
+        const __m256i off = _mm256_madd_epi16(load256(a[j].bs + 16 * sb), sc16);
+        const __m256i isum = _mm256_sub_epi32(sumi[j], _mm256_slli_epi32(off, 5));
+        acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[j].d[sb]), _mm256_cvtepi32_ps(isum), acc[j]);
+      });
+    }
+    for_nx<NX>([&](int j) { out[j] = hsum(acc[j]); });
+  }
+};
+
+template <class K>
+void row_kernel(const uint8_t* w, int64_t cols, const ActRow* a, int nx, float* out) {
+  static_assert(kMaxNx == 4);
+  switch (nx) {
+    case 1:
+      K::template run<1>(w, cols, a, out);
+      return;
+    case 2:
+      K::template run<2>(w, cols, a, out);
+      return;
+    case 3:
+      K::template run<3>(w, cols, a, out);
+      return;
+    default:
+      K::template run<4>(w, cols, a, out);
+      return;
+  }
+}
+
+const Kernels kAvx2 = {
+    row_kernel<FloatKernel<LoadF32>>, row_kernel<FloatKernel<LoadF16>>, row_kernel<FloatKernel<LoadBF16>>,
+    row_kernel<LegacyKernel<Q4_0>>,   row_kernel<LegacyKernel<Q4_1>>,   row_kernel<LegacyKernel<Q5_0>>,
+    row_kernel<LegacyKernel<Q5_1>>,   row_kernel<Q8_0Kernel>,           row_kernel<Q45KKernel<false>>,
+    row_kernel<Q45KKernel<true>>,     row_kernel<Q6KKernel>,
+};
+
+}  // namespace
+
+const Kernels* avx2_kernels() {
+  return &kAvx2;
+}
+
+}  // namespace tessera::model::qmm
+
+#else
+
+namespace tessera::model::qmm {
+const Kernels* avx2_kernels() {
+  return nullptr;
+}
+}  // namespace tessera::model::qmm
+
+#endif

@@ -1,0 +1,33 @@
+// tessera/model/qmatmul_kernels.h — internal to qmatmul*.cpp: the per-ISA row kernels and the activation layout.
+//
+// A row kernel computes, for one weight row w (cols elements, as stored) and nx <= kMaxNx activation rows a[j],
+// out[j] = dot(w, a[j]). The activations of a quantized weight type are int8 (q) with, per activation block
+// (32 or 256 elements), the f32 scale d; for 32-blocks also ds = d * sum(q of the block); for 256-blocks the
+// int16 sums of q over each group of 16 elements (bs, 16 per block). The float weight types read x (f32).
+#pragma once
+
+#include <cstdint>
+
+namespace tessera::model::qmm {
+
+struct ActRow {
+  const float* x = nullptr;    // f32 activations (F32/F16/BF16 weights)
+  const int8_t* q = nullptr;   // int8 activations, cols of them
+  const float* d = nullptr;    // per activation block: the scale
+  const float* ds = nullptr;   // per 32-block: d * sum(q)
+  const int16_t* bs = nullptr; // per 256-block: 16 sums of q over 16 elements each
+};
+
+constexpr int kMaxNx = 4;
+
+using RowKernel = void (*)(const uint8_t* w, int64_t cols, const ActRow* a, int nx, float* out);
+
+struct Kernels {
+  RowKernel f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k;
+};
+
+const Kernels& scalar_kernels();
+const Kernels* avx2_kernels();    // nullptr when not compiled for x86-64
+const Kernels* avx512_kernels();  // nullptr when not compiled for x86-64
+
+}  // namespace tessera::model::qmm

@@ -1,0 +1,262 @@
+// model/qmatmul: every weight type x every instruction-set path this CPU runs, against dequantize_row and an
+// f64 dot product, and every SIMD path against the scalar twin.
+//
+// Tolerances (per output y[i, r] = sum_k x[i, k] W[r, k]):
+//  * Activation quantization (quantized types only). x is quantized per activation block b (32 or 256 elements)
+//    to q = round(x / d_b), d_b = max|x in b| / 127, so |x_k - d_b q_k| <= d_b / 2 (plus f32 rounding of x / d_b,
+//    covered by the 1e-5 |x_k| term). The kernel computes sum_k W[r, k] d_b q_k exactly up to f32 rounding, so
+//    |y - y_exact| <= A = sum_k |W[r, k]| (d_b / 2 + 1e-5 |x_k|) + F.
+//  * f32 rounding F. Each kernel forms per weight block the exact integer sum and adds (d_w d_x) * isum (and the
+//    min / offset term) in f32: at most n + 8 roundings of relative size 2^-24 in a chain (n = blocks per row;
+//    cols for the float types), each bounded by the magnitude T = sum_k (|W[r, k]| + O_k) |x_k|, where O_k is the
+//    largest size of the block's offset or min term (Q4_0: 8|d|, Q5_0: 16|d|, Q4_1/Q5_1: |m|, Q4_K/Q5_K: 63 |dmin|,
+//    Q6_K: 32 * 128 |d|; the integer sums are computed in the unsigned domain and the offset subtracted after):
+//    F = 2 (n + 8) 2^-24 T.
+//  * SIMD vs the scalar twin: both compute the same exact value (same int8 activations, same integer block sums)
+//    and differ by f32 summation order only: |y_simd - y_scalar| <= 2F.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "model/qmatmul.h"
+#include "model/quant.h"
+
+namespace tessera::model {
+namespace {
+
+const TensorType kTypes[] = {TensorType::F32,  TensorType::F16,  TensorType::BF16, TensorType::Q4_0,
+                             TensorType::Q4_1, TensorType::Q5_0, TensorType::Q5_1, TensorType::Q8_0,
+                             TensorType::Q4_K, TensorType::Q5_K, TensorType::Q6_K};
+const QIsa kIsas[] = {QIsa::Scalar, QIsa::Avx2, QIsa::Avx512};
+
+float f16_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return f16_to_f32(f16::from_bits(h));
+}
+
+void put_f16(uint8_t* p, float v) {
+  const uint16_t h = f32_to_f16(v).bits;
+  std::memcpy(p, &h, 2);
+}
+
+// Random rows of `type`: the reference quantizers for the types that have one (of Gaussian values with a few
+// outliers), random bytes with sane scales for the K types (every bit pattern of qs/scales is a valid block).
+std::vector<uint8_t> random_weights(TensorType type, int64_t rows, int64_t cols, std::mt19937& rng) {
+  const size_t row_bytes = tensor_type_bytes(type, cols);
+  std::vector<uint8_t> w(row_bytes * static_cast<size_t>(rows));
+  if (quantize_supported(type)) {
+    std::normal_distribution<float> nd(0.0f, 0.05f);
+    std::vector<float> row(static_cast<size_t>(cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      for (auto& v : row) v = nd(rng);
+      row[static_cast<size_t>(rng() % cols)] *= 8.0f;
+      if (type == TensorType::Q4_1 || type == TensorType::Q5_1)  // asymmetric rows exercise the min term
+        for (auto& v : row) v += 0.02f;
+      quantize_row(type, row.data(), cols, w.data() + static_cast<size_t>(r) * row_bytes);
+    }
+    return w;
+  }
+  for (auto& b : w) b = static_cast<uint8_t>(rng());
+  std::uniform_real_distribution<float> ud(0.0005f, 0.004f);
+  const size_t bb = tensor_type_block_bytes(type);
+  for (size_t off = 0; off < w.size(); off += bb) {
+    uint8_t* b = w.data() + off;
+    if (type == TensorType::Q6_K) {
+      put_f16(b + 208, ud(rng) / 4);
+    } else {
+      put_f16(b, ud(rng));
+      put_f16(b + 2, ud(rng));
+    }
+  }
+  return w;
+}
+
+// O_k of the header: the size of the block's offset or min term, per element of the row.
+std::vector<double> offset_magnitude(TensorType type, const uint8_t* row, int64_t cols) {
+  std::vector<double> o(static_cast<size_t>(cols), 0.0);
+  const int64_t bs = static_cast<int64_t>(tensor_type_block_size(type));
+  const size_t bb = tensor_type_block_bytes(type);
+  for (int64_t b = 0; bs > 1 && b < cols / bs; ++b) {
+    const uint8_t* blk = row + static_cast<size_t>(b) * bb;
+    double v = 0;
+    switch (type) {
+      case TensorType::Q4_0:
+        v = 8 * std::fabs(f16_at(blk));
+        break;
+      case TensorType::Q5_0:
+        v = 16 * std::fabs(f16_at(blk));
+        break;
+      case TensorType::Q4_1:
+      case TensorType::Q5_1:
+        v = std::fabs(f16_at(blk + 2));
+        break;
+      case TensorType::Q4_K:
+      case TensorType::Q5_K:
+        v = 63 * std::fabs(f16_at(blk + 2));
+        break;
+      case TensorType::Q6_K:
+        v = 32 * 128 * std::fabs(f16_at(blk + 208));
+        break;
+      default:
+        break;
+    }
+    for (int64_t k = 0; k < bs; ++k) o[static_cast<size_t>(b * bs + k)] = v;
+  }
+  return o;
+}
+
+std::vector<float> random_x(int64_t m, int64_t cols, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(m * cols));
+  for (auto& v : x) v = nd(rng);
+  for (int64_t i = 0; i < m; ++i) x[static_cast<size_t>(i * cols + static_cast<int64_t>(rng() % cols))] = 20.0f;
+  return x;
+}
+
+struct Case {
+  TensorType type;
+  QIsa isa;
+};
+
+class QMatmul : public ::testing::TestWithParam<Case> {};
+
+TEST_P(QMatmul, MatchesDequantizedF64AndTheScalarTwin) {
+  const auto [type, isa] = GetParam();
+  if (!qmatmul_isa_available(isa)) GTEST_SKIP() << qmatmul_isa_name(isa) << " is not available on this CPU";
+  const int64_t bs = static_cast<int64_t>(tensor_type_block_size(type));
+  const int64_t ab = qmatmul_activation_block(type);
+  std::vector<int64_t> col_counts;
+  if (bs == 1) col_counts = {1, 7, 37, 256, 1000};
+  else if (bs == 32) col_counts = {32, 96, 544, 4096};
+  else col_counts = {256, 768, 4096};
+  std::mt19937 rng(1234 + static_cast<int>(type) * 7 + static_cast<int>(isa));
+  ThreadPool pool(2);
+  int checked = 0;
+  for (const int64_t rows : {1, 7, 33}) {
+    for (const int64_t cols : col_counts) {
+      const auto w = random_weights(type, rows, cols, rng);
+      const size_t row_bytes = tensor_type_bytes(type, cols);
+      std::vector<float> wf(static_cast<size_t>(rows * cols));
+      for (int64_t r = 0; r < rows; ++r)
+        dequantize_row(type, w.data() + static_cast<size_t>(r) * row_bytes, cols, wf.data() + r * cols);
+      const QMatrix mat{w.data(), rows, cols, type};
+      for (const int64_t m : {1, 3, 17, 64}) {
+        const auto x = random_x(m, cols, rng);
+        std::vector<float> y(static_cast<size_t>(m * rows), NAN), ys(y.size(), NAN), yp(y.size(), NAN);
+        qmatmul(mat, x.data(), m, y.data(), nullptr, isa);
+        qmatmul(mat, x.data(), m, ys.data(), nullptr, QIsa::Scalar);
+        qmatmul(mat, x.data(), m, yp.data(), &pool, isa);
+        const int64_t nterms = bs == 1 ? cols : cols / bs;
+        for (int64_t i = 0; i < m; ++i) {
+          const float* xi = x.data() + i * cols;
+          std::vector<double> dx(static_cast<size_t>(cols), 0.0);  // the activation step d_b per element
+          for (int64_t b = 0; ab > 0 && b < cols / ab; ++b) {
+            double amax = 0;
+            for (int64_t k = 0; k < ab; ++k) amax = std::max(amax, std::fabs(double{xi[b * ab + k]}));
+            for (int64_t k = 0; k < ab; ++k) dx[static_cast<size_t>(b * ab + k)] = amax / 127;
+          }
+          for (int64_t r = 0; r < rows; ++r) {
+            const float* wr = wf.data() + r * cols;
+            const auto off = offset_magnitude(type, w.data() + static_cast<size_t>(r) * row_bytes, cols);
+            double exact = 0, act = 0, mag = 0;
+            for (int64_t k = 0; k < cols; ++k) {
+              const double wk = wr[k], xk = xi[k];
+              exact += wk * xk;
+              if (ab > 0) act += std::fabs(wk) * (dx[static_cast<size_t>(k)] / 2 + 1e-5 * std::fabs(xk));
+              mag += (std::fabs(wk) + off[static_cast<size_t>(k)]) * std::fabs(xk);
+            }
+            const double f32 = 2.0 * static_cast<double>(nterms + 8) * std::ldexp(1.0, -24) * mag;
+            const size_t at = static_cast<size_t>(i * rows + r);
+            SCOPED_TRACE(std::string(tensor_type_name(type)) + " " + std::string(qmatmul_isa_name(isa)) +
+                         " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) + " m=" +
+                         std::to_string(m) + " i=" + std::to_string(i) + " r=" + std::to_string(r));
+            ASSERT_NEAR(y[at], exact, act + f32 + 1e-30);
+            ASSERT_NEAR(y[at], ys[at], 2 * f32 + 1e-30);
+            ASSERT_EQ(y[at], yp[at]);  // the thread split changes which thread computes an output, not how
+            ++checked;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> cases;
+  for (const auto t : kTypes)
+    for (const auto isa : kIsas) cases.push_back({t, isa});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, QMatmul, ::testing::ValuesIn(all_cases()),
+                         [](const ::testing::TestParamInfo<Case>& p) {
+                           return std::string(tensor_type_name(p.param.type)) + "_" +
+                                  std::string(qmatmul_isa_name(p.param.isa));
+                         });
+
+// With m large enough for several x blocks (the L2 tiling) and a row count not a multiple of anything.
+TEST(QMatmulTiling, ManyRowsOfXMatchTheScalarTwin) {
+  std::mt19937 rng(7);
+  const int64_t rows = 13, cols = 8192, m = 150;
+  for (const auto type : {TensorType::Q4_0, TensorType::Q6_K, TensorType::BF16}) {
+    const auto w = random_weights(type, rows, cols, rng);
+    const auto x = random_x(m, cols, rng);
+    const QMatrix mat{w.data(), rows, cols, type};
+    std::vector<float> ys(static_cast<size_t>(m * rows));
+    qmatmul(mat, x.data(), m, ys.data(), nullptr, QIsa::Scalar);
+    for (const auto isa : kIsas) {
+      if (!qmatmul_isa_available(isa)) continue;
+      std::vector<float> y(ys.size());
+      qmatmul(mat, x.data(), m, y.data(), nullptr, isa);
+      for (size_t k = 0; k < y.size(); ++k)
+        ASSERT_NEAR(y[k], ys[k], 1e-4 * (std::fabs(ys[k]) + 1.0f)) << tensor_type_name(type) << " at " << k;
+    }
+  }
+}
+
+TEST(QMatmulErrors, UnsupportedTypeIsNamed) {
+  const uint8_t bytes[84] = {};
+  float x[256] = {}, y[1];
+  for (const auto type : {TensorType::Q2_K, TensorType::Q3_K, TensorType::Q8_K}) {
+    EXPECT_FALSE(qmatmul_supported(type));
+    try {
+      qmatmul(QMatrix{bytes, 1, 256, type}, x, 1, y);
+      FAIL() << "no error for " << tensor_type_name(type);
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("weight type " + std::string(tensor_type_name(type)) + " ("),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  try {
+    qmatmul(QMatrix{bytes, 1, 256, static_cast<TensorType>(20)}, x, 1, y);  // IQ4_NL
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("IQ4_NL"), std::string::npos) << e.what();
+  }
+}
+
+TEST(QMatmulErrors, RaggedColumnsAreRejected) {
+  const uint8_t bytes[64] = {};
+  float x[48] = {}, y[1];
+  EXPECT_THROW(qmatmul(QMatrix{bytes, 1, 48, TensorType::Q4_0}, x, 1, y), Error);
+  EXPECT_THROW(qmatmul(QMatrix{bytes, 1, 48, TensorType::Q4_K}, x, 1, y), Error);
+}
+
+TEST(QMatmulIsa, BestIsAvailableAndNamed) {
+  EXPECT_TRUE(qmatmul_isa_available(QIsa::Scalar));
+  EXPECT_TRUE(qmatmul_isa_available(qmatmul_best_isa()));
+  std::printf("qmatmul: best path on this CPU: %s\n", std::string(qmatmul_isa_name(qmatmul_best_isa())).c_str());
+}
+
+}  // namespace
+}  // namespace tessera::model
