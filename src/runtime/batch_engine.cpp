@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/memory_budget.h"
 #include "core/thread_pool.h"
@@ -12,10 +13,6 @@
 namespace tessera::runtime {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 std::string with_commas(int64_t v) {
   std::string n = std::to_string(v);
@@ -242,7 +239,7 @@ void BatchEngine::prefill_step(std::vector<BatchEvent>& events) {
   } catch (const Error& e) {
     finish(s, FinishReason::kError, events, e.what());
   }
-  stats_.prefill_seconds += since(t0);
+  stats_.prefill_seconds += seconds_since(t0);
 }
 
 void BatchEngine::decode_step(std::vector<BatchEvent>& events) {
@@ -271,7 +268,7 @@ void BatchEngine::decode_step(std::vector<BatchEvent>& events) {
             "batched decode: the backend chose token " + std::to_string(t) + " outside the vocabulary");
   } catch (const Error& e) {
     for (Sequence* s : batch) finish(*s, FinishReason::kError, events, e.what());
-    stats_.decode_seconds += since(t0);
+    stats_.decode_seconds += seconds_since(t0);
     return;
   }
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -281,7 +278,7 @@ void BatchEngine::decode_step(std::vector<BatchEvent>& events) {
   stats_.decode_tokens += static_cast<int64_t>(batch.size());
   ++stats_.decode_steps;
   stats_.max_decode_batch = std::max<int64_t>(stats_.max_decode_batch, static_cast<int64_t>(batch.size()));
-  stats_.decode_seconds += since(t0);
+  stats_.decode_seconds += seconds_since(t0);
 }
 
 std::vector<BatchEvent> BatchEngine::step() {

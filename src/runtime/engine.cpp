@@ -6,18 +6,13 @@
 #include <limits>
 #include <string>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "runtime/input_checks.h"
 
 namespace tessera::runtime {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 }  // namespace
 
@@ -76,7 +71,7 @@ std::vector<float> Engine::run_prefill(std::span<const int32_t> tokens, LogitRow
     if (progress) progress(c1, n);
   }
   stats_.prefill_tokens += n;
-  stats_.prefill_seconds += since(t0);
+  stats_.prefill_seconds += seconds_since(t0);
   stats_.attention_seconds += timers.attention_seconds;
   stats_.gemm_seconds += timers.gemm_seconds;
   return logits;
@@ -110,7 +105,7 @@ std::vector<float> Engine::run_stream_prefill(std::span<const int32_t> tokens, L
     c0 = c1;
   }
   stats_.prefill_tokens += n;
-  stats_.prefill_seconds += since(t0);
+  stats_.prefill_seconds += seconds_since(t0);
   stats_.attention_seconds += timers.attention_seconds;
   stats_.gemm_seconds += timers.gemm_seconds;
   return logits;
@@ -162,7 +157,7 @@ std::vector<float> Engine::run_decode(int32_t token, LogitRows rows) {
   }
   position_ += 1;
   stats_.decode_tokens += 1;
-  stats_.decode_seconds += since(t0);
+  stats_.decode_seconds += seconds_since(t0);
   stats_.attention_seconds += timers.attention_seconds;
   stats_.gemm_seconds += timers.gemm_seconds;
   return logits;

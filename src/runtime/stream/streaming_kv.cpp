@@ -8,6 +8,7 @@
 #include <limits>
 #include <string>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/memory_budget.h"
 #include "attention/attention_args.h"
@@ -17,10 +18,6 @@
 namespace tessera::runtime {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 std::string commas(int64_t v) {
   std::string n = std::to_string(v);
@@ -386,7 +383,7 @@ void StreamingKV::prepare(int32_t layer, int32_t pos, int32_t n, const float* q,
   index_keys(layer, pending);
   if (evicted_ > prev_evicted_) drop_front(layer, (evicted_ - prev_evicted_) * opt_.block);
   if (given_ != nullptr && given_->ready) given_->ready();
-  retrieval_seconds_ += since(t0);
+  retrieval_seconds_ += seconds_since(t0);
 
   const bool maps = maps_chunk(layer);  // (a voted-only layer needs no map: no index, no query vectors)
   if (!maps) {
@@ -511,7 +508,7 @@ void StreamingKV::prepare(int32_t layer, int32_t pos, int32_t n, const float* q,
   }
   L.retrieved = retrieve(layer, q, n, map_, chunk_spans_);
   if (kind_ == ChunkKind::LastPrefill) L.persisted = L.retrieved;
-  retrieval_seconds_ += since(t0);
+  retrieval_seconds_ += seconds_since(t0);
 
   stream::StreamLayout lay;
   lay.global = evicted_ > 0 ? L.sink_count + static_cast<int32_t>(L.retrieved.size()) * opt_.block : 0;
