@@ -20,63 +20,6 @@ namespace {
 constexpr int kQK = 32;    // elements per block of the legacy types (Q4_0 .. Q8_0)
 constexpr int kQKK = 256;  // elements per super-block of the K-quants
 
-struct TypeTraits {
-  const char* name;
-  uint32_t block_size;  // 0: not read by tessera
-  uint32_t block_bytes;
-};
-
-// Indexed by the ggml type number. Names of types tessera does not read are kept for error messages.
-constexpr std::array<TypeTraits, 42> kTraits = {{
-    {"F32", 1, 4},         // 0
-    {"F16", 1, 2},         // 1
-    {"Q4_0", kQK, 18},     // 2
-    {"Q4_1", kQK, 20},     // 3
-    {"Q4_2", 0, 0},        // 4 (removed from ggml)
-    {"Q4_3", 0, 0},        // 5 (removed from ggml)
-    {"Q5_0", kQK, 22},     // 6
-    {"Q5_1", kQK, 24},     // 7
-    {"Q8_0", kQK, 34},     // 8
-    {"Q8_1", 0, 0},        // 9
-    {"Q2_K", kQKK, 84},    // 10
-    {"Q3_K", kQKK, 110},   // 11
-    {"Q4_K", kQKK, 144},   // 12
-    {"Q5_K", kQKK, 176},   // 13
-    {"Q6_K", kQKK, 210},   // 14
-    {"Q8_K", kQKK, 292},   // 15
-    {"IQ2_XXS", 0, 0},     // 16
-    {"IQ2_XS", 0, 0},      // 17
-    {"IQ3_XXS", 0, 0},     // 18
-    {"IQ1_S", 0, 0},       // 19
-    {"IQ4_NL", 0, 0},      // 20
-    {"IQ3_S", 0, 0},       // 21
-    {"IQ2_S", 0, 0},       // 22
-    {"IQ4_XS", 0, 0},      // 23
-    {"I8", 0, 0},          // 24
-    {"I16", 0, 0},         // 25
-    {"I32", 0, 0},         // 26
-    {"I64", 0, 0},         // 27
-    {"F64", 0, 0},         // 28
-    {"IQ1_M", 0, 0},       // 29
-    {"BF16", 1, 2},        // 30
-    {"Q4_0_4_4", 0, 0},    // 31 (removed from ggml)
-    {"Q4_0_4_8", 0, 0},    // 32 (removed from ggml)
-    {"Q4_0_8_8", 0, 0},    // 33 (removed from ggml)
-    {"TQ1_0", 0, 0},       // 34
-    {"TQ2_0", 0, 0},       // 35
-    {"IQ4_NL_4_4", 0, 0},  // 36 (removed from ggml)
-    {"IQ4_NL_4_8", 0, 0},  // 37 (removed from ggml)
-    {"IQ4_NL_8_8", 0, 0},  // 38 (removed from ggml)
-    {"MXFP4", 0, 0},       // 39
-    {"NVFP4", 0, 0},       // 40
-    {"Q1_0", 0, 0},        // 41
-}};
-
-const TypeTraits* traits(TensorType t) {
-  const auto i = static_cast<uint32_t>(t);
-  return i < kTraits.size() ? &kTraits[i] : nullptr;
-}
-
 float load_f16(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
@@ -91,47 +34,32 @@ void store_f16(uint8_t* p, float x) {
 // ---- one block -> f32
 // --------------------------------------------------------------------------------------
 
-// Legacy 4/5-bit types: element j (j < 16) is the low nibble of qs[j], element j + 16 its high nibble.
-void block_q4_0(const uint8_t* b, float* y) {
+// Legacy 4/5-bit types: element j (j < 16) is the low nibble of qs[j], element j + 16 its high nibble. Q5_0
+// and Q5_1 (kFifthBit) add a fifth bit: that of element i is bit i of the little-endian uint32 qh, which
+// precedes qs. Q4_1 and Q5_1 (kMin) store a min m after d: x = d * q + m; Q4_0 and Q5_0 centre q instead: x =
+// d * (q - 8) or d * (q - 16).
+template <bool kFifthBit, bool kMin>
+void block_legacy(const uint8_t* b, float* y) {
   const float d = load_f16(b);
-  const uint8_t* qs = b + 2;
-  for (int j = 0; j < kQK / 2; ++j) y[j] = d * static_cast<float>((qs[j] & 15) - 8);
-  for (int j = 0; j < kQK / 2; ++j) y[j + 16] = d * static_cast<float>((qs[j] >> 4) - 8);
-}
-
-void block_q4_1(const uint8_t* b, float* y) {
-  const float d = load_f16(b);
-  const float m = load_f16(b + 2);
-  const uint8_t* qs = b + 4;
-  for (int j = 0; j < kQK / 2; ++j) y[j] = d * static_cast<float>(qs[j] & 15) + m;
-  for (int j = 0; j < kQK / 2; ++j) y[j + 16] = d * static_cast<float>(qs[j] >> 4) + m;
-}
-
-// The fifth bit of element i is bit i of the little-endian uint32 qh.
-void block_q5_0(const uint8_t* b, float* y) {
-  const float d = load_f16(b);
-  uint32_t qh;
-  std::memcpy(&qh, b + 2, 4);
-  const uint8_t* qs = b + 6;
-  for (int j = 0; j < kQK / 2; ++j) {
-    const int lo = (qs[j] & 15) | static_cast<int>(((qh >> j) & 1u) << 4);
-    const int hi = (qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1u) << 4);
-    y[j] = d * static_cast<float>(lo - 16);
-    y[j + 16] = d * static_cast<float>(hi - 16);
+  const float m = kMin ? load_f16(b + 2) : 0.0f;
+  const uint8_t* p = kMin ? b + 4 : b + 2;
+  uint32_t qh = 0;  // Q4_0, Q4_1: no fifth bits
+  if constexpr (kFifthBit) {
+    std::memcpy(&qh, p, 4);
+    p += 4;
   }
-}
-
-void block_q5_1(const uint8_t* b, float* y) {
-  const float d = load_f16(b);
-  const float m = load_f16(b + 2);
-  uint32_t qh;
-  std::memcpy(&qh, b + 4, 4);
-  const uint8_t* qs = b + 8;
+  const uint8_t* qs = p;
+  constexpr int kCentre = kFifthBit ? 16 : 8;
   for (int j = 0; j < kQK / 2; ++j) {
     const int lo = (qs[j] & 15) | static_cast<int>(((qh >> j) & 1u) << 4);
     const int hi = (qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1u) << 4);
-    y[j] = d * static_cast<float>(lo) + m;
-    y[j + 16] = d * static_cast<float>(hi) + m;
+    if constexpr (kMin) {
+      y[j] = d * static_cast<float>(lo) + m;
+      y[j + 16] = d * static_cast<float>(hi) + m;
+    } else {
+      y[j] = d * static_cast<float>(lo - kCentre);
+      y[j + 16] = d * static_cast<float>(hi - kCentre);
+    }
   }
 }
 
@@ -206,34 +134,15 @@ void k_scale_min(const uint8_t* s, int j, int* scale, int* min) {
 }
 
 // Q4_K: element e = 64 * c + 32 * half + l (c < 4) is the low (half 0) or high (half 1) nibble of qs[32 * c +
-// l] and belongs to group e / 32.
-void block_q4_k(const uint8_t* b, float* y) {
-  const float d = load_f16(b);
-  const float dmin = load_f16(b + 2);
-  const uint8_t* scales = b + 4;
-  const uint8_t* qs = b + 16;
-  for (int c = 0; c < 4; ++c) {
-    for (int half = 0; half < 2; ++half) {
-      const int g = 2 * c + half;
-      int sc, m;
-      k_scale_min(scales, g, &sc, &m);
-      const float d1 = d * static_cast<float>(sc);
-      const float m1 = dmin * static_cast<float>(m);
-      for (int l = 0; l < 32; ++l) {
-        const int q = (qs[32 * c + l] >> (4 * half)) & 15;
-        y[32 * g + l] = d1 * static_cast<float>(q) - m1;
-      }
-    }
-  }
-}
-
-// Q5_K: as Q4_K, plus a fifth bit for element e: bit (e / 32) of qh[e % 32].
-void block_q5_k(const uint8_t* b, float* y) {
+// l] and belongs to group e / 32. Q5_K (kFifthBit): as Q4_K, plus a fifth bit for element e: bit (e / 32) of
+// qh[e % 32], which lies between the scales and qs.
+template <bool kFifthBit>
+void block_q45_k(const uint8_t* b, float* y) {
   const float d = load_f16(b);
   const float dmin = load_f16(b + 2);
   const uint8_t* scales = b + 4;
   const uint8_t* qh = b + 16;
-  const uint8_t* qs = b + 48;
+  const uint8_t* qs = kFifthBit ? b + 48 : b + 16;
   for (int c = 0; c < 4; ++c) {
     for (int half = 0; half < 2; ++half) {
       const int g = 2 * c + half;
@@ -242,7 +151,8 @@ void block_q5_k(const uint8_t* b, float* y) {
       const float d1 = d * static_cast<float>(sc);
       const float m1 = dmin * static_cast<float>(m);
       for (int l = 0; l < 32; ++l) {
-        const int q = ((qs[32 * c + l] >> (4 * half)) & 15) | (((qh[l] >> g) & 1) << 4);
+        int q = (qs[32 * c + l] >> (4 * half)) & 15;
+        if constexpr (kFifthBit) q |= ((qh[l] >> g) & 1) << 4;
         y[32 * g + l] = d1 * static_cast<float>(q) - m1;
       }
     }
@@ -280,13 +190,19 @@ void block_q8_k(const uint8_t* b, float* y) {
   for (int j = 0; j < kQKK; ++j) y[j] = d * static_cast<float>(qs[j]);
 }
 
+// ---- a row of blocks -> f32 (the F32, F16 and BF16 "blocks" are single elements)
+
 template <void (*Block)(const uint8_t*, float*)>
 void blocks(const uint8_t* src, int64_t n_blocks, size_t block_bytes, int block_size, float* dst) {
   for (int64_t i = 0; i < n_blocks; ++i)
     Block(src + static_cast<size_t>(i) * block_bytes, dst + i * block_size);
 }
 
-void f16_row(const uint8_t* src, int64_t n, float* dst) {
+void f32_row(const uint8_t* src, int64_t n, size_t, int, float* dst) {
+  std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+}
+
+void f16_row(const uint8_t* src, int64_t n, size_t, int, float* dst) {
   int64_t i = 0;
 #if defined(__F16C__)
   for (; i + 8 <= n; i += 8) {
@@ -297,7 +213,7 @@ void f16_row(const uint8_t* src, int64_t n, float* dst) {
   for (; i < n; ++i) dst[i] = load_f16(src + 2 * i);
 }
 
-void bf16_row(const uint8_t* src, int64_t n, float* dst) {
+void bf16_row(const uint8_t* src, int64_t n, size_t, int, float* dst) {
   for (int64_t i = 0; i < n; ++i) {
     uint16_t h;
     std::memcpy(&h, src + 2 * i, 2);
@@ -344,55 +260,133 @@ int trunc_clamp(float v, int qmax) {
   return v >= static_cast<float>(qmax) ? qmax : static_cast<int>(v);
 }
 
-void quant_q4_0(const float* x, uint8_t* b) {
-  const float d = signed_absmax(x) / -8.0f;
-  const float id = inverse_or_zero(d);
-  store_f16(b, d);
-  for (int j = 0; j < kQK / 2; ++j) {
-    const int lo = trunc_clamp(x[j] * id + 8.5f, 15);
-    const int hi = trunc_clamp(x[j + 16] * id + 8.5f, 15);
-    b[2 + j] = static_cast<uint8_t>(lo | (hi << 4));
+// Q4_0, Q4_1 (kBits 4): element j (j < 16) in the low nibble of qs[j], element j + 16 in its high nibble.
+// Q5_0, Q5_1 (kBits 5): the same nibbles, after the fifth bits (bit i of the little-endian uint32 qh).
+template <int kBits>
+void pack(const int* q, uint8_t* out) {
+  if constexpr (kBits == 5) {
+    uint32_t qh = 0;
+    for (int j = 0; j < kQK; ++j) qh |= static_cast<uint32_t>(q[j] >> 4) << j;
+    std::memcpy(out, &qh, 4);
+    out += 4;
   }
+  for (int j = 0; j < kQK / 2; ++j) out[j] = static_cast<uint8_t>((q[j] & 15) | ((q[j + 16] & 15) << 4));
 }
 
-void quant_q4_1(const float* x, uint8_t* b) {
-  const float mn = *std::min_element(x, x + kQK), mx = *std::max_element(x, x + kQK);
-  const float d = (mx - mn) / 15.0f;
-  const float id = inverse_or_zero(d);
-  store_f16(b, d);
-  store_f16(b + 2, mn);
-  for (int j = 0; j < kQK / 2; ++j) {
-    const int lo = trunc_clamp((x[j] - mn) * id + 0.5f, 15);
-    const int hi = trunc_clamp((x[j + 16] - mn) * id + 0.5f, 15);
-    b[4 + j] = static_cast<uint8_t>(lo | (hi << 4));
-  }
-}
-
-void pack5(const int* q, uint8_t* qh_out, uint8_t* qs) {
-  uint32_t qh = 0;
-  for (int j = 0; j < kQK; ++j) qh |= static_cast<uint32_t>(q[j] >> 4) << j;
-  std::memcpy(qh_out, &qh, 4);
-  for (int j = 0; j < kQK / 2; ++j) qs[j] = static_cast<uint8_t>((q[j] & 15) | ((q[j + 16] & 15) << 4));
-}
-
-void quant_q5_0(const float* x, uint8_t* b) {
-  const float d = signed_absmax(x) / -16.0f;
+// Q4_0, Q5_0: d = -(the signed absmax) / 2^(kBits - 1), q = x / d + 2^(kBits - 1), rounded.
+template <int kBits>
+void quant_centred(const float* x, uint8_t* b) {
+  constexpr int kCentre = 1 << (kBits - 1);
+  const float d = signed_absmax(x) / -static_cast<float>(kCentre);
   const float id = inverse_or_zero(d);
   store_f16(b, d);
   int q[kQK];
-  for (int j = 0; j < kQK; ++j) q[j] = trunc_clamp(x[j] * id + 16.5f, 31);
-  pack5(q, b + 2, b + 6);
+  for (int j = 0; j < kQK; ++j)
+    q[j] = trunc_clamp(x[j] * id + (static_cast<float>(kCentre) + 0.5f), 2 * kCentre - 1);
+  pack<kBits>(q, b + 2);
 }
 
-void quant_q5_1(const float* x, uint8_t* b) {
+// Q4_1, Q5_1: d = (max - min) / (2^kBits - 1) and the min, q = (x - min) / d, rounded.
+template <int kBits>
+void quant_min(const float* x, uint8_t* b) {
+  constexpr int kMax = (1 << kBits) - 1;
   const float mn = *std::min_element(x, x + kQK), mx = *std::max_element(x, x + kQK);
-  const float d = (mx - mn) / 31.0f;
+  const float d = (mx - mn) / static_cast<float>(kMax);
   const float id = inverse_or_zero(d);
   store_f16(b, d);
   store_f16(b + 2, mn);
   int q[kQK];
-  for (int j = 0; j < kQK; ++j) q[j] = trunc_clamp((x[j] - mn) * id + 0.5f, 31);
-  pack5(q, b + 4, b + 8);
+  for (int j = 0; j < kQK; ++j) q[j] = trunc_clamp((x[j] - mn) * id + 0.5f, kMax);
+  pack<kBits>(q, b + 4);
+}
+
+// ---- f32 -> a row of blocks
+
+template <void (*Block)(const float*, uint8_t*)>
+void quant_blocks(const float* src, int64_t n_blocks, size_t block_bytes, int block_size, uint8_t* dst) {
+  for (int64_t i = 0; i < n_blocks; ++i)
+    Block(src + i * block_size, dst + static_cast<size_t>(i) * block_bytes);
+}
+
+void f32_quant(const float* src, int64_t n, size_t, int, uint8_t* dst) {
+  std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+}
+
+void f16_quant(const float* src, int64_t n, size_t, int, uint8_t* dst) {
+  for (int64_t i = 0; i < n; ++i) store_f16(dst + 2 * i, src[i]);
+}
+
+void bf16_quant(const float* src, int64_t n, size_t, int, uint8_t* dst) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t h = f32_to_bf16(src[i]).bits;
+    std::memcpy(dst + 2 * i, &h, 2);
+  }
+}
+
+// ---- the types
+
+using DequantRow = void (*)(const uint8_t* src, int64_t n_blocks, size_t block_bytes, int block_size,
+                            float* dst);
+using QuantRow = void (*)(const float* src, int64_t n_blocks, size_t block_bytes, int block_size,
+                          uint8_t* dst);
+
+struct TypeTraits {
+  const char* name;
+  uint32_t block_size;  // 0: not read by tessera
+  uint32_t block_bytes;
+  DequantRow dequant = nullptr;  // set for every type tessera reads
+  QuantRow quant = nullptr;      // set for the types it can write
+};
+
+// Indexed by the ggml type number. Names of types tessera does not read are kept for error messages.
+constexpr std::array<TypeTraits, 42> kTraits = {{
+    {"F32", 1, 4, f32_row, f32_quant},                                                      // 0
+    {"F16", 1, 2, f16_row, f16_quant},                                                      // 1
+    {"Q4_0", kQK, 18, blocks<block_legacy<false, false>>, quant_blocks<quant_centred<4>>},  // 2
+    {"Q4_1", kQK, 20, blocks<block_legacy<false, true>>, quant_blocks<quant_min<4>>},       // 3
+    {"Q4_2", 0, 0},  // 4 (removed from ggml)
+    {"Q4_3", 0, 0},  // 5 (removed from ggml)
+    {"Q5_0", kQK, 22, blocks<block_legacy<true, false>>, quant_blocks<quant_centred<5>>},  // 6
+    {"Q5_1", kQK, 24, blocks<block_legacy<true, true>>, quant_blocks<quant_min<5>>},       // 7
+    {"Q8_0", kQK, 34, blocks<block_q8_0>, quant_blocks<quant_q8_0>},                       // 8
+    {"Q8_1", 0, 0},                                                                        // 9
+    {"Q2_K", kQKK, 84, blocks<block_q2_k>},                                                // 10
+    {"Q3_K", kQKK, 110, blocks<block_q3_k>},                                               // 11
+    {"Q4_K", kQKK, 144, blocks<block_q45_k<false>>},                                       // 12
+    {"Q5_K", kQKK, 176, blocks<block_q45_k<true>>},                                        // 13
+    {"Q6_K", kQKK, 210, blocks<block_q6_k>},                                               // 14
+    {"Q8_K", kQKK, 292, blocks<block_q8_k>},                                               // 15
+    {"IQ2_XXS", 0, 0},                                                                     // 16
+    {"IQ2_XS", 0, 0},                                                                      // 17
+    {"IQ3_XXS", 0, 0},                                                                     // 18
+    {"IQ1_S", 0, 0},                                                                       // 19
+    {"IQ4_NL", 0, 0},                                                                      // 20
+    {"IQ3_S", 0, 0},                                                                       // 21
+    {"IQ2_S", 0, 0},                                                                       // 22
+    {"IQ4_XS", 0, 0},                                                                      // 23
+    {"I8", 0, 0},                                                                          // 24
+    {"I16", 0, 0},                                                                         // 25
+    {"I32", 0, 0},                                                                         // 26
+    {"I64", 0, 0},                                                                         // 27
+    {"F64", 0, 0},                                                                         // 28
+    {"IQ1_M", 0, 0},                                                                       // 29
+    {"BF16", 1, 2, bf16_row, bf16_quant},                                                  // 30
+    {"Q4_0_4_4", 0, 0},    // 31 (removed from ggml)
+    {"Q4_0_4_8", 0, 0},    // 32 (removed from ggml)
+    {"Q4_0_8_8", 0, 0},    // 33 (removed from ggml)
+    {"TQ1_0", 0, 0},       // 34
+    {"TQ2_0", 0, 0},       // 35
+    {"IQ4_NL_4_4", 0, 0},  // 36 (removed from ggml)
+    {"IQ4_NL_4_8", 0, 0},  // 37 (removed from ggml)
+    {"IQ4_NL_8_8", 0, 0},  // 38 (removed from ggml)
+    {"MXFP4", 0, 0},       // 39
+    {"NVFP4", 0, 0},       // 40
+    {"Q1_0", 0, 0},        // 41
+}};
+
+const TypeTraits* traits(TensorType t) {
+  const auto i = static_cast<uint32_t>(t);
+  return i < kTraits.size() ? &kTraits[i] : nullptr;
 }
 
 void check_row(TensorType t, int64_t n, const char* what) {
@@ -442,56 +436,9 @@ size_t tensor_type_bytes(TensorType t, int64_t n) {
 
 void dequantize_row(TensorType t, const uint8_t* src, int64_t n, float* dst) {
   check_row(t, n, "dequantize_row");
-  const int bs = static_cast<int>(tensor_type_block_size(t));
-  const size_t bb = tensor_type_block_bytes(t);
-  const int64_t nb = n / bs;
-  switch (t) {
-    case TensorType::F32:
-      std::memcpy(dst, src, static_cast<size_t>(n) * 4);
-      return;
-    case TensorType::F16:
-      f16_row(src, n, dst);
-      return;
-    case TensorType::BF16:
-      bf16_row(src, n, dst);
-      return;
-    case TensorType::Q4_0:
-      blocks<block_q4_0>(src, nb, bb, bs, dst);
-      return;
-    case TensorType::Q4_1:
-      blocks<block_q4_1>(src, nb, bb, bs, dst);
-      return;
-    case TensorType::Q5_0:
-      blocks<block_q5_0>(src, nb, bb, bs, dst);
-      return;
-    case TensorType::Q5_1:
-      blocks<block_q5_1>(src, nb, bb, bs, dst);
-      return;
-    case TensorType::Q8_0:
-      blocks<block_q8_0>(src, nb, bb, bs, dst);
-      return;
-    case TensorType::Q2_K:
-      blocks<block_q2_k>(src, nb, bb, bs, dst);
-      return;
-    case TensorType::Q3_K:
-      blocks<block_q3_k>(src, nb, bb, bs, dst);
-      return;
-    case TensorType::Q4_K:
-      blocks<block_q4_k>(src, nb, bb, bs, dst);
-      return;
-    case TensorType::Q5_K:
-      blocks<block_q5_k>(src, nb, bb, bs, dst);
-      return;
-    case TensorType::Q6_K:
-      blocks<block_q6_k>(src, nb, bb, bs, dst);
-      return;
-    case TensorType::Q8_K:
-      blocks<block_q8_k>(src, nb, bb, bs, dst);
-      return;
-    case TensorType::Q8_1:
-      break;
-  }
-  throw Error("dequantize_row: tensor type " + std::string(tensor_type_name(t)) + " is not supported");
+  const TypeTraits& tr = *traits(t);
+  const auto bs = static_cast<int>(tr.block_size);
+  tr.dequant(src, n / bs, tr.block_bytes, bs, dst);
 }
 
 void dequantize(const TensorInfo& tensor, float* out) {
@@ -514,19 +461,8 @@ void dequantize_rows(const TensorInfo& tensor, int64_t row_begin, int64_t row_co
 // -------------------------------------------------------------------------------------------
 
 bool quantize_supported(TensorType t) {
-  switch (t) {
-    case TensorType::F32:
-    case TensorType::F16:
-    case TensorType::BF16:
-    case TensorType::Q8_0:
-    case TensorType::Q4_0:
-    case TensorType::Q4_1:
-    case TensorType::Q5_0:
-    case TensorType::Q5_1:
-      return true;
-    default:
-      return false;
-  }
+  const TypeTraits* tr = traits(t);
+  return tr != nullptr && tr->quant != nullptr;
 }
 
 void quantize_row(TensorType t, const float* src, int64_t n, uint8_t* dst) {
@@ -534,43 +470,9 @@ void quantize_row(TensorType t, const float* src, int64_t n, uint8_t* dst) {
     throw Error("quantize_row: tessera cannot quantize to " + std::string(tensor_type_name(t)) + " yet");
   }
   check_row(t, n, "quantize_row");
-  const size_t bb = tensor_type_block_bytes(t);
-  const int64_t nb = n / static_cast<int64_t>(tensor_type_block_size(t));
-  switch (t) {
-    case TensorType::F32:
-      std::memcpy(dst, src, static_cast<size_t>(n) * 4);
-      return;
-    case TensorType::F16:
-      for (int64_t i = 0; i < n; ++i) store_f16(dst + 2 * i, src[i]);
-      return;
-    case TensorType::BF16:
-      for (int64_t i = 0; i < n; ++i) {
-        const uint16_t h = f32_to_bf16(src[i]).bits;
-        std::memcpy(dst + 2 * i, &h, 2);
-      }
-      return;
-    default:
-      break;
-  }
-  void (*block)(const float*, uint8_t*) = nullptr;
-  switch (t) {
-    case TensorType::Q8_0:
-      block = quant_q8_0;
-      break;
-    case TensorType::Q4_0:
-      block = quant_q4_0;
-      break;
-    case TensorType::Q4_1:
-      block = quant_q4_1;
-      break;
-    case TensorType::Q5_0:
-      block = quant_q5_0;
-      break;
-    default:
-      block = quant_q5_1;
-      break;
-  }
-  for (int64_t i = 0; i < nb; ++i) block(src + i * kQK, dst + static_cast<size_t>(i) * bb);
+  const TypeTraits& tr = *traits(t);
+  const auto bs = static_cast<int>(tr.block_size);
+  tr.quant(src, n / bs, tr.block_bytes, bs, dst);
 }
 
 }  // namespace tessera::model
