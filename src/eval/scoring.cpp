@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cctype>
+#include <iterator>
+#include <optional>
 
+#include "core/enum_names.h"
 #include "core/error.h"
 
 namespace tessera::eval {
@@ -35,24 +38,18 @@ void check_answers(const std::vector<std::string>& answers, std::string_view met
   check(!answers.empty(), std::string(metric) + ": a case needs at least one expected answer");
 }
 
+// In the enum's order.
+constexpr std::string_view kMetricNames[] = {"string_match_all", "string_match_part", "first_number"};
+static_assert(std::size(kMetricNames) == static_cast<size_t>(Metric::first_number) + 1);
+
 }  // namespace
 
 std::string_view metric_name(Metric metric) {
-  switch (metric) {
-    case Metric::string_match_all:
-      return "string_match_all";
-    case Metric::string_match_part:
-      return "string_match_part";
-    case Metric::first_number:
-      return "first_number";
-  }
-  return "unknown";
+  return enum_name(kMetricNames, metric);
 }
 
 Metric parse_metric(std::string_view name) {
-  for (Metric m : {Metric::string_match_all, Metric::string_match_part, Metric::first_number}) {
-    if (metric_name(m) == name) return m;
-  }
+  if (const std::optional<Metric> m = enum_value<Metric>(kMetricNames, name)) return *m;
   throw Error("unknown metric '" + std::string(name) +
               "': expected string_match_all, string_match_part or first_number");
 }

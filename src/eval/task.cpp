@@ -2,7 +2,9 @@
 
 #include <cmath>
 #include <cstdio>
+#include <iterator>
 
+#include "core/enum_names.h"
 #include "core/error.h"
 #include "eval/rng.h"
 #include "eval/task_generators.h"
@@ -61,33 +63,20 @@ void validate(const CaseSpec& spec, const TaskOptions& o, const std::string& wha
   }
 }
 
+// In the enum's order.
+constexpr std::string_view kTaskNames[] = {"niah_single",       "niah_multikey", "niah_multivalue", "passkey",
+                                           "variable_tracking", "common_words",  "frequent_words"};
+static_assert(std::size(kTaskNames) == static_cast<size_t>(TaskKind::frequent_words) + 1);
+
 }  // namespace
 
 const std::vector<TaskKind>& all_tasks() {
-  static const std::vector<TaskKind> v = {
-      TaskKind::niah_single,       TaskKind::niah_multikey, TaskKind::niah_multivalue, TaskKind::passkey,
-      TaskKind::variable_tracking, TaskKind::common_words,  TaskKind::frequent_words};
+  static const std::vector<TaskKind> v = enum_values<TaskKind>(kTaskNames);
   return v;
 }
 
 std::string_view task_name(TaskKind task) {
-  switch (task) {
-    case TaskKind::niah_single:
-      return "niah_single";
-    case TaskKind::niah_multikey:
-      return "niah_multikey";
-    case TaskKind::niah_multivalue:
-      return "niah_multivalue";
-    case TaskKind::passkey:
-      return "passkey";
-    case TaskKind::variable_tracking:
-      return "variable_tracking";
-    case TaskKind::common_words:
-      return "common_words";
-    case TaskKind::frequent_words:
-      return "frequent_words";
-  }
-  return "unknown";
+  return enum_name(kTaskNames, task);
 }
 
 TaskKind parse_task(std::string_view name) {

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <numeric>
 #include <string>
 #include <string_view>
 
+#include "core/enum_names.h"
 #include "core/error.h"
 
 namespace tessera::model {
@@ -237,38 +239,16 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
+// Indexed by the GGUF type number.
+constexpr std::string_view kGGUFTypeNames[] = {"UINT8",  "INT8",    "UINT16", "INT16",  "UINT32",
+                                               "INT32",  "FLOAT32", "BOOL",   "STRING", "ARRAY",
+                                               "UINT64", "INT64",   "FLOAT64"};
+static_assert(std::size(kGGUFTypeNames) == static_cast<size_t>(GGUFType::FLOAT64) + 1);
+
 }  // namespace
 
 std::string_view gguf_type_name(GGUFType t) {
-  switch (t) {
-    case GGUFType::UINT8:
-      return "UINT8";
-    case GGUFType::INT8:
-      return "INT8";
-    case GGUFType::UINT16:
-      return "UINT16";
-    case GGUFType::INT16:
-      return "INT16";
-    case GGUFType::UINT32:
-      return "UINT32";
-    case GGUFType::INT32:
-      return "INT32";
-    case GGUFType::FLOAT32:
-      return "FLOAT32";
-    case GGUFType::BOOL:
-      return "BOOL";
-    case GGUFType::STRING:
-      return "STRING";
-    case GGUFType::ARRAY:
-      return "ARRAY";
-    case GGUFType::UINT64:
-      return "UINT64";
-    case GGUFType::INT64:
-      return "INT64";
-    case GGUFType::FLOAT64:
-      return "FLOAT64";
-  }
-  return "unknown";
+  return enum_name(kGGUFTypeNames, t);
 }
 
 bool looks_like_gguf(const MappedFile& file) {

@@ -1,5 +1,8 @@
 #include "model/tokenizer/chat_template.h"
 
+#include <iterator>
+
+#include "core/enum_names.h"
 #include "core/error.h"
 #include "model/tokenizer/utf8.h"
 
@@ -31,6 +34,22 @@ void require_alternation(std::span<const ChatMessage> messages) {
   }
 }
 
+// Gemma and Mistral have no system turn: a leading system message becomes `prefix` ("content\n\n"), which the
+// first turn starts with. Returns the messages after it, which must alternate user/assistant.
+std::span<const ChatMessage> fold_system_message(std::span<const ChatMessage> messages, std::string& prefix) {
+  std::span<const ChatMessage> rest = messages;
+  if (!messages.empty() && messages[0].role == "system") {
+    prefix = messages[0].content + "\n\n";
+    rest = messages.subspan(1);
+  }
+  require_alternation(rest);
+  return rest;
+}
+
+// In the enum's order.
+constexpr std::string_view kChatFamilyNames[] = {"chatml", "llama3", "llama3.1", "gemma", "mistral"};
+static_assert(std::size(kChatFamilyNames) == static_cast<size_t>(ChatFamily::Mistral) + 1);
+
 }  // namespace
 
 std::string python_strip(std::string_view s) {
@@ -50,19 +69,7 @@ std::string python_strip(std::string_view s) {
 }
 
 std::string_view chat_family_name(ChatFamily f) {
-  switch (f) {
-    case ChatFamily::ChatML:
-      return "chatml";
-    case ChatFamily::Llama3:
-      return "llama3";
-    case ChatFamily::Llama31:
-      return "llama3.1";
-    case ChatFamily::Gemma:
-      return "gemma";
-    case ChatFamily::Mistral:
-      return "mistral";
-  }
-  return "unknown";
+  return enum_name(kChatFamilyNames, f);
 }
 
 ChatTemplate::ChatTemplate(ChatFamily family, Options options)
@@ -200,12 +207,7 @@ std::string ChatTemplate::apply(std::span<const ChatMessage> messages, bool add_
       if (messages.empty()) throw Error("chat template: no messages");  // Gemma's template reads messages[0]
       out += options_.bos_token;
       std::string prefix;
-      std::span<const ChatMessage> rest = messages;
-      if (!messages.empty() && messages[0].role == "system") {
-        prefix = messages[0].content + "\n\n";
-        rest = messages.subspan(1);
-      }
-      require_alternation(rest);
+      const std::span<const ChatMessage> rest = fold_system_message(messages, prefix);
       for (size_t i = 0; i < rest.size(); ++i) {
         const std::string role = rest[i].role == "assistant" ? "model" : rest[i].role;
         out += "<start_of_turn>" + role + "\n" + (i == 0 ? prefix : std::string()) +
@@ -217,12 +219,7 @@ std::string ChatTemplate::apply(std::span<const ChatMessage> messages, bool add_
     case ChatFamily::Mistral: {
       out += options_.bos_token;
       std::string prefix;
-      std::span<const ChatMessage> rest = messages;
-      if (!messages.empty() && messages[0].role == "system") {
-        prefix = messages[0].content + "\n\n";
-        rest = messages.subspan(1);
-      }
-      require_alternation(rest);
+      const std::span<const ChatMessage> rest = fold_system_message(messages, prefix);
       for (size_t i = 0; i < rest.size(); ++i) {
         if (rest[i].role == "user") {
           out += "[INST] " + (i == 0 ? prefix : std::string()) + rest[i].content + " [/INST]";
