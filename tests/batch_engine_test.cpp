@@ -279,6 +279,83 @@ TEST_P(BatchedEqualsSingle, GreedyAndSampled) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, BatchedEqualsSingle, ::testing::Values("llama3", "qwen2", "gemma3", "mistral"),
                          [](const ::testing::TestParamInfo<const char*>& p) { return std::string(p.param); });
 
+// ---- streaming memory in the batched engine: streamed requests batch ----
+
+StreamOptions small_stream(StreamMethod m) {
+  StreamOptions o;
+  o.method = m;
+  o.sinks = 8;
+  o.local = 32;
+  o.block = 16;
+  o.chunk = 16;
+  o.top_k = 2;
+  return o;
+}
+
+// Every streamed request's tokens are those the single-sequence streaming engine generates for it alone, while the
+// decode steps run several streamed sequences as one batch (prompts long enough to evict and retrieve blocks).
+class StreamedBatchEqualsSingle : public ::testing::TestWithParam<std::tuple<const char*, StreamMethod>> {};
+
+TEST_P(StreamedBatchEqualsSingle, GreedyAndSampled) {
+  const Model& m = fixture(std::get<0>(GetParam()));
+  const StreamOptions so = small_stream(std::get<1>(GetParam()));
+  const int32_t vocab = m.config().vocab_size;
+  CpuBatchBackend backend(m);
+  BatchEngineOptions o;
+  o.max_batch = 3;  // five requests: the rest wait for a place
+  o.stream = so;
+  BatchEngine engine(backend, o);
+  std::vector<BatchRequest> reqs;
+  const std::vector<int32_t> lengths{130, 9, 77, 160, 45};
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    BatchRequest r;
+    r.prompt = random_tokens(lengths[i], vocab, static_cast<uint32_t>(300 + i));
+    r.options.max_new_tokens = 20 + static_cast<int32_t>(i) * 4;
+    if (i % 2 == 1) r.options.sampling = {0.8f, 20, 0.9f, 2000 + i};
+    reqs.push_back(r);
+  }
+  const auto out = engine.generate_all(reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EngineOptions eo;
+    eo.stream = so;
+    Engine single_engine(m, eo);
+    EXPECT_EQ(out[i], single_engine.generate(reqs[i].prompt, reqs[i].options)) << "request " << i;
+    EXPECT_EQ(out[i].size(), static_cast<size_t>(reqs[i].options.max_new_tokens));
+  }
+  EXPECT_EQ(engine.stats().max_decode_batch, 3);
+  EXPECT_EQ(engine.running(), 0);
+  EXPECT_EQ(engine.kv_bytes_in_use(), 0.0);  // every sequence's memory went with it
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Methods, StreamedBatchEqualsSingle,
+    ::testing::Combine(::testing::Values("llama3", "gemma3"),
+                       ::testing::Values(StreamMethod::Ltri, StreamMethod::InfLLM, StreamMethod::StreamingLLM)),
+    [](const ::testing::TestParamInfo<std::tuple<const char*, StreamMethod>>& p) {
+      return std::string(std::get<0>(p.param)) + "_" + stream_method_name(std::get<1>(p.param));
+    });
+
+TEST(BatchEngine, StreamingRefusesPoliciesAndSequencesOverTheHostBudget) {
+  const Model& m = fixture("llama3");
+  CpuBatchBackend backend(m);
+  BatchEngineOptions o;
+  o.stream = small_stream(StreamMethod::Ltri);
+  o.policy = attn::AttentionPolicy::uniform(m.config().num_layers, m.config().num_q_heads, m.config().num_kv_heads,
+                                            attn::AShapePattern{4, 16});
+  EXPECT_EQ(error_of([&] { BatchEngine e(backend, o); }),
+            "streaming memory (--stream) runs its own layout with dense attention within it; it cannot be combined "
+            "with an attention policy (--attn)");
+  o.policy = {};
+  o.stream.host_budget = 4096;  // a block of 16 tokens of every layer is more than that
+  BatchEngine engine(backend, o);
+  BatchRequest r;
+  r.prompt = random_tokens(300, m.config().vocab_size, 5);
+  r.options.max_new_tokens = 4;
+  const std::string err = error_of([&] { engine.submit(r); });
+  EXPECT_NE(err.find("over the budget of"), std::string::npos) << err;
+  EXPECT_EQ(engine.waiting(), 0);
+}
+
 // A stop token ends a request without being reported, as in the single engine.
 TEST(BatchEngine, StopTokens) {
   const Model& m = fixture("llama3");

@@ -225,8 +225,8 @@ int serve_command(const ServeOptions& o) {
   check(!fp8 || o.parallel == 1 || streaming,
         "--gemm fp8 runs in the single-sequence GPU engine: drop --parallel (the batched engine's GEMMs are bf16)");
   check(!streaming || !gpu || o.parallel == 1,
-        "--stream on the GPU serves one request at a time: drop --parallel (on the CPU, --parallel N runs N streaming "
-        "engines)");
+        "--stream on the GPU serves one request at a time: drop --parallel (on the CPU, --parallel N batches N streamed "
+        "requests)");
 
   const double t0 = now_seconds();
   const Session s = Session::open(o.model);
@@ -244,8 +244,8 @@ int serve_command(const ServeOptions& o) {
   server::PolicyCache policies({c.num_layers, c.num_q_heads, c.num_kv_heads}, o.attn, o.policy_dir);
   if (o.gpus > 1) return serve_tensor_parallel(o, s, served, policies);
 
-  // --stream: every request through streaming memory, each slot its own engine (--parallel N: N of them, sharing the
-  // host budget for evicted blocks). The context is what that budget holds, not the model's trained context.
+  // --stream: every request through streaming memory, each sequence its own (--parallel N: N at once in the batched
+  // engine, sharing the host budget for evicted blocks). The context is what that budget holds, not the model's trained context.
   runtime::StreamOptions stream;
   std::string stream_note;
   if (streaming) {
@@ -263,15 +263,16 @@ int serve_command(const ServeOptions& o) {
                   (o.parallel > 1 ? " per slot" : "") + ", context " + with_commas(served.context_length) + " tokens";
   }
 
-  // --parallel 1: one single-sequence engine (a slot); more: the batched engine over a paged KV cache (--stream:
-  // one streaming engine per slot).
-  const bool batched = o.parallel > 1 && !streaming;
+  // --parallel 1: one single-sequence engine (a slot); more: the batched engine, over a paged KV cache or, with
+  // --stream, over each sequence's streaming memory (the decode steps batch the streamed requests).
+  const bool batched = o.parallel > 1;
   const double kv_bytes = o.kv_budget.empty() ? 0.0 : static_cast<double>(parse_byte_size(o.kv_budget, "--kv-budget"));
   runtime::BatchEngineOptions bo;
   bo.chunk_size = o.chunk;
   bo.max_batch = o.parallel;
   bo.max_context = served.context_length;
   bo.kv_bytes = kv_bytes;
+  if (streaming) bo.stream = stream;
   server::BatchedEngine batch;
   const std::unique_ptr<runtime::Device> device = runtime::open_device(gpu ? "cuda" : "cpu", *s.model);
   runtime::EngineOptions eo;
@@ -292,7 +293,9 @@ int serve_command(const ServeOptions& o) {
 
   server::Metrics metrics;
   std::string kv_note = stream_note;
-  if (batched) {
+  if (batched && streaming) {
+    kv_note += ", batched";
+  } else if (batched) {
     const runtime::BatchEngine& e = *batch.engine;
     kv_note = ", batched: KV " + format_bytes(e.blocks().total() * e.block_bytes()) + " in " +
               with_commas(e.blocks().total()) + " blocks of " + std::to_string(e.shape().block_tokens) + " tokens";

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 
 #include "core/clock.h"
 #include "core/error.h"
@@ -62,6 +63,18 @@ void CpuBatchBackend::finish_prefill(const SequenceBlocks& seq, std::span<const 
 
 void CpuBatchBackend::abort_prefill() { staging_.release(); }
 
+std::vector<float> BatchBackend::prefill_stream_chunk(StreamingKV&, std::span<const int32_t>, int32_t,
+                                                      StreamingKV::ChunkKind, bool) {
+  throw Error(std::string("streaming memory in the batched engine runs on the CPU (device ") + device_name() +
+              " serves streamed requests one at a time)");
+}
+
+std::vector<float> CpuBatchBackend::prefill_stream_chunk(StreamingKV& kv, std::span<const int32_t> tokens, int32_t pos,
+                                                         StreamingKV::ChunkKind kind, bool logits) {
+  kv.begin_chunk(pos, static_cast<int32_t>(tokens.size()), kind);
+  return prefill_.run(tokens, pos, kv, logits ? LogitRows::Last : LogitRows::None, timers_);
+}
+
 std::vector<int32_t> BatchBackend::decode_select(std::span<const int32_t> tokens, std::span<const DecodeRow> rows,
                                                   std::span<const RowChoice> choice) {
   check(choice.size() == tokens.size(), "batched decode: one sampling choice per row");
@@ -97,6 +110,7 @@ struct BatchEngine::Sequence {
   int64_t prefilled = 0;
   SequenceBlocks blocks;
   std::vector<DecodeView> views;
+  std::unique_ptr<StreamingKV> stream;  // streaming memory (options.stream): the sequence's keys and values
   int64_t reserved = 0;
   std::optional<Sampler> sampler;
   int32_t generated = 0;
@@ -114,6 +128,18 @@ BatchEngine::BatchEngine(BatchBackend& backend, BatchEngineOptions options)
   check(std::isfinite(options_.kv_bytes) && options_.kv_bytes >= 0,
         "batch engine: the KV budget must be a non-negative number of bytes");
   check_policy_fits(options_.policy, cfg_);
+  if (streaming()) {
+    check(options_.policy.table().empty(),
+          "streaming memory (--stream) runs its own layout with dense attention within it; it cannot be combined "
+          "with an attention policy (--attn)");
+    check_stream_options(options_.stream);
+    // No context limit but the one asked for, as the single-sequence engine; no KV blocks (each sequence keeps its
+    // own memory).
+    max_context_ = options_.max_context > 0 ? options_.max_context : std::numeric_limits<int32_t>::max() - 1;
+    shape_ = {cfg_.num_layers, cfg_.num_kv_heads, cfg_.head_dim, options_.block_tokens};
+    block_bytes_ = backend_.block_bytes(shape_);
+    return;
+  }
   max_context_ = options_.max_context > 0 ? options_.max_context : cfg_.context_length;
   shape_ = {cfg_.num_layers, cfg_.num_kv_heads, cfg_.head_dim, options_.block_tokens};
   block_bytes_ = backend_.block_bytes(shape_);
@@ -145,6 +171,18 @@ int64_t BatchEngine::submit(BatchRequest request) {
   s->id = next_id_;
   s->request = std::move(request);
   s->policy = s->request.policy ? &*s->request.policy : &options_.policy;
+  if (streaming()) {
+    check(s->policy->table().empty(),
+          "request: an attention policy cannot be combined with streaming memory, which attends densely within its "
+          "own layout");
+    // The host store must hold what the whole sequence evicts: refused now, not mid-prompt.
+    StreamingKV probe(cfg_, options_.stream);
+    probe.check_sequence(static_cast<int64_t>(s->request.prompt.size()) + s->request.options.max_new_tokens);
+    s->sampler.emplace(s->request.options.sampling);
+    ++next_id_;
+    waiting_.push_back(std::move(s));
+    return next_id_ - 1;
+  }
   const auto prompt_len = static_cast<int64_t>(s->request.prompt.size());
   s->views = decode_views(cfg_, s->policy, prompt_len);
   s->blocks = SequenceBlocks(shape_, kv_retention(cfg_, s->views));
@@ -177,6 +215,7 @@ void BatchEngine::finish(Sequence& s, FinishReason reason, std::vector<BatchEven
   s.decoding = false;
   s.prefilling = false;
   s.blocks.release(pool_);
+  s.stream.reset();
   reserved_ -= s.reserved;
   s.reserved = 0;
   s.pending = -1;
@@ -195,6 +234,7 @@ void BatchEngine::admit() {
   Sequence& s = *waiting_.front();
   if (reserved_ + s.reserved > pool_.total()) return;  // waits for blocks to come back
   reserved_ += s.reserved;
+  if (streaming()) s.stream = std::make_unique<StreamingKV>(cfg_, options_.stream);
   s.prefilling = true;
   running_.push_back(std::move(waiting_.front()));
   waiting_.pop_front();
@@ -207,7 +247,8 @@ void BatchEngine::take_logits(Sequence& s, std::span<const float> logits, std::v
 void BatchEngine::take_token(Sequence& s, int32_t tok, std::vector<BatchEvent>& events) {
   const std::vector<int32_t>& stops = s.request.options.stop_tokens;
   if (std::find(stops.begin(), stops.end(), tok) != stops.end()) return finish(s, FinishReason::kStop, events);
-  if (s.blocks.length() >= max_context_) return finish(s, FinishReason::kContextFull, events);
+  const int64_t length = s.stream ? s.stream->length() : s.blocks.length();
+  if (length >= max_context_) return finish(s, FinishReason::kContextFull, events);
   ++s.generated;
   events.push_back(BatchEvent{s.id, tok, false, FinishReason::kLength, {}});
   if (s.generated >= s.request.options.max_new_tokens) return finish(s, FinishReason::kLength, events);
@@ -220,16 +261,24 @@ void BatchEngine::prefill_step(std::vector<BatchEvent>& events) {
   Sequence& s = **it;
   const std::vector<int32_t>& prompt = s.request.prompt;
   const auto n = static_cast<int64_t>(prompt.size());
-  const int64_t c0 = s.prefilled, c1 = std::min<int64_t>(n, c0 + options_.chunk_size);
+  const int64_t c0 = s.prefilled;
+  const int64_t c1 = s.stream ? stream_chunk_end(options_.stream, c0, n) : std::min<int64_t>(n, c0 + options_.chunk_size);
   const bool last = c1 == n;
   const auto t0 = Clock::now();
   try {
-    std::vector<float> logits = backend_.prefill_chunk(
-        std::span<const int32_t>(prompt).subspan(static_cast<size_t>(c0), static_cast<size_t>(c1 - c0)),
-        static_cast<int32_t>(c0), static_cast<int32_t>(n), s.policy, last);
+    const auto chunk = std::span<const int32_t>(prompt).subspan(static_cast<size_t>(c0), static_cast<size_t>(c1 - c0));
+    std::vector<float> logits =
+        s.stream ? backend_.prefill_stream_chunk(*s.stream, chunk, static_cast<int32_t>(c0),
+                                                 last ? StreamingKV::ChunkKind::LastPrefill : StreamingKV::ChunkKind::Prefill,
+                                                 last)
+                 : backend_.prefill_chunk(chunk, static_cast<int32_t>(c0), static_cast<int32_t>(n), s.policy, last);
     s.prefilled = c1;
     stats_.prefill_tokens += c1 - c0;
-    if (last) {
+    if (last && s.stream) {
+      s.decoding = true;
+      s.prefilling = false;
+      take_logits(s, logits, events);
+    } else if (last) {
       s.blocks.grow(n, pool_);  // within what was reserved at admission
       backend_.finish_prefill(s.blocks, s.views);
       s.decoding = true;
@@ -237,6 +286,7 @@ void BatchEngine::prefill_step(std::vector<BatchEvent>& events) {
       take_logits(s, logits, events);
     }
   } catch (const Error& e) {
+    if (s.stream) s.prefilling = false;  // no staged prefill in the backend to abort
     finish(s, FinishReason::kError, events, e.what());
   }
   stats_.prefill_seconds += seconds_since(t0);
@@ -254,9 +304,13 @@ void BatchEngine::decode_step(std::vector<BatchEvent>& events) {
   std::vector<int32_t> next;
   try {
     for (Sequence* s : batch) {
-      s->blocks.grow(1, pool_);  // within what was reserved at admission
       tokens.push_back(s->pending);
-      rows.push_back(DecodeRow{&s->blocks, s->views});
+      if (s->stream) {
+        rows.push_back(DecodeRow{nullptr, {}, s->stream.get()});
+      } else {
+        s->blocks.grow(1, pool_);  // within what was reserved at admission
+        rows.push_back(DecodeRow{&s->blocks, s->views, nullptr});
+      }
       // A sampled row's uniform draw comes from its own stream, as the single-sequence engine's Sampler takes it.
       choice.push_back({s->sampler->options(), s->sampler->greedy() ? 0.0 : s->sampler->next_uniform()});
     }
@@ -302,6 +356,16 @@ std::vector<BatchEvent> BatchEngine::step() {
   decode_step(events);
   std::erase_if(running_, done);
   return events;
+}
+
+double BatchEngine::kv_bytes_in_use() const {
+  double bytes = static_cast<double>(pool_.used()) * block_bytes_;
+  for (const auto& s : running_)
+    if (s->stream) {
+      const StreamStats st = s->stream->stats();
+      bytes += static_cast<double>(s->stream->resident_bytes() + st.host_bytes + st.index_bytes);
+    }
+  return bytes;
 }
 
 std::vector<std::vector<int32_t>> BatchEngine::generate_all(std::vector<BatchRequest> requests) {

@@ -48,6 +48,8 @@
 #include "runtime/model.h"
 #include "runtime/paged_kv.h"
 #include "runtime/sampling.h"
+#include "runtime/stream/stream_options.h"
+#include "runtime/stream/streaming_kv.h"
 
 namespace tessera::runtime {
 
@@ -76,6 +78,12 @@ class BatchBackend {
   virtual void release_sequence(const SequenceBlocks& seq) = 0;
   // Drops the staged sequence (cancelled or failed mid-prefill).
   virtual void abort_prefill() = 0;
+  // Streaming memory (BatchEngineOptions::stream): a prefill chunk of the sequence whose keys and values `kv` holds, at
+  // [pos, pos + n) (pos == kv.length()), of the given kind; the last token's logits when `logits` is set. The batched
+  // decode of streamed sequences is decode() with DecodeRow::stream set. This default refuses: "streaming memory in
+  // the batched engine runs on the CPU (device cuda serves streamed requests one at a time)".
+  virtual std::vector<float> prefill_stream_chunk(StreamingKV& kv, std::span<const int32_t> tokens, int32_t pos,
+                                                  StreamingKV::ChunkKind kind, bool logits);
   // One token per row, each at position rows[i].seq->length() - 1 (blocks already grown); logits [B, vocab].
   virtual std::vector<float> decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) = 0;
   // The scheduler's decode step: as decode(), then each row's next token chosen from its logits by its sampling
@@ -110,6 +118,8 @@ class CpuBatchBackend final : public BatchBackend {
   void finish_prefill(const SequenceBlocks& seq, std::span<const DecodeView> views) override;
   void release_sequence(const SequenceBlocks&) override {}
   void abort_prefill() override;
+  std::vector<float> prefill_stream_chunk(StreamingKV& kv, std::span<const int32_t> tokens, int32_t pos,
+                                          StreamingKV::ChunkKind kind, bool logits) override;
   std::vector<float> decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) override;
   ForwardTimers timers() const override { return timers_; }
   const PagedKVStore& store() const { return store_; }
@@ -132,6 +142,12 @@ struct BatchEngineOptions {
   int32_t max_batch = 64;       // most sequences running (prefill + decode) at once
   int32_t max_context = 0;      // tokens a sequence may reach; 0: the model's context length
   attn::AttentionPolicy policy; // the default policy of requests that bring none; empty: dense
+  // Streaming memory for every request (method != None): each sequence keeps its keys and values in its own
+  // StreamingKV (evicted blocks in host memory, host_budget per sequence) instead of KV blocks, its prompt read in
+  // stream.chunk-token chunks, and the decode steps batch the streamed sequences (the products once over all rows,
+  // each row attending through its own memory). Needs the default (empty) policy and requests without a policy; no
+  // context limit but max_context when set. The CPU backend runs it.
+  StreamOptions stream;
 };
 
 struct BatchRequest {
@@ -193,6 +209,9 @@ class BatchEngine {
   const PagedKVShape& shape() const { return shape_; }
   int32_t max_context() const { return max_context_; }
   const BatchEngineStats& stats() const { return stats_; }
+  // The KV memory the running sequences hold: their blocks, or with streaming memory their workspaces, host stores
+  // and indexes.
+  double kv_bytes_in_use() const;
   int64_t step_builds() const { return backend_.step_builds(); }
 
  private:
@@ -205,6 +224,7 @@ class BatchEngine {
   void take_token(Sequence& s, int32_t tok, std::vector<BatchEvent>& events);
   void prefill_step(std::vector<BatchEvent>& events);
   void decode_step(std::vector<BatchEvent>& events);
+  bool streaming() const { return options_.stream.method != StreamMethod::None; }
 
   BatchBackend& backend_;
   BatchEngineOptions options_;

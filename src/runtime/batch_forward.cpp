@@ -127,6 +127,28 @@ class PagedDecodeAttention final : public CpuAttentionStep {
   ThreadPool& pool_;
 };
 
+// Streamed rows: each row's streaming memory rotates its q and k and attends (one token, a decode chunk).
+class StreamRowsAttention final : public CpuAttentionStep {
+ public:
+  StreamRowsAttention(const CpuOps& ops, std::span<const DecodeRow> rows) : ops_(ops), rows_(rows) {}
+  bool rotates(int32_t) const override { return true; }
+  void attend(int32_t layer, float* q, float* k, float* v, float* out) override {
+    const ModelConfig& cfg = ops_.config();
+    const int64_t QD = static_cast<int64_t>(cfg.num_q_heads) * cfg.head_dim;
+    const int64_t KD = static_cast<int64_t>(cfg.num_kv_heads) * cfg.head_dim;
+    for (size_t i = 0; i < rows_.size(); ++i) {
+      StreamingKV& kv = *rows_[i].stream;
+      const auto r = static_cast<int64_t>(i);
+      kv.attend(layer, kv.length(), 1, q + r * QD, k + r * KD, v + r * KD, ops_.inv_freq(layer), cfg.attention_scale,
+                out + r * QD, ops_.pool());
+    }
+  }
+
+ private:
+  const CpuOps& ops_;
+  std::span<const DecodeRow> rows_;
+};
+
 }  // namespace
 
 std::vector<float> BatchForward::decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows,
@@ -136,10 +158,20 @@ std::vector<float> BatchForward::decode(std::span<const int32_t> tokens, std::sp
   const ModelConfig& cfg = ops_.config();
   for (const int32_t tok : tokens)
     check(tok >= 0 && tok < cfg.vocab_size, "batch decode: token id " + std::to_string(tok) + " outside the vocabulary");
+  const bool streamed = rows.front().stream != nullptr;
   positions_.resize(rows.size());
-  for (size_t i = 0; i < rows.size(); ++i) positions_[i] = static_cast<int32_t>(rows[i].seq->length() - 1);
-  PagedDecodeAttention step(cfg, rows, store, ops_.pool());
-  ops_.begin(tokens, 0, positions_, step, timers);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    check((rows[i].stream != nullptr) == streamed, "batch decode: a batch mixes streamed and paged rows");
+    if (streamed) {
+      positions_[i] = rows[i].stream->length();
+      rows[i].stream->begin_chunk(positions_[i], 1, StreamingKV::ChunkKind::Decode);
+    } else {
+      positions_[i] = static_cast<int32_t>(rows[i].seq->length() - 1);
+    }
+  }
+  PagedDecodeAttention paged(cfg, rows, store, ops_.pool());
+  StreamRowsAttention stream(ops_, rows);
+  ops_.begin(tokens, 0, positions_, streamed ? static_cast<CpuAttentionStep&>(stream) : paged, timers);
   run_layers(cfg, ops_);
   return ops_.head(0);
 }

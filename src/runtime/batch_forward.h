@@ -19,6 +19,7 @@
 #include "runtime/kv_cache.h"
 #include "runtime/model.h"
 #include "runtime/paged_kv.h"
+#include "runtime/stream/streaming_kv.h"
 
 namespace tessera::runtime {
 
@@ -61,6 +62,9 @@ void scatter_to_pages(KVCache& cache, const SequenceBlocks& seq, PagedKVStore& s
 struct DecodeRow {
   const SequenceBlocks* seq = nullptr;
   std::span<const DecodeView> views;  // [layer * q_heads + q_head]
+  // Streaming memory (runtime/stream/streaming_kv.h): the row's sequence keeps its keys and values there instead of
+  // in blocks (seq and views unused), the row at position stream->length(). A batch is all streamed or all paged.
+  StreamingKV* stream = nullptr;
 };
 
 // Attention of one layer for B decode rows: q [B, q_heads, d] -> out [B, q_heads, d] (f32), row i attending over
@@ -74,8 +78,9 @@ class BatchForward {
   // is shared: a prefill chunk and a decode step never run at once on one backend). ops must outlive this.
   explicit BatchForward(CpuOps& ops) : ops_(ops) {}
 
-  // tokens[i] at position rows[i].seq->length() - 1 (the blocks already grown by one row). Writes each row's K/V,
-  // returns logits [B, vocab].
+  // tokens[i] at position rows[i].seq->length() - 1 (the blocks already grown by one row), or, for streamed rows, at
+  // rows[i].stream->length() (each row's streaming memory attends to its own keys and takes the new row). Writes
+  // each row's K/V, returns logits [B, vocab].
   std::vector<float> decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows, PagedKVStore& store,
                             ForwardTimers& timers);
 

@@ -83,12 +83,9 @@ std::vector<float> Engine::run_stream_prefill(std::span<const int32_t> tokens, L
   const auto t0 = Clock::now();
   ForwardTimers timers;
   const auto n = static_cast<int64_t>(tokens.size());
-  // Chunks of stream.chunk tokens, the last one of at most stream.last_chunk (the query's own chunk).
-  const int32_t chunk = options_.stream.chunk, last_chunk = options_.stream.last_chunk;
-  const int64_t tail = last_chunk > 0 && last_chunk < chunk ? std::max<int64_t>(0, n - last_chunk) : n;
   std::vector<float> logits;
   for (int64_t c0 = 0; c0 < n;) {
-    const int64_t c1 = c0 < tail ? std::min<int64_t>(tail, c0 + chunk) : n;
+    const int64_t c1 = stream_chunk_end(options_.stream, c0, n);
     const bool last = c1 == n;
     const LogitRows want = rows == LogitRows::All ? LogitRows::All : (last ? rows : LogitRows::None);
     stream_->begin_chunk(position_, static_cast<int32_t>(c1 - c0),

@@ -370,7 +370,7 @@ void Scheduler::batch_loop() {
     int64_t kv_tokens = 0;
     for (const auto& [id, a] : active) kv_tokens += a.job->request_.prompt.size() + a.generated;
     batch_kv_tokens_.store(active.empty() ? 0 : kv_tokens);
-    batch_kv_bytes_.store(static_cast<int64_t>(engine.blocks().used() * engine.block_bytes()));
+    batch_kv_bytes_.store(static_cast<int64_t>(engine.kv_bytes_in_use()));
     {
       const runtime::BatchEngineStats& st = engine.stats();
       std::lock_guard<std::mutex> lock(mu_);

@@ -1,5 +1,7 @@
 #include "runtime/stream/stream_options.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "runtime/stream/span_index.h"
 
@@ -58,6 +60,11 @@ void check_stream_options(const StreamOptions& o) {
             std::to_string(o.max_vectors) + ")");
   positive(o.repr_keys, "InfLLM representative keys");
   if (o.index_ratio != 0) stream::check_index_ratio(o.index_ratio);
+}
+
+int64_t stream_chunk_end(const StreamOptions& o, int64_t c0, int64_t n) {
+  const int64_t tail = o.last_chunk > 0 && o.last_chunk < o.chunk ? std::max<int64_t>(0, n - o.last_chunk) : n;
+  return c0 < tail ? std::min<int64_t>(tail, c0 + o.chunk) : n;
 }
 
 }  // namespace tessera::runtime

@@ -87,5 +87,8 @@ StreamOptions streamingllm_equal_memory(StreamOptions o);
 
 // Throws tessera::Error naming the option (as its --stream-* flag) when a size is out of range.
 void check_stream_options(const StreamOptions& o);
+// The end of the prefill chunk that starts at c0 of a prompt of n tokens: chunks of o.chunk tokens, the last one of
+// at most o.last_chunk (the query's own chunk, from which retrieval is made).
+int64_t stream_chunk_end(const StreamOptions& o, int64_t c0, int64_t n);
 
 }  // namespace tessera::runtime
