@@ -48,51 +48,31 @@ std::vector<float> Engine::run_prefill(std::span<const int32_t> tokens, LogitRow
   check_token_ids(tokens, model_.config());
   check_prompt_fits(tokens.size(), position_, max_context_, model_.config());
   const int64_t end = static_cast<int64_t>(position_) + static_cast<int64_t>(tokens.size());
-  if (stream_) return run_stream_prefill(tokens, rows, progress, on_logits);
+  if (stream_) stream_->check_sequence(end);
   const auto t0 = Clock::now();
-  cache_.reserve(static_cast<int32_t>(end));
+  if (!stream_) {
+    cache_.reserve(static_cast<int32_t>(end));
+    forward_.set_observer(options_.observer ? &options_.observer : nullptr);
+  }
   ForwardTimers timers;
-  forward_.set_observer(options_.observer ? &options_.observer : nullptr);
   const auto n = static_cast<int64_t>(tokens.size());
   const auto total_len = static_cast<int32_t>(end);
   std::vector<float> logits;
-  for (int64_t c0 = 0; c0 < n; c0 += options_.chunk_size) {
-    const int64_t c1 = std::min<int64_t>(n, c0 + options_.chunk_size);
-    const bool last = c1 == n;
-    const LogitRows want = rows == LogitRows::All ? LogitRows::All : (last ? rows : LogitRows::None);
-    std::vector<float> part =
-        forward_.run(tokens.subspan(static_cast<size_t>(c0), static_cast<size_t>(c1 - c0)), position_, cache_,
-                     &options_.policy, total_len, want, timers);
-    position_ += static_cast<int32_t>(c1 - c0);
-    if (on_logits && want == LogitRows::All)
-      on_logits(c0, c1 - c0, part);
-    else
-      logits.insert(logits.end(), part.begin(), part.end());
-    if (progress) progress(c1, n);
-  }
-  stats_.prefill_tokens += n;
-  stats_.prefill_seconds += seconds_since(t0);
-  stats_.attention_seconds += timers.attention_seconds;
-  stats_.gemm_seconds += timers.gemm_seconds;
-  return logits;
-}
-
-std::vector<float> Engine::run_stream_prefill(std::span<const int32_t> tokens, LogitRows rows,
-                                              const Progress& progress, const ChunkLogits& on_logits) {
-  stream_->check_sequence(static_cast<int64_t>(position_) + static_cast<int64_t>(tokens.size()));
-  const auto t0 = Clock::now();
-  ForwardTimers timers;
-  const auto n = static_cast<int64_t>(tokens.size());
-  std::vector<float> logits;
+  // Chunks of chunk_size tokens, attending to all earlier keys under the policy; with streaming memory the stream's
+  // own chunks (stream_chunk_end) through it.
   for (int64_t c0 = 0; c0 < n;) {
-    const int64_t c1 = stream_chunk_end(options_.stream, c0, n);
+    const int64_t c1 = stream_ ? stream_chunk_end(options_.stream, c0, n) : std::min<int64_t>(n, c0 + options_.chunk_size);
     const bool last = c1 == n;
     const LogitRows want = rows == LogitRows::All ? LogitRows::All : (last ? rows : LogitRows::None);
-    stream_->begin_chunk(position_, static_cast<int32_t>(c1 - c0),
-                         last ? StreamingKV::ChunkKind::LastPrefill : StreamingKV::ChunkKind::Prefill);
-    std::vector<float> part =
-        forward_.run(tokens.subspan(static_cast<size_t>(c0), static_cast<size_t>(c1 - c0)), position_, *stream_, want,
-                     timers);
+    const auto chunk = tokens.subspan(static_cast<size_t>(c0), static_cast<size_t>(c1 - c0));
+    std::vector<float> part;
+    if (stream_) {
+      stream_->begin_chunk(position_, static_cast<int32_t>(c1 - c0),
+                           last ? StreamingKV::ChunkKind::LastPrefill : StreamingKV::ChunkKind::Prefill);
+      part = forward_.run(chunk, position_, *stream_, want, timers);
+    } else {
+      part = forward_.run(chunk, position_, cache_, &options_.policy, total_len, want, timers);
+    }
     position_ += static_cast<int32_t>(c1 - c0);
     if (on_logits && want == LogitRows::All)
       on_logits(c0, c1 - c0, part);

@@ -114,8 +114,6 @@ class Engine final : public SequenceEngine {
   using ChunkLogits = std::function<void(int64_t first, int64_t rows, const std::vector<float>& logits)>;
   std::vector<float> run_prefill(std::span<const int32_t> tokens, LogitRows rows, const Progress& progress,
                                  const ChunkLogits& on_logits = {});
-  std::vector<float> run_stream_prefill(std::span<const int32_t> tokens, LogitRows rows, const Progress& progress,
-                                       const ChunkLogits& on_logits);
   std::vector<float> run_decode(int32_t token, LogitRows rows);
 
   const Model& model_;
