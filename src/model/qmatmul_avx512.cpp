@@ -1,6 +1,412 @@
+// qmatmul row kernels for AVX-512 (F, BW, VL, DQ) with VNNI (compiled with those flags; called only when CPUID
+// reports all of them). The 32-element block types go two blocks per 512-bit register and multiply with
+// _mm512_dpbusd_epi32 (unsigned weight x signed int8 activation, four products summed into each int32 lane, no
+// intermediate saturation); an odd last block takes the 256-bit VNNI form. Q8_0's signed weights: |w| x (x negated
+// where w < 0). The K types keep the maddubs/madd pair (the second multiply applies the group's scale) on 64
+// elements (two groups) per register.
 #include "model/qmatmul_kernels.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+
+// GCC 12's avx512fintrin.h builds its "undefined" registers by self-initialization (__m512i __Y = __Y), which
+// -Wmaybe-uninitialized reports at every inlined _mm512_inserti64x4 / zext; the values are fully written.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+#include <immintrin.h>
+
+#include <cstring>
+#include <utility>
+
+namespace tessera::model::qmm {
+
+namespace {
+
+inline float f16_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+inline float hsum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline float hsum512(__m512 v) {
+  return hsum256(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
+}
+
+inline __m512i load512(const void* p) {
+  return _mm512_loadu_si512(p);
+}
+
+inline __m256i load256(const void* p) {
+  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
+
+inline __m128i load128(const void* p) {
+  return _mm_loadu_si128(static_cast<const __m128i*>(p));
+}
+
+inline __m512i join(__m256i lo, __m256i hi) {
+  return _mm512_inserti64x4(_mm512_zextsi256_si512(lo), hi, 1);
+}
+
+inline __m512 join_ps(float lo, float hi) {
+  return _mm512_insertf32x8(_mm512_zextps256_ps512(_mm256_set1_ps(lo)), _mm256_set1_ps(hi), 1);
+}
+
+template <int NX, class F>
+inline void for_nx(F&& f) {
+  [&]<int... J>(std::integer_sequence<int, J...>) { (f(J), ...); }(std::make_integer_sequence<int, NX>{});
+}
+
+// ---- f32 / f16 / bf16 ----------------------------------------------------------------------------------------
+
+struct LoadF32 {
+  static constexpr int kSize = 4;
+  static __m512 load(const uint8_t* w) { return _mm512_loadu_ps(w); }
+  static float one(const uint8_t* w) {
+    float v;
+    std::memcpy(&v, w, 4);
+    return v;
+  }
+};
+struct LoadF16 {
+  static constexpr int kSize = 2;
+  static __m512 load(const uint8_t* w) { return _mm512_cvtph_ps(load256(w)); }
+  static float one(const uint8_t* w) { return f16_at(w); }
+};
+struct LoadBF16 {
+  static constexpr int kSize = 2;
+  static __m512 load(const uint8_t* w) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(load256(w)), 16));
+  }
+  static float one(const uint8_t* w) {
+    uint16_t h;
+    std::memcpy(&h, w, 2);
+    const uint32_t u = static_cast<uint32_t>(h) << 16;
+    float v;
+    std::memcpy(&v, &u, 4);
+    return v;
+  }
+};
+
+template <class L>
+struct FloatKernel {
+  template <int NX>
+  static void run(const uint8_t* w, int64_t cols, const ActRow* a, float* out) {
+    __m512 acc0[NX], acc1[NX];
+    for_nx<NX>([&](int j) { acc0[j] = acc1[j] = _mm512_setzero_ps(); });
+    int64_t i = 0;
+    for (; i + 32 <= cols; i += 32) {
+      const __m512 w0 = L::load(w + L::kSize * i), w1 = L::load(w + L::kSize * (i + 16));
+      for_nx<NX>([&](int j) {
+        acc0[j] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(a[j].x + i), acc0[j]);
+        acc1[j] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(a[j].x + i + 16), acc1[j]);
+      });
+    }
+    for (; i + 16 <= cols; i += 16) {
+      const __m512 w0 = L::load(w + L::kSize * i);
+      for_nx<NX>([&](int j) { acc0[j] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(a[j].x + i), acc0[j]); });
+    }
+    for_nx<NX>([&](int j) {
+      float s = hsum512(_mm512_add_ps(acc0[j], acc1[j]));
+      for (int64_t t = i; t < cols; ++t) s += L::one(w + L::kSize * t) * a[j].x[t];
+      out[j] = s;
+    });
+  }
+};
+
+// ---- Q4_0 .. Q8_0 (32-element blocks) ------------------------------------------------------------------------
+
+inline __m256i nibbles(const uint8_t* qs) {
+  const __m128i v = load128(qs);
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(15));
+}
+
+// Bit i of the little-endian uint32 at p -> 0x10 in byte i.
+inline __m256i fifth_bits(const uint8_t* p) {
+  uint32_t qh;
+  std::memcpy(&qh, p, 4);
+  const __mmask32 bits = _cvtu32_mask32(qh);
+  return _mm256_maskz_mov_epi8(bits, _mm256_set1_epi8(0x10));
+}
+
+struct Q4_0 {
+  static constexpr int kBytes = 18;
+  static constexpr bool kMin = false;
+  static constexpr float kOffset = 8.0f;
+  static __m256i q(const uint8_t* b) { return nibbles(b + 2); }
+};
+struct Q4_1 {
+  static constexpr int kBytes = 20;
+  static constexpr bool kMin = true;
+  static constexpr float kOffset = 0.0f;
+  static __m256i q(const uint8_t* b) { return nibbles(b + 4); }
+};
+struct Q5_0 {
+  static constexpr int kBytes = 22;
+  static constexpr bool kMin = false;
+  static constexpr float kOffset = 16.0f;
+  static __m256i q(const uint8_t* b) { return _mm256_or_si256(nibbles(b + 6), fifth_bits(b + 2)); }
+};
+struct Q5_1 {
+  static constexpr int kBytes = 24;
+  static constexpr bool kMin = true;
+  static constexpr float kOffset = 0.0f;
+  static __m256i q(const uint8_t* b) { return _mm256_or_si256(nibbles(b + 8), fifth_bits(b + 4)); }
+};
+
+// out = sum_b (dw * dx) * isum_b + (min: sum_b mw * ds_b; offset o: -o * sum_b dw * ds_b)
+template <class T>
+struct LegacyKernel {
+  template <int NX>
+  static void run(const uint8_t* w, int64_t cols, const ActRow* a, float* out) {
+    const int64_t nb = cols / 32;
+    __m512 acc[NX];
+    __m256 tail[NX];
+    float sacc[NX];
+    for_nx<NX>([&](int j) {
+      acc[j] = _mm512_setzero_ps();
+      tail[j] = _mm256_setzero_ps();
+      sacc[j] = 0.0f;
+    });
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+      const uint8_t* b0 = w + b * T::kBytes;
+      const uint8_t* b1 = b0 + T::kBytes;
+      const float d0 = f16_at(b0), d1 = f16_at(b1);
+      const float s0 = T::kMin ? f16_at(b0 + 2) : d0, s1 = T::kMin ? f16_at(b1 + 2) : d1;
+      const __m512i q = join(T::q(b0), T::q(b1));
+      for_nx<NX>([&](int j) {
+        const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, load512(a[j].q + 32 * b));
+        acc[j] = _mm512_fmadd_ps(join_ps(d0 * a[j].d[b], d1 * a[j].d[b + 1]), _mm512_cvtepi32_ps(p), acc[j]);
+        sacc[j] += s0 * a[j].ds[b];
+        sacc[j] += s1 * a[j].ds[b + 1];
+      });
+    }
+    if (b < nb) {
+      const uint8_t* b0 = w + b * T::kBytes;
+      const float d0 = f16_at(b0);
+      const float s0 = T::kMin ? f16_at(b0 + 2) : d0;
+      const __m256i q = T::q(b0);
+      for_nx<NX>([&](int j) {
+        const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, load256(a[j].q + 32 * b));
+        tail[j] = _mm256_mul_ps(_mm256_set1_ps(d0 * a[j].d[b]), _mm256_cvtepi32_ps(p));
+        sacc[j] += s0 * a[j].ds[b];
+      });
+    }
+    for_nx<NX>([&](int j) {
+      const float s = hsum512(acc[j]) + hsum256(tail[j]);
+      out[j] = T::kMin ? s + sacc[j] : s - T::kOffset * sacc[j];
+    });
+  }
+};
+
+struct Q8_0Kernel {
+  template <int NX>
+  static void run(const uint8_t* w, int64_t cols, const ActRow* a, float* out) {
+    const int64_t nb = cols / 32;
+    __m512 acc[NX];
+    __m256 tail[NX];
+    for_nx<NX>([&](int j) {
+      acc[j] = _mm512_setzero_ps();
+      tail[j] = _mm256_setzero_ps();
+    });
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+      const uint8_t* b0 = w + b * 34;
+      const uint8_t* b1 = b0 + 34;
+      const float d0 = f16_at(b0), d1 = f16_at(b1);
+      const __m512i q = join(load256(b0 + 2), load256(b1 + 2));
+      const __m512i aq = _mm512_abs_epi8(q);
+      const __mmask64 neg = _mm512_movepi8_mask(q);
+      for_nx<NX>([&](int j) {
+        const __m512i x = load512(a[j].q + 32 * b);
+        const __m512i xs = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
+        const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), aq, xs);
+        acc[j] = _mm512_fmadd_ps(join_ps(d0 * a[j].d[b], d1 * a[j].d[b + 1]), _mm512_cvtepi32_ps(p), acc[j]);
+      });
+    }
+    if (b < nb) {
+      const uint8_t* b0 = w + b * 34;
+      const float d0 = f16_at(b0);
+      const __m256i q = load256(b0 + 2);
+      const __m256i aq = _mm256_sign_epi8(q, q);
+      for_nx<NX>([&](int j) {
+        const __m256i xs = _mm256_sign_epi8(load256(a[j].q + 32 * b), q);
+        const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aq, xs);
+        tail[j] = _mm256_mul_ps(_mm256_set1_ps(d0 * a[j].d[b]), _mm256_cvtepi32_ps(p));
+      });
+    }
+    for_nx<NX>([&](int j) { out[j] = hsum512(acc[j]) + hsum256(tail[j]); });
+  }
+};
+
+// ---- K types (256-element super-blocks) ----------------------------------------------------------------------
+
+inline void k_scales(const uint8_t* s, uint8_t* sc, uint8_t* mn) {
+  for (int g = 0; g < 4; ++g) {
+    sc[g] = s[g] & 63;
+    mn[g] = s[g + 4] & 63;
+  }
+  for (int g = 4; g < 8; ++g) {
+    sc[g] = static_cast<uint8_t>((s[g + 4] & 15) | ((s[g - 4] >> 6) << 4));
+    mn[g] = static_cast<uint8_t>((s[g + 4] >> 4) | ((s[g] >> 6) << 4));
+  }
+}
+
+// Index vectors for _mm512_permutexvar_epi16: lane k (int16 k covers elements 2k, 2k+1 of a 64-element chunk)
+// takes scale base + k / per.
+inline __m512i scale_index(int base, int per) {
+  alignas(64) int16_t idx[32];
+  for (int k = 0; k < 32; ++k) idx[k] = static_cast<int16_t>(base + k / per);
+  return _mm512_load_si512(idx);
+}
+
+// out = sum_sb (d * dx) * sum_g sc_g * isum_g - sum_sb (dmin * dx) * sum_g m_g * xsum_g
+template <bool Five>
+struct Q45KKernel {
+  template <int NX>
+  static void run(const uint8_t* w, int64_t cols, const ActRow* a, float* out) {
+    const int64_t nsb = cols / 256;
+    constexpr int kBytes = Five ? 176 : 144;
+    const __m256i m4 = _mm256_set1_epi8(15);
+    const __m512i one8 = _mm512_set1_epi8(1);
+    const __m512i idx[4] = {scale_index(0, 16), scale_index(2, 16), scale_index(4, 16), scale_index(6, 16)};
+    __m512 acc[NX];
+    __m256 macc[NX];
+    for_nx<NX>([&](int j) {
+      acc[j] = _mm512_setzero_ps();
+      macc[j] = _mm256_setzero_ps();
+    });
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      const uint8_t* blk = w + sb * kBytes;
+      const float d = f16_at(blk), dmin = f16_at(blk + 2);
+      alignas(16) uint8_t sc[16] = {}, mn[8], mn16[16];
+      k_scales(blk + 4, sc, mn);
+      for (int g = 0; g < 8; ++g) mn16[2 * g] = mn16[2 * g + 1] = mn[g];
+      const __m256i mins = _mm256_cvtepu8_epi16(load128(mn16));
+      const __m512i sc16 = _mm512_zextsi256_si512(_mm256_cvtepu8_epi16(load128(sc)));
+      const uint8_t* qs = blk + (Five ? 48 : 16);
+      __m512i qh = _mm512_setzero_si512();
+      if constexpr (Five) {
+        const __m256i h = load256(blk + 16);
+        qh = join(h, _mm256_srli_epi16(h, 1));
+      }
+      __m512i sumi[NX];
+      for_nx<NX>([&](int j) { sumi[j] = _mm512_setzero_si512(); });
+      for (int c = 0; c < 4; ++c) {
+        const __m256i v = load256(qs + 32 * c);
+        __m512i q = join(_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+        if constexpr (Five) {
+          q = _mm512_or_si512(q, _mm512_slli_epi16(_mm512_and_si512(qh, one8), 4));
+          qh = _mm512_srli_epi16(qh, 2);
+        }
+        const __m512i scv = _mm512_permutexvar_epi16(idx[c], sc16);
+        for_nx<NX>([&](int j) {
+          const __m512i x = load512(a[j].q + 256 * sb + 64 * c);
+          sumi[j] = _mm512_add_epi32(sumi[j], _mm512_madd_epi16(_mm512_maddubs_epi16(q, x), scv));
+        });
+      }
+      for_nx<NX>([&](int j) {
+        const float dx = a[j].d[sb];
+        acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(d * dx), _mm512_cvtepi32_ps(sumi[j]), acc[j]);
+        const __m256i ms = _mm256_madd_epi16(load256(a[j].bs + 16 * sb), mins);
+        macc[j] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * dx), _mm256_cvtepi32_ps(ms), macc[j]);
+      });
+    }
+    for_nx<NX>([&](int j) { out[j] = hsum512(acc[j]) - hsum256(macc[j]); });
+  }
+};
+
+// out = sum_sb (d * dx) * (sum_g sc_g * isum_g - 32 * sum_g sc_g * xsum_g), 16 groups of 16
+struct Q6KKernel {
+  template <int NX>
+  static void run(const uint8_t* w, int64_t cols, const ActRow* a, float* out) {
+    const int64_t nsb = cols / 256;
+    const __m512i m4 = _mm512_set1_epi8(15), m2 = _mm512_set1_epi8(3);
+    const __m512i idx[4] = {scale_index(0, 8), scale_index(4, 8), scale_index(8, 8), scale_index(12, 8)};
+    __m512 acc[NX];
+    for_nx<NX>([&](int j) { acc[j] = _mm512_setzero_ps(); });
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      const uint8_t* blk = w + sb * 210;
+      const float d = f16_at(blk + 208);
+      const __m256i sc16 = _mm256_cvtepi8_epi16(load128(blk + 192));
+      const __m512i sc16z = _mm512_zextsi256_si512(sc16);
+      __m512i sumi[NX];
+      for_nx<NX>([&](int j) { sumi[j] = _mm512_setzero_si512(); });
+      for (int h = 0; h < 2; ++h) {
+        const __m512i l = load512(blk + 64 * h);  // elements 0..31 and 32..63 of the half (low nibbles), then
+        const __m256i hb = load256(blk + 128 + 32 * h);  // 64..95 and 96..127 (high nibbles)
+        const __m512i hz = join(hb, _mm256_srli_epi16(hb, 2));
+        const __m512i q01 = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_slli_epi16(_mm512_and_si512(hz, m2), 4));
+        const __m512i q23 =
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                            _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hz, 4), m2), 4));
+        const __m512i s01 = _mm512_permutexvar_epi16(idx[2 * h], sc16z);
+        const __m512i s23 = _mm512_permutexvar_epi16(idx[2 * h + 1], sc16z);
+        for_nx<NX>([&](int j) {
+          const int8_t* x = a[j].q + 256 * sb + 128 * h;
+          sumi[j] = _mm512_add_epi32(sumi[j], _mm512_madd_epi16(_mm512_maddubs_epi16(q01, load512(x)), s01));
+          sumi[j] = _mm512_add_epi32(sumi[j], _mm512_madd_epi16(_mm512_maddubs_epi16(q23, load512(x + 64)), s23));
+        });
+      }
+      for_nx<NX>([&](int j) {
+        const __m256i off = _mm256_madd_epi16(load256(a[j].bs + 16 * sb), sc16);
+        const __m512i isum = _mm512_sub_epi32(sumi[j], _mm512_zextsi256_si512(_mm256_slli_epi32(off, 5)));
+        acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(d * a[j].d[sb]), _mm512_cvtepi32_ps(isum), acc[j]);
+      });
+    }
+    for_nx<NX>([&](int j) { out[j] = hsum512(acc[j]); });
+  }
+};
+
+template <class K>
+void row_kernel(const uint8_t* w, int64_t cols, const ActRow* a, int nx, float* out) {
+  static_assert(kMaxNx == 4);
+  switch (nx) {
+    case 1:
+      K::template run<1>(w, cols, a, out);
+      return;
+    case 2:
+      K::template run<2>(w, cols, a, out);
+      return;
+    case 3:
+      K::template run<3>(w, cols, a, out);
+      return;
+    default:
+      K::template run<4>(w, cols, a, out);
+      return;
+  }
+}
+
+const Kernels kAvx512 = {
+    row_kernel<FloatKernel<LoadF32>>, row_kernel<FloatKernel<LoadF16>>, row_kernel<FloatKernel<LoadBF16>>,
+    row_kernel<LegacyKernel<Q4_0>>,   row_kernel<LegacyKernel<Q4_1>>,   row_kernel<LegacyKernel<Q5_0>>,
+    row_kernel<LegacyKernel<Q5_1>>,   row_kernel<Q8_0Kernel>,           row_kernel<Q45KKernel<false>>,
+    row_kernel<Q45KKernel<true>>,     row_kernel<Q6KKernel>,
+};
+
+}  // namespace
+
+const Kernels* avx512_kernels() {
+  return &kAvx512;
+}
+
+}  // namespace tessera::model::qmm
+
+#else
+
 namespace tessera::model::qmm {
 const Kernels* avx512_kernels() {
   return nullptr;
 }
 }  // namespace tessera::model::qmm
+
+#endif
