@@ -23,24 +23,6 @@ struct Row {
   double peak_gb = -1;  // GPU: peak device memory in use
 };
 
-// Real text for the prompt (KJV when installed, else synthetic filler), so that dynamic estimators see
-// attention of the kind they were designed for; repeated to the longest depth.
-std::vector<int32_t> bench_tokens(const Session& s, int count) {
-  eval::Haystack hay;
-  try {
-    hay = eval::load_haystack("kjv");
-  } catch (const Error&) {
-    hay = eval::load_haystack("noise:1");
-  }
-  std::string text;
-  for (size_t i = 0; text.size() < static_cast<size_t>(count) * 6; ++i) text += hay.sentence(i) + " ";
-  std::vector<int32_t> ids = s.tokenizer->encode(text, {.add_special = true, .parse_special = false});
-  check(!ids.empty(), "bench: the haystack text encoded to no tokens");
-  while (static_cast<int>(ids.size()) < count) ids.insert(ids.end(), ids.begin(), ids.end());
-  ids.resize(static_cast<size_t>(count));
-  return ids;
-}
-
 }  // namespace
 
 int bench_command(const BenchOptions& o) {

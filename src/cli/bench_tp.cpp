@@ -41,20 +41,7 @@ int bench_tp_command(const BenchOptions& o) {
   check(max_depth + o.decode_tokens <= c.context_length,
         "bench: depth " + std::to_string(max_depth) + " plus --decode exceeds the model's context of " +
             std::to_string(c.context_length));
-  // Real text (KJV when installed, else synthetic filler), repeated to the longest depth.
-  eval::Haystack hay;
-  try {
-    hay = eval::load_haystack("kjv");
-  } catch (const Error&) {
-    hay = eval::load_haystack("noise:1");
-  }
-  std::string text;
-  for (size_t i = 0; text.size() < static_cast<size_t>(max_depth) * 6; ++i) text += hay.sentence(i) + " ";
-  std::vector<int32_t> tokens = s.tokenizer->encode(text, {.add_special = true, .parse_special = false});
-  check(!tokens.empty(), "bench: the haystack text encoded to no tokens");
-  while (static_cast<int>(tokens.size()) < max_depth)
-    tokens.insert(tokens.end(), tokens.begin(), tokens.end());
-  tokens.resize(static_cast<size_t>(max_depth));
+  const std::vector<int32_t> tokens = bench_tokens(s, max_depth);
 
   const int32_t world = dist::world_for_gpus(o.gpus);
   std::vector<std::string> specs = {"dense"};

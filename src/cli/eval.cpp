@@ -37,13 +37,6 @@ void write_report(const fs::path& dir, const std::vector<eval::CaseResult>& resu
 
 namespace {
 
-void write_text(const fs::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary);
-  check(static_cast<bool>(out), path.string() + ": cannot write");
-  out << text;
-  check(static_cast<bool>(out), path.string() + ": write failed");
-}
-
 // "vs:v=128,s=512" -> "vs-v128-s512": safe in file names.
 std::string file_safe(const std::string& s) {
   std::string out;

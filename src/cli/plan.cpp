@@ -34,13 +34,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-void write_text(const fs::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary);
-  check(static_cast<bool>(out), path.string() + ": cannot write");
-  out << text;
-  check(static_cast<bool>(out), path.string() + ": write failed");
-}
-
 double peak_rss_bytes() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);

@@ -10,6 +10,7 @@
 
 #include "attention/pattern/presets.h"
 #include "core/error.h"
+#include "eval/haystack.h"
 
 namespace tessera::cli {
 
@@ -108,6 +109,29 @@ void write_logits(const std::string& path, const std::vector<float>& logits) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(reinterpret_cast<const char*>(logits.data()), static_cast<std::streamsize>(logits.size() * sizeof(float)));
   check(static_cast<bool>(out), path + ": cannot write the logits (--logits-out)");
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  check(static_cast<bool>(out), path + ": cannot write");
+  out << text;
+  check(static_cast<bool>(out), path + ": write failed");
+}
+
+std::vector<int32_t> bench_tokens(const Session& s, int count) {
+  eval::Haystack hay;
+  try {
+    hay = eval::load_haystack("kjv");
+  } catch (const Error&) {
+    hay = eval::load_haystack("noise:1");
+  }
+  std::string text;
+  for (size_t i = 0; text.size() < static_cast<size_t>(count) * 6; ++i) text += hay.sentence(i) + " ";
+  std::vector<int32_t> ids = s.tokenizer->encode(text, {.add_special = true, .parse_special = false});
+  check(!ids.empty(), "bench: the haystack text encoded to no tokens");
+  while (static_cast<int>(ids.size()) < count) ids.insert(ids.end(), ids.begin(), ids.end());
+  ids.resize(static_cast<size_t>(count));
+  return ids;
 }
 
 ProgressBar::ProgressBar(std::string label, bool enabled)

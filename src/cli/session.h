@@ -55,6 +55,11 @@ void check_prompt_text_fits(const Session& s, size_t bytes, int64_t max_context,
 // little-endian, vocabulary-many values — what scripts/gpu/tp_x4.sh compares between one GPU and several.
 // Throws tessera::Error when the file cannot be written.
 void write_logits(const std::string& path, const std::vector<float>& logits);
+// Writes `text` to `path` (replacing it); tessera::Error "<path>: cannot write" / "<path>: write failed".
+void write_text(const std::string& path, const std::string& text);
+// `count` tokens of real text for benchmarks (the KJV when installed, else synthetic filler), so that dynamic
+// estimators see attention of the kind they were designed for; repeated to the length.
+std::vector<int32_t> bench_tokens(const Session& s, int count);
 
 double now_seconds();
 std::string with_commas(int64_t n);
