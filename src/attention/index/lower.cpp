@@ -70,18 +70,24 @@ void add_streaming(TileBuilder& b, int64_t p0, int64_t p1, int64_t sink, int64_t
   b.add(p0 - local + 1, p1);
 }
 
+// An index of no heads for ctx's call.
+SparseIndex empty_index(const LoweringContext& ctx) {
+  SparseIndex index;
+  index.tile = ctx.tile;
+  index.q_begin = ctx.q_begin;
+  index.q_len = ctx.q_len;
+  index.kv_len = ctx.kv_len;
+  index.range_offsets.assign(1, 0);
+  index.column_offsets.assign(1, 0);
+  return index;
+}
+
 }  // namespace
 
 void lower_head(const Pattern& pattern, const HeadEstimate& estimate, const LoweringContext& ctx, SparseIndex& index) {
   check_context(ctx);
   if (index.range_offsets.empty()) {  // a fresh index
-    index = SparseIndex{};
-    index.tile = ctx.tile;
-    index.q_begin = ctx.q_begin;
-    index.q_len = ctx.q_len;
-    index.kv_len = ctx.kv_len;
-    index.range_offsets.assign(1, 0);
-    index.column_offsets.assign(1, 0);
+    index = empty_index(ctx);
   } else {
     check(index.tile == ctx.tile && index.q_begin == ctx.q_begin && index.q_len == ctx.q_len &&
               index.kv_len == ctx.kv_len,
@@ -145,13 +151,7 @@ SparseIndex lower_layer(const std::vector<Pattern>& patterns, const std::vector<
         "lowering: " + std::to_string(patterns.size()) + " patterns but " + std::to_string(estimates.size()) +
             " estimates");
   check_context(ctx);
-  SparseIndex index;
-  index.tile = ctx.tile;
-  index.q_begin = ctx.q_begin;
-  index.q_len = ctx.q_len;
-  index.kv_len = ctx.kv_len;
-  index.range_offsets.assign(1, 0);
-  index.column_offsets.assign(1, 0);
+  SparseIndex index = empty_index(ctx);
   const HeadEstimate none;
   for (size_t h = 0; h < patterns.size(); ++h) {
     lower_head(patterns[h], estimates.empty() ? none : estimates[h], ctx, index);
