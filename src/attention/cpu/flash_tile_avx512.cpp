@@ -38,20 +38,13 @@ struct Avx512 {
   static reg zero_if_neg_inf(reg x) {
     return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-__builtin_inff()), _CMP_NEQ_UQ), x);
   }
-  // 2^x = 2^n * 2^f with n = round(x), |f| <= 1/2; 2^f by a degree-6 polynomial fitted for relative error
-  // (about 1e-7 in f32), 2^n by scalef. Inputs <= -125 (including -inf, whose lanes go NaN on the way) give
-  // exactly 0, so no denormal is ever produced.
+  // 2^x = 2^n * 2^f with n = round(x), |f| <= 1/2; 2^f by exp2_fraction (flash_tile_impl.h), 2^n by scalef.
+  // Inputs <= -125 (including -inf, whose lanes go NaN on the way) give exactly 0, so no denormal is ever
+  // produced.
   static reg exp2(reg x) {
     const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-125.0f), _CMP_GT_OQ);
     const reg n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const reg f = _mm512_sub_ps(x, n);
-    reg p = _mm512_set1_ps(1.5337576830683796e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3399860363037684e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618519534356884e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5503289975178886e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264660871389e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472056005106e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0000000005920204f));
+    const reg p = exp2_fraction<Avx512>(_mm512_sub_ps(x, n));
     return _mm512_maskz_scalef_ps(live, p, n);
   }
   static void cvt_bf16(const uint16_t* src, float* dst, int n) {
@@ -70,11 +63,7 @@ struct Avx512 {
 namespace tessera::attn::cpu_detail {
 
 void run_tile_avx512(const TileJob& job, float* scratch) {
-  // Flush-to-zero / denormals-are-zero for the tile: tiny products must not take microcode assists.
-  const unsigned csr = _mm_getcsr();
-  _mm_setcsr(csr | 0x8040u);
-  FlashTile<Avx512>::run(job, scratch);
-  _mm_setcsr(csr);
+  run_tile_flushing_denormals<Avx512>(job, scratch);
 }
 
 }  // namespace tessera::attn::cpu_detail

@@ -42,14 +42,7 @@ struct Avx2 {
     const reg live = _mm256_cmp_ps(x, _mm256_set1_ps(-125.0f), _CMP_GT_OQ);
     x = _mm256_max_ps(x, _mm256_set1_ps(-125.0f));  // keeps the integer conversion below in range
     const reg n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const reg f = _mm256_sub_ps(x, n);
-    reg p = _mm256_set1_ps(1.5337576830683796e-4f);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3399860363037684e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618519534356884e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5503289975178886e-2f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402264660871389e-1f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931472056005106e-1f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0000000005920204f));
+    const reg p = exp2_fraction<Avx2>(_mm256_sub_ps(x, n));
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), live);
   }
@@ -141,22 +134,10 @@ using Baseline = Portable;
 
 #endif
 
-#if defined(__SSE__)
-#include <xmmintrin.h>
-#endif
-
 namespace tessera::attn::cpu_detail {
 
 void run_tile_baseline(const TileJob& job, float* scratch) {
-#if defined(__SSE__)
-  // Flush-to-zero / denormals-are-zero for the tile: tiny products must not take microcode assists.
-  const unsigned csr = _mm_getcsr();
-  _mm_setcsr(csr | 0x8040u);
-  FlashTile<Baseline>::run(job, scratch);
-  _mm_setcsr(csr);
-#else
-  FlashTile<Baseline>::run(job, scratch);
-#endif
+  run_tile_flushing_denormals<Baseline>(job, scratch);
 }
 
 }  // namespace tessera::attn::cpu_detail

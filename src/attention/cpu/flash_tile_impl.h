@@ -19,6 +19,10 @@
 
 #include <cstdint>
 
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
+
 #include "attention/cpu/flash_tile.h"
 
 namespace tessera::attn::cpu_detail {
@@ -29,6 +33,20 @@ inline float bf16_bits_to_f32(uint16_t b) {
   float f;
   __builtin_memcpy(&f, &u, sizeof f);
   return f;
+}
+
+// 2^f for |f| <= 1/2 by a degree-6 polynomial fitted for relative error (about 1e-7 in f32), Horner's scheme in
+// policy S's fmadd: the part of the SIMD policies' exp2 that does not depend on the ISA (each scales the result
+// by 2^n its own way).
+template <class S>
+typename S::reg exp2_fraction(typename S::reg f) {
+  typename S::reg p = S::set1(1.5337576830683796e-4f);
+  p = S::fmadd(p, f, S::set1(1.3399860363037684e-3f));
+  p = S::fmadd(p, f, S::set1(9.618519534356884e-3f));
+  p = S::fmadd(p, f, S::set1(5.5503289975178886e-2f));
+  p = S::fmadd(p, f, S::set1(2.402264660871389e-1f));
+  p = S::fmadd(p, f, S::set1(6.931472056005106e-1f));
+  return S::fmadd(p, f, S::set1(1.0000000005920204f));
 }
 
 template <class S>
@@ -569,6 +587,20 @@ class FlashTile {
   float* kbuf_ = nullptr;   // [64][dpad] packed keys (dpad: d rounded up to an odd number of cache lines)
   float* vbuf_ = nullptr;   // [64][dpad] packed values
 };
+
+// FlashTile<S>::run with flush-to-zero / denormals-are-zero where the target has SSE's control register: tiny
+// products must not take microcode assists.
+template <class S>
+void run_tile_flushing_denormals(const TileJob& job, float* scratch) {
+#if defined(__SSE__)
+  const unsigned csr = _mm_getcsr();
+  _mm_setcsr(csr | 0x8040u);
+  FlashTile<S>::run(job, scratch);
+  _mm_setcsr(csr);
+#else
+  FlashTile<S>::run(job, scratch);
+#endif
+}
 
 }  // namespace
 }  // namespace tessera::attn::cpu_detail
