@@ -3,14 +3,10 @@
 #include <algorithm>
 
 #include "attention/attention_args.h"
-#include "attention/cpu/dense_attention.h"
-#include "attention/cpu/sparse_attention.h"
-#include "attention/index/estimate.h"
-#include "attention/index/lower.h"
+#include "attention/cpu/layer_attention_cpu.h"
 #include "core/clock.h"
 #include "core/error.h"
 #include "runtime/cpu_ops.h"
-#include "runtime/forward.h"
 #include "runtime/ops.h"
 #include "runtime/recipe.h"
 
@@ -178,14 +174,7 @@ class TpForwardCpu::Ops final : public runtime::CpuOps {
       std::vector<attn::Pattern> patterns;
       if (sparse)
         for (int32_t h = h0; h < h1; ++h) patterns.push_back(policy_->at(layer, rl.heads[static_cast<size_t>(h)]));
-      if (!sparse || attn::all_dense(patterns)) {
-        attn::dense_attention_cpu(args, pool_);
-      } else {
-        const attn::LoweringContext ctx{pos_, n, kv_len, std::max(total_len_, kv_len), runtime::Forward::kTile};
-        const std::vector<attn::HeadEstimate> estimates =
-            attn::estimate_layer(patterns, args.q, args.k, ctx, args.effective_scale(), pool_);
-        attn::sparse_attention_cpu(args, attn::lower_layer(patterns, estimates, ctx), pool_);
-      }
+      attn::layer_attention_cpu(args, patterns, total_len_, pool_);
       for (int64_t t = 0; t < n; ++t)
         std::copy(og.data() + t * mg * d, og.data() + (t + 1) * mg * d, out + (t * m + h0) * d);
     }

@@ -22,7 +22,11 @@
 
 namespace tessera::runtime {
 
-struct ForwardTimers;
+// Time spent, accumulated across calls.
+struct ForwardTimers {
+  double gemm_seconds = 0;       // every matrix product, LM head included
+  double attention_seconds = 0;  // estimation, lowering and the executors
+};
 
 // The attention of one CPU forward step (the recipe's attend): where the new K/V rows go, whether it rotates q and
 // k itself, and the attention proper.

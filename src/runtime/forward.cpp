@@ -4,10 +4,7 @@
 #include <variant>
 
 #include "attention/attention_args.h"
-#include "attention/cpu/dense_attention.h"
-#include "attention/cpu/sparse_attention.h"
-#include "attention/index/estimate.h"
-#include "attention/index/lower.h"
+#include "attention/cpu/layer_attention_cpu.h"
 #include "core/error.h"
 #include "runtime/recipe.h"
 
@@ -40,15 +37,8 @@ class ContiguousAttention final : public CpuAttentionStep {
     // policy's pattern keeps (a window covering every key changes nothing, so it is left out).
     const int32_t window = cfg_.layers[static_cast<size_t>(layer)].sliding_window;
     if (window > 0 && window < kv_len) args.window = window;
-    if (policy_ == nullptr || policy_->table().empty() || attn::all_dense(policy_->layer(layer))) {
-      attn::dense_attention_cpu(args, pool_);
-    } else {
-      const std::vector<attn::Pattern> patterns = policy_->layer(layer);
-      attn::LoweringContext ctx{pos_, n_, kv_len, std::max(total_len_, kv_len), Forward::kTile};
-      const std::vector<attn::HeadEstimate> estimates =
-          attn::estimate_layer(patterns, args.q, args.k, ctx, args.effective_scale(), pool_);
-      attn::sparse_attention_cpu(args, attn::lower_layer(patterns, estimates, ctx), pool_);
-    }
+    const bool dense = policy_ == nullptr || policy_->table().empty();
+    attn::layer_attention_cpu(args, dense ? std::vector<attn::Pattern>{} : policy_->layer(layer), total_len_, pool_);
     if (observer_ != nullptr && *observer_) (*observer_)(layer, args);
   }
 

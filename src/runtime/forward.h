@@ -37,11 +37,6 @@
 
 namespace tessera::runtime {
 
-// Time spent, accumulated across calls.
-struct ForwardTimers {
-  double gemm_seconds = 0;       // every matrix product, LM head included
-  double attention_seconds = 0;  // estimation, lowering and the executors
-};
 
 enum class LogitRows { None, Last, All };
 
@@ -67,8 +62,6 @@ class KVPolicy {
 
 class Forward {
  public:
-  static constexpr int32_t kTile = 64;  // the CPU executor's query-tile height for lowered indices
-
   Forward(const Model& model, ThreadPool& pool);
 
   // Runs `tokens` at positions [pos, pos + tokens.size()), appending their K/V to `cache` (which must have
