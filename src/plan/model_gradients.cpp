@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/memory_budget.h"
+#include "runtime/recipe.h"
 #include "runtime/rope.h"
 
 namespace tessera::plan {
@@ -125,19 +126,14 @@ class Backprop {
     // Forward, keeping each layer's input.
     const int64_t L = cfg_.num_layers;
     inputs_.assign(sz(L), {});
-    Vec<T> x(sz(S_ * H_));
-    const auto& emb = model_.weights().embedding;
-    for (int64_t t = 0; t < S_; ++t)
-      for (int64_t i = 0; i < H_; ++i)
-        x[sz(t * H_ + i)] = static_cast<T>(emb.data[sz(tokens_[sz(t)] * H_ + i)]) * static_cast<T>(cfg_.embedding_scale);
     LayerActivations<T> act;
+    act_ = &act;
+    embed();
     for (int64_t l = 0; l < L; ++l) {
-      if (!opt_.loss_only) inputs_[sz(l)] = x;
-      layer_forward(static_cast<int32_t>(l), x, act);
-      x = act.x2;
-      const Vec<T>& ffn = post_ffn(l, act);
-      for (size_t i = 0; i < x.size(); ++i) x[i] += ffn[i];
+      if (!opt_.loss_only) inputs_[sz(l)] = x_;
+      runtime::run_layer(cfg_, *this, static_cast<int32_t>(l));
     }
+    Vec<T> x = std::move(x_);
 
     // Loss over the target rows.
     const int64_t NT = static_cast<int64_t>(targets.size());
@@ -189,7 +185,6 @@ class Backprop {
     return result;
   }
 
- private:
   // The weights as T: f32 in place, f64 converted once.
   const T* weight(const Weight& w) {
     if constexpr (std::is_same_v<T, float>) {
@@ -200,6 +195,87 @@ class Backprop {
       return it->second.data();
     }
   }
+
+  // --- the layer recipe's calls (runtime/recipe.h: the forward is the engines' recipe): layer l on x_ (its input,
+  // then its output), recording into *act_ what the backward reads.
+  int64_t rows() const { return S_; }
+  int64_t mlp_piece() const { return S_; }
+  void embed() {
+    x_.resize(sz(S_ * H_));
+    const auto& emb = model_.weights().embedding;
+    for (int64_t t = 0; t < S_; ++t)
+      for (int64_t i = 0; i < H_; ++i)
+        x_[sz(t * H_ + i)] =
+            static_cast<T>(emb.data[sz(tokens_[sz(t)] * H_ + i)]) * static_cast<T>(cfg_.embedding_scale);
+  }
+  void attn_norm(int32_t l) {
+    LayerActivations<T>& a = *act_;
+    a.r1.resize(sz(S_));
+    a.h1.resize(sz(S_ * H_));
+    rms_forward(x_.data(), a.h1.data(), a.r1.data(), S_, H_, weight(layer(l).attn_norm));
+  }
+  void qkv(int32_t l, bool bias) {
+    LayerActivations<T>& a = *act_;
+    const LayerWeights& W = layer(l);
+    linear(a.h1, H_, W.wq, bias ? &W.bq : nullptr, a.q_pre);
+    linear(a.h1, H_, W.wk, bias ? &W.bk : nullptr, a.k_pre);
+    linear(a.h1, H_, W.wv, bias ? &W.bv : nullptr, a.v);
+  }
+  void qk_norm_rope(int32_t l, bool norm, bool rotate) {
+    LayerActivations<T>& a = *act_;
+    const LayerWeights& W = layer(l);
+    a.q = a.q_pre;
+    a.k = a.k_pre;
+    if (norm) {
+      a.rq.resize(sz(S_ * NQ_));
+      a.rk.resize(sz(S_ * NKV_));
+      rms_forward(a.q_pre.data(), a.q.data(), a.rq.data(), S_ * NQ_, D_, weight(W.q_norm));
+      rms_forward(a.k_pre.data(), a.k.data(), a.rk.data(), S_ * NKV_, D_, weight(W.k_norm));
+    }
+    if (rotate) {
+      const size_t r = layer_rope_[sz(l)];
+      rope(a.q.data(), NQ_, QD_, r, false);
+      rope(a.k.data(), NKV_, KD_, r, false);
+    }
+  }
+  bool attention_rotates(int32_t) const { return false; }
+  void attend(int32_t l) { attention_forward(l, *act_); }
+  void out_proj(int32_t l, bool post_norm) {
+    LayerActivations<T>& a = *act_;
+    linear(a.o, QD_, layer(l).wo, nullptr, a.a);
+    a.x2 = x_;
+    if (post_norm) {
+      a.ra.resize(sz(S_));
+      Vec<T> n(sz(S_ * H_));
+      rms_forward(a.a.data(), n.data(), a.ra.data(), S_, H_, weight(layer(l).post_attn_norm));
+      for (size_t i = 0; i < n.size(); ++i) a.x2[i] += n[i];
+    } else {
+      for (size_t i = 0; i < a.a.size(); ++i) a.x2[i] += a.a[i];
+    }
+  }
+  void ffn_norm(int32_t l) {
+    LayerActivations<T>& a = *act_;
+    a.r2.resize(sz(S_));
+    a.h2.resize(sz(S_ * H_));
+    rms_forward(a.x2.data(), a.h2.data(), a.r2.data(), S_, H_, weight(layer(l).ffn_norm));
+  }
+  // The whole sequence as one piece (mlp_piece): x_ = x2 + [RMSNorm](act(g) * u Wd^T).
+  void mlp(int32_t l, int64_t, int64_t, Activation, bool post_norm) {
+    LayerActivations<T>& a = *act_;
+    const LayerWeights& W = layer(l);
+    linear(a.h2, H_, W.w_gate, nullptr, a.g);
+    linear(a.h2, H_, W.w_up, nullptr, a.u);
+    a.act.resize(a.g.size());
+    for (size_t i = 0; i < a.g.size(); ++i) a.act[i] = activation(a.g[i]) * a.u[i];
+    linear(a.act, F_, W.w_down, nullptr, a.m);
+    if (post_norm) a.rm.resize(sz(S_));
+    x_ = a.x2;
+    const Vec<T>& ffn = post_ffn(l, a);
+    for (size_t i = 0; i < x_.size(); ++i) x_[i] += ffn[i];
+  }
+
+ private:
+  const LayerWeights& layer(int32_t l) const { return model_.weights().layers[sz(l)]; }
 
   const Vec<T>& post_ffn(int64_t l, const LayerActivations<T>& a) {
     // The FFN branch's contribution to the residual: m, or RMSNorm(m) (Gemma-3). Kept in scratch_.
@@ -281,45 +357,11 @@ class Backprop {
     return w > 0 ? std::max<int64_t>(0, i - w + 1) : 0;
   }
 
+  // Layer l's forward again from its input (the backward recomputes what it did not keep).
   void layer_forward(int32_t l, const Vec<T>& x, LayerActivations<T>& a) {
-    const LayerWeights& W = model_.weights().layers[sz(l)];
-    a.r1.resize(sz(S_));
-    a.h1.resize(sz(S_ * H_));
-    rms_forward(x.data(), a.h1.data(), a.r1.data(), S_, H_, weight(W.attn_norm));
-    linear(a.h1, H_, W.wq, cfg_.qkv_bias ? &W.bq : nullptr, a.q_pre);
-    linear(a.h1, H_, W.wk, cfg_.qkv_bias ? &W.bk : nullptr, a.k_pre);
-    linear(a.h1, H_, W.wv, cfg_.qkv_bias ? &W.bv : nullptr, a.v);
-    a.q = a.q_pre;
-    a.k = a.k_pre;
-    if (cfg_.qk_norm) {
-      a.rq.resize(sz(S_ * NQ_));
-      a.rk.resize(sz(S_ * NKV_));
-      rms_forward(a.q_pre.data(), a.q.data(), a.rq.data(), S_ * NQ_, D_, weight(W.q_norm));
-      rms_forward(a.k_pre.data(), a.k.data(), a.rk.data(), S_ * NKV_, D_, weight(W.k_norm));
-    }
-    const size_t r = layer_rope_[sz(l)];
-    rope(a.q.data(), NQ_, QD_, r, false);
-    rope(a.k.data(), NKV_, KD_, r, false);
-    attention_forward(l, a);
-    linear(a.o, QD_, W.wo, nullptr, a.a);
-    a.x2 = x;
-    if (cfg_.post_norms) {
-      a.ra.resize(sz(S_));
-      Vec<T> n(sz(S_ * H_));
-      rms_forward(a.a.data(), n.data(), a.ra.data(), S_, H_, weight(W.post_attn_norm));
-      for (size_t i = 0; i < n.size(); ++i) a.x2[i] += n[i];
-    } else {
-      for (size_t i = 0; i < a.a.size(); ++i) a.x2[i] += a.a[i];
-    }
-    a.r2.resize(sz(S_));
-    a.h2.resize(sz(S_ * H_));
-    rms_forward(a.x2.data(), a.h2.data(), a.r2.data(), S_, H_, weight(W.ffn_norm));
-    linear(a.h2, H_, W.w_gate, nullptr, a.g);
-    linear(a.h2, H_, W.w_up, nullptr, a.u);
-    a.act.resize(a.g.size());
-    for (size_t i = 0; i < a.g.size(); ++i) a.act[i] = activation(a.g[i]) * a.u[i];
-    linear(a.act, F_, W.w_down, nullptr, a.m);
-    if (cfg_.post_norms) a.rm.resize(sz(S_));
+    x_ = x;
+    act_ = &a;
+    runtime::run_layer(cfg_, *this, l);
   }
 
   T activation(T g) const {
@@ -580,6 +622,8 @@ class Backprop {
   std::vector<Vec<T>> cos_, sin_;
   std::vector<size_t> layer_rope_;
   std::vector<Vec<T>> inputs_;
+  Vec<T> x_;                          // the recipe's residual stream
+  LayerActivations<T>* act_ = nullptr;  // where the recipe's calls record
   Vec<T> scratch_;
   std::map<const Weight*, Vec<T>> converted_;
 };

@@ -43,27 +43,32 @@
 
 namespace tessera::runtime {
 
-// Runs the layers of one step through `ops` (see above). The caller has set up the step (tokens, positions, the
-// attention step) and asks for the logits afterwards (Ops::head).
+// Layer l of one step through `ops` (its input in the backend's residual stream x, its output there afterwards).
+template <class Ops>
+void run_layer(const ModelConfig& cfg, Ops& ops, int32_t l) {
+  const int64_t n = ops.rows();
+  const int64_t piece = std::max<int64_t>(1, std::min<int64_t>(ops.mlp_piece(), n));
+  ops.attn_norm(l);
+  ops.qkv(l, cfg.qkv_bias);
+  if (ops.attention_rotates(l)) {
+    if (cfg.qk_norm) ops.qk_norm_rope(l, true, false);
+  } else {
+    ops.qk_norm_rope(l, cfg.qk_norm, true);
+  }
+  ops.attend(l);
+  ops.out_proj(l, cfg.post_norms);
+  ops.ffn_norm(l);
+  for (int64_t r0 = 0; r0 < n; r0 += piece) ops.mlp(l, r0, std::min(piece, n - r0), cfg.activation, cfg.post_norms);
+}
+
+// The embedding and every layer of one step through `ops` (see above). The caller has set up the step (tokens,
+// positions, the attention step) and asks for the logits afterwards (Ops::head). A caller that needs each layer's
+// input (the planners' gradient passes keep them for their backward) runs embed() and run_layer itself.
 template <class Ops>
 void run_layers(const ModelConfig& cfg, Ops& ops) {
-  const int64_t n = ops.rows();
-  if (n == 0) return;
-  const int64_t piece = std::max<int64_t>(1, std::min<int64_t>(ops.mlp_piece(), n));
+  if (ops.rows() == 0) return;
   ops.embed();
-  for (int32_t l = 0; l < cfg.num_layers; ++l) {
-    ops.attn_norm(l);
-    ops.qkv(l, cfg.qkv_bias);
-    if (ops.attention_rotates(l)) {
-      if (cfg.qk_norm) ops.qk_norm_rope(l, true, false);
-    } else {
-      ops.qk_norm_rope(l, cfg.qk_norm, true);
-    }
-    ops.attend(l);
-    ops.out_proj(l, cfg.post_norms);
-    ops.ffn_norm(l);
-    for (int64_t r0 = 0; r0 < n; r0 += piece) ops.mlp(l, r0, std::min(piece, n - r0), cfg.activation, cfg.post_norms);
-  }
+  for (int32_t l = 0; l < cfg.num_layers; ++l) run_layer(cfg, ops, l);
 }
 
 }  // namespace tessera::runtime
