@@ -192,6 +192,30 @@ class FlashTile {
     return buf;
   }
 
+  // The micro-kernel that qk and pv share: acc[i][r] += A^T[s][r] * b[i][s * b_step] for the steps s in
+  // order (A^T's rows kTileRows floats apart, RC row vectors; per step the N columns i in order), then
+  // out^T[i][r] = acc[i][r] for the N columns (rows kTileRows floats apart).
+  template <int N>
+  [[gnu::always_inline]] static inline void rank1_updates(reg (&acc)[N][RC], const float* at,
+                                                         const float* const (&b)[N], int64_t b_step, int steps,
+                                                         float* out) {
+    for (int s = 0; s < steps; ++s) {
+      reg a[RC];
+#pragma GCC unroll 8
+      for (int r = 0; r < RC; ++r) a[r] = S::load(at + s * kTileRows + r * W);
+#pragma GCC unroll 8
+      for (int i = 0; i < N; ++i) {
+        const reg x = S::set1(b[i][s * b_step]);
+#pragma GCC unroll 8
+        for (int r = 0; r < RC; ++r) acc[i][r] = S::fmadd(a[r], x, acc[i][r]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < N; ++i)
+#pragma GCC unroll 8
+      for (int r = 0; r < RC; ++r) S::store(out + i * kTileRows + r * W, acc[i][r]);
+  }
+
   // S^T[i][r] = sum_c K[i][c] * Q^T[c][r] for NKK keys and RC row vectors: NKK * RC accumulators.
   template <int NKK>
   static void qk(const float* qt, const float* k, int64_t ldk, int d, float* st) {
@@ -203,21 +227,7 @@ class FlashTile {
     const float* kr[NKK];
 #pragma GCC unroll 8
     for (int i = 0; i < NKK; ++i) kr[i] = k + i * ldk;
-    for (int c = 0; c < d; ++c) {
-      reg q[RC];
-#pragma GCC unroll 8
-      for (int r = 0; r < RC; ++r) q[r] = S::load(qt + c * kTileRows + r * W);
-#pragma GCC unroll 8
-      for (int i = 0; i < NKK; ++i) {
-        const reg b = S::set1(kr[i][c]);
-#pragma GCC unroll 8
-        for (int r = 0; r < RC; ++r) acc[i][r] = S::fmadd(q[r], b, acc[i][r]);
-      }
-    }
-#pragma GCC unroll 8
-    for (int i = 0; i < NKK; ++i)
-#pragma GCC unroll 8
-      for (int r = 0; r < RC; ++r) S::store(st + i * kTileRows + r * W, acc[i][r]);
+    rank1_updates<NKK>(acc, qt, kr, 1, d, st);
   }
 
   template <int NKK>
@@ -241,22 +251,10 @@ class FlashTile {
 #pragma GCC unroll 8
       for (int i = 0; i < NDD; ++i) acc[i][r] = S::mul(S::load(ot + i * kTileRows + r * W), a);
     }
-    for (int j = 0; j < n; ++j) {
-      reg p[RC];
+    const float* vc[NDD];  // the dims' columns of V
 #pragma GCC unroll 8
-      for (int r = 0; r < RC; ++r) p[r] = S::load(pt + j * kTileRows + r * W);
-      const float* vr = v + j * ldv;
-#pragma GCC unroll 8
-      for (int i = 0; i < NDD; ++i) {
-        const reg b = S::set1(vr[i]);
-#pragma GCC unroll 8
-        for (int r = 0; r < RC; ++r) acc[i][r] = S::fmadd(p[r], b, acc[i][r]);
-      }
-    }
-#pragma GCC unroll 8
-    for (int i = 0; i < NDD; ++i)
-#pragma GCC unroll 8
-      for (int r = 0; r < RC; ++r) S::store(ot + i * kTileRows + r * W, acc[i][r]);
+    for (int i = 0; i < NDD; ++i) vc[i] = v + i;
+    rank1_updates<NDD>(acc, pt, vc, ldv, n, ot);
   }
 
   template <int NDD>
