@@ -84,6 +84,22 @@ class Engine:
             return gen
         return "".join(gen)
 
+    def generate_batch(self, prompts: Sequence[Prompt], *, max_tokens: int = 128, temperature: float = 0.0,
+                       top_k: int = 0, top_p: float = 1.0, seed: int = 0, chat: bool | None = None,
+                       system: str | None = None, parallel: int = 0) -> list[str]:
+        """Generates a reply to each of ``prompts`` at once, through the batched engine on this engine's device
+        (continuous batching: up to ``parallel`` sequences run together, 0: all of them, at most 64; their decode
+        steps are one batch), with this engine's policy, context and streaming options.
+
+        Each prompt is what :meth:`generate` takes, and each reply is the text :meth:`generate` returns for that
+        prompt alone with the same arguments (greedy, or sampled from ``seed``). ``max_tokens`` is clamped to what
+        the context leaves after each prompt. Returns the texts in the order of ``prompts``.
+        """
+        if isinstance(prompts, (str, bytes)):
+            raise TypeError("generate_batch takes a list of prompts; for one prompt use generate()")
+        ids = [self.model.encode(p, chat=chat, system=system) for p in prompts]
+        return self._engine.generate_batch(ids, max_tokens, temperature, top_k, top_p, seed, parallel)
+
     def logits(self, ids: Sequence[int]) -> list[float]:
         """Prefills ``ids`` as a new sequence and returns the last position's logits (a list of vocab floats)."""
         return self._engine.logits(list(ids))

@@ -9,6 +9,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -20,15 +21,10 @@
 #include "core/error.h"
 #include "python/bindings.h"
 #include "python/policy_handle.h"
+#include "runtime/batch_engine.h"
+#include "runtime/device.h"
 #include "runtime/engine.h"
 #include "runtime/sampling.h"
-#ifdef TESSERA_PY_WITH_CUDA
-#include "runtime_cuda/device_model.h"
-#include "runtime_cuda/gpu_engine.h"
-#endif
-
-namespace nb = nanobind;
-using namespace nb::literals;
 
 namespace tessera::python {
 
@@ -38,44 +34,32 @@ PyObject* decode_utf8(const std::string& bytes) {
   return PyUnicode_DecodeUTF8(bytes.data(), static_cast<Py_ssize_t>(bytes.size()), "replace");
 }
 
-// One engine (CPU or GPU) over a shared model. Every use holds `mutex`; `epoch` counts generations, so that a
-// Generation superseded by a later one on the same engine says so instead of continuing a reset sequence.
+// One engine (CPU or GPU: runtime/device.h) over a shared model. Every use holds `mutex`; `epoch` counts
+// generations, so that a Generation superseded by a later one on the same engine says so instead of continuing a
+// reset sequence. `options` made the engine; generate_batch runs the batched engine with them on the same device.
 struct EngineState {
   std::shared_ptr<const cli::Session> session;
-  std::string device;
-  std::unique_ptr<runtime::Engine> cpu;
-#ifdef TESSERA_PY_WITH_CUDA
-  std::unique_ptr<runtime::gpu::DeviceModel> weights;
-  std::unique_ptr<runtime::gpu::GpuEngine> gpu;
-#endif
+  std::unique_ptr<runtime::Device> device;
+  runtime::EngineOptions options;
+  std::unique_ptr<runtime::SequenceEngine> engine;
   std::mutex mutex;
   uint64_t epoch = 0;
 
-  template <class F>
-  decltype(auto) with_engine(F&& f) {
-#ifdef TESSERA_PY_WITH_CUDA
-    if (gpu) return f(*gpu);
-#endif
-    return f(*cpu);
-  }
+  std::string device_name() const { return device->gpu() ? "cuda" : "cpu"; }
 };
 
 bool use_gpu(const std::string& device) {
+  check(device == "cpu" || device == "cuda" || device == "auto",
+        "device must be 'cpu', 'cuda' or 'auto', got '" + device + "'");
   if (device == "cpu") return false;
-#ifdef TESSERA_PY_WITH_CUDA
-  if (device == "auto") return runtime::gpu::gpu_available();
-  if (device == "cuda") {
-    check(runtime::gpu::gpu_available(), "device='cuda': " + runtime::gpu::gpu_description());
-    return true;
-  }
-#else
-  if (device == "auto") return false;
-  if (device == "cuda")
-    throw Error(
+  std::string why;
+  const bool usable = runtime::gpu_device_usable(&why);
+  if (device == "auto") return usable;
+  check(runtime::gpu_device_built(),
         "device='cuda': this tessera module was built without the CUDA backend (build it where nvcc is "
         "installed: pip install . picks CUDA up by itself, or -Ccmake.define.TESSERA_CUDA=ON)");
-#endif
-  throw Error("device must be 'cpu', 'cuda' or 'auto', got '" + device + "'");
+  check(usable, "device='cuda': " + why);
+  return true;
 }
 
 class Generation {
@@ -100,32 +84,31 @@ class Generation {
     check(state_->epoch == epoch_,
           "this generation was superseded: a later generate() on the same Engine reset its sequence");
     const model::Tokenizer& tok = *state_->session->tokenizer;
-    return state_->with_engine([&](auto& engine) -> std::optional<std::string> {
-      for (;;) {
-        if (!started_) {
-          engine.reset();
-          logits_ = engine.prefill(prompt_);
-          started_ = true;
-        } else if (pending_decode_) {
-          if (engine.position() >= engine.max_context()) return finish("context");
-          logits_ = engine.decode(tokens_.back());
-          pending_decode_ = false;
-        }
-        if (static_cast<int32_t>(tokens_.size()) >= max_tokens_) return finish("length");
-        const int32_t t = sampler_.sample(logits_);
-        if (tok.is_end_of_generation(t)) return finish("stop");
-        tokens_.push_back(t);
-        std::string piece = decoder_.push(t);
-        pending_decode_ = true;
-        if (static_cast<int32_t>(tokens_.size()) >= max_tokens_) {
-          auto rest = finish("length");
-          if (rest) piece += *rest;
-          if (piece.empty()) return std::nullopt;
-          return piece;
-        }
-        if (!piece.empty()) return piece;
+    runtime::SequenceEngine& engine = *state_->engine;
+    for (;;) {
+      if (!started_) {
+        engine.reset();
+        logits_ = engine.prefill(prompt_);
+        started_ = true;
+      } else if (pending_decode_) {
+        if (engine.position() >= engine.max_context()) return finish("context");
+        logits_ = engine.decode(tokens_.back());
+        pending_decode_ = false;
       }
-    });
+      if (static_cast<int32_t>(tokens_.size()) >= max_tokens_) return finish("length");
+      const int32_t t = sampler_.sample(logits_);
+      if (tok.is_end_of_generation(t)) return finish("stop");
+      tokens_.push_back(t);
+      std::string piece = decoder_.push(t);
+      pending_decode_ = true;
+      if (static_cast<int32_t>(tokens_.size()) >= max_tokens_) {
+        auto rest = finish("length");
+        if (rest) piece += *rest;
+        if (piece.empty()) return std::nullopt;
+        return piece;
+      }
+      if (!piece.empty()) return piece;
+    }
   }
 
   const std::vector<int32_t>& tokens() const { return tokens_; }
@@ -240,29 +223,59 @@ EngineHandle make_engine(const ModelHandle& model, const nb::object& attn, const
         "streaming memory runs its own layout with dense attention within it: it cannot be combined with attn=" +
             (nb::isinstance<nb::str>(attn) ? nb::cast<std::string>(attn) : std::string("a Policy")));
   nb::gil_scoped_release release;
-#ifdef TESSERA_PY_WITH_CUDA
-  if (gpu) {
-    st->device = "cuda";
-    st->weights = runtime::gpu::DeviceModel::upload(*s.model);
-    runtime::gpu::GpuEngineOptions o;
-    if (chunk > 0) o.chunk_size = chunk;
-    o.policy = std::move(policy);
-    o.max_context = max_context;
-    if (stream) o.stream = *stream;
-    st->gpu = std::make_unique<runtime::gpu::GpuEngine>(*st->weights, o);
-    return {st};
-  }
-#else
-  (void)gpu;
-#endif
-  st->device = "cpu";
-  runtime::EngineOptions o;
-  if (chunk > 0) o.chunk_size = chunk;
+  st->device = runtime::open_device(gpu ? "cuda" : "cpu", *s.model);
+  runtime::EngineOptions& o = st->options;
+  o.chunk_size = chunk > 0 ? chunk : 0;  // 0: the device's default
   o.policy = std::move(policy);
   o.max_context = max_context;
   if (stream) o.stream = *stream;
-  st->cpu = std::make_unique<runtime::Engine>(*s.model, o);
+  st->engine = st->device->engine(o);
   return {st};
+}
+
+// Every prompt through the batched engine (runtime/batch_engine.h) on the engine's device, with its policy, context
+// and streaming options: up to `parallel` sequences at once (0: all of them, at most 64), their decode steps one
+// batch. Each prompt's tokens are those generate() gives it alone (the batched engine's contract): greedy, or
+// sampled from the same seed. Ends at an end-of-generation token or after max_tokens (clamped to the context).
+std::vector<std::string> generate_batch(EngineState& st, const std::vector<std::vector<int32_t>>& prompts,
+                                        int32_t max_tokens, const runtime::SamplingOptions& sampling,
+                                        int32_t parallel) {
+  check(max_tokens >= 1, "generate_batch: max_tokens must be >= 1, got " + std::to_string(max_tokens));
+  check(parallel >= 0, "generate_batch: parallel must be >= 0 (0: every prompt at once), got " +
+                           std::to_string(parallel));
+  if (prompts.empty()) return {};
+  const cli::Session& s = *st.session;
+  const runtime::EngineOptions& eo = st.options;
+  runtime::BatchEngineOptions bo;
+  bo.chunk_size = eo.chunk_size > 0 ? eo.chunk_size : st.device->default_chunk();
+  bo.max_batch = parallel > 0 ? parallel : static_cast<int32_t>(std::min<size_t>(prompts.size(), 64));
+  bo.max_context = eo.max_context;
+  bo.policy = eo.policy;
+  bo.stream = eo.stream;
+  std::lock_guard lock(st.mutex);
+  const std::unique_ptr<runtime::BatchBackend> backend = st.device->batch_backend(eo);
+  runtime::BatchEngine engine(*backend, bo);
+  std::vector<runtime::BatchRequest> requests;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    check(!prompts[i].empty(), "generate_batch: prompt " + std::to_string(i) + " is empty");
+    runtime::BatchRequest r;
+    r.prompt = prompts[i];
+    r.options.max_new_tokens = std::max<int32_t>(
+        1, std::min<int64_t>(max_tokens, static_cast<int64_t>(engine.max_context()) -
+                                             static_cast<int64_t>(prompts[i].size())));
+    r.options.sampling = sampling;
+    r.options.stop_tokens = s.tokenizer->special().end_of_generation;
+    requests.push_back(std::move(r));
+  }
+  const std::vector<std::vector<int32_t>> tokens = engine.generate_all(std::move(requests));
+  std::vector<std::string> texts;
+  for (const std::vector<int32_t>& t : tokens) {
+    model::StreamingDecoder decoder(*s.tokenizer, {.skip_special = true});
+    std::string text;
+    for (const int32_t id : t) text += decoder.push(id);
+    texts.push_back(text + decoder.flush());
+  }
+  return texts;
 }
 
 }  // namespace
@@ -297,8 +310,7 @@ void register_engine(nb::module_& m) {
       .def("streaming_stats",
            [](EngineHandle& e) -> nb::object {
              std::lock_guard lock(e.state->mutex);
-             const runtime::StreamingKV* kv = e.state->with_engine(
-                 [](auto& engine) -> const runtime::StreamingKV* { return engine.streaming(); });
+             const runtime::StreamingKV* kv = e.state->engine->streaming();
              if (kv == nullptr) return nb::none();
              const runtime::StreamStats st = kv->stats();
              nb::dict d;
@@ -333,6 +345,29 @@ void register_engine(nb::module_& m) {
           },
           "prompt"_a, "max_tokens"_a, "temperature"_a, "top_k"_a, "top_p"_a, "seed"_a)
       .def(
+          "generate_batch",
+          [](EngineHandle& e, const std::vector<std::vector<int32_t>>& prompts, int32_t max_tokens, float temperature,
+             int32_t top_k, float top_p, uint64_t seed, int32_t parallel) {
+            runtime::SamplingOptions so;
+            so.temperature = temperature;
+            so.top_k = top_k;
+            so.top_p = top_p;
+            so.seed = seed;
+            std::vector<std::string> texts;
+            {
+              nb::gil_scoped_release release;
+              texts = generate_batch(*e.state, prompts, max_tokens, so, parallel);
+            }
+            nb::list out;
+            for (const std::string& t : texts) {
+              PyObject* str = decode_utf8(t);
+              if (!str) throw nb::python_error();
+              out.append(nb::steal<nb::str>(str));
+            }
+            return out;
+          },
+          "prompts"_a, "max_tokens"_a, "temperature"_a, "top_k"_a, "top_p"_a, "seed"_a, "parallel"_a)
+      .def(
           "logits",
           [](EngineHandle& e, const std::vector<int32_t>& ids) {
             std::vector<float> out;
@@ -340,30 +375,28 @@ void register_engine(nb::module_& m) {
               nb::gil_scoped_release release;
               std::lock_guard lock(e.state->mutex);
               ++e.state->epoch;
-              out = e.state->with_engine([&](auto& engine) {
-                engine.reset();
-                return engine.prefill(ids);
-              });
+              e.state->engine->reset();
+              out = e.state->engine->prefill(ids);
             }
             return out;
           },
           "ids"_a)
-      .def_prop_ro("device", [](EngineHandle& e) { return e.state->device; })
+      .def_prop_ro("device", [](EngineHandle& e) { return e.state->device_name(); })
       .def_prop_ro("position",
                    [](EngineHandle& e) {
                      std::lock_guard lock(e.state->mutex);
-                     return e.state->with_engine([](auto& engine) { return engine.position(); });
+                     return e.state->engine->position();
                    })
       .def_prop_ro("max_context",
                    [](EngineHandle& e) {
-                     return e.state->with_engine([](auto& engine) { return engine.max_context(); });
+                     return e.state->engine->max_context();
                    })
       .def("stats",
            [](EngineHandle& e) {
              std::lock_guard lock(e.state->mutex);
              nb::dict d;
-             e.state->with_engine([&](auto& engine) {
-               const runtime::EngineStats& s = engine.stats();
+             {
+               const runtime::EngineStats& s = e.state->engine->stats();
                d["prefill_tokens"] = s.prefill_tokens;
                d["prefill_seconds"] = s.prefill_seconds;
                d["prefill_tokens_per_second"] = s.prefill_tokens_per_second();
@@ -372,20 +405,19 @@ void register_engine(nb::module_& m) {
                d["decode_tokens_per_second"] = s.decode_tokens_per_second();
                d["attention_seconds"] = s.attention_seconds;
                d["gemm_seconds"] = s.gemm_seconds;
-             });
+             }
              return d;
            })
       .def("reset_stats",
            [](EngineHandle& e) {
              std::lock_guard lock(e.state->mutex);
-             e.state->with_engine([](auto& engine) { engine.reset_stats(); });
+             e.state->engine->reset_stats();
            })
       .def("memory", [](EngineHandle& e) {
         std::lock_guard lock(e.state->mutex);
         nb::dict d;
-#ifdef TESSERA_PY_WITH_CUDA
-        if (e.state->gpu) {
-          const runtime::gpu::GpuMemoryStats mem = e.state->gpu->memory();
+        const runtime::EngineMemory mem = e.state->engine->memory();
+        if (e.state->device->gpu()) {
           d["device"] = "cuda";
           d["weights_bytes"] = mem.weights_bytes;
           d["kv_cache_bytes"] = mem.kv_cache_bytes;
@@ -394,10 +426,9 @@ void register_engine(nb::module_& m) {
           d["device_total_bytes"] = mem.device_total_bytes;
           return d;
         }
-#endif
         d["device"] = "cpu";
-        d["weights_bytes"] = e.state->session->model->weights().bytes();
-        d["kv_cache_bytes"] = e.state->cpu->kv_cache_bytes();
+        d["weights_bytes"] = mem.weights_bytes;
+        d["kv_cache_bytes"] = mem.kv_cache_bytes;
         return d;
       });
 }

@@ -51,6 +51,19 @@ class CpuDevice final : public Device {
 
 void register_gpu_device(const GpuDeviceHooks& hooks) { gpu_hooks() = hooks; }
 
+bool gpu_device_built() { return gpu_hooks().available != nullptr; }
+
+bool gpu_device_usable(std::string* why) {
+  const GpuDeviceHooks& h = gpu_hooks();
+  if (h.available == nullptr) {
+    if (why) *why = "this tessera was built without the CUDA backend";
+    return false;
+  }
+  if (h.available()) return true;
+  if (why) *why = h.describe();
+  return false;
+}
+
 bool device_is_gpu(const std::string& name) {
   if (name == "cpu") return false;
   const GpuDeviceHooks& h = gpu_hooks();

@@ -45,6 +45,11 @@ std::unique_ptr<Device> open_device(const std::string& name, const Model& model)
 // Whether open_device(name) would pick a GPU, without touching one for "cpu" (the same errors).
 bool device_is_gpu(const std::string& name);
 
+// Whether this program has the CUDA device (it links tessera_cuda_device), and whether a GPU is usable now (false
+// with the reason in *why: no device, no driver, or no CUDA backend).
+bool gpu_device_built();
+bool gpu_device_usable(std::string* why = nullptr);
+
 // What the CUDA backend registers (cuda_device.cpp, at static initialisation).
 struct GpuDeviceHooks {
   bool (*available)() = nullptr;             // a usable CUDA device

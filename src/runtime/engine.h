@@ -105,6 +105,7 @@ class Engine final : public SequenceEngine {
   const Model& model() const { return model_; }
   const EngineOptions& options() const { return options_; }
   size_t kv_cache_bytes() const override;
+  EngineMemory memory() const override { return {model_.weights().bytes(), kv_cache_bytes(), 0, 0, 0}; }
   // The streaming memory, or null when options().stream.method is None.
   const StreamingKV* streaming() const override { return stream_.get(); }
 

@@ -25,6 +25,15 @@ struct EngineStats {
   double decode_tokens_per_second() const { return decode_seconds > 0 ? decode_tokens / decode_seconds : 0; }
 };
 
+// Memory of one engine (the GPU's: every field; the CPU's: weights and KV cache).
+struct EngineMemory {
+  size_t weights_bytes = 0;
+  size_t kv_cache_bytes = 0;
+  size_t scratch_bytes = 0;       // the forward pass's activation buffers (attention's own buffers excluded)
+  size_t peak_in_use_bytes = 0;   // most device memory in use (whole device) seen during prefill/decode
+  size_t device_total_bytes = 0;
+};
+
 // The API of one sequence's inference on any device (runtime::Engine, runtime::gpu::GpuEngine): see engine.h for
 // the semantics of each call.
 class SequenceEngine {
@@ -47,6 +56,7 @@ class SequenceEngine {
   virtual const EngineStats& stats() const = 0;
   virtual void reset_stats() = 0;
   virtual size_t kv_cache_bytes() const = 0;
+  virtual EngineMemory memory() const = 0;
   // The streaming memory's decisions, or null without streaming.
   virtual const StreamingKV* streaming() const = 0;
   // The most device memory in use since reset_peak_memory() in bytes (GPU engines); -1: not tracked (CPU).

@@ -230,3 +230,27 @@ def test_engine_logits_equal_transformers_on_a_tiny_model(tiny_llama_dir):
         got = np.array(engine.logits(expected["tokens"][:n]))
         np.testing.assert_allclose(got, ref[n - 1], atol=1e-4, rtol=1e-4)
     assert model.detokenize(model.tokenize("héllo")) == "héllo"
+
+
+def test_generate_batch_equals_generate_one_by_one(smollm2):
+    """Several prompts at once through the batched engine: each reply is generate()'s for that prompt alone."""
+    prompts = [PROMPT, "Name a fruit.", [{"role": "user", "content": "Count to five."}], smollm2.tokenize("Once upon")]
+    engine = tessera.Engine(smollm2, attn="ashape:sink=4,local=8")
+    alone = [engine.generate(p, max_tokens=14) for p in prompts]
+    assert engine.generate_batch(prompts, max_tokens=14) == alone
+    assert engine.generate_batch(prompts, max_tokens=14, parallel=2) == alone  # two at a time, the rest wait
+    sampled = [engine.generate(p, max_tokens=10, temperature=0.8, top_k=40, seed=7) for p in prompts]
+    assert engine.generate_batch(prompts, max_tokens=10, temperature=0.8, top_k=40, seed=7) == sampled
+    assert engine.generate_batch([], max_tokens=4) == []
+    with pytest.raises(TypeError, match="list of prompts"):
+        engine.generate_batch(PROMPT)
+    with pytest.raises(tessera.Error, match="max_tokens must be >= 1"):
+        engine.generate_batch([PROMPT], max_tokens=0)
+
+
+def test_generate_batch_streams_every_prompt(smollm2):
+    """With streaming memory the prompts batch too (each its own memory): the replies equal generate()'s."""
+    engine = tessera.Engine(smollm2, streaming={"method": "ltri", **STREAM_SIZES})
+    prompts = [LONG_PROMPT, PROMPT, LONG_PROMPT + " And then?"]
+    alone = [engine.generate(p, max_tokens=8) for p in prompts]
+    assert engine.generate_batch(prompts, max_tokens=8) == alone
