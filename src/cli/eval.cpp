@@ -12,6 +12,7 @@
 #include <set>
 #include <span>
 
+#include "attention/cpu/layer_attention_cpu.h"
 #include "cli/commands.h"
 #include "cli/session.h"
 #include "core/error.h"
@@ -295,7 +296,7 @@ void run_layer_stats(const Session& s, const EvalOptions& o, const std::vector<s
     eo.observer = [&](int32_t layer, const attn::AttentionArgs& args) {
       for (auto& [name, policy] : table) {
         const eval::LayerAttentionStats part = eval::measure_layer(
-            layer, policy.layer(layer), args, static_cast<int32_t>(prompt.size()), runtime::Forward::kTile);
+            layer, policy.layer(layer), args, static_cast<int32_t>(prompt.size()), attn::kCpuQueryTile);
         eval::LayerAttentionStats& acc = stats[name][static_cast<size_t>(layer)];
         if (acc.heads.empty()) acc.heads.assign(part.heads.size(), eval::HeadAttentionStats{0, 0, 0});
         acc.layer = layer;
