@@ -10,6 +10,7 @@
 #include <variant>
 
 #include "attention/index/dense_shortcut.h"
+#include "core/enum_names.h"
 #include "core/error.h"
 
 namespace tessera::dist {
@@ -318,22 +319,14 @@ CostModel profile_costs(const attn::AttentionPolicy& policy, int64_t length, con
   return m;
 }
 
-const char* placement_method_name(PlacementMethod m) {
-  switch (m) {
-    case PlacementMethod::kUniform:
-      return "uniform";
-    case PlacementMethod::kGreedy:
-      return "greedy";
-    case PlacementMethod::kGenetic:
-      return "genetic";
-  }
-  return "?";
-}
+namespace {
+constexpr std::string_view kPlacementNames[] = {"uniform", "greedy", "genetic"};  // PlacementMethod's order
+}  // namespace
+
+const char* placement_method_name(PlacementMethod m) { return enum_name(kPlacementNames, m).data(); }
 
 PlacementMethod parse_placement_method(const std::string& name) {
-  if (name == "uniform") return PlacementMethod::kUniform;
-  if (name == "greedy") return PlacementMethod::kGreedy;
-  if (name == "genetic") return PlacementMethod::kGenetic;
+  if (const std::optional<PlacementMethod> m = enum_value<PlacementMethod>(kPlacementNames, name)) return *m;
   throw Error("unknown placement method '" + name + "' (uniform, greedy, genetic)");
 }
 

@@ -2,32 +2,23 @@
 
 #include <algorithm>
 
+#include "core/enum_names.h"
 #include "core/error.h"
 #include "runtime/stream/span_index.h"
 
 namespace tessera::runtime {
 
+namespace {
+constexpr std::string_view kMethodNames[] = {"none", "streamingllm", "infllm", "ltri"};  // StreamMethod's order
+}  // namespace
+
 StreamMethod parse_stream_method(const std::string& name, const std::string& what) {
-  if (name == "ltri") return StreamMethod::Ltri;
-  if (name == "infllm") return StreamMethod::InfLLM;
-  if (name == "streamingllm") return StreamMethod::StreamingLLM;
-  if (name == "none" || name.empty()) return StreamMethod::None;
+  if (name.empty()) return StreamMethod::None;
+  if (const std::optional<StreamMethod> m = enum_value<StreamMethod>(kMethodNames, name)) return *m;
   throw Error(what + " must be ltri, infllm or streamingllm, got '" + name + "'");
 }
 
-const char* stream_method_name(StreamMethod m) {
-  switch (m) {
-    case StreamMethod::Ltri:
-      return "ltri";
-    case StreamMethod::InfLLM:
-      return "infllm";
-    case StreamMethod::StreamingLLM:
-      return "streamingllm";
-    case StreamMethod::None:
-      break;
-  }
-  return "none";
-}
+const char* stream_method_name(StreamMethod m) { return enum_name(kMethodNames, m).data(); }
 
 int64_t StreamOptions::attended_tokens() const {
   const int64_t k = method == StreamMethod::StreamingLLM ? 0 : top_k;
