@@ -1,5 +1,5 @@
 // tessera/attention/cuda/block_topk.cuh — the selection rule of the estimators' exact top-k and its one-warp
-// implementation (WarpTopK) (device code; the one-block VS top-k, VsTopK, is in estimate_kernels.cuh).
+// implementation (WarpTopK) (device code; the one-block VS top-k, VsTopK, is in vs_select_kernels.cuh).
 //
 // The rule: on the order-preserving 32-bit image of the floats (order_key), find the k-th largest key T
 // exactly; keep every element above T and the first (smallest-index) elements equal to T until k are kept,

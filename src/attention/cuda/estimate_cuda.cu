@@ -13,10 +13,11 @@
 // Everything is deterministic (no atomics on floats).
 // BS: pool K per kv head (one pool per distinct block size), pool Q per head, then per wave a tiled f32
 // scoring kernel (the scores of v1 bit for bit) into a scratch buffer and a warp per query block selecting
-// from it with WarpTopK (section "BS estimator" of estimate_kernels.cuh); for adaptive heads (gamma > 0) every
+// from it with WarpTopK (bs_score_kernels.cuh, bs_select_kernels.cuh); for adaptive heads (gamma > 0) every
 // query block past the first is scored and the warp first counts its blocks by the coverage target (BsCoverage).
-// The kernels, their parameters and the BS plan are in estimate_kernels.cuh; this file has the launches and the
-// host side of DeviceEstimates.
+// The kernels, their parameters and the BS plan are in estimate_kernels.cuh (by concern: vs_estimate_kernels.cuh,
+// vs_select_kernels.cuh, bs_score_kernels.cuh, bs_select_kernels.cuh); this file has the launches and the host
+// side of DeviceEstimates.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -35,6 +36,34 @@ namespace {
 
 int64_t g_bs_wave_floats = int64_t{16} << 20;  // scores per wave (DeviceEstimates::set_bs_wave_floats)
 int g_vs_chunk_keys = 0;                       // VS keys per CTA, 0: by size (DeviceEstimates::set_vs_chunk_keys)
+
+// The inputs both estimators read: q and k (their data and token / head strides) and the call's query rows.
+template <typename Params>
+void set_inputs(Params& p, const TensorView& q, const TensorView& k, const LoweringContext& ctx) {
+  p.q = q.data;
+  p.k = k.data;
+  p.q_tok = q.stride[0];
+  p.q_head = q.stride[1];
+  p.k_tok = k.stride[0];
+  p.k_head = k.stride[1];
+  p.q_len = ctx.q_len;
+  p.q_begin = ctx.q_begin;
+}
+
+// launch.template operator()<T, D>() for the element type (bf16 when bf, else f16) and a head_dim d of 64, 128
+// or 256 (none for another d; estimate() checks it first).
+template <typename Launch>
+void for_dtype_and_dim(bool bf, int d, Launch&& launch) {
+  if (bf) {
+    if (d == 64) launch.template operator()<__nv_bfloat16, 64>();
+    if (d == 128) launch.template operator()<__nv_bfloat16, 128>();
+    if (d == 256) launch.template operator()<__nv_bfloat16, 256>();
+  } else {
+    if (d == 64) launch.template operator()<__half, 64>();
+    if (d == 128) launch.template operator()<__half, 128>();
+    if (d == 256) launch.template operator()<__half, 256>();
+  }
+}
 
 template <typename T, int D>
 void launch_vs(const VsParams& p, int num_heads, int num_groups, cudaStream_t stream) {
@@ -295,14 +324,7 @@ void DeviceEstimates::estimate(const TensorView& q, const TensorView& k, float s
 
   if (!vs_.empty()) {
     VsParams p;
-    p.q = q.data;
-    p.k = k.data;
-    p.q_tok = q.stride[0];
-    p.q_head = q.stride[1];
-    p.k_tok = k.stride[0];
-    p.k_head = k.stride[1];
-    p.q_len = ctx_.q_len;
-    p.q_begin = ctx_.q_begin;
+    set_inputs(p, q, k, ctx_);
     p.keys = keys_;
     p.chunks = vs_chunks_;
     p.chunk_keys = vs_chunk_keys_;
@@ -317,26 +339,11 @@ void DeviceEstimates::estimate(const TensorView& q, const TensorView& k, float s
     p.columns = vs_columns_.data();
     p.offsets = vs_offsets_.data();
     const int n = static_cast<int>(vs_.size());
-    if (bf) {
-      if (d == 64) launch_vs<__nv_bfloat16, 64>(p, n, vs_num_groups_, stream);
-      if (d == 128) launch_vs<__nv_bfloat16, 128>(p, n, vs_num_groups_, stream);
-      if (d == 256) launch_vs<__nv_bfloat16, 256>(p, n, vs_num_groups_, stream);
-    } else {
-      if (d == 64) launch_vs<__half, 64>(p, n, vs_num_groups_, stream);
-      if (d == 128) launch_vs<__half, 128>(p, n, vs_num_groups_, stream);
-      if (d == 256) launch_vs<__half, 256>(p, n, vs_num_groups_, stream);
-    }
+    for_dtype_and_dim(bf, d, [&]<typename T, int D>() { launch_vs<T, D>(p, n, vs_num_groups_, stream); });
   }
   if (!bs_.empty()) {
     BsParams p;
-    p.q = q.data;
-    p.k = k.data;
-    p.q_tok = q.stride[0];
-    p.q_head = q.stride[1];
-    p.k_tok = k.stride[0];
-    p.k_head = k.stride[1];
-    p.q_len = ctx_.q_len;
-    p.q_begin = ctx_.q_begin;
+    set_inputs(p, q, k, ctx_);
     p.kv_len = ctx_.kv_len;
     p.max_q_blocks = bs_max_q_blocks_;
     p.scale = scale;
@@ -349,27 +356,9 @@ void DeviceEstimates::estimate(const TensorView& q, const TensorView& k, float s
     p.work = bs_work_.data();
     p.scores = bs_scores_.data();
     const int n = static_cast<int>(bs_.size());
-    if (bf) {
-      if (d == 64)
-        launch_bs<__nv_bfloat16, 64>(p, n, num_kv_heads_, bs_block_sizes_, bs_pool_base_, bs_waves_,
-                                              bs_adaptive_, stream);
-      if (d == 128)
-        launch_bs<__nv_bfloat16, 128>(p, n, num_kv_heads_, bs_block_sizes_, bs_pool_base_, bs_waves_,
-                                              bs_adaptive_, stream);
-      if (d == 256)
-        launch_bs<__nv_bfloat16, 256>(p, n, num_kv_heads_, bs_block_sizes_, bs_pool_base_, bs_waves_,
-                                              bs_adaptive_, stream);
-    } else {
-      if (d == 64)
-        launch_bs<__half, 64>(p, n, num_kv_heads_, bs_block_sizes_, bs_pool_base_, bs_waves_,
-                                              bs_adaptive_, stream);
-      if (d == 128)
-        launch_bs<__half, 128>(p, n, num_kv_heads_, bs_block_sizes_, bs_pool_base_, bs_waves_,
-                                              bs_adaptive_, stream);
-      if (d == 256)
-        launch_bs<__half, 256>(p, n, num_kv_heads_, bs_block_sizes_, bs_pool_base_, bs_waves_,
-                                              bs_adaptive_, stream);
-    }
+    for_dtype_and_dim(bf, d, [&]<typename T, int D>() {
+      launch_bs<T, D>(p, n, num_kv_heads_, bs_block_sizes_, bs_pool_base_, bs_waves_, bs_adaptive_, stream);
+    });
   }
 }
 

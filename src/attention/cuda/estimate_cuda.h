@@ -21,11 +21,11 @@
 // offsets; per BS head min(top_k, qb + 1) key blocks per query block qb, CSR offsets known in closed form.
 // Adaptive VS heads (gamma > 0, pattern.h): the same room (the maxima); the count comes from
 // attention/index/estimate.h's coverage_count rule, evaluated on the device's f32 sums with f64 accumulation
-// (VsCoverage in estimate_kernels.cuh), and the room after the kept entries holds kVsUnused. So counts agree with
+// (VsCoverage in vs_select_kernels.cuh), and the room after the kept entries holds kVsUnused. So counts agree with
 // the CPU wherever the coverage target does not fall within rounding of a prefix sum. Adaptive BS heads likewise:
 // per query block the fixed layout's room min(top_k, qb + 1); the count from coverage_count's rule over the masses
 // exp(s - max) of the causal blocks (the diagonal's score computed as the scoring kernel computes the others,
-// f64 masses and sums: BsCoverage in estimate_kernels.cuh), the kept blocks ascending with the diagonal last,
+// f64 masses and sums: BsCoverage in bs_select_kernels.cuh), the kept blocks ascending with the diagonal last,
 // then kBsUnused up to the room.
 #pragma once
 
@@ -92,7 +92,7 @@ struct BsHeadDesc {
   int32_t min_top_k = 0;
 };
 
-// BS scoring work, laid out on the host (plan_bs_waves in estimate_kernels.cuh, "BS estimator v2"). A tile is
+// BS scoring work, laid out on the host (plan_bs_waves in bs_score_kernels.cuh, "BS estimator v2"). A tile is
 // up to 64 (32 at head_dim 256) consecutive query blocks of one BS head; its scored rows (those that choose
 // among their causal blocks: 2 <= top_k <= qb) are [e_scored, e1), and their scores (qb floats each, row after
 // row) start at `scratch` in the score buffer of the tile's wave.
