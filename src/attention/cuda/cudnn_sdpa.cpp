@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -151,18 +152,33 @@ struct GraphBuilder {
     return tensor(next_virtual_uid++, type, dims, strides, true);
   }
 
+  // An operation of `type` with its descriptor attributes set in the order given (those whose descriptor is null
+  // left out), finalised (`finalize` names the step in errors) and appended to the graph's operations.
+  struct OperandAttr {
+    cudnnBackendAttributeName_t name;
+    cudnnBackendDescriptor_t desc;
+    const char* what;
+  };
+  void add_operation(cudnnBackendDescriptorType_t type, std::initializer_list<OperandAttr> attrs,
+                     const char* finalize) {
+    cudnnBackendDescriptor_t op = make(type);
+    for (const OperandAttr& a : attrs)
+      if (a.desc != nullptr) set(op, a.name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a.desc, a.what);
+    ck(cudnnBackendFinalize(op), finalize);
+    ops.push_back(op);
+  }
+
   void matmul(cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t c) {
     cudnnBackendDescriptor_t mm = make(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
     const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
     set(mm, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp, "matmul compute type");
     ck(cudnnBackendFinalize(mm), "finalize matmul");
-    cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
-    set(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a, "matmul A");
-    set(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b, "matmul B");
-    set(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c, "matmul C");
-    set(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &mm, "matmul desc");
-    ck(cudnnBackendFinalize(op), "finalize matmul operation");
-    ops.push_back(op);
+    add_operation(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR,
+                  {{CUDNN_ATTR_OPERATION_MATMUL_ADESC, a, "matmul A"},
+                   {CUDNN_ATTR_OPERATION_MATMUL_BDESC, b, "matmul B"},
+                   {CUDNN_ATTR_OPERATION_MATMUL_CDESC, c, "matmul C"},
+                   {CUDNN_ATTR_OPERATION_MATMUL_DESC, mm, "matmul desc"}},
+                  "finalize matmul operation");
   }
 
   // y = mode(x [, b] [, t]); axis >= 0 for GEN_INDEX.
@@ -174,14 +190,13 @@ struct GraphBuilder {
     set(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec, "pointwise precision");
     if (axis >= 0) set(pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis, "pointwise axis");
     ck(cudnnBackendFinalize(pw), "finalize pointwise");
-    cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
-    set(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &pw, "pointwise desc");
-    set(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x, "pointwise x");
-    if (b != nullptr) set(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b, "pointwise b");
-    if (t != nullptr) set(op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &t, "pointwise t");
-    set(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y, "pointwise y");
-    ck(cudnnBackendFinalize(op), "finalize pointwise operation");
-    ops.push_back(op);
+    add_operation(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR,
+                  {{CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw, "pointwise desc"},
+                   {CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x, "pointwise x"},
+                   {CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b, "pointwise b"},
+                   {CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t, "pointwise t"},
+                   {CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y, "pointwise y"}},
+                  "finalize pointwise operation");
   }
 
   void reduction(cudnnReduceTensorOp_t mode, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
@@ -190,12 +205,37 @@ struct GraphBuilder {
     set(rd, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode, "reduction mode");
     set(rd, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp, "reduction compute type");
     ck(cudnnBackendFinalize(rd), "finalize reduction");
-    cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
-    set(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x, "reduction x");
-    set(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y, "reduction y");
-    set(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &rd, "reduction desc");
-    ck(cudnnBackendFinalize(op), "finalize reduction operation");
-    ops.push_back(op);
+    add_operation(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR,
+                  {{CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x, "reduction x"},
+                   {CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y, "reduction y"},
+                   {CUDNN_ATTR_OPERATION_REDUCTION_DESC, rd, "reduction desc"}},
+                  "finalize reduction operation");
+  }
+
+  // The operations above into a new virtual tensor y of `type` and `shape` (made, and its uid taken, just before
+  // the operation): y.
+  struct Shape {
+    const Dims& dims;
+    const Dims& strides;
+  };
+  cudnnBackendDescriptor_t matmul(Shape shape, cudnnDataType_t type, cudnnBackendDescriptor_t a,
+                                  cudnnBackendDescriptor_t b) {
+    cudnnBackendDescriptor_t y = virt(type, shape.dims, shape.strides);
+    matmul(a, b, y);
+    return y;
+  }
+  cudnnBackendDescriptor_t pointwise(Shape shape, cudnnDataType_t type, cudnnPointwiseMode_t mode,
+                                     cudnnDataType_t prec, cudnnBackendDescriptor_t x,
+                                     cudnnBackendDescriptor_t b = nullptr, cudnnBackendDescriptor_t t = nullptr,
+                                     int64_t axis = -1) {
+    cudnnBackendDescriptor_t y = virt(type, shape.dims, shape.strides);
+    pointwise(mode, prec, x, b, t, y, axis);
+    return y;
+  }
+  cudnnBackendDescriptor_t reduction(Shape shape, cudnnReduceTensorOp_t mode, cudnnBackendDescriptor_t x) {
+    cudnnBackendDescriptor_t y = virt(CUDNN_DATA_FLOAT, shape.dims, shape.strides);
+    reduction(mode, x, y);
+    return y;
   }
 };
 
@@ -305,38 +345,30 @@ void build_graph(cudnnHandle_t handle, const AttentionArgs& a, const GraphVarian
   cudnnBackendDescriptor_t tneg = g.tensor(kUidNegInf, CUDNN_DATA_FLOAT, one, one, false, true);
 
   const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
+  const GraphBuilder::Shape sc{s_dims, s_str}, rows{r_dims, r_str};  // scores, per row
   // S = Q K^T (f32), scaled.
-  cudnnBackendDescriptor_t s0 = g.virt(f32, s_dims, s_str);
-  g.matmul(tq, tk, s0);
-  cudnnBackendDescriptor_t s1 = g.virt(f32, s_dims, s_str);
-  g.pointwise(CUDNN_POINTWISE_MUL, f32, s0, tscale, nullptr, s1);
+  cudnnBackendDescriptor_t s0 = g.matmul(sc, f32, tq, tk);
+  cudnnBackendDescriptor_t s1 = g.pointwise(sc, f32, CUDNN_POINTWISE_MUL, f32, s0, tscale);
   // Causal mask (top-left diagonal): keep row >= col, else the lowest float.
-  cudnnBackendDescriptor_t row = g.virt(CUDNN_DATA_INT32, s_dims, s_str);
-  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, v.index_prec, s1, nullptr, nullptr, row, 2);
-  cudnnBackendDescriptor_t col = g.virt(CUDNN_DATA_INT32, s_dims, s_str);
-  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, v.index_prec, s1, nullptr, nullptr, col, 3);
-  cudnnBackendDescriptor_t keep = g.virt(CUDNN_DATA_BOOLEAN, s_dims, s_str);
-  g.pointwise(CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, row, col, nullptr, keep);
-  cudnnBackendDescriptor_t s2 = g.virt(f32, s_dims, s_str);
-  g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, f32, s1, tneg, keep, s2);
+  cudnnBackendDescriptor_t row =
+      g.pointwise(sc, CUDNN_DATA_INT32, CUDNN_POINTWISE_GEN_INDEX, v.index_prec, s1, nullptr, nullptr, 2);
+  cudnnBackendDescriptor_t col =
+      g.pointwise(sc, CUDNN_DATA_INT32, CUDNN_POINTWISE_GEN_INDEX, v.index_prec, s1, nullptr, nullptr, 3);
+  cudnnBackendDescriptor_t keep =
+      g.pointwise(sc, CUDNN_DATA_BOOLEAN, CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, row, col);
+  cudnnBackendDescriptor_t s2 = g.pointwise(sc, f32, CUDNN_POINTWISE_BINARY_SELECT, f32, s1, tneg, keep);
   // Softmax (f32) with stats = max + log(sum).
-  cudnnBackendDescriptor_t mx = g.virt(f32, r_dims, r_str);
-  g.reduction(CUDNN_REDUCE_TENSOR_MAX, s2, mx);
-  cudnnBackendDescriptor_t sub = g.virt(f32, s_dims, s_str);
-  g.pointwise(CUDNN_POINTWISE_SUB, f32, s2, mx, nullptr, sub);
-  cudnnBackendDescriptor_t ex = g.virt(f32, s_dims, s_str);
-  g.pointwise(CUDNN_POINTWISE_EXP, f32, sub, nullptr, nullptr, ex);
-  cudnnBackendDescriptor_t sum = g.virt(f32, r_dims, r_str);
-  g.reduction(CUDNN_REDUCE_TENSOR_ADD, ex, sum);
+  cudnnBackendDescriptor_t mx = g.reduction(rows, CUDNN_REDUCE_TENSOR_MAX, s2);
+  cudnnBackendDescriptor_t sub = g.pointwise(sc, f32, CUDNN_POINTWISE_SUB, f32, s2, mx);
+  cudnnBackendDescriptor_t ex = g.pointwise(sc, f32, CUDNN_POINTWISE_EXP, f32, sub);
+  cudnnBackendDescriptor_t sum = g.reduction(rows, CUDNN_REDUCE_TENSOR_ADD, ex);
   if (v.stats) {
     cudnnBackendDescriptor_t tstats = g.tensor(kUidStats, f32, r_dims, r_str, false);
-    cudnnBackendDescriptor_t lg = g.virt(f32, r_dims, r_str);
-    g.pointwise(CUDNN_POINTWISE_LOG, f32, sum, nullptr, nullptr, lg);
+    cudnnBackendDescriptor_t lg = g.pointwise(rows, f32, CUDNN_POINTWISE_LOG, f32, sum);
     g.pointwise(CUDNN_POINTWISE_ADD, f32, mx, lg, nullptr, tstats);
   }
   // P = exp / sum, in the I/O type (bmm2's A operand), math in f32.
-  cudnnBackendDescriptor_t prob = g.virt(v.p_in_io_type ? io : f32, s_dims, s_str);
-  g.pointwise(CUDNN_POINTWISE_DIV, f32, ex, sum, nullptr, prob);
+  cudnnBackendDescriptor_t prob = g.pointwise(sc, v.p_in_io_type ? io : f32, CUDNN_POINTWISE_DIV, f32, ex, sum);
   // O = P V.
   g.matmul(prob, tv, to);
 
