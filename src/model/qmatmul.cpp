@@ -20,6 +20,7 @@ namespace {
 using qmm::ActRow;
 using qmm::Kernels;
 using qmm::RowKernel;
+using qmm::TileKernel;
 
 float f16_at(const uint8_t* p) {
   uint16_t h;
@@ -205,6 +206,8 @@ const Kernels kScalar = {
     scalar_legacy<Legacy::Q4_0>,   scalar_legacy<Legacy::Q4_1>,   scalar_legacy<Legacy::Q5_0>,
     scalar_legacy<Legacy::Q5_1>,   scalar_legacy<Legacy::Q8_0>,   scalar_q45k<false>,
     scalar_q45k<true>,             scalar_q6k,
+    nullptr,                       nullptr,                       nullptr,
+    0,
 };
 
 RowKernel pick(const Kernels& k, TensorType t) {
@@ -275,9 +278,10 @@ void quantize_row_act(const float* x, int64_t cols, int64_t ab, int8_t* q, float
   }
 }
 
-// Splits [0, n) into at most 4 * pool size pieces of at least `grain` (the runtime's parallel_ranges).
+// Splits [0, n) into at most 4 * pool size pieces of at least `grain` (the runtime's parallel_ranges), each
+// starting at a multiple of `align`.
 template <class Fn>
-void parallel_ranges(ThreadPool* pool, int64_t n, int64_t grain, const Fn& fn) {
+void parallel_ranges(ThreadPool* pool, int64_t n, int64_t grain, const Fn& fn, int64_t align = 1) {
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
   const int64_t pieces = pool == nullptr ? 1 : std::min<int64_t>((n + grain - 1) / grain, 4 * int64_t{pool->size()});
@@ -285,7 +289,7 @@ void parallel_ranges(ThreadPool* pool, int64_t n, int64_t grain, const Fn& fn) {
     fn(int64_t{0}, n);
     return;
   }
-  const int64_t step = (n + pieces - 1) / pieces;
+  const int64_t step = ((n + pieces - 1) / pieces + align - 1) / align * align;
   pool->parallel_for(pieces, [&](int64_t i, int) {
     const int64_t b = i * step, e = std::min(n, b + step);
     if (b < e) fn(b, e);
@@ -450,20 +454,38 @@ void qmatmul(const QMatrix& w, const float* x, int64_t m, float* y, ThreadPool* 
                                              qmm::kMaxNx, 64);
   const int64_t grain = std::max<int64_t>(1, static_cast<int64_t>(32768 / row_bytes));
   const ActRow* acts = s.rows.data();
-  parallel_ranges(pool, rows, grain, [&](int64_t r0, int64_t r1) {
-    float out[qmm::kMaxNx];
-    for (int64_t xb = 0; xb < m; xb += xblock) {
-      const int64_t xe = std::min(m, xb + xblock);
-      for (int64_t r = r0; r < r1; ++r) {
-        const uint8_t* wr = w.data + static_cast<size_t>(r) * row_bytes;
-        for (int64_t xt = xb; xt < xe; xt += qmm::kMaxNx) {
-          const int nx = static_cast<int>(std::min<int64_t>(qmm::kMaxNx, xe - xt));
-          kernel(wr, cols, acts + xt, nx, out);
-          for (int j = 0; j < nx; ++j) y[(xt + j) * rows + r] = out[j];
+  TileKernel tile = nullptr;
+  if (m > 1 && w.type == TensorType::F32) tile = kernels->f32_tile;
+  if (m > 1 && w.type == TensorType::F16) tile = kernels->f16_tile;
+  if (m > 1 && w.type == TensorType::BF16) tile = kernels->bf16_tile;
+  const int64_t tr = tile != nullptr ? kernels->tile_rows : 1;
+  parallel_ranges(
+      pool, rows, grain,
+      [&](int64_t r0, int64_t r1) {
+        float out[qmm::kTileAlign * qmm::kMaxNx];
+        for (int64_t xb = 0; xb < m; xb += xblock) {
+          const int64_t xe = std::min(m, xb + xblock);
+          int64_t r = r0;
+          for (; tile != nullptr && r + tr <= r1; r += tr) {
+            const uint8_t* wr = w.data + static_cast<size_t>(r) * row_bytes;
+            for (int64_t xt = xb; xt < xe; xt += qmm::kMaxNx) {
+              const int nx = static_cast<int>(std::min<int64_t>(qmm::kMaxNx, xe - xt));
+              tile(wr, row_bytes, cols, acts + xt, nx, out);
+              for (int64_t k = 0; k < tr; ++k)
+                for (int j = 0; j < nx; ++j) y[(xt + j) * rows + r + k] = out[k * qmm::kMaxNx + j];
+            }
+          }
+          for (; r < r1; ++r) {
+            const uint8_t* wr = w.data + static_cast<size_t>(r) * row_bytes;
+            for (int64_t xt = xb; xt < xe; xt += qmm::kMaxNx) {
+              const int nx = static_cast<int>(std::min<int64_t>(qmm::kMaxNx, xe - xt));
+              kernel(wr, cols, acts + xt, nx, out);
+              for (int j = 0; j < nx; ++j) y[(xt + j) * rows + r] = out[j];
+            }
+          }
         }
-      }
-    }
-  });
+      },
+      qmm::kTileAlign);
 }
 
 }  // namespace tessera::model

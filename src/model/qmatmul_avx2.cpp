@@ -9,6 +9,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 namespace tessera::model::qmm {
@@ -41,9 +42,12 @@ inline __m256i dot_u8s8(__m256i u, __m256i s, __m256i k16) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), k16);
 }
 
+// for_nx<N>(f): f(0), ..., f(N - 1) unrolled; the lambdas are forced inline (QMM_INLINE) so that the per-row
+// accumulator arrays stay in registers.
+#define QMM_INLINE __attribute__((always_inline))
 template <int NX, class F>
-inline void for_nx(F&& f) {
-  [&]<int... J>(std::integer_sequence<int, J...>) { (f(J), ...); }(std::make_integer_sequence<int, NX>{});
+QMM_INLINE inline void for_nx(F&& f) {
+  [&]<int... J>(std::integer_sequence<int, J...>) QMM_INLINE { (f(J), ...); }(std::make_integer_sequence<int, NX>{});
 }
 
 // ---- f32 / f16 / bf16 ----------------------------------------------------------------------------------------
@@ -82,23 +86,51 @@ struct FloatKernel {
   template <int NX>
   static void run(const uint8_t* w, int64_t cols, const ActRow* a, float* out) {
     __m256 acc0[NX], acc1[NX];
-    for_nx<NX>([&](int j) { acc0[j] = acc1[j] = _mm256_setzero_ps(); });
+    for_nx<NX>([&](int j) QMM_INLINE { acc0[j] = acc1[j] = _mm256_setzero_ps(); });
     int64_t i = 0;
     for (; i + 16 <= cols; i += 16) {
       const __m256 w0 = L::load(w + L::kSize * i), w1 = L::load(w + L::kSize * (i + 8));
-      for_nx<NX>([&](int j) {
+      for_nx<NX>([&](int j) QMM_INLINE {
         acc0[j] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(a[j].x + i), acc0[j]);
         acc1[j] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(a[j].x + i + 8), acc1[j]);
       });
     }
     for (; i + 8 <= cols; i += 8) {
       const __m256 w0 = L::load(w + L::kSize * i);
-      for_nx<NX>([&](int j) { acc0[j] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(a[j].x + i), acc0[j]); });
+      for_nx<NX>([&](int j) QMM_INLINE { acc0[j] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(a[j].x + i), acc0[j]); });
     }
-    for_nx<NX>([&](int j) {
+    for_nx<NX>([&](int j) QMM_INLINE {
       float s = hsum(_mm256_add_ps(acc0[j], acc1[j]));
       for (int64_t t = i; t < cols; ++t) s += L::one(w + L::kSize * t) * a[j].x[t];
       out[j] = s;
+    });
+  }
+};
+
+// kTileRows weight rows x NX activation rows per pass over k: each weight vector feeds NX products and each
+// activation vector kTileRows, from registers.
+constexpr int kTileRows = 3;
+template <class L>
+struct FloatTile {
+  template <int NX>
+  static void run(const uint8_t* w, size_t rb, int64_t cols, const ActRow* a, float* out) {
+    __m256 acc[kTileRows][NX];
+    for_nx<kTileRows>([&](int r) QMM_INLINE { for_nx<NX>([&](int j) QMM_INLINE { acc[r][j] = _mm256_setzero_ps(); }); });
+    int64_t i = 0;
+    for (; i + 8 <= cols; i += 8) {
+      __m256 wv[kTileRows];
+      for_nx<kTileRows>([&](int r) QMM_INLINE { wv[r] = L::load(w + r * rb + L::kSize * i); });
+      for_nx<NX>([&](int j) QMM_INLINE {
+        const __m256 xv = _mm256_loadu_ps(a[j].x + i);
+        for_nx<kTileRows>([&](int r) QMM_INLINE { acc[r][j] = _mm256_fmadd_ps(wv[r], xv, acc[r][j]); });
+      });
+    }
+    for_nx<kTileRows>([&](int r) QMM_INLINE {
+      for_nx<NX>([&](int j) QMM_INLINE {
+        float s = hsum(acc[r][j]);
+        for (int64_t t = i; t < cols; ++t) s += L::one(w + r * rb + L::kSize * t) * a[j].x[t];
+        out[r * kMaxNx + j] = s;
+      });
     });
   }
 };
@@ -147,67 +179,107 @@ struct Q5_1 {
   static __m256i q(const uint8_t* b) { return _mm256_or_si256(nibbles(b + 8), fifth_bits(b + 4)); }
 };
 
+struct Q8_0 {
+  static constexpr int kBytes = 34;
+  static constexpr bool kMin = false;
+  static constexpr float kOffset = 0.0f;
+  static __m256i q(const uint8_t* b) { return load256(b + 2); }
+};
+
+// The weight operand of maddubs (unsigned) and the activation operand matched to it: Q8_0's signed weights go as
+// |w| with x negated where w < 0.
+template <class T>
+inline __m256i weight_operand(__m256i q) {
+  if constexpr (std::is_same_v<T, Q8_0>) return _mm256_sign_epi8(q, q);
+  return q;
+}
+template <class T>
+inline __m256i act_operand(__m256i x, __m256i q) {
+  if constexpr (std::is_same_v<T, Q8_0>) return _mm256_sign_epi8(x, q);
+  return x;
+}
+
+// The low 16 bits of each 32-bit lane, packed into 8 x 16 bits.
+inline __m128i pack_low16(__m256i v) {
+  const __m256i shuf = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1, 0, 1, 4, 5, 8, 9,
+                                        12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m256i p = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, shuf), 0x08);  // qwords 0 and 2
+  return _mm256_castsi256_si128(p);
+}
+
 // out = sum_b (dw * dx) * isum_b + (min: sum_b mw * ds_b; offset o: -o * sum_b dw * ds_b)
+// Blocks go 8 at a time: their 8 weight scales are converted together and multiplied by the 8 activation scales
+// in one vector; block k's factor is then lane k (a permute), not a scalar product and a broadcast per block.
 template <class T>
 struct LegacyKernel {
+  static constexpr bool kOffsetTerm = T::kMin || T::kOffset != 0.0f;
+
   template <int NX>
   static void run(const uint8_t* w, int64_t cols, const ActRow* a, float* out) {
     const int64_t nb = cols / 32;
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[NX];
-    float sacc[NX];
-    for_nx<NX>([&](int j) {
-      acc[j] = _mm256_setzero_ps();
-      sacc[j] = 0.0f;
-    });
-    for (int64_t b = 0; b < nb; ++b) {
+    const __m256i stride = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(T::kBytes));
+    __m256 acc[NX], sacc[NX];
+    for_nx<NX>([&](int j) QMM_INLINE { acc[j] = sacc[j] = _mm256_setzero_ps(); });
+    int64_t b = 0;
+    for (; b + 8 <= nb; b += 8) {
+      const uint8_t* blk = w + b * T::kBytes;
+      // One gather of the first 4 bytes of 8 blocks: d in the low half of each lane, m (Q4_1/Q5_1) in the high.
+      const __m256i dm = _mm256_i32gather_epi32(reinterpret_cast<const int*>(blk), stride, 1);
+      const __m256 dw = _mm256_cvtph_ps(pack_low16(dm));
+      const __m256 sw = T::kMin ? _mm256_cvtph_ps(pack_low16(_mm256_srli_epi32(dm, 16))) : dw;
+      __m256 sc[NX];
+      for_nx<NX>([&](int j) QMM_INLINE {
+        sc[j] = _mm256_mul_ps(dw, _mm256_loadu_ps(a[j].d + b));
+        if constexpr (kOffsetTerm) sacc[j] = _mm256_fmadd_ps(sw, _mm256_loadu_ps(a[j].ds + b), sacc[j]);
+      });
+      for_nx<8>([&](int k) QMM_INLINE {
+        const __m256i q = T::q(blk + k * T::kBytes);
+        const __m256i wq = weight_operand<T>(q);
+        const __m256i lane = _mm256_set1_epi32(k);
+        for_nx<NX>([&](int j) QMM_INLINE {
+          const __m256i x = act_operand<T>(load256(a[j].q + 32 * (b + k)), q);
+          const __m256i p = dot_u8s8(wq, x, ones);
+          acc[j] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(sc[j], lane), _mm256_cvtepi32_ps(p), acc[j]);
+        });
+      });
+    }
+    float tail[NX];
+    for_nx<NX>([&](int j) QMM_INLINE { tail[j] = 0.0f; });
+    for (; b < nb; ++b) {
       const uint8_t* blk = w + b * T::kBytes;
       const float d = f16_at(blk);
       const float sw = T::kMin ? f16_at(blk + 2) : d;
       const __m256i q = T::q(blk);
-      for_nx<NX>([&](int j) {
-        const __m256i p = dot_u8s8(q, load256(a[j].q + 32 * b), ones);
+      const __m256i wq = weight_operand<T>(q);
+      for_nx<NX>([&](int j) QMM_INLINE {
+        const __m256i p = dot_u8s8(wq, act_operand<T>(load256(a[j].q + 32 * b), q), ones);
         acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[j].d[b]), _mm256_cvtepi32_ps(p), acc[j]);
-        sacc[j] += sw * a[j].ds[b];
+        if constexpr (kOffsetTerm) tail[j] += sw * a[j].ds[b];
       });
     }
-    for_nx<NX>([&](int j) { out[j] = T::kMin ? hsum(acc[j]) + sacc[j] : hsum(acc[j]) - T::kOffset * sacc[j]; });
-  }
-};
-
-struct Q8_0Kernel {
-  template <int NX>
-  static void run(const uint8_t* w, int64_t cols, const ActRow* a, float* out) {
-    const int64_t nb = cols / 32;
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[NX];
-    for_nx<NX>([&](int j) { acc[j] = _mm256_setzero_ps(); });
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* blk = w + b * 34;
-      const float d = f16_at(blk);
-      const __m256i q = load256(blk + 2);
-      const __m256i aq = _mm256_sign_epi8(q, q);
-      for_nx<NX>([&](int j) {
-        const __m256i p = dot_u8s8(aq, _mm256_sign_epi8(load256(a[j].q + 32 * b), q), ones);
-        acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[j].d[b]), _mm256_cvtepi32_ps(p), acc[j]);
-      });
-    }
-    for_nx<NX>([&](int j) { out[j] = hsum(acc[j]); });
+    for_nx<NX>([&](int j) QMM_INLINE {
+      const float s = hsum(acc[j]);
+      const float o = hsum(sacc[j]) + tail[j];
+      out[j] = T::kMin ? s + o : s - T::kOffset * o;
+    });
   }
 };
 
 // ---- K types (256-element super-blocks) ----------------------------------------------------------------------
 
-// The 8 six-bit scales and mins of a Q4_K/Q5_K super-block (quant.cpp describes the packing).
-inline void k_scales(const uint8_t* s, uint8_t* sc, uint8_t* mn) {
-  for (int g = 0; g < 4; ++g) {
-    sc[g] = s[g] & 63;
-    mn[g] = s[g + 4] & 63;
-  }
-  for (int g = 4; g < 8; ++g) {
-    sc[g] = static_cast<uint8_t>((s[g + 4] & 15) | ((s[g - 4] >> 6) << 4));
-    mn[g] = static_cast<uint8_t>((s[g + 4] >> 4) | ((s[g] >> 6) << 4));
-  }
+// The 8 six-bit scales (sc, byte g = group g) and mins (mn) of a Q4_K/Q5_K super-block (quant.cpp describes the
+// packing), computed on whole words: vector loads of bytes written one by one would stall on store forwarding.
+inline void k_scales(const uint8_t* s, uint64_t* sc, uint64_t* mn) {
+  uint32_t s0, s1, s2;
+  std::memcpy(&s0, s, 4);
+  std::memcpy(&s1, s + 4, 4);
+  std::memcpy(&s2, s + 8, 4);
+  const uint32_t sc_lo = s0 & 0x3f3f3f3fu, mn_lo = s1 & 0x3f3f3f3fu;
+  const uint32_t sc_hi = (s2 & 0x0f0f0f0fu) | (((s0 >> 6) & 0x03030303u) << 4);
+  const uint32_t mn_hi = ((s2 >> 4) & 0x0f0f0f0fu) | (((s1 >> 6) & 0x03030303u) << 4);
+  *sc = sc_lo | (static_cast<uint64_t>(sc_hi) << 32);
+  *mn = mn_lo | (static_cast<uint64_t>(mn_hi) << 32);
 }
 
 // out = sum_sb (d * dx) * sum_g sc_g * isum_g - sum_sb (dmin * dx) * sum_g m_g * xsum_g
@@ -219,18 +291,18 @@ struct Q45KKernel {
     constexpr int kBytes = Five ? 176 : 144;
     const __m256i m4 = _mm256_set1_epi8(15), one8 = _mm256_set1_epi8(1);
     __m256 acc[NX], macc[NX];
-    for_nx<NX>([&](int j) { acc[j] = macc[j] = _mm256_setzero_ps(); });
+    for_nx<NX>([&](int j) QMM_INLINE { acc[j] = macc[j] = _mm256_setzero_ps(); });
     for (int64_t sb = 0; sb < nsb; ++sb) {
       const uint8_t* blk = w + sb * kBytes;
       const float d = f16_at(blk), dmin = f16_at(blk + 2);
-      uint8_t sc[8], mn[8], mn16[16];
-      k_scales(blk + 4, sc, mn);
-      for (int g = 0; g < 8; ++g) mn16[2 * g] = mn16[2 * g + 1] = mn[g];
-      const __m256i mins = _mm256_cvtepu8_epi16(load128(mn16));
+      uint64_t sc, mn;
+      k_scales(blk + 4, &sc, &mn);
+      const __m128i mn8 = _mm_cvtsi64_si128(static_cast<long long>(mn));
+      const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));  // each min twice: 16 groups of 16
       const uint8_t* qs = blk + (Five ? 48 : 16);
       __m256i qh = Five ? load256(blk + 16) : _mm256_setzero_si256();
       __m256i sumi[NX];
-      for_nx<NX>([&](int j) { sumi[j] = _mm256_setzero_si256(); });
+      for_nx<NX>([&](int j) QMM_INLINE { sumi[j] = _mm256_setzero_si256(); });
       for (int c = 0; c < 4; ++c) {
         const __m256i v = load256(qs + 32 * c);
         __m256i lo = _mm256_and_si256(v, m4);
@@ -240,21 +312,22 @@ struct Q45KKernel {
           hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one8), 4));
           qh = _mm256_srli_epi16(qh, 2);
         }
-        const __m256i s_lo = _mm256_set1_epi16(sc[2 * c]), s_hi = _mm256_set1_epi16(sc[2 * c + 1]);
-        for_nx<NX>([&](int j) {
+        const __m256i s_lo = _mm256_set1_epi16(static_cast<int16_t>((sc >> (16 * c)) & 0xff));
+        const __m256i s_hi = _mm256_set1_epi16(static_cast<int16_t>((sc >> (16 * c + 8)) & 0xff));
+        for_nx<NX>([&](int j) QMM_INLINE {
           const int8_t* x = a[j].q + 256 * sb + 64 * c;
           sumi[j] = _mm256_add_epi32(sumi[j], dot_u8s8(lo, load256(x), s_lo));
           sumi[j] = _mm256_add_epi32(sumi[j], dot_u8s8(hi, load256(x + 32), s_hi));
         });
       }
-      for_nx<NX>([&](int j) {
+      for_nx<NX>([&](int j) QMM_INLINE {
         const float dx = a[j].d[sb];
         acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(sumi[j]), acc[j]);
         const __m256i ms = _mm256_madd_epi16(load256(a[j].bs + 16 * sb), mins);
         macc[j] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * dx), _mm256_cvtepi32_ps(ms), macc[j]);
       });
     }
-    for_nx<NX>([&](int j) { out[j] = hsum(acc[j]) - hsum(macc[j]); });
+    for_nx<NX>([&](int j) QMM_INLINE { out[j] = hsum(acc[j]) - hsum(macc[j]); });
   }
 };
 
@@ -265,14 +338,14 @@ struct Q6KKernel {
     const int64_t nsb = cols / 256;
     const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
     __m256 acc[NX];
-    for_nx<NX>([&](int j) { acc[j] = _mm256_setzero_ps(); });
+    for_nx<NX>([&](int j) QMM_INLINE { acc[j] = _mm256_setzero_ps(); });
     for (int64_t sb = 0; sb < nsb; ++sb) {
       const uint8_t* blk = w + sb * 210;
       const auto* sc = reinterpret_cast<const int8_t*>(blk + 192);
       const float d = f16_at(blk + 208);
       const __m256i sc16 = _mm256_cvtepi8_epi16(load128(sc));
       __m256i sumi[NX];
-      for_nx<NX>([&](int j) { sumi[j] = _mm256_setzero_si256(); });
+      for_nx<NX>([&](int j) QMM_INLINE { sumi[j] = _mm256_setzero_si256(); });
       for (int h = 0; h < 2; ++h) {
         const __m256i l0 = load256(blk + 64 * h), l1 = load256(blk + 64 * h + 32);
         const __m256i hb = load256(blk + 128 + 32 * h);
@@ -287,20 +360,39 @@ struct Q6KKernel {
         for (int s = 0; s < 4; ++s) {
           const int g = 8 * h + 2 * s;
           const __m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[g + 1]), _mm_set1_epi16(sc[g]));
-          for_nx<NX>([&](int j) {
+          for_nx<NX>([&](int j) QMM_INLINE {
             sumi[j] = _mm256_add_epi32(sumi[j], dot_u8s8(q[s], load256(a[j].q + 256 * sb + 128 * h + 32 * s), scv));
           });
         }
       }
-      for_nx<NX>([&](int j) {
+      for_nx<NX>([&](int j) QMM_INLINE {
         const __m256i off = _mm256_madd_epi16(load256(a[j].bs + 16 * sb), sc16);
         const __m256i isum = _mm256_sub_epi32(sumi[j], _mm256_slli_epi32(off, 5));
         acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[j].d[sb]), _mm256_cvtepi32_ps(isum), acc[j]);
       });
     }
-    for_nx<NX>([&](int j) { out[j] = hsum(acc[j]); });
+    for_nx<NX>([&](int j) QMM_INLINE { out[j] = hsum(acc[j]); });
   }
 };
+
+template <class K>
+void tile_kernel(const uint8_t* w, size_t rb, int64_t cols, const ActRow* a, int nx, float* out) {
+  static_assert(kMaxNx == 4 && kTileAlign % kTileRows == 0);
+  switch (nx) {
+    case 1:
+      K::template run<1>(w, rb, cols, a, out);
+      return;
+    case 2:
+      K::template run<2>(w, rb, cols, a, out);
+      return;
+    case 3:
+      K::template run<3>(w, rb, cols, a, out);
+      return;
+    default:
+      K::template run<4>(w, rb, cols, a, out);
+      return;
+  }
+}
 
 template <class K>
 void row_kernel(const uint8_t* w, int64_t cols, const ActRow* a, int nx, float* out) {
@@ -324,8 +416,10 @@ void row_kernel(const uint8_t* w, int64_t cols, const ActRow* a, int nx, float* 
 const Kernels kAvx2 = {
     row_kernel<FloatKernel<LoadF32>>, row_kernel<FloatKernel<LoadF16>>, row_kernel<FloatKernel<LoadBF16>>,
     row_kernel<LegacyKernel<Q4_0>>,   row_kernel<LegacyKernel<Q4_1>>,   row_kernel<LegacyKernel<Q5_0>>,
-    row_kernel<LegacyKernel<Q5_1>>,   row_kernel<Q8_0Kernel>,           row_kernel<Q45KKernel<false>>,
+    row_kernel<LegacyKernel<Q5_1>>,   row_kernel<LegacyKernel<Q8_0>>,           row_kernel<Q45KKernel<false>>,
     row_kernel<Q45KKernel<true>>,     row_kernel<Q6KKernel>,
+    tile_kernel<FloatTile<LoadF32>>,  tile_kernel<FloatTile<LoadF16>>,  tile_kernel<FloatTile<LoadBF16>>,
+    kTileRows,
 };
 
 }  // namespace

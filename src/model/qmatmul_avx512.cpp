@@ -17,6 +17,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 namespace tessera::model::qmm {
@@ -60,9 +61,12 @@ inline __m512 join_ps(float lo, float hi) {
   return _mm512_insertf32x8(_mm512_zextps256_ps512(_mm256_set1_ps(lo)), _mm256_set1_ps(hi), 1);
 }
 
+// for_nx<N>(f): f(0), ..., f(N - 1) unrolled; the lambdas are forced inline (QMM_INLINE) so that the per-row
+// accumulator arrays stay in registers.
+#define QMM_INLINE __attribute__((always_inline))
 template <int NX, class F>
-inline void for_nx(F&& f) {
-  [&]<int... J>(std::integer_sequence<int, J...>) { (f(J), ...); }(std::make_integer_sequence<int, NX>{});
+QMM_INLINE inline void for_nx(F&& f) {
+  [&]<int... J>(std::integer_sequence<int, J...>) QMM_INLINE { (f(J), ...); }(std::make_integer_sequence<int, NX>{});
 }
 
 // ---- f32 / f16 / bf16 ----------------------------------------------------------------------------------------
@@ -101,23 +105,51 @@ struct FloatKernel {
   template <int NX>
   static void run(const uint8_t* w, int64_t cols, const ActRow* a, float* out) {
     __m512 acc0[NX], acc1[NX];
-    for_nx<NX>([&](int j) { acc0[j] = acc1[j] = _mm512_setzero_ps(); });
+    for_nx<NX>([&](int j) QMM_INLINE { acc0[j] = acc1[j] = _mm512_setzero_ps(); });
     int64_t i = 0;
     for (; i + 32 <= cols; i += 32) {
       const __m512 w0 = L::load(w + L::kSize * i), w1 = L::load(w + L::kSize * (i + 16));
-      for_nx<NX>([&](int j) {
+      for_nx<NX>([&](int j) QMM_INLINE {
         acc0[j] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(a[j].x + i), acc0[j]);
         acc1[j] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(a[j].x + i + 16), acc1[j]);
       });
     }
     for (; i + 16 <= cols; i += 16) {
       const __m512 w0 = L::load(w + L::kSize * i);
-      for_nx<NX>([&](int j) { acc0[j] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(a[j].x + i), acc0[j]); });
+      for_nx<NX>([&](int j) QMM_INLINE { acc0[j] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(a[j].x + i), acc0[j]); });
     }
-    for_nx<NX>([&](int j) {
+    for_nx<NX>([&](int j) QMM_INLINE {
       float s = hsum512(_mm512_add_ps(acc0[j], acc1[j]));
       for (int64_t t = i; t < cols; ++t) s += L::one(w + L::kSize * t) * a[j].x[t];
       out[j] = s;
+    });
+  }
+};
+
+// kTileRows weight rows x NX activation rows per pass over k: each weight vector feeds NX products and each
+// activation vector kTileRows, from registers.
+constexpr int kTileRows = 4;
+template <class L>
+struct FloatTile {
+  template <int NX>
+  static void run(const uint8_t* w, size_t rb, int64_t cols, const ActRow* a, float* out) {
+    __m512 acc[kTileRows][NX];
+    for_nx<kTileRows>([&](int r) QMM_INLINE { for_nx<NX>([&](int j) QMM_INLINE { acc[r][j] = _mm512_setzero_ps(); }); });
+    int64_t i = 0;
+    for (; i + 16 <= cols; i += 16) {
+      __m512 wv[kTileRows];
+      for_nx<kTileRows>([&](int r) QMM_INLINE { wv[r] = L::load(w + r * rb + L::kSize * i); });
+      for_nx<NX>([&](int j) QMM_INLINE {
+        const __m512 xv = _mm512_loadu_ps(a[j].x + i);
+        for_nx<kTileRows>([&](int r) QMM_INLINE { acc[r][j] = _mm512_fmadd_ps(wv[r], xv, acc[r][j]); });
+      });
+    }
+    for_nx<kTileRows>([&](int r) QMM_INLINE {
+      for_nx<NX>([&](int j) QMM_INLINE {
+        float s = hsum512(acc[r][j]);
+        for (int64_t t = i; t < cols; ++t) s += L::one(w + r * rb + L::kSize * t) * a[j].x[t];
+        out[r * kMaxNx + j] = s;
+      });
     });
   }
 };
@@ -162,103 +194,113 @@ struct Q5_1 {
   static __m256i q(const uint8_t* b) { return _mm256_or_si256(nibbles(b + 8), fifth_bits(b + 4)); }
 };
 
-// out = sum_b (dw * dx) * isum_b + (min: sum_b mw * ds_b; offset o: -o * sum_b dw * ds_b)
-template <class T>
-struct LegacyKernel {
-  template <int NX>
-  static void run(const uint8_t* w, int64_t cols, const ActRow* a, float* out) {
-    const int64_t nb = cols / 32;
-    __m512 acc[NX];
-    __m256 tail[NX];
-    float sacc[NX];
-    for_nx<NX>([&](int j) {
-      acc[j] = _mm512_setzero_ps();
-      tail[j] = _mm256_setzero_ps();
-      sacc[j] = 0.0f;
-    });
-    int64_t b = 0;
-    for (; b + 2 <= nb; b += 2) {
-      const uint8_t* b0 = w + b * T::kBytes;
-      const uint8_t* b1 = b0 + T::kBytes;
-      const float d0 = f16_at(b0), d1 = f16_at(b1);
-      const float s0 = T::kMin ? f16_at(b0 + 2) : d0, s1 = T::kMin ? f16_at(b1 + 2) : d1;
-      const __m512i q = join(T::q(b0), T::q(b1));
-      for_nx<NX>([&](int j) {
-        const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, load512(a[j].q + 32 * b));
-        acc[j] = _mm512_fmadd_ps(join_ps(d0 * a[j].d[b], d1 * a[j].d[b + 1]), _mm512_cvtepi32_ps(p), acc[j]);
-        sacc[j] += s0 * a[j].ds[b];
-        sacc[j] += s1 * a[j].ds[b + 1];
-      });
-    }
-    if (b < nb) {
-      const uint8_t* b0 = w + b * T::kBytes;
-      const float d0 = f16_at(b0);
-      const float s0 = T::kMin ? f16_at(b0 + 2) : d0;
-      const __m256i q = T::q(b0);
-      for_nx<NX>([&](int j) {
-        const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, load256(a[j].q + 32 * b));
-        tail[j] = _mm256_mul_ps(_mm256_set1_ps(d0 * a[j].d[b]), _mm256_cvtepi32_ps(p));
-        sacc[j] += s0 * a[j].ds[b];
-      });
-    }
-    for_nx<NX>([&](int j) {
-      const float s = hsum512(acc[j]) + hsum256(tail[j]);
-      out[j] = T::kMin ? s + sacc[j] : s - T::kOffset * sacc[j];
-    });
-  }
+struct Q8_0 {
+  static constexpr int kBytes = 34;
+  static constexpr bool kMin = false;
+  static constexpr float kOffset = 0.0f;
+  static __m256i q(const uint8_t* b) { return load256(b + 2); }
 };
 
-struct Q8_0Kernel {
+// The weight operand of dpbusd (unsigned) and the activation operand matched to it: Q8_0's signed weights go as |w|
+// with x negated where w < 0.
+template <class T>
+inline __m512i weight_operand(__m512i q) {
+  if constexpr (std::is_same_v<T, Q8_0>) return _mm512_abs_epi8(q);
+  return q;
+}
+template <class T>
+inline __m512i act_operand(__m512i x, __m512i q) {
+  if constexpr (std::is_same_v<T, Q8_0>) return _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(q), _mm512_setzero_si512(), x);
+  return x;
+}
+template <class T>
+inline __m256i weight_operand(__m256i q) {
+  if constexpr (std::is_same_v<T, Q8_0>) return _mm256_sign_epi8(q, q);
+  return q;
+}
+template <class T>
+inline __m256i act_operand(__m256i x, __m256i q) {
+  if constexpr (std::is_same_v<T, Q8_0>) return _mm256_sign_epi8(x, q);
+  return x;
+}
+
+// out = sum_b (dw * dx) * isum_b + (min: sum_b mw * ds_b; offset o: -o * sum_b dw * ds_b)
+// Blocks go 16 at a time: one gather fetches their scales (and mins), one multiply forms the 16 factors dw * dx,
+// and each pair of blocks (one register) takes its two factors with a permute.
+template <class T>
+struct LegacyKernel {
+  static constexpr bool kOffsetTerm = T::kMin || T::kOffset != 0.0f;
+
   template <int NX>
   static void run(const uint8_t* w, int64_t cols, const ActRow* a, float* out) {
     const int64_t nb = cols / 32;
-    __m512 acc[NX];
-    __m256 tail[NX];
-    for_nx<NX>([&](int j) {
-      acc[j] = _mm512_setzero_ps();
-      tail[j] = _mm256_setzero_ps();
-    });
+    const __m512i stride = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(T::kBytes));
+    __m512 acc[NX], sacc[NX];
+    for_nx<NX>([&](int j) QMM_INLINE { acc[j] = sacc[j] = _mm512_setzero_ps(); });
     int64_t b = 0;
-    for (; b + 2 <= nb; b += 2) {
-      const uint8_t* b0 = w + b * 34;
-      const uint8_t* b1 = b0 + 34;
-      const float d0 = f16_at(b0), d1 = f16_at(b1);
-      const __m512i q = join(load256(b0 + 2), load256(b1 + 2));
-      const __m512i aq = _mm512_abs_epi8(q);
-      const __mmask64 neg = _mm512_movepi8_mask(q);
-      for_nx<NX>([&](int j) {
-        const __m512i x = load512(a[j].q + 32 * b);
-        const __m512i xs = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
-        const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), aq, xs);
-        acc[j] = _mm512_fmadd_ps(join_ps(d0 * a[j].d[b], d1 * a[j].d[b + 1]), _mm512_cvtepi32_ps(p), acc[j]);
+    for (; b + 16 <= nb; b += 16) {
+      const uint8_t* blk = w + b * T::kBytes;
+      const __m512i dm = _mm512_i32gather_epi32(stride, blk, 1);  // d | m << 16 per block
+      const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
+      const __m512 sw = T::kMin ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16))) : dw;
+      __m512 sc[NX];
+      for_nx<NX>([&](int j) QMM_INLINE {
+        sc[j] = _mm512_mul_ps(dw, _mm512_loadu_ps(a[j].d + b));
+        if constexpr (kOffsetTerm) sacc[j] = _mm512_fmadd_ps(sw, _mm512_loadu_ps(a[j].ds + b), sacc[j]);
+      });
+      for_nx<8>([&](int k) QMM_INLINE {
+        const __m512i q = join(T::q(blk + 2 * k * T::kBytes), T::q(blk + (2 * k + 1) * T::kBytes));
+        const __m512i wq = weight_operand<T>(q);
+        const __m512i lanes = join(_mm256_set1_epi32(2 * k), _mm256_set1_epi32(2 * k + 1));
+        for_nx<NX>([&](int j) QMM_INLINE {
+          const __m512i x = act_operand<T>(load512(a[j].q + 32 * (b + 2 * k)), q);
+          const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, x);
+          acc[j] = _mm512_fmadd_ps(_mm512_permutexvar_ps(lanes, sc[j]), _mm512_cvtepi32_ps(p), acc[j]);
+        });
       });
     }
-    if (b < nb) {
-      const uint8_t* b0 = w + b * 34;
-      const float d0 = f16_at(b0);
-      const __m256i q = load256(b0 + 2);
-      const __m256i aq = _mm256_sign_epi8(q, q);
-      for_nx<NX>([&](int j) {
-        const __m256i xs = _mm256_sign_epi8(load256(a[j].q + 32 * b), q);
-        const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aq, xs);
-        tail[j] = _mm256_mul_ps(_mm256_set1_ps(d0 * a[j].d[b]), _mm256_cvtepi32_ps(p));
+    __m256 acc8[NX];
+    float tail[NX];
+    for_nx<NX>([&](int j) QMM_INLINE {
+      acc8[j] = _mm256_setzero_ps();
+      tail[j] = 0.0f;
+    });
+    for (; b < nb; ++b) {
+      const uint8_t* blk = w + b * T::kBytes;
+      const float d = f16_at(blk);
+      const float sw = T::kMin ? f16_at(blk + 2) : d;
+      const __m256i q = T::q(blk);
+      const __m256i wq = weight_operand<T>(q);
+      for_nx<NX>([&](int j) QMM_INLINE {
+        const __m256i x = act_operand<T>(load256(a[j].q + 32 * b), q);
+        const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wq, x);
+        acc8[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[j].d[b]), _mm256_cvtepi32_ps(p), acc8[j]);
+        if constexpr (kOffsetTerm) tail[j] += sw * a[j].ds[b];
       });
     }
-    for_nx<NX>([&](int j) { out[j] = hsum512(acc[j]) + hsum256(tail[j]); });
+    for_nx<NX>([&](int j) QMM_INLINE {
+      const float s = hsum512(acc[j]) + hsum256(acc8[j]);
+      const float o = hsum512(sacc[j]) + tail[j];
+      out[j] = T::kMin ? s + o : s - T::kOffset * o;
+    });
   }
 };
 
 // ---- K types (256-element super-blocks) ----------------------------------------------------------------------
 
-inline void k_scales(const uint8_t* s, uint8_t* sc, uint8_t* mn) {
-  for (int g = 0; g < 4; ++g) {
-    sc[g] = s[g] & 63;
-    mn[g] = s[g + 4] & 63;
-  }
-  for (int g = 4; g < 8; ++g) {
-    sc[g] = static_cast<uint8_t>((s[g + 4] & 15) | ((s[g - 4] >> 6) << 4));
-    mn[g] = static_cast<uint8_t>((s[g + 4] >> 4) | ((s[g] >> 6) << 4));
-  }
+// The 8 six-bit scales (byte g of *sc: group g) and mins of a Q4_K/Q5_K super-block, on whole words (vector loads
+// of bytes stored one by one would stall on store forwarding).
+inline void k_scales(const uint8_t* s, uint64_t* sc, uint64_t* mn) {
+  uint32_t s0, s1, s2;
+  std::memcpy(&s0, s, 4);
+  std::memcpy(&s1, s + 4, 4);
+  std::memcpy(&s2, s + 8, 4);
+  const uint32_t sc_lo = s0 & 0x3f3f3f3fu, mn_lo = s1 & 0x3f3f3f3fu;
+  const uint32_t sc_hi = (s2 & 0x0f0f0f0fu) | (((s0 >> 6) & 0x03030303u) << 4);
+  const uint32_t mn_hi = ((s2 >> 4) & 0x0f0f0f0fu) | (((s1 >> 6) & 0x03030303u) << 4);
+  *sc = sc_lo | (static_cast<uint64_t>(sc_hi) << 32);
+  *mn = mn_lo | (static_cast<uint64_t>(mn_hi) << 32);
 }
 
 // Index vectors for _mm512_permutexvar_epi16: lane k (int16 k covers elements 2k, 2k+1 of a 64-element chunk)
@@ -281,18 +323,18 @@ struct Q45KKernel {
     const __m512i idx[4] = {scale_index(0, 16), scale_index(2, 16), scale_index(4, 16), scale_index(6, 16)};
     __m512 acc[NX];
     __m256 macc[NX];
-    for_nx<NX>([&](int j) {
+    for_nx<NX>([&](int j) QMM_INLINE {
       acc[j] = _mm512_setzero_ps();
       macc[j] = _mm256_setzero_ps();
     });
     for (int64_t sb = 0; sb < nsb; ++sb) {
       const uint8_t* blk = w + sb * kBytes;
       const float d = f16_at(blk), dmin = f16_at(blk + 2);
-      alignas(16) uint8_t sc[16] = {}, mn[8], mn16[16];
-      k_scales(blk + 4, sc, mn);
-      for (int g = 0; g < 8; ++g) mn16[2 * g] = mn16[2 * g + 1] = mn[g];
-      const __m256i mins = _mm256_cvtepu8_epi16(load128(mn16));
-      const __m512i sc16 = _mm512_zextsi256_si512(_mm256_cvtepu8_epi16(load128(sc)));
+      uint64_t sc, mn;
+      k_scales(blk + 4, &sc, &mn);
+      const __m128i mn8 = _mm_cvtsi64_si128(static_cast<long long>(mn));
+      const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));  // each min twice: 16 groups of 16
+      const __m512i sc16 = _mm512_zextsi256_si512(_mm256_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(sc))));
       const uint8_t* qs = blk + (Five ? 48 : 16);
       __m512i qh = _mm512_setzero_si512();
       if constexpr (Five) {
@@ -300,7 +342,7 @@ struct Q45KKernel {
         qh = join(h, _mm256_srli_epi16(h, 1));
       }
       __m512i sumi[NX];
-      for_nx<NX>([&](int j) { sumi[j] = _mm512_setzero_si512(); });
+      for_nx<NX>([&](int j) QMM_INLINE { sumi[j] = _mm512_setzero_si512(); });
       for (int c = 0; c < 4; ++c) {
         const __m256i v = load256(qs + 32 * c);
         __m512i q = join(_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
@@ -309,19 +351,19 @@ struct Q45KKernel {
           qh = _mm512_srli_epi16(qh, 2);
         }
         const __m512i scv = _mm512_permutexvar_epi16(idx[c], sc16);
-        for_nx<NX>([&](int j) {
+        for_nx<NX>([&](int j) QMM_INLINE {
           const __m512i x = load512(a[j].q + 256 * sb + 64 * c);
           sumi[j] = _mm512_add_epi32(sumi[j], _mm512_madd_epi16(_mm512_maddubs_epi16(q, x), scv));
         });
       }
-      for_nx<NX>([&](int j) {
+      for_nx<NX>([&](int j) QMM_INLINE {
         const float dx = a[j].d[sb];
         acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(d * dx), _mm512_cvtepi32_ps(sumi[j]), acc[j]);
         const __m256i ms = _mm256_madd_epi16(load256(a[j].bs + 16 * sb), mins);
         macc[j] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * dx), _mm256_cvtepi32_ps(ms), macc[j]);
       });
     }
-    for_nx<NX>([&](int j) { out[j] = hsum512(acc[j]) - hsum256(macc[j]); });
+    for_nx<NX>([&](int j) QMM_INLINE { out[j] = hsum512(acc[j]) - hsum256(macc[j]); });
   }
 };
 
@@ -333,14 +375,14 @@ struct Q6KKernel {
     const __m512i m4 = _mm512_set1_epi8(15), m2 = _mm512_set1_epi8(3);
     const __m512i idx[4] = {scale_index(0, 8), scale_index(4, 8), scale_index(8, 8), scale_index(12, 8)};
     __m512 acc[NX];
-    for_nx<NX>([&](int j) { acc[j] = _mm512_setzero_ps(); });
+    for_nx<NX>([&](int j) QMM_INLINE { acc[j] = _mm512_setzero_ps(); });
     for (int64_t sb = 0; sb < nsb; ++sb) {
       const uint8_t* blk = w + sb * 210;
       const float d = f16_at(blk + 208);
       const __m256i sc16 = _mm256_cvtepi8_epi16(load128(blk + 192));
       const __m512i sc16z = _mm512_zextsi256_si512(sc16);
       __m512i sumi[NX];
-      for_nx<NX>([&](int j) { sumi[j] = _mm512_setzero_si512(); });
+      for_nx<NX>([&](int j) QMM_INLINE { sumi[j] = _mm512_setzero_si512(); });
       for (int h = 0; h < 2; ++h) {
         const __m512i l = load512(blk + 64 * h);  // elements 0..31 and 32..63 of the half (low nibbles), then
         const __m256i hb = load256(blk + 128 + 32 * h);  // 64..95 and 96..127 (high nibbles)
@@ -351,21 +393,40 @@ struct Q6KKernel {
                             _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hz, 4), m2), 4));
         const __m512i s01 = _mm512_permutexvar_epi16(idx[2 * h], sc16z);
         const __m512i s23 = _mm512_permutexvar_epi16(idx[2 * h + 1], sc16z);
-        for_nx<NX>([&](int j) {
+        for_nx<NX>([&](int j) QMM_INLINE {
           const int8_t* x = a[j].q + 256 * sb + 128 * h;
           sumi[j] = _mm512_add_epi32(sumi[j], _mm512_madd_epi16(_mm512_maddubs_epi16(q01, load512(x)), s01));
           sumi[j] = _mm512_add_epi32(sumi[j], _mm512_madd_epi16(_mm512_maddubs_epi16(q23, load512(x + 64)), s23));
         });
       }
-      for_nx<NX>([&](int j) {
+      for_nx<NX>([&](int j) QMM_INLINE {
         const __m256i off = _mm256_madd_epi16(load256(a[j].bs + 16 * sb), sc16);
         const __m512i isum = _mm512_sub_epi32(sumi[j], _mm512_zextsi256_si512(_mm256_slli_epi32(off, 5)));
         acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(d * a[j].d[sb]), _mm512_cvtepi32_ps(isum), acc[j]);
       });
     }
-    for_nx<NX>([&](int j) { out[j] = hsum512(acc[j]); });
+    for_nx<NX>([&](int j) QMM_INLINE { out[j] = hsum512(acc[j]); });
   }
 };
+
+template <class K>
+void tile_kernel(const uint8_t* w, size_t rb, int64_t cols, const ActRow* a, int nx, float* out) {
+  static_assert(kMaxNx == 4 && kTileAlign % kTileRows == 0);
+  switch (nx) {
+    case 1:
+      K::template run<1>(w, rb, cols, a, out);
+      return;
+    case 2:
+      K::template run<2>(w, rb, cols, a, out);
+      return;
+    case 3:
+      K::template run<3>(w, rb, cols, a, out);
+      return;
+    default:
+      K::template run<4>(w, rb, cols, a, out);
+      return;
+  }
+}
 
 template <class K>
 void row_kernel(const uint8_t* w, int64_t cols, const ActRow* a, int nx, float* out) {
@@ -389,8 +450,10 @@ void row_kernel(const uint8_t* w, int64_t cols, const ActRow* a, int nx, float* 
 const Kernels kAvx512 = {
     row_kernel<FloatKernel<LoadF32>>, row_kernel<FloatKernel<LoadF16>>, row_kernel<FloatKernel<LoadBF16>>,
     row_kernel<LegacyKernel<Q4_0>>,   row_kernel<LegacyKernel<Q4_1>>,   row_kernel<LegacyKernel<Q5_0>>,
-    row_kernel<LegacyKernel<Q5_1>>,   row_kernel<Q8_0Kernel>,           row_kernel<Q45KKernel<false>>,
+    row_kernel<LegacyKernel<Q5_1>>,   row_kernel<LegacyKernel<Q8_0>>,           row_kernel<Q45KKernel<false>>,
     row_kernel<Q45KKernel<true>>,     row_kernel<Q6KKernel>,
+    tile_kernel<FloatTile<LoadF32>>,  tile_kernel<FloatTile<LoadF16>>,  tile_kernel<FloatTile<LoadBF16>>,
+    kTileRows,
 };
 
 }  // namespace

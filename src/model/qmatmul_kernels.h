@@ -6,6 +6,7 @@
 // int16 sums of q over each group of 16 elements (bs, 16 per block). The float weight types read x (f32).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace tessera::model::qmm {
@@ -22,9 +23,19 @@ constexpr int kMaxNx = 4;
 
 using RowKernel = void (*)(const uint8_t* w, int64_t cols, const ActRow* a, int nx, float* out);
 
+// A tile kernel multiplies tile_rows weight rows (row r at w + r * row_bytes) with nx activation rows, sharing each
+// load of either among the others (register blocking): out[r * kMaxNx + j] = dot(row r, a[j]). The float types
+// have one on the SIMD paths (prefill of f32/f16/bf16 weights is otherwise bound by L2 bandwidth).
+using TileKernel = void (*)(const uint8_t* w, size_t row_bytes, int64_t cols, const ActRow* a, int nx, float* out);
+
 struct Kernels {
   RowKernel f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k;
+  TileKernel f32_tile, f16_tile, bf16_tile;  // nullptr: none
+  int tile_rows;                             // divides kTileAlign
 };
+
+constexpr int kTileAlign = 12;  // thread ranges start at multiples of this, so tiles fall on the same rows however
+                                // the rows are split (results do not depend on the thread count)
 
 const Kernels& scalar_kernels();
 const Kernels* avx2_kernels();    // nullptr when not compiled for x86-64
