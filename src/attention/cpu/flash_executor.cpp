@@ -6,6 +6,7 @@
 #include "attention/cpu/cpu_kernel.h"
 #include "attention/cpu/flash_tile.h"
 #include "core/buffer.h"
+#include "core/enum_names.h"
 #include "core/error.h"
 
 namespace tessera::attn {
@@ -37,15 +38,8 @@ CpuKernel active_cpu_kernel() {
 }
 
 std::string_view cpu_kernel_name(CpuKernel kernel) {
-  switch (kernel) {
-    case CpuKernel::Auto:
-      return "auto";
-    case CpuKernel::Baseline:
-      return "baseline";
-    case CpuKernel::Avx512:
-      return "avx512";
-  }
-  return "?";
+  static constexpr std::string_view kNames[] = {"auto", "baseline", "avx512"};  // in CpuKernel's order
+  return enum_name(kNames, kernel);
 }
 
 namespace cpu_detail {

@@ -4,25 +4,21 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 #include <string>
+#include <string_view>
 
 #include "cuda/cuda_check.h"
 #include "attention/cuda/lower_cuda.h"
 #include "attention/cuda/lower_kernels.cuh"
 #include "attention/cuda/work_plan.h"
+#include "core/enum_names.h"
 #include "core/error.h"
 
 namespace tessera::attn::gpu {
 
 const char* index_build_mode_name(IndexBuildMode m) {
-  switch (m) {
-    case IndexBuildMode::kPerKind:
-      return "per kind (warp for VS and BS, thread for others)";
-    case IndexBuildMode::kWarp:
-      return "warp per tile";
-    case IndexBuildMode::kThread:
-      return "thread per tile";
-  }
-  return "?";
+  static constexpr std::string_view kNames[] = {"per kind (warp for VS and BS, thread for others)", "warp per tile",
+                                                "thread per tile"};  // in IndexBuildMode's order
+  return enum_name(kNames, m).data();
 }
 
 DeviceHeadPattern describe_head(const Pattern& pattern, const LoweringContext& ctx) {

@@ -4,33 +4,27 @@
 #include <cstdlib>
 #include <iterator>
 #include <string>
+#include <string_view>
 
+#include "core/enum_names.h"
 #include "core/error.h"
 
 namespace tessera::attn::gpu {
 
+namespace {
+
+// In the enums' order (core/enum_names.h).
+constexpr std::string_view kPrefillKernelNames[] = {"auto", "mma.sync", "wgmma"};
+constexpr std::string_view kDenseBackendNames[] = {"auto", "ours", "cudnn"};
+
+}  // namespace
+
 const char* prefill_kernel_name(PrefillKernel kernel) {
-  switch (kernel) {
-    case PrefillKernel::kAuto:
-      return "auto";
-    case PrefillKernel::kMma:
-      return "mma.sync";
-    case PrefillKernel::kWgmma:
-      return "wgmma";
-  }
-  return "?";
+  return enum_name(kPrefillKernelNames, kernel).data();
 }
 
 const char* dense_backend_name(DenseBackend b) {
-  switch (b) {
-    case DenseBackend::kAuto:
-      return "auto";
-    case DenseBackend::kOurs:
-      return "ours";
-    case DenseBackend::kCudnn:
-      return "cudnn";
-  }
-  return "?";
+  return enum_name(kDenseBackendNames, b).data();
 }
 
 double cudnn_rel_tile_cost(int64_t q_len) {
@@ -55,9 +49,7 @@ PrefillKernel parse_prefill_kernel(const std::string& s, const std::string& what
 }
 
 DenseBackend parse_dense_backend(const std::string& s, const std::string& what) {
-  if (s == "auto") return DenseBackend::kAuto;
-  if (s == "ours") return DenseBackend::kOurs;
-  if (s == "cudnn") return DenseBackend::kCudnn;
+  if (const auto b = enum_value<DenseBackend>(kDenseBackendNames, s)) return *b;
   throw Error(what + ": expected auto, ours or cudnn, got '" + s + "'");
 }
 

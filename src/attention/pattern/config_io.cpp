@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "attention/pattern/config_json.h"
+#include "core/enum_names.h"
 #include "core/error.h"
 
 namespace tessera::attn {
@@ -37,15 +38,8 @@ PolicyShape shape_of(const AttentionPolicy& policy) {
 }
 
 std::string_view format_name(PolicyFormat format) {
-  switch (format) {
-    case PolicyFormat::tessera:
-      return "tessera";
-    case PolicyFormat::minference:
-      return "minference";
-    case PolicyFormat::moa:
-      return "moa";
-  }
-  return "unknown";
+  static constexpr std::string_view kNames[] = {"tessera", "minference", "moa"};  // in PolicyFormat's order
+  return enum_name(kNames, format);
 }
 
 PolicyFormat detect_policy_format(const json& j, const std::string& source) {
