@@ -50,6 +50,14 @@ QMM_INLINE inline void for_nx(F&& f) {
   [&]<int... J>(std::integer_sequence<int, J...>) QMM_INLINE { (f(J), ...); }(std::make_integer_sequence<int, NX>{});
 }
 
+// Decode (one x row) reads each weight byte once, from DRAM: the kernels ask for the bytes kPrefetchAhead past
+// the ones they are about to use (rows are contiguous, so past the row's end is the next row's start; a prefetch
+// past the matrix's end is harmless).
+constexpr int kPrefetchAhead = 2048;
+inline void prefetch(const uint8_t* p, int bytes) {
+  for (int o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchAhead + o), _MM_HINT_T0);
+}
+
 // ---- f32 / f16 / bf16 ----------------------------------------------------------------------------------------
 
 struct LoadF32 {
@@ -138,9 +146,11 @@ struct FloatTile {
 // ---- Q4_0 .. Q8_0 (32-element blocks) ------------------------------------------------------------------------
 
 // 32 nibbles -> 32 bytes in element order (the low nibbles are elements 0..15, the high ones 16..31).
+// (The 16 bytes go to both halves; the upper half shifts right by 4 within each 32-bit lane, and the nibbles that
+// shift in from the neighbouring byte are masked off.)
 inline __m256i nibbles(const uint8_t* qs) {
-  const __m128i v = load128(qs);
-  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(15));
+  const __m256i v = _mm256_broadcastsi128_si256(load128(qs));
+  return _mm256_and_si256(_mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(15));
 }
 
 // Bit i of qh -> 0x10 in byte i.
@@ -224,6 +234,7 @@ struct LegacyKernel {
     int64_t b = 0;
     for (; b + 8 <= nb; b += 8) {
       const uint8_t* blk = w + b * T::kBytes;
+      if constexpr (NX == 1) prefetch(blk, 8 * T::kBytes);
       // One gather of the first 4 bytes of 8 blocks: d in the low half of each lane, m (Q4_1/Q5_1) in the high.
       const __m256i dm = _mm256_i32gather_epi32(reinterpret_cast<const int*>(blk), stride, 1);
       const __m256 dw = _mm256_cvtph_ps(pack_low16(dm));
@@ -295,6 +306,7 @@ struct Q45KKernel {
     for (int64_t sb = 0; sb < nsb; ++sb) {
       const uint8_t* blk = w + sb * kBytes;
       const float d = f16_at(blk), dmin = f16_at(blk + 2);
+      if constexpr (NX == 1) prefetch(blk, kBytes);
       uint64_t sc, mn;
       k_scales(blk + 4, &sc, &mn);
       const __m128i mn8 = _mm_cvtsi64_si128(static_cast<long long>(mn));
@@ -341,6 +353,7 @@ struct Q6KKernel {
     for_nx<NX>([&](int j) QMM_INLINE { acc[j] = _mm256_setzero_ps(); });
     for (int64_t sb = 0; sb < nsb; ++sb) {
       const uint8_t* blk = w + sb * 210;
+      if constexpr (NX == 1) prefetch(blk, 210);
       const auto* sc = reinterpret_cast<const int8_t*>(blk + 192);
       const float d = f16_at(blk + 208);
       const __m256i sc16 = _mm256_cvtepi8_epi16(load128(sc));

@@ -69,6 +69,14 @@ QMM_INLINE inline void for_nx(F&& f) {
   [&]<int... J>(std::integer_sequence<int, J...>) QMM_INLINE { (f(J), ...); }(std::make_integer_sequence<int, NX>{});
 }
 
+// Decode (one x row) reads each weight byte once, from DRAM: the kernels ask for the bytes kPrefetchAhead past
+// the ones they are about to use (rows are contiguous, so past the row's end is the next row's start; a prefetch
+// past the matrix's end is harmless).
+constexpr int kPrefetchAhead = 2048;
+inline void prefetch(const uint8_t* p, int bytes) {
+  for (int o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchAhead + o), _MM_HINT_T0);
+}
+
 // ---- f32 / f16 / bf16 ----------------------------------------------------------------------------------------
 
 struct LoadF32 {
@@ -156,9 +164,11 @@ struct FloatTile {
 
 // ---- Q4_0 .. Q8_0 (32-element blocks) ------------------------------------------------------------------------
 
+// (The 16 bytes go to both halves; the upper half shifts right by 4 within each 32-bit lane, and the nibbles that
+// shift in from the neighbouring byte are masked off.)
 inline __m256i nibbles(const uint8_t* qs) {
-  const __m128i v = load128(qs);
-  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(15));
+  const __m256i v = _mm256_broadcastsi128_si256(load128(qs));
+  return _mm256_and_si256(_mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(15));
 }
 
 // Bit i of the little-endian uint32 at p -> 0x10 in byte i.
@@ -169,29 +179,50 @@ inline __m256i fifth_bits(const uint8_t* p) {
   return _mm256_maskz_mov_epi8(bits, _mm256_set1_epi8(0x10));
 }
 
+// Two consecutive blocks' 32 nibbles each (the first at qs, the second at qs + stride) -> 64 bytes in element order.
+inline __m512i nibbles2(const uint8_t* qs, int stride) {
+  __m512i v = _mm512_broadcast_i32x4(load128(qs));
+  v = _mm512_mask_broadcast_i32x4(v, 0xff00, load128(qs + stride));
+  const __m512i shift = _mm512_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4, 0, 0, 0, 0, 4, 4, 4, 4);
+  return _mm512_and_si512(_mm512_srlv_epi32(v, shift), _mm512_set1_epi8(15));
+}
+
+// Bits i of the two blocks' little-endian uint32 qh -> 0x10 in byte i (first block) and 32 + i (second).
+inline __m512i fifth_bits2(const uint8_t* p, int stride) {
+  uint32_t h0, h1;
+  std::memcpy(&h0, p, 4);
+  std::memcpy(&h1, p + stride, 4);
+  const __mmask64 bits = _cvtu64_mask64(h0 | (static_cast<uint64_t>(h1) << 32));
+  return _mm512_maskz_mov_epi8(bits, _mm512_set1_epi8(0x10));
+}
+
 struct Q4_0 {
   static constexpr int kBytes = 18;
   static constexpr bool kMin = false;
   static constexpr float kOffset = 8.0f;
   static __m256i q(const uint8_t* b) { return nibbles(b + 2); }
+  static __m512i q2(const uint8_t* b) { return nibbles2(b + 2, kBytes); }
 };
 struct Q4_1 {
   static constexpr int kBytes = 20;
   static constexpr bool kMin = true;
   static constexpr float kOffset = 0.0f;
   static __m256i q(const uint8_t* b) { return nibbles(b + 4); }
+  static __m512i q2(const uint8_t* b) { return nibbles2(b + 4, kBytes); }
 };
 struct Q5_0 {
   static constexpr int kBytes = 22;
   static constexpr bool kMin = false;
   static constexpr float kOffset = 16.0f;
   static __m256i q(const uint8_t* b) { return _mm256_or_si256(nibbles(b + 6), fifth_bits(b + 2)); }
+  static __m512i q2(const uint8_t* b) { return _mm512_or_si512(nibbles2(b + 6, kBytes), fifth_bits2(b + 2, kBytes)); }
 };
 struct Q5_1 {
   static constexpr int kBytes = 24;
   static constexpr bool kMin = true;
   static constexpr float kOffset = 0.0f;
   static __m256i q(const uint8_t* b) { return _mm256_or_si256(nibbles(b + 8), fifth_bits(b + 4)); }
+  static __m512i q2(const uint8_t* b) { return _mm512_or_si512(nibbles2(b + 8, kBytes), fifth_bits2(b + 4, kBytes)); }
 };
 
 struct Q8_0 {
@@ -199,6 +230,7 @@ struct Q8_0 {
   static constexpr bool kMin = false;
   static constexpr float kOffset = 0.0f;
   static __m256i q(const uint8_t* b) { return load256(b + 2); }
+  static __m512i q2(const uint8_t* b) { return join(load256(b + 2), load256(b + kBytes + 2)); }
 };
 
 // The weight operand of dpbusd (unsigned) and the activation operand matched to it: Q8_0's signed weights go as |w|
@@ -241,6 +273,7 @@ struct LegacyKernel {
     int64_t b = 0;
     for (; b + 16 <= nb; b += 16) {
       const uint8_t* blk = w + b * T::kBytes;
+      if constexpr (NX == 1) prefetch(blk, 16 * T::kBytes);
       const __m512i dm = _mm512_i32gather_epi32(stride, blk, 1);  // d | m << 16 per block
       const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
       const __m512 sw = T::kMin ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16))) : dw;
@@ -250,7 +283,7 @@ struct LegacyKernel {
         if constexpr (kOffsetTerm) sacc[j] = _mm512_fmadd_ps(sw, _mm512_loadu_ps(a[j].ds + b), sacc[j]);
       });
       for_nx<8>([&](int k) QMM_INLINE {
-        const __m512i q = join(T::q(blk + 2 * k * T::kBytes), T::q(blk + (2 * k + 1) * T::kBytes));
+        const __m512i q = T::q2(blk + 2 * k * T::kBytes);
         const __m512i wq = weight_operand<T>(q);
         const __m512i lanes = join(_mm256_set1_epi32(2 * k), _mm256_set1_epi32(2 * k + 1));
         for_nx<NX>([&](int j) QMM_INLINE {
@@ -330,6 +363,7 @@ struct Q45KKernel {
     for (int64_t sb = 0; sb < nsb; ++sb) {
       const uint8_t* blk = w + sb * kBytes;
       const float d = f16_at(blk), dmin = f16_at(blk + 2);
+      if constexpr (NX == 1) prefetch(blk, kBytes);
       uint64_t sc, mn;
       k_scales(blk + 4, &sc, &mn);
       const __m128i mn8 = _mm_cvtsi64_si128(static_cast<long long>(mn));
@@ -378,6 +412,7 @@ struct Q6KKernel {
     for_nx<NX>([&](int j) QMM_INLINE { acc[j] = _mm512_setzero_ps(); });
     for (int64_t sb = 0; sb < nsb; ++sb) {
       const uint8_t* blk = w + sb * 210;
+      if constexpr (NX == 1) prefetch(blk, 210);
       const float d = f16_at(blk + 208);
       const __m256i sc16 = _mm256_cvtepi8_epi16(load128(blk + 192));
       const __m512i sc16z = _mm512_zextsi256_si512(sc16);
