@@ -13,9 +13,6 @@
 #include "python/bindings.h"
 #include "python/policy_handle.h"
 
-namespace nb = nanobind;
-using namespace nb::literals;
-
 namespace tessera::python {
 
 namespace {

@@ -48,9 +48,6 @@
 #include "cuda/cuda_check.h"
 #endif
 
-namespace nb = nanobind;
-using namespace nb::literals;
-
 namespace tessera::python {
 
 namespace {

@@ -15,6 +15,10 @@
 
 namespace tessera::python {
 
+// Every binding file's spelling of nanobind, and its "name"_a argument literals.
+namespace nb = nanobind;
+using namespace nanobind::literals;
+
 // A loaded model shared by the Python Model object and every Engine made from it (an Engine keeps it alive).
 struct ModelHandle {
   std::shared_ptr<const cli::Session> session;
