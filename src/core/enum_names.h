@@ -1,11 +1,10 @@
-// tessera/core/enum_names.h — the names of an enum whose enumerators are numbered 0, 1, 2, ... written once, as
-// an array in the enum's order: the name of a value, the value of a name, and every value.
+// tessera/core/enum_names.h — the names of an enum whose enumerators are numbered 0, 1, 2, ... written once,
+// as an array in the enum's order: the name of a value and the value of a name.
 #pragma once
 
 #include <cstddef>
 #include <optional>
 #include <string_view>
-#include <vector>
 
 namespace tessera {
 
@@ -23,14 +22,6 @@ constexpr std::optional<E> enum_value(const std::string_view (&names)[N], std::s
     if (names[i] == name) return static_cast<E>(i);
   }
   return std::nullopt;
-}
-
-// Every value, in order.
-template <class E, size_t N>
-std::vector<E> enum_values(const std::string_view (&)[N]) {
-  std::vector<E> values;
-  for (size_t i = 0; i < N; ++i) values.push_back(static_cast<E>(i));
-  return values;
 }
 
 }  // namespace tessera

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "core/format.h"
+
 namespace tessera::eval {
 
 namespace {
@@ -29,12 +31,6 @@ std::string hex(const Rgb& c) {
   auto byte = [](double v) { return static_cast<int>(std::lround(std::clamp(v, 0.0, 255.0))); };
   char buf[8];
   std::snprintf(buf, sizeof buf, "#%02x%02x%02x", byte(c.r), byte(c.g), byte(c.b));
-  return buf;
-}
-
-std::string num(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", v);
   return buf;
 }
 
@@ -81,54 +77,55 @@ std::string heatmap_svg(const PassGrid& grid, std::string_view title, std::strin
   const double height = top + std::max(grid_h, 60.0) + bottom;
 
   std::string s;
-  s += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + num(width) + "\" height=\"" + num(height) +
-       "\" viewBox=\"0 0 " + num(width) + " " + num(height) +
+  s += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + format_g(width) + "\" height=\"" +
+       format_g(height) + "\" viewBox=\"0 0 " + format_g(width) + " " + format_g(height) +
        "\" font-family=\"sans-serif\" font-size=\"11\">\n";
   s += "<defs><linearGradient id=\"heat\" x1=\"0\" y1=\"1\" x2=\"0\" y2=\"0\">";
   for (double t : {0.0, 0.25, 0.5, 0.75, 1.0}) {
-    s += "<stop offset=\"" + num(t) + "\" stop-color=\"" + heat_colour(t) + "\"/>";
+    s += "<stop offset=\"" + format_g(t) + "\" stop-color=\"" + heat_colour(t) + "\"/>";
   }
   s += "</linearGradient></defs>\n";
-  s += "<text x=\"" + num(left + grid_w / 2) + "\" y=\"24\" text-anchor=\"middle\" font-size=\"14\">" +
+  s += "<text x=\"" + format_g(left + grid_w / 2) + "\" y=\"24\" text-anchor=\"middle\" font-size=\"14\">" +
        xml_escape(title) + "</text>\n";
 
   for (size_t r = 0; r < grid.rows(); ++r) {
     const double y = top + cell_h * static_cast<double>(r);
-    s += "<text x=\"" + num(left - 6) + "\" y=\"" + num(y + cell_h / 2 + 4) + "\" text-anchor=\"end\">" +
-         xml_escape(grid.row_labels[r]) + "</text>\n";
+    s += "<text x=\"" + format_g(left - 6) + "\" y=\"" + format_g(y + cell_h / 2 + 4) +
+         "\" text-anchor=\"end\">" + xml_escape(grid.row_labels[r]) + "</text>\n";
     for (size_t c = 0; c < grid.cols(); ++c) {
       const double x = left + cell_w * static_cast<double>(c);
       const PassRate& p = grid.at(r, c);
       const std::string fill = p.total == 0 ? "#dddddd" : heat_colour(p.rate());
-      s += "<rect x=\"" + num(x) + "\" y=\"" + num(y) + "\" width=\"" + num(cell_w) + "\" height=\"" +
-           num(cell_h) + "\" fill=\"" + fill + "\" stroke=\"#ffffff\"><title>" +
+      s += "<rect x=\"" + format_g(x) + "\" y=\"" + format_g(y) + "\" width=\"" + format_g(cell_w) +
+           "\" height=\"" + format_g(cell_h) + "\" fill=\"" + fill + "\" stroke=\"#ffffff\"><title>" +
            xml_escape(grid.col_labels[c]) + ", depth " + xml_escape(grid.row_labels[r]) + ": " +
            xml_escape(format_rate(p)) + "</title></rect>\n";
       if (p.total > 0) {
         char pct[16];
         std::snprintf(pct, sizeof pct, "%.0f", 100.0 * p.rate());
-        s += "<text x=\"" + num(x + cell_w / 2) + "\" y=\"" + num(y + cell_h / 2 + 4) +
+        s += "<text x=\"" + format_g(x + cell_w / 2) + "\" y=\"" + format_g(y + cell_h / 2 + 4) +
              "\" text-anchor=\"middle\" fill=\"#000000\">" + pct + "</text>\n";
       }
     }
   }
   for (size_t c = 0; c < grid.cols(); ++c) {
-    s += "<text x=\"" + num(left + cell_w * (static_cast<double>(c) + 0.5)) + "\" y=\"" +
-         num(top + grid_h + 16) + "\" text-anchor=\"middle\">" + xml_escape(grid.col_labels[c]) + "</text>\n";
+    s += "<text x=\"" + format_g(left + cell_w * (static_cast<double>(c) + 0.5)) + "\" y=\"" +
+         format_g(top + grid_h + 16) + "\" text-anchor=\"middle\">" + xml_escape(grid.col_labels[c]) +
+         "</text>\n";
   }
-  s += "<text x=\"" + num(left + grid_w / 2) + "\" y=\"" + num(top + grid_h + 40) +
+  s += "<text x=\"" + format_g(left + grid_w / 2) + "\" y=\"" + format_g(top + grid_h + 40) +
        "\" text-anchor=\"middle\">" + xml_escape(x_label) + "</text>\n";
-  s += "<text x=\"16\" y=\"" + num(top + grid_h / 2) +
-       "\" text-anchor=\"middle\" transform=\"rotate(-90 16 " + num(top + grid_h / 2) + ")\">" +
+  s += "<text x=\"16\" y=\"" + format_g(top + grid_h / 2) +
+       "\" text-anchor=\"middle\" transform=\"rotate(-90 16 " + format_g(top + grid_h / 2) + ")\">" +
        xml_escape(y_label) + "</text>\n";
 
   // Legend: a gradient bar from 0 (bottom) to 100% (top).
   const double lx = left + grid_w + legend_gap;
   const double lh = std::max(grid_h, 60.0);
-  s += "<path d=\"M" + num(lx) + " " + num(top) + " h" + num(legend_w) + " v" + num(lh) + " h-" +
-       num(legend_w) + " Z\" fill=\"url(#heat)\" stroke=\"#888888\"/>\n";
-  s += "<text x=\"" + num(lx + legend_w + 4) + "\" y=\"" + num(top + 8) + "\">100%</text>\n";
-  s += "<text x=\"" + num(lx + legend_w + 4) + "\" y=\"" + num(top + lh) + "\">0%</text>\n";
+  s += "<path d=\"M" + format_g(lx) + " " + format_g(top) + " h" + format_g(legend_w) + " v" + format_g(lh) +
+       " h-" + format_g(legend_w) + " Z\" fill=\"url(#heat)\" stroke=\"#888888\"/>\n";
+  s += "<text x=\"" + format_g(lx + legend_w + 4) + "\" y=\"" + format_g(top + 8) + "\">100%</text>\n";
+  s += "<text x=\"" + format_g(lx + legend_w + 4) + "\" y=\"" + format_g(top + lh) + "\">0%</text>\n";
   s += "</svg>\n";
   return s;
 }

@@ -35,6 +35,10 @@ struct PassRate {
     passed += pass ? 1 : 0;
     ++total;
   }
+  void add(const PassRate& other) {
+    passed += other.passed;
+    total += other.total;
+  }
   // passed / total; 0 when total == 0 (check total before reading a rate).
   double rate() const { return total == 0 ? 0.0 : static_cast<double>(passed) / static_cast<double>(total); }
   bool operator==(const PassRate&) const = default;

@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/format.h"
 
 namespace tessera::eval {
 
@@ -53,28 +54,19 @@ void markdown_grid(std::string& out, const PassGrid& g, std::string_view corner)
 
 PassRate PassGrid::row_total(size_t r) const {
   PassRate t;
-  for (size_t c = 0; c < cols(); ++c) {
-    t.passed += at(r, c).passed;
-    t.total += at(r, c).total;
-  }
+  for (size_t c = 0; c < cols(); ++c) t.add(at(r, c));
   return t;
 }
 
 PassRate PassGrid::col_total(size_t c) const {
   PassRate t;
-  for (size_t r = 0; r < rows(); ++r) {
-    t.passed += at(r, c).passed;
-    t.total += at(r, c).total;
-  }
+  for (size_t r = 0; r < rows(); ++r) t.add(at(r, c));
   return t;
 }
 
 PassRate PassGrid::total() const {
   PassRate t;
-  for (const PassRate& p : cells) {
-    t.passed += p.passed;
-    t.total += p.total;
-  }
+  for (const PassRate& p : cells) t.add(p);
   return t;
 }
 
@@ -130,9 +122,7 @@ std::string format_length(size_t tokens) {
 }
 
 std::string format_depth(double depth) {
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%g%%", depth);
-  return buf;
+  return format_g(depth) + "%";
 }
 
 std::string format_rate(const PassRate& rate) {

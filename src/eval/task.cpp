@@ -1,23 +1,16 @@
 #include "eval/task.h"
 
 #include <cmath>
-#include <cstdio>
 #include <iterator>
 
-#include "core/enum_names.h"
 #include "core/error.h"
+#include "core/format.h"
 #include "eval/rng.h"
 #include "eval/task_generators.h"
 
 namespace tessera::eval {
 
 namespace {
-
-std::string depth_text(double depth) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", depth);
-  return buf;
-}
 
 void check_option(bool ok, const std::string& what, const std::string& option, const std::string& rule) {
   check(ok, what + ": option " + option + " must be " + rule);
@@ -29,7 +22,7 @@ void validate(const CaseSpec& spec, const TaskOptions& o, const std::string& wha
   if (task_uses_depth(spec.task)) {
     check(spec.depth.has_value(), what + ": this task needs a depth (percent, 0 to 100)");
     check(std::isfinite(*spec.depth) && *spec.depth >= 0 && *spec.depth <= 100,
-          what + ": depth must be a percentage in [0, 100], got " + depth_text(*spec.depth));
+          what + ": depth must be a percentage in [0, 100], got " + format_g(*spec.depth));
   } else {
     check(!spec.depth.has_value(), what + ": this task has no depth; leave it unset");
   }
@@ -63,20 +56,46 @@ void validate(const CaseSpec& spec, const TaskOptions& o, const std::string& wha
   }
 }
 
-// In the enum's order.
-constexpr std::string_view kTaskNames[] = {"niah_single",       "niah_multikey", "niah_multivalue", "passkey",
-                                           "variable_tracking", "common_words",  "frequent_words"};
-static_assert(std::size(kTaskNames) == static_cast<size_t>(TaskKind::frequent_words) + 1);
+// Each task in the enum's order: its name, whether its cases sit at a depth, the tokens the model may answer
+// in (RULER's budgets) and its generator.
+struct TaskTraits {
+  std::string_view name;
+  bool uses_depth;
+  size_t answer_tokens;
+  void (*generate)(TaskCase& c, const GeneratorInput& in);
+};
+
+constexpr TaskTraits kTasks[] = {
+    {"niah_single", true, 128, generate_needle_task},
+    {"niah_multikey", true, 128, generate_needle_task},
+    {"niah_multivalue", true, 128, generate_needle_task},
+    {"passkey", true, 32, generate_needle_task},
+    {"variable_tracking", false, 30, generate_variable_tracking},
+    {"common_words", false, 120, generate_common_words},
+    {"frequent_words", false, 50, generate_frequent_words},
+};
+static_assert(std::size(kTasks) == static_cast<size_t>(TaskKind::frequent_words) + 1);
+
+// nullptr for a number past the last task.
+const TaskTraits* traits(TaskKind task) {
+  const auto i = static_cast<size_t>(task);
+  return i < std::size(kTasks) ? &kTasks[i] : nullptr;
+}
 
 }  // namespace
 
 const std::vector<TaskKind>& all_tasks() {
-  static const std::vector<TaskKind> v = enum_values<TaskKind>(kTaskNames);
+  static const std::vector<TaskKind> v = [] {
+    std::vector<TaskKind> tasks;
+    for (size_t i = 0; i < std::size(kTasks); ++i) tasks.push_back(static_cast<TaskKind>(i));
+    return tasks;
+  }();
   return v;
 }
 
 std::string_view task_name(TaskKind task) {
-  return enum_name(kTaskNames, task);
+  const TaskTraits* t = traits(task);
+  return t != nullptr ? t->name : "unknown";
 }
 
 TaskKind parse_task(std::string_view name) {
@@ -89,26 +108,13 @@ TaskKind parse_task(std::string_view name) {
 }
 
 bool task_uses_depth(TaskKind task) {
-  return task == TaskKind::niah_single || task == TaskKind::niah_multikey ||
-         task == TaskKind::niah_multivalue || task == TaskKind::passkey;
+  const TaskTraits* t = traits(task);
+  return t != nullptr && t->uses_depth;
 }
 
 size_t answer_tokens(TaskKind task) {
-  switch (task) {
-    case TaskKind::niah_single:
-    case TaskKind::niah_multikey:
-    case TaskKind::niah_multivalue:
-      return 128;
-    case TaskKind::passkey:
-      return 32;
-    case TaskKind::variable_tracking:
-      return 30;
-    case TaskKind::common_words:
-      return 120;
-    case TaskKind::frequent_words:
-      return 50;
-  }
-  return 128;
+  const TaskTraits* t = traits(task);
+  return t != nullptr ? t->answer_tokens : 128;
 }
 
 std::string assemble_prompt(std::string_view instruction, std::string_view context, std::string_view question,
@@ -132,7 +138,7 @@ std::string full_prompt(const TaskCase& c) {
 
 std::string case_id(const CaseSpec& spec) {
   std::string id = std::string(task_name(spec.task)) + "/" + std::to_string(spec.length);
-  if (spec.depth) id += "/d" + depth_text(*spec.depth);
+  if (spec.depth) id += "/d" + format_g(*spec.depth);
   return id + "/s" + std::to_string(spec.sample);
 }
 
@@ -157,23 +163,7 @@ TaskCase generate_case(const CaseSpec& spec, const Haystack& haystack, const Tok
                           derive_seed(spec.seed, task_name(spec.task), spec.sample),
                           spec.length - options.reserve_tokens,
                           what};
-  switch (spec.task) {
-    case TaskKind::niah_single:
-    case TaskKind::niah_multikey:
-    case TaskKind::niah_multivalue:
-    case TaskKind::passkey:
-      generate_needle_task(c, in);
-      break;
-    case TaskKind::variable_tracking:
-      generate_variable_tracking(c, in);
-      break;
-    case TaskKind::common_words:
-      generate_common_words(c, in);
-      break;
-    case TaskKind::frequent_words:
-      generate_frequent_words(c, in);
-      break;
-  }
+  if (const TaskTraits* t = traits(spec.task)) t->generate(c, in);
   return c;
 }
 

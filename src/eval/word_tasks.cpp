@@ -1,6 +1,7 @@
 // Word-frequency tasks: common words extraction (RULER "cwe") and frequent words extraction (RULER "fwe").
 // Their context is a word list rather than a haystack, sized by the number of distinct words.
 #include <cmath>
+#include <functional>
 #include <unordered_set>
 
 #include "core/error.h"
@@ -64,6 +65,22 @@ void set_prompt(TaskCase& c, const PromptParts& parts, std::string context, size
   c.metric = Metric::string_match_all;
 }
 
+// The word list that fills the budget: build(n) is the context for size n (it grows with n), and the result
+// is the largest n that fits. When not even build(0) fits, the error says the budget cannot hold
+// `fixed_part`, then `advice`.
+FitResult fit_word_list(const GeneratorInput& in, const PromptParts& parts,
+                        const std::function<std::string(size_t)>& build, const std::string& fixed_part,
+                        const std::string& advice) {
+  auto tokens_of = [&](size_t n) {
+    return in.count_tokens(assemble_prompt(parts.instruction, build(n), parts.question, parts.answer_prefix));
+  };
+  const size_t fixed = tokens_of(0);
+  check(fixed <= in.budget, in.what + ": the budget of " + std::to_string(in.budget) +
+                                " tokens cannot hold " + fixed_part + " (" + std::to_string(fixed) +
+                                " tokens)" + advice);
+  return fit_largest(in.budget, in.budget, tokens_of);
+}
+
 // r^alpha, exactly for integral alpha (so counts are the same on every libm).
 double rank_power(size_t r, double alpha) {
   if (alpha == std::floor(alpha) && alpha >= 0 && alpha <= 8) {
@@ -123,16 +140,10 @@ void generate_common_words(TaskCase& c, const GeneratorInput& in) {
     }
     return list;
   };
-  auto tokens_of = [&](size_t rare) {
-    return in.count_tokens(
-        assemble_prompt(parts.instruction, build(rare), parts.question, parts.answer_prefix));
-  };
-  const size_t fixed = tokens_of(0);
-  check(fixed <= in.budget, in.what + ": the budget of " + std::to_string(in.budget) +
-                                " tokens cannot hold the " + std::to_string(common) + " common words x " +
-                                std::to_string(o.cwe_common_count) + " (" + std::to_string(fixed) +
-                                " tokens); use a longer length or a smaller cwe_common_count");
-  const FitResult fit = fit_largest(in.budget, in.budget, tokens_of);
+  const FitResult fit =
+      fit_word_list(in, parts, build,
+                    "the " + std::to_string(common) + " common words x " + std::to_string(o.cwe_common_count),
+                    "; use a longer length or a smaller cwe_common_count");
   set_prompt(c, parts, build(fit.n), fit.tokens);
   c.haystack = in.haystack.name;
   c.answers.clear();
@@ -168,15 +179,7 @@ void generate_frequent_words(TaskCase& c, const GeneratorInput& in) {
     }
     return text;
   };
-  auto tokens_of = [&](size_t scale) {
-    return in.count_tokens(
-        assemble_prompt(parts.instruction, build(scale), parts.question, parts.answer_prefix));
-  };
-  const size_t fixed = tokens_of(0);
-  check(fixed <= in.budget, in.what + ": the budget of " + std::to_string(in.budget) +
-                                " tokens cannot hold the instructions (" + std::to_string(fixed) +
-                                " tokens)");
-  const FitResult fit = fit_largest(in.budget, in.budget, tokens_of);
+  const FitResult fit = fit_word_list(in, parts, build, "the instructions", "");
   const std::vector<size_t> counts = zipf_counts(fit.n, o.fwe_alpha);
   check(counts.size() > asked && counts[asked - 1] > counts[asked],
         in.what + ": too short to rank " + std::to_string(asked) +

@@ -6,24 +6,28 @@ namespace tessera::eval {
 
 namespace {
 
-const std::vector<std::string>& adjectives() {
-  static const std::vector<std::string> v = {
-      "quiet",  "amber",  "brave",  "calm",   "clever", "crimson", "dusty",  "eager",  "faint",  "fierce",
-      "gentle", "glassy", "golden", "hollow", "humble", "icy",     "jolly",  "lively", "lonely", "lucky",
-      "mellow", "misty",  "narrow", "noble",  "odd",    "pale",    "proud",  "rapid",  "rough",  "rusty",
-      "sandy",  "shiny",  "silent", "silver", "sleepy", "smooth",  "steady", "sticky", "stormy", "sunny",
-  };
-  return v;
-}
+// random_key's words: "<adjective>-<noun>".
+struct KeyWords {
+  std::vector<std::string> adjectives, nouns;
+};
 
-const std::vector<std::string>& nouns() {
-  static const std::vector<std::string> v = {
-      "harbor", "anchor",  "badger", "basket", "beacon",  "bridge",  "candle",  "canyon", "castle", "cedar",
-      "comet",  "copper",  "desert", "falcon", "feather", "garden",  "glacier", "hammer", "island", "jacket",
-      "kettle", "lantern", "ledger", "marble", "meadow",  "mirror",  "orchard", "pebble", "pepper", "planet",
-      "quarry", "ribbon",  "saddle", "shadow", "signal",  "spindle", "thimble", "tunnel", "violin", "walnut",
+const KeyWords& key_words() {
+  static const KeyWords w = {
+      {
+          "quiet",  "amber",  "brave",  "calm",   "clever", "crimson", "dusty",  "eager",  "faint",  "fierce",
+          "gentle", "glassy", "golden", "hollow", "humble", "icy",     "jolly",  "lively", "lonely", "lucky",
+          "mellow", "misty",  "narrow", "noble",  "odd",    "pale",    "proud",  "rapid",  "rough",  "rusty",
+          "sandy",  "shiny",  "silent", "silver", "sleepy", "smooth",  "steady", "sticky", "stormy", "sunny",
+      },
+      {
+          "harbor",  "anchor", "badger",  "basket",  "beacon",  "bridge",  "candle",  "canyon",
+          "castle",  "cedar",  "comet",   "copper",  "desert",  "falcon",  "feather", "garden",
+          "glacier", "hammer", "island",  "jacket",  "kettle",  "lantern", "ledger",  "marble",
+          "meadow",  "mirror", "orchard", "pebble",  "pepper",  "planet",  "quarry",  "ribbon",
+          "saddle",  "shadow", "signal",  "spindle", "thimble", "tunnel",  "violin",  "walnut",
+      },
   };
-  return v;
+  return w;
 }
 
 }  // namespace
@@ -33,7 +37,8 @@ void throw_too_few_distinct(size_t count) {
 }
 
 std::string random_key(Rng& rng) {
-  return rng.pick(adjectives()) + "-" + rng.pick(nouns());
+  const KeyWords& w = key_words();
+  return rng.pick(w.adjectives) + "-" + rng.pick(w.nouns);
 }
 
 std::vector<std::string> distinct_keys(Rng& rng, size_t count) {
