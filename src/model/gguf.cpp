@@ -7,7 +7,6 @@
 #include <string>
 #include <string_view>
 
-#include "core/enum_names.h"
 #include "core/error.h"
 
 namespace tessera::model {
@@ -26,33 +25,25 @@ std::string str(uint64_t v) {
   return std::to_string(v);
 }
 
+// Each GGUF value type, indexed by its number: its name and the bytes of one value (for STRING and ARRAY the
+// smallest possible encoding).
+struct ValueType {
+  std::string_view name;
+  uint64_t min_bytes;
+};
+
+constexpr ValueType kValueTypes[] = {
+    {"UINT8", 1}, {"INT8", 1},   {"UINT16", 2}, {"INT16", 2},  {"UINT32", 4}, {"INT32", 4},   {"FLOAT32", 4},
+    {"BOOL", 1},  {"STRING", 8}, {"ARRAY", 12}, {"UINT64", 8}, {"INT64", 8},  {"FLOAT64", 8},
+};
+static_assert(std::size(kValueTypes) == static_cast<size_t>(GGUFType::FLOAT64) + 1);
+
 bool known_value_type(uint32_t t) {
-  return t <= static_cast<uint32_t>(GGUFType::FLOAT64);
+  return t < std::size(kValueTypes);
 }
 
-// Bytes of one value of scalar type `t`; for STRING and ARRAY the smallest possible encoding.
 uint64_t min_value_bytes(GGUFType t) {
-  switch (t) {
-    case GGUFType::UINT8:
-    case GGUFType::INT8:
-    case GGUFType::BOOL:
-      return 1;
-    case GGUFType::UINT16:
-    case GGUFType::INT16:
-      return 2;
-    case GGUFType::UINT32:
-    case GGUFType::INT32:
-    case GGUFType::FLOAT32:
-      return 4;
-    case GGUFType::UINT64:
-    case GGUFType::INT64:
-    case GGUFType::FLOAT64:
-    case GGUFType::STRING:
-      return 8;
-    case GGUFType::ARRAY:
-      return 12;
-  }
-  return 1;
+  return kValueTypes[static_cast<size_t>(t)].min_bytes;
 }
 
 // Reads little-endian values from the mapping, checking every read against the end of the file.
@@ -111,35 +102,8 @@ class MetadataParser {
     }
     const auto t = static_cast<GGUFType>(type);
     if (types != nullptr) types->push_back(t);
-    switch (t) {
-      case GGUFType::UINT8:
-        return c_.get<uint8_t>(what);
-      case GGUFType::INT8:
-        return c_.get<int8_t>(what);
-      case GGUFType::UINT16:
-        return c_.get<uint16_t>(what);
-      case GGUFType::INT16:
-        return c_.get<int16_t>(what);
-      case GGUFType::UINT32:
-        return c_.get<uint32_t>(what);
-      case GGUFType::INT32:
-        return c_.get<int32_t>(what);
-      case GGUFType::UINT64:
-        return c_.get<uint64_t>(what);
-      case GGUFType::INT64:
-        return c_.get<int64_t>(what);
-      case GGUFType::FLOAT32:
-        return static_cast<double>(c_.get<float>(what));
-      case GGUFType::FLOAT64:
-        return c_.get<double>(what);
-      case GGUFType::BOOL:
-        return c_.get<uint8_t>(what) != 0;
-      case GGUFType::STRING:
-        return std::string(c_.string(what));
-      case GGUFType::ARRAY:
-        return array(key, depth, types);
-    }
-    return json();
+    if (t == GGUFType::ARRAY) return array(key, depth, types);
+    return scalar(t, what);
   }
 
  private:
@@ -171,52 +135,42 @@ class MetadataParser {
       return out;
     }
     if (types != nullptr) types->push_back(elem);
-    switch (elem) {
-      case GGUFType::STRING:
-        for (uint64_t i = 0; i < n; ++i) out.emplace_back(std::string(c_.string(what)));
-        break;
-      case GGUFType::UINT8:
-        fill<uint8_t>(out, n, what);
-        break;
-      case GGUFType::INT8:
-        fill<int8_t>(out, n, what);
-        break;
-      case GGUFType::UINT16:
-        fill<uint16_t>(out, n, what);
-        break;
-      case GGUFType::INT16:
-        fill<int16_t>(out, n, what);
-        break;
-      case GGUFType::UINT32:
-        fill<uint32_t>(out, n, what);
-        break;
-      case GGUFType::INT32:
-        fill<int32_t>(out, n, what);
-        break;
-      case GGUFType::UINT64:
-        fill<uint64_t>(out, n, what);
-        break;
-      case GGUFType::INT64:
-        fill<int64_t>(out, n, what);
-        break;
-      case GGUFType::FLOAT64:
-        fill<double>(out, n, what);
-        break;
-      case GGUFType::FLOAT32:
-        for (uint64_t i = 0; i < n; ++i) out.emplace_back(static_cast<double>(c_.get<float>(what)));
-        break;
-      case GGUFType::BOOL:
-        for (uint64_t i = 0; i < n; ++i) out.emplace_back(c_.get<uint8_t>(what) != 0);
-        break;
-      case GGUFType::ARRAY:
-        break;
-    }
+    for (uint64_t i = 0; i < n; ++i) out.push_back(scalar(elem, what));
     return out;
   }
 
-  template <class T, class What>
-  void fill(json::array_t& out, uint64_t n, const What& what) {
-    for (uint64_t i = 0; i < n; ++i) out.emplace_back(c_.get<T>(what));
+  // Reads one value of type `t`, which is not ARRAY.
+  template <class What>
+  json scalar(GGUFType t, const What& what) {
+    switch (t) {
+      case GGUFType::UINT8:
+        return c_.get<uint8_t>(what);
+      case GGUFType::INT8:
+        return c_.get<int8_t>(what);
+      case GGUFType::UINT16:
+        return c_.get<uint16_t>(what);
+      case GGUFType::INT16:
+        return c_.get<int16_t>(what);
+      case GGUFType::UINT32:
+        return c_.get<uint32_t>(what);
+      case GGUFType::INT32:
+        return c_.get<int32_t>(what);
+      case GGUFType::UINT64:
+        return c_.get<uint64_t>(what);
+      case GGUFType::INT64:
+        return c_.get<int64_t>(what);
+      case GGUFType::FLOAT32:
+        return static_cast<double>(c_.get<float>(what));
+      case GGUFType::FLOAT64:
+        return c_.get<double>(what);
+      case GGUFType::BOOL:
+        return c_.get<uint8_t>(what) != 0;
+      case GGUFType::STRING:
+        return std::string(c_.string(what));
+      case GGUFType::ARRAY:
+        break;
+    }
+    return json();
   }
 
   Cursor& c_;
@@ -239,16 +193,11 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-// Indexed by the GGUF type number.
-constexpr std::string_view kGGUFTypeNames[] = {"UINT8",  "INT8",    "UINT16", "INT16",  "UINT32",
-                                               "INT32",  "FLOAT32", "BOOL",   "STRING", "ARRAY",
-                                               "UINT64", "INT64",   "FLOAT64"};
-static_assert(std::size(kGGUFTypeNames) == static_cast<size_t>(GGUFType::FLOAT64) + 1);
-
 }  // namespace
 
 std::string_view gguf_type_name(GGUFType t) {
-  return enum_name(kGGUFTypeNames, t);
+  const auto i = static_cast<size_t>(t);
+  return i < std::size(kValueTypes) ? kValueTypes[i].name : "unknown";
 }
 
 bool looks_like_gguf(const MappedFile& file) {

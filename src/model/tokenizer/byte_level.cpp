@@ -50,27 +50,21 @@ std::string spell(std::string_view bytes) {
 std::string unspell(std::string_view spelled) {
   std::string out;
   out.reserve(spelled.size());
-  for (size_t pos = 0; pos < spelled.size();) {
-    const size_t n = utf8::char_length(spelled, pos);
-    const int b = char_to_byte(utf8::decode_at(spelled, pos));
-    if (b >= 0 && !(n == 1 && static_cast<unsigned char>(spelled[pos]) >= 0x80)) {
+  utf8::each_char(spelled, [&](size_t pos, size_t n, bool valid) {
+    const int b = valid ? char_to_byte(utf8::decode_at(spelled, pos)) : -1;
+    if (b >= 0) {
       out += static_cast<char>(b);
     } else {
       out.append(spelled.substr(pos, n));
     }
-    pos += n;
-  }
+    return true;
+  });
   return out;
 }
 
 bool is_spelled(std::string_view s) {
-  for (size_t pos = 0; pos < s.size();) {
-    const size_t n = utf8::char_length(s, pos);
-    if (n == 1 && static_cast<unsigned char>(s[pos]) >= 0x80) return false;
-    if (char_to_byte(utf8::decode_at(s, pos)) < 0) return false;
-    pos += n;
-  }
-  return true;
+  return utf8::each_char(
+      s, [&](size_t pos, size_t, bool valid) { return valid && char_to_byte(utf8::decode_at(s, pos)) >= 0; });
 }
 
 }  // namespace tessera::model::byte_level

@@ -94,25 +94,19 @@ size_t complete_prefix_length(std::string_view s) {
 std::string sanitize(std::string_view s) {
   std::string out;
   out.reserve(s.size());
-  for (size_t pos = 0; pos < s.size();) {
-    const size_t n = char_length(s, pos);
-    if (n == 1 && static_cast<uint8_t>(s[pos]) >= 0x80) {
-      append(out, 0xFFFD);
-    } else {
+  each_char(s, [&](size_t pos, size_t n, bool valid) {
+    if (valid) {
       out.append(s.substr(pos, n));
+    } else {
+      append(out, 0xFFFD);
     }
-    pos += n;
-  }
+    return true;
+  });
   return out;
 }
 
 bool is_valid(std::string_view s) {
-  for (size_t pos = 0; pos < s.size();) {
-    const size_t n = char_length(s, pos);
-    if (n == 1 && static_cast<uint8_t>(s[pos]) >= 0x80) return false;
-    pos += n;
-  }
-  return true;
+  return each_char(s, [](size_t, size_t, bool valid) { return valid; });
 }
 
 }  // namespace tessera::model::utf8

@@ -19,6 +19,19 @@ int sequence_length(uint8_t lead);
 // valid, else 1 (so an invalid byte is consumed on its own, as SentencePiece and llama.cpp do).
 size_t char_length(std::string_view s, size_t pos);
 
+// Walks the characters of `s` in order, char_length(s, pos) bytes each, calling f(pos, n, valid) (valid is
+// false for an invalid byte, which is a character of its own) while it returns true. Returns whether the walk
+// reached the end.
+template <class F>
+bool each_char(std::string_view s, F&& f) {
+  for (size_t pos = 0; pos < s.size();) {
+    const size_t n = char_length(s, pos);
+    if (!f(pos, n, !(n == 1 && static_cast<uint8_t>(s[pos]) >= 0x80))) return false;
+    pos += n;
+  }
+  return true;
+}
+
 // The code point of the valid sequence at s[pos] (char_length(s, pos) bytes), or U+FFFD for an invalid byte.
 char32_t decode_at(std::string_view s, size_t pos);
 
