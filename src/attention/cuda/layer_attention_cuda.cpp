@@ -58,23 +58,6 @@ void CudaLayerAttention::set_options(const CudaAttentionOptions& o) {
   builder_.set_split(o.split);
   invalidate_route();
 }
-void CudaLayerAttention::set_dense_backend(DenseBackend b) {
-  options_.dense_backend = b;
-  invalidate_route();
-}
-void CudaLayerAttention::set_dense_fallback(bool on) {
-  options_.dense_fallback = on;
-  invalidate_route();
-}
-void CudaLayerAttention::set_dense_shortcut(bool on) {
-  options_.dense_shortcut = on;
-  invalidate_route();
-}
-void CudaLayerAttention::set_split(bool on) {
-  options_.split = on;
-  builder_.set_split(on);
-  invalidate_route();
-}
 
 const PrefillRoute& CudaLayerAttention::route(const AttentionArgs& args, cudaStream_t stream) {
   if (route_valid_ && route_dtype_ == args.q.dtype && route_window_ == args.window) return route_;

@@ -60,12 +60,12 @@ class CudaLayerAttention {
   // Options (see the top of this file); a change applies from the next call.
   const CudaAttentionOptions& options() const { return options_; }
   void set_options(const CudaAttentionOptions& o);
-  void set_dense_backend(DenseBackend b);
+  void set_dense_backend(DenseBackend b) { set_option(&CudaAttentionOptions::dense_backend, b); }
   DenseBackend dense_backend() const { return options_.dense_backend; }
-  void set_dense_fallback(bool on);
+  void set_dense_fallback(bool on) { set_option(&CudaAttentionOptions::dense_fallback, on); }
   bool dense_fallback() const { return options_.dense_fallback; }
   // The shortcut alone can be switched off (on by default; the dense fallback switch covers both).
-  void set_dense_shortcut(bool on);
+  void set_dense_shortcut(bool on) { set_option(&CudaAttentionOptions::dense_shortcut, on); }
   bool all_dense() const { return all_dense_; }
   // The layer's route for a call like `args` (computed on first use for its dtype and window; may build the cuDNN
   // plan and run the Hopper kernel's self-check).
@@ -103,7 +103,7 @@ class CudaLayerAttention {
   std::vector<int32_t> download_plan() const { return plan_.download(); }
   // The split-K units of this layer's plan (DeviceIndexBuilder::set_split; empty: nothing is cut).
   const std::vector<SplitUnit>& split_units() const { return builder_.split_units(); }
-  void set_split(bool on);
+  void set_split(bool on) { set_option(&CudaAttentionOptions::split, on); }
   const DeviceSparseIndex& index() const { return index_; }
 
  private:
@@ -114,6 +114,13 @@ class CudaLayerAttention {
                             PrefillKernel kernel);
   bool fall_back_to_dense(const PrefillRoute& route, cudaStream_t stream);
   void invalidate_route() { route_valid_ = false; }
+  // One option changed through set_options (which keeps the index builder's split switch and the route in step).
+  template <class T>
+  void set_option(T CudaAttentionOptions::*option, T value) {
+    CudaAttentionOptions o = options_;
+    o.*option = value;
+    set_options(o);
+  }
 
   std::vector<Pattern> patterns_;
   LoweringContext ctx_;

@@ -58,37 +58,29 @@ struct KernelEntry {
   int head_dim, tile;
   LaunchFn launch;
 };
-// The kernel table, expanded from prefill_instances.h.
+// The kernel tables, expanded from prefill_instances.h: a family's SHAPES x ENTRY for every dtype, built once.
 #define TESSERA_MMA_ENTRY(T, D, BM) KernelEntry{kDType, D, BM, &detail::launch_mma_prefill<T, D, BM>},
 #define TESSERA_HOPPER_ENTRY(T, D, BM) KernelEntry{kDType, D, BM, &detail::launch_hopper_prefill<T>},
-#define TESSERA_MMA_ROWS(T, E, S)                    \
-  {                                                  \
-    constexpr DType kDType = DType::E;               \
-    for (const KernelEntry& e : {TESSERA_MMA_PREFILL_SHAPES(TESSERA_MMA_ENTRY, T)}) v.push_back(e); \
+#define TESSERA_KERNEL_ROWS(SHAPES, ENTRY, T, E)                     \
+  {                                                                  \
+    constexpr DType kDType = DType::E;                               \
+    for (const KernelEntry& e : {SHAPES(ENTRY, T)}) v.push_back(e); \
   }
-#define TESSERA_HOPPER_ROWS(T, E, S)                 \
-  {                                                  \
-    constexpr DType kDType = DType::E;               \
-    for (const KernelEntry& e : {TESSERA_HOPPER_PREFILL_SHAPES(TESSERA_HOPPER_ENTRY, T)}) v.push_back(e); \
-  }
-const std::vector<KernelEntry>& mma_kernels() {
-  static const std::vector<KernelEntry> table = [] {
-    std::vector<KernelEntry> v;
-    TESSERA_PREFILL_DTYPES(TESSERA_MMA_ROWS)
-    return v;
-  }();
+#define TESSERA_MMA_ROWS(T, E, S) TESSERA_KERNEL_ROWS(TESSERA_MMA_PREFILL_SHAPES, TESSERA_MMA_ENTRY, T, E)
+#define TESSERA_HOPPER_ROWS(T, E, S) TESSERA_KERNEL_ROWS(TESSERA_HOPPER_PREFILL_SHAPES, TESSERA_HOPPER_ENTRY, T, E)
+#define TESSERA_KERNEL_TABLE(ROWS)                     \
+  static const std::vector<KernelEntry> table = [] { \
+    std::vector<KernelEntry> v;                        \
+    TESSERA_PREFILL_DTYPES(ROWS)                       \
+    return v;                                          \
+  }();                                                 \
   return table;
-}
-const std::vector<KernelEntry>& hopper_kernels() {
-  static const std::vector<KernelEntry> table = [] {
-    std::vector<KernelEntry> v;
-    TESSERA_PREFILL_DTYPES(TESSERA_HOPPER_ROWS)
-    return v;
-  }();
-  return table;
-}
+const std::vector<KernelEntry>& mma_kernels() { TESSERA_KERNEL_TABLE(TESSERA_MMA_ROWS) }
+const std::vector<KernelEntry>& hopper_kernels() { TESSERA_KERNEL_TABLE(TESSERA_HOPPER_ROWS) }
+#undef TESSERA_KERNEL_TABLE
 #undef TESSERA_HOPPER_ROWS
 #undef TESSERA_MMA_ROWS
+#undef TESSERA_KERNEL_ROWS
 #undef TESSERA_HOPPER_ENTRY
 #undef TESSERA_MMA_ENTRY
 
