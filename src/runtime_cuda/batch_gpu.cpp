@@ -2,13 +2,14 @@
 
 #include <algorithm>
 #include <climits>
+#include <limits>
 #include <cmath>
 #include <string>
 
 #include "core/error.h"
 #include "core/memory_budget.h"
 #include "cuda/cuda_check.h"
-#include "runtime/rope.h"
+#include "runtime/recipe.h"
 #include "runtime_cuda/kernels.h"
 #include "runtime_cuda/paged_decode.h"
 
@@ -40,14 +41,8 @@ GpuBatchBackend::GpuBatchBackend(const DeviceModel& model, GpuBatchOptions optio
   try {
     gemm_ = std::make_unique<Gemm>(stream_);
     prefill_ = std::make_unique<GpuForward>(model_, options_.prefill, stream_, *gemm_, timer_);
-    const LayerRopes ropes = layer_ropes(cfg_, model.rope_freq_factors());
-    for (const std::vector<float>& f : ropes.inv_freqs) {
-      inv_freqs_.emplace_back();
-      inv_freqs_.back().upload(f, stream_);
-    }
-    layer_rope_ = ropes.layer;
-    cos_.resize(inv_freqs_.size());
-    sin_.resize(inv_freqs_.size());
+    ops_ = std::make_unique<GpuOps>(model_, stream_, *gemm_, timer_, nullptr, std::numeric_limits<int32_t>::max());
+    paged_ = std::make_unique<PagedDecodeStep>(cfg_, ops_->attention_scale(), layout_);
     int dev = 0;
     TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
     TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, dev));
@@ -61,6 +56,8 @@ GpuBatchBackend::GpuBatchBackend(const DeviceModel& model, GpuBatchOptions optio
 GpuBatchBackend::~GpuBatchBackend() {
   cudaStreamSynchronize(stream_);
   drop_graphs();
+  paged_.reset();
+  ops_.reset();
   prefill_.reset();
   gemm_.reset();
   cudaStreamDestroy(stream_);
@@ -291,7 +288,7 @@ std::vector<float> GpuBatchBackend::decode(std::span<const int32_t> tokens, std:
   if (tokens.empty()) return {};
   run_step(tokens, rows);
   std::vector<float> out(tokens.size() * static_cast<size_t>(cfg_.vocab_size));
-  TESSERA_CUDA_CHECK(cudaMemcpyAsync(out.data(), logits_.data(), out.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(out.data(), ops_->logits(), out.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return out;
 }
@@ -312,11 +309,11 @@ std::vector<int32_t> GpuBatchBackend::decode_select(std::span<const int32_t> tok
   }
   const auto m = static_cast<int64_t>(sampled.size());
   if (static_cast<int64_t>(chosen_.size()) < n + m) chosen_.resize(static_cast<size_t>(n + m));
-  row_argmax(logits_.data(), n, V, V, chosen_.data(), stream_);
+  row_argmax(ops_->logits(), n, V, V, chosen_.data(), stream_);
   if (m > 0) {
     if (static_cast<int64_t>(sample_scratch_.size()) < m * V) sample_scratch_.resize(static_cast<size_t>(m * V));
     sample_rows_.upload(sampled, stream_);
-    sample_rows(logits_.data(), V, static_cast<int32_t>(V), sample_rows_.data(), static_cast<int32_t>(m),
+    sample_rows(ops_->logits(), V, static_cast<int32_t>(V), sample_rows_.data(), static_cast<int32_t>(m),
                 sample_scratch_.data(), chosen_.data() + n, stream_);
   }
   std::vector<int32_t> got(static_cast<size_t>(n + m));
@@ -329,29 +326,11 @@ std::vector<int32_t> GpuBatchBackend::decode_select(std::span<const int32_t> tok
 }
 
 bool GpuBatchBackend::reserve_step(int64_t n, int32_t splits) {
-  const int64_t H = cfg_.hidden_size, D = cfg_.head_dim, F = cfg_.intermediate_size, V = cfg_.vocab_size;
-  const int64_t QD = cfg_.num_q_heads * D, KD = cfg_.num_kv_heads * D;
-  bool grew = false;
-  auto want = [&](auto& b, int64_t count) {
-    if (static_cast<int64_t>(b.size()) < count) {
-      b.resize(static_cast<size_t>(count));
-      grew = true;
-    }
-  };
-  want(step_, 4 * n + n * cfg_.num_layers * cfg_.num_kv_heads);
-  want(x_, n * H);
-  want(h_, n * H);
-  want(qkv_, n * (QD + 2 * KD));
-  want(a_, n * QD);
-  want(gu_, n * 2 * F);
-  want(logits_, n * V);
-  want(o_part_, n * cfg_.num_q_heads * splits * D);
-  want(lse_part_, n * cfg_.num_q_heads * splits);
-  if (cfg_.post_norms) want(o_, n * H);
-  for (size_t r = 0; r < inv_freqs_.size(); ++r) {
-    want(cos_[r], n * (D / 2));
-    want(sin_[r], n * (D / 2));
-  }
+  const int64_t D = cfg_.head_dim;
+  bool grew = ops_->reserve(n, n, *paged_);
+  grew |= grow(step_, 4 * n + n * cfg_.num_layers * cfg_.num_kv_heads);
+  grew |= grow(o_part_, n * cfg_.num_q_heads * splits * D);
+  grew |= grow(lse_part_, n * cfg_.num_q_heads * splits);
   return grew;
 }
 
@@ -361,90 +340,25 @@ void GpuBatchBackend::drop_graphs() noexcept {
 }
 
 void GpuBatchBackend::launch_step(int64_t n, int32_t splits) {
-  const int64_t H = cfg_.hidden_size, D = cfg_.head_dim, F = cfg_.intermediate_size, V = cfg_.vocab_size;
-  const int64_t QD = cfg_.num_q_heads * D, KD = cfg_.num_kv_heads * D, QKV = QD + 2 * KD;
-  const int32_t L = cfg_.num_layers, Hkv = cfg_.num_kv_heads;
-  const float eps = cfg_.rms_norm_eps;
   const int32_t* d_tokens = step_.data();
-  const int32_t* d_pos = d_tokens + n;
-  const int32_t* d_slot = d_tokens + 2 * n;
-  const int32_t* d_len = d_tokens + 3 * n;
-  const int32_t* d_blocks = d_tokens + 4 * n;
-  for (size_t r = 0; r < inv_freqs_.size(); ++r)
-    rope_tables_at(inv_freqs_[r].data(), static_cast<int>(D / 2), d_pos, n, cos_[r].data(), sin_[r].data(), stream_);
-  embed_tokens(d_tokens, n, model_.embedding(), H, cfg_.embedding_scale, x_.data(), stream_);
-  const GateActivation act = cfg_.activation == Activation::SiLU       ? GateActivation::kSiLU
-                             : cfg_.activation == Activation::GeluTanh ? GateActivation::kGeluTanh
-                                                                       : GateActivation::kGelu;
-  const float scale =
-      cfg_.attention_scale > 0 ? cfg_.attention_scale : 1.0f / std::sqrt(static_cast<float>(cfg_.head_dim));
-  for (int32_t l = 0; l < L; ++l) {
-    const DeviceLayer& Ly = model_.layer(l);
-    rms_norm_to_bf16(x_.data(), n, H, Ly.attn_norm, eps, h_.data(), H, stream_);
-    // One GEMM for Q, K and V (DeviceModel keeps the three weights as one [QD + 2 KD, H] matrix): row r of qkv_
-    // holds q, then k, then v.
-    bf16* const q = qkv_.data();
-    bf16* const knew = q + QD;
-    bf16* const vnew = q + QD + KD;
-    gemm_->linear(h_.data(), H, n, Ly.wqkv, QKV, H, q, DType::BF16, QKV, 0.0f);
-    if (cfg_.qkv_bias) {
-      add_bias(q, n, QD, QKV, Ly.bq, stream_);
-      add_bias(knew, n, KD, QKV, Ly.bk, stream_);
-      add_bias(vnew, n, KD, QKV, Ly.bv, stream_);
-    }
-    const size_t r = layer_rope_[static_cast<size_t>(l)];
-    if (cfg_.qk_norm) {  // Gemma-3: each with its own norm
-      qk_norm_rope(q, n, QKV, cfg_.num_q_heads, static_cast<int>(D), Ly.q_norm, eps, cos_[r].data(), sin_[r].data(),
-                   stream_);
-      qk_norm_rope(knew, n, QKV, Hkv, static_cast<int>(D), Ly.k_norm, eps, cos_[r].data(), sin_[r].data(), stream_);
-    } else {  // the q and k heads are adjacent in a row: one launch rotates both
-      qk_norm_rope(q, n, QKV, cfg_.num_q_heads + Hkv, static_cast<int>(D), nullptr, eps, cos_[r].data(),
-                   sin_[r].data(), stream_);
-    }
-    paged_append_kv(knew, vnew, QKV, static_cast<int32_t>(n), Hkv, static_cast<int32_t>(D), d_blocks, l, L, d_pos,
-                    shape_.block_tokens, k_pool_.data(), v_pool_.data(), stream_);
-    PagedDecodeArgs args;
-    args.q = q;
-    args.q_stride = QKV;
-    args.k_pool = k_pool_.data();
-    args.v_pool = v_pool_.data();
-    args.tables = tables_.data();
-    args.views = views_.data();
-    args.row_slot = d_slot;
-    args.row_len = d_len;
-    args.rows = static_cast<int32_t>(n);
-    args.layer = l;
-    args.num_layers = L;
-    args.q_heads = cfg_.num_q_heads;
-    args.kv_heads = Hkv;
-    args.head_dim = static_cast<int32_t>(D);
-    args.block_tokens = shape_.block_tokens;
-    args.max_blocks = max_blocks_;
-    args.scale = scale;
-    args.splits = splits;
-    args.o_part = o_part_.data();
-    args.lse_part = lse_part_.data();
-    args.out = a_.data();
-    paged_decode_attention(args, stream_);
-    if (cfg_.post_norms) {
-      gemm_->linear(a_.data(), QD, n, Ly.wo, H, QD, o_.data(), DType::F32, H, 0.0f);
-      add_rms_normed(x_.data(), o_.data(), n, H, Ly.post_attn_norm, eps, stream_);
-    } else {
-      gemm_->linear(a_.data(), QD, n, Ly.wo, H, QD, x_.data(), DType::F32, H, 1.0f);
-    }
-    rms_norm_to_bf16(x_.data(), n, H, Ly.ffn_norm, eps, h_.data(), H, stream_);
-    gemm_->linear(h_.data(), H, n, Ly.w_gate_up, 2 * F, H, gu_.data(), DType::BF16, 2 * F, 0.0f);
-    gated_activation(gu_.data(), n, F, act, stream_);
-    if (cfg_.post_norms) {
-      gemm_->linear(gu_.data(), 2 * F, n, Ly.w_down, H, F, o_.data(), DType::F32, H, 0.0f);
-      add_rms_normed(x_.data(), o_.data(), n, H, Ly.post_ffn_norm, eps, stream_);
-    } else {
-      gemm_->linear(gu_.data(), 2 * F, n, Ly.w_down, H, F, x_.data(), DType::F32, H, 1.0f);
-    }
-  }
-  rms_norm_to_bf16(x_.data(), n, H, model_.final_norm(), eps, h_.data(), H, stream_);
-  gemm_->linear(h_.data(), H, n, model_.output(), V, H, logits_.data(), DType::F32, V, 0.0f);
-  if (cfg_.final_logit_softcap > 0) softcap(logits_.data(), n * V, cfg_.final_logit_softcap, stream_);
+  PagedLayout& p = layout_;
+  p.k_pools = {k_pool_.data()};
+  p.v_pools = {v_pool_.data()};
+  p.tables = tables_.data();
+  p.views = views_.data();
+  p.block_tokens = shape_.block_tokens;
+  p.max_blocks = max_blocks_;
+  p.row_pos = d_tokens + n;
+  p.row_slot = d_tokens + 2 * n;
+  p.row_len = d_tokens + 3 * n;
+  p.blocks = d_tokens + 4 * n;
+  p.rows = static_cast<int32_t>(n);
+  p.splits = splits;
+  p.o_part = o_part_.data();
+  p.lse_part = lse_part_.data();
+  ops_->begin(n, d_tokens, 0, p.row_pos, *paged_);
+  run_layers(cfg_, *ops_);
+  ops_->head(0);
 }
 
 }  // namespace tessera::runtime::gpu

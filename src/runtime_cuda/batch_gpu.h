@@ -6,9 +6,10 @@
 //
 // Prefill runs the single-sequence GPU forward (gpu_forward.h: the sparse executor, chunked) into a contiguous
 // staging cache, whose kept rows are then scattered into the sequence's blocks (paged_decode.h). Decode runs the B
-// sequences' tokens as one forward: one QKV GEMM and every other GEMM over B rows (cuBLAS, bf16), RoPE at each
-// row's position, each row's K/V appended to its blocks, paged flash-decoding attention with each head's own view
-// (MoA spans, sliding windows), the logits [B, vocab] on the device (decode() copies them back; decode_select
+// sequences' tokens as one step of the layer recipe (runtime/recipe.h) over the GPU ops (gpu_ops.h): one QKV GEMM
+// and every other GEMM over B rows (cuBLAS, bf16), RoPE at each row's position, and the paged attention step
+// (gpu_attention.h): each row's K/V appended to its blocks, paged flash-decoding attention with each head's own view
+// (MoA spans, sliding windows); the logits [B, vocab] on the device (decode() copies them back; decode_select
 // copies back only the chosen tokens, below). Block tables and views live on the
 // device per sequence slot ([slots, layers * kv_heads, max_blocks]); a decode step uploads only the rows' step
 // data and the table entries that changed (a new block every block_tokens tokens), then replays the CUDA graph of
@@ -37,7 +38,9 @@
 #include "runtime_cuda/device_model.h"
 #include "runtime_cuda/event_timer.h"
 #include "runtime_cuda/gemm.h"
+#include "runtime_cuda/gpu_attention.h"
 #include "runtime_cuda/gpu_forward.h"
+#include "runtime_cuda/gpu_ops.h"
 #include "runtime_cuda/sample_gpu.h"
 
 namespace tessera::runtime::gpu {
@@ -120,15 +123,16 @@ class GpuBatchBackend final : public BatchBackend {
   std::vector<int32_t> free_slots_;
   std::map<const SequenceBlocks*, int32_t> slot_;
   std::map<std::pair<int64_t, int32_t>, cudaGraphExec_t> graphs_;  // (rows, splits) -> the decode step
-  // Decode scratch.
-  std::vector<attn::gpu::DeviceBuffer<float>> inv_freqs_, cos_, sin_;
-  std::vector<size_t> layer_rope_;
+  // The decode step: the layer recipe over the GPU ops (their scratch: activations, logits) with the paged
+  // attention step over the pools.
+  std::unique_ptr<GpuOps> ops_;
+  PagedLayout layout_;
+  std::unique_ptr<PagedDecodeStep> paged_;
   attn::gpu::DeviceBuffer<int32_t> step_;  // tokens, positions, slots, lengths, append blocks
   attn::gpu::DeviceBuffer<int32_t> chosen_;  // the step's tokens: row_argmax of every row, then the sampled rows'
   attn::gpu::DeviceBuffer<SampleRow> sample_rows_;
   attn::gpu::DeviceBuffer<double> sample_scratch_;
-  attn::gpu::DeviceBuffer<float> x_, o_, logits_, o_part_, lse_part_;
-  attn::gpu::DeviceBuffer<bf16> h_, qkv_, a_, gu_;  // qkv_: rows of q, k, v ([n, QD + 2 KD])
+  attn::gpu::DeviceBuffer<float> o_part_, lse_part_;
 };
 
 }  // namespace tessera::runtime::gpu

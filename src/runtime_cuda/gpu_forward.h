@@ -1,28 +1,14 @@
 // tessera/runtime_cuda/gpu_forward.h — one chunk of tokens through the model on the GPU.
 //
-// Per layer, for the chunk's n tokens at positions [pos, pos + n) (as runtime/forward.h, in bf16 with f32
-// accumulation; the residual stream x stays in f32):
-//   h = bf16(RMSNorm(x))
-//   q = h Wq^T (+bq);  K, V = h Wk^T, h Wv^T (+bk, bv) straight into the device KV cache rows [pos, pos + n)
-//   q, k = RoPE(QK-norm(q, k))                       one kernel per tensor (QK-norm: Gemma-3)
-//   a = attention(q, K[0, pos + n), V[0, pos + n))   see below
-//   x += a Wo^T                                      cuBLAS with beta = 1 on f32 x (Gemma-3: x += RMSNorm(a Wo^T))
-//   h = bf16(RMSNorm(x))
-//   for sequence pieces of mlp_chunk rows:  gu = h [Wg; Wu]^T;  gu[:, :F] = act(gate) * up;  x += gu Wd^T
-// then the final norm and the LM head (f32 logits) only on the rows asked for; Gemma-3's soft-capping.
-// No buffer is S x S or S x vocab (unless every row's logits are asked for); the MLP's [rows, 2F] buffer is
-// bounded by mlp_chunk.
-//
-// Attention of a layer (patterns from the policy as the CPU Forward takes them; no policy: all dense):
-//  - the sparse executor (attn::gpu::CudaLayerAttention: estimate, index, prefill kernel) with the lowering
-//    context {pos, n, pos + n, total_len, tile}, through CudaLayerAttention::run (which sends all-dense layers to
-//    cuDNN where it can run them, and sparse layers whose index costs more than dense to the dense path). Layers
-//    with the same patterns share one CudaLayerAttention per chunk; static patterns (dense, A-shape, Triangle,
-//    ...) build their index once per chunk and later layers only attend();
-//  - the simple kernel (kernels.h simple_attention): dense only, for head dims the executor is not built for
-//    (it runs 64, 128 and 256), or when asked for (AttentionBackend::Simple, the reference in tests);
-//  - sliding-window layers (Gemma-3 local layers, Mistral) pass their row-exact window: args.window for the
-//    executor (which applies it row-exactly on top of any policy), the kernel's own window for the simple kernel.
+// The layer recipe (runtime/recipe.h) over the CUDA backend (gpu_ops.h: bf16 activations, the residual stream in
+// f32, FP8 GEMMs when asked for) for the chunk's n tokens at positions [pos, pos + n), with one of two attention
+// steps:
+//  - the device KV cache: K and V go straight into its rows [pos, pos + n), and each layer attends under the policy
+//    (patterns as the CPU Forward takes them; no policy: all dense) through gpu_attention.h's contiguous route
+//    (the sparse executor, or the simple kernel);
+//  - a GpuKVPolicy (streaming memory) that holds the keys and values and rotates q and k itself.
+// The final norm and the LM head (f32 logits) run only on the rows asked for. No buffer is S x S or S x vocab
+// (unless every row's logits are asked for); the MLP's [rows, 2F] buffer is bounded by mlp_chunk.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -39,18 +25,10 @@
 #include "runtime_cuda/device_model.h"
 #include "runtime_cuda/event_timer.h"
 #include "runtime_cuda/gemm.h"
+#include "runtime_cuda/gpu_attention.h"
+#include "runtime_cuda/gpu_ops.h"
 
 namespace tessera::runtime::gpu {
-
-enum class AttentionBackend {
-  kAuto,      // the executor where it runs the layer (head dim), else the simple kernel (dense layers only)
-  kExecutor,  // always the sparse executor
-  kSimple,    // always the simple kernel (dense layers only)
-};
-const char* attention_backend_name(AttentionBackend b);  // "auto", "executor", "simple"
-// Throws tessera::Error for other names.
-AttentionBackend parse_attention_backend(const std::string& name);
-
 
 enum class LogitRows { kNone, kLast, kAll };
 
@@ -98,40 +76,22 @@ class GpuForward {
   // before the policy sees q and k (as the CPU Forward); the policy rotates them with the layer's RoPE table.
   std::vector<float> run(std::span<const int32_t> tokens, int32_t pos, GpuKVPolicy& kv, LogitRows rows);
 
-  size_t scratch_bytes() const;
-  void release_scratch();
+  size_t scratch_bytes() const { return ops_.scratch_bytes(); }
+  void release_scratch() { ops_.release_scratch(); }
   // The most device memory seen in use (cudaMemGetInfo: total - free, the whole device) at the sample points
-  // inside run() (after each layer's attention and MLP), since the last reset_peak().
-  size_t peak_device_bytes() const { return peak_in_use_; }
-  void reset_peak() { peak_in_use_ = 0; }
-  void sample_memory();
+  // inside run() (after each layer's attention and the first layer's MLP), since the last reset_peak().
+  size_t peak_device_bytes() const { return ops_.peak_device_bytes(); }
+  void reset_peak() { ops_.reset_peak(); }
+
+  // The backend of the recipe this forward runs (the decode step of the same engine shares it).
+  GpuOps& ops() { return ops_; }
 
  private:
-  struct AttentionSet;
-  std::vector<float> run_layers(std::span<const int32_t> tokens, int32_t pos, DeviceKVCache* cache, GpuKVPolicy* kv,
-                                const attn::AttentionPolicy* policy, int32_t total_len, LogitRows rows);
-  void attention(int32_t layer, int32_t pos, int32_t n, DeviceKVCache& cache, const attn::AttentionPolicy* policy,
-                 int32_t total_len, AttentionSet& set);
+  std::vector<float> run_step(std::span<const int32_t> tokens, int32_t pos, GpuAttentionStep& step, LogitRows rows);
 
-  const DeviceModel& model_;
   const ModelConfig& cfg_;
-  ForwardOptions options_;
-  cudaStream_t stream_;
-  Gemm& gemm_;
-  EventTimer& timer_;
-  const DeviceFp8Weights* fp8_ = nullptr;
-  float scale_ = 0;  // attention scale
-  std::vector<attn::gpu::DeviceBuffer<float>> inv_freqs_;  // distinct RoPE frequency sets, on the device
-  std::vector<size_t> layer_rope_;                          // layer -> index into inv_freqs_
-  std::vector<std::vector<float>> host_inv_freqs_;          // the same on the host (GpuKVPolicy)
-  // Scratch, grown to the largest chunk seen.
-  attn::gpu::DeviceBuffer<int32_t> tokens_;
-  attn::gpu::DeviceBuffer<float> x_, o_, logits_;
-  attn::gpu::DeviceBuffer<bf16> h_, q_, a_, gu_;
-  attn::gpu::DeviceBuffer<bf16> k_chunk_, v_chunk_;  // a GpuKVPolicy's chunk rows
-  attn::gpu::DeviceBuffer<float> no_freq_, id_cos_, id_sin_;  // ... with QK-norm: the identity rotation's tables
-  std::vector<attn::gpu::DeviceBuffer<float>> cos_, sin_;
-  size_t peak_in_use_ = 0;
+  ContiguousOptions attention_;
+  GpuOps ops_;
 };
 
 }  // namespace tessera::runtime::gpu

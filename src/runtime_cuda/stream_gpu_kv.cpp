@@ -3,7 +3,6 @@
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -11,6 +10,7 @@
 #include "attention/attention_args.h"
 #include "attention/cuda/sparse_prefill.h"
 #include "attention/cuda/work_plan.h"
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/memory_budget.h"
 #include "cuda/cuda_check.h"
@@ -20,9 +20,6 @@
 namespace tessera::runtime::gpu {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 constexpr int64_t kSlabBlocks = 256;
 
@@ -231,7 +228,7 @@ void GpuStreamingKV::reserve(int64_t tokens) {
       const auto t0 = Clock::now();
       void* p = alloc_slab(bytes);
       std::lock_guard<std::mutex> g(mu_);
-      stats_.pin_seconds += since(t0);
+      stats_.pin_seconds += seconds_since(t0);
       if (p == nullptr) {
         reserve_error_ = "no pinned memory";
         want_slabs_ = made_slabs_;
@@ -267,7 +264,7 @@ bf16* GpuStreamingKV::pinned_block() {
     if (slab == nullptr) {
       const auto t0 = Clock::now();
       void* p = alloc_slab(bytes);
-      stats_.pin_seconds += since(t0);
+      stats_.pin_seconds += seconds_since(t0);
       if (p == nullptr)
         throw Error("streaming: out of pinned host memory allocating " + format_bytes(static_cast<double>(bytes)) +
                     " for evicted KV blocks (" + std::to_string(slabs_.size()) + " slabs of it held); lower "
@@ -357,7 +354,7 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
     if (record_) record_data_ = {};
     const auto tw = Clock::now();
     const stream::StreamLayout lay = host_.plan(layer, pos, n, nullptr, nullptr, inv_freq_host, scale);
-    stats_.decision_seconds += since(tw);
+    stats_.decision_seconds += seconds_since(tw);
     attend_sliding(layer, pos, n, lay, q, k, v, inv_freq, scale, out, s);
     return;
   }
@@ -379,7 +376,7 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
     const bool cands = ltri && opt_.linear_nms;
     auto td = Clock::now();
     decider_->launch_chunk(q, k, n, pos, inv_freq, scale, (ltri && !cands) || record_, cands, opt_.theta_quantile, s);
-    stats_.decision_device_seconds += since(td);
+    stats_.decision_device_seconds += seconds_since(td);
     if (record_) record_data_ = {};
     StreamingKV::DeviceDecisions given;
     if (ltri && !cands) given.map = decider_->map();
@@ -388,7 +385,7 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
     given.ready = [&] {
       const auto tw = Clock::now();
       decider_->wait(s);
-      stats_.decision_device_seconds += since(tw);
+      stats_.decision_device_seconds += seconds_since(tw);
       given.candidates = decider_->candidates();
       if (record_) {
         record_data_.map.assign(decider_->map().begin(), decider_->map().end());
@@ -406,7 +403,7 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
                                     host_.span_index(layer).kv_head_begin(), host_.span_index(layer).kv_heads_kept(), s);
       else
         keys = decider_->gather_keys(L.ring_k.data(), ring_rows_, opt_.sinks, positions, s);
-      stats_.decision_device_seconds += since(tk);
+      stats_.decision_device_seconds += seconds_since(tk);
       if (record_) {
         record_data_.key_positions.assign(positions.begin(), positions.end());
         record_data_.keys = keys;
@@ -416,7 +413,7 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
     given.span_masses = [&](std::span<const stream::Span> spans) {
       const auto tm = Clock::now();
       std::vector<stream::SpanMasses> masses = decider_->span_masses(spans, s);
-      stats_.decision_device_seconds += since(tm);
+      stats_.decision_device_seconds += seconds_since(tm);
       if (record_) {
         record_data_.mass_spans.assign(spans.begin(), spans.end());
         record_data_.masses = masses;
@@ -431,7 +428,7 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
         scores = decider_->ltri_scores(layer, host_.span_index(layer), q, tokens, counts, w, s);
       else  // InfLLM: the mean query and the blocks' scores on the device (exactly the host's arithmetic)
         scores = decider_->infllm_scores(layer, host_.repr_index(layer), q, n, w, s);
-      stats_.decision_device_seconds += since(ts);
+      stats_.decision_device_seconds += seconds_since(ts);
       if (record_) {
         record_data_.tokens.assign(tokens.begin(), tokens.end());
         record_data_.counts.assign(counts.begin(), counts.end());
@@ -460,7 +457,7 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
   } else {
     lay = host_.plan(layer, pos, n, nullptr, nullptr, inv_freq_host, scale);
   }
-  stats_.decision_seconds += since(t0);
+  stats_.decision_seconds += seconds_since(t0);
 
   // 2. Evicted blocks: out of the ring into pinned host memory, on the copy stream once the ring rows are written
   // (streamingllm never retrieves them: they are dropped, their ring rows simply overwritten).

@@ -1,21 +1,19 @@
 // tessera/dist/cuda/tp_gpu_forward.h — one rank's forward pass of the tensor-parallel engine.
 //
-// Every rank runs this with its TpDeviceModel on its own GPU, the same tokens and the same policy; per layer
-// (as runtime_cuda/gpu_forward.h, in bf16 with f32 accumulation and an f32 residual stream x replicated on
-// every rank):
-//   h = bf16(RMSNorm(x))
-//   per held KV group g (m_g local heads): q_g = h wq_g^T, K_g, V_g = h wk_g^T, h wv_g^T into the rank's own
-//   KV
-//     cache (only its groups: [groups, capacity, d] per layer), QK-norm + RoPE, then the group's heads'
-//     attention as one GQA call (CudaLayerAttention over the policy's patterns of those heads; the simple
-//     kernel for head dims the executor does not build, dense only)
+// Every rank runs this with its TpDeviceModel on its own GPU, the same tokens and the same policy: the layer recipe
+// (runtime/recipe.h) over the CUDA backend (runtime_cuda/gpu_ops.h) whose layer calls run the rank's shard, in bf16
+// with f32 accumulation and an f32 residual stream x replicated on every rank. Per layer:
+//   h = bf16(RMSNorm(x))                                            (replicated)
+//   per held KV group g (m_g local heads): q_g = h wq_g^T, K_g, V_g = h wk_g^T, h wv_g^T into the rank's own KV
+//     cache (only its groups: [groups, capacity, d] per layer), QK-norm + RoPE, then the group's heads' attention
+//     as one GQA call (runtime_cuda/gpu_attention.h's contiguous route over the policy's patterns of those heads)
 //   x_r = (rank 0: x, others: 0) + sum over g of a_g wo_g^T         (cuBLAS, beta = 1 on rank 0's x)
-//   all-reduce(x_r) -> x                                              (NCCL, f32, in place)        [Gemma-3:
-//   o is h = bf16(RMSNorm(x)); per chunk: x_r += act(h wg_r^T) * (h wu_r^T) wd_r^T; all-reduce   reduced,
-//   then
-//                                                                                    x += RMSNorm(o)]
+//   all-reduce(x_r) -> x                                            (NCCL, f32, in place) [Gemma-3: o, then
+//                                                                                          x += RMSNorm(o)]
+//   h = bf16(RMSNorm(x)); per piece: x_r += act(h wg_r^T) * (h wu_r^T) wd_r^T; all-reduce     [likewise]
 // then the final norm and the LM head on every rank (replicated; the logits of rank 0 are the answer).
-// Two all-reduces per layer of n x hidden f32 each: the communication does not depend on the placement.
+// Two all-reduces per layer of n x hidden f32 each (the recipe's reductions after the output and down projections):
+// the communication does not depend on the placement.
 //
 // Communication overlaps compute (TpForwardOptions::overlap_comm, FlexAttn's pipelining where it pays): o_proj
 // and the MLP run in row pieces of mlp_chunk rows, and each piece's all-reduce runs on a second stream as soon as
@@ -30,6 +28,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -38,6 +37,7 @@
 #include "cuda/device_buffer.h"
 #include "dist/cuda/collective.h"
 #include "dist/cuda/tp_device_model.h"
+#include "runtime_cuda/event_timer.h"
 #include "runtime_cuda/gemm.h"
 
 namespace tessera::dist {
@@ -67,35 +67,15 @@ class TpGpuForward {
                          int32_t total_len, bool last_only);
 
   // Per layer, the milliseconds of the last run's attention on this GPU (time_layers).
-  const std::vector<float>& layer_attention_ms() const { return layer_ms_; }
+  const std::vector<float>& layer_attention_ms() const;
   size_t kv_bytes() const;
 
  private:
-  struct AttentionSet;
-  void layer_attention(int32_t layer, int32_t pos, int32_t n, const attn::AttentionPolicy* policy,
-                       int32_t total_len, AttentionSet& set);
+  class Ops;  // the rank's backend of the recipe (tp_gpu_forward.cpp)
 
   const TpDeviceModel& model_;
-  const runtime::ModelConfig& cfg_;
-  Collective& comm_;
-  TpForwardOptions options_;
-  cudaStream_t stream_;
-  cudaStream_t comm_stream_ = nullptr;  // overlap_comm: the all-reduces' stream
-  runtime::gpu::Gemm& gemm_;
-  float scale_ = 0;
-  int32_t capacity_ = 0;
-  std::vector<attn::gpu::DeviceBuffer<float>> inv_freqs_;
-  std::vector<size_t> layer_rope_;
-  std::vector<attn::gpu::DeviceBuffer<bf16>> k_, v_;  // per layer [groups, capacity, d]
-  attn::gpu::DeviceBuffer<int32_t> tokens_;
-  attn::gpu::DeviceBuffer<float> x_, o_, logits_;
-  attn::gpu::DeviceBuffer<bf16> h_, q_, a_, gu_;
-  std::vector<attn::gpu::DeviceBuffer<float>> cos_, sin_;
-  std::vector<cudaEvent_t> events_;  // 2 per layer
-  // overlap_comm: per row piece, "partial sum written" and "all-reduced" (re-recorded every layer).
-  std::vector<cudaEvent_t> written_, reduced_;
-  void piece_events(size_t pieces);
-  std::vector<float> layer_ms_;
+  runtime::gpu::EventTimer timer_{false};
+  std::unique_ptr<Ops> ops_;
 };
 
 }  // namespace tessera::dist
