@@ -1,26 +1,18 @@
 #include "runtime_cuda/gpu_engine.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <limits>
 #include <string>
 #include <utility>
 
 #include "cuda/cuda_check.h"
+#include "core/clock.h"
 #include "core/error.h"
 #include "runtime/input_checks.h"
 #include "runtime/sampling.h"
 
 namespace tessera::runtime::gpu {
-
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-}  // namespace
 
 bool gpu_available() {
   int count = 0;
@@ -72,11 +64,18 @@ GpuEngine::GpuEngine(const DeviceModel& model, GpuEngineOptions options)
     fo.cuda_attention = options_.cuda_attention;
     if (options_.gemm == GemmPrecision::kFp8) fp8_ = DeviceFp8Weights::quantize(model, stream_);
     forward_ = std::make_unique<GpuForward>(model, fo, stream_, *gemm_, timer_, fp8_.get());
+    // Decode as the batched engine's step (gpu_decode.h) where its kernel runs the model; the simple attention
+    // backend (the tests' reference) keeps decoding through the forward.
+    const int32_t group = cfg.num_q_heads / cfg.num_kv_heads;
+    if (!streams && options_.attention != AttentionBackend::kSimple && group <= 8 &&
+        (cfg.head_dim == 64 || cfg.head_dim == 128 || cfg.head_dim == 256))
+      decode_ = std::make_unique<GpuDecode>(model, stream_, *gemm_, timer_, fp8_.get(), options_.decode_graphs);
     if (options_.stream.method != StreamMethod::None) {
       streaming_ = std::make_unique<GpuStreamingKV>(cfg, options_.stream);
     }
   } catch (...) {
     streaming_.reset();
+    decode_.reset();
     forward_.reset();
     fp8_.reset();
     gemm_.reset();
@@ -88,6 +87,7 @@ GpuEngine::GpuEngine(const DeviceModel& model, GpuEngineOptions options)
 GpuEngine::~GpuEngine() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   streaming_.reset();
+  decode_.reset();
   forward_.reset();
   fp8_.reset();
   gemm_.reset();
@@ -99,7 +99,7 @@ GpuMemoryStats GpuEngine::memory() const {
   GpuMemoryStats m;
   m.weights_bytes = model_.bytes() + (fp8_ ? fp8_->bytes() : 0);
   m.kv_cache_bytes = kv_cache_bytes();
-  m.scratch_bytes = forward_->scratch_bytes() + gemm_->workspace_bytes();
+  m.scratch_bytes = forward_->scratch_bytes() + (decode_ ? decode_->scratch_bytes() : 0) + gemm_->workspace_bytes();
   m.peak_in_use_bytes = forward_->peak_device_bytes();
   size_t free_bytes = 0, total_bytes = 0;
   if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess)
@@ -130,6 +130,7 @@ void GpuEngine::release_memory() {
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   cache_.release();
   forward_->release_scratch();
+  if (decode_) decode_->release();
   position_ = 0;
 }
 
@@ -194,7 +195,7 @@ std::vector<float> GpuEngine::run_stream_prefill(std::span<const int32_t> tokens
     throw;
   }
   stats_.prefill_tokens += n;
-  stats_.prefill_seconds += since(t0);
+  stats_.prefill_seconds += seconds_since(t0);
   add_timers();
   return logits;
 }
@@ -240,7 +241,7 @@ std::vector<float> GpuEngine::run_prefill(std::span<const int32_t> tokens, Logit
     throw;
   }
   stats_.prefill_tokens += n;
-  stats_.prefill_seconds += since(t0);
+  stats_.prefill_seconds += seconds_since(t0);
   add_timers();
   return logits;
 }
@@ -283,7 +284,8 @@ std::vector<float> GpuEngine::run_decode(int32_t token, LogitRows rows) {
       streaming_->begin_chunk(position_, 1, StreamingKV::ChunkKind::Decode);
       logits = forward_->run(one, position_, *streaming_, rows);
     } else {
-      logits = forward_->run(one, position_, cache_, nullptr, position_ + 1, rows);
+      logits = decode_ ? decode_->run(token, position_, cache_, rows)
+                       : forward_->run(one, position_, cache_, nullptr, position_ + 1, rows);
     }
     TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   } catch (...) {
@@ -292,7 +294,7 @@ std::vector<float> GpuEngine::run_decode(int32_t token, LogitRows rows) {
   }
   position_ += 1;
   stats_.decode_tokens += 1;
-  stats_.decode_seconds += since(t0);
+  stats_.decode_seconds += seconds_since(t0);
   add_timers();
   return logits;
 }

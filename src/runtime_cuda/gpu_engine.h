@@ -41,6 +41,7 @@
 #include "runtime_cuda/device_model.h"
 #include "runtime_cuda/event_timer.h"
 #include "runtime_cuda/gemm.h"
+#include "runtime_cuda/gpu_decode.h"
 #include "runtime_cuda/gpu_forward.h"
 #include "runtime_cuda/stream_gpu_kv.h"
 
@@ -61,6 +62,10 @@ struct GpuEngineOptions {
   bool timing = true;             // CUDA events around GEMMs, attention (stats().gemm/attention_seconds) and the
                                   // small kernels (kernel_seconds())
   bool dense_fallback = true;     // sparse layers whose index costs more than dense run dense (gpu_forward.h)
+  // Decode steps (without streaming) run as the batched engine's decode step over the contiguous cache
+  // (gpu_decode.h) where the paged kernel runs the model (head dims 64, 128, 256; GQA groups up to 8; not with the
+  // simple attention backend), replayed as CUDA graphs when this is on (their kernels are then not timed by category).
+  bool decode_graphs = true;
   // The layers' GEMMs (gemm.h): bf16, or FP8 E4M3 (W8A8, per-row scales: one per output channel and
   // per token, TESSERA_FP8_SCALING=tensor for one per tensor; compute capability 8.9+, the
   // constructor throws check_gemm_precision_supported's error otherwise). FP8 quantizes the weights once per engine
@@ -84,13 +89,7 @@ struct GpuKernelSeconds {
   double total() const { return norm + rope + activation + misc; }
 };
 
-struct GpuMemoryStats {
-  size_t weights_bytes = 0;
-  size_t kv_cache_bytes = 0;
-  size_t scratch_bytes = 0;       // the forward pass's activation buffers (attention's own buffers excluded)
-  size_t peak_in_use_bytes = 0;   // most device memory in use (whole device) seen during prefill/decode
-  size_t device_total_bytes = 0;
-};
+using GpuMemoryStats = EngineMemory;  // every field (sequence_engine.h)
 
 class GpuEngine final : public SequenceEngine {
  public:
@@ -121,7 +120,7 @@ class GpuEngine final : public SequenceEngine {
     stats_ = {};
     kernel_seconds_ = {};
   }
-  GpuMemoryStats memory() const;
+  GpuMemoryStats memory() const override;
   void reset_peak_memory() override { forward_->reset_peak(); }
   double peak_device_bytes() const override { return static_cast<double>(memory().peak_in_use_bytes); }
   const ModelConfig& config() const { return model_.config(); }
@@ -154,6 +153,7 @@ class GpuEngine final : public SequenceEngine {
   EventTimer timer_;
   DeviceKVCache cache_;
   std::unique_ptr<GpuForward> forward_;
+  std::unique_ptr<GpuDecode> decode_;  // null: decode through forward_
   std::unique_ptr<GpuStreamingKV> streaming_;
   EngineStats stats_;
   GpuKernelSeconds kernel_seconds_;

@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# scripts/gpu/recipe_check.sh — issue 32's GPU check of the layer recipe's CUDA backend (runtime_cuda/gpu_ops.h): this
+# tree against an older commit on one GPU machine, each phase one device call (a cold machine builds again first).
+#
+# Here (nothing is committed):
+#   git archive OLD_COMMIT | (mkdir -p build/old-src && tar -x -C build/old-src)
+#   bash scripts/gpu/deps.sh download
+# There, carrying ["build/gpu-debs", "build/old-src"]:
+#   bash scripts/gpu/recipe_check.sh test     builds both trees (this one: cuda_all; the old one: its benches), then
+#                                             ctest -L gpu on this tree ($OUT/test.log, $OUT/ctest.xml), then the
+#                                             decode benches (below)
+#   bash scripts/gpu/recipe_check.sh bench    builds what is missing, then stream_bench and ttft_bench, old / new
+# Benchmarks, alternating old / new (random weights of Llama-3-8B shapes):
+#   decode   decode_bench --ctx 32768,131072 --batch 1,8 (the batched engine's CUDA-graph step)
+#   stream   stream_bench --seq 131072 --methods streamingllm --dense 131072 --decode 32 (the single-sequence engine:
+#            TTFT and decode tokens/s at 128K, dense and streamed)
+#   ttft     ttft_bench --seq 131072 --weights local: dense (with --decode 32), VS, TriangleMix+VS, adaptive VS
+# $OUT: summary.txt (the rows side by side), test.log, ctest.xml, bench.log (every bench's output, in order) and
+# logs.tgz (every log and CSV).
+# Environment: OUT (default build/recipe-check), JOBS (16), ROUNDS (1), PHASES (decode for `test`; stream ttft for
+# `bench`).
+set -u
+set -o pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+OLD_SRC=$ROOT/build/old-src
+OLD_BUILD=$ROOT/build/cmp-old
+NEW_BUILD=$ROOT/build/cmp-new
+OUT=${OUT:-$ROOT/build/recipe-check/out}
+WORK=$ROOT/build/recipe-check  # every log and CSV (a tar of them comes back in $OUT)
+JOBS=${JOBS:-16}
+ROUNDS=${ROUNDS:-1}
+mkdir -p "$OUT" "$WORK"
+export PATH=$PATH:/usr/local/cuda/bin
+START=$(date +%s)
+: > "$WORK/summary.txt"
+say() { echo "[$(( $(date +%s) - START ))s] $*" | tee -a "$WORK/summary.txt"; }
+
+deps() {
+  if [ -d "$ROOT/build/gpu-debs" ]; then
+    [ -f "$ROOT/build/gpu-sysroot/deps.env" ] || bash "$ROOT/scripts/gpu/deps.sh" unpack > "$WORK/deps.log" 2>&1
+    # shellcheck disable=SC1091
+    . "$ROOT/build/gpu-sysroot/deps.env"
+  fi
+}
+
+build() {
+  local half=$((JOBS / 2)) old_rc=0 new_rc=0
+  if [ ! -x "$OLD_BUILD/bench/gpu/ttft_bench" ] || [ ! -x "$NEW_BUILD/tests/gpu/engine_gpu_test" ]; then
+    # The device tool copies files with the sender's times: touch every source so that ninja rebuilds what changed.
+    find "$ROOT/src" "$ROOT/tests" "$ROOT/bench" "$OLD_SRC/src" "$OLD_SRC/tests" "$OLD_SRC/bench" -type f -exec touch {} +
+  fi
+  # shellcheck disable=SC2086
+  (
+    cmake -S "$OLD_SRC" -B "$OLD_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90a ${TESSERA_DEPS_CMAKE_ARGS:-} &&
+      cmake --build "$OLD_BUILD" -j"$half" --target decode_bench stream_bench ttft_bench
+  ) > "$WORK/build_old.log" 2>&1 &
+  local old_pid=$!
+  # shellcheck disable=SC2086
+  (
+    cmake --preset cuda -B "$NEW_BUILD" -DTESSERA_WERROR=ON ${TESSERA_DEPS_CMAKE_ARGS:-} &&
+      cmake --build "$NEW_BUILD" -j"$half" --target cuda_all
+  ) > "$WORK/build_new.log" 2>&1 || new_rc=$?
+  wait $old_pid || old_rc=$?
+  say "build: old rc $old_rc, new rc $new_rc"
+  [ $old_rc -ne 0 ] && tail -30 "$WORK/build_old.log"
+  [ $new_rc -ne 0 ] && { grep -E "error|FAILED" "$WORK/build_new.log" | head -20; tail -20 "$WORK/build_new.log"; }
+  return $((old_rc + new_rc))
+}
+
+run_tests() {
+  ctest --test-dir "$NEW_BUILD" -L gpu --output-on-failure --output-junit "$WORK/ctest.xml" -j4 --timeout 250 \
+    > "$WORK/test.log" 2>&1
+  local rc=$?
+  grep -E "tests passed|tests failed|\*\*\*Failed|\*\*\*Exception|\*\*\*Timeout|Total Test time" "$WORK/test.log" |
+    tail -20 | tee -a "$WORK/summary.txt"
+  grep -E "^\[  FAILED  \]|Failure$|Expected|Which is|error:" "$WORK/test.log" | head -30
+  return $rc
+}
+
+# bench NAME ARGS...: old then new, ROUNDS times, output in bench.log, the rows in summary.txt.
+bench_pair() {
+  local name=$1 bin=$2
+  shift 2
+  local r tag dir
+  for r in $(seq 1 "$ROUNDS"); do
+    for tag in old new; do
+      [ "$tag" = old ] && dir=$OLD_BUILD || dir=$NEW_BUILD
+      echo "=== $name $tag round $r: $bin $*" >> "$WORK/bench.log"
+      timeout 300 "$dir/bench/gpu/$bin" "$@" --csv "$WORK/${name}_${tag}_$r.csv" > "$WORK/${name}_${tag}_$r.log" 2>&1 ||
+        say "$name $tag round $r failed: $(tail -3 "$WORK/${name}_${tag}_$r.log")"
+      cat "$WORK/${name}_${tag}_$r.log" >> "$WORK/bench.log"
+      say "--- $name $tag round $r"
+      grep -E "^\|" "$WORK/${name}_${tag}_$r.log" | tee -a "$WORK/summary.txt" > /dev/null
+    done
+  done
+}
+
+phase() {
+  case "$1" in
+    decode) bench_pair decode decode_bench --ctx 32768,131072 --batch 1,8 --steps 20 ;;
+    stream) bench_pair stream stream_bench --seq 131072 --methods streamingllm --dense 131072 --decode 32 ;;
+    ttft)
+      bench_pair ttft ttft_bench --seq 131072 --weights local --reps 1 --decode 32 --policies \
+        "dense;vs:v=1000,s=6096;trianglemix:start=16,inner=vs,v=1000,s=6096,sink=64,local=512,last=64;vs_adaptive:gamma=0.9"
+      ;;
+  esac
+}
+
+deps
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu --format=csv |
+  tee -a "$WORK/summary.txt"
+git -C "$ROOT" log --oneline -1 2> /dev/null | tee -a "$WORK/summary.txt"
+build || { say "build failed"; cp "$WORK"/build_*.log "$OUT/" 2> /dev/null; exit 1; }
+case "${1:-}" in
+  test)
+    run_tests
+    for p in ${PHASES:-decode}; do phase "$p"; done
+    ;;
+  bench)
+    for p in ${PHASES:-stream ttft}; do phase "$p"; done
+    ;;
+  *)
+    echo "usage: recipe_check.sh test|bench" >&2
+    exit 2
+    ;;
+esac
+say "done"
+for f in summary.txt test.log ctest.xml bench.log; do [ -f "$WORK/$f" ] && cp "$WORK/$f" "$OUT/"; done
+tar -C "$WORK" -czf "$OUT/logs.tgz" --exclude=out . 2> /dev/null
+cat "$WORK/summary.txt"
