@@ -1,6 +1,7 @@
-// The BS estimator's kernels (estimate_kernels.cuh, section "BS estimator v2") end to end under the host
-// emulation (shim.h), with the host plan of DeviceEstimates (plan_bs_waves), against a direct f32 evaluation of
-// the estimate's definition (estimate_cuda.h): pooling, scoring and selection over small layers (odd sizes,
+// The BS estimator's kernels (bs_score_kernels.cuh, "BS estimator v2", and bs_select_kernels.cuh, through
+// estimate_kernels.cuh) end to end under the host emulation (shim.h), with the host plan of DeviceEstimates
+// (plan_bs_waves), against a direct f32 evaluation of the estimate's definition (estimate_cuda.h): pooling,
+// scoring and selection over small layers (odd sizes,
 // chunks with a cache tail, several block sizes, top_k 0 / 1 / >= blocks, exact ties, many waves, rows longer
 // than 2048 blocks), every query block's key blocks compared. Adaptive heads (gamma > 0, issue 16): the count by
 // coverage_count's rule (attention/index/estimate.h) over the masses expf(s - max) (f32, the device's definition)
