@@ -130,8 +130,9 @@ void Scheduler::cancel(const std::shared_ptr<Job>& job) {
 }
 
 Gauges Scheduler::gauges() const {
-  Gauges g;
   std::lock_guard<std::mutex> lock(mu_);
+  // Batched mode starts from the engine's counters after its last step (batch_counters_ sets nothing else).
+  Gauges g = batched_.engine ? batch_counters_ : Gauges{};
   g.queued = static_cast<int64_t>(queue_.size());
   g.slots = options_.slots;
   for (size_t i = 0; i < running_.size(); ++i) {
@@ -144,13 +145,6 @@ Gauges Scheduler::gauges() const {
     g.kv_tokens = batch_kv_tokens_.load();
     g.kv_bytes = batch_kv_bytes_.load();
     g.batched = true;
-    g.engine_steps = batch_counters_.engine_steps;
-    g.decode_steps = batch_counters_.decode_steps;
-    g.decode_tokens = batch_counters_.decode_tokens;
-    g.prefill_seconds = batch_counters_.prefill_seconds;
-    g.decode_seconds = batch_counters_.decode_seconds;
-    g.step_builds = batch_counters_.step_builds;
-    g.max_decode_batch = batch_counters_.max_decode_batch;
   }
   return g;
 }
