@@ -4,6 +4,8 @@
 #
 # Here (nothing is committed; docs/ and the old tree's tests/ are not needed, and the 64 MiB a call carries is tight):
 #   git archive OLD_COMMIT | (mkdir -p build/old-src && tar -x -C build/old-src) && rm -rf build/old-src/{docs,tests}
+#   (issue 32's run: OLD_COMMIT ca04620, whose CUDA build misses 81c4e34's GpuEngine::memory() override: its
+#   gpu_engine.h was patched as 758bd10 has it, GpuMemoryStats = EngineMemory and memory() const override)
 #   git archive NEW_COMMIT | (mkdir -p build/new-src && tar -x -C build/new-src) && rm -rf build/new-src/docs
 #   bash scripts/gpu/deps.sh download
 # (build/new-src: a commit rather than the working tree, which may hold other work in progress; without it, this
@@ -20,7 +22,8 @@
 # $OUT: summary.txt (the rows side by side), test.log, bench.log (every bench's output, in order) and
 # logs.tgz (every log and CSV).
 # Environment: OUT (default build/recipe-check/out), JOBS (16), ROUNDS (1), PHASES (decode for `test`; stream ttft
-# for `bench`), BUDGET_S (520: no benchmark starts after that many seconds), TEST_TIMEOUT_S (240 per program).
+# for `bench`), BUDGET_S (520: no benchmark starts after that many seconds), TEST_TIMEOUT_S (240 per program), TESTS
+# (the test programs; default: every GPU test program but oom_serial_test, which runs after them).
 set -u
 set -o pipefail
 cd "$(dirname "$0")/../.."
@@ -78,8 +81,8 @@ build() {
 run_tests() {
   local t rc=0 pids=()
   : > "$WORK/test.log"
-  for t in engine_gpu_test batch_gpu_test stream_gpu_test tp_gpu_test fp8_gemm_test stream_decide_test \
-    plan_gradients_gpu_test attention_gpu_test; do
+  for t in ${TESTS:-engine_gpu_test batch_gpu_test stream_gpu_test tp_gpu_test fp8_gemm_test stream_decide_test \
+    plan_gradients_gpu_test attention_gpu_test}; do
     [ -x "$NEW_BUILD/tests/gpu/$t" ] || { say "test $t: not built"; continue; }
     timeout "${TEST_TIMEOUT_S:-240}" "$NEW_BUILD/tests/gpu/$t" > "$WORK/test_$t.log" 2>&1 &
     pids+=($!)
