@@ -9,9 +9,10 @@
 //  * f32 rounding F. Each kernel forms per weight block the exact integer sum and adds (d_w d_x) * isum (and the
 //    min / offset term) in f32: at most n + 8 roundings of relative size 2^-24 in a chain (n = blocks per row;
 //    cols for the float types), each bounded by the magnitude T = sum_k (|W[r, k]| + O_k) |x_k|, where O_k is the
-//    largest size of the block's offset or min term (Q4_0: 8|d|, Q5_0: 16|d|, Q4_1/Q5_1: |m|, Q4_K/Q5_K: 63 |dmin|,
+//    largest size of the block's offset or min term (Q4_0: 8|d|, Q5_0: 16|d|, Q4_1/Q5_1: |m|, Q8_0: 128|d|, Q4_K/Q5_K: 63 |dmin|,
 //    Q6_K: 32 * 128 |d|; the integer sums are computed in the unsigned domain and the offset subtracted after):
-//    F = 2 (n + 8) 2^-24 T.
+//    F = 2 (n + 8) 2^-24 T. (n = cols / 16 for the quantized types: the prefill panels add one term per group of
+//    16 or 32 elements.) Q8_0's O_k is 128|d|: the prefill panel multiplies q + 128 and subtracts 128 d sum(x).
 //  * SIMD vs the scalar twin: both compute the same exact value (same int8 activations, same integer block sums)
 //    and differ by f32 summation order only: |y_simd - y_scalar| <= 2F.
 #include <gtest/gtest.h>
@@ -98,6 +99,9 @@ std::vector<double> offset_magnitude(TensorType type, const uint8_t* row, int64_
       case TensorType::Q5_1:
         v = std::fabs(f16_at(blk + 2));
         break;
+      case TensorType::Q8_0:
+        v = 128 * std::fabs(f16_at(blk));
+        break;
       case TensorType::Q4_K:
       case TensorType::Q5_K:
         v = 63 * std::fabs(f16_at(blk + 2));
@@ -154,7 +158,7 @@ TEST_P(QMatmul, MatchesDequantizedF64AndTheScalarTwin) {
         qmatmul(mat, x.data(), m, y.data(), nullptr, isa);
         qmatmul(mat, x.data(), m, ys.data(), nullptr, QIsa::Scalar);
         qmatmul(mat, x.data(), m, yp.data(), &pool, isa);
-        const int64_t nterms = bs == 1 ? cols : cols / bs;
+        const int64_t nterms = bs == 1 ? cols : cols / 16;  // float terms per output: at most one per 16 elements
         for (int64_t i = 0; i < m; ++i) {
           const float* xi = x.data() + i * cols;
           std::vector<double> dx(static_cast<size_t>(cols), 0.0);  // the activation step d_b per element
@@ -203,11 +207,13 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, QMatmul, ::testing::ValuesIn(all_cases()),
                                   std::string(qmatmul_isa_name(p.param.isa));
                          });
 
-// With m large enough for several x blocks (the L2 tiling) and a row count not a multiple of anything.
+// With m large enough for several x blocks (the L2 tiling) and the prefill panels, rows split over threads into
+// several pieces with a remainder: every path against the scalar twin, and threaded == serial bit for bit.
 TEST(QMatmulTiling, ManyRowsOfXMatchTheScalarTwin) {
   std::mt19937 rng(7);
-  const int64_t rows = 13, cols = 8192, m = 150;
-  for (const auto type : {TensorType::Q4_0, TensorType::Q6_K, TensorType::BF16}) {
+  const int64_t rows = 101, cols = 4096, m = 150;
+  ThreadPool pool(2);
+  for (const auto type : {TensorType::Q4_0, TensorType::Q8_0, TensorType::Q4_K, TensorType::Q6_K, TensorType::BF16}) {
     const auto w = random_weights(type, rows, cols, rng);
     const auto x = random_x(m, cols, rng);
     const QMatrix mat{w.data(), rows, cols, type};
@@ -215,10 +221,14 @@ TEST(QMatmulTiling, ManyRowsOfXMatchTheScalarTwin) {
     qmatmul(mat, x.data(), m, ys.data(), nullptr, QIsa::Scalar);
     for (const auto isa : kIsas) {
       if (!qmatmul_isa_available(isa)) continue;
-      std::vector<float> y(ys.size());
+      std::vector<float> y(ys.size()), yp(ys.size());
       qmatmul(mat, x.data(), m, y.data(), nullptr, isa);
-      for (size_t k = 0; k < y.size(); ++k)
-        ASSERT_NEAR(y[k], ys[k], 1e-4 * (std::fabs(ys[k]) + 1.0f)) << tensor_type_name(type) << " at " << k;
+      qmatmul(mat, x.data(), m, yp.data(), &pool, isa);
+      for (size_t k = 0; k < y.size(); ++k) {
+        ASSERT_NEAR(y[k], ys[k], 1e-4 * (std::fabs(ys[k]) + 1.0f))
+            << tensor_type_name(type) << " " << qmatmul_isa_name(isa) << " at " << k;
+        ASSERT_EQ(y[k], yp[k]) << tensor_type_name(type) << " " << qmatmul_isa_name(isa) << " at " << k;
+      }
     }
   }
 }

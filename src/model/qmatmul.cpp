@@ -21,6 +21,7 @@ using qmm::ActRow;
 using qmm::Kernels;
 using qmm::RowKernel;
 using qmm::TileKernel;
+using qmm::PanelGemm;
 
 float f16_at(const uint8_t* p) {
   uint16_t h;
@@ -208,6 +209,7 @@ const Kernels kScalar = {
     scalar_q45k<true>,             scalar_q6k,
     nullptr,                       nullptr,                       nullptr,
     0,
+    nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
 };
 
 RowKernel pick(const Kernels& k, TensorType t) {
@@ -459,10 +461,45 @@ void qmatmul(const QMatrix& w, const float* x, int64_t m, float* y, ThreadPool* 
   if (m > 1 && w.type == TensorType::F16) tile = kernels->f16_tile;
   if (m > 1 && w.type == TensorType::BF16) tile = kernels->bf16_tile;
   const int64_t tr = tile != nullptr ? kernels->tile_rows : 1;
+  PanelGemm gemm = nullptr;
+  if (m >= qmm::kPanelMinM) {
+    switch (w.type) {
+      case TensorType::Q4_0:
+        gemm = kernels->q4_0_gemm;
+        break;
+      case TensorType::Q4_1:
+        gemm = kernels->q4_1_gemm;
+        break;
+      case TensorType::Q5_0:
+        gemm = kernels->q5_0_gemm;
+        break;
+      case TensorType::Q5_1:
+        gemm = kernels->q5_1_gemm;
+        break;
+      case TensorType::Q8_0:
+        gemm = kernels->q8_0_gemm;
+        break;
+      case TensorType::Q4_K:
+        gemm = kernels->q4_k_gemm;
+        break;
+      case TensorType::Q5_K:
+        gemm = kernels->q5_k_gemm;
+        break;
+      case TensorType::Q6_K:
+        gemm = kernels->q6_k_gemm;
+        break;
+      default:
+        break;
+    }
+  }
   parallel_ranges(
       pool, rows, grain,
       [&](int64_t r0, int64_t r1) {
         float out[qmm::kTileAlign * qmm::kMaxNx];
+        if (gemm != nullptr) {  // panels of 16 rows against all x rows, then the rows left over
+          for (; r0 + qmm::kPanelRows <= r1; r0 += qmm::kPanelRows)
+            gemm(w.data + static_cast<size_t>(r0) * row_bytes, row_bytes, cols, acts, m, y + r0, rows);
+        }
         for (int64_t xb = 0; xb < m; xb += xblock) {
           const int64_t xe = std::min(m, xb + xblock);
           int64_t r = r0;

@@ -433,6 +433,7 @@ const Kernels kAvx2 = {
     row_kernel<Q45KKernel<true>>,     row_kernel<Q6KKernel>,
     tile_kernel<FloatTile<LoadF32>>,  tile_kernel<FloatTile<LoadF16>>,  tile_kernel<FloatTile<LoadBF16>>,
     kTileRows,
+    nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
 };
 
 }  // namespace

@@ -28,14 +28,26 @@ using RowKernel = void (*)(const uint8_t* w, int64_t cols, const ActRow* a, int 
 // have one on the SIMD paths (prefill of f32/f16/bf16 weights is otherwise bound by L2 bandwidth).
 using TileKernel = void (*)(const uint8_t* w, size_t row_bytes, int64_t cols, const ActRow* a, int nx, float* out);
 
+// A panel GEMM (prefill of the quantized types): kPanelRows consecutive weight rows (row r at w + r * row_bytes)
+// times all m activation rows: y[i * y_stride + r] for i < m, r < kPanelRows. The rows are decoded once into an
+// interleaved panel of unsigned bytes (4 consecutive elements of each of the 16 rows per 64-byte vector) with a
+// float scale and offset per group of 16 or 32 elements; the x rows then multiply it as outer products (each
+// int32 lane of a dot-product instruction is one weight row), so the per-group float work is shared by 16 rows.
+using PanelGemm = void (*)(const uint8_t* w, size_t row_bytes, int64_t cols, const ActRow* a, int64_t m, float* y,
+                           int64_t y_stride);
+constexpr int kPanelRows = 16;
+constexpr int64_t kPanelMinM = 16;  // fewer x rows: the row kernels (decoding the panel would not pay)
+
 struct Kernels {
   RowKernel f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k;
   TileKernel f32_tile, f16_tile, bf16_tile;  // nullptr: none
   int tile_rows;                             // divides kTileAlign
+  PanelGemm q4_0_gemm, q4_1_gemm, q5_0_gemm, q5_1_gemm, q8_0_gemm, q4_k_gemm, q5_k_gemm, q6_k_gemm;  // nullptr: none
 };
 
-constexpr int kTileAlign = 12;  // thread ranges start at multiples of this, so tiles fall on the same rows however
-                                // the rows are split (results do not depend on the thread count)
+constexpr int kTileAlign = 48;  // thread ranges start at multiples of this (of tile_rows and kPanelRows), so tiles
+                                // and panels fall on the same rows however the rows are split: results do not
+                                // depend on the thread count
 
 const Kernels& scalar_kernels();
 const Kernels* avx2_kernels();    // nullptr when not compiled for x86-64
