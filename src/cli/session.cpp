@@ -18,12 +18,6 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-std::string with_commas(int64_t n) {
-  std::string s = std::to_string(n < 0 ? -n : n);
-  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<size_t>(i), ",");
-  return (n < 0 ? "-" : "") + s;
-}
-
 Session Session::open(const std::string& path) {
   Session s;
   s.model = runtime::Model::load(path);

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "attention/pattern/policy.h"
+#include "core/format.h"
 #include "model/tokenizer/chat_template.h"
 #include "model/tokenizer/tokenizer.h"
 #include "runtime/engine.h"
@@ -62,6 +63,5 @@ void write_text(const std::string& path, const std::string& text);
 std::vector<int32_t> bench_tokens(const Session& s, int count);
 
 double now_seconds();
-std::string with_commas(int64_t n);
 
 }  // namespace tessera::cli

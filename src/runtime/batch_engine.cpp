@@ -7,21 +7,12 @@
 
 #include "core/clock.h"
 #include "core/error.h"
+#include "core/format.h"
 #include "core/memory_budget.h"
 #include "core/thread_pool.h"
 #include "runtime/input_checks.h"
 
 namespace tessera::runtime {
-
-namespace {
-
-std::string with_commas(int64_t v) {
-  std::string n = std::to_string(v);
-  for (int i = static_cast<int>(n.size()) - 3; i > (v < 0 ? 1 : 0); i -= 3) n.insert(static_cast<size_t>(i), ",");
-  return n;
-}
-
-}  // namespace
 
 const char* finish_reason_name(FinishReason r) {
   switch (r) {

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/format.h"
 #include "core/memory_budget.h"
 
 namespace tessera::runtime {
@@ -23,9 +24,7 @@ double KVCache::bytes_for(int64_t tokens) const {
 }
 
 std::string KVCache::describe(int64_t tokens) const {
-  std::string n = std::to_string(tokens);
-  for (int i = static_cast<int>(n.size()) - 3; i > 0; i -= 3) n.insert(static_cast<size_t>(i), ",");
-  return "KV cache for " + n + " tokens (" + std::to_string(num_layers_) + " layers x " +
+  return "KV cache for " + with_commas(tokens) + " tokens (" + std::to_string(num_layers_) + " layers x " +
          std::to_string(num_kv_heads_) + " kv heads x " + std::to_string(head_dim_) + " dims, K and V in f32)";
 }
 

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "core/enum_names.h"
 #include "core/error.h"
 #include "model/model_file.h"
 
@@ -11,17 +12,11 @@ namespace tessera::runtime {
 
 using nlohmann::json;
 
-std::string_view architecture_name(Architecture a) {
-  switch (a) {
-    case Architecture::Llama:
-      return "llama";
-    case Architecture::Qwen2:
-      return "qwen2";
-    case Architecture::Gemma3:
-      return "gemma3";
-  }
-  return "?";
-}
+namespace {
+constexpr std::string_view kArchitectureNames[] = {"llama", "qwen2", "gemma3"};  // Architecture's order
+}  // namespace
+
+std::string_view architecture_name(Architecture a) { return enum_name(kArchitectureNames, a); }
 
 bool ModelConfig::has_sliding_window() const {
   for (const auto& l : layers)

@@ -10,6 +10,7 @@
 
 #include "core/clock.h"
 #include "core/error.h"
+#include "core/format.h"
 #include "core/memory_budget.h"
 #include "attention/attention_args.h"
 #include "attention/cpu/dense_attention.h"
@@ -18,12 +19,6 @@
 namespace tessera::runtime {
 
 namespace {
-
-std::string commas(int64_t v) {
-  std::string n = std::to_string(v);
-  for (int i = static_cast<int>(n.size()) - 3; i > (v < 0 ? 1 : 0); i -= 3) n.insert(static_cast<size_t>(i), ",");
-  return n;
-}
 
 // Blocks evicted from every layer once a chunk starts at `pos`.
 int32_t evicted_at(const StreamOptions& o, int64_t pos) {
@@ -108,7 +103,7 @@ void StreamingKV::check_sequence(int64_t tokens) const {
                                  : std::to_string(global_layers_) + (global_layers_ == 1 ? " global layer" : " global layers") +
                                        " of " + std::to_string(cfg_.num_layers);
   if (need > static_cast<double>(store_.budget()))
-    throw Error("streaming: a sequence of " + commas(tokens) + " tokens evicts " + commas(blocks) + " blocks of " +
+    throw Error("streaming: a sequence of " + with_commas(tokens) + " tokens evicts " + with_commas(blocks) + " blocks of " +
                 std::to_string(opt_.block) + " tokens per layer, whose K and V need " + format_bytes(need) +
                  " of host memory (" + layers + "), over the budget of " +
                 format_bytes(static_cast<double>(store_.budget())) +
