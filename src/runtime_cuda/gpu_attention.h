@@ -98,11 +98,11 @@ void attend_contiguous(ExecutorSet& set, const std::vector<attn::Pattern>& patte
 // Where a paged decode step's keys live and what each row sees.
 struct PagedLayout {
   // One pool for every layer (block ids per layer in the tables: the batched engine's store), or one per layer
-  // (k_pools[l], v_pools[l]) with one table shared by the layers (tables [slots, kv_heads, max_blocks], append
-  // blocks [rows, kv_heads]): the single-sequence cache, expressed as blocks of one token.
+  // (k_pools[l], v_pools[l]; one slot; append blocks [rows, kv_heads]): the single-sequence cache, as blocks of one
+  // token with no tables (paged_decode.h).
   std::vector<bf16*> k_pools, v_pools;
   bool per_layer_pools = false;
-  const int32_t* tables = nullptr;  // [slots, layers * kv_heads, max_blocks] (one pool) or [slots, kv_heads, max_blocks]
+  const int32_t* tables = nullptr;  // [slots, layers * kv_heads, max_blocks] (one pool), or null
   const int32_t* views = nullptr;   // [slots, layers * q_heads, 3]
   int32_t block_tokens = 0, max_blocks = 0;
   // The step's rows, on the device.

@@ -14,7 +14,7 @@ namespace tessera::runtime::gpu {
 
 GpuDecode::GpuDecode(const DeviceModel& model, cudaStream_t stream, Gemm& gemm, EventTimer& timer,
                      const DeviceFp8Weights* fp8, bool graphs)
-    : cfg_(model.config()), stream_(stream), use_graphs_(graphs),
+    : cfg_(model.config()), stream_(stream), use_graphs_(graphs), fp8_(fp8 != nullptr),
       ops_(model, stream, gemm, graphs ? untimed_ : timer, fp8, 1), step_(cfg_, ops_.attention_scale(), layout_) {
   int dev = 0;
   TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
@@ -32,6 +32,7 @@ GpuDecode::GpuDecode(const DeviceModel& model, cudaStream_t stream, Gemm& gemm, 
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));  // v is on this stack
   PagedLayout& p = layout_;
   p.per_layer_pools = true;
+  p.tables = nullptr;  // the contiguous cache: no block table (paged_decode.h)
   p.views = views_.data();
   p.block_tokens = 1;
   p.row_pos = step_data_.data() + 1;
@@ -53,14 +54,13 @@ void GpuDecode::drop_graphs() noexcept {
 }
 
 size_t GpuDecode::scratch_bytes() const {
-  return ops_.scratch_bytes() + step_data_.bytes() + table_.bytes() + o_part_.bytes() + lse_part_.bytes();
+  return ops_.scratch_bytes() + step_data_.bytes() + o_part_.bytes() + lse_part_.bytes();
 }
 
 void GpuDecode::release() {
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   drop_graphs();
   ops_.release_scratch();
-  table_ = {};
   o_part_ = {};
   lse_part_ = {};
   bound_k_.clear();
@@ -76,20 +76,11 @@ void GpuDecode::bind_cache(DeviceKVCache& cache) {
   }
   if (k == bound_k_ && v == bound_v_ && cache.capacity() == bound_capacity_) return;
   drop_graphs();
-  const int32_t cap = cache.capacity(), kvh = cfg_.num_kv_heads;
-  // Logical block t of KV head h (one token) is row t, head h of the layer's cache.
-  std::vector<int32_t> table(static_cast<size_t>(kvh) * static_cast<size_t>(cap));
-  for (int32_t h = 0; h < kvh; ++h)
-    for (int32_t t = 0; t < cap; ++t) table[static_cast<size_t>(h) * cap + static_cast<size_t>(t)] = t * kvh + h;
-  table_.upload(table, stream_);
-  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));  // `table` is on this stack
   bound_k_ = std::move(k);
   bound_v_ = std::move(v);
-  bound_capacity_ = cap;
+  bound_capacity_ = cache.capacity();
   layout_.k_pools = bound_k_;
   layout_.v_pools = bound_v_;
-  layout_.tables = table_.data();
-  layout_.max_blocks = cap;
 }
 
 void GpuDecode::launch(bool logits) {
@@ -122,8 +113,8 @@ std::vector<float> GpuDecode::run(int32_t token, int32_t pos, DeviceKVCache& cac
   const auto it = graphs_.find(key);
   if (it != graphs_.end()) {
     TESSERA_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
-  } else if (!use_graphs_ || warmed_.insert(key).second) {
-    launch(logits);  // eager (the first use of this key: cuBLAS and the FP8 buffers set up outside a capture)
+  } else if (!use_graphs_ || (fp8_ && warmed_.insert(key).second)) {
+    launch(logits);  // eager (FP8: the first use of this key sets up cuBLASLt's plans and buffers outside a capture)
   } else {
     cudaGraph_t graph = nullptr;
     TESSERA_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));

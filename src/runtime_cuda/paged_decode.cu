@@ -81,9 +81,11 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(PagedDecodeArgs 
     m_s[tid] = -INFINITY;
     l_s[tid] = 0.0f;
   }
-  const int32_t* table = a.tables + (static_cast<int64_t>(slot) * a.num_layers * a.kv_heads +
-                                     static_cast<int64_t>(a.layer) * a.kv_heads + kvh) *
-                                        a.max_blocks;
+  // No tables: one sequence's contiguous cache, key `pos` of this head at row pos * kv_heads + kvh.
+  const int32_t* table = a.tables == nullptr ? nullptr
+                                             : a.tables + (static_cast<int64_t>(slot) * a.num_layers * a.kv_heads +
+                                                           static_cast<int64_t>(a.layer) * a.kv_heads + kvh) *
+                                                              a.max_blocks;
   const int shift = __ffs(a.block_tokens) - 1, mask = a.block_tokens - 1;
   const nbf* kpool = reinterpret_cast<const nbf*>(a.k_pool);
   const nbf* vpool = reinterpret_cast<const nbf*>(a.v_pool);
@@ -112,7 +114,7 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(PagedDecodeArgs 
       if (i < i_end) {
         // 32-bit position arithmetic and a power-of-two block (a 64-bit division per chunk cost more than the load).
         const int pos = static_cast<int>(i < n_first ? lo + i : second + (i - n_first));
-        const int blk = __ldg(table + (pos >> shift));
+        const int blk = table != nullptr ? __ldg(table + (pos >> shift)) : pos * a.kv_heads + kvh;
         const int64_t off = (static_cast<int64_t>(blk) * a.block_tokens + (pos & mask)) * D + part * 8;
         kv[j] = __ldg(reinterpret_cast<const uint4*>(kpool + off));
         vv[j] = __ldg(reinterpret_cast<const uint4*>(vpool + off));

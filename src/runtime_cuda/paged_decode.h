@@ -26,7 +26,9 @@ struct PagedDecodeArgs {
   int64_t q_stride = 0;
   const bf16* k_pool = nullptr;
   const bf16* v_pool = nullptr;
-  const int32_t* tables = nullptr;  // [slots, layers * kv_heads, max_blocks]
+  // [slots, layers * kv_heads, max_blocks]; null: one sequence's contiguous cache [len, kv_heads, head_dim] in the
+  // pools (block_tokens 1, the block of key t of kv head h is t * kv_heads + h: no lookup)
+  const int32_t* tables = nullptr;
   const int32_t* views = nullptr;   // [slots, layers * q_heads, 3]
   const int32_t* row_slot = nullptr;  // [rows]
   const int32_t* row_len = nullptr;   // [rows]: keys of the row (its position + 1)
