@@ -23,7 +23,8 @@
 # logs.tgz (every log and CSV).
 # Environment: OUT (default build/recipe-check/out), JOBS (16), ROUNDS (1), PHASES (decode for `test`; stream ttft
 # for `bench`), BUDGET_S (520: no benchmark starts after that many seconds), TEST_TIMEOUT_S (240 per program), TESTS
-# (the test programs; default: every GPU test program but oom_serial_test, which runs after them).
+# (the test programs; default: every GPU test program but oom_serial_test, which runs after them), STREAM_DECODE
+# (stream_bench decode steps, 32).
 set -u
 set -o pipefail
 cd "$(dirname "$0")/../.."
@@ -125,7 +126,7 @@ bench_pair() {
 phase() {
   case "$1" in
     decode) bench_pair decode decode_bench --ctx 32768,131072 --batch 1,8 --steps 20 ;;
-    stream) bench_pair stream stream_bench --seq 131072 --methods streamingllm --dense 131072 --decode 32 ;;
+    stream) bench_pair stream stream_bench --seq 131072 --methods streamingllm --dense 131072 --decode "${STREAM_DECODE:-32}" ;;
     ttft)
       bench_pair ttft ttft_bench --seq 131072 --weights local --reps 1 --decode 32 --policies \
         "dense;vs:v=1000,s=6096;trianglemix:start=16,inner=vs,v=1000,s=6096,sink=64,local=512,last=64;vs_adaptive:gamma=0.9"
