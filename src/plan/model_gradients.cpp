@@ -268,23 +268,27 @@ class Backprop {
     a.act.resize(a.g.size());
     for (size_t i = 0; i < a.g.size(); ++i) a.act[i] = activation(a.g[i]) * a.u[i];
     linear(a.act, F_, W.w_down, nullptr, a.m);
-    if (post_norm) a.rm.resize(sz(S_));
     x_ = a.x2;
-    const Vec<T>& ffn = post_ffn(l, a);
-    for (size_t i = 0; i < x_.size(); ++i) x_[i] += ffn[i];
+    const Vec<T>* ffn = &a.m;  // the FFN branch's contribution to the residual: m, or RMSNorm(m) (Gemma-3)
+    if (post_norm) {
+      a.rm.resize(sz(S_));
+      scratch_.resize(a.m.size());
+      rms_forward(a.m.data(), scratch_.data(), a.rm.data(), S_, H_, weight(W.post_ffn_norm));
+      ffn = &scratch_;
+    }
+    for (size_t i = 0; i < x_.size(); ++i) x_[i] += (*ffn)[i];
   }
 
  private:
   const LayerWeights& layer(int32_t l) const { return model_.weights().layers[sz(l)]; }
 
-  const Vec<T>& post_ffn(int64_t l, const LayerActivations<T>& a) {
-    // The FFN branch's contribution to the residual: m, or RMSNorm(m) (Gemma-3). Kept in scratch_.
-    if (!cfg_.post_norms) return a.m;
-    scratch_.resize(a.m.size());
-    const LayerWeights& W = model_.weights().layers[sz(l)];
-    Vec<T> r(sz(S_));
-    rms_forward(a.m.data(), scratch_.data(), r.data(), S_, H_, weight(W.post_ffn_norm));
-    return scratch_;
+  // The gradient of a residual branch's input v given dy, the branch being v, or RMSNorm(v; w) with the 1/rms r
+  // (Gemma-3's post-norms).
+  Vec<T> branch_back(const Vec<T>& v, const Vec<T>& r, const Weight& w, const Vec<T>& dy) {
+    if (!cfg_.post_norms) return dy;
+    Vec<T> dv(sz(S_ * H_));
+    rms_backward(v.data(), r.data(), S_, H_, weight(w), dy.data(), dv.data(), false);
+    return dv;
   }
 
   void rms_forward(const T* x, T* y, T* r, int64_t rows, int64_t n, const T* w) {
@@ -559,15 +563,7 @@ class Backprop {
   void layer_backward(int32_t l, const Vec<T>& x, LayerActivations<T>& a, Vec<T>& dx, LayerGradients& g) {
     const LayerWeights& W = model_.weights().layers[sz(l)];
     // FFN branch: x3 = x2 + post(m).
-    Vec<T> dm;
-    if (cfg_.post_norms) {
-      Vec<T> tmp(sz(S_ * H_));
-      rms_forward(a.m.data(), tmp.data(), a.rm.data(), S_, H_, weight(W.post_ffn_norm));
-      dm.resize(sz(S_ * H_));
-      rms_backward(a.m.data(), a.rm.data(), S_, H_, weight(W.post_ffn_norm), dx.data(), dm.data(), false);
-    } else {
-      dm = dx;
-    }
+    const Vec<T> dm = branch_back(a.m, a.rm, W.post_ffn_norm, dx);
     Vec<T> dact;
     linear_back(dm, W.w_down, dact, false);
     Vec<T> dg(a.g.size()), du(a.g.size());
@@ -581,13 +577,7 @@ class Backprop {
     Vec<T> dx2 = dx;
     rms_backward(a.x2.data(), a.r2.data(), S_, H_, weight(W.ffn_norm), dh2.data(), dx2.data(), true);
     // Attention branch: x2 = x + post(a).
-    Vec<T> da;
-    if (cfg_.post_norms) {
-      da.resize(sz(S_ * H_));
-      rms_backward(a.a.data(), a.ra.data(), S_, H_, weight(W.post_attn_norm), dx2.data(), da.data(), false);
-    } else {
-      da = dx2;
-    }
+    const Vec<T> da = branch_back(a.a, a.ra, W.post_attn_norm, dx2);
     Vec<T> dout;
     linear_back(da, W.wo, dout, false);
     Vec<T> dq, dk, dv;
