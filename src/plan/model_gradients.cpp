@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/memory_budget.h"
+#include "plan/cross_entropy.h"
 #include "runtime/recipe.h"
 #include "runtime/rope.h"
 
@@ -146,28 +147,10 @@ class Backprop {
                   xt.begin() + static_cast<ptrdiff_t>(t * H_));
     rms_forward(xt.data(), hf.data(), rf.data(), NT, H_, weight(wf));
     gemm(false, true, NT, V, H_, hf.data(), H_, wout, H_, T(0), z.data(), V);
-    const T cap = static_cast<T>(cfg_.final_logit_softcap);
-    if (cap > 0)
-      for (T& v : z) v = cap * std::tanh(v / cap);
-    double loss = 0;
-    Vec<T> dz(sz(NT * V));
-    for (int64_t t = 0; t < NT; ++t) {
-      const T* row = z.data() + t * V;
-      const T mx = *std::max_element(row, row + V);
-      double sum = 0;
-      for (int64_t j = 0; j < V; ++j) sum += std::exp(static_cast<double>(row[j] - mx));
-      const double lse = static_cast<double>(mx) + std::log(sum);
-      const int32_t tok = targets[sz(t)].token;
-      loss += lse - static_cast<double>(row[tok]);
-      for (int64_t j = 0; j < V; ++j)
-        dz[sz(t * V + j)] = static_cast<T>(std::exp(static_cast<double>(row[j]) - lse) / static_cast<double>(NT));
-      dz[sz(t * V + tok)] -= static_cast<T>(1.0 / static_cast<double>(NT));
-    }
-    result.loss = loss / static_cast<double>(NT);
+    Vec<T> dz(opt_.loss_only ? 0 : sz(NT * V));
+    result.loss = cross_entropy<T>(z, V, targets, static_cast<T>(cfg_.final_logit_softcap), dz);
     if (opt_.loss_only) return result;
 
-    if (cap > 0)
-      for (size_t i = 0; i < dz.size(); ++i) dz[i] *= T(1) - (z[i] / cap) * (z[i] / cap);
     Vec<T> dhf(sz(NT * H_)), dxt(sz(NT * H_));
     gemm(false, false, NT, H_, V, dz.data(), V, wout, H_, T(0), dhf.data(), H_);
     rms_backward(xt.data(), rf.data(), NT, H_, weight(wf), dhf.data(), dxt.data(), false);

@@ -1,4 +1,5 @@
 #include "plan/cuda/gradients_cuda.h"
+#include "plan/cross_entropy.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -640,30 +641,12 @@ class Pass {
     gemm(true, false, V, NT, H_, 1.0f, wout.ptr(), H_, hf.get(), H_, 0.0f, z.get(), V);
     std::vector<float> zh(sz(NT * V));
     to_host(zh.data(), z.get(), zh.size());
-    const float cap = static_cast<float>(cfg_.final_logit_softcap);
-    if (cap > 0)
-      for (float& v : zh) v = cap * std::tanh(v / cap);
-    double loss = 0;
-    std::vector<float> dz(sz(NT * V));
-    for (int64_t t = 0; t < NT; ++t) {
-      const float* row = zh.data() + t * V;
-      const float mx = *std::max_element(row, row + V);
-      double sum = 0;
-      for (int64_t j = 0; j < V; ++j) sum += std::exp(static_cast<double>(row[j] - mx));
-      const double lse = static_cast<double>(mx) + std::log(sum);
-      const int32_t tk = targets[sz(t)].token;
-      loss += lse - static_cast<double>(row[tk]);
-      for (int64_t j = 0; j < V; ++j)
-        dz[sz(t * V + j)] = static_cast<float>(std::exp(static_cast<double>(row[j]) - lse) / static_cast<double>(NT));
-      dz[sz(t * V + tk)] -= static_cast<float>(1.0 / static_cast<double>(NT));
-    }
-    result.loss = loss / static_cast<double>(NT);
+    std::vector<float> dz(opt_.loss_only ? 0 : sz(NT * V));
+    result.loss = cross_entropy<float>(zh, V, targets, static_cast<float>(cfg_.final_logit_softcap), dz);
     if (opt_.loss_only) {
       sync();
       return result;
     }
-    if (cap > 0)
-      for (size_t i = 0; i < dz.size(); ++i) dz[i] *= 1.0f - (zh[i] / cap) * (zh[i] / cap);
     to_device(z.get(), dz.data(), dz.size());
     Buf<float> dhf(sz(NT * H_), &tr_), dxt(sz(NT * H_), &tr_);
     gemm(false, false, H_, NT, V, 1.0f, wout.ptr(), H_, z.get(), V, 0.0f, dhf.get(), H_);
