@@ -28,6 +28,21 @@ void choose_openblas_core(char** argv) {
   execv("/proc/self/exe", argv);  // returns only on failure: then carry on with the library's own choice
 }
 
+// --device and the GPU's knobs (CudaAttentionFlags): run, bench and serve.
+void add_device_options(CLI::App* app, std::string& device, tessera::cli::CudaAttentionFlags& f) {
+  app->add_option("--device", device, "cpu, cuda or auto (cuda when a GPU is usable)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))->capture_default_str();
+  app->add_option("--prefill-kernel", f.prefill_kernel,
+                  "GPU prefill kernel: auto (the Hopper kernel where it applies), mma or wgmma")
+      ->check(CLI::IsMember({"auto", "mma", "wgmma"}));
+  app->add_option("--dense-backend", f.dense_backend, "GPU dense attention: auto (the faster), ours or cudnn")
+      ->check(CLI::IsMember({"auto", "ours", "cudnn"}));
+  app->add_option("--gemm", f.gemm,
+                  "GPU GEMM precision: bf16 (default) or fp8 (E4M3 weights and activations: a scale per output channel "
+                  "and per token, TESSERA_FP8_SCALING=tensor for one per tensor; compute capability 8.9+)")
+      ->check(CLI::IsMember({"bf16", "fp8"}));
+}
+
 // --stream and its sizes (StreamFlags); `several`: a comma-separated list of methods (bench, eval).
 void add_stream_options(CLI::App* app, tessera::cli::StreamFlags& f, bool several) {
   auto* m = app->add_option("--stream", f.methods,
@@ -103,17 +118,7 @@ int main(int argc, char** argv) {
   r->add_option("--needle-seed", run.needle_seed, "Seed of the needle case")->capture_default_str();
   r->add_option("--haystack", run.haystack, "kjv, noise[:seed] or file:<path>")->capture_default_str();
   r->add_flag("--progress", run.progress, "Show the prefill progress bar even when stderr is not a terminal");
-  r->add_option("--device", run.device, "cpu, cuda or auto (cuda when a GPU is usable)")
-      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))->capture_default_str();
-  r->add_option("--prefill-kernel", run.cuda.prefill_kernel,
-                "GPU prefill kernel: auto (the Hopper kernel where it applies), mma or wgmma")
-      ->check(CLI::IsMember({"auto", "mma", "wgmma"}));
-  r->add_option("--dense-backend", run.cuda.dense_backend, "GPU dense attention: auto (the faster), ours or cudnn")
-      ->check(CLI::IsMember({"auto", "ours", "cudnn"}));
-  r->add_option("--gemm", run.cuda.gemm,
-                "GPU GEMM precision: bf16 (default) or fp8 (E4M3 weights and activations: a scale per output channel and "
-                "per token, TESSERA_FP8_SCALING=tensor for one per tensor; compute capability 8.9+)")
-      ->check(CLI::IsMember({"bf16", "fp8"}));
+  add_device_options(r, run.device, run.cuda);
   add_stream_options(r, run.stream, false);
   r->add_option("--gpus", run.gpus, "Tensor parallelism over this many GPUs (NCCL; one process per GPU, forked here "
                                     "or started by torchrun/mpirun: docs/multi-gpu.md)")
@@ -137,17 +142,7 @@ int main(int argc, char** argv) {
   b->add_option("--chunk", bench.chunk, "Prefill chunk size")->capture_default_str();
   b->add_option("--reps", bench.reps, "Repetitions (best is reported)")->capture_default_str();
   b->add_option("--format", bench.format, "md, csv or json")->check(CLI::IsMember({"md", "csv", "json"}))->capture_default_str();
-  b->add_option("--device", bench.device, "cpu, cuda or auto (cuda when a GPU is usable)")
-      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))->capture_default_str();
-  b->add_option("--prefill-kernel", bench.cuda.prefill_kernel,
-                "GPU prefill kernel: auto (the Hopper kernel where it applies), mma or wgmma")
-      ->check(CLI::IsMember({"auto", "mma", "wgmma"}));
-  b->add_option("--dense-backend", bench.cuda.dense_backend, "GPU dense attention: auto (the faster), ours or cudnn")
-      ->check(CLI::IsMember({"auto", "ours", "cudnn"}));
-  b->add_option("--gemm", bench.cuda.gemm,
-                "GPU GEMM precision: bf16 (default) or fp8 (E4M3 weights and activations: a scale per output channel and "
-                "per token, TESSERA_FP8_SCALING=tensor for one per tensor; compute capability 8.9+)")
-      ->check(CLI::IsMember({"bf16", "fp8"}));
+  add_device_options(b, bench.device, bench.cuda);
   add_stream_options(b, bench.stream, true);
 
   EvalOptions ev;
@@ -243,8 +238,7 @@ int main(int argc, char** argv) {
   sv->add_option("--attn", serve.attn, "Default attention policy (as for run --attn); requests pick others with "
                  "\"tessera\": {\"attn\": ...}")->capture_default_str();
   sv->add_option("--policy-dir", serve.policy_dir, "Folder of policy files requests may name (as plans)");
-  sv->add_option("--device", serve.device, "cpu, cuda or auto (cuda when a GPU is usable)")
-      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))->capture_default_str();
+  add_device_options(sv, serve.device, serve.cuda);
   sv->add_option("--parallel", serve.parallel,
                  "Requests generated at once; above 1, the batched engine (continuous batching, paged KV cache)")
       ->capture_default_str();
@@ -264,14 +258,6 @@ int main(int argc, char** argv) {
   sv->add_option("--max-body", serve.max_body_mb, "Request body limit in MiB")->capture_default_str();
   sv->add_flag("--quiet", serve.quiet, "No line per request");
   add_stream_options(sv, serve.stream, false);
-  sv->add_option("--prefill-kernel", serve.cuda.prefill_kernel, "GPU prefill kernel: auto, mma or wgmma")
-      ->check(CLI::IsMember({"auto", "mma", "wgmma"}));
-  sv->add_option("--dense-backend", serve.cuda.dense_backend, "GPU dense attention: auto, ours or cudnn")
-      ->check(CLI::IsMember({"auto", "ours", "cudnn"}));
-  sv->add_option("--gemm", serve.cuda.gemm,
-                "GPU GEMM precision: bf16 (default) or fp8 (E4M3 weights and activations: a scale per output channel and "
-                "per token, TESSERA_FP8_SCALING=tensor for one per tensor; compute capability 8.9+)")
-      ->check(CLI::IsMember({"bf16", "fp8"}));
 
   CLI11_PARSE(app, argc, argv);
   try {
