@@ -64,25 +64,20 @@ int connect_to(const std::string& addr, int32_t port) {
   return fd;
 }
 
-bool write_all(int fd, const uint8_t* p, size_t n) {
+// Moves all n bytes through `io` (read or write), which may move fewer at a time; false when it fails or stops.
+template <class Byte, class Io>
+bool all_bytes(int fd, Byte* p, size_t n, Io io) {
   while (n > 0) {
-    const ssize_t w = write(fd, p, n);
-    if (w <= 0) return false;
-    p += w;
-    n -= static_cast<size_t>(w);
+    const ssize_t done = io(fd, p, n);
+    if (done <= 0) return false;
+    p += done;
+    n -= static_cast<size_t>(done);
   }
   return true;
 }
 
-bool read_all(int fd, uint8_t* p, size_t n) {
-  while (n > 0) {
-    const ssize_t r = read(fd, p, n);
-    if (r <= 0) return false;
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
-}
+bool write_all(int fd, const uint8_t* p, size_t n) { return all_bytes(fd, p, n, ::write); }
+bool read_all(int fd, uint8_t* p, size_t n) { return all_bytes(fd, p, n, ::read); }
 
 std::vector<uint8_t> exchange_file(const RankEnv& e, const std::vector<uint8_t>& blob, double timeout_s) {
   namespace fs = std::filesystem;

@@ -37,32 +37,35 @@ RankPlan rank_plan(const ModelConfig& config, const Placement& placement, int32_
   return p;
 }
 
-Weight gather_rows(const Weight& w, const std::vector<int32_t>& blocks, int64_t block_rows) {
+namespace {
+
+// Blocks of `size` rows (by_rows) or of `size` columns of w, in the order of `blocks`. Either way the output is
+// written front to back: per output row (one run for row blocks), one copy per block.
+Weight gather(const Weight& w, const std::vector<int32_t>& blocks, int64_t size, bool by_rows) {
   Weight out;
   if (w.empty()) return out;
-  out.cols = w.cols;
-  out.rows = static_cast<int64_t>(blocks.size()) * block_rows;
+  const auto n = static_cast<int64_t>(blocks.size());
+  out.rows = by_rows ? n * size : w.rows;
+  out.cols = by_rows ? w.cols : n * size;
   out.data.resize(static_cast<size_t>(out.rows * out.cols));
-  for (size_t b = 0; b < blocks.size(); ++b) {
-    const float* src = w.ptr() + blocks[b] * block_rows * w.cols;
-    std::copy(src, src + block_rows * w.cols,
-              out.data.data() + static_cast<int64_t>(b) * block_rows * w.cols);
-  }
+  float* dst = out.data.data();
+  const int64_t runs = by_rows ? 1 : w.rows, len = by_rows ? size * w.cols : size;
+  for (int64_t r = 0; r < runs; ++r)
+    for (const int32_t b : blocks) {
+      const float* src = w.ptr() + (by_rows ? b * size * w.cols : r * w.cols + b * size);
+      dst = std::copy(src, src + len, dst);
+    }
   return out;
 }
 
+}  // namespace
+
+Weight gather_rows(const Weight& w, const std::vector<int32_t>& blocks, int64_t block_rows) {
+  return gather(w, blocks, block_rows, true);
+}
+
 Weight gather_cols(const Weight& w, const std::vector<int32_t>& blocks, int64_t block_cols) {
-  Weight out;
-  if (w.empty()) return out;
-  out.rows = w.rows;
-  out.cols = static_cast<int64_t>(blocks.size()) * block_cols;
-  out.data.resize(static_cast<size_t>(out.rows * out.cols));
-  for (int64_t r = 0; r < w.rows; ++r)
-    for (size_t b = 0; b < blocks.size(); ++b) {
-      const float* src = w.ptr() + r * w.cols + blocks[b] * block_cols;
-      std::copy(src, src + block_cols, out.data.data() + r * out.cols + static_cast<int64_t>(b) * block_cols);
-    }
-  return out;
+  return gather(w, blocks, block_cols, false);
 }
 
 namespace {
