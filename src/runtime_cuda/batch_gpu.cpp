@@ -260,21 +260,7 @@ int64_t GpuBatchBackend::run_step(std::span<const int32_t> tokens, std::span<con
     const auto key = std::make_pair(np, splits);
     auto it = graphs_.find(key);
     if (it == graphs_.end()) {
-      cudaGraph_t graph = nullptr;
-      TESSERA_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-      try {
-        launch_step(np, splits);
-      } catch (...) {
-        cudaStreamEndCapture(stream_, &graph);
-        if (graph != nullptr) cudaGraphDestroy(graph);
-        throw;
-      }
-      TESSERA_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
-      cudaGraphExec_t exec = nullptr;
-      const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
-      cudaGraphDestroy(graph);
-      TESSERA_CUDA_CHECK(err);
-      it = graphs_.emplace(key, exec).first;
+      it = graphs_.emplace(key, capture_graph(stream_, [&] { launch_step(np, splits); })).first;
       ++step_builds_;
     }
     TESSERA_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));

@@ -116,20 +116,7 @@ std::vector<float> GpuDecode::run(int32_t token, int32_t pos, DeviceKVCache& cac
   } else if (!use_graphs_ || (fp8_ && warmed_.insert(key).second)) {
     launch(logits);  // eager (FP8: the first use of this key sets up cuBLASLt's plans and buffers outside a capture)
   } else {
-    cudaGraph_t graph = nullptr;
-    TESSERA_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    try {
-      launch(logits);
-    } catch (...) {
-      cudaStreamEndCapture(stream_, &graph);
-      if (graph != nullptr) cudaGraphDestroy(graph);
-      throw;
-    }
-    TESSERA_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
-    cudaGraphDestroy(graph);
-    TESSERA_CUDA_CHECK(err);
+    const cudaGraphExec_t exec = capture_graph(stream_, [&] { launch(logits); });
     graphs_.emplace(key, exec);
     TESSERA_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
   }

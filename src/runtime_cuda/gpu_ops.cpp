@@ -49,7 +49,35 @@ GpuOps::GpuOps(const ModelConfig& config, std::vector<LayerNorms> norms, const b
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));  // `f` above is gone when this returns
 }
 
+cudaGraphExec_t capture_graph(cudaStream_t stream, const std::function<void()>& launch) {
+  cudaGraph_t graph = nullptr;
+  TESSERA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  try {
+    launch();
+  } catch (...) {
+    cudaStreamEndCapture(stream, &graph);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    throw;
+  }
+  TESSERA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  TESSERA_CUDA_CHECK(err);
+  return exec;
+}
+
 namespace {
+
+// Bytes of the buffers, and releasing them.
+template <class... B>
+size_t bytes_of(const B&... b) {
+  return (b.bytes() + ... + size_t{0});
+}
+template <class... B>
+void release_all(B&... b) {
+  ((b = {}), ...);
+}
 
 // The step rotates q and k itself in some layer and the model has QK-norm: QK-norm alone needs the identity
 // rotation's tables.
@@ -262,30 +290,15 @@ std::vector<float> GpuOps::download_logits(int64_t count) {
 }
 
 size_t GpuOps::scratch_bytes() const {
-  size_t b = tokens_.bytes() + x_.bytes() + o_.bytes() + logits_.bytes() + h_.bytes() + q_.bytes() + a_.bytes() +
-             gu_.bytes() + k_.bytes() + v_.bytes() + no_freq_.bytes() + id_cos_.bytes() + id_sin_.bytes();
-  for (const auto& c : cos_) b += c.bytes();
-  for (const auto& s : sin_) b += s.bytes();
+  size_t b = bytes_of(tokens_, x_, o_, logits_, h_, q_, a_, gu_, k_, v_, no_freq_, id_cos_, id_sin_);
+  for (size_t r = 0; r < cos_.size(); ++r) b += bytes_of(cos_[r], sin_[r]);
   return b;
 }
 
 void GpuOps::release_scratch() {
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  tokens_ = {};
-  x_ = {};
-  o_ = {};
-  logits_ = {};
-  h_ = {};
-  q_ = {};
-  a_ = {};
-  gu_ = {};
-  k_ = {};
-  v_ = {};
-  no_freq_ = {};
-  id_cos_ = {};
-  id_sin_ = {};
-  for (auto& c : cos_) c = {};
-  for (auto& s : sin_) s = {};
+  release_all(tokens_, x_, o_, logits_, h_, q_, a_, gu_, k_, v_, no_freq_, id_cos_, id_sin_);
+  for (size_t r = 0; r < cos_.size(); ++r) release_all(cos_[r], sin_[r]);
 }
 
 void GpuOps::sample_memory() {

@@ -31,6 +31,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -53,6 +54,10 @@ bool grow(attn::gpu::DeviceBuffer<T>& b, int64_t count) {
   b.resize(static_cast<size_t>(count));
   return true;
 }
+
+// Captures what launch() puts on `stream` into an executable CUDA graph (a step of the ops between begin() and
+// head(); the capture is ended and its graph dropped when launch throws). Throws tessera::Error on a CUDA error.
+cudaGraphExec_t capture_graph(cudaStream_t stream, const std::function<void()>& launch);
 
 // The q, k and v rows of a step on the device, bf16: q [n, q_heads * d] rows q_ld apart, k and v [n, kv_heads * d]
 // rows kv_ld apart (after the bias, QK-norm and, unless the step rotates them itself, RoPE).
