@@ -19,6 +19,7 @@
 #include "runtime/batch_engine.h"
 #include "runtime/engine.h"
 #include "runtime/model.h"
+#include "stream_sizes.h"
 
 namespace tessera::runtime {
 namespace {
@@ -246,6 +247,21 @@ std::vector<int32_t> single(const Model& m, const std::vector<int32_t>& prompt, 
   return e.generate(prompt, gen);
 }
 
+// Requests of the given prompt lengths (random tokens from seed0 + i), max_new_tokens new0 + i * step; every
+// second one sampled (seed sample_seed0 + i), the others greedy.
+std::vector<BatchRequest> mixed_requests(const std::vector<int32_t>& lengths, int32_t vocab, uint32_t seed0,
+                                         int32_t new0, int32_t step, uint64_t sample_seed0) {
+  std::vector<BatchRequest> reqs;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    BatchRequest r;
+    r.prompt = random_tokens(lengths[i], vocab, seed0 + static_cast<uint32_t>(i));
+    r.options.max_new_tokens = new0 + static_cast<int32_t>(i) * step;
+    if (i % 2 == 1) r.options.sampling = {0.8f, 20, 0.9f, sample_seed0 + i};
+    reqs.push_back(r);
+  }
+  return reqs;
+}
+
 class BatchedEqualsSingle : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(BatchedEqualsSingle, GreedyAndSampled) {
@@ -257,15 +273,7 @@ TEST_P(BatchedEqualsSingle, GreedyAndSampled) {
   o.block_tokens = 8;
   o.max_batch = 3;  // six requests: the rest wait for a place
   BatchEngine engine(backend, o);
-  std::vector<BatchRequest> reqs;
-  const std::vector<int32_t> lengths{5, 37, 100, 64, 1, 16};
-  for (size_t i = 0; i < lengths.size(); ++i) {
-    BatchRequest r;
-    r.prompt = random_tokens(lengths[i], vocab, static_cast<uint32_t>(100 + i));
-    r.options.max_new_tokens = 12 + static_cast<int32_t>(i) * 3;
-    if (i % 2 == 1) r.options.sampling = {0.8f, 20, 0.9f, 1000 + i};
-    reqs.push_back(r);
-  }
+  const std::vector<BatchRequest> reqs = mixed_requests({5, 37, 100, 64, 1, 16}, vocab, 100, 12, 3, 1000);
   const auto out = engine.generate_all(reqs);
   for (size_t i = 0; i < reqs.size(); ++i) {
     EXPECT_EQ(out[i], single(m, reqs[i].prompt, reqs[i].options)) << "request " << i;
@@ -281,17 +289,6 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, BatchedEqualsSingle, ::testing::Values("llama
 
 // ---- streaming memory in the batched engine: streamed requests batch ----
 
-StreamOptions small_stream(StreamMethod m) {
-  StreamOptions o;
-  o.method = m;
-  o.sinks = 8;
-  o.local = 32;
-  o.block = 16;
-  o.chunk = 16;
-  o.top_k = 2;
-  return o;
-}
-
 // Every streamed request's tokens are those the single-sequence streaming engine generates for it alone, while the
 // decode steps run several streamed sequences as one batch (prompts long enough to evict and retrieve blocks).
 class StreamedBatchEqualsSingle : public ::testing::TestWithParam<std::tuple<const char*, StreamMethod>> {};
@@ -305,15 +302,7 @@ TEST_P(StreamedBatchEqualsSingle, GreedyAndSampled) {
   o.max_batch = 3;  // five requests: the rest wait for a place
   o.stream = so;
   BatchEngine engine(backend, o);
-  std::vector<BatchRequest> reqs;
-  const std::vector<int32_t> lengths{130, 9, 77, 160, 45};
-  for (size_t i = 0; i < lengths.size(); ++i) {
-    BatchRequest r;
-    r.prompt = random_tokens(lengths[i], vocab, static_cast<uint32_t>(300 + i));
-    r.options.max_new_tokens = 20 + static_cast<int32_t>(i) * 4;
-    if (i % 2 == 1) r.options.sampling = {0.8f, 20, 0.9f, 2000 + i};
-    reqs.push_back(r);
-  }
+  const std::vector<BatchRequest> reqs = mixed_requests({130, 9, 77, 160, 45}, vocab, 300, 20, 4, 2000);
   const auto out = engine.generate_all(reqs);
   for (size_t i = 0; i < reqs.size(); ++i) {
     EngineOptions eo;

@@ -26,6 +26,7 @@
 #include "runtime/stream/stream_layout.h"
 #include "runtime/stream/stream_options.h"
 #include "runtime/stream/streaming_kv.h"
+#include "stream_sizes.h"
 
 namespace tessera::runtime {
 namespace {
@@ -561,17 +562,6 @@ TEST(HostBlockStore, BudgetErrorsSayWhatIsNeeded) {
   }
   EXPECT_EQ(store.blocks(0), 1);  // unchanged
   EXPECT_EQ(store.bytes(), 1024);
-}
-
-StreamOptions small_stream(StreamMethod m) {
-  StreamOptions o;
-  o.method = m;
-  o.sinks = 8;
-  o.local = 32;
-  o.block = 16;
-  o.chunk = 16;
-  o.top_k = 2;
-  return o;
 }
 
 TEST(StreamingKV, SequenceOverTheHostBudgetIsRefusedUpFront) {
