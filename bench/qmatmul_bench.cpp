@@ -1,7 +1,7 @@
 // qmatmul_bench: matrix products over weights kept as stored (model/qmatmul) against the f32 expansion that the
 // runtime multiplies today (OpenBLAS sgemv / sgemm on the dequantized matrix, same thread count).
 //
-//   qmatmul_bench [--quick] [--decode-only | --prefill-only] [--threads 1,2] [--shape SUBSTRING]
+//   qmatmul_bench [--quick] [--decode-only | --prefill-only] [--threads 1,2] [--shape SUBSTRING] [--no-scalar]
 //
 // Decode: y = W x (m = 1), memory bound. Each timed call reads a different copy of the matrix, with at least
 // 256 MiB of copies in rotation, so the weights come from DRAM as they do in a forward pass (a model's layers do
@@ -133,7 +133,7 @@ void blas_threads(int) {}
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, decode = true, prefill = true;
+  bool quick = false, decode = true, prefill = true, scalar = true;
   std::vector<int> threads = {1, 2};
   std::string shape_filter;
   for (int i = 1; i < argc; ++i) {
@@ -143,15 +143,16 @@ int main(int argc, char** argv) {
     else if (a == "--prefill-only") decode = false;
     else if (a == "--threads" && i + 1 < argc) threads = parse_list(argv[++i]);
     else if (a == "--shape" && i + 1 < argc) shape_filter = argv[++i];
+    else if (a == "--no-scalar") scalar = false;
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--decode-only | --prefill-only] [--threads 1,2] [--shape S]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--decode-only | --prefill-only] [--threads 1,2] [--shape S] [--no-scalar]\n", argv[0]);
       return 2;
     }
   }
   const double min_s = quick ? 0.05 : 0.25;
   std::vector<QIsa> isas;
   for (const QIsa isa : {QIsa::Scalar, QIsa::Avx2, QIsa::Avx512})
-    if (qmatmul_isa_available(isa)) isas.push_back(isa);
+    if (qmatmul_isa_available(isa) && (scalar || isa != QIsa::Scalar)) isas.push_back(isa);
   std::printf("# qmatmul_bench: best path %s; load average before: %s\n",
               std::string(qmatmul_isa_name(qmatmul_best_isa())).c_str(), loadavg().c_str());
 #if !defined(TESSERA_BENCH_OPENBLAS)

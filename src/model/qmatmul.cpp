@@ -448,11 +448,13 @@ void qmatmul(const QMatrix& w, const float* x, int64_t m, float* y, ThreadPool* 
     });
   }
 
-  // Tiling: a thread owns a range of weight rows; within it, x rows go in blocks that stay in L2 (about 256 KiB
-  // of activations) and, inside a block, in tiles of kMaxNx that share each decoded weight block.
+  // Tiling: a thread owns a range of weight rows; within it, x rows go in blocks of about 1 MiB of activations
+  // (at most 64 rows: the weights are read from memory once per block) and, inside a block, in tiles of kMaxNx
+  // that share each decoded weight block (or tile of weight rows). The quantized types' AVX-512 prefill instead
+  // takes panels of 16 weight rows against all x rows (qmatmul_avx512.cpp).
   const size_t row_bytes = tensor_type_bytes(w.type, cols);
   const int64_t act_bytes = ab == 0 ? 4 * cols : cols;
-  const int64_t xblock = std::clamp<int64_t>((262144 / std::max<int64_t>(act_bytes, 1)) / qmm::kMaxNx * qmm::kMaxNx,
+  const int64_t xblock = std::clamp<int64_t>((1048576 / std::max<int64_t>(act_bytes, 1)) / qmm::kMaxNx * qmm::kMaxNx,
                                              qmm::kMaxNx, 64);
   const int64_t grain = std::max<int64_t>(1, static_cast<int64_t>(32768 / row_bytes));
   const ActRow* acts = s.rows.data();
