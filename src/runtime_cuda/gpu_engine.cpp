@@ -153,33 +153,46 @@ void GpuEngine::add_timers() {
   kernel_seconds_.misc += t[EventTimer::kMisc];
 }
 
-std::vector<float> GpuEngine::run_stream_prefill(std::span<const int32_t> tokens, LogitRows rows,
-                                                 const Progress& progress) {
+std::vector<float> GpuEngine::run_prefill(std::span<const int32_t> tokens, LogitRows rows,
+                                          const Progress& progress) {
+  if (tokens.empty()) throw Error("prefill: empty prompt");
+  check_token_ids(tokens, model_.config());
+  check_prompt_fits(tokens.size(), position_, max_context_, model_.config());
   const int64_t end = static_cast<int64_t>(position_) + static_cast<int64_t>(tokens.size());
-  streaming_->check_sequence(end);
-  check(end < (int64_t{1} << 31), "streaming: a sequence of " + std::to_string(end) + " tokens (at most 2^31 - 1)");
+  if (streaming_) {
+    streaming_->check_sequence(end);
+    check(end < (int64_t{1} << 31), "streaming: a sequence of " + std::to_string(end) + " tokens (at most 2^31 - 1)");
+  }
   const auto t0 = Clock::now();
-  streaming_->reserve(end);
+  if (streaming_)
+    streaming_->reserve(end);
+  else
+    cache_.reserve(static_cast<int32_t>(end), position_);
   const auto n = static_cast<int64_t>(tokens.size());
-  // Chunks of stream.chunk tokens, the last one of at most stream.last_chunk (the query's own chunk): the CPU's.
-  const int32_t chunk = options_.stream.chunk, last_chunk = options_.stream.last_chunk;
-  const int64_t tail = last_chunk > 0 && last_chunk < chunk ? std::max<int64_t>(0, n - last_chunk) : n;
+  const int64_t chunk = options_.chunk_size > 0 ? options_.chunk_size : n;
+  const auto total_len = static_cast<int32_t>(end);
   std::vector<float> logits;
   try {
+    // Chunks of chunk_size tokens under the policy; with streaming memory the CPU's chunks (stream_chunk_end).
     for (int64_t c0 = 0; c0 < n;) {
-      const int64_t c1 = c0 < tail ? std::min<int64_t>(tail, c0 + chunk) : n;
+      const int64_t c1 = streaming_ ? stream_chunk_end(options_.stream, c0, n) : std::min<int64_t>(n, c0 + chunk);
       const bool last = c1 == n;
       const LogitRows want = rows == LogitRows::kAll ? LogitRows::kAll : (last ? rows : LogitRows::kNone);
-      streaming_->begin_chunk(position_, static_cast<int32_t>(c1 - c0),
-                              last ? StreamingKV::ChunkKind::LastPrefill : StreamingKV::ChunkKind::Prefill);
+      const auto piece = tokens.subspan(static_cast<size_t>(c0), static_cast<size_t>(c1 - c0));
       std::vector<float> part;
       try {
-        part = forward_->run(tokens.subspan(static_cast<size_t>(c0), static_cast<size_t>(c1 - c0)), position_,
-                             *streaming_, want);
+        if (streaming_) {
+          streaming_->begin_chunk(position_, static_cast<int32_t>(c1 - c0),
+                                  last ? StreamingKV::ChunkKind::LastPrefill : StreamingKV::ChunkKind::Prefill);
+          part = forward_->run(piece, position_, *streaming_, want);
+        } else {
+          part = forward_->run(piece, position_, cache_, &options_.policy, total_len, want);
+        }
       } catch (const Error& e) {
-        throw Error("streaming prefill of " + std::to_string(n) + " tokens, chunk [" + std::to_string(c0) + ", " +
-                    std::to_string(c1) + ") at position " + std::to_string(position_) + ": " + e.what() +
-                    " (call reset() before the next prompt)");
+        // Say which part of the prompt was running; the engine stays usable after reset().
+        throw Error(std::string(streaming_ ? "streaming prefill of " : "prefill of ") + std::to_string(n) +
+                    " tokens, chunk [" + std::to_string(c0) + ", " + std::to_string(c1) + ") at position " +
+                    std::to_string(position_) + ": " + e.what() + " (call reset() before the next prompt)");
       }
       position_ += static_cast<int32_t>(c1 - c0);
       logits.insert(logits.end(), part.begin(), part.end());
@@ -188,52 +201,6 @@ std::vector<float> GpuEngine::run_stream_prefill(std::span<const int32_t> tokens
         progress(c1, n);
       }
       c0 = c1;
-    }
-    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  } catch (...) {
-    discard_timers();
-    throw;
-  }
-  stats_.prefill_tokens += n;
-  stats_.prefill_seconds += seconds_since(t0);
-  add_timers();
-  return logits;
-}
-
-std::vector<float> GpuEngine::run_prefill(std::span<const int32_t> tokens, LogitRows rows,
-                                          const Progress& progress) {
-  if (tokens.empty()) throw Error("prefill: empty prompt");
-  check_token_ids(tokens, model_.config());
-  check_prompt_fits(tokens.size(), position_, max_context_, model_.config());
-  if (streaming_) return run_stream_prefill(tokens, rows, progress);
-  const int64_t end = static_cast<int64_t>(position_) + static_cast<int64_t>(tokens.size());
-  const auto t0 = Clock::now();
-  cache_.reserve(static_cast<int32_t>(end), position_);
-  const auto n = static_cast<int64_t>(tokens.size());
-  const int64_t chunk = options_.chunk_size > 0 ? options_.chunk_size : n;
-  const auto total_len = static_cast<int32_t>(end);
-  std::vector<float> logits;
-  try {
-    for (int64_t c0 = 0; c0 < n; c0 += chunk) {
-      const int64_t c1 = std::min<int64_t>(n, c0 + chunk);
-      const bool last = c1 == n;
-      const LogitRows want = rows == LogitRows::kAll ? LogitRows::kAll : (last ? rows : LogitRows::kNone);
-      std::vector<float> part;
-      try {
-        part = forward_->run(tokens.subspan(static_cast<size_t>(c0), static_cast<size_t>(c1 - c0)), position_, cache_,
-                             &options_.policy, total_len, want);
-      } catch (const Error& e) {
-        // Say which part of the prompt was running; the engine stays usable after reset().
-        throw Error("prefill of " + std::to_string(n) + " tokens, chunk [" + std::to_string(c0) + ", " +
-                    std::to_string(c1) + ") at position " + std::to_string(position_) + ": " + e.what() +
-                    " (call reset() before the next prompt)");
-      }
-      position_ += static_cast<int32_t>(c1 - c0);
-      logits.insert(logits.end(), part.begin(), part.end());
-      if (progress) {
-        TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
-        progress(c1, n);
-      }
     }
     TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   } catch (...) {

@@ -139,7 +139,6 @@ class GpuEngine final : public SequenceEngine {
  private:
   std::vector<float> run_prefill(std::span<const int32_t> tokens, LogitRows rows, const Progress& progress);
   std::vector<float> run_decode(int32_t token, LogitRows rows);
-  std::vector<float> run_stream_prefill(std::span<const int32_t> tokens, LogitRows rows, const Progress& progress);
   void add_timers();
   void discard_timers() noexcept;  // after an error: waits for the stream, drops the recorded events
 
