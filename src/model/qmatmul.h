@@ -8,8 +8,10 @@
 // scale per block of the weight's activation block (32 elements for Q4_0..Q8_0, 256 for the K types:
 // qmatmul_activation_block), round to nearest, scale = max|x| / 127, and each weight block is multiplied with
 // integer dot products (AVX2 maddubs/madd, AVX-512 VNNI dpbusd) and scaled once per block. F32/F16/BF16 weights
-// multiply f32 activations with f32 fused multiply-adds. Each weight block is read from memory once per call
-// for m <= the row tile, and decoded once per tile of x rows for larger m (prefill).
+// multiply f32 activations with f32 fused multiply-adds. Decode (m < 16): each weight block is read once and
+// decoded once per tile of 4 x rows. Prefill (m >= 16) on AVX-512: panels of 16 weight rows decoded once and
+// multiplied with every x row; elsewhere the row kernels over x blocks of <= 64 rows. docs/cpu_kernels.md has
+// the design, the tests' tolerances and the measured speeds.
 //
 // The instruction-set path is picked at run time (CPUID): AVX-512 (F, BW, VL, DQ and VNNI) > AVX2 (+FMA, F16C) >
 // the portable scalar twin. A caller (a test, a bench) may force one with the QIsa overload; the scalar twin

@@ -8,9 +8,11 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace tessera::model::qmm {
 
@@ -388,6 +390,68 @@ struct Q6KKernel {
   }
 };
 
+// ---- prefill: panel GEMM for the quantized types ----------------------------------------------------------
+//
+// As in qmatmul_avx512.cpp (the decoders and the driver are qmatmul_panel.inc): 16 weight rows decoded once into
+// unsigned bytes, 4 consecutive elements of each row per 4-byte lane, each x row's 4 bytes broadcast. Here one
+// 64-byte step is two 256-bit halves (rows 0-7, 8-15) multiplied with maddubs; the int16 pair sums of several
+// steps are added before widening (madd) while they cannot overflow: UMax is the largest weight code (15, 31 or
+// 63), and 2 * UMax * 127 per step. Q8_0 (codes up to 255) would saturate maddubs and keeps the row kernels.
+template <int UMax>
+struct PanelTile {
+  static constexpr int kMr = 2;
+  static constexpr int kChunk = 32767 / (2 * UMax * 127);  // steps summed in int16
+
+  template <int MR, int G>
+  static void run(const uint8_t* panel, const float* ps, const float* pc, int64_t ng, const int8_t* const* xq,
+                  const float* const* gd, const float* const* gds, float* const* out) {
+    constexpr int kSteps = G / 4;
+    static_assert(kChunk >= 1 && kSteps % std::min(kChunk, kSteps) == 0);
+    constexpr int kPer = std::min(kChunk, kSteps);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[MR][2];
+    for_nx<MR>([&](int x) QMM_INLINE { acc[x][0] = acc[x][1] = _mm256_setzero_ps(); });
+    for (int64_t g = 0; g < ng; ++g) {
+      __m256i isum[MR][2];
+      for_nx<MR>([&](int x) QMM_INLINE { isum[x][0] = isum[x][1] = _mm256_setzero_si256(); });
+      const uint8_t* pg = panel + g * kSteps * 64;
+      for_nx<kSteps / kPer>([&](int c) QMM_INLINE {
+        __m256i s16[MR][2];
+        for_nx<MR>([&](int x) QMM_INLINE { s16[x][0] = s16[x][1] = _mm256_setzero_si256(); });
+        for_nx<kPer>([&](int t0) QMM_INLINE {
+          const int t = c * kPer + t0;
+          const __m256i w0 = load256(pg + 64 * t), w1 = load256(pg + 64 * t + 32);
+          for_nx<MR>([&](int x) QMM_INLINE {
+            int32_t x4;
+            std::memcpy(&x4, xq[x] + (g * kSteps + t) * 4, 4);
+            const __m256i xb = _mm256_set1_epi32(x4);
+            s16[x][0] = _mm256_add_epi16(s16[x][0], _mm256_maddubs_epi16(w0, xb));
+            s16[x][1] = _mm256_add_epi16(s16[x][1], _mm256_maddubs_epi16(w1, xb));
+          });
+        });
+        for_nx<MR>([&](int x) QMM_INLINE {
+          isum[x][0] = _mm256_add_epi32(isum[x][0], _mm256_madd_epi16(s16[x][0], ones));
+          isum[x][1] = _mm256_add_epi32(isum[x][1], _mm256_madd_epi16(s16[x][1], ones));
+        });
+      });
+      for_nx<2>([&](int h) QMM_INLINE {
+        const __m256 sv = _mm256_loadu_ps(ps + 16 * g + 8 * h), cv = _mm256_loadu_ps(pc + 16 * g + 8 * h);
+        for_nx<MR>([&](int x) QMM_INLINE {
+          acc[x][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[x][h]), _mm256_mul_ps(sv, _mm256_set1_ps(gd[x][g])),
+                                      acc[x][h]);
+          acc[x][h] = _mm256_fmadd_ps(cv, _mm256_set1_ps(gds[x][g]), acc[x][h]);
+        });
+      });
+    }
+    for_nx<MR>([&](int x) QMM_INLINE {
+      _mm256_storeu_ps(out[x], acc[x][0]);
+      _mm256_storeu_ps(out[x] + 8, acc[x][1]);
+    });
+  }
+};
+
+#include "model/qmatmul_panel.inc"
+
 template <class K>
 void tile_kernel(const uint8_t* w, size_t rb, int64_t cols, const ActRow* a, int nx, float* out) {
   static_assert(kMaxNx == 4 && kTileAlign % kTileRows == 0);
@@ -433,7 +497,14 @@ const Kernels kAvx2 = {
     row_kernel<Q45KKernel<true>>,     row_kernel<Q6KKernel>,
     tile_kernel<FloatTile<LoadF32>>,  tile_kernel<FloatTile<LoadF16>>,  tile_kernel<FloatTile<LoadBF16>>,
     kTileRows,
-    nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+    panel_gemm<PanelTile<15>, decode_legacy<Q4_0>, 32, false>,
+    panel_gemm<PanelTile<15>, decode_legacy<Q4_1>, 32, false>,
+    panel_gemm<PanelTile<31>, decode_legacy<Q5_0>, 32, false>,
+    panel_gemm<PanelTile<31>, decode_legacy<Q5_1>, 32, false>,
+    nullptr,  // Q8_0: codes up to 255 would saturate maddubs
+    panel_gemm<PanelTile<15>, decode_q45k<false>, 32, true>,
+    panel_gemm<PanelTile<31>, decode_q45k<true>, 32, true>,
+    panel_gemm<PanelTile<63>, decode_q6k, 16, true>,
 };
 
 }  // namespace

@@ -449,194 +449,43 @@ struct Q6KKernel {
 // ---- prefill: panel GEMM for the quantized types ----------------------------------------------------------
 //
 // Each weight row is decoded to unsigned bytes u (element order) with, per group of G elements (G = 32, or 16 for
-// Q6_K), a scale s and an offset c such that w = s * u + c: Q4_0 s = d, c = -8d; Q5_0 c = -16d; Q4_1/Q5_1 c = m;
-// Q8_0 u = q + 128, c = -128d; Q4_K/Q5_K s = d * sc_g, c = -dmin * m_g; Q6_K s = d * sc_g, c = -32 d sc_g. Then
-// y = sum_g (s_g dx_g) * sum_k u x_q + c_g * (dx_g * sum_k x_q), the same exact value as the row kernels.
-
-// Row decoders: u[cols], s[groups], c[groups].
-template <class T>
-void decode_legacy(const uint8_t* w, int64_t cols, uint8_t* u, float* sc, float* off) {
-  for (int64_t b = 0; b < cols / 32; ++b) {
-    const uint8_t* blk = w + b * T::kBytes;
-    __m256i q = T::q(blk);
-    const float d = f16_at(blk);
-    float c;
-    if constexpr (std::is_same_v<T, Q8_0>) {
-      q = _mm256_xor_si256(q, _mm256_set1_epi8(static_cast<char>(0x80)));
-      c = -128.0f * d;
-    } else if constexpr (T::kMin) {
-      c = f16_at(blk + 2);
-    } else {
-      c = -T::kOffset * d;
-    }
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(u + 32 * b), q);
-    sc[b] = d;
-    off[b] = c;
-  }
-}
-
-template <bool Five>
-void decode_q45k(const uint8_t* w, int64_t cols, uint8_t* u, float* sc, float* off) {
-  constexpr int kBytes = Five ? 176 : 144;
-  const __m256i m4 = _mm256_set1_epi8(15), one8 = _mm256_set1_epi8(1);
-  for (int64_t sb = 0; sb < cols / 256; ++sb) {
-    const uint8_t* blk = w + sb * kBytes;
-    const float d = f16_at(blk), dmin = f16_at(blk + 2);
-    uint64_t scales, mins;
-    k_scales(blk + 4, &scales, &mins);
-    const uint8_t* qs = blk + (Five ? 48 : 16);
-    __m256i qh = Five ? load256(blk + 16) : _mm256_setzero_si256();
-    for (int c = 0; c < 4; ++c) {
-      const __m256i v = load256(qs + 32 * c);
-      __m256i lo = _mm256_and_si256(v, m4);
-      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-      if constexpr (Five) {
-        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qh, one8), 4));
-        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one8), 4));
-        qh = _mm256_srli_epi16(qh, 2);
-      }
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(u + 256 * sb + 64 * c), lo);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(u + 256 * sb + 64 * c + 32), hi);
-    }
-    for (int g = 0; g < 8; ++g) {
-      sc[8 * sb + g] = d * static_cast<float>((scales >> (8 * g)) & 0xff);
-      off[8 * sb + g] = -(dmin * static_cast<float>((mins >> (8 * g)) & 0xff));
-    }
-  }
-}
-
-void decode_q6k(const uint8_t* w, int64_t cols, uint8_t* u, float* sc, float* off) {
-  const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
-  for (int64_t sb = 0; sb < cols / 256; ++sb) {
-    const uint8_t* blk = w + sb * 210;
-    const auto* scales = reinterpret_cast<const int8_t*>(blk + 192);
-    const float d = f16_at(blk + 208);
-    for (int h = 0; h < 2; ++h) {
-      const __m256i l0 = load256(blk + 64 * h), l1 = load256(blk + 64 * h + 32);
-      const __m256i hb = load256(blk + 128 + 32 * h);
-      __m256i q[4];
-      q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4));
-      q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4));
-      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4));
-      q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
-      for (int t = 0; t < 4; ++t)
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(u + 256 * sb + 128 * h + 32 * t), q[t]);
-    }
-    for (int g = 0; g < 16; ++g) {
-      const float s = d * static_cast<float>(scales[g]);
-      sc[16 * sb + g] = s;
-      off[16 * sb + g] = -32.0f * s;
-    }
-  }
-}
-
-// Activation side, per x row and group: dx and dx * sum(x_q over the group).
-template <int G, bool KType>
-void act_groups(const ActRow& a, int64_t cols, float* gd, float* gds) {
-  const int64_t ng = cols / G;
-  if constexpr (!KType) {
-    std::memcpy(gd, a.d, static_cast<size_t>(ng) * 4);
-    std::memcpy(gds, a.ds, static_cast<size_t>(ng) * 4);
-  } else {
-    for (int64_t g = 0; g < ng; ++g) {
-      const int64_t sb = g * G / 256;
-      const int j = static_cast<int>((g * G % 256) / 16);
-      const int32_t xs = G == 16 ? a.bs[16 * sb + j] : a.bs[16 * sb + j] + a.bs[16 * sb + j + 1];
-      gd[g] = a.d[sb];
-      gds[g] = a.d[sb] * static_cast<float>(xs);
-    }
-  }
-}
+// Q6_K), a scale s and an offset c such that w = s * u + c (qmatmul_panel.inc); 16 rows form a panel of 64-byte
+// vectors (4 consecutive elements of each row), multiplied with each x row's 4 bytes broadcast: one dpbusd lane
+// per weight row, the float work per group shared by the 16 rows.
 
 // MR x rows x 16 weight rows. panel: [k / 4][16 rows][4 bytes]; ps, pc: [group][16 rows].
-template <int MR, int G>
-void panel_tile(const uint8_t* panel, const float* ps, const float* pc, int64_t ng, const int8_t* const* xq,
-                const float* const* gd, const float* const* gds, float* const* out) {
-  constexpr int kSteps = G / 4;
-  __m512 acc[MR];
-  for_nx<MR>([&](int x) QMM_INLINE { acc[x] = _mm512_setzero_ps(); });
-  for (int64_t g = 0; g < ng; ++g) {
-    __m512i isum[MR];
-    for_nx<MR>([&](int x) QMM_INLINE { isum[x] = _mm512_setzero_si512(); });
-    const uint8_t* pg = panel + g * kSteps * 64;
-    for_nx<kSteps>([&](int t) QMM_INLINE {
-      const __m512i wv = load512(pg + 64 * t);
-      for_nx<MR>([&](int x) QMM_INLINE {
-        int32_t x4;
-        std::memcpy(&x4, xq[x] + (g * kSteps + t) * 4, 4);
-        isum[x] = _mm512_dpbusd_epi32(isum[x], wv, _mm512_set1_epi32(x4));
-      });
-    });
-    const __m512 sv = _mm512_loadu_ps(ps + 16 * g), cv = _mm512_loadu_ps(pc + 16 * g);
-    for_nx<MR>([&](int x) QMM_INLINE {
-      acc[x] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[x]), _mm512_mul_ps(sv, _mm512_set1_ps(gd[x][g])), acc[x]);
-      acc[x] = _mm512_fmadd_ps(cv, _mm512_set1_ps(gds[x][g]), acc[x]);
-    });
-  }
-  for_nx<MR>([&](int x) QMM_INLINE { _mm512_storeu_ps(out[x], acc[x]); });
-}
+struct PanelTile {
+  static constexpr int kMr = 8;
 
-constexpr int kPanelMr = 8;
-
-template <void (*Decode)(const uint8_t*, int64_t, uint8_t*, float*, float*), int G, bool KType>
-void panel_gemm(const uint8_t* w, size_t row_bytes, int64_t cols, const ActRow* a, int64_t m, float* y,
-                int64_t y_stride) {
-  static_assert(kPanelRows == 16);
-  const int64_t ng = cols / G;
-  struct Buffers {
-    std::vector<uint8_t> u, panel;
-    std::vector<float> sc, off, ps, pc, gd, gds;
-  };
-  thread_local Buffers bf;
-  bf.u.resize(static_cast<size_t>(cols));
-  bf.panel.resize(static_cast<size_t>(16 * cols));
-  bf.sc.resize(static_cast<size_t>(ng));
-  bf.off.resize(static_cast<size_t>(ng));
-  bf.ps.resize(static_cast<size_t>(16 * ng));
-  bf.pc.resize(static_cast<size_t>(16 * ng));
-  // The panel: row r's 4-byte group k goes to panel[64 k + 4 r].
-  for (int r = 0; r < 16; ++r) {
-    Decode(w + static_cast<size_t>(r) * row_bytes, cols, bf.u.data(), bf.sc.data(), bf.off.data());
-    for (int64_t k = 0; k < cols / 4; ++k) std::memcpy(bf.panel.data() + 64 * k + 4 * r, bf.u.data() + 4 * k, 4);
+  template <int MR, int G>
+  static void run(const uint8_t* panel, const float* ps, const float* pc, int64_t ng, const int8_t* const* xq,
+                  const float* const* gd, const float* const* gds, float* const* out) {
+    constexpr int kSteps = G / 4;
+    __m512 acc[MR];
+    for_nx<MR>([&](int x) QMM_INLINE { acc[x] = _mm512_setzero_ps(); });
     for (int64_t g = 0; g < ng; ++g) {
-      bf.ps[static_cast<size_t>(16 * g + r)] = bf.sc[static_cast<size_t>(g)];
-      bf.pc[static_cast<size_t>(16 * g + r)] = bf.off[static_cast<size_t>(g)];
+      __m512i isum[MR];
+      for_nx<MR>([&](int x) QMM_INLINE { isum[x] = _mm512_setzero_si512(); });
+      const uint8_t* pg = panel + g * kSteps * 64;
+      for_nx<kSteps>([&](int t) QMM_INLINE {
+        const __m512i wv = load512(pg + 64 * t);
+        for_nx<MR>([&](int x) QMM_INLINE {
+          int32_t x4;
+          std::memcpy(&x4, xq[x] + (g * kSteps + t) * 4, 4);
+          isum[x] = _mm512_dpbusd_epi32(isum[x], wv, _mm512_set1_epi32(x4));
+        });
+      });
+      const __m512 sv = _mm512_loadu_ps(ps + 16 * g), cv = _mm512_loadu_ps(pc + 16 * g);
+      for_nx<MR>([&](int x) QMM_INLINE {
+        acc[x] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[x]), _mm512_mul_ps(sv, _mm512_set1_ps(gd[x][g])), acc[x]);
+        acc[x] = _mm512_fmadd_ps(cv, _mm512_set1_ps(gds[x][g]), acc[x]);
+      });
     }
+    for_nx<MR>([&](int x) QMM_INLINE { _mm512_storeu_ps(out[x], acc[x]); });
   }
-  bf.gd.resize(static_cast<size_t>(m * ng));
-  bf.gds.resize(static_cast<size_t>(m * ng));
-  for (int64_t i = 0; i < m; ++i) act_groups<G, KType>(a[i], cols, bf.gd.data() + i * ng, bf.gds.data() + i * ng);
-  alignas(64) float tmp[kPanelMr][16];
-  for (int64_t i0 = 0; i0 < m; i0 += kPanelMr) {
-    const int mr = static_cast<int>(std::min<int64_t>(kPanelMr, m - i0));
-    const int8_t* xq[kPanelMr];
-    const float* gd[kPanelMr];
-    const float* gds[kPanelMr];
-    float* out[kPanelMr];
-    for (int x = 0; x < kPanelMr; ++x) {
-      const int64_t i = i0 + std::min(x, mr - 1);
-      xq[x] = a[i].q;
-      gd[x] = bf.gd.data() + i * ng;
-      gds[x] = bf.gds.data() + i * ng;
-      out[x] = tmp[x];
-    }
-    const uint8_t* pn = bf.panel.data();
-    switch (mr) {
-      case 8: panel_tile<8, G>(pn, bf.ps.data(), bf.pc.data(), ng, xq, gd, gds, out); break;
-      case 7: panel_tile<7, G>(pn, bf.ps.data(), bf.pc.data(), ng, xq, gd, gds, out); break;
-      case 6: panel_tile<6, G>(pn, bf.ps.data(), bf.pc.data(), ng, xq, gd, gds, out); break;
-      case 5: panel_tile<5, G>(pn, bf.ps.data(), bf.pc.data(), ng, xq, gd, gds, out); break;
-      case 4: panel_tile<4, G>(pn, bf.ps.data(), bf.pc.data(), ng, xq, gd, gds, out); break;
-      case 3: panel_tile<3, G>(pn, bf.ps.data(), bf.pc.data(), ng, xq, gd, gds, out); break;
-      case 2: panel_tile<2, G>(pn, bf.ps.data(), bf.pc.data(), ng, xq, gd, gds, out); break;
-      default: panel_tile<1, G>(pn, bf.ps.data(), bf.pc.data(), ng, xq, gd, gds, out); break;
-    }
-    for (int x = 0; x < mr; ++x) std::memcpy(y + (i0 + x) * y_stride, tmp[x], 16 * sizeof(float));
-  }
-}
+};
+
+#include "model/qmatmul_panel.inc"
 
 template <class K>
 void tile_kernel(const uint8_t* w, size_t rb, int64_t cols, const ActRow* a, int nx, float* out) {
@@ -683,14 +532,14 @@ const Kernels kAvx512 = {
     row_kernel<Q45KKernel<true>>,     row_kernel<Q6KKernel>,
     tile_kernel<FloatTile<LoadF32>>,  tile_kernel<FloatTile<LoadF16>>,  tile_kernel<FloatTile<LoadBF16>>,
     kTileRows,
-    panel_gemm<decode_legacy<Q4_0>, 32, false>,
-    panel_gemm<decode_legacy<Q4_1>, 32, false>,
-    panel_gemm<decode_legacy<Q5_0>, 32, false>,
-    panel_gemm<decode_legacy<Q5_1>, 32, false>,
-    panel_gemm<decode_legacy<Q8_0>, 32, false>,
-    panel_gemm<decode_q45k<false>, 32, true>,
-    panel_gemm<decode_q45k<true>, 32, true>,
-    panel_gemm<decode_q6k, 16, true>,
+    panel_gemm<PanelTile, decode_legacy<Q4_0>, 32, false>,
+    panel_gemm<PanelTile, decode_legacy<Q4_1>, 32, false>,
+    panel_gemm<PanelTile, decode_legacy<Q5_0>, 32, false>,
+    panel_gemm<PanelTile, decode_legacy<Q5_1>, 32, false>,
+    panel_gemm<PanelTile, decode_legacy<Q8_0>, 32, false>,
+    panel_gemm<PanelTile, decode_q45k<false>, 32, true>,
+    panel_gemm<PanelTile, decode_q45k<true>, 32, true>,
+    panel_gemm<PanelTile, decode_q6k, 16, true>,
 };
 
 }  // namespace
