@@ -9,6 +9,7 @@
 #include <map>
 #include <numbers>
 #include <string>
+#include <type_traits>
 
 #include "core/error.h"
 #include "core/memory_budget.h"
@@ -38,20 +39,20 @@ void check_backward_supported(const ModelConfig& config) {
 
 namespace {
 
-// C = alpha * op(A) op(B) + beta * C, row-major.
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
-          int64_t ldb, float beta, float* c, int64_t ldc, float alpha = 1.0f) {
+// C = alpha * op(A) op(B) + beta * C, row-major; cblas_sgemm or cblas_dgemm by T.
+template <typename T>
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb,
+          T beta, T* c, int64_t ldc, T alpha = T(1)) {
   if (m == 0 || n == 0) return;
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
-              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
-}
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* a, int64_t lda, const double* b,
-          int64_t ldb, double beta, double* c, int64_t ldc, double alpha = 1.0) {
-  if (m == 0 || n == 0) return;
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
-              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
+  const auto blas = [] {
+    if constexpr (std::is_same_v<T, float>)
+      return &cblas_sgemm;
+    else
+      return &cblas_dgemm;
+  }();
+  blas(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
+       static_cast<blasint>(n), static_cast<blasint>(k), alpha, a, static_cast<blasint>(lda), b,
+       static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
 }
 
 template <typename T>

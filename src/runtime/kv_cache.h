@@ -11,10 +11,11 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "runtime/contiguous_kv.h"
 
 namespace tessera::runtime {
 
-class KVCache {
+class KVCache : public ContiguousKVLayers<std::vector<float>> {
  public:
   KVCache() = default;
   KVCache(int32_t num_layers, int32_t num_kv_heads, int32_t head_dim, int32_t max_tokens);
@@ -29,24 +30,14 @@ class KVCache {
   // Frees everything (capacity 0).
   void release();
 
-  float* k(int32_t layer, int32_t pos) { return k_[static_cast<size_t>(layer)].data() + offset(pos); }
-  float* v(int32_t layer, int32_t pos) { return v_[static_cast<size_t>(layer)].data() + offset(pos); }
   // Views of rows [0, len) of one layer: [len, num_kv_heads, head_dim], f32.
   TensorView k_view(int32_t layer, int32_t len);
   TensorView v_view(int32_t layer, int32_t len);
 
-  int32_t capacity() const { return capacity_; }
-  int32_t max_tokens() const { return max_tokens_; }
   size_t bytes() const;  // allocated bytes, K and V of every layer
 
  private:
   std::string describe(int64_t tokens) const;
-  size_t offset(int32_t pos) const { return static_cast<size_t>(pos) * static_cast<size_t>(row_); }
-
-  int32_t num_layers_ = 0, num_kv_heads_ = 0, head_dim_ = 0, max_tokens_ = 0;
-  int64_t row_ = 0;  // floats per token per layer: num_kv_heads * head_dim
-  int32_t capacity_ = 0;
-  std::vector<std::vector<float>> k_, v_;
 };
 
 }  // namespace tessera::runtime

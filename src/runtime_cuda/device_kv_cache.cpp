@@ -11,13 +11,7 @@
 namespace tessera::runtime::gpu {
 
 DeviceKVCache::DeviceKVCache(int32_t num_layers, int32_t num_kv_heads, int32_t head_dim, int32_t max_tokens)
-    : num_layers_(num_layers),
-      num_kv_heads_(num_kv_heads),
-      head_dim_(head_dim),
-      max_tokens_(max_tokens),
-      row_(static_cast<int64_t>(num_kv_heads) * head_dim),
-      k_(static_cast<size_t>(num_layers)),
-      v_(static_cast<size_t>(num_layers)) {}
+    : ContiguousKVLayers(num_layers, num_kv_heads, head_dim, max_tokens) {}
 
 size_t DeviceKVCache::bytes_for(int32_t tokens) const {
   return static_cast<size_t>(tokens) * static_cast<size_t>(row_) * sizeof(bf16) * 2 *

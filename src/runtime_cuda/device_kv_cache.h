@@ -11,10 +11,11 @@
 
 #include "cuda/device_buffer.h"
 #include "core/dtype.h"
+#include "runtime/contiguous_kv.h"
 
 namespace tessera::runtime::gpu {
 
-class DeviceKVCache {
+class DeviceKVCache : public ContiguousKVLayers<attn::gpu::DeviceBuffer<bf16>> {
  public:
   DeviceKVCache() = default;
   DeviceKVCache(int32_t num_layers, int32_t num_kv_heads, int32_t head_dim, int32_t max_tokens);
@@ -24,22 +25,9 @@ class DeviceKVCache {
   void reserve(int32_t tokens, int32_t valid);
   void release();
 
-  bf16* k(int32_t layer, int32_t pos) { return k_[static_cast<size_t>(layer)].data() + offset(pos); }
-  bf16* v(int32_t layer, int32_t pos) { return v_[static_cast<size_t>(layer)].data() + offset(pos); }
-  int64_t row_elements() const { return row_; }  // num_kv_heads * head_dim
-  int32_t capacity() const { return capacity_; }
-  int32_t max_tokens() const { return max_tokens_; }
   size_t bytes() const;
   // Bytes the cache would hold at `tokens` rows.
   size_t bytes_for(int32_t tokens) const;
-
- private:
-  size_t offset(int32_t pos) const { return static_cast<size_t>(pos) * static_cast<size_t>(row_); }
-
-  int32_t num_layers_ = 0, num_kv_heads_ = 0, head_dim_ = 0, max_tokens_ = 0;
-  int64_t row_ = 0;
-  int32_t capacity_ = 0;
-  std::vector<attn::gpu::DeviceBuffer<bf16>> k_, v_;
 };
 
 }  // namespace tessera::runtime::gpu
