@@ -15,11 +15,11 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "plan/retrieval_heads.h"
 #include "runtime/engine.h"
 #include "runtime/model.h"
 #include "runtime/rope.h"
 #include "runtime/stream/host_block_store.h"
-#include "runtime/stream/retrieval_heads.h"
 #include "runtime/stream/span_discovery.h"
 #include "runtime/stream/span_index.h"
 #include "runtime/stream/span_math.h"
@@ -32,6 +32,10 @@ namespace tessera::runtime {
 namespace {
 
 using stream::Span;
+using plan::find_tokens;
+using plan::RetrievalCase;
+using plan::retrieval_head_scores;
+using plan::retrieval_heads_text;
 
 const std::string kFixtures = std::string(TESSERA_SOURCE_DIR) + "/tests/data/hf_tiny/";
 

@@ -17,7 +17,7 @@
 #include "cli/session.h"
 #include "core/error.h"
 #include "core/memory_budget.h"
-#include "runtime/stream/retrieval_heads.h"
+#include "plan/retrieval_heads.h"
 #include "eval/attention_stats.h"
 #include "eval/haystack.h"
 #include "eval/heatmap.h"
@@ -243,27 +243,27 @@ void write_report(const fs::path& dir, const std::vector<eval::CaseResult>& resu
 
 namespace {
 
-// Retrieval heads (runtime/stream/retrieval_heads.h) on niah_single cases at each length and depth, written to
+// Retrieval heads (plan/retrieval_heads.h) on niah_single cases at each length and depth, written to
 // o.retrieval_heads_out.
 void find_retrieval_heads(const Session& s, const EvalOptions& o) {
   const CaseSource source(s, o);
-  std::vector<runtime::RetrievalCase> cases;
+  std::vector<plan::RetrievalCase> cases;
   for (int length : o.lengths)
     for (double depth : o.depths)
       for (int k = 0; k < o.samples; ++k) {
         const eval::TaskCase c = source.make(
             {eval::TaskKind::niah_single, static_cast<size_t>(length), depth, o.seed, static_cast<uint32_t>(k)}, 16);
-        runtime::RetrievalCase rc;
+        plan::RetrievalCase rc;
         rc.prompt = case_prompt(s, c, source.chat);
         for (const std::string& text : {" " + c.answers.front(), c.answers.front()}) {  // as the haystack holds it
           rc.answer = s.tokenizer->encode(text, {.add_special = false});
-          if (runtime::find_tokens(rc.prompt, rc.answer) >= 0) break;
+          if (plan::find_tokens(rc.prompt, rc.answer) >= 0) break;
         }
         cases.push_back(std::move(rc));
       }
   const double t0 = now_seconds();
-  const std::vector<runtime::RetrievalHead> heads = runtime::retrieval_head_scores(*s.model, cases);
-  write_text(o.retrieval_heads_out, runtime::retrieval_heads_text(heads));
+  const std::vector<runtime::RetrievalHead> heads = plan::retrieval_head_scores(*s.model, cases);
+  write_text(o.retrieval_heads_out, plan::retrieval_heads_text(heads));
   std::fprintf(stderr, "eval: retrieval heads from %zu cases in %.1f s -> %s\n", cases.size(), now_seconds() - t0,
                o.retrieval_heads_out.c_str());
 }

@@ -12,7 +12,7 @@
 #include "core/error.h"
 #include "core/memory_budget.h"
 #include "eval/haystack.h"
-#include "runtime/stream/retrieval_heads.h"
+#include "plan/retrieval_heads.h"
 #include "eval/scoring.h"
 #include "eval/task.h"
 #include "runtime/device.h"
@@ -96,7 +96,7 @@ std::string stream_summary(const runtime::StreamingKV& kv) {
 // the block holding their first token (the paper's recall); "" when the needle is still in the window.
 std::string needle_recall(const runtime::StreamingKV& kv, const std::vector<int32_t>& prompt,
                           const std::vector<int32_t>& needle) {
-  const int64_t at = runtime::find_tokens(prompt, needle);
+  const int64_t at = plan::find_tokens(prompt, needle);
   const runtime::StreamOptions& so = kv.options();
   if (at < 0) return "needle tokens not found in the prompt";
   if (at < so.sinks) return "needle among the sinks";
@@ -280,7 +280,7 @@ int run_command(const RunOptions& o) {
   if (needle)
     for (const std::string& value : {" " + needle->answers.front(), needle->answers.front()}) {
       needle_tokens = s.tokenizer->encode(value, {.add_special = false});
-      if (runtime::find_tokens(prompt, needle_tokens) >= 0) break;
+      if (plan::find_tokens(prompt, needle_tokens) >= 0) break;
     }
   std::printf("prompt: %s tokens\n", with_commas(static_cast<int64_t>(prompt.size())).c_str());
   std::fflush(stdout);

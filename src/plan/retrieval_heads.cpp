@@ -1,4 +1,4 @@
-#include "runtime/stream/retrieval_heads.h"
+#include "plan/retrieval_heads.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -6,7 +6,9 @@
 #include "core/error.h"
 #include "runtime/engine.h"
 
-namespace tessera::runtime {
+namespace tessera::plan {
+
+using namespace runtime;
 
 int64_t find_tokens(std::span<const int32_t> tokens, std::span<const int32_t> needle) {
   if (needle.empty() || needle.size() > tokens.size()) return -1;
@@ -76,4 +78,4 @@ std::string retrieval_heads_text(std::vector<RetrievalHead> heads) {
   return out;
 }
 
-}  // namespace tessera::runtime
+}  // namespace tessera::plan

@@ -1,9 +1,11 @@
-// tessera/runtime/stream/retrieval_heads.h — retrieval heads (Wu et al.), the heads Ltri-LLM's voting trusts.
+// tessera/plan/retrieval_heads.h — finding retrieval heads (Wu et al.), the heads Ltri-LLM's voting trusts: a
+// calibration of streaming memory, beside the other planners (`tessera eval --retrieval-heads-out`).
 //
 // A head's retrieval score is the share of needle tokens it copies: the dense model reads a needle prompt followed
 // by the answer (teacher forcing); for the query that predicts answer token i, the head "copies" when its most
 // attended key is an occurrence, inside the needle, of that very token. Scores are averaged over cases, per
-// (layer, query head). Streaming (runtime/stream) lets the best head of each layer with score > 0.1 vote.
+// (layer, query head). Streaming (runtime/stream, StreamOptions::retrieval_heads) lets the best head of each layer
+// with score > 0.1 vote.
 #pragma once
 
 #include <cstdint>
@@ -14,7 +16,10 @@
 #include "runtime/model.h"
 #include "runtime/stream/stream_options.h"
 
-namespace tessera::runtime {
+namespace tessera::plan {
+
+using runtime::Model;
+using runtime::RetrievalHead;
 
 struct RetrievalCase {
   std::vector<int32_t> prompt;  // ends where the answer starts
@@ -32,4 +37,4 @@ std::vector<RetrievalHead> retrieval_head_scores(const Model& model,
 // "layer head score" lines, best first (the file --stream-retrieval-heads reads).
 std::string retrieval_heads_text(std::vector<RetrievalHead> heads);
 
-}  // namespace tessera::runtime
+}  // namespace tessera::plan
