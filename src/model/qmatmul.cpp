@@ -298,6 +298,8 @@ void parallel_ranges(ThreadPool* pool, int64_t n, int64_t grain, const Fn& fn, i
   });
 }
 
+constexpr int64_t kMinParallelBytes = 256 << 10;  // weight bytes x rows of x below which one thread does it all
+
 struct Scratch {
   std::vector<int8_t> q;
   std::vector<float> d, ds;
@@ -457,6 +459,12 @@ void qmatmul(const QMatrix& w, const float* x, int64_t m, float* y, ThreadPool* 
   const int64_t xblock = std::clamp<int64_t>((1048576 / std::max<int64_t>(act_bytes, 1)) / qmm::kMaxNx * qmm::kMaxNx,
                                              qmm::kMaxNx, 64);
   const int64_t grain = std::max<int64_t>(1, static_cast<int64_t>(32768 / row_bytes));
+  // A small product runs on the calling thread alone: waking the pool costs more than it saves (576 x 576 in Q4_0,
+  // 0.2 MB, took longer on 2 threads than on 1 on both machines of docs/cpu_kernels.md; 0.5 MB was faster on 2).
+  ThreadPool* const work_pool = static_cast<double>(rows) * static_cast<double>(row_bytes) * static_cast<double>(m) <
+                                        static_cast<double>(kMinParallelBytes)
+                                    ? nullptr
+                                    : pool;
   const ActRow* acts = s.rows.data();
   TileKernel tile = nullptr;
   if (m > 1 && w.type == TensorType::F32) tile = kernels->f32_tile;
@@ -495,7 +503,7 @@ void qmatmul(const QMatrix& w, const float* x, int64_t m, float* y, ThreadPool* 
     }
   }
   parallel_ranges(
-      pool, rows, grain,
+      work_pool, rows, grain,
       [&](int64_t r0, int64_t r1) {
         float out[qmm::kTileAlign * qmm::kMaxNx];
         if (gemm != nullptr) {  // panels of 16 rows against all x rows, then the rows left over
