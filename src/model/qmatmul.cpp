@@ -8,6 +8,10 @@
 #include <string>
 #include <vector>
 
+#if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
+#endif
+
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -307,6 +311,14 @@ struct Scratch {
   std::vector<ActRow> rows;
 };
 
+#if defined(__x86_64__) || defined(_M_X64)
+// CPUID leaf 1, ECX bit 29 (clang's __builtin_cpu_supports does not know "f16c").
+bool has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & (1u << 29)) != 0;
+}
+#endif
+
 const Kernels* kernels_for(QIsa isa) {
   switch (isa) {
     case QIsa::Scalar:
@@ -353,7 +365,7 @@ bool qmatmul_isa_available(QIsa isa) {
     case QIsa::Avx2: {
 #if defined(__x86_64__) || defined(_M_X64)
       static const bool has = qmm::avx2_kernels() != nullptr && __builtin_cpu_supports("avx2") &&
-                              __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+                              __builtin_cpu_supports("fma") && has_f16c();
       return has;
 #else
       return false;

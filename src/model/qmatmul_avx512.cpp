@@ -59,10 +59,6 @@ inline __m512i join(__m256i lo, __m256i hi) {
   return _mm512_inserti64x4(_mm512_zextsi256_si512(lo), hi, 1);
 }
 
-inline __m512 join_ps(float lo, float hi) {
-  return _mm512_insertf32x8(_mm512_zextps256_ps512(_mm256_set1_ps(lo)), _mm256_set1_ps(hi), 1);
-}
-
 // for_nx<N>(f): f(0), ..., f(N - 1) unrolled; the lambdas are forced inline (QMM_INLINE) so that the per-row
 // accumulator arrays stay in registers.
 #define QMM_INLINE __attribute__((always_inline))
