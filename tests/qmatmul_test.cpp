@@ -18,7 +18,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -26,6 +29,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "model/model_file.h"
 #include "model/qmatmul.h"
 #include "model/quant.h"
 
@@ -125,6 +129,61 @@ std::vector<float> random_x(int64_t m, int64_t cols, std::mt19937& rng) {
   return x;
 }
 
+// Runs y = x W^T for `mat` on `isa` (serially, on `pool`, and on the scalar twin) and checks every output against
+// the f64 product of the dequantized rows with the exact x, within the header's bounds. Returns the outputs
+// checked (0 after a failure).
+int check_product(const QMatrix& mat, const std::vector<float>& x, int64_t m, QIsa isa, ThreadPool& pool,
+                  const std::string& what) {
+  const TensorType type = mat.type;
+  const int64_t rows = mat.rows, cols = mat.cols;
+  const int64_t bs = static_cast<int64_t>(tensor_type_block_size(type));
+  const int64_t ab = qmatmul_activation_block(type);
+  const size_t row_bytes = tensor_type_bytes(type, cols);
+  std::vector<float> wf(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r)
+    dequantize_row(type, mat.data + static_cast<size_t>(r) * row_bytes, cols, wf.data() + r * cols);
+  std::vector<float> y(static_cast<size_t>(m * rows), NAN), ys(y.size(), NAN), yp(y.size(), NAN);
+  qmatmul(mat, x.data(), m, y.data(), nullptr, isa);
+  qmatmul(mat, x.data(), m, ys.data(), nullptr, QIsa::Scalar);
+  qmatmul(mat, x.data(), m, yp.data(), &pool, isa);
+  const int64_t nterms = bs == 1 ? cols : cols / 16;  // float terms per output: at most one per 16 elements
+  std::vector<std::vector<double>> off(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r)
+    off[static_cast<size_t>(r)] = offset_magnitude(type, mat.data + static_cast<size_t>(r) * row_bytes, cols);
+  int checked = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    const float* xi = x.data() + i * cols;
+    std::vector<double> dx(static_cast<size_t>(cols), 0.0);  // the activation step d_b per element
+    for (int64_t b = 0; ab > 0 && b < cols / ab; ++b) {
+      double amax = 0;
+      for (int64_t k = 0; k < ab; ++k) amax = std::max(amax, std::fabs(double{xi[b * ab + k]}));
+      for (int64_t k = 0; k < ab; ++k) dx[static_cast<size_t>(b * ab + k)] = amax / 127;
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* wr = wf.data() + r * cols;
+      const auto& o = off[static_cast<size_t>(r)];
+      double exact = 0, act = 0, mag = 0;
+      for (int64_t k = 0; k < cols; ++k) {
+        const double wk = wr[k], xk = xi[k];
+        exact += wk * xk;
+        if (ab > 0) act += std::fabs(wk) * (dx[static_cast<size_t>(k)] / 2 + 1e-5 * std::fabs(xk));
+        mag += (std::fabs(wk) + o[static_cast<size_t>(k)]) * std::fabs(xk);
+      }
+      const double f32 = 2.0 * static_cast<double>(nterms + 8) * std::ldexp(1.0, -24) * mag;
+      const size_t at = static_cast<size_t>(i * rows + r);
+      SCOPED_TRACE(what + " " + std::string(tensor_type_name(type)) + " " + std::string(qmatmul_isa_name(isa)) +
+                   " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) + " m=" + std::to_string(m) +
+                   " i=" + std::to_string(i) + " r=" + std::to_string(r));
+      EXPECT_NEAR(y[at], exact, act + f32 + 1e-30);
+      EXPECT_NEAR(y[at], ys[at], 2 * f32 + 1e-30);
+      EXPECT_EQ(y[at], yp[at]);  // the thread split changes which thread computes an output, not how
+      if (::testing::Test::HasFailure()) return 0;
+      ++checked;
+    }
+  }
+  return checked;
+}
+
 struct Case {
   TensorType type;
   QIsa isa;
@@ -136,7 +195,6 @@ TEST_P(QMatmul, MatchesDequantizedF64AndTheScalarTwin) {
   const auto [type, isa] = GetParam();
   if (!qmatmul_isa_available(isa)) GTEST_SKIP() << qmatmul_isa_name(isa) << " is not available on this CPU";
   const int64_t bs = static_cast<int64_t>(tensor_type_block_size(type));
-  const int64_t ab = qmatmul_activation_block(type);
   std::vector<int64_t> col_counts;
   if (bs == 1) col_counts = {1, 7, 37, 256, 1000};
   else if (bs == 32) col_counts = {32, 96, 544, 4096};
@@ -147,47 +205,11 @@ TEST_P(QMatmul, MatchesDequantizedF64AndTheScalarTwin) {
   for (const int64_t rows : {1, 7, 33}) {
     for (const int64_t cols : col_counts) {
       const auto w = random_weights(type, rows, cols, rng);
-      const size_t row_bytes = tensor_type_bytes(type, cols);
-      std::vector<float> wf(static_cast<size_t>(rows * cols));
-      for (int64_t r = 0; r < rows; ++r)
-        dequantize_row(type, w.data() + static_cast<size_t>(r) * row_bytes, cols, wf.data() + r * cols);
       const QMatrix mat{w.data(), rows, cols, type};
       for (const int64_t m : {1, 3, 17, 64}) {
-        const auto x = random_x(m, cols, rng);
-        std::vector<float> y(static_cast<size_t>(m * rows), NAN), ys(y.size(), NAN), yp(y.size(), NAN);
-        qmatmul(mat, x.data(), m, y.data(), nullptr, isa);
-        qmatmul(mat, x.data(), m, ys.data(), nullptr, QIsa::Scalar);
-        qmatmul(mat, x.data(), m, yp.data(), &pool, isa);
-        const int64_t nterms = bs == 1 ? cols : cols / 16;  // float terms per output: at most one per 16 elements
-        for (int64_t i = 0; i < m; ++i) {
-          const float* xi = x.data() + i * cols;
-          std::vector<double> dx(static_cast<size_t>(cols), 0.0);  // the activation step d_b per element
-          for (int64_t b = 0; ab > 0 && b < cols / ab; ++b) {
-            double amax = 0;
-            for (int64_t k = 0; k < ab; ++k) amax = std::max(amax, std::fabs(double{xi[b * ab + k]}));
-            for (int64_t k = 0; k < ab; ++k) dx[static_cast<size_t>(b * ab + k)] = amax / 127;
-          }
-          for (int64_t r = 0; r < rows; ++r) {
-            const float* wr = wf.data() + r * cols;
-            const auto off = offset_magnitude(type, w.data() + static_cast<size_t>(r) * row_bytes, cols);
-            double exact = 0, act = 0, mag = 0;
-            for (int64_t k = 0; k < cols; ++k) {
-              const double wk = wr[k], xk = xi[k];
-              exact += wk * xk;
-              if (ab > 0) act += std::fabs(wk) * (dx[static_cast<size_t>(k)] / 2 + 1e-5 * std::fabs(xk));
-              mag += (std::fabs(wk) + off[static_cast<size_t>(k)]) * std::fabs(xk);
-            }
-            const double f32 = 2.0 * static_cast<double>(nterms + 8) * std::ldexp(1.0, -24) * mag;
-            const size_t at = static_cast<size_t>(i * rows + r);
-            SCOPED_TRACE(std::string(tensor_type_name(type)) + " " + std::string(qmatmul_isa_name(isa)) +
-                         " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) + " m=" +
-                         std::to_string(m) + " i=" + std::to_string(i) + " r=" + std::to_string(r));
-            ASSERT_NEAR(y[at], exact, act + f32 + 1e-30);
-            ASSERT_NEAR(y[at], ys[at], 2 * f32 + 1e-30);
-            ASSERT_EQ(y[at], yp[at]);  // the thread split changes which thread computes an output, not how
-            ++checked;
-          }
-        }
+        const int n = check_product(mat, random_x(m, cols, rng), m, isa, pool, "random");
+        if (n == 0) return;
+        checked += n;
       }
     }
   }
@@ -231,6 +253,45 @@ TEST(QMatmulTiling, ManyRowsOfXMatchTheScalarTwin) {
       }
     }
   }
+}
+
+// The two real test models (scripts/fetch_models.sh; skipped when absent): blocks written by llama.cpp's
+// quantizers. For every type in each file, up to two 2-D tensors, their first 48 rows, m = 1 and 17 (row kernels
+// and panels), every path, checked as above.
+std::string model_path(const std::string& file) {
+  const char* env = std::getenv("TESSERA_MODELS");
+  const char* home = std::getenv("HOME");
+  const std::string dir = env != nullptr && *env != 0 ? env : std::string(home != nullptr ? home : "/") + "/.cache/tessera/models";
+  return dir + "/" + file;
+}
+
+TEST(QMatmulRealModels, EveryStoredTypeMatches) {
+  int files = 0;
+  for (const char* name : {"smollm2-135m-instruct-q4_1.gguf", "gemma-3-270m-q4_k_m.gguf"}) {
+    const std::string path = model_path(name);
+    if (!std::ifstream(path).good()) continue;
+    ++files;
+    const auto file = ModelFile::open(path);
+    std::map<TensorType, int> seen;
+    std::mt19937 rng(5);
+    ThreadPool pool(2);
+    for (const TensorInfo& t : file->tensors()) {
+      if (t.shape.size() != 2 || !qmatmul_supported(t.type) || seen[t.type] >= 2) continue;
+      ++seen[t.type];
+      const int64_t rows = std::min<int64_t>(48, t.rows()), cols = t.row_length();
+      const QMatrix mat{t.data, rows, cols, t.type};
+      for (const QIsa isa : kIsas) {
+        if (!qmatmul_isa_available(isa)) continue;
+        for (const int64_t m : {1, 17}) {
+          if (check_product(mat, random_x(m, cols, rng), m, isa, pool, std::string(name) + " " + t.name) == 0) return;
+        }
+      }
+    }
+    std::string types;
+    for (const auto& [type, n] : seen) types += " " + std::string(tensor_type_name(type));
+    std::printf("qmatmul: %s: checked%s\n", name, types.c_str());
+  }
+  if (files == 0) GTEST_SKIP() << "no test model under " << model_path("");
 }
 
 TEST(QMatmulErrors, UnsupportedTypeIsNamed) {
