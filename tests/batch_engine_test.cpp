@@ -18,7 +18,7 @@
 #include "core/memory_budget.h"
 #include "runtime/batch_engine.h"
 #include "runtime/engine.h"
-#include "runtime/model.h"
+#include "model/model.h"
 #include "stream_sizes.h"
 
 namespace tessera::runtime {

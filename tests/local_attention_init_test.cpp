@@ -1,12 +1,12 @@
 // DeviceModel::random(..., RandomInit::kLocalAttention) on the CPU: the designed Q/K columns and embedding
-// values of runtime_cuda/local_attention_init.h (what device_model.cpp writes into the device weights), with
+// values of runtime/cuda/local_attention_init.h (what device_model.cpp writes into the device weights), with
 // the rest of the weights uniform random as on the device, through the first layer's RMSNorm, projections
 // (bf16 as on the GPU) and the CPU runtime's RoPE, into the CPU VS estimator and lowering: the estimator must
 // pick (nearly) the diagonals nearest the diagonal, the sink token's key must score about gain * 38 logits,
 // ordinary keys about gain * 32 near the query and less far away. Reduced width (hidden 1024, 8 query / 2 KV
 // heads of 128; Llama-3.1's RoPE), 32K tokens (128K with TESSERA_LOCAL_INIT_128K=1). The later layers (the
 // residual stream's own updates) are simulated by bench/gpu/local_weights_sim.py.
-#include "runtime_cuda/local_attention_init.h"
+#include "runtime/cuda/local_attention_init.h"
 
 #include <gtest/gtest.h>
 
@@ -23,7 +23,7 @@
 #include "attention/index/lower.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
-#include "runtime/model_config.h"
+#include "model/model_config.h"
 #include "runtime/rope.h"
 
 namespace tessera::runtime::gpu {

@@ -17,7 +17,7 @@
 #include "core/error.h"
 #include "plan/model_gradients.h"
 #include "runtime/engine.h"
-#include "runtime/model.h"
+#include "model/model.h"
 
 namespace tessera::plan {
 namespace {

@@ -24,7 +24,7 @@
 #include "plan/rule_mip.h"
 #include "plan/trianglemix_plan.h"
 #include "runtime/engine.h"
-#include "runtime/model.h"
+#include "model/model.h"
 
 namespace tessera::plan {
 namespace {

@@ -22,8 +22,8 @@
 #include "core/error.h"
 #include "core/memory_budget.h"
 #include "runtime/engine.h"
-#include "runtime/model.h"
-#include "runtime/weights.h"
+#include "model/model.h"
+#include "model/weights.h"
 
 namespace tessera::runtime {
 namespace {

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "runtime/engine.h"
-#include "runtime/model.h"
+#include "model/model.h"
 
 namespace tessera::runtime {
 namespace {

@@ -17,7 +17,7 @@
 #include "core/thread_pool.h"
 #include "plan/retrieval_heads.h"
 #include "runtime/engine.h"
-#include "runtime/model.h"
+#include "model/model.h"
 #include "runtime/rope.h"
 #include "runtime/stream/host_block_store.h"
 #include "runtime/stream/span_discovery.h"
@@ -179,7 +179,7 @@ TEST(SpanDiscovery, CoverFillsGapsAndResolvesOverlapsByScore) {
   EXPECT_EQ(cover, expect);
 }
 
-// Host emulation of the device's span discovery (runtime_cuda/stream_decide.cu): its kernels run span_math.h's
+// Host emulation of the device's span discovery (runtime/cuda/stream_decide.cu): its kernels run span_math.h's
 // per-thread functions — prefix_row per row, then prefix_column per column, the radix select's four passes
 // (order_key, pick_digit; the device's atomic counts are integers, so any order gives the same histogram), and per
 // anti-diagonal one warp: diagonal_best_lane on each of 32 lanes, combined by the kernel's butterfly of

@@ -39,7 +39,7 @@
 // short-wavelength RoPE pairs, whose cos((t - s) theta) keeps oscillating at every distance, so the "best"
 // diagonals still scatter far from the diagonal.
 // --inputs model (bench/gpu/model_inputs.h, which explains it in full): the shared direction's energy sits
-// only on the RoPE pairs (Llama-3.1's frequencies) whose wavelength is 4K-262K tokens (runtime_cuda/
+// only on the RoPE pairs (Llama-3.1's frequencies) whose wavelength is 4K-262K tokens (runtime/cuda/
 // local_attention_spectrum.h), so that the shared part of q_t . k_s is a function of t - s that falls
 // steadily with distance (32 logits at distance 0, 0.74 of that at 6096, 0.44 at 16K), plus a sink (the first
 // 4 keys: 38 logits at any distance, on pairs that hardly rotate), per-head sharpness (x 0.8-1.2) and noise

@@ -1,4 +1,4 @@
-// decode_bench — batched decode on the GPU over the paged KV cache (runtime_cuda/batch_gpu.h): step time against
+// decode_bench — batched decode on the GPU over the paged KV cache (runtime/cuda/batch_gpu.h): step time against
 // the bandwidth floor, and throughput of dense KV against MoA per-head KV under one memory budget.
 //
 //   decode_bench [--model llama3-8b] [--ctx 8192,32768,131072] [--batch 1,8,32,64] [--kv-gb 40] [--steps 20]
@@ -29,10 +29,10 @@
 #include "cuda/cuda_check.h"
 #include "cuda/device_buffer.h"
 #include "runtime/batch_engine.h"
-#include "runtime_cuda/batch_gpu.h"
-#include "runtime_cuda/device_model.h"
-#include "runtime_cuda/gpu_engine.h"
-#include "runtime_cuda/synthetic_config.h"
+#include "runtime/cuda/batch_gpu.h"
+#include "runtime/cuda/device_model.h"
+#include "runtime/cuda/gpu_engine.h"
+#include "runtime/cuda/synthetic_config.h"
 
 using namespace tessera;
 using namespace tessera::runtime;

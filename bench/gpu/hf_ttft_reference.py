@@ -2,7 +2,7 @@
 """Time to first token of Hugging Face transformers on Llama-3-8B shapes, for comparison with ttft_bench.
 
 A LlamaForCausalLM is built from Llama-3.1-8B's config (the same values as tessera's synthetic "llama3-8b",
-src/runtime_cuda/synthetic_config.cpp) with random weights, in bf16 on the GPU, attn_implementation="sdpa";
+src/runtime/cuda/synthetic_config.cpp) with random weights, in bf16 on the GPU, attn_implementation="sdpa";
 nothing is downloaded. TTFT is wall time of one forward pass over the prompt (pseudo-random token ids) with the
 KV cache built (use_cache=True) and the LM head on the last position only (logits_to_keep=1), from the ids on
 the GPU to the last position's logits copied to the host, after one warm-up pass at the smallest length. Each

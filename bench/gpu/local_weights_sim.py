@@ -2,7 +2,7 @@
 """Simulates DeviceModel::random(..., RandomInit::kLocalAttention) (ttft_bench --weights local) on the CPU, at reduced
 width, through all its layers, and prints per layer what MInference's vertical-slash estimator makes of its attention.
 
-The recipe is src/runtime_cuda/local_attention_init.h's (device_model.h explains it): the same special channels,
+The recipe is src/runtime/cuda/local_attention_init.h's (device_model.h explains it): the same special channels,
 embedding values, zeroed V/gate/up columns and O/down rows, designed Q/K columns (same phases: unit_hash is ported),
 Llama-3.1's RoPE (theta 500000, llama3 scaling), RMSNorm, SwiGLU, causal softmax attention (exact, f32). Only the
 width is reduced (default hidden 1024, 8 query / 2 KV heads of 128, FFN 3584) and the plain random weights come from

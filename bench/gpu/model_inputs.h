@@ -12,7 +12,7 @@
 // original context 8192). n1, n2 are fresh N(0, 1) per element; phi, psi random phases per (kv head, pair);
 // gain_h in [0.8, 1.2] makes some heads sharper than others. After RoPE, q_m . k_n / sqrt(d) holds:
 //   - for ordinary keys gain_h decay_logits h(m - n), h = sum_i w_i cos((m - n) theta_i), A_i^2 = w_i
-//     decay_logits sqrt(d), w from runtime_cuda/local_attention_spectrum.h: energy only on the pairs of
+//     decay_logits sqrt(d), w from runtime/cuda/local_attention_spectrum.h: energy only on the pairs of
 //     wavelength 4K-262K tokens, none on the short-wavelength pairs whose oscillation would swamp the decay at
 //     long distance. h falls from 1 at distance 0 to 0.74 at 6096 and 0.44 at 16K; for x in [565, 30K] every
 //     distance below x beats every distance beyond 1.5 x by >= 1.4% of the peak: with decay_logits = 32, a
@@ -34,7 +34,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "runtime_cuda/local_attention_spectrum.h"
+#include "runtime/cuda/local_attention_spectrum.h"
 
 #if defined(__CUDACC__)
 #define TESSERA_BENCH_HD __host__ __device__ __forceinline__

@@ -43,8 +43,8 @@
 #include "plan/moa_plan.h"
 #include "plan/profile.h"
 #include "plan/trianglemix_plan.h"
-#include "runtime/model.h"
-#include "runtime_cuda/synthetic_config.h"
+#include "model/model.h"
+#include "runtime/cuda/synthetic_config.h"
 
 using namespace tessera;
 

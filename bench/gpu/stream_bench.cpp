@@ -1,4 +1,4 @@
-// stream_bench — streaming memory on the GPU (runtime_cuda/stream_gpu_kv.h) at long lengths: a prompt of up to 1M
+// stream_bench — streaming memory on the GPU (runtime/cuda/stream_gpu_kv.h) at long lengths: a prompt of up to 1M
 // tokens through a model of Llama-3-8B shapes with deterministic random weights (DeviceModel::random, kPlain) on one
 // GPU, with InfLLM's bounded workspace [sinks + retrieved blocks | local window | chunk] and the evicted KV in
 // pinned host memory. Per (length, method) row: TTFT (wall time from the token ids on the host to the last
@@ -6,7 +6,7 @@
 // attention: weights included), decode tokens/s at that length (--decode steps after the prefill), host memory
 // (pinned slabs for the evicted blocks, the index, the process's peak RSS), the GEMM / attention GPU time (CUDA
 // events), the decisions' wall time and, in parentheses, the part spent waiting for the device's map and block
-// scores (runtime_cuda/stream_decide.h; methods "ltri-host" / "infllm-host" decide on the host from copies of q and
+// scores (runtime/cuda/stream_decide.h; methods "ltri-host" / "infllm-host" decide on the host from copies of q and
 // k, the path before it, as a baseline), copies to and from
 // the host. A dense row (the normal GPU engine, whole KV on the device) at every length that fits the model's
 // context (131,072) is the baseline from the same run.
@@ -34,7 +34,7 @@
 // "streamingllm-copy": streamingllm with its window copied out of the ring and rotated every chunk (the path before
 // GpuStreamingKV::window_kept()), a baseline in the same run.
 //
-// --gemm fp8: every row's GEMMs in FP8 E4M3 (GpuEngineOptions::gemm; runtime_cuda/gemm.h). A method (or "dense") with
+// --gemm fp8: every row's GEMMs in FP8 E4M3 (GpuEngineOptions::gemm; runtime/cuda/gemm.h). A method (or "dense") with
 // the suffix "-fp8" runs in FP8 whatever --gemm says ("--methods streamingllm,streamingllm-fp8,dense-fp8": bf16 and
 // FP8 rows from the same run); its rows are labelled with the suffix.
 //
@@ -56,9 +56,9 @@
 
 #include "bench_args.h"
 #include "core/error.h"
-#include "runtime_cuda/device_model.h"
-#include "runtime_cuda/gpu_engine.h"
-#include "runtime_cuda/synthetic_config.h"
+#include "runtime/cuda/device_model.h"
+#include "runtime/cuda/gpu_engine.h"
+#include "runtime/cuda/synthetic_config.h"
 
 namespace {
 

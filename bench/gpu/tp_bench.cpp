@@ -1,4 +1,4 @@
-// tp_bench — the tensor-parallel engine (dist/cuda) on N GPUs with uniform, greedy and genetic head placement
+// tp_bench — the tensor-parallel engine (parallel/cuda) on N GPUs with uniform, greedy and genetic head placement
 // (FlexAttn): per-layer attention time per GPU (slowest / fastest), TTFT, and the placement search time, for
 // a model of Llama-3-8B shapes (random weights) and a per-head policy (MInference's Llama-3-8B-262K config).
 //
@@ -11,12 +11,12 @@
 //  the single-GPU engine's prefill chunks do: what a 1M-token prompt needs); --no-overlap: the all-reduces on
 //  the compute stream (tp_gpu_forward.h's baseline); --tag: a label in the CSV's last column.
 //
-// Steps (the bench process itself never touches CUDA; GPU work runs in forked ranks, dist/launch.h):
+// Steps (the bench process itself never touches CUDA; GPU work runs in forked ranks, parallel/launch.h):
 //  1. --costs profile (default): one rank on GPU 0 times each distinct pattern of the policy at each length
 //  (a GQA
 //     group of 4 heads through CudaLayerAttention: estimate, index and attend, on random q/k/v; per head = /
 //     4) and the per-head Q+O and per-group K+V projections (cuBLAS): the runtime profiling report, saved as
-//     DIR/head_profile.json. --costs flops: the index FLOP accounting instead (dist/placement.h flop_costs).
+//     DIR/head_profile.json. --costs flops: the index FLOP accounting instead (parallel/placement.h flop_costs).
 //  2. placements per length and method (search time measured), saved as DIR/placement_<method>_<length>.json,
 //  with
 //     the cost model's predicted imbalance.
@@ -52,18 +52,18 @@
 #include "attention/cuda/layer_attention_cuda.h"
 #include "attention/pattern/config_io.h"
 #include "core/error.h"
-#include "dist/cuda/collective.h"
-#include "dist/cuda/tp_device_model.h"
-#include "dist/cuda/tp_gpu_forward.h"
-#include "dist/launch.h"
-#include "dist/placement.h"
-#include "runtime_cuda/gemm.h"
-#include "runtime_cuda/kernels.h"
-#include "runtime_cuda/synthetic_config.h"
+#include "parallel/cuda/collective.h"
+#include "parallel/cuda/tp_device_model.h"
+#include "parallel/cuda/tp_gpu_forward.h"
+#include "parallel/launch.h"
+#include "parallel/placement.h"
+#include "runtime/cuda/gemm.h"
+#include "runtime/cuda/kernels.h"
+#include "runtime/cuda/synthetic_config.h"
 
 namespace fs = std::filesystem;
 using namespace tessera;
-using namespace tessera::dist;
+using namespace tessera::parallel;
 using nlohmann::json;
 
 namespace {

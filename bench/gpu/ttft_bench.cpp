@@ -43,10 +43,10 @@
 #include "bench_args.h"
 #include "attention/pattern/presets.h"
 #include "core/error.h"
-#include "runtime_cuda/device_model.h"
-#include "runtime_cuda/gpu_engine.h"
-#include "runtime_cuda/local_attention_init.h"
-#include "runtime_cuda/synthetic_config.h"
+#include "runtime/cuda/device_model.h"
+#include "runtime/cuda/gpu_engine.h"
+#include "runtime/cuda/local_attention_init.h"
+#include "runtime/cuda/synthetic_config.h"
 
 namespace {
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# fp8_check.sh — the FP8 GEMMs (runtime_cuda/gemm.h, --gemm fp8: per-row scales by default, per tensor with
+# fp8_check.sh — the FP8 GEMMs (runtime/cuda/gemm.h, --gemm fp8: per-row scales by default, per tensor with
 # TESSERA_FP8_SCALING=tensor) on one Hopper GPU, in one device call, by phases (PHASES, default test,bench):
 #   test   tests/gpu/engine_tests/fp8_gemm_test: quantization EQUAL to the host's (core/fp8.h) per row and per tensor,
 #          the products against the host reference (outer-vector scaling and the fallback epilogue), fp8 (both

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/gpu/nccl.sh — where NCCL is, for the tensor-parallel engine (src/dist/cuda; docs/multi-gpu.md).
+# scripts/gpu/nccl.sh — where NCCL is, for the tensor-parallel engine (src/parallel/cuda; docs/multi-gpu.md).
 #
 #   bash scripts/gpu/nccl.sh locate     prints TESSERA_NCCL_ROOT=<dir> (a folder with include/nccl.h and
 #                                       lib/libnccl.so*) for the first of: $TESSERA_NCCL_ROOT, the CUDA toolkit
@@ -8,7 +8,7 @@
 #   bash scripts/gpu/nccl.sh download   pip download of the wheel matching the CUDA toolkit (nvidia-nccl-cu13 for
 #                                       CUDA 13, -cu12 for 12) into build/nccl-wheel, unpacked into build/nccl
 #                                       (for a machine with neither; the library is large: carry it only if needed)
-# src/dist/cuda/CMakeLists.txt searches the same places itself; pass -DTESSERA_NCCL_ROOT=<dir> to choose.
+# src/parallel/cuda/CMakeLists.txt searches the same places itself; pass -DTESSERA_NCCL_ROOT=<dir> to choose.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/gpu/recipe_check.sh — issue 32's GPU check of the layer recipe's CUDA backend (runtime_cuda/gpu_ops.h): this
+# scripts/gpu/recipe_check.sh — issue 32's GPU check of the layer recipe's CUDA backend (runtime/cuda/gpu_ops.h): this
 # tree against an older commit on one GPU machine, each phase one device call (a cold machine builds again first).
 #
 # Here (nothing is committed; docs/ and the old tree's tests/ are not needed, and the 64 MiB a call carries is tight):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# stream_check.sh — issue 20's GPU decisions (runtime_cuda/stream_decide.h) in one device call: the streaming GPU
+# stream_check.sh — issue 20's GPU decisions (runtime/cuda/stream_decide.h) in one device call: the streaming GPU
 # tests (stream_gpu_test) then stream_bench with ltri / infllm deciding on the device,
 # beside streamingllm, the dense engine and the host-decision baseline ("ltri-host" / "infllm-host": the path before
 # stream_decide.h) from the same run (Llama-3-8B shapes, random weights, GPU 0).

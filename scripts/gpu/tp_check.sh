@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/gpu/tp_check.sh — build, test and benchmark the tensor-parallel engine (src/dist, docs/multi-gpu.md) on a
+# scripts/gpu/tp_check.sh — build, test and benchmark the tensor-parallel engine (src/parallel, docs/multi-gpu.md) on a
 # machine with 2 or more GPUs, in one call.
 #
 #   here (Debian 12), once:  bash scripts/gpu/deps.sh download          (build/gpu-debs)

@@ -12,17 +12,17 @@
 #include "cli/commands.h"
 #include "cli/session.h"
 #include "core/error.h"
-#include "dist/launch.h"
-#include "dist/placement.h"
-#include "dist/shard.h"
+#include "parallel/launch.h"
+#include "parallel/placement.h"
+#include "parallel/shard.h"
 #include "eval/haystack.h"
 #ifdef TESSERA_WITH_TP
 #include <cuda_runtime.h>
 
-#include "dist/cuda/collective.h"
-#include "dist/cuda/tp_device_model.h"
-#include "dist/cuda/tp_gpu_forward.h"
-#include "runtime_cuda/gemm.h"
+#include "parallel/cuda/collective.h"
+#include "parallel/cuda/tp_device_model.h"
+#include "parallel/cuda/tp_gpu_forward.h"
+#include "runtime/cuda/gemm.h"
 #endif
 
 namespace tessera::cli {
@@ -43,12 +43,12 @@ int bench_tp_command(const BenchOptions& o) {
             std::to_string(c.context_length));
   const std::vector<int32_t> tokens = bench_tokens(s, max_depth);
 
-  const int32_t world = dist::world_for_gpus(o.gpus);
+  const int32_t world = parallel::world_for_gpus(o.gpus);
   std::vector<std::string> specs = {"dense"};
   for (const std::string& a : o.attn)
     if (a != "dense") specs.push_back(a);
   std::map<std::string, attn::AttentionPolicy> policies;
-  std::map<std::pair<int, std::string>, dist::Placement> placements;
+  std::map<std::pair<int, std::string>, parallel::Placement> placements;
   for (const std::string& spec : specs) {
     policies[spec] = s.policy(spec);
     const attn::AttentionPolicy costs =
@@ -56,16 +56,16 @@ int bench_tp_command(const BenchOptions& o) {
                                                                         c.num_kv_heads, attn::DensePattern{})
                                        : policies[spec];
     for (int depth : o.depths)
-      placements[{depth, spec}] = dist::place(dist::flop_costs(costs, depth, c.hidden_size, c.head_dim),
-                                              world, dist::PlacementMethod::kGenetic);
+      placements[{depth, spec}] = parallel::place(parallel::flop_costs(costs, depth, c.hidden_size, c.head_dim),
+                                              world, parallel::PlacementMethod::kGenetic);
   }
   std::printf("model: %s; tensor parallel over %d GPUs (genetic placement per depth and policy)\n",
               c.summary().c_str(), world);
   std::fflush(stdout);
 
-  auto body = [&](const dist::RankEnv& env) -> int {
-    dist::select_rank_device(env);
-    std::unique_ptr<dist::Collective> comm = dist::make_nccl_collective(env);
+  auto body = [&](const parallel::RankEnv& env) -> int {
+    parallel::select_rank_device(env);
+    std::unique_ptr<parallel::Collective> comm = parallel::make_nccl_collective(env);
     cudaStream_t stream;
     cudaStreamCreate(&stream);
     {
@@ -77,11 +77,11 @@ int bench_tp_command(const BenchOptions& o) {
       for (int depth : o.depths) {
         double dense_s = 0;
         for (const std::string& spec : specs) {
-          const dist::Placement& p = placements.at({depth, spec});
-          auto model = dist::TpDeviceModel::upload(*s.model, dist::rank_plan(c, p, env.rank));
-          dist::TpForwardOptions fo;
+          const parallel::Placement& p = placements.at({depth, spec});
+          auto model = parallel::TpDeviceModel::upload(*s.model, parallel::rank_plan(c, p, env.rank));
+          parallel::TpForwardOptions fo;
           fo.cuda_attention = cuda_attention_options(o.cuda, true);
-          dist::TpGpuForward fwd(*model, *comm, fo, stream, gemm);
+          parallel::TpGpuForward fwd(*model, *comm, fo, stream, gemm);
           fwd.reserve(depth + o.decode_tokens);
           const std::span<const int32_t> prompt(tokens.data(), static_cast<size_t>(depth));
           const attn::AttentionPolicy* policy = &policies.at(spec);
@@ -100,7 +100,7 @@ int bench_tp_command(const BenchOptions& o) {
               static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
           for (int i = 0; i < o.decode_tokens; ++i) {
             logits = fwd.run(std::span<const int32_t>(&next, 1), depth + i, nullptr, depth + i + 1, true);
-            next = dist::broadcast_token(
+            next = parallel::broadcast_token(
                 *comm, static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()),
                 stream);
           }
@@ -115,7 +115,7 @@ int bench_tp_command(const BenchOptions& o) {
     cudaStreamDestroy(stream);
     return 0;
   };
-  return dist::run_ranks(o.gpus, body);
+  return parallel::run_ranks(o.gpus, body);
 #endif
 }
 

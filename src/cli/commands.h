@@ -17,7 +17,7 @@ namespace tessera::cli {
 struct CudaAttentionFlags {
   std::string prefill_kernel;  // auto | mma | wgmma
   std::string dense_backend;   // auto | ours | cudnn
-  std::string gemm;            // bf16 | fp8 (--gemm): the GPU engine's GEMM precision (runtime_cuda/gemm.h); empty: bf16
+  std::string gemm;            // bf16 | fp8 (--gemm): the GPU engine's GEMM precision (runtime/cuda/gemm.h); empty: bf16
 };
 // The options the flags ask for. Throws tessera::Error when a flag is given for a run on the CPU.
 attn::gpu::CudaAttentionOptions cuda_attention_options(const CudaAttentionFlags& flags, bool gpu);
@@ -166,7 +166,7 @@ struct InspectOptions {
   bool metadata = false;
 };
 
-// --device: true for the GPU engine (runtime_cuda). "auto" picks it when tessera was built with CUDA and a device
+// --device: true for the GPU engine (runtime/cuda). "auto" picks it when tessera was built with CUDA and a device
 // is usable; "cuda" without either throws tessera::Error saying which is missing.
 bool use_gpu_device(const std::string& device);
 

@@ -15,7 +15,7 @@
 #include "cli/session.h"
 #include "core/error.h"
 #include "core/memory_budget.h"
-#include "dist/placement.h"
+#include "parallel/placement.h"
 #include "eval/haystack.h"
 #include "eval/metrics.h"
 #include "plan/calibration.h"
@@ -122,7 +122,7 @@ int plan_command(const PlanOptions& o) {
   const double t0 = now_seconds();
   Session s = Session::open(o.model);
   const runtime::ModelConfig& cfg = s.model->config();
-  if (o.gpus > 0) dist::check_gpu_count(o.gpus, cfg.num_q_heads);  // before the long part
+  if (o.gpus > 0) parallel::check_gpu_count(o.gpus, cfg.num_q_heads);  // before the long part
   if (o.method != "minference") plan::check_backward_supported(cfg);
   ThreadPool& pool = ThreadPool::global();
   log("plan: loaded %s (%.1f s)\n", cfg.summary(), t0);
@@ -277,10 +277,10 @@ int plan_command(const PlanOptions& o) {
     const int64_t len = o.placement_length > 0 ? o.placement_length
                         : o.report_lengths.empty() ? longest
                                                    : *std::max_element(o.report_lengths.begin(), o.report_lengths.end());
-    const dist::Placement p = dist::plan_placement(policy, len, cfg.hidden_size, cfg.head_dim, o.gpus,
-                                                   dist::parse_placement_method(o.placement));
-    const dist::PlacementSummary ps = dist::summarize(dist::flop_costs(policy, len, cfg.hidden_size, cfg.head_dim), p);
-    pj["placement"] = dist::placement_to_json(p);
+    const parallel::Placement p = parallel::plan_placement(policy, len, cfg.hidden_size, cfg.head_dim, o.gpus,
+                                                   parallel::parse_placement_method(o.placement));
+    const parallel::PlacementSummary ps = parallel::summarize(parallel::flop_costs(policy, len, cfg.hidden_size, cfg.head_dim), p);
+    pj["placement"] = parallel::placement_to_json(p);
     extra_lines.push_back("placement: " + o.placement + " over " + std::to_string(o.gpus) + " GPUs for " +
                           with_commas(len) + "-token prompts (FLOP costs): predicted per-layer imbalance mean " +
                           std::to_string(ps.mean_imbalance).substr(0, 5) + ", max " +

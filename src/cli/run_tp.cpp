@@ -12,17 +12,17 @@
 #include "cli/commands.h"
 #include "cli/session.h"
 #include "core/error.h"
-#include "dist/launch.h"
-#include "dist/placement.h"
-#include "dist/shard.h"
+#include "parallel/launch.h"
+#include "parallel/placement.h"
+#include "parallel/shard.h"
 #ifdef TESSERA_WITH_TP
 #include <cuda_runtime.h>
 
-#include "dist/cuda/collective.h"
-#include "dist/cuda/tp_device_model.h"
-#include "dist/cuda/tp_gpu_forward.h"
+#include "parallel/cuda/collective.h"
+#include "parallel/cuda/tp_device_model.h"
+#include "parallel/cuda/tp_gpu_forward.h"
 #include "runtime/sampling.h"
-#include "runtime_cuda/gemm.h"
+#include "runtime/cuda/gemm.h"
 #endif
 
 namespace tessera::cli {
@@ -52,17 +52,17 @@ int run_tp_command(const RunOptions& o) {
   const std::vector<int32_t> prompt = s.encode_prompt(text, o.chat, o.system);
   std::printf("model: %s; prompt: %s tokens\n", c.summary().c_str(),
               with_commas(static_cast<int64_t>(prompt.size())).c_str());
-  const int32_t world = dist::world_for_gpus(o.gpus);
+  const int32_t world = parallel::world_for_gpus(o.gpus);
   const attn::AttentionPolicy policy = s.policy(o.attn);
-  dist::Placement placement;
+  parallel::Placement placement;
   std::string note;
-  const std::optional<dist::Placement> in_plan =
+  const std::optional<parallel::Placement> in_plan =
       o.placement.empty()
-          ? dist::placement_in_policy_file(o.attn, world, c.num_layers, c.num_q_heads, c.num_kv_heads, &note)
+          ? parallel::placement_in_policy_file(o.attn, world, c.num_layers, c.num_q_heads, c.num_kv_heads, &note)
           : std::nullopt;
   if (!note.empty()) std::printf("%s\n", note.c_str());
   if (!o.placement.empty()) {
-    placement = dist::load_placement(o.placement, world, c.num_layers, c.num_q_heads, c.num_kv_heads);
+    placement = parallel::load_placement(o.placement, world, c.num_layers, c.num_q_heads, c.num_kv_heads);
   } else if (in_plan) {
     placement = *in_plan;  // saved by `tessera plan --gpus N`
   } else {
@@ -70,23 +70,23 @@ int run_tp_command(const RunOptions& o) {
         policy.table().empty() ? attn::AttentionPolicy::uniform(c.num_layers, c.num_q_heads, c.num_kv_heads,
                                                                 attn::DensePattern{})
                                : policy;
-    placement = dist::place(
-        dist::flop_costs(costs_policy, static_cast<int64_t>(prompt.size()), c.hidden_size, c.head_dim), world,
-        dist::PlacementMethod::kGenetic);
+    placement = parallel::place(
+        parallel::flop_costs(costs_policy, static_cast<int64_t>(prompt.size()), c.hidden_size, c.head_dim), world,
+        parallel::PlacementMethod::kGenetic);
   }
   const int32_t capacity = static_cast<int32_t>(prompt.size()) + o.max_tokens;
-  auto body = [&](const dist::RankEnv& env) -> int {
-    dist::select_rank_device(env);
-    std::unique_ptr<dist::Collective> comm = dist::make_nccl_collective(env);
+  auto body = [&](const parallel::RankEnv& env) -> int {
+    parallel::select_rank_device(env);
+    std::unique_ptr<parallel::Collective> comm = parallel::make_nccl_collective(env);
     cudaStream_t stream;
     cudaStreamCreate(&stream);
     {
       runtime::gpu::Gemm gemm(stream);
       const double t0 = now_seconds();
-      auto model = dist::TpDeviceModel::upload(*s.model, dist::rank_plan(c, placement, env.rank));
-      dist::TpForwardOptions fo;
+      auto model = parallel::TpDeviceModel::upload(*s.model, parallel::rank_plan(c, placement, env.rank));
+      parallel::TpForwardOptions fo;
       fo.cuda_attention = cuda_attention_options(o.cuda, true);
-      dist::TpGpuForward fwd(*model, *comm, fo, stream, gemm);
+      parallel::TpGpuForward fwd(*model, *comm, fo, stream, gemm);
       fwd.reserve(capacity);
       if (env.rank == 0)
         std::printf(
@@ -101,7 +101,7 @@ int run_tp_command(const RunOptions& o) {
       std::vector<int32_t> out;
       const double t2 = now_seconds();
       for (int i = 0; i < o.max_tokens; ++i) {
-        const int32_t next = dist::broadcast_token(*comm, sampler.sample(logits), stream);
+        const int32_t next = parallel::broadcast_token(*comm, sampler.sample(logits), stream);
         if (s.tokenizer->is_end_of_generation(next)) break;
         out.push_back(next);
         if (i + 1 == o.max_tokens) break;
@@ -121,7 +121,7 @@ int run_tp_command(const RunOptions& o) {
     cudaStreamDestroy(stream);
     return 0;
   };
-  return dist::run_ranks(o.gpus, body);
+  return parallel::run_ranks(o.gpus, body);
 #endif
 }
 

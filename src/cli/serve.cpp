@@ -19,19 +19,19 @@
 #include "server/stream_serving.h"
 #endif
 #include "core/memory_budget.h"
-#include "dist/launch.h"
-#include "dist/placement.h"
-#include "dist/shard.h"
+#include "parallel/launch.h"
+#include "parallel/placement.h"
+#include "parallel/shard.h"
 #include "runtime/batch_engine.h"
 #include "runtime/device.h"
 #ifdef TESSERA_WITH_TP
 #include "cuda/cuda_check.h"
-#include "dist/cuda/collective.h"
-#include "dist/cuda/tp_device_model.h"
-#include "dist/cuda/tp_gpu_forward.h"
-#include "dist/cuda/tp_service_cuda.h"
-#include "dist/tp_service.h"
-#include "runtime_cuda/gemm.h"
+#include "parallel/cuda/collective.h"
+#include "parallel/cuda/tp_device_model.h"
+#include "parallel/cuda/tp_gpu_forward.h"
+#include "parallel/cuda/tp_service_cuda.h"
+#include "parallel/tp_service.h"
+#include "runtime/cuda/gemm.h"
 #endif
 
 namespace tessera::cli {
@@ -92,14 +92,14 @@ int listen_and_serve(const ServeOptions& o, server::ServedModel& served, server:
 #ifdef TESSERA_WITH_TP
 class TpSlot final : public server::SlotEngine {
  public:
-  explicit TpSlot(dist::TpLeader& leader) : leader_(leader) {}
+  explicit TpSlot(parallel::TpLeader& leader) : leader_(leader) {}
   std::vector<int32_t> generate(std::span<const int32_t> prompt, const runtime::GenerateOptions& gen,
                                 const attn::AttentionPolicy& policy, const std::function<bool(int32_t)>& on_token,
                                 const std::function<bool()>& abort) override {
     std::vector<int32_t> out;
     leader_.begin(policy);
     try {
-      server::Abortable<dist::TpLeader> run{leader_, abort};
+      server::Abortable<parallel::TpLeader> run{leader_, abort};
       out = runtime::generate_tokens(
           run, prompt, gen,
           [&](int32_t token) {
@@ -120,12 +120,12 @@ class TpSlot final : public server::SlotEngine {
   }
 
  private:
-  dist::TpLeader& leader_;
+  parallel::TpLeader& leader_;
 };
 #endif
 
 // `tessera serve --gpus N`: one process per GPU (forked here, or started by torchrun / mpirun); rank 0 serves HTTP
-// with one slot over dist::TpLeader, the other ranks run the commands it sends (dist/tp_service.h).
+// with one slot over parallel::TpLeader, the other ranks run the commands it sends (parallel/tp_service.h).
 int serve_tensor_parallel(const ServeOptions& o, const Session& s, server::ServedModel& served,
                           server::PolicyCache& policies) {
 #ifndef TESSERA_WITH_TP
@@ -136,46 +136,46 @@ int serve_tensor_parallel(const ServeOptions& o, const Session& s, server::Serve
               ": this tessera was built without the tensor-parallel engine (CUDA and NCCL; see docs/multi-gpu.md)");
 #else
   const runtime::ModelConfig& c = s.model->config();
-  const int32_t world = dist::world_for_gpus(o.gpus);
+  const int32_t world = parallel::world_for_gpus(o.gpus);
   const int32_t context = static_cast<int32_t>(served.context_length);
   // The placement: --placement, else the default policy's plan's, else genetic on the FLOP costs of a full context.
   const attn::AttentionPolicy default_policy = s.policy(o.attn);
   std::string note;
-  std::optional<dist::Placement> placement =
+  std::optional<parallel::Placement> placement =
       !o.placement.empty()
-          ? std::optional<dist::Placement>(
-                dist::load_placement(o.placement, world, c.num_layers, c.num_q_heads, c.num_kv_heads))
-          : dist::placement_in_policy_file(o.attn, world, c.num_layers, c.num_q_heads, c.num_kv_heads, &note);
+          ? std::optional<parallel::Placement>(
+                parallel::load_placement(o.placement, world, c.num_layers, c.num_q_heads, c.num_kv_heads))
+          : parallel::placement_in_policy_file(o.attn, world, c.num_layers, c.num_q_heads, c.num_kv_heads, &note);
   if (!note.empty()) std::printf("%s\n", note.c_str());
   if (!placement)
-    placement = dist::plan_placement(default_policy.table().empty()
+    placement = parallel::plan_placement(default_policy.table().empty()
                                          ? attn::AttentionPolicy::uniform(c.num_layers, c.num_q_heads,
                                                                           c.num_kv_heads, attn::DensePattern{})
                                          : default_policy,
-                                     context, c.hidden_size, c.head_dim, world, dist::PlacementMethod::kGenetic);
+                                     context, c.hidden_size, c.head_dim, world, parallel::PlacementMethod::kGenetic);
   const attn::PolicyShape shape{c.num_layers, c.num_q_heads, c.num_kv_heads};
-  return dist::run_ranks(o.gpus, [&](const dist::RankEnv& env) -> int {
-    const int dev = dist::select_rank_device(env);
-    std::unique_ptr<dist::Collective> comm = dist::make_nccl_collective(env);
+  return parallel::run_ranks(o.gpus, [&](const parallel::RankEnv& env) -> int {
+    const int dev = parallel::select_rank_device(env);
+    std::unique_ptr<parallel::Collective> comm = parallel::make_nccl_collective(env);
     cudaStream_t stream;
     TESSERA_CUDA_CHECK(cudaStreamCreate(&stream));
     int rc = 0;
     {
       runtime::gpu::Gemm gemm(stream);
-      auto model = dist::TpDeviceModel::upload(*s.model, dist::rank_plan(c, *placement, env.rank));
-      dist::TpForwardOptions fo;
+      auto model = parallel::TpDeviceModel::upload(*s.model, parallel::rank_plan(c, *placement, env.rank));
+      parallel::TpForwardOptions fo;
       fo.cuda_attention = cuda_attention_options(o.cuda, true);
-      dist::TpGpuForward fwd(*model, *comm, fo, stream, gemm);
-      dist::TpRankForward forward(fwd, dev, context);
-      dist::NcclCommandChannel channel(*comm, stream, dev);
+      parallel::TpGpuForward fwd(*model, *comm, fo, stream, gemm);
+      parallel::TpRankForward forward(fwd, dev, context);
+      parallel::NcclCommandChannel channel(*comm, stream, dev);
       if (env.rank != 0) {
         // The others follow rank 0's commands; only rank 0's kQuit ends them (a terminal's Ctrl-C reaches every
         // process of the group: rank 0 handles it and sends kQuit).
         std::signal(SIGINT, SIG_IGN);
         std::signal(SIGTERM, SIG_IGN);
-        dist::tp_serve_worker(channel, forward, shape);
+        parallel::tp_serve_worker(channel, forward, shape);
       } else {
-        dist::TpLeader leader(channel, forward, context, 32768);
+        parallel::TpLeader leader(channel, forward, context, 32768);
         server::Metrics metrics;
         auto scheduler = std::make_unique<server::Scheduler>(
             server::SchedulerOptions{.slots = 1, .queue = o.queue},

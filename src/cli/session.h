@@ -10,7 +10,7 @@
 #include "model/tokenizer/chat_template.h"
 #include "model/tokenizer/tokenizer.h"
 #include "runtime/engine.h"
-#include "runtime/model.h"
+#include "model/model.h"
 
 namespace tessera::cli {
 

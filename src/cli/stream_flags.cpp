@@ -35,7 +35,7 @@ std::string stream_method_of(const std::string& label) {
   return label.rfind("stream:", 0) == 0 ? label.substr(7) : std::string();
 }
 
-// Streaming runs on either device (the GPU twin: runtime_cuda/stream_gpu_kv.h).
+// Streaming runs on either device (the GPU twin: runtime/cuda/stream_gpu_kv.h).
 bool use_gpu_device_for(const std::string& device, const StreamFlags& stream) {
   (void)stream;
   return use_gpu_device(device);

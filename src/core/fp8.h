@@ -1,5 +1,5 @@
 // tessera/core/fp8.h — FP8 E4M3 (OCP "E4M3FN", as Hopper's tensor cores read it) on the host: the obvious twin of
-// the device conversion (cvt.rn.satfinite.e4m3x2.f32) that runtime_cuda/fp8_quant.cu uses, and the scale
+// the device conversion (cvt.rn.satfinite.e4m3x2.f32) that runtime/cuda/fp8_quant.cu uses, and the scale
 // convention both sides share.
 //
 // E4M3: 1 sign bit, 4 exponent bits (bias 7), 3 mantissa bits; no infinities; 0x7F / 0xFF are NaN; the largest

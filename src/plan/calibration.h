@@ -28,7 +28,7 @@
 #include "core/thread_pool.h"
 #include "model/tokenizer/tokenizer.h"
 #include "plan/model_gradients.h"
-#include "runtime/model.h"
+#include "model/model.h"
 
 namespace tessera::plan {
 

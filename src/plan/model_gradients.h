@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
-#include "runtime/model.h"
+#include "model/model.h"
 
 namespace tessera::plan {
 

@@ -13,7 +13,7 @@
 #include "core/thread_pool.h"
 #include "plan/calibration.h"
 #include "plan/model_gradients.h"
-#include "runtime/model.h"
+#include "model/model.h"
 
 namespace tessera::plan {
 

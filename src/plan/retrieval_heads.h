@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/model.h"
+#include "model/model.h"
 #include "runtime/stream/stream_options.h"
 
 namespace tessera::plan {

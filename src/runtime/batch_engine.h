@@ -45,7 +45,7 @@
 #include "runtime/forward.h"
 #include "runtime/generation.h"
 #include "runtime/kv_cache.h"
-#include "runtime/model.h"
+#include "model/model.h"
 #include "runtime/paged_kv.h"
 #include "runtime/sampling.h"
 #include "runtime/stream/stream_options.h"

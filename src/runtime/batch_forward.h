@@ -1,6 +1,6 @@
 // tessera/runtime/batch_forward.h — one decode step of many sequences at once on the CPU, over a paged KV cache.
 //
-// The CPU twin of the GPU batched decode (runtime_cuda/batch_gpu.h) and the CPU batched engine's decode:
+// The CPU twin of the GPU batched decode (runtime/cuda/batch_gpu.h) and the CPU batched engine's decode:
 // B sequences, one token each at its own position; every matrix product runs once over the B rows (the point of
 // batching: the weights are read once per step, not once per sequence); RoPE per row at the row's position; each
 // row's K/V go into its sequence's blocks; attention per (row, query head) over the keys its DecodeView shows
@@ -17,7 +17,7 @@
 #include "runtime/cpu_ops.h"
 #include "runtime/forward.h"
 #include "runtime/kv_cache.h"
-#include "runtime/model.h"
+#include "model/model.h"
 #include "runtime/paged_kv.h"
 #include "runtime/stream/streaming_kv.h"
 

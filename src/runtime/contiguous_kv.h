@@ -1,6 +1,6 @@
 // tessera/runtime/contiguous_kv.h — the layout one sequence's contiguous KV cache has on every device: per layer, K
 // and V as [capacity, num_kv_heads, head_dim] row-major (token-major, what the attention executors read), in a
-// buffer per layer of the device's kind (runtime/kv_cache.h: f32 on the host; runtime_cuda/device_kv_cache.h: bf16 on
+// buffer per layer of the device's kind (runtime/kv_cache.h: f32 on the host; runtime/cuda/device_kv_cache.h: bf16 on
 // the GPU). The caches derive from it and add how they grow.
 #pragma once
 

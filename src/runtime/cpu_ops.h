@@ -9,7 +9,7 @@
 //
 // Every CPU forward runs this one recipe: a sequence's prefill chunk (runtime::Forward), the batched decode of many
 // sequences (runtime::BatchForward), a streamed chunk (a KVPolicy) and, with sharded weights, the tensor-parallel
-// twin (dist/tp_forward_cpu.h, whose ops derive from these).
+// twin (parallel/tp_forward_cpu.h, whose ops derive from these).
 #pragma once
 
 #include <cstdint>
@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "core/thread_pool.h"
-#include "runtime/model_config.h"
-#include "runtime/weights.h"
+#include "model/model_config.h"
+#include "model/weights.h"
 
 namespace tessera::runtime {
 

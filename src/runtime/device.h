@@ -8,7 +8,7 @@
 //   std::unique_ptr<tessera::runtime::SequenceEngine> engine = device->engine(options);
 //   std::vector<float> logits = engine->prefill(prompt_ids);
 //
-// The CPU device is runtime::Engine / CpuBatchBackend over the host model. The CUDA device (runtime_cuda/
+// The CPU device is runtime::Engine / CpuBatchBackend over the host model. The CUDA device (runtime/cuda/
 // cuda_device.cpp: the weights uploaded once in bf16, GpuEngine / GpuBatchBackend over them) registers itself when
 // the program links it (the tessera_cuda_device object library); without it, "cuda" is refused with how to build it.
 #pragma once

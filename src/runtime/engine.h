@@ -33,7 +33,7 @@
 #include "runtime/forward.h"
 #include "runtime/generation.h"
 #include "runtime/kv_cache.h"
-#include "runtime/model.h"
+#include "model/model.h"
 #include "runtime/sampling.h"
 #include "runtime/sequence_engine.h"
 #include "runtime/stream/stream_options.h"

@@ -33,7 +33,7 @@
 #include "core/thread_pool.h"
 #include "runtime/cpu_ops.h"
 #include "runtime/kv_cache.h"
-#include "runtime/model.h"
+#include "model/model.h"
 
 namespace tessera::runtime {
 

@@ -1,5 +1,5 @@
 // tessera/runtime/input_checks.h — the checks of a prefill's or a decode's input, shared by the CPU engine
-// (runtime/engine.h) and the GPU engine (runtime_cuda/gpu_engine.h), so that both refuse the same inputs with
+// (runtime/engine.h) and the GPU engine (runtime/cuda/gpu_engine.h), so that both refuse the same inputs with
 // the same messages. Each throws tessera::Error.
 #pragma once
 
@@ -7,7 +7,7 @@
 #include <span>
 
 #include "attention/pattern/policy.h"
-#include "runtime/model_config.h"
+#include "model/model_config.h"
 
 namespace tessera::runtime {
 

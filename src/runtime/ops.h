@@ -9,8 +9,8 @@
 #include <functional>
 
 #include "core/thread_pool.h"
-#include "runtime/model_config.h"
-#include "runtime/weights.h"
+#include "model/model_config.h"
+#include "model/weights.h"
 
 namespace tessera::runtime {
 

@@ -4,7 +4,7 @@
 // (layer, kv head): K and V, each [block_tokens, head_dim]. Every sequence has one block table per (layer, kv
 // head) mapping logical block b (positions [b * B, (b + 1) * B)) to a physical block id, or -1 where the rows are
 // not kept. This file holds only ids and counts; the engines own the memory the ids index (f32 on the host,
-// bf16 on the GPU) — see batch_forward.h and runtime_cuda/batch_gpu.h.
+// bf16 on the GPU) — see batch_forward.h and runtime/cuda/batch_gpu.h.
 //
 // Per-head retention (MoA's per-head KV caches, the model's sliding windows): a decode query at position
 // len - 1 of query head h sees the keys
@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "attention/pattern/policy.h"
-#include "runtime/model_config.h"
+#include "model/model_config.h"
 
 namespace tessera::runtime {
 

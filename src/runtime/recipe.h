@@ -39,7 +39,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "runtime/model_config.h"
+#include "model/model_config.h"
 
 namespace tessera::runtime {
 

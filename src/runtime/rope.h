@@ -15,7 +15,7 @@
 #include <span>
 #include <vector>
 
-#include "runtime/model_config.h"
+#include "model/model_config.h"
 
 namespace tessera::runtime {
 

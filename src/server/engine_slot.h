@@ -1,7 +1,7 @@
 // tessera/server/engine_slot.h — a scheduler slot over today's single-sequence engines.
 //
 // EngineSlot<runtime::Engine, runtime::Model, runtime::EngineOptions> on the CPU, and the same with the GPU
-// engine (runtime_cuda/gpu_engine.h) over a DeviceModel: each request gets a fresh engine with its attention
+// engine (runtime/cuda/gpu_engine.h) over a DeviceModel: each request gets a fresh engine with its attention
 // policy, sharing the loaded weights; the engine, and with it the request's KV cache, is destroyed when the
 // request ends — except with streaming memory (--stream), where the slot keeps one engine and resets it between
 // requests (keeps_engine()). kv_tokens / kv_bytes follow the engine between tokens. A cancelled or timed-out request stops

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <string>
 
-#include "runtime/model_config.h"
+#include "model/model_config.h"
 #include "runtime/stream/stream_options.h"
 #include "runtime/stream/streaming_kv.h"
 

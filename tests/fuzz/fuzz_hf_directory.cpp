@@ -15,7 +15,7 @@
 #include "fuzz_common.h"
 #include "model/model_file.h"
 #include "model/tokenizer/tokenizer.h"
-#include "runtime/model_config.h"
+#include "model/model_config.h"
 
 using namespace tessera;
 

@@ -14,7 +14,7 @@
 #include "core/error.h"
 #include "fuzz_common.h"
 #include "model/model_file.h"
-#include "runtime/model_config.h"
+#include "model/model_config.h"
 
 using namespace tessera;
 using nlohmann::json;

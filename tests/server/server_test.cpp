@@ -18,7 +18,7 @@
 #include "core/error.h"
 #include "model/tokenizer/byte_level.h"
 #include "runtime/engine.h"
-#include "runtime/model.h"
+#include "model/model.h"
 #include "server/api_request.h"
 #include "server/api_response.h"
 #include "server/engine_slot.h"

@@ -126,7 +126,7 @@ TrianglePattern triangle_from(const Params& p) {
   return t;
 }
 
-constexpr int kMaxSpecLayers = 4096;  // the layer limit of model configs (runtime/model_config.cpp)
+constexpr int kMaxSpecLayers = 4096;  // the layer limit of model configs (model/model_config.cpp)
 
 // A preset's pattern is checked here, with the preset's own parameter names, before a policy is built from it
 // (policy-level errors would name a layer and head, as for a file).

@@ -20,8 +20,8 @@
 #include <span>
 
 #include "plan/model_gradients.h"
-#include "runtime/model_config.h"
-#include "runtime/weights.h"
+#include "model/model_config.h"
+#include "model/weights.h"
 
 namespace tessera::plan::cuda {
 

@@ -33,7 +33,7 @@ class HostBlockStore {
   // Throws tessera::Error (above) when the budget cannot hold it; the store is then unchanged.
   void add(int32_t layer, std::span<const float> k, std::span<const float> v);
   // Counts block number blocks(layer) of `layer` against the budget without holding its rows (the GPU path keeps
-  // them in pinned memory: runtime_cuda/stream/pinned_block_store.h). The same error as add() past the budget.
+  // them in pinned memory: runtime/cuda/stream/pinned_block_store.h). The same error as add() past the budget.
   void account(int32_t layer);
 
   int32_t blocks(int32_t layer) const { return counts_[static_cast<size_t>(layer)]; }

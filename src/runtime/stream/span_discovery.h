@@ -1,7 +1,7 @@
 // tessera/runtime/stream/span_discovery.h — Ltri-LLM's semantic spans: triangles of the attention map, found by NMS.
 //
 // The arithmetic (prefix sums, masses, scores, the quantile's rank) is span_math.h's, shared with the device
-// kernels (runtime_cuda/stream_decide.cu), which find the same theta and candidates on the device.
+// kernels (runtime/cuda/stream_decide.cu), which find the same theta and candidates on the device.
 //
 // Input: A, the attention map of n consecutive tokens summed over heads, [n, n] row-major; row r holds what token r
 // gives to tokens c <= r (entries above the diagonal are ignored). For a span [j, i] (j <= i) the triangle score is

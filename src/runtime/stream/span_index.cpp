@@ -116,7 +116,7 @@ void SpanIndex::add_counted(int32_t block, int32_t count) {
 
 std::vector<double> SpanIndex::block_scores(std::span<const float> queries, std::span<const int32_t> query_counts,
                                             const HeadWeights& w) const {
-  check(holds_keys(), "span index: its keys are held on the device (score it there: runtime_cuda/stream_decide.h)");
+  check(holds_keys(), "span index: its keys are held on the device (score it there: runtime/cuda/stream_decide.h)");
   const int32_t d = shape_.head_dim, nq = shape_.q_heads;
   const int64_t qrow = static_cast<int64_t>(nq) * d;
   int64_t m = 0;

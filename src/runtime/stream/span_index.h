@@ -106,7 +106,7 @@ class SpanIndex {
   // of each key).
   void add(int32_t block, std::span<const float> keys, int32_t count);
   // Adds a span of `count` vectors whose keys are held elsewhere (the GPU path's device mirror,
-  // runtime_cuda/stream_decide.h: gathered there in the same order); an index holds all its keys or none.
+  // runtime/cuda/stream_decide.h: gathered there in the same order); an index holds all its keys or none.
   void add_counted(int32_t block, int32_t count);
   bool holds_keys() const { return static_cast<int64_t>(keys_.size()) == vectors_ * row(); }
   int32_t num_blocks() const { return static_cast<int32_t>(block_spans_.size()); }
@@ -119,7 +119,7 @@ class SpanIndex {
   std::vector<double> block_scores(std::span<const float> queries, std::span<const int32_t> query_counts,
                                    const HeadWeights& w) const;
   void clear();
-  // The stored vectors and their grouping, for a device mirror (runtime_cuda/stream_decide.h): keys [vectors,
+  // The stored vectors and their grouping, for a device mirror (runtime/cuda/stream_decide.h): keys [vectors,
   // kv_heads_kept(), head_dim]; span s holds vectors [span_first()[s], + span_count()[s]); a block's spans are consecutive.
   std::span<const float> keys() const { return keys_; }
   std::span<const int64_t> span_first() const { return span_first_; }
@@ -146,7 +146,7 @@ class ReprIndex {
   int64_t bytes() const { return vectors_ * static_cast<int64_t>(shape_.kv_heads) * shape_.head_dim * 4; }
   // Scores of every block for queries [n, q_heads, head_dim] (the mean query, then span_math::repr_score per block).
   std::vector<double> block_scores(std::span<const float> queries, int32_t n, const HeadWeights& w) const;
-  // Block b's mean representative key [kv_heads, head_dim] (a device mirror: runtime_cuda/stream_decide.h).
+  // Block b's mean representative key [kv_heads, head_dim] (a device mirror: runtime/cuda/stream_decide.h).
   std::span<const float> mean(int32_t block) const { return means_[static_cast<size_t>(block)]; }
   void clear();
 

@@ -1,5 +1,5 @@
 // tessera/runtime/stream/span_math.h — the arithmetic of span discovery and InfLLM's block scores, one definition
-// for the CPU class (span_discovery.cpp, span_index.cpp) and the device kernels (runtime_cuda/stream_decide.cu),
+// for the CPU class (span_discovery.cpp, span_index.cpp) and the device kernels (runtime/cuda/stream_decide.cu),
 // so that the device's theta, triangle scores, candidates, span masses and InfLLM block scores EQUAL the CPU's
 // bit for bit on the same map and vectors. Every sum, difference and product is one correctly rounded operation
 // (or an explicit fused multiply-add), written so that neither compiler may contract or reorder it: on the device

@@ -22,12 +22,12 @@
 // is the host store (checked against its budget: check_sequence() before a prefill, HostBlockStore::add() always)
 // and the index (bytes in stats()). streamingllm keeps neither: its evicted blocks are dropped (keeps_evicted()).
 //
-// The GPU path (runtime_cuda/stream_gpu_kv.h) uses this class for its decisions: constructed with
+// The GPU path (runtime/cuda/stream_gpu_kv.h) uses this class for its decisions: constructed with
 // Storage::Device, it keeps no V and no block rows (K of the recent tokens only where indexing needs it, i.e.
 // ltri / infllm), counts the evicted blocks against the budget as bf16, and plan() runs steps 1-3 and the
 // bookkeeping of attend() on f32 copies of the device's q and k, returning the layout; the GPU twin moves the rows
 // and runs the same two indexes on the device. Same inputs, same code: the same retrieved blocks. The GPU computes
-// the heavy parts itself (runtime_cuda/stream_decide.h) and hands them to plan(..., DeviceDecisions).
+// the heavy parts itself (runtime/cuda/stream_decide.h) and hands them to plan(..., DeviceDecisions).
 #pragma once
 
 #include <cstdint>
@@ -36,7 +36,7 @@
 #include <vector>
 
 #include "runtime/forward.h"
-#include "runtime/model_config.h"
+#include "model/model_config.h"
 #include "runtime/stream/host_block_store.h"
 #include "runtime/stream/span_discovery.h"
 #include "runtime/stream/span_index.h"
@@ -50,7 +50,7 @@ namespace tessera::runtime {
 // window - 1 tokens, all a later query can see: exactly its dense attention, in bounded memory) and never evicts,
 // indexes or retrieves; the global layers run the streaming layout. Only global layers count against the host budget.
 // With Storage::Device, plan() of a sliding-window layer only keeps the count and returns the layout
-// {0, held, chunk} (the GPU path holds the rows: runtime_cuda/stream_gpu_kv.h).
+// {0, held, chunk} (the GPU path holds the rows: runtime/cuda/stream_gpu_kv.h).
 // check_model_streams(config, gpu): the CPU path streams every model; the GPU path (GpuStreamingKV's constructor)
 // attends through the CUDA sparse executor, so it needs a head_dim the executor runs; else tessera::Error:
 //   "model gemma3 cannot stream on the GPU: its head_dim 16 is not one the CUDA sparse executor runs (64, 128 or
@@ -102,7 +102,7 @@ class StreamingKV : public KVPolicy {
   // pool (optional): the chunk's attention map runs its heads in parallel.
   stream::StreamLayout plan(int32_t layer, int32_t pos, int32_t n, const float* q, const float* k,
                             std::span<const float> inv_freq, float scale, ThreadPool* pool = nullptr);
-  // What the GPU computed for one layer's chunk (runtime_cuda/stream_decide.h), taken by plan() / attend() instead of
+  // What the GPU computed for one layer's chunk (runtime/cuda/stream_decide.h), taken by plan() / attend() instead of
   // computing it here. Everything else (evictions and their index vectors, spans, NMS, span covers, vector counts,
   // normalisation, collaborative voting, top-K, the layout, the bookkeeping) runs as without it.
   struct DeviceDecisions {

@@ -1,4 +1,4 @@
-// The batched engine on the GPU (runtime_cuda/batch_gpu.h, paged_decode.h) against its twins: the paged decode
+// The batched engine on the GPU (runtime/cuda/batch_gpu.h, paged_decode.h) against its twins: the paged decode
 // kernel against the CPU paged attention (runtime/batch_forward.h) on the same bf16 values; batched generation
 // against the single-sequence GPU engine on the real models; MoA per-head caches against the CPU batched engine.
 #include <gtest/gtest.h>
@@ -16,15 +16,15 @@
 #include "cuda/device_buffer.h"
 #include "runtime/batch_engine.h"
 #include "runtime/engine.h"
-#include "runtime/model.h"
+#include "model/model.h"
 #include "runtime/sampling.h"
-#include "runtime_cuda/batch_gpu.h"
-#include "runtime_cuda/device_model.h"
-#include "runtime_cuda/gpu_engine.h"
-#include "runtime_cuda/kernels.h"
-#include "runtime_cuda/sample_gpu.h"
-#include "runtime_cuda/paged_decode.h"
-#include "runtime_cuda/synthetic_config.h"
+#include "runtime/cuda/batch_gpu.h"
+#include "runtime/cuda/device_model.h"
+#include "runtime/cuda/gpu_engine.h"
+#include "runtime/cuda/kernels.h"
+#include "runtime/cuda/sample_gpu.h"
+#include "runtime/cuda/paged_decode.h"
+#include "runtime/cuda/synthetic_config.h"
 
 namespace tessera::runtime::gpu {
 namespace {

@@ -1,4 +1,4 @@
-// The GPU engine (runtime_cuda) against the CPU engine (runtime), which itself matches transformers within
+// The GPU engine (runtime/cuda) against the CPU engine (runtime), which itself matches transformers within
 // 1e-4 on these models (tests/runtime_logits_test.cpp).
 //
 // What is compared, and why these bounds. The GPU runs bf16 weights and activations with f32 accumulation
@@ -36,12 +36,12 @@
 #include "core/error.h"
 #include "model/tokenizer/tokenizer.h"
 #include "runtime/engine.h"
-#include "runtime/model.h"
+#include "model/model.h"
 #include "runtime/sampling.h"
-#include "runtime_cuda/device_model.h"
-#include "runtime_cuda/gpu_engine.h"
-#include "runtime_cuda/kernels.h"
-#include "runtime_cuda/synthetic_config.h"
+#include "runtime/cuda/device_model.h"
+#include "runtime/cuda/gpu_engine.h"
+#include "runtime/cuda/kernels.h"
+#include "runtime/cuda/synthetic_config.h"
 
 namespace tessera::runtime::gpu {
 namespace {

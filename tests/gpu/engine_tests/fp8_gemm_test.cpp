@@ -1,4 +1,4 @@
-// FP8 (E4M3) GEMMs on the GPU (runtime_cuda/gemm.h, fp8_quant.h) against their host twins (core/fp8.h), for both
+// FP8 (E4M3) GEMMs on the GPU (runtime/cuda/gemm.h, fp8_quant.h) against their host twins (core/fp8.h), for both
 // scale granularities (per row, the default: per output channel x per token; per tensor, the baseline):
 //  - the dynamic quantization of a bf16 matrix: the codes and the scales EQUAL the host's e4m3_quantize (same f32
 //    operations, the hardware's round-to-nearest-even saturating conversion against core/fp8.h's encoder), also for
@@ -28,12 +28,12 @@
 #include "core/fp8.h"
 #include "cuda/device_buffer.h"
 #include "runtime/engine.h"
-#include "runtime/model.h"
-#include "runtime_cuda/device_model.h"
-#include "runtime_cuda/fp8_quant.h"
-#include "runtime_cuda/gemm.h"
-#include "runtime_cuda/gpu_engine.h"
-#include "runtime_cuda/synthetic_config.h"
+#include "model/model.h"
+#include "runtime/cuda/device_model.h"
+#include "runtime/cuda/fp8_quant.h"
+#include "runtime/cuda/gemm.h"
+#include "runtime/cuda/gpu_engine.h"
+#include "runtime/cuda/synthetic_config.h"
 
 #include <cublasLt.h>
 

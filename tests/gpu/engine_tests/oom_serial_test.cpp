@@ -12,9 +12,9 @@
 
 #include "core/error.h"
 #include "cuda/device_buffer.h"
-#include "runtime_cuda/device_model.h"
-#include "runtime_cuda/gpu_engine.h"
-#include "runtime_cuda/synthetic_config.h"
+#include "runtime/cuda/device_model.h"
+#include "runtime/cuda/gpu_engine.h"
+#include "runtime/cuda/synthetic_config.h"
 
 namespace tessera::runtime::gpu {
 namespace {

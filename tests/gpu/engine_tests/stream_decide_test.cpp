@@ -1,4 +1,4 @@
-// Ltri's block scores on the device (runtime_cuda/stream_decide.h) against the CPU's (SpanIndex::block_scores) on
+// Ltri's block scores on the device (runtime/cuda/stream_decide.h) against the CPU's (SpanIndex::block_scores) on
 // an index built to reach every case of the fused scoring kernel and of the incremental mirror:
 //  - tiles of many short spans (up to the 128-span cap: a run of 1-vector spans), tiles of mixed spans, spans longer
 //    than one pass of 128 vectors (300 and 129 vectors: their maxima combine across passes);
@@ -27,11 +27,11 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "cuda/device_buffer.h"
-#include "runtime/model_config.h"
+#include "model/model_config.h"
 #include "runtime/stream/span_index.h"
-#include "runtime_cuda/gpu_engine.h"
-#include "runtime_cuda/stream_decide.h"
-#include "runtime_cuda/synthetic_config.h"
+#include "runtime/cuda/gpu_engine.h"
+#include "runtime/cuda/stream_decide.h"
+#include "runtime/cuda/synthetic_config.h"
 
 namespace tessera::runtime::gpu {
 namespace {

@@ -1,4 +1,4 @@
-// The GPU streaming path (runtime_cuda/stream_gpu_kv.h) against the CPU one (runtime/stream/streaming_kv.h).
+// The GPU streaming path (runtime/cuda/stream_gpu_kv.h) against the CPU one (runtime/stream/streaming_kv.h).
 //
 //  - The policy alone, on the same inputs (q, k, v drawn at random and rounded to bf16, so that both paths see the
 //    same values): for every method, chunk after chunk (prefill chunks of two query tiles, a short last chunk, decode
@@ -34,13 +34,13 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "cuda/device_buffer.h"
-#include "runtime/model_config.h"
+#include "model/model_config.h"
 #include "runtime/rope.h"
 #include "runtime/stream/streaming_kv.h"
-#include "runtime_cuda/device_model.h"
-#include "runtime_cuda/gpu_engine.h"
-#include "runtime_cuda/stream_gpu_kv.h"
-#include "runtime_cuda/synthetic_config.h"
+#include "runtime/cuda/device_model.h"
+#include "runtime/cuda/gpu_engine.h"
+#include "runtime/cuda/stream_gpu_kv.h"
+#include "runtime/cuda/synthetic_config.h"
 
 namespace tessera::runtime::gpu {
 namespace {

@@ -33,7 +33,7 @@
 #include "plan/minference_plan.h"
 #include "plan/model_gradients.h"
 #include "plan/profile.h"
-#include "runtime/model.h"
+#include "model/model.h"
 
 namespace tessera::plan {
 namespace {

@@ -1,0 +1,350 @@
+#include "runtime/cuda/batch_gpu.h"
+
+#include <algorithm>
+#include <climits>
+#include <limits>
+#include <cmath>
+#include <string>
+
+#include "core/error.h"
+#include "core/memory_budget.h"
+#include "cuda/cuda_check.h"
+#include "runtime/recipe.h"
+#include "runtime/cuda/kernels.h"
+#include "runtime/cuda/paged_decode.h"
+
+namespace tessera::runtime::gpu {
+
+namespace {
+
+int32_t clamp32(int64_t v) { return static_cast<int32_t>(std::min<int64_t>(v, INT32_MAX)); }
+
+}  // namespace
+
+int64_t padded_rows(int64_t n) {
+  if (n <= 4) return n;
+  for (int64_t p = 4;; p *= 2) {
+    if (n <= p) return p;
+    if (n <= p + p / 2) return p + p / 2;
+  }
+}
+
+int32_t bucket_splits(int32_t splits) {
+  int32_t p = 1;
+  while (p <= splits / 2) p *= 2;
+  return p;
+}
+
+GpuBatchBackend::GpuBatchBackend(const DeviceModel& model, GpuBatchOptions options)
+    : model_(model), options_(std::move(options)), cfg_(model.config()) {
+  TESSERA_CUDA_CHECK(cudaStreamCreate(&stream_));
+  try {
+    gemm_ = std::make_unique<Gemm>(stream_);
+    prefill_ = std::make_unique<GpuForward>(model_, options_.prefill, stream_, *gemm_, timer_);
+    ops_ = std::make_unique<GpuOps>(model_, stream_, *gemm_, timer_, nullptr, std::numeric_limits<int32_t>::max());
+    paged_ = std::make_unique<PagedDecodeStep>(cfg_, ops_->attention_scale(), layout_);
+    int dev = 0;
+    TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
+    TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, dev));
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  } catch (...) {
+    cudaStreamDestroy(stream_);
+    throw;
+  }
+}
+
+GpuBatchBackend::~GpuBatchBackend() {
+  cudaStreamSynchronize(stream_);
+  drop_graphs();
+  paged_.reset();
+  ops_.reset();
+  prefill_.reset();
+  gemm_.reset();
+  cudaStreamDestroy(stream_);
+}
+
+double GpuBatchBackend::default_kv_bytes() const {
+  size_t free_bytes = 0, total_bytes = 0;
+  TESSERA_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return 0.7 * static_cast<double>(free_bytes);
+}
+
+void GpuBatchBackend::create_store(const PagedKVShape& shape, int32_t num_blocks, int32_t max_sequences,
+                                   int32_t max_context) {
+  check(shape.head_dim == 64 || shape.head_dim == 128 || shape.head_dim == 256,
+        "GPU batched decode: head dims 64, 128 and 256, got " + std::to_string(shape.head_dim));
+  check((shape.block_tokens & (shape.block_tokens - 1)) == 0,
+        "GPU batched decode: block_tokens must be a power of two, got " + std::to_string(shape.block_tokens));
+  const int32_t group = cfg_.num_q_heads / cfg_.num_kv_heads;
+  check(group <= 8, "GPU batched decode: GQA groups of at most 8 query heads, got " + std::to_string(group));
+  shape_ = shape;
+  slots_ = max_sequences;
+  max_blocks_ = static_cast<int32_t>((static_cast<int64_t>(max_context) + shape.block_tokens - 1) / shape.block_tokens);
+  const int64_t heads = static_cast<int64_t>(shape.num_layers) * shape.num_kv_heads;
+  const double pool_bytes = block_bytes(shape) * (num_blocks + 1.0);  // + the padding rows' scratch block
+  const double table_bytes = (slots_ + 1.0) * static_cast<double>(heads) * max_blocks_ * 4.0;
+  size_t free_bytes = 0, total_bytes = 0;
+  TESSERA_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (pool_bytes + table_bytes > 0.95 * static_cast<double>(free_bytes))
+    throw Error("KV cache of " + std::to_string(num_blocks) + " blocks of " + std::to_string(shape.block_tokens) +
+                " tokens (K and V in bf16) and block tables need " + format_bytes(pool_bytes + table_bytes) + ", " +
+                format_bytes(static_cast<double>(free_bytes)) + " of device memory free; lower the KV budget");
+  const size_t elems = (static_cast<size_t>(num_blocks) + 1) * static_cast<size_t>(shape.elements_per_block());
+  k_pool_.resize(elems);
+  v_pool_.resize(elems);
+  // Slots [0, slots_) for sequences; slot slots_ for the padding rows: every table's first block is the scratch
+  // block, every view dense.
+  scratch_block_ = num_blocks;
+  host_tables_.assign((static_cast<size_t>(slots_) + 1) * static_cast<size_t>(heads) * static_cast<size_t>(max_blocks_),
+                      -1);
+  for (int64_t h = 0; h < heads; ++h)
+    host_tables_[static_cast<size_t>((static_cast<int64_t>(slots_) * heads + h) * max_blocks_)] = scratch_block_;
+  tables_.upload(host_tables_, stream_);
+  const size_t views_per_slot = static_cast<size_t>(cfg_.num_layers) * cfg_.num_q_heads * 3;
+  std::vector<int32_t> views((static_cast<size_t>(slots_) + 1) * views_per_slot, 0);
+  for (size_t i = static_cast<size_t>(slots_) * views_per_slot; i < views.size(); i += 3) {
+    views[i + 1] = INT32_MAX;
+    views[i + 2] = INT32_MAX;
+  }
+  views_.upload(views, stream_);
+  free_slots_.clear();
+  for (int32_t s = slots_ - 1; s >= 0; --s) free_slots_.push_back(s);
+  slot_.clear();
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+std::vector<float> GpuBatchBackend::prefill_chunk(std::span<const int32_t> tokens, int32_t pos, int32_t total_len,
+                                                  const attn::AttentionPolicy* policy, bool logits) {
+  if (pos == 0) {
+    staging_ = DeviceKVCache(cfg_.num_layers, cfg_.num_kv_heads, cfg_.head_dim, total_len);
+    staging_.reserve(total_len, 0);
+  }
+  return prefill_->run(tokens, pos, staging_, policy, total_len, logits ? LogitRows::kLast : LogitRows::kNone);
+}
+
+int32_t GpuBatchBackend::slot_of(const SequenceBlocks& seq) const {
+  const auto it = slot_.find(&seq);
+  check(it != slot_.end(), "GPU batched decode: a sequence without a slot (decoded before its prefill ended)");
+  return it->second;
+}
+
+void GpuBatchBackend::upload_table_columns(int32_t slot, const SequenceBlocks& seq, int64_t b0, int64_t b1) {
+  const int64_t heads = static_cast<int64_t>(shape_.num_layers) * shape_.num_kv_heads;
+  b1 = std::min<int64_t>(b1, max_blocks_);
+  if (b1 <= b0) return;
+  int32_t* base = host_tables_.data() + static_cast<int64_t>(slot) * heads * max_blocks_;
+  for (int32_t l = 0; l < shape_.num_layers; ++l)
+    for (int32_t h = 0; h < shape_.num_kv_heads; ++h) {
+      const std::vector<int32_t>& t = seq.table(l, h);
+      int32_t* row = base + (static_cast<int64_t>(l) * shape_.num_kv_heads + h) * max_blocks_;
+      for (int64_t b = b0; b < b1; ++b) row[b] = b < static_cast<int64_t>(t.size()) ? t[static_cast<size_t>(b)] : -1;
+    }
+  const size_t pitch = static_cast<size_t>(max_blocks_) * sizeof(int32_t);
+  TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(tables_.data() + static_cast<int64_t>(slot) * heads * max_blocks_ + b0, pitch,
+                                       base + b0, pitch, static_cast<size_t>(b1 - b0) * sizeof(int32_t),
+                                       static_cast<size_t>(heads), cudaMemcpyHostToDevice, stream_));
+}
+
+void GpuBatchBackend::adopt(const SequenceBlocks& seq, std::span<const DecodeView> views) {
+  check(!free_slots_.empty(), "GPU batched decode: more sequences than slots");
+  check(views.size() == static_cast<size_t>(cfg_.num_layers) * static_cast<size_t>(cfg_.num_q_heads),
+        "GPU batched decode: one decode view per layer and query head");
+  const int32_t slot = free_slots_.back();
+  free_slots_.pop_back();
+  slot_[&seq] = slot;
+  upload_table_columns(slot, seq, 0, (seq.length() + shape_.block_tokens - 1) / shape_.block_tokens);
+  std::vector<int32_t> v;
+  v.reserve(views.size() * 3);
+  for (const DecodeView& dv : views) {
+    v.push_back(dv.sink);
+    v.push_back(clamp32(dv.window));
+    v.push_back(clamp32(dv.horizon));
+  }
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(views_.data() + static_cast<int64_t>(slot) * static_cast<int64_t>(v.size()),
+                                     v.data(), v.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));  // v is on this stack
+}
+
+void GpuBatchBackend::finish_prefill(const SequenceBlocks& seq, std::span<const DecodeView> views) {
+  const int64_t len = seq.length();
+  const int64_t B = shape_.block_tokens;
+  std::vector<int32_t> entries;
+  for (int32_t l = 0; l < shape_.num_layers; ++l)
+    for (int32_t h = 0; h < shape_.num_kv_heads; ++h) {
+      const std::vector<int32_t>& t = seq.table(l, h);
+      for (int64_t b = 0; b < static_cast<int64_t>(t.size()) && b * B < len; ++b)
+        if (t[static_cast<size_t>(b)] >= 0) entries.insert(entries.end(), {l, h, static_cast<int32_t>(b), t[static_cast<size_t>(b)]});
+    }
+  std::vector<const bf16*> kl, vl;
+  for (int32_t l = 0; l < cfg_.num_layers; ++l) {
+    kl.push_back(staging_.k(l, 0));
+    vl.push_back(staging_.v(l, 0));
+  }
+  attn::gpu::DeviceBuffer<int32_t> dev_entries;
+  attn::gpu::DeviceBuffer<const bf16*> dk, dv;
+  dev_entries.upload(entries, stream_);
+  dk.upload(kl, stream_);
+  dv.upload(vl, stream_);
+  paged_scatter(dev_entries.data(), static_cast<int32_t>(entries.size() / 4), dk.data(), dv.data(),
+                staging_.row_elements(), shape_.head_dim, shape_.block_tokens, static_cast<int32_t>(len), k_pool_.data(),
+                v_pool_.data(), stream_);
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  staging_.release();
+  adopt(seq, views);
+}
+
+void GpuBatchBackend::abort_prefill() {
+  cudaStreamSynchronize(stream_);
+  (void)cudaGetLastError();
+  staging_.release();
+}
+
+void GpuBatchBackend::release_sequence(const SequenceBlocks& seq) {
+  const auto it = slot_.find(&seq);
+  if (it == slot_.end()) return;
+  free_slots_.push_back(it->second);
+  slot_.erase(it);
+}
+
+void GpuBatchBackend::fill_random(uint64_t seed, float scale) {
+  fill_uniform_bf16(k_pool_.data(), static_cast<int64_t>(k_pool_.size()), seed, scale, stream_);
+  fill_uniform_bf16(v_pool_.data(), static_cast<int64_t>(v_pool_.size()), seed + 1, scale, stream_);
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+int64_t GpuBatchBackend::run_step(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) {
+  const auto n = static_cast<int64_t>(tokens.size());
+  check(rows.size() == tokens.size(), "GPU batched decode: one row per token");
+  const int64_t np = options_.pad_rows ? padded_rows(n) : n;
+  const int32_t L = cfg_.num_layers, Hkv = cfg_.num_kv_heads;
+  const int64_t Bt = shape_.block_tokens;
+
+  // Step data: tokens, positions, slots, lengths, then the block of each (row, layer, kv head)'s new row; the
+  // padding rows decode token 0 at position 0 of the scratch slot (length 1, the scratch block).
+  std::vector<int32_t> step(static_cast<size_t>(4 * np + np * L * Hkv), 0);
+  int64_t max_len = 0;
+  for (int64_t i = 0; i < np; ++i) {
+    if (i >= n) {
+      step[static_cast<size_t>(2 * np + i)] = slots_;
+      step[static_cast<size_t>(3 * np + i)] = 1;
+      for (int64_t j = 0; j < static_cast<int64_t>(L) * Hkv; ++j)
+        step[static_cast<size_t>(4 * np + i * L * Hkv + j)] = scratch_block_;
+      continue;
+    }
+    const SequenceBlocks& seq = *rows[static_cast<size_t>(i)].seq;
+    const int32_t slot = slot_of(seq);
+    const int64_t pos = seq.length() - 1;
+    check(tokens[static_cast<size_t>(i)] >= 0 && tokens[static_cast<size_t>(i)] < cfg_.vocab_size,
+          "GPU batched decode: token id " + std::to_string(tokens[static_cast<size_t>(i)]) + " outside the vocabulary");
+    step[static_cast<size_t>(i)] = tokens[static_cast<size_t>(i)];
+    step[static_cast<size_t>(np + i)] = static_cast<int32_t>(pos);
+    step[static_cast<size_t>(2 * np + i)] = slot;
+    step[static_cast<size_t>(3 * np + i)] = static_cast<int32_t>(seq.length());
+    max_len = std::max(max_len, seq.length());
+    for (int32_t l = 0; l < L; ++l)
+      for (int32_t h = 0; h < Hkv; ++h)
+        step[static_cast<size_t>(4 * np + (i * L + l) * Hkv + h)] = seq.block(l, h, pos);
+    // A row that starts a block: its (new) table column goes up.
+    if (pos % Bt == 0) upload_table_columns(slot, seq, pos / Bt, pos / Bt + 1);
+  }
+  const int32_t splits = options_.splits > 0
+                             ? options_.splits
+                             : bucket_splits(paged_decode_splits(static_cast<int32_t>(np), Hkv, max_len, sms_));
+  last_splits_ = splits;
+  last_rows_ = np;
+  // Buffers first (a graph holds their addresses: one that grows invalidates every graph), then the step's data.
+  if (reserve_step(np, splits)) drop_graphs();
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(step_.data(), step.data(), step.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                     stream_));
+  if (options_.graphs) {
+    const auto key = std::make_pair(np, splits);
+    auto it = graphs_.find(key);
+    if (it == graphs_.end()) {
+      it = graphs_.emplace(key, capture_graph(stream_, [&] { launch_step(np, splits); })).first;
+      ++step_builds_;
+    }
+    TESSERA_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
+  } else {
+    launch_step(np, splits);
+  }
+  return np;  // `step` may go: an asynchronous copy from pageable memory returns once the data is staged
+}
+
+std::vector<float> GpuBatchBackend::decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) {
+  if (tokens.empty()) return {};
+  run_step(tokens, rows);
+  std::vector<float> out(tokens.size() * static_cast<size_t>(cfg_.vocab_size));
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(out.data(), ops_->logits(), out.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return out;
+}
+
+std::vector<int32_t> GpuBatchBackend::decode_select(std::span<const int32_t> tokens, std::span<const DecodeRow> rows,
+                                                    std::span<const RowChoice> choice) {
+  const auto n = static_cast<int64_t>(tokens.size());
+  if (n == 0) return {};
+  check(choice.size() == tokens.size(), "GPU batched decode: one sampling choice per row");
+  const int64_t V = cfg_.vocab_size;
+  run_step(tokens, rows);
+  // chosen_[0, n): every row's argmax; chosen_[n, n + sampled): the sampled rows' draws.
+  std::vector<SampleRow> sampled;
+  for (int64_t i = 0; i < n; ++i) {
+    const SamplingOptions& o = choice[static_cast<size_t>(i)].options;
+    if (o.temperature > 0.0f)
+      sampled.push_back({static_cast<int32_t>(i), o.top_k, o.temperature, o.top_p, choice[static_cast<size_t>(i)].u});
+  }
+  const auto m = static_cast<int64_t>(sampled.size());
+  if (static_cast<int64_t>(chosen_.size()) < n + m) chosen_.resize(static_cast<size_t>(n + m));
+  row_argmax(ops_->logits(), n, V, V, chosen_.data(), stream_);
+  if (m > 0) {
+    if (static_cast<int64_t>(sample_scratch_.size()) < m * V) sample_scratch_.resize(static_cast<size_t>(m * V));
+    sample_rows_.upload(sampled, stream_);
+    sample_rows(ops_->logits(), V, static_cast<int32_t>(V), sample_rows_.data(), static_cast<int32_t>(m),
+                sample_scratch_.data(), chosen_.data() + n, stream_);
+  }
+  std::vector<int32_t> got(static_cast<size_t>(n + m));
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(got.data(), chosen_.data(), got.size() * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                     stream_));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  for (int64_t j = 0; j < m; ++j) got[static_cast<size_t>(sampled[static_cast<size_t>(j)].row)] = got[static_cast<size_t>(n + j)];
+  got.resize(static_cast<size_t>(n));
+  return got;
+}
+
+bool GpuBatchBackend::reserve_step(int64_t n, int32_t splits) {
+  const int64_t D = cfg_.head_dim;
+  bool grew = ops_->reserve(n, n, *paged_);
+  grew |= grow(step_, 4 * n + n * cfg_.num_layers * cfg_.num_kv_heads);
+  grew |= grow(o_part_, n * cfg_.num_q_heads * splits * D);
+  grew |= grow(lse_part_, n * cfg_.num_q_heads * splits);
+  return grew;
+}
+
+void GpuBatchBackend::drop_graphs() noexcept {
+  for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+  graphs_.clear();
+}
+
+void GpuBatchBackend::launch_step(int64_t n, int32_t splits) {
+  const int32_t* d_tokens = step_.data();
+  PagedLayout& p = layout_;
+  p.k_pools = {k_pool_.data()};
+  p.v_pools = {v_pool_.data()};
+  p.tables = tables_.data();
+  p.views = views_.data();
+  p.block_tokens = shape_.block_tokens;
+  p.max_blocks = max_blocks_;
+  p.row_pos = d_tokens + n;
+  p.row_slot = d_tokens + 2 * n;
+  p.row_len = d_tokens + 3 * n;
+  p.blocks = d_tokens + 4 * n;
+  p.rows = static_cast<int32_t>(n);
+  p.splits = splits;
+  p.o_part = o_part_.data();
+  p.lse_part = lse_part_.data();
+  ops_->begin(n, d_tokens, 0, p.row_pos, *paged_);
+  run_layers(cfg_, *ops_);
+  ops_->head(0);
+}
+
+}  // namespace tessera::runtime::gpu

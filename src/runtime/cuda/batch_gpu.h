@@ -1,0 +1,138 @@
+// tessera/runtime/cuda/batch_gpu.h — the batched engine's GPU backend (runtime/batch_engine.h).
+//
+//   auto dev = runtime::gpu::DeviceModel::upload(*model);
+//   runtime::gpu::GpuBatchBackend backend(*dev);
+//   runtime::BatchEngine engine(backend, options);     // the scheduler is the CPU engine's
+//
+// Prefill runs the single-sequence GPU forward (gpu_forward.h: the sparse executor, chunked) into a contiguous
+// staging cache, whose kept rows are then scattered into the sequence's blocks (paged_decode.h). Decode runs the B
+// sequences' tokens as one step of the layer recipe (runtime/recipe.h) over the GPU ops (gpu_ops.h): one QKV GEMM
+// and every other GEMM over B rows (cuBLAS, bf16), RoPE at each row's position, and the paged attention step
+// (gpu_attention.h): each row's K/V appended to its blocks, paged flash-decoding attention with each head's own view
+// (MoA spans, sliding windows); the logits [B, vocab] on the device (decode() copies them back; decode_select
+// copies back only the chosen tokens, below). Block tables and views live on the
+// device per sequence slot ([slots, layers * kv_heads, max_blocks]); a decode step uploads only the rows' step
+// data and the table entries that changed (a new block every block_tokens tokens), then replays the CUDA graph of
+// its (batch size, split count): every launch of the step (about 15 per layer) captured once, on first use. So
+// that a server, whose batch changes at every request's start and end, reuses a few graphs instead of capturing
+// one per batch size and length, the batch is padded to the next of 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, ...
+// rows (padding rows decode token 0 at position 0 into a scratch slot and block of their own; their results are
+// dropped) and the split count is rounded down to a power of two. decode_select chooses every row's token on the
+// device (row_argmax for greedy rows, sample_rows (sample_gpu.h) with the host's uniform draws for the others) and
+// copies back only the tokens.
+//
+// Not thread-safe; uses the current CUDA device; the DeviceModel must outlive it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "cuda/device_buffer.h"
+#include "runtime/batch_engine.h"
+#include "runtime/cuda/device_kv_cache.h"
+#include "runtime/cuda/device_model.h"
+#include "runtime/cuda/event_timer.h"
+#include "runtime/cuda/gemm.h"
+#include "runtime/cuda/gpu_attention.h"
+#include "runtime/cuda/gpu_forward.h"
+#include "runtime/cuda/gpu_ops.h"
+#include "runtime/cuda/sample_gpu.h"
+
+namespace tessera::runtime::gpu {
+
+struct GpuBatchOptions {
+  ForwardOptions prefill;  // the prefill forward's options (mlp_chunk, tile, attention backend, ...)
+  int32_t splits = 0;      // decode attention splits per (row, kv head); 0: chosen per step from the lengths
+  bool graphs = true;      // run each decode step as a CUDA graph (one per batch size and split count)
+  bool pad_rows = true;    // pad the batch to padded_rows(n) rows (fewer distinct graphs)
+};
+
+// The decode batch a step of n rows runs: n up to 4, then the next of 6, 8, 12, 16, 24, 32, 48, 64, 96, ...
+int64_t padded_rows(int64_t n);
+// The largest power of two <= splits (>= 1).
+int32_t bucket_splits(int32_t splits);
+
+class GpuBatchBackend final : public BatchBackend {
+ public:
+  explicit GpuBatchBackend(const DeviceModel& model, GpuBatchOptions options = {});
+  ~GpuBatchBackend() override;
+  GpuBatchBackend(const GpuBatchBackend&) = delete;
+  GpuBatchBackend& operator=(const GpuBatchBackend&) = delete;
+
+  const ModelConfig& config() const override { return model_.config(); }
+  const char* device_name() const override { return "cuda"; }
+  double block_bytes(const PagedKVShape& shape) const override {
+    return 2.0 * static_cast<double>(shape.elements_per_block()) * sizeof(bf16);
+  }
+  double default_kv_bytes() const override;
+  // Checks the pools against free device memory first ("KV cache of N blocks needs X, Y free").
+  void create_store(const PagedKVShape& shape, int32_t num_blocks, int32_t max_sequences,
+                    int32_t max_context) override;
+  std::vector<float> prefill_chunk(std::span<const int32_t> tokens, int32_t pos, int32_t total_len,
+                                   const attn::AttentionPolicy* policy, bool logits) override;
+  void finish_prefill(const SequenceBlocks& seq, std::span<const DecodeView> views) override;
+  void abort_prefill() override;
+  void release_sequence(const SequenceBlocks& seq) override;
+  std::vector<float> decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) override;
+  std::vector<int32_t> decode_select(std::span<const int32_t> tokens, std::span<const DecodeRow> rows,
+                                     std::span<const RowChoice> choice) override;
+  int64_t step_builds() const override { return step_builds_; }
+  ForwardTimers timers() const override { return {}; }
+
+  // A sequence whose blocks already hold its keys (benchmarks: random KV; no prefill): takes a slot and uploads
+  // its table and views.
+  void adopt(const SequenceBlocks& seq, std::span<const DecodeView> views);
+  // Fills every block with pseudo-random bf16 in [-scale, scale] (benchmarks).
+  void fill_random(uint64_t seed, float scale);
+  size_t store_bytes() const { return k_pool_.bytes() + v_pool_.bytes() + tables_.bytes() + views_.bytes(); }
+  cudaStream_t stream() const { return stream_; }
+  int32_t last_splits() const { return last_splits_; }
+  int64_t last_rows() const { return last_rows_; }  // the padded batch of the last step
+  int64_t graphs() const { return static_cast<int64_t>(graphs_.size()); }
+
+ private:
+  // Uploads the step data of the rows (padded with scratch rows) and runs the decode step; the logits of the
+  // padded batch stay on the device (logits_). Returns the padded row count.
+  int64_t run_step(std::span<const int32_t> tokens, std::span<const DecodeRow> rows);
+  int32_t slot_of(const SequenceBlocks& seq) const;
+  bool reserve_step(int64_t n, int32_t splits);  // true when a buffer was reallocated
+  void launch_step(int64_t n, int32_t splits);   // every launch of a decode step (captured into a graph)
+  void drop_graphs() noexcept;
+  void upload_table_columns(int32_t slot, const SequenceBlocks& seq, int64_t b0, int64_t b1);
+
+  const DeviceModel& model_;
+  GpuBatchOptions options_;
+  const ModelConfig& cfg_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<Gemm> gemm_;
+  EventTimer timer_{false};
+  std::unique_ptr<GpuForward> prefill_;
+  DeviceKVCache staging_;
+  PagedKVShape shape_;
+  int32_t max_blocks_ = 0, slots_ = 0, sms_ = 0, last_splits_ = 0;
+  int32_t scratch_block_ = 0;  // the padding rows' block (one past the pool's blocks); their slot is slots_
+  int64_t last_rows_ = 0, step_builds_ = 0;
+  attn::gpu::DeviceBuffer<bf16> k_pool_, v_pool_;
+  attn::gpu::DeviceBuffer<int32_t> tables_, views_;
+  std::vector<int32_t> host_tables_;  // mirror of tables_
+  std::vector<int32_t> free_slots_;
+  std::map<const SequenceBlocks*, int32_t> slot_;
+  std::map<std::pair<int64_t, int32_t>, cudaGraphExec_t> graphs_;  // (rows, splits) -> the decode step
+  // The decode step: the layer recipe over the GPU ops (their scratch: activations, logits) with the paged
+  // attention step over the pools.
+  std::unique_ptr<GpuOps> ops_;
+  PagedLayout layout_;
+  std::unique_ptr<PagedDecodeStep> paged_;
+  attn::gpu::DeviceBuffer<int32_t> step_;  // tokens, positions, slots, lengths, append blocks
+  attn::gpu::DeviceBuffer<int32_t> chosen_;  // the step's tokens: row_argmax of every row, then the sampled rows'
+  attn::gpu::DeviceBuffer<SampleRow> sample_rows_;
+  attn::gpu::DeviceBuffer<double> sample_scratch_;
+  attn::gpu::DeviceBuffer<float> o_part_, lse_part_;
+};
+
+}  // namespace tessera::runtime::gpu

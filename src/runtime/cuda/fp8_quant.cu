@@ -1,0 +1,199 @@
+#include "runtime/cuda/fp8_quant.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <string>
+
+#include "cuda/cuda_check.h"
+#include "core/error.h"
+
+namespace tessera::runtime::gpu {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr float kMax = 448.0f;  // core/fp8.h kE4M3Max
+
+// 8 bf16 of row r, columns [8c, 8c + 8).
+__device__ inline uint4 load8(const __nv_bfloat16* x, int64_t ldx, int64_t groups_per_row, int64_t g) {
+  const int64_t r = g / groups_per_row, c = g - r * groups_per_row;
+  return *reinterpret_cast<const uint4*>(x + r * ldx + c * 8);
+}
+
+__device__ inline void unpack8(const uint4& v, float (&f)[8]) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 p = __bfloat1622float2(h[i]);
+    f[2 * i] = p.x;
+    f[2 * i + 1] = p.y;
+  }
+}
+
+// Eight values times `inv`, each rounded to E4M3 (saturating to +-448), as 8 bytes in order.
+__device__ __forceinline__ uint2 encode8(const float* f, float inv) {
+  uint2 out;
+  __nv_fp8x2_storage_t* o = reinterpret_cast<__nv_fp8x2_storage_t*>(&out);
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    o[i] = __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(f[2 * i], inv), __fmul_rn(f[2 * i + 1], inv)),
+                                    __NV_SATFINITE, __NV_E4M3);
+  return out;
+}
+
+__global__ void amax_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx, int64_t groups_per_row, int64_t groups,
+                            float* __restrict__ amax) {
+  float a = 0.0f;
+  for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < groups;
+       g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float f[8];
+    unpack8(load8(x, ldx, groups_per_row, g), f);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) a = fmaxf(a, fabsf(f[i]));  // fmaxf drops NaN
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+  __shared__ float warp_max[kThreads / 32];
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = a;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kThreads / 32; ++w) a = fmaxf(a, warp_max[w]);
+    // Non-negative floats order as their bit patterns: an unsigned atomic max is the float max.
+    atomicMax(reinterpret_cast<unsigned int*>(amax), __float_as_uint(a));
+  }
+}
+
+__global__ void quantize_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx, int64_t groups_per_row,
+                                int64_t groups, const float* __restrict__ amax_p, uint8_t* __restrict__ q,
+                                float* __restrict__ scale_out) {
+  const float amax = *amax_p;
+  const bool usable = amax > 0.0f && isfinite(amax);
+  const float inv = usable ? __fdiv_rn(kMax, amax) : 1.0f;  // IEEE division, as the host's e4m3_inverse_scale
+  if (blockIdx.x == 0 && threadIdx.x == 0) *scale_out = usable ? __fdiv_rn(amax, kMax) : 1.0f;
+  for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < groups;
+       g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float f[8];
+    unpack8(load8(x, ldx, groups_per_row, g), f);
+    *reinterpret_cast<uint2*>(q + g * 8) = encode8(f, inv);  // q is contiguous: group g is bytes [8g, 8g + 8)
+  }
+}
+
+// A warp per row: the row's amax (shuffle reduction, every lane gets it), its scale, then its codes. The second pass
+// reads the row again (8-28 KB for the model's widths: L1 or L2 hits).
+constexpr int kRowsPerBlock = kThreads / 32;
+__global__ void quantize_rows_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx, int64_t m, int64_t groups_per_row,
+                                     uint8_t* __restrict__ q, float* __restrict__ scales) {
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  if (r >= m) return;
+  const __nv_bfloat16* xr = x + r * ldx;
+  float a = 0.0f;
+#pragma unroll 4
+  for (int64_t g = lane; g < groups_per_row; g += 32) {
+    float f[8];
+    unpack8(*reinterpret_cast<const uint4*>(xr + g * 8), f);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) a = fmaxf(a, fabsf(f[i]));  // fmaxf drops NaN
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+  const bool usable = a > 0.0f && isfinite(a);
+  const float inv = usable ? __fdiv_rn(kMax, a) : 1.0f;  // IEEE division, as the host's e4m3_inverse_scale
+  if (lane == 0) scales[r] = usable ? __fdiv_rn(a, kMax) : 1.0f;
+  uint8_t* qr = q + r * groups_per_row * 8;
+#pragma unroll 4
+  for (int64_t g = lane; g < groups_per_row; g += 32) {
+    float f[8];
+    unpack8(*reinterpret_cast<const uint4*>(xr + g * 8), f);
+    *reinterpret_cast<uint2*>(qr + g * 8) = encode8(f, inv);
+  }
+}
+
+// y = sx[r] sw[o] d + beta y, grid-stride over the m * out elements (the fallback path only).
+template <typename Y>
+__global__ void scale_outer_kernel(const float* __restrict__ d, int64_t m, int64_t out, const float* __restrict__ sx,
+                                   const float* __restrict__ sw, Y* __restrict__ y, int64_t ldy, float beta) {
+  const int64_t n = m * out;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / out, o = i - r * out;
+    float v = sx[r] * sw[o] * d[i];
+    Y& dst = y[r * ldy + o];
+    if (beta != 0.0f) v += beta * static_cast<float>(dst);
+    dst = static_cast<Y>(v);
+  }
+}
+
+int grid_for(int64_t groups) {
+  static int sms = [] {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 132;
+    }
+    return n;
+  }();
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((groups + kThreads - 1) / kThreads, int64_t{sms} * 4)));
+}
+
+}  // namespace
+
+void quantize_e4m3(const bf16* x, int64_t ldx, int64_t m, int64_t in, uint8_t* q, float* work, cudaStream_t stream) {
+  if (m <= 0 || in <= 0) return;
+  check(in % 8 == 0 && ldx % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+            reinterpret_cast<uintptr_t>(q) % 16 == 0 && reinterpret_cast<uintptr_t>(work) % 16 == 0,
+        "FP8 quantization of [" + std::to_string(m) + " x " + std::to_string(in) + "] (rows " + std::to_string(ldx) +
+            " apart): needs 16-byte aligned rows of a multiple of 8 elements");
+  const int64_t groups_per_row = in / 8, groups = m * groups_per_row;
+  const int grid = grid_for(groups);
+  const auto* xb = reinterpret_cast<const __nv_bfloat16*>(x);
+  TESSERA_CUDA_CHECK(cudaMemsetAsync(work, 0, sizeof(float), stream));
+  amax_kernel<<<grid, kThreads, 0, stream>>>(xb, ldx, groups_per_row, groups, work);
+  TESSERA_CUDA_CHECK(cudaGetLastError());
+  quantize_kernel<<<grid, kThreads, 0, stream>>>(xb, ldx, groups_per_row, groups, work, q, work + kFp8ScaleOffset);
+  TESSERA_CUDA_CHECK(cudaGetLastError());
+}
+
+void quantize_e4m3_rows(const bf16* x, int64_t ldx, int64_t m, int64_t in, uint8_t* q, float* scales,
+                        cudaStream_t stream) {
+  if (m <= 0 || in <= 0) return;
+  check(in % 8 == 0 && ldx % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+            reinterpret_cast<uintptr_t>(q) % 16 == 0 && reinterpret_cast<uintptr_t>(scales) % 16 == 0,
+        "FP8 per-row quantization of [" + std::to_string(m) + " x " + std::to_string(in) + "] (rows " +
+            std::to_string(ldx) + " apart): needs 16-byte aligned rows of a multiple of 8 elements");
+  const int64_t blocks = (m + kRowsPerBlock - 1) / kRowsPerBlock;
+  check(blocks <= 0x7fffffff, "FP8 per-row quantization: " + std::to_string(m) + " rows are too many");
+  quantize_rows_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      reinterpret_cast<const __nv_bfloat16*>(x), ldx, m, in / 8, q, scales);
+  TESSERA_CUDA_CHECK(cudaGetLastError());
+}
+
+void scale_outer_e4m3(const float* d, int64_t m, int64_t out, const float* sx, const float* sw, void* y, bool y_f32,
+                      int64_t ldy, float beta, cudaStream_t stream) {
+  if (m <= 0 || out <= 0) return;
+  const int grid = grid_for(m * out);
+  if (y_f32)
+    scale_outer_kernel<float><<<grid, kThreads, 0, stream>>>(d, m, out, sx, sw, static_cast<float*>(y), ldy, beta);
+  else
+    scale_outer_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(d, m, out, sx, sw,
+                                                                     static_cast<__nv_bfloat16*>(y), ldy, beta);
+  TESSERA_CUDA_CHECK(cudaGetLastError());
+}
+
+bool fp8_tensor_cores(std::string* why) {
+  int dev = 0;
+  cudaDeviceProp prop{};
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (why != nullptr) *why = "no CUDA device";
+    return false;
+  }
+  if (why != nullptr)
+    *why = std::string(prop.name) + ", compute capability " + std::to_string(prop.major) + "." +
+           std::to_string(prop.minor);
+  return prop.major > 8 || (prop.major == 8 && prop.minor >= 9);
+}
+
+}  // namespace tessera::runtime::gpu

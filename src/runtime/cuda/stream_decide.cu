@@ -1,0 +1,1051 @@
+#include "runtime/cuda/stream_decide.h"
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <mma.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <string>
+#include <type_traits>
+
+#include "core/error.h"
+#include "cuda/cuda_check.h"
+#include "runtime/stream/span_math.h"
+
+namespace tessera::runtime::gpu {
+
+namespace {
+
+using nbf = __nv_bfloat16;
+
+void check_launch(const char* what) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) throw Error(std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+void cublas_check(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS)
+    throw Error("cuBLAS error " + std::string(cublasGetStatusName(status)) + " in " + what);
+}
+
+cublasHandle_t as_handle(void* h) { return static_cast<cublasHandle_t>(h); }
+
+int blocks_for(int64_t total, int threads) {
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((total + threads - 1) / threads, 65535LL * 16)));
+}
+
+// Rows of `heads` head vectors, bf16 -> f32 rotated at position pos0 + r (runtime/rope.cpp's tables and products,
+// without contraction into FMAs).
+__global__ void rotate_f32_kernel(const nbf* x, float* y, int64_t rows, int heads, int d, const float* inv_freq,
+                                  int64_t pos0) {
+  const int half = d / 2;
+  const int64_t total = rows * half;
+  const int64_t ld = static_cast<int64_t>(heads) * d;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = idx / half;
+    const int i = static_cast<int>(idx % half);
+    const float angle = __fmul_rn(static_cast<float>(pos0 + r), inv_freq[i]);
+    const float c = static_cast<float>(cos(static_cast<double>(angle)));
+    const float s = static_cast<float>(sin(static_cast<double>(angle)));
+    for (int h = 0; h < heads; ++h) {
+      const int64_t at = r * ld + static_cast<int64_t>(h) * d + i;
+      const float a = __bfloat162float(x[at]), b = __bfloat162float(x[at + half]);
+      y[at] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+      y[at + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+    }
+  }
+}
+
+constexpr int kThreads = 256;
+
+__device__ float block_max(float v, float* red) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  v = -INFINITY;
+  for (int w = 0; w < kThreads / 32; ++w) v = fmaxf(v, red[w]);
+  return v;
+}
+
+__device__ float block_sum(float v, float* red) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  v = 0;
+  for (int w = 0; w < kThreads / 32; ++w) v += red[w];
+  return v;
+}
+
+// One block per row r: per head in order, the causal softmax of S_h[r][0..r] added into map[r] (0 above the diagonal).
+__global__ void softmax_sum_kernel(float* scores, float* map, int n, int heads) {
+  __shared__ float red[kThreads / 32];
+  const int r = static_cast<int>(blockIdx.x);
+  float* out = map + static_cast<int64_t>(r) * n;
+  for (int c = static_cast<int>(threadIdx.x); c < n; c += kThreads) out[c] = 0.0f;
+  for (int h = 0; h < heads; ++h) {
+    float* row = scores + (static_cast<int64_t>(h) * n + r) * n;
+    float m = -INFINITY;
+    for (int c = static_cast<int>(threadIdx.x); c <= r; c += kThreads) m = fmaxf(m, row[c]);
+    m = block_max(m, red);
+    float z = 0;
+    for (int c = static_cast<int>(threadIdx.x); c <= r; c += kThreads) {
+      const float e = expf(__fsub_rn(row[c], m));
+      row[c] = e;
+      z += e;
+    }
+    z = block_sum(z, red);
+    const float inv = __fdiv_rn(1.0f, z);
+    for (int c = static_cast<int>(threadIdx.x); c <= r; c += kThreads) out[c] = __fadd_rn(out[c], __fmul_rn(row[c], inv));
+  }
+}
+
+// votes[c] = sum over rows r >= c of map[r][c], rows in order (the CPU's order).
+__global__ void votes_kernel(const float* map, float* votes, int n) {
+  const int c = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (c >= n) return;
+  float v = 0;
+  for (int r = c; r < n; ++r) v = __fadd_rn(v, map[static_cast<int64_t>(r) * n + c]);
+  votes[c] = v;
+}
+
+// mean[j] = sum over i in order of q[i][j] / n (ReprIndex::block_scores's arithmetic).
+__global__ void mean_query_kernel(const nbf* q, float* mean, int n, int64_t qrow) {
+  const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (j >= qrow) return;
+  const float fn = static_cast<float>(n);
+  float acc = 0;
+  for (int i = 0; i < n; ++i) acc = __fadd_rn(acc, __fdiv_rn(__bfloat162float(q[i * qrow + j]), fn));
+  mean[j] = acc;
+}
+
+// Ltri's query rows for either scoring: q rows of `tokens` (bf16, as they are), zero rows from m to m_pad (the fused
+// kernel's passes of 64 rows; the GEMMs read the first m).
+__global__ void gather_bf16_kernel(const nbf* q, const int32_t* tokens, nbf* out, int64_t m, int64_t m_pad, int64_t qrow) {
+  const int64_t total = m_pad * qrow;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t a = idx / qrow, j = idx % qrow;
+    out[idx] = a < m ? q[static_cast<int64_t>(tokens[a]) * qrow + j] : __float2bfloat16(0.0f);
+  }
+}
+
+// Ltri's fused scoring (stream_decide.h): one CTA per tile of stored spans [tile_begin[x], next tile's first or S),
+// whose vectors are consecutive. Per voting head in order: per 64 query rows (one 16-row slice per warp), per 128 of
+// the tile's vectors (a tile of several spans has at most 128: one pass; one longer span takes several), the dot
+// products on the tensor cores (bf16 x bf16, f32 accumulation) into shared memory, then each (row, span)'s maximum
+// over the span's vectors in the pass (combined with the earlier passes' for a span that began in one); then thread
+// s of the CTA adds span s's maxima over the rows in order into the running sum of the query span holding them and,
+// when a query span ends, sim[t][s] += w_h * sum / count (f64: sim_kernel's and the CPU's operations and order).
+constexpr int kFusedRows = 64;      // query rows per pass: 4 warps x 16
+constexpr int kFusedVectors = 128;  // stored vectors per pass; also the most spans of a tile (one thread each)
+constexpr int kFusedThreads = 128;
+constexpr int kDotsLd = kFusedVectors + 4;
+size_t fused_smem_bytes(int d) {
+  return static_cast<size_t>(kFusedVectors) * static_cast<size_t>(d + 8) * sizeof(nbf) +
+         static_cast<size_t>(kFusedRows) * kDotsLd * sizeof(float) + static_cast<size_t>(kFusedRows) * kFusedVectors * sizeof(float) +
+         2 * kFusedVectors * sizeof(int32_t);
+}
+
+__global__ void __launch_bounds__(kFusedThreads) fused_ltri_kernel(
+    const nbf* q, int64_t qrow, int32_t m, const nbf* keys, int64_t row, int d, const int32_t* voter_offsets,
+    const double* weights, int32_t voters, const int32_t* offsets, int32_t T, const int32_t* span_first,
+    const int32_t* span_count, const int32_t* tile_begin, int32_t tiles, int32_t S, double* sim) {
+  namespace wmma = nvcuda::wmma;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int ldk = d + 8;
+  nbf* ks = reinterpret_cast<nbf*>(smem);  // [kFusedVectors][ldk]: one head's keys of the pass
+  float* dots = reinterpret_cast<float*>(smem + static_cast<size_t>(kFusedVectors) * ldk * sizeof(nbf));  // [rows][kDotsLd]
+  float* smax = dots + kFusedRows * kDotsLd;                                  // [rows][kFusedVectors]: per span
+  int32_t* sfirst = reinterpret_cast<int32_t*>(smax + kFusedRows * kFusedVectors);
+  int32_t* scount = sfirst + kFusedVectors;
+  const int tile = static_cast<int>(blockIdx.x);
+  const int32_t s0 = tile_begin[tile], s1 = tile + 1 < tiles ? tile_begin[tile + 1] : S;
+  const int ns = s1 - s0;  // <= kFusedThreads
+  const int tid = static_cast<int>(threadIdx.x), warp = tid / 32;
+  for (int i = tid; i < ns; i += kFusedThreads) {
+    sfirst[i] = span_first[s0 + i];
+    scount[i] = span_count[s0 + i];
+  }
+  __syncthreads();
+  const int64_t v0 = sfirst[0], v1 = static_cast<int64_t>(sfirst[ns - 1]) + scount[ns - 1];
+  const int passes = static_cast<int>((v1 - v0 + kFusedVectors - 1) / kFusedVectors);
+  double* mine = sim + s0 + tid;  // sim[t][s0 + tid] at mine[t * S]
+  if (tid < ns)
+    for (int32_t t = 0; t < T; ++t) mine[static_cast<int64_t>(t) * S] = 0.0;
+  const int per_row = d / 8;  // 16-byte pieces of a key
+  int loaded = -1;              // the pass whose keys ks holds, and their kv head (the heads of a group share it)
+  int32_t loaded_koff = -1;
+  for (int32_t h = 0; h < voters; ++h) {
+    const double w = weights[h];
+    const int32_t qoff = voter_offsets[2 * h], koff = voter_offsets[2 * h + 1];
+    int32_t t = 0;  // thread tid's query span and its running sum
+    double sum = 0;
+    for (int32_t a0 = 0; a0 < m; a0 += kFusedRows) {
+      const int rows = min(kFusedRows, m - a0);
+      for (int p = 0; p < passes; ++p) {
+        const int64_t b0 = v0 + static_cast<int64_t>(p) * kFusedVectors;
+        const int nb = static_cast<int>(min(static_cast<int64_t>(kFusedVectors), v1 - b0));
+        if (loaded != p || loaded_koff != koff) {
+          __syncthreads();  // (the last pass's products are done with ks)
+          for (int i = tid; i < kFusedVectors * per_row; i += kFusedThreads) {
+            const int r = i / per_row, c = (i % per_row) * 8;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (r < nb) v = *reinterpret_cast<const uint4*>(keys + (b0 + r) * row + koff + c);
+            *reinterpret_cast<uint4*>(ks + r * ldk + c) = v;
+          }
+          loaded = p;
+          loaded_koff = koff;
+          __syncthreads();
+        }
+        if (a0 + warp * 16 < m) {  // (a warp whose 16 rows are all padding has nothing to compute)
+          wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[kFusedVectors / 16];
+          for (auto& f : acc) wmma::fill_fragment(f, 0.0f);
+          const nbf* qa = q + static_cast<int64_t>(a0 + warp * 16) * qrow + qoff;
+          for (int k = 0; k < d; k += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, nbf, wmma::row_major> fa;
+            wmma::load_matrix_sync(fa, qa + k, static_cast<unsigned>(qrow));
+            for (int f = 0; f < kFusedVectors / 16; ++f) {
+              wmma::fragment<wmma::matrix_b, 16, 16, 16, nbf, wmma::col_major> fb;
+              wmma::load_matrix_sync(fb, ks + f * 16 * ldk + k, static_cast<unsigned>(ldk));
+              wmma::mma_sync(acc[f], fa, fb, acc[f]);
+            }
+          }
+          for (int f = 0; f < kFusedVectors / 16; ++f)
+            wmma::store_matrix_sync(dots + warp * 16 * kDotsLd + f * 16, acc[f], kDotsLd, wmma::mem_row_major);
+        }
+        __syncthreads();
+        for (int i = tid; i < rows * ns; i += kFusedThreads) {
+          const int a = i / ns, sl = i % ns;
+          const int64_t f0 = sfirst[sl], f1 = f0 + scount[sl];
+          const int64_t lo = max(f0, b0), hi = min(f1, b0 + nb);
+          if (lo >= hi) continue;  // the span is in another pass
+          const float* dr = dots + a * kDotsLd;
+          float mx = dr[lo - b0];
+          for (int64_t b = lo + 1; b < hi; ++b) mx = fmaxf(mx, dr[b - b0]);
+          float* slot = smax + a * kFusedVectors + sl;
+          *slot = f0 < b0 ? fmaxf(*slot, mx) : mx;
+        }
+        __syncthreads();
+      }
+      if (tid < ns)
+        for (int a = 0; a < rows; ++a) {
+          while (offsets[t + 1] <= a0 + a) {  // query span t ended before this row
+            const int32_t c = offsets[t + 1] - offsets[t];
+            if (c > 0) mine[static_cast<int64_t>(t) * S] = __dadd_rn(mine[static_cast<int64_t>(t) * S],
+                                                                     __ddiv_rn(__dmul_rn(w, sum), static_cast<double>(c)));
+            sum = 0;
+            ++t;
+          }
+          sum = __dadd_rn(sum, static_cast<double>(smax[a * kFusedVectors + tid]));
+        }
+      __syncthreads();  // (smax and dots are rewritten by the next rows)
+    }
+    if (tid < ns)
+      for (; t < T; ++t) {
+        const int32_t c = offsets[t + 1] - offsets[t];
+        if (c > 0) mine[static_cast<int64_t>(t) * S] = __dadd_rn(mine[static_cast<int64_t>(t) * S],
+                                                                 __ddiv_rn(__dmul_rn(w, sum), static_cast<double>(c)));
+        sum = 0;
+      }
+  }
+}
+
+// One voting head's term of sim[t][s]: w * (sum over t's vectors a in [a0, a1) of the max over s's vectors [b0, b1)
+// of dots[h][a][b]) / (a1 - a0), in f64 in the CPU's order (a1 > a0).
+__device__ __forceinline__ double head_term(const float* dots, int32_t h, int64_t m, int64_t vt, int32_t a0, int32_t a1,
+                                            int64_t b0, int64_t b1, double w) {
+  const float* dh = dots + static_cast<int64_t>(h) * m * vt;
+  double sum = 0;
+  for (int32_t a = a0; a < a1; ++a) {
+    const float* row = dh + static_cast<int64_t>(a) * vt;
+    float mx = row[b0];
+    for (int64_t b = b0 + 1; b < b1; ++b) mx = fmaxf(mx, row[b]);
+    sum = __dadd_rn(sum, static_cast<double>(mx));
+  }
+  return __ddiv_rn(__dmul_rn(w, sum), static_cast<double>(a1 - a0));
+}
+
+// sim[t][s] for the query spans t and the stored spans s of one tile (vectors [v0, v0 + vt)): per voting head in
+// order, the mean over t's vectors of the max over s's vectors of their dot products (dots[slot][a][v - v0]).
+__global__ void sim_kernel(const float* dots, const int32_t* offsets, int32_t query_spans, const int32_t* span_first,
+                           const int32_t* span_count, int32_t s0, int32_t s1, int64_t v0, int64_t vt, int64_t m,
+                           const double* weights, int32_t voters, double* sim, int64_t total_spans) {
+  const int64_t width = s1 - s0;
+  const int64_t total = static_cast<int64_t>(query_spans) * width;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = idx / width;
+    const int64_t s = s0 + idx % width;
+    const int32_t a0 = offsets[t], a1 = offsets[t + 1];
+    const int64_t b0 = span_first[s] - v0, b1 = b0 + span_count[s];
+    double acc = 0;
+    if (a1 > a0)
+      for (int32_t h = 0; h < voters; ++h) acc = __dadd_rn(acc, head_term(dots, h, m, vt, a0, a1, b0, b1, weights[h]));
+    sim[t * total_spans + s] = acc;
+  }
+}
+
+// sim_kernel's sim[t][s], in parallel over the voting heads: a CTA per query span t (blockIdx.y, strided) and 32
+// consecutive stored spans (blockIdx.x), thread (x, y) on span s0 + 32 * blockIdx.x + x and, per round of blockDim.y
+// heads, head h0 + y: its term w_h * (sum over t's vectors of the max over s's vectors) / |t| into shared memory
+// (adjacent lanes: adjacent spans, whose vectors are adjacent in a dots row); then thread (x, 0) adds the round's terms
+// in head order. The same f64 operations in the same order as sim_kernel (each term, then acc += term, head after
+// head; fmaxf's order does not matter): bit-identical to it, with blockDim.y times the threads.
+constexpr int kSimSpans = 32;
+__global__ void __launch_bounds__(1024) sim_heads_kernel(
+    const float* dots, const int32_t* offsets, int32_t query_spans, const int32_t* span_first, const int32_t* span_count,
+    int32_t s0, int32_t s1, int64_t v0, int64_t vt, int64_t m, const double* weights, int32_t voters, double* sim,
+    int64_t total_spans) {
+  extern __shared__ double terms[];  // [blockDim.y][kSimSpans]
+  const int x = static_cast<int>(threadIdx.x), y = static_cast<int>(threadIdx.y), ys = static_cast<int>(blockDim.y);
+  const int64_t s = s0 + static_cast<int64_t>(blockIdx.x) * kSimSpans + x;
+  const bool live = s < s1;
+  const int64_t b0 = live ? span_first[s] - v0 : 0, b1 = live ? b0 + span_count[s] : 0;
+  for (int64_t t = blockIdx.y; t < query_spans; t += gridDim.y) {
+    const int32_t a0 = offsets[t], a1 = offsets[t + 1];
+    double acc = 0;  // thread (x, 0)'s
+    for (int32_t h0 = 0; h0 < voters; h0 += ys) {
+      const int32_t h = h0 + y;
+      if (live && a1 > a0 && h < voters) terms[y * kSimSpans + x] = head_term(dots, h, m, vt, a0, a1, b0, b1, weights[h]);
+      __syncthreads();
+      if (y == 0 && live && a1 > a0)
+        for (int32_t j = 0; j < min(ys, voters - h0); ++j) acc = __dadd_rn(acc, terms[j * kSimSpans + x]);
+      __syncthreads();  // (the next round rewrites terms)
+    }
+    if (y == 0 && live) sim[t * total_spans + s] = acc;
+  }
+}
+
+// score[b] = sum over query spans t of max over b's spans of sim[t][s]; -inf for a block without spans.
+__global__ void block_kernel(const double* sim, const int32_t* block_begin, int32_t blocks, int32_t query_spans,
+                             int64_t total_spans, double* scores) {
+  const int b = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (b >= blocks) return;
+  const int32_t s0 = block_begin[b], s1 = block_begin[b + 1];
+  if (s1 <= s0) {
+    scores[b] = -INFINITY;
+    return;
+  }
+  double score = 0;
+  for (int32_t t = 0; t < query_spans; ++t) {
+    double best = -INFINITY;
+    for (int32_t s = s0; s < s1; ++s) best = fmax(best, sim[t * total_spans + s]);
+    score = __dadd_rn(score, best);
+  }
+  scores[b] = score;
+}
+
+namespace sm = stream::span_math;
+
+// Span discovery (span_math.h): the prefix sums' rows (one thread per row), then its columns (one per column).
+__global__ void prefix_rows_kernel(const float* map, int n, double* P) {
+  const int r = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (r < n) sm::prefix_row(map, n, r, P);
+}
+__global__ void prefix_cols_kernel(int n, double* P) {
+  const int c = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (c < n) sm::prefix_column(n, c, P);
+}
+
+// theta: the k-th smallest causal entry of the map, by a radix select over span_math's order keys: four passes of
+// 8 bits, each a histogram over the whole grid (the counts are integers: the order of the atomic adds does not
+// matter) and a pick of the digit holding the k-th key (one thread).
+struct SelectState {
+  uint32_t prefix, mask;
+  uint64_t rank;
+  uint32_t hist[256];
+};
+
+__global__ void select_init_kernel(SelectState* st, uint64_t k) {
+  for (int b = static_cast<int>(threadIdx.x); b < 256; b += blockDim.x) st->hist[b] = 0;
+  if (threadIdx.x == 0) {
+    st->prefix = st->mask = 0;
+    st->rank = k;
+  }
+}
+
+constexpr int kSelectThreads = 256;
+__global__ void __launch_bounds__(kSelectThreads) select_hist_kernel(const float* map, int n, SelectState* st, int shift) {
+  __shared__ uint32_t hist[256];
+  for (int b = static_cast<int>(threadIdx.x); b < 256; b += kSelectThreads) hist[b] = 0;
+  __syncthreads();
+  const uint32_t prefix = st->prefix, mask = st->mask;
+  const int64_t total = static_cast<int64_t>(n) * n;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kSelectThreads;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kSelectThreads; base < total; base += stride) {
+    const int64_t idx = base + threadIdx.x;
+    int bin = -1;
+    if (idx < total && idx % n <= idx / n) {
+      const uint32_t key = sm::order_key(map[idx]);
+      if ((key & mask) == prefix) bin = static_cast<int>((key >> shift) & 255u);
+    }
+    const unsigned peers = __match_any_sync(0xffffffffu, bin);
+    if (bin >= 0 && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], static_cast<uint32_t>(__popc(peers)));
+  }
+  __syncthreads();
+  for (int b = static_cast<int>(threadIdx.x); b < 256; b += kSelectThreads)
+    if (hist[b] != 0) atomicAdd(&st->hist[b], hist[b]);
+}
+
+__global__ void select_pick_kernel(SelectState* st, int shift, double* theta) {
+  if (threadIdx.x != 0) return;
+  uint64_t r = st->rank;
+  const uint32_t digit = sm::pick_digit(st->hist, &r);
+  st->rank = r;
+  st->prefix |= digit << shift;
+  st->mask |= 255u << shift;
+  for (int b = 0; b < 256; ++b) st->hist[b] = 0;
+  if (shift == 0) *theta = static_cast<double>(sm::from_order_key(st->prefix));
+}
+
+// The linear variant's candidate per anti-diagonal d, one warp per diagonal (begin -1: none): each lane scans its
+// share, the lanes' bests combine by span_math::diagonal_better (order-free: the maximum, ties the smallest j).
+__global__ void candidates_kernel(const double* P, int n, const double* theta, int32_t* begin_end, double* score) {
+  const int d = static_cast<int>((blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32);
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  if (d >= 2 * n - 1) return;  // whole warps leave together
+  int32_t j = -1;
+  double v = 0;
+  bool any = sm::diagonal_best_lane(P, n, *theta, d, lane, 32, &j, &v);
+  for (int off = 16; off > 0; off >>= 1) {
+    const int32_t oj = __shfl_xor_sync(0xffffffffu, j, off);
+    const double ov = __shfl_xor_sync(0xffffffffu, v, off);
+    const bool oany = __shfl_xor_sync(0xffffffffu, any ? 1 : 0, off) != 0;
+    if (oany && (!any || sm::diagonal_better(ov, oj, v, j))) {
+      j = oj;
+      v = ov;
+      any = true;
+    }
+  }
+  if (lane == 0) {
+    begin_end[2 * d] = any ? j : -1;
+    begin_end[2 * d + 1] = any ? d - j + 1 : -1;
+    score[d] = any ? v : 0.0;
+  }
+}
+
+// Masses of spans (begin, end pairs): the triangle and the later rows' (span_masses()).
+__global__ void masses_kernel(const double* P, int n, const int32_t* spans, int count, double* out) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i >= count) return;
+  const int32_t b = spans[2 * i], e = spans[2 * i + 1];
+  out[2 * i] = sm::mass(P, n, b, e, b, e);
+  out[2 * i + 1] = sm::mass(P, n, e, n, b, e);
+}
+
+// Values [first, first + row) of each ring row (ring rows of `ring_row` values) of the positions, [m, row].
+// (Out: float, the bf16 values converted exactly: gather_keys(); or nbf, as they are: the index mirror.)
+template <typename Out>
+__global__ void gather_ring_kernel(const nbf* ring, int32_t ring_rows, int32_t sinks, const int32_t* positions,
+                                   int64_t m, int64_t row, Out* out, int64_t ring_row, int64_t first) {
+  const int64_t total = m * row;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t a = idx / row, j = idx % row;
+    const int64_t slot = (positions[a] - sinks) % ring_rows;
+    if constexpr (std::is_same_v<Out, float>)
+      out[idx] = __bfloat162float(ring[slot * ring_row + first + j]);
+    else
+      out[idx] = ring[slot * ring_row + first + j];
+  }
+}
+
+// InfLLM: the dot of the mean query of head h with block b's mean key (voting heads only), then per block the
+// weighted sum over heads in order (span_math::repr_score's arithmetic).
+__global__ void repr_dots_kernel(const float* qmean, const float* means, const double* w, int64_t blocks, int nq,
+                                 int group, int d, int64_t row, float* dots) {
+  const int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (idx >= blocks * nq) return;
+  const int64_t b = idx / nq;
+  const int h = static_cast<int>(idx % nq);
+  dots[idx] = w[h] == 0 ? 0.0f
+                        : sm::repr_dot(qmean + static_cast<int64_t>(h) * d, means + b * row + static_cast<int64_t>(h / group) * d, d);
+}
+__global__ void repr_sum_kernel(const float* dots, const double* w, int64_t blocks, int nq, double* scores) {
+  const int64_t b = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (b >= blocks) return;
+  double s = 0;
+  for (int h = 0; h < nq; ++h)
+    if (w[h] != 0) s = sm::repr_accumulate(s, w[h], dots[b * nq + h]);
+  scores[b] = s;
+}
+
+// Grows a scratch buffer geometrically and never shrinks it (a reallocation frees the old buffer, which waits for
+// the whole device: per layer and chunk that would be a hidden synchronisation). Kernels take explicit counts.
+template <typename T>
+void fit(attn::gpu::DeviceBuffer<T>& b, size_t count) {
+  if (count > b.size()) b.resize(std::max(count, 2 * b.size()));
+}
+
+template <typename T>
+void h2d(T* dst, const T* src, size_t count, cudaStream_t s) {
+  if (count > 0) TESSERA_CUDA_CHECK(cudaMemcpyAsync(dst, src, count * sizeof(T), cudaMemcpyHostToDevice, s));
+}
+
+template <typename T>
+void pinned(T*& p, size_t& have, size_t want) {
+  if (want <= have) return;
+  if (p != nullptr) cudaFreeHost(p);
+  p = nullptr;
+  have = std::max(want, have * 2);
+  TESSERA_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&p), have * sizeof(T), cudaHostAllocDefault));
+}
+
+// Grows a device array to at least `want` elements keeping its first `keep` (a new allocation, copied).
+template <typename T>
+void grow(attn::gpu::DeviceBuffer<T>& buf, int64_t& capacity, int64_t want, int64_t keep, int64_t per, cudaStream_t s) {
+  if (want <= capacity) return;
+  const int64_t cap = std::max<int64_t>({want, 2 * capacity, 1024});
+  attn::gpu::DeviceBuffer<T> bigger(static_cast<size_t>(cap * per));
+  if (keep > 0)
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(bigger.data(), buf.data(), static_cast<size_t>(keep * per) * sizeof(T),
+                                       cudaMemcpyDeviceToDevice, s));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));  // the old buffer is freed on assignment
+  buf = std::move(bigger);
+  capacity = cap;
+}
+
+}  // namespace
+
+StreamDecider::StreamDecider(const ModelConfig& cfg)
+    : nq_(cfg.num_q_heads), nkv_(cfg.num_kv_heads), d_(cfg.head_dim) {
+  qrow_ = static_cast<int64_t>(nq_) * d_;
+  row_ = static_cast<int64_t>(nkv_) * d_;
+  mirrors_.resize(static_cast<size_t>(cfg.num_layers));
+  means_mirrors_.resize(static_cast<size_t>(cfg.num_layers));
+  const char* scoring = std::getenv("TESSERA_LTRI_SCORING");
+  const std::string how = scoring != nullptr ? scoring : kDefaultLtriScoring;
+  check(how == "fused" || how == "gemm" || how == "gemm-serial",
+        "TESSERA_LTRI_SCORING must be fused, gemm or gemm-serial, got '" + how + "'");
+  fused_ = how == "fused" && d_ % 16 == 0 && d_ <= 256;
+  serial_sim_ = how == "gemm-serial";
+  if (fused_)
+    TESSERA_CUDA_CHECK(cudaFuncSetAttribute(fused_ltri_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(fused_smem_bytes(d_))));
+  cublasHandle_t h = nullptr;
+  cublas_check(cublasCreate(&h), "cublasCreate");
+  handle_ = h;
+  // f32 SGEMMs (the chunk map) without TF32; the index scoring's bf16 GEMMs (CUBLAS_COMPUTE_32F) on the tensor cores.
+  cublas_check(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+}
+
+StreamDecider::~StreamDecider() {
+  if (handle_ != nullptr) cublasDestroy(as_handle(handle_));
+  if (map_host_ != nullptr) cudaFreeHost(map_host_);
+  if (votes_host_ != nullptr) cudaFreeHost(votes_host_);
+  if (staging_ != nullptr) cudaFreeHost(staging_);
+  if (scores_host_ != nullptr) cudaFreeHost(scores_host_);
+  if (cand_host_ != nullptr) cudaFreeHost(cand_host_);
+  if (cand_score_host_ != nullptr) cudaFreeHost(cand_score_host_);
+  if (keys_host_ != nullptr) cudaFreeHost(keys_host_);
+  if (masses_host_ != nullptr) cudaFreeHost(masses_host_);
+}
+
+size_t StreamDecider::device_bytes() const {
+  size_t b = qf_.bytes() + kf_.bytes() + scores_.bytes() + map_.bytes() + votes_.bytes() +
+             dots_.bytes() + mean_.bytes() + sim_.bytes() + block_scores_.bytes() + weights_.bytes() + tokens_.bytes() +
+             span_offsets_.bytes() + vote_heads_.bytes();
+  for (const Mirror& m : mirrors_)
+    b += m.keys.bytes() + m.span_first.bytes() + m.span_count.bytes() + m.block_begin.bytes() +
+         m.tile_begin.bytes();
+  b += qsel16_.bytes();
+  for (const MeansMirror& m : means_mirrors_) b += m.means.bytes();
+  b += prefix_.bytes() + theta_dev_.bytes() + masses_.bytes() + cand_begin_.bytes() + cand_end_.bytes() +
+       positions_.bytes() + cand_score_.bytes() + keys_.bytes() + repr_dots_.bytes() + select_.bytes();
+  return b;
+}
+
+void StreamDecider::Mirror::clear() {
+  vectors = spans = 0;
+  blocks = 0;
+  tile_vectors = tile_spans = tiles_uploaded = 0;
+  first_host.clear();
+  count_host.clear();
+  block_begin_host.clear();
+  tile_begin_host.clear();
+}
+
+void StreamDecider::reset() {
+  for (Mirror& m : mirrors_) m.clear();
+  for (MeansMirror& m : means_mirrors_) m.blocks = 0;
+  pending_ = pending_candidates_ = false;
+}
+
+void StreamDecider::chunk_map(const bf16* q, const bf16* k, int32_t n, int32_t pos, const float* inv_freq,
+                              float scale, bool want_map, cudaStream_t s) {
+  launch_chunk(q, k, n, pos, inv_freq, scale, want_map, false, 0.0, s);
+  wait(s);
+}
+
+void StreamDecider::wait(cudaStream_t s) {
+  if (!pending_) return;
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
+  synced();
+}
+
+void StreamDecider::synced() {
+  if (!pending_) return;
+  pending_ = false;
+  candidates_.clear();
+  if (!pending_candidates_) return;
+  pending_candidates_ = false;
+  const int32_t diagonals = 2 * map_n_ - 1;
+  for (int32_t d = 0; d < diagonals; ++d)
+    if (cand_host_[2 * d] >= 0)
+      candidates_.push_back(stream::Span{cand_host_[2 * d], cand_host_[2 * d + 1], cand_score_host_[d]});
+  theta_ = cand_score_host_[diagonals];
+}
+
+void StreamDecider::launch_chunk(const bf16* q, const bf16* k, int32_t n, int32_t pos, const float* inv_freq,
+                                 float scale, bool want_map, bool candidates, double theta_quantile, cudaStream_t s) {
+  check(!pending_, "GPU streaming: a chunk's decisions launched before the last one was waited for");
+  const cublasHandle_t h = as_handle(handle_);
+  cublas_check(cublasSetStream(h, s), "cublasSetStream");
+  const int64_t nn = static_cast<int64_t>(n) * n;
+  fit(qf_, static_cast<size_t>(n * qrow_));
+  fit(kf_, static_cast<size_t>(n * row_));
+  fit(scores_, static_cast<size_t>(nq_ * nn));
+  fit(map_, static_cast<size_t>(nn));
+  fit(votes_, static_cast<size_t>(n));
+  const int half = d_ / 2;
+  rotate_f32_kernel<<<blocks_for(static_cast<int64_t>(n) * half, kThreads), kThreads, 0, s>>>(
+      reinterpret_cast<const nbf*>(q), qf_.data(), n, nq_, d_, inv_freq, pos);
+  rotate_f32_kernel<<<blocks_for(static_cast<int64_t>(n) * half, kThreads), kThreads, 0, s>>>(
+      reinterpret_cast<const nbf*>(k), kf_.data(), n, nkv_, d_, inv_freq, pos);
+  check_launch("stream chunk map: rotate");
+  // S_h (row-major [n, n]) = sc * Q_h K_g^T; column-major C[c + r*n] = sum_i K[c][g*d+i] Q[r][h*d+i]: a TN GEMM.
+  // Query head h = g * group + j: for each j, one strided batch over the kv heads g.
+  const float alpha = scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(d_)), beta = 0.0f;
+  const int group = nq_ / nkv_;
+  for (int j = 0; j < group; ++j)
+    cublas_check(cublasSgemmStridedBatched(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, d_, &alpha, kf_.data(),
+                                           static_cast<int>(row_), d_, qf_.data() + static_cast<int64_t>(j) * d_,
+                                           static_cast<int>(qrow_), static_cast<int64_t>(group) * d_, &beta,
+                                           scores_.data() + j * nn, n, group * nn, nkv_),
+                 "stream chunk map: cublasSgemmStridedBatched");
+  softmax_sum_kernel<<<n, kThreads, 0, s>>>(scores_.data(), map_.data(), n, nq_);
+  votes_kernel<<<(n + 127) / 128, 128, 0, s>>>(map_.data(), votes_.data(), n);
+  check_launch("stream chunk map: softmax");
+  size_t vh = static_cast<size_t>(votes_host_values_);
+  pinned(votes_host_, vh, static_cast<size_t>(n));
+  votes_host_values_ = static_cast<int32_t>(vh);
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(votes_host_, votes_.data(), static_cast<size_t>(n) * sizeof(float),
+                                     cudaMemcpyDeviceToHost, s));
+  if (want_map) {
+    pinned(map_host_, map_host_values_, static_cast<size_t>(nn));
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(map_host_, map_.data(), static_cast<size_t>(nn) * sizeof(float),
+                                       cudaMemcpyDeviceToHost, s));
+  }
+  map_n_ = n;
+  pending_ = true;
+  pending_candidates_ = candidates;
+  if (!candidates) return;
+  // Span discovery: prefix sums, theta, the best point per anti-diagonal.
+  const int64_t w = static_cast<int64_t>(n) + 1;
+  fit(prefix_, static_cast<size_t>(w * w));
+  fit(theta_dev_, 1);
+  TESSERA_CUDA_CHECK(cudaMemsetAsync(prefix_.data(), 0, static_cast<size_t>(w) * sizeof(double), s));
+  prefix_rows_kernel<<<(n + 127) / 128, 128, 0, s>>>(map_.data(), n, prefix_.data());
+  prefix_cols_kernel<<<(n + 127) / 128, 128, 0, s>>>(n, prefix_.data());
+  const uint64_t causal = static_cast<uint64_t>(n) * static_cast<uint64_t>(n + 1) / 2;
+  fit(select_, (sizeof(SelectState) + 7) / 8);
+  auto* st = reinterpret_cast<SelectState*>(select_.data());
+  select_init_kernel<<<1, 256, 0, s>>>(st, sm::quantile_rank(theta_quantile, causal));
+  const int select_blocks = static_cast<int>(std::clamp<int64_t>(nn / (kSelectThreads * 8), 1, 264));
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    select_hist_kernel<<<select_blocks, kSelectThreads, 0, s>>>(map_.data(), n, st, shift);
+    select_pick_kernel<<<1, 32, 0, s>>>(st, shift, theta_dev_.data());
+  }
+  const int32_t diagonals = 2 * n - 1;
+  fit(cand_begin_, static_cast<size_t>(2 * diagonals));
+  fit(cand_score_, static_cast<size_t>(diagonals));
+  candidates_kernel<<<(diagonals + 3) / 4, 128, 0, s>>>(prefix_.data(), n, theta_dev_.data(), cand_begin_.data(),
+                                                        cand_score_.data());
+  check_launch("stream span discovery");
+  pinned(cand_host_, cand_host_values_, static_cast<size_t>(2 * diagonals));
+  pinned(cand_score_host_, cand_score_host_values_, static_cast<size_t>(diagonals) + 1);
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(cand_host_, cand_begin_.data(), static_cast<size_t>(2 * diagonals) * sizeof(int32_t),
+                                     cudaMemcpyDeviceToHost, s));
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(cand_score_host_, cand_score_.data(), static_cast<size_t>(diagonals) * sizeof(double),
+                                     cudaMemcpyDeviceToHost, s));
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(cand_score_host_ + diagonals, theta_dev_.data(), sizeof(double),
+                                     cudaMemcpyDeviceToHost, s));
+}
+
+std::vector<stream::SpanMasses> StreamDecider::span_masses(std::span<const stream::Span> spans, cudaStream_t s) {
+  const auto count = static_cast<int32_t>(spans.size());
+  std::vector<stream::SpanMasses> out(spans.size());
+  if (count == 0) return out;
+  pinned(staging_, staging_values_, static_cast<size_t>(2 * count));
+  for (int32_t i = 0; i < count; ++i) {
+    staging_[2 * i] = spans[static_cast<size_t>(i)].begin;
+    staging_[2 * i + 1] = spans[static_cast<size_t>(i)].end;
+  }
+  fit(cand_end_, static_cast<size_t>(2 * count));
+  fit(masses_, static_cast<size_t>(2 * count));
+  h2d(cand_end_.data(), staging_, static_cast<size_t>(2 * count), s);
+  masses_kernel<<<(count + 127) / 128, 128, 0, s>>>(prefix_.data(), map_n_, cand_end_.data(), count, masses_.data());
+  check_launch("stream span masses");
+  pinned(masses_host_, masses_host_values_, static_cast<size_t>(2 * count));
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(masses_host_, masses_.data(), static_cast<size_t>(2 * count) * sizeof(double),
+                                     cudaMemcpyDeviceToHost, s));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
+  synced();
+  for (int32_t i = 0; i < count; ++i) out[static_cast<size_t>(i)] = {masses_host_[2 * i], masses_host_[2 * i + 1]};
+  return out;
+}
+
+std::vector<float> StreamDecider::gather_keys(const bf16* ring, int32_t ring_rows, int32_t sinks,
+                                              std::span<const int32_t> positions, cudaStream_t s) {
+  const auto m = static_cast<int64_t>(positions.size());
+  std::vector<float> out(static_cast<size_t>(m * row_));
+  if (m == 0) return out;
+  pinned(staging_, staging_values_, static_cast<size_t>(m));
+  std::copy(positions.begin(), positions.end(), staging_);
+  fit(positions_, static_cast<size_t>(m));
+  fit(keys_, static_cast<size_t>(m * row_));
+  h2d(positions_.data(), staging_, static_cast<size_t>(m), s);
+  gather_ring_kernel<<<blocks_for(m * row_, kThreads), kThreads, 0, s>>>(reinterpret_cast<const nbf*>(ring), ring_rows,
+                                                                         sinks, positions_.data(), m, row_, keys_.data(),
+                                                                         row_, int64_t{0});
+  check_launch("stream index keys");
+  pinned(keys_host_, keys_host_values_, static_cast<size_t>(m * row_));
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(keys_host_, keys_.data(), static_cast<size_t>(m * row_) * sizeof(float),
+                                     cudaMemcpyDeviceToHost, s));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
+  synced();
+  std::copy(keys_host_, keys_host_ + m * row_, out.begin());
+  return out;
+}
+
+void StreamDecider::set_mirror_heads(Mirror& M, int32_t head_begin, int32_t heads) {
+  check(head_begin >= 0 && heads >= 0 && head_begin + heads <= nkv_, "GPU streaming: index heads outside the kv heads");
+  const int64_t row = static_cast<int64_t>(heads) * d_;
+  if (M.row != row || M.head_begin != head_begin) {
+    check(M.vectors == 0, "GPU streaming: the index mirror's kv heads changed while it holds vectors");
+    M.row = row;
+    M.head_begin = head_begin;
+    M.vector_capacity = 0;  // (grow() reallocates at the new row size)
+  }
+}
+
+void StreamDecider::append_index_keys(int32_t layer, const bf16* ring, int32_t ring_rows, int32_t sinks,
+                                      std::span<const int32_t> positions, int32_t head_begin, int32_t heads,
+                                      cudaStream_t s) {
+  Mirror& M = mirrors_[static_cast<size_t>(layer)];
+  const auto m = static_cast<int64_t>(positions.size());
+  if (m == 0) return;
+  set_mirror_heads(M, head_begin, heads);
+  if (M.row == 0) {  // a layer that keeps no heads: nothing to hold
+    M.vectors += m;
+    return;
+  }
+  fit(positions_, static_cast<size_t>(m));
+  h2d(positions_.data(), positions.data(), static_cast<size_t>(m), s);  // pageable: staged at once
+  const auto* r = reinterpret_cast<const nbf*>(ring);
+  const int64_t first = static_cast<int64_t>(head_begin) * d_;
+  grow(M.keys, M.vector_capacity, M.vectors + m, M.vectors, M.row, s);
+  gather_ring_kernel<<<blocks_for(m * M.row, kThreads), kThreads, 0, s>>>(
+      r, ring_rows, sinks, positions_.data(), m, M.row, reinterpret_cast<nbf*>(M.keys.data()) + M.vectors * M.row, row_,
+      first);
+  check_launch("stream index keys to the mirror");
+  M.vectors += m;
+}
+
+std::vector<float> StreamDecider::mirror_keys(int32_t layer) const {
+  const Mirror& M = mirrors_[static_cast<size_t>(layer)];
+  const int64_t values = M.row > 0 ? M.vectors * M.row : 0;
+  std::vector<float> out(static_cast<size_t>(values));
+  if (out.empty()) return out;
+  std::vector<bf16> raw(out.size());
+  TESSERA_CUDA_CHECK(cudaMemcpy(raw.data(), M.keys.data(), raw.size() * sizeof(bf16), cudaMemcpyDeviceToHost));
+  std::transform(raw.begin(), raw.end(), out.begin(), bf16_to_f32);
+  return out;
+}
+
+// block_scores_ [blocks] to the host through the pinned buffer; waits for the stream (the decision needs them).
+std::vector<double> StreamDecider::download_scores(int32_t blocks, cudaStream_t s) {
+  pinned(scores_host_, scores_host_values_, static_cast<size_t>(blocks));
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(scores_host_, block_scores_.data(), static_cast<size_t>(blocks) * sizeof(double),
+                                     cudaMemcpyDeviceToHost, s));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
+  synced();
+  return std::vector<double>(scores_host_, scores_host_ + blocks);
+}
+
+std::vector<double> StreamDecider::infllm_scores(int32_t layer, const stream::ReprIndex& index, const bf16* q,
+                                                 int32_t n, const stream::HeadWeights& w, cudaStream_t s) {
+  MeansMirror& M = means_mirrors_[static_cast<size_t>(layer)];
+  const int32_t blocks = index.num_blocks();
+  if (blocks < M.blocks) M.blocks = 0;  // the index was cleared
+  if (blocks > M.blocks) {
+    grow(M.means, M.capacity, blocks, M.blocks, row_, s);
+    means_staging_.clear();
+    for (int32_t b = static_cast<int32_t>(M.blocks); b < blocks; ++b) {
+      const std::span<const float> mean = index.mean(b);
+      means_staging_.insert(means_staging_.end(), mean.begin(), mean.end());
+    }
+    // Pageable: staged before cudaMemcpyAsync returns.
+    h2d(M.means.data() + M.blocks * row_, means_staging_.data(), means_staging_.size(), s);
+    M.blocks = blocks;
+  }
+  if (blocks == 0) return {};
+  fit(mean_, static_cast<size_t>(qrow_));
+  mean_query_kernel<<<static_cast<unsigned>((qrow_ + 127) / 128), 128, 0, s>>>(reinterpret_cast<const nbf*>(q),
+                                                                               mean_.data(), n, qrow_);
+  fit(weights_, static_cast<size_t>(nq_));
+  h2d(weights_.data(), w.data(), static_cast<size_t>(nq_), s);
+  fit(repr_dots_, static_cast<size_t>(blocks) * static_cast<size_t>(nq_));
+  const int64_t pairs = static_cast<int64_t>(blocks) * nq_;
+  repr_dots_kernel<<<static_cast<unsigned>((pairs + 127) / 128), 128, 0, s>>>(
+      mean_.data(), M.means.data(), weights_.data(), blocks, nq_, nq_ / nkv_, d_, row_, repr_dots_.data());
+  fit(block_scores_, static_cast<size_t>(blocks));
+  repr_sum_kernel<<<(blocks + 127) / 128, 128, 0, s>>>(repr_dots_.data(), weights_.data(), blocks, nq_,
+                                                       block_scores_.data());
+  check_launch("stream infllm scores");
+  return download_scores(blocks, s);
+}
+
+std::vector<float> StreamDecider::mean_query(const bf16* q, int32_t n, cudaStream_t s) {
+  fit(mean_, static_cast<size_t>(qrow_));
+  mean_query_kernel<<<static_cast<unsigned>((qrow_ + 127) / 128), 128, 0, s>>>(reinterpret_cast<const nbf*>(q),
+                                                                               mean_.data(), n, qrow_);
+  check_launch("stream mean query");
+  std::vector<float> out(static_cast<size_t>(qrow_));
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(out.data(), mean_.data(), out.size() * sizeof(float), cudaMemcpyDeviceToHost, s));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
+  synced();
+  return out;
+}
+
+void StreamDecider::mirror(int32_t layer, const stream::SpanIndex& index, cudaStream_t s) {
+  Mirror& M = mirrors_[static_cast<size_t>(layer)];
+  const std::span<const float> keys = index.keys();
+  const int64_t vectors = index.num_vectors();
+  const int64_t spans = index.num_spans();
+  const int32_t blocks = index.num_blocks();
+  if (vectors < M.vectors || spans < M.spans || blocks < M.blocks) M.clear();  // the index was cleared (a new sequence)
+  if (index.row() == 0) {  // a layer whose index keeps no kv head (its blocks come from the votes): no keys to hold
+    set_mirror_heads(M, index.kv_head_begin(), 0);
+    M.vectors = vectors;
+  } else if (index.holds_keys()) {  // f32 keys of a host index: uploaded as bf16 (exact for keys of bf16 values)
+    set_mirror_heads(M, index.kv_head_begin(), index.kv_heads_kept());
+    if (vectors > M.vectors && M.row > 0) {
+      grow(M.keys, M.vector_capacity, vectors, M.vectors, M.row, s);
+      const auto from = static_cast<size_t>(M.vectors * M.row);
+      const auto values = static_cast<size_t>((vectors - M.vectors) * M.row);
+      keys_staging_.resize(values);
+      std::transform(keys.begin() + static_cast<std::ptrdiff_t>(from),
+                     keys.begin() + static_cast<std::ptrdiff_t>(from + values), keys_staging_.begin(), f32_to_bf16);
+      h2d(M.keys.data() + from, keys_staging_.data(), values, s);  // pageable: staged before the call returns
+    }
+    M.vectors = vectors;
+  } else {  // the keys were appended here as they were gathered (append_index_keys)
+    set_mirror_heads(M, index.kv_head_begin(), index.kv_heads_kept());
+    check(M.vectors == vectors, "GPU streaming: the device's index mirror holds " + std::to_string(M.vectors) +
+                                    " vectors, the span index " + std::to_string(vectors));
+  }
+  if (spans > M.spans) {
+    int64_t cap = M.span_capacity;
+    grow(M.span_first, cap, spans, M.spans, 1, s);
+    cap = M.span_capacity;
+    grow(M.span_count, cap, spans, M.spans, 1, s);
+    M.span_capacity = cap;
+    const std::span<const int64_t> first = index.span_first(), count = index.span_count();
+    for (int64_t i = M.spans; i < spans; ++i) {
+      const auto c = static_cast<int32_t>(count[static_cast<size_t>(i)]);
+      M.first_host.push_back(static_cast<int32_t>(first[static_cast<size_t>(i)]));
+      M.count_host.push_back(c);
+      // The fused scoring's tiles: whole spans, at most kFusedVectors vectors and spans (or one longer span).
+      if (M.tile_begin_host.empty() || M.tile_vectors + c > kFusedVectors || M.tile_spans == kFusedVectors) {
+        M.tile_begin_host.push_back(static_cast<int32_t>(i));
+        M.tile_vectors = c;
+        M.tile_spans = 1;
+      } else {
+        M.tile_vectors += c;
+        ++M.tile_spans;
+      }
+    }
+    // Pageable copies: staged before cudaMemcpyAsync returns, so the host vectors may change afterwards.
+    h2d(M.span_first.data() + M.spans, M.first_host.data() + M.spans, static_cast<size_t>(spans - M.spans), s);
+    h2d(M.span_count.data() + M.spans, M.count_host.data() + M.spans, static_cast<size_t>(spans - M.spans), s);
+    M.spans = spans;
+    const auto tiles = static_cast<int64_t>(M.tile_begin_host.size());
+    if (tiles > M.tiles_uploaded) {  // a tile's first span never changes: only the new tiles go up
+      grow(M.tile_begin, M.tile_capacity, tiles, M.tiles_uploaded, 1, s);
+      h2d(M.tile_begin.data() + M.tiles_uploaded, M.tile_begin_host.data() + M.tiles_uploaded,
+          static_cast<size_t>(tiles - M.tiles_uploaded), s);
+      M.tiles_uploaded = tiles;
+    }
+  }
+  // block_begin: [blocks + 1] span ids, extended from the last block it covered (which may have gained spans); a
+  // block's spans are consecutive and every span is in a block, so the last entry is the spans' count.
+  if (blocks != M.blocks || (blocks > 0 && M.block_begin_host[static_cast<size_t>(blocks)] != spans)) {
+    const int32_t from = std::max(0, M.blocks - 1);
+    M.block_begin_host.resize(static_cast<size_t>(blocks) + 1);
+    M.block_begin_host[0] = 0;
+    for (int32_t b = from; b < blocks; ++b) {
+      const std::span<const int64_t> bs = index.block_spans(b);
+      check(bs.empty() || bs.front() == M.block_begin_host[static_cast<size_t>(b)],
+            "GPU streaming: a block's spans are not consecutive in the span index");
+      M.block_begin_host[static_cast<size_t>(b) + 1] =
+          M.block_begin_host[static_cast<size_t>(b)] + static_cast<int32_t>(bs.size());
+    }
+    check(M.block_begin_host[static_cast<size_t>(blocks)] == spans,
+          "GPU streaming: the span index's blocks hold " + std::to_string(M.block_begin_host[static_cast<size_t>(blocks)]) +
+              " spans, the index " + std::to_string(spans) + " (a block gained spans after a later one)");
+    int64_t cap = M.block_capacity;
+    grow(M.block_begin, cap, static_cast<int64_t>(blocks) + 1, M.blocks > 0 ? from + 1 : 0, 1, s);
+    M.block_capacity = cap;
+    h2d(M.block_begin.data() + from, M.block_begin_host.data() + from, static_cast<size_t>(blocks + 1 - from), s);
+    M.blocks = blocks;
+  }
+}
+
+void StreamDecider::gemm_scores(Mirror& M, int64_t m, int32_t T, std::span<const int32_t> heads, cudaStream_t s) {
+  const cublasHandle_t h = as_handle(handle_);
+  cublas_check(cublasSetStream(h, s), "cublasSetStream");
+  const auto H = static_cast<int32_t>(heads.size());
+  const int64_t S = M.spans;
+  // Tiles of whole spans, at most ~256 MB of dot products each.
+  const int64_t tile_vectors = std::max<int64_t>(1024, (int64_t{64} << 20) / (static_cast<int64_t>(H) * m));
+  const float alpha = 1.0f, beta = 0.0f;
+  const int group = nq_ / nkv_;
+  const bf16* keys = M.keys.data();
+  const bf16* qs = qsel16_.data();
+  for (int64_t s0 = 0; s0 < S;) {
+    const int64_t v0 = M.first_host[static_cast<size_t>(s0)];
+    int64_t s1 = s0 + 1;
+    while (s1 < S && M.first_host[static_cast<size_t>(s1)] + M.count_host[static_cast<size_t>(s1)] - v0 <= tile_vectors) ++s1;
+    const int64_t vt = M.first_host[static_cast<size_t>(s1 - 1)] + M.count_host[static_cast<size_t>(s1 - 1)] - v0;
+    fit(dots_, static_cast<size_t>(static_cast<int64_t>(H) * m * vt));
+    // dots[slot] (row-major [m, vt]) = Q_h K_g^T: column-major C [vt, m] = K^T-read (TN); bf16 x bf16 products
+    // (exact in f32), f32 sums, f32 out.
+    const int64_t row = M.row;  // the kept kv heads' values per vector
+    if (H == nq_ && M.row == row_) {
+      for (int j = 0; j < group; ++j)
+        cublas_check(cublasGemmStridedBatchedEx(
+                         h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(vt), static_cast<int>(m), d_, &alpha,
+                         keys + v0 * row, CUDA_R_16BF, static_cast<int>(row), d_, qs + static_cast<int64_t>(j) * d_,
+                         CUDA_R_16BF, static_cast<int>(qrow_), static_cast<int64_t>(group) * d_, &beta,
+                         dots_.data() + j * m * vt, CUDA_R_32F, static_cast<int>(vt), group * m * vt, nkv_,
+                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                     "stream ltri scores: cublasGemmStridedBatchedEx");
+    } else {
+      for (int32_t slot = 0; slot < H; ++slot) {
+        const int32_t hh = heads[static_cast<size_t>(slot)], g = hh / group - M.head_begin;  // within the kept
+        cublas_check(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(vt), static_cast<int>(m), d_, &alpha,
+                                  keys + v0 * row + static_cast<int64_t>(g) * d_, CUDA_R_16BF, static_cast<int>(row),
+                                  qs + static_cast<int64_t>(hh) * d_, CUDA_R_16BF, static_cast<int>(qrow_), &beta,
+                                  dots_.data() + slot * m * vt, CUDA_R_32F, static_cast<int>(vt), CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT),
+                     "stream ltri scores: cublasGemmEx");
+      }
+    }
+    if (serial_sim_) {
+      sim_kernel<<<blocks_for(static_cast<int64_t>(T) * (s1 - s0), kThreads), kThreads, 0, s>>>(
+          dots_.data(), span_offsets_.data(), T, M.span_first.data(), M.span_count.data(), static_cast<int32_t>(s0),
+          static_cast<int32_t>(s1), v0, vt, m, weights_.data(), H, sim_.data(), S);
+    } else {
+      const int ys = std::min<int32_t>(H, 1024 / kSimSpans);  // heads per round: one per thread row
+      const dim3 grid(static_cast<unsigned>((s1 - s0 + kSimSpans - 1) / kSimSpans), static_cast<unsigned>(std::min(T, 65535)));
+      sim_heads_kernel<<<grid, dim3(kSimSpans, static_cast<unsigned>(ys)),
+                         static_cast<size_t>(ys) * kSimSpans * sizeof(double), s>>>(
+          dots_.data(), span_offsets_.data(), T, M.span_first.data(), M.span_count.data(), static_cast<int32_t>(s0),
+          static_cast<int32_t>(s1), v0, vt, m, weights_.data(), H, sim_.data(), S);
+    }
+    check_launch("stream ltri scores: sim");
+    s0 = s1;
+  }
+}
+
+void StreamDecider::fused_scores(Mirror& M, int64_t m, int32_t T, std::span<const int32_t> heads, cudaStream_t s) {
+  const auto H = static_cast<int32_t>(heads.size());
+  const auto* qs = reinterpret_cast<const nbf*>(qsel16_.data());
+  // Per voter: its query head's offset in a query row and its kv head's in a mirror row (staged by ltri_scores()
+  // after the tokens and span offsets: the pinned staging is read by the copies in flight).
+  int32_t* voters = staging_ + m + T + 1;
+  const int group = nq_ / nkv_;
+  for (int32_t slot = 0; slot < H; ++slot) {
+    const int32_t hh = heads[static_cast<size_t>(slot)];
+    voters[2 * slot] = hh * d_;
+    voters[2 * slot + 1] = (hh / group - M.head_begin) * d_;
+  }
+  fit(vote_heads_, static_cast<size_t>(2 * H));
+  h2d(vote_heads_.data(), voters, static_cast<size_t>(2 * H), s);
+  const auto tiles = static_cast<int32_t>(M.tile_begin_host.size());
+  fused_ltri_kernel<<<tiles, kFusedThreads, fused_smem_bytes(d_), s>>>(
+      qs, qrow_, static_cast<int32_t>(m), reinterpret_cast<const nbf*>(M.keys.data()), M.row, d_, vote_heads_.data(),
+      weights_.data(), H, span_offsets_.data(), T, M.span_first.data(), M.span_count.data(), M.tile_begin.data(), tiles,
+      static_cast<int32_t>(M.spans), sim_.data());
+  check_launch("stream ltri scores: fused");
+}
+
+std::vector<double> StreamDecider::ltri_scores(int32_t layer, const stream::SpanIndex& index, const bf16* q,
+                                               std::span<const int32_t> tokens, std::span<const int32_t> counts,
+                                               const stream::HeadWeights& w, cudaStream_t s) {
+  mirror(layer, index, s);
+  Mirror& M = mirrors_[static_cast<size_t>(layer)];
+  const int32_t blocks = index.num_blocks();
+  const auto T = static_cast<int32_t>(counts.size());
+  const auto m = static_cast<int64_t>(tokens.size());
+  const int64_t S = M.spans, V = M.vectors;
+  if (blocks == 0) return {};
+  // Voting heads (weights in head order).
+  std::vector<int32_t> heads;
+  std::vector<double> weights;
+  const int group = nq_ / nkv_;
+  for (int32_t hh = 0; hh < nq_; ++hh)
+    if (w[static_cast<size_t>(hh)] != 0) {
+      const int32_t g = hh / group - M.head_begin;  // within the kept kv heads
+      check(g >= 0 && static_cast<int64_t>(g) * d_ < M.row, "GPU streaming: query head " + std::to_string(hh) +
+                                                                " votes, but its kv head is not in the index");
+      heads.push_back(hh);
+      weights.push_back(w[static_cast<size_t>(hh)]);
+    }
+  const auto H = static_cast<int32_t>(heads.size());
+  // Query vectors and span offsets.
+  pinned(staging_, staging_values_, static_cast<size_t>(m + T + 1 + 2 * H));  // (+ fused_scores()'s voter offsets)
+  std::copy(tokens.begin(), tokens.end(), staging_);
+  int32_t* offsets = staging_ + m;
+  offsets[0] = 0;
+  for (int32_t t = 0; t < T; ++t) offsets[t + 1] = offsets[t] + counts[static_cast<size_t>(t)];
+  check(offsets[T] == m, "GPU streaming: the query spans' counts do not add up to their vectors");
+  fit(tokens_, static_cast<size_t>(std::max<int64_t>(m, 1)));
+  fit(span_offsets_, static_cast<size_t>(T) + 1);
+  h2d(tokens_.data(), staging_, static_cast<size_t>(m), s);
+  h2d(span_offsets_.data(), offsets, static_cast<size_t>(T) + 1, s);
+  fit(weights_, static_cast<size_t>(std::max(H, 1)));
+  h2d(weights_.data(), weights.data(), weights.size(), s);
+  fit(sim_, static_cast<size_t>(std::max<int64_t>(static_cast<int64_t>(T) * S, 1)));
+  if (m > 0 && V > 0 && H > 0 && S > 0) {
+    // The query vectors as they are (bf16), padded with zero rows to the fused kernel's passes.
+    const int64_t m_pad = fused_ ? (m + kFusedRows - 1) / kFusedRows * kFusedRows : m;
+    fit(qsel16_, static_cast<size_t>(m_pad * qrow_));
+    gather_bf16_kernel<<<blocks_for(m_pad * qrow_, kThreads), kThreads, 0, s>>>(
+        reinterpret_cast<const nbf*>(q), tokens_.data(), reinterpret_cast<nbf*>(qsel16_.data()), m, m_pad, qrow_);
+    check_launch("stream ltri scores: gather");
+    if (fused_)
+      fused_scores(M, m, T, heads, s);
+    else
+      gemm_scores(M, m, T, heads, s);
+  } else if (static_cast<int64_t>(T) * S > 0) {
+    TESSERA_CUDA_CHECK(cudaMemsetAsync(sim_.data(), 0, static_cast<size_t>(T) * static_cast<size_t>(S) * sizeof(double), s));
+  }
+  fit(block_scores_, static_cast<size_t>(blocks));
+  block_kernel<<<(blocks + 127) / 128, 128, 0, s>>>(sim_.data(), M.block_begin.data(), blocks, T, S,
+                                                     block_scores_.data());
+  check_launch("stream ltri scores: blocks");
+  return download_scores(blocks, s);
+}
+
+}  // namespace tessera::runtime::gpu

@@ -1,0 +1,194 @@
+// tessera/runtime/cuda/stream_decide.h — the heavy parts of Ltri-LLM's / InfLLM's retrieval decisions on the GPU.
+//
+// The decisions stay the CPU class's (runtime/stream/streaming_kv.h: evictions and their index vectors, spans, NMS,
+// vector counts, voting, top-K, the layout); GpuStreamingKV hands it what this class computes, through
+// StreamingKV::plan(..., DeviceDecisions):
+//  - chunk_map(): the chunk's attention map within itself. q and k (bf16, before RoPE) are rotated in f32 at their
+//    true positions (the CPU tables' arithmetic), S_h = scale * Q_h K_g^T by cuBLAS strided-batched SGEMMs (f32
+//    inputs, f32 accumulation, no TF32), a causal softmax per row and head summed over heads in head order -> the
+//    [n, n] map, then the votes (each column's sum, rows in order: the CPU's order). Only the map (ltri: span
+//    discovery reads it) and the n votes come back, not q and k.
+//  - Ltri span discovery (launch_chunk(..., candidates)): from the map on the device, its 2-D prefix sums in f64
+//    (one thread per row, then one per column: the CPU's operations in its order), theta (the quantile of the
+//    causal entries, an exact radix select of the k-th smallest: four histogram passes over the grid), the triangle
+//    scores and the linear variant's best point per anti-diagonal (one warp per diagonal) (runtime/stream/span_math.h, the CPU's own functions): only the <= 2n - 1 candidates
+//    come back, EQUAL to span_candidates() of the same map; NMS and the cover stay on the host, which then asks
+//    span_masses() for its spans' masses (the prefix sums stay on the device).
+//  - index keys: gather_keys() — the raw K rows of the positions the evictions index, from the layer's device ring
+//    (bf16 -> f32, exactly the host's conversion), instead of copying the chunk's K back.
+//  - InfLLM: mean_query() — the mean raw query of the chunk, in the CPU's order and rounding (each element summed
+//    sequentially over the tokens, q / n each) — and infllm_scores(): the blocks scored on the device against a
+//    per-layer mirror of the block means (uploaded as blocks are evicted) with span_math::repr_score's arithmetic
+//    (ReprIndex::block_scores's): only the scores come back, EQUAL to the host's.
+//  - Ltri: a per-layer mirror of the span index in bf16 (the key vectors of the kv heads the index keeps: gathered
+//    from the ring as the host index counts them — the ring's own values, exact, half the bytes of f32 — or, from a
+//    host index that holds f32 keys, converted on upload: exact for keys of bf16 values, which all of them are) and
+//    ltri_scores(): the query vectors (raw q rows of the tokens the host chose, bf16 as they are) gathered on the
+//    device, then sim(t, s) = sum_h w_h mean_{a in t} max_{b in s} q_h(a).k(b) and score(blk) = sum_t max_{s in blk}
+//    sim(t, s) in f64 in the CPU's order (SpanIndex::block_scores); only the block scores come back. Two ways to the
+//    dot products over the same mirror (TESSERA_LTRI_SCORING, read at construction; kDefaultLtriScoring without it):
+//     * gemm (the default): cuBLAS GEMMs per voting head on the tensor cores — bf16 q and k in, f32 out, CUBLAS_COMPUTE_32F
+//       (cublasGemmStridedBatchedEx over the kv heads when every head votes over every kv head, else cublasGemmEx
+//       per head) — into a [heads, queries, vectors] dots buffer per tile of whole spans (~256 MB at most), then
+//       sim_heads_kernel: per query span and 32 stored spans a CTA, a thread row per voting head (32 per round), each
+//       head's term w_h * mean max in parallel, summed in head order: bit-identical to sim_kernel (gemm-serial: one
+//       thread per (t, s) walking the heads in turn). H200 at 128K, one process per scoring on one machine
+//       (docs/streaming.md): TTFT 17.00 vs 18.16 s every head voting (decisions 12.30 vs 13.48 s), 12.46 vs 13.46 s
+//       with retrieval heads.
+//     * fused: one kernel, one CTA per tile of whole stored spans (<= 128 vectors and <= 128 spans, or one longer
+//       span; the tiles are cut as spans are added, never rebuilt), per voting head in order: the tile's keys in
+//       shared memory, 64 query rows at a time against them on the tensor cores (WMMA bf16 x bf16 -> f32), the
+//       per-span maxima from shared memory, and sim(t, s) accumulated in the CPU's order over the query vectors and
+//       the heads. No dots buffer: the index is read once per head, but each CTA walks its heads and row passes
+//       serially, and a 128K index is fewer tiles than the GPU has CTA slots.
+//    Measured at 128K, Llama-3-8B shapes, same run on an H200 (docs/streaming.md, "Ltri's two scorings over one bf16
+//    mirror"): gemm 19.19 s TTFT against fused 25.24 s with every head voting (decisions 13.6 vs 20.3 s), 12.43 vs
+//    13.88 s with Ltri-LLM's retrieval heads; the fused path saves only gemm's dots buffer (stream state 3.32 vs
+//    3.78 GB). So gemm is the default and fused stays selectable.
+//    Either way q and k ARE bf16 values, so each product is exact in f32 and only the f32 summation order differs
+//    from the CPU's (OpenBLAS over f32 copies of the same values): the scores are within ~1e-6 relative of the
+//    CPU's, not bitwise equal. The blocks' span ranges (block_begin) and the tiles are extended by the spans and
+//    blocks added since the last call (O(new) host work and copies per call, not O(index)).
+// Every call is asynchronous on `stream` except the results it returns, which synchronise it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/dtype.h"
+#include "cuda/device_buffer.h"
+#include "model/model_config.h"
+#include "runtime/stream/span_index.h"
+
+namespace tessera::runtime::gpu {
+
+class StreamDecider {
+ public:
+  // Throws tessera::Error when cuBLAS cannot start.
+  explicit StreamDecider(const ModelConfig& config);
+  ~StreamDecider();
+  StreamDecider(const StreamDecider&) = delete;
+  StreamDecider& operator=(const StreamDecider&) = delete;
+
+  // The map and votes of the chunk [pos, pos + n): q [n, q_heads, d], k [n, kv_heads, d] bf16 before RoPE; scale 0:
+  // 1/sqrt(d). Brings back the votes, and the map when `want_map`; synchronises `stream`.
+  void chunk_map(const bf16* q, const bf16* k, int32_t n, int32_t pos, const float* inv_freq, float scale,
+                 bool want_map, cudaStream_t stream);
+  // chunk_map() without the synchronisation, and with `candidates`, span discovery (theta at `theta_quantile`):
+  // the results (map(), votes(), candidates(), theta()) are there after wait() or a call that synchronises.
+  void launch_chunk(const bf16* q, const bf16* k, int32_t n, int32_t pos, const float* inv_freq, float scale,
+                    bool want_map, bool candidates, double theta_quantile, cudaStream_t stream);
+  void wait(cudaStream_t stream);  // synchronises `stream` once after launch_chunk()
+  std::span<const float> map() const { return {map_host_, static_cast<size_t>(map_n_) * static_cast<size_t>(map_n_)}; }
+  std::span<const float> votes() const { return {votes_host_, static_cast<size_t>(map_n_)}; }
+  std::span<const stream::Span> candidates() const { return candidates_; }
+  double theta() const { return theta_; }
+  // The masses (stream::span_masses()) of chunk spans, from the prefix sums of the last launch_chunk(candidates);
+  // synchronises `stream`.
+  std::vector<stream::SpanMasses> span_masses(std::span<const stream::Span> spans, cudaStream_t stream);
+  // Raw K rows [positions, kv_heads * d] (f32 of the bf16 values) of absolute positions held by a ring of
+  // `ring_rows` rows whose row of position p is (p - sinks) % ring_rows; synchronises `stream`.
+  std::vector<float> gather_keys(const bf16* ring, int32_t ring_rows, int32_t sinks, std::span<const int32_t> positions,
+                                 cudaStream_t stream);
+  // Ltri: the same rows appended to layer `layer`'s index mirror instead (the host's span index counts them without
+  // holding them: SpanIndex::add_counted, in the same order), only the kv heads [head_begin, head_begin + heads) the
+  // layer's span index keeps (SpanIndex::kv_head_begin / kv_heads_kept: with retrieval heads, the one its voting
+  // head reads, or none); asynchronous.
+  void append_index_keys(int32_t layer, const bf16* ring, int32_t ring_rows, int32_t sinks,
+                         std::span<const int32_t> positions, int32_t head_begin, int32_t heads, cudaStream_t stream);
+  // The mirror's keys of `layer` [vectors, kept kv heads * d] (tests; synchronous).
+  std::vector<float> mirror_keys(int32_t layer) const;
+
+  // InfLLM: the chunk's mean raw query [q_heads * d] (the CPU's arithmetic); synchronises `stream`.
+  std::vector<float> mean_query(const bf16* q, int32_t n, cudaStream_t stream);
+  // InfLLM block scores of the chunk (q [n, q_heads, d]) against layer `layer`'s block means (its device mirror
+  // brought up to `index` first); ReprIndex::block_scores's arithmetic, equal; synchronises `stream`.
+  std::vector<double> infllm_scores(int32_t layer, const stream::ReprIndex& index, const bf16* q, int32_t n,
+                                    const stream::HeadWeights& w, cudaStream_t stream);
+
+  // Ltri block scores (one per block of `index`, layer `layer`'s span index) for the query vectors of `tokens`
+  // (chunk-relative rows of q [n, q_heads, d] bf16), span t holding the next counts[t] of them; w: the head weights.
+  // First brings the layer's device mirror up to `index` (the vectors and spans added since the last call).
+  // Synchronises `stream`.
+  std::vector<double> ltri_scores(int32_t layer, const stream::SpanIndex& index, const bf16* q,
+                                  std::span<const int32_t> tokens, std::span<const int32_t> counts,
+                                  const stream::HeadWeights& w, cudaStream_t stream);
+
+  size_t device_bytes() const;  // the mirrors and the scratch
+  // Ltri's scoring without TESSERA_LTRI_SCORING (above: chosen by measurement); fused_scoring(): this decider's.
+  static constexpr const char* kDefaultLtriScoring = "gemm";
+  bool fused_scoring() const { return fused_; }
+  bool serial_sim() const { return serial_sim_; }  // gemm-serial: sim_kernel, the heads walked serially
+  void reset();                 // a new sequence: the mirrors empty (their memory kept)
+
+ private:
+  struct Mirror {
+    attn::gpu::DeviceBuffer<bf16> keys;                   // [capacity, row]: the kept kv heads of each vector
+    int64_t row = -1;                                     // kept kv heads * d (-1: not set yet)
+    int32_t head_begin = 0;                               // the first kept kv head
+    attn::gpu::DeviceBuffer<int32_t> span_first, span_count, block_begin;  // block_begin: [blocks + 1] span ids
+    attn::gpu::DeviceBuffer<int32_t> tile_begin;          // the fused scoring's tiles: their first span
+    int64_t vectors = 0, vector_capacity = 0, spans = 0, span_capacity = 0, block_capacity = 0, tile_capacity = 0;
+    int32_t blocks = 0;                                   // the blocks block_begin covers
+    int64_t tile_vectors = 0, tile_spans = 0;             // the last (open) tile's
+    int64_t tiles_uploaded = 0;
+    std::vector<int32_t> block_begin_host, tile_begin_host;
+    std::vector<int32_t> first_host, count_host;  // the spans' vectors (tiles are cut at span boundaries)
+    void clear();                                 // a new sequence: no vectors, spans, blocks or tiles
+  };
+  void mirror(int32_t layer, const stream::SpanIndex& index, cudaStream_t stream);
+  void set_mirror_heads(Mirror& M, int32_t head_begin, int32_t heads);
+  // The dot products of the query rows in qsel16_ ([m, q_heads * d] bf16) with the mirror's keys -> sim_.
+  void fused_scores(Mirror& M, int64_t m, int32_t T, std::span<const int32_t> heads, cudaStream_t s);
+  void gemm_scores(Mirror& M, int64_t m, int32_t T, std::span<const int32_t> heads, cudaStream_t s);
+  struct MeansMirror {
+    attn::gpu::DeviceBuffer<float> means;  // [capacity, row]
+    int64_t blocks = 0, capacity = 0;
+  };
+  void synced();  // after a synchronisation: launch_chunk()'s candidates compacted (once)
+  std::vector<double> download_scores(int32_t blocks, cudaStream_t stream);
+
+  int32_t nq_ = 0, nkv_ = 0, d_ = 0;
+  int64_t qrow_ = 0, row_ = 0;
+  bool fused_ = true;       // TESSERA_LTRI_SCORING (fused | gemm | gemm-serial), read at construction; fused needs head_dim % 16 == 0
+  bool serial_sim_ = false;  // gemm-serial: the gemm path with sim_kernel (one thread per (t, s), heads in turn)
+  void* handle_ = nullptr;  // cublasHandle_t
+  attn::gpu::DeviceBuffer<float> qf_, kf_, scores_, map_, votes_, dots_, mean_;
+  attn::gpu::DeviceBuffer<double> sim_, block_scores_, weights_;
+  attn::gpu::DeviceBuffer<int32_t> tokens_, span_offsets_, vote_heads_;  // vote_heads_: per voter, q and k offsets
+  attn::gpu::DeviceBuffer<bf16> qsel16_;  // Ltri's query rows (bf16; fused: zero rows up to a multiple of 64)
+  std::vector<bf16> keys_staging_;        // a host index's f32 keys as bf16, on their way to its mirror
+  std::vector<Mirror> mirrors_;
+  std::vector<MeansMirror> means_mirrors_;
+  attn::gpu::DeviceBuffer<double> prefix_, theta_dev_, masses_;
+  attn::gpu::DeviceBuffer<uint64_t> select_;  // the radix select's state
+  attn::gpu::DeviceBuffer<int32_t> cand_begin_, cand_end_, positions_;
+  attn::gpu::DeviceBuffer<double> cand_score_;
+  attn::gpu::DeviceBuffer<float> keys_, repr_dots_;
+  std::vector<stream::Span> candidates_;
+  double theta_ = 0;
+  bool pending_ = false, pending_candidates_ = false;
+  int32_t* cand_host_ = nullptr;      // pinned: begin, end per anti-diagonal
+  size_t cand_host_values_ = 0;
+  double* cand_score_host_ = nullptr; // pinned: score per anti-diagonal, then theta
+  size_t cand_score_host_values_ = 0;
+  float* keys_host_ = nullptr;        // pinned
+  size_t keys_host_values_ = 0;
+  double* masses_host_ = nullptr;     // pinned
+  size_t masses_host_values_ = 0;
+  std::vector<float> means_staging_;
+  float* map_host_ = nullptr;  // pinned
+  float* votes_host_ = nullptr;
+  size_t map_host_values_ = 0;
+  int32_t votes_host_values_ = 0;
+  int32_t map_n_ = 0;
+  int32_t* staging_ = nullptr;  // pinned: tokens and span offsets
+  size_t staging_values_ = 0;
+  double* scores_host_ = nullptr;  // pinned
+  size_t scores_host_values_ = 0;
+};
+
+}  // namespace tessera::runtime::gpu

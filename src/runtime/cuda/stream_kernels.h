@@ -1,0 +1,25 @@
+// tessera/runtime/cuda/stream_kernels.h — the small kernels of the GPU streaming path (stream_gpu_kv.h).
+//
+// Device pointers; everything asynchronous on `stream`.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace tessera::runtime::gpu {
+
+// Rotates `rows` rows of `heads` head vectors (x: [rows, ld] bf16, head h at columns [h*d, (h+1)*d)) by RoPE at
+// position pos0 + step * r for row r (step 0: every row at pos0), rotate_half pairs (i, i + d/2) as runtime/rope.h:
+// angle = float(position) * inv_freq[i], cos / sin in double rounded to float, as the CPU's tables.
+void stream_rope_rows(bf16* x, int64_t rows, int64_t ld, int heads, int d, const float* inv_freq, int64_t pos0,
+                      int64_t step, cudaStream_t stream);
+
+// out_l = (e^{lse_l} out_l + e^{lse_g} out_g) / (e^{lse_l} + e^{lse_g}) per (row, head): the softmax over the union
+// of the two key sets of stream_layout.h. out_l, out_g: [n, heads, d] bf16 (contiguous); lse_*: [heads, n] f32.
+void stream_merge_lse(bf16* out_l, const bf16* out_g, const float* lse_l, const float* lse_g, int64_t n, int heads,
+                      int d, cudaStream_t stream);
+
+}  // namespace tessera::runtime::gpu
