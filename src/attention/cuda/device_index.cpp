@@ -9,11 +9,7 @@ namespace tessera::attn::gpu {
 
 DeviceSparseIndex DeviceSparseIndex::upload(const SparseIndex& index, cudaStream_t stream) {
   DeviceSparseIndex d;
-  d.num_heads = index.num_heads;
-  d.tile = index.tile;
-  d.q_begin = index.q_begin;
-  d.q_len = index.q_len;
-  d.kv_len = index.kv_len;
+  static_cast<IndexExtent&>(d) = index;
   d.range_offsets.upload(index.range_offsets, stream);
   d.ranges.upload(index.ranges, stream);
   d.column_offsets.upload(index.column_offsets, stream);
@@ -24,11 +20,7 @@ DeviceSparseIndex DeviceSparseIndex::upload(const SparseIndex& index, cudaStream
 SparseIndex DeviceSparseIndex::download() const {
   TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
   SparseIndex h;
-  h.num_heads = num_heads;
-  h.tile = tile;
-  h.q_begin = q_begin;
-  h.q_len = q_len;
-  h.kv_len = kv_len;
+  static_cast<IndexExtent&>(h) = *this;
   const size_t n = static_cast<size_t>(num_items()) + 1;
   h.range_offsets = range_offsets.download(n);
   h.column_offsets = column_offsets.download(n);

@@ -18,19 +18,11 @@
 
 namespace tessera::attn::gpu {
 
-struct DeviceSparseIndex {
-  int32_t num_heads = 0;
-  int32_t tile = 128;
-  int32_t q_begin = 0;
-  int32_t q_len = 0;
-  int32_t kv_len = 0;
+struct DeviceSparseIndex : IndexExtent {
   DeviceBuffer<int32_t> range_offsets;
   DeviceBuffer<KeyRange> ranges;
   DeviceBuffer<int32_t> column_offsets;
   DeviceBuffer<int32_t> columns;
-
-  int32_t num_tiles() const { return tile > 0 ? (q_len + tile - 1) / tile : 0; }
-  int32_t num_items() const { return num_heads * num_tiles(); }
 
   // Copies a host index (asynchronous on `stream`; the host vectors must outlive the copy, i.e. until the
   // stream is synchronised; pageable memory makes the copy effectively synchronous anyway).

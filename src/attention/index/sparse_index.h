@@ -27,19 +27,25 @@ struct KeyRange {
   bool operator==(const KeyRange&) const = default;
 };
 
-struct SparseIndex {
+// What an index covers: query heads, query rows and keys, the rows cut into tiles. The host index and its device
+// copy (attention/cuda/device_index.h) both start with it.
+struct IndexExtent {
   int32_t num_heads = 0;  // query heads
   int32_t tile = 64;      // query-tile height
   int32_t q_begin = 0;    // absolute position of query row 0
   int32_t q_len = 0;      // number of query rows
   int32_t kv_len = 0;     // keys [0, kv_len)
 
+  int32_t num_tiles() const { return tile > 0 ? (q_len + tile - 1) / tile : 0; }
+  int32_t num_items() const { return num_heads * num_tiles(); }  // (head, tile) items
+};
+
+struct SparseIndex : IndexExtent {
   std::vector<int32_t> range_offsets;   // num_heads * num_tiles() + 1
   std::vector<KeyRange> ranges;
   std::vector<int32_t> column_offsets;  // num_heads * num_tiles() + 1
   std::vector<int32_t> columns;
 
-  int32_t num_tiles() const { return (q_len + tile - 1) / tile; }
   int32_t tile_rows(int32_t t) const;      // rows in tile t (the last tile may be short)
   int32_t tile_key_end(int32_t t) const;   // min(kv_len, q_begin + last row of t + 1)
 

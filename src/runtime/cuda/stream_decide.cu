@@ -21,10 +21,7 @@ namespace {
 
 using nbf = __nv_bfloat16;
 
-void check_launch(const char* what) {
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) throw Error(std::string(what) + ": " + cudaGetErrorString(err));
-}
+using attn::gpu::check_launch;
 
 void cublas_check(cublasStatus_t status, const char* what) {
   if (status != CUBLAS_STATUS_SUCCESS)

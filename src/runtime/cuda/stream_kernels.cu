@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "cuda/cuda_check.h"
 
 namespace tessera::runtime::gpu {
 
@@ -13,10 +14,7 @@ namespace {
 
 using nbf = __nv_bfloat16;
 
-void check_launch(const char* what) {
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) throw Error(std::string(what) + ": " + cudaGetErrorString(err));
-}
+using attn::gpu::check_launch;
 
 int blocks_for(int64_t total, int threads) {
   return static_cast<int>(std::min<int64_t>((total + threads - 1) / threads, 65535LL * 16));
