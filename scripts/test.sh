@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds tessera and runs every CPU test (the README's test command; .ci/run calls it), then the Python module's
 # tests (pytest tests/python against the module of the ci build) and `pip install .` into a fresh virtual
-# environment (scripts/python_wheel_check.sh; SKIP_WHEEL=1 skips it), then the same C++ tests built with ASan +
+# environment (scripts/python_wheel_check.sh; SKIP_WHEEL=1 skips it), then the README's commands (scripts/check_readme.py),
+# then the same C++ tests built with ASan +
 # UBSan, then every fuzzer for a few seconds (scripts/fuzz.sh), then compiles the CUDA backend
 # (compile only, no GPU: `cmake --preset cuda-ci`, sm_90a, warnings as errors; build target cuda_all =
 # tessera_cuda, tessera_runtime_cuda, the GPU tests and benches, the CLI with --device cuda, the Python module) and
@@ -24,6 +25,10 @@ echo "Python tests: $(( $(date +%s) - start )) s"
 if [ "${SKIP_WHEEL:-0}" != 1 ]; then
   bash scripts/python_wheel_check.sh
 fi
+
+# The README's commands as written (fenced sh / python blocks not marked `skip` or `gpu`): one line per block, then
+# "README commands: N of M blocks passed"; a failing block fails the run.
+python3 scripts/check_readme.py
 
 # The same suite built with AddressSanitizer + UndefinedBehaviorSanitizer (`cmake --preset asan`): any report fails
 # the test that triggers it. SKIP_SANITIZERS=1 skips this and the fuzzers (a quick local run).
