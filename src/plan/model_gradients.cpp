@@ -10,10 +10,12 @@
 #include <numbers>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "core/error.h"
 #include "core/memory_budget.h"
 #include "plan/cross_entropy.h"
+#include "plan/pass_dims.h"
 #include "runtime/recipe.h"
 #include "runtime/rope.h"
 
@@ -89,32 +91,19 @@ struct LayerActivations {
 };
 
 template <typename T>
-class Backprop {
+class Backprop : private PassDims {
  public:
   Backprop(const Model& model, std::span<const int32_t> tokens, const GradientOptions& opt, ThreadPool& pool)
-      : model_(model), cfg_(model.config()), opt_(opt), pool_(pool), S_(static_cast<int64_t>(tokens.size())),
-        tokens_(tokens) {
-    H_ = cfg_.hidden_size;
-    D_ = cfg_.head_dim;
-    F_ = cfg_.intermediate_size;
-    NQ_ = cfg_.num_q_heads;
-    NKV_ = cfg_.num_kv_heads;
-    QD_ = NQ_ * D_;
-    KD_ = NKV_ * D_;
-    const auto& factors = model.weights().rope_freq_factors;
-    for (const runtime::LayerConfig& l : cfg_.layers) {
-      auto it = std::find(rope_seen_.begin(), rope_seen_.end(), l.rope);
-      if (it == rope_seen_.end()) {
-        rope_seen_.push_back(l.rope);
-        const std::vector<float> inv = runtime::rope_inv_freq(l.rope, cfg_.head_dim, factors);
-        std::vector<float> c(sz(S_ * (D_ / 2))), s(sz(S_ * (D_ / 2)));
-        runtime::rope_tables(inv, 0, S_, c.data(), s.data());
-        cos_.emplace_back(c.begin(), c.end());
-        sin_.emplace_back(s.begin(), s.end());
-        it = rope_seen_.end() - 1;
-      }
-      layer_rope_.push_back(static_cast<size_t>(it - rope_seen_.begin()));
+      : PassDims(model.config()), model_(model), cfg_(model.config()), opt_(opt), pool_(pool),
+        S_(static_cast<int64_t>(tokens.size())), tokens_(tokens) {
+    runtime::LayerRopes ropes = runtime::layer_ropes(cfg_, model.weights().rope_freq_factors);
+    for (const std::vector<float>& inv : ropes.inv_freqs) {
+      std::vector<float> c(sz(S_ * (D_ / 2))), s(sz(S_ * (D_ / 2)));
+      runtime::rope_tables(inv, 0, S_, c.data(), s.data());
+      cos_.emplace_back(c.begin(), c.end());
+      sin_.emplace_back(s.begin(), s.end());
     }
+    layer_rope_ = std::move(ropes.layer);
   }
 
   GradientResult run(std::span<const Target> targets) {
@@ -169,15 +158,17 @@ class Backprop {
     return result;
   }
 
-  // The weights as T: f32 in place, f64 converted once.
+  // The weights as T: f32 weights in place; others (kept in a stored type, or T = f64) converted once per pass.
   const T* weight(const Weight& w) {
     if constexpr (std::is_same_v<T, float>) {
-      return w.ptr();
-    } else {
-      auto it = converted_.find(&w);
-      if (it == converted_.end()) it = converted_.emplace(&w, Vec<T>(w.data.begin(), w.data.end())).first;
-      return it->second.data();
+      if (w.type == model::TensorType::F32) return w.ptr();
     }
+    auto it = converted_.find(&w);
+    if (it == converted_.end()) {
+      const std::vector<float> v = w.to_f32();
+      it = converted_.emplace(&w, Vec<T>(v.begin(), v.end())).first;
+    }
+    return it->second.data();
   }
 
   // --- the layer recipe's calls (runtime/recipe.h: the forward is the engines' recipe): layer l on x_ (its input,
@@ -187,10 +178,12 @@ class Backprop {
   void embed() {
     x_.resize(sz(S_ * H_));
     const auto& emb = model_.weights().embedding;
-    for (int64_t t = 0; t < S_; ++t)
+    std::vector<float> row(sz(H_));
+    for (int64_t t = 0; t < S_; ++t) {
+      emb.rows_f32(tokens_[sz(t)], 1, row.data());  // dequantized on lookup
       for (int64_t i = 0; i < H_; ++i)
-        x_[sz(t * H_ + i)] =
-            static_cast<T>(emb.data[sz(tokens_[sz(t)] * H_ + i)]) * static_cast<T>(cfg_.embedding_scale);
+        x_[sz(t * H_ + i)] = static_cast<T>(row[sz(i)]) * static_cast<T>(cfg_.embedding_scale);
+    }
   }
   void attn_norm(int32_t l) {
     LayerActivations<T>& a = *act_;
@@ -591,8 +584,7 @@ class Backprop {
   ThreadPool& pool_;
   int64_t S_;
   std::span<const int32_t> tokens_;
-  int64_t H_ = 0, D_ = 0, F_ = 0, NQ_ = 0, NKV_ = 0, QD_ = 0, KD_ = 0, nb_ = 0;
-  std::vector<runtime::RopeConfig> rope_seen_;
+  int64_t nb_ = 0;
   std::vector<Vec<T>> cos_, sin_;
   std::vector<size_t> layer_rope_;
   std::vector<Vec<T>> inputs_;

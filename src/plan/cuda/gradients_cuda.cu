@@ -1,5 +1,6 @@
 #include "plan/cuda/gradients_cuda.h"
 #include "plan/cross_entropy.h"
+#include "plan/pass_dims.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -11,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -444,9 +446,10 @@ void upload(DevWeight& d, const runtime::Weight& w, size_t& bytes) {
   d.rows = w.rows;
   d.cols = w.cols;
   if (w.empty()) return;
-  d.buf.alloc(w.data.size(), nullptr);
-  TESSERA_CUDA_CHECK(cudaMemcpy(d.buf.get(), w.data.data(), w.data.size() * sizeof(float), cudaMemcpyHostToDevice));
-  bytes += w.data.size() * sizeof(float);
+  const std::vector<float> host = w.to_f32();  // the weight in any kept type, as f32
+  d.buf.alloc(host.size(), nullptr);
+  TESSERA_CUDA_CHECK(cudaMemcpy(d.buf.get(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+  bytes += host.size() * sizeof(float);
 }
 
 void make_random(DevWeight& d, int64_t rows, int64_t cols, uint64_t seed, float amp, size_t& bytes) {
@@ -528,18 +531,11 @@ std::unique_ptr<GradientModel> GradientModel::random(const ModelConfig& c, uint6
 
 namespace {
 
-class Pass {
+class Pass : private PassDims {
  public:
   Pass(const GradientModel::Impl& m, std::span<const int32_t> tokens, const GradientOptions& opt,
        const DeviceRunOptions& run)
-      : m_(m), cfg_(m.cfg), opt_(opt), S_(static_cast<int64_t>(tokens.size())) {
-    H_ = cfg_.hidden_size;
-    D_ = cfg_.head_dim;
-    F_ = cfg_.intermediate_size;
-    NQ_ = cfg_.num_q_heads;
-    NKV_ = cfg_.num_kv_heads;
-    QD_ = NQ_ * D_;
-    KD_ = NKV_ * D_;
+      : PassDims(m.cfg), m_(m), cfg_(m.cfg), opt_(opt), S_(static_cast<int64_t>(tokens.size())) {
     G_ = NQ_ / NKV_;
     nb_ = (S_ + opt.block - 1) / opt.block;
     TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -548,22 +544,16 @@ class Pass {
     cublas_check(cublasSetMathMode(blas_, opt.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
                  "cublasSetMathMode");
     // RoPE tables per distinct RopeConfig, exactly the CPU's.
-    std::vector<runtime::RopeConfig> seen;
-    for (const runtime::LayerConfig& l : cfg_.layers) {
-      auto it = std::find(seen.begin(), seen.end(), l.rope);
-      if (it == seen.end()) {
-        seen.push_back(l.rope);
-        const std::vector<float> inv = runtime::rope_inv_freq(l.rope, cfg_.head_dim, m.rope_freq_factors);
-        std::vector<float> c(sz(S_ * (D_ / 2))), s(sz(S_ * (D_ / 2)));
-        runtime::rope_tables(inv, 0, S_, c.data(), s.data());
-        cos_.emplace_back(c.size(), &tr_);
-        sin_.emplace_back(s.size(), &tr_);
-        to_device(cos_.back().get(), c.data(), c.size());
-        to_device(sin_.back().get(), s.data(), s.size());
-        it = seen.end() - 1;
-      }
-      layer_rope_.push_back(static_cast<size_t>(it - seen.begin()));
+    runtime::LayerRopes ropes = runtime::layer_ropes(cfg_, m.rope_freq_factors);
+    for (const std::vector<float>& inv : ropes.inv_freqs) {
+      std::vector<float> c(sz(S_ * (D_ / 2))), s(sz(S_ * (D_ / 2)));
+      runtime::rope_tables(inv, 0, S_, c.data(), s.data());
+      cos_.emplace_back(c.size(), &tr_);
+      sin_.emplace_back(s.size(), &tr_);
+      to_device(cos_.back().get(), c.data(), c.size());
+      to_device(sin_.back().get(), s.data(), s.size());
     }
+    layer_rope_ = std::move(ropes.layer);
     // The query chunk: the two [heads, R, S] buffers within 1 GiB.
     int64_t R = run.chunk_rows;
     const int64_t S64 = (S_ + 63) / 64 * 64;
@@ -587,13 +577,8 @@ class Pass {
 
   // The forward alone, observe() after each layer's attention (GradientModel::forward).
   void forward(std::span<const int32_t> tokens, const std::function<void(const GradientModel::AttentionView&)>& observe) {
-    alloc_activations();
-    Buf<int32_t> tok(sz(S_), &tr_);
-    to_device(tok.get(), tokens.data(), tokens.size());
-    Buf<float> x(sz(S_ * H_), &tr_);
-    embed_kernel<<<grid_for(S_ * H_), kThreads, 0, stream_>>>(tok.get(), m_.embedding.ptr(), x.get(), S_, H_,
-                                                              static_cast<float>(cfg_.embedding_scale));
-    check_launch("embedding");
+    Buf<int32_t> tok;
+    Buf<float> x = embed(tokens, tok);
     for (int64_t l = 0; l < cfg_.num_layers; ++l) {
       observed_layer_ = static_cast<int32_t>(l);
       observe_ = &observe;
@@ -613,13 +598,8 @@ class Pass {
     result.num_blocks = static_cast<int32_t>(nb_);
     result.num_q_heads = static_cast<int32_t>(NQ_);
     const int64_t L = cfg_.num_layers;
-    alloc_activations();
-    Buf<int32_t> tok(sz(S_), &tr_);
-    to_device(tok.get(), tokens.data(), tokens.size());
-    Buf<float> x(sz(S_ * H_), &tr_);
-    embed_kernel<<<grid_for(S_ * H_), kThreads, 0, stream_>>>(tok.get(), m_.embedding.ptr(), x.get(), S_, H_,
-                                                              static_cast<float>(cfg_.embedding_scale));
-    check_launch("embedding");
+    Buf<int32_t> tok;
+    Buf<float> x = embed(tokens, tok);
     if (!opt_.loss_only) inputs_.alloc(sz(L * S_ * H_), &tr_);
     for (int64_t l = 0; l < L; ++l) {
       if (!opt_.loss_only) copy(inputs_.get() + l * S_ * H_, x.get(), sz(S_ * H_));
@@ -751,6 +731,18 @@ class Pass {
   int64_t first_key_host(int32_t l, int64_t i) const {
     const int64_t w = window(l);
     return w > 0 ? std::max<int64_t>(0, i - w + 1) : 0;
+  }
+
+  // The activations allocated, then the tokens on the device (in `tok`) and their embedding rows (returned).
+  Buf<float> embed(std::span<const int32_t> tokens, Buf<int32_t>& tok) {
+    alloc_activations();
+    tok.alloc(sz(S_), &tr_);
+    to_device(tok.get(), tokens.data(), tokens.size());
+    Buf<float> x(sz(S_ * H_), &tr_);
+    embed_kernel<<<grid_for(S_ * H_), kThreads, 0, stream_>>>(tok.get(), m_.embedding.ptr(), x.get(), S_, H_,
+                                                              static_cast<float>(cfg_.embedding_scale));
+    check_launch("embedding");
+    return x;
   }
 
   void alloc_activations() {
@@ -1009,7 +1001,7 @@ class Pass {
   const ModelConfig& cfg_;
   const GradientOptions& opt_;
   int64_t S_;
-  int64_t H_ = 0, D_ = 0, F_ = 0, NQ_ = 0, NKV_ = 0, QD_ = 0, KD_ = 0, G_ = 1, nb_ = 0, R_ = 64;
+  int64_t G_ = 1, nb_ = 0, R_ = 64;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   Tracker tr_;
@@ -1090,17 +1082,17 @@ namespace {
 // The last Model's weights on the device (the planners call once per calibration sample with the same Model).
 std::mutex g_mutex;
 const runtime::Model* g_model = nullptr;
-const float* g_model_embedding = nullptr;
+const void* g_model_embedding = nullptr;
 std::unique_ptr<GradientModel> g_weights;
 RegisteredStats g_stats;
 
 // The device weights of `model` (g_mutex held).
 const GradientModel& weights_of(const runtime::Model& model) {
-  if (g_model != &model || g_model_embedding != model.weights().embedding.ptr() || !g_weights) {
+  if (g_model != &model || g_model_embedding != model.weights().embedding.bytes || !g_weights) {
     g_weights.reset();
     g_weights = std::make_unique<GradientModel>(model.config(), model.weights());
     g_model = &model;
-    g_model_embedding = model.weights().embedding.ptr();
+    g_model_embedding = model.weights().embedding.bytes;
   }
   return *g_weights;
 }
@@ -1112,11 +1104,7 @@ GradientResult run_registered(const runtime::Model& model, std::span<const int32
   weights_of(model);
   DeviceStats st;
   GradientResult r = g_weights->run(tokens, targets, options, {.stats = &st});
-  ++g_stats.passes;
-  g_stats.seconds += st.seconds;
-  g_stats.weight_bytes = st.weight_bytes;
-  g_stats.peak_pass_bytes = std::max(g_stats.peak_pass_bytes, st.peak_pass_bytes);
-  g_stats.peak_used_bytes = std::max(g_stats.peak_used_bytes, st.peak_used_bytes);
+  g_stats.add(st);
   return r;
 }
 
@@ -1128,9 +1116,10 @@ void with_device_weights(const runtime::Model& model, const std::function<void(c
   const GradientModel& g = weights_of(model);
   const auto t0 = std::chrono::steady_clock::now();
   fn(g);
-  ++g_stats.passes;
-  g_stats.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  g_stats.weight_bytes = g.bytes();
+  PassCosts pass;
+  pass.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  pass.weight_bytes = g.bytes();
+  g_stats.add(pass);
 }
 
 void register_minference();  // minference_cuda.cu
@@ -1138,6 +1127,14 @@ void register_minference();  // minference_cuda.cu
 void enable() {
   register_cuda_gradients(&run_registered);
   register_minference();
+}
+
+void RegisteredStats::add(const PassCosts& pass) {
+  ++passes;
+  seconds += pass.seconds;
+  weight_bytes = pass.weight_bytes;
+  peak_pass_bytes = std::max(peak_pass_bytes, pass.peak_pass_bytes);
+  peak_used_bytes = std::max(peak_used_bytes, pass.peak_used_bytes);
 }
 
 RegisteredStats registered_stats() {

@@ -33,22 +33,24 @@ void enable();
 // True when a CUDA device is usable (cudaGetDeviceCount > 0).
 bool gpu_available();
 
-struct DeviceStats {
+// Time and device memory of a pass (DeviceStats), or of all passes (RegisteredStats).
+struct PassCosts {
   double seconds = 0;            // the pass, from the first upload of tokens to the last block sum on the host
   size_t weight_bytes = 0;       // the f32 weights on the device
   size_t peak_pass_bytes = 0;    // the pass's own device allocations at their peak (weights excluded)
   size_t peak_used_bytes = 0;    // device memory in use (cudaMemGetInfo: total - free) at its largest sample
+};
+
+struct DeviceStats : PassCosts {
   int64_t chunk_rows = 0;        // the query chunk R
 };
 
 // Of the passes run through the registered path since the program started: their number, total seconds, the
 // weights' bytes and the largest peaks (for `tessera plan`'s report).
-struct RegisteredStats {
+struct RegisteredStats : PassCosts {
   int64_t passes = 0;
-  double seconds = 0;
-  size_t weight_bytes = 0;
-  size_t peak_pass_bytes = 0;
-  size_t peak_used_bytes = 0;
+  // Counts one more pass: its seconds added, its weights' bytes kept, the peaks the larger.
+  void add(const PassCosts& pass);
 };
 RegisteredStats registered_stats();
 
