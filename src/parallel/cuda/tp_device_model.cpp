@@ -27,20 +27,32 @@ float* TpDeviceModel::f32_buffer(int64_t count) {
 
 namespace {
 
-// Rows [r0, r1) of a row-major [rows, cols] f32 matrix, rounded to bf16 on the host.
+// Rows [r0, r1) of a [rows, cols] matrix in any kept type, dequantized and rounded to bf16 on the host.
 std::vector<bf16> rows_bf16(const Weight& w, int64_t r0, int64_t r1) {
-  std::vector<bf16> out(static_cast<size_t>((r1 - r0) * w.cols));
-  for (size_t i = 0; i < out.size(); ++i) out[i] = f32_to_bf16(w.data[static_cast<size_t>(r0 * w.cols) + i]);
+  std::vector<float> f(static_cast<size_t>((r1 - r0) * w.cols));
+  w.rows_f32(r0, r1 - r0, f.data());
+  std::vector<bf16> out(f.size());
+  for (size_t i = 0; i < out.size(); ++i) out[i] = f32_to_bf16(f[i]);
   return out;
 }
 
 std::vector<bf16> cols_bf16(const Weight& w, int64_t c0, int64_t c1) {
   std::vector<bf16> out(static_cast<size_t>(w.rows * (c1 - c0)));
-  for (int64_t r = 0; r < w.rows; ++r)
-    for (int64_t c = c0; c < c1; ++c)
-      out[static_cast<size_t>(r * (c1 - c0) + c - c0)] =
-          f32_to_bf16(w.data[static_cast<size_t>(r * w.cols + c)]);
+  std::vector<float> row(static_cast<size_t>(w.cols));
+  for (int64_t r = 0; r < w.rows; ++r) {
+    w.rows_f32(r, 1, row.data());
+    for (int64_t c = c0; c < c1; ++c) out[static_cast<size_t>(r * (c1 - c0) + c - c0)] = f32_to_bf16(row[static_cast<size_t>(c)]);
+  }
   return out;
+}
+
+// Held group gi of a layer, its weights not yet set: the global group and the rank's local heads of it.
+TpGroupWeights group_of(const RankLayer& rl, size_t gi) {
+  TpGroupWeights g;
+  g.group = rl.groups[gi];
+  g.first_head = rl.group_heads[gi].first;
+  g.heads = rl.group_heads[gi].second - rl.group_heads[gi].first;
+  return g;
 }
 
 }  // namespace
@@ -86,10 +98,7 @@ std::unique_ptr<TpDeviceModel> TpDeviceModel::upload(const ModelConfig& c, const
     L.k_norm = vec(s.k_norm);
     L.heads = static_cast<int32_t>(rl.heads.size());
     for (size_t gi = 0; gi < rl.groups.size(); ++gi) {
-      TpGroupWeights g;
-      g.group = rl.groups[gi];
-      g.first_head = rl.group_heads[gi].first;
-      g.heads = rl.group_heads[gi].second - rl.group_heads[gi].first;
+      TpGroupWeights g = group_of(rl, gi);
       const int64_t h0 = g.first_head * D, h1 = (g.first_head + g.heads) * D;
       g.wq = put_bf16(rows_bf16(s.wq, h0, h1));
       g.wk = put_bf16(rows_bf16(s.wk, static_cast<int64_t>(gi) * D, static_cast<int64_t>(gi + 1) * D));
@@ -150,10 +159,7 @@ std::unique_ptr<TpDeviceModel> TpDeviceModel::random(const ModelConfig& c, const
     }
     L.heads = static_cast<int32_t>(rl.heads.size());
     for (size_t gi = 0; gi < rl.groups.size(); ++gi) {
-      TpGroupWeights g;
-      g.group = rl.groups[gi];
-      g.first_head = rl.group_heads[gi].first;
-      g.heads = rl.group_heads[gi].second - rl.group_heads[gi].first;
+      TpGroupWeights g = group_of(rl, gi);
       g.wq = matrix(g.heads * D * H);
       g.wk = matrix(D * H);
       g.wv = matrix(D * H);

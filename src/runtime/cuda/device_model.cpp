@@ -1,6 +1,7 @@
 #include "runtime/cuda/device_model.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -53,10 +54,10 @@ void DeviceModel::allocate_layout() {
     LayerSlots s{};
     s.attn_norm = alloc_f32(H);
     // Q, K and V projections in one allocation, rows of wq then wk then wv: the batched decode's one QKV GEMM.
-    bf16* const qkv = alloc_bf16((QD + 2 * KD) * H);
-    s.wq = qkv;
-    s.wk = qkv + QD * H;
-    s.wv = qkv + (QD + KD) * H;
+    s.wqkv = alloc_bf16((QD + 2 * KD) * H);
+    s.wq = s.wqkv;
+    s.wk = s.wqkv + QD * H;
+    s.wv = s.wqkv + (QD + KD) * H;
     s.wo = alloc_bf16(H * QD);
     if (c.qkv_bias) {
       s.bq = alloc_f32(QD);
@@ -75,24 +76,7 @@ void DeviceModel::allocate_layout() {
     s.w_gate_up = alloc_bf16(2 * F * H);
     s.w_down = alloc_bf16(H * F);
     slots_.push_back(s);
-    DeviceLayer d;
-    d.attn_norm = s.attn_norm;
-    d.wq = s.wq;
-    d.wk = s.wk;
-    d.wv = s.wv;
-    d.wqkv = qkv;
-    d.wo = s.wo;
-    d.bq = s.bq;
-    d.bk = s.bk;
-    d.bv = s.bv;
-    d.q_norm = s.q_norm;
-    d.k_norm = s.k_norm;
-    d.post_attn_norm = s.post_attn_norm;
-    d.ffn_norm = s.ffn_norm;
-    d.post_ffn_norm = s.post_ffn_norm;
-    d.w_gate_up = s.w_gate_up;
-    d.w_down = s.w_down;
-    layers_.push_back(d);
+    layers_.push_back(std::bit_cast<DeviceLayer>(s));  // the same pointers, read-only
   }
 }
 
@@ -127,25 +111,28 @@ class Uploader {
  public:
   Uploader() : staging_(kChunk) {}
 
+  // w in any kept type: dequantized on the host a row range at a time (kChunk floats at most), then copied.
   void bf16_weight(bf16* dst, const Weight& w, int64_t count, const std::string& what) {
-    check(static_cast<int64_t>(w.data.size()) == count,
-          "device model: " + what + " has " + std::to_string(w.data.size()) + " values, expected " +
-              std::to_string(count));
-    for (int64_t b = 0; b < count; b += static_cast<int64_t>(kChunk)) {
-      const int64_t n = std::min<int64_t>(count - b, static_cast<int64_t>(kChunk));
-      TESSERA_CUDA_CHECK(cudaMemcpy(staging_.data(), w.data.data() + b, static_cast<size_t>(n) * sizeof(float),
+    check(w.numel() == count && !w.empty(),
+          "device model: " + what + " has " + std::to_string(w.numel()) + " values, expected " + std::to_string(count));
+    const int64_t step = std::max<int64_t>(1, static_cast<int64_t>(kChunk) / std::max<int64_t>(w.cols, 1));
+    std::vector<float> host(static_cast<size_t>(std::min(step, w.rows) * w.cols));
+    for (int64_t r = 0; r < w.rows; r += step) {
+      const int64_t rows = std::min(step, w.rows - r), n = rows * w.cols;
+      w.rows_f32(r, rows, host.data());
+      TESSERA_CUDA_CHECK(cudaMemcpy(staging_.data(), host.data(), static_cast<size_t>(n) * sizeof(float),
                                     cudaMemcpyHostToDevice));
-      f32_to_bf16(staging_.data(), n, dst + b, nullptr);
+      f32_to_bf16(staging_.data(), n, dst + r * w.cols, nullptr);
     }
   }
 
   static void f32_weight(float* dst, const Weight& w, int64_t count, const std::string& what) {
     if (dst == nullptr) return;
-    check(static_cast<int64_t>(w.data.size()) == count,
-          "device model: " + what + " has " + std::to_string(w.data.size()) + " values, expected " +
-              std::to_string(count));
+    check(w.numel() == count && !w.empty(),
+          "device model: " + what + " has " + std::to_string(w.numel()) + " values, expected " + std::to_string(count));
+    const std::vector<float> host = w.to_f32();
     TESSERA_CUDA_CHECK(
-        cudaMemcpy(dst, w.data.data(), static_cast<size_t>(count) * sizeof(float), cudaMemcpyHostToDevice));
+        cudaMemcpy(dst, host.data(), static_cast<size_t>(count) * sizeof(float), cudaMemcpyHostToDevice));
   }
 
  private:

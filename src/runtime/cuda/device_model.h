@@ -50,18 +50,22 @@
 
 namespace tessera::runtime::gpu {
 
-struct DeviceLayer {
-  const float* attn_norm = nullptr;                                         // [hidden]
-  const bf16 *wq = nullptr, *wk = nullptr, *wv = nullptr, *wo = nullptr;  // as in model/weights.h
-  const bf16* wqkv = nullptr;  // [q_dim + 2 kv_dim, hidden]: wq, wk and wv are its three row ranges (one GEMM)
-  const float *bq = nullptr, *bk = nullptr, *bv = nullptr;                 // Qwen2 only
-  const float *q_norm = nullptr, *k_norm = nullptr;                        // Gemma-3 only, [head_dim]
-  const float* post_attn_norm = nullptr;                                   // Gemma-3 only
-  const float* ffn_norm = nullptr;
-  const float* post_ffn_norm = nullptr;  // Gemma-3 only
-  const bf16* w_gate_up = nullptr;       // [2 * ffn, hidden]: gate rows, then up rows
-  const bf16* w_down = nullptr;          // [hidden, ffn]
+// One layer's weights on the device: F and B are float and bf16, const-qualified in the readers' view
+// (DeviceLayer) and not in the view DeviceModel fills them through.
+template <typename F, typename B>
+struct LayerPointers {
+  F* attn_norm = nullptr;                                         // [hidden]
+  B *wq = nullptr, *wk = nullptr, *wv = nullptr, *wo = nullptr;  // as in model/weights.h
+  B* wqkv = nullptr;  // [q_dim + 2 kv_dim, hidden]: wq, wk and wv are its three row ranges (one GEMM)
+  F *bq = nullptr, *bk = nullptr, *bv = nullptr;                 // Qwen2 only
+  F *q_norm = nullptr, *k_norm = nullptr;                        // Gemma-3 only, [head_dim]
+  F* post_attn_norm = nullptr;                                   // Gemma-3 only
+  F* ffn_norm = nullptr;
+  F* post_ffn_norm = nullptr;  // Gemma-3 only
+  B* w_gate_up = nullptr;      // [2 * ffn, hidden]: gate rows, then up rows
+  B* w_down = nullptr;         // [hidden, ffn]
 };
+using DeviceLayer = LayerPointers<const float, const bf16>;
 
 // How DeviceModel::random fills the weights (see the header comment).
 enum class RandomInit {
@@ -104,10 +108,7 @@ class DeviceModel {
   std::vector<attn::gpu::DeviceBuffer<float>> f32_buffers_;
   std::vector<DeviceLayer> layers_;
   // Mutable views of the same buffers, for filling them.
-  struct LayerSlots {
-    float *attn_norm, *bq, *bk, *bv, *q_norm, *k_norm, *post_attn_norm, *ffn_norm, *post_ffn_norm;
-    bf16 *wq, *wk, *wv, *wo, *w_gate_up, *w_down;
-  };
+  using LayerSlots = LayerPointers<float, bf16>;
   std::vector<LayerSlots> slots_;
   bf16* embedding_ = nullptr;
   bf16* output_ = nullptr;
