@@ -114,14 +114,19 @@ __global__ void embed_vec_kernel(const int32_t* tokens, const nbf* table, int64_
 
 // The scalar norms below are the fallback for rows the vector kernels do not take (n % 4 != 0, misaligned
 // pointers, n > 4 * kNormVecs * 1024).
+// 1 / sqrt(mean(in^2) + eps) of the row in[0, n), in every thread of the block (scratch: 32 floats).
+__device__ float row_inv_rms(const float* in, int64_t n, float eps, float* scratch) {
+  float ss = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += in[i] * in[i];
+  ss = block_sum(ss, scratch);
+  return 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
+}
+
 __global__ void rms_norm_kernel(const float* x, int64_t n, const float* w, float eps, nbf* y, int64_t ldy) {
   __shared__ float scratch[32];
   const float* in = x + static_cast<int64_t>(blockIdx.x) * n;
   nbf* out = y + static_cast<int64_t>(blockIdx.x) * ldy;
-  float ss = 0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += in[i] * in[i];
-  ss = block_sum(ss, scratch);
-  const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
+  const float inv = row_inv_rms(in, n, eps, scratch);
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) out[i] = to_bf(w[i] * (in[i] * inv));
 }
 
@@ -129,10 +134,7 @@ __global__ void add_rms_normed_kernel(float* x, const float* o, int64_t n, const
   __shared__ float scratch[32];
   const float* in = o + static_cast<int64_t>(blockIdx.x) * n;
   float* out = x + static_cast<int64_t>(blockIdx.x) * n;
-  float ss = 0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += in[i] * in[i];
-  ss = block_sum(ss, scratch);
-  const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
+  const float inv = row_inv_rms(in, n, eps, scratch);
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) out[i] += w[i] * (in[i] * inv);
 }
 
