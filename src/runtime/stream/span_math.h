@@ -26,41 +26,20 @@
 
 namespace tessera::runtime::stream::span_math {
 
-TESSERA_SPAN_HD double add(double a, double b) {
+// The correctly rounded operations: on the device the __*_rn intrinsics, on the host plain operators and std::fma.
 #if defined(__CUDA_ARCH__)
-  return __dadd_rn(a, b);
+TESSERA_SPAN_HD double add(double a, double b) { return __dadd_rn(a, b); }
+TESSERA_SPAN_HD double sub(double a, double b) { return __dsub_rn(a, b); }
+TESSERA_SPAN_HD double mul(double a, double b) { return __dmul_rn(a, b); }
+TESSERA_SPAN_HD double fma(double a, double b, double c) { return __fma_rn(a, b, c); }
+TESSERA_SPAN_HD float fmaf(float a, float b, float c) { return __fmaf_rn(a, b, c); }
 #else
-  return a + b;
+TESSERA_SPAN_HD double add(double a, double b) { return a + b; }
+TESSERA_SPAN_HD double sub(double a, double b) { return a - b; }
+TESSERA_SPAN_HD double mul(double a, double b) { return a * b; }
+TESSERA_SPAN_HD double fma(double a, double b, double c) { return std::fma(a, b, c); }
+TESSERA_SPAN_HD float fmaf(float a, float b, float c) { return std::fma(a, b, c); }
 #endif
-}
-TESSERA_SPAN_HD double sub(double a, double b) {
-#if defined(__CUDA_ARCH__)
-  return __dsub_rn(a, b);
-#else
-  return a - b;
-#endif
-}
-TESSERA_SPAN_HD double mul(double a, double b) {
-#if defined(__CUDA_ARCH__)
-  return __dmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-TESSERA_SPAN_HD double fma(double a, double b, double c) {
-#if defined(__CUDA_ARCH__)
-  return __fma_rn(a, b, c);
-#else
-  return std::fma(a, b, c);
-#endif
-}
-TESSERA_SPAN_HD float fmaf(float a, float b, float c) {
-#if defined(__CUDA_ARCH__)
-  return __fmaf_rn(a, b, c);
-#else
-  return std::fma(a, b, c);
-#endif
-}
 
 // P[r][c] of the (n + 1) x (n + 1) table.
 TESSERA_SPAN_HD double at(const double* P, int32_t n, int32_t r, int32_t c) {
