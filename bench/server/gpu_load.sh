@@ -13,7 +13,7 @@
 # THE DEVICE COMMANDS (two calls on one warm machine: the build leaves build/cuda, build/gpu-sysroot and the first
 # model part there for the second call; if the machine went back in between, the second call says so):
 #   call 1, carry ["build/gpu-debs", "build/models-a"]:
-#       BUILD_ONLY=1 bash scripts/gpu/check.sh
+#       bash scripts/gpu/run.sh build
 #   call 2, carry ["build/models-b", "build/models-c"]:
 #       OUT=$OUT bash bench/server/gpu_load.sh
 # build/models-{a,b,c}/smol.0{0,1,2} are SmolLM2-135M-Instruct Q4_1 (98 MB, over one call's 64 MiB carry) cut in
@@ -29,7 +29,7 @@
 #
 #   bench/server/gpu_load.sh [MODEL] [TESSERA_BIN]
 #     MODEL        default $TESSERA_MODELS/smollm2-135m-instruct-q4_1.gguf (TESSERA_MODELS default build/models)
-#     TESSERA_BIN  default build/cuda/src/tessera (built by BUILD_ONLY=1 bash scripts/gpu/check.sh)
+#     TESSERA_BIN  default build/cuda/src/tessera (built by bash scripts/gpu/run.sh build)
 #   env: OUT (build/gpu-load), DEVICE (cuda; cpu to try the script on a CPU machine), PARALLEL (32: --parallel,
 #        the sequences the batched engine runs at once), KV_BUDGET (8G: --kv-budget), POLICIES ("dense vs
 #        trianglemix": one server each, --attn), CLIENTS (1,8,32), REQUESTS (2 per client), PROMPT_WORDS (6000),
@@ -92,7 +92,7 @@ min() { [ "$1" -lt "$2" ] && echo "$1" || echo "$2"; }
 # shellcheck disable=SC1091
 [ -f build/gpu-sysroot/deps.env ] && . build/gpu-sysroot/deps.env
 if [ ! -x "$TESSERA" ]; then
-  echo "gpu_load.sh: no $TESSERA: build it first (BUILD_ONLY=1 bash scripts/gpu/check.sh, carrying build/gpu-debs;"
+  echo "gpu_load.sh: no $TESSERA: build it first (bash scripts/gpu/run.sh build, carrying build/gpu-debs;"
   echo "on the same warm machine: a machine that went back between the calls has lost the build)"
   exit 1
 fi
