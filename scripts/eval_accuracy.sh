@@ -5,7 +5,7 @@
 #
 #   bash scripts/eval_accuracy.sh smollm2     # SmolLM2-135M-Instruct, up to 8K      (about 60 min on 2 idle cores)
 #   bash scripts/eval_accuracy.sh gemma       # Gemma-3-270M: layer metrics and perplexity (the task grid runs on
-#                                             # the GPU: scripts/gpu/eval_gpu.sh)
+#                                             # the GPU: scripts/gpu/run.sh eval)
 #   bash scripts/eval_accuracy.sh smoke       # a few cases, as CI's smoke test runs
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +27,7 @@ case "${1:-}" in
     ;;
   gemma)
     # The task cases of Gemma-3 (needle grid to 32K, six RULER tasks) run on the GPU engine:
-    # scripts/gpu/eval_gpu.sh (docs/accuracy/gemma-3-270m-gpu). The CPU adds what only the CPU engine measures.
+    # scripts/gpu/run.sh eval (docs/accuracy/gemma-3-270m-gpu). The CPU adds what only the CPU engine measures.
     M=$MODELS/gemma-3-270m-q4_k_m.gguf; D=docs/accuracy/gemma-3-270m
     $T eval -m "$M" --tasks none --layer-stats 2048 --perplexity 4096,8192 --attn "$POLICIES" -o $D
     ;;

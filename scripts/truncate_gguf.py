@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes a copy of a GGUF model keeping only its first N blocks (layers): the tokenizer, chat template and every
 other metadata key stay, `<arch>.block_count` becomes N. Used to carry a real tokenizer with a small model to the
-GPU machines (scripts/gpu/tp_x4.sh's serve phase: SmolLM2 with 2 of its 30 layers is 21 MB instead of 98).
+GPU machines (`SERVE_MODEL=smol2l.gguf scripts/gpu/run.sh serve`, carrying build/models: SmolLM2 with 2 of its 30 layers is
+21 MB instead of 98).
 
   python3 scripts/truncate_gguf.py IN.gguf OUT.gguf --blocks 2      (needs the `gguf` package: pip install gguf)
 """

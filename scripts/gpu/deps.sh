@@ -7,7 +7,7 @@
 #                                       into build/gpu-debs (git-ignored, about 19 MB; carry it with the device
 #                                       call: carry ["build/gpu-debs"])
 #   bash scripts/gpu/deps.sh unpack     there: dpkg -x of each .deb into build/gpu-sysroot, then writes and prints
-#                                       build/gpu-sysroot/deps.env, which scripts/gpu/check.sh sources:
+#                                       build/gpu-sysroot/deps.env, which scripts/gpu/lib.sh sources:
 #                                         TESSERA_DEPS_CMAKE_ARGS  -DCMAKE_PREFIX_PATH=<sysroot>/usr (GTest,
 #                                           nlohmann_json and CLI11 by their CMake configs, PCRE2, OpenBLAS and
 #                                           cpp-httplib by find_path / find_library) and

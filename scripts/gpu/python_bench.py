@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Timings of the Python module on a GPU (scripts/gpu/python_check.sh runs both parts).
+"""Timings of the Python module on a GPU (`scripts/gpu/run.sh python` runs both parts).
 
   python3 scripts/gpu/python_bench.py ops  [--seq 32768,131072] [--reps 5] [--cpp-csv FILE] [--md FILE] [--csv FILE]
       Llama-3-8B attention shapes (32 query heads, 8 KV heads, head_dim 128, bf16, batch 1), inputs N(0, 1) as

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The requests scripts/gpu/tp_x4.sh's serve phase sends to a `tessera serve` (one GPU, or --gpus N), greedy:
+"""The requests `scripts/gpu/run.sh serve` sends to a `tessera serve` (one GPU, or --gpus N), greedy:
 completions (one long prompt), a chat, a per-request policy, a client that leaves mid-stream and a request after
 it. Writes the answers as JSON; `--compare A.json B.json` prints a table of two runs' answers.
 
