@@ -1,7 +1,8 @@
 // The CPU twin of tensor parallelism (parallel/tp_forward_cpu.h) against the single-rank forward
 // (runtime/forward.h) on the tiny Hugging Face fixtures: N virtual ranks whose all-reduce is a sum give the
 // same logits whatever the placement (uniform, greedy, KV groups split over ranks, a rank without heads),
-// dense and sparse policies, chunked prefill.
+// dense and sparse policies, chunked prefill; and the batched engine over the sharded backend (the twin of
+// `serve --gpus N --parallel M`) generates the one-rank batched engine's tokens, paged and streamed.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,9 +14,11 @@
 #include "parallel/placement.h"
 #include "parallel/shard.h"
 #include "parallel/tp_forward_cpu.h"
+#include "runtime/batch_engine.h"
 #include "runtime/forward.h"
 #include "runtime/kv_cache.h"
 #include "model/model.h"
+#include "stream_sizes.h"
 
 using namespace tessera;
 using namespace tessera::parallel;
@@ -177,16 +180,94 @@ TEST(TensorParallelCpu, ShardsAreContiguousCopiesOfTheirHeads) {
   ASSERT_EQ(s.wq.rows, 3 * d);
   ASSERT_EQ(s.wo.cols, 3 * d);
   // Local head 1 is global head 2: its wq rows and wo columns.
-  EXPECT_EQ(s.wq.data[static_cast<size_t>(1 * d * H + 5)], full.wq.data[static_cast<size_t>(2 * d * H + 5)]);
-  EXPECT_EQ(s.wo.data[static_cast<size_t>(7 * s.wo.cols + 1 * d + 3)],
-            full.wo.data[static_cast<size_t>(7 * full.wo.cols + 2 * d + 3)]);
-  EXPECT_EQ(s.wk.data[static_cast<size_t>(1 * d * H + 9)], full.wk.data[static_cast<size_t>(1 * d * H + 9)]);
-  EXPECT_EQ(s.w_down.data[static_cast<size_t>(3 * s.w_down.cols)],
-            full.w_down.data[static_cast<size_t>(3 * full.w_down.cols + r1.ffn_begin)]);
+  EXPECT_EQ(s.wq.ptr()[static_cast<size_t>(1 * d * H + 5)], full.wq.ptr()[static_cast<size_t>(2 * d * H + 5)]);
+  EXPECT_EQ(s.wo.ptr()[static_cast<size_t>(7 * s.wo.cols + 1 * d + 3)],
+            full.wo.ptr()[static_cast<size_t>(7 * full.wo.cols + 2 * d + 3)]);
+  EXPECT_EQ(s.wk.ptr()[static_cast<size_t>(1 * d * H + 9)], full.wk.ptr()[static_cast<size_t>(1 * d * H + 9)]);
+  EXPECT_EQ(s.w_down.ptr()[static_cast<size_t>(3 * s.w_down.cols)],
+            full.w_down.ptr()[static_cast<size_t>(3 * full.w_down.cols + r1.ffn_begin)]);
   try {
     rank_plan(c, p, 2);
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(), "rank 2 outside [0, 2)");
+  }
+}
+
+// ---- the batched engine over the sharded backend ----
+
+namespace {
+
+// Requests of the given prompt lengths; every second one sampled; `policy` on the third.
+std::vector<runtime::BatchRequest> requests(const std::vector<int32_t>& lengths, int32_t vocab,
+                                            const attn::AttentionPolicy* policy) {
+  std::vector<runtime::BatchRequest> reqs;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    runtime::BatchRequest r;
+    r.prompt = prompt(lengths[i], vocab);
+    for (int32_t& t : r.prompt) t = (t + static_cast<int32_t>(i) * 101) % vocab;
+    r.options.max_new_tokens = 10 + static_cast<int32_t>(i) * 3;
+    if (i % 2 == 1) {
+      r.options.sampling.temperature = 0.8f;
+      r.options.sampling.top_k = 20;
+      r.options.sampling.top_p = 0.9f;
+      r.options.sampling.seed = 700 + i;
+    }
+    if (i == 2 && policy != nullptr) r.policy = *policy;
+    reqs.push_back(r);
+  }
+  return reqs;
+}
+
+std::vector<std::vector<int32_t>> batched(runtime::BatchBackend& backend, const runtime::BatchEngineOptions& o,
+                                          const std::vector<runtime::BatchRequest>& reqs) {
+  runtime::BatchEngine engine(backend, o);
+  auto out = engine.generate_all(reqs);
+  EXPECT_EQ(engine.stats().max_decode_batch, o.max_batch);
+  return out;
+}
+
+}  // namespace
+
+TEST(TensorParallelCpu, BatchedEngineEqualsOneRank) {
+  for (const char* name : {"llama3", "qwen2", "gemma3"}) {
+    const runtime::Model& m = fixture(name);
+    const runtime::ModelConfig& c = m.config();
+    attn::AttentionPolicy policy =
+        attn::AttentionPolicy::uniform(c.num_layers, c.num_q_heads, c.num_kv_heads, attn::AShapePattern{4, 16});
+    policy.at(0, 1) = attn::ElasticWindowPattern{12.0, 0.1, 2};  // MoA: a per-head decode window
+    runtime::BatchEngineOptions o;
+    o.chunk_size = 16;
+    o.block_tokens = 8;
+    o.max_batch = 3;  // five requests: the rest wait for a place
+    const auto reqs = requests({5, 37, 90, 64, 1}, c.vocab_size, &policy);
+    runtime::CpuBatchBackend one(m);
+    const auto ref = batched(one, o, reqs);
+    std::vector<std::vector<int32_t>> split(static_cast<size_t>(c.num_layers));
+    for (int32_t l = 0; l < c.num_layers; ++l)
+      for (int32_t h = 0; h < c.num_q_heads; ++h) split[static_cast<size_t>(l)].push_back(h % 2 == l % 2 ? 1 : 0);
+    for (const Placement& p : {place(skewed_costs(c), 2, PlacementMethod::kGreedy),
+                               place(skewed_costs(c), 3, PlacementMethod::kGenetic), custom(c, 2, split)}) {
+      auto tp = tp_cpu_batch_backend(m, p);
+      const auto got = batched(*tp, o, reqs);
+      for (size_t i = 0; i < reqs.size(); ++i)
+        EXPECT_EQ(got[i], ref[i]) << name << ", " << p.method << " on " << p.num_gpus << " ranks, request " << i;
+    }
+  }
+}
+
+TEST(TensorParallelCpu, StreamedBatchEqualsOneRank) {
+  for (const char* name : {"llama3", "gemma3"}) {
+    const runtime::Model& m = fixture(name);
+    const runtime::ModelConfig& c = m.config();
+    runtime::BatchEngineOptions o;
+    o.max_batch = 2;
+    o.stream = runtime::small_stream(runtime::StreamMethod::Ltri);
+    const auto reqs = requests({130, 9, 77}, c.vocab_size, nullptr);
+    runtime::CpuBatchBackend one(m);
+    const auto ref = batched(one, o, reqs);
+    auto tp = tp_cpu_batch_backend(m, place(skewed_costs(c), 2, PlacementMethod::kGreedy));
+    const auto got = batched(*tp, o, reqs);
+    for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i], ref[i]) << name << ", request " << i;
   }
 }

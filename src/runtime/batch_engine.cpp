@@ -28,9 +28,12 @@ const char* finish_reason_name(FinishReason r) {
 // ---- the CPU backend ----
 
 CpuBatchBackend::CpuBatchBackend(const Model& model, ThreadPool* pool)
+    : model_(model), pool_(pool ? *pool : ThreadPool::global()), prefill_(model, pool_), decode_(prefill_.ops()) {}
+
+CpuBatchBackend::CpuBatchBackend(const Model& model, ThreadPool* pool, std::unique_ptr<CpuOps> ops)
     : model_(model),
       pool_(pool ? *pool : ThreadPool::global()),
-      prefill_(model, pool_),
+      prefill_(model, pool_, std::move(ops)),
       decode_(prefill_.ops()) {}
 
 double CpuBatchBackend::default_kv_bytes() const { return 0.25 * static_cast<double>(host_memory_budget().bytes); }

@@ -107,6 +107,9 @@ class BatchBackend {
 class CpuBatchBackend final : public BatchBackend {
  public:
   explicit CpuBatchBackend(const Model& model, ThreadPool* pool = nullptr);
+  // The same over another CPU backend of the recipe: parallel::ShardedCpuOps (the tensor-parallel twin, whose
+  // prefill chunks and batched decode steps run every rank's shard; parallel/tp_forward_cpu.h).
+  CpuBatchBackend(const Model& model, ThreadPool* pool, std::unique_ptr<CpuOps> ops);
   const ModelConfig& config() const override { return model_.config(); }
   const char* device_name() const override { return "cpu"; }
   double block_bytes(const PagedKVShape& shape) const override { return PagedKVStore::bytes_per_block(shape); }

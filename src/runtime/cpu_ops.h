@@ -9,7 +9,7 @@
 //
 // Every CPU forward runs this one recipe: a sequence's prefill chunk (runtime::Forward), the batched decode of many
 // sequences (runtime::BatchForward), a streamed chunk (a KVPolicy) and, with sharded weights, the tensor-parallel
-// twin (parallel/tp_forward_cpu.h, whose ops derive from these).
+// twin (parallel/tp_forward_cpu.h: ShardedCpuOps derive from these).
 #pragma once
 
 #include <cstdint>
@@ -49,10 +49,15 @@ void grow_to(V& v, int64_t n) {
   if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
 }
 
-// The f32 CPU backend of run_layers (the Ops concept of recipe.h).
+// The f32 CPU backend of run_layers (the Ops concept of recipe.h). The products that tensor parallelism splits
+// (qkv, out_proj, mlp) are virtual: parallel::ShardedCpuOps runs them over every rank's shard and sums the ranks'
+// partials, so that every CPU step (a prefill chunk, the batched decode, a streamed chunk) runs sharded too.
 class CpuOps {
  public:
   CpuOps(const ModelConfig& config, const ModelWeights& weights, ThreadPool& pool);
+  virtual ~CpuOps() = default;
+  CpuOps(const CpuOps&) = delete;
+  CpuOps& operator=(const CpuOps&) = delete;
 
   // Sets up a step of tokens.size() rows: row t at position positions[t], or pos + t when positions is empty;
   // `step` and `timers` must outlive the step (head() included).
@@ -64,13 +69,13 @@ class CpuOps {
   int64_t mlp_piece() const { return n_; }
   void embed();
   void attn_norm(int32_t l) { norm_x(weights_.layers[static_cast<size_t>(l)].attn_norm); }
-  void qkv(int32_t l, bool bias);
+  virtual void qkv(int32_t l, bool bias);
   void qk_norm_rope(int32_t l, bool norm, bool rope);
   bool attention_rotates(int32_t l) const { return step_->rotates(l); }
   void attend(int32_t l);
-  void out_proj(int32_t l, bool post_norm);
+  virtual void out_proj(int32_t l, bool post_norm);
   void ffn_norm(int32_t l) { norm_x(weights_.layers[static_cast<size_t>(l)].ffn_norm); }
-  void mlp(int32_t l, int64_t row0, int64_t rows, Activation act, bool post_norm);
+  virtual void mlp(int32_t l, int64_t row0, int64_t rows, Activation act, bool post_norm);
   // Logits [n - first, vocab] of rows [first, n) (final norm, LM head, the config's soft-capping).
   std::vector<float> head(int64_t first);
 

@@ -71,11 +71,16 @@ class PolicyAttention final : public CpuAttentionStep {
 }  // namespace
 
 Forward::Forward(const Model& model, ThreadPool& pool)
-    : model_(model), cfg_(model.config()), pool_(pool), ops_(model.config(), model.weights(), pool) {}
+    : Forward(model, pool, std::make_unique<CpuOps>(model.config(), model.weights(), pool)) {}
+
+Forward::Forward(const Model& model, ThreadPool& pool, std::unique_ptr<CpuOps> ops)
+    : model_(model), cfg_(model.config()), pool_(pool), ops_(std::move(ops)) {
+  check(ops_ != nullptr, "forward: no CPU backend");
+}
 
 std::vector<float> Forward::finish(int32_t n, LogitRows rows) {
   if (rows == LogitRows::None) return {};
-  return ops_.head(rows == LogitRows::Last ? n - 1 : 0);
+  return ops_->head(rows == LogitRows::Last ? n - 1 : 0);
 }
 
 std::vector<float> Forward::run(std::span<const int32_t> tokens, int32_t pos, KVCache& cache,
@@ -85,8 +90,8 @@ std::vector<float> Forward::run(std::span<const int32_t> tokens, int32_t pos, KV
   if (n == 0) return {};
   check(cache.capacity() >= pos + n, "forward: the KV cache has no room for the chunk");
   ContiguousAttention step(cfg_, cache, pos, n, policy, total_len, observer_, pool_);
-  ops_.begin(tokens, pos, {}, step, timers);
-  run_layers(cfg_, ops_);
+  ops_->begin(tokens, pos, {}, step, timers);
+  run_layers(cfg_, *ops_);
   return finish(n, rows);
 }
 
@@ -94,9 +99,9 @@ std::vector<float> Forward::run(std::span<const int32_t> tokens, int32_t pos, KV
                                 ForwardTimers& timers) {
   const auto n = static_cast<int32_t>(tokens.size());
   if (n == 0) return {};
-  PolicyAttention step(kv, ops_, pos, n);
-  ops_.begin(tokens, pos, {}, step, timers);
-  run_layers(cfg_, ops_);
+  PolicyAttention step(kv, *ops_, pos, n);
+  ops_->begin(tokens, pos, {}, step, timers);
+  run_layers(cfg_, *ops_);
   return finish(n, rows);
 }
 

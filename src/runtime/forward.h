@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -63,6 +64,8 @@ class KVPolicy {
 class Forward {
  public:
   Forward(const Model& model, ThreadPool& pool);
+  // The same over another CPU backend of the recipe (parallel::ShardedCpuOps: the tensor-parallel twin).
+  Forward(const Model& model, ThreadPool& pool, std::unique_ptr<CpuOps> ops);
 
   // Runs `tokens` at positions [pos, pos + tokens.size()), appending their K/V to `cache` (which must have
   // room for pos + tokens.size() rows and hold valid rows [0, pos)). `policy`: null or empty for dense
@@ -80,7 +83,7 @@ class Forward {
   void set_observer(const AttentionObserver* observer) { observer_ = observer; }
 
   // The backend of the recipe (runtime/recipe.h) this forward runs: other CPU steps (the batched decode) share it.
-  CpuOps& ops() { return ops_; }
+  CpuOps& ops() { return *ops_; }
 
  private:
   std::vector<float> finish(int32_t n, LogitRows rows);
@@ -89,7 +92,7 @@ class Forward {
   const ModelConfig& cfg_;
   ThreadPool& pool_;
   const AttentionObserver* observer_ = nullptr;
-  CpuOps ops_;
+  std::unique_ptr<CpuOps> ops_;
 };
 
 }  // namespace tessera::runtime
