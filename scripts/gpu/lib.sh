@@ -8,7 +8,8 @@
 #   left                     seconds left of the budget
 #   deps                     the carried Debian packages (build/gpu-debs, scripts/gpu/deps.sh) unpacked once, their
 #                            CMake arguments (TESSERA_DEPS_CMAKE_ARGS) and LD_LIBRARY_PATH taken into this shell
-#   configure DIR [SRC] [ARGS...]   cmake --preset cuda -B DIR from SRC (default ROOT) with the deps, NCCL where found
+#   configure DIR [TREE] [ARGS...]  cmake --preset cuda -B DIR from TREE (default SRC: ROOT, or a commit's tree in
+#                            build/new-src) with the deps, NCCL where found
 #   need TARGET...           cmake --build BUILD_DIR --target TARGET... unless each is built or carried (PREBUILT=1:
 #                            never build)
 #   bin NAME                 the path of a test, bench or the CLI: carried in build/gpu-bin (`run.sh bins` here), else
@@ -23,6 +24,8 @@ CSV=$WORK/csv
 OUT=${OUT:-$WORK/out}
 BUILD_DIR=${BUILD_DIR:-$ROOT/build/cuda}
 case $BUILD_DIR in /*) ;; *) BUILD_DIR=$ROOT/$BUILD_DIR ;; esac
+SRC=${SRC:-$ROOT}  # the tree to build: this one, or a commit's (`run.sh new COMMIT` here: SRC=build/new-src)
+case $SRC in /*) ;; *) SRC=$ROOT/$SRC ;; esac
 JOBS=${JOBS:-$(nproc)}
 BUDGET=${RUN_BUDGET_S:-540}
 START=${START:-$(date +%s)}
@@ -31,7 +34,7 @@ STEP_TAIL=${STEP_TAIL:-20}
 export PATH=$PATH:/usr/local/cuda/bin  # compute-sanitizer, cuobjdump, ncu where the image does not put them on PATH
 export NCCL_NVLS_ENABLE=0             # no NVLink multicast on shared machines
 export PYTHONUNBUFFERED=1
-export ROOT WORK LOGS CSV OUT BUILD_DIR JOBS START BUDGET
+export ROOT SRC WORK LOGS CSV OUT BUILD_DIR JOBS START BUDGET
 
 lib_init() {
   mkdir -p "$OUT" "$LOGS" "$CSV"
@@ -123,8 +126,8 @@ need() {
   for t in "$@"; do [ -n "$(bin "$t")" ] || missing+=("$t"); done
   ((${#missing[@]})) || return 0
   [ "${PREBUILT:-0}" = 1 ] && { say "need: ${missing[*]} not in $BUILD_DIR (PREBUILT=1)"; return 1; }
-  touch_sources "$ROOT/src" "$ROOT/tests" "$ROOT/bench"
-  [ -f "$BUILD_DIR/CMakeCache.txt" ] || step configure 150 configure "$BUILD_DIR" "$ROOT" || return 1
+  touch_sources "$SRC/src" "$SRC/tests" "$SRC/bench"
+  [ -f "$BUILD_DIR/CMakeCache.txt" ] || step configure 150 configure "$BUILD_DIR" "$SRC" || return 1
   step "build_$(echo "${missing[*]}" | tr ' ' '+' | cut -c1-60)" 420 cmake --build "$BUILD_DIR" -j "$JOBS" \
     --target "${missing[@]}"
 }

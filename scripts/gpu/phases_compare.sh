@@ -62,6 +62,7 @@ cmp_build() {
     cmake --build "$OLD_BUILD" -j"$half" --target ${OLD_TARGETS:-$(pair_targets)}) \
     > "$LOGS/build_old.log" 2>&1 &
   local pid=$!
+  trap 'kill $pid 2> /dev/null' TERM EXIT  # a step cut by its time limit stops the old tree's build too
   (configure "$NEW_BUILD" "$src" -DTESSERA_CUDA_PTXAS_VERBOSE=ON && cmake --build "$NEW_BUILD" -j"$half" --target cuda_all) \
     > "$LOGS/build_new.log" 2>&1 || new_rc=$?
   wait $pid || old_rc=$?

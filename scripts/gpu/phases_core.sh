@@ -23,8 +23,8 @@ phase_env() {
 # resources (fails on ptxas's C75xx "wgmma serialized" advisories) and the Hopper kernel's self-check alone (if it
 # crashes the process, the later phases run with TESSERA_PREFILL_KERNEL=mma).
 phase_build() {
-  touch_sources "$ROOT/src" "$ROOT/tests" "$ROOT/bench"
-  step configure 150 configure "$BUILD_DIR" "$ROOT" -DTESSERA_CUDA_PTXAS_VERBOSE=ON || return 1
+  touch_sources "$SRC/src" "$SRC/tests" "$SRC/bench"
+  step configure 150 configure "$BUILD_DIR" "$SRC" -DTESSERA_CUDA_PTXAS_VERBOSE=ON || return 1
   grep -hE "^-- tessera: (building|.* off:|cuDNN)" "$LOGS/configure.log" | head -5 | tee -a "$SUMMARY"
   step build 420 cmake --build "$BUILD_DIR" -j "$JOBS" --target ${BUILD_TARGETS:-cuda_all} || {
     grep -E "error|FAILED" "$LOGS/build.log" | head -20 | tee -a "$SUMMARY"
@@ -190,17 +190,17 @@ phase_decode() {
 phase_python() {
   local P=$ROOT/build/py-cuda
   py_build() {
-    cmake -S "$ROOT" -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
+    cmake -S "$SRC" -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
       -DTESSERA_PYTHON=ON -DTESSERA_BUILD_TESTS=OFF -DTESSERA_BUILD_BENCH=ON -DPython_EXECUTABLE="$(command -v python3)" \
       $TESSERA_DEPS_CMAKE_ARGS && cmake --build "$1" -j "$JOBS" --target _tessera attention_gpu_bench &&
       PYTHONPATH=$1/python python3 -c "import tessera; assert tessera.built_with_cuda; print(tessera._tessera.__file__)"
   }
-  touch_sources "$ROOT/src" "$ROOT/tests" "$ROOT/bench"
+  touch_sources "$SRC/src" "$SRC/tests" "$SRC/bench"
   step py_build 400 py_build "$P" || return 1
   export PYTHONPATH=$P/python
   local tests=tests/python/test_cuda.py
   [ "${PYTEST_ALL:-0}" = 1 ] && tests=tests/python
-  STEP_TAIL=8 step pytest 150 env TESSERA_ALLOW_MISSING_MODELS=1 python3 -m pytest -q -p no:cacheprovider "$tests" -rs
+  STEP_TAIL=8 step pytest 150 env TESSERA_ALLOW_MISSING_MODELS=1 python3 -m pytest -q -p no:cacheprovider "$SRC/$tests" -rs
   STEP_TAIL=4 step ops_cpp 90 "$P/bench/gpu/attention_gpu_bench" --seq "${OPS_SEQ:-32768,131072}" \
     --patterns dense,ashape,triangle,vs,bs --inputs random --kernel auto --reps 5 --csv "$CSV/ops_cpp.csv"
   STEP_TAIL=16 step ops 120 python3 scripts/gpu/python_bench.py ops --seq "${OPS_SEQ:-32768,131072}" \

@@ -12,7 +12,8 @@
 #                                           (build/parts-<name>-<i>, one carry each, calls to the same warm machine;
 #                                           joined and checked there), and the KJV haystack (build/kjv)
 #   bash scripts/gpu/run.sh old COMMIT      that commit's tree in build/old-src (compare, recipe); `new COMMIT`: the
-#                                           new side from a commit (build/new-src) rather than the working tree
+#                                           new side from a commit (build/new-src) rather than the working tree (for
+#                                           every phase with SRC=build/new-src: other work in progress stays out)
 #   bash scripts/gpu/run.sh tp-data         MInference's and MoA's Llama-3-8B configs in build/tp-data (tp)
 #   bash scripts/gpu/run.sh bins TARGET...  binaries built here (`cmake --preset cuda-ci && ninja -C build/cuda-ci
 #                                           TARGET...`; BINS_FROM overrides the folder), stripped, into build/gpu-bin
