@@ -7,7 +7,8 @@
 //
 //   ttft_bench [--model llama3-8b] [--seq 8192,32768,131072] [--policies "dense;vs:v=1000,s=6096;..."]
 //              [--chunk 0] [--mlp-chunk 16384] [--tile 128] [--reps 1] [--layers N] [--decode 0]
-//              [--seed 1] [--weights plain|local] [--csv FILE] [--max-seconds S] [--no-dense-fallback]
+//              [--seed 1] [--weights plain|local] [--gemm bf16|fp8] [--csv FILE] [--max-seconds S]
+//              [--no-dense-fallback]
 //
 // Policies are attention specs (attention/pattern/presets.h) separated by ';'. Defaults: dense, VS(1000, 6096)
 // on every head, TriangleMix (dense in layers 0-15, Triangle sink 64 / local 512 / last 64 in 16-31),
@@ -16,6 +17,9 @@
 // host to the last position's logits on the host. The prompt is pseudo-random token ids. --decode N times N
 // decode steps after each dense prefill. Rows are printed as they finish (and appended to the CSV), so a run
 // cut short keeps what it measured; --max-seconds skips the rows that would start after that budget.
+// --gemm fp8: every row's GEMMs in FP8 E4M3 (GpuEngineOptions::gemm, runtime/cuda/gemm.h); a policy with the suffix
+// "-fp8" ("dense-fp8", "vs_adaptive-fp8") runs in FP8 whatever --gemm says, so bf16 and FP8 rows share one table
+// (the speedup column is against the length's first dense row).
 //
 // --weights plain (default): every matrix uniform random (DeviceModel::random, RandomInit::kPlain). Queries and keys
 // then carry no positional structure: VS's estimator scatters its 6096 diagonals, each tile's index covers ~44% of
@@ -71,6 +75,7 @@ struct Options {
   int decode = 0;
   uint64_t seed = 1;
   std::string weights = "plain";
+  bool fp8 = false;  // --gemm fp8
   std::string csv;
   double max_seconds = 0;
   bool dense_fallback = true;
@@ -110,6 +115,10 @@ Options parse(int argc, char** argv) {
     } else if (a == "--weights") {
       o.weights = value(i);
       check(o.weights == "plain" || o.weights == "local", "--weights must be plain or local");
+    } else if (a == "--gemm") {
+      const std::string g = value(i);
+      check(g == "bf16" || g == "fp8", "--gemm must be bf16 or fp8, got '" + g + "'");
+      o.fp8 = g == "fp8";
     } else if (a == "--csv") {
       o.csv = value(i);
     } else if (a == "--max-seconds") {
@@ -120,13 +129,15 @@ Options parse(int argc, char** argv) {
       std::printf(
           "ttft_bench [--model llama3-8b] [--seq 8192,32768,131072] [--policies \"dense;vs:v=1000,s=6096;...\"]\n"
           "           [--chunk 0] [--mlp-chunk 16384] [--tile 128] [--reps 1] [--layers N] [--decode 0] [--seed 1]\n"
-          "           [--weights plain|local] [--csv FILE] [--max-seconds S] [--no-dense-fallback]\n"
+          "           [--weights plain|local] [--gemm bf16|fp8] [--csv FILE] [--max-seconds S] [--no-dense-fallback]\n"
           "  --weights plain  uniform random weights (default): attention has no structure, VS/BS estimates scatter\n"
           "                   and sparse layers fall back to dense (the worst case for dynamic patterns)\n"
           "  --weights local  a synthetic model shaped to have real LLMs' attention (local decay with distance, a\n"
           "                   sink token starting the prompt; RandomInit::kLocalAttention): the same shapes and GEMM\n"
           "                   costs, VS at a realistic index density. Values are meaningless; only the pattern is\n"
           "                   modelled.\n"
+          "  --gemm fp8       FP8 E4M3 GEMMs in every row; a policy ending in -fp8 (dense-fp8, vs_adaptive-fp8)\n"
+          "                   runs in FP8 whatever --gemm says\n"
           "More in the header of bench/gpu/ttft_bench.cpp.\n");
       std::exit(0);
     } else {
@@ -260,9 +271,18 @@ int main(int argc, char** argv) {
     }
     if (local) tokens[0] = DeviceModel::kSinkToken;
     const attn::PolicyShape shape{cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads};
+    // "<spec>-fp8": that row's GEMMs in FP8.
+    auto fp8_row = [&](const std::string& spec) {
+      return o.fp8 || (spec.size() > 4 && spec.compare(spec.size() - 4, 4, "-fp8") == 0);
+    };
+    auto base_spec = [](const std::string& spec) {
+      return spec.size() > 4 && spec.compare(spec.size() - 4, 4, "-fp8") == 0 ? spec.substr(0, spec.size() - 4) : spec;
+    };
     std::map<std::string, attn::AttentionPolicy> policies;
-    for (const std::string& spec : o.policies)
-      policies[spec] = spec == "dense" ? attn::AttentionPolicy{} : attn::policy_from_spec(spec, shape);
+    for (const std::string& spec : o.policies) {
+      const std::string b = base_spec(spec);
+      policies[spec] = b == "dense" ? attn::AttentionPolicy{} : attn::policy_from_spec(b, shape);
+    }
 
     auto options_for = [&](const std::string& spec) {
       GpuEngineOptions eo;
@@ -272,6 +292,7 @@ int main(int argc, char** argv) {
       eo.policy = policies[spec];
       eo.max_context = std::max(cfg.context_length, max_seq);
       eo.dense_fallback = o.dense_fallback;
+      if (fp8_row(spec)) eo.gemm = GemmPrecision::kFp8;
       return eo;
     };
 
@@ -296,7 +317,7 @@ int main(int argc, char** argv) {
       check(csv != nullptr, o.csv + ": cannot write");
       std::fprintf(csv, "device,model,layers,seq,policy,chunk,ttft_s,speedup_vs_dense,gemm_s,attention_s,other_s,"
                         "gemm_share,attention_share,gemm_tflops,peak_gb,kv_gb,decode_ms_per_token,error,weights,"
-                        "norm_s,rope_s,activation_s,misc_kernels_s\n");
+                        "norm_s,rope_s,activation_s,misc_kernels_s,gemm\n");
       std::fflush(csv);
     }
     const double start = now();
@@ -329,9 +350,9 @@ int main(int argc, char** argv) {
               }
             }
             r.gemm_tflops = r.gemm > 0 ? gemm_flops(cfg, seq) / r.gemm / 1e12 : 0;
-            if (spec == "dense") dense_ttft = r.ttft;
+            if (base_spec(spec) == "dense" && dense_ttft == 0) dense_ttft = r.ttft;
             r.speedup = dense_ttft > 0 ? dense_ttft / r.ttft : 0;
-            if (spec == "dense" && o.decode > 0 && seq + o.decode <= engine.max_context()) {
+            if (base_spec(spec) == "dense" && o.decode > 0 && seq + o.decode <= engine.max_context()) {
               engine.reset_stats();
               for (int i = 0; i < o.decode; ++i) engine.decode(tokens[static_cast<size_t>(i)]);
               r.decode_ms = 1e3 * engine.stats().decode_seconds / o.decode;
@@ -348,12 +369,12 @@ int main(int argc, char** argv) {
           const double other = std::max(0.0, r.ttft - r.gemm - r.attention);
           std::fprintf(csv,
                        "\"%s\",%s,%d,%d,\"%s\",%d,%.4f,%.3f,%.4f,%.4f,%.4f,%.3f,%.3f,%.1f,%.2f,%.2f,%.3f,%s,%s,"
-                       "%.4f,%.4f,%.4f,%.4f\n",
+                       "%.4f,%.4f,%.4f,%.4f,%s\n",
                        gpu_description().c_str(), o.model.c_str(), cfg.num_layers, r.seq, r.policy.c_str(), o.chunk,
                        r.ttft, r.speedup, r.gemm, r.attention, other, r.ttft > 0 ? r.gemm / r.ttft : 0,
                        r.ttft > 0 ? r.attention / r.ttft : 0, r.gemm_tflops, r.peak_gb, r.kv_gb, r.decode_ms,
                        err.c_str(), o.weights.c_str(), r.kernels.norm, r.kernels.rope, r.kernels.activation,
-                       r.kernels.misc);
+                       r.kernels.misc, fp8_row(r.policy) ? "fp8" : "bf16");
           std::fflush(csv);
         }
         rows.push_back(r);
