@@ -6,7 +6,14 @@
 #include <random>
 #include <vector>
 
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
+#include "model/model.h"
+#include "runtime/batch_engine.h"
+#include "runtime/engine.h"
 #include "runtime/sampling.h"
 
 namespace tessera::runtime {
@@ -170,6 +177,216 @@ TEST(RuntimeSampling, LowTemperatureConcentrates) {
   Sampler s({.temperature = 0.01f, .seed = 1});
   const std::vector<float> logits = {1.0f, 1.5f, 0.2f};
   for (int i = 0; i < 100; ++i) EXPECT_EQ(s.sample(logits), 1);
+}
+
+// ---- penalties, logit_bias, min_p against transformers (tests/data/sampling, scripts/make_sampling_fixtures.py) ----
+
+nlohmann::json hf_fixture() {
+  std::ifstream f(std::string(TESSERA_SOURCE_DIR) + "/tests/data/sampling/hf_processors.json");
+  EXPECT_TRUE(f.good());
+  return nlohmann::json::parse(f);
+}
+
+SamplingOptions options_from(const nlohmann::json& o) {
+  SamplingOptions s;
+  s.temperature = o.value("temperature", 0.0f);
+  s.top_k = o.value("top_k", 0);
+  s.top_p = o.value("top_p", 1.0f);
+  s.min_p = o.value("min_p", 0.0f);
+  s.repetition_penalty = o.value("repetition_penalty", 1.0f);
+  s.presence_penalty = o.value("presence_penalty", 0.0f);
+  s.frequency_penalty = o.value("frequency_penalty", 0.0f);
+  if (o.contains("logit_bias"))
+    for (const auto& b : o["logit_bias"]) s.logit_bias.emplace_back(b[0].get<int32_t>(), b[1].get<float>());
+  return s;
+}
+
+// Each case: logits, prompt, generated tokens and options; transformers' edited logits (bias, repetition,
+// presence / frequency) must equal Sampler::edit's to the float, its distribution after temperature, top_k, top_p
+// and min_p token_probabilities' (the same kept set; probabilities to 1e-6), its greedy token argmax's.
+TEST(RuntimeSampling, EqualsTransformersLogitsProcessors) {
+  const nlohmann::json j = hf_fixture();
+  ASSERT_EQ(j["cases"].size(), 10u);
+  for (const auto& c : j["cases"]) {
+    const SamplingOptions o = options_from(c["options"]);
+    const auto logits = c["logits"].get<std::vector<float>>();
+    const auto prompt = c["prompt"].get<std::vector<int32_t>>();
+    Sampler s(o);
+    s.set_prompt(prompt);
+    for (int32_t t : c["generated"].get<std::vector<int32_t>>()) s.accept(t);
+    std::vector<float> edited = logits;
+    s.edit(edited);
+    const auto want = c["edited"].get<std::vector<float>>();
+    const std::string what = c["options"].dump();
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(edited[i], want[i]) << what << " token " << i;
+    EXPECT_EQ(argmax(edited), c["greedy"].get<int32_t>()) << what;
+    const std::vector<double> p = token_probabilities(edited, o);
+    const auto hf = c["probs"].get<std::vector<double>>();
+    for (size_t i = 0; i < hf.size(); ++i) {
+      EXPECT_EQ(p[i] > 0, hf[i] > 0) << what << " token " << i << ": kept by one and not the other";
+      EXPECT_NEAR(p[i], hf[i], 1e-6) << what << " token " << i;
+    }
+  }
+}
+
+// Greedy generation with penalties and a bias on the tiny llama3 fixture: token for token what transformers'
+// generate() gives with its processors (and presence / frequency by OpenAI's formula as a custom processor).
+TEST(RuntimeSampling, GreedyWithPenaltiesEqualsTransformersGenerate) {
+  const nlohmann::json j = hf_fixture();
+  const auto model = Model::load(std::string(TESSERA_SOURCE_DIR) + "/tests/data/hf_tiny/llama3");
+  ASSERT_EQ(j["greedy"].size(), 5u);
+  for (const auto& g : j["greedy"]) {
+    Engine engine(*model);
+    GenerateOptions o;
+    o.max_new_tokens = 24;
+    o.sampling = options_from(g["options"]);
+    o.sampling.temperature = 0.0f;
+    const auto prompt = g["prompt"].get<std::vector<int32_t>>();
+    EXPECT_EQ(engine.generate(prompt, o), g["tokens"].get<std::vector<int32_t>>()) << g["options"].dump();
+  }
+}
+
+// The batched engine (CPU backend) applies the same penalties: each request's tokens are transformers' again, all
+// of them in one batch; and its log-probabilities equal the single-sequence engine's.
+TEST(RuntimeSampling, BatchedEngineAppliesPenaltiesAndLogprobs) {
+  const nlohmann::json j = hf_fixture();
+  const auto model = Model::load(std::string(TESSERA_SOURCE_DIR) + "/tests/data/hf_tiny/llama3");
+  CpuBatchBackend backend(*model);
+  BatchEngineOptions bo;
+  bo.chunk_size = 4;
+  bo.block_tokens = 8;
+  BatchEngine engine(backend, bo);
+  std::map<int64_t, size_t> which;
+  for (size_t i = 0; i < j["greedy"].size(); ++i) {
+    const auto& g = j["greedy"][i];
+    BatchRequest r;
+    r.prompt = g["prompt"].get<std::vector<int32_t>>();
+    r.options.max_new_tokens = 24;
+    r.options.sampling = options_from(g["options"]);
+    r.options.sampling.temperature = 0.0f;
+    r.options.logprobs = 2;
+    which[engine.submit(std::move(r))] = i;
+  }
+  std::vector<std::vector<int32_t>> got(which.size());
+  std::vector<std::vector<TokenLogprobs>> lps(which.size());
+  while (engine.busy())
+    for (const BatchEvent& e : engine.step()) {
+      ASSERT_NE(e.reason, FinishReason::kError) << e.error;
+      if (e.token < 0) continue;
+      got[which[e.id]].push_back(e.token);
+      ASSERT_TRUE(e.logprobs.has_value());
+      lps[which[e.id]].push_back(*e.logprobs);
+    }
+  for (size_t i = 0; i < got.size(); ++i) {
+    const auto& g = j["greedy"][i];
+    EXPECT_EQ(got[i], g["tokens"].get<std::vector<int32_t>>()) << g["options"].dump();
+    // The single-sequence engine's logits for the same tokens: the log-softmax of each step's raw logits.
+    Engine single(*model);
+    std::vector<int32_t> seq = g["prompt"].get<std::vector<int32_t>>();
+    const size_t n0 = seq.size();
+    seq.insert(seq.end(), got[i].begin(), got[i].end());
+    const std::vector<float> all = single.forward_all_logits(seq);
+    const auto V = static_cast<size_t>(model->config().vocab_size);
+    for (size_t t = 0; t < got[i].size(); ++t) {
+      const auto row = std::span<const float>(all).subspan((n0 - 1 + t) * V, V);
+      const TokenLogprobs want = token_logprobs(row, got[i][t], 2);
+      EXPECT_NEAR(lps[i][t].logprob, want.logprob, 1e-4) << "request " << i << " token " << t;
+      ASSERT_EQ(lps[i][t].top.size(), 2u);
+      EXPECT_EQ(lps[i][t].top[0].token, want.top[0].token);
+      EXPECT_NEAR(lps[i][t].top[1].logprob, want.top[1].logprob, 1e-4);
+    }
+  }
+}
+
+// generate() reports each returned token's log-probabilities before on_token, none for the stop token.
+TEST(RuntimeSampling, GenerateReportsLogprobs) {
+  const auto model = Model::load(std::string(TESSERA_SOURCE_DIR) + "/tests/data/hf_tiny/llama3");
+  Engine engine(*model);
+  const std::vector<int32_t> prompt = {1, 239, 72, 223, 10};
+  GenerateOptions o;
+  o.max_new_tokens = 6;
+  o.logprobs = 3;
+  std::vector<TokenLogprobs> seen;
+  o.on_logprobs = [&](const TokenLogprobs& l) { seen.push_back(l); };
+  const std::vector<int32_t> out = engine.generate(prompt, o);
+  ASSERT_EQ(seen.size(), out.size());
+  Engine ref(*model);
+  std::vector<int32_t> seq = prompt;
+  seq.insert(seq.end(), out.begin(), out.end());
+  const std::vector<float> all = ref.forward_all_logits(seq);
+  const auto V = static_cast<size_t>(model->config().vocab_size);
+  for (size_t t = 0; t < out.size(); ++t) {
+    EXPECT_EQ(seen[t].token, out[t]);
+    EXPECT_EQ(seen[t].top.size(), 3u);
+    EXPECT_EQ(seen[t].top[0].token, out[t]);  // greedy: the most likely token
+    const TokenLogprobs want = token_logprobs(std::span<const float>(all).subspan((prompt.size() - 1 + t) * V, V), out[t], 3);
+    EXPECT_NEAR(seen[t].logprob, want.logprob, 1e-4);
+  }
+}
+
+TEST(RuntimeSampling, NewOptionsAreChecked) {
+  auto error = [](const SamplingOptions& o) {
+    try {
+      check_sampling_options(o);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error({.min_p = 1.5f}), "min_p must be in [0, 1] (0 = off), got 1.5");
+  EXPECT_EQ(error({.repetition_penalty = 0.0f}), "repetition_penalty must be a number > 0 (1 = off), got 0");
+  EXPECT_EQ(error({.presence_penalty = INFINITY}), "presence_penalty must be a finite number (0 = off), got inf");
+  EXPECT_EQ(error({.frequency_penalty = NAN}), "frequency_penalty must be a finite number (0 = off), got nan");
+  EXPECT_EQ(error({.logit_bias = {{-1, 1.0f}}}), "logit_bias: token id -1 is negative");
+  Sampler s({.logit_bias = {{8, 1.0f}}});
+  std::vector<float> logits = kLogits;
+  try {
+    s.edit(logits);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "logit_bias: token id 8 is outside the vocabulary of 8 tokens");
+  }
+}
+
+// The edits list merges bias, prompt and generated tokens, one per token; sample() records what it returns.
+TEST(RuntimeSampling, EditsFollowTheHistory) {
+  Sampler s({.repetition_penalty = 2.0f, .presence_penalty = 0.5f, .frequency_penalty = 0.25f,
+             .logit_bias = {{4, -1.0f}, {0, 3.0f}}});
+  const std::vector<int32_t> prompt = {1, 1, 3};
+  s.set_prompt(prompt);
+  EXPECT_EQ(s.sample(kLogits), 0);  // 0.5 + 3 = 3.5 beats 2.0 / 2 (1), 1.9 / 2 (3) and 2.0 - 1 (4)
+  // 0 now: 3.5 / 2 - 0.25 - 0.5 = 1, as 1 (2.0 / 2), 4 (2.0 - 1) and 7: the tie goes to the smaller id.
+  EXPECT_EQ(s.sample(kLogits), 0);
+  const std::vector<LogitEdit> e = s.edits(8);
+  ASSERT_EQ(e.size(), 4u);
+  EXPECT_EQ(e[0].token, 0);
+  EXPECT_EQ(e[0].count, 2);
+  EXPECT_EQ(e[0].bias, 3.0f);
+  EXPECT_EQ(e[1].token, 1);
+  EXPECT_EQ(e[1].count, 0);
+  EXPECT_EQ(e[1].seen, 1);
+  EXPECT_EQ(e[2].token, 3);
+  EXPECT_EQ(e[3].token, 4);
+  EXPECT_EQ(e[3].count, 0);
+  EXPECT_EQ(e[3].seen, 0);
+  EXPECT_EQ(e[3].bias, -1.0f);
+  std::vector<float> edited = kLogits;
+  s.edit(edited);  // 0 after two draws: 3.5 / 2 - 2 * 0.25 - 0.5
+  EXPECT_EQ(edited, (std::vector<float>{0.75f, 1.0f, -1.0f, 0.95f, 1.0f, 0.0f, -3.0f, 1.0f}));
+}
+
+TEST(RuntimeSampling, TokenLogprobsAreTheLogSoftmax) {
+  const std::vector<float> logits = {0.0f, std::log(2.0f), std::log(3.0f), std::log(2.0f)};
+  const TokenLogprobs l = token_logprobs(logits, 1, 3);
+  EXPECT_EQ(l.token, 1);
+  EXPECT_FLOAT_EQ(l.logprob, static_cast<float>(std::log(2.0 / 8)));
+  ASSERT_EQ(l.top.size(), 3u);
+  EXPECT_EQ(l.top[0].token, 2);
+  EXPECT_FLOAT_EQ(l.top[0].logprob, static_cast<float>(std::log(3.0 / 8)));
+  EXPECT_EQ(l.top[1].token, 1);  // the tie with 3 goes to the smaller id
+  EXPECT_EQ(l.top[2].token, 3);
+  EXPECT_TRUE(token_logprobs(logits, 0, 0).top.empty());
+  EXPECT_THROW(token_logprobs(logits, 4, 1), Error);
 }
 
 }  // namespace

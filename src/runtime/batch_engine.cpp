@@ -78,7 +78,16 @@ std::vector<int32_t> BatchBackend::decode_select(std::span<const int32_t> tokens
   auto pick = [&](int64_t i, int) {
     const auto row = std::span<const float>(logits).subspan(static_cast<size_t>(i) * vocab, vocab);
     const RowChoice& c = choice[static_cast<size_t>(i)];
-    next[static_cast<size_t>(i)] = c.options.temperature <= 0.0f ? argmax(row) : sample_token(row, c.options, c.u);
+    std::vector<float> edited;
+    std::span<const float> use = row;
+    if (!c.edits.empty()) {
+      edited.assign(row.begin(), row.end());
+      for (const LogitEdit& e : c.edits) edited[static_cast<size_t>(e.token)] = edit_logit(edited[static_cast<size_t>(e.token)], e);
+      use = edited;
+    }
+    const int32_t t = c.options.temperature <= 0.0f ? argmax(use) : sample_token(use, c.options, c.u);
+    next[static_cast<size_t>(i)] = t;
+    if (c.logprobs >= 0 && c.logprobs_out) *c.logprobs_out = token_logprobs(row, t, c.logprobs);
   };
   // A draw over a large vocabulary takes milliseconds: the sampled rows in parallel.
   const bool sampled = std::any_of(choice.begin(), choice.end(), [](const RowChoice& c) { return c.options.temperature > 0.0f; });
@@ -173,6 +182,7 @@ int64_t BatchEngine::submit(BatchRequest request) {
     StreamingKV probe(cfg_, options_.stream);
     probe.check_sequence(static_cast<int64_t>(s->request.prompt.size()) + s->request.options.max_new_tokens);
     s->sampler.emplace(s->request.options.sampling);
+  s->sampler->set_prompt(s->request.prompt);
     ++next_id_;
     waiting_.push_back(std::move(s));
     return next_id_ - 1;
@@ -190,6 +200,7 @@ int64_t BatchEngine::submit(BatchRequest request) {
                 "); shorten the prompt, ask for fewer tokens or raise the KV budget");
   }
   s->sampler.emplace(s->request.options.sampling);
+  s->sampler->set_prompt(s->request.prompt);
   ++next_id_;
   waiting_.push_back(std::move(s));
   return next_id_ - 1;
@@ -235,16 +246,19 @@ void BatchEngine::admit() {
 }
 
 void BatchEngine::take_logits(Sequence& s, std::span<const float> logits, std::vector<BatchEvent>& events) {
-  take_token(s, s.sampler->sample(logits), events);
+  const int32_t tok = s.sampler->sample(logits);
+  const int32_t k = s.request.options.logprobs;
+  take_token(s, tok, events, k >= 0 ? std::optional<TokenLogprobs>(token_logprobs(logits, tok, k)) : std::nullopt);
 }
 
-void BatchEngine::take_token(Sequence& s, int32_t tok, std::vector<BatchEvent>& events) {
+void BatchEngine::take_token(Sequence& s, int32_t tok, std::vector<BatchEvent>& events,
+                             std::optional<TokenLogprobs> logprobs) {
   const std::vector<int32_t>& stops = s.request.options.stop_tokens;
   if (std::find(stops.begin(), stops.end(), tok) != stops.end()) return finish(s, FinishReason::kStop, events);
   const int64_t length = s.stream ? s.stream->length() : s.blocks.length();
   if (length >= max_context_) return finish(s, FinishReason::kContextFull, events);
   ++s.generated;
-  events.push_back(BatchEvent{s.id, tok, false, FinishReason::kLength, {}});
+  events.push_back(BatchEvent{s.id, tok, false, FinishReason::kLength, {}, std::move(logprobs)});
   if (s.generated >= s.request.options.max_new_tokens) return finish(s, FinishReason::kLength, events);
   s.pending = tok;
 }
@@ -295,6 +309,7 @@ void BatchEngine::decode_step(std::vector<BatchEvent>& events) {
   std::vector<int32_t> tokens;
   std::vector<DecodeRow> rows;
   std::vector<BatchBackend::RowChoice> choice;
+  std::vector<TokenLogprobs> logprobs;
   std::vector<int32_t> next;
   try {
     for (Sequence* s : batch) {
@@ -306,8 +321,12 @@ void BatchEngine::decode_step(std::vector<BatchEvent>& events) {
         rows.push_back(DecodeRow{&s->blocks, s->views, nullptr});
       }
       // A sampled row's uniform draw comes from its own stream, as the single-sequence engine's Sampler takes it.
-      choice.push_back({s->sampler->options(), s->sampler->greedy() ? 0.0 : s->sampler->next_uniform()});
+      choice.push_back({s->sampler->options(), s->sampler->greedy() ? 0.0 : s->sampler->next_uniform(),
+                        s->sampler->edits(cfg_.vocab_size), s->request.options.logprobs, nullptr});
     }
+    logprobs.resize(batch.size());
+    for (size_t i = 0; i < batch.size(); ++i)
+      if (choice[i].logprobs >= 0) choice[i].logprobs_out = &logprobs[i];
     next = backend_.decode_select(tokens, rows, choice);
     check(next.size() == batch.size(), "batched decode: the backend chose " + std::to_string(next.size()) +
                                            " tokens for " + std::to_string(batch.size()) + " rows");
@@ -321,7 +340,9 @@ void BatchEngine::decode_step(std::vector<BatchEvent>& events) {
   }
   for (size_t i = 0; i < batch.size(); ++i) {
     if (batch[i]->sampler->greedy()) ++stats_.greedy_tokens;
-    take_token(*batch[i], next[i], events);
+    batch[i]->sampler->accept(next[i]);  // the penalties' history
+    take_token(*batch[i], next[i], events,
+               choice[i].logprobs >= 0 ? std::optional<TokenLogprobs>(std::move(logprobs[i])) : std::nullopt);
   }
   stats_.decode_tokens += static_cast<int64_t>(batch.size());
   ++stats_.decode_steps;

@@ -91,9 +91,14 @@ class BatchBackend {
   // uniform draw u (taken from the sequence's Sampler, so that the stream is the single-sequence engine's). This
   // default runs decode() and chooses on the host (the sampled rows in parallel on the thread pool); the GPU
   // backend chooses on the device and copies back only the tokens.
+  // The row's logits get `edits` (Sampler::edits: penalties and logit_bias, logit_edit.h) before the choice; with
+  // logprobs >= 0 the backend writes the chosen token's token_logprobs(raw logits, token, logprobs) to *logprobs_out.
   struct RowChoice {
     SamplingOptions options;
     double u = 0.0;
+    std::vector<LogitEdit> edits{};
+    int32_t logprobs = -1;
+    TokenLogprobs* logprobs_out = nullptr;
   };
   virtual std::vector<int32_t> decode_select(std::span<const int32_t> tokens, std::span<const DecodeRow> rows,
                                              std::span<const RowChoice> choice);
@@ -168,6 +173,7 @@ struct BatchEvent {
   bool finished = false;
   FinishReason reason = FinishReason::kLength;  // when finished
   std::string error;                            // when reason == kError
+  std::optional<TokenLogprobs> logprobs{};      // a token's, when its request asked (GenerateOptions::logprobs)
 };
 
 struct BatchEngineStats {
@@ -224,7 +230,8 @@ class BatchEngine {
   // After the prefill's logits for s: sample, then take_token.
   void take_logits(Sequence& s, std::span<const float> logits, std::vector<BatchEvent>& events);
   // s's next token: a token event and/or a finish.
-  void take_token(Sequence& s, int32_t tok, std::vector<BatchEvent>& events);
+  void take_token(Sequence& s, int32_t tok, std::vector<BatchEvent>& events,
+                  std::optional<TokenLogprobs> logprobs = std::nullopt);
   void prefill_step(std::vector<BatchEvent>& events);
   void decode_step(std::vector<BatchEvent>& events);
   bool streaming() const { return options_.stream.method != StreamMethod::None; }

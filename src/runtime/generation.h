@@ -15,6 +15,10 @@ struct GenerateOptions {
   int32_t max_new_tokens = 128;
   SamplingOptions sampling;
   std::vector<int32_t> stop_tokens;  // generation ends when one is sampled (it is not returned or reported)
+  // >= 0: on_logprobs gets, before on_token, each returned token's log-probability and its `logprobs` most likely
+  // alternatives (token_logprobs in sampling.h: the raw logits' log-softmax).
+  int32_t logprobs = -1;
+  std::function<void(const TokenLogprobs&)> on_logprobs;
 };
 
 // prefill(prompt), then sample / decode until max_new_tokens, a stop token, on_token returning false, or a full
@@ -31,12 +35,14 @@ std::vector<int32_t> generate_tokens(EngineT& engine, std::span<const int32_t> p
     return out;
   }
   Sampler sampler(options.sampling);
+  sampler.set_prompt(prompt);
   std::vector<float> logits = engine.prefill(prompt);
   for (;;) {
     const int32_t tok = sampler.sample(logits);
     if (std::find(options.stop_tokens.begin(), options.stop_tokens.end(), tok) != options.stop_tokens.end())
       break;
     if (engine.position() >= engine.max_context()) break;  // the context is full: stop rather than fail
+    if (options.logprobs >= 0 && options.on_logprobs) options.on_logprobs(token_logprobs(logits, tok, options.logprobs));
     out.push_back(tok);
     const bool more =
         (!on_token || on_token(tok)) && static_cast<int32_t>(out.size()) < options.max_new_tokens;

@@ -286,12 +286,29 @@ std::vector<int32_t> GpuBatchBackend::decode_select(std::span<const int32_t> tok
   check(choice.size() == tokens.size(), "GPU batched decode: one sampling choice per row");
   const int64_t V = cfg_.vocab_size;
   run_step(tokens, rows);
+  // Rows that want log-probabilities: their raw logits to the host before the edits (token_logprobs on the host).
+  std::vector<int64_t> lp_rows;
+  for (int64_t i = 0; i < n; ++i)
+    if (choice[static_cast<size_t>(i)].logprobs >= 0 && choice[static_cast<size_t>(i)].logprobs_out) lp_rows.push_back(i);
+  std::vector<float> lp_logits(lp_rows.size() * static_cast<size_t>(V));
+  for (size_t j = 0; j < lp_rows.size(); ++j)
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(lp_logits.data() + j * static_cast<size_t>(V), ops_->logits() + lp_rows[j] * V,
+                                       static_cast<size_t>(V) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  // Penalties and logit biases, in place on the step's logits.
+  std::vector<RowEdit> edits;
+  for (int64_t i = 0; i < n; ++i)
+    for (const LogitEdit& e : choice[static_cast<size_t>(i)].edits) edits.push_back({static_cast<int32_t>(i), e});
+  if (!edits.empty()) {
+    row_edits_.upload(edits, stream_);
+    edit_rows(ops_->logits(), V, row_edits_.data(), static_cast<int32_t>(edits.size()), stream_);
+  }
   // chosen_[0, n): every row's argmax; chosen_[n, n + sampled): the sampled rows' draws.
   std::vector<SampleRow> sampled;
   for (int64_t i = 0; i < n; ++i) {
     const SamplingOptions& o = choice[static_cast<size_t>(i)].options;
     if (o.temperature > 0.0f)
-      sampled.push_back({static_cast<int32_t>(i), o.top_k, o.temperature, o.top_p, choice[static_cast<size_t>(i)].u});
+      sampled.push_back(
+          {static_cast<int32_t>(i), o.top_k, o.temperature, o.top_p, choice[static_cast<size_t>(i)].u, o.min_p});
   }
   const auto m = static_cast<int64_t>(sampled.size());
   if (static_cast<int64_t>(chosen_.size()) < n + m) chosen_.resize(static_cast<size_t>(n + m));
@@ -308,6 +325,11 @@ std::vector<int32_t> GpuBatchBackend::decode_select(std::span<const int32_t> tok
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   for (int64_t j = 0; j < m; ++j) got[static_cast<size_t>(sampled[static_cast<size_t>(j)].row)] = got[static_cast<size_t>(n + j)];
   got.resize(static_cast<size_t>(n));
+  for (size_t j = 0; j < lp_rows.size(); ++j) {
+    const RowChoice& c = choice[static_cast<size_t>(lp_rows[j])];
+    *c.logprobs_out = token_logprobs(std::span<const float>(lp_logits).subspan(j * static_cast<size_t>(V), static_cast<size_t>(V)),
+                                     got[static_cast<size_t>(lp_rows[j])], c.logprobs);
+  }
   return got;
 }
 

@@ -131,6 +131,7 @@ class GpuBatchBackend final : public BatchBackend {
   attn::gpu::DeviceBuffer<int32_t> step_;  // tokens, positions, slots, lengths, append blocks
   attn::gpu::DeviceBuffer<int32_t> chosen_;  // the step's tokens: row_argmax of every row, then the sampled rows'
   attn::gpu::DeviceBuffer<SampleRow> sample_rows_;
+  attn::gpu::DeviceBuffer<RowEdit> row_edits_;  // the step's penalties and logit biases (edit_rows)
   attn::gpu::DeviceBuffer<double> sample_scratch_;
   attn::gpu::DeviceBuffer<float> o_part_, lse_part_;
 };

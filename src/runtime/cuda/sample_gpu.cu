@@ -138,9 +138,11 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const float* logi
     tp_id = tie_cut(prefix, target - above, true);
     if (tp_id == INT_MAX) tp_id = INT_MAX - 1;  // rounding: the whole tie
   }
+  // min_p: p is relative to the largest logit, whose p is exp(0) = 1 (the host's rule).
+  const double min_p = static_cast<double>(job.min_p);
   auto kept = [&](int i) {
     const uint32_t k = order_key(x[i]);
-    return in_k(i, k) && (k > tp || (k == tp && i <= tp_id));
+    return in_k(i, k) && (k > tp || (k == tp && i <= tp_id)) && (min_p <= 0.0 || p[i] >= min_p);
   };
 
   // The draw: the kept tokens in id order against u times their total.
@@ -173,7 +175,23 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const float* logi
   if (tid == 0) out[blockIdx.x] = sh.found != INT_MAX ? sh.found : max(last, 0);
 }
 
+__global__ void edit_rows_kernel(float* logits, int64_t ld, const RowEdit* edits, int count) {
+  const int i = static_cast<int>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= count) return;
+  const RowEdit e = edits[i];
+  float* x = logits + static_cast<int64_t>(e.row) * ld + e.edit.token;
+  *x = edit_logit(*x, e.edit);
+}
+
 }  // namespace
+
+void edit_rows(float* logits, int64_t ld, const RowEdit* edits, int32_t count, cudaStream_t stream) {
+  if (count <= 0) return;
+  constexpr int kEditThreads = 256;
+  edit_rows_kernel<<<static_cast<unsigned>((count + kEditThreads - 1) / kEditThreads), kEditThreads, 0, stream>>>(
+      logits, ld, edits, count);
+  check_launch("edit_rows");
+}
 
 void sample_rows(const float* logits, int64_t ld, int32_t n, const SampleRow* rows, int32_t count, double* scratch,
                  int32_t* out, cudaStream_t stream) {

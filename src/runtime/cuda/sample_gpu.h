@@ -13,17 +13,31 @@
 
 #include <cstdint>
 
+#include "runtime/logit_edit.h"
+
 namespace tessera::runtime::gpu {
 
-// A row of the logits to sample, its options (temperature > 0; top_k 0: all; top_p 1: no cut) and its uniform
-// draw u in [0, 1) (runtime::Sampler::next_uniform).
+// A row of the logits to sample, its options (temperature > 0; top_k 0: all; top_p 1: no cut; min_p 0: none)
+// and its uniform draw u in [0, 1) (runtime::Sampler::next_uniform). min_p keeps, of the tokens top_k and top_p
+// kept, those whose probability is at least min_p times the largest (runtime/sampling.h, step 7).
 struct SampleRow {
   int32_t row = 0;
   int32_t top_k = 0;
   float temperature = 1.0f;
   float top_p = 1.0f;
   double u = 0.0;
+  float min_p = 0.0f;
 };
+
+// One logit edit (penalties, logit_bias: runtime/logit_edit.h) of one row; at most one per (row, token).
+struct RowEdit {
+  int32_t row = 0;
+  LogitEdit edit;
+};
+
+// logits[e.row * ld + e.edit.token] = edit_logit(that, e.edit) for each of the `count` edits (a device array), in
+// place, asynchronously on `stream` (the host's Sampler::edit, float for float).
+void edit_rows(float* logits, int64_t ld, const RowEdit* edits, int32_t count, cudaStream_t stream);
 
 // out[j] = the token drawn for rows[j] (device array of count SampleRow) from logits [*, n] (f32, rows ld apart).
 // scratch: device doubles, count * n of them. Launches asynchronously on `stream`.
