@@ -55,6 +55,14 @@
 #     bash scripts/gpu/run.sh real                                    after the calls that carried its parts
 #   BUILD_DIR=build/cuda-ci PREBUILT=1 bash scripts/gpu/run.sh stream binaries built here (ninja -C build/cuda-ci
 #                                                                     stream_bench stream_gpu_test) and carried
+#
+# What the scripts before run.sh became: check.sh -> check (BUILD_ONLY=1 -> build); compare_commits.sh build|test|
+# bench|cycles -> compare with COMPARE_STEPS; recipe_check.sh -> recipe; fp8_check.sh -> fp8; stream_1m.sh -> stream;
+# stream_check.sh -> STREAM=check stream; ltri_1m.sh -> STREAM=ltri stream; tp_check.sh -> tp; tp_x4.sh -> tp with
+# TP_STEPS (its serve phase -> serve); smollm2_gpu.sh, gemma_gpu.sh -> parts here, then real; python_check.sh ->
+# python; batch_check.sh -> decode; adaptive_check.sh -> adaptive; plan_check.sh -> plan; eval_gpu.sh -> eval;
+# asan_cpu.sh -> asan; kernel_times.sh, profile_prefill.sh -> profile; prefill_limits.sh -> SAMPLE_CLOCKS=1 bench and
+# PROFILE=details profile; nccl.sh, step.sh, bench_tools.sh -> lib.sh; compare_table.py -> scripts/compare_results.py.
 set -uo pipefail
 . "$(dirname "$0")/lib.sh"
 for f in "$ROOT"/scripts/gpu/phases_*.sh; do . "$f"; done
