@@ -488,15 +488,6 @@ void h2d(T* dst, const T* src, size_t count, cudaStream_t s) {
   if (count > 0) TESSERA_CUDA_CHECK(cudaMemcpyAsync(dst, src, count * sizeof(T), cudaMemcpyHostToDevice, s));
 }
 
-template <typename T>
-void pinned(T*& p, size_t& have, size_t want) {
-  if (want <= have) return;
-  if (p != nullptr) cudaFreeHost(p);
-  p = nullptr;
-  have = std::max(want, have * 2);
-  TESSERA_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&p), have * sizeof(T), cudaHostAllocDefault));
-}
-
 // Grows a device array to at least `want` elements keeping its first `keep` (a new allocation, copied).
 template <typename T>
 void grow(attn::gpu::DeviceBuffer<T>& buf, int64_t& capacity, int64_t want, int64_t keep, int64_t per, cudaStream_t s) {
@@ -537,14 +528,6 @@ StreamDecider::StreamDecider(const ModelConfig& cfg)
 
 StreamDecider::~StreamDecider() {
   if (handle_ != nullptr) cublasDestroy(as_handle(handle_));
-  if (map_host_ != nullptr) cudaFreeHost(map_host_);
-  if (votes_host_ != nullptr) cudaFreeHost(votes_host_);
-  if (staging_ != nullptr) cudaFreeHost(staging_);
-  if (scores_host_ != nullptr) cudaFreeHost(scores_host_);
-  if (cand_host_ != nullptr) cudaFreeHost(cand_host_);
-  if (cand_score_host_ != nullptr) cudaFreeHost(cand_score_host_);
-  if (keys_host_ != nullptr) cudaFreeHost(keys_host_);
-  if (masses_host_ != nullptr) cudaFreeHost(masses_host_);
 }
 
 size_t StreamDecider::device_bytes() const {
@@ -632,14 +615,12 @@ void StreamDecider::launch_chunk(const bf16* q, const bf16* k, int32_t n, int32_
   softmax_sum_kernel<<<n, kThreads, 0, s>>>(scores_.data(), map_.data(), n, nq_);
   votes_kernel<<<(n + 127) / 128, 128, 0, s>>>(map_.data(), votes_.data(), n);
   check_launch("stream chunk map: softmax");
-  size_t vh = static_cast<size_t>(votes_host_values_);
-  pinned(votes_host_, vh, static_cast<size_t>(n));
-  votes_host_values_ = static_cast<int32_t>(vh);
-  TESSERA_CUDA_CHECK(cudaMemcpyAsync(votes_host_, votes_.data(), static_cast<size_t>(n) * sizeof(float),
+  votes_host_.grow(static_cast<size_t>(n));
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(votes_host_.data(), votes_.data(), static_cast<size_t>(n) * sizeof(float),
                                      cudaMemcpyDeviceToHost, s));
   if (want_map) {
-    pinned(map_host_, map_host_values_, static_cast<size_t>(nn));
-    TESSERA_CUDA_CHECK(cudaMemcpyAsync(map_host_, map_.data(), static_cast<size_t>(nn) * sizeof(float),
+    map_host_.grow(static_cast<size_t>(nn));
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(map_host_.data(), map_.data(), static_cast<size_t>(nn) * sizeof(float),
                                        cudaMemcpyDeviceToHost, s));
   }
   map_n_ = n;
@@ -668,13 +649,13 @@ void StreamDecider::launch_chunk(const bf16* q, const bf16* k, int32_t n, int32_
   candidates_kernel<<<(diagonals + 3) / 4, 128, 0, s>>>(prefix_.data(), n, theta_dev_.data(), cand_begin_.data(),
                                                         cand_score_.data());
   check_launch("stream span discovery");
-  pinned(cand_host_, cand_host_values_, static_cast<size_t>(2 * diagonals));
-  pinned(cand_score_host_, cand_score_host_values_, static_cast<size_t>(diagonals) + 1);
-  TESSERA_CUDA_CHECK(cudaMemcpyAsync(cand_host_, cand_begin_.data(), static_cast<size_t>(2 * diagonals) * sizeof(int32_t),
+  cand_host_.grow(static_cast<size_t>(2 * diagonals));
+  cand_score_host_.grow(static_cast<size_t>(diagonals) + 1);
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(cand_host_.data(), cand_begin_.data(), static_cast<size_t>(2 * diagonals) * sizeof(int32_t),
                                      cudaMemcpyDeviceToHost, s));
-  TESSERA_CUDA_CHECK(cudaMemcpyAsync(cand_score_host_, cand_score_.data(), static_cast<size_t>(diagonals) * sizeof(double),
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(cand_score_host_.data(), cand_score_.data(), static_cast<size_t>(diagonals) * sizeof(double),
                                      cudaMemcpyDeviceToHost, s));
-  TESSERA_CUDA_CHECK(cudaMemcpyAsync(cand_score_host_ + diagonals, theta_dev_.data(), sizeof(double),
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(cand_score_host_.data() + diagonals, theta_dev_.data(), sizeof(double),
                                      cudaMemcpyDeviceToHost, s));
 }
 
@@ -682,18 +663,18 @@ std::vector<stream::SpanMasses> StreamDecider::span_masses(std::span<const strea
   const auto count = static_cast<int32_t>(spans.size());
   std::vector<stream::SpanMasses> out(spans.size());
   if (count == 0) return out;
-  pinned(staging_, staging_values_, static_cast<size_t>(2 * count));
+  staging_.grow(static_cast<size_t>(2 * count));
   for (int32_t i = 0; i < count; ++i) {
     staging_[2 * i] = spans[static_cast<size_t>(i)].begin;
     staging_[2 * i + 1] = spans[static_cast<size_t>(i)].end;
   }
   fit(cand_end_, static_cast<size_t>(2 * count));
   fit(masses_, static_cast<size_t>(2 * count));
-  h2d(cand_end_.data(), staging_, static_cast<size_t>(2 * count), s);
+  h2d(cand_end_.data(), staging_.data(), static_cast<size_t>(2 * count), s);
   masses_kernel<<<(count + 127) / 128, 128, 0, s>>>(prefix_.data(), map_n_, cand_end_.data(), count, masses_.data());
   check_launch("stream span masses");
-  pinned(masses_host_, masses_host_values_, static_cast<size_t>(2 * count));
-  TESSERA_CUDA_CHECK(cudaMemcpyAsync(masses_host_, masses_.data(), static_cast<size_t>(2 * count) * sizeof(double),
+  masses_host_.grow(static_cast<size_t>(2 * count));
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(masses_host_.data(), masses_.data(), static_cast<size_t>(2 * count) * sizeof(double),
                                      cudaMemcpyDeviceToHost, s));
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
   synced();
@@ -706,21 +687,21 @@ std::vector<float> StreamDecider::gather_keys(const bf16* ring, int32_t ring_row
   const auto m = static_cast<int64_t>(positions.size());
   std::vector<float> out(static_cast<size_t>(m * row_));
   if (m == 0) return out;
-  pinned(staging_, staging_values_, static_cast<size_t>(m));
-  std::copy(positions.begin(), positions.end(), staging_);
+  staging_.grow(static_cast<size_t>(m));
+  std::copy(positions.begin(), positions.end(), staging_.data());
   fit(positions_, static_cast<size_t>(m));
   fit(keys_, static_cast<size_t>(m * row_));
-  h2d(positions_.data(), staging_, static_cast<size_t>(m), s);
+  h2d(positions_.data(), staging_.data(), static_cast<size_t>(m), s);
   gather_ring_kernel<<<blocks_for(m * row_, kThreads), kThreads, 0, s>>>(reinterpret_cast<const nbf*>(ring), ring_rows,
                                                                          sinks, positions_.data(), m, row_, keys_.data(),
                                                                          row_, int64_t{0});
   check_launch("stream index keys");
-  pinned(keys_host_, keys_host_values_, static_cast<size_t>(m * row_));
-  TESSERA_CUDA_CHECK(cudaMemcpyAsync(keys_host_, keys_.data(), static_cast<size_t>(m * row_) * sizeof(float),
+  keys_host_.grow(static_cast<size_t>(m * row_));
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(keys_host_.data(), keys_.data(), static_cast<size_t>(m * row_) * sizeof(float),
                                      cudaMemcpyDeviceToHost, s));
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
   synced();
-  std::copy(keys_host_, keys_host_ + m * row_, out.begin());
+  std::copy(keys_host_.data(), keys_host_.data() + m * row_, out.begin());
   return out;
 }
 
@@ -771,12 +752,12 @@ std::vector<float> StreamDecider::mirror_keys(int32_t layer) const {
 
 // block_scores_ [blocks] to the host through the pinned buffer; waits for the stream (the decision needs them).
 std::vector<double> StreamDecider::download_scores(int32_t blocks, cudaStream_t s) {
-  pinned(scores_host_, scores_host_values_, static_cast<size_t>(blocks));
-  TESSERA_CUDA_CHECK(cudaMemcpyAsync(scores_host_, block_scores_.data(), static_cast<size_t>(blocks) * sizeof(double),
+  scores_host_.grow(static_cast<size_t>(blocks));
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(scores_host_.data(), block_scores_.data(), static_cast<size_t>(blocks) * sizeof(double),
                                      cudaMemcpyDeviceToHost, s));
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
   synced();
-  return std::vector<double>(scores_host_, scores_host_ + blocks);
+  return std::vector<double>(scores_host_.data(), scores_host_.data() + blocks);
 }
 
 std::vector<double> StreamDecider::infllm_scores(int32_t layer, const stream::ReprIndex& index, const bf16* q,
@@ -970,7 +951,7 @@ void StreamDecider::fused_scores(Mirror& M, int64_t m, int32_t T, std::span<cons
   const auto* qs = reinterpret_cast<const nbf*>(qsel16_.data());
   // Per voter: its query head's offset in a query row and its kv head's in a mirror row (staged by ltri_scores()
   // after the tokens and span offsets: the pinned staging is read by the copies in flight).
-  int32_t* voters = staging_ + m + T + 1;
+  int32_t* voters = staging_.data() + m + T + 1;
   const int group = nq_ / nkv_;
   for (int32_t slot = 0; slot < H; ++slot) {
     const int32_t hh = heads[static_cast<size_t>(slot)];
@@ -1011,15 +992,15 @@ std::vector<double> StreamDecider::ltri_scores(int32_t layer, const stream::Span
     }
   const auto H = static_cast<int32_t>(heads.size());
   // Query vectors and span offsets.
-  pinned(staging_, staging_values_, static_cast<size_t>(m + T + 1 + 2 * H));  // (+ fused_scores()'s voter offsets)
-  std::copy(tokens.begin(), tokens.end(), staging_);
-  int32_t* offsets = staging_ + m;
+  staging_.grow(static_cast<size_t>(m + T + 1 + 2 * H));  // (+ fused_scores()'s voter offsets)
+  std::copy(tokens.begin(), tokens.end(), staging_.data());
+  int32_t* offsets = staging_.data() + m;
   offsets[0] = 0;
   for (int32_t t = 0; t < T; ++t) offsets[t + 1] = offsets[t] + counts[static_cast<size_t>(t)];
   check(offsets[T] == m, "GPU streaming: the query spans' counts do not add up to their vectors");
   fit(tokens_, static_cast<size_t>(std::max<int64_t>(m, 1)));
   fit(span_offsets_, static_cast<size_t>(T) + 1);
-  h2d(tokens_.data(), staging_, static_cast<size_t>(m), s);
+  h2d(tokens_.data(), staging_.data(), static_cast<size_t>(m), s);
   h2d(span_offsets_.data(), offsets, static_cast<size_t>(T) + 1, s);
   fit(weights_, static_cast<size_t>(std::max(H, 1)));
   h2d(weights_.data(), weights.data(), weights.size(), s);

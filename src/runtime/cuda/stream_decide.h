@@ -60,6 +60,7 @@
 
 #include "core/dtype.h"
 #include "cuda/device_buffer.h"
+#include "runtime/cuda/pinned_buffer.h"
 #include "model/model_config.h"
 #include "runtime/stream/span_index.h"
 
@@ -82,8 +83,8 @@ class StreamDecider {
   void launch_chunk(const bf16* q, const bf16* k, int32_t n, int32_t pos, const float* inv_freq, float scale,
                     bool want_map, bool candidates, double theta_quantile, cudaStream_t stream);
   void wait(cudaStream_t stream);  // synchronises `stream` once after launch_chunk()
-  std::span<const float> map() const { return {map_host_, static_cast<size_t>(map_n_) * static_cast<size_t>(map_n_)}; }
-  std::span<const float> votes() const { return {votes_host_, static_cast<size_t>(map_n_)}; }
+  std::span<const float> map() const { return {map_host_.data(), static_cast<size_t>(map_n_) * static_cast<size_t>(map_n_)}; }
+  std::span<const float> votes() const { return {votes_host_.data(), static_cast<size_t>(map_n_)}; }
   std::span<const stream::Span> candidates() const { return candidates_; }
   double theta() const { return theta_; }
   // The masses (stream::span_masses()) of chunk spans, from the prefix sums of the last launch_chunk(candidates);
@@ -171,24 +172,15 @@ class StreamDecider {
   std::vector<stream::Span> candidates_;
   double theta_ = 0;
   bool pending_ = false, pending_candidates_ = false;
-  int32_t* cand_host_ = nullptr;      // pinned: begin, end per anti-diagonal
-  size_t cand_host_values_ = 0;
-  double* cand_score_host_ = nullptr; // pinned: score per anti-diagonal, then theta
-  size_t cand_score_host_values_ = 0;
-  float* keys_host_ = nullptr;        // pinned
-  size_t keys_host_values_ = 0;
-  double* masses_host_ = nullptr;     // pinned
-  size_t masses_host_values_ = 0;
+  PinnedBuffer<int32_t> cand_host_;       // begin, end per anti-diagonal
+  PinnedBuffer<double> cand_score_host_;  // score per anti-diagonal, then theta
+  PinnedBuffer<float> keys_host_;
+  PinnedBuffer<double> masses_host_;
   std::vector<float> means_staging_;
-  float* map_host_ = nullptr;  // pinned
-  float* votes_host_ = nullptr;
-  size_t map_host_values_ = 0;
-  int32_t votes_host_values_ = 0;
+  PinnedBuffer<float> map_host_, votes_host_;
   int32_t map_n_ = 0;
-  int32_t* staging_ = nullptr;  // pinned: tokens and span offsets
-  size_t staging_values_ = 0;
-  double* scores_host_ = nullptr;  // pinned
-  size_t scores_host_values_ = 0;
+  PinnedBuffer<int32_t> staging_;  // tokens and span offsets
+  PinnedBuffer<double> scores_host_;
 };
 
 }  // namespace tessera::runtime::gpu

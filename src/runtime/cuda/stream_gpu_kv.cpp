@@ -140,7 +140,6 @@ GpuStreamingKV::~GpuStreamingKV() {
   const size_t slab_bytes = static_cast<size_t>(kSlabBlocks * block_values_) * sizeof(bf16);
   for (bf16* p : slabs_) free_slab(p, slab_bytes);
   for (bf16* p : ready_slabs_) free_slab(p, slab_bytes);
-  if (stage_ != nullptr) cudaFreeHost(stage_);
 }
 
 size_t GpuStreamingKV::device_bytes() const {
@@ -196,10 +195,7 @@ void GpuStreamingKV::ensure_device(int32_t n) {
     out_global_.resize(q_local_.size());
     lse_local_.resize(static_cast<size_t>(max_chunk_) * static_cast<size_t>(cfg_.num_q_heads));
     lse_global_.resize(lse_local_.size());
-    if (stage_ != nullptr) cudaFreeHost(stage_);
-    stage_values_ = static_cast<size_t>(max_chunk_ * (qrow_ + row_));
-    TESSERA_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&stage_), stage_values_ * sizeof(bf16),
-                                     cudaHostAllocDefault));
+    stage_.reset(static_cast<size_t>(max_chunk_ * (qrow_ + row_)));
   }
 }
 
@@ -444,8 +440,8 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
     }
     decider_->wait(s);  // (a no-op: plan() waited)
   } else if (maps) {
-    bf16* hq = stage_;
-    bf16* hk = stage_ + n * qrow_;
+    bf16* hq = stage_.data();
+    bf16* hk = stage_.data() + n * qrow_;
     TESSERA_CUDA_CHECK(cudaMemcpyAsync(hq, q, static_cast<size_t>(n * qrow_) * sizeof(bf16), cudaMemcpyDeviceToHost, s));
     TESSERA_CUDA_CHECK(cudaMemcpyAsync(hk, k, static_cast<size_t>(n) * row_bytes, cudaMemcpyDeviceToHost, s));
     TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));

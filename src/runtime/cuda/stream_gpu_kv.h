@@ -57,6 +57,7 @@
 #include "cuda/device_buffer.h"
 #include "runtime/stream/streaming_kv.h"
 #include "runtime/cuda/gpu_forward.h"
+#include "runtime/cuda/pinned_buffer.h"
 #include "runtime/cuda/stream_decide.h"
 
 namespace tessera::runtime::gpu {
@@ -178,8 +179,7 @@ class GpuStreamingKV : public GpuKVPolicy {
   std::vector<LayerState> layers_;
   attn::gpu::DeviceBuffer<bf16> ws_k_, ws_v_, q_local_, q_global_, out_global_;
   attn::gpu::DeviceBuffer<float> lse_local_, lse_global_;
-  bf16* stage_ = nullptr;  // pinned: the chunk's q and k for the decisions
-  size_t stage_values_ = 0;
+  PinnedBuffer<bf16> stage_;  // the chunk's q and k for the decisions
   std::vector<float> qf_, kf_;
   ThreadPool pool_;  // the decisions' attention map, heads in parallel
   std::map<std::tuple<int32_t, int32_t, int32_t, int32_t>, Indexes> index_cache_;
