@@ -1,4 +1,4 @@
-// tessera/model/model.h — a loaded model: its file, its configuration and its f32 weights.
+// tessera/model/model.h — a loaded model: its file, its configuration and its weights (kept as stored: weights.h).
 //
 //   auto model = tessera::runtime::Model::load("tests/data/hf_tiny/llama3");   // HF dir, .safetensors or
 //   .gguf tessera::runtime::Engine engine(*model);
@@ -20,12 +20,14 @@ class Model {
  public:
   // Opens `path` (model::ModelFile::open), reads the config and loads the weights. pool = nullptr uses
   // ThreadPool::global(). Throws tessera::Error naming the file for every problem.
-  static std::unique_ptr<Model> load(const std::string& path, ThreadPool* pool = nullptr);
-  explicit Model(std::unique_ptr<model::ModelFile> file, ThreadPool* pool = nullptr);
+  static std::unique_ptr<Model> load(const std::string& path, ThreadPool* pool = nullptr,
+                                     const WeightOptions& options = {});
+  explicit Model(std::unique_ptr<model::ModelFile> file, ThreadPool* pool = nullptr,
+                 const WeightOptions& options = {});
 
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
-  // The file stays open (memory-mapped) for its metadata and tokenizer; tensor data is not read again.
+  // The file stays open (memory-mapped): its metadata, its tokenizer and the weights kept in the mapping.
   const model::ModelFile& file() const { return *file_; }
   double load_seconds() const { return load_seconds_; }
 

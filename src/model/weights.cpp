@@ -1,6 +1,7 @@
 #include "model/weights.h"
 
-#include <functional>
+#include <cstdio>
+#include <cstring>
 #include <string>
 
 #include "core/error.h"
@@ -10,32 +11,132 @@
 
 namespace tessera::runtime {
 
-size_t ModelWeights::bytes() const {
-  auto b = [](const Weight& w) { return w.data.size() * sizeof(float); };
-  size_t total = b(embedding) + b(lm_head) + b(final_norm) + rope_freq_factors.size() * sizeof(float);
-  for (const auto& l : layers) {
-    for (const Weight* w :
-         {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm,
-          &l.post_attn_norm, &l.ffn_norm, &l.post_ffn_norm, &l.w_gate, &l.w_up, &l.w_down})
-      total += b(*w);
+namespace {
+
+template <class F>
+void for_each_weight(const ModelWeights& w, F&& f) {
+  f("embedding", w.embedding);
+  f("output", w.lm_head);
+  f("norms", w.final_norm);
+  for (const auto& l : w.layers) {
+    for (const Weight* x : {&l.wq, &l.wk, &l.wv, &l.wo}) f("attention", *x);
+    for (const Weight* x : {&l.w_gate, &l.w_up, &l.w_down}) f("mlp", *x);
+    for (const Weight* x : {&l.attn_norm, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm, &l.post_attn_norm,
+                            &l.ffn_norm, &l.post_ffn_norm})
+      f("norms", *x);
   }
+}
+
+std::string mb(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MB", static_cast<double>(bytes) / 1e6);
+  return buf;
+}
+
+}  // namespace
+
+Weight Weight::f32(std::vector<float> values, int64_t rows, int64_t cols, std::string name) {
+  check(static_cast<int64_t>(values.size()) == rows * cols,
+        "Weight::f32: " + std::to_string(values.size()) + " values for [" + std::to_string(rows) + ", " +
+            std::to_string(cols) + "]");
+  Weight w;
+  w.rows = rows;
+  w.cols = cols;
+  w.type = model::TensorType::F32;
+  w.name = std::move(name);
+  if (values.empty()) return w;
+  auto held = std::make_shared<std::vector<float>>(std::move(values));
+  w.bytes = reinterpret_cast<const uint8_t*>(held->data());
+  w.owner = std::move(held);
+  return w;
+}
+
+size_t Weight::row_bytes() const { return model::tensor_type_bytes(type, cols); }
+
+const float* Weight::ptr() const {
+  if (empty()) return nullptr;
+  if (type != model::TensorType::F32)
+    throw Error("weight " + (name.empty() ? std::string("(derived)") : name) + " is kept as " +
+                std::string(model::tensor_type_name(type)) + ": read it with to_f32()");
+  return reinterpret_cast<const float*>(bytes);
+}
+
+void Weight::rows_f32(int64_t r0, int64_t count, float* out) const {
+  check(r0 >= 0 && count >= 0 && r0 + count <= rows,
+        "weight " + name + ": rows [" + std::to_string(r0) + ", " + std::to_string(r0 + count) + ") outside [0, " +
+            std::to_string(rows) + ")");
+  if (count == 0) return;
+  model::dequantize_row(type, bytes + static_cast<size_t>(r0) * row_bytes(), count * cols, out);
+}
+
+std::vector<float> Weight::to_f32() const {
+  std::vector<float> out(static_cast<size_t>(empty() ? 0 : numel()));
+  if (!empty()) rows_f32(0, rows, out.data());
+  return out;
+}
+
+size_t ModelWeights::bytes() const {
+  size_t total = rope_freq_factors.size() * sizeof(float);
+  for_each_weight(*this, [&](const char*, const Weight& w) { total += w.stored_bytes(); });
   return total;
 }
 
-void unpermute_gguf_rope_rows(float* w, int64_t heads, int64_t head_dim, int64_t cols) {
-  const int64_t half = head_dim / 2;
-  std::vector<float> tmp(static_cast<size_t>(head_dim * cols));
-  for (int64_t h = 0; h < heads; ++h) {
-    float* base = w + h * head_dim * cols;
-    for (int64_t i = 0; i < half; ++i) {
-      for (int64_t s = 0; s < 2; ++s) {
-        const float* src = base + (2 * i + s) * cols;     // GGUF row 2i + s
-        float* dst = tmp.data() + (s * half + i) * cols;  // HF row s * d/2 + i
-        std::copy(src, src + cols, dst);
+size_t ModelWeights::owned_bytes() const {
+  size_t total = rope_freq_factors.size() * sizeof(float);
+  for_each_weight(*this, [&](const char*, const Weight& w) {
+    if (!w.mapped()) total += w.stored_bytes();
+  });
+  return total;
+}
+
+std::vector<ModelWeights::Group> ModelWeights::groups() const {
+  std::vector<Group> out;
+  auto add = [&](const char* group, model::TensorType type, size_t bytes) {
+    for (Group& g : out) {
+      if (g.group == group && g.type == type) {
+        ++g.tensors;
+        g.bytes += bytes;
+        return;
       }
     }
-    std::copy(tmp.begin(), tmp.end(), base);
+    out.push_back({group, type, 1, bytes});
+  };
+  for_each_weight(*this, [&](const char* group, const Weight& w) {
+    if (!w.empty()) add(group, w.type, w.stored_bytes());
+  });
+  if (!rope_freq_factors.empty()) add("norms", model::TensorType::F32, rope_freq_factors.size() * sizeof(float));
+  return out;
+}
+
+std::string ModelWeights::summary() const {
+  std::string s;
+  for (const Group& g : groups()) {
+    if (!s.empty()) s += ", ";
+    s += g.group + " " + std::string(model::tensor_type_name(g.type)) + " (" + std::to_string(g.tensors) +
+         (g.tensors == 1 ? " tensor, " : " tensors, ") + mb(g.bytes) + ")";
   }
+  return s + "; " + mb(bytes()) + " in all, " + mb(owned_bytes()) + " outside the file mapping";
+}
+
+void unpermute_gguf_rope_rows_bytes(uint8_t* w, int64_t heads, int64_t head_dim, size_t row_bytes) {
+  const int64_t half = head_dim / 2;
+  std::vector<uint8_t> tmp(static_cast<size_t>(head_dim) * row_bytes);
+  for (int64_t h = 0; h < heads; ++h) {
+    uint8_t* base = w + static_cast<size_t>(h * head_dim) * row_bytes;
+    for (int64_t i = 0; i < half; ++i) {
+      for (int64_t s = 0; s < 2; ++s) {
+        const uint8_t* src = base + static_cast<size_t>(2 * i + s) * row_bytes;  // GGUF row 2i + s
+        uint8_t* dst = tmp.data() + static_cast<size_t>(s * half + i) * row_bytes;  // HF row s * d/2 + i
+        std::memcpy(dst, src, row_bytes);
+      }
+    }
+    std::memcpy(base, tmp.data(), tmp.size());
+  }
+}
+
+void unpermute_gguf_rope_rows(float* w, int64_t heads, int64_t head_dim, int64_t cols) {
+  unpermute_gguf_rope_rows_bytes(reinterpret_cast<uint8_t*>(w), heads, head_dim,
+                                 static_cast<size_t>(cols) * sizeof(float));
 }
 
 namespace {
@@ -46,19 +147,28 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return out + "]";
 }
 
+// How a tensor is kept: a matrix (linear weight or embedding table) in its stored type where the products take
+// it, or an f32 vector (norms, biases).
+enum class Keep { Stored, F32 };
+
 struct Job {
   const model::TensorInfo* tensor = nullptr;
   Weight* dest = nullptr;
-  std::function<void(Weight&)> fix;  // applied after dequantization (GGUF row order, Gemma's 1 + w)
+  Keep keep = Keep::Stored;
+  int64_t rope_heads = 0;            // > 0: a llama GGUF's q/k rows (or bias), put back in rotate_half order
+  bool add_one = false;              // HF Gemma's norm: 1 + w
+  std::vector<float> f32;            // the values, when kept as f32
+  std::vector<uint8_t> copy;         // the stored bytes, when re-ordered or realigned
 };
 
 class Loader {
  public:
-  Loader(const model::ModelFile& file, const ModelConfig& cfg) : file_(file), cfg_(cfg) {}
+  Loader(const model::ModelFile& file, const ModelConfig& cfg, const WeightOptions& opt)
+      : file_(file), cfg_(cfg), opt_(opt) {}
 
   // Queues `name` for `dest`, expecting `shape` (outermost first; a vector is {n}).
-  void add(const std::string& name, std::vector<int64_t> shape, Weight& dest,
-           std::function<void(Weight&)> fix = {}) {
+  void add(const std::string& name, std::vector<int64_t> shape, Weight& dest, Keep keep, int64_t rope_heads = 0,
+           bool add_one = false) {
     const model::TensorInfo& t = file_.get(name);  // throws "<file>: missing tensor <name>"
     std::vector<int64_t> got = t.shape;
     // A vector stored as [1, n] or [n] is the same; so is a matrix whose extents match.
@@ -68,39 +178,80 @@ class Loader {
                   shape_str(shape) + " for " + cfg_.summary());
     dest.rows = shape.size() == 2 ? shape[0] : 1;
     dest.cols = shape.back();
-    jobs_.push_back({&t, &dest, std::move(fix)});
+    dest.name = name;
+    Job j;
+    j.tensor = &t;
+    j.dest = &dest;
+    j.keep = keep;
+    j.rope_heads = rope_heads;
+    j.add_one = add_one;
+    jobs_.push_back(std::move(j));
   }
   bool has(const std::string& name) const { return file_.find(name) != nullptr; }
 
   void run(ThreadPool& pool) {
-    // The f32 copies of every weight are the largest allocation that follows from the input: check them against
-    // the host memory budget before making any.
+    // What is copied out of the mapping (f32 expansions, re-ordered rows) is the largest allocation that follows
+    // from the input: check it against the host memory budget before making any.
     double bytes = 0;
-    for (const Job& j : jobs_) bytes += static_cast<double>(j.tensor->numel()) * sizeof(float);
+    for (Job& j : jobs_) {
+      const model::TensorType type = j.tensor->type;
+      if (j.keep == Keep::Stored && !opt_.expand_f32 && model::qmatmul_supported(type)) {
+        const bool misaligned = type == model::TensorType::F32 && reinterpret_cast<uintptr_t>(j.tensor->data) % 4;
+        if (j.rope_heads > 0 || misaligned) bytes += static_cast<double>(j.tensor->bytes);
+      } else {
+        j.keep = Keep::F32;
+        bytes += static_cast<double>(j.tensor->numel()) * sizeof(float);
+      }
+    }
     check_host_allocation("loading " + file_.path() + " (" + std::to_string(jobs_.size()) +
-                              " weight tensors, dequantized to f32)",
+                              " weight tensors; copies outside the file mapping)",
                           bytes, "use a smaller model");
-    pool.parallel_for(static_cast<int64_t>(jobs_.size()), [&](int64_t i, int) {
-      Job& j = jobs_[static_cast<size_t>(i)];
-      j.dest->data.resize(static_cast<size_t>(j.tensor->numel()));
-      model::dequantize(*j.tensor, j.dest->data.data());
-      if (j.fix) j.fix(*j.dest);
-    });
+    pool.parallel_for(static_cast<int64_t>(jobs_.size()), [&](int64_t i, int) { load(jobs_[static_cast<size_t>(i)]); });
+    for (Job& j : jobs_) {
+      Weight& w = *j.dest;
+      if (j.keep == Keep::F32) {
+        w = Weight::f32(std::move(j.f32), w.rows, w.cols, std::move(w.name));
+      } else if (!j.copy.empty()) {
+        auto held = std::make_shared<std::vector<uint8_t>>(std::move(j.copy));
+        w.type = j.tensor->type;
+        w.bytes = held->data();
+        w.owner = std::move(held);
+      } else {
+        w.type = j.tensor->type;
+        w.bytes = j.tensor->data;  // in the mapping
+      }
+    }
   }
 
  private:
+  void load(Job& j) {
+    const model::TensorInfo& t = *j.tensor;
+    if (j.keep == Keep::F32) {
+      j.f32.resize(static_cast<size_t>(t.numel()));
+      model::dequantize(t, j.f32.data());
+      if (j.rope_heads > 0)
+        unpermute_gguf_rope_rows(j.f32.data(), j.rope_heads, cfg_.head_dim, j.dest->rows == 1 ? 1 : t.row_length());
+      if (j.add_one)
+        for (float& x : j.f32) x = 1.0f + x;
+      return;
+    }
+    const bool misaligned = t.type == model::TensorType::F32 && reinterpret_cast<uintptr_t>(t.data) % 4;
+    if (j.rope_heads > 0 || misaligned) {
+      j.copy.assign(t.data, t.data + t.bytes);
+      if (j.rope_heads > 0) unpermute_gguf_rope_rows_bytes(j.copy.data(), j.rope_heads, cfg_.head_dim, t.row_bytes());
+    }
+  }
+
   const model::ModelFile& file_;
   const ModelConfig& cfg_;
+  const WeightOptions& opt_;
   std::vector<Job> jobs_;
 };
 
-void add_one(Weight& w) {
-  for (float& x : w.data) x = 1.0f + x;
-}
-
 }  // namespace
 
-ModelWeights load_weights(const model::ModelFile& file, const ModelConfig& cfg, ThreadPool& pool) {
+ModelWeights load_weights(const model::ModelFile& file, const ModelConfig& cfg, ThreadPool& pool,
+                          const WeightOptions& options) {
   const bool gguf = file.format() == model::FileFormat::GGUF;
   const bool gemma = cfg.arch == Architecture::Gemma3;
   const int64_t H = cfg.hidden_size, D = cfg.head_dim, F = cfg.intermediate_size, V = cfg.vocab_size;
@@ -109,30 +260,19 @@ ModelWeights load_weights(const model::ModelFile& file, const ModelConfig& cfg, 
 
   ModelWeights w;
   w.layers.resize(static_cast<size_t>(cfg.num_layers));
-  Loader ld(file, cfg);
+  Loader ld(file, cfg, options);
+  constexpr Keep S = Keep::Stored, V32 = Keep::F32;
 
   // Norm fix-ups: HF Gemma stores w for a norm that multiplies by (1 + w); llama.cpp's GGUF stores 1 + w.
-  std::function<void(Weight&)> norm_fix;
-  if (gemma && !gguf) norm_fix = add_one;
+  const bool one = gemma && !gguf;
   // The llama architecture's GGUF q/k rows are permuted for adjacent-pair RoPE (see weights.h).
-  std::function<void(Weight&)> q_fix, k_fix;
-  if (gguf && cfg.arch == Architecture::Llama) {
-    q_fix = [&cfg](Weight& t) {
-      unpermute_gguf_rope_rows(t.data.data(), cfg.num_q_heads, cfg.head_dim, t.cols);
-    };
-    k_fix = [&cfg](Weight& t) {
-      unpermute_gguf_rope_rows(t.data.data(), cfg.num_kv_heads, cfg.head_dim, t.cols);
-    };
-  }
-  // Bias vectors are [heads * d] with cols 1 for the permutation.
-  auto bias_fix = [&cfg](int heads) -> std::function<void(Weight&)> {
-    return [&cfg, heads](Weight& t) { unpermute_gguf_rope_rows(t.data.data(), heads, cfg.head_dim, 1); };
-  };
+  const bool perm = gguf && cfg.arch == Architecture::Llama;
+  const int64_t q_heads = perm ? cfg.num_q_heads : 0, kv_heads = perm ? cfg.num_kv_heads : 0;
 
   if (gguf) {
-    ld.add("token_embd.weight", {V, H}, w.embedding);
-    ld.add("output_norm.weight", {H}, w.final_norm);
-    if (!cfg.tied_embeddings) ld.add("output.weight", {V, H}, w.lm_head);
+    ld.add("token_embd.weight", {V, H}, w.embedding, S);
+    ld.add("output_norm.weight", {H}, w.final_norm, V32);
+    if (!cfg.tied_embeddings) ld.add("output.weight", {V, H}, w.lm_head, S);
     if (ld.has("rope_freqs.weight")) {
       const model::TensorInfo& t = file.get("rope_freqs.weight");
       if (t.numel() != D / 2)
@@ -144,29 +284,28 @@ ModelWeights load_weights(const model::ModelFile& file, const ModelConfig& cfg, 
     for (int32_t l = 0; l < cfg.num_layers; ++l) {
       LayerWeights& L = w.layers[static_cast<size_t>(l)];
       const std::string p = "blk." + std::to_string(l) + ".";
-      ld.add(p + "attn_norm.weight", {H}, L.attn_norm);
-      ld.add(p + "attn_q.weight", {QD, H}, L.wq, q_fix);
-      ld.add(p + "attn_k.weight", {KD, H}, L.wk, k_fix);
-      ld.add(p + "attn_v.weight", {KD, H}, L.wv);
-      ld.add(p + "attn_output.weight", {H, QD}, L.wo);
+      ld.add(p + "attn_norm.weight", {H}, L.attn_norm, V32);
+      ld.add(p + "attn_q.weight", {QD, H}, L.wq, S, q_heads);
+      ld.add(p + "attn_k.weight", {KD, H}, L.wk, S, kv_heads);
+      ld.add(p + "attn_v.weight", {KD, H}, L.wv, S);
+      ld.add(p + "attn_output.weight", {H, QD}, L.wo, S);
       if (cfg.qkv_bias) {
-        const bool perm = cfg.arch == Architecture::Llama;
-        ld.add(p + "attn_q.bias", {QD}, L.bq, perm ? bias_fix(cfg.num_q_heads) : nullptr);
-        ld.add(p + "attn_k.bias", {KD}, L.bk, perm ? bias_fix(cfg.num_kv_heads) : nullptr);
-        ld.add(p + "attn_v.bias", {KD}, L.bv);
+        ld.add(p + "attn_q.bias", {QD}, L.bq, V32, q_heads);
+        ld.add(p + "attn_k.bias", {KD}, L.bk, V32, kv_heads);
+        ld.add(p + "attn_v.bias", {KD}, L.bv, V32);
       }
       if (cfg.qk_norm) {
-        ld.add(p + "attn_q_norm.weight", {D}, L.q_norm);
-        ld.add(p + "attn_k_norm.weight", {D}, L.k_norm);
+        ld.add(p + "attn_q_norm.weight", {D}, L.q_norm, V32);
+        ld.add(p + "attn_k_norm.weight", {D}, L.k_norm, V32);
       }
       if (cfg.post_norms) {
-        ld.add(p + "post_attention_norm.weight", {H}, L.post_attn_norm);
-        ld.add(p + "post_ffw_norm.weight", {H}, L.post_ffn_norm);
+        ld.add(p + "post_attention_norm.weight", {H}, L.post_attn_norm, V32);
+        ld.add(p + "post_ffw_norm.weight", {H}, L.post_ffn_norm, V32);
       }
-      ld.add(p + "ffn_norm.weight", {H}, L.ffn_norm);
-      ld.add(p + "ffn_gate.weight", {F, H}, L.w_gate);
-      ld.add(p + "ffn_up.weight", {F, H}, L.w_up);
-      ld.add(p + "ffn_down.weight", {H, F}, L.w_down);
+      ld.add(p + "ffn_norm.weight", {H}, L.ffn_norm, V32);
+      ld.add(p + "ffn_gate.weight", {F, H}, L.w_gate, S);
+      ld.add(p + "ffn_up.weight", {F, H}, L.w_up, S);
+      ld.add(p + "ffn_down.weight", {H, F}, L.w_down, S);
     }
   } else {
     // The text model's prefix: plain causal LMs, or the language model inside a multimodal Gemma-3
@@ -180,36 +319,36 @@ ModelWeights load_weights(const model::ModelFile& file, const ModelConfig& cfg, 
     }
     if (m == "language_model.model." && ld.has("language_model.lm_head.weight"))
       head = "language_model.lm_head.weight";
-    ld.add(m + "embed_tokens.weight", {V, H}, w.embedding);
-    ld.add(m + "norm.weight", {H}, w.final_norm, norm_fix);
-    if (!cfg.tied_embeddings) ld.add(head, {V, H}, w.lm_head);
+    ld.add(m + "embed_tokens.weight", {V, H}, w.embedding, S);
+    ld.add(m + "norm.weight", {H}, w.final_norm, V32, 0, one);
+    if (!cfg.tied_embeddings) ld.add(head, {V, H}, w.lm_head, S);
     for (int32_t l = 0; l < cfg.num_layers; ++l) {
       LayerWeights& L = w.layers[static_cast<size_t>(l)];
       const std::string p = m + "layers." + std::to_string(l) + ".";
-      ld.add(p + "input_layernorm.weight", {H}, L.attn_norm, norm_fix);
-      ld.add(p + "self_attn.q_proj.weight", {QD, H}, L.wq);
-      ld.add(p + "self_attn.k_proj.weight", {KD, H}, L.wk);
-      ld.add(p + "self_attn.v_proj.weight", {KD, H}, L.wv);
-      ld.add(p + "self_attn.o_proj.weight", {H, QD}, L.wo);
+      ld.add(p + "input_layernorm.weight", {H}, L.attn_norm, V32, 0, one);
+      ld.add(p + "self_attn.q_proj.weight", {QD, H}, L.wq, S);
+      ld.add(p + "self_attn.k_proj.weight", {KD, H}, L.wk, S);
+      ld.add(p + "self_attn.v_proj.weight", {KD, H}, L.wv, S);
+      ld.add(p + "self_attn.o_proj.weight", {H, QD}, L.wo, S);
       if (cfg.qkv_bias) {
-        ld.add(p + "self_attn.q_proj.bias", {QD}, L.bq);
-        ld.add(p + "self_attn.k_proj.bias", {KD}, L.bk);
-        ld.add(p + "self_attn.v_proj.bias", {KD}, L.bv);
+        ld.add(p + "self_attn.q_proj.bias", {QD}, L.bq, V32);
+        ld.add(p + "self_attn.k_proj.bias", {KD}, L.bk, V32);
+        ld.add(p + "self_attn.v_proj.bias", {KD}, L.bv, V32);
       }
       if (cfg.qk_norm) {
-        ld.add(p + "self_attn.q_norm.weight", {D}, L.q_norm, norm_fix);
-        ld.add(p + "self_attn.k_norm.weight", {D}, L.k_norm, norm_fix);
+        ld.add(p + "self_attn.q_norm.weight", {D}, L.q_norm, V32, 0, one);
+        ld.add(p + "self_attn.k_norm.weight", {D}, L.k_norm, V32, 0, one);
       }
       if (cfg.post_norms) {
-        ld.add(p + "post_attention_layernorm.weight", {H}, L.post_attn_norm, norm_fix);
-        ld.add(p + "pre_feedforward_layernorm.weight", {H}, L.ffn_norm, norm_fix);
-        ld.add(p + "post_feedforward_layernorm.weight", {H}, L.post_ffn_norm, norm_fix);
+        ld.add(p + "post_attention_layernorm.weight", {H}, L.post_attn_norm, V32, 0, one);
+        ld.add(p + "pre_feedforward_layernorm.weight", {H}, L.ffn_norm, V32, 0, one);
+        ld.add(p + "post_feedforward_layernorm.weight", {H}, L.post_ffn_norm, V32, 0, one);
       } else {
-        ld.add(p + "post_attention_layernorm.weight", {H}, L.ffn_norm);
+        ld.add(p + "post_attention_layernorm.weight", {H}, L.ffn_norm, V32);
       }
-      ld.add(p + "mlp.gate_proj.weight", {F, H}, L.w_gate);
-      ld.add(p + "mlp.up_proj.weight", {F, H}, L.w_up);
-      ld.add(p + "mlp.down_proj.weight", {H, F}, L.w_down);
+      ld.add(p + "mlp.gate_proj.weight", {F, H}, L.w_gate, S);
+      ld.add(p + "mlp.up_proj.weight", {F, H}, L.w_up, S);
+      ld.add(p + "mlp.down_proj.weight", {H, F}, L.w_down, S);
     }
   }
   ld.run(pool);

@@ -1,9 +1,17 @@
-// tessera/model/weights.h — a model's weights in f32, under one naming for both file formats.
+// tessera/model/weights.h — a model's weights, kept as the file stores them, under one naming for both formats.
 //
-// Every tensor is dequantized to f32 when the model is loaded (quant.h), so the forward pass runs plain f32
-// GEMMs (OpenBLAS). That is simple and exact, and costs memory: 4 bytes per parameter (SmolLM2-135M: 0.54 GB,
-// Gemma-3-270M: 1.07 GB, an 8B model: 32 GB). Loading time is dominated by dequantization, spread over the
-// pool one tensor per item; Model::load_seconds() reports it.
+// Linear weights (q/k/v/o, gate/up/down, the LM head) and the embedding table stay in the file's memory mapping in
+// their stored type — a GGUF block type (Q4_0 .. Q6_K) or f32/f16/bf16, safetensors' f32/f16/bf16 too — and the CPU
+// ops multiply them in place (model/qmatmul.h; runtime::linear). Norm weights, biases and rope factors are small
+// and held as f32. Three cases own a copy instead of pointing into the mapping: a llama GGUF's q/k rows, put back
+// in rotate_half order (a row permutation, so the copy keeps the stored type and size); an f32 tensor at an
+// unaligned offset (safetensors); and types the matrix products do not take (Q2_K, Q3_K, Q8_K: expanded to f32).
+// WeightOptions::expand_f32 expands every tensor to f32 at load instead, as tessera did before (the reference the
+// stored-weight forward is tested against).
+//
+// Code that needs f32 values (the planners' backward, the GPU upload, the tensor-parallel shards of a type whose
+// blocks a shard would cut) asks for them explicitly: Weight::to_f32() for the whole tensor or
+// Weight::rows_f32() for a row range; nothing keeps a second f32 copy of the model.
 //
 // Names (N = layer):
 //   role             Hugging Face (safetensors)                           GGUF (llama.cpp)
@@ -30,25 +38,43 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/thread_pool.h"
 #include "model/model_config.h"
-
-namespace tessera::model {
-class ModelFile;
-}
+#include "model/model_file.h"
+#include "model/qmatmul.h"
 
 namespace tessera::runtime {
 
-// A dense f32 matrix [rows, cols] (a vector has rows == 1), row-major.
+// A matrix [rows, cols] (a vector has rows == 1), row-major, in its stored type: each row is
+// tensor_type_bytes(type, cols) bytes of consecutive blocks. Copies share the bytes.
 struct Weight {
-  std::vector<float> data;
   int64_t rows = 0;
   int64_t cols = 0;
-  bool empty() const { return data.empty(); }
-  const float* ptr() const { return data.data(); }
+  model::TensorType type = model::TensorType::F32;
+  const uint8_t* bytes = nullptr;      // rows * row_bytes() bytes; null for an absent weight
+  std::shared_ptr<const void> owner;  // holds `bytes` when they are not in the file's mapping (null: mapped)
+  std::string name;                   // the tensor's name in the file ("" for a derived weight)
+
+  // An f32 weight holding `values` (rows * cols of them).
+  static Weight f32(std::vector<float> values, int64_t rows, int64_t cols, std::string name = {});
+
+  bool empty() const { return bytes == nullptr; }
+  int64_t numel() const { return rows * cols; }
+  size_t row_bytes() const;
+  size_t stored_bytes() const { return empty() ? 0 : static_cast<size_t>(rows) * row_bytes(); }
+  bool mapped() const { return !empty() && owner == nullptr; }
+  // The values of an F32 weight (null when empty). Throws tessera::Error for a weight kept in another type
+  // ("weight blk.0.attn_q.weight is kept as Q4_1: read it with to_f32()").
+  const float* ptr() const;
+  // Rows [r0, r0 + count) dequantized to f32 into out[count * cols].
+  void rows_f32(int64_t r0, int64_t count, float* out) const;
+  // Every value as f32 (a new vector: the caller decides how long it lives).
+  std::vector<float> to_f32() const;
+  model::QMatrix matrix() const { return {bytes, rows, cols, type}; }
 };
 
 struct LayerWeights {
@@ -72,18 +98,41 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
 
   const Weight& output() const { return lm_head.empty() ? embedding : lm_head; }
+  // Bytes the weights take as kept (stored bytes, mapped or owned, plus the f32 vectors).
   size_t bytes() const;
+  // Bytes held in allocations of their own (not the file mapping).
+  size_t owned_bytes() const;
+
+  // What each group of tensors is kept as: one entry per (group, type), in model order; group is "embedding",
+  // "output", "attention" (q/k/v/o), "mlp" (gate/up/down) or "norms" (norms, biases, rope factors).
+  struct Group {
+    std::string group;
+    model::TensorType type = model::TensorType::F32;
+    int64_t tensors = 0;
+    size_t bytes = 0;
+  };
+  std::vector<Group> groups() const;
+  // "embedding Q8_0 (1 tensor, 28.3 MB), attention Q4_1+Q4_0 ..." — one line, for inspect and run.
+  std::string summary() const;
 };
 
-// Reads, checks (shapes against the config) and dequantizes every tensor the config needs. Throws
-// tessera::Error
-// "<file>: missing tensor <name>" or "<file>: tensor <name> has shape [..], expected [..]"; quantization
-// types tessera cannot read fail as quant.h says.
-ModelWeights load_weights(const model::ModelFile& file, const ModelConfig& config, ThreadPool& pool);
+struct WeightOptions {
+  // Expand every tensor to f32 at load (the old behaviour; 4 bytes a parameter): the reference of the tests.
+  bool expand_f32 = false;
+};
+
+// Reads and checks (shapes against the config) every tensor the config needs; keeps the linear weights as stored
+// (see the top of this file) and the norms as f32. Throws tessera::Error "<file>: missing tensor <name>" or
+// "<file>: tensor <name> has shape [..], expected [..]"; a type tessera does not read fails when the file is
+// opened ("<file>: tensor <name> has type IQ2_XS (17), which tessera does not read yet").
+ModelWeights load_weights(const model::ModelFile& file, const ModelConfig& config, ThreadPool& pool,
+                          const WeightOptions& options = {});
 
 // llama.cpp's converter reorders the rows of each head of q_proj/k_proj (llama architecture) from rotate_half
 // order [x_0 .. x_{d/2-1}, y_0 .. y_{d/2-1}] to adjacent pairs [x_0, y_0, x_1, y_1, ...]; this puts them
 // back, in place, for a [heads * head_dim, cols] matrix (cols = 1 for a bias).
 void unpermute_gguf_rope_rows(float* w, int64_t heads, int64_t head_dim, int64_t cols);
+// The same over rows of `row_bytes` bytes of any stored type (a quantized row is whole blocks).
+void unpermute_gguf_rope_rows_bytes(uint8_t* w, int64_t heads, int64_t head_dim, size_t row_bytes);
 
 }  // namespace tessera::runtime

@@ -39,22 +39,33 @@ RankPlan rank_plan(const ModelConfig& config, const Placement& placement, int32_
 
 namespace {
 
-// Blocks of `size` rows (by_rows) or of `size` columns of w, in the order of `blocks`. Either way the output is
-// written front to back: per output row (one run for row blocks), one copy per block.
+// An f32 copy of w (the shards of a type whose blocks a column split would cut).
+Weight as_f32(const Weight& w) { return Weight::f32(w.to_f32(), w.rows, w.cols, w.name); }
+
+// Blocks of `size` rows (by_rows) or of `size` columns of w, in the order of `blocks`, in w's stored type: rows
+// are whole blocks, and a column split keeps the type when `size` is a whole number of blocks (else the shard is
+// f32). Either way the output is written front to back: per output row (one run for row blocks), one copy per
+// block.
 Weight gather(const Weight& w, const std::vector<int32_t>& blocks, int64_t size, bool by_rows) {
   Weight out;
   if (w.empty()) return out;
+  if (!by_rows && size % static_cast<int64_t>(model::tensor_type_block_size(w.type)) != 0)
+    return gather(as_f32(w), blocks, size, by_rows);
   const auto n = static_cast<int64_t>(blocks.size());
   out.rows = by_rows ? n * size : w.rows;
   out.cols = by_rows ? w.cols : n * size;
-  out.data.resize(static_cast<size_t>(out.rows * out.cols));
-  float* dst = out.data.data();
-  const int64_t runs = by_rows ? 1 : w.rows, len = by_rows ? size * w.cols : size;
+  out.type = w.type;
+  auto held = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(out.rows) * out.row_bytes());
+  uint8_t* dst = held->data();
+  const size_t run = by_rows ? static_cast<size_t>(size) * w.row_bytes() : model::tensor_type_bytes(w.type, size);
+  const int64_t runs = by_rows ? 1 : w.rows;
   for (int64_t r = 0; r < runs; ++r)
     for (const int32_t b : blocks) {
-      const float* src = w.ptr() + (by_rows ? b * size * w.cols : r * w.cols + b * size);
-      dst = std::copy(src, src + len, dst);
+      const uint8_t* src = w.bytes + (by_rows ? static_cast<size_t>(b) * run : r * w.row_bytes() + b * run);
+      dst = std::copy(src, src + run, dst);
     }
+  out.bytes = held->data();
+  out.owner = std::move(held);
   return out;
 }
 
@@ -70,21 +81,33 @@ Weight gather_cols(const Weight& w, const std::vector<int32_t>& blocks, int64_t 
 
 namespace {
 
+// Rows [r0, r1) (a view sharing w's bytes) or columns [c0, c1) (a copy) of w.
 Weight row_range(const Weight& w, int64_t r0, int64_t r1) {
   Weight out;
-  out.cols = w.cols;
   out.rows = r1 - r0;
-  out.data.assign(w.ptr() + r0 * w.cols, w.ptr() + r1 * w.cols);
+  out.cols = w.cols;
+  out.type = w.type;
+  if (r1 > r0 && !w.empty()) {
+    out.bytes = w.bytes + static_cast<size_t>(r0) * w.row_bytes();
+    out.owner = w.owner;
+  }
   return out;
 }
 
 Weight col_range(const Weight& w, int64_t c0, int64_t c1) {
+  const auto bs = static_cast<int64_t>(model::tensor_type_block_size(w.type));
+  if (c0 % bs != 0 || c1 % bs != 0) return col_range(as_f32(w), c0, c1);
   Weight out;
   out.rows = w.rows;
   out.cols = c1 - c0;
-  out.data.resize(static_cast<size_t>(out.rows * out.cols));
+  out.type = w.type;
+  if (c1 <= c0 || w.empty()) return out;
+  auto held = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(out.rows) * out.row_bytes());
+  const size_t off = model::tensor_type_bytes(w.type, c0), len = out.row_bytes();
   for (int64_t r = 0; r < w.rows; ++r)
-    std::copy(w.ptr() + r * w.cols + c0, w.ptr() + r * w.cols + c1, out.data.data() + r * out.cols);
+    std::copy(w.bytes + r * w.row_bytes() + off, w.bytes + r * w.row_bytes() + off + len, held->data() + r * len);
+  out.bytes = held->data();
+  out.owner = std::move(held);
   return out;
 }
 

@@ -55,9 +55,9 @@ void CpuOps::embed() {
   for (int64_t t = 0; t < n_; ++t) {
     const int32_t tok = tokens_[static_cast<size_t>(t)];
     check(tok >= 0 && tok < cfg_.vocab_size, "forward: token id " + std::to_string(tok) + " outside the vocabulary");
-    const float* e = weights_.embedding.ptr() + static_cast<int64_t>(tok) * H;
     float* x = x_.data() + t * H;
-    for (int64_t i = 0; i < H; ++i) x[i] = e[i] * cfg_.embedding_scale;
+    weights_.embedding.rows_f32(tok, 1, x);  // dequantized on lookup
+    for (int64_t i = 0; i < H; ++i) x[i] *= cfg_.embedding_scale;
   }
 }
 
@@ -67,7 +67,7 @@ void CpuOps::norm_x(const Weight& w) {
 
 void CpuOps::linear_timed(const float* x, int64_t rows, const Weight& w, const Weight* bias, float* y) {
   const auto t0 = Clock::now();
-  linear(x, rows, w, bias, y);
+  linear(x, rows, w, bias, y, &pool_);
   timers_->gemm_seconds += seconds_since(t0);
 }
 

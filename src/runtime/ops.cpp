@@ -6,6 +6,8 @@
 #include <cmath>
 #include <numbers>
 
+#include "model/qmatmul.h"
+
 namespace tessera::runtime {
 
 void parallel_ranges(ThreadPool& pool, int64_t n, int64_t grain,
@@ -24,18 +26,50 @@ void parallel_ranges(ThreadPool& pool, int64_t n, int64_t grain,
   });
 }
 
-void linear(const float* x, int64_t m, const Weight& w, const Weight* bias, float* y) {
-  const auto n = static_cast<blasint>(w.rows), k = static_cast<blasint>(w.cols);
-  if (m == 1) {
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, 1.0f, w.ptr(), k, x, 1, 0.0f, y, 1);
+void single_threaded_blas() {
+  static const bool once = [] {
+    openblas_set_num_threads(1);
+    return true;
+  }();
+  (void)once;
+}
+
+void linear(const float* x, int64_t m, const Weight& w, const Weight* bias, float* y, ThreadPool* pool) {
+  single_threaded_blas();
+  const int64_t N = w.rows, K = w.cols;
+  if (w.type != model::TensorType::F32) {
+    model::qmatmul(w.matrix(), x, m, y, pool);
   } else {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(m), n, k, 1.0f, x, k, w.ptr(),
-                k, 0.0f, y, n);
+    const float* W = w.ptr();
+    // Output columns [r0, r1): rows r0.. of W, on one thread.
+    auto part = [&](int64_t r0, int64_t r1) {
+      const auto n = static_cast<blasint>(r1 - r0), k = static_cast<blasint>(K);
+      if (m == 1) {
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, 1.0f, W + r0 * K, k, x, 1, 0.0f, y + r0, 1);
+      } else {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(m), n, k, 1.0f, x, k, W + r0 * K,
+                    k, 0.0f, y + r0, static_cast<blasint>(N));
+      }
+    };
+    // One piece per thread, in multiples of 16 rows; products under ~256K multiply-adds run whole (a wake-up of the
+    // pool costs more than they take).
+    const int threads = pool != nullptr ? pool->size() : 1;
+    const int64_t pieces = std::min<int64_t>(threads, N / 16);
+    if (pieces <= 1 || m * N * K < (int64_t{1} << 18)) {
+      part(0, N);
+    } else {
+      const int64_t step = ((N + pieces - 1) / pieces + 15) / 16 * 16;
+      pool->parallel_for(pieces, [&](int64_t i, int) {
+        const int64_t r0 = i * step, r1 = std::min(N, r0 + step);
+        if (r0 < r1) part(r0, r1);
+      });
+    }
   }
   if (bias != nullptr && !bias->empty()) {
+    const float* b = bias->ptr();
     for (int64_t r = 0; r < m; ++r) {
-      float* row = y + r * w.rows;
-      for (int64_t j = 0; j < w.rows; ++j) row[j] += bias->data[static_cast<size_t>(j)];
+      float* row = y + r * N;
+      for (int64_t j = 0; j < N; ++j) row[j] += b[j];
     }
   }
 }
