@@ -57,6 +57,17 @@ void CpuBatchBackend::finish_prefill(const SequenceBlocks& seq, std::span<const 
 
 void CpuBatchBackend::abort_prefill() { staging_.release(); }
 
+void BatchBackend::load_prefix(const SequenceBlocks&, int32_t, int32_t) {
+  throw Error(std::string("prefix caching: the ") + device_name() + " batched backend cannot stage a cached prefix");
+}
+
+void CpuBatchBackend::load_prefix(const SequenceBlocks& seq, int32_t rows, int32_t total_len) {
+  const ModelConfig& cfg = model_.config();
+  staging_ = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, total_len);
+  staging_.reserve(rows);
+  gather_from_pages(store_, seq, rows, staging_);
+}
+
 std::vector<float> BatchBackend::prefill_stream_chunk(StreamingKV&, std::span<const int32_t>, int32_t,
                                                       StreamingKV::ChunkKind, bool) {
   throw Error(std::string("streaming memory in the batched engine runs on the CPU (device ") + device_name() +
@@ -119,6 +130,9 @@ struct BatchEngine::Sequence {
   int32_t generated = 0;
   int32_t pending = -1;  // the token to decode next step
   bool cancelled = false;
+  int64_t cached = 0;           // prompt tokens adopted from the prefix cache
+  bool reported_cache = false;  // the first event said how many
+  std::vector<int32_t> fed;     // the tokens whose K/V the blocks hold: the prompt, then each decoded token
 };
 
 BatchEngine::BatchEngine(BatchBackend& backend, BatchEngineOptions options)
@@ -157,7 +171,16 @@ BatchEngine::BatchEngine(BatchBackend& backend, BatchEngineOptions options)
                          format_bytes(block_bytes_));
   check(blocks < 2.0e9, "batch engine: a KV budget of " + format_bytes(budget) + " is over 2^31 blocks; raise block_tokens");
   pool_ = BlockPool(static_cast<int32_t>(blocks));
+  prefix_cache_ = PrefixCache(options_.block_tokens);
   backend_.create_store(shape_, pool_.total(), options_.max_batch, max_context_);
+}
+
+bool BatchEngine::cacheable(const Sequence& s) const {
+  return options_.prefix_cache && !streaming() && s.policy->table().empty() && backend_.supports_prefix_cache();
+}
+
+void BatchEngine::make_room(int64_t n) {
+  if (pool_.available() < n) stats_.prefix_evictions += prefix_cache_.evict(pool_, n);
 }
 
 BatchEngine::~BatchEngine() = default;
@@ -215,6 +238,9 @@ bool BatchEngine::cancel(int64_t id) {
 }
 
 void BatchEngine::finish(Sequence& s, FinishReason reason, std::vector<BatchEvent>& events, std::string error) {
+  // What the sequence wrote stays findable (prompt and generated tokens, full blocks), unless a step failed midway.
+  if (s.decoding && reason != FinishReason::kError && cacheable(s))
+    prefix_cache_.insert(s.fed, s.blocks, s.blocks.length() / shape_.block_tokens, pool_);
   if (s.prefilling) backend_.abort_prefill();
   if (s.decoding) backend_.release_sequence(s.blocks);
   s.decoding = false;
@@ -240,6 +266,18 @@ void BatchEngine::admit() {
   if (reserved_ + s.reserved > pool_.total()) return;  // waits for blocks to come back
   reserved_ += s.reserved;
   if (streaming()) s.stream = std::make_unique<StreamingKV>(cfg_, options_.stream);
+  if (cacheable(s)) {
+    // The longest cached prefix, leaving at least the prompt's last token to prefill (its logits start the answer).
+    const auto n = static_cast<int64_t>(s.request.prompt.size());
+    const auto shared = prefix_cache_.match(s.request.prompt, (n - 1) / shape_.block_tokens, s.blocks);
+    if (!shared.empty()) {
+      s.blocks.adopt(shared, pool_);
+      s.cached = s.prefilled = s.blocks.length();
+      stats_.cached_tokens += s.cached;
+      ++stats_.prefix_hits;
+    }
+  }
+  s.fed = s.request.prompt;
   s.prefilling = true;
   running_.push_back(std::move(waiting_.front()));
   waiting_.pop_front();
@@ -258,7 +296,9 @@ void BatchEngine::take_token(Sequence& s, int32_t tok, std::vector<BatchEvent>& 
   const int64_t length = s.stream ? s.stream->length() : s.blocks.length();
   if (length >= max_context_) return finish(s, FinishReason::kContextFull, events);
   ++s.generated;
-  events.push_back(BatchEvent{s.id, tok, false, FinishReason::kLength, {}, std::move(logprobs)});
+  events.push_back(BatchEvent{s.id, tok, false, FinishReason::kLength, {}, std::move(logprobs),
+                              s.reported_cache ? -1 : static_cast<int32_t>(s.cached)});
+  s.reported_cache = true;
   if (s.generated >= s.request.options.max_new_tokens) return finish(s, FinishReason::kLength, events);
   s.pending = tok;
 }
@@ -275,6 +315,8 @@ void BatchEngine::prefill_step(std::vector<BatchEvent>& events) {
   const auto t0 = Clock::now();
   try {
     const auto chunk = std::span<const int32_t>(prompt).subspan(static_cast<size_t>(c0), static_cast<size_t>(c1 - c0));
+    if (c0 > 0 && c0 == s.cached)  // the first chunk after a cached prefix: stage it
+      backend_.load_prefix(s.blocks, static_cast<int32_t>(c0), static_cast<int32_t>(n));
     std::vector<float> logits =
         s.stream ? backend_.prefill_stream_chunk(*s.stream, chunk, static_cast<int32_t>(c0),
                                                  last ? StreamingKV::ChunkKind::LastPrefill : StreamingKV::ChunkKind::Prefill,
@@ -287,10 +329,14 @@ void BatchEngine::prefill_step(std::vector<BatchEvent>& events) {
       s.prefilling = false;
       take_logits(s, logits, events);
     } else if (last) {
-      s.blocks.grow(n, pool_);  // within what was reserved at admission
+      const int64_t rows = n - s.blocks.length();  // a cached prefix is held already
+      make_room(s.blocks.need(rows));
+      s.blocks.grow(rows, pool_);  // within what was reserved at admission
       backend_.finish_prefill(s.blocks, s.views);
       s.decoding = true;
       s.prefilling = false;
+      // The prompt's full blocks, findable by requests that come while this one decodes.
+      if (cacheable(s)) prefix_cache_.insert(s.fed, s.blocks, n / shape_.block_tokens, pool_);
       take_logits(s, logits, events);
     }
   } catch (const Error& e) {
@@ -317,7 +363,9 @@ void BatchEngine::decode_step(std::vector<BatchEvent>& events) {
       if (s->stream) {
         rows.push_back(DecodeRow{nullptr, {}, s->stream.get()});
       } else {
+        make_room(s->blocks.need(1));
         s->blocks.grow(1, pool_);  // within what was reserved at admission
+        s->fed.push_back(s->pending);
         rows.push_back(DecodeRow{&s->blocks, s->views, nullptr});
       }
       // A sampled row's uniform draw comes from its own stream, as the single-sequence engine's Sampler takes it.
@@ -373,8 +421,12 @@ std::vector<BatchEvent> BatchEngine::step() {
   return events;
 }
 
+double BatchEngine::prefix_cache_bytes() const {
+  return static_cast<double>(prefix_cache_.ids_only_here(pool_)) * block_bytes_;
+}
+
 double BatchEngine::kv_bytes_in_use() const {
-  double bytes = static_cast<double>(pool_.used()) * block_bytes_;
+  double bytes = static_cast<double>(pool_.used() - prefix_cache_.ids_only_here(pool_)) * block_bytes_;
   for (const auto& s : running_)
     if (s->stream) {
       const StreamStats st = s->stream->stats();

@@ -16,7 +16,9 @@
 //     prefill runs, fewer than max_batch sequences run, and the pool has, beyond what running sequences have
 //     reserved, every block the request can ever hold (prompt + max_new_tokens under its retention:
 //     SequenceBlocks::max_blocks) — so a sequence once admitted never runs out of blocks, and nothing is
-//     preempted. A request that could not fit even in an empty pool is refused by submit() with the numbers;
+//     preempted. A request that could not fit even in an empty pool is refused by submit() with the numbers.
+//     A dense request whose prompt starts with cached KV blocks (prefix caching, BatchEngineOptions::prefix_cache)
+//     adopts them: its prefill starts after them;
 //  3. one prefill chunk (chunk_size tokens) of the sequence in prefill, under its attention policy, attending to
 //     all its earlier keys (chunked prefill: the backend stages the prompt's K/V contiguously, as the
 //     single-sequence engines do, and moves the kept rows into blocks when the prompt ends); a finished prompt
@@ -47,6 +49,7 @@
 #include "runtime/kv_cache.h"
 #include "model/model.h"
 #include "runtime/paged_kv.h"
+#include "runtime/prefix_cache.h"
 #include "runtime/sampling.h"
 #include "runtime/stream/stream_options.h"
 #include "runtime/stream/streaming_kv.h"
@@ -78,6 +81,11 @@ class BatchBackend {
   virtual void release_sequence(const SequenceBlocks& seq) = 0;
   // Drops the staged sequence (cancelled or failed mid-prefill).
   virtual void abort_prefill() = 0;
+  // Prefix caching (BatchEngineOptions::prefix_cache): stages rows [0, rows) of seq's blocks (a cached prefix it
+  // adopted) as a new sequence of total_len tokens, whose next prefill_chunk runs at pos = rows. Backends that
+  // cannot say false to supports_prefix_cache (the engine then caches nothing); this default refuses.
+  virtual bool supports_prefix_cache() const { return false; }
+  virtual void load_prefix(const SequenceBlocks& seq, int32_t rows, int32_t total_len);
   // Streaming memory (BatchEngineOptions::stream): a prefill chunk of the sequence whose keys and values `kv` holds, at
   // [pos, pos + n) (pos == kv.length()), of the given kind; the last token's logits when `logits` is set. The batched
   // decode of streamed sequences is decode() with DecodeRow::stream set. This default refuses: "streaming memory in
@@ -126,6 +134,8 @@ class CpuBatchBackend final : public BatchBackend {
   void finish_prefill(const SequenceBlocks& seq, std::span<const DecodeView> views) override;
   void release_sequence(const SequenceBlocks&) override {}
   void abort_prefill() override;
+  bool supports_prefix_cache() const override { return true; }
+  void load_prefix(const SequenceBlocks& seq, int32_t rows, int32_t total_len) override;
   std::vector<float> prefill_stream_chunk(StreamingKV& kv, std::span<const int32_t> tokens, int32_t pos,
                                           StreamingKV::ChunkKind kind, bool logits) override;
   std::vector<float> decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) override;
@@ -156,6 +166,12 @@ struct BatchEngineOptions {
   // each row attending through its own memory). Needs the default (empty) policy and requests without a policy; no
   // context limit but max_context when set. The CPU backend runs it.
   StreamOptions stream;
+  // Automatic prefix caching (runtime/prefix_cache.h): the full KV blocks of densely prefilled prompts (at the end
+  // of their prefill) and of finished sequences (prompt and generated tokens) stay in the pool, found again by
+  // their tokens; a dense request whose prompt starts with cached blocks adopts them and prefills only the rest.
+  // Cached blocks no sequence holds go, least recently used first, when a sequence needs room. Where the backend
+  // supports it (CPU, CUDA); not with streaming memory.
+  bool prefix_cache = true;
 };
 
 struct BatchRequest {
@@ -174,6 +190,7 @@ struct BatchEvent {
   FinishReason reason = FinishReason::kLength;  // when finished
   std::string error;                            // when reason == kError
   std::optional<TokenLogprobs> logprobs{};      // a token's, when its request asked (GenerateOptions::logprobs)
+  int32_t cached_tokens = -1;                   // the request's first event: prompt tokens taken from the prefix cache
 };
 
 struct BatchEngineStats {
@@ -183,6 +200,9 @@ struct BatchEngineStats {
   int64_t max_decode_batch = 0;
   int64_t decode_steps = 0;     // steps that ran a decode (some steps only prefill)
   int64_t greedy_tokens = 0;    // decode tokens of greedy rows (the rest were sampled)
+  int64_t cached_tokens = 0;    // prompt tokens taken from the prefix cache (not prefilled)
+  int64_t prefix_hits = 0;      // requests that took some
+  int64_t prefix_evictions = 0; // cached blocks (entries) dropped for room
 };
 
 class BatchEngine {
@@ -221,6 +241,10 @@ class BatchEngine {
   // The KV memory the running sequences hold: their blocks, or with streaming memory their workspaces, host stores
   // and indexes.
   double kv_bytes_in_use() const;
+  // The prefix cache: its entries (one per cached logical block) and the block ids it holds; the bytes of the blocks
+  // only it holds (free for the taking: not counted in kv_bytes_in_use).
+  const PrefixCache& prefix_cache() const { return prefix_cache_; }
+  double prefix_cache_bytes() const;
   int64_t step_builds() const { return backend_.step_builds(); }
 
  private:
@@ -235,6 +259,10 @@ class BatchEngine {
   void prefill_step(std::vector<BatchEvent>& events);
   void decode_step(std::vector<BatchEvent>& events);
   bool streaming() const { return options_.stream.method != StreamMethod::None; }
+  // Whether s's blocks are cached and may come from the cache: dense, not streamed, the backend can.
+  bool cacheable(const Sequence& s) const;
+  // Frees cached blocks until `n` are free (when the pool has fewer).
+  void make_room(int64_t n);
 
   BatchBackend& backend_;
   BatchEngineOptions options_;
@@ -243,6 +271,7 @@ class BatchEngine {
   PagedKVShape shape_;
   double block_bytes_ = 0;
   BlockPool pool_;
+  PrefixCache prefix_cache_;
   int64_t reserved_ = 0;  // blocks promised to running sequences
   int64_t next_id_ = 1;
   std::deque<std::unique_ptr<Sequence>> waiting_;

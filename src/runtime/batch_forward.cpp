@@ -27,25 +27,42 @@ PagedKVStore::PagedKVStore(const PagedKVShape& shape, int32_t num_blocks) : shap
   }
 }
 
-void scatter_to_pages(KVCache& cache, const SequenceBlocks& seq, PagedKVStore& store) {
+namespace {
+// Rows [0, len) of each (layer, kv head) between the contiguous cache and the blocks: f(cache row, block row) per
+// kept row.
+template <class F>
+void for_each_paged_row(const SequenceBlocks& seq, int64_t len, F&& f) {
   const PagedKVShape& s = seq.shape();
-  const int64_t len = seq.length();
   const int64_t B = s.block_tokens, d = s.head_dim;
-  for (int32_t l = 0; l < s.num_layers; ++l) {
-    const float* kc = cache.k(l, 0);
-    const float* vc = cache.v(l, 0);
+  for (int32_t l = 0; l < s.num_layers; ++l)
     for (int32_t h = 0; h < s.num_kv_heads; ++h) {
       const std::vector<int32_t>& t = seq.table(l, h);
       for (int64_t pos = 0; pos < len; ++pos) {
         const int32_t blk = t[static_cast<size_t>(pos / B)];
         if (blk < 0) continue;
-        const size_t src = (static_cast<size_t>(pos) * static_cast<size_t>(s.num_kv_heads) + static_cast<size_t>(h)) *
-                           static_cast<size_t>(d);
-        std::copy(kc + src, kc + src + d, store.k(blk, pos % B));
-        std::copy(vc + src, vc + src + d, store.v(blk, pos % B));
+        f(l, (static_cast<size_t>(pos) * static_cast<size_t>(s.num_kv_heads) + static_cast<size_t>(h)) *
+                 static_cast<size_t>(d),
+          blk, pos % B);
       }
     }
-  }
+}
+}  // namespace
+
+void scatter_to_pages(KVCache& cache, const SequenceBlocks& seq, PagedKVStore& store) {
+  const int64_t d = seq.shape().head_dim;
+  for_each_paged_row(seq, seq.length(), [&](int32_t l, size_t row, int32_t blk, int64_t r) {
+    std::copy_n(cache.k(l, 0) + row, d, store.k(blk, r));
+    std::copy_n(cache.v(l, 0) + row, d, store.v(blk, r));
+  });
+}
+
+void gather_from_pages(const PagedKVStore& store, const SequenceBlocks& seq, int64_t rows, KVCache& cache) {
+  check(rows <= seq.length() && rows <= cache.capacity(), "paged KV: gathering rows the sequence or cache lacks");
+  const int64_t d = seq.shape().head_dim;
+  for_each_paged_row(seq, rows, [&](int32_t l, size_t row, int32_t blk, int64_t r) {
+    std::copy_n(store.k(blk, r), d, cache.k(l, 0) + row);
+    std::copy_n(store.v(blk, r), d, cache.v(l, 0) + row);
+  });
 }
 
 void paged_decode_attention_cpu(const float* q, float* out, std::span<const DecodeRow> rows, int32_t layer,

@@ -56,6 +56,9 @@ class PagedKVStore {
 // Copies the kept rows [0, seq.length()) of a contiguous cache (a sequence's prefill, runtime/kv_cache.h) into its
 // blocks (the rows whose block is -1 are dropped: outside the retention).
 void scatter_to_pages(KVCache& cache, const SequenceBlocks& seq, PagedKVStore& store);
+// The other way: rows [0, rows) of seq's blocks into the cache (a cached prefix staged for the rest of its prompt;
+// rows whose block is -1 are left as they are: no query of the prompt reads them).
+void gather_from_pages(const PagedKVStore& store, const SequenceBlocks& seq, int64_t rows, KVCache& cache);
 
 // One decode row: the sequence (its blocks already grown to hold the row's position, i.e. length() = pos + 1)
 // and the decode views of every (layer, query head) of that sequence.

@@ -69,6 +69,7 @@ std::vector<KVRetention> kv_retention(const ModelConfig& config, std::span<const
 BlockPool::BlockPool(int32_t num_blocks) : total_(num_blocks) {
   check(num_blocks >= 0, "block pool: negative block count");
   free_.resize(static_cast<size_t>(num_blocks));
+  refs_.assign(static_cast<size_t>(num_blocks), 0);
   // Handed out lowest id first (the free list is a stack).
   for (int32_t i = 0; i < num_blocks; ++i) free_[static_cast<size_t>(i)] = num_blocks - 1 - i;
 }
@@ -77,12 +78,18 @@ int32_t BlockPool::take() {
   check(!free_.empty(), "KV block pool: no free block (a sequence grew past what was reserved for it)");
   const int32_t id = free_.back();
   free_.pop_back();
+  refs_[static_cast<size_t>(id)] = 1;
   return id;
 }
 
+void BlockPool::share(int32_t id) {
+  check(id >= 0 && id < total_ && refs_[static_cast<size_t>(id)] > 0, "KV block pool: sharing a free block");
+  ++refs_[static_cast<size_t>(id)];
+}
+
 void BlockPool::give(int32_t id) {
-  check(id >= 0 && id < total_ && free_.size() < static_cast<size_t>(total_), "KV block pool: bad block id");
-  free_.push_back(id);
+  check(id >= 0 && id < total_ && refs_[static_cast<size_t>(id)] > 0, "KV block pool: bad block id");
+  if (--refs_[static_cast<size_t>(id)] == 0) free_.push_back(id);
 }
 
 SequenceBlocks::SequenceBlocks(const PagedKVShape& shape, std::vector<KVRetention> retention)
@@ -135,6 +142,41 @@ int64_t SequenceBlocks::max_blocks(int64_t from, int64_t to) const {
   return n;
 }
 
+int64_t SequenceBlocks::need(int64_t n) const {
+  const int64_t B = shape_.block_tokens;
+  const int64_t len = length_ + n, nb = ceil_div(len, B);
+  int64_t count = 0;
+  for (size_t i = 0; i < retention_.size(); ++i) {
+    const std::vector<int32_t>& t = tables_[i];
+    for (int64_t b = length_ / B; b < nb; ++b) {
+      const bool have = b < static_cast<int64_t>(t.size()) && t[static_cast<size_t>(b)] >= 0;
+      if (!have && kept(retention_[i], b, len)) ++count;
+    }
+  }
+  return count;
+}
+
+void SequenceBlocks::adopt(std::span<const std::vector<int32_t>* const> shared, BlockPool& pool) {
+  check(length_ == 0 && held_ == 0, "paged KV: a cached prefix starts an empty sequence");
+  const auto nb = static_cast<int64_t>(shared.size());
+  const int64_t len = nb * shape_.block_tokens;
+  for (const std::vector<int32_t>* ids : shared)
+    check(ids->size() == tables_.size(), "paged KV: a cached block has one id per layer and kv head");
+  for (size_t i = 0; i < tables_.size(); ++i) {
+    std::vector<int32_t>& t = tables_[i];
+    t.assign(static_cast<size_t>(nb), -1);
+    for (int64_t b = 0; b < nb; ++b) {
+      if (!kept(retention_[i], b, len)) continue;
+      const int32_t id = (*shared[static_cast<size_t>(b)])[i];
+      check(id >= 0, "paged KV: a cached prefix lacks a block the sequence keeps");
+      pool.share(id);
+      t[static_cast<size_t>(b)] = id;
+      ++held_;
+    }
+  }
+  length_ = len;
+}
+
 void SequenceBlocks::grow(int64_t n, BlockPool& pool) {
   check(n >= 0, "paged KV: negative growth");
   if (n == 0) return;
@@ -142,14 +184,7 @@ void SequenceBlocks::grow(int64_t n, BlockPool& pool) {
   const int64_t len = length_ + n;
   const int64_t nb_old = ceil_div(length_, B), nb = ceil_div(len, B);
   // Count what is needed first, so that a failure changes nothing.
-  int64_t need = 0;
-  for (size_t i = 0; i < retention_.size(); ++i) {
-    const std::vector<int32_t>& t = tables_[i];
-    for (int64_t b = length_ / B; b < nb; ++b) {
-      const bool have = b < static_cast<int64_t>(t.size()) && t[static_cast<size_t>(b)] >= 0;
-      if (!have && kept(retention_[i], b, len)) ++need;
-    }
-  }
+  const int64_t need = this->need(n);
   if (need > pool.available())
     throw Error("KV cache: " + std::to_string(need) + " more blocks of " + std::to_string(B) +
                 " tokens needed, " + std::to_string(pool.available()) + " free of " + std::to_string(pool.total()));

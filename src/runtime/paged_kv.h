@@ -68,7 +68,8 @@ struct PagedKVShape {
   int64_t elements_per_block() const { return static_cast<int64_t>(block_tokens) * head_dim; }  // of K (or V)
 };
 
-// Equal-size blocks, ids [0, total()), handed out from a free list.
+// Equal-size blocks, ids [0, total()), handed out from a free list, each with a count of its holders (a sequence's
+// table, the prefix cache: a block shared by several is freed when the last one gives it back).
 class BlockPool {
  public:
   BlockPool() = default;
@@ -76,13 +77,18 @@ class BlockPool {
   int32_t total() const { return total_; }
   int32_t available() const { return static_cast<int32_t>(free_.size()); }
   int32_t used() const { return total_ - available(); }
-  // Throws tessera::Error when none is free (callers reserve first; this is a bug check).
+  // A free block, held once. Throws tessera::Error when none is free (callers reserve first; this is a bug check).
   int32_t take();
+  // One more holder of a block in use.
+  void share(int32_t id);
+  // One holder fewer; the block is free when none is left.
   void give(int32_t id);
+  int32_t holders(int32_t id) const { return refs_[static_cast<size_t>(id)]; }
 
  private:
   int32_t total_ = 0;
   std::vector<int32_t> free_;
+  std::vector<int32_t> refs_;
 };
 
 // The block tables of one sequence.
@@ -100,6 +106,13 @@ class SequenceBlocks {
   // the blocks whose rows have all fallen out. Throws tessera::Error when the pool runs out (after giving back
   // what it took, so the sequence is unchanged).
   void grow(int64_t n, BlockPool& pool);
+  // Blocks grow(n) would take from the pool (0 when the new rows fall in blocks already held or not kept).
+  int64_t need(int64_t n) const;
+  // Starts an empty sequence with the first `blocks` logical blocks of cached KV (a prefix cache hit):
+  // shared[b][layer * kv_heads + kv_head] is that block's physical id, or -1 where the cache did not keep it; each
+  // id this sequence keeps at length blocks * block_tokens becomes shared (one more holder) — every such id must be
+  // >= 0 (PrefixCache::match checks it) — and the length becomes blocks * block_tokens.
+  void adopt(std::span<const std::vector<int32_t>* const> shared, BlockPool& pool);
   // Gives every block back; length becomes 0.
   void release(BlockPool& pool);
 
@@ -112,6 +125,10 @@ class SequenceBlocks {
   }
   int64_t blocks_held() const { return held_; }
   const PagedKVShape& shape() const { return shape_; }
+  // Whether (layer, kv head) table i keeps logical block b at length len.
+  bool keeps(size_t i, int64_t b, int64_t len) const { return kept(retention_[i], b, len); }
+  size_t tables() const { return tables_.size(); }
+  const std::vector<int32_t>& table(size_t i) const { return tables_[i]; }
   const KVRetention& retention(int32_t layer, int32_t kv_head) const {
     return retention_[static_cast<size_t>(layer) * static_cast<size_t>(shape_.num_kv_heads) +
                       static_cast<size_t>(kv_head)];
