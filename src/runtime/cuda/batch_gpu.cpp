@@ -11,7 +11,6 @@
 #include "cuda/cuda_check.h"
 #include "runtime/recipe.h"
 #include "runtime/cuda/kernels.h"
-#include "runtime/cuda/paged_decode.h"
 
 namespace tessera::runtime::gpu {
 
@@ -165,8 +164,7 @@ void GpuBatchBackend::adopt(const SequenceBlocks& seq, std::span<const DecodeVie
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));  // v is on this stack
 }
 
-void GpuBatchBackend::finish_prefill(const SequenceBlocks& seq, std::span<const DecodeView> views) {
-  const int64_t len = seq.length();
+void GpuBatchBackend::copy_pages(const SequenceBlocks& seq, int64_t len, PageCopy direction) {
   const int64_t B = shape_.block_tokens;
   std::vector<int32_t> entries;
   for (int32_t l = 0; l < shape_.num_layers; ++l)
@@ -175,22 +173,32 @@ void GpuBatchBackend::finish_prefill(const SequenceBlocks& seq, std::span<const 
       for (int64_t b = 0; b < static_cast<int64_t>(t.size()) && b * B < len; ++b)
         if (t[static_cast<size_t>(b)] >= 0) entries.insert(entries.end(), {l, h, static_cast<int32_t>(b), t[static_cast<size_t>(b)]});
     }
-  std::vector<const bf16*> kl, vl;
+  std::vector<bf16*> kl, vl;
   for (int32_t l = 0; l < cfg_.num_layers; ++l) {
     kl.push_back(staging_.k(l, 0));
     vl.push_back(staging_.v(l, 0));
   }
   attn::gpu::DeviceBuffer<int32_t> dev_entries;
-  attn::gpu::DeviceBuffer<const bf16*> dk, dv;
+  attn::gpu::DeviceBuffer<bf16*> dk, dv;
   dev_entries.upload(entries, stream_);
   dk.upload(kl, stream_);
   dv.upload(vl, stream_);
-  paged_scatter(dev_entries.data(), static_cast<int32_t>(entries.size() / 4), dk.data(), dv.data(),
-                staging_.row_elements(), shape_.head_dim, shape_.block_tokens, static_cast<int32_t>(len), k_pool_.data(),
-                v_pool_.data(), stream_);
-  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  paged_copy(dev_entries.data(), static_cast<int32_t>(entries.size() / 4), dk.data(), dv.data(),
+             staging_.row_elements(), shape_.head_dim, shape_.block_tokens, static_cast<int32_t>(len), k_pool_.data(),
+             v_pool_.data(), direction, stream_);
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the host vectors above are on this stack
+}
+
+void GpuBatchBackend::finish_prefill(const SequenceBlocks& seq, std::span<const DecodeView> views) {
+  copy_pages(seq, seq.length(), PageCopy::kToPages);
   staging_.release();
   adopt(seq, views);
+}
+
+void GpuBatchBackend::load_prefix(const SequenceBlocks& seq, int32_t rows, int32_t total_len) {
+  staging_ = DeviceKVCache(cfg_.num_layers, cfg_.num_kv_heads, cfg_.head_dim, total_len);
+  staging_.reserve(total_len, 0);
+  copy_pages(seq, rows, PageCopy::kFromPages);
 }
 
 void GpuBatchBackend::abort_prefill() {

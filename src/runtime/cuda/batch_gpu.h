@@ -41,6 +41,7 @@
 #include "runtime/cuda/gpu_attention.h"
 #include "runtime/cuda/gpu_forward.h"
 #include "runtime/cuda/gpu_ops.h"
+#include "runtime/cuda/paged_decode.h"
 #include "runtime/cuda/sample_gpu.h"
 
 namespace tessera::runtime::gpu {
@@ -77,6 +78,8 @@ class GpuBatchBackend final : public BatchBackend {
                                    const attn::AttentionPolicy* policy, bool logits) override;
   void finish_prefill(const SequenceBlocks& seq, std::span<const DecodeView> views) override;
   void abort_prefill() override;
+  bool supports_prefix_cache() const override { return true; }
+  void load_prefix(const SequenceBlocks& seq, int32_t rows, int32_t total_len) override;
   void release_sequence(const SequenceBlocks& seq) override;
   std::vector<float> decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) override;
   std::vector<int32_t> decode_select(std::span<const int32_t> tokens, std::span<const DecodeRow> rows,
@@ -96,6 +99,8 @@ class GpuBatchBackend final : public BatchBackend {
   int64_t graphs() const { return static_cast<int64_t>(graphs_.size()); }
 
  private:
+  // Rows [0, len) of seq's kept blocks between the staging cache and the pool (paged_copy), synchronously.
+  void copy_pages(const SequenceBlocks& seq, int64_t len, PageCopy direction);
   // Uploads the step data of the rows (padded with scratch rows) and runs the decode step; the logits of the
   // padded batch stay on the device (logits_). Returns the padded row count.
   int64_t run_step(std::span<const int32_t> tokens, std::span<const DecodeRow> rows);

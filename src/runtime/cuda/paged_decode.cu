@@ -270,9 +270,10 @@ __global__ void append_kernel(const nbf* k_new, const nbf* v_new, int64_t ld, in
   }
 }
 
-__global__ void scatter_kernel(const int32_t* entries, const nbf* const* k_layers, const nbf* const* v_layers,
-                               int64_t row_elements, int head_dim, int block_tokens, int len, nbf* k_pool,
-                               nbf* v_pool) {
+// One CUDA block per entry (layer, kv head, logical block, physical block): the block's rows between the staging
+// cache and the pool, to the pool (a prefill's end) or from it (a cached prefix staged again).
+__global__ void pages_kernel(const int32_t* entries, nbf* const* k_layers, nbf* const* v_layers, int64_t row_elements,
+                             int head_dim, int block_tokens, int len, nbf* k_pool, nbf* v_pool, bool to_pages) {
   const int32_t* e = entries + static_cast<int64_t>(blockIdx.x) * 4;
   const int layer = e[0], h = e[1];
   const int64_t b = e[2], blk = e[3];
@@ -280,10 +281,15 @@ __global__ void scatter_kernel(const int32_t* entries, const nbf* const* k_layer
   const int64_t total = (r1 - r0) * head_dim;
   for (int64_t i = threadIdx.x; i < total; i += blockDim.x) {
     const int64_t r = r0 + i / head_dim, c = i % head_dim;
-    const int64_t src = r * row_elements + static_cast<int64_t>(h) * head_dim + c;
-    const int64_t dst = (blk * block_tokens + (r - r0)) * head_dim + c;
-    k_pool[dst] = k_layers[layer][src];
-    v_pool[dst] = v_layers[layer][src];
+    const int64_t row = r * row_elements + static_cast<int64_t>(h) * head_dim + c;
+    const int64_t slot = (blk * block_tokens + (r - r0)) * head_dim + c;
+    if (to_pages) {
+      k_pool[slot] = k_layers[layer][row];
+      v_pool[slot] = v_layers[layer][row];
+    } else {
+      k_layers[layer][row] = k_pool[slot];
+      v_layers[layer][row] = v_pool[slot];
+    }
   }
 }
 
@@ -342,14 +348,15 @@ void paged_append_kv(const bf16* k_new, const bf16* v_new, int64_t ld, int32_t r
   check_launch("paged_append_kv");
 }
 
-void paged_scatter(const int32_t* entries, int32_t count, const bf16* const* k_layers, const bf16* const* v_layers,
-                   int64_t row_elements, int32_t head_dim, int32_t block_tokens, int32_t len, bf16* k_pool,
-                   bf16* v_pool, cudaStream_t stream) {
+void paged_copy(const int32_t* entries, int32_t count, bf16* const* k_layers, bf16* const* v_layers,
+                int64_t row_elements, int32_t head_dim, int32_t block_tokens, int32_t len, bf16* k_pool, bf16* v_pool,
+                PageCopy direction, cudaStream_t stream) {
   if (count <= 0) return;
-  scatter_kernel<<<static_cast<unsigned>(count), 256, 0, stream>>>(
-      entries, reinterpret_cast<const nbf* const*>(k_layers), reinterpret_cast<const nbf* const*>(v_layers),
-      row_elements, head_dim, block_tokens, len, reinterpret_cast<nbf*>(k_pool), reinterpret_cast<nbf*>(v_pool));
-  check_launch("paged_scatter");
+  pages_kernel<<<static_cast<unsigned>(count), 256, 0, stream>>>(
+      entries, reinterpret_cast<nbf* const*>(k_layers), reinterpret_cast<nbf* const*>(v_layers), row_elements,
+      head_dim, block_tokens, len, reinterpret_cast<nbf*>(k_pool), reinterpret_cast<nbf*>(v_pool),
+      direction == PageCopy::kToPages);
+  check_launch("paged_copy");
 }
 
 void rope_tables_at(const float* inv_freq, int half, const int32_t* pos, int64_t n, float* cos, float* sin,

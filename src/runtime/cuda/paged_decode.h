@@ -52,12 +52,14 @@ void paged_append_kv(const bf16* k_new, const bf16* v_new, int64_t ld, int32_t r
                      const int32_t* blocks, int32_t layer, int32_t num_layers, const int32_t* pos,
                      int32_t block_tokens, bf16* k_pool, bf16* v_pool, cudaStream_t stream);
 
-// Copies staged rows into blocks: entry e = (layer, kv_head, logical block, physical block) in `entries`
-// ([count, 4]); rows [b * block_tokens, min((b + 1) * block_tokens, len)) of that head from the staging cache
-// (layer l's K at k_layers[l], rows of row_elements = kv_heads * head_dim).
-void paged_scatter(const int32_t* entries, int32_t count, const bf16* const* k_layers, const bf16* const* v_layers,
-                   int64_t row_elements, int32_t head_dim, int32_t block_tokens, int32_t len, bf16* k_pool,
-                   bf16* v_pool, cudaStream_t stream);
+// Copies rows between the staging cache and blocks: entry e = (layer, kv_head, logical block, physical block) in
+// `entries` ([count, 4]); rows [b * block_tokens, min((b + 1) * block_tokens, len)) of that head of the staging
+// cache (layer l's K at k_layers[l], rows of row_elements = kv_heads * head_dim), into the blocks (kToPages: a
+// prefill's end) or out of them (kFromPages: a cached prefix staged for the rest of its prompt).
+enum class PageCopy { kToPages, kFromPages };
+void paged_copy(const int32_t* entries, int32_t count, bf16* const* k_layers, bf16* const* v_layers,
+                int64_t row_elements, int32_t head_dim, int32_t block_tokens, int32_t len, bf16* k_pool, bf16* v_pool,
+                PageCopy direction, cudaStream_t stream);
 
 // RoPE tables at explicit positions: cos/sin [n, half] for positions pos[0..n) (device ints).
 void rope_tables_at(const float* inv_freq, int half, const int32_t* pos, int64_t n, float* cos, float* sin,

@@ -248,6 +248,57 @@ TEST(GpuBatch, DecodeEqualsSingleSequenceEngine) {
   EXPECT_LT(worst, 2e-2);
 }
 
+// Prefix caching on the GPU (runtime/prefix_cache.h): a request that adopts a cached document stages it back from the
+// pool (paged_copy kFromPages) and generates the tokens it generates without the cache (chunks aligned to the blocks,
+// so that both runs compute the same products); a second turn adopts the first turn's answer too.
+TEST(GpuBatch, PrefixCacheChangesNoToken) {
+  REQUIRE_GPU();
+  ModelConfig cfg = synthetic_config("llama3-8b");
+  cfg.num_layers = 2;
+  cfg.layers.resize(2);
+  cfg.vocab_size = 4096;
+  const auto dev = DeviceModel::random(cfg, 5);
+  const std::vector<int32_t> doc = random_tokens(1000, cfg.vocab_size, 41);
+  auto with = [&](const std::vector<int32_t>& tail) {
+    std::vector<int32_t> p = doc;
+    p.insert(p.end(), tail.begin(), tail.end());
+    return p;
+  };
+  std::vector<BatchRequest> reqs;
+  for (uint32_t i = 0; i < 3; ++i) {
+    BatchRequest r;
+    r.prompt = with(random_tokens(20 + 7 * static_cast<int32_t>(i), cfg.vocab_size, 50 + i));
+    r.options.max_new_tokens = 16;
+    reqs.push_back(r);
+  }
+  auto run = [&](bool cache, std::vector<int32_t>* cached) {
+    GpuBatchBackend backend(*dev);
+    BatchEngineOptions o;
+    o.chunk_size = 64;
+    o.block_tokens = 64;
+    o.max_batch = 4;
+    o.kv_bytes = 256e6;
+    o.prefix_cache = cache;
+    BatchEngine engine(backend, o);
+    std::vector<std::vector<int32_t>> out(reqs.size());
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const int64_t id = engine.submit(reqs[i]);
+      while (engine.busy())
+        for (const BatchEvent& e : engine.step()) {
+          EXPECT_EQ(e.id, id);
+          if (e.token >= 0) out[i].push_back(e.token);
+          if (e.cached_tokens >= 0 && cached != nullptr) cached->push_back(e.cached_tokens);
+          EXPECT_NE(e.reason, FinishReason::kError) << e.error;
+        }
+    }
+    return out;
+  };
+  std::vector<int32_t> cached;
+  const auto got = run(true, &cached);
+  EXPECT_EQ(got, run(false, nullptr));
+  EXPECT_EQ(cached, (std::vector<int32_t>{0, 960, 960}));
+}
+
 // The batch padding buckets and the split rounding (host functions of batch_gpu.h).
 TEST(GpuBatch, PaddingBuckets) {
   const std::vector<std::pair<int64_t, int64_t>> want{{1, 1},   {2, 2},   {3, 3},   {4, 4},   {5, 6},   {6, 6},
