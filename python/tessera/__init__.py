@@ -15,18 +15,22 @@ Quick start::
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence, Union
+# Typing names under private aliases: the package's namespace (dir(tessera)) is its API only.
+from typing import Mapping as _Mapping, Sequence as _Sequence, Union as _Union
 
 from . import _tessera
 from ._tessera import Error, Generation, Model, Policy, check_attn_spec
 
 __all__ = ["Model", "Engine", "Policy", "Error", "Generation", "check_attn_spec", "built_with_cuda", "ops", "hf"]
 
+#: The version of tessera (the project's, from CMakeLists.txt: the same as ``tessera --version``).
+__version__: str = _tessera.__version__
+
 #: Whether this build of the module has the CUDA backend and the GPU engine.
 built_with_cuda: bool = _tessera.built_with_cuda
 
-Message = Mapping[str, str]
-Prompt = Union[str, Sequence[int], Sequence[Message]]
+_Message = _Mapping[str, str]
+_Prompt = _Union[str, _Sequence[int], _Sequence[_Message]]
 
 
 class Engine:
@@ -45,15 +49,15 @@ class Engine:
     new sequence, and a stream still being read from an earlier call raises tessera.Error when resumed.
     """
 
-    def __init__(self, model: Model, attn: Union[str, Policy] = "dense", device: str = "cpu",
-                 max_context: int = 0, chunk: int = 0, streaming: Union[None, str, Mapping] = None) -> None:
+    def __init__(self, model: Model, attn: _Union[str, Policy] = "dense", device: str = "cpu",
+                 max_context: int = 0, chunk: int = 0, streaming: _Union[None, str, _Mapping] = None) -> None:
         if not isinstance(model, Model):
             raise TypeError(f"model must be a tessera.Model, got {type(model).__name__}")
         self.model = model
         self.attn = attn
         self.streaming = streaming
         self._engine = _tessera._Engine(model, attn, device, max_context, chunk,
-                                        dict(streaming) if isinstance(streaming, Mapping) else streaming)
+                                        dict(streaming) if isinstance(streaming, _Mapping) else streaming)
 
     @property
     def device(self) -> str:
@@ -64,27 +68,40 @@ class Engine:
     def max_context(self) -> int:
         return self._engine.max_context
 
-    def generate(self, prompt: Prompt, *, max_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
+    def generate(self, prompt: _Prompt, *, max_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0, stream: bool = False, chat: bool | None = None,
-                 system: str | None = None) -> Union[str, Generation]:
+                 system: str | None = None, stop: str | _Sequence[str] | None = None) -> _Union[str, Generation]:
         """Generates a reply to ``prompt`` (a new sequence each call).
 
         ``prompt``: text (plain, or one chat user turn with ``chat=True`` and an optional ``system`` message), a
         list of ``{"role", "content"}`` messages (the model's chat template), or a list of token ids.
         Sampling: ``temperature`` 0 is greedy; otherwise top-k (0: off), then top-p (1: off), drawn from a
         generator seeded with ``seed`` (same seed, same text). Generation ends at an end-of-turn token, after
-        ``max_tokens`` tokens, or at the context limit.
+        ``max_tokens`` tokens (-1: no limit), at the context limit, or at a stop sequence.
+
+        ``stop``: a string or a list of strings, as the server's (and OpenAI's) ``stop``: generation ends when one
+        appears in the text, and the text returned is what precedes it (the sequence itself and anything after it
+        are not returned; streamed pieces hold back a tail that could still become one). ``finish_reason`` is then
+        ``"stop"``; ``tokens`` holds every sampled token, the stop sequence's included.
 
         Returns the text, or with ``stream=True`` a :class:`tessera.Generation`: an iterator of text pieces whose
         ``tokens`` and ``finish_reason`` (``"stop"``, ``"length"``, ``"context"``) fill in as it runs.
         """
+        if stop is None:
+            stops: list[str] = []
+        elif isinstance(stop, str):
+            stops = [stop]
+        else:
+            stops = list(stop)
+            if not all(isinstance(s, str) for s in stops):
+                raise TypeError("stop must be a string or a list of strings")
         ids = self.model.encode(prompt, chat=chat, system=system)
-        gen = self._engine.start(ids, max_tokens, temperature, top_k, top_p, seed)
+        gen = self._engine.start(ids, max_tokens, temperature, top_k, top_p, seed, stops)
         if stream:
             return gen
         return "".join(gen)
 
-    def generate_batch(self, prompts: Sequence[Prompt], *, max_tokens: int = 128, temperature: float = 0.0,
+    def generate_batch(self, prompts: _Sequence[_Prompt], *, max_tokens: int = 128, temperature: float = 0.0,
                        top_k: int = 0, top_p: float = 1.0, seed: int = 0, chat: bool | None = None,
                        system: str | None = None, parallel: int = 0) -> list[str]:
         """Generates a reply to each of ``prompts`` at once, through the batched engine on this engine's device
@@ -100,7 +117,7 @@ class Engine:
         ids = [self.model.encode(p, chat=chat, system=system) for p in prompts]
         return self._engine.generate_batch(ids, max_tokens, temperature, top_k, top_p, seed, parallel)
 
-    def logits(self, ids: Sequence[int]) -> list[float]:
+    def logits(self, ids: _Sequence[int]) -> list[float]:
         """Prefills ``ids`` as a new sequence and returns the last position's logits (a list of vocab floats)."""
         return self._engine.logits(list(ids))
 
@@ -129,6 +146,11 @@ class Engine:
             method = self.streaming if isinstance(self.streaming, str) else self.streaming.get("method")
             return f"<tessera.Engine {self.model.name} streaming={method!r} device={self.device!r}>"
         return f"<tessera.Engine {self.model.name} attn={attn!r} device={self.device!r}>"
+
+
+def __dir__() -> list[str]:
+    # The API (__all__, ops and hf included before their first import) and the module's own dunders.
+    return sorted(set(__all__) | {n for n in globals() if n.startswith("__") and n.endswith("__")})
 
 
 def __getattr__(name: str):

@@ -3,7 +3,9 @@
 // Generation runs the same loop as `tessera run` (cli/run.cpp generate_with): prefill, then per step sample
 // from fresh logits, stop at an end-of-generation token, emit the text that became complete
 // (StreamingDecoder, special tokens skipped), stop after max_tokens or at the context limit, else decode the
-// token. So greedy output is the CLI's, token for token. The GIL is released while the model runs.
+// token. So greedy output is the CLI's, token for token. Stop strings (generate(stop=[...])) go through the
+// server's StopMatcher (server/stop_matcher.h): the OpenAI API's semantics, as `tessera serve` applies them. The GIL
+// is released while the model runs.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -25,6 +27,7 @@
 #include "runtime/device.h"
 #include "runtime/engine.h"
 #include "runtime/sampling.h"
+#include "server/stop_matcher.h"
 
 namespace tessera::python {
 
@@ -64,15 +67,19 @@ bool use_gpu(const std::string& device) {
 
 class Generation {
  public:
+  // max_tokens -1: until an end-of-generation token or the context limit. `stop`: stop sequences (the text before
+  // the first one is the answer; finish_reason "stop").
   Generation(std::shared_ptr<EngineState> state, std::vector<int32_t> prompt, int32_t max_tokens,
-             const runtime::SamplingOptions& sampling)
+             const runtime::SamplingOptions& sampling, std::vector<std::string> stop = {})
       : state_(std::move(state)),
         prompt_(std::move(prompt)),
         max_tokens_(max_tokens),
         sampler_(sampling),
-        decoder_(*state_->session->tokenizer, {.skip_special = true}) {
+        decoder_(*state_->session->tokenizer, {.skip_special = true}),
+        stop_(std::move(stop)) {
     check(!prompt_.empty(), "generate: the prompt is empty");
-    check(max_tokens_ >= 0, "generate: max_tokens must be >= 0, got " + std::to_string(max_tokens_));
+    check(max_tokens_ >= -1, "generate: max_tokens must be >= 0, or -1 (until the end of the text or a full context), "
+                             "got " + std::to_string(max_tokens_));
     std::lock_guard lock(state_->mutex);
     epoch_ = ++state_->epoch;
   }
@@ -95,13 +102,19 @@ class Generation {
         logits_ = engine.decode(tokens_.back());
         pending_decode_ = false;
       }
-      if (static_cast<int32_t>(tokens_.size()) >= max_tokens_) return finish("length");
+      if (budget_spent()) return finish("length");
       const int32_t t = sampler_.sample(logits_);
       if (tok.is_end_of_generation(t)) return finish("stop");
       tokens_.push_back(t);
-      std::string piece = decoder_.push(t);
+      std::string piece = stop_.push(decoder_.push(t));
       pending_decode_ = true;
-      if (static_cast<int32_t>(tokens_.size()) >= max_tokens_) {
+      if (stop_.stopped()) {  // the text before the stop sequence; the sequence and the rest are dropped
+        done_ = true;
+        finish_reason_ = "stop";
+        if (piece.empty()) return std::nullopt;
+        return piece;
+      }
+      if (budget_spent()) {
         auto rest = finish("length");
         if (rest) piece += *rest;
         if (piece.empty()) return std::nullopt;
@@ -116,10 +129,16 @@ class Generation {
   size_t prompt_tokens() const { return prompt_.size(); }
 
  private:
+  bool budget_spent() const { return max_tokens_ >= 0 && static_cast<int32_t>(tokens_.size()) >= max_tokens_; }
+
+  // The end: what the decoder and the stop matcher still hold (a stop sequence completed by the decoder's last
+  // bytes makes the reason "stop", as the server's).
   std::optional<std::string> finish(const char* reason) {
     done_ = true;
     finish_reason_ = reason;
-    std::string rest = decoder_.flush();
+    std::string rest = stop_.push(decoder_.flush());
+    if (stop_.stopped()) finish_reason_ = "stop";
+    rest += stop_.flush();
     if (rest.empty()) return std::nullopt;
     return rest;
   }
@@ -129,6 +148,7 @@ class Generation {
   int32_t max_tokens_;
   runtime::Sampler sampler_;
   model::StreamingDecoder decoder_;
+  server::StopMatcher stop_;
   std::vector<float> logits_;
   std::vector<int32_t> tokens_;
   uint64_t epoch_ = 0;
@@ -330,7 +350,8 @@ void register_engine(nb::module_& m) {
       .def(
           "start",
           [](EngineHandle& e, std::vector<int32_t> prompt, int32_t max_tokens, float temperature,
-             int32_t top_k, float top_p, uint64_t seed) {
+             int32_t top_k, float top_p, uint64_t seed, std::vector<std::string> stop) {
+            for (const std::string& s : stop) check(!s.empty(), "generate: stop sequences must not be empty");
             runtime::SamplingOptions so;
             so.temperature = temperature;
             so.top_k = top_k;
@@ -341,9 +362,10 @@ void register_engine(nb::module_& m) {
               check(prompt[i] >= 0 && prompt[i] < vocab,
                     "prompt[" + std::to_string(i) + "] is token id " + std::to_string(prompt[i]) +
                         ", outside the vocabulary of " + std::to_string(vocab) + " tokens");
-            return Generation(e.state, std::move(prompt), max_tokens, so);
+            return Generation(e.state, std::move(prompt), max_tokens, so, std::move(stop));
           },
-          "prompt"_a, "max_tokens"_a, "temperature"_a, "top_k"_a, "top_p"_a, "seed"_a)
+          "prompt"_a, "max_tokens"_a, "temperature"_a, "top_k"_a, "top_p"_a, "seed"_a,
+          "stop"_a = std::vector<std::string>())
       .def(
           "generate_batch",
           [](EngineHandle& e, const std::vector<std::vector<int32_t>>& prompts, int32_t max_tokens, float temperature,

@@ -25,6 +25,7 @@ NB_MODULE(_tessera, m) {
   // tessera::Error -> tessera.Error (a RuntimeError subclass), message unchanged.
   nb::exception<tessera::Error>(m, "Error", PyExc_RuntimeError);
   m.attr("built_with_cuda") = tessera::python::built_with_cuda();
+  m.attr("__version__") = TESSERA_VERSION;  // the project's version (CMakeLists.txt project()), as `tessera --version`
   tessera::python::register_model(m);
   tessera::python::register_engine(m);
   tessera::python::register_ops(m);
