@@ -225,20 +225,11 @@ TEST(TpGpu, SparsePolicyPlacementChangesNoOutput) {
     return (static_cast<float>((s >> 40) & 0xFFFFFF) / 16777216.0f - 0.5f) * 0.17f;
   };
   auto mat = [&](int64_t rows, int64_t cols) {
-    runtime::Weight w;
-    w.rows = rows;
-    w.cols = cols;
-    w.data.resize(static_cast<size_t>(rows * cols));
-    for (float& x : w.data) x = next();
-    return w;
+    std::vector<float> v(static_cast<size_t>(rows * cols));
+    for (float& x : v) x = next();
+    return runtime::Weight::f32(std::move(v), rows, cols);
   };
-  auto ones = [](int64_t n) {
-    runtime::Weight w;
-    w.rows = 1;
-    w.cols = n;
-    w.data.assign(static_cast<size_t>(n), 1.0f);
-    return w;
-  };
+  auto ones = [](int64_t n) { return runtime::Weight::f32(std::vector<float>(static_cast<size_t>(n), 1.0f), 1, n); };
   runtime::ModelWeights w;
   const int64_t H = c.hidden_size, D = c.head_dim, F = c.intermediate_size;
   w.embedding = mat(c.vocab_size, H);
