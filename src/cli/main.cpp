@@ -108,6 +108,13 @@ int main(int argc, char** argv) {
   r->add_option("--temperature", run.sampling.temperature, "0 = greedy")->capture_default_str();
   r->add_option("--top-k", run.sampling.top_k, "0 = off")->capture_default_str();
   r->add_option("--top-p", run.sampling.top_p, "1 = off")->capture_default_str();
+  r->add_option("--min-p", run.sampling.min_p, "0 = off")->capture_default_str();
+  r->add_option("--repeat-penalty", run.sampling.repetition_penalty,
+                "1 = off; over the prompt and the answer (transformers' rule)")
+      ->capture_default_str();
+  r->add_option("--presence-penalty", run.sampling.presence_penalty, "0 = off; over the answer")->capture_default_str();
+  r->add_option("--frequency-penalty", run.sampling.frequency_penalty, "0 = off; over the answer")
+      ->capture_default_str();
   r->add_option("--seed", run.sampling.seed, "Sampling seed")->capture_default_str();
   r->add_option("--chunk", run.chunk, "Prefill chunk size (tokens)")->capture_default_str();
   r->add_option("--max-context", run.max_context, "Context limit (default: the model's)");

@@ -12,8 +12,17 @@ namespace tessera::cli {
 
 namespace {
 
+const runtime::SamplingOptionNames kSamplingFlags{.temperature = "--temperature",
+                                                .top_k = "--top-k",
+                                                .top_p = "--top-p",
+                                                .min_p = "--min-p",
+                                                .repetition_penalty = "--repeat-penalty",
+                                                .presence_penalty = "--presence-penalty",
+                                                .frequency_penalty = "--frequency-penalty",
+                                                .logit_bias = "--logit-bias"};
+
 void check_sampling(const runtime::SamplingOptions& s) {
-  runtime::check_sampling_options(s, {.temperature = "--temperature", .top_k = "--top-k", .top_p = "--top-p"});
+  runtime::check_sampling_options(s, kSamplingFlags);
 }
 
 void check_spec(const std::string& spec, const char* flag) {

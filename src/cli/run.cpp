@@ -162,6 +162,7 @@ Outcome generate_with(runtime::SequenceEngine& engine, const Session& s, const R
   if (engine.streaming() != nullptr && !needle_tokens.empty())
     out.needle_recall = needle_recall(*engine.streaming(), prompt, needle_tokens);
   runtime::Sampler sampler(g.sampling);
+  sampler.set_prompt(prompt);  // the repetition penalty counts the prompt
   // Every sampled token comes from fresh logits: a token is sampled from the logits of the position before it and
   // then decoded (appended) so that the next one can be sampled. When the context is full no token can be
   // appended: the last sample is the last token, and the run says it stopped at the limit.

@@ -98,6 +98,7 @@ int run_tp_command(const RunOptions& o) {
       const double prefill = now_seconds() - t1;
       if (env.rank == 0 && !o.logits_out.empty()) write_logits(o.logits_out, logits);
       runtime::Sampler sampler(o.sampling);
+      sampler.set_prompt(prompt);
       std::vector<int32_t> out;
       const double t2 = now_seconds();
       for (int i = 0; i < o.max_tokens; ++i) {

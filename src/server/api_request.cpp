@@ -195,10 +195,8 @@ void parse_tessera(const json& j, ApiRequest& r) {
   }
 }
 
-}  // namespace
-
-ApiRequest parse_api_request(Endpoint endpoint, std::string_view body) {
-  const json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+json parse_body(std::string_view body) {
+  json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
     // Say where the JSON breaks: parse again with exceptions for the parser's message.
     std::string detail;
@@ -210,11 +208,73 @@ ApiRequest parse_api_request(Endpoint endpoint, std::string_view body) {
     throw invalid_request("malformed JSON in the request body: " + detail, {}, "invalid_json");
   }
   if (!j.is_object()) throw invalid_request("the request body must be a JSON object, got " + type_name(j));
+  return j;
+}
+
+[[noreturn]] void unrecognized(const std::string& key) {
+  throw invalid_request("Unrecognized request argument supplied: " + key, key, "unsupported_parameter");
+}
+
+}  // namespace
+
+TokenizeRequest parse_tokenize_request(std::string_view body) {
+  const json j = parse_body(body);
+  TokenizeRequest r;
+  bool prompt = false;
+  for (const auto& [key, v] : j.items()) {
+    if (key == "model") {
+      if (!v.is_null()) r.model = get_string(v, key);
+    } else if (key == "prompt") {
+      r.prompt = get_string(v, key);
+      prompt = true;
+    } else if (key == "messages") {
+      r.messages = parse_messages(v);
+      r.chat = true;
+    } else if (v.is_null()) {
+      continue;
+    } else if (key == "add_special_tokens") {
+      r.add_special = get_bool(v, key);
+    } else if (key == "add_generation_prompt") {
+      r.add_generation_prompt = get_bool(v, key);
+    } else if (key == "return_token_strs") {
+      r.token_strs = get_bool(v, key);
+    } else {
+      unrecognized(key);
+    }
+  }
+  if (prompt == r.chat) throw invalid_request("send either 'prompt' or 'messages'", prompt ? "messages" : "prompt");
+  return r;
+}
+
+DetokenizeRequest parse_detokenize_request(std::string_view body) {
+  const json j = parse_body(body);
+  DetokenizeRequest r;
+  bool tokens = false;
+  for (const auto& [key, v] : j.items()) {
+    if (key == "model") {
+      if (!v.is_null()) r.model = get_string(v, key);
+    } else if (key == "tokens") {
+      if (!v.is_array()) wrong_type(key, "an array of token ids", v);
+      for (size_t i = 0; i < v.size(); ++i) r.tokens.push_back(token_id(v[i], "tokens[" + std::to_string(i) + "]"));
+      tokens = true;
+    } else {
+      unrecognized(key);
+    }
+  }
+  if (!tokens) throw invalid_request("'tokens' is missing", "tokens");
+  return r;
+}
+
+ApiRequest parse_api_request(Endpoint endpoint, std::string_view body) {
+  const json j = parse_body(body);
   const bool chat = endpoint == Endpoint::Chat;
   ApiRequest r;
   r.endpoint = endpoint;
   std::optional<int64_t> max_tokens, max_completion_tokens;
   bool stream_options_given = false;
+  bool chat_logprobs = false;
+  std::optional<int32_t> top_logprobs;
+  std::optional<int64_t> best_of;
   for (const auto& [key, v] : j.items()) {
     if (key == "model") {
       r.model = get_string(v, "model");
@@ -225,7 +285,7 @@ ApiRequest parse_api_request(Endpoint endpoint, std::string_view body) {
     } else if (v.is_null()) {
       continue;  // every other field is optional, and null means "not given" in the API
     } else if (key == "max_tokens") {
-      max_tokens = get_int(v, key, 1, std::numeric_limits<int32_t>::max());
+      max_tokens = get_int(v, key, chat ? 1 : 0, std::numeric_limits<int32_t>::max());  // 0: echo only (below)
     } else if (chat && key == "max_completion_tokens") {
       max_completion_tokens = get_int(v, key, 1, std::numeric_limits<int32_t>::max());
     } else if (key == "temperature") {
@@ -260,13 +320,9 @@ ApiRequest parse_api_request(Endpoint endpoint, std::string_view body) {
         }
       }
     } else if (key == "n") {
-      if (get_int(v, key, std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()) != 1)
-        throw invalid_request("'n' must be 1: tessera returns one choice per request (send n requests instead)",
-                              "n", "unsupported_parameter");
+      r.n = static_cast<int32_t>(get_int(v, key, 1, kMaxChoices));
     } else if (!chat && key == "best_of") {
-      if (get_int(v, key, std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()) != 1)
-        throw invalid_request("'best_of' must be 1: tessera returns one choice per request", "best_of",
-                              "unsupported_parameter");
+      best_of = get_int(v, key, std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max());
     } else if (key == "tessera") {
       parse_tessera(v, r);
     } else if (key == "user" || key == "service_tier" || key == "safety_identifier" || key == "prompt_cache_key") {
@@ -277,16 +333,36 @@ ApiRequest parse_api_request(Endpoint endpoint, std::string_view body) {
       refuse_unless_off(v, key, "tessera keeps no completions");
     } else if (key == "parallel_tool_calls") {
       (void)get_bool(v, key);  // meaningless without tools
-    } else if (key == "logprobs") {
-      refuse_unless_off(v, key, "log probabilities are not returned yet");
-    } else if (key == "top_logprobs") {
-      refuse_unless_off(v, key, "log probabilities are not returned yet");
-    } else if (key == "presence_penalty" || key == "frequency_penalty") {
-      (void)get_number(v, key, -2, 2);
-      refuse_unless_off(v, key, "repetition penalties are not implemented (send 0 or leave it out)");
+    } else if (chat && key == "logprobs") {
+      chat_logprobs = get_bool(v, key);
+    } else if (chat && key == "top_logprobs") {
+      top_logprobs = static_cast<int32_t>(get_int(v, key, 0, kMaxLogprobs));
+    } else if (!chat && key == "logprobs") {
+      r.logprobs = static_cast<int32_t>(get_int(v, key, 0, kMaxLogprobs));
+    } else if (key == "presence_penalty") {
+      r.sampling.presence_penalty = static_cast<float>(get_number(v, key, -2, 2));
+    } else if (key == "frequency_penalty") {
+      r.sampling.frequency_penalty = static_cast<float>(get_number(v, key, -2, 2));
+    } else if (key == "repetition_penalty") {  // vLLM's and llama.cpp's extension (transformers' rule)
+      if (!v.is_number()) wrong_type(key, "a number", v);
+      const double p = v.get<double>();
+      if (!(p > 0 && p <= 100)) throw invalid_request("'repetition_penalty' must be in (0, 100] (1 = off), got " + v.dump(), key);
+      r.sampling.repetition_penalty = static_cast<float>(p);
+    } else if (key == "min_p") {  // vLLM's and llama.cpp's extension
+      r.sampling.min_p = static_cast<float>(get_number(v, key, 0, 1));
     } else if (key == "logit_bias") {
       if (!v.is_object()) wrong_type(key, "an object", v);
-      refuse_unless_off(v, key, "logit biases are not implemented");
+      for (const auto& [id, bias] : v.items()) {
+        int64_t t = -1;
+        const bool digits = !id.empty() && id.size() <= 10 && id.find_first_not_of("0123456789") == std::string::npos;
+        if (digits) t = std::stoll(id);
+        if (!digits || t > std::numeric_limits<int32_t>::max())
+          throw invalid_request("'logit_bias' keys must be token ids (non-negative integers as strings), got '" + id +
+                                    "'",
+                                key);
+        r.sampling.logit_bias.emplace_back(static_cast<int32_t>(t),
+                                           static_cast<float>(get_number(bias, "logit_bias." + id, -100, 100)));
+      }
     } else if (chat && (key == "tools" || key == "tool_choice" || key == "functions" || key == "function_call")) {
       if (!(key == "tool_choice" && v.is_string() && v.get_ref<const std::string&>() == "none"))
         refuse_unless_off(v, key, "tool calling is not implemented");
@@ -300,7 +376,7 @@ ApiRequest parse_api_request(Endpoint endpoint, std::string_view body) {
                         key == "reasoning_effort" || key == "verbosity")) {
       unsupported(key, "tessera generates plain text only");
     } else if (!chat && key == "echo") {
-      refuse_unless_off(v, key, "the prompt is not echoed back");
+      r.echo = get_bool(v, key);
     } else if (!chat && key == "suffix") {
       refuse_unless_off(v, key, "insertion (suffix) is not implemented");
     } else {
@@ -317,6 +393,16 @@ ApiRequest parse_api_request(Endpoint endpoint, std::string_view body) {
                               std::to_string(*max_completion_tokens) + ") disagree; send one of them",
                           "max_tokens");
   if (max_completion_tokens) max_tokens = max_completion_tokens;
+  if (max_tokens && *max_tokens == 0 && !r.echo)
+    throw invalid_request("'max_tokens' must be in [1, 2147483647], got 0 (0 only with 'echo': the prompt alone)",
+                          "max_tokens");
+  if (top_logprobs && *top_logprobs > 0 && !chat_logprobs)
+    throw invalid_request("'top_logprobs' requires 'logprobs' to be true", "top_logprobs");
+  if (chat_logprobs) r.logprobs = top_logprobs.value_or(0);
+  if (best_of && *best_of != r.n)
+    throw invalid_request("'best_of' must equal 'n' (" + std::to_string(r.n) +
+                              "): tessera returns every choice it generates",
+                          "best_of", "unsupported_parameter");
   if (max_tokens) r.max_tokens = static_cast<int32_t>(*max_tokens);
   if (stream_options_given && !r.stream)
     throw invalid_request("'stream_options' is only allowed when 'stream' is true", "stream_options");

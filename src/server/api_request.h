@@ -5,7 +5,7 @@
 // parse_api_request is a pure function of the body's bytes (no model, no I/O), so the HTTP layer, the tests and
 // the fuzz harness (tests/fuzz/fuzz_server_request.cpp) call the same code. It checks what the JSON alone can
 // tell: the shape and type of every field the server reads, ranges, and that nothing asks for a feature tessera
-// does not have (n > 1, logprobs, tools, penalties, ...): those are refused by name rather than ignored, so a
+// does not have (tools, structured output, ...): those are refused by name rather than ignored, so a
 // client never gets an answer computed without what it asked for. What needs the model (the model name, the
 // prompt's length, the attention spec) is checked later (request_prep.h, policy_cache.h).
 #pragma once
@@ -57,6 +57,11 @@ struct ApiRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   std::string attn;            // "tessera": {"attn": ...}; empty: the server's --attn
+  // Log-probabilities: -1 none; else the alternatives per token (chat: top_logprobs with logprobs true;
+  // completions: logprobs, whose entries also hold the chosen token).
+  int32_t logprobs = -1;
+  bool echo = false;  // completions: the prompt comes back first (with its log-probabilities when logprobs >= 0)
+  int32_t n = 1;      // choices
 };
 
 // Parses and validates a request body for `endpoint`. Throws ApiError (status 400, type invalid_request_error)
@@ -64,8 +69,30 @@ struct ApiRequest {
 // "'n' must be 1: tessera returns one choice per request" (param n), "malformed JSON: ..." (no param).
 ApiRequest parse_api_request(Endpoint endpoint, std::string_view body);
 
+// POST /tokenize (vLLM's shape): {"model"?, "prompt": text, "add_special_tokens"?: true} or {"model"?, "messages":
+// [...], "add_generation_prompt"?: true} (the chat request's prompt exactly); "return_token_strs"?: false.
+struct TokenizeRequest {
+  std::string model;  // empty: not given
+  bool chat = false;
+  std::string prompt;
+  std::vector<model::ChatMessage> messages;
+  bool add_special = true;
+  bool add_generation_prompt = true;
+  bool token_strs = false;
+};
+TokenizeRequest parse_tokenize_request(std::string_view body);
+
+// POST /detokenize (vLLM's shape): {"model"?, "tokens": [ids]} -> {"prompt": text}.
+struct DetokenizeRequest {
+  std::string model;
+  std::vector<int32_t> tokens;
+};
+DetokenizeRequest parse_detokenize_request(std::string_view body);
+
 // Limits the parser enforces (documented in docs/server.md).
 inline constexpr size_t kMaxStopSequences = 4;       // as the OpenAI API
 inline constexpr size_t kMaxStopSequenceBytes = 256;
+inline constexpr int32_t kMaxLogprobs = 20;  // top_logprobs (chat) and logprobs (completions), as vLLM's default
+inline constexpr int32_t kMaxChoices = 16;   // n
 
 }  // namespace tessera::server

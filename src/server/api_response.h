@@ -9,8 +9,12 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
+#include <vector>
 
+#include "model/tokenizer/tokenizer.h"
+#include "runtime/sampling.h"
 #include "server/api_request.h"
 #include "server/request_prep.h"
 
@@ -35,14 +39,34 @@ std::string answer_id(Endpoint endpoint, uint64_t number);
 nlohmann::json error_json(const ApiError& e);
 nlohmann::json usage_json(const Usage& u);
 
-// The whole answer of a non-streamed request.
+// One choice of an answer: its text, finish_reason and log-probabilities (null: none asked; logprobs_json).
+struct Choice {
+  std::string text;
+  std::string finish_reason;
+  nlohmann::json logprobs = nullptr;
+};
+
+// The whole answer of a non-streamed request: its choices (index = position) and the usage.
+nlohmann::json answer_json(const AnswerHeader& h, const std::vector<Choice>& choices, const Usage& usage);
 nlohmann::json answer_json(const AnswerHeader& h, const std::string& text, const std::string& finish_reason,
                            const Usage& usage);
 
 // One streamed chunk: `text` (chat: the delta's content), `role` (chat: the first chunk says "assistant"),
-// `finish_reason` ("" -> null). `with_usage_null`: stream_options.include_usage was set.
+// `finish_reason` ("" -> null). `with_usage_null`: stream_options.include_usage was set. `index`: the choice;
+// `logprobs`: the chunk's tokens' (logprobs_json), null when none were asked.
 nlohmann::json chunk_json(const AnswerHeader& h, const std::string& text, bool role, const std::string& finish_reason,
-                          bool with_usage_null);
+                          bool with_usage_null, int index = 0, const nlohmann::json& logprobs = nullptr);
+
+// The log-probabilities of some tokens in the endpoint's shape (OpenAI's):
+//   chat:        {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}...]}...],
+//                 "refusal": null}    (top_logprobs: the most likely tokens, as many as the request asked)
+//   completions: {"tokens": [...], "token_logprobs": [...], "top_logprobs": [{token: logprob, ...}...],
+//                 "text_offset": [...]}  (each top_logprobs object: the `logprobs` most likely and the chosen token;
+//                 the echoed prompt's first token, logprob NaN, gets null in both)
+// A token's text is its own bytes (Tokenizer::token_to_piece; invalid UTF-8 is replaced when sent). text_offset
+// counts characters from *offset, which advances past these tokens (a stream's chunks continue it).
+nlohmann::json logprobs_json(Endpoint endpoint, const model::Tokenizer& tokenizer,
+                             std::span<const runtime::TokenLogprobs> logprobs, int64_t* offset);
 // The final chunk of a stream with include_usage: empty choices and the usage.
 nlohmann::json usage_chunk_json(const AnswerHeader& h, const Usage& usage);
 

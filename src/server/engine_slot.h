@@ -8,6 +8,7 @@
 // between prefill chunks too (the engine's progress callback), so a long prompt does not hold the slot to its end.
 #pragma once
 
+#include <algorithm>
 #include <memory>
 #include <type_traits>
 #include <utility>
@@ -51,19 +52,7 @@ class EngineSlot final : public SlotEngine {
   std::vector<int32_t> generate(std::span<const int32_t> prompt, const runtime::GenerateOptions& gen,
                                 const attn::AttentionPolicy& policy, const std::function<bool(int32_t)>& on_token,
                                 const std::function<bool()>& abort) override {
-    std::unique_ptr<EngineT> engine;
-    if (keeps_engine() && kept_) {
-      engine = std::move(kept_);
-      engine->reset();  // a fresh sequence; the streaming memory's buffers (pinned slabs on the GPU) stay
-    } else {
-      OptionsT options = options_;
-      options.policy = policy;
-      if constexpr (std::is_same_v<ModelT, runtime::Device>)
-        engine = model_.engine(options);  // the device's engine (runtime/device.h)
-      else
-        engine = std::make_unique<EngineT>(model_, std::move(options));
-      ++engines_made_;
-    }
+    std::unique_ptr<EngineT> engine = take_engine(policy);
     std::vector<int32_t> out;
     try {
       Abortable<EngineT> run{*engine, abort};
@@ -90,6 +79,37 @@ class EngineSlot final : public SlotEngine {
     return out;
   }
 
+  // The prompt's logits piece by piece (forward_all_logits continues the sequence; a piece's logits are at most
+  // ~128 MB), each row reduced to token_logprobs of the next prompt token.
+  std::vector<runtime::TokenLogprobs> prompt_logprobs(std::span<const int32_t> prompt, int32_t top,
+                                                      const attn::AttentionPolicy& policy,
+                                                      const std::function<bool()>& abort) override {
+    std::unique_ptr<EngineT> engine = take_engine(policy);
+    std::vector<runtime::TokenLogprobs> out;
+    size_t piece = 64;  // until the vocabulary's size is known
+    {
+      for (size_t p0 = 0; p0 + 1 < prompt.size();) {
+        if (abort && abort()) {
+          out.clear();
+          break;
+        }
+        const size_t p1 = std::min(prompt.size(), p0 + piece);
+        const std::vector<float> logits = engine->forward_all_logits(prompt.subspan(p0, p1 - p0));
+        const size_t vocab = logits.size() / (p1 - p0);
+        for (size_t r = 0; r < p1 - p0 && p0 + r + 1 < prompt.size(); ++r)
+          out.push_back(runtime::token_logprobs(std::span<const float>(logits).subspan(r * vocab, vocab),
+                                                prompt[p0 + r + 1], top));
+        p0 = p1;
+        piece = std::clamp<size_t>((size_t{1} << 25) / std::max<size_t>(vocab, 1), 16, 2048);
+      }
+    }  // (an exception drops the engine: it is not kept)
+    if (keeps_engine()) {
+      engine->reset();
+      kept_ = std::move(engine);
+    }
+    return out;
+  }
+
   // Engines this slot has made: one per request, except with streaming memory (keeps_engine()), where one serves
   // every request after it until a request fails.
   int64_t engines_made() const { return engines_made_; }
@@ -104,6 +124,24 @@ class EngineSlot final : public SlotEngine {
   }
 
  private:
+  // A fresh engine under `policy`, or with streaming memory the kept one, reset.
+  std::unique_ptr<EngineT> take_engine(const attn::AttentionPolicy& policy) {
+    std::unique_ptr<EngineT> engine;
+    if (keeps_engine() && kept_) {
+      engine = std::move(kept_);
+      engine->reset();  // a fresh sequence; the streaming memory's buffers (pinned slabs on the GPU) stay
+    } else {
+      OptionsT options = options_;
+      options.policy = policy;
+      if constexpr (std::is_same_v<ModelT, runtime::Device>)
+        engine = model_.engine(options);  // the device's engine (runtime/device.h)
+      else
+        engine = std::make_unique<EngineT>(model_, std::move(options));
+      ++engines_made_;
+    }
+    return engine;
+  }
+
   const ModelT& model_;
   OptionsT options_;
   std::unique_ptr<ThreadPool> pool_;

@@ -4,29 +4,58 @@
 
 namespace tessera::server {
 
-PreparedRequest prepare_request(const ApiRequest& r, const ServedModel& m, uint64_t random_seed) {
-  if (r.model != m.id)
+namespace {
+
+void check_model(const std::string& name, const ServedModel& m) {
+  if (name != m.id)
     throw ApiError(404, "invalid_request_error",
-                   "The model '" + r.model + "' does not exist; this server serves '" + m.id + "'", "model",
+                   "The model '" + name + "' does not exist; this server serves '" + m.id + "'", "model",
                    "model_not_found");
+}
+
+std::vector<int32_t> chat_prompt(std::span<const model::ChatMessage> messages, const ServedModel& m,
+                                 bool add_generation_prompt) {
+  if (m.chat == nullptr)
+    throw invalid_request("model '" + m.id +
+                              "' has no chat format tessera knows (ChatML, Llama-3, Gemma, Mistral); use "
+                              "/v1/completions",
+                          "messages");
+  std::string text;
+  try {
+    text = m.chat->apply(messages, add_generation_prompt);
+  } catch (const Error& e) {
+    throw invalid_request(std::string("the model's chat format refuses this conversation: ") + e.what(), "messages");
+  }
+  // As the CLI's --chat: the rendered conversation is encoded with parse_special, so the template's markers
+  // become control tokens (so would a marker's spelling typed inside a message).
+  return m.tokenizer->encode(text, {.add_special = !m.chat->renders_bos(), .parse_special = true});
+}
+
+}  // namespace
+
+std::vector<int32_t> tokenize_request(const TokenizeRequest& r, const ServedModel& m) {
+  if (!r.model.empty()) check_model(r.model, m);
+  if (r.chat) return chat_prompt(r.messages, m, r.add_generation_prompt);
+  return m.tokenizer->encode(r.prompt, {.add_special = r.add_special, .parse_special = false});
+}
+
+std::string detokenize_request(const DetokenizeRequest& r, const ServedModel& m) {
+  if (!r.model.empty()) check_model(r.model, m);
+  const model::Tokenizer& tok = *m.tokenizer;
+  for (size_t i = 0; i < r.tokens.size(); ++i)
+    if (r.tokens[i] >= tok.vocab_size())
+      throw invalid_request("'tokens[" + std::to_string(i) + "]' is token id " + std::to_string(r.tokens[i]) +
+                                ", outside the vocabulary of " + std::to_string(tok.vocab_size()) + " tokens",
+                            "tokens");
+  return tok.decode(r.tokens);
+}
+
+PreparedRequest prepare_request(const ApiRequest& r, const ServedModel& m, uint64_t random_seed) {
+  check_model(r.model, m);
   PreparedRequest p;
   const model::Tokenizer& tok = *m.tokenizer;
   if (r.endpoint == Endpoint::Chat) {
-    if (m.chat == nullptr)
-      throw invalid_request("model '" + m.id +
-                                "' has no chat format tessera knows (ChatML, Llama-3, Gemma, Mistral); use "
-                                "/v1/completions",
-                            "messages");
-    std::string text;
-    try {
-      text = m.chat->apply(r.messages, /*add_generation_prompt=*/true);
-    } catch (const Error& e) {
-      throw invalid_request(std::string("the model's chat format refuses this conversation: ") + e.what(),
-                            "messages");
-    }
-    // As the CLI's --chat: the rendered conversation is encoded with parse_special, so the template's markers
-    // become control tokens (so would a marker's spelling typed inside a message).
-    p.prompt = tok.encode(text, {.add_special = !m.chat->renders_bos(), .parse_special = true});
+    p.prompt = chat_prompt(r.messages, m, /*add_generation_prompt=*/true);
   } else if (r.prompt_is_ids) {
     for (size_t i = 0; i < r.prompt_ids.size(); ++i) {
       if (r.prompt_ids[i] >= tok.vocab_size())
@@ -63,6 +92,14 @@ PreparedRequest prepare_request(const ApiRequest& r, const ServedModel& m, uint6
   p.gen.sampling = r.sampling;
   if (!r.seed_given) p.gen.sampling.seed = random_seed;
   p.gen.stop_tokens = tok.special().end_of_generation;
+  for (const auto& [id, bias] : p.gen.sampling.logit_bias)
+    if (id >= tok.vocab_size())
+      throw invalid_request("'logit_bias' names token id " + std::to_string(id) + ", outside the vocabulary of " +
+                                std::to_string(tok.vocab_size()) + " tokens",
+                            "logit_bias");
+  p.gen.logprobs = r.logprobs;
+  p.echo = r.echo;
+  if (r.echo) p.echo_text = r.prompt_is_ids ? tok.decode(p.prompt) : r.prompt;
   p.stop = r.stop;
   return p;
 }

@@ -34,11 +34,19 @@ inline constexpr int32_t kDefaultCompletionTokens = 16;
 
 struct PreparedRequest {
   std::vector<int32_t> prompt;       // token ids, chat template applied
-  runtime::GenerateOptions gen;      // token budget, sampling (seed filled in), end-of-generation tokens
+  runtime::GenerateOptions gen;      // token budget (0: echo only), sampling (seed filled in), end-of-generation
+                                     // tokens, logprobs (alternatives per token; -1: none)
   std::vector<std::string> stop;     // stop sequences
+  bool echo = false;                 // completions: echo_text comes first, and with logprobs the prompt's
+  std::string echo_text;             // the prompt as text (the request's string, or its ids decoded)
 };
 
 // `random_seed` is used when the request sets no seed.
 PreparedRequest prepare_request(const ApiRequest& request, const ServedModel& model, uint64_t random_seed);
+
+// POST /tokenize: the ids a completion (prompt) or chat (messages, as the chat request encodes them) would run.
+std::vector<int32_t> tokenize_request(const TokenizeRequest& request, const ServedModel& model);
+// POST /detokenize: the text of the ids (ApiError 400 for an id outside the vocabulary).
+std::string detokenize_request(const DetokenizeRequest& request, const ServedModel& model);
 
 }  // namespace tessera::server

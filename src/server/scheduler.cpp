@@ -3,6 +3,7 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <optional>
 
@@ -34,17 +35,35 @@ const char* finish_reason_name(FinishReason r) {
   return "error";
 }
 
+std::vector<runtime::TokenLogprobs> SlotEngine::prompt_logprobs(std::span<const int32_t>, int32_t,
+                                                                 const attn::AttentionPolicy&,
+                                                                 const std::function<bool()>&) {
+  throw Error("the prompt's log-probabilities (echo with logprobs) are not available with this engine");
+}
+
 Job::Job(PreparedRequest request, std::shared_ptr<const attn::AttentionPolicy> policy, Clock::time_point deadline)
     : request_(std::move(request)), policy_(std::move(policy)), arrival_(Clock::now()), deadline_(deadline) {
   result_.prompt_tokens = static_cast<int64_t>(request_.prompt.size());
 }
 
-bool Job::wait(std::string& text, std::chrono::milliseconds timeout) {
+bool Job::wait(std::string& text, std::vector<runtime::TokenLogprobs>* logprobs, std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, timeout, [&] { return done_ || !pending_.empty(); });
+  cv_.wait_for(lock, timeout, [&] { return done_ || !pending_.empty() || !pending_logprobs_.empty(); });
   text += pending_;
   pending_.clear();
+  if (logprobs)
+    for (auto& l : pending_logprobs_) logprobs->push_back(std::move(l));
+  pending_logprobs_.clear();
   return done_;
+}
+
+void Job::emit_logprobs(std::vector<runtime::TokenLogprobs> logprobs) {
+  if (logprobs.empty()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& l : logprobs) pending_logprobs_.push_back(std::move(l));
+  }
+  cv_.notify_all();
 }
 
 void Job::emit(const std::string& text) {
@@ -211,6 +230,19 @@ class JobProgress {
     else if (now >= job_.deadline_) ended_ = FinishReason::Timeout;
     return !ended_.has_value();
   }
+  // A generated token's log-probabilities (before its on_token).
+  void on_logprobs(const runtime::TokenLogprobs& l) { job_.emit_logprobs({l}); }
+  // Echo: the prompt's text, and with logprobs its tokens' (the first with logprob NaN); not stop-matched.
+  void echo(const std::vector<runtime::TokenLogprobs>* prompt_logprobs) {
+    const PreparedRequest& req = job_.request_;
+    if (prompt_logprobs) {
+      std::vector<runtime::TokenLogprobs> all;
+      all.push_back({req.prompt[0], std::numeric_limits<float>::quiet_NaN(), {}});
+      all.insert(all.end(), prompt_logprobs->begin(), prompt_logprobs->end());
+      job_.emit_logprobs(std::move(all));
+    }
+    job_.emit(req.echo_text);
+  }
   // Between prefill chunks or steps: true when the client is gone or the deadline passed.
   bool should_abort() {
     if (!ended_) {
@@ -253,10 +285,27 @@ void Scheduler::run(int slot, Job& job) {
   JobProgress p(job, tokenizer_, metrics_, slot);
   if (p.ended_before_start()) return;
   const PreparedRequest& req = job.request_;
+  SlotEngine& engine = *engines_[static_cast<size_t>(slot)];
   try {
-    const std::vector<int32_t> out = engines_[static_cast<size_t>(slot)]->generate(
-        req.prompt, req.gen, *job.policy_, [&](int32_t token) { return p.on_token(token); },
-        [&] { return p.should_abort(); });
+    if (req.echo) {
+      if (req.gen.logprobs >= 0) {
+        const std::vector<runtime::TokenLogprobs> lp =
+            engine.prompt_logprobs(req.prompt, req.gen.logprobs, *job.policy_, [&] { return p.should_abort(); });
+        if (p.should_abort()) {
+          p.finish();
+          return;
+        }
+        p.echo(&lp);
+      } else {
+        p.echo(nullptr);
+      }
+    }
+    runtime::GenerateOptions gen = req.gen;
+    if (gen.logprobs >= 0) gen.on_logprobs = [&](const runtime::TokenLogprobs& l) { p.on_logprobs(l); };
+    std::vector<int32_t> out;
+    if (gen.max_new_tokens > 0)
+      out = engine.generate(req.prompt, gen, *job.policy_, [&](int32_t token) { return p.on_token(token); },
+                            [&] { return p.should_abort(); });
     // (prepare_request keeps the budget within the context, so a full context cannot end it first.)
     p.engine_ended(static_cast<int64_t>(out.size()));
   } catch (const std::exception& e) {
@@ -307,6 +356,13 @@ void Scheduler::batch_loop() {
         done(job);
         continue;
       }
+      if (job->request_.echo) progress->echo(nullptr);  // (the HTTP layer refuses echo with logprobs here)
+      if (job->request_.gen.max_new_tokens == 0) {  // echo alone
+        progress->engine_ended(0);
+        progress->finish();
+        done(job);
+        continue;
+      }
       runtime::BatchRequest br;
       br.prompt = job->request_.prompt;
       br.options = job->request_.gen;
@@ -346,6 +402,7 @@ void Scheduler::batch_loop() {
       Active& a = it->second;
       if (e.token >= 0) {
         ++a.generated;
+        if (e.logprobs) a.progress->on_logprobs(*e.logprobs);
         if (!a.progress->on_token(e.token) && !a.cancel_sent) {
           engine.cancel(e.id);
           a.cancel_sent = true;

@@ -55,6 +55,13 @@ class SlotEngine {
                                         const attn::AttentionPolicy& policy,
                                         const std::function<bool(int32_t)>& on_token,
                                         const std::function<bool()>& abort) = 0;
+  // For i in [1, prompt.size()): the log-probability of prompt[i] after prompt[0..i) and its `top` most likely
+  // alternatives (runtime::token_logprobs), on a fresh sequence under `policy`; `abort` is asked between pieces
+  // (true: an empty result). The echo of /v1/completions with logprobs. This default throws tessera::Error ("the
+  // prompt's log-probabilities (echo with logprobs) are not available with this engine").
+  virtual std::vector<runtime::TokenLogprobs> prompt_logprobs(std::span<const int32_t> prompt, int32_t top,
+                                                              const attn::AttentionPolicy& policy,
+                                                              const std::function<bool()>& abort);
   int64_t kv_tokens() const { return kv_tokens_.load(std::memory_order_relaxed); }
   int64_t kv_bytes() const { return kv_bytes_.load(std::memory_order_relaxed); }
 
@@ -89,9 +96,12 @@ class Job {
  public:
   Job(PreparedRequest request, std::shared_ptr<const attn::AttentionPolicy> policy, Clock::time_point deadline);
 
-  // Waits up to `timeout` for news. Appends the text produced since the last call to `text`; returns true once
-  // the job has ended and all its text was handed out (then result() is final).
-  bool wait(std::string& text, std::chrono::milliseconds timeout);
+  // Waits up to `timeout` for news. Appends the text produced since the last call to `text` (and, when
+  // `logprobs` is given, the tokens' log-probabilities: with echo the prompt's first, whose first token has
+  // logprob NaN, nothing predicting it); returns true once the job has ended and all its text was handed out
+  // (then result() is final).
+  bool wait(std::string& text, std::chrono::milliseconds timeout) { return wait(text, nullptr, timeout); }
+  bool wait(std::string& text, std::vector<runtime::TokenLogprobs>* logprobs, std::chrono::milliseconds timeout);
   bool cancelled() const { return cancelled_.load(); }
   const JobResult& result() const { return result_; }
   const PreparedRequest& request() const { return request_; }
@@ -101,6 +111,7 @@ class Job {
   friend class Scheduler;
   friend class JobProgress;
   void emit(const std::string& text);
+  void emit_logprobs(std::vector<runtime::TokenLogprobs> logprobs);
   void finish(JobResult result);
 
   PreparedRequest request_;
@@ -110,6 +121,7 @@ class Job {
   std::mutex mu_;
   std::condition_variable cv_;
   std::string pending_;
+  std::vector<runtime::TokenLogprobs> pending_logprobs_;
   bool done_ = false;
   JobResult result_;
 };
@@ -140,6 +152,7 @@ class Scheduler {
 
   Gauges gauges() const;
   const SchedulerOptions& options() const { return options_; }
+  bool batched() const { return batched_.engine != nullptr; }  // the batched engine (no prompt log-probabilities)
 
  private:
   void slot_loop(int slot);

@@ -65,6 +65,29 @@ TEST(ServerRequest, ParsesEveryChatField) {
   EXPECT_EQ(r.attn, "vs");
 }
 
+TEST(ServerRequest, ParsesSamplingAndLogprobFields) {
+  const ApiRequest c = parse_api_request(Endpoint::Chat, R"({"model": "m", "messages": [{"role": "user", "content": "x"}],
+    "presence_penalty": 0.5, "frequency_penalty": -1.25, "repetition_penalty": 1.3, "min_p": 0.05,
+    "logit_bias": {"12": -100, "7": 2.5}, "logprobs": true, "top_logprobs": 3, "n": 2})");
+  EXPECT_FLOAT_EQ(c.sampling.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(c.sampling.frequency_penalty, -1.25f);
+  EXPECT_FLOAT_EQ(c.sampling.repetition_penalty, 1.3f);
+  EXPECT_FLOAT_EQ(c.sampling.min_p, 0.05f);
+  EXPECT_EQ(c.sampling.logit_bias, (std::vector<std::pair<int32_t, float>>{{12, -100.0f}, {7, 2.5f}}));
+  EXPECT_EQ(c.logprobs, 3);
+  EXPECT_EQ(c.n, 2);
+  EXPECT_EQ(parse_api_request(Endpoint::Chat, R"({"model": "m", "messages": [{"role": "user", "content": "x"}],
+    "logprobs": true})").logprobs, 0);
+  EXPECT_EQ(parse_api_request(Endpoint::Chat, R"({"model": "m", "messages": [{"role": "user", "content": "x"}],
+    "logprobs": false, "top_logprobs": 0})").logprobs, -1);
+  const ApiRequest p = parse_api_request(Endpoint::Completion, R"({"model": "m", "prompt": [1, 2],
+    "echo": true, "logprobs": 1, "max_tokens": 0, "best_of": 3, "n": 3})");
+  EXPECT_TRUE(p.echo);
+  EXPECT_EQ(p.logprobs, 1);
+  EXPECT_EQ(p.max_tokens, 0);
+  EXPECT_EQ(p.n, 3);
+}
+
 TEST(ServerRequest, DefaultsAreTheApis) {
   const ApiRequest r = parse_api_request(Endpoint::Completion, R"({"model": "m", "prompt": "x", "stop": null,
                                                                     "max_tokens": null, "top_k": -1})");
@@ -156,12 +179,30 @@ INSTANTIATE_TEST_SUITE_P(
                    "'stop' must be a string or an array of strings, got integer"},
         BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "stream_options": {"include_usage": true}})", 400,
                    "stream_options", "", "'stream_options' is only allowed when 'stream' is true"},
-        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "n": 3})", 400, "n", "unsupported_parameter",
-                   "'n' must be 1: tessera returns one choice per request (send n requests instead)"},
-        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "frequency_penalty": 0.5})", 400, "frequency_penalty",
-                   "unsupported_parameter",
-                   "'frequency_penalty' is not supported by tessera: repetition penalties are not implemented (send 0 "
-                   "or leave it out)"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "n": 17})", 400, "n", "", "'n' must be in [1, 16], got 17"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "n": 0})", 400, "n", "", "'n' must be in [1, 16], got 0"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "frequency_penalty": 2.5})", 400, "frequency_penalty", "",
+                   "'frequency_penalty' must be in [-2.0, 2.0], got 2.5"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "presence_penalty": "1"})", 400, "presence_penalty", "",
+                   "'presence_penalty' must be a number, got string"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "repetition_penalty": 0})", 400, "repetition_penalty", "",
+                   "'repetition_penalty' must be in (0, 100] (1 = off), got 0"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "min_p": 1.5})", 400, "min_p", "",
+                   "'min_p' must be in [0.0, 1.0], got 1.5"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "logit_bias": {"x": 1}})", 400, "logit_bias", "",
+                   "'logit_bias' keys must be token ids (non-negative integers as strings), got 'x'"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "logit_bias": {"5": 101}})", 400, "logit_bias.5", "",
+                   "'logit_bias.5' must be in [-100.0, 100.0], got 101"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "logit_bias": [1]})", 400, "logit_bias", "",
+                   "'logit_bias' must be an object, got array"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "logprobs": 1})", 400, "logprobs", "",
+                   "'logprobs' must be a boolean, got integer"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "top_logprobs": 2})", 400, "top_logprobs", "",
+                   "'top_logprobs' requires 'logprobs' to be true"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "logprobs": true, "top_logprobs": 21})", 400,
+                   "top_logprobs", "", "'top_logprobs' must be in [0, 20], got 21"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "echo": true})", 400, "echo", "unsupported_parameter",
+                   "Unrecognized request argument supplied: echo"},
         BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "response_format": {"type": "json_object"}})", 400,
                    "response_format", "unsupported_parameter",
                    "'response_format' is not supported by tessera: only {\"type\": \"text\"} is (structured outputs "
@@ -177,10 +218,16 @@ INSTANTIATE_TEST_SUITE_P(
                    "'prompt[1]' must be in [0, 2147483647], got -1"},
         BadRequest{P, R"({"model": "m", "prompt": {"text": "x"}})", 400, "prompt", "",
                    "'prompt' must be a string, an array of token ids or an array of one string, got object"},
-        BadRequest{P, R"({"model": "m", "prompt": "x", "echo": true})", 400, "echo", "unsupported_parameter",
-                   "'echo' is not supported by tessera: the prompt is not echoed back"},
+        BadRequest{P, R"({"model": "m", "prompt": "x", "echo": 1})", 400, "echo", "",
+                   "'echo' must be a boolean, got integer"},
+        BadRequest{P, R"({"model": "m", "prompt": "x", "logprobs": true})", 400, "logprobs", "",
+                   "'logprobs' must be an integer, got boolean"},
+        BadRequest{P, R"({"model": "m", "prompt": "x", "logprobs": 21})", 400, "logprobs", "",
+                   "'logprobs' must be in [0, 20], got 21"},
+        BadRequest{P, R"({"model": "m", "prompt": "x", "max_tokens": 0})", 400, "max_tokens", "",
+                   "'max_tokens' must be in [1, 2147483647], got 0 (0 only with 'echo': the prompt alone)"},
         BadRequest{P, R"({"model": "m", "prompt": "x", "best_of": 2})", 400, "best_of", "unsupported_parameter",
-                   "'best_of' must be 1: tessera returns one choice per request"},
+                   "'best_of' must equal 'n' (1): tessera returns every choice it generates"},
         BadRequest{P, R"({"model": "m", "prompt": "x", "max_completion_tokens": 2})", 400, "max_completion_tokens",
                    "unsupported_parameter", "Unrecognized request argument supplied: max_completion_tokens"}),
     [](const ::testing::TestParamInfo<BadRequest>& p) {
@@ -325,6 +372,49 @@ TEST(ServerResponse, ShapesMatchTheApi) {
   EXPECT_EQ(dump_json(usage_chunk_json(text, {3, 4})["usage"]), R"({"completion_tokens":4,"prompt_tokens":3,"total_tokens":7})");
   EXPECT_EQ(dump_json(error_json(ApiError(429, "rate_limit_error", "busy", {}, "queue_full"))),
             R"({"error":{"code":"queue_full","message":"busy","param":null,"type":"rate_limit_error"}})");
+}
+
+// The log-probabilities' shapes: chat's content entries, completions' four parallel lists (the echoed prompt's first
+// token null; top_logprobs holding the chosen token too), text_offset in characters continuing from *offset.
+const model::Tokenizer& byte_tokenizer();  // below: ids 0..255 are the bytes
+
+TEST(ServerResponse, LogprobShapes) {
+  const model::Tokenizer& tok = byte_tokenizer();
+  const std::vector<runtime::TokenLogprobs> lps = {{'a', std::numeric_limits<float>::quiet_NaN(), {}},
+                                                   {'b', -0.5f, {{'c', -0.25f}}}};
+  EXPECT_EQ(dump_json(logprobs_json(Endpoint::Chat, tok, std::span(lps).subspan(1), nullptr)),
+            R"({"content":[{"bytes":[98],"logprob":-0.5,"token":"b","top_logprobs":[{"bytes":[99],"logprob":-0.25,"token":"c"}]}],"refusal":null})");
+  int64_t offset = 3;
+  EXPECT_EQ(dump_json(logprobs_json(Endpoint::Completion, tok, lps, &offset)),
+            R"({"text_offset":[3,4],"token_logprobs":[null,-0.5],"tokens":["a","b"],"top_logprobs":[null,{"b":-0.5,"c":-0.25}]})");
+  EXPECT_EQ(offset, 5);
+  const AnswerHeader text{Endpoint::Completion, answer_id(Endpoint::Completion, 1), 1, "m"};
+  const nlohmann::json two = answer_json(text, {{"x", "stop", nullptr}, {"y", "length", {{"tokens", {"y"}}}}}, {2, 2});
+  EXPECT_EQ(dump_json(two["choices"]),
+            R"([{"finish_reason":"stop","index":0,"logprobs":null,"text":"x"},{"finish_reason":"length","index":1,"logprobs":{"tokens":["y"]},"text":"y"}])");
+}
+
+// The echo's prompt log-probabilities (EngineSlot::prompt_logprobs, pieces of 64 rows and then more) equal the
+// perplexity path (Engine::score) row for row, past a piece's end, and their top tokens the argmax of every row.
+TEST(ServerLogprobs, PromptLogprobsEqualScore) {
+  const auto model = runtime::Model::load(
+      (std::filesystem::path(__FILE__).parent_path().parent_path() / "data" / "hf_tiny" / "llama3").string());
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 150; ++i) prompt.push_back(static_cast<int32_t>((i * 37 + 11) % 256));
+  EngineSlot<runtime::Engine, runtime::Model, runtime::EngineOptions> slot(*model, runtime::EngineOptions{});
+  const std::vector<runtime::TokenLogprobs> got = slot.prompt_logprobs(prompt, 2, attn::AttentionPolicy{}, {});
+  runtime::Engine ref(*model);
+  const std::vector<double> want = ref.score(prompt);
+  ASSERT_EQ(got.size(), want.size());
+  runtime::Engine all(*model);
+  const std::vector<float> logits = all.forward_all_logits(prompt);
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].token, prompt[i + 1]);
+    EXPECT_NEAR(got[i].logprob, want[i], 1e-4) << i;
+    ASSERT_EQ(got[i].top.size(), 2u);
+    EXPECT_EQ(got[i].top[0].token, runtime::argmax(std::span<const float>(logits).subspan(i * 256, 256))) << i;
+  }
+  EXPECT_TRUE(slot.prompt_logprobs(prompt, 1, attn::AttentionPolicy{}, [] { return true; }).empty());  // aborted
 }
 
 TEST(ServerMetrics, PrometheusText) {

@@ -201,17 +201,19 @@ def over_the_context(s):
 @test
 def unsupported_parameters(s):
     chat = lambda **kw: s.client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "Hi"}], **kw)
-    expect_error(lambda: chat(n=2), openai.BadRequestError, 400,
-                 "'n' must be 1: tessera returns one choice per request (send n requests instead)", "n",
-                 "unsupported_parameter")
-    expect_error(lambda: chat(logprobs=True), openai.BadRequestError, 400,
-                 "'logprobs' is not supported by tessera: log probabilities are not returned yet", "logprobs",
-                 "unsupported_parameter")
+    expect_error(lambda: chat(n=17), openai.BadRequestError, 400, "'n' must be in [1, 16], got 17", "n")
     expect_error(lambda: chat(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]),
                  openai.BadRequestError, 400, "'tools' is not supported by tessera: tool calling is not implemented",
                  "tools", "unsupported_parameter")
-    expect_error(lambda: chat(extra_body={"min_p": 0.1}), openai.BadRequestError, 400,
-                 "Unrecognized request argument supplied: min_p", "min_p", "unsupported_parameter")
+    expect_error(lambda: chat(extra_body={"mirostat": 2}), openai.BadRequestError, 400,
+                 "Unrecognized request argument supplied: mirostat", "mirostat", "unsupported_parameter")
+    # This server runs the batched engine (--parallel 2): no prompt log-probabilities (tests/server/test_sampling.py
+    # has them with --parallel 1).
+    expect_error(lambda: s.client.completions.create(model=MODEL_ID, prompt="a b", echo=True, logprobs=1, max_tokens=1),
+                 openai.BadRequestError, 400,
+                 "'echo' with 'logprobs' (the prompt's log-probabilities) needs the single-sequence engine: this "
+                 "server runs the batched one (--parallel 2); send 'echo' without 'logprobs'", "echo",
+                 "unsupported_parameter")
     expect_error(lambda: s.client.completions.create(model=MODEL_ID, prompt=["a", "b"]), openai.BadRequestError, 400,
                  "'prompt' holds 2 prompts; tessera answers one prompt per request (send one request each)", "prompt",
                  "unsupported_parameter")

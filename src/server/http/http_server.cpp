@@ -32,7 +32,8 @@ const char* endpoint_path(Endpoint e) { return e == Endpoint::Chat ? "/v1/chat/c
 
 // The label of a path in the metrics: the route, or "other" (so clients cannot add label values).
 std::string route_label(const std::string& path) {
-  for (const char* p : {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"})
+  for (const char* p : {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/tokenize",
+                        "/detokenize", "/v1/tokenize", "/v1/detokenize"})
     if (path == p) return p;
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
   return "other";
@@ -107,42 +108,70 @@ struct HttpServer::Impl {
 
   void generate(Endpoint endpoint, const httplib::Request& req, httplib::Response& res) {
     const std::string what = std::string("POST ") + endpoint_path(endpoint);
+    std::vector<std::shared_ptr<Job>> jobs;
     try {
       check_auth(req);
       const ApiRequest r = parse_api_request(endpoint, req.body);
       PreparedRequest prepared = prepare_request(r, model, random_seed());
+      if (prepared.echo && prepared.gen.logprobs >= 0 && scheduler.batched())
+        throw invalid_request("'echo' with 'logprobs' (the prompt's log-probabilities) needs the single-sequence "
+                              "engine: this server runs the batched one (--parallel " +
+                                  std::to_string(scheduler.options().slots) + "); send 'echo' without 'logprobs'",
+                              "echo", "unsupported_parameter");
       auto policy = policies.get(r.attn);
       const std::string attn = r.attn.empty() ? policies.default_label() : r.attn;
       const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                                std::chrono::duration<double>(options.timeout_seconds));
-      auto job = std::make_shared<Job>(std::move(prepared), std::move(policy), deadline);
-      switch (scheduler.submit(job)) {
-        case Admission::Accepted: break;
-        case Admission::QueueFull:
+      // n choices: one job each, choice i with seed + i (vLLM's rule), so that a seeded request repeats.
+      for (int32_t i = 0; i < r.n; ++i) {
+        PreparedRequest p = prepared;
+        p.gen.sampling.seed = prepared.gen.sampling.seed + static_cast<uint64_t>(i);
+        jobs.push_back(std::make_shared<Job>(std::move(p), policy, deadline));
+      }
+      for (const auto& job : jobs) {
+        const Admission a = scheduler.submit(job);
+        if (a == Admission::Accepted) continue;
+        for (const auto& other : jobs) scheduler.cancel(other);
+        if (a == Admission::QueueFull)
           throw ApiError(429, "rate_limit_error",
                          "the server is busy: " + std::to_string(scheduler.options().slots) + " running and " +
-                             std::to_string(scheduler.options().queue) +
-                             " queued requests (--parallel, --queue); retry later",
+                             std::to_string(scheduler.options().queue) + " queued requests (--parallel, --queue)" +
+                             (r.n > 1 ? " with room for fewer than this request's " + std::to_string(r.n) + " choices"
+                                      : std::string()) +
+                             "; retry later",
                          {}, "queue_full");
-        case Admission::ShuttingDown:
-          throw ApiError(503, "server_error", "the server is shutting down", {}, "shutting_down");
+        throw ApiError(503, "server_error", "the server is shutting down", {}, "shutting_down");
       }
       const AnswerHeader h{endpoint, answer_id(endpoint, ++answers), static_cast<int64_t>(std::time(nullptr)),
                            model.id};
+      const bool logprobs = prepared.gen.logprobs >= 0;
       if (r.stream) {
-        stream(res, job, h, r.include_usage, what + " 200 stream id=" + h.id + " attn=" + attn);
+        stream(res, jobs, h, r.include_usage, logprobs, what + " 200 stream id=" + h.id + " attn=" + attn);
         return;
       }
-      std::string text;
-      while (!job->wait(text, kKeepAlive)) {
+      std::vector<Choice> choices;
+      Usage usage;
+      std::string lines;
+      for (const auto& job : jobs) {
+        std::string text;
+        std::vector<runtime::TokenLogprobs> lps;
+        while (!job->wait(text, logprobs ? &lps : nullptr, kKeepAlive)) {
+        }
+        const JobResult& result = job->result();
+        metrics.observe_request(result.total_seconds);
+        if (result.reason != FinishReason::Stop && result.reason != FinishReason::Length) {
+          for (const auto& other : jobs) scheduler.cancel(other);
+          throw job_error(result);
+        }
+        int64_t offset = 0;
+        choices.push_back({std::move(text), finish_reason_name(result.reason),
+                           logprobs ? logprobs_json(endpoint, *model.tokenizer, lps, &offset) : json(nullptr)});
+        usage.prompt_tokens = result.prompt_tokens;
+        usage.completion_tokens += result.completion_tokens;
+        lines += (lines.empty() ? "" : " | ") + summary(result);
       }
-      const JobResult& result = job->result();
-      metrics.observe_request(result.total_seconds);
-      if (result.reason != FinishReason::Stop && result.reason != FinishReason::Length) throw job_error(result);
-      res.set_content(dump_json(answer_json(h, text, finish_reason_name(result.reason),
-                                            {result.prompt_tokens, result.completion_tokens})),
-                      "application/json");
-      log(what + " 200 id=" + h.id + " attn=" + attn + " " + summary(result));
+      res.set_content(dump_json(answer_json(h, choices, usage)), "application/json");
+      log(what + " 200 id=" + h.id + " attn=" + attn + " " + lines);
     } catch (const ApiError& e) {
       send_error(res, e);
       log(what + " " + std::to_string(e.status()) + " " + e.type() + ": " + e.what());
@@ -150,21 +179,27 @@ struct HttpServer::Impl {
   }
 
   struct StreamState {
-    std::shared_ptr<Job> job;
+    std::vector<std::shared_ptr<Job>> jobs;  // one per choice
+    std::vector<bool> finished;              // the choice's finish chunk went out
+    std::vector<int64_t> offsets;            // completions' text_offset so far, per choice
     AnswerHeader header;
     bool include_usage = false;
+    bool logprobs = false;
     bool started = false;
     bool ended = false;
     Clock::time_point last_write = Clock::now();
     std::string line;  // the log line's start
   };
 
-  void stream(httplib::Response& res, const std::shared_ptr<Job>& job, const AnswerHeader& h, bool include_usage,
-              std::string line) {
+  void stream(httplib::Response& res, const std::vector<std::shared_ptr<Job>>& jobs, const AnswerHeader& h,
+              bool include_usage, bool logprobs, std::string line) {
     auto st = std::make_shared<StreamState>();
-    st->job = job;
+    st->jobs = jobs;
+    st->finished.assign(jobs.size(), false);
+    st->offsets.assign(jobs.size(), 0);
     st->header = h;
     st->include_usage = include_usage;
+    st->logprobs = logprobs;
     st->line = std::move(line);
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
@@ -175,49 +210,94 @@ struct HttpServer::Impl {
             return sink.write(s.data(), s.size());
           };
           const AnswerHeader& hh = st->header;
+          const auto n = static_cast<int>(st->jobs.size());
           if (!st->started) {
             st->started = true;
             // The role comes first (chat), before any text, as OpenAI's streams do.
-            if (hh.endpoint == Endpoint::Chat && !write(sse_event(chunk_json(hh, "", true, "", st->include_usage))))
+            if (hh.endpoint == Endpoint::Chat)
+              for (int i = 0; i < n; ++i)
+                if (!write(sse_event(chunk_json(hh, "", true, "", st->include_usage, i)))) return gone(*st);
+          }
+          bool all_done = true, wrote = false, waited = false;
+          for (int i = 0; i < n; ++i) {
+            if (st->finished[static_cast<size_t>(i)]) continue;
+            Job& job = *st->jobs[static_cast<size_t>(i)];
+            std::string text;
+            std::vector<runtime::TokenLogprobs> lps;
+            // The first unfinished choice waits for news; the others are only looked at.
+            const bool done = job.wait(text, st->logprobs ? &lps : nullptr, waited ? 0ms : kPoll);
+            waited = true;
+            if (!text.empty() || !lps.empty()) {
+              const json lj = st->logprobs ? logprobs_json(hh.endpoint, *model.tokenizer, lps,
+                                                           &st->offsets[static_cast<size_t>(i)])
+                                           : json(nullptr);
+              if (!write(sse_event(chunk_json(hh, text, false, "", st->include_usage, i, lj)))) return gone(*st);
+              wrote = true;
+            }
+            if (!done) {
+              all_done = false;
+              continue;
+            }
+            const JobResult& r = job.result();
+            if (r.reason != FinishReason::Stop && r.reason != FinishReason::Length) {
+              for (const auto& other : st->jobs) scheduler.cancel(other);
+              for (const auto& other : st->jobs) {  // every choice ends before the error goes out
+                std::string ignored;
+                while (!other->wait(ignored, kPoll)) {
+                }
+              }
+              metrics.observe_request(r.total_seconds);
+              const bool ok = write(sse_event(error_json(job_error(r))) + kSseDone);  // the client's library raises it
+              st->ended = true;
+              if (ok) sink.done();
+              log(st->line + " " + summary(r) + (ok ? "" : " (client gone before the end)"));
+              return ok;
+            }
+            if (!write(sse_event(chunk_json(hh, "", false, finish_reason_name(r.reason), st->include_usage, i))))
               return gone(*st);
+            st->finished[static_cast<size_t>(i)] = true;
+            wrote = true;
           }
-          std::string text;
-          const bool done = st->job->wait(text, kPoll);
-          if (!text.empty()) {
-            if (!write(sse_event(chunk_json(hh, text, false, "", st->include_usage)))) return gone(*st);
-          } else if (!done && Clock::now() - st->last_write >= kKeepAlive) {
-            if (!write(": keep-alive\n\n")) return gone(*st);
+          if (!all_done) {
+            if (!wrote && Clock::now() - st->last_write >= kKeepAlive && !write(": keep-alive\n\n")) return gone(*st);
+            return true;
           }
-          if (!done) return true;
-          const JobResult& r = st->job->result();
-          metrics.observe_request(r.total_seconds);
+          Usage usage;
+          std::string summaries;
+          for (const auto& job : st->jobs) {
+            const JobResult& r = job->result();
+            metrics.observe_request(r.total_seconds);
+            usage.prompt_tokens = r.prompt_tokens;
+            usage.completion_tokens += r.completion_tokens;
+            summaries += (summaries.empty() ? "" : " | ") + summary(r);
+          }
           std::string tail;
-          if (r.reason == FinishReason::Stop || r.reason == FinishReason::Length) {
-            tail += sse_event(chunk_json(hh, "", false, finish_reason_name(r.reason), st->include_usage));
-            if (st->include_usage) tail += sse_event(usage_chunk_json(hh, {r.prompt_tokens, r.completion_tokens}));
-          } else {
-            tail += sse_event(error_json(job_error(r)));  // the client's library raises it
-          }
+          if (st->include_usage) tail += sse_event(usage_chunk_json(hh, usage));
           tail += kSseDone;
           const bool ok = write(tail);
           st->ended = true;
           if (ok) sink.done();
-          log(st->line + " " + summary(r) + (ok ? "" : " (client gone before the end)"));
+          log(st->line + " " + summaries + (ok ? "" : " (client gone before the end)"));
           return ok;
         },
         [this, st](bool success) {
-          if (!success || !st->ended) scheduler.cancel(st->job);
+          if (!success || !st->ended)
+            for (const auto& job : st->jobs) scheduler.cancel(job);
         });
   }
 
   // The client went away mid-stream: cancel (the slot frees its KV cache at the next token) and say so.
   bool gone(StreamState& st) {
-    scheduler.cancel(st.job);
-    std::string text;
-    while (!st.job->wait(text, kPoll)) {
+    for (const auto& job : st.jobs) scheduler.cancel(job);
+    std::string summaries;
+    for (const auto& job : st.jobs) {
+      std::string text;
+      while (!job->wait(text, kPoll)) {
+      }
+      summaries += (summaries.empty() ? "" : " | ") + summary(job->result());
     }
     st.ended = true;
-    log(st.line + " " + summary(st.job->result()) + " (client disconnected)");
+    log(st.line + " " + summaries + " (client disconnected)");
     return false;
   }
 
@@ -243,6 +323,34 @@ struct HttpServer::Impl {
               [this](const httplib::Request& q, httplib::Response& s) { generate(Endpoint::Chat, q, s); });
     http.Post("/v1/completions",
               [this](const httplib::Request& q, httplib::Response& s) { generate(Endpoint::Completion, q, s); });
+    // vLLM's /tokenize and /detokenize (also under /v1/, where OpenAI's clients' post() puts them).
+    for (const char* prefix : {"", "/v1"}) {
+      http.Post(std::string(prefix) + "/tokenize", [this](const httplib::Request& q, httplib::Response& s) {
+        try {
+          check_auth(q);
+          const TokenizeRequest r = parse_tokenize_request(q.body);
+          const std::vector<int32_t> ids = tokenize_request(r, model);
+          json j = {{"count", ids.size()}, {"max_model_len", model.context_length}, {"tokens", ids},
+                    {"token_strs", nullptr}};
+          if (r.token_strs) {
+            j["token_strs"] = json::array();
+            for (int32_t id : ids) j["token_strs"].push_back(model.tokenizer->token_to_piece(id));
+          }
+          s.set_content(dump_json(j), "application/json");
+        } catch (const ApiError& e) {
+          send_error(s, e);
+        }
+      });
+      http.Post(std::string(prefix) + "/detokenize", [this](const httplib::Request& q, httplib::Response& s) {
+        try {
+          check_auth(q);
+          s.set_content(dump_json({{"prompt", detokenize_request(parse_detokenize_request(q.body), model)}}),
+                        "application/json");
+        } catch (const ApiError& e) {
+          send_error(s, e);
+        }
+      });
+    }
     http.Get("/v1/models", [this](const httplib::Request& q, httplib::Response& s) {
       try {
         check_auth(q);
