@@ -138,10 +138,17 @@ void expect_agreement(const Agreement& a, double rel_bound, const std::string& w
 // ---------------------------------------------------------------------------------------------------------
 // Models, loaded once per path for the whole program.
 
+// Every weight expanded to f32 (WeightOptions::expand_f32): the CPU engine is then the f32 reference (kept as
+// stored, a quantized file's products would run over int8 activations, model/qmatmul.h), and the GPU uploads the
+// same values as bf16.
 const Model& cpu_model(const std::string& path) {
   static std::map<std::string, std::unique_ptr<Model>> cache;
   auto& m = cache[path];
-  if (!m) m = Model::load(path);
+  if (!m) {
+    WeightOptions o;
+    o.expand_f32 = true;
+    m = Model::load(path, nullptr, o);
+  }
   return *m;
 }
 
