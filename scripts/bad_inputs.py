@@ -3,8 +3,8 @@
 
 Runs the `tessera` binary on hostile and mistaken inputs (corrupt and oversized files, sizes read from files,
 prompts over the context, malformed configs, policies and flags, the rough edges a new user hits) and checks each
-answer: the exact first line on stderr, the exit code, and that the process stayed small (peak RSS, measured with
-wait4). Writes the table as markdown.
+answer: the exact first line on stderr, the exit code (docs/cli.md: 1 for what fails once it runs, 2 for a wrong
+command line), and that the process stayed small (peak RSS, measured with wait4). Writes the table as markdown.
 
   python3 scripts/bad_inputs.py TESSERA_BINARY [--out docs/bad-inputs.md] [--models DIR]
 
@@ -25,11 +25,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "tests", "data")
 
 
-def run(cmd, env=None, timeout=300):
-    """Runs cmd; returns (exit code, stdout, stderr, peak RSS in MB, seconds)."""
+def run(cmd, env=None, timeout=300, stdin=b""):
+    """Runs cmd with `stdin` on its standard input; returns (exit code, stdout, stderr, peak RSS in MB, seconds)."""
     t0 = time.time()
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        p = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as inp:
+        inp.write(stdin)
+        inp.seek(0)
+        p = subprocess.Popen(cmd, stdin=inp, stdout=out, stderr=err, env=env)
         deadline = t0 + timeout
         while True:
             pid, status, usage = os.wait4(p.pid, os.WNOHANG)
@@ -137,8 +139,9 @@ def cases(tessera, fx, models):
     T = [tessera]
     c = []
 
-    def add(klass, what, args, code, message, needs=None, stdout=None):
-        c.append(dict(klass=klass, what=what, args=args, code=code, message=message, needs=needs, stdout=stdout))
+    def add(klass, what, args, code, message, needs=None, stdout=None, stdin=b""):
+        c.append(dict(klass=klass, what=what, args=args, code=code, message=message, needs=needs, stdout=stdout,
+                      stdin=stdin))
 
     # Corrupt and hostile model files.
     add("model file", "tokenizer.json with an out-of-range id", T + ["run", "-m", fx["hf_bad_tokenizer"], "-p", "hi"], 1,
@@ -171,45 +174,61 @@ def cases(tessera, fx, models):
     add("context and memory", "generation reaching the context limit",
         T + ["run", "-m", smol, "-p", "Count: one two three four five", "--max-context", "12", "-n", "50"], 0, None,
         needs=smol, stdout="(generation stopped at the context limit of 12 tokens")
-    # Flags.
-    add("flags", "-n -1", T + ["run", "-m", tiny, "-p", "hi", "-n", "-1"], 1, None)
+    add("context and memory", "-f - with nothing on standard input", T + ["run", "-m", tiny, "-f", "-"], 1, None)
+    # Flags: a wrong command line is exit code 2 (docs/cli.md), found before anything is loaded.
+    add("flags", "-n -2 (-1: until the end of the text or a full context)", T + ["run", "-m", tiny, "-p", "hi", "-n", "-2"],
+        2, None)
+    add("flags", "llama.cpp's -ngl 99", T + ["run", "-m", tiny, "-p", "hi", "-ngl", "99"], 2, None)
+    add("flags", "llama.cpp's -ngl 99 after -n 16 (was: --max-tokens: At Most 1 required but received 2)",
+        T + ["run", "-m", tiny, "-p", "hi", "-n", "16", "-ngl", "99"], 2, None)
+    add("flags", "a mistyped flag", T + ["run", "-m", tiny, "-p", "hi", "--temprature", "0.5"], 2, None)
+    add("flags", "a mistyped subcommand", T + ["rnu", "-m", tiny, "-p", "hi"], 2, None)
+    add("flags", "an unknown flag with no near name", T + ["run", "-m", tiny, "-p", "hi", "--frobnicate"], 2, None)
+    add("flags", "a flag's value that is no number (CLI11)", T + ["run", "-m", tiny, "-p", "hi", "-n", "many"], 2, None)
+    add("flags", "a value outside a flag's choices (CLI11)", T + ["run", "-m", tiny, "-p", "hi", "--device", "gpu"], 2,
+        None)
+    add("flags", "--quiet with --json", T + ["run", "-m", tiny, "-p", "hi", "--quiet", "--json"], 2, None)
+    add("flags", "--json with --gpus 2", T + ["run", "-m", tiny, "-p", "hi", "--gpus", "2", "--json"], 2, None)
+    add("flags", "tokenize without a text", T + ["tokenize", "-m", tiny], 2, None)
+    add("flags", "tokenize --chat with --no-special", T + ["tokenize", "-m", tiny, "-p", "hi", "--chat", "--no-special"],
+        2, None)
     add("flags", "--gemm fp8 on the CPU", T + ["run", "-m", smol, "-p", "hi", "--device", "cpu", "--gemm", "fp8"], 1,
         None, needs=smol)
     add("flags", "--gemm fp8 with --gpus 2", T + ["run", "-m", tiny, "-p", "hi", "--gpus", "2", "--gemm", "fp8"], 1,
         None)
-    add("flags", "--temperature -1", T + ["run", "-m", tiny, "-p", "hi", "--temperature", "-1"], 1, None)
-    add("flags", "--top-p 1.5", T + ["run", "-m", tiny, "-p", "hi", "--top-p", "1.5"], 1, None)
-    add("flags", "--top-k -3", T + ["run", "-m", tiny, "-p", "hi", "--top-k", "-3"], 1, None)
-    add("flags", "--system without --chat", T + ["run", "-m", tiny, "-p", "hi", "--system", "be brief"], 1, None)
-    add("flags", "--memory-budget lots", T + ["run", "-m", tiny, "-p", "hi", "--memory-budget", "lots"], 1, None)
+    add("flags", "--temperature -1", T + ["run", "-m", tiny, "-p", "hi", "--temperature", "-1"], 2, None)
+    add("flags", "--top-p 1.5", T + ["run", "-m", tiny, "-p", "hi", "--top-p", "1.5"], 2, None)
+    add("flags", "--top-k -3", T + ["run", "-m", tiny, "-p", "hi", "--top-k", "-3"], 2, None)
+    add("flags", "--system without --chat", T + ["run", "-m", tiny, "-p", "hi", "--system", "be brief"], 2, None)
+    add("flags", "--memory-budget lots", T + ["run", "-m", tiny, "-p", "hi", "--memory-budget", "lots"], 2, None)
     add("flags", "--attn vs:v=-5 (checked before the model loads)",
-        T + ["run", "-m", "/nonexistent.gguf", "-p", "hi", "--attn", "vs:v=-5"], 1, None)
-    add("flags", "--attn bs:top_k=0", T + ["run", "-m", tiny, "-p", "hi", "--attn", "bs:top_k=0"], 1, None)
-    add("flags", "--attn with a typo", T + ["run", "-m", tiny, "-p", "hi", "--attn", "vss"], 1, None)
+        T + ["run", "-m", "/nonexistent.gguf", "-p", "hi", "--attn", "vs:v=-5"], 2, None)
+    add("flags", "--attn bs:top_k=0", T + ["run", "-m", tiny, "-p", "hi", "--attn", "bs:top_k=0"], 2, None)
+    add("flags", "--attn with a typo", T + ["run", "-m", tiny, "-p", "hi", "--attn", "vss"], 2, None)
     add("flags", "--attn vs_adaptive:gamma=1.5 (a coverage target outside (0, 1])",
-        T + ["run", "-m", "/nonexistent.gguf", "-p", "hi", "--attn", "vs_adaptive:gamma=1.5"], 1, None)
+        T + ["run", "-m", "/nonexistent.gguf", "-p", "hi", "--attn", "vs_adaptive:gamma=1.5"], 2, None)
     add("flags", "--attn bs_adaptive:min_top_k=500 (a minimum above the maximum)",
-        T + ["run", "-m", tiny, "-p", "hi", "--attn", "bs_adaptive:min_top_k=500"], 1, None)
+        T + ["run", "-m", tiny, "-p", "hi", "--attn", "bs_adaptive:min_top_k=500"], 2, None)
     add("flags", "bench: bad second policy (checked before the first row)",
-        T + ["bench", "-m", tiny, "-d", "64", "--attn", "ashape;vs:s=-1"], 1, None)
-    add("flags", "bench: depth 0", T + ["bench", "-m", tiny, "-d", "0"], 1, None)
+        T + ["bench", "-m", tiny, "-d", "64", "--attn", "ashape;vs:s=-1"], 2, None)
+    add("flags", "bench: depth 0", T + ["bench", "-m", tiny, "-d", "0"], 2, None)
     add("flags", "--logits-out with --compare", T + ["run", "-m", tiny, "-p", "hi", "--attn", "ashape", "--compare",
-                                                     "--logits-out", "/tmp/l.f32"], 1, None)
+                                                     "--logits-out", "/tmp/l.f32"], 2, None)
     # Several GPUs (docs/multi-gpu.md): checked before any GPU is touched.
     add("several GPUs", "serve --gpus 2 --parallel 4 (the batched engine has no tensor-parallel backend)",
-        T + ["serve", "-m", tiny, "--gpus", "2", "--parallel", "4"], 1, None)
+        T + ["serve", "-m", tiny, "--gpus", "2", "--parallel", "4"], 2, None)
     add("several GPUs", "plan --gpus 64 for a model with 9 query heads (refused before planning)",
         T + ["plan", "--method", "minference", "-m", smol, "--gpus", "64", "-o", "/tmp/tessera-bad-input-plan.json"], 1,
         None, needs=smol)
     # Streaming memory (docs/streaming.md): sizes, the index ratio, host budgets (Gemma-3: its global layers only).
     add("streaming", "--stream-chunk 0",
-        T + ["run", "-m", tiny, "-p", "hi", "--stream", "ltri", "--stream-chunk", "0"], 1, None)
+        T + ["run", "-m", tiny, "-p", "hi", "--stream", "ltri", "--stream-chunk", "0"], 2, None)
     add("streaming", "--stream with --attn", T + ["run", "-m", tiny, "-p", "hi", "--stream", "infllm", "--attn", "ashape"],
-        1, None)
+        2, None)
     add("streaming", "--stream-index-ratio 0.5 (under one evicted token per index vector)",
-        T + ["run", "-m", tiny, "-p", "hi", "--stream", "ltri", "--stream-index-ratio", "0.5"], 1, None)
+        T + ["run", "-m", tiny, "-p", "hi", "--stream", "ltri", "--stream-index-ratio", "0.5"], 2, None)
     add("streaming", "--stream-index-heads some (retrieval or all)",
-        T + ["run", "-m", tiny, "-p", "hi", "--stream", "ltri", "--stream-index-heads", "some"], 1, None)
+        T + ["run", "-m", tiny, "-p", "hi", "--stream", "ltri", "--stream-index-heads", "some"], 2, None)
     add("streaming", "--stream-host-budget 4K on Gemma-3 (only its global layers keep evicted blocks)",
         T + ["run", "-m", gemma, "-p", "one two three four five six seven eight nine ten " * 12, "--stream", "ltri",
              "--stream-sinks", "4", "--stream-local", "16", "--stream-block", "16", "--stream-chunk", "16",
@@ -219,15 +238,15 @@ def cases(tessera, fx, models):
              "--stream-sinks", "4", "--stream-local", "16", "--stream-block", "16", "--stream-chunk", "16",
              "--stream-host-budget", "4K"], 1, None, needs=smol)
     add("streaming", "--stream-trace without --stream",
-        T + ["run", "-m", tiny, "-p", "hi", "--stream-trace", "/tmp/tessera-bad-input-trace.txt"], 1, None)
+        T + ["run", "-m", tiny, "-p", "hi", "--stream-trace", "/tmp/tessera-bad-input-trace.txt"], 2, None)
     add("streaming", "serve --stream with --attn (streaming attends densely within its layout)",
-        T + ["serve", "-m", tiny, "--device", "cpu", "--stream", "ltri", "--attn", "vs"], 1, None)
+        T + ["serve", "-m", tiny, "--device", "cpu", "--stream", "ltri", "--attn", "vs"], 2, None)
     # tessera plan (docs/plans/README.md): checked before the model loads, except the last.
     out = os.path.join(os.path.dirname(fx["empty_calib"]), "plan.json")
-    add("plan", "plan --budget 0", T + ["plan", "--method", "moa", "-m", tiny, "--budget", "0", "-o", out], 1, None)
+    add("plan", "plan --budget 0", T + ["plan", "--method", "moa", "-m", tiny, "--budget", "0", "-o", out], 2, None)
     add("plan", "plan --budget 1.5", T + ["plan", "--method", "minference", "-m", tiny, "--budget", "1.5", "-o", out],
-        1, None)
-    add("plan", "plan --method with a typo", T + ["plan", "--method", "mo", "-m", tiny, "-o", out], 1, None)
+        2, None)
+    add("plan", "plan --method with a typo", T + ["plan", "--method", "mo", "-m", tiny, "-o", out], 2, None)
     add("plan", "plan with an empty calibration file",
         T + ["plan", "--method", "trianglemix", "-m", tiny, "--calib", fx["empty_calib"], "-o", out], 1, None)
     add("plan", "plan with a malformed calibration line",
@@ -258,7 +277,7 @@ def main():
             if case["needs"] and not os.path.exists(case["needs"]):
                 skipped.append(case["what"])
                 continue
-            code, out, err, rss, secs = run(case["args"])
+            code, out, err, rss, secs = run(case["args"], stdin=case["stdin"])
             line = first_error_line(err).replace(tmp, "$TMP").replace(args.models, "$MODELS").replace(ROOT + "/", "")
             if case["stdout"]:
                 got = next((l for l in out.splitlines() if l.startswith(case["stdout"])), "")

@@ -46,16 +46,18 @@ bool use_gpu_device_for(const std::string& device, const StreamFlags& stream);
 struct RunOptions {
   std::string model;
   std::string prompt;       // text, or
-  std::string prompt_file;  // a file holding it
+  std::string prompt_file;  // a file holding it; "-": standard input
   bool chat = false;
   std::string system;
   std::string attn = "dense";
   bool compare = false;  // run dense first, then `attn`, and print both answers and the speedup
-  int max_tokens = 128;
+  int max_tokens = 128;   // -1: until the end of the text or the context is full
   runtime::SamplingOptions sampling;
   int chunk = 2048;
   int max_context = 0;
   bool progress = false;  // force the progress bar when stderr is not a terminal
+  bool quiet = false;     // stdout holds only the generated text (and a newline)
+  bool json = false;      // stdout holds one JSON object: text, tokens, finish reason, timings (docs/cli.md)
   // Needle-in-a-haystack prompt instead of --prompt: a tokens-long haystack with one needle at `needle_depth`
   // (0..1), built by eval's niah_single generator; the answer is then checked against the needle.
   int needle_tokens = 0;
@@ -160,6 +162,19 @@ struct PlanOptions {
   std::string command_line;
 };
 
+// `tessera tokenize`: the token ids of a text (-p, or -f FILE|-), as `tessera run` would prefill them.
+struct TokenizeOptions {
+  std::string model;
+  std::string prompt;
+  std::string prompt_file;     // "-": standard input
+  bool chat = false;           // as run --chat: a user turn in the model's chat format
+  std::string system;          // with chat
+  bool no_special = false;     // plain text: no BOS (or other special tokens the tokenizer adds)
+  bool parse_special = false;  // plain text: "<|im_start|>" and the like in the text are their special tokens
+  bool ids = false;            // one line: [id, id, ...]
+  bool json = false;           // one JSON object: ids, pieces, count
+};
+
 struct InspectOptions {
   std::string model;
   bool tensors = false;
@@ -176,6 +191,11 @@ void check_run_options(const RunOptions& o);
 void check_bench_options(const BenchOptions& o);
 void check_eval_options(const EvalOptions& o);
 void check_plan_options(const PlanOptions& o);
+void check_tokenize_options(const TokenizeOptions& o);
+
+// The prompt text of -p / -f FILE / -f - (standard input), read whole; tessera::Error for a file that cannot be a
+// prompt (missing, a directory, over 1 GiB) or standard input past 1 GiB.
+std::string read_prompt(const std::string& prompt, const std::string& prompt_file);
 
 int run_command(const RunOptions& o);
 // `tessera run --gpus N` (or --placement): the tensor-parallel engine over N GPUs (cli/run_tp.cpp).
@@ -184,6 +204,7 @@ int run_tp_command(const RunOptions& o);
 int bench_tp_command(const BenchOptions& o);
 int bench_command(const BenchOptions& o);
 int inspect_command(const InspectOptions& o);
+int tokenize_command(const TokenizeOptions& o);
 int eval_command(EvalOptions o);
 int serve_command(const ServeOptions& o);
 int plan_command(const PlanOptions& o);

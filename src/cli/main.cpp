@@ -1,4 +1,6 @@
-// tessera — the command line: run, bench, eval, inspect, serve, plan.
+// tessera — the command line: run, bench, eval, inspect, tokenize, serve, plan. Exit codes (cli/usage.h,
+// docs/cli.md): 0 done, 1 failed while running, 2 a wrong command line (CLI11's parse errors, unknown flags, flag
+// values out of range), found before anything is loaded.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -10,6 +12,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/usage.h"
 #include "core/error.h"
 #include "core/memory_budget.h"
 
@@ -86,6 +89,7 @@ int main(int argc, char** argv) {
   CLI::App app{"tessera: long-context LLM inference with per-head sparse attention"};
   app.require_subcommand(1);
   app.fallthrough();  // options of the program itself may follow the subcommand
+  app.set_version_flag("--version", std::string("tessera ") + TESSERA_VERSION);
   std::string memory_budget;
   app.add_option("--memory-budget", memory_budget,
                  "Host memory any one allocation may take (e.g. 16G; default: TESSERA_MEMORY_BUDGET, else the "
@@ -95,17 +99,19 @@ int main(int argc, char** argv) {
   auto* r = app.add_subcommand("run", "Run a prompt through a model (dense or sparse attention)");
   r->add_option("-m,--model", run.model, "Model: .gguf, .safetensors or a Hugging Face folder")->required();
   auto* p = r->add_option("-p,--prompt", run.prompt, "Prompt text");
-  auto* pf = r->add_option("-f,--prompt-file", run.prompt_file, "File holding the prompt");
+  auto* pf = r->add_option("-f,--prompt-file,--file", run.prompt_file, "File holding the prompt (- for standard input)");
   p->excludes(pf);
   r->add_flag("--chat", run.chat, "Wrap the prompt as a user turn in the model's chat format");
-  r->add_option("--system", run.system, "System message (with --chat)");
+  r->add_option("--system,--system-prompt", run.system, "System message (with --chat)");
   r->add_option("--attn", run.attn,
                 "Attention policy: dense, ashape[:sink=,local=], triangle[:sink=,local=,last=], vs|minference[:v=,s=], "
                 "bs[:top_k=], moa[:alpha=,beta=], trianglemix[:start=,inner=dense|vs], or a policy file")
       ->capture_default_str();
   r->add_flag("--compare", run.compare, "Run dense first, then --attn; print both answers and the speedup");
-  r->add_option("-n,--max-tokens", run.max_tokens, "Tokens to generate")->capture_default_str();
-  r->add_option("--temperature", run.sampling.temperature, "0 = greedy")->capture_default_str();
+  r->add_option("-n,--max-tokens,--n-predict", run.max_tokens,
+                "Tokens to generate (-1: until the end of the text or the context is full)")
+      ->capture_default_str();
+  r->add_option("--temperature,--temp", run.sampling.temperature, "0 = greedy")->capture_default_str();
   r->add_option("--top-k", run.sampling.top_k, "0 = off")->capture_default_str();
   r->add_option("--top-p", run.sampling.top_p, "1 = off")->capture_default_str();
   r->add_option("--min-p", run.sampling.min_p, "0 = off")->capture_default_str();
@@ -115,9 +121,9 @@ int main(int argc, char** argv) {
   r->add_option("--presence-penalty", run.sampling.presence_penalty, "0 = off; over the answer")->capture_default_str();
   r->add_option("--frequency-penalty", run.sampling.frequency_penalty, "0 = off; over the answer")
       ->capture_default_str();
-  r->add_option("--seed", run.sampling.seed, "Sampling seed")->capture_default_str();
+  r->add_option("-s,--seed", run.sampling.seed, "Sampling seed")->capture_default_str();
   r->add_option("--chunk", run.chunk, "Prefill chunk size (tokens)")->capture_default_str();
-  r->add_option("--max-context", run.max_context, "Context limit (default: the model's)");
+  r->add_option("-c,--max-context,--ctx-size", run.max_context, "Context limit (default and 0: the model's)");
   auto* nd = r->add_option("--needle", run.needle_tokens,
                            "Needle-in-a-haystack prompt of this many tokens instead of --prompt");
   nd->excludes(p)->excludes(pf);
@@ -125,6 +131,10 @@ int main(int argc, char** argv) {
   r->add_option("--needle-seed", run.needle_seed, "Seed of the needle case")->capture_default_str();
   r->add_option("--haystack", run.haystack, "kjv, noise[:seed] or file:<path>")->capture_default_str();
   r->add_flag("--progress", run.progress, "Show the prefill progress bar even when stderr is not a terminal");
+  auto* quiet = r->add_flag("-q,--quiet", run.quiet, "Print only the generated text (and a newline) on stdout");
+  r->add_flag("--json", run.json,
+              "Print one JSON object on stdout: text, tokens, finish_reason, timings (docs/cli.md)")
+      ->excludes(quiet);
   add_device_options(r, run.device, run.cuda);
   add_stream_options(r, run.stream, false);
   r->add_option("--gpus", run.gpus, "Tensor parallelism over this many GPUs (NCCL; one process per GPU, forked here "
@@ -148,7 +158,10 @@ int main(int argc, char** argv) {
   b->add_option("--decode", bench.decode_tokens, "Decode steps timed at each depth")->capture_default_str();
   b->add_option("--chunk", bench.chunk, "Prefill chunk size")->capture_default_str();
   b->add_option("--reps", bench.reps, "Repetitions (best is reported)")->capture_default_str();
-  b->add_option("--format", bench.format, "md, csv or json")->check(CLI::IsMember({"md", "csv", "json"}))->capture_default_str();
+  auto* bf = b->add_option("--format", bench.format, "md, csv or json")
+                ->check(CLI::IsMember({"md", "csv", "json"}))->capture_default_str();
+  bool bench_json = false;
+  b->add_flag("--json", bench_json, "The same as --format json")->excludes(bf);
   add_device_options(b, bench.device, bench.cuda);
   add_stream_options(b, bench.stream, true);
 
@@ -194,6 +207,19 @@ int main(int argc, char** argv) {
   i->add_option("model", inspect.model, "Model file or folder")->required();
   i->add_flag("--tensors", inspect.tensors, "List every tensor");
   i->add_flag("--metadata", inspect.metadata, "List every metadata key");
+
+  TokenizeOptions tok;
+  auto* tk = app.add_subcommand("tokenize", "Show the token ids of a text, as run prefills it (no weights are loaded)");
+  tk->add_option("-m,--model", tok.model, "Model: .gguf, .safetensors or a Hugging Face folder")->required();
+  auto* tp = tk->add_option("-p,--prompt", tok.prompt, "Text");
+  tk->add_option("-f,--prompt-file,--file", tok.prompt_file, "File holding the text (- for standard input)")->excludes(tp);
+  tk->add_flag("--chat", tok.chat, "As run --chat: the text as a user turn in the model's chat format");
+  tk->add_option("--system,--system-prompt", tok.system, "System message (with --chat)");
+  tk->add_flag("--no-special", tok.no_special, "Plain text: add no BOS (or other special tokens the tokenizer adds)");
+  tk->add_flag("--parse-special", tok.parse_special,
+               "Plain text: special tokens written in the text (<|im_start|>, ...) are those tokens");
+  tk->add_flag("--ids", tok.ids, "Print only the ids, as one list: [1, 2, 3]");
+  tk->add_flag("--json", tok.json, "Print one JSON object: tokens, pieces, count");
 
   PlanOptions plan;
   std::optional<double> plan_budget;
@@ -259,18 +285,50 @@ int main(int argc, char** argv) {
                  "the CPU, 70% of the free device memory on the GPU)");
   sv->add_option("--queue", serve.queue, "Requests that may wait for a slot (more get 429)")->capture_default_str();
   sv->add_option("--chunk", serve.chunk, "Prefill chunk size (CPU)")->capture_default_str();
-  sv->add_option("--max-context", serve.max_context, "Context limit (default: the model's)");
+  sv->add_option("-c,--max-context,--ctx-size", serve.max_context, "Context limit (default and 0: the model's)");
   sv->add_option("--api-key", serve.api_key, "Require 'Authorization: Bearer KEY' (also TESSERA_API_KEY)");
   sv->add_option("--timeout", serve.timeout, "Seconds a request may take, queueing included")->capture_default_str();
   sv->add_option("--max-body", serve.max_body_mb, "Request body limit in MiB")->capture_default_str();
   sv->add_flag("--quiet", serve.quiet, "No line per request");
   add_stream_options(sv, serve.stream, false);
 
-  CLI11_PARSE(app, argc, argv);
+  // Usage errors: exit code 2 with "tessera: error: ..." and where the flags are listed. An unknown flag is found
+  // before CLI11 parses (which reads -ngl as -n gl).
+  const std::string sub = subcommand_of(app, argc, argv);
+  const std::string help = "Run 'tessera " + (sub.empty() ? std::string() : sub + " ") + "--help' for the flags.";
+  if (const std::string unknown = unknown_argument(app, argc, argv); !unknown.empty()) {
+    std::fprintf(stderr, "tessera: error: %s\n%s\n", unknown.c_str(), help.c_str());
+    return kExitUsage;
+  }
   try {
-    if (!memory_budget.empty()) tessera::set_host_memory_budget(tessera::parse_byte_size(memory_budget, "--memory-budget"));
-    if (r->parsed()) return run.gpus > 1 || !run.placement.empty() ? run_tp_command(run) : run_command(run);
-    if (b->parsed()) return bench.gpus > 1 ? bench_tp_command(bench) : bench_command(bench);
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {  // --help, --version
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "tessera: error: %s%s\n%s\n", sub.empty() ? "" : (sub + ": ").c_str(), e.what(), help.c_str());
+    return kExitUsage;
+  }
+  try {
+    if (!memory_budget.empty()) {
+      try {
+        tessera::set_host_memory_budget(tessera::parse_byte_size(memory_budget, "--memory-budget"));
+      } catch (const tessera::Error& e) {
+        throw UsageError(e.what());
+      }
+    }
+    if (r->parsed()) {
+      if (run.gpus > 1 || !run.placement.empty()) {
+        usage_check(!run.quiet && !run.json && run.max_tokens >= 0 && run.prompt_file != "-",
+                    "--quiet, --json, -n -1 and -f - are for one device: not with --gpus or --placement");
+        return run_tp_command(run);
+      }
+      return run_command(run);
+    }
+    if (b->parsed()) {
+      if (bench_json) bench.format = "json";
+      return bench.gpus > 1 ? bench_tp_command(bench) : bench_command(bench);
+    }
+    if (tk->parsed()) return tokenize_command(tok);
     if (i->parsed()) return inspect_command(inspect);
     if (sv->parsed()) return serve_command(serve);
     if (pl->parsed()) {
@@ -283,16 +341,19 @@ int main(int argc, char** argv) {
       if (ev.tasks.size() == 1 && ev.tasks[0] == "none") ev.tasks.clear();
       return eval_command(ev);
     }
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "tessera: error: %s\n", e.what());
+    return kExitUsage;
   } catch (const tessera::Error& e) {
     std::fprintf(stderr, "tessera: error: %s\n", e.what());
-    return 1;
+    return kExitRuntime;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "tessera: error: out of host memory (an allocation beyond what the machine has; lower "
                          "--memory-budget so that such requests are refused with their size)\n");
-    return 1;
+    return kExitRuntime;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tessera: internal error: %s\n", e.what());
-    return 2;
+    return kExitRuntime;
   }
-  return 0;
+  return kExitOk;
 }

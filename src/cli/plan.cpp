@@ -12,6 +12,7 @@
 
 #include "attention/pattern/config_io.h"
 #include "cli/commands.h"
+#include "cli/usage.h"
 #include "cli/session.h"
 #include "core/error.h"
 #include "core/memory_budget.h"
@@ -74,22 +75,22 @@ std::string num(double v) {
 }  // namespace
 
 void check_plan_options(const PlanOptions& o) {
-  check(o.method == "minference" || o.method == "moa" || o.method == "trianglemix",
-        "--method must be minference, moa or trianglemix, got '" + o.method + "'");
-  check(!o.out.empty(), "-o/--out is required (the plan file to write)");
+  usage_check(o.method == "minference" || o.method == "moa" || o.method == "trianglemix",
+              "--method must be minference, moa or trianglemix, got '" + o.method + "'");
+  usage_check(!o.out.empty(), "-o/--out is required (the plan file to write)");
   if (o.budget)
-    check(*o.budget > 0 && *o.budget <= 1, "--budget must be a density in (0, 1], got " + num(*o.budget));
-  check(!o.lengths.empty(), "--lengths is empty");
-  for (int l : o.lengths) check(l >= 128, "--lengths must be >= 128 tokens, got " + std::to_string(l));
-  check(o.samples >= 1, "--samples must be >= 1, got " + std::to_string(o.samples));
-  check(o.answer_tokens >= 1, "--answer-tokens must be >= 1, got " + std::to_string(o.answer_tokens));
-  check(o.threshold > 0 && o.threshold < 1, "--threshold must be in (0, 1), got " + num(o.threshold));
-  check(o.validation_length >= 0, "--validation-length must be >= 0 (0: none), got " + std::to_string(o.validation_length));
-  for (int l : o.report_lengths) check(l > 0, "--report-lengths must be positive, got " + std::to_string(l));
-  check(o.device == "cpu" || o.device == "cuda" || o.device == "auto",
-        "--device must be cpu, cuda or auto, got '" + o.device + "'");
-  check(o.inner == "dense" || o.inner == "vs" || fs::exists(o.inner),
-        "--inner must be dense, vs or a policy file, got '" + o.inner + "'");
+    usage_check(*o.budget > 0 && *o.budget <= 1, "--budget must be a density in (0, 1], got " + num(*o.budget));
+  usage_check(!o.lengths.empty(), "--lengths is empty");
+  for (int l : o.lengths) usage_check(l >= 128, "--lengths must be >= 128 tokens, got " + std::to_string(l));
+  usage_check(o.samples >= 1, "--samples must be >= 1, got " + std::to_string(o.samples));
+  usage_check(o.answer_tokens >= 1, "--answer-tokens must be >= 1, got " + std::to_string(o.answer_tokens));
+  usage_check(o.threshold > 0 && o.threshold < 1, "--threshold must be in (0, 1), got " + num(o.threshold));
+  usage_check(o.validation_length >= 0, "--validation-length must be >= 0 (0: none), got " + std::to_string(o.validation_length));
+  for (int l : o.report_lengths) usage_check(l > 0, "--report-lengths must be positive, got " + std::to_string(l));
+  usage_check(o.device == "cpu" || o.device == "cuda" || o.device == "auto",
+              "--device must be cpu, cuda or auto, got '" + o.device + "'");
+  usage_check(o.inner == "dense" || o.inner == "vs" || fs::exists(o.inner),
+              "--inner must be dense, vs or a policy file, got '" + o.inner + "'");
   if (!o.calib.empty()) {
     try {
       plan::check_calibration_file(o.calib);

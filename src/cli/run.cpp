@@ -5,10 +5,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "cli/commands.h"
 #include "cli/session.h"
+#include "cli/usage.h"
 #include "core/error.h"
 #include "core/memory_budget.h"
 #include "eval/haystack.h"
@@ -65,12 +68,38 @@ std::string read_prompt_file(const std::string& path) {
   return text;
 }
 
+// Standard input (-f -), read whole, at most kMaxPromptFileBytes.
+std::string read_stdin() {
+  std::string text;
+  char buf[1 << 16];
+  while (std::cin.read(buf, sizeof buf) || std::cin.gcount() > 0) {
+    text.append(buf, static_cast<size_t>(std::cin.gcount()));
+    check(text.size() <= kMaxPromptFileBytes, "standard input (-f -): more than a prompt may hold (1 GiB)");
+  }
+  check(!std::cin.bad(), "standard input (-f -): read error");
+  return text;
+}
+
+}  // namespace
+
+std::string read_prompt(const std::string& prompt, const std::string& prompt_file) {
+  if (prompt_file.empty()) return prompt;
+  return prompt_file == "-" ? read_stdin() : read_prompt_file(prompt_file);
+}
+
+namespace {
+
+// Where the text goes while it is generated: nowhere (--json), after "answer: " (the default), alone (--quiet).
+enum class Echo { None, Labeled, Raw };
+
 struct Outcome {
   std::string text;
   runtime::EngineStats prefill;  // right after the prefill
   runtime::EngineStats stats;    // at the end
+  std::vector<int32_t> tokens;  // the generated ids (the end-of-generation token excluded)
   int64_t generated = 0;
   bool context_full = false;  // generation stopped because the context limit was reached
+  std::string finish_reason = "length";  // "stop" (end-of-generation token), "length" (-n), "context" (full)
   double peak_gb = -1;  // GPU: peak device memory in use
   std::string stream_summary;  // streaming memory: what it held at the end
   std::string needle_recall;   // streaming with --needle: was the needle's block retrieved
@@ -140,16 +169,16 @@ class StreamTrace {
 };
 
 Outcome generate_with(runtime::SequenceEngine& engine, const Session& s, const RunOptions& o, const std::string& spec,
-                      const std::vector<int32_t>& prompt, bool stream, const std::vector<int32_t>& needle_tokens) {
+                      const std::vector<int32_t>& prompt, Echo echo, const std::vector<int32_t>& needle_tokens) {
   runtime::GenerateOptions g;
   g.max_new_tokens = o.max_tokens;
   g.sampling = o.sampling;
   g.stop_tokens = s.tokenizer->special().end_of_generation;
-  ProgressBar bar("prefill " + spec, o.progress || isatty(STDERR_FILENO));
+  ProgressBar bar("prefill " + spec, o.progress || (isatty(STDERR_FILENO) && !o.quiet && !o.json));
   model::StreamingDecoder decoder(*s.tokenizer, {.skip_special = true});
   Outcome out;
   bool first = true;
-  StreamTrace trace(stream ? o.stream_trace : std::string());
+  StreamTrace trace(o.stream_trace);
   const auto streaming = [&engine] { return engine.streaming(); };
   // Prefill with a progress bar, then sample token by token.
   std::vector<float> logits = engine.prefill(prompt, [&](int64_t done, int64_t total) {
@@ -165,22 +194,28 @@ Outcome generate_with(runtime::SequenceEngine& engine, const Session& s, const R
   sampler.set_prompt(prompt);  // the repetition penalty counts the prompt
   // Every sampled token comes from fresh logits: a token is sampled from the logits of the position before it and
   // then decoded (appended) so that the next one can be sampled. When the context is full no token can be
-  // appended: the last sample is the last token, and the run says it stopped at the limit.
-  for (int i = 0; i < g.max_new_tokens; ++i) {
+  // appended: the last sample is the last token, and the run says it stopped at the limit. -n -1: no budget.
+  const bool unlimited = g.max_new_tokens < 0;
+  for (int64_t i = 0; unlimited || i < g.max_new_tokens; ++i) {
     const int32_t t = sampler.sample(logits);
-    if (s.tokenizer->is_end_of_generation(t)) break;
+    if (s.tokenizer->is_end_of_generation(t)) {
+      out.finish_reason = "stop";
+      break;
+    }
     const std::string piece = decoder.push(t);
     out.text += piece;
+    out.tokens.push_back(t);
     ++out.generated;
-    if (stream) {
-      if (first) std::printf("answer: ");
+    if (echo != Echo::None) {
+      if (first && echo == Echo::Labeled) std::printf("answer: ");
       first = false;
       std::fputs(piece.c_str(), stdout);
       std::fflush(stdout);
     }
-    if (i + 1 == g.max_new_tokens) break;
+    if (!unlimited && i + 1 == g.max_new_tokens) break;
     if (engine.position() >= engine.max_context()) {
       out.context_full = true;
+      out.finish_reason = "context";
       break;
     }
     logits = engine.decode(t);
@@ -189,14 +224,16 @@ Outcome generate_with(runtime::SequenceEngine& engine, const Session& s, const R
   trace.finish(o.stream_trace);
   const std::string rest = decoder.flush();
   out.text += rest;
-  if (stream) {
-    if (first) std::printf("answer: ");
+  if (echo != Echo::None) {
+    if (first && echo == Echo::Labeled) std::printf("answer: ");
     std::printf("%s\n", rest.c_str());
-    if (out.context_full)
-      std::printf("(generation stopped at the context limit of %s tokens after %lld tokens; raise --max-context to "
-                  "generate more)\n",
-                  with_commas(engine.max_context()).c_str(), static_cast<long long>(out.generated));
+    std::fflush(stdout);
   }
+  if (out.context_full && echo != Echo::None)  // --quiet: stdout holds only the text
+    std::fprintf(echo == Echo::Raw ? stderr : stdout,
+                 "(generation stopped at the context limit of %s tokens after %lld tokens; raise --max-context to "
+                 "generate more)\n",
+                 with_commas(engine.max_context()).c_str(), static_cast<long long>(out.generated));
   out.stats = engine.stats();
   if (engine.peak_device_bytes() >= 0) out.peak_gb = engine.peak_device_bytes() / 1e9;
   if (engine.streaming() != nullptr) out.stream_summary = stream_summary(*engine.streaming());
@@ -204,7 +241,7 @@ Outcome generate_with(runtime::SequenceEngine& engine, const Session& s, const R
 }
 
 Outcome generate_once(const Session& s, const runtime::Device& d, const RunOptions& o, const std::string& spec,
-                      const std::vector<int32_t>& prompt, bool stream, const std::vector<int32_t>& needle_tokens = {}) {
+                      const std::vector<int32_t>& prompt, Echo echo, const std::vector<int32_t>& needle_tokens = {}) {
   const std::string method = stream_method_of(spec);
   runtime::EngineOptions eo;
   eo.max_context = o.max_context;
@@ -219,7 +256,7 @@ Outcome generate_once(const Session& s, const runtime::Device& d, const RunOptio
     eo.gpu.fp8_gemm = gemm_fp8(o.cuda);
   }
   const std::unique_ptr<runtime::SequenceEngine> engine = d.engine(eo);
-  return generate_with(*engine, s, o, spec, prompt, stream, needle_tokens);
+  return generate_with(*engine, s, o, spec, prompt, echo, needle_tokens);
 }
 
 void print_stats(const std::string& spec, const Outcome& r, int64_t prompt_tokens) {
@@ -233,27 +270,68 @@ void print_stats(const std::string& spec, const Outcome& r, int64_t prompt_token
   if (!r.needle_recall.empty()) std::printf("[%s] %s\n", spec.c_str(), r.needle_recall.c_str());
 }
 
+// One run as --json writes it (docs/cli.md#json-output).
+nlohmann::json run_json(const std::string& spec, const Outcome& r, int64_t prompt_tokens) {
+  const auto& p = r.prefill;
+  const double decode_s = r.stats.decode_seconds - r.prefill.decode_seconds;
+  nlohmann::json j = {
+      {"attn", spec},
+      {"text", r.text},
+      {"tokens", r.tokens},
+      {"prompt_tokens", prompt_tokens},
+      {"generated_tokens", r.generated},
+      {"finish_reason", r.finish_reason},
+      {"timings",
+       {{"prefill_s", p.prefill_seconds},
+        {"prefill_tokens_per_s", p.prefill_tokens_per_second()},
+        {"prefill_attention_s", p.attention_seconds},
+        {"prefill_gemm_s", p.gemm_seconds},
+        {"decode_s", decode_s},
+        {"decode_tokens", r.stats.decode_tokens - p.decode_tokens},
+        {"decode_tokens_per_s", decode_s > 0 ? static_cast<double>(r.stats.decode_tokens - p.decode_tokens) / decode_s : 0.0}}},
+  };
+  if (r.peak_gb >= 0) j["peak_device_gb"] = r.peak_gb;
+  if (!r.stream_summary.empty()) j["stream"] = r.stream_summary;
+  if (!r.needle_recall.empty()) j["needle_recall"] = r.needle_recall;
+  return j;
+}
+
+// stdout as --json writes it: one line, text that is not valid UTF-8 replaced (U+FFFD).
+void print_json(const nlohmann::json& j) {
+  std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int run_command(const RunOptions& o) {
   check_run_options(o);
   if (o.needle_tokens > 0) {
-    check(o.prompt.empty() && o.prompt_file.empty(), "--needle replaces --prompt and --prompt-file");
-    check(o.needle_depth >= 0 && o.needle_depth <= 1, "--needle-depth must be in [0, 1]");
+    usage_check(o.prompt.empty() && o.prompt_file.empty(), "--needle replaces --prompt and --prompt-file");
+    usage_check(o.needle_depth >= 0 && o.needle_depth <= 1, "--needle-depth must be in [0, 1]");
   }
-  std::string text = o.prompt;
-  if (!o.prompt_file.empty()) text = read_prompt_file(o.prompt_file);
-  check(!text.empty() || o.needle_tokens > 0, "no prompt: pass --prompt TEXT, --prompt-file FILE or --needle TOKENS");
+  usage_check(!o.prompt.empty() || !o.prompt_file.empty() || o.needle_tokens > 0,
+              "no prompt: pass --prompt TEXT, --prompt-file FILE (- for standard input) or --needle TOKENS");
+  const std::string text = read_prompt(o.prompt, o.prompt_file);
+  const std::string what = o.prompt_file.empty() ? std::string("the prompt")
+                           : o.prompt_file == "-" ? std::string("standard input (-f -)")
+                                                  : o.prompt_file;
+  check(!text.empty() || o.needle_tokens > 0, what + " is empty: nothing to run");
+  // --quiet and --json: stdout holds the text alone or the JSON object; no progress bar unless --progress.
+  const bool plain = !o.quiet && !o.json;
   const double t0 = now_seconds();
   const Session s = Session::open(o.model);
   const auto& c = s.model->config();
-  std::printf("model: %s (%s, %d layers, %d/%d heads, head dim %d, context %s) loaded in %.1f s\n", c.name.c_str(),
-              std::string(runtime::architecture_name(c.arch)).c_str(), c.num_layers, c.num_q_heads, c.num_kv_heads,
-              c.head_dim, with_commas(c.context_length).c_str(), now_seconds() - t0);
+  const double load_seconds = now_seconds() - t0;
+  if (plain)
+    std::printf("model: %s (%s, %d layers, %d/%d heads, head dim %d, context %s) loaded in %.1f s\n", c.name.c_str(),
+                std::string(runtime::architecture_name(c.arch)).c_str(), c.num_layers, c.num_q_heads, c.num_kv_heads,
+                c.head_dim, with_commas(c.context_length).c_str(), load_seconds);
+  if (plain) std::printf("weights: %s\n", s.model->weights().summary().c_str());
   const bool gpu = use_gpu_device_for(o.device, o.stream);
   (void)cuda_attention_options(o.cuda, gpu);  // flags for the GPU on a CPU run: an error before any work
   const std::unique_ptr<runtime::Device> device = runtime::open_device(gpu ? "cuda" : "cpu", *s.model);
-  std::printf("device: %s\n", device->description().c_str());
+  if (plain) std::printf("device: %s\n", device->description().c_str());
   std::optional<eval::TaskCase> needle;
   std::vector<int32_t> prompt;
   if (o.needle_tokens > 0) {
@@ -269,12 +347,13 @@ int run_command(const RunOptions& o) {
     prompt = s.encode_prompt(eval::user_prompt(*needle), o.chat, o.system);
     const auto prefix = s.tokenizer->encode((o.chat ? "" : " ") + needle->answer_prefix, {.add_special = false});
     prompt.insert(prompt.end(), prefix.begin(), prefix.end());
-    std::printf("needle: haystack %s, depth %.0f%%, expected answer %s\n", hay.name.c_str(), 100 * o.needle_depth,
-                needle->answers.front().c_str());
+    if (plain)
+      std::printf("needle: haystack %s, depth %.0f%%, expected answer %s\n", hay.name.c_str(), 100 * o.needle_depth,
+                  needle->answers.front().c_str());
   } else {
     if (o.stream.methods.empty() || o.max_context > 0)  // streaming has no context limit but --max-context
       check_prompt_text_fits(s, text.size(), o.max_context > 0 ? o.max_context : c.context_length,
-                             o.prompt_file.empty() ? "the prompt" : o.prompt_file);
+                             what);
     prompt = s.encode_prompt(text, o.chat, o.system);
   }
   std::vector<int32_t> needle_tokens;  // the needle's value as the prompt holds it (streaming reports its block)
@@ -283,36 +362,64 @@ int run_command(const RunOptions& o) {
       needle_tokens = s.tokenizer->encode(value, {.add_special = false});
       if (plan::find_tokens(prompt, needle_tokens) >= 0) break;
     }
-  std::printf("prompt: %s tokens\n", with_commas(static_cast<int64_t>(prompt.size())).c_str());
+  if (plain) std::printf("prompt: %s tokens\n", with_commas(static_cast<int64_t>(prompt.size())).c_str());
   std::fflush(stdout);
   const std::string spec = o.stream.methods.empty() ? o.attn : stream_label(o.stream.methods.front());
+  const auto prompt_tokens = static_cast<int64_t>(prompt.size());
+  nlohmann::json head = {{"model", c.name}, {"device", device->description()}, {"prompt_tokens", prompt_tokens},
+                         {"load_s", load_seconds}};
+  if (needle) head["needle"] = {{"expected", needle->answers.front()}};
+  const auto needle_found = [&](const Outcome& out) {
+    return eval::score_output(needle->metric, out.text, needle->answers).pass;
+  };
+  const Echo echo = o.json ? Echo::None : o.quiet ? Echo::Raw : Echo::Labeled;
   if (!o.compare) {
-    const Outcome r = generate_once(s, *device, o, spec, prompt, /*stream=*/true, needle_tokens);
+    const Outcome r = generate_once(s, *device, o, spec, prompt, echo, needle_tokens);
+    if (o.json) {
+      nlohmann::json j = head;
+      j.update(run_json(spec, r, prompt_tokens));
+      if (needle) j["needle"]["found"] = needle_found(r);
+      print_json(j);
+      return 0;
+    }
+    if (o.quiet) return 0;
     print_stats(spec, r, static_cast<int64_t>(prompt.size()));
     if (needle) {
-      std::printf("needle %s\n", eval::score_output(needle->metric, r.text, needle->answers).pass ? "found" : "NOT found");
+      std::printf("needle %s\n", needle_found(r) ? "found" : "NOT found");
     }
     return 0;
   }
-  std::printf("\n== dense ==\n");
+  if (plain) std::printf("\n== dense ==\n");
   std::fflush(stdout);
-  const Outcome dense = generate_once(s, *device, o, "dense", prompt, true);
-  print_stats("dense", dense, static_cast<int64_t>(prompt.size()));
-  std::printf("\n== %s ==\n", spec.c_str());
+  const Outcome dense = generate_once(s, *device, o, "dense", prompt, echo);
+  if (plain) print_stats("dense", dense, static_cast<int64_t>(prompt.size()));
+  if (plain) std::printf("\n== %s ==\n", spec.c_str());
   std::fflush(stdout);
-  const Outcome sparse = generate_once(s, *device, o, spec, prompt, true, needle_tokens);
+  const Outcome sparse = generate_once(s, *device, o, spec, prompt, echo, needle_tokens);
+  const double speedup = dense.prefill.prefill_seconds / sparse.prefill.prefill_seconds;
+  const double attention_speedup =
+      sparse.prefill.attention_seconds > 0 ? dense.prefill.attention_seconds / sparse.prefill.attention_seconds : 0.0;
+  if (o.json) {
+    nlohmann::json j = head;
+    j["runs"] = {run_json("dense", dense, prompt_tokens), run_json(spec, sparse, prompt_tokens)};
+    if (needle) {
+      j["runs"][0]["needle_found"] = needle_found(dense);
+      j["runs"][1]["needle_found"] = needle_found(sparse);
+    }
+    j["prefill_speedup"] = speedup;
+    j["attention_speedup"] = attention_speedup;
+    j["answers_identical"] = dense.text == sparse.text;
+    print_json(j);
+    return 0;
+  }
   print_stats(spec, sparse, static_cast<int64_t>(prompt.size()));
   if (needle) {
-    auto found = [&](const Outcome& out) {
-      return eval::score_output(needle->metric, out.text, needle->answers).pass ? "found" : "NOT found";
-    };
+    auto found = [&](const Outcome& out) { return needle_found(out) ? "found" : "NOT found"; };
     std::printf("\nneedle (%s): dense %s, %s %s\n", needle->answers.front().c_str(), found(dense), spec.c_str(),
                 found(sparse));
   }
   std::printf("\nprefill speedup of %s over dense: %.2fx (attention alone: %.2fx); answers %s\n", spec.c_str(),
-              dense.prefill.prefill_seconds / sparse.prefill.prefill_seconds,
-              sparse.prefill.attention_seconds > 0 ? dense.prefill.attention_seconds / sparse.prefill.attention_seconds : 0.0,
-              dense.text == sparse.text ? "identical" : "differ");
+              speedup, attention_speedup, dense.text == sparse.text ? "identical" : "differ");
   return 0;
 }
 

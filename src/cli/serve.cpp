@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "cli/session.h"
+#include "cli/usage.h"
 #include "core/error.h"
 #ifdef TESSERA_WITH_SERVER
 #include "server/engine_slot.h"
@@ -203,21 +204,21 @@ int serve_tensor_parallel(const ServeOptions& o, const Session& s, server::Serve
 }  // namespace
 
 int serve_command(const ServeOptions& o) {
-  check(o.parallel >= 1, "--parallel must be at least 1, got " + std::to_string(o.parallel));
-  check(o.queue >= 0, "--queue must not be negative, got " + std::to_string(o.queue));
-  check(o.timeout > 0, "--timeout must be positive");
-  check(o.max_body_mb > 0, "--max-body must be positive");
-  check(o.port >= 0 && o.port <= 65535, "--port must be in [0, 65535], got " + std::to_string(o.port));
-  check(o.gpus == 1 || o.parallel == 1,
-        "--gpus " + std::to_string(o.gpus) + " serves one request at a time: drop --parallel (the batched engine "
-        "has no tensor-parallel backend yet)");
-  check(o.gpus == 1 || o.device != "cpu", "--gpus runs on GPUs: drop --device cpu");
+  usage_check(o.parallel >= 1, "--parallel must be at least 1, got " + std::to_string(o.parallel));
+  usage_check(o.queue >= 0, "--queue must not be negative, got " + std::to_string(o.queue));
+  usage_check(o.timeout > 0, "--timeout must be positive");
+  usage_check(o.max_body_mb > 0, "--max-body must be positive");
+  usage_check(o.port >= 0 && o.port <= 65535, "--port must be in [0, 65535], got " + std::to_string(o.port));
+  usage_check(o.gpus == 1 || o.parallel == 1,
+              "--gpus " + std::to_string(o.gpus) + " serves one request at a time: drop --parallel (the batched engine "
+                  "has no tensor-parallel backend yet)");
+  usage_check(o.gpus == 1 || o.device != "cpu", "--gpus runs on GPUs: drop --device cpu");
   const bool streaming = !o.stream.methods.empty();
-  check(!streaming || o.gpus == 1,
-        "--stream serves on one GPU or the CPU: drop --gpus (the tensor-parallel engine has no streaming memory yet)");
-  check(!streaming || o.attn == "dense",
-        "--stream cannot be combined with --attn " + o.attn +
-            ": streaming memory attends densely within its own layout (docs/streaming.md)");
+  usage_check(!streaming || o.gpus == 1,
+              "--stream serves on one GPU or the CPU: drop --gpus (the tensor-parallel engine has no streaming memory yet)");
+  usage_check(!streaming || o.attn == "dense",
+              "--stream cannot be combined with --attn " + o.attn +
+                  ": streaming memory attends densely within its own layout (docs/streaming.md)");
   // --gpus forks one process per GPU: this process must not touch CUDA first (use_gpu_device would).
   const bool gpu = o.gpus == 1 && use_gpu_device(o.device);
   (void)cuda_attention_options(o.cuda, o.gpus > 1 || gpu);

@@ -18,10 +18,12 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-Session Session::open(const std::string& path) {
-  Session s;
-  s.model = runtime::Model::load(path);
-  const model::ModelFile& file = s.model->file();
+namespace {
+
+// The tokenizer and chat format of a model file (GGUF metadata, or tokenizer.json beside HF weights).
+void read_tokenizer(Session& s, const model::ModelFile& file, const runtime::ModelConfig& config,
+                    const std::string& path) {
+  s.model_name = config.name;
   if (file.format() == model::FileFormat::GGUF) {
     s.tokenizer = model::Tokenizer::from_gguf(file.metadata());
     try {
@@ -52,7 +54,7 @@ Session Session::open(const std::string& path) {
     if (template_text.empty()) s.no_chat_reason = "its tokenizer_config.json has no chat_template (a base model?)";
     try {
       s.chat = model::ChatTemplate::detect(template_text,
-                                           runtime::architecture_name(s.model->config().arch), vocab, options);
+                                           runtime::architecture_name(config.arch), vocab, options);
     } catch (const Error&) {
       s.chat.reset();
     }
@@ -64,15 +66,31 @@ Session Session::open(const std::string& path) {
   }
   if (!s.chat && s.no_chat_reason.empty())
     s.no_chat_reason = "its chat template is not one tessera formats (ChatML, Llama-3, Gemma, Mistral)";
+}
+
+}  // namespace
+
+Session Session::open(const std::string& path) {
+  Session s;
+  s.model = runtime::Model::load(path);
+  read_tokenizer(s, s.model->file(), s.model->config(), path);
+  return s;
+}
+
+Session Session::open_tokenizer(const std::string& path) {
+  Session s;
+  const std::unique_ptr<model::ModelFile> file = model::ModelFile::open(path);
+  read_tokenizer(s, *file, runtime::load_model_config(*file), path);
   return s;
 }
 
 void Session::require_chat() const {
-  check(chat.has_value(), "model " + model->config().name + " has no chat template tessera can use: " +
+  check(chat.has_value(), "model " + model_name + " has no chat template tessera can use: " +
                               no_chat_reason + "; run without --chat");
 }
 
 attn::AttentionPolicy Session::policy(const std::string& spec) const {
+  check(model != nullptr, "this session holds no model weights (Session::open_tokenizer)");
   const auto& c = model->config();
   if (spec == "dense") return {};
   return attn::policy_from_spec(spec, attn::PolicyShape{c.num_layers, c.num_q_heads, c.num_kv_heads});
@@ -94,7 +112,7 @@ void check_prompt_text_fits(const Session& s, size_t bytes, int64_t max_context,
   const auto at_least = static_cast<int64_t>((bytes + longest - 1) / longest);
   check(at_least <= max_context,
         what + " holds " + with_commas(static_cast<int64_t>(bytes)) + " bytes of text: at least " + with_commas(at_least) +
-            " tokens (no token of model " + s.model->config().name + " covers more than " + std::to_string(longest) +
+            " tokens (no token of model " + s.model_name + " covers more than " + std::to_string(longest) +
             " bytes), over the context limit of " + with_commas(max_context) +
             " tokens; shorten the prompt or pass a larger --max-context");
 }

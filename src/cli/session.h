@@ -15,13 +15,16 @@
 namespace tessera::cli {
 
 struct Session {
-  std::unique_ptr<runtime::Model> model;
+  std::unique_ptr<runtime::Model> model;    // null after open_tokenizer
+  std::string model_name;                   // the model's name (its config's)
   std::unique_ptr<model::Tokenizer> tokenizer;
   std::optional<model::ChatTemplate> chat;  // the model's own chat template; absent when it has none tessera reads
   std::string no_chat_reason;               // why `chat` is absent ("" when present)
 
   // Loads the model file and its tokenizer (GGUF metadata, or tokenizer.json beside HF weights).
   static Session open(const std::string& path);
+  // The tokenizer and chat format only, without loading the weights (`tessera tokenize`): `model` stays null.
+  static Session open_tokenizer(const std::string& path);
 
   // The policy named by `spec` (presets.h) for this model's shape; "dense" gives an empty table.
   attn::AttentionPolicy policy(const std::string& spec) const;
