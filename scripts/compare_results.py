@@ -47,11 +47,12 @@ def main():
     ap.add_argument("--key")
     ap.add_argument("--value")
     ap.add_argument("--title")
-    args, rest = ap.parse_known_args()
-    files = args.files + rest
-    if "--" in files:
-        i = files.index("--")
-        old_files, new_files = files[:i], files[i + 1:]
+    argv = sys.argv[1:]
+    split = argv.index("--") if "--" in argv else None  # argparse would swallow the separator
+    args = ap.parse_args(argv[:split] if split is not None else argv)
+    files = args.files
+    if split is not None:
+        old_files, new_files = files, [a for a in argv[split + 1:]]
     elif len(files) == 2:
         old_files, new_files = files[:1], files[1:]
     else:

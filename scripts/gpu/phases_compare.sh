@@ -11,7 +11,8 @@
 #            test    the new tree's GPU test programs, one process each, side by side (TESTS; oom_serial_test after)
 #            bench   ROUNDS (2) rounds alternating old / new of each of PAIRS (default "attn ttft"):
 #                    attn    attention_gpu_bench (ATTN_ARGS; default model inputs, 32K and 128K, five patterns)
-#                    ttft    ttft_bench at 128K, local weights, dense / VS / TriangleMix+VS / adaptive VS (TTFT_ARGS)
+#                    ttft    ttft_bench at 128K, local weights (TTFT_ARGS), TTFT_POLICIES (dense / VS / TriangleMix+VS /
+#                            A-shape; recipe: adaptive VS instead of A-shape)
 #                    decode  decode_bench 32K / 128K, batch 1 / 8 (DECODE_ARGS)
 #                    stream  stream_bench 128K, dense and streamingllm, STREAM_DECODE (32) decode steps
 #                    then one table per pair (scripts/compare_results.py: medians, new / old)
@@ -114,12 +115,12 @@ pair() {
 
 cmp_bench() {
   local p
-  nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu --format=csv,noheader | tee -a "$SUMMARY"
+  gpu_line | tee -a "$SUMMARY"
   for p in ${PAIRS:-attn ttft}; do
     case $p in
       attn) pair attn attention_gpu_bench ${ATTN_ARGS:---inputs model --seq 32768,131072 --patterns dense,vs,bs,ashape,triangle --kernel auto --reps 5} ;;
       ttft) pair ttft ttft_bench ${TTFT_ARGS:---seq 131072 --weights local --reps 1} --policies \
-        "dense;vs:v=1000,s=6096;trianglemix:start=16,inner=vs,v=1000,s=6096,sink=64,local=512,last=64;vs_adaptive:gamma=0.9" ;;
+        "${TTFT_POLICIES:-dense;vs:v=1000,s=6096;trianglemix:start=16,inner=vs,v=1000,s=6096,sink=64,local=512,last=64;ashape:sink=128,local=4096}" ;;
       decode) pair decode decode_bench ${DECODE_ARGS:---ctx 32768,131072 --batch 1,8 --steps 20} ;;
       stream) pair stream stream_bench --seq 131072 --methods streamingllm --dense 131072 --decode "${STREAM_DECODE:-32}" ;;
       *) say "compare: PAIRS has $p, not one of attn ttft decode stream" ;;
@@ -172,5 +173,7 @@ phase_compare() {
 }
 
 phase_recipe() {
-  PAIRS=${PAIRS:-decode stream ttft} STREAM_DECODE=${STREAM_DECODE:-128} ROUNDS=${ROUNDS:-1} phase_compare
+  PAIRS=${PAIRS:-decode stream ttft} STREAM_DECODE=${STREAM_DECODE:-128} ROUNDS=${ROUNDS:-1} \
+    TTFT_POLICIES=${TTFT_POLICIES:-dense;vs:v=1000,s=6096;trianglemix:start=16,inner=vs,v=1000,s=6096,sink=64,local=512,last=64;vs_adaptive:gamma=0.9} \
+    phase_compare
 }
