@@ -20,6 +20,7 @@
 #include <cuda_runtime.h>
 
 #include "parallel/cuda/collective.h"
+#include "parallel/cuda/rank_gpu.h"
 #include "parallel/cuda/tp_device_model.h"
 #include "parallel/cuda/tp_gpu_forward.h"
 #include "runtime/cuda/gemm.h"
@@ -63,13 +64,10 @@ int bench_tp_command(const BenchOptions& o) {
               c.summary().c_str(), world);
   std::fflush(stdout);
 
-  auto body = [&](const parallel::RankEnv& env) -> int {
-    parallel::select_rank_device(env);
-    std::unique_ptr<parallel::Collective> comm = parallel::make_nccl_collective(env);
-    cudaStream_t stream;
-    cudaStreamCreate(&stream);
+  return parallel::run_gpu_ranks(o.gpus, [&](const parallel::RankEnv& env, parallel::RankGpu& g) -> int {
+    parallel::Collective* comm = &g.comm;
+    cudaStream_t stream = g.stream;
     {
-      runtime::gpu::Gemm gemm(stream);
       if (env.rank == 0)
         std::printf(
             "\n| depth | policy | prefill (s) | tok/s | vs dense | decode tok/s "
@@ -81,7 +79,7 @@ int bench_tp_command(const BenchOptions& o) {
           auto model = parallel::TpDeviceModel::upload(*s.model, parallel::rank_plan(c, p, env.rank));
           parallel::TpForwardOptions fo;
           fo.cuda_attention = cuda_attention_options(o.cuda, true);
-          parallel::TpGpuForward fwd(*model, *comm, fo, stream, gemm);
+          parallel::TpGpuForward fwd(*model, g.comm, fo, stream, g.gemm);
           fwd.reserve(depth + o.decode_tokens);
           const std::span<const int32_t> prompt(tokens.data(), static_cast<size_t>(depth));
           const attn::AttentionPolicy* policy = &policies.at(spec);
@@ -112,10 +110,8 @@ int bench_tp_command(const BenchOptions& o) {
         }
       }
     }
-    cudaStreamDestroy(stream);
     return 0;
-  };
-  return parallel::run_ranks(o.gpus, body);
+  });
 #endif
 }
 

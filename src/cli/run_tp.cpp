@@ -19,6 +19,7 @@
 #include <cuda_runtime.h>
 
 #include "parallel/cuda/collective.h"
+#include "parallel/cuda/rank_gpu.h"
 #include "parallel/cuda/tp_device_model.h"
 #include "parallel/cuda/tp_gpu_forward.h"
 #include "runtime/sampling.h"
@@ -75,18 +76,15 @@ int run_tp_command(const RunOptions& o) {
         parallel::PlacementMethod::kGenetic);
   }
   const int32_t capacity = static_cast<int32_t>(prompt.size()) + o.max_tokens;
-  auto body = [&](const parallel::RankEnv& env) -> int {
-    parallel::select_rank_device(env);
-    std::unique_ptr<parallel::Collective> comm = parallel::make_nccl_collective(env);
-    cudaStream_t stream;
-    cudaStreamCreate(&stream);
+  return parallel::run_gpu_ranks(o.gpus, [&](const parallel::RankEnv& env, parallel::RankGpu& g) -> int {
+    parallel::Collective* comm = &g.comm;
+    cudaStream_t stream = g.stream;
     {
-      runtime::gpu::Gemm gemm(stream);
       const double t0 = now_seconds();
       auto model = parallel::TpDeviceModel::upload(*s.model, parallel::rank_plan(c, placement, env.rank));
       parallel::TpForwardOptions fo;
       fo.cuda_attention = cuda_attention_options(o.cuda, true);
-      parallel::TpGpuForward fwd(*model, *comm, fo, stream, gemm);
+      parallel::TpGpuForward fwd(*model, g.comm, fo, stream, g.gemm);
       fwd.reserve(capacity);
       if (env.rank == 0)
         std::printf(
@@ -119,10 +117,8 @@ int run_tp_command(const RunOptions& o) {
             decode > 0 ? static_cast<double>(out.size()) / decode : 0.0);
       }
     }
-    cudaStreamDestroy(stream);
     return 0;
-  };
-  return parallel::run_ranks(o.gpus, body);
+  });
 #endif
 }
 

@@ -28,6 +28,7 @@
 #ifdef TESSERA_WITH_TP
 #include "cuda/cuda_check.h"
 #include "parallel/cuda/collective.h"
+#include "parallel/cuda/rank_gpu.h"
 #include "parallel/cuda/tp_device_model.h"
 #include "parallel/cuda/tp_gpu_forward.h"
 #include "parallel/cuda/tp_service_cuda.h"
@@ -155,18 +156,16 @@ int serve_tensor_parallel(const ServeOptions& o, const Session& s, server::Serve
                                          : default_policy,
                                      context, c.hidden_size, c.head_dim, world, parallel::PlacementMethod::kGenetic);
   const attn::PolicyShape shape{c.num_layers, c.num_q_heads, c.num_kv_heads};
-  return parallel::run_ranks(o.gpus, [&](const parallel::RankEnv& env) -> int {
-    const int dev = parallel::select_rank_device(env);
-    std::unique_ptr<parallel::Collective> comm = parallel::make_nccl_collective(env);
-    cudaStream_t stream;
-    TESSERA_CUDA_CHECK(cudaStreamCreate(&stream));
+  return parallel::run_gpu_ranks(o.gpus, [&](const parallel::RankEnv& env, parallel::RankGpu& g) -> int {
+    const int dev = g.device;
+    parallel::Collective* comm = &g.comm;
+    cudaStream_t stream = g.stream;
     int rc = 0;
     {
-      runtime::gpu::Gemm gemm(stream);
       auto model = parallel::TpDeviceModel::upload(*s.model, parallel::rank_plan(c, *placement, env.rank));
       parallel::TpForwardOptions fo;
       fo.cuda_attention = cuda_attention_options(o.cuda, true);
-      parallel::TpGpuForward fwd(*model, *comm, fo, stream, gemm);
+      parallel::TpGpuForward fwd(*model, g.comm, fo, stream, g.gemm);
       parallel::TpRankForward forward(fwd, dev, context);
       parallel::NcclCommandChannel channel(*comm, stream, dev);
       if (env.rank != 0) {
@@ -196,7 +195,6 @@ int serve_tensor_parallel(const ServeOptions& o, const Session& s, server::Serve
         leader.quit();
       }
     }
-    cudaStreamDestroy(stream);
     return rc;
   });
 #endif
