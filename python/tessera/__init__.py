@@ -33,6 +33,15 @@ _Message = _Mapping[str, str]
 _Prompt = _Union[str, _Sequence[int], _Sequence[_Message]]
 
 
+def _bias_list(logit_bias) -> list[tuple[int, float]]:
+    """{token id: bias} (ids as ints or integer strings, as OpenAI's logit_bias) -> [(id, bias)]."""
+    if logit_bias is None:
+        return []
+    if not isinstance(logit_bias, _Mapping):
+        raise TypeError("logit_bias must be a mapping of token ids to biases")
+    return [(int(k), float(v)) for k, v in logit_bias.items()]
+
+
 class Engine:
     """One sequence's inference over a loaded model: chunked prefill under an attention policy, then decode.
 
@@ -70,7 +79,9 @@ class Engine:
 
     def generate(self, prompt: _Prompt, *, max_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0, stream: bool = False, chat: bool | None = None,
-                 system: str | None = None, stop: str | _Sequence[str] | None = None) -> _Union[str, Generation]:
+                 system: str | None = None, stop: str | _Sequence[str] | None = None, min_p: float = 0.0,
+                 repetition_penalty: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+                 logit_bias: _Mapping[int, float] | None = None) -> _Union[str, Generation]:
         """Generates a reply to ``prompt`` (a new sequence each call).
 
         ``prompt``: text (plain, or one chat user turn with ``chat=True`` and an optional ``system`` message), a
@@ -78,6 +89,11 @@ class Engine:
         Sampling: ``temperature`` 0 is greedy; otherwise top-k (0: off), then top-p (1: off), drawn from a
         generator seeded with ``seed`` (same seed, same text). Generation ends at an end-of-turn token, after
         ``max_tokens`` tokens (-1: no limit), at the context limit, or at a stop sequence.
+
+        Penalties and filters, as Hugging Face transformers' logits processors in its order (the server's fields of
+        the same names): ``logit_bias`` ({token id: bias}, added to the logits), ``repetition_penalty`` (> 0, 1: off;
+        over the prompt's and the reply's tokens), ``presence_penalty`` / ``frequency_penalty`` (0: off; OpenAI's,
+        over the reply's tokens), all of them greedy too; then, when sampling, ``min_p`` (0: off) after top-p.
 
         ``stop``: a string or a list of strings, as the server's (and OpenAI's) ``stop``: generation ends when one
         appears in the text, and the text returned is what precedes it (the sequence itself and anything after it
@@ -96,14 +112,17 @@ class Engine:
             if not all(isinstance(s, str) for s in stops):
                 raise TypeError("stop must be a string or a list of strings")
         ids = self.model.encode(prompt, chat=chat, system=system)
-        gen = self._engine.start(ids, max_tokens, temperature, top_k, top_p, seed, stops)
+        gen = self._engine.start(ids, max_tokens, temperature, top_k, top_p, seed, stops, min_p, repetition_penalty,
+                                 presence_penalty, frequency_penalty, _bias_list(logit_bias))
         if stream:
             return gen
         return "".join(gen)
 
     def generate_batch(self, prompts: _Sequence[_Prompt], *, max_tokens: int = 128, temperature: float = 0.0,
                        top_k: int = 0, top_p: float = 1.0, seed: int = 0, chat: bool | None = None,
-                       system: str | None = None, parallel: int = 0) -> list[str]:
+                       system: str | None = None, parallel: int = 0, min_p: float = 0.0,
+                       repetition_penalty: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+                       logit_bias: _Mapping[int, float] | None = None) -> list[str]:
         """Generates a reply to each of ``prompts`` at once, through the batched engine on this engine's device
         (continuous batching: up to ``parallel`` sequences run together, 0: all of them, at most 64; their decode
         steps are one batch), with this engine's policy, context and streaming options.
@@ -115,7 +134,9 @@ class Engine:
         if isinstance(prompts, (str, bytes)):
             raise TypeError("generate_batch takes a list of prompts; for one prompt use generate()")
         ids = [self.model.encode(p, chat=chat, system=system) for p in prompts]
-        return self._engine.generate_batch(ids, max_tokens, temperature, top_k, top_p, seed, parallel)
+        return self._engine.generate_batch(ids, max_tokens, temperature, top_k, top_p, seed, parallel, min_p,
+                                           repetition_penalty, presence_penalty, frequency_penalty,
+                                           _bias_list(logit_bias))
 
     def logits(self, ids: _Sequence[int]) -> list[float]:
         """Prefills ``ids`` as a new sequence and returns the last position's logits (a list of vocab floats)."""

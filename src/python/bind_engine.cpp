@@ -8,6 +8,7 @@
 // is released while the model runs.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -65,6 +66,21 @@ bool use_gpu(const std::string& device) {
   return true;
 }
 
+// The sampling keywords beyond temperature / top_k / top_p / seed (runtime/sampling.h: transformers' processors),
+// checked with the keywords' names; logit_bias ids against the vocabulary.
+void set_penalties(runtime::SamplingOptions& so, float min_p, float repetition_penalty, float presence_penalty,
+                   float frequency_penalty, const std::vector<std::pair<int32_t, float>>& logit_bias, int32_t vocab) {
+  so.min_p = min_p;
+  so.repetition_penalty = repetition_penalty;
+  so.presence_penalty = presence_penalty;
+  so.frequency_penalty = frequency_penalty;
+  so.logit_bias = logit_bias;
+  runtime::check_sampling_options(so);
+  for (const auto& [id, bias] : logit_bias)
+    check(id < vocab, "logit_bias: token id " + std::to_string(id) + " is outside the vocabulary of " +
+                          std::to_string(vocab) + " tokens");
+}
+
 class Generation {
  public:
   // max_tokens -1: until an end-of-generation token or the context limit. `stop`: stop sequences (the text before
@@ -78,6 +94,7 @@ class Generation {
         decoder_(*state_->session->tokenizer, {.skip_special = true}),
         stop_(std::move(stop)) {
     check(!prompt_.empty(), "generate: the prompt is empty");
+    sampler_.set_prompt(prompt_);  // the repetition penalty counts the prompt
     check(max_tokens_ >= -1, "generate: max_tokens must be >= 0, or -1 (until the end of the text or a full context), "
                              "got " + std::to_string(max_tokens_));
     std::lock_guard lock(state_->mutex);
@@ -350,7 +367,9 @@ void register_engine(nb::module_& m) {
       .def(
           "start",
           [](EngineHandle& e, std::vector<int32_t> prompt, int32_t max_tokens, float temperature,
-             int32_t top_k, float top_p, uint64_t seed, std::vector<std::string> stop) {
+             int32_t top_k, float top_p, uint64_t seed, std::vector<std::string> stop, float min_p,
+             float repetition_penalty, float presence_penalty, float frequency_penalty,
+             const std::vector<std::pair<int32_t, float>>& logit_bias) {
             for (const std::string& s : stop) check(!s.empty(), "generate: stop sequences must not be empty");
             runtime::SamplingOptions so;
             so.temperature = temperature;
@@ -358,6 +377,7 @@ void register_engine(nb::module_& m) {
             so.top_p = top_p;
             so.seed = seed;
             const int32_t vocab = e.state->session->tokenizer->vocab_size();
+            set_penalties(so, min_p, repetition_penalty, presence_penalty, frequency_penalty, logit_bias, vocab);
             for (size_t i = 0; i < prompt.size(); ++i)
               check(prompt[i] >= 0 && prompt[i] < vocab,
                     "prompt[" + std::to_string(i) + "] is token id " + std::to_string(prompt[i]) +
@@ -365,16 +385,22 @@ void register_engine(nb::module_& m) {
             return Generation(e.state, std::move(prompt), max_tokens, so, std::move(stop));
           },
           "prompt"_a, "max_tokens"_a, "temperature"_a, "top_k"_a, "top_p"_a, "seed"_a,
-          "stop"_a = std::vector<std::string>())
+          "stop"_a = std::vector<std::string>(), "min_p"_a = 0.0f, "repetition_penalty"_a = 1.0f,
+          "presence_penalty"_a = 0.0f, "frequency_penalty"_a = 0.0f,
+          "logit_bias"_a = std::vector<std::pair<int32_t, float>>())
       .def(
           "generate_batch",
           [](EngineHandle& e, const std::vector<std::vector<int32_t>>& prompts, int32_t max_tokens, float temperature,
-             int32_t top_k, float top_p, uint64_t seed, int32_t parallel) {
+             int32_t top_k, float top_p, uint64_t seed, int32_t parallel, float min_p, float repetition_penalty,
+             float presence_penalty, float frequency_penalty,
+             const std::vector<std::pair<int32_t, float>>& logit_bias) {
             runtime::SamplingOptions so;
             so.temperature = temperature;
             so.top_k = top_k;
             so.top_p = top_p;
             so.seed = seed;
+            set_penalties(so, min_p, repetition_penalty, presence_penalty, frequency_penalty, logit_bias,
+                          e.state->session->tokenizer->vocab_size());
             std::vector<std::string> texts;
             {
               nb::gil_scoped_release release;
@@ -388,7 +414,9 @@ void register_engine(nb::module_& m) {
             }
             return out;
           },
-          "prompts"_a, "max_tokens"_a, "temperature"_a, "top_k"_a, "top_p"_a, "seed"_a, "parallel"_a)
+          "prompts"_a, "max_tokens"_a, "temperature"_a, "top_k"_a, "top_p"_a, "seed"_a, "parallel"_a,
+          "min_p"_a = 0.0f, "repetition_penalty"_a = 1.0f, "presence_penalty"_a = 0.0f, "frequency_penalty"_a = 0.0f,
+          "logit_bias"_a = std::vector<std::pair<int32_t, float>>())
       .def(
           "logits",
           [](EngineHandle& e, const std::vector<int32_t>& ids) {
