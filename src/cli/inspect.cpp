@@ -25,6 +25,8 @@ int inspect_command(const InspectOptions& o) {
   std::printf("tensors: %zu, %s parameters;", f.tensors().size(), with_commas(params).c_str());
   for (const auto& [type, e] : by_type) std::printf(" %s x%d", type.c_str(), e.first);
   std::printf("\n");
+  // What the CPU keeps in memory: each group's type and bytes (model/weights.h).
+  std::printf("weights kept: %s\n", s.model->weights().summary().c_str());
   const auto& tok = *s.tokenizer;
   const auto& sp = tok.special();
   auto name = [&](int32_t id) {

@@ -15,6 +15,7 @@
 #include "cli/usage.h"
 #include "core/error.h"
 #include "core/memory_budget.h"
+#include "core/thread_pool.h"
 
 namespace {
 
@@ -31,8 +32,16 @@ void choose_openblas_core(char** argv) {
   execv("/proc/self/exe", argv);  // returns only on failure: then carry on with the library's own choice
 }
 
-// --device and the GPU's knobs (CudaAttentionFlags): run, bench and serve.
+// --threads: the size of the one CPU thread pool (ThreadPool::global); run, bench, serve and eval.
+void add_threads_option(CLI::App* app) {
+  app->add_option_function<int>("--threads", [](int n) { tessera::ThreadPool::set_global_threads(n); },
+                                "CPU threads (default: TESSERA_NUM_THREADS, else every hardware thread)")
+      ->check(CLI::Range(1, 4096));
+}
+
+// --device and the GPU's knobs (CudaAttentionFlags), and --threads: run, bench and serve.
 void add_device_options(CLI::App* app, std::string& device, tessera::cli::CudaAttentionFlags& f) {
+  add_threads_option(app);
   app->add_option("--device", device, "cpu, cuda or auto (cuda when a GPU is usable)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))->capture_default_str();
   app->add_option("--prefill-kernel", f.prefill_kernel,
@@ -167,6 +176,7 @@ int main(int argc, char** argv) {
 
   EvalOptions ev;
   auto* ec = app.add_subcommand("eval", "Accuracy: needle grids and RULER-style tasks, dense vs sparse on the same cases");
+  add_threads_option(ec);
   ec->add_option("-m,--model", ev.model, "Model file or folder")->required();
   ec->add_option("--tasks", ev.tasks,
                 "Tasks: niah_single, niah_multikey, niah_multivalue, passkey, variable_tracking, common_words, "
