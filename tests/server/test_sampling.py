@@ -5,6 +5,7 @@ chat and completions, streamed and not, echo with the prompt's log-probabilities
 local-completions sends), and n > 1. Two servers: the single-sequence engine (--parallel 1, which has the prompt's
 log-probabilities) and the batched engine (--parallel 2).
 """
+import json
 import math
 
 import openai
@@ -210,6 +211,15 @@ def tokenize_and_detokenize(s):
     m = c.post("/tokenize", body={"model": MODEL_ID, "messages": [{"role": "user", "content": "Hi"}]}, cast_to=object)
     r = chat(c, "Hi", max_tokens=1)
     assert m["count"] == r.usage.prompt_tokens
+    # What lm-evaluation-harness's remote tokenizer reads: /tokenizer_info, then /tokenize and /detokenize at the root.
+    status, _, body = s.single.request("GET", "/tokenizer_info")
+    info = json.loads(body)
+    assert status == 200 and info["eos_token"] == "<|im_end|>" and info["model_max_length"] == 8192, info
+    status, _, body = s.single.request("POST", "/tokenize", {"prompt": "test", "add_special_tokens": False})
+    assert status == 200 and json.loads(body)["tokens"] == \
+        c.post("/tokenize", body={"prompt": "test", "add_special_tokens": False}, cast_to=object)["tokens"]
+    status, _, body = s.single.request("POST", "/detokenize", {"tokens": t["tokens"]})
+    assert status == 200 and json.loads(body) == {"prompt": "Hello world"}, body
     try:
         c.post("/detokenize", body={"model": MODEL_ID, "tokens": [1, 99999]}, cast_to=object)
         raise AssertionError("no error")

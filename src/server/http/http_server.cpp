@@ -33,7 +33,7 @@ const char* endpoint_path(Endpoint e) { return e == Endpoint::Chat ? "/v1/chat/c
 // The label of a path in the metrics: the route, or "other" (so clients cannot add label values).
 std::string route_label(const std::string& path) {
   for (const char* p : {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/tokenize",
-                        "/detokenize", "/v1/tokenize", "/v1/detokenize"})
+                        "/detokenize", "/v1/tokenize", "/v1/detokenize", "/tokenizer_info"})
     if (path == p) return p;
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
   return "other";
@@ -351,6 +351,27 @@ struct HttpServer::Impl {
         }
       });
     }
+    // vLLM's /tokenizer_info (what lm-evaluation-harness's remote tokenizer reads before using /tokenize): the
+    // special tokens' text and the context; no chat template (tessera's are C++, not Jinja).
+    http.Get("/tokenizer_info", [this](const httplib::Request& q, httplib::Response& s) {
+      try {
+        check_auth(q);
+        const model::Tokenizer& tok = *model.tokenizer;
+        const auto piece = [&](int32_t id) { return id >= 0 ? json(tok.token_to_piece(id)) : json(nullptr); };
+        s.set_content(dump_json({{"tokenizer_class", "tessera"},
+                                 {"eos_token", piece(tok.special().eos)},
+                                 {"bos_token", piece(tok.special().bos)},
+                                 {"pad_token", piece(tok.special().pad)},
+                                 {"unk_token", piece(tok.special().unk)},
+                                 {"add_bos_token", tok.special().add_bos},
+                                 {"model_max_length", model.context_length},
+                                 {"vocab_size", tok.vocab_size()},
+                                 {"chat_template", nullptr}}),
+                      "application/json");
+      } catch (const ApiError& e) {
+        send_error(s, e);
+      }
+    });
     http.Get("/v1/models", [this](const httplib::Request& q, httplib::Response& s) {
       try {
         check_auth(q);
