@@ -1,6 +1,8 @@
 #include "model/model.h"
 
 #include <chrono>
+#include <cstdlib>
+#include <string_view>
 
 namespace tessera::runtime {
 
@@ -12,7 +14,10 @@ Model::Model(std::unique_ptr<model::ModelFile> file, ThreadPool* pool, const Wei
     : file_(std::move(file)) {
   const auto t0 = std::chrono::steady_clock::now();
   config_ = load_model_config(*file_);
-  weights_ = load_weights(*file_, config_, pool ? *pool : ThreadPool::global(), options);
+  WeightOptions o = options;
+  if (const char* env = std::getenv("TESSERA_WEIGHTS"); env != nullptr && std::string_view(env) == "f32")
+    o.expand_f32 = true;  // the f32 reference (comparisons of accuracy, memory and speed)
+  weights_ = load_weights(*file_, config_, pool ? *pool : ThreadPool::global(), o);
   load_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 

@@ -19,7 +19,8 @@ namespace tessera::runtime {
 class Model {
  public:
   // Opens `path` (model::ModelFile::open), reads the config and loads the weights. pool = nullptr uses
-  // ThreadPool::global(). Throws tessera::Error naming the file for every problem.
+  // ThreadPool::global(). TESSERA_WEIGHTS=f32 in the environment sets options.expand_f32 (every weight expanded to
+  // f32: the reference for accuracy and speed comparisons). Throws tessera::Error naming the file for every problem.
   static std::unique_ptr<Model> load(const std::string& path, ThreadPool* pool = nullptr,
                                      const WeightOptions& options = {});
   explicit Model(std::unique_ptr<model::ModelFile> file, ThreadPool* pool = nullptr,
