@@ -232,8 +232,13 @@ def test_engine_logits_equal_transformers_on_a_tiny_model(tiny_llama_dir):
     assert model.detokenize(model.tokenize("héllo")) == "héllo"
 
 
-def test_generate_batch_equals_generate_one_by_one(smollm2):
+def test_generate_batch_equals_generate_one_by_one(smollm2_path, monkeypatch):
     """Several prompts at once through the batched engine: each reply is generate()'s for that prompt alone."""
+    # The f32 expansion (TESSERA_WEIGHTS=f32): its products give a row the same result whatever the other rows of
+    # the step; the weights kept as stored do not yet (qmatmul's row kernels and panels sum in another order, and the
+    # int8 activations can turn that last bit into a step: docs/cpu_kernels.md).
+    monkeypatch.setenv("TESSERA_WEIGHTS", "f32")
+    smollm2 = tessera.Model.load(str(smollm2_path))
     prompts = [PROMPT, "Name a fruit.", [{"role": "user", "content": "Count to five."}], smollm2.tokenize("Once upon")]
     engine = tessera.Engine(smollm2, attn="ashape:sink=4,local=8")
     alone = [engine.generate(p, max_tokens=14) for p in prompts]
