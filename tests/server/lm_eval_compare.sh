@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# lm-evaluation-harness (PyPI lm-eval[api]) on the committed log-likelihood task tests/data/lm_eval (40 multiple-
+# choice sentences), twice: its `local-completions` model against `tessera serve --parallel 1` (echo + logprobs,
+# the server's tokenizer through /tokenizer_info, /tokenize, /detokenize), and its `hf` model on the same GGUF through
+# transformers (dequantized to f32). Prints both accuracies and the per-choice log-likelihood differences.
+#   tests/server/lm_eval_compare.sh BUILD/src/tessera [PYTHON]
+# PYTHON: one with lm-eval[api], gguf, accelerate, torch and transformers (a venv whose .pth adds
+# ~/.cache/tessera/pyenv's site-packages works: pip then installs only lm-eval's own dependencies).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+BIN=$1
+PY=${2:-python3}
+MODELS=${TESSERA_MODELS:-$HOME/.cache/tessera/models}
+GGUF=smollm2-135m-instruct-q4_1.gguf
+OUT=$(mktemp -d)
+PORT=${PORT:-18799}
+cd "$ROOT"
+LM_EVAL=("$PY" -m lm_eval --tasks tessera_tiny_mc --include_path tests/data/lm_eval --log_samples)
+"${LM_EVAL[@]}" --model hf --model_args "pretrained=$MODELS,gguf_file=$GGUF,dtype=float32" --device cpu \
+  --batch_size 8 --output_path "$OUT/hf" > "$OUT/hf.log" 2>&1 || { tail -20 "$OUT/hf.log"; exit 1; }
+"$BIN" serve -m "$MODELS/$GGUF" --port "$PORT" --device cpu --parallel 1 --quiet > "$OUT/serve.log" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null || true' EXIT
+for _ in $(seq 60); do curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break; sleep 1; done
+"${LM_EVAL[@]}" --model local-completions \
+  --model_args "base_url=http://127.0.0.1:$PORT/v1/completions,model=${GGUF%.gguf}" \
+  --output_path "$OUT/tessera" > "$OUT/tessera.log" 2>&1 || { tail -20 "$OUT/tessera.log"; exit 1; }
+"$PY" - "$OUT" <<'PY'
+import glob, json, sys
+out = sys.argv[1]
+def load(d):
+    return {s["doc_id"]: s for s in map(json.loads, open(glob.glob(f"{out}/{d}/*/samples_*.jsonl")[0]))}
+hf, ts = load("hf"), load("tessera")
+acc = lambda r: 100 * sum(s["acc"] for s in r.values()) / len(r)
+d = sorted(abs(float(a[0]) - float(b[0])) for k in hf
+           for a, b in zip(hf[k]["filtered_resps"], ts[k]["filtered_resps"]))
+print(f"lm-eval tessera_tiny_mc: hf (transformers, f32) acc {acc(hf):.1f}, tessera serve acc {acc(ts):.1f}; "
+      f"|log-likelihood difference| median {d[len(d) // 2]:.3f}, max {d[-1]:.3f} over {len(d)} choices")
+for k in sorted(hf):
+    if hf[k]["acc"] != ts[k]["acc"]:
+        print(f"  differs: {hf[k]['doc']['question']!r}: hf {[round(float(r[0]), 2) for r in hf[k]['filtered_resps']]}"
+              f" tessera {[round(float(r[0]), 2) for r in ts[k]['filtered_resps']]}")
+PY
