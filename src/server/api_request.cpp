@@ -136,28 +136,37 @@ int32_t token_id(const json& j, const std::string& field) {
   return static_cast<int32_t>(get_int(j, field, 0, std::numeric_limits<int32_t>::max()));
 }
 
+std::vector<int32_t> prompt_ids(const json& j, const std::string& field) {
+  if (j.empty()) throw invalid_request("'" + field + "' must not be an empty array", "prompt");
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < j.size(); ++i) ids.push_back(token_id(j[i], field + "[" + std::to_string(i) + "]"));
+  return ids;
+}
+
 void parse_prompt(const json& j, ApiRequest& r) {
   if (j.is_string()) {
-    r.prompt = j.get<std::string>();
-    return;
-  }
-  if (!j.is_array()) wrong_type("prompt", "a string, an array of token ids or an array of one string", j);
-  if (j.empty()) throw invalid_request("'prompt' must not be an empty array", "prompt");
-  if (j[0].is_string() || j[0].is_array()) {
-    if (j.size() > 1)
-      throw invalid_request("'prompt' holds " + std::to_string(j.size()) +
-                                " prompts; tessera answers one prompt per request (send one request each)",
-                            "prompt", "unsupported_parameter");
-    if (j[0].is_string()) {
-      r.prompt = j[0].get<std::string>();
-      return;
+    r.prompts.push_back({j.get<std::string>(), {}, false});
+  } else if (!j.is_array()) {
+    wrong_type("prompt", "a string, an array of token ids, or an array of strings or of token-id arrays", j);
+  } else if (j.empty()) {
+    throw invalid_request("'prompt' must not be an empty array", "prompt");
+  } else if (j[0].is_string() || j[0].is_array()) {  // several prompts
+    if (j.size() > kMaxPrompts)
+      throw invalid_request("'prompt' holds " + std::to_string(j.size()) + " prompts; at most " +
+                                std::to_string(kMaxPrompts) + " are allowed",
+                            "prompt");
+    for (size_t i = 0; i < j.size(); ++i) {
+      const std::string field = "prompt[" + std::to_string(i) + "]";
+      if (j[i].is_string()) r.prompts.push_back({j[i].get<std::string>(), {}, false});
+      else if (j[i].is_array()) r.prompts.push_back({{}, prompt_ids(j[i], field), true});
+      else wrong_type(field, "a string or an array of token ids", j[i]);
     }
-    parse_prompt(j[0], r);  // [[ids...]]
-    if (!r.prompt_is_ids) wrong_type("prompt[0]", "an array of token ids", j[0]);
-    return;
+  } else {
+    r.prompts.push_back({{}, prompt_ids(j, "prompt"), true});
   }
-  r.prompt_is_ids = true;
-  for (size_t i = 0; i < j.size(); ++i) r.prompt_ids.push_back(token_id(j[i], "prompt[" + std::to_string(i) + "]"));
+  r.prompt = r.prompts[0].text;
+  r.prompt_ids = r.prompts[0].ids;
+  r.prompt_is_ids = r.prompts[0].is_ids;
 }
 
 std::vector<std::string> parse_stop(const json& j) {

@@ -50,6 +50,14 @@ struct ApiRequest {
   std::string prompt;                        // Completion: the prompt text, or
   std::vector<int32_t> prompt_ids;           // its token ids (the API's integer-array form)
   bool prompt_is_ids = false;
+  // Completion: every prompt of the request (a list of strings or of token-id lists gives several; the fields above
+  // are the first). Each is answered with n choices: choice index = prompt * n + choice, as vLLM.
+  struct Prompt {
+    std::string text;
+    std::vector<int32_t> ids;
+    bool is_ids = false;
+  };
+  std::vector<Prompt> prompts;
   std::optional<int32_t> max_tokens;  // max_tokens or max_completion_tokens; absent: the endpoint's default
   runtime::SamplingOptions sampling{.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .seed = 0};  // API defaults
   bool seed_given = false;
@@ -94,5 +102,6 @@ inline constexpr size_t kMaxStopSequences = 4;       // as the OpenAI API
 inline constexpr size_t kMaxStopSequenceBytes = 256;
 inline constexpr int32_t kMaxLogprobs = 20;  // top_logprobs (chat) and logprobs (completions), as vLLM's default
 inline constexpr int32_t kMaxChoices = 16;   // n
+inline constexpr size_t kMaxPrompts = 64;     // prompts of one completions request
 
 }  // namespace tessera::server

@@ -50,8 +50,19 @@ std::string detokenize_request(const DetokenizeRequest& r, const ServedModel& m)
   return tok.decode(r.tokens);
 }
 
-PreparedRequest prepare_request(const ApiRequest& r, const ServedModel& m, uint64_t random_seed) {
-  check_model(r.model, m);
+PreparedRequest prepare_request(const ApiRequest& request, const ServedModel& m, uint64_t random_seed, size_t which) {
+  check_model(request.model, m);
+  ApiRequest one;  // the prompt `which` of a completions request with several
+  const bool several = request.endpoint == Endpoint::Completion && request.prompts.size() > 1;
+  if (several) {
+    check(which < request.prompts.size(), "prepare_request: no prompt " + std::to_string(which));
+    one = request;
+    one.prompt = request.prompts[which].text;
+    one.prompt_ids = request.prompts[which].ids;
+    one.prompt_is_ids = request.prompts[which].is_ids;
+  }
+  const ApiRequest& r = several ? one : request;
+  const std::string name = several ? "prompt[" + std::to_string(which) + "]" : "prompt";
   PreparedRequest p;
   const model::Tokenizer& tok = *m.tokenizer;
   if (r.endpoint == Endpoint::Chat) {
@@ -59,7 +70,7 @@ PreparedRequest prepare_request(const ApiRequest& r, const ServedModel& m, uint6
   } else if (r.prompt_is_ids) {
     for (size_t i = 0; i < r.prompt_ids.size(); ++i) {
       if (r.prompt_ids[i] >= tok.vocab_size())
-        throw invalid_request("'prompt[" + std::to_string(i) + "]' is token id " + std::to_string(r.prompt_ids[i]) +
+        throw invalid_request("'" + name + "[" + std::to_string(i) + "]' is token id " + std::to_string(r.prompt_ids[i]) +
                                   ", outside the vocabulary of " + std::to_string(tok.vocab_size()) + " tokens",
                               "prompt");
     }
@@ -67,7 +78,9 @@ PreparedRequest prepare_request(const ApiRequest& r, const ServedModel& m, uint6
   } else {
     p.prompt = tok.encode(r.prompt, {.add_special = true, .parse_special = false});
   }
-  if (p.prompt.empty()) throw invalid_request("the prompt is empty", r.endpoint == Endpoint::Chat ? "messages" : "prompt");
+  if (p.prompt.empty())
+    throw invalid_request(several ? "'" + name + "' is empty" : std::string("the prompt is empty"),
+                          r.endpoint == Endpoint::Chat ? "messages" : "prompt");
 
   const int64_t n = static_cast<int64_t>(p.prompt.size());
   const std::string where = r.endpoint == Endpoint::Chat ? "messages" : "prompt";

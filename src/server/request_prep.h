@@ -41,8 +41,10 @@ struct PreparedRequest {
   std::string echo_text;             // the prompt as text (the request's string, or its ids decoded)
 };
 
-// `random_seed` is used when the request sets no seed.
-PreparedRequest prepare_request(const ApiRequest& request, const ServedModel& model, uint64_t random_seed);
+// `random_seed` is used when the request sets no seed. `which`: the prompt (ApiRequest::prompts) of a completions
+// request; its errors name prompt[which] when the request holds several.
+PreparedRequest prepare_request(const ApiRequest& request, const ServedModel& model, uint64_t random_seed,
+                                size_t which = 0);
 
 // POST /tokenize: the ids a completion (prompt) or chat (messages, as the chat request encodes them) would run.
 std::vector<int32_t> tokenize_request(const TokenizeRequest& request, const ServedModel& model);

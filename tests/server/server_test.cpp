@@ -110,6 +110,12 @@ TEST(ServerRequest, CompletionPromptForms) {
   EXPECT_EQ(parse("[1, 2, 3]").prompt_ids, (std::vector<int32_t>{1, 2, 3}));
   EXPECT_TRUE(parse("[1, 2, 3]").prompt_is_ids);
   EXPECT_EQ(parse("[[4, 5]]").prompt_ids, (std::vector<int32_t>{4, 5}));
+  const ApiRequest several = parse(R"(["a", [7, 8], "b"])");
+  ASSERT_EQ(several.prompts.size(), 3u);
+  EXPECT_EQ(several.prompt, "a");
+  EXPECT_EQ(several.prompts[1].ids, (std::vector<int32_t>{7, 8}));
+  EXPECT_TRUE(several.prompts[1].is_ids);
+  EXPECT_EQ(several.prompts[2].text, "b");
 }
 
 struct BadRequest {
@@ -217,7 +223,14 @@ INSTANTIATE_TEST_SUITE_P(
         BadRequest{P, R"({"model": "m", "prompt": [1, -1]})", 400, "prompt[1]", "",
                    "'prompt[1]' must be in [0, 2147483647], got -1"},
         BadRequest{P, R"({"model": "m", "prompt": {"text": "x"}})", 400, "prompt", "",
-                   "'prompt' must be a string, an array of token ids or an array of one string, got object"},
+                   "'prompt' must be a string, an array of token ids, or an array of strings or of token-id arrays, "
+                   "got object"},
+        BadRequest{P, R"({"model": "m", "prompt": ["a", 5]})", 400, "prompt[1]", "",
+                   "'prompt[1]' must be a string or an array of token ids, got integer"},
+        BadRequest{P, R"({"model": "m", "prompt": [[1], []]})", 400, "prompt", "",
+                   "'prompt[1]' must not be an empty array"},
+        BadRequest{P, R"({"model": "m", "prompt": [[1], [2, -3]]})", 400, "prompt[1][1]", "",
+                   "'prompt[1][1]' must be in [0, 2147483647], got -3"},
         BadRequest{P, R"({"model": "m", "prompt": "x", "echo": 1})", 400, "echo", "",
                    "'echo' must be a boolean, got integer"},
         BadRequest{P, R"({"model": "m", "prompt": "x", "logprobs": true})", 400, "logprobs", "",

@@ -214,9 +214,8 @@ def unsupported_parameters(s):
                  "'echo' with 'logprobs' (the prompt's log-probabilities) needs the single-sequence engine: this "
                  "server runs the batched one (--parallel 2); send 'echo' without 'logprobs'", "echo",
                  "unsupported_parameter")
-    expect_error(lambda: s.client.completions.create(model=MODEL_ID, prompt=["a", "b"]), openai.BadRequestError, 400,
-                 "'prompt' holds 2 prompts; tessera answers one prompt per request (send one request each)", "prompt",
-                 "unsupported_parameter")
+    expect_error(lambda: s.client.completions.create(model=MODEL_ID, prompt=["a"] * 65), openai.BadRequestError, 400,
+                 "'prompt' holds 65 prompts; at most 64 are allowed", "prompt")
     # Off values of unsupported features are fine.
     r = chat(n=1, logprobs=False, presence_penalty=0, max_tokens=2, temperature=0)
     assert r.usage.completion_tokens <= 2

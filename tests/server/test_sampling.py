@@ -202,6 +202,29 @@ def several_choices(s):
 
 
 @test
+def several_prompts(s):
+    # A list of prompts (text or ids, as lm-evaluation-harness batches them): choice p * n + i answers prompt p.
+    for name, c in s.each():
+        ids = c.post("/tokenize", body={"prompt": "Two plus two is"}, cast_to=object)["tokens"]
+        r = c.completions.create(model=MODEL_ID, prompt=[TEXT, ids], n=2, temperature=0, max_tokens=4)
+        assert [ch.index for ch in r.choices] == [0, 1, 2, 3]
+        one = c.completions.create(model=MODEL_ID, prompt=TEXT, temperature=0, max_tokens=4)
+        two = c.completions.create(model=MODEL_ID, prompt=ids, temperature=0, max_tokens=4)
+        assert [ch.text for ch in r.choices] == [one.choices[0].text] * 2 + [two.choices[0].text] * 2, name
+        assert r.usage.prompt_tokens == one.usage.prompt_tokens + two.usage.prompt_tokens
+        texts = {}
+        for chunk in c.completions.create(model=MODEL_ID, prompt=[TEXT, ids], temperature=0, max_tokens=4, stream=True):
+            for ch in chunk.choices:
+                texts[ch.index] = texts.get(ch.index, "") + ch.text
+        assert texts == {0: one.choices[0].text, 1: two.choices[0].text}, (name, texts)
+    try:
+        s.clients["single"].completions.create(model=MODEL_ID, prompt=["a", [5, 49152]], max_tokens=1)
+        raise AssertionError("no error")
+    except openai.BadRequestError as e:
+        assert e.body["message"] == "'prompt[1][1]' is token id 49152, outside the vocabulary of 49152 tokens", e.body
+
+
+@test
 def tokenize_and_detokenize(s):
     c = s.clients["single"]
     t = c.post("/tokenize", body={"model": MODEL_ID, "prompt": "Hello world"}, cast_to=object)

@@ -3,6 +3,7 @@
 #include <httplib.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -112,7 +113,11 @@ struct HttpServer::Impl {
     try {
       check_auth(req);
       const ApiRequest r = parse_api_request(endpoint, req.body);
-      PreparedRequest prepared = prepare_request(r, model, random_seed());
+      // One prepared request per prompt (completions may hold several); every error before any job starts.
+      std::vector<PreparedRequest> prompts;
+      const uint64_t seed = random_seed();
+      for (size_t p = 0; p < std::max<size_t>(1, r.prompts.size()); ++p) prompts.push_back(prepare_request(r, model, seed, p));
+      const PreparedRequest& prepared = prompts[0];
       if (prepared.echo && prepared.gen.logprobs >= 0 && scheduler.batched())
         throw invalid_request("'echo' with 'logprobs' (the prompt's log-probabilities) needs the single-sequence "
                               "engine: this server runs the batched one (--parallel " +
@@ -122,12 +127,14 @@ struct HttpServer::Impl {
       const std::string attn = r.attn.empty() ? policies.default_label() : r.attn;
       const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                                std::chrono::duration<double>(options.timeout_seconds));
-      // n choices: one job each, choice i with seed + i (vLLM's rule), so that a seeded request repeats.
-      for (int32_t i = 0; i < r.n; ++i) {
-        PreparedRequest p = prepared;
-        p.gen.sampling.seed = prepared.gen.sampling.seed + static_cast<uint64_t>(i);
-        jobs.push_back(std::make_shared<Job>(std::move(p), policy, deadline));
-      }
+      // n choices per prompt: one job each, choice i with seed + i (vLLM's rule), so that a seeded request repeats;
+      // the choice of prompt p is index p * n + i.
+      for (const PreparedRequest& one : prompts)
+        for (int32_t i = 0; i < r.n; ++i) {
+          PreparedRequest p = one;
+          p.gen.sampling.seed = one.gen.sampling.seed + static_cast<uint64_t>(i);
+          jobs.push_back(std::make_shared<Job>(std::move(p), policy, deadline));
+        }
       for (const auto& job : jobs) {
         const Admission a = scheduler.submit(job);
         if (a == Admission::Accepted) continue;
@@ -136,8 +143,9 @@ struct HttpServer::Impl {
           throw ApiError(429, "rate_limit_error",
                          "the server is busy: " + std::to_string(scheduler.options().slots) + " running and " +
                              std::to_string(scheduler.options().queue) + " queued requests (--parallel, --queue)" +
-                             (r.n > 1 ? " with room for fewer than this request's " + std::to_string(r.n) + " choices"
-                                      : std::string()) +
+                             (jobs.size() > 1
+                                  ? " with room for fewer than this request's " + std::to_string(jobs.size()) + " choices"
+                                  : std::string()) +
                              "; retry later",
                          {}, "queue_full");
         throw ApiError(503, "server_error", "the server is shutting down", {}, "shutting_down");
@@ -146,13 +154,14 @@ struct HttpServer::Impl {
                            model.id};
       const bool logprobs = prepared.gen.logprobs >= 0;
       if (r.stream) {
-        stream(res, jobs, h, r.include_usage, logprobs, what + " 200 stream id=" + h.id + " attn=" + attn);
+        stream(res, jobs, r.n, h, r.include_usage, logprobs, what + " 200 stream id=" + h.id + " attn=" + attn);
         return;
       }
       std::vector<Choice> choices;
       Usage usage;
       std::string lines;
-      for (const auto& job : jobs) {
+      for (size_t k = 0; k < jobs.size(); ++k) {
+        const auto& job = jobs[k];
         std::string text;
         std::vector<runtime::TokenLogprobs> lps;
         while (!job->wait(text, logprobs ? &lps : nullptr, kKeepAlive)) {
@@ -166,7 +175,7 @@ struct HttpServer::Impl {
         int64_t offset = 0;
         choices.push_back({std::move(text), finish_reason_name(result.reason),
                            logprobs ? logprobs_json(endpoint, *model.tokenizer, lps, &offset) : json(nullptr)});
-        usage.prompt_tokens = result.prompt_tokens;
+        if (k % static_cast<size_t>(r.n) == 0) usage.prompt_tokens += result.prompt_tokens;  // each prompt once
         usage.completion_tokens += result.completion_tokens;
         lines += (lines.empty() ? "" : " | ") + summary(result);
       }
@@ -182,6 +191,7 @@ struct HttpServer::Impl {
     std::vector<std::shared_ptr<Job>> jobs;  // one per choice
     std::vector<bool> finished;              // the choice's finish chunk went out
     std::vector<int64_t> offsets;            // completions' text_offset so far, per choice
+    int32_t n_per_prompt = 1;                // choices per prompt (usage counts each prompt once)
     AnswerHeader header;
     bool include_usage = false;
     bool logprobs = false;
@@ -191,10 +201,11 @@ struct HttpServer::Impl {
     std::string line;  // the log line's start
   };
 
-  void stream(httplib::Response& res, const std::vector<std::shared_ptr<Job>>& jobs, const AnswerHeader& h,
-              bool include_usage, bool logprobs, std::string line) {
+  void stream(httplib::Response& res, const std::vector<std::shared_ptr<Job>>& jobs, int32_t n_per_prompt,
+              const AnswerHeader& h, bool include_usage, bool logprobs, std::string line) {
     auto st = std::make_shared<StreamState>();
     st->jobs = jobs;
+    st->n_per_prompt = n_per_prompt;
     st->finished.assign(jobs.size(), false);
     st->offsets.assign(jobs.size(), 0);
     st->header = h;
@@ -264,10 +275,10 @@ struct HttpServer::Impl {
           }
           Usage usage;
           std::string summaries;
-          for (const auto& job : st->jobs) {
-            const JobResult& r = job->result();
+          for (size_t k = 0; k < st->jobs.size(); ++k) {
+            const JobResult& r = st->jobs[k]->result();
             metrics.observe_request(r.total_seconds);
-            usage.prompt_tokens = r.prompt_tokens;
+            if (k % static_cast<size_t>(st->n_per_prompt) == 0) usage.prompt_tokens += r.prompt_tokens;
             usage.completion_tokens += r.completion_tokens;
             summaries += (summaries.empty() ? "" : " | ") + summary(r);
           }
