@@ -18,11 +18,14 @@ import traceback
 BIN = os.environ["TESSERA_BIN"]
 MODEL = os.environ["TESSERA_MODEL"]
 MODEL_ID = os.path.splitext(os.path.basename(MODEL))[0]
+# The device the servers and the CLI references run on: cpu, or cuda for the same scripts on a GPU machine
+# (TESSERA_DEVICE=cuda tests/server/run.sh BIN test_sampling.py).
+DEVICE = os.environ.get("TESSERA_DEVICE", "cpu")
 
 
 class Server:
     def __init__(self, *args, startup_timeout=120):
-        self.args = [BIN, "serve", "-m", MODEL, "--port", "0", "--device", "cpu", *args]
+        self.args = [BIN, "serve", "-m", MODEL, "--port", "0", "--device", DEVICE, *args]
         self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         self.lines = []
         self.port = None
@@ -102,7 +105,7 @@ class Server:
 
 def cli_answer(*args):
     """`tessera run` on the same model: (answer text, prompt token count)."""
-    out = subprocess.run([BIN, "run", "-m", MODEL, "--device", "cpu", *args], capture_output=True, text=True,
+    out = subprocess.run([BIN, "run", "-m", MODEL, "--device", DEVICE, *args], capture_output=True, text=True,
                          check=True, timeout=300).stdout
     prompt_tokens = int(re.search(r"^prompt: ([\d,]+) tokens$", out, re.M).group(1).replace(",", ""))
     start = out.index("answer: ") + len("answer: ")
