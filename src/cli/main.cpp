@@ -293,6 +293,9 @@ int main(int argc, char** argv) {
   sv->add_option("--kv-budget", serve.kv_budget,
                  "KV cache memory of the batched engine, e.g. 8G (default: a quarter of the host memory budget on "
                  "the CPU, 70% of the free device memory on the GPU)");
+  sv->add_flag("!--no-prefix-cache", serve.prefix_cache,
+              "Batched engine: do not keep prompts' KV blocks for later requests that start with the same tokens "
+              "(prefix caching is on by default; docs/runtime.md)");
   sv->add_option("--queue", serve.queue, "Requests that may wait for a slot (more get 429)")->capture_default_str();
   sv->add_option("--chunk", serve.chunk, "Prefill chunk size (CPU)")->capture_default_str();
   sv->add_option("-c,--max-context,--ctx-size", serve.max_context, "Context limit (default and 0: the model's)");

@@ -271,6 +271,7 @@ int serve_command(const ServeOptions& o) {
   bo.max_batch = o.parallel;
   bo.max_context = served.context_length;
   bo.kv_bytes = kv_bytes;
+  bo.prefix_cache = o.prefix_cache;
   if (streaming) bo.stream = stream;
   server::BatchedEngine batch;
   const std::unique_ptr<runtime::Device> device = runtime::open_device(gpu ? "cuda" : "cpu", *s.model);
@@ -297,7 +298,8 @@ int serve_command(const ServeOptions& o) {
   } else if (batched) {
     const runtime::BatchEngine& e = *batch.engine;
     kv_note = ", batched: KV " + format_bytes(e.blocks().total() * e.block_bytes()) + " in " +
-              with_commas(e.blocks().total()) + " blocks of " + std::to_string(e.shape().block_tokens) + " tokens";
+              with_commas(e.blocks().total()) + " blocks of " + std::to_string(e.shape().block_tokens) + " tokens" +
+              (o.prefix_cache ? ", prefix cache on" : "");
   }
   std::unique_ptr<server::Scheduler> scheduler_ptr =
       batched ? std::make_unique<server::Scheduler>(server::SchedulerOptions{.slots = o.parallel, .queue = o.queue},

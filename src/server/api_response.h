@@ -23,6 +23,7 @@ namespace tessera::server {
 struct Usage {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;  // of prompt_tokens, those taken from the prefix cache (prompt_tokens_details)
 };
 
 // Identity of one answer: its id ("chatcmpl-..." / "cmpl-..."), creation time and model name.

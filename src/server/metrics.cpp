@@ -140,6 +140,14 @@ std::string Metrics::prometheus(const Gauges& g) const {
            "Decode step shapes built before running (CUDA graph captures; 0 on the CPU).", g.step_builds);
     single(out, "tessera_engine_max_decode_batch", "gauge", "The largest decode batch so far.",
            g.max_decode_batch);
+    single(out, "tessera_prefix_cache_hits_total", "counter", "Requests that adopted cached KV blocks.",
+           g.prefix_hits);
+    single(out, "tessera_prefix_cache_tokens_total", "counter",
+           "Prompt tokens taken from the prefix cache instead of prefilled.", g.prefix_cached_tokens);
+    single(out, "tessera_prefix_cache_evictions_total", "counter", "Cached blocks dropped to make room.",
+           g.prefix_evictions);
+    single(out, "tessera_prefix_cache_bytes", "gauge", "KV bytes of the blocks only the prefix cache holds.",
+           g.prefix_cache_bytes);
   }
   single(out, "tessera_process_resident_memory_bytes", "gauge", "Resident set size of the server process.",
          resident_bytes());

@@ -39,6 +39,9 @@ struct Gauges {
   bool batched = false;
   int64_t engine_steps = 0, decode_steps = 0, decode_tokens = 0, step_builds = 0, max_decode_batch = 0;
   double prefill_seconds = 0, decode_seconds = 0;
+  // Its prefix cache (runtime/prefix_cache.h): requests that adopted cached blocks, the prompt tokens they did not
+  // prefill, cached blocks dropped for room, and the bytes of the blocks only the cache holds.
+  int64_t prefix_hits = 0, prefix_cached_tokens = 0, prefix_evictions = 0, prefix_cache_bytes = 0;
 };
 
 // Resident set size of this process in bytes (from /proc/self/statm; 0 where unavailable).

@@ -230,6 +230,8 @@ class JobProgress {
     else if (now >= job_.deadline_) ended_ = FinishReason::Timeout;
     return !ended_.has_value();
   }
+  // Prompt tokens the engine took from its prefix cache.
+  void cached(int64_t tokens) { r_.cached_tokens = tokens; }
   // A generated token's log-probabilities (before its on_token).
   void on_logprobs(const runtime::TokenLogprobs& l) { job_.emit_logprobs({l}); }
   // Echo: the prompt's text, and with logprobs its tokens' (the first with logprob NaN); not stop-matched.
@@ -400,6 +402,7 @@ void Scheduler::batch_loop() {
       const auto it = active.find(e.id);
       if (it == active.end()) continue;
       Active& a = it->second;
+      if (e.cached_tokens >= 0) a.progress->cached(e.cached_tokens);
       if (e.token >= 0) {
         ++a.generated;
         if (e.logprobs) a.progress->on_logprobs(*e.logprobs);
@@ -432,6 +435,10 @@ void Scheduler::batch_loop() {
       batch_counters_.decode_seconds = st.decode_seconds;
       batch_counters_.step_builds = engine.step_builds();
       batch_counters_.max_decode_batch = st.max_decode_batch;
+      batch_counters_.prefix_hits = st.prefix_hits;
+      batch_counters_.prefix_cached_tokens = st.cached_tokens;
+      batch_counters_.prefix_evictions = st.prefix_evictions;
+      batch_counters_.prefix_cache_bytes = static_cast<int64_t>(engine.prefix_cache_bytes());
     }
     if (active.empty()) {
       bool idle = false;

@@ -86,6 +86,7 @@ struct JobResult {
   std::string error;  // FinishReason::Error: the engine's message
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;  // tokens sampled (a stop sequence's tokens included, the end token not)
+  int64_t cached_tokens = 0;      // prompt tokens the batched engine took from its prefix cache (not prefilled)
   double queue_seconds = 0;       // arrival to slot
   double ttft_seconds = -1;       // arrival to first token; -1: none
   double total_seconds = 0;       // arrival to the end

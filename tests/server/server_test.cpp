@@ -372,7 +372,7 @@ TEST(ServerResponse, ShapesMatchTheApi) {
   const AnswerHeader chat{Endpoint::Chat, answer_id(Endpoint::Chat, 26), 1700000000, "m"};
   EXPECT_EQ(chat.id, "chatcmpl-00000000000000000000001a");
   EXPECT_EQ(dump_json(answer_json(chat, "Paris", "stop", {5, 2})),
-            R"({"choices":[{"finish_reason":"stop","index":0,"logprobs":null,"message":{"content":"Paris","refusal":null,"role":"assistant"}}],"created":1700000000,"id":"chatcmpl-00000000000000000000001a","model":"m","object":"chat.completion","system_fingerprint":null,"usage":{"completion_tokens":2,"prompt_tokens":5,"total_tokens":7}})");
+            R"({"choices":[{"finish_reason":"stop","index":0,"logprobs":null,"message":{"content":"Paris","refusal":null,"role":"assistant"}}],"created":1700000000,"id":"chatcmpl-00000000000000000000001a","model":"m","object":"chat.completion","system_fingerprint":null,"usage":{"completion_tokens":2,"prompt_tokens":5,"prompt_tokens_details":{"cached_tokens":0},"total_tokens":7}})");
   EXPECT_EQ(dump_json(chunk_json(chat, "", true, "", false)["choices"][0]["delta"]),
             R"({"content":"","role":"assistant"})");
   EXPECT_EQ(dump_json(chunk_json(chat, "", false, "length", true)),
@@ -382,7 +382,8 @@ TEST(ServerResponse, ShapesMatchTheApi) {
             "data: {\"choices\":[{\"finish_reason\":null,\"index\":0,\"logprobs\":null,\"text\":\"a\xEF\xBF\xBD\"}],"
             "\"created\":1,\"id\":\"cmpl-000000000000000000000001\",\"model\":\"m\",\"object\":\"text_completion\","
             "\"system_fingerprint\":null}\n\n");
-  EXPECT_EQ(dump_json(usage_chunk_json(text, {3, 4})["usage"]), R"({"completion_tokens":4,"prompt_tokens":3,"total_tokens":7})");
+  EXPECT_EQ(dump_json(usage_chunk_json(text, {3, 4, 2})["usage"]),
+            R"({"completion_tokens":4,"prompt_tokens":3,"prompt_tokens_details":{"cached_tokens":2},"total_tokens":7})");
   EXPECT_EQ(dump_json(error_json(ApiError(429, "rate_limit_error", "busy", {}, "queue_full"))),
             R"({"error":{"code":"queue_full","message":"busy","param":null,"type":"rate_limit_error"}})");
 }
@@ -908,6 +909,49 @@ TEST(ServerScheduler, BatchedEngineAnswersAsEngineGenerate) {
   EXPECT_NE(text.find("tessera_engine_decode_tokens_total " + std::to_string(g.decode_tokens) + "\n"),
             std::string::npos);
   EXPECT_NE(text.find("tessera_engine_step_builds_total 0\n"), std::string::npos);
+}
+
+// Prefix caching behind the scheduler: the second turn of the same long prompt prefills only its last block's
+// tokens, answers as the first, and says so in its result (usage.prompt_tokens_details.cached_tokens) and /metrics.
+TEST(ServerScheduler, BatchedEngineReportsCachedPromptTokens) {
+  REQUIRE_REAL_MODEL();
+  std::string doc;
+  for (int i = 0; i < 30; ++i) doc += "The archive keeps room " + std::to_string(i) + " locked. ";
+  const PreparedRequest p = prepare_request(
+      parse_api_request(Endpoint::Chat, R"({"model": "smollm2", "temperature": 0, "max_tokens": 6,
+                                           "messages": [{"role": "user", "content": ")" + doc + R"("}]})"),
+      rm->served, 0);
+  ASSERT_GT(p.prompt.size(), 200u);
+  Metrics metrics;
+  BatchedEngine batched;
+  batched.backend = std::make_unique<runtime::CpuBatchBackend>(*rm->model);
+  runtime::BatchEngineOptions bo;
+  bo.chunk_size = 64;
+  bo.max_batch = 2;
+  bo.kv_bytes = 64e6;
+  batched.engine = std::make_unique<runtime::BatchEngine>(*batched.backend, bo);
+  Scheduler sched({.slots = 2, .queue = 4}, std::move(batched), *rm->tokenizer, metrics);
+  std::vector<std::string> answers;
+  std::vector<int64_t> cached;
+  for (int turn = 0; turn < 2; ++turn) {
+    auto job = std::make_shared<Job>(p, std::make_shared<const attn::AttentionPolicy>(), Clock::now() + 120s);
+    ASSERT_EQ(sched.submit(job), Admission::Accepted);
+    answers.push_back(drain(*job));
+    cached.push_back(job->result().cached_tokens);
+  }
+  EXPECT_EQ(answers[1], answers[0]);
+  EXPECT_EQ(cached, (std::vector<int64_t>{0, static_cast<int64_t>((p.prompt.size() - 1) / 64 * 64)}));
+  // (the scheduler's thread copies the engine's counters after the step that ended the job)
+  for (int i = 0; i < 100 && sched.gauges().prefix_cache_bytes == 0; ++i) std::this_thread::sleep_for(10ms);
+  const Gauges g = sched.gauges();
+  EXPECT_EQ(g.prefix_hits, 1);
+  EXPECT_EQ(g.prefix_cached_tokens, cached[1]);
+  EXPECT_GT(g.prefix_cache_bytes, 0);
+  const std::string text = metrics.prometheus(g);
+  EXPECT_NE(text.find("tessera_prefix_cache_hits_total 1\n"), std::string::npos);
+  EXPECT_NE(text.find("tessera_prefix_cache_tokens_total " + std::to_string(cached[1]) + "\n"), std::string::npos);
+  const json usage = usage_json({static_cast<int64_t>(p.prompt.size()), 6, cached[1]});
+  EXPECT_EQ(usage["prompt_tokens_details"]["cached_tokens"], cached[1]);
 }
 
 }  // namespace

@@ -175,7 +175,10 @@ struct HttpServer::Impl {
         int64_t offset = 0;
         choices.push_back({std::move(text), finish_reason_name(result.reason),
                            logprobs ? logprobs_json(endpoint, *model.tokenizer, lps, &offset) : json(nullptr)});
-        if (k % static_cast<size_t>(r.n) == 0) usage.prompt_tokens += result.prompt_tokens;  // each prompt once
+        if (k % static_cast<size_t>(r.n) == 0) {  // each prompt once
+          usage.prompt_tokens += result.prompt_tokens;
+          usage.cached_tokens += result.cached_tokens;
+        }
         usage.completion_tokens += result.completion_tokens;
         lines += (lines.empty() ? "" : " | ") + summary(result);
       }
@@ -278,7 +281,10 @@ struct HttpServer::Impl {
           for (size_t k = 0; k < st->jobs.size(); ++k) {
             const JobResult& r = st->jobs[k]->result();
             metrics.observe_request(r.total_seconds);
-            if (k % static_cast<size_t>(st->n_per_prompt) == 0) usage.prompt_tokens += r.prompt_tokens;
+            if (k % static_cast<size_t>(st->n_per_prompt) == 0) {
+              usage.prompt_tokens += r.prompt_tokens;
+              usage.cached_tokens += r.cached_tokens;
+            }
             usage.completion_tokens += r.completion_tokens;
             summaries += (summaries.empty() ? "" : " | ") + summary(r);
           }
