@@ -4,6 +4,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/usage.h"
 #include "core/error.h"
 #include "core/memory_budget.h"
 
@@ -45,7 +46,8 @@ runtime::StreamOptions stream_options(const StreamFlags& f, const std::string& m
   (void)gpu;  // the same options on both devices
   runtime::StreamOptions o;
   o.method = runtime::parse_stream_method(method, "--stream");
-  check(o.method != runtime::StreamMethod::None, "--stream must be ltri, infllm or streamingllm, got '" + method + "'");
+  usage_check(o.method != runtime::StreamMethod::None,
+              "--stream must be ltri, infllm or streamingllm, got '" + method + "'");
   o.sinks = f.sinks;
   o.local = f.local;
   o.chunk = f.chunk;
@@ -55,10 +57,16 @@ runtime::StreamOptions stream_options(const StreamFlags& f, const std::string& m
   if (!f.host_budget.empty()) o.host_budget = parse_byte_size(f.host_budget, "--stream-host-budget");
   if (!f.retrieval_heads.empty()) o.retrieval_heads = read_retrieval_heads(f.retrieval_heads);
   o.index_ratio = f.index_ratio;
-  check(f.index_heads == "retrieval" || f.index_heads == "all",
-        "--stream-index-heads must be retrieval or all, got '" + f.index_heads + "'");
+  usage_check(f.index_heads == "retrieval" || f.index_heads == "all",
+              "--stream-index-heads must be retrieval or all, got '" + f.index_heads + "'");
   o.index_all_heads = f.index_heads == "all";
-  runtime::check_stream_options(o);
+  try {  // the flags' values: a wrong command line (exit 2)
+    runtime::check_stream_options(o);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
   if (o.method == runtime::StreamMethod::StreamingLLM) o = runtime::streamingllm_equal_memory(o);
   return o;
 }

@@ -100,7 +100,7 @@ def startup_errors(s):
     def fails(*args):
         p = subprocess.run([BIN, "serve", "-m", MODEL, "--device", "cpu", "--port", "0", *args], capture_output=True,
                            text=True, timeout=120)
-        assert p.returncode == 1, (p.returncode, p.stdout, p.stderr)
+        assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)  # a wrong command line (docs/cli.md)
         return p.stderr.strip()
 
     assert fails("--stream", "ltri", "--attn", "vs") == (
