@@ -8,8 +8,8 @@ For each depth: prefill tokens/s of a prompt of that many tokens, and decode tok
 then the peak RSS of each side's process. Each side runs in a process of its own (the peak RSS is that process's
 ru_maxrss), one after the other, so they never share the cores. Prints one table with the ratios tessera / llama.cpp
 (> 1: tessera faster; for RSS < 1: tessera smaller). --busy N starts N `yes > /dev/null` processes beside both runs
-(decode with a core taken by another process). Needs llama-cpp-python (scripts/setup.sh models installs it into
-build/venv).
+(decode with a core taken by another process). Needs llama-cpp-python: `bash scripts/setup.sh peers` builds it into
+build/venv (llama.cpp from source for this CPU, ~10 minutes on 2 cores).
 """
 import argparse
 import json
@@ -20,7 +20,11 @@ import tempfile
 
 LLAMA_CHILD = r"""
 import json, sys, time
-from llama_cpp import Llama
+try:
+    from llama_cpp import Llama
+except ImportError:
+    sys.exit("bench/llama_cpp_side_by_side.py: llama-cpp-python is missing; run `bash scripts/setup.sh peers` and "
+             "use build/venv/bin/python")
 args = json.loads(sys.argv[1])
 depths, decode, threads = args["depths"], args["decode"], args["threads"]
 llm = Llama(model_path=args["model"], n_ctx=max(depths) + decode + 16, n_threads=threads, n_threads_batch=threads,

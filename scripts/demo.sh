@@ -28,7 +28,7 @@ ATTN=${ATTN:-trianglemix}
 DEVICE=${DEVICE:-cpu}
 CUDA=OFF
 [ "$DEVICE" = cpu ] || CUDA=ON
-TESSERA_SKIP_PEERS=1 bash scripts/setup.sh models > /dev/null   # (not llama.cpp, which only its side-by-side bench needs)
+bash scripts/setup.sh models > /dev/null
 MODELS="${TESSERA_MODELS:-$HOME/.cache/tessera/models}"
 TESSERA=${TESSERA_BIN:-}
 if [ -z "$TESSERA" ]; then

