@@ -10,10 +10,6 @@
 
 namespace tessera::cli {
 
-void usage_check(bool ok, const std::string& message) {
-  if (!ok) throw UsageError(message);
-}
-
 size_t edit_distance(std::string_view a, std::string_view b) {
   // Three rows: a transposition of neighbours (rnu -> run) looks two rows back.
   std::vector<size_t> before(b.size() + 1), prev(b.size() + 1), row(b.size() + 1);

@@ -24,8 +24,11 @@ class UsageError : public Error {
  public:
   using Error::Error;
 };
-// check() for the command line: throws UsageError(message) when !ok.
-void usage_check(bool ok, const std::string& message);
+// check() for the command line: throws UsageError(message) when !ok. (Inline: the Python module compiles the flag
+// code that calls it without the rest of the command line.)
+inline void usage_check(bool ok, const std::string& message) {
+  if (!ok) throw UsageError(message);
+}
 
 // Walks argv as CLI11 will parse it against `app` (its subcommands, the options of each with the number of values
 // they take, flags of the program itself after the subcommand) and returns the message for the first argument
