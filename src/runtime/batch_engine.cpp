@@ -68,14 +68,24 @@ void CpuBatchBackend::load_prefix(const SequenceBlocks& seq, int32_t rows, int32
   gather_from_pages(store_, seq, rows, staging_);
 }
 
-std::vector<float> BatchBackend::prefill_stream_chunk(StreamingKV&, std::span<const int32_t>, int32_t,
-                                                      StreamingKV::ChunkKind, bool) {
-  throw Error(std::string("streaming memory in the batched engine runs on the CPU (device ") + device_name() +
-              " serves streamed requests one at a time)");
+std::unique_ptr<StreamMemory> BatchBackend::new_stream(const StreamOptions&) {
+  throw Error(std::string("streaming memory: the ") + device_name() + " batched backend has none");
 }
 
-std::vector<float> CpuBatchBackend::prefill_stream_chunk(StreamingKV& kv, std::span<const int32_t> tokens, int32_t pos,
-                                                         StreamingKV::ChunkKind kind, bool logits) {
+std::vector<float> BatchBackend::prefill_stream_chunk(StreamMemory&, std::span<const int32_t>, int32_t,
+                                                      StreamingKV::ChunkKind, bool) {
+  throw Error(std::string("streaming memory: the ") + device_name() + " batched backend has none");
+}
+
+std::unique_ptr<StreamMemory> CpuBatchBackend::new_stream(const StreamOptions& options) {
+  return std::make_unique<StreamingKV>(model_.config(), options);
+}
+
+std::vector<float> CpuBatchBackend::prefill_stream_chunk(StreamMemory& memory, std::span<const int32_t> tokens,
+                                                         int32_t pos, StreamingKV::ChunkKind kind, bool logits) {
+  auto* host = dynamic_cast<StreamingKV*>(&memory);
+  check(host != nullptr, "streaming prefill: memory not made by the CPU backend's new_stream");
+  StreamingKV& kv = *host;
   kv.begin_chunk(pos, static_cast<int32_t>(tokens.size()), kind);
   return prefill_.run(tokens, pos, kv, logits ? LogitRows::Last : LogitRows::None, timers_);
 }
@@ -124,7 +134,7 @@ struct BatchEngine::Sequence {
   int64_t prefilled = 0;
   SequenceBlocks blocks;
   std::vector<DecodeView> views;
-  std::unique_ptr<StreamingKV> stream;  // streaming memory (options.stream): the sequence's keys and values
+  std::unique_ptr<StreamMemory> stream;  // streaming memory (options.stream; the backend's): its keys and values
   int64_t reserved = 0;
   std::optional<Sampler> sampler;
   int32_t generated = 0;
@@ -265,7 +275,6 @@ void BatchEngine::admit() {
   Sequence& s = *waiting_.front();
   if (reserved_ + s.reserved > pool_.total()) return;  // waits for blocks to come back
   reserved_ += s.reserved;
-  if (streaming()) s.stream = std::make_unique<StreamingKV>(cfg_, options_.stream);
   if (cacheable(s)) {
     // The longest cached prefix, leaving at least the prompt's last token to prefill (its logits start the answer).
     const auto n = static_cast<int64_t>(s.request.prompt.size());
@@ -293,7 +302,7 @@ void BatchEngine::take_token(Sequence& s, int32_t tok, std::vector<BatchEvent>& 
                              std::optional<TokenLogprobs> logprobs) {
   const std::vector<int32_t>& stops = s.request.options.stop_tokens;
   if (std::find(stops.begin(), stops.end(), tok) != stops.end()) return finish(s, FinishReason::kStop, events);
-  const int64_t length = s.stream ? s.stream->length() : s.blocks.length();
+  const int64_t length = s.stream ? s.stream->sequence_length() : s.blocks.length();
   if (length >= max_context_) return finish(s, FinishReason::kContextFull, events);
   ++s.generated;
   events.push_back(BatchEvent{s.id, tok, false, FinishReason::kLength, {}, std::move(logprobs),
@@ -310,10 +319,12 @@ void BatchEngine::prefill_step(std::vector<BatchEvent>& events) {
   const std::vector<int32_t>& prompt = s.request.prompt;
   const auto n = static_cast<int64_t>(prompt.size());
   const int64_t c0 = s.prefilled;
-  const int64_t c1 = s.stream ? stream_chunk_end(options_.stream, c0, n) : std::min<int64_t>(n, c0 + options_.chunk_size);
+  const int64_t c1 = streaming() ? stream_chunk_end(options_.stream, c0, n) : std::min<int64_t>(n, c0 + options_.chunk_size);
   const bool last = c1 == n;
   const auto t0 = Clock::now();
   try {
+    // The backend's streaming memory, made with the first chunk (a failure ends this request only).
+    if (streaming() && !s.stream) s.stream = backend_.new_stream(options_.stream);
     const auto chunk = std::span<const int32_t>(prompt).subspan(static_cast<size_t>(c0), static_cast<size_t>(c1 - c0));
     if (c0 > 0 && c0 == s.cached)  // the first chunk after a cached prefix: stage it
       backend_.load_prefix(s.blocks, static_cast<int32_t>(c0), static_cast<int32_t>(n));
@@ -340,7 +351,7 @@ void BatchEngine::prefill_step(std::vector<BatchEvent>& events) {
       take_logits(s, logits, events);
     }
   } catch (const Error& e) {
-    if (s.stream) s.prefilling = false;  // no staged prefill in the backend to abort
+    if (streaming()) s.prefilling = false;  // no staged prefill in the backend to abort
     finish(s, FinishReason::kError, events, e.what());
   }
   stats_.prefill_seconds += seconds_since(t0);
@@ -428,10 +439,7 @@ double BatchEngine::prefix_cache_bytes() const {
 double BatchEngine::kv_bytes_in_use() const {
   double bytes = static_cast<double>(pool_.used() - prefix_cache_.ids_only_here(pool_)) * block_bytes_;
   for (const auto& s : running_)
-    if (s->stream) {
-      const StreamStats st = s->stream->stats();
-      bytes += static_cast<double>(s->stream->resident_bytes() + st.host_bytes + st.index_bytes);
-    }
+    if (s->stream) bytes += s->stream->memory_bytes();
   return bytes;
 }
 

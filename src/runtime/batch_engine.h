@@ -86,11 +86,14 @@ class BatchBackend {
   // cannot say false to supports_prefix_cache (the engine then caches nothing); this default refuses.
   virtual bool supports_prefix_cache() const { return false; }
   virtual void load_prefix(const SequenceBlocks& seq, int32_t rows, int32_t total_len);
-  // Streaming memory (BatchEngineOptions::stream): a prefill chunk of the sequence whose keys and values `kv` holds, at
-  // [pos, pos + n) (pos == kv.length()), of the given kind; the last token's logits when `logits` is set. The batched
-  // decode of streamed sequences is decode() with DecodeRow::stream set. This default refuses: "streaming memory in
-  // the batched engine runs on the CPU (device cuda serves streamed requests one at a time)".
-  virtual std::vector<float> prefill_stream_chunk(StreamingKV& kv, std::span<const int32_t> tokens, int32_t pos,
+  // Streaming memory (BatchEngineOptions::stream): one streamed sequence's memory, of this backend's kind (the CPU: a
+  // StreamingKV; the GPU: device memory over pinned host blocks). Throws tessera::Error for options the backend cannot
+  // run. This default refuses: "streaming memory: the <device> batched backend has none".
+  virtual std::unique_ptr<StreamMemory> new_stream(const StreamOptions& options);
+  // A prefill chunk of the sequence whose keys and values `kv` (from new_stream) holds, at [pos, pos + n) (pos ==
+  // kv.sequence_length()), of the given kind; the last token's logits when `logits` is set. The batched decode of
+  // streamed sequences is decode() / decode_select() with DecodeRow::stream set.
+  virtual std::vector<float> prefill_stream_chunk(StreamMemory& kv, std::span<const int32_t> tokens, int32_t pos,
                                                   StreamingKV::ChunkKind kind, bool logits);
   // One token per row, each at position rows[i].seq->length() - 1 (blocks already grown); logits [B, vocab].
   virtual std::vector<float> decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) = 0;
@@ -136,7 +139,8 @@ class CpuBatchBackend final : public BatchBackend {
   void abort_prefill() override;
   bool supports_prefix_cache() const override { return true; }
   void load_prefix(const SequenceBlocks& seq, int32_t rows, int32_t total_len) override;
-  std::vector<float> prefill_stream_chunk(StreamingKV& kv, std::span<const int32_t> tokens, int32_t pos,
+  std::unique_ptr<StreamMemory> new_stream(const StreamOptions& options) override;
+  std::vector<float> prefill_stream_chunk(StreamMemory& kv, std::span<const int32_t> tokens, int32_t pos,
                                           StreamingKV::ChunkKind kind, bool logits) override;
   std::vector<float> decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) override;
   ForwardTimers timers() const override { return timers_; }
@@ -164,7 +168,7 @@ struct BatchEngineOptions {
   // StreamingKV (evicted blocks in host memory, host_budget per sequence) instead of KV blocks, its prompt read in
   // stream.chunk-token chunks, and the decode steps batch the streamed sequences (the products once over all rows,
   // each row attending through its own memory). Needs the default (empty) policy and requests without a policy; no
-  // context limit but max_context when set. The CPU backend runs it.
+  // context limit but max_context when set. The CPU and GPU backends run it (BatchBackend::new_stream).
   StreamOptions stream;
   // Automatic prefix caching (runtime/prefix_cache.h): the full KV blocks of densely prefilled prompts (at the end
   // of their prefill) and of finished sequences (prompt and generated tokens) stay in the pool, found again by

@@ -144,6 +144,13 @@ class PagedDecodeAttention final : public CpuAttentionStep {
   ThreadPool& pool_;
 };
 
+// The CPU's streaming memory of a streamed row (what CpuBatchBackend::new_stream made).
+StreamingKV& host_stream(const DecodeRow& row) {
+  auto* kv = dynamic_cast<StreamingKV*>(row.stream);
+  check(kv != nullptr, "batch decode: a streamed row whose memory is not the CPU's (StreamingKV)");
+  return *kv;
+}
+
 // Streamed rows: each row's streaming memory rotates its q and k and attends (one token, a decode chunk).
 class StreamRowsAttention final : public CpuAttentionStep {
  public:
@@ -154,7 +161,7 @@ class StreamRowsAttention final : public CpuAttentionStep {
     const int64_t QD = static_cast<int64_t>(cfg.num_q_heads) * cfg.head_dim;
     const int64_t KD = static_cast<int64_t>(cfg.num_kv_heads) * cfg.head_dim;
     for (size_t i = 0; i < rows_.size(); ++i) {
-      StreamingKV& kv = *rows_[i].stream;
+      StreamingKV& kv = host_stream(rows_[i]);
       const auto r = static_cast<int64_t>(i);
       kv.attend(layer, kv.length(), 1, q + r * QD, k + r * KD, v + r * KD, ops_.inv_freq(layer), cfg.attention_scale,
                 out + r * QD, ops_.pool());
@@ -180,8 +187,9 @@ std::vector<float> BatchForward::decode(std::span<const int32_t> tokens, std::sp
   for (size_t i = 0; i < rows.size(); ++i) {
     check((rows[i].stream != nullptr) == streamed, "batch decode: a batch mixes streamed and paged rows");
     if (streamed) {
-      positions_[i] = rows[i].stream->length();
-      rows[i].stream->begin_chunk(positions_[i], 1, StreamingKV::ChunkKind::Decode);
+      StreamingKV& kv = host_stream(rows[i]);
+      positions_[i] = kv.length();
+      kv.begin_chunk(positions_[i], 1, StreamingKV::ChunkKind::Decode);
     } else {
       positions_[i] = static_cast<int32_t>(rows[i].seq->length() - 1);
     }

@@ -19,6 +19,7 @@
 #include "runtime/kv_cache.h"
 #include "model/model.h"
 #include "runtime/paged_kv.h"
+#include "runtime/stream/stream_memory.h"
 #include "runtime/stream/streaming_kv.h"
 
 namespace tessera::runtime {
@@ -65,9 +66,10 @@ void gather_from_pages(const PagedKVStore& store, const SequenceBlocks& seq, int
 struct DecodeRow {
   const SequenceBlocks* seq = nullptr;
   std::span<const DecodeView> views;  // [layer * q_heads + q_head]
-  // Streaming memory (runtime/stream/streaming_kv.h): the row's sequence keeps its keys and values there instead of
-  // in blocks (seq and views unused), the row at position stream->length(). A batch is all streamed or all paged.
-  StreamingKV* stream = nullptr;
+  // Streaming memory (runtime/stream/stream_memory.h; the backend's own kind: a StreamingKV on the CPU): the row's
+  // sequence keeps its keys and values there instead of in blocks (seq and views unused), the row at position
+  // stream->sequence_length(). A batch is all streamed or all paged.
+  StreamMemory* stream = nullptr;
 };
 
 // Attention of one layer for B decode rows: q [B, q_heads, d] -> out [B, q_heads, d] (f32), row i attending over

@@ -11,6 +11,7 @@
 #include "cuda/cuda_check.h"
 #include "runtime/recipe.h"
 #include "runtime/cuda/kernels.h"
+#include "runtime/cuda/stream_gpu_kv.h"
 
 namespace tessera::runtime::gpu {
 
@@ -220,9 +221,113 @@ void GpuBatchBackend::fill_random(uint64_t seed, float scale) {
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
+namespace {
+
+// A streamed sequence's memory on the GPU: its GpuStreamingKV (device buffers, evicted blocks in pinned host memory).
+class GpuStreamMemory final : public StreamMemory {
+ public:
+  GpuStreamMemory(const ModelConfig& cfg, const StreamOptions& options) : kv(cfg, options) {}
+  int64_t sequence_length() const override { return kv.decisions().length(); }
+  void check_sequence(int64_t tokens) const override { kv.check_sequence(tokens); }
+  double memory_bytes() const override {
+    return static_cast<double>(kv.device_bytes()) + static_cast<double>(kv.gpu_stats().pinned_bytes);
+  }
+  GpuStreamingKV kv;
+};
+
+GpuStreamingKV& device_stream(StreamMemory* memory) {
+  auto* m = dynamic_cast<GpuStreamMemory*>(memory);
+  check(m != nullptr, "GPU batched engine: streaming memory not made by the GPU backend's new_stream");
+  return m->kv;
+}
+
+// The attention of a decode step of streamed rows: row i's memory rotates its q and k and attends (one token at
+// pos[i]) within its own layout, as the single-sequence GPU engine's decode does.
+class StreamRowsStep final : public GpuAttentionStep {
+ public:
+  StreamRowsStep(const GpuOps& ops, std::vector<GpuStreamingKV*> rows, std::vector<int32_t> pos)
+      : ops_(ops), rows_(std::move(rows)), pos_(std::move(pos)) {}
+  bool rotates(int32_t) const override { return true; }
+  void attend(int32_t layer, const GpuQkv& qkv, bf16* out, cudaStream_t stream) override {
+    const ModelConfig& cfg = ops_.config();
+    const int64_t QD = static_cast<int64_t>(cfg.num_q_heads) * cfg.head_dim;
+    for (size_t i = 0; i < rows_.size(); ++i) {
+      const auto r = static_cast<int64_t>(i);
+      rows_[i]->attend(layer, pos_[i], 1, qkv.q + r * qkv.q_ld, qkv.k + r * qkv.kv_ld, qkv.v + r * qkv.kv_ld,
+                       ops_.inv_freq(layer), ops_.host_inv_freq(layer), ops_.attention_scale(), out + r * QD, stream);
+    }
+  }
+
+ private:
+  const GpuOps& ops_;
+  std::vector<GpuStreamingKV*> rows_;
+  std::vector<int32_t> pos_;
+};
+
+}  // namespace
+
+std::unique_ptr<StreamMemory> GpuBatchBackend::new_stream(const StreamOptions& options) {
+  return std::make_unique<GpuStreamMemory>(cfg_, options);
+}
+
+std::vector<float> GpuBatchBackend::prefill_stream_chunk(StreamMemory& memory, std::span<const int32_t> tokens,
+                                                         int32_t pos, StreamingKV::ChunkKind kind, bool logits) {
+  GpuStreamingKV& kv = device_stream(&memory);
+  const int64_t end = static_cast<int64_t>(pos) + static_cast<int64_t>(tokens.size());
+  check(end < (int64_t{1} << 31), "streaming: a sequence of " + std::to_string(end) + " tokens (at most 2^31 - 1)");
+  kv.check_sequence(end);
+  kv.reserve(end);
+  kv.begin_chunk(pos, static_cast<int32_t>(tokens.size()), kind);
+  try {
+    std::vector<float> out = prefill_->run(tokens, pos, kv, logits ? LogitRows::kLast : LogitRows::kNone);
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return out;
+  } catch (...) {
+    cudaStreamSynchronize(stream_);
+    (void)cudaGetLastError();
+    throw;
+  }
+}
+
+int64_t GpuBatchBackend::run_stream_step(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) {
+  const auto n = static_cast<int64_t>(tokens.size());
+  std::vector<GpuStreamingKV*> kvs;
+  std::vector<int32_t> pos;
+  std::vector<int32_t> step(static_cast<size_t>(2 * n));
+  for (int64_t i = 0; i < n; ++i) {
+    const DecodeRow& row = rows[static_cast<size_t>(i)];
+    check(row.stream != nullptr, "GPU batched decode: a batch mixes streamed and paged rows");
+    GpuStreamingKV& kv = device_stream(row.stream);
+    const int32_t p = kv.decisions().length();
+    const int32_t tok = tokens[static_cast<size_t>(i)];
+    check(tok >= 0 && tok < cfg_.vocab_size,
+          "GPU batched decode: token id " + std::to_string(tok) + " outside the vocabulary");
+    kv.check_sequence(static_cast<int64_t>(p) + 1);
+    kv.reserve(static_cast<int64_t>(p) + 1);
+    kv.begin_chunk(p, 1, StreamingKV::ChunkKind::Decode);
+    kvs.push_back(&kv);
+    pos.push_back(p);
+    step[static_cast<size_t>(i)] = tok;
+    step[static_cast<size_t>(n + i)] = p;
+  }
+  StreamRowsStep attention(*ops_, std::move(kvs), std::move(pos));
+  // The paged steps' graphs hold the scratch's addresses: a buffer that grows here invalidates them.
+  bool grew = ops_->reserve(n, n, attention);
+  grew |= grow(step_, 2 * n);
+  if (grew) drop_graphs();
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(step_.data(), step.data(), step.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                     stream_));
+  ops_->begin(n, step_.data(), 0, step_.data() + n, attention);
+  run_layers(cfg_, *ops_);
+  ops_->head(0);
+  last_rows_ = n;
+  return n;
+}
+
 int64_t GpuBatchBackend::run_step(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) {
   const auto n = static_cast<int64_t>(tokens.size());
   check(rows.size() == tokens.size(), "GPU batched decode: one row per token");
+  if (n > 0 && rows.front().stream != nullptr) return run_stream_step(tokens, rows);
   const int64_t np = options_.pad_rows ? padded_rows(n) : n;
   const int32_t L = cfg_.num_layers, Hkv = cfg_.num_kv_heads;
   const int64_t Bt = shape_.block_tokens;
@@ -239,6 +344,7 @@ int64_t GpuBatchBackend::run_step(std::span<const int32_t> tokens, std::span<con
         step[static_cast<size_t>(4 * np + i * L * Hkv + j)] = scratch_block_;
       continue;
     }
+    check(rows[static_cast<size_t>(i)].seq != nullptr, "GPU batched decode: a batch mixes streamed and paged rows");
     const SequenceBlocks& seq = *rows[static_cast<size_t>(i)].seq;
     const int32_t slot = slot_of(seq);
     const int64_t pos = seq.length() - 1;

@@ -81,6 +81,12 @@ class GpuBatchBackend final : public BatchBackend {
   bool supports_prefix_cache() const override { return true; }
   void load_prefix(const SequenceBlocks& seq, int32_t rows, int32_t total_len) override;
   void release_sequence(const SequenceBlocks& seq) override;
+  // Streaming memory: each streamed sequence its own GpuStreamingKV (stream_gpu_kv.h); its prefill chunks run the
+  // prefill forward through it, and a decode step of streamed rows runs the recipe once over all rows (every product
+  // over B rows), each row attending through its own memory (not captured: the memories decide on the host).
+  std::unique_ptr<StreamMemory> new_stream(const StreamOptions& options) override;
+  std::vector<float> prefill_stream_chunk(StreamMemory& kv, std::span<const int32_t> tokens, int32_t pos,
+                                          StreamingKV::ChunkKind kind, bool logits) override;
   std::vector<float> decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) override;
   std::vector<int32_t> decode_select(std::span<const int32_t> tokens, std::span<const DecodeRow> rows,
                                      std::span<const RowChoice> choice) override;
@@ -104,6 +110,8 @@ class GpuBatchBackend final : public BatchBackend {
   // Uploads the step data of the rows (padded with scratch rows) and runs the decode step; the logits of the
   // padded batch stay on the device (logits_). Returns the padded row count.
   int64_t run_step(std::span<const int32_t> tokens, std::span<const DecodeRow> rows);
+  // The same for streamed rows (no padding, no graph).
+  int64_t run_stream_step(std::span<const int32_t> tokens, std::span<const DecodeRow> rows);
   int32_t slot_of(const SequenceBlocks& seq) const;
   bool reserve_step(int64_t n, int32_t splits);  // true when a buffer was reallocated
   void launch_step(int64_t n, int32_t splits);   // every launch of a decode step (captured into a graph)

@@ -710,4 +710,9 @@ int64_t StreamingKV::resident_bytes() const {
   return b + static_cast<int64_t>((ws_k_.size() + ws_v_.size()) * sizeof(float));
 }
 
+double StreamingKV::memory_bytes() const {
+  const StreamStats s = stats();
+  return static_cast<double>(resident_bytes() + s.host_bytes + s.index_bytes);
+}
+
 }  // namespace tessera::runtime

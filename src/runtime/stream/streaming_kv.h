@@ -41,6 +41,7 @@
 #include "runtime/stream/span_discovery.h"
 #include "runtime/stream/span_index.h"
 #include "runtime/stream/stream_layout.h"
+#include "runtime/stream/stream_memory.h"
 #include "runtime/stream/stream_options.h"
 
 namespace tessera::runtime {
@@ -71,7 +72,7 @@ struct StreamStats {
   double retrieval_seconds = 0; // span discovery, indexing and scoring
 };
 
-class StreamingKV : public KVPolicy {
+class StreamingKV : public KVPolicy, public StreamMemory {
  public:
   enum class ChunkKind { Prefill, LastPrefill, Decode };
 
@@ -88,7 +89,7 @@ class StreamingKV : public KVPolicy {
   //   "streaming: a sequence of 40,000 tokens evicts 311 blocks of 128 tokens per layer, whose K and V need
   //    1.83 GB of host memory (30 layers), over the budget of 1.00 GB for evicted KV blocks; raise
   //    --stream-host-budget or shorten the prompt"
-  void check_sequence(int64_t tokens) const;
+  void check_sequence(int64_t tokens) const override;
 
   // Called before the forward pass of the chunk [pos, pos + n) (pos must be the sequence's length).
   void begin_chunk(int32_t pos, int32_t n, ChunkKind kind);
@@ -160,6 +161,7 @@ class StreamingKV : public KVPolicy {
 
   void reset();  // an empty sequence (keeps nothing)
   int32_t length() const { return length_; }
+  int64_t sequence_length() const override { return length_; }
   const StreamOptions& options() const { return opt_; }
   StreamStats stats() const;
   // Blocks the last chunk of `layer` attended (ascending).
@@ -178,6 +180,8 @@ class StreamingKV : public KVPolicy {
   int32_t layers() const { return static_cast<int32_t>(layers_.size()); }
   // Bytes held besides the store and the index: sinks, the local window, the workspace.
   int64_t resident_bytes() const;
+  // resident_bytes() + the host store + the index (StreamMemory).
+  double memory_bytes() const override;
 
  private:
   struct PendingSpan {
