@@ -221,11 +221,8 @@ int serve_command(const ServeOptions& o) {
   const bool gpu = o.gpus == 1 && use_gpu_device(o.device);
   (void)cuda_attention_options(o.cuda, o.gpus > 1 || gpu);
   const bool fp8 = gemm_fp8(o.cuda, o.gpus > 1);
-  check(!fp8 || o.parallel == 1 || streaming,
+  check(!fp8 || o.parallel == 1,
         "--gemm fp8 runs in the single-sequence GPU engine: drop --parallel (the batched engine's GEMMs are bf16)");
-  check(!streaming || !gpu || o.parallel == 1,
-        "--stream on the GPU serves one request at a time: drop --parallel (on the CPU, --parallel N batches N streamed "
-        "requests)");
 
   const double t0 = now_seconds();
   const Session s = Session::open(o.model);
