@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <vector>
 
 #include "core/error.h"
+#include "runtime/grammar.h"
 
 namespace tessera::runtime {
 
@@ -52,6 +54,7 @@ void check_sampling_options(const SamplingOptions& o, const SamplingOptionNames&
 
 Sampler::Sampler(const SamplingOptions& options) : options_(options), rng_(options.seed) {
   check_sampling_options(options);
+  if (options_.grammar) grammar_ = std::make_shared<GrammarMatcher>(options_.grammar);
 }
 
 void Sampler::set_prompt(std::span<const int32_t> prompt) {
@@ -62,6 +65,7 @@ void Sampler::set_prompt(std::span<const int32_t> prompt) {
 }
 
 void Sampler::accept(int32_t token) {
+  if (grammar_) grammar_->accept(token);
   if (!options_.edits_logits()) return;
   const auto it = std::lower_bound(counts_.begin(), counts_.end(), std::make_pair(token, 0));
   if (it != counts_.end() && it->first == token) ++it->second;
@@ -69,6 +73,23 @@ void Sampler::accept(int32_t token) {
 }
 
 std::vector<LogitEdit> Sampler::edits(int32_t vocab) const {
+  std::vector<LogitEdit> out = penalty_edits(vocab);
+  if (!grammar_) return out;
+  // The grammar's mask merged in: a forbidden token's edit is bias -inf alone (whatever the penalties would add).
+  std::vector<LogitEdit> merged;
+  size_t j = 0;
+  for (int32_t t = 0; t < vocab; ++t) {
+    while (j < out.size() && out[j].token < t) ++j;
+    if (!grammar_->allows(t)) {
+      merged.push_back(LogitEdit{.token = t, .bias = -std::numeric_limits<float>::infinity()});
+    } else if (j < out.size() && out[j].token == t) {
+      merged.push_back(out[j]);
+    }
+  }
+  return merged;
+}
+
+std::vector<LogitEdit> Sampler::penalty_edits(int32_t vocab) const {
   std::vector<LogitEdit> out;
   if (!options_.edits_logits()) return out;
   const SamplingOptions& o = options_;
@@ -244,9 +265,11 @@ int32_t sample_token(std::span<const float> logits, const SamplingOptions& optio
 
 int32_t Sampler::sample(std::span<const float> logits) {
   int32_t token = 0;
-  if (options_.edits_logits()) {
+  if (options_.edits_logits() || grammar_) {
     std::vector<float> edited(logits.begin(), logits.end());
-    edit(edited);
+    for (const LogitEdit& e : penalty_edits(static_cast<int32_t>(edited.size())))
+      edited[static_cast<size_t>(e.token)] = edit_logit(edited[static_cast<size_t>(e.token)], e);
+    if (grammar_) grammar_->mask(edited);
     token = greedy() ? argmax(edited) : sample_token(edited, options_, uniform());
   } else {
     token = greedy() ? argmax(logits) : sample_token(logits, options_, uniform());

@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <span>
 #include <string>
@@ -35,6 +36,9 @@
 #include "runtime/logit_edit.h"
 
 namespace tessera::runtime {
+
+class Grammar;  // runtime/grammar.h
+class GrammarMatcher;
 
 struct SamplingOptions {
   float temperature = 0.0f;  // 0: greedy
@@ -46,6 +50,9 @@ struct SamplingOptions {
   float presence_penalty = 0.0f;    // 0: off
   float frequency_penalty = 0.0f;   // 0: off
   std::vector<std::pair<int32_t, float>> logit_bias{};  // (token id, added to its logit); ids must be in the vocabulary
+  // Structured output (runtime/grammar.h): each Sampler follows the grammar with its own matcher; the tokens it
+  // forbids get -inf after steps 1-3 (so greedy and every warper see only allowed tokens). null: none.
+  std::shared_ptr<const Grammar> grammar{};
 
   // Whether steps 1-3 change anything (then the sampler keeps the token history).
   bool edits_logits() const {
@@ -103,10 +110,12 @@ class Sampler {
   // argmax when greedy (no draw taken from the stream), else sample_token(logits, options, next_uniform()); on
   // the edited logits (steps 1-3) when options().edits_logits(). The token joins the history (accept).
   int32_t sample(std::span<const float> logits);
-  // A generated token chosen elsewhere (the batched engine's backends) joins the history.
+  // A generated token chosen elsewhere (the batched engine's backends) joins the history (and the grammar's: a
+  // token the grammar forbids throws GrammarError).
   void accept(int32_t token);
   // Steps 1-3 for the history so far, one edit per token that any of them changes (sorted by token; empty when
-  // options().edits_logits() is false). Throws tessera::Error for a logit_bias id >= vocab.
+  // options().edits_logits() is false and there is no grammar). With a grammar, every token it forbids now gets
+  // bias -inf. Throws tessera::Error for a logit_bias id >= vocab.
   std::vector<LogitEdit> edits(int32_t vocab) const;
   // Applies edits(logits.size()) to logits in place.
   void edit(std::span<float> logits) const;
@@ -117,11 +126,13 @@ class Sampler {
 
  private:
   double uniform();  // [0, 1)
+  std::vector<LogitEdit> penalty_edits(int32_t vocab) const;  // steps 1-3 alone
 
   SamplingOptions options_;
   std::mt19937_64 rng_;
   std::vector<int32_t> prompt_;                    // sorted, distinct (only when options_.edits_logits())
   std::vector<std::pair<int32_t, int32_t>> counts_;  // generated token -> count, sorted by token
+  std::shared_ptr<GrammarMatcher> grammar_;          // options_.grammar's matcher (null: none)
 };
 
 }  // namespace tessera::runtime
