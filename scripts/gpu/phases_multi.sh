@@ -122,3 +122,29 @@ phase_serve() {
   fi
   return 0
 }
+
+# The prefix cache on a multi-turn workload (issue 34): bench/server/prefix_turns.py against `serve --device cuda
+# --parallel PREFIX_CLIENTS` with the prefix cache and with --no-prefix-cache: each client a document of PREFIX_TOKENS
+# (28000) tokens and 4 questions on it, greedy answers of PREFIX_MAX_TOKENS (32); first-turn against later-turn TTFT,
+# the answers of both runs compared, the KV held (/metrics) against PREFIX_KV (8G). PREFIX_MODEL: a file under
+# build/models (default Gemma-3-270M, carried in parts: run.sh parts ~/.cache/tessera/models/gemma-3-270m-q4_k_m.gguf).
+# OpenAI's client: the image's python3 if it has it, else wheels carried in build/py-wheels (made here with
+#   python3 -m pip download openai==3.51.0 -d build/py-wheels --only-binary=:all: --platform manylinux2014_x86_64 \
+#     --python-version 3.X   (once per Python the image may have: 3.10, 3.11, 3.12)
+# ), installed into build/gpu-run/pyenv without the network.
+phase_prefix() {
+  need tessera || return 1
+  models
+  local m=$ROOT/build/models/${PREFIX_MODEL:-gemma-3-270m-q4_k_m.gguf} py=python3
+  [ -f "$m" ] || { say "prefix: no $m (carry it: run.sh parts)"; return 1; }
+  if ! python3 -c "import openai" 2> /dev/null; then
+    [ -d "$ROOT/build/py-wheels" ] || { say "prefix: python3 has no openai and build/py-wheels was not carried"; return 1; }
+    step prefix_pyenv 120 bash -c "python3 -m venv '$WORK/pyenv' && '$WORK/pyenv/bin/pip' install -q --no-index \
+      --find-links '$ROOT/build/py-wheels' openai==3.51.0" || return 1
+    py=$WORK/pyenv/bin/python
+  fi
+  STEP_TAIL=14 step prefix_turns "$(left)" "$py" "$ROOT/bench/server/prefix_turns.py" --tessera "$(bin tessera)" \
+    --model "$m" --device cuda --doc-tokens "${PREFIX_TOKENS:-28000}" --clients "${PREFIX_CLIENTS:-4}" --questions 4 \
+    --max-tokens "${PREFIX_MAX_TOKENS:-32}" --kv-budget "${PREFIX_KV:-8G}" --json-out "$CSV/prefix_turns.json" \
+    --md-out "$LOGS/prefix_turns.md"
+}
