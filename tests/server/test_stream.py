@@ -1,5 +1,6 @@
 """`tessera serve --stream`: every request through streaming memory (docs/streaming.md), on the real SmolLM2-135M
-(CPU), through OpenAI's official Python client.
+(CPU; TESSERA_DEVICE=cuda: the GPU's batched engine, each sequence its own GpuStreamingKV), through OpenAI's official
+Python client.
 
 Sizes small enough that a ~150-token prompt evicts and retrieves blocks. Greedy answers must equal
 `tessera run --stream` with the same sizes (the server adds no drift); the context the server states is what the
@@ -11,11 +12,15 @@ import threading
 
 import openai
 
-from harness import BIN, MODEL, MODEL_ID, Server, cli_answer, run, test
+from harness import BIN, DEVICE, MODEL, MODEL_ID, Server, cli_answer, run, test
 
 SIZES = ["--stream-sinks", "16", "--stream-local", "64", "--stream-block", "16", "--stream-top-k", "2",
          "--stream-chunk", "32", "--stream-last-chunk", "16"]
-CONTEXT = 271
+# The host budget of a slot (8 MiB) over one evicted block's K and V in every layer (16 tokens x 30 layers x 3 kv heads
+# x 64 x 2): f32 on the CPU (11 blocks), bf16 in the GPU's pinned memory (22 blocks, TESSERA_DEVICE=cuda); the context
+# is sinks + local + (blocks + 1) x 16 - 1.
+BLOCKS = (8 << 20) // (16 * 30 * 3 * 64 * 2 * (4 if DEVICE == "cpu" else 2))
+CONTEXT = 16 + 64 + (BLOCKS + 1) * 16 - 1
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 12 + "How many times did the fox jump? Answer:"
 QUESTION = "Name three colours of the rainbow. " * 6 + "Which colour comes first?"
 
@@ -82,7 +87,7 @@ def chat_equals_cli_and_two_at_once(s):
 
 @test
 def errors(s):
-    long_prompt = "word " * 400
+    long_prompt = "word " * (CONTEXT + 100)
     try:
         s.client.completions.create(model=MODEL_ID, prompt=long_prompt, max_tokens=1)
         raise AssertionError("a prompt over the streaming context was accepted")

@@ -300,6 +300,109 @@ TEST(GpuBatch, PrefixCacheChangesNoToken) {
 }
 
 // The batch padding buckets and the split rounding (host functions of batch_gpu.h).
+// Streamed requests batch on the GPU (BatchBackend::new_stream: each sequence its own GpuStreamingKV): three
+// sequences of different lengths, prefilled in the stream's chunks (evicting and retrieving blocks), then decode
+// steps of the three rows as one recipe step; each row's logits equal (within bf16 rounding of GEMMs over 3 rows
+// instead of 1) the single-sequence streaming GPU engine's on the same tokens. Then the scheduler: five streamed
+// requests, three at a time, every request's first token equal to the single engine's (the same prefill chunks), no
+// error, and the memory gone with the sequences.
+TEST(GpuBatch, StreamedRowsEqualSingleSequenceStreaming) {
+  REQUIRE_GPU();
+  ModelConfig cfg = synthetic_config("llama3-8b");
+  cfg.num_layers = 2;
+  cfg.layers.resize(2);
+  cfg.vocab_size = 4096;
+  const auto dev = DeviceModel::random(cfg, 7);
+  for (const StreamMethod m : {StreamMethod::Ltri, StreamMethod::InfLLM, StreamMethod::StreamingLLM}) {
+    SCOPED_TRACE(stream_method_name(m));
+    StreamOptions so;
+    so.method = m;
+    so.sinks = 16;
+    so.local = 128;
+    so.block = 32;
+    so.chunk = 96;
+    so.top_k = 3;
+    if (m == StreamMethod::StreamingLLM) so = streamingllm_equal_memory(so);
+    GpuBatchBackend backend(*dev);
+    const std::vector<int32_t> lengths{40, 500, 1300};
+    std::vector<std::unique_ptr<StreamMemory>> mems;
+    std::vector<std::unique_ptr<GpuEngine>> singles;
+    double worst_prefill = 0;
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      const std::vector<int32_t> prompt = random_tokens(lengths[i], cfg.vocab_size, static_cast<uint32_t>(11 + i));
+      mems.push_back(backend.new_stream(so));
+      std::vector<float> last;
+      for (int64_t c0 = 0; c0 < lengths[i];) {
+        const int64_t c1 = stream_chunk_end(so, c0, lengths[i]);
+        const bool end = c1 == lengths[i];
+        last = backend.prefill_stream_chunk(
+            *mems.back(), std::span<const int32_t>(prompt).subspan(static_cast<size_t>(c0), static_cast<size_t>(c1 - c0)),
+            static_cast<int32_t>(c0), end ? StreamingKV::ChunkKind::LastPrefill : StreamingKV::ChunkKind::Prefill, end);
+        c0 = c1;
+      }
+      EXPECT_EQ(mems.back()->sequence_length(), lengths[i]);
+      GpuEngineOptions go;
+      go.stream = so;
+      singles.push_back(std::make_unique<GpuEngine>(*dev, go));
+      worst_prefill = std::max(worst_prefill, rel_l2(singles.back()->prefill(prompt), last));
+    }
+    EXPECT_LT(worst_prefill, 1e-6);  // the same chunks through the same forward
+    double worst = 0;
+    for (int step = 0; step < 10; ++step) {
+      std::vector<int32_t> toks;
+      std::vector<DecodeRow> rows;
+      for (size_t i = 0; i < mems.size(); ++i) {
+        toks.push_back(static_cast<int32_t>((step * 89 + i * 17) % cfg.vocab_size));
+        DecodeRow r;
+        r.stream = mems[i].get();
+        rows.push_back(r);
+      }
+      const std::vector<float> got = backend.decode(toks, rows);
+      for (size_t i = 0; i < mems.size(); ++i) {
+        const std::vector<float> want = singles[i]->decode(toks[i]);
+        const std::vector<float> row(got.begin() + static_cast<int64_t>(i) * cfg.vocab_size,
+                                     got.begin() + static_cast<int64_t>(i + 1) * cfg.vocab_size);
+        worst = std::max(worst, rel_l2(want, row));
+        EXPECT_EQ(mems[i]->sequence_length(), lengths[i] + step + 1);
+      }
+    }
+    std::printf("[batch] streamed %s: batched vs single-sequence GPU streaming decode, 10 steps x 3 rows, worst rel L2 %.3g\n",
+                stream_method_name(m), worst);
+    EXPECT_LT(worst, 2e-2);
+
+    // The scheduler over the GPU backend's streaming memory (a backend of its own: the engine allocates its store).
+    GpuBatchBackend backend2(*dev);
+    BatchEngineOptions o;
+    o.max_batch = 3;
+    o.stream = so;
+    BatchEngine engine(backend2, o);
+    std::vector<BatchRequest> reqs;
+    for (uint32_t i = 0; i < 5; ++i) {
+      BatchRequest r;
+      r.prompt = random_tokens(static_cast<int32_t>(60 + 211 * i), cfg.vocab_size, 70 + i);
+      r.options.max_new_tokens = 6;
+      reqs.push_back(r);
+    }
+    std::vector<std::vector<int32_t>> out(reqs.size());
+    std::vector<int64_t> ids;
+    for (const BatchRequest& r : reqs) ids.push_back(engine.submit(r));
+    while (engine.busy())
+      for (const BatchEvent& e : engine.step()) {
+        EXPECT_NE(e.reason, FinishReason::kError) << e.error;
+        if (e.token >= 0) out[static_cast<size_t>(e.id - ids.front())].push_back(e.token);
+      }
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      ASSERT_EQ(out[i].size(), 6u) << "request " << i;
+      GpuEngineOptions go;
+      go.stream = so;
+      GpuEngine single(*dev, go);
+      EXPECT_EQ(out[i].front(), argmax(single.prefill(reqs[i].prompt))) << "request " << i;
+    }
+    EXPECT_EQ(engine.stats().max_decode_batch, 3);
+    EXPECT_EQ(engine.kv_bytes_in_use(), 0.0);
+  }
+}
+
 TEST(GpuBatch, PaddingBuckets) {
   const std::vector<std::pair<int64_t, int64_t>> want{{1, 1},   {2, 2},   {3, 3},   {4, 4},   {5, 6},   {6, 6},
                                                       {7, 8},   {8, 8},   {9, 12},  {12, 12}, {13, 16}, {17, 24},
