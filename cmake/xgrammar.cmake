@@ -51,17 +51,25 @@ endif()
 # first tree that builds it copies it there. Always position-independent (the Python module links it into a shared
 # object), so that trees with and without the module share it. TESSERA_XGRAMMAR_REBUILD=ON ignores the cache.
 option(TESSERA_XGRAMMAR_REBUILD "Build XGrammar in this tree even when ~/.cache/tessera holds a built one" OFF)
+set(TESSERA_XGRAMMAR_LIBRARY "" CACHE FILEPATH "A libtessera_xgrammar.a built before from the same sources (empty: the cache's, or build)")
 if(CMAKE_BUILD_TYPE)
   string(TOUPPER "${CMAKE_BUILD_TYPE}" _xg_bt)
 endif()
 # Debug-info flags do not change the code (the asan preset adds -g1): they are not part of the key.
 string(REGEX REPLACE "(^| )-g[0-9a-z]*" "" _xg_flags "${CMAKE_CXX_FLAGS} ${CMAKE_CXX_FLAGS_${_xg_bt}}")
-string(SHA256 _xg_key "${_xg_version}|${_xg_sha256}|${CMAKE_CXX_COMPILER_ID}|${CMAKE_CXX_COMPILER_VERSION}|${CMAKE_CXX_COMPILER}|${_xg_flags}|${CMAKE_CURRENT_LIST_FILE}")
+# _xg_recipe: raise it when the sources or flags below change, so that the trees build anew (not hashing this file's
+# text: an edit of a comment would rebuild every tree's copy).
+set(_xg_recipe 1)
+string(SHA256 _xg_key "${_xg_version}|${_xg_sha256}|${CMAKE_CXX_COMPILER_ID}|${CMAKE_CXX_COMPILER_VERSION}|${CMAKE_CXX_COMPILER}|${_xg_flags}|${_xg_recipe}")
 string(SUBSTRING "${_xg_key}" 0 16 _xg_key)
 set(_xg_built_dir "$ENV{HOME}/.cache/tessera/xgrammar-${_xg_version}-${_xg_key}")
 set(_xg_built "${_xg_built_dir}/libtessera_xgrammar.a")
 
-if(EXISTS "${_xg_built}" AND NOT TESSERA_XGRAMMAR_REBUILD)
+if(TESSERA_XGRAMMAR_LIBRARY)
+  add_library(tessera_xgrammar STATIC IMPORTED GLOBAL)
+  set_target_properties(tessera_xgrammar PROPERTIES IMPORTED_LOCATION "${TESSERA_XGRAMMAR_LIBRARY}")
+  set(_xg_how "TESSERA_XGRAMMAR_LIBRARY: ${TESSERA_XGRAMMAR_LIBRARY}")
+elseif(EXISTS "${_xg_built}" AND NOT TESSERA_XGRAMMAR_REBUILD)
   add_library(tessera_xgrammar STATIC IMPORTED GLOBAL)
   set_target_properties(tessera_xgrammar PROPERTIES IMPORTED_LOCATION "${_xg_built}")
   set(_xg_how "built before: ${_xg_built}")

@@ -39,6 +39,7 @@ bool allow_missing() {
 }
 
 #define REQUIRE_TOKENIZER(tok, file)                                                         \
+  if (!grammar_available()) GTEST_SKIP() << "built without XGrammar (TESSERA_XGRAMMAR=OFF)"; \
   auto tok = load_tokenizer(file);                                                           \
   if (!tok) {                                                                                \
     if (allow_missing()) GTEST_SKIP() << file << " is missing (TESSERA_ALLOW_MISSING_MODELS=1)"; \
