@@ -35,6 +35,9 @@ export PATH=$PATH:/usr/local/cuda/bin  # compute-sanitizer, cuobjdump, ncu where
 export NCCL_NVLS_ENABLE=0             # no NVLink multicast on shared machines
 export PYTHONUNBUFFERED=1
 export ROOT SRC WORK LOGS CSV OUT BUILD_DIR JOBS START BUDGET
+# Source archives the build downloads (XGrammar's sdist: cmake/xgrammar.cmake), carried in build/downloads: the GPU
+# machine reaches no network.
+[ -d "$ROOT/build/downloads" ] && export TESSERA_DOWNLOADS=$ROOT/build/downloads
 
 lib_init() {
   mkdir -p "$OUT" "$LOGS" "$CSV"
