@@ -51,6 +51,9 @@ struct GpuBatchOptions {
   int32_t splits = 0;      // decode attention splits per (row, kv head); 0: chosen per step from the lengths
   bool graphs = true;      // run each decode step as a CUDA graph (one per batch size and split count)
   bool pad_rows = true;    // pad the batch to padded_rows(n) rows (fewer distinct graphs)
+  // kFp8: the layers' GEMMs in E4M3, prefill and decode (the weights quantized once, here: DeviceFp8Weights; the
+  // decode step then reads half the weight bytes; activations quantized per product; the LM head stays bf16).
+  GemmPrecision gemm = GemmPrecision::kBf16;
 };
 
 // The decode batch a step of n rows runs: n up to 4, then the next of 6, 8, 12, 16, 24, 32, 48, 64, 96, ...
@@ -103,6 +106,8 @@ class GpuBatchBackend final : public BatchBackend {
   int32_t last_splits() const { return last_splits_; }
   int64_t last_rows() const { return last_rows_; }  // the padded batch of the last step
   int64_t graphs() const { return static_cast<int64_t>(graphs_.size()); }
+  // The FP8 copy of the layers' weights (GpuBatchOptions::gemm == kFp8), or 0.
+  size_t fp8_weight_bytes() const { return fp8_ ? fp8_->bytes() : 0; }
 
  private:
   // Rows [0, len) of seq's kept blocks between the staging cache and the pool (paged_copy), synchronously.
@@ -123,6 +128,7 @@ class GpuBatchBackend final : public BatchBackend {
   const ModelConfig& cfg_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<Gemm> gemm_;
+  std::unique_ptr<DeviceFp8Weights> fp8_;  // GemmPrecision::kFp8 only
   EventTimer timer_{false};
   std::unique_ptr<GpuForward> prefill_;
   DeviceKVCache staging_;
