@@ -40,8 +40,12 @@ GpuBatchBackend::GpuBatchBackend(const DeviceModel& model, GpuBatchOptions optio
   TESSERA_CUDA_CHECK(cudaStreamCreate(&stream_));
   try {
     gemm_ = std::make_unique<Gemm>(stream_);
-    prefill_ = std::make_unique<GpuForward>(model_, options_.prefill, stream_, *gemm_, timer_);
-    ops_ = std::make_unique<GpuOps>(model_, stream_, *gemm_, timer_, nullptr, std::numeric_limits<int32_t>::max());
+    if (options_.gemm == GemmPrecision::kFp8) {
+      check_gemm_precision_supported(options_.gemm);
+      fp8_ = DeviceFp8Weights::quantize(model_, stream_);
+    }
+    prefill_ = std::make_unique<GpuForward>(model_, options_.prefill, stream_, *gemm_, timer_, fp8_.get());
+    ops_ = std::make_unique<GpuOps>(model_, stream_, *gemm_, timer_, fp8_.get(), std::numeric_limits<int32_t>::max());
     paged_ = std::make_unique<PagedDecodeStep>(cfg_, ops_->attention_scale(), layout_);
     int dev = 0;
     TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
@@ -59,6 +63,7 @@ GpuBatchBackend::~GpuBatchBackend() {
   paged_.reset();
   ops_.reset();
   prefill_.reset();
+  fp8_.reset();
   gemm_.reset();
   cudaStreamDestroy(stream_);
 }
