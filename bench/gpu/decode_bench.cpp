@@ -3,6 +3,7 @@
 //
 //   decode_bench [--model llama3-8b] [--ctx 8192,32768,131072] [--batch 1,8,32,64] [--kv-gb 40] [--steps 20]
 //                [--moa-density 0.5] [--moa-plan FILE] [--block 64] [--layers N] [--csv FILE] [--no-graphs]
+//                [--gemm bf16,fp8]
 //
 // Weights are pseudo-random (DeviceModel::random) of the model's shapes; every sequence's KV is pseudo-random
 // bf16 (no prefill: the benchmark is the decode step), laid out in blocks exactly as a prefill would leave it.
@@ -12,7 +13,9 @@
 // read + write bytes over time). "moa" is a uniform MoA plan, span = density x N and a sink of 64, so the KV
 // held and read is about density x dense. --moa-plan adds "moa-plan": a MoA alpha/beta file (MoA's own format,
 // e.g. its published Llama-3-8B-Instruct-262k plan), whose KV per kv head is the widest span of the head's group.
-// A batch whose sequences do not fit the KV budget is reported as such.
+// A batch whose sequences do not fit the KV budget is reported as such. --gemm: the layers' GEMMs in each precision
+// given, one after the other in the same table (fp8: GpuBatchOptions::gemm, weights quantized once, E4M3; the floor
+// then counts the FP8 copy of the layers' weights instead of their bf16 bytes, the LM head staying bf16).
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -68,6 +71,7 @@ int main(int argc, char** argv) {
   double kv_gb = 40, density = 0.5;
   int steps = 20, block = 64, layers = 0;
   bool graphs = true;
+  std::vector<gpu::GemmPrecision> gemms{gpu::GemmPrecision::kBf16};
   try {
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
@@ -86,6 +90,11 @@ int main(int argc, char** argv) {
       else if (a == "--layers") layers = std::stoi(next());
       else if (a == "--csv") csv = next();
       else if (a == "--no-graphs") graphs = false;
+      else if (a == "--gemm") {
+        gemms.clear();
+        std::stringstream list(next());
+        for (std::string g; std::getline(list, g, ',');) gemms.push_back(gpu::parse_gemm_precision(g));
+      }
       else throw Error("unknown option " + a + " (see the comment at the top of bench/gpu/decode_bench.cpp)");
     }
     check(density > 0 && density <= 1, "--moa-density must be in (0, 1]");
@@ -102,103 +111,112 @@ int main(int argc, char** argv) {
     const double bw = copy_bandwidth();
     std::printf("copy bandwidth (device to device, read + write): %.0f GB/s\n", bw / 1e9);
     const auto dev = gpu::DeviceModel::random(cfg, 1);
-    const double weight_bytes = static_cast<double>(dev->bytes());
-    gpu::GpuBatchOptions bo;
-    bo.graphs = graphs;
-    gpu::GpuBatchBackend backend(*dev, bo);
+    const double bf16_bytes = static_cast<double>(dev->bytes());
     const PagedKVShape shape{cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, block};
-    const auto num_blocks = static_cast<int32_t>(kv_gb * 1e9 / backend.block_bytes(shape));
-    backend.create_store(shape, num_blocks, static_cast<int32_t>(max_batch), static_cast<int32_t>(max_ctx + 64));
-    backend.fill_random(7, 1.0f);
-    std::printf("model %s (%d layers, random weights %.2f GB), KV budget %.1f GB = %d blocks of %d tokens, CUDA graphs %s\n\n",
-                model.c_str(), cfg.num_layers, weight_bytes / 1e9, kv_gb, num_blocks, block, graphs ? "on" : "off");
-    std::printf("| context | KV | batch | step ms | tokens/s | KV read GB/step | floor ms | step / floor | splits |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|\n");
+    const auto num_blocks =
+        static_cast<int32_t>(kv_gb * 1e9 / (2.0 * static_cast<double>(shape.elements_per_block()) * sizeof(bf16)));
+    std::printf("model %s (%d layers, random weights %.2f GB bf16), KV budget %.1f GB = %d blocks of %d tokens, CUDA graphs %s\n\n",
+                model.c_str(), cfg.num_layers, bf16_bytes / 1e9, kv_gb, num_blocks, block, graphs ? "on" : "off");
+    std::printf("| GEMM | context | KV | batch | step ms | tokens/s | KV read GB/step | floor ms | step / floor | splits |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
     std::ofstream out;
     if (!csv.empty()) {
       out.open(csv);
-      out << "context,kv,batch,step_ms,tokens_per_s,kv_read_gb,floor_ms,ratio,splits\n";
+      out << "context,kv,batch,step_ms,tokens_per_s,kv_read_gb,floor_ms,ratio,splits,gemm\n";
     }
-    const int warm = 3;
-    std::vector<std::pair<std::string, std::optional<attn::AttentionPolicy>>> kinds;
-    kinds.emplace_back("dense", std::nullopt);
-    kinds.emplace_back("moa", attn::AttentionPolicy::uniform(cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads,
-                                                             attn::ElasticWindowPattern{0, density, 64}));
-    if (!moa_plan.empty()) {
-      std::ifstream f(moa_plan);
-      check(static_cast<bool>(f), "cannot open --moa-plan " + moa_plan);
-      attn::AttentionPolicy p = attn::import_moa(nlohmann::json::parse(f), moa_plan, cfg.num_kv_heads);
-      check(p.num_layers() == cfg.num_layers && p.num_q_heads() == cfg.num_q_heads,
-            "--moa-plan " + moa_plan + " is not for " + std::to_string(cfg.num_layers) + " layers x " +
-                std::to_string(cfg.num_q_heads) + " heads");
-      kinds.emplace_back("moa-plan", std::move(p));
-    }
-    for (int64_t ctx : ctxs) {
-      for (const auto& [kind, policy] : kinds) {
-        const char* label = kind.c_str();
-        const std::vector<DecodeView> views = decode_views(cfg, policy ? &*policy : nullptr, ctx);
-        const std::vector<KVRetention> ret = kv_retention(cfg, views);
-        for (int64_t batch : batches) {
-          BlockPool pool(num_blocks);
-          std::vector<SequenceBlocks> seqs;
-          seqs.reserve(static_cast<size_t>(batch));
-          const int64_t per_seq = SequenceBlocks(shape, ret).max_blocks(ctx, ctx + warm + steps);
-          if (per_seq * batch > num_blocks) {
-            std::printf("| %lld | %s | %lld | does not fit (%lld blocks of %d needed) | | | | | |\n",
-                        static_cast<long long>(ctx), label, static_cast<long long>(batch),
-                        static_cast<long long>(per_seq * batch), num_blocks);
-            continue;
-          }
-          for (int64_t b = 0; b < batch; ++b) {
-            seqs.emplace_back(shape, ret);
-            seqs.back().grow(ctx - 1, pool);
-            backend.adopt(seqs.back(), views);
-          }
-          std::vector<int32_t> toks(static_cast<size_t>(batch), 1000);
-          double seconds = 0, kv_read = 0;
-          for (int s = 0; s < warm + steps; ++s) {
-            std::vector<DecodeRow> rows;
-            double kv = 0;
+    for (const gpu::GemmPrecision gemm : gemms) {
+      const char* gemm_name = gpu::gemm_precision_name(gemm);
+      gpu::GpuBatchOptions bo;
+      bo.graphs = graphs;
+      bo.gemm = gemm;
+      gpu::GpuBatchBackend backend(*dev, bo);
+      // The bytes a step reads of the weights: FP8 replaces the layers' bf16 matrices by their E4M3 copy (1 byte an
+      // element, + the scales): bf16 bytes - 2 x codes + codes + scales ~= bf16 bytes - the FP8 copy's bytes.
+      const double weight_bytes = bf16_bytes - static_cast<double>(backend.fp8_weight_bytes());
+      backend.create_store(shape, num_blocks, static_cast<int32_t>(max_batch), static_cast<int32_t>(max_ctx + 64));
+      backend.fill_random(7, 1.0f);
+      const int warm = 3;
+      std::vector<std::pair<std::string, std::optional<attn::AttentionPolicy>>> kinds;
+      kinds.emplace_back("dense", std::nullopt);
+      kinds.emplace_back("moa", attn::AttentionPolicy::uniform(cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads,
+                                                               attn::ElasticWindowPattern{0, density, 64}));
+      if (!moa_plan.empty()) {
+        std::ifstream f(moa_plan);
+        check(static_cast<bool>(f), "cannot open --moa-plan " + moa_plan);
+        attn::AttentionPolicy p = attn::import_moa(nlohmann::json::parse(f), moa_plan, cfg.num_kv_heads);
+        check(p.num_layers() == cfg.num_layers && p.num_q_heads() == cfg.num_q_heads,
+              "--moa-plan " + moa_plan + " is not for " + std::to_string(cfg.num_layers) + " layers x " +
+                  std::to_string(cfg.num_q_heads) + " heads");
+        kinds.emplace_back("moa-plan", std::move(p));
+      }
+      for (int64_t ctx : ctxs) {
+        for (const auto& [kind, policy] : kinds) {
+          const char* label = kind.c_str();
+          const std::vector<DecodeView> views = decode_views(cfg, policy ? &*policy : nullptr, ctx);
+          const std::vector<KVRetention> ret = kv_retention(cfg, views);
+          for (int64_t batch : batches) {
+            BlockPool pool(num_blocks);
+            std::vector<SequenceBlocks> seqs;
+            seqs.reserve(static_cast<size_t>(batch));
+            const int64_t per_seq = SequenceBlocks(shape, ret).max_blocks(ctx, ctx + warm + steps);
+            if (per_seq * batch > num_blocks) {
+              std::printf("| %s | %lld | %s | %lld | does not fit (%lld blocks of %d needed) | | | | | |\n",
+                          gemm_name, static_cast<long long>(ctx), label, static_cast<long long>(batch),
+                          static_cast<long long>(per_seq * batch), num_blocks);
+              continue;
+            }
+            for (int64_t b = 0; b < batch; ++b) {
+              seqs.emplace_back(shape, ret);
+              seqs.back().grow(ctx - 1, pool);
+              backend.adopt(seqs.back(), views);
+            }
+            std::vector<int32_t> toks(static_cast<size_t>(batch), 1000);
+            double seconds = 0, kv_read = 0;
+            for (int s = 0; s < warm + steps; ++s) {
+              std::vector<DecodeRow> rows;
+              double kv = 0;
+              for (auto& q : seqs) {
+                q.grow(1, pool);
+                rows.push_back({&q, views});
+                for (int32_t l = 0; l < cfg.num_layers; ++l)
+                  for (int32_t h = 0; h < cfg.num_kv_heads; ++h) {
+                    // The keys the kv head's group reads: its widest view.
+                    int64_t keys = 0;
+                    for (int32_t g = 0; g < cfg.num_q_heads / cfg.num_kv_heads; ++g)
+                      keys = std::max(keys, views[static_cast<size_t>(l * cfg.num_q_heads + h * (cfg.num_q_heads / cfg.num_kv_heads) + g)]
+                                                .ranges(q.length())
+                                                .count());
+                    kv += static_cast<double>(keys) * cfg.head_dim * 2 * 2;
+                  }
+              }
+              const auto t0 = std::chrono::steady_clock::now();
+              backend.decode(toks, rows);
+              const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+              if (s >= warm) {
+                seconds += dt;
+                kv_read += kv;
+              }
+            }
+            const double step = seconds / steps, kv_step = kv_read / steps;
+            const double floor = (weight_bytes + kv_step) / bw;
+            std::printf("| %s | %lld | %s | %lld | %.2f | %.0f | %.2f | %.2f | %.2f | %d |\n", gemm_name,
+                        static_cast<long long>(ctx), label, static_cast<long long>(batch), step * 1e3,
+                        static_cast<double>(batch) / step,
+                        kv_step / 1e9, floor * 1e3, step / floor, backend.last_splits());
+            std::fflush(stdout);
+            if (out) {
+              out << ctx << ',' << (label) << ',' << batch << ',' << step * 1e3 << ','
+                  << static_cast<double>(batch) / step << ',' << kv_step / 1e9 << ',' << floor * 1e3 << ','
+                  << step / floor << ',' << backend.last_splits() << ',' << gemm_name << '\n';
+            }
             for (auto& q : seqs) {
-              q.grow(1, pool);
-              rows.push_back({&q, views});
-              for (int32_t l = 0; l < cfg.num_layers; ++l)
-                for (int32_t h = 0; h < cfg.num_kv_heads; ++h) {
-                  // The keys the kv head's group reads: its widest view.
-                  int64_t keys = 0;
-                  for (int32_t g = 0; g < cfg.num_q_heads / cfg.num_kv_heads; ++g)
-                    keys = std::max(keys, views[static_cast<size_t>(l * cfg.num_q_heads + h * (cfg.num_q_heads / cfg.num_kv_heads) + g)]
-                                              .ranges(q.length())
-                                              .count());
-                  kv += static_cast<double>(keys) * cfg.head_dim * 2 * 2;
-                }
+              backend.release_sequence(q);
+              q.release(pool);
             }
-            const auto t0 = std::chrono::steady_clock::now();
-            backend.decode(toks, rows);
-            const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-            if (s >= warm) {
-              seconds += dt;
-              kv_read += kv;
-            }
-          }
-          const double step = seconds / steps, kv_step = kv_read / steps;
-          const double floor = (weight_bytes + kv_step) / bw;
-          std::printf("| %lld | %s | %lld | %.2f | %.0f | %.2f | %.2f | %.2f | %d |\n", static_cast<long long>(ctx),
-                      label, static_cast<long long>(batch), step * 1e3, static_cast<double>(batch) / step,
-                      kv_step / 1e9, floor * 1e3, step / floor, backend.last_splits());
-          std::fflush(stdout);
-          if (out) {
-            out << ctx << ',' << (label) << ',' << batch << ',' << step * 1e3 << ','
-                << static_cast<double>(batch) / step << ',' << kv_step / 1e9 << ',' << floor * 1e3 << ','
-                << step / floor << ',' << backend.last_splits() << '\n';
-          }
-          for (auto& q : seqs) {
-            backend.release_sequence(q);
-            q.release(pool);
           }
         }
       }
-    }
+    }  // gemm
   } catch (const std::exception& e) {
     std::fprintf(stderr, "decode_bench: %s\n", e.what());
     return 1;

@@ -44,6 +44,7 @@ class CudaDevice final : public Device {
   std::unique_ptr<BatchBackend> batch_backend(const EngineOptions& options) const override {
     GpuBatchOptions gbo;
     gbo.prefill.cuda_attention = options.gpu.cuda_attention;
+    if (options.gpu.fp8_gemm) gbo.gemm = GemmPrecision::kFp8;
     return std::make_unique<GpuBatchBackend>(*weights_, gbo);
   }
 
