@@ -20,6 +20,7 @@
 #include "runtime/sampling.h"
 #include "runtime/cuda/batch_gpu.h"
 #include "runtime/cuda/device_model.h"
+#include "runtime/cuda/fp8_quant.h"
 #include "runtime/cuda/gpu_engine.h"
 #include "runtime/cuda/kernels.h"
 #include "runtime/cuda/sample_gpu.h"
@@ -197,15 +198,17 @@ double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
 // ---- the engine against the single-sequence GPU engine: Llama-3-8B shapes (2 layers), random weights ----
 
 // Three sequences of different lengths decode together; each row's logits equal (within bf16 rounding of GEMMs over
-// 3 rows instead of 1) the single-sequence engine's on the same tokens.
-TEST(GpuBatch, DecodeEqualsSingleSequenceEngine) {
-  REQUIRE_GPU();
+// 3 rows instead of 1) the single-sequence engine's on the same tokens, both with GEMMs in `gemm` (FP8: activations
+// quantized per row, so a row's scale does not depend on the others).
+double decode_against_single_engine(GemmPrecision gemm) {
   ModelConfig cfg = synthetic_config("llama3-8b");
   cfg.num_layers = 2;
   cfg.layers.resize(2);
   cfg.vocab_size = 4096;
   const auto dev = DeviceModel::random(cfg, 3);
-  GpuBatchBackend backend(*dev);
+  GpuBatchOptions bo;
+  bo.gemm = gemm;
+  GpuBatchBackend backend(*dev, bo);
   const PagedKVShape shape{cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 64};
   backend.create_store(shape, 2000, 4, 8192);
   BlockPool pool(2000);
@@ -223,6 +226,7 @@ TEST(GpuBatch, DecodeEqualsSingleSequenceEngine) {
     seqs.back().grow(lengths[i], pool);
     backend.finish_prefill(seqs.back(), views);
     GpuEngineOptions go;
+    go.gemm = gemm;
     singles.push_back(std::make_unique<GpuEngine>(*dev, go));
     singles.back()->prefill(prompts[i]);
   }
@@ -243,9 +247,22 @@ TEST(GpuBatch, DecodeEqualsSingleSequenceEngine) {
       worst = std::max(worst, rel_l2(want, row));
     }
   }
-  std::printf("[batch] Llama-3-8B shapes (2 layers): batched vs single-sequence GPU decode, 12 steps x 3 rows, worst rel L2 %.3g\n",
-              worst);
-  EXPECT_LT(worst, 2e-2);
+  std::printf("[batch] Llama-3-8B shapes (2 layers), %s GEMMs: batched vs single-sequence GPU decode, 12 steps x 3 rows, "
+              "worst rel L2 %.3g\n", gemm_precision_name(gemm), worst);
+  return worst;
+}
+
+TEST(GpuBatch, DecodeEqualsSingleSequenceEngine) {
+  REQUIRE_GPU();
+  EXPECT_LT(decode_against_single_engine(GemmPrecision::kBf16), 2e-2);
+}
+
+// FP8 GEMMs (GpuBatchOptions::gemm) in the batched decode step, CUDA graphs included, against the single-sequence
+// engine's FP8 decode.
+TEST(GpuBatch, Fp8DecodeEqualsSingleSequenceFp8) {
+  REQUIRE_GPU();
+  if (!fp8_tensor_cores()) GTEST_SKIP() << "no FP8 tensor cores";
+  EXPECT_LT(decode_against_single_engine(GemmPrecision::kFp8), 3e-2);
 }
 
 // Prefix caching on the GPU (runtime/prefix_cache.h): a request that adopts a cached document stages it back from the
