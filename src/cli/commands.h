@@ -71,6 +71,9 @@ struct RunOptions {
   std::string placement;  // its head placement file (default: genetic on the FLOP cost model)
   std::string logits_out; // the logits after the prompt, raw f32 (session.h write_logits)
   std::string stream_trace;  // --stream: the blocks each layer retrieved, per prefill chunk and decode step
+  // Structured output, llama.cpp's flags (runtime/grammar.h): the answer follows a grammar (XGrammar's EBNF, the
+  // notation of llama.cpp's GBNF, root rule "root") or is JSON valid under a JSON Schema; text or a file. One of them.
+  std::string grammar, grammar_file, json_schema, json_schema_file;
 };
 
 struct BenchOptions {

@@ -131,6 +131,14 @@ int main(int argc, char** argv) {
   r->add_option("--frequency-penalty", run.sampling.frequency_penalty, "0 = off; over the answer")
       ->capture_default_str();
   r->add_option("-s,--seed", run.sampling.seed, "Sampling seed")->capture_default_str();
+  auto* gr = r->add_option("--grammar", run.grammar,
+                           "The answer follows this grammar (EBNF as llama.cpp's GBNF; root rule 'root')");
+  auto* grf = r->add_option("--grammar-file", run.grammar_file, "--grammar read from a file");
+  auto* js = r->add_option("-j,--json-schema", run.json_schema, "The answer is JSON valid under this JSON Schema");
+  auto* jsf = r->add_option("--json-schema-file", run.json_schema_file, "--json-schema read from a file");
+  gr->excludes(grf)->excludes(js)->excludes(jsf);
+  grf->excludes(js)->excludes(jsf);
+  js->excludes(jsf);
   r->add_option("--chunk", run.chunk, "Prefill chunk size (tokens)")->capture_default_str();
   r->add_option("-c,--max-context,--ctx-size", run.max_context, "Context limit (default and 0: the model's)");
   auto* nd = r->add_option("--needle", run.needle_tokens,

@@ -19,6 +19,7 @@
 #include "eval/scoring.h"
 #include "eval/task.h"
 #include "runtime/device.h"
+#include "runtime/grammar.h"
 
 namespace tessera::cli {
 
@@ -168,12 +169,37 @@ class StreamTrace {
   std::ofstream out_;
 };
 
+// --grammar, --grammar-file, --json-schema, --json-schema-file: the compiled grammar (null: none given).
+std::shared_ptr<const runtime::Grammar> run_grammar(const RunOptions& o, const model::Tokenizer& tokenizer) {
+  auto read = [](const std::string& flag, const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    check(static_cast<bool>(in), flag + ": cannot read " + path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  std::string flag, text;
+  bool schema = false;
+  if (!o.grammar.empty()) flag = "--grammar", text = o.grammar;
+  if (!o.grammar_file.empty()) flag = "--grammar-file", text = read(flag, o.grammar_file);
+  if (!o.json_schema.empty()) flag = "--json-schema", text = o.json_schema, schema = true;
+  if (!o.json_schema_file.empty()) flag = "--json-schema-file", text = read(flag, o.json_schema_file), schema = true;
+  if (flag.empty()) return nullptr;
+  try {
+    runtime::GrammarCompiler compiler(tokenizer);
+    return schema ? compiler.json_schema(text) : compiler.ebnf(text);
+  } catch (const runtime::GrammarError& e) {
+    throw Error(flag + ": " + e.what());
+  }
+}
+
 Outcome generate_with(runtime::SequenceEngine& engine, const Session& s, const RunOptions& o, const std::string& spec,
                       const std::vector<int32_t>& prompt, Echo echo, const std::vector<int32_t>& needle_tokens) {
   runtime::GenerateOptions g;
   g.max_new_tokens = o.max_tokens;
   g.sampling = o.sampling;
   g.stop_tokens = s.tokenizer->special().end_of_generation;
+  g.sampling.grammar = run_grammar(o, *s.tokenizer);
   ProgressBar bar("prefill " + spec, o.progress || (isatty(STDERR_FILENO) && !o.quiet && !o.json));
   model::StreamingDecoder decoder(*s.tokenizer, {.skip_special = true});
   Outcome out;

@@ -204,6 +204,152 @@ void parse_tessera(const json& j, ApiRequest& r) {
   }
 }
 
+// Rejects keys of object `j` (field `f`) outside `known`.
+void only_keys(const json& j, const std::string& f, std::initializer_list<const char*> known) {
+  for (const auto& [key, value] : j.items()) {
+    bool ok = false;
+    for (const char* k : known) ok = ok || key == k;
+    if (!ok) {
+      std::string list;
+      for (const char* k : known) list += (list.empty() ? "" : ", ") + std::string(k);
+      throw invalid_request("Unrecognized field in '" + f + "': '" + key + "' (known: " + list + ")", f + "." + key);
+    }
+  }
+}
+
+ResponseFormat parse_response_format(const json& v) {
+  const std::string f = "response_format";
+  if (!v.is_object()) wrong_type(f, "an object", v);
+  if (!v.contains("type")) throw invalid_request("'response_format.type' is missing", "response_format.type");
+  const std::string type = get_string(v["type"], "response_format.type");
+  ResponseFormat out;
+  if (type == "text" || type == "json_object") {
+    only_keys(v, f, {"type"});
+    out.kind = type == "text" ? ResponseFormat::Kind::Text : ResponseFormat::Kind::JsonObject;
+    return out;
+  }
+  if (type != "json_schema")
+    throw invalid_request("'response_format.type' must be one of text, json_object, json_schema; got '" + type + "'",
+                          "response_format.type");
+  only_keys(v, f, {"type", "json_schema"});
+  const std::string g = "response_format.json_schema";
+  if (!v.contains("json_schema") || v["json_schema"].is_null())
+    throw invalid_request("'" + g + "' is missing (type json_schema)", g);
+  const json& js = v["json_schema"];
+  if (!js.is_object()) wrong_type(g, "an object", js);
+  only_keys(js, g, {"name", "description", "schema", "strict"});
+  if (!js.contains("name")) throw invalid_request("'" + g + ".name' is missing", g + ".name");
+  out.name = get_string(js["name"], g + ".name");
+  if (out.name.empty() || out.name.size() > 64 ||
+      out.name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") != std::string::npos)
+    throw invalid_request("'" + g + ".name' must be 1 to 64 letters, digits, underscores or dashes, got '" + out.name +
+                              "'",
+                          g + ".name");
+  if (js.contains("description") && !js["description"].is_null()) (void)get_string(js["description"], g + ".description");
+  if (js.contains("strict") && !js["strict"].is_null()) out.strict = get_bool(js["strict"], g + ".strict");
+  if (!js.contains("schema") || js["schema"].is_null())
+    throw invalid_request("'" + g + ".schema' is missing", g + ".schema");
+  if (!js["schema"].is_object()) wrong_type(g + ".schema", "an object (a JSON Schema)", js["schema"]);
+  out.kind = ResponseFormat::Kind::JsonSchema;
+  out.schema = js["schema"].dump();
+  return out;
+}
+
+bool valid_function_name(const std::string& name) {
+  return !name.empty() && name.size() <= 64 &&
+         name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") ==
+             std::string::npos;
+}
+
+std::vector<ToolFunction> parse_tools(const json& v) {
+  if (!v.is_array()) wrong_type("tools", "an array", v);
+  if (v.size() > kMaxTools)
+    throw invalid_request("'tools' holds " + std::to_string(v.size()) + " tools; at most " + std::to_string(kMaxTools) +
+                              " are allowed",
+                          "tools");
+  std::vector<ToolFunction> out;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string f = "tools[" + std::to_string(i) + "]";
+    const json& t = v[i];
+    if (!t.is_object()) wrong_type(f, "an object", t);
+    only_keys(t, f, {"type", "function"});
+    if (!t.contains("type")) throw invalid_request("'" + f + ".type' is missing", f + ".type");
+    const std::string type = get_string(t["type"], f + ".type");
+    if (type != "function") unsupported(f + ".type", "only function tools are (got '" + type + "')");
+    if (!t.contains("function")) throw invalid_request("'" + f + ".function' is missing", f + ".function");
+    const json& fn = t["function"];
+    const std::string ff = f + ".function";
+    if (!fn.is_object()) wrong_type(ff, "an object", fn);
+    only_keys(fn, ff, {"name", "description", "parameters", "strict"});
+    if (!fn.contains("name")) throw invalid_request("'" + ff + ".name' is missing", ff + ".name");
+    ToolFunction tool;
+    tool.name = get_string(fn["name"], ff + ".name");
+    if (!valid_function_name(tool.name))
+      throw invalid_request("'" + ff + ".name' must be 1 to 64 letters, digits, underscores or dashes, got '" +
+                                tool.name + "'",
+                            ff + ".name");
+    for (const ToolFunction& other : out)
+      if (other.name == tool.name)
+        throw invalid_request("'tools' names the function '" + tool.name + "' twice", ff + ".name");
+    if (fn.contains("description") && !fn["description"].is_null())
+      tool.description = get_string(fn["description"], ff + ".description");
+    if (fn.contains("strict") && !fn["strict"].is_null()) (void)get_bool(fn["strict"], ff + ".strict");
+    tool.parameters = R"({"type":"object"})";
+    if (fn.contains("parameters") && !fn["parameters"].is_null()) {
+      const json& p = fn["parameters"];
+      if (!p.is_object()) wrong_type(ff + ".parameters", "an object (a JSON Schema)", p);
+      tool.parameters = p.dump();
+    }
+    out.push_back(std::move(tool));
+  }
+  return out;
+}
+
+// tool_choice (null or absent: "auto" with tools, "none" without), checked against the tools.
+void parse_tool_choice(const json* v, ApiRequest& r) {
+  const bool given = v != nullptr && !v->is_null();
+  if (!given) {
+    r.tool_choice = r.tools.empty() ? ToolChoice::None : ToolChoice::Auto;
+  } else if (v->is_string()) {
+    const std::string& s = v->get_ref<const std::string&>();
+    if (s == "none") r.tool_choice = ToolChoice::None;
+    else if (s == "auto") r.tool_choice = ToolChoice::Auto;
+    else if (s == "required") r.tool_choice = ToolChoice::Required;
+    else
+      throw invalid_request("'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                            "\"function\": {\"name\": ...}}; got '" + s + "'",
+                            "tool_choice");
+  } else if (v->is_object()) {
+    only_keys(*v, "tool_choice", {"type", "function"});
+    if (!v->contains("type")) throw invalid_request("'tool_choice.type' is missing", "tool_choice.type");
+    const std::string type = get_string((*v)["type"], "tool_choice.type");
+    if (type != "function")
+      throw invalid_request("'tool_choice.type' must be 'function', got '" + type + "'", "tool_choice.type");
+    if (!v->contains("function") || !(*v)["function"].is_object())
+      throw invalid_request("'tool_choice.function' must be an object with the function's name", "tool_choice.function");
+    const json& fn = (*v)["function"];
+    only_keys(fn, "tool_choice.function", {"name"});
+    if (!fn.contains("name")) throw invalid_request("'tool_choice.function.name' is missing", "tool_choice.function.name");
+    r.tool_name = get_string(fn["name"], "tool_choice.function.name");
+    r.tool_choice = ToolChoice::Named;
+  } else {
+    wrong_type("tool_choice", "a string or an object", *v);
+  }
+  if (r.tools.empty() && r.tool_choice != ToolChoice::None)
+    throw invalid_request("'tool_choice' is only allowed when 'tools' are given", "tool_choice");
+  if (r.tool_choice == ToolChoice::Named) {
+    bool found = false;
+    for (const ToolFunction& t : r.tools) found = found || t.name == r.tool_name;
+    if (!found)
+      throw invalid_request("'tool_choice' names the function '" + r.tool_name + "', which is not in 'tools'",
+                            "tool_choice");
+  }
+  if (r.tool_choice != ToolChoice::None && r.response_format.kind != ResponseFormat::Kind::Text)
+    throw invalid_request("'response_format' json_object or json_schema cannot be combined with 'tools' unless "
+                          "'tool_choice' is \"none\"",
+                          "response_format", "unsupported_parameter");
+}
+
 json parse_body(std::string_view body) {
   json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
@@ -284,6 +430,7 @@ ApiRequest parse_api_request(Endpoint endpoint, std::string_view body) {
   bool chat_logprobs = false;
   std::optional<int32_t> top_logprobs;
   std::optional<int64_t> best_of;
+  const json* tool_choice = nullptr;
   for (const auto& [key, v] : j.items()) {
     if (key == "model") {
       r.model = get_string(v, "model");
@@ -372,13 +519,14 @@ ApiRequest parse_api_request(Endpoint endpoint, std::string_view body) {
         r.sampling.logit_bias.emplace_back(static_cast<int32_t>(t),
                                            static_cast<float>(get_number(bias, "logit_bias." + id, -100, 100)));
       }
-    } else if (chat && (key == "tools" || key == "tool_choice" || key == "functions" || key == "function_call")) {
-      if (!(key == "tool_choice" && v.is_string() && v.get_ref<const std::string&>() == "none"))
-        refuse_unless_off(v, key, "tool calling is not implemented");
-    } else if (chat && key == "response_format") {
-      if (!v.is_object()) wrong_type(key, "an object", v);
-      if (!(v.contains("type") && v["type"].is_string() && v["type"].get_ref<const std::string&>() == "text"))
-        unsupported(key, "only {\"type\": \"text\"} is (structured outputs are not implemented)");
+    } else if (chat && key == "tools") {
+      r.tools = parse_tools(v);
+    } else if (chat && key == "tool_choice") {
+      tool_choice = &v;
+    } else if (chat && (key == "functions" || key == "function_call")) {
+      refuse_unless_off(v, key, "the legacy function-calling fields are not implemented; use 'tools' and 'tool_choice'");
+    } else if (key == "response_format") {
+      r.response_format = parse_response_format(v);
     } else if (chat && key == "modalities") {
       if (!(v.is_array() && v.size() == 1 && v[0] == "text")) unsupported(key, "only [\"text\"] is");
     } else if (chat && (key == "audio" || key == "prediction" || key == "web_search_options" ||
@@ -413,6 +561,7 @@ ApiRequest parse_api_request(Endpoint endpoint, std::string_view body) {
                               "): tessera returns every choice it generates",
                           "best_of", "unsupported_parameter");
   if (max_tokens) r.max_tokens = static_cast<int32_t>(*max_tokens);
+  parse_tool_choice(tool_choice, r);
   if (stream_options_given && !r.stream)
     throw invalid_request("'stream_options' is only allowed when 'stream' is true", "stream_options");
   return r;

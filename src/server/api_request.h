@@ -5,8 +5,9 @@
 // parse_api_request is a pure function of the body's bytes (no model, no I/O), so the HTTP layer, the tests and
 // the fuzz harness (tests/fuzz/fuzz_server_request.cpp) call the same code. It checks what the JSON alone can
 // tell: the shape and type of every field the server reads, ranges, and that nothing asks for a feature tessera
-// does not have (tools, structured output, ...): those are refused by name rather than ignored, so a
-// client never gets an answer computed without what it asked for. What needs the model (the model name, the
+// does not have (audio, tool messages, ...): those are refused by name rather than ignored, so a
+// client never gets an answer computed without what it asked for. Whether a JSON schema compiles is checked when
+// the grammar is built (server/structured_output.h). What needs the model (the model name, the
 // prompt's length, the attention spec) is checked later (request_prep.h, policy_cache.h).
 #pragma once
 
@@ -43,6 +44,25 @@ class ApiError : public std::runtime_error {
 // 400 invalid_request_error naming the field.
 ApiError invalid_request(const std::string& message, const std::string& param = {}, const std::string& code = {});
 
+// response_format (chat and completions): text (the default), any JSON object, or JSON under a schema.
+struct ResponseFormat {
+  enum class Kind { Text, JsonObject, JsonSchema };
+  Kind kind = Kind::Text;
+  std::string name;    // json_schema.name
+  std::string schema;  // json_schema.schema, as JSON text
+  bool strict = false;  // json_schema.strict (the output follows the schema strictly either way)
+};
+
+// One entry of `tools` (chat): {"type": "function", "function": {"name", "description"?, "parameters"?, "strict"?}}.
+struct ToolFunction {
+  std::string name;         // [A-Za-z0-9_-], 1 to 64 characters, distinct
+  std::string description;  // may be empty
+  std::string parameters;   // a JSON Schema object as JSON text ({"type": "object"} when not given)
+};
+// tool_choice: "auto" (default with tools: the model may call one), "none", "required" (it must call one) or
+// {"type": "function", "function": {"name"}} (it must call that one).
+enum class ToolChoice { Auto, None, Required, Named };
+
 struct ApiRequest {
   Endpoint endpoint = Endpoint::Chat;
   std::string model;
@@ -70,6 +90,10 @@ struct ApiRequest {
   int32_t logprobs = -1;
   bool echo = false;  // completions: the prompt comes back first (with its log-probabilities when logprobs >= 0)
   int32_t n = 1;      // choices
+  ResponseFormat response_format;
+  std::vector<ToolFunction> tools;         // chat
+  ToolChoice tool_choice = ToolChoice::None;  // Auto when tools are given without tool_choice
+  std::string tool_name;                   // ToolChoice::Named: the function
 };
 
 // Parses and validates a request body for `endpoint`. Throws ApiError (status 400, type invalid_request_error)
@@ -103,5 +127,6 @@ inline constexpr size_t kMaxStopSequenceBytes = 256;
 inline constexpr int32_t kMaxLogprobs = 20;  // top_logprobs (chat) and logprobs (completions), as vLLM's default
 inline constexpr int32_t kMaxChoices = 16;   // n
 inline constexpr size_t kMaxPrompts = 64;     // prompts of one completions request
+inline constexpr size_t kMaxTools = 128;     // tools of one chat request, as the OpenAI API
 
 }  // namespace tessera::server

@@ -46,7 +46,10 @@ json answer_json(const AnswerHeader& h, const std::vector<Choice>& choices, cons
   for (size_t i = 0; i < choices.size(); ++i) {
     const Choice& c = choices[i];
     json choice = {{"index", i}, {"logprobs", c.logprobs}, {"finish_reason", null_or(c.finish_reason)}};
-    if (h.endpoint == Endpoint::Chat) {
+    if (h.endpoint == Endpoint::Chat && c.tool_calls.is_array() && !c.tool_calls.empty()) {
+      choice["message"] = {{"role", "assistant"}, {"content", nullptr}, {"refusal", nullptr}, {"tool_calls", c.tool_calls}};
+      choice["finish_reason"] = "tool_calls";
+    } else if (h.endpoint == Endpoint::Chat) {
       choice["message"] = {{"role", "assistant"}, {"content", c.text}, {"refusal", nullptr}};
     } else {
       choice["text"] = c.text;
@@ -133,6 +136,20 @@ json chunk_json(const AnswerHeader& h, const std::string& text, bool role, const
     choice["text"] = text;
   }
   j["choices"] = json::array({choice});
+  if (with_usage_null) j["usage"] = nullptr;
+  return j;
+}
+
+json tool_calls_chunk_json(const AnswerHeader& h, const json& calls, bool with_usage_null, int index) {
+  json j = base(h, true);
+  json deltas = json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    json c = calls[i];
+    c["index"] = i;
+    deltas.push_back(std::move(c));
+  }
+  j["choices"] = json::array(
+      {{{"index", index}, {"logprobs", nullptr}, {"finish_reason", nullptr}, {"delta", {{"tool_calls", deltas}}}}});
   if (with_usage_null) j["usage"] = nullptr;
   return j;
 }

@@ -45,6 +45,9 @@ struct Choice {
   std::string text;
   std::string finish_reason;
   nlohmann::json logprobs = nullptr;
+  // Chat: the answer's tool calls (structured_output.h's parse_tool_calls); when non-empty, the message's content
+  // is null, it carries tool_calls, and finish_reason is "tool_calls".
+  nlohmann::json tool_calls = nullptr;
 };
 
 // The whole answer of a non-streamed request: its choices (index = position) and the usage.
@@ -68,6 +71,10 @@ nlohmann::json chunk_json(const AnswerHeader& h, const std::string& text, bool r
 // counts characters from *offset, which advances past these tokens (a stream's chunks continue it).
 nlohmann::json logprobs_json(Endpoint endpoint, const model::Tokenizer& tokenizer,
                              std::span<const runtime::TokenLogprobs> logprobs, int64_t* offset);
+// A streamed chat answer's tool calls, all in one chunk: delta {"tool_calls": [{"index", "id", "type", "function":
+// {"name", "arguments"}}]} (the finish chunk, finish_reason "tool_calls", follows).
+nlohmann::json tool_calls_chunk_json(const AnswerHeader& h, const nlohmann::json& calls, bool with_usage_null,
+                                     int index = 0);
 // The final chunk of a stream with include_usage: empty choices and the usage.
 nlohmann::json usage_chunk_json(const AnswerHeader& h, const Usage& usage);
 

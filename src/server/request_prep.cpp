@@ -66,7 +66,10 @@ PreparedRequest prepare_request(const ApiRequest& request, const ServedModel& m,
   PreparedRequest p;
   const model::Tokenizer& tok = *m.tokenizer;
   if (r.endpoint == Endpoint::Chat) {
-    p.prompt = chat_prompt(r.messages, m, /*add_generation_prompt=*/true);
+    // With tools (tool_choice other than "none"), the system message shows them (structured_output.h).
+    p.prompt = r.tool_choice == ToolChoice::None ? chat_prompt(r.messages, m, /*add_generation_prompt=*/true)
+                                                 : chat_prompt(with_tools(r.messages, r.tools), m, true);
+    p.tools = tool_answer(r);
   } else if (r.prompt_is_ids) {
     for (size_t i = 0; i < r.prompt_ids.size(); ++i) {
       if (r.prompt_ids[i] >= tok.vocab_size())
@@ -110,6 +113,7 @@ PreparedRequest prepare_request(const ApiRequest& request, const ServedModel& m,
       throw invalid_request("'logit_bias' names token id " + std::to_string(id) + ", outside the vocabulary of " +
                                 std::to_string(tok.vocab_size()) + " tokens",
                             "logit_bias");
+  p.gen.sampling.grammar = request_grammar(r, tok, *m.grammars);  // response_format, forced tool calls
   p.gen.logprobs = r.logprobs;
   p.echo = r.echo;
   if (r.echo) p.echo_text = r.prompt_is_ids ? tok.decode(p.prompt) : r.prompt;

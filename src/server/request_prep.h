@@ -17,6 +17,7 @@
 #include "model/tokenizer/tokenizer.h"
 #include "runtime/generation.h"
 #include "server/api_request.h"
+#include "server/structured_output.h"
 
 namespace tessera::server {
 
@@ -26,6 +27,7 @@ struct ServedModel {
   const model::ChatTemplate* chat = nullptr;    // null: the model has no chat format tessera knows
   int32_t context_length = 0;                   // tokens: prompt + completion
   int64_t created = 0;                          // unix time the server loaded it (the models list shows it)
+  std::shared_ptr<GrammarCache> grammars = std::make_shared<GrammarCache>();  // structured output's compiled grammars
 };
 
 // /v1/completions without max_tokens generates this many tokens, as the OpenAI API does; chat completions
@@ -39,6 +41,7 @@ struct PreparedRequest {
   std::vector<std::string> stop;     // stop sequences
   bool echo = false;                 // completions: echo_text comes first, and with logprobs the prompt's
   std::string echo_text;             // the prompt as text (the request's string, or its ids decoded)
+  ToolAnswer tools = ToolAnswer::None;  // chat with tools: how the answer is read back (tool_calls)
 };
 
 // `random_seed` is used when the request sets no seed. `which`: the prompt (ApiRequest::prompts) of a completions

@@ -29,6 +29,7 @@
 #include "server/scheduler.h"
 #include "server/stop_matcher.h"
 #include "server/stream_serving.h"
+#include "server/structured_output.h"
 
 namespace tessera::server {
 namespace {
@@ -63,6 +64,85 @@ TEST(ServerRequest, ParsesEveryChatField) {
   EXPECT_TRUE(r.stream);
   EXPECT_TRUE(r.include_usage);
   EXPECT_EQ(r.attn, "vs");
+}
+
+TEST(ServerRequest, ParsesResponseFormatAndTools) {
+  const ApiRequest a = parse_api_request(Endpoint::Chat, R"({"model": "m", "messages": [{"role": "user", "content": "x"}],
+    "response_format": {"type": "json_schema", "json_schema": {"name": "person", "strict": true,
+                        "schema": {"type": "object", "properties": {"age": {"type": "integer"}}}}}})");
+  EXPECT_EQ(a.response_format.kind, ResponseFormat::Kind::JsonSchema);
+  EXPECT_EQ(a.response_format.name, "person");
+  EXPECT_TRUE(a.response_format.strict);
+  EXPECT_EQ(json::parse(a.response_format.schema),
+            json::parse(R"({"type": "object", "properties": {"age": {"type": "integer"}}})"));
+  EXPECT_EQ(a.tool_choice, ToolChoice::None);
+  const ApiRequest p = parse_api_request(Endpoint::Completion, R"({"model": "m", "prompt": "x",
+    "response_format": {"type": "json_object"}})");
+  EXPECT_EQ(p.response_format.kind, ResponseFormat::Kind::JsonObject);
+  const std::string tools = R"("tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+    {"type": "function", "function": {"name": "now"}}])";
+  const ApiRequest t = parse_api_request(Endpoint::Chat, R"({"model": "m", "messages": [{"role": "user", "content": "x"}], )" +
+                                                             tools + "}");
+  ASSERT_EQ(t.tools.size(), 2u);
+  EXPECT_EQ(t.tools[0].name, "get_weather");
+  EXPECT_EQ(t.tools[0].description, "Weather");
+  EXPECT_EQ(t.tools[1].parameters, R"({"type":"object"})");  // no parameters: any object
+  EXPECT_EQ(t.tool_choice, ToolChoice::Auto);                 // tools without tool_choice
+  EXPECT_EQ(tool_answer(t), ToolAnswer::Auto);
+  const ApiRequest n = parse_api_request(Endpoint::Chat, R"({"model": "m", "messages": [{"role": "user", "content": "x"}], )" +
+                                                             tools + R"(, "tool_choice": {"type": "function", "function": {"name": "now"}}})");
+  EXPECT_EQ(n.tool_choice, ToolChoice::Named);
+  EXPECT_EQ(n.tool_name, "now");
+  EXPECT_EQ(tool_answer(n), ToolAnswer::Forced);
+  // The forced call's schema: the named function alone; "required": any of them.
+  EXPECT_EQ(json::parse(tool_call_schema(n)),
+            json::parse(R"({"type": "object", "properties": {"name": {"const": "now"}, "arguments": {"type": "object"}},
+                            "required": ["name", "arguments"], "additionalProperties": false})"));
+  ApiRequest req = n;
+  req.tool_choice = ToolChoice::Required;
+  EXPECT_EQ(json::parse(tool_call_schema(req))["anyOf"].size(), 2u);
+  // The tools go into the system message (appended to the first one, or a new one first).
+  const auto msgs = with_tools({{"user", "hi"}}, t.tools);
+  ASSERT_EQ(msgs.size(), 2u);
+  EXPECT_EQ(msgs[0].role, "system");
+  EXPECT_EQ(msgs[0].content, tool_system_prompt(t.tools));
+  EXPECT_NE(msgs[0].content.find(R"({"type":"function","function":{"name":"get_weather","description":"Weather","parameters":)"),
+            std::string::npos);
+  const auto msgs2 = with_tools({{"system", "Be brief."}, {"user", "hi"}}, t.tools);
+  ASSERT_EQ(msgs2.size(), 2u);
+  EXPECT_EQ(msgs2[0].content, "Be brief.\n\n" + tool_system_prompt(t.tools));
+}
+
+TEST(ServerRequest, ReadsToolCallsBack) {
+  const std::vector<ToolFunction> tools{{"get_weather", "", R"({"type":"object"})"}, {"now", "", R"({"type":"object"})"}};
+  const json forced = parse_tool_calls(R"({"name": "get_weather", "arguments": {"city": "Paris"}})", ToolAnswer::Forced,
+                                       tools, "call_x_0_");
+  EXPECT_EQ(forced, json::parse(R"([{"id": "call_x_0_0", "type": "function",
+                                     "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}])"));
+  // auto: <tool_call> blocks (several), unknown names and broken JSON skipped; plain text holds none
+  const json autos = parse_tool_calls(
+      "Let me look.\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>\n<tool_call>{\"name\": "
+      "\"nope\", \"arguments\": {}}</tool_call><tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}</tool_call>"
+      "<tool_call>{broken</tool_call>",
+      ToolAnswer::Auto, tools, "c");
+  ASSERT_EQ(autos.size(), 2u);
+  EXPECT_EQ(autos[0]["function"]["name"], "now");
+  EXPECT_EQ(autos[0]["function"]["arguments"], "{}");
+  EXPECT_EQ(autos[1]["id"], "c1");
+  EXPECT_EQ(autos[1]["function"]["arguments"], R"({"city":"Oslo"})");
+  EXPECT_TRUE(parse_tool_calls("It is sunny.", ToolAnswer::Auto, tools, "c").empty());
+  EXPECT_EQ(parse_tool_calls(R"( {"name": "now", "arguments": {}} )", ToolAnswer::Auto, tools, "c").size(), 1u);
+  EXPECT_TRUE(parse_tool_calls(R"({"name": "now", "arguments": {)", ToolAnswer::Forced, tools, "c").empty());  // cut
+  // the chat answer: content null, tool_calls, finish_reason tool_calls
+  const AnswerHeader h{Endpoint::Chat, "chatcmpl-1", 5, "m"};
+  const json a = answer_json(h, std::vector<Choice>{{"x", "stop", nullptr, forced}}, Usage{});
+  EXPECT_EQ(a["choices"][0]["finish_reason"], "tool_calls");
+  EXPECT_TRUE(a["choices"][0]["message"]["content"].is_null());
+  EXPECT_EQ(a["choices"][0]["message"]["tool_calls"], forced);
+  const json c = tool_calls_chunk_json(h, forced, false, 0);
+  EXPECT_EQ(c["choices"][0]["delta"]["tool_calls"][0]["index"], 0);
+  EXPECT_EQ(c["choices"][0]["delta"]["tool_calls"][0]["function"]["name"], "get_weather");
 }
 
 TEST(ServerRequest, ParsesSamplingAndLogprobFields) {
@@ -209,10 +289,45 @@ INSTANTIATE_TEST_SUITE_P(
                    "top_logprobs", "", "'top_logprobs' must be in [0, 20], got 21"},
         BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "echo": true})", 400, "echo", "unsupported_parameter",
                    "Unrecognized request argument supplied: echo"},
-        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "response_format": {"type": "json_object"}})", 400,
-                   "response_format", "unsupported_parameter",
-                   "'response_format' is not supported by tessera: only {\"type\": \"text\"} is (structured outputs "
-                   "are not implemented)"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "response_format": {"type": "xml"}})", 400,
+                   "response_format.type", "",
+                   "'response_format.type' must be one of text, json_object, json_schema; got 'xml'"},
+        BadRequest{P, R"({"model": "m", "prompt": "x", "response_format": {"type": "json_schema"}})", 400,
+                   "response_format.json_schema", "", "'response_format.json_schema' is missing (type json_schema)"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}})",
+                   400, "response_format.json_schema.schema", "", "'response_format.json_schema.schema' is missing"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "response_format": {"type": "json_schema", "json_schema": {"schema": {}}}})",
+                   400, "response_format.json_schema.name", "", "'response_format.json_schema.name' is missing"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": 3}}})",
+                   400, "response_format.json_schema.schema", "",
+                   "'response_format.json_schema.schema' must be an object (a JSON Schema), got integer"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "response_format": {"type": "json_object", "schema": {}}})",
+                   400, "response_format.schema", "", "Unrecognized field in 'response_format': 'schema' (known: type)"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "tool_choice": "required"})", 400, "tool_choice", "",
+                   "'tool_choice' is only allowed when 'tools' are given"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "always"})",
+                   400, "tool_choice", "",
+                   "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": "
+                   "{\"name\": ...}}; got 'always'"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}})",
+                   400, "tool_choice", "", "'tool_choice' names the function 'g', which is not in 'tools'"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "tools": [{"type": "function", "function": {"name": "a b"}}]})",
+                   400, "tools[0].function.name", "",
+                   "'tools[0].function.name' must be 1 to 64 letters, digits, underscores or dashes, got 'a b'"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "tools": [{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "f"}}]})",
+                   400, "tools[1].function.name", "", "'tools' names the function 'f' twice"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]})",
+                   400, "tools[0].function.parameters", "",
+                   "'tools[0].function.parameters' must be an object (a JSON Schema), got array"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "tools": [{"type": "retrieval"}]})", 400, "tools[0].type",
+                   "unsupported_parameter", "'tools[0].type' is not supported by tessera: only function tools are (got 'retrieval')"},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "tools": [{"type": "function", "function": {"name": "f"}}], "response_format": {"type": "json_object"}})",
+                   400, "response_format", "unsupported_parameter",
+                   "'response_format' json_object or json_schema cannot be combined with 'tools' unless 'tool_choice' is \"none\""},
+        BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "functions": [{"name": "f"}]})", 400, "functions",
+                   "unsupported_parameter",
+                   "'functions' is not supported by tessera: the legacy function-calling fields are not implemented; use "
+                   "'tools' and 'tool_choice'"},
         BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "tessera": {"attn": ""}})", 400, "tessera.attn", "",
                    "'tessera.attn' must not be empty"},
         BadRequest{C, R"({"model": "m", )" + kMsgs + R"(, "tessera": "vs"})", 400, "tessera", "",

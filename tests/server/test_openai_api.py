@@ -205,9 +205,9 @@ def over_the_context(s):
 def unsupported_parameters(s):
     chat = lambda **kw: s.client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "Hi"}], **kw)
     expect_error(lambda: chat(n=17), openai.BadRequestError, 400, "'n' must be in [1, 16], got 17", "n")
-    expect_error(lambda: chat(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]),
-                 openai.BadRequestError, 400, "'tools' is not supported by tessera: tool calling is not implemented",
-                 "tools", "unsupported_parameter")
+    expect_error(lambda: chat(functions=[{"name": "f", "parameters": {}}]), openai.BadRequestError, 400,
+                 "'functions' is not supported by tessera: the legacy function-calling fields are not implemented; "
+                 "use 'tools' and 'tool_choice'", "functions", "unsupported_parameter")
     expect_error(lambda: chat(extra_body={"mirostat": 2}), openai.BadRequestError, 400,
                  "Unrecognized request argument supplied: mirostat", "mirostat", "unsupported_parameter")
     # This server runs the batched engine (--parallel 2): no prompt log-probabilities (tests/server/test_sampling.py

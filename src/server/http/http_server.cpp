@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "server/api_response.h"
+#include "server/structured_output.h"
 
 namespace tessera::server {
 
@@ -154,7 +155,8 @@ struct HttpServer::Impl {
                            model.id};
       const bool logprobs = prepared.gen.logprobs >= 0;
       if (r.stream) {
-        stream(res, jobs, r.n, h, r.include_usage, logprobs, what + " 200 stream id=" + h.id + " attn=" + attn);
+        stream(res, jobs, r.n, h, r.include_usage, logprobs, what + " 200 stream id=" + h.id + " attn=" + attn,
+               prepared.tools, r.tools);
         return;
       }
       std::vector<Choice> choices;
@@ -173,8 +175,12 @@ struct HttpServer::Impl {
           throw job_error(result);
         }
         int64_t offset = 0;
+        json calls = nullptr;  // tools: the answer read back as tool calls (structured_output.h)
+        if (prepared.tools != ToolAnswer::None)
+          calls = parse_tool_calls(text, prepared.tools, r.tools, tool_call_id_prefix(h, k));
         choices.push_back({std::move(text), finish_reason_name(result.reason),
-                           logprobs ? logprobs_json(endpoint, *model.tokenizer, lps, &offset) : json(nullptr)});
+                           logprobs ? logprobs_json(endpoint, *model.tokenizer, lps, &offset) : json(nullptr),
+                           std::move(calls)});
         if (k % static_cast<size_t>(r.n) == 0) {  // each prompt once
           usage.prompt_tokens += result.prompt_tokens;
           usage.cached_tokens += result.cached_tokens;
@@ -190,8 +196,19 @@ struct HttpServer::Impl {
     }
   }
 
+  // "call_" + the answer's id digits + the choice: tool-call ids unique per server run.
+  static std::string tool_call_id_prefix(const AnswerHeader& h, size_t choice) {
+    return "call_" + h.id.substr(h.id.find('-') + 1) + "_" + std::to_string(choice) + "_";
+  }
+
   struct StreamState {
     std::vector<std::shared_ptr<Job>> jobs;  // one per choice
+    // Chat with tools: each choice's text (and log-probabilities) is held to its end, then sent as tool calls
+    // when it holds any, else as one text chunk.
+    ToolAnswer tools = ToolAnswer::None;
+    std::vector<ToolFunction> tool_list;
+    std::vector<std::string> held;
+    std::vector<std::vector<runtime::TokenLogprobs>> held_logprobs;
     std::vector<bool> finished;              // the choice's finish chunk went out
     std::vector<int64_t> offsets;            // completions' text_offset so far, per choice
     int32_t n_per_prompt = 1;                // choices per prompt (usage counts each prompt once)
@@ -205,8 +222,13 @@ struct HttpServer::Impl {
   };
 
   void stream(httplib::Response& res, const std::vector<std::shared_ptr<Job>>& jobs, int32_t n_per_prompt,
-              const AnswerHeader& h, bool include_usage, bool logprobs, std::string line) {
+              const AnswerHeader& h, bool include_usage, bool logprobs, std::string line,
+              ToolAnswer tools = ToolAnswer::None, const std::vector<ToolFunction>& tool_list = {}) {
     auto st = std::make_shared<StreamState>();
+    st->tools = tools;
+    st->tool_list = tool_list;
+    st->held.assign(jobs.size(), {});
+    st->held_logprobs.assign(jobs.size(), {});
     st->jobs = jobs;
     st->n_per_prompt = n_per_prompt;
     st->finished.assign(jobs.size(), false);
@@ -241,6 +263,27 @@ struct HttpServer::Impl {
             // The first unfinished choice waits for news; the others are only looked at.
             const bool done = job.wait(text, st->logprobs ? &lps : nullptr, waited ? 0ms : kPoll);
             waited = true;
+            const auto ui = static_cast<size_t>(i);
+            if (st->tools != ToolAnswer::None) {  // held to the end (above)
+              st->held[ui] += text;
+              for (auto& lp : lps) st->held_logprobs[ui].push_back(std::move(lp));
+              text.clear();
+              lps.clear();
+              if (done && job.result().reason != FinishReason::Stop && job.result().reason != FinishReason::Length) {
+                // an error: nothing held goes out (below)
+              } else if (done) {
+                const json calls = parse_tool_calls(st->held[ui], st->tools, st->tool_list, tool_call_id_prefix(hh, ui));
+                if (!calls.empty()) {
+                  if (!write(sse_event(tool_calls_chunk_json(hh, calls, st->include_usage, i)))) return gone(*st);
+                  if (!write(sse_event(chunk_json(hh, "", false, "tool_calls", st->include_usage, i)))) return gone(*st);
+                  st->finished[ui] = true;
+                  wrote = true;
+                  continue;
+                }
+                text = std::move(st->held[ui]);
+                lps = std::move(st->held_logprobs[ui]);
+              }
+            }
             if (!text.empty() || !lps.empty()) {
               const json lj = st->logprobs ? logprobs_json(hh.endpoint, *model.tokenizer, lps,
                                                            &st->offsets[static_cast<size_t>(i)])
