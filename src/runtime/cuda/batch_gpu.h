@@ -28,6 +28,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <memory>
 #include <span>
 #include <vector>
@@ -142,6 +143,10 @@ class GpuBatchBackend final : public BatchBackend {
   std::vector<int32_t> free_slots_;
   std::map<const SequenceBlocks*, int32_t> slot_;
   std::map<std::pair<int64_t, int32_t>, cudaGraphExec_t> graphs_;  // (rows, splits) -> the decode step
+  // FP8: the (rows, splits) steps run once eagerly before their capture (cuBLASLt's plans, buffers and algorithm
+  // choice are set up outside a capture, as GpuDecode does); the Gemm's buffer generation the graphs were made at.
+  std::set<std::pair<int64_t, int32_t>> warmed_;
+  int64_t gemm_generation_ = 0;
   // The decode step: the layer recipe over the GPU ops (their scratch: activations, logits) with the paged
   // attention step over the pools.
   std::unique_ptr<GpuOps> ops_;
