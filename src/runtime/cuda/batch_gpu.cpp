@@ -375,17 +375,29 @@ int64_t GpuBatchBackend::run_step(std::span<const int32_t> tokens, std::span<con
   if (reserve_step(np, splits)) drop_graphs();
   TESSERA_CUDA_CHECK(cudaMemcpyAsync(step_.data(), step.data(), step.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
                                      stream_));
-  if (options_.graphs) {
-    const auto key = std::make_pair(np, splits);
+  // Graphs captured before the Gemm reallocated a scratch buffer (an FP8 prefill or step with more rows) would read
+  // freed memory: they are captured anew on their next use.
+  const auto sync_generation = [&] {
+    if (gemm_->buffer_generation() == gemm_generation_) return;
+    gemm_generation_ = gemm_->buffer_generation();
+    if (!graphs_.empty()) {
+      TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      drop_graphs();
+    }
+  };
+  sync_generation();
+  const auto key = std::make_pair(np, splits);
+  if (!options_.graphs || (fp8_ && warmed_.insert(key).second)) {
+    launch_step(np, splits);  // (FP8: its first use, eager; the Gemm may grow its buffers)
+  } else {
     auto it = graphs_.find(key);
     if (it == graphs_.end()) {
       it = graphs_.emplace(key, capture_graph(stream_, [&] { launch_step(np, splits); })).first;
       ++step_builds_;
     }
     TESSERA_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
-  } else {
-    launch_step(np, splits);
   }
+  sync_generation();
   return np;  // `step` may go: an asynchronous copy from pageable memory returns once the data is staged
 }
 
