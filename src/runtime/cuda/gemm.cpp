@@ -147,6 +147,7 @@ uint8_t* Gemm::grow_bytes(void*& buf, size_t& have, size_t need, size_t floor) {
     const size_t bytes = std::max(need + need / 4, floor);  // geometric growth
     TESSERA_CUDA_CHECK(cudaMalloc(&buf, bytes));
     have = bytes;
+    ++generation_;
   }
   return static_cast<uint8_t*>(buf);
 }

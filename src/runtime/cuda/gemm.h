@@ -95,6 +95,9 @@ class Gemm {
   const char* last_fp8_row_path() const { return last_row_path_; }
 
   size_t workspace_bytes() const { return workspace_bytes_ + act_bytes_ + act_scales_bytes_ + e_scratch_bytes_; }
+  // Counts the scratch buffers' reallocations (FP8 activations, scales, f32 outputs): a CUDA graph captured before a
+  // change holds freed addresses (the batched decode drops its graphs then).
+  int64_t buffer_generation() const { return generation_; }
 
  private:
   struct LtPlan;  // a cuBLASLt descriptor set and algorithm for one shape (gemm.cpp)
@@ -107,6 +110,7 @@ class Gemm {
   // Stream-ordered regrowth of a scratch buffer: at least `need` bytes (need * 1.25, `floor` at least) when it grows.
   uint8_t* grow_bytes(void*& buf, size_t& have, size_t need, size_t floor = size_t{1} << 16);
 
+  int64_t generation_ = 0;
   void* handle_ = nullptr;  // cublasHandle_t
   void* lt_handle_ = nullptr;  // cublasLtHandle_t, created on the first FP8 call
   cudaStream_t stream_ = nullptr;
