@@ -1,6 +1,10 @@
+// tessera/plan/cuda/gradients_cuda.cu — the reverse mode of plan/model_gradients.h on the GPU (gradients_cuda.h):
+// the pass. Its forward is the engines' layer recipe (runtime/recipe.h), run with this pass as the recipe's ops, as
+// the CPU pass (model_gradients.cpp) runs it: every call of the recipe keeps what the backward reads (the norms'
+// 1/rms, the projections before QK-norm, q/k/v, the attention's log-sum-exp and output, the MLP's gate and up).
+// The embedding and the RoPE tables are the GPU engine's kernels (runtime/cuda/kernels.h) over f32 weights; the
+// products are cuBLAS in f32; the kernels the backward needs are gradient_kernels.cuh.
 #include "plan/cuda/gradients_cuda.h"
-#include "plan/cross_entropy.h"
-#include "plan/pass_dims.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -9,8 +13,7 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
-#include <map>
-#include <mutex>
+#include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,13 +21,18 @@
 #include "core/error.h"
 #include "core/memory_budget.h"
 #include "cuda/cuda_check.h"
-#include "cuda/device_buffer.h"
+#include "plan/cross_entropy.h"
+#include "plan/cuda/gradient_kernels.cuh"
+#include "plan/cuda/gradient_weights.h"
+#include "plan/pass_dims.h"
+#include "runtime/cuda/gpu_ops.h"
+#include "runtime/cuda/kernels.h"
+#include "runtime/recipe.h"
 #include "runtime/rope.h"
 
 namespace tessera::plan::cuda {
 
 using attn::gpu::check_launch;
-using attn::gpu::device_memory_state;
 using runtime::Activation;
 using runtime::ModelConfig;
 
@@ -38,499 +46,6 @@ void cublas_check(cublasStatus_t s, const char* what) {
                 " in " + what);
 }
 
-// A device allocation counted against the pass's peak (Tracker); uninitialised.
-struct Tracker {
-  size_t current = 0, peak = 0;
-};
-
-template <class T>
-class Buf {
- public:
-  Buf() = default;
-  Buf(size_t n, Tracker* t) { alloc(n, t); }
-  ~Buf() { release(); }
-  Buf(const Buf&) = delete;
-  Buf& operator=(const Buf&) = delete;
-  Buf(Buf&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)), t_(o.t_) {}
-  Buf& operator=(Buf&& o) noexcept {
-    if (this != &o) {
-      release();
-      p_ = std::exchange(o.p_, nullptr);
-      n_ = std::exchange(o.n_, 0);
-      t_ = o.t_;
-    }
-    return *this;
-  }
-  void alloc(size_t n, Tracker* t) {
-    release();
-    t_ = t;
-    if (n == 0) return;
-    void* p = nullptr;
-    const cudaError_t err = cudaMalloc(&p, n * sizeof(T));
-    if (err != cudaSuccess) {
-      (void)cudaGetLastError();
-      throw Error("attention gradients (CUDA): out of device memory: could not allocate " +
-                  std::to_string(n * sizeof(T)) + " bytes (" + device_memory_state() +
-                  "); use shorter calibration samples or --device cpu");
-    }
-    p_ = static_cast<T*>(p);
-    n_ = n;
-    if (t_) {
-      t_->current += n * sizeof(T);
-      t_->peak = std::max(t_->peak, t_->current);
-    }
-  }
-  void release() {
-    if (p_) {
-      cudaFree(p_);
-      if (t_) t_->current -= n_ * sizeof(T);
-    }
-    p_ = nullptr;
-    n_ = 0;
-  }
-  T* get() const { return p_; }
-  size_t size() const { return n_; }
-
- private:
-  T* p_ = nullptr;
-  size_t n_ = 0;
-  Tracker* t_ = nullptr;
-};
-
-// ---------------------------------------------------------------------------------------------------- kernels
-
-constexpr int kThreads = 256;
-
-template <int K>
-__device__ void block_sum(double (&v)[K], double* shared /* [K * 32] */) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-#pragma unroll
-  for (int k = 0; k < K; ++k)
-    for (int o = 16; o > 0; o >>= 1) v[k] += __shfl_down_sync(0xffffffffu, v[k], o);
-  __syncthreads();
-  if (lane == 0)
-#pragma unroll
-    for (int k = 0; k < K; ++k) shared[k * 32 + warp] = v[k];
-  __syncthreads();
-  if (threadIdx.x == 0)
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      double s = 0;
-      for (int w = 0; w < warps; ++w) s += shared[k * 32 + w];
-      v[k] = s;
-    }
-}
-
-__global__ void embed_kernel(const int32_t* tok, const float* emb, float* x, int64_t S, int64_t H, float scale) {
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < S * H; e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t t = e / H, i = e % H;
-    x[e] = emb[int64_t(tok[t]) * H + i] * scale;
-  }
-}
-
-// One block per row: y = w * x * r, r = 1 / sqrt(mean(x^2) + eps) (as the CPU computes it: sum in double).
-__global__ void rms_forward_kernel(const float* x, float* y, float* r, int64_t n, const float* w, float eps) {
-  __shared__ double sh[32];
-  const float* in = x + blockIdx.x * n;
-  double v[1] = {0};
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) v[0] += double(in[j]) * double(in[j]);
-  block_sum<1>(v, sh);
-  __shared__ float inv_s;
-  if (threadIdx.x == 0) {
-    inv_s = 1.0f / sqrtf(float(v[0] / double(n)) + eps);
-    if (r) r[blockIdx.x] = inv_s;
-  }
-  __syncthreads();
-  const float inv = inv_s;
-  if (y)
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) y[blockIdx.x * n + j] = w[j] * (in[j] * inv);
-}
-
-// dx (= or +=) the gradient of y = w * x * r(x), given dy; one block per row.
-__global__ void rms_backward_kernel(const float* x, const float* r, int64_t n, const float* w, const float* dy,
-                                    float* dx, bool accumulate) {
-  __shared__ double sh[32];
-  const float* in = x + blockIdx.x * n;
-  const float* g = dy + blockIdx.x * n;
-  float* out = dx + blockIdx.x * n;
-  double v[1] = {0};
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) v[0] += double(w[j] * g[j]) * double(in[j]);
-  block_sum<1>(v, sh);
-  __shared__ float c_s;
-  const float ri = r[blockIdx.x];
-  if (threadIdx.x == 0) c_s = float(v[0]) * ri * ri * ri / float(n);
-  __syncthreads();
-  const float c = c_s;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-    const float val = w[j] * g[j] * ri - in[j] * c;
-    out[j] = accumulate ? out[j] + val : val;
-  }
-}
-
-__global__ void add_bias_kernel(float* y, const float* b, int64_t rows, int64_t n) {
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < rows * n; e += int64_t(gridDim.x) * blockDim.x)
-    y[e] += b[e % n];
-}
-
-__global__ void add_kernel(float* y, const float* x, int64_t n) {
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x)
-    y[e] += x[e];
-}
-
-// RoPE in rotate_half order, in place; inverse: the transpose (rotation by -angle).
-__global__ void rope_kernel(float* x, int64_t S, int64_t heads, int64_t stride, int64_t D, const float* cs,
-                            const float* sn, bool inverse) {
-  const int64_t half = D / 2;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < S * heads * half;
-       e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t i = e % half, h = (e / half) % heads, t = e / (half * heads);
-    float* v = x + t * stride + h * D;
-    const float c = cs[t * half + i], s = inverse ? -sn[t * half + i] : sn[t * half + i];
-    const float a = v[i], b = v[i + half];
-    v[i] = a * c - b * s;
-    v[i + half] = b * c + a * s;
-  }
-}
-
-__device__ float act_f(float g, int kind) {
-  switch (kind) {
-    case 0:
-      return g / (1.0f + expf(-g));
-    case 1: {
-      const float c = 0.7978845608028654f;
-      return 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g)));
-    }
-    default:
-      return 0.5f * g * (1.0f + erff(g * 0.7071067811865476f));
-  }
-}
-__device__ float act_grad(float g, int kind) {
-  switch (kind) {
-    case 0: {
-      const float s = 1.0f / (1.0f + expf(-g));
-      return s * (1.0f + g * (1.0f - s));
-    }
-    case 1: {
-      const float c = 0.7978845608028654f;
-      const float th = tanhf(c * (g + 0.044715f * g * g * g));
-      return 0.5f * (1.0f + th) + 0.5f * g * (1.0f - th * th) * c * (1.0f + float(3 * 0.044715) * g * g);
-    }
-    default: {
-      const float cdf = 0.5f * (1.0f + erff(g * 0.7071067811865476f));
-      const float pdf = expf(-0.5f * g * g) / 2.5066282746310002f;
-      return cdf + g * pdf;
-    }
-  }
-}
-
-__global__ void act_forward_kernel(const float* g, const float* u, float* act, int64_t n, int kind) {
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x)
-    act[e] = act_f(g[e], kind) * u[e];
-}
-
-// In place: g becomes dg, u becomes du (dact is read first).
-__global__ void act_backward_kernel(float* g, float* u, const float* dact, int64_t n, int kind) {
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
-    const float gv = g[e], uv = u[e], d = dact[e];
-    u[e] = d * act_f(gv, kind);
-    g[e] = d * uv * act_grad(gv, kind);
-  }
-}
-
-__device__ int64_t first_key(int64_t i, int64_t window) { return window > 0 ? max(int64_t(0), i - window + 1) : 0; }
-
-struct Gate {
-  int32_t head = -1, query = -1, key = -1;
-  float value = 1.0f;
-};
-
-// Forward softmax of one chunk row per block: P [heads][rows][nk] holds the scaled scores of keys [k0, k0 + nk);
-// becomes the probabilities (0 outside row i's keys); lse[h * S + i].
-__global__ void softmax_kernel(float* P, float* lse, int64_t rows, int64_t nk, int64_t r0, int64_t k0, int64_t window,
-                               int64_t S, Gate gate) {
-  __shared__ double sh[32];
-  __shared__ float red[32];
-  const int64_t r = blockIdx.x, h = blockIdx.y, i = r0 + r;
-  float* row = P + (h * rows + r) * nk;
-  const int64_t lo = first_key(i, window) - k0, hi = i - k0;  // valid [lo, hi]
-  float mx = -INFINITY;
-  for (int64_t j = lo + threadIdx.x; j <= hi; j += blockDim.x) mx = fmaxf(mx, row[j]);
-  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_down_sync(0xffffffffu, mx, o));
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = mx;
-  __syncthreads();
-  __shared__ float mx_s;
-  if (threadIdx.x == 0) {
-    float m = -INFINITY;
-    for (int w = 0; w < int(blockDim.x >> 5); ++w) m = fmaxf(m, red[w]);
-    mx_s = m;
-  }
-  __syncthreads();
-  mx = mx_s;
-  double v[1] = {0};
-  for (int64_t j = threadIdx.x; j < nk; j += blockDim.x) {
-    const float e = (j >= lo && j <= hi) ? expf(row[j] - mx) : 0.0f;
-    row[j] = e;
-    v[0] += e;
-  }
-  block_sum<1>(v, sh);
-  __shared__ float sum_s;
-  if (threadIdx.x == 0) {
-    sum_s = float(v[0]);
-    lse[h * S + i] = mx + logf(sum_s);
-  }
-  __syncthreads();
-  const float sum = sum_s;
-  for (int64_t j = threadIdx.x; j < nk; j += blockDim.x) row[j] /= sum;
-  __syncthreads();
-  if (threadIdx.x == 0 && h == gate.head && i == gate.query && gate.key >= k0 && gate.key < k0 + nk)
-    row[gate.key - k0] *= gate.value;
-}
-
-// D[h * S + i] = dO_i . O_i (per head), one warp per (row, head).
-__global__ void dvec_kernel(const float* dout, const float* o, float* Dv, int64_t S, int64_t NQ, int64_t D,
-                            int64_t QD) {
-  const int64_t w = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5;
-  const int lane = threadIdx.x & 31;
-  if (w >= S * NQ) return;
-  const int64_t i = w / NQ, h = w % NQ;
-  double s = 0;
-  for (int64_t d = lane; d < D; d += 32) s += double(dout[i * QD + h * D + d]) * double(o[i * QD + h * D + d]);
-  for (int off = 16; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off);
-  if (lane == 0) Dv[h * S + i] = float(s);
-}
-
-struct TileArgs {
-  float* P;         // in: scaled scores; out: probabilities
-  float* dP;        // in: dO V^T; out: dS = P (dP - D)
-  const float* lse;
-  const float* Dv;
-  int64_t rows, nk, r0, k0, k0_aligned, window, S, block, nb;
-  int32_t sink, local, last;
-  float tiny;
-  double* influence;  // [heads][nb][nb]
-  double* gate;
-  double* attention;
-  double* regions;              // streaming, middle, last: (sum, abs_sum)
-  unsigned long long* cells;    // streaming, middle, last
-};
-
-// One block per 64 x 64 cells (absolute key tiles) of one head of the chunk.
-__global__ void backward_tile_kernel(TileArgs a) {
-  __shared__ double sh[9 * 32];
-  const int64_t h = blockIdx.z;
-  const int64_t rt0 = a.r0 + int64_t(blockIdx.y) * 64, kt0 = a.k0_aligned + int64_t(blockIdx.x) * 64;
-  const int c = threadIdx.x & 63;
-  const int64_t j = kt0 + c;
-  const bool per_cell_sums = (a.block % 64) != 0;
-  double sums[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};  // influence, gate, attention, then the regions' (sum, abs)
-  unsigned long long counts[3] = {0, 0, 0};
-  for (int rr = threadIdx.x >> 6; rr < 64; rr += 4) {
-    const int64_t i = rt0 + rr;
-    if (i >= a.r0 + a.rows || j < a.k0 || j >= a.k0 + a.nk) continue;
-    const int64_t at = (h * a.rows + (i - a.r0)) * a.nk + (j - a.k0);
-    const bool valid = j <= i && j >= first_key(i, a.window);
-    if (!valid) {
-      a.P[at] = 0.0f;
-      a.dP[at] = 0.0f;
-      continue;
-    }
-    const float p = expf(a.P[at] - a.lse[h * a.S + i]);
-    const float dp = a.dP[at];
-    const float ds = p * (dp - a.Dv[h * a.S + i]);
-    const float one_minus = 1.0f - p;
-    const double e = (p > 0.0f && one_minus > a.tiny) ? -double(ds) / double(one_minus) : 0.0;
-    const double g = double(p) * double(dp);
-    a.P[at] = p;
-    a.dP[at] = ds;
-    if (per_cell_sums) {
-      const int64_t b = (h * a.nb + i / a.block) * a.nb + j / a.block;
-      atomicAdd(a.influence + b, e);
-      atomicAdd(a.gate + b, g);
-      atomicAdd(a.attention + b, double(p));
-    } else {
-      sums[0] += e;
-      sums[1] += g;
-      sums[2] += double(p);
-    }
-    const bool streaming = j < a.sink || i - j < a.local;
-    const int region = streaming ? 0 : (i >= a.S - a.last ? 2 : 1);
-    sums[3 + 2 * region] += g;
-    sums[4 + 2 * region] += fabs(g);
-    ++counts[region];
-  }
-  double cnt[3] = {double(counts[0]), double(counts[1]), double(counts[2])};
-  block_sum<9>(sums, sh);
-  __syncthreads();
-  block_sum<3>(cnt, sh);
-  if (threadIdx.x != 0) return;
-  if (!per_cell_sums && (cnt[0] + cnt[1] + cnt[2]) > 0) {
-    const int64_t b = (h * a.nb + rt0 / a.block) * a.nb + kt0 / a.block;
-    atomicAdd(a.influence + b, sums[0]);
-    atomicAdd(a.gate + b, sums[1]);
-    atomicAdd(a.attention + b, sums[2]);
-  }
-  for (int r = 0; r < 3; ++r) {
-    if (cnt[r] == 0) continue;
-    atomicAdd(a.regions + 2 * r, sums[3 + 2 * r]);
-    atomicAdd(a.regions + 2 * r + 1, sums[4 + 2 * r]);
-    atomicAdd(a.cells + r, static_cast<unsigned long long>(cnt[r]));
-  }
-}
-
-// dk[t, kvh * D + d] = sum over the group's query heads of dke[t, h * D + d].
-__global__ void group_sum_kernel(const float* dke, float* dk, int64_t S, int64_t NKV, int64_t group, int64_t D) {
-  const int64_t KD = NKV * D, QD = KD * group;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < S * KD; e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t t = e / KD, c = e % KD, kvh = c / D, d = c % D;
-    float s = 0;
-    for (int64_t g = 0; g < group; ++g) s += dke[t * QD + (kvh * group + g) * D + d];
-    dk[e] = s;
-  }
-}
-
-__device__ uint64_t splitmix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-// w[e] = uniform in [-amp, amp), from (seed, e).
-__global__ void random_kernel(float* w, int64_t n, uint64_t seed, float amp) {
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
-    const uint64_t r = splitmix(seed ^ splitmix(uint64_t(e)));
-    const float u = float(r >> 40) * (1.0f / 16777216.0f);
-    w[e] = (2.0f * u - 1.0f) * amp;
-  }
-}
-
-__global__ void fill_kernel(float* w, int64_t n, float v) {
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) w[e] = v;
-}
-
-int grid_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 65535 * 8)); }
-
-}  // namespace
-
-// ---------------------------------------------------------------------------------------------------- weights
-
-struct DevWeight {
-  Buf<float> buf;
-  int64_t rows = 0, cols = 0;
-  const float* ptr() const { return buf.get(); }
-  bool empty() const { return buf.size() == 0; }
-};
-
-struct DevLayer {
-  DevWeight attn_norm, wq, wk, wv, wo, bq, bk, bv, q_norm, k_norm, post_attn_norm, ffn_norm, post_ffn_norm, w_gate,
-      w_up, w_down;
-};
-
-struct GradientModel::Impl {
-  ModelConfig cfg;
-  std::vector<float> rope_freq_factors;
-  DevWeight embedding, lm_head, final_norm;
-  std::vector<DevLayer> layers;
-  size_t bytes = 0;
-  const DevWeight& output() const { return lm_head.empty() ? embedding : lm_head; }
-};
-
-GradientModel::GradientModel() : impl_(std::make_unique<Impl>()) {}
-GradientModel::~GradientModel() = default;
-const ModelConfig& GradientModel::config() const { return impl_->cfg; }
-size_t GradientModel::bytes() const { return impl_->bytes; }
-
-namespace {
-
-void upload(DevWeight& d, const runtime::Weight& w, size_t& bytes) {
-  d.rows = w.rows;
-  d.cols = w.cols;
-  if (w.empty()) return;
-  const std::vector<float> host = w.to_f32();  // the weight in any kept type, as f32
-  d.buf.alloc(host.size(), nullptr);
-  TESSERA_CUDA_CHECK(cudaMemcpy(d.buf.get(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
-  bytes += host.size() * sizeof(float);
-}
-
-void make_random(DevWeight& d, int64_t rows, int64_t cols, uint64_t seed, float amp, size_t& bytes) {
-  d.rows = rows;
-  d.cols = cols;
-  const int64_t n = rows * cols;
-  d.buf.alloc(sz(n), nullptr);
-  if (amp == 0.0f)
-    fill_kernel<<<grid_for(n), kThreads>>>(d.buf.get(), n, 1.0f);
-  else
-    random_kernel<<<grid_for(n), kThreads>>>(d.buf.get(), n, seed, amp);
-  check_launch("random weights");
-  bytes += sz(n) * sizeof(float);
-}
-
-}  // namespace
-
-GradientModel::GradientModel(const ModelConfig& config, const runtime::ModelWeights& w) : GradientModel() {
-  Impl& m = *impl_;
-  m.cfg = config;
-  m.rope_freq_factors = w.rope_freq_factors;
-  upload(m.embedding, w.embedding, m.bytes);
-  upload(m.lm_head, w.lm_head, m.bytes);
-  upload(m.final_norm, w.final_norm, m.bytes);
-  m.layers.resize(w.layers.size());
-  for (size_t l = 0; l < w.layers.size(); ++l) {
-    const runtime::LayerWeights& s = w.layers[l];
-    DevLayer& d = m.layers[l];
-    for (auto [dst, src] : {std::pair{&d.attn_norm, &s.attn_norm}, std::pair{&d.wq, &s.wq}, std::pair{&d.wk, &s.wk}, std::pair{&d.wv, &s.wv}, std::pair{&d.wo, &s.wo}, std::pair{&d.bq, &s.bq}, std::pair{&d.bk, &s.bk}, std::pair{&d.bv, &s.bv}, std::pair{&d.q_norm, &s.q_norm}, std::pair{&d.k_norm, &s.k_norm}, std::pair{&d.post_attn_norm, &s.post_attn_norm}, std::pair{&d.ffn_norm, &s.ffn_norm}, std::pair{&d.post_ffn_norm, &s.post_ffn_norm}, std::pair{&d.w_gate, &s.w_gate}, std::pair{&d.w_up, &s.w_up}, std::pair{&d.w_down, &s.w_down}})
-      upload(*dst, *src, m.bytes);
-  }
-}
-
-std::unique_ptr<GradientModel> GradientModel::random(const ModelConfig& c, uint64_t seed) {
-  std::unique_ptr<GradientModel> g(new GradientModel());
-  Impl& m = *g->impl_;
-  m.cfg = c;
-  const int64_t H = c.hidden_size, D = c.head_dim, QD = int64_t(c.num_q_heads) * D, KD = int64_t(c.num_kv_heads) * D,
-                F = c.intermediate_size, V = c.vocab_size;
-  // Gemma-3's norms hold 1 + w: 1 either way.
-  const float one = 0.0f;  // amp 0: filled with 1
-  uint64_t s = seed * 1000003ull;
-  auto lin = [&](DevWeight& w, int64_t out, int64_t in) {
-    make_random(w, out, in, ++s, std::sqrt(3.0f / static_cast<float>(in)), m.bytes);
-  };
-  make_random(m.embedding, V, H, ++s, std::sqrt(3.0f), m.bytes);
-  if (!c.tied_embeddings) lin(m.lm_head, V, H);
-  make_random(m.final_norm, 1, H, 0, one, m.bytes);
-  m.layers.resize(sz(c.num_layers));
-  for (DevLayer& d : m.layers) {
-    make_random(d.attn_norm, 1, H, 0, one, m.bytes);
-    lin(d.wq, QD, H);
-    lin(d.wk, KD, H);
-    lin(d.wv, KD, H);
-    lin(d.wo, H, QD);
-    if (c.qkv_bias) {
-      make_random(d.bq, 1, QD, ++s, 0.02f, m.bytes);
-      make_random(d.bk, 1, KD, ++s, 0.02f, m.bytes);
-      make_random(d.bv, 1, KD, ++s, 0.02f, m.bytes);
-    }
-    if (c.qk_norm) {
-      make_random(d.q_norm, 1, D, 0, one, m.bytes);
-      make_random(d.k_norm, 1, D, 0, one, m.bytes);
-    }
-    if (c.post_norms) {
-      make_random(d.post_attn_norm, 1, H, 0, one, m.bytes);
-      make_random(d.post_ffn_norm, 1, H, 0, one, m.bytes);
-    }
-    make_random(d.ffn_norm, 1, H, 0, one, m.bytes);
-    lin(d.w_gate, F, H);
-    lin(d.w_up, F, H);
-    lin(d.w_down, H, F);
-  }
-  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
-  return g;
-}
-
-// ---------------------------------------------------------------------------------------------------- the pass
-
-namespace {
-
 class Pass : private PassDims {
  public:
   Pass(const GradientModel::Impl& m, std::span<const int32_t> tokens, const GradientOptions& opt,
@@ -543,15 +58,15 @@ class Pass : private PassDims {
     cublas_check(cublasSetStream(blas_, stream_), "cublasSetStream");
     cublas_check(cublasSetMathMode(blas_, opt.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
                  "cublasSetMathMode");
-    // RoPE tables per distinct RopeConfig, exactly the CPU's.
+    // RoPE tables per distinct RopeConfig for positions [0, S), by the engine's kernel (the CPU's formula).
     runtime::LayerRopes ropes = runtime::layer_ropes(cfg_, m.rope_freq_factors);
     for (const std::vector<float>& inv : ropes.inv_freqs) {
-      std::vector<float> c(sz(S_ * (D_ / 2))), s(sz(S_ * (D_ / 2)));
-      runtime::rope_tables(inv, 0, S_, c.data(), s.data());
-      cos_.emplace_back(c.size(), &tr_);
-      sin_.emplace_back(s.size(), &tr_);
-      to_device(cos_.back().get(), c.data(), c.size());
-      to_device(sin_.back().get(), s.data(), s.size());
+      inv_freqs_.emplace_back(inv.size(), &tr_);
+      transfer(inv_freqs_.back().get(), inv.data(), inv.size(), cudaMemcpyHostToDevice);
+      cos_.emplace_back(sz(S_ * (D_ / 2)), &tr_);
+      sin_.emplace_back(sz(S_ * (D_ / 2)), &tr_);
+      runtime::gpu::rope_tables(inv_freqs_.back().get(), static_cast<int>(D_ / 2), 0, S_, cos_.back().get(),
+                                sin_.back().get(), stream_);
     }
     layer_rope_ = std::move(ropes.layer);
     // The query chunk: the two [heads, R, S] buffers within 1 GiB.
@@ -577,16 +92,10 @@ class Pass : private PassDims {
 
   // The forward alone, observe() after each layer's attention (GradientModel::forward).
   void forward(std::span<const int32_t> tokens, const std::function<void(const GradientModel::AttentionView&)>& observe) {
-    Buf<int32_t> tok;
-    Buf<float> x = embed(tokens, tok);
-    for (int64_t l = 0; l < cfg_.num_layers; ++l) {
-      observed_layer_ = static_cast<int32_t>(l);
-      observe_ = &observe;
-      layer_forward(static_cast<int32_t>(l), x.get());
-      observe_ = nullptr;
-      copy(x.get(), x2_.get(), sz(S_ * H_));
-      add(x.get(), post_ffn(l), S_ * H_);
-    }
+    begin(tokens);
+    observe_ = &observe;
+    runtime::run_layers(cfg_, *this);
+    observe_ = nullptr;
     sample_memory();
     sync();
   }
@@ -598,14 +107,13 @@ class Pass : private PassDims {
     result.num_blocks = static_cast<int32_t>(nb_);
     result.num_q_heads = static_cast<int32_t>(NQ_);
     const int64_t L = cfg_.num_layers;
-    Buf<int32_t> tok;
-    Buf<float> x = embed(tokens, tok);
+    // Forward through the recipe, keeping each layer's input.
+    begin(tokens);
     if (!opt_.loss_only) inputs_.alloc(sz(L * S_ * H_), &tr_);
+    embed();
     for (int64_t l = 0; l < L; ++l) {
-      if (!opt_.loss_only) copy(inputs_.get() + l * S_ * H_, x.get(), sz(S_ * H_));
-      layer_forward(static_cast<int32_t>(l), x.get());
-      copy(x.get(), x2_.get(), sz(S_ * H_));
-      add(x.get(), post_ffn(l), S_ * H_);
+      if (!opt_.loss_only) copy(inputs_.get() + l * S_ * H_, x_.get(), sz(S_ * H_));
+      runtime::run_layer(cfg_, *this, static_cast<int32_t>(l));
     }
     sample_memory();
 
@@ -614,26 +122,26 @@ class Pass : private PassDims {
     const int64_t V = cfg_.vocab_size;
     const DevWeight& wout = m_.output();
     Buf<float> xt(sz(NT * H_), &tr_), rf(sz(NT), &tr_), hf(sz(NT * H_), &tr_), z(sz(NT * V), &tr_);
-    for (int64_t t = 0; t < NT; ++t) copy(xt.get() + t * H_, x.get() + int64_t(targets[sz(t)].position) * H_, sz(H_));
+    for (int64_t t = 0; t < NT; ++t) copy(xt.get() + t * H_, x_.get() + int64_t(targets[sz(t)].position) * H_, sz(H_));
     rms_forward_kernel<<<NT, kThreads, 0, stream_>>>(xt.get(), hf.get(), rf.get(), H_, m_.final_norm.ptr(),
                                                      static_cast<float>(cfg_.rms_norm_eps));
     check_launch("final norm");
     gemm(true, false, V, NT, H_, 1.0f, wout.ptr(), H_, hf.get(), H_, 0.0f, z.get(), V);
     std::vector<float> zh(sz(NT * V));
-    to_host(zh.data(), z.get(), zh.size());
+    transfer(zh.data(), z.get(), zh.size(), cudaMemcpyDeviceToHost);
     std::vector<float> dz(opt_.loss_only ? 0 : sz(NT * V));
     result.loss = cross_entropy<float>(zh, V, targets, static_cast<float>(cfg_.final_logit_softcap), dz);
     if (opt_.loss_only) {
       sync();
       return result;
     }
-    to_device(z.get(), dz.data(), dz.size());
+    transfer(z.get(), dz.data(), dz.size(), cudaMemcpyHostToDevice);
     Buf<float> dhf(sz(NT * H_), &tr_), dxt(sz(NT * H_), &tr_);
     gemm(false, false, H_, NT, V, 1.0f, wout.ptr(), H_, z.get(), V, 0.0f, dhf.get(), H_);
     rms_backward_kernel<<<NT, kThreads, 0, stream_>>>(xt.get(), rf.get(), H_, m_.final_norm.ptr(), dhf.get(),
                                                       dxt.get(), false);
     check_launch("final norm backward");
-    Buf<float>& dx = x;
+    Buf<float> dx(sz(S_ * H_), &tr_);  // x_ is the recipe's again in the recomputed forwards
     TESSERA_CUDA_CHECK(cudaMemsetAsync(dx.get(), 0, sz(S_ * H_) * sizeof(float), stream_));
     for (int64_t t = 0; t < NT; ++t) add(dx.get() + int64_t(targets[sz(t)].position) * H_, dxt.get() + t * H_, H_);
 
@@ -650,14 +158,10 @@ class Pass : private PassDims {
 
  private:
   // ------------------------------------------------------------------ helpers
+  // n T from src to dst (host to device or back), synchronously.
   template <class T>
-  void to_device(T* d, const T* h, size_t n) {
-    TESSERA_CUDA_CHECK(cudaMemcpyAsync(d, h, n * sizeof(T), cudaMemcpyHostToDevice, stream_));
-    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  }
-  template <class T>
-  void to_host(T* h, const T* d, size_t n) {
-    TESSERA_CUDA_CHECK(cudaMemcpyAsync(h, d, n * sizeof(T), cudaMemcpyDeviceToHost, stream_));
+  void transfer(T* dst, const T* src, size_t n, cudaMemcpyKind kind) {
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(T), kind, stream_));
     TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   void copy(float* d, const float* s, size_t n) {
@@ -716,135 +220,118 @@ class Pass : private PassDims {
                                                                           sin_[table].get(), inverse);
     check_launch("rope");
   }
-  int act_kind() const {
-    switch (cfg_.activation) {
-      case Activation::SiLU:
-        return 0;
-      case Activation::GeluTanh:
-        return 1;
-      case Activation::Gelu:
-        return 2;
-    }
-    return 0;
-  }
   int64_t window(int32_t l) const { return cfg_.layers[sz(l)].sliding_window; }
   int64_t first_key_host(int32_t l, int64_t i) const {
     const int64_t w = window(l);
     return w > 0 ? std::max<int64_t>(0, i - w + 1) : 0;
   }
 
-  // The activations allocated, then the tokens on the device (in `tok`) and their embedding rows (returned).
-  Buf<float> embed(std::span<const int32_t> tokens, Buf<int32_t>& tok) {
-    alloc_activations();
-    tok.alloc(sz(S_), &tr_);
-    to_device(tok.get(), tokens.data(), tokens.size());
-    Buf<float> x(sz(S_ * H_), &tr_);
-    embed_kernel<<<grid_for(S_ * H_), kThreads, 0, stream_>>>(tok.get(), m_.embedding.ptr(), x.get(), S_, H_,
-                                                              static_cast<float>(cfg_.embedding_scale));
-    check_launch("embedding");
-    return x;
-  }
-
-  void alloc_activations() {
-    auto a = [&](Buf<float>& b, int64_t n) { b.alloc(sz(n), &tr_); };
-    a(r1_, S_);
-    a(h1_, S_ * H_);
-    a(q_pre_, S_ * QD_);
-    a(k_pre_, S_ * KD_);
+  // The activations allocated and the tokens on the device: the recipe's step set up.
+  void begin(std::span<const int32_t> tokens) {
+    tokens_.alloc(sz(S_), &tr_);
+    transfer(tokens_.get(), tokens.data(), tokens.size(), cudaMemcpyHostToDevice);
+    alloc(S_, {&r1_, &ra_, &r2_, &rm_});  // the norms' 1/rms per row
+    alloc(S_ * H_, {&x_, &h1_, &att_, &x2_, &h2_, &m_out_, &tmp_});
+    alloc(S_ * QD_, {&q_pre_, &q_, &o_});
+    alloc(S_ * KD_, {&k_pre_, &k_, &v_});
+    alloc(S_ * F_, {&g_, &u_, &act_});
     if (cfg_.qk_norm) {
-      a(rq_, S_ * NQ_);
-      a(rk_, S_ * NKV_);
+      alloc(S_ * NQ_, {&rq_});
+      alloc(S_ * NKV_, {&rk_});
     }
-    a(q_, S_ * QD_);
-    a(k_, S_ * KD_);
-    a(v_, S_ * KD_);
-    a(lse_, NQ_ * S_);
-    a(o_, S_ * QD_);
-    a(att_, S_ * H_);
-    a(ra_, S_);
-    a(x2_, S_ * H_);
-    a(r2_, S_);
-    a(h2_, S_ * H_);
-    a(g_, S_ * F_);
-    a(u_, S_ * F_);
-    a(act_, S_ * F_);
-    a(m_out_, S_ * H_);
-    a(rm_, S_);
-    a(tmp_, S_ * H_);
-    a(P_, NQ_ * R_ * S_);
+    alloc(NQ_ * S_, {&lse_});
+    alloc(NQ_ * R_ * S_, {&P_});
   }
   void alloc_backward() {
-    auto a = [&](Buf<float>& b, int64_t n) { b.alloc(sz(n), &tr_); };
-    a(dP_, NQ_ * R_ * S_);
-    a(dm_, S_ * H_);
-    a(dact_, S_ * F_);
-    a(dh2_, S_ * H_);
-    a(dx2_, S_ * H_);
-    a(da_, S_ * H_);
-    a(dout_, S_ * QD_);
-    a(dq_, S_ * QD_);
-    a(dk_, S_ * KD_);
-    a(dv_, S_ * KD_);
-    a(dke_, S_ * QD_);
-    a(dve_, S_ * QD_);
-    a(dvec_, NQ_ * S_);
-    a(dh1_, S_ * H_);
-    a(tq_, S_ * QD_);
+    alloc(S_ * H_, {&dm_, &dh2_, &dx2_, &da_, &dh1_});
+    alloc(S_ * QD_, {&dout_, &dq_, &dke_, &dve_, &tq_});
+    alloc(S_ * KD_, {&dk_, &dv_});
+    alloc(S_ * F_, {&dact_});
+    alloc(NQ_ * S_, {&dvec_});
+    alloc(NQ_ * R_ * S_, {&dP_});
     const size_t blocks = sz(NQ_ * nb_ * nb_);
     sums_.alloc(3 * blocks + 6, &tr_);
     cells_.alloc(3, &tr_);
   }
-
-  // The FFN branch's contribution to the residual: m, or RMSNorm(m) (Gemma-3), in tmp_.
-  const float* post_ffn(int64_t l) {
-    if (!cfg_.post_norms) return m_out_.get();
-    rms(m_out_.get(), tmp_.get(), rm_.get(), S_, H_, m_.layers[sz(l)].post_ffn_norm);
-    return tmp_.get();
+  // Each of `bufs` as n floats, counted in the pass's peak.
+  void alloc(int64_t n, std::initializer_list<Buf<float>*> bufs) {
+    for (Buf<float>* b : bufs) b->alloc(sz(n), &tr_);
   }
 
+  const DevLayer& layer(int32_t l) const { return m_.layers[sz(l)]; }
+
+  // Layer l's forward again from its input x (the backward recomputes what it did not keep).
   void layer_forward(int32_t l, const float* x) {
-    const DevLayer& W = m_.layers[sz(l)];
-    rms(x, h1_.get(), r1_.get(), S_, H_, W.attn_norm);
-    linear(h1_.get(), H_, W.wq, cfg_.qkv_bias ? &W.bq : nullptr, q_pre_.get());
-    linear(h1_.get(), H_, W.wk, cfg_.qkv_bias ? &W.bk : nullptr, k_pre_.get());
-    linear(h1_.get(), H_, W.wv, cfg_.qkv_bias ? &W.bv : nullptr, v_.get());
-    if (cfg_.qk_norm) {
+    copy(x_.get(), x, sz(S_ * H_));
+    runtime::run_layer(cfg_, *this, l);
+  }
+
+ public:
+  // --- the layer recipe's calls (runtime/recipe.h; the whole sequence is one step and one MLP piece): x_ is the
+  // residual stream, each call keeps in the members what the backward reads.
+  int64_t rows() const { return S_; }
+  int64_t mlp_piece() const { return S_; }
+  void embed() {
+    runtime::gpu::embed_tokens(tokens_.get(), S_, m_.embedding.ptr(), H_, static_cast<float>(cfg_.embedding_scale),
+                               x_.get(), stream_);
+  }
+  void attn_norm(int32_t l) { rms(x_.get(), h1_.get(), r1_.get(), S_, H_, layer(l).attn_norm); }
+  void qkv(int32_t l, bool bias) {
+    const DevLayer& W = layer(l);
+    linear(h1_.get(), H_, W.wq, bias ? &W.bq : nullptr, q_pre_.get());
+    linear(h1_.get(), H_, W.wk, bias ? &W.bk : nullptr, k_pre_.get());
+    linear(h1_.get(), H_, W.wv, bias ? &W.bv : nullptr, v_.get());
+  }
+  void qk_norm_rope(int32_t l, bool norm, bool rotate) {
+    const DevLayer& W = layer(l);
+    if (norm) {
       rms(q_pre_.get(), q_.get(), rq_.get(), S_ * NQ_, D_, W.q_norm);
       rms(k_pre_.get(), k_.get(), rk_.get(), S_ * NKV_, D_, W.k_norm);
     } else {
       copy(q_.get(), q_pre_.get(), sz(S_ * QD_));
       copy(k_.get(), k_pre_.get(), sz(S_ * KD_));
     }
-    const size_t r = layer_rope_[sz(l)];
-    rope(q_.get(), NQ_, QD_, r, false);
-    rope(k_.get(), NKV_, KD_, r, false);
+    if (rotate) {
+      const size_t r = layer_rope_[sz(l)];
+      rope(q_.get(), NQ_, QD_, r, false);
+      rope(k_.get(), NKV_, KD_, r, false);
+    }
+  }
+  bool attention_rotates(int32_t) const { return false; }
+  void attend(int32_t l) {
     attention_forward(l);
-    if (observe_ != nullptr) {
-      GradientModel::AttentionView view;
-      view.layer = observed_layer_;
-      view.tokens = S_;
-      view.q = q_.get();
-      view.k = k_.get();
-      view.v = v_.get();
-      view.o = o_.get();
-      view.stream = stream_;
-      (*observe_)(view);
-    }
-    linear(o_.get(), QD_, W.wo, nullptr, att_.get());
-    copy(x2_.get(), x, sz(S_ * H_));
-    if (cfg_.post_norms) {
-      rms(att_.get(), tmp_.get(), ra_.get(), S_, H_, W.post_attn_norm);
-      add(x2_.get(), tmp_.get(), S_ * H_);
-    } else {
-      add(x2_.get(), att_.get(), S_ * H_);
-    }
-    rms(x2_.get(), h2_.get(), r2_.get(), S_, H_, W.ffn_norm);
+    if (observe_ == nullptr) return;
+    (*observe_)({.layer = l, .tokens = S_, .q = q_.get(), .k = k_.get(), .v = v_.get(), .o = o_.get(),
+                 .stream = stream_});
+  }
+  // x2 = x + [RMSNorm(post_attn_norm)](o Wo^T); x_ stays the layer's input until mlp().
+  void out_proj(int32_t l, bool post_norm) {
+    linear(o_.get(), QD_, layer(l).wo, nullptr, att_.get());
+    copy(x2_.get(), x_.get(), sz(S_ * H_));
+    add_branch(x2_.get(), att_.get(), ra_.get(), post_norm ? &layer(l).post_attn_norm : nullptr);
+  }
+  void ffn_norm(int32_t l) { rms(x2_.get(), h2_.get(), r2_.get(), S_, H_, layer(l).ffn_norm); }
+  // x_ = x2 + [RMSNorm(post_ffn_norm)](act(h2 Wg^T) * (h2 Wu^T) Wd^T).
+  void mlp(int32_t l, int64_t, int64_t, Activation act, bool post_norm) {
+    const DevLayer& W = layer(l);
     linear(h2_.get(), H_, W.w_gate, nullptr, g_.get());
     linear(h2_.get(), H_, W.w_up, nullptr, u_.get());
     act_forward_kernel<<<grid_for(S_ * F_), kThreads, 0, stream_>>>(g_.get(), u_.get(), act_.get(), S_ * F_,
-                                                                    act_kind());
+                                                                    runtime::gpu::gate_activation(act));
     check_launch("activation");
     linear(act_.get(), F_, W.w_down, nullptr, m_out_.get());
+    copy(x_.get(), x2_.get(), sz(S_ * H_));
+    add_branch(x_.get(), m_out_.get(), rm_.get(), post_norm ? &W.post_ffn_norm : nullptr);
+  }
+
+ private:
+  // y += branch, or y += RMSNorm(branch; *post_norm) keeping its 1/rms in r (Gemma-3's post-norms).
+  void add_branch(float* y, const float* branch, float* r, const DevWeight* post_norm) {
+    if (post_norm != nullptr) {
+      rms(branch, tmp_.get(), r, S_, H_, *post_norm);
+      branch = tmp_.get();
+    }
+    add(y, branch, S_ * H_);
   }
 
   // out [heads][rows][nk] = alpha * A_h B_kv^T for chunk rows [r0, r0 + rows) of A ([S, QD]: q or dO) against
@@ -944,8 +431,8 @@ class Pass : private PassDims {
     sample_memory();
     std::vector<double> h(sums_.size());
     std::vector<unsigned long long> c(3);
-    to_host(h.data(), sums_.get(), h.size());
-    to_host(c.data(), cells_.get(), 3);
+    transfer(h.data(), sums_.get(), h.size(), cudaMemcpyDeviceToHost);
+    transfer(c.data(), cells_.get(), 3, cudaMemcpyDeviceToHost);
     g.influence.assign(h.begin(), h.begin() + static_cast<ptrdiff_t>(blocks));
     g.gate_grad.assign(h.begin() + static_cast<ptrdiff_t>(blocks), h.begin() + static_cast<ptrdiff_t>(2 * blocks));
     g.attention.assign(h.begin() + static_cast<ptrdiff_t>(2 * blocks), h.begin() + static_cast<ptrdiff_t>(3 * blocks));
@@ -961,14 +448,13 @@ class Pass : private PassDims {
   void layer_backward(int32_t l, const float* x, float* dx, LayerGradients& g) {
     const DevLayer& W = m_.layers[sz(l)];
     const float* dm = dx;
-    if (cfg_.post_norms) {
-      rms(m_out_.get(), tmp_.get(), rm_.get(), S_, H_, W.post_ffn_norm);
+    if (cfg_.post_norms) {  // rm_: from the forward just recomputed
       rms_back(m_out_.get(), rm_.get(), S_, H_, W.post_ffn_norm, dx, dm_.get(), false);
       dm = dm_.get();
     }
     linear_back(dm, W.w_down, dact_.get(), false);
     act_backward_kernel<<<grid_for(S_ * F_), kThreads, 0, stream_>>>(g_.get(), u_.get(), dact_.get(), S_ * F_,
-                                                                     act_kind());
+                                                                     runtime::gpu::gate_activation(cfg_.activation));
     check_launch("activation backward");
     linear_back(g_.get(), W.w_gate, dh2_.get(), false);
     linear_back(u_.get(), W.w_up, dh2_.get(), true);
@@ -1006,17 +492,28 @@ class Pass : private PassDims {
   cublasHandle_t blas_ = nullptr;
   Tracker tr_;
   size_t peak_used_ = 0;
-  std::vector<Buf<float>> cos_, sin_;
+  std::vector<Buf<float>> inv_freqs_, cos_, sin_;  // per distinct RoPE set
   std::vector<size_t> layer_rope_;
-  Buf<float> inputs_;
+  Buf<int32_t> tokens_;
+  Buf<float> x_;       // the recipe's residual stream
+  Buf<float> inputs_;  // every layer's input [layers, S, H] (not with loss_only)
   Buf<float> r1_, h1_, q_pre_, k_pre_, rq_, rk_, q_, k_, v_, lse_, o_, att_, ra_, x2_, r2_, h2_, g_, u_, act_, m_out_,
       rm_, tmp_, P_;
   Buf<float> dP_, dm_, dact_, dh2_, dx2_, da_, dout_, dq_, dk_, dv_, dke_, dve_, dvec_, dh1_, tq_;
   Buf<double> sums_;
   Buf<unsigned long long> cells_;
   const std::function<void(const GradientModel::AttentionView&)>* observe_ = nullptr;
-  int32_t observed_layer_ = 0;
 };
+
+// The costs of `pass`, begun at t0, into *stats (null: not asked for).
+void report(const Pass& pass, size_t weight_bytes, std::chrono::steady_clock::time_point t0, DeviceStats* stats) {
+  if (stats == nullptr) return;
+  stats->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stats->weight_bytes = weight_bytes;
+  stats->peak_pass_bytes = pass.tracker().peak;
+  stats->peak_used_bytes = pass.peak_used();
+  stats->chunk_rows = pass.chunk_rows();
+}
 
 }  // namespace
 
@@ -1035,13 +532,7 @@ GradientResult GradientModel::run(std::span<const int32_t> tokens, std::span<con
   const auto t0 = std::chrono::steady_clock::now();
   Pass pass(*impl_, tokens, o, run);
   GradientResult r = pass.run(tokens, targets);
-  if (run.stats) {
-    run.stats->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    run.stats->weight_bytes = impl_->bytes;
-    run.stats->peak_pass_bytes = pass.tracker().peak;
-    run.stats->peak_used_bytes = pass.peak_used();
-    run.stats->chunk_rows = pass.chunk_rows();
-  }
+  report(pass, impl_->bytes, t0, run.stats);
   return r;
 }
 
@@ -1059,87 +550,7 @@ void GradientModel::forward(std::span<const int32_t> tokens, const std::function
   const auto t0 = std::chrono::steady_clock::now();
   Pass pass(*impl_, tokens, o, run);
   pass.forward(tokens, observe);
-  if (run.stats) {
-    run.stats->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    run.stats->weight_bytes = impl_->bytes;
-    run.stats->peak_pass_bytes = pass.tracker().peak;
-    run.stats->peak_used_bytes = pass.peak_used();
-    run.stats->chunk_rows = pass.chunk_rows();
-  }
-}
-
-bool gpu_available() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return n > 0;
-}
-
-namespace {
-
-// The last Model's weights on the device (the planners call once per calibration sample with the same Model).
-std::mutex g_mutex;
-const runtime::Model* g_model = nullptr;
-const void* g_model_embedding = nullptr;
-std::unique_ptr<GradientModel> g_weights;
-RegisteredStats g_stats;
-
-// The device weights of `model` (g_mutex held).
-const GradientModel& weights_of(const runtime::Model& model) {
-  if (g_model != &model || g_model_embedding != model.weights().embedding.bytes || !g_weights) {
-    g_weights.reset();
-    g_weights = std::make_unique<GradientModel>(model.config(), model.weights());
-    g_model = &model;
-    g_model_embedding = model.weights().embedding.bytes;
-  }
-  return *g_weights;
-}
-
-GradientResult run_registered(const runtime::Model& model, std::span<const int32_t> tokens,
-                              std::span<const Target> targets, const GradientOptions& options) {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  check(gpu_available(), "attention gradients: --device cuda, but no CUDA device is usable");
-  weights_of(model);
-  DeviceStats st;
-  GradientResult r = g_weights->run(tokens, targets, options, {.stats = &st});
-  g_stats.add(st);
-  return r;
-}
-
-}  // namespace
-
-void with_device_weights(const runtime::Model& model, const std::function<void(const GradientModel&)>& fn) {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  check(gpu_available(), "plan: --device cuda, but no CUDA device is usable");
-  const GradientModel& g = weights_of(model);
-  const auto t0 = std::chrono::steady_clock::now();
-  fn(g);
-  PassCosts pass;
-  pass.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  pass.weight_bytes = g.bytes();
-  g_stats.add(pass);
-}
-
-void register_minference();  // minference_cuda.cu
-
-void enable() {
-  register_cuda_gradients(&run_registered);
-  register_minference();
-}
-
-void RegisteredStats::add(const PassCosts& pass) {
-  ++passes;
-  seconds += pass.seconds;
-  weight_bytes = pass.weight_bytes;
-  peak_pass_bytes = std::max(peak_pass_bytes, pass.peak_pass_bytes);
-  peak_used_bytes = std::max(peak_used_bytes, pass.peak_used_bytes);
-}
-
-RegisteredStats registered_stats() {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  return g_stats;
+  report(pass, impl_->bytes, t0, run.stats);
 }
 
 }  // namespace tessera::plan::cuda

@@ -1,7 +1,8 @@
 // tessera/plan/cuda/gradients_cuda.h — the reverse mode of plan/model_gradients.h on the GPU.
 //
-// The same pass as the CPU's (forward keeping the layer inputs, then per layer from the last: the layer's forward
-// recomputed, its backward), in f32 on the device:
+// The same pass as the CPU's (forward through the layer recipe runtime/recipe.h keeping the layer inputs, then per
+// layer from the last: the layer's forward recomputed through the recipe, its backward), in f32 on the device:
+//  - the embedding and the RoPE tables by the GPU engine's kernels (runtime/cuda/kernels.h, over f32 weights);
 //  - the products (projections, MLP, logits of the target rows, and every product of attention) through cuBLAS
 //    (cublasSgemm / cublasSgemmStridedBatched; TF32 tensor cores with GradientOptions::tf32);
 //  - attention blockwise, per query chunk of R rows (a multiple of 64): the scores of the chunk against its keys

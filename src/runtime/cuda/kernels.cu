@@ -26,6 +26,7 @@ nbf* dev(bf16* p) { return reinterpret_cast<nbf*>(p); }
 const nbf* dev(const bf16* p) { return reinterpret_cast<const nbf*>(p); }
 
 __device__ __forceinline__ float to_f(nbf v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f(float v) { return v; }
 __device__ __forceinline__ nbf to_bf(float v) { return __float2bfloat16_rn(v); }
 
 // 16-byte vector access: 8 bf16 in a uint4 (element 2k in the low half of word k), 4 f32 in a float4. The
@@ -92,9 +93,10 @@ unsigned grid_for(int64_t n) {
   return static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, 65536));
 }
 
-__global__ void embed_kernel(const int32_t* tokens, const nbf* table, int64_t hidden, float scale, float* x) {
+template <class T>
+__global__ void embed_kernel(const int32_t* tokens, const T* table, int64_t hidden, float scale, float* x) {
   const int64_t t = blockIdx.x;
-  const nbf* e = table + static_cast<int64_t>(tokens[t]) * hidden;
+  const T* e = table + static_cast<int64_t>(tokens[t]) * hidden;
   float* out = x + t * hidden;
   for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) out[i] = to_f(e[i]) * scale;
 }
@@ -562,6 +564,14 @@ void embed_tokens(const int32_t* tokens, int64_t n, const bf16* table, int64_t h
   } else {
     embed_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(tokens, dev(table), hidden, scale, x);
   }
+  check_launch("embed_tokens");
+}
+
+void embed_tokens(const int32_t* tokens, int64_t n, const float* table, int64_t hidden, float scale, float* x,
+                  cudaStream_t stream) {
+  if (n <= 0) return;
+  check_rows(n, "embed_tokens");
+  embed_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(tokens, table, hidden, scale, x);
   check_launch("embed_tokens");
 }
 

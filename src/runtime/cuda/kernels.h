@@ -28,6 +28,9 @@ enum class GateActivation { kSiLU, kGeluTanh, kGelu };
 // already checked against the vocabulary.
 void embed_tokens(const int32_t* tokens, int64_t n, const bf16* table, int64_t hidden, float scale, float* x,
                   cudaStream_t stream);
+// The same from an f32 table (the planners' gradient pass, plan/cuda, keeps its weights in f32).
+void embed_tokens(const int32_t* tokens, int64_t n, const float* table, int64_t hidden, float scale, float* x,
+                  cudaStream_t stream);
 
 // y[r, :] = bf16(w * (x[r, :] / sqrt(mean(x[r, :]^2) + eps))), x f32 [rows, n] (row stride n), y bf16 with
 // row stride ldy. The order of operations is the CPU's (runtime/ops.h rms_norm); sums in f32.
