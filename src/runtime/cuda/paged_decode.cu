@@ -36,6 +36,17 @@ __device__ __forceinline__ Ranges view_ranges(const int32_t* v, int64_t len) {
   return r;
 }
 
+// fn(k, g, c) for each piece of a group's [G, D] output that thread `tid` owns: acc[k] holds columns c .. c + 3 of
+// group member g (kOut pieces per thread at most, unrolled).
+template <int kOut, int D, class F>
+__device__ __forceinline__ void for_owned_outputs(int tid, int G, F&& fn) {
+#pragma unroll
+  for (int k = 0; k < kOut; ++k) {
+    const int o = (tid + k * kThreads) * 4;
+    if (o < G * D) fn(k, o / D, o % D);
+  }
+}
+
 // grid (splits, kv_heads, rows); T keys per tile; GM >= the query heads per group (G, at run time); D head dim.
 template <int D, int GM, int T>
 __global__ void __launch_bounds__(kThreads) paged_decode_kernel(PagedDecodeArgs a) {
@@ -177,46 +188,36 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(PagedDecodeArgs 
     }
     __syncthreads();
     // P.V
-#pragma unroll
-    for (int k = 0; k < kOut; ++k) {
-      const int o = (tid + k * kThreads) * 4;
-      if (o < G * D) {
-        const int g = o / D, c = o % D;
-        const float corr = corr_s[g];
-        float v0 = acc[k][0] * corr, v1 = acc[k][1] * corr, v2 = acc[k][2] * corr, v3 = acc[k][3] * corr;
-        const float* pg = ps + g * T;
+    for_owned_outputs<kOut, D>(tid, G, [&](int k, int g, int c) {
+      const float corr = corr_s[g];
+      float v0 = acc[k][0] * corr, v1 = acc[k][1] * corr, v2 = acc[k][2] * corr, v3 = acc[k][3] * corr;
+      const float* pg = ps + g * T;
 #pragma unroll 8
-        for (int t = 0; t < T; ++t) {
-          const uint2 raw = *reinterpret_cast<const uint2*>(vs + t * kLd + c);
-          const __nv_bfloat162 lo2 = *reinterpret_cast<const __nv_bfloat162*>(&raw.x);
-          const __nv_bfloat162 hi2 = *reinterpret_cast<const __nv_bfloat162*>(&raw.y);
-          const float p = pg[t];
-          const float2 fa = __bfloat1622float2(lo2), fb = __bfloat1622float2(hi2);
-          v0 += p * fa.x;
-          v1 += p * fa.y;
-          v2 += p * fb.x;
-          v3 += p * fb.y;
-        }
-        acc[k][0] = v0, acc[k][1] = v1, acc[k][2] = v2, acc[k][3] = v3;
+      for (int t = 0; t < T; ++t) {
+        const uint2 raw = *reinterpret_cast<const uint2*>(vs + t * kLd + c);
+        const __nv_bfloat162 lo2 = *reinterpret_cast<const __nv_bfloat162*>(&raw.x);
+        const __nv_bfloat162 hi2 = *reinterpret_cast<const __nv_bfloat162*>(&raw.y);
+        const float p = pg[t];
+        const float2 fa = __bfloat1622float2(lo2), fb = __bfloat1622float2(hi2);
+        v0 += p * fa.x;
+        v1 += p * fa.y;
+        v2 += p * fb.x;
+        v3 += p * fb.y;
       }
-    }
+      acc[k][0] = v0, acc[k][1] = v1, acc[k][2] = v2, acc[k][3] = v3;
+    });
     __syncthreads();
   }
   // Partial output and log-sum-exp of this split.
-#pragma unroll
-  for (int k = 0; k < kOut; ++k) {
-    const int o = (tid + k * kThreads) * 4;
-    if (o < G * D) {
-      const int g = o / D, c = o % D;
-      const int h = kvh * G + g;
-      const float l = l_s[g];
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-      const int64_t base = (static_cast<int64_t>(row) * a.q_heads + h) * a.splits + split;
-      *reinterpret_cast<float4*>(a.o_part + base * D + c) =
-          make_float4(acc[k][0] * inv, acc[k][1] * inv, acc[k][2] * inv, acc[k][3] * inv);
-      if (c == 0) a.lse_part[base] = l > 0.0f ? m_s[g] + __logf(l) : -INFINITY;
-    }
-  }
+  for_owned_outputs<kOut, D>(tid, G, [&](int k, int g, int c) {
+    const int h = kvh * G + g;
+    const float l = l_s[g];
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const int64_t base = (static_cast<int64_t>(row) * a.q_heads + h) * a.splits + split;
+    *reinterpret_cast<float4*>(a.o_part + base * D + c) =
+        make_float4(acc[k][0] * inv, acc[k][1] * inv, acc[k][2] * inv, acc[k][3] * inv);
+    if (c == 0) a.lse_part[base] = l > 0.0f ? m_s[g] + __logf(l) : -INFINITY;
+  });
 }
 
 // grid rows * q_heads, D threads.
