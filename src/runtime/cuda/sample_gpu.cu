@@ -25,6 +25,17 @@ __device__ __forceinline__ uint32_t order_key(float f) {
   return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
+// The value thread 0 holds (a CUB block reduction's result) on every thread, through `slot` in shared memory; the
+// reduction's storage may be reused afterwards.
+template <class T, class Slot>
+__device__ __forceinline__ T to_all(T v, Slot& slot) {
+  if (threadIdx.x == 0) slot = v;
+  __syncthreads();
+  const T r = static_cast<T>(slot);
+  __syncthreads();
+  return r;
+}
+
 struct Shared {
   union {
     cub::BlockReduce<double, kThreads>::TempStorage rd;
@@ -51,11 +62,8 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const float* logi
   float m = -FLT_MAX;
   for (int i = tid; i < n; i += kThreads) m = fmaxf(m, x[i]);
   m = cub::BlockReduce<float, kThreads>(sh.t.rf).Reduce(m, cuda::maximum<>{});
-  if (tid == 0) sh.d = static_cast<double>(m);
-  __syncthreads();
   const double inv_t = 1.0 / static_cast<double>(job.temperature);
-  const double top = sh.d * inv_t;
-  __syncthreads();
+  const double top = to_all(static_cast<double>(m), sh.d) * inv_t;
   for (int i = tid; i < n; i += kThreads) p[i] = exp(static_cast<double>(x[i]) * inv_t - top);
   __syncthreads();
 
@@ -66,12 +74,7 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const float* logi
   auto count_ge = [&](uint32_t t) {
     unsigned c = 0;
     for (int i = tid; i < n; i += kThreads) c += order_key(x[i]) >= t ? 1u : 0u;
-    c = cub::BlockReduce<unsigned, kThreads>(sh.t.ru).Sum(c);
-    if (tid == 0) sh.u = c;
-    __syncthreads();
-    const unsigned r = sh.u;
-    __syncthreads();
-    return r;
+    return to_all(cub::BlockReduce<unsigned, kThreads>(sh.t.ru).Sum(c), sh.u);
   };
   auto mass_ge = [&](uint64_t t) {  // t may be 2^32: nothing
     double s = 0;
@@ -79,29 +82,20 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const float* logi
       const uint32_t k = order_key(x[i]);
       if (k >= t && in_k(i, k)) s += p[i];
     }
-    s = cub::BlockReduce<double, kThreads>(sh.t.rd).Sum(s);
-    if (tid == 0) sh.d = s;
-    __syncthreads();
-    const double r = sh.d;
-    __syncthreads();
-    return r;
+    return to_all(cub::BlockReduce<double, kThreads>(sh.t.rd).Sum(s), sh.d);
   };
-  // The smallest id i (in id order) among tokens with key == t (and in the top_k set) at which the running sum of
-  // weight(i) reaches `need` (weights: 1 for a count, p for a mass).
-  auto tie_cut = [&](uint32_t t, double need, bool by_mass) {
+  // The smallest id i with weight(i) > 0 at which the running sum of the weights in id order satisfies
+  // reached(sum), or INT_MAX.
+  auto first_reaching = [&](auto weight, auto reached) {
     if (tid == 0) sh.found = INT_MAX;
     __syncthreads();
     double carry = 0;
     for (int base = 0; base < n; base += kThreads) {
       const int i = base + tid;
-      double w = 0;
-      if (i < n) {
-        const uint32_t k = order_key(x[i]);
-        if (k == t && in_k(i, k)) w = by_mass ? p[i] : 1.0;
-      }
+      const double w = i < n ? weight(i) : 0.0;
       double incl, total;
       cub::BlockScan<double, kThreads>(sh.t.sd).InclusiveSum(w, incl, total);
-      if (w > 0 && carry + incl >= need) atomicMin(&sh.found, i);
+      if (w > 0 && reached(carry + incl)) atomicMin(&sh.found, i);
       __syncthreads();
       if (sh.found != INT_MAX) break;
       carry += total;
@@ -109,6 +103,16 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const float* logi
     const int r = sh.found;
     __syncthreads();
     return r;
+  };
+  // The smallest id i among tokens with key == t (and in the top_k set) at which the running sum of their weights
+  // reaches `need` (weights: 1 for a count, p for a mass).
+  auto tie_cut = [&](uint32_t t, double need, bool by_mass) {
+    return first_reaching(
+        [&](int i) {
+          const uint32_t k = order_key(x[i]);
+          return k == t && in_k(i, k) ? (by_mass ? p[i] : 1.0) : 0.0;
+        },
+        [&](double sum) { return sum >= need; });
   };
 
   if (job.top_k > 0 && job.top_k < n) {
@@ -153,26 +157,10 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const float* logi
       s += p[i];
       last = max(last, i);
     }
-  s = cub::BlockReduce<double, kThreads>(sh.t.rd).Sum(s);
-  if (tid == 0) sh.d = s;
-  __syncthreads();
-  const double r = job.u * sh.d;
-  __syncthreads();
+  const double r = job.u * to_all(cub::BlockReduce<double, kThreads>(sh.t.rd).Sum(s), sh.d);
   last = cub::BlockReduce<int, kThreads>(sh.t.ri).Reduce(last, cuda::maximum<>{});
-  if (tid == 0) sh.found = INT_MAX;
-  __syncthreads();
-  double carry = 0;
-  for (int base = 0; base < n; base += kThreads) {
-    const int i = base + tid;
-    const double w = i < n && kept(i) ? p[i] : 0.0;
-    double incl, total;
-    cub::BlockScan<double, kThreads>(sh.t.sd).InclusiveSum(w, incl, total);
-    if (w > 0 && r < carry + incl) atomicMin(&sh.found, i);
-    __syncthreads();
-    if (sh.found != INT_MAX) break;
-    carry += total;
-  }
-  if (tid == 0) out[blockIdx.x] = sh.found != INT_MAX ? sh.found : max(last, 0);
+  const int found = first_reaching([&](int i) { return kept(i) ? p[i] : 0.0; }, [&](double sum) { return r < sum; });
+  if (tid == 0) out[blockIdx.x] = found != INT_MAX ? found : max(last, 0);
 }
 
 __global__ void edit_rows_kernel(float* logits, int64_t ld, const RowEdit* edits, int count) {
