@@ -203,6 +203,22 @@ attn::LoweringContext context(int64_t q_len, int64_t kv_len, int64_t q_begin, in
                                static_cast<int32_t>(std::max(total_len, kv_len)), tile};
 }
 
+// What an estimation step (ops_estimate, ops_pattern_mask) works from: q and k checked (batch 1), the layer's
+// patterns and the lowering context.
+struct EstimateCall {
+  Call c;
+  std::vector<attn::Pattern> patterns;
+  attn::LoweringContext ctx;
+};
+EstimateCall estimate_call(const char* what, const nb::ndarray<>& q, const nb::ndarray<>& k, const std::string& policy,
+                           int64_t q_begin, int64_t total_len, int tile) {
+  const Call c = check_call(q, k, k, nullptr);
+  check(c.batch == 1, std::string(what) + ": the step functions take batch 1, got " + std::to_string(c.batch));
+  std::vector<attn::Pattern> patterns = parse_layer(policy, static_cast<int>(c.nq), static_cast<int>(c.nkv));
+  const attn::LoweringContext ctx = context(c.q_len, c.kv_len, q_begin, total_len, tile);
+  return {c, std::move(patterns), ctx};
+}
+
 bool all_dense(const std::vector<attn::Pattern>& patterns) {
   for (const attn::Pattern& p : patterns)
     if (!std::holds_alternative<attn::DensePattern>(p)) return false;
@@ -380,10 +396,7 @@ void register_ops(nb::module_& m) {
       "ops_estimate",
       [](nb::ndarray<> q, nb::ndarray<> k, const std::string& policy, float scale, int64_t q_begin,
          int64_t total_len, int tile) {
-        const Call c = check_call(q, k, k, nullptr);
-        check(c.batch == 1, "estimate: the step functions take batch 1, got " + std::to_string(c.batch));
-        const auto patterns = parse_layer(policy, static_cast<int>(c.nq), static_cast<int>(c.nkv));
-        const attn::LoweringContext ctx = context(c.q_len, c.kv_len, q_begin, total_len, tile);
+        const auto [c, patterns, ctx] = estimate_call("estimate", q, k, policy, q_begin, total_len, tile);
         std::vector<int32_t> packed;
         if (c.device_type == kDLCUDA) {
 #ifdef TESSERA_PY_WITH_CUDA
@@ -531,11 +544,8 @@ void register_ops(nb::module_& m) {
       "ops_pattern_mask",
       [](nb::ndarray<> q, nb::ndarray<> k, const std::string& policy, float scale, int64_t q_begin,
          int64_t total_len, int tile) {
-        const Call c = check_call(q, k, k, nullptr);
-        check(c.batch == 1, "pattern_mask: takes batch 1, got " + std::to_string(c.batch));
+        const auto [c, patterns, ctx] = estimate_call("pattern_mask", q, k, policy, q_begin, total_len, tile);
         check(c.device_type == kDLCPU, "pattern_mask: q and k must be on the CPU");
-        const auto patterns = parse_layer(policy, static_cast<int>(c.nq), static_cast<int>(c.nkv));
-        const attn::LoweringContext ctx = context(c.q_len, c.kv_len, q_begin, total_len, tile);
         auto* mask = new std::vector<uint8_t>(static_cast<size_t>(c.nq * c.q_len * c.kv_len));
         nb::capsule owner(mask, [](void* p) noexcept { delete static_cast<std::vector<uint8_t>*>(p); });
         {
