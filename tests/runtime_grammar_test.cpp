@@ -234,8 +234,7 @@ TEST(Grammar, BadSchemaAndGrammarAreClearErrors) {
     compiler.json_schema(R"({"type": "objekt"})");
     FAIL() << "compiled a schema with an unknown type";
   } catch (const GrammarError& e) {
-    EXPECT_NE(std::string(e.what()).find("the JSON schema: "), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("objekt"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()), "the JSON schema: Unsupported type \"objekt\"");
   }
   EXPECT_THROW(compiler.ebnf("root ::= undefined_rule"), GrammarError);
   // The same schema twice: one compiled grammar (the cache), equal masks.

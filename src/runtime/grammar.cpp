@@ -27,6 +27,17 @@ struct GrammarCompiler::Impl {
 
 namespace {
 
+// XGrammar's message without the "[12:34:56] /path/to/json_schema_converter.cc:5082: " its LogFatalError puts
+// first (the time and the build's source path mean nothing to a client) and the trailing newline.
+std::string xgrammar_message(std::string m) {
+  if (m.size() > 11 && m[0] == '[' && m[9] == ']' && m[10] == ' ') {
+    const size_t colon = m.find(": ", 11);
+    if (colon != std::string::npos && m.find(".cc:", 11) < colon) m = m.substr(colon + 2);
+  }
+  while (!m.empty() && (m.back() == '\n' || m.back() == ' ')) m.pop_back();
+  return m;
+}
+
 // XGrammar reports errors as std::runtime_error (its LogFatalError) or std::invalid_argument.
 template <class F>
 auto xgrammar_call(const std::string& what, F&& f) -> decltype(f()) {
@@ -35,7 +46,7 @@ auto xgrammar_call(const std::string& what, F&& f) -> decltype(f()) {
   } catch (const GrammarError&) {
     throw;
   } catch (const std::exception& e) {
-    throw GrammarError(what + ": " + e.what());
+    throw GrammarError(what + ": " + xgrammar_message(e.what()));
   }
 }
 
