@@ -52,9 +52,13 @@ struct GpuBatchOptions {
   int32_t splits = 0;      // decode attention splits per (row, kv head); 0: chosen per step from the lengths
   bool graphs = true;      // run each decode step as a CUDA graph (one per batch size and split count)
   bool pad_rows = true;    // pad the batch to padded_rows(n) rows (fewer distinct graphs)
-  // kFp8: the layers' GEMMs in E4M3, prefill and decode (the weights quantized once, here: DeviceFp8Weights; the
-  // decode step then reads half the weight bytes; activations quantized per product; the LM head stays bf16).
+  // kFp8: the prefill's GEMMs in E4M3 (the weights quantized once, here: DeviceFp8Weights; activations quantized per
+  // product; the LM head stays bf16).
   GemmPrecision gemm = GemmPrecision::kBf16;
+  // The decode step's GEMMs (kFp8 needs gemm == kFp8). bf16 by default: W8A8 decode at a few rows is slower than bf16
+  // on an H200 (decode_bench --gemm: 8.49 against 6.94 ms a step at 32K, batch 1), and a step of 3+ rows has been
+  // measured to differ from the single-sequence FP8 decode by up to 6% (rel L2) on one row (docs/PERF.md).
+  GemmPrecision decode_gemm = GemmPrecision::kBf16;
 };
 
 // The decode batch a step of n rows runs: n up to 4, then the next of 6, 8, 12, 16, 24, 32, 48, 64, 96, ...
