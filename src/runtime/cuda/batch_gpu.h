@@ -111,8 +111,9 @@ class GpuBatchBackend final : public BatchBackend {
   int32_t last_splits() const { return last_splits_; }
   int64_t last_rows() const { return last_rows_; }  // the padded batch of the last step
   int64_t graphs() const { return static_cast<int64_t>(graphs_.size()); }
-  // The FP8 copy of the layers' weights (GpuBatchOptions::gemm == kFp8), or 0.
+  // The FP8 copy of the layers' weights (GpuBatchOptions::gemm == kFp8), or 0; whether the decode step reads it.
   size_t fp8_weight_bytes() const { return fp8_ ? fp8_->bytes() : 0; }
+  bool decode_fp8() const { return decode_fp8_; }
 
  private:
   // Rows [0, len) of seq's kept blocks between the staging cache and the pool (paged_copy), synchronously.
@@ -134,6 +135,7 @@ class GpuBatchBackend final : public BatchBackend {
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<Gemm> gemm_;
   std::unique_ptr<DeviceFp8Weights> fp8_;  // GemmPrecision::kFp8 only
+  bool decode_fp8_ = false;                // the decode ops run FP8 GEMMs (GpuBatchOptions::decode_gemm)
   EventTimer timer_{false};
   std::unique_ptr<GpuForward> prefill_;
   DeviceKVCache staging_;
