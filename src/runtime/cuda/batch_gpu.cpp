@@ -45,7 +45,11 @@ GpuBatchBackend::GpuBatchBackend(const DeviceModel& model, GpuBatchOptions optio
       fp8_ = DeviceFp8Weights::quantize(model_, stream_);
     }
     prefill_ = std::make_unique<GpuForward>(model_, options_.prefill, stream_, *gemm_, timer_, fp8_.get());
-    ops_ = std::make_unique<GpuOps>(model_, stream_, *gemm_, timer_, fp8_.get(), std::numeric_limits<int32_t>::max());
+    check(options_.decode_gemm == GemmPrecision::kBf16 || fp8_ != nullptr,
+          "GPU batched engine: FP8 decode GEMMs need FP8 weights (GpuBatchOptions::gemm = kFp8)");
+    decode_fp8_ = options_.decode_gemm == GemmPrecision::kFp8;
+    ops_ = std::make_unique<GpuOps>(model_, stream_, *gemm_, timer_, decode_fp8_ ? fp8_.get() : nullptr,
+                                    std::numeric_limits<int32_t>::max());
     paged_ = std::make_unique<PagedDecodeStep>(cfg_, ops_->attention_scale(), layout_);
     int dev = 0;
     TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
@@ -387,7 +391,7 @@ int64_t GpuBatchBackend::run_step(std::span<const int32_t> tokens, std::span<con
   };
   sync_generation();
   const auto key = std::make_pair(np, splits);
-  if (!options_.graphs || (fp8_ && warmed_.insert(key).second)) {
+  if (!options_.graphs || (decode_fp8_ && warmed_.insert(key).second)) {
     launch_step(np, splits);  // (FP8: its first use, eager; the Gemm may grow its buffers)
   } else {
     auto it = graphs_.find(key);
