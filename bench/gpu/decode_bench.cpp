@@ -129,10 +129,12 @@ int main(int argc, char** argv) {
       gpu::GpuBatchOptions bo;
       bo.graphs = graphs;
       bo.gemm = gemm;
+      bo.decode_gemm = gemm;
       gpu::GpuBatchBackend backend(*dev, bo);
       // The bytes a step reads of the weights: FP8 replaces the layers' bf16 matrices by their E4M3 copy (1 byte an
       // element, + the scales): bf16 bytes - 2 x codes + codes + scales ~= bf16 bytes - the FP8 copy's bytes.
-      const double weight_bytes = bf16_bytes - static_cast<double>(backend.fp8_weight_bytes());
+      const double weight_bytes =
+          bf16_bytes - (backend.decode_fp8() ? static_cast<double>(backend.fp8_weight_bytes()) : 0.0);
       backend.create_store(shape, num_blocks, static_cast<int32_t>(max_batch), static_cast<int32_t>(max_ctx + 64));
       backend.fill_random(7, 1.0f);
       const int warm = 3;

@@ -281,6 +281,19 @@ TEST(Fp8Gemm, ProductEqualsHostWithinAccumulationOrder) {
   check_product(1, 4096, 64, DType::F32, 0.0f, 61, Fp8Scaling::kRow, true);
 }
 
+// Decode steps of a few rows (the batched engine's: 2-8 sequences): every row of the product equals the host's, per row
+// and per tensor, outer-vector and epilogue.
+TEST(Fp8Gemm, FewRowsEqualHost) {
+  REQUIRE_FP8();
+  for (const int64_t m : {2, 3, 4, 5, 8}) {
+    SCOPED_TRACE("rows " + std::to_string(m));
+    check_product(m, 4096, 1024, DType::F32, 1.0f, static_cast<uint32_t>(70 + m), Fp8Scaling::kRow);
+    check_product(m, 4096, 1536, DType::BF16, 0.0f, static_cast<uint32_t>(80 + m), Fp8Scaling::kRow);
+    check_product(m, 4096, 1024, DType::F32, 1.0f, static_cast<uint32_t>(90 + m), Fp8Scaling::kRow, true);
+    check_product(m, 4096, 1024, DType::F32, 1.0f, static_cast<uint32_t>(100 + m), Fp8Scaling::kTensor);
+  }
+}
+
 // The outer-vector path is the default's: report whether this device's cuBLASLt has it (the fallback would be slower).
 TEST(Fp8Gemm, PerRowRunsThroughOuterVectorScaling) {
   REQUIRE_FP8();
