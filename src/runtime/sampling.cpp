@@ -1,6 +1,7 @@
 #include "runtime/sampling.h"
 
 #include <algorithm>
+#include <bit>
 #include <climits>
 #include <cmath>
 #include <limits>
@@ -75,17 +76,34 @@ void Sampler::accept(int32_t token) {
 std::vector<LogitEdit> Sampler::edits(int32_t vocab) const {
   std::vector<LogitEdit> out = penalty_edits(vocab);
   if (!grammar_) return out;
-  // The grammar's mask merged in: a forbidden token's edit is bias -inf alone (whatever the penalties would add).
+  // The grammar's mask merged in: a forbidden token's edit is bias -inf alone (whatever the penalties would add);
+  // the penalties' edits of allowed tokens stay. The mask is read a 32-token word at a time.
+  const std::span<const uint32_t> bits = grammar_->allowed();
+  const int32_t known = grammar_->vocab_size();  // ids from here on (a padded LM head) are never allowed
+  auto word_of = [&](int32_t w) {
+    uint32_t word = w * 32 < known ? bits[static_cast<size_t>(w)] : 0u;
+    if (w * 32 + 32 > known && w * 32 < known) word &= (1u << (known - w * 32)) - 1u;
+    return word;
+  };
+  // One allocation of the exact size (growing by doubling to ~1.4 MB a step cost more than the mask itself).
+  size_t forbidden = 0;
+  for (int32_t w = 0; w * 32 < vocab; ++w)
+    forbidden += static_cast<size_t>(std::min(32, vocab - w * 32) - std::popcount(word_of(w)));
   std::vector<LogitEdit> merged;
+  merged.reserve(out.size() + forbidden);
   size_t j = 0;
-  for (int32_t t = 0; t < vocab; ++t) {
-    while (j < out.size() && out[j].token < t) ++j;
-    if (!grammar_->allows(t)) {
+  for (int32_t w = 0; w * 32 < vocab; ++w) {
+    const uint32_t word = word_of(w);
+    if (word == 0xffffffffu) continue;
+    for (int32_t b = 0; b < 32 && w * 32 + b < vocab; ++b) {
+      if ((word >> b) & 1u) continue;
+      const int32_t t = w * 32 + b;
+      while (j < out.size() && out[j].token < t) merged.push_back(out[j++]);
+      if (j < out.size() && out[j].token == t) ++j;
       merged.push_back(LogitEdit{.token = t, .bias = -std::numeric_limits<float>::infinity()});
-    } else if (j < out.size() && out[j].token == t) {
-      merged.push_back(out[j]);
     }
   }
+  merged.insert(merged.end(), out.begin() + static_cast<std::ptrdiff_t>(j), out.end());
   return merged;
 }
 
