@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -573,6 +574,191 @@ TEST(BatchEngine, BadOptions) {
   o.policy = attn::AttentionPolicy::uniform(3, 4, 2, attn::DensePattern{});
   EXPECT_EQ(error_of([&] { BatchEngine e(backend, o); }).substr(0, 60),
             "attention policy has 3 layers x 4 query heads (2 kv heads); ");
+  o = {};
+  o.max_batch = 4;
+  o.step_tokens = 4;
+  EXPECT_EQ(error_of([&] { BatchEngine e(backend, o); }),
+            "batch engine: step_tokens must be 0 (no budget) or more than max_batch (4): every decoding sequence takes "
+            "a token of each step and a prefill needs one more, got 4");
+  o = {};
+  o.step_tokens = 512;
+  o.stream = small_stream(StreamMethod::StreamingLLM);
+  EXPECT_EQ(error_of([&] { BatchEngine e(backend, o); }),
+            "batch engine: a token budget per step (step_tokens) cannot be combined with streaming memory, whose "
+            "prompt chunks are its own");
+}
+
+// ---- a token budget per step (BatchEngineOptions::step_tokens) ----
+
+// Under a budget every request's tokens are still the single-sequence engine's, no step runs more tokens than the
+// budget (prefill tokens + decode rows, the engine's own count), and short prompts share a step (several prefill
+// chunks in one step).
+class TokenBudget : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(TokenBudget, BatchedEqualsSingleWithinTheBudget) {
+  const Model& m = fixture(GetParam());
+  const int32_t vocab = m.config().vocab_size;
+  CpuBatchBackend backend(m);
+  BatchEngineOptions o;
+  o.chunk_size = 16;
+  o.block_tokens = 8;
+  o.max_batch = 4;
+  o.step_tokens = 13;
+  BatchEngine engine(backend, o);
+  const std::vector<BatchRequest> reqs = mixed_requests({5, 37, 3, 100, 2, 64, 1, 16}, vocab, 500, 9, 2, 3000);
+  std::vector<int64_t> ids;
+  for (const BatchRequest& r : reqs) ids.push_back(engine.submit(r));
+  std::map<int64_t, std::vector<int32_t>> out;
+  int64_t steps = 0, shared_steps = 0, chunks = 0, most = 0;
+  while (engine.busy()) {
+    for (const BatchEvent& e : engine.step()) {
+      ASSERT_NE(e.reason, FinishReason::kError) << e.error;
+      if (e.token >= 0) out[e.id].push_back(e.token);
+    }
+    ++steps;
+    const BatchEngineStats& st = engine.stats();
+    EXPECT_LE(st.last_step_tokens, 13) << "step " << steps;
+    most = std::max(most, st.last_step_tokens);
+    if (st.prefill_chunks - chunks >= 2) ++shared_steps;
+    chunks = st.prefill_chunks;
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(out[ids[i]], single(m, reqs[i].prompt, reqs[i].options)) << "request " << i;
+    EXPECT_EQ(out[ids[i]].size(), static_cast<size_t>(reqs[i].options.max_new_tokens));
+  }
+  EXPECT_EQ(engine.stats().max_step_tokens, most);
+  EXPECT_EQ(most, 13);        // the budget is used up to its end
+  EXPECT_GT(shared_steps, 0);  // several prompts prefilled in one step
+  EXPECT_EQ(engine.stats().max_decode_batch, 4);
+  EXPECT_EQ(engine.reserved_blocks(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, TokenBudget, ::testing::Values("llama3", "qwen2", "gemma3", "mistral"),
+                         [](const ::testing::TestParamInfo<const char*>& p) { return std::string(p.param); });
+
+// A decoding request keeps its pace while a long prompt arrives: it gets a token at every step of the other's
+// prefill, which runs in chunks of what the budget leaves (budget - decoding rows), not chunk_size.
+TEST(TokenBudget, DecodingKeepsSteppingWhileALongPromptPrefills) {
+  const Model& m = fixture("llama3");
+  const int32_t vocab = m.config().vocab_size;
+  CpuBatchBackend backend(m);
+  BatchEngineOptions o;
+  o.chunk_size = 64;
+  o.block_tokens = 8;
+  o.max_batch = 2;
+  o.step_tokens = 11;
+  BatchEngine engine(backend, o);
+  BatchRequest a;
+  a.prompt = random_tokens(6, vocab, 1);
+  a.options.max_new_tokens = 60;
+  const int64_t ia = engine.submit(a);
+  std::vector<int32_t> got_a, got_b;
+  while (got_a.size() < 3)
+    for (const BatchEvent& e : engine.step())
+      if (e.token >= 0) got_a.push_back(e.token);
+  BatchRequest b;
+  b.prompt = random_tokens(150, vocab, 2);
+  b.options.max_new_tokens = 4;
+  const int64_t ib = engine.submit(b);
+  int64_t prefill_steps = 0;
+  while (got_b.empty()) {
+    const int64_t before = engine.stats().prefill_tokens;
+    bool a_stepped = false;
+    for (const BatchEvent& e : engine.step()) {
+      if (e.id == ia && e.token >= 0) {
+        got_a.push_back(e.token);
+        a_stepped = true;
+      }
+      if (e.id == ib && e.token >= 0) got_b.push_back(e.token);
+    }
+    ++prefill_steps;
+    EXPECT_TRUE(a_stepped) << "step " << prefill_steps << " of the long prompt's prefill";
+    EXPECT_LE(engine.stats().prefill_tokens - before, 10);  // the budget less a's row
+    EXPECT_LE(engine.stats().last_step_tokens, 11);
+  }
+  // 150 prompt tokens, 10 a step (not 64: chunk_size), except that the 15th step's 10 would end the prompt and bring
+  // b's decode row too (12 tokens): it runs 9, and the 16th the last one.
+  EXPECT_EQ(prefill_steps, 16);
+  while (engine.busy())
+    for (const BatchEvent& e : engine.step()) {
+      if (e.id == ia && e.token >= 0) got_a.push_back(e.token);
+      if (e.id == ib && e.token >= 0) got_b.push_back(e.token);
+    }
+  EXPECT_EQ(got_a, single(m, a.prompt, a.options));
+  EXPECT_EQ(got_b, single(m, b.prompt, b.options));
+}
+
+// ---- the prompt's log-probabilities (BatchRequest::prompt_logprobs: echo with logprobs) ----
+
+// Every prompt token's log-probability and top alternatives equal those of the single-sequence engine's logits of
+// the whole prompt (forward_all_logits), whatever the chunking (the rows' logits come in chunks), the token budget
+// and what else runs; a prompt the prefix cache holds is still prefilled whole (cached_tokens 0); the tokens
+// generated after it are unchanged.
+TEST(BatchEngine, PromptLogprobsEqualTheSingleEngine) {
+  const Model& m = fixture("llama3");
+  const int32_t vocab = m.config().vocab_size;
+  CpuBatchBackend backend(m);
+  BatchEngineOptions o;
+  o.chunk_size = 16;
+  o.block_tokens = 8;
+  o.max_batch = 3;
+  o.step_tokens = 20;
+  BatchEngine engine(backend, o);
+  BatchRequest plain;
+  plain.prompt = random_tokens(50, vocab, 7);
+  plain.options.max_new_tokens = 5;
+  BatchRequest asks = plain;  // the same prompt: it would find the first one's blocks in the prefix cache
+  asks.prompt_logprobs = 3;
+  BatchRequest other;
+  other.prompt = random_tokens(9, vocab, 8);
+  other.options.max_new_tokens = 30;
+  const int64_t i0 = engine.submit(other), i1 = engine.submit(plain);
+  std::map<int64_t, std::vector<int32_t>> out;
+  std::optional<std::vector<TokenLogprobs>> lp;
+  int64_t i2 = -1;
+  int32_t cached = -1;
+  while (engine.busy()) {
+    for (const BatchEvent& e : engine.step()) {
+      ASSERT_NE(e.reason, FinishReason::kError) << e.error;
+      if (e.token >= 0) out[e.id].push_back(e.token);
+      if (e.id == i2 && e.cached_tokens >= 0) cached = e.cached_tokens;
+      if (e.prompt_logprobs) {
+        EXPECT_EQ(e.id, i2);
+        EXPECT_TRUE(out[e.id].empty());  // before the first token
+        lp = e.prompt_logprobs;
+      }
+      if (e.id == i1 && e.finished && i2 < 0) i2 = engine.submit(asks);
+    }
+  }
+  ASSERT_TRUE(lp.has_value());
+  EXPECT_EQ(cached, 0);
+  EngineOptions eo;
+  Engine single_engine(m, eo);
+  const std::vector<float> logits = single_engine.forward_all_logits(plain.prompt);
+  ASSERT_EQ(lp->size(), plain.prompt.size() - 1);
+  for (size_t i = 0; i + 1 < plain.prompt.size(); ++i) {
+    const TokenLogprobs want = token_logprobs(
+        std::span<const float>(logits).subspan(i * static_cast<size_t>(vocab), static_cast<size_t>(vocab)),
+        plain.prompt[i + 1], 3);
+    const TokenLogprobs& got = (*lp)[i];
+    EXPECT_EQ(got.token, plain.prompt[i + 1]);
+    EXPECT_NEAR(got.logprob, want.logprob, 1e-4) << "prompt token " << i + 1;
+    ASSERT_EQ(got.top.size(), 3u);
+    for (size_t k = 0; k < 3; ++k) {
+      EXPECT_EQ(got.top[k].token, want.top[k].token) << "prompt token " << i + 1 << " alternative " << k;
+      EXPECT_NEAR(got.top[k].logprob, want.top[k].logprob, 1e-4);
+    }
+  }
+  EXPECT_EQ(out[i2], single(m, plain.prompt, plain.options));
+  EXPECT_EQ(out[i2], out[i1]);
+  EXPECT_EQ(out[i0], single(m, other.prompt, other.options));
+  // Streaming memory gives no rows' logits: refused at submit.
+  BatchEngineOptions so;
+  so.stream = small_stream(StreamMethod::StreamingLLM);
+  CpuBatchBackend streamed_backend(m);
+  BatchEngine streamed(streamed_backend, so);
+  EXPECT_EQ(error_of([&] { streamed.submit(asks); }),
+            "request: the prompt's log-probabilities are not available with streaming memory");
 }
 
 // ---- the real SmolLM2: batched greedy = single-sequence greedy ----

@@ -50,12 +50,26 @@ std::vector<float> CpuBatchBackend::prefill_chunk(std::span<const int32_t> token
   return prefill_.run(tokens, pos, staging_, policy, total_len, logits ? LogitRows::Last : LogitRows::None, timers_);
 }
 
+std::vector<float> CpuBatchBackend::prefill_chunk_rows(std::span<const int32_t> tokens, int32_t pos,
+                                                       int32_t total_len, const attn::AttentionPolicy* policy) {
+  const ModelConfig& cfg = model_.config();
+  if (pos == 0) staging_ = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, total_len);
+  staging_.reserve(pos + static_cast<int32_t>(tokens.size()));
+  return prefill_.run(tokens, pos, staging_, policy, total_len, LogitRows::All, timers_);
+}
+
 void CpuBatchBackend::finish_prefill(const SequenceBlocks& seq, std::span<const DecodeView>) {
   scatter_to_pages(staging_, seq, store_);
   staging_.release();
 }
 
 void CpuBatchBackend::abort_prefill() { staging_.release(); }
+
+std::vector<float> BatchBackend::prefill_chunk_rows(std::span<const int32_t>, int32_t, int32_t,
+                                                    const attn::AttentionPolicy*) {
+  throw Error(std::string("the prompt's log-probabilities are not available on the ") + device_name() +
+              " batched backend");
+}
 
 void BatchBackend::load_prefix(const SequenceBlocks&, int32_t, int32_t) {
   throw Error(std::string("prefix caching: the ") + device_name() + " batched backend cannot stage a cached prefix");
@@ -143,6 +157,7 @@ struct BatchEngine::Sequence {
   int64_t cached = 0;           // prompt tokens adopted from the prefix cache
   bool reported_cache = false;  // the first event said how many
   std::vector<int32_t> fed;     // the tokens whose K/V the blocks hold: the prompt, then each decoded token
+  std::vector<TokenLogprobs> prompt_lp;  // request.prompt_logprobs: the prompt's so far
 };
 
 BatchEngine::BatchEngine(BatchBackend& backend, BatchEngineOptions options)
@@ -155,6 +170,13 @@ BatchEngine::BatchEngine(BatchBackend& backend, BatchEngineOptions options)
   check(std::isfinite(options_.kv_bytes) && options_.kv_bytes >= 0,
         "batch engine: the KV budget must be a non-negative number of bytes");
   check_policy_fits(options_.policy, cfg_);
+  check(options_.step_tokens == 0 || options_.step_tokens > options_.max_batch,
+        "batch engine: step_tokens must be 0 (no budget) or more than max_batch (" +
+            std::to_string(options_.max_batch) + "): every decoding sequence takes a token of each step and a "
+            "prefill needs one more, got " + std::to_string(options_.step_tokens));
+  check(options_.step_tokens == 0 || !streaming(),
+        "batch engine: a token budget per step (step_tokens) cannot be combined with streaming memory, whose prompt "
+        "chunks are its own");
   if (streaming()) {
     check(options_.policy.table().empty(),
           "streaming memory (--stream) runs its own layout with dense attention within it; it cannot be combined "
@@ -203,6 +225,15 @@ int64_t BatchEngine::submit(BatchRequest request) {
   check_sampling_options(request.options.sampling);
   check_prompt_fits(request.prompt.size() + static_cast<size_t>(request.options.max_new_tokens), 0, max_context_, cfg_);
   if (request.policy) check_policy_fits(*request.policy, cfg_);
+  if (request.prompt_logprobs >= 0) {
+    check(supports_prompt_logprobs(),
+          streaming() ? std::string("request: the prompt's log-probabilities are not available with streaming memory")
+                      : std::string("request: the prompt's log-probabilities are not available on the ") +
+                            backend_.device_name() + " batched backend");
+    check(request.prompt_logprobs <= cfg_.vocab_size,
+          "request: prompt_logprobs must be at most the vocabulary's size, got " +
+              std::to_string(request.prompt_logprobs));
+  }
   auto s = std::make_unique<Sequence>();
   s->id = next_id_;
   s->request = std::move(request);
@@ -275,7 +306,7 @@ void BatchEngine::admit() {
   Sequence& s = *waiting_.front();
   if (reserved_ + s.reserved > pool_.total()) return;  // waits for blocks to come back
   reserved_ += s.reserved;
-  if (cacheable(s)) {
+  if (cacheable(s) && s.request.prompt_logprobs < 0) {  // (the prompt's log-probabilities need every row's logits)
     // The longest cached prefix, leaving at least the prompt's last token to prefill (its logits start the answer).
     const auto n = static_cast<int64_t>(s.request.prompt.size());
     const auto shared = prefix_cache_.match(s.request.prompt, (n - 1) / shape_.block_tokens, s.blocks);
@@ -306,21 +337,25 @@ void BatchEngine::take_token(Sequence& s, int32_t tok, std::vector<BatchEvent>& 
   if (length >= max_context_) return finish(s, FinishReason::kContextFull, events);
   ++s.generated;
   events.push_back(BatchEvent{s.id, tok, false, FinishReason::kLength, {}, std::move(logprobs),
-                              s.reported_cache ? -1 : static_cast<int32_t>(s.cached)});
+                              s.reported_cache ? -1 : static_cast<int32_t>(s.cached), std::nullopt});
   s.reported_cache = true;
   if (s.generated >= s.request.options.max_new_tokens) return finish(s, FinishReason::kLength, events);
   s.pending = tok;
 }
 
-void BatchEngine::prefill_step(std::vector<BatchEvent>& events) {
+int64_t BatchEngine::prefill_step(std::vector<BatchEvent>& events, int64_t max_tokens, bool* ended) {
   auto it = std::find_if(running_.begin(), running_.end(), [](const auto& s) { return s->prefilling; });
-  if (it == running_.end()) return;
+  if (it == running_.end() || max_tokens <= 0) return 0;
   Sequence& s = **it;
   const std::vector<int32_t>& prompt = s.request.prompt;
   const auto n = static_cast<int64_t>(prompt.size());
   const int64_t c0 = s.prefilled;
-  const int64_t c1 = streaming() ? stream_chunk_end(options_.stream, c0, n) : std::min<int64_t>(n, c0 + options_.chunk_size);
+  const int32_t top = s.request.prompt_logprobs;
+  if (top >= 0) max_tokens = std::min<int64_t>(max_tokens, std::max<int64_t>(16, (int64_t{1} << 25) / cfg_.vocab_size));
+  const int64_t c1 = streaming() ? stream_chunk_end(options_.stream, c0, n) : std::min<int64_t>(n, c0 + max_tokens);
   const bool last = c1 == n;
+  if (ended) *ended = last;
+  ++stats_.prefill_chunks;
   const auto t0 = Clock::now();
   try {
     // The backend's streaming memory, made with the first chunk (a failure ends this request only).
@@ -328,11 +363,26 @@ void BatchEngine::prefill_step(std::vector<BatchEvent>& events) {
     const auto chunk = std::span<const int32_t>(prompt).subspan(static_cast<size_t>(c0), static_cast<size_t>(c1 - c0));
     if (c0 > 0 && c0 == s.cached)  // the first chunk after a cached prefix: stage it
       backend_.load_prefix(s.blocks, static_cast<int32_t>(c0), static_cast<int32_t>(n));
-    std::vector<float> logits =
+    std::vector<float> logits;
+    if (top >= 0) {
+      // Every row's logits: row r predicts prompt[c0 + r + 1]; the last row of the prompt starts the answer.
+      const std::vector<float> rows =
+          backend_.prefill_chunk_rows(chunk, static_cast<int32_t>(c0), static_cast<int32_t>(n), s.policy);
+      const auto vocab = static_cast<size_t>(cfg_.vocab_size);
+      check(rows.size() == chunk.size() * vocab, "batched prefill: the backend gave " + std::to_string(rows.size()) +
+                                                     " logits for " + std::to_string(chunk.size()) + " rows");
+      for (int64_t p = c0; p < c1; ++p) {
+        const auto row = std::span<const float>(rows).subspan(static_cast<size_t>(p - c0) * vocab, vocab);
+        if (p + 1 < n) s.prompt_lp.push_back(token_logprobs(row, prompt[static_cast<size_t>(p + 1)], top));
+        else logits.assign(row.begin(), row.end());
+      }
+    } else {
+      logits =
         s.stream ? backend_.prefill_stream_chunk(*s.stream, chunk, static_cast<int32_t>(c0),
                                                  last ? StreamingKV::ChunkKind::LastPrefill : StreamingKV::ChunkKind::Prefill,
                                                  last)
                  : backend_.prefill_chunk(chunk, static_cast<int32_t>(c0), static_cast<int32_t>(n), s.policy, last);
+    }
     s.prefilled = c1;
     stats_.prefill_tokens += c1 - c0;
     if (last && s.stream) {
@@ -348,6 +398,12 @@ void BatchEngine::prefill_step(std::vector<BatchEvent>& events) {
       s.prefilling = false;
       // The prompt's full blocks, findable by requests that come while this one decodes.
       if (cacheable(s)) prefix_cache_.insert(s.fed, s.blocks, n / shape_.block_tokens, pool_);
+      if (top >= 0) {
+        BatchEvent e;
+        e.id = s.id;
+        e.prompt_logprobs = std::move(s.prompt_lp);
+        events.push_back(std::move(e));
+      }
       take_logits(s, logits, events);
     }
   } catch (const Error& e) {
@@ -355,13 +411,33 @@ void BatchEngine::prefill_step(std::vector<BatchEvent>& events) {
     finish(s, FinishReason::kError, events, e.what());
   }
   stats_.prefill_seconds += seconds_since(t0);
+  return c1 - c0;
 }
 
-void BatchEngine::decode_step(std::vector<BatchEvent>& events) {
+int64_t BatchEngine::budgeted_prefill(std::vector<BatchEvent>& events, int64_t decoding) {
+  int64_t left = options_.step_tokens - decoding, ran = 0;
+  for (;;) {
+    admit();
+    const auto it = std::find_if(running_.begin(), running_.end(), [](const auto& s) { return s->prefilling; });
+    if (it == running_.end()) break;
+    const int64_t rest = static_cast<int64_t>((*it)->request.prompt.size()) - (*it)->prefilled;
+    int64_t take = std::min<int64_t>({rest, options_.chunk_size, left});
+    if (take == rest && take + 1 > left) take = left - 1;  // the prompt's last chunk brings a decode row now
+    if (take <= 0) break;
+    bool ended = false;
+    const int64_t done = prefill_step(events, take, &ended);
+    ran += done;
+    left -= done + (ended ? 1 : 0);
+    if (!ended) break;  // the chunk size or the budget ended this step's part of the prompt
+  }
+  return ran;
+}
+
+int64_t BatchEngine::decode_step(std::vector<BatchEvent>& events) {
   std::vector<Sequence*> batch;
   for (auto& s : running_)
     if (!s->prefilling && s->pending >= 0) batch.push_back(s.get());
-  if (batch.empty()) return;
+  if (batch.empty()) return 0;
   const auto t0 = Clock::now();
   std::vector<int32_t> tokens;
   std::vector<DecodeRow> rows;
@@ -395,7 +471,7 @@ void BatchEngine::decode_step(std::vector<BatchEvent>& events) {
   } catch (const Error& e) {
     for (Sequence* s : batch) finish(*s, FinishReason::kError, events, e.what());
     stats_.decode_seconds += seconds_since(t0);
-    return;
+    return static_cast<int64_t>(batch.size());
   }
   for (size_t i = 0; i < batch.size(); ++i) {
     if (batch[i]->sampler->greedy()) ++stats_.greedy_tokens;
@@ -407,6 +483,7 @@ void BatchEngine::decode_step(std::vector<BatchEvent>& events) {
   ++stats_.decode_steps;
   stats_.max_decode_batch = std::max<int64_t>(stats_.max_decode_batch, static_cast<int64_t>(batch.size()));
   stats_.decode_seconds += seconds_since(t0);
+  return static_cast<int64_t>(batch.size());
 }
 
 std::vector<BatchEvent> BatchEngine::step() {
@@ -425,9 +502,18 @@ std::vector<BatchEvent> BatchEngine::step() {
     if (s->cancelled) finish(*s, FinishReason::kCancelled, events);
   const auto done = [](const auto& s) { return s->cancelled || (!s->prefilling && s->pending < 0); };
   std::erase_if(running_, done);
-  admit();
-  prefill_step(events);
-  decode_step(events);
+  int64_t ran = 0;
+  if (options_.step_tokens > 0) {
+    const auto decoding = std::count_if(running_.begin(), running_.end(),
+                                        [](const auto& s) { return !s->prefilling && s->pending >= 0; });
+    ran = budgeted_prefill(events, decoding);
+  } else {
+    admit();
+    ran = prefill_step(events, options_.chunk_size);
+  }
+  ran += decode_step(events);
+  stats_.last_step_tokens = ran;
+  stats_.max_step_tokens = std::max(stats_.max_step_tokens, ran);
   std::erase_if(running_, done);
   return events;
 }

@@ -22,7 +22,8 @@
 //  3. one prefill chunk (chunk_size tokens) of the sequence in prefill, under its attention policy, attending to
 //     all its earlier keys (chunked prefill: the backend stages the prompt's K/V contiguously, as the
 //     single-sequence engines do, and moves the kept rows into blocks when the prompt ends); a finished prompt
-//     samples its first token;
+//     samples its first token. With a token budget (BatchEngineOptions::step_tokens) the chunk is what the budget
+//     leaves beside the decoding rows, and a prompt that ends lets the next waiting one start in the same step;
 //  4. one decode token of every decoding sequence, all in one batched forward (batch_forward.h), each sequence
 //     attending through its block tables with its own per-head retention (MoA spans, sliding windows).
 // Sampling is per request (its own seed: the tokens do not depend on what else runs), stop tokens end a request
@@ -74,6 +75,11 @@ class BatchBackend {
   // logits when `logits` is set.
   virtual std::vector<float> prefill_chunk(std::span<const int32_t> tokens, int32_t pos, int32_t total_len,
                                            const attn::AttentionPolicy* policy, bool logits) = 0;
+  // As prefill_chunk, returning the logits of every row of the chunk ([n, vocab]): the prompt's log-probabilities
+  // (BatchRequest::prompt_logprobs). This default refuses ("... not available on this backend").
+  virtual bool supports_prompt_logits() const { return false; }
+  virtual std::vector<float> prefill_chunk_rows(std::span<const int32_t> tokens, int32_t pos, int32_t total_len,
+                                                const attn::AttentionPolicy* policy);
   // Moves the staged rows [0, seq.length()) that seq keeps into its blocks, then frees the staging memory; from
   // now on seq decodes with `views` (decode_views layout) until release_sequence(seq).
   virtual void finish_prefill(const SequenceBlocks& seq, std::span<const DecodeView> views) = 0;
@@ -134,6 +140,9 @@ class CpuBatchBackend final : public BatchBackend {
                     int32_t max_context) override;
   std::vector<float> prefill_chunk(std::span<const int32_t> tokens, int32_t pos, int32_t total_len,
                                    const attn::AttentionPolicy* policy, bool logits) override;
+  bool supports_prompt_logits() const override { return true; }
+  std::vector<float> prefill_chunk_rows(std::span<const int32_t> tokens, int32_t pos, int32_t total_len,
+                                        const attn::AttentionPolicy* policy) override;
   void finish_prefill(const SequenceBlocks& seq, std::span<const DecodeView> views) override;
   void release_sequence(const SequenceBlocks&) override {}
   void abort_prefill() override;
@@ -176,12 +185,25 @@ struct BatchEngineOptions {
   // Cached blocks no sequence holds go, least recently used first, when a sequence needs room. Where the backend
   // supports it (CPU, CUDA); not with streaming memory.
   bool prefix_cache = true;
+  // A token budget per step (vLLM's chunked prefill, SGLang's mixed batches; 0: none, one prefill chunk of
+  // chunk_size tokens per step beside the decodes): each step carries one token of every decoding sequence and
+  // prefill tokens up to the rest of the budget, so that a long prompt arriving does not stretch the decoding
+  // sequences' steps. Prompts are prefilled one after the other within the budget: one that ends within a step
+  // (counting the decode token it then brings) lets the next waiting request start in the same step. chunk_size
+  // still caps one prefill chunk. Must be more than max_batch (a prefill then always gets a token); not with
+  // streaming memory (its prompt chunks are its own).
+  int32_t step_tokens = 0;
 };
 
 struct BatchRequest {
   std::vector<int32_t> prompt;
   GenerateOptions options;                      // max_new_tokens >= 1, sampling (seed), stop tokens
   std::optional<attn::AttentionPolicy> policy;  // none: the engine's
+  // >= 0: the log-probability of every prompt token after the first, with its `prompt_logprobs` most likely
+  // alternatives (token_logprobs), in an event before the first token's (BatchEvent::prompt_logprobs): the echo of
+  // /v1/completions with logprobs (lm-evaluation-harness's log-likelihoods). Such a prompt is prefilled whole (no
+  // cached prefix) in chunks of at most 2^25 / vocab rows (their logits). Not with streaming memory.
+  int32_t prompt_logprobs = -1;
 };
 
 enum class FinishReason { kLength, kStop, kContextFull, kCancelled, kError };
@@ -195,6 +217,9 @@ struct BatchEvent {
   std::string error;                            // when reason == kError
   std::optional<TokenLogprobs> logprobs{};      // a token's, when its request asked (GenerateOptions::logprobs)
   int32_t cached_tokens = -1;                   // the request's first event: prompt tokens taken from the prefix cache
+  // BatchRequest::prompt_logprobs: entry i for prompt[i + 1], in an event of its own (token -1) before the first
+  // token's.
+  std::optional<std::vector<TokenLogprobs>> prompt_logprobs{};
 };
 
 struct BatchEngineStats {
@@ -207,6 +232,9 @@ struct BatchEngineStats {
   int64_t cached_tokens = 0;    // prompt tokens taken from the prefix cache (not prefilled)
   int64_t prefix_hits = 0;      // requests that took some
   int64_t prefix_evictions = 0; // cached blocks (entries) dropped for room
+  int64_t last_step_tokens = 0; // tokens the last step ran: prefill tokens + decode rows
+  int64_t max_step_tokens = 0;  // the most of any step (<= step_tokens when it is set)
+  int64_t prefill_chunks = 0;   // prefill chunks run (a step may run several with step_tokens)
 };
 
 class BatchEngine {
@@ -250,6 +278,9 @@ class BatchEngine {
   const PrefixCache& prefix_cache() const { return prefix_cache_; }
   double prefix_cache_bytes() const;
   int64_t step_builds() const { return backend_.step_builds(); }
+  // Whether requests may ask for their prompt's log-probabilities (BatchRequest::prompt_logprobs): the backend gives
+  // every row's logits, and no streaming memory.
+  bool supports_prompt_logprobs() const { return !streaming() && backend_.supports_prompt_logits(); }
 
  private:
   struct Sequence;
@@ -260,8 +291,13 @@ class BatchEngine {
   // s's next token: a token event and/or a finish.
   void take_token(Sequence& s, int32_t tok, std::vector<BatchEvent>& events,
                   std::optional<TokenLogprobs> logprobs = std::nullopt);
-  void prefill_step(std::vector<BatchEvent>& events);
-  void decode_step(std::vector<BatchEvent>& events);
+  // One prefill chunk of at most max_tokens tokens of the sequence in prefill (none: 0); returns the tokens run, and
+  // sets *ended when its prompt ended (it then decodes in this step unless it already finished).
+  int64_t prefill_step(std::vector<BatchEvent>& events, int64_t max_tokens, bool* ended = nullptr);
+  // The prefill part of a step under options.step_tokens, `decoding` rows taken already; returns the tokens run.
+  int64_t budgeted_prefill(std::vector<BatchEvent>& events, int64_t decoding);
+  // Returns the rows decoded.
+  int64_t decode_step(std::vector<BatchEvent>& events);
   bool streaming() const { return options_.stream.method != StreamMethod::None; }
   // Whether s's blocks are cached and may come from the cache: dense, not streamed, the backend can.
   bool cacheable(const Sequence& s) const;

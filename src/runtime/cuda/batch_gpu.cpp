@@ -131,6 +131,15 @@ std::vector<float> GpuBatchBackend::prefill_chunk(std::span<const int32_t> token
   return prefill_->run(tokens, pos, staging_, policy, total_len, logits ? LogitRows::kLast : LogitRows::kNone);
 }
 
+std::vector<float> GpuBatchBackend::prefill_chunk_rows(std::span<const int32_t> tokens, int32_t pos,
+                                                       int32_t total_len, const attn::AttentionPolicy* policy) {
+  if (pos == 0) {
+    staging_ = DeviceKVCache(cfg_.num_layers, cfg_.num_kv_heads, cfg_.head_dim, total_len);
+    staging_.reserve(total_len, 0);
+  }
+  return prefill_->run(tokens, pos, staging_, policy, total_len, LogitRows::kAll);
+}
+
 int32_t GpuBatchBackend::slot_of(const SequenceBlocks& seq) const {
   const auto it = slot_.find(&seq);
   check(it != slot_.end(), "GPU batched decode: a sequence without a slot (decoded before its prefill ended)");

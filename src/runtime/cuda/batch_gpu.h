@@ -84,6 +84,9 @@ class GpuBatchBackend final : public BatchBackend {
                     int32_t max_context) override;
   std::vector<float> prefill_chunk(std::span<const int32_t> tokens, int32_t pos, int32_t total_len,
                                    const attn::AttentionPolicy* policy, bool logits) override;
+  bool supports_prompt_logits() const override { return true; }
+  std::vector<float> prefill_chunk_rows(std::span<const int32_t> tokens, int32_t pos, int32_t total_len,
+                                        const attn::AttentionPolicy* policy) override;
   void finish_prefill(const SequenceBlocks& seq, std::span<const DecodeView> views) override;
   void abort_prefill() override;
   bool supports_prefix_cache() const override { return true; }
