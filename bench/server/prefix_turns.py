@@ -153,23 +153,32 @@ def run(args, label, extra, docs=None):
         def conversation(c):
             doc, qs = docs[c]
             messages = []
+            prompt = f"Read the records below, then answer questions about them.\n\n{doc}\n"  # --api completions
             for k, q in enumerate(qs):
                 content = (f"Read the records below, then answer questions about them.\n\n{doc}\n\nQuestion: {q}"
                            if k == 0 else f"Question: {q}")
                 messages.append({"role": "user", "content": content})
+                prompt += f"\nQuestion: {q}\nAnswer:"
                 t0 = time.perf_counter()
                 ttft, text, usage = None, "", None
                 try:
-                    stream = client.chat.completions.create(
-                        model=model_id, messages=messages, max_tokens=args.max_tokens, temperature=0, stream=True,
-                        stream_options={"include_usage": True})
+                    if args.api == "chat":
+                        stream = client.chat.completions.create(
+                            model=model_id, messages=messages, max_tokens=args.max_tokens, temperature=0, stream=True,
+                            stream_options={"include_usage": True})
+                    else:  # a base model (no chat template): the conversation as one growing text
+                        stream = client.completions.create(
+                            model=model_id, prompt=prompt, max_tokens=args.max_tokens, temperature=0, stream=True,
+                            stream_options={"include_usage": True})
                     for chunk in stream:
                         if chunk.usage:
                             usage = chunk.usage
-                        if chunk.choices and chunk.choices[0].delta.content:
+                        piece = (chunk.choices[0].delta.content if args.api == "chat" else chunk.choices[0].text) \
+                            if chunk.choices else None
+                        if piece:
                             if ttft is None:
                                 ttft = time.perf_counter() - t0
-                            text += chunk.choices[0].delta.content
+                            text += piece
                 except Exception as e:  # noqa: BLE001 - reported
                     errors.append(f"client {c} turn {k + 1}: {e!r}")
                     return
@@ -177,6 +186,7 @@ def run(args, label, extra, docs=None):
                 turns[c][k] = {"ttft_s": ttft, "answer": text, "prompt_tokens": usage.prompt_tokens if usage else None,
                                "cached_tokens": cached}
                 messages.append({"role": "assistant", "content": text})
+                prompt += text + "\n"
 
         t0 = time.perf_counter()
         threads = [threading.Thread(target=conversation, args=(c,)) for c in range(args.clients)]
@@ -224,6 +234,9 @@ def main():
     ap.add_argument("--kv-budget", default="2G")
     ap.add_argument("--serve-args", default="", help="more `tessera serve` flags for both runs")
     ap.add_argument("--no-uncached", action="store_true", help="skip the --no-prefix-cache run")
+    ap.add_argument("--api", choices=["chat", "completions"], default="chat",
+                    help="chat completions (a model with a chat template), or completions over the conversation as "
+                         "one growing text (a base model, e.g. Gemma-3-270M's GGUF)")
     ap.add_argument("--json-out")
     ap.add_argument("--md-out")
     args = ap.parse_args()

@@ -128,6 +128,8 @@ phase_serve() {
 # (28000) tokens and 4 questions on it, greedy answers of PREFIX_MAX_TOKENS (32); first-turn against later-turn TTFT,
 # the answers of both runs compared, the KV held (/metrics) against PREFIX_KV (8G). PREFIX_MODEL: a file under
 # build/models (default Gemma-3-270M, carried in parts: run.sh parts ~/.cache/tessera/models/gemma-3-270m-q4_k_m.gguf).
+# PREFIX_API: completions (default: Gemma-3-270M's GGUF is a base model without a chat template, so each client's
+# conversation is one growing text) or chat.
 # OpenAI's client: the image's python3 if it has it, else wheels carried in build/py-wheels (made here with
 #   python3 -m pip download openai==3.51.0 -d build/py-wheels --only-binary=:all: --platform manylinux2014_x86_64 \
 #     --python-version 3.X   (once per Python the image may have: 3.10, 3.11, 3.12)
@@ -145,6 +147,6 @@ phase_prefix() {
   fi
   STEP_TAIL=14 step prefix_turns "$(left)" "$py" "$ROOT/bench/server/prefix_turns.py" --tessera "$(bin tessera)" \
     --model "$m" --device cuda --doc-tokens "${PREFIX_TOKENS:-28000}" --clients "${PREFIX_CLIENTS:-4}" --questions 4 \
-    --max-tokens "${PREFIX_MAX_TOKENS:-32}" --kv-budget "${PREFIX_KV:-8G}" --json-out "$CSV/prefix_turns.json" \
+    --max-tokens "${PREFIX_MAX_TOKENS:-32}" --kv-budget "${PREFIX_KV:-8G}" --api "${PREFIX_API:-completions}" --json-out "$CSV/prefix_turns.json" \
     --md-out "$LOGS/prefix_turns.md"
 }
