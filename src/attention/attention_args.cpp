@@ -21,11 +21,11 @@ void validate(const AttentionArgs& a) {
   check(hq > 0, "attention q: needs at least one query head");
 
   a.k.expect_shape("attention k", {-1, -1, d});
-  a.k.expect_dtype("attention k", {DType::F32, DType::BF16});
+  a.k.expect_dtype("attention k", {DType::F32, DType::BF16, DType::F16});
   const int64_t kv_len = a.k.dim(0), hkv = a.k.dim(1);
   check(hkv > 0, "attention k: needs at least one kv head");
   a.v.expect_shape("attention v", {kv_len, hkv, d});
-  a.v.expect_dtype("attention v", {DType::F32, DType::BF16});
+  a.v.expect_dtype("attention v", {DType::F32, DType::BF16, DType::F16});
   check(hq % hkv == 0, "attention: " + std::to_string(hq) + " query heads are not a multiple of " +
                            std::to_string(hkv) + " kv heads");
 

@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/memory_budget.h"
 #include "core/thread_pool.h"
+#include "runtime/kv_cache.h"
 
 namespace {
 
@@ -37,6 +38,11 @@ void add_threads_option(CLI::App* app) {
   app->add_option_function<int>("--threads", [](int n) { tessera::ThreadPool::set_global_threads(n); },
                                 "CPU threads (default: TESSERA_NUM_THREADS, else every hardware thread)")
       ->check(CLI::Range(1, 4096));
+  app->add_option_function<std::string>(
+         "--kv-type",
+         [](const std::string& t) { tessera::runtime::set_default_kv_type(tessera::runtime::parse_kv_type(t)); },
+         "CPU KV cache element type: f32, bf16 or f16 (default: TESSERA_KV_TYPE, else f32)")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
 }
 
 // --device and the GPU's knobs (CudaAttentionFlags), and --threads: run, bench and serve.

@@ -36,7 +36,7 @@ Engine::Engine(const Model& model, EngineOptions options)
     return;
   }
   max_context_ = options_.max_context > 0 ? options_.max_context : cfg.context_length;
-  cache_ = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max_context_);
+  cache_ = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max_context_, options_.kv_type);
   // An explicit limit is a promise that the cache may grow that far: refuse one that can never fit now, with the
   // size it needs, rather than once the memory runs out mid-prompt. (The model's own limit is checked per prompt.)
   if (options_.max_context > 0) cache_.check_budget(max_context_);

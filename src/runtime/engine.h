@@ -46,6 +46,9 @@ struct EngineOptions {
   attn::AttentionPolicy policy;  // per layer and query head; empty table: dense everywhere
   int32_t max_context = 0;       // tokens the cache may hold; 0: the model's context length
   ThreadPool* pool = nullptr;    // null: ThreadPool::global()
+  // The CPU KV cache's element type (--kv-type; runtime/kv_cache.h): bf16/f16 halve its bytes, converted per key
+  // block as attention reads them. The GPU engine keeps its own (bf16).
+  KVType kv_type = default_kv_type();
   // Called after every layer's attention during prefill (forward.h); empty: none. Evaluation uses it to measure
   // what a sparse policy would lose on the dense model's own activations.
   AttentionObserver observer;

@@ -21,11 +21,13 @@ class ContiguousAttention final : public CpuAttentionStep {
       : cfg_(cfg), cache_(cache), pos_(pos), n_(n), policy_(policy), total_len_(total_len), observer_(observer),
         pool_(pool) {}
 
-  float* k_rows(int32_t layer) override { return cache_.k(layer, pos_); }
-  float* v_rows(int32_t layer) override { return cache_.v(layer, pos_); }
+  // An f32 cache takes the products' K/V rows in place; a bf16/f16 cache gets them converted in attend().
+  float* k_rows(int32_t layer) override { return f32_ ? cache_.k(layer, pos_) : nullptr; }
+  float* v_rows(int32_t layer) override { return f32_ ? cache_.v(layer, pos_) : nullptr; }
 
-  void attend(int32_t layer, float* q, float*, float*, float* out) override {
+  void attend(int32_t layer, float* q, float* k, float* v, float* out) override {
     const int32_t nq = cfg_.num_q_heads, d = cfg_.head_dim, kv_len = pos_ + n_;
+    if (!f32_) cache_.write(layer, pos_, n_, k, v);
     attn::AttentionArgs args;
     args.q = TensorView(q, DType::F32, {n_, nq, d});
     args.k = cache_.k_view(layer, kv_len);
@@ -45,6 +47,7 @@ class ContiguousAttention final : public CpuAttentionStep {
  private:
   const ModelConfig& cfg_;
   KVCache& cache_;
+  bool f32_ = cache_.type() == KVType::F32;
   int32_t pos_, n_;
   const attn::AttentionPolicy* policy_;
   int32_t total_len_;

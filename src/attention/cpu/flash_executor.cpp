@@ -57,9 +57,12 @@ void execute_items(const AttentionArgs& args, std::vector<WorkItem>& items, Thre
 
   auto* run_tile = active_cpu_kernel() == CpuKernel::Avx512 ? &run_tile_avx512 : &run_tile_baseline;
   const float scale = args.effective_scale();
-  const bool q_bf16 = args.q.dtype == DType::BF16, k_bf16 = args.k.dtype == DType::BF16,
-             v_bf16 = args.v.dtype == DType::BF16;
-  const size_t q_es = q_bf16 ? 2 : 4, k_es = k_bf16 ? 2 : 4, v_es = v_bf16 ? 2 : 4;
+  const auto elem = [](DType t) {
+    return t == DType::BF16 ? KvElem::BF16 : t == DType::F16 ? KvElem::F16 : KvElem::F32;
+  };
+  const bool q_bf16 = args.q.dtype == DType::BF16;
+  const KvElem k_elem = elem(args.k.dtype), v_elem = elem(args.v.dtype);
+  const size_t q_es = q_bf16 ? 2 : 4, k_es = dtype_size(args.k.dtype), v_es = dtype_size(args.v.dtype);
   const int64_t group = args.group_size();
 
   pool.parallel_for(static_cast<int64_t>(items.size()), [&](int64_t i, int worker) {
@@ -74,11 +77,11 @@ void execute_items(const AttentionArgs& args, std::vector<WorkItem>& items, Thre
     job.k = static_cast<const char*>(args.k.data) + g * args.k.stride[1] * static_cast<int64_t>(k_es);
     job.k_rs = args.k.stride[0];
     job.k_cs = args.k.stride[2];
-    job.k_bf16 = k_bf16;
+    job.k_elem = k_elem;
     job.v = static_cast<const char*>(args.v.data) + g * args.v.stride[1] * static_cast<int64_t>(v_es);
     job.v_rs = args.v.stride[0];
     job.v_cs = args.v.stride[2];
-    job.v_bf16 = v_bf16;
+    job.v_elem = v_elem;
     job.out = args.out.at<float>(it.row_begin, it.head, 0);
     job.out_rs = args.out.stride[0];
     job.out_cs = args.out.stride[2];

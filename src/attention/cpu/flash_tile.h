@@ -31,6 +31,10 @@ inline constexpr int kTileRows = 64;  // query rows per work item
 inline constexpr int kKeyBlock = 64;  // keys per softmax block
 inline constexpr int kFewRows = 4;    // items of at most this many rows take the few-row (decode) path
 
+// The element type of K or V: f32, or a 16-bit type converted to f32 per key block as it is read (a half-precision
+// KV cache).
+enum class KvElem : uint8_t { F32, BF16, F16 };
+
 struct TileJob {
   // Element (row r, dim c) at q + r * q_rs + c * q_cs, in elements of the dtype (bf16 when q_bf16, else f32).
   const void* q = nullptr;
@@ -40,7 +44,8 @@ struct TileJob {
   int64_t k_rs = 0, k_cs = 0;
   const void* v = nullptr;
   int64_t v_rs = 0, v_cs = 0;
-  bool q_bf16 = false, k_bf16 = false, v_bf16 = false;
+  bool q_bf16 = false;
+  KvElem k_elem = KvElem::F32, v_elem = KvElem::F32;
   float* out = nullptr;  // f32, row r dim c at out + r * out_rs + c * out_cs
   int64_t out_rs = 0, out_cs = 0;
   float* lse = nullptr;  // f32, row r at lse + r * lse_rs; nullptr when absent

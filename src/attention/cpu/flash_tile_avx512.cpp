@@ -55,6 +55,12 @@ struct Avx512 {
     }
     for (; i < n; ++i) dst[i] = bf16_bits_to_f32(src[i]);
   }
+  static void cvt_f16(const uint16_t* src, float* dst, int n) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+      _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
+    for (; i < n; ++i) dst[i] = f16_bits_to_f32(src[i]);
+  }
 };
 
 }  // namespace

@@ -9,7 +9,7 @@
 //   reg; kWidth (lanes); kRowVecs (row vectors per micro-kernel pass); kQkKeys (keys per QK^T micro-kernel);
 //   kPvDims (head dims per PV micro-kernel); zero, set1, load, store, fmadd(a, b, c) = a * b + c, add, sub,
 //   max; exp2(x) (0 for x <= -125, including -inf); zero_if_neg_inf(x); reduce_add(x) (the sum of the lanes);
-//   cvt_bf16(src, dst, n) (n contiguous values).
+//   cvt_bf16(src, dst, n), cvt_f16(src, dst, n) (n contiguous values).
 //
 // Two paths share the block walk, the K/V packing and the masks: tiles of more than kFewRows rows keep rows
 // in lanes (S^T, above); tiles of at most kFewRows rows (decode, and the last few rows of a prefill) keep
@@ -30,6 +30,28 @@ namespace {
 
 inline float bf16_bits_to_f32(uint16_t b) {
   const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  __builtin_memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// IEEE binary16 bits to f32, exact (subnormals, infinities and NaNs included): the scalar twin of the policies'
+// cvt_f16, for strided dims.
+inline float f16_bits_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  uint32_t u;
+  if (exp == 0x1f) {
+    u = sign | 0x7f800000u | mant << 13;
+  } else if (exp != 0) {
+    u = sign | (exp + 112) << 23 | mant << 13;
+  } else {
+    // zero or subnormal: mant * 2^-24, exact in f32
+    float f = static_cast<float>(mant) * 5.9604644775390625e-8f;
+    uint32_t m;
+    __builtin_memcpy(&m, &f, sizeof m);
+    u = sign | m;
+  }
   float f;
   __builtin_memcpy(&f, &u, sizeof f);
   return f;
@@ -163,21 +185,25 @@ class FlashTile {
   // f32 rows of the block's keys (or values): straight from the tensor when it is f32 with unit dim stride,
   // the keys are contiguous and the stride is cache-friendly, else converted or gathered into buf. Returns
   // the base and sets the row stride.
-  const float* block_rows(const void* base, int64_t rs, int64_t cs, bool is_bf16, const int32_t* pos,
+  const float* block_rows(const void* base, int64_t rs, int64_t cs, KvElem elem, const int32_t* pos,
                           int32_t first, int n, float* buf, int64_t* ld) const {
-    if (!is_bf16 && cs == 1 && pos == nullptr && direct_ok(rs)) {
+    if (elem == KvElem::F32 && cs == 1 && pos == nullptr && direct_ok(rs)) {
       *ld = rs;
       return static_cast<const float*>(base) + first * rs;
     }
     for (int i = 0; i < n; ++i) {
       const int64_t p = pos != nullptr ? pos[i] : first + i;
       float* dst = buf + i * dpad_;
-      if (is_bf16) {
+      if (elem != KvElem::F32) {
         const uint16_t* src = static_cast<const uint16_t*>(base) + p * rs;
+        const bool bf = elem == KvElem::BF16;
         if (cs == 1) {
-          S::cvt_bf16(src, dst, d_);
+          if (bf)
+            S::cvt_bf16(src, dst, d_);
+          else
+            S::cvt_f16(src, dst, d_);
         } else {
-          for (int c = 0; c < d_; ++c) dst[c] = bf16_bits_to_f32(src[c * cs]);
+          for (int c = 0; c < d_; ++c) dst[c] = bf ? bf16_bits_to_f32(src[c * cs]) : f16_bits_to_f32(src[c * cs]);
         }
       } else {
         const float* src = static_cast<const float*>(base) + p * rs;
@@ -323,8 +349,8 @@ class FlashTile {
     const int32_t first = b.first;
     const int n = b.n;
     int64_t ldk = 0, ldv = 0;
-    const float* kb = block_rows(job_.k, job_.k_rs, job_.k_cs, job_.k_bf16, pos, first, n, kbuf_, &ldk);
-    const float* vb = block_rows(job_.v, job_.v_rs, job_.v_cs, job_.v_bf16, pos, first, n, vbuf_, &ldv);
+    const float* kb = block_rows(job_.k, job_.k_rs, job_.k_cs, job_.k_elem, pos, first, n, kbuf_, &ldk);
+    const float* vb = block_rows(job_.v, job_.v_rs, job_.v_cs, job_.v_elem, pos, first, n, vbuf_, &ldv);
 
     for (int ch = 0; ch < nvu_; ch += RC) {
       int i = 0;
@@ -416,15 +442,15 @@ class FlashTile {
   // Pointers to the f32 rows of the block's keys (or values): in place when the tensor is f32 with unit dim
   // stride (a few rows read each key once, so there is nothing to gain from packing), else converted into
   // buf.
-  void few_rows_of(const void* base, int64_t rs, int64_t cs, bool is_bf16, const BlockRef& b, float* buf,
+  void few_rows_of(const void* base, int64_t rs, int64_t cs, KvElem elem, const BlockRef& b, float* buf,
                    const float** rows) const {
-    if (!is_bf16 && cs == 1) {
+    if (elem == KvElem::F32 && cs == 1) {
       const float* f = static_cast<const float*>(base);
       for (int i = 0; i < b.n; ++i) rows[i] = f + (b.pos != nullptr ? b.pos[i] : b.first + i) * rs;
       return;
     }
     int64_t ld = 0;
-    const float* packed = block_rows(base, rs, cs, is_bf16, b.pos, b.first, b.n, buf, &ld);
+    const float* packed = block_rows(base, rs, cs, elem, b.pos, b.first, b.n, buf, &ld);
     for (int i = 0; i < b.n; ++i) rows[i] = packed + i * ld;
   }
 
@@ -491,8 +517,8 @@ class FlashTile {
     const int n = b.n;
     const float* krow[kKeyBlock];
     const float* vrow[kKeyBlock];
-    few_rows_of(job_.k, job_.k_rs, job_.k_cs, job_.k_bf16, b, kbuf_, krow);
-    few_rows_of(job_.v, job_.v_rs, job_.v_cs, job_.v_bf16, b, vbuf_, vrow);
+    few_rows_of(job_.k, job_.k_rs, job_.k_cs, job_.k_elem, b, kbuf_, krow);
+    few_rows_of(job_.v, job_.v_rs, job_.v_cs, job_.v_elem, b, vbuf_, vrow);
 
     int i = 0;
     for (; i + 4 <= n; i += 4) few_qk<R, 4>(krow, i);

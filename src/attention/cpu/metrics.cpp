@@ -16,7 +16,9 @@ namespace {
 void load_row(const TensorView& t, int64_t i0, int64_t h, double* dst) {
   const int64_t d = t.dim(2);
   for (int64_t c = 0; c < d; ++c) {
-    dst[c] = t.dtype == DType::BF16 ? bf16_to_f32(*t.at<const bf16>(i0, h, c)) : *t.at<const float>(i0, h, c);
+    dst[c] = t.dtype == DType::BF16 ? bf16_to_f32(*t.at<const bf16>(i0, h, c))
+             : t.dtype == DType::F16 ? f16_to_f32(*t.at<const f16>(i0, h, c))
+                                     : *t.at<const float>(i0, h, c);
   }
 }
 
@@ -27,7 +29,7 @@ RecallResult attention_recall(const AttentionArgs& args, const SparseIndex& inde
   args.q.expect_dtype("attention_recall q", {DType::F32, DType::BF16});
   const int64_t q_len = args.q.dim(0), hq = args.q.dim(1), d = args.q.dim(2);
   args.k.expect_shape("attention_recall k", {-1, -1, d});
-  args.k.expect_dtype("attention_recall k", {DType::F32, DType::BF16});
+  args.k.expect_dtype("attention_recall k", {DType::F32, DType::BF16, DType::F16});
   const int64_t kv_len = args.k.dim(0), hkv = args.k.dim(1);
   check(hkv > 0 && hq % hkv == 0, "attention_recall: " + std::to_string(hq) +
                                       " query heads are not a multiple of " + std::to_string(hkv) +

@@ -15,6 +15,7 @@ namespace {
 
 double element(const TensorView& t, int64_t i0, int64_t i1, int64_t i2) {
   if (t.dtype == DType::BF16) return bf16_to_f32(*t.at<const bf16>(i0, i1, i2));
+  if (t.dtype == DType::F16) return f16_to_f32(*t.at<const f16>(i0, i1, i2));
   return *t.at<const float>(i0, i1, i2);
 }
 

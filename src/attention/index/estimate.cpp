@@ -22,6 +22,9 @@ void load_row(const TensorView& x, int64_t pos, int head, float* out) {
   if (x.dtype == DType::F32) {
     const float* src = x.at<float>(pos, head);
     for (int64_t i = 0; i < d; ++i) out[i] = src[i * x.stride[2]];
+  } else if (x.dtype == DType::F16) {  // a CPU f16 KV cache
+    const f16* src = x.at<f16>(pos, head);
+    for (int64_t i = 0; i < d; ++i) out[i] = f16_to_f32(src[i * x.stride[2]]);
   } else {
     const bf16* src = x.at<bf16>(pos, head);
     for (int64_t i = 0; i < d; ++i) out[i] = bf16_to_f32(src[i * x.stride[2]]);
@@ -50,7 +53,7 @@ void check_inputs(const TensorView& q, const TensorView& k, int q_head, int kv_h
   const std::string w = who;
   check(q.rank == 3 && k.rank == 3, w + ": q and k must be [len, heads, head_dim]");
   q.expect_dtype(w + ": q", {DType::F32, DType::BF16});
-  k.expect_dtype(w + ": k", {DType::F32, DType::BF16});
+  k.expect_dtype(w + ": k", {DType::F32, DType::BF16, DType::F16});
   check(q.dim(0) == ctx.q_len, w + ": q has " + std::to_string(q.dim(0)) + " rows, context says q_len " +
                                    std::to_string(ctx.q_len));
   check(k.dim(0) >= ctx.kv_len, w + ": k has " + std::to_string(k.dim(0)) + " rows, context says kv_len " +
