@@ -7,13 +7,13 @@
 #include <cmath>
 #include <limits>
 #include <map>
-#include <numbers>
 #include <string>
 #include <type_traits>
 #include <utility>
 
 #include "core/error.h"
 #include "core/memory_budget.h"
+#include "plan/activation.h"
 #include "plan/cross_entropy.h"
 #include "plan/pass_dims.h"
 #include "runtime/recipe.h"
@@ -237,13 +237,13 @@ class Backprop : private PassDims {
     rms_forward(a.x2.data(), a.h2.data(), a.r2.data(), S_, H_, weight(layer(l).ffn_norm));
   }
   // The whole sequence as one piece (mlp_piece): x_ = x2 + [RMSNorm](act(g) * u Wd^T).
-  void mlp(int32_t l, int64_t, int64_t, Activation, bool post_norm) {
+  void mlp(int32_t l, int64_t, int64_t, Activation act_kind, bool post_norm) {
     LayerActivations<T>& a = *act_;
     const LayerWeights& W = layer(l);
     linear(a.h2, H_, W.w_gate, nullptr, a.g);
     linear(a.h2, H_, W.w_up, nullptr, a.u);
     a.act.resize(a.g.size());
-    for (size_t i = 0; i < a.g.size(); ++i) a.act[i] = activation(a.g[i]) * a.u[i];
+    for (size_t i = 0; i < a.g.size(); ++i) a.act[i] = activation(act_kind, a.g[i]) * a.u[i];
     linear(a.act, F_, W.w_down, nullptr, a.m);
     x_ = a.x2;
     const Vec<T>* ffn = &a.m;  // the FFN branch's contribution to the residual: m, or RMSNorm(m) (Gemma-3)
@@ -343,39 +343,6 @@ class Backprop : private PassDims {
     x_ = x;
     act_ = &a;
     runtime::run_layer(cfg_, *this, l);
-  }
-
-  T activation(T g) const {
-    switch (cfg_.activation) {
-      case Activation::SiLU:
-        return g / (T(1) + std::exp(-g));
-      case Activation::GeluTanh: {
-        const T c = static_cast<T>(std::sqrt(2.0 / std::numbers::pi));
-        return T(0.5) * g * (T(1) + std::tanh(c * (g + T(0.044715) * g * g * g)));
-      }
-      case Activation::Gelu:
-        return T(0.5) * g * (T(1) + std::erf(g * static_cast<T>(std::numbers::sqrt2 / 2)));
-    }
-    return g;
-  }
-  T activation_grad(T g) const {
-    switch (cfg_.activation) {
-      case Activation::SiLU: {
-        const T s = T(1) / (T(1) + std::exp(-g));
-        return s * (T(1) + g * (T(1) - s));
-      }
-      case Activation::GeluTanh: {
-        const T c = static_cast<T>(std::sqrt(2.0 / std::numbers::pi));
-        const T th = std::tanh(c * (g + T(0.044715) * g * g * g));
-        return T(0.5) * (T(1) + th) + T(0.5) * g * (T(1) - th * th) * c * (T(1) + T(3 * 0.044715) * g * g);
-      }
-      case Activation::Gelu: {
-        const T cdf = T(0.5) * (T(1) + std::erf(g * static_cast<T>(std::numbers::sqrt2 / 2)));
-        const T pdf = std::exp(-T(0.5) * g * g) / static_cast<T>(std::sqrt(2.0 * std::numbers::pi));
-        return cdf + g * pdf;
-      }
-    }
-    return T(1);
   }
 
   // Query rows [r0, r1) of head h against keys [k0, r1): scaled, masked scores into s [rows, r1 - k0].
@@ -545,8 +512,8 @@ class Backprop : private PassDims {
     linear_back(dm, W.w_down, dact, false);
     Vec<T> dg(a.g.size()), du(a.g.size());
     for (size_t i = 0; i < a.g.size(); ++i) {
-      du[i] = dact[i] * activation(a.g[i]);
-      dg[i] = dact[i] * a.u[i] * activation_grad(a.g[i]);
+      du[i] = dact[i] * activation(cfg_.activation, a.g[i]);
+      dg[i] = dact[i] * a.u[i] * activation_grad(cfg_.activation, a.g[i]);
     }
     Vec<T> dh2;
     linear_back(dg, W.w_gate, dh2, false);

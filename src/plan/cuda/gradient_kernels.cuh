@@ -1,9 +1,10 @@
 // tessera/plan/cuda/gradient_kernels.cuh — the kernels of the GPU gradient pass (gradients_cuda.cu includes this,
 // and nothing else does): what the backward needs and the engine's kernels (runtime/cuda/kernels.h, bf16 out, no
 // saved statistics) do not give — RMSNorm keeping its 1/rms (sums in double, as the CPU pass) and its backward,
-// RoPE both ways in f32, the gated activation and its derivative, the bias and residual adds in f32, and the
-// blockwise attention: the chunk softmax with its log-sum-exp, D = dO . O, the 64 x 64 backward tiles with the
-// planners' block and region sums, and the group sums of dK and dV. Grid-stride kernels use kThreads threads.
+// RoPE both ways in f32, the gated activation and its derivative (plan/activation.h: the CPU pass's formulas), the
+// bias and residual adds in f32, and the blockwise attention: the chunk softmax with its log-sum-exp, D = dO . O,
+// the 64 x 64 backward tiles with the planners' block and region sums, and the group sums of dK and dV.
+// Grid-stride kernels use kThreads threads.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,12 +12,13 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "runtime/cuda/kernels.h"
+#include "model/model_config.h"
+#include "plan/activation.h"
 
 namespace tessera::plan::cuda {
 namespace {
 
-using runtime::gpu::GateActivation;
+using runtime::Activation;
 
 constexpr int kThreads = 256;
 
@@ -103,48 +105,17 @@ __global__ void rope_kernel(float* x, int64_t S, int64_t heads, int64_t stride, 
   }
 }
 
-__device__ float act_f(float g, GateActivation kind) {
-  switch (kind) {
-    case GateActivation::kSiLU:
-      return g / (1.0f + expf(-g));
-    case GateActivation::kGeluTanh: {
-      const float c = 0.7978845608028654f;
-      return 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g)));
-    }
-    default:
-      return 0.5f * g * (1.0f + erff(g * 0.7071067811865476f));
-  }
-}
-__device__ float act_grad(float g, GateActivation kind) {
-  switch (kind) {
-    case GateActivation::kSiLU: {
-      const float s = 1.0f / (1.0f + expf(-g));
-      return s * (1.0f + g * (1.0f - s));
-    }
-    case GateActivation::kGeluTanh: {
-      const float c = 0.7978845608028654f;
-      const float th = tanhf(c * (g + 0.044715f * g * g * g));
-      return 0.5f * (1.0f + th) + 0.5f * g * (1.0f - th * th) * c * (1.0f + float(3 * 0.044715) * g * g);
-    }
-    default: {
-      const float cdf = 0.5f * (1.0f + erff(g * 0.7071067811865476f));
-      const float pdf = expf(-0.5f * g * g) / 2.5066282746310002f;
-      return cdf + g * pdf;
-    }
-  }
-}
-
-__global__ void act_forward_kernel(const float* g, const float* u, float* act, int64_t n, GateActivation kind) {
+__global__ void act_forward_kernel(const float* g, const float* u, float* act, int64_t n, Activation kind) {
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x)
-    act[e] = act_f(g[e], kind) * u[e];
+    act[e] = activation(kind, g[e]) * u[e];
 }
 
 // In place: g becomes dg, u becomes du (dact is read first).
-__global__ void act_backward_kernel(float* g, float* u, const float* dact, int64_t n, GateActivation kind) {
+__global__ void act_backward_kernel(float* g, float* u, const float* dact, int64_t n, Activation kind) {
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
     const float gv = g[e], uv = u[e], d = dact[e];
-    u[e] = d * act_f(gv, kind);
-    g[e] = d * uv * act_grad(gv, kind);
+    u[e] = d * activation(kind, gv);
+    g[e] = d * uv * activation_grad(kind, gv);
   }
 }
 

@@ -25,7 +25,6 @@
 #include "plan/cuda/gradient_kernels.cuh"
 #include "plan/cuda/gradient_weights.h"
 #include "plan/pass_dims.h"
-#include "runtime/cuda/gpu_ops.h"
 #include "runtime/cuda/kernels.h"
 #include "runtime/recipe.h"
 #include "runtime/rope.h"
@@ -316,8 +315,7 @@ class Pass : private PassDims {
     const DevLayer& W = layer(l);
     linear(h2_.get(), H_, W.w_gate, nullptr, g_.get());
     linear(h2_.get(), H_, W.w_up, nullptr, u_.get());
-    act_forward_kernel<<<grid_for(S_ * F_), kThreads, 0, stream_>>>(g_.get(), u_.get(), act_.get(), S_ * F_,
-                                                                    runtime::gpu::gate_activation(act));
+    act_forward_kernel<<<grid_for(S_ * F_), kThreads, 0, stream_>>>(g_.get(), u_.get(), act_.get(), S_ * F_, act);
     check_launch("activation");
     linear(act_.get(), F_, W.w_down, nullptr, m_out_.get());
     copy(x_.get(), x2_.get(), sz(S_ * H_));
@@ -454,7 +452,7 @@ class Pass : private PassDims {
     }
     linear_back(dm, W.w_down, dact_.get(), false);
     act_backward_kernel<<<grid_for(S_ * F_), kThreads, 0, stream_>>>(g_.get(), u_.get(), dact_.get(), S_ * F_,
-                                                                     runtime::gpu::gate_activation(cfg_.activation));
+                                                                     cfg_.activation);
     check_launch("activation backward");
     linear_back(g_.get(), W.w_gate, dh2_.get(), false);
     linear_back(u_.get(), W.w_up, dh2_.get(), true);
