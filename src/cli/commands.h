@@ -129,6 +129,7 @@ struct ServeOptions {
   int parallel = 1;              // sequences generated at once; > 1: the batched engine (continuous batching)
   std::string kv_budget;         // the batched engine's KV memory ("8G"); empty: its default
   bool prefix_cache = true;      // the batched engine reuses cached prompt blocks (--no-prefix-cache: off)
+  int step_tokens = 0;           // the batched engine's token budget per step (0: none; --step-tokens)
   int queue = 16;                // requests that may wait for a slot
   int chunk = 2048;              // prefill chunk size
   int max_context = 0;           // 0: the model's

@@ -310,6 +310,11 @@ int main(int argc, char** argv) {
   sv->add_flag("!--no-prefix-cache", serve.prefix_cache,
               "Batched engine: do not keep prompts' KV blocks for later requests that start with the same tokens "
               "(prefix caching is on by default; docs/runtime.md)");
+  sv->add_option("--step-tokens", serve.step_tokens,
+                 "Batched engine: tokens a step may run (vLLM's chunked prefill budget): every decoding request's token, "
+                 "then prefill tokens up to the budget, so a long prompt arriving does not slow the others' decoding "
+                 "(0: none, a --chunk of prefill beside every decode step)")
+      ->capture_default_str();
   sv->add_option("--queue", serve.queue, "Requests that may wait for a slot (more get 429)")->capture_default_str();
   sv->add_option("--chunk", serve.chunk, "Prefill chunk size (CPU)")->capture_default_str();
   sv->add_option("-c,--max-context,--ctx-size", serve.max_context, "Context limit (default and 0: the model's)");

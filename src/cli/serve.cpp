@@ -204,6 +204,12 @@ int serve_tensor_parallel(const ServeOptions& o, const Session& s, server::Serve
 int serve_command(const ServeOptions& o) {
   usage_check(o.parallel >= 1, "--parallel must be at least 1, got " + std::to_string(o.parallel));
   usage_check(o.queue >= 0, "--queue must not be negative, got " + std::to_string(o.queue));
+  usage_check(o.step_tokens == 0 || o.parallel > 1,
+              "--step-tokens budgets the batched engine's steps: add --parallel N (N > 1)");
+  usage_check(o.step_tokens == 0 || o.step_tokens > o.parallel,
+              "--step-tokens must be more than --parallel (" + std::to_string(o.parallel) +
+                  "): every running request decodes one token a step and a prefill needs one more, got " +
+                  std::to_string(o.step_tokens));
   usage_check(o.timeout > 0, "--timeout must be positive");
   usage_check(o.max_body_mb > 0, "--max-body must be positive");
   usage_check(o.port >= 0 && o.port <= 65535, "--port must be in [0, 65535], got " + std::to_string(o.port));
@@ -267,6 +273,7 @@ int serve_command(const ServeOptions& o) {
   bo.max_context = served.context_length;
   bo.kv_bytes = kv_bytes;
   bo.prefix_cache = o.prefix_cache;
+  bo.step_tokens = o.step_tokens;
   if (streaming) bo.stream = stream;
   server::BatchedEngine batch;
   const std::unique_ptr<runtime::Device> device = runtime::open_device(gpu ? "cuda" : "cpu", *s.model);
@@ -294,7 +301,8 @@ int serve_command(const ServeOptions& o) {
     const runtime::BatchEngine& e = *batch.engine;
     kv_note = ", batched: KV " + format_bytes(e.blocks().total() * e.block_bytes()) + " in " +
               with_commas(e.blocks().total()) + " blocks of " + std::to_string(e.shape().block_tokens) + " tokens" +
-              (o.prefix_cache ? ", prefix cache on" : "");
+              (o.prefix_cache ? ", prefix cache on" : "") +
+              (o.step_tokens > 0 ? ", " + with_commas(o.step_tokens) + " tokens a step" : "");
   }
   std::unique_ptr<server::Scheduler> scheduler_ptr =
       batched ? std::make_unique<server::Scheduler>(server::SchedulerOptions{.slots = o.parallel, .queue = o.queue},

@@ -332,6 +332,7 @@ void Scheduler::batch_loop() {
     std::unique_ptr<JobProgress> progress;
     int64_t generated = 0;
     bool cancel_sent = false;
+    bool prompt_only = false;  // echo with logprobs and max_tokens 0: one token asked of the engine, not reported
   };
   std::map<int64_t, Active> active;
   for (;;) {
@@ -358,8 +359,11 @@ void Scheduler::batch_loop() {
         done(job);
         continue;
       }
-      if (job->request_.echo) progress->echo(nullptr);  // (the HTTP layer refuses echo with logprobs here)
-      if (job->request_.gen.max_new_tokens == 0) {  // echo alone
+      // Echo with logprobs: the prompt's log-probabilities come from the engine's prefill (an event before the first
+      // token's); the echo waits for them.
+      const bool prompt_logprobs = job->request_.echo && job->request_.gen.logprobs >= 0;
+      if (job->request_.echo && !prompt_logprobs) progress->echo(nullptr);
+      if (job->request_.gen.max_new_tokens == 0 && !prompt_logprobs) {  // echo alone
         progress->engine_ended(0);
         progress->finish();
         done(job);
@@ -369,9 +373,12 @@ void Scheduler::batch_loop() {
       br.prompt = job->request_.prompt;
       br.options = job->request_.gen;
       if (!job->policy_->table().empty()) br.policy = *job->policy_;
+      const bool prompt_only = prompt_logprobs && br.options.max_new_tokens == 0;
+      if (prompt_logprobs) br.prompt_logprobs = br.options.logprobs;
+      if (prompt_only) br.options.max_new_tokens = 1;  // the engine samples at least one token; it is dropped
       try {
         const int64_t id = engine.submit(std::move(br));
-        active.emplace(id, Active{job, std::move(progress), 0, false});
+        active.emplace(id, Active{job, std::move(progress), 0, false, prompt_only});
       } catch (const std::exception& e) {
         progress->failed(e.what());
         progress->finish();
@@ -403,7 +410,8 @@ void Scheduler::batch_loop() {
       if (it == active.end()) continue;
       Active& a = it->second;
       if (e.cached_tokens >= 0) a.progress->cached(e.cached_tokens);
-      if (e.token >= 0) {
+      if (e.prompt_logprobs) a.progress->echo(&*e.prompt_logprobs);
+      if (e.token >= 0 && !a.prompt_only) {
         ++a.generated;
         if (e.logprobs) a.progress->on_logprobs(*e.logprobs);
         if (!a.progress->on_token(e.token) && !a.cancel_sent) {

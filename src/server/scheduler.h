@@ -153,7 +153,10 @@ class Scheduler {
 
   Gauges gauges() const;
   const SchedulerOptions& options() const { return options_; }
-  bool batched() const { return batched_.engine != nullptr; }  // the batched engine (no prompt log-probabilities)
+  bool batched() const { return batched_.engine != nullptr; }  // the batched engine
+  // Whether echo with logprobs (the prompt's log-probabilities) can be served: the slots' engines, or the batched
+  // engine where it gives every prompt row's logits (not with streaming memory).
+  bool prompt_logprobs() const { return !batched() || batched_.engine->supports_prompt_logprobs(); }
 
  private:
   void slot_loop(int slot);

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cctype>
+#include <cmath>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -1067,6 +1068,62 @@ TEST(ServerScheduler, BatchedEngineReportsCachedPromptTokens) {
   EXPECT_NE(text.find("tessera_prefix_cache_tokens_total " + std::to_string(cached[1]) + "\n"), std::string::npos);
   const json usage = usage_json({static_cast<int64_t>(p.prompt.size()), 6, cached[1]});
   EXPECT_EQ(usage["prompt_tokens_details"]["cached_tokens"], cached[1]);
+}
+
+// Echo with logprobs on the batched engine (lm-evaluation-harness's log-likelihood request: max_tokens 0, and one
+// with a completion after the echo): the prompt's text and log-probabilities, from the batched prefill, equal the
+// single-slot engine's (EngineSlot::prompt_logprobs) within the Q4_1 rounding of other row counts, beside another
+// request, under a token budget; no generated token is reported for max_tokens 0.
+TEST(ServerScheduler, BatchedEchoLogprobsEqualTheSlot) {
+  REQUIRE_REAL_MODEL();
+  const PreparedRequest p = prepare_request(
+      parse_api_request(Endpoint::Completion, R"({"model": "smollm2", "temperature": 0, "max_tokens": 0,
+                        "echo": true, "logprobs": 2, "prompt": "The capital of France is Paris, and the capital of Italy is Rome."})"),
+      rm->served, 0);
+  ASSERT_TRUE(p.echo);
+  EngineSlot<runtime::Engine, runtime::Model, runtime::EngineOptions> slot(*rm->model, runtime::EngineOptions{});
+  const std::vector<runtime::TokenLogprobs> want = slot.prompt_logprobs(p.prompt, 2, attn::AttentionPolicy{}, {});
+  ASSERT_EQ(want.size(), p.prompt.size() - 1);
+  Metrics metrics;
+  BatchedEngine batched;
+  batched.backend = std::make_unique<runtime::CpuBatchBackend>(*rm->model);
+  runtime::BatchEngineOptions bo;
+  bo.chunk_size = 16;
+  bo.max_batch = 2;
+  bo.step_tokens = 12;
+  bo.kv_bytes = 64e6;
+  batched.engine = std::make_unique<runtime::BatchEngine>(*batched.backend, bo);
+  Scheduler sched({.slots = 2, .queue = 4}, std::move(batched), *rm->tokenizer, metrics);
+  EXPECT_TRUE(sched.prompt_logprobs());
+  PreparedRequest with_answer = p;
+  with_answer.gen.max_new_tokens = 3;
+  const auto policy = std::make_shared<const attn::AttentionPolicy>();
+  auto a = std::make_shared<Job>(p, policy, Clock::now() + 120s);
+  auto b = std::make_shared<Job>(with_answer, policy, Clock::now() + 120s);
+  ASSERT_EQ(sched.submit(b), Admission::Accepted);
+  ASSERT_EQ(sched.submit(a), Admission::Accepted);
+  for (auto* j : {a.get(), b.get()}) {
+    std::string text;
+    std::vector<runtime::TokenLogprobs> lp;
+    while (!j->wait(text, &lp, 50ms)) {
+    }
+    const bool answer = j == b.get();
+    EXPECT_EQ(j->result().reason, FinishReason::Length);
+    EXPECT_EQ(j->result().completion_tokens, answer ? 3 : 0);
+    EXPECT_EQ(text.substr(0, p.echo_text.size()), p.echo_text);
+    if (!answer) {
+      EXPECT_EQ(text, p.echo_text);
+    }
+    ASSERT_EQ(lp.size(), p.prompt.size() + (answer ? 3 : 0)) << answer;
+    EXPECT_EQ(lp[0].token, p.prompt[0]);
+    EXPECT_TRUE(std::isnan(lp[0].logprob));  // nothing predicts the first token
+    for (size_t i = 1; i < p.prompt.size(); ++i) {
+      EXPECT_EQ(lp[i].token, want[i - 1].token) << i;
+      EXPECT_NEAR(lp[i].logprob, want[i - 1].logprob, 0.15) << i;
+      ASSERT_EQ(lp[i].top.size(), 2u) << i;
+      EXPECT_NEAR(lp[i].top[0].logprob, want[i - 1].top[0].logprob, 0.15) << i;
+    }
+  }
 }
 
 }  // namespace

@@ -210,13 +210,12 @@ def unsupported_parameters(s):
                  "use 'tools' and 'tool_choice'", "functions", "unsupported_parameter")
     expect_error(lambda: chat(extra_body={"mirostat": 2}), openai.BadRequestError, 400,
                  "Unrecognized request argument supplied: mirostat", "mirostat", "unsupported_parameter")
-    # This server runs the batched engine (--parallel 2): no prompt log-probabilities (tests/server/test_sampling.py
-    # has them with --parallel 1).
-    expect_error(lambda: s.client.completions.create(model=MODEL_ID, prompt="a b", echo=True, logprobs=1, max_tokens=1),
-                 openai.BadRequestError, 400,
-                 "'echo' with 'logprobs' (the prompt's log-probabilities) needs the single-sequence engine: this "
-                 "server runs the batched one (--parallel 2); send 'echo' without 'logprobs'", "echo",
-                 "unsupported_parameter")
+    # This server runs the batched engine (--parallel 2): the prompt's log-probabilities come from its prefill
+    # (tests/server/test_sampling.py compares them with --parallel 1's).
+    r = s.client.completions.create(model=MODEL_ID, prompt="a b", echo=True, logprobs=1, max_tokens=1)
+    lp = r.choices[0].logprobs
+    assert lp.token_logprobs[0] is None and all(x < 0 for x in lp.token_logprobs[1:]), lp
+    assert len(lp.tokens) == r.usage.prompt_tokens + r.usage.completion_tokens and r.choices[0].text.startswith("a b")
     expect_error(lambda: s.client.completions.create(model=MODEL_ID, prompt=["a"] * 65), openai.BadRequestError, 400,
                  "'prompt' holds 65 prompts; at most 64 are allowed", "prompt")
     # Off values of unsupported features are fine.

@@ -186,6 +186,37 @@ def echo_prompt_logprobs(s):
     # echo without logprobs works on the batched engine too.
     b = s.clients["batched"].completions.create(model=MODEL_ID, prompt=TEXT, echo=True, max_tokens=3, temperature=0)
     assert b.choices[0].text == r.choices[0].text and b.choices[0].logprobs is None
+    # ... and with logprobs (the prompt's rows of the batched prefill): lm-evaluation-harness's request against
+    # `--parallel 2` gives the single-slot server's tokens and log-probabilities (within the Q4_1 rounding above:
+    # the batched prefill's chunks have other row counts than the slot's pieces), streamed too.
+    single = c.completions.create(model=MODEL_ID, prompt=ids + gen_ids, echo=True, max_tokens=0, logprobs=2,
+                                  temperature=0)
+    for name, stream in (("plain", False), ("streamed", True)):
+        kw = dict(model=MODEL_ID, prompt=ids + gen_ids, echo=True, max_tokens=0, logprobs=2, temperature=0)
+        if stream:
+            got = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text": "", "finish": None}
+            for chunk in s.clients["batched"].completions.create(stream=True, **kw):
+                ch = chunk.choices[0]
+                got["text"] += ch.text
+                got["finish"] = ch.finish_reason or got["finish"]
+                if ch.logprobs:
+                    got["tokens"] += ch.logprobs.tokens
+                    got["token_logprobs"] += ch.logprobs.token_logprobs
+                    got["top_logprobs"] += ch.logprobs.top_logprobs
+        else:
+            b = s.clients["batched"].completions.create(**kw)
+            assert b.usage.completion_tokens == 0 and b.usage.prompt_tokens == len(ids) + len(gen_ids)
+            got = {"tokens": b.choices[0].logprobs.tokens, "token_logprobs": b.choices[0].logprobs.token_logprobs,
+                   "top_logprobs": b.choices[0].logprobs.top_logprobs, "text": b.choices[0].text,
+                   "finish": b.choices[0].finish_reason}
+        want = single.choices[0].logprobs
+        assert got["finish"] == "length" and got["text"] == single.choices[0].text, (name, got["text"])
+        assert got["tokens"] == want.tokens, name
+        assert got["token_logprobs"][0] is None and got["top_logprobs"][0] is None, name
+        for i in range(1, len(want.tokens)):
+            assert abs(got["token_logprobs"][i] - want.token_logprobs[i]) < 0.15, (name, i)
+            assert len(got["top_logprobs"][i]) == 2, (name, i)
+            assert abs(max(got["top_logprobs"][i].values()) - max(want.top_logprobs[i].values())) < 0.15, (name, i)
 
 
 @test

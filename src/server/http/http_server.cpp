@@ -119,9 +119,9 @@ struct HttpServer::Impl {
       const uint64_t seed = random_seed();
       for (size_t p = 0; p < std::max<size_t>(1, r.prompts.size()); ++p) prompts.push_back(prepare_request(r, model, seed, p));
       const PreparedRequest& prepared = prompts[0];
-      if (prepared.echo && prepared.gen.logprobs >= 0 && scheduler.batched())
-        throw invalid_request("'echo' with 'logprobs' (the prompt's log-probabilities) needs the single-sequence "
-                              "engine: this server runs the batched one (--parallel " +
+      if (prepared.echo && prepared.gen.logprobs >= 0 && !scheduler.prompt_logprobs())
+        throw invalid_request("'echo' with 'logprobs' (the prompt's log-probabilities) is not available with "
+                              "streaming memory in the batched engine (--stream with --parallel " +
                                   std::to_string(scheduler.options().slots) + "); send 'echo' without 'logprobs'",
                               "echo", "unsupported_parameter");
       auto policy = policies.get(r.attn);
