@@ -562,6 +562,17 @@ ApiRequest parse_api_request(Endpoint endpoint, std::string_view body) {
                           "best_of", "unsupported_parameter");
   if (max_tokens) r.max_tokens = static_cast<int32_t>(*max_tokens);
   parse_tool_choice(tool_choice, r);
+  // The schemas as the client wrote them: the grammar emits an object's properties in the schema's order, which
+  // json (a sorted map) lost; ordered_json keeps it.
+  if (r.response_format.kind == ResponseFormat::Kind::JsonSchema || !r.tools.empty()) {
+    const auto o = nlohmann::ordered_json::parse(body.begin(), body.end());
+    if (r.response_format.kind == ResponseFormat::Kind::JsonSchema)
+      r.response_format.schema = o["response_format"]["json_schema"]["schema"].dump();
+    for (size_t i = 0; i < r.tools.size(); ++i) {
+      const auto& fn = o["tools"][i]["function"];
+      if (fn.contains("parameters") && !fn["parameters"].is_null()) r.tools[i].parameters = fn["parameters"].dump();
+    }
+  }
   if (stream_options_given && !r.stream)
     throw invalid_request("'stream_options' is only allowed when 'stream' is true", "stream_options");
   return r;

@@ -29,15 +29,16 @@ ToolAnswer tool_answer(const ApiRequest& r) {
 }
 
 std::string tool_call_schema(const ApiRequest& r) {
-  json any = json::array();
+  using ojson = nlohmann::ordered_json;  // "name" before "arguments", the parameters in the client's order
+  ojson any = ojson::array();
   for (const ToolFunction& t : r.tools) {
     if (r.tool_choice == ToolChoice::Named && t.name != r.tool_name) continue;
     any.push_back({{"type", "object"},
-                   {"properties", {{"name", {{"const", t.name}}}, {"arguments", json::parse(t.parameters)}}},
+                   {"properties", {{"name", {{"const", t.name}}}, {"arguments", ojson::parse(t.parameters)}}},
                    {"required", {"name", "arguments"}},
                    {"additionalProperties", false}});
   }
-  return (any.size() == 1 ? any[0] : json{{"anyOf", any}}).dump();
+  return (any.size() == 1 ? any[0] : ojson{{"anyOf", any}}).dump();
 }
 
 std::shared_ptr<const runtime::Grammar> request_grammar(const ApiRequest& r, const model::Tokenizer& tokenizer,

@@ -10,7 +10,7 @@ import json
 
 import openai
 
-from harness import MODEL_ID, Server, run, test
+from harness import MODEL_ID, Server, cli_answer, run, test
 
 PERSON = {
     "type": "object",
@@ -266,6 +266,26 @@ def hundred_schema_requests(s):
         print(f"  100 json_schema answers valid in {time.time() - t0:.1f} s", flush=True)
     finally:
         srv.stop()
+
+
+@test
+def cli_json_schema_and_grammar(s):
+    # `tessera run --json-schema` (and --grammar, llama.cpp's flags): the greedy answer the single-sequence server
+    # gives with the same schema; a bad grammar is an error naming the flag.
+    want, _ = cli_answer("--chat", "-p", "Invent a person.", "-n", "200", "--json-schema", json.dumps(PERSON))
+    validate(json.loads(want), PERSON)
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    r = chat(s.clients["single"], "Invent a person.", response_format=fmt, max_tokens=200, temperature=0)
+    assert r.choices[0].message.content == want, (r.choices[0].message.content, want)
+    want, _ = cli_answer("--chat", "-p", "Is the sky blue?", "-n", "20", "--grammar", 'root ::= "yes" | "no"')
+    assert want in ("yes", "no"), want
+    import subprocess
+    from harness import BIN, DEVICE, MODEL
+    p = subprocess.run([BIN, "run", "-m", MODEL, "--device", DEVICE, "-p", "x", "--grammar", "root ::= nope"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1 and p.stderr.strip() == \
+        "tessera: error: --grammar: the grammar: EBNF parser error at line 1, column 10: Rule \"nope\" is not defined", \
+        (p.returncode, p.stderr)
 
 
 def expect_400(fn, message, param):
