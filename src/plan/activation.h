@@ -6,13 +6,8 @@
 
 #include <cmath>
 
+#include "core/host_device.h"
 #include "model/model_config.h"
-
-#if defined(__CUDACC__)
-#define TESSERA_HOST_DEVICE __host__ __device__
-#else
-#define TESSERA_HOST_DEVICE
-#endif
 
 namespace tessera::plan {
 

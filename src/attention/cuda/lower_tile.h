@@ -13,12 +13,7 @@
 
 #include "attention/cuda/work_plan.h"
 #include "attention/index/sparse_index.h"
-
-#if defined(__CUDACC__)
-#define TESSERA_HOST_DEVICE __host__ __device__
-#else
-#define TESSERA_HOST_DEVICE
-#endif
+#include "core/host_device.h"
 
 namespace tessera::attn::gpu {
 
