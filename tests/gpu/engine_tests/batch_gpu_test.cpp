@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <tuple>
@@ -320,6 +322,77 @@ TEST(GpuBatch, PrefixCacheChangesNoToken) {
   const auto got = run(true, &cached);
   EXPECT_EQ(got, run(false, nullptr));
   EXPECT_EQ(cached, (std::vector<int32_t>{0, 960, 960}));
+}
+
+// A token budget per step on the GPU (BatchEngineOptions::step_tokens): no step runs more than the budget, a
+// decoding request gets a token at every step of a long prompt's prefill, every request gets all its tokens; and the
+// prompt's log-probabilities (BatchRequest::prompt_logprobs: GpuBatchBackend::prefill_chunk_rows) equal the
+// log-softmax of the single-sequence GPU engine's forward_all_logits rows (within bf16 rounding of GEMMs over other
+// row counts), their first token its prefill's argmax.
+TEST(GpuBatch, TokenBudgetAndPromptLogprobs) {
+  REQUIRE_GPU();
+  ModelConfig cfg = synthetic_config("llama3-8b");
+  cfg.num_layers = 2;
+  cfg.layers.resize(2);
+  cfg.vocab_size = 4096;
+  const auto dev = DeviceModel::random(cfg, 7);
+  GpuBatchBackend backend(*dev);
+  BatchEngineOptions o;
+  o.chunk_size = 512;
+  o.block_tokens = 64;
+  o.max_batch = 4;
+  o.kv_bytes = 256e6;
+  o.step_tokens = 100;
+  BatchEngine engine(backend, o);
+  BatchRequest decoding;
+  decoding.prompt = random_tokens(30, cfg.vocab_size, 61);
+  decoding.options.max_new_tokens = 40;
+  BatchRequest asks;
+  asks.prompt = random_tokens(700, cfg.vocab_size, 62);
+  asks.options.max_new_tokens = 4;
+  asks.prompt_logprobs = 2;
+  const int64_t d = engine.submit(decoding);
+  std::map<int64_t, std::vector<int32_t>> out;
+  while (out[d].size() < 2)
+    for (const BatchEvent& e : engine.step())
+      if (e.token >= 0) out[e.id].push_back(e.token);
+  const int64_t a = engine.submit(asks);
+  std::optional<std::vector<TokenLogprobs>> lp;
+  int64_t steps = 0;
+  while (engine.busy()) {
+    const bool prefilling = out[a].empty() && !lp;
+    bool d_stepped = false;
+    for (const BatchEvent& e : engine.step()) {
+      ASSERT_NE(e.reason, FinishReason::kError) << e.error;
+      if (e.token >= 0) out[e.id].push_back(e.token);
+      if (e.id == d && e.token >= 0) d_stepped = true;
+      if (e.prompt_logprobs) lp = e.prompt_logprobs;
+    }
+    EXPECT_LE(engine.stats().last_step_tokens, 100) << "step " << steps;
+    if (prefilling && out[d].size() < 40) {
+      EXPECT_TRUE(d_stepped) << "step " << steps;
+    }
+    ++steps;
+  }
+  EXPECT_EQ(out[d].size(), 40u);
+  ASSERT_EQ(out[a].size(), 4u);
+  ASSERT_TRUE(lp.has_value());
+  ASSERT_EQ(lp->size(), asks.prompt.size() - 1);
+  GpuEngine single(*dev, {});
+  const std::vector<float> logits = single.forward_all_logits(asks.prompt);
+  const auto vocab = static_cast<size_t>(cfg.vocab_size);
+  ASSERT_EQ(logits.size(), asks.prompt.size() * vocab);
+  double worst = 0;
+  for (size_t i = 0; i + 1 < asks.prompt.size(); ++i) {
+    const TokenLogprobs want =
+        token_logprobs(std::span<const float>(logits).subspan(i * vocab, vocab), asks.prompt[i + 1], 2);
+    EXPECT_EQ((*lp)[i].token, asks.prompt[i + 1]);
+    ASSERT_EQ((*lp)[i].top.size(), 2u);
+    worst = std::max(worst, static_cast<double>(std::fabs((*lp)[i].logprob - want.logprob)));
+  }
+  EXPECT_LT(worst, 0.05);
+  EXPECT_EQ(out[a].front(),
+            argmax(std::span<const float>(logits).subspan((asks.prompt.size() - 1) * vocab, vocab)));
 }
 
 // The batch padding buckets and the split rounding (host functions of batch_gpu.h).
