@@ -100,19 +100,50 @@ std::string message_content(const json& content, const std::string& field) {
   return text;
 }
 
+// An assistant message's tool_calls as the prompt shows them (Qwen2.5's and Hermes' format, the one the tools'
+// system message teaches: server/structured_output.h): one <tool_call> block per call.
+std::string tool_call_blocks(const json& calls, const std::string& f) {
+  if (!calls.is_array()) wrong_type(f, "an array", calls);
+  std::string text;
+  for (size_t k = 0; k < calls.size(); ++k) {
+    const std::string c = f + "[" + std::to_string(k) + "]";
+    const json& call = calls[k];
+    if (!call.is_object()) wrong_type(c, "an object", call);
+    if (call.contains("type") && !call["type"].is_null() && get_string(call["type"], c + ".type") != "function")
+      unsupported(c + ".type", "only function calls are");
+    if (!call.contains("function") || !call["function"].is_object())
+      throw invalid_request("'" + c + ".function' must be an object with the function's name and arguments",
+                            c + ".function");
+    const json& fn = call["function"];
+    if (!fn.contains("name")) throw invalid_request("'" + c + ".function.name' is missing", c + ".function.name");
+    const std::string name = get_string(fn["name"], c + ".function.name");
+    json args = json::object();
+    if (fn.contains("arguments") && !fn["arguments"].is_null()) {
+      const std::string& a = get_string(fn["arguments"], c + ".function.arguments");
+      args = json::parse(a, nullptr, /*allow_exceptions=*/false);
+      if (!args.is_object())
+        throw invalid_request("'" + c + ".function.arguments' must be a JSON object in a string, got '" + a + "'",
+                              c + ".function.arguments");
+    }
+    nlohmann::ordered_json shown = {{"name", name}, {"arguments", nlohmann::ordered_json::parse(args.dump())}};
+    text += (k > 0 ? "\n" : "") + std::string("<tool_call>\n") + shown.dump() + "\n</tool_call>";
+  }
+  return text;
+}
+
 std::vector<model::ChatMessage> parse_messages(const json& j) {
   if (!j.is_array()) wrong_type("messages", "an array", j);
   if (j.empty()) throw invalid_request("'messages' must hold at least one message", "messages");
   std::vector<model::ChatMessage> out;
+  bool after_tool = false;  // the last message was a tool result (consecutive results share one user turn)
   for (size_t i = 0; i < j.size(); ++i) {
     const json& m = j[i];
     const std::string f = "messages[" + std::to_string(i) + "]";
     if (!m.is_object()) wrong_type(f, "an object", m);
     for (const auto& [key, value] : m.items()) {
-      if (key == "role" || key == "content" || key == "name") continue;
-      if (key == "tool_calls" || key == "function_call" || key == "tool_call_id" || key == "audio" ||
-          key == "refusal") {
-        refuse_unless_off(value, f + "." + key, "tools, audio and refusals are not implemented");
+      if (key == "role" || key == "content" || key == "name" || key == "tool_calls" || key == "tool_call_id") continue;
+      if (key == "function_call" || key == "audio" || key == "refusal") {
+        refuse_unless_off(value, f + "." + key, "legacy function calls, audio and refusals are not implemented");
         continue;
       }
       throw invalid_request("Unrecognized field in " + f + ": '" + key + "'", f + "." + key);
@@ -120,14 +151,35 @@ std::vector<model::ChatMessage> parse_messages(const json& j) {
     if (!m.contains("role")) throw invalid_request("'" + f + ".role' is missing", f + ".role");
     std::string role = get_string(m["role"], f + ".role");
     if (role == "developer") role = "system";
-    if (role != "system" && role != "user" && role != "assistant") {
-      if (role == "tool" || role == "function") unsupported(f + ".role", "tool messages are not implemented");
-      throw invalid_request("'" + f + ".role' must be one of system, developer, user, assistant; got '" + role + "'",
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool") {
+      if (role == "function") unsupported(f + ".role", "legacy function messages are not (use role 'tool')");
+      throw invalid_request("'" + f + ".role' must be one of system, developer, user, assistant, tool; got '" + role +
+                                "'",
                             f + ".role");
     }
-    if (!m.contains("content") || m["content"].is_null())
-      throw invalid_request("'" + f + ".content' is missing", f + ".content");
-    out.push_back({role, message_content(m["content"], f + ".content")});
+    const bool calls = m.contains("tool_calls") && !m["tool_calls"].is_null() &&
+                       !(m["tool_calls"].is_array() && m["tool_calls"].empty());
+    if (calls && role != "assistant")
+      throw invalid_request("'" + f + ".tool_calls' is only allowed in assistant messages", f + ".tool_calls");
+    if (m.contains("tool_call_id") && !m["tool_call_id"].is_null()) {
+      if (role != "tool")
+        throw invalid_request("'" + f + ".tool_call_id' is only allowed in tool messages", f + ".tool_call_id");
+      (void)get_string(m["tool_call_id"], f + ".tool_call_id");
+    }
+    const bool has_content = m.contains("content") && !m["content"].is_null();
+    if (!has_content && !calls) throw invalid_request("'" + f + ".content' is missing", f + ".content");
+    std::string content = has_content ? message_content(m["content"], f + ".content") : std::string();
+    if (calls) content += (content.empty() ? "" : "\n") + tool_call_blocks(m["tool_calls"], f + ".tool_calls");
+    if (role == "tool") {
+      // A tool's result goes back as a user turn in <tool_response> tags (Qwen2.5's and Hermes' templates).
+      const std::string block = "<tool_response>\n" + content + "\n</tool_response>";
+      if (after_tool) out.back().content += "\n" + block;
+      else out.push_back({"user", block});
+      after_tool = true;
+      continue;
+    }
+    after_tool = false;
+    out.push_back({role, std::move(content)});
   }
   return out;
 }

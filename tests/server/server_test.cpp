@@ -117,6 +117,26 @@ TEST(ServerRequest, ParsesResponseFormatAndTools) {
   EXPECT_EQ(msgs2[0].content, "Be brief.\n\n" + tool_system_prompt(t.tools));
 }
 
+TEST(ServerRequest, ToolMessagesBecomeTheTemplatesTurns) {
+  // An assistant's tool_calls become <tool_call> blocks, tool results one user turn of <tool_response> blocks.
+  const ApiRequest r = parse_api_request(Endpoint::Chat, R"({"model": "m", "messages": [
+    {"role": "user", "content": "Weather in Paris and Oslo?"},
+    {"role": "assistant", "content": null, "tool_calls": [
+      {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}},
+      {"id": "c2", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "18 C"},
+    {"role": "tool", "tool_call_id": "c2", "content": "9 C"},
+    {"role": "user", "content": "Thanks"}]})");
+  ASSERT_EQ(r.messages.size(), 4u);
+  EXPECT_EQ(r.messages[1].role, "assistant");
+  EXPECT_EQ(r.messages[1].content,
+            "<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}\n</tool_call>\n"
+            "<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Oslo\"}}\n</tool_call>");
+  EXPECT_EQ(r.messages[2].role, "user");
+  EXPECT_EQ(r.messages[2].content, "<tool_response>\n18 C\n</tool_response>\n<tool_response>\n9 C\n</tool_response>");
+  EXPECT_EQ(r.messages[3].content, "Thanks");
+}
+
 TEST(ServerRequest, ReadsToolCallsBack) {
   const std::vector<ToolFunction> tools{{"get_weather", "", R"({"type":"object"})"}, {"now", "", R"({"type":"object"})"}};
   const json forced = parse_tool_calls(R"({"name": "get_weather", "arguments": {"city": "Paris"}})", ToolAnswer::Forced,
@@ -241,8 +261,14 @@ INSTANTIATE_TEST_SUITE_P(
         BadRequest{C, R"({"model": "m", "messages": {}})", 400, "messages", "", "'messages' must be an array, got object"},
         BadRequest{C, R"({"model": "m", "messages": [{"role": "user"}]})", 400, "messages[0].content", "",
                    "'messages[0].content' is missing"},
-        BadRequest{C, R"({"model": "m", "messages": [{"role": "tool", "content": "x"}]})", 400, "messages[0].role",
-                   "unsupported_parameter", "'messages[0].role' is not supported by tessera: tool messages are not implemented"},
+        BadRequest{C, R"({"model": "m", "messages": [{"role": "function", "content": "x"}]})", 400, "messages[0].role",
+                   "unsupported_parameter",
+                   "'messages[0].role' is not supported by tessera: legacy function messages are not (use role 'tool')"},
+        BadRequest{C, R"({"model": "m", "messages": [{"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f"}}]}]})",
+                   400, "messages[0].tool_calls", "", "'messages[0].tool_calls' is only allowed in assistant messages"},
+        BadRequest{C, R"({"model": "m", "messages": [{"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "[1]"}}]}]})",
+                   400, "messages[0].tool_calls[0].function.arguments", "",
+                   "'messages[0].tool_calls[0].function.arguments' must be a JSON object in a string, got '[1]'"},
         BadRequest{C, R"({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]})", 400,
                    "messages[0].content[0].type", "unsupported_parameter",
                    "'messages[0].content[0].type' is not supported by tessera: only text parts are (got 'image_url')"},
