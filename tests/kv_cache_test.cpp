@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -280,6 +281,25 @@ TEST(KVCacheEngine, HalfCacheLogitsNearF32Cache) {
       EXPECT_GT(worst, 0.0f) << name << " " << kv_type_name(t) << ": the half cache changed nothing (not used?)";
     }
   }
+}
+
+// Last in this program: it sets the process-wide default (back to f32 at the end).
+TEST(KVCacheDefault, EnvironmentThenOverride) {
+  ASSERT_EQ(setenv("TESSERA_KV_TYPE", "bf16", 1), 0);
+  EXPECT_EQ(default_kv_type(), KVType::BF16);
+  EXPECT_EQ(EngineOptions{}.kv_type, KVType::BF16);
+  ASSERT_EQ(setenv("TESSERA_KV_TYPE", "half", 1), 0);
+  try {
+    default_kv_type();
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "TESSERA_KV_TYPE: expected f32, bf16 or f16, got 'half'");
+  }
+  set_default_kv_type(KVType::F16);  // --kv-type wins over the environment
+  EXPECT_EQ(default_kv_type(), KVType::F16);
+  ASSERT_EQ(unsetenv("TESSERA_KV_TYPE"), 0);
+  set_default_kv_type(KVType::F32);
+  EXPECT_EQ(default_kv_type(), KVType::F32);
 }
 
 }  // namespace
