@@ -36,6 +36,7 @@
 #   tp         tensor parallelism (2+ GPUs): tp_gpu_test, tp_bench (TP_STEPS=placements,overlap,scaling,big,model)
 #   serve      `tessera serve` under scripts/gpu/serve_probe.py, one GPU and --gpus 2
 #   prefix     the prefix cache on a multi-turn workload (bench/server/prefix_turns.py; Gemma-3-270M at ~28K tokens)
+#   structured structured output on the GPU engines: tests/server/test_structured.py with --device cuda (phases_structured.sh)
 #   python     the Python module with CUDA: its tests, ops against the C++ bench, patched transformers TTFT
 #   plan       the planners' reverse mode and MInference's search on the GPU
 #   adaptive   vs_adaptive / bs_adaptive: GPU tests, sanitizers, bench
