@@ -212,6 +212,10 @@ def cases(tessera, fx, models):
     add("flags", "bench: bad second policy (checked before the first row)",
         T + ["bench", "-m", tiny, "-d", "64", "--attn", "ashape;vs:s=-1"], 2, None)
     add("flags", "bench: depth 0", T + ["bench", "-m", tiny, "-d", "0"], 2, None)
+    add("flags", "serve --step-tokens without --parallel (it budgets the batched engine's steps)",
+        T + ["serve", "-m", tiny, "--step-tokens", "64"], 2, None)
+    add("flags", "serve --step-tokens 4 --parallel 4 (the budget must exceed the decoding rows)",
+        T + ["serve", "-m", tiny, "--parallel", "4", "--step-tokens", "4"], 2, None)
     add("flags", "--logits-out with --compare", T + ["run", "-m", tiny, "-p", "hi", "--attn", "ashape", "--compare",
                                                      "--logits-out", "/tmp/l.f32"], 2, None)
     # Several GPUs (docs/multi-gpu.md): checked before any GPU is touched.

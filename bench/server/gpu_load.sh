@@ -35,7 +35,8 @@
 #        trianglemix": one server each, --attn), CLIENTS (1,8,32), REQUESTS (2 per client), PROMPT_WORDS (6000),
 #        MAX_TOKENS (32), MIXED (1), MIXED_REQUESTS (64), MIXED_RATE (4), MIXED_MIN_WORDS (1000),
 #        MIXED_MAX_WORDS (6000), MIXED_MAX_TOKENS (64), MIXED_SEED (17), BUDGET_S, LOAD_S, MIXED_S, PORT (18183),
-#        TEMPERATURE (0: greedy; > 0 samples, with TOP_P (1))
+#        TEMPERATURE (0: greedy; > 0 samples, with TOP_P (1)), SERVE_ARGS (more `serve` flags, e.g.
+#        "--step-tokens 512": the token budget per step against none, one run each)
 # Prompt sizes: the filler text is about one token per word with SmolLM2's tokenizer (the script prints the real
 # count), so 6000 words + 32 or 64 tokens out fit SmolLM2's 8K context. Issue 17 asks for 32K prompts and a 1K-64K
 # mixed range: that needs a long-context model (e.g. Gemma-3-270M, 32K: PROMPT_WORDS=30000 MIXED_MAX_WORDS=30000;
@@ -177,7 +178,8 @@ for policy in "${policy_list[@]}"; do
     continue
   fi
   "$TESSERA" serve -m "$MODEL" --model-name bench --port "$PORT" --device "$DEVICE" --attn "$policy" \
-    --parallel "$PARALLEL" --kv-budget "$KV_BUDGET" --queue 256 --timeout 600 --quiet > "$OUT/server-$tag.log" 2>&1 &
+    --parallel "$PARALLEL" --kv-budget "$KV_BUDGET" --queue 256 --timeout 600 --quiet ${SERVE_ARGS:-} \
+    > "$OUT/server-$tag.log" 2>&1 &
   pid=$!
   if ! wait_up "$(min 120 "$share")"; then
     echo "server ($policy) did not come up in time or died:"

@@ -1,0 +1,130 @@
+// The batched engine's token budget per step (BatchEngineOptions::step_tokens) against none: the inter-token gaps of
+// decoding requests while a long prompt arrives, and that prompt's time to its first token.
+//
+//   build/ci/bench/batch_step_bench MODEL.gguf [--decoders 2] [--long 4000] [--budgets 0,256,512] [--chunk 2048]
+//                                   [--reps 1]
+//
+// Per budget (0: none, a --chunk prefill chunk beside every decode step, as `serve` without --step-tokens): a fresh
+// engine (max_batch decoders + 1, no prefix cache), --decoders greedy requests with short prompts decode; once each has
+// 4 tokens, a prompt of --long random tokens arrives (one new token). Every step's wall time is a decoder's
+// inter-token gap (each decoding row gets one token a step); the figures are the gaps while the long prompt prefills
+// (its arrival to its first token) — p50, p99, max — the gap outside that window (the decode step alone), and the
+// long prompt's TTFT and steps. It measures, asserts nothing.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "model/model.h"
+#include "runtime/batch_engine.h"
+
+using namespace tessera;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double pct(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5)];
+}
+
+std::vector<int32_t> tokens(int32_t n, int32_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> d(100, vocab - 1);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = d(rng);
+  return t;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: batch_step_bench MODEL [--decoders N] [--long N] [--budgets a,b] [--chunk N]\n");
+    return 2;
+  }
+  std::string path = argv[1];
+  int decoders = 2, long_len = 4000, chunk = 2048;
+  std::vector<int> budgets = {0, 256, 512};
+  for (int i = 2; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--decoders") decoders = std::stoi(v);
+    else if (k == "--long") long_len = std::stoi(v);
+    else if (k == "--chunk") chunk = std::stoi(v);
+    else if (k == "--budgets") {
+      budgets.clear();
+      for (size_t p = 0; p <= v.size();) {
+        const size_t q = std::min(v.find(',', p), v.size());
+        budgets.push_back(std::stoi(v.substr(p, q - p)));
+        p = q + 1;
+      }
+    } else {
+      std::fprintf(stderr, "batch_step_bench: unknown option %s\n", k.c_str());
+      return 2;
+    }
+  }
+  try {
+    const auto model = runtime::Model::load(path);
+    const int32_t vocab = model->config().vocab_size;
+    std::printf("model %s; %d decoding requests, a prompt of %d tokens arriving; --chunk %d\n", path.c_str(), decoders,
+                long_len, chunk);
+    std::printf("| step_tokens | long prompt TTFT | its steps | gap during its prefill p50 / p99 / max | gap otherwise p50 |\n");
+    std::printf("|---|---:|---:|---:|---:|\n");
+    for (int budget : budgets) {
+      runtime::CpuBatchBackend backend(*model);
+      runtime::BatchEngineOptions o;
+      o.chunk_size = chunk;
+      o.max_batch = decoders + 1;
+      o.step_tokens = budget;
+      o.prefix_cache = false;
+      runtime::BatchEngine engine(backend, o);
+      std::vector<int64_t> ids;
+      for (int d = 0; d < decoders; ++d) {
+        runtime::BatchRequest r;
+        r.prompt = tokens(16, vocab, 10 + static_cast<uint32_t>(d));
+        r.options.max_new_tokens = 2000;  // (cancelled below)
+        ids.push_back(engine.submit(r));
+      }
+      std::vector<double> during, otherwise;
+      int64_t got = 0;
+      while (got < 4L * decoders)
+        for (const auto& e : engine.step()) got += e.token >= 0 ? 1 : 0;
+      runtime::BatchRequest lr;
+      lr.prompt = tokens(long_len, vocab, 99);
+      lr.options.max_new_tokens = 1;
+      const auto t0 = Clock::now();
+      const int64_t lid = engine.submit(lr);
+      bool first = false;
+      int steps = 0, after = 0;
+      double ttft = 0;
+      while (after < 8) {
+        const auto s0 = Clock::now();
+        const auto events = engine.step();
+        const double dt = std::chrono::duration<double>(Clock::now() - s0).count();
+        (first ? otherwise : during).push_back(dt);
+        if (!first) ++steps;
+        for (const auto& e : events)
+          if (e.id == lid && e.token >= 0) {
+            first = true;
+            ttft = std::chrono::duration<double>(Clock::now() - t0).count();
+          }
+        if (first) ++after;
+      }
+      for (int64_t id : ids) engine.cancel(id);
+      engine.step();
+      std::printf("| %s | %.2f s | %d | %.0f / %.0f / %.0f ms | %.0f ms |\n",
+                  budget ? std::to_string(budget).c_str() : "none", ttft, steps, pct(during, 0.5) * 1e3,
+                  pct(during, 0.99) * 1e3, pct(during, 1.0) * 1e3, pct(otherwise, 0.5) * 1e3);
+      std::fflush(stdout);
+    }
+  } catch (const Error& e) {
+    std::fprintf(stderr, "batch_step_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
