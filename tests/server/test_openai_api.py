@@ -176,7 +176,7 @@ def malformed_and_wrong_types(s):
                  "stream")
     expect_error(lambda: s.client.chat.completions.create(model=MODEL_ID, messages=[{"role": "robot", "content": "Hi"}]),
                  openai.BadRequestError, 400,
-                 "'messages[0].role' must be one of system, developer, user, assistant; got 'robot'", "messages[0].role")
+                 "'messages[0].role' must be one of system, developer, user, assistant, tool; got 'robot'", "messages[0].role")
     expect_error(lambda: s.client.chat.completions.create(model=MODEL_ID, messages=[]), openai.BadRequestError, 400,
                  "'messages' must hold at least one message", "messages")
 
