@@ -604,7 +604,7 @@ TEST_F(ConfigFiles, TesseraUnknownTopLevelField) {
   EXPECT_EQ(load_error("t.json", tessera_doc(R"("defualt": {"type": "dense"})")),
             path("t.json") +
                 ": unknown field 'defualt' (known: tessera_policy, comment, num_layers, num_q_heads, "
-                "num_kv_heads, default, layers, table, trianglemix, placement)");
+                "num_kv_heads, default, layers, table, trianglemix, placement, planned_lengths)");
 }
 
 TEST_F(ConfigFiles, TesseraUnknownPattern) {

@@ -199,7 +199,7 @@ TEST(MoaPlan, ParetoPlansMeetTheBudget) {
   int calls = 0;
   const MoaResult r = plan_moa(prof, 2, o, [&](const attn::AttentionPolicy& p) {
     ++calls;
-    return policy_density(p, 3072);  // any number: the pick must be the smallest
+    return ValidationScore{-1, policy_density(p, 3072)};  // any number: the pick must be the smallest
   });
   ASSERT_FALSE(r.pareto.empty());
   EXPECT_EQ(calls, static_cast<int>(r.pareto.size()));
@@ -257,16 +257,18 @@ TEST(TriangleMixPlan, StartLayerWhereMiddleGradientCollapses) {
 }
 
 TEST(MInferencePlan, CandidatesHaveTheTargetDensity) {
+  // At 4,096 the paper's (30, 2048) and (100, 1800) both scale to fewer than 64 verticals: raised to the floor they
+  // are the same shape, kept once (plan_selection_test has the exact shapes).
   const auto c = minference_candidates(0.3, 4096);
-  ASSERT_EQ(c.size(), 6u);
+  ASSERT_EQ(c.size(), 5u);
   const auto& a = std::get<attn::AShapePattern>(c[0]);
   EXPECT_GE(block_coverage(a, 4096).density, 0.3);
   EXPECT_LT(block_coverage(attn::AShapePattern{(a.local - 1) / 4, a.local - 1}, 4096).density, 0.3);
-  for (size_t i = 1; i <= 4; ++i) {
+  for (size_t i = 1; i <= 3; ++i) {
     const auto& vs = std::get<attn::VerticalSlashPattern>(c[i]);
     EXPECT_NEAR((vs.vertical + 2.0 * vs.slash) / 4096, 0.3, 0.01);
   }
-  EXPECT_EQ(std::get<attn::BlockSparsePattern>(c[5]).top_k, 10);  // 0.3 x 32.5 causal blocks on average
+  EXPECT_EQ(std::get<attn::BlockSparsePattern>(c[4]).top_k, 10);  // 0.3 x 32.5 causal blocks on average
   EXPECT_EQ(error_of([] { minference_candidates(0, 4096); }), "minference: budget must be in (0, 1], got 0.000000");
 }
 
@@ -348,22 +350,23 @@ TEST(MInferencePlan, CandidatesSizedByMeasuredDensity) {
   std::vector<CalibrationSample> samples(1);
   for (int32_t i = 0; i < 250; ++i) samples[0].tokens.push_back(static_cast<int32_t>((i * 31 + 3) % 256));
   MInferenceOptions o;
-  o.budget = 0.4;
+  o.budget = 0.8;  // at 250 tokens a VS shape needs a budget of 64 + 2 x 64 cells per row to keep both floors
   const MInferenceResult r = plan_minference(m, samples, o, ThreadPool::global());
   const size_t C = r.candidates.size();
+  ASSERT_GE(C, 3u);  // the A-shape, at least one VS shape, BS
+  ASSERT_TRUE(std::holds_alternative<attn::BlockSparsePattern>(r.candidates.back()));
   const double target = r.candidate_density[0];
   for (size_t c = 1; c < C; ++c) EXPECT_GE(r.candidate_density[c], target) << attn::describe(r.candidates[c]);
-  for (size_t c = 1; c <= 4; ++c)  // VS (BS moves in whole blocks: 4 at this length)
-    EXPECT_LE(r.candidate_density[c], target + 0.1) << attn::describe(r.candidates[c]);
-  o.size_by_measurement = false;
-  const MInferenceResult b = plan_minference(m, samples, o, ThreadPool::global());
-  double worst = 0;  // what the bound-sized shapes execute (mean over heads and layers)
-  for (size_t c = 1; c <= 4; ++c) {
-    double d = 0;
-    for (size_t hh = 0; hh < b.error.size() / C; ++hh) d += b.measured_density[hh * C + c] / static_cast<double>(b.error.size() / C);
-    worst = std::max(worst, d);
+  for (size_t c = 1; c + 1 < C; ++c) {  // VS (BS moves in whole blocks: 4 at this length); the floors may bind
+    const auto& vs = std::get<attn::VerticalSlashPattern>(r.candidates[c]);
+    if (vs.vertical > kMinVerticals && vs.slash > kMinSlashes) {
+      EXPECT_LE(r.candidate_density[c], target + 0.1) << attn::describe(r.candidates[c]);
+    }
+    EXPECT_GE(vs.vertical, kMinVerticals);
+    EXPECT_GE(vs.slash, kMinSlashes);
   }
-  EXPECT_GT(worst, target + 0.1);
+  // (That the budget bound alone makes VS shapes execute about twice the target shows at real lengths — README,
+  // "After these runs" — not within the tiny models' 256 positions once the 64 / 64 floors apply.)
 }
 
 class CalibrationFiles : public ::testing::Test {

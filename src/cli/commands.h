@@ -155,6 +155,8 @@ struct PlanOptions {
   int answer_tokens = 16;                // tokens of each dense answer (the targets)
   std::string haystack = "kjv";
   int validation_length = 3072;          // MoA: perplexity at this unseen length picks among the Pareto plans
+  int validation_cases = 4;              // held-out tasks at validation_length (agreement with dense's answers)
+  std::string attn;                      // --method measure: the policies (';'-separated specs or plan files)
   double threshold = 0.1;                // TriangleMix: Middle gradient relative to its largest
   std::string inner = "dense";           // TriangleMix: the shallow layers' policy (dense, vs or a policy file)
   std::vector<int> report_lengths = {4096, 16384, 65536};

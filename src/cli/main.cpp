@@ -249,13 +249,18 @@ int main(int argc, char** argv) {
   std::optional<double> plan_budget;
   auto* pl = app.add_subcommand("plan", "Find an attention plan for a model: MInference's search, MoA's optimiser or "
                                         "TriangleMix's probe (docs/plans/README.md)");
-  pl->add_option("--method", plan.method, "minference, moa or trianglemix")->required();
+  pl->add_option("--method", plan.method, "minference, moa or trianglemix; or measure: the executed attention density "
+                 "of the --attn policies on a held-out retrieval prompt at each --lengths (written to -o as JSON)")
+      ->required();
+  pl->add_option("--attn", plan.attn, "--method measure: the policies, ';'-separated (plan files or presets)");
   pl->add_option("-m,--model", plan.model, "Model file or folder")->required();
   pl->add_option("--budget", plan_budget, "Mean attention density in (0, 1] (default: minference 0.3, moa 0.5; "
                  "trianglemix: the probe decides)");
   pl->add_option("--calib", plan.calib, "Calibration file: .jsonl of {\"prompt\", \"target\"} or a text file "
                  "(default: synthetic retrieval tasks answered by the dense model)");
-  pl->add_option("--lengths", plan.lengths, "Calibration lengths in tokens (MoA: the profiled lengths)")
+  pl->add_option("--lengths", plan.lengths, "Prompt lengths to plan for, in tokens: calibration samples at each (MoA: "
+                 "the profiled lengths; MInference: candidates sized for the longest); saved in the plan as its range, "
+                 "and run warns for prompts under half or over twice it")
       ->delimiter(',')->capture_default_str();
   pl->add_option("--samples", plan.samples, "Synthetic calibration samples per length")->capture_default_str();
   pl->add_option("--seed", plan.seed, "Seed of the synthetic calibration tasks")->capture_default_str();
@@ -265,6 +270,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   pl->add_option("--validation-length", plan.validation_length,
                  "MoA: perplexity at this unseen length picks among the Pareto plans (0: the least loss)")
+      ->capture_default_str();
+  pl->add_option("--validation-cases", plan.validation_cases,
+                 "Held-out retrieval tasks (another seed than the calibration's) at --validation-length whose dense "
+                 "answers a plan should reproduce: MoA picks the Pareto plan keeping most (then the lower perplexity); "
+                 "every method reports its plan's agreement (0: none)")
       ->capture_default_str();
   pl->add_option("--threshold", plan.threshold, "TriangleMix: Middle gradient (relative to the largest layer's) "
                  "below which deep layers run Triangle")->capture_default_str();

@@ -20,11 +20,14 @@
 #include "eval/haystack.h"
 #include "eval/metrics.h"
 #include "plan/calibration.h"
+#include "plan/measure.h"
 #include "plan/minference_plan.h"
 #include "plan/moa_plan.h"
 #include "plan/plan_report.h"
+#include "plan/planned_range.h"
 #include "plan/profile.h"
 #include "plan/trianglemix_plan.h"
+#include "plan/validation.h"
 #ifdef TESSERA_WITH_GPU_PLAN
 #include "plan/cuda/gradients_cuda.h"
 #endif
@@ -75,8 +78,11 @@ std::string num(double v) {
 }  // namespace
 
 void check_plan_options(const PlanOptions& o) {
-  usage_check(o.method == "minference" || o.method == "moa" || o.method == "trianglemix",
-              "--method must be minference, moa or trianglemix, got '" + o.method + "'");
+  usage_check(o.method == "minference" || o.method == "moa" || o.method == "trianglemix" || o.method == "measure",
+              "--method must be minference, moa, trianglemix or measure, got '" + o.method + "'");
+  usage_check((o.method == "measure") == !o.attn.empty(), o.method == "measure"
+                                                              ? "--method measure needs --attn (the policies to measure)"
+                                                              : "--attn is for --method measure");
   usage_check(!o.out.empty(), "-o/--out is required (the plan file to write)");
   if (o.budget)
     usage_check(*o.budget > 0 && *o.budget <= 1, "--budget must be a density in (0, 1], got " + num(*o.budget));
@@ -86,6 +92,7 @@ void check_plan_options(const PlanOptions& o) {
   usage_check(o.answer_tokens >= 1, "--answer-tokens must be >= 1, got " + std::to_string(o.answer_tokens));
   usage_check(o.threshold > 0 && o.threshold < 1, "--threshold must be in (0, 1), got " + num(o.threshold));
   usage_check(o.validation_length >= 0, "--validation-length must be >= 0 (0: none), got " + std::to_string(o.validation_length));
+  usage_check(o.validation_cases >= 0, "--validation-cases must be >= 0 (0: none), got " + std::to_string(o.validation_cases));
   for (int l : o.report_lengths) usage_check(l > 0, "--report-lengths must be positive, got " + std::to_string(l));
   usage_check(o.device == "cpu" || o.device == "cuda" || o.device == "auto",
               "--device must be cpu, cuda or auto, got '" + o.device + "'");
@@ -117,8 +124,42 @@ static plan::Device plan_device(const PlanOptions& o) {
 #endif
 }
 
+// --method measure: per length, one held-out retrieval prompt (another seed than calibration's), the executed
+// density of every policy on it (plan/measure.h); a table on stdout and JSON at -o.
+static int measure_command(const PlanOptions& o) {
+  const double t0 = now_seconds();
+  Session s = Session::open(o.model);
+  std::vector<std::string> specs;
+  for (size_t i = 0; i <= o.attn.size();) {
+    const size_t j = std::min(o.attn.find(';', i), o.attn.size());
+    if (j > i) specs.push_back(o.attn.substr(i, j - i));
+    i = j + 1;
+  }
+  std::vector<attn::AttentionPolicy> policies;
+  for (const std::string& sp : specs) policies.push_back(s.policy(sp));
+  nlohmann::json out = {{"model", s.model->config().name}, {"command", o.command_line}, {"rows", nlohmann::json::array()}};
+  std::printf("| policy | length | executed density |\n|---|---:|---:|\n");
+  for (int length : o.lengths) {
+    plan::CalibrationSpec spec;
+    spec.seed = o.seed + plan::kHeldOutSeed;
+    spec.haystack = o.haystack;
+    spec.answer_tokens = o.answer_tokens;
+    const std::vector<int32_t> tokens = plan::retrieval_prompt(*s.tokenizer, spec, length, 0);
+    const std::vector<double> d = plan::executed_density(*s.model, tokens, policies, ThreadPool::global());
+    for (size_t i = 0; i < specs.size(); ++i) {
+      std::printf("| %s | %d | %.3f |\n", specs[i].c_str(), length, d[i]);
+      out["rows"].push_back({{"policy", specs[i]}, {"length", length}, {"tokens", tokens.size()}, {"density", d[i]}});
+    }
+    std::fflush(stdout);
+  }
+  out["seconds"] = now_seconds() - t0;
+  write_text(o.out, out.dump(1) + "\n");
+  return 0;
+}
+
 int plan_command(const PlanOptions& o) {
   check_plan_options(o);
+  if (o.method == "measure") return measure_command(o);
   const plan::Device device = plan_device(o);
   const double t0 = now_seconds();
   Session s = Session::open(o.model);
@@ -148,6 +189,27 @@ int plan_command(const PlanOptions& o) {
                                      [&](const std::string& what) { log("plan: %s (%.1f s)\n", what, t0); });
   }
   log("plan: %s calibration samples ready (%.1f s)\n", std::to_string(samples.size()), t0);
+  // The range of prompt lengths the plan is made for (saved in the plan; run warns far outside it).
+  plan::PlannedRange range{*std::min_element(o.lengths.begin(), o.lengths.end()), longest};
+  if (!o.calib.empty()) {
+    range = {INT32_MAX, 0};
+    for (const auto& smp : samples) {
+      range.min = std::min(range.min, static_cast<int32_t>(smp.tokens.size()) + 1);
+      range.max = std::max(range.max, static_cast<int32_t>(smp.tokens.size()) + 1);
+    }
+  }
+  // Held-out tasks (another seed): the dense model's answers a plan should reproduce.
+  std::vector<plan::CalibrationSample> heldout;
+  if (o.validation_cases > 0 && o.validation_length > 0) {
+    plan::CalibrationSpec spec;
+    spec.lengths = {o.validation_length};
+    spec.samples_per_length = o.validation_cases;
+    spec.seed = o.seed + plan::kHeldOutSeed;
+    spec.answer_tokens = o.answer_tokens;
+    spec.haystack = o.haystack;
+    heldout = plan::make_calibration(*s.model, *s.tokenizer, spec,
+                                     [&](const std::string& what) { log("plan: held-out %s (%.1f s)\n", what, t0); });
+  }
   const double calib_seconds = now_seconds() - t0;
 
   nlohmann::json report = {{"method", o.method}, {"model", cfg.name}, {"model_file", fs::path(o.model).filename().string()},
@@ -178,7 +240,9 @@ int plan_command(const PlanOptions& o) {
                     r.candidate_density[c], chosen);
       extra_lines.push_back(buf);
     }
+    for (const std::string& d : r.dropped) extra_lines.push_back("paper shape " + d);
     report["candidates"] = cands;
+    report["dropped_candidates"] = r.dropped;
     report["calibration_length"] = r.length;
     report["head_error"] = r.score;
     report["error"] = r.error;
@@ -191,23 +255,26 @@ int plan_command(const PlanOptions& o) {
     const plan::GradientProfile prof =
         plan::profile_gradients(*s.model, samples, levels, regions, pool, [&](int32_t done, int32_t total) {
           log("plan: %s (%.1f s)\n", "profiled sample " + std::to_string(done) + "/" + std::to_string(total), t0);
-        }, device);
+        }, device, /*keep_samples=*/o.method == "moa");
     report["profile_seconds"] = prof.seconds;
     report["profile_device"] = plan::device_name(device);
     report["calibration_loss"] = prof.loss;
     if (o.method == "moa") {
       plan::MoaOptions mo;
       if (o.budget) mo.budget = *o.budget;
-      plan::ValidationPerplexity validate;
+      plan::PlanValidation validate;
       if (o.validation_length > 0) {
         const std::vector<int32_t> ids = validation_tokens(s, o.haystack, o.validation_length);
         validate = [&, ids](const attn::AttentionPolicy& p) {
+          plan::ValidationScore v;
+          if (!heldout.empty()) v.agreement = plan::answer_agreement(*s.model, p, heldout).share();
           runtime::EngineOptions eo;
           eo.policy = p;
           eo.chunk_size = 512;  // score() keeps one chunk of logits: 512 x vocab (Gemma-3: 0.5 GB), not S x vocab
           eo.max_context = static_cast<int32_t>(ids.size());
           runtime::Engine engine(*s.model, eo);
-          return eval::perplexity(engine.score(ids));
+          v.perplexity = eval::perplexity(engine.score(ids));
+          return v;
         };
       }
       const auto r = plan::plan_moa(prof, cfg.num_kv_heads, mo, validate,
@@ -217,11 +284,17 @@ int plan_command(const PlanOptions& o) {
       for (size_t i = 0; i < r.pareto.size(); ++i) {
         const auto& c = r.pareto[i];
         pareto.push_back({{"loss", c.loss}, {"density", c.density}, {"validation_perplexity", c.validation_perplexity},
+                          {"validation_agreement", c.validation_agreement},
                           {"proven_optimal", c.proven_optimal}, {"chosen", i == r.chosen}});
         std::string line = "pareto plan " + std::to_string(i + 1) + (i == r.chosen ? " (chosen):" : ":");
         for (size_t k = 0; k < r.lengths.size(); ++k) {
           char buf[96];
           std::snprintf(buf, sizeof buf, " loss@%d %.4g density %.3f;", r.lengths[k], c.loss[k], c.density[k]);
+          line += buf;
+        }
+        if (c.validation_agreement >= 0) {
+          char buf[64];
+          std::snprintf(buf, sizeof buf, " held-out answers kept %.3f;", c.validation_agreement);
           line += buf;
         }
         if (c.validation_perplexity > 0) {
@@ -238,6 +311,32 @@ int plan_command(const PlanOptions& o) {
       extra_lines.push_back(std::to_string(r.options) + " distinct rules at the profiled lengths, " +
                             std::to_string(r.mips) + " mixed-integer programs");
       report["validation_length"] = o.validation_length;
+      // The calibration noise: the chosen plan's first-order loss against a uniform window of the same density at
+      // each profiled length, mean and standard error over the calibration samples (compare_losses).
+      nlohmann::json noise = nlohmann::json::array();
+      const std::vector<attn::Pattern> chosen = r.policy.table();
+      for (size_t k = 0; k < r.lengths.size(); ++k) {
+        plan::GradientProfile one = prof;
+        one.lengths = {prof.lengths[k]};
+        const attn::ElasticWindowPattern uni =
+            plan::uniform_window_for(r.pareto[r.chosen].density[k], r.lengths[k], mo.sink);
+        const auto c = plan::compare_losses(one, chosen, std::vector<attn::Pattern>(chosen.size(), uni)).front();
+        char spec[96];
+        std::snprintf(spec, sizeof spec, "moa:alpha=0,beta=%.6f,sink=%d", uni.beta, uni.sink);
+        noise.push_back({{"length", c.length}, {"samples", c.samples}, {"uniform", attn::describe(uni)},
+                         {"uniform_spec", spec},
+                         {"uniform_density", plan::pattern_density_exact(uni, c.length)},
+                         {"plan_loss", c.loss}, {"plan_loss_se", c.loss_se}, {"uniform_loss", c.other},
+                         {"uniform_loss_se", c.other_se}, {"difference", c.diff}, {"difference_se", c.diff_se}});
+        char buf[320];
+        std::snprintf(buf, sizeof buf,
+                      "calibration noise at %d (%d samples): plan loss %.4g +- %.2g (s.e.), uniform %s %.4g +- %.2g, "
+                      "difference %.4g +- %.2g",
+                      c.length, c.samples, c.loss, c.loss_se, attn::describe(uni).c_str(), c.other, c.other_se,
+                      c.diff, c.diff_se);
+        extra_lines.push_back(buf);
+      }
+      report["calibration_noise"] = noise;
       write_text(beside(o.out, ".moa.json"), attn::export_moa(policy).dump() + "\n");
     } else {
       plan::TriangleMixOptions to;
@@ -270,9 +369,23 @@ int plan_command(const PlanOptions& o) {
   }
   const double plan_seconds = now_seconds() - t_plan;
 
+  // The plan on the held-out tasks, beside dense (which reproduces its own answers unless prefill and generation
+  // round differently).
+  if (!heldout.empty()) {
+    const plan::Agreement dense = plan::answer_agreement(*s.model, {}, heldout);
+    const plan::Agreement mine = plan::answer_agreement(*s.model, policy, heldout);
+    report["heldout"] = {{"length", o.validation_length}, {"cases", heldout.size()}, {"seed", o.seed + plan::kHeldOutSeed},
+                         {"plan_kept", mine.kept}, {"dense_kept", dense.kept}, {"plan_per_case", mine.per_sample}};
+    extra_lines.push_back("held-out tasks at " + std::to_string(o.validation_length) + " tokens: the plan reproduces " +
+                          std::to_string(mine.kept) + " of " + std::to_string(mine.total) +
+                          " dense answers (dense itself " + std::to_string(dense.kept) + ")");
+  }
+
   // The plan, its picture and the report.
   nlohmann::json pj = attn::save_policy_json(policy);
   pj["comment"] = "tessera plan --method " + o.method + " for " + cfg.name + ": " + o.command_line;
+  pj["planned_lengths"] = plan::planned_range_json(range);
+  report["planned_lengths"] = plan::planned_range_json(range);
   if (o.gpus > 0) {
     // FlexAttn's placement of this plan's heads over tensor-parallel GPUs (docs/multi-gpu.md), on the FLOP costs.
     const int64_t len = o.placement_length > 0 ? o.placement_length

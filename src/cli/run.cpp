@@ -16,6 +16,7 @@
 #include "core/memory_budget.h"
 #include "eval/haystack.h"
 #include "plan/retrieval_heads.h"
+#include "plan/planned_range.h"
 #include "eval/scoring.h"
 #include "eval/task.h"
 #include "runtime/device.h"
@@ -276,6 +277,8 @@ Outcome generate_once(const Session& s, const runtime::Device& d, const RunOptio
   } else {
     eo.chunk_size = o.chunk;
     eo.policy = s.policy(spec);
+    if (const auto w = plan::planned_range_warning(spec, static_cast<int64_t>(prompt.size())))
+      std::fprintf(stderr, "%s\n", w->c_str());  // a plan made for other lengths (plan/planned_range.h)
   }
   if (d.gpu()) {
     eo.gpu.cuda_attention = cuda_attention_options(o.cuda, true);

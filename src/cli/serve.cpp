@@ -22,6 +22,7 @@
 #include "core/memory_budget.h"
 #include "parallel/launch.h"
 #include "parallel/placement.h"
+#include "plan/planned_range.h"
 #include "parallel/shard.h"
 #include "runtime/batch_engine.h"
 #include "runtime/device.h"
@@ -82,6 +83,10 @@ int listen_and_serve(const ServeOptions& o, server::ServedModel& served, server:
   std::printf("tessera serve: listening on http://%s:%d (model '%s', device %s, %d slot%s, queue %d, attn %s%s%s)\n",
               o.host.c_str(), port, served.id.c_str(), device.c_str(), o.parallel, o.parallel == 1 ? "" : "s",
               o.queue, o.attn.c_str(), kv_note.c_str(), ho.api_key.empty() ? "" : ", API key required");
+  if (const auto r = plan::planned_range_in_file(o.attn))  // plan/planned_range.h
+    std::printf("tessera serve: plan %s was made for prompts of %s-%s tokens; under half or over twice that, its "
+                "density and accuracy may differ from the plan's\n",
+                o.attn.c_str(), with_commas(r->min).c_str(), with_commas(r->max).c_str());
   std::fflush(stdout);
   http.listen();
   listening_done.store(true);

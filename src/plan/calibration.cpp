@@ -99,35 +99,40 @@ CalibrationSample answer_sample(const runtime::Model& model, const model::Tokeni
   return s;
 }
 
+std::vector<int32_t> retrieval_prompt(const model::Tokenizer& tokenizer, const CalibrationSpec& spec, int32_t length,
+                                      int32_t index, std::string* name) {
+  static const eval::TaskKind kinds[] = {eval::TaskKind::niah_single, eval::TaskKind::niah_multikey,
+                                         eval::TaskKind::passkey, eval::TaskKind::variable_tracking};
+  const eval::Haystack hay = eval::load_haystack(spec.haystack);
+  const eval::TokenCounter count = [&](const std::string& t) {
+    return tokenizer.encode(t, {.add_special = false}).size();
+  };
+  eval::CaseSpec cs;
+  cs.task = kinds[static_cast<size_t>(index) % 4];
+  cs.length = static_cast<size_t>(length);
+  if (eval::task_uses_depth(cs.task)) cs.depth = 100.0 * (0.15 + 0.7 * ((index * 37) % 11) / 10.0);
+  cs.seed = spec.seed;
+  cs.sample = static_cast<uint32_t>(index);
+  eval::TaskOptions topts;
+  topts.reserve_tokens = static_cast<size_t>(spec.answer_tokens) + 4;
+  const eval::TaskCase c = eval::generate_case(cs, hay, count, topts);
+  if (name) *name = std::string(eval::task_name(cs.task)) + "-" + std::to_string(length) + "-" + std::to_string(index);
+  return tokenizer.encode(eval::full_prompt(c), {.add_special = true});
+}
+
 std::vector<CalibrationSample> make_calibration(const runtime::Model& model, const model::Tokenizer& tokenizer,
                                                 const CalibrationSpec& spec, const CalibrationProgress& progress) {
   check(!spec.lengths.empty(), "calibration: no lengths");
   check(spec.samples_per_length >= 1, "calibration: samples per length must be >= 1");
   check(spec.answer_tokens >= 1, "calibration: answer tokens must be >= 1");
-  const eval::Haystack hay = eval::load_haystack(spec.haystack);
-  const eval::TokenCounter count = [&](const std::string& t) {
-    return tokenizer.encode(t, {.add_special = false}).size();
-  };
-  static const eval::TaskKind kinds[] = {eval::TaskKind::niah_single, eval::TaskKind::niah_multikey,
-                                         eval::TaskKind::passkey, eval::TaskKind::variable_tracking};
   std::vector<CalibrationSample> out;
   for (const int32_t length : spec.lengths) {
     check(length > spec.answer_tokens + 64 && length <= model.config().context_length,
           "calibration: length " + std::to_string(length) + " must be in (" + std::to_string(spec.answer_tokens + 64) +
               ", " + std::to_string(model.config().context_length) + "] for " + model.config().name);
     for (int32_t i = 0; i < spec.samples_per_length; ++i) {
-      eval::CaseSpec cs;
-      cs.task = kinds[static_cast<size_t>(i) % 4];
-      cs.length = static_cast<size_t>(length);
-      if (eval::task_uses_depth(cs.task)) cs.depth = 100.0 * (0.15 + 0.7 * ((i * 37) % 11) / 10.0);
-      cs.seed = spec.seed;
-      cs.sample = static_cast<uint32_t>(i);
-      eval::TaskOptions topts;
-      topts.reserve_tokens = static_cast<size_t>(spec.answer_tokens) + 4;
-      const eval::TaskCase c = eval::generate_case(cs, hay, count, topts);
-      std::vector<int32_t> prompt = tokenizer.encode(eval::full_prompt(c), {.add_special = true});
-      const std::string name = std::string(eval::task_name(cs.task)) + "-" + std::to_string(length) + "-" +
-                               std::to_string(i);
+      std::string name;
+      std::vector<int32_t> prompt = retrieval_prompt(tokenizer, spec, length, i, &name);
       if (progress) progress("calibration sample " + name + " (" + std::to_string(prompt.size()) + " tokens)");
       out.push_back(answer_sample(model, tokenizer, name, std::move(prompt), spec.answer_tokens));
     }

@@ -55,6 +55,11 @@ CalibrationSample answer_sample(const runtime::Model& model, const model::Tokeni
                                 std::vector<int32_t> prompt, int32_t answer_tokens,
                                 std::vector<int32_t> target = {});
 
+// The prompt of synthetic sample `index` at `length` (the task kind cycles niah_single, niah_multikey, passkey,
+// variable_tracking; spec's seed, haystack and answer room), without the dense answer; `name` gets its name.
+std::vector<int32_t> retrieval_prompt(const model::Tokenizer& tokenizer, const CalibrationSpec& spec, int32_t length,
+                                      int32_t index, std::string* name = nullptr);
+
 std::vector<CalibrationSample> make_calibration(const runtime::Model& model, const model::Tokenizer& tokenizer,
                                                 const CalibrationSpec& spec, const CalibrationProgress& progress = {});
 

@@ -22,7 +22,25 @@ std::atomic<DeviceMInferenceFn> g_cuda_minference{nullptr};
 void register_cuda_minference(DeviceMInferenceFn fn) { g_cuda_minference.store(fn); }
 bool cuda_minference_registered() { return g_cuda_minference.load() != nullptr; }
 
-std::vector<attn::Pattern> minference_candidates(double budget, int32_t length) {
+std::vector<size_t> drop_degenerate(std::vector<attn::Pattern>& candidates) {
+  std::vector<size_t> kept;
+  std::vector<attn::Pattern> out;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const attn::Pattern& c = candidates[i];
+    if (const auto* vs = std::get_if<attn::VerticalSlashPattern>(&c))
+      if (vs->vertical < kMinVerticals || vs->slash < kMinSlashes) continue;
+    if (std::find(out.begin(), out.end(), c) != out.end()) continue;
+    out.push_back(c);
+    kept.push_back(i);
+  }
+  candidates = std::move(out);
+  return kept;
+}
+
+namespace {
+
+// The paper's candidate space scaled to the budget at `length`; with `clamp`, VS shapes raised to the floors.
+std::vector<attn::Pattern> paper_candidates(double budget, int32_t length, bool clamp) {
   check(budget > 0 && budget <= 1, "minference: budget must be in (0, 1], got " + std::to_string(budget));
   check(length >= 64, "minference: calibration length must be >= 64, got " + std::to_string(length));
   std::vector<attn::Pattern> out;
@@ -46,9 +64,32 @@ std::vector<attn::Pattern> minference_candidates(double budget, int32_t length) 
     vs.slash = static_cast<int32_t>(std::max(1.0, std::round(c * s0)));
     out.emplace_back(vs);
   }
+  if (clamp) {
+    // A shape under a floor is raised to it and the other budget lowered so that vertical + 2 slash stays the same
+    // (a shape that cannot keep both floors within the budget stays degenerate and is dropped).
+    for (attn::Pattern& p : out)
+      if (auto* vs = std::get_if<attn::VerticalSlashPattern>(&p)) {
+        const int32_t total = vs->vertical + 2 * vs->slash;
+        if (vs->vertical < kMinVerticals) {
+          vs->vertical = kMinVerticals;
+          vs->slash = (total - kMinVerticals) / 2;
+        } else if (vs->slash < kMinSlashes) {
+          vs->slash = kMinSlashes;
+          vs->vertical = total - 2 * kMinSlashes;
+        }
+      }
+  }
   // Block-sparse: top_k blocks of the mean causal count.
   const double nb = std::ceil(n / 64.0);
   out.emplace_back(attn::BlockSparsePattern{static_cast<int32_t>(std::max(1.0, std::round(budget * (nb + 1) / 2))), 64});
+  return out;
+}
+
+}  // namespace
+
+std::vector<attn::Pattern> minference_candidates(double budget, int32_t length) {
+  std::vector<attn::Pattern> out = paper_candidates(budget, length, /*clamp=*/true);
+  drop_degenerate(out);
   return out;
 }
 
@@ -104,8 +145,8 @@ std::vector<double> size_by_measurement(const runtime::Model& model, const Calib
       const double v0 = vs->vertical, s0 = vs->slash;
       auto at = [&](double scale) {
         attn::VerticalSlashPattern p = *vs;
-        p.vertical = static_cast<int32_t>(std::max(1.0, std::round(v0 * scale)));
-        p.slash = static_cast<int32_t>(std::max(1.0, std::round(s0 * scale)));
+        p.vertical = std::max(kMinVerticals, static_cast<int32_t>(std::round(v0 * scale)));
+        p.slash = std::max(kMinSlashes, static_cast<int32_t>(std::round(s0 * scale)));
         return p;
       };
       double lo = 0, hi = 1;  // grow the bracket until the shape reaches the target (column-heavy shapes may not)
@@ -150,13 +191,38 @@ MInferenceResult plan_minference(const runtime::Model& model, const std::vector<
   const auto& cfg = model.config();
   MInferenceResult r;
   for (const CalibrationSample& s : samples) r.length = std::max(r.length, static_cast<int32_t>(s.tokens.size()));
-  r.candidates = minference_candidates(o.budget, r.length);
+  {
+    const std::vector<attn::Pattern> scaled = paper_candidates(o.budget, r.length, false);
+    const std::vector<attn::Pattern> clamped = paper_candidates(o.budget, r.length, true);
+    r.candidates = clamped;
+    const std::vector<size_t> kept = drop_degenerate(r.candidates);
+    for (size_t i = 0, k = 0; i < scaled.size(); ++i) {
+      const bool is_kept = k < kept.size() && kept[k] == i;
+      if (is_kept) ++k;
+      if (!is_kept)
+        r.dropped.push_back(attn::describe(scaled[i]) + ": degenerate or a repeat, dropped");
+      else if (!(scaled[i] == clamped[i]))
+        r.dropped.push_back(attn::describe(scaled[i]) + ": degenerate, raised to " + attn::describe(clamped[i]));
+    }
+  }
   if (o.size_by_measurement) {
     const double target = pattern_density_exact(r.candidates.front(), r.length);  // the A-shape's
     const auto longest = std::max_element(samples.begin(), samples.end(), [](const auto& a, const auto& b) {
       return a.tokens.size() < b.tokens.size();
     });
     r.candidate_density = size_by_measurement(model, *longest, target, r.candidates, pool);
+    // Sizing by measurement may shrink a shape under the floors, or make two shapes equal.
+    const std::vector<attn::Pattern> sized = r.candidates;
+    const std::vector<size_t> kept = drop_degenerate(r.candidates);
+    std::vector<double> density;
+    for (size_t i = 0, k = 0; i < sized.size(); ++i)
+      if (k < kept.size() && kept[k] == i) {
+        density.push_back(r.candidate_density[i]);
+        ++k;
+      } else {
+        r.dropped.push_back(attn::describe(sized[i]) + ": a repeat after sizing, dropped");
+      }
+    r.candidate_density = std::move(density);
   }
   const size_t C = r.candidates.size();
   for (const attn::Pattern& p : r.candidates) {

@@ -45,6 +45,7 @@ struct MInferenceOptions {
 struct MInferenceResult {
   int32_t length = 0;                      // the calibration length candidates were sized for
   std::vector<attn::Pattern> candidates;
+  std::vector<std::string> dropped;        // the paper's shapes raised to the floors or dropped as repeats, why
   std::vector<double> candidate_density;   // at `length`: measured at the sizing layer (size_by_measurement),
                                            // else predicted (A-shape exact, VS/BS bounds)
   std::vector<double> error;               // [layer * heads + head][candidate]: mean relative output error
@@ -64,7 +65,18 @@ using DeviceMInferenceFn = void (*)(const runtime::Model& model, const std::vect
 void register_cuda_minference(DeviceMInferenceFn fn);
 bool cuda_minference_registered();
 
-// The candidates for a target density at `length` tokens.
+// A vertical-slash candidate below these floors is degenerate (the paper's (30, 2048) shape scaled to a 0.3 budget
+// at 1K is vertical_slash(v=2, s=153): two columns, fewer than the sink's 64-key block). minference_candidates
+// raises a shape under a floor to it, keeping vertical + 2 slash (the budget); measurement sizing keeps the floors.
+inline constexpr int32_t kMinVerticals = 64;
+inline constexpr int32_t kMinSlashes = 64;
+
+// Removes the degenerate VS candidates and repeated candidates (keeping the first); returns the positions kept
+// (into the input), ascending, so that parallel arrays can be filtered alike.
+std::vector<size_t> drop_degenerate(std::vector<attn::Pattern>& candidates);
+
+// The candidates for a target density at `length` tokens (the longest planned length: shorter prompts clip the
+// absolute budgets to denser masks), without the degenerate ones.
 std::vector<attn::Pattern> minference_candidates(double budget, int32_t length);
 
 // Throws tessera::Error for a budget outside (0, 1] or no samples.

@@ -105,7 +105,7 @@ std::vector<std::vector<double>> rule_losses(const GradientProfile& profile, con
 }
 
 MoaResult plan_moa(const GradientProfile& profile, int32_t num_kv_heads, const MoaOptions& o,
-                   const ValidationPerplexity& validate, const std::function<void(const std::string&)>& progress) {
+                   const PlanValidation& validate, const std::function<void(const std::string&)>& progress) {
   check(o.budget > 0 && o.budget <= 1, "moa: budget must be in (0, 1], got " + std::to_string(o.budget));
   check(!profile.lengths.empty(), "moa: the profile has no lengths");
   const std::vector<ElasticRule> rules = moa_rule_space();
@@ -242,16 +242,15 @@ MoaResult plan_moa(const GradientProfile& profile, int32_t num_kv_heads, const M
   };
   result.chosen = 0;
   if (validate) {
-    double best = std::numeric_limits<double>::infinity();
+    std::vector<ValidationScore> scores;
     for (size_t i = 0; i < result.pareto.size(); ++i) {
-      if (progress) progress("moa: validation perplexity of Pareto plan " + std::to_string(i + 1) + " of " +
+      if (progress) progress("moa: validation of Pareto plan " + std::to_string(i + 1) + " of " +
                              std::to_string(result.pareto.size()));
-      result.pareto[i].validation_perplexity = validate(policy_of(result.pareto[i]));
-      if (result.pareto[i].validation_perplexity < best) {
-        best = result.pareto[i].validation_perplexity;
-        result.chosen = i;
-      }
+      scores.push_back(validate(policy_of(result.pareto[i])));
+      result.pareto[i].validation_perplexity = scores.back().perplexity;
+      result.pareto[i].validation_agreement = scores.back().agreement;
     }
+    result.chosen = select_by_validation(scores);
   } else {
     // Without validation: the plan with the least loss at the primary length.
     for (size_t i = 1; i < result.pareto.size(); ++i)
@@ -259,6 +258,91 @@ MoaResult plan_moa(const GradientProfile& profile, int32_t num_kv_heads, const M
   }
   result.policy = policy_of(result.pareto[result.chosen]);
   return result;
+}
+
+size_t select_by_validation(const std::vector<ValidationScore>& scores) {
+  check(!scores.empty(), "moa: no plans to select from");
+  size_t best = 0;
+  for (size_t i = 1; i < scores.size(); ++i) {
+    const ValidationScore &a = scores[i], &b = scores[best];
+    if (a.agreement >= 0 && b.agreement >= 0 && a.agreement != b.agreement) {
+      if (a.agreement > b.agreement) best = i;
+      continue;
+    }
+    if (a.perplexity > 0 && b.perplexity > 0 && a.perplexity < b.perplexity) best = i;
+  }
+  return best;
+}
+
+std::vector<LossComparison> compare_losses(const GradientProfile& profile, const std::vector<attn::Pattern>& plan,
+                                           const std::vector<attn::Pattern>& other) {
+  const size_t heads = static_cast<size_t>(profile.num_layers) * static_cast<size_t>(profile.num_q_heads);
+  check(plan.size() == heads && other.size() == heads,
+        "moa: compare_losses needs one pattern per head (" + std::to_string(heads) + "), got " +
+            std::to_string(plan.size()) + " and " + std::to_string(other.size()));
+  auto mean_se = [](const std::vector<double>& v, double& mean, double& se) {
+    const auto n = static_cast<double>(v.size());
+    mean = 0;
+    for (double x : v) mean += x;
+    mean /= n;
+    if (v.size() < 2) {
+      se = std::numeric_limits<double>::quiet_NaN();
+      return;
+    }
+    double ss = 0;
+    for (double x : v) ss += (x - mean) * (x - mean);
+    se = std::sqrt(ss / (n - 1) / n);
+  };
+  std::vector<LossComparison> out;
+  for (const LengthProfile& lp : profile.lengths) {
+    check(!lp.sample_influence.empty(), "moa: compare_losses needs a profile made with keep_samples");
+    const size_t nb = static_cast<size_t>(lp.num_blocks);
+    std::map<std::string, std::vector<double>> coverage;  // by pattern: kept fraction per block
+    auto kept_of = [&](const attn::Pattern& p) -> const std::vector<double>& {
+      const std::string key = attn::describe(p);
+      auto it = coverage.find(key);
+      if (it == coverage.end()) it = coverage.emplace(key, block_coverage(p, lp.length).kept).first;
+      return it->second;
+    };
+    std::vector<double> lp_plan, lp_other, lp_diff;
+    for (const std::vector<double>& e : lp.sample_influence) {
+      double a = 0, b = 0;
+      for (size_t hh = 0; hh < heads; ++hh) {
+        const std::vector<double>& ka = kept_of(plan[hh]);
+        const std::vector<double>& kb_ = kept_of(other[hh]);
+        const double* eh = e.data() + hh * nb * nb;
+        for (size_t qb = 0; qb < nb; ++qb)
+          for (size_t kb = 0; kb <= qb; ++kb) {
+            a += (1.0 - ka[qb * nb + kb]) * eh[qb * nb + kb];
+            b += (1.0 - kb_[qb * nb + kb]) * eh[qb * nb + kb];
+          }
+      }
+      lp_plan.push_back(a);
+      lp_other.push_back(b);
+      lp_diff.push_back(a - b);
+    }
+    LossComparison c;
+    c.length = lp.length;
+    c.samples = static_cast<int32_t>(lp.sample_influence.size());
+    mean_se(lp_plan, c.loss, c.loss_se);
+    mean_se(lp_other, c.other, c.other_se);
+    mean_se(lp_diff, c.diff, c.diff_se);
+    out.push_back(c);
+  }
+  return out;
+}
+
+attn::ElasticWindowPattern uniform_window_for(double density, int32_t length, int32_t sink) {
+  check(density > 0 && density <= 1, "moa: a window density must be in (0, 1], got " + std::to_string(density));
+  double lo = 0, hi = 1;
+  while (hi - lo > 1e-6) {
+    const double mid = (lo + hi) / 2;
+    if (pattern_density_exact(attn::ElasticWindowPattern{0, mid, sink}, length) >= density)
+      hi = mid;
+    else
+      lo = mid;
+  }
+  return attn::ElasticWindowPattern{0, hi, sink};
 }
 
 }  // namespace tessera::plan

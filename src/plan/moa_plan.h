@@ -11,8 +11,9 @@
 //  4. Across lengths (when several are profiled): the epsilon-constraint method — minimise the loss at the longest
 //     length with the loss at each other length capped at M + 1 levels evenly between its own optimum and its
 //     value in the first plan (M = intervals) — then the Pareto-optimal plans among the solutions.
-//  5. The pick: the Pareto plan with the lowest validation perplexity (a caller-given function, run at a length
-//     that was not profiled).
+//  5. The pick (select_by_validation): by a caller-given validation on data not used for calibration — the share
+//     of held-out tasks whose dense answers the plan reproduces (the most wins), then the perplexity of a text at
+//     a length that was not profiled (the lowest wins); without a validation, the least loss at the longest length.
 #pragma once
 
 #include <cstdint>
@@ -58,6 +59,7 @@ struct MoaCandidate {
   std::vector<double> loss;            // per profiled length: the sum of rule losses
   std::vector<double> density;         // per profiled length: mean density over heads
   double validation_perplexity = 0;    // 0: not measured
+  double validation_agreement = -1;    // share of held-out answers kept; -1: not measured
   bool proven_optimal = true;
 };
 
@@ -76,12 +78,39 @@ std::vector<std::vector<double>> rule_densities(const std::vector<ElasticRule>& 
 std::vector<std::vector<double>> rule_losses(const GradientProfile& profile, const std::vector<ElasticRule>& rules,
                                              int32_t sink);
 
-using ValidationPerplexity = std::function<double(const attn::AttentionPolicy&)>;
+// A plan's validation on data not used for calibration.
+struct ValidationScore {
+  double agreement = -1;  // share of held-out tasks whose dense answer the plan reproduces; -1: not measured
+  double perplexity = 0;  // of a held-out text; 0: not measured
+};
+using PlanValidation = std::function<ValidationScore(const attn::AttentionPolicy&)>;
+
+// The selection rule: the highest agreement (where measured), ties (equal shares) to the lower perplexity (where
+// measured), then to the first. Throws tessera::Error on an empty list.
+size_t select_by_validation(const std::vector<ValidationScore>& scores);
+
+// The calibration noise of the first-order loss estimate, per profiled length (the profile made with keep_samples):
+// per sample s, L_s(plan) = sum over heads and blocks of (1 - kept fraction) x the sample's influence. Reports the
+// mean over the level's samples and its standard error sd / sqrt(n) (the jackknife's, for a mean) of `plan`, of
+// `other` (both one pattern per head, layer-major), and of their difference; *_se is NaN with one sample.
+struct LossComparison {
+  int32_t length = 0;
+  int32_t samples = 0;
+  double loss = 0, loss_se = 0;
+  double other = 0, other_se = 0;
+  double diff = 0, diff_se = 0;  // loss - other: negative when the plan loses less than `other`
+};
+std::vector<LossComparison> compare_losses(const GradientProfile& profile, const std::vector<attn::Pattern>& plan,
+                                           const std::vector<attn::Pattern>& other);
+
+// The uniform MoA window (alpha 0, the given sink) whose exact density at `length` is the smallest >= `density`:
+// beta by bisection to 1e-6 (the comparison "a uniform window of the same density").
+attn::ElasticWindowPattern uniform_window_for(double density, int32_t length, int32_t sink = 64);
 
 // Throws tessera::Error when the budget is outside (0, 1] or no plan meets it (the sparsest rules' density at a
 // length exceeds the budget).
 MoaResult plan_moa(const GradientProfile& profile, int32_t num_kv_heads, const MoaOptions& options,
-                   const ValidationPerplexity& validate = {},
+                   const PlanValidation& validate = {},
                    const std::function<void(const std::string&)>& progress = {});
 
 }  // namespace tessera::plan

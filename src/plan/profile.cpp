@@ -9,7 +9,7 @@ namespace tessera::plan {
 
 GradientProfile profile_gradients(const runtime::Model& model, const std::vector<CalibrationSample>& samples,
                                   std::vector<int32_t> levels, const ProbeRegions& regions, ThreadPool& pool,
-                                  const ProfileProgress& progress, Device device) {
+                                  const ProfileProgress& progress, Device device, bool keep_samples) {
   const auto t0 = std::chrono::steady_clock::now();
   check(!samples.empty(), "profile: no calibration samples");
   std::sort(levels.begin(), levels.end());
@@ -42,16 +42,17 @@ GradientProfile profile_gradients(const runtime::Model& model, const std::vector
     const size_t nb = static_cast<size_t>(lp.num_blocks);
     if (lp.influence.empty())
       lp.influence.assign(static_cast<size_t>(cfg.num_layers) * static_cast<size_t>(cfg.num_q_heads) * nb * nb, 0.0);
+    std::vector<double> mine(lp.influence.size(), 0.0);  // this sample's block sums
     for (int32_t l = 0; l < cfg.num_layers; ++l) {
       const LayerGradients& g = r.layers[static_cast<size_t>(l)];
       for (int32_t h = 0; h < cfg.num_q_heads; ++h)
         for (int32_t qb = 0; qb < r.num_blocks; ++qb)
           for (int32_t kb = 0; kb <= qb; ++kb)
-            lp.influence[((static_cast<size_t>(l) * static_cast<size_t>(cfg.num_q_heads) + static_cast<size_t>(h)) *
+            mine[((static_cast<size_t>(l) * static_cast<size_t>(cfg.num_q_heads) + static_cast<size_t>(h)) *
                               nb +
                           static_cast<size_t>(qb)) *
                              nb +
-                         static_cast<size_t>(kb)] += r.block_sum(g.influence, h, qb, kb);
+                         static_cast<size_t>(kb)] = r.block_sum(g.influence, h, qb, kb);
       LayerProbe& dst = p.probe[static_cast<size_t>(l)];
       for (auto [d, src] : {std::pair{&dst.streaming, &g.probe.streaming}, std::pair{&dst.middle, &g.probe.middle},
                             std::pair{&dst.last, &g.probe.last}}) {
@@ -60,6 +61,8 @@ GradientProfile profile_gradients(const runtime::Model& model, const std::vector
         d->cells += src->cells;
       }
     }
+    for (size_t i = 0; i < mine.size(); ++i) lp.influence[i] += mine[i];
+    if (keep_samples) lp.sample_influence.push_back(std::move(mine));
     ++lp.samples;
     ++done;
     if (progress) progress(done, static_cast<int32_t>(samples.size()));

@@ -24,6 +24,8 @@ struct LengthProfile {
   int32_t num_blocks = 0;  // ceil(length / 64)
   int32_t samples = 0;
   std::vector<double> influence;  // [layers][q_heads][num_blocks][num_blocks], mean over the level's samples
+  // With keep_samples: each sample's own influence, same layout (for the calibration noise: compare_losses).
+  std::vector<std::vector<double>> sample_influence;
   double block(int32_t layer, int32_t head, int32_t qb, int32_t kb, int32_t q_heads) const {
     return influence[((static_cast<size_t>(layer) * static_cast<size_t>(q_heads) + static_cast<size_t>(head)) *
                           static_cast<size_t>(num_blocks) +
@@ -45,9 +47,11 @@ struct GradientProfile {
 using ProfileProgress = std::function<void(int32_t done, int32_t total)>;
 
 // `levels`: the length levels (ascending after sorting); a sample longer than the largest is an error. regions:
-// TriangleMix's probe regions. device: where the reverse-mode passes run (model_gradients.h).
+// TriangleMix's probe regions. device: where the reverse-mode passes run (model_gradients.h). keep_samples: also keep
+// every sample's influence (memory: samples x layers x heads x blocks^2 doubles).
 GradientProfile profile_gradients(const runtime::Model& model, const std::vector<CalibrationSample>& samples,
                                   std::vector<int32_t> levels, const ProbeRegions& regions, ThreadPool& pool,
-                                  const ProfileProgress& progress = {}, Device device = Device::Cpu);
+                                  const ProfileProgress& progress = {}, Device device = Device::Cpu,
+                                  bool keep_samples = false);
 
 }  // namespace tessera::plan

@@ -133,7 +133,7 @@ AttentionPolicy parse_tessera_policy(const json& j, const std::string& source) {
   if (!j.is_object()) throw Error(source + ": a tessera policy must be a JSON object, got " + show(j));
   check_known_keys(j,
                    {"tessera_policy", "comment", "num_layers", "num_q_heads", "num_kv_heads", "default",
-                    "layers", "table", "trianglemix", "placement"},
+                    "layers", "table", "trianglemix", "placement", "planned_lengths"},
                    source);
   const json* version = find(j, "tessera_policy");
   if (!version) throw Error(source + ": missing field 'tessera_policy'");

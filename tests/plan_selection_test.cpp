@@ -1,0 +1,284 @@
+// Issue 33's pieces of tessera plan: the planned range and its warning, MInference's candidates for a length (the
+// degenerate shapes raised or dropped), MoA's pick by held-out validation, the calibration noise of the loss
+// estimate (compare_losses), the uniform window of a density, per-sample influence in the profile, and the
+// held-out answer agreement.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "attention/pattern/config_io.h"
+#include "core/error.h"
+#include "plan/calibration.h"
+#include "plan/measure.h"
+#include "plan/minference_plan.h"
+#include "plan/moa_plan.h"
+#include "plan/planned_range.h"
+#include "plan/profile.h"
+#include "plan/validation.h"
+#include "model/model.h"
+
+namespace tessera::plan {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kFixtures = std::string(TESSERA_SOURCE_DIR) + "/tests/data/";
+
+const runtime::Model& tiny_llama() {
+  static std::unique_ptr<runtime::Model> m = runtime::Model::load(kFixtures + "hf_tiny/llama3");
+  return *m;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+attn::VerticalSlashPattern vs(int32_t v, int32_t s) {
+  attn::VerticalSlashPattern p;
+  p.vertical = v;
+  p.slash = s;
+  return p;
+}
+
+TEST(PlannedRange, WarningOnlyFarOutside) {
+  const PlannedRange r{2048, 8192};
+  EXPECT_EQ(range_warning(r, 1024, "p.json"), std::nullopt);   // exactly half the shortest
+  EXPECT_EQ(range_warning(r, 16384, "p.json"), std::nullopt);  // exactly twice the longest
+  EXPECT_EQ(range_warning(r, 4000, "p.json"), std::nullopt);
+  EXPECT_EQ(range_warning(r, 1023, "p.json"),
+            "warning: plan p.json was made for prompts of 2,048-8,192 tokens; this one has 1,023 (under a half of "
+            "the shortest): its patterns were sized for the planned lengths, so density and accuracy may differ from "
+            "the plan's; plan again with tessera plan --lengths covering 1023");
+  EXPECT_EQ(range_warning(r, 16385, "p.json"),
+            "warning: plan p.json was made for prompts of 2,048-8,192 tokens; this one has 16,385 (over twice the "
+            "longest): its patterns were sized for the planned lengths, so density and accuracy may differ from the "
+            "plan's; plan again with tessera plan --lengths covering 16385");
+}
+
+TEST(PlannedRange, ReadFromThePlanFile) {
+  const fs::path dir = fs::temp_directory_path() / ("tessera_plan_range_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const fs::path plan = dir / "p.json";
+  std::ofstream(plan) << R"({"tessera_policy": 1, "num_layers": 2, "num_q_heads": 2, "num_kv_heads": 1,
+    "default": {"type": "dense"}, "planned_lengths": [1024, 4096]})";
+  // The policy loader accepts the field, and the range reads back.
+  EXPECT_EQ(attn::load_policy_file(plan).num_layers(), 2);
+  EXPECT_EQ(planned_range_in_file(plan.string()), (PlannedRange{1024, 4096}));
+  EXPECT_EQ(planned_range_warning(plan.string(), 9000),
+            "warning: plan " + plan.string() + " was made for prompts of 1,024-4,096 tokens; this one has 9,000 (over "
+            "twice the longest): its patterns were sized for the planned lengths, so density and accuracy may differ "
+            "from the plan's; plan again with tessera plan --lengths covering 9000");
+  EXPECT_EQ(planned_range_warning(plan.string(), 600), std::nullopt);
+  // Presets and plans without the field: nothing.
+  EXPECT_EQ(planned_range_warning("dense", 100000), std::nullopt);
+  EXPECT_EQ(planned_range_warning("vs:v=100,s=200", 100000), std::nullopt);
+  const fs::path old = dir / "old.json";
+  std::ofstream(old) << R"({"tessera_policy": 1, "num_layers": 1, "num_q_heads": 1, "num_kv_heads": 1,
+    "default": {"type": "dense"}})";
+  EXPECT_EQ(planned_range_in_file(old.string()), std::nullopt);
+  // A malformed range is an error naming the file.
+  const fs::path bad = dir / "bad.json";
+  std::ofstream(bad) << R"({"planned_lengths": [4096, 1024]})";
+  EXPECT_EQ(error_of([&] { planned_range_in_file(bad.string()); }),
+            bad.string() + ": 'planned_lengths' must be [min, max] with 1 <= min <= max tokens, got [4096,1024]");
+  EXPECT_EQ(error_of([&] { planned_range_of(nlohmann::json::parse(R"({"planned_lengths": 2048})"), "x"); }),
+            "x: 'planned_lengths' must be [min, max] with 1 <= min <= max tokens, got 2048");
+  EXPECT_EQ(planned_range_json({512, 2048}).dump(), "[512,2048]");
+  fs::remove_all(dir);
+}
+
+TEST(MInferenceCandidates, DegenerateShapesDroppedOrRaised) {
+  std::vector<attn::Pattern> c = {vs(2, 181), vs(64, 64), attn::AShapePattern{16, 64}, vs(64, 64), vs(500, 63),
+                                  attn::AShapePattern{16, 64}, vs(63, 500)};
+  EXPECT_EQ(drop_degenerate(c), (std::vector<size_t>{1, 2}));
+  EXPECT_EQ(c, (std::vector<attn::Pattern>{vs(64, 64), attn::AShapePattern{16, 64}}));
+}
+
+TEST(MInferenceCandidates, SizedForTheLength) {
+  // At 1,024 tokens and budget 0.3 the paper's shapes scale to (2, 152), (8, 149), (44, 132), (271, 18): each is
+  // raised to the floors with vertical + 2 slash kept, and the second equals the first.
+  const auto c = minference_candidates(0.3, 1024);
+  ASSERT_EQ(c.size(), 5u);
+  EXPECT_EQ(attn::describe(c[1]), attn::describe(vs(64, 121)));
+  EXPECT_EQ(attn::describe(c[2]), attn::describe(vs(64, 122)));
+  EXPECT_EQ(attn::describe(c[3]), attn::describe(vs(179, 64)));
+  EXPECT_EQ(std::get<attn::BlockSparsePattern>(c[4]).top_k, 3);  // 0.3 x 8.5 causal blocks on average
+  // At 8,192: (18, 1220) raised to (64, 1197); (66, 1196), (351, 1053) and (2168, 145) as scaled.
+  const auto l = minference_candidates(0.3, 8192);
+  ASSERT_EQ(l.size(), 6u);
+  EXPECT_EQ(attn::describe(l[1]), attn::describe(vs(64, 1197)));
+  EXPECT_EQ(attn::describe(l[2]), attn::describe(vs(66, 1196)));
+  EXPECT_EQ(attn::describe(l[3]), attn::describe(vs(351, 1053)));
+  EXPECT_EQ(attn::describe(l[4]), attn::describe(vs(2168, 145)));
+  for (const auto& p : l)
+    if (const auto* v = std::get_if<attn::VerticalSlashPattern>(&p)) {
+      EXPECT_GE(v->vertical, kMinVerticals);
+      EXPECT_GE(v->slash, kMinSlashes);
+    }
+}
+
+TEST(MoaSelection, HeldOutAgreementFirstThenPerplexity) {
+  EXPECT_EQ(select_by_validation({{0.5, 9.0}, {0.75, 12.0}, {0.75, 11.0}, {0.25, 5.0}}), 2u);
+  EXPECT_EQ(select_by_validation({{1.0, 9.0}, {1.0, 9.0}}), 0u);              // a full tie: the first
+  EXPECT_EQ(select_by_validation({{-1, 9.0}, {-1, 8.5}, {-1, 8.7}}), 1u);     // no agreement measured: perplexity
+  EXPECT_EQ(select_by_validation({{0.5, 0}, {0.5, 0}, {1.0, 0}}), 2u);        // no perplexity measured
+  EXPECT_EQ(error_of([] { select_by_validation({}); }), "moa: no plans to select from");
+}
+
+// One layer, one head, 256 tokens (4 blocks), two samples with known influence.
+GradientProfile two_sample_profile() {
+  GradientProfile p;
+  p.num_layers = 1;
+  p.num_q_heads = 1;
+  LengthProfile lp;
+  lp.length = 256;
+  lp.num_blocks = 4;
+  lp.samples = 2;
+  lp.sample_influence.assign(2, std::vector<double>(16, 0.0));
+  for (size_t qb = 0; qb < 4; ++qb)
+    for (size_t kb = 0; kb <= qb; ++kb) {
+      lp.sample_influence[0][qb * 4 + kb] = 1.0 + static_cast<double>(qb) - static_cast<double>(kb);
+      lp.sample_influence[1][qb * 4 + kb] = 0.5 * static_cast<double>(qb + kb);
+    }
+  lp.influence.assign(16, 0.0);
+  for (size_t i = 0; i < 16; ++i) lp.influence[i] = (lp.sample_influence[0][i] + lp.sample_influence[1][i]) / 2;
+  p.lengths.push_back(lp);
+  return p;
+}
+
+TEST(MoaNoise, MeanAndStandardErrorOverSamples) {
+  const GradientProfile p = two_sample_profile();
+  const attn::Pattern dense = attn::DensePattern{};
+  const attn::Pattern window = attn::ElasticWindowPattern{64, 0, 0};  // a 64-token window, no sink
+  const std::vector<double> kept = block_coverage(window, 256).kept;
+  double l[2] = {0, 0};
+  for (size_t s = 0; s < 2; ++s)
+    for (size_t qb = 0; qb < 4; ++qb)
+      for (size_t kb = 0; kb <= qb; ++kb) l[s] += (1 - kept[qb * 4 + kb]) * p.lengths[0].sample_influence[s][qb * 4 + kb];
+  ASSERT_GT(std::abs(l[0] - l[1]), 1e-6);
+  const auto c = compare_losses(p, {dense}, {window});
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].length, 256);
+  EXPECT_EQ(c[0].samples, 2);
+  EXPECT_DOUBLE_EQ(c[0].loss, 0.0);  // dense masks nothing
+  EXPECT_DOUBLE_EQ(c[0].loss_se, 0.0);
+  EXPECT_DOUBLE_EQ(c[0].other, (l[0] + l[1]) / 2);
+  EXPECT_DOUBLE_EQ(c[0].other_se, std::abs(l[0] - l[1]) / 2);  // sd / sqrt(2) with n - 1 = 1
+  EXPECT_DOUBLE_EQ(c[0].diff, -(l[0] + l[1]) / 2);
+  EXPECT_DOUBLE_EQ(c[0].diff_se, std::abs(l[0] - l[1]) / 2);
+  // One sample: no standard error.
+  GradientProfile one = p;
+  one.lengths[0].sample_influence.resize(1);
+  EXPECT_TRUE(std::isnan(compare_losses(one, {dense}, {window})[0].other_se));
+  EXPECT_EQ(error_of([&] { compare_losses(p, {dense, dense}, {window}); }),
+            "moa: compare_losses needs one pattern per head (1), got 2 and 1");
+  GradientProfile none = p;
+  none.lengths[0].sample_influence.clear();
+  EXPECT_EQ(error_of([&] { compare_losses(none, {dense}, {window}); }),
+            "moa: compare_losses needs a profile made with keep_samples");
+}
+
+TEST(MoaNoise, UniformWindowOfADensity) {
+  for (double d : {0.1, 0.25, 0.5}) {
+    const attn::ElasticWindowPattern w = uniform_window_for(d, 4096);
+    EXPECT_EQ(w.alpha, 0);
+    EXPECT_EQ(w.sink, 64);
+    EXPECT_GE(pattern_density_exact(w, 4096), d);
+    EXPECT_LT(pattern_density_exact(attn::ElasticWindowPattern{0, w.beta - 2e-6, 64}, 4096), d);
+  }
+  EXPECT_EQ(error_of([] { uniform_window_for(0, 4096); }), "moa: a window density must be in (0, 1], got 0.000000");
+}
+
+TEST(Profile, KeepsEverySamplesInfluence) {
+  const runtime::Model& m = tiny_llama();
+  std::vector<CalibrationSample> samples(3);
+  for (size_t s = 0; s < 3; ++s) {
+    for (int32_t i = 0; i < 100 + 10 * static_cast<int32_t>(s); ++i)
+      samples[s].tokens.push_back(static_cast<int32_t>((i * 17 + 5 * s + 1) % 250));
+    samples[s].targets = {{static_cast<int32_t>(samples[s].tokens.size()) - 2, samples[s].tokens.back()}};
+  }
+  const GradientProfile p = profile_gradients(m, samples, {128}, {}, ThreadPool::global(), {}, Device::Cpu, true);
+  ASSERT_EQ(p.lengths.size(), 1u);
+  const LengthProfile& lp = p.lengths[0];
+  ASSERT_EQ(lp.sample_influence.size(), 3u);
+  double largest = 0;
+  for (size_t i = 0; i < lp.influence.size(); ++i) {
+    EXPECT_NEAR(lp.influence[i], (lp.sample_influence[0][i] + lp.sample_influence[1][i] + lp.sample_influence[2][i]) / 3,
+                1e-15 + 1e-12 * std::abs(lp.influence[i]));
+    largest = std::max(largest, std::abs(lp.sample_influence[0][i] - lp.sample_influence[1][i]));
+  }
+  EXPECT_GT(largest, 0);  // the samples differ
+  // Each sample's influence is its own pass's: profiling it alone gives the same numbers.
+  const GradientProfile alone = profile_gradients(m, {samples[1]}, {128}, {}, ThreadPool::global());
+  for (size_t i = 0; i < lp.influence.size(); ++i) EXPECT_EQ(alone.lengths[0].influence[i], lp.sample_influence[1][i]);
+  // Without keep_samples nothing is kept.
+  EXPECT_TRUE(alone.lengths[0].sample_influence.empty());
+}
+
+TEST(Validation, AgreementWithTheDenseAnswers) {
+  const runtime::Model& m = tiny_llama();
+  const auto tok = model::Tokenizer::from_hf_file(kFixtures + "tokenizer/tiny_llama3_tokenizer.json");
+  std::vector<CalibrationSample> samples;
+  for (int32_t s = 0; s < 2; ++s) {
+    std::vector<int32_t> prompt;
+    for (int32_t i = 0; i < 40; ++i) prompt.push_back((i * 13 + 5 + 7 * s) % 200 + 4);
+    samples.push_back(answer_sample(m, *tok, "s" + std::to_string(s), prompt, 5));
+  }
+  const Agreement dense = answer_agreement(m, {}, samples);
+  EXPECT_EQ(dense.kept, 2);
+  EXPECT_EQ(dense.total, 2);
+  EXPECT_EQ(dense.per_sample, (std::vector<bool>{true, true}));
+  EXPECT_DOUBLE_EQ(dense.share(), 1.0);
+  // A target that is not the greedy token: that sample is not kept.
+  std::vector<CalibrationSample> changed = samples;
+  Target& last = changed[1].targets.back();
+  last.token = (last.token + 1) % static_cast<int32_t>(m.config().vocab_size);
+  const Agreement a = answer_agreement(m, {}, changed);
+  EXPECT_EQ(a.per_sample, (std::vector<bool>{true, false}));
+  EXPECT_DOUBLE_EQ(a.share(), 0.5);
+  CalibrationSample empty;
+  empty.name = "e";
+  EXPECT_EQ(error_of([&] { answer_agreement(m, {}, {empty}); }), "validation: sample e has no answer to check");
+}
+
+TEST(Measure, ExecutedDensityIsTheIndexAccounting) {
+  const runtime::Model& m = tiny_llama();
+  const auto& c = m.config();
+  std::vector<int32_t> tokens;
+  for (int32_t i = 0; i < 200; ++i) tokens.push_back((i * 29 + 11) % 250);
+  const attn::Pattern a = attn::AShapePattern{16, 64};
+  const double exact = pattern_density_exact(a, 200);
+  ASSERT_LT(exact, 0.9);
+  // Layer 0 dense, the others the A-shape: the causal cells of every layer count alike.
+  std::vector<attn::Pattern> table(static_cast<size_t>(c.num_layers * c.num_q_heads), a);
+  for (int32_t h = 0; h < c.num_q_heads; ++h) table[static_cast<size_t>(h)] = attn::DensePattern{};
+  const std::vector<double> d = executed_density(
+      m, tokens,
+      {attn::AttentionPolicy{}, attn::AttentionPolicy::uniform(c.num_layers, c.num_q_heads, c.num_kv_heads, a),
+       attn::AttentionPolicy(c.num_layers, c.num_q_heads, c.num_kv_heads, table)},
+      ThreadPool::global());
+  ASSERT_EQ(d.size(), 3u);
+  EXPECT_DOUBLE_EQ(d[0], 1.0);
+  EXPECT_DOUBLE_EQ(d[1], exact);
+  EXPECT_NEAR(d[2], (1.0 + (c.num_layers - 1) * exact) / c.num_layers, 1e-12);
+  EXPECT_EQ(error_of([&] { executed_density(m, {}, {}, ThreadPool::global()); }), "measure: empty prompt");
+  EXPECT_EQ(error_of([&] {
+              executed_density(m, tokens, {attn::AttentionPolicy::uniform(1, 2, 1, a)}, ThreadPool::global());
+            }),
+            "measure: a policy of 1 layers x 2 heads for a model of " + std::to_string(c.num_layers) + " x " +
+                std::to_string(c.num_q_heads));
+}
+
+}  // namespace
+}  // namespace tessera::plan
