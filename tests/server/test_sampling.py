@@ -215,7 +215,8 @@ def echo_prompt_logprobs(s):
         assert got["token_logprobs"][0] is None and got["top_logprobs"][0] is None, name
         for i in range(1, len(want.tokens)):
             assert abs(got["token_logprobs"][i] - want.token_logprobs[i]) < 0.15, (name, i)
-            assert len(got["top_logprobs"][i]) == 2, (name, i)
+            # (the entry's alternatives and the token itself, as the single-slot server gives them)
+            assert len(got["top_logprobs"][i]) == len(want.top_logprobs[i]), (name, i, got["top_logprobs"][i])
             assert abs(max(got["top_logprobs"][i].values()) - max(want.top_logprobs[i].values())) < 0.15, (name, i)
 
 
