@@ -6,6 +6,8 @@
 #   tests/server/lm_eval_compare.sh BUILD/src/tessera [PYTHON]
 # PYTHON: one with lm-eval[api], gguf, accelerate, torch and transformers (a venv whose .pth adds
 # ~/.cache/tessera/pyenv's site-packages works: pip then installs only lm-eval's own dependencies).
+# PARALLEL=N (default 1): the server runs the batched engine (--parallel N, the prompts' log-probabilities from its
+# prefill) and lm-eval sends N requests at once (num_concurrent).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BIN=$1
@@ -18,12 +20,12 @@ cd "$ROOT"
 LM_EVAL=("$PY" -m lm_eval --tasks tessera_tiny_mc --include_path tests/data/lm_eval --log_samples)
 "${LM_EVAL[@]}" --model hf --model_args "pretrained=$MODELS,gguf_file=$GGUF,dtype=float32" --device cpu \
   --batch_size 8 --output_path "$OUT/hf" > "$OUT/hf.log" 2>&1 || { tail -20 "$OUT/hf.log"; exit 1; }
-"$BIN" serve -m "$MODELS/$GGUF" --port "$PORT" --device cpu --parallel 1 --quiet > "$OUT/serve.log" 2>&1 &
+"$BIN" serve -m "$MODELS/$GGUF" --port "$PORT" --device cpu --parallel "${PARALLEL:-1}" --quiet > "$OUT/serve.log" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT
 for _ in $(seq 60); do curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break; sleep 1; done
 "${LM_EVAL[@]}" --model local-completions \
-  --model_args "base_url=http://127.0.0.1:$PORT/v1/completions,model=${GGUF%.gguf}" \
+  --model_args "base_url=http://127.0.0.1:$PORT/v1/completions,model=${GGUF%.gguf},num_concurrent=${PARALLEL:-1}" \
   --output_path "$OUT/tessera" > "$OUT/tessera.log" 2>&1 || { tail -20 "$OUT/tessera.log"; exit 1; }
 "$PY" - "$OUT" <<'PY'
 import glob, json, sys
