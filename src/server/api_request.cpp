@@ -119,7 +119,7 @@ std::string tool_call_blocks(const json& calls, const std::string& f) {
     const std::string name = get_string(fn["name"], c + ".function.name");
     json args = json::object();
     if (fn.contains("arguments") && !fn["arguments"].is_null()) {
-      const std::string& a = get_string(fn["arguments"], c + ".function.arguments");
+      const std::string a = get_string(fn["arguments"], c + ".function.arguments");
       args = json::parse(a, nullptr, /*allow_exceptions=*/false);
       if (!args.is_object())
         throw invalid_request("'" + c + ".function.arguments' must be a JSON object in a string, got '" + a + "'",
