@@ -340,6 +340,8 @@ TEST(GpuBatch, PrefixCacheWithSlidingWindowsChangesNoToken) {
   auto run = [&](bool cache, std::vector<int32_t>* cached) {
     GpuBatchBackend backend(*dev);
     BatchEngineOptions o;
+    o.chunk_size = 64;  // chunks on the blocks' boundaries in both runs: the same products (bf16 GEMMs over other row
+                        // counts round differently: with 2,048-token chunks the runs part after 17 tokens on an H200)
     o.block_tokens = 64;
     o.max_batch = 4;
     o.kv_bytes = 256e6;
@@ -447,8 +449,12 @@ TEST(GpuBatch, TokenBudgetAndPromptLogprobs) {
     worst = std::max(worst, static_cast<double>(std::fabs((*lp)[i].logprob - want.logprob)));
   }
   EXPECT_LT(worst, 0.05);
-  EXPECT_EQ(out[a].front(),
-            argmax(std::span<const float>(logits).subspan((asks.prompt.size() - 1) * vocab, vocab)));
+  // The first token: the single engine's argmax, or a token within bf16 rounding of it (the budget's chunks are not
+  // the single engine's whole prompt: on an H200 the two runs picked different tokens of a near tie).
+  const auto last = std::span<const float>(logits).subspan((asks.prompt.size() - 1) * vocab, vocab);
+  const TokenLogprobs first = token_logprobs(last, out[a].front(), 0);
+  const TokenLogprobs best = token_logprobs(last, argmax(last), 0);
+  EXPECT_LT(best.logprob - first.logprob, 0.05) << "first token " << out[a].front() << ", argmax " << argmax(last);
 }
 
 // The batch padding buckets and the split rounding (host functions of batch_gpu.h).
