@@ -2,21 +2,26 @@
 """tessera beside llama.cpp (llama-cpp-python) on the same GGUF, same threads, llama.cpp with flash attention on.
 
     build/venv/bin/python bench/llama_cpp_side_by_side.py --tessera build/release/src/tessera \
-        --model ~/.cache/tessera/models/smollm2-135m-instruct-q4_1.gguf --depths 1024,4096 --threads 2
+        --model ~/.cache/tessera/models/smollm2-135m-instruct-q4_1.gguf \
+        --model ~/.cache/tessera/models/gemma-3-270m-q4_k_m.gguf \
+        --depths 1024,4096,8192,16384 --threads 1,2 --busy-depths 1024 --kv-types f32,f16 --perplexity 1024
 
-For each depth: prefill tokens/s of a prompt of that many tokens, and decode tokens/s of --decode tokens after it;
-then the peak RSS of each side's process. Each side runs in a process of its own (the peak RSS is that process's
-ru_maxrss), one after the other, so they never share the cores. Prints one table with the ratios tessera / llama.cpp
-(> 1: tessera faster; for RSS < 1: tessera smaller). --busy N starts N `yes > /dev/null` processes beside both runs
-(decode with a core taken by another process). Needs llama-cpp-python: `bash scripts/setup.sh peers` builds it into
-build/venv (llama.cpp from source for this CPU, ~10 minutes on 2 cores).
+One row per (model, thread count, depth): the prefill tokens/s of a prompt of that many tokens and the decode tokens/s
+of --decode tokens after it, and each side's peak RSS (its process's ru_maxrss: every row runs each side in a process
+of its own, one after the other, so they never share the cores). The sides alternate from row to row (tessera first,
+then llama.cpp first, ...), so on a shared machine a change of load falls on both; each row prints the 1-minute load
+average over it. A depth past the model's context is skipped; one that leaves no room for the decode tokens is cut
+to context - decode on both sides. Ratios are tessera / llama.cpp (> 1: tessera faster; RSS < 1: tessera smaller).
 
---kv-types f32,f16 runs tessera once per CPU KV cache type (--kv-type). --rounds N alternates the two sides N times
-(tessera, llama.cpp, tessera, ...) and keeps each one's best rate and its largest RSS: on a shared machine the load
-then falls on both alike. --perplexity N: the perplexity of the first N tokens of --text (llama.cpp's tokenization,
-fed as ids to both) from llama.cpp's own logits (logits_all) and from tessera's at each --kv-types entry, plus
-tessera's f32 expansion of the same file with an f32 KV cache (TESSERA_WEIGHTS=f32: the reference), through
-bench/perplexity_bench (built beside the tessera binary: build/<dir>/bench/perplexity_bench).
+--threads 1,2 runs every row at each thread count (--max-depth-2t D skips depths above D for more than one thread).
+--busy-depths 1024 adds rows at those depths with --busy-procs `yes > /dev/null` processes running beside both sides
+(a core taken by another process); --busy N keeps N such processes beside every row. --kv-types f32,f16 runs
+tessera once per CPU KV cache type (--kv-type). --rounds N runs each row's sides N times (best rate, largest RSS).
+--perplexity N: the perplexity of the first N tokens of --text (llama.cpp's tokenization, fed as ids to both) from
+llama.cpp's own logits (logits_all) and from tessera's at each --perplexity-kv-types entry (default --kv-types),
+plus tessera's f32 expansion of the same file with an f32 KV cache (TESSERA_WEIGHTS=f32: the reference), through
+bench/perplexity_bench (built beside the tessera binary: build/<dir>/bench/perplexity_bench). Needs
+llama-cpp-python: `bash scripts/setup.sh peers` builds it into build/venv (llama.cpp from source for this CPU).
 """
 import argparse
 import json
@@ -124,84 +129,143 @@ def perplexity(a, model, name, kv_types, env):
     return out_rows
 
 
+def context_length(tessera, model):
+    """The model's context, from `tessera inspect` ("..., context 8192")."""
+    out = subprocess.run([tessera, "inspect", model], capture_output=True, text=True, check=True).stdout
+    for part in out.replace("\n", ",").split(","):
+        part = part.strip()
+        if part.startswith("context "):
+            return int(part.split()[1])
+    sys.exit(f"tessera inspect {model}: no context length in its output")
+
+
+def load_avg():
+    return os.getloadavg()[0]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tessera", default="build/release/src/tessera")
     ap.add_argument("--model", required=True, action="append", help="GGUF file (repeat for several)")
     ap.add_argument("--depths", default="1024,4096")
     ap.add_argument("--decode", type=int, default=32)
-    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--threads", default=str(os.cpu_count()), help="thread counts, comma-separated (each a row set)")
     ap.add_argument("--reps", type=int, default=1, help="prefill repetitions (best of)")
     ap.add_argument("--text", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "README.md"),
                     help="text llama.cpp's prompts are cut from (repeated to length; the content does not change "
                          "the rates)")
-    ap.add_argument("--busy", type=int, default=0, help="`yes > /dev/null` processes running beside both")
+    ap.add_argument("--busy", type=int, default=0, help="`yes > /dev/null` processes running beside every row")
+    ap.add_argument("--busy-depths", default="", help="extra rows at these depths (each thread count) with "
+                    "--busy-procs `yes > /dev/null` processes beside both sides")
+    ap.add_argument("--busy-procs", type=int, default=1)
+    ap.add_argument("--max-depth-2t", type=int, default=0, help="skip depths above this for thread counts > 1 "
+                    "(0: none skipped)")
     ap.add_argument("--kv-types", default="", help="tessera's CPU KV cache types to run (comma-separated; default: "
                     "tessera's default)")
-    ap.add_argument("--rounds", type=int, default=1, help="alternate the two sides this many times (best of)")
+    ap.add_argument("--rounds", type=int, default=1, help="run each row's sides this many times (best of)")
     ap.add_argument("--perplexity", type=int, default=0, help="also the perplexity of this many tokens of --text")
+    ap.add_argument("--perplexity-kv-types", default="", help="the KV types of the perplexity rows (default: "
+                    "--kv-types)")
     ap.add_argument("--skip-speed", action="store_true", help="only the perplexity")
     ap.add_argument("--json", help="also write the rows to this file")
     a = ap.parse_args()
-    depths = [int(d) for d in a.depths.split(",")]
+    depths = [int(d) for d in a.depths.split(",") if d]
+    busy_depths = [int(d) for d in a.busy_depths.split(",") if d]
+    thread_counts = [int(t) for t in str(a.threads).split(",") if t]
+    a.threads = thread_counts[0]  # the perplexity runs' threads
     kv_types = [k for k in a.kv_types.split(",") if k] or [""]
 
-    busy = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(a.busy)]
+    busy_all = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(a.busy)]
     results = []
+    row_index = 0
+
+    def run_row(model, env, threads, depth, busy):
+        """One row: each side in its own process, sides alternating (tessera first on even rows), best of rounds."""
+        nonlocal row_index
+        procs = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(busy)]
+        best, rss, loads = {}, {}, [load_avg()]
+        try:
+            for rnd in range(max(1, a.rounds)):
+                sides = [("tessera", kv) for kv in kv_types] + [("llama.cpp", None)]
+                if (row_index + rnd) % 2:
+                    sides.reverse()
+                for side, kv in sides:
+                    if side == "tessera":
+                        cmd = [a.tessera, "bench", "-m", model, "-d", str(depth), "--decode", str(a.decode),
+                               "--reps", str(a.reps), "--threads", str(threads), "--format", "json"]
+                        if kv:
+                            cmd += ["--kv-type", kv]
+                        out, peak = measured(cmd, env)
+                        r = [x for x in json.loads(out) if x["policy"] == "dense"][0]
+                        name = "tessera" + (f" kv {kv}" if kv else "")
+                    else:
+                        child = {"model": model, "depths": [depth], "decode": a.decode, "threads": threads,
+                                 "reps": a.reps, "text": a.text}
+                        out, peak = measured([sys.executable, "-c", LLAMA_CHILD, json.dumps(child)])
+                        r = json.loads(out.strip().splitlines()[-1])[0]
+                        name = "llama.cpp"
+                    b = best.setdefault(name, {"prefill_tok_s": 0.0, "decode_tok_s": 0.0})
+                    for key in b:
+                        b[key] = max(b[key], r[key])
+                    rss[name] = max(rss.get(name, 0), peak)
+                    loads.append(load_avg())
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
+        row_index += 1
+        lc = best["llama.cpp"]
+        rows = []
+        for name in best:
+            if name == "llama.cpp":
+                continue
+            t = best[name]
+            row = {"model": os.path.basename(model), "side": name, "threads": threads, "busy": busy + a.busy,
+                   "depth": depth, "load_min": min(loads), "load_max": max(loads)}
+            for key in ("prefill_tok_s", "decode_tok_s"):
+                row[key] = t[key]
+                row["llama_cpp_" + key] = lc[key]
+                row[key + "_ratio"] = t[key] / lc[key]
+            row["peak_rss_mb"], row["llama_cpp_peak_rss_mb"] = rss[name], rss["llama.cpp"]
+            row["peak_rss_ratio"] = rss[name] / rss["llama.cpp"]
+            rows.append(row)
+            print(f"| {row['model'][:24]:<24} | {name:<13} | {threads:>2} | {row['busy']:>4} | {depth:>6} | "
+                  f"{t['prefill_tok_s']:7.1f} | {lc['prefill_tok_s']:7.1f} | {row['prefill_tok_s_ratio']:5.2f} | "
+                  f"{t['decode_tok_s']:6.1f} | {lc['decode_tok_s']:6.1f} | {row['decode_tok_s_ratio']:5.2f} | "
+                  f"{rss[name]:5.0f} | {rss['llama.cpp']:5.0f} | {row['peak_rss_ratio']:4.2f} | "
+                  f"{min(loads):4.1f}-{max(loads):4.1f} |", flush=True)
+        return rows
+
     try:
         for model in a.model:
             name = os.path.basename(model)
             env = dict(os.environ)
             env["OPENBLAS_NUM_THREADS"] = "1"
             if not a.skip_speed:
-                best = {}  # side -> {depth: row}, rss
-                rss = {}
-
-                def keep(side, rows, peak):
-                    b = best.setdefault(side, {})
-                    for r in rows:
-                        d = r["depth"]
-                        if d not in b:
-                            b[d] = dict(r)
-                        else:
-                            for key in ("prefill_tok_s", "decode_tok_s"):
-                                b[d][key] = max(b[d][key], r[key])
-                    rss[side] = max(rss.get(side, 0), peak)
-
-                for _ in range(max(1, a.rounds)):
-                    for kv in kv_types:
-                        cmd = [a.tessera, "bench", "-m", model, "-d", ",".join(map(str, depths)), "--decode",
-                               str(a.decode), "--reps", str(a.reps), "--threads", str(a.threads), "--format", "json"]
-                        if kv:
-                            cmd += ["--kv-type", kv]
-                        t_out, t_rss = measured(cmd, env)
-                        keep("tessera" + (f" kv {kv}" if kv else ""),
-                             [r for r in json.loads(t_out) if r["policy"] == "dense"], t_rss)
-                    child = {"model": model, "depths": depths, "decode": a.decode, "threads": a.threads,
-                             "reps": a.reps, "text": a.text}
-                    l_out, l_rss = measured([sys.executable, "-c", LLAMA_CHILD, json.dumps(child)])
-                    keep("llama.cpp", json.loads(l_out.strip().splitlines()[-1]), l_rss)
-                sides = [k for k in best if k != "llama.cpp"]
-                print(f"\n{name}: {a.threads} threads, decode {a.decode} tokens after each prompt, best of "
-                      f"{max(1, a.rounds)} alternating round(s)" + (f", {a.busy} busy process(es) beside" if a.busy else ""))
-                for side in sides:
-                    print(f"\n{side}:")
-                    print(f"| {'':<22} | {'tessera':>9} | {'llama.cpp':>9} | {'ratio':>6} |")
-                    print(f"|{'-' * 24}|{'-' * 11}|{'-' * 11}|{'-' * 8}|")
-                    for d in depths:
-                        for key, label in (("prefill_tok_s", f"prefill {d} tok/s"), ("decode_tok_s", f"decode @{d} tok/s")):
-                            t, l = best[side][d][key], best["llama.cpp"][d][key]
-                            print(f"| {label:<22} | {t:9.1f} | {l:9.1f} | {t / l:6.2f} |")
-                            results.append({"model": name, "side": side, "metric": key, "depth": d, "tessera": t,
-                                            "llama_cpp": l, "ratio": t / l, "threads": a.threads, "busy": a.busy})
-                    t_rss, l_rss = rss[side], rss["llama.cpp"]
-                    print(f"| {'peak RSS MB':<22} | {t_rss:9.0f} | {l_rss:9.0f} | {t_rss / l_rss:6.2f} |")
-                    results.append({"model": name, "side": side, "metric": "peak_rss_mb", "tessera": t_rss,
-                                    "llama_cpp": l_rss, "ratio": t_rss / l_rss, "threads": a.threads, "busy": a.busy})
+                ctx = context_length(a.tessera, model)
+                print(f"\n{name}: context {ctx}; decode {a.decode} tokens after each prompt; best of "
+                      f"{max(1, a.rounds)} round(s), sides alternating; ratio = tessera / llama.cpp (RSS: < 1 is "
+                      f"smaller); load = the 1-minute load average over the row")
+                print(f"| {'model':<24} | {'side':<13} | th | busy | {'depth':>6} | prefill | llama.c | ratio | "
+                      f"decode | llama. | ratio | RSS   | llama | rat. | load      |")
+                print("|" + "|".join("-" * w for w in (26, 15, 4, 6, 8, 9, 9, 7, 8, 8, 7, 7, 7, 6, 11)) + "|")
+                for threads in thread_counts:
+                    for depth in depths:
+                        if threads > 1 and a.max_depth_2t and depth > a.max_depth_2t:
+                            continue
+                        if depth > ctx:
+                            print(f"| {name[:24]:<24} | depth {depth} skipped: past the model's context ({ctx}) |")
+                            continue
+                        # A prompt that leaves no room for the decode tokens is cut to ctx - decode (both sides).
+                        results += run_row(model, env, threads, min(depth, ctx - a.decode), 0)
+                for threads in thread_counts:
+                    for depth in busy_depths:
+                        results += run_row(model, env, threads, min(depth, ctx - a.decode), a.busy_procs)
             if a.perplexity:
-                results += perplexity(a, model, name, kv_types, env)
+                ppl_kv = [k for k in a.perplexity_kv_types.split(",") if k] or kv_types
+                results += perplexity(a, model, name, ppl_kv, env)
     finally:
-        for p in busy:
+        for p in busy_all:
             p.kill()
             p.wait()
     if a.json:
