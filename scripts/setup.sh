@@ -54,9 +54,11 @@ if [ "${1:-}" = "models" ]; then
   #   torch, numpy                  tessera.ops (torch custom ops; index arrays cross as numpy) and its tests
   #   transformers                  tessera.hf (the Hugging Face patch) and its tests on tiny random models
   #   pytest                        runs tests/python
+  #   lm-eval[api], gguf, accelerate  lm-evaluation-harness against `tessera serve` and against transformers loading
+  #                                 the same GGUF (tests/server/lm_eval_compare.sh)
   PYENV="${TESSERA_PYENV:-$HOME/.cache/tessera/pyenv}"
   PYENV_PACKAGES=(nanobind==3.1.0 scikit-build-core==1.1.2 torch==2.15.0 numpy==2.4.6 transformers==5.24.0
-    pytest==9.2.0)
+    pytest==9.2.0 "lm-eval[api]==0.4.13" gguf==0.19.0 accelerate==1.15.0)
   if [ "$(cat "$PYENV/.tessera-packages" 2>/dev/null)" != "${PYENV_PACKAGES[*]}" ]; then
     echo "setup: making $PYENV with ${PYENV_PACKAGES[*]}"
     "${PYTHON:-python3}" -m venv "$PYENV"
