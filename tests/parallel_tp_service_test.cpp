@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "parallel/tp_service.h"
 #include "runtime/generation.h"
+#include "tp_wire.h"
 
 using namespace tessera;
 using namespace tessera::parallel;
@@ -26,56 +27,6 @@ std::string error_of(const std::function<void()>& f) {
   }
   return "(no error)";
 }
-
-// Rank 0 -> each worker through the wire format (header, then payload), like the NCCL channel.
-struct Wire {
-  std::mutex m;
-  std::condition_variable cv;
-  std::deque<std::vector<int32_t>> messages;
-};
-
-class LeaderChannel final : public CommandChannel {
- public:
-  explicit LeaderChannel(std::vector<Wire*> wires) : wires_(std::move(wires)) {}
-  void send(const TpCommand& c) override {
-    const TpHeader h = encode_header(c);
-    const std::vector<int32_t> p = encode_payload(c);
-    for (Wire* w : wires_) {
-      std::lock_guard lock(w->m);
-      w->messages.emplace_back(h.begin(), h.end());
-      if (!p.empty()) w->messages.push_back(p);
-      w->cv.notify_all();
-    }
-  }
-  TpCommand receive() override { throw Error("rank 0 receives nothing"); }
-
- private:
-  std::vector<Wire*> wires_;
-};
-
-class WorkerChannel final : public CommandChannel {
- public:
-  explicit WorkerChannel(Wire& w) : w_(w) {}
-  void send(const TpCommand&) override { throw Error("workers send nothing"); }
-  TpCommand receive() override {
-    const std::vector<int32_t> hv = pop();
-    TpHeader h;
-    std::copy(hv.begin(), hv.end(), h.begin());
-    const size_t n = payload_ints(h);
-    const std::vector<int32_t> p = n > 0 ? pop() : std::vector<int32_t>{};
-    return decode_command(h, p);
-  }
-
- private:
-  std::vector<int32_t> pop() {
-    std::unique_lock lock(w_.m);
-    w_.cv.wait(lock, [&] { return !w_.messages.empty(); });
-    std::vector<int32_t> v = std::move(w_.messages.front());
-    w_.messages.pop_front();
-    return v;
-  }
-  Wire& w_;
-};
 
 // A "model" whose logits depend on every token it has seen and on the policy: the next token is
 // (sum of all tokens so far * 31 + pos + (sparse ? 7 : 0)) mod vocab. Records every pass.
@@ -124,8 +75,8 @@ TEST(TpService, CommandsRoundTripThroughTheWireFormat) {
   bad[0] = 0;
   EXPECT_EQ(error_of([&] { payload_ints(bad); }), "tensor-parallel command: bad magic 0x00000000 (ranks out of step?)");
   bad = encode_header(cmds[1]);
-  bad[1] = 9;
-  EXPECT_EQ(error_of([&] { payload_ints(bad); }), "tensor-parallel command: unknown op 9");
+  bad[1] = 13;
+  EXPECT_EQ(error_of([&] { payload_ints(bad); }), "tensor-parallel command: unknown op 13");
   bad = encode_header(cmds[1]);
   bad[4] = 2000000000;
   EXPECT_EQ(error_of([&] { payload_ints(bad); }), "tensor-parallel command: 2000000000 tokens, outside [0, 16777216]");

@@ -10,9 +10,38 @@ namespace tessera::parallel {
 using runtime::grow_to;
 using runtime::LayerWeights;
 
-ShardedCpuOps::ShardedCpuOps(const runtime::Model& model, const Placement& placement, ThreadPool& pool)
-    : CpuOps(model.config(), model.weights(), pool) {
-  for (int32_t r = 0; r < placement.num_gpus; ++r) {
+HostAllReduce::HostAllReduce(int32_t world)
+    : sync_(world), x_(static_cast<size_t>(world), nullptr), count_(static_cast<size_t>(world), 0) {}
+
+void HostAllReduce::all_reduce_sum(int32_t rank, float* x, size_t count) {
+  x_[static_cast<size_t>(rank)] = x;
+  count_[static_cast<size_t>(rank)] = count;
+  sync_.arrive_and_wait();  // every rank's x is posted
+  const bool same = std::all_of(count_.begin(), count_.end(), [&](size_t c) { return c == count_[0]; });
+  std::vector<float> sum;
+  if (same) {
+    sum.assign(count, 0.0f);
+    for (const float* r : x_)
+      for (size_t i = 0; i < count; ++i) sum[i] += r[i];
+  }
+  const std::string counts = same ? "" : [&] {
+    std::string c;
+    for (size_t v : count_) c += (c.empty() ? "" : ", ") + std::to_string(v);
+    return c;
+  }();
+  sync_.arrive_and_wait();  // every rank has read every x: each may write its own
+  check(same, "host all-reduce: ranks passed different counts (" + counts + ")");
+  std::copy(sum.begin(), sum.end(), x);
+}
+
+ShardedCpuOps::ShardedCpuOps(const runtime::Model& model, const Placement& placement, ThreadPool& pool,
+                             std::vector<int32_t> local, CpuAllReduce reduce)
+    : CpuOps(model.config(), model.weights(), pool), reduce_(std::move(reduce)) {
+  if (local.empty())
+    for (int32_t r = 0; r < placement.num_gpus; ++r) local.push_back(r);
+  for (int32_t r : local) {
+    check(r >= 0 && r < placement.num_gpus, "tensor-parallel CPU twin: rank " + std::to_string(r) + " outside [0, " +
+                                                std::to_string(placement.num_gpus) + ")");
     Rank rank;
     rank.plan = rank_plan(cfg_, placement, r);
     for (int32_t l = 0; l < cfg_.num_layers; ++l)
@@ -73,6 +102,7 @@ void ShardedCpuOps::out_proj(int32_t l, bool post_norm) {
     linear_timed(a_r_.data(), n_, r.layers[static_cast<size_t>(l)].wo, nullptr, part_.data());
     for (int64_t i = 0; i < n_ * H; ++i) sum_[static_cast<size_t>(i)] += part_[static_cast<size_t>(i)];
   }
+  if (reduce_) reduce_(sum_.data(), static_cast<size_t>(n_ * H));
   add_to_x(0, n_, sum_.data(), post_norm ? &weights_.layers[static_cast<size_t>(l)].post_attn_norm : nullptr);
 }
 
@@ -95,13 +125,15 @@ void ShardedCpuOps::mlp(int32_t l, int64_t row0, int64_t rows, runtime::Activati
     linear_timed(gate_.data(), rows, L.w_down, nullptr, part_.data());
     for (int64_t i = 0; i < rows * H; ++i) sum_[static_cast<size_t>(i)] += part_[static_cast<size_t>(i)];
   }
+  if (reduce_) reduce_(sum_.data(), static_cast<size_t>(rows * H));
   add_to_x(row0, rows, sum_.data(), post_norm ? &weights_.layers[static_cast<size_t>(l)].post_ffn_norm : nullptr);
 }
 
 namespace {
 std::unique_ptr<ShardedCpuOps> sharded(const runtime::Model& model, const Placement& placement, ThreadPool& pool,
-                                       ShardedCpuOps** keep) {
-  auto ops = std::make_unique<ShardedCpuOps>(model, placement, pool);
+                                       ShardedCpuOps** keep, std::vector<int32_t> local = {},
+                                       CpuAllReduce reduce = {}) {
+  auto ops = std::make_unique<ShardedCpuOps>(model, placement, pool, std::move(local), std::move(reduce));
   if (keep != nullptr) *keep = ops.get();
   return ops;
 }
@@ -129,6 +161,13 @@ std::unique_ptr<runtime::BatchBackend> tp_cpu_batch_backend(const runtime::Model
                                                             ThreadPool* pool) {
   ThreadPool& p = pool != nullptr ? *pool : ThreadPool::global();
   return std::make_unique<runtime::CpuBatchBackend>(model, &p, sharded(model, placement, p, nullptr));
+}
+
+std::unique_ptr<runtime::BatchBackend> tp_cpu_rank_backend(const runtime::Model& model, const Placement& placement,
+                                                           int32_t rank, CpuAllReduce reduce, ThreadPool& pool) {
+  check(static_cast<bool>(reduce), "tensor-parallel CPU twin: a rank backend needs its all-reduce");
+  return std::make_unique<runtime::CpuBatchBackend>(model, &pool,
+                                                    sharded(model, placement, pool, nullptr, {rank}, std::move(reduce)));
 }
 
 }  // namespace tessera::parallel

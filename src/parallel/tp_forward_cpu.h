@@ -15,7 +15,9 @@
 // placement. (The GPU ranks, parallel/cuda, keep only their own groups' K/V; on the CPU one cache holds all.)
 #pragma once
 
+#include <barrier>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -32,10 +34,35 @@
 
 namespace tessera::parallel {
 
-// runtime::CpuOps over the ranks of `placement` (validated against the model): see above.
+// The all-reduce of one CPU rank among ranks in other threads or processes: x[0, count) = the sum over ranks of
+// their x, in rank order, in place.
+using CpuAllReduce = std::function<void(float* x, size_t count)>;
+
+// The ranks of one process's threads (the per-rank CPU twin): all_reduce_sum(rank, x, n) returns once every rank
+// has called it, each rank's x then 0 + x_0 + x_1 + ... in rank order (the single-process twin's order, so the
+// per-rank twin's sums equal ShardedCpuOps' over all ranks bit for bit). Every rank must pass the same count
+// (else each throws "host all-reduce: ranks passed different counts ...").
+class HostAllReduce {
+ public:
+  explicit HostAllReduce(int32_t world);
+  void all_reduce_sum(int32_t rank, float* x, size_t count);
+  CpuAllReduce of_rank(int32_t rank) {
+    return [this, rank](float* x, size_t n) { all_reduce_sum(rank, x, n); };
+  }
+
+ private:
+  std::barrier<> sync_;
+  std::vector<float*> x_;
+  std::vector<size_t> count_;
+};
+
+// runtime::CpuOps over the ranks of `placement` (validated against the model): see above. With `local` set, only
+// those ranks' shards run here (one rank of a per-rank twin: its heads' q/k/v, its columns) and `reduce` sums the
+// partial products with the other ranks' (the all-reduce hook) before the residual add.
 class ShardedCpuOps final : public runtime::CpuOps {
  public:
-  ShardedCpuOps(const runtime::Model& model, const Placement& placement, ThreadPool& pool);
+  ShardedCpuOps(const runtime::Model& model, const Placement& placement, ThreadPool& pool,
+                std::vector<int32_t> local = {}, CpuAllReduce reduce = {});
 
   void qkv(int32_t l, bool bias) override;
   void out_proj(int32_t l, bool post_norm) override;
@@ -50,6 +77,7 @@ class ShardedCpuOps final : public runtime::CpuOps {
     std::vector<runtime::LayerWeights> layers;
   };
   std::vector<Rank> ranks_;
+  CpuAllReduce reduce_;
   std::vector<float> q_r_, k_r_, v_r_, a_r_, part_, sum_;  // scratch
 };
 
@@ -78,5 +106,11 @@ class TpForwardCpu {
 // whose prefill chunks and decode steps run over ShardedCpuOps.
 std::unique_ptr<runtime::BatchBackend> tp_cpu_batch_backend(const runtime::Model& model, const Placement& placement,
                                                             ThreadPool* pool = nullptr);
+
+// One rank of the per-rank twin (each rank its own backend, as each GPU is): a CpuBatchBackend whose products run
+// only rank `rank`'s shard, the partial sums all-reduced through `reduce` (HostAllReduce::of_rank in tests). Its KV
+// store keeps every KV head's rows, but the rank writes and reads only its own groups'.
+std::unique_ptr<runtime::BatchBackend> tp_cpu_rank_backend(const runtime::Model& model, const Placement& placement,
+                                                           int32_t rank, CpuAllReduce reduce, ThreadPool& pool);
 
 }  // namespace tessera::parallel

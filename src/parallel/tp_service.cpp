@@ -21,7 +21,7 @@ std::string where() { return "tensor-parallel command: "; }
 
 TpHeader encode_header(const TpCommand& c) {
   return {kTpMagic, static_cast<int32_t>(c.op), c.pos, c.total_len, static_cast<int32_t>(c.tokens.size()),
-          static_cast<int32_t>(c.policy_json.size()), 0, 0};
+          static_cast<int32_t>(c.policy_json.size()), c.flags, 0};
 }
 
 std::vector<int32_t> encode_payload(const TpCommand& c) {
@@ -39,7 +39,7 @@ size_t payload_ints(const TpHeader& h) {
     std::snprintf(buf, sizeof buf, "0x%08x", static_cast<unsigned>(h[0]));
     throw Error(where() + "bad magic " + buf + " (ranks out of step?)");
   }
-  if (h[1] < static_cast<int32_t>(TpOp::kBegin) || h[1] > static_cast<int32_t>(TpOp::kQuit))
+  if (h[1] < static_cast<int32_t>(TpOp::kBegin) || h[1] > kTpLastOp)
     throw Error(where() + "unknown op " + std::to_string(h[1]));
   check(h[4] >= 0 && h[4] <= kMaxTokens,
         where() + std::to_string(h[4]) + " tokens, outside [0, " + std::to_string(kMaxTokens) + "]");
@@ -57,6 +57,7 @@ TpCommand decode_command(const TpHeader& h, std::span<const int32_t> payload) {
   c.op = static_cast<TpOp>(h[1]);
   c.pos = h[2];
   c.total_len = h[3];
+  c.flags = h[6];
   c.tokens.assign(payload.begin(), payload.begin() + h[4]);
   c.policy_json.resize(static_cast<size_t>(h[5]));
   if (h[5] > 0) std::memcpy(c.policy_json.data(), payload.data() + h[4], static_cast<size_t>(h[5]));
@@ -86,6 +87,9 @@ int64_t tp_serve_worker(CommandChannel& channel, RankForward& forward, const att
         break;
       case TpOp::kQuit:
         return passes;
+      default:
+        throw Error("tensor-parallel worker: op " + std::to_string(static_cast<int32_t>(c.op)) +
+                    " is the batched backend's (parallel/tp_batch.h), not the single-sequence worker's");
     }
   }
 }

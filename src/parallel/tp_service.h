@@ -20,7 +20,7 @@
 // tensor-parallel GPU engine in parallel/cuda/tp_service_cuda.h; in-process queues and the CPU engine in the tests.
 //
 // Wire format of a command: a header of kHeaderInts int32 {kMagic, op, pos, total_len, token count, policy bytes,
-// 0, 0}, then (when either count is non-zero) a payload of token count + ceil(policy bytes / 4) int32: the tokens,
+// flags, 0}, then (when either count is non-zero) a payload of token count + ceil(policy bytes / 4) int32: the tokens,
 // then the policy JSON's bytes packed 4 to an int32, little-endian.
 #pragma once
 
@@ -36,7 +36,12 @@
 
 namespace tessera::parallel {
 
-enum class TpOp : int32_t { kBegin = 1, kChunk = 2, kDecode = 3, kEnd = 4, kQuit = 5 };
+enum class TpOp : int32_t {
+  kBegin = 1, kChunk = 2, kDecode = 3, kEnd = 4, kQuit = 5,
+  // The batched backend's calls (parallel/tp_batch.h: `serve --gpus N --parallel M`); their arguments in `tokens`.
+  kStore = 6, kPrefill = 7, kFinish = 8, kRelease = 9, kAbort = 10, kLoadPrefix = 11, kBatchDecode = 12,
+};
+inline constexpr int32_t kTpLastOp = 12;
 
 struct TpCommand {
   TpOp op = TpOp::kEnd;
@@ -44,6 +49,7 @@ struct TpCommand {
   int32_t total_len = 0;  // kChunk: the prompt's length (the lowering's total)
   std::vector<int32_t> tokens;
   std::string policy_json;  // kBegin: the policy (empty: dense)
+  int32_t flags = 0;        // the batched calls' flags (parallel/tp_batch.h)
   bool operator==(const TpCommand&) const = default;
 };
 

@@ -222,6 +222,20 @@ void SequenceBlocks::release(BlockPool& pool) {
   length_ = 0;
 }
 
+SequenceBlocks SequenceBlocks::mirror(const PagedKVShape& shape) {
+  return SequenceBlocks(shape, std::vector<KVRetention>(static_cast<size_t>(shape.num_layers) *
+                                                        static_cast<size_t>(std::max(shape.num_kv_heads, 0))));
+}
+
+void SequenceBlocks::set_entry(size_t i, int64_t b, int32_t id) {
+  check(i < tables_.size() && b >= 0, "paged KV: table entry (" + std::to_string(i) + ", " + std::to_string(b) +
+                                          ") outside the sequence's " + std::to_string(tables_.size()) + " tables");
+  std::vector<int32_t>& t = tables_[i];
+  if (static_cast<int64_t>(t.size()) <= b) t.resize(static_cast<size_t>(b) + 1, -1);
+  held_ += (id >= 0 ? 1 : 0) - (t[static_cast<size_t>(b)] >= 0 ? 1 : 0);
+  t[static_cast<size_t>(b)] = id;
+}
+
 int32_t SequenceBlocks::block(int32_t layer, int32_t kv_head, int64_t pos) const {
   if (pos < 0 || pos >= length_) return -1;
   const std::vector<int32_t>& t = table(layer, kv_head);

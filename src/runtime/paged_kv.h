@@ -115,6 +115,12 @@ class SequenceBlocks {
   void adopt(std::span<const std::vector<int32_t>* const> shared, BlockPool& pool);
   // Gives every block back; length becomes 0.
   void release(BlockPool& pool);
+  // A copy of a sequence another process schedules (the tensor-parallel followers, parallel/tp_batch.h): only its
+  // tables and length, set entry by entry, no pool behind them (its retention is unbounded: not for grow()).
+  static SequenceBlocks mirror(const PagedKVShape& shape);
+  // Logical block b of table i (layer * kv_heads + kv_head) becomes `id` (-1: not kept); the table grows with -1.
+  void set_entry(size_t i, int64_t b, int32_t id);
+  void set_length(int64_t length) { length_ = length; }
 
   // Physical block of row `pos` of (layer, kv head), or -1 when the row is not kept (or not written yet).
   int32_t block(int32_t layer, int32_t kv_head, int64_t pos) const;
