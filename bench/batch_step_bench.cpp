@@ -2,14 +2,17 @@
 // decoding requests while a long prompt arrives, and that prompt's time to its first token.
 //
 //   build/ci/bench/batch_step_bench MODEL.gguf [--decoders 2] [--long 4000] [--budgets 0,256,512] [--chunk 2048]
-//                                   [--reps 1]
+//                                   [--device cpu|cuda]
 //
 // Per budget (0: none, a --chunk prefill chunk beside every decode step, as `serve` without --step-tokens): a fresh
 // engine (max_batch decoders + 1, no prefix cache), --decoders greedy requests with short prompts decode; once each has
 // 4 tokens, a prompt of --long random tokens arrives (one new token). Every step's wall time is a decoder's
 // inter-token gap (each decoding row gets one token a step); the figures are the gaps while the long prompt prefills
 // (its arrival to its first token) — p50, p99, max — the gap outside that window (the decode step alone), and the
-// long prompt's TTFT and steps. It measures, asserts nothing.
+// long prompt's TTFT and steps; and how the steps during the prefill split (p50 of each step's share, from the
+// engine's own prefill / decode seconds). --device cuda runs the GPU batched backend (runtime/device.h: the bf16
+// weights uploaded once; the binary must link the CUDA device, as the CUDA build's does). It measures, asserts
+// nothing.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -21,6 +24,7 @@
 #include "core/error.h"
 #include "model/model.h"
 #include "runtime/batch_engine.h"
+#include "runtime/device.h"
 
 using namespace tessera;
 using Clock = std::chrono::steady_clock;
@@ -45,10 +49,11 @@ std::vector<int32_t> tokens(int32_t n, int32_t vocab, uint32_t seed) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: batch_step_bench MODEL [--decoders N] [--long N] [--budgets a,b] [--chunk N]\n");
+    std::fprintf(stderr,
+                 "usage: batch_step_bench MODEL [--decoders N] [--long N] [--budgets a,b] [--chunk N] [--device D]\n");
     return 2;
   }
-  std::string path = argv[1];
+  std::string path = argv[1], device_name = "cpu";
   int decoders = 2, long_len = 4000, chunk = 2048;
   std::vector<int> budgets = {0, 256, 512};
   for (int i = 2; i + 1 < argc; i += 2) {
@@ -56,6 +61,7 @@ int main(int argc, char** argv) {
     if (k == "--decoders") decoders = std::stoi(v);
     else if (k == "--long") long_len = std::stoi(v);
     else if (k == "--chunk") chunk = std::stoi(v);
+    else if (k == "--device") device_name = v;
     else if (k == "--budgets") {
       budgets.clear();
       for (size_t p = 0; p <= v.size();) {
@@ -71,12 +77,15 @@ int main(int argc, char** argv) {
   try {
     const auto model = runtime::Model::load(path);
     const int32_t vocab = model->config().vocab_size;
-    std::printf("model %s; %d decoding requests, a prompt of %d tokens arriving; --chunk %d\n", path.c_str(), decoders,
-                long_len, chunk);
-    std::printf("| step_tokens | long prompt TTFT | its steps | gap during its prefill p50 / p99 / max | gap otherwise p50 |\n");
-    std::printf("|---|---:|---:|---:|---:|\n");
+    const auto device = runtime::open_device(device_name, *model);
+    std::printf("model %s on %s; %d decoding requests, a prompt of %d tokens arriving; --chunk %d\n", path.c_str(),
+                device->description().c_str(), decoders, long_len, chunk);
+    std::printf("| step_tokens | long prompt TTFT | its steps | gap during its prefill p50 / p99 / max | of which prefill / "
+                "decode p50 | gap otherwise p50 |\n");
+    std::printf("|---|---:|---:|---:|---:|---:|\n");
     for (int budget : budgets) {
-      runtime::CpuBatchBackend backend(*model);
+      const auto backend_ptr = device->batch_backend(runtime::EngineOptions{});
+      runtime::BatchBackend& backend = *backend_ptr;
       runtime::BatchEngineOptions o;
       o.chunk_size = chunk;
       o.max_batch = decoders + 1;
@@ -90,7 +99,7 @@ int main(int argc, char** argv) {
         r.options.max_new_tokens = 2000;  // (cancelled below)
         ids.push_back(engine.submit(r));
       }
-      std::vector<double> during, otherwise;
+      std::vector<double> during, otherwise, during_prefill, during_decode;
       int64_t got = 0;
       while (got < 4L * decoders)
         for (const auto& e : engine.step()) got += e.token >= 0 ? 1 : 0;
@@ -104,9 +113,14 @@ int main(int argc, char** argv) {
       double ttft = 0;
       while (after < 8) {
         const auto s0 = Clock::now();
+        const runtime::BatchEngineStats before = engine.stats();
         const auto events = engine.step();
         const double dt = std::chrono::duration<double>(Clock::now() - s0).count();
         (first ? otherwise : during).push_back(dt);
+        if (!first) {
+          during_prefill.push_back(engine.stats().prefill_seconds - before.prefill_seconds);
+          during_decode.push_back(engine.stats().decode_seconds - before.decode_seconds);
+        }
         if (!first) ++steps;
         for (const auto& e : events)
           if (e.id == lid && e.token >= 0) {
@@ -117,9 +131,10 @@ int main(int argc, char** argv) {
       }
       for (int64_t id : ids) engine.cancel(id);
       engine.step();
-      std::printf("| %s | %.2f s | %d | %.0f / %.0f / %.0f ms | %.0f ms |\n",
+      std::printf("| %s | %.3f s | %d | %.2f / %.2f / %.2f ms | %.2f / %.2f ms | %.2f ms |\n",
                   budget ? std::to_string(budget).c_str() : "none", ttft, steps, pct(during, 0.5) * 1e3,
-                  pct(during, 0.99) * 1e3, pct(during, 1.0) * 1e3, pct(otherwise, 0.5) * 1e3);
+                  pct(during, 0.99) * 1e3, pct(during, 1.0) * 1e3, pct(during_prefill, 0.5) * 1e3,
+                  pct(during_decode, 0.5) * 1e3, pct(otherwise, 0.5) * 1e3);
       std::fflush(stdout);
     }
   } catch (const Error& e) {
