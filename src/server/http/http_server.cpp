@@ -368,6 +368,20 @@ struct HttpServer::Impl {
             {"kv_cache_bytes", g.kv_bytes}, {"rss_bytes", resident_bytes()}};
   }
 
+  // An authenticated endpoint answering JSON: `answer` returns the body; an ApiError (the key's or the answer's)
+  // becomes the API's error object.
+  template <typename Answer>
+  httplib::Server::Handler json_route(Answer answer) {
+    return [this, answer](const httplib::Request& q, httplib::Response& s) {
+      try {
+        check_auth(q);
+        s.set_content(dump_json(answer(q)), "application/json");
+      } catch (const ApiError& e) {
+        send_error(s, e);
+      }
+    };
+  }
+
   void routes() {
     http.set_payload_max_length(options.max_body_bytes);
     // httplib's default sets SO_REUSEPORT, which lets a second server bind the same port and share its
@@ -385,74 +399,45 @@ struct HttpServer::Impl {
               [this](const httplib::Request& q, httplib::Response& s) { generate(Endpoint::Completion, q, s); });
     // vLLM's /tokenize and /detokenize (also under /v1/, where OpenAI's clients' post() puts them).
     for (const char* prefix : {"", "/v1"}) {
-      http.Post(std::string(prefix) + "/tokenize", [this](const httplib::Request& q, httplib::Response& s) {
-        try {
-          check_auth(q);
-          const TokenizeRequest r = parse_tokenize_request(q.body);
-          const std::vector<int32_t> ids = tokenize_request(r, model);
-          json j = {{"count", ids.size()}, {"max_model_len", model.context_length}, {"tokens", ids},
-                    {"token_strs", nullptr}};
-          if (r.token_strs) {
-            j["token_strs"] = json::array();
-            for (int32_t id : ids) j["token_strs"].push_back(model.tokenizer->token_to_piece(id));
-          }
-          s.set_content(dump_json(j), "application/json");
-        } catch (const ApiError& e) {
-          send_error(s, e);
+      http.Post(std::string(prefix) + "/tokenize", json_route([this](const httplib::Request& q) {
+        const TokenizeRequest r = parse_tokenize_request(q.body);
+        const std::vector<int32_t> ids = tokenize_request(r, model);
+        json j = {{"count", ids.size()}, {"max_model_len", model.context_length}, {"tokens", ids},
+                  {"token_strs", nullptr}};
+        if (r.token_strs) {
+          j["token_strs"] = json::array();
+          for (int32_t id : ids) j["token_strs"].push_back(model.tokenizer->token_to_piece(id));
         }
-      });
-      http.Post(std::string(prefix) + "/detokenize", [this](const httplib::Request& q, httplib::Response& s) {
-        try {
-          check_auth(q);
-          s.set_content(dump_json({{"prompt", detokenize_request(parse_detokenize_request(q.body), model)}}),
-                        "application/json");
-        } catch (const ApiError& e) {
-          send_error(s, e);
-        }
-      });
+        return j;
+      }));
+      http.Post(std::string(prefix) + "/detokenize", json_route([this](const httplib::Request& q) {
+        return json{{"prompt", detokenize_request(parse_detokenize_request(q.body), model)}};
+      }));
     }
     // vLLM's /tokenizer_info (what lm-evaluation-harness's remote tokenizer reads before using /tokenize): the
     // special tokens' text and the context; no chat template (tessera's are C++, not Jinja).
-    http.Get("/tokenizer_info", [this](const httplib::Request& q, httplib::Response& s) {
-      try {
-        check_auth(q);
-        const model::Tokenizer& tok = *model.tokenizer;
-        const auto piece = [&](int32_t id) { return id >= 0 ? json(tok.token_to_piece(id)) : json(nullptr); };
-        s.set_content(dump_json({{"tokenizer_class", "tessera"},
-                                 {"eos_token", piece(tok.special().eos)},
-                                 {"bos_token", piece(tok.special().bos)},
-                                 {"pad_token", piece(tok.special().pad)},
-                                 {"unk_token", piece(tok.special().unk)},
-                                 {"add_bos_token", tok.special().add_bos},
-                                 {"model_max_length", model.context_length},
-                                 {"vocab_size", tok.vocab_size()},
-                                 {"chat_template", nullptr}}),
-                      "application/json");
-      } catch (const ApiError& e) {
-        send_error(s, e);
-      }
-    });
-    http.Get("/v1/models", [this](const httplib::Request& q, httplib::Response& s) {
-      try {
-        check_auth(q);
-        s.set_content(dump_json(models_json(model)), "application/json");
-      } catch (const ApiError& e) {
-        send_error(s, e);
-      }
-    });
-    http.Get(R"(/v1/models/(.+))", [this](const httplib::Request& q, httplib::Response& s) {
-      try {
-        check_auth(q);
-        if (q.matches[1] != model.id)
-          throw ApiError(404, "invalid_request_error",
-                         "The model '" + std::string(q.matches[1]) + "' does not exist; this server serves '" +
-                             model.id + "'",
-                         "model", "model_not_found");
-        s.set_content(dump_json(model_json(model)), "application/json");
-      } catch (const ApiError& e) {
-        send_error(s, e);
-      }
-    });
+    http.Get("/tokenizer_info", json_route([this](const httplib::Request&) {
+      const model::Tokenizer& tok = *model.tokenizer;
+      const auto piece = [&](int32_t id) { return id >= 0 ? json(tok.token_to_piece(id)) : json(nullptr); };
+      return json{{"tokenizer_class", "tessera"},
+                  {"eos_token", piece(tok.special().eos)},
+                  {"bos_token", piece(tok.special().bos)},
+                  {"pad_token", piece(tok.special().pad)},
+                  {"unk_token", piece(tok.special().unk)},
+                  {"add_bos_token", tok.special().add_bos},
+                  {"model_max_length", model.context_length},
+                  {"vocab_size", tok.vocab_size()},
+                  {"chat_template", nullptr}};
+    }));
+    http.Get("/v1/models", json_route([this](const httplib::Request&) { return models_json(model); }));
+    http.Get(R"(/v1/models/(.+))", json_route([this](const httplib::Request& q) {
+      if (q.matches[1] != model.id)
+        throw ApiError(404, "invalid_request_error",
+                       "The model '" + std::string(q.matches[1]) + "' does not exist; this server serves '" +
+                           model.id + "'",
+                       "model", "model_not_found");
+      return model_json(model);
+    }));
     http.Get("/health", [this](const httplib::Request&, httplib::Response& s) {
       s.set_content(dump_json(health()), "application/json");
     });
