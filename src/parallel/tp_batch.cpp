@@ -7,6 +7,7 @@
 
 #include "attention/pattern/config_io.h"
 #include "core/error.h"
+#include "parallel/shard.h"
 
 namespace tessera::parallel {
 
@@ -47,6 +48,21 @@ class Reader {
   const std::vector<int32_t>& v_;
   size_t at_ = 0;
 };
+
+// Growing a sequence from old_len to seq.length() rows takes blocks at the end of its tables and frees those whose
+// rows fell out of a window: only those columns can have changed. f(table, b0, b1) for each such range (b0 may be
+// negative, b1 past the table: the caller clips).
+template <class F>
+void growth_columns(const SequenceBlocks& seq, int64_t old_len, F&& f) {
+  const int64_t B = seq.shape().block_tokens, len = seq.length();
+  for (int32_t l = 0; l < seq.shape().num_layers; ++l)
+    for (int32_t h = 0; h < seq.shape().num_kv_heads; ++h) {
+      const size_t i = static_cast<size_t>(l) * static_cast<size_t>(seq.shape().num_kv_heads) + static_cast<size_t>(h);
+      f(i, std::max<int64_t>(old_len - 1, 0) / B, (len - 1) / B);
+      const int64_t w = seq.retention(l, h).window;
+      if (w < runtime::kUnbounded) f(i, (old_len - w) / B - 2, (len - w) / B + 1);
+    }
+}
 
 }  // namespace
 
@@ -159,11 +175,9 @@ void TpBatchLeader::decode_command(std::span<const int32_t> tokens, std::span<co
     out.push_back(narrow(seq.length(), "a sequence length"));
     const size_t count_at = out.size();
     out.push_back(0);
-    // Growing from s.length to seq.length() takes blocks at the end and frees those that fell out of a window:
-    // only those columns can differ from what the followers hold.
-    const int64_t B = seq.shape().block_tokens, old_len = s.length, len = seq.length();
+    const int64_t len = seq.length();
     int32_t changes = 0;
-    auto compare = [&](size_t i, int64_t b0, int64_t b1) {
+    growth_columns(seq, s.length, [&](size_t i, int64_t b0, int64_t b1) {
       const std::vector<int32_t>& t = seq.table(i);
       std::vector<int32_t>& m = s.tables[i];
       b0 = std::max<int64_t>(b0, 0);
@@ -177,14 +191,7 @@ void TpBatchLeader::decode_command(std::span<const int32_t> tokens, std::span<co
         out.insert(out.end(), {static_cast<int32_t>(i), static_cast<int32_t>(b), now});
         ++changes;
       }
-    };
-    for (int32_t l = 0; l < seq.shape().num_layers; ++l)
-      for (int32_t h = 0; h < seq.shape().num_kv_heads; ++h) {
-        const size_t i = static_cast<size_t>(l) * static_cast<size_t>(seq.shape().num_kv_heads) + static_cast<size_t>(h);
-        compare(i, std::max<int64_t>(old_len - 1, 0) / B, (len - 1) / B);
-        const int64_t w = seq.retention(l, h).window;
-        if (w < runtime::kUnbounded) compare(i, (old_len - w) / B - 2, (len - w) / B + 1);
-      }
+    });
     out[count_at] = changes;
     s.length = len;
   }
@@ -329,5 +336,122 @@ int64_t tp_batch_worker(CommandChannel& channel, runtime::BatchBackend& local, c
     if (on_call) on_call(c, seqs);
   }
 }
+
+Placement uniform_rank_placement(const runtime::ModelConfig& config, int32_t world) {
+  check(world >= 1 && config.num_kv_heads % world == 0,
+        "tensor-parallel batching: the model's " + std::to_string(config.num_kv_heads) + " KV heads do not split over " +
+            std::to_string(world) + " GPUs; use a GPU count that divides " + std::to_string(config.num_kv_heads));
+  Placement p;
+  p.num_gpus = world;
+  p.num_q_heads = config.num_q_heads;
+  p.num_kv_heads = config.num_kv_heads;
+  p.method = "uniform";
+  p.gpu_of_head.assign(static_cast<size_t>(config.num_layers), {});
+  for (std::vector<int32_t>& layer : p.gpu_of_head)
+    for (int32_t h = 0; h < config.num_q_heads; ++h) layer.push_back(h * world / config.num_q_heads);
+  return p;
+}
+
+RankSlice rank_slice(const runtime::ModelConfig& config, const Placement& placement, int32_t rank,
+                     const std::string& source) {
+  const Placement uniform = uniform_rank_placement(config, placement.num_gpus);
+  validate(placement, config.num_layers, config.num_q_heads, config.num_kv_heads, source);
+  for (int32_t l = 0; l < config.num_layers; ++l)
+    for (int32_t h = 0; h < config.num_q_heads; ++h) {
+      const int32_t g = placement.gpu_of_head[static_cast<size_t>(l)][static_cast<size_t>(h)];
+      check(g == uniform.gpu_of_head[static_cast<size_t>(l)][static_cast<size_t>(h)],
+            "tensor-parallel batching (--parallel): " + source + " puts layer " + std::to_string(l) + " head " +
+                std::to_string(h) + " on GPU " + std::to_string(g) +
+                "; the batched backend runs the uniform placement only (drop --placement, or serve with --parallel 1)");
+    }
+  const RankPlan plan = rank_plan(config, placement, rank);
+  RankSlice s;
+  s.rank = rank;
+  s.world = placement.num_gpus;
+  s.q_heads = config.num_q_heads / s.world;
+  s.q0 = rank * s.q_heads;
+  s.kv_heads = config.num_kv_heads / s.world;
+  s.kv0 = rank * s.kv_heads;
+  s.ffn_begin = plan.ffn_begin;
+  s.ffn_end = plan.ffn_end;
+  return s;
+}
+
+runtime::ModelConfig rank_config(const runtime::ModelConfig& config, const RankSlice& slice) {
+  runtime::ModelConfig c = config;
+  c.num_q_heads = slice.q_heads;
+  c.num_kv_heads = slice.kv_heads;
+  c.intermediate_size = slice.ffn_end - slice.ffn_begin;
+  return c;
+}
+
+runtime::ModelWeights rank_weights(const runtime::ModelConfig& config, const runtime::ModelWeights& weights,
+                                   const Placement& placement, int32_t rank) {
+  const RankPlan plan = rank_plan(config, placement, rank);
+  runtime::ModelWeights w;
+  w.embedding = weights.embedding;
+  w.lm_head = weights.lm_head;
+  w.final_norm = weights.final_norm;
+  w.rope_freq_factors = weights.rope_freq_factors;
+  for (int32_t l = 0; l < config.num_layers; ++l)
+    w.layers.push_back(shard_layer(weights.layers[static_cast<size_t>(l)], config, plan.layers[static_cast<size_t>(l)],
+                                   plan.ffn_begin, plan.ffn_end));
+  return w;
+}
+
+attn::AttentionPolicy rank_policy(const attn::AttentionPolicy* policy, const RankSlice& slice) {
+  if (policy == nullptr || policy->table().empty()) return {};
+  std::vector<attn::Pattern> table;
+  for (int l = 0; l < policy->num_layers(); ++l)
+    for (int32_t h = slice.q0; h < slice.q0 + slice.q_heads; ++h) table.push_back(policy->at(l, h));
+  return attn::AttentionPolicy(policy->num_layers(), slice.q_heads, slice.kv_heads, std::move(table));
+}
+
+std::vector<DecodeView> rank_views(std::span<const DecodeView> views, const runtime::ModelConfig& config,
+                                   const RankSlice& slice) {
+  check(views.size() == static_cast<size_t>(config.num_layers) * static_cast<size_t>(config.num_q_heads),
+        "tensor-parallel batching: one decode view per layer and query head");
+  std::vector<DecodeView> out;
+  for (int32_t l = 0; l < config.num_layers; ++l)
+    for (int32_t h = slice.q0; h < slice.q0 + slice.q_heads; ++h)
+      out.push_back(views[static_cast<size_t>(l) * static_cast<size_t>(config.num_q_heads) + static_cast<size_t>(h)]);
+  return out;
+}
+
+RankTables::RankTables(const runtime::PagedKVShape& full, const RankSlice& slice) : full_(full), shape_(full), slice_(slice) {
+  shape_.num_kv_heads = slice.kv_heads;
+}
+
+const SequenceBlocks& RankTables::sync(const SequenceBlocks& full, bool whole) {
+  auto it = seqs_.find(&full);
+  if (it == seqs_.end()) {
+    it = seqs_.emplace(&full, std::make_unique<SequenceBlocks>(SequenceBlocks::mirror(shape_))).first;
+    whole = true;
+  }
+  SequenceBlocks& m = *it->second;
+  const auto Hf = static_cast<size_t>(full_.num_kv_heads), Hr = static_cast<size_t>(shape_.num_kv_heads);
+  auto copy = [&](size_t i, int64_t b0, int64_t b1) {
+    const size_t l = i / Hf, h = i % Hf;
+    if (h < static_cast<size_t>(slice_.kv0) || h >= static_cast<size_t>(slice_.kv0 + slice_.kv_heads)) return;
+    const size_t j = l * Hr + (h - static_cast<size_t>(slice_.kv0));
+    const std::vector<int32_t>& t = full.table(i);
+    const std::vector<int32_t>& r = m.table(j);
+    b0 = std::max<int64_t>(b0, 0);
+    b1 = std::min<int64_t>(b1, static_cast<int64_t>(std::max(t.size(), r.size())) - 1);
+    for (int64_t b = b0; b <= b1; ++b) {
+      const int32_t now = b < static_cast<int64_t>(t.size()) ? t[static_cast<size_t>(b)] : -1;
+      if (b >= static_cast<int64_t>(r.size()) ? now >= 0 : r[static_cast<size_t>(b)] != now) m.set_entry(j, b, now);
+    }
+  };
+  if (whole) {
+    for (size_t i = 0; i < full.tables(); ++i) copy(i, 0, std::numeric_limits<int32_t>::max());
+  } else {
+    growth_columns(full, m.length(), copy);
+  }
+  m.set_length(full.length());
+  return m;
+}
+
+void RankTables::forget(const SequenceBlocks& full) { seqs_.erase(&full); }
 
 }  // namespace tessera::parallel

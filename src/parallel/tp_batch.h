@@ -42,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "parallel/placement.h"
 #include "parallel/tp_service.h"
 #include "runtime/batch_engine.h"
 
@@ -117,5 +118,52 @@ struct TpBatchMirror {
 int64_t tp_batch_worker(CommandChannel& channel, runtime::BatchBackend& local, const attn::PolicyShape& shape,
                         const std::function<void(const TpCommand&, const std::map<int32_t, std::unique_ptr<TpBatchMirror>>&)>&
                             on_call = {});
+
+// A rank's share of the scheduler's requests for a rank backend whose model holds only the rank's heads and MLP
+// columns as a model of its own (the GPU ranks: parallel/cuda/tp_batch_gpu.h, a GpuBatchBackend over that model).
+// The uniform placement only (Megatron's split): rank r holds query heads [r Hq / N, (r + 1) Hq / N) and KV heads
+// [r Hkv / N, (r + 1) Hkv / N) in every layer, so its share is a model of Hq / N query and Hkv / N KV heads. A
+// FlexAttn placement gives ranks different KV-group counts per layer, which the paged store and decode step, one
+// shape for all layers, do not take: rank_slice refuses it.
+struct RankSlice {
+  int32_t rank = 0, world = 1;
+  int32_t q0 = 0, q_heads = 0;    // query heads [q0, q0 + q_heads)
+  int32_t kv0 = 0, kv_heads = 0;  // KV heads [kv0, kv0 + kv_heads)
+  int64_t ffn_begin = 0, ffn_end = 0;
+};
+// The uniform placement of `world` ranks. Throws when Hkv is not a multiple of world:
+//   "tensor-parallel batching: the model's 3 KV heads do not split over 2 GPUs; use a GPU count that divides 3"
+Placement uniform_rank_placement(const runtime::ModelConfig& config, int32_t world);
+// Rank `rank`'s slice of `placement`. Throws for a placement that is not the uniform one:
+//   "tensor-parallel batching (--parallel): <source> puts layer 0 head 1 on GPU 1; the batched backend runs the
+//    uniform placement only (drop --placement, or serve with --parallel 1)"
+RankSlice rank_slice(const runtime::ModelConfig& config, const Placement& placement, int32_t rank,
+                     const std::string& source = "the placement");
+// The rank's model: the config with its head counts and MLP width; its weights (shard_layer's copies, replicated
+// embedding, norms and head).
+runtime::ModelConfig rank_config(const runtime::ModelConfig& config, const RankSlice& slice);
+runtime::ModelWeights rank_weights(const runtime::ModelConfig& config, const runtime::ModelWeights& weights,
+                                   const Placement& placement, int32_t rank);
+// The policy (null or empty: dense, returned empty) and decode views (decode_views layout) of the rank's heads.
+attn::AttentionPolicy rank_policy(const attn::AttentionPolicy* policy, const RankSlice& slice);
+std::vector<runtime::DecodeView> rank_views(std::span<const runtime::DecodeView> views,
+                                            const runtime::ModelConfig& config, const RankSlice& slice);
+
+// The rank's copies of the scheduler's sequences: their tables of the rank's KV heads ([layer * kv_heads + j] for
+// KV head kv0 + j), brought up to date from the full sequence (all tables when it is new or `whole`, else only the
+// columns its growth since the last sync can have changed).
+class RankTables {
+ public:
+  RankTables(const runtime::PagedKVShape& full, const RankSlice& slice);
+  const runtime::PagedKVShape& shape() const { return shape_; }
+  const runtime::SequenceBlocks& sync(const runtime::SequenceBlocks& full, bool whole);
+  void forget(const runtime::SequenceBlocks& full);
+  size_t size() const { return seqs_.size(); }
+
+ private:
+  runtime::PagedKVShape full_, shape_;
+  RankSlice slice_;
+  std::map<const runtime::SequenceBlocks*, std::unique_ptr<runtime::SequenceBlocks>> seqs_;
+};
 
 }  // namespace tessera::parallel

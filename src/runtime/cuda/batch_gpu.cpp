@@ -72,6 +72,11 @@ GpuBatchBackend::~GpuBatchBackend() {
   cudaStreamDestroy(stream_);
 }
 
+void GpuBatchBackend::set_rank_reduce(const GpuOps::RankReduce& reduce) {
+  ops_->set_rank_reduce(reduce);
+  prefill_->ops().set_rank_reduce(reduce);
+}
+
 double GpuBatchBackend::default_kv_bytes() const {
   size_t free_bytes = 0, total_bytes = 0;
   TESSERA_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));

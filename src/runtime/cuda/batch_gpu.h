@@ -104,6 +104,9 @@ class GpuBatchBackend final : public BatchBackend {
   int64_t step_builds() const override { return step_builds_; }
   ForwardTimers timers() const override { return {}; }
 
+  // Tensor parallelism (parallel/cuda/tp_batch_gpu.h): the prefill's and the decode step's output and down
+  // projections all-reduce over the ranks (GpuOps::RankReduce). Before the first step.
+  void set_rank_reduce(const GpuOps::RankReduce& reduce);
   // A sequence whose blocks already hold its keys (benchmarks: random KV; no prefill): takes a slot and uploads
   // its table and views.
   void adopt(const SequenceBlocks& seq, std::span<const DecodeView> views);

@@ -142,10 +142,11 @@ class Uploader {
 
 }  // namespace
 
-std::unique_ptr<DeviceModel> DeviceModel::upload(const Model& model) {
+std::unique_ptr<DeviceModel> DeviceModel::upload(const Model& model) { return upload(model.config(), model.weights()); }
+
+std::unique_ptr<DeviceModel> DeviceModel::upload(const ModelConfig& config, const ModelWeights& w) {
   std::unique_ptr<DeviceModel> m(new DeviceModel());
-  m->config_ = model.config();
-  const ModelWeights& w = model.weights();
+  m->config_ = config;
   m->rope_freq_factors_ = w.rope_freq_factors;
   m->allocate_layout();
   const ModelConfig& c = m->config_;

@@ -81,6 +81,8 @@ class DeviceModel {
   // Copies and rounds the weights of a loaded model to the current device. Throws tessera::Error when the
   // device memory does not suffice ("out of device memory: ...").
   static std::unique_ptr<DeviceModel> upload(const Model& model);
+  // The same from a config and host weights (a tensor-parallel rank's model of its heads: parallel/cuda/tp_batch_gpu.h).
+  static std::unique_ptr<DeviceModel> upload(const ModelConfig& config, const ModelWeights& weights);
   // Deterministic pseudo-random weights of the shapes `config` describes (nothing read from any file).
   // kLocalAttention needs hidden_size >= 64 and no QK-norm (throws tessera::Error otherwise).
   static std::unique_ptr<DeviceModel> random(const ModelConfig& config, uint64_t seed = 1,

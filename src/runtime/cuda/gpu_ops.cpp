@@ -238,11 +238,14 @@ void GpuOps::out_proj(int32_t l, bool post_norm) {
   const int64_t H = cfg_.hidden_size, QD = static_cast<int64_t>(cfg_.num_q_heads) * cfg_.head_dim;
   if (post_norm) {
     gemm(a_.data(), QD, n_, L.wo, wo, H, QD, o_.data(), DType::F32, H, 0.0f);
+    if (reduce_.all_reduce) reduce_.all_reduce(o_.data(), static_cast<size_t>(n_ * H), stream_);
     timed(EventTimer::kNorm, [&] {
       add_rms_normed(x_.data(), o_.data(), n_, H, L.post_attn_norm, cfg_.rms_norm_eps, stream_);
     });
   } else {
-    gemm(a_.data(), QD, n_, L.wo, wo, H, QD, x_.data(), DType::F32, H, 1.0f);  // x += a Wo^T
+    const float beta = reduce_.all_reduce && reduce_.rank != 0 ? 0.0f : 1.0f;
+    gemm(a_.data(), QD, n_, L.wo, wo, H, QD, x_.data(), DType::F32, H, beta);  // x += a Wo^T
+    if (reduce_.all_reduce) reduce_.all_reduce(x_.data(), static_cast<size_t>(n_ * H), stream_);
   }
 }
 
@@ -256,12 +259,15 @@ void GpuOps::mlp(int32_t l, int64_t row0, int64_t rows, Activation act, bool pos
   const Fp8Matrix* wd = L8 ? &L8->w_down : nullptr;
   if (post_norm) {
     gemm(gu_.data(), 2 * F, rows, L.w_down, wd, H, F, o_.data() + row0 * H, DType::F32, H, 0.0f);
+    if (reduce_.all_reduce) reduce_.all_reduce(o_.data() + row0 * H, static_cast<size_t>(rows * H), stream_);
     timed(EventTimer::kNorm, [&] {
       add_rms_normed(x_.data() + row0 * H, o_.data() + row0 * H, rows, H, L.post_ffn_norm, cfg_.rms_norm_eps,
                      stream_);
     });
   } else {
-    gemm(gu_.data(), 2 * F, rows, L.w_down, wd, H, F, x_.data() + row0 * H, DType::F32, H, 1.0f);  // x += m Wd^T
+    const float beta = reduce_.all_reduce && reduce_.rank != 0 ? 0.0f : 1.0f;
+    gemm(gu_.data(), 2 * F, rows, L.w_down, wd, H, F, x_.data() + row0 * H, DType::F32, H, beta);  // x += m Wd^T
+    if (reduce_.all_reduce) reduce_.all_reduce(x_.data() + row0 * H, static_cast<size_t>(rows * H), stream_);
   }
   if (l == 0 && row0 + rows == n_ && sample_) sample_memory();
 }

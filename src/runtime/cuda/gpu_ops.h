@@ -126,6 +126,16 @@ class GpuOps {
   std::vector<float> download_logits(int64_t count);
   float* logits() { return logits_.data(); }
 
+  // Tensor parallelism with one GpuOps per rank over a model of the rank's heads and MLP columns
+  // (parallel/cuda/tp_batch_gpu.h): the partial sums of the output and down projections are summed over the ranks
+  // by all_reduce (in place, f32, ordered on the stream) before the residual add — rank 0 adds into its x, the
+  // others into 0; with post-norms (Gemma-3) the sum of o, then x += RMSNorm(o). Empty all_reduce: one rank.
+  struct RankReduce {
+    int32_t rank = 0;
+    std::function<void(float* x, size_t count, cudaStream_t stream)> all_reduce;
+  };
+  void set_rank_reduce(RankReduce r) { reduce_ = std::move(r); }
+
   const ModelConfig& config() const { return cfg_; }
   cudaStream_t stream() const { return stream_; }
   float attention_scale() const { return scale_; }
@@ -191,6 +201,7 @@ class GpuOps {
   Fp8Matrix x8_;                  // the last quantized input (FP8)
   bool sample_ = false;
   size_t peak_in_use_ = 0;
+  RankReduce reduce_;
   // Scratch, grown to the largest step seen.
   attn::gpu::DeviceBuffer<int32_t> tokens_;
   attn::gpu::DeviceBuffer<float> x_, o_, logits_;
