@@ -167,6 +167,7 @@ GradientProfile toy_profile(int32_t layers, int32_t heads, const std::vector<int
           const double dist = static_cast<double>(qb - kb);
           lp.influence[(static_cast<size_t>(hh) * nb + qb) * nb + kb] = 1e-4 * std::exp(-dist / reach) * (0.5 + u(rng));
         }
+    lp.sample_influence = {lp.influence};  // one sample (the Fisher loss, MoaOptions' default, reads these)
     p.lengths.push_back(std::move(lp));
   }
   return p;

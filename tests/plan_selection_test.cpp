@@ -189,6 +189,67 @@ TEST(MoaNoise, MeanAndStandardErrorOverSamples) {
             "moa: compare_losses needs a profile made with keep_samples");
 }
 
+TEST(MoaNoise, FisherLossPerSampleSquares) {
+  // The Fisher estimate of a plan's loss per sample is the sum over heads of d_s^2 / 2 (d_s: the sample's masked
+  // influence), its mean and standard error over the samples as for the first-order one.
+  const GradientProfile p = two_sample_profile();
+  const attn::Pattern dense = attn::DensePattern{};
+  const attn::Pattern window = attn::ElasticWindowPattern{64, 0, 0};
+  const std::vector<double> kept = block_coverage(window, 256).kept;
+  double d[2] = {0, 0};
+  for (size_t s = 0; s < 2; ++s)
+    for (size_t qb = 0; qb < 4; ++qb)
+      for (size_t kb = 0; kb <= qb; ++kb) d[s] += (1 - kept[qb * 4 + kb]) * p.lengths[0].sample_influence[s][qb * 4 + kb];
+  const double f0 = d[0] * d[0] / 2, f1 = d[1] * d[1] / 2;
+  ASSERT_GT(std::abs(f0 - f1), 1e-6);
+  const auto c = compare_losses(p, {window}, {dense}, LossEstimate::Fisher);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_DOUBLE_EQ(c[0].loss, (f0 + f1) / 2);
+  EXPECT_DOUBLE_EQ(c[0].loss_se, std::abs(f0 - f1) / 2);
+  EXPECT_DOUBLE_EQ(c[0].other, 0.0);
+  EXPECT_DOUBLE_EQ(c[0].diff, (f0 + f1) / 2);
+  // rule_losses agrees with it for the same window as an elastic rule (alpha 64, beta 0, no sink).
+  const auto l = rule_losses(p, {ElasticRule{64, 0}}, 0, LossEstimate::Fisher);
+  EXPECT_DOUBLE_EQ(l[0][0], (f0 + f1) / 2);
+  GradientProfile none = p;
+  none.lengths[0].sample_influence.clear();
+  EXPECT_EQ(error_of([&] { rule_losses(none, {ElasticRule{64, 0}}, 0, LossEstimate::Fisher); }),
+            "moa: the fisher loss needs a profile made with keep_samples");
+  EXPECT_EQ(parse_loss_estimate("fisher"), LossEstimate::Fisher);
+  EXPECT_EQ(parse_loss_estimate("first-order"), LossEstimate::FirstOrder);
+  EXPECT_STREQ(loss_estimate_name(LossEstimate::Fisher), "fisher");
+  EXPECT_EQ(error_of([] { parse_loss_estimate("taylor"); }), "--moa-loss must be first-order or fisher, got 'taylor'");
+}
+
+TEST(MoaNoise, FisherLossFromEachSamplesOwnPass) {
+  // On a real (tiny) model: the Fisher rule loss of a 3-sample profile is 1/2 the mean of the squares of the
+  // first-order rule losses of each sample profiled alone (each a separate reverse-mode pass; the first-order
+  // influence itself is checked against finite differences in plan_gradients_test).
+  const runtime::Model& m = tiny_llama();
+  std::vector<CalibrationSample> samples(3);
+  for (size_t s = 0; s < 3; ++s) {
+    for (int32_t i = 0; i < 180 + 20 * static_cast<int32_t>(s); ++i)
+      samples[s].tokens.push_back(static_cast<int32_t>((i * 13 + 7 * s + 3) % 250));
+    const auto n = static_cast<int32_t>(samples[s].tokens.size());
+    samples[s].targets = {{n - 3, samples[s].tokens[static_cast<size_t>(n - 2)]}, {n - 2, samples[s].tokens.back()}};
+  }
+  const std::vector<ElasticRule> rules = {{-2048, 0}, {0, 0.25}, {0, 0.5}, {64, 0.125}};
+  const GradientProfile all = profile_gradients(m, samples, {256}, {}, ThreadPool::global(), {}, Device::Cpu, true);
+  const auto fisher = rule_losses(all, rules, 64, LossEstimate::Fisher);
+  std::vector<double> want(fisher[0].size(), 0.0);
+  for (const CalibrationSample& s : samples) {
+    const auto first = rule_losses(profile_gradients(m, {s}, {256}, {}, ThreadPool::global()), rules, 64);
+    for (size_t i = 0; i < want.size(); ++i) want[i] += first[0][i] * first[0][i] / 2 / 3;
+  }
+  double largest = 0;
+  for (double w : want) largest = std::max(largest, w);
+  ASSERT_GT(largest, 0);
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_NEAR(fisher[0][i], want[i], 1e-12 * largest) << i;
+    EXPECT_GE(fisher[0][i], 0.0);
+  }
+}
+
 TEST(MoaNoise, UniformWindowOfADensity) {
   for (double d : {0.1, 0.25, 0.5}) {
     const attn::ElasticWindowPattern w = uniform_window_for(d, 4096);

@@ -276,6 +276,11 @@ int main(int argc, char** argv) {
                  "answers a plan should reproduce: MoA picks the Pareto plan keeping most (then the lower perplexity); "
                  "every method reports its plan's agreement (0: none)")
       ->capture_default_str();
+  pl->add_option("--moa-loss", plan.moa_loss,
+                 "MoA: a rule's loss from the influence it masks: fisher (1/2 mean over the calibration samples of the "
+                 "squared first-order change: the second-order term of the KL to the dense model) or first-order "
+                 "(MoA's mean; biased by the greedy targets)")
+      ->check(CLI::IsMember({"fisher", "first-order"}))->capture_default_str();
   pl->add_option("--threshold", plan.threshold, "TriangleMix: Middle gradient (relative to the largest layer's) "
                  "below which deep layers run Triangle")->capture_default_str();
   pl->add_option("--inner", plan.inner, "TriangleMix: the shallow layers' policy: dense, vs or a policy file")

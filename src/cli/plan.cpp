@@ -262,6 +262,8 @@ int plan_command(const PlanOptions& o) {
     if (o.method == "moa") {
       plan::MoaOptions mo;
       if (o.budget) mo.budget = *o.budget;
+      mo.estimate = plan::parse_loss_estimate(o.moa_loss);
+      report["moa_loss"] = plan::loss_estimate_name(mo.estimate);
       plan::PlanValidation validate;
       if (o.validation_length > 0) {
         const std::vector<int32_t> ids = validation_tokens(s, o.haystack, o.validation_length);
@@ -320,19 +322,27 @@ int plan_command(const PlanOptions& o) {
         one.lengths = {prof.lengths[k]};
         const attn::ElasticWindowPattern uni =
             plan::uniform_window_for(r.pareto[r.chosen].density[k], r.lengths[k], mo.sink);
-        const auto c = plan::compare_losses(one, chosen, std::vector<attn::Pattern>(chosen.size(), uni)).front();
+        const auto c =
+            plan::compare_losses(one, chosen, std::vector<attn::Pattern>(chosen.size(), uni), mo.estimate).front();
         char spec[96];
         std::snprintf(spec, sizeof spec, "moa:alpha=0,beta=%.6f,sink=%d", uni.beta, uni.sink);
         noise.push_back({{"length", c.length}, {"samples", c.samples}, {"uniform", attn::describe(uni)},
                          {"uniform_spec", spec},
                          {"uniform_density", plan::pattern_density_exact(uni, c.length)},
                          {"plan_loss", c.loss}, {"plan_loss_se", c.loss_se}, {"uniform_loss", c.other},
-                         {"uniform_loss_se", c.other_se}, {"difference", c.diff}, {"difference_se", c.diff_se}});
+                         {"uniform_loss_se", c.other_se}, {"difference", c.diff}, {"difference_se", c.diff_se},
+                         {"loss", plan::loss_estimate_name(mo.estimate)}});
+        if (mo.estimate != plan::LossEstimate::FirstOrder) {  // MoA's own estimate of the same two, beside it
+          const auto f = plan::compare_losses(one, chosen, std::vector<attn::Pattern>(chosen.size(), uni)).front();
+          noise.back()["first_order"] = {{"plan_loss", f.loss}, {"plan_loss_se", f.loss_se}, {"uniform_loss", f.other},
+                                         {"uniform_loss_se", f.other_se}, {"difference", f.diff},
+                                         {"difference_se", f.diff_se}};
+        }
         char buf[320];
         std::snprintf(buf, sizeof buf,
-                      "calibration noise at %d (%d samples): plan loss %.4g +- %.2g (s.e.), uniform %s %.4g +- %.2g, "
-                      "difference %.4g +- %.2g",
-                      c.length, c.samples, c.loss, c.loss_se, attn::describe(uni).c_str(), c.other, c.other_se,
+                      "calibration noise at %d (%d samples, %s loss): plan %.4g +- %.2g (s.e.), uniform %s %.4g +- "
+                      "%.2g, difference %.4g +- %.2g",
+                      c.length, c.samples, plan::loss_estimate_name(mo.estimate), c.loss, c.loss_se, attn::describe(uni).c_str(), c.other, c.other_se,
                       c.diff, c.diff_se);
         extra_lines.push_back(buf);
       }

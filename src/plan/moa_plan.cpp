@@ -81,22 +81,52 @@ std::vector<std::vector<double>> rule_densities(const std::vector<ElasticRule>& 
   return out;
 }
 
+const char* loss_estimate_name(LossEstimate e) { return e == LossEstimate::Fisher ? "fisher" : "first-order"; }
+
+LossEstimate parse_loss_estimate(const std::string& name) {
+  if (name == "first-order") return LossEstimate::FirstOrder;
+  if (name == "fisher") return LossEstimate::Fisher;
+  throw Error("--moa-loss must be first-order or fisher, got '" + name + "'");
+}
+
+namespace {
+
+// d = sum over the causal blocks of (1 - kept) * e for one head's [nb][nb] influence.
+double masked_sum(const std::vector<double>& kept, const double* e, size_t nb) {
+  double s = 0;
+  for (size_t qb = 0; qb < nb; ++qb)
+    for (size_t kb = 0; kb <= qb; ++kb) s += (1.0 - kept[qb * nb + kb]) * e[qb * nb + kb];
+  return s;
+}
+
+}  // namespace
+
 std::vector<std::vector<double>> rule_losses(const GradientProfile& profile, const std::vector<ElasticRule>& rules,
-                                             int32_t sink) {
+                                             int32_t sink, LossEstimate estimate) {
   const size_t R = rules.size();
   const int32_t heads = profile.num_layers * profile.num_q_heads;
   std::vector<std::vector<double>> out;
   for (const LengthProfile& lp : profile.lengths) {
+    check(estimate == LossEstimate::FirstOrder || !lp.sample_influence.empty(),
+          "moa: the fisher loss needs a profile made with keep_samples");
     std::vector<double> loss(static_cast<size_t>(heads) * R, 0.0);
     const size_t nb = static_cast<size_t>(lp.num_blocks);
+    const size_t per_head = nb * nb;
     for (size_t r = 0; r < R; ++r) {
       const BlockCoverage c = block_coverage(attn::ElasticWindowPattern{rules[r].alpha, rules[r].beta, sink}, lp.length);
       for (int32_t hh = 0; hh < heads; ++hh) {
-        const double* e = lp.influence.data() + static_cast<size_t>(hh) * nb * nb;
-        double s = 0;
-        for (size_t qb = 0; qb < nb; ++qb)
-          for (size_t kb = 0; kb <= qb; ++kb) s += (1.0 - c.kept[qb * nb + kb]) * e[qb * nb + kb];
-        loss[static_cast<size_t>(hh) * R + r] = s;
+        const size_t at = static_cast<size_t>(hh) * per_head;
+        double v = 0;
+        if (estimate == LossEstimate::FirstOrder) {
+          v = masked_sum(c.kept, lp.influence.data() + at, nb);
+        } else {
+          for (const std::vector<double>& e : lp.sample_influence) {
+            const double d = masked_sum(c.kept, e.data() + at, nb);
+            v += 0.5 * d * d;
+          }
+          v /= static_cast<double>(lp.sample_influence.size());
+        }
+        loss[static_cast<size_t>(hh) * R + r] = v;
       }
     }
     out.push_back(std::move(loss));
@@ -114,7 +144,7 @@ MoaResult plan_moa(const GradientProfile& profile, int32_t num_kv_heads, const M
   for (const LengthProfile& lp : profile.lengths) result.lengths.push_back(lp.length);
   const auto K = result.lengths.size();
   const auto densities = rule_densities(rules, o.sink, result.lengths);
-  const auto losses = rule_losses(profile, rules, o.sink);
+  const auto losses = rule_losses(profile, rules, o.sink, o.estimate);
   for (size_t k = 0; k < K; ++k) {
     const double sparsest = *std::min_element(densities[k].begin(), densities[k].end());
     check(sparsest <= o.budget, "moa: no plan meets the budget " + std::to_string(o.budget) + " at length " +
@@ -275,7 +305,7 @@ size_t select_by_validation(const std::vector<ValidationScore>& scores) {
 }
 
 std::vector<LossComparison> compare_losses(const GradientProfile& profile, const std::vector<attn::Pattern>& plan,
-                                           const std::vector<attn::Pattern>& other) {
+                                           const std::vector<attn::Pattern>& other, LossEstimate estimate) {
   const size_t heads = static_cast<size_t>(profile.num_layers) * static_cast<size_t>(profile.num_q_heads);
   check(plan.size() == heads && other.size() == heads,
         "moa: compare_losses needs one pattern per head (" + std::to_string(heads) + "), got " +
@@ -307,15 +337,11 @@ std::vector<LossComparison> compare_losses(const GradientProfile& profile, const
     std::vector<double> lp_plan, lp_other, lp_diff;
     for (const std::vector<double>& e : lp.sample_influence) {
       double a = 0, b = 0;
+      auto term = [&](double d) { return estimate == LossEstimate::Fisher ? 0.5 * d * d : d; };
       for (size_t hh = 0; hh < heads; ++hh) {
-        const std::vector<double>& ka = kept_of(plan[hh]);
-        const std::vector<double>& kb_ = kept_of(other[hh]);
         const double* eh = e.data() + hh * nb * nb;
-        for (size_t qb = 0; qb < nb; ++qb)
-          for (size_t kb = 0; kb <= qb; ++kb) {
-            a += (1.0 - ka[qb * nb + kb]) * eh[qb * nb + kb];
-            b += (1.0 - kb_[qb * nb + kb]) * eh[qb * nb + kb];
-          }
+        a += term(masked_sum(kept_of(plan[hh]), eh, nb));
+        b += term(masked_sum(kept_of(other[hh]), eh, nb));
       }
       lp_plan.push_back(a);
       lp_other.push_back(b);

@@ -2,10 +2,16 @@
 //
 //  1. The search space: 6 alpha values uniform in [-2048, 8192] x 9 beta values uniform in [0, 1] = 54 rules
 //     S = alpha + beta * N (clipped to [0, N]), each run as ElasticWindowPattern{alpha, beta, sink 64}.
-//  2. A rule's loss at length N, per head: the sum of the head's mean influence over the cells the rule masks,
-//     sum over blocks of (1 - kept fraction of the block) * E_block (MoA averages influence within 64 x 64
+//  2. A rule's loss at length N, per head, from the masked influence of each calibration sample s,
+//     d_s = sum over blocks of (1 - kept fraction of the block) * E_s,block (MoA averages influence within 64 x 64
 //     blocks; the kept fractions and the rule's density come from lowering the pattern with the index, so they are
-//     what the executor runs).
+//     what the executor runs). LossEstimate::FirstOrder is MoA's own: the mean of d_s (Eq. 4). LossEstimate::Fisher
+//     (the default) is the second-order term, 1/2 mean of d_s^2: the targets are the dense model's own answers, so
+//     the loss measures how far the masked model moves from the dense one (for answers drawn from the dense model,
+//     its expectation is KL(dense || masked), whose first-order term is zero and whose Hessian is the Fisher
+//     information, estimated by the per-sample squared first-order changes — the empirical Fisher, as in
+//     Kwon et al. 2022's mask search). The first-order mean is what is left of that zero from finitely many greedy
+//     answers: on SmolLM2 it is negative for sink-only heads (docs/plans), and the optimiser spent the budget there.
 //  3. Per length: a mixed-integer program (rule_mip.h): one rule per head, at most 2 distinct rules per layer, mean
 //     density <= budget at every profiled length, minimum total loss.
 //  4. Across lengths (when several are profiled): the epsilon-constraint method — minimise the loss at the longest
@@ -46,8 +52,16 @@ BlockCoverage block_coverage(const attn::Pattern& pattern, int32_t length);
 // Only the density (index_stats of the lowered static pattern; cheaper than block_coverage).
 double pattern_density_exact(const attn::Pattern& pattern, int32_t length);
 
+// How a rule's masked influence becomes its loss (item 2 above).
+enum class LossEstimate { FirstOrder, Fisher };
+// "first-order" or "fisher"; parse_loss_estimate throws tessera::Error("--moa-loss must be first-order or fisher,
+// got 'X'") otherwise.
+const char* loss_estimate_name(LossEstimate e);
+LossEstimate parse_loss_estimate(const std::string& name);
+
 struct MoaOptions {
   double budget = 0.5;            // mean density (0, 1]
+  LossEstimate estimate = LossEstimate::Fisher;  // needs the profile's sample_influence (keep_samples)
   int32_t intervals = 5;          // epsilon-constraint levels per secondary length
   int32_t max_rules_per_layer = 2;
   int32_t sink = 64;
@@ -73,10 +87,12 @@ struct MoaResult {
 };
 
 // Density of each rule at each length, [length][rule], and the rule losses [length][head * rules] of a profile.
+// FirstOrder uses the mean influence; Fisher each sample's (throws tessera::Error "moa: the fisher loss needs a
+// profile made with keep_samples" without them).
+std::vector<std::vector<double>> rule_losses(const GradientProfile& profile, const std::vector<ElasticRule>& rules,
+                                             int32_t sink, LossEstimate estimate = LossEstimate::FirstOrder);
 std::vector<std::vector<double>> rule_densities(const std::vector<ElasticRule>& rules, int32_t sink,
                                                 const std::vector<int32_t>& lengths);
-std::vector<std::vector<double>> rule_losses(const GradientProfile& profile, const std::vector<ElasticRule>& rules,
-                                             int32_t sink);
 
 // A plan's validation on data not used for calibration.
 struct ValidationScore {
@@ -89,10 +105,11 @@ using PlanValidation = std::function<ValidationScore(const attn::AttentionPolicy
 // measured), then to the first. Throws tessera::Error on an empty list.
 size_t select_by_validation(const std::vector<ValidationScore>& scores);
 
-// The calibration noise of the first-order loss estimate, per profiled length (the profile made with keep_samples):
-// per sample s, L_s(plan) = sum over heads and blocks of (1 - kept fraction) x the sample's influence. Reports the
-// mean over the level's samples and its standard error sd / sqrt(n) (the jackknife's, for a mean) of `plan`, of
-// `other` (both one pattern per head, layer-major), and of their difference; *_se is NaN with one sample.
+// The calibration noise of the loss estimate, per profiled length (the profile made with keep_samples): per sample
+// s, L_s(plan) = sum over heads of the head's d_s (FirstOrder) or d_s^2 / 2 (Fisher), d_s = sum over blocks of
+// (1 - kept fraction) x the sample's influence. Reports the mean over the level's samples and its standard error
+// sd / sqrt(n) (the jackknife's, for a mean) of `plan`, of `other` (both one pattern per head, layer-major), and of
+// their difference; *_se is NaN with one sample.
 struct LossComparison {
   int32_t length = 0;
   int32_t samples = 0;
@@ -101,7 +118,8 @@ struct LossComparison {
   double diff = 0, diff_se = 0;  // loss - other: negative when the plan loses less than `other`
 };
 std::vector<LossComparison> compare_losses(const GradientProfile& profile, const std::vector<attn::Pattern>& plan,
-                                           const std::vector<attn::Pattern>& other);
+                                           const std::vector<attn::Pattern>& other,
+                                           LossEstimate estimate = LossEstimate::FirstOrder);
 
 // The uniform MoA window (alpha 0, the given sink) whose exact density at `length` is the smallest >= `density`:
 // beta by bisection to 1e-6 (the comparison "a uniform window of the same density").
