@@ -81,6 +81,19 @@ def questions(seed, records, n):
     return [kinds[k % len(kinds)].format(r=rng.randint(1, records)) for k in range(n)]
 
 
+def first_token_logprobs(api, lp):
+    """The answer's first token and its most likely alternatives, [(token, logprob), ...] (chosen first)."""
+    if api == "chat":
+        if not lp.content:
+            return None
+        e = lp.content[0]
+        return [(e.token, e.logprob)] + [(t.token, t.logprob) for t in (e.top_logprobs or [])]
+    if not lp.tokens:
+        return None
+    top = (lp.top_logprobs or [None])[0] or {}
+    return [(lp.tokens[0], lp.token_logprobs[0])] + sorted(top.items(), key=lambda kv: -kv[1])
+
+
 class Server:
     def __init__(self, args, extra):
         self.cmd = [args.tessera, "serve", "-m", args.model, "--port", "0", "--device", args.device, "--parallel",
@@ -160,19 +173,23 @@ def run(args, label, extra, docs=None):
                 messages.append({"role": "user", "content": content})
                 prompt += f"\nQuestion: {q}\nAnswer:"
                 t0 = time.perf_counter()
-                ttft, text, usage = None, "", None
+                ttft, text, usage, first_lp = None, "", None, None
                 try:
+                    lp = {"logprobs": True, "top_logprobs": args.logprobs} if args.logprobs else {}
                     if args.api == "chat":
                         stream = client.chat.completions.create(
                             model=model_id, messages=messages, max_tokens=args.max_tokens, temperature=0, stream=True,
-                            stream_options={"include_usage": True})
+                            stream_options={"include_usage": True}, **lp)
                     else:  # a base model (no chat template): the conversation as one growing text
                         stream = client.completions.create(
                             model=model_id, prompt=prompt, max_tokens=args.max_tokens, temperature=0, stream=True,
-                            stream_options={"include_usage": True})
+                            stream_options={"include_usage": True},
+                            **({"logprobs": args.logprobs} if args.logprobs else {}))
                     for chunk in stream:
                         if chunk.usage:
                             usage = chunk.usage
+                        if first_lp is None and chunk.choices and chunk.choices[0].logprobs:
+                            first_lp = first_token_logprobs(args.api, chunk.choices[0].logprobs)
                         piece = (chunk.choices[0].delta.content if args.api == "chat" else chunk.choices[0].text) \
                             if chunk.choices else None
                         if piece:
@@ -184,7 +201,7 @@ def run(args, label, extra, docs=None):
                     return
                 cached = usage.prompt_tokens_details.cached_tokens if usage and usage.prompt_tokens_details else None
                 turns[c][k] = {"ttft_s": ttft, "answer": text, "prompt_tokens": usage.prompt_tokens if usage else None,
-                               "cached_tokens": cached}
+                               "cached_tokens": cached, "first_token_logprobs": first_lp}
                 messages.append({"role": "assistant", "content": text})
                 prompt += text + "\n"
 
@@ -237,6 +254,10 @@ def main():
     ap.add_argument("--api", choices=["chat", "completions"], default="chat",
                     help="chat completions (a model with a chat template), or completions over the conversation as "
                          "one growing text (a base model, e.g. Gemma-3-270M's GGUF)")
+    ap.add_argument("--logprobs", type=int, default=5,
+                    help="the first answer token's log-probability and its N most likely alternatives, per turn (0: "
+                         "not asked); where the two runs' answers differ, both runs' are printed: a near tie of the "
+                         "uncached run's alternatives is rounding, a far one a bug")
     ap.add_argument("--json-out")
     ap.add_argument("--md-out")
     args = ap.parse_args()
@@ -275,6 +296,12 @@ def main():
                      + (f"; errors: {r['errors']}" if r["errors"] else ""))
     if same:
         lines.append(f"answers equal with and without the prefix cache: {same[0]} of {same[1]} turns")
+        for c, (ta, tb) in enumerate(zip(runs[0]["turns"], runs[1]["turns"])):
+            for k, (a, b) in enumerate(zip(ta, tb)):
+                if a and b and a["answer"] != b["answer"] and (k == 0 or ta[k - 1]["answer"] == tb[k - 1]["answer"]):
+                    fmt = (lambda v: ", ".join(f"{t!r} {p:.3f}" for t, p in v) if v else "-")
+                    lines.append(f"client {c} turn {k + 1} (cached {a['cached_tokens']}): first token with the cache "
+                                 f"[{fmt(a.get('first_token_logprobs'))}]; without [{fmt(b.get('first_token_logprobs'))}]")
     first = runs[0]["turns"][0][0]
     if first:
         lines.append(f"client 0, turn 1 answer: {first['answer']!r}")
