@@ -11,6 +11,7 @@
 //                                       against the whole prompt prefilled in 2,048-token chunks (bf16 rounding)
 //   SecondTurnEqualsUncached            the engine: turn 2 (turn 1's prompt, its greedy answer, a question) with the
 //                                       prefix cache against --no-prefix-cache, greedy tokens (near ties allowed)
+//   ConcurrentConversationsEqualUncached  the same with 4 conversations at once, 3 turns each, as the server runs them
 // Models from TESSERA_MODEL_DIR / TESSERA_MODELS / ~/.cache/tessera/models; skipped when absent or without a GPU.
 #include <gtest/gtest.h>
 
@@ -262,6 +263,114 @@ TEST_P(RealModelPrefix, SecondTurnEqualsUncached) {
   std::printf("[prefix] parts at token %zu: %d (cached) vs %d, uncached log-probabilities %.4f vs %.4f\n", k, a[k],
               b[k], other, lp.logprob);
   EXPECT_LT(lp.logprob - other, 0.25f) << "turn 2 parts at token " << k << " beyond a near tie";
+}
+
+// The server's workload in the engine (prefix_turns.py: 4 clients at once, each its own document, 3 turns): every
+// client's next turn is submitted as soon as its answer ends, so cached prefills run while the other clients prefill
+// their documents or decode (batched decode steps, several slots, blocks taken and given back around the cached
+// ones) — what the one-request-at-a-time tests above do not do. With the cache against without: per client, the
+// turns until the first that differs are equal; that turn parts within a near tie of the uncached run's logits (the
+// decode batches differ between the runs, so bf16 GEMMs over other row counts round differently).
+TEST_P(RealModelPrefix, ConcurrentConversationsEqualUncached) {
+  REQUIRE_GPU();
+  const std::string path = model_path(GetParam().file);
+  if (path.empty()) GTEST_SKIP() << GetParam().file << " not found (TESSERA_MODEL_DIR)";
+  const auto model = Model::load(path);
+  const auto dev = DeviceModel::upload(*model);
+  const auto tok = model::Tokenizer::from_gguf(model->file().metadata());
+  constexpr int kClients = 4, kTurns = 3;
+  auto encode = [&](const std::string& t) { return tok->encode(t, {.add_special = false, .parse_special = false}); };
+  std::vector<std::vector<int32_t>> docs;
+  for (int c = 0; c < kClients; ++c) {
+    std::mt19937 rng(static_cast<uint32_t>(2000 + c));
+    std::string text = "Read the records below, then answer questions about them.\n\n";
+    std::vector<int32_t> ids;
+    for (int i = 1; static_cast<int64_t>(ids.size()) < GetParam().first_turn - 100 + 17 * c; i += 40) {
+      for (int k = 0; k < 40; ++k) text += paragraph(rng, i + k);
+      ids = tok->encode(text, {.add_special = true, .parse_special = false});
+    }
+    ids.resize(static_cast<size_t>(GetParam().first_turn - 100 + 17 * c));
+    docs.push_back(ids);
+  }
+  struct Turn {
+    std::vector<int32_t> tokens;
+    std::vector<TokenLogprobs> logprobs;
+    int32_t cached = -1;
+  };
+  auto run = [&](bool cache) {
+    GpuBatchBackend backend(*dev);
+    BatchEngineOptions o;
+    o.chunk_size = 2048;
+    o.block_tokens = 64;
+    o.max_batch = kClients;
+    o.kv_bytes = 8e9;
+    o.prefix_cache = cache;
+    BatchEngine engine(backend, o);
+    std::vector<std::vector<Turn>> turns(kClients);
+    std::vector<std::vector<int32_t>> prompt(kClients);
+    std::vector<int64_t> id(kClients, -1);
+    auto submit = [&](int c) {
+      const int k = static_cast<int>(turns[static_cast<size_t>(c)].size());
+      std::vector<int32_t>& p = prompt[static_cast<size_t>(c)];
+      if (k == 0) p = docs[static_cast<size_t>(c)];
+      else {
+        const std::vector<int32_t>& answer = turns[static_cast<size_t>(c)].back().tokens;
+        p.insert(p.end(), answer.begin(), answer.end());
+      }
+      const std::vector<int32_t> q = encode("\nQuestion: What do the people of record " + std::to_string(3 + 7 * k + c) +
+                                            " trade in?\nAnswer:");
+      p.insert(p.end(), q.begin(), q.end());
+      BatchRequest r;
+      r.prompt = p;
+      r.options.max_new_tokens = 24;
+      r.options.logprobs = 5;
+      id[static_cast<size_t>(c)] = engine.submit(r);
+      turns[static_cast<size_t>(c)].emplace_back();
+    };
+    for (int c = 0; c < kClients; ++c) submit(c);
+    while (engine.busy())
+      for (const BatchEvent& e : engine.step()) {
+        EXPECT_NE(e.reason, FinishReason::kError) << e.error;
+        const auto c = static_cast<int>(std::find(id.begin(), id.end(), e.id) - id.begin());
+        if (c >= kClients) continue;
+        Turn& t = turns[static_cast<size_t>(c)].back();
+        if (e.token >= 0) t.tokens.push_back(e.token);
+        if (e.logprobs) t.logprobs.push_back(*e.logprobs);
+        if (e.cached_tokens >= 0) t.cached = e.cached_tokens;
+        if (e.finished && static_cast<int>(turns[static_cast<size_t>(c)].size()) < kTurns) submit(c);
+      }
+    return turns;
+  };
+  const auto with = run(true), without = run(false);
+  for (int c = 0; c < kClients; ++c) {
+    const auto& a = with[static_cast<size_t>(c)];
+    const auto& b = without[static_cast<size_t>(c)];
+    ASSERT_EQ(a.size(), static_cast<size_t>(kTurns));
+    ASSERT_EQ(b.size(), static_cast<size_t>(kTurns));
+    for (int k = 0; k < kTurns; ++k) {
+      const Turn& x = a[static_cast<size_t>(k)];
+      const Turn& y = b[static_cast<size_t>(k)];
+      std::printf("[prefix] %s client %d turn %d (cached %d): with the cache \"%s\", without \"%s\"\n", GetParam().file,
+                  c, k + 1, x.cached, tok->decode(x.tokens).c_str(), tok->decode(y.tokens).c_str());
+      if (k > 0) {
+        EXPECT_GT(x.cached, 0) << "client " << c << " turn " << k + 1 << " found no cached prefix";
+      }
+      if (x.tokens == y.tokens) continue;
+      size_t i = 0;
+      while (i < x.tokens.size() && i < y.tokens.size() && x.tokens[i] == y.tokens[i]) ++i;
+      ASSERT_LT(i, std::min(x.tokens.size(), y.tokens.size())) << "one answer is a prefix of the other";
+      ASSERT_LT(i, y.logprobs.size());
+      const TokenLogprobs& lp = y.logprobs[i];
+      float other = -1e30f;
+      for (const TokenLogprob& t : lp.top)
+        if (t.token == x.tokens[i]) other = t.logprob;
+      std::printf("[prefix] client %d turn %d parts at token %zu: %d (cached) vs %d, uncached log-probabilities %.4f vs "
+                  "%.4f\n", c, k + 1, i, x.tokens[i], y.tokens[i], other, lp.logprob);
+      EXPECT_LT(lp.logprob - other, 0.25f) << "client " << c << " turn " << k + 1 << " parts at token " << i
+                                           << " beyond a near tie";
+      break;  // the later turns' prompts differ
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, RealModelPrefix,
