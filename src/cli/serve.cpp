@@ -32,8 +32,11 @@
 #include "parallel/cuda/rank_gpu.h"
 #include "parallel/cuda/tp_device_model.h"
 #include "parallel/cuda/tp_gpu_forward.h"
+#include "parallel/cuda/tp_batch_gpu.h"
 #include "parallel/cuda/tp_service_cuda.h"
+#include "parallel/tp_batch.h"
 #include "parallel/tp_service.h"
+#include "runtime/cuda/batch_gpu.h"
 #include "runtime/cuda/gemm.h"
 #endif
 
@@ -131,6 +134,62 @@ class TpSlot final : public server::SlotEngine {
 };
 #endif
 
+#ifdef TESSERA_WITH_TP
+// `tessera serve --gpus N --parallel M`: one process per GPU; rank 0 serves HTTP with the batched engine (M requests
+// at once) over parallel::TpBatchLeader, which sends every backend call to the other ranks before running it on its
+// own GPU; the others run them (parallel/tp_batch.h, parallel/cuda/tp_batch_gpu.h).
+int serve_tensor_parallel_batched(const ServeOptions& o, const Session& s, server::ServedModel& served,
+                                  server::PolicyCache& policies, const parallel::Placement& placement) {
+  const runtime::ModelConfig& c = s.model->config();
+  const attn::PolicyShape shape{c.num_layers, c.num_q_heads, c.num_kv_heads};
+  const double kv_bytes = o.kv_budget.empty() ? 0.0 : static_cast<double>(parse_byte_size(o.kv_budget, "--kv-budget"));
+  return parallel::run_gpu_ranks(o.gpus, [&](const parallel::RankEnv& env, parallel::RankGpu& g) -> int {
+    int rc = 0;
+    runtime::gpu::GpuBatchOptions go;
+    go.prefill.cuda_attention = cuda_attention_options(o.cuda, true);
+    parallel::TpRankBatchBackend rank(*s.model, placement, env.rank, g.comm, go);
+    parallel::NcclCommandChannel channel(g.comm, g.stream, g.device);
+    if (env.rank != 0) {
+      std::signal(SIGINT, SIG_IGN);  // rank 0 handles a Ctrl-C and sends kQuit
+      std::signal(SIGTERM, SIG_IGN);
+      parallel::tp_batch_worker(channel, rank, shape);
+      return 0;
+    }
+    runtime::BatchEngineOptions bo;
+    bo.chunk_size = 32768;  // the GPU prefill chunk (as one GPU's)
+    bo.max_batch = o.parallel;
+    bo.max_context = served.context_length;
+    bo.kv_bytes = kv_bytes;
+    bo.prefix_cache = o.prefix_cache;
+    bo.step_tokens = o.step_tokens;
+    bo.policy = s.policy(o.attn);
+    server::BatchedEngine batch;
+    auto leader = std::make_unique<parallel::TpBatchLeader>(channel, rank);
+    parallel::TpBatchLeader& lead = *leader;
+    batch.backend = std::move(leader);
+    try {
+      batch.engine = std::make_unique<runtime::BatchEngine>(lead, bo);
+      const runtime::BatchEngine& e = *batch.engine;
+      const std::string kv_note = ", batched: KV " + format_bytes(e.blocks().total() * e.block_bytes()) +
+                                  " per GPU in " + with_commas(e.blocks().total()) + " blocks of " +
+                                  std::to_string(e.shape().block_tokens) + " tokens" +
+                                  (o.prefix_cache ? ", prefix cache on" : "");
+      server::Metrics metrics;
+      auto scheduler = std::make_unique<server::Scheduler>(
+          server::SchedulerOptions{.slots = o.parallel, .queue = o.queue}, std::move(batch), *s.tokenizer, metrics);
+      const std::string device = std::to_string(placement.num_gpus) + " GPUs, tensor parallel (uniform placement)";
+      rc = listen_and_serve(o, served, policies, *scheduler, metrics, device, kv_note);
+      scheduler.reset();  // joins the engine's thread: no call after this one
+    } catch (...) {
+      channel.send(parallel::tp_command(parallel::TpOp::kQuit));
+      throw;
+    }
+    channel.send(parallel::tp_command(parallel::TpOp::kQuit));
+    return rc;
+  });
+}
+#endif
+
 // `tessera serve --gpus N`: one process per GPU (forked here, or started by torchrun / mpirun); rank 0 serves HTTP
 // with one slot over parallel::TpLeader, the other ranks run the commands it sends (parallel/tp_service.h).
 int serve_tensor_parallel(const ServeOptions& o, const Session& s, server::ServedModel& served,
@@ -145,6 +204,15 @@ int serve_tensor_parallel(const ServeOptions& o, const Session& s, server::Serve
   const runtime::ModelConfig& c = s.model->config();
   const int32_t world = parallel::world_for_gpus(o.gpus);
   const int32_t context = static_cast<int32_t>(served.context_length);
+  if (o.parallel > 1) {
+    // The batched engine over the ranks runs the uniform placement (whole KV heads per GPU, the same in every layer):
+    // a --placement must be that one; a plan's placement is not used.
+    if (!o.placement.empty())
+      (void)parallel::rank_slice(
+          c, parallel::load_placement(o.placement, world, c.num_layers, c.num_q_heads, c.num_kv_heads), 0,
+          o.placement);
+    return serve_tensor_parallel_batched(o, s, served, policies, parallel::uniform_rank_placement(c, world));
+  }
   // The placement: --placement, else the default policy's plan's, else genetic on the FLOP costs of a full context.
   const attn::AttentionPolicy default_policy = s.policy(o.attn);
   std::string note;
@@ -218,9 +286,6 @@ int serve_command(const ServeOptions& o) {
   usage_check(o.timeout > 0, "--timeout must be positive");
   usage_check(o.max_body_mb > 0, "--max-body must be positive");
   usage_check(o.port >= 0 && o.port <= 65535, "--port must be in [0, 65535], got " + std::to_string(o.port));
-  usage_check(o.gpus == 1 || o.parallel == 1,
-              "--gpus " + std::to_string(o.gpus) + " serves one request at a time: drop --parallel (the batched engine "
-                  "has no tensor-parallel backend yet)");
   usage_check(o.gpus == 1 || o.device != "cpu", "--gpus runs on GPUs: drop --device cpu");
   const bool streaming = !o.stream.methods.empty();
   usage_check(!streaming || o.gpus == 1,
@@ -247,6 +312,15 @@ int serve_command(const ServeOptions& o) {
   served.context_length = o.max_context > 0 ? std::min(o.max_context, c.context_length) : c.context_length;
   served.created = static_cast<int64_t>(std::time(nullptr));
   server::PolicyCache policies({c.num_layers, c.num_q_heads, c.num_kv_heads}, o.attn, o.policy_dir);
+  if (o.gpus > 1 && o.parallel > 1) {
+    // The batched tensor-parallel backend gives each GPU whole KV heads, the same in every layer (parallel/tp_batch.h).
+    const int32_t world = parallel::world_for_gpus(o.gpus);
+    usage_check(c.num_kv_heads % world == 0,
+                "--gpus " + std::to_string(o.gpus) + " --parallel " + std::to_string(o.parallel) + ": the model's " +
+                    std::to_string(c.num_kv_heads) + " KV heads do not split over " + std::to_string(world) +
+                    " GPUs (the batched tensor-parallel engine gives each GPU whole KV heads); use a GPU count that "
+                    "divides " + std::to_string(c.num_kv_heads) + ", or --parallel 1");
+  }
   if (o.gpus > 1) return serve_tensor_parallel(o, s, served, policies);
 
   // --stream: every request through streaming memory, each sequence its own (--parallel N: N at once in the batched

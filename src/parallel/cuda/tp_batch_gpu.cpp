@@ -15,6 +15,7 @@ using runtime::SequenceBlocks;
 TpRankBatchBackend::TpRankBatchBackend(const runtime::Model& model, const Placement& placement, int32_t rank,
                                        Collective& comm, runtime::gpu::GpuBatchOptions options)
     : config_(model.config()), slice_(rank_slice(model.config(), placement, rank)) {
+  TESSERA_CUDA_CHECK(cudaGetDevice(&gpu_));
   check(comm.world() == placement.num_gpus && comm.rank() == rank,
         "tensor-parallel batching: rank " + std::to_string(rank) + " of " + std::to_string(placement.num_gpus) +
             " GPUs over a collective of rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.world()));
@@ -29,8 +30,11 @@ TpRankBatchBackend::TpRankBatchBackend(const runtime::Model& model, const Placem
 
 void TpRankBatchBackend::sync() { TESSERA_CUDA_CHECK(cudaStreamSynchronize(inner_->stream())); }
 
+void TpRankBatchBackend::use() const { TESSERA_CUDA_CHECK(cudaSetDevice(gpu_)); }
+
 void TpRankBatchBackend::create_store(const runtime::PagedKVShape& shape, int32_t num_blocks, int32_t max_sequences,
                                       int32_t max_context) {
+  use();
   check(shape.num_kv_heads == config_.num_kv_heads, "tensor-parallel batching: a store of " +
                                                         std::to_string(shape.num_kv_heads) + " KV heads, the model has " +
                                                         std::to_string(config_.num_kv_heads));
@@ -41,6 +45,7 @@ void TpRankBatchBackend::create_store(const runtime::PagedKVShape& shape, int32_
 
 std::vector<float> TpRankBatchBackend::prefill_chunk(std::span<const int32_t> tokens, int32_t pos, int32_t total_len,
                                                      const attn::AttentionPolicy* policy, bool logits) {
+  use();
   const attn::AttentionPolicy p = rank_policy(policy, slice_);
   std::vector<float> out = inner_->prefill_chunk(tokens, pos, total_len, p.table().empty() ? nullptr : &p, logits);
   sync();
@@ -49,6 +54,7 @@ std::vector<float> TpRankBatchBackend::prefill_chunk(std::span<const int32_t> to
 
 std::vector<float> TpRankBatchBackend::prefill_chunk_rows(std::span<const int32_t> tokens, int32_t pos,
                                                           int32_t total_len, const attn::AttentionPolicy* policy) {
+  use();
   const attn::AttentionPolicy p = rank_policy(policy, slice_);
   std::vector<float> out = inner_->prefill_chunk_rows(tokens, pos, total_len, p.table().empty() ? nullptr : &p);
   sync();
@@ -56,6 +62,7 @@ std::vector<float> TpRankBatchBackend::prefill_chunk_rows(std::span<const int32_
 }
 
 void TpRankBatchBackend::finish_prefill(const SequenceBlocks& seq, std::span<const DecodeView> views) {
+  use();
   std::vector<DecodeView>& v = views_[&seq];
   v = rank_views(views, config_, slice_);
   inner_->finish_prefill(tables_->sync(seq, /*whole=*/true), v);
@@ -63,11 +70,13 @@ void TpRankBatchBackend::finish_prefill(const SequenceBlocks& seq, std::span<con
 }
 
 void TpRankBatchBackend::load_prefix(const SequenceBlocks& seq, int32_t rows, int32_t total_len) {
+  use();
   inner_->load_prefix(tables_->sync(seq, /*whole=*/true), rows, total_len);
   sync();
 }
 
 void TpRankBatchBackend::release_sequence(const SequenceBlocks& seq) {
+  use();
   if (tables_ != nullptr) {
     inner_->release_sequence(tables_->sync(seq, /*whole=*/false));
     tables_->forget(seq);
@@ -75,7 +84,10 @@ void TpRankBatchBackend::release_sequence(const SequenceBlocks& seq) {
   views_.erase(&seq);
 }
 
-void TpRankBatchBackend::abort_prefill() { inner_->abort_prefill(); }
+void TpRankBatchBackend::abort_prefill() {
+  use();
+  inner_->abort_prefill();
+}
 
 std::vector<DecodeRow> TpRankBatchBackend::rank_rows(std::span<const DecodeRow> rows) {
   check(tables_ != nullptr, "tensor-parallel batching: decode before create_store");
@@ -90,6 +102,7 @@ std::vector<DecodeRow> TpRankBatchBackend::rank_rows(std::span<const DecodeRow> 
 }
 
 std::vector<float> TpRankBatchBackend::decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) {
+  use();
   const std::vector<DecodeRow> r = rank_rows(rows);
   std::vector<float> out = inner_->decode(tokens, r);
   sync();
@@ -99,6 +112,7 @@ std::vector<float> TpRankBatchBackend::decode(std::span<const int32_t> tokens, s
 std::vector<int32_t> TpRankBatchBackend::decode_select(std::span<const int32_t> tokens,
                                                        std::span<const DecodeRow> rows,
                                                        std::span<const RowChoice> choice) {
+  use();
   const std::vector<DecodeRow> r = rank_rows(rows);
   std::vector<int32_t> out = inner_->decode_select(tokens, r, choice);
   sync();

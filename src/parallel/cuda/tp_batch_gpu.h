@@ -74,8 +74,10 @@ class TpRankBatchBackend final : public runtime::BatchBackend {
  private:
   std::vector<runtime::DecodeRow> rank_rows(std::span<const runtime::DecodeRow> rows);
   void sync();
+  void use() const;
 
   runtime::ModelConfig config_;
+  int gpu_ = 0;  // the rank's GPU, made current at every call (a server calls from its own threads)
   RankSlice slice_;
   std::unique_ptr<runtime::gpu::DeviceModel> device_;
   std::unique_ptr<runtime::gpu::GpuBatchBackend> inner_;
