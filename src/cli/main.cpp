@@ -41,7 +41,7 @@ void add_threads_option(CLI::App* app) {
   app->add_option_function<std::string>(
          "--kv-type",
          [](const std::string& t) { tessera::runtime::set_default_kv_type(tessera::runtime::parse_kv_type(t)); },
-         "CPU KV cache element type: f32, bf16 or f16 (default: TESSERA_KV_TYPE, else f32)")
+         "CPU KV cache element type: f32, bf16 or f16 (default: TESSERA_KV_TYPE, else f16)")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}));
 }
 

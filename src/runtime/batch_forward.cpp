@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <new>
 
 #include "core/error.h"
@@ -11,20 +12,53 @@
 
 namespace tessera::runtime {
 
-PagedKVStore::PagedKVStore(const PagedKVShape& shape, int32_t num_blocks) : shape_(shape), num_blocks_(num_blocks) {
+PagedKVStore::PagedKVStore(const PagedKVShape& shape, int32_t num_blocks, KVType type)
+    : shape_(shape), num_blocks_(num_blocks), type_(type), elem_(kv_type_size(type)) {
   check(num_blocks >= 0, "paged KV store: negative block count");
-  const double bytes = bytes_per_block(shape) * num_blocks;
+  const double bytes = bytes_per_block(shape, type) * num_blocks;
   const std::string what = "paged KV cache of " + std::to_string(num_blocks) + " blocks of " +
-                           std::to_string(shape.block_tokens) + " tokens (K and V in f32)";
+                           std::to_string(shape.block_tokens) + " tokens (K and V in " +
+                           std::string(kv_type_name(type)) + ")";
   check_host_allocation(what, bytes, "lower the KV budget");
   const size_t n = static_cast<size_t>(num_blocks) * static_cast<size_t>(shape.elements_per_block());
   try {
-    k_ = std::make_unique_for_overwrite<float[]>(n);
-    v_ = std::make_unique_for_overwrite<float[]>(n);
+    k_ = std::make_unique_for_overwrite<std::byte[]>(n * elem_);
+    v_ = std::make_unique_for_overwrite<std::byte[]>(n * elem_);
     elements_ = n;
   } catch (const std::bad_alloc&) {
     throw Error(what + ": out of host memory allocating " + format_bytes(bytes) + "; lower the KV budget");
   }
+}
+
+float* PagedKVStore::as_f32(std::byte* base, int32_t block, int64_t row) const {
+  check(type_ == KVType::F32, "paged KV store: f32 access to a " + std::string(kv_type_name(type_)) + " store");
+  return reinterpret_cast<float*>(base) + offset(block, row);
+}
+
+void PagedKVStore::write(int32_t block, int64_t row, int64_t n, const float* k_rows, const float* v_rows) {
+  check(block >= 0 && block < num_blocks_ && row >= 0 && n >= 0 && row + n <= shape_.block_tokens,
+        "paged KV store: writing rows outside a block");
+  const int64_t count = n * shape_.head_dim;
+  if (type_ == KVType::F32) {
+    std::copy_n(k_rows, count, k(block, row));
+    std::copy_n(v_rows, count, v(block, row));
+    return;
+  }
+  f32_to_half(k_rows, reinterpret_cast<uint16_t*>(k_bytes(block, row)), count, type_);
+  f32_to_half(v_rows, reinterpret_cast<uint16_t*>(v_bytes(block, row)), count, type_);
+}
+
+void PagedKVStore::read(int32_t block, int64_t row, int64_t n, float* k_rows, float* v_rows) const {
+  check(block >= 0 && block < num_blocks_ && row >= 0 && n >= 0 && row + n <= shape_.block_tokens,
+        "paged KV store: reading rows outside a block");
+  const int64_t count = n * shape_.head_dim;
+  if (type_ == KVType::F32) {
+    std::copy_n(k(block, row), count, k_rows);
+    std::copy_n(v(block, row), count, v_rows);
+    return;
+  }
+  half_to_f32(reinterpret_cast<const uint16_t*>(k_bytes(block, row)), k_rows, count, type_);
+  half_to_f32(reinterpret_cast<const uint16_t*>(v_bytes(block, row)), v_rows, count, type_);
 }
 
 namespace {
@@ -48,20 +82,29 @@ void for_each_paged_row(const SequenceBlocks& seq, int64_t len, F&& f) {
 }
 }  // namespace
 
+namespace {
+void check_same_type(const KVCache& cache, const PagedKVStore& store) {
+  check(cache.type() == store.type(), "paged KV: the staging cache is " + std::string(kv_type_name(cache.type())) +
+                                          ", the blocks " + std::string(kv_type_name(store.type())));
+}
+}  // namespace
+
 void scatter_to_pages(KVCache& cache, const SequenceBlocks& seq, PagedKVStore& store) {
-  const int64_t d = seq.shape().head_dim;
+  check_same_type(cache, store);
+  const size_t bytes = store.row_bytes(), elem = kv_type_size(store.type());
   for_each_paged_row(seq, seq.length(), [&](int32_t l, size_t row, int32_t blk, int64_t r) {
-    std::copy_n(cache.k(l, 0) + row, d, store.k(blk, r));
-    std::copy_n(cache.v(l, 0) + row, d, store.v(blk, r));
+    std::memcpy(store.k_bytes(blk, r), cache.k_bytes(l, 0) + row * elem, bytes);
+    std::memcpy(store.v_bytes(blk, r), cache.v_bytes(l, 0) + row * elem, bytes);
   });
 }
 
 void gather_from_pages(const PagedKVStore& store, const SequenceBlocks& seq, int64_t rows, KVCache& cache) {
   check(rows <= seq.length() && rows <= cache.capacity(), "paged KV: gathering rows the sequence or cache lacks");
-  const int64_t d = seq.shape().head_dim;
+  check_same_type(cache, store);
+  const size_t bytes = store.row_bytes(), elem = kv_type_size(store.type());
   for_each_paged_row(seq, rows, [&](int32_t l, size_t row, int32_t blk, int64_t r) {
-    std::copy_n(store.k(blk, r), d, cache.k(l, 0) + row);
-    std::copy_n(store.v(blk, r), d, cache.v(l, 0) + row);
+    std::memcpy(cache.k_bytes(l, 0) + row * elem, store.k_bytes(blk, r), bytes);
+    std::memcpy(cache.v_bytes(l, 0) + row * elem, store.v_bytes(blk, r), bytes);
   });
 }
 
@@ -71,8 +114,10 @@ void paged_decode_attention_cpu(const float* q, float* out, std::span<const Deco
   const int64_t B = s.block_tokens, d = s.head_dim;
   const int32_t group = num_q_heads / s.num_kv_heads;
   const int64_t items = static_cast<int64_t>(rows.size()) * num_q_heads;
+  const bool f32 = store.type() == KVType::F32;
   parallel_ranges(pool, items, 1, [&](int64_t first, int64_t last) {
-    std::vector<float> acc(static_cast<size_t>(d));
+    std::vector<float> acc(static_cast<size_t>(d)), score(static_cast<size_t>(B));
+    std::vector<float> kbuf(f32 ? 0 : static_cast<size_t>(B * d)), vbuf(kbuf.size());
     for (int64_t it = first; it < last; ++it) {
       const DecodeRow& row = rows[static_cast<size_t>(it / num_q_heads)];
       const auto h = static_cast<int32_t>(it % num_q_heads);
@@ -84,20 +129,48 @@ void paged_decode_attention_cpu(const float* q, float* out, std::span<const Deco
       float* o = out + it * d;
       std::fill(acc.begin(), acc.end(), 0.0f);
       float m = -INFINITY, sum = 0;
-      auto visit = [&](int64_t j0, int64_t j1) {
-        for (int64_t j = j0; j < j1; ++j) {
-          const int32_t blk = table[static_cast<size_t>(j / B)];
-          check(blk >= 0, "paged decode attention: a visible key's block is not kept (retention bug)");
-          const float* kr = store.k(blk, j % B);
+      // Keys [j0, j1) within one block: their scores, one rescale for the block, then the values.
+      auto visit_block = [&](int64_t j0, int64_t j1) {
+        const int32_t blk = table[static_cast<size_t>(j0 / B)];
+        check(blk >= 0, "paged decode attention: a visible key's block is not kept (retention bug)");
+        const int64_t n = j1 - j0;
+        const float* kr;
+        const float* vr;
+        if (f32) {
+          kr = store.k(blk, j0 % B);
+          vr = store.v(blk, j0 % B);
+        } else {
+          store.read(blk, j0 % B, n, kbuf.data(), vbuf.data());
+          kr = kbuf.data();
+          vr = vbuf.data();
+        }
+        float m_blk = -INFINITY;
+        for (int64_t j = 0; j < n; ++j) {
+          const float* kj = kr + j * d;
           float dot = 0;
-          for (int64_t c = 0; c < d; ++c) dot += qh[c] * kr[c];
-          const float sc = dot * scale;
-          const float m_new = std::max(m, sc);
-          const float corr = std::exp(m - m_new), p = std::exp(sc - m_new);
-          const float* vr = store.v(blk, j % B);
-          for (int64_t c = 0; c < d; ++c) acc[static_cast<size_t>(c)] = acc[static_cast<size_t>(c)] * corr + p * vr[c];
-          sum = sum * corr + p;
-          m = m_new;
+          for (int64_t c = 0; c < d; ++c) dot += qh[c] * kj[c];
+          score[static_cast<size_t>(j)] = dot * scale;
+          m_blk = std::max(m_blk, score[static_cast<size_t>(j)]);
+        }
+        const float m_new = std::max(m, m_blk);
+        const float corr = std::exp(m - m_new);
+        if (corr != 1.0f) {
+          for (int64_t c = 0; c < d; ++c) acc[static_cast<size_t>(c)] *= corr;
+          sum *= corr;
+        }
+        m = m_new;
+        for (int64_t j = 0; j < n; ++j) {
+          const float p = std::exp(score[static_cast<size_t>(j)] - m);
+          const float* vj = vr + j * d;
+          for (int64_t c = 0; c < d; ++c) acc[static_cast<size_t>(c)] += p * vj[c];
+          sum += p;
+        }
+      };
+      auto visit = [&](int64_t j0, int64_t j1) {
+        while (j0 < j1) {
+          const int64_t end = std::min(j1, (j0 / B + 1) * B);
+          visit_block(j0, end);
+          j0 = end;
         }
       };
       visit(r.a0, r.a1);
@@ -125,10 +198,8 @@ class PagedDecodeAttention final : public CpuAttentionStep {
       for (int32_t h = 0; h < cfg_.num_kv_heads; ++h) {
         const int32_t blk = seq.block(layer, h, pos);
         if (blk < 0) continue;  // a head that keeps nothing new (cannot happen: windows are >= 1)
-        const float* ks = k + static_cast<int64_t>(i) * KD + h * D;
-        const float* vs = v + static_cast<int64_t>(i) * KD + h * D;
-        std::copy(ks, ks + D, store_.k(blk, pos % B));
-        std::copy(vs, vs + D, store_.v(blk, pos % B));
+        store_.write(blk, pos % B, 1, k + static_cast<int64_t>(i) * KD + h * D,
+                     v + static_cast<int64_t>(i) * KD + h * D);
       }
     }
     paged_decode_attention_cpu(q, out, rows_, layer, cfg_.num_q_heads, store_,

@@ -24,21 +24,36 @@
 
 namespace tessera::runtime {
 
-// K and V of every block, f32: [num_blocks, block_tokens, head_dim] each.
+// K and V of every block, [num_blocks, block_tokens, head_dim] each, in f32, bf16 or f16 (the CPU KV type: --kv-type,
+// EngineOptions::kv_type; kv_cache.h). A half store takes the new rows converted (f32_to_half) and the decode
+// attention converts each block's keys and values back to f32 as it reaches them, as the contiguous cache's readers
+// do: half the bytes kept and read per token.
 class PagedKVStore {
  public:
   PagedKVStore() = default;
   // Throws tessera::Error when the blocks exceed the host memory budget or cannot be allocated.
-  PagedKVStore(const PagedKVShape& shape, int32_t num_blocks);
-  float* k(int32_t block, int64_t row) { return k_.get() + offset(block, row); }
-  float* v(int32_t block, int64_t row) { return v_.get() + offset(block, row); }
-  const float* k(int32_t block, int64_t row) const { return k_.get() + offset(block, row); }
-  const float* v(int32_t block, int64_t row) const { return v_.get() + offset(block, row); }
+  PagedKVStore(const PagedKVShape& shape, int32_t num_blocks, KVType type = KVType::F32);
+  // Row `row` of a block as f32, f32 stores only (throws otherwise).
+  float* k(int32_t block, int64_t row) { return as_f32(k_.get(), block, row); }
+  float* v(int32_t block, int64_t row) { return as_f32(v_.get(), block, row); }
+  const float* k(int32_t block, int64_t row) const { return as_f32(k_.get(), block, row); }
+  const float* v(int32_t block, int64_t row) const { return as_f32(v_.get(), block, row); }
+  // Row `row` of a block in the store's type (row_bytes() bytes a row), any type.
+  std::byte* k_bytes(int32_t block, int64_t row) { return k_.get() + offset(block, row) * elem_; }
+  std::byte* v_bytes(int32_t block, int64_t row) { return v_.get() + offset(block, row) * elem_; }
+  const std::byte* k_bytes(int32_t block, int64_t row) const { return k_.get() + offset(block, row) * elem_; }
+  const std::byte* v_bytes(int32_t block, int64_t row) const { return v_.get() + offset(block, row) * elem_; }
+  size_t row_bytes() const { return static_cast<size_t>(shape_.head_dim) * elem_; }
+  // Writes n rows [row, row + n) of a block from f32 ([n, head_dim] each), converted to the store's type.
+  void write(int32_t block, int64_t row, int64_t n, const float* k_rows, const float* v_rows);
+  // Reads n rows [row, row + n) of a block as f32 (exact: the stored values).
+  void read(int32_t block, int64_t row, int64_t n, float* k_rows, float* v_rows) const;
+  KVType type() const { return type_; }
   const PagedKVShape& shape() const { return shape_; }
   int32_t num_blocks() const { return num_blocks_; }
-  size_t bytes() const { return 2 * elements_ * sizeof(float); }
-  static double bytes_per_block(const PagedKVShape& shape) {
-    return 2.0 * static_cast<double>(shape.elements_per_block()) * sizeof(float);
+  size_t bytes() const { return 2 * elements_ * elem_; }
+  static double bytes_per_block(const PagedKVShape& shape, KVType type = KVType::F32) {
+    return 2.0 * static_cast<double>(shape.elements_per_block()) * static_cast<double>(kv_type_size(type));
   }
 
  private:
@@ -46,16 +61,20 @@ class PagedKVStore {
     return (static_cast<size_t>(block) * static_cast<size_t>(shape_.block_tokens) + static_cast<size_t>(row)) *
            static_cast<size_t>(shape_.head_dim);
   }
+  float* as_f32(std::byte* base, int32_t block, int64_t row) const;
   PagedKVShape shape_;
   int32_t num_blocks_ = 0;
+  KVType type_ = KVType::F32;
+  size_t elem_ = sizeof(float);
   // Left uninitialised: the pages of blocks never used are never touched, so a large budget costs nothing until
   // sequences fill it.
   size_t elements_ = 0;
-  std::unique_ptr<float[]> k_, v_;
+  std::unique_ptr<std::byte[]> k_, v_;
 };
 
 // Copies the kept rows [0, seq.length()) of a contiguous cache (a sequence's prefill, runtime/kv_cache.h) into its
-// blocks (the rows whose block is -1 are dropped: outside the retention).
+// blocks (the rows whose block is -1 are dropped: outside the retention). The cache and the store hold one type (a
+// byte copy: no rounding on the way).
 void scatter_to_pages(KVCache& cache, const SequenceBlocks& seq, PagedKVStore& store);
 // The other way: rows [0, rows) of seq's blocks into the cache (a cached prefix staged for the rest of its prompt;
 // rows whose block is -1 are left as they are: no query of the prompt reads them).
@@ -73,7 +92,9 @@ struct DecodeRow {
 };
 
 // Attention of one layer for B decode rows: q [B, q_heads, d] -> out [B, q_heads, d] (f32), row i attending over
-// the keys of rows[i].seq at positions DecodeView::ranges(length) of its head, softmax in f32 with the scale.
+// the keys of rows[i].seq at positions DecodeView::ranges(length) of its head, softmax in f32 with the scale. Keys
+// are taken a block at a time (converted to f32 from a half store): the block's scores, one rescale of the running
+// sum per block, then its values.
 void paged_decode_attention_cpu(const float* q, float* out, std::span<const DecodeRow> rows, int32_t layer,
                                 int32_t num_q_heads, const PagedKVStore& store, float scale, ThreadPool& pool);
 

@@ -53,7 +53,7 @@ KVType default_kv_type() {
       throw Error("TESSERA_KV_TYPE: expected f32, bf16 or f16, got '" + std::string(env) + "'");
     }
   }
-  return KVType::F32;
+  return KVType::F16;
 }
 
 void set_default_kv_type(KVType t) { g_default_kv_type.store(static_cast<int>(t), std::memory_order_relaxed); }

@@ -32,8 +32,9 @@ std::string_view kv_type_name(KVType t);  // "f32", "bf16", "f16"
 KVType parse_kv_type(std::string_view text);
 size_t kv_type_size(KVType t);  // bytes per element
 // The type EngineOptions::kv_type starts as: set_default_kv_type() (the CLI's --kv-type), else the environment's
-// TESSERA_KV_TYPE (f32, bf16, f16; anything else throws as parse_kv_type does), else f32 (the batched engine's
-// paged cache is f32 only, and batched == single-sequence tokens need one type on both: docs/cpu_kernels.md).
+// TESSERA_KV_TYPE (f32, bf16, f16; anything else throws as parse_kv_type does), else f16 (half the KV bytes of f32,
+// measured as fast or faster and within 0.2% of llama.cpp's perplexity: docs/cpu_kernels.md). The tests that compare
+// with f32 references (transformers' logits within 1e-4) run with TESSERA_KV_TYPE=f32 (tests/CMakeLists.txt).
 KVType default_kv_type();
 void set_default_kv_type(KVType t);
 DType kv_dtype(KVType t);
@@ -94,6 +95,15 @@ class KVCache : public ContiguousKVLayers<KVRegion> {
   // Reads rows [pos, pos + n) of layer l as f32 (any type).
   void read(int32_t layer, int32_t pos, int32_t n, float* k_rows, float* v_rows) const;
 
+  // Where layer l's row `pos` is, in the cache's type (any type): row_bytes() bytes per row.
+  std::byte* k_bytes(int32_t layer, int32_t pos) {
+    return k_[static_cast<size_t>(layer)].bytes() + static_cast<size_t>(pos) * row_bytes();
+  }
+  std::byte* v_bytes(int32_t layer, int32_t pos) {
+    return v_[static_cast<size_t>(layer)].bytes() + static_cast<size_t>(pos) * row_bytes();
+  }
+  size_t row_bytes() const { return static_cast<size_t>(row_) * kv_type_size(type_); }
+
   // Views of rows [0, len) of one layer: [len, num_kv_heads, head_dim] in the cache's type.
   TensorView k_view(int32_t layer, int32_t len);
   TensorView v_view(int32_t layer, int32_t len);
@@ -102,7 +112,6 @@ class KVCache : public ContiguousKVLayers<KVRegion> {
 
  private:
   std::string describe(int64_t tokens) const;
-  size_t row_bytes() const { return static_cast<size_t>(row_) * kv_type_size(type_); }
 
   KVType type_ = KVType::F32;
   int32_t mapped_ = 0;  // rows every region can hold
