@@ -27,8 +27,12 @@ const char* finish_reason_name(FinishReason r) {
 
 // ---- the CPU backend ----
 
-CpuBatchBackend::CpuBatchBackend(const Model& model, ThreadPool* pool)
-    : model_(model), pool_(pool ? *pool : ThreadPool::global()), prefill_(model, pool_), decode_(prefill_.ops()) {}
+CpuBatchBackend::CpuBatchBackend(const Model& model, ThreadPool* pool, KVType kv_type)
+    : model_(model),
+      pool_(pool ? *pool : ThreadPool::global()),
+      prefill_(model, pool_),
+      decode_(prefill_.ops()),
+      kv_type_(kv_type) {}
 
 CpuBatchBackend::CpuBatchBackend(const Model& model, ThreadPool* pool, std::unique_ptr<CpuOps> ops)
     : model_(model),
@@ -39,13 +43,13 @@ CpuBatchBackend::CpuBatchBackend(const Model& model, ThreadPool* pool, std::uniq
 double CpuBatchBackend::default_kv_bytes() const { return 0.25 * static_cast<double>(host_memory_budget().bytes); }
 
 void CpuBatchBackend::create_store(const PagedKVShape& shape, int32_t num_blocks, int32_t, int32_t) {
-  store_ = PagedKVStore(shape, num_blocks);
+  store_ = PagedKVStore(shape, num_blocks, kv_type_);
 }
 
 std::vector<float> CpuBatchBackend::prefill_chunk(std::span<const int32_t> tokens, int32_t pos, int32_t total_len,
                                                   const attn::AttentionPolicy* policy, bool logits) {
   const ModelConfig& cfg = model_.config();
-  if (pos == 0) staging_ = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, total_len);
+  if (pos == 0) staging_ = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, total_len, kv_type_);
   staging_.reserve(pos + static_cast<int32_t>(tokens.size()));
   return prefill_.run(tokens, pos, staging_, policy, total_len, logits ? LogitRows::Last : LogitRows::None, timers_);
 }
@@ -53,7 +57,7 @@ std::vector<float> CpuBatchBackend::prefill_chunk(std::span<const int32_t> token
 std::vector<float> CpuBatchBackend::prefill_chunk_rows(std::span<const int32_t> tokens, int32_t pos,
                                                        int32_t total_len, const attn::AttentionPolicy* policy) {
   const ModelConfig& cfg = model_.config();
-  if (pos == 0) staging_ = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, total_len);
+  if (pos == 0) staging_ = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, total_len, kv_type_);
   staging_.reserve(pos + static_cast<int32_t>(tokens.size()));
   return prefill_.run(tokens, pos, staging_, policy, total_len, LogitRows::All, timers_);
 }
@@ -77,7 +81,7 @@ void BatchBackend::load_prefix(const SequenceBlocks&, int32_t, int32_t) {
 
 void CpuBatchBackend::load_prefix(const SequenceBlocks& seq, int32_t rows, int32_t total_len) {
   const ModelConfig& cfg = model_.config();
-  staging_ = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, total_len);
+  staging_ = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, total_len, kv_type_);
   staging_.reserve(rows);
   gather_from_pages(store_, seq, rows, staging_);
 }
@@ -91,6 +95,16 @@ std::vector<float> BatchBackend::prefill_stream_chunk(StreamMemory&, std::span<c
   throw Error(std::string("streaming memory: the ") + device_name() + " batched backend has none");
 }
 
+std::vector<float> BatchBackend::prefill_stream_chunk_rows(StreamMemory&, std::span<const int32_t>, int32_t,
+                                                           StreamingKV::ChunkKind) {
+  throw Error(std::string("streaming memory: the ") + device_name() + " batched backend gives no prompt rows' logits");
+}
+
+void BatchBackend::set_observer(const AttentionObserver* observer) {
+  check(observer == nullptr,
+        std::string("the attention observer is not available on the ") + device_name() + " batched backend");
+}
+
 std::unique_ptr<StreamMemory> CpuBatchBackend::new_stream(const StreamOptions& options) {
   return std::make_unique<StreamingKV>(model_.config(), options);
 }
@@ -102,6 +116,14 @@ std::vector<float> CpuBatchBackend::prefill_stream_chunk(StreamMemory& memory, s
   StreamingKV& kv = *host;
   kv.begin_chunk(pos, static_cast<int32_t>(tokens.size()), kind);
   return prefill_.run(tokens, pos, kv, logits ? LogitRows::Last : LogitRows::None, timers_);
+}
+
+std::vector<float> CpuBatchBackend::prefill_stream_chunk_rows(StreamMemory& memory, std::span<const int32_t> tokens,
+                                                              int32_t pos, StreamingKV::ChunkKind kind) {
+  auto* host = dynamic_cast<StreamingKV*>(&memory);
+  check(host != nullptr, "streaming prefill: memory not made by the CPU backend's new_stream");
+  host->begin_chunk(pos, static_cast<int32_t>(tokens.size()), kind);
+  return prefill_.run(tokens, pos, *host, LogitRows::All, timers_);
 }
 
 std::vector<int32_t> BatchBackend::decode_select(std::span<const int32_t> tokens, std::span<const DecodeRow> rows,
@@ -526,7 +548,140 @@ double BatchEngine::kv_bytes_in_use() const {
   double bytes = static_cast<double>(pool_.used() - prefix_cache_.ids_only_here(pool_)) * block_bytes_;
   for (const auto& s : running_)
     if (s->stream) bytes += s->stream->memory_bytes();
+  for (const auto& s : held_)
+    if (s->stream) bytes += s->stream->memory_bytes();
   return bytes;
+}
+
+// ---- held sequences ----
+
+BatchEngine::Sequence& BatchEngine::held(int64_t id) const {
+  for (const auto& s : held_)
+    if (s->id == id) return *s;
+  throw Error("batch engine: no held sequence " + std::to_string(id));
+}
+
+int64_t BatchEngine::open() {
+  auto s = std::make_unique<Sequence>();
+  s->id = next_id_++;
+  s->policy = &options_.policy;
+  if (streaming()) {
+    s->stream = backend_.new_stream(options_.stream);
+  } else {
+    s->views = decode_views(cfg_, nullptr, 0);  // dense decode; the model's sliding windows
+    s->blocks = SequenceBlocks(shape_, kv_retention(cfg_, s->views));
+  }
+  held_.push_back(std::move(s));
+  return held_.back()->id;
+}
+
+int64_t BatchEngine::length(int64_t id) const {
+  const Sequence& s = held(id);
+  return s.stream ? s.stream->sequence_length() : s.blocks.length();
+}
+
+StreamMemory* BatchEngine::stream(int64_t id) const { return held(id).stream.get(); }
+
+void BatchEngine::clear(int64_t id) {
+  Sequence& s = held(id);
+  if (s.decoding) backend_.release_sequence(s.blocks);
+  s.decoding = false;
+  s.blocks.release(pool_);
+  if (s.stream) {
+    s.stream.reset();
+    s.stream = backend_.new_stream(options_.stream);
+  }
+}
+
+void BatchEngine::close(int64_t id) {
+  clear(id);
+  std::erase_if(held_, [id](const auto& s) { return s->id == id; });
+}
+
+std::vector<float> BatchEngine::extend(int64_t id, std::span<const int32_t> tokens, LogitRows rows,
+                                       const Progress& progress, const ChunkLogits& on_logits) {
+  Sequence& s = held(id);
+  if (tokens.empty()) throw Error("prefill: empty prompt");
+  check_token_ids(tokens, cfg_);
+  const int64_t pos0 = length(id), n = static_cast<int64_t>(tokens.size()), end = pos0 + n;
+  check_prompt_fits(tokens.size(), static_cast<int32_t>(pos0), max_context_, cfg_);
+  if (s.stream) s.stream->check_sequence(end);
+  const auto t0 = Clock::now();
+  std::vector<float> logits;
+  try {
+    if (!s.stream) {
+      check(s.blocks.need(n) <= pool_.available(),
+            "KV cache: " + with_commas(end) + " tokens need " + with_commas(s.blocks.blocks_at(end)) + " KV blocks (" +
+                format_bytes(static_cast<double>(s.blocks.blocks_at(end)) * block_bytes_) + ") but the KV budget holds " +
+                with_commas(pool_.total()) + " (" + format_bytes(pool_.total() * block_bytes_) +
+                "); pass a smaller max context (--max-context) or shorten the prompt");
+      if (s.decoding) backend_.release_sequence(s.blocks);  // staged again below: its decode state is rebuilt
+      s.decoding = false;
+      if (pos0 > 0) backend_.load_prefix(s.blocks, static_cast<int32_t>(pos0), static_cast<int32_t>(end));
+    }
+    // Chunks of chunk_size tokens, each attending to all earlier keys under the policy; with streaming memory the
+    // stream's own chunks (stream_chunk_end) through it.
+    for (int64_t c0 = 0; c0 < n;) {
+      const int64_t c1 = s.stream ? stream_chunk_end(options_.stream, c0, n) : std::min<int64_t>(n, c0 + options_.chunk_size);
+      const bool last = c1 == n;
+      const auto chunk = tokens.subspan(static_cast<size_t>(c0), static_cast<size_t>(c1 - c0));
+      const auto pos = static_cast<int32_t>(pos0 + c0);
+      const auto kind = last ? StreamingKV::ChunkKind::LastPrefill : StreamingKV::ChunkKind::Prefill;
+      std::vector<float> part;
+      if (rows == LogitRows::All)
+        part = s.stream ? backend_.prefill_stream_chunk_rows(*s.stream, chunk, pos, kind)
+                        : backend_.prefill_chunk_rows(chunk, pos, static_cast<int32_t>(end), s.policy);
+      else
+        part = s.stream ? backend_.prefill_stream_chunk(*s.stream, chunk, pos, kind, last && rows == LogitRows::Last)
+                        : backend_.prefill_chunk(chunk, pos, static_cast<int32_t>(end), s.policy,
+                                                 last && rows == LogitRows::Last);
+      if (on_logits && rows == LogitRows::All)
+        on_logits(c0, c1 - c0, part);
+      else
+        logits.insert(logits.end(), part.begin(), part.end());
+      stats_.prefill_tokens += c1 - c0;
+      ++stats_.prefill_chunks;
+      if (progress) progress(c1, n);
+      c0 = c1;
+    }
+    if (!s.stream) {
+      s.blocks.grow(n, pool_);
+      backend_.finish_prefill(s.blocks, s.views);
+      s.decoding = true;
+    }
+  } catch (...) {
+    if (!s.stream) backend_.abort_prefill();
+    stats_.prefill_seconds += seconds_since(t0);
+    throw;
+  }
+  stats_.prefill_seconds += seconds_since(t0);
+  return logits;
+}
+
+std::vector<float> BatchEngine::decode_one(int64_t id, int32_t token) {
+  Sequence& s = held(id);
+  const int32_t one[1] = {token};
+  check_token_ids(one, cfg_);
+  const int64_t len = length(id);
+  check_decode_fits(static_cast<int32_t>(len), max_context_, cfg_);
+  const auto t0 = Clock::now();
+  DecodeRow row;
+  if (s.stream) {
+    s.stream->check_sequence(len + 1);
+    row.stream = s.stream.get();
+  } else {
+    check(s.blocks.need(1) <= pool_.available(),
+          "KV cache: the KV budget's " + with_commas(pool_.total()) + " blocks (" +
+              format_bytes(pool_.total() * block_bytes_) + ") are full at " + with_commas(len) + " tokens");
+    s.blocks.grow(1, pool_);
+    row = DecodeRow{&s.blocks, s.views, nullptr};
+  }
+  std::vector<float> logits = backend_.decode(one, std::span<const DecodeRow>(&row, 1));
+  stats_.decode_tokens += 1;
+  ++stats_.decode_steps;
+  stats_.max_decode_batch = std::max<int64_t>(stats_.max_decode_batch, 1);
+  stats_.decode_seconds += seconds_since(t0);
+  return logits;
 }
 
 std::vector<std::vector<int32_t>> BatchEngine::generate_all(std::vector<BatchRequest> requests) {

@@ -36,6 +36,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -101,6 +102,12 @@ class BatchBackend {
   // streamed sequences is decode() / decode_select() with DecodeRow::stream set.
   virtual std::vector<float> prefill_stream_chunk(StreamMemory& kv, std::span<const int32_t> tokens, int32_t pos,
                                                   StreamingKV::ChunkKind kind, bool logits);
+  // As prefill_stream_chunk, returning the logits of every row ([n, vocab]); this default refuses.
+  virtual std::vector<float> prefill_stream_chunk_rows(StreamMemory& kv, std::span<const int32_t> tokens, int32_t pos,
+                                                       StreamingKV::ChunkKind kind);
+  // Called after every layer's attention of the prefill chunks that follow (runtime/forward.h; null: none); the
+  // single-sequence engine's EngineOptions::observer. This default refuses a non-null one.
+  virtual void set_observer(const AttentionObserver* observer);
   // One token per row, each at position rows[i].seq->length() - 1 (blocks already grown); logits [B, vocab].
   virtual std::vector<float> decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) = 0;
   // The scheduler's decode step: as decode(), then each row's next token chosen from its logits by its sampling
@@ -128,13 +135,17 @@ class BatchBackend {
 // The CPU backend: prefill through runtime::Forward into a contiguous staging cache, decode through BatchForward.
 class CpuBatchBackend final : public BatchBackend {
  public:
-  explicit CpuBatchBackend(const Model& model, ThreadPool* pool = nullptr);
+  // kv_type: the element type of the KV blocks and of the staged prefill's contiguous cache (EngineOptions::kv_type,
+  // --kv-type; default_kv_type() when not given).
+  explicit CpuBatchBackend(const Model& model, ThreadPool* pool = nullptr, KVType kv_type = default_kv_type());
   // The same over another CPU backend of the recipe: parallel::ShardedCpuOps (the tensor-parallel twin, whose
   // prefill chunks and batched decode steps run every rank's shard; parallel/tp_forward_cpu.h).
   CpuBatchBackend(const Model& model, ThreadPool* pool, std::unique_ptr<CpuOps> ops);
   const ModelConfig& config() const override { return model_.config(); }
   const char* device_name() const override { return "cpu"; }
-  double block_bytes(const PagedKVShape& shape) const override { return PagedKVStore::bytes_per_block(shape); }
+  double block_bytes(const PagedKVShape& shape) const override {
+    return PagedKVStore::bytes_per_block(shape, kv_type_);
+  }
   double default_kv_bytes() const override;
   void create_store(const PagedKVShape& shape, int32_t num_blocks, int32_t max_sequences,
                     int32_t max_context) override;
@@ -151,6 +162,9 @@ class CpuBatchBackend final : public BatchBackend {
   std::unique_ptr<StreamMemory> new_stream(const StreamOptions& options) override;
   std::vector<float> prefill_stream_chunk(StreamMemory& kv, std::span<const int32_t> tokens, int32_t pos,
                                           StreamingKV::ChunkKind kind, bool logits) override;
+  std::vector<float> prefill_stream_chunk_rows(StreamMemory& kv, std::span<const int32_t> tokens, int32_t pos,
+                                               StreamingKV::ChunkKind kind) override;
+  void set_observer(const AttentionObserver* observer) override { prefill_.set_observer(observer); }
   std::vector<float> decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) override;
   ForwardTimers timers() const override { return timers_; }
   const PagedKVStore& store() const { return store_; }
@@ -160,6 +174,7 @@ class CpuBatchBackend final : public BatchBackend {
   ThreadPool& pool_;
   Forward prefill_;
   BatchForward decode_;
+  KVType kv_type_ = KVType::F32;
   KVCache staging_;
   PagedKVStore store_;
   ForwardTimers timers_;
@@ -282,6 +297,29 @@ class BatchEngine {
   // every row's logits, and no streaming memory.
   bool supports_prompt_logprobs() const { return !streaming() && backend_.supports_prompt_logits(); }
 
+  // ---- Held sequences: the single-sequence API (runtime/engine.h) is this scheduler with one request ----
+  // A held sequence is opened empty and stays until close(), growing by calls rather than by steps: extend() prefills
+  // tokens after what it holds, in chunk_size chunks through the backend's staged prefill under the engine's policy
+  // (a sequence that holds tokens already, after decode steps, is staged again from its own blocks by load_prefix, as
+  // a prefix-cache hit is), then moves them into its blocks; decode_one() runs one token as a decode step of one row.
+  // It decodes densely (the model's sliding windows apply; the policy shapes the prefill only). With streaming
+  // memory its keys and values live in the backend's StreamMemory. step() never touches held sequences; their blocks
+  // come from the pool as they grow (nothing is reserved in advance). Errors are tessera::Error with the
+  // single-sequence engine's messages (empty prompt, token ids, context limit); a failed extend leaves a paged
+  // sequence as it was (a streamed one may hold part of it: clear() it).
+  using Progress = std::function<void(int64_t done, int64_t total)>;
+  // rows == All: each chunk's logits go to on_logits(first token index, chunk rows, logits) when it is set, else into
+  // the returned vector; Last: the last token's logits; None: nothing.
+  using ChunkLogits = std::function<void(int64_t first, int64_t rows, const std::vector<float>& logits)>;
+  int64_t open();
+  std::vector<float> extend(int64_t id, std::span<const int32_t> tokens, LogitRows rows, const Progress& progress = {},
+                            const ChunkLogits& on_logits = {});
+  std::vector<float> decode_one(int64_t id, int32_t token);  // its logits ([vocab])
+  void clear(int64_t id);                                    // empties it (its blocks go back to the pool)
+  void close(int64_t id);
+  int64_t length(int64_t id) const;
+  StreamMemory* stream(int64_t id) const;  // its streaming memory, or null without streaming
+
  private:
   struct Sequence;
   void admit();
@@ -299,6 +337,7 @@ class BatchEngine {
   // Returns the rows decoded.
   int64_t decode_step(std::vector<BatchEvent>& events);
   bool streaming() const { return options_.stream.method != StreamMethod::None; }
+  Sequence& held(int64_t id) const;
   // Whether s's blocks are cached and may come from the cache: dense, not streamed, the backend can.
   bool cacheable(const Sequence& s) const;
   // Frees cached blocks until `n` are free (when the pool has fewer).
@@ -316,6 +355,7 @@ class BatchEngine {
   int64_t next_id_ = 1;
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;
+  std::vector<std::unique_ptr<Sequence>> held_;
   BatchEngineStats stats_;
 };
 

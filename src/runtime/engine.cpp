@@ -1,12 +1,8 @@
 #include "runtime/engine.h"
 
 #include <algorithm>
-#include <chrono>
-#include <cmath>
-#include <limits>
 #include <string>
 
-#include "core/clock.h"
 #include "core/error.h"
 #include "runtime/input_checks.h"
 
@@ -14,84 +10,64 @@ namespace tessera::runtime {
 
 namespace {
 
+BatchEngineOptions scheduler_options(const ModelConfig& cfg, const EngineOptions& o) {
+  check(o.chunk_size > 0, "engine: chunk_size must be positive, got " + std::to_string(o.chunk_size));
+  check(o.max_context >= 0, "engine: max_context must not be negative");
+  check_policy_fits(o.policy, cfg);
+  BatchEngineOptions b;
+  b.chunk_size = o.chunk_size;
+  b.max_batch = 1;  // one sequence: the pool holds max_context tokens of it (capped at the backend's default budget)
+  b.max_context = o.max_context;
+  b.policy = o.policy;
+  b.stream = o.stream;
+  b.prefix_cache = false;
+  return b;
+}
+
 }  // namespace
 
 Engine::Engine(const Model& model, EngineOptions options)
-    : model_(model),
-      options_(std::move(options)),
-      pool_(options_.pool ? *options_.pool : ThreadPool::global()),
-      forward_(model, pool_) {
+    : Engine(model, std::make_unique<CpuBatchBackend>(model, options.pool, options.kv_type), options) {}
+
+Engine::Engine(const Model& model, std::unique_ptr<BatchBackend> backend, EngineOptions options)
+    : model_(model), options_(std::move(options)), backend_(std::move(backend)) {
   const ModelConfig& cfg = model.config();
-  check(options_.chunk_size > 0,
-        "engine: chunk_size must be positive, got " + std::to_string(options_.chunk_size));
-  check(options_.max_context >= 0, "engine: max_context must not be negative");
-  check_policy_fits(options_.policy, cfg);
-  if (options_.stream.method != StreamMethod::None) {
-    check(options_.policy.table().empty(),
-          "streaming memory (--stream) runs its own layout with dense attention within it; it cannot be combined "
-          "with an attention policy (--attn)");
-    stream_ = std::make_unique<StreamingKV>(cfg, options_.stream);
-    // No context limit but the one asked for: positions past the model's trained context are what streaming is for.
-    max_context_ = options_.max_context > 0 ? options_.max_context : std::numeric_limits<int32_t>::max() - 1;
-    return;
-  }
-  max_context_ = options_.max_context > 0 ? options_.max_context : cfg.context_length;
-  cache_ = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max_context_, options_.kv_type);
+  batch_ = std::make_unique<BatchEngine>(*backend_, scheduler_options(cfg, options_));
+  max_context_ = batch_->max_context();
   // An explicit limit is a promise that the cache may grow that far: refuse one that can never fit now, with the
   // size it needs, rather than once the memory runs out mid-prompt. (The model's own limit is checked per prompt.)
-  if (options_.max_context > 0) cache_.check_budget(max_context_);
+  if (options_.max_context > 0 && options_.stream.method == StreamMethod::None)
+    KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max_context_, options_.kv_type).check_budget(max_context_);
+  seq_ = batch_->open();
 }
 
-std::vector<float> Engine::run_prefill(std::span<const int32_t> tokens, LogitRows rows,
-                                       const Progress& progress, const ChunkLogits& on_logits) {
-  if (tokens.empty()) throw Error("prefill: empty prompt");
-  check_token_ids(tokens, model_.config());
-  check_prompt_fits(tokens.size(), position_, max_context_, model_.config());
-  const int64_t end = static_cast<int64_t>(position_) + static_cast<int64_t>(tokens.size());
-  if (stream_) stream_->check_sequence(end);
-  const auto t0 = Clock::now();
-  if (!stream_) {
-    cache_.reserve(static_cast<int32_t>(end));
-    forward_.set_observer(options_.observer ? &options_.observer : nullptr);
-  }
-  ForwardTimers timers;
-  const auto n = static_cast<int64_t>(tokens.size());
-  const auto total_len = static_cast<int32_t>(end);
+Engine::~Engine() = default;
+
+int32_t Engine::position() const { return static_cast<int32_t>(batch_->length(seq_)); }
+
+const StreamingKV* Engine::streaming() const { return dynamic_cast<const StreamingKV*>(batch_->stream(seq_)); }
+
+size_t Engine::kv_cache_bytes() const { return static_cast<size_t>(batch_->kv_bytes_in_use()); }
+
+std::vector<float> Engine::run_prefill(std::span<const int32_t> tokens, LogitRows rows, const Progress& progress,
+                                       const BatchEngine::ChunkLogits& on_logits) {
+  const ForwardTimers before = backend_->timers();
+  const double seconds = batch_->stats().prefill_seconds;
+  backend_->set_observer(options_.observer ? &options_.observer : nullptr);
   std::vector<float> logits;
-  // Chunks of chunk_size tokens, attending to all earlier keys under the policy; with streaming memory the stream's
-  // own chunks (stream_chunk_end) through it.
-  for (int64_t c0 = 0; c0 < n;) {
-    const int64_t c1 = stream_ ? stream_chunk_end(options_.stream, c0, n) : std::min<int64_t>(n, c0 + options_.chunk_size);
-    const bool last = c1 == n;
-    const LogitRows want = rows == LogitRows::All ? LogitRows::All : (last ? rows : LogitRows::None);
-    const auto chunk = tokens.subspan(static_cast<size_t>(c0), static_cast<size_t>(c1 - c0));
-    std::vector<float> part;
-    if (stream_) {
-      stream_->begin_chunk(position_, static_cast<int32_t>(c1 - c0),
-                           last ? StreamingKV::ChunkKind::LastPrefill : StreamingKV::ChunkKind::Prefill);
-      part = forward_.run(chunk, position_, *stream_, want, timers);
-    } else {
-      part = forward_.run(chunk, position_, cache_, &options_.policy, total_len, want, timers);
-    }
-    position_ += static_cast<int32_t>(c1 - c0);
-    if (on_logits && want == LogitRows::All)
-      on_logits(c0, c1 - c0, part);
-    else
-      logits.insert(logits.end(), part.begin(), part.end());
-    if (progress) progress(c1, n);
-    c0 = c1;
+  try {
+    logits = batch_->extend(seq_, tokens, rows, progress, on_logits);
+  } catch (...) {
+    backend_->set_observer(nullptr);
+    throw;
   }
-  stats_.prefill_tokens += n;
-  stats_.prefill_seconds += seconds_since(t0);
-  stats_.attention_seconds += timers.attention_seconds;
-  stats_.gemm_seconds += timers.gemm_seconds;
+  backend_->set_observer(nullptr);  // the observer sees prefill chunks only
+  const ForwardTimers after = backend_->timers();
+  stats_.prefill_tokens += static_cast<int64_t>(tokens.size());
+  stats_.prefill_seconds += batch_->stats().prefill_seconds - seconds;
+  stats_.attention_seconds += after.attention_seconds - before.attention_seconds;
+  stats_.gemm_seconds += after.gemm_seconds - before.gemm_seconds;
   return logits;
-}
-
-size_t Engine::kv_cache_bytes() const {
-  if (!stream_) return cache_.bytes();
-  const StreamStats s = stream_->stats();
-  return static_cast<size_t>(stream_->resident_bytes() + s.host_bytes + s.index_bytes);
 }
 
 std::vector<float> Engine::prefill(std::span<const int32_t> tokens, const Progress& progress) {
@@ -112,42 +88,25 @@ std::vector<double> Engine::score(std::span<const int32_t> tokens, const Progres
   return logprobs;
 }
 
-std::vector<float> Engine::decode(int32_t token) {
-  return run_decode(token, LogitRows::Last);
-}
+std::vector<float> Engine::decode(int32_t token) { return run_decode(token); }
 
-std::vector<float> Engine::run_decode(int32_t token, LogitRows rows) {
-  const int32_t one[1] = {token};
-  check_token_ids(one, model_.config());
-  check_decode_fits(position_, max_context_, model_.config());
-  const auto t0 = Clock::now();
-  ForwardTimers timers;
-  std::vector<float> logits;
-  if (stream_) {
-    stream_->check_sequence(static_cast<int64_t>(position_) + 1);
-    stream_->begin_chunk(position_, 1, StreamingKV::ChunkKind::Decode);
-    logits = forward_.run(one, position_, *stream_, rows, timers);
-  } else {
-    cache_.reserve(position_ + 1);
-    forward_.set_observer(nullptr);  // the observer sees prefill chunks only
-    logits = forward_.run(one, position_, cache_, nullptr, position_ + 1, rows, timers);
-  }
-  position_ += 1;
+std::vector<float> Engine::run_decode(int32_t token) {
+  const ForwardTimers before = backend_->timers();
+  const double seconds = batch_->stats().decode_seconds;
+  std::vector<float> logits = batch_->decode_one(seq_, token);
+  const ForwardTimers after = backend_->timers();
   stats_.decode_tokens += 1;
-  stats_.decode_seconds += seconds_since(t0);
-  stats_.attention_seconds += timers.attention_seconds;
-  stats_.gemm_seconds += timers.gemm_seconds;
+  stats_.decode_seconds += batch_->stats().decode_seconds - seconds;
+  stats_.attention_seconds += after.attention_seconds - before.attention_seconds;
+  stats_.gemm_seconds += after.gemm_seconds - before.gemm_seconds;
   return logits;
 }
 
 std::vector<int32_t> Engine::generate(std::span<const int32_t> prompt, const GenerateOptions& options,
                                       const OnToken& on_token) {
-  return generate_tokens(*this, prompt, options, on_token, [this](int32_t t) { run_decode(t, LogitRows::None); });
+  return generate_tokens(*this, prompt, options, on_token, [this](int32_t t) { run_decode(t); });
 }
 
-void Engine::reset() {
-  position_ = 0;
-  if (stream_) stream_->reset();
-}
+void Engine::reset() { batch_->clear(seq_); }
 
 }  // namespace tessera::runtime

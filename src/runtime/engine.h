@@ -11,11 +11,17 @@
 //     return true;  // false stops the generation
 //   });
 //
-// The engine owns the KV cache of one sequence. prefill() appends tokens at position() (a new conversation
-// starts with reset()); chunks of chunk_size tokens go through the model one after the other, each attending
-// to all earlier keys under the attention policy (q_begin = the chunk's start, total_len = the length the
-// sequence will have at the end of this prefill). decode() runs one token with dense attention over the
-// cache. Errors are tessera::Error; after an error the cache may hold a partial chunk: call reset().
+// The engine is the batched engine's scheduler (batch_engine.h) with one held sequence, over a BatchBackend: the
+// CPU's (CpuBatchBackend) by default, or any other (the tensor-parallel CPU twin, a GPU backend). prefill() appends
+// tokens at position() (a new conversation starts with reset()); chunks of chunk_size tokens go through the
+// backend's staged prefill one after the other, each attending to all earlier keys under the attention policy
+// (q_begin = the chunk's start, total_len = the length the sequence will have at the end of this prefill), and the
+// keys and values then move into the sequence's KV blocks. decode() runs one token as the batched decode step of one
+// row, attending densely over the blocks (the model's sliding windows apply). A prefill after decode steps (a chat's
+// next turn) stages the sequence again from its blocks (BatchBackend::load_prefix). The KV pool is sized for one
+// sequence of max_context tokens (capped at the backend's default KV budget); its pages are touched only as blocks
+// fill. Errors are tessera::Error; after an error in a streamed prefill the memory may hold a partial chunk: call
+// reset().
 //
 // Not thread-safe: one Engine serves one sequence at a time. Several Engines may share a Model, which must
 // outlive them.
@@ -30,6 +36,7 @@
 #include "attention/index/prefill_route.h"
 #include "attention/pattern/policy.h"
 #include "core/thread_pool.h"
+#include "runtime/batch_engine.h"
 #include "runtime/forward.h"
 #include "runtime/generation.h"
 #include "runtime/kv_cache.h"
@@ -70,10 +77,14 @@ class Engine final : public SequenceEngine {
   using Progress = std::function<void(int64_t done, int64_t total)>;  // tokens prefilled so far, of total
   using OnToken = std::function<bool(int32_t token)>;                 // return false to stop
 
-  // Throws tessera::Error when the policy does not fit the model ("attention policy has 30 layers x 9 query
-  // heads (3 kv heads); model smollm2 has 24 layers x 9 query heads (3 kv heads)") or an option is out of
-  // range.
+  // Over the CPU backend (CpuBatchBackend: options.pool, options.kv_type for the prefill's staging cache). Throws
+  // tessera::Error when the policy does not fit the model ("attention policy has 30 layers x 9 query heads (3 kv
+  // heads); model smollm2 has 24 layers x 9 query heads (3 kv heads)") or an option is out of range.
   explicit Engine(const Model& model, EngineOptions options = {});
+  // Over another backend of the batched engine (e.g. CpuBatchBackend over parallel::ShardedCpuOps: the
+  // tensor-parallel twin); `model` is what it runs (memory()'s weights).
+  Engine(const Model& model, std::unique_ptr<BatchBackend> backend, EngineOptions options = {});
+  ~Engine() override;
 
   // Appends `tokens` to the sequence and returns the logits of the last one ([vocab]). Throws tessera::Error
   // when a token id is outside the vocabulary or the sequence would exceed max_context:
@@ -100,8 +111,8 @@ class Engine final : public SequenceEngine {
   // Logits are reduced chunk by chunk, so memory stays at one chunk of logits ([chunk_size, vocab] f32).
   std::vector<double> score(std::span<const int32_t> tokens, const Progress& progress = {}) override;
 
-  void reset() override;                                   // empties the sequence (keeps the cache's memory)
-  int32_t position() const override { return position_; }  // tokens in the sequence
+  void reset() override;  // empties the sequence (its blocks go back to the pool)
+  int32_t position() const override;
   int32_t max_context() const override { return max_context_; }
   const EngineStats& stats() const override { return stats_; }
   void reset_stats() override { stats_ = {}; }
@@ -110,24 +121,20 @@ class Engine final : public SequenceEngine {
   size_t kv_cache_bytes() const override;
   EngineMemory memory() const override { return {model_.weights().bytes(), kv_cache_bytes(), 0, 0, 0}; }
   // The streaming memory, or null when options().stream.method is None.
-  const StreamingKV* streaming() const override { return stream_.get(); }
+  const StreamingKV* streaming() const override;
+  const BatchEngine& scheduler() const { return *batch_; }
 
  private:
-  // Chunked prefill; with rows == All, each chunk's logits go to on_logits(first token index, chunk rows,
-  // logits) when it is set, else into the returned vector.
-  using ChunkLogits = std::function<void(int64_t first, int64_t rows, const std::vector<float>& logits)>;
   std::vector<float> run_prefill(std::span<const int32_t> tokens, LogitRows rows, const Progress& progress,
-                                 const ChunkLogits& on_logits = {});
-  std::vector<float> run_decode(int32_t token, LogitRows rows);
+                                 const BatchEngine::ChunkLogits& on_logits = {});
+  std::vector<float> run_decode(int32_t token);
 
   const Model& model_;
   EngineOptions options_;
-  ThreadPool& pool_;
   int32_t max_context_ = 0;
-  int32_t position_ = 0;
-  KVCache cache_;
-  std::unique_ptr<StreamingKV> stream_;
-  Forward forward_;
+  std::unique_ptr<BatchBackend> backend_;
+  std::unique_ptr<BatchEngine> batch_;
+  int64_t seq_ = 0;  // the held sequence
   EngineStats stats_;
 };
 
