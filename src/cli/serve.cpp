@@ -162,7 +162,6 @@ int serve_tensor_parallel_batched(const ServeOptions& o, const Session& s, serve
     bo.kv_bytes = kv_bytes;
     bo.prefix_cache = o.prefix_cache;
     bo.step_tokens = o.step_tokens;
-    bo.policy = s.policy(o.attn);
     server::BatchedEngine batch;
     auto leader = std::make_unique<parallel::TpBatchLeader>(channel, rank);
     parallel::TpBatchLeader& lead = *leader;
