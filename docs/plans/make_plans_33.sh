@@ -19,4 +19,8 @@ run() {  # name, arguments
 run smollm2-minference-2k-4k --method minference --lengths 2048,4096 --samples 1 --budget 0.3 --validation-cases 0
 # MoA: 3 items per profiled length, the Pareto pick by 2 held-out tasks at 2K, then perplexity.
 run smollm2-moa-1k-2k --method moa --lengths 1024,2048 --samples 3 --budget 0.5 --validation-length 2048 \
-  --validation-cases 2
+  --validation-cases 2 --moa-loss first-order  # made before the Fisher loss existed (then the only estimate)
+# MoA with the Fisher (second-order) rule loss, the default since 6e00e7b (--moa-loss fisher): the same calibration
+# and held-out tasks as the first-order plan above.
+run smollm2-moa-fisher-1k-2k --method moa --lengths 1024,2048 --samples 3 --budget 0.5 --validation-length 2048 \
+  --validation-cases 2 --moa-loss fisher
