@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <variant>
 
 namespace tessera::server {
 
@@ -36,6 +37,55 @@ void single(std::string& out, const std::string& name, const char* type, const c
   header(out, name, type, help);
   out += name + " " + std::to_string(value) + "\n";
 }
+
+// A single-valued metric read from Gauges: its name, type, help and member (an integer or seconds).
+struct GaugeMetric {
+  const char* name;
+  const char* type;
+  const char* help;
+  std::variant<int64_t Gauges::*, double Gauges::*> member;
+
+  void write(std::string& out, const Gauges& g) const {
+    std::visit([&](auto m) { single(out, name, type, help, g.*m); }, member);
+  }
+};
+
+// The server's slots and KV caches, always present.
+const GaugeMetric kSlotGauges[] = {
+    {"tessera_queue_depth", "gauge", "Requests waiting for a slot.", &Gauges::queued},
+    {"tessera_requests_running", "gauge", "Requests being generated.", &Gauges::running},
+    {"tessera_slots", "gauge", "Sequences the server runs at once (--parallel).", &Gauges::slots},
+    {"tessera_kv_cache_tokens", "gauge", "Tokens held in the KV caches of running requests.",
+     &Gauges::kv_tokens},
+    {"tessera_kv_cache_bytes", "gauge", "Bytes allocated for the KV caches of running requests.",
+     &Gauges::kv_bytes},
+};
+
+// The batched engine's counters and its prefix cache (Gauges::batched only).
+const GaugeMetric kEngineGauges[] = {
+    {"tessera_engine_steps_total", "counter", "Batched engine steps (a prefill chunk and/or a decode).",
+     &Gauges::engine_steps},
+    {"tessera_engine_decode_steps_total", "counter", "Batched engine steps that decoded.",
+     &Gauges::decode_steps},
+    {"tessera_engine_decode_tokens_total", "counter", "Tokens decoded (one per running sequence per step).",
+     &Gauges::decode_tokens},
+    {"tessera_engine_prefill_seconds_total", "counter", "Seconds spent in prefill chunks.",
+     &Gauges::prefill_seconds},
+    {"tessera_engine_decode_seconds_total", "counter", "Seconds spent in decode steps.",
+     &Gauges::decode_seconds},
+    {"tessera_engine_step_builds_total", "counter",
+     "Decode step shapes built before running (CUDA graph captures; 0 on the CPU).", &Gauges::step_builds},
+    {"tessera_engine_max_decode_batch", "gauge", "The largest decode batch so far.",
+     &Gauges::max_decode_batch},
+    {"tessera_prefix_cache_hits_total", "counter", "Requests that adopted cached KV blocks.",
+     &Gauges::prefix_hits},
+    {"tessera_prefix_cache_tokens_total", "counter",
+     "Prompt tokens taken from the prefix cache instead of prefilled.", &Gauges::prefix_cached_tokens},
+    {"tessera_prefix_cache_evictions_total", "counter", "Cached blocks dropped to make room.",
+     &Gauges::prefix_evictions},
+    {"tessera_prefix_cache_bytes", "gauge", "KV bytes of the blocks only the prefix cache holds.",
+     &Gauges::prefix_cache_bytes},
+};
 
 }  // namespace
 
@@ -118,37 +168,9 @@ std::string Metrics::prometheus(const Gauges& g) const {
   inter_token_.render(out, "tessera_inter_token_latency_seconds");
   header(out, "tessera_request_duration_seconds", "histogram", "From arrival to the last token.");
   request_.render(out, "tessera_request_duration_seconds");
-  single(out, "tessera_queue_depth", "gauge", "Requests waiting for a slot.", g.queued);
-  single(out, "tessera_requests_running", "gauge", "Requests being generated.", g.running);
-  single(out, "tessera_slots", "gauge", "Sequences the server runs at once (--parallel).", g.slots);
-  single(out, "tessera_kv_cache_tokens", "gauge", "Tokens held in the KV caches of running requests.",
-         g.kv_tokens);
-  single(out, "tessera_kv_cache_bytes", "gauge", "Bytes allocated for the KV caches of running requests.",
-         g.kv_bytes);
-  if (g.batched) {
-    single(out, "tessera_engine_steps_total", "counter",
-           "Batched engine steps (a prefill chunk and/or a decode).", g.engine_steps);
-    single(out, "tessera_engine_decode_steps_total", "counter", "Batched engine steps that decoded.",
-           g.decode_steps);
-    single(out, "tessera_engine_decode_tokens_total", "counter",
-           "Tokens decoded (one per running sequence per step).", g.decode_tokens);
-    single(out, "tessera_engine_prefill_seconds_total", "counter", "Seconds spent in prefill chunks.",
-           g.prefill_seconds);
-    single(out, "tessera_engine_decode_seconds_total", "counter", "Seconds spent in decode steps.",
-           g.decode_seconds);
-    single(out, "tessera_engine_step_builds_total", "counter",
-           "Decode step shapes built before running (CUDA graph captures; 0 on the CPU).", g.step_builds);
-    single(out, "tessera_engine_max_decode_batch", "gauge", "The largest decode batch so far.",
-           g.max_decode_batch);
-    single(out, "tessera_prefix_cache_hits_total", "counter", "Requests that adopted cached KV blocks.",
-           g.prefix_hits);
-    single(out, "tessera_prefix_cache_tokens_total", "counter",
-           "Prompt tokens taken from the prefix cache instead of prefilled.", g.prefix_cached_tokens);
-    single(out, "tessera_prefix_cache_evictions_total", "counter", "Cached blocks dropped to make room.",
-           g.prefix_evictions);
-    single(out, "tessera_prefix_cache_bytes", "gauge", "KV bytes of the blocks only the prefix cache holds.",
-           g.prefix_cache_bytes);
-  }
+  for (const GaugeMetric& m : kSlotGauges) m.write(out, g);
+  if (g.batched)
+    for (const GaugeMetric& m : kEngineGauges) m.write(out, g);
   single(out, "tessera_process_resident_memory_bytes", "gauge", "Resident set size of the server process.",
          resident_bytes());
   return out;
