@@ -24,6 +24,7 @@
 #include "model/tokenizer/byte_level.h"
 #include "model/tokenizer/chat_template.h"
 #include "model/tokenizer/pretokenizer.h"
+#include "model/tokenizer/sentencepiece.h"
 #include "model/tokenizer/unicode_nfc.h"
 #include "model/tokenizer/utf8.h"
 
@@ -544,6 +545,31 @@ TEST(RealModel, SmolLM2MatchesTransformers) {
   const json fixture = load_json(kDataDir + "chat_templates.json");
   EXPECT_EQ(fixture["smollm2"]["template"].get<std::string>(),
             file->metadata()["tokenizer.chat_template"].get<std::string>());
+}
+
+// encode() cuts the text where no piece spans the boundary (sentencepiece.h); the ids are those of one merge queue
+// over the whole text: Gemma-3's vocabulary (its one piece across a space, ">▁</", and newline runs), on a long
+// document with the conversation's shapes and on edge cases.
+TEST(RealModel, Gemma3WordCutsEqualOneQueue) {
+  REQUIRE_MODEL(path, "gemma-3-270m-q4_k_m.gguf");
+  const auto file = ModelFile::open(path);
+  const TokenizerData d = Tokenizer::gguf_data(file->metadata());
+  const SentencePieceBpe spm(d.tokens, d.types, d.scores, d.byte_fallback, d.special.unk);
+  std::string doc = "Read the records below, then answer questions about them.\n\n";
+  for (int i = 1; i <= 120; ++i)
+    doc += "Record " + std::to_string(i) + ". The town of Alder Creek was founded in the year " +
+           std::to_string(1100 + 7 * i) + " on the banks of the Sable.  Its people trade in wool,\tsalt and " +
+           "<b>copper</b> > </td> \u00e9t\u00e9 \u4e2d\u6587 \xF0\x9F\x99\x82\n\nQuestion: How long?\nAnswer: " +
+           std::to_string(i * 13) + " meters\n";
+  const std::vector<std::string> texts = {doc, "a>  </b", "x\n\n\ny", "  lead and trail  ", "\n", " ", "",
+                                          "<table> </td>\n </tr>", "a\xFF\xFE b\x80 c", "\xE2\x96 \xE2"};
+  for (const std::string& t : texts) {
+    const std::string escaped = escape_spaces(t);
+    std::vector<int32_t> cut, whole;
+    spm.encode(escaped, cut);
+    spm.encode_whole(escaped, whole);
+    EXPECT_EQ(cut, whole) << t.substr(0, 60);
+  }
 }
 
 TEST(RealModel, Gemma3MatchesTransformers) {

@@ -1,5 +1,6 @@
 #include "model/tokenizer/sentencepiece.h"
 
+#include <algorithm>
 #include <queue>
 
 #include "model/tokenizer/utf8.h"
@@ -48,9 +49,55 @@ SentencePieceBpe::SentencePieceBpe(const std::vector<std::string>& tokens,
         byte_token_[static_cast<size_t>(value)] = id;
     }
   }
+  // Where no piece spans a boundary (sentencepiece.h): the characters pieces hold before a "▁", and newlines.
+  const std::string_view space = "\xE2\x96\x81";
+  newline_joins_ = false;
+  for (const auto& [piece, id] : pieces_) {
+    const std::string_view p = piece;
+    // Characters as encode() cuts them (utf8::char_length from the piece's start, as from a symbol's).
+    for (size_t prev = 0, at = 0; at < p.size();) {
+      const size_t n = utf8::char_length(p, at);
+      if (at > 0 && p.substr(at, n) == space) {
+        const std::string before(p.substr(prev, at - prev));
+        if (before != space && std::find(before_space_.begin(), before_space_.end(), before) == before_space_.end())
+          before_space_.push_back(before);
+      }
+      prev = at;
+      at += n;
+    }
+    if (p.find('\n') != std::string_view::npos && p.find_first_not_of('\n') != std::string_view::npos)
+      newline_joins_ = true;
+  }
 }
 
 void SentencePieceBpe::encode(std::string_view text, std::vector<int32_t>& out) const {
+  const std::string_view space = "\xE2\x96\x81";
+  bool last_unk = false;
+  size_t start = 0, prev = 0;  // the part's first byte; the previous character's
+  for (size_t pos = 0; pos < text.size();) {
+    const size_t n = utf8::char_length(text, pos);
+    if (pos > start) {
+      const std::string_view before = text.substr(prev, pos - prev);
+      bool cut = text.substr(pos, n) == space && before != space &&
+                 std::find(before_space_.begin(), before_space_.end(), before) == before_space_.end();
+      if (!newline_joins_) cut = cut || ((text[pos] == '\n') != (before == "\n"));
+      if (cut) {
+        encode_part(text.substr(start, pos - start), out, last_unk);
+        start = pos;
+      }
+    }
+    prev = pos;
+    pos += n;
+  }
+  encode_part(text.substr(start), out, last_unk);
+}
+
+void SentencePieceBpe::encode_whole(std::string_view text, std::vector<int32_t>& out) const {
+  bool last_unk = false;
+  encode_part(text, out, last_unk);
+}
+
+void SentencePieceBpe::encode_part(std::string_view text, std::vector<int32_t>& out, bool& last_unk) const {
   if (text.empty()) return;
   struct Symbol {
     size_t begin, size;  // bytes of `text`; size 0 once merged into its left neighbour
@@ -95,7 +142,6 @@ void SentencePieceBpe::encode(std::string_view text, std::vector<int32_t>& out) 
     consider(a.prev);
     consider(g.left);
   }
-  bool last_unk = false;
   for (int32_t i = 0; i >= 0 && i < static_cast<int32_t>(sym.size()); i = sym[i].next) {
     const std::string_view piece = text.substr(sym[i].begin, sym[i].size);
     const auto it = pieces_.find(piece);
