@@ -145,10 +145,15 @@ void paged_decode_attention_cpu(const float* q, float* out, std::span<const Deco
           vr = vbuf.data();
         }
         float m_blk = -INFINITY;
+        const int64_t d8 = d / 8 * 8;
         for (int64_t j = 0; j < n; ++j) {
           const float* kj = kr + j * d;
-          float dot = 0;
-          for (int64_t c = 0; c < d; ++c) dot += qh[c] * kj[c];
+          // Eight partial sums (one vector of lanes: the compiler may not reorder a single float sum).
+          float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+          for (int64_t c = 0; c < d8; c += 8)
+            for (int u = 0; u < 8; ++u) part[u] += qh[c + u] * kj[c + u];
+          float dot = ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
+          for (int64_t c = d8; c < d; ++c) dot += qh[c] * kj[c];
           score[static_cast<size_t>(j)] = dot * scale;
           m_blk = std::max(m_blk, score[static_cast<size_t>(j)]);
         }
