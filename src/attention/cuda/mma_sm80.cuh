@@ -16,6 +16,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace tessera::attn::gpu::detail {
 
@@ -47,43 +48,46 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "r"(addr));
 }
 
-template <class T>
-struct MmaTraits;
+// d += a * b, one mma.sync m16n8k16 with f32 accumulators on inputs of PTX type TYPE ("bf16" or "f16"); the
+// operands of MmaTraits<T>::mma (an asm template must be one string literal, hence a macro).
+#define TESSERA_MMA_M16N8K16(TYPE)                                                      \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE                   \
+               ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n" \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                         \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
 
-template <>
-struct MmaTraits<__nv_bfloat16> {
+// The mma.sync m16n8k16 of a 16-bit input type T (__nv_bfloat16 or __half) and its conversions.
+template <class T>
+struct MmaTraits {
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>, "mma inputs: bf16 or f16");
+  static constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+
   __device__ __forceinline__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                              uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    if constexpr (kBf16)
+      TESSERA_MMA_M16N8K16("bf16");
+    else
+      TESSERA_MMA_M16N8K16("f16");
   }
   // Two floats to a packed pair; `lo` goes to the lower half (the smaller column).
   __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
+    if constexpr (kBf16) {
+      const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+      return *reinterpret_cast<const uint32_t*>(&v);
+    } else {
+      const __half2 v = __floats2half2_rn(lo, hi);
+      return *reinterpret_cast<const uint32_t*>(&v);
+    }
   }
-  __device__ __forceinline__ static float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+  __device__ __forceinline__ static float to_float(T x) {
+    if constexpr (kBf16)
+      return __bfloat162float(x);
+    else
+      return __half2float(x);
+  }
 };
 
-template <>
-struct MmaTraits<__half> {
-  __device__ __forceinline__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                             uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-  __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
-    const __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  }
-  __device__ __forceinline__ static float to_float(__half x) { return __half2float(x); }
-};
+#undef TESSERA_MMA_M16N8K16
 
 // 2^x, approximate (ex2.approx: 2 ulp); 2^-inf = +0.
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -145,6 +149,20 @@ struct LaneSwizzle {
   }
 };
 
+// c0 += a * B0 and c1 += a * B1 for one warp, the two 16x8 B fragments loaded by one ldmatrix x4 from shared
+// address `b_addr` (transposed: B stored [k][n], as V; else [n][k], as K).
+template <typename T, bool kTrans>
+__device__ __forceinline__ void mma_x2(float (&c0)[4], float (&c1)[4], const uint32_t (&a)[4],
+                                       uint32_t b_addr) {
+  uint32_t b[4];
+  if constexpr (kTrans)
+    ldmatrix_x4_trans(b, b_addr);
+  else
+    ldmatrix_x4(b, b_addr);
+  MmaTraits<T>::mma(c0, a, b[0], b[1]);
+  MmaTraits<T>::mma(c1, a, b[2], b[3]);
+}
+
 // s[BN/8][4] += Q[16 rows] K[BN keys]^T for one warp. q_base: shared address of the warp's first Q row plus
 // LaneSwizzle::a_row; k_base: shared address of the K tile plus LaneSwizzle::b_row. Rows are D elements.
 template <typename T, int D, int BN>
@@ -156,10 +174,8 @@ __device__ __forceinline__ void warp_qk(float (&s)[BN / 8][4], uint32_t q_base, 
     ldmatrix_x4(a, q_base + (kk / 4) * 128 + sw.a_off[kk % 4]);
 #pragma unroll
     for (int np = 0; np < BN / 16; ++np) {
-      uint32_t b[4];
-      ldmatrix_x4(b, k_base + np * 16 * (D * 2) + (kk / 4) * 128 + sw.b_off[kk % 4]);
-      MmaTraits<T>::mma(s[2 * np], a, b[0], b[1]);
-      MmaTraits<T>::mma(s[2 * np + 1], a, b[2], b[3]);
+      mma_x2<T, false>(s[2 * np], s[2 * np + 1], a,
+                       k_base + np * 16 * (D * 2) + (kk / 4) * 128 + sw.b_off[kk % 4]);
     }
   }
 }
@@ -179,10 +195,8 @@ __device__ __forceinline__ void warp_pv(float (&o)[D / 8][4], const float (&p)[B
     a[3] = MmaTraits<T>::pack(p[2 * kk + 1][2], p[2 * kk + 1][3]);
 #pragma unroll
     for (int dp = 0; dp < D / 16; ++dp) {
-      uint32_t b[4];
-      ldmatrix_x4_trans(b, v_base + kk * 16 * (D * 2) + (dp / 4) * 128 + sw.a_off[dp % 4]);
-      MmaTraits<T>::mma(o[2 * dp], a, b[0], b[1]);
-      MmaTraits<T>::mma(o[2 * dp + 1], a, b[2], b[3]);
+      mma_x2<T, true>(o[2 * dp], o[2 * dp + 1], a,
+                      v_base + kk * 16 * (D * 2) + (dp / 4) * 128 + sw.a_off[dp % 4]);
     }
   }
 }
