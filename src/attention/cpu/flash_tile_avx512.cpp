@@ -47,19 +47,12 @@ struct Avx512 {
     const reg p = exp2_fraction<Avx512>(_mm512_sub_ps(x, n));
     return _mm512_maskz_scalef_ps(live, p, n);
   }
-  static void cvt_bf16(const uint16_t* src, float* dst, int n) {
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
-      _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
-    }
-    for (; i < n; ++i) dst[i] = bf16_bits_to_f32(src[i]);
+  static reg widen_bf16(const uint16_t* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   }
-  static void cvt_f16(const uint16_t* src, float* dst, int n) {
-    int i = 0;
-    for (; i + 16 <= n; i += 16)
-      _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
-    for (; i < n; ++i) dst[i] = f16_bits_to_f32(src[i]);
+  static reg widen_f16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
 };
 

@@ -46,19 +46,12 @@ struct Avx2 {
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), live);
   }
-  static void cvt_bf16(const uint16_t* src, float* dst, int n) {
-    int i = 0;
-    for (; i + 8 <= n; i += 8) {
-      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-      _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
-    }
-    for (; i < n; ++i) dst[i] = bf16_bits_to_f32(src[i]);
+  static reg widen_bf16(const uint16_t* p) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   }
-  static void cvt_f16(const uint16_t* src, float* dst, int n) {  // F16C (part of x86-64-v3)
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-      _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
-    for (; i < n; ++i) dst[i] = f16_bits_to_f32(src[i]);
+  static reg widen_f16(const uint16_t* p) {  // F16C (part of x86-64-v3)
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
 };
 using Baseline = Avx2;
@@ -126,14 +119,11 @@ struct Portable {
   static reg exp2(reg a) {
     return map([&](int i) { return a.x[i] <= -125.0f ? 0.0f : std::exp2(a.x[i]); });
   }
-  static void cvt_bf16(const uint16_t* src, float* dst, int n) {
-    for (int i = 0; i < n; ++i) {
-      const uint32_t u = static_cast<uint32_t>(src[i]) << 16;
-      __builtin_memcpy(dst + i, &u, sizeof(float));
-    }
+  static reg widen_bf16(const uint16_t* p) {
+    return map([&](int i) { return bf16_bits_to_f32(p[i]); });
   }
-  static void cvt_f16(const uint16_t* src, float* dst, int n) {
-    for (int i = 0; i < n; ++i) dst[i] = f16_bits_to_f32(src[i]);
+  static reg widen_f16(const uint16_t* p) {
+    return map([&](int i) { return f16_bits_to_f32(p[i]); });
   }
 };
 using Baseline = Portable;

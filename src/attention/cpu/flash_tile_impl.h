@@ -9,7 +9,7 @@
 //   reg; kWidth (lanes); kRowVecs (row vectors per micro-kernel pass); kQkKeys (keys per QK^T micro-kernel);
 //   kPvDims (head dims per PV micro-kernel); zero, set1, load, store, fmadd(a, b, c) = a * b + c, add, sub,
 //   max; exp2(x) (0 for x <= -125, including -inf); zero_if_neg_inf(x); reduce_add(x) (the sum of the lanes);
-//   cvt_bf16(src, dst, n), cvt_f16(src, dst, n) (n contiguous values).
+//   widen_bf16(p), widen_f16(p) (kWidth contiguous 16-bit values from memory, as f32).
 //
 // Two paths share the block walk, the K/V packing and the masks: tiles of more than kFewRows rows keep rows
 // in lanes (S^T, above); tiles of at most kFewRows rows (decode, and the last few rows of a prefill) keep
@@ -35,8 +35,8 @@ inline float bf16_bits_to_f32(uint16_t b) {
   return f;
 }
 
-// IEEE binary16 bits to f32, exact (subnormals, infinities and NaNs included): the scalar twin of the policies'
-// cvt_f16, for strided dims.
+// IEEE binary16 bits to f32, exact (subnormals, infinities and NaNs included): the scalar twin of the
+// policies' widen_f16, for strided dims and row tails.
 inline float f16_bits_to_f32(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
@@ -57,9 +57,19 @@ inline float f16_bits_to_f32(uint16_t h) {
   return f;
 }
 
-// 2^f for |f| <= 1/2 by a degree-6 polynomial fitted for relative error (about 1e-7 in f32), Horner's scheme in
-// policy S's fmadd: the part of the SIMD policies' exp2 that does not depend on the ISA (each scales the result
-// by 2^n its own way).
+// n contiguous bf16 (kBf16) or f16 values to f32: policy S's widening kWidth at a time, the scalar twin for
+// the tail.
+template <class S, bool kBf16>
+void widen_row(const uint16_t* src, float* dst, int n) {
+  int i = 0;
+  for (; i + S::kWidth <= n; i += S::kWidth)
+    S::store(dst + i, kBf16 ? S::widen_bf16(src + i) : S::widen_f16(src + i));
+  for (; i < n; ++i) dst[i] = kBf16 ? bf16_bits_to_f32(src[i]) : f16_bits_to_f32(src[i]);
+}
+
+// 2^f for |f| <= 1/2 by a degree-6 polynomial fitted for relative error (about 1e-7 in f32), Horner's scheme
+// in policy S's fmadd: the part of the SIMD policies' exp2 that does not depend on the ISA (each scales the
+// result by 2^n its own way).
 template <class S>
 typename S::reg exp2_fraction(typename S::reg f) {
   typename S::reg p = S::set1(1.5337576830683796e-4f);
@@ -199,9 +209,9 @@ class FlashTile {
         const bool bf = elem == KvElem::BF16;
         if (cs == 1) {
           if (bf)
-            S::cvt_bf16(src, dst, d_);
+            widen_row<S, true>(src, dst, d_);
           else
-            S::cvt_f16(src, dst, d_);
+            widen_row<S, false>(src, dst, d_);
         } else {
           for (int c = 0; c < d_; ++c) dst[c] = bf ? bf16_bits_to_f32(src[c * cs]) : f16_bits_to_f32(src[c * cs]);
         }
