@@ -8,8 +8,8 @@
 # PYTHON: one with lm-eval[api], gguf, accelerate, torch and transformers (scripts/setup.sh models puts them in
 # ~/.cache/tessera/pyenv, the default).
 # WEIGHTS=f32 (default): the server expands the GGUF's quantized blocks to f32 (TESSERA_WEIGHTS=f32), the weights
-# transformers computes with; WEIGHTS=stored: it multiplies the stored Q4_1 blocks (a different model, ~2.5 points
-# apart on this task).
+# transformers computes with, and keeps its KV cache in f32 (TESSERA_KV_TYPE=f32; the CPU default is f16);
+# WEIGHTS=stored: it multiplies the stored Q4_1 blocks (a different model, ~2.5 points apart on this task).
 # PARALLEL=N (default 2): the server runs the batched engine (--parallel N, the prompts' log-probabilities from its
 # prefill) and lm-eval sends N requests at once (num_concurrent); PARALLEL=1: the single-sequence engine.
 set -euo pipefail
@@ -18,7 +18,7 @@ BIN=$1
 PY=${2:-$HOME/.cache/tessera/pyenv/bin/python}
 PARALLEL=${PARALLEL:-2}
 WEIGHTS=${WEIGHTS:-f32}
-case $WEIGHTS in f32) SERVE_ENV=(TESSERA_WEIGHTS=f32) ;; stored) SERVE_ENV=() ;; *) echo "WEIGHTS must be f32 or stored, got $WEIGHTS" >&2; exit 2 ;; esac
+case $WEIGHTS in f32) SERVE_ENV=(TESSERA_WEIGHTS=f32 TESSERA_KV_TYPE=f32) ;; stored) SERVE_ENV=() ;; *) echo "WEIGHTS must be f32 or stored, got $WEIGHTS" >&2; exit 2 ;; esac
 MODELS=${TESSERA_MODELS:-$HOME/.cache/tessera/models}
 GGUF=smollm2-135m-instruct-q4_1.gguf
 OUT=$(mktemp -d)
