@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <sys/mman.h>
+
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "core/clock.h"
@@ -63,7 +66,28 @@ std::vector<float> CpuBatchBackend::prefill_chunk_rows(std::span<const int32_t> 
 }
 
 void CpuBatchBackend::finish_prefill(const SequenceBlocks& seq, std::span<const DecodeView>) {
-  scatter_to_pages(staging_, seq, store_);
+  // scatter_to_pages a layer at a time, each staged layer's pages handed back to the system once its rows are in the
+  // blocks: the sequence's KV is held about once while it moves, not twice (the single-sequence engine's peak RSS).
+  check(staging_.type() == store_.type(), "batched prefill: the staging cache and the KV blocks differ in type");
+  const PagedKVShape& s = seq.shape();
+  const size_t head_bytes = store_.row_bytes(), rows = static_cast<size_t>(staging_.capacity());
+  for (int32_t l = 0; l < s.num_layers; ++l) {
+    for (int32_t h = 0; h < s.num_kv_heads; ++h) {
+      const std::vector<int32_t>& table = seq.table(l, h);
+      const size_t at = static_cast<size_t>(h) * head_bytes;
+      for (int64_t pos = 0; pos < seq.length(); ++pos) {
+        const int32_t blk = table[static_cast<size_t>(pos / s.block_tokens)];
+        if (blk < 0) continue;  // outside the retention
+        const auto p = static_cast<int32_t>(pos);
+        std::memcpy(store_.k_bytes(blk, pos % s.block_tokens), staging_.k_bytes(l, p) + at, head_bytes);
+        std::memcpy(store_.v_bytes(blk, pos % s.block_tokens), staging_.v_bytes(l, p) + at, head_bytes);
+      }
+    }
+    if (rows > 0) {  // the layer's anonymous mappings (kv_cache.h): their pages go, the mappings stay until release()
+      madvise(staging_.k_bytes(l, 0), rows * staging_.row_bytes(), MADV_DONTNEED);
+      madvise(staging_.v_bytes(l, 0), rows * staging_.row_bytes(), MADV_DONTNEED);
+    }
+  }
   staging_.release();
 }
 
