@@ -79,6 +79,7 @@ int main(int argc, char** argv) {
                                nb +
                            kb] = w * std::exp(-64.0 * static_cast<double>(qb - kb) / tau) + (kb == 0 ? s : 0.0);
         }
+      lp.sample_influence = {lp.influence};  // one sample (MoA's default Fisher loss reads the samples)
       p.lengths.push_back(std::move(lp));
     }
     std::printf("synthetic profile: %d layers x %d heads (%d KV), lengths", layers, heads, kv_heads);

@@ -84,6 +84,7 @@ plan::GradientProfile profile_of(const plan::GradientResult& r, int32_t layers, 
   lp.num_blocks = r.num_blocks;
   lp.samples = 1;
   for (const auto& l : r.layers) lp.influence.insert(lp.influence.end(), l.influence.begin(), l.influence.end());
+  lp.sample_influence = {lp.influence};  // the one sample (MoA's default Fisher loss reads the samples)
   p.lengths.push_back(std::move(lp));
   for (const auto& l : r.layers) p.probe.push_back(l.probe);
   p.loss = r.loss;
