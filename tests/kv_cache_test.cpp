@@ -244,11 +244,14 @@ TEST(KVCacheAttention, HalfKeysAndValuesEqualTheirF32Values) {
 // ---- the paged store (the batched engine's blocks) in each type
 
 TEST(PagedKVStoreType, RowsScatterGatherAndDecodeAttention) {
-  const int32_t L = 2, Hq = 4, Hkv = 2, d = 24;
+  const int32_t L = 3, Hq = 4, Hkv = 2, d = 24;
   const PagedKVShape shape{L, Hkv, d, 8};
-  // Views per (layer, q head): dense, MoA sink + window, a horizon (sliding layer), all three.
+  // Views per (layer, q head): dense, MoA sink + window, a horizon (sliding layer), all three; layers 0 and 1 give
+  // the two query heads of each GQA group different views (walked one head at a time), layer 2 the same (walked
+  // together).
   const std::vector<DecodeView> views{{0, kUnbounded, kUnbounded}, {3, 5, kUnbounded}, {0, kUnbounded, 6}, {2, 9, 7},
-                                      {1, 1, kUnbounded},          {0, 20, kUnbounded}, {4, 4, 4},           {0, kUnbounded, kUnbounded}};
+                                      {1, 1, kUnbounded},          {0, 20, kUnbounded}, {4, 4, 4},           {0, kUnbounded, kUnbounded},
+                                      {2, 9, 7},                   {2, 9, 7},           {0, kUnbounded, kUnbounded}, {0, kUnbounded, kUnbounded}};
   ModelConfig cfg;
   cfg.num_layers = L;
   cfg.num_q_heads = Hq;

@@ -113,104 +113,102 @@ void paged_decode_attention_cpu(const float* q, float* out, std::span<const Deco
   const PagedKVShape& s = store.shape();
   const int64_t B = s.block_tokens, d = s.head_dim;
   const int32_t group = num_q_heads / s.num_kv_heads;
-  // An item is several query heads of one GQA group (they read the group's K and V blocks once, as the contiguous
-  // executor's decode items do): the whole group, fewer when that would leave workers idle.
-  int32_t per_item = group;
-  const auto items_of = [&](int32_t n) {
-    return static_cast<int64_t>(rows.size()) * s.num_kv_heads * ((group + n - 1) / n);
-  };
-  while (per_item > 1 && items_of(per_item) < pool.size()) --per_item;
-  const int64_t chunks = (group + per_item - 1) / per_item, items = items_of(per_item);
+  // One item per (row, kv head): the query heads of its GQA group that see the same keys go through each block
+  // together (the block read, and converted from a half store, once for all of them).
+  const int64_t items = static_cast<int64_t>(rows.size()) * s.num_kv_heads;
   const bool f32 = store.type() == KVType::F32;
   parallel_ranges(pool, items, 1, [&](int64_t first, int64_t last) {
-    const auto P = static_cast<size_t>(per_item);
-    std::vector<float> acc(P * static_cast<size_t>(d)), score(P * static_cast<size_t>(B)), m(P), sum(P);
+    const auto G = static_cast<size_t>(group);
+    std::vector<float> acc(G * static_cast<size_t>(d)), score(static_cast<size_t>(B)), m(G), sum(G);
     std::vector<float> kbuf(f32 ? 0 : static_cast<size_t>(B * d)), vbuf(kbuf.size());
+    std::vector<int32_t> heads(G);
     for (int64_t it = first; it < last; ++it) {
-      const int64_t per_row = static_cast<int64_t>(s.num_kv_heads) * chunks;
-      const DecodeRow& row = rows[static_cast<size_t>(it / per_row)];
-      const int64_t ri = it / per_row;
-      const auto kvh = static_cast<int32_t>((it % per_row) / chunks);
-      const int32_t h0 = kvh * group + static_cast<int32_t>((it % per_row) % chunks) * per_item;
-      const int32_t nh = std::min(per_item, (kvh + 1) * group - h0);
+      const DecodeRow& row = rows[static_cast<size_t>(it / s.num_kv_heads)];
+      const auto kvh = static_cast<int32_t>(it % s.num_kv_heads);
       const std::vector<int32_t>& table = row.seq->table(layer, kvh);
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      std::fill(m.begin(), m.end(), -INFINITY);
-      std::fill(sum.begin(), sum.end(), 0.0f);
-      // Keys [j0, j1) within one block for heads [i0, i1) of the item (the ones that see them): their scores, one
-      // rescale per head for the block, then the values.
-      auto visit_block = [&](int64_t j0, int64_t j1, int32_t i0, int32_t i1) {
-        const int32_t blk = table[static_cast<size_t>(j0 / B)];
-        check(blk >= 0, "paged decode attention: a visible key's block is not kept (retention bug)");
-        const int64_t n = j1 - j0;
-        const float* kr;
-        const float* vr;
-        if (f32) {
-          kr = store.k(blk, j0 % B);
-          vr = store.v(blk, j0 % B);
-        } else {
-          store.read(blk, j0 % B, n, kbuf.data(), vbuf.data());
-          kr = kbuf.data();
-          vr = vbuf.data();
-        }
-        const int64_t d8 = d / 8 * 8;
-        for (int32_t i = i0; i < i1; ++i) {
-          const float* qh = q + (ri * num_q_heads + h0 + i) * d;
-          float* sc = score.data() + static_cast<size_t>(i) * static_cast<size_t>(B);
-          float m_blk = -INFINITY;
-          for (int64_t j = 0; j < n; ++j) {
-            const float* kj = kr + j * d;
-            // Eight partial sums (one vector of lanes: the compiler may not reorder a single float sum).
-            float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            for (int64_t c = 0; c < d8; c += 8)
-              for (int u = 0; u < 8; ++u) part[u] += qh[c + u] * kj[c + u];
-            float dot = ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
-            for (int64_t c = d8; c < d; ++c) dot += qh[c] * kj[c];
-            sc[j] = dot * scale;
-            m_blk = std::max(m_blk, sc[j]);
-          }
-          float* a = acc.data() + static_cast<size_t>(i) * static_cast<size_t>(d);
-          const float m_new = std::max(m[static_cast<size_t>(i)], m_blk);
-          const float corr = std::exp(m[static_cast<size_t>(i)] - m_new);
-          if (corr != 1.0f) {
-            for (int64_t c = 0; c < d; ++c) a[c] *= corr;
-            sum[static_cast<size_t>(i)] *= corr;
-          }
-          m[static_cast<size_t>(i)] = m_new;
-          for (int64_t j = 0; j < n; ++j) {
-            const float p = std::exp(sc[j] - m_new);
-            const float* vj = vr + j * d;
-            for (int64_t c = 0; c < d; ++c) a[c] += p * vj[c];
-            sum[static_cast<size_t>(i)] += p;
-          }
-        }
+      const int64_t row_index = it / s.num_kv_heads;
+      auto view_of = [&](int32_t h) -> const DecodeView& {
+        return row.views[static_cast<size_t>(layer) * static_cast<size_t>(num_q_heads) + static_cast<size_t>(h)];
       };
-      // Heads of one item may see different keys (MoA spans, per head): runs of heads with equal views share the
-      // blocks; the dense decode (the single-sequence engine) is one run.
-      for (int32_t i0 = 0; i0 < nh;) {
-        const DecodeView& view =
-            row.views[static_cast<size_t>(layer) * static_cast<size_t>(num_q_heads) + static_cast<size_t>(h0 + i0)];
-        int32_t i1 = i0 + 1;
-        while (i1 < nh && row.views[static_cast<size_t>(layer) * static_cast<size_t>(num_q_heads) +
-                                    static_cast<size_t>(h0 + i1)] == view)
-          ++i1;
-        const DecodeView::Ranges r = view.ranges(row.seq->length());
+      // heads[0..nh): query heads walked together over ranges r.
+      auto walk = [&](int nh, const DecodeView::Ranges& r) {
+        std::fill(acc.begin(), acc.begin() + static_cast<int64_t>(nh) * d, 0.0f);
+        std::fill(m.begin(), m.begin() + nh, -INFINITY);
+        std::fill(sum.begin(), sum.begin() + nh, 0.0f);
+        // Keys [j0, j1) within one block: per head, their scores, one rescale for the block, then the values.
+        auto visit_block = [&](int64_t j0, int64_t j1) {
+          const int32_t blk = table[static_cast<size_t>(j0 / B)];
+          check(blk >= 0, "paged decode attention: a visible key's block is not kept (retention bug)");
+          const int64_t n = j1 - j0;
+          const float* kr;
+          const float* vr;
+          if (f32) {
+            kr = store.k(blk, j0 % B);
+            vr = store.v(blk, j0 % B);
+          } else {
+            store.read(blk, j0 % B, n, kbuf.data(), vbuf.data());
+            kr = kbuf.data();
+            vr = vbuf.data();
+          }
+          const int64_t d8 = d / 8 * 8;
+          for (int g = 0; g < nh; ++g) {
+            const float* qh = q + (row_index * num_q_heads + heads[static_cast<size_t>(g)]) * d;
+            float* ag = acc.data() + static_cast<int64_t>(g) * d;
+            float m_blk = -INFINITY;
+            for (int64_t j = 0; j < n; ++j) {
+              const float* kj = kr + j * d;
+              // Eight partial sums (one vector of lanes: the compiler may not reorder a single float sum).
+              float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+              for (int64_t c = 0; c < d8; c += 8)
+                for (int u = 0; u < 8; ++u) part[u] += qh[c + u] * kj[c + u];
+              float dot = ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
+              for (int64_t c = d8; c < d; ++c) dot += qh[c] * kj[c];
+              score[static_cast<size_t>(j)] = dot * scale;
+              m_blk = std::max(m_blk, score[static_cast<size_t>(j)]);
+            }
+            const float m_new = std::max(m[static_cast<size_t>(g)], m_blk);
+            const float corr = std::exp(m[static_cast<size_t>(g)] - m_new);
+            if (corr != 1.0f) {
+              for (int64_t c = 0; c < d; ++c) ag[c] *= corr;
+              sum[static_cast<size_t>(g)] *= corr;
+            }
+            m[static_cast<size_t>(g)] = m_new;
+            float total = 0;
+            for (int64_t j = 0; j < n; ++j) {
+              const float p = std::exp(score[static_cast<size_t>(j)] - m_new);
+              const float* vj = vr + j * d;
+              for (int64_t c = 0; c < d; ++c) ag[c] += p * vj[c];
+              total += p;
+            }
+            sum[static_cast<size_t>(g)] += total;
+          }
+        };
         auto visit = [&](int64_t j0, int64_t j1) {
           while (j0 < j1) {
             const int64_t end = std::min(j1, (j0 / B + 1) * B);
-            visit_block(j0, end, i0, i1);
+            visit_block(j0, end);
             j0 = end;
           }
         };
         visit(r.a0, r.a1);
         visit(r.b0, r.b1);
-        i0 = i1;
-      }
-      for (int32_t i = 0; i < nh; ++i) {
-        const float inv = sum[static_cast<size_t>(i)] > 0 ? 1.0f / sum[static_cast<size_t>(i)] : 0.0f;
-        const float* a = acc.data() + static_cast<size_t>(i) * static_cast<size_t>(d);
-        float* o = out + (ri * num_q_heads + h0 + i) * d;
-        for (int64_t c = 0; c < d; ++c) o[c] = a[c] * inv;
+        for (int g = 0; g < nh; ++g) {
+          float* o = out + (row_index * num_q_heads + heads[static_cast<size_t>(g)]) * d;
+          const float inv = sum[static_cast<size_t>(g)] > 0 ? 1.0f / sum[static_cast<size_t>(g)] : 0.0f;
+          for (int64_t c = 0; c < d; ++c) o[c] = acc[static_cast<size_t>(g * d + c)] * inv;
+        }
+      };
+      const int32_t h0 = kvh * group;
+      bool same = true;
+      for (int32_t g = 1; g < group && same; ++g) same = view_of(h0 + g) == view_of(h0);
+      if (same) {
+        for (int32_t g = 0; g < group; ++g) heads[static_cast<size_t>(g)] = h0 + g;
+        walk(group, view_of(h0).ranges(row.seq->length()));
+      } else {  // heads of one group that see different keys (MoA's per-head windows): one at a time
+        for (int32_t g = 0; g < group; ++g) {
+          heads[0] = h0 + g;
+          walk(1, view_of(h0 + g).ranges(row.seq->length()));
+        }
       }
     }
   });
