@@ -219,8 +219,8 @@ def cases(tessera, fx, models):
     add("flags", "--logits-out with --compare", T + ["run", "-m", tiny, "-p", "hi", "--attn", "ashape", "--compare",
                                                      "--logits-out", "/tmp/l.f32"], 2, None)
     # Several GPUs (docs/multi-gpu.md): checked before any GPU is touched.
-    add("several GPUs", "serve --gpus 2 --parallel 4 (the batched engine has no tensor-parallel backend)",
-        T + ["serve", "-m", tiny, "--gpus", "2", "--parallel", "4"], 2, None)
+    add("several GPUs", "serve --gpus 2 --parallel 4 for a model with 3 KV heads (the batched tensor-parallel engine splits whole KV heads)",
+        T + ["serve", "-m", smol, "--gpus", "2", "--parallel", "4"], 2, None)
     add("several GPUs", "plan --gpus 64 for a model with 9 query heads (refused before planning)",
         T + ["plan", "--method", "minference", "-m", smol, "--gpus", "64", "-o", "/tmp/tessera-bad-input-plan.json"], 1,
         None, needs=smol)

@@ -259,10 +259,12 @@ TEST(TpBatch, FollowersMakeRankZerosCallsWithTheSameBlockTables) {
     const auto ref = run_engine(alone, reqs, /*cancel=*/2);
 
     constexpr int kFollowers = 2;
+    std::vector<std::unique_ptr<ThreadPool>> pools;  // each rank's thread its own pool (one pool, one caller)
     std::vector<std::unique_ptr<runtime::CpuBatchBackend>> inner;
     std::vector<std::unique_ptr<Recorder>> rec;
     for (int r = 0; r <= kFollowers; ++r) {
-      inner.push_back(std::make_unique<runtime::CpuBatchBackend>(m));
+      pools.push_back(std::make_unique<ThreadPool>(1));
+      inner.push_back(std::make_unique<runtime::CpuBatchBackend>(m, pools.back().get()));
       rec.push_back(std::make_unique<Recorder>(*inner.back()));
     }
     const auto got = run_ranks(kFollowers, reqs, attn::PolicyShape{c.num_layers, c.num_q_heads, c.num_kv_heads},
@@ -364,4 +366,93 @@ TEST(TpBatch, HostAllReduceRefusesUnequalCounts) {
   u.join();
   EXPECT_EQ(c, (std::vector<float>{11.0f, 22.0f}));
   EXPECT_EQ(d, c);
+}
+
+TEST(TpBatch, RankSlicesOfTheUniformPlacement) {
+  const runtime::Model& m = fixture("llama3");  // 4 query heads, 2 KV heads
+  const runtime::ModelConfig& c = m.config();
+  EXPECT_EQ(error_of([&] { uniform_rank_placement(c, 3); }),
+            "tensor-parallel batching: the model's 2 KV heads do not split over 3 GPUs; use a GPU count that divides 2");
+  const Placement u = uniform_rank_placement(c, 2);
+  const RankSlice s1 = rank_slice(c, u, 1);
+  EXPECT_EQ(s1.q0, 2);
+  EXPECT_EQ(s1.q_heads, 2);
+  EXPECT_EQ(s1.kv0, 1);
+  EXPECT_EQ(s1.kv_heads, 1);
+  EXPECT_EQ(s1.ffn_begin, c.intermediate_size / 2);
+  EXPECT_EQ(s1.ffn_end, c.intermediate_size);
+  Placement other = u;
+  other.gpu_of_head[0][1] = 1;
+  EXPECT_EQ(error_of([&] { rank_slice(c, other, 0, "p.json"); }),
+            "tensor-parallel batching (--parallel): p.json puts layer 0 head 1 on GPU 1; the batched backend runs the "
+            "uniform placement only (drop --placement, or serve with --parallel 1)");
+  // The rank's model: its heads' rows of wq, its KV head's of wk and wv, its columns of wo and the MLP.
+  const runtime::ModelConfig rc = rank_config(c, s1);
+  EXPECT_EQ(rc.num_q_heads, 2);
+  EXPECT_EQ(rc.num_kv_heads, 1);
+  EXPECT_EQ(rc.intermediate_size, c.intermediate_size / 2);
+  const runtime::ModelWeights w = rank_weights(c, m.weights(), u, 1);
+  ASSERT_EQ(w.layers.size(), static_cast<size_t>(c.num_layers));
+  const runtime::LayerWeights& full = m.weights().layers[0];
+  const runtime::LayerWeights& mine = w.layers[0];
+  const int64_t D = c.head_dim, H = c.hidden_size;
+  EXPECT_EQ(mine.wq.rows, 2 * D);
+  EXPECT_EQ(mine.wk.rows, D);
+  EXPECT_EQ(mine.wo.cols, 2 * D);
+  const std::vector<float> fq = full.wq.to_f32(), mq = mine.wq.to_f32(), fk = full.wk.to_f32(), mk = mine.wk.to_f32();
+  EXPECT_EQ(std::vector<float>(mq.begin(), mq.end()), std::vector<float>(fq.begin() + 2 * D * H, fq.end()));
+  EXPECT_EQ(std::vector<float>(mk.begin(), mk.end()), std::vector<float>(fk.begin() + D * H, fk.end()));
+  // Its policy patterns and decode views: the same layers, its heads.
+  attn::AttentionPolicy policy =
+      attn::AttentionPolicy::uniform(c.num_layers, c.num_q_heads, c.num_kv_heads, attn::AShapePattern{4, 16});
+  policy.at(1, 3) = attn::ElasticWindowPattern{12.0, 0.1, 2};
+  const attn::AttentionPolicy rp = rank_policy(&policy, s1);
+  ASSERT_EQ(rp.num_q_heads(), 2);
+  EXPECT_EQ(rp.at(1, 1), policy.at(1, 3));
+  EXPECT_EQ(rp.at(0, 0), policy.at(0, 2));
+  EXPECT_TRUE(rank_policy(nullptr, s1).table().empty());
+  const auto views = runtime::decode_views(c, &policy, 40);
+  const auto rv = rank_views(views, c, s1);
+  ASSERT_EQ(rv.size(), static_cast<size_t>(c.num_layers) * 2);
+  EXPECT_EQ(rv[3], views[static_cast<size_t>(c.num_q_heads) + 3]);
+  EXPECT_EQ(rv[0], views[2]);
+}
+
+TEST(TpBatch, RankTablesFollowGrowthAndWindows) {
+  // Gemma-3's fixture: one KV head, sliding-window layers (blocks freed as decoding goes on); llama3: two KV heads
+  // (rank 1 keeps the second's tables), a MoA window on one head.
+  for (const char* name : {"gemma3", "llama3"}) {
+    const runtime::Model& m = fixture(name);
+    const runtime::ModelConfig& c = m.config();
+    const int32_t world = c.num_kv_heads;
+    const RankSlice s = rank_slice(c, uniform_rank_placement(c, world), world - 1);
+    attn::AttentionPolicy policy =
+        attn::AttentionPolicy::uniform(c.num_layers, c.num_q_heads, c.num_kv_heads, attn::DensePattern{});
+    for (int32_t h = s.q0 + s.q_heads - c.num_q_heads / c.num_kv_heads; h < s.q0 + s.q_heads; ++h)
+      policy.at(0, h) = attn::ElasticWindowPattern{12.0, 0.1, 2};  // a whole GQA group: its KV head keeps a window
+    const auto views = runtime::decode_views(c, &policy, 30);
+    const runtime::PagedKVShape shape{c.num_layers, c.num_kv_heads, c.head_dim, 8};
+    runtime::BlockPool pool(4096);
+    runtime::SequenceBlocks seq(shape, runtime::kv_retention(c, views));
+    seq.grow(30, pool);
+    RankTables tables(shape, s);
+    EXPECT_EQ(tables.shape().num_kv_heads, s.kv_heads);
+    tables.sync(seq, true);
+    bool freed = false;
+    for (int step = 0; step < 60; ++step) {
+      seq.grow(1, pool);
+      const runtime::SequenceBlocks& r = tables.sync(seq, false);
+      ASSERT_EQ(r.length(), seq.length());
+      for (int32_t l = 0; l < c.num_layers; ++l)
+        for (int32_t j = 0; j < s.kv_heads; ++j) {
+          std::vector<int32_t> want = seq.table(l, s.kv0 + j), got = r.table(l, j);
+          while (!got.empty() && got.size() > want.size() && got.back() == -1) got.pop_back();
+          ASSERT_EQ(got, want) << name << " layer " << l << " step " << step;
+          freed = freed || std::find(want.begin(), want.end(), -1) != want.end();
+        }
+    }
+    EXPECT_TRUE(freed) << name << ": no window freed a block";
+    tables.forget(seq);
+    EXPECT_EQ(tables.size(), 0u);
+  }
 }
