@@ -190,6 +190,7 @@ TEST(EngineScheduler, ScoreIsTheLogSoftmaxOfEveryRow) {
   const std::vector<int32_t> tokens = random_tokens(50, c.vocab_size, 9);
   EngineOptions o;
   o.chunk_size = 16;
+  o.kv_type = KVType::F32;  // the twin's cache
   Engine engine(m, o);
   const std::vector<double> lp = engine.score(tokens);
   Twin twin(m, {}, 16, {});
