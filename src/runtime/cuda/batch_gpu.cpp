@@ -4,6 +4,7 @@
 #include <climits>
 #include <limits>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 
 #include "core/error.h"
@@ -37,6 +38,8 @@ int32_t bucket_splits(int32_t splits) {
 
 GpuBatchBackend::GpuBatchBackend(const DeviceModel& model, GpuBatchOptions options)
     : model_(model), options_(std::move(options)), cfg_(model.config()) {
+  // TESSERA_GPU_GRAPHS=0 runs every decode step eagerly (no CUDA graph), to tell a graph's fault from the step's.
+  if (const char* e = std::getenv("TESSERA_GPU_GRAPHS"); e != nullptr && std::string(e) == "0") options_.graphs = false;
   TESSERA_CUDA_CHECK(cudaStreamCreate(&stream_));
   try {
     gemm_ = std::make_unique<Gemm>(stream_);
