@@ -5,6 +5,7 @@
 // small that cached blocks must go.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <random>
@@ -270,8 +271,193 @@ TEST_P(PrefixCacheEngine, CachedBlocksGoWhenTheBudgetNeedsThem) {
   }
 }
 
+// Closed-loop clients (bench/server/load.py's shape, issue 34's "--step-tokens loses the prefix cache?"): each of
+// `clients` sends the same prompt and, when its answer ends, sends it again (between two steps, as the server's
+// loop submits), `rounds` times in all; client c's first request arrives before step c * stagger (stagger 0: all at
+// once; more: while earlier ones decode). Odd clients sample (their own seed), even ones are greedy.
+struct LoopResult {
+  std::vector<std::vector<int32_t>> out;  // [client * rounds + round]: the tokens
+  std::vector<int32_t> cached;            // the same: cached_tokens of its first event
+  std::vector<int64_t> sent_step;         // the same: the step before which it was submitted
+  std::vector<int64_t> first_step;        // the same: the step that brought its first token
+  BatchEngineStats stats;
+};
+LoopResult closed_loop(BatchBackend& backend, const BatchEngineOptions& o, const std::vector<int32_t>& prompt,
+                       int32_t clients, int32_t rounds, int64_t stagger, int32_t max_new, bool distinct = false) {
+  BatchEngine engine(backend, o);
+  const auto total = static_cast<size_t>(clients * rounds);
+  LoopResult r;
+  r.out.resize(total);
+  r.cached.assign(total, -1);
+  r.first_step.assign(total, -1);
+  r.sent_step.assign(total, -1);
+  int64_t step = 0;
+  std::map<int64_t, size_t> index;  // engine id -> client * rounds + round
+  std::vector<int32_t> sent(static_cast<size_t>(clients), 0);
+  auto send = [&](int32_t c) {
+    const size_t i = static_cast<size_t>(c * rounds + sent[static_cast<size_t>(c)]++);
+    r.sent_step[i] = step;
+    std::vector<int32_t> p = prompt;
+    if (distinct) p[0] = static_cast<int32_t>(i);  // load.py's "Note <request id>:" in front
+    index[engine.submit(request(std::move(p), max_new, c % 2 == 1 ? 100 + static_cast<uint64_t>(i) : 0))] = i;
+  };
+  for (;; ++step) {
+    for (int32_t c = 0; c < clients; ++c)
+      if (sent[static_cast<size_t>(c)] == 0 && step >= c * stagger) send(c);
+    const bool all_sent = sent.back() > 0;
+    if (!engine.busy() && all_sent) break;
+    for (const BatchEvent& e : engine.step()) {
+      const size_t i = index.at(e.id);
+      if (e.finished && e.reason == FinishReason::kError) throw Error(e.error);
+      if (e.token >= 0) {
+        if (r.out[i].empty()) r.first_step[i] = step;
+        r.out[i].push_back(e.token);
+      }
+      if (e.cached_tokens >= 0) r.cached[i] = e.cached_tokens;
+      const auto c = static_cast<int32_t>(i) / rounds;
+      if (e.finished && sent[static_cast<size_t>(c)] < rounds) send(c);
+    }
+  }
+  r.stats = engine.stats();
+  EXPECT_EQ(engine.blocks().used(), engine.prefix_cache().ids_held());
+  EXPECT_EQ(engine.reserved_blocks(), 0);
+  return r;
+}
+
+// A token budget per step changes how prompts are cut into chunks, not what the prefix cache finds: identical
+// prompts from closed-loop clients, all at once or arriving while others decode, get the same prefix hits and cached
+// tokens and the same tokens with step_tokens 0 (one chunk of chunk_size a step, here the whole prompt, as on the
+// GPU) and with budgets of 64 and 128. Where the cache hits (every request after the first), the largest decode batch
+// is the same too and no request sent after the first prompt's prefill waits more steps for its first token under a
+// budget (several short cached-prompt remainders share a step). (gemma3's fixture keeps 8-token windows in 16-token
+// blocks: a windowed layer no longer holds the block before the match point, so it finds nothing in either mode,
+// and each 200-token prompt then takes 200 / budget steps, one prompt after the other.)
+TEST_P(PrefixCacheEngine, TokenBudgetKeepsThePrefixHitsOfIdenticalPrompts) {
+  const Model& m = fixture(GetParam());
+  const std::vector<int32_t> prompt = tokens(200, m.config().vocab_size, 51);
+  const int32_t clients = 6, rounds = 2, max_new = 10;
+  BatchEngineOptions o = small(true);
+  o.chunk_size = 512;
+  o.block_tokens = 16;
+  o.max_batch = 8;
+  for (int64_t stagger : {0, 3}) {
+    CpuBatchBackend plain_backend(m);
+    const LoopResult plain = closed_loop(plain_backend, o, prompt, clients, rounds, stagger, max_new);
+    if (!windowed(m)) {
+      // Every request after the first adopts the prompt's 12 full blocks (the last token is prefilled): 192 tokens.
+      EXPECT_EQ(plain.stats.prefix_hits, clients * rounds - 1) << "stagger " << stagger;
+      EXPECT_EQ(plain.stats.cached_tokens, (clients * rounds - 1) * 192) << "stagger " << stagger;
+    }
+    for (int32_t budget : {64, 128}) {
+      BatchEngineOptions b = o;
+      b.step_tokens = budget;
+      CpuBatchBackend backend(m);
+      const LoopResult got = closed_loop(backend, b, prompt, clients, rounds, stagger, max_new);
+      const std::string where = "stagger " + std::to_string(stagger) + ", step_tokens " + std::to_string(budget);
+      EXPECT_EQ(got.out, plain.out) << where;
+      EXPECT_EQ(got.cached, plain.cached) << where;
+      EXPECT_EQ(got.stats.prefix_hits, plain.stats.prefix_hits) << where;
+      EXPECT_EQ(got.stats.cached_tokens, plain.stats.cached_tokens) << where;
+      EXPECT_EQ(got.stats.prefill_tokens, plain.stats.prefill_tokens) << where;
+      EXPECT_LE(got.stats.max_step_tokens, budget) << where;
+      if (plain.stats.prefix_hits < clients * rounds - 1) continue;
+      EXPECT_EQ(got.stats.max_decode_batch, plain.stats.max_decode_batch) << where;
+      // Admission does not stall: a request sent once the first prompt's prefill has ended (200 / budget steps under
+      // a budget, one without) waits no more steps for its first token than without a budget.
+      for (size_t i = 0; i < got.first_step.size(); ++i)
+        if (got.sent_step[i] > got.first_step[0]) {
+          EXPECT_LE(got.first_step[i] - got.sent_step[i], plain.first_step[i] - plain.sent_step[i])
+              << where << ", request " << i;
+        }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, PrefixCacheEngine, ::testing::Values("llama3", "qwen2", "gemma3", "mistral"),
                          [](const ::testing::TestParamInfo<const char*>& p) { return std::string(p.param); });
+
+// The scheduler alone at the scale of issue 34's H200 run (bench/server/load.py: 32 clients x 2 requests of the
+// same 6,009-token prompt, 32 tokens out, --parallel 32, blocks of 64 tokens, the GPU's 32K prefill chunk, --step-tokens
+// 512): a backend that computes nothing (every logit 0: the same token each time) and counts the prefill rows it runs.
+class CountingBackend final : public BatchBackend {
+ public:
+  explicit CountingBackend(ModelConfig cfg) : cfg_(std::move(cfg)) {}
+  const ModelConfig& config() const override { return cfg_; }
+  const char* device_name() const override { return "counting"; }
+  double block_bytes(const PagedKVShape&) const override { return 1.0; }
+  double default_kv_bytes() const override { return 1e6; }
+  void create_store(const PagedKVShape&, int32_t, int32_t, int32_t) override {}
+  std::vector<float> prefill_chunk(std::span<const int32_t> tokens, int32_t, int32_t, const attn::AttentionPolicy*,
+                                   bool logits) override {
+    prefill_rows += static_cast<int64_t>(tokens.size());
+    return logits ? std::vector<float>(static_cast<size_t>(cfg_.vocab_size), 0.0f) : std::vector<float>{};
+  }
+  void finish_prefill(const SequenceBlocks&, std::span<const DecodeView>) override {}
+  void release_sequence(const SequenceBlocks&) override {}
+  void abort_prefill() override {}
+  bool supports_prefix_cache() const override { return true; }
+  void load_prefix(const SequenceBlocks&, int32_t rows, int32_t) override { loaded_rows += rows; }
+  std::vector<float> decode(std::span<const int32_t> tokens, std::span<const DecodeRow>) override {
+    return std::vector<float>(tokens.size() * static_cast<size_t>(cfg_.vocab_size), 0.0f);
+  }
+  ForwardTimers timers() const override { return {}; }
+  int64_t prefill_rows = 0, loaded_rows = 0;
+
+ private:
+  ModelConfig cfg_;
+};
+
+TEST(PrefixCacheEngineOptions, TokenBudgetKeepsThePrefixHitsAtServerScale) {
+  ModelConfig cfg = fixture("llama3").config();
+  cfg.context_length = 8192;
+  const std::vector<int32_t> prompt = tokens(6009, cfg.vocab_size, 61);
+  BatchEngineOptions o;
+  o.chunk_size = 32768;
+  o.block_tokens = 64;
+  o.max_batch = 32;
+  o.kv_bytes = 524288;
+  for (int64_t stagger : {0, 2}) {
+    CountingBackend plain_backend(cfg);
+    const LoopResult plain = closed_loop(plain_backend, o, prompt, 32, 2, stagger, 32);
+    // Every request but the first adopts 93 blocks (5,952 tokens) and prefills the other 57.
+    EXPECT_EQ(plain.stats.prefix_hits, 63);
+    EXPECT_EQ(plain.stats.cached_tokens, 63 * 5952);
+    EXPECT_EQ(plain_backend.prefill_rows, 6009 + 63 * 57);
+    for (int32_t budget : {512, 128}) {
+      BatchEngineOptions b = o;
+      b.step_tokens = budget;
+      CountingBackend backend(cfg);
+      const LoopResult got = closed_loop(backend, b, prompt, 32, 2, stagger, 32);
+      const std::string where = "stagger " + std::to_string(stagger) + ", step_tokens " + std::to_string(budget);
+      EXPECT_EQ(got.out, plain.out) << where;
+      EXPECT_EQ(got.cached, plain.cached) << where;
+      EXPECT_EQ(got.stats.prefix_hits, plain.stats.prefix_hits) << where;
+      EXPECT_EQ(backend.prefill_rows, plain_backend.prefill_rows) << where;
+      // Several cached-prompt remainders (57 tokens + a decode row each) share a step: at least as many decode at once.
+      EXPECT_GE(got.stats.max_decode_batch, plain.stats.max_decode_batch) << where;
+    }
+  }
+  // What the H200 run measured: load.py puts "Note <request id>:" before every prompt (so that no server reuses
+  // another request's prompt), so no prompt is cached, with a budget or without. Without one, each 6,009-token
+  // prompt is prefilled in one step (chunk_size 32K) and the next is admitted in the next step: 31 decode at once.
+  // With 512 tokens a step, a prompt takes 12 steps and prompts are prefilled one after the other, so a new answer
+  // starts at most every 12 steps while each lasts 32 tokens: at most 32 / 12 + 1 decode at once (the H200: largest
+  // batch 7 over the closed loop and the mixed run together).
+  for (int32_t budget : {0, 512}) {
+    BatchEngineOptions b = o;
+    b.step_tokens = budget;
+    CountingBackend backend(cfg);
+    const LoopResult got = closed_loop(backend, b, prompt, 32, 2, 0, 32, true);
+    const std::string where = "distinct prompts, step_tokens " + std::to_string(budget);
+    EXPECT_EQ(got.stats.prefix_hits, 0) << where;
+    EXPECT_EQ(backend.prefill_rows, 64 * 6009) << where;
+    if (budget == 0) {
+      EXPECT_EQ(got.stats.max_decode_batch, 31) << where;
+    } else {
+      EXPECT_LE(got.stats.max_decode_batch, 32 / 12 + 1) << where;
+    }
+  }
+}
 
 TEST(PrefixCacheEngineOptions, SparseRequestsAreNotCached) {
   const Model& m = fixture("llama3");
