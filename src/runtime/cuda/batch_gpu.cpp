@@ -227,9 +227,10 @@ void GpuBatchBackend::load_prefix(const SequenceBlocks& seq, int32_t rows, int32
   staging_.reserve(total_len, 0);
   // Rows the sequence does not keep (a sliding-window layer's early blocks) are not copied, yet the prefill kernel
   // still reads those of a key tile that straddles the window's start, gives them a tiny masked weight (poly_exp2:
-  // 2^-125, not 0) and multiplies their values: fresh device memory holding a NaN or Inf there poisoned the rows'
-  // outputs (the H200's multi-turn prefix runs on Gemma-3; prefix_cache_gpu_test ConcurrentConversationsEqualUncached).
-  // Zeros are harmless: every row below `rows` gets them before the kept blocks are copied in.
+  // 2^-125, not 0) and multiplies their values: fresh device memory holding a NaN or Inf there would poison the
+  // rows' outputs. Zeros are harmless: every row below `rows` gets them before the kept blocks are copied in. (This
+  // did not explain the Gemma-3 multi-turn answers that differ with the cache on the H200: prefix_cache_gpu_test
+  // ConcurrentConversationsEqualUncached still fails with it; issue 34.)
   const size_t bytes = static_cast<size_t>(rows) * static_cast<size_t>(staging_.row_elements()) * sizeof(bf16);
   for (int32_t l = 0; l < cfg_.num_layers; ++l) {
     TESSERA_CUDA_CHECK(cudaMemsetAsync(staging_.k(l, 0), 0, bytes, stream_));
