@@ -171,7 +171,14 @@ TEST_P(EngineEqualsTwin, PrefillDecodeAndTheNextTurn) {
   engine.reset();
   EXPECT_EQ(engine.position(), 0);
   Twin fresh(m, o.policy, o.chunk_size, o.stream);
-  expect_close(engine.prefill(first), fresh.prefill(first, LogitRows::Last), "after reset");
+  want = fresh.prefill(first, LogitRows::Last);
+  expect_close(engine.prefill(first), want, "after reset");
+  // Decode steps read the blocks again, whose pages reset() gave back to the system (release_free_memory).
+  for (int i = 0; i < 3; ++i) {
+    const int32_t t = argmax_of(want);
+    want = fresh.decode(t);
+    expect_close(engine.decode(t), want, "decode " + std::to_string(i) + " after reset");
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, EngineEqualsTwin,

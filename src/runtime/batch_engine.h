@@ -130,6 +130,10 @@ class BatchBackend {
   // cost of a batch shape it had not seen; 0 on the CPU.
   virtual int64_t step_builds() const { return 0; }
   virtual ForwardTimers timers() const = 0;
+  // Gives the memory behind the KV blocks back to the system while no block is in use (the single-sequence engine's
+  // reset(): otherwise a next, long prompt would hold its staging cache beside the pages the last one's blocks left
+  // resident). The default keeps it.
+  virtual void release_free_memory() {}
 };
 
 // The CPU backend: prefill through runtime::Forward into a contiguous staging cache, decode through BatchForward.
@@ -167,6 +171,7 @@ class CpuBatchBackend final : public BatchBackend {
   void set_observer(const AttentionObserver* observer) override { prefill_.set_observer(observer); }
   std::vector<float> decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) override;
   ForwardTimers timers() const override { return timers_; }
+  void release_free_memory() override { store_.release_pages(); }
   const PagedKVStore& store() const { return store_; }
 
  private:
@@ -208,6 +213,9 @@ struct BatchEngineOptions {
   // still caps one prefill chunk. Must be more than max_batch (a prefill then always gets a token); not with
   // streaming memory (its prompt chunks are its own).
   int32_t step_tokens = 0;
+  // Held sequences (extend with LogitRows::All): rows per prefill chunk when every row's logits are wanted, so that
+  // [rows, vocab] f32 stays bounded whatever chunk_size is; 0: chunk_size.
+  int32_t logits_chunk = 0;
 };
 
 struct BatchRequest {
@@ -305,8 +313,10 @@ class BatchEngine {
   // It decodes densely (the model's sliding windows apply; the policy shapes the prefill only). With streaming
   // memory its keys and values live in the backend's StreamMemory. step() never touches held sequences; their blocks
   // come from the pool as they grow (nothing is reserved in advance). Errors are tessera::Error with the
-  // single-sequence engine's messages (empty prompt, token ids, context limit); a failed extend leaves a paged
-  // sequence as it was (a streamed one may hold part of it: clear() it).
+  // single-sequence engine's messages (empty prompt, token ids, context limit); an error inside a chunk is prefixed
+  // with where it happened ("prefill of 16384 tokens, chunk [0, 4096) at position 0: ..."). A failed extend leaves a
+  // paged sequence as it was (a streamed one may hold part of it: clear() it). decode_one() on an empty sequence
+  // decodes its first token (no prefill needed).
   using Progress = std::function<void(int64_t done, int64_t total)>;
   // rows == All: each chunk's logits go to on_logits(first token index, chunk rows, logits) when it is set, else into
   // the returned vector; Last: the last token's logits; None: nothing.

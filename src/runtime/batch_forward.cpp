@@ -2,9 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <new>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "attention/cpu/paged_decode.h"
 #include "core/error.h"
 #include "core/memory_budget.h"
 #include "runtime/ops.h"
@@ -27,6 +32,17 @@ PagedKVStore::PagedKVStore(const PagedKVShape& shape, int32_t num_blocks, KVType
     elements_ = n;
   } catch (const std::bad_alloc&) {
     throw Error(what + ": out of host memory allocating " + format_bytes(bytes) + "; lower the KV budget");
+  }
+}
+
+void PagedKVStore::release_pages() {
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  for (std::byte* base : {k_.get(), v_.get()}) {
+    if (base == nullptr || page == 0) continue;
+    // The whole pages inside the allocation (its first and last may share a page with other memory).
+    const auto begin = (reinterpret_cast<uintptr_t>(base) + page - 1) / page * page;
+    const auto end = (reinterpret_cast<uintptr_t>(base) + elements_ * elem_) / page * page;
+    if (end > begin) (void)madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
   }
 }
 
@@ -113,102 +129,53 @@ void paged_decode_attention_cpu(const float* q, float* out, std::span<const Deco
   const PagedKVShape& s = store.shape();
   const int64_t B = s.block_tokens, d = s.head_dim;
   const int32_t group = num_q_heads / s.num_kv_heads;
-  // One item per (row, kv head): the query heads of its GQA group that see the same keys go through each block
-  // together (the block read, and converted from a half store, once for all of them).
+  const DType elem = store.type() == KVType::BF16 ? DType::BF16 : store.type() == KVType::F16 ? DType::F16 : DType::F32;
+  const attn::PagedIsa isa = attn::paged_decode_isa();
+  // One item per (row, kv head): the query heads of its GQA group that see the same keys go through the keys
+  // together (attention/cpu/paged_decode.h: each key and value read, and converted from a half store, once for all
+  // of them); heads of one group that see different keys (MoA's per-head windows) one at a time.
   const int64_t items = static_cast<int64_t>(rows.size()) * s.num_kv_heads;
-  const bool f32 = store.type() == KVType::F32;
   parallel_ranges(pool, items, 1, [&](int64_t first, int64_t last) {
-    const auto G = static_cast<size_t>(group);
-    std::vector<float> acc(G * static_cast<size_t>(d)), score(static_cast<size_t>(B)), m(G), sum(G);
-    std::vector<float> kbuf(f32 ? 0 : static_cast<size_t>(B * d)), vbuf(kbuf.size());
-    std::vector<int32_t> heads(G);
+    std::vector<attn::KeySpan> spans;
     for (int64_t it = first; it < last; ++it) {
-      const DecodeRow& row = rows[static_cast<size_t>(it / s.num_kv_heads)];
+      const int64_t row_index = it / s.num_kv_heads;
+      const DecodeRow& row = rows[static_cast<size_t>(row_index)];
       const auto kvh = static_cast<int32_t>(it % s.num_kv_heads);
       const std::vector<int32_t>& table = row.seq->table(layer, kvh);
-      const int64_t row_index = it / s.num_kv_heads;
       auto view_of = [&](int32_t h) -> const DecodeView& {
         return row.views[static_cast<size_t>(layer) * static_cast<size_t>(num_q_heads) + static_cast<size_t>(h)];
       };
-      // heads[0..nh): query heads walked together over ranges r.
-      auto walk = [&](int nh, const DecodeView::Ranges& r) {
-        std::fill(acc.begin(), acc.begin() + static_cast<int64_t>(nh) * d, 0.0f);
-        std::fill(m.begin(), m.begin() + nh, -INFINITY);
-        std::fill(sum.begin(), sum.begin() + nh, 0.0f);
-        // Keys [j0, j1) within one block: per head, their scores, one rescale for the block, then the values.
-        auto visit_block = [&](int64_t j0, int64_t j1) {
-          const int32_t blk = table[static_cast<size_t>(j0 / B)];
-          check(blk >= 0, "paged decode attention: a visible key's block is not kept (retention bug)");
-          const int64_t n = j1 - j0;
-          const float* kr;
-          const float* vr;
-          if (f32) {
-            kr = store.k(blk, j0 % B);
-            vr = store.v(blk, j0 % B);
-          } else {
-            store.read(blk, j0 % B, n, kbuf.data(), vbuf.data());
-            kr = kbuf.data();
-            vr = vbuf.data();
-          }
-          const int64_t d8 = d / 8 * 8;
-          for (int g = 0; g < nh; ++g) {
-            const float* qh = q + (row_index * num_q_heads + heads[static_cast<size_t>(g)]) * d;
-            float* ag = acc.data() + static_cast<int64_t>(g) * d;
-            float m_blk = -INFINITY;
-            for (int64_t j = 0; j < n; ++j) {
-              const float* kj = kr + j * d;
-              // Eight partial sums (one vector of lanes: the compiler may not reorder a single float sum).
-              float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-              for (int64_t c = 0; c < d8; c += 8)
-                for (int u = 0; u < 8; ++u) part[u] += qh[c + u] * kj[c + u];
-              float dot = ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
-              for (int64_t c = d8; c < d; ++c) dot += qh[c] * kj[c];
-              score[static_cast<size_t>(j)] = dot * scale;
-              m_blk = std::max(m_blk, score[static_cast<size_t>(j)]);
-            }
-            const float m_new = std::max(m[static_cast<size_t>(g)], m_blk);
-            const float corr = std::exp(m[static_cast<size_t>(g)] - m_new);
-            if (corr != 1.0f) {
-              for (int64_t c = 0; c < d; ++c) ag[c] *= corr;
-              sum[static_cast<size_t>(g)] *= corr;
-            }
-            m[static_cast<size_t>(g)] = m_new;
-            float total = 0;
-            for (int64_t j = 0; j < n; ++j) {
-              const float p = std::exp(score[static_cast<size_t>(j)] - m_new);
-              const float* vj = vr + j * d;
-              for (int64_t c = 0; c < d; ++c) ag[c] += p * vj[c];
-              total += p;
-            }
-            sum[static_cast<size_t>(g)] += total;
-          }
-        };
-        auto visit = [&](int64_t j0, int64_t j1) {
+      // Heads [h, h + nh) over the keys of ranges r, a span per block.
+      auto walk = [&](int32_t h, int32_t nh, const DecodeView::Ranges& r) {
+        spans.clear();
+        auto add = [&](int64_t j0, int64_t j1) {
           while (j0 < j1) {
             const int64_t end = std::min(j1, (j0 / B + 1) * B);
-            visit_block(j0, end);
+            const int32_t blk = table[static_cast<size_t>(j0 / B)];
+            check(blk >= 0, "paged decode attention: a visible key's block is not kept (retention bug)");
+            spans.push_back({store.k_bytes(blk, j0 % B), store.v_bytes(blk, j0 % B), end - j0});
             j0 = end;
           }
         };
-        visit(r.a0, r.a1);
-        visit(r.b0, r.b1);
-        for (int g = 0; g < nh; ++g) {
-          float* o = out + (row_index * num_q_heads + heads[static_cast<size_t>(g)]) * d;
-          const float inv = sum[static_cast<size_t>(g)] > 0 ? 1.0f / sum[static_cast<size_t>(g)] : 0.0f;
-          for (int64_t c = 0; c < d; ++c) o[c] = acc[static_cast<size_t>(g * d + c)] * inv;
-        }
+        add(r.a0, r.a1);
+        add(r.b0, r.b1);
+        attn::PagedDecodeJob job;
+        job.q = q + (row_index * num_q_heads + h) * d;
+        job.out = out + (row_index * num_q_heads + h) * d;
+        job.heads = nh;
+        job.head_dim = static_cast<int32_t>(d);
+        job.elem = elem;
+        job.scale = scale;
+        job.spans = spans;
+        attn::paged_decode(job, isa);
       };
       const int32_t h0 = kvh * group;
       bool same = true;
       for (int32_t g = 1; g < group && same; ++g) same = view_of(h0 + g) == view_of(h0);
       if (same) {
-        for (int32_t g = 0; g < group; ++g) heads[static_cast<size_t>(g)] = h0 + g;
-        walk(group, view_of(h0).ranges(row.seq->length()));
-      } else {  // heads of one group that see different keys (MoA's per-head windows): one at a time
-        for (int32_t g = 0; g < group; ++g) {
-          heads[0] = h0 + g;
-          walk(1, view_of(h0 + g).ranges(row.seq->length()));
-        }
+        walk(h0, group, view_of(h0).ranges(row.seq->length()));
+      } else {
+        for (int32_t g = 0; g < group; ++g) walk(h0 + g, 1, view_of(h0 + g).ranges(row.seq->length()));
       }
     }
   });

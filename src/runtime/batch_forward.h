@@ -4,8 +4,8 @@
 // B sequences, one token each at its own position; every matrix product runs once over the B rows (the point of
 // batching: the weights are read once per step, not once per sequence); RoPE per row at the row's position; each
 // row's K/V go into its sequence's blocks; attention per (row, query head) over the keys its DecodeView shows
-// (paged_kv.h), read through the block tables: paged_decode_attention_cpu, the obvious loop the GPU kernel is
-// checked against.
+// (paged_kv.h), read through the block tables: paged_decode_attention_cpu (the kernel of
+// attention/cpu/paged_decode.h, which the GPU kernel is checked against).
 #pragma once
 
 #include <cstdint>
@@ -52,6 +52,11 @@ class PagedKVStore {
   const PagedKVShape& shape() const { return shape_; }
   int32_t num_blocks() const { return num_blocks_; }
   size_t bytes() const { return 2 * elements_ * elem_; }
+  // Gives the pages of every block back to the system (madvise MADV_DONTNEED: they read as zero when touched
+  // again). Only when no block holds rows that will be read: the single-sequence engine between sequences, so that
+  // the next prompt's staging cache and its blocks are not both resident (the blocks' pages are touched again as
+  // they fill).
+  void release_pages();
   static double bytes_per_block(const PagedKVShape& shape, KVType type = KVType::F32) {
     return 2.0 * static_cast<double>(shape.elements_per_block()) * static_cast<double>(kv_type_size(type));
   }
@@ -92,9 +97,11 @@ struct DecodeRow {
 };
 
 // Attention of one layer for B decode rows: q [B, q_heads, d] -> out [B, q_heads, d] (f32), row i attending over
-// the keys of rows[i].seq at positions DecodeView::ranges(length) of its head, softmax in f32 with the scale. Keys
-// are taken a block at a time (converted to f32 from a half store): the block's scores, one rescale of the running
-// sum per block, then its values.
+// the keys of rows[i].seq at positions DecodeView::ranges(length) of its head, softmax in f32 with the scale. One
+// work item per (row, kv head): the GQA group's query heads that see the same keys go through them together, a
+// span per block, in attn::paged_decode (attention/cpu/paged_decode.h: AVX-512 / AVX2 / portable, chosen at run
+// time; each key and value read once, converted from a half store in registers); heads with different views (MoA)
+// one at a time.
 void paged_decode_attention_cpu(const float* q, float* out, std::span<const DecodeRow> rows, int32_t layer,
                                 int32_t num_q_heads, const PagedKVStore& store, float scale, ThreadPool& pool);
 

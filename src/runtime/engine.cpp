@@ -10,7 +10,7 @@ namespace tessera::runtime {
 
 namespace {
 
-BatchEngineOptions scheduler_options(const ModelConfig& cfg, const EngineOptions& o) {
+BatchEngineOptions scheduler_options(const ModelConfig& cfg, const EngineOptions& o, int32_t logits_chunk = 0) {
   check(o.chunk_size > 0, "engine: chunk_size must be positive, got " + std::to_string(o.chunk_size));
   check(o.max_context >= 0, "engine: max_context must not be negative");
   check_policy_fits(o.policy, cfg);
@@ -21,6 +21,7 @@ BatchEngineOptions scheduler_options(const ModelConfig& cfg, const EngineOptions
   b.policy = o.policy;
   b.stream = o.stream;
   b.prefix_cache = false;
+  b.logits_chunk = logits_chunk;
   return b;
 }
 
@@ -30,7 +31,7 @@ Engine::Engine(const Model& model, EngineOptions options)
     : Engine(model, std::make_unique<CpuBatchBackend>(model, options.pool, options.kv_type), options) {}
 
 Engine::Engine(const Model& model, std::unique_ptr<BatchBackend> backend, EngineOptions options)
-    : model_(model), options_(std::move(options)), backend_(std::move(backend)) {
+    : model_(&model), options_(std::move(options)), backend_(std::move(backend)) {
   const ModelConfig& cfg = model.config();
   batch_ = std::make_unique<BatchEngine>(*backend_, scheduler_options(cfg, options_));
   max_context_ = batch_->max_context();
@@ -38,6 +39,14 @@ Engine::Engine(const Model& model, std::unique_ptr<BatchBackend> backend, Engine
   // size it needs, rather than once the memory runs out mid-prompt. (The model's own limit is checked per prompt.)
   if (options_.max_context > 0 && options_.stream.method == StreamMethod::None)
     KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max_context_, options_.kv_type).check_budget(max_context_);
+  seq_ = batch_->open();
+}
+
+Engine::Engine(std::unique_ptr<BatchBackend> backend, EngineOptions options, int32_t logits_chunk)
+    : options_(std::move(options)), backend_(std::move(backend)) {
+  // (The device's backend checked its memory when it made the KV blocks.)
+  batch_ = std::make_unique<BatchEngine>(*backend_, scheduler_options(backend_->config(), options_, logits_chunk));
+  max_context_ = batch_->max_context();
   seq_ = batch_->open();
 }
 
@@ -79,7 +88,7 @@ std::vector<float> Engine::forward_all_logits(std::span<const int32_t> tokens) {
 }
 
 std::vector<double> Engine::score(std::span<const int32_t> tokens, const Progress& progress) {
-  const int64_t vocab = model_.config().vocab_size;
+  const int64_t vocab = backend_->config().vocab_size;
   std::vector<double> logprobs;
   logprobs.reserve(tokens.empty() ? 0 : tokens.size() - 1);
   run_prefill(tokens, LogitRows::All, progress, [&](int64_t first, int64_t rows, const std::vector<float>& logits) {
@@ -107,6 +116,11 @@ std::vector<int32_t> Engine::generate(std::span<const int32_t> prompt, const Gen
   return generate_tokens(*this, prompt, options, on_token, [this](int32_t t) { run_decode(t); });
 }
 
-void Engine::reset() { batch_->clear(seq_); }
+void Engine::reset() {
+  batch_->clear(seq_);
+  // The held sequence was the only one: its blocks are free, and their pages go back to the system (a next prompt
+  // longer than the last would otherwise hold its staging cache beside them: 2x the KV at its peak).
+  backend_->release_free_memory();
+}
 
 }  // namespace tessera::runtime

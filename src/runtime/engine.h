@@ -19,9 +19,11 @@
 // keys and values then move into the sequence's KV blocks. decode() runs one token as the batched decode step of one
 // row, attending densely over the blocks (the model's sliding windows apply). A prefill after decode steps (a chat's
 // next turn) stages the sequence again from its blocks (BatchBackend::load_prefix). The KV pool is sized for one
-// sequence of max_context tokens (capped at the backend's default KV budget); its pages are touched only as blocks
-// fill. Errors are tessera::Error; after an error in a streamed prefill the memory may hold a partial chunk: call
+// sequence of max_context tokens (capped at the backend's default KV budget); on the CPU its pages are touched only
+// as blocks fill (GPU memory is committed when the pool is made). Errors are tessera::Error; after an error in a streamed prefill the memory may hold a partial chunk: call
 // reset().
+//
+// The GPU engine (runtime/cuda/gpu_engine.h) is this class over the GPU's batched backend.
 //
 // Not thread-safe: one Engine serves one sequence at a time. Several Engines may share a Model, which must
 // outlive them.
@@ -72,7 +74,7 @@ struct EngineOptions {
 };
 
 
-class Engine final : public SequenceEngine {
+class Engine : public SequenceEngine {
  public:
   using Progress = std::function<void(int64_t done, int64_t total)>;  // tokens prefilled so far, of total
   using OnToken = std::function<bool(int32_t token)>;                 // return false to stop
@@ -111,25 +113,34 @@ class Engine final : public SequenceEngine {
   // Logits are reduced chunk by chunk, so memory stays at one chunk of logits ([chunk_size, vocab] f32).
   std::vector<double> score(std::span<const int32_t> tokens, const Progress& progress = {}) override;
 
-  void reset() override;  // empties the sequence (its blocks go back to the pool)
+  void reset() override;  // empties the sequence (its blocks go back to the pool, their pages to the system)
   int32_t position() const override;
   int32_t max_context() const override { return max_context_; }
   const EngineStats& stats() const override { return stats_; }
   void reset_stats() override { stats_ = {}; }
-  const Model& model() const { return model_; }
+  const Model& model() const { return *model_; }
   const EngineOptions& options() const { return options_; }
   size_t kv_cache_bytes() const override;
-  EngineMemory memory() const override { return {model_.weights().bytes(), kv_cache_bytes(), 0, 0, 0}; }
+  EngineMemory memory() const override { return {model_->weights().bytes(), kv_cache_bytes(), 0, 0, 0}; }
   // The streaming memory, or null when options().stream.method is None.
   const StreamingKV* streaming() const override;
   const BatchEngine& scheduler() const { return *batch_; }
+
+ protected:
+  // Over a backend whose weights are not a host Model (the GPU engine, runtime/cuda/gpu_engine.h: model() must not
+  // be called, memory() is its own). logits_chunk: rows per prefill chunk when every row's logits are wanted
+  // (forward_all_logits, score; BatchEngineOptions::logits_chunk), 0: chunk_size.
+  Engine(std::unique_ptr<BatchBackend> backend, EngineOptions options, int32_t logits_chunk);
+  BatchBackend& backend() const { return *backend_; }
+  // The held sequence's streaming memory (the backend's kind), or null.
+  StreamMemory* stream_memory() const { return batch_->stream(seq_); }
 
  private:
   std::vector<float> run_prefill(std::span<const int32_t> tokens, LogitRows rows, const Progress& progress,
                                  const BatchEngine::ChunkLogits& on_logits = {});
   std::vector<float> run_decode(int32_t token);
 
-  const Model& model_;
+  const Model* model_ = nullptr;  // null: a device engine's (above)
   EngineOptions options_;
   int32_t max_context_ = 0;
   std::unique_ptr<BatchBackend> backend_;
