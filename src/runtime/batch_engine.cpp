@@ -66,6 +66,10 @@ std::vector<float> CpuBatchBackend::prefill_chunk_rows(std::span<const int32_t> 
 }
 
 void CpuBatchBackend::finish_prefill(const SequenceBlocks& seq, std::span<const DecodeView>) {
+  if (seq.length() == 0) {  // a held sequence decoding before any prefill: nothing staged
+    staging_.release();
+    return;
+  }
   // scatter_to_pages a layer at a time, each staged layer's pages handed back to the system once its rows are in the
   // blocks: the sequence's KV is held about once while it moves, not twice (the single-sequence engine's peak RSS).
   check(staging_.type() == store_.type(), "batched prefill: the staging cache and the KV blocks differ in type");
@@ -611,10 +615,7 @@ void BatchEngine::clear(int64_t id) {
   if (s.decoding) backend_.release_sequence(s.blocks);
   s.decoding = false;
   s.blocks.release(pool_);
-  if (s.stream) {
-    s.stream.reset();
-    s.stream = backend_.new_stream(options_.stream);
-  }
+  if (s.stream) s.stream->reset();  // (its pinned slabs kept for the next sequence)
 }
 
 void BatchEngine::close(int64_t id) {
@@ -645,20 +646,30 @@ std::vector<float> BatchEngine::extend(int64_t id, std::span<const int32_t> toke
     }
     // Chunks of chunk_size tokens, each attending to all earlier keys under the policy; with streaming memory the
     // stream's own chunks (stream_chunk_end) through it.
+    const int64_t chunk_size = rows == LogitRows::All && options_.logits_chunk > 0
+                                   ? std::min(options_.chunk_size, options_.logits_chunk)
+                                   : options_.chunk_size;
     for (int64_t c0 = 0; c0 < n;) {
-      const int64_t c1 = s.stream ? stream_chunk_end(options_.stream, c0, n) : std::min<int64_t>(n, c0 + options_.chunk_size);
+      const int64_t c1 = s.stream ? stream_chunk_end(options_.stream, c0, n) : std::min<int64_t>(n, c0 + chunk_size);
       const bool last = c1 == n;
       const auto chunk = tokens.subspan(static_cast<size_t>(c0), static_cast<size_t>(c1 - c0));
       const auto pos = static_cast<int32_t>(pos0 + c0);
       const auto kind = last ? StreamingKV::ChunkKind::LastPrefill : StreamingKV::ChunkKind::Prefill;
       std::vector<float> part;
-      if (rows == LogitRows::All)
-        part = s.stream ? backend_.prefill_stream_chunk_rows(*s.stream, chunk, pos, kind)
-                        : backend_.prefill_chunk_rows(chunk, pos, static_cast<int32_t>(end), s.policy);
-      else
-        part = s.stream ? backend_.prefill_stream_chunk(*s.stream, chunk, pos, kind, last && rows == LogitRows::Last)
-                        : backend_.prefill_chunk(chunk, pos, static_cast<int32_t>(end), s.policy,
-                                                 last && rows == LogitRows::Last);
+      try {
+        if (rows == LogitRows::All)
+          part = s.stream ? backend_.prefill_stream_chunk_rows(*s.stream, chunk, pos, kind)
+                          : backend_.prefill_chunk_rows(chunk, pos, static_cast<int32_t>(end), s.policy);
+        else
+          part = s.stream ? backend_.prefill_stream_chunk(*s.stream, chunk, pos, kind, last && rows == LogitRows::Last)
+                          : backend_.prefill_chunk(chunk, pos, static_cast<int32_t>(end), s.policy,
+                                                   last && rows == LogitRows::Last);
+      } catch (const Error& e) {
+        // Say which part of the prompt was running; the sequence stays usable (a streamed one after clear()).
+        throw Error(std::string(s.stream ? "streaming prefill of " : "prefill of ") + std::to_string(n) +
+                    " tokens, chunk [" + std::to_string(c0) + ", " + std::to_string(c1) + ") at position " +
+                    std::to_string(pos) + ": " + e.what() + " (call reset() before the next prompt)");
+      }
       if (on_logits && rows == LogitRows::All)
         on_logits(c0, c1 - c0, part);
       else
@@ -697,6 +708,10 @@ std::vector<float> BatchEngine::decode_one(int64_t id, int32_t token) {
     check(s.blocks.need(1) <= pool_.available(),
           "KV cache: the KV budget's " + with_commas(pool_.total()) + " blocks (" +
               format_bytes(pool_.total() * block_bytes_) + ") are full at " + with_commas(len) + " tokens");
+    if (!s.decoding) {  // nothing prefilled yet: the sequence takes its decode state now (nothing staged to move)
+      backend_.finish_prefill(s.blocks, s.views);
+      s.decoding = true;
+    }
     s.blocks.grow(1, pool_);
     row = DecodeRow{&s.blocks, s.views, nullptr};
   }

@@ -37,7 +37,7 @@ int32_t bucket_splits(int32_t splits) {
 }
 
 GpuBatchBackend::GpuBatchBackend(const DeviceModel& model, GpuBatchOptions options)
-    : model_(model), options_(std::move(options)), cfg_(model.config()) {
+    : model_(model), options_(std::move(options)), cfg_(model.config()), timer_(options_.timing) {
   // TESSERA_GPU_GRAPHS=0 runs every decode step eagerly (no CUDA graph), to tell a graph's fault from the step's.
   if (const char* e = std::getenv("TESSERA_GPU_GRAPHS"); e != nullptr && std::string(e) == "0") options_.graphs = false;
   TESSERA_CUDA_CHECK(cudaStreamCreate(&stream_));
@@ -51,8 +51,12 @@ GpuBatchBackend::GpuBatchBackend(const DeviceModel& model, GpuBatchOptions optio
     check(options_.decode_gemm == GemmPrecision::kBf16 || fp8_ != nullptr,
           "GPU batched engine: FP8 decode GEMMs need FP8 weights (GpuBatchOptions::gemm = kFp8)");
     decode_fp8_ = options_.decode_gemm == GemmPrecision::kFp8;
-    ops_ = std::make_unique<GpuOps>(model_, stream_, *gemm_, timer_, decode_fp8_ ? fp8_.get() : nullptr,
-                                    std::numeric_limits<int32_t>::max());
+    // Decode steps captured into graphs record no events (a replay would not re-record the timer's bookkeeping).
+    ops_ = std::make_unique<GpuOps>(model_, stream_, *gemm_, options_.graphs ? untimed_ : timer_,
+                                    decode_fp8_ ? fp8_.get() : nullptr, std::numeric_limits<int32_t>::max());
+    const int32_t group = cfg_.num_q_heads / cfg_.num_kv_heads;
+    paged_decode_ = (cfg_.head_dim == 64 || cfg_.head_dim == 128 || cfg_.head_dim == 256) && group <= 8 &&
+                    options_.prefill.attention != AttentionBackend::kSimple;
     paged_ = std::make_unique<PagedDecodeStep>(cfg_, ops_->attention_scale(), layout_);
     int dev = 0;
     TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
@@ -75,6 +79,30 @@ GpuBatchBackend::~GpuBatchBackend() {
   cudaStreamDestroy(stream_);
 }
 
+size_t GpuBatchBackend::scratch_bytes() const {
+  return prefill_->scratch_bytes() + ops_->scratch_bytes() + gemm_->workspace_bytes() + step_.bytes() +
+         o_part_.bytes() + lse_part_.bytes() + chosen_.bytes() + sample_scratch_.bytes();
+}
+
+void GpuBatchBackend::release_scratch() {
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  drop_graphs();
+  staging_.release();
+  prefill_->release_scratch();
+  ops_->release_scratch();
+}
+
+void GpuBatchBackend::collect_timers() {
+  if (!timer_.enabled()) return;
+  const auto t = timer_.collect();
+  timers_.gemm_seconds += t[EventTimer::kGemm];
+  timers_.attention_seconds += t[EventTimer::kAttention];
+  kernel_seconds_.norm += t[EventTimer::kNorm];
+  kernel_seconds_.rope += t[EventTimer::kRope];
+  kernel_seconds_.activation += t[EventTimer::kActivation];
+  kernel_seconds_.misc += t[EventTimer::kMisc];
+}
+
 void GpuBatchBackend::set_rank_reduce(const GpuOps::RankReduce& reduce) {
   ops_->set_rank_reduce(reduce);
   prefill_->ops().set_rank_reduce(reduce);
@@ -88,12 +116,8 @@ double GpuBatchBackend::default_kv_bytes() const {
 
 void GpuBatchBackend::create_store(const PagedKVShape& shape, int32_t num_blocks, int32_t max_sequences,
                                    int32_t max_context) {
-  check(shape.head_dim == 64 || shape.head_dim == 128 || shape.head_dim == 256,
-        "GPU batched decode: head dims 64, 128 and 256, got " + std::to_string(shape.head_dim));
   check((shape.block_tokens & (shape.block_tokens - 1)) == 0,
         "GPU batched decode: block_tokens must be a power of two, got " + std::to_string(shape.block_tokens));
-  const int32_t group = cfg_.num_q_heads / cfg_.num_kv_heads;
-  check(group <= 8, "GPU batched decode: GQA groups of at most 8 query heads, got " + std::to_string(group));
   shape_ = shape;
   slots_ = max_sequences;
   max_blocks_ = static_cast<int32_t>((static_cast<int64_t>(max_context) + shape.block_tokens - 1) / shape.block_tokens);
@@ -136,7 +160,10 @@ std::vector<float> GpuBatchBackend::prefill_chunk(std::span<const int32_t> token
     staging_ = DeviceKVCache(cfg_.num_layers, cfg_.num_kv_heads, cfg_.head_dim, total_len);
     staging_.reserve(total_len, 0);
   }
-  return prefill_->run(tokens, pos, staging_, policy, total_len, logits ? LogitRows::kLast : LogitRows::kNone);
+  std::vector<float> out =
+      prefill_->run(tokens, pos, staging_, policy, total_len, logits ? LogitRows::kLast : LogitRows::kNone);
+  collect_timers();
+  return out;
 }
 
 std::vector<float> GpuBatchBackend::prefill_chunk_rows(std::span<const int32_t> tokens, int32_t pos,
@@ -145,7 +172,9 @@ std::vector<float> GpuBatchBackend::prefill_chunk_rows(std::span<const int32_t> 
     staging_ = DeviceKVCache(cfg_.num_layers, cfg_.num_kv_heads, cfg_.head_dim, total_len);
     staging_.reserve(total_len, 0);
   }
-  return prefill_->run(tokens, pos, staging_, policy, total_len, LogitRows::kAll);
+  std::vector<float> out = prefill_->run(tokens, pos, staging_, policy, total_len, LogitRows::kAll);
+  collect_timers();
+  return out;
 }
 
 int32_t GpuBatchBackend::slot_of(const SequenceBlocks& seq) const {
@@ -217,7 +246,8 @@ void GpuBatchBackend::copy_pages(const SequenceBlocks& seq, int64_t len, PageCop
 }
 
 void GpuBatchBackend::finish_prefill(const SequenceBlocks& seq, std::span<const DecodeView> views) {
-  copy_pages(seq, seq.length(), PageCopy::kToPages);
+  // (An empty sequence, one that decodes before any prefill, has nothing staged: it only takes its slot.)
+  if (seq.length() > 0) copy_pages(seq, seq.length(), PageCopy::kToPages);
   staging_.release();
   adopt(seq, views);
 }
@@ -269,6 +299,7 @@ class GpuStreamMemory final : public StreamMemory {
   double memory_bytes() const override {
     return static_cast<double>(kv.device_bytes()) + static_cast<double>(kv.gpu_stats().pinned_bytes);
   }
+  void reset() override { kv.reset(); }
   GpuStreamingKV kv;
 };
 
@@ -277,6 +308,16 @@ GpuStreamingKV& device_stream(StreamMemory* memory) {
   check(m != nullptr, "GPU batched engine: streaming memory not made by the GPU backend's new_stream");
   return m->kv;
 }
+
+}  // namespace
+
+GpuStreamingKV* gpu_stream_kv(StreamMemory* memory) { return memory == nullptr ? nullptr : &device_stream(memory); }
+
+const GpuStreamingKV* gpu_stream_kv(const StreamMemory* memory) {
+  return gpu_stream_kv(const_cast<StreamMemory*>(memory));
+}
+
+namespace {
 
 // The attention of a decode step of streamed rows: row i's memory rotates its q and k and attends (one token at
 // pos[i]) within its own layout, as the single-sequence GPU engine's decode does.
@@ -318,6 +359,27 @@ std::vector<float> GpuBatchBackend::prefill_stream_chunk(StreamMemory& memory, s
   try {
     std::vector<float> out = prefill_->run(tokens, pos, kv, logits ? LogitRows::kLast : LogitRows::kNone);
     TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    collect_timers();
+    return out;
+  } catch (...) {
+    cudaStreamSynchronize(stream_);
+    (void)cudaGetLastError();
+    throw;
+  }
+}
+
+std::vector<float> GpuBatchBackend::prefill_stream_chunk_rows(StreamMemory& memory, std::span<const int32_t> tokens,
+                                                              int32_t pos, StreamingKV::ChunkKind kind) {
+  GpuStreamingKV& kv = device_stream(&memory);
+  const int64_t end = static_cast<int64_t>(pos) + static_cast<int64_t>(tokens.size());
+  check(end < (int64_t{1} << 31), "streaming: a sequence of " + std::to_string(end) + " tokens (at most 2^31 - 1)");
+  kv.check_sequence(end);
+  kv.reserve(end);
+  kv.begin_chunk(pos, static_cast<int32_t>(tokens.size()), kind);
+  try {
+    std::vector<float> out = prefill_->run(tokens, pos, kv, LogitRows::kAll);
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    collect_timers();
     return out;
   } catch (...) {
     cudaStreamSynchronize(stream_);
@@ -433,12 +495,62 @@ int64_t GpuBatchBackend::run_step(std::span<const int32_t> tokens, std::span<con
   return np;  // `step` may go: an asynchronous copy from pageable memory returns once the data is staged
 }
 
+void GpuBatchBackend::run_rows_through_prefill(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) {
+  check(rows.size() == tokens.size(), "GPU batched decode: one row per token");
+  const int64_t V = cfg_.vocab_size, Bt = shape_.block_tokens;
+  logits_host_.assign(tokens.size() * static_cast<size_t>(V), 0.0f);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    check(rows[i].seq != nullptr, "GPU batched decode: a batch mixes streamed and paged rows");
+    const SequenceBlocks& seq = *rows[i].seq;
+    check(tokens[i] >= 0 && tokens[i] < cfg_.vocab_size,
+          "GPU batched decode: token id " + std::to_string(tokens[i]) + " outside the vocabulary");
+    const auto len = static_cast<int32_t>(seq.length()), pos = len - 1;
+    try {
+      load_prefix(seq, pos, len);  // rows [0, pos) from the blocks
+      const std::vector<float> out = prefill_->run(tokens.subspan(i, 1), pos, staging_, nullptr, len, LogitRows::kLast);
+      std::copy(out.begin(), out.end(), logits_host_.begin() + static_cast<int64_t>(i) * V);
+      // The new row into its block: the block of `pos` of every (layer, kv head) that keeps it.
+      std::vector<int32_t> entries;
+      for (int32_t l = 0; l < shape_.num_layers; ++l)
+        for (int32_t h = 0; h < shape_.num_kv_heads; ++h)
+          if (const int32_t blk = seq.block(l, h, pos); blk >= 0)
+            entries.insert(entries.end(), {l, h, static_cast<int32_t>(pos / Bt), blk});
+      std::vector<bf16*> kl, vl;
+      for (int32_t l = 0; l < cfg_.num_layers; ++l) {
+        kl.push_back(staging_.k(l, 0));
+        vl.push_back(staging_.v(l, 0));
+      }
+      attn::gpu::DeviceBuffer<int32_t> dev_entries;
+      attn::gpu::DeviceBuffer<bf16*> dk, dv;
+      dev_entries.upload(entries, stream_);
+      dk.upload(kl, stream_);
+      dv.upload(vl, stream_);
+      paged_copy(dev_entries.data(), static_cast<int32_t>(entries.size() / 4), dk.data(), dv.data(),
+                 staging_.row_elements(), shape_.head_dim, shape_.block_tokens, len, k_pool_.data(), v_pool_.data(),
+                 PageCopy::kToPages, stream_);
+      TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the host vectors above are on this stack
+    } catch (...) {
+      cudaStreamSynchronize(stream_);
+      (void)cudaGetLastError();
+      staging_.release();
+      throw;
+    }
+    staging_.release();
+  }
+  collect_timers();
+}
+
 std::vector<float> GpuBatchBackend::decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) {
   if (tokens.empty()) return {};
+  if (!paged_decode_ && rows.front().stream == nullptr) {
+    run_rows_through_prefill(tokens, rows);
+    return logits_host_;
+  }
   run_step(tokens, rows);
   std::vector<float> out(tokens.size() * static_cast<size_t>(cfg_.vocab_size));
   TESSERA_CUDA_CHECK(cudaMemcpyAsync(out.data(), ops_->logits(), out.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  collect_timers();
   return out;
 }
 
@@ -447,6 +559,8 @@ std::vector<int32_t> GpuBatchBackend::decode_select(std::span<const int32_t> tok
   const auto n = static_cast<int64_t>(tokens.size());
   if (n == 0) return {};
   check(choice.size() == tokens.size(), "GPU batched decode: one sampling choice per row");
+  // Rows through the prefill forward: their logits on the host, chosen there (the default).
+  if (!paged_decode_ && rows.front().stream == nullptr) return BatchBackend::decode_select(tokens, rows, choice);
   const int64_t V = cfg_.vocab_size;
   run_step(tokens, rows);
   // Rows that want log-probabilities: their raw logits to the host before the edits (token_logprobs on the host).
@@ -488,6 +602,7 @@ std::vector<int32_t> GpuBatchBackend::decode_select(std::span<const int32_t> tok
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   for (int64_t j = 0; j < m; ++j) got[static_cast<size_t>(sampled[static_cast<size_t>(j)].row)] = got[static_cast<size_t>(n + j)];
   got.resize(static_cast<size_t>(n));
+  collect_timers();
   for (size_t j = 0; j < lp_rows.size(); ++j) {
     const RowChoice& c = choice[static_cast<size_t>(lp_rows[j])];
     *c.logprobs_out = token_logprobs(std::span<const float>(lp_logits).subspan(j * static_cast<size_t>(V), static_cast<size_t>(V)),

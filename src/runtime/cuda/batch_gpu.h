@@ -21,6 +21,15 @@
 // device (row_argmax for greedy rows, sample_rows (sample_gpu.h) with the host's uniform draws for the others) and
 // copies back only the tokens.
 //
+// Shapes the paged decode kernel does not run (head dims other than 64, 128 and 256, GQA groups over 8) and the simple
+// attention backend (GpuBatchOptions::prefill.attention == kSimple, the tests' reference) decode each row through the
+// prefill forward instead: its blocks staged contiguously (as load_prefix), one token run, its new row moved back into
+// its block. That costs a copy of the row's KV per token: for small models and references, not for speed.
+//
+// The single-sequence GPU engine (gpu_engine.h) is the batched scheduler with one held sequence over this backend:
+// timing (GpuBatchOptions::timing: CUDA events around the prefill's GEMMs, attention and small kernels, and the decode
+// step's when it runs without graphs), memory() parts and release_memory() are for it.
+//
 // Not thread-safe; uses the current CUDA device; the DeviceModel must outlive it.
 #pragma once
 
@@ -59,7 +68,25 @@ struct GpuBatchOptions {
   // on an H200 (decode_bench --gemm: 8.49 against 6.94 ms a step at 32K, batch 1), and a step of 3+ rows has been
   // measured to differ from the single-sequence FP8 decode by up to 6% (rel L2) on one row (docs/PERF.md).
   GemmPrecision decode_gemm = GemmPrecision::kBf16;
+  // CUDA events around every GEMM, attention and small kernel of the prefill (and of eager decode steps: a step
+  // replayed as a graph is not timed by category): timers(), kernel_seconds(). Off for the server.
+  bool timing = false;
 };
+
+// GPU time of the small kernels within prefill and decode (CUDA events around each launch; 0 without timing).
+struct GpuKernelSeconds {
+  double norm = 0;        // RMSNorms (before attention and MLP, Gemma-3's post-norms, final)
+  double rope = 0;        // RoPE tables, QK-norm + RoPE of q and k
+  double activation = 0;  // the gated MLP's activation
+  double misc = 0;        // embedding, QKV bias, logit softcap
+  double total() const { return norm + rope + activation + misc; }
+};
+
+class GpuStreamingKV;
+// The GPU streaming memory inside a StreamMemory made by GpuBatchBackend::new_stream; null for null. Throws
+// tessera::Error for another backend's memory.
+GpuStreamingKV* gpu_stream_kv(StreamMemory* memory);
+const GpuStreamingKV* gpu_stream_kv(const StreamMemory* memory);
 
 // The decode batch a step of n rows runs: n up to 4, then the next of 6, 8, 12, 16, 24, 32, 48, 64, 96, ...
 int64_t padded_rows(int64_t n);
@@ -98,11 +125,27 @@ class GpuBatchBackend final : public BatchBackend {
   std::unique_ptr<StreamMemory> new_stream(const StreamOptions& options) override;
   std::vector<float> prefill_stream_chunk(StreamMemory& kv, std::span<const int32_t> tokens, int32_t pos,
                                           StreamingKV::ChunkKind kind, bool logits) override;
+  std::vector<float> prefill_stream_chunk_rows(StreamMemory& kv, std::span<const int32_t> tokens, int32_t pos,
+                                               StreamingKV::ChunkKind kind) override;
   std::vector<float> decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) override;
   std::vector<int32_t> decode_select(std::span<const int32_t> tokens, std::span<const DecodeRow> rows,
                                      std::span<const RowChoice> choice) override;
   int64_t step_builds() const override { return step_builds_; }
-  ForwardTimers timers() const override { return {}; }
+  // GEMM and attention seconds (CUDA events, GpuBatchOptions::timing; else 0), summed since construction.
+  ForwardTimers timers() const override { return timers_; }
+  const GpuKernelSeconds& kernel_seconds() const { return kernel_seconds_; }
+  // Whether decode steps run the paged kernel (else through the prefill forward, see above).
+  bool paged_decode() const { return paged_decode_; }
+
+  // Memory, for the single-sequence engine's memory(): the prefill forward's and the decode step's activations and
+  // the GEMM workspaces; the most device memory in use (the whole device, sampled inside prefill chunks) since
+  // reset_peak(); the staged prefill's contiguous cache (0 between prefills).
+  size_t scratch_bytes() const;
+  size_t peak_device_bytes() const { return prefill_->peak_device_bytes(); }
+  void reset_peak() { prefill_->reset_peak(); }
+  size_t staging_bytes() const { return staging_.bytes(); }
+  // Frees the scratch buffers and any staged prefill (the next call allocates them again; graphs are captured anew).
+  void release_scratch();
 
   // Tensor parallelism (parallel/cuda/tp_batch_gpu.h): the prefill's and the decode step's output and down
   // projections all-reduce over the ranks (GpuOps::RankReduce). Before the first step.
@@ -127,6 +170,9 @@ class GpuBatchBackend final : public BatchBackend {
   // Uploads the step data of the rows (padded with scratch rows) and runs the decode step; the logits of the
   // padded batch stay on the device (logits_). Returns the padded row count.
   int64_t run_step(std::span<const int32_t> tokens, std::span<const DecodeRow> rows);
+  // Decode rows one at a time through the prefill forward (shapes the paged kernel does not run); logits_host_.
+  void run_rows_through_prefill(std::span<const int32_t> tokens, std::span<const DecodeRow> rows);
+  void collect_timers();  // the events recorded so far into timers_ / kernel_seconds_ (synchronises)
   // The same for streamed rows (no padding, no graph).
   int64_t run_stream_step(std::span<const int32_t> tokens, std::span<const DecodeRow> rows);
   int32_t slot_of(const SequenceBlocks& seq) const;
@@ -142,7 +188,12 @@ class GpuBatchBackend final : public BatchBackend {
   std::unique_ptr<Gemm> gemm_;
   std::unique_ptr<DeviceFp8Weights> fp8_;  // GemmPrecision::kFp8 only
   bool decode_fp8_ = false;                // the decode ops run FP8 GEMMs (GpuBatchOptions::decode_gemm)
-  EventTimer timer_{false};
+  EventTimer timer_{false};    // the prefill's (and eager decode steps') events: GpuBatchOptions::timing
+  EventTimer untimed_{false};  // the decode ops' when their steps are captured into graphs
+  bool paged_decode_ = true;
+  ForwardTimers timers_;
+  GpuKernelSeconds kernel_seconds_;
+  std::vector<float> logits_host_;  // run_rows_through_prefill's
   std::unique_ptr<GpuForward> prefill_;
   DeviceKVCache staging_;
   PagedKVShape shape_;

@@ -22,6 +22,9 @@ class StreamMemory {
   // Bytes held for the sequence: the resident rows (sinks, window, workspace), the evicted blocks in host memory,
   // the span index; on the GPU its device buffers and pinned host memory.
   virtual double memory_bytes() const = 0;
+  // Empties the sequence, keeping what the next one reuses (the GPU's pinned slabs); the settings (method, the
+  // environment overrides read when it was made) stay. The single-sequence engine's reset().
+  virtual void reset() = 0;
 };
 
 }  // namespace tessera::runtime

@@ -159,7 +159,7 @@ class StreamingKV : public KVPolicy, public StreamMemory {
   int32_t evicted_before() const { return prev_evicted_; }
   Storage storage() const { return storage_; }
 
-  void reset();  // an empty sequence (keeps nothing)
+  void reset() override;  // an empty sequence (keeps nothing)
   int32_t length() const { return length_; }
   int64_t sequence_length() const override { return length_; }
   const StreamOptions& options() const { return opt_; }

@@ -35,6 +35,7 @@
 #include "attention/pattern/presets.h"
 #include "core/error.h"
 #include "model/tokenizer/tokenizer.h"
+#include "runtime/batch_engine.h"
 #include "runtime/engine.h"
 #include "model/model.h"
 #include "runtime/sampling.h"
@@ -357,9 +358,9 @@ TEST_P(ExecutorTest, MatchesSimpleKernelAndChunks) {
   }
 }
 
-// Decode through the decode step (gpu_decode.h: the paged kernel over the contiguous cache, CUDA graphs captured and
-// replayed, split counts changing with the length) against decode through the forward with the simple kernel, step
-// by step past a prompt, with and without a model sliding window.
+// Decode through the batched decode step (batch_gpu.h: the paged kernel over the sequence's blocks, CUDA graphs
+// captured and replayed, split counts changing with the length) against decode through the prefill forward with the
+// simple kernel (kSimple decodes that way), step by step past a prompt, with and without a model sliding window.
 TEST_P(ExecutorTest, DecodeStepMatchesTheForward) {
   REQUIRE_GPU();
   const int d = GetParam();
@@ -557,6 +558,126 @@ void check_real_model(const std::string& file) {
 
 TEST(GpuEngineRealModels, SmolLM2) { check_real_model("smollm2-135m-instruct-q4_1.gguf"); }
 TEST(GpuEngineRealModels, Gemma3) { check_real_model("gemma-3-270m-q4_k_m.gguf"); }
+
+// ---------------------------------------------------------------------------------------------------------
+// One engine: the single-sequence GPU engine is the batched scheduler with one held sequence over GpuBatchBackend.
+// (1) Its greedy tokens equal BatchEngine::generate_all's for the same request on a backend of its own options;
+// (2) its logits equal the CPU engine's within `bound` for a prefill, decode steps, a second turn after decode (staged
+// again from its blocks: load_prefix) and two more decode steps; (3) a streamed prompt (StreamingLLM, evicting) and
+// its decode steps equal the CPU streaming engine's within `bound`. The fixtures (head dims 16, 32) decode through the
+// prefill forward, the real models (64, 256) through the paged decode step and its CUDA graphs.
+void check_one_engine(const std::string& path, const std::vector<int32_t>& tokens, double bound, bool stream) {
+  const Model& cpu = cpu_model(path);
+  const DeviceModel& dev = gpu_model(path);
+  const int64_t vocab = cpu.config().vocab_size;
+  const auto n = static_cast<int64_t>(tokens.size());
+  ASSERT_GE(n, 40);
+  const std::string what = std::filesystem::path(path).filename().string();
+
+  // (1) The engine's generate = the scheduler's generate_all, same request.
+  GenerateOptions gen;
+  gen.max_new_tokens = 12;
+  gen.stop_tokens = {};
+  const std::span<const int32_t> first(tokens.data(), static_cast<size_t>(n / 2));
+  GpuEngineOptions go = gpu_opts(16);
+  GpuEngine single(dev, go);
+  const std::vector<int32_t> want = single.generate(first, gen);
+  EXPECT_EQ(static_cast<int64_t>(want.size()), gen.max_new_tokens) << what;
+  {
+    GpuBatchBackend backend(dev, batch_options(go));
+    BatchEngineOptions bo;
+    bo.chunk_size = 16;
+    bo.max_batch = 2;
+    BatchEngine batch(backend, bo);
+    BatchRequest r;
+    r.prompt.assign(first.begin(), first.end());
+    r.options = gen;
+    EXPECT_EQ(batch.generate_all({r}).at(0), want) << what << ": the engine's generate vs generate_all";
+  }
+  EXPECT_EQ(single.batch_backend().paged_decode(), cpu.config().head_dim % 64 == 0) << what;
+
+  // (2) Prefill, decode, a second turn after decode, decode: the GPU engine's logits against the CPU engine's.
+  const int64_t a = n / 2, b = 4, c = n - a - b - 2;
+  auto turns = [&](SequenceEngine& e) {
+    std::vector<float> out = e.prefill(std::span<const int32_t>(tokens.data(), static_cast<size_t>(a)));
+    for (int64_t t = a; t < a + b; ++t) {
+      const std::vector<float> next = e.decode(tokens[static_cast<size_t>(t)]);
+      out.insert(out.end(), next.begin(), next.end());
+    }
+    const std::vector<float> second =
+        e.prefill(std::span<const int32_t>(tokens.data() + a + b, static_cast<size_t>(c)));
+    out.insert(out.end(), second.begin(), second.end());
+    for (int64_t t = a + b + c; t < n; ++t) {
+      const std::vector<float> next = e.decode(tokens[static_cast<size_t>(t)]);
+      out.insert(out.end(), next.begin(), next.end());
+    }
+    EXPECT_EQ(e.position(), n) << what;
+    return out;
+  };
+  EngineOptions co;
+  co.chunk_size = 16;
+  Engine cpu_engine(cpu, co);
+  GpuEngine gpu_engine(dev, gpu_opts(16));
+  const std::vector<float> ref = turns(cpu_engine), got = turns(gpu_engine);
+  expect_agreement(compare(ref, got, vocab), bound, what + ": prefill, decode, second turn, decode vs the CPU engine");
+  EXPECT_EQ(gpu_engine.stats().decode_tokens, b + 2) << what;
+  EXPECT_EQ(gpu_engine.stats().prefill_tokens, a + c) << what;
+  EXPECT_GT(gpu_engine.memory().kv_cache_bytes, 0u) << what;
+  // reset(): the blocks go back; the same prefill gives the same logits as the first.
+  gpu_engine.reset();
+  EXPECT_EQ(gpu_engine.position(), 0);
+  EXPECT_EQ(gpu_engine.memory().kv_cache_bytes, 0u) << what;
+  EXPECT_EQ(gpu_engine.prefill(std::span<const int32_t>(tokens.data(), static_cast<size_t>(a))),
+            std::vector<float>(got.begin(), got.begin() + vocab))
+      << what << ": a prefill after reset() equals the first";
+
+  // (3) A streamed prompt and its decode steps against the CPU streaming engine.
+  if (!stream) return;
+  StreamOptions so;
+  so.method = StreamMethod::StreamingLLM;
+  so.sinks = 16;
+  so.local = 128;  // the prompt evicts
+  so.block = 64;
+  so.chunk = 128;
+  EngineOptions cs;
+  cs.stream = so;
+  GpuEngineOptions gs;
+  gs.stream = so;
+  Engine cpu_stream(cpu, cs);
+  GpuEngine gpu_stream(dev, gs);
+  auto streamed = [&](SequenceEngine& e) {
+    std::vector<float> out = e.prefill(std::span<const int32_t>(tokens.data(), static_cast<size_t>(n - 3)));
+    for (int64_t t = n - 3; t < n; ++t) {
+      const std::vector<float> next = e.decode(tokens[static_cast<size_t>(t)]);
+      out.insert(out.end(), next.begin(), next.end());
+    }
+    return out;
+  };
+  expect_agreement(compare(streamed(cpu_stream), streamed(gpu_stream), vocab), bound,
+                   what + ": streamed prompt (streamingllm) + decode vs the CPU streaming engine");
+  ASSERT_NE(gpu_stream.streaming(), nullptr);
+  EXPECT_GT(gpu_stream.streaming()->evicted_blocks(), 0) << what;
+  EXPECT_EQ(gpu_stream.streaming()->evicted_blocks(), cpu_stream.streaming()->evicted_blocks()) << what;
+}
+
+TEST(GpuOneEngine, FixturesThroughThePrefillForward) {
+  REQUIRE_GPU();
+  for (const char* name : {"llama3", "qwen2", "gemma3", "mistral", "smollm2"})
+    check_one_engine(kFixtures + name, fixture_tokens(name), kFixtureRelL2, false);
+}
+
+TEST(GpuOneEngine, RealModelsThroughThePagedDecodeStep) {
+  REQUIRE_GPU();
+  int ran = 0;
+  for (const char* file : {"smollm2-135m-instruct-q4_1.gguf", "gemma-3-270m-q4_k_m.gguf"}) {
+    const std::string path = real_model_path(file);
+    if (path.empty()) continue;
+    // (The streamed prompt on SmolLM2: Gemma-3's sliding-window layers are streamed by the GPU only.)
+    check_one_engine(path, text_tokens(cpu_model(path), 600), kRealRelL2, std::string(file).rfind("smollm2", 0) == 0);
+    ++ran;
+  }
+  if (ran == 0) GTEST_SKIP() << "no real model found (set TESSERA_MODEL_DIR)";
+}
 
 // ---------------------------------------------------------------------------------------------------------
 // The small kernels' vector paths against their scalar twins (force_scalar_kernels), on the engine's shapes and

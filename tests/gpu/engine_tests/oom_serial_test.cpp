@@ -1,6 +1,6 @@
 // The GPU engine out of device memory (ctest runs this program alone: RUN_SERIAL, as it fills the device).
 //
-// A ballast allocation leaves too little device memory free; then loading weights, growing the KV cache and a
+// A ballast allocation leaves too little device memory free; then loading weights, staging a prompt's KV and a
 // layer's forward pass each fail with a tessera::Error naming what was being allocated (and how much is free), and
 // the engine gives the same logits once the memory is back (after reset()).
 #include <cuda_runtime.h>
@@ -44,8 +44,11 @@ TEST(GpuEngineErrors, OutOfDeviceMemoryIsAClearErrorAndTheEngineRecovers) {
   eo.max_context = 32768;
   GpuEngine engine(*dev, eo);
   const std::vector<float> want = engine.prefill(tokens);
+  // The KV blocks the prompt holds (as many bytes as the staging cache the next prefill allocates again, with the
+  // scratch: release_memory() empties the sequence and frees both; the blocks' pool stays).
   const size_t kv_bytes = engine.memory().kv_cache_bytes;
-  engine.release_memory();  // the next prefill allocates its KV cache and scratch again
+  EXPECT_EQ(kv_bytes, size_t{16384} * 2 * 8 * 128 * 2 * 2);
+  engine.release_memory();
 
   auto fill_to = [](size_t leave) {  // ballast: all free device memory but `leave` bytes
     size_t free_bytes = 0, total_bytes = 0;
@@ -66,7 +69,11 @@ TEST(GpuEngineErrors, OutOfDeviceMemoryIsAClearErrorAndTheEngineRecovers) {
     EXPECT_EQ(load.rfind("device model " + cfg.name + ": the weights need ", 0), 0u) << load;
     EXPECT_NE(load.find("GB are free; free device memory or run on the CPU (--device cpu)"), std::string::npos) << load;
     const std::string kv = error_of([&] { engine.prefill(tokens); });
-    EXPECT_EQ(kv.rfind("KV cache: cannot grow to 16384 tokens (", 0), 0u) << kv;
+    // (The staged prefill's contiguous cache, allocated inside the first chunk: the scheduler names the chunk.)
+    EXPECT_EQ(kv.rfind("prefill of 16384 tokens, chunk [0, 4096) at position 0: KV cache: cannot grow to 16384 tokens (",
+                       0),
+              0u)
+        << kv;
     EXPECT_NE(kv.find("out of device memory: could not allocate "), std::string::npos) << kv;
     EXPECT_NE(kv.find("GB free of "), std::string::npos) << kv;
   }

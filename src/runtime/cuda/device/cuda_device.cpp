@@ -1,6 +1,7 @@
-// The CUDA device of runtime/device.h: the model's weights uploaded once in bf16 (DeviceModel), GpuEngine and
-// GpuBatchBackend over them. Registered at static initialisation: a program that links this object (the
-// tessera_cuda_device object library) gets "--device cuda" / "auto", one that does not gets the CPU alone.
+// The CUDA device of runtime/device.h: the model's weights uploaded once in bf16 (DeviceModel); its single-sequence
+// engine is GpuEngine (runtime::Engine, the scheduler with one held sequence, over GpuBatchBackend) and its batched
+// backend GpuBatchBackend, both over those weights. Registered at static initialisation: a program that links this
+// object (the tessera_cuda_device object library) gets "--device cuda" / "auto", one that does not gets the CPU alone.
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -44,7 +45,7 @@ class CudaDevice final : public Device {
   std::unique_ptr<BatchBackend> batch_backend(const EngineOptions& options) const override {
     GpuBatchOptions gbo;
     gbo.prefill.cuda_attention = options.gpu.cuda_attention;
-    if (options.gpu.fp8_gemm) gbo.gemm = GemmPrecision::kFp8;
+    if (options.gpu.fp8_gemm) gbo.gemm = GemmPrecision::kFp8;  // (decode stays bf16: faster at a few rows)
     return std::make_unique<GpuBatchBackend>(*weights_, gbo);
   }
 
