@@ -1,0 +1,145 @@
+// The paged decode kernel's run-time dispatch and its portable scalar twin (paged_decode.h).
+#include "attention/cpu/paged_decode.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "attention/cpu/cpu_kernel.h"
+#include "core/error.h"
+
+namespace tessera::attn {
+
+namespace {
+
+constexpr int kChunk = 64;  // keys per softmax chunk, as the SIMD kernels
+
+inline float elem_at(const void* p, int64_t i, DType t) {
+  if (t == DType::F32) return static_cast<const float*>(p)[i];
+  const uint16_t b = static_cast<const uint16_t*>(p)[i];
+  return t == DType::BF16 ? bf16_to_f32(bf16::from_bits(b)) : f16_to_f32(f16::from_bits(b));
+}
+
+// The portable twin: the SIMD kernels' walk (chunks of 64 keys, one rescale per chunk, each element converted
+// as it is read), one element at a time.
+void paged_decode_portable(const PagedDecodeJob& job) {
+  const int64_t d = job.head_dim;
+  const size_t H = static_cast<size_t>(job.heads);
+  const float sc = job.scale * 1.44269504088896341f;
+  std::vector<float> m(H, -INFINITY), l(H, 0.0f), s(H * kChunk);
+  std::fill(job.out, job.out + job.heads * d, 0.0f);
+  for (const KeySpan& span : job.spans) {
+    for (int64_t j0 = 0; j0 < span.n; j0 += kChunk) {
+      const int64_t n = std::min<int64_t>(kChunk, span.n - j0);
+      for (size_t g = 0; g < H; ++g) {
+        const float* q = job.q + static_cast<int64_t>(g) * d;
+        float* sg = s.data() + g * kChunk;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < n; ++j) {
+          float dot = 0;
+          for (int64_t c = 0; c < d; ++c) dot += q[c] * elem_at(span.k, (j0 + j) * d + c, job.elem);
+          sg[j] = dot * sc;
+          mx = std::max(mx, sg[j]);
+        }
+        const float m_new = std::max(m[g], mx);
+        const float mu = m_new == -INFINITY ? 0.0f : m_new;
+        const float alpha = m[g] - mu <= -125.0f ? 0.0f : std::exp2(m[g] - mu);
+        m[g] = m_new;
+        float total = 0;
+        for (int64_t j = 0; j < n; ++j) {
+          sg[j] = sg[j] - mu <= -125.0f ? 0.0f : std::exp2(sg[j] - mu);
+          total += sg[j];
+        }
+        l[g] = l[g] * alpha + total;
+        float* o = job.out + static_cast<int64_t>(g) * d;
+        for (int64_t c = 0; c < d; ++c) {
+          float x = o[c] * alpha;
+          for (int64_t j = 0; j < n; ++j) x += sg[j] * elem_at(span.v, (j0 + j) * d + c, job.elem);
+          o[c] = x;
+        }
+      }
+    }
+  }
+  for (size_t g = 0; g < H; ++g) {
+    const float inv = l[g] > 0 ? 1.0f / l[g] : 0.0f;
+    for (int64_t c = 0; c < d; ++c) job.out[static_cast<int64_t>(g) * d + c] *= inv;
+  }
+}
+
+PagedIsa isa_from_environment_or_best() {
+  if (const char* env = std::getenv("TESSERA_PAGED_DECODE_ISA"); env != nullptr && *env != 0) {
+    const std::string name(env);
+    for (PagedIsa isa : {PagedIsa::Portable, PagedIsa::Avx2, PagedIsa::Avx512})
+      if (name == paged_isa_name(isa)) {
+        check(paged_decode_isa_available(isa),
+              "TESSERA_PAGED_DECODE_ISA: this CPU or build has no " + name + " path");
+        return isa;
+      }
+    throw Error("TESSERA_PAGED_DECODE_ISA: expected portable, avx2 or avx512, got '" + name + "'");
+  }
+  return paged_decode_isa_available(PagedIsa::Avx512) ? PagedIsa::Avx512
+         : paged_decode_isa_available(PagedIsa::Avx2) ? PagedIsa::Avx2
+                                                      : PagedIsa::Portable;
+}
+
+}  // namespace
+
+bool paged_decode_isa_available(PagedIsa isa) {
+  switch (isa) {
+    case PagedIsa::Portable:
+      return true;
+    case PagedIsa::Avx2: {
+#if defined(__x86_64__) || defined(__i386__)
+      static const bool has = cpu_detail::paged_decode_avx2_built() && __builtin_cpu_supports("avx2") &&
+                              __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+      return has;
+#else
+      return false;
+#endif
+    }
+    case PagedIsa::Avx512:
+      return cpu_detail::paged_decode_avx512_built() && cpu_has_avx512();
+  }
+  return false;
+}
+
+PagedIsa paged_decode_isa() {
+  static const PagedIsa chosen = isa_from_environment_or_best();
+  // The attention executors' baseline forced (tests, benchmarks): no AVX-512 here either.
+  if (chosen == PagedIsa::Avx512 && active_cpu_kernel() == CpuKernel::Baseline) return PagedIsa::Avx2;
+  return chosen;
+}
+
+std::string_view paged_isa_name(PagedIsa isa) {
+  switch (isa) {
+    case PagedIsa::Portable:
+      return "portable";
+    case PagedIsa::Avx2:
+      return "avx2";
+    case PagedIsa::Avx512:
+      return "avx512";
+  }
+  return "?";
+}
+
+void paged_decode(const PagedDecodeJob& job, PagedIsa isa) {
+  check(job.elem == DType::F32 || job.elem == DType::BF16 || job.elem == DType::F16,
+        "paged decode attention: keys and values in " + std::string(dtype_name(job.elem)) +
+            " (expected f32, bf16 or f16)");
+  check(job.heads >= 1 && job.head_dim >= 1, "paged decode attention: " + std::to_string(job.heads) +
+                                                 " heads of dimension " + std::to_string(job.head_dim));
+  check(paged_decode_isa_available(isa),
+        "paged decode attention: this CPU or build has no " + std::string(paged_isa_name(isa)) + " path");
+  if (isa == PagedIsa::Avx512 && job.head_dim % 16 == 0) return cpu_detail::paged_decode_avx512(job);
+  if (isa != PagedIsa::Portable && job.head_dim % 8 == 0 && paged_decode_isa_available(PagedIsa::Avx2))
+    return cpu_detail::paged_decode_avx2(job);
+  paged_decode_portable(job);
+}
+
+void paged_decode(const PagedDecodeJob& job) {
+  paged_decode(job, paged_decode_isa());
+}
+
+}  // namespace tessera::attn
