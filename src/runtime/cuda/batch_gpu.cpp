@@ -220,13 +220,13 @@ void GpuBatchBackend::adopt(const SequenceBlocks& seq, std::span<const DecodeVie
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));  // v is on this stack
 }
 
-void GpuBatchBackend::copy_pages(const SequenceBlocks& seq, int64_t len, PageCopy direction) {
+void GpuBatchBackend::copy_pages(const SequenceBlocks& seq, int64_t len, PageCopy direction, int64_t from) {
   const int64_t B = shape_.block_tokens;
   std::vector<int32_t> entries;
   for (int32_t l = 0; l < shape_.num_layers; ++l)
     for (int32_t h = 0; h < shape_.num_kv_heads; ++h) {
       const std::vector<int32_t>& t = seq.table(l, h);
-      for (int64_t b = 0; b < static_cast<int64_t>(t.size()) && b * B < len; ++b)
+      for (int64_t b = from / B; b < static_cast<int64_t>(t.size()) && b * B < len; ++b)
         if (t[static_cast<size_t>(b)] >= 0) entries.insert(entries.end(), {l, h, static_cast<int32_t>(b), t[static_cast<size_t>(b)]});
     }
   std::vector<bf16*> kl, vl;
@@ -350,26 +350,16 @@ std::unique_ptr<StreamMemory> GpuBatchBackend::new_stream(const StreamOptions& o
 
 std::vector<float> GpuBatchBackend::prefill_stream_chunk(StreamMemory& memory, std::span<const int32_t> tokens,
                                                          int32_t pos, StreamingKV::ChunkKind kind, bool logits) {
-  GpuStreamingKV& kv = device_stream(&memory);
-  const int64_t end = static_cast<int64_t>(pos) + static_cast<int64_t>(tokens.size());
-  check(end < (int64_t{1} << 31), "streaming: a sequence of " + std::to_string(end) + " tokens (at most 2^31 - 1)");
-  kv.check_sequence(end);
-  kv.reserve(end);
-  kv.begin_chunk(pos, static_cast<int32_t>(tokens.size()), kind);
-  try {
-    std::vector<float> out = prefill_->run(tokens, pos, kv, logits ? LogitRows::kLast : LogitRows::kNone);
-    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    collect_timers();
-    return out;
-  } catch (...) {
-    cudaStreamSynchronize(stream_);
-    (void)cudaGetLastError();
-    throw;
-  }
+  return stream_chunk(memory, tokens, pos, kind, logits ? LogitRows::kLast : LogitRows::kNone);
 }
 
 std::vector<float> GpuBatchBackend::prefill_stream_chunk_rows(StreamMemory& memory, std::span<const int32_t> tokens,
                                                               int32_t pos, StreamingKV::ChunkKind kind) {
+  return stream_chunk(memory, tokens, pos, kind, LogitRows::kAll);
+}
+
+std::vector<float> GpuBatchBackend::stream_chunk(StreamMemory& memory, std::span<const int32_t> tokens, int32_t pos,
+                                                 StreamingKV::ChunkKind kind, LogitRows rows) {
   GpuStreamingKV& kv = device_stream(&memory);
   const int64_t end = static_cast<int64_t>(pos) + static_cast<int64_t>(tokens.size());
   check(end < (int64_t{1} << 31), "streaming: a sequence of " + std::to_string(end) + " tokens (at most 2^31 - 1)");
@@ -377,7 +367,7 @@ std::vector<float> GpuBatchBackend::prefill_stream_chunk_rows(StreamMemory& memo
   kv.reserve(end);
   kv.begin_chunk(pos, static_cast<int32_t>(tokens.size()), kind);
   try {
-    std::vector<float> out = prefill_->run(tokens, pos, kv, LogitRows::kAll);
+    std::vector<float> out = prefill_->run(tokens, pos, kv, rows);
     TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
     collect_timers();
     return out;
@@ -497,7 +487,7 @@ int64_t GpuBatchBackend::run_step(std::span<const int32_t> tokens, std::span<con
 
 void GpuBatchBackend::run_rows_through_prefill(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) {
   check(rows.size() == tokens.size(), "GPU batched decode: one row per token");
-  const int64_t V = cfg_.vocab_size, Bt = shape_.block_tokens;
+  const int64_t V = cfg_.vocab_size;
   logits_host_.assign(tokens.size() * static_cast<size_t>(V), 0.0f);
   for (size_t i = 0; i < tokens.size(); ++i) {
     check(rows[i].seq != nullptr, "GPU batched decode: a batch mixes streamed and paged rows");
@@ -509,26 +499,7 @@ void GpuBatchBackend::run_rows_through_prefill(std::span<const int32_t> tokens, 
       load_prefix(seq, pos, len);  // rows [0, pos) from the blocks
       const std::vector<float> out = prefill_->run(tokens.subspan(i, 1), pos, staging_, nullptr, len, LogitRows::kLast);
       std::copy(out.begin(), out.end(), logits_host_.begin() + static_cast<int64_t>(i) * V);
-      // The new row into its block: the block of `pos` of every (layer, kv head) that keeps it.
-      std::vector<int32_t> entries;
-      for (int32_t l = 0; l < shape_.num_layers; ++l)
-        for (int32_t h = 0; h < shape_.num_kv_heads; ++h)
-          if (const int32_t blk = seq.block(l, h, pos); blk >= 0)
-            entries.insert(entries.end(), {l, h, static_cast<int32_t>(pos / Bt), blk});
-      std::vector<bf16*> kl, vl;
-      for (int32_t l = 0; l < cfg_.num_layers; ++l) {
-        kl.push_back(staging_.k(l, 0));
-        vl.push_back(staging_.v(l, 0));
-      }
-      attn::gpu::DeviceBuffer<int32_t> dev_entries;
-      attn::gpu::DeviceBuffer<bf16*> dk, dv;
-      dev_entries.upload(entries, stream_);
-      dk.upload(kl, stream_);
-      dv.upload(vl, stream_);
-      paged_copy(dev_entries.data(), static_cast<int32_t>(entries.size() / 4), dk.data(), dv.data(),
-                 staging_.row_elements(), shape_.head_dim, shape_.block_tokens, len, k_pool_.data(), v_pool_.data(),
-                 PageCopy::kToPages, stream_);
-      TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the host vectors above are on this stack
+      copy_pages(seq, len, PageCopy::kToPages, pos);  // the new row into its block (the block of `pos`)
     } catch (...) {
       cudaStreamSynchronize(stream_);
       (void)cudaGetLastError();

@@ -165,14 +165,18 @@ class GpuBatchBackend final : public BatchBackend {
   bool decode_fp8() const { return decode_fp8_; }
 
  private:
-  // Rows [0, len) of seq's kept blocks between the staging cache and the pool (paged_copy), synchronously.
-  void copy_pages(const SequenceBlocks& seq, int64_t len, PageCopy direction);
+  // Rows [0, len) of seq's kept blocks between the staging cache and the pool (paged_copy), synchronously; only the
+  // blocks from the one holding row `from` on.
+  void copy_pages(const SequenceBlocks& seq, int64_t len, PageCopy direction, int64_t from = 0);
   // Uploads the step data of the rows (padded with scratch rows) and runs the decode step; the logits of the
   // padded batch stay on the device (logits_). Returns the padded row count.
   int64_t run_step(std::span<const int32_t> tokens, std::span<const DecodeRow> rows);
   // Decode rows one at a time through the prefill forward (shapes the paged kernel does not run); logits_host_.
   void run_rows_through_prefill(std::span<const int32_t> tokens, std::span<const DecodeRow> rows);
   void collect_timers();  // the events recorded so far into timers_ / kernel_seconds_ (synchronises)
+  // A prefill chunk of a streamed sequence (prefill_stream_chunk, _rows).
+  std::vector<float> stream_chunk(StreamMemory& memory, std::span<const int32_t> tokens, int32_t pos,
+                                  StreamingKV::ChunkKind kind, LogitRows rows);
   // The same for streamed rows (no padding, no graph).
   int64_t run_stream_step(std::span<const int32_t> tokens, std::span<const DecodeRow> rows);
   int32_t slot_of(const SequenceBlocks& seq) const;
