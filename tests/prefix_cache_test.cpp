@@ -459,6 +459,209 @@ TEST(PrefixCacheEngineOptions, TokenBudgetKeepsThePrefixHitsAtServerScale) {
   }
 }
 
+// ---- What a staged prefix holds (issue 34) ----
+// A backend that computes no model but traces contents: every kept row of every (layer, kv head) block holds a tag
+// (the chain hash of the tokens up to and including its position, salted with its table) and the row's token;
+// finish_prefill writes the staged rows' tags into the sequence's blocks, a decode step reads the previous row's tag
+// through every table that keeps it and writes the new row's, load_prefix reads the cached rows back through the
+// sequence's tables. Each read checks what it finds against the tokens the rows were written for (a wrong block, a
+// block of another table or another sequence, a row never written, a freed block written again since: all show),
+// and the logits name the token chain(prefix) % vocab, so the tokens themselves depend on every row read.
+class TracingBackend final : public BatchBackend {
+ public:
+  explicit TracingBackend(ModelConfig cfg) : cfg_(std::move(cfg)) {}
+  const ModelConfig& config() const override { return cfg_; }
+  const char* device_name() const override { return "tracing"; }
+  double block_bytes(const PagedKVShape&) const override { return 1.0; }
+  double default_kv_bytes() const override { return 1e6; }
+  void create_store(const PagedKVShape& shape, int32_t num_blocks, int32_t, int32_t) override {
+    shape_ = shape;
+    rows_.assign(static_cast<size_t>(num_blocks) * static_cast<size_t>(shape.block_tokens), Row{});
+  }
+  std::vector<float> prefill_chunk(std::span<const int32_t> tokens, int32_t pos, int32_t,
+                                   const attn::AttentionPolicy*, bool logits) override {
+    if (pos == 0) staged_.clear();
+    if (static_cast<int32_t>(staged_.size()) != pos) {
+      fail("a prefill chunk at " + std::to_string(pos) + " after " + std::to_string(staged_.size()) + " staged rows");
+      staged_.resize(static_cast<size_t>(pos));
+    }
+    for (int32_t t : tokens) staged_.push_back(Row{next(staged_.empty() ? kStart : staged_.back().chain, t), t});
+    return logits ? logits_of(staged_.back().chain) : std::vector<float>{};
+  }
+  void finish_prefill(const SequenceBlocks& seq, std::span<const DecodeView>) override {
+    if (static_cast<int64_t>(staged_.size()) != seq.length()) fail("finish_prefill: staged rows != the sequence's");
+    for (size_t i = 0; i < seq.tables(); ++i)
+      for (int64_t p = 0; p < seq.length() && p < static_cast<int64_t>(staged_.size()); ++p)
+        if (Row* r = at(seq, i, p)) {
+          const Row& s = staged_[static_cast<size_t>(p)];
+          *r = Row{s.chain ^ salt(i), s.token};
+        }
+    staged_.clear();
+  }
+  void release_sequence(const SequenceBlocks&) override {}
+  void abort_prefill() override { staged_.clear(); }
+  bool supports_prefix_cache() const override { return true; }
+  void load_prefix(const SequenceBlocks& seq, int32_t rows, int32_t) override {
+    ++loads;
+    staged_.assign(static_cast<size_t>(rows), Row{0, -1});
+    std::vector<bool> seen(static_cast<size_t>(rows), false);
+    for (size_t i = 0; i < seq.tables(); ++i)
+      for (int64_t p = 0; p < rows; ++p) {
+        const Row* r = at(seq, i, p);
+        if (r == nullptr) continue;
+        const Row found{r->chain ^ salt(i), r->token};
+        Row& s = staged_[static_cast<size_t>(p)];
+        if (!seen[static_cast<size_t>(p)]) {
+          s = found;
+          seen[static_cast<size_t>(p)] = true;
+        } else if (!(s == found)) {
+          fail("load_prefix: row " + std::to_string(p) + " of table " + std::to_string(i) +
+               " holds another token chain than the other tables' row");
+        }
+      }
+    // The rows every table dropped (a window's early rows, on a model with no global layer) cannot be checked; the
+    // chain of those that can: each row's tag follows from the previous row's and its own token.
+    for (int64_t p = 1; p < rows; ++p)
+      if (seen[static_cast<size_t>(p)] && seen[static_cast<size_t>(p - 1)] &&
+          staged_[static_cast<size_t>(p)].chain !=
+              next(staged_[static_cast<size_t>(p - 1)].chain, staged_[static_cast<size_t>(p)].token))
+        fail("load_prefix: row " + std::to_string(p) + " does not follow row " + std::to_string(p - 1));
+    if (rows > 0 && !seen[static_cast<size_t>(rows - 1)]) fail("load_prefix: the last cached row is in no block");
+  }
+  std::vector<float> decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) override {
+    std::vector<float> out;
+    for (size_t r = 0; r < rows.size(); ++r) {
+      const SequenceBlocks& seq = *rows[r].seq;
+      const int64_t pos = seq.length() - 1;
+      uint64_t prev = kStart;
+      if (pos > 0) {
+        bool have = false;
+        for (size_t i = 0; i < seq.tables(); ++i) {
+          const Row* row = at(seq, i, pos - 1);
+          if (row == nullptr) {
+            fail("decode: row " + std::to_string(pos - 1) + " is not kept by table " + std::to_string(i));
+            continue;
+          }
+          const uint64_t c = row->chain ^ salt(i);
+          if (have && c != prev) fail("decode: the tables disagree on row " + std::to_string(pos - 1));
+          prev = c;
+          have = true;
+        }
+      }
+      const uint64_t chain = next(prev, tokens[r]);
+      for (size_t i = 0; i < seq.tables(); ++i)
+        if (Row* row = at(seq, i, pos)) *row = Row{chain ^ salt(i), tokens[r]};
+        else fail("decode: the new row " + std::to_string(pos) + " has no block in table " + std::to_string(i));
+      const std::vector<float> l = logits_of(chain);
+      out.insert(out.end(), l.begin(), l.end());
+    }
+    return out;
+  }
+  ForwardTimers timers() const override { return {}; }
+
+  int64_t errors = 0, loads = 0;
+  std::string first_error;
+
+ private:
+  struct Row {
+    uint64_t chain = 0;
+    int32_t token = -1;
+    bool operator==(const Row&) const = default;
+  };
+  static constexpr uint64_t kStart = 0x6a09e667f3bcc908ull;
+  static uint64_t next(uint64_t chain, int32_t token) {
+    uint64_t x = chain ^ (static_cast<uint64_t>(static_cast<uint32_t>(token)) + 0x9e3779b97f4a7c15ull);
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+  }
+  static uint64_t salt(size_t table) { return next(0x5bd1e995ull, static_cast<int32_t>(table)); }
+  // The row of position p in table i's block, or null where the table keeps none.
+  Row* at(const SequenceBlocks& seq, size_t i, int64_t p) {
+    const int64_t b = p / shape_.block_tokens;
+    const std::vector<int32_t>& t = seq.table(i);
+    if (p < 0 || b >= static_cast<int64_t>(t.size()) || t[static_cast<size_t>(b)] < 0) return nullptr;
+    return &rows_[static_cast<size_t>(t[static_cast<size_t>(b)]) * static_cast<size_t>(shape_.block_tokens) +
+                  static_cast<size_t>(p % shape_.block_tokens)];
+  }
+  std::vector<float> logits_of(uint64_t chain) const {
+    std::vector<float> l(static_cast<size_t>(cfg_.vocab_size), 0.0f);
+    l[static_cast<size_t>(chain % static_cast<uint64_t>(cfg_.vocab_size))] = 1.0f;
+    return l;
+  }
+  void fail(const std::string& what) {
+    if (errors++ == 0) first_error = what;
+  }
+
+  ModelConfig cfg_;
+  PagedKVShape shape_;
+  std::vector<Row> rows_;    // [block id, row]
+  std::vector<Row> staged_;  // the staged sequence's rows (chain unsalted)
+};
+
+// The GPU case that fails (prefix_cache_gpu_test ConcurrentConversationsEqualUncached: Gemma-3-270M's 18 layers, one
+// KV head, windows of 512 in five of every six layers, 4 conversations over ~28K-token documents, 3 turns of 24
+// tokens, chunks of 2,048, blocks of 64, each next turn submitted when its answer ends) on the tracing backend: every
+// staged prefix and every decode reads the rows its tokens wrote, and the tokens equal the uncached run's.
+TEST(PrefixCacheEngineOptions, ConcurrentConversationsStageWhatTheirTokensWrote) {
+  ModelConfig cfg = fixture("gemma3").config();
+  cfg.num_layers = 18;
+  cfg.num_kv_heads = 1;
+  cfg.num_q_heads = 4;
+  cfg.context_length = 32768;
+  cfg.layers.assign(18, LayerConfig{});
+  for (int32_t l = 0; l < 18; ++l) cfg.layers[static_cast<size_t>(l)].sliding_window = (l + 1) % 6 == 0 ? 0 : 512;
+  constexpr int kClients = 4, kTurns = 3;
+  for (const int64_t first_turn : {int64_t{28124}, int64_t{1500}}) {
+    std::vector<std::vector<std::vector<int32_t>>> answers[2];
+    int64_t hits[2] = {0, 0};
+    for (const bool cache : {true, false}) {
+      TracingBackend backend(cfg);
+      BatchEngineOptions o;
+      o.chunk_size = 2048;
+      o.block_tokens = 64;
+      o.max_batch = kClients;
+      o.kv_bytes = 122070;  // the GPU test's 8e9 bytes in blocks of 64 rows x 256 dims, K and V in bf16
+      o.prefix_cache = cache;
+      BatchEngine engine(backend, o);
+      std::vector<std::vector<int32_t>> prompt(kClients);
+      std::vector<std::vector<std::vector<int32_t>>> got(kClients);
+      std::vector<int64_t> id(kClients, -1);
+      auto submit = [&](int c) {
+        std::vector<int32_t>& p = prompt[static_cast<size_t>(c)];
+        const auto k = static_cast<uint32_t>(got[static_cast<size_t>(c)].size());
+        if (k == 0)
+          p = tokens(static_cast<int32_t>(first_turn - 100 + 17 * c), cfg.vocab_size, 900 + static_cast<uint32_t>(c));
+        else
+          p = p + got[static_cast<size_t>(c)].back();
+        p = p + tokens(17 + static_cast<int32_t>(k), cfg.vocab_size, 950 + 10 * k + static_cast<uint32_t>(c));
+        BatchRequest r;
+        r.prompt = p;
+        r.options.max_new_tokens = 24;
+        id[static_cast<size_t>(c)] = engine.submit(r);
+        got[static_cast<size_t>(c)].emplace_back();
+      };
+      for (int c = 0; c < kClients; ++c) submit(c);
+      while (engine.busy())
+        for (const BatchEvent& e : engine.step()) {
+          ASSERT_NE(e.reason, FinishReason::kError) << e.error;
+          const auto c = static_cast<size_t>(std::find(id.begin(), id.end(), e.id) - id.begin());
+          if (c >= id.size()) continue;
+          if (e.token >= 0) got[c].back().push_back(e.token);
+          if (e.finished && got[c].size() < static_cast<size_t>(kTurns)) submit(static_cast<int>(c));
+        }
+      const std::string where = std::to_string(first_turn) + " tokens, cache " + (cache ? "on" : "off");
+      EXPECT_EQ(backend.errors, 0) << where << ": " << backend.first_error;
+      EXPECT_EQ(backend.loads, cache ? kClients * (kTurns - 1) : 0) << where;
+      answers[cache ? 0 : 1] = got;
+      hits[cache ? 0 : 1] = engine.stats().prefix_hits;
+    }
+    EXPECT_EQ(hits[0], kClients * (kTurns - 1)) << first_turn;
+    EXPECT_EQ(hits[1], 0) << first_turn;
+    EXPECT_EQ(answers[0], answers[1]) << first_turn << " tokens: the cached run's answers differ";
+  }
+}
+
 TEST(PrefixCacheEngineOptions, SparseRequestsAreNotCached) {
   const Model& m = fixture("llama3");
   const ModelConfig& c = m.config();

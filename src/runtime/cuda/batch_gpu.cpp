@@ -282,6 +282,50 @@ void GpuBatchBackend::release_sequence(const SequenceBlocks& seq) {
   slot_.erase(it);
 }
 
+void GpuBatchBackend::download_staged(int32_t layer, int32_t rows, std::vector<bf16>& k, std::vector<bf16>& v) {
+  check(layer >= 0 && layer < cfg_.num_layers && rows >= 0 && rows <= staging_.capacity(),
+        "GPU batched engine: staged rows [0, " + std::to_string(rows) + ") of layer " + std::to_string(layer) +
+            " outside the staging cache's " + std::to_string(staging_.capacity()));
+  const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(staging_.row_elements());
+  k.resize(n);
+  v.resize(n);
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (n == 0) return;
+  TESSERA_CUDA_CHECK(cudaMemcpy(k.data(), staging_.k(layer, 0), n * sizeof(bf16), cudaMemcpyDeviceToHost));
+  TESSERA_CUDA_CHECK(cudaMemcpy(v.data(), staging_.v(layer, 0), n * sizeof(bf16), cudaMemcpyDeviceToHost));
+}
+
+void GpuBatchBackend::download_block(int32_t id, std::vector<bf16>& k, std::vector<bf16>& v) const {
+  const int64_t e = shape_.elements_per_block();
+  check(id >= 0 && static_cast<size_t>(id + 1) * static_cast<size_t>(e) <= k_pool_.size(),
+        "GPU batched engine: block " + std::to_string(id) + " outside the pool");
+  k.resize(static_cast<size_t>(e));
+  v.resize(static_cast<size_t>(e));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  TESSERA_CUDA_CHECK(cudaMemcpy(k.data(), k_pool_.data() + static_cast<int64_t>(id) * e,
+                                static_cast<size_t>(e) * sizeof(bf16), cudaMemcpyDeviceToHost));
+  TESSERA_CUDA_CHECK(cudaMemcpy(v.data(), v_pool_.data() + static_cast<int64_t>(id) * e,
+                                static_cast<size_t>(e) * sizeof(bf16), cudaMemcpyDeviceToHost));
+}
+
+std::vector<int32_t> GpuBatchBackend::download_table(const SequenceBlocks& seq) const {
+  const int64_t per_slot = static_cast<int64_t>(shape_.num_layers) * shape_.num_kv_heads * max_blocks_;
+  std::vector<int32_t> out(static_cast<size_t>(per_slot));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  TESSERA_CUDA_CHECK(cudaMemcpy(out.data(), tables_.data() + slot_of(seq) * per_slot, out.size() * sizeof(int32_t),
+                                cudaMemcpyDeviceToHost));
+  return out;
+}
+
+std::vector<int32_t> GpuBatchBackend::download_views(const SequenceBlocks& seq) const {
+  const int64_t per_slot = static_cast<int64_t>(cfg_.num_layers) * cfg_.num_q_heads * 3;
+  std::vector<int32_t> out(static_cast<size_t>(per_slot));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  TESSERA_CUDA_CHECK(cudaMemcpy(out.data(), views_.data() + slot_of(seq) * per_slot, out.size() * sizeof(int32_t),
+                                cudaMemcpyDeviceToHost));
+  return out;
+}
+
 void GpuBatchBackend::fill_random(uint64_t seed, float scale) {
   fill_uniform_bf16(k_pool_.data(), static_cast<int64_t>(k_pool_.size()), seed, scale, stream_);
   fill_uniform_bf16(v_pool_.data(), static_cast<int64_t>(v_pool_.size()), seed + 1, scale, stream_);

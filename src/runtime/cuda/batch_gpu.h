@@ -160,6 +160,14 @@ class GpuBatchBackend final : public BatchBackend {
   int32_t last_splits() const { return last_splits_; }
   int64_t last_rows() const { return last_rows_; }  // the padded batch of the last step
   int64_t graphs() const { return static_cast<int64_t>(graphs_.size()); }
+  // Diagnostics (prefix_cache_gpu_test's probe; synchronous): rows [0, rows) of layer l's staged K and V
+  // ([rows, kv_heads * head_dim] each); block `id`'s K and V ([block_tokens, head_dim] each); the device's block table
+  // of seq's slot ([layers * kv_heads, max_blocks]) and its views ([layers * q_heads, 3]), as the decode step reads them.
+  void download_staged(int32_t layer, int32_t rows, std::vector<bf16>& k, std::vector<bf16>& v);
+  void download_block(int32_t id, std::vector<bf16>& k, std::vector<bf16>& v) const;
+  std::vector<int32_t> download_table(const SequenceBlocks& seq) const;
+  std::vector<int32_t> download_views(const SequenceBlocks& seq) const;
+  int32_t max_blocks() const { return max_blocks_; }
   // The FP8 copy of the layers' weights (GpuBatchOptions::gemm == kFp8), or 0; whether the decode step reads it.
   size_t fp8_weight_bytes() const { return fp8_ ? fp8_->bytes() : 0; }
   bool decode_fp8() const { return decode_fp8_; }
