@@ -381,6 +381,7 @@ TEST_P(RealModelPrefix, ConcurrentConversationsEqualUncached) {
 // uncached one names the answer) while the one-at-a-time cases pass. The probe forwards every call to a
 // GpuBatchBackend unchanged (the engine runs exactly as there) and checks, in the same concurrent run:
 //  - gather: after each load_prefix, every staged row a table keeps equals its pool block's row, bit for bit;
+//  - scatter: after each finish_prefill, every kept block holds the staged rows it was given, bit for bit;
 //  - tables: after each decode step, the device's block table of every row's slot equals the host's SequenceBlocks
 //    in every column the sequence holds, and its views the ones finish_prefill was given (what the decode reads);
 //  - rows: at each prefill's end, the staged K and V of every kept row against a reference backend that prefills the
@@ -437,6 +438,7 @@ class Probe final : public BatchBackend {
   void finish_prefill(const SequenceBlocks& seq, std::span<const DecodeView> views) override {
     compare_rows(seq);
     inner_.finish_prefill(seq, views);
+    check_scatter(seq);
     // What finish_prefill wrote: the rows past the cached prefix (the prefix's rows are written back unchanged).
     for (size_t i = 0; i < seq.tables(); ++i)
       for (int64_t p = prefix_rows_; p < seq.length(); ++p) {
@@ -512,7 +514,7 @@ class Probe final : public BatchBackend {
   int64_t step_builds() const override { return inner_.step_builds(); }
   ForwardTimers timers() const override { return inner_.timers(); }
 
-  int64_t gather_mismatches = 0, table_mismatches = 0, view_mismatches = 0, bad_rows = 0;
+  int64_t gather_mismatches = 0, scatter_mismatches = 0, table_mismatches = 0, view_mismatches = 0, bad_rows = 0;
   int64_t first_tokens_differ = 0;
   double worst_new_turn1 = 0;  // the largest row rel of a turn-1 (uncached) prefill against the reference
 
@@ -553,6 +555,43 @@ class Probe final : public BatchBackend {
     }
   }
 
+  // After finish_prefill: every kept block holds the staged rows it was given (paged_copy to the pages), bit for bit.
+  void check_scatter(const SequenceBlocks& seq) {
+    const int32_t B = shape_.block_tokens, D = cfg_.head_dim, Hkv = cfg_.num_kv_heads;
+    int64_t mismatched = 0;
+    std::string first;
+    std::vector<bf16> bk, bv;
+    for (int32_t l = 0; l < cfg_.num_layers && static_cast<size_t>(l) < snap_k_.size(); ++l) {
+      const std::vector<bf16>& k = snap_k_[static_cast<size_t>(l)];
+      const std::vector<bf16>& v = snap_v_[static_cast<size_t>(l)];
+      for (int32_t h = 0; h < Hkv; ++h) {
+        const std::vector<int32_t>& t = seq.table(l, h);
+        for (int64_t b = 0; b < static_cast<int64_t>(t.size()) && b * B < seq.length(); ++b) {
+          const int32_t id = t[static_cast<size_t>(b)];
+          if (id < 0) continue;
+          inner_.download_block(id, bk, bv);
+          for (int64_t p = b * B; p < std::min<int64_t>((b + 1) * B, seq.length()); ++p) {
+            const size_t at = static_cast<size_t>(p) * static_cast<size_t>(Hkv * D) + static_cast<size_t>(h * D);
+            const size_t in = static_cast<size_t>(p % B) * static_cast<size_t>(D);
+            bool same = at + static_cast<size_t>(D) <= k.size();
+            for (int32_t c = 0; same && c < D; ++c)
+              same = k[at + static_cast<size_t>(c)].bits == bk[in + static_cast<size_t>(c)].bits &&
+                     v[at + static_cast<size_t>(c)].bits == bv[in + static_cast<size_t>(c)].bits;
+            if (!same && mismatched++ == 0)
+              first = " (first: layer " + std::to_string(l) + " row " + std::to_string(p) + ", block " +
+                      std::to_string(id) + ")";
+          }
+        }
+      }
+    }
+    scatter_mismatches += mismatched;
+    if (mismatched > 0)
+      std::printf("[probe] prefill end #%d: %lld kept rows differ in the pool from the staged rows after "
+                  "finish_prefill%s\n", ends_, static_cast<long long>(mismatched), first.c_str());
+    snap_k_.clear();
+    snap_v_.clear();
+  }
+
   // The staged rows at a prefill's end against the reference prefill of the same tokens.
   void compare_rows(const SequenceBlocks& seq) {
     const auto n = static_cast<int32_t>(seq.length());
@@ -570,6 +609,8 @@ class Probe final : public BatchBackend {
     }
     const int32_t D = cfg_.head_dim, Hkv = cfg_.num_kv_heads;
     ++ends_;
+    snap_k_.assign(static_cast<size_t>(cfg_.num_layers), {});
+    snap_v_.assign(static_cast<size_t>(cfg_.num_layers), {});
     std::string worst;
     double worst_rel = 0;
     int64_t bad_here = 0;
@@ -577,6 +618,8 @@ class Probe final : public BatchBackend {
     for (int32_t l = 0; l < cfg_.num_layers; ++l) {
       inner_.download_staged(l, n, k, v);
       ref_.download_staged(l, n, rk, rv);
+      snap_k_[static_cast<size_t>(l)] = k;  // for check_scatter
+      snap_v_[static_cast<size_t>(l)] = v;
       for (int32_t h = 0; h < Hkv; ++h) {
         const size_t ti = static_cast<size_t>(l) * static_cast<size_t>(Hkv) + static_cast<size_t>(h);
         double max_rel[3] = {0, 0, 0}, max_abs[3] = {0, 0, 0};
@@ -691,6 +734,7 @@ class Probe final : public BatchBackend {
   int32_t prefix_rows_ = 0, total_len_ = 0;
   std::vector<std::vector<uint8_t>> classes_;  // per table, the staged prefix's rows' RowClass
   std::vector<float> last_logits_;
+  std::vector<std::vector<bf16>> snap_k_, snap_v_;  // the staged rows of every layer at the last prefill's end
   int loads_ = 0, ends_ = 0;
 };
 
@@ -759,14 +803,17 @@ TEST_P(RealModelPrefix, ConcurrentStagedRowsEqualTheirTokens) {
       if (e.finished && turn[static_cast<size_t>(c)] < kTurns) submit(c);
     }
   if (probe_log != nullptr) std::fclose(probe_log);
-  std::printf("[probe] %s: gather mismatches %lld, device table mismatches %lld, view mismatches %lld, bad rows %lld, "
-              "first tokens unlike the reference's %lld, turn-1 prefills' worst row rel %.3g; prefix hits %lld\n",
+  std::printf("[probe] %s: gather mismatches %lld, scatter mismatches %lld, device table mismatches %lld, view "
+              "mismatches %lld, bad rows %lld, first tokens unlike the reference's %lld, turn-1 prefills' worst row "
+              "rel %.3g; prefix hits %lld\n",
               GetParam().file, static_cast<long long>(probe.gather_mismatches),
+              static_cast<long long>(probe.scatter_mismatches),
               static_cast<long long>(probe.table_mismatches), static_cast<long long>(probe.view_mismatches),
               static_cast<long long>(probe.bad_rows), static_cast<long long>(probe.first_tokens_differ),
               probe.worst_new_turn1, static_cast<long long>(engine.stats().prefix_hits));
   EXPECT_EQ(engine.stats().prefix_hits, kClients * (kTurns - 1));
   EXPECT_EQ(probe.gather_mismatches, 0) << "load_prefix staged rows unlike the pool's blocks";
+  EXPECT_EQ(probe.scatter_mismatches, 0) << "finish_prefill left blocks unlike the staged rows";
   EXPECT_EQ(probe.table_mismatches, 0) << "the decode step read block tables unlike the host's";
   EXPECT_EQ(probe.view_mismatches, 0) << "the decode step read views unlike the sequence's";
   EXPECT_EQ(probe.bad_rows, 0) << "staged rows unlike an uncached prefill of the same tokens";
