@@ -13,6 +13,7 @@
 #endif
 
 #include "core/dtype.h"
+#include "core/enum_names.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "model/qmatmul_kernels.h"
@@ -216,33 +217,36 @@ const Kernels kScalar = {
     nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
 };
 
-RowKernel pick(const Kernels& k, TensorType t) {
-  switch (t) {
-    case TensorType::F32:
-      return k.f32;
-    case TensorType::F16:
-      return k.f16;
-    case TensorType::BF16:
-      return k.bf16;
-    case TensorType::Q4_0:
-      return k.q4_0;
-    case TensorType::Q4_1:
-      return k.q4_1;
-    case TensorType::Q5_0:
-      return k.q5_0;
-    case TensorType::Q5_1:
-      return k.q5_1;
-    case TensorType::Q8_0:
-      return k.q8_0;
-    case TensorType::Q4_K:
-      return k.q4_k;
-    case TensorType::Q5_K:
-      return k.q5_k;
-    case TensorType::Q6_K:
-      return k.q6_k;
-    default:
-      return nullptr;
+// What each supported weight type runs, as members of a Kernels table (the row kernel; the float types' tile
+// kernel, the quantized types' panel GEMM, nullptr where the type has none) and the block of its int8 activations
+// (0: the float types read f32): the one place that maps a type to its kernels.
+struct TypeKernels {
+  TensorType type;
+  RowKernel Kernels::*row;
+  TileKernel Kernels::*tile;
+  PanelGemm Kernels::*gemm;
+  int64_t act_block;
+};
+constexpr TypeKernels kTypeKernels[] = {
+    {TensorType::F32, &Kernels::f32, &Kernels::f32_tile, nullptr, 0},
+    {TensorType::F16, &Kernels::f16, &Kernels::f16_tile, nullptr, 0},
+    {TensorType::BF16, &Kernels::bf16, &Kernels::bf16_tile, nullptr, 0},
+    {TensorType::Q4_0, &Kernels::q4_0, nullptr, &Kernels::q4_0_gemm, 32},
+    {TensorType::Q4_1, &Kernels::q4_1, nullptr, &Kernels::q4_1_gemm, 32},
+    {TensorType::Q5_0, &Kernels::q5_0, nullptr, &Kernels::q5_0_gemm, 32},
+    {TensorType::Q5_1, &Kernels::q5_1, nullptr, &Kernels::q5_1_gemm, 32},
+    {TensorType::Q8_0, &Kernels::q8_0, nullptr, &Kernels::q8_0_gemm, 32},
+    {TensorType::Q4_K, &Kernels::q4_k, nullptr, &Kernels::q4_k_gemm, 256},
+    {TensorType::Q5_K, &Kernels::q5_k, nullptr, &Kernels::q5_k_gemm, 256},
+    {TensorType::Q6_K, &Kernels::q6_k, nullptr, &Kernels::q6_k_gemm, 256},
+};
+
+// nullptr for a type qmatmul does not run.
+const TypeKernels* type_kernels(TensorType t) {
+  for (const TypeKernels& e : kTypeKernels) {
+    if (e.type == t) return &e;
   }
+  return nullptr;
 }
 
 // ---- activations -------------------------------------------------------------------------------------------
@@ -338,24 +342,12 @@ const Kernels& qmm::scalar_kernels() {
 }
 
 bool qmatmul_supported(TensorType t) {
-  return pick(kScalar, t) != nullptr;
+  return type_kernels(t) != nullptr;
 }
 
 int64_t qmatmul_activation_block(TensorType t) {
-  switch (t) {
-    case TensorType::Q4_0:
-    case TensorType::Q4_1:
-    case TensorType::Q5_0:
-    case TensorType::Q5_1:
-    case TensorType::Q8_0:
-      return 32;
-    case TensorType::Q4_K:
-    case TensorType::Q5_K:
-    case TensorType::Q6_K:
-      return 256;
-    default:
-      return 0;
-  }
+  const TypeKernels* e = type_kernels(t);
+  return e != nullptr ? e->act_block : 0;
 }
 
 bool qmatmul_isa_available(QIsa isa) {
@@ -394,15 +386,8 @@ QIsa qmatmul_best_isa() {
 }
 
 std::string_view qmatmul_isa_name(QIsa isa) {
-  switch (isa) {
-    case QIsa::Scalar:
-      return "scalar";
-    case QIsa::Avx2:
-      return "avx2";
-    case QIsa::Avx512:
-      return "avx512";
-  }
-  return "unknown";
+  static constexpr std::string_view kNames[] = {"scalar", "avx2", "avx512"};  // in QIsa's order (core/enum_names.h)
+  return enum_name(kNames, isa);
 }
 
 void qmatmul(const QMatrix& w, const float* x, int64_t m, float* y, ThreadPool* pool) {
@@ -431,7 +416,8 @@ void qmatmul(const QMatrix& w, const float* x, int64_t m, float* y, ThreadPool* 
     std::fill(y, y + m * rows, 0.0f);
     return;
   }
-  const RowKernel kernel = pick(*kernels, w.type);
+  const TypeKernels& tk = *type_kernels(w.type);  // supported: checked above
+  const RowKernel kernel = kernels->*tk.row;
 
   // Activations: quantized once per call (the float types read x as is).
   thread_local Scratch tls;
@@ -478,42 +464,9 @@ void qmatmul(const QMatrix& w, const float* x, int64_t m, float* y, ThreadPool* 
                                     ? nullptr
                                     : pool;
   const ActRow* acts = s.rows.data();
-  TileKernel tile = nullptr;
-  if (m > 1 && w.type == TensorType::F32) tile = kernels->f32_tile;
-  if (m > 1 && w.type == TensorType::F16) tile = kernels->f16_tile;
-  if (m > 1 && w.type == TensorType::BF16) tile = kernels->bf16_tile;
+  const TileKernel tile = m > 1 && tk.tile != nullptr ? kernels->*tk.tile : nullptr;
   const int64_t tr = tile != nullptr ? kernels->tile_rows : 1;
-  PanelGemm gemm = nullptr;
-  if (m >= qmm::kPanelMinM) {
-    switch (w.type) {
-      case TensorType::Q4_0:
-        gemm = kernels->q4_0_gemm;
-        break;
-      case TensorType::Q4_1:
-        gemm = kernels->q4_1_gemm;
-        break;
-      case TensorType::Q5_0:
-        gemm = kernels->q5_0_gemm;
-        break;
-      case TensorType::Q5_1:
-        gemm = kernels->q5_1_gemm;
-        break;
-      case TensorType::Q8_0:
-        gemm = kernels->q8_0_gemm;
-        break;
-      case TensorType::Q4_K:
-        gemm = kernels->q4_k_gemm;
-        break;
-      case TensorType::Q5_K:
-        gemm = kernels->q5_k_gemm;
-        break;
-      case TensorType::Q6_K:
-        gemm = kernels->q6_k_gemm;
-        break;
-      default:
-        break;
-    }
-  }
+  const PanelGemm gemm = m >= qmm::kPanelMinM && tk.gemm != nullptr ? kernels->*tk.gemm : nullptr;
   parallel_ranges(
       work_pool, rows, grain,
       [&](int64_t r0, int64_t r1) {

@@ -5,28 +5,20 @@
 
 #include "attention/cuda/layer_attention_cuda.h"
 #include "attention/cuda/sparse_prefill.h"
+#include "core/enum_names.h"
 #include "core/error.h"
 #include "runtime/cuda/kernels.h"
 #include "runtime/cuda/paged_decode.h"
 
 namespace tessera::runtime::gpu {
 
-const char* attention_backend_name(AttentionBackend b) {
-  switch (b) {
-    case AttentionBackend::kAuto:
-      return "auto";
-    case AttentionBackend::kExecutor:
-      return "executor";
-    case AttentionBackend::kSimple:
-      return "simple";
-  }
-  return "?";
-}
+// In AttentionBackend's order (core/enum_names.h).
+constexpr std::string_view kBackendNames[] = {"auto", "executor", "simple"};
+
+const char* attention_backend_name(AttentionBackend b) { return enum_name(kBackendNames, b).data(); }
 
 AttentionBackend parse_attention_backend(const std::string& name) {
-  if (name == "auto") return AttentionBackend::kAuto;
-  if (name == "executor") return AttentionBackend::kExecutor;
-  if (name == "simple") return AttentionBackend::kSimple;
+  if (const auto b = enum_value<AttentionBackend>(kBackendNames, name)) return *b;
   throw Error("unknown GPU attention backend '" + name + "' (auto, executor, simple)");
 }
 
