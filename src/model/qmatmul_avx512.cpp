@@ -22,25 +22,17 @@
 #include <utility>
 #include <vector>
 
+#include "core/simd_x86.h"
+
 namespace tessera::model::qmm {
 
 namespace {
 
-inline float f16_at(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
-
-inline float hsum256(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+using x86::f16_at;
+using x86::hsum;
 
 inline float hsum512(__m512 v) {
-  return hsum256(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
+  return hsum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
 }
 
 inline __m512i load512(const void* p) {
@@ -311,7 +303,7 @@ struct LegacyKernel {
       });
     }
     for_nx<NX>([&](int j) QMM_INLINE {
-      const float s = hsum512(acc[j]) + hsum256(acc8[j]);
+      const float s = hsum512(acc[j]) + hsum(acc8[j]);
       const float o = hsum512(sacc[j]) + tail[j];
       out[j] = T::kMin ? s + o : s - T::kOffset * o;
     });
@@ -395,7 +387,7 @@ struct Q45KKernel {
         macc[j] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * dx), _mm256_cvtepi32_ps(ms), macc[j]);
       });
     }
-    for_nx<NX>([&](int j) QMM_INLINE { out[j] = hsum512(acc[j]) - hsum256(macc[j]); });
+    for_nx<NX>([&](int j) QMM_INLINE { out[j] = hsum512(acc[j]) - hsum(macc[j]); });
   }
 };
 
