@@ -422,23 +422,34 @@ json parse_body(std::string_view body) {
   throw invalid_request("Unrecognized request argument supplied: " + key, key, "unsupported_parameter");
 }
 
+// The body of a tokenizer endpoint (/tokenize, /detokenize): "model" (a string, or null) into `model`, every other
+// key through field(key, value), which returns false for a key it does not know (refused as unrecognized).
+template <class Field>
+void parse_tokenizer_body(std::string_view body, std::string& model, const Field& field) {
+  const json j = parse_body(body);
+  for (const auto& [key, v] : j.items()) {
+    if (key == "model") {
+      if (!v.is_null()) model = get_string(v, key);
+    } else if (!field(key, v)) {
+      unrecognized(key);
+    }
+  }
+}
+
 }  // namespace
 
 TokenizeRequest parse_tokenize_request(std::string_view body) {
-  const json j = parse_body(body);
   TokenizeRequest r;
   bool prompt = false;
-  for (const auto& [key, v] : j.items()) {
-    if (key == "model") {
-      if (!v.is_null()) r.model = get_string(v, key);
-    } else if (key == "prompt") {
+  parse_tokenizer_body(body, r.model, [&](const std::string& key, const json& v) {
+    if (key == "prompt") {
       r.prompt = get_string(v, key);
       prompt = true;
     } else if (key == "messages") {
       r.messages = parse_messages(v);
       r.chat = true;
     } else if (v.is_null()) {
-      continue;
+      // an option sent as null: its default
     } else if (key == "add_special_tokens") {
       r.add_special = get_bool(v, key);
     } else if (key == "add_generation_prompt") {
@@ -446,28 +457,24 @@ TokenizeRequest parse_tokenize_request(std::string_view body) {
     } else if (key == "return_token_strs") {
       r.token_strs = get_bool(v, key);
     } else {
-      unrecognized(key);
+      return false;
     }
-  }
+    return true;
+  });
   if (prompt == r.chat) throw invalid_request("send either 'prompt' or 'messages'", prompt ? "messages" : "prompt");
   return r;
 }
 
 DetokenizeRequest parse_detokenize_request(std::string_view body) {
-  const json j = parse_body(body);
   DetokenizeRequest r;
   bool tokens = false;
-  for (const auto& [key, v] : j.items()) {
-    if (key == "model") {
-      if (!v.is_null()) r.model = get_string(v, key);
-    } else if (key == "tokens") {
-      if (!v.is_array()) wrong_type(key, "an array of token ids", v);
-      for (size_t i = 0; i < v.size(); ++i) r.tokens.push_back(token_id(v[i], "tokens[" + std::to_string(i) + "]"));
-      tokens = true;
-    } else {
-      unrecognized(key);
-    }
-  }
+  parse_tokenizer_body(body, r.model, [&](const std::string& key, const json& v) {
+    if (key != "tokens") return false;
+    if (!v.is_array()) wrong_type(key, "an array of token ids", v);
+    for (size_t i = 0; i < v.size(); ++i) r.tokens.push_back(token_id(v[i], "tokens[" + std::to_string(i) + "]"));
+    tokens = true;
+    return true;
+  });
   if (!tokens) throw invalid_request("'tokens' is missing", "tokens");
   return r;
 }
