@@ -21,35 +21,12 @@
 #include "runtime/engine.h"
 #include "model/model.h"
 #include "stream_sizes.h"
+#include "test_support.h"
 
 namespace tessera::runtime {
 namespace {
 
-const std::string kFixtures = std::string(TESSERA_SOURCE_DIR) + "/tests/data/hf_tiny/";
-
-const Model& fixture(const char* rel) {
-  static std::map<std::string, std::unique_ptr<Model>> cache;
-  auto& m = cache[rel];
-  if (!m) m = Model::load(kFixtures + rel);
-  return *m;
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-std::vector<int32_t> random_tokens(int32_t n, int32_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> d(0, vocab - 1);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = d(rng);
-  return t;
-}
+using namespace tessera::test;
 
 // ---- block bookkeeping ----
 

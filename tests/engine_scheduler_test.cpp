@@ -22,26 +22,12 @@
 #include "runtime/forward.h"
 #include "runtime/kv_cache.h"
 #include "stream_sizes.h"
+#include "test_support.h"
 
 namespace tessera::runtime {
 namespace {
 
-const std::string kFixtures = std::string(TESSERA_SOURCE_DIR) + "/tests/data/hf_tiny/";
-
-const Model& fixture(const std::string& rel) {
-  static std::map<std::string, std::unique_ptr<Model>> cache;
-  auto& m = cache[rel];
-  if (!m) m = Model::load(kFixtures + rel);
-  return *m;
-}
-
-std::vector<int32_t> random_tokens(int32_t n, int32_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> d(0, vocab - 1);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = d(rng);
-  return t;
-}
+using namespace tessera::test;
 
 int32_t argmax_of(const std::vector<float>& v) {
   return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());

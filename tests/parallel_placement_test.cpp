@@ -8,6 +8,7 @@
 #include "attention/pattern/config_io.h"
 #include "core/error.h"
 #include "parallel/placement.h"
+#include "test_support.h"
 
 namespace fs = std::filesystem;
 using namespace tessera;
@@ -15,20 +16,13 @@ using namespace tessera::parallel;
 
 namespace {
 
+using namespace tessera::test;
+
 const fs::path kMinference = fs::path(TESSERA_SHARED_DATA_DIR) / "minference-configs" /
                              "Llama_3_8B_Instruct_262k_kv_out_v32_fit_o_best_pattern.json";
 
 attn::AttentionPolicy llama3_262k() {
   return attn::load_policy_file(kMinference, attn::PolicyShape{32, 32, 8});
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 // A hand-made model: 2 layers, 8 query heads in 2 KV groups.

@@ -19,6 +19,7 @@
 #include "parallel/tp_batch.h"
 #include "parallel/tp_forward_cpu.h"
 #include "runtime/batch_engine.h"
+#include "test_support.h"
 #include "tp_wire.h"
 
 using namespace tessera;
@@ -26,23 +27,7 @@ using namespace tessera::parallel;
 
 namespace {
 
-const std::string kFixtures = std::string(TESSERA_SOURCE_DIR) + "/tests/data/hf_tiny/";
-
-const runtime::Model& fixture(const char* name) {
-  static std::map<std::string, std::unique_ptr<runtime::Model>> cache;
-  auto& m = cache[name];
-  if (!m) m = runtime::Model::load(kFixtures + name);
-  return *m;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using namespace tessera::test;
 
 std::string tables_of(const runtime::SequenceBlocks& s) {
   std::ostringstream o;

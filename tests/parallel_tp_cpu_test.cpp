@@ -19,20 +19,14 @@
 #include "runtime/kv_cache.h"
 #include "model/model.h"
 #include "stream_sizes.h"
+#include "test_support.h"
 
 using namespace tessera;
 using namespace tessera::parallel;
 
 namespace {
 
-const std::string kFixtures = std::string(TESSERA_SOURCE_DIR) + "/tests/data/hf_tiny/";
-
-const runtime::Model& fixture(const char* name) {
-  static std::map<std::string, std::unique_ptr<runtime::Model>> cache;
-  auto& m = cache[name];
-  if (!m) m = runtime::Model::load(kFixtures + name);
-  return *m;
-}
+using namespace tessera::test;
 
 std::vector<int32_t> prompt(int32_t n, int32_t vocab) {
   std::vector<int32_t> t(static_cast<size_t>(n));

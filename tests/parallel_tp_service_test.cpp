@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "parallel/tp_service.h"
 #include "runtime/generation.h"
+#include "test_support.h"
 #include "tp_wire.h"
 
 using namespace tessera;
@@ -19,14 +20,7 @@ using namespace tessera::parallel;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using namespace tessera::test;
 
 // A "model" whose logits depend on every token it has seen and on the policy: the next token is
 // (sum of all tokens so far * 31 + pos + (sparse ? 7 : 0)) mod vocab. Records every pass.

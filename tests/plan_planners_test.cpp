@@ -25,9 +25,12 @@
 #include "plan/trianglemix_plan.h"
 #include "runtime/engine.h"
 #include "model/model.h"
+#include "test_support.h"
 
 namespace tessera::plan {
 namespace {
+
+using namespace tessera::test;
 
 namespace fs = std::filesystem;
 
@@ -38,15 +41,6 @@ const runtime::Model& model(const char* name) {
   auto& m = cache[name];
   if (!m) m = runtime::Model::load(kFixtures + "hf_tiny/" + name);
   return *m;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
 }
 
 TEST(MoaRules, SpaceIsSixAlphasByNineBetas) {
@@ -397,7 +391,7 @@ TEST_F(CalibrationFiles, Errors) {
   const auto target = write("target.jsonl", "{\"prompt\": \"a\", \"target\": 5}\n");
   EXPECT_EQ(error_of([&] { check_calibration_file(target); }), target.string() + ": line 1: \"target\" must be a string");
   const auto text = write("notes.txt", "Some text.");
-  EXPECT_EQ(error_of([&] { check_calibration_file(text); }), "no error");
+  EXPECT_EQ(error_of([&] { check_calibration_file(text); }), "(no error)");
 }
 
 // Targets are the dense model's greedy tokens, each predicted at the position before it.

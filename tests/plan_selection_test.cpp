@@ -22,9 +22,12 @@
 #include "plan/profile.h"
 #include "plan/validation.h"
 #include "model/model.h"
+#include "test_support.h"
 
 namespace tessera::plan {
 namespace {
+
+using namespace tessera::test;
 
 namespace fs = std::filesystem;
 
@@ -33,15 +36,6 @@ const std::string kFixtures = std::string(TESSERA_SOURCE_DIR) + "/tests/data/";
 const runtime::Model& tiny_llama() {
   static std::unique_ptr<runtime::Model> m = runtime::Model::load(kFixtures + "hf_tiny/llama3");
   return *m;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
 }
 
 attn::VerticalSlashPattern vs(int32_t v, int32_t s) {

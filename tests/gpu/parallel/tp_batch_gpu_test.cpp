@@ -18,6 +18,7 @@
 #include <string>
 #include <thread>
 
+#include "../../test_support.h"
 #include "../../tp_wire.h"
 #include "cuda/cuda_check.h"
 #include "model/model.h"
@@ -33,6 +34,7 @@ using namespace tessera;
 using namespace tessera::parallel;
 using runtime::gpu::GpuBatchBackend;
 using runtime::gpu::GpuBatchOptions;
+using test::random_tokens;  // called with lowest 100: the prompts draw tokens from 100 up
 
 namespace {
 
@@ -40,14 +42,6 @@ std::string model_path(const std::string& file) {
   const char* env = std::getenv("TESSERA_MODELS");
   const char* home = std::getenv("HOME");
   return (env && *env ? std::string(env) : std::string(home ? home : ".") + "/.cache/tessera/models") + "/" + file;
-}
-
-std::vector<int32_t> random_tokens(int32_t n, int32_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> dist(100, vocab - 1);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = dist(rng);
-  return t;
 }
 
 double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
@@ -72,7 +66,7 @@ std::vector<std::vector<float>> drive(runtime::BatchBackend& b, const runtime::M
   std::vector<std::vector<float>> out;
   const int32_t lengths[3] = {333, 700, 1100};
   for (int i = 0; i < 3; ++i) {
-    const std::vector<int32_t> p = random_tokens(lengths[i], c.vocab_size, 11u + static_cast<uint32_t>(i));
+    const std::vector<int32_t> p = random_tokens(lengths[i], c.vocab_size, 11u + static_cast<uint32_t>(i), 100);
     out.push_back(b.prefill_chunk(p, 0, lengths[i], nullptr, true));
     views.push_back(runtime::decode_views(c, nullptr, lengths[i]));
     seqs.push_back(std::make_unique<runtime::SequenceBlocks>(shape, runtime::kv_retention(c, views.back())));
@@ -103,7 +97,7 @@ std::vector<runtime::BatchRequest> greedy_requests(const runtime::ModelConfig& c
   std::vector<runtime::BatchRequest> reqs;
   for (int i = 0; i < 4; ++i) {
     runtime::BatchRequest r;
-    r.prompt = random_tokens(200 + 300 * i, c.vocab_size, 50u + static_cast<uint32_t>(i));
+    r.prompt = random_tokens(200 + 300 * i, c.vocab_size, 50u + static_cast<uint32_t>(i), 100);
     r.options.max_new_tokens = 12;
     reqs.push_back(r);
   }
