@@ -27,7 +27,6 @@ import os
 import random
 import re
 import shlex
-import subprocess
 import sys
 import threading
 import time
@@ -37,6 +36,9 @@ try:
     import openai
 except ImportError:  # the bench is about what users of the official client see
     sys.exit("prefix_turns.py needs OpenAI's client: run it with build/venv/bin/python (scripts/setup.sh models)")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from server_process import Server, tokenize_count  # noqa: E402
 
 TOWNS = ("Alder Creek", "Bramblefold", "Cinder Hollow", "Dunmere", "Elmstead", "Fallowby", "Greywater", "Hartwell",
          "Ivybridge", "Juniper Flats", "Kestrel Point", "Lowmoor", "Marrowgate", "Northfield", "Oakhurst", "Pinecrest",
@@ -55,12 +57,6 @@ def paragraph(rng, i):
             f"{rng.choice(('Lion', 'Stag', 'Swan', 'Boar', 'Heron'))}, serves travellers from the coast.")
 
 
-def tokens(base_url, text):
-    req = urllib.request.Request(base_url + "/tokenize", json.dumps({"prompt": text}).encode(),
-                                 {"Content-Type": "application/json"})
-    return json.loads(urllib.request.urlopen(req, timeout=60).read())["count"]
-
-
 def document(base_url, seed, target):
     """Paragraphs of facts until the document holds `target` tokens (by the server's tokenizer), and the records'
     facts for the questions."""
@@ -68,7 +64,7 @@ def document(base_url, seed, target):
     paras = []
     while True:
         paras.append(paragraph(rng, len(paras) + 1))
-        if len(paras) % 8 == 0 and tokens(base_url, "\n".join(paras)) >= target:
+        if len(paras) % 8 == 0 and tokenize_count(base_url, "\n".join(paras)) >= target:
             break
     return "\n".join(paras), len(paras)
 
@@ -94,49 +90,14 @@ def first_token_logprobs(api, lp):
     return [(lp.tokens[0], lp.token_logprobs[0])] + sorted(top.items(), key=lambda kv: -kv[1])
 
 
-class Server:
-    def __init__(self, args, extra):
-        self.cmd = [args.tessera, "serve", "-m", args.model, "--port", "0", "--device", args.device, "--parallel",
-                    str(args.clients), "--kv-budget", args.kv_budget, "--queue", "64", *shlex.split(args.serve_args),
-                    *extra]
-        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-        self.lines, self.port = [], None
-        up = threading.Event()
-
-        def drain():
-            for line in self.proc.stdout:
-                self.lines.append(line.rstrip("\n"))
-                m = re.search(r"listening on http://[0-9.]+:(\d+)", line)
-                if m:
-                    self.port = int(m.group(1))
-                    up.set()
-            up.set()
-
-        threading.Thread(target=drain, daemon=True).start()
-        if not up.wait(300) or self.port is None:
-            self.proc.kill()
-            sys.exit("server did not start: " + " ".join(self.cmd) + "\n" + "\n".join(self.lines))
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def metrics(self):
-        text = urllib.request.urlopen(self.url + "/metrics", timeout=30).read().decode()
-        out = {}
-        for line in text.splitlines():
-            m = re.match(r"^(tessera_[a-z_]+) ([0-9.eE+-]+)$", line)
-            if m:
-                out[m.group(1)] = float(m.group(2))
-        return out
-
-    def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+def start(args, extra):
+    return Server([args.tessera, "serve", "-m", args.model, "--port", "0", "--device", args.device, "--parallel",
+                   str(args.clients), "--kv-budget", args.kv_budget, "--queue", "64", *shlex.split(args.serve_args),
+                   *extra])
 
 
 def run(args, label, extra, docs=None):
-    srv = Server(args, extra)
+    srv = start(args, extra)
     try:
         model_id = json.loads(urllib.request.urlopen(srv.url + "/v1/models", timeout=30).read())["data"][0]["id"]
         if docs is None:

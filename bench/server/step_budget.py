@@ -15,13 +15,10 @@ p50, p99 and max; the same outside that window (the decode step alone); the long
 import argparse
 import json
 import os
-import re
 import shlex
-import subprocess
 import sys
 import threading
 import time
-import urllib.request
 
 try:
     import openai
@@ -30,6 +27,7 @@ except ImportError:
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from load import percentile  # noqa: E402
+from server_process import Server  # noqa: E402
 
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wise owls count the silver stars above an old "
          "stone bridge near the river where children sing songs about distant mountains and golden fields").split()
@@ -40,30 +38,13 @@ def start(args, budget):
            str(args.decoders + 1), "--no-prefix-cache", *shlex.split(args.serve_args)]
     if budget:
         cmd += ["--step-tokens", str(budget)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-    lines, port = [], []
-    up = threading.Event()
-
-    def drain():
-        for line in proc.stdout:
-            lines.append(line.rstrip("\n"))
-            m = re.search(r"listening on http://[0-9.]+:(\d+)", line)
-            if m:
-                port.append(int(m.group(1)))
-                up.set()
-        up.set()
-
-    threading.Thread(target=drain, daemon=True).start()
-    if not up.wait(300) or not port:
-        proc.kill()
-        sys.exit("server did not start: " + " ".join(cmd) + "\n" + "\n".join(lines))
-    return proc, f"http://127.0.0.1:{port[0]}", cmd
+    return Server(cmd)
 
 
 def one_budget(args, budget):
-    proc, url, cmd = start(args, budget)
+    srv = start(args, budget)
     try:
-        client = openai.OpenAI(base_url=url + "/v1", api_key="none", timeout=3600, max_retries=0)
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", timeout=3600, max_retries=0)
         model = client.models.list().data[0].id
         stamps = [[] for _ in range(args.decoders)]
         window = {}
@@ -94,13 +75,12 @@ def one_budget(args, budget):
         for t in threads:
             t.join()
     finally:
-        proc.terminate()
-        proc.wait(60)
+        srv.stop()
     inside, outside = [], []
     for s in stamps:
         for a, b in zip(s, s[1:]):
             (inside if b > window["t0"] and a < window["t1"] else outside).append(b - a)
-    return {"budget": budget, "command": " ".join(cmd), "long_ttft_s": window["t1"] - window["t0"],
+    return {"budget": budget, "command": " ".join(srv.cmd), "long_ttft_s": window["t1"] - window["t0"],
             "itl_during_p50_s": percentile(inside, 0.5), "itl_during_p99_s": percentile(inside, 0.99),
             "itl_during_max_s": max(inside) if inside else float("nan"), "gaps_during": len(inside),
             "itl_outside_p50_s": percentile(outside, 0.5), "tokens": [len(s) for s in stamps]}

@@ -20,15 +20,16 @@ Prints a table of the means over the later turns (the first of them dropped as w
 """
 import argparse
 import json
+import os
 import random
-import re
 import shlex
 import statistics
-import subprocess
 import sys
-import threading
 import time
 import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from server_process import Server, tokenize_count  # noqa: E402
 
 TOWNS = ("Alder Creek", "Bramblefold", "Cinder Hollow", "Dunmere", "Elmstead", "Fallowby", "Greywater", "Hartwell",
          "Ivybridge", "Juniper Flats", "Kestrel Point", "Lowmoor", "Marrowgate", "Northfield", "Oakhurst", "Pinecrest")
@@ -51,27 +52,18 @@ def post(url, body, timeout=3600):
 
 def timed_tokenize(base, text):
     t0 = time.perf_counter()
-    count = json.loads(post(base + "/tokenize", {"prompt": text}).read())["count"]
+    count = tokenize_count(base, text, timeout=3600)
     return time.perf_counter() - t0, count
 
 
-def metrics(base):
-    out = {}
-    for line in urllib.request.urlopen(base + "/metrics", timeout=60).read().decode().splitlines():
-        m = re.match(r"^(tessera_[a-z_]+) ([0-9.eE+-]+)$", line)
-        if m:
-            out[m.group(1)] = float(m.group(2))
-    return out
-
-
-def settled_metrics(base):
+def settled_metrics(srv):
     """/metrics once the scheduler has counted the last step: the engine's counters are published after the answer
     went out, so read until two reads 0.2 s apart agree."""
     keys = ("tessera_engine_prefill_seconds_total", "tessera_engine_decode_seconds_total", "tessera_engine_steps_total")
-    last = metrics(base)
+    last = srv.metrics(timeout=60)
     for _ in range(50):
         time.sleep(0.2)
-        now = metrics(base)
+        now = srv.metrics(timeout=60)
         if all(now.get(k) == last.get(k) for k in keys):
             return now
         last = now
@@ -112,24 +104,8 @@ def main():
     args = ap.parse_args()
     cmd = [args.tessera, "serve", "-m", args.model, "--port", "0", "--device", args.device, "--parallel", "2",
            *shlex.split(args.serve_args)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-    lines, port = [], []
-    up = threading.Event()
-
-    def drain():
-        for line in proc.stdout:
-            lines.append(line.rstrip("\n"))
-            m = re.search(r"listening on http://[0-9.]+:(\d+)", line)
-            if m:
-                port.append(int(m.group(1)))
-                up.set()
-        up.set()
-
-    threading.Thread(target=drain, daemon=True).start()
-    if not up.wait(300) or not port:
-        proc.kill()
-        sys.exit("server did not start: " + " ".join(cmd) + "\n" + "\n".join(lines))
-    base = f"http://127.0.0.1:{port[0]}"
+    srv = Server(cmd)
+    base = srv.url
     try:
         model = json.loads(urllib.request.urlopen(base + "/v1/models", timeout=30).read())["data"][0]["id"]
         rng = random.Random(1000)
@@ -151,13 +127,13 @@ def main():
             row = {"turn": turn + 1}
             row["tokenize_s"], row["prompt_tokens"] = timed_tokenize(base, prompt)
             row["tokenize_tiny_s"] = timed_tokenize(base, "hello")[0]
-            m0 = settled_metrics(base)
+            m0 = settled_metrics(srv)
             row["ttft1_s"], _, row["cached"] = first_token(base, model, prompt, 1)
-            m1 = settled_metrics(base)
+            m1 = settled_metrics(srv)
             row["engine_prefill_s"] = m1["tessera_engine_prefill_seconds_total"] - m0["tessera_engine_prefill_seconds_total"]
             row["engine_decode_s1"] = m1["tessera_engine_decode_seconds_total"] - m0["tessera_engine_decode_seconds_total"]
             row["ttft2_s"], _, _ = first_token(base, model, prompt, 2)
-            m2 = settled_metrics(base)
+            m2 = settled_metrics(srv)
             row["engine_decode_s2"] = m2["tessera_engine_decode_seconds_total"] - m1["tessera_engine_decode_seconds_total"]
             # The turn's real answer (the conversation goes on with it; its prefix is cached by now).
             _, answer, _ = first_token(base, model, prompt, args.answer_tokens)
@@ -165,11 +141,7 @@ def main():
             rows.append(row)
             print(json.dumps(row), flush=True)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        srv.stop()
     use = rows[1:] if len(rows) > 1 else rows
     mean = lambda k: statistics.mean(r[k] for r in use) * 1e3  # noqa: E731
     tok = mean("tokenize_s") - mean("tokenize_tiny_s")
