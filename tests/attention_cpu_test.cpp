@@ -22,9 +22,12 @@
 #include "core/error.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
+#include "test_support.h"
 
 namespace tessera::attn {
 namespace {
+
+using namespace tessera::test;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
@@ -238,15 +241,6 @@ TEST(attention_cpu_dense, ThreadCountDoesNotChangeResult) {
 
 // ---------------------------------------------------------------------------------------------------------------
 // Argument errors
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 TEST(attention_cpu_errors, ExactMessages) {
   ThreadPool pool(1);

@@ -6,52 +6,20 @@
 #include <immintrin.h>
 
 #include "attention/cpu/flash_tile_impl.h"
+#include "attention/cpu/vector_ops.h"
 
 namespace tessera::attn::cpu_detail {
 namespace {
 
 // 16 ymm registers: a micro-kernel covers 16 rows (2 ymm) at a time; QK^T 4 keys x 2 = 8 accumulators,
 // PV 4 dims x 2 = 8 accumulators.
-struct Avx2 {
-  using reg = __m256;
-  static constexpr int kWidth = 8;
+struct Avx2 : Avx2Ops {
   static constexpr int kRowVecs = 2;
   static constexpr int kQkKeys = 4;
   static constexpr int kPvDims = 4;
 
-  static reg zero() { return _mm256_setzero_ps(); }
-  static reg set1(float x) { return _mm256_set1_ps(x); }
-  static reg load(const float* p) { return _mm256_loadu_ps(p); }
-  static void store(float* p, reg x) { _mm256_storeu_ps(p, x); }
-  static reg fmadd(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
-  static reg add(reg a, reg b) { return _mm256_add_ps(a, b); }
-  static reg sub(reg a, reg b) { return _mm256_sub_ps(a, b); }
-  static reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }
-  static reg max(reg a, reg b) { return _mm256_max_ps(a, b); }
-  static float reduce_add(reg x) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-  }
   static reg zero_if_neg_inf(reg x) {
     return _mm256_and_ps(x, _mm256_cmp_ps(x, _mm256_set1_ps(-__builtin_inff()), _CMP_NEQ_UQ));
-  }
-  // As Avx512::exp2, with 2^n built in the exponent field (n >= -124 on live lanes; others are masked to 0).
-  static reg exp2(reg x) {
-    const reg live = _mm256_cmp_ps(x, _mm256_set1_ps(-125.0f), _CMP_GT_OQ);
-    x = _mm256_max_ps(x, _mm256_set1_ps(-125.0f));  // keeps the integer conversion below in range
-    const reg n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const reg p = exp2_fraction<Avx2>(_mm256_sub_ps(x, n));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), live);
-  }
-  static reg widen_bf16(const uint16_t* p) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  }
-  static reg widen_f16(const uint16_t* p) {  // F16C (part of x86-64-v3)
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
 };
 using Baseline = Avx2;

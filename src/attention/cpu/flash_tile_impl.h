@@ -5,7 +5,7 @@
 // inline library function, so code compiled for AVX-512 can never be picked by the linker for a baseline
 // caller.
 //
-// A SIMD policy S provides:
+// A SIMD policy S provides (vector_ops.h's ops of its ISA, plus this kernel's blocking and masking):
 //   reg; kWidth (lanes); kRowVecs (row vectors per micro-kernel pass); kQkKeys (keys per QK^T micro-kernel);
 //   kPvDims (head dims per PV micro-kernel); zero, set1, load, store, fmadd(a, b, c) = a * b + c, add, sub,
 //   max; exp2(x) (0 for x <= -125, including -inf); zero_if_neg_inf(x); reduce_add(x) (the sum of the lanes);
@@ -65,20 +65,6 @@ void widen_row(const uint16_t* src, float* dst, int n) {
   for (; i + S::kWidth <= n; i += S::kWidth)
     S::store(dst + i, kBf16 ? S::widen_bf16(src + i) : S::widen_f16(src + i));
   for (; i < n; ++i) dst[i] = kBf16 ? bf16_bits_to_f32(src[i]) : f16_bits_to_f32(src[i]);
-}
-
-// 2^f for |f| <= 1/2 by a degree-6 polynomial fitted for relative error (about 1e-7 in f32), Horner's scheme
-// in policy S's fmadd: the part of the SIMD policies' exp2 that does not depend on the ISA (each scales the
-// result by 2^n its own way).
-template <class S>
-typename S::reg exp2_fraction(typename S::reg f) {
-  typename S::reg p = S::set1(1.5337576830683796e-4f);
-  p = S::fmadd(p, f, S::set1(1.3399860363037684e-3f));
-  p = S::fmadd(p, f, S::set1(9.618519534356884e-3f));
-  p = S::fmadd(p, f, S::set1(5.5503289975178886e-2f));
-  p = S::fmadd(p, f, S::set1(2.402264660871389e-1f));
-  p = S::fmadd(p, f, S::set1(6.931472056005106e-1f));
-  return S::fmadd(p, f, S::set1(1.0000000005920204f));
 }
 
 template <class S>

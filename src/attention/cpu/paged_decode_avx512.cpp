@@ -13,44 +13,26 @@
 #include <immintrin.h>
 
 #include "attention/cpu/paged_decode_impl.h"
+#include "attention/cpu/vector_ops.h"
 
 namespace tessera::attn::cpu_detail {
 namespace {
 
-struct PagedAvx512 {
-  using reg = __m512;
-  static constexpr int kWidth = 16;
+struct PagedAvx512 : Avx512Ops {
   static constexpr int kRegisters = 32;
 
-  static reg zero() { return _mm512_setzero_ps(); }
-  static reg set1(float x) { return _mm512_set1_ps(x); }
-  static reg loadf(const float* p) { return _mm512_loadu_ps(p); }
-  static void store(float* p, reg x) { _mm512_storeu_ps(p, x); }
-  static reg fmadd(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
-  static reg mul(reg a, reg b) { return _mm512_mul_ps(a, b); }
-  static reg sub(reg a, reg b) { return _mm512_sub_ps(a, b); }
-  static reg add(reg a, reg b) { return _mm512_add_ps(a, b); }
-  static reg max(reg a, reg b) { return _mm512_max_ps(a, b); }
+  static reg loadf(const float* p) { return Avx512Ops::load(p); }
   static float reduce_max(reg x) { return _mm512_reduce_max_ps(x); }
-  static float reduce_add(reg x) { return _mm512_reduce_add_ps(x); }
 
   template <class E>
   static reg load(const typename E::T* p) {
     if constexpr (std::is_same_v<E, ElemF32>) {
-      return _mm512_loadu_ps(p);
+      return Avx512Ops::load(p);
     } else if constexpr (std::is_same_v<E, ElemF16>) {
-      return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+      return widen_f16(p);
     } else {
-      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+      return widen_bf16(p);
     }
-  }
-
-  // 2^x = 2^n * 2^f, n = round(x), |f| <= 1/2; lanes <= -125 (and -inf) give exactly 0.
-  static reg exp2(reg x) {
-    const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-125.0f), _CMP_GT_OQ);
-    const reg n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    return _mm512_maskz_scalef_ps(live, paged_exp2_fraction<PagedAvx512>(_mm512_sub_ps(x, n)), n);
   }
 
   // 128-bit blocks: a's sums of blocks (0+2, 1+3), then b's.

@@ -2,10 +2,11 @@
 // over a SIMD policy. Included by exactly one translation unit per instruction set (paged_decode_avx512.cpp,
 // paged_decode_avx2.cpp), after it has defined its policy; everything here has internal linkage.
 //
-// A policy S provides: reg; kWidth (W, lanes: 8 or 16); zero, set1, loadf (W floats), store, fmadd(a, b, c) =
-// a * b + c, mul, sub, add, max; load<E>(p) (W elements of type E from memory, as f32); exp2(x) (0 for x <=
-// -125, -inf included); reduce_max, reduce_add; and the transpose-and-add tree that turns W accumulators (one
-// per key, head dims in lanes) into one vector of the W keys' dot products:
+// A policy S provides (vector_ops.h's ops of its ISA, plus the rest): reg; kWidth (W, lanes: 8 or 16); zero,
+// set1, loadf (W floats), store, fmadd(a, b, c) = a * b + c, mul, sub, add, max; load<E>(p) (W elements of type E
+// from memory, as f32); exp2(x) (0 for x <= -125, -inf included); reduce_max, reduce_add; and the
+// transpose-and-add tree that turns W accumulators (one per key, head dims in lanes) into one vector of the W keys'
+// dot products:
 //   pair(a, b)       two keys' accumulators -> one vector holding W/2 partial sums of each;
 //   quad(r01, r23)   two pairs -> one vector holding W/4 partial sums of each of 4 keys;
 //   finish(t)        the W/4 quads -> the W dot products, key i in lane i.
@@ -40,18 +41,6 @@ struct ElemF16 {
 
 inline constexpr int kPagedChunk = 64;  // keys per softmax chunk
 inline constexpr int kPagedMaxHeads = 8;
-
-// 2^f for |f| <= 1/2 by a degree-6 polynomial (relative error about 1e-7 in f32), in policy S's fmadd.
-template <class S>
-typename S::reg paged_exp2_fraction(typename S::reg f) {
-  typename S::reg p = S::set1(1.5337576830683796e-4f);
-  p = S::fmadd(p, f, S::set1(1.3399860363037684e-3f));
-  p = S::fmadd(p, f, S::set1(9.618519534356884e-3f));
-  p = S::fmadd(p, f, S::set1(5.5503289975178886e-2f));
-  p = S::fmadd(p, f, S::set1(2.402264660871389e-1f));
-  p = S::fmadd(p, f, S::set1(6.931472056005106e-1f));
-  return S::fmadd(p, f, S::set1(1.0000000005920204f));
-}
 
 // Scores of keys [0, nk) (nk <= W) of k against the NH queries, unscaled: s[g * kPagedChunk + i] for i < W
 // (lanes past nk repeat the last key; the caller masks them).
