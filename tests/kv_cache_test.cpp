@@ -244,139 +244,142 @@ TEST(KVCacheAttention, HalfKeysAndValuesEqualTheirF32Values) {
 // ---- the paged store (the batched engine's blocks) in each type
 
 TEST(PagedKVStoreType, RowsScatterGatherAndDecodeAttention) {
-  const int32_t L = 3, Hq = 4, Hkv = 2, d = 24;
-  const PagedKVShape shape{L, Hkv, d, 8};
-  // Views per (layer, q head): dense, MoA sink + window, a horizon (sliding layer), all three; layers 0 and 1 give
-  // the two query heads of each GQA group different views (walked one head at a time), layer 2 the same (walked
-  // together).
-  const std::vector<DecodeView> views{{0, kUnbounded, kUnbounded}, {3, 5, kUnbounded}, {0, kUnbounded, 6}, {2, 9, 7},
-                                      {1, 1, kUnbounded},          {0, 20, kUnbounded}, {4, 4, 4},           {0, kUnbounded, kUnbounded},
-                                      {2, 9, 7},                   {2, 9, 7},           {0, kUnbounded, kUnbounded}, {0, kUnbounded, kUnbounded}};
-  ModelConfig cfg;
-  cfg.num_layers = L;
-  cfg.num_q_heads = Hq;
-  cfg.num_kv_heads = Hkv;
-  const std::vector<KVRetention> ret = kv_retention(cfg, views);
-  const std::vector<int32_t> lengths{1, 9, 30, 77};
-  for (KVType t : {KVType::F32, KVType::BF16, KVType::F16}) {
-    const std::string tn(kv_type_name(t));
-    std::mt19937 rng(7);
-    std::normal_distribution<float> nd;
-    BlockPool pool(400);
-    PagedKVStore store(shape, 400, t);
-    EXPECT_EQ(store.bytes(), static_cast<size_t>(400) * 8 * d * 2 * kv_type_size(t)) << tn;
-    EXPECT_EQ(PagedKVStore::bytes_per_block(shape, t), 8.0 * d * 2 * static_cast<double>(kv_type_size(t))) << tn;
+  // Head dims 24 (the AVX2 path of attention/cpu/paged_decode.h on any x86-64 CPU) and 64 (AVX-512 where present).
+  for (const int32_t d : {24, 64}) {
+    const int32_t L = 3, Hq = 4, Hkv = 2;
+    const PagedKVShape shape{L, Hkv, d, 8};
+    // Views per (layer, q head): dense, MoA sink + window, a horizon (sliding layer), all three; layers 0 and 1 give
+    // the two query heads of each GQA group different views (walked one head at a time), layer 2 the same (walked
+    // together).
+    const std::vector<DecodeView> views{{0, kUnbounded, kUnbounded}, {3, 5, kUnbounded}, {0, kUnbounded, 6}, {2, 9, 7},
+                                        {1, 1, kUnbounded},          {0, 20, kUnbounded}, {4, 4, 4},           {0, kUnbounded, kUnbounded},
+                                        {2, 9, 7},                   {2, 9, 7},           {0, kUnbounded, kUnbounded}, {0, kUnbounded, kUnbounded}};
+    ModelConfig cfg;
+    cfg.num_layers = L;
+    cfg.num_q_heads = Hq;
+    cfg.num_kv_heads = Hkv;
+    const std::vector<KVRetention> ret = kv_retention(cfg, views);
+    const std::vector<int32_t> lengths{1, 9, 30, 77};
+    for (KVType t : {KVType::F32, KVType::BF16, KVType::F16}) {
+      const std::string tn(kv_type_name(t));
+      std::mt19937 rng(7);
+      std::normal_distribution<float> nd;
+      BlockPool pool(400);
+      PagedKVStore store(shape, 400, t);
+      EXPECT_EQ(store.bytes(), static_cast<size_t>(400) * 8 * d * 2 * kv_type_size(t)) << tn;
+      EXPECT_EQ(PagedKVStore::bytes_per_block(shape, t), 8.0 * d * 2 * static_cast<double>(kv_type_size(t))) << tn;
 
-    // Rows written in f32 read back as the type's rounding of them (f32: the values themselves).
-    {
-      std::vector<float> k(3 * d), v(3 * d), kr(3 * d), vr(3 * d), round_k(3 * d), round_v(3 * d);
-      for (float& x : k) x = nd(rng) * 100;
-      for (float& x : v) x = nd(rng);
-      store.write(5, 4, 3, k.data(), v.data());
-      store.read(5, 4, 3, kr.data(), vr.data());
-      if (t == KVType::F32) {
-        round_k = k;
-        round_v = v;
-      } else {
-        std::vector<uint16_t> h(3 * d);
-        f32_to_half(k.data(), h.data(), 3 * d, t);
-        half_to_f32(h.data(), round_k.data(), 3 * d, t);
-        f32_to_half(v.data(), h.data(), 3 * d, t);
-        half_to_f32(h.data(), round_v.data(), 3 * d, t);
-        EXPECT_NE(round_k, k) << tn << ": nothing was rounded";
-      }
-      EXPECT_EQ(kr, round_k) << tn;
-      EXPECT_EQ(vr, round_v) << tn;
-      try {
-        store.write(5, 7, 2, k.data(), v.data());
-        ADD_FAILURE() << tn << ": a write past the block's end";
-      } catch (const Error& e) {
-        EXPECT_EQ(std::string(e.what()), "paged KV store: writing rows outside a block");
-      }
-      if (t != KVType::F32) {
+      // Rows written in f32 read back as the type's rounding of them (f32: the values themselves).
+      {
+        std::vector<float> k(3 * d), v(3 * d), kr(3 * d), vr(3 * d), round_k(3 * d), round_v(3 * d);
+        for (float& x : k) x = nd(rng) * 100;
+        for (float& x : v) x = nd(rng);
+        store.write(5, 4, 3, k.data(), v.data());
+        store.read(5, 4, 3, kr.data(), vr.data());
+        if (t == KVType::F32) {
+          round_k = k;
+          round_v = v;
+        } else {
+          std::vector<uint16_t> h(3 * d);
+          f32_to_half(k.data(), h.data(), 3 * d, t);
+          half_to_f32(h.data(), round_k.data(), 3 * d, t);
+          f32_to_half(v.data(), h.data(), 3 * d, t);
+          half_to_f32(h.data(), round_v.data(), 3 * d, t);
+          EXPECT_NE(round_k, k) << tn << ": nothing was rounded";
+        }
+        EXPECT_EQ(kr, round_k) << tn;
+        EXPECT_EQ(vr, round_v) << tn;
         try {
-          (void)store.k(0, 0);
-          ADD_FAILURE() << tn << ": f32 access to a half store";
+          store.write(5, 7, 2, k.data(), v.data());
+          ADD_FAILURE() << tn << ": a write past the block's end";
         } catch (const Error& e) {
-          EXPECT_EQ(std::string(e.what()), "paged KV store: f32 access to a " + tn + " store");
+          EXPECT_EQ(std::string(e.what()), "paged KV store: writing rows outside a block");
+        }
+        if (t != KVType::F32) {
+          try {
+            (void)store.k(0, 0);
+            ADD_FAILURE() << tn << ": f32 access to a half store";
+          } catch (const Error& e) {
+            EXPECT_EQ(std::string(e.what()), "paged KV store: f32 access to a " + tn + " store");
+          }
         }
       }
-    }
 
-    // Caches of this type -> blocks -> caches: the kept rows come back bit for bit; the f32 images of the caches
-    // (their stored values) are the attention reference's keys.
-    std::vector<KVCache> caches, images;
-    std::vector<SequenceBlocks> seqs;
-    for (int32_t len : lengths) {
-      KVCache c(L, Hkv, d, len, t), img(L, Hkv, d, len);
-      c.reserve(len);
-      img.reserve(len);
-      std::vector<float> k(static_cast<size_t>(len) * Hkv * d), v(k.size());
+      // Caches of this type -> blocks -> caches: the kept rows come back bit for bit; the f32 images of the caches
+      // (their stored values) are the attention reference's keys.
+      std::vector<KVCache> caches, images;
+      std::vector<SequenceBlocks> seqs;
+      for (int32_t len : lengths) {
+        KVCache c(L, Hkv, d, len, t), img(L, Hkv, d, len);
+        c.reserve(len);
+        img.reserve(len);
+        std::vector<float> k(static_cast<size_t>(len) * Hkv * d), v(k.size());
+        for (int32_t l = 0; l < L; ++l) {
+          for (float& x : k) x = nd(rng);
+          for (float& x : v) x = nd(rng);
+          c.write(l, 0, len, k.data(), v.data());
+          c.read(l, 0, len, img.k(l, 0), img.v(l, 0));
+        }
+        SequenceBlocks sq(shape, ret);
+        sq.grow(len, pool);
+        scatter_to_pages(c, sq, store);
+        KVCache back(L, Hkv, d, len, t);
+        back.reserve(len);
+        gather_from_pages(store, sq, len, back);
+        for (int32_t l = 0; l < L; ++l)
+          for (int32_t h = 0; h < Hkv; ++h)
+            for (int64_t pos = 0; pos < len; ++pos) {
+              if (sq.block(l, h, pos) < 0) continue;
+              const size_t at = static_cast<size_t>(h) * static_cast<size_t>(d) * kv_type_size(t);
+              ASSERT_EQ(std::memcmp(back.k_bytes(l, static_cast<int32_t>(pos)) + at,
+                                    c.k_bytes(l, static_cast<int32_t>(pos)) + at, store.row_bytes()), 0)
+                  << tn << " layer " << l << " head " << h << " row " << pos;
+              ASSERT_EQ(std::memcmp(back.v_bytes(l, static_cast<int32_t>(pos)) + at,
+                                    c.v_bytes(l, static_cast<int32_t>(pos)) + at, store.row_bytes()), 0);
+            }
+        caches.push_back(std::move(c));
+        images.push_back(std::move(img));
+        seqs.push_back(std::move(sq));
+      }
+      {
+        KVCache other(L, Hkv, d, 8, t == KVType::F32 ? KVType::F16 : KVType::F32);
+        other.reserve(1);
+        try {
+          scatter_to_pages(other, seqs[0], store);
+          ADD_FAILURE() << tn << ": a staging cache of another type";
+        } catch (const Error& e) {
+          EXPECT_EQ(std::string(e.what()), "paged KV: the staging cache is " +
+                                               std::string(kv_type_name(other.type())) + ", the blocks " + tn);
+        }
+      }
+
+      std::vector<DecodeRow> rows;
+      for (const SequenceBlocks& sq : seqs) rows.push_back({&sq, views});
+      const auto B = static_cast<int64_t>(lengths.size());
+      std::vector<float> q(static_cast<size_t>(B * Hq * d)), out(q.size());
+      for (float& x : q) x = nd(rng);
+      const float scale = 0.2f;
       for (int32_t l = 0; l < L; ++l) {
-        for (float& x : k) x = nd(rng);
-        for (float& x : v) x = nd(rng);
-        c.write(l, 0, len, k.data(), v.data());
-        c.read(l, 0, len, img.k(l, 0), img.v(l, 0));
-      }
-      SequenceBlocks sq(shape, ret);
-      sq.grow(len, pool);
-      scatter_to_pages(c, sq, store);
-      KVCache back(L, Hkv, d, len, t);
-      back.reserve(len);
-      gather_from_pages(store, sq, len, back);
-      for (int32_t l = 0; l < L; ++l)
-        for (int32_t h = 0; h < Hkv; ++h)
-          for (int64_t pos = 0; pos < len; ++pos) {
-            if (sq.block(l, h, pos) < 0) continue;
-            const size_t at = static_cast<size_t>(h) * static_cast<size_t>(d) * kv_type_size(t);
-            ASSERT_EQ(std::memcmp(back.k_bytes(l, static_cast<int32_t>(pos)) + at,
-                                  c.k_bytes(l, static_cast<int32_t>(pos)) + at, store.row_bytes()), 0)
-                << tn << " layer " << l << " head " << h << " row " << pos;
-            ASSERT_EQ(std::memcmp(back.v_bytes(l, static_cast<int32_t>(pos)) + at,
-                                  c.v_bytes(l, static_cast<int32_t>(pos)) + at, store.row_bytes()), 0);
-          }
-      caches.push_back(std::move(c));
-      images.push_back(std::move(img));
-      seqs.push_back(std::move(sq));
-    }
-    {
-      KVCache other(L, Hkv, d, 8, t == KVType::F32 ? KVType::F16 : KVType::F32);
-      other.reserve(1);
-      try {
-        scatter_to_pages(other, seqs[0], store);
-        ADD_FAILURE() << tn << ": a staging cache of another type";
-      } catch (const Error& e) {
-        EXPECT_EQ(std::string(e.what()), "paged KV: the staging cache is " +
-                                             std::string(kv_type_name(other.type())) + ", the blocks " + tn);
-      }
-    }
-
-    std::vector<DecodeRow> rows;
-    for (const SequenceBlocks& sq : seqs) rows.push_back({&sq, views});
-    const auto B = static_cast<int64_t>(lengths.size());
-    std::vector<float> q(static_cast<size_t>(B * Hq * d)), out(q.size());
-    for (float& x : q) x = nd(rng);
-    const float scale = 0.2f;
-    for (int32_t l = 0; l < L; ++l) {
-      paged_decode_attention_cpu(q.data(), out.data(), rows, l, Hq, store, scale, ThreadPool::global());
-      for (int64_t i = 0; i < B; ++i) {
-        const int32_t len = lengths[static_cast<size_t>(i)];
-        std::vector<float> ref(static_cast<size_t>(Hq * d));
-        attn::AttentionArgs args;
-        args.q = TensorView(q.data() + i * Hq * d, DType::F32, {1, Hq, d});
-        args.k = images[static_cast<size_t>(i)].k_view(l, len);
-        args.v = images[static_cast<size_t>(i)].v_view(l, len);
-        args.out = TensorView(ref.data(), DType::F32, {1, Hq, d});
-        args.scale = scale;
-        args.q_begin = len - 1;
-        attn::reference_attention_masked(args, [&](int head, int, int key) {
-          const auto r = views[static_cast<size_t>(l * Hq + head)].ranges(len);
-          return (key >= r.a0 && key < r.a1) || (key >= r.b0 && key < r.b1);
-        });
-        // The same stored values on both sides: only the f32 summation order differs (stated bound 2e-5).
-        for (int64_t c = 0; c < Hq * d; ++c)
-          ASSERT_NEAR(out[static_cast<size_t>(i * Hq * d + c)], ref[static_cast<size_t>(c)], 2e-5)
-              << tn << " layer " << l << " sequence " << i << " element " << c;
+        paged_decode_attention_cpu(q.data(), out.data(), rows, l, Hq, store, scale, ThreadPool::global());
+        for (int64_t i = 0; i < B; ++i) {
+          const int32_t len = lengths[static_cast<size_t>(i)];
+          std::vector<float> ref(static_cast<size_t>(Hq * d));
+          attn::AttentionArgs args;
+          args.q = TensorView(q.data() + i * Hq * d, DType::F32, {1, Hq, d});
+          args.k = images[static_cast<size_t>(i)].k_view(l, len);
+          args.v = images[static_cast<size_t>(i)].v_view(l, len);
+          args.out = TensorView(ref.data(), DType::F32, {1, Hq, d});
+          args.scale = scale;
+          args.q_begin = len - 1;
+          attn::reference_attention_masked(args, [&](int head, int, int key) {
+            const auto r = views[static_cast<size_t>(l * Hq + head)].ranges(len);
+            return (key >= r.a0 && key < r.a1) || (key >= r.b0 && key < r.b1);
+          });
+          // The same stored values on both sides: only the f32 summation order differs (stated bound 2e-5).
+          for (int64_t c = 0; c < Hq * d; ++c)
+            ASSERT_NEAR(out[static_cast<size_t>(i * Hq * d + c)], ref[static_cast<size_t>(c)], 2e-5)
+                << tn << " layer " << l << " sequence " << i << " element " << c;
+        }
       }
     }
   }
