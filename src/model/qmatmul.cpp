@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -60,35 +61,16 @@ void scalar_float(const uint8_t* w, int64_t cols, const ActRow* a, int nx, float
 }
 
 // Unpacks a 32-block's weights to q[32] (unsigned for Q4/Q5, signed for Q8_0) and its scale and min.
-enum class Legacy { Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 };
-
-template <Legacy T>
-constexpr size_t legacy_bytes() {
-  switch (T) {
-    case Legacy::Q4_0:
-      return 18;
-    case Legacy::Q4_1:
-      return 20;
-    case Legacy::Q5_0:
-      return 22;
-    case Legacy::Q5_1:
-      return 24;
-    case Legacy::Q8_0:
-      return 34;
-  }
-  return 0;
-}
-
-template <Legacy T>
+template <class B>
 void legacy_unpack(const uint8_t* b, int* q, float* d, float* m) {
   *d = f16_at(b);
   *m = 0.0f;
-  if constexpr (T == Legacy::Q8_0) {
+  if constexpr (std::is_same_v<B, qmm::Q8_0Block>) {
     for (int i = 0; i < 32; ++i) q[i] = static_cast<int8_t>(b[2 + i]);
     return;
   } else {
-    const bool has_min = T == Legacy::Q4_1 || T == Legacy::Q5_1;
-    const bool five = T == Legacy::Q5_0 || T == Legacy::Q5_1;
+    const bool has_min = B::kMin;
+    const bool five = B::kFive;
     if (has_min) *m = f16_at(b + 2);
     const uint8_t* p = b + (has_min ? 4 : 2);
     uint32_t qh = 0;
@@ -106,17 +88,17 @@ void legacy_unpack(const uint8_t* b, int* q, float* d, float* m) {
 }
 
 // out = sum_b (dw * dx) * isum_b  + (has min: sum_b mw * ds_b;  offset o: - o * sum_b dw * ds_b)
-template <Legacy T>
+template <class B>
 void scalar_legacy(const uint8_t* w, int64_t cols, const ActRow* a, int nx, float* out) {
   const int64_t nb = cols / 32;
-  constexpr bool has_min = T == Legacy::Q4_1 || T == Legacy::Q5_1;
-  constexpr float offset = T == Legacy::Q4_0 ? 8.0f : T == Legacy::Q5_0 ? 16.0f : 0.0f;
+  constexpr bool has_min = B::kMin;
+  constexpr float offset = B::kOffset;
   for (int j = 0; j < nx; ++j) {
     float acc = 0.0f, sacc = 0.0f;
     for (int64_t b = 0; b < nb; ++b) {
       int q[32];
       float d, m;
-      legacy_unpack<T>(w + b * legacy_bytes<T>(), q, &d, &m);
+      legacy_unpack<B>(w + b * static_cast<size_t>(B::kBytes), q, &d, &m);
       const int8_t* x = a[j].q + 32 * b;
       int32_t isum = 0;
       for (int i = 0; i < 32; ++i) isum += q[i] * x[i];
@@ -209,8 +191,8 @@ void scalar_q6k(const uint8_t* w, int64_t cols, const ActRow* a, int nx, float* 
 
 const Kernels kScalar = {
     scalar_float<f32_at, 4>,       scalar_float<f16_at, 2>,       scalar_float<bf16_at, 2>,
-    scalar_legacy<Legacy::Q4_0>,   scalar_legacy<Legacy::Q4_1>,   scalar_legacy<Legacy::Q5_0>,
-    scalar_legacy<Legacy::Q5_1>,   scalar_legacy<Legacy::Q8_0>,   scalar_q45k<false>,
+    scalar_legacy<qmm::Q4_0Block>, scalar_legacy<qmm::Q4_1Block>, scalar_legacy<qmm::Q5_0Block>,
+    scalar_legacy<qmm::Q5_1Block>, scalar_legacy<qmm::Q8_0Block>, scalar_q45k<false>,
     scalar_q45k<true>,             scalar_q6k,
     nullptr,                       nullptr,                       nullptr,
     0,

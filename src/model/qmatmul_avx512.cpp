@@ -186,39 +186,24 @@ inline __m512i fifth_bits2(const uint8_t* p, int stride) {
   return _mm512_maskz_mov_epi8(bits, _mm512_set1_epi8(0x10));
 }
 
-struct Q4_0 {
-  static constexpr int kBytes = 18;
-  static constexpr bool kMin = false;
-  static constexpr float kOffset = 8.0f;
+struct Q4_0 : Q4_0Block {
   static __m256i q(const uint8_t* b) { return nibbles(b + 2); }
   static __m512i q2(const uint8_t* b) { return nibbles2(b + 2, kBytes); }
 };
-struct Q4_1 {
-  static constexpr int kBytes = 20;
-  static constexpr bool kMin = true;
-  static constexpr float kOffset = 0.0f;
+struct Q4_1 : Q4_1Block {
   static __m256i q(const uint8_t* b) { return nibbles(b + 4); }
   static __m512i q2(const uint8_t* b) { return nibbles2(b + 4, kBytes); }
 };
-struct Q5_0 {
-  static constexpr int kBytes = 22;
-  static constexpr bool kMin = false;
-  static constexpr float kOffset = 16.0f;
+struct Q5_0 : Q5_0Block {
   static __m256i q(const uint8_t* b) { return _mm256_or_si256(nibbles(b + 6), fifth_bits(b + 2)); }
   static __m512i q2(const uint8_t* b) { return _mm512_or_si512(nibbles2(b + 6, kBytes), fifth_bits2(b + 2, kBytes)); }
 };
-struct Q5_1 {
-  static constexpr int kBytes = 24;
-  static constexpr bool kMin = true;
-  static constexpr float kOffset = 0.0f;
+struct Q5_1 : Q5_1Block {
   static __m256i q(const uint8_t* b) { return _mm256_or_si256(nibbles(b + 8), fifth_bits(b + 4)); }
   static __m512i q2(const uint8_t* b) { return _mm512_or_si512(nibbles2(b + 8, kBytes), fifth_bits2(b + 4, kBytes)); }
 };
 
-struct Q8_0 {
-  static constexpr int kBytes = 34;
-  static constexpr bool kMin = false;
-  static constexpr float kOffset = 0.0f;
+struct Q8_0 : Q8_0Block {
   static __m256i q(const uint8_t* b) { return load256(b + 2); }
   static __m512i q2(const uint8_t* b) { return join(load256(b + 2), load256(b + kBytes + 2)); }
 };

@@ -21,6 +21,22 @@ struct ActRow {
 
 constexpr int kMaxNx = 4;
 
+// The 32-element block types (quant.h) as the row kernels read them, for the scalar twin and the SIMD kernels alike:
+// bytes per block; kMin, the block carries a min (Q4_1, Q5_1: w = d * q + m); kOffset, taken off the unsigned codes
+// (Q4_0: 8, Q5_0: 16; Q8_0's codes are signed); kFive, a fifth bit per code (Q5_0, Q5_1).
+template <int Bytes, bool Min, int Offset, bool Five>
+struct LegacyBlock {
+  static constexpr int kBytes = Bytes;
+  static constexpr bool kMin = Min;
+  static constexpr float kOffset = static_cast<float>(Offset);
+  static constexpr bool kFive = Five;
+};
+using Q4_0Block = LegacyBlock<18, false, 8, false>;
+using Q4_1Block = LegacyBlock<20, true, 0, false>;
+using Q5_0Block = LegacyBlock<22, false, 16, true>;
+using Q5_1Block = LegacyBlock<24, true, 0, true>;
+using Q8_0Block = LegacyBlock<34, false, 0, false>;
+
 using RowKernel = void (*)(const uint8_t* w, int64_t cols, const ActRow* a, int nx, float* out);
 
 // A tile kernel multiplies tile_rows weight rows (row r at w + r * row_bytes) with nx activation rows, sharing each
