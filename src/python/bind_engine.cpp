@@ -467,18 +467,15 @@ void register_engine(nb::module_& m) {
         std::lock_guard lock(e.state->mutex);
         nb::dict d;
         const runtime::EngineMemory mem = e.state->engine->memory();
-        if (e.state->device->gpu()) {
-          d["device"] = "cuda";
-          d["weights_bytes"] = mem.weights_bytes;
-          d["kv_cache_bytes"] = mem.kv_cache_bytes;
+        const bool gpu = e.state->device->gpu();
+        d["device"] = gpu ? "cuda" : "cpu";
+        d["weights_bytes"] = mem.weights_bytes;
+        d["kv_cache_bytes"] = mem.kv_cache_bytes;
+        if (gpu) {  // the device's parts and totals
           d["scratch_bytes"] = mem.scratch_bytes;
           d["peak_in_use_bytes"] = mem.peak_in_use_bytes;
           d["device_total_bytes"] = mem.device_total_bytes;
-          return d;
         }
-        d["device"] = "cpu";
-        d["weights_bytes"] = mem.weights_bytes;
-        d["kv_cache_bytes"] = mem.kv_cache_bytes;
         return d;
       });
 }

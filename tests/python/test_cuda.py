@@ -86,4 +86,6 @@ def test_cuda_engine_matches_the_cpu_engine(tiny_llama_dir):
     assert len(gen.tokens) == 6 and gen.finish_reason == "length"
     m = engine.memory()
     assert m["device"] == "cuda" and m["weights_bytes"] > 0 and m["peak_in_use_bytes"] >= m["weights_bytes"]
+    assert list(m) == ["device", "weights_bytes", "kv_cache_bytes", "scratch_bytes", "peak_in_use_bytes",
+                       "device_total_bytes"], m
     assert engine.stats()["decode_tokens"] == 5

@@ -69,6 +69,7 @@ def test_stats_and_memory(smollm2):
     assert s["prefill_seconds"] > 0 and s["decode_tokens_per_second"] > 0
     m = engine.memory()
     assert m["device"] == "cpu"
+    assert list(m) == ["device", "weights_bytes", "kv_cache_bytes"], m  # the GPU's adds its device parts
     # Weights kept as stored: about the 98 MB Q4_1 file (538 MB if expanded to f32).
     assert m["kv_cache_bytes"] > 0 and 80e6 < m["weights_bytes"] < 120e6, m
     engine.reset_stats()
