@@ -19,15 +19,7 @@ namespace tessera::attn::cpu_detail {
 namespace {
 
 // 64 query rows = 4 zmm. QK^T: 6 keys x 64 rows = 24 accumulators; PV: 6 dims x 64 rows = 24 accumulators.
-struct Avx512 : Avx512Ops {
-  static constexpr int kRowVecs = 4;
-  static constexpr int kQkKeys = 6;
-  static constexpr int kPvDims = 6;
-
-  static reg zero_if_neg_inf(reg x) {
-    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-__builtin_inff()), _CMP_NEQ_UQ), x);
-  }
-};
+using Avx512 = TilePolicy<Avx512Ops, 4, 6, 6>;
 
 }  // namespace
 }  // namespace tessera::attn::cpu_detail

@@ -13,15 +13,7 @@ namespace {
 
 // 16 ymm registers: a micro-kernel covers 16 rows (2 ymm) at a time; QK^T 4 keys x 2 = 8 accumulators,
 // PV 4 dims x 2 = 8 accumulators.
-struct Avx2 : Avx2Ops {
-  static constexpr int kRowVecs = 2;
-  static constexpr int kQkKeys = 4;
-  static constexpr int kPvDims = 4;
-
-  static reg zero_if_neg_inf(reg x) {
-    return _mm256_and_ps(x, _mm256_cmp_ps(x, _mm256_set1_ps(-__builtin_inff()), _CMP_NEQ_UQ));
-  }
-};
+using Avx2 = TilePolicy<Avx2Ops, 2, 4, 4>;
 using Baseline = Avx2;
 
 }  // namespace

@@ -67,6 +67,14 @@ void widen_row(const uint16_t* src, float* dst, int n) {
   for (; i < n; ++i) dst[i] = kBf16 ? bf16_bits_to_f32(src[i]) : f16_bits_to_f32(src[i]);
 }
 
+// A SIMD policy from an ISA's vector ops (vector_ops.h) and the micro-kernels' blocking for its register file.
+template <class Ops, int RowVecs, int QkKeys, int PvDims>
+struct TilePolicy : Ops {
+  static constexpr int kRowVecs = RowVecs;
+  static constexpr int kQkKeys = QkKeys;
+  static constexpr int kPvDims = PvDims;
+};
+
 template <class S>
 class FlashTile {
   using reg = typename S::reg;

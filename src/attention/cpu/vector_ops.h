@@ -5,7 +5,7 @@
 // blocking, reductions); everything here has internal linkage, each file being compiled with its own ISA flags.
 //
 // The ops: reg, kWidth (lanes); zero, set1, load / store (kWidth floats), fmadd(a, b, c) = a * b + c, add, sub, mul,
-// max; reduce_add (the sum of the lanes); exp2(x) (0 for x <= -125, -inf included, so no denormal is produced);
+// max; reduce_add (the sum of the lanes); zero_if_neg_inf(x) (x, with -inf lanes 0); exp2(x) (0 for x <= -125, -inf included, so no denormal is produced);
 // widen_bf16 / widen_f16 (kWidth 16-bit values to f32).
 #pragma once
 
@@ -49,6 +49,9 @@ struct Avx512Ops {
   static reg mul(reg a, reg b) { return _mm512_mul_ps(a, b); }
   static reg max(reg a, reg b) { return _mm512_max_ps(a, b); }
   static float reduce_add(reg x) { return _mm512_reduce_add_ps(x); }
+  static reg zero_if_neg_inf(reg x) {
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-__builtin_inff()), _CMP_NEQ_UQ), x);
+  }
   // 2^x = 2^n * 2^f with n = round(x), |f| <= 1/2; 2^f by exp2_fraction, 2^n by scalef. Lanes <= -125 (-inf
   // included, whose lanes go NaN on the way) are masked to exactly 0.
   static reg exp2(reg x) {
@@ -82,6 +85,9 @@ struct Avx2Ops {
   static reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }
   static reg max(reg a, reg b) { return _mm256_max_ps(a, b); }
   static float reduce_add(reg x) { return x86::hsum(x); }
+  static reg zero_if_neg_inf(reg x) {
+    return _mm256_and_ps(x, _mm256_cmp_ps(x, _mm256_set1_ps(-__builtin_inff()), _CMP_NEQ_UQ));
+  }
   // As Avx512Ops::exp2, with 2^n built in the exponent field (n >= -124 on live lanes; others are masked to 0).
   static reg exp2(reg x) {
     const reg live = _mm256_cmp_ps(x, _mm256_set1_ps(-125.0f), _CMP_GT_OQ);
