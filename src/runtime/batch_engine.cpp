@@ -708,7 +708,8 @@ std::vector<float> BatchEngine::decode_one(int64_t id, int32_t token) {
     check(s.blocks.need(1) <= pool_.available(),
           "KV cache: the KV budget's " + with_commas(pool_.total()) + " blocks (" +
               format_bytes(pool_.total() * block_bytes_) + ") are full at " + with_commas(len) + " tokens");
-    if (!s.decoding) {  // nothing prefilled yet: the sequence takes its decode state now (nothing staged to move)
+    if (!s.decoding) {  // nothing prefilled yet, or a failed extend: the sequence takes its decode state now
+      if (len > 0) backend_.load_prefix(s.blocks, static_cast<int32_t>(len), static_cast<int32_t>(len));
       backend_.finish_prefill(s.blocks, s.views);
       s.decoding = true;
     }
