@@ -22,43 +22,48 @@ inline float elem_at(const void* p, int64_t i, DType t) {
   return t == DType::BF16 ? bf16_to_f32(bf16::from_bits(b)) : f16_to_f32(f16::from_bits(b));
 }
 
-// The portable twin: the SIMD kernels' walk (chunks of 64 keys, one rescale per chunk, each element converted
-// as it is read), one element at a time.
+// The portable twin: the SIMD kernels' walk (chunks of 64 keys, one rescale per chunk), in plain loops: each
+// chunk's keys and values converted to f32 once (for all the heads), then per head its scores, softmax and
+// values.
 void paged_decode_portable(const PagedDecodeJob& job) {
   const int64_t d = job.head_dim;
   const size_t H = static_cast<size_t>(job.heads);
   const float sc = job.scale * 1.44269504088896341f;
-  std::vector<float> m(H, -INFINITY), l(H, 0.0f), s(H * kChunk);
+  std::vector<float> m(H, -INFINITY), l(H, 0.0f), s(kChunk);
+  std::vector<float> kf(static_cast<size_t>(kChunk * d)), vf(kf.size());
   std::fill(job.out, job.out + job.heads * d, 0.0f);
   for (const KeySpan& span : job.spans) {
     for (int64_t j0 = 0; j0 < span.n; j0 += kChunk) {
       const int64_t n = std::min<int64_t>(kChunk, span.n - j0);
+      for (int64_t i = 0; i < n * d; ++i) {
+        kf[static_cast<size_t>(i)] = elem_at(span.k, j0 * d + i, job.elem);
+        vf[static_cast<size_t>(i)] = elem_at(span.v, j0 * d + i, job.elem);
+      }
       for (size_t g = 0; g < H; ++g) {
         const float* q = job.q + static_cast<int64_t>(g) * d;
-        float* sg = s.data() + g * kChunk;
         float mx = -INFINITY;
         for (int64_t j = 0; j < n; ++j) {
+          const float* k = kf.data() + j * d;
           float dot = 0;
-          for (int64_t c = 0; c < d; ++c) dot += q[c] * elem_at(span.k, (j0 + j) * d + c, job.elem);
-          sg[j] = dot * sc;
-          mx = std::max(mx, sg[j]);
+          for (int64_t c = 0; c < d; ++c) dot += q[c] * k[c];
+          s[static_cast<size_t>(j)] = dot * sc;
+          mx = std::max(mx, s[static_cast<size_t>(j)]);
         }
         const float m_new = std::max(m[g], mx);
         const float mu = m_new == -INFINITY ? 0.0f : m_new;
         const float alpha = m[g] - mu <= -125.0f ? 0.0f : std::exp2(m[g] - mu);
         m[g] = m_new;
+        float* o = job.out + static_cast<int64_t>(g) * d;
+        for (int64_t c = 0; c < d; ++c) o[c] *= alpha;
         float total = 0;
         for (int64_t j = 0; j < n; ++j) {
-          sg[j] = sg[j] - mu <= -125.0f ? 0.0f : std::exp2(sg[j] - mu);
-          total += sg[j];
+          const float x = s[static_cast<size_t>(j)] - mu;
+          const float p = x <= -125.0f ? 0.0f : std::exp2(x);
+          const float* v = vf.data() + j * d;
+          for (int64_t c = 0; c < d; ++c) o[c] += p * v[c];
+          total += p;
         }
         l[g] = l[g] * alpha + total;
-        float* o = job.out + static_cast<int64_t>(g) * d;
-        for (int64_t c = 0; c < d; ++c) {
-          float x = o[c] * alpha;
-          for (int64_t j = 0; j < n; ++j) x += sg[j] * elem_at(span.v, (j0 + j) * d + c, job.elem);
-          o[c] = x;
-        }
       }
     }
   }
