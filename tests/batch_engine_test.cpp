@@ -21,6 +21,7 @@
 #include "runtime/engine.h"
 #include "model/model.h"
 #include "stream_sizes.h"
+#include "decode_reference.h"
 #include "test_support.h"
 
 namespace tessera::runtime {
@@ -195,18 +196,8 @@ TEST(PagedDecodeAttention, MatchesMaskedReference) {
     paged_decode_attention_cpu(q.data(), out.data(), rows, l, Hq, store, scale, ThreadPool::global());
     for (int64_t i = 0; i < B; ++i) {
       const int32_t len = lengths[static_cast<size_t>(i)];
-      std::vector<float> ref(static_cast<size_t>(Hq * d));
-      attn::AttentionArgs args;
-      args.q = TensorView(q.data() + i * Hq * d, DType::F32, {1, Hq, d});
-      args.k = caches[static_cast<size_t>(i)].k_view(l, len);
-      args.v = caches[static_cast<size_t>(i)].v_view(l, len);
-      args.out = TensorView(ref.data(), DType::F32, {1, Hq, d});
-      args.scale = scale;
-      args.q_begin = len - 1;
-      attn::reference_attention_masked(args, [&](int head, int, int key) {
-        const auto r = views[static_cast<size_t>(l * Hq + head)].ranges(len);
-        return (key >= r.a0 && key < r.a1) || (key >= r.b0 && key < r.b1);
-      });
+      const std::vector<float> ref =
+          decode_reference(q.data() + i * Hq * d, caches[static_cast<size_t>(i)], l, len, views, Hq, d, scale);
       for (int64_t c = 0; c < Hq * d; ++c)
         ASSERT_NEAR(out[static_cast<size_t>(i * Hq * d + c)], ref[static_cast<size_t>(c)], 2e-5)
             << "layer " << l << " sequence " << i << " element " << c;
