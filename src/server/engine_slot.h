@@ -1,10 +1,11 @@
 // tessera/server/engine_slot.h — a scheduler slot over today's single-sequence engines.
 //
 // EngineSlot<runtime::Engine, runtime::Model, runtime::EngineOptions> on the CPU, and the same with the GPU
-// engine (runtime/cuda/gpu_engine.h) over a DeviceModel: each request gets a fresh engine with its attention
-// policy, sharing the loaded weights; the engine, and with it the request's KV cache, is destroyed when the
-// request ends — except with streaming memory (--stream), where the slot keeps one engine and resets it between
-// requests (keeps_engine()). kv_tokens / kv_bytes follow the engine between tokens. A cancelled or timed-out request stops
+// engine (runtime/cuda/gpu_engine.h) over a DeviceModel: the slot keeps one engine (sharing the loaded weights) and
+// resets it between requests, which empties the sequence and keeps the engine's KV block pool, scratch buffers and,
+// with streaming memory (--stream), the pinned host slabs; a request under another attention policy gets a new
+// engine (the kept one is dropped first), and so does the request after one that failed. kv_tokens / kv_bytes follow
+// the engine between tokens. A cancelled or timed-out request stops
 // between prefill chunks too (the engine's progress callback), so a long prompt does not hold the slot to its end.
 #pragma once
 
@@ -75,7 +76,8 @@ class EngineSlot final : public SlotEngine {
     }
     kv_tokens_.store(0);
     kv_bytes_.store(0);
-    if (keeps_engine()) kept_ = std::move(engine);
+    engine->reset();  // the request's KV blocks go back now (on the CPU their pages too), not at the next request
+    kept_ = std::move(engine);
     return out;
   }
 
@@ -103,40 +105,40 @@ class EngineSlot final : public SlotEngine {
         piece = std::clamp<size_t>((size_t{1} << 25) / std::max<size_t>(vocab, 1), 16, 2048);
       }
     }  // (an exception drops the engine: it is not kept)
-    if (keeps_engine()) {
-      engine->reset();
-      kept_ = std::move(engine);
-    }
+    engine->reset();
+    kept_ = std::move(engine);
     return out;
   }
 
-  // Engines this slot has made: one per request, except with streaming memory (keeps_engine()), where one serves
-  // every request after it until a request fails.
+  // Engines this slot has made: one, plus one per change of attention policy between requests and per request
+  // after a failed one. (Before the engine was the batched scheduler with one sequence, the slot made one per
+  // request but with streaming memory; a GPU engine now allocates its KV block pool when it is made: ~17 GB at 128K
+  // for Llama-3-8B shapes, which a fresh engine per request would allocate and free every time.)
   int64_t engines_made() const { return engines_made_; }
-  // Streaming memory (options.stream): every request attends with the same policy (the server refuses others), so
-  // the slot keeps its engine between requests and resets it, which keeps the streaming buffers and, on the GPU,
-  // the pinned host slabs for the evicted blocks (allocating and pinning them took ~0.9 s per 16 GB on an H100).
-  bool keeps_engine() const {
-    if constexpr (requires { options_.stream.method; })
-      return options_.stream.method != runtime::StreamMethod::None;
-    else
-      return false;
-  }
 
  private:
-  // A fresh engine under `policy`, or with streaming memory the kept one, reset.
+  // The kept engine, reset, when it runs `policy` (with streaming memory every request has the slot's policy: the
+  // server refuses others); otherwise a fresh engine under `policy`, the kept one dropped first (its memory freed).
   std::unique_ptr<EngineT> take_engine(const attn::AttentionPolicy& policy) {
     std::unique_ptr<EngineT> engine;
-    if (keeps_engine() && kept_) {
+    const bool streams = [&] {
+      if constexpr (requires { options_.stream.method; })
+        return options_.stream.method != runtime::StreamMethod::None;
+      else
+        return false;
+    }();
+    if (kept_ && (streams || kept_policy_ == policy)) {
       engine = std::move(kept_);
-      engine->reset();  // a fresh sequence; the streaming memory's buffers (pinned slabs on the GPU) stay
+      engine->reset();  // a fresh sequence; the pool, the buffers (pinned slabs on the GPU) stay
     } else {
+      kept_.reset();
       OptionsT options = options_;
       options.policy = policy;
       if constexpr (std::is_same_v<ModelT, runtime::Device>)
         engine = model_.engine(options);  // the device's engine (runtime/device.h)
       else
         engine = std::make_unique<EngineT>(model_, std::move(options));
+      kept_policy_ = policy;
       ++engines_made_;
     }
     return engine;
@@ -146,6 +148,7 @@ class EngineSlot final : public SlotEngine {
   OptionsT options_;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<EngineT> kept_;
+  attn::AttentionPolicy kept_policy_;  // the policy kept_ runs
   int64_t engines_made_ = 0;
 };
 

@@ -938,7 +938,7 @@ TEST(ServerStreaming, SlotsAnswerAsTheStreamingEngine) {
   EXPECT_EQ(g.kv_tokens + g.kv_bytes, 0);
 }
 
-// With streaming memory a slot keeps one engine between requests (resetting it), so the pinned slabs and the
+// A slot keeps one engine between requests (resetting it); with streaming memory the pinned slabs and the
 // streaming buffers are made once: every answer still equals a fresh streaming engine's, after an aborted request
 // too, and a failed request (over the host budget: the exact error) leaves no engine behind to reuse.
 TEST(ServerStreaming, SlotKeepsItsEngineBetweenRequests) {
@@ -969,7 +969,6 @@ TEST(ServerStreaming, SlotKeepsItsEngineBetweenRequests) {
   ASSERT_NE(want_a, want_b);
 
   EngineSlot<runtime::Engine, runtime::Model, runtime::EngineOptions> slot(*rm->model, eo);
-  ASSERT_TRUE(slot.keeps_engine());
   const attn::AttentionPolicy dense;
   const auto on_token = [](int32_t) { return true; };
   const std::function<bool()> no_abort;
@@ -993,12 +992,27 @@ TEST(ServerStreaming, SlotKeepsItsEngineBetweenRequests) {
   EXPECT_EQ(slot.engines_made(), 2);  // the failed request's engine was dropped
   EXPECT_EQ(slot.kv_tokens() + slot.kv_bytes(), 0);
 
-  runtime::EngineOptions plain;  // no streaming: a fresh engine per request, as before
+  // Without streaming: the kept engine serves every request of its policy (its KV pool made once), reset between
+  // them, with the answers of a fresh engine; another policy gets a new engine, and back again another.
+  runtime::EngineOptions plain;
+  const auto fresh_plain = [&](const PreparedRequest& p, const attn::AttentionPolicy& policy) {
+    runtime::EngineOptions o = plain;
+    o.policy = policy;
+    runtime::Engine engine(*rm->model, o);
+    return engine.generate(p.prompt, p.gen);
+  };
+  const runtime::ModelConfig& c = rm->model->config();
+  const attn::AttentionPolicy ashape =
+      attn::AttentionPolicy::uniform(c.num_layers, c.num_q_heads, c.num_kv_heads, attn::AShapePattern{4, 32});
   EngineSlot<runtime::Engine, runtime::Model, runtime::EngineOptions> dense_slot(*rm->model, plain);
-  EXPECT_FALSE(dense_slot.keeps_engine());
-  dense_slot.generate(a.prompt, a.gen, dense, on_token, no_abort);
-  dense_slot.generate(a.prompt, a.gen, dense, on_token, no_abort);
+  EXPECT_EQ(dense_slot.generate(a.prompt, a.gen, dense, on_token, no_abort), fresh_plain(a, dense));
+  EXPECT_EQ(dense_slot.generate(b.prompt, b.gen, dense, on_token, no_abort), fresh_plain(b, dense));
+  EXPECT_EQ(dense_slot.engines_made(), 1);
+  EXPECT_EQ(dense_slot.generate(b.prompt, b.gen, ashape, on_token, no_abort), fresh_plain(b, ashape));
   EXPECT_EQ(dense_slot.engines_made(), 2);
+  EXPECT_EQ(dense_slot.generate(a.prompt, a.gen, dense, on_token, no_abort), fresh_plain(a, dense));
+  EXPECT_EQ(dense_slot.engines_made(), 3);
+  EXPECT_EQ(dense_slot.kv_tokens() + dense_slot.kv_bytes(), 0);
 }
 
 // The scheduler over the batched engine (tessera serve --parallel N > 1): every request answers as the
