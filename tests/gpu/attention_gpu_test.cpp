@@ -1728,6 +1728,87 @@ TEST(PrefillCursorOnHost, TilesAndMaskAreIndexAndWindow) {
   EXPECT_GT(skipped, 0);
 }
 
+// Split units (attention/index/split_plan.h) count an item's key tiles in the plan's tiles of kPrefillKeyTile keys
+// (prefill_item_cost); the kernel at head dim 256 walks tiles of half that. Cut into units of random sizes, an item's
+// units present the keys of its whole walk, in order, each once, for kernel tiles of 64 and 32 keys (issue 34: read
+// as 32-key tiles, the units of a 64-tile plan covered the first half of the keys only).
+template <int BN>
+std::vector<int> walk_keys(const gpu::detail::PrefillParams& p, int item, int pos0, int rows, int begin, int end,
+                           bool whole) {
+  std::vector<int> keys;
+  auto take = [&](auto& cursor) {
+    for (gpu::detail::KeyTile kt = cursor.next(); kt.count > 0; kt = cursor.next()) {
+      EXPECT_LE(kt.count, BN);
+      for (int j = 0; j < kt.count; ++j) keys.push_back(kt.gathered ? p.columns[kt.first + j] : kt.first + j);
+    }
+  };
+  if (whole) {
+    gpu::detail::KeyCursor<BN, false> cursor(p, item, pos0, rows);
+    take(cursor);
+  } else {
+    gpu::detail::KeyCursor<BN, true, gpu::kPrefillKeyTile> cursor(p, item, pos0, rows, begin, end);
+    take(cursor);
+  }
+  return keys;
+}
+
+TEST(PrefillCursorOnHost, SplitUnitsCoverTheItemAtEveryKernelTile) {
+  std::mt19937_64 rng(34);
+  int64_t units = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    std::uniform_int_distribution<int> len(1, 300), beg(0, 3000), small(0, 40), big(1, 300);
+    LoweringContext ctx;
+    ctx.q_len = len(rng);
+    ctx.q_begin = trial % 3 == 0 ? 0 : beg(rng);
+    ctx.kv_len = ctx.q_begin + ctx.q_len;
+    ctx.total_len = ctx.kv_len;
+    ctx.tile = trial % 2 ? 64 : 128;
+    const std::vector<Pattern> layer = {
+        DensePattern{},
+        AShapePattern{small(rng), big(rng)},
+        VerticalSlashPattern{small(rng), small(rng), 64, 4, 8},
+    };
+    std::vector<HeadEstimate> est;
+    for (const Pattern& pat : layer) est.push_back(random_estimate(pat, ctx, rng));
+    const SparseIndex index = lower_layer(layer, est, ctx);
+    gpu::detail::PrefillParams p;
+    p.q_len = index.q_len;
+    p.q_begin = index.q_begin;
+    p.num_tiles = index.num_tiles();
+    p.window = 0;
+    p.span = 0x7fffffffu;
+    p.range_offsets = index.range_offsets.data();
+    p.ranges = reinterpret_cast<const int2*>(index.ranges.data());
+    p.column_offsets = index.column_offsets.data();
+    p.columns = index.columns.data();
+    for (int h = 0; h < index.num_heads; ++h)
+      for (int t = 0; t < index.num_tiles(); ++t) {
+        const int item = h * index.num_tiles() + t;
+        const int row0 = t * index.tile, rows = std::min(index.tile, index.q_len - row0);
+        const int pos0 = index.q_begin + row0;
+        const int ncols = index.column_offsets[static_cast<size_t>(item) + 1] - index.column_offsets[static_cast<size_t>(item)];
+        const int plan_tiles = gpu::prefill_item_cost(index.ranges_of(h, t), ncols) - 1;
+        const std::vector<int> whole = walk_keys<64>(p, item, pos0, rows, 0, 0, true);
+        ASSERT_EQ(walk_keys<32>(p, item, pos0, rows, 0, 0, true), whole);
+        std::vector<int> got64, got32;
+        std::uniform_int_distribution<int> cut(1, std::max(1, plan_tiles / 2));
+        for (int a = 0; a < plan_tiles;) {
+          const int b = std::min(plan_tiles, a + cut(rng));
+          const std::vector<int> k64 = walk_keys<64>(p, item, pos0, rows, a, b, false);
+          const std::vector<int> k32 = walk_keys<32>(p, item, pos0, rows, a, b, false);
+          got64.insert(got64.end(), k64.begin(), k64.end());
+          got32.insert(got32.end(), k32.begin(), k32.end());
+          ++units;
+          a = b;
+        }
+        ASSERT_EQ(got64, whole) << "trial " << trial << " head " << h << " tile " << t << ": 64-key kernel tiles";
+        ASSERT_EQ(got32, whole) << "trial " << trial << " head " << h << " tile " << t << ": 32-key kernel tiles";
+      }
+  }
+  std::printf("[ cursor   ] %lld split units checked\n", static_cast<long long>(units));
+  EXPECT_GT(units, 0);
+}
+
 TEST(WorkPlan, HeaviestFirstStable) {
   EXPECT_EQ(gpu::heaviest_first_order({3, 5, 3, 9, 1}), (std::vector<int32_t>{3, 1, 0, 2, 4}));
   const KeyRange r[] = {{0, 64}, {100, 101}, {200, 329}};

@@ -86,7 +86,8 @@ __global__ void __launch_bounds__(PrefillConfig<D, BM>::kThreads, PrefillConfig<
     const T* vh = v_all + kvh * p.v_head;
 
     // Cursor over the item's key tiles: ranges first, then columns (window-clipped).
-    KeyCursor<BN> cursor(p, item, pos0, rows, work.tile_begin, work.tile_end);
+    // Split units count in the plan's tiles of kPrefillKeyTile keys (BN is half that at head dim 256).
+    KeyCursor<BN, true, kPrefillKeyTile> cursor(p, item, pos0, rows, work.tile_begin, work.tile_end);
     auto next_tile = [&]() { return cursor.next(); };
     auto load_kv = [&](int stage, const KeyTile& kt) {
       T* dk = sK + stage * BN * D;

@@ -71,8 +71,14 @@ struct KeyTile {
 // A tile is masked when it is partial, holds a key past the first row (causal), or, with a window, a key below
 // the last row's window (key < pos_last - window + 1); the per-row mask itself is the kernel's.
 // kUnits = false: a kernel that never runs split units (its plan has none) walks whole items without counting.
-template <int BN, bool kUnits = true>
+// PT: the tile the split plan counts in (kPrefillKeyTile keys, attention/index/split_plan.h; lower_tile's costs), a
+// multiple of BN: a unit's [tile_begin, tile_end) are PT-key tiles of the walk (ranges cut at their begin, then the
+// columns), each returned as PT / BN tiles of BN keys (fewer where a range or the columns end inside it). Head dim
+// 256 walks BN = 32 keys under plans of 64: read as 32-key tiles, a unit's bounds covered the first half of its
+// item's keys only (issue 34: Gemma-3 prefills from 8,192 keys on attended to half the cache).
+template <int BN, bool kUnits = true, int PT = BN>
 struct KeyCursor {
+  static_assert(PT % BN == 0, "the plan's key tile must be a multiple of the kernel's");
   const int2* ranges;
   const int32_t* columns;
   int r, r_end, c, c_end, rb, re;
@@ -80,9 +86,10 @@ struct KeyCursor {
   int mask_below;  // window: tiles holding a key below this are masked (the tile's last row does not see it)
   bool windowed;
 
-  int remaining;   // key tiles left to return (a split unit's share of the item)
+  int remaining;   // plan tiles (PT keys) left to start (a split unit's share of the item)
+  int left = 0;    // keys left in the current plan tile (kUnits)
 
-  // tile_begin / tile_end: the key tiles [tile_begin, tile_end) of the item's walk only (a split unit).
+  // tile_begin / tile_end: the plan tiles [tile_begin, tile_end) of the item's walk only (a split unit).
   TESSERA_HD_INLINE KeyCursor(const PrefillParams& p, int item, int pos0, int rows, int tile_begin = 0,
                               int tile_end = 0x7fffffff)
       : ranges(p.ranges),
@@ -131,12 +138,13 @@ struct KeyCursor {
     if constexpr (kUnits) skip(tile_begin);
   }
 
-  // Moves past the next n tiles without returning them (whole ranges at a time): the same walk as n next().
+  // Moves past the next n plan tiles without returning them (whole ranges at a time): the same walk as the next()
+  // calls that return them.
   TESSERA_HD_INLINE void skip(int n) {
     while (n > 0 && r < r_end) {
-      const int tiles = (re - rb + BN - 1) / BN;
+      const int tiles = (re - rb + PT - 1) / PT;
       if (n < tiles) {
-        rb += n * BN;
+        rb += n * PT;
         return;
       }
       n -= tiles;
@@ -146,20 +154,26 @@ struct KeyCursor {
         re = x.y;
       }
     }
-    c = c + n * BN < c_end ? c + n * BN : c_end;
+    c = c + n * PT < c_end ? c + n * PT : c_end;
   }
 
   TESSERA_HD_INLINE KeyTile next() {
     KeyTile kt;
+    int most = BN;
     if constexpr (kUnits) {
-      if (remaining <= 0) return kt;
-      --remaining;
+      if (left <= 0) {  // a new plan tile
+        if (remaining <= 0) return kt;
+        --remaining;
+        left = PT;
+      }
+      most = left < BN ? left : BN;
     }
     if (r < r_end) {
       kt.first = rb;
-      kt.count = re - rb < BN ? re - rb : BN;
+      kt.count = re - rb < most ? re - rb : most;
       kt.masked = kt.count < BN || rb + BN - 1 > first_pos || (windowed && rb < mask_below);
       rb += kt.count;
+      left = rb >= re ? 0 : left - kt.count;  // a plan tile ends with its range
       if (rb >= re && ++r < r_end) {
         const int2 x = ranges[r];
         rb = x.x;
@@ -167,10 +181,11 @@ struct KeyCursor {
       }
     } else if (c < c_end) {
       kt.first = c;
-      kt.count = c_end - c < BN ? c_end - c : BN;
+      kt.count = c_end - c < most ? c_end - c : most;
       kt.gathered = true;
       kt.masked = kt.count < BN || columns[c + kt.count - 1] > first_pos || (windowed && columns[c] < mask_below);
       c += kt.count;
+      left -= kt.count;
     }
     return kt;
   }
