@@ -16,24 +16,12 @@
 #include "model/model.h"
 #include "runtime/batch_engine.h"
 #include "runtime/prefix_cache.h"
+#include "test_support.h"
 
 namespace tessera::runtime {
 namespace {
 
-const Model& fixture(const char* name) {
-  static std::map<std::string, std::unique_ptr<Model>> cache;
-  auto& m = cache[name];
-  if (!m) m = Model::load(std::string(TESSERA_SOURCE_DIR) + "/tests/data/hf_tiny/" + name);
-  return *m;
-}
-
-std::vector<int32_t> tokens(int32_t n, int32_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> d(0, vocab - 1);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = d(rng);
-  return t;
-}
+using namespace tessera::test;
 
 std::vector<int32_t> operator+(std::vector<int32_t> a, const std::vector<int32_t>& b) {
   a.insert(a.end(), b.begin(), b.end());
@@ -67,7 +55,7 @@ SequenceBlocks dense_seq() {
 TEST(PrefixCacheBlocks, FindsTheLongestCachedChainAndComparesTokens) {
   BlockPool pool(64);
   PrefixCache cache(4);
-  const std::vector<int32_t> doc = tokens(14, 100, 1);  // three full blocks and two rows
+  const std::vector<int32_t> doc = random_tokens(14, 100, 1);  // three full blocks and two rows
   SequenceBlocks s = dense_seq();
   s.grow(14, pool);
   cache.insert(doc, s, 3, pool);
@@ -77,7 +65,7 @@ TEST(PrefixCacheBlocks, FindsTheLongestCachedChainAndComparesTokens) {
 
   // The same first 12 tokens, then others: three blocks (at most max_blocks).
   SequenceBlocks t = dense_seq();
-  const std::vector<int32_t> q = std::vector<int32_t>(doc.begin(), doc.begin() + 12) + tokens(9, 100, 2);
+  const std::vector<int32_t> q = std::vector<int32_t>(doc.begin(), doc.begin() + 12) + random_tokens(9, 100, 2);
   auto hit = cache.match(q, 5, t);
   ASSERT_EQ(hit.size(), 3u);
   EXPECT_EQ(*hit[1], (std::vector<int32_t>{s.table(0, 0)[1], s.table(1, 0)[1]}));
@@ -111,7 +99,7 @@ TEST(PrefixCacheBlocks, SlidingWindowHeadsNeedOnlyTheBlocksTheyKeep) {
   const std::vector<KVRetention> ret{{}, {0, 4}};
   BlockPool pool(64);
   PrefixCache cache(4);
-  const std::vector<int32_t> doc = tokens(20, 100, 3);
+  const std::vector<int32_t> doc = random_tokens(20, 100, 3);
   SequenceBlocks s(shape, ret);
   s.grow(20, pool);
   EXPECT_EQ(s.table(1, 0)[0], -1);
@@ -120,7 +108,7 @@ TEST(PrefixCacheBlocks, SlidingWindowHeadsNeedOnlyTheBlocksTheyKeep) {
   EXPECT_EQ(cache.entries(), 5);
   // At 20 rows (5 blocks) the window's blocks are there; at 12 rows (3 blocks) layer 1 would need block 2: gone.
   SequenceBlocks t(shape, ret);
-  EXPECT_EQ(cache.match(doc + tokens(3, 100, 4), 5, t).size(), 5u);
+  EXPECT_EQ(cache.match(doc + random_tokens(3, 100, 4), 5, t).size(), 5u);
   EXPECT_EQ(cache.match(std::vector<int32_t>(doc.begin(), doc.begin() + 13), 5, t).size(), 0u);
   s.release(pool);
   cache.clear(pool);
@@ -129,7 +117,7 @@ TEST(PrefixCacheBlocks, SlidingWindowHeadsNeedOnlyTheBlocksTheyKeep) {
 TEST(PrefixCacheBlocks, EvictsLeastRecentlyUsedFirst) {
   BlockPool pool(8);
   PrefixCache cache(4);
-  const std::vector<int32_t> a = tokens(4, 100, 5), b = tokens(4, 100, 6);
+  const std::vector<int32_t> a = random_tokens(4, 100, 5), b = random_tokens(4, 100, 6);
   for (const auto* toks : {&a, &b}) {
     SequenceBlocks s = dense_seq();
     s.grow(4, pool);
@@ -215,9 +203,10 @@ class PrefixCacheEngine : public ::testing::TestWithParam<const char*> {};
 TEST_P(PrefixCacheEngine, SharedDocumentDifferentQuestions) {
   const Model& m = fixture(GetParam());
   const int32_t V = m.config().vocab_size;
-  const std::vector<int32_t> doc = tokens(100, V, 11);
-  const std::vector<BatchRequest> reqs{request(doc + tokens(9, V, 12), 10), request(doc + tokens(13, V, 13), 10, 7),
-                                       request(doc + tokens(5, V, 14), 10)};
+  const std::vector<int32_t> doc = random_tokens(100, V, 11);
+  const std::vector<BatchRequest> reqs{request(doc + random_tokens(9, V, 12), 10),
+                                       request(doc + random_tokens(13, V, 13), 10, 7),
+                                       request(doc + random_tokens(5, V, 14), 10)};
   for (bool one_by_one : {true, false}) {
     const RunResult cached = run(m, small(true), reqs, one_by_one);
     const RunResult plain = run(m, small(false), reqs, one_by_one);
@@ -238,10 +227,10 @@ TEST_P(PrefixCacheEngine, SharedDocumentDifferentQuestions) {
 TEST_P(PrefixCacheEngine, SecondTurnAdoptsTheFirstTurnsAnswer) {
   const Model& m = fixture(GetParam());
   const int32_t V = m.config().vocab_size;
-  const std::vector<int32_t> turn1 = tokens(61, V, 21);
+  const std::vector<int32_t> turn1 = random_tokens(61, V, 21);
   const RunResult first = run(m, small(true), {request(turn1, 20)}, true);
   // The second turn: the first prompt, its answer, a new question.
-  const std::vector<int32_t> turn2 = turn1 + first.out[0] + tokens(7, V, 22);
+  const std::vector<int32_t> turn2 = turn1 + first.out[0] + random_tokens(7, V, 22);
   const std::vector<BatchRequest> reqs{request(turn1, 20), request(turn2, 12, 3)};
   const RunResult cached = run(m, small(true), reqs, true);
   const RunResult plain = run(m, small(false), reqs, true);
@@ -259,7 +248,7 @@ TEST_P(PrefixCacheEngine, CachedBlocksGoWhenTheBudgetNeedsThem) {
   // Room for one 120-token sequence (15 blocks per layer and kv head) and a little more.
   o.kv_bytes = 18.0 * c.num_layers * c.num_kv_heads * (2.0 * 8 * c.head_dim * sizeof(float));
   std::vector<BatchRequest> reqs;
-  for (uint32_t i = 0; i < 4; ++i) reqs.push_back(request(tokens(100, V, 30 + i), 20));
+  for (uint32_t i = 0; i < 4; ++i) reqs.push_back(request(random_tokens(100, V, 30 + i), 20));
   reqs.push_back(request(reqs[3].prompt, 20));  // the last one's blocks are still cached: a hit
   const RunResult cached = run(m, o, reqs, true);
   BatchEngineOptions p = o;
@@ -334,7 +323,7 @@ LoopResult closed_loop(BatchBackend& backend, const BatchEngineOptions& o, const
 // and each 200-token prompt then takes 200 / budget steps, one prompt after the other.)
 TEST_P(PrefixCacheEngine, TokenBudgetKeepsThePrefixHitsOfIdenticalPrompts) {
   const Model& m = fixture(GetParam());
-  const std::vector<int32_t> prompt = tokens(200, m.config().vocab_size, 51);
+  const std::vector<int32_t> prompt = random_tokens(200, m.config().vocab_size, 51);
   const int32_t clients = 6, rounds = 2, max_new = 10;
   BatchEngineOptions o = small(true);
   o.chunk_size = 512;
@@ -410,7 +399,7 @@ class CountingBackend final : public BatchBackend {
 TEST(PrefixCacheEngineOptions, TokenBudgetKeepsThePrefixHitsAtServerScale) {
   ModelConfig cfg = fixture("llama3").config();
   cfg.context_length = 8192;
-  const std::vector<int32_t> prompt = tokens(6009, cfg.vocab_size, 61);
+  const std::vector<int32_t> prompt = random_tokens(6009, cfg.vocab_size, 61);
   BatchEngineOptions o;
   o.chunk_size = 32768;
   o.block_tokens = 64;
@@ -631,10 +620,11 @@ TEST(PrefixCacheEngineOptions, ConcurrentConversationsStageWhatTheirTokensWrote)
         std::vector<int32_t>& p = prompt[static_cast<size_t>(c)];
         const auto k = static_cast<uint32_t>(got[static_cast<size_t>(c)].size());
         if (k == 0)
-          p = tokens(static_cast<int32_t>(first_turn - 100 + 17 * c), cfg.vocab_size, 900 + static_cast<uint32_t>(c));
+          p = random_tokens(static_cast<int32_t>(first_turn - 100 + 17 * c), cfg.vocab_size,
+                            900 + static_cast<uint32_t>(c));
         else
           p = p + got[static_cast<size_t>(c)].back();
-        p = p + tokens(17 + static_cast<int32_t>(k), cfg.vocab_size, 950 + 10 * k + static_cast<uint32_t>(c));
+        p = p + random_tokens(17 + static_cast<int32_t>(k), cfg.vocab_size, 950 + 10 * k + static_cast<uint32_t>(c));
         BatchRequest r;
         r.prompt = p;
         r.options.max_new_tokens = 24;
@@ -665,13 +655,13 @@ TEST(PrefixCacheEngineOptions, ConcurrentConversationsStageWhatTheirTokensWrote)
 TEST(PrefixCacheEngineOptions, SparseRequestsAreNotCached) {
   const Model& m = fixture("llama3");
   const ModelConfig& c = m.config();
-  const std::vector<int32_t> doc = tokens(100, c.vocab_size, 41);
-  BatchRequest sparse = request(doc + tokens(5, c.vocab_size, 42), 5);
+  const std::vector<int32_t> doc = random_tokens(100, c.vocab_size, 41);
+  BatchRequest sparse = request(doc + random_tokens(5, c.vocab_size, 42), 5);
   sparse.policy = attn::AttentionPolicy::uniform(c.num_layers, c.num_q_heads, c.num_kv_heads,
                                                  attn::AShapePattern{4, 16});
   // The sparse request's blocks are not cached; the dense one after it finds nothing; a sparse one after a dense
   // one does not adopt (its keys would differ).
-  const RunResult r = run(m, small(true), {sparse, request(doc + tokens(7, c.vocab_size, 43), 5), sparse}, true);
+  const RunResult r = run(m, small(true), {sparse, request(doc + random_tokens(7, c.vocab_size, 43), 5), sparse}, true);
   EXPECT_EQ(r.cached, (std::vector<int32_t>{0, 0, 0}));
 }
 
