@@ -14,6 +14,8 @@
 // attention output reaches). Printed as a table, length x {decode vs executor, decode vs simple, executor vs simple};
 // the side that agrees with neither other is the wrong one. Runs on the real Gemma-3-270M GGUF when present and on
 // a synthetic Gemma-3-shaped model with random weights (7 layers: windows in 0-4 and 6, global 5) always.
+// Reading found the executor's side off (da50882: its split-K units at head dim 256 covered half their keys); this
+// test is the GPU proof of that fix and stays as its regression test.
 #include <gtest/gtest.h>
 
 #include <algorithm>
