@@ -22,6 +22,11 @@ llama.cpp's own logits (logits_all) and from tessera's at each --perplexity-kv-t
 plus tessera's f32 expansion of the same file with an f32 KV cache (TESSERA_WEIGHTS=f32: the reference), through
 bench/perplexity_bench (built beside the tessera binary: build/<dir>/bench/perplexity_bench). Needs
 llama-cpp-python: `bash scripts/setup.sh peers` builds it into build/venv (llama.cpp from source for this CPU).
+
+The tessera binary must be a CPU build (a preset built without nvcc, e.g. build/ci or build/release on this machine): a CUDA-enabled binary maps
+cuBLAS/cuBLASLt/cuDNN/NCCL/cudart at start, ~150-180 MB of RSS before the model loads even when it runs on the CPU
+(`tessera inspect` of SmolLM2: 237 MB against 59 MB), which is not the CPU engine's and is what made the 4K rows read
+1.42-1.58x llama.cpp's at de7b84a. The script refuses such a binary unless --allow-cuda-build is given.
 """
 import argparse
 import json
@@ -139,6 +144,16 @@ def context_length(tessera, model):
     sys.exit(f"tessera inspect {model}: no context length in its output")
 
 
+def cuda_libraries(tessera):
+    """The CUDA libraries the tessera binary links (from ldd; empty for a CPU build)."""
+    try:
+        out = subprocess.run(["ldd", tessera], capture_output=True, text=True).stdout
+    except OSError:
+        return []
+    names = ("libcudart", "libcublas", "libcudnn", "libnccl", "libcuda.")
+    return sorted({line.split()[0] for line in out.splitlines() if line.strip().startswith(names)})
+
+
 def load_avg():
     return os.getloadavg()[0]
 
@@ -168,7 +183,14 @@ def main():
                     "--kv-types)")
     ap.add_argument("--skip-speed", action="store_true", help="only the perplexity")
     ap.add_argument("--json", help="also write the rows to this file")
+    ap.add_argument("--allow-cuda-build", action="store_true", help="run a tessera binary that links CUDA (its peak "
+                    "RSS then includes the CUDA libraries)")
     a = ap.parse_args()
+    cuda = cuda_libraries(a.tessera)
+    if cuda and not a.allow_cuda_build:
+        sys.exit(f"{a.tessera} links {', '.join(cuda)}: its peak RSS would include ~150-180 MB of CUDA libraries that "
+                 f"a CPU run does not use; pass a CPU build (configured without nvcc, e.g. build/ci) or "
+                 f"--allow-cuda-build")
     depths = [int(d) for d in a.depths.split(",") if d]
     busy_depths = [int(d) for d in a.busy_depths.split(",") if d]
     thread_counts = [int(t) for t in str(a.threads).split(",") if t]
@@ -221,6 +243,7 @@ def main():
                 continue
             t = best[name]
             row = {"model": os.path.basename(model), "side": name, "threads": threads, "busy": busy + a.busy,
+                   "tessera_cuda_libraries": cuda,
                    "depth": depth, "load_min": min(loads), "load_max": max(loads)}
             for key in ("prefill_tok_s", "decode_tok_s"):
                 row[key] = t[key]
