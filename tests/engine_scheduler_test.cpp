@@ -153,6 +153,17 @@ TEST_P(EngineEqualsTwin, PrefillDecodeAndTheNextTurn) {
   EXPECT_EQ(engine.stats().prefill_tokens, 70 + 29 + 21);
   EXPECT_EQ(engine.stats().decode_tokens, 12);
   EXPECT_EQ(engine.streaming() != nullptr, k.stream != StreamMethod::None);
+  // A prefill right after a prefill (the third piece still staged, not yet in its blocks, when the fourth comes),
+  // then decode steps over the blocks both moved into.
+  const std::vector<int32_t> fourth = random_tokens(13, c.vocab_size, 4);
+  want = twin.prefill(fourth, LogitRows::Last);
+  expect_close(engine.prefill(fourth), want, "a prefill right after a prefill");
+  for (int i = 0; i < 2; ++i) {
+    const int32_t t = argmax_of(want);
+    want = twin.decode(t);
+    expect_close(engine.decode(t), want, "decode " + std::to_string(i) + " after two prefills in a row");
+  }
+  EXPECT_EQ(engine.position(), 70 + 6 + 29 + 6 + 21 + 13 + 2);
   // reset() empties the sequence: the same prompt gives the first prefill's logits again.
   engine.reset();
   EXPECT_EQ(engine.position(), 0);

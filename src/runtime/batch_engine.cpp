@@ -195,6 +195,9 @@ struct BatchEngine::Sequence {
   const attn::AttentionPolicy* policy = nullptr;  // request.policy or the engine's
   bool prefilling = false;                        // admitted, prompt not done
   bool decoding = false;                          // prompt done: the backend holds its views
+  // A held sequence whose last extend is still in the backend's staging cache, its blocks grown but not written:
+  // they are written at its next decode_one (or extend), so that extend returns its logits before the move.
+  bool staged = false;
   int64_t prefilled = 0;
   SequenceBlocks blocks;
   std::vector<DecodeView> views;
@@ -612,6 +615,8 @@ StreamMemory* BatchEngine::stream(int64_t id) const { return held(id).stream.get
 
 void BatchEngine::clear(int64_t id) {
   Sequence& s = held(id);
+  if (s.staged) backend_.abort_prefill();  // never moved into its blocks: nothing to keep
+  s.staged = false;
   if (s.decoding) backend_.release_sequence(s.blocks);
   s.decoding = false;
   s.blocks.release(pool_);
@@ -631,6 +636,9 @@ std::vector<float> BatchEngine::extend(int64_t id, std::span<const int32_t> toke
   const int64_t pos0 = length(id), n = static_cast<int64_t>(tokens.size()), end = pos0 + n;
   check_prompt_fits(tokens.size(), static_cast<int32_t>(pos0), max_context_, cfg_);
   if (s.stream) s.stream->check_sequence(end);
+  // The last extend's rows into their blocks first (before anything here can fail and drop the staging cache); they
+  // are staged again below with the rest.
+  if (!s.stream) finish_staged(s);
   const auto t0 = Clock::now();
   std::vector<float> logits;
   try {
@@ -680,9 +688,10 @@ std::vector<float> BatchEngine::extend(int64_t id, std::span<const int32_t> toke
       c0 = c1;
     }
     if (!s.stream) {
+      // The rows move into the blocks at the next decode_one (finish_staged): the time to the first token does not
+      // wait for the copy (on an H200, 17 GB each way for a 128K Llama-3-8B prompt).
       s.blocks.grow(n, pool_);
-      backend_.finish_prefill(s.blocks, s.views);
-      s.decoding = true;
+      s.staged = true;
     }
   } catch (...) {
     if (!s.stream) backend_.abort_prefill();
@@ -691,6 +700,13 @@ std::vector<float> BatchEngine::extend(int64_t id, std::span<const int32_t> toke
   }
   stats_.prefill_seconds += seconds_since(t0);
   return logits;
+}
+
+void BatchEngine::finish_staged(Sequence& s) {
+  if (!s.staged) return;
+  s.staged = false;
+  backend_.finish_prefill(s.blocks, s.views);
+  s.decoding = true;
 }
 
 std::vector<float> BatchEngine::decode_one(int64_t id, int32_t token) {
@@ -708,6 +724,7 @@ std::vector<float> BatchEngine::decode_one(int64_t id, int32_t token) {
     check(s.blocks.need(1) <= pool_.available(),
           "KV cache: the KV budget's " + with_commas(pool_.total()) + " blocks (" +
               format_bytes(pool_.total() * block_bytes_) + ") are full at " + with_commas(len) + " tokens");
+    finish_staged(s);
     if (!s.decoding) {  // nothing prefilled yet, or a failed extend: the sequence takes its decode state now
       if (len > 0) backend_.load_prefix(s.blocks, static_cast<int32_t>(len), static_cast<int32_t>(len));
       backend_.finish_prefill(s.blocks, s.views);

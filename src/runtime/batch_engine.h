@@ -309,7 +309,8 @@ class BatchEngine {
   // A held sequence is opened empty and stays until close(), growing by calls rather than by steps: extend() prefills
   // tokens after what it holds, in chunk_size chunks through the backend's staged prefill under the engine's policy
   // (a sequence that holds tokens already, after decode steps, is staged again from its own blocks by load_prefix, as
-  // a prefix-cache hit is), then moves them into its blocks; decode_one() runs one token as a decode step of one row.
+  // a prefix-cache hit is); its rows move into its blocks at the next decode_one() or extend() (so that extend returns
+  // its logits — the first token — before that copy); decode_one() runs one token as a decode step of one row.
   // It decodes densely (the model's sliding windows apply; the policy shapes the prefill only). With streaming
   // memory its keys and values live in the backend's StreamMemory. step() never touches held sequences; their blocks
   // come from the pool as they grow (nothing is reserved in advance). Errors are tessera::Error with the
@@ -350,6 +351,8 @@ class BatchEngine {
   Sequence& held(int64_t id) const;
   // Whether s's blocks are cached and may come from the cache: dense, not streamed, the backend can.
   bool cacheable(const Sequence& s) const;
+  // A held sequence's last extend, still staged, into its blocks (it decodes from them from now on).
+  void finish_staged(Sequence& s);
   // Frees cached blocks until `n` are free (when the pool has fewer).
   void make_room(int64_t n);
 
