@@ -1,6 +1,7 @@
 #include "runtime/cuda/batch_gpu.h"
 
 #include <algorithm>
+#include <utility>
 #include <climits>
 #include <limits>
 #include <cmath>
@@ -533,6 +534,18 @@ void GpuBatchBackend::run_rows_through_prefill(std::span<const int32_t> tokens, 
   check(rows.size() == tokens.size(), "GPU batched decode: one row per token");
   const int64_t V = cfg_.vocab_size;
   logits_host_.assign(tokens.size() * static_cast<size_t>(V), 0.0f);
+  // The rows run through the staging cache; a prefill staged there already (a server's request whose next chunk
+  // comes in a later step) is set aside meanwhile and put back after, so that its rows are still there.
+  DeviceKVCache set_aside;
+  std::swap(set_aside, staging_);
+  struct PutBack {
+    DeviceKVCache& staging;
+    DeviceKVCache& set_aside;
+    ~PutBack() {
+      staging.release();
+      std::swap(staging, set_aside);
+    }
+  } put_back{staging_, set_aside};
   for (size_t i = 0; i < tokens.size(); ++i) {
     check(rows[i].seq != nullptr, "GPU batched decode: a batch mixes streamed and paged rows");
     const SequenceBlocks& seq = *rows[i].seq;
