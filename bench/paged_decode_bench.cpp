@@ -3,7 +3,7 @@
 // one thread.
 //
 //   paged_decode_bench [--shape smollm2|gemma3] [--lengths 1024,4096,8192] [--types f16,bf16,f32]
-//                      [--rounds 7]
+//                      [--rounds 7] [--threads N]
 //
 // A step = every (layer, kv head) of the model's shape attending its GQA group's query heads over `length`
 // keys in blocks of 64 tokens, each (layer, kv head) with its own blocks (SmolLM2 at 4K in f16: 94 MB of K
@@ -11,6 +11,12 @@
 // alternate the order); the table gives each path's median step time over the rounds, its spread (min-max),
 // and the speedup of each path's median over `before`'s. The machine may be shared: the load average is
 // printed before and after.
+//
+// --threads N (N >= 2): instead, the step through runtime's paged_decode_attention_cpu (one call per layer, one
+// decode row over a PagedKVStore of `length` keys of every (layer, kv head)) on a pool of N threads with the rows'
+// keys split across the threads (attn::paged_decode_parts at the default minimum) and with splitting off (one work
+// item per kv head: Gemma-3's one KV head on one thread), and on one thread; the table gives each variant's median
+// step time, spread, and the split's speedup over the unsplit run.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -25,7 +31,10 @@
 
 #include "attention/cpu/paged_decode.h"
 #include "core/dtype.h"
+#include "core/thread_pool.h"
+#include "runtime/batch_forward.h"
 #include "runtime/kv_cache.h"
+#include "runtime/paged_kv.h"
 
 using namespace tessera;
 using tessera::attn::KeySpan;
@@ -123,11 +132,86 @@ void before(const PagedDecodeJob& job, runtime::KVType type, std::vector<float>&
   }
 }
 
+// Median, min and max of a list of times.
+struct Stat {
+  double med, lo, hi;
+};
+Stat stat_of(std::vector<double> t) {
+  std::sort(t.begin(), t.end());
+  return {t[t.size() / 2], t.front(), t.back()};
+}
+
+// --threads: one decode row's attention over every layer through paged_decode_attention_cpu, split and unsplit on
+// `threads` threads, and on one.
+void run_threaded(const Shape& sh, int64_t len, runtime::KVType type, int threads, int rounds) {
+  using namespace runtime;
+  const int32_t Hq = sh.kv_heads * sh.group, d = sh.head_dim;
+  const PagedKVShape shape{sh.layers, sh.kv_heads, d, static_cast<int32_t>(kBlock)};
+  const std::vector<DecodeView> views(static_cast<size_t>(sh.layers * Hq));  // dense
+  const auto nblocks = static_cast<int32_t>(sh.layers * sh.kv_heads * ((len + kBlock - 1) / kBlock));
+  BlockPool blocks(nblocks);
+  PagedKVStore store(shape, nblocks, type);
+  SequenceBlocks seq(shape, std::vector<KVRetention>(static_cast<size_t>(sh.layers * sh.kv_heads)));
+  seq.grow(len, blocks);
+  {
+    std::mt19937 rng(1);
+    std::normal_distribution<float> nd;
+    std::vector<float> k(static_cast<size_t>(kBlock * d)), v(k.size());
+    for (int32_t b = 0; b < nblocks; ++b) {
+      for (float& x : k) x = nd(rng);
+      for (float& x : v) x = nd(rng);
+      store.write(b, 0, kBlock, k.data(), v.data());
+    }
+  }
+  const std::vector<DecodeRow> rows{{&seq, views}};
+  std::vector<float> q(static_cast<size_t>(Hq * d)), out(q.size()), ref(q.size());
+  {
+    std::mt19937 rng(2);
+    std::normal_distribution<float> nd;
+    for (float& x : q) x = nd(rng);
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  ThreadPool one(1), pool(threads);
+  const int64_t default_min = attn::paged_split_min_work();
+  auto step = [&](ThreadPool& p, int64_t min_work, float* o) {
+    attn::set_paged_split_min_work(min_work);
+    for (int32_t l = 0; l < sh.layers; ++l) paged_decode_attention_cpu(q.data(), o, rows, l, Hq, store, scale, p);
+  };
+  const std::string n = std::to_string(threads);
+  const std::vector<std::pair<std::string, std::function<void(float*)>>> variants{
+      {"1 thread", [&](float* o) { step(one, default_min, o); }},
+      {n + " threads, unsplit", [&](float* o) { step(pool, 0, o); }},
+      {n + " threads, split", [&](float* o) { step(pool, default_min, o); }}};
+  variants[0].second(ref.data());
+  double worst = 0;
+  for (size_t v = 1; v < variants.size(); ++v) {
+    variants[v].second(out.data());
+    for (size_t i = 0; i < out.size(); ++i) worst = std::max(worst, static_cast<double>(std::abs(out[i] - ref[i])));
+  }
+  std::vector<std::vector<double>> ms(variants.size());
+  for (int r = 0; r < rounds; ++r)
+    for (size_t k = 0; k < variants.size(); ++k) {
+      const size_t v = r % 2 == 0 ? k : variants.size() - 1 - k;
+      const auto t0 = std::chrono::steady_clock::now();
+      variants[v].second(out.data());
+      ms[v].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+  attn::set_paged_split_min_work(default_min);
+  const Stat unsplit = stat_of(ms[1]);
+  for (size_t v = 0; v < variants.size(); ++v) {
+    const Stat st = stat_of(ms[v]);
+    std::printf("| %s | %lld | %s | %s | %.2f | %.2f-%.2f | %.2fx |\n", sh.name, static_cast<long long>(len),
+                std::string(kv_type_name(type)).c_str(), variants[v].first.c_str(), st.med, st.lo, st.hi,
+                unsplit.med / st.med);
+  }
+  std::printf("|  |  |  | (max |difference| from 1 thread: %.2g) |  |  |  |\n", worst);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string shape_name, lengths_s = "1024,4096,8192", types_s = "f16,bf16,f32";
-  int rounds = 7;
+  int rounds = 7, threads = 1;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -145,10 +229,12 @@ int main(int argc, char** argv) {
       types_s = next();
     } else if (a == "--rounds") {
       rounds = std::stoi(next());
+    } else if (a == "--threads") {
+      threads = std::stoi(next());
     } else {
       std::fprintf(stderr,
                    "usage: paged_decode_bench [--shape smollm2|gemma3] [--lengths 1024,4096] "
-                   "[--types f16,bf16,f32] [--rounds 7]\n");
+                   "[--types f16,bf16,f32] [--rounds 7] [--threads N]\n");
       return 2;
     }
   }
@@ -157,6 +243,21 @@ int main(int argc, char** argv) {
     const size_t comma = std::min(types_s.find(',', at), types_s.size());
     types.push_back(runtime::parse_kv_type(types_s.substr(at, comma - at)));
     at = comma + 1;
+  }
+  if (threads > 1) {
+    std::printf("# paged_decode_bench, paged_decode_attention_cpu on %d threads (split at a minimum work of %lld) "
+                "and on 1, blocks of %lld tokens, %d rounds, path %s; load average before: %s\n",
+                threads, static_cast<long long>(attn::paged_split_min_work()), static_cast<long long>(kBlock), rounds,
+                std::string(attn::paged_isa_name(attn::paged_decode_isa())).c_str(), loadavg().c_str());
+    std::printf("| shape | keys | KV type | variant | step ms (median) | spread ms | vs unsplit |\n");
+    std::printf("|---|---:|---|---|---:|---:|---:|\n");
+    for (const Shape& sh : kShapes) {
+      if (!shape_name.empty() && shape_name != sh.name) continue;
+      for (int64_t len : parse_list(lengths_s))
+        for (runtime::KVType type : types) run_threaded(sh, len, type, threads, rounds);
+    }
+    std::printf("# load average after: %s\n", loadavg().c_str());
+    return 0;
   }
   std::vector<std::pair<std::string, PagedIsa>> paths;
   for (PagedIsa isa : {PagedIsa::Portable, PagedIsa::Avx2, PagedIsa::Avx512})

@@ -2,7 +2,9 @@
 // CPU has (portable twin, AVX2, AVX-512) against an f64 reference over the same stored values, for each K/V
 // type (f32, bf16, f16), head dims 64/128/256 and dims the SIMD paths leave to narrower ones, GQA groups 1..8
 // and 11 (two passes of at most 8), key counts on and off the 16/64-key edges, spans of several sizes from
-// scattered blocks, and large scores (the online softmax's rescale between chunks).
+// scattered blocks, and large scores (the online softmax's rescale between chunks); split walks (a row's keys cut
+// into parts, each with its running max and sum, merged by paged_decode_merge) against the unsplit walk and the
+// reference, and the rule that picks the parts (paged_decode_parts).
 #include "attention/cpu/paged_decode.h"
 
 #include <gtest/gtest.h>
@@ -182,6 +184,85 @@ void check_case(const Case& c, DType type, uint32_t seed, double tol = 3e-5) {
   }
 }
 
+// A split walk: the case's keys (the two ranges one after the other) cut at `cuts` (indices into that list,
+// ascending; a cut may repeat: an empty part), each part run alone with its running max and sum kept, then
+// paged_decode_merge; on every path, against the unsplit result of the same path (only the order of the f32 sums
+// differs: 2e-6 relative to the largest output) and the f64 reference (`tol`).
+void check_split(const Case& c, DType type, uint32_t seed, const std::vector<int64_t>& cuts, double tol = 3e-5) {
+  std::mt19937 rng(seed);
+  const Store st(c.d, c.block, type, c.len, rng, c.kscale);
+  std::normal_distribution<float> nd;
+  std::vector<float> q(static_cast<size_t>(c.heads * c.d));
+  for (float& x : q) x = nd(rng);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+  int64_t a0 = 0, a1 = c.len, b0 = c.len, b1 = c.len;
+  if (c.sink >= 0) {
+    a1 = std::min(c.sink, c.len);
+    b0 = std::max(a1, c.len - c.window);
+  }
+  const int64_t na = a1 - a0, n = na + (b1 - b0);
+  std::vector<int64_t> bounds{0};
+  for (int64_t x : cuts) bounds.push_back(std::min(x, n));
+  bounds.push_back(n);
+  const auto parts = static_cast<int32_t>(bounds.size() - 1);
+  const std::vector<double> ref = reference(st, q, c.heads, scale, a0, a1, b0, b1);
+  const size_t hd = q.size();
+  for (PagedIsa isa : available_isas()) {
+    PagedDecodeJob job;
+    job.q = q.data();
+    job.heads = c.heads;
+    job.head_dim = static_cast<int32_t>(c.d);
+    job.elem = type;
+    job.scale = scale;
+    std::vector<KeySpan> spans;
+    st.add_spans(a0, a1, spans);
+    st.add_spans(b0, b1, spans);
+    std::vector<float> whole(hd, NAN);
+    job.out = whole.data();
+    job.spans = spans;
+    paged_decode(job, isa);
+    std::vector<float> outs(static_cast<size_t>(parts) * hd, NAN), maxes(static_cast<size_t>(parts * c.heads), NAN),
+        sums(maxes.size(), NAN);
+    for (int32_t p = 0; p < parts; ++p) {
+      const int64_t c0 = bounds[static_cast<size_t>(p)], c1 = bounds[static_cast<size_t>(p) + 1];
+      spans.clear();
+      st.add_spans(a0 + std::min(c0, na), a0 + std::min(c1, na), spans);
+      st.add_spans(b0 + std::max(c0, na) - na, b0 + std::max(c1, na) - na, spans);
+      job.out = outs.data() + static_cast<size_t>(p) * hd;
+      job.part_max = maxes.data() + p * c.heads;
+      job.part_sum = sums.data() + p * c.heads;
+      job.spans = spans;
+      paged_decode(job, isa);
+      if (c1 == c0)
+        for (int g = 0; g < c.heads; ++g) {
+          ASSERT_EQ(maxes[static_cast<size_t>(p * c.heads + g)], -INFINITY) << "an empty part's maximum";
+          ASSERT_EQ(sums[static_cast<size_t>(p * c.heads + g)], 0.0f) << "an empty part's sum";
+        }
+    }
+    std::vector<float> merged(hd, NAN);
+    paged_decode_merge(outs.data(), maxes.data(), sums.data(), parts, c.heads, static_cast<int32_t>(c.d),
+                       merged.data());
+    double largest = 0, worst_whole = 0, worst_ref = 0;
+    size_t at = 0;
+    for (size_t i = 0; i < hd; ++i) {
+      largest = std::max(largest, std::abs(ref[i]));
+      worst_whole = std::max(worst_whole, static_cast<double>(std::abs(merged[i] - whole[i])));
+      const double e = std::abs(merged[i] - ref[i]);
+      if (!(e <= worst_ref)) {
+        worst_ref = e;
+        at = i;
+      }
+    }
+    const std::string what = std::string(paged_isa_name(isa)) + " " + std::string(dtype_name(type)) + " d " +
+                             std::to_string(c.d) + " heads " + std::to_string(c.heads) + " block " +
+                             std::to_string(c.block) + " len " + std::to_string(c.len) + " sink " +
+                             std::to_string(c.sink) + " window " + std::to_string(c.window) + " parts " +
+                             std::to_string(parts);
+    EXPECT_LE(worst_ref, tol) << what << ": element " << at << " " << merged[at] << " vs " << ref[at];
+    EXPECT_LE(worst_whole, 2e-6 * std::max(1.0, largest)) << what << " (against the unsplit walk)";
+  }
+}
+
 TEST(PagedDecode, PathsAvailable) {
   EXPECT_TRUE(paged_decode_isa_available(PagedIsa::Portable));
   EXPECT_EQ(paged_decode_isa_available(PagedIsa::Avx512),
@@ -242,6 +323,95 @@ TEST(PagedDecode, LargeScoresRescaleAcrossChunks) {
       check_case({64, 3, 64, 500, -1, 0, kscale}, type, seed++, 1e-4);
       check_case({256, 4, 16, 300, -1, 0, kscale}, type, seed++, 1e-4);
     }
+}
+
+TEST(PagedDecode, SplitWalksMergeToTheUnsplitOne) {
+  uint32_t seed = 500;
+  // Every type, head dim and group: two and three parts, cut at a block edge (64) and mid-block; the length not a
+  // multiple of the block.
+  for (DType type : {DType::F32, DType::BF16, DType::F16})
+    for (int64_t d : {64, 128, 256})
+      for (int heads : {1, 2, 3, 4, 5, 6, 7, 8}) {
+        check_split({d, heads, 64, 301}, type, seed++, {128});
+        check_split({d, heads, 64, 301}, type, seed++, {37, 200});
+      }
+  // Many parts, some of one key, an empty one, one past the end (empty); blocks of 7 and 100.
+  for (DType type : {DType::F32, DType::F16}) {
+    check_split({64, 3, 7, 250}, type, seed++, {1, 2, 2, 16, 17, 100, 249, 400});
+    check_split({256, 4, 100, 333}, type, seed++, {100, 101, 116, 300});
+  }
+}
+
+TEST(PagedDecode, SplitMoaViewsAndLargeScores) {
+  uint32_t seed = 600;
+  for (DType type : {DType::F32, DType::BF16, DType::F16})
+    for (int64_t block : {16, 64, 100}) {
+      // Sink 4 + the last 77 keys: cuts inside the sink, at its end, inside the window.
+      check_split({128, 2, block, 301, 4, 77}, type, seed++, {2, 40});
+      check_split({128, 2, block, 301, 4, 77}, type, seed++, {4});
+      check_split({64, 5, block, 301, 30, 50}, type, seed++, {10, 30, 31, 64});
+      check_split({64, 1, block, 301, 0, 5}, type, seed++, {3});  // a window only
+    }
+  // The parts' maxima far apart (a part's weights underflow next to another's).
+  for (DType type : {DType::F32, DType::BF16, DType::F16})
+    for (float kscale : {8.0f, 30.0f}) {
+      check_split({64, 3, 64, 500, -1, 0, kscale}, type, seed++, {64, 250, 251}, 1e-4);
+      check_split({256, 4, 16, 300, -1, 0, kscale}, type, seed++, {150}, 1e-4);
+    }
+}
+
+TEST(PagedDecode, MergeOfEmptyPartsAndBadArguments) {
+  // No part saw a key: zeros; a part with a key among empty ones: its own normalised output.
+  const std::vector<float> outs{0, 0, 0, 0, 6, -3, 0, 0}, maxes{-INFINITY, -INFINITY, 2.5f, -INFINITY},
+      sums{0, 0, 3, 0};
+  std::vector<float> out(4, NAN);
+  paged_decode_merge(outs.data(), maxes.data(), sums.data(), 2, 2, 2, out.data());
+  EXPECT_EQ(out, (std::vector<float>{2, -1, 0, 0}));
+  try {
+    paged_decode_merge(outs.data(), maxes.data(), sums.data(), 0, 2, 2, out.data());
+    ADD_FAILURE() << "no parts";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "paged decode merge: 0 parts of 2 heads of dimension 2");
+  }
+  std::vector<float> q(64, 1.0f), o(64), m(1);
+  PagedDecodeJob job;
+  job.q = q.data();
+  job.out = o.data();
+  job.head_dim = 64;
+  job.part_max = m.data();
+  try {
+    paged_decode(job, PagedIsa::Portable);
+    ADD_FAILURE() << "a maximum without a sum";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "paged decode attention: a part's running maxima without its sums (or the other way)");
+  }
+}
+
+TEST(PagedDecode, PartsFollowTheThreadsAndTheMinimum) {
+  const int64_t was = paged_split_min_work();
+  EXPECT_EQ(was, kPagedSplitMinWork);
+  const int64_t m = kPagedSplitMinWork;
+  // One item (Gemma-3's one KV head) long enough: 2 parts per thread; not more than its length allows.
+  EXPECT_EQ(paged_decode_parts(100 * m, 100 * m, 2), 4);
+  EXPECT_EQ(paged_decode_parts(100 * m, 100 * m, 8), 16);
+  EXPECT_EQ(paged_decode_parts(3 * m, 3 * m, 2), 3);
+  EXPECT_EQ(paged_decode_parts(2 * m, 2 * m, 2), 2);
+  EXPECT_EQ(paged_decode_parts(2 * m - 1, 2 * m - 1, 2), 1);  // too short to split
+  EXPECT_EQ(paged_decode_parts(100 * m, 100 * m, 1), 1);      // one thread: never
+  // Three equal items on two threads (SmolLM2's three KV heads): two parts each; four: none.
+  EXPECT_EQ(paged_decode_parts(10 * m, 30 * m, 2), 2);
+  EXPECT_EQ(paged_decode_parts(10 * m, 40 * m, 2), 1);
+  // A long row among short ones is split, the short ones are not.
+  EXPECT_EQ(paged_decode_parts(40 * m, 48 * m, 2), 4);
+  EXPECT_EQ(paged_decode_parts(2 * m, 48 * m, 2), 1);
+  set_paged_split_min_work(0);  // off
+  EXPECT_EQ(paged_decode_parts(100 * m, 100 * m, 2), 1);
+  set_paged_split_min_work(1);
+  EXPECT_EQ(paged_decode_parts(1000, 1000, 3), 6);
+  EXPECT_EQ(paged_decode_parts(1000, 1000, 64), 128);
+  EXPECT_EQ(paged_decode_parts(10, 1000, 3), 1);  // a small item among large ones
+  set_paged_split_min_work(was);
 }
 
 TEST(PagedDecode, NoKeysGivesZerosAndBadJobsAreRefused) {

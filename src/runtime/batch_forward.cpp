@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <cstring>
 #include <new>
+#include <utility>
+#include <vector>
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -131,21 +133,63 @@ void paged_decode_attention_cpu(const float* q, float* out, std::span<const Deco
   const int32_t group = num_q_heads / s.num_kv_heads;
   const DType elem = store.type() == KVType::BF16 ? DType::BF16 : store.type() == KVType::F16 ? DType::F16 : DType::F32;
   const attn::PagedIsa isa = attn::paged_decode_isa();
+  auto view_of = [&](const DecodeRow& row, int32_t h) -> const DecodeView& {
+    return row.views[static_cast<size_t>(layer) * static_cast<size_t>(num_q_heads) + static_cast<size_t>(h)];
+  };
   // One item per (row, kv head): the query heads of its GQA group that see the same keys go through the keys
   // together (attention/cpu/paged_decode.h: each key and value read, and converted from a half store, once for all
-  // of them); heads of one group that see different keys (MoA's per-head windows) one at a time.
-  const int64_t items = static_cast<int64_t>(rows.size()) * s.num_kv_heads;
-  parallel_ranges(pool, items, 1, [&](int64_t first, int64_t last) {
+  // of them); heads of one group that see different keys (MoA's per-head windows) one at a time. An item is cut into
+  // parts of consecutive keys (attn::paged_decode_parts) when the items are too few for the pool's threads (Gemma-3:
+  // one KV head, so one item per row): each part's unnormalised output, running max and sum go to `partial`, merged
+  // per item afterwards (log-sum-exp).
+  struct Item {
+    bool same = true;      // the group's heads share a view
+    int32_t parts = 1;     // > 1: split, its parts' results at partial[at]
+    int64_t work = 0;      // keys x heads walked x head_dim
+    size_t at = 0;
+  };
+  const int64_t n_items = static_cast<int64_t>(rows.size()) * s.num_kv_heads;
+  std::vector<Item> items(static_cast<size_t>(n_items));
+  int64_t total_work = 0;
+  for (int64_t it = 0; it < n_items; ++it) {
+    const DecodeRow& row = rows[static_cast<size_t>(it / s.num_kv_heads)];
+    const auto h0 = static_cast<int32_t>(it % s.num_kv_heads) * group;
+    Item& item = items[static_cast<size_t>(it)];
+    for (int32_t g = 1; g < group && item.same; ++g) item.same = view_of(row, h0 + g) == view_of(row, h0);
+    if (item.same) {
+      item.work = view_of(row, h0).ranges(row.seq->length()).count() * group * d;
+    } else {
+      for (int32_t g = 0; g < group; ++g) item.work += view_of(row, h0 + g).ranges(row.seq->length()).count() * d;
+    }
+    total_work += item.work;
+  }
+  // The work units (item, part); partial holds each split item's [parts][group][d] outputs, then its [parts][group]
+  // maxima and sums.
+  std::vector<std::pair<int64_t, int32_t>> units;
+  units.reserve(items.size());
+  size_t partial_size = 0;
+  for (int64_t it = 0; it < n_items; ++it) {
+    Item& item = items[static_cast<size_t>(it)];
+    item.parts = attn::paged_decode_parts(item.work, total_work, pool.size());
+    if (item.parts > 1) {
+      item.at = partial_size;
+      partial_size += static_cast<size_t>(item.parts) * static_cast<size_t>(group) * static_cast<size_t>(d + 2);
+    }
+    for (int32_t p = 0; p < item.parts; ++p) units.emplace_back(it, p);
+  }
+  std::vector<float> partial(partial_size);
+
+  parallel_ranges(pool, static_cast<int64_t>(units.size()), 1, [&](int64_t first, int64_t last) {
     std::vector<attn::KeySpan> spans;
-    for (int64_t it = first; it < last; ++it) {
+    for (int64_t u = first; u < last; ++u) {
+      const auto [it, part] = units[static_cast<size_t>(u)];
+      const Item& item = items[static_cast<size_t>(it)];
       const int64_t row_index = it / s.num_kv_heads;
       const DecodeRow& row = rows[static_cast<size_t>(row_index)];
       const auto kvh = static_cast<int32_t>(it % s.num_kv_heads);
+      const int32_t h0 = kvh * group;
       const std::vector<int32_t>& table = row.seq->table(layer, kvh);
-      auto view_of = [&](int32_t h) -> const DecodeView& {
-        return row.views[static_cast<size_t>(layer) * static_cast<size_t>(num_q_heads) + static_cast<size_t>(h)];
-      };
-      // Heads [h, h + nh) over the keys of ranges r, a span per block.
+      // Heads [h, h + nh) over this unit's part of the keys of ranges r, a span per block (cut where the part is).
       auto walk = [&](int32_t h, int32_t nh, const DecodeView::Ranges& r) {
         spans.clear();
         auto add = [&](int64_t j0, int64_t j1) {
@@ -157,28 +201,49 @@ void paged_decode_attention_cpu(const float* q, float* out, std::span<const Deco
             j0 = end;
           }
         };
-        add(r.a0, r.a1);
-        add(r.b0, r.b1);
         attn::PagedDecodeJob job;
         job.q = q + (row_index * num_q_heads + h) * d;
-        job.out = out + (row_index * num_q_heads + h) * d;
         job.heads = nh;
         job.head_dim = static_cast<int32_t>(d);
         job.elem = elem;
         job.scale = scale;
+        if (item.parts == 1) {
+          add(r.a0, r.a1);
+          add(r.b0, r.b1);
+          job.out = out + (row_index * num_q_heads + h) * d;
+        } else {
+          // Keys [c0, c1) of the two ranges one after the other, the cuts on multiples of 16 keys (the AVX-512
+          // kernel's width); a part may be empty (its maximum -inf: the merge skips it).
+          const int64_t n = r.count(), na = r.a1 - r.a0;
+          auto cut = [&](int32_t p) { return p == item.parts ? n : n * p / item.parts / 16 * 16; };
+          const int64_t c0 = cut(part), c1 = cut(part + 1);
+          add(r.a0 + std::min(c0, na), r.a0 + std::min(c1, na));
+          add(r.b0 + std::max(c0, na) - na, r.b0 + std::max(c1, na) - na);
+          const size_t slot = static_cast<size_t>(part) * static_cast<size_t>(group) + static_cast<size_t>(h - h0);
+          const size_t stats = item.at + static_cast<size_t>(item.parts) * static_cast<size_t>(group * d);
+          job.out = partial.data() + item.at + slot * static_cast<size_t>(d);
+          job.part_max = partial.data() + stats + slot;
+          job.part_sum = job.part_max + static_cast<size_t>(item.parts) * static_cast<size_t>(group);
+        }
         job.spans = spans;
         attn::paged_decode(job, isa);
       };
-      const int32_t h0 = kvh * group;
-      bool same = true;
-      for (int32_t g = 1; g < group && same; ++g) same = view_of(h0 + g) == view_of(h0);
-      if (same) {
-        walk(h0, group, view_of(h0).ranges(row.seq->length()));
+      if (item.same) {
+        walk(h0, group, view_of(row, h0).ranges(row.seq->length()));
       } else {
-        for (int32_t g = 0; g < group; ++g) walk(h0 + g, 1, view_of(h0 + g).ranges(row.seq->length()));
+        for (int32_t g = 0; g < group; ++g) walk(h0 + g, 1, view_of(row, h0 + g).ranges(row.seq->length()));
       }
     }
   });
+  for (int64_t it = 0; it < n_items; ++it) {
+    const Item& item = items[static_cast<size_t>(it)];
+    if (item.parts == 1) continue;
+    const float* outs = partial.data() + item.at;
+    const float* maxes = outs + static_cast<size_t>(item.parts) * static_cast<size_t>(group * d);
+    const int64_t row_index = it / s.num_kv_heads, h0 = (it % s.num_kv_heads) * group;
+    attn::paged_decode_merge(outs, maxes, maxes + static_cast<size_t>(item.parts) * static_cast<size_t>(group),
+                             item.parts, group, static_cast<int32_t>(d), out + (row_index * num_q_heads + h0) * d);
+  }
 }
 
 namespace {

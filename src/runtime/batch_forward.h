@@ -101,7 +101,8 @@ struct DecodeRow {
 // work item per (row, kv head): the GQA group's query heads that see the same keys go through them together, a
 // span per block, in attn::paged_decode (attention/cpu/paged_decode.h: AVX-512 / AVX2 / portable, chosen at run
 // time; each key and value read once, converted from a half store in registers); heads with different views (MoA)
-// one at a time.
+// one at a time. When the items are too few for the pool (Gemma-3's one KV head: one item per row) an item's keys are
+// cut into parts run on different threads and merged (attn::paged_decode_parts, paged_decode_merge).
 void paged_decode_attention_cpu(const float* q, float* out, std::span<const DecodeRow> rows, int32_t layer,
                                 int32_t num_q_heads, const PagedKVStore& store, float scale, ThreadPool& pool);
 

@@ -2,6 +2,7 @@
 #include "attention/cpu/paged_decode.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -13,6 +14,8 @@
 namespace tessera::attn {
 
 namespace {
+
+std::atomic<int64_t> g_split_min_work{kPagedSplitMinWork};
 
 constexpr int kChunk = 64;  // keys per softmax chunk, as the SIMD kernels
 
@@ -68,6 +71,11 @@ void paged_decode_portable(const PagedDecodeJob& job) {
     }
   }
   for (size_t g = 0; g < H; ++g) {
+    if (job.part_max != nullptr) {  // a part of a split walk: paged_decode_merge normalises
+      job.part_max[g] = m[g];
+      job.part_sum[g] = l[g];
+      continue;
+    }
     const float inv = l[g] > 0 ? 1.0f / l[g] : 0.0f;
     for (int64_t c = 0; c < d; ++c) job.out[static_cast<int64_t>(g) * d + c] *= inv;
   }
@@ -137,6 +145,8 @@ void paged_decode(const PagedDecodeJob& job, PagedIsa isa) {
                                                  " heads of dimension " + std::to_string(job.head_dim));
   check(paged_decode_isa_available(isa),
         "paged decode attention: this CPU or build has no " + std::string(paged_isa_name(isa)) + " path");
+  check((job.part_max == nullptr) == (job.part_sum == nullptr),
+        "paged decode attention: a part's running maxima without its sums (or the other way)");
   if (isa == PagedIsa::Avx512 && job.head_dim % 16 == 0) return cpu_detail::paged_decode_avx512(job);
   if (isa != PagedIsa::Portable && job.head_dim % 8 == 0 && paged_decode_isa_available(PagedIsa::Avx2))
     return cpu_detail::paged_decode_avx2(job);
@@ -145,6 +155,48 @@ void paged_decode(const PagedDecodeJob& job, PagedIsa isa) {
 
 void paged_decode(const PagedDecodeJob& job) {
   paged_decode(job, paged_decode_isa());
+}
+
+void paged_decode_merge(const float* outs, const float* maxes, const float* sums, int32_t parts, int32_t heads,
+                        int32_t head_dim, float* out) {
+  check(parts >= 1 && heads >= 1 && head_dim >= 1, "paged decode merge: " + std::to_string(parts) + " parts of " +
+                                                       std::to_string(heads) + " heads of dimension " +
+                                                       std::to_string(head_dim));
+  const int64_t d = head_dim, stride = static_cast<int64_t>(heads) * d;
+  for (int64_t g = 0; g < heads; ++g) {
+    float mx = -INFINITY;
+    for (int64_t p = 0; p < parts; ++p) mx = std::max(mx, maxes[p * heads + g]);
+    float* o = out + g * d;
+    std::fill(o, o + d, 0.0f);
+    if (mx == -INFINITY) continue;  // no part saw a key
+    float total = 0;
+    for (int64_t p = 0; p < parts; ++p) {
+      const float m = maxes[p * heads + g];
+      if (m == -INFINITY) continue;  // a part without keys (its output is zeros)
+      const float w = std::exp2(m - mx);
+      total += w * sums[p * heads + g];
+      const float* op = outs + p * stride + g * d;
+      for (int64_t c = 0; c < d; ++c) o[c] += w * op[c];
+    }
+    const float inv = 1.0f / total;  // total >= 1: the part holding the maximum has sum >= 2^0
+    for (int64_t c = 0; c < d; ++c) o[c] *= inv;
+  }
+}
+
+int32_t paged_decode_parts(int64_t work, int64_t total_work, int threads) {
+  const int64_t min_work = paged_split_min_work();
+  if (threads <= 1 || min_work <= 0 || work < 2 * min_work) return 1;
+  // ceil(work / (total / (2 threads))): at most 2 threads (work <= total).
+  const int64_t total = std::max(total_work, work), share = work * 2 * static_cast<int64_t>(threads);
+  return static_cast<int32_t>(std::max<int64_t>(1, std::min((share + total - 1) / total, work / min_work)));
+}
+
+void set_paged_split_min_work(int64_t work) {
+  g_split_min_work.store(work, std::memory_order_relaxed);
+}
+
+int64_t paged_split_min_work() {
+  return g_split_min_work.load(std::memory_order_relaxed);
 }
 
 }  // namespace tessera::attn

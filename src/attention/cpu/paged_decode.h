@@ -42,6 +42,12 @@ struct PagedDecodeJob {
   DType elem = DType::F32;  // of K and V: F32, BF16 or F16
   float scale = 1;
   std::span<const KeySpan> spans;
+  // A part of a split walk (the keys of one (row, KV head) cut across threads, merged by paged_decode_merge):
+  // when set (both), out is left unnormalised, sum_j 2^(s_j - m) v_j, and part_max[i] / part_sum[i] get head
+  // i's largest score m (base 2: scale * log2(e) * q.k) and sum_j 2^(s_j - m); -inf and 0 (out zeros) when
+  // the spans hold no key. Null: out normalised (the single-pass path).
+  float* part_max = nullptr;
+  float* part_sum = nullptr;
 };
 
 bool paged_decode_isa_available(PagedIsa isa);  // compiled in and supported by this CPU
@@ -55,6 +61,26 @@ std::string_view paged_isa_name(PagedIsa isa);  // "portable", "avx2", "avx512"
 // head_dim < 1. A SIMD path given a head_dim it does not take runs the portable twin.
 void paged_decode(const PagedDecodeJob& job, PagedIsa isa);
 void paged_decode(const PagedDecodeJob& job);  // paged_decode_isa()
+
+// The log-sum-exp merge of `parts` partial results (PagedDecodeJob::part_max) of the same `heads` query heads
+// over disjoint key sets: outs [parts][heads][head_dim] (unnormalised), maxes and sums [parts][heads] -> out
+// [heads][head_dim] = sum_p 2^(m_p - M) outs_p / sum_p 2^(m_p - M) sums_p (M the largest m_p); zeros for a
+// head no part saw a key of.
+void paged_decode_merge(const float* outs, const float* maxes, const float* sums, int32_t parts, int32_t heads,
+                        int32_t head_dim, float* out);
+
+// How paged_decode_attention_cpu (runtime/batch_forward.h) spreads one layer's decode attention over a pool of
+// `threads`: a work item (one row's KV head: its query heads over their keys) of `work` = keys x query heads x
+// head_dim is cut into parts of consecutive keys when the items are too few or too uneven to keep the threads
+// busy: parts = ceil(2 threads x work / total_work) (about two parts per thread in all), at most
+// work / paged_split_min_work() (each part long enough to pay for its merge and its hand-out), at least 1; 1 when
+// threads is 1 or the minimum is <= 0.
+int32_t paged_decode_parts(int64_t work, int64_t total_work, int threads);
+// The smallest part's work (default kPagedSplitMinWork); <= 0 turns splitting off. Process-wide (tests and
+// benchmarks change it); read on every call.
+inline constexpr int64_t kPagedSplitMinWork = int64_t{1} << 17;
+void set_paged_split_min_work(int64_t work);
+int64_t paged_split_min_work();
 
 namespace cpu_detail {
 // The instruction-set kernels (paged_decode_avx512.cpp, paged_decode_avx2.cpp): built_* say whether the build

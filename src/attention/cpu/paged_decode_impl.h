@@ -14,7 +14,8 @@
 // The walk: per chunk of at most kChunk keys of one span, the scores of every head 4 keys (a quad) at a time
 // (each key's row converted once, FMA'd with each head's query), the chunk's online softmax per head (one
 // rescale), then its values, each row converted once, into each head's accumulator (kept in job.out,
-// unnormalised, between chunks).
+// unnormalised, between chunks). A part of a split walk (job.part_max set) ends there: its running max and sum go
+// out with the unnormalised output, for paged_decode_merge.
 #pragma once
 
 #include <algorithm>
@@ -111,7 +112,8 @@ inline void paged_pv(const typename E::T* v, int n, int64_t d, int64_t c, const 
 
 // NH heads (q, out: [NH, d]) over the job's spans; d a multiple of S::kWidth.
 template <class S, class E, int NH>
-void paged_attend(const float* q, float* out, int64_t d, float scale, std::span<const KeySpan> spans) {
+void paged_attend(const float* q, float* out, int64_t d, float scale, std::span<const KeySpan> spans,
+                  float* part_max, float* part_sum) {
   using reg = typename S::reg;
   constexpr int W = S::kWidth;
   // Accumulators per value pass: NH * U of the policy's registers, a few left for the values.
@@ -161,6 +163,11 @@ void paged_attend(const float* q, float* out, int64_t d, float scale, std::span<
     }
   }
   for (int g = 0; g < NH; ++g) {
+    if (part_max != nullptr) {  // a part of a split walk: paged_decode_merge normalises
+      part_max[g] = m[g];
+      part_sum[g] = l[g];
+      continue;
+    }
     const float inv = l[g] > 0 ? 1.0f / l[g] : 0.0f;
     for (int64_t c = 0; c < d; ++c) out[g * d + c] *= inv;
   }
@@ -177,8 +184,9 @@ void paged_attend_heads(const PagedDecodeJob& job) {
   static constexpr auto kByHeads = paged_attend_table<S, E>(std::make_index_sequence<kPagedMaxHeads>{});
   const int64_t d = job.head_dim;
   for (int32_t h = 0; h < job.heads; h += kPagedMaxHeads)
-    kByHeads[static_cast<size_t>(std::min(kPagedMaxHeads, job.heads - h) - 1)](job.q + h * d, job.out + h * d,
-                                                                               d, job.scale, job.spans);
+    kByHeads[static_cast<size_t>(std::min(kPagedMaxHeads, job.heads - h) - 1)](
+        job.q + h * d, job.out + h * d, d, job.scale, job.spans, job.part_max ? job.part_max + h : nullptr,
+        job.part_sum ? job.part_sum + h : nullptr);
 }
 
 // The job (validated by paged_decode: heads >= 1, head_dim a multiple of S::kWidth, a float element type).
