@@ -356,6 +356,10 @@ int main(int argc, char** argv) {
               engine.reset_stats();
               for (int i = 0; i < o.decode; ++i) engine.decode(tokens[static_cast<size_t>(i)]);
               r.decode_ms = 1e3 * engine.stats().decode_seconds / o.decode;
+              // The first decode step moves the staged prompt into the KV blocks a layer at a time: the peak through it.
+              std::printf("(%s: peak device memory through prefill and %d decode steps %.2f GB; KV blocks %.2f GB)\n",
+                          spec.c_str(), o.decode, static_cast<double>(engine.memory().peak_in_use_bytes) / 1e9,
+                          static_cast<double>(engine.memory().kv_cache_bytes) / 1e9);
             }
           } catch (const Error& e) {
             r.error = e.what();

@@ -412,7 +412,10 @@ int64_t BatchEngine::prefill_step(std::vector<BatchEvent>& events, int64_t max_t
   const auto t0 = Clock::now();
   try {
     // The backend's streaming memory, made with the first chunk (a failure ends this request only).
-    if (streaming() && !s.stream) s.stream = backend_.new_stream(options_.stream);
+    if (streaming() && !s.stream) {
+      s.stream = backend_.new_stream(options_.stream);
+      s.stream->reserve(n);
+    }
     const auto chunk = std::span<const int32_t>(prompt).subspan(static_cast<size_t>(c0), static_cast<size_t>(c1 - c0));
     if (c0 > 0 && c0 == s.cached)  // the first chunk after a cached prefix: stage it
       backend_.load_prefix(s.blocks, static_cast<int32_t>(c0), static_cast<int32_t>(n));
@@ -635,7 +638,10 @@ std::vector<float> BatchEngine::extend(int64_t id, std::span<const int32_t> toke
   check_token_ids(tokens, cfg_);
   const int64_t pos0 = length(id), n = static_cast<int64_t>(tokens.size()), end = pos0 + n;
   check_prompt_fits(tokens.size(), static_cast<int32_t>(pos0), max_context_, cfg_);
-  if (s.stream) s.stream->check_sequence(end);
+  if (s.stream) {
+    s.stream->check_sequence(end);
+    s.stream->reserve(end);
+  }
   // The last extend's rows into their blocks first (before anything here can fail and drop the staging cache); they
   // are staged again below with the rest.
   if (!s.stream) finish_staged(s);

@@ -132,11 +132,13 @@ void GpuBatchBackend::create_store(const PagedKVShape& shape, int32_t num_blocks
                 " tokens (K and V in bf16) and block tables need " + format_bytes(pool_bytes + table_bytes) + ", " +
                 format_bytes(static_cast<double>(free_bytes)) + " of device memory free; lower the KV budget");
   const size_t elems = (static_cast<size_t>(num_blocks) + 1) * static_cast<size_t>(shape.elements_per_block());
-  k_pool_.resize(elems);
-  v_pool_.resize(elems);
+  // Address space for the whole budget; memory as blocks are written (commit_block).
+  k_pool_.reserve(elems * sizeof(bf16));
+  v_pool_.reserve(elems * sizeof(bf16));
   // Slots [0, slots_) for sequences; slot slots_ for the padding rows: every table's first block is the scratch
   // block, every view dense.
   scratch_block_ = num_blocks;
+  commit_block(scratch_block_);
   host_tables_.assign((static_cast<size_t>(slots_) + 1) * static_cast<size_t>(heads) * static_cast<size_t>(max_blocks_),
                       -1);
   for (int64_t h = 0; h < heads; ++h)
@@ -221,15 +223,34 @@ void GpuBatchBackend::adopt(const SequenceBlocks& seq, std::span<const DecodeVie
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));  // v is on this stack
 }
 
-void GpuBatchBackend::copy_pages(const SequenceBlocks& seq, int64_t len, PageCopy direction, int64_t from) {
+void GpuBatchBackend::commit_block(int32_t id) {
+  const size_t bytes = static_cast<size_t>(shape_.elements_per_block()) * sizeof(bf16);
+  k_pool_.commit(static_cast<size_t>(id) * bytes, bytes);
+  v_pool_.commit(static_cast<size_t>(id) * bytes, bytes);
+}
+
+void GpuBatchBackend::release_free_memory() {
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  const size_t bytes = static_cast<size_t>(shape_.elements_per_block()) * sizeof(bf16);
+  k_pool_.decommit_all(static_cast<size_t>(scratch_block_) * bytes, bytes);
+  v_pool_.decommit_all(static_cast<size_t>(scratch_block_) * bytes, bytes);
+}
+
+void GpuBatchBackend::copy_pages(const SequenceBlocks& seq, int64_t len, PageCopy direction, int64_t from, int32_t l0,
+                                 int32_t l1) {
   const int64_t B = shape_.block_tokens;
+  if (l1 < 0) l1 = shape_.num_layers;
   std::vector<int32_t> entries;
-  for (int32_t l = 0; l < shape_.num_layers; ++l)
+  for (int32_t l = l0; l < l1; ++l)
     for (int32_t h = 0; h < shape_.num_kv_heads; ++h) {
       const std::vector<int32_t>& t = seq.table(l, h);
       for (int64_t b = from / B; b < static_cast<int64_t>(t.size()) && b * B < len; ++b)
-        if (t[static_cast<size_t>(b)] >= 0) entries.insert(entries.end(), {l, h, static_cast<int32_t>(b), t[static_cast<size_t>(b)]});
+        if (const int32_t id = t[static_cast<size_t>(b)]; id >= 0) {
+          entries.insert(entries.end(), {l, h, static_cast<int32_t>(b), id});
+          commit_block(id);  // (a block read was written, so committed, unless release_free_memory() ran too soon)
+        }
     }
+  if (entries.empty()) return;
   std::vector<bf16*> kl, vl;
   for (int32_t l = 0; l < cfg_.num_layers; ++l) {
     kl.push_back(staging_.k(l, 0));
@@ -241,14 +262,21 @@ void GpuBatchBackend::copy_pages(const SequenceBlocks& seq, int64_t len, PageCop
   dk.upload(kl, stream_);
   dv.upload(vl, stream_);
   paged_copy(dev_entries.data(), static_cast<int32_t>(entries.size() / 4), dk.data(), dv.data(),
-             staging_.row_elements(), shape_.head_dim, shape_.block_tokens, static_cast<int32_t>(len), k_pool_.data(),
-             v_pool_.data(), direction, stream_);
+             staging_.row_elements(), shape_.head_dim, shape_.block_tokens, static_cast<int32_t>(len), k_pool(),
+             v_pool(), direction, stream_);
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the host vectors above are on this stack
 }
 
 void GpuBatchBackend::finish_prefill(const SequenceBlocks& seq, std::span<const DecodeView> views) {
-  // (An empty sequence, one that decodes before any prefill, has nothing staged: it only takes its slot.)
-  if (seq.length() > 0) copy_pages(seq, seq.length(), PageCopy::kToPages);
+  // (An empty sequence, one that decodes before any prefill, has nothing staged: it only takes its slot.) A layer at
+  // a time, each layer's staged rows freed once in its blocks (cudaFree waits for the copy): the blocks' memory is
+  // committed as the staging's goes, so the move holds one layer twice, not the whole prompt.
+  if (seq.length() > 0)
+    for (int32_t l = 0; l < cfg_.num_layers; ++l) {
+      copy_pages(seq, seq.length(), PageCopy::kToPages, 0, l, l + 1);
+      prefill_->ops().sample_memory();  // the move's peak: layer l both staged and in its blocks
+      staging_.release_layer(l);
+    }
   staging_.release();
   adopt(seq, views);
 }
@@ -296,16 +324,17 @@ void GpuBatchBackend::download_staged(int32_t layer, int32_t rows, std::vector<b
   TESSERA_CUDA_CHECK(cudaMemcpy(v.data(), staging_.v(layer, 0), n * sizeof(bf16), cudaMemcpyDeviceToHost));
 }
 
-void GpuBatchBackend::download_block(int32_t id, std::vector<bf16>& k, std::vector<bf16>& v) const {
+void GpuBatchBackend::download_block(int32_t id, std::vector<bf16>& k, std::vector<bf16>& v) {
   const int64_t e = shape_.elements_per_block();
-  check(id >= 0 && static_cast<size_t>(id + 1) * static_cast<size_t>(e) <= k_pool_.size(),
+  check(id >= 0 && static_cast<size_t>(id + 1) * static_cast<size_t>(e) * sizeof(bf16) <= k_pool_.reserved_bytes(),
         "GPU batched engine: block " + std::to_string(id) + " outside the pool");
+  commit_block(id);  // (a block never written reads as whatever the memory held)
   k.resize(static_cast<size_t>(e));
   v.resize(static_cast<size_t>(e));
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  TESSERA_CUDA_CHECK(cudaMemcpy(k.data(), k_pool_.data() + static_cast<int64_t>(id) * e,
+  TESSERA_CUDA_CHECK(cudaMemcpy(k.data(), k_pool() + static_cast<int64_t>(id) * e,
                                 static_cast<size_t>(e) * sizeof(bf16), cudaMemcpyDeviceToHost));
-  TESSERA_CUDA_CHECK(cudaMemcpy(v.data(), v_pool_.data() + static_cast<int64_t>(id) * e,
+  TESSERA_CUDA_CHECK(cudaMemcpy(v.data(), v_pool() + static_cast<int64_t>(id) * e,
                                 static_cast<size_t>(e) * sizeof(bf16), cudaMemcpyDeviceToHost));
 }
 
@@ -328,8 +357,11 @@ std::vector<int32_t> GpuBatchBackend::download_views(const SequenceBlocks& seq) 
 }
 
 void GpuBatchBackend::fill_random(uint64_t seed, float scale) {
-  fill_uniform_bf16(k_pool_.data(), static_cast<int64_t>(k_pool_.size()), seed, scale, stream_);
-  fill_uniform_bf16(v_pool_.data(), static_cast<int64_t>(v_pool_.size()), seed + 1, scale, stream_);
+  k_pool_.commit(0, k_pool_.reserved_bytes());
+  v_pool_.commit(0, v_pool_.reserved_bytes());
+  const auto n = static_cast<int64_t>(k_pool_.reserved_bytes() / sizeof(bf16));
+  fill_uniform_bf16(k_pool(), n, seed, scale, stream_);
+  fill_uniform_bf16(v_pool(), n, seed + 1, scale, stream_);
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
@@ -341,6 +373,7 @@ class GpuStreamMemory final : public StreamMemory {
   GpuStreamMemory(const ModelConfig& cfg, const StreamOptions& options) : kv(cfg, options) {}
   int64_t sequence_length() const override { return kv.decisions().length(); }
   void check_sequence(int64_t tokens) const override { kv.check_sequence(tokens); }
+  void reserve(int64_t tokens) override { kv.reserve(tokens); }
   double memory_bytes() const override {
     return static_cast<double>(kv.device_bytes()) + static_cast<double>(kv.gpu_stats().pinned_bytes);
   }
@@ -413,8 +446,13 @@ std::vector<float> GpuBatchBackend::stream_chunk(StreamMemory& memory, std::span
   kv.begin_chunk(pos, static_cast<int32_t>(tokens.size()), kind);
   try {
     std::vector<float> out = prefill_->run(tokens, pos, kv, rows);
-    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    collect_timers();
+    // The host runs ahead between the chunks of a prompt (as the single-sequence GPU engine did: a 128K prompt's
+    // stream chunks are ~60, and a wait after each cost 1% of its TTFT); the chunk that returns logits or ends
+    // the prompt waits, and its errors surface there.
+    if (rows != LogitRows::kNone || kind == StreamingKV::ChunkKind::LastPrefill) {
+      TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      collect_timers();
+    }
     return out;
   } catch (...) {
     cudaStreamSynchronize(stream_);
@@ -490,8 +528,11 @@ int64_t GpuBatchBackend::run_step(std::span<const int32_t> tokens, std::span<con
     step[static_cast<size_t>(3 * np + i)] = static_cast<int32_t>(seq.length());
     max_len = std::max(max_len, seq.length());
     for (int32_t l = 0; l < L; ++l)
-      for (int32_t h = 0; h < Hkv; ++h)
-        step[static_cast<size_t>(4 * np + (i * L + l) * Hkv + h)] = seq.block(l, h, pos);
+      for (int32_t h = 0; h < Hkv; ++h) {
+        const int32_t id = seq.block(l, h, pos);
+        step[static_cast<size_t>(4 * np + (i * L + l) * Hkv + h)] = id;
+        if (pos % Bt == 0 && id >= 0) commit_block(id);  // a block's first row: its memory
+      }
     // A row that starts a block: its (new) table column goes up.
     if (pos % Bt == 0) upload_table_columns(slot, seq, pos / Bt, pos / Bt + 1);
   }
@@ -656,8 +697,8 @@ void GpuBatchBackend::drop_graphs() noexcept {
 void GpuBatchBackend::launch_step(int64_t n, int32_t splits) {
   const int32_t* d_tokens = step_.data();
   PagedLayout& p = layout_;
-  p.k_pools = {k_pool_.data()};
-  p.v_pools = {v_pool_.data()};
+  p.k_pools = {k_pool()};
+  p.v_pools = {v_pool()};
   p.tables = tables_.data();
   p.views = views_.data();
   p.block_tokens = shape_.block_tokens;

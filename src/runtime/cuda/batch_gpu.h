@@ -5,7 +5,10 @@
 //   runtime::BatchEngine engine(backend, options);     // the scheduler is the CPU engine's
 //
 // Prefill runs the single-sequence GPU forward (gpu_forward.h: the sparse executor, chunked) into a contiguous
-// staging cache, whose kept rows are then scattered into the sequence's blocks (paged_decode.h). Decode runs the B
+// staging cache, whose kept rows are then scattered into the sequence's blocks (paged_decode.h) a layer at a time,
+// each layer's staged rows freed once moved. The block pools are reserved address space (reserved_memory.h) backed
+// by memory only where blocks are written, so that move holds the prompt's KV about once, not twice (a pool sized
+// for a 128K Llama-3-8B context is 17 GB). Decode runs the B
 // sequences' tokens as one step of the layer recipe (runtime/recipe.h) over the GPU ops (gpu_ops.h): one QKV GEMM
 // and every other GEMM over B rows (cuBLAS, bf16), RoPE at each row's position, and the paged attention step
 // (gpu_attention.h): each row's K/V appended to its blocks, paged flash-decoding attention with each head's own view
@@ -52,6 +55,7 @@
 #include "runtime/cuda/gpu_forward.h"
 #include "runtime/cuda/gpu_ops.h"
 #include "runtime/cuda/paged_decode.h"
+#include "runtime/cuda/reserved_memory.h"
 #include "runtime/cuda/sample_gpu.h"
 
 namespace tessera::runtime::gpu {
@@ -155,7 +159,12 @@ class GpuBatchBackend final : public BatchBackend {
   void adopt(const SequenceBlocks& seq, std::span<const DecodeView> views);
   // Fills every block with pseudo-random bf16 in [-scale, scale] (benchmarks).
   void fill_random(uint64_t seed, float scale);
-  size_t store_bytes() const { return k_pool_.bytes() + v_pool_.bytes() + tables_.bytes() + views_.bytes(); }
+  // The pools' committed memory (blocks written so far, in chunks) and the tables.
+  size_t store_bytes() const { return pool_bytes() + tables_.bytes() + views_.bytes(); }
+  size_t pool_bytes() const { return k_pool_.committed_bytes() + v_pool_.committed_bytes(); }
+  // With no block in use (the single-sequence engine's reset()): the pools' memory back to the device, except the
+  // padding rows' scratch block.
+  void release_free_memory() override;
   cudaStream_t stream() const { return stream_; }
   int32_t last_splits() const { return last_splits_; }
   int64_t last_rows() const { return last_rows_; }  // the padded batch of the last step
@@ -164,7 +173,7 @@ class GpuBatchBackend final : public BatchBackend {
   // ([rows, kv_heads * head_dim] each); block `id`'s K and V ([block_tokens, head_dim] each); the device's block table
   // of seq's slot ([layers * kv_heads, max_blocks]) and its views ([layers * q_heads, 3]), as the decode step reads them.
   void download_staged(int32_t layer, int32_t rows, std::vector<bf16>& k, std::vector<bf16>& v);
-  void download_block(int32_t id, std::vector<bf16>& k, std::vector<bf16>& v) const;
+  void download_block(int32_t id, std::vector<bf16>& k, std::vector<bf16>& v);
   std::vector<int32_t> download_table(const SequenceBlocks& seq) const;
   std::vector<int32_t> download_views(const SequenceBlocks& seq) const;
   int32_t max_blocks() const { return max_blocks_; }
@@ -175,7 +184,12 @@ class GpuBatchBackend final : public BatchBackend {
  private:
   // Rows [0, len) of seq's kept blocks between the staging cache and the pool (paged_copy), synchronously; only the
   // blocks from the one holding row `from` on.
-  void copy_pages(const SequenceBlocks& seq, int64_t len, PageCopy direction, int64_t from = 0);
+  // Layers [l0, l1) (all by default). Blocks written (kToPages) are committed first.
+  void copy_pages(const SequenceBlocks& seq, int64_t len, PageCopy direction, int64_t from = 0, int32_t l0 = 0,
+                  int32_t l1 = -1);
+  void commit_block(int32_t id);  // backs block id's K and V with memory (ReservedMemory::commit)
+  bf16* k_pool() const { return static_cast<bf16*>(k_pool_.data()); }
+  bf16* v_pool() const { return static_cast<bf16*>(v_pool_.data()); }
   // Uploads the step data of the rows (padded with scratch rows) and runs the decode step; the logits of the
   // padded batch stay on the device (logits_). Returns the padded row count.
   int64_t run_step(std::span<const int32_t> tokens, std::span<const DecodeRow> rows);
@@ -212,7 +226,7 @@ class GpuBatchBackend final : public BatchBackend {
   int32_t max_blocks_ = 0, slots_ = 0, sms_ = 0, last_splits_ = 0;
   int32_t scratch_block_ = 0;  // the padding rows' block (one past the pool's blocks); their slot is slots_
   int64_t last_rows_ = 0, step_builds_ = 0;
-  attn::gpu::DeviceBuffer<bf16> k_pool_, v_pool_;
+  ReservedMemory k_pool_, v_pool_;  // (num_blocks + 1) blocks each, the scratch block last
   attn::gpu::DeviceBuffer<int32_t> tables_, views_;
   std::vector<int32_t> host_tables_;  // mirror of tables_
   std::vector<int32_t> free_slots_;

@@ -63,6 +63,11 @@ void DeviceKVCache::release() {
   capacity_ = 0;
 }
 
+void DeviceKVCache::release_layer(int32_t layer) {
+  k_[static_cast<size_t>(layer)] = attn::gpu::DeviceBuffer<bf16>();
+  v_[static_cast<size_t>(layer)] = attn::gpu::DeviceBuffer<bf16>();
+}
+
 size_t DeviceKVCache::bytes() const {
   size_t b = 0;
   for (const auto& x : k_) b += x.bytes();

@@ -24,6 +24,8 @@ class DeviceKVCache : public ContiguousKVLayers<attn::gpu::DeviceBuffer<bf16>> {
   // or when the device memory does not suffice (naming the size and what to do).
   void reserve(int32_t tokens, int32_t valid);
   void release();
+  // Frees layer l's K and V (a staged prefill moved into the KV blocks a layer at a time); the other layers stay.
+  void release_layer(int32_t layer);
 
   size_t bytes() const;
   // Bytes the cache would hold at `tokens` rows.

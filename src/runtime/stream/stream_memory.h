@@ -19,6 +19,10 @@ class StreamMemory {
   // Throws tessera::Error when a sequence of `tokens` tokens cannot fit the host store's budget (StreamingKV's
   // message).
   virtual void check_sequence(int64_t tokens) const = 0;
+  // Prepares for a sequence of `tokens` tokens before its first chunk runs (the GPU memory starts allocating the
+  // pinned host slabs its evicted blocks will need, in the background, as the single-sequence GPU engine always did);
+  // a hint: chunks reserve what they need themselves.
+  virtual void reserve(int64_t /*tokens*/) {}
   // Bytes held for the sequence: the resident rows (sinks, window, workspace), the evicted blocks in host memory,
   // the span index; on the GPU its device buffers and pinned host memory.
   virtual double memory_bytes() const = 0;
