@@ -45,6 +45,9 @@ class ReservedMemory {
   void decommit_all(size_t keep_offset = 0, size_t keep_bytes = 0);
   void release() noexcept;
 
+  // The largest chunk a commit maps (smaller reservations are one chunk).
+  static constexpr size_t kMaxChunkBytes = size_t{64} << 20;
+
   void* data() const { return base_; }
   size_t reserved_bytes() const { return reserved_; }
   size_t committed_bytes() const { return committed_; }
