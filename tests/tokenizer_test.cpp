@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -593,6 +594,140 @@ TEST(RealModel, Gemma3MatchesTransformers) {
   const std::vector<ChatMessage> messages = {{"system", "Be brief."}, {"user", "Hi"}};
   EXPECT_EQ(chat.apply(messages),
             "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n");
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Resuming at checkpoints (encode_from): what the server's prompt cache does for each turn of a conversation
+
+// A random piece of text with the shapes tokenizers split at: words, spaces (runs of them), digits, punctuation,
+// apostrophes, tabs, newlines, CRLF, accented and CJK letters, an emoji, markup, and the model's special tokens'
+// spellings (`specials`).
+std::string random_text(std::mt19937& rng, size_t words, const std::vector<std::string>& specials) {
+  static const std::vector<std::string> pool = {
+      "the",  "records", "Alder",  "Creek's", "1127", "3.14",  "wool,", "salt", "(copper)", "don't", "\u00e9t\u00e9",
+      "\u4e2d\u6587", "\xF0\x9F\x99\x82", "<b>", "</td>", ">", "--", "\"quoted\"", "x", "I'll", "a.b", "#", "\u00a0nb"};
+  static const std::vector<std::string> gaps = {" ", " ", " ", " ", "  ", "   ", "\n", "\n\n", " \n", "\t", "\r\n", "",
+                                                ". ", ", ", "\n  "};
+  std::string out;
+  for (size_t i = 0; i < words; ++i) {
+    const uint32_t r = rng() % 100;
+    if (r < 3 && !specials.empty()) out += specials[rng() % specials.size()];
+    else out += pool[rng() % pool.size()];
+    out += gaps[rng() % gaps.size()];
+  }
+  return out;
+}
+
+// Every usable checkpoint of a text (spacing 0: all of them), resumed on a second text that shares a prefix with it
+// (a later turn: the text plus more; or a branch: cut anywhere, inside a special token or a run of spaces, then
+// different text), gives encode()'s ids for the second text, and the checkpoints a whole encode() finds after it.
+void check_resumes(const Tokenizer& tok, const std::vector<std::string>& specials, const EncodeOptions& options,
+                   uint32_t seed, int cases, int words) {
+  std::mt19937 rng(seed);
+  size_t resumed = 0, plain = 0;
+  for (int k = 0; k < cases; ++k) {
+    const std::string first = random_text(rng, static_cast<size_t>(words), specials);
+    std::string second;
+    if (k % 3 == 0) {
+      second = first.substr(0, rng() % (first.size() + 1)) + random_text(rng, 20, specials);
+    } else {
+      second = first + random_text(rng, 30, specials);
+    }
+    std::vector<EncodeCheckpoint> cps, whole_cps;
+    const auto first_ids = tok.encode(first, options, &cps);
+    EXPECT_EQ(first_ids, tok.encode(first, options)) << "checkpoints change encode()";
+    const auto want = tok.encode(second, options, &whole_cps);
+    size_t common = 0;
+    while (common < first.size() && common < second.size() && first[common] == second[common]) ++common;
+    for (size_t i = 0; i < cps.size(); ++i) {
+      const EncodeCheckpoint& c = cps[i];
+      ASSERT_LE(c.ids, first_ids.size());
+      if (c.needs > common) continue;
+      if (!c.prefix_pending) ++plain;
+      ++resumed;
+      std::vector<EncodeCheckpoint> got_cps(cps.begin(), cps.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+      const auto got = tok.encode_from(second, options, first_ids, c, &got_cps);
+      ASSERT_EQ(got, want) << "resumed at byte " << c.text_pos << " (" << c.ids << " ids) of "
+                           << json(first).dump() << "\nsecond: " << json(second).dump();
+      // The checkpoints up to the resumed one are the first text's, after it encode_from's: a whole encode() of
+      // the second text finds the same ones (so a resumed prompt can be resumed again).
+      ASSERT_EQ(got_cps.size(), whole_cps.size()) << "at byte " << c.text_pos;
+      for (size_t j = 0; j < got_cps.size(); ++j) {
+        EXPECT_EQ(got_cps[j].text_pos, whole_cps[j].text_pos) << j;
+        EXPECT_EQ(got_cps[j].ids, whole_cps[j].ids) << j;
+        EXPECT_EQ(got_cps[j].needs, whole_cps[j].needs) << j;
+        EXPECT_EQ(got_cps[j].prefix_pending, whole_cps[j].prefix_pending) << j;
+      }
+    }
+  }
+  // The cases do resume, inside plain text too (not only at special tokens).
+  EXPECT_GT(resumed, static_cast<size_t>(cases) * 10);
+  EXPECT_GT(plain, static_cast<size_t>(cases) * 5);
+}
+
+TEST(RealModel, SmolLM2ResumedEncodeEqualsEncode) {
+  REQUIRE_MODEL(path, "smollm2-135m-instruct-q4_1.gguf");
+  const auto file = ModelFile::open(path);
+  const auto tok = Tokenizer::from_gguf(file->metadata());
+  const std::vector<std::string> specials = {"<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|im_start|>user\n"};
+  check_resumes(*tok, specials, {.add_special = true, .parse_special = true}, 1, 30, 60);
+  check_resumes(*tok, specials, {.add_special = true, .parse_special = false}, 2, 30, 60);
+}
+
+TEST(RealModel, Gemma3ResumedEncodeEqualsEncode) {
+  REQUIRE_MODEL(path, "gemma-3-270m-q4_k_m.gguf");
+  const auto file = ModelFile::open(path);
+  const auto tok = Tokenizer::from_gguf(file->metadata());
+  const std::vector<std::string> specials = {"<start_of_turn>", "<end_of_turn>", "<bos>", "<start_of_turn>model\n",
+                                             "<start_of_image>"};
+  check_resumes(*tok, specials, {.add_special = true, .parse_special = true}, 3, 30, 60);
+  check_resumes(*tok, specials, {.add_special = true, .parse_special = false}, 4, 30, 60);
+}
+
+// A conversation of one long document and turns after it, as the multi-turn benchmark sends it: each turn resumed
+// from the previous turn's last usable checkpoint (spacing 256, the server's) equals encode(), for both families, as
+// chat (the template's control tokens) and as one growing completion text.
+TEST(RealModel, ConversationTurnsResumeFromTheLastTurn) {
+  for (const char* name : {"smollm2-135m-instruct-q4_1.gguf", "gemma-3-270m-q4_k_m.gguf"}) {
+    REQUIRE_MODEL(path, name);
+    const auto file = ModelFile::open(path);
+    const auto tok = Tokenizer::from_gguf(file->metadata());
+    const ChatTemplate chat = ChatTemplate::from_gguf(file->metadata());
+    std::mt19937 rng(7);
+    const std::string doc = random_text(rng, 3000, {});
+    for (const bool as_chat : {true, false}) {
+      const EncodeOptions options{.add_special = !as_chat || !chat.renders_bos(), .parse_special = as_chat};
+      std::vector<ChatMessage> messages = {{"user", doc + "\n\nQuestion: how many records?"}};
+      std::string text = doc + "\n\nQuestion: how many records?\nAnswer:";
+      std::vector<int32_t> prev_ids;
+      std::vector<EncodeCheckpoint> prev_cps;
+      std::string prev;
+      for (int turn = 0; turn < 4; ++turn) {
+        const std::string prompt = as_chat ? chat.apply(messages, true) : text;
+        std::vector<EncodeCheckpoint> cps;
+        std::vector<int32_t> ids;
+        if (turn == 0) {
+          ids = tok->encode(prompt, options, &cps, 256);
+        } else {
+          ASSERT_TRUE(prompt.starts_with(prev)) << name << " turn " << turn;
+          auto c = prev_cps.rbegin();
+          while (c != prev_cps.rend() && c->needs > prev.size()) ++c;
+          ASSERT_NE(c, prev_cps.rend()) << name << " turn " << turn;
+          EXPECT_GT(c->text_pos + 300, prev.size()) << name << " turn " << turn << ": resumed far back";
+          cps.assign(prev_cps.begin(), c.base());
+          ids = tok->encode_from(prompt, options, prev_ids, *c, &cps, 256);
+        }
+        ASSERT_EQ(ids, tok->encode(prompt, options)) << name << " chat " << as_chat << " turn " << turn;
+        const std::string answer = " " + std::to_string(rng() % 1000) + " records, " + random_text(rng, 8, {});
+        messages.push_back({"assistant", answer});
+        messages.push_back({"user", "And question " + std::to_string(turn + 2) + "?"});
+        text += answer + "\n\nQuestion: and question " + std::to_string(turn + 2) + "?\nAnswer:";
+        prev = prompt;
+        prev_ids = std::move(ids);
+        prev_cps = std::move(cps);
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -70,6 +70,15 @@ SentencePieceBpe::SentencePieceBpe(const std::vector<std::string>& tokens,
   }
 }
 
+bool SentencePieceBpe::cuts_before_space(std::string_view before) const {
+  return before != "\xE2\x96\x81" && std::find(before_space_.begin(), before_space_.end(), before) == before_space_.end();
+}
+
+bool SentencePieceBpe::parts_independent() const {
+  if (unk_ < 0) return true;
+  return byte_fallback_ && std::all_of(byte_token_.begin(), byte_token_.end(), [](int32_t id) { return id >= 0; });
+}
+
 void SentencePieceBpe::encode(std::string_view text, std::vector<int32_t>& out) const {
   const std::string_view space = "\xE2\x96\x81";
   bool last_unk = false;
@@ -78,8 +87,7 @@ void SentencePieceBpe::encode(std::string_view text, std::vector<int32_t>& out) 
     const size_t n = utf8::char_length(text, pos);
     if (pos > start) {
       const std::string_view before = text.substr(prev, pos - prev);
-      bool cut = text.substr(pos, n) == space && before != space &&
-                 std::find(before_space_.begin(), before_space_.end(), before) == before_space_.end();
+      bool cut = text.substr(pos, n) == space && cuts_before_space(before);
       if (!newline_joins_) cut = cut || ((text[pos] == '\n') != (before == "\n"));
       if (cut) {
         encode_part(text.substr(start, pos - start), out, last_unk);

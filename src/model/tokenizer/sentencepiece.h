@@ -35,6 +35,11 @@ class SentencePieceBpe {
 
   // Appends the ids of `text` (spaces already escaped to "▁").
   void encode(std::string_view text, std::vector<int32_t>& out) const;
+  // Whether encode() cuts before a "▁" that follows the character `before` (the rule above).
+  bool cuts_before_space(std::string_view before) const;
+  // Whether the parts encode() cuts the text into give the same ids encoded one call each (true unless an unknown
+  // token without byte fallback could fuse with one across a cut).
+  bool parts_independent() const;
   // The same as one merge queue over the whole text (encode's reference, for tests).
   void encode_whole(std::string_view text, std::vector<int32_t>& out) const;
 

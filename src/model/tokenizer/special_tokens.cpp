@@ -73,7 +73,7 @@ int32_t SpecialTokenMatcher::match_at(std::string_view text, size_t pos, bool pa
 std::vector<Fragment> SpecialTokenMatcher::split(std::string_view text, bool parse_special) const {
   std::vector<Fragment> out;
   if (empty()) {
-    if (!text.empty()) out.push_back({text, -1});
+    if (!text.empty()) out.push_back({text, -1, 0, text.size()});
     return out;
   }
   size_t start = 0;  // start of the pending plain text
@@ -88,14 +88,14 @@ std::vector<Fragment> SpecialTokenMatcher::split(std::string_view text, bool par
     if (lstrip_[token]) {
       while (before > start && is_space(text[before - 1])) --before;
     }
-    if (before > start) out.push_back({text.substr(start, before - start), -1});
-    out.push_back({{}, token});
+    if (before > start) out.push_back({text.substr(start, before - start), -1, start, before});
     if (rstrip_[token]) {
       while (end < text.size() && is_space(text[end])) ++end;
     }
+    out.push_back({{}, token, pos, end});
     start = pos = end;
   }
-  if (start < text.size()) out.push_back({text.substr(start), -1});
+  if (start < text.size()) out.push_back({text.substr(start), -1, start, text.size()});
   return out;
 }
 

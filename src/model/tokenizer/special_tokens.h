@@ -17,6 +17,8 @@ namespace tessera::model {
 struct Fragment {
   std::string_view text;  // plain text (when token < 0)
   int32_t token = -1;     // a matched special token
+  size_t at = 0;          // where it starts in the split text (a token: its first byte, after any lstrip space)
+  size_t next = 0;        // where the text after it starts (a token: past any rstrip space)
 };
 
 class SpecialTokenMatcher {

@@ -22,6 +22,9 @@ struct Tokenizer::Impl {
   std::optional<PreTokenizer> pre;
   std::optional<ByteLevelBpe> bpe;
   std::optional<SentencePieceBpe> spm;
+  size_t longest_special = 0;     // bytes of the longest token the special matcher looks for
+  std::vector<uint8_t> rstrip;    // by id: the token takes the spaces after it
+  bool plain_cuts = false;        // encode() may resume inside plain text (cut_plain)
 
   explicit Impl(TokenizerData data) : d(std::move(data)) {
     const size_t n = d.tokens.size();
@@ -46,6 +49,29 @@ struct Tokenizer::Impl {
     } else {
       spm.emplace(d.tokens, d.types, d.scores, d.byte_fallback, d.special.unk);
     }
+    for (size_t i = 0; i < n; ++i) {
+      const TokenType t = d.types[i];
+      if (t == TokenType::Control || t == TokenType::Unknown || t == TokenType::UserDefined)
+        longest_special = std::max(longest_special, d.tokens[i].size());
+    }
+    rstrip.assign(n, 0);
+    for (int32_t id : d.rstrip_tokens)
+      if (id >= 0 && static_cast<size_t>(id) < n) rstrip[id] = 1;
+    plain_cuts = d.normalizer == Normalizer::None &&
+                 (d.kind == TokenizerKind::SentencePieceBPE ? spm->parts_independent() : known_pre_tokenizer(d.pre_tokenizer));
+  }
+
+  // Whether `steps` are one of the named pre-tokenizers, whose regexes cut_plain's rule is written for.
+  static bool known_pre_tokenizer(const std::vector<PreTokenizerStep>& steps) {
+    const auto same = [](const PreTokenizerStep& a, const PreTokenizerStep& b) {
+      return a.pattern == b.pattern && a.behavior == b.behavior && a.invert == b.invert &&
+             a.prefix_space == b.prefix_space;
+    };
+    for (const char* name : {"gpt2", "llama3", "qwen2", "smollm"}) {
+      const std::vector<PreTokenizerStep> known = named_pre_tokenizer(name);
+      if (known.size() == steps.size() && std::equal(known.begin(), known.end(), steps.begin(), same)) return true;
+    }
+    return false;
   }
 
   bool special(int32_t id) const {
@@ -104,34 +130,91 @@ struct Tokenizer::Impl {
     escaped += escape_spaces(text);
     spm->encode(escaped, out);
   }
+
+  // Whether encoding may resume at text[c] (a space) inside plain text. Both families: the byte before is printable
+  // ASCII other than a space, so no regex match of the named pre-tokenizers spans c or looks past it (their
+  // matches of letters, digits and punctuation end at a space, their whitespace runs end before text[c - 1]), and
+  // the special-token matcher's lstrip cannot reach back over it; SentencePiece also cuts its merges there
+  // (sentencepiece.h). Without a normalizer only (NFC may compose across a cut).
+  bool cut_plain(std::string_view text, size_t c) const {
+    if (text[c] != ' ') return false;
+    const auto before = static_cast<unsigned char>(text[c - 1]);
+    if (before < 0x21 || before > 0x7E) return false;
+    return d.kind != TokenizerKind::SentencePieceBPE || spm->cuts_before_space(text.substr(c - 1, 1));
+  }
+
+  // Encodes text[pos, end) as encode() does after text[0, pos) left `prefix_pending`, appending to `out`; records
+  // checkpoints past pos (after every special token, and at plain cuts at least `spacing` bytes apart) when asked.
+  void encode_rest(std::string_view text, size_t pos, bool prefix_pending, bool parse_special,
+                   std::vector<int32_t>& out, std::vector<EncodeCheckpoint>* checkpoints, size_t spacing) const {
+    size_t last = pos;  // the last checkpoint's text position
+    const size_t reach = std::max<size_t>(1, longest_special);  // what the matcher reads from a position on
+    // SentencePiece's prefix space goes in front of the text, as SentencePiece writes it: a user-defined token
+    // is part of the text (a leading one gets a lone "▁" before it), a control token ends it (text after one
+    // gets its own prefix space, as llama.cpp does).
+    for (const Fragment& f : specials->split(text.substr(pos), parse_special)) {
+      if (f.token >= 0) {
+        if (prefix_pending && d.types[f.token] == TokenType::UserDefined) {
+          encode_plain("", true, out);
+          prefix_pending = false;
+        } else if (d.types[f.token] != TokenType::UserDefined) {
+          prefix_pending = true;
+        }
+        out.push_back(f.token);
+        if (checkpoints != nullptr) {
+          const size_t at = pos + f.at, next = pos + f.next;
+          checkpoints->push_back({next, out.size(), std::max(at + reach, rstrip[f.token] ? next + 1 : next),
+                                  prefix_pending});
+          last = next;
+        }
+        continue;
+      }
+      const size_t begin = pos + f.at, end = pos + f.next;
+      size_t part = begin;
+      if (checkpoints != nullptr && plain_cuts) {
+        for (size_t c = begin + 1; c < end; ++c) {
+          if (c < last + spacing || !cut_plain(text, c)) continue;
+          encode_plain(text.substr(part, c - part), prefix_pending && part == begin, out);
+          checkpoints->push_back({c, out.size(), c + reach, false});
+          last = part = c;
+        }
+      }
+      encode_plain(text.substr(part, end - part), prefix_pending && part == begin, out);
+      prefix_pending = false;
+    }
+  }
 };
 
 Tokenizer::Tokenizer(TokenizerData data) : impl_(std::make_unique<Impl>(std::move(data))) {}
 Tokenizer::~Tokenizer() = default;
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, const EncodeOptions& options) const {
+  return encode(text, options, nullptr);
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, const EncodeOptions& options,
+                                       std::vector<EncodeCheckpoint>* checkpoints, size_t spacing) const {
   const Impl& m = *impl_;
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 4);
   if (options.add_special && m.d.special.add_bos && m.d.special.bos >= 0) out.push_back(m.d.special.bos);
-  // SentencePiece's prefix space goes in front of the text, as SentencePiece writes it: a user-defined token
-  // is part of the text (a leading one gets a lone "▁" before it), a control token ends it (text after one
-  // gets its own prefix space, as llama.cpp does).
-  bool prefix_pending = true;
-  for (const Fragment& f : m.specials->split(text, options.parse_special)) {
-    if (f.token >= 0) {
-      if (prefix_pending && m.d.types[f.token] == TokenType::UserDefined) {
-        m.encode_plain("", true, out);
-        prefix_pending = false;
-      } else if (m.d.types[f.token] != TokenType::UserDefined) {
-        prefix_pending = true;
-      }
-      out.push_back(f.token);
-    } else {
-      m.encode_plain(f.text, prefix_pending, out);
-      prefix_pending = false;
-    }
-  }
+  m.encode_rest(text, 0, true, options.parse_special, out, checkpoints, spacing);
+  if (options.add_special && m.d.special.add_eos && m.d.special.eos >= 0) out.push_back(m.d.special.eos);
+  return out;
+}
+
+std::vector<int32_t> Tokenizer::encode_from(std::string_view text, const EncodeOptions& options,
+                                            std::span<const int32_t> before, const EncodeCheckpoint& from,
+                                            std::vector<EncodeCheckpoint>* checkpoints, size_t spacing) const {
+  const Impl& m = *impl_;
+  check(from.ids <= before.size() && from.text_pos <= from.needs && from.needs <= text.size(),
+        "tokenizer: encode_from's checkpoint (byte " + std::to_string(from.text_pos) + ", " +
+            std::to_string(from.ids) + " ids, needs " + std::to_string(from.needs) + " bytes) does not fit " +
+            std::to_string(before.size()) + " ids and a text of " + std::to_string(text.size()) + " bytes");
+  std::vector<int32_t> out;
+  out.reserve(from.ids + (text.size() - from.text_pos) / 3 + 4);
+  out.assign(before.begin(), before.begin() + static_cast<std::ptrdiff_t>(from.ids));
+  m.encode_rest(text, from.text_pos, from.prefix_pending, options.parse_special, out, checkpoints, spacing);
   if (options.add_special && m.d.special.add_eos && m.d.special.eos >= 0) out.push_back(m.d.special.eos);
   return out;
 }

@@ -111,6 +111,17 @@ struct EncodeOptions {
   bool parse_special = false;  // text of control tokens becomes their id; off for untrusted text
 };
 
+// A place where encode() can pick up again (encode_from): the ids of `text` begin with the first `ids` ids encode()
+// gave for text[0, text_pos), whatever comes after, for every text that starts with the same first `needs` bytes
+// (needs >= text_pos: what the cut depends on past it). Found at control tokens and, in plain text without a
+// normalizer, at word starts the pre-tokenizer or SentencePiece's merges never join across (tokenizers.md).
+struct EncodeCheckpoint {
+  size_t text_pos = 0;
+  size_t ids = 0;
+  size_t needs = 0;
+  bool prefix_pending = true;  // SentencePiece: the text after text_pos would get a prefix space
+};
+
 struct DecodeOptions {
   bool skip_special = false;  // drop control/unknown tokens instead of rendering their text
 };
@@ -138,6 +149,16 @@ class Tokenizer {
                                     const nlohmann::json& tokenizer_config = nlohmann::json::object());
 
   std::vector<int32_t> encode(std::string_view text, const EncodeOptions& options = {}) const;
+  // The same ids, and in `checkpoints` places to resume from (ascending; control tokens always, other places at
+  // least `spacing` bytes after the previous one kept).
+  std::vector<int32_t> encode(std::string_view text, const EncodeOptions& options,
+                              std::vector<EncodeCheckpoint>* checkpoints, size_t spacing = 0) const;
+  // encode(text, options), given `before`: the first `from.ids` ids of another text encoded with the same options
+  // that shares at least the first `from.needs` bytes with `text` (`from` one of its checkpoints). Encodes only
+  // text[from.text_pos, end). Checkpoints found past from.text_pos are appended to `checkpoints` when given.
+  std::vector<int32_t> encode_from(std::string_view text, const EncodeOptions& options,
+                                   std::span<const int32_t> before, const EncodeCheckpoint& from,
+                                   std::vector<EncodeCheckpoint>* checkpoints = nullptr, size_t spacing = 0) const;
   std::string decode(std::span<const int32_t> ids, const DecodeOptions& options = {}) const;
 
   // The bytes token `id` decodes to on its own (" world" for "Ġworld"; "\n" for "<0x0A>"); control and
