@@ -121,7 +121,7 @@ void ReservedMemory::reserve(size_t bytes) {
   chunk_ = (std::min(kMaxChunkBytes, bytes) + gran - 1) / gran * gran;
   reserved_ = (bytes + chunk_ - 1) / chunk_ * chunk_;
   CUdeviceptr ptr = 0;
-  const CUresult r = v.address_reserve(&ptr, reserved_, chunk_, 0, 0);
+  const CUresult r = v.address_reserve(&ptr, reserved_, gran, 0, 0);  // (an alignment must be a power of two)
   if (r != CUDA_SUCCESS) {
     reserved_ = chunk_ = 0;
     throw Error("device address space: could not reserve " + format_bytes(static_cast<double>(bytes)) + " (" +
