@@ -91,6 +91,21 @@ TEST(ReservedMemory, CommitsTheChunksWrittenAndGivesThemBack) {
   EXPECT_LT(free0 - std::min(free0, free_device_bytes()), c);
 }
 
+// A reservation under a chunk (a small model's KV pool, e.g. 49.2 MB) is one chunk of its size rounded up to the
+// granularity, which need not be a power of two.
+TEST(ReservedMemory, ASmallReservationIsOneChunk) {
+  if (!gpu_available()) GTEST_SKIP() << "no CUDA device available";
+  ReservedMemory m;
+  m.reserve(49'200'000);
+  if (!m.lazy()) GTEST_SKIP() << "the device has no virtual memory management";
+  EXPECT_EQ(m.reserved_bytes(), m.chunk_bytes());
+  EXPECT_GE(m.chunk_bytes(), size_t{49'200'000});
+  m.commit(49'199'999, 1);
+  EXPECT_EQ(m.committed_bytes(), m.chunk_bytes());
+  ASSERT_EQ(cudaMemset(m.data(), 0x11, 49'200'000), cudaSuccess);
+  EXPECT_EQ(bytes_at(m, 49'199'998, 2), std::vector<unsigned char>(2, 0x11));
+}
+
 TEST(ReservedMemory, WithoutVmmEverythingIsAllocatedAtOnce) {
   if (!gpu_available()) GTEST_SKIP() << "no CUDA device available";
   VmmSetting off("0");
