@@ -29,14 +29,10 @@
 #include "runtime/cuda/sample_gpu.h"
 #include "runtime/cuda/paged_decode.h"
 #include "runtime/cuda/synthetic_config.h"
+#include "../gpu_test_support.h"
 
 namespace tessera::runtime::gpu {
 namespace {
-
-#define REQUIRE_GPU()                                                  \
-  do {                                                                 \
-    if (!gpu_available()) GTEST_SKIP() << "no CUDA device available"; \
-  } while (0)
 
 using attn::gpu::DeviceBuffer;
 
@@ -175,20 +171,6 @@ TEST(PagedDecodeKernel, MatchesCpuTwin) {
 
 // ---- the engine on the real models ----
 
-std::string model_path(const std::string& file) {
-  const char* env = std::getenv("TESSERA_MODELS");
-  const char* home = std::getenv("HOME");
-  return (env && *env ? std::string(env) : std::string(home ? home : ".") + "/.cache/tessera/models") + "/" + file;
-}
-
-std::vector<int32_t> random_tokens(int32_t n, int32_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> dist(100, vocab - 1);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = dist(rng);
-  return t;
-}
-
 double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
   double d2 = 0, r2 = 0;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -225,7 +207,7 @@ double decode_against_single_engine(GemmPrecision gemm, bool graphs = true,
   std::vector<std::vector<float>> single_logits(lengths.size());
   const std::vector<DecodeView> views = decode_views(cfg, nullptr, 0);
   for (size_t i = 0; i < lengths.size(); ++i) {
-    prompts.push_back(random_tokens(lengths[i], cfg.vocab_size, static_cast<uint32_t>(i + 1)));
+    prompts.push_back(test::random_tokens(lengths[i], cfg.vocab_size, static_cast<uint32_t>(i + 1), 100));
     seqs.emplace_back(shape, kv_retention(cfg, views));
     backend.prefill_chunk(prompts[i], 0, lengths[i], nullptr, false);
     seqs.back().grow(lengths[i], pool);
@@ -284,7 +266,7 @@ TEST(GpuBatch, PrefixCacheChangesNoToken) {
   cfg.layers.resize(2);
   cfg.vocab_size = 4096;
   const auto dev = DeviceModel::random(cfg, 5);
-  const std::vector<int32_t> doc = random_tokens(1000, cfg.vocab_size, 41);
+  const std::vector<int32_t> doc = test::random_tokens(1000, cfg.vocab_size, 41, 100);
   auto with = [&](const std::vector<int32_t>& tail) {
     std::vector<int32_t> p = doc;
     p.insert(p.end(), tail.begin(), tail.end());
@@ -293,7 +275,7 @@ TEST(GpuBatch, PrefixCacheChangesNoToken) {
   std::vector<BatchRequest> reqs;
   for (uint32_t i = 0; i < 3; ++i) {
     BatchRequest r;
-    r.prompt = with(random_tokens(20 + 7 * static_cast<int32_t>(i), cfg.vocab_size, 50 + i));
+    r.prompt = with(test::random_tokens(20 + 7 * static_cast<int32_t>(i), cfg.vocab_size, 50 + i, 100));
     r.options.max_new_tokens = 16;
     reqs.push_back(r);
   }
@@ -351,13 +333,13 @@ TEST(GpuBatch, PrefixCacheWithSlidingWindowsChangesNoToken) {
     std::vector<std::vector<int32_t>> out;
     for (uint32_t c = 0; c < 2; ++c) {
       BatchRequest first;
-      first.prompt = random_tokens(900 + 37 * static_cast<int32_t>(c), cfg.vocab_size, 70 + c);
+      first.prompt = test::random_tokens(900 + 37 * static_cast<int32_t>(c), cfg.vocab_size, 70 + c, 100);
       first.options.max_new_tokens = 24;
       for (int turn = 0; turn < 2; ++turn) {
         BatchRequest r = first;
         if (turn == 1) {
           r.prompt.insert(r.prompt.end(), out.back().begin(), out.back().end());
-          const std::vector<int32_t> tail = random_tokens(30, cfg.vocab_size, 80 + c);
+          const std::vector<int32_t> tail = test::random_tokens(30, cfg.vocab_size, 80 + c, 100);
           r.prompt.insert(r.prompt.end(), tail.begin(), tail.end());
         }
         const int64_t id = engine.submit(r);
@@ -404,10 +386,10 @@ TEST(GpuBatch, TokenBudgetAndPromptLogprobs) {
   o.step_tokens = 100;
   BatchEngine engine(backend, o);
   BatchRequest decoding;
-  decoding.prompt = random_tokens(30, cfg.vocab_size, 61);
+  decoding.prompt = test::random_tokens(30, cfg.vocab_size, 61, 100);
   decoding.options.max_new_tokens = 40;
   BatchRequest asks;
-  asks.prompt = random_tokens(700, cfg.vocab_size, 62);
+  asks.prompt = test::random_tokens(700, cfg.vocab_size, 62, 100);
   asks.options.max_new_tokens = 4;
   asks.prompt_logprobs = 2;
   const int64_t d = engine.submit(decoding);
@@ -488,7 +470,7 @@ TEST(GpuBatch, StreamedRowsEqualSingleSequenceStreaming) {
     std::vector<std::unique_ptr<GpuEngine>> singles;
     double worst_prefill = 0;
     for (size_t i = 0; i < lengths.size(); ++i) {
-      const std::vector<int32_t> prompt = random_tokens(lengths[i], cfg.vocab_size, static_cast<uint32_t>(11 + i));
+      const std::vector<int32_t> prompt = test::random_tokens(lengths[i], cfg.vocab_size, static_cast<uint32_t>(11 + i), 100);
       mems.push_back(backend.new_stream(so));
       std::vector<float> last;
       for (int64_t c0 = 0; c0 < lengths[i];) {
@@ -538,7 +520,7 @@ TEST(GpuBatch, StreamedRowsEqualSingleSequenceStreaming) {
     std::vector<BatchRequest> reqs;
     for (uint32_t i = 0; i < 5; ++i) {
       BatchRequest r;
-      r.prompt = random_tokens(static_cast<int32_t>(60 + 211 * i), cfg.vocab_size, 70 + i);
+      r.prompt = test::random_tokens(static_cast<int32_t>(60 + 211 * i), cfg.vocab_size, 70 + i, 100);
       r.options.max_new_tokens = 24;  // long enough that three decode while later prompts prefill
       reqs.push_back(r);
     }
@@ -677,7 +659,7 @@ TEST(GpuBatch, PaddedGraphsAndDeviceSelection) {
   a.reserve(lengths.size());
   b.reserve(lengths.size());
   for (size_t i = 0; i < lengths.size(); ++i) {
-    const std::vector<int32_t> prompt = random_tokens(lengths[i], cfg.vocab_size, static_cast<uint32_t>(40 + i));
+    const std::vector<int32_t> prompt = test::random_tokens(lengths[i], cfg.vocab_size, static_cast<uint32_t>(40 + i), 100);
     for (auto [backend, seqs, pool] : {std::tuple{&padded, &a, &pool_a}, std::tuple{&reference, &b, &pool_b}}) {
       seqs->emplace_back(shape, kv_retention(cfg, views));
       backend->prefill_chunk(prompt, 0, lengths[i], nullptr, false);
@@ -745,7 +727,7 @@ class RealModelBatch : public ::testing::TestWithParam<const char*> {};
 // for MoA per-head caches.
 TEST_P(RealModelBatch, EqualsSingleSequenceAndCpuTwin) {
   REQUIRE_GPU();
-  const std::string path = model_path(GetParam());
+  const std::string path = test::real_model_path(GetParam());
   if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is missing";
   // Every weight expanded to f32, as engine_gpu_test's CPU reference: kept as stored, a quantized file's products run
   // over int8 activations (model/qmatmul.h), which put Gemma-3's Q4_K/Q5_0/Q6_K CPU twin at rel L2 0.13 (dense) and
@@ -758,7 +740,7 @@ TEST_P(RealModelBatch, EqualsSingleSequenceAndCpuTwin) {
   std::vector<BatchRequest> reqs;
   for (uint32_t i = 0; i < 4; ++i) {
     BatchRequest r;
-    r.prompt = random_tokens(30 + 300 * static_cast<int32_t>(i), std::min(cfg.vocab_size, 30000), 7 + i);
+    r.prompt = test::random_tokens(30 + 300 * static_cast<int32_t>(i), std::min(cfg.vocab_size, 30000), 7 + i, 100);
     r.options.max_new_tokens = 24;
     reqs.push_back(r);
   }

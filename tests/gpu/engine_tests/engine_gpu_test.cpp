@@ -43,6 +43,7 @@
 #include "runtime/cuda/gpu_engine.h"
 #include "runtime/cuda/kernels.h"
 #include "runtime/cuda/synthetic_config.h"
+#include "../gpu_test_support.h"
 
 namespace tessera::runtime::gpu {
 namespace {
@@ -56,11 +57,6 @@ constexpr double kRealRelL2 = 8e-2;
 constexpr double kRealRelL2Simple = 1.2e-1;
 constexpr double kNearTieRms = 4.5;  // a top-1 flip within this many RMS errors of the row is a near-tie
 constexpr double kSameDeviceRelL2 = 2e-2;  // executor vs simple kernel, chunked vs whole (both bf16 on the GPU)
-
-#define REQUIRE_GPU()                                                  \
-  do {                                                                 \
-    if (!gpu_available()) GTEST_SKIP() << "no CUDA device available"; \
-  } while (0)
 
 // ---------------------------------------------------------------------------------------------------------
 // Comparison of [rows, vocab] logits.
@@ -273,16 +269,6 @@ ModelConfig small_llama(int head_dim, int layers = 2, int q_heads = 4, int kv_he
   return config_from_hf(c, "small llama");
 }
 
-std::vector<int32_t> pseudo_random_tokens(int64_t n, int32_t vocab, uint64_t seed = 7) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  uint64_t s = seed;
-  for (auto& x : t) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    x = static_cast<int32_t>((s >> 33) % static_cast<uint64_t>(vocab));
-  }
-  return t;
-}
-
 class ExecutorTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(ExecutorTest, MatchesSimpleKernelAndChunks) {
@@ -290,7 +276,7 @@ TEST_P(ExecutorTest, MatchesSimpleKernelAndChunks) {
   const int d = GetParam();
   const ModelConfig cfg = small_llama(d);
   const auto dev = DeviceModel::random(cfg, 3);
-  const std::vector<int32_t> tokens = pseudo_random_tokens(700, cfg.vocab_size);
+  const std::vector<int32_t> tokens = test::lcg_tokens(700, cfg.vocab_size);
   const int64_t vocab = cfg.vocab_size;
   const std::string tag = "d" + std::to_string(d);
 
@@ -366,7 +352,7 @@ TEST_P(ExecutorTest, DecodeStepMatchesTheForward) {
   const int d = GetParam();
   const ModelConfig cfg = small_llama(d);
   const auto dev = DeviceModel::random(cfg, 3);
-  const std::vector<int32_t> tokens = pseudo_random_tokens(900, cfg.vocab_size);
+  const std::vector<int32_t> tokens = test::lcg_tokens(900, cfg.vocab_size);
   const int64_t vocab = cfg.vocab_size, prompt = 500;
   const std::string tag = "d" + std::to_string(d);
   auto run = [&](const DeviceModel& model, AttentionBackend backend, bool graphs) {
@@ -416,7 +402,7 @@ TEST(GpuEngineLlama3Shapes, TwoLayerPrefill8K) {
   cfg.num_layers = 2;
   cfg.layers.resize(2);
   const auto dev = DeviceModel::random(cfg, 11);
-  const std::vector<int32_t> tokens = pseudo_random_tokens(8192, cfg.vocab_size);
+  const std::vector<int32_t> tokens = test::lcg_tokens(8192, cfg.vocab_size);
   const attn::PolicyShape shape{cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads};
   std::vector<float> dense;
   for (const char* spec : {"dense", "vs:v=1000,s=6096", "trianglemix:start=1,sink=64,local=512,last=64",
@@ -473,18 +459,6 @@ TEST(GpuEngineErrors, MessagesMatchTheCpuEngine) {
 // The real small models (scripts/fetch_models.sh), when present: TESSERA_MODEL_DIR, else TESSERA_MODELS, else
 // ~/.cache/tessera/models. A missing model skips (the GPU machine has no network).
 
-std::string real_model_path(const std::string& file) {
-  for (const char* var : {"TESSERA_MODEL_DIR", "TESSERA_MODELS"}) {
-    if (const char* env = std::getenv(var); env != nullptr && *env != '\0') {
-      const std::string p = std::string(env) + "/" + file;
-      if (std::filesystem::exists(p)) return p;
-    }
-  }
-  const char* home = std::getenv("HOME");
-  const std::string p = std::string(home != nullptr ? home : ".") + "/.cache/tessera/models/" + file;
-  return std::filesystem::exists(p) ? p : std::string();
-}
-
 const char* kText =
     "The lighthouse keeper climbed the spiral stairs every evening at dusk, carrying a lamp, a logbook and a "
     "small tin of oil. From the gallery he could see the whole bay: the fishing boats returning in a ragged "
@@ -507,7 +481,7 @@ std::vector<int32_t> text_tokens(const Model& m, int64_t count) {
 
 void check_real_model(const std::string& file) {
   REQUIRE_GPU();
-  const std::string path = real_model_path(file);
+  const std::string path = test::real_model_path(file);
   if (path.empty()) GTEST_SKIP() << file << " not found (set TESSERA_MODEL_DIR to the folder holding it)";
   const Model& cpu = cpu_model(path);
   const DeviceModel& dev = gpu_model(path);
@@ -670,7 +644,7 @@ TEST(GpuOneEngine, RealModelsThroughThePagedDecodeStep) {
   REQUIRE_GPU();
   int ran = 0;
   for (const char* file : {"smollm2-135m-instruct-q4_1.gguf", "gemma-3-270m-q4_k_m.gguf"}) {
-    const std::string path = real_model_path(file);
+    const std::string path = test::real_model_path(file);
     if (path.empty()) continue;
     // (The streamed prompt on SmolLM2: Gemma-3's sliding-window layers are streamed by the GPU only.)
     check_one_engine(path, text_tokens(cpu_model(path), 600), kRealRelL2, std::string(file).rfind("smollm2", 0) == 0);

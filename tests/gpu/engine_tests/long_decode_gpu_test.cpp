@@ -35,33 +35,15 @@
 #include "runtime/cuda/gpu_engine.h"
 #include "runtime/cuda/kernels.h"
 #include "runtime/paged_kv.h"
+#include "../gpu_test_support.h"
 
 namespace tessera::runtime::gpu {
 namespace {
-
-#define REQUIRE_GPU()                                                  \
-  do {                                                                 \
-    if (!gpu_available()) GTEST_SKIP() << "no CUDA device available"; \
-  } while (0)
 
 constexpr int32_t kDecoded = 4;        // tokens decoded after each prompt
 constexpr int32_t kChunk = 2048;       // prompt chunk (the engine's default chunk size)
 constexpr int32_t kBlockTokens = 64;   // the paged store's block
 constexpr int32_t kSequences = 4;      // decoded together in the batched pass
-
-std::string model_path(const std::string& file) {
-  const char* env = std::getenv("TESSERA_MODELS");
-  const char* home = std::getenv("HOME");
-  return (env && *env ? std::string(env) : std::string(home ? home : ".") + "/.cache/tessera/models") + "/" + file;
-}
-
-std::vector<int32_t> random_tokens(int32_t n, int32_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> dist(100, vocab - 1);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = dist(rng);
-  return t;
-}
 
 // google/gemma-3-270m's config.json (the fields the architecture reads), 7 layers and a 4,096-token vocabulary.
 ModelConfig gemma3_shaped_config() {
@@ -250,8 +232,8 @@ void run_table(const DeviceModel& dev, const std::string& name, const std::vecto
   for (int32_t L : lengths) {
     std::vector<std::vector<int32_t>> prompts, tokens;
     for (int32_t i = 0; i < kSequences; ++i) {
-      prompts.push_back(random_tokens(L, vocab, static_cast<uint32_t>(1000 * L + i)));
-      tokens.push_back(random_tokens(kDecoded, vocab, static_cast<uint32_t>(7 + i)));
+      prompts.push_back(test::random_tokens(L, vocab, static_cast<uint32_t>(1000 * L + i), 100));
+      tokens.push_back(test::random_tokens(kDecoded, vocab, static_cast<uint32_t>(7 + i), 100));
     }
     std::vector<Side> exe, sim, uns;
     for (int32_t i = 0; i < kSequences; ++i) {
@@ -306,7 +288,7 @@ TEST(LongDecode, SyntheticGemma3ShapesDecodeEqualsPrefill) {
 
 TEST(LongDecode, Gemma3DecodeEqualsPrefill) {
   REQUIRE_GPU();
-  const std::string path = model_path("gemma-3-270m-q4_k_m.gguf");
+  const std::string path = test::real_model_path("gemma-3-270m-q4_k_m.gguf");
   if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is missing";
   const auto model = Model::load(path);
   const auto dev = DeviceModel::upload(*model);

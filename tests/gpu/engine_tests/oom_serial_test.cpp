@@ -15,19 +15,10 @@
 #include "runtime/cuda/device_model.h"
 #include "runtime/cuda/gpu_engine.h"
 #include "runtime/cuda/synthetic_config.h"
+#include "../gpu_test_support.h"
 
 namespace tessera::runtime::gpu {
 namespace {
-
-std::vector<int32_t> pseudo_random_tokens(int64_t n, int32_t vocab) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  uint64_t s = 7;
-  for (auto& x : t) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    x = static_cast<int32_t>((s >> 33) % static_cast<uint64_t>(vocab));
-  }
-  return t;
-}
 
 // Out of device memory (forced by a ballast allocation that leaves too little free): at load, at KV growth and
 // inside a layer's forward pass, each a tessera::Error naming what was being allocated; the engine gives the same
@@ -38,7 +29,7 @@ TEST(GpuEngineErrors, OutOfDeviceMemoryIsAClearErrorAndTheEngineRecovers) {
   cfg.num_layers = 2;
   cfg.layers.resize(2);
   const auto dev = DeviceModel::random(cfg, 3);
-  const std::vector<int32_t> tokens = pseudo_random_tokens(16384, cfg.vocab_size);
+  const std::vector<int32_t> tokens = test::lcg_tokens(16384, cfg.vocab_size);
   GpuEngineOptions eo;
   eo.chunk_size = 4096;
   eo.max_context = 32768;

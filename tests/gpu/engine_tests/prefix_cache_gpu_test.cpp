@@ -34,26 +34,10 @@
 #include "runtime/cuda/batch_gpu.h"
 #include "runtime/cuda/device_model.h"
 #include "runtime/cuda/gpu_engine.h"
+#include "../gpu_test_support.h"
 
 namespace tessera::runtime::gpu {
 namespace {
-
-#define REQUIRE_GPU()                                                  \
-  do {                                                                 \
-    if (!gpu_available()) GTEST_SKIP() << "no CUDA device available"; \
-  } while (0)
-
-std::string model_path(const std::string& file) {
-  for (const char* var : {"TESSERA_MODEL_DIR", "TESSERA_MODELS"}) {
-    if (const char* env = std::getenv(var); env != nullptr && *env != '\0') {
-      const std::string p = std::string(env) + "/" + file;
-      if (std::filesystem::exists(p)) return p;
-    }
-  }
-  const char* home = std::getenv("HOME");
-  const std::string p = std::string(home != nullptr ? home : ".") + "/.cache/tessera/models/" + file;
-  return std::filesystem::exists(p) ? p : std::string();
-}
 
 // Numbered facts about made-up towns, as bench/server/prefix_turns.py writes its documents.
 std::string paragraph(std::mt19937& rng, int i) {
@@ -120,7 +104,7 @@ class RealModelPrefix : public ::testing::TestWithParam<Shape> {};
 
 TEST_P(RealModelPrefix, StagedPrefixEqualsTheDirectPrefill) {
   REQUIRE_GPU();
-  const std::string path = model_path(GetParam().file);
+  const std::string path = test::real_model_path(GetParam().file);
   if (path.empty()) GTEST_SKIP() << GetParam().file << " not found (TESSERA_MODEL_DIR)";
   const auto model = Model::load(path);
   const auto dev = DeviceModel::upload(*model);
@@ -191,7 +175,7 @@ TEST_P(RealModelPrefix, StagedPrefixEqualsTheDirectPrefill) {
 // logits (other chunk boundaries round differently).
 TEST_P(RealModelPrefix, SecondTurnEqualsUncached) {
   REQUIRE_GPU();
-  const std::string path = model_path(GetParam().file);
+  const std::string path = test::real_model_path(GetParam().file);
   if (path.empty()) GTEST_SKIP() << GetParam().file << " not found (TESSERA_MODEL_DIR)";
   const auto model = Model::load(path);
   const auto dev = DeviceModel::upload(*model);
@@ -275,7 +259,7 @@ TEST_P(RealModelPrefix, SecondTurnEqualsUncached) {
 // decode batches differ between the runs, so bf16 GEMMs over other row counts round differently).
 TEST_P(RealModelPrefix, ConcurrentConversationsEqualUncached) {
   REQUIRE_GPU();
-  const std::string path = model_path(GetParam().file);
+  const std::string path = test::real_model_path(GetParam().file);
   if (path.empty()) GTEST_SKIP() << GetParam().file << " not found (TESSERA_MODEL_DIR)";
   const auto model = Model::load(path);
   const auto dev = DeviceModel::upload(*model);
@@ -742,7 +726,7 @@ class Probe final : public BatchBackend {
 // probe: which rows the later turns' prefills stage wrong, if any, and where they came from (see Probe).
 TEST_P(RealModelPrefix, ConcurrentStagedRowsEqualTheirTokens) {
   REQUIRE_GPU();
-  const std::string path = model_path(GetParam().file);
+  const std::string path = test::real_model_path(GetParam().file);
   if (path.empty()) GTEST_SKIP() << GetParam().file << " not found (TESSERA_MODEL_DIR)";
   const auto model = Model::load(path);
   const auto dev = DeviceModel::upload(*model);

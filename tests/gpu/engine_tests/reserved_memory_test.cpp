@@ -15,6 +15,7 @@
 #include "runtime/cuda/gpu_engine.h"
 #include "runtime/cuda/reserved_memory.h"
 #include "runtime/cuda/synthetic_config.h"
+#include "../gpu_test_support.h"
 
 namespace tessera::runtime::gpu {
 namespace {
@@ -119,16 +120,6 @@ TEST(ReservedMemory, WithoutVmmEverythingIsAllocatedAtOnce) {
   EXPECT_EQ(bytes_at(m, (size_t{10} << 20) - 3, 3), std::vector<unsigned char>(3, 0x5A));
 }
 
-std::vector<int32_t> pseudo_random_tokens(int64_t n, int32_t vocab) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  uint64_t s = 11;
-  for (auto& x : t) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    x = static_cast<int32_t>((s >> 33) % static_cast<uint64_t>(vocab));
-  }
-  return t;
-}
-
 struct PoolRun {
   std::vector<float> prefill, decoded;
   size_t pool_bytes = 0;   // the pools' committed memory after the first decode
@@ -143,7 +134,7 @@ PoolRun prefill_then_decode(const DeviceModel& dev, int64_t n) {
   PoolRun r;
   const size_t free0 = free_device_bytes();
   GpuEngine engine(dev, eo);
-  const std::vector<int32_t> tokens = pseudo_random_tokens(n, dev.config().vocab_size);
+  const std::vector<int32_t> tokens = test::lcg_tokens(n, dev.config().vocab_size, 11);
   r.prefill = engine.prefill(tokens);
   r.decoded = engine.decode(tokens[5]);  // moves the staged rows into the blocks first
   r.pool_bytes = engine.batch_backend().pool_bytes();

@@ -12,14 +12,10 @@
 #include "runtime/cuda/gpu_engine.h"
 #include "runtime/cuda/sample_gpu.h"
 #include "runtime/sampling.h"
+#include "../gpu_test_support.h"
 
 namespace tessera::runtime::gpu {
 namespace {
-
-#define REQUIRE_GPU()                                                  \
-  do {                                                                 \
-    if (!gpu_available()) GTEST_SKIP() << "no CUDA device available"; \
-  } while (0)
 
 using attn::gpu::DeviceBuffer;
 

@@ -41,14 +41,10 @@
 #include "runtime/cuda/gpu_engine.h"
 #include "runtime/cuda/stream_gpu_kv.h"
 #include "runtime/cuda/synthetic_config.h"
+#include "../gpu_test_support.h"
 
 namespace tessera::runtime::gpu {
 namespace {
-
-#define REQUIRE_GPU()                                                  \
-  do {                                                                 \
-    if (!gpu_available()) GTEST_SKIP() << "no CUDA device available"; \
-  } while (0)
 
 // Llama-3 architecture, head dim 64 (the executor's), 8 query / 2 kv heads, `layers` layers.
 ModelConfig small_config(int layers) {

@@ -29,6 +29,7 @@
 #include "runtime/cuda/batch_gpu.h"
 #include "runtime/cuda/device_model.h"
 #include "runtime/paged_kv.h"
+#include "../gpu_test_support.h"
 
 using namespace tessera;
 using namespace tessera::parallel;
@@ -37,12 +38,6 @@ using runtime::gpu::GpuBatchOptions;
 using test::random_tokens;  // called with lowest 100: the prompts draw tokens from 100 up
 
 namespace {
-
-std::string model_path(const std::string& file) {
-  const char* env = std::getenv("TESSERA_MODELS");
-  const char* home = std::getenv("HOME");
-  return (env && *env ? std::string(env) : std::string(home ? home : ".") + "/.cache/tessera/models") + "/" + file;
-}
 
 double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());
@@ -117,7 +112,7 @@ std::vector<std::vector<int32_t>> run_engine(runtime::BatchBackend& b, const std
 
 TEST(TpBatchGpu, OneRankEqualsTheOneGpuBackend) {
   for (const char* file : {"smollm2-135m-instruct-q4_1.gguf", "gemma-3-270m-q4_k_m.gguf"}) {
-    const std::string path = model_path(file);
+    const std::string path = test::real_model_path(file);
     if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is missing";
     const auto model = runtime::Model::load(path);
     const runtime::ModelConfig& c = model->config();
@@ -146,7 +141,7 @@ TEST(TpBatchGpu, OneRankEqualsTheOneGpuBackend) {
 }
 
 TEST(TpBatchGpu, ThreeRanksOnOneGpuEqualTheOneGpuBackend) {
-  const std::string path = model_path("smollm2-135m-instruct-q4_1.gguf");
+  const std::string path = test::real_model_path("smollm2-135m-instruct-q4_1.gguf");
   if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is missing";
   const auto model = runtime::Model::load(path);
   const runtime::ModelConfig& c = model->config();
