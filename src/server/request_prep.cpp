@@ -13,6 +13,10 @@ void check_model(const std::string& name, const ServedModel& m) {
                    "model_not_found");
 }
 
+std::vector<int32_t> encode_prompt(const ServedModel& m, std::string_view text, const model::EncodeOptions& options) {
+  return m.prompt_tokens ? m.prompt_tokens->encode(*m.tokenizer, text, options) : m.tokenizer->encode(text, options);
+}
+
 std::vector<int32_t> chat_prompt(std::span<const model::ChatMessage> messages, const ServedModel& m,
                                  bool add_generation_prompt) {
   if (m.chat == nullptr)
@@ -28,7 +32,7 @@ std::vector<int32_t> chat_prompt(std::span<const model::ChatMessage> messages, c
   }
   // As the CLI's --chat: the rendered conversation is encoded with parse_special, so the template's markers
   // become control tokens (so would a marker's spelling typed inside a message).
-  return m.tokenizer->encode(text, {.add_special = !m.chat->renders_bos(), .parse_special = true});
+  return encode_prompt(m, text, {.add_special = !m.chat->renders_bos(), .parse_special = true});
 }
 
 }  // namespace
@@ -36,7 +40,7 @@ std::vector<int32_t> chat_prompt(std::span<const model::ChatMessage> messages, c
 std::vector<int32_t> tokenize_request(const TokenizeRequest& r, const ServedModel& m) {
   if (!r.model.empty()) check_model(r.model, m);
   if (r.chat) return chat_prompt(r.messages, m, r.add_generation_prompt);
-  return m.tokenizer->encode(r.prompt, {.add_special = r.add_special, .parse_special = false});
+  return encode_prompt(m, r.prompt, {.add_special = r.add_special, .parse_special = false});
 }
 
 std::string detokenize_request(const DetokenizeRequest& r, const ServedModel& m) {
@@ -79,7 +83,7 @@ PreparedRequest prepare_request(const ApiRequest& request, const ServedModel& m,
     }
     p.prompt = r.prompt_ids;
   } else {
-    p.prompt = tok.encode(r.prompt, {.add_special = true, .parse_special = false});
+    p.prompt = encode_prompt(m, r.prompt, {.add_special = true, .parse_special = false});
   }
   if (p.prompt.empty())
     throw invalid_request(several ? "'" + name + "' is empty" : std::string("the prompt is empty"),

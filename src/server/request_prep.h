@@ -17,6 +17,7 @@
 #include "model/tokenizer/tokenizer.h"
 #include "runtime/generation.h"
 #include "server/api_request.h"
+#include "server/prompt_tokens.h"
 #include "server/structured_output.h"
 
 namespace tessera::server {
@@ -28,6 +29,8 @@ struct ServedModel {
   int32_t context_length = 0;                   // tokens: prompt + completion
   int64_t created = 0;                          // unix time the server loaded it (the models list shows it)
   std::shared_ptr<GrammarCache> grammars = std::make_shared<GrammarCache>();  // structured output's compiled grammars
+  // Prompts' ids by their text, so that a conversation's next turn tokenizes only what is new (null: none).
+  std::shared_ptr<PromptTokenCache> prompt_tokens = std::make_shared<PromptTokenCache>();
 };
 
 // /v1/completions without max_tokens generates this many tokens, as the OpenAI API does; chat completions

@@ -12,11 +12,13 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <random>
 #include <thread>
 
 #include "attention/pattern/config_io.h"
 #include "attention/pattern/presets.h"
 #include "core/error.h"
+#include "model/model_file.h"
 #include "model/tokenizer/byte_level.h"
 #include "runtime/engine.h"
 #include "model/model.h"
@@ -25,6 +27,7 @@
 #include "server/engine_slot.h"
 #include "server/metrics.h"
 #include "server/policy_cache.h"
+#include "server/prompt_tokens.h"
 #include "server/request_prep.h"
 #include "runtime/batch_engine.h"
 #include "server/scheduler.h"
@@ -493,6 +496,151 @@ TEST(ServerPrepare, ModelAndContextErrors) {
 
 // ---------------------------------------------------------------------------------------------------------------
 // Stop sequences, responses, metrics, attention specs
+
+// ---------------------------------------------------------------------------------------------------------------
+// The prompt token cache (prompt_tokens.h)
+
+// A conversation's text as a client's turns make it: a long document, then questions and answers.
+std::string conversation_text(std::mt19937& rng, size_t words) {
+  static const std::vector<std::string> pool = {"the", "record", "of", "Alder", "Creek's", "1127", "wool,", "salt",
+                                                "(copper)", "don't", "\u00e9t\u00e9", "\u4e2d\u6587", "<b>", "--"};
+  static const std::vector<std::string> gaps = {" ", " ", "  ", "\n", "\n\n", ". ", "\t"};
+  std::string out;
+  for (size_t i = 0; i < words; ++i) out += pool[rng() % pool.size()] + gaps[rng() % gaps.size()];
+  return out;
+}
+
+// Turns of several conversations over one document, interleaved as concurrent clients send them, as chat (the
+// template's control tokens) and as growing completion texts: every prompt's ids equal Tokenizer::encode's, the
+// later turns start from the earlier ones, and a grown conversation replaces its entry.
+void check_conversations(const model::Tokenizer& tok, const model::ChatTemplate& chat, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const std::string doc = conversation_text(rng, 1500);
+  PromptTokenCache cache;
+  constexpr int kClients = 3, kTurns = 4;
+  for (const bool as_chat : {true, false}) {
+    const model::EncodeOptions options{.add_special = !as_chat || !chat.renders_bos(), .parse_special = as_chat};
+    std::vector<std::vector<model::ChatMessage>> messages(kClients);
+    std::vector<std::string> texts(kClients);
+    for (int c = 0; c < kClients; ++c) {
+      messages[c] = {{"user", doc + "\n\nQuestion " + std::to_string(c) + ": how many?"}};
+      texts[c] = doc + "\n\nQuestion " + std::to_string(c) + ": how many?\nAnswer:";
+    }
+    const PromptTokenCache::Stats start = cache.stats();
+    size_t sent = 0;
+    for (int turn = 0; turn < kTurns; ++turn) {
+      for (int c = 0; c < kClients; ++c) {
+        const std::string prompt = as_chat ? chat.apply(messages[c], true) : texts[c];
+        sent += prompt.size();
+        ASSERT_EQ(cache.encode(tok, prompt, options), tok.encode(prompt, options))
+            << "chat " << as_chat << " client " << c << " turn " << turn;
+        const std::string answer = " " + std::to_string(rng() % 1000) + " " + conversation_text(rng, 6);
+        messages[c].push_back({"assistant", answer});
+        messages[c].push_back({"user", "And " + std::to_string(turn) + "?"});
+        texts[c] += answer + "\n\nQuestion: and " + std::to_string(turn) + "?\nAnswer:";
+      }
+    }
+    const PromptTokenCache::Stats s = cache.stats();
+    EXPECT_EQ(s.lookups - start.lookups, static_cast<uint64_t>(kClients * kTurns));
+    // Every prompt but the first starts from a kept one (the others' first turns share the document).
+    EXPECT_EQ(s.hits - start.hits, static_cast<uint64_t>(kClients * kTurns - 1));
+    EXPECT_GT(s.bytes_reused - start.bytes_reused, sent * 3 / 4);
+    EXPECT_EQ(s.entries, static_cast<size_t>(kClients) * (as_chat ? 1 : 2)) << "a grown conversation replaces its entry";
+  }
+}
+
+TEST(ServerPromptCache, ConversationsEqualEncodeSmolLM2) {
+  REQUIRE_REAL_MODEL();
+  check_conversations(*rm->tokenizer, *rm->chat, 11);
+}
+
+TEST(ServerPromptCache, ConversationsEqualEncodeGemma3) {
+  const std::string path = models_dir() + "/gemma-3-270m-q4_k_m.gguf";
+  if (!std::filesystem::exists(path)) {
+    const char* allow = std::getenv("TESSERA_ALLOW_MISSING_MODELS");
+    if (allow != nullptr && std::string(allow) == "1") GTEST_SKIP() << path << " is missing";
+    FAIL() << path << " is missing: run scripts/fetch_models.sh";
+  }
+  const auto file = model::ModelFile::open(path);
+  const auto tok = model::Tokenizer::from_gguf(file->metadata());
+  const model::ChatTemplate chat = model::ChatTemplate::from_gguf(file->metadata());
+  check_conversations(*tok, chat, 12);
+}
+
+TEST(ServerPromptCache, BoundedLeastRecentlyUsedAndThreadSafe) {
+  REQUIRE_REAL_MODEL();
+  const model::Tokenizer& tok = *rm->tokenizer;
+  const model::EncodeOptions options{.add_special = true, .parse_special = false};
+  std::mt19937 rng(5);
+  std::vector<std::string> texts;
+  for (int i = 0; i < 3; ++i) texts.push_back("doc " + std::to_string(i) + " " + conversation_text(rng, 400));
+  PromptTokenCache probe;
+  (void)probe.encode(tok, texts[0], options);
+  const size_t one = probe.stats().bytes;
+  ASSERT_GT(one, texts[0].size());
+  // Room for two of the three: the least recently used goes.
+  PromptTokenCache cache(one * 2 + one / 2);
+  for (const std::string& t : texts) EXPECT_EQ(cache.encode(tok, t, options), tok.encode(t, options));
+  PromptTokenCache::Stats s = cache.stats();
+  EXPECT_EQ(s.entries, 2u);
+  EXPECT_EQ(s.evictions, 1u);
+  EXPECT_LE(s.bytes, one * 2 + one / 2);
+  EXPECT_EQ(s.hits, 0u);
+  (void)cache.encode(tok, texts[1] + " more", options);  // texts[1] grows: found, replaced, now the newest
+  (void)cache.encode(tok, texts[0] + " more", options);  // texts[0] was evicted: a miss; texts[2] goes
+  s = cache.stats();
+  EXPECT_EQ(s.hits, 1u);
+  EXPECT_EQ(s.evictions, 2u);
+  EXPECT_EQ(s.entries, 2u);
+  EXPECT_EQ(cache.encode(tok, texts[2] + " more", options), tok.encode(texts[2] + " more", options));
+  EXPECT_EQ(cache.stats().hits, 1u) << "texts[2] was the least recently used";
+  // A cache of 0 bytes keeps nothing; one entry larger than the cache is not kept.
+  PromptTokenCache none(0);
+  EXPECT_EQ(none.encode(tok, texts[0], options), tok.encode(texts[0], options));
+  EXPECT_EQ(none.stats().entries, 0u);
+  PromptTokenCache small(one / 2);
+  EXPECT_EQ(small.encode(tok, texts[0], options), tok.encode(texts[0], options));
+  EXPECT_EQ(small.stats().entries, 0u);
+  // Four threads, each a growing conversation on the same document, on one cache.
+  PromptTokenCache shared;
+  std::vector<std::future<int>> done;
+  for (int t = 0; t < 4; ++t) {
+    done.push_back(std::async(std::launch::async, [&, t] {
+      std::mt19937 r(100 + static_cast<uint32_t>(t));
+      std::string text = texts[0];
+      int bad = 0;
+      for (int turn = 0; turn < 6; ++turn) {
+        text += " Q" + std::to_string(t) + " " + conversation_text(r, 20);
+        bad += shared.encode(tok, text, options) != tok.encode(text, options);
+      }
+      return bad;
+    }));
+  }
+  for (auto& f : done) EXPECT_EQ(f.get(), 0);
+  EXPECT_GE(shared.stats().hits, 20u);
+}
+
+// The server's requests go through the model's cache: a chat conversation's later turn gives the ids encode() gives.
+TEST(ServerPromptCache, PreparedTurnsUseTheCache) {
+  REQUIRE_REAL_MODEL();
+  ServedModel served = rm->served;
+  served.prompt_tokens = std::make_shared<PromptTokenCache>();
+  std::mt19937 rng(9);
+  const std::string doc = conversation_text(rng, 800);
+  json messages = json::array({{{"role", "user"}, {"content", doc}}});
+  std::vector<model::ChatMessage> msgs = {{"user", doc}};
+  for (int turn = 0; turn < 3; ++turn) {
+    const json body = {{"model", "smollm2"}, {"messages", messages}};
+    const PreparedRequest p = prepare_request(parse_api_request(Endpoint::Chat, body.dump()), served, 1);
+    EXPECT_EQ(p.prompt, rm->tokenizer->encode(rm->chat->apply(msgs, true), {.add_special = false, .parse_special = true}));
+    messages.push_back({{"role", "assistant"}, {"content", "Answer " + std::to_string(turn)}});
+    messages.push_back({{"role", "user"}, {"content", "Next?"}});
+    msgs.push_back({"assistant", "Answer " + std::to_string(turn)});
+    msgs.push_back({"user", "Next?"});
+  }
+  EXPECT_EQ(served.prompt_tokens->stats().hits, 2u);
+  EXPECT_GT(served.prompt_tokens->stats().bytes_reused, 3 * doc.size() / 2);
+}
 
 TEST(ServerStopMatcher, HoldsBackPrefixesAndCutsAtTheSequence) {
   StopMatcher m({"</s>", "ab"});

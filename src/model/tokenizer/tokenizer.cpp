@@ -144,7 +144,8 @@ struct Tokenizer::Impl {
   }
 
   // Encodes text[pos, end) as encode() does after text[0, pos) left `prefix_pending`, appending to `out`; records
-  // checkpoints past pos (after every special token, and at plain cuts at least `spacing` bytes apart) when asked.
+  // checkpoints past pos (after every special token, and at plain cuts at least `spacing` bytes apart, or within the
+  // last `spacing` bytes of the text, where the next text that extends this one will look) when asked.
   void encode_rest(std::string_view text, size_t pos, bool prefix_pending, bool parse_special,
                    std::vector<int32_t>& out, std::vector<EncodeCheckpoint>* checkpoints, size_t spacing) const {
     size_t last = pos;  // the last checkpoint's text position
@@ -173,7 +174,7 @@ struct Tokenizer::Impl {
       size_t part = begin;
       if (checkpoints != nullptr && plain_cuts) {
         for (size_t c = begin + 1; c < end; ++c) {
-          if (c < last + spacing || !cut_plain(text, c)) continue;
+          if ((c < last + spacing && c + spacing < text.size()) || !cut_plain(text, c)) continue;
           encode_plain(text.substr(part, c - part), prefix_pending && part == begin, out);
           checkpoints->push_back({c, out.size(), c + reach, false});
           last = part = c;

@@ -150,7 +150,7 @@ class Tokenizer {
 
   std::vector<int32_t> encode(std::string_view text, const EncodeOptions& options = {}) const;
   // The same ids, and in `checkpoints` places to resume from (ascending; control tokens always, other places at
-  // least `spacing` bytes after the previous one kept).
+  // least `spacing` bytes after the previous one kept, and all of those in the text's last `spacing` bytes).
   std::vector<int32_t> encode(std::string_view text, const EncodeOptions& options,
                               std::vector<EncodeCheckpoint>* checkpoints, size_t spacing = 0) const;
   // encode(text, options), given `before`: the first `from.ids` ids of another text encoded with the same options
