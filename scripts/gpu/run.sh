@@ -37,6 +37,8 @@
 #   serve      `tessera serve` under scripts/gpu/serve_probe.py, one GPU and --gpus 2
 #   prefix     the prefix cache on a multi-turn workload (bench/server/prefix_turns.py; Gemma-3-270M at ~28K tokens)
 #   structured structured output on the GPU engines: tests/server/test_structured.py with --device cuda (phases_structured.sh)
+#   openai     OpenAI's client on the GPU engines: tests/server/test_sampling.py, test_openai_api.py (OPENAI_TESTS) with
+#              --device cuda: penalties, min_p, logit_bias, logprobs, echo, n > 1 (phases_openai.sh)
 #   python     the Python module with CUDA: its tests, ops against the C++ bench, patched transformers TTFT
 #   plan       the planners' reverse mode and MInference's search on the GPU
 #   adaptive   vs_adaptive / bs_adaptive: GPU tests, sanitizers, bench
