@@ -59,6 +59,12 @@ const GaugeMetric kSlotGauges[] = {
      &Gauges::kv_tokens},
     {"tessera_kv_cache_bytes", "gauge", "Bytes allocated for the KV caches of running requests.",
      &Gauges::kv_bytes},
+    {"tessera_prompt_cache_hits_total", "counter", "Prompts tokenized from a kept prompt's ids (the rest only).",
+     &Gauges::prompt_cache_hits},
+    {"tessera_prompt_cache_reused_bytes_total", "counter", "Prompt text bytes not tokenized again.",
+     &Gauges::prompt_cache_bytes_reused},
+    {"tessera_prompt_cache_bytes", "gauge", "Bytes the prompt token cache holds (text, ids, checkpoints).",
+     &Gauges::prompt_cache_bytes},
 };
 
 // The batched engine's counters and its prefix cache (Gauges::batched only).

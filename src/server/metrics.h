@@ -42,6 +42,9 @@ struct Gauges {
   // Its prefix cache (runtime/prefix_cache.h): requests that adopted cached blocks, the prompt tokens they did not
   // prefill, cached blocks dropped for room, and the bytes of the blocks only the cache holds.
   int64_t prefix_hits = 0, prefix_cached_tokens = 0, prefix_evictions = 0, prefix_cache_bytes = 0;
+  // The prompt token cache (prompt_tokens.h; any --parallel): prompts tokenized from a kept prompt's checkpoint, the
+  // prompt bytes not tokenized again, and the bytes it holds.
+  int64_t prompt_cache_hits = 0, prompt_cache_bytes_reused = 0, prompt_cache_bytes = 0;
 };
 
 // Resident set size of this process in bytes (from /proc/self/statm; 0 where unavailable).

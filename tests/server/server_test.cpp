@@ -735,10 +735,14 @@ TEST(ServerMetrics, PrometheusText) {
   m.count_request("/v1/completions", 200);
   m.count_request("/v1/completions", 200);
   m.add_tokens(10, 3);
-  const std::string text = m.prometheus({.queued = 2, .running = 1, .slots = 1, .kv_tokens = 13, .kv_bytes = 4096});
+  const std::string text = m.prometheus({.queued = 2, .running = 1, .slots = 1, .kv_tokens = 13, .kv_bytes = 4096,
+                                         .prompt_cache_hits = 3, .prompt_cache_bytes_reused = 5000,
+                                         .prompt_cache_bytes = 7000});
   for (const char* line : {"tessera_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 2\n",
                            "tessera_prompt_tokens_total 10\n", "tessera_generation_tokens_total 3\n",
                            "tessera_queue_depth 2\n", "tessera_kv_cache_tokens 13\n", "tessera_kv_cache_bytes 4096\n",
+                           "tessera_prompt_cache_hits_total 3\n", "tessera_prompt_cache_reused_bytes_total 5000\n",
+                           "tessera_prompt_cache_bytes 7000\n",
                            "# TYPE tessera_time_to_first_token_seconds histogram\n"})
     EXPECT_NE(text.find(line), std::string::npos) << line;
 }

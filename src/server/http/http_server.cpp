@@ -442,7 +442,14 @@ struct HttpServer::Impl {
       s.set_content(dump_json(health()), "application/json");
     });
     http.Get("/metrics", [this](const httplib::Request&, httplib::Response& s) {
-      s.set_content(metrics.prometheus(scheduler.gauges()), "text/plain; version=0.0.4");
+      Gauges g = scheduler.gauges();
+      if (model.prompt_tokens) {
+        const PromptTokenCache::Stats p = model.prompt_tokens->stats();
+        g.prompt_cache_hits = static_cast<int64_t>(p.hits);
+        g.prompt_cache_bytes_reused = static_cast<int64_t>(p.bytes_reused);
+        g.prompt_cache_bytes = static_cast<int64_t>(p.bytes);
+      }
+      s.set_content(metrics.prometheus(g), "text/plain; version=0.0.4");
     });
     // What httplib answers by itself (unknown routes, bodies over the limit) gets the API's error shape too.
     http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& q, httplib::Response& s) {
