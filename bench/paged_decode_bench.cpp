@@ -3,7 +3,7 @@
 // one thread.
 //
 //   paged_decode_bench [--shape smollm2|gemma3] [--lengths 1024,4096,8192] [--types f16,bf16,f32]
-//                      [--rounds 7] [--threads N]
+//                      [--rounds 7] [--threads N [--min-work W]]
 //
 // A step = every (layer, kv head) of the model's shape attending its GQA group's query heads over `length`
 // keys in blocks of 64 tokens, each (layer, kv head) with its own blocks (SmolLM2 at 4K in f16: 94 MB of K
@@ -16,7 +16,8 @@
 // decode row over a PagedKVStore of `length` keys of every (layer, kv head)) on a pool of N threads with the rows'
 // keys split across the threads (attn::paged_decode_parts at the default minimum) and with splitting off (one work
 // item per kv head: Gemma-3's one KV head on one thread), and on one thread; the table gives each variant's median
-// step time, spread, and the split's speedup over the unsplit run.
+// step time, spread, and the split's speedup over the unsplit run. --min-work sets the split's minimum part
+// (attn::set_paged_split_min_work; default attn::kPagedSplitMinWork).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -231,10 +232,12 @@ int main(int argc, char** argv) {
       rounds = std::stoi(next());
     } else if (a == "--threads") {
       threads = std::stoi(next());
+    } else if (a == "--min-work") {
+      attn::set_paged_split_min_work(std::stoll(next()));
     } else {
       std::fprintf(stderr,
                    "usage: paged_decode_bench [--shape smollm2|gemma3] [--lengths 1024,4096] "
-                   "[--types f16,bf16,f32] [--rounds 7] [--threads N]\n");
+                   "[--types f16,bf16,f32] [--rounds 7] [--threads N [--min-work W]]\n");
       return 2;
     }
   }
