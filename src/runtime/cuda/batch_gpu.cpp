@@ -1,6 +1,7 @@
 #include "runtime/cuda/batch_gpu.h"
 
 #include <algorithm>
+#include <functional>
 #include <utility>
 #include <climits>
 #include <limits>
@@ -236,21 +237,23 @@ void GpuBatchBackend::release_free_memory() {
   v_pool_.decommit_all(static_cast<size_t>(scratch_block_) * bytes, bytes);
 }
 
-void GpuBatchBackend::copy_pages(const SequenceBlocks& seq, int64_t len, PageCopy direction, int64_t from, int32_t l0,
-                                 int32_t l1) {
+void GpuBatchBackend::copy_pages(const SequenceBlocks& seq, int64_t len, PageCopy direction, int64_t from,
+                                 const std::function<void(int32_t)>& after_layer) {
   const int64_t B = shape_.block_tokens;
-  if (l1 < 0) l1 = shape_.num_layers;
+  // Every layer's entries, uploaded once; a copy launched per layer, its blocks committed just before it (so that a
+  // move into fresh blocks, with after_layer freeing the layer's staged rows, holds one layer twice at most).
   std::vector<int32_t> entries;
-  for (int32_t l = l0; l < l1; ++l)
+  std::vector<size_t> first(static_cast<size_t>(shape_.num_layers) + 1, 0);
+  for (int32_t l = 0; l < shape_.num_layers; ++l) {
+    first[static_cast<size_t>(l)] = entries.size() / 4;
     for (int32_t h = 0; h < shape_.num_kv_heads; ++h) {
       const std::vector<int32_t>& t = seq.table(l, h);
       for (int64_t b = from / B; b < static_cast<int64_t>(t.size()) && b * B < len; ++b)
-        if (const int32_t id = t[static_cast<size_t>(b)]; id >= 0) {
+        if (const int32_t id = t[static_cast<size_t>(b)]; id >= 0)
           entries.insert(entries.end(), {l, h, static_cast<int32_t>(b), id});
-          commit_block(id);  // (a block read was written, so committed, unless release_free_memory() ran too soon)
-        }
     }
-  if (entries.empty()) return;
+  }
+  first.back() = entries.size() / 4;
   std::vector<bf16*> kl, vl;
   for (int32_t l = 0; l < cfg_.num_layers; ++l) {
     kl.push_back(staging_.k(l, 0));
@@ -258,12 +261,22 @@ void GpuBatchBackend::copy_pages(const SequenceBlocks& seq, int64_t len, PageCop
   }
   attn::gpu::DeviceBuffer<int32_t> dev_entries;
   attn::gpu::DeviceBuffer<bf16*> dk, dv;
-  dev_entries.upload(entries, stream_);
-  dk.upload(kl, stream_);
-  dv.upload(vl, stream_);
-  paged_copy(dev_entries.data(), static_cast<int32_t>(entries.size() / 4), dk.data(), dv.data(),
-             staging_.row_elements(), shape_.head_dim, shape_.block_tokens, static_cast<int32_t>(len), k_pool(),
-             v_pool(), direction, stream_);
+  if (!entries.empty()) {
+    dev_entries.upload(entries, stream_);
+    dk.upload(kl, stream_);
+    dv.upload(vl, stream_);
+  }
+  for (int32_t l = 0; l < shape_.num_layers; ++l) {
+    const size_t e0 = first[static_cast<size_t>(l)], e1 = first[static_cast<size_t>(l) + 1];
+    // (A block read was written, so committed, unless release_free_memory() ran too soon: committing it anyway turns
+    // that bug into wrong values instead of a device fault.)
+    for (size_t e = e0; e < e1; ++e) commit_block(entries[4 * e + 3]);
+    if (e1 > e0)
+      paged_copy(dev_entries.data() + 4 * e0, static_cast<int32_t>(e1 - e0), dk.data(), dv.data(),
+                 staging_.row_elements(), shape_.head_dim, shape_.block_tokens, static_cast<int32_t>(len), k_pool(),
+                 v_pool(), direction, stream_);
+    if (after_layer) after_layer(l);
+  }
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the host vectors above are on this stack
 }
 
@@ -272,11 +285,10 @@ void GpuBatchBackend::finish_prefill(const SequenceBlocks& seq, std::span<const 
   // a time, each layer's staged rows freed once in its blocks (cudaFree waits for the copy): the blocks' memory is
   // committed as the staging's goes, so the move holds one layer twice, not the whole prompt.
   if (seq.length() > 0)
-    for (int32_t l = 0; l < cfg_.num_layers; ++l) {
-      copy_pages(seq, seq.length(), PageCopy::kToPages, 0, l, l + 1);
+    copy_pages(seq, seq.length(), PageCopy::kToPages, 0, [&](int32_t l) {
       prefill_->ops().sample_memory();  // the move's peak: layer l both staged and in its blocks
       staging_.release_layer(l);
-    }
+    });
   staging_.release();
   adopt(seq, views);
 }

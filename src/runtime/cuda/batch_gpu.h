@@ -39,6 +39,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <set>
 #include <memory>
@@ -184,9 +185,9 @@ class GpuBatchBackend final : public BatchBackend {
  private:
   // Rows [0, len) of seq's kept blocks between the staging cache and the pool (paged_copy), synchronously; only the
   // blocks from the one holding row `from` on.
-  // Layers [l0, l1) (all by default). Blocks written (kToPages) are committed first.
-  void copy_pages(const SequenceBlocks& seq, int64_t len, PageCopy direction, int64_t from = 0, int32_t l0 = 0,
-                  int32_t l1 = -1);
+  // Layer by layer, each layer's blocks committed first; after_layer(l) once layer l's copy is launched (on the stream).
+  void copy_pages(const SequenceBlocks& seq, int64_t len, PageCopy direction, int64_t from = 0,
+                  const std::function<void(int32_t)>& after_layer = {});
   void commit_block(int32_t id);  // backs block id's K and V with memory (ReservedMemory::commit)
   bf16* k_pool() const { return static_cast<bf16*>(k_pool_.data()); }
   bf16* v_pool() const { return static_cast<bf16*>(v_pool_.data()); }

@@ -1,5 +1,6 @@
-// Device memory reserved up front and committed on use (runtime/cuda/reserved_memory.h), and the GPU engine's KV
-// pool over it: a prompt's KV held once after its move into the blocks, the same logits as a pool allocated whole.
+// Device memory reserved up front and committed on use (runtime/cuda/reserved_memory.h), and the GPU engine's KV pool
+// over it: a prompt's KV held once after its move into the blocks, the same logits as a pool allocated whole. ctest
+// runs it alone (RUN_SERIAL, *_serial_test): it reads the whole device's free memory.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
