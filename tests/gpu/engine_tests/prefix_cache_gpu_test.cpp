@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -93,6 +94,76 @@ std::vector<float> prefill(GpuBatchBackend& b, const std::vector<int32_t>& p, in
                              static_cast<int32_t>(c), static_cast<int32_t>(total), nullptr, e == to);
   }
   return logits;
+}
+
+// ---- the concurrent conversations (ConcurrentConversationsEqualUncached and its probe) ----
+
+constexpr int kClients = 4, kTurns = 3;
+
+// Client c's document: records from its own seed, cut at first_turn - 100 + 17 c tokens (with the model's BOS).
+std::vector<std::vector<int32_t>> conversation_documents(const model::Tokenizer& tok, int64_t first_turn) {
+  std::vector<std::vector<int32_t>> docs;
+  for (int c = 0; c < kClients; ++c) {
+    std::mt19937 rng(static_cast<uint32_t>(2000 + c));
+    std::string text = "Read the records below, then answer questions about them.\n\n";
+    std::vector<int32_t> ids;
+    for (int i = 1; static_cast<int64_t>(ids.size()) < first_turn - 100 + 17 * c; i += 40) {
+      for (int k = 0; k < 40; ++k) text += paragraph(rng, i + k);
+      ids = tok.encode(text, {.add_special = true, .parse_special = false});
+    }
+    ids.resize(static_cast<size_t>(first_turn - 100 + 17 * c));
+    docs.push_back(ids);
+  }
+  return docs;
+}
+
+// The server's shape of the batched engine for these runs: 2,048-token chunks, blocks of 64, a slot per client.
+BatchEngineOptions conversation_options(bool prefix_cache) {
+  BatchEngineOptions o;
+  o.chunk_size = 2048;
+  o.block_tokens = 64;
+  o.max_batch = kClients;
+  o.kv_bytes = 8e9;
+  o.prefix_cache = prefix_cache;
+  return o;
+}
+
+// kClients conversations of kTurns turns through `engine`, as a server runs them: each client's next turn (its
+// document, then every earlier answer and question, then a new question) is submitted as soon as its answer ends.
+// submitted(c, prompt) before each submit; event(c, e) for every event of client c.
+void run_conversations(BatchEngine& engine, const model::Tokenizer& tok, const std::vector<std::vector<int32_t>>& docs,
+                       const std::function<void(int, const std::vector<int32_t>&)>& submitted,
+                       const std::function<void(int, const BatchEvent&)>& event) {
+  std::vector<int> turn(kClients, 0);
+  std::vector<std::vector<int32_t>> prompt(kClients), answer(kClients);
+  std::vector<int64_t> id(kClients, -1);
+  auto submit = [&](int c) {
+    std::vector<int32_t>& p = prompt[static_cast<size_t>(c)];
+    const int k = turn[static_cast<size_t>(c)]++;
+    if (k == 0) p = docs[static_cast<size_t>(c)];
+    p.insert(p.end(), answer[static_cast<size_t>(c)].begin(), answer[static_cast<size_t>(c)].end());
+    answer[static_cast<size_t>(c)].clear();
+    const std::vector<int32_t> q = tok.encode("\nQuestion: What do the people of record " +
+                                                  std::to_string(3 + 7 * k + c) + " trade in?\nAnswer:",
+                                              {.add_special = false, .parse_special = false});
+    p.insert(p.end(), q.begin(), q.end());
+    submitted(c, p);
+    BatchRequest r;
+    r.prompt = p;
+    r.options.max_new_tokens = 24;
+    r.options.logprobs = 5;
+    id[static_cast<size_t>(c)] = engine.submit(r);
+  };
+  for (int c = 0; c < kClients; ++c) submit(c);
+  while (engine.busy())
+    for (const BatchEvent& e : engine.step()) {
+      EXPECT_NE(e.reason, FinishReason::kError) << e.error;
+      const auto c = static_cast<int>(std::find(id.begin(), id.end(), e.id) - id.begin());
+      if (c >= kClients) continue;
+      if (e.token >= 0) answer[static_cast<size_t>(c)].push_back(e.token);
+      event(c, e);
+      if (e.finished && turn[static_cast<size_t>(c)] < kTurns) submit(c);
+    }
 }
 
 struct Shape {
@@ -264,20 +335,7 @@ TEST_P(RealModelPrefix, ConcurrentConversationsEqualUncached) {
   const auto model = Model::load(path);
   const auto dev = DeviceModel::upload(*model);
   const auto tok = model::Tokenizer::from_gguf(model->file().metadata());
-  constexpr int kClients = 4, kTurns = 3;
-  auto encode = [&](const std::string& t) { return tok->encode(t, {.add_special = false, .parse_special = false}); };
-  std::vector<std::vector<int32_t>> docs;
-  for (int c = 0; c < kClients; ++c) {
-    std::mt19937 rng(static_cast<uint32_t>(2000 + c));
-    std::string text = "Read the records below, then answer questions about them.\n\n";
-    std::vector<int32_t> ids;
-    for (int i = 1; static_cast<int64_t>(ids.size()) < GetParam().first_turn - 100 + 17 * c; i += 40) {
-      for (int k = 0; k < 40; ++k) text += paragraph(rng, i + k);
-      ids = tok->encode(text, {.add_special = true, .parse_special = false});
-    }
-    ids.resize(static_cast<size_t>(GetParam().first_turn - 100 + 17 * c));
-    docs.push_back(ids);
-  }
+  const std::vector<std::vector<int32_t>> docs = conversation_documents(*tok, GetParam().first_turn);
   struct Turn {
     std::vector<int32_t> tokens;
     std::vector<TokenLogprobs> logprobs;
@@ -285,46 +343,16 @@ TEST_P(RealModelPrefix, ConcurrentConversationsEqualUncached) {
   };
   auto run = [&](bool cache) {
     GpuBatchBackend backend(*dev);
-    BatchEngineOptions o;
-    o.chunk_size = 2048;
-    o.block_tokens = 64;
-    o.max_batch = kClients;
-    o.kv_bytes = 8e9;
-    o.prefix_cache = cache;
-    BatchEngine engine(backend, o);
+    BatchEngine engine(backend, conversation_options(cache));
     std::vector<std::vector<Turn>> turns(kClients);
-    std::vector<std::vector<int32_t>> prompt(kClients);
-    std::vector<int64_t> id(kClients, -1);
-    auto submit = [&](int c) {
-      const int k = static_cast<int>(turns[static_cast<size_t>(c)].size());
-      std::vector<int32_t>& p = prompt[static_cast<size_t>(c)];
-      if (k == 0) p = docs[static_cast<size_t>(c)];
-      else {
-        const std::vector<int32_t>& answer = turns[static_cast<size_t>(c)].back().tokens;
-        p.insert(p.end(), answer.begin(), answer.end());
-      }
-      const std::vector<int32_t> q = encode("\nQuestion: What do the people of record " + std::to_string(3 + 7 * k + c) +
-                                            " trade in?\nAnswer:");
-      p.insert(p.end(), q.begin(), q.end());
-      BatchRequest r;
-      r.prompt = p;
-      r.options.max_new_tokens = 24;
-      r.options.logprobs = 5;
-      id[static_cast<size_t>(c)] = engine.submit(r);
-      turns[static_cast<size_t>(c)].emplace_back();
-    };
-    for (int c = 0; c < kClients; ++c) submit(c);
-    while (engine.busy())
-      for (const BatchEvent& e : engine.step()) {
-        EXPECT_NE(e.reason, FinishReason::kError) << e.error;
-        const auto c = static_cast<int>(std::find(id.begin(), id.end(), e.id) - id.begin());
-        if (c >= kClients) continue;
-        Turn& t = turns[static_cast<size_t>(c)].back();
-        if (e.token >= 0) t.tokens.push_back(e.token);
-        if (e.logprobs) t.logprobs.push_back(*e.logprobs);
-        if (e.cached_tokens >= 0) t.cached = e.cached_tokens;
-        if (e.finished && static_cast<int>(turns[static_cast<size_t>(c)].size()) < kTurns) submit(c);
-      }
+    run_conversations(
+        engine, *tok, docs, [&](int c, const std::vector<int32_t>&) { turns[static_cast<size_t>(c)].emplace_back(); },
+        [&](int c, const BatchEvent& e) {
+          Turn& t = turns[static_cast<size_t>(c)].back();
+          if (e.token >= 0) t.tokens.push_back(e.token);
+          if (e.logprobs) t.logprobs.push_back(*e.logprobs);
+          if (e.cached_tokens >= 0) t.cached = e.cached_tokens;
+        });
     return turns;
   };
   const auto with = run(true), without = run(false);
@@ -731,61 +759,17 @@ TEST_P(RealModelPrefix, ConcurrentStagedRowsEqualTheirTokens) {
   const auto model = Model::load(path);
   const auto dev = DeviceModel::upload(*model);
   const auto tok = model::Tokenizer::from_gguf(model->file().metadata());
-  constexpr int kClients = 4, kTurns = 3;
-  std::vector<std::vector<int32_t>> docs;
-  for (int c = 0; c < kClients; ++c) {
-    std::mt19937 rng(static_cast<uint32_t>(2000 + c));
-    std::string text = "Read the records below, then answer questions about them.\n\n";
-    std::vector<int32_t> ids;
-    for (int i = 1; static_cast<int64_t>(ids.size()) < GetParam().first_turn - 100 + 17 * c; i += 40) {
-      for (int k = 0; k < 40; ++k) text += paragraph(rng, i + k);
-      ids = tok->encode(text, {.add_special = true, .parse_special = false});
-    }
-    ids.resize(static_cast<size_t>(GetParam().first_turn - 100 + 17 * c));
-    docs.push_back(ids);
-  }
+  const std::vector<std::vector<int32_t>> docs = conversation_documents(*tok, GetParam().first_turn);
   FILE* probe_log = nullptr;
   if (const char* f = std::getenv("TESSERA_PREFIX_PROBE_LOG"); f != nullptr && *f != '\0')
     probe_log = std::fopen(f, "w");
   std::vector<std::vector<int32_t>> submitted;
   GpuBatchBackend backend(*dev);
   Probe probe(backend, *dev, submitted, probe_log);
-  BatchEngineOptions o;
-  o.chunk_size = 2048;
-  o.block_tokens = 64;
-  o.max_batch = kClients;
-  o.kv_bytes = 8e9;
-  o.prefix_cache = true;
-  BatchEngine engine(probe, o);
-  std::vector<int> turn(kClients, 0);
-  std::vector<std::vector<int32_t>> prompt(kClients), answer(kClients);
-  std::vector<int64_t> id(kClients, -1);
-  auto submit = [&](int c) {
-    std::vector<int32_t>& p = prompt[static_cast<size_t>(c)];
-    const int k = turn[static_cast<size_t>(c)]++;
-    if (k == 0) p = docs[static_cast<size_t>(c)];
-    p.insert(p.end(), answer[static_cast<size_t>(c)].begin(), answer[static_cast<size_t>(c)].end());
-    answer[static_cast<size_t>(c)].clear();
-    const std::vector<int32_t> q = tok->encode("\nQuestion: What do the people of record " +
-                                                   std::to_string(3 + 7 * k + c) + " trade in?\nAnswer:",
-                                               {.add_special = false, .parse_special = false});
-    p.insert(p.end(), q.begin(), q.end());
-    submitted.push_back(p);
-    BatchRequest r;
-    r.prompt = p;
-    r.options.max_new_tokens = 24;
-    r.options.logprobs = 5;  // as ConcurrentConversationsEqualUncached (the same decode path)
-    id[static_cast<size_t>(c)] = engine.submit(r);
-  };
-  for (int c = 0; c < kClients; ++c) submit(c);
-  while (engine.busy())
-    for (const BatchEvent& e : engine.step()) {
-      EXPECT_NE(e.reason, FinishReason::kError) << e.error;
-      const auto c = static_cast<int>(std::find(id.begin(), id.end(), e.id) - id.begin());
-      if (c >= kClients) continue;
-      if (e.token >= 0) answer[static_cast<size_t>(c)].push_back(e.token);
-      if (e.finished && turn[static_cast<size_t>(c)] < kTurns) submit(c);
-    }
+  BatchEngine engine(probe, conversation_options(true));
+  run_conversations(
+      engine, *tok, docs, [&](int, const std::vector<int32_t>& p) { submitted.push_back(p); },
+      [](int, const BatchEvent&) {});
   if (probe_log != nullptr) std::fclose(probe_log);
   std::printf("[probe] %s: gather mismatches %lld, scatter mismatches %lld, device table mismatches %lld, view "
               "mismatches %lld, bad rows %lld, first tokens unlike the reference's %lld, turn-1 prefills' worst row "
