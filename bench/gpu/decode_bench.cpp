@@ -3,7 +3,7 @@
 //
 //   decode_bench [--model llama3-8b] [--ctx 8192,32768,131072] [--batch 1,8,32,64] [--kv-gb 40] [--steps 20]
 //                [--moa-density 0.5] [--moa-plan FILE] [--block 64] [--layers N] [--csv FILE] [--no-graphs]
-//                [--gemm bf16,fp8]
+//                [--gemm bf16,fp8] [--breakdown]
 //
 // Weights are pseudo-random (DeviceModel::random) of the model's shapes; every sequence's KV is pseudo-random
 // bf16 (no prefill: the benchmark is the decode step), laid out in blocks exactly as a prefill would leave it.
@@ -16,6 +16,9 @@
 // A batch whose sequences do not fit the KV budget is reported as such. --gemm: the layers' GEMMs in each precision
 // given, one after the other in the same table (fp8: GpuBatchOptions::gemm, weights quantized once, E4M3; the floor
 // then counts the FP8 copy of the layers' weights instead of their bf16 bytes, the LM head staying bf16).
+// --breakdown (implies --no-graphs: CUDA events time only eager steps): after each row, the step's GPU time by part
+// (GEMMs, attention, the small kernels) beside each part's own floor (the weights' bytes, the KV bytes read, over the
+// copy bandwidth), and what is left of the step's wall time (launches and host work of an eager step).
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -70,7 +73,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> ctxs{8192, 32768, 131072}, batches{1, 8, 32, 64};
   double kv_gb = 40, density = 0.5;
   int steps = 20, block = 64, layers = 0;
-  bool graphs = true;
+  bool graphs = true, breakdown = false;
   std::vector<gpu::GemmPrecision> gemms{gpu::GemmPrecision::kBf16};
   try {
     for (int i = 1; i < argc; ++i) {
@@ -90,6 +93,7 @@ int main(int argc, char** argv) {
       else if (a == "--layers") layers = std::stoi(next());
       else if (a == "--csv") csv = next();
       else if (a == "--no-graphs") graphs = false;
+      else if (a == "--breakdown") breakdown = true, graphs = false;
       else if (a == "--gemm") {
         gemms.clear();
         std::stringstream list(next());
@@ -128,6 +132,7 @@ int main(int argc, char** argv) {
       const char* gemm_name = gpu::gemm_precision_name(gemm);
       gpu::GpuBatchOptions bo;
       bo.graphs = graphs;
+      bo.timing = breakdown;
       bo.gemm = gemm;
       bo.decode_gemm = gemm;
       gpu::GpuBatchBackend backend(*dev, bo);
@@ -174,7 +179,13 @@ int main(int argc, char** argv) {
             }
             std::vector<int32_t> toks(static_cast<size_t>(batch), 1000);
             double seconds = 0, kv_read = 0;
+            ForwardTimers t_before;
+            gpu::GpuKernelSeconds k_before;
             for (int s = 0; s < warm + steps; ++s) {
+              if (s == warm) {
+                t_before = backend.timers();
+                k_before = backend.kernel_seconds();
+              }
               std::vector<DecodeRow> rows;
               double kv = 0;
               for (auto& q : seqs) {
@@ -205,6 +216,21 @@ int main(int argc, char** argv) {
                         static_cast<long long>(ctx), label, static_cast<long long>(batch), step * 1e3,
                         static_cast<double>(batch) / step,
                         kv_step / 1e9, floor * 1e3, step / floor, backend.last_splits());
+            if (breakdown) {
+              const ForwardTimers t = backend.timers();
+              const gpu::GpuKernelSeconds& k = backend.kernel_seconds();
+              const double gemm_ms = 1e3 * (t.gemm_seconds - t_before.gemm_seconds) / steps;
+              const double attn_ms = 1e3 * (t.attention_seconds - t_before.attention_seconds) / steps;
+              const double small_ms = 1e3 * (k.total() - k_before.total()) / steps;
+              std::printf("|  | breakdown | GPU ms a step: GEMM %.3f (weights floor %.3f, %.2fx), attention %.3f (KV floor %.3f, "
+                          "%.2fx), norm / rope / act / misc %.3f / %.3f / %.3f / %.3f; GPU sum %.3f of the eager step's "
+                          "%.3f ms | | | | | | |\n",
+                          gemm_ms, 1e3 * weight_bytes / bw, gemm_ms / (1e3 * weight_bytes / bw), attn_ms,
+                          1e3 * kv_step / bw, attn_ms / (1e3 * kv_step / bw),
+                          1e3 * (k.norm - k_before.norm) / steps, 1e3 * (k.rope - k_before.rope) / steps,
+                          1e3 * (k.activation - k_before.activation) / steps, 1e3 * (k.misc - k_before.misc) / steps,
+                          gemm_ms + attn_ms + small_ms, step * 1e3);
+            }
             std::fflush(stdout);
             if (out) {
               out << ctx << ',' << (label) << ',' << batch << ',' << step * 1e3 << ','
