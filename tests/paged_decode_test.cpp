@@ -392,25 +392,20 @@ TEST(PagedDecode, PartsFollowTheThreadsAndTheMinimum) {
   const int64_t was = paged_split_min_work();
   EXPECT_EQ(was, kPagedSplitMinWork);
   const int64_t m = kPagedSplitMinWork;
-  // One item (Gemma-3's one KV head) long enough: 2 parts per thread; not more than its length allows.
-  EXPECT_EQ(paged_decode_parts(100 * m, 100 * m, 2), 4);
-  EXPECT_EQ(paged_decode_parts(100 * m, 100 * m, 8), 16);
-  EXPECT_EQ(paged_decode_parts(3 * m, 3 * m, 2), 3);
-  EXPECT_EQ(paged_decode_parts(2 * m, 2 * m, 2), 2);
-  EXPECT_EQ(paged_decode_parts(2 * m - 1, 2 * m - 1, 2), 1);  // too short to split
-  EXPECT_EQ(paged_decode_parts(100 * m, 100 * m, 1), 1);      // one thread: never
-  // Three equal items on two threads (SmolLM2's three KV heads): two parts each; four: none.
-  EXPECT_EQ(paged_decode_parts(10 * m, 30 * m, 2), 2);
-  EXPECT_EQ(paged_decode_parts(10 * m, 40 * m, 2), 1);
-  // A long row among short ones is split, the short ones are not.
-  EXPECT_EQ(paged_decode_parts(40 * m, 48 * m, 2), 4);
-  EXPECT_EQ(paged_decode_parts(2 * m, 48 * m, 2), 1);
-  set_paged_split_min_work(0);  // off
-  EXPECT_EQ(paged_decode_parts(100 * m, 100 * m, 2), 1);
+  // A long item (Gemma-3's one KV head after 8K: 8192 keys x 4 heads x 256): 2 parts per thread.
+  EXPECT_EQ(paged_decode_parts(8192 * 4 * 256, 2), 4);
+  EXPECT_EQ(paged_decode_parts(100 * m, 8), 16);
+  // Shorter: as many parts of the minimum as it holds.
+  EXPECT_EQ(paged_decode_parts(3 * m, 2), 3);
+  EXPECT_EQ(paged_decode_parts(3 * m - 1, 2), 2);
+  EXPECT_EQ(paged_decode_parts(2 * m - 1, 2), 1);  // too short to split
+  EXPECT_EQ(paged_decode_parts(0, 2), 1);
+  EXPECT_EQ(paged_decode_parts(100 * m, 1), 1);  // one thread: never
+  set_paged_split_min_work(0);                   // off
+  EXPECT_EQ(paged_decode_parts(100 * m, 2), 1);
   set_paged_split_min_work(1);
-  EXPECT_EQ(paged_decode_parts(1000, 1000, 3), 6);
-  EXPECT_EQ(paged_decode_parts(1000, 1000, 64), 128);
-  EXPECT_EQ(paged_decode_parts(10, 1000, 3), 1);  // a small item among large ones
+  EXPECT_EQ(paged_decode_parts(5, 3), 5);
+  EXPECT_EQ(paged_decode_parts(1000, 3), 6);
   set_paged_split_min_work(was);
 }
 

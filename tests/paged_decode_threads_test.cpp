@@ -1,7 +1,8 @@
 // The paged decode attention (runtime/batch_forward.h: paged_decode_attention_cpu) on pools of 1 to 4 threads,
 // where a row's keys are cut into parts run on different threads and merged (attention/cpu/paged_decode.h:
 // paged_decode_parts, paged_decode_merge): each against the masked reference over the same stored values and
-// against the one-thread result (which never splits); then the engine's decode logits with 1 and 3 threads on the
+// against the one-thread result (which never splits), and a row alone bit for bit against the same row batched
+// (the parts depend on the row alone); then the engine's decode logits with 1 and 3 threads on the
 // Gemma-3 fixture (one KV head: every row split).
 #include <gtest/gtest.h>
 
@@ -108,6 +109,14 @@ void check_shape(const Shape& sh, KVType t, uint32_t seed) {
           const SplitMinimum split(min_work);
           std::vector<float> out(q.size(), NAN);
           paged_decode_attention_cpu(q.data(), out.data(), rows, l, Hq, store, scale, pool);
+          if (!alone) {  // the long row alone: the same parts, the same bits as in the batch
+            const std::vector<DecodeRow> last{rows.back()};
+            std::vector<float> own(static_cast<size_t>(Hq * d), NAN);
+            paged_decode_attention_cpu(q.data() + (R - 1) * Hq * d, own.data(), last, l, Hq, store, scale, pool);
+            ASSERT_TRUE(std::equal(own.begin(), own.end(), out.end() - Hq * d))
+                << what << " layer " << l << " threads " << threads << " min work " << min_work
+                << ": the long row alone differs from the same row batched";
+          }
           for (int64_t i = 0; i < R; ++i) {
             const std::vector<float>& ref = refs[static_cast<size_t>(i)];
             for (int64_t c = 0; c < Hq * d; ++c) {

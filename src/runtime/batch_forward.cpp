@@ -140,8 +140,9 @@ void paged_decode_attention_cpu(const float* q, float* out, std::span<const Deco
   // together (attention/cpu/paged_decode.h: each key and value read, and converted from a half store, once for all
   // of them); heads of one group that see different keys (MoA's per-head windows) one at a time. An item is cut into
   // parts of consecutive keys (attn::paged_decode_parts) when the items are too few for the pool's threads (Gemma-3:
-  // one KV head, so one item per row): each part's unnormalised output, running max and sum go to `partial`, merged
-  // per item afterwards (log-sum-exp).
+  // one KV head, so one item per row; the parts depend on the item alone, so a row gives the same bits batched or
+  // alone): each part's unnormalised output, running max and sum go to `partial`, merged per item afterwards
+  // (log-sum-exp).
   struct Item {
     bool same = true;      // the group's heads share a view
     int32_t parts = 1;     // > 1: split, its parts' results at partial[at]
@@ -150,7 +151,6 @@ void paged_decode_attention_cpu(const float* q, float* out, std::span<const Deco
   };
   const int64_t n_items = static_cast<int64_t>(rows.size()) * s.num_kv_heads;
   std::vector<Item> items(static_cast<size_t>(n_items));
-  int64_t total_work = 0;
   for (int64_t it = 0; it < n_items; ++it) {
     const DecodeRow& row = rows[static_cast<size_t>(it / s.num_kv_heads)];
     const auto h0 = static_cast<int32_t>(it % s.num_kv_heads) * group;
@@ -161,7 +161,6 @@ void paged_decode_attention_cpu(const float* q, float* out, std::span<const Deco
     } else {
       for (int32_t g = 0; g < group; ++g) item.work += view_of(row, h0 + g).ranges(row.seq->length()).count() * d;
     }
-    total_work += item.work;
   }
   // The work units (item, part); partial holds each split item's [parts][group][d] outputs, then its [parts][group]
   // maxima and sums.
@@ -170,7 +169,7 @@ void paged_decode_attention_cpu(const float* q, float* out, std::span<const Deco
   size_t partial_size = 0;
   for (int64_t it = 0; it < n_items; ++it) {
     Item& item = items[static_cast<size_t>(it)];
-    item.parts = attn::paged_decode_parts(item.work, total_work, pool.size());
+    item.parts = attn::paged_decode_parts(item.work, pool.size());
     if (item.parts > 1) {
       item.at = partial_size;
       partial_size += static_cast<size_t>(item.parts) * static_cast<size_t>(group) * static_cast<size_t>(d + 2);

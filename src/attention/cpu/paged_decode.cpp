@@ -183,12 +183,10 @@ void paged_decode_merge(const float* outs, const float* maxes, const float* sums
   }
 }
 
-int32_t paged_decode_parts(int64_t work, int64_t total_work, int threads) {
+int32_t paged_decode_parts(int64_t work, int threads) {
   const int64_t min_work = paged_split_min_work();
-  if (threads <= 1 || min_work <= 0 || work < 2 * min_work) return 1;
-  // ceil(work / (total / (2 threads))): at most 2 threads (work <= total).
-  const int64_t total = std::max(total_work, work), share = work * 2 * static_cast<int64_t>(threads);
-  return static_cast<int32_t>(std::max<int64_t>(1, std::min((share + total - 1) / total, work / min_work)));
+  if (threads <= 1 || min_work <= 0) return 1;
+  return static_cast<int32_t>(std::clamp<int64_t>(work / min_work, 1, 2 * static_cast<int64_t>(threads)));
 }
 
 void set_paged_split_min_work(int64_t work) {

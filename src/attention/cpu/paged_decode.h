@@ -71,11 +71,11 @@ void paged_decode_merge(const float* outs, const float* maxes, const float* sums
 
 // How paged_decode_attention_cpu (runtime/batch_forward.h) spreads one layer's decode attention over a pool of
 // `threads`: a work item (one row's KV head: its query heads over their keys) of `work` = keys x query heads x
-// head_dim is cut into parts of consecutive keys when the items are too few or too uneven to keep the threads
-// busy: parts = ceil(2 threads x work / total_work) (about two parts per thread in all), at most
-// work / paged_split_min_work() (each part long enough to pay for its merge and its hand-out), at least 1; 1 when
-// threads is 1 or the minimum is <= 0.
-int32_t paged_decode_parts(int64_t work, int64_t total_work, int threads);
+// head_dim is cut into work / paged_split_min_work() parts of consecutive keys (each long enough to pay for its
+// merge and its hand-out), at most 2 per thread (so a thread slowed by another process hands work to the other),
+// at least 1; 1 when threads is 1 or the minimum is <= 0. It depends on the row alone, not on the rows batched
+// with it: a row's result is the same bits alone or in a batch (on a pool of the same size).
+int32_t paged_decode_parts(int64_t work, int threads);
 // The smallest part's work (default kPagedSplitMinWork); <= 0 turns splitting off. Process-wide (tests and
 // benchmarks change it); read on every call.
 inline constexpr int64_t kPagedSplitMinWork = int64_t{1} << 17;
