@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Issue 33: the long-target MoA plan (make_plans_33_long.sh) against the uniform MoA window of its density, exactly as
+# README.md's tables of issue 33 (eval33-fisher-smollm2): niah_single / niah_multikey at 2K / 4K, depths 25 / 75,
+# seed 0 (none used by the plan), perplexity of the KJV haystack at 2K / 4K, executed density by plan --method measure.
+#   bash docs/plans/eval33_long.sh [TESSERA]        (default: build/ci/src/tessera)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+T=${1:-build/ci/src/tessera}
+M=${TESSERA_MODELS:-$HOME/.cache/tessera/models}/smollm2-135m-instruct-q4_1.gguf
+PLAN=${PLAN:-docs/plans/smollm2-moa-long-2k-4k.json}
+O=${OUT:-docs/plans/eval33-long-smollm2}
+# The uniform window of the plan's density at 2,048 (the report's calibration_noise, uniform_window_for).
+U=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print([n for n in r['calibration_noise'] if n['length']==2048][0]['uniform_spec'])" "${PLAN%.json}.report.json")
+P="$PLAN;$U"
+mkdir -p "$O"
+echo "policies: $P" | tee "$O/policies.txt"
+nice -n 5 "$T" plan -m "$M" --method measure --attn "$P" --lengths 2048,4096 -o "$O/density.json" > "$O/density.txt" 2> "$O/density.log"
+nice -n 5 "$T" eval -m "$M" --kv-type f32 --tasks none --perplexity 2048,4096 --attn "$P" --device cpu -o "$O/ppl" > "$O/ppl.log" 2>&1
+nice -n 5 "$T" eval -m "$M" --kv-type f32 --tasks niah_single,niah_multikey -l 2048,4096 --depths 25,75 --attn "$P" \
+  --device cpu -o "$O" > "$O/eval.log" 2>&1

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Issue 33, MoA with MoA's calibration recipe (docs/plans/README.md, "MoA with long targets"): long targets (the dense
+# model's own 64-token summary of a 2K / 4K document), text the evaluation does not read (licence texts:
+# make_calib_33.py wrote calib-licences-2k-4k.jsonl), 4 items per length, profiled at 2K and 4K, the Fisher loss.
+# CPU; the commands as run, with what each printed in *.txt and the time -v output in *.log.
+#   bash docs/plans/make_plans_33_long.sh [TESSERA]        (default: build/ci/src/tessera)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+T=${1:-build/ci/src/tessera}
+M=${TESSERA_MODELS:-$HOME/.cache/tessera/models}/smollm2-135m-instruct-q4_1.gguf
+run() {  # name, arguments
+  local name=$1
+  shift
+  /usr/bin/time -v nice -n 5 "$T" plan -m "$M" "$@" --report-lengths 2048,4096,8192 -o "docs/plans/$name.json" \
+    > "docs/plans/$name.txt" 2> "docs/plans/$name.log"
+  grep -E "Maximum resident|Elapsed" "docs/plans/$name.log" || true
+}
+# python3 docs/plans/make_calib_33.py "$T" "$M" > docs/plans/calib-licences-2k-4k.jsonl   (committed)
+run smollm2-moa-long-2k-4k --method moa --calib docs/plans/calib-licences-2k-4k.jsonl --lengths 2048,4096 \
+  --answer-tokens 64 --budget 0.5 --validation-length 2048 --validation-cases 2 --moa-loss fisher
