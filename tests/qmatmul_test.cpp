@@ -13,6 +13,10 @@
 //    Q6_K: 32 * 128 |d|; the integer sums are computed in the unsigned domain and the offset subtracted after):
 //    F = 2 (n + 8) 2^-24 T. (n = cols / 16 for the quantized types: the prefill panels add one term per group of
 //    16 or 32 elements.) Q8_0's O_k is 128|d|: the prefill panel multiplies q + 128 and subtracts 128 d sum(x).
+//  * Two-level activations (QAct::Int8x2): the second level quantizes e = x - d_b q (|e| <= d_b / 2, computed in
+//    f32) per block with its own step d2_b = max|e in b| / 127 <= d_b / 254, so |x_k - d_b q_k - d2_b q2_k| <=
+//    d_b / 508 (+ the 1e-5 |x_k| term): A shrinks ~250x. The two levels' products are added in f32: F counts 2n
+//    terms.
 //  * SIMD vs the scalar twin: both compute the same exact value (same int8 activations, same integer block sums)
 //    and differ by f32 summation order only: |y_simd - y_scalar| <= 2F.
 #include <gtest/gtest.h>
@@ -146,7 +150,10 @@ int check_product(const QMatrix& mat, const std::vector<float>& x, int64_t m, QI
   qmatmul(mat, x.data(), m, y.data(), nullptr, isa);
   qmatmul(mat, x.data(), m, ys.data(), nullptr, QIsa::Scalar);
   qmatmul(mat, x.data(), m, yp.data(), &pool, isa);
-  const int64_t nterms = bs == 1 ? cols : cols / 16;  // float terms per output: at most one per 16 elements
+  const bool x2 = ab > 0 && mat.act == QAct::Int8x2;
+  const double act_err = x2 ? 1.0 / 508 : 0.5;  // of the activation step d_b, per element
+  // float terms per output: at most one per 16 elements (per level)
+  const int64_t nterms = (bs == 1 ? cols : cols / 16) * (x2 ? 2 : 1);
   std::vector<std::vector<double>> off(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r)
     off[static_cast<size_t>(r)] = offset_magnitude(type, mat.data + static_cast<size_t>(r) * row_bytes, cols);
@@ -166,14 +173,14 @@ int check_product(const QMatrix& mat, const std::vector<float>& x, int64_t m, QI
       for (int64_t k = 0; k < cols; ++k) {
         const double wk = wr[k], xk = xi[k];
         exact += wk * xk;
-        if (ab > 0) act += std::fabs(wk) * (dx[static_cast<size_t>(k)] / 2 + 1e-5 * std::fabs(xk));
+        if (ab > 0) act += std::fabs(wk) * (dx[static_cast<size_t>(k)] * act_err + 1e-5 * std::fabs(xk));
         mag += (std::fabs(wk) + o[static_cast<size_t>(k)]) * std::fabs(xk);
       }
       const double f32 = 2.0 * static_cast<double>(nterms + 8) * std::ldexp(1.0, -24) * mag;
       const size_t at = static_cast<size_t>(i * rows + r);
       SCOPED_TRACE(what + " " + std::string(tensor_type_name(type)) + " " + std::string(qmatmul_isa_name(isa)) +
                    " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) + " m=" + std::to_string(m) +
-                   " i=" + std::to_string(i) + " r=" + std::to_string(r));
+                   " i=" + std::to_string(i) + " r=" + std::to_string(r) + (x2 ? " int8x2" : ""));
       EXPECT_NEAR(y[at], exact, act + f32 + 1e-30);
       EXPECT_NEAR(y[at], ys[at], 2 * f32 + 1e-30);
       EXPECT_EQ(y[at], yp[at]);  // the thread split changes which thread computes an output, not how
@@ -205,11 +212,13 @@ TEST_P(QMatmul, MatchesDequantizedF64AndTheScalarTwin) {
   for (const int64_t rows : {1, 7, 33}) {
     for (const int64_t cols : col_counts) {
       const auto w = random_weights(type, rows, cols, rng);
-      const QMatrix mat{w.data(), rows, cols, type};
-      for (const int64_t m : {1, 3, 17, 64}) {
-        const int n = check_product(mat, random_x(m, cols, rng), m, isa, pool, "random");
-        if (n == 0) return;
-        checked += n;
+      for (const QAct act : {QAct::Int8, QAct::Int8x2}) {
+        const QMatrix mat{w.data(), rows, cols, type, act};
+        for (const int64_t m : {1, 3, 17, 64}) {
+          const int n = check_product(mat, random_x(m, cols, rng), m, isa, pool, "random");
+          if (n == 0) return;
+          checked += n;
+        }
       }
     }
   }
@@ -238,7 +247,8 @@ TEST(QMatmulTiling, ManyRowsOfXMatchTheScalarTwin) {
   for (const auto type : {TensorType::Q4_0, TensorType::Q8_0, TensorType::Q4_K, TensorType::Q6_K, TensorType::BF16}) {
     const auto w = random_weights(type, rows, cols, rng);
     const auto x = random_x(m, cols, rng);
-    const QMatrix mat{w.data(), rows, cols, type};
+    for (const QAct act : {QAct::Int8, QAct::Int8x2}) {
+    const QMatrix mat{w.data(), rows, cols, type, act};
     std::vector<float> ys(static_cast<size_t>(m * rows));
     qmatmul(mat, x.data(), m, ys.data(), nullptr, QIsa::Scalar);
     for (const auto isa : kIsas) {
@@ -251,6 +261,7 @@ TEST(QMatmulTiling, ManyRowsOfXMatchTheScalarTwin) {
             << tensor_type_name(type) << " " << qmatmul_isa_name(isa) << " at " << k;
         ASSERT_EQ(y[k], yp[k]) << tensor_type_name(type) << " " << qmatmul_isa_name(isa) << " at " << k;
       }
+    }
     }
   }
 }
@@ -279,11 +290,14 @@ TEST(QMatmulRealModels, EveryStoredTypeMatches) {
       if (t.shape.size() != 2 || !qmatmul_supported(t.type) || seen[t.type] >= 2) continue;
       ++seen[t.type];
       const int64_t rows = std::min<int64_t>(48, t.rows()), cols = t.row_length();
-      const QMatrix mat{t.data, rows, cols, t.type};
-      for (const QIsa isa : kIsas) {
-        if (!qmatmul_isa_available(isa)) continue;
-        for (const int64_t m : {1, 17}) {
-          if (check_product(mat, random_x(m, cols, rng), m, isa, pool, std::string(name) + " " + t.name) == 0) return;
+      for (const QAct act : {QAct::Int8, QAct::Int8x2}) {
+        const QMatrix mat{t.data, rows, cols, t.type, act};
+        for (const QIsa isa : kIsas) {
+          if (!qmatmul_isa_available(isa)) continue;
+          for (const int64_t m : {1, 17}) {
+            if (check_product(mat, random_x(m, cols, rng), m, isa, pool, std::string(name) + " " + t.name) == 0)
+              return;
+          }
         }
       }
     }

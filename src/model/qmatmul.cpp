@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -295,7 +296,12 @@ struct Scratch {
   std::vector<float> d, ds;
   std::vector<int16_t> bs;
   std::vector<ActRow> rows;
+  std::vector<float> y;  // Int8x2: the two levels' products, 2 m rows
 };
+
+// Runs the kernels of w's type over m activation rows `acts` (quantized, or f32 for the float types) into
+// y[m, rows]: the tiling below.
+void qmatmul_rows(const QMatrix& w, const Kernels* kernels, const ActRow* acts, int64_t m, float* y, ThreadPool* pool);
 
 #if defined(__x86_64__) || defined(_M_X64)
 // CPUID leaf 1, ECX bit 29 (clang's __builtin_cpu_supports does not know "f16c").
@@ -398,38 +404,76 @@ void qmatmul(const QMatrix& w, const float* x, int64_t m, float* y, ThreadPool* 
     std::fill(y, y + m * rows, 0.0f);
     return;
   }
-  const TypeKernels& tk = *type_kernels(w.type);  // supported: checked above
-  const RowKernel kernel = kernels->*tk.row;
-
-  // Activations: quantized once per call (the float types read x as is).
+  // Activations: quantized once per call (the float types read x as is). Int8x2 gives each x row two int8 rows
+  // (the value, then its rounding error), adjacent so that one tile holds both: the kernels run over
+  // mq = 2 m rows into a scratch output, and the two levels' products are added at the end.
   thread_local Scratch tls;
   Scratch& s = tls;  // the workers below see the caller's buffers, not their own thread_local ones
-  s.rows.assign(static_cast<size_t>(m), ActRow{});
   const int64_t ab = qmatmul_activation_block(w.type);
+  const int levels = ab > 0 && w.act == QAct::Int8x2 ? 2 : 1;
+  const int64_t mq = m * levels;
+  s.rows.assign(static_cast<size_t>(mq), ActRow{});
   if (ab == 0) {
     for (int64_t i = 0; i < m; ++i) s.rows[static_cast<size_t>(i)].x = x + i * cols;
   } else {
     const int64_t nb = cols / ab;
-    s.q.resize(static_cast<size_t>(m * cols));
-    s.d.resize(static_cast<size_t>(m * nb));
-    s.ds.resize(ab == 32 ? static_cast<size_t>(m * nb) : 0);
-    s.bs.resize(ab == 256 ? static_cast<size_t>(m * nb * 16) : 0);
-    for (int64_t i = 0; i < m; ++i) {
+    s.q.resize(static_cast<size_t>(mq * cols));
+    s.d.resize(static_cast<size_t>(mq * nb));
+    s.ds.resize(ab == 32 ? static_cast<size_t>(mq * nb) : 0);
+    s.bs.resize(ab == 256 ? static_cast<size_t>(mq * nb * 16) : 0);
+    for (int64_t i = 0; i < mq; ++i) {
       ActRow& r = s.rows[static_cast<size_t>(i)];
       r.q = s.q.data() + i * cols;
       r.d = s.d.data() + i * nb;
       r.ds = ab == 32 ? s.ds.data() + i * nb : nullptr;
       r.bs = ab == 256 ? s.bs.data() + i * nb * 16 : nullptr;
     }
+    const auto quantize = [&](const float* xr, int64_t i) {
+      quantize_row_act(xr, cols, ab, s.q.data() + i * cols, s.d.data() + i * nb,
+                       ab == 32 ? s.ds.data() + i * nb : nullptr, ab == 256 ? s.bs.data() + i * nb * 16 : nullptr);
+    };
     parallel_ranges(pool, m, std::max<int64_t>(1, 65536 / cols), [&](int64_t b, int64_t e) {
+      std::vector<float> err(levels == 2 ? static_cast<size_t>(cols) : 0);
       for (int64_t i = b; i < e; ++i) {
-        quantize_row_act(x + i * cols, cols, ab, s.q.data() + i * cols, s.d.data() + i * nb,
-                         ab == 32 ? s.ds.data() + i * nb : nullptr,
-                         ab == 256 ? s.bs.data() + i * nb * 16 : nullptr);
+        const float* xr = x + i * cols;
+        quantize(xr, i * levels);
+        if (levels == 2) {  // the first level's rounding error x - d q, quantized as the second level
+          const int8_t* q = s.q.data() + i * levels * cols;
+          const float* d = s.d.data() + i * levels * nb;
+          for (int64_t b0 = 0; b0 < nb; ++b0) {
+            const float db = d[b0];
+            for (int64_t k = b0 * ab; k < (b0 + 1) * ab; ++k) {
+              const float v = xr[k] - db * static_cast<float>(q[k]);
+              err[static_cast<size_t>(k)] = std::fabs(v) <= std::numeric_limits<float>::max() ? v : 0.0f;  // NaN, inf: 0
+            }
+          }
+          quantize(err.data(), i * levels + 1);
+        }
       }
     });
   }
+  if (levels == 2) {
+    s.y.resize(static_cast<size_t>(mq * w.rows));
+    qmatmul_rows(w, kernels, s.rows.data(), mq, s.y.data(), pool);
+    const float* y2 = s.y.data();
+    for (int64_t i = 0; i < m; ++i) {
+      const float* a = y2 + 2 * i * w.rows;
+      const float* b = a + w.rows;
+      float* yi = y + i * w.rows;
+      for (int64_t r = 0; r < w.rows; ++r) yi[r] = a[r] + b[r];
+    }
+    return;
+  }
+  qmatmul_rows(w, kernels, s.rows.data(), m, y, pool);
+}
 
+namespace {
+
+void qmatmul_rows(const QMatrix& w, const Kernels* kernels, const ActRow* acts, int64_t m, float* y, ThreadPool* pool) {
+  const int64_t cols = w.cols, rows = w.rows;
+  const TypeKernels& tk = *type_kernels(w.type);
+  const RowKernel kernel = kernels->*tk.row;
+  const int64_t ab = qmatmul_activation_block(w.type);
   // Tiling: a thread owns a range of weight rows; within it, x rows go in blocks of about 1 MiB of activations
   // (at most 64 rows: the weights are read from memory once per block) and, inside a block, in tiles of kMaxNx
   // that share each decoded weight block (or tile of weight rows). The quantized types' AVX-512 prefill instead
@@ -445,7 +489,6 @@ void qmatmul(const QMatrix& w, const float* x, int64_t m, float* y, ThreadPool* 
                                         static_cast<double>(kMinParallelBytes)
                                     ? nullptr
                                     : pool;
-  const ActRow* acts = s.rows.data();
   const TileKernel tile = m > 1 && tk.tile != nullptr ? kernels->*tk.tile : nullptr;
   const int64_t tr = tile != nullptr ? kernels->tile_rows : 1;
   const PanelGemm gemm = m >= qmm::kPanelMinM && tk.gemm != nullptr ? kernels->*tk.gemm : nullptr;
@@ -481,5 +524,7 @@ void qmatmul(const QMatrix& w, const float* x, int64_t m, float* y, ThreadPool* 
       },
       qmm::kTileAlign);
 }
+
+}  // namespace
 
 }  // namespace tessera::model

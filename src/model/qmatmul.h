@@ -32,12 +32,20 @@ namespace tessera::model {
 
 enum class QIsa : int { Scalar = 0, Avx2 = 1, Avx512 = 2 };
 
+// How a quantized weight type's activations are rounded to integers. Int8: one int8 code per element (scale per
+// activation block = max|x| / 127). Int8x2: two, x ~ d1 q1 + d2 q2, where q2 quantizes the rounding error of the
+// first level with its own per-block scale (|error| <= d2 / 2 <= d1 / 508): the products are linear in x, so the
+// same kernels run both levels as two x rows of one tile — each weight block is still read and decoded once, the
+// integer work doubles. Float weight types ignore it (their activations stay f32).
+enum class QAct : int { Int8 = 0, Int8x2 = 1 };
+
 // A weight matrix as stored: `data` points at rows * tensor_type_bytes(type, cols) bytes (no alignment needed).
 struct QMatrix {
   const uint8_t* data = nullptr;
   int64_t rows = 0;
   int64_t cols = 0;
   TensorType type = TensorType::F32;
+  QAct act = QAct::Int8;
 };
 
 // True for the weight types above.

@@ -58,6 +58,7 @@ struct Weight {
   const uint8_t* bytes = nullptr;      // rows * row_bytes() bytes; null for an absent weight
   std::shared_ptr<const void> owner;  // holds `bytes` when they are not in the file's mapping (null: mapped)
   std::string name;                   // the tensor's name in the file ("" for a derived weight)
+  model::QAct act = model::QAct::Int8;  // how its products round the activations (WeightOptions::int8x2_tensors)
 
   // An f32 weight holding `values` (rows * cols of them).
   static Weight f32(std::vector<float> values, int64_t rows, int64_t cols, std::string name = {});
@@ -74,7 +75,7 @@ struct Weight {
   void rows_f32(int64_t r0, int64_t count, float* out) const;
   // Every value as f32 (a new vector: the caller decides how long it lives).
   std::vector<float> to_f32() const;
-  model::QMatrix matrix() const { return {bytes, rows, cols, type}; }
+  model::QMatrix matrix() const { return {bytes, rows, cols, type, act}; }
 };
 
 struct LayerWeights {
@@ -116,9 +117,18 @@ struct ModelWeights {
   std::string summary() const;
 };
 
+// The tensors whose products take two-level int8 activations by default (docs/cpu_kernels.md, "Accuracy").
+std::string default_int8x2_tensors();
+
 struct WeightOptions {
   // Expand every tensor to f32 at load (the old behaviour; 4 bytes a parameter): the reference of the tests.
   bool expand_f32 = false;
+  // Only the tensors whose name contains one of these comma-separated parts expanded to f32 ("" none): per-class
+  // accuracy experiments (f32 activations for that class alone). TESSERA_WEIGHTS=f32:attn_q,ffn_down sets it.
+  std::string expand_f32_tensors;
+  // The quantized tensors whose products take two-level int8 activations (model::QAct::Int8x2): names containing
+  // one of these comma-separated parts; "*" all, "" none. TESSERA_QACT_X2 in the environment sets it ("none": none).
+  std::string int8x2_tensors = default_int8x2_tensors();
 };
 
 // Reads and checks (shapes against the config) every tensor the config needs; keeps the linear weights as stored
