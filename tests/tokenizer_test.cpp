@@ -622,7 +622,7 @@ std::string random_text(std::mt19937& rng, size_t words, const std::vector<std::
 // (a later turn: the text plus more; or a branch: cut anywhere, inside a special token or a run of spaces, then
 // different text), gives encode()'s ids for the second text, and the checkpoints a whole encode() finds after it.
 void check_resumes(const Tokenizer& tok, const std::vector<std::string>& specials, const EncodeOptions& options,
-                   uint32_t seed, int cases, int words) {
+                   uint32_t seed, int cases, int words, bool expect_plain = true) {
   std::mt19937 rng(seed);
   size_t resumed = 0, plain = 0;
   for (int k = 0; k < cases; ++k) {
@@ -660,9 +660,29 @@ void check_resumes(const Tokenizer& tok, const std::vector<std::string>& special
       }
     }
   }
-  // The cases do resume, inside plain text too (not only at special tokens).
-  EXPECT_GT(resumed, static_cast<size_t>(cases) * 10);
-  EXPECT_GT(plain, static_cast<size_t>(cases) * 5);
+  // The cases do resume, inside plain text too (not only at special tokens) where the tokenizer allows it.
+  EXPECT_GT(resumed, static_cast<size_t>(cases) * (expect_plain ? 10 : 1));
+  if (expect_plain) {
+    EXPECT_GT(plain, static_cast<size_t>(cases) * 5);
+  }
+}
+
+// The small trained tokenizers: SentencePiece with add_space_prefix (its prefix space goes only before the first
+// part, and again after a control token), and the tokenizer.json ones (an NFC normalizer or a pre-tokenizer that is
+// not a named one: control-token checkpoints only).
+TEST(Resume, TinyTokenizersResumeAsEncode) {
+  const json spm_fixture = load_json(kDataDir + "tiny_sentencepiece.json");
+  const auto spm = Tokenizer::from_gguf(spm_fixture["metadata"]);
+  ASSERT_TRUE(spm->add_space_prefix());
+  check_resumes(*spm, {"<s>", "</s>"}, {.add_special = true, .parse_special = true}, 21, 20, 40);
+  check_resumes(*spm, {"<s>", "</s>"}, {.add_special = false, .parse_special = false}, 22, 20, 40);
+  const json hf_fixture = load_json(kDataDir + "tiny_hf_ids.json");
+  for (const auto& [name, cases] : hf_fixture.items()) {
+    SCOPED_TRACE(name);
+    const auto tok = Tokenizer::from_hf_file(kDataDir + name + "_tokenizer.json");
+    check_resumes(*tok, {"<|im_end|>", "<|begin|>", "<|im_start|>"}, {.add_special = true, .parse_special = true}, 23,
+                  20, 40, /*expect_plain=*/false);
+  }
 }
 
 TEST(RealModel, SmolLM2ResumedEncodeEqualsEncode) {
