@@ -18,3 +18,16 @@ nice -n 5 "$T" plan -m "$M" --method measure --attn "$P" --lengths 2048,4096 -o 
 nice -n 5 "$T" eval -m "$M" --kv-type f32 --tasks none --perplexity 2048,4096 --attn "$P" --device cpu -o "$O/ppl" > "$O/ppl.log" 2>&1
 nice -n 5 "$T" eval -m "$M" --kv-type f32 --tasks niah_single,niah_multikey -l 2048,4096 --depths 25,75 --attn "$P" \
   --device cpu -o "$O" > "$O/eval.log" 2>&1
+# The diagnostic: the plan with its sink-only heads (at 2K) given moa_window(0, 1/8), beside the uniform windows of
+# its density (beta 0.3, from the measured betas 0.3 / 0.33 / 0.36) and of the plan's own 4K density (the report's
+# uniform_spec at 4096).
+F=${PLAN%.json}-floor.json
+python3 docs/plans/moa_floor_33.py "$PLAN" "$F"
+U4=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print([n for n in r['calibration_noise'] if n['length']==4096][0]['uniform_spec'])" "${PLAN%.json}.report.json")
+mkdir -p "$O/floor"
+nice -n 5 "$T" plan -m "$M" --method measure --attn "$F;$U4;moa:alpha=0,beta=0.3,sink=64;moa:alpha=0,beta=0.33,sink=64;moa:alpha=0,beta=0.36,sink=64" \
+  --lengths 2048,4096 -o "$O/floor/density.json" > "$O/floor/density.txt" 2> "$O/floor/density.log"
+P="$F;moa:alpha=0,beta=0.3,sink=64;$U4"
+nice -n 5 "$T" eval -m "$M" --kv-type f32 --tasks none --perplexity 2048,4096 --attn "$P" --device cpu -o "$O/floor/ppl" > "$O/floor/ppl.log" 2>&1
+nice -n 5 "$T" eval -m "$M" --kv-type f32 --tasks niah_single,niah_multikey -l 2048,4096 --depths 25,75 --attn "$P" \
+  --device cpu -o "$O/floor" > "$O/floor/eval.log" 2>&1
