@@ -2,7 +2,9 @@
 // runtime multiplies today (OpenBLAS sgemv / sgemm on the dequantized matrix, same thread count).
 //
 //   qmatmul_bench [--quick] [--decode-only | --prefill-only] [--threads 1,2] [--shape SUBSTRING] [--no-scalar]
+//                 [--act int8|int8x2]
 //
+// --act int8x2 runs the quantized types on two-level int8 activations (model::QAct::Int8x2; default int8).
 // Decode: y = W x (m = 1), memory bound. Each timed call reads a different copy of the matrix, with at least
 // 256 MiB of copies in rotation, so the weights come from DRAM as they do in a forward pass (a model's layers do
 // not fit in L3); GB/s = stored bytes of W / time. Prefill: m = 512, GFLOP/s = 2 m rows cols / time. Times are
@@ -136,6 +138,7 @@ int main(int argc, char** argv) {
   bool quick = false, decode = true, prefill = true, scalar = true;
   std::vector<int> threads = {1, 2};
   std::string shape_filter;
+  QAct act = QAct::Int8;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
@@ -144,8 +147,10 @@ int main(int argc, char** argv) {
     else if (a == "--threads" && i + 1 < argc) threads = parse_list(argv[++i]);
     else if (a == "--shape" && i + 1 < argc) shape_filter = argv[++i];
     else if (a == "--no-scalar") scalar = false;
+    else if (a == "--act" && i + 1 < argc && (std::string(argv[i + 1]) == "int8" || std::string(argv[i + 1]) == "int8x2"))
+      act = std::string(argv[++i]) == "int8x2" ? QAct::Int8x2 : QAct::Int8;
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--decode-only | --prefill-only] [--threads 1,2] [--shape S] [--no-scalar]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--decode-only | --prefill-only] [--threads 1,2] [--shape S] [--no-scalar] [--act int8|int8x2]\n", argv[0]);
       return 2;
     }
   }
@@ -153,8 +158,9 @@ int main(int argc, char** argv) {
   std::vector<QIsa> isas;
   for (const QIsa isa : {QIsa::Scalar, QIsa::Avx2, QIsa::Avx512})
     if (qmatmul_isa_available(isa) && (scalar || isa != QIsa::Scalar)) isas.push_back(isa);
-  std::printf("# qmatmul_bench: best path %s; load average before: %s\n",
-              std::string(qmatmul_isa_name(qmatmul_best_isa())).c_str(), loadavg().c_str());
+  std::printf("# qmatmul_bench: best path %s; activations %s; load average before: %s\n",
+              std::string(qmatmul_isa_name(qmatmul_best_isa())).c_str(), act == QAct::Int8x2 ? "int8x2" : "int8",
+              loadavg().c_str());
 #if !defined(TESSERA_BENCH_OPENBLAS)
   std::printf("# (no OpenBLAS: the f32 baseline is qmatmul's own F32 kernel)\n");
 #endif
@@ -230,7 +236,7 @@ int main(int argc, char** argv) {
             ThreadPool* p = threads[ti] > 1 ? &pool : nullptr;
             const double us = 1e6 * median_seconds(
                                         [&](int i) {
-                                          const QMatrix m{w[static_cast<size_t>(i) % copies].data(), s.rows, s.cols, t};
+                                          const QMatrix m{w[static_cast<size_t>(i) % copies].data(), s.rows, s.cols, t, act};
                                           qmatmul(m, x.data(), 1, y.data(), p, isa);
                                         },
                                         5, min_s);
@@ -279,7 +285,7 @@ int main(int argc, char** argv) {
           continue;
         }
         const auto w = random_matrix(t, s.rows, s.cols, rng);
-        const QMatrix mat{w.data(), s.rows, s.cols, t};
+        const QMatrix mat{w.data(), s.rows, s.cols, t, act};
         for (const QIsa isa : isas) {
           if (isa == QIsa::Scalar && big) continue;  // minutes per call
           for (size_t ti = 0; ti < threads.size(); ++ti) {
