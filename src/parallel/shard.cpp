@@ -55,6 +55,7 @@ Weight gather(const Weight& w, const std::vector<int32_t>& blocks, int64_t size,
   out.rows = by_rows ? n * size : w.rows;
   out.cols = by_rows ? w.cols : n * size;
   out.type = w.type;
+  out.act = w.act;  // the same activation rounding as the unsharded weight
   auto held = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(out.rows) * out.row_bytes());
   uint8_t* dst = held->data();
   const size_t run = by_rows ? static_cast<size_t>(size) * w.row_bytes() : model::tensor_type_bytes(w.type, size);
@@ -87,6 +88,7 @@ Weight row_range(const Weight& w, int64_t r0, int64_t r1) {
   out.rows = r1 - r0;
   out.cols = w.cols;
   out.type = w.type;
+  out.act = w.act;  // the same activation rounding as the unsharded weight
   if (r1 > r0 && !w.empty()) {
     out.bytes = w.bytes + static_cast<size_t>(r0) * w.row_bytes();
     out.owner = w.owner;
@@ -101,6 +103,7 @@ Weight col_range(const Weight& w, int64_t c0, int64_t c1) {
   out.rows = w.rows;
   out.cols = c1 - c0;
   out.type = w.type;
+  out.act = w.act;  // the same activation rounding as the unsharded weight
   if (c1 <= c0 || w.empty()) return out;
   auto held = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(out.rows) * out.row_bytes());
   const size_t off = model::tensor_type_bytes(w.type, c0), len = out.row_bytes();
