@@ -221,6 +221,45 @@ TEST(MoaPlan, ParetoPlansMeetTheBudget) {
   EXPECT_EQ(error_of([&] { o.budget = 1.5; plan_moa(prof, 2, o); }), "moa: budget must be in (0, 1], got 1.500000");
 }
 
+TEST(MoaPlan, NoSinkOnlyRulesLeavesEveryHeadAWindow) {
+  if (!have_mip_solver()) GTEST_SKIP() << "built without CBC";
+  const GradientProfile prof = toy_profile(3, 4, {1024, 2048}, 5);
+  MoaOptions o;
+  o.budget = 0.4;
+  const auto sink_only = [](const attn::ElasticWindowPattern& w, int32_t n) { return w.alpha + w.beta * n <= 0; };
+  const auto count_sink_only = [&](const attn::AttentionPolicy& p) {
+    int n = 0;
+    for (int32_t l = 0; l < 3; ++l)
+      for (int32_t h = 0; h < 4; ++h) {
+        const auto& w = std::get<attn::ElasticWindowPattern>(p.at(l, h));
+        n += sink_only(w, 1024) || sink_only(w, 2048);
+      }
+    return n;
+  };
+  const MoaResult with = plan_moa(prof, 2, o);
+  ASSERT_GT(count_sink_only(with.policy), 0);  // the toy profile's plan uses them, so leaving them out matters
+  o.allow_sink_only = false;
+  const MoaResult without = plan_moa(prof, 2, o);
+  EXPECT_EQ(without.options, 8);  // the 9 classes at 1K / 2K less the sink alone
+  EXPECT_EQ(count_sink_only(without.policy), 0);
+  for (const MoaCandidate& c : without.pareto) {
+    for (double d : c.density) EXPECT_LE(d, 0.4 + 1e-9);
+    for (int32_t r : c.rule_of_head) {
+      const ElasticRule rule = moa_rule_space()[static_cast<size_t>(r)];
+      EXPECT_GT(rule.alpha + rule.beta * 1024, 0) << r;
+    }
+  }
+  // The least loss at 2K can only grow when options are taken away.
+  EXPECT_GE(without.pareto[without.chosen].loss[1] + 1e-12, with.pareto[with.chosen].loss[1]);
+  // A budget between the sink alone's density at 1K and the narrowest window's: a plan only with sink-only heads.
+  const auto d = rule_densities({{-2048, 0}, {0, 0.125}}, 64, {1024});
+  ASSERT_LT(d[0][0], d[0][1]);
+  o.budget = (d[0][0] + d[0][1]) / 2;
+  EXPECT_EQ(error_of([&] { plan_moa(prof, 2, o); }), "moa: no plan meets the budget (the MIP is infeasible)");
+  o.allow_sink_only = true;
+  EXPECT_GT(count_sink_only(plan_moa(prof, 2, o).policy), 0);
+}
+
 TEST(TriangleMixPlan, StartLayerWhereMiddleGradientCollapses) {
   EXPECT_EQ(trianglemix_start({5, 4, 3, 0.2, 0.1, 0.3}, 0.1), 3);
   EXPECT_EQ(trianglemix_start({5, 4, 3, 0.2, 0.1, 3}, 0.1), 6);  // the last layer still matters: no triangle

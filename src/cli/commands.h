@@ -157,6 +157,7 @@ struct PlanOptions {
   int validation_length = 3072;          // MoA: perplexity at this unseen length picks among the Pareto plans
   int validation_cases = 4;              // held-out tasks at validation_length (agreement with dense's answers)
   std::string moa_loss = "fisher";       // MoA: a rule's loss from its masked influence (fisher | first-order)
+  bool moa_no_sink_only = false;         // MoA: leave out the rules that keep the sink alone at a profiled length
   std::string attn;                      // --method measure: the policies (';'-separated specs or plan files)
   double threshold = 0.1;                // TriangleMix: Middle gradient relative to its largest
   std::string inner = "dense";           // TriangleMix: the shallow layers' policy (dense, vs or a policy file)

@@ -281,6 +281,9 @@ int main(int argc, char** argv) {
                  "squared first-order change: the second-order term of the KL to the dense model) or first-order "
                  "(MoA's mean; biased by the greedy targets)")
       ->check(CLI::IsMember({"fisher", "first-order"}))->capture_default_str();
+  pl->add_flag("--moa-no-sink-only", plan.moa_no_sink_only,
+              "MoA: leave out the rules that keep only the sink at a profiled length (span alpha + beta N <= 0), so "
+              "every head keeps a window (docs/plans/README.md, \"MoA with long targets\")");
   pl->add_option("--threshold", plan.threshold, "TriangleMix: Middle gradient (relative to the largest layer's) "
                  "below which deep layers run Triangle")->capture_default_str();
   pl->add_option("--inner", plan.inner, "TriangleMix: the shallow layers' policy: dense, vs or a policy file")

@@ -263,6 +263,8 @@ int plan_command(const PlanOptions& o) {
       plan::MoaOptions mo;
       if (o.budget) mo.budget = *o.budget;
       mo.estimate = plan::parse_loss_estimate(o.moa_loss);
+      mo.allow_sink_only = !o.moa_no_sink_only;
+      report["moa_sink_only_rules"] = mo.allow_sink_only;
       report["moa_loss"] = plan::loss_estimate_name(mo.estimate);
       plan::PlanValidation validate;
       if (o.validation_length > 0) {

@@ -161,6 +161,10 @@ MoaResult plan_moa(const GradientProfile& profile, int32_t num_kv_heads, const M
       kept[k].push_back(block_coverage(attn::ElasticWindowPattern{r.alpha, r.beta, o.sink}, result.lengths[k]).kept);
   std::vector<int32_t> reps;  // option -> rule
   for (int32_t r = 0; r < R; ++r) {
+    const ElasticRule& rule = rules[static_cast<size_t>(r)];
+    if (!o.allow_sink_only &&
+        std::any_of(result.lengths.begin(), result.lengths.end(), [&](int32_t n) { return rule.alpha + rule.beta * n <= 0; }))
+      continue;
     const bool duplicate = std::any_of(reps.begin(), reps.end(), [&](int32_t q) {
       for (size_t k = 0; k < K; ++k)
         if (densities[k][static_cast<size_t>(q)] != densities[k][static_cast<size_t>(r)] ||

@@ -66,6 +66,10 @@ struct MoaOptions {
   int32_t max_rules_per_layer = 2;
   int32_t sink = 64;
   double time_limit_seconds = 60;  // per MIP
+  // false: the rules that keep the sink alone at some profiled length (span alpha + beta N <= 0) are left out of the
+  // space, so no head is reduced to the sink (--moa-no-sink-only; on SmolLM2 the sink-only heads carried most of
+  // the plans' perplexity loss: docs/plans/README.md, "MoA with long targets").
+  bool allow_sink_only = true;
 };
 
 struct MoaCandidate {
