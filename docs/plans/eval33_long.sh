@@ -3,6 +3,7 @@
 # README.md's tables of issue 33 (eval33-fisher-smollm2): niah_single / niah_multikey at 2K / 4K, depths 25 / 75,
 # seed 0 (none used by the plan), perplexity of the KJV haystack at 2K / 4K, executed density by plan --method measure.
 #   bash docs/plans/eval33_long.sh [TESSERA]        (default: build/ci/src/tessera)
+#   PLAN=docs/plans/smollm2-moa-long-nosink-2k-4k.json OUT=docs/plans/eval33-long-nosink-smollm2 FLOOR=0 bash ...
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 T=${1:-build/ci/src/tessera}
@@ -18,6 +19,7 @@ nice -n 5 "$T" plan -m "$M" --method measure --attn "$P" --lengths 2048,4096 -o 
 nice -n 5 "$T" eval -m "$M" --kv-type f32 --tasks none --perplexity 2048,4096 --attn "$P" --device cpu -o "$O/ppl" > "$O/ppl.log" 2>&1
 nice -n 5 "$T" eval -m "$M" --kv-type f32 --tasks niah_single,niah_multikey -l 2048,4096 --depths 25,75 --attn "$P" \
   --device cpu -o "$O" > "$O/eval.log" 2>&1
+[ "${FLOOR:-1}" = 1 ] || exit 0
 # The diagnostic: the plan with its sink-only heads (at 2K) given moa_window(0, 1/8), beside the uniform windows of
 # its density (beta 0.3, from the measured betas 0.3 / 0.33 / 0.36) and of the plan's own 4K density (the report's
 # uniform_spec at 4096).

@@ -16,5 +16,12 @@ run() {  # name, arguments
   grep -E "Maximum resident|Elapsed" "docs/plans/$name.log" || true
 }
 # python3 docs/plans/make_calib_33.py "$T" "$M" > docs/plans/calib-licences-2k-4k.jsonl   (committed)
+# The floor inside the optimiser (--moa-no-sink-only: no head reduced to the sink; not run yet):
+#   NOSINK=1 bash docs/plans/make_plans_33_long.sh [TESSERA]
+if [ "${NOSINK:-0}" = 1 ]; then
+  run smollm2-moa-long-nosink-2k-4k --method moa --calib docs/plans/calib-licences-2k-4k.jsonl --lengths 2048,4096 \
+    --answer-tokens 64 --budget 0.5 --validation-length 2048 --validation-cases 2 --moa-loss fisher --moa-no-sink-only
+  exit 0
+fi
 run smollm2-moa-long-2k-4k --method moa --calib docs/plans/calib-licences-2k-4k.jsonl --lengths 2048,4096 \
   --answer-tokens 64 --budget 0.5 --validation-length 2048 --validation-cases 2 --moa-loss fisher
