@@ -267,12 +267,13 @@ class Loader {
 
 }  // namespace
 
-// Every quantized product: on 1,024 tokens of markdown text the one-level int8 activations put both real models'
-// perplexity 0.66-0.81% above the f32 expansion, and no subset of the tensor classes brought both reliably within
-// 0.5% (the attention output, ffn_down and the head: +0.39% / +0.48%); two levels everywhere: +0.00% / -0.00%
-// (docs/cpu_kernels.md, "Accuracy: two-level int8 activations").
+// None by default: one-level int8 activations, as llama.cpp's. On 1,024 tokens of markdown text they put both real
+// models' perplexity 0.66-0.81% above the f32 expansion (llama.cpp's own: +1.05% / +0.59%), within 0.3% on prose, and
+// no subset of the tensor classes brought both reliably within 0.5%; two levels everywhere (TESSERA_QACT_X2=*) give
+// +0.00% / -0.00% but cost prefill ~0.63x and decode 0.75-0.84x on one thread (docs/cpu_kernels.md, "Accuracy:
+// two-level int8 activations"): the speed stays the default, the exact products an option.
 std::string default_int8x2_tensors() {
-  return "*";
+  return "";
 }
 
 ModelWeights load_weights(const model::ModelFile& file, const ModelConfig& cfg, ThreadPool& pool,
