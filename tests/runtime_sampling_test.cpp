@@ -287,13 +287,15 @@ TEST(RuntimeSampling, BatchedEngineAppliesPenaltiesAndLogprobs) {
     seq.insert(seq.end(), got[i].begin(), got[i].end());
     const std::vector<float> all = single.forward_all_logits(seq);
     const auto V = static_cast<size_t>(model->config().vocab_size);
+    // Within 3e-4: a decode row's products run beside other rows (the batch, and with the mixed step a prefill
+    // chunk's), whose BLAS kernels sum in another order than the whole sequence's forward (up to ~1.5e-4 seen).
     for (size_t t = 0; t < got[i].size(); ++t) {
       const auto row = std::span<const float>(all).subspan((n0 - 1 + t) * V, V);
       const TokenLogprobs want = token_logprobs(row, got[i][t], 2);
-      EXPECT_NEAR(lps[i][t].logprob, want.logprob, 1e-4) << "request " << i << " token " << t;
+      EXPECT_NEAR(lps[i][t].logprob, want.logprob, 3e-4) << "request " << i << " token " << t;
       ASSERT_EQ(lps[i][t].top.size(), 2u);
       EXPECT_EQ(lps[i][t].top[0].token, want.top[0].token);
-      EXPECT_NEAR(lps[i][t].top[1].logprob, want.top[1].logprob, 1e-4);
+      EXPECT_NEAR(lps[i][t].top[1].logprob, want.top[1].logprob, 3e-4);
     }
   }
 }

@@ -158,8 +158,15 @@ std::vector<int32_t> BatchBackend::decode_select(std::span<const int32_t> tokens
                                                   std::span<const RowChoice> choice) {
   check(choice.size() == tokens.size(), "batched decode: one sampling choice per row");
   const std::vector<float> logits = decode(tokens, rows);
+  return choose_on_host(logits, choice);
+}
+
+std::vector<int32_t> BatchBackend::choose_on_host(std::span<const float> logits,
+                                                  std::span<const RowChoice> choice) const {
   const auto vocab = static_cast<size_t>(config().vocab_size);
-  std::vector<int32_t> next(tokens.size(), -1);
+  check(logits.size() == choice.size() * vocab, "batched decode: " + std::to_string(logits.size()) +
+                                                    " logits for " + std::to_string(choice.size()) + " rows");
+  std::vector<int32_t> next(choice.size(), -1);
   auto pick = [&](int64_t i, int) {
     const auto row = std::span<const float>(logits).subspan(static_cast<size_t>(i) * vocab, vocab);
     const RowChoice& c = choice[static_cast<size_t>(i)];
@@ -176,15 +183,45 @@ std::vector<int32_t> BatchBackend::decode_select(std::span<const int32_t> tokens
   };
   // A draw over a large vocabulary takes milliseconds: the sampled rows in parallel.
   const bool sampled = std::any_of(choice.begin(), choice.end(), [](const RowChoice& c) { return c.options.temperature > 0.0f; });
-  if (sampled && tokens.size() > 1 && vocab >= 4096)
-    ThreadPool::global().parallel_for(static_cast<int64_t>(tokens.size()), pick);
+  if (sampled && choice.size() > 1 && vocab >= 4096)
+    ThreadPool::global().parallel_for(static_cast<int64_t>(choice.size()), pick);
   else
-    for (size_t i = 0; i < tokens.size(); ++i) pick(static_cast<int64_t>(i), 0);
+    for (size_t i = 0; i < choice.size(); ++i) pick(static_cast<int64_t>(i), 0);
   return next;
+}
+
+std::vector<int32_t> BatchBackend::mixed_step(std::span<const int32_t> chunk, int32_t pos, int32_t total_len,
+                                              const attn::AttentionPolicy* policy, bool logits,
+                                              std::vector<float>* chunk_logits, std::span<const int32_t> tokens,
+                                              std::span<const DecodeRow> rows, std::span<const RowChoice> choice) {
+  check(chunk_logits != nullptr, "mixed step: no place for the chunk's logits");
+  *chunk_logits = prefill_chunk(chunk, pos, total_len, policy, logits);
+  return decode_select(tokens, rows, choice);
 }
 
 std::vector<float> CpuBatchBackend::decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) {
   return decode_.decode(tokens, rows, store_, timers_);
+}
+
+std::vector<int32_t> CpuBatchBackend::mixed_step(std::span<const int32_t> chunk, int32_t pos, int32_t total_len,
+                                                 const attn::AttentionPolicy* policy, bool logits,
+                                                 std::vector<float>* chunk_logits, std::span<const int32_t> tokens,
+                                                 std::span<const DecodeRow> rows, std::span<const RowChoice> choice) {
+  const bool streamed = std::any_of(rows.begin(), rows.end(), [](const DecodeRow& r) { return r.stream != nullptr; });
+  if (rows.empty() || chunk.empty() || streamed)
+    return BatchBackend::mixed_step(chunk, pos, total_len, policy, logits, chunk_logits, tokens, rows, choice);
+  check(chunk_logits != nullptr, "mixed step: no place for the chunk's logits");
+  check(choice.size() == tokens.size(), "batched decode: one sampling choice per row");
+  const ModelConfig& cfg = model_.config();
+  if (pos == 0) staging_ = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, total_len, kv_type_);
+  staging_.reserve(pos + static_cast<int32_t>(chunk.size()));
+  const std::vector<float> all = decode_.mixed(chunk, pos, staging_, policy, total_len, observer_, logits, tokens,
+                                               rows, store_, timers_);
+  const auto vocab = static_cast<size_t>(cfg.vocab_size);
+  const size_t first = logits ? vocab : 0;
+  if (logits) chunk_logits->assign(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(vocab));
+  else chunk_logits->clear();
+  return choose_on_host(std::span<const float>(all).subspan(first), choice);
 }
 
 // ---- the scheduler ----
@@ -211,6 +248,18 @@ struct BatchEngine::Sequence {
   bool reported_cache = false;  // the first event said how many
   std::vector<int32_t> fed;     // the tokens whose K/V the blocks hold: the prompt, then each decoded token
   std::vector<TokenLogprobs> prompt_lp;  // request.prompt_logprobs: the prompt's so far
+};
+
+struct BatchEngine::DecodeBatch {
+  std::vector<Sequence*> seqs;
+  std::vector<int32_t> tokens;
+  std::vector<DecodeRow> rows;
+  std::vector<BatchBackend::RowChoice> choice;
+  std::vector<TokenLogprobs> logprobs;
+  std::vector<int32_t> next;
+  bool ran = false;   // next holds the chosen tokens (or error is set)
+  std::string error;  // the step failed: every row ends with it
+  double seconds = 0;
 };
 
 BatchEngine::BatchEngine(BatchBackend& backend, BatchEngineOptions options)
@@ -420,6 +469,12 @@ int64_t BatchEngine::prefill_step(std::vector<BatchEvent>& events, int64_t max_t
     if (c0 > 0 && c0 == s.cached)  // the first chunk after a cached prefix: stage it
       backend_.load_prefix(s.blocks, static_cast<int32_t>(c0), static_cast<int32_t>(n));
     std::vector<float> logits;
+    // The step's decode rows ride with this chunk (the first of the step that runs through prefill_chunk).
+    bool mix = false;
+    if (top < 0 && !s.stream && ride_ != nullptr && !ride_->ran) {
+      collect_decode(*ride_);
+      mix = !ride_->seqs.empty();
+    }
     if (top >= 0) {
       // Every row's logits: row r predicts prompt[c0 + r + 1]; the last row of the prompt starts the answer.
       const std::vector<float> rows =
@@ -432,6 +487,33 @@ int64_t BatchEngine::prefill_step(std::vector<BatchEvent>& events, int64_t max_t
         if (p + 1 < n) s.prompt_lp.push_back(token_logprobs(row, prompt[static_cast<size_t>(p + 1)], top));
         else logits.assign(row.begin(), row.end());
       }
+    } else if (mix) {
+      // The mixed step: the decoding sequences' rows in this chunk's forward. When it fails (the chunk's staging
+      // memory, ...), the prompt ends with the error (below) and the decode rows run alone, as without the mixed
+      // step, with the same draws (a row's K/V written again at the same place).
+      DecodeBatch& b = *ride_;
+      b.ran = true;
+      const auto d0 = Clock::now();
+      try {
+        prepare_decode(b);
+      } catch (const Error& e) {  // the decode rows' error (as in decode_step), not the prompt's
+        b.error = e.what();
+      }
+      if (!b.error.empty())
+        logits = backend_.prefill_chunk(chunk, static_cast<int32_t>(c0), static_cast<int32_t>(n), s.policy, last);
+      else
+        try {
+          b.next = backend_.mixed_step(chunk, static_cast<int32_t>(c0), static_cast<int32_t>(n), s.policy, last,
+                                       &logits, b.tokens, b.rows, b.choice);
+        } catch (const Error&) {
+          try {
+            b.next = backend_.decode_select(b.tokens, b.rows, b.choice);
+          } catch (const Error& e) {
+            b.error = e.what();
+          }
+          b.seconds = seconds_since(d0);
+          throw;
+        }
     } else {
       logits =
         s.stream ? backend_.prefill_stream_chunk(*s.stream, chunk, static_cast<int32_t>(c0),
@@ -489,57 +571,71 @@ int64_t BatchEngine::budgeted_prefill(std::vector<BatchEvent>& events, int64_t d
   return ran;
 }
 
-int64_t BatchEngine::decode_step(std::vector<BatchEvent>& events) {
-  std::vector<Sequence*> batch;
-  for (auto& s : running_)
-    if (!s->prefilling && s->pending >= 0) batch.push_back(s.get());
-  if (batch.empty()) return 0;
-  const auto t0 = Clock::now();
-  std::vector<int32_t> tokens;
-  std::vector<DecodeRow> rows;
-  std::vector<BatchBackend::RowChoice> choice;
-  std::vector<TokenLogprobs> logprobs;
-  std::vector<int32_t> next;
-  try {
-    for (Sequence* s : batch) {
-      tokens.push_back(s->pending);
-      if (s->stream) {
-        rows.push_back(DecodeRow{nullptr, {}, s->stream.get()});
-      } else {
-        make_room(s->blocks.need(1));
-        s->blocks.grow(1, pool_);  // within what was reserved at admission
-        s->fed.push_back(s->pending);
-        rows.push_back(DecodeRow{&s->blocks, s->views, nullptr});
-      }
-      // A sampled row's uniform draw comes from its own stream, as the single-sequence engine's Sampler takes it.
-      choice.push_back({s->sampler->options(), s->sampler->greedy() ? 0.0 : s->sampler->next_uniform(),
-                        s->sampler->edits(cfg_.vocab_size), s->request.options.logprobs, nullptr});
+void BatchEngine::collect_decode(DecodeBatch& b) const {
+  for (const auto& s : running_)
+    if (!s->prefilling && s->pending >= 0) b.seqs.push_back(s.get());
+}
+
+void BatchEngine::prepare_decode(DecodeBatch& b) {
+  for (Sequence* s : b.seqs) {
+    b.tokens.push_back(s->pending);
+    if (s->stream) {
+      b.rows.push_back(DecodeRow{nullptr, {}, s->stream.get()});
+    } else {
+      make_room(s->blocks.need(1));
+      s->blocks.grow(1, pool_);  // within what was reserved at admission
+      s->fed.push_back(s->pending);
+      b.rows.push_back(DecodeRow{&s->blocks, s->views, nullptr});
     }
-    logprobs.resize(batch.size());
-    for (size_t i = 0; i < batch.size(); ++i)
-      if (choice[i].logprobs >= 0) choice[i].logprobs_out = &logprobs[i];
-    next = backend_.decode_select(tokens, rows, choice);
-    check(next.size() == batch.size(), "batched decode: the backend chose " + std::to_string(next.size()) +
-                                           " tokens for " + std::to_string(batch.size()) + " rows");
-    for (int32_t t : next)
-      check(t >= 0 && t < cfg_.vocab_size,
-            "batched decode: the backend chose token " + std::to_string(t) + " outside the vocabulary");
-  } catch (const Error& e) {
-    for (Sequence* s : batch) finish(*s, FinishReason::kError, events, e.what());
-    stats_.decode_seconds += seconds_since(t0);
-    return static_cast<int64_t>(batch.size());
+    // A sampled row's uniform draw comes from its own stream, as the single-sequence engine's Sampler takes it.
+    b.choice.push_back({s->sampler->options(), s->sampler->greedy() ? 0.0 : s->sampler->next_uniform(),
+                        s->sampler->edits(cfg_.vocab_size), s->request.options.logprobs, nullptr});
   }
-  for (size_t i = 0; i < batch.size(); ++i) {
-    if (batch[i]->sampler->greedy()) ++stats_.greedy_tokens;
-    batch[i]->sampler->accept(next[i]);  // the penalties' history
-    take_token(*batch[i], next[i], events,
-               choice[i].logprobs >= 0 ? std::optional<TokenLogprobs>(std::move(logprobs[i])) : std::nullopt);
+  b.logprobs.resize(b.seqs.size());
+  for (size_t i = 0; i < b.seqs.size(); ++i)
+    if (b.choice[i].logprobs >= 0) b.choice[i].logprobs_out = &b.logprobs[i];
+}
+
+void BatchEngine::finish_decode(DecodeBatch& b, std::vector<BatchEvent>& events) {
+  if (b.error.empty()) {
+    if (b.next.size() != b.seqs.size())
+      b.error = "batched decode: the backend chose " + std::to_string(b.next.size()) + " tokens for " +
+                std::to_string(b.seqs.size()) + " rows";
+    for (int32_t t : b.next)
+      if (b.error.empty() && (t < 0 || t >= cfg_.vocab_size))
+        b.error = "batched decode: the backend chose token " + std::to_string(t) + " outside the vocabulary";
   }
-  stats_.decode_tokens += static_cast<int64_t>(batch.size());
+  if (!b.error.empty()) {
+    for (Sequence* s : b.seqs) finish(*s, FinishReason::kError, events, b.error);
+    stats_.decode_seconds += b.seconds;
+    return;
+  }
+  for (size_t i = 0; i < b.seqs.size(); ++i) {
+    if (b.seqs[i]->sampler->greedy()) ++stats_.greedy_tokens;
+    b.seqs[i]->sampler->accept(b.next[i]);  // the penalties' history
+    take_token(*b.seqs[i], b.next[i], events,
+               b.choice[i].logprobs >= 0 ? std::optional<TokenLogprobs>(std::move(b.logprobs[i])) : std::nullopt);
+  }
+  stats_.decode_tokens += static_cast<int64_t>(b.seqs.size());
   ++stats_.decode_steps;
-  stats_.max_decode_batch = std::max<int64_t>(stats_.max_decode_batch, static_cast<int64_t>(batch.size()));
-  stats_.decode_seconds += seconds_since(t0);
-  return static_cast<int64_t>(batch.size());
+  stats_.max_decode_batch = std::max<int64_t>(stats_.max_decode_batch, static_cast<int64_t>(b.seqs.size()));
+  stats_.decode_seconds += b.seconds;
+}
+
+int64_t BatchEngine::decode_step(std::vector<BatchEvent>& events) {
+  DecodeBatch b;
+  collect_decode(b);
+  if (b.seqs.empty()) return 0;
+  const auto t0 = Clock::now();
+  try {
+    prepare_decode(b);
+    b.next = backend_.decode_select(b.tokens, b.rows, b.choice);
+  } catch (const Error& e) {
+    b.error = e.what();
+  }
+  b.seconds = seconds_since(t0);
+  finish_decode(b, events);
+  return static_cast<int64_t>(b.seqs.size());
 }
 
 std::vector<BatchEvent> BatchEngine::step() {
@@ -559,15 +655,31 @@ std::vector<BatchEvent> BatchEngine::step() {
   const auto done = [](const auto& s) { return s->cancelled || (!s->prefilling && s->pending < 0); };
   std::erase_if(running_, done);
   int64_t ran = 0;
-  if (options_.step_tokens > 0) {
-    const auto decoding = std::count_if(running_.begin(), running_.end(),
-                                        [](const auto& s) { return !s->prefilling && s->pending >= 0; });
-    ran = budgeted_prefill(events, decoding);
-  } else {
-    admit();
-    ran = prefill_step(events, options_.chunk_size);
+  // With the mixed step the decode rows ride with the step's first prefill chunk (prefill_step takes ride_); when
+  // none did (no chunk, or one that runs apart), the decode step runs on its own as without it.
+  DecodeBatch ride;
+  ride_ = options_.mixed_step && !streaming() ? &ride : nullptr;
+  try {
+    if (options_.step_tokens > 0) {
+      const auto decoding = std::count_if(running_.begin(), running_.end(),
+                                          [](const auto& s) { return !s->prefilling && s->pending >= 0; });
+      ran = budgeted_prefill(events, decoding);
+    } else {
+      admit();
+      ran = prefill_step(events, options_.chunk_size);
+    }
+  } catch (...) {
+    ride_ = nullptr;
+    throw;
   }
-  ran += decode_step(events);
+  ride_ = nullptr;
+  if (ride.ran) {
+    ++stats_.mixed_steps;
+    finish_decode(ride, events);
+    ran += static_cast<int64_t>(ride.seqs.size());
+  } else {
+    ran += decode_step(events);
+  }
   stats_.last_step_tokens = ran;
   stats_.max_step_tokens = std::max(stats_.max_step_tokens, ran);
   std::erase_if(running_, done);

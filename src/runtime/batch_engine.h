@@ -126,6 +126,18 @@ class BatchBackend {
   };
   virtual std::vector<int32_t> decode_select(std::span<const int32_t> tokens, std::span<const DecodeRow> rows,
                                              std::span<const RowChoice> choice);
+  // The mixed step (BatchEngineOptions::mixed_step): a prefill chunk of the staged sequence (as prefill_chunk: tokens
+  // `chunk` at [pos, pos + n), total_len, policy; its last row's logits into *chunk_logits when `logits`, else it is
+  // left empty) and a decode step of paged rows (as decode_select: their chosen tokens returned) in one call. A
+  // backend that mixes (mixes() true: the CPU's, the GPU's) runs them as ONE forward over the chunk's rows and the
+  // decode rows together — every product, norm and the head once over all of them, the attention split: the chunk's
+  // rows through the prefill path under its policy, the decode rows through the paged decode — so that a step that
+  // carries a prefill chunk costs one forward, not two. This default runs prefill_chunk then decode_select.
+  virtual bool mixes() const { return false; }
+  virtual std::vector<int32_t> mixed_step(std::span<const int32_t> chunk, int32_t pos, int32_t total_len,
+                                          const attn::AttentionPolicy* policy, bool logits,
+                                          std::vector<float>* chunk_logits, std::span<const int32_t> tokens,
+                                          std::span<const DecodeRow> rows, std::span<const RowChoice> choice);
   // Decode steps that had to build a new executable step (a CUDA graph capture) before running: the GPU backend's
   // cost of a batch shape it had not seen; 0 on the CPU.
   virtual int64_t step_builds() const { return 0; }
@@ -134,6 +146,11 @@ class BatchBackend {
   // reset(): otherwise a next, long prompt would hold its staging cache beside the pages the last one's blocks left
   // resident). The default keeps it.
   virtual void release_free_memory() {}
+
+ protected:
+  // decode_select's choice on the host: row i's token from logits [B, vocab] by choice[i] (edits, then argmax or
+  // sample_token; logprobs), the sampled rows in parallel on the thread pool.
+  std::vector<int32_t> choose_on_host(std::span<const float> logits, std::span<const RowChoice> choice) const;
 };
 
 // The CPU backend: prefill through runtime::Forward into a contiguous staging cache, decode through BatchForward.
@@ -168,8 +185,17 @@ class CpuBatchBackend final : public BatchBackend {
                                           StreamingKV::ChunkKind kind, bool logits) override;
   std::vector<float> prefill_stream_chunk_rows(StreamMemory& kv, std::span<const int32_t> tokens, int32_t pos,
                                                StreamingKV::ChunkKind kind) override;
-  void set_observer(const AttentionObserver* observer) override { prefill_.set_observer(observer); }
+  void set_observer(const AttentionObserver* observer) override {
+    prefill_.set_observer(observer);
+    observer_ = observer;
+  }
   std::vector<float> decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) override;
+  // One forward (BatchForward::mixed); streamed rows go through the default (two calls).
+  bool mixes() const override { return true; }
+  std::vector<int32_t> mixed_step(std::span<const int32_t> chunk, int32_t pos, int32_t total_len,
+                                  const attn::AttentionPolicy* policy, bool logits, std::vector<float>* chunk_logits,
+                                  std::span<const int32_t> tokens, std::span<const DecodeRow> rows,
+                                  std::span<const RowChoice> choice) override;
   ForwardTimers timers() const override { return timers_; }
   void release_free_memory() override { store_.release_pages(); }
   const PagedKVStore& store() const { return store_; }
@@ -183,6 +209,7 @@ class CpuBatchBackend final : public BatchBackend {
   KVCache staging_;
   PagedKVStore store_;
   ForwardTimers timers_;
+  const AttentionObserver* observer_ = nullptr;
 };
 
 struct BatchEngineOptions {
@@ -216,6 +243,15 @@ struct BatchEngineOptions {
   // Held sequences (extend with LogitRows::All): rows per prefill chunk when every row's logits are wanted, so that
   // [rows, vocab] f32 stays bounded whatever chunk_size is; 0: chunk_size.
   int32_t logits_chunk = 0;
+  // The mixed step: a step that has a prefill chunk and decoding sequences runs them through one call of the
+  // backend (BatchBackend::mixed_step; on the CPU and the GPU one forward over the chunk's rows and the decode rows
+  // together) instead of the chunk's forward and then the decode step's. The decode rows are those decoding when the
+  // step's first prefill chunk runs; a prompt that ends in that chunk decodes from the next step on (without the
+  // mixed step, in the same step). The tokens of every request are the same either way (up to floating-point
+  // summation order: see BatchBackend::mixed_step). Not for a chunk whose every row's logits are wanted
+  // (BatchRequest::prompt_logprobs) nor with streaming memory (those run apart). false: the chunk, then the decode
+  // step (the side-by-side).
+  bool mixed_step = true;
 };
 
 struct BatchRequest {
@@ -258,6 +294,8 @@ struct BatchEngineStats {
   int64_t last_step_tokens = 0; // tokens the last step ran: prefill tokens + decode rows
   int64_t max_step_tokens = 0;  // the most of any step (<= step_tokens when it is set)
   int64_t prefill_chunks = 0;   // prefill chunks run (a step may run several with step_tokens)
+  int64_t mixed_steps = 0;      // steps whose decode rows ran with a prefill chunk (BatchEngineOptions::mixed_step);
+                                // such a step's time counts as prefill_seconds
 };
 
 class BatchEngine {
@@ -347,6 +385,16 @@ class BatchEngine {
   int64_t budgeted_prefill(std::vector<BatchEvent>& events, int64_t decoding);
   // Returns the rows decoded.
   int64_t decode_step(std::vector<BatchEvent>& events);
+  // The decode part of a step: the batch (sequences decoding with a pending token), its rows and choices
+  // (prepare_decode: blocks grown, uniform draws taken), the chosen tokens (finish_decode: events; every row ends
+  // with kError when the step failed).
+  struct DecodeBatch;
+  void collect_decode(DecodeBatch& b) const;
+  void prepare_decode(DecodeBatch& b);
+  void finish_decode(DecodeBatch& b, std::vector<BatchEvent>& events);
+  // The step's decode batch, when it is to ride with the step's first prefill chunk (options.mixed_step); null
+  // otherwise.
+  DecodeBatch* ride_ = nullptr;
   bool streaming() const { return options_.stream.method != StreamMethod::None; }
   Sequence& held(int64_t id) const;
   // Whether s's blocks are cached and may come from the cache: dense, not streamed, the backend can.

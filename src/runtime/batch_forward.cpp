@@ -11,6 +11,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "attention/attention_args.h"
+#include "attention/cpu/layer_attention_cpu.h"
 #include "attention/cpu/paged_decode.h"
 #include "core/error.h"
 #include "core/memory_budget.h"
@@ -308,7 +310,74 @@ class StreamRowsAttention final : public CpuAttentionStep {
   std::span<const DecodeRow> rows_;
 };
 
+// The mixed step's attention: rows [0, n) are a prefill chunk of the staged sequence at [pos, pos + n) (attended as
+// runtime::Forward's contiguous step does: K/V into the cache, the executor under the policy, the layer's sliding
+// window), rows [n, n + B) paged decode rows (PagedDecodeAttention over the tail of q, k, v and out).
+class MixedAttention final : public CpuAttentionStep {
+ public:
+  MixedAttention(const ModelConfig& cfg, KVCache& cache, int32_t pos, int32_t n, const attn::AttentionPolicy* policy,
+                 int32_t total_len, const AttentionObserver* observer, PagedDecodeAttention& decode, ThreadPool& pool)
+      : cfg_(cfg), cache_(cache), pos_(pos), n_(n), policy_(policy), total_len_(total_len), observer_(observer),
+        decode_(decode), pool_(pool) {}
+
+  void attend(int32_t layer, float* q, float* k, float* v, float* out) override {
+    const int32_t nq = cfg_.num_q_heads, d = cfg_.head_dim, kv_len = pos_ + n_;
+    cache_.write(layer, pos_, n_, k, v);
+    attn::AttentionArgs args;
+    args.q = TensorView(q, DType::F32, {n_, nq, d});
+    args.k = cache_.k_view(layer, kv_len);
+    args.v = cache_.v_view(layer, kv_len);
+    args.out = TensorView(out, DType::F32, {n_, nq, d});
+    args.scale = cfg_.attention_scale;
+    args.q_begin = pos_;
+    const int32_t window = cfg_.layers[static_cast<size_t>(layer)].sliding_window;
+    if (window > 0 && window < kv_len) args.window = window;
+    const bool dense = policy_ == nullptr || policy_->table().empty();
+    attn::layer_attention_cpu(args, dense ? std::vector<attn::Pattern>{} : policy_->layer(layer), total_len_, pool_);
+    if (observer_ != nullptr && *observer_) (*observer_)(layer, args);
+    const int64_t QD = static_cast<int64_t>(nq) * d, KD = static_cast<int64_t>(cfg_.num_kv_heads) * d;
+    decode_.attend(layer, q + n_ * QD, k + n_ * KD, v + n_ * KD, out + n_ * QD);
+  }
+
+ private:
+  const ModelConfig& cfg_;
+  KVCache& cache_;
+  int32_t pos_, n_;
+  const attn::AttentionPolicy* policy_;
+  int32_t total_len_;
+  const AttentionObserver* observer_;
+  PagedDecodeAttention& decode_;
+  ThreadPool& pool_;
+};
+
 }  // namespace
+
+std::vector<float> BatchForward::mixed(std::span<const int32_t> chunk, int32_t pos, KVCache& cache,
+                                       const attn::AttentionPolicy* policy, int32_t total_len,
+                                       const AttentionObserver* observer, bool chunk_logits,
+                                       std::span<const int32_t> tokens, std::span<const DecodeRow> rows,
+                                       PagedKVStore& store, ForwardTimers& timers) {
+  check(rows.size() == tokens.size(), "mixed step: one decode row per token");
+  check(!chunk.empty() && !rows.empty(), "mixed step: needs a prefill chunk and decode rows");
+  const ModelConfig& cfg = ops_.config();
+  const auto n = static_cast<int32_t>(chunk.size());
+  check(pos >= 0 && cache.capacity() >= pos + n, "mixed step: the staging cache has no room for the chunk");
+  for (const int32_t tok : tokens)
+    check(tok >= 0 && tok < cfg.vocab_size, "batch decode: token id " + std::to_string(tok) + " outside the vocabulary");
+  all_tokens_.assign(chunk.begin(), chunk.end());
+  all_tokens_.insert(all_tokens_.end(), tokens.begin(), tokens.end());
+  positions_.resize(all_tokens_.size());
+  for (int32_t i = 0; i < n; ++i) positions_[static_cast<size_t>(i)] = pos + i;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    check(rows[i].stream == nullptr && rows[i].seq != nullptr, "mixed step: decode rows must be paged");
+    positions_[static_cast<size_t>(n) + i] = static_cast<int32_t>(rows[i].seq->length() - 1);
+  }
+  PagedDecodeAttention paged(cfg, rows, store, ops_.pool());
+  MixedAttention step(cfg, cache, pos, n, policy, total_len, observer, paged, ops_.pool());
+  ops_.begin(all_tokens_, 0, positions_, step, timers);
+  run_layers(cfg, ops_);
+  return ops_.head(chunk_logits ? n - 1 : n);
+}
 
 std::vector<float> BatchForward::decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows,
                                         PagedKVStore& store, ForwardTimers& timers) {

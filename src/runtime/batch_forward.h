@@ -13,6 +13,7 @@
 #include <span>
 #include <vector>
 
+#include "attention/pattern/policy.h"
 #include "core/thread_pool.h"
 #include "runtime/cpu_ops.h"
 #include "runtime/forward.h"
@@ -118,9 +119,24 @@ class BatchForward {
   std::vector<float> decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows, PagedKVStore& store,
                             ForwardTimers& timers);
 
+  // The mixed step (vLLM's chunked prefill, SGLang's mixed batches): a prefill chunk of the staged sequence and B
+  // paged decode rows as ONE forward over the concatenated rows [chunk rows, decode rows]: the embedding, the norms,
+  // every product and the head run once over all of them; the attention splits: the chunk's rows attend as
+  // runtime::Forward's prefill does (their K/V into `cache` at [pos, pos + n), the executor under `policy` with
+  // total_len, the model's sliding windows; `observer` called with the chunk's arguments), the decode rows as
+  // decode() (paged, their views). Each row's result is the one the two forwards give apart (every product and norm
+  // is per row; the CPU f32 products give a row the same bits whatever the other rows; see batch_engine.h for the
+  // stored-weight products). Returns the logits of the chunk's last row (when chunk_logits) then of the B decode rows:
+  // [(chunk_logits ? 1 : 0) + B, vocab]. Paged rows only (no streamed rows); rows non-empty.
+  std::vector<float> mixed(std::span<const int32_t> chunk, int32_t pos, KVCache& cache,
+                           const attn::AttentionPolicy* policy, int32_t total_len, const AttentionObserver* observer,
+                           bool chunk_logits, std::span<const int32_t> tokens, std::span<const DecodeRow> rows,
+                           PagedKVStore& store, ForwardTimers& timers);
+
  private:
   CpuOps& ops_;
   std::vector<int32_t> positions_;
+  std::vector<int32_t> all_tokens_;  // the mixed step's rows
 };
 
 }  // namespace tessera::runtime
