@@ -642,15 +642,20 @@ std::vector<int32_t> GpuBatchBackend::decode_select(std::span<const int32_t> tok
   check(choice.size() == tokens.size(), "GPU batched decode: one sampling choice per row");
   // Rows through the prefill forward: their logits on the host, chosen there (the default).
   if (!paged_decode_ && rows.front().stream == nullptr) return BatchBackend::decode_select(tokens, rows, choice);
-  const int64_t V = cfg_.vocab_size;
   run_step(tokens, rows);
+  return select_on_device(ops_->logits(), choice);
+}
+
+std::vector<int32_t> GpuBatchBackend::select_on_device(float* logits, std::span<const RowChoice> choice) {
+  const auto n = static_cast<int64_t>(choice.size());
+  const int64_t V = cfg_.vocab_size;
   // Rows that want log-probabilities: their raw logits to the host before the edits (token_logprobs on the host).
   std::vector<int64_t> lp_rows;
   for (int64_t i = 0; i < n; ++i)
     if (choice[static_cast<size_t>(i)].logprobs >= 0 && choice[static_cast<size_t>(i)].logprobs_out) lp_rows.push_back(i);
   std::vector<float> lp_logits(lp_rows.size() * static_cast<size_t>(V));
   for (size_t j = 0; j < lp_rows.size(); ++j)
-    TESSERA_CUDA_CHECK(cudaMemcpyAsync(lp_logits.data() + j * static_cast<size_t>(V), ops_->logits() + lp_rows[j] * V,
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(lp_logits.data() + j * static_cast<size_t>(V), logits + lp_rows[j] * V,
                                        static_cast<size_t>(V) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
   // Penalties and logit biases, in place on the step's logits.
   std::vector<RowEdit> edits;
@@ -658,7 +663,7 @@ std::vector<int32_t> GpuBatchBackend::decode_select(std::span<const int32_t> tok
     for (const LogitEdit& e : choice[static_cast<size_t>(i)].edits) edits.push_back({static_cast<int32_t>(i), e});
   if (!edits.empty()) {
     row_edits_.upload(edits, stream_);
-    edit_rows(ops_->logits(), V, row_edits_.data(), static_cast<int32_t>(edits.size()), stream_);
+    edit_rows(logits, V, row_edits_.data(), static_cast<int32_t>(edits.size()), stream_);
   }
   // chosen_[0, n): every row's argmax; chosen_[n, n + sampled): the sampled rows' draws.
   std::vector<SampleRow> sampled;
@@ -670,11 +675,11 @@ std::vector<int32_t> GpuBatchBackend::decode_select(std::span<const int32_t> tok
   }
   const auto m = static_cast<int64_t>(sampled.size());
   if (static_cast<int64_t>(chosen_.size()) < n + m) chosen_.resize(static_cast<size_t>(n + m));
-  row_argmax(ops_->logits(), n, V, V, chosen_.data(), stream_);
+  row_argmax(logits, n, V, V, chosen_.data(), stream_);
   if (m > 0) {
     if (static_cast<int64_t>(sample_scratch_.size()) < m * V) sample_scratch_.resize(static_cast<size_t>(m * V));
     sample_rows_.upload(sampled, stream_);
-    sample_rows(ops_->logits(), V, static_cast<int32_t>(V), sample_rows_.data(), static_cast<int32_t>(m),
+    sample_rows(logits, V, static_cast<int32_t>(V), sample_rows_.data(), static_cast<int32_t>(m),
                 sample_scratch_.data(), chosen_.data() + n, stream_);
   }
   std::vector<int32_t> got(static_cast<size_t>(n + m));
@@ -690,6 +695,93 @@ std::vector<int32_t> GpuBatchBackend::decode_select(std::span<const int32_t> tok
                                      got[static_cast<size_t>(lp_rows[j])], c.logprobs);
   }
   return got;
+}
+
+std::vector<int32_t> GpuBatchBackend::mixed_step(std::span<const int32_t> chunk, int32_t pos, int32_t total_len,
+                                                 const attn::AttentionPolicy* policy, bool logits,
+                                                 std::vector<float>* chunk_logits, std::span<const int32_t> tokens,
+                                                 std::span<const DecodeRow> rows, std::span<const RowChoice> choice) {
+  const bool paged = !rows.empty() && std::none_of(rows.begin(), rows.end(), [](const DecodeRow& r) { return r.stream != nullptr; });
+  if (!paged || chunk.empty() || !paged_decode_ || (fp8_ != nullptr && !decode_fp8_))
+    return BatchBackend::mixed_step(chunk, pos, total_len, policy, logits, chunk_logits, tokens, rows, choice);
+  check(chunk_logits != nullptr, "mixed step: no place for the chunk's logits");
+  check(rows.size() == tokens.size() && choice.size() == tokens.size(),
+        "GPU mixed step: one decode row and one sampling choice per token");
+  if (pos == 0) {
+    staging_ = DeviceKVCache(cfg_.num_layers, cfg_.num_kv_heads, cfg_.head_dim, total_len);
+    staging_.reserve(total_len, 0);
+  }
+  const auto n = static_cast<int64_t>(chunk.size()), B = static_cast<int64_t>(tokens.size()), N = n + B;
+  const int32_t L = cfg_.num_layers, Hkv = cfg_.num_kv_heads;
+  const int64_t Bt = shape_.block_tokens;
+  // positions [N] (the chunk's pos + i, the decode rows' last), then the decode rows' slots [B], lengths [B] and the
+  // block of each (row, layer, kv head)'s new row [B, L, Hkv], as run_step's (no padding rows).
+  std::vector<int32_t> data(static_cast<size_t>(N + 2 * B + B * L * Hkv), 0);
+  std::vector<int32_t> all(chunk.begin(), chunk.end());
+  all.insert(all.end(), tokens.begin(), tokens.end());
+  for (int64_t i = 0; i < n; ++i) data[static_cast<size_t>(i)] = pos + static_cast<int32_t>(i);
+  int64_t max_len = 0;
+  for (int64_t i = 0; i < B; ++i) {
+    const SequenceBlocks& seq = *rows[static_cast<size_t>(i)].seq;
+    const int32_t slot = slot_of(seq);
+    const int64_t p = seq.length() - 1;
+    data[static_cast<size_t>(n + i)] = static_cast<int32_t>(p);
+    data[static_cast<size_t>(N + i)] = slot;
+    data[static_cast<size_t>(N + B + i)] = static_cast<int32_t>(seq.length());
+    max_len = std::max(max_len, seq.length());
+    for (int32_t l = 0; l < L; ++l)
+      for (int32_t h = 0; h < Hkv; ++h) {
+        const int32_t id = seq.block(l, h, p);
+        data[static_cast<size_t>(N + 2 * B + (i * L + l) * Hkv + h)] = id;
+        if (p % Bt == 0 && id >= 0) commit_block(id);
+      }
+    if (p % Bt == 0) upload_table_columns(slot, seq, p / Bt, p / Bt + 1);
+  }
+  const int32_t splits = options_.splits > 0
+                             ? options_.splits
+                             : bucket_splits(paged_decode_splits(static_cast<int32_t>(B), Hkv, max_len, sms_));
+  const int64_t D = cfg_.head_dim;
+  // The decode graphs hold o_part_ / lse_part_'s addresses: a buffer that grows here invalidates them.
+  bool grew = grow(o_part_, B * cfg_.num_q_heads * splits * D);
+  grew |= grow(lse_part_, B * cfg_.num_q_heads * splits);
+  if (grew) drop_graphs();
+  grow(mixed_, static_cast<int64_t>(data.size()));
+  try {
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(mixed_.data(), data.data(), data.size() * sizeof(int32_t),
+                                       cudaMemcpyHostToDevice, stream_));
+    const int32_t* d = mixed_.data();
+    PagedLayout& p = layout_;
+    p.k_pools = {k_pool()};
+    p.v_pools = {v_pool()};
+    p.tables = tables_.data();
+    p.views = views_.data();
+    p.block_tokens = shape_.block_tokens;
+    p.max_blocks = max_blocks_;
+    p.row_pos = d + n;
+    p.row_slot = d + N;
+    p.row_len = d + N + B;
+    p.blocks = d + N + 2 * B;
+    p.rows = static_cast<int32_t>(B);
+    p.splits = splits;
+    p.o_part = o_part_.data();
+    p.lse_part = lse_part_.data();
+    prefill_->run_mixed(all, static_cast<int32_t>(n), pos, staging_, policy, total_len, d, *paged_, logits);
+    float* out = prefill_->ops().logits();
+    const int64_t V = cfg_.vocab_size;
+    chunk_logits->clear();
+    if (logits) {
+      chunk_logits->resize(static_cast<size_t>(V));
+      TESSERA_CUDA_CHECK(cudaMemcpyAsync(chunk_logits->data(), out, static_cast<size_t>(V) * sizeof(float),
+                                         cudaMemcpyDeviceToHost, stream_));
+    }
+    std::vector<int32_t> got = select_on_device(logits ? out + V : out, choice);  // (synchronises)
+    last_rows_ = B;
+    return got;
+  } catch (...) {
+    cudaStreamSynchronize(stream_);
+    (void)cudaGetLastError();
+    throw;
+  }
 }
 
 bool GpuBatchBackend::reserve_step(int64_t n, int32_t splits) {

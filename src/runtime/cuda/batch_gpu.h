@@ -135,6 +135,16 @@ class GpuBatchBackend final : public BatchBackend {
   std::vector<float> decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) override;
   std::vector<int32_t> decode_select(std::span<const int32_t> tokens, std::span<const DecodeRow> rows,
                                      std::span<const RowChoice> choice) override;
+  // The mixed step (BatchBackend::mixed_step): the prefill chunk and the paged decode rows as one eager step of the
+  // prefill forward's ops (GpuForward::run_mixed: every GEMM over n + B rows, the chunk's attention through the
+  // contiguous route under its policy, the decode rows' through the paged decode kernel, B rows unpadded, no graph);
+  // the decode rows' tokens chosen on the device as decode_select does. Streamed rows, rows the paged kernel does not
+  // run and an FP8 prefill beside bf16 decode GEMMs go through the default (two calls).
+  bool mixes() const override { return true; }
+  std::vector<int32_t> mixed_step(std::span<const int32_t> chunk, int32_t pos, int32_t total_len,
+                                  const attn::AttentionPolicy* policy, bool logits, std::vector<float>* chunk_logits,
+                                  std::span<const int32_t> tokens, std::span<const DecodeRow> rows,
+                                  std::span<const RowChoice> choice) override;
   int64_t step_builds() const override { return step_builds_; }
   // GEMM and attention seconds (CUDA events, GpuBatchOptions::timing; else 0), summed since construction.
   ForwardTimers timers() const override { return timers_; }
@@ -205,6 +215,8 @@ class GpuBatchBackend final : public BatchBackend {
   int32_t slot_of(const SequenceBlocks& seq) const;
   bool reserve_step(int64_t n, int32_t splits);  // true when a buffer was reallocated
   void launch_step(int64_t n, int32_t splits);   // every launch of a decode step (captured into a graph)
+  // decode_select's choice on the device over logits [n, vocab] (n = choice.size()), edited in place: the tokens.
+  std::vector<int32_t> select_on_device(float* logits, std::span<const RowChoice> choice);
   void drop_graphs() noexcept;
   void upload_table_columns(int32_t slot, const SequenceBlocks& seq, int64_t b0, int64_t b1);
 
@@ -248,6 +260,7 @@ class GpuBatchBackend final : public BatchBackend {
   attn::gpu::DeviceBuffer<RowEdit> row_edits_;  // the step's penalties and logit biases (edit_rows)
   attn::gpu::DeviceBuffer<double> sample_scratch_;
   attn::gpu::DeviceBuffer<float> o_part_, lse_part_;
+  attn::gpu::DeviceBuffer<int32_t> mixed_;  // the mixed step's positions, then its decode rows' slots, lengths, blocks
 };
 
 }  // namespace tessera::runtime::gpu

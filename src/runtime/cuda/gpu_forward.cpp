@@ -3,6 +3,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "cuda/cuda_check.h"
 #include "runtime/recipe.h"
 
 namespace tessera::runtime::gpu {
@@ -68,6 +69,41 @@ class PolicyAttention final : public GpuAttentionStep {
   int32_t pos_, n_;
 };
 
+// The mixed step's attention: rows [0, n) a prefill chunk of the cache's sequence at [pos, pos + n) (their K/V copied
+// from the scratch into the cache, then the contiguous route under the policy, as ContiguousAttention), rows
+// [n, rows) decode rows through `decode` (the paged decode step) over the tail of q, k, v and out.
+class MixedAttention final : public GpuAttentionStep {
+ public:
+  MixedAttention(const GpuOps& ops, DeviceKVCache& cache, int32_t pos, int32_t n, const attn::AttentionPolicy* policy,
+                 int32_t total_len, const ContiguousOptions& options, GpuAttentionStep& decode)
+      : chunk_(ops, cache, pos, n, policy, total_len, options), ops_(ops), cache_(cache), pos_(pos), n_(n),
+        decode_(decode) {}
+
+  // K and V in the scratch ([rows, kv_heads * d] each, not fused: the contiguous route reads q rows QD apart).
+  void attend(int32_t layer, const GpuQkv& qkv, bf16* out, cudaStream_t stream) override {
+    const ModelConfig& cfg = ops_.config();
+    const int64_t QD = static_cast<int64_t>(cfg.num_q_heads) * cfg.head_dim;
+    const int64_t KD = static_cast<int64_t>(cfg.num_kv_heads) * cfg.head_dim;
+    check(qkv.q_ld == QD && qkv.kv_ld == KD, "GPU mixed step: q, k and v must be separate, contiguous rows");
+    const size_t row = static_cast<size_t>(KD) * sizeof(bf16);
+    const size_t pitch = static_cast<size_t>(cache_.row_elements()) * sizeof(bf16);
+    TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(cache_.k(layer, pos_), pitch, qkv.k, row, row, static_cast<size_t>(n_),
+                                         cudaMemcpyDeviceToDevice, stream));
+    TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(cache_.v(layer, pos_), pitch, qkv.v, row, row, static_cast<size_t>(n_),
+                                         cudaMemcpyDeviceToDevice, stream));
+    chunk_.attend(layer, qkv, out, stream);  // (reads q's first n rows and the cache)
+    const GpuQkv tail{qkv.q + n_ * QD, qkv.k + n_ * KD, qkv.v + n_ * KD, QD, KD};
+    decode_.attend(layer, tail, out + n_ * QD, stream);
+  }
+
+ private:
+  ContiguousAttention chunk_;
+  const GpuOps& ops_;
+  DeviceKVCache& cache_;
+  int32_t pos_, n_;
+  GpuAttentionStep& decode_;
+};
+
 }  // namespace
 
 GpuForward::GpuForward(const DeviceModel& model, const ForwardOptions& options, cudaStream_t stream, Gemm& gemm,
@@ -94,6 +130,23 @@ std::vector<float> GpuForward::run(std::span<const int32_t> tokens, int32_t pos,
   if (n == 0) return {};
   PolicyAttention step(kv, ops_, pos, n);
   return run_step(tokens, pos, step, rows);
+}
+
+void GpuForward::run_mixed(std::span<const int32_t> tokens, int32_t n, int32_t pos, DeviceKVCache& cache,
+                           const attn::AttentionPolicy* policy, int32_t total_len, const int32_t* positions,
+                           GpuAttentionStep& decode, bool chunk_logits) {
+  const auto rows = static_cast<int64_t>(tokens.size());
+  check(n > 0 && rows > n, "GPU mixed step: needs a prefill chunk and decode rows");
+  check(pos >= 0 && cache.capacity() >= pos + n, "GPU forward: the KV cache has no room for the chunk");
+  for (const int32_t t : tokens)
+    check(t >= 0 && t < cfg_.vocab_size, "GPU mixed step: token id " + std::to_string(t) + " outside the vocabulary");
+  MixedAttention step(ops_, cache, pos, n, policy, total_len, attention_, decode);
+  const int64_t first = chunk_logits ? n - 1 : n;
+  ops_.reserve(rows, rows - first, step);
+  ops_.upload_tokens(tokens);
+  ops_.begin(rows, ops_.tokens(), 0, positions, step);
+  run_layers(cfg_, ops_);
+  ops_.head(first);
 }
 
 std::vector<float> GpuForward::run_step(std::span<const int32_t> tokens, int32_t pos, GpuAttentionStep& step,

@@ -76,6 +76,18 @@ class GpuForward {
   // before the policy sees q and k (as the CPU Forward); the policy rotates them with the layer's RoPE table.
   std::vector<float> run(std::span<const int32_t> tokens, int32_t pos, GpuKVPolicy& kv, LogitRows rows);
 
+  // The mixed step (BatchBackend::mixed_step): a prefill chunk of n tokens at [pos, pos + n) of `cache` (under
+  // `policy`, total_len, the model's windows: as run()) and tokens.size() - n decode rows attended by `decode` (the
+  // batched engine's paged decode step, its layout set for those rows) as ONE step of the layer recipe over all
+  // tokens.size() rows: tokens are the chunk's then the decode rows' (host ids, checked), positions the rows'
+  // positions on the device ([tokens.size()]). Every product, norm and the head run once over the rows; the chunk's
+  // K/V go into the cache, the decode rows' into their blocks. The logits of the chunk's last row (when
+  // chunk_logits) then of the decode rows stay on the device: ops().logits(), [(chunk_logits ? 1 : 0) + rows, vocab].
+  // Asynchronous (no synchronisation).
+  void run_mixed(std::span<const int32_t> tokens, int32_t n, int32_t pos, DeviceKVCache& cache,
+                 const attn::AttentionPolicy* policy, int32_t total_len, const int32_t* positions,
+                 GpuAttentionStep& decode, bool chunk_logits);
+
   size_t scratch_bytes() const { return ops_.scratch_bytes(); }
   void release_scratch() { ops_.release_scratch(); }
   // The most device memory seen in use (cudaMemGetInfo: total - free, the whole device) at the sample points

@@ -440,6 +440,153 @@ TEST(GpuBatch, TokenBudgetAndPromptLogprobs) {
   EXPECT_LT(best.logprob - first.logprob, 0.05) << "first token " << out[a].front() << ", argmax " << argmax(last);
 }
 
+// The mixed step (BatchBackend::mixed_step: one forward over a prefill chunk's rows and the decode rows) against the
+// two-forward step (prefill_chunk, then decode) on a second backend with the same state, teacher-forced: three
+// sequences decode (one with MoA per-head views) while a 600-token prompt prefills in chunks of 128 under an A-shape
+// policy, on a model whose layer 0 has a 128-token sliding window. Each step: the chunk's last-row logits within bf16
+// rounding (GEMMs over 128 + 3 rows instead of 128 and 3 round differently), each decode row's chosen token the
+// other's argmax or within a near tie of it, its log-probability within bf16 rounding; after the prompt ends, its
+// staged K/V (moved into its blocks) decode as the other backend's. Then the scheduler with the mixed step on and off:
+// every request gets all its tokens and the mixed step runs (how many requests are token-for-token equal is printed:
+// greedy decoding over random weights parts at near ties once GEMMs run over other row counts).
+TEST(GpuBatch, MixedStepEqualsTheTwoForwardStep) {
+  REQUIRE_GPU();
+  ModelConfig cfg = synthetic_config("llama3-8b");
+  cfg.num_layers = 2;
+  cfg.layers.resize(2);
+  cfg.layers[0].sliding_window = 128;
+  cfg.vocab_size = 4096;
+  const auto dev = DeviceModel::random(cfg, 11);
+  const auto V = static_cast<size_t>(cfg.vocab_size);
+  GpuBatchBackend mixed(*dev), apart(*dev);
+  ASSERT_TRUE(mixed.mixes());
+  const PagedKVShape shape{cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 64};
+  mixed.create_store(shape, 2000, 8, 8192);
+  apart.create_store(shape, 2000, 8, 8192);
+  BlockPool pool_m(2000), pool_a(2000);
+  std::vector<attn::Pattern> table;
+  for (int l = 0; l < cfg.num_layers; ++l)
+    for (int h = 0; h < cfg.num_q_heads; ++h) table.push_back(attn::ElasticWindowPattern{16.0 + 8 * (h % 3), 0.1, 4});
+  const attn::AttentionPolicy moa(cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads, table);
+  const auto ashape =
+      attn::AttentionPolicy::uniform(cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads, attn::AShapePattern{64, 256});
+  const std::vector<int32_t> lengths = {30, 300, 700};
+  std::vector<SequenceBlocks> sm, sa;
+  std::vector<std::vector<DecodeView>> views;
+  sm.reserve(4);
+  sa.reserve(4);
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    const std::vector<int32_t> prompt = test::random_tokens(lengths[i], cfg.vocab_size, 90 + static_cast<uint32_t>(i), 100);
+    const attn::AttentionPolicy* policy = i == 1 ? &moa : nullptr;
+    views.push_back(decode_views(cfg, policy, lengths[i]));
+    sm.emplace_back(shape, kv_retention(cfg, views.back()));
+    sa.emplace_back(shape, kv_retention(cfg, views.back()));
+    for (auto [backend, seq, pool] : {std::tuple{&mixed, &sm.back(), &pool_m}, std::tuple{&apart, &sa.back(), &pool_a}}) {
+      backend->prefill_chunk(prompt, 0, lengths[i], policy, false);
+      seq->grow(lengths[i], *pool);
+      backend->finish_prefill(*seq, views.back());
+    }
+  }
+  const int32_t long_len = 600, chunk = 128;
+  const std::vector<int32_t> prompt = test::random_tokens(long_len, cfg.vocab_size, 99, 100);
+  double worst_chunk = 0, worst_lp = 0, worst_margin = 0;
+  int same = 0, rows_seen = 0, step = 0;
+  for (int32_t pos = 0; pos < long_len; pos += chunk, ++step) {
+    const int32_t n = std::min(chunk, long_len - pos);
+    const bool last = pos + n == long_len;
+    const auto part = std::span<const int32_t>(prompt).subspan(static_cast<size_t>(pos), static_cast<size_t>(n));
+    std::vector<int32_t> toks;
+    std::vector<DecodeRow> rm, ra;
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      toks.push_back(static_cast<int32_t>((step * 97 + static_cast<int>(i) * 13) % cfg.vocab_size));
+      sm[i].grow(1, pool_m);
+      sa[i].grow(1, pool_a);
+      rm.push_back({&sm[i], views[i]});
+      ra.push_back({&sa[i], views[i]});
+    }
+    std::vector<BatchBackend::RowChoice> choice(toks.size());
+    std::vector<TokenLogprobs> lps(toks.size());
+    for (size_t i = 0; i < toks.size(); ++i) {
+      choice[i].logprobs = 0;
+      choice[i].logprobs_out = &lps[i];
+    }
+    std::vector<float> chunk_m;
+    const std::vector<int32_t> got = mixed.mixed_step(part, pos, long_len, &ashape, last, &chunk_m, toks, rm, choice);
+    const std::vector<float> chunk_a = apart.prefill_chunk(part, pos, long_len, &ashape, last);
+    const std::vector<float> logits_a = apart.decode(toks, ra);
+    ASSERT_EQ(chunk_m.size(), last ? V : 0u);
+    ASSERT_EQ(chunk_a.size(), chunk_m.size());
+    if (last) worst_chunk = rel_l2(chunk_a, chunk_m);
+    ASSERT_EQ(got.size(), toks.size());
+    for (size_t i = 0; i < toks.size(); ++i) {
+      const auto row = std::span<const float>(logits_a).subspan(i * V, V);
+      const int32_t want = argmax(row);
+      same += got[i] == want ? 1 : 0;
+      ++rows_seen;
+      worst_margin = std::max(worst_margin, static_cast<double>(row[static_cast<size_t>(want)] - row[static_cast<size_t>(got[i])]));
+      worst_lp = std::max(worst_lp, static_cast<double>(std::fabs(lps[i].logprob - token_logprobs(row, got[i], 0).logprob)));
+    }
+  }
+  // The prompt's staged K/V into its blocks, then a decode step of it alone on both.
+  const std::vector<DecodeView> long_views = decode_views(cfg, &ashape, long_len);
+  sm.emplace_back(shape, kv_retention(cfg, long_views));
+  sa.emplace_back(shape, kv_retention(cfg, long_views));
+  sm.back().grow(long_len, pool_m);
+  sa.back().grow(long_len, pool_a);
+  mixed.finish_prefill(sm.back(), long_views);
+  apart.finish_prefill(sa.back(), long_views);
+  sm.back().grow(1, pool_m);
+  sa.back().grow(1, pool_a);
+  const int32_t one[1] = {7};
+  const DecodeRow row_m{&sm.back(), long_views}, row_a{&sa.back(), long_views};
+  const double after = rel_l2(apart.decode(one, std::span<const DecodeRow>(&row_a, 1)),
+                              mixed.decode(one, std::span<const DecodeRow>(&row_m, 1)));
+  std::printf("[batch] mixed step vs two forwards: chunk logits rel L2 %.3g, decode rows %d/%d same argmax (worst margin "
+              "%.4f, worst logprob diff %.4f), the prompt's first decode after its mixed chunks rel L2 %.3g\n",
+              worst_chunk, same, rows_seen, worst_margin, worst_lp, after);
+  EXPECT_LT(worst_chunk, 2e-2);
+  EXPECT_LT(worst_margin, 0.05);
+  EXPECT_LT(worst_lp, 0.05);
+  EXPECT_GE(same, rows_seen - 2);
+  EXPECT_LT(after, 2e-2);
+
+  // The scheduler: requests decoding while others prefill, the mixed step on and off.
+  std::vector<BatchRequest> reqs;
+  for (uint32_t i = 0; i < 5; ++i) {
+    BatchRequest r;
+    r.prompt = test::random_tokens(40 + 260 * static_cast<int32_t>(i), cfg.vocab_size, 120 + i, 100);
+    r.options.max_new_tokens = 20;
+    if (i == 2) r.policy = moa;
+    reqs.push_back(r);
+  }
+  auto run = [&](bool on, BatchEngineStats* stats) {
+    GpuBatchBackend backend(*dev);
+    BatchEngineOptions o;
+    o.chunk_size = 256;
+    o.block_tokens = 64;
+    o.max_batch = 5;
+    o.kv_bytes = 256e6;
+    o.prefix_cache = false;
+    o.mixed_step = on;
+    BatchEngine engine(backend, o);
+    const auto out = engine.generate_all(reqs);
+    *stats = engine.stats();
+    return out;
+  };
+  BatchEngineStats on_stats, off_stats;
+  const auto on = run(true, &on_stats), off = run(false, &off_stats);
+  EXPECT_GT(on_stats.mixed_steps, 0);
+  EXPECT_EQ(off_stats.mixed_steps, 0);
+  int equal = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_EQ(on[i].size(), 20u) << "request " << i;
+    ASSERT_EQ(off[i].size(), 20u) << "request " << i;
+    if (on[i] == off[i]) ++equal;
+  }
+  std::printf("[batch] scheduler, mixed step on (%lld mixed steps) vs off: %d of %zu requests token-for-token equal\n",
+              static_cast<long long>(on_stats.mixed_steps), equal, reqs.size());
+}
+
 // The batch padding buckets and the split rounding (host functions of batch_gpu.h).
 // Streamed requests batch on the GPU (BatchBackend::new_stream: each sequence its own GpuStreamingKV): three
 // sequences of different lengths, prefilled in the stream's chunks (evicting and retrieving blocks), then decode
