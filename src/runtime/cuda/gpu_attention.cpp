@@ -110,26 +110,21 @@ void attend_contiguous(ExecutorSet& set, const std::vector<attn::Pattern>& patte
 
 void PagedDecodeStep::attend(int32_t layer, const GpuQkv& qkv, bf16* out, cudaStream_t stream) {
   const PagedLayout& p = layout_;
-  const bool per_layer = p.per_layer_pools;
-  // One pool per layer: the kernels see a one-layer model over that layer's pool (the tables shared, the views of
-  // the layer).
-  const auto i = static_cast<size_t>(per_layer ? layer : 0);
-  const int32_t kl = per_layer ? 0 : layer, kL = per_layer ? 1 : cfg_.num_layers;
   const int32_t D = cfg_.head_dim, Hkv = cfg_.num_kv_heads;
-  paged_append_kv(qkv.k, qkv.v, qkv.kv_ld, p.rows, Hkv, D, p.blocks, kl, kL, p.row_pos, p.block_tokens,
-                  p.k_pools[i], p.v_pools[i], stream);
+  paged_append_kv(qkv.k, qkv.v, qkv.kv_ld, p.rows, Hkv, D, p.blocks, layer, cfg_.num_layers, p.row_pos, p.block_tokens,
+                  p.k_pools[0], p.v_pools[0], stream);
   PagedDecodeArgs args;
   args.q = qkv.q;
   args.q_stride = qkv.q_ld;
-  args.k_pool = p.k_pools[i];
-  args.v_pool = p.v_pools[i];
+  args.k_pool = p.k_pools[0];
+  args.v_pool = p.v_pools[0];
   args.tables = p.tables;
-  args.views = per_layer ? p.views + static_cast<int64_t>(layer) * cfg_.num_q_heads * 3 : p.views;
+  args.views = p.views;
   args.row_slot = p.row_slot;
   args.row_len = p.row_len;
   args.rows = p.rows;
-  args.layer = kl;
-  args.num_layers = kL;
+  args.layer = layer;
+  args.num_layers = cfg_.num_layers;
   args.q_heads = cfg_.num_q_heads;
   args.kv_heads = Hkv;
   args.head_dim = D;

@@ -97,19 +97,16 @@ void attend_contiguous(ExecutorSet& set, const std::vector<attn::Pattern>& patte
 
 // Where a paged decode step's keys live and what each row sees.
 struct PagedLayout {
-  // One pool for every layer (block ids per layer in the tables: the batched engine's store), or one per layer
-  // (k_pools[l], v_pools[l]; one slot; append blocks [rows, kv_heads]): the single-sequence cache, as blocks of one
-  // token with no tables (paged_decode.h).
+  // One pool for every layer (block ids per layer in the tables: the batched engine's store).
   std::vector<bf16*> k_pools, v_pools;
-  bool per_layer_pools = false;
-  const int32_t* tables = nullptr;  // [slots, layers * kv_heads, max_blocks] (one pool), or null
+  const int32_t* tables = nullptr;  // [slots, layers * kv_heads, max_blocks]
   const int32_t* views = nullptr;   // [slots, layers * q_heads, 3]
   int32_t block_tokens = 0, max_blocks = 0;
   // The step's rows, on the device.
   const int32_t* row_slot = nullptr;  // [rows]
   const int32_t* row_len = nullptr;   // [rows]: keys of the row (its position + 1)
   const int32_t* row_pos = nullptr;   // [rows]
-  const int32_t* blocks = nullptr;    // the new row's block: [rows, layers, kv_heads] (one pool) or [rows, kv_heads]
+  const int32_t* blocks = nullptr;    // the new row's block: [rows, layers, kv_heads]
   int32_t rows = 0, splits = 1;
   float* o_part = nullptr;    // [rows, q_heads, splits, head_dim] scratch
   float* lse_part = nullptr;  // [rows, q_heads, splits]

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <string>
 
+#include "attention/cuda/mma_sm80.cuh"
 #include "core/error.h"
 #include "cuda/cuda_check.h"
 
@@ -17,7 +18,17 @@ namespace {
 using nbf = __nv_bfloat16;
 using attn::gpu::check_launch;
 
-constexpr int kThreads = 128;
+using attn::gpu::detail::cp_async_16;
+using attn::gpu::detail::cp_async_commit;
+using attn::gpu::detail::cp_async_wait;
+using attn::gpu::detail::fast_exp2;
+using attn::gpu::detail::LaneSwizzle;
+using attn::gpu::detail::smem_addr;
+using attn::gpu::detail::swizzle;
+
+constexpr int kWarps = 4;       // warps of a CTA: pieces of one (row, kv head), sharing its Q tile
+constexpr int kTileKeys = 16;   // keys a warp moves and multiplies at a time (one mma k-step of P.V)
+constexpr float kLog2e = 1.4426950408889634f;
 
 __device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -36,45 +47,92 @@ __device__ __forceinline__ Ranges view_ranges(const int32_t* v, int64_t len) {
   return r;
 }
 
-// fn(k, g, c) for each piece of a group's [G, D] output that thread `tid` owns: acc[k] holds columns c .. c + 3 of
-// group member g (kOut pieces per thread at most, unrolled).
-template <int kOut, int D, class F>
-__device__ __forceinline__ void for_owned_outputs(int tid, int G, F&& fn) {
+// Stages of the K/V pipeline per warp: ~24 KB of shared memory a warp for head dims up to 128 (two CTAs a
+// multiprocessor), 32 KB at 256 (one).
+template <int D>
+constexpr int stages() {
+  return D <= 64 ? 4 : D <= 128 ? 3 : 2;
+}
+template <int D>
+constexpr int tile_bytes() {
+  return kTileKeys * D * 2;  // one K or V tile, bf16
+}
+template <int D>
+constexpr size_t smem_bytes() {
+  return 16 * D * 2 + static_cast<size_t>(kWarps) * stages<D>() * 2 * tile_bytes<D>();
+}
+
+// o[D/8][4] += P[16 rows][16 keys] V[16 keys][D] for one warp, P given as the f32 accumulators of the scores (the
+// layout detail::warp_pv reads) and split into two bf16 terms, P = hi + lo with lo = P - hi rounded again: P V then
+// carries ~16 bits of P (the f32 P.V of the kernel this one replaced, within 2^-17 relative), not bf16's 8, for two
+// mma.sync per V fragment instead of one — the decode step reads bytes, it has tensor-core time to spare.
+// v_base: shared address of the V tile plus LaneSwizzle::v_row.
+template <int D>
+__device__ __forceinline__ void warp_pv_split(float (&o)[D / 8][4], const float (&p)[2][4], uint32_t v_base,
+                                              const LaneSwizzle& sw) {
+  using Mma = attn::gpu::detail::MmaTraits<nbf>;
+  uint32_t hi[4], lo[4];
 #pragma unroll
-  for (int k = 0; k < kOut; ++k) {
-    const int o = (tid + k * kThreads) * 4;
-    if (o < G * D) fn(k, o / D, o % D);
+  for (int r = 0; r < 4; ++r) {  // a0 a1 a2 a3 = p[0][0..1], p[0][2..3], p[1][0..1], p[1][2..3]
+    const float x0 = p[r >> 1][(r & 1) * 2], x1 = p[r >> 1][(r & 1) * 2 + 1];
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+    const float2 hf = __bfloat1622float2(h);
+    hi[r] = *reinterpret_cast<const uint32_t*>(&h);
+    lo[r] = Mma::pack(x0 - hf.x, x1 - hf.y);
+  }
+#pragma unroll
+  for (int dp = 0; dp < D / 16; ++dp) {
+    uint32_t b[4];
+    attn::gpu::detail::ldmatrix_x4_trans(b, v_base + (dp / 4) * 128 + sw.a_off[dp % 4]);
+    Mma::mma(o[2 * dp], hi, b[0], b[1]);
+    Mma::mma(o[2 * dp], lo, b[0], b[1]);
+    Mma::mma(o[2 * dp + 1], hi, b[2], b[3]);
+    Mma::mma(o[2 * dp + 1], lo, b[2], b[3]);
   }
 }
 
-// grid (splits, kv_heads, rows); T keys per tile; GM >= the query heads per group (G, at run time); D head dim.
-template <int D, int GM, int T>
-__global__ void __launch_bounds__(kThreads) paged_decode_kernel(PagedDecodeArgs a) {
+// grid (ceil(splits / kWarps), kv_heads, rows), kWarps warps. Warp w of CTA x takes piece x * kWarps + w of the
+// row's keys for this kv head: a contiguous run of the group's compacted key index, walked in 16-key tiles that
+// cp.async brings into the warp's own stages of swizzled shared memory (each key looked up in the block table)
+// while the tile before is multiplied: S = Q K^T and O += P V by mma.sync m16n8k16 with Q's 16 rows the group's
+// query heads (G <= 8; the rest zero), an online softmax in f32 per head with its own mask. Each warp writes its
+// piece's partial output and log-sum-exp; paged_decode_merge_kernel combines the pieces.
+template <int D>
+__global__ void __launch_bounds__(kWarps * 32) paged_decode_kernel(PagedDecodeArgs a) {
+  constexpr int S = stages<D>();
+  constexpr int kChunks = D / 8;                    // 16-byte chunks of a row
+  constexpr int kPer = kTileKeys * kChunks / 32;    // chunks of a tile per lane
+  extern __shared__ __align__(128) unsigned char smem[];
+  nbf* qs = reinterpret_cast<nbf*>(smem);
   const int G = a.q_heads / a.kv_heads;
-  constexpr int kPad = 8;  // bf16 per row of padding: 16-byte reads of consecutive rows hit distinct banks
-  constexpr int kLd = D + kPad;
-  __shared__ __align__(16) nbf ks[T * kLd];
-  __shared__ __align__(16) nbf vs[T * kLd];
-  __shared__ float qs[GM * D];
-  __shared__ float ps[GM * T];
-  __shared__ float m_s[GM], l_s[GM], corr_s[GM];
-  __shared__ int64_t rng[GM][4];
-
-  const int split = blockIdx.x, kvh = blockIdx.y, row = blockIdx.z;
+  const int kvh = blockIdx.y, row = blockIdx.z;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int slot = a.row_slot[row];
   const int64_t len = a.row_len[row];
-  const int tid = threadIdx.x;
 
-  // This group's heads: ranges, and the union [lo, A1) u [B0, len) as a compacted key index.
+  // Q: the group's G heads as rows of a swizzled [16][D] tile, the other rows zero.
+  const nbf* qrow = reinterpret_cast<const nbf*>(a.q) + static_cast<int64_t>(row) * a.q_stride +
+                    static_cast<int64_t>(kvh) * G * D;
+  for (int i = threadIdx.x; i < 16 * kChunks; i += kWarps * 32) {
+    const int r = i / kChunks, ch = i % kChunks;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r < G) v = *reinterpret_cast<const uint4*>(qrow + r * D + ch * 8);
+    *reinterpret_cast<uint4*>(qs + swizzle<D>(r, ch)) = v;
+  }
+  __syncthreads();
+  const int piece = blockIdx.x * kWarps + warp;
+  if (piece >= a.splits) return;
+
+  // The group's union of visible keys, [lo, A1) u [B0, len), as one compacted index; this lane's head
+  // (row g = lane / 4 of the mma fragments) and its own ranges.
+  const int g = lane >> 2, c = lane & 3;
+  const int32_t* views = a.views + (static_cast<int64_t>(slot) * a.num_layers * a.q_heads +
+                                    static_cast<int64_t>(a.layer) * a.q_heads + static_cast<int64_t>(kvh) * G) * 3;
   int64_t lo = len, A1 = 0, B0 = len;
-  for (int g = 0; g < G; ++g) {
-    const int h = kvh * G + g;
-    const Ranges r = view_ranges(a.views + (static_cast<int64_t>(slot) * a.num_layers * a.q_heads +
-                                            static_cast<int64_t>(a.layer) * a.q_heads + h) * 3,
-                                 len);
-    if (tid == 0) {
-      rng[g][0] = r.a0, rng[g][1] = r.a1, rng[g][2] = r.b0, rng[g][3] = r.b1;
-    }
+  Ranges mine{0, 0, 0, 0};
+  for (int h = 0; h < G; ++h) {
+    const Ranges r = view_ranges(views + h * 3, len);
+    if (h == g) mine = r;
     lo = min64(lo, r.a0);  // the same for every head of a layer (the layer's horizon) in a model
     A1 = max64(A1, r.a1);
     B0 = min64(B0, r.b0);
@@ -82,179 +140,175 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(PagedDecodeArgs 
   A1 = max64(A1, lo);
   const int64_t second = max64(B0, A1);
   const int64_t n_first = A1 - lo, n_keys = n_first + (len - second);
-  const int64_t per = ((n_keys + a.splits - 1) / a.splits + T - 1) / T * T;
-  const int64_t i_begin = min64(n_keys, static_cast<int64_t>(split) * per), i_end = min64(n_keys, i_begin + per);
+  const int64_t per = ((n_keys + a.splits - 1) / a.splits + kTileKeys - 1) / kTileKeys * kTileKeys;
+  const int64_t i_begin = min64(n_keys, static_cast<int64_t>(piece) * per), i_end = min64(n_keys, i_begin + per);
+  const int tiles = static_cast<int>((i_end - i_begin + kTileKeys - 1) / kTileKeys);
 
-  const nbf* qrow = reinterpret_cast<const nbf*>(a.q) + static_cast<int64_t>(row) * a.q_stride +
-                    static_cast<int64_t>(kvh) * G * D;
-  for (int i = tid; i < G * D; i += kThreads) qs[i] = __bfloat162float(qrow[i]);
-  if (tid < G) {
-    m_s[tid] = -INFINITY;
-    l_s[tid] = 0.0f;
-  }
-  // No tables: one sequence's contiguous cache, key `pos` of this head at row pos * kv_heads + kvh.
-  const int32_t* table = a.tables == nullptr ? nullptr
-                                             : a.tables + (static_cast<int64_t>(slot) * a.num_layers * a.kv_heads +
-                                                           static_cast<int64_t>(a.layer) * a.kv_heads + kvh) *
-                                                              a.max_blocks;
+  const int32_t* table = a.tables + (static_cast<int64_t>(slot) * a.num_layers * a.kv_heads +
+                                     static_cast<int64_t>(a.layer) * a.kv_heads + kvh) *
+                                        a.max_blocks;
   const int shift = __ffs(a.block_tokens) - 1, mask = a.block_tokens - 1;
   const nbf* kpool = reinterpret_cast<const nbf*>(a.k_pool);
   const nbf* vpool = reinterpret_cast<const nbf*>(a.v_pool);
+  unsigned char* stage0 = smem + 16 * D * 2 + static_cast<size_t>(warp) * S * 2 * tile_bytes<D>();
 
-  // P.V: each thread owns groups of 4 consecutive output dims of one head (8-byte reads of V rows).
-  constexpr int kOut = (GM * D / 4 + kThreads - 1) / kThreads;
-  float acc[kOut][4];
-#pragma unroll
-  for (int k = 0; k < kOut; ++k) acc[k][0] = acc[k][1] = acc[k][2] = acc[k][3] = 0.0f;
-  __syncthreads();
-
-  for (int64_t t0 = i_begin; t0 < i_end; t0 += T) {
-    // K and V tiles: 16-byte chunks, each key looked up in the block table; every load of the tile is issued
-    // before the first store to shared memory (memory-level parallelism).
-    constexpr int kChunks = D / 8;
-    constexpr int kPer = T * kChunks / kThreads;
-    static_assert(T * kChunks % kThreads == 0, "tile chunks must divide among the threads");
-    uint4 kv[kPer], vv[kPer];
+  // Tile t into stage t % S: lane r < 16 looks up key r's row once, every lane copies its chunks of K and V.
+  const auto load = [&](int t) {
+    if (t >= tiles) return;  // the same for the whole warp
+    const int64_t i = i_begin + static_cast<int64_t>(t) * kTileKeys + (lane & 15);
+    int64_t off = -1;
+    if (i < i_end) {
+      // 32-bit position arithmetic and a power-of-two block (a 64-bit division per key cost more than the load).
+      const int pos = static_cast<int>(i < n_first ? lo + i : second + (i - n_first));
+      off = (static_cast<int64_t>(__ldg(table + (pos >> shift))) * a.block_tokens + (pos & mask)) * D;
+    }
+    unsigned char* ks = stage0 + (t % S) * 2 * tile_bytes<D>();
+    unsigned char* vs = ks + tile_bytes<D>();
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
-      const int c = tid + j * kThreads;
-      const int t = c / kChunks, part = c % kChunks;
-      const int64_t i = t0 + t;
-      kv[j] = make_uint4(0, 0, 0, 0);
-      vv[j] = make_uint4(0, 0, 0, 0);
-      if (i < i_end) {
-        // 32-bit position arithmetic and a power-of-two block (a 64-bit division per chunk cost more than the load).
-        const int pos = static_cast<int>(i < n_first ? lo + i : second + (i - n_first));
-        const int blk = table != nullptr ? __ldg(table + (pos >> shift)) : pos * a.kv_heads + kvh;
-        const int64_t off = (static_cast<int64_t>(blk) * a.block_tokens + (pos & mask)) * D + part * 8;
-        kv[j] = __ldg(reinterpret_cast<const uint4*>(kpool + off));
-        vv[j] = __ldg(reinterpret_cast<const uint4*>(vpool + off));
-      }
+      const int ci = lane + j * 32;
+      const int r = ci / kChunks, ch = ci % kChunks;
+      const int64_t o = __shfl_sync(0xffffffffu, off, r);
+      const bool ok = o >= 0;
+      const uint32_t dst = static_cast<uint32_t>(2 * swizzle<D>(r, ch));
+      cp_async_16(smem_addr(ks) + dst, ok ? kpool + o + ch * 8 : kpool, ok);
+      cp_async_16(smem_addr(vs) + dst, ok ? vpool + o + ch * 8 : vpool, ok);
     }
+  };
+
+  const LaneSwizzle sw(lane);
+  const uint32_t q_base = smem_addr(qs) + LaneSwizzle::a_row<D>(lane);
+  const float scale2 = a.scale * kLog2e;
+  float o[D / 8][4];
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int c = tid + j * kThreads;
-      const int t = c / kChunks, part = c % kChunks;
-      *reinterpret_cast<uint4*>(ks + t * kLd + part * 8) = kv[j];
-      *reinterpret_cast<uint4*>(vs + t * kLd + part * 8) = vv[j];
-    }
-    __syncthreads();
-    // Scores, masked per head.
-    for (int idx = tid; idx < G * T; idx += kThreads) {
-      const int g = idx / T, t = idx % T;
-      const int64_t i = t0 + t;
-      float s = -INFINITY;
-      if (i < i_end) {
-        const int64_t pos = i < n_first ? lo + i : second + (i - n_first);
-        if ((pos >= rng[g][0] && pos < rng[g][1]) || (pos >= rng[g][2] && pos < rng[g][3])) {
-          float dot = 0.0f;
-          const nbf* kr = ks + t * kLd;
-          const float* qg = qs + g * D;
-#pragma unroll 4
-          for (int c = 0; c < D; c += 8) {
-            const uint4 raw = *reinterpret_cast<const uint4*>(kr + c);
-            const nbf* e = reinterpret_cast<const nbf*>(&raw);
+  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m = -INFINITY, l = 0.0f;  // row g's running max (log2 units) and this lane's part of its sum
+
 #pragma unroll
-            for (int j = 0; j < 8; ++j) dot += qg[c + j] * __bfloat162float(e[j]);
-          }
-          s = dot * a.scale;
-        }
-      }
-      ps[idx] = s;
-    }
-    __syncthreads();
-    // Online softmax, one warp per head.
-    const int warp = tid >> 5, lane = tid & 31;
-    for (int g = warp; g < G; g += kThreads / 32) {
-      float mx = -INFINITY;
-      for (int t = lane; t < T; t += 32) mx = fmaxf(mx, ps[g * T + t]);
-      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-      const float m_old = m_s[g];
-      const float m_new = fmaxf(m_old, mx);
-      float sum = 0.0f;
-      for (int t = lane; t < T; t += 32) {
-        const float s = ps[g * T + t];
-        const float p = m_new == -INFINITY ? 0.0f : __expf(s - m_new);
-        ps[g * T + t] = p;
-        sum += p;
-      }
-      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-      if (lane == 0) {
-        const float corr = m_old == -INFINITY ? 0.0f : __expf(m_old - m_new);
-        corr_s[g] = corr;
-        l_s[g] = l_s[g] * corr + sum;
-        m_s[g] = m_new;
-      }
-    }
-    __syncthreads();
-    // P.V
-    for_owned_outputs<kOut, D>(tid, G, [&](int k, int g, int c) {
-      const float corr = corr_s[g];
-      float v0 = acc[k][0] * corr, v1 = acc[k][1] * corr, v2 = acc[k][2] * corr, v3 = acc[k][3] * corr;
-      const float* pg = ps + g * T;
-#pragma unroll 8
-      for (int t = 0; t < T; ++t) {
-        const uint2 raw = *reinterpret_cast<const uint2*>(vs + t * kLd + c);
-        const __nv_bfloat162 lo2 = *reinterpret_cast<const __nv_bfloat162*>(&raw.x);
-        const __nv_bfloat162 hi2 = *reinterpret_cast<const __nv_bfloat162*>(&raw.y);
-        const float p = pg[t];
-        const float2 fa = __bfloat1622float2(lo2), fb = __bfloat1622float2(hi2);
-        v0 += p * fa.x;
-        v1 += p * fa.y;
-        v2 += p * fb.x;
-        v3 += p * fb.y;
-      }
-      acc[k][0] = v0, acc[k][1] = v1, acc[k][2] = v2, acc[k][3] = v3;
-    });
-    __syncthreads();
+  for (int t = 0; t < S - 1; ++t) {
+    load(t);
+    cp_async_commit();
   }
-  // Partial output and log-sum-exp of this split.
-  for_owned_outputs<kOut, D>(tid, G, [&](int k, int g, int c) {
-    const int h = kvh * G + g;
-    const float l = l_s[g];
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    const int64_t base = (static_cast<int64_t>(row) * a.q_heads + h) * a.splits + split;
-    *reinterpret_cast<float4*>(a.o_part + base * D + c) =
-        make_float4(acc[k][0] * inv, acc[k][1] * inv, acc[k][2] * inv, acc[k][3] * inv);
-    if (c == 0) a.lse_part[base] = l > 0.0f ? m_s[g] + __logf(l) : -INFINITY;
-  });
+  for (int t = 0; t < tiles; ++t) {
+    cp_async_wait<S - 2>();
+    __syncwarp();
+    load(t + S - 1);  // into the stage tile t - 1 used (every lane is past it)
+    cp_async_commit();
+    const uint32_t k_addr = smem_addr(stage0 + (t % S) * 2 * tile_bytes<D>());
+    float s[2][4] = {};
+    attn::gpu::detail::warp_qk<nbf, D, kTileKeys>(s, q_base, k_addr + LaneSwizzle::b_row<D>(lane), sw);
+    // Scores of row g at keys 8n + 2c + e, masked by the head's ranges; rows g + 8 and g >= G are padding.
+    const int64_t i0 = i_begin + static_cast<int64_t>(t) * kTileKeys;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int64_t i = i0 + 8 * n + 2 * c + e;
+        float v = -INFINITY;
+        if (g < G && i < i_end) {
+          const int64_t pos = i < n_first ? lo + i : second + (i - n_first);
+          if ((pos >= mine.a0 && pos < mine.a1) || (pos >= mine.b0 && pos < mine.b1)) v = s[n][e] * scale2;
+        }
+        s[n][e] = v;
+        mx = fmaxf(mx, v);
+      }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m, mx);
+    const float corr = m_new == -INFINITY ? 1.0f : fast_exp2(m - m_new);  // exp2(-inf) = 0
+    const float base = m_new == -INFINITY ? 0.0f : m_new;
+    float sum = 0.0f;
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      s[n][0] = fast_exp2(s[n][0] - base);
+      s[n][1] = fast_exp2(s[n][1] - base);
+      s[n][2] = s[n][3] = 0.0f;
+      sum += s[n][0] + s[n][1];
+    }
+    l = l * corr + sum;
+    m = m_new;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      o[n][0] *= corr;
+      o[n][1] *= corr;
+    }
+    const uint32_t v_addr = k_addr + tile_bytes<D>() + LaneSwizzle::v_row<D>(lane);
+    warp_pv_split<D>(o, s, v_addr, sw);
+  }
+  cp_async_wait<0>();
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  if (g >= G) return;
+  const int h = kvh * G + g;
+  const int64_t base = (static_cast<int64_t>(row) * a.q_heads + h) * a.splits + piece;
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  float* out = a.o_part + base * D + 2 * c;
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) *reinterpret_cast<float2*>(out + 8 * n) = make_float2(o[n][0] * inv, o[n][1] * inv);
+  if (c == 0) a.lse_part[base] = l > 0.0f ? (m + __log2f(l)) / kLog2e : -INFINITY;
 }
 
-// grid rows * q_heads, D threads.
-__global__ void paged_decode_merge_kernel(PagedDecodeArgs a) {
+// grid rows * q_heads, kMergeWarps warps: warp w weighs pieces w, w + kMergeWarps, ... (each lane D / 32 columns,
+// so the loads of a warp's pieces are independent and many are in flight), then the warps' sums are added in
+// shared memory. One thread per column walking every piece in turn took ~25 us a layer at 128 pieces.
+constexpr int kMergeWarps = 8;
+template <int D>
+__global__ void __launch_bounds__(kMergeWarps * 32) paged_decode_merge_kernel(PagedDecodeArgs a) {
+  constexpr int kCols = D / 32;
+  __shared__ float part[kMergeWarps][D];
+  __shared__ float dens[kMergeWarps];
   const int64_t rh = blockIdx.x;
-  const int c = threadIdx.x;
-  const int D = a.head_dim;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const float* lse = a.lse_part + rh * a.splits;
   float mx = -INFINITY;
-  for (int s = 0; s < a.splits; ++s) mx = fmaxf(mx, lse[s]);
-  float num = 0.0f, den = 0.0f;
+  for (int s = lane; s < a.splits; s += 32) mx = fmaxf(mx, lse[s]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  float acc[kCols] = {};
+  float den = 0.0f;
   if (mx != -INFINITY) {
-    for (int s = 0; s < a.splits; ++s) {
+#pragma unroll 4
+    for (int s = warp; s < a.splits; s += kMergeWarps) {
       const float w = __expf(lse[s] - mx);
-      num += w * a.o_part[(rh * a.splits + s) * D + c];
+      const float* src = a.o_part + (rh * a.splits + s) * D + lane * kCols;
+#pragma unroll
+      for (int j = 0; j < kCols; ++j) acc[j] += w * src[j];
       den += w;
     }
   }
-  const int64_t row = rh / a.q_heads, h = rh % a.q_heads;
-  reinterpret_cast<nbf*>(a.out)[row * static_cast<int64_t>(a.q_heads) * D + h * D + c] =
-      __float2bfloat16_rn(den > 0.0f ? num / den : 0.0f);
-}
-
-template <int D, int GM>
-void launch(const PagedDecodeArgs& a, cudaStream_t stream) {
-  constexpr int T = D == 256 ? 32 : 64;
-  const dim3 grid(static_cast<unsigned>(a.splits), static_cast<unsigned>(a.kv_heads), static_cast<unsigned>(a.rows));
-  paged_decode_kernel<D, GM, T><<<grid, kThreads, 0, stream>>>(a);
+#pragma unroll
+  for (int j = 0; j < kCols; ++j) part[warp][lane * kCols + j] = acc[j];
+  if (lane == 0) dens[warp] = den;
+  __syncthreads();
+  for (int c = threadIdx.x; c < D; c += kMergeWarps * 32) {
+    float num = 0.0f, d = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kMergeWarps; ++w) {
+      num += part[w][c];
+      d += dens[w];
+    }
+    const int64_t row = rh / a.q_heads, h = rh % a.q_heads;
+    reinterpret_cast<nbf*>(a.out)[row * static_cast<int64_t>(a.q_heads) * D + h * D + c] =
+        __float2bfloat16_rn(d > 0.0f ? num / d : 0.0f);
+  }
 }
 
 template <int D>
-void launch_g(const PagedDecodeArgs& a, int group, cudaStream_t stream) {
-  if (group <= 1) return launch<D, 1>(a, stream);
-  if (group <= 2) return launch<D, 2>(a, stream);
-  if (group <= 4) return launch<D, 4>(a, stream);
-  if (group <= 8) return launch<D, 8>(a, stream);
-  throw Error("paged decode attention: GQA groups of at most 8 query heads, got " + std::to_string(group));
+void launch(const PagedDecodeArgs& a, cudaStream_t stream) {
+  static const bool sized = [] {  // once per head dim (not a stream operation: allowed while a graph captures)
+    TESSERA_CUDA_CHECK(cudaFuncSetAttribute(paged_decode_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(smem_bytes<D>())));
+    return true;
+  }();
+  (void)sized;
+  const dim3 grid(static_cast<unsigned>((a.splits + kWarps - 1) / kWarps), static_cast<unsigned>(a.kv_heads),
+                  static_cast<unsigned>(a.rows));
+  paged_decode_kernel<D><<<grid, kWarps * 32, smem_bytes<D>(), stream>>>(a);
+  check_launch("paged_decode_attention");
+  paged_decode_merge_kernel<D>
+      <<<static_cast<unsigned>(static_cast<int64_t>(a.rows) * a.q_heads), kMergeWarps * 32, 0, stream>>>(a);
+  check_launch("paged_decode_merge");
 }
 
 __global__ void append_kernel(const nbf* k_new, const nbf* v_new, int64_t ld, int kv_heads, int head_dim, const int32_t* blocks,
@@ -318,11 +372,11 @@ __global__ void rope_at_kernel(const float* inv_freq, int half, const int32_t* p
 }  // namespace
 
 int32_t paged_decode_splits(int32_t rows, int32_t kv_heads, int64_t max_keys, int32_t sms) {
-  const int64_t ctas = static_cast<int64_t>(rows) * kv_heads;
-  // About six CTAs per multiprocessor (five fit at once for head dim 128: latency hiding comes from occupancy),
-  // at least 256 keys per split.
-  const int64_t want = (6LL * sms + ctas - 1) / std::max<int64_t>(ctas, 1);
-  const int64_t most = std::max<int64_t>(1, max_keys / 256);
+  const int64_t groups = static_cast<int64_t>(rows) * kv_heads;
+  // A piece is one warp: about eight warps per multiprocessor (two CTAs of four at head dim 128) keep enough
+  // loads in flight to reach the memory bandwidth; at least 64 keys (four tiles) a piece.
+  const int64_t want = (8LL * sms + groups - 1) / std::max<int64_t>(groups, 1);
+  const int64_t most = std::max<int64_t>(1, max_keys / 64);
   return static_cast<int32_t>(std::clamp<int64_t>(want, 1, std::min<int64_t>(most, 256)));
 }
 
@@ -330,21 +384,20 @@ void paged_decode_attention(const PagedDecodeArgs& a, cudaStream_t stream) {
   if (a.rows <= 0) return;
   check(a.kv_heads > 0 && a.q_heads % a.kv_heads == 0, "paged decode attention: query heads must be a multiple of kv heads");
   check(a.splits >= 1, "paged decode attention: splits must be >= 1");
+  check(a.tables != nullptr, "paged decode attention: block tables required");
   check(a.block_tokens > 0 && (a.block_tokens & (a.block_tokens - 1)) == 0,
         "paged decode attention: block_tokens must be a power of two, got " + std::to_string(a.block_tokens));
   check(a.q_stride % 8 == 0 && reinterpret_cast<uintptr_t>(a.q) % 16 == 0,
         "paged decode attention: q rows must be 16-byte aligned");
   const int group = a.q_heads / a.kv_heads;
+  if (group > 8)
+    throw Error("paged decode attention: GQA groups of at most 8 query heads, got " + std::to_string(group));
   switch (a.head_dim) {
-    case 64: launch_g<64>(a, group, stream); break;
-    case 128: launch_g<128>(a, group, stream); break;
-    case 256: launch_g<256>(a, group, stream); break;
+    case 64: launch<64>(a, stream); break;
+    case 128: launch<128>(a, stream); break;
+    case 256: launch<256>(a, stream); break;
     default: throw Error("paged decode attention: head dims 64, 128 and 256, got " + std::to_string(a.head_dim));
   }
-  check_launch("paged_decode_attention");
-  paged_decode_merge_kernel<<<static_cast<unsigned>(static_cast<int64_t>(a.rows) * a.q_heads),
-                              static_cast<unsigned>(a.head_dim), 0, stream>>>(a);
-  check_launch("paged_decode_merge");
 }
 
 void paged_append_kv(const bf16* k_new, const bf16* v_new, int64_t ld, int32_t rows, int32_t kv_heads, int32_t head_dim,

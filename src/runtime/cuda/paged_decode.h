@@ -4,13 +4,15 @@
 // [slots, layers * kv_heads, max_blocks] int32 (logical block -> physical id; a sequence occupies one slot);
 // decode views [slots, layers * q_heads, 3] int32 (sink, window, horizon; "unbounded" clamped to INT32_MAX).
 //
-// paged_decode_attention (flash-decoding): one CTA per (row, kv head, split) holds all the query heads of that
-// GQA group, so K and V are read once per group; the keys a row's group sees (the union of its heads' views:
-// [lo, A1) and [B0, len), walked as one compacted index) are cut into `splits` contiguous pieces; per piece,
-// 64-key tiles of K and V go through shared memory (looked up in the block table key by key, so tiles may cross
-// blocks), scores in f32 with each head's own mask (its sink / window / horizon), an online softmax, P.V in f32;
-// each CTA writes its partial output and log-sum-exp, and a merge kernel combines the pieces into bf16.
-// Head dims 64, 128 and 256; GQA groups of up to 8 query heads.
+// paged_decode_attention (flash-decoding on tensor cores): the keys a row's GQA group sees (the union of its heads'
+// views: [lo, A1) and [B0, len), walked as one compacted index) are cut into `splits` contiguous pieces, one warp
+// each; a CTA is four warps (pieces) of one (row, kv head), sharing the group's query heads as the rows of a 16-row
+// mma tile (the other rows zero), so K and V are read once per group. A warp walks its piece in 16-key tiles that
+// cp.async brings into its own pipeline stages of shared memory (each key looked up in the block table, so tiles may
+// cross blocks) while the tile before is multiplied: S = Q K^T and O += P V with mma.sync m16n8k16 (bf16 inputs, f32
+// accumulators; P as two bf16 terms, hi + lo, so P V keeps ~16 bits of P), each head's own mask (its sink / window / horizon),
+// an online softmax in f32; each warp writes its piece's partial output and log-sum-exp, and a merge kernel combines
+// the pieces into bf16. Head dims 64, 128 and 256; GQA groups of up to 8 query heads.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -26,9 +28,7 @@ struct PagedDecodeArgs {
   int64_t q_stride = 0;
   const bf16* k_pool = nullptr;
   const bf16* v_pool = nullptr;
-  // [slots, layers * kv_heads, max_blocks]; null: one sequence's contiguous cache [len, kv_heads, head_dim] in the
-  // pools (block_tokens 1, the block of key t of kv head h is t * kv_heads + h: no lookup)
-  const int32_t* tables = nullptr;
+  const int32_t* tables = nullptr;  // [slots, layers * kv_heads, max_blocks]
   const int32_t* views = nullptr;   // [slots, layers * q_heads, 3]
   const int32_t* row_slot = nullptr;  // [rows]
   const int32_t* row_len = nullptr;   // [rows]: keys of the row (its position + 1)
@@ -41,7 +41,7 @@ struct PagedDecodeArgs {
   bf16* out = nullptr;        // [rows, q_heads * head_dim]
 };
 
-// How many splits for `rows` rows whose longest sees `max_keys` keys, on `sms` multiprocessors.
+// How many splits (pieces, one warp each) for `rows` rows whose longest sees `max_keys` keys, on `sms` multiprocessors.
 int32_t paged_decode_splits(int32_t rows, int32_t kv_heads, int64_t max_keys, int32_t sms);
 
 void paged_decode_attention(const PagedDecodeArgs& args, cudaStream_t stream);
