@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "cuda/cuda_check.h"
 #include "runtime/rope.h"
+#include "runtime/cuda/fp8_gemv.h"
 #include "runtime/cuda/kernels.h"
 #include "runtime/cuda/paged_decode.h"
 
@@ -158,7 +159,10 @@ void GpuOps::begin(int64_t n, const int32_t* tokens, int32_t pos, const int32_t*
 void GpuOps::gemm(const bf16* x, int64_t ldx, int64_t m, const bf16* w, const Fp8Matrix* w8, int64_t out, int64_t in,
                   void* y, DType y_type, int64_t ldy, float beta, bool reuse) {
   timer_.begin(EventTimer::kGemm, stream_);
-  if (fp8_ != nullptr && w8 != nullptr) {
+  if (fp8_ != nullptr && w8 != nullptr && m <= kW8Rows) {
+    // A decode step's few rows: weight-only FP8 (fp8_gemv.h), the bytes W8A8 saves without its quantization launches.
+    gemv_w8a16(x, ldx, m, *w8, y, y_type == DType::F32, ldy, beta, stream_);
+  } else if (fp8_ != nullptr && w8 != nullptr) {
     if (!reuse) x8_ = gemm_.quantize_activation(x, ldx, m, in);
     gemm_.linear_fp8(x8_, *w8, y, y_type, ldy, beta);
   } else {

@@ -163,8 +163,9 @@ class GpuOps {
   // `identity`). True when a buffer was reallocated.
   bool reserve_buffers(int64_t n, int64_t logit_rows, int64_t q_elems, int64_t a_elems, int64_t gu_elems,
                        int64_t kv_elems, bool identity);
-  // One product y = x W^T (+ beta y): bf16 (cuBLAS), or FP8 with w8 (the input quantized unless `reuse`: the
-  // previous product's input again). Timed as GEMM, the quantization included.
+  // One product y = x W^T (+ beta y): bf16 (cuBLAS), or FP8 with w8: up to kW8Rows rows (a decode step) weight-only
+  // (fp8_gemv.h: bf16 activations), more W8A8 (the input quantized unless `reuse`: the previous product's input
+  // again). Timed as GEMM, the quantization included.
   void gemm(const bf16* x, int64_t ldx, int64_t m, const bf16* w, const Fp8Matrix* w8, int64_t out, int64_t in,
             void* y, DType y_type, int64_t ldy, float beta, bool reuse = false);
   // h = bf16(RMSNorm(x) * w) over the step's rows.

@@ -30,6 +30,7 @@
 #include "runtime/engine.h"
 #include "model/model.h"
 #include "runtime/cuda/device_model.h"
+#include "runtime/cuda/fp8_gemv.h"
 #include "runtime/cuda/fp8_quant.h"
 #include "runtime/cuda/gemm.h"
 #include "runtime/cuda/gpu_engine.h"
@@ -41,6 +42,11 @@ namespace tessera::runtime::gpu {
 namespace {
 
 using attn::gpu::DeviceBuffer;
+
+#define REQUIRE_GPU_ONLY() \
+  do {                        \
+    if (!gpu_available()) GTEST_SKIP() << "no CUDA device available"; \
+  } while (0)
 
 #define REQUIRE_FP8()                                                                  \
   do {                                                                                 \
@@ -291,6 +297,109 @@ TEST(Fp8Gemm, FewRowsEqualHost) {
     check_product(m, 4096, 1536, DType::BF16, 0.0f, static_cast<uint32_t>(80 + m), Fp8Scaling::kRow);
     check_product(m, 4096, 1024, DType::F32, 1.0f, static_cast<uint32_t>(90 + m), Fp8Scaling::kRow, true);
     check_product(m, 4096, 1024, DType::F32, 1.0f, static_cast<uint32_t>(100 + m), Fp8Scaling::kTensor);
+  }
+}
+
+// Weight-only FP8 (fp8_gemv.h, the decode step's products) against the host product of the bf16 activations and the
+// weights' codes: y[r, o] = s_w[o] * sum_k x[r, k] q[o, k] (+ beta y0), within f32 summation (2^-14 of the sum of
+// |terms|) and, for a bf16 y, its rounding. Returns y as floats.
+std::vector<float> check_gemv(int64_t m, int64_t in, int64_t out, bool y_f32, float beta, uint32_t seed,
+                              Fp8Scaling sc) {
+  StreamHolder st;
+  std::vector<bf16> x = random_bf16(static_cast<size_t>(m * in), 1.0f, seed);
+  std::vector<bf16> w = random_bf16(static_cast<size_t>(out * in), 0.02f, seed + 1);
+  for (int64_t o = 0; o < out; o += 5)  // channels of other magnitudes (what per-row scales are for)
+    for (int64_t k = 0; k < in; ++k) w[static_cast<size_t>(o * in + k)] = f32_to_bf16(bf16_to_f32(w[static_cast<size_t>(o * in + k)]) * 20.0f);
+  const HostQuant hw = host_quantize(w, in, out, in, sc);
+  DeviceBuffer<bf16> dx;
+  dx.upload(x, st.s);
+  DeviceBuffer<uint8_t> w8;
+  w8.upload(hw.codes, st.s);
+  DeviceBuffer<float> ws;
+  ws.upload(hw.scales, st.s);
+  const Fp8Matrix wq{w8.data(), ws.data(), out, in, sc};
+  std::mt19937 rng(seed + 2);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> y0(static_cast<size_t>(m * out));
+  for (auto& v : y0) v = d(rng);
+  std::vector<float> got(y0.size());
+  if (y_f32) {
+    DeviceBuffer<float> y;
+    y.upload(y0, st.s);
+    gemv_w8a16(dx.data(), in, m, wq, y.data(), true, out, beta, st.s);
+    EXPECT_EQ(cudaStreamSynchronize(st.s), cudaSuccess);
+    got = y.download();
+  } else {
+    DeviceBuffer<bf16> y(static_cast<size_t>(m * out));
+    gemv_w8a16(dx.data(), in, m, wq, y.data(), false, out, 0.0f, st.s);
+    EXPECT_EQ(cudaStreamSynchronize(st.s), cudaSuccess);
+    const std::vector<bf16> h = y.download();
+    for (size_t i = 0; i < h.size(); ++i) got[i] = bf16_to_f32(h[i]);
+  }
+  int64_t bad = 0;
+  double worst = 0;
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t o = 0; o < out; ++o) {
+      const double s = hw.scales[sc == Fp8Scaling::kRow ? static_cast<size_t>(o) : 0];
+      double sum = 0, sum_abs = 0;
+      for (int64_t k = 0; k < in; ++k) {
+        const double p = static_cast<double>(bf16_to_f32(x[static_cast<size_t>(r * in + k)])) *
+                         e4m3_to_float(hw.codes[static_cast<size_t>(o * in + k)]);
+        sum += p;
+        sum_abs += std::fabs(p);
+      }
+      const size_t i = static_cast<size_t>(r * out + o);
+      const double b = y_f32 ? static_cast<double>(beta) * y0[i] : 0.0;
+      const double ref = s * sum + b;
+      double tol = std::ldexp(s * sum_abs + std::fabs(b), -14) + 1e-30;
+      if (!y_f32) tol += std::fabs(ref) * std::ldexp(1.0, -8);
+      const double err = std::fabs(got[i] - ref);
+      worst = std::max(worst, err / std::max(s * sum_abs, 1e-30));
+      if (!(err <= tol) && bad++ < 3)
+        ADD_FAILURE() << "y[" << r << ", " << o << "] = " << got[i] << ", host " << ref << " (tolerance " << tol << ")";
+    }
+  std::printf("[fp8] weight-only [%lld x %lld] x [%lld x %lld]^T -> %s, beta %g, per %s: worst |err| / (s sum|x q|) %.3g\n",
+              static_cast<long long>(m), static_cast<long long>(in), static_cast<long long>(out),
+              static_cast<long long>(in), y_f32 ? "f32" : "bf16", static_cast<double>(beta), fp8_scaling_name(sc), worst);
+  EXPECT_EQ(bad, 0);
+  return got;
+}
+
+TEST(Fp8Gemv, EqualsHostProductOfTheCodes) {
+  REQUIRE_GPU_ONLY();
+  for (Fp8Scaling sc : kScalings)
+    for (int64_t m = 1; m <= kW8Rows; ++m) {
+      SCOPED_TRACE("rows " + std::to_string(m) + ", per " + fp8_scaling_name(sc));
+      check_gemv(m, 4096, 1030, true, 1.0f, static_cast<uint32_t>(200 + m), sc);  // the residual's x += a W^T; an odd width
+      check_gemv(m, 576, 1536, false, 0.0f, static_cast<uint32_t>(300 + m), sc);  // SmolLM2's hidden size
+    }
+}
+
+// A row's result does not depend on how many rows the product has (a sequence decodes the same alone or batched).
+TEST(Fp8Gemv, RowsEqualWhateverTheRowCount) {
+  REQUIRE_GPU_ONLY();
+  const std::vector<float> all = check_gemv(kW8Rows, 2048, 520, true, 0.0f, 400, Fp8Scaling::kRow);
+  for (int64_t m = 1; m < kW8Rows; ++m) {
+    const std::vector<float> some = check_gemv(m, 2048, 520, true, 0.0f, 400, Fp8Scaling::kRow);
+    for (size_t i = 0; i < some.size(); ++i) ASSERT_EQ(some[i], all[i]) << "rows " << m << ", element " << i;
+  }
+}
+
+TEST(Fp8Gemv, ExactErrors) {
+  REQUIRE_GPU_ONLY();
+  const Fp8Matrix w{nullptr, nullptr, 4, 24, Fp8Scaling::kRow};
+  try {
+    gemv_w8a16(nullptr, 24, 1, w, nullptr, true, 4, 0.0f, nullptr);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "gemv_w8a16: in (24) and ldx (24) must be multiples of 16 and x, w 16-byte aligned");
+  }
+  const Fp8Matrix w16{nullptr, nullptr, 4, 32, Fp8Scaling::kRow};
+  try {
+    gemv_w8a16(nullptr, 32, 9, w16, nullptr, true, 4, 0.0f, nullptr);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "gemv_w8a16: at most 8 rows, got 9");
   }
 }
 

@@ -1,0 +1,154 @@
+#include "runtime/cuda/fp8_gemv.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <string>
+
+#include "core/error.h"
+#include "cuda/cuda_check.h"
+
+namespace tessera::runtime::gpu {
+
+namespace {
+
+using attn::gpu::check_launch;
+using nbf = __nv_bfloat16;
+
+constexpr int kRowsPerWarp = 2;
+constexpr int kWarps = 4;
+constexpr int kUnroll = 2;  // 16-byte chunks of each weight row a lane has in flight
+
+// 16 E4M3 codes (one uint4) to floats, exactly (every E4M3 value is an f16 value).
+__device__ __forceinline__ void codes_to_float(const uint4& raw, float (&f)[16]) {
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const auto pair = static_cast<__nv_fp8x2_storage_t>((words[i] >> (16 * h)) & 0xFFFFu);
+      const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
+      const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&hr));
+      f[4 * i + 2 * h] = v.x;
+      f[4 * i + 2 * h + 1] = v.y;
+    }
+  }
+}
+
+// 16 bf16 activations (two uint4) to floats.
+__device__ __forceinline__ void act_to_float(const uint4& a, const uint4& b, float (&f)[16]) {
+  const uint32_t words[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    f[2 * i] = __uint_as_float(words[i] << 16);
+    f[2 * i + 1] = __uint_as_float(words[i] & 0xFFFF0000u);
+  }
+}
+
+template <int M>
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv_w8a16_kernel(const nbf* x, int64_t ldx, const uint8_t* w, const float* scale, bool per_row, int64_t out,
+                      int64_t in, void* y, bool y_f32, int64_t ldy, float beta) {
+  const int lane = threadIdx.x & 31;
+  const int64_t o0 = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * kRowsPerWarp;
+  if (o0 >= out) return;
+  float acc[kRowsPerWarp][M];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r)
+#pragma unroll
+    for (int i = 0; i < M; ++i) acc[r][i] = 0.0f;
+  const int64_t chunks = in / 16;
+  const uint4* wrow[kRowsPerWarp];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r)
+    wrow[r] = reinterpret_cast<const uint4*>(w + (o0 + r < out ? o0 + r : o0) * in);
+  for (int64_t k0 = lane; k0 < chunks; k0 += 32 * kUnroll) {
+    uint4 wv[kUnroll][kRowsPerWarp];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+        const int64_t k = k0 + u * 32;
+        wv[u][r] = k < chunks ? __ldcs(wrow[r] + k) : make_uint4(0, 0, 0, 0);  // read once: do not keep in L1
+      }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t k = k0 + u * 32;
+      if (k >= chunks) break;
+      float wf[kRowsPerWarp][16];
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) codes_to_float(wv[u][r], wf[r]);
+#pragma unroll
+      for (int i = 0; i < M; ++i) {
+        const uint4* xr = reinterpret_cast<const uint4*>(x + i * ldx) + 2 * k;
+        float xf[16];
+        act_to_float(__ldg(xr), __ldg(xr + 1), xf);
+#pragma unroll
+        for (int r = 0; r < kRowsPerWarp; ++r)
+#pragma unroll
+          for (int j = 0; j < 16; ++j) acc[r][i] = fmaf(wf[r][j], xf[j], acc[r][i]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r)
+#pragma unroll
+    for (int i = 0; i < M; ++i)
+#pragma unroll
+      for (int s = 16; s > 0; s >>= 1) acc[r][i] += __shfl_xor_sync(0xffffffffu, acc[r][i], s);
+  if (lane != 0) return;
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const int64_t o = o0 + r;
+    if (o >= out) break;
+    const float s = scale[per_row ? o : 0];
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      const float v = s * acc[r][i];
+      if (y_f32) {
+        float* yo = static_cast<float*>(y) + i * ldy + o;
+        *yo = beta == 0.0f ? v : v + beta * *yo;
+      } else {
+        static_cast<nbf*>(y)[i * ldy + o] = __float2bfloat16_rn(v);
+      }
+    }
+  }
+}
+
+template <int M>
+void launch(const bf16* x, int64_t ldx, const Fp8Matrix& w, void* y, bool y_f32, int64_t ldy, float beta,
+            cudaStream_t stream) {
+  const int64_t per_block = static_cast<int64_t>(kWarps) * kRowsPerWarp;
+  const auto blocks = static_cast<unsigned>((w.rows + per_block - 1) / per_block);
+  gemv_w8a16_kernel<M><<<blocks, kWarps * 32, 0, stream>>>(reinterpret_cast<const nbf*>(x), ldx, w.data, w.scale,
+                                                           w.scaling == Fp8Scaling::kRow, w.rows, w.cols, y, y_f32,
+                                                           ldy, beta);
+}
+
+}  // namespace
+
+void gemv_w8a16(const bf16* x, int64_t ldx, int64_t m, const Fp8Matrix& w, void* y, bool y_f32, int64_t ldy,
+                float beta, cudaStream_t stream) {
+  if (m <= 0 || w.rows <= 0) return;
+  check(m <= kW8Rows, "gemv_w8a16: at most " + std::to_string(kW8Rows) + " rows, got " + std::to_string(m));
+  check(w.cols % 16 == 0 && ldx % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+            reinterpret_cast<uintptr_t>(w.data) % 16 == 0,
+        "gemv_w8a16: in (" + std::to_string(w.cols) + ") and ldx (" + std::to_string(ldx) +
+            ") must be multiples of 16 and x, w 16-byte aligned");
+  check(y_f32 || beta == 0.0f, "gemv_w8a16: beta needs an f32 y");
+  check(ldy >= w.rows, "gemv_w8a16: ldy below the output width");
+  switch (m) {
+    case 1: launch<1>(x, ldx, w, y, y_f32, ldy, beta, stream); break;
+    case 2: launch<2>(x, ldx, w, y, y_f32, ldy, beta, stream); break;
+    case 3: launch<3>(x, ldx, w, y, y_f32, ldy, beta, stream); break;
+    case 4: launch<4>(x, ldx, w, y, y_f32, ldy, beta, stream); break;
+    case 5: launch<5>(x, ldx, w, y, y_f32, ldy, beta, stream); break;
+    case 6: launch<6>(x, ldx, w, y, y_f32, ldy, beta, stream); break;
+    case 7: launch<7>(x, ldx, w, y, y_f32, ldy, beta, stream); break;
+    default: launch<8>(x, ldx, w, y, y_f32, ldy, beta, stream); break;
+  }
+  check_launch("gemv_w8a16");
+}
+
+}  // namespace tessera::runtime::gpu
