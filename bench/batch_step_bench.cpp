@@ -2,7 +2,7 @@
 // decoding requests while a long prompt arrives, and that prompt's time to its first token.
 //
 //   build/ci/bench/batch_step_bench MODEL.gguf [--decoders 2] [--long 4000] [--budgets 0,256,512] [--chunk 2048]
-//                                   [--device cpu|cuda]
+//                                   [--device cpu|cuda] [--mixed off,on]
 //
 // Per budget (0: none, a --chunk prefill chunk beside every decode step, as `serve` without --step-tokens): a fresh
 // engine (max_batch decoders + 1, no prefix cache), --decoders greedy requests with short prompts decode; once each has
@@ -10,7 +10,9 @@
 // inter-token gap (each decoding row gets one token a step); the figures are the gaps while the long prompt prefills
 // (its arrival to its first token) — p50, p99, max — the gap outside that window (the decode step alone), and the
 // long prompt's TTFT and steps (the second of two rounds on one engine: the first warms it up); and how the steps during the prefill split (p50 of each step's share, from the
-// engine's own prefill / decode seconds). --device cuda runs the GPU batched backend (runtime/device.h: the bf16
+// engine's own prefill / decode seconds; with the mixed step the decode rows ride in the prefill chunk's forward, so
+// its time counts as prefill). --mixed: the scheduler's mixed step (BatchEngineOptions::mixed_step) off, on, or both
+// (each budget run once per setting, side by side). --device cuda runs the GPU batched backend (runtime/device.h: the bf16
 // weights uploaded once; the binary must link the CUDA device, as the CUDA build's does). It measures, asserts
 // nothing.
 #include <algorithm>
@@ -50,18 +52,33 @@ std::vector<int32_t> tokens(int32_t n, int32_t vocab, uint32_t seed) {
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
-                 "usage: batch_step_bench MODEL [--decoders N] [--long N] [--budgets a,b] [--chunk N] [--device D]\n");
+                 "usage: batch_step_bench MODEL [--decoders N] [--long N] [--budgets a,b] [--chunk N] [--device D] "
+                 "[--mixed off,on]\n");
     return 2;
   }
   std::string path = argv[1], device_name = "cpu";
   int decoders = 2, long_len = 4000, chunk = 2048;
   std::vector<int> budgets = {0, 256, 512};
+  std::vector<bool> mixes = {false, true};
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--decoders") decoders = std::stoi(v);
     else if (k == "--long") long_len = std::stoi(v);
     else if (k == "--chunk") chunk = std::stoi(v);
     else if (k == "--device") device_name = v;
+    else if (k == "--mixed") {
+      mixes.clear();
+      for (size_t p = 0; p <= v.size();) {
+        const size_t q = std::min(v.find(',', p), v.size());
+        const std::string m = v.substr(p, q - p);
+        if (m != "on" && m != "off") {
+          std::fprintf(stderr, "batch_step_bench: --mixed takes off, on or off,on, got %s\n", v.c_str());
+          return 2;
+        }
+        mixes.push_back(m == "on");
+        p = q + 1;
+      }
+    }
     else if (k == "--budgets") {
       budgets.clear();
       for (size_t p = 0; p <= v.size();) {
@@ -80,10 +97,11 @@ int main(int argc, char** argv) {
     const auto device = runtime::open_device(device_name, *model);
     std::printf("model %s on %s; %d decoding requests, a prompt of %d tokens arriving; --chunk %d\n", path.c_str(),
                 device->description().c_str(), decoders, long_len, chunk);
-    std::printf("| step_tokens | long prompt TTFT | its steps | gap during its prefill p50 / p99 / max | of which prefill / "
-                "decode p50 | gap otherwise p50 |\n");
-    std::printf("|---|---:|---:|---:|---:|---:|\n");
-    for (int budget : budgets) {
+    std::printf("| step_tokens | mixed step | long prompt TTFT | its steps (mixed) | gap during its prefill p50 / p99 / max "
+                "| of which prefill / decode p50 | gap otherwise p50 |\n");
+    std::printf("|---|---|---:|---:|---:|---:|---:|\n");
+    for (int budget : budgets)
+    for (const bool mix : mixes) {
       const auto backend_ptr = device->batch_backend(runtime::EngineOptions{});
       runtime::BatchBackend& backend = *backend_ptr;
       runtime::BatchEngineOptions o;
@@ -91,11 +109,13 @@ int main(int argc, char** argv) {
       o.max_batch = decoders + 1;
       o.step_tokens = budget;
       o.prefix_cache = false;
+      o.mixed_step = mix;
       runtime::BatchEngine engine(backend, o);
       // Round 0 warms the engine up (the GEMMs' and kernels' first use of these shapes, buffers grown, graphs
       // captured: a server pays that once); the figures are round 1's, the same requests again.
       std::vector<double> during, otherwise, during_prefill, during_decode;
       int steps = 0;
+      int64_t mixed_steps = 0;
       double ttft = 0;
       for (int round = 0; round < 2; ++round) {
         during.clear(), otherwise.clear(), during_prefill.clear(), during_decode.clear();
@@ -113,6 +133,7 @@ int main(int argc, char** argv) {
         lr.prompt = tokens(long_len, vocab, 99);
         lr.options.max_new_tokens = 1;
         const auto t0 = Clock::now();
+        const int64_t mixed0 = engine.stats().mixed_steps;
         const int64_t lid = engine.submit(lr);
         bool first = false;
         int after = 0;
@@ -128,6 +149,7 @@ int main(int argc, char** argv) {
             during_decode.push_back(engine.stats().decode_seconds - before.decode_seconds);
           }
           if (!first) ++steps;
+          if (!first) mixed_steps = engine.stats().mixed_steps - mixed0;
           for (const auto& e : events)
             if (e.id == lid && e.token >= 0) {
               first = true;
@@ -138,8 +160,9 @@ int main(int argc, char** argv) {
         for (int64_t id : ids) engine.cancel(id);
         engine.step();
       }
-      std::printf("| %s | %.3f s | %d | %.2f / %.2f / %.2f ms | %.2f / %.2f ms | %.2f ms |\n",
-                  budget ? std::to_string(budget).c_str() : "none", ttft, steps, pct(during, 0.5) * 1e3,
+      std::printf("| %s | %s | %.3f s | %d (%lld) | %.2f / %.2f / %.2f ms | %.2f / %.2f ms | %.2f ms |\n",
+                  budget ? std::to_string(budget).c_str() : "none", mix ? "on" : "off", ttft, steps,
+                  static_cast<long long>(mixed_steps), pct(during, 0.5) * 1e3,
                   pct(during, 0.99) * 1e3, pct(during, 1.0) * 1e3, pct(during_prefill, 0.5) * 1e3,
                   pct(during_decode, 0.5) * 1e3, pct(otherwise, 0.5) * 1e3);
       std::fflush(stdout);

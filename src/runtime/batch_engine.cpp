@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 
@@ -264,6 +265,8 @@ struct BatchEngine::DecodeBatch {
 
 BatchEngine::BatchEngine(BatchBackend& backend, BatchEngineOptions options)
     : backend_(backend), options_(std::move(options)), cfg_(backend.config()) {
+  // TESSERA_MIXED_STEP=0 turns the mixed step off in every engine of the process (the server's side-by-side).
+  if (const char* e = std::getenv("TESSERA_MIXED_STEP"); e != nullptr && std::string(e) == "0") options_.mixed_step = false;
   check(options_.chunk_size > 0, "batch engine: chunk_size must be positive, got " + std::to_string(options_.chunk_size));
   check(options_.block_tokens > 0 && options_.block_tokens <= 4096,
         "batch engine: block_tokens must be in [1, 4096], got " + std::to_string(options_.block_tokens));

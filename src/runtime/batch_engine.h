@@ -250,7 +250,7 @@ struct BatchEngineOptions {
   // mixed step, in the same step). The tokens of every request are the same either way (up to floating-point
   // summation order: see BatchBackend::mixed_step). Not for a chunk whose every row's logits are wanted
   // (BatchRequest::prompt_logprobs) nor with streaming memory (those run apart). false: the chunk, then the decode
-  // step (the side-by-side).
+  // step (the side-by-side; TESSERA_MIXED_STEP=0 in the environment turns it off in every engine, e.g. `serve`'s).
   bool mixed_step = true;
 };
 
