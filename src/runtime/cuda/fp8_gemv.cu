@@ -16,9 +16,9 @@ namespace {
 using attn::gpu::check_launch;
 using nbf = __nv_bfloat16;
 
-constexpr int kRowsPerWarp = 2;
-constexpr int kWarps = 4;
-constexpr int kUnroll = 2;  // 16-byte chunks of each weight row a lane has in flight
+constexpr int kRows = 2;    // output channels a block computes
+constexpr int kWarps = 4;   // warps of a block: each takes every kWarps-th run of 32 chunks of the rows
+constexpr int kUnroll = 4;  // 16-byte chunks of each weight row a lane has in flight
 
 // 16 E4M3 codes (one uint4) to floats, exactly (every E4M3 value is an f16 value).
 __device__ __forceinline__ void codes_to_float(const uint4& raw, float (&f)[16]) {
@@ -50,77 +50,77 @@ template <int M>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_w8a16_kernel(const nbf* x, int64_t ldx, const uint8_t* w, const float* scale, bool per_row, int64_t out,
                       int64_t in, void* y, bool y_f32, int64_t ldy, float beta) {
-  const int lane = threadIdx.x & 31;
-  const int64_t o0 = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * kRowsPerWarp;
-  if (o0 >= out) return;
-  float acc[kRowsPerWarp][M];
+  __shared__ float red[kWarps][kRows][M];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t o0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  float acc[kRows][M];
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r)
+  for (int r = 0; r < kRows; ++r)
 #pragma unroll
     for (int i = 0; i < M; ++i) acc[r][i] = 0.0f;
   const int64_t chunks = in / 16;
-  const uint4* wrow[kRowsPerWarp];
+  const uint4* wrow[kRows];
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r)
-    wrow[r] = reinterpret_cast<const uint4*>(w + (o0 + r < out ? o0 + r : o0) * in);
-  for (int64_t k0 = lane; k0 < chunks; k0 += 32 * kUnroll) {
-    uint4 wv[kUnroll][kRowsPerWarp];
+  for (int r = 0; r < kRows; ++r) wrow[r] = reinterpret_cast<const uint4*>(w + (o0 + r < out ? o0 + r : o0) * in);
+  constexpr int kStride = kWarps * 32;
+  for (int64_t k0 = warp * 32 + lane; k0 < chunks; k0 += kStride * kUnroll) {
+    uint4 wv[kUnroll][kRows];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
 #pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) {
-        const int64_t k = k0 + u * 32;
+      for (int r = 0; r < kRows; ++r) {
+        const int64_t k = k0 + u * kStride;
         wv[u][r] = k < chunks ? __ldcs(wrow[r] + k) : make_uint4(0, 0, 0, 0);  // read once: do not keep in L1
       }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int64_t k = k0 + u * 32;
+      const int64_t k = k0 + u * kStride;
       if (k >= chunks) break;
-      float wf[kRowsPerWarp][16];
+      float wf[kRows][16];
 #pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) codes_to_float(wv[u][r], wf[r]);
+      for (int r = 0; r < kRows; ++r) codes_to_float(wv[u][r], wf[r]);
 #pragma unroll
       for (int i = 0; i < M; ++i) {
         const uint4* xr = reinterpret_cast<const uint4*>(x + i * ldx) + 2 * k;
         float xf[16];
         act_to_float(__ldg(xr), __ldg(xr + 1), xf);
 #pragma unroll
-        for (int r = 0; r < kRowsPerWarp; ++r)
+        for (int r = 0; r < kRows; ++r)
 #pragma unroll
           for (int j = 0; j < 16; ++j) acc[r][i] = fmaf(wf[r][j], xf[j], acc[r][i]);
       }
     }
   }
+  // The lanes' sums by shuffles, then the warps' in a fixed order: the same for every row count.
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r)
-#pragma unroll
-    for (int i = 0; i < M; ++i)
-#pragma unroll
-      for (int s = 16; s > 0; s >>= 1) acc[r][i] += __shfl_xor_sync(0xffffffffu, acc[r][i], s);
-  if (lane != 0) return;
-#pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    const int64_t o = o0 + r;
-    if (o >= out) break;
-    const float s = scale[per_row ? o : 0];
+  for (int r = 0; r < kRows; ++r)
 #pragma unroll
     for (int i = 0; i < M; ++i) {
-      const float v = s * acc[r][i];
-      if (y_f32) {
-        float* yo = static_cast<float*>(y) + i * ldy + o;
-        *yo = beta == 0.0f ? v : v + beta * *yo;
-      } else {
-        static_cast<nbf*>(y)[i * ldy + o] = __float2bfloat16_rn(v);
-      }
+#pragma unroll
+      for (int s = 16; s > 0; s >>= 1) acc[r][i] += __shfl_xor_sync(0xffffffffu, acc[r][i], s);
+      if (lane == 0) red[warp][r][i] = acc[r][i];
     }
+  __syncthreads();
+  if (threadIdx.x >= kRows * M) return;
+  const int r = threadIdx.x / M, i = threadIdx.x % M;
+  const int64_t o = o0 + r;
+  if (o >= out) return;
+  float sum = 0.0f;
+#pragma unroll
+  for (int v = 0; v < kWarps; ++v) sum += red[v][r][i];
+  const float val = scale[per_row ? o : 0] * sum;
+  if (y_f32) {
+    float* yo = static_cast<float*>(y) + i * ldy + o;
+    *yo = beta == 0.0f ? val : val + beta * *yo;
+  } else {
+    static_cast<nbf*>(y)[i * ldy + o] = __float2bfloat16_rn(val);
   }
 }
 
 template <int M>
 void launch(const bf16* x, int64_t ldx, const Fp8Matrix& w, void* y, bool y_f32, int64_t ldy, float beta,
             cudaStream_t stream) {
-  const int64_t per_block = static_cast<int64_t>(kWarps) * kRowsPerWarp;
-  const auto blocks = static_cast<unsigned>((w.rows + per_block - 1) / per_block);
+  const auto blocks = static_cast<unsigned>((w.rows + kRows - 1) / kRows);
   gemv_w8a16_kernel<M><<<blocks, kWarps * 32, 0, stream>>>(reinterpret_cast<const nbf*>(x), ldx, w.data, w.scale,
                                                            w.scaling == Fp8Scaling::kRow, w.rows, w.cols, y, y_f32,
                                                            ldy, beta);

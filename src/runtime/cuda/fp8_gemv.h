@@ -9,10 +9,11 @@
 // activations in f32: the activations keep their precision (only the weights are 8-bit), and a row's result does
 // not depend on m (the same summation order for every row count, so a sequence decodes the same alone or batched).
 //
-// A warp computes two output channels: each lane walks 16-byte chunks of the two weight rows (two chunks in flight a
-// row), multiplies every one of the m activation rows (read through L1: all warps share them), and the lanes' sums
-// meet by shuffles. Conditions: in and ldx multiples of 16, x 16-byte aligned (the FP8 products' own); thrown as
-// tessera::Error otherwise.
+// A block of four warps computes two output channels: the warps take interleaved runs of the rows' 16-byte chunks
+// (four chunks of each row in flight a lane), multiply every one of the m activation rows (read through L1: all
+// blocks share them), and the lanes' sums meet by shuffles, the warps' in shared memory in a fixed order.
+// TESSERA_GPU_W8_GEMV=0 in the environment sends the decode rows through W8A8 instead (GpuOps::gemm; the side-by-side).
+// Conditions: in and ldx multiples of 16, x 16-byte aligned (the FP8 products' own); thrown as tessera::Error otherwise.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <utility>
 
 #include "core/error.h"
@@ -159,7 +161,11 @@ void GpuOps::begin(int64_t n, const int32_t* tokens, int32_t pos, const int32_t*
 void GpuOps::gemm(const bf16* x, int64_t ldx, int64_t m, const bf16* w, const Fp8Matrix* w8, int64_t out, int64_t in,
                   void* y, DType y_type, int64_t ldy, float beta, bool reuse) {
   timer_.begin(EventTimer::kGemm, stream_);
-  if (fp8_ != nullptr && w8 != nullptr && m <= kW8Rows) {
+  static const bool w8_gemv = [] {
+    const char* e = std::getenv("TESSERA_GPU_W8_GEMV");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  if (fp8_ != nullptr && w8 != nullptr && m <= kW8Rows && w8_gemv) {
     // A decode step's few rows: weight-only FP8 (fp8_gemv.h), the bytes W8A8 saves without its quantization launches.
     gemv_w8a16(x, ldx, m, *w8, y, y_type == DType::F32, ldy, beta, stream_);
   } else if (fp8_ != nullptr && w8 != nullptr) {
