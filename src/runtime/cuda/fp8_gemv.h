@@ -5,7 +5,7 @@
 // Why: at a decode step's few rows a product reads each weight once and does little arithmetic with it, so its time
 // is the weights' bytes; W8A8 through cuBLASLt (gemm.h) halves the bytes but pays the activations' quantization and a
 // kernel made for large tiles, and measured slower than bf16 (docs/PERF.md "Decode"). This kernel reads the E4M3
-// codes with 16-byte loads, converts them in registers (cvt.rn.f16x2.e4m3x2, exact) and multiplies the bf16
+// codes with 16-byte loads, converts them in registers (integer operations, exact) and multiplies the bf16
 // activations in f32: the activations keep their precision (only the weights are 8-bit), and a row's result does
 // not depend on m (the same summation order for every row count, so a sequence decodes the same alone or batched).
 //
