@@ -109,10 +109,11 @@ __global__ void __launch_bounds__(kWarps * 32)
   float sum = 0.0f;
 #pragma unroll
   for (int v = 0; v < kWarps; ++v) sum += red[v][r][i];
-  const float val = scale[per_row ? o : 0] * (sum * kUnbias);
+  // Rounded operations, not left to contraction: its choices may differ between instantiations (row counts).
+  const float val = __fmul_rn(scale[per_row ? o : 0], __fmul_rn(sum, kUnbias));
   if (y_f32) {
     float* yo = static_cast<float*>(y) + i * ldy + o;
-    *yo = beta == 0.0f ? val : val + beta * *yo;
+    *yo = beta == 0.0f ? val : __fadd_rn(val, __fmul_rn(beta, *yo));
   } else {
     static_cast<nbf*>(y)[i * ldy + o] = __float2bfloat16_rn(val);
   }

@@ -378,10 +378,13 @@ TEST(Fp8Gemv, EqualsHostProductOfTheCodes) {
 // A row's result does not depend on how many rows the product has (a sequence decodes the same alone or batched).
 TEST(Fp8Gemv, RowsEqualWhateverTheRowCount) {
   REQUIRE_GPU_ONLY();
-  const std::vector<float> all = check_gemv(kW8Rows, 2048, 520, true, 0.0f, 400, Fp8Scaling::kRow);
-  for (int64_t m = 1; m < kW8Rows; ++m) {
-    const std::vector<float> some = check_gemv(m, 2048, 520, true, 0.0f, 400, Fp8Scaling::kRow);
-    for (size_t i = 0; i < some.size(); ++i) ASSERT_EQ(some[i], all[i]) << "rows " << m << ", element " << i;
+  for (const float beta : {0.0f, 1.0f}) {  // beta 1: the residual's y += x W^T
+    const std::vector<float> all = check_gemv(kW8Rows, 2048, 520, true, beta, 400, Fp8Scaling::kRow);
+    for (int64_t m = 1; m < kW8Rows; ++m) {
+      const std::vector<float> some = check_gemv(m, 2048, 520, true, beta, 400, Fp8Scaling::kRow);
+      for (size_t i = 0; i < some.size(); ++i)
+        ASSERT_EQ(some[i], all[i]) << "rows " << m << ", beta " << beta << ", element " << i;
+    }
   }
 }
 
