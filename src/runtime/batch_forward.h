@@ -124,9 +124,9 @@ class BatchForward {
   // every product and the head run once over all of them; the attention splits: the chunk's rows attend as
   // runtime::Forward's prefill does (their K/V into `cache` at [pos, pos + n), the executor under `policy` with
   // total_len, the model's sliding windows; `observer` called with the chunk's arguments), the decode rows as
-  // decode() (paged, their views). Each row's result is the one the two forwards give apart (every product and norm
-  // is per row; the CPU f32 products give a row the same bits whatever the other rows; see batch_engine.h for the
-  // stored-weight products). Returns the logits of the chunk's last row (when chunk_logits) then of the B decode rows:
+  // decode() (paged, their views). Each row's result is the one the two forwards give apart up to the products'
+  // summation order (every product and norm is per row, but BLAS and qmatmul pick their kernels by the row count:
+  // the last bits may differ). Returns the logits of the chunk's last row (when chunk_logits) then of the B decode rows:
   // [(chunk_logits ? 1 : 0) + B, vocab]. Paged rows only (no streamed rows); rows non-empty.
   std::vector<float> mixed(std::span<const int32_t> chunk, int32_t pos, KVCache& cache,
                            const attn::AttentionPolicy* policy, int32_t total_len, const AttentionObserver* observer,
