@@ -140,7 +140,11 @@ __global__ void __launch_bounds__(kWarps * 32) paged_decode_kernel(PagedDecodeAr
   A1 = max64(A1, lo);
   const int64_t second = max64(B0, A1);
   const int64_t n_first = A1 - lo, n_keys = n_first + (len - second);
-  const int64_t per = ((n_keys + a.splits - 1) / a.splits + kTileKeys - 1) / kTileKeys * kTileKeys;
+  // The row's own pieces: no more than its keys fill at kPagedDecodeMinPieceKeys each (what paged_decode_splits
+  // allows the longest row), so a short row is cut alike alone and beside a long one (the same sums: a sequence
+  // decodes the same alone or batched wherever the batch's splits allow its length's).
+  const int64_t pieces = min64(a.splits, max64(1, n_keys / kPagedDecodeMinPieceKeys));
+  const int64_t per = ((n_keys + pieces - 1) / pieces + kTileKeys - 1) / kTileKeys * kTileKeys;
   const int64_t i_begin = min64(n_keys, static_cast<int64_t>(piece) * per), i_end = min64(n_keys, i_begin + per);
   const int tiles = static_cast<int>((i_end - i_begin + kTileKeys - 1) / kTileKeys);
 
@@ -374,9 +378,9 @@ __global__ void rope_at_kernel(const float* inv_freq, int half, const int32_t* p
 int32_t paged_decode_splits(int32_t rows, int32_t kv_heads, int64_t max_keys, int32_t sms) {
   const int64_t groups = static_cast<int64_t>(rows) * kv_heads;
   // A piece is one warp: about eight warps per multiprocessor (two CTAs of four at head dim 128) keep enough
-  // loads in flight to reach the memory bandwidth; at least 64 keys (four tiles) a piece.
+  // loads in flight to reach the memory bandwidth; at least kPagedDecodeMinPieceKeys keys (four tiles) a piece.
   const int64_t want = (8LL * sms + groups - 1) / std::max<int64_t>(groups, 1);
-  const int64_t most = std::max<int64_t>(1, max_keys / 64);
+  const int64_t most = std::max<int64_t>(1, max_keys / kPagedDecodeMinPieceKeys);
   return static_cast<int32_t>(std::clamp<int64_t>(want, 1, std::min<int64_t>(most, 256)));
 }
 

@@ -41,6 +41,9 @@ struct PagedDecodeArgs {
   bf16* out = nullptr;        // [rows, q_heads * head_dim]
 };
 
+// The fewest keys a piece of a row gets (paged_decode_splits; the kernel cuts each row into at most its keys / this).
+inline constexpr int64_t kPagedDecodeMinPieceKeys = 64;
+
 // How many splits (pieces, one warp each) for `rows` rows whose longest sees `max_keys` keys, on `sms` multiprocessors.
 int32_t paged_decode_splits(int32_t rows, int32_t kv_heads, int64_t max_keys, int32_t sms);
 
