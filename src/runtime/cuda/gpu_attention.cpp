@@ -113,28 +113,12 @@ void PagedDecodeStep::attend(int32_t layer, const GpuQkv& qkv, bf16* out, cudaSt
   const int32_t D = cfg_.head_dim, Hkv = cfg_.num_kv_heads;
   paged_append_kv(qkv.k, qkv.v, qkv.kv_ld, p.rows, Hkv, D, p.blocks, layer, cfg_.num_layers, p.row_pos, p.block_tokens,
                   p.k_pools[0], p.v_pools[0], stream);
-  PagedDecodeArgs args;
-  args.q = qkv.q;
-  args.q_stride = qkv.q_ld;
-  args.k_pool = p.k_pools[0];
-  args.v_pool = p.v_pools[0];
-  args.tables = p.tables;
-  args.views = p.views;
-  args.row_slot = p.row_slot;
-  args.row_len = p.row_len;
-  args.rows = p.rows;
-  args.layer = layer;
-  args.num_layers = cfg_.num_layers;
-  args.q_heads = cfg_.num_q_heads;
-  args.kv_heads = Hkv;
-  args.head_dim = D;
-  args.block_tokens = p.block_tokens;
-  args.max_blocks = p.max_blocks;
-  args.scale = scale_;
-  args.splits = p.splits;
-  args.o_part = p.o_part;
-  args.lse_part = p.lse_part;
-  args.out = out;
+  const PagedDecodeArgs args{.q = qkv.q, .q_stride = qkv.q_ld, .k_pool = p.k_pools[0], .v_pool = p.v_pools[0],
+                             .tables = p.tables, .views = p.views, .row_slot = p.row_slot, .row_len = p.row_len,
+                             .rows = p.rows, .layer = layer, .num_layers = cfg_.num_layers,
+                             .q_heads = cfg_.num_q_heads, .kv_heads = Hkv, .head_dim = D,
+                             .block_tokens = p.block_tokens, .max_blocks = p.max_blocks, .scale = scale_,
+                             .splits = p.splits, .o_part = p.o_part, .lse_part = p.lse_part, .out = out};
   paged_decode_attention(args, stream);
 }
 
