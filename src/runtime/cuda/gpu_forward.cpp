@@ -141,6 +141,13 @@ void GpuForward::run_mixed(std::span<const int32_t> tokens, int32_t n, int32_t p
   for (const int32_t t : tokens)
     check(t >= 0 && t < cfg_.vocab_size, "GPU mixed step: token id " + std::to_string(t) + " outside the vocabulary");
   MixedAttention step(ops_, cache, pos, n, policy, total_len, attention_, decode);
+  // No memory sampling (a cudaMemGetInfo after every layer's attention): only the single-sequence engine reports the
+  // peak, and its chunks go through run(); a mixed step is the batched engine's.
+  struct Sampling {
+    GpuOps& ops;
+    ~Sampling() { ops.set_sample_memory(true); }
+  } restore{ops_};
+  ops_.set_sample_memory(false);
   const int64_t first = chunk_logits ? n - 1 : n;
   ops_.reserve(rows, rows - first, step);
   ops_.upload_tokens(tokens);

@@ -83,7 +83,7 @@ class GpuForward {
   // positions on the device ([tokens.size()]). Every product, norm and the head run once over the rows; the chunk's
   // K/V go into the cache, the decode rows' into their blocks. The logits of the chunk's last row (when
   // chunk_logits) then of the decode rows stay on the device: ops().logits(), [(chunk_logits ? 1 : 0) + rows, vocab].
-  // Asynchronous (no synchronisation).
+  // Asynchronous (no synchronisation); no memory sampling (peak_device_bytes() is the single-sequence engine's).
   void run_mixed(std::span<const int32_t> tokens, int32_t n, int32_t pos, DeviceKVCache& cache,
                  const attn::AttentionPolicy* policy, int32_t total_len, const int32_t* positions,
                  GpuAttentionStep& decode, bool chunk_logits);
