@@ -2,6 +2,7 @@
 // enumeration, rule losses, the epsilon-constraint Pareto set; TriangleMix's start layer; MInference's candidates
 // and search; calibration files and dense answers.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -139,6 +140,35 @@ TEST(RuleMip, MatchesEnumeration) {
 }
 
 // A profile with known influence: one head of one layer.
+TEST(RuleMip, ForbiddenOptionsMatchEnumeration) {
+  if (!have_mip_solver()) GTEST_SKIP() << "built without CBC";
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 6; ++trial) {
+    RuleAssignmentProblem p = random_problem(rng, 2, 3, 4);
+    // The unconstrained optimum's choice is forbidden to its first item, and a random third of the rest.
+    const auto free = solve_rule_assignment_exhaustive(p);
+    ASSERT_TRUE(free);
+    p.allowed.assign(p.cost.size(), 1);
+    p.allowed[static_cast<size_t>(free->choice[0])] = 0;
+    for (size_t i = static_cast<size_t>(p.options); i < p.allowed.size(); ++i) p.allowed[i] = rng() % 3 != 0;
+    const auto want = solve_rule_assignment_exhaustive(p);
+    const auto got = solve_rule_assignment(p);
+    ASSERT_EQ(want.has_value(), got.has_value()) << "trial " << trial;
+    if (!want) continue;
+    EXPECT_NEAR(got->objective, want->objective, 1e-12) << "trial " << trial;
+    EXPECT_GE(got->objective, free->objective - 1e-15);
+    for (size_t i = 0; i < got->choice.size(); ++i)
+      EXPECT_EQ(p.allowed[i * static_cast<size_t>(p.options) + static_cast<size_t>(got->choice[i])], 1) << i;
+  }
+  // Every option of one item forbidden: infeasible; a table of the wrong size: an error.
+  RuleAssignmentProblem p = random_problem(rng, 1, 2, 3);
+  p.allowed = {1, 1, 1, 0, 0, 0};
+  EXPECT_FALSE(solve_rule_assignment(p).has_value());
+  EXPECT_FALSE(solve_rule_assignment_exhaustive(p).has_value());
+  p.allowed = {1, 1};
+  EXPECT_EQ(error_of([&] { solve_rule_assignment(p); }), "rule assignment: allowed table has the wrong size");
+}
+
 GradientProfile toy_profile(int32_t layers, int32_t heads, const std::vector<int32_t>& lengths, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<double> u(0, 1);
@@ -258,6 +288,115 @@ TEST(MoaPlan, NoSinkOnlyRulesLeavesEveryHeadAWindow) {
   EXPECT_EQ(error_of([&] { plan_moa(prof, 2, o); }), "moa: no plan meets the budget (the MIP is infeasible)");
   o.allow_sink_only = true;
   EXPECT_GT(count_sink_only(plan_moa(prof, 2, o).policy), 0);
+}
+
+TEST(MoaPlan, ProfileFileRoundTripsAndPlansTheSame) {
+  if (!have_mip_solver()) GTEST_SKIP() << "built without CBC";
+  GradientProfile prof = toy_profile(3, 4, {1024, 2048}, 9);
+  prof.loss = 2.5;
+  prof.lengths[1].samples = 2;  // a second sample at 2K: its own influence, the first one scaled
+  prof.lengths[1].sample_influence.push_back(prof.lengths[1].influence);
+  for (double& v : prof.lengths[1].sample_influence[1]) v *= -0.5;
+  const fs::path dir = fs::temp_directory_path() / ("tessera_moa_profile_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string path = (dir / "p.bin").string();
+  save_moa_profile(prof, path);
+  const GradientProfile back = load_moa_profile(path);
+  EXPECT_EQ(back.num_layers, 3);
+  EXPECT_EQ(back.num_q_heads, 4);
+  EXPECT_EQ(back.loss, 2.5);
+  ASSERT_EQ(back.lengths.size(), 2u);
+  for (size_t k = 0; k < 2; ++k) {
+    EXPECT_EQ(back.lengths[k].length, prof.lengths[k].length);
+    EXPECT_EQ(back.lengths[k].num_blocks, prof.lengths[k].num_blocks);
+    EXPECT_EQ(back.lengths[k].samples, prof.lengths[k].samples);
+    EXPECT_EQ(back.lengths[k].influence, prof.lengths[k].influence);  // bit for bit
+    EXPECT_EQ(back.lengths[k].sample_influence, prof.lengths[k].sample_influence);
+  }
+  MoaOptions o;
+  o.budget = 0.4;
+  EXPECT_EQ(plan_moa(back, 2, o).pareto[0].rule_of_head, plan_moa(prof, 2, o).pareto[0].rule_of_head);
+  // Bad files: another magic, truncated, trailing bytes, a missing file.
+  const std::string bad = (dir / "bad.bin").string();
+  std::ofstream(bad, std::ios::binary) << "NOTAPROFILE.....";
+  EXPECT_EQ(error_of([&] { load_moa_profile(bad); }),
+            "moa: the profile file '" + bad + "' is not a MoA profile (no TSMOAPR1 magic)");
+  std::string bytes;
+  {
+    std::ifstream f(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  std::ofstream(bad, std::ios::binary | std::ios::trunc) << bytes.substr(0, bytes.size() - 8);
+  EXPECT_EQ(error_of([&] { load_moa_profile(bad); }), "moa: the profile file '" + bad + "' is truncated");
+  std::ofstream(bad, std::ios::binary | std::ios::trunc) << bytes << "x";
+  EXPECT_EQ(error_of([&] { load_moa_profile(bad); }), "moa: the profile file '" + bad + "' has data after its last length");
+  const std::string none = (dir / "none.bin").string();
+  EXPECT_EQ(error_of([&] { load_moa_profile(none); }), "moa: cannot read the profile file '" + none + "'");
+  fs::remove_all(dir);
+}
+
+TEST(MoaPlan, HeadLostShareIsMaskedAbsoluteInfluence) {
+  // One layer, two heads, 256 tokens (4 blocks); two samples of opposite signs: the mean influence cancels, the
+  // mass (mean of |block sums|) does not.
+  GradientProfile prof = toy_profile(1, 2, {256}, 3);
+  LengthProfile& lp = prof.lengths[0];
+  std::vector<double> a = lp.influence, b = lp.influence;
+  for (size_t i = 0; i < b.size(); ++i) b[i] = -3 * a[i];
+  std::fill(a.begin() + 16, a.end(), 0.0);  // the second head: no influence in the first sample
+  std::fill(b.begin() + 16, b.end(), 0.0);  // nor in the second
+  lp.sample_influence = {a, b};
+  lp.samples = 2;
+  const std::vector<ElasticRule> rules = {{-2048, 0}, {0, 0.5}, {8192, 0}};
+  const auto shares = head_lost_shares(prof, rules, 64);
+  ASSERT_EQ(shares.size(), 1u);
+  ASSERT_EQ(shares[0].size(), 6u);
+  for (size_t r = 0; r < 3; ++r) {
+    const BlockCoverage c = block_coverage(attn::ElasticWindowPattern{rules[r].alpha, rules[r].beta, 64}, 256);
+    double lost = 0, total = 0;
+    for (size_t qb = 0; qb < 4; ++qb)
+      for (size_t kb = 0; kb <= qb; ++kb) {
+        const double m = (std::abs(a[qb * 4 + kb]) + std::abs(b[qb * 4 + kb])) / 2;  // = 2 |a|
+        lost += (1 - c.kept[qb * 4 + kb]) * m;
+        total += m;
+      }
+    EXPECT_DOUBLE_EQ(shares[0][r], lost / total) << r;
+    EXPECT_EQ(shares[0][3 + r], 0.0) << r;  // no influence: nothing to lose
+  }
+  EXPECT_GT(shares[0][0], shares[0][1]);  // the sink alone masks more than a half window
+  EXPECT_EQ(shares[0][2], 0.0);           // dense masks nothing
+}
+
+TEST(MoaPlan, HeadCapBoundsEveryHeadsLostShare) {
+  if (!have_mip_solver()) GTEST_SKIP() << "built without CBC";
+  const GradientProfile prof = toy_profile(3, 4, {1024, 2048}, 5);
+  MoaOptions o;
+  o.budget = 0.4;
+  const std::vector<ElasticRule> rules = moa_rule_space();
+  const auto shares = head_lost_shares(prof, rules, 64);
+  auto worst = [&](const MoaCandidate& c) {
+    double w = 0;
+    for (size_t h = 0; h < c.rule_of_head.size(); ++h)
+      for (const auto& s : shares) w = std::max(w, s[h * rules.size() + static_cast<size_t>(c.rule_of_head[h])]);
+    return w;
+  };
+  const MoaResult free = plan_moa(prof, 2, o);
+  const double free_worst = worst(free.pareto[free.chosen]);
+  o.head_loss_cap = 1;  // no cap: the same plans
+  EXPECT_EQ(plan_moa(prof, 2, o).pareto[0].rule_of_head, free.pareto[0].rule_of_head);
+  // A cap below the free plan's worst head: every Pareto plan keeps every head within it, at more summed loss.
+  o.head_loss_cap = free_worst * 0.9;
+  ASSERT_LT(o.head_loss_cap, 1);
+  const MoaResult capped = plan_moa(prof, 2, o);
+  for (const MoaCandidate& c : capped.pareto) {
+    EXPECT_LE(worst(c), o.head_loss_cap + 1e-12);
+    for (double d : c.density) EXPECT_LE(d, 0.4 + 1e-9);
+  }
+  EXPECT_GE(capped.pareto[capped.chosen].loss[1] + 1e-12, free.pareto[free.chosen].loss[1]);
+  // A cap that only dense rules meet, under a budget they exceed: the exact error.
+  o.head_loss_cap = 1e-9;
+  EXPECT_EQ(error_of([&] { plan_moa(prof, 2, o); }), "moa: no plan meets the budget 0.4 within the per-head cap 1e-09");
+  o.head_loss_cap = 0;
+  EXPECT_EQ(error_of([&] { plan_moa(prof, 2, o); }), "moa: the per-head cap must be > 0, got 0");
 }
 
 TEST(TriangleMixPlan, StartLayerWhereMiddleGradientCollapses) {

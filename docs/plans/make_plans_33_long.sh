@@ -16,11 +16,21 @@ run() {  # name, arguments
   grep -E "Maximum resident|Elapsed" "docs/plans/$name.log" || true
 }
 # python3 docs/plans/make_calib_33.py "$T" "$M" > docs/plans/calib-licences-2k-4k.jsonl   (committed)
-# The floor inside the optimiser (--moa-no-sink-only: no head reduced to the sink; not run yet):
-#   NOSINK=1 bash docs/plans/make_plans_33_long.sh [TESSERA]
+# The floor inside the optimiser (--moa-no-sink-only: no head reduced to the sink), saving the gradient profile
+# (55 MB, not committed) so other options re-plan from it without the reverse-mode passes:
+#   NOSINK=1 PROFILE=build/h3-rel/smollm2-long-2k-4k.moaprofile bash docs/plans/make_plans_33_long.sh [TESSERA]
+# The per-head cap (--moa-head-cap C: no head may lose more than C of its influence mass), planned from that profile:
+#   CAP=C PROFILE=build/h3-rel/smollm2-long-2k-4k.moaprofile bash docs/plans/make_plans_33_long.sh [TESSERA]
+if [ -n "${CAP:-}" ]; then
+  run "smollm2-moa-long-nosink-cap$CAP-2k-4k" --method moa --calib docs/plans/calib-licences-2k-4k.jsonl \
+    --lengths 2048,4096 --answer-tokens 64 --budget 0.5 --validation-length 2048 --validation-cases 2 --moa-loss fisher \
+    --moa-no-sink-only --moa-head-cap "$CAP" --moa-profile-in "$PROFILE"
+  exit 0
+fi
 if [ "${NOSINK:-0}" = 1 ]; then
   run smollm2-moa-long-nosink-2k-4k --method moa --calib docs/plans/calib-licences-2k-4k.jsonl --lengths 2048,4096 \
-    --answer-tokens 64 --budget 0.5 --validation-length 2048 --validation-cases 2 --moa-loss fisher --moa-no-sink-only
+    --answer-tokens 64 --budget 0.5 --validation-length 2048 --validation-cases 2 --moa-loss fisher --moa-no-sink-only \
+    ${PROFILE:+--moa-profile-out "$PROFILE"}
   exit 0
 fi
 run smollm2-moa-long-2k-4k --method moa --calib docs/plans/calib-licences-2k-4k.jsonl --lengths 2048,4096 \

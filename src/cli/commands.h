@@ -158,6 +158,9 @@ struct PlanOptions {
   int validation_cases = 4;              // held-out tasks at validation_length (agreement with dense's answers)
   std::string moa_loss = "fisher";       // MoA: a rule's loss from its masked influence (fisher | first-order)
   bool moa_no_sink_only = false;         // MoA: leave out the rules that keep the sink alone at a profiled length
+  double moa_head_cap = 1;               // MoA: the share of a head's influence mass a rule may mask (1: no cap)
+  std::string moa_profile_out;           // MoA: save the gradient profile here (load_moa_profile reads it)
+  std::string moa_profile_in;            // MoA: the saved profile instead of the reverse-mode passes
   std::string attn;                      // --method measure: the policies (';'-separated specs or plan files)
   double threshold = 0.1;                // TriangleMix: Middle gradient relative to its largest
   std::string inner = "dense";           // TriangleMix: the shallow layers' policy (dense, vs or a policy file)

@@ -284,6 +284,15 @@ int main(int argc, char** argv) {
   pl->add_flag("--moa-no-sink-only", plan.moa_no_sink_only,
               "MoA: leave out the rules that keep only the sink at a profiled length (span alpha + beta N <= 0), so "
               "every head keeps a window (docs/plans/README.md, \"MoA with long targets\")");
+  pl->add_option("--moa-head-cap", plan.moa_head_cap,
+                 "MoA: a per-head cap in (0, 1]: a head may take only rules that mask at most this share of its "
+                 "influence mass (mean |block influence| over the samples) at every profiled length; 1: no cap")
+      ->capture_default_str();
+  pl->add_option("--moa-profile-out", plan.moa_profile_out,
+                 "MoA: also save the gradient profile (the reverse-mode passes' influence) to this file");
+  pl->add_option("--moa-profile-in", plan.moa_profile_in,
+                 "MoA: plan from a profile saved by --moa-profile-out (made with the same model, --calib and --lengths) "
+                 "instead of running the reverse-mode passes again");
   pl->add_option("--threshold", plan.threshold, "TriangleMix: Middle gradient (relative to the largest layer's) "
                  "below which deep layers run Triangle")->capture_default_str();
   pl->add_option("--inner", plan.inner, "TriangleMix: the shallow layers' policy: dense, vs or a policy file")

@@ -92,6 +92,11 @@ void check_plan_options(const PlanOptions& o) {
   usage_check(o.answer_tokens >= 1, "--answer-tokens must be >= 1, got " + std::to_string(o.answer_tokens));
   usage_check(o.threshold > 0 && o.threshold < 1, "--threshold must be in (0, 1), got " + num(o.threshold));
   usage_check(o.validation_length >= 0, "--validation-length must be >= 0 (0: none), got " + std::to_string(o.validation_length));
+  usage_check(o.moa_head_cap > 0 && o.moa_head_cap <= 1, "--moa-head-cap must be in (0, 1], got " + num(o.moa_head_cap));
+  usage_check((o.moa_profile_in.empty() && o.moa_profile_out.empty()) || o.method == "moa",
+              "--moa-profile-in/--moa-profile-out are for --method moa");
+  usage_check(o.moa_profile_in.empty() || fs::exists(o.moa_profile_in),
+              "--moa-profile-in: no file '" + o.moa_profile_in + "'");
   usage_check(o.validation_cases >= 0, "--validation-cases must be >= 0 (0: none), got " + std::to_string(o.validation_cases));
   for (int l : o.report_lengths) usage_check(l > 0, "--report-lengths must be positive, got " + std::to_string(l));
   usage_check(o.device == "cpu" || o.device == "cuda" || o.device == "auto",
@@ -253,9 +258,25 @@ int plan_command(const PlanOptions& o) {
     plan::ProbeRegions regions;  // the paper's probe: 64 sink, 128 window, 128 last rows
     std::vector<int32_t> levels = o.lengths;
     const plan::GradientProfile prof =
-        plan::profile_gradients(*s.model, samples, levels, regions, pool, [&](int32_t done, int32_t total) {
-          log("plan: %s (%.1f s)\n", "profiled sample " + std::to_string(done) + "/" + std::to_string(total), t0);
-        }, device, /*keep_samples=*/o.method == "moa");
+        !o.moa_profile_in.empty()
+            ? plan::load_moa_profile(o.moa_profile_in)
+            : plan::profile_gradients(*s.model, samples, levels, regions, pool, [&](int32_t done, int32_t total) {
+                log("plan: %s (%.1f s)\n", "profiled sample " + std::to_string(done) + "/" + std::to_string(total), t0);
+              }, device, /*keep_samples=*/o.method == "moa");
+    if (!o.moa_profile_in.empty()) {
+      check(prof.num_layers == cfg.num_layers && prof.num_q_heads == cfg.num_q_heads,
+            "--moa-profile-in: the profile is of " + std::to_string(prof.num_layers) + " layers x " +
+                std::to_string(prof.num_q_heads) + " heads, the model has " + std::to_string(cfg.num_layers) + " x " +
+                std::to_string(cfg.num_q_heads));
+      std::vector<int32_t> have;
+      for (const auto& lp : prof.lengths) have.push_back(lp.length);
+      std::vector<int32_t> want(levels.begin(), levels.end());
+      std::sort(want.begin(), want.end());
+      want.erase(std::unique(want.begin(), want.end()), want.end());
+      check(have == want, "--moa-profile-in: the profile's lengths are not --lengths");
+      report["moa_profile_in"] = o.moa_profile_in;
+    }
+    if (!o.moa_profile_out.empty()) plan::save_moa_profile(prof, o.moa_profile_out);
     report["profile_seconds"] = prof.seconds;
     report["profile_device"] = plan::device_name(device);
     report["calibration_loss"] = prof.loss;
@@ -264,6 +285,8 @@ int plan_command(const PlanOptions& o) {
       if (o.budget) mo.budget = *o.budget;
       mo.estimate = plan::parse_loss_estimate(o.moa_loss);
       mo.allow_sink_only = !o.moa_no_sink_only;
+      mo.head_loss_cap = o.moa_head_cap;
+      report["moa_head_cap"] = mo.head_loss_cap;
       report["moa_sink_only_rules"] = mo.allow_sink_only;
       report["moa_loss"] = plan::loss_estimate_name(mo.estimate);
       plan::PlanValidation validate;
@@ -349,6 +372,37 @@ int plan_command(const PlanOptions& o) {
         extra_lines.push_back(buf);
       }
       report["calibration_noise"] = noise;
+      // What the worst head loses of its influence mass (head_lost_shares), the plan against the uniform window of its
+      // density: the per-head cap (--moa-head-cap) bounds the plan's; the window's is a natural value for it.
+      nlohmann::json lost = nlohmann::json::array();
+      {
+        const std::vector<plan::ElasticRule> space = plan::moa_rule_space();
+        const auto shares = plan::head_lost_shares(prof, space, mo.sink);
+        const auto& rule_of_head = r.pareto[r.chosen].rule_of_head;
+        for (size_t k = 0; k < r.lengths.size(); ++k) {
+          plan::GradientProfile one = prof;
+          one.lengths = {prof.lengths[k]};
+          const double beta = plan::uniform_window_for(r.pareto[r.chosen].density[k], r.lengths[k], mo.sink).beta;
+          const auto uni = plan::head_lost_shares(one, {{0, beta}}, mo.sink).front();
+          double pmax = 0, pmean = 0, umax = 0, umean = 0;
+          for (size_t h = 0; h < rule_of_head.size(); ++h) {
+            const double v = shares[k][h * space.size() + static_cast<size_t>(rule_of_head[h])];
+            pmax = std::max(pmax, v);
+            pmean += v / static_cast<double>(rule_of_head.size());
+            umax = std::max(umax, uni[h]);
+            umean += uni[h] / static_cast<double>(rule_of_head.size());
+          }
+          lost.push_back({{"length", r.lengths[k]}, {"plan_max", pmax}, {"plan_mean", pmean}, {"uniform_max", umax},
+                          {"uniform_mean", umean}});
+          char buf[200];
+          std::snprintf(buf, sizeof buf,
+                        "head influence mass lost at %d: the plan's worst head %.3f (mean %.3f), the uniform window's "
+                        "%.3f (mean %.3f)",
+                        r.lengths[k], pmax, pmean, umax, umean);
+          extra_lines.push_back(buf);
+        }
+      }
+      report["head_lost_share"] = lost;
       write_text(beside(o.out, ".moa.json"), attn::export_moa(policy).dump() + "\n");
     } else {
       plan::TriangleMixOptions to;

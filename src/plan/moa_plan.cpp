@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <set>
@@ -91,6 +94,12 @@ LossEstimate parse_loss_estimate(const std::string& name) {
 
 namespace {
 
+std::string num_text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
 // d = sum over the causal blocks of (1 - kept) * e for one head's [nb][nb] influence.
 double masked_sum(const std::vector<double>& kept, const double* e, size_t nb) {
   double s = 0;
@@ -134,9 +143,41 @@ std::vector<std::vector<double>> rule_losses(const GradientProfile& profile, con
   return out;
 }
 
+std::vector<std::vector<double>> head_lost_shares(const GradientProfile& profile, const std::vector<ElasticRule>& rules,
+                                                  int32_t sink) {
+  const size_t R = rules.size();
+  const size_t heads = static_cast<size_t>(profile.num_layers) * static_cast<size_t>(profile.num_q_heads);
+  std::vector<std::vector<double>> out;
+  for (const LengthProfile& lp : profile.lengths) {
+    const size_t nb = static_cast<size_t>(lp.num_blocks);
+    const size_t per_head = nb * nb;
+    std::vector<double> mass(heads * per_head, 0.0);
+    if (lp.sample_influence.empty()) {
+      for (size_t i = 0; i < mass.size(); ++i) mass[i] = std::abs(lp.influence[i]);
+    } else {
+      for (const std::vector<double>& e : lp.sample_influence)
+        for (size_t i = 0; i < mass.size(); ++i) mass[i] += std::abs(e[i]);
+      for (double& m : mass) m /= static_cast<double>(lp.sample_influence.size());
+    }
+    std::vector<double> total(heads, 0.0);
+    for (size_t h = 0; h < heads; ++h)
+      for (size_t qb = 0; qb < nb; ++qb)
+        for (size_t kb = 0; kb <= qb; ++kb) total[h] += mass[h * per_head + qb * nb + kb];
+    std::vector<double> share(heads * R, 0.0);
+    for (size_t r = 0; r < R; ++r) {
+      const BlockCoverage c = block_coverage(attn::ElasticWindowPattern{rules[r].alpha, rules[r].beta, sink}, lp.length);
+      for (size_t h = 0; h < heads; ++h)
+        if (total[h] > 0) share[h * R + r] = masked_sum(c.kept, mass.data() + h * per_head, nb) / total[h];
+    }
+    out.push_back(std::move(share));
+  }
+  return out;
+}
+
 MoaResult plan_moa(const GradientProfile& profile, int32_t num_kv_heads, const MoaOptions& o,
                    const PlanValidation& validate, const std::function<void(const std::string&)>& progress) {
   check(o.budget > 0 && o.budget <= 1, "moa: budget must be in (0, 1], got " + std::to_string(o.budget));
+  check(o.head_loss_cap > 0, "moa: the per-head cap must be > 0, got " + num_text(o.head_loss_cap));
   check(!profile.lengths.empty(), "moa: the profile has no lengths");
   const std::vector<ElasticRule> rules = moa_rule_space();
   const auto R = static_cast<int32_t>(rules.size());
@@ -176,6 +217,17 @@ MoaResult plan_moa(const GradientProfile& profile, int32_t num_kv_heads, const M
   }
   const auto O = static_cast<int32_t>(reps.size());
   const size_t heads = static_cast<size_t>(profile.num_layers) * static_cast<size_t>(profile.num_q_heads);
+  std::vector<uint8_t> allowed;  // [head * option]: within the per-head cap at every profiled length
+  if (o.head_loss_cap < 1) {
+    const auto shares = head_lost_shares(profile, rules, o.sink);
+    allowed.assign(heads * static_cast<size_t>(O), 1);
+    for (size_t h = 0; h < heads; ++h)
+      for (int32_t i = 0; i < O; ++i)
+        for (size_t k = 0; k < K; ++k)
+          if (shares[k][h * static_cast<size_t>(R) + static_cast<size_t>(reps[static_cast<size_t>(i)])] >
+              o.head_loss_cap + 1e-12)
+            allowed[h * static_cast<size_t>(O) + static_cast<size_t>(i)] = 0;
+  }
   std::vector<std::vector<double>> opt_densities(K), opt_losses(K);
   for (size_t k = 0; k < K; ++k) {
     for (int32_t q : reps) opt_densities[k].push_back(densities[k][static_cast<size_t>(q)]);
@@ -195,6 +247,7 @@ MoaResult plan_moa(const GradientProfile& profile, int32_t num_kv_heads, const M
   base.weight_limits.assign(K, o.budget);
   base.max_options_per_group = o.max_rules_per_layer;
   base.time_limit_seconds = o.time_limit_seconds;
+  base.allowed = allowed;
 
   auto candidate = [&](const RuleAssignment& a) {
     MoaCandidate c;
@@ -219,6 +272,9 @@ MoaResult plan_moa(const GradientProfile& profile, int32_t num_kv_heads, const M
   first.cost = opt_losses[primary];
   if (progress) progress("moa: MIP at length " + std::to_string(result.lengths[primary]));
   const auto a0 = solve(first);
+  if (!a0 && o.head_loss_cap < 1)
+    throw Error("moa: no plan meets the budget " + num_text(o.budget) + " within the per-head cap " +
+                num_text(o.head_loss_cap));
   check(a0.has_value(), "moa: no plan meets the budget (the MIP is infeasible)");
   std::vector<MoaCandidate> all{candidate(*a0)};
   if (K > 1) {
@@ -373,6 +429,97 @@ attn::ElasticWindowPattern uniform_window_for(double density, int32_t length, in
       lo = mid;
   }
   return attn::ElasticWindowPattern{0, hi, sink};
+}
+
+namespace {
+
+constexpr char kProfileMagic[8] = {'T', 'S', 'M', 'O', 'A', 'P', 'R', '1'};
+
+template <typename T>
+void put(std::ofstream& f, const T& v) {
+  f.write(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+void put_doubles(std::ofstream& f, const std::vector<double>& v) {
+  put(f, static_cast<uint64_t>(v.size()));
+  f.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(double)));
+}
+
+}  // namespace
+
+void save_moa_profile(const GradientProfile& profile, const std::string& path) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  check(f.good(), "moa: cannot write the profile file '" + path + "'");
+  f.write(kProfileMagic, sizeof kProfileMagic);
+  put(f, profile.num_layers);
+  put(f, profile.num_q_heads);
+  put(f, static_cast<int32_t>(profile.lengths.size()));
+  put(f, profile.loss);
+  put(f, profile.seconds);
+  for (const LengthProfile& lp : profile.lengths) {
+    put(f, lp.length);
+    put(f, lp.num_blocks);
+    put(f, lp.samples);
+    put(f, static_cast<int32_t>(lp.sample_influence.size()));
+    put_doubles(f, lp.influence);
+    for (const std::vector<double>& e : lp.sample_influence) put_doubles(f, e);
+  }
+  f.flush();
+  check(f.good(), "moa: writing the profile file '" + path + "' failed");
+}
+
+GradientProfile load_moa_profile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  check(f.good(), "moa: cannot read the profile file '" + path + "'");
+  auto fail = [&](const std::string& why) { throw Error("moa: the profile file '" + path + "' " + why); };
+  auto get = [&](auto& v) {
+    f.read(reinterpret_cast<char*>(&v), sizeof v);
+    if (!f) fail("is truncated");
+  };
+  char magic[sizeof kProfileMagic] = {};
+  f.read(magic, sizeof magic);
+  if (!f || std::memcmp(magic, kProfileMagic, sizeof magic) != 0) fail("is not a MoA profile (no TSMOAPR1 magic)");
+  GradientProfile p;
+  int32_t count = 0;
+  get(p.num_layers);
+  get(p.num_q_heads);
+  get(count);
+  get(p.loss);
+  get(p.seconds);
+  if (p.num_layers <= 0 || p.num_q_heads <= 0 || count <= 0 || count > 64)
+    fail("has a bad shape (" + std::to_string(p.num_layers) + " layers, " + std::to_string(p.num_q_heads) +
+         " heads, " + std::to_string(count) + " lengths)");
+  for (int32_t k = 0; k < count; ++k) {
+    LengthProfile lp;
+    int32_t kept = 0;
+    get(lp.length);
+    get(lp.num_blocks);
+    get(lp.samples);
+    get(kept);
+    if (lp.length <= 0 || lp.num_blocks != (lp.length + kProfileBlock - 1) / kProfileBlock || lp.samples < 0 ||
+        kept < 0 || kept > lp.samples)
+      fail("has a bad length entry (length " + std::to_string(lp.length) + ", " + std::to_string(lp.num_blocks) +
+           " blocks, " + std::to_string(lp.samples) + " samples, " + std::to_string(kept) + " kept)");
+    const uint64_t want = static_cast<uint64_t>(p.num_layers) * static_cast<uint64_t>(p.num_q_heads) *
+                          static_cast<uint64_t>(lp.num_blocks) * static_cast<uint64_t>(lp.num_blocks);
+    auto get_doubles = [&](std::vector<double>& v) {
+      uint64_t n = 0;
+      get(n);
+      if (n != want)
+        fail("has " + std::to_string(n) + " influence values at length " + std::to_string(lp.length) + ", expected " +
+             std::to_string(want));
+      v.resize(n);
+      f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n * sizeof(double)));
+      if (!f) fail("is truncated");
+    };
+    get_doubles(lp.influence);
+    lp.sample_influence.resize(static_cast<size_t>(kept));
+    for (std::vector<double>& e : lp.sample_influence) get_doubles(e);
+    if (!p.lengths.empty() && lp.length <= p.lengths.back().length) fail("has lengths out of order");
+    p.lengths.push_back(std::move(lp));
+  }
+  if (f.peek() != std::char_traits<char>::eof()) fail("has data after its last length");
+  return p;
 }
 
 }  // namespace tessera::plan

@@ -70,6 +70,11 @@ struct MoaOptions {
   // space, so no head is reduced to the sink (--moa-no-sink-only; on SmolLM2 the sink-only heads carried most of
   // the plans' perplexity loss: docs/plans/README.md, "MoA with long targets").
   bool allow_sink_only = true;
+  // The per-head cap (--moa-head-cap): a rule is open to a head only if it masks at most this share of the head's
+  // influence mass at every profiled length (head_lost_shares); >= 1: no cap. The summed loss lets the optimiser
+  // starve heads whose masked influence cancels or looks small; the cap bounds what any one head loses, in the
+  // head's own units.
+  double head_loss_cap = 1;
 };
 
 struct MoaCandidate {
@@ -95,6 +100,11 @@ struct MoaResult {
 // profile made with keep_samples" without them).
 std::vector<std::vector<double>> rule_losses(const GradientProfile& profile, const std::vector<ElasticRule>& rules,
                                              int32_t sink, LossEstimate estimate = LossEstimate::FirstOrder);
+// Per profiled length, [length][head * rules]: the share of a head's influence mass that a rule masks,
+// sum over blocks of (1 - kept) m_b / sum over blocks of m_b, with m_b = the mean over the samples of |E_s,b| (each
+// sample's block sum; the mean influence's where the profile kept no samples). 0 for a head without influence.
+std::vector<std::vector<double>> head_lost_shares(const GradientProfile& profile, const std::vector<ElasticRule>& rules,
+                                                  int32_t sink);
 std::vector<std::vector<double>> rule_densities(const std::vector<ElasticRule>& rules, int32_t sink,
                                                 const std::vector<int32_t>& lengths);
 
@@ -129,8 +139,17 @@ std::vector<LossComparison> compare_losses(const GradientProfile& profile, const
 // beta by bisection to 1e-6 (the comparison "a uniform window of the same density").
 attn::ElasticWindowPattern uniform_window_for(double density, int32_t length, int32_t sink = 64);
 
+// The MoA part of a gradient profile (the shape, the loss and each length's mean and per-sample influence; not
+// TriangleMix's probe) as a binary file, so the optimiser can be re-run with other options without the reverse-mode
+// passes (--moa-profile-out / --moa-profile-in). Little-endian host doubles; the magic "TSMOAPR1" first.
+// load_moa_profile throws tessera::Error naming the file when it cannot be read, has another magic, or is truncated
+// or inconsistent (sizes that do not match layers x heads x blocks^2).
+void save_moa_profile(const GradientProfile& profile, const std::string& path);
+GradientProfile load_moa_profile(const std::string& path);
+
 // Throws tessera::Error when the budget is outside (0, 1] or no plan meets it (the sparsest rules' density at a
-// length exceeds the budget).
+// length exceeds the budget, or no plan within the per-head cap does: "moa: no plan meets the budget B within the
+// per-head cap C").
 MoaResult plan_moa(const GradientProfile& profile, int32_t num_kv_heads, const MoaOptions& options,
                    const PlanValidation& validate = {},
                    const std::function<void(const std::string&)>& progress = {});

@@ -25,6 +25,7 @@ void check_problem(const RuleAssignmentProblem& p) {
   check(p.cap_costs.size() == p.caps.size(), "rule assignment: epsilon constraints without caps");
   for (const auto& c : p.cap_costs) check(c.size() == cells, "rule assignment: cap table has the wrong size");
   check(p.max_options_per_group >= 1, "rule assignment: max options per group must be >= 1");
+  check(p.allowed.empty() || p.allowed.size() == cells, "rule assignment: allowed table has the wrong size");
 }
 
 double scale_of(const std::vector<double>& v) {
@@ -35,6 +36,11 @@ double scale_of(const std::vector<double>& v) {
 
 bool feasible(const RuleAssignmentProblem& p, const std::vector<int32_t>& choice) {
   const int32_t n = p.items();
+  if (!p.allowed.empty())
+    for (int32_t i = 0; i < n; ++i)
+      if (p.allowed[static_cast<size_t>(i) * static_cast<size_t>(p.options) +
+                    static_cast<size_t>(choice[static_cast<size_t>(i)])] == 0)
+        return false;
   for (int32_t g = 0; g < p.groups; ++g) {
     std::set<int32_t> used(choice.begin() + g * p.items_per_group, choice.begin() + (g + 1) * p.items_per_group);
     if (static_cast<int32_t>(used.size()) > p.max_options_per_group) return false;
@@ -103,7 +109,8 @@ std::optional<RuleAssignment> solve_rule_assignment(const RuleAssignmentProblem&
   auto y = [&](int32_t g, int32_t r) { return n * R + g * R + r; };
   for (int32_t i = 0; i < n; ++i)
     for (int32_t r = 0; r < R; ++r)
-      Cbc_addCol(m, "", 0.0, 1.0, p.cost[static_cast<size_t>(x(i, r))] / cost_scale, 1, 0, nullptr, nullptr);
+      Cbc_addCol(m, "", 0.0, p.allowed.empty() || p.allowed[static_cast<size_t>(x(i, r))] ? 1.0 : 0.0,
+                 p.cost[static_cast<size_t>(x(i, r))] / cost_scale, 1, 0, nullptr, nullptr);
   for (int32_t g = 0; g < G; ++g)
     for (int32_t r = 0; r < R; ++r) Cbc_addCol(m, "", 0.0, 1.0, 0.0, 1, 0, nullptr, nullptr);
   std::vector<int> cols;

@@ -7,6 +7,7 @@
 //               x[i][r] <= y[group(i)][r],  sum_r y[g][r] <= max_options_per_group     for every group g
 //               (1 / items) sum_i sum_r weight_k[r] x[i][r] <= limit_k      (mean density at each length k)
 //               sum_i sum_r cap_cost_m[i][r] x[i][r] <= cap_m             (MoA's epsilon constraints)
+//               x[i][r] = 0 where allowed[i][r] = 0                        (MoA's per-head loss cap)
 // Costs are rescaled internally (the influence sums are tiny numbers); the returned objective is in the caller's
 // units.
 #pragma once
@@ -26,6 +27,7 @@ struct RuleAssignmentProblem {
   std::vector<double> weight_limits;              // per density constraint: the mean's upper bound
   std::vector<std::vector<double>> cap_costs;     // per epsilon constraint: [items * options]
   std::vector<double> caps;                       // per epsilon constraint: the sum's upper bound
+  std::vector<uint8_t> allowed;                   // [items * options]: 0 forbids the option to the item; empty: all
   int32_t max_options_per_group = 2;
   double time_limit_seconds = 60;
   int32_t items() const { return groups * items_per_group; }
