@@ -321,21 +321,10 @@ class MixedAttention final : public CpuAttentionStep {
         decode_(decode), pool_(pool) {}
 
   void attend(int32_t layer, float* q, float* k, float* v, float* out) override {
-    const int32_t nq = cfg_.num_q_heads, d = cfg_.head_dim, kv_len = pos_ + n_;
     cache_.write(layer, pos_, n_, k, v);
-    attn::AttentionArgs args;
-    args.q = TensorView(q, DType::F32, {n_, nq, d});
-    args.k = cache_.k_view(layer, kv_len);
-    args.v = cache_.v_view(layer, kv_len);
-    args.out = TensorView(out, DType::F32, {n_, nq, d});
-    args.scale = cfg_.attention_scale;
-    args.q_begin = pos_;
-    const int32_t window = cfg_.layers[static_cast<size_t>(layer)].sliding_window;
-    if (window > 0 && window < kv_len) args.window = window;
-    const bool dense = policy_ == nullptr || policy_->table().empty();
-    attn::layer_attention_cpu(args, dense ? std::vector<attn::Pattern>{} : policy_->layer(layer), total_len_, pool_);
-    if (observer_ != nullptr && *observer_) (*observer_)(layer, args);
-    const int64_t QD = static_cast<int64_t>(nq) * d, KD = static_cast<int64_t>(cfg_.num_kv_heads) * d;
+    attend_staged_chunk(cfg_, cache_, layer, pos_, n_, q, out, policy_, total_len_, observer_, pool_);
+    const int64_t QD = static_cast<int64_t>(cfg_.num_q_heads) * cfg_.head_dim,
+                  KD = static_cast<int64_t>(cfg_.num_kv_heads) * cfg_.head_dim;
     decode_.attend(layer, q + n_ * QD, k + n_ * KD, v + n_ * KD, out + n_ * QD);
   }
 

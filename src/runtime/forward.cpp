@@ -10,6 +10,26 @@
 
 namespace tessera::runtime {
 
+void attend_staged_chunk(const ModelConfig& cfg, KVCache& cache, int32_t layer, int32_t pos, int32_t n, float* q,
+                         float* out, const attn::AttentionPolicy* policy, int32_t total_len,
+                         const AttentionObserver* observer, ThreadPool& pool) {
+  const int32_t nq = cfg.num_q_heads, d = cfg.head_dim, kv_len = pos + n;
+  attn::AttentionArgs args;
+  args.q = TensorView(q, DType::F32, {n, nq, d});
+  args.k = cache.k_view(layer, kv_len);
+  args.v = cache.v_view(layer, kv_len);
+  args.out = TensorView(out, DType::F32, {n, nq, d});
+  args.scale = cfg.attention_scale;
+  args.q_begin = pos;
+  // A sliding-window layer's window is part of the model: the executors apply it on top of whatever the
+  // policy's pattern keeps (a window covering every key changes nothing, so it is left out).
+  const int32_t window = cfg.layers[static_cast<size_t>(layer)].sliding_window;
+  if (window > 0 && window < kv_len) args.window = window;
+  const bool dense = policy == nullptr || policy->table().empty();
+  attn::layer_attention_cpu(args, dense ? std::vector<attn::Pattern>{} : policy->layer(layer), total_len, pool);
+  if (observer != nullptr && *observer) (*observer)(layer, args);
+}
+
 namespace {
 
 // A sequence's keys and values contiguous in a KVCache, attended under a sparse policy (see forward.h).
@@ -26,22 +46,8 @@ class ContiguousAttention final : public CpuAttentionStep {
   float* v_rows(int32_t layer) override { return f32_ ? cache_.v(layer, pos_) : nullptr; }
 
   void attend(int32_t layer, float* q, float* k, float* v, float* out) override {
-    const int32_t nq = cfg_.num_q_heads, d = cfg_.head_dim, kv_len = pos_ + n_;
     if (!f32_) cache_.write(layer, pos_, n_, k, v);
-    attn::AttentionArgs args;
-    args.q = TensorView(q, DType::F32, {n_, nq, d});
-    args.k = cache_.k_view(layer, kv_len);
-    args.v = cache_.v_view(layer, kv_len);
-    args.out = TensorView(out, DType::F32, {n_, nq, d});
-    args.scale = cfg_.attention_scale;
-    args.q_begin = pos_;
-    // A sliding-window layer's window is part of the model: the executors apply it on top of whatever the
-    // policy's pattern keeps (a window covering every key changes nothing, so it is left out).
-    const int32_t window = cfg_.layers[static_cast<size_t>(layer)].sliding_window;
-    if (window > 0 && window < kv_len) args.window = window;
-    const bool dense = policy_ == nullptr || policy_->table().empty();
-    attn::layer_attention_cpu(args, dense ? std::vector<attn::Pattern>{} : policy_->layer(layer), total_len_, pool_);
-    if (observer_ != nullptr && *observer_) (*observer_)(layer, args);
+    attend_staged_chunk(cfg_, cache_, layer, pos_, n_, q, out, policy_, total_len_, observer_, pool_);
   }
 
  private:
