@@ -2,9 +2,13 @@
 // runtime multiplies today (OpenBLAS sgemv / sgemm on the dequantized matrix, same thread count).
 //
 //   qmatmul_bench [--quick] [--decode-only | --prefill-only] [--threads 1,2] [--shape SUBSTRING] [--no-scalar]
-//                 [--act int8|int8x2]
+//                 [--act int8|int8x2|int8outliers] [--outliers P] [--cpu-time]
 //
-// --act int8x2 runs the quantized types on two-level int8 activations (model::QAct::Int8x2; default int8).
+// --act int8x2 runs the quantized types on two-level int8 activations (model::QAct::Int8x2; default int8),
+// int8outliers on one level plus the second level on the outlier blocks (model::QAct::Int8Outliers). --outliers P
+// gives each 32-element chunk of each x row, with probability P, one element set to +-10 (1 + |x|) (the real models'
+// activations have such outliers: ~8-10% of their blocks are picked by Int8Outliers); the share of blocks that
+// Int8Outliers picks is printed per shape (for 32- and 256-element activation blocks).
 // Decode: y = W x (m = 1), memory bound. Each timed call reads a different copy of the matrix, with at least
 // 256 MiB of copies in rotation, so the weights come from DRAM as they do in a forward pass (a model's layers do
 // not fit in L3); GB/s = stored bytes of W / time. Prefill: m = 512, GFLOP/s = 2 m rows cols / time. Times are
@@ -15,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <functional>
 #include <random>
@@ -98,6 +103,15 @@ std::vector<uint8_t> random_matrix(TensorType type, int64_t rows, int64_t cols, 
 }
 
 // Median seconds per call of fn(i) over at least min_calls calls and min_seconds.
+// --cpu-time: the process's CPU seconds per call instead (on a shared machine, the time waited for a core is left
+// out; with several threads it is their sum).
+bool g_cpu_time = false;
+double cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 double median_seconds(const std::function<void(int)>& fn, int min_calls, double min_seconds) {
   using clock = std::chrono::steady_clock;
   fn(0);  // warm-up
@@ -105,13 +119,45 @@ double median_seconds(const std::function<void(int)>& fn, int min_calls, double 
   const auto start = clock::now();
   for (int i = 1;; ++i) {
     const auto a = clock::now();
+    const double c = g_cpu_time ? cpu_seconds() : 0.0;
     fn(i);
-    t.push_back(std::chrono::duration<double>(clock::now() - a).count());
+    t.push_back(g_cpu_time ? cpu_seconds() - c : std::chrono::duration<double>(clock::now() - a).count());
     if (static_cast<int>(t.size()) >= min_calls && std::chrono::duration<double>(clock::now() - start).count() >= min_seconds)
       break;
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+void add_outliers(std::vector<float>& x, double p, std::mt19937& rng) {
+  if (p <= 0) return;
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  std::uniform_int_distribution<int> at(0, 31);
+  for (size_t c = 0; c + 32 <= x.size(); c += 32)
+    if (u(rng) < p) {
+      float& v = x[c + static_cast<size_t>(at(rng))];
+      v = std::copysign(10.0f * (1.0f + std::fabs(v)), v);
+    }
+}
+
+// The share of activation blocks (ab elements) of the m x rows that Int8Outliers gives a second level: scale
+// max|x| / 127 above kOutlierRatio x the row's median scale.
+double picked_share(const std::vector<float>& x, int64_t m, int64_t cols, int64_t ab) {
+  const int64_t nb = cols / ab;
+  if (nb == 0) return 0;
+  int64_t picked = 0;
+  std::vector<float> d(static_cast<size_t>(nb)), sd;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t b = 0; b < nb; ++b) {
+      float a = 0;
+      for (int64_t k = 0; k < ab; ++k) a = std::max(a, std::fabs(x[static_cast<size_t>(i * cols + b * ab + k)]));
+      d[static_cast<size_t>(b)] = a / 127.0f;
+    }
+    sd = d;
+    std::nth_element(sd.begin(), sd.begin() + nb / 2, sd.end());
+    for (const float v : d) picked += v > kOutlierRatio * sd[static_cast<size_t>(nb / 2)] ? 1 : 0;
+  }
+  return static_cast<double>(picked) / static_cast<double>(m * nb);
 }
 
 std::vector<int> parse_list(const char* s) {
@@ -139,6 +185,7 @@ int main(int argc, char** argv) {
   std::vector<int> threads = {1, 2};
   std::string shape_filter;
   QAct act = QAct::Int8;
+  double outliers = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
@@ -147,10 +194,14 @@ int main(int argc, char** argv) {
     else if (a == "--threads" && i + 1 < argc) threads = parse_list(argv[++i]);
     else if (a == "--shape" && i + 1 < argc) shape_filter = argv[++i];
     else if (a == "--no-scalar") scalar = false;
-    else if (a == "--act" && i + 1 < argc && (std::string(argv[i + 1]) == "int8" || std::string(argv[i + 1]) == "int8x2"))
-      act = std::string(argv[++i]) == "int8x2" ? QAct::Int8x2 : QAct::Int8;
+    else if (a == "--act" && i + 1 < argc && std::string(argv[i + 1]) == "int8") act = QAct::Int8, ++i;
+    else if (a == "--act" && i + 1 < argc && std::string(argv[i + 1]) == "int8x2") act = QAct::Int8x2, ++i;
+    else if (a == "--act" && i + 1 < argc && std::string(argv[i + 1]) == "int8outliers") act = QAct::Int8Outliers, ++i;
+    else if (a == "--outliers" && i + 1 < argc) outliers = std::atof(argv[++i]);
+    else if (a == "--cpu-time") g_cpu_time = true;
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--decode-only | --prefill-only] [--threads 1,2] [--shape S] [--no-scalar] [--act int8|int8x2]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--decode-only | --prefill-only] [--threads 1,2] [--shape S] [--no-scalar] "
+                   "[--act int8|int8x2|int8outliers] [--outliers P] [--cpu-time]\n", argv[0]);
       return 2;
     }
   }
@@ -158,8 +209,9 @@ int main(int argc, char** argv) {
   std::vector<QIsa> isas;
   for (const QIsa isa : {QIsa::Scalar, QIsa::Avx2, QIsa::Avx512})
     if (qmatmul_isa_available(isa) && (scalar || isa != QIsa::Scalar)) isas.push_back(isa);
-  std::printf("# qmatmul_bench: best path %s; activations %s; load average before: %s\n",
-              std::string(qmatmul_isa_name(qmatmul_best_isa())).c_str(), act == QAct::Int8x2 ? "int8x2" : "int8",
+  std::printf("# qmatmul_bench: best path %s; activations %s; outliers %g; load average before: %s\n",
+              std::string(qmatmul_isa_name(qmatmul_best_isa())).c_str(),
+              act == QAct::Int8x2 ? "int8x2" : act == QAct::Int8Outliers ? "int8outliers" : "int8", outliers,
               loadavg().c_str());
 #if !defined(TESSERA_BENCH_OPENBLAS)
   std::printf("# (no OpenBLAS: the f32 baseline is qmatmul's own F32 kernel)\n");
@@ -194,6 +246,9 @@ int main(int argc, char** argv) {
       std::vector<float> x(static_cast<size_t>(s.cols)), y(static_cast<size_t>(s.rows));
       std::normal_distribution<float> nd(0.0f, 1.0f);
       for (auto& v : x) v = nd(rng);
+      add_outliers(x, outliers, rng);
+      std::printf("| %s: picked blocks %.1f%% (32), %.1f%% (256) |\n", s.name, 100 * picked_share(x, 1, s.cols, 32),
+                  100 * picked_share(x, 1, s.cols, 256));
       // f32 baseline copies
       const size_t f32_bytes = static_cast<size_t>(s.rows * s.cols) * 4;
       const size_t f32_copies = std::clamp<size_t>(kRotation / f32_bytes + 1, 1, 64);
@@ -262,6 +317,9 @@ int main(int argc, char** argv) {
       std::vector<float> x(static_cast<size_t>(m * s.cols)), y(static_cast<size_t>(m * s.rows));
       std::normal_distribution<float> nd(0.0f, 1.0f);
       for (auto& v : x) v = nd(rng);
+      add_outliers(x, outliers, rng);
+      std::printf("| %s: picked blocks %.1f%% (32), %.1f%% (256) |\n", s.name, 100 * picked_share(x, m, s.cols, 32),
+                  100 * picked_share(x, m, s.cols, 256));
       const double flop = 2.0 * static_cast<double>(m) * static_cast<double>(s.rows) * static_cast<double>(s.cols);
       const bool big = s.rows * s.cols > 4'000'000;
       std::vector<float> wf(static_cast<size_t>(s.rows * s.cols));

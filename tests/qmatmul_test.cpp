@@ -17,10 +17,17 @@
 //    f32) per block with its own step d2_b = max|e in b| / 127 <= d_b / 254, so |x_k - d_b q_k - d2_b q2_k| <=
 //    d_b / 508 (+ the 1e-5 |x_k| term): A shrinks ~250x. The two levels' products are added in f32: F counts 2n
 //    terms.
+//  * One level plus the outliers' second level (QAct::Int8Outliers): with m >= kOutlierMinM x rows, the blocks
+//    whose step d_b exceeds kOutlierRatio x the median step of the row's blocks get the second level (d_b / 508),
+//    the others keep their one-level error, bounded per element by |x_k - d_b round(x_k / d_b)| + 1e-4 d_b (d_b in
+//    f64 vs the kernel's f32: far from a tie both round alike, near one the term is ~d_b / 2 anyway; a block
+//    within 1% of the limit may go either way: d_b / 2); with fewer rows every
+//    block gets it (as Int8x2). F counts 2n terms.
 //  * SIMD vs the scalar twin: both compute the same exact value (same int8 activations, same integer block sums)
 //    and differ by f32 summation order only: |y_simd - y_scalar| <= 2F.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -150,21 +157,37 @@ int check_product(const QMatrix& mat, const std::vector<float>& x, int64_t m, QI
   qmatmul(mat, x.data(), m, y.data(), nullptr, isa);
   qmatmul(mat, x.data(), m, ys.data(), nullptr, QIsa::Scalar);
   qmatmul(mat, x.data(), m, yp.data(), &pool, isa);
-  const bool x2 = ab > 0 && mat.act == QAct::Int8x2;
-  const double act_err = x2 ? 1.0 / 508 : 0.5;  // of the activation step d_b, per element
+  const bool outliers = ab > 0 && mat.act == QAct::Int8Outliers;
+  const bool x2 = ab > 0 && (mat.act == QAct::Int8x2 || (outliers && m < kOutlierMinM));
   // float terms per output: at most one per 16 elements (per level)
-  const int64_t nterms = (bs == 1 ? cols : cols / 16) * (x2 ? 2 : 1);
+  const int64_t nterms = (bs == 1 ? cols : cols / 16) * (x2 || outliers ? 2 : 1);
   std::vector<std::vector<double>> off(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r)
     off[static_cast<size_t>(r)] = offset_magnitude(type, mat.data + static_cast<size_t>(r) * row_bytes, cols);
   int checked = 0;
   for (int64_t i = 0; i < m; ++i) {
     const float* xi = x.data() + i * cols;
-    std::vector<double> dx(static_cast<size_t>(cols), 0.0);  // the activation step d_b per element
-    for (int64_t b = 0; ab > 0 && b < cols / ab; ++b) {
+    // the bound of the activation error per element: d_b / 2, or d_b / 508 on two levels
+    std::vector<double> dx(static_cast<size_t>(cols), 0.0);
+    const int64_t nb = ab > 0 ? cols / ab : 0;
+    std::vector<double> step(static_cast<size_t>(nb));
+    for (int64_t b = 0; b < nb; ++b) {
       double amax = 0;
       for (int64_t k = 0; k < ab; ++k) amax = std::max(amax, std::fabs(double{xi[b * ab + k]}));
-      for (int64_t k = 0; k < ab; ++k) dx[static_cast<size_t>(b * ab + k)] = amax / 127;
+      step[static_cast<size_t>(b)] = amax / 127;
+    }
+    std::vector<double> sorted = step;
+    std::sort(sorted.begin(), sorted.end());
+    const double limit = nb > 0 ? kOutlierRatio * sorted[static_cast<size_t>(nb / 2)] : 0.0;
+    for (int64_t b = 0; b < nb; ++b) {
+      const double d = step[static_cast<size_t>(b)];
+      const bool second = x2 || (outliers && d > 1.01 * limit);
+      const bool first = outliers && d < 0.99 * limit;  // surely one level: the element's own rounding error
+      for (int64_t k = 0; k < ab; ++k) {
+        const double xk = xi[b * ab + k];
+        dx[static_cast<size_t>(b * ab + k)] =
+            second ? d / 508 : first && d > 0 ? std::fabs(xk - d * std::nearbyint(xk / d)) + 1e-4 * d : d / 2;
+      }
     }
     for (int64_t r = 0; r < rows; ++r) {
       const float* wr = wf.data() + r * cols;
@@ -173,14 +196,14 @@ int check_product(const QMatrix& mat, const std::vector<float>& x, int64_t m, QI
       for (int64_t k = 0; k < cols; ++k) {
         const double wk = wr[k], xk = xi[k];
         exact += wk * xk;
-        if (ab > 0) act += std::fabs(wk) * (dx[static_cast<size_t>(k)] * act_err + 1e-5 * std::fabs(xk));
+        if (ab > 0) act += std::fabs(wk) * (dx[static_cast<size_t>(k)] + 1e-5 * std::fabs(xk));
         mag += (std::fabs(wk) + o[static_cast<size_t>(k)]) * std::fabs(xk);
       }
       const double f32 = 2.0 * static_cast<double>(nterms + 8) * std::ldexp(1.0, -24) * mag;
       const size_t at = static_cast<size_t>(i * rows + r);
       SCOPED_TRACE(what + " " + std::string(tensor_type_name(type)) + " " + std::string(qmatmul_isa_name(isa)) +
                    " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) + " m=" + std::to_string(m) +
-                   " i=" + std::to_string(i) + " r=" + std::to_string(r) + (x2 ? " int8x2" : ""));
+                   " i=" + std::to_string(i) + " r=" + std::to_string(r) + (outliers ? " int8outliers" : x2 ? " int8x2" : ""));
       EXPECT_NEAR(y[at], exact, act + f32 + 1e-30);
       EXPECT_NEAR(y[at], ys[at], 2 * f32 + 1e-30);
       EXPECT_EQ(y[at], yp[at]);  // the thread split changes which thread computes an output, not how
@@ -212,7 +235,7 @@ TEST_P(QMatmul, MatchesDequantizedF64AndTheScalarTwin) {
   for (const int64_t rows : {1, 7, 33}) {
     for (const int64_t cols : col_counts) {
       const auto w = random_weights(type, rows, cols, rng);
-      for (const QAct act : {QAct::Int8, QAct::Int8x2}) {
+      for (const QAct act : {QAct::Int8, QAct::Int8x2, QAct::Int8Outliers}) {
         const QMatrix mat{w.data(), rows, cols, type, act};
         for (const int64_t m : {1, 3, 17, 64}) {
           const int n = check_product(mat, random_x(m, cols, rng), m, isa, pool, "random");
@@ -247,7 +270,7 @@ TEST(QMatmulTiling, ManyRowsOfXMatchTheScalarTwin) {
   for (const auto type : {TensorType::Q4_0, TensorType::Q8_0, TensorType::Q4_K, TensorType::Q6_K, TensorType::BF16}) {
     const auto w = random_weights(type, rows, cols, rng);
     const auto x = random_x(m, cols, rng);
-    for (const QAct act : {QAct::Int8, QAct::Int8x2}) {
+    for (const QAct act : {QAct::Int8, QAct::Int8x2, QAct::Int8Outliers}) {
     const QMatrix mat{w.data(), rows, cols, type, act};
     std::vector<float> ys(static_cast<size_t>(m * rows));
     qmatmul(mat, x.data(), m, ys.data(), nullptr, QIsa::Scalar);
@@ -262,6 +285,70 @@ TEST(QMatmulTiling, ManyRowsOfXMatchTheScalarTwin) {
         ASSERT_EQ(y[k], yp[k]) << tensor_type_name(type) << " " << qmatmul_isa_name(isa) << " at " << k;
       }
     }
+    }
+  }
+}
+
+// Int8Outliers with outlier channels as the real models have them (the same columns in every row), so that a
+// block column is picked by >= kOutlierMinM rows and its second levels go through the panels (or, for Q8_0 on
+// AVX2, the row kernels over tiles of pairs), beside scattered single picks: every type and path, within the
+// bounds above, threaded == serial.
+TEST(QMatmulOutliers, OutlierChannelsTakeTheSecondLevel) {
+  std::mt19937 rng(11);
+  ThreadPool pool(2);
+  for (const auto type : kTypes) {
+    if (tensor_type_block_size(type) == 1) continue;
+    const int64_t rows = 53, cols = 1024, m = 40;
+    const auto w = random_weights(type, rows, cols, rng);
+    auto x = random_x(m, cols, rng);
+    for (int64_t i = 0; i < m; ++i) {
+      x[static_cast<size_t>(i * cols + 3)] = 15.0f + static_cast<float>(i % 5);        // block 0
+      x[static_cast<size_t>(i * cols + 700)] = -12.0f - static_cast<float>(i % 3);     // a middle block
+      if (i % 2 == 0) x[static_cast<size_t>(i * cols + 1023)] = 9.0f;                  // the last block, half the rows
+      // ~2.5-3.6x the median step of a row's blocks (its max|x| ~2.1 over 32 normal values, ~2.9 over 256): above
+      // kOutlierRatio, so a smaller pick (a larger ratio) leaves it at d_b / 2 and fails the bound
+      x[static_cast<size_t>(i * cols + 300)] = 7.5f;
+    }
+    const QMatrix mat{w.data(), rows, cols, type, QAct::Int8Outliers};
+    for (const QIsa isa : kIsas) {
+      if (!qmatmul_isa_available(isa)) continue;
+      ASSERT_GT(check_product(mat, x, m, isa, pool, "outlier channels"), 0);
+    }
+  }
+}
+
+// The picks alone: every block of x on its own int8 grid (values k / 64, |k| <= 127, one at 127 / 64: d = 1 / 64,
+// rounding exact) but the picked ones, which hold normal values and one at +-7.5 (d = 7.5 / 127, 3.8x the median
+// step: picked at kOutlierRatio = 2, not at 4). So the whole activation error is the picked blocks' second level's
+// (bound d / 508), and a product that leaves a picked block at one level (d / 2), or adds its second level wrongly,
+// fails. Block column 5 is picked in every row (>= kOutlierMinM pairs: the panels), another block in one row each.
+TEST(QMatmulOutliers, OnlyThePickedBlocksCarryError) {
+  std::mt19937 rng(13);
+  ThreadPool pool(2);
+  for (const auto type : kTypes) {
+    const int64_t ab = qmatmul_activation_block(type);
+    if (ab == 0) continue;
+    const int64_t rows = 37, cols = 16 * ab, m = 40, nb = cols / ab;
+    const auto w = random_weights(type, rows, cols, rng);
+    std::vector<float> x(static_cast<size_t>(m * cols));
+    std::uniform_int_distribution<int> k127(-127, 127);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t b = 0; b < nb; ++b) {
+        float* xb = x.data() + i * cols + b * ab;
+        if (b == 5 || b == (i * 7) % nb) {
+          for (int64_t k = 0; k < ab; ++k) xb[k] = nd(rng);
+          xb[static_cast<int64_t>(rng() % ab)] = i % 2 == 0 ? 7.5f : -7.5f;
+        } else {
+          for (int64_t k = 0; k < ab; ++k) xb[k] = static_cast<float>(k127(rng)) / 64.0f;
+          xb[static_cast<int64_t>(rng() % ab)] = 127.0f / 64.0f;
+        }
+      }
+    }
+    const QMatrix mat{w.data(), rows, cols, type, QAct::Int8Outliers};
+    for (const QIsa isa : kIsas) {
+      if (!qmatmul_isa_available(isa)) continue;
+      ASSERT_GT(check_product(mat, x, m, isa, pool, "picked blocks only"), 0);
     }
   }
 }
@@ -290,7 +377,7 @@ TEST(QMatmulRealModels, EveryStoredTypeMatches) {
       if (t.shape.size() != 2 || !qmatmul_supported(t.type) || seen[t.type] >= 2) continue;
       ++seen[t.type];
       const int64_t rows = std::min<int64_t>(48, t.rows()), cols = t.row_length();
-      for (const QAct act : {QAct::Int8, QAct::Int8x2}) {
+      for (const QAct act : {QAct::Int8, QAct::Int8x2, QAct::Int8Outliers}) {
         const QMatrix mat{t.data, rows, cols, t.type, act};
         for (const QIsa isa : kIsas) {
           if (!qmatmul_isa_available(isa)) continue;

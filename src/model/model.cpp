@@ -30,6 +30,8 @@ Model::Model(std::unique_ptr<model::ModelFile> file, ThreadPool* pool, const Wei
   }
   if (const char* env = std::getenv("TESSERA_QACT_X2"); env != nullptr)
     o.int8x2_tensors = std::string_view(env) == "none" ? std::string() : std::string(env);
+  if (const char* env = std::getenv("TESSERA_QACT_OUTLIERS"); env != nullptr)
+    o.int8_outlier_tensors = std::string_view(env) == "none" ? std::string() : std::string(env);
   weights_ = load_weights(*file_, config_, pool ? *pool : ThreadPool::global(), o);
   load_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }

@@ -297,11 +297,24 @@ struct Scratch {
   std::vector<int16_t> bs;
   std::vector<ActRow> rows;
   std::vector<float> y;  // Int8x2: the two levels' products, 2 m rows
+  // Int8Outliers: the picked blocks' second levels, grouped by block column: pair p (block pb[p] of x row pi[p])
+  // has ab codes at q2[p * ab], its scale d2[p], its ds2[p] (32-blocks) or 16 sums bs2[16 p] (256-blocks); the
+  // pairs of block column b are [first[b], first[b + 1]).
+  std::vector<int8_t> q2;
+  std::vector<float> d2, ds2, err;
+  std::vector<int16_t> bs2;
+  std::vector<int64_t> pi, pb, first;
+  std::vector<ActRow> rows2;
 };
 
 // Runs the kernels of w's type over m activation rows `acts` (quantized, or f32 for the float types) into
 // y[m, rows]: the tiling below.
 void qmatmul_rows(const QMatrix& w, const Kernels* kernels, const ActRow* acts, int64_t m, float* y, ThreadPool* pool);
+
+// Int8Outliers: picks the blocks of each x row whose first-level scale exceeds kOutlierRatio x the row's median,
+// quantizes their rounding error as a second level (s.q2 ...) and adds its products to y[m, rows].
+void add_outlier_levels(const QMatrix& w, const Kernels* kernels, const float* x, int64_t m, float* y, Scratch& s,
+                        ThreadPool* pool);
 
 #if defined(__x86_64__) || defined(_M_X64)
 // CPUID leaf 1, ECX bit 29 (clang's __builtin_cpu_supports does not know "f16c").
@@ -410,7 +423,10 @@ void qmatmul(const QMatrix& w, const float* x, int64_t m, float* y, ThreadPool* 
   thread_local Scratch tls;
   Scratch& s = tls;  // the workers below see the caller's buffers, not their own thread_local ones
   const int64_t ab = qmatmul_activation_block(w.type);
-  const int levels = ab > 0 && w.act == QAct::Int8x2 ? 2 : 1;
+  // Int8Outliers below kOutlierMinM rows (decode): both levels on every block, sharing each weight block's decode
+  // (the column pass's per-row kernel calls cost as much as the whole second level there).
+  const bool outliers = ab > 0 && w.act == QAct::Int8Outliers;
+  const int levels = ab > 0 && (w.act == QAct::Int8x2 || (outliers && m < kOutlierMinM)) ? 2 : 1;
   const int64_t mq = m * levels;
   s.rows.assign(static_cast<size_t>(mq), ActRow{});
   if (ab == 0) {
@@ -465,6 +481,7 @@ void qmatmul(const QMatrix& w, const float* x, int64_t m, float* y, ThreadPool* 
     return;
   }
   qmatmul_rows(w, kernels, s.rows.data(), m, y, pool);
+  if (outliers) add_outlier_levels(w, kernels, x, m, y, s, pool);
 }
 
 namespace {
@@ -518,6 +535,114 @@ void qmatmul_rows(const QMatrix& w, const Kernels* kernels, const ActRow* acts, 
               const int nx = static_cast<int>(std::min<int64_t>(qmm::kMaxNx, xe - xt));
               kernel(wr, cols, acts + xt, nx, out);
               for (int j = 0; j < nx; ++j) y[(xt + j) * rows + r] = out[j];
+            }
+          }
+        }
+      },
+      qmm::kTileAlign);
+}
+
+// y[0, 16) += t[0, 16) (the buffers do not overlap: lets the compiler vectorize it).
+inline void add_row16(float* __restrict y, const float* __restrict t) {
+  for (int k = 0; k < qmm::kPanelRows; ++k) y[k] += t[k];
+}
+
+void add_outlier_levels(const QMatrix& w, const Kernels* kernels, const float* x, int64_t m, float* y, Scratch& s,
+                        ThreadPool* pool) {
+  const int64_t cols = w.cols, rows = w.rows, ab = qmatmul_activation_block(w.type), nb = cols / ab;
+  // The picks: block b of row i when d1 > kOutlierRatio x the median of the row's d1 (the upper median for an even
+  // count). Counted per block column first, so that the pairs can be laid out grouped by column.
+  std::vector<float> sorted(static_cast<size_t>(nb));
+  std::vector<float> limit(static_cast<size_t>(m));
+  s.first.assign(static_cast<size_t>(nb + 1), 0);
+  for (int64_t i = 0; i < m; ++i) {
+    const float* d = s.d.data() + i * nb;
+    std::copy(d, d + nb, sorted.begin());
+    std::nth_element(sorted.begin(), sorted.begin() + nb / 2, sorted.end());
+    const float lim = kOutlierRatio * sorted[static_cast<size_t>(nb / 2)];
+    limit[static_cast<size_t>(i)] = lim;
+    for (int64_t b = 0; b < nb; ++b) s.first[static_cast<size_t>(b + 1)] += d[b] > lim ? 1 : 0;
+  }
+  for (int64_t b = 0; b < nb; ++b) s.first[static_cast<size_t>(b + 1)] += s.first[static_cast<size_t>(b)];
+  const int64_t np = s.first[static_cast<size_t>(nb)];
+  if (np == 0) return;
+  s.pi.resize(static_cast<size_t>(np));
+  s.pb.resize(static_cast<size_t>(np));
+  {
+    std::vector<int64_t> next(s.first.begin(), s.first.end() - 1);
+    for (int64_t i = 0; i < m; ++i) {
+      const float* d = s.d.data() + i * nb;
+      for (int64_t b = 0; b < nb; ++b) {
+        if (d[b] > limit[static_cast<size_t>(i)]) {
+          const int64_t p = next[static_cast<size_t>(b)]++;
+          s.pi[static_cast<size_t>(p)] = i;
+          s.pb[static_cast<size_t>(p)] = b;
+        }
+      }
+    }
+  }
+  // Second levels: e = x - d1 q1 over the block, quantized as the first level was.
+  s.q2.resize(static_cast<size_t>(np * ab));
+  s.d2.resize(static_cast<size_t>(np));
+  s.ds2.resize(ab == 32 ? static_cast<size_t>(np) : 0);
+  s.bs2.resize(ab == 256 ? static_cast<size_t>(np * 16) : 0);
+  s.err.resize(static_cast<size_t>(ab));
+  s.rows2.assign(static_cast<size_t>(np), ActRow{});
+  for (int64_t p = 0; p < np; ++p) {
+    const int64_t i = s.pi[static_cast<size_t>(p)], b = s.pb[static_cast<size_t>(p)];
+    const float* xb = x + i * cols + b * ab;
+    const int8_t* q1 = s.q.data() + i * cols + b * ab;
+    const float d1 = s.d[static_cast<size_t>(i * nb + b)];
+    for (int64_t k = 0; k < ab; ++k) {
+      const float v = xb[k] - d1 * static_cast<float>(q1[k]);
+      s.err[static_cast<size_t>(k)] = std::fabs(v) <= std::numeric_limits<float>::max() ? v : 0.0f;  // NaN, inf: 0
+    }
+    ActRow& r = s.rows2[static_cast<size_t>(p)];
+    r.q = s.q2.data() + p * ab;
+    r.d = s.d2.data() + p;
+    r.ds = ab == 32 ? s.ds2.data() + p : nullptr;
+    r.bs = ab == 256 ? s.bs2.data() + 16 * p : nullptr;
+    quantize_row_act(s.err.data(), ab, ab, s.q2.data() + p * ab, s.d2.data() + p, ab == 32 ? s.ds2.data() + p : nullptr,
+                     ab == 256 ? s.bs2.data() + 16 * p : nullptr);
+  }
+  // Products: per block column b with pairs, the weights' column range [b ab, (b + 1) ab) times those pairs' second
+  // levels (panels of 16 weight rows when there are >= kPanelMinM pairs, else the row kernels), added to y at the
+  // pairs' rows. A thread owns a range of weight rows (as in qmatmul_rows: the sums do not depend on the split).
+  const TypeKernels& tk = *type_kernels(w.type);
+  const RowKernel kernel = kernels->*tk.row;
+  const PanelGemm gemm = tk.gemm != nullptr ? kernels->*tk.gemm : nullptr;
+  const size_t row_bytes = tensor_type_bytes(w.type, cols), blk_bytes = tensor_type_bytes(w.type, ab);
+  const int64_t grain = std::max<int64_t>(1, static_cast<int64_t>(32768 / row_bytes));
+  ThreadPool* const work_pool =
+      static_cast<double>(rows) * static_cast<double>(blk_bytes) * static_cast<double>(np) < static_cast<double>(kMinParallelBytes)
+          ? nullptr
+          : pool;
+  parallel_ranges(
+      work_pool, rows, grain,
+      [&](int64_t r0, int64_t r1) {
+        thread_local std::vector<float> tmp;
+        float out[qmm::kMaxNx];
+        for (int64_t b = 0; b < nb; ++b) {
+          const int64_t p0 = s.first[static_cast<size_t>(b)], p1 = s.first[static_cast<size_t>(b + 1)];
+          if (p0 == p1) continue;
+          const ActRow* acts = s.rows2.data() + p0;
+          const int64_t n = p1 - p0;
+          const uint8_t* wb = w.data + static_cast<size_t>(b) * blk_bytes;
+          int64_t r = r0;
+          if (gemm != nullptr && n >= qmm::kPanelMinM) {
+            tmp.resize(static_cast<size_t>(n * qmm::kPanelRows));
+            for (; r + qmm::kPanelRows <= r1; r += qmm::kPanelRows) {
+              gemm(wb + static_cast<size_t>(r) * row_bytes, row_bytes, ab, acts, n, tmp.data(), qmm::kPanelRows);
+              for (int64_t j = 0; j < n; ++j)
+                add_row16(y + s.pi[static_cast<size_t>(p0 + j)] * rows + r, tmp.data() + j * qmm::kPanelRows);
+            }
+          }
+          for (; r < r1; ++r) {
+            const uint8_t* wr = wb + static_cast<size_t>(r) * row_bytes;
+            for (int64_t j = 0; j < n; j += qmm::kMaxNx) {
+              const int nx = static_cast<int>(std::min<int64_t>(qmm::kMaxNx, n - j));
+              kernel(wr, ab, acts + j, nx, out);
+              for (int t = 0; t < nx; ++t) y[s.pi[static_cast<size_t>(p0 + j + t)] * rows + r] += out[t];
             }
           }
         }

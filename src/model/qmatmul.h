@@ -37,7 +37,19 @@ enum class QIsa : int { Scalar = 0, Avx2 = 1, Avx512 = 2 };
 // first level with its own per-block scale (|error| <= d2 / 2 <= d1 / 508): the products are linear in x, so the
 // same kernels run both levels as two x rows of one tile — each weight block is still read and decoded once, the
 // integer work doubles. Float weight types ignore it (their activations stay f32).
-enum class QAct : int { Int8 = 0, Int8x2 = 1 };
+//
+// Int8Outliers: one level, plus the second level only on the blocks of a row whose scale d1 is more than
+// kOutlierRatio times the median d1 of that row's blocks (|error| <= d2 / 2 <= d1 / 508 there, d1 / 2 elsewhere). The
+// rounding error of a block grows with d1 squared, and on the real models' activations the ~15% of the blocks above
+// 2x the median hold ~75-80% of it (docs/cpu_kernels.md, "One default for accuracy and speed"); those blocks'
+// second levels are multiplied in a pass over the weight column blocks that any row picked (the same row kernels
+// and panels on a column range), so the extra integer work is about the picked share of the blocks (the pass's
+// per-column calls cost more than that for the 32-element blocks: measured in that section). With fewer than
+// kOutlierMinM x rows (decode) it takes both levels on every block, as Int8x2: there the column pass's per-row
+// kernel calls cost as much as the whole second level, which shares each weight block's decode with the first.
+enum class QAct : int { Int8 = 0, Int8x2 = 1, Int8Outliers = 2 };
+inline constexpr float kOutlierRatio = 2.0f;
+inline constexpr int64_t kOutlierMinM = 16;
 
 // A weight matrix as stored: `data` points at rows * tensor_type_bytes(type, cols) bytes (no alignment needed).
 struct QMatrix {

@@ -237,6 +237,9 @@ class Loader {
       if (j.keep == Keep::Stored && model::qmatmul_activation_block(w.type) > 0 &&
           name_matches(opt_.int8x2_tensors, w.name))
         w.act = model::QAct::Int8x2;
+      else if (j.keep == Keep::Stored && model::qmatmul_activation_block(w.type) > 0 &&
+               name_matches(opt_.int8_outlier_tensors, w.name))
+        w.act = model::QAct::Int8Outliers;
     }
   }
 
@@ -273,6 +276,14 @@ class Loader {
 // +0.00% / -0.00% but cost prefill ~0.63x and decode 0.75-0.84x on one thread (docs/cpu_kernels.md, "Accuracy:
 // two-level int8 activations"): the speed stays the default, the exact products an option.
 std::string default_int8x2_tensors() {
+  return "";
+}
+
+// None by default either: the outlier blocks' second level (above 2x the row's median scale, ~15% of the blocks)
+// brings both real models within 0.15% of the f32 expansion on README and GPL-3, but its column pass costs as much
+// as the full second level on the 32-element block types in prefill and it runs both levels in decode
+// (docs/cpu_kernels.md, "One default for accuracy and speed"): TESSERA_QACT_OUTLIERS=* opts in.
+std::string default_int8_outlier_tensors() {
   return "";
 }
 

@@ -119,6 +119,9 @@ struct ModelWeights {
 
 // The tensors whose products take two-level int8 activations by default (docs/cpu_kernels.md, "Accuracy").
 std::string default_int8x2_tensors();
+// The tensors whose products take one level plus the second on the outlier blocks (model::QAct::Int8Outliers) by
+// default (docs/cpu_kernels.md, "One default for accuracy and speed").
+std::string default_int8_outlier_tensors();
 
 struct WeightOptions {
   // Expand every tensor to f32 at load (the old behaviour; 4 bytes a parameter): the reference of the tests.
@@ -129,6 +132,9 @@ struct WeightOptions {
   // The quantized tensors whose products take two-level int8 activations (model::QAct::Int8x2): names containing
   // one of these comma-separated parts; "*" all, "" none. TESSERA_QACT_X2 in the environment sets it ("none": none).
   std::string int8x2_tensors = default_int8x2_tensors();
+  // Those (of the rest) whose products take the second level on the outlier blocks only (model::QAct::Int8Outliers);
+  // same syntax. TESSERA_QACT_OUTLIERS in the environment sets it ("none": none).
+  std::string int8_outlier_tensors = default_int8_outlier_tensors();
 };
 
 // Reads and checks (shapes against the config) every tensor the config needs; keeps the linear weights as stored
