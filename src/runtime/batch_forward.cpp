@@ -315,26 +315,21 @@ class StreamRowsAttention final : public CpuAttentionStep {
 // window), rows [n, n + B) paged decode rows (PagedDecodeAttention over the tail of q, k, v and out).
 class MixedAttention final : public CpuAttentionStep {
  public:
-  MixedAttention(const ModelConfig& cfg, KVCache& cache, int32_t pos, int32_t n, const attn::AttentionPolicy* policy,
-                 int32_t total_len, const AttentionObserver* observer, PagedDecodeAttention& decode, ThreadPool& pool)
-      : cfg_(cfg), cache_(cache), pos_(pos), n_(n), policy_(policy), total_len_(total_len), observer_(observer),
-        decode_(decode), pool_(pool) {}
+  MixedAttention(const ModelConfig& cfg, const StagedChunk& chunk, PagedDecodeAttention& decode, ThreadPool& pool)
+      : cfg_(cfg), chunk_(chunk), decode_(decode), pool_(pool) {}
 
   void attend(int32_t layer, float* q, float* k, float* v, float* out) override {
-    cache_.write(layer, pos_, n_, k, v);
-    attend_staged_chunk(cfg_, cache_, layer, pos_, n_, q, out, policy_, total_len_, observer_, pool_);
+    const int32_t n = chunk_.n;
+    chunk_.cache.write(layer, chunk_.pos, n, k, v);
+    attend_staged_chunk(cfg_, chunk_, layer, q, out, pool_);
     const int64_t QD = static_cast<int64_t>(cfg_.num_q_heads) * cfg_.head_dim,
                   KD = static_cast<int64_t>(cfg_.num_kv_heads) * cfg_.head_dim;
-    decode_.attend(layer, q + n_ * QD, k + n_ * KD, v + n_ * KD, out + n_ * QD);
+    decode_.attend(layer, q + n * QD, k + n * KD, v + n * KD, out + n * QD);
   }
 
  private:
   const ModelConfig& cfg_;
-  KVCache& cache_;
-  int32_t pos_, n_;
-  const attn::AttentionPolicy* policy_;
-  int32_t total_len_;
-  const AttentionObserver* observer_;
+  StagedChunk chunk_;
   PagedDecodeAttention& decode_;
   ThreadPool& pool_;
 };
@@ -362,7 +357,7 @@ std::vector<float> BatchForward::mixed(std::span<const int32_t> chunk, int32_t p
     positions_[static_cast<size_t>(n) + i] = static_cast<int32_t>(rows[i].seq->length() - 1);
   }
   PagedDecodeAttention paged(cfg, rows, store, ops_.pool());
-  MixedAttention step(cfg, cache, pos, n, policy, total_len, observer, paged, ops_.pool());
+  MixedAttention step(cfg, StagedChunk{cache, pos, n, policy, total_len, observer}, paged, ops_.pool());
   ops_.begin(all_tokens_, 0, positions_, step, timers);
   run_layers(cfg, ops_);
   return ops_.head(chunk_logits ? n - 1 : n);

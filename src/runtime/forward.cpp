@@ -10,24 +10,23 @@
 
 namespace tessera::runtime {
 
-void attend_staged_chunk(const ModelConfig& cfg, KVCache& cache, int32_t layer, int32_t pos, int32_t n, float* q,
-                         float* out, const attn::AttentionPolicy* policy, int32_t total_len,
-                         const AttentionObserver* observer, ThreadPool& pool) {
-  const int32_t nq = cfg.num_q_heads, d = cfg.head_dim, kv_len = pos + n;
+void attend_staged_chunk(const ModelConfig& cfg, const StagedChunk& c, int32_t layer, float* q, float* out,
+                         ThreadPool& pool) {
+  const int32_t nq = cfg.num_q_heads, d = cfg.head_dim, kv_len = c.pos + c.n;
   attn::AttentionArgs args;
-  args.q = TensorView(q, DType::F32, {n, nq, d});
-  args.k = cache.k_view(layer, kv_len);
-  args.v = cache.v_view(layer, kv_len);
-  args.out = TensorView(out, DType::F32, {n, nq, d});
+  args.q = TensorView(q, DType::F32, {c.n, nq, d});
+  args.k = c.cache.k_view(layer, kv_len);
+  args.v = c.cache.v_view(layer, kv_len);
+  args.out = TensorView(out, DType::F32, {c.n, nq, d});
   args.scale = cfg.attention_scale;
-  args.q_begin = pos;
+  args.q_begin = c.pos;
   // A sliding-window layer's window is part of the model: the executors apply it on top of whatever the
   // policy's pattern keeps (a window covering every key changes nothing, so it is left out).
   const int32_t window = cfg.layers[static_cast<size_t>(layer)].sliding_window;
   if (window > 0 && window < kv_len) args.window = window;
-  const bool dense = policy == nullptr || policy->table().empty();
-  attn::layer_attention_cpu(args, dense ? std::vector<attn::Pattern>{} : policy->layer(layer), total_len, pool);
-  if (observer != nullptr && *observer) (*observer)(layer, args);
+  const bool dense = c.policy == nullptr || c.policy->table().empty();
+  attn::layer_attention_cpu(args, dense ? std::vector<attn::Pattern>{} : c.policy->layer(layer), c.total_len, pool);
+  if (c.observer != nullptr && *c.observer) (*c.observer)(layer, args);
 }
 
 namespace {
@@ -35,29 +34,22 @@ namespace {
 // A sequence's keys and values contiguous in a KVCache, attended under a sparse policy (see forward.h).
 class ContiguousAttention final : public CpuAttentionStep {
  public:
-  ContiguousAttention(const ModelConfig& cfg, KVCache& cache, int32_t pos, int32_t n,
-                      const attn::AttentionPolicy* policy, int32_t total_len, const AttentionObserver* observer,
-                      ThreadPool& pool)
-      : cfg_(cfg), cache_(cache), pos_(pos), n_(n), policy_(policy), total_len_(total_len), observer_(observer),
-        pool_(pool) {}
+  ContiguousAttention(const ModelConfig& cfg, const StagedChunk& chunk, ThreadPool& pool)
+      : cfg_(cfg), chunk_(chunk), pool_(pool) {}
 
   // An f32 cache takes the products' K/V rows in place; a bf16/f16 cache gets them converted in attend().
-  float* k_rows(int32_t layer) override { return f32_ ? cache_.k(layer, pos_) : nullptr; }
-  float* v_rows(int32_t layer) override { return f32_ ? cache_.v(layer, pos_) : nullptr; }
+  float* k_rows(int32_t layer) override { return f32_ ? chunk_.cache.k(layer, chunk_.pos) : nullptr; }
+  float* v_rows(int32_t layer) override { return f32_ ? chunk_.cache.v(layer, chunk_.pos) : nullptr; }
 
   void attend(int32_t layer, float* q, float* k, float* v, float* out) override {
-    if (!f32_) cache_.write(layer, pos_, n_, k, v);
-    attend_staged_chunk(cfg_, cache_, layer, pos_, n_, q, out, policy_, total_len_, observer_, pool_);
+    if (!f32_) chunk_.cache.write(layer, chunk_.pos, chunk_.n, k, v);
+    attend_staged_chunk(cfg_, chunk_, layer, q, out, pool_);
   }
 
  private:
   const ModelConfig& cfg_;
-  KVCache& cache_;
-  bool f32_ = cache_.type() == KVType::F32;
-  int32_t pos_, n_;
-  const attn::AttentionPolicy* policy_;
-  int32_t total_len_;
-  const AttentionObserver* observer_;
+  StagedChunk chunk_;
+  bool f32_ = chunk_.cache.type() == KVType::F32;
   ThreadPool& pool_;
 };
 
@@ -98,7 +90,7 @@ std::vector<float> Forward::run(std::span<const int32_t> tokens, int32_t pos, KV
   const auto n = static_cast<int32_t>(tokens.size());
   if (n == 0) return {};
   check(cache.capacity() >= pos + n, "forward: the KV cache has no room for the chunk");
-  ContiguousAttention step(cfg_, cache, pos, n, policy, total_len, observer_, pool_);
+  ContiguousAttention step(cfg_, StagedChunk{cache, pos, n, policy, total_len, observer_}, pool_);
   ops_->begin(tokens, pos, {}, step, timers);
   run_layers(cfg_, *ops_);
   return finish(n, rows);

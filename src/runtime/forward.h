@@ -48,12 +48,19 @@ enum class LogitRows { None, Last, All };
 // real prompts); costs nothing when unset.
 using AttentionObserver = std::function<void(int32_t layer, const attn::AttentionArgs& args)>;
 
-// A prefill chunk's attention at [pos, pos + n) over the keys `cache` holds for `layer` (the chunk's K/V written to it
-// already): q [n, q_heads, d] -> out under `policy` (null or empty: dense) and the layer's sliding window, then
-// `observer` (if set). The prefill's attention step and the mixed step's chunk rows (batch_forward.cpp) both run it.
-void attend_staged_chunk(const ModelConfig& cfg, KVCache& cache, int32_t layer, int32_t pos, int32_t n, float* q,
-                         float* out, const attn::AttentionPolicy* policy, int32_t total_len,
-                         const AttentionObserver* observer, ThreadPool& pool);
+// A prefill chunk at [pos, pos + n) whose keys `cache` holds (its own K/V written to it), under `policy` (null or
+// empty: dense) with total_len the prompt's length, and the observer to call after each layer (null: none).
+struct StagedChunk {
+  KVCache& cache;
+  int32_t pos = 0, n = 0;
+  const attn::AttentionPolicy* policy = nullptr;
+  int32_t total_len = 0;
+  const AttentionObserver* observer = nullptr;
+};
+// The chunk's attention in `layer`: q [n, q_heads, d] -> out under its policy and the layer's sliding window, then
+// the observer. The prefill's attention step and the mixed step's chunk rows (batch_forward.cpp) both run it.
+void attend_staged_chunk(const ModelConfig& cfg, const StagedChunk& chunk, int32_t layer, float* q, float* out,
+                         ThreadPool& pool);
 
 // A KV-cache policy that keeps the keys and values itself and runs each layer's attention (streaming memory,
 // runtime/stream/streaming_kv.h). Forward hands it every layer's chunk before RoPE: the policy decides at which

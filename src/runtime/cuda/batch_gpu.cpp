@@ -750,21 +750,7 @@ std::vector<int32_t> GpuBatchBackend::mixed_step(std::span<const int32_t> chunk,
     TESSERA_CUDA_CHECK(cudaMemcpyAsync(mixed_.data(), data.data(), data.size() * sizeof(int32_t),
                                        cudaMemcpyHostToDevice, stream_));
     const int32_t* d = mixed_.data();
-    PagedLayout& p = layout_;
-    p.k_pools = {k_pool()};
-    p.v_pools = {v_pool()};
-    p.tables = tables_.data();
-    p.views = views_.data();
-    p.block_tokens = shape_.block_tokens;
-    p.max_blocks = max_blocks_;
-    p.row_pos = d + n;
-    p.row_slot = d + N;
-    p.row_len = d + N + B;
-    p.blocks = d + N + 2 * B;
-    p.rows = static_cast<int32_t>(B);
-    p.splits = splits;
-    p.o_part = o_part_.data();
-    p.lse_part = lse_part_.data();
+    set_layout(d + n, d + N, d + N + B, d + N + 2 * B, B, splits);
     prefill_->run_mixed(all, static_cast<int32_t>(n), pos, staging_, policy, total_len, d, *paged_, logits);
     float* out = prefill_->ops().logits();
     const int64_t V = cfg_.vocab_size;
@@ -798,8 +784,8 @@ void GpuBatchBackend::drop_graphs() noexcept {
   graphs_.clear();
 }
 
-void GpuBatchBackend::launch_step(int64_t n, int32_t splits) {
-  const int32_t* d_tokens = step_.data();
+void GpuBatchBackend::set_layout(const int32_t* pos, const int32_t* slot, const int32_t* len, const int32_t* blocks,
+                                 int64_t rows, int32_t splits) {
   PagedLayout& p = layout_;
   p.k_pools = {k_pool()};
   p.v_pools = {v_pool()};
@@ -807,15 +793,20 @@ void GpuBatchBackend::launch_step(int64_t n, int32_t splits) {
   p.views = views_.data();
   p.block_tokens = shape_.block_tokens;
   p.max_blocks = max_blocks_;
-  p.row_pos = d_tokens + n;
-  p.row_slot = d_tokens + 2 * n;
-  p.row_len = d_tokens + 3 * n;
-  p.blocks = d_tokens + 4 * n;
-  p.rows = static_cast<int32_t>(n);
+  p.row_pos = pos;
+  p.row_slot = slot;
+  p.row_len = len;
+  p.blocks = blocks;
+  p.rows = static_cast<int32_t>(rows);
   p.splits = splits;
   p.o_part = o_part_.data();
   p.lse_part = lse_part_.data();
-  ops_->begin(n, d_tokens, 0, p.row_pos, *paged_);
+}
+
+void GpuBatchBackend::launch_step(int64_t n, int32_t splits) {
+  const int32_t* d_tokens = step_.data();
+  set_layout(d_tokens + n, d_tokens + 2 * n, d_tokens + 3 * n, d_tokens + 4 * n, n, splits);
+  ops_->begin(n, d_tokens, 0, layout_.row_pos, *paged_);
   run_layers(cfg_, *ops_);
   ops_->head(0);
 }

@@ -215,6 +215,10 @@ class GpuBatchBackend final : public BatchBackend {
   int32_t slot_of(const SequenceBlocks& seq) const;
   bool reserve_step(int64_t n, int32_t splits);  // true when a buffer was reallocated
   void launch_step(int64_t n, int32_t splits);   // every launch of a decode step (captured into a graph)
+  // The paged decode's layout (layout_) for `rows` rows whose positions, slots, lengths and new rows' blocks are the
+  // given device arrays (the step's data uploaded for it), with the step's scratch.
+  void set_layout(const int32_t* pos, const int32_t* slot, const int32_t* len, const int32_t* blocks, int64_t rows,
+                  int32_t splits);
   // decode_select's choice on the device over logits [n, vocab] (n = choice.size()), edited in place: the tokens.
   std::vector<int32_t> select_on_device(float* logits, std::span<const RowChoice> choice);
   void drop_graphs() noexcept;
