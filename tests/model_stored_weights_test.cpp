@@ -171,6 +171,7 @@ TEST(StoredWeights, PerClassExpansionAndTwoLevelActivations) {
   WeightOptions sel;
   sel.expand_f32_tensors = "attn_q.,ffn_down";
   sel.int8x2_tensors = "ffn_up,attn_q.";
+  sel.int8_outlier_tensors = "ffn_gate,ffn_up,attn_v";  // two levels win where both name a tensor
   const auto m = Model::load(path, nullptr, sel);
   for (const LayerWeights& l : m->weights().layers) {
     EXPECT_EQ(l.wq.type, TensorType::F32);
@@ -178,7 +179,9 @@ TEST(StoredWeights, PerClassExpansionAndTwoLevelActivations) {
     EXPECT_EQ(l.wk.type, TensorType::Q8_0);
     EXPECT_EQ(l.w_up.type, TensorType::Q8_0);
     EXPECT_EQ(l.w_up.act, model::QAct::Int8x2);
-    EXPECT_EQ(l.w_gate.act, model::QAct::Int8);
+    EXPECT_EQ(l.w_gate.act, model::QAct::Int8Outliers);
+    EXPECT_EQ(l.wv.act, model::QAct::Int8Outliers);
+    EXPECT_EQ(l.wk.act, model::QAct::Int8);
     EXPECT_EQ(l.wq.act, model::QAct::Int8);  // expanded: its products read f32 activations
   }
   WeightOptions one, two;
