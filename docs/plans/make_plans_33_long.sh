@@ -21,6 +21,21 @@ run() {  # name, arguments
 #   NOSINK=1 PROFILE=build/h3-rel/smollm2-long-2k-4k.moaprofile bash docs/plans/make_plans_33_long.sh [TESSERA]
 # The per-head cap (--moa-head-cap C: no head may lose more than C of its influence mass), planned from that profile:
 #   CAP=C PROFILE=build/h3-rel/smollm2-long-2k-4k.moaprofile bash docs/plans/make_plans_33_long.sh [TESSERA]
+# Targets at every row (docs/plans/README.md, "Targets at every row"): the documents as the target, profiled at 2K,
+# the floor; then (TEXT_CAP=C) the per-head cap planned from that profile.
+#   python3 docs/plans/make_calib_33_text.py < docs/plans/calib-licences-2k-4k.jsonl > docs/plans/calib-licences-2k-text.jsonl
+#   TEXT=1 PROFILE=build/h3-rel/prof/smollm2-text-2k.moaprofile bash docs/plans/make_plans_33_long.sh [TESSERA]
+#   TEXT_CAP=0.1 PROFILE=build/h3-rel/prof/smollm2-text-2k.moaprofile bash docs/plans/make_plans_33_long.sh [TESSERA]
+text_args=(--method moa --calib docs/plans/calib-licences-2k-text.jsonl --lengths 2048 --budget 0.5
+  --validation-length 2048 --validation-cases 2 --moa-loss fisher --moa-no-sink-only)
+if [ "${TEXT:-0}" = 1 ]; then
+  run smollm2-moa-text-nosink-2k "${text_args[@]}" ${PROFILE:+--moa-profile-out "$PROFILE"}
+  exit 0
+fi
+if [ -n "${TEXT_CAP:-}" ]; then
+  run "smollm2-moa-text-nosink-cap$TEXT_CAP-2k" "${text_args[@]}" --moa-head-cap "$TEXT_CAP" --moa-profile-in "$PROFILE"
+  exit 0
+fi
 if [ -n "${CAP:-}" ]; then
   run "smollm2-moa-long-nosink-cap$CAP-2k-4k" --method moa --calib docs/plans/calib-licences-2k-4k.jsonl \
     --lengths 2048,4096 --answer-tokens 64 --budget 0.5 --validation-length 2048 --validation-cases 2 --moa-loss fisher \
