@@ -1005,6 +1005,7 @@ TEST(BatchEngineRealModel, SmolLM2BatchedGreedyEqualsSingle) {
   BatchEngineOptions o;
   o.chunk_size = 64;
   o.kv_bytes = 256e6;
+  o.mixed_step = true;  // off by default on the CPU
   BatchEngine engine(backend, o);
   const auto out = engine.generate_all(reqs);
   for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(out[i], single(*model, reqs[i].prompt, reqs[i].options, {}, 64)) << i;

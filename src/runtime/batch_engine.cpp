@@ -265,8 +265,10 @@ struct BatchEngine::DecodeBatch {
 
 BatchEngine::BatchEngine(BatchBackend& backend, BatchEngineOptions options)
     : backend_(backend), options_(std::move(options)), cfg_(backend.config()) {
-  // TESSERA_MIXED_STEP=0 turns the mixed step off in every engine of the process (the server's side-by-side).
-  if (const char* e = std::getenv("TESSERA_MIXED_STEP"); e != nullptr && std::string(e) == "0") options_.mixed_step = false;
+  // TESSERA_MIXED_STEP=0 / 1 turns the mixed step off / on in every engine of the process (the server's side-by-side).
+  mixed_ = options_.mixed_step.value_or(backend.mixed_step_by_default());
+  if (const char* e = std::getenv("TESSERA_MIXED_STEP"); e != nullptr && (std::string(e) == "0" || std::string(e) == "1"))
+    mixed_ = std::string(e) == "1";
   check(options_.chunk_size > 0, "batch engine: chunk_size must be positive, got " + std::to_string(options_.chunk_size));
   check(options_.block_tokens > 0 && options_.block_tokens <= 4096,
         "batch engine: block_tokens must be in [1, 4096], got " + std::to_string(options_.block_tokens));
@@ -661,7 +663,7 @@ std::vector<BatchEvent> BatchEngine::step() {
   // With the mixed step the decode rows ride with the step's first prefill chunk (prefill_step takes ride_); when
   // none did (no chunk, or one that runs apart), the decode step runs on its own as without it.
   DecodeBatch ride;
-  ride_ = options_.mixed_step && !streaming() ? &ride : nullptr;
+  ride_ = mixed_ && !streaming() ? &ride : nullptr;
   try {
     if (options_.step_tokens > 0) {
       const auto decoding = std::count_if(running_.begin(), running_.end(),

@@ -126,6 +126,10 @@ class BatchBackend {
   };
   virtual std::vector<int32_t> decode_select(std::span<const int32_t> tokens, std::span<const DecodeRow> rows,
                                              std::span<const RowChoice> choice);
+  // Whether the engine runs the mixed step when BatchEngineOptions::mixed_step is unset: where one forward over the
+  // chunk and the decode rows pays. The CPU says no (its step is bound by arithmetic, the mixed step measured within
+  // the noise, and the stored-weight products of a decode row beside a chunk round otherwise than alone); the GPU yes.
+  virtual bool mixed_step_by_default() const { return false; }
   // The mixed step (BatchEngineOptions::mixed_step): a prefill chunk of the staged sequence (as prefill_chunk: tokens
   // `chunk` at [pos, pos + n), total_len, policy; its last row's logits into *chunk_logits when `logits`, else it is
   // left empty) and a decode step of paged rows (as decode_select: their chosen tokens returned) in one call. A
@@ -250,8 +254,9 @@ struct BatchEngineOptions {
   // mixed step, in the same step). The tokens of every request are the same either way (up to floating-point
   // summation order: see BatchBackend::mixed_step). Not for a chunk whose every row's logits are wanted
   // (BatchRequest::prompt_logprobs) nor with streaming memory (those run apart). false: the chunk, then the decode
-  // step (the side-by-side; TESSERA_MIXED_STEP=0 in the environment turns it off in every engine, e.g. `serve`'s).
-  bool mixed_step = true;
+  // step (the side-by-side). Unset: the backend's choice (BatchBackend::mixed_step_by_default: the GPU on, the CPU
+  // off); TESSERA_MIXED_STEP=0 / 1 in the environment turns it off / on in every engine, e.g. `serve`'s.
+  std::optional<bool> mixed_step;
 };
 
 struct BatchRequest {
@@ -395,6 +400,7 @@ class BatchEngine {
   // The step's decode batch, when it is to ride with the step's first prefill chunk (options.mixed_step); null
   // otherwise.
   DecodeBatch* ride_ = nullptr;
+  bool mixed_ = false;  // the mixed step runs (options_.mixed_step, else the backend's default; the environment)
   bool streaming() const { return options_.stream.method != StreamMethod::None; }
   Sequence& held(int64_t id) const;
   // Whether s's blocks are cached and may come from the cache: dense, not streamed, the backend can.

@@ -122,6 +122,7 @@ class GpuBatchBackend final : public BatchBackend {
   void finish_prefill(const SequenceBlocks& seq, std::span<const DecodeView> views) override;
   void abort_prefill() override;
   bool supports_prefix_cache() const override { return true; }
+  bool mixed_step_by_default() const override { return true; }
   void load_prefix(const SequenceBlocks& seq, int32_t rows, int32_t total_len) override;
   void release_sequence(const SequenceBlocks& seq) override;
   // Streaming memory: each streamed sequence its own GpuStreamingKV (stream_gpu_kv.h); its prefill chunks run the
