@@ -390,20 +390,17 @@ TEST(Fp8Gemv, RowsEqualWhateverTheRowCount) {
 
 TEST(Fp8Gemv, ExactErrors) {
   REQUIRE_GPU_ONLY();
-  const Fp8Matrix w{nullptr, nullptr, 4, 24, Fp8Scaling::kRow};
-  try {
-    gemv_w8a16(nullptr, 24, 1, w, nullptr, true, 4, 0.0f, nullptr);
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "gemv_w8a16: in (24) and ldx (24) must be multiples of 16 and x, w 16-byte aligned");
-  }
-  const Fp8Matrix w16{nullptr, nullptr, 4, 32, Fp8Scaling::kRow};
-  try {
-    gemv_w8a16(nullptr, 32, 9, w16, nullptr, true, 4, 0.0f, nullptr);
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "gemv_w8a16: at most 8 rows, got 9");
-  }
+  const auto expect_error = [](int64_t m, int64_t in, const char* message) {
+    const Fp8Matrix w{nullptr, nullptr, 4, in, Fp8Scaling::kRow};
+    try {
+      gemv_w8a16(nullptr, in, m, w, nullptr, true, 4, 0.0f, nullptr);
+      ADD_FAILURE() << "no error for " << message;
+    } catch (const Error& e) {
+      EXPECT_STREQ(e.what(), message);
+    }
+  };
+  expect_error(1, 24, "gemv_w8a16: in (24) and ldx (24) must be multiples of 16 and x, w 16-byte aligned");
+  expect_error(9, 32, "gemv_w8a16: at most 8 rows, got 9");
 }
 
 // The outer-vector path is the default's: report whether this device's cuBLASLt has it (the fallback would be slower).
