@@ -308,6 +308,17 @@ TEST(GpuBatch, PrefixCacheChangesNoToken) {
   EXPECT_EQ(cached, (std::vector<int32_t>{0, 960, 960}));
 }
 
+// Llama-3-8B shapes cut to two layers, layer 0 with a 128-token sliding window (Gemma-3's kind), a 4,096-token
+// vocabulary: the prefix-cache and mixed-step tests' model.
+ModelConfig windowed_two_layers() {
+  ModelConfig cfg = synthetic_config("llama3-8b");
+  cfg.num_layers = 2;
+  cfg.layers.resize(2);
+  cfg.layers[0].sliding_window = 128;
+  cfg.vocab_size = 4096;
+  return cfg;
+}
+
 // The multi-turn workload's shape (bench/server/prefix_turns.py) on a model with sliding-window layers, as Gemma-3:
 // layer 0 keeps a 128-token window (its early blocks go as a sequence grows), layer 1 attends to everything. Each
 // second turn is the first turn's prompt, its answer and a new tail; it adopts the first turn's blocks (prompt and
@@ -315,11 +326,7 @@ TEST(GpuBatch, PrefixCacheChangesNoToken) {
 // 28K gave other answers with the cache on every later turn, first turns equal: this is the small case of it.)
 TEST(GpuBatch, PrefixCacheWithSlidingWindowsChangesNoToken) {
   REQUIRE_GPU();
-  ModelConfig cfg = synthetic_config("llama3-8b");
-  cfg.num_layers = 2;
-  cfg.layers.resize(2);
-  cfg.layers[0].sliding_window = 128;
-  cfg.vocab_size = 4096;
+  const ModelConfig cfg = windowed_two_layers();
   const auto dev = DeviceModel::random(cfg, 9);
   auto run = [&](bool cache, std::vector<int32_t>* cached) {
     GpuBatchBackend backend(*dev);
@@ -452,11 +459,7 @@ TEST(GpuBatch, TokenBudgetAndPromptLogprobs) {
 // greedy decoding over random weights parts at near ties once GEMMs run over other row counts).
 TEST(GpuBatch, MixedStepEqualsTheTwoForwardStep) {
   REQUIRE_GPU();
-  ModelConfig cfg = synthetic_config("llama3-8b");
-  cfg.num_layers = 2;
-  cfg.layers.resize(2);
-  cfg.layers[0].sliding_window = 128;
-  cfg.vocab_size = 4096;
+  const ModelConfig cfg = windowed_two_layers();
   const auto dev = DeviceModel::random(cfg, 11);
   const auto V = static_cast<size_t>(cfg.vocab_size);
   GpuBatchBackend mixed(*dev), apart(*dev);
