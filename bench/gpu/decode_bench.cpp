@@ -3,7 +3,7 @@
 //
 //   decode_bench [--model llama3-8b] [--ctx 8192,32768,131072] [--batch 1,8,32,64] [--kv-gb 40] [--steps 20]
 //                [--moa-density 0.5] [--moa-plan FILE] [--block 64] [--layers N] [--csv FILE] [--no-graphs]
-//                [--gemm bf16,fp8] [--breakdown]
+//                [--gemm bf16,fp8,w4] [--breakdown]
 //
 // Weights are pseudo-random (DeviceModel::random) of the model's shapes; every sequence's KV is pseudo-random
 // bf16 (no prefill: the benchmark is the decode step), laid out in blocks exactly as a prefill would leave it.
@@ -15,7 +15,9 @@
 // e.g. its published Llama-3-8B-Instruct-262k plan), whose KV per kv head is the widest span of the head's group.
 // A batch whose sequences do not fit the KV budget is reported as such. --gemm: the layers' GEMMs in each precision
 // given, one after the other in the same table (fp8: GpuBatchOptions::gemm, weights quantized once, E4M3; the floor
-// then counts the FP8 copy of the layers' weights instead of their bf16 bytes, the LM head staying bf16).
+// then counts the FP8 copy of the layers' weights instead of their bf16 bytes, the LM head staying bf16; w4: the decode
+// step's products of up to 8 rows read a 4-bit copy of the layers' weights (4.25 bits a weight, w4_gemv.h), which the
+// floor of batches of up to 8 counts instead of their bf16 bytes; larger batches read the bf16 weights).
 // --breakdown (implies --no-graphs: CUDA events time only eager steps): after each row, the step's GPU time by part
 // (GEMMs, attention, the small kernels) beside each part's own floor (the weights' bytes, the KV bytes read, over the
 // copy bandwidth), and what is left of the step's wall time (launches and host work of an eager step).
@@ -39,6 +41,7 @@
 #include "runtime/cuda/device_model.h"
 #include "runtime/cuda/gpu_engine.h"
 #include "runtime/cuda/synthetic_config.h"
+#include "runtime/cuda/w4_gemv.h"
 
 using namespace tessera;
 using namespace tessera::runtime;
@@ -138,8 +141,15 @@ int main(int argc, char** argv) {
       gpu::GpuBatchBackend backend(*dev, bo);
       // The bytes a step reads of the weights: FP8 replaces the layers' bf16 matrices by their E4M3 copy (1 byte an
       // element, + the scales): bf16 bytes - 2 x codes + codes + scales ~= bf16 bytes - the FP8 copy's bytes.
-      const double weight_bytes =
+      const double default_weight_bytes =
           bf16_bytes - (backend.decode_fp8() ? static_cast<double>(backend.fp8_weight_bytes()) : 0.0);
+      // 4 bits: the layers' bf16 bytes (2 an element) replaced by their 4-bit copy (half a byte + 4 bytes a group).
+      const double layer_elements = static_cast<double>(cfg.num_layers) *
+                                    static_cast<double>(cfg.hidden_size) *
+                                    (2.0 * cfg.num_q_heads * cfg.head_dim + 2.0 * cfg.num_kv_heads * cfg.head_dim +
+                                     3.0 * static_cast<double>(cfg.intermediate_size));
+      const double w4_weight_bytes =
+          bf16_bytes - 2 * layer_elements + layer_elements / 2 + layer_elements / gpu::kW4Group * 4;
       backend.create_store(shape, num_blocks, static_cast<int32_t>(max_batch), static_cast<int32_t>(max_ctx + 64));
       backend.fill_random(7, 1.0f);
       const int warm = 3;
@@ -211,6 +221,8 @@ int main(int argc, char** argv) {
               }
             }
             const double step = seconds / steps, kv_step = kv_read / steps;
+            const double weight_bytes =
+                gemm == gpu::GemmPrecision::kW4 && batch <= gpu::kW4Rows ? w4_weight_bytes : default_weight_bytes;
             const double floor = (weight_bytes + kv_step) / bw;
             std::printf("| %s | %lld | %s | %lld | %.2f | %.0f | %.2f | %.2f | %.2f | %d |\n", gemm_name,
                         static_cast<long long>(ctx), label, static_cast<long long>(batch), step * 1e3,

@@ -12,6 +12,7 @@
 #include "runtime/cuda/fp8_quant.h"
 #include "runtime/cuda/kernels.h"
 #include "runtime/cuda/local_attention_init.h"
+#include "runtime/cuda/w4_gemv.h"
 
 namespace tessera::runtime::gpu {
 
@@ -329,6 +330,62 @@ std::unique_ptr<DeviceFp8Weights> DeviceFp8Weights::quantize(const DeviceModel& 
     f.w_gate_up = out->add(L.w_gate_up, 2 * F, H, stream);
     f.w_down = out->add(L.w_down, H, F, stream);
     out->layers_.push_back(f);
+  }
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return out;
+}
+
+W4Matrix DeviceW4Weights::add(const bf16* w, int64_t rows, int64_t cols, cudaStream_t stream) {
+  codes_.emplace_back(static_cast<size_t>(rows * cols / 2));
+  params_.emplace_back(static_cast<size_t>(rows * (cols / kW4Group)));
+  bytes_ += codes_.back().bytes() + params_.back().bytes();
+  quantize_w4(w, cols, rows, cols, codes_.back().data(), params_.back().data(), stream);
+  const W4Matrix q{codes_.back().data(), params_.back().data(), rows, cols};
+  by_weight_[{w, rows}] = q;
+  return q;
+}
+
+const W4Matrix* DeviceW4Weights::find(const bf16* w, int64_t rows) const {
+  const auto it = by_weight_.find({w, rows});
+  return it == by_weight_.end() ? nullptr : &it->second;
+}
+
+std::unique_ptr<DeviceW4Weights> DeviceW4Weights::quantize(const DeviceModel& model, cudaStream_t stream) {
+  const ModelConfig& c = model.config();
+  const int64_t H = c.hidden_size, F = c.intermediate_size, D = c.head_dim;
+  const int64_t QD = c.num_q_heads * D, KD = c.num_kv_heads * D;
+  check(H % kW4Group == 0 && QD % kW4Group == 0 && F % kW4Group == 0,
+        "4-bit weights of " + c.name + ": the layers' inputs (hidden " + std::to_string(H) + ", q " +
+            std::to_string(QD) + ", ffn " + std::to_string(F) + ") must be multiples of " + std::to_string(kW4Group));
+  const double elements = static_cast<double>(c.num_layers) * static_cast<double>(2 * QD * H + 2 * KD * H + 3 * F * H);
+  const double need = elements / 2 + elements / static_cast<double>(kW4Group) * 4;
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%.2f GB of device memory in 4 bits, but only %.2f GB of %.1f GB are free",
+                  need / 1e9, static_cast<double>(free_bytes) / 1e9, static_cast<double>(total_bytes) / 1e9);
+    check(need <= static_cast<double>(free_bytes), "4-bit weights of " + c.name + ": the layers need " + buf);
+  } else {
+    (void)cudaGetLastError();
+  }
+  std::unique_ptr<DeviceW4Weights> out(new DeviceW4Weights());
+  const auto rows_of = [](const W4Matrix& m, int64_t r0, int64_t rows) {
+    return W4Matrix{m.codes + r0 * (m.cols / 2), m.params + r0 * (m.cols / kW4Group), rows, m.cols};
+  };
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    const DeviceLayer& L = model.layer(l);
+    W4Layer q;
+    q.wqkv = out->add(L.wqkv, QD + 2 * KD, H, stream);
+    q.wq = rows_of(q.wqkv, 0, QD);
+    q.wk = rows_of(q.wqkv, QD, KD);
+    q.wv = rows_of(q.wqkv, QD + KD, KD);
+    out->by_weight_[{L.wq, QD}] = q.wq;
+    out->by_weight_[{L.wk, KD}] = q.wk;
+    out->by_weight_[{L.wv, KD}] = q.wv;
+    q.wo = out->add(L.wo, H, QD, stream);
+    q.w_gate_up = out->add(L.w_gate_up, 2 * F, H, stream);
+    q.w_down = out->add(L.w_down, H, F, stream);
+    out->layers_.push_back(q);
   }
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
   return out;

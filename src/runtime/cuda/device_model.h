@@ -37,6 +37,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -45,6 +46,7 @@
 #include "cuda/device_buffer.h"
 #include "core/dtype.h"
 #include "runtime/cuda/gemm.h"
+#include "runtime/cuda/w4_gemv.h"
 #include "model/model.h"
 #include "model/model_config.h"
 
@@ -152,6 +154,38 @@ class DeviceFp8Weights {
   attn::gpu::DeviceBuffer<float> scales_;
   size_t next_scale_ = 0;
   std::vector<Fp8Layer> layers_;
+  size_t bytes_ = 0;
+};
+
+// The layers' matrices of a DeviceModel in 4 bits for GemmPrecision::kW4 (gemm.h): the decode step's products of up to
+// kW4Rows rows read them through gemv_w4a16 (w4_gemv.h: groups of 128 along `in`, a bf16 scale and a zero point each,
+// 4.25 bits a weight), larger products (prefill, bigger batches) the bf16 weights, which stay. Quantized on the device
+// from the bf16 weights (quantize_w4: round to nearest, the host's quantize_w4_host bit for bit): Q, K and V as the
+// one stacked [q_dim + 2 kv_dim, hidden] matrix (per row: its three row ranges are the three matrices), O, the stacked
+// gate/up, down. The embedding and the LM head stay bf16. An 8B model's layers take ~3.7 GB beside their bf16 copies.
+struct W4Layer {
+  W4Matrix wqkv, wq, wk, wv, wo, w_gate_up, w_down;
+};
+
+class DeviceW4Weights {
+ public:
+  // Synchronises `stream` before returning. Throws tessera::Error when the device memory does not suffice or a
+  // matrix's `in` is not a multiple of kW4Group ("4-bit weights of <model>: ...").
+  static std::unique_ptr<DeviceW4Weights> quantize(const DeviceModel& model, cudaStream_t stream);
+  const W4Layer& layer(int l) const { return layers_[static_cast<size_t>(l)]; }
+  // The 4-bit copy of the bf16 matrix at `w` with `rows` rows (a layer matrix of the model, or Q, K, V as rows of the
+  // stacked one), or null when there is none.
+  const W4Matrix* find(const bf16* w, int64_t rows) const;
+  size_t bytes() const { return bytes_; }
+
+ private:
+  DeviceW4Weights() = default;
+  W4Matrix add(const bf16* w, int64_t rows, int64_t cols, cudaStream_t stream);
+
+  std::vector<attn::gpu::DeviceBuffer<uint8_t>> codes_;
+  std::vector<attn::gpu::DeviceBuffer<uint32_t>> params_;
+  std::vector<W4Layer> layers_;
+  std::map<std::pair<const bf16*, int64_t>, W4Matrix> by_weight_;
   size_t bytes_ = 0;
 };
 

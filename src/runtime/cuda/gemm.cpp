@@ -40,12 +40,15 @@ bool fp8_fast_accum() {
 
 }  // namespace
 
-const char* gemm_precision_name(GemmPrecision p) { return p == GemmPrecision::kFp8 ? "fp8" : "bf16"; }
+const char* gemm_precision_name(GemmPrecision p) {
+  return p == GemmPrecision::kFp8 ? "fp8" : p == GemmPrecision::kW4 ? "w4" : "bf16";
+}
 
 GemmPrecision parse_gemm_precision(const std::string& name, const std::string& flag) {
   if (name == "bf16") return GemmPrecision::kBf16;
   if (name == "fp8") return GemmPrecision::kFp8;
-  throw Error(flag + " must be bf16 or fp8, got '" + name + "'");
+  if (name == "w4") return GemmPrecision::kW4;
+  throw Error(flag + " must be bf16, fp8 or w4, got '" + name + "'");
 }
 
 void check_gemm_precision_supported(GemmPrecision p, const std::string& flag) {

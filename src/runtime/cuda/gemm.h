@@ -39,12 +39,15 @@ namespace tessera::runtime::gpu {
 enum class GemmPrecision {
   kBf16,  // bf16 x bf16 (cuBLAS), the default
   kFp8,   // E4M3 x E4M3 (cuBLASLt): W8A8, weights quantized once, activations per call; per-row scales by default
+  // Weight-only 4-bit for the decode step (DeviceW4Weights, w4_gemv.h): products of up to kW4Rows rows read the 4-bit
+  // copy (bf16 activations, f32 sums); prefill and larger products stay bf16 x bf16 (cuBLAS), the bf16 weights kept.
+  kW4,
 };
-const char* gemm_precision_name(GemmPrecision p);  // "bf16", "fp8"
-// "bf16" or "fp8"; throws tessera::Error "<flag> must be bf16 or fp8, got '<name>'" otherwise.
+const char* gemm_precision_name(GemmPrecision p);  // "bf16", "fp8", "w4"
+// "bf16", "fp8" or "w4"; throws tessera::Error "<flag> must be bf16, fp8 or w4, got '<name>'" otherwise.
 GemmPrecision parse_gemm_precision(const std::string& name, const std::string& flag = "--gemm");
 // Throws tessera::Error "<flag> fp8 needs FP8 tensor cores (compute capability 8.9 or newer); this GPU is <name>,
-// compute capability X.Y" when the current device has none; nothing for bf16.
+// compute capability X.Y" when the current device has none; nothing for bf16 and w4.
 void check_gemm_precision_supported(GemmPrecision p, const std::string& flag = "--gemm");
 
 // The FP8 scale granularity of engines built now: Fp8Scaling::kRow, or kTensor when the environment has

@@ -12,6 +12,7 @@
 #include "runtime/cuda/fp8_gemv.h"
 #include "runtime/cuda/kernels.h"
 #include "runtime/cuda/paged_decode.h"
+#include "runtime/cuda/w4_gemv.h"
 
 namespace tessera::runtime::gpu {
 
@@ -165,7 +166,13 @@ void GpuOps::gemm(const bf16* x, int64_t ldx, int64_t m, const bf16* w, const Fp
     const char* e = std::getenv("TESSERA_GPU_W8_GEMV");
     return e == nullptr || std::string(e) != "0";
   }();
-  if (fp8_ != nullptr && w8 != nullptr && m <= kW8Rows && w8_gemv) {
+  const W4Matrix* w4 = w4_ != nullptr && m <= kW4Rows ? w4_->find(w, out) : nullptr;
+  if (w4 != nullptr) {
+    // A decode step's few rows: weight-only 4-bit (w4_gemv.h), a quarter of the bf16 bytes.
+    check(w4->cols == in, "GPU forward: the 4-bit copy of a [" + std::to_string(out) + ", " + std::to_string(in) +
+                              "] matrix has " + std::to_string(w4->cols) + " columns");
+    gemv_w4a16(x, ldx, m, *w4, y, y_type == DType::F32, ldy, beta, stream_);
+  } else if (fp8_ != nullptr && w8 != nullptr && m <= kW8Rows && w8_gemv) {
     // A decode step's few rows: weight-only FP8 (fp8_gemv.h), the bytes W8A8 saves without its quantization launches.
     gemv_w8a16(x, ldx, m, *w8, y, y_type == DType::F32, ldy, beta, stream_);
   } else if (fp8_ != nullptr && w8 != nullptr) {

@@ -97,6 +97,10 @@ class GpuOps {
   GpuOps(const DeviceModel& model, cudaStream_t stream, Gemm& gemm, EventTimer& timer,
          const DeviceFp8Weights* fp8 = nullptr, int64_t mlp_piece = 16384);
 
+  // The 4-bit copy of the layers' matrices (GemmPrecision::kW4; null: none, the default): products of up to kW4Rows
+  // rows (a decode step) read it through gemv_w4a16, larger ones the bf16 weights. Must outlive the ops.
+  void set_w4(const DeviceW4Weights* w4) { w4_ = w4; }
+
   // Grows the scratch for steps of n rows through `step` with logit_rows rows of logits (allocates: not inside a
   // graph capture). True when a buffer was reallocated (a captured graph that holds its address is stale).
   bool reserve(int64_t n, int64_t logit_rows, const GpuAttentionStep& step);
@@ -165,7 +169,8 @@ class GpuOps {
                        int64_t kv_elems, bool identity);
   // One product y = x W^T (+ beta y): bf16 (cuBLAS), or FP8 with w8: up to kW8Rows rows (a decode step) weight-only
   // (fp8_gemv.h: bf16 activations), more W8A8 (the input quantized unless `reuse`: the previous product's input
-  // again). Timed as GEMM, the quantization included.
+  // again); with set_w4's weights, up to kW4Rows rows through the 4-bit copy of w (w4_gemv.h). Timed as GEMM, the
+  // quantization included.
   void gemm(const bf16* x, int64_t ldx, int64_t m, const bf16* w, const Fp8Matrix* w8, int64_t out, int64_t in,
             void* y, DType y_type, int64_t ldy, float beta, bool reuse = false);
   // h = bf16(RMSNorm(x) * w) over the step's rows.
@@ -183,6 +188,7 @@ class GpuOps {
   EventTimer& timer_;
   const DeviceModel* model_ = nullptr;  // the layer matrices (null in a derived backend)
   const DeviceFp8Weights* fp8_ = nullptr;
+  const DeviceW4Weights* w4_ = nullptr;
   std::vector<LayerNorms> norms_;
   const bf16* embedding_ = nullptr;
   const bf16* output_ = nullptr;

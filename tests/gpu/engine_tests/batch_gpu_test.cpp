@@ -257,6 +257,15 @@ TEST(GpuBatch, Fp8DecodeEqualsSingleSequenceFp8) {
   EXPECT_LT(decode_against_single_engine(GemmPrecision::kFp8, true, {5, 700}), 1e-6);
 }
 
+// 4-bit weights (GemmPrecision::kW4: bf16 prefill, decode products of up to 8 rows through gemv_w4a16, whose rows do
+// not depend on the row count) in the batched decode step, CUDA graphs included, against the single-sequence engine's
+// W4 decode: equal for a step of one and two rows (three and more: the attention splits, as for FP8 above).
+TEST(GpuBatch, W4DecodeEqualsSingleSequenceW4) {
+  REQUIRE_GPU();
+  EXPECT_LT(decode_against_single_engine(GemmPrecision::kW4, false, {700}), 1e-6);
+  EXPECT_LT(decode_against_single_engine(GemmPrecision::kW4, true, {5, 700}), 1e-6);
+}
+
 // Prefix caching on the GPU (runtime/prefix_cache.h): a request that adopts a cached document stages it back from the
 // pool (paged_copy kFromPages) and generates the tokens it generates without the cache (chunks aligned to the blocks,
 // so that both runs compute the same products); a second turn adopts the first turn's answer too.

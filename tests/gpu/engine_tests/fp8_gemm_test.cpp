@@ -527,7 +527,7 @@ TEST(Fp8Options, ExactMessages) {
     (void)parse_gemm_precision("int8");
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
-    EXPECT_EQ(std::string(e.what()), "--gemm must be bf16 or fp8, got 'int8'");
+    EXPECT_EQ(std::string(e.what()), "--gemm must be bf16, fp8 or w4, got 'int8'");
   }
   EXPECT_EQ(fp8_scaling_from_env(), Fp8Scaling::kRow);  // unset: per row
   setenv("TESSERA_FP8_SCALING", "tensor", 1);
