@@ -259,7 +259,24 @@ phase_eval() {
 # Nsight Compute on attention_gpu_bench (PROFILE_ARGS, default VS and BS, model inputs, 128K, one rep):
 #   PROFILE=times     GPU time of every kernel launched, summed per kernel name (default)
 #   PROFILE=details   the full set of sections of the first Hopper-kernel launch after its self-check (PROFILE_KERNEL)
+#   PROFILE=nsys      Nsight Systems over NSYS_CMD (default: batch_step_bench on SmolLM2, a 6,000-token prompt in
+#                     512-token steps beside 8 decoders, mixed step on): the CUDA API calls' host time and the
+#                     kernels' GPU time summed per name (what of a prefill chunk is host work, what GPU work)
 phase_profile() {
+  if [ "${PROFILE:-times}" = nsys ]; then
+    local nsys cmd
+    nsys=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2> /dev/null | head -1)
+    [ -n "$nsys" ] || { say "profile: no nsys"; return 1; }
+    need batch_step_bench || return 1
+    models
+    cmd=${NSYS_CMD:-$(bin batch_step_bench) $ROOT/build/models/smollm2-135m-instruct-q4_1.gguf --device cuda --decoders 8 --long 6000 --budgets 512 --mixed on}
+    STEP_TAIL=30 step nsys_run 240 "$nsys" profile --force-overwrite true -o "$LOGS/chunk" --trace cuda,osrt \
+      --sample none --cpuctxsw none $cmd
+    STEP_TAIL=80 step nsys_stats 120 "$nsys" stats --force-export true --report cuda_api_sum,cuda_gpu_kern_sum \
+      --format table "$LOGS/chunk.nsys-rep"
+    rm -f "$LOGS"/chunk.nsys-rep "$LOGS"/chunk.sqlite
+    return
+  fi
   need attention_gpu_bench || return 1
   local ncu B args
   ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -1)
