@@ -37,8 +37,10 @@ using attn::gpu::DeviceBuffer;
 
 // One decode step's logits, 4-bit weights against bf16, on the 2-layer Llama-3-8B-shaped random model (relative L2).
 // 4 bits with 16 levels a group: one rounding is up to half a step, ~(range / 15) / sqrt(12) RMS, about 8% of a
-// weight's RMS for Gaussian-like groups of 128, applied to every layer weight.
-constexpr double kW4DecodeRelL2 = 0.25;
+// weight's RMS for Gaussian-like groups of 128, applied to every layer weight; the random model's logits move much
+// less (its residual stream is mostly the embedding). 1.5x the worst of 4 steps in the first H200 run (2026-11-30:
+// 0.006019), as engine_gpu_test's bounds are.
+constexpr double kW4DecodeRelL2 = 0.009;
 
 struct StreamHolder {
   cudaStream_t s = nullptr;
@@ -148,8 +150,9 @@ std::vector<float> check_gemv(int64_t m, int64_t in, int64_t out, bool y_f32, fl
   DeviceBuffer<uint32_t> params;
   params.upload(hw.params, st.s);
   const W4Matrix wq{codes.data(), params.data(), out, in};
+  std::mt19937 rng_y(seed + 2);  // y0's first rows the same for every m
   std::vector<float> y0(static_cast<size_t>(m * out));
-  for (auto& v : y0) v = d(rng);
+  for (auto& v : y0) v = d(rng_y);
   std::vector<float> got(y0.size());
   if (y_f32) {
     DeviceBuffer<float> y;
