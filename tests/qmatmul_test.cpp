@@ -17,12 +17,11 @@
 //    f32) per block with its own step d2_b = max|e in b| / 127 <= d_b / 254, so |x_k - d_b q_k - d2_b q2_k| <=
 //    d_b / 508 (+ the 1e-5 |x_k| term): A shrinks ~250x. The two levels' products are added in f32: F counts 2n
 //    terms.
-//  * One level plus the outliers' second level (QAct::Int8Outliers): with m >= kOutlierMinM x rows, the blocks
-//    whose step d_b exceeds kOutlierRatio x the median step of the row's blocks get the second level (d_b / 508),
-//    the others keep their one-level error, bounded per element by |x_k - d_b round(x_k / d_b)| + 1e-4 d_b (d_b in
-//    f64 vs the kernel's f32: far from a tie both round alike, near one the term is ~d_b / 2 anyway; a block
-//    within 1% of the limit may go either way: d_b / 2); with fewer rows every
-//    block gets it (as Int8x2). F counts 2n terms.
+//  * One level plus the outliers' second level (QAct::Int8Outliers): for any m (the row kernels' picks in decode,
+//    the panels' pairs in prefill), the blocks whose step d_b exceeds kOutlierRatio x the median step of the row's
+//    blocks get the second level (d_b / 508), the others keep their one-level error, bounded per element by
+//    |x_k - d_b round(x_k / d_b)| + 1e-4 d_b (d_b in f64 vs the kernel's f32: far from a tie both round alike, near
+//    one the term is ~d_b / 2 anyway; a block within 1% of the limit may go either way: d_b / 2). F counts 2n terms.
 //  * SIMD vs the scalar twin: both compute the same exact value (same int8 activations, same integer block sums)
 //    and differ by f32 summation order only: |y_simd - y_scalar| <= 2F.
 #include <gtest/gtest.h>
@@ -158,7 +157,7 @@ int check_product(const QMatrix& mat, const std::vector<float>& x, int64_t m, QI
   qmatmul(mat, x.data(), m, ys.data(), nullptr, QIsa::Scalar);
   qmatmul(mat, x.data(), m, yp.data(), &pool, isa);
   const bool outliers = ab > 0 && mat.act == QAct::Int8Outliers;
-  const bool x2 = ab > 0 && (mat.act == QAct::Int8x2 || (outliers && m < kOutlierMinM));
+  const bool x2 = ab > 0 && mat.act == QAct::Int8x2;
   // float terms per output: at most one per 16 elements (per level)
   const int64_t nterms = (bs == 1 ? cols : cols / 16) * (x2 || outliers ? 2 : 1);
   std::vector<std::vector<double>> off(static_cast<size_t>(rows));
@@ -290,8 +289,8 @@ TEST(QMatmulTiling, ManyRowsOfXMatchTheScalarTwin) {
 }
 
 // Int8Outliers with outlier channels as the real models have them (the same columns in every row), so that a
-// block column is picked by >= kOutlierMinM rows and its second levels go through the panels (or, for Q8_0 on
-// AVX2, the row kernels over tiles of pairs), beside scattered single picks: every type and path, within the
+// block column is picked by >= 16 rows and its second levels go through the panels' pair tiles (or, for Q8_0 on
+// AVX2 and the scalar twin, the row kernels' picks), beside scattered single picks: every type and path, within the
 // bounds above, threaded == serial.
 TEST(QMatmulOutliers, OutlierChannelsTakeTheSecondLevel) {
   std::mt19937 rng(11);
@@ -321,7 +320,9 @@ TEST(QMatmulOutliers, OutlierChannelsTakeTheSecondLevel) {
 // rounding exact) but the picked ones, which hold normal values and one at +-7.5 (d = 7.5 / 127, 3.8x the median
 // step: picked at kOutlierRatio = 2, not at 4). So the whole activation error is the picked blocks' second level's
 // (bound d / 508), and a product that leaves a picked block at one level (d / 2), or adds its second level wrongly,
-// fails. Block column 5 is picked in every row (>= kOutlierMinM pairs: the panels), another block in one row each.
+// fails. Block column 5 is picked in every row (>= 16 pairs), another block in one row each. m = 1 and 3: the row
+// kernels' picks alone (decode); m = 40 over 37 weight rows: the panels' pair tiles for rows 0-31 and the row
+// kernels' picks for the 5 rows left, in one call. A kernel that ignores its picks (or the pairs) leaves d / 2.
 TEST(QMatmulOutliers, OnlyThePickedBlocksCarryError) {
   std::mt19937 rng(13);
   ThreadPool pool(2);
@@ -348,7 +349,7 @@ TEST(QMatmulOutliers, OnlyThePickedBlocksCarryError) {
     const QMatrix mat{w.data(), rows, cols, type, QAct::Int8Outliers};
     for (const QIsa isa : kIsas) {
       if (!qmatmul_isa_available(isa)) continue;
-      ASSERT_GT(check_product(mat, x, m, isa, pool, "picked blocks only"), 0);
+      for (const int64_t mm : {int64_t{1}, int64_t{3}, m}) ASSERT_GT(check_product(mat, x, mm, isa, pool, "picked blocks only"), 0);
     }
   }
 }

@@ -190,11 +190,34 @@ void scalar_q6k(const uint8_t* w, int64_t cols, const ActRow* a, int nx, float* 
   }
 }
 
+// QAct::Int8Outliers in the scalar twin: the row's picked blocks' second levels (ActRow::pick), each through the
+// kernel on that block alone, added to its output.
+template <RowKernel F, int64_t Ab, int64_t Bytes>
+void scalar_picked(const uint8_t* w, int64_t cols, const ActRow* a, int nx, float* out) {
+  F(w, cols, a, nx, out);
+  for (int j = 0; j < nx; ++j) {
+    const ActRow* l = a[j].level2;
+    for (int64_t p = 0; p < a[j].npick; ++p) {
+      const int64_t b = a[j].pick[p];
+      ActRow sub;
+      sub.q = l->q + Ab * b;
+      sub.d = l->d + b;
+      sub.ds = Ab == 32 ? l->ds + b : nullptr;
+      sub.bs = Ab == 256 ? l->bs + 16 * b : nullptr;
+      float o;
+      F(w + b * Bytes, Ab, &sub, 1, &o);
+      out[j] += o;
+    }
+  }
+}
+template <class B>
+constexpr RowKernel kScalarLegacy = scalar_picked<scalar_legacy<B>, 32, B::kBytes>;
+
 const Kernels kScalar = {
     scalar_float<f32_at, 4>,       scalar_float<f16_at, 2>,       scalar_float<bf16_at, 2>,
-    scalar_legacy<qmm::Q4_0Block>, scalar_legacy<qmm::Q4_1Block>, scalar_legacy<qmm::Q5_0Block>,
-    scalar_legacy<qmm::Q5_1Block>, scalar_legacy<qmm::Q8_0Block>, scalar_q45k<false>,
-    scalar_q45k<true>,             scalar_q6k,
+    kScalarLegacy<qmm::Q4_0Block>, kScalarLegacy<qmm::Q4_1Block>, kScalarLegacy<qmm::Q5_0Block>,
+    kScalarLegacy<qmm::Q5_1Block>, kScalarLegacy<qmm::Q8_0Block>, scalar_picked<scalar_q45k<false>, 256, 144>,
+    scalar_picked<scalar_q45k<true>, 256, 176>, scalar_picked<scalar_q6k, 256, 210>,
     nullptr,                       nullptr,                       nullptr,
     0,
     nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
@@ -297,24 +320,29 @@ struct Scratch {
   std::vector<int16_t> bs;
   std::vector<ActRow> rows;
   std::vector<float> y;  // Int8x2: the two levels' products, 2 m rows
-  // Int8Outliers: the picked blocks' second levels, grouped by block column: pair p (block pb[p] of x row pi[p])
-  // has ab codes at q2[p * ab], its scale d2[p], its ds2[p] (32-blocks) or 16 sums bs2[16 p] (256-blocks); the
-  // pairs of block column b are [first[b], first[b + 1]).
+  // Int8Outliers: row i's picked blocks pick[i nb, i nb + npick) and their second levels, laid out as the first
+  // level's arrays (q2[i cols + ab b], d2[i nb + b], ds2[i nb + b] or bs2[16 (i nb + b)]; only picked blocks
+  // written), level2[i] their ActRow. For the panels the same pairs (row, block) grouped by block column:
+  // pair_first[b], pair_row[p], pair_act[p] (qmm::PanelPairs).
   std::vector<int8_t> q2;
-  std::vector<float> d2, ds2, err;
+  std::vector<float> d2, ds2;
   std::vector<int16_t> bs2;
-  std::vector<int64_t> pi, pb, first;
-  std::vector<ActRow> rows2;
+  std::vector<int32_t> pick;
+  std::vector<ActRow> level2;
+  std::vector<int64_t> pair_first, pair_row;
+  std::vector<ActRow> pair_act;
 };
 
 // Runs the kernels of w's type over m activation rows `acts` (quantized, or f32 for the float types) into
-// y[m, rows]: the tiling below.
-void qmatmul_rows(const QMatrix& w, const Kernels* kernels, const ActRow* acts, int64_t m, float* y, ThreadPool* pool);
+// y[m, rows]: the tiling below. pairs (Int8Outliers, nullptr: none) go to the panels; the row kernels read the
+// rows' own picks.
+void qmatmul_rows(const QMatrix& w, const Kernels* kernels, const ActRow* acts, int64_t m, float* y, ThreadPool* pool,
+                  const qmm::PanelPairs* pairs);
 
-// Int8Outliers: picks the blocks of each x row whose first-level scale exceeds kOutlierRatio x the row's median,
-// quantizes their rounding error as a second level (s.q2 ...) and adds its products to y[m, rows].
-void add_outlier_levels(const QMatrix& w, const Kernels* kernels, const float* x, int64_t m, float* y, Scratch& s,
-                        ThreadPool* pool);
+// Int8Outliers, for x row i (its first level in s at row i): picks the blocks whose scale exceeds kOutlierRatio x
+// the row's median (the upper median for an even count) and quantizes their rounding error x - d q as the second
+// level (s.q2 ...); err: scratch of ab floats.
+void pick_outliers(const float* xr, int64_t i, int64_t cols, int64_t ab, Scratch& s, float* err, float* sorted);
 
 #if defined(__x86_64__) || defined(_M_X64)
 // CPUID leaf 1, ECX bit 29 (clang's __builtin_cpu_supports does not know "f16c").
@@ -423,12 +451,15 @@ void qmatmul(const QMatrix& w, const float* x, int64_t m, float* y, ThreadPool* 
   thread_local Scratch tls;
   Scratch& s = tls;  // the workers below see the caller's buffers, not their own thread_local ones
   const int64_t ab = qmatmul_activation_block(w.type);
-  // Int8Outliers below kOutlierMinM rows (decode): both levels on every block, sharing each weight block's decode
-  // (the column pass's per-row kernel calls cost as much as the whole second level there).
   const bool outliers = ab > 0 && w.act == QAct::Int8Outliers;
-  const int levels = ab > 0 && (w.act == QAct::Int8x2 || (outliers && m < kOutlierMinM)) ? 2 : 1;
+  const int levels = ab > 0 && w.act == QAct::Int8x2 ? 2 : 1;
   const int64_t mq = m * levels;
   s.rows.assign(static_cast<size_t>(mq), ActRow{});
+  const PanelGemm gemm = m >= qmm::kPanelMinM && type_kernels(w.type)->gemm != nullptr
+                             ? kernels->*(type_kernels(w.type)->gemm)
+                             : nullptr;
+  const bool panel_pairs = outliers && gemm != nullptr;
+  qmm::PanelPairs pairs;
   if (ab == 0) {
     for (int64_t i = 0; i < m; ++i) s.rows[static_cast<size_t>(i)].x = x + i * cols;
   } else {
@@ -437,22 +468,41 @@ void qmatmul(const QMatrix& w, const float* x, int64_t m, float* y, ThreadPool* 
     s.d.resize(static_cast<size_t>(mq * nb));
     s.ds.resize(ab == 32 ? static_cast<size_t>(mq * nb) : 0);
     s.bs.resize(ab == 256 ? static_cast<size_t>(mq * nb * 16) : 0);
+    if (outliers) {
+      s.q2.resize(static_cast<size_t>(m * cols));
+      s.d2.resize(static_cast<size_t>(m * nb));
+      s.ds2.resize(ab == 32 ? static_cast<size_t>(m * nb) : 0);
+      s.bs2.resize(ab == 256 ? static_cast<size_t>(m * nb * 16) : 0);
+      s.pick.resize(static_cast<size_t>(m * nb));
+      s.level2.assign(static_cast<size_t>(m), ActRow{});
+    }
     for (int64_t i = 0; i < mq; ++i) {
       ActRow& r = s.rows[static_cast<size_t>(i)];
       r.q = s.q.data() + i * cols;
       r.d = s.d.data() + i * nb;
       r.ds = ab == 32 ? s.ds.data() + i * nb : nullptr;
       r.bs = ab == 256 ? s.bs.data() + i * nb * 16 : nullptr;
+      if (outliers) {
+        ActRow& l = s.level2[static_cast<size_t>(i)];
+        l.q = s.q2.data() + i * cols;
+        l.d = s.d2.data() + i * nb;
+        l.ds = ab == 32 ? s.ds2.data() + i * nb : nullptr;
+        l.bs = ab == 256 ? s.bs2.data() + i * nb * 16 : nullptr;
+        r.level2 = &l;
+        r.pick = s.pick.data() + i * nb;
+      }
     }
     const auto quantize = [&](const float* xr, int64_t i) {
       quantize_row_act(xr, cols, ab, s.q.data() + i * cols, s.d.data() + i * nb,
                        ab == 32 ? s.ds.data() + i * nb : nullptr, ab == 256 ? s.bs.data() + i * nb * 16 : nullptr);
     };
     parallel_ranges(pool, m, std::max<int64_t>(1, 65536 / cols), [&](int64_t b, int64_t e) {
-      std::vector<float> err(levels == 2 ? static_cast<size_t>(cols) : 0);
+      std::vector<float> err(levels == 2 ? static_cast<size_t>(cols) : outliers ? static_cast<size_t>(ab) : 0);
+      std::vector<float> sorted(outliers ? static_cast<size_t>(nb) : 0);
       for (int64_t i = b; i < e; ++i) {
         const float* xr = x + i * cols;
         quantize(xr, i * levels);
+        if (outliers) pick_outliers(xr, i, cols, ab, s, err.data(), sorted.data());
         if (levels == 2) {  // the first level's rounding error x - d q, quantized as the second level
           const int8_t* q = s.q.data() + i * levels * cols;
           const float* d = s.d.data() + i * levels * nb;
@@ -467,10 +517,38 @@ void qmatmul(const QMatrix& w, const float* x, int64_t m, float* y, ThreadPool* 
         }
       }
     });
+    if (panel_pairs) {  // the pairs grouped by block column, rows ascending within a column
+      s.pair_first.assign(static_cast<size_t>(nb + 1), 0);
+      for (int64_t i = 0; i < m; ++i) {
+        const ActRow& r = s.rows[static_cast<size_t>(i)];
+        for (int64_t p = 0; p < r.npick; ++p) ++s.pair_first[static_cast<size_t>(r.pick[p] + 1)];
+      }
+      for (int64_t b = 0; b < nb; ++b) s.pair_first[static_cast<size_t>(b + 1)] += s.pair_first[static_cast<size_t>(b)];
+      const int64_t np = s.pair_first[static_cast<size_t>(nb)];
+      s.pair_row.resize(static_cast<size_t>(np));
+      s.pair_act.assign(static_cast<size_t>(np), ActRow{});
+      std::vector<int64_t> next(s.pair_first.begin(), s.pair_first.end() - 1);
+      for (int64_t i = 0; i < m; ++i) {
+        const ActRow& r = s.rows[static_cast<size_t>(i)];
+        for (int64_t p = 0; p < r.npick; ++p) {
+          const int64_t b = r.pick[p], at = next[static_cast<size_t>(b)]++;
+          s.pair_row[static_cast<size_t>(at)] = i;
+          ActRow& pa = s.pair_act[static_cast<size_t>(at)];
+          pa.q = r.level2->q + b * ab;
+          pa.d = r.level2->d + b;
+          pa.ds = ab == 32 ? r.level2->ds + b : nullptr;
+          pa.bs = ab == 256 ? r.level2->bs + 16 * b : nullptr;
+        }
+      }
+      pairs.first = s.pair_first.data();
+      pairs.xrow = s.pair_row.data();
+      pairs.act = s.pair_act.data();
+      pairs.ab = ab;
+    }
   }
   if (levels == 2) {
     s.y.resize(static_cast<size_t>(mq * w.rows));
-    qmatmul_rows(w, kernels, s.rows.data(), mq, s.y.data(), pool);
+    qmatmul_rows(w, kernels, s.rows.data(), mq, s.y.data(), pool, nullptr);
     const float* y2 = s.y.data();
     for (int64_t i = 0; i < m; ++i) {
       const float* a = y2 + 2 * i * w.rows;
@@ -480,13 +558,13 @@ void qmatmul(const QMatrix& w, const float* x, int64_t m, float* y, ThreadPool* 
     }
     return;
   }
-  qmatmul_rows(w, kernels, s.rows.data(), m, y, pool);
-  if (outliers) add_outlier_levels(w, kernels, x, m, y, s, pool);
+  qmatmul_rows(w, kernels, s.rows.data(), m, y, pool, panel_pairs ? &pairs : nullptr);
 }
 
 namespace {
 
-void qmatmul_rows(const QMatrix& w, const Kernels* kernels, const ActRow* acts, int64_t m, float* y, ThreadPool* pool) {
+void qmatmul_rows(const QMatrix& w, const Kernels* kernels, const ActRow* acts, int64_t m, float* y, ThreadPool* pool,
+                  const qmm::PanelPairs* pairs) {
   const int64_t cols = w.cols, rows = w.rows;
   const TypeKernels& tk = *type_kernels(w.type);
   const RowKernel kernel = kernels->*tk.row;
@@ -515,7 +593,7 @@ void qmatmul_rows(const QMatrix& w, const Kernels* kernels, const ActRow* acts, 
         float out[qmm::kTileAlign * qmm::kMaxNx];
         if (gemm != nullptr) {  // panels of 16 rows against all x rows, then the rows left over
           for (; r0 + qmm::kPanelRows <= r1; r0 += qmm::kPanelRows)
-            gemm(w.data + static_cast<size_t>(r0) * row_bytes, row_bytes, cols, acts, m, y + r0, rows);
+            gemm(w.data + static_cast<size_t>(r0) * row_bytes, row_bytes, cols, acts, m, y + r0, rows, pairs);
         }
         for (int64_t xb = 0; xb < m; xb += xblock) {
           const int64_t xe = std::min(m, xb + xblock);
@@ -542,112 +620,29 @@ void qmatmul_rows(const QMatrix& w, const Kernels* kernels, const ActRow* acts, 
       qmm::kTileAlign);
 }
 
-// y[0, 16) += t[0, 16) (the buffers do not overlap: lets the compiler vectorize it).
-inline void add_row16(float* __restrict y, const float* __restrict t) {
-  for (int k = 0; k < qmm::kPanelRows; ++k) y[k] += t[k];
-}
-
-void add_outlier_levels(const QMatrix& w, const Kernels* kernels, const float* x, int64_t m, float* y, Scratch& s,
-                        ThreadPool* pool) {
-  const int64_t cols = w.cols, rows = w.rows, ab = qmatmul_activation_block(w.type), nb = cols / ab;
-  // The picks: block b of row i when d1 > kOutlierRatio x the median of the row's d1 (the upper median for an even
-  // count). Counted per block column first, so that the pairs can be laid out grouped by column.
-  std::vector<float> sorted(static_cast<size_t>(nb));
-  std::vector<float> limit(static_cast<size_t>(m));
-  s.first.assign(static_cast<size_t>(nb + 1), 0);
-  for (int64_t i = 0; i < m; ++i) {
-    const float* d = s.d.data() + i * nb;
-    std::copy(d, d + nb, sorted.begin());
-    std::nth_element(sorted.begin(), sorted.begin() + nb / 2, sorted.end());
-    const float lim = kOutlierRatio * sorted[static_cast<size_t>(nb / 2)];
-    limit[static_cast<size_t>(i)] = lim;
-    for (int64_t b = 0; b < nb; ++b) s.first[static_cast<size_t>(b + 1)] += d[b] > lim ? 1 : 0;
-  }
-  for (int64_t b = 0; b < nb; ++b) s.first[static_cast<size_t>(b + 1)] += s.first[static_cast<size_t>(b)];
-  const int64_t np = s.first[static_cast<size_t>(nb)];
-  if (np == 0) return;
-  s.pi.resize(static_cast<size_t>(np));
-  s.pb.resize(static_cast<size_t>(np));
-  {
-    std::vector<int64_t> next(s.first.begin(), s.first.end() - 1);
-    for (int64_t i = 0; i < m; ++i) {
-      const float* d = s.d.data() + i * nb;
-      for (int64_t b = 0; b < nb; ++b) {
-        if (d[b] > limit[static_cast<size_t>(i)]) {
-          const int64_t p = next[static_cast<size_t>(b)]++;
-          s.pi[static_cast<size_t>(p)] = i;
-          s.pb[static_cast<size_t>(p)] = b;
-        }
-      }
-    }
-  }
-  // Second levels: e = x - d1 q1 over the block, quantized as the first level was.
-  s.q2.resize(static_cast<size_t>(np * ab));
-  s.d2.resize(static_cast<size_t>(np));
-  s.ds2.resize(ab == 32 ? static_cast<size_t>(np) : 0);
-  s.bs2.resize(ab == 256 ? static_cast<size_t>(np * 16) : 0);
-  s.err.resize(static_cast<size_t>(ab));
-  s.rows2.assign(static_cast<size_t>(np), ActRow{});
-  for (int64_t p = 0; p < np; ++p) {
-    const int64_t i = s.pi[static_cast<size_t>(p)], b = s.pb[static_cast<size_t>(p)];
-    const float* xb = x + i * cols + b * ab;
+void pick_outliers(const float* xr, int64_t i, int64_t cols, int64_t ab, Scratch& s, float* err, float* sorted) {
+  const int64_t nb = cols / ab;
+  const float* d = s.d.data() + i * nb;
+  std::copy(d, d + nb, sorted);
+  std::nth_element(sorted, sorted + nb / 2, sorted + nb);
+  const float lim = kOutlierRatio * sorted[nb / 2];
+  ActRow& row = s.rows[static_cast<size_t>(i)];
+  int32_t* pick = s.pick.data() + i * nb;
+  int64_t n = 0;
+  for (int64_t b = 0; b < nb; ++b) {
+    if (!(d[b] > lim)) continue;
+    pick[n++] = static_cast<int32_t>(b);
+    const float* xb = xr + b * ab;
     const int8_t* q1 = s.q.data() + i * cols + b * ab;
-    const float d1 = s.d[static_cast<size_t>(i * nb + b)];
     for (int64_t k = 0; k < ab; ++k) {
-      const float v = xb[k] - d1 * static_cast<float>(q1[k]);
-      s.err[static_cast<size_t>(k)] = std::fabs(v) <= std::numeric_limits<float>::max() ? v : 0.0f;  // NaN, inf: 0
+      const float v = xb[k] - d[b] * static_cast<float>(q1[k]);
+      err[k] = std::fabs(v) <= std::numeric_limits<float>::max() ? v : 0.0f;  // NaN, inf: 0
     }
-    ActRow& r = s.rows2[static_cast<size_t>(p)];
-    r.q = s.q2.data() + p * ab;
-    r.d = s.d2.data() + p;
-    r.ds = ab == 32 ? s.ds2.data() + p : nullptr;
-    r.bs = ab == 256 ? s.bs2.data() + 16 * p : nullptr;
-    quantize_row_act(s.err.data(), ab, ab, s.q2.data() + p * ab, s.d2.data() + p, ab == 32 ? s.ds2.data() + p : nullptr,
-                     ab == 256 ? s.bs2.data() + 16 * p : nullptr);
+    const int64_t at = i * nb + b;
+    quantize_row_act(err, ab, ab, s.q2.data() + i * cols + b * ab, s.d2.data() + at,
+                     ab == 32 ? s.ds2.data() + at : nullptr, ab == 256 ? s.bs2.data() + 16 * at : nullptr);
   }
-  // Products: per block column b with pairs, the weights' column range [b ab, (b + 1) ab) times those pairs' second
-  // levels (panels of 16 weight rows when there are >= kPanelMinM pairs, else the row kernels), added to y at the
-  // pairs' rows. A thread owns a range of weight rows (as in qmatmul_rows: the sums do not depend on the split).
-  const TypeKernels& tk = *type_kernels(w.type);
-  const RowKernel kernel = kernels->*tk.row;
-  const PanelGemm gemm = tk.gemm != nullptr ? kernels->*tk.gemm : nullptr;
-  const size_t row_bytes = tensor_type_bytes(w.type, cols), blk_bytes = tensor_type_bytes(w.type, ab);
-  const int64_t grain = std::max<int64_t>(1, static_cast<int64_t>(32768 / row_bytes));
-  ThreadPool* const work_pool =
-      static_cast<double>(rows) * static_cast<double>(blk_bytes) * static_cast<double>(np) < static_cast<double>(kMinParallelBytes)
-          ? nullptr
-          : pool;
-  parallel_ranges(
-      work_pool, rows, grain,
-      [&](int64_t r0, int64_t r1) {
-        thread_local std::vector<float> tmp;
-        float out[qmm::kMaxNx];
-        for (int64_t b = 0; b < nb; ++b) {
-          const int64_t p0 = s.first[static_cast<size_t>(b)], p1 = s.first[static_cast<size_t>(b + 1)];
-          if (p0 == p1) continue;
-          const ActRow* acts = s.rows2.data() + p0;
-          const int64_t n = p1 - p0;
-          const uint8_t* wb = w.data + static_cast<size_t>(b) * blk_bytes;
-          int64_t r = r0;
-          if (gemm != nullptr && n >= qmm::kPanelMinM) {
-            tmp.resize(static_cast<size_t>(n * qmm::kPanelRows));
-            for (; r + qmm::kPanelRows <= r1; r += qmm::kPanelRows) {
-              gemm(wb + static_cast<size_t>(r) * row_bytes, row_bytes, ab, acts, n, tmp.data(), qmm::kPanelRows);
-              for (int64_t j = 0; j < n; ++j)
-                add_row16(y + s.pi[static_cast<size_t>(p0 + j)] * rows + r, tmp.data() + j * qmm::kPanelRows);
-            }
-          }
-          for (; r < r1; ++r) {
-            const uint8_t* wr = wb + static_cast<size_t>(r) * row_bytes;
-            for (int64_t j = 0; j < n; j += qmm::kMaxNx) {
-              const int nx = static_cast<int>(std::min<int64_t>(qmm::kMaxNx, n - j));
-              kernel(wr, ab, acts + j, nx, out);
-              for (int t = 0; t < nx; ++t) y[s.pi[static_cast<size_t>(p0 + j + t)] * rows + r] += out[t];
-            }
-          }
-        }
-      },
-      qmm::kTileAlign);
+  row.npick = n;
 }
 
 }  // namespace

@@ -41,15 +41,14 @@ enum class QIsa : int { Scalar = 0, Avx2 = 1, Avx512 = 2 };
 // Int8Outliers: one level, plus the second level only on the blocks of a row whose scale d1 is more than
 // kOutlierRatio times the median d1 of that row's blocks (|error| <= d2 / 2 <= d1 / 508 there, d1 / 2 elsewhere). The
 // rounding error of a block grows with d1 squared, and on the real models' activations the ~15% of the blocks above
-// 2x the median hold ~75-80% of it (docs/cpu_kernels.md, "One default for accuracy and speed"); those blocks'
-// second levels are multiplied in a pass over the weight column blocks that any row picked (the same row kernels
-// and panels on a column range), so the extra integer work is about the picked share of the blocks (the pass's
-// per-column calls cost more than that for the 32-element blocks: measured in that section). With fewer than
-// kOutlierMinM x rows (decode) it takes both levels on every block, as Int8x2: there the column pass's per-row
-// kernel calls cost as much as the whole second level, which shares each weight block's decode with the first.
+// 2x the median hold ~75-80% of it (docs/cpu_kernels.md, "One default for accuracy and speed"). The picked blocks'
+// second levels are multiplied inside the kernels' own pass, so the extra integer work is about the picked share:
+// the row kernels (decode, m < 16, and rows outside the panels) take each row's list of picked blocks after its
+// blocks (the 32-block types in the same loop and accumulators; the K types one 256-block kernel call per pick), and
+// the prefill panels run the picked (row, block) pairs, grouped by block column, as tiles over that column's groups
+// of the panel they have already decoded, each pair's 16 outputs added to its row.
 enum class QAct : int { Int8 = 0, Int8x2 = 1, Int8Outliers = 2 };
 inline constexpr float kOutlierRatio = 2.0f;
-inline constexpr int64_t kOutlierMinM = 16;
 
 // A weight matrix as stored: `data` points at rows * tensor_type_bytes(type, cols) bytes (no alignment needed).
 struct QMatrix {

@@ -287,6 +287,20 @@ struct LegacyKernel {
         if constexpr (kOffsetTerm) tail[j] += sw * a[j].ds[b];
       });
     }
+    // Int8Outliers: the picked blocks' second levels (ActRow::pick), as the odd block above.
+    for_nx<NX>([&](int j) QMM_INLINE {
+      const ActRow* l = a[j].level2;
+      for (int64_t p = 0; p < a[j].npick; ++p) {
+        const int64_t pb = a[j].pick[p];
+        const uint8_t* blk = w + pb * T::kBytes;
+        const float d = f16_at(blk);
+        const __m256i q = T::q(blk);
+        const __m256i x = act_operand<T>(load256(l->q + 32 * pb), q);
+        const __m256i s32 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), weight_operand<T>(q), x);
+        acc8[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * l->d[pb]), _mm256_cvtepi32_ps(s32), acc8[j]);
+        if constexpr (kOffsetTerm) tail[j] += (T::kMin ? f16_at(blk + 2) : d) * l->ds[pb];
+      }
+    });
     for_nx<NX>([&](int j) QMM_INLINE {
       const float s = hsum512(acc[j]) + hsum(acc8[j]);
       const float o = hsum512(sacc[j]) + tail[j];
@@ -322,6 +336,7 @@ inline __m512i scale_index(int base, int per) {
 // out = sum_sb (d * dx) * sum_g sc_g * isum_g - sum_sb (dmin * dx) * sum_g m_g * xsum_g
 template <bool Five>
 struct Q45KKernel {
+  static constexpr int64_t kPickBlockBytes = Five ? 176 : 144;  // Int8Outliers: picks taken block by block
   template <int NX>
   static void run(const uint8_t* w, int64_t cols, const ActRow* a, float* out) {
     const int64_t nsb = cols / 256;
@@ -378,6 +393,7 @@ struct Q45KKernel {
 
 // out = sum_sb (d * dx) * (sum_g sc_g * isum_g - 32 * sum_g sc_g * xsum_g), 16 groups of 16
 struct Q6KKernel {
+  static constexpr int64_t kPickBlockBytes = 210;  // Int8Outliers: picks taken block by block
   template <int NX>
   static void run(const uint8_t* w, int64_t cols, const ActRow* a, float* out) {
     const int64_t nsb = cols / 256;
@@ -485,16 +501,33 @@ void row_kernel(const uint8_t* w, int64_t cols, const ActRow* a, int nx, float* 
   switch (nx) {
     case 1:
       K::template run<1>(w, cols, a, out);
-      return;
+      break;
     case 2:
       K::template run<2>(w, cols, a, out);
-      return;
+      break;
     case 3:
       K::template run<3>(w, cols, a, out);
-      return;
+      break;
     default:
       K::template run<4>(w, cols, a, out);
-      return;
+      break;
+  }
+  // Int8Outliers on the K types: each picked 256-block's second level through the kernel on that block alone (the
+  // 32-block kernels take their picks inside their own pass).
+  if constexpr (requires { K::kPickBlockBytes; }) {
+    for (int j = 0; j < nx; ++j) {
+      const ActRow* l = a[j].level2;
+      for (int64_t p = 0; p < a[j].npick; ++p) {
+        const int64_t b = a[j].pick[p];
+        ActRow sub;
+        sub.q = l->q + 256 * b;
+        sub.d = l->d + b;
+        sub.bs = l->bs + 16 * b;
+        float o;
+        K::template run<1>(w + b * K::kPickBlockBytes, 256, &sub, &o);
+        out[j] += o;
+      }
+    }
   }
 }
 

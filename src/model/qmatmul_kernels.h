@@ -17,6 +17,24 @@ struct ActRow {
   const float* d = nullptr;    // per activation block: the scale
   const float* ds = nullptr;   // per 32-block: d * sum(q)
   const int16_t* bs = nullptr; // per 256-block: 16 sums of q over 16 elements each
+  // QAct::Int8Outliers: the row's picked activation blocks pick[0, npick) (ascending) carry a second level, laid
+  // out as this row's own arrays (level2->q + ab b, level2->d + b, ...; only the picked blocks are written). The
+  // row kernels add its products over those blocks alone (the panels take it from their PanelPairs instead).
+  const ActRow* level2 = nullptr;
+  const int32_t* pick = nullptr;
+  int64_t npick = 0;
+};
+
+// The second levels of QAct::Int8Outliers for the panels, grouped by activation block column: the pairs of column
+// b are [first[b], first[b + 1]); pair p is x row xrow[p]'s second level of that block alone (act[p]: q at the
+// block's first code, d / ds / bs at the block's entries, as an ActRow of ab columns). A panel adds them after its
+// own tiles, on the panel it has already decoded: a tile of up to kMr pairs over the block's groups, each pair's
+// 16 outputs added to its x row's.
+struct PanelPairs {
+  const int64_t* first = nullptr;
+  const int64_t* xrow = nullptr;
+  const ActRow* act = nullptr;
+  int64_t ab = 0;
 };
 
 constexpr int kMaxNx = 4;
@@ -50,7 +68,7 @@ using TileKernel = void (*)(const uint8_t* w, size_t row_bytes, int64_t cols, co
 // float scale and offset per group of 16 or 32 elements; the x rows then multiply it as outer products (each
 // int32 lane of a dot-product instruction is one weight row), so the per-group float work is shared by 16 rows.
 using PanelGemm = void (*)(const uint8_t* w, size_t row_bytes, int64_t cols, const ActRow* a, int64_t m, float* y,
-                           int64_t y_stride);
+                           int64_t y_stride, const PanelPairs* pairs);  // pairs: nullptr, none
 constexpr int kPanelRows = 16;
 constexpr int64_t kPanelMinM = 16;  // fewer x rows: the row kernels (decoding the panel would not pay)
 
