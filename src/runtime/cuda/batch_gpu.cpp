@@ -42,8 +42,6 @@ GpuBatchBackend::GpuBatchBackend(const DeviceModel& model, GpuBatchOptions optio
     : model_(model), options_(std::move(options)), cfg_(model.config()), timer_(options_.timing) {
   // TESSERA_GPU_GRAPHS=0 runs every decode step eagerly (no CUDA graph), to tell a graph's fault from the step's.
   if (const char* e = std::getenv("TESSERA_GPU_GRAPHS"); e != nullptr && std::string(e) == "0") options_.graphs = false;
-  if (const char* e = std::getenv("TESSERA_GPU_PIECEWISE"); e != nullptr && (std::string(e) == "0" || std::string(e) == "1"))
-    options_.piecewise_graphs = std::string(e) == "1";
   TESSERA_CUDA_CHECK(cudaStreamCreate(&stream_));
   try {
     gemm_ = std::make_unique<Gemm>(stream_);
@@ -52,7 +50,6 @@ GpuBatchBackend::GpuBatchBackend(const DeviceModel& model, GpuBatchOptions optio
       fp8_ = DeviceFp8Weights::quantize(model_, stream_);
     }
     prefill_ = std::make_unique<GpuForward>(model_, options_.prefill, stream_, *gemm_, timer_, fp8_.get());
-    prefill_->ops().set_piecewise(options_.piecewise_graphs);
     check(options_.decode_gemm == GemmPrecision::kBf16 || fp8_ != nullptr,
           "GPU batched engine: FP8 decode GEMMs need FP8 weights (GpuBatchOptions::gemm = kFp8)");
     decode_fp8_ = options_.decode_gemm == GemmPrecision::kFp8;

@@ -65,9 +65,6 @@ struct GpuBatchOptions {
   ForwardOptions prefill;  // the prefill forward's options (mlp_chunk, tile, attention backend, ...)
   int32_t splits = 0;      // decode attention splits per (row, kv head); 0: chosen per step from the lengths
   bool graphs = true;      // run each decode step as a CUDA graph (one per batch size and split count)
-  // The mixed step's launches between its attention calls as piecewise CUDA graphs (gpu_ops.h set_piecewise; bf16
-  // products only). TESSERA_GPU_PIECEWISE=0 / 1 in the environment overrides.
-  bool piecewise_graphs = true;
   bool pad_rows = true;    // pad the batch to padded_rows(n) rows (fewer distinct graphs)
   // kFp8: the prefill's GEMMs in E4M3 (the weights quantized once, here: DeviceFp8Weights; activations quantized per
   // product; the LM head stays bf16).
@@ -153,9 +150,6 @@ class GpuBatchBackend final : public BatchBackend {
   // GEMM and attention seconds (CUDA events, GpuBatchOptions::timing; else 0), summed since construction.
   ForwardTimers timers() const override { return timers_; }
   const GpuKernelSeconds& kernel_seconds() const { return kernel_seconds_; }
-  // Mixed steps replayed from / captured as piecewise graphs so far (GpuBatchOptions::piecewise_graphs).
-  int64_t piecewise_replays() const { return prefill_->ops().piecewise_replays(); }
-  int64_t piecewise_captures() const { return prefill_->ops().piecewise_captures(); }
   // Whether decode steps run the paged kernel (else through the prefill forward, see above).
   bool paged_decode() const { return paged_decode_; }
 

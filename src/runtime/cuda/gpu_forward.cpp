@@ -151,19 +151,8 @@ void GpuForward::run_mixed(std::span<const int32_t> tokens, int32_t n, int32_t p
   const int64_t first = chunk_logits ? n - 1 : n;
   ops_.reserve(rows, rows - first, step);
   ops_.upload_tokens(tokens);
-  // Piecewise graphs (gpu_ops.h): the launches between the layers' attention calls replayed for a seen key.
-  ops_.piecewise_begin(rows, positions);
-  try {
-    ops_.begin(rows, ops_.tokens(), 0, positions, step);
-    run_layers(cfg_, ops_);
-    ops_.piecewise_end();
-  } catch (...) {
-    if (!ops_.piecewise_abort()) throw;
-    // A capture failed: its segment's launches were recorded, not run. The step again, eagerly (what ran of it wrote
-    // the same K/V rows it writes again).
-    ops_.begin(rows, ops_.tokens(), 0, positions, step);
-    run_layers(cfg_, ops_);
-  }
+  ops_.begin(rows, ops_.tokens(), 0, positions, step);
+  run_layers(cfg_, ops_);
   ops_.head(first);
 }
 

@@ -97,7 +97,6 @@ class GpuForward {
 
   // The backend of the recipe this forward runs (the decode step of the same engine shares it).
   GpuOps& ops() { return ops_; }
-  const GpuOps& ops() const { return ops_; }
 
  private:
   std::vector<float> run_step(std::span<const int32_t> tokens, int32_t pos, GpuAttentionStep& step, LogitRows rows);

@@ -127,118 +127,9 @@ bool GpuOps::reserve(int64_t n, int64_t logit_rows, const GpuAttentionStep& step
   const int64_t QD = static_cast<int64_t>(cfg_.num_q_heads) * D, KD = static_cast<int64_t>(cfg_.num_kv_heads) * D;
   const bool own_kv = step.k_rows(0) == nullptr;
   const bool fused = own_kv && step.fused_qkv() && fp8_ == nullptr;
-  const bool grew = reserve_buffers(n, logit_rows, fused ? n * (QD + 2 * KD) : n * QD, n * QD,
-                                    std::min<int64_t>(mlp_piece_, n) * 2 * F, own_kv && !fused ? n * KD : 0,
-                                    needs_identity(cfg_, step));
-  if (grew) drop_piecewise();  // the graphs hold the old buffers' addresses
-  return grew;
-}
-
-GpuOps::PieceGraphs::~PieceGraphs() {
-  clear();
-}
-
-void GpuOps::PieceGraphs::clear() noexcept {
-  for (cudaGraphExec_t e : segments)
-    if (e != nullptr) cudaGraphExecDestroy(e);
-  segments.clear();
-  complete = false;
-}
-
-void GpuOps::set_piecewise(bool on) {
-  piecewise_on_ = on;
-  if (!on) drop_piecewise();
-}
-
-void GpuOps::drop_piecewise() noexcept {
-  pieces_.clear();
-  cur_ = nullptr;
-}
-
-void GpuOps::piecewise_begin(int64_t n, const int32_t* positions) {
-  piece_ = Piece::kEager;
-  cur_ = nullptr;
-  seg_ = 0;
-  if (!piecewise_on_ || timer_.enabled() || sample_ || reduce_.all_reduce || fp8_ != nullptr || w4_ != nullptr) return;
-  PieceGraphs* g = nullptr;
-  for (auto& p : pieces_)
-    if (p->n == n && p->tokens == tokens_.data() && p->positions == positions) g = p.get();
-  if (g == nullptr) {  // first seen: eager; remembered (the least recently used key out)
-    if (pieces_.size() >= kPieceKeys) {
-      auto lru = std::min_element(pieces_.begin(), pieces_.end(), [](const auto& a, const auto& b) { return a->used < b->used; });
-      pieces_.erase(lru);
-    }
-    pieces_.push_back(std::make_unique<PieceGraphs>());
-    g = pieces_.back().get();
-    g->n = n;
-    g->tokens = tokens_.data();
-    g->positions = positions;
-  } else if (!g->failed) {
-    if (g->complete) {
-      piece_ = Piece::kReplay;
-    } else {
-      g->clear();
-      piece_ = Piece::kCapture;
-    }
-  }
-  ++g->seen;
-  g->used = ++piece_clock_;
-  cur_ = g;
-}
-
-void GpuOps::begin_piece_capture() {
-  TESSERA_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-  capturing_ = true;
-}
-
-void GpuOps::flush_piece() {
-  if (piece_ == Piece::kCapture) {
-    cudaGraphExec_t exec = nullptr;
-    if (capturing_) {
-      capturing_ = false;
-      cudaGraph_t graph = nullptr;
-      TESSERA_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
-      const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
-      cudaGraphDestroy(graph);
-      TESSERA_CUDA_CHECK(err);
-    }
-    cur_->segments.push_back(exec);
-    if (exec != nullptr) TESSERA_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
-  } else if (piece_ == Piece::kReplay) {
-    check(seg_ < cur_->segments.size(), "GPU piecewise graphs: a step with more attention calls than its capture");
-    if (cudaGraphExec_t exec = cur_->segments[seg_++]; exec != nullptr) TESSERA_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
-  }
-}
-
-void GpuOps::piecewise_end() {
-  flush_piece();
-  if (piece_ == Piece::kCapture) {
-    cur_->complete = true;
-    ++piece_captures_;
-  } else if (piece_ == Piece::kReplay) {
-    check(seg_ == cur_->segments.size(), "GPU piecewise graphs: a step with fewer attention calls than its capture");
-    ++piece_replays_;
-  }
-  piece_ = Piece::kEager;
-  cur_ = nullptr;
-}
-
-bool GpuOps::piecewise_abort() noexcept {
-  const bool was_capturing = piece_ == Piece::kCapture;
-  if (capturing_) {
-    cudaGraph_t graph = nullptr;
-    cudaStreamEndCapture(stream_, &graph);
-    if (graph != nullptr) cudaGraphDestroy(graph);
-    capturing_ = false;
-    (void)cudaGetLastError();
-  }
-  if (cur_ != nullptr) {
-    cur_->clear();
-    cur_->failed = true;
-  }
-  piece_ = Piece::kEager;
-  cur_ = nullptr;
-  return was_capturing;
+  return reserve_buffers(n, logit_rows, fused ? n * (QD + 2 * KD) : n * QD, n * QD,
+                         std::min<int64_t>(mlp_piece_, n) * 2 * F, own_kv && !fused ? n * KD : 0,
+                         needs_identity(cfg_, step));
 }
 
 void GpuOps::upload_tokens(std::span<const int32_t> tokens) {
@@ -270,7 +161,6 @@ void GpuOps::begin(int64_t n, const int32_t* tokens, int32_t pos, const int32_t*
 
 void GpuOps::gemm(const bf16* x, int64_t ldx, int64_t m, const bf16* w, const Fp8Matrix* w8, int64_t out, int64_t in,
                   void* y, DType y_type, int64_t ldy, float beta, bool reuse) {
-  if (!piece_launch()) return;
   timer_.begin(EventTimer::kGemm, stream_);
   static const bool w8_gemv = [] {
     const char* e = std::getenv("TESSERA_GPU_W8_GEMV");
@@ -353,7 +243,6 @@ void GpuOps::qk_norm_rope(int32_t l, bool norm, bool rope) {
 }
 
 void GpuOps::attend(int32_t l) {
-  flush_piece();
   timer_.begin(EventTimer::kAttention, stream_);
   step_->attend(l, qkv_rows_, a_.data(), stream_);
   timer_.end(EventTimer::kAttention, stream_);
@@ -431,7 +320,6 @@ size_t GpuOps::scratch_bytes() const {
 
 void GpuOps::release_scratch() {
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  drop_piecewise();
   release_all(tokens_, x_, o_, logits_, h_, q_, a_, gu_, k_, v_, no_freq_, id_cos_, id_sin_);
   for (size_t r = 0; r < cos_.size(); ++r) release_all(cos_[r], sin_[r]);
 }

@@ -32,7 +32,6 @@
 
 #include <cstdint>
 #include <functional>
-#include <memory>
 #include <span>
 #include <vector>
 
@@ -148,27 +147,6 @@ class GpuOps {
   const float* inv_freq(int32_t l) const { return inv_freqs_[layer_rope_[static_cast<size_t>(l)]].data(); }
   std::span<const float> host_inv_freq(int32_t l) const { return host_inv_freqs_[layer_rope_[static_cast<size_t>(l)]]; }
 
-  // Piecewise CUDA graphs (the batched engine's mixed step; gpu_forward.h run_mixed): a step's launches between its
-  // attention calls (the embedding, norms, products, RoPE tables, activations) captured as one graph per segment and
-  // replayed by later steps of the same key (rows, token and position buffers), while each layer's attention, whose
-  // index and copies the host sets up per step, runs eagerly between them: ~13 launches a layer become one. A key is
-  // captured the second time it is seen (steps of a one-off shape pay no capture) and at most kPieceKeys are kept
-  // (least recently used out). Only for bf16 products, no timer, no memory sampling and one rank. Replayed kernels
-  // are the same launches with the same arguments: the results are those of the eager step, bit for bit.
-  //   ops.piecewise_begin(n, positions);  ops.begin(...);  run_layers(...);  ops.piecewise_end();  ops.head(...);
-  // A throw in between: piecewise_abort() (and the step again, eagerly, when it threw while capturing).
-  static constexpr size_t kPieceKeys = 8;
-  void set_piecewise(bool on);
-  bool piecewise() const { return piecewise_on_; }
-  void piecewise_begin(int64_t n, const int32_t* positions);
-  void piecewise_end();
-  // Ends an open capture, forgets the step's key (it is not captured again) and leaves the step eager; true when
-  // the step was capturing (its launches were recorded, not run: the caller runs the step again).
-  bool piecewise_abort() noexcept;
-  void drop_piecewise() noexcept;  // every graph (buffers moved)
-  int64_t piecewise_replays() const { return piece_replays_; }  // steps replayed from graphs so far
-  int64_t piecewise_captures() const { return piece_captures_; }
-
   size_t scratch_bytes() const;
   void release_scratch();  // synchronises the stream first
   // Device memory in use (cudaMemGetInfo: total - free, the whole device) sampled after every layer's attention and
@@ -199,7 +177,6 @@ class GpuOps {
   void norm_x(const float* w);
   template <class F>
   void timed(EventTimer::Kind kind, F&& launch) {
-    if (!piece_launch()) return;
     timer_.begin(kind, stream_);
     launch();
     timer_.end(kind, stream_);
@@ -238,36 +215,6 @@ class GpuOps {
   attn::gpu::DeviceBuffer<bf16> h_, q_, a_, gu_, k_, v_;  // q_: rows [q | k | v] when fused; k_, v_: unfused scratch
   attn::gpu::DeviceBuffer<float> no_freq_, id_cos_, id_sin_;  // the identity rotation (angle 0: cos 1, sin 0)
   std::vector<attn::gpu::DeviceBuffer<float>> cos_, sin_;
-  // Piecewise graphs (set_piecewise).
-  enum class Piece { kEager, kCapture, kReplay };
-  struct PieceGraphs {
-    int64_t n = 0;
-    const int32_t* tokens = nullptr;
-    const int32_t* positions = nullptr;
-    int seen = 0;
-    bool complete = false, failed = false;
-    uint64_t used = 0;
-    std::vector<cudaGraphExec_t> segments;  // one per attention call, then the tail (null: an empty segment)
-    ~PieceGraphs();
-    void clear() noexcept;
-  };
-  // False: skip the launch (the step is replayed from its graphs); in a capturing step opens the segment's capture.
-  bool piece_launch() {
-    if (piece_ == Piece::kEager) return true;
-    if (piece_ == Piece::kReplay) return false;
-    if (!capturing_) begin_piece_capture();
-    return true;
-  }
-  void begin_piece_capture();
-  void flush_piece();  // the segment so far: captured and launched, or replayed
-  bool piecewise_on_ = false;
-  Piece piece_ = Piece::kEager;
-  bool capturing_ = false;
-  size_t seg_ = 0;
-  uint64_t piece_clock_ = 0;
-  int64_t piece_replays_ = 0, piece_captures_ = 0;
-  PieceGraphs* cur_ = nullptr;
-  std::vector<std::unique_ptr<PieceGraphs>> pieces_;
 };
 
 }  // namespace tessera::runtime::gpu

@@ -480,64 +480,6 @@ TEST(GpuBatch, TokenBudgetAndPromptLogprobs) {
   EXPECT_LT(best.logprob - first.logprob, 0.05) << "first token " << out[a].front() << ", argmax " << argmax(last);
 }
 
-// Piecewise graphs (GpuBatchOptions::piecewise_graphs, gpu_ops.h): under a token budget the mixed steps repeat one
-// row count, so their launches between the attention calls are captured once and replayed; a replay is the same
-// launches with the same arguments, so every token and log-probability equals the eager run's bit for bit.
-TEST(GpuBatch, PiecewiseGraphsEqualEagerMixedSteps) {
-  REQUIRE_GPU();
-  const ModelConfig cfg = windowed_two_layers();
-  const auto dev = DeviceModel::random(cfg, 12);
-  std::vector<BatchRequest> reqs;
-  for (uint32_t i = 0; i < 5; ++i) {
-    BatchRequest r;
-    r.prompt = test::random_tokens(40 + 400 * static_cast<int32_t>(i), cfg.vocab_size, 130 + i, 100);
-    r.options.max_new_tokens = 24;
-    r.options.logprobs = 2;
-    reqs.push_back(r);
-  }
-  struct Run {
-    std::map<int64_t, std::vector<int32_t>> tokens;
-    std::map<int64_t, std::vector<float>> logprobs;
-    int64_t replays = 0, captures = 0, mixed = 0;
-  };
-  auto run = [&](bool piecewise) {
-    GpuBatchOptions go;
-    go.piecewise_graphs = piecewise;
-    GpuBatchBackend backend(*dev, go);
-    BatchEngineOptions o;
-    o.kv_bytes = 1e9;
-    o.step_tokens = 96;
-    o.mixed_step = true;
-    BatchEngine engine(backend, o);
-    Run out;
-    for (const BatchRequest& r : reqs) engine.submit(r);
-    while (engine.busy())
-      for (const BatchEvent& e : engine.step()) {
-        EXPECT_NE(e.reason, FinishReason::kError) << e.error;
-        if (e.token < 0) continue;
-        out.tokens[e.id].push_back(e.token);
-        if (e.logprobs) {
-          out.logprobs[e.id].push_back(e.logprobs->logprob);
-          for (const TokenLogprob& t : e.logprobs->top) out.logprobs[e.id].push_back(t.logprob);
-        }
-      }
-    out.replays = backend.piecewise_replays();
-    out.captures = backend.piecewise_captures();
-    out.mixed = engine.stats().mixed_steps;
-    return out;
-  };
-  const Run graphs = run(true), eager = run(false);
-  std::printf("[batch] piecewise graphs: %lld mixed steps, %lld captured, %lld replayed\n",
-              static_cast<long long>(graphs.mixed), static_cast<long long>(graphs.captures),
-              static_cast<long long>(graphs.replays));
-  EXPECT_EQ(graphs.tokens, eager.tokens);
-  EXPECT_EQ(graphs.logprobs, eager.logprobs);
-  EXPECT_EQ(graphs.tokens.size(), reqs.size());
-  EXPECT_GE(graphs.captures, 1);
-  EXPECT_GE(graphs.replays, 4);
-  EXPECT_EQ(eager.replays + eager.captures, 0);
-}
-
 // The mixed step (BatchBackend::mixed_step: one forward over a prefill chunk's rows and the decode rows) against the
 // two-forward step (prefill_chunk, then decode) on a second backend with the same state, teacher-forced: three
 // sequences decode (one with MoA per-head views) while a 600-token prompt prefills in chunks of 128 under an A-shape
