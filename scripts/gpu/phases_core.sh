@@ -263,6 +263,7 @@ phase_eval() {
 #                     512-token steps beside 8 decoders, mixed step on): the CUDA API calls' host time and the
 #                     kernels' GPU time summed per name (what of a prefill chunk is host work, what GPU work)
 phase_profile() {
+  [ -n "${NCU_CMD:-}" ] && models
   if [ "${PROFILE:-times}" = nsys ]; then
     local nsys cmd
     nsys=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2> /dev/null | head -1)
@@ -288,7 +289,9 @@ phase_profile() {
       --launch-count 1 --set full --import-source no --page details --print-units base "$B" $args
     return
   fi
-  STEP_TAIL=0 step ncu_times 300 "$ncu" --metrics gpu__time_duration.sum --csv --page raw --print-units base "$B" $args
+  # NCU_CMD: another program to profile (e.g. batch_step_bench's mixed steps), instead of attention_gpu_bench
+  STEP_TAIL=0 step ncu_times 300 "$ncu" --metrics gpu__time_duration.sum --csv --page raw --print-units base \
+    ${NCU_CMD:-"$B" $args}
   python3 - "$LOGS/ncu_times.log" << 'PY' | tee -a "$SUMMARY"
 import csv, sys, collections
 rows = list(csv.reader(open(sys.argv[1])))
