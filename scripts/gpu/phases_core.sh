@@ -278,7 +278,7 @@ phase_profile() {
     rm -f "$LOGS"/chunk.nsys-rep "$LOGS"/chunk.sqlite
     return
   fi
-  need attention_gpu_bench || return 1
+  [ -n "${NCU_CMD:-}" ] || need attention_gpu_bench || return 1
   local ncu B args
   ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -1)
   [ -n "$ncu" ] || { say "profile: no ncu"; return 1; }

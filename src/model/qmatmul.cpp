@@ -323,10 +323,11 @@ struct Scratch {
   // Int8Outliers: row i's picked blocks pick[i nb, i nb + npick) and their second levels, laid out as the first
   // level's arrays (q2[i cols + ab b], d2[i nb + b], ds2[i nb + b] or bs2[16 (i nb + b)]; only picked blocks
   // written), level2[i] their ActRow. For the panels the same pairs (row, block) grouped by block column:
-  // pair_first[b], pair_row[p], pair_act[p] (qmm::PanelPairs).
-  std::vector<int8_t> q2;
-  std::vector<float> d2, ds2;
-  std::vector<int16_t> bs2;
+  // pair_first[b], pair_row[p], pair_act[p] (qmm::PanelPairs), their codes and scales copied in pair order
+  // (pair_q, pair_d, pair_ds / pair_bs): the panels then read them in sequence, not one line per pair from m rows.
+  std::vector<int8_t> q2, pair_q;
+  std::vector<float> d2, ds2, pair_d, pair_ds;
+  std::vector<int16_t> bs2, pair_bs;
   std::vector<int32_t> pick;
   std::vector<ActRow> level2;
   std::vector<int64_t> pair_first, pair_row;
@@ -527,17 +528,29 @@ void qmatmul(const QMatrix& w, const float* x, int64_t m, float* y, ThreadPool* 
       const int64_t np = s.pair_first[static_cast<size_t>(nb)];
       s.pair_row.resize(static_cast<size_t>(np));
       s.pair_act.assign(static_cast<size_t>(np), ActRow{});
+      s.pair_q.resize(static_cast<size_t>(np * ab));
+      s.pair_d.resize(static_cast<size_t>(np));
+      s.pair_ds.resize(ab == 32 ? static_cast<size_t>(np) : 0);
+      s.pair_bs.resize(ab == 256 ? static_cast<size_t>(np * 16) : 0);
       std::vector<int64_t> next(s.pair_first.begin(), s.pair_first.end() - 1);
       for (int64_t i = 0; i < m; ++i) {
         const ActRow& r = s.rows[static_cast<size_t>(i)];
         for (int64_t p = 0; p < r.npick; ++p) {
           const int64_t b = r.pick[p], at = next[static_cast<size_t>(b)]++;
           s.pair_row[static_cast<size_t>(at)] = i;
+          int8_t* pq = s.pair_q.data() + at * ab;
+          std::memcpy(pq, r.level2->q + b * ab, static_cast<size_t>(ab));
+          s.pair_d[static_cast<size_t>(at)] = r.level2->d[b];
           ActRow& pa = s.pair_act[static_cast<size_t>(at)];
-          pa.q = r.level2->q + b * ab;
-          pa.d = r.level2->d + b;
-          pa.ds = ab == 32 ? r.level2->ds + b : nullptr;
-          pa.bs = ab == 256 ? r.level2->bs + 16 * b : nullptr;
+          pa.q = pq;
+          pa.d = s.pair_d.data() + at;
+          if (ab == 32) {
+            s.pair_ds[static_cast<size_t>(at)] = r.level2->ds[b];
+            pa.ds = s.pair_ds.data() + at;
+          } else {
+            std::memcpy(s.pair_bs.data() + 16 * at, r.level2->bs + 16 * b, 16 * sizeof(int16_t));
+            pa.bs = s.pair_bs.data() + 16 * at;
+          }
         }
       }
       pairs.first = s.pair_first.data();

@@ -472,6 +472,57 @@ struct PanelTile {
     }
     for_nx<MR>([&](int x) QMM_INLINE { _mm512_storeu_ps(out[x], acc[x]); });
   }
+
+  // Int8Outliers: the pairs [p0, p1) of one activation block column (gpb groups of the panel from pg; ps, pc
+  // there), each pair's 16 products added to y at its x row. Per pair and group the operations of run<1> above,
+  // in its order (the same sums), without a tile's setup per call.
+  static constexpr bool kPairLoop = true;
+  template <int G, bool KType>
+  static void pairs(const uint8_t* pg, const float* ps, const float* pc, int64_t gpb, const PanelPairs& pp, int64_t p0,
+                    int64_t p1, float* y, int64_t y_stride) {
+    int64_t p = p0;
+    for (; p + 8 <= p1; p += 8) pairs_n<8, G, KType>(pg, ps, pc, gpb, pp, p, y, y_stride);
+    for (; p + 4 <= p1; p += 4) pairs_n<4, G, KType>(pg, ps, pc, gpb, pp, p, y, y_stride);
+    for (; p < p1; ++p) pairs_n<1, G, KType>(pg, ps, pc, gpb, pp, p, y, y_stride);
+  }
+  // N pairs from p at once (independent sums: the dot products' latency overlaps), each as run<1> would.
+  template <int N, int G, bool KType>
+  static void pairs_n(const uint8_t* pg, const float* ps, const float* pc, int64_t gpb, const PanelPairs& pp, int64_t p,
+                      float* y, int64_t y_stride) {
+    constexpr int kSteps = G / 4;
+    const ActRow* a = pp.act + p;
+    __m512 acc[N];
+    for_nx<N>([&](int n) QMM_INLINE { acc[n] = _mm512_setzero_ps(); });
+    for (int64_t g = 0; g < gpb; ++g) {
+      __m512i isum[N];
+      for_nx<N>([&](int n) QMM_INLINE { isum[n] = _mm512_setzero_si512(); });
+      for_nx<kSteps>([&](int t) QMM_INLINE {
+        const __m512i wv = load512(pg + (g * kSteps + t) * 64);
+        for_nx<N>([&](int n) QMM_INLINE {
+          int32_t x4;
+          std::memcpy(&x4, a[n].q + (g * kSteps + t) * 4, 4);
+          isum[n] = _mm512_dpbusd_epi32(isum[n], wv, _mm512_set1_epi32(x4));
+        });
+      });
+      const __m512 sv = _mm512_loadu_ps(ps + 16 * g), cv = _mm512_loadu_ps(pc + 16 * g);
+      for_nx<N>([&](int n) QMM_INLINE {
+        const float dx = a[n].d[0];
+        float dxs;
+        if constexpr (KType) {
+          const int64_t j = g * G / 16;
+          dxs = dx * static_cast<float>(G == 16 ? a[n].bs[j] : a[n].bs[j] + a[n].bs[j + 1]);
+        } else {
+          dxs = a[n].ds[0];
+        }
+        acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[n]), _mm512_mul_ps(sv, _mm512_set1_ps(dx)), acc[n]);
+        acc[n] = _mm512_fmadd_ps(cv, _mm512_set1_ps(dxs), acc[n]);
+      });
+    }
+    for_nx<N>([&](int n) QMM_INLINE {
+      float* yr = y + pp.xrow[p + n] * y_stride;
+      _mm512_storeu_ps(yr, _mm512_add_ps(_mm512_loadu_ps(yr), acc[n]));
+    });
+  }
 };
 
 #include "model/qmatmul_panel.inc"

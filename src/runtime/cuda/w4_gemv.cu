@@ -56,6 +56,9 @@ __host__ __device__ inline uint32_t group_code(float w, uint32_t param) {
   return static_cast<uint32_t>(fminf(fmaxf(rintf(div_rn(w, s)) + z, 0.0f), 15.0f));
 }
 
+// Where element e (0-7) of a code word sits: even elements in the low half-word, odd ones in the high (w4_gemv.h).
+__host__ __device__ inline int code_bit(int e) { return 16 * (e & 1) + 4 * (e >> 1); }
+
 constexpr int kQuantWarps = 8;  // groups a block of quantize_w4 takes (a warp each)
 
 __global__ void __launch_bounds__(kQuantWarps * 32)
@@ -80,144 +83,133 @@ __global__ void __launch_bounds__(kQuantWarps * 32)
     hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, s));
   }
   const uint32_t p = group_param(lo, hi);
-  uint32_t q = 0;
+  // Lanes 2i and 2i + 1 hold elements 0-3 and 4-7 of the group's word i (element e at bit code_bit(e)).
+  uint32_t part = 0;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) q |= group_code(v[i], p) << (4 * i);
-  *reinterpret_cast<uint16_t*>(codes + r * (cols / 2) + c0 / 2) = static_cast<uint16_t>(q);
+  for (int i = 0; i < 4; ++i) part |= group_code(v[i], p) << code_bit((lane & 1) * 4 + i);
+  const uint32_t word = part | __shfl_xor_sync(0xffffffffu, part, 1);
+  if ((lane & 1) == 0) *reinterpret_cast<uint32_t*>(codes + r * (cols / 2) + c0 / 2) = word;
   if (lane == 0) params[g] = p;
 }
 
 // ---- the product
 
-constexpr int kRows = 4;    // output channels a block computes
-constexpr int kWarps = 4;   // warps of a block: each takes every kWarps-th run of 32 chunks of the rows
-constexpr int kUnroll = 2;  // 16-byte chunks of each weight row a lane has in flight
+constexpr int kRows = 16;   // output channels a block computes (the MMA's M)
+constexpr int kWarps = 8;   // warps of a block: warp w takes groups w, w + kWarps, ... of the block's rows (split K)
+constexpr int kUnroll = 4;  // groups a warp has in flight
 
-// The 8 weights of one code word (nibble j: element j), each s * (q - z) exactly: the nibble placed at mantissa bits
-// 8-11, 12-15 or 16-19 under the exponent of 2^15, 2^11 or 2^7 reads 2^E + q, and fma(2^E + q, s, c_E) with c_E =
-// -(2^E + z) s (exact: 16 + 8 significant bits at most) is the exact s (q - z). Two integer operations (a shift
-// shared by several nibbles, a mask-and-or) and one FMA a weight.
-__device__ __forceinline__ void dequant_word(uint32_t w, float s, float c15, float c11, float c7, float (&f)[8]) {
-  const uint32_t lo = w << 8, hi = w >> 12;
-  f[0] = fmaf(__uint_as_float((lo & 0xF00u) | 0x47000000u), s, c15);
-  f[1] = fmaf(__uint_as_float((lo & 0xF000u) | 0x45000000u), s, c11);
-  f[2] = fmaf(__uint_as_float((w & 0xF00u) | 0x47000000u), s, c15);
-  f[3] = fmaf(__uint_as_float((w & 0xF000u) | 0x45000000u), s, c11);
-  f[4] = fmaf(__uint_as_float((w & 0xF0000u) | 0x43000000u), s, c7);
-  f[5] = fmaf(__uint_as_float((hi & 0xF00u) | 0x47000000u), s, c15);
-  f[6] = fmaf(__uint_as_float((hi & 0xF000u) | 0x45000000u), s, c11);
-  f[7] = fmaf(__uint_as_float((hi & 0xF0000u) | 0x43000000u), s, c7);
+// (w & mask) | the exponent of 128 in both bf16 halves: the nibbles at bits 0-3 and 16-19 read 128 + q, those at bits
+// 4-7 and 20-23 read 128 + 16 q (exact: 5 significant bits at most).
+__device__ __forceinline__ uint32_t nibbles_to_bf16x2(uint32_t w, uint32_t mask) { return (w & mask) | 0x43004300u; }
+__device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+__device__ __forceinline__ uint32_t bf16x2_of(float v) {
+  const __nv_bfloat162 h = __float2bfloat162_rn(v);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+// d += a b: mma.sync m16n8k16, bf16 inputs, f32 accumulators.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// 8 bf16 activations (one uint4) to floats.
-__device__ __forceinline__ void act_to_float(const uint4& a, float (&f)[8]) {
-  const uint32_t words[4] = {a.x, a.y, a.z, a.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    f[2 * i] = __uint_as_float(words[i] << 16);
-    f[2 * i + 1] = __uint_as_float(words[i] & 0xFFFF0000u);
-  }
-}
-
-template <int M>
+// The MMA's A is a [16 channels, 16] tile of the weights as exact bf16 integers q - z, its B the [16, 8] tile of the
+// activation rows (the columns of rows >= m are zeros: they change no other column), D [16, 8] in f32. Lane (g, t) =
+// (lane / 4, lane % 4) holds A's rows g and g + 8 at the MMA's k = 2t, 2t + 1, 2t + 8, 2t + 9 and B's column g there;
+// k is mapped so that step s of a group reads its elements 32 t + 4 s + (0, 1, 2, 3): a lane's 16-byte run of a row's
+// codes (elements 32 t .. 32 t + 31 of the group; word w holds steps 2w and 2w + 1, even elements in the low
+// half-word) and its 64 bytes of x are the same 32 elements. A group's 8 steps accumulate from zero (the tensor
+// cores' f32 sums), then acc += s * part per channel.
 __global__ void __launch_bounds__(kWarps * 32)
-    gemv_w4a16_kernel(const nbf* x, int64_t ldx, const uint8_t* codes, const uint32_t* params, int64_t out,
+    gemv_w4a16_kernel(const nbf* x, int64_t ldx, int m, const uint8_t* codes, const uint32_t* params, int64_t out,
                       int64_t in, void* y, bool y_f32, int64_t ldy, float beta) {
-  __shared__ float red[kWarps][kRows][M];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __shared__ float red[kWarps][32][4];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int64_t o0 = static_cast<int64_t>(blockIdx.x) * kRows;
-  float acc[kRows][M];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r)
-#pragma unroll
-    for (int i = 0; i < M; ++i) acc[r][i] = 0.0f;
-  const int64_t chunks = in / 32, groups = in / kW4Group;  // a chunk: 16 bytes, 32 weights of one group
-  const uint4* wrow[kRows];
-  const uint32_t* prow[kRows];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const int64_t o = o0 + r < out ? o0 + r : o0;
-    wrow[r] = reinterpret_cast<const uint4*>(codes + o * (in / 2));
-    prow[r] = params + o * groups;
-  }
-  constexpr int kStride = kWarps * 32;
-  for (int64_t k0 = warp * 32 + lane; k0 < chunks; k0 += kStride * kUnroll) {
-    uint4 wv[kUnroll][kRows];
-    uint32_t pv[kUnroll][kRows];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        const int64_t k = k0 + u * kStride;
-        const bool in_row = k < chunks;
-        wv[u][r] = in_row ? __ldcs(wrow[r] + k) : make_uint4(0, 0, 0, 0);  // read once: do not keep in L1
-        pv[u][r] = in_row ? __ldcs(prow[r] + k / 4) : 0u;
-      }
+  const int64_t groups = in / kW4Group;
+  const int64_t ra = o0 + g < out ? o0 + g : out - 1, rb = o0 + g + 8 < out ? o0 + g + 8 : out - 1;
+  const uint4* wa = reinterpret_cast<const uint4*>(codes + ra * (in / 2)) + t;  // group j's run: wa + 4 j
+  const uint4* wb = reinterpret_cast<const uint4*>(codes + rb * (in / 2)) + t;
+  const uint32_t* pa = params + ra * groups;
+  const uint32_t* pb = params + rb * groups;
+  const bool has_x = g < m;
+  const uint4* xr = reinterpret_cast<const uint4*>(x + (has_x ? g : 0) * ldx) + 4 * t;  // group j's 32: xr + 16 j
+  constexpr uint32_t kOne = 0x3F803F80u, kSixteenth = 0x3D803D80u;  // bf16x2 (1, 1), (1/16, 1/16)
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int64_t j0 = warp; j0 < groups; j0 += kWarps * kUnroll) {
+    uint4 va[kUnroll], vb[kUnroll];
+    uint32_t sa[kUnroll], sb[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int64_t k = k0 + u * kStride;
-      if (k >= chunks) break;
-      float s[kRows], c15[kRows], c11[kRows], c7[kRows];
+      const int64_t j = j0 + u * kWarps;
+      const bool ok = j < groups;
+      va[u] = ok ? __ldcs(wa + 4 * j) : make_uint4(0, 0, 0, 0);  // read once: do not keep in L1
+      vb[u] = ok ? __ldcs(wb + 4 * j) : make_uint4(0, 0, 0, 0);
+      sa[u] = ok ? __ldcs(pa + j) : 0u;
+      sb[u] = ok ? __ldcs(pb + j) : 0u;
+    }
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        s[r] = __uint_as_float(pv[u][r] << 16);
-        const float z = static_cast<float>(pv[u][r] >> 16);
-        c15[r] = __fmul_rn(-(32768.0f + z), s[r]);
-        c11[r] = __fmul_rn(-(2048.0f + z), s[r]);
-        c7[r] = __fmul_rn(-(128.0f + z), s[r]);
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t j = j0 + u * kWarps;
+      if (j >= groups) break;
+      uint4 xv[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) xv[q] = has_x ? __ldg(xr + 16 * j + q) : make_uint4(0, 0, 0, 0);
+      const float za = static_cast<float>(sa[u] >> 16), zb = static_cast<float>(sb[u] >> 16);
+      const uint32_t ca0 = bf16x2_of(-(128.0f + za)), ca1 = bf16x2_of(-(8.0f + za));
+      const uint32_t cb0 = bf16x2_of(-(128.0f + zb)), cb1 = bf16x2_of(-(8.0f + zb));
+      float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const uint32_t ua = w == 0 ? va[u].x : w == 1 ? va[u].y : w == 2 ? va[u].z : va[u].w;
+        const uint32_t ub = w == 0 ? vb[u].x : w == 1 ? vb[u].y : w == 2 ? vb[u].z : vb[u].w;
+        // Step 2w: elements 0-3 of the word (bits 0-3, 16-19 | 4-7, 20-23), x elements 8w .. 8w + 3; step 2w + 1:
+        // elements 4-7 (the same 8 bits up), x 8w + 4 .. 8w + 7.
+        mma_bf16(part, fma_bf16x2(nibbles_to_bf16x2(ua, 0x000F000Fu), kOne, ca0),
+                 fma_bf16x2(nibbles_to_bf16x2(ub, 0x000F000Fu), kOne, cb0),
+                 fma_bf16x2(nibbles_to_bf16x2(ua, 0x00F000F0u), kSixteenth, ca1),
+                 fma_bf16x2(nibbles_to_bf16x2(ub, 0x00F000F0u), kSixteenth, cb1), xv[w].x, xv[w].y);
+        const uint32_t ua8 = ua >> 8, ub8 = ub >> 8;
+        mma_bf16(part, fma_bf16x2(nibbles_to_bf16x2(ua8, 0x000F000Fu), kOne, ca0),
+                 fma_bf16x2(nibbles_to_bf16x2(ub8, 0x000F000Fu), kOne, cb0),
+                 fma_bf16x2(nibbles_to_bf16x2(ua8, 0x00F000F0u), kSixteenth, ca1),
+                 fma_bf16x2(nibbles_to_bf16x2(ub8, 0x00F000F0u), kSixteenth, cb1), xv[w].z, xv[w].w);
       }
-#pragma unroll
-      for (int word = 0; word < 4; ++word) {
-        float wf[kRows][8];
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-          const uint32_t bits = word == 0 ? wv[u][r].x : word == 1 ? wv[u][r].y : word == 2 ? wv[u][r].z : wv[u][r].w;
-          dequant_word(bits, s[r], c15[r], c11[r], c7[r], wf[r]);
-        }
-#pragma unroll
-        for (int i = 0; i < M; ++i) {
-          float xf[8];
-          act_to_float(__ldg(reinterpret_cast<const uint4*>(x + i * ldx) + 4 * k + word), xf);
-#pragma unroll
-          for (int r = 0; r < kRows; ++r)
-#pragma unroll
-            for (int j = 0; j < 8; ++j) acc[r][i] = fmaf(wf[r][j], xf[j], acc[r][i]);
-        }
-      }
+      const float s_a = __uint_as_float(sa[u] << 16), s_b = __uint_as_float(sb[u] << 16);
+      acc[0] = fmaf(s_a, part[0], acc[0]);
+      acc[1] = fmaf(s_a, part[1], acc[1]);
+      acc[2] = fmaf(s_b, part[2], acc[2]);
+      acc[3] = fmaf(s_b, part[3], acc[3]);
     }
   }
-  // The lanes' sums by shuffles, then the warps' in a fixed order: the same for every row count.
+  // The warps' sums in a fixed order (the same for every row count); lane (g, t) of warp 0 holds channels o0 + g and
+  // o0 + g + 8 of activation rows 2t and 2t + 1.
 #pragma unroll
-  for (int r = 0; r < kRows; ++r)
-#pragma unroll
-    for (int i = 0; i < M; ++i) {
-#pragma unroll
-      for (int s = 16; s > 0; s >>= 1) acc[r][i] += __shfl_xor_sync(0xffffffffu, acc[r][i], s);
-      if (lane == 0) red[warp][r][i] = acc[r][i];
-    }
+  for (int c = 0; c < 4; ++c) red[warp][lane][c] = acc[c];
   __syncthreads();
-  if (threadIdx.x >= kRows * M) return;
-  const int r = threadIdx.x / M, i = threadIdx.x % M;
-  const int64_t o = o0 + r;
-  if (o >= out) return;
-  float sum = 0.0f;
+  if (warp != 0) return;
 #pragma unroll
-  for (int v = 0; v < kWarps; ++v) sum += red[v][r][i];
-  if (y_f32) {
-    float* yo = static_cast<float*>(y) + i * ldy + o;
-    // Rounded operations, not left to contraction: its choices may differ between instantiations (row counts).
-    *yo = beta == 0.0f ? sum : __fadd_rn(sum, __fmul_rn(beta, *yo));
-  } else {
-    static_cast<nbf*>(y)[i * ldy + o] = __float2bfloat16_rn(sum);
+  for (int c = 0; c < 4; ++c) {
+    float sum = red[0][lane][c];
+#pragma unroll
+    for (int v = 1; v < kWarps; ++v) sum += red[v][lane][c];
+    const int64_t o = o0 + g + (c >= 2 ? 8 : 0);
+    const int i = 2 * t + (c & 1);
+    if (o >= out || i >= m) continue;
+    if (y_f32) {
+      float* yo = static_cast<float*>(y) + i * ldy + o;
+      *yo = beta == 0.0f ? sum : __fadd_rn(sum, __fmul_rn(beta, *yo));
+    } else {
+      static_cast<nbf*>(y)[i * ldy + o] = __float2bfloat16_rn(sum);
+    }
   }
-}
-
-template <int M>
-void launch(const bf16* x, int64_t ldx, const W4Matrix& w, void* y, bool y_f32, int64_t ldy, float beta,
-            cudaStream_t stream) {
-  const auto blocks = static_cast<unsigned>((w.rows + kRows - 1) / kRows);
-  gemv_w4a16_kernel<M><<<blocks, kWarps * 32, 0, stream>>>(reinterpret_cast<const nbf*>(x), ldx, w.codes, w.params,
-                                                           w.rows, w.cols, y, y_f32, ldy, beta);
 }
 
 }  // namespace
@@ -251,15 +243,18 @@ void quantize_w4_host(const bf16* w, int64_t ldw, int64_t rows, int64_t cols, ui
       const uint32_t p = group_param(lo, hi);
       params[r * groups + g] = p;
       uint8_t* dst = codes + r * (cols / 2) + g * (kW4Group / 2);
-      for (int64_t c = 0; c < kW4Group; c += 2)
-        dst[c / 2] = static_cast<uint8_t>(group_code(bf16_to_f32(src[c]), p) |
-                                          (group_code(bf16_to_f32(src[c + 1]), p) << 4));
+      for (int64_t c = 0; c < kW4Group; c += 8) {
+        uint32_t word = 0;
+        for (int e = 0; e < 8; ++e) word |= group_code(bf16_to_f32(src[c + e]), p) << code_bit(e);
+        std::memcpy(dst + c / 2, &word, sizeof word);  // little-endian, as the device stores it
+      }
     }
 }
 
 float w4_value(const uint8_t* codes, const uint32_t* params, int64_t cols, int64_t r, int64_t c) {
-  const uint8_t byte = codes[r * (cols / 2) + c / 2];
-  const int q = c % 2 == 0 ? byte & 0xF : byte >> 4;
+  uint32_t word;
+  std::memcpy(&word, codes + r * (cols / 2) + c / 8 * 4, sizeof word);
+  const int q = static_cast<int>((word >> code_bit(static_cast<int>(c % 8))) & 0xF);
   const uint32_t p = params[r * (cols / kW4Group) + c / kW4Group];
   return from_bits(p << 16) * static_cast<float>(q - static_cast<int>(p >> 16));
 }
@@ -274,16 +269,9 @@ void gemv_w4a16(const bf16* x, int64_t ldx, int64_t m, const W4Matrix& w, void* 
             " and ldx (" + std::to_string(ldx) + ") of 8, x and the codes 16-byte aligned");
   check(y_f32 || beta == 0.0f, "gemv_w4a16: beta needs an f32 y");
   check(ldy >= w.rows, "gemv_w4a16: ldy below the output width");
-  switch (m) {
-    case 1: launch<1>(x, ldx, w, y, y_f32, ldy, beta, stream); break;
-    case 2: launch<2>(x, ldx, w, y, y_f32, ldy, beta, stream); break;
-    case 3: launch<3>(x, ldx, w, y, y_f32, ldy, beta, stream); break;
-    case 4: launch<4>(x, ldx, w, y, y_f32, ldy, beta, stream); break;
-    case 5: launch<5>(x, ldx, w, y, y_f32, ldy, beta, stream); break;
-    case 6: launch<6>(x, ldx, w, y, y_f32, ldy, beta, stream); break;
-    case 7: launch<7>(x, ldx, w, y, y_f32, ldy, beta, stream); break;
-    default: launch<8>(x, ldx, w, y, y_f32, ldy, beta, stream); break;
-  }
+  const auto blocks = static_cast<unsigned>((w.rows + kRows - 1) / kRows);
+  gemv_w4a16_kernel<<<blocks, kWarps * 32, 0, stream>>>(reinterpret_cast<const nbf*>(x), ldx, static_cast<int>(m),
+                                                        w.codes, w.params, w.rows, w.cols, y, y_f32, ldy, beta);
   check_launch("gemv_w4a16");
 }
 

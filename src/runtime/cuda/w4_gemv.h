@@ -5,25 +5,25 @@
 // weights' bytes; 4.25 bits a weight are 0.27x bf16's 16 (FP8 weight-only, fp8_gemv.h: 0.5x).
 //
 // The format (GPTQ/AWQ's asymmetric round-to-nearest, no calibration): along each row, groups of kW4Group = 128
-// consecutive weights share a scale s (bf16) and an integer zero point z (0..15); weight c of row r is the code
-// q in 0..15 (a nibble: byte c / 2 of the row, the low nibble for even c) and its value is s * (q - z), exactly
-// representable in f32 (8 significant bits times 4). Per group, with lo = min(w, 0) and hi = max(w, 0) over its
-// bf16 weights (0 always in range: groups of a model's weights straddle it anyway):
+// consecutive weights share a scale s (bf16) and an integer zero point z (0..15); weight c of a row is a code q in
+// 0..15 and its value is s * (q - z), exactly representable in f32 and in bf16 arithmetic's q - z. Per group, with
+// lo = min(w, 0) and hi = max(w, 0) over its bf16 weights (0 always in range: a model's groups straddle it anyway):
 //   s = bf16_rn((hi - lo) / 15),  z = clamp(rint(-lo / s), 0, 15),  q = clamp(rint(w / s) + z, 0, 15)
-// (f32 operations, IEEE-rounded, rint to nearest even; s = 0, an all-zero group: z = q = 0). Bytes: in / 2 of codes
-// and in / 32 of group parameters a row (one uint32 each: the scale's bf16 bits in bits 0-15, z in bits 16-19),
-// 4.25 bits a weight. quantize_w4 (device, a warp per group) and quantize_w4_host compute the same codes and
-// parameters bit for bit (one shared function of the group's values; tests/gpu/engine_tests/w4_gemm_test.cpp).
-// Weights of magnitude 2^110 or more would overflow the kernel's constants (no model has them); NaNs are undefined.
+// (f32 operations, IEEE-rounded, rint to nearest even; s = 0, an all-zero group: z = q = 0). A row's codes are
+// cols / 2 bytes: 32-bit little-endian words of 8 consecutive weights, weight e (0-7) of a word at bit
+// 16 (e & 1) + 4 (e >> 1) (even weights in the low half-word: two codes convert to a bf16 pair in one operation);
+// its group parameters cols / 128 uint32 (the scale's bf16 bits in bits 0-15, z in bits 16-19). 4.25 bits a weight.
+// quantize_w4 (device, a warp per group) and quantize_w4_host compute the same codes and parameters bit for bit (one
+// shared function of the group's values; tests/gpu/engine_tests/w4_gemm_test.cpp).
+// Weights of magnitude 2^120 or more would overflow (no model has them); NaNs are undefined.
 //
-// gemv_w4a16: a block of four warps computes four output channels; each lane takes 16-byte runs of the rows' codes
-// (32 weights of one group), turns every nibble into its exact value s * (q - z) with two integer operations and an
-// FMA shared by the m rows (the nibble ORed into a float's mantissa reads 2^E + q; fma(2^E + q, s, -(2^E + z) s) is
-// exact for E <= 15), and multiplies the m bf16 activation rows in f32 (read through L1: all blocks share them). The
-// lanes' sums meet by shuffles, the warps' in shared memory in a fixed order: a row's result does not depend on m (a
-// sequence decodes the same alone or batched), and it is the f32 product of the dequantized weights but for the
-// summation order. Conditions: in a multiple of kW4Group, ldx of 8, x and the codes 16-byte aligned (thrown as
-// tessera::Error otherwise).
+// gemv_w4a16 runs on the tensor cores: a block of eight warps computes 16 output channels, each warp every eighth
+// group of their rows (split K), as mma.sync m16n8k16 products of the weights' exact integers q - z (bf16: a code pair
+// ORed into the exponent of 128 and one bf16x2 FMA) with the activation rows as the 8 columns (rows past m zero: no
+// column changes another), f32 accumulation, a group's sum times its scale into f32. The warps' sums meet in shared
+// memory in a fixed order: a row's result does not depend on m (a sequence decodes the same alone or batched), and
+// it is the f32 product of the dequantized weights but for the summation (the tensor cores' within a group).
+// Conditions: in a multiple of kW4Group, ldx of 8, x and the codes 16-byte aligned (thrown as tessera::Error).
 #pragma once
 
 #include <cuda_runtime.h>

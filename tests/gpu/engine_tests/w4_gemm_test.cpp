@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <random>
 #include <string>
@@ -24,6 +25,8 @@
 #include "core/error.h"
 #include "cuda/device_buffer.h"
 #include "runtime/cuda/device_model.h"
+#include "runtime/cuda/fp8_gemv.h"
+#include "runtime/cuda/fp8_quant.h"
 #include "runtime/cuda/gemm.h"
 #include "runtime/cuda/gpu_engine.h"
 #include "runtime/cuda/synthetic_config.h"
@@ -343,6 +346,80 @@ TEST(W4Engine, PrefillBf16DecodeNearBf16) {
   EXPECT_LE(worst, kW4DecodeRelL2);
   EXPECT_GT(worst, 0.0) << "the decode step read the 4-bit weights";
   EXPECT_EQ(static_cast<double>(w4.memory().weights_bytes - bf.memory().weights_bytes), elements / 2 + elements / 32);
+}
+
+// Not a check: the decode products' time on Llama-3-8B's layer shapes at 1, 2, 4 and 8 rows, 4-bit weight-only beside
+// bf16 (cuBLAS) and FP8 weight-only (gemv_w8a16, per-row scales), as the weights' bytes over time. Each time: 50 calls
+// captured into one CUDA graph (no launch gaps), replayed after a warm-up; the whole table twice.
+TEST(W4Gemv, Llama3ShapesThroughput) {
+  REQUIRE_GPU();
+  const char* env = std::getenv("TESSERA_W4_BENCH");
+  if (env == nullptr || std::string(env) != "1") GTEST_SKIP() << "set TESSERA_W4_BENCH=1";
+  StreamHolder st;
+  Gemm gemm(st.s);
+  struct Shape {
+    const char* name;
+    int64_t out, in;
+    bool y_f32;
+  };
+  const Shape shapes[] = {{"qkv 6144x4096", 6144, 4096, false},
+                          {"o 4096x4096 (+= f32)", 4096, 4096, true},
+                          {"gate/up 28672x4096", 28672, 4096, false},
+                          {"down 4096x14336 (+= f32)", 4096, 14336, true}};
+  const int reps = 50;
+  cudaEvent_t e0, e1;
+  ASSERT_EQ(cudaEventCreate(&e0), cudaSuccess);
+  ASSERT_EQ(cudaEventCreate(&e1), cudaSuccess);
+  const auto time = [&](const std::function<void()>& body) {
+    cudaGraphExec_t g = capture_graph(st.s, [&] {
+      for (int i = 0; i < reps; ++i) body();
+    });
+    cudaGraphLaunch(g, st.s);
+    cudaEventRecord(e0, st.s);
+    cudaGraphLaunch(g, st.s);
+    cudaEventRecord(e1, st.s);
+    cudaEventSynchronize(e1);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    cudaGraphExecDestroy(g);
+    return static_cast<double>(ms) / 1e3 / reps;
+  };
+  std::printf("[w4] us per call (weights' GB/s): bf16 cuBLAS | fp8 weight-only | w4 weight-only\n");
+  for (int pass = 1; pass <= 2; ++pass)
+    for (const Shape& sh : shapes) {
+      std::vector<bf16> w(static_cast<size_t>(sh.out * sh.in));
+      std::mt19937 rng(3);
+      std::normal_distribution<float> d(0.0f, 0.02f);
+      for (auto& v : w) v = f32_to_bf16(d(rng));
+      DeviceBuffer<bf16> dw, x;
+      dw.upload(w, st.s);
+      std::vector<bf16> xs(static_cast<size_t>(kW4Rows * sh.in), f32_to_bf16(0.5f));
+      x.upload(xs, st.s);
+      DeviceBuffer<uint8_t> w8(static_cast<size_t>(sh.out * sh.in)), w4c(static_cast<size_t>(sh.out * sh.in / 2));
+      DeviceBuffer<float> s8(static_cast<size_t>(sh.out));
+      DeviceBuffer<uint32_t> w4p(static_cast<size_t>(sh.out * sh.in / kW4Group));
+      quantize_e4m3_rows(dw.data(), sh.in, sh.out, sh.in, w8.data(), s8.data(), st.s);
+      quantize_w4(dw.data(), sh.in, sh.out, sh.in, w4c.data(), w4p.data(), st.s);
+      const Fp8Matrix q8{w8.data(), s8.data(), sh.out, sh.in, Fp8Scaling::kRow};
+      const W4Matrix q4{w4c.data(), w4p.data(), sh.out, sh.in};
+      DeviceBuffer<float> y(static_cast<size_t>(kW4Rows * sh.out));
+      const float beta = sh.y_f32 ? 1.0f : 0.0f;
+      const double e = static_cast<double>(sh.out) * static_cast<double>(sh.in);
+      for (const int64_t m : {1, 2, 4, 8}) {
+        const double tb = time([&] {
+          gemm.linear(x.data(), sh.in, m, dw.data(), sh.out, sh.in, y.data(), sh.y_f32 ? DType::F32 : DType::BF16,
+                      sh.out, beta);
+        });
+        const double t8 = time([&] { gemv_w8a16(x.data(), sh.in, m, q8, y.data(), sh.y_f32, sh.out, beta, st.s); });
+        const double t4 = time([&] { gemv_w4a16(x.data(), sh.in, m, q4, y.data(), sh.y_f32, sh.out, beta, st.s); });
+        std::printf("[w4] pass %d %-26s m %lld: bf16 %6.1f (%5.0f) | fp8 %6.1f (%5.0f) | w4 %6.1f (%5.0f)\n", pass,
+                    sh.name, static_cast<long long>(m), tb * 1e6, 2 * e / tb / 1e9, t8 * 1e6, (e + 4.0 * sh.out) / t8 / 1e9,
+                    t4 * 1e6, (e / 2 + e / 32) / t4 / 1e9);
+      }
+    }
+  std::fflush(stdout);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
 }
 
 }  // namespace
