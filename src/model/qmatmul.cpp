@@ -263,35 +263,56 @@ inline float round_nearest(float v) {
   return (v + kMagic) - kMagic;
 }
 
-// One row: per block of `ab` elements, d = max|x| / 127 and q = round(x / d) in [-127, 127]; for 32-blocks
-// ds = d * sum(q), for 256-blocks the sums of q over each 16 elements.
+// One block of AB (32 or 256) elements: d = max|x| / 127 and q = round(x / d) in [-127, 127]; for 32-blocks
+// *ds = d * sum(q), for 256-blocks bs[0, 16) the sums of q over each 16 elements. Fixed-size loops, so that the
+// compiler vectorizes them (the maximum in 8 lanes: the same value in any order).
+template <int AB>
+void quantize_block(const float* xb, int8_t* qb, float* d, float* ds, int16_t* bs) {
+  float lane[8] = {};
+  for (int i = 0; i < AB; i += 8)
+    for (int k = 0; k < 8; ++k) lane[k] = std::max(lane[k], std::fabs(xb[i + k]));
+  float amax = 0.0f;
+  for (const float v : lane) amax = std::max(amax, v);
+  const float dd = amax / 127.0f;
+  const float id = dd > 0.0f ? 1.0f / dd : 0.0f;
+  // The sums from the rounded values in registers (exact: integers below 2^24), not from the bytes just stored
+  // (a wide load of narrower stores waits for them).
+  int32_t gs[AB / 16] = {};
+  for (int g = 0; g < AB / 16; ++g) {
+    for (int i = 16 * g; i < 16 * g + 16; ++i) {
+      float r = round_nearest(xb[i] * id);
+      r = r >= -127.0f && r <= 127.0f ? r : 0.0f;  // also NaN (and inf * 0) -> 0
+      const auto v = static_cast<int32_t>(r);
+      qb[i] = static_cast<int8_t>(v);
+      gs[g] += v;
+    }
+  }
+  if constexpr (AB == 32) {
+    *ds = dd * static_cast<float>(gs[0] + gs[1]);
+  } else {
+    for (int g = 0; g < 16; ++g) bs[g] = static_cast<int16_t>(gs[g]);
+  }
+  *d = dd;
+}
+
+// One row: per block of `ab` elements (32 or 256), quantize_block.
 void quantize_row_act(const float* x, int64_t cols, int64_t ab, int8_t* q, float* d, float* ds, int16_t* bs) {
   const int64_t nb = cols / ab;
   for (int64_t b = 0; b < nb; ++b) {
-    const float* xb = x + b * ab;
-    float amax = 0.0f;
-    for (int64_t i = 0; i < ab; ++i) amax = std::max(amax, std::fabs(xb[i]));
-    const float dd = amax / 127.0f;
-    const float id = dd > 0.0f ? 1.0f / dd : 0.0f;
-    int8_t* qb = q + b * ab;
-    for (int64_t i = 0; i < ab; ++i) {
-      float r = round_nearest(xb[i] * id);
-      r = r >= -127.0f && r <= 127.0f ? r : 0.0f;  // also NaN (and inf * 0) -> 0
-      qb[i] = static_cast<int8_t>(r);
-    }
-    d[b] = dd;
-    if (ab == 32) {
-      int32_t s = 0;
-      for (int i = 0; i < 32; ++i) s += qb[i];
-      ds[b] = dd * static_cast<float>(s);
-    } else {
-      for (int g = 0; g < 16; ++g) {
-        int32_t s = 0;
-        for (int i = 0; i < 16; ++i) s += qb[16 * g + i];
-        bs[16 * b + g] = static_cast<int16_t>(s);
-      }
-    }
+    if (ab == 32) quantize_block<32>(x + 32 * b, q + 32 * b, d + b, ds + b, nullptr);
+    else quantize_block<256>(x + 256 * b, q + 256 * b, d + b, nullptr, bs + 16 * b);
   }
+}
+
+// The second level of one block: its first level's rounding error e = x - d1 q1 (NaN, inf: 0), quantized as above.
+template <int AB>
+void quantize_error_block(const float* xb, const int8_t* q1, float d1, int8_t* q2, float* d2, float* ds2, int16_t* bs2) {
+  float e[AB];
+  for (int k = 0; k < AB; ++k) {
+    const float v = xb[k] - d1 * static_cast<float>(q1[k]);
+    e[k] = std::fabs(v) <= std::numeric_limits<float>::max() ? v : 0.0f;
+  }
+  quantize_block<AB>(e, q2, d2, ds2, bs2);
 }
 
 // Splits [0, n) into at most 4 * pool size pieces of at least `grain` (the runtime's parallel_ranges), each
@@ -342,8 +363,8 @@ void qmatmul_rows(const QMatrix& w, const Kernels* kernels, const ActRow* acts, 
 
 // Int8Outliers, for x row i (its first level in s at row i): picks the blocks whose scale exceeds kOutlierRatio x
 // the row's median (the upper median for an even count) and quantizes their rounding error x - d q as the second
-// level (s.q2 ...); err: scratch of ab floats.
-void pick_outliers(const float* xr, int64_t i, int64_t cols, int64_t ab, Scratch& s, float* err, float* sorted);
+// level (s.q2 ...); sorted: scratch of cols / ab floats.
+void pick_outliers(const float* xr, int64_t i, int64_t cols, int64_t ab, Scratch& s, float* sorted);
 
 #if defined(__x86_64__) || defined(_M_X64)
 // CPUID leaf 1, ECX bit 29 (clang's __builtin_cpu_supports does not know "f16c").
@@ -498,12 +519,12 @@ void qmatmul(const QMatrix& w, const float* x, int64_t m, float* y, ThreadPool* 
                        ab == 32 ? s.ds.data() + i * nb : nullptr, ab == 256 ? s.bs.data() + i * nb * 16 : nullptr);
     };
     parallel_ranges(pool, m, std::max<int64_t>(1, 65536 / cols), [&](int64_t b, int64_t e) {
-      std::vector<float> err(levels == 2 ? static_cast<size_t>(cols) : outliers ? static_cast<size_t>(ab) : 0);
+      std::vector<float> err(levels == 2 ? static_cast<size_t>(cols) : 0);
       std::vector<float> sorted(outliers ? static_cast<size_t>(nb) : 0);
       for (int64_t i = b; i < e; ++i) {
         const float* xr = x + i * cols;
         quantize(xr, i * levels);
-        if (outliers) pick_outliers(xr, i, cols, ab, s, err.data(), sorted.data());
+        if (outliers) pick_outliers(xr, i, cols, ab, s, sorted.data());
         if (levels == 2) {  // the first level's rounding error x - d q, quantized as the second level
           const int8_t* q = s.q.data() + i * levels * cols;
           const float* d = s.d.data() + i * levels * nb;
@@ -633,7 +654,7 @@ void qmatmul_rows(const QMatrix& w, const Kernels* kernels, const ActRow* acts, 
       qmm::kTileAlign);
 }
 
-void pick_outliers(const float* xr, int64_t i, int64_t cols, int64_t ab, Scratch& s, float* err, float* sorted) {
+void pick_outliers(const float* xr, int64_t i, int64_t cols, int64_t ab, Scratch& s, float* sorted) {
   const int64_t nb = cols / ab;
   const float* d = s.d.data() + i * nb;
   std::copy(d, d + nb, sorted);
@@ -645,15 +666,12 @@ void pick_outliers(const float* xr, int64_t i, int64_t cols, int64_t ab, Scratch
   for (int64_t b = 0; b < nb; ++b) {
     if (!(d[b] > lim)) continue;
     pick[n++] = static_cast<int32_t>(b);
+    const int64_t at = i * nb + b;
     const float* xb = xr + b * ab;
     const int8_t* q1 = s.q.data() + i * cols + b * ab;
-    for (int64_t k = 0; k < ab; ++k) {
-      const float v = xb[k] - d[b] * static_cast<float>(q1[k]);
-      err[k] = std::fabs(v) <= std::numeric_limits<float>::max() ? v : 0.0f;  // NaN, inf: 0
-    }
-    const int64_t at = i * nb + b;
-    quantize_row_act(err, ab, ab, s.q2.data() + i * cols + b * ab, s.d2.data() + at,
-                     ab == 32 ? s.ds2.data() + at : nullptr, ab == 256 ? s.bs2.data() + 16 * at : nullptr);
+    int8_t* q2 = s.q2.data() + i * cols + b * ab;
+    if (ab == 32) quantize_error_block<32>(xb, q1, d[b], q2, s.d2.data() + at, s.ds2.data() + at, nullptr);
+    else quantize_error_block<256>(xb, q1, d[b], q2, s.d2.data() + at, nullptr, s.bs2.data() + 16 * at);
   }
   row.npick = n;
 }
