@@ -98,9 +98,8 @@ constexpr int kRows = 16;   // output channels a block computes (the MMA's M)
 constexpr int kWarps = 8;   // warps of a block: warp w takes groups w, w + kWarps, ... of the block's rows (split K)
 constexpr int kUnroll = 4;  // groups a warp has in flight
 
-// (w & mask) | the exponent of 128 in both bf16 halves: the nibbles at bits 0-3 and 16-19 read 128 + q, those at bits
-// 4-7 and 20-23 read 128 + 16 q (exact: 5 significant bits at most).
-__device__ __forceinline__ uint32_t nibbles_to_bf16x2(uint32_t w, uint32_t mask) { return (w & mask) | 0x43004300u; }
+// The nibbles at bits 0-3 and 16-19 of w in the mantissas of two bf16 of exponent 2^7: the pair (128 + q0, 128 + q1).
+__device__ __forceinline__ uint32_t nibbles_to_bf16x2(uint32_t w) { return (w & 0x000F000Fu) | 0x43004300u; }
 __device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t c) {
   uint32_t d;
   asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
@@ -141,7 +140,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const uint32_t* pb = params + rb * groups;
   const bool has_x = g < m;
   const uint4* xr = reinterpret_cast<const uint4*>(x + (has_x ? g : 0) * ldx) + 4 * t;  // group j's 32: xr + 16 j
-  constexpr uint32_t kOne = 0x3F803F80u, kSixteenth = 0x3D803D80u;  // bf16x2 (1, 1), (1/16, 1/16)
+  constexpr uint32_t kOne = 0x3F803F80u;  // bf16x2 (1, 1)
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int64_t j0 = warp; j0 < groups; j0 += kWarps * kUnroll) {
     uint4 va[kUnroll], vb[kUnroll];
@@ -163,24 +162,20 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int q = 0; q < 4; ++q) xv[q] = has_x ? __ldg(xr + 16 * j + q) : make_uint4(0, 0, 0, 0);
       const float za = static_cast<float>(sa[u] >> 16), zb = static_cast<float>(sb[u] >> 16);
-      const uint32_t ca0 = bf16x2_of(-(128.0f + za)), ca1 = bf16x2_of(-(8.0f + za));
-      const uint32_t cb0 = bf16x2_of(-(128.0f + zb)), cb1 = bf16x2_of(-(8.0f + zb));
+      const uint32_t ca = bf16x2_of(-(128.0f + za)), cb = bf16x2_of(-(128.0f + zb));  // exact: 8 significant bits
       float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
       for (int w = 0; w < 4; ++w) {
         const uint32_t ua = w == 0 ? va[u].x : w == 1 ? va[u].y : w == 2 ? va[u].z : va[u].w;
         const uint32_t ub = w == 0 ? vb[u].x : w == 1 ? vb[u].y : w == 2 ? vb[u].z : vb[u].w;
         // Step 2w: elements 0-3 of the word (bits 0-3, 16-19 | 4-7, 20-23), x elements 8w .. 8w + 3; step 2w + 1:
-        // elements 4-7 (the same 8 bits up), x 8w + 4 .. 8w + 7.
-        mma_bf16(part, fma_bf16x2(nibbles_to_bf16x2(ua, 0x000F000Fu), kOne, ca0),
-                 fma_bf16x2(nibbles_to_bf16x2(ub, 0x000F000Fu), kOne, cb0),
-                 fma_bf16x2(nibbles_to_bf16x2(ua, 0x00F000F0u), kSixteenth, ca1),
-                 fma_bf16x2(nibbles_to_bf16x2(ub, 0x00F000F0u), kSixteenth, cb1), xv[w].x, xv[w].y);
-        const uint32_t ua8 = ua >> 8, ub8 = ub >> 8;
-        mma_bf16(part, fma_bf16x2(nibbles_to_bf16x2(ua8, 0x000F000Fu), kOne, ca0),
-                 fma_bf16x2(nibbles_to_bf16x2(ub8, 0x000F000Fu), kOne, cb0),
-                 fma_bf16x2(nibbles_to_bf16x2(ua8, 0x00F000F0u), kSixteenth, ca1),
-                 fma_bf16x2(nibbles_to_bf16x2(ub8, 0x00F000F0u), kSixteenth, cb1), xv[w].z, xv[w].w);
+        // elements 4-7 (8 and 12 bits up), x 8w + 4 .. 8w + 7. Each pair: fma(128 + q, 1, -(128 + z)) = q - z.
+        mma_bf16(part, fma_bf16x2(nibbles_to_bf16x2(ua), kOne, ca), fma_bf16x2(nibbles_to_bf16x2(ub), kOne, cb),
+                 fma_bf16x2(nibbles_to_bf16x2(ua >> 4), kOne, ca), fma_bf16x2(nibbles_to_bf16x2(ub >> 4), kOne, cb),
+                 xv[w].x, xv[w].y);
+        mma_bf16(part, fma_bf16x2(nibbles_to_bf16x2(ua >> 8), kOne, ca),
+                 fma_bf16x2(nibbles_to_bf16x2(ub >> 8), kOne, cb), fma_bf16x2(nibbles_to_bf16x2(ua >> 12), kOne, ca),
+                 fma_bf16x2(nibbles_to_bf16x2(ub >> 12), kOne, cb), xv[w].z, xv[w].w);
       }
       const float s_a = __uint_as_float(sa[u] << 16), s_b = __uint_as_float(sb[u] << 16);
       acc[0] = fmaf(s_a, part[0], acc[0]);

@@ -15,11 +15,11 @@
 // its group parameters cols / 128 uint32 (the scale's bf16 bits in bits 0-15, z in bits 16-19). 4.25 bits a weight.
 // quantize_w4 (device, a warp per group) and quantize_w4_host compute the same codes and parameters bit for bit (one
 // shared function of the group's values; tests/gpu/engine_tests/w4_gemm_test.cpp).
-// Weights of magnitude 2^120 or more would overflow (no model has them); NaNs are undefined.
+// Weights within a factor 15 of f32's largest would overflow the scale (no model has them); NaNs are undefined.
 //
 // gemv_w4a16 runs on the tensor cores: a block of eight warps computes 16 output channels, each warp every eighth
 // group of their rows (split K), as mma.sync m16n8k16 products of the weights' exact integers q - z (bf16: a code pair
-// ORed into the exponent of 128 and one bf16x2 FMA) with the activation rows as the 8 columns (rows past m zero: no
+// masked into two mantissas under the exponent of 128, then one bf16x2 FMA) with the activation rows as the 8 columns (rows past m zero: no
 // column changes another), f32 accumulation, a group's sum times its scale into f32. The warps' sums meet in shared
 // memory in a fixed order: a row's result does not depend on m (a sequence decodes the same alone or batched), and
 // it is the f32 product of the dequantized weights but for the summation (the tensor cores' within a group).
