@@ -4,12 +4,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
 
+#include "cuda/device_buffer.h"
 #include "runtime/cuda/gpu_engine.h"  // gpu_available
 #include "../test_support.h"
 
@@ -19,6 +22,43 @@
   } while (0)
 
 namespace tessera::test {
+
+// Whether the environment has var=1 (the switch of the opt-in benchmarks among the tests).
+inline bool env_on(const char* var) {
+  const char* e = std::getenv(var);
+  return e != nullptr && std::string(e) == "1";
+}
+
+// Runs product(y) on `stream` into a device y and returns y as floats: with y_f32 an f32 y holding y0 before (what a
+// beta reads), else a bf16 y of y0.size() elements.
+template <class Product>
+std::vector<float> product_into_y(const std::vector<float>& y0, bool y_f32, cudaStream_t stream, Product&& product) {
+  std::vector<float> got(y0.size());
+  if (y_f32) {
+    attn::gpu::DeviceBuffer<float> y;
+    y.upload(y0, stream);
+    product(static_cast<void*>(y.data()));
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    return y.download();
+  }
+  attn::gpu::DeviceBuffer<bf16> y(y0.size());
+  product(static_cast<void*>(y.data()));
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  const std::vector<bf16> h = y.download();
+  for (size_t i = 0; i < h.size(); ++i) got[i] = bf16_to_f32(h[i]);
+  return got;
+}
+
+// The relative L2 error of got against ref: |got - ref| / |ref| (f64 sums; an all-zero ref divides by 1e-30).
+inline double rel_l2(const std::vector<float>& ref, const std::vector<float>& got) {
+  double d2 = 0, r2 = 0;
+  for (size_t i = 0; i < ref.size() && i < got.size(); ++i) {
+    const double d = static_cast<double>(got[i]) - ref[i];
+    d2 += d * d;
+    r2 += static_cast<double>(ref[i]) * ref[i];
+  }
+  return std::sqrt(d2 / std::max(r2, 1e-30));
+}
 
 // A real small model (scripts/setup.sh models): TESSERA_MODEL_DIR, else TESSERA_MODELS, else ~/.cache/tessera/models;
 // "" when it is in none of them (the GPU machine has no network: the test skips).

@@ -279,6 +279,18 @@ void DeviceModel::shape_local_attention(uint64_t seed) {
   }
 }
 
+namespace {
+
+// Layer L's output projection and MLP matrices into a quantized copy q (Fp8Layer, W4Layer) through add(w, rows, cols).
+template <class Layer, class Add>
+void add_o_and_mlp(Layer& q, const DeviceLayer& L, int64_t H, int64_t QD, int64_t F, Add&& add) {
+  q.wo = add(L.wo, H, QD);
+  q.w_gate_up = add(L.w_gate_up, 2 * F, H);
+  q.w_down = add(L.w_down, H, F);
+}
+
+}  // namespace
+
 Fp8Matrix DeviceFp8Weights::add(const bf16* w, int64_t rows, int64_t cols, cudaStream_t stream) {
   codes_.emplace_back(static_cast<size_t>(rows * cols));
   bytes_ += static_cast<size_t>(rows * cols);
@@ -326,9 +338,7 @@ std::unique_ptr<DeviceFp8Weights> DeviceFp8Weights::quantize(const DeviceModel& 
     f.wq = out->add(L.wq, QD, H, stream);
     f.wk = out->add(L.wk, KD, H, stream);
     f.wv = out->add(L.wv, KD, H, stream);
-    f.wo = out->add(L.wo, H, QD, stream);
-    f.w_gate_up = out->add(L.w_gate_up, 2 * F, H, stream);
-    f.w_down = out->add(L.w_down, H, F, stream);
+    add_o_and_mlp(f, L, H, QD, F, [&](const bf16* w, int64_t r, int64_t k) { return out->add(w, r, k, stream); });
     out->layers_.push_back(f);
   }
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -382,9 +392,7 @@ std::unique_ptr<DeviceW4Weights> DeviceW4Weights::quantize(const DeviceModel& mo
     out->by_weight_[{L.wq, QD}] = q.wq;
     out->by_weight_[{L.wk, KD}] = q.wk;
     out->by_weight_[{L.wv, KD}] = q.wv;
-    q.wo = out->add(L.wo, H, QD, stream);
-    q.w_gate_up = out->add(L.w_gate_up, 2 * F, H, stream);
-    q.w_down = out->add(L.w_down, H, F, stream);
+    add_o_and_mlp(q, L, H, QD, F, [&](const bf16* w, int64_t r, int64_t k) { return out->add(w, r, k, stream); });
     out->layers_.push_back(q);
   }
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));

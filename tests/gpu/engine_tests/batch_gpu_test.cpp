@@ -171,14 +171,7 @@ TEST(PagedDecodeKernel, MatchesCpuTwin) {
 
 // ---- the engine on the real models ----
 
-double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
-  double d2 = 0, r2 = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    d2 += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    r2 += static_cast<double>(a[i]) * a[i];
-  }
-  return std::sqrt(d2 / std::max(r2, 1e-30));
-}
+using test::rel_l2;
 
 // ---- the engine against the single-sequence GPU engine: Llama-3-8B shapes (2 layers), random weights ----
 

@@ -35,6 +35,7 @@
 #include "runtime/cuda/gemm.h"
 #include "runtime/cuda/gpu_engine.h"
 #include "runtime/cuda/synthetic_config.h"
+#include "../gpu_test_support.h"
 
 #include <cublasLt.h>
 
@@ -322,20 +323,9 @@ std::vector<float> check_gemv(int64_t m, int64_t in, int64_t out, bool y_f32, fl
   std::normal_distribution<float> d(0.0f, 1.0f);
   std::vector<float> y0(static_cast<size_t>(m * out));
   for (auto& v : y0) v = d(rng);
-  std::vector<float> got(y0.size());
-  if (y_f32) {
-    DeviceBuffer<float> y;
-    y.upload(y0, st.s);
-    gemv_w8a16(dx.data(), in, m, wq, y.data(), true, out, beta, st.s);
-    EXPECT_EQ(cudaStreamSynchronize(st.s), cudaSuccess);
-    got = y.download();
-  } else {
-    DeviceBuffer<bf16> y(static_cast<size_t>(m * out));
-    gemv_w8a16(dx.data(), in, m, wq, y.data(), false, out, 0.0f, st.s);
-    EXPECT_EQ(cudaStreamSynchronize(st.s), cudaSuccess);
-    const std::vector<bf16> h = y.download();
-    for (size_t i = 0; i < h.size(); ++i) got[i] = bf16_to_f32(h[i]);
-  }
+  const std::vector<float> got = test::product_into_y(y0, y_f32, st.s, [&](void* y) {
+    gemv_w8a16(dx.data(), in, m, wq, y, y_f32, out, y_f32 ? beta : 0.0f, st.s);
+  });
   int64_t bad = 0;
   double worst = 0;
   for (int64_t r = 0; r < m; ++r)
@@ -428,15 +418,7 @@ TEST(Fp8Gemm, PerRowRunsThroughOuterVectorScaling) {
 // ---------------------------------------------------------------------------------------------------------
 // The engine: last-position logits, FP8 against bf16 (and the CPU's f32).
 
-double rel_l2(const std::vector<float>& ref, const std::vector<float>& got) {
-  double d2 = 0, r2 = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double d = static_cast<double>(got[i]) - ref[i];
-    d2 += d * d;
-    r2 += static_cast<double>(ref[i]) * ref[i];
-  }
-  return std::sqrt(d2 / std::max(r2, 1e-30));
-}
+using test::rel_l2;
 
 int32_t argmax(const std::vector<float>& v) {
   return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
@@ -577,8 +559,7 @@ TEST(Fp8Options, ExactMessages) {
 // the whole table twice (the spread between the passes is the noise).
 TEST(Fp8Gemm, Llama3ShapesThroughput) {
   REQUIRE_FP8();
-  const char* env = std::getenv("TESSERA_FP8_BENCH");
-  if (env == nullptr || std::string(env) != "1") GTEST_SKIP() << "set TESSERA_FP8_BENCH=1";
+  if (!test::env_on("TESSERA_FP8_BENCH")) GTEST_SKIP() << "set TESSERA_FP8_BENCH=1";
   StreamHolder st;
   Gemm gemm(st.s);
   struct Shape { const char* name; int64_t out, in; DType y; float beta; };

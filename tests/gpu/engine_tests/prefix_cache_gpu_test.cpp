@@ -71,14 +71,7 @@ std::vector<int32_t> document(const model::Tokenizer& tok, int64_t count) {
   return ids;
 }
 
-double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
-  double d2 = 0, r2 = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    d2 += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    r2 += static_cast<double>(a[i]) * a[i];
-  }
-  return std::sqrt(d2 / std::max(r2, 1e-30));
-}
+using test::rel_l2;
 
 int32_t argmax_of(const std::vector<float>& v) {
   return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());

@@ -88,14 +88,7 @@ ModelConfig gemma_config(int layers, int window) {
 
 float round_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
 
-double rel_l2(const std::vector<float>& a, const std::vector<float>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (static_cast<double>(a[i]) - ref[i]) * (static_cast<double>(a[i]) - ref[i]);
-    den += static_cast<double>(ref[i]) * ref[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
+using test::rel_l2;
 
 TEST(StreamGpu, RetrievesTheCpuBlocksAndMatchesItsAttention) {
   REQUIRE_GPU();
@@ -254,7 +247,7 @@ TEST(StreamGpu, RetrievesTheCpuBlocksAndMatchesItsAttention) {
         for (size_t i = 0; i < ob.size(); ++i) out_gpu[i] = bf16_to_f32(ob[i]);
         ASSERT_EQ(gpu.decisions().last_layout(l), cpu.last_layout(l)) << "layer " << l << " at " << pos;
         ASSERT_EQ(gpu.decisions().retrieved(l), cpu.retrieved(l)) << "layer " << l << " at " << pos;
-        const double e = rel_l2(out_gpu, out_cpu);
+        const double e = rel_l2(out_cpu, out_gpu);
         worst = std::max(worst, e);
         EXPECT_LT(e, 2e-2) << "layer " << l << " at " << pos << " (" << n << " queries)";
         choices += cpu.evicted_blocks() > o.top_k && !cpu.retrieved(l).empty();
@@ -408,7 +401,7 @@ TEST(StreamGpu, GemmaShapesSlidingWindowLayersAndTwoRopeBasesMatchTheCpu) {
         for (size_t i = 0; i < ob.size(); ++i) out_gpu[i] = bf16_to_f32(ob[i]);
         ASSERT_EQ(gpu.decisions().last_layout(l), cpu.last_layout(l)) << "layer " << l << " at " << pos;
         ASSERT_EQ(gpu.decisions().retrieved(l), cpu.retrieved(l)) << "layer " << l << " at " << pos;
-        const double e = rel_l2(out_gpu, out_cpu);
+        const double e = rel_l2(out_cpu, out_gpu);
         EXPECT_LT(e, 2e-2) << "layer " << l << " at " << pos << " (" << n << " queries)";
         if (cpu.windowed(l)) {
           EXPECT_EQ(cpu.last_layout(l), (stream::StreamLayout{0, std::min(pos, 23), n})) << "layer " << l;
@@ -471,7 +464,7 @@ TEST(StreamGpu, EngineEqualsDenseWhileNothingIsEvictedAndRunsPastTheWindow) {
     GpuEngine engine(*model, so);
     const std::vector<float> got = engine.prefill(std::span<const int32_t>(tokens.data(), 600));
     const std::vector<float> got_decode = engine.decode(tokens[600]);
-    const double e = rel_l2(got, want), ed = rel_l2(got_decode, want_decode);
+    const double e = rel_l2(want, got), ed = rel_l2(want_decode, got_decode);
     std::printf("[stream] engine %s vs dense, window covering the prompt: rel L2 prefill %.3g, decode %.3g\n",
                 stream_method_name(m), e, ed);
     EXPECT_LT(e, 2e-2);
@@ -521,7 +514,7 @@ TEST(StreamGpu, GemmaShapesEngineEqualsDenseWhileNothingIsEvicted) {
     GpuEngine engine(*model, so);
     const std::vector<float> got = engine.prefill(std::span<const int32_t>(tokens.data(), 600));
     const std::vector<float> got_decode = engine.decode(tokens[600]);
-    const double e = rel_l2(got, want), ed = rel_l2(got_decode, want_decode);
+    const double e = rel_l2(want, got), ed = rel_l2(want_decode, got_decode);
     std::printf("[stream] gemma shapes engine %s vs dense, window covering the prompt: rel L2 prefill %.3g, decode "
                 "%.3g\n", stream_method_name(m), e, ed);
     EXPECT_LT(e, 2e-2);
