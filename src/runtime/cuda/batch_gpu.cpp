@@ -50,12 +50,14 @@ GpuBatchBackend::GpuBatchBackend(const DeviceModel& model, GpuBatchOptions optio
       fp8_ = DeviceFp8Weights::quantize(model_, stream_);
     }
     prefill_ = std::make_unique<GpuForward>(model_, options_.prefill, stream_, *gemm_, timer_, fp8_.get());
-    check(options_.decode_gemm == GemmPrecision::kBf16 || fp8_ != nullptr,
+    check(options_.decode_gemm != GemmPrecision::kFp8 || fp8_ != nullptr,
           "GPU batched engine: FP8 decode GEMMs need FP8 weights (GpuBatchOptions::gemm = kFp8)");
     decode_fp8_ = options_.decode_gemm == GemmPrecision::kFp8;
+    if (options_.decode_gemm == GemmPrecision::kW4) w4_ = DeviceW4Weights::quantize(model_, stream_);
     // Decode steps captured into graphs record no events (a replay would not re-record the timer's bookkeeping).
     ops_ = std::make_unique<GpuOps>(model_, stream_, *gemm_, options_.graphs ? untimed_ : timer_,
                                     decode_fp8_ ? fp8_.get() : nullptr, std::numeric_limits<int32_t>::max());
+    ops_->set_w4(w4_.get());
     const int32_t group = cfg_.num_q_heads / cfg_.num_kv_heads;
     paged_decode_ = (cfg_.head_dim == 64 || cfg_.head_dim == 128 || cfg_.head_dim == 256) && group <= 8 &&
                     options_.prefill.attention != AttentionBackend::kSimple;
@@ -77,6 +79,7 @@ GpuBatchBackend::~GpuBatchBackend() {
   ops_.reset();
   prefill_.reset();
   fp8_.reset();
+  w4_.reset();
   gemm_.reset();
   cudaStreamDestroy(stream_);
 }
@@ -702,7 +705,8 @@ std::vector<int32_t> GpuBatchBackend::mixed_step(std::span<const int32_t> chunk,
                                                  std::vector<float>* chunk_logits, std::span<const int32_t> tokens,
                                                  std::span<const DecodeRow> rows, std::span<const RowChoice> choice) {
   const bool paged = !rows.empty() && std::none_of(rows.begin(), rows.end(), [](const DecodeRow& r) { return r.stream != nullptr; });
-  if (!paged || chunk.empty() || !paged_decode_ || (fp8_ != nullptr && !decode_fp8_))
+  // (4-bit decode: the decode rows keep their own step, whose products of up to kW4Rows rows read the 4-bit weights.)
+  if (!paged || chunk.empty() || !paged_decode_ || (fp8_ != nullptr && !decode_fp8_) || w4_ != nullptr)
     return BatchBackend::mixed_step(chunk, pos, total_len, policy, logits, chunk_logits, tokens, rows, choice);
   check(chunk_logits != nullptr, "mixed step: no place for the chunk's logits");
   check(rows.size() == tokens.size() && choice.size() == tokens.size(),

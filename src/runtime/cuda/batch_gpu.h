@@ -72,6 +72,8 @@ struct GpuBatchOptions {
   // The decode step's GEMMs (kFp8 needs gemm == kFp8). bf16 by default: W8A8 decode at a few rows is slower than bf16
   // on an H200 (decode_bench --gemm: 8.49 against 6.94 ms a step at 32K, batch 1), and a step of 3+ rows has been
   // measured to differ from the single-sequence FP8 decode by up to 6% (rel L2) on one row (docs/PERF.md).
+  // kW4 (with gemm kBf16 or kW4, the prefill then bf16): the decode step's products of up to kW4Rows rows read a 4-bit
+  // copy of the layers' weights (DeviceW4Weights, quantized once, here), larger ones the bf16 weights.
   GemmPrecision decode_gemm = GemmPrecision::kBf16;
   // CUDA events around every GEMM, attention and small kernel of the prefill (and of eager decode steps: a step
   // replayed as a graph is not timed by category): timers(), kernel_seconds(). Off for the server.
@@ -192,6 +194,8 @@ class GpuBatchBackend final : public BatchBackend {
   // The FP8 copy of the layers' weights (GpuBatchOptions::gemm == kFp8), or 0; whether the decode step reads it.
   size_t fp8_weight_bytes() const { return fp8_ ? fp8_->bytes() : 0; }
   bool decode_fp8() const { return decode_fp8_; }
+  // The 4-bit copy of the layers' weights (GpuBatchOptions::decode_gemm == kW4), or 0.
+  size_t w4_weight_bytes() const { return w4_ ? w4_->bytes() : 0; }
 
  private:
   // Rows [0, len) of seq's kept blocks between the staging cache and the pool (paged_copy), synchronously; only the
@@ -232,6 +236,7 @@ class GpuBatchBackend final : public BatchBackend {
   std::unique_ptr<Gemm> gemm_;
   std::unique_ptr<DeviceFp8Weights> fp8_;  // GemmPrecision::kFp8 only
   bool decode_fp8_ = false;                // the decode ops run FP8 GEMMs (GpuBatchOptions::decode_gemm)
+  std::unique_ptr<DeviceW4Weights> w4_;    // GpuBatchOptions::decode_gemm == kW4 only
   EventTimer timer_{false};    // the prefill's (and eager decode steps') events: GpuBatchOptions::timing
   EventTimer untimed_{false};  // the decode ops' when their steps are captured into graphs
   bool paged_decode_ = true;

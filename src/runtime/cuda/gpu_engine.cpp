@@ -104,7 +104,7 @@ const StreamingKV* GpuEngine::streaming() const {
 
 GpuMemoryStats GpuEngine::memory() const {
   GpuMemoryStats m;
-  m.weights_bytes = device_.bytes() + backend_.fp8_weight_bytes();
+  m.weights_bytes = device_.bytes() + backend_.fp8_weight_bytes() + backend_.w4_weight_bytes();
   m.kv_cache_bytes = kv_cache_bytes();
   m.scratch_bytes = backend_.scratch_bytes() + backend_.staging_bytes();
   m.peak_in_use_bytes = backend_.peak_device_bytes();

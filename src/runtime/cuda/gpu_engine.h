@@ -69,7 +69,9 @@ struct GpuEngineOptions {
   // The layers' GEMMs (gemm.h), prefill and decode: bf16, or FP8 E4M3 (W8A8, per-row scales: one per output channel
   // and per token, TESSERA_FP8_SCALING=tensor for one per tensor; compute capability 8.9+, the constructor throws
   // check_gemm_precision_supported's error otherwise). FP8 quantizes the weights once per engine (DeviceFp8Weights:
-  // ~1 byte per layer weight, beside the bf16 model) and each product's input per call.
+  // ~1 byte per layer weight, beside the bf16 model) and each product's input per call. kW4: the prefill in bf16, the
+  // decode step's products of up to 8 rows through a 4-bit copy of the layers' weights (DeviceW4Weights, w4_gemv.h:
+  // ~0.53 bytes per layer weight beside the bf16 model; widths must be multiples of 128).
   GemmPrecision gemm = GemmPrecision::kBf16;
   // The CUDA attention backend's options (attention/index/prefill_route.h); default: the process defaults.
   attn::gpu::CudaAttentionOptions cuda_attention = attn::gpu::cuda_attention_defaults();
