@@ -42,6 +42,7 @@ int bench_command(const BenchOptions& o) {
   const bool gpu = use_gpu_device_for(o.device, o.stream);
   const attn::gpu::CudaAttentionOptions cuda_options = cuda_attention_options(o.cuda, gpu);
   const bool fp8 = gpu && gemm_fp8(o.cuda);
+  const bool w4 = gpu && gemm_w4(o.cuda);
   const std::unique_ptr<runtime::Device> device = runtime::open_device(gpu ? "cuda" : "cpu", *s.model);
   std::vector<Row> rows;
   for (int depth : o.depths) {
@@ -61,6 +62,7 @@ int bench_command(const BenchOptions& o) {
         eo.stream = stream_options(o.stream, method, gpu);
       eo.gpu.cuda_attention = cuda_options;
       eo.gpu.fp8_gemm = fp8;
+      eo.gpu.w4_decode = w4;
       const std::unique_ptr<runtime::SequenceEngine> engine_ptr = device->engine(eo);
       runtime::SequenceEngine& engine = *engine_ptr;
       for (int rep = 0; rep < std::max(1, o.reps); ++rep) {  // best of reps

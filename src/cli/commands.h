@@ -23,6 +23,8 @@ struct CudaAttentionFlags {
 attn::gpu::CudaAttentionOptions cuda_attention_options(const CudaAttentionFlags& flags, bool gpu);
 // --gemm fp8 asked for; throws "--gemm fp8 is not supported with --gpus (...)" when tensor_parallel.
 bool gemm_fp8(const CudaAttentionFlags& flags, bool tensor_parallel = false);
+// --gemm w4: the decode step's products over 4-bit weights (runtime::EngineOptions::Gpu::w4_decode).
+bool gemm_w4(const CudaAttentionFlags& flags, bool tensor_parallel = false);
 
 // --stream and its sizes: streaming memory over unbounded context (runtime/stream/stream_options.h), CPU or GPU.
 struct StreamFlags {

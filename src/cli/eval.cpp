@@ -118,6 +118,7 @@ runtime::EngineOptions engine_options(const Session& s, const EvalOptions& o, co
   if (gpu) {
     eo.gpu.cuda_attention.dense_fallback = false;
     eo.gpu.fp8_gemm = o.gemm == "fp8";
+    eo.gpu.w4_decode = o.gemm == "w4";
   }
   return eo;
 }
@@ -341,7 +342,7 @@ void run_perplexity(const Session& s, const EvalOptions& o, const std::vector<st
     check(i < 100 * hay.sentences.size(), "eval: the haystack is too short for perplexity at " + std::to_string(max_len));
   }
   std::string md = "# Perplexity (" + hay.name + ", from its first sentence; " +
-                   (device.gpu() ? std::string(o.gemm == "fp8" ? "GPU, FP8 GEMMs" : "GPU, bf16") : std::string("CPU, f32")) +
+                   (device.gpu() ? std::string(o.gemm == "fp8" ? "GPU, FP8 GEMMs" : o.gemm == "w4" ? "GPU, bf16, 4-bit decode" : "GPU, bf16") : std::string("CPU, f32")) +
                    ")\n\n";
   if (!o.command_line.empty()) md += "Command: `" + o.command_line + "`\n\n";
   md += "| policy |";
@@ -364,7 +365,7 @@ void run_perplexity(const Session& s, const EvalOptions& o, const std::vector<st
       const std::vector<double> lp = device.engine(eo)->score(text_ids);
       const double ppl = eval::perplexity(lp);
       std::fprintf(stderr, "eval: perplexity %s at %d tokens: %.3f (%.1f s, %s)\n", policy.c_str(), l, ppl,
-                   now_seconds() - t0, device.gpu() ? (o.gemm == "fp8" ? "GPU, FP8 GEMMs" : "GPU, bf16") : "CPU");
+                   now_seconds() - t0, device.gpu() ? (o.gemm == "fp8" ? "GPU, FP8 GEMMs" : o.gemm == "w4" ? "GPU, bf16, 4-bit decode" : "GPU, bf16") : "CPU");
       char cell[32];
       std::snprintf(cell, sizeof cell, " %.3f |", ppl);
       md += cell;
@@ -406,7 +407,8 @@ int eval_command(EvalOptions o) {
   }
   const bool gpu = use_gpu_device_for(o.device, o.stream);
   check(o.gemm.empty() || gpu, "--gemm applies to --device cuda (this run is on the CPU)");
-  check(o.gemm.empty() || o.gemm == "bf16" || o.gemm == "fp8", "--gemm must be bf16 or fp8, got '" + o.gemm + "'");
+  check(o.gemm.empty() || o.gemm == "bf16" || o.gemm == "fp8" || o.gemm == "w4",
+        "--gemm must be bf16, fp8 or w4, got '" + o.gemm + "'");
   const std::unique_ptr<runtime::Device> device_ptr = runtime::open_device(gpu ? "cuda" : "cpu", *s.model);
   const runtime::Device& device = *device_ptr;
   if (!o.retrieval_heads_out.empty()) find_retrieval_heads(s, o);

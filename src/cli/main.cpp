@@ -56,9 +56,10 @@ void add_device_options(CLI::App* app, std::string& device, tessera::cli::CudaAt
   app->add_option("--dense-backend", f.dense_backend, "GPU dense attention: auto (the faster), ours or cudnn")
       ->check(CLI::IsMember({"auto", "ours", "cudnn"}));
   app->add_option("--gemm", f.gemm,
-                  "GPU GEMM precision: bf16 (default) or fp8 (E4M3 weights and activations: a scale per output channel "
-                  "and per token, TESSERA_FP8_SCALING=tensor for one per tensor; compute capability 8.9+)")
-      ->check(CLI::IsMember({"bf16", "fp8"}));
+                  "GPU GEMM precision: bf16 (default), fp8 (E4M3 weights and activations: a scale per output channel "
+                  "and per token, TESSERA_FP8_SCALING=tensor for one per tensor; compute capability 8.9+) or w4 (the "
+                  "decode step's products of up to 8 rows over 4-bit weights, groups of 128; the prefill bf16)")
+      ->check(CLI::IsMember({"bf16", "fp8", "w4"}));
 }
 
 // --stream and its sizes (StreamFlags); `several`: a comma-separated list of methods (bench, eval).
@@ -211,8 +212,9 @@ int main(int argc, char** argv) {
   ec->add_option("--chunk", ev.chunk, "Prefill chunk size")->capture_default_str();
   ec->add_option("--device", ev.device, "Where the task cases run: cpu, cuda or auto (the bf16 GPU engine when a GPU is usable)")
       ->capture_default_str();
-  ec->add_option("--gemm", ev.gemm, "GPU GEMM precision of the task cases and the perplexity: bf16 (default) or fp8")
-      ->check(CLI::IsMember({"bf16", "fp8"}));
+  ec->add_option("--gemm", ev.gemm,
+                 "GPU GEMM precision of the task cases and the perplexity: bf16 (default), fp8 or w4 (decode only)")
+      ->check(CLI::IsMember({"bf16", "fp8", "w4"}));
   ec->add_option("-o,--out", ev.out, "Output folder: results.json, report.md, heatmaps")->capture_default_str();
   ec->add_flag("--resume", ev.resume, "Keep the results already in the output folder and run only the missing ones");
   ec->add_flag("--report-only", ev.report_only, "Rewrite report.md and heatmaps from results.json");

@@ -42,10 +42,16 @@ attn::gpu::CudaAttentionOptions cuda_attention_options(const CudaAttentionFlags&
 }
 
 bool gemm_fp8(const CudaAttentionFlags& f, bool tensor_parallel) {
-  check(f.gemm.empty() || f.gemm == "bf16" || f.gemm == "fp8", "--gemm must be bf16 or fp8, got '" + f.gemm + "'");
-  const bool fp8 = f.gemm == "fp8";
-  check(!fp8 || !tensor_parallel, "--gemm fp8 is not supported with --gpus (tensor parallelism): run on one GPU");
-  return fp8;
+  check(f.gemm.empty() || f.gemm == "bf16" || f.gemm == "fp8" || f.gemm == "w4",
+        "--gemm must be bf16, fp8 or w4, got '" + f.gemm + "'");
+  check(f.gemm.empty() || f.gemm == "bf16" || !tensor_parallel,
+        "--gemm " + f.gemm + " is not supported with --gpus (tensor parallelism): run on one GPU");
+  return f.gemm == "fp8";
+}
+
+bool gemm_w4(const CudaAttentionFlags& f, bool tensor_parallel) {
+  (void)gemm_fp8(f, tensor_parallel);  // the checks
+  return f.gemm == "w4";
 }
 
 namespace {
@@ -283,6 +289,7 @@ Outcome generate_once(const Session& s, const runtime::Device& d, const RunOptio
   if (d.gpu()) {
     eo.gpu.cuda_attention = cuda_attention_options(o.cuda, true);
     eo.gpu.fp8_gemm = gemm_fp8(o.cuda);
+    eo.gpu.w4_decode = gemm_w4(o.cuda);
   }
   const std::unique_ptr<runtime::SequenceEngine> engine = d.engine(eo);
   return generate_with(*engine, s, o, spec, prompt, echo, needle_tokens);

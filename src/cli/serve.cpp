@@ -296,6 +296,7 @@ int serve_command(const ServeOptions& o) {
   const bool gpu = o.gpus == 1 && use_gpu_device(o.device);
   (void)cuda_attention_options(o.cuda, o.gpus > 1 || gpu);
   const bool fp8 = gemm_fp8(o.cuda, o.gpus > 1);
+  const bool w4 = gemm_w4(o.cuda, o.gpus > 1);
 
   const double t0 = now_seconds();
   const Session s = Session::open(o.model);
@@ -362,6 +363,7 @@ int serve_command(const ServeOptions& o) {
   if (gpu) {
     eo.gpu.cuda_attention = cuda_attention_options(o.cuda, true);
     eo.gpu.fp8_gemm = fp8;
+    eo.gpu.w4_decode = w4;
   }
   if (batched) {
     batch.backend = device->batch_backend(eo);

@@ -70,6 +70,9 @@ struct EngineOptions {
   struct Gpu {
     attn::gpu::CudaAttentionOptions cuda_attention = attn::gpu::cuda_attention_defaults();
     bool fp8_gemm = false;  // the layers' GEMMs in FP8 (gemm.h)
+    // The decode step's products of up to 8 rows over a 4-bit copy of the layers' weights (w4_gemv.h; the prefill
+    // and larger products stay bf16; widths must be multiples of 128).
+    bool w4_decode = false;
   } gpu;
 };
 

@@ -39,6 +39,7 @@ class CudaDevice final : public Device {
     go.stream = options.stream;
     go.cuda_attention = options.gpu.cuda_attention;
     if (options.gpu.fp8_gemm) go.gemm = GemmPrecision::kFp8;
+    if (options.gpu.w4_decode) go.gemm = GemmPrecision::kW4;
     return std::make_unique<GpuEngine>(*weights_, go);
   }
 
@@ -46,6 +47,7 @@ class CudaDevice final : public Device {
     GpuBatchOptions gbo;
     gbo.prefill.cuda_attention = options.gpu.cuda_attention;
     if (options.gpu.fp8_gemm) gbo.gemm = GemmPrecision::kFp8;  // (decode stays bf16: faster at a few rows)
+    if (options.gpu.w4_decode) gbo.decode_gemm = GemmPrecision::kW4;
     return std::make_unique<GpuBatchBackend>(*weights_, gbo);
   }
 
