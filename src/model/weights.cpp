@@ -274,7 +274,7 @@ class Loader {
 // models' perplexity 0.66-0.81% above the f32 expansion (llama.cpp's own: +1.05% / +0.59%), within 0.3% on prose, and
 // no subset of the tensor classes brought both reliably within 0.5%; two levels everywhere (TESSERA_QACT_X2=*) give
 // +0.00% / -0.00% but cost prefill ~0.63x and decode 0.75-0.84x on one thread (docs/cpu_kernels.md, "Accuracy:
-// two-level int8 activations"): the speed stays the default, the exact products an option.
+// two-level int8 activations"): an option; the default is the outlier blocks' second level (below).
 std::string default_int8x2_tensors() {
   return "";
 }
