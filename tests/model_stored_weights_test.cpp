@@ -20,10 +20,10 @@
 //   layers and the attention softmax. This bound catches a wrong block, scale or row (those move logits by their
 //   whole size), not the accuracy: the accuracy bar is on the real models below.
 // - the real models (when fetched): perplexity of the stored forward over a 600-token text within 0.5% of the f32
-//   expansion's (the bar; measured +0.07% SmolLM2 Q4_1, -0.06% Gemma-3 Q4_K_M with the default one int8
-//   level; +0.175% / +0.202% with the outlier blocks' second level, TESSERA_QACT_OUTLIERS=*; +0.001% / -0.002% with
-//   two levels everywhere: on this low-perplexity text the three move by tenths of a percent either way) and the
-//   same argmax at >= 95% of the positions (measured 597/600 and 599/600; outliers 598 and 599, two levels 600).
+//   expansion's (the bar; measured +0.175% SmolLM2 Q4_1, +0.202% Gemma-3 Q4_K_M with the default, one int8
+//   level plus the second on the outlier blocks; +0.07% / -0.06% with one level, +0.001% / -0.002% with two levels
+//   everywhere: on this low-perplexity text the three move by a few tenths of a percent either way) and the same
+//   argmax at >= 95% of the positions (measured 598/600 and 599/600; one level 597 and 599, two levels 600 and 600).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -187,7 +187,7 @@ TEST(StoredWeights, PerClassExpansionAndTwoLevelActivations) {
   }
   WeightOptions one, two;
   one.int8x2_tensors = "";
-  one.int8_outlier_tensors = "";  // one level, whatever the defaults
+  one.int8_outlier_tensors = "";  // one level (the default takes the outliers' second level)
   two.int8x2_tensors = "attn_,ffn_,token_embd,output";
   const auto f32 = Model::load(path, nullptr, expanded());
   const std::vector<int32_t> tokens = fixture_tokens("smollm2");
@@ -204,9 +204,9 @@ TEST(StoredWeights, FixtureQ8_0File) {
   const std::string path = kFixtures + "smollm2/model-q8_0.gguf";
   const auto stored = Model::load(path), f32 = Model::load(path, nullptr, expanded());
   EXPECT_EQ(stored->weights().layers[0].wq.type, TensorType::Q8_0);
-  // The default activations: one int8 level (default_int8x2_tensors and default_int8_outlier_tensors name none)
-  EXPECT_EQ(stored->weights().layers[0].wq.act, model::QAct::Int8);
-  EXPECT_EQ(stored->weights().layers[0].w_down.act, model::QAct::Int8);
+  // The default activations: one int8 level plus the second on the outlier blocks (default_int8_outlier_tensors)
+  EXPECT_EQ(stored->weights().layers[0].wq.act, model::QAct::Int8Outliers);
+  EXPECT_EQ(stored->weights().layers[0].w_down.act, model::QAct::Int8Outliers);
   const Diff d = compare(*stored, *f32, fixture_tokens("smollm2"));
   EXPECT_LE(d.max_rel, 0.15f) << d.max_abs;
 }

@@ -274,18 +274,19 @@ class Loader {
 // models' perplexity 0.66-0.81% above the f32 expansion (llama.cpp's own: +1.05% / +0.59%), within 0.3% on prose, and
 // no subset of the tensor classes brought both reliably within 0.5%; two levels everywhere (TESSERA_QACT_X2=*) give
 // +0.00% / -0.00% but cost prefill ~0.63x and decode 0.75-0.84x on one thread (docs/cpu_kernels.md, "Accuracy:
-// two-level int8 activations"): the speed stays the default, the exact products an option.
+// two-level int8 activations"): an option; the default is the outlier blocks' second level (below).
 std::string default_int8x2_tensors() {
   return "";
 }
 
-// None by default either: the outlier blocks' second level (above 2x the row's median scale, ~15% of the blocks),
-// multiplied inside the kernels' own pass, brings both real models within 0.25% of the f32 expansion on README and
-// GPL-3 and costs decode 0.91-1.02x of one level's tokens/s, but prefill 0.84-0.92x at 2 threads (the 32-element
-// block types keep 1.2-1.3x per product), above the ~1.1x budget for a default (docs/cpu_kernels.md, "The outlier
-// blocks' second level inside the kernels' own pass"): TESSERA_QACT_OUTLIERS=* opts in.
+// Every quantized product by default: one level plus the second level on the outlier blocks (above 2x the row's
+// median scale, ~15% of the blocks), multiplied inside the kernels' own pass. It brings both real models within
+// 0.25% of the f32 expansion on README and GPL-3 (one level: +0.81% / +0.66% on README) for, at 2 threads, decode
+// 0.91-1.02x and prefill 0.84-0.92x of one level's tokens/s (the 32-element block types pay most), and keeps every row
+// of the side-by-side with llama.cpp above it (prefill 1.19-3.50x, decode 1.10-4.33x, docs/cpu_kernels.md, "The
+// default: the outlier blocks' second level"). TESSERA_QACT_OUTLIERS=none goes back to one level.
 std::string default_int8_outlier_tensors() {
-  return "";
+  return "*";
 }
 
 ModelWeights load_weights(const model::ModelFile& file, const ModelConfig& cfg, ThreadPool& pool,
