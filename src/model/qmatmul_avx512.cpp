@@ -563,23 +563,7 @@ void row_kernel(const uint8_t* w, int64_t cols, const ActRow* a, int nx, float* 
       K::template run<4>(w, cols, a, out);
       break;
   }
-  // Int8Outliers on the K types: each picked 256-block's second level through the kernel on that block alone (the
-  // 32-block kernels take their picks inside their own pass).
-  if constexpr (requires { K::kPickBlockBytes; }) {
-    for (int j = 0; j < nx; ++j) {
-      const ActRow* l = a[j].level2;
-      for (int64_t p = 0; p < a[j].npick; ++p) {
-        const int64_t b = a[j].pick[p];
-        ActRow sub;
-        sub.q = l->q + 256 * b;
-        sub.d = l->d + b;
-        sub.bs = l->bs + 16 * b;
-        float o;
-        K::template run<1>(w + b * K::kPickBlockBytes, 256, &sub, &o);
-        out[j] += o;
-      }
-    }
-  }
+  add_k_type_picks<K>(w, a, nx, out);  // Int8Outliers' picks on the K types (qmatmul_kernels.h)
 }
 
 const Kernels kAvx512 = {

@@ -39,6 +39,28 @@ struct PanelPairs {
 
 constexpr int kMaxNx = 4;
 
+// Int8Outliers on the K types, after a row kernel K over rows a[0, nx): each picked 256-block's second level through
+// K on that block alone, added to out[j] (the 32-block kernels take their picks inside their own pass; K types have
+// kPickBlockBytes, the bytes of one stored 256-block). Both instruction-set files instantiate it with their kernels.
+template <class K>
+void add_k_type_picks(const uint8_t* w, const ActRow* a, int nx, float* out) {
+  if constexpr (requires { K::kPickBlockBytes; }) {
+    for (int j = 0; j < nx; ++j) {
+      const ActRow* l = a[j].level2;
+      for (int64_t p = 0; p < a[j].npick; ++p) {
+        const int64_t b = a[j].pick[p];
+        ActRow sub;
+        sub.q = l->q + 256 * b;
+        sub.d = l->d + b;
+        sub.bs = l->bs + 16 * b;
+        float o;
+        K::template run<1>(w + b * K::kPickBlockBytes, 256, &sub, &o);
+        out[j] += o;
+      }
+    }
+  }
+}
+
 // The 32-element block types (quant.h) as the row kernels read them, for the scalar twin and the SIMD kernels alike:
 // bytes per block; kMin, the block carries a min (Q4_1, Q5_1: w = d * q + m); kOffset, taken off the unsigned codes
 // (Q4_0: 8, Q5_0: 16; Q8_0's codes are signed); kFive, a fifth bit per code (Q5_0, Q5_1).
