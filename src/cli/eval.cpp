@@ -328,6 +328,11 @@ void run_layer_stats(const Session& s, const EvalOptions& o, const std::vector<s
   std::printf("%s", md.c_str());
 }
 
+// "GPU, bf16", "GPU, FP8 GEMMs" or "GPU, bf16, 4-bit decode" for --gemm (the perplexity's and the log's label).
+std::string gpu_precision_label(const std::string& gemm) {
+  return gemm == "fp8" ? "GPU, FP8 GEMMs" : gemm == "w4" ? "GPU, bf16, 4-bit decode" : "GPU, bf16";
+}
+
 // Perplexity of the haystack's text from its first sentence, at each length, under each policy: on the CPU engine
 // (Engine::score), or on the GPU engine with --device cuda (--gemm applies; the same log-softmax on the host).
 void run_perplexity(const Session& s, const EvalOptions& o, const std::vector<std::string>& policies,
@@ -342,7 +347,7 @@ void run_perplexity(const Session& s, const EvalOptions& o, const std::vector<st
     check(i < 100 * hay.sentences.size(), "eval: the haystack is too short for perplexity at " + std::to_string(max_len));
   }
   std::string md = "# Perplexity (" + hay.name + ", from its first sentence; " +
-                   (device.gpu() ? std::string(o.gemm == "fp8" ? "GPU, FP8 GEMMs" : o.gemm == "w4" ? "GPU, bf16, 4-bit decode" : "GPU, bf16") : std::string("CPU, f32")) +
+                   (device.gpu() ? gpu_precision_label(o.gemm) : std::string("CPU, f32")) +
                    ")\n\n";
   if (!o.command_line.empty()) md += "Command: `" + o.command_line + "`\n\n";
   md += "| policy |";
@@ -365,7 +370,7 @@ void run_perplexity(const Session& s, const EvalOptions& o, const std::vector<st
       const std::vector<double> lp = device.engine(eo)->score(text_ids);
       const double ppl = eval::perplexity(lp);
       std::fprintf(stderr, "eval: perplexity %s at %d tokens: %.3f (%.1f s, %s)\n", policy.c_str(), l, ppl,
-                   now_seconds() - t0, device.gpu() ? (o.gemm == "fp8" ? "GPU, FP8 GEMMs" : o.gemm == "w4" ? "GPU, bf16, 4-bit decode" : "GPU, bf16") : "CPU");
+                   now_seconds() - t0, device.gpu() ? gpu_precision_label(o.gemm).c_str() : "CPU");
       char cell[32];
       std::snprintf(cell, sizeof cell, " %.3f |", ppl);
       md += cell;
