@@ -10,10 +10,7 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__x86_64__) || defined(_M_X64)
-#include <cpuid.h>
-#endif
-
+#include "core/cpu_features.h"
 #include "core/dtype.h"
 #include "core/enum_names.h"
 #include "core/error.h"
@@ -366,14 +363,6 @@ void qmatmul_rows(const QMatrix& w, const Kernels* kernels, const ActRow* acts, 
 // level (s.q2 ...); sorted: scratch of cols / ab floats.
 void pick_outliers(const float* xr, int64_t i, int64_t cols, int64_t ab, Scratch& s, float* sorted);
 
-#if defined(__x86_64__) || defined(_M_X64)
-// CPUID leaf 1, ECX bit 29 (clang's __builtin_cpu_supports does not know "f16c").
-bool has_f16c() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & (1u << 29)) != 0;
-}
-#endif
-
 const Kernels* kernels_for(QIsa isa) {
   switch (isa) {
     case QIsa::Scalar:
@@ -408,7 +397,7 @@ bool qmatmul_isa_available(QIsa isa) {
     case QIsa::Avx2: {
 #if defined(__x86_64__) || defined(_M_X64)
       static const bool has = qmm::avx2_kernels() != nullptr && __builtin_cpu_supports("avx2") &&
-                              __builtin_cpu_supports("fma") && has_f16c();
+                              __builtin_cpu_supports("fma") && cpu_has_f16c();
       return has;
 #else
       return false;

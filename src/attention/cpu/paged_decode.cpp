@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "attention/cpu/cpu_kernel.h"
+#include "core/cpu_features.h"
 #include "core/error.h"
 
 namespace tessera::attn {
@@ -106,7 +107,7 @@ bool paged_decode_isa_available(PagedIsa isa) {
     case PagedIsa::Avx2: {
 #if defined(__x86_64__) || defined(__i386__)
       static const bool has = cpu_detail::paged_decode_avx2_built() && __builtin_cpu_supports("avx2") &&
-                              __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+                              __builtin_cpu_supports("fma") && cpu_has_f16c();
       return has;
 #else
       return false;
