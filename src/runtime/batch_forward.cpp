@@ -183,7 +183,8 @@ void paged_decode_attention_cpu(const float* q, float* out, std::span<const Deco
   parallel_ranges(pool, static_cast<int64_t>(units.size()), 1, [&](int64_t first, int64_t last) {
     std::vector<attn::KeySpan> spans;
     for (int64_t u = first; u < last; ++u) {
-      const auto [it, part] = units[static_cast<size_t>(u)];
+      const int64_t it = units[static_cast<size_t>(u)].first;  // (not a structured binding: clang 14 refuses
+      const int32_t part = units[static_cast<size_t>(u)].second;  // their use inside the lambdas below)
       const Item& item = items[static_cast<size_t>(it)];
       const int64_t row_index = it / s.num_kv_heads;
       const DecodeRow& row = rows[static_cast<size_t>(row_index)];
