@@ -75,7 +75,7 @@ Forward::Forward(const Model& model, ThreadPool& pool)
     : Forward(model, pool, std::make_unique<CpuOps>(model.config(), model.weights(), pool)) {}
 
 Forward::Forward(const Model& model, ThreadPool& pool, std::unique_ptr<CpuOps> ops)
-    : model_(model), cfg_(model.config()), pool_(pool), ops_(std::move(ops)) {
+    : cfg_(model.config()), pool_(pool), ops_(std::move(ops)) {
   check(ops_ != nullptr, "forward: no CPU backend");
 }
 

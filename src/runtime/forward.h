@@ -102,7 +102,6 @@ class Forward {
  private:
   std::vector<float> finish(int32_t n, LogitRows rows);
 
-  const Model& model_;
   const ModelConfig& cfg_;
   ThreadPool& pool_;
   const AttentionObserver* observer_ = nullptr;
