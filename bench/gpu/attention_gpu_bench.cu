@@ -14,7 +14,9 @@
 //                  one run, 15.5 ms at ~1.6 GHz in another), so compare times at similar clocks. NVML's power
 //                  on Hopper is a 1-second average, so rows shorter than that include the warm-up before
 //                  them. Without NVML the bench prints "clock: unavailable (reason)" once and the columns
-//                  show "—" (CSV: empty).
+//                  show "—" (CSV: empty). --trace-reps prints every timed repetition's kernel time with
+//                  the SM clock and board power read right after it (the power-cap study of docs/PERF.md);
+//                  --idle-ms N leaves the GPU idle N ms before each row's warm-up.
 // Output: a line per row as it finishes, then a markdown table and, with --csv, a CSV with the columns seq,
 // pattern, density, estimate_ms, index_ms, kernel_ms, total_ms, tflops_mask, tflops_tiles, speedup_vs_dense,
 // max_over_mean_item_cost, non_finite, kernel, mma_kernel_ms, rel_diff_vs_mma, path, dense_ours_ms,
@@ -74,6 +76,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cuda/cuda_check.h"
@@ -190,6 +193,8 @@ struct Options {
   std::string dense_backend = "auto";
   bool fallback = true;
   std::string csv;
+  bool trace_reps = false;  // --trace-reps: a line per timed repetition (kernel ms, SM MHz, W, host time)
+  int idle_ms = 0;          // --idle-ms N: the GPU left idle N ms before each row's warm-up
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -236,6 +241,10 @@ Options parse(int argc, char** argv) {
       o.fallback = v == "on";
     } else if (a == "--csv") {
       o.csv = value();
+    } else if (a == "--trace-reps") {
+      o.trace_reps = true;
+    } else if (a == "--idle-ms") {
+      o.idle_ms = std::max(0, std::stoi(value()));
     } else {
       throw Error("unknown argument " + a + " (see the header of attention_gpu_bench.cu)");
     }
@@ -390,6 +399,8 @@ int main(int argc, char** argv) {
         const bool needs_index =
             !shortcut && !(layer.all_dense() && main_kernel == gpu::PrefillKernel::kAuto &&
                            layer.resolve_dense_backend(args) == gpu::DenseBackend::kCudnn);
+        TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+        if (opt.idle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(opt.idle_ms));
         for (int i = 0; i < opt.warmup; ++i) {
           if (!shortcut) layer.estimate(args, stream);
           if (needs_index) layer.build_index(stream);
@@ -412,6 +423,14 @@ int main(int argc, char** argv) {
           est.push_back(t[0]);
           idx.push_back(t[1]);
           ker.push_back(t[2]);
+          if (opt.trace_reps) {  // the clock and power NVML reads now (after the kernel), host time in ms
+            const tessera::bench::ClockNow now = gpu_clock.now();
+            std::printf("rep %d %s %d: kernel %.4f ms, SM %d MHz, %.1f W, %d C, reasons 0x%llx, t %.1f ms\n", rep,
+                        r.pattern.c_str(), r.seq, t[2], now.sm_mhz, now.power_w, now.temperature_c,
+                        static_cast<unsigned long long>(now.reasons),
+                        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch())
+                            .count());
+          }
           tot.push_back(double{t[0]} + t[1] + t[2]);
         }
         {

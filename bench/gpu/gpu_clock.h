@@ -38,6 +38,15 @@ struct ClockStats {
   int samples = 0;           // samples that read the SM clock
 };
 
+// One reading now (GpuClockSampler::now): -1 where NVML could not say. reasons: NVML's clock event ("throttle")
+// reason bits, e.g. 0x4 software power cap, 0x20 / 0x40 software / hardware thermal slowdown, 0x8 hardware slowdown.
+struct ClockNow {
+  int sm_mhz = -1;
+  double power_w = -1;
+  int temperature_c = -1;
+  long long reasons = -1;
+};
+
 class GpuClockSampler {
  public:
   explicit GpuClockSampler(int cuda_device = 0,
@@ -62,6 +71,19 @@ class GpuClockSampler {
     if (!available_ || thread_.joinable()) return;
     stop_requested_ = false;
     thread_ = std::thread([this] { run(); });
+  }
+
+  // The SM clock, board power, GPU temperature and clock event reasons read now (from any thread).
+  ClockNow now() const {
+    ClockNow n;
+    if (!available_) return n;
+    unsigned int mhz = 0, mw = 0, temp = 0;
+    unsigned long long reasons = 0;
+    if (clock_info_(device_, kNvmlClockSm, &mhz) == kNvmlSuccess) n.sm_mhz = static_cast<int>(mhz);
+    if (power_usage_(device_, &mw) == kNvmlSuccess) n.power_w = mw / 1000.0;
+    if (temperature_ && temperature_(device_, 0, &temp) == kNvmlSuccess) n.temperature_c = static_cast<int>(temp);
+    if (reasons_ && reasons_(device_, &reasons) == kNvmlSuccess) n.reasons = static_cast<long long>(reasons);
+    return n;
   }
 
   // Stops sampling and returns the means since start(); {-1, -1, 0} when nothing was sampled.
@@ -97,6 +119,8 @@ class GpuClockSampler {
   using ClockInfoFn = NvmlReturn (*)(NvmlDevice, int, unsigned int*);
   using PowerUsageFn = NvmlReturn (*)(NvmlDevice, unsigned int*);
   using ErrorStringFn = const char* (*)(NvmlReturn);
+  using TemperatureFn = NvmlReturn (*)(NvmlDevice, int, unsigned int*);  // NVML_TEMPERATURE_GPU = 0
+  using ReasonsFn = NvmlReturn (*)(NvmlDevice, unsigned long long*);
 
   template <typename Fn>
   bool symbol(const char* name, Fn& fn) {
@@ -126,6 +150,9 @@ class GpuClockSampler {
     }
     // Optional: better messages, and the bus-id match (else NVML index 0).
     error_string_ = reinterpret_cast<ErrorStringFn>(dlsym(lib_, "nvmlErrorString"));
+    temperature_ = reinterpret_cast<TemperatureFn>(dlsym(lib_, "nvmlDeviceGetTemperature"));
+    reasons_ = reinterpret_cast<ReasonsFn>(dlsym(lib_, "nvmlDeviceGetCurrentClocksEventReasons"));
+    if (!reasons_) reasons_ = reinterpret_cast<ReasonsFn>(dlsym(lib_, "nvmlDeviceGetCurrentClocksThrottleReasons"));
     const auto by_bus_id =
         reinterpret_cast<HandleByPciBusIdFn>(dlsym(lib_, "nvmlDeviceGetHandleByPciBusId_v2"));
     if (const NvmlReturn r = init(); r != kNvmlSuccess) {
@@ -203,6 +230,8 @@ class GpuClockSampler {
   ClockInfoFn clock_info_ = nullptr;
   PowerUsageFn power_usage_ = nullptr;
   ErrorStringFn error_string_ = nullptr;
+  TemperatureFn temperature_ = nullptr;
+  ReasonsFn reasons_ = nullptr;
   NvmlDevice device_ = nullptr;
 
   std::thread thread_;
