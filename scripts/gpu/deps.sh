@@ -38,9 +38,14 @@ SYSROOT=$ROOT/build/gpu-sysroot
 # The library needs libssl.so.3, libcrypto.so.3, libz.so.1 and libbrotli{dec,enc,common}.so.1 to link and load:
 # libbrotli1 is carried; libssl3 (on any image with curl, ca-certificates or Python's ssl module) and zlib1g
 # (Essential in Debian and Ubuntu) are not -- `unpack` says so if the image lacks them (then add them here).
+# `tessera plan --method moa` needs CBC (src/CMakeLists.txt finds Cbc_C_Interface.h and libCbcSolver): the coinor
+# -dev packages for the headers and links, their libraries (Cbc, Cgl, Clp, Osi, CoinUtils) and the reference
+# LAPACK / BLAS CoinUtils loads (Debian keeps them in lapack/ and blas/ behind alternatives: linked by name here).
 PACKAGES=(libgtest-dev googletest nlohmann-json3-dev libcli11-dev libpcre2-dev libpcre2-8-0
   libopenblas-pthread-dev libopenblas0-pthread libgfortran5 libquadmath0
-  libcpp-httplib-dev libcpp-httplib0.11 libbrotli1 libbrotli-dev libssl-dev zlib1g-dev)
+  libcpp-httplib-dev libcpp-httplib0.11 libbrotli1 libbrotli-dev libssl-dev zlib1g-dev
+  coinor-libcbc-dev coinor-libcbc3 coinor-libcgl-dev coinor-libcgl1 coinor-libclp-dev coinor-libclp1
+  coinor-libcoinutils-dev coinor-libcoinutils3v5 coinor-libosi-dev coinor-libosi1v5 liblapack3 libblas3)
 
 download() {
   local sudo=""
@@ -83,6 +88,12 @@ unpack() {
   ln -s "$lib/libcpp-httplib.so.0.11" "$SYSROOT/ld-path/"
   for so in libgfortran.so.5 libquadmath.so.0 libbrotlicommon.so.1 libbrotlidec.so.1 libbrotlienc.so.1; do
     grep -q "$so " <<< "$have" || ln -s "$lib/$so" "$SYSROOT/ld-path/"
+  done
+  for so in "$lib"/libCbc*.so.* "$lib"/libCgl.so.* "$lib"/libClp*.so.* "$lib"/libOsi*.so.* "$lib"/libCoinUtils.so.*; do
+    [ -e "$so" ] && ln -sf "$so" "$SYSROOT/ld-path/"
+  done
+  for so in liblapack.so.3 libblas.so.3; do
+    grep -q "$so " <<< "$have" || ln -sf "$(ls "$lib"/*/"$so" | head -1)" "$SYSROOT/ld-path/"
   done
   for so in libssl.so.3 libcrypto.so.3 libz.so.1; do
     grep -q "$so " <<< "$have" ||
