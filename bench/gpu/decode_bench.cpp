@@ -3,7 +3,7 @@
 //
 //   decode_bench [--model llama3-8b] [--ctx 8192,32768,131072] [--batch 1,8,32,64] [--kv-gb 40] [--steps 20]
 //                [--moa-density 0.5] [--moa-plan FILE] [--block 64] [--layers N] [--csv FILE] [--no-graphs]
-//                [--gemm bf16,fp8,w4] [--breakdown]
+//                [--gemm bf16,fp8,w4] [--kv bf16,fp8] [--breakdown]
 //
 // Weights are pseudo-random (DeviceModel::random) of the model's shapes; every sequence's KV is pseudo-random
 // bf16 (no prefill: the benchmark is the decode step), laid out in blocks exactly as a prefill would leave it.
@@ -17,7 +17,10 @@
 // given, one after the other in the same table (fp8: GpuBatchOptions::gemm, weights quantized once, E4M3; the floor
 // then counts the FP8 copy of the layers' weights instead of their bf16 bytes, the LM head staying bf16; w4: the decode
 // step's products of up to 8 rows read a 4-bit copy of the layers' weights (4.25 bits a weight, w4_gemv.h), which the
-// floor of batches of up to 8 counts instead of their bf16 bytes; larger batches read the bf16 weights).
+// floor of batches of up to 8 counts instead of their bf16 bytes; larger batches read the bf16 weights). --kv: the KV
+// blocks' element type, each given (every --gemm x --kv combination in one table): bf16, or fp8 (E4M3 codes and a
+// scale per stored row, paged_decode.h; the pools filled with pseudo-random codes); the floor counts the KV bytes a step
+// reads at that precision (head_dim + 4 bytes a row for FP8) and the KV budget holds blocks of that precision.
 // --breakdown (implies --no-graphs: CUDA events time only eager steps): after each row, the step's GPU time by part
 // (GEMMs, attention, the small kernels) beside each part's own floor (the weights' bytes, the KV bytes read, over the
 // copy bandwidth), and what is left of the step's wall time (launches and host work of an eager step).
@@ -78,6 +81,7 @@ int main(int argc, char** argv) {
   int steps = 20, block = 64, layers = 0;
   bool graphs = true, breakdown = false;
   std::vector<gpu::GemmPrecision> gemms{gpu::GemmPrecision::kBf16};
+  std::vector<gpu::KVPrecision> kv_types{gpu::KVPrecision::kBf16};
   try {
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
@@ -101,6 +105,10 @@ int main(int argc, char** argv) {
         gemms.clear();
         std::stringstream list(next());
         for (std::string g; std::getline(list, g, ',');) gemms.push_back(gpu::parse_gemm_precision(g));
+      } else if (a == "--kv") {
+        kv_types.clear();
+        std::stringstream list(next());
+        for (std::string k; std::getline(list, k, ',');) kv_types.push_back(gpu::parse_kv_precision(k));
       }
       else throw Error("unknown option " + a + " (see the comment at the top of bench/gpu/decode_bench.cpp)");
     }
@@ -120,25 +128,29 @@ int main(int argc, char** argv) {
     const auto dev = gpu::DeviceModel::random(cfg, 1);
     const double bf16_bytes = static_cast<double>(dev->bytes());
     const PagedKVShape shape{cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, block};
-    const auto num_blocks =
-        static_cast<int32_t>(kv_gb * 1e9 / (2.0 * static_cast<double>(shape.elements_per_block()) * sizeof(bf16)));
-    std::printf("model %s (%d layers, random weights %.2f GB bf16), KV budget %.1f GB = %d blocks of %d tokens, CUDA graphs %s\n\n",
-                model.c_str(), cfg.num_layers, bf16_bytes / 1e9, kv_gb, num_blocks, block, graphs ? "on" : "off");
-    std::printf("| GEMM | context | KV | batch | step ms | tokens/s | KV read GB/step | floor ms | step / floor | splits |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+    std::printf("model %s (%d layers, random weights %.2f GB bf16), KV budget %.1f GB in blocks of %d tokens, CUDA graphs %s\n\n",
+                model.c_str(), cfg.num_layers, bf16_bytes / 1e9, kv_gb, block, graphs ? "on" : "off");
+    std::printf("| GEMM | KV type | context | KV | batch | step ms | tokens/s | KV read GB/step | floor ms | step / floor | splits |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
     std::ofstream out;
     if (!csv.empty()) {
       out.open(csv);
-      out << "context,kv,batch,step_ms,tokens_per_s,kv_read_gb,floor_ms,ratio,splits,gemm\n";
+      out << "context,kv,batch,step_ms,tokens_per_s,kv_read_gb,floor_ms,ratio,splits,gemm,kv_type\n";
     }
-    for (const gpu::GemmPrecision gemm : gemms) {
+    for (const gpu::GemmPrecision gemm : gemms)
+    for (const gpu::KVPrecision kv_type : kv_types) {
       const char* gemm_name = gpu::gemm_precision_name(gemm);
+      const char* kv_name = gpu::kv_precision_name(kv_type);
       gpu::GpuBatchOptions bo;
       bo.graphs = graphs;
       bo.timing = breakdown;
       bo.gemm = gemm;
       bo.decode_gemm = gemm;
+      bo.kv = kv_type;
       gpu::GpuBatchBackend backend(*dev, bo);
+      const auto num_blocks = static_cast<int32_t>(kv_gb * 1e9 / backend.block_bytes(shape));
+      // Bytes a step reads per key of a kv head: its K and V rows (FP8: codes and scales).
+      const double key_bytes = 2.0 * static_cast<double>(gpu::kv_row_bytes(kv_type, cfg.head_dim));
       // The bytes a step reads of the weights: FP8 replaces the layers' bf16 matrices by their E4M3 copy (1 byte an
       // element, + the scales): bf16 bytes - 2 x codes + codes + scales ~= bf16 bytes - the FP8 copy's bytes.
       const double default_weight_bytes =
@@ -177,8 +189,8 @@ int main(int argc, char** argv) {
             seqs.reserve(static_cast<size_t>(batch));
             const int64_t per_seq = SequenceBlocks(shape, ret).max_blocks(ctx, ctx + warm + steps);
             if (per_seq * batch > num_blocks) {
-              std::printf("| %s | %lld | %s | %lld | does not fit (%lld blocks of %d needed) | | | | | |\n",
-                          gemm_name, static_cast<long long>(ctx), label, static_cast<long long>(batch),
+              std::printf("| %s | %s | %lld | %s | %lld | does not fit (%lld blocks of %d needed) | | | | | |\n",
+                          gemm_name, kv_name, static_cast<long long>(ctx), label, static_cast<long long>(batch),
                           static_cast<long long>(per_seq * batch), num_blocks);
               continue;
             }
@@ -209,7 +221,7 @@ int main(int argc, char** argv) {
                       keys = std::max(keys, views[static_cast<size_t>(l * cfg.num_q_heads + h * (cfg.num_q_heads / cfg.num_kv_heads) + g)]
                                                 .ranges(q.length())
                                                 .count());
-                    kv += static_cast<double>(keys) * cfg.head_dim * 2 * 2;
+                    kv += static_cast<double>(keys) * key_bytes;
                   }
               }
               const auto t0 = std::chrono::steady_clock::now();
@@ -224,7 +236,7 @@ int main(int argc, char** argv) {
             const double weight_bytes =
                 gemm == gpu::GemmPrecision::kW4 && batch <= gpu::kW4Rows ? w4_weight_bytes : default_weight_bytes;
             const double floor = (weight_bytes + kv_step) / bw;
-            std::printf("| %s | %lld | %s | %lld | %.2f | %.0f | %.2f | %.2f | %.2f | %d |\n", gemm_name,
+            std::printf("| %s | %s | %lld | %s | %lld | %.2f | %.0f | %.2f | %.2f | %.2f | %d |\n", gemm_name, kv_name,
                         static_cast<long long>(ctx), label, static_cast<long long>(batch), step * 1e3,
                         static_cast<double>(batch) / step,
                         kv_step / 1e9, floor * 1e3, step / floor, backend.last_splits());
@@ -234,7 +246,7 @@ int main(int argc, char** argv) {
               const double gemm_ms = 1e3 * (t.gemm_seconds - t_before.gemm_seconds) / steps;
               const double attn_ms = 1e3 * (t.attention_seconds - t_before.attention_seconds) / steps;
               const double small_ms = 1e3 * (k.total() - k_before.total()) / steps;
-              std::printf("|  | breakdown | GPU ms a step: GEMM %.3f (weights floor %.3f, %.2fx), attention %.3f (KV floor %.3f, "
+              std::printf("|  |  | breakdown | GPU ms a step: GEMM %.3f (weights floor %.3f, %.2fx), attention %.3f (KV floor %.3f, "
                           "%.2fx), norm / rope / act / misc %.3f / %.3f / %.3f / %.3f; GPU sum %.3f of the eager step's "
                           "%.3f ms | | | | | | |\n",
                           gemm_ms, 1e3 * weight_bytes / bw, gemm_ms / (1e3 * weight_bytes / bw), attn_ms,
@@ -247,7 +259,7 @@ int main(int argc, char** argv) {
             if (out) {
               out << ctx << ',' << (label) << ',' << batch << ',' << step * 1e3 << ','
                   << static_cast<double>(batch) / step << ',' << kv_step / 1e9 << ',' << floor * 1e3 << ','
-                  << step / floor << ',' << backend.last_splits() << ',' << gemm_name << '\n';
+                  << step / floor << ',' << backend.last_splits() << ',' << gemm_name << ',' << kv_name << '\n';
             }
             for (auto& q : seqs) {
               backend.release_sequence(q);
@@ -256,7 +268,7 @@ int main(int argc, char** argv) {
           }
         }
       }
-    }  // gemm
+    }  // gemm x kv type
   } catch (const std::exception& e) {
     std::fprintf(stderr, "decode_bench: %s\n", e.what());
     return 1;

@@ -73,6 +73,9 @@ struct EngineOptions {
     // The decode step's products of up to 8 rows over a 4-bit copy of the layers' weights (w4_gemv.h; the prefill
     // and larger products stay bf16; widths must be multiples of 128).
     bool w4_decode = false;
+    // The KV blocks in FP8 E4M3 with a scale per stored row (GpuBatchOptions::kv, paged_decode.h; --kv-type fp8 with
+    // --device cuda): half the KV bytes of bf16. The CPU's KV type is kv_type above (f32, bf16, f16; no FP8).
+    bool fp8_kv = false;
   } gpu;
 };
 

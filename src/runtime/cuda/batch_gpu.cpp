@@ -61,6 +61,10 @@ GpuBatchBackend::GpuBatchBackend(const DeviceModel& model, GpuBatchOptions optio
     const int32_t group = cfg_.num_q_heads / cfg_.num_kv_heads;
     paged_decode_ = (cfg_.head_dim == 64 || cfg_.head_dim == 128 || cfg_.head_dim == 256) && group <= 8 &&
                     options_.prefill.attention != AttentionBackend::kSimple;
+    check(options_.kv == KVPrecision::kBf16 || paged_decode_,
+          "GPU batched engine: an FP8 KV cache needs the paged decode kernel (head dims 64, 128 or 256, GQA groups of "
+          "at most 8 query heads, not the simple attention backend); model " + cfg_.name + " has head dim " +
+              std::to_string(cfg_.head_dim) + ", groups of " + std::to_string(group));
     paged_ = std::make_unique<PagedDecodeStep>(cfg_, ops_->attention_scale(), layout_);
     int dev = 0;
     TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
@@ -133,12 +137,17 @@ void GpuBatchBackend::create_store(const PagedKVShape& shape, int32_t num_blocks
   TESSERA_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   if (pool_bytes + table_bytes > 0.95 * static_cast<double>(free_bytes))
     throw Error("KV cache of " + std::to_string(num_blocks) + " blocks of " + std::to_string(shape.block_tokens) +
-                " tokens (K and V in bf16) and block tables need " + format_bytes(pool_bytes + table_bytes) + ", " +
-                format_bytes(static_cast<double>(free_bytes)) + " of device memory free; lower the KV budget");
-  const size_t elems = (static_cast<size_t>(num_blocks) + 1) * static_cast<size_t>(shape.elements_per_block());
+                " tokens (K and V in " + kv_precision_name(options_.kv) + ") and block tables need " +
+                format_bytes(pool_bytes + table_bytes) + ", " + format_bytes(static_cast<double>(free_bytes)) +
+                " of device memory free; lower the KV budget");
+  const size_t blocks = static_cast<size_t>(num_blocks) + 1;
   // Address space for the whole budget; memory as blocks are written (commit_block).
-  k_pool_.reserve(elems * sizeof(bf16));
-  v_pool_.reserve(elems * sizeof(bf16));
+  k_pool_.reserve(blocks * pool_block_bytes());
+  v_pool_.reserve(blocks * pool_block_bytes());
+  if (options_.kv == KVPrecision::kFp8) {
+    k_scale_.reserve(blocks * static_cast<size_t>(shape.block_tokens) * sizeof(float));
+    v_scale_.reserve(blocks * static_cast<size_t>(shape.block_tokens) * sizeof(float));
+  }
   // Slots [0, slots_) for sequences; slot slots_ for the padding rows: every table's first block is the scratch
   // block, every view dense.
   scratch_block_ = num_blocks;
@@ -227,17 +236,31 @@ void GpuBatchBackend::adopt(const SequenceBlocks& seq, std::span<const DecodeVie
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));  // v is on this stack
 }
 
+size_t GpuBatchBackend::pool_block_bytes() const {
+  return static_cast<size_t>(shape_.elements_per_block()) * (options_.kv == KVPrecision::kFp8 ? 1 : sizeof(bf16));
+}
+
 void GpuBatchBackend::commit_block(int32_t id) {
-  const size_t bytes = static_cast<size_t>(shape_.elements_per_block()) * sizeof(bf16);
+  const size_t bytes = pool_block_bytes();
   k_pool_.commit(static_cast<size_t>(id) * bytes, bytes);
   v_pool_.commit(static_cast<size_t>(id) * bytes, bytes);
+  if (options_.kv == KVPrecision::kFp8) {
+    const size_t sb = static_cast<size_t>(shape_.block_tokens) * sizeof(float);
+    k_scale_.commit(static_cast<size_t>(id) * sb, sb);
+    v_scale_.commit(static_cast<size_t>(id) * sb, sb);
+  }
 }
 
 void GpuBatchBackend::release_free_memory() {
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  const size_t bytes = static_cast<size_t>(shape_.elements_per_block()) * sizeof(bf16);
+  const size_t bytes = pool_block_bytes();
   k_pool_.decommit_all(static_cast<size_t>(scratch_block_) * bytes, bytes);
   v_pool_.decommit_all(static_cast<size_t>(scratch_block_) * bytes, bytes);
+  if (options_.kv == KVPrecision::kFp8) {
+    const size_t sb = static_cast<size_t>(shape_.block_tokens) * sizeof(float);
+    k_scale_.decommit_all(static_cast<size_t>(scratch_block_) * sb, sb);
+    v_scale_.decommit_all(static_cast<size_t>(scratch_block_) * sb, sb);
+  }
 }
 
 void GpuBatchBackend::copy_pages(const SequenceBlocks& seq, int64_t len, PageCopy direction, int64_t from,
@@ -276,8 +299,8 @@ void GpuBatchBackend::copy_pages(const SequenceBlocks& seq, int64_t len, PageCop
     for (size_t e = e0; e < e1; ++e) commit_block(entries[4 * e + 3]);
     if (e1 > e0)
       paged_copy(dev_entries.data() + 4 * e0, static_cast<int32_t>(e1 - e0), dk.data(), dv.data(),
-                 staging_.row_elements(), shape_.head_dim, shape_.block_tokens, static_cast<int32_t>(len), k_pool(),
-                 v_pool(), direction, stream_);
+                 staging_.row_elements(), shape_.head_dim, shape_.block_tokens, static_cast<int32_t>(len), pools(),
+                 direction, stream_);
     if (after_layer) after_layer(l);
   }
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the host vectors above are on this stack
@@ -339,18 +362,40 @@ void GpuBatchBackend::download_staged(int32_t layer, int32_t rows, std::vector<b
   TESSERA_CUDA_CHECK(cudaMemcpy(v.data(), staging_.v(layer, 0), n * sizeof(bf16), cudaMemcpyDeviceToHost));
 }
 
+namespace {
+
+// Block id's bytes [id * n, (id + 1) * n) of a pool into out (resized to n / sizeof(T) elements), synchronously.
+template <class T>
+void download_range(const ReservedMemory& pool, int32_t id, size_t n, std::vector<T>& out) {
+  out.resize(n / sizeof(T));
+  TESSERA_CUDA_CHECK(cudaMemcpy(out.data(), static_cast<const char*>(pool.data()) + static_cast<size_t>(id) * n, n,
+                                cudaMemcpyDeviceToHost));
+}
+
+}  // namespace
+
 void GpuBatchBackend::download_block(int32_t id, std::vector<bf16>& k, std::vector<bf16>& v) {
-  const int64_t e = shape_.elements_per_block();
-  check(id >= 0 && static_cast<size_t>(id + 1) * static_cast<size_t>(e) * sizeof(bf16) <= k_pool_.reserved_bytes(),
+  check(options_.kv == KVPrecision::kBf16, "GPU batched engine: download_block reads bf16 pools; these hold FP8");
+  check(id >= 0 && static_cast<size_t>(id + 1) * pool_block_bytes() <= k_pool_.reserved_bytes(),
         "GPU batched engine: block " + std::to_string(id) + " outside the pool");
   commit_block(id);  // (a block never written reads as whatever the memory held)
-  k.resize(static_cast<size_t>(e));
-  v.resize(static_cast<size_t>(e));
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  TESSERA_CUDA_CHECK(cudaMemcpy(k.data(), k_pool() + static_cast<int64_t>(id) * e,
-                                static_cast<size_t>(e) * sizeof(bf16), cudaMemcpyDeviceToHost));
-  TESSERA_CUDA_CHECK(cudaMemcpy(v.data(), v_pool() + static_cast<int64_t>(id) * e,
-                                static_cast<size_t>(e) * sizeof(bf16), cudaMemcpyDeviceToHost));
+  download_range(k_pool_, id, pool_block_bytes(), k);
+  download_range(v_pool_, id, pool_block_bytes(), v);
+}
+
+void GpuBatchBackend::download_block_fp8(int32_t id, std::vector<uint8_t>& k, std::vector<uint8_t>& v,
+                                         std::vector<float>& k_scale, std::vector<float>& v_scale) {
+  check(options_.kv == KVPrecision::kFp8, "GPU batched engine: download_block_fp8 reads FP8 pools; these hold bf16");
+  check(id >= 0 && static_cast<size_t>(id + 1) * pool_block_bytes() <= k_pool_.reserved_bytes(),
+        "GPU batched engine: block " + std::to_string(id) + " outside the pool");
+  commit_block(id);
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  const size_t sb = static_cast<size_t>(shape_.block_tokens) * sizeof(float);
+  download_range(k_pool_, id, pool_block_bytes(), k);
+  download_range(v_pool_, id, pool_block_bytes(), v);
+  download_range(k_scale_, id, sb, k_scale);
+  download_range(v_scale_, id, sb, v_scale);
 }
 
 std::vector<int32_t> GpuBatchBackend::download_table(const SequenceBlocks& seq) const {
@@ -372,11 +417,20 @@ std::vector<int32_t> GpuBatchBackend::download_views(const SequenceBlocks& seq) 
 }
 
 void GpuBatchBackend::fill_random(uint64_t seed, float scale) {
-  k_pool_.commit(0, k_pool_.reserved_bytes());
-  v_pool_.commit(0, v_pool_.reserved_bytes());
-  const auto n = static_cast<int64_t>(k_pool_.reserved_bytes() / sizeof(bf16));
-  fill_uniform_bf16(k_pool(), n, seed, scale, stream_);
-  fill_uniform_bf16(v_pool(), n, seed + 1, scale, stream_);
+  for (ReservedMemory* m : {&k_pool_, &v_pool_, &k_scale_, &v_scale_})
+    if (m->reserved_bytes() > 0) m->commit(0, m->reserved_bytes());
+  const PagedPools p = pools();
+  if (options_.kv == KVPrecision::kFp8) {
+    // (Each pool's reservation is rounded up to its chunks: the rows both the codes and the scales have.)
+    const auto rows = std::min<int64_t>(static_cast<int64_t>(k_pool_.reserved_bytes()) / shape_.head_dim,
+                                        static_cast<int64_t>(k_scale_.reserved_bytes() / sizeof(float)));
+    fill_random_fp8(static_cast<uint8_t*>(p.k), p.k_scale, rows, shape_.head_dim, seed, scale, stream_);
+    fill_random_fp8(static_cast<uint8_t*>(p.v), p.v_scale, rows, shape_.head_dim, seed + 1, scale, stream_);
+  } else {
+    const auto n = static_cast<int64_t>(k_pool_.reserved_bytes() / sizeof(bf16));
+    fill_uniform_bf16(static_cast<bf16*>(p.k), n, seed, scale, stream_);
+    fill_uniform_bf16(static_cast<bf16*>(p.v), n, seed + 1, scale, stream_);
+  }
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
@@ -791,8 +845,7 @@ void GpuBatchBackend::drop_graphs() noexcept {
 void GpuBatchBackend::set_layout(const int32_t* pos, const int32_t* slot, const int32_t* len, const int32_t* blocks,
                                  int64_t rows, int32_t splits) {
   PagedLayout& p = layout_;
-  p.k_pools = {k_pool()};
-  p.v_pools = {v_pool()};
+  p.pools = pools();
   p.tables = tables_.data();
   p.views = views_.data();
   p.block_tokens = shape_.block_tokens;

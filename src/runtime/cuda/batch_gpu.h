@@ -75,6 +75,13 @@ struct GpuBatchOptions {
   // kW4 (with gemm kBf16 or kW4, the prefill then bf16): the decode step's products of up to kW4Rows rows read a 4-bit
   // copy of the layers' weights (DeviceW4Weights, quantized once, here), larger ones the bf16 weights.
   GemmPrecision decode_gemm = GemmPrecision::kBf16;
+  // The KV blocks' element type: bf16, or FP8 E4M3 with a scale per stored K and V row (paged_decode.h: half the
+  // bytes a decode step reads and holds, twice the tokens a KV budget holds). The prefill still attends over its bf16
+  // staging cache; the blocks get the codes at its end (finish_prefill), the decode step (and the mixed step's decode
+  // rows) read them, a cached prefix is staged back dequantized. Needs the paged decode kernel (not kSimple, head
+  // dims 64/128/256, GQA groups up to 8): the constructor throws otherwise. Streamed sequences keep their own bf16
+  // memory.
+  KVPrecision kv = KVPrecision::kBf16;
   // CUDA events around every GEMM, attention and small kernel of the prefill (and of eager decode steps: a step
   // replayed as a graph is not timed by category): timers(), kernel_seconds(). Off for the server.
   bool timing = false;
@@ -109,8 +116,8 @@ class GpuBatchBackend final : public BatchBackend {
 
   const ModelConfig& config() const override { return model_.config(); }
   const char* device_name() const override { return "cuda"; }
-  double block_bytes(const PagedKVShape& shape) const override {
-    return 2.0 * static_cast<double>(shape.elements_per_block()) * sizeof(bf16);
+  double block_bytes(const PagedKVShape& shape) const override {  // K and V rows, FP8's scales included
+    return 2.0 * shape.block_tokens * static_cast<double>(kv_row_bytes(options_.kv, shape.head_dim));
   }
   double default_kv_bytes() const override;
   // Checks the pools against free device memory first ("KV cache of N blocks needs X, Y free").
@@ -175,7 +182,11 @@ class GpuBatchBackend final : public BatchBackend {
   void fill_random(uint64_t seed, float scale);
   // The pools' committed memory (blocks written so far, in chunks) and the tables.
   size_t store_bytes() const { return pool_bytes() + tables_.bytes() + views_.bytes(); }
-  size_t pool_bytes() const { return k_pool_.committed_bytes() + v_pool_.committed_bytes(); }
+  size_t pool_bytes() const {
+    return k_pool_.committed_bytes() + v_pool_.committed_bytes() + k_scale_.committed_bytes() +
+           v_scale_.committed_bytes();
+  }
+  KVPrecision kv_precision() const { return options_.kv; }
   // With no block in use (the single-sequence engine's reset()): the pools' memory back to the device, except the
   // padding rows' scratch block.
   void release_free_memory() override;
@@ -187,7 +198,10 @@ class GpuBatchBackend final : public BatchBackend {
   // ([rows, kv_heads * head_dim] each); block `id`'s K and V ([block_tokens, head_dim] each); the device's block table
   // of seq's slot ([layers * kv_heads, max_blocks]) and its views ([layers * q_heads, 3]), as the decode step reads them.
   void download_staged(int32_t layer, int32_t rows, std::vector<bf16>& k, std::vector<bf16>& v);
-  void download_block(int32_t id, std::vector<bf16>& k, std::vector<bf16>& v);
+  void download_block(int32_t id, std::vector<bf16>& k, std::vector<bf16>& v);  // bf16 pools (throws for FP8)
+  // FP8 pools: block `id`'s K and V codes ([block_tokens, head_dim] each) and their rows' scales ([block_tokens]).
+  void download_block_fp8(int32_t id, std::vector<uint8_t>& k, std::vector<uint8_t>& v, std::vector<float>& k_scale,
+                          std::vector<float>& v_scale);
   std::vector<int32_t> download_table(const SequenceBlocks& seq) const;
   std::vector<int32_t> download_views(const SequenceBlocks& seq) const;
   int32_t max_blocks() const { return max_blocks_; }
@@ -203,9 +217,12 @@ class GpuBatchBackend final : public BatchBackend {
   // Layer by layer, each layer's blocks committed first; after_layer(l) once layer l's copy is launched (on the stream).
   void copy_pages(const SequenceBlocks& seq, int64_t len, PageCopy direction, int64_t from = 0,
                   const std::function<void(int32_t)>& after_layer = {});
-  void commit_block(int32_t id);  // backs block id's K and V with memory (ReservedMemory::commit)
-  bf16* k_pool() const { return static_cast<bf16*>(k_pool_.data()); }
-  bf16* v_pool() const { return static_cast<bf16*>(v_pool_.data()); }
+  void commit_block(int32_t id);  // backs block id's K and V (and FP8 scales) with memory (ReservedMemory::commit)
+  PagedPools pools() const {
+    return {options_.kv, k_pool_.data(), v_pool_.data(), static_cast<float*>(k_scale_.data()),
+            static_cast<float*>(v_scale_.data())};
+  }
+  size_t pool_block_bytes() const;  // one block of one pool (K or V): elements or codes
   // Uploads the step data of the rows (padded with scratch rows) and runs the decode step; the logits of the
   // padded batch stay on the device (logits_). Returns the padded row count.
   int64_t run_step(std::span<const int32_t> tokens, std::span<const DecodeRow> rows);
@@ -250,6 +267,7 @@ class GpuBatchBackend final : public BatchBackend {
   int32_t scratch_block_ = 0;  // the padding rows' block (one past the pool's blocks); their slot is slots_
   int64_t last_rows_ = 0, step_builds_ = 0;
   ReservedMemory k_pool_, v_pool_;  // (num_blocks + 1) blocks each, the scratch block last
+  ReservedMemory k_scale_, v_scale_;  // FP8: a float per row of each block, [num_blocks + 1, block_tokens]
   attn::gpu::DeviceBuffer<int32_t> tables_, views_;
   std::vector<int32_t> host_tables_;  // mirror of tables_
   std::vector<int32_t> free_slots_;

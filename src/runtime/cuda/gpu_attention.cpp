@@ -112,8 +112,9 @@ void PagedDecodeStep::attend(int32_t layer, const GpuQkv& qkv, bf16* out, cudaSt
   const PagedLayout& p = layout_;
   const int32_t D = cfg_.head_dim, Hkv = cfg_.num_kv_heads;
   paged_append_kv(qkv.k, qkv.v, qkv.kv_ld, p.rows, Hkv, D, p.blocks, layer, cfg_.num_layers, p.row_pos, p.block_tokens,
-                  p.k_pools[0], p.v_pools[0], stream);
-  const PagedDecodeArgs args{.q = qkv.q, .q_stride = qkv.q_ld, .k_pool = p.k_pools[0], .v_pool = p.v_pools[0],
+                  p.pools, stream);
+  const PagedDecodeArgs args{.q = qkv.q, .q_stride = qkv.q_ld, .k_pool = p.pools.k, .v_pool = p.pools.v,
+                             .kv = p.pools.precision, .k_scale = p.pools.k_scale, .v_scale = p.pools.v_scale,
                              .tables = p.tables, .views = p.views, .row_slot = p.row_slot, .row_len = p.row_len,
                              .rows = p.rows, .layer = layer, .num_layers = cfg_.num_layers,
                              .q_heads = cfg_.num_q_heads, .kv_heads = Hkv, .head_dim = D,

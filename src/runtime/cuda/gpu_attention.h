@@ -15,8 +15,8 @@
 //    executor (which applies it row-exactly on top of any policy), the kernel's own window for the simple kernel.
 //
 // Paged decode (PagedDecodeStep): one row per sequence, its new K/V appended to its blocks (paged_append_kv), then
-// flash-decoding over each (row, query head)'s view (paged_decode.h). Every launch reads its per-step data (tokens'
-// positions, lengths, blocks) from device memory: the step is captured into CUDA graphs.
+// flash-decoding over each (row, query head)'s view (paged_decode.h; bf16 or FP8 E4M3 blocks). Every launch reads its
+// per-step data (tokens' positions, lengths, blocks) from device memory: the step is captured into CUDA graphs.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -32,6 +32,7 @@
 #include "attention/index/prefill_route.h"
 #include "attention/pattern/pattern.h"
 #include "runtime/cuda/gpu_ops.h"
+#include "runtime/cuda/paged_decode.h"
 
 namespace tessera::attn::gpu {
 class CudaLayerAttention;
@@ -97,8 +98,9 @@ void attend_contiguous(ExecutorSet& set, const std::vector<attn::Pattern>& patte
 
 // Where a paged decode step's keys live and what each row sees.
 struct PagedLayout {
-  // One pool for every layer (block ids per layer in the tables: the batched engine's store).
-  std::vector<bf16*> k_pools, v_pools;
+  // One pool for every layer (block ids per layer in the tables: the batched engine's store), bf16 or FP8 E4M3 with
+  // per-row scales (paged_decode.h).
+  PagedPools pools;
   const int32_t* tables = nullptr;  // [slots, layers * kv_heads, max_blocks]
   const int32_t* views = nullptr;   // [slots, layers * q_heads, 3]
   int32_t block_tokens = 0, max_blocks = 0;

@@ -47,6 +47,7 @@ GpuBatchOptions batch_options(const GpuEngineOptions& o) {
   b.gemm = o.gemm;
   b.decode_gemm = o.gemm;  // the single-sequence engine's FP8 runs its decode in FP8 too (as before the scheduler)
   b.timing = o.timing;
+  b.kv = o.kv;
   return b;
 }
 

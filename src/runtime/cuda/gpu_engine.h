@@ -73,6 +73,8 @@ struct GpuEngineOptions {
   // decode step's products of up to 8 rows through a 4-bit copy of the layers' weights (DeviceW4Weights, w4_gemv.h:
   // ~0.53 bytes per layer weight beside the bf16 model; widths must be multiples of 128).
   GemmPrecision gemm = GemmPrecision::kBf16;
+  // The decode blocks' element type (GpuBatchOptions::kv): bf16, or FP8 E4M3 with per-row scales (paged_decode.h).
+  KVPrecision kv = KVPrecision::kBf16;
   // The CUDA attention backend's options (attention/index/prefill_route.h); default: the process defaults.
   attn::gpu::CudaAttentionOptions cuda_attention = attn::gpu::cuda_attention_defaults();
   // Streaming memory (runtime/stream/stream_options.h, the GPU twin: stream_gpu_kv.h): method != None reads prompts

@@ -1,13 +1,18 @@
 #include "runtime/cuda/paged_decode.h"
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <climits>
 #include <cmath>
 #include <string>
+#include <string_view>
+#include <type_traits>
 
 #include "attention/cuda/mma_sm80.cuh"
+#include "core/enum_names.h"
 #include "core/error.h"
 #include "cuda/cuda_check.h"
 
@@ -57,9 +62,51 @@ template <int D>
 constexpr int tile_bytes() {
   return kTileKeys * D * 2;  // one K or V tile, bf16
 }
-template <int D>
+// A pipeline stage: the K and V tiles as stored (bf16, or E4M3 codes [16][D] row-major followed by the 16 keys' K
+// scales and V scales, f32). FP8 adds per warp one bf16 K and V tile (swizzled) that the codes are widened into.
+template <int D, bool F8>
+constexpr int stage_bytes() {
+  return F8 ? 2 * kTileKeys * D + 2 * kTileKeys * 4 : 2 * tile_bytes<D>();
+}
+template <int D, bool F8>
+constexpr int warp_bytes() {
+  return stages<D>() * stage_bytes<D, F8>() + (F8 ? 2 * tile_bytes<D>() : 0);
+}
+template <int D, bool F8>
 constexpr size_t smem_bytes() {
-  return 16 * D * 2 + static_cast<size_t>(kWarps) * stages<D>() * 2 * tile_bytes<D>();
+  return 16 * D * 2 + static_cast<size_t>(kWarps) * warp_bytes<D, F8>();
+}
+
+// cp.async of 4 bytes (an FP8 row's scale), zero-filled when !valid.
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool valid) {
+  const int bytes = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+
+// Eight E4M3 codes (8 bytes, in order) as eight bf16 (exact: E4M3 -> f16 -> f32 -> bf16 keeps every value).
+__device__ __forceinline__ uint4 widen8(uint2 codes) {
+  uint4 out;
+  uint32_t* o = reinterpret_cast<uint32_t*>(&out);
+  const __nv_fp8x2_storage_t* c = reinterpret_cast<const __nv_fp8x2_storage_t*>(&codes);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __half2 h(__nv_cvt_fp8x2_to_halfraw2(c[i], __NV_E4M3));
+    const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(h));
+    o[i] = *reinterpret_cast<const uint32_t*>(&b);
+  }
+  return out;
+}
+
+// One warp's [16][D] tile of E4M3 codes (row-major, `codes`) into the swizzled bf16 tile at `dst`.
+template <int D>
+__device__ __forceinline__ void widen_tile(const unsigned char* codes, unsigned char* dst, int lane) {
+  constexpr int kGroups = D / 8;  // 8-code groups (one 16-byte bf16 chunk) of a row
+#pragma unroll
+  for (int j = 0; j < kTileKeys * kGroups / 32; ++j) {
+    const int gi = lane + j * 32, r = gi / kGroups, ch = gi % kGroups;
+    const uint2 c = *reinterpret_cast<const uint2*>(codes + r * D + ch * 8);
+    *reinterpret_cast<uint4*>(dst + 2 * swizzle<D>(r, ch)) = widen8(c);
+  }
 }
 
 // o[D/8][4] += P[16 rows][16 keys] V[16 keys][D] for one warp, P given as the f32 accumulators of the scores (the
@@ -97,11 +144,14 @@ __device__ __forceinline__ void warp_pv_split(float (&o)[D / 8][4], const float 
 // while the tile before is multiplied: S = Q K^T and O += P V by mma.sync m16n8k16 with Q's 16 rows the group's
 // query heads (G <= 8; the rest zero), an online softmax in f32 per head with its own mask. Each warp writes its
 // piece's partial output and log-sum-exp; paged_decode_merge_kernel combines the pieces.
-template <int D>
+// F8: the pools hold E4M3 codes and per-row scales (paged_decode.h); the codes come in by cp.async, are widened to
+// bf16 in the warp's own tile, and the scales multiply the scores (K) and the probabilities (V) in f32.
+template <int D, bool F8>
 __global__ void __launch_bounds__(kWarps * 32) paged_decode_kernel(PagedDecodeArgs a) {
   constexpr int S = stages<D>();
-  constexpr int kChunks = D / 8;                    // 16-byte chunks of a row
+  constexpr int kChunks = F8 ? D / 16 : D / 8;      // 16-byte chunks of a stored row
   constexpr int kPer = kTileKeys * kChunks / 32;    // chunks of a tile per lane
+  constexpr int kCodeBytes = kTileKeys * kChunks * 16;  // one stored K or V tile
   extern __shared__ __align__(128) unsigned char smem[];
   nbf* qs = reinterpret_cast<nbf*>(smem);
   const int G = a.q_heads / a.kv_heads;
@@ -113,8 +163,8 @@ __global__ void __launch_bounds__(kWarps * 32) paged_decode_kernel(PagedDecodeAr
   // Q: the group's G heads as rows of a swizzled [16][D] tile, the other rows zero.
   const nbf* qrow = reinterpret_cast<const nbf*>(a.q) + static_cast<int64_t>(row) * a.q_stride +
                     static_cast<int64_t>(kvh) * G * D;
-  for (int i = threadIdx.x; i < 16 * kChunks; i += kWarps * 32) {
-    const int r = i / kChunks, ch = i % kChunks;
+  for (int i = threadIdx.x; i < 16 * (D / 8); i += kWarps * 32) {
+    const int r = i / (D / 8), ch = i % (D / 8);
     uint4 v = make_uint4(0, 0, 0, 0);
     if (r < G) v = *reinterpret_cast<const uint4*>(qrow + r * D + ch * 8);
     *reinterpret_cast<uint4*>(qs + swizzle<D>(r, ch)) = v;
@@ -152,31 +202,41 @@ __global__ void __launch_bounds__(kWarps * 32) paged_decode_kernel(PagedDecodeAr
                                      static_cast<int64_t>(a.layer) * a.kv_heads + kvh) *
                                         a.max_blocks;
   const int shift = __ffs(a.block_tokens) - 1, mask = a.block_tokens - 1;
-  const nbf* kpool = reinterpret_cast<const nbf*>(a.k_pool);
-  const nbf* vpool = reinterpret_cast<const nbf*>(a.v_pool);
-  unsigned char* stage0 = smem + 16 * D * 2 + static_cast<size_t>(warp) * S * 2 * tile_bytes<D>();
+  using Elem = std::conditional_t<F8, unsigned char, nbf>;
+  const Elem* kpool = static_cast<const Elem*>(a.k_pool);
+  const Elem* vpool = static_cast<const Elem*>(a.v_pool);
+  unsigned char* stage0 = smem + 16 * D * 2 + static_cast<size_t>(warp) * warp_bytes<D, F8>();
 
-  // Tile t into stage t % S: lane r < 16 looks up key r's row once, every lane copies its chunks of K and V.
+  // Tile t into stage t % S: lane r < 16 looks up key r's row once, every lane copies its chunks of K and V (FP8:
+  // and lane r its row's K scale, lane r + 16 its V scale).
   const auto load = [&](int t) {
     if (t >= tiles) return;  // the same for the whole warp
     const int64_t i = i_begin + static_cast<int64_t>(t) * kTileKeys + (lane & 15);
-    int64_t off = -1;
+    int64_t row_id = -1;  // the key's stored row: block * block_tokens + its row in the block
     if (i < i_end) {
       // 32-bit position arithmetic and a power-of-two block (a 64-bit division per key cost more than the load).
       const int pos = static_cast<int>(i < n_first ? lo + i : second + (i - n_first));
-      off = (static_cast<int64_t>(__ldg(table + (pos >> shift))) * a.block_tokens + (pos & mask)) * D;
+      row_id = static_cast<int64_t>(__ldg(table + (pos >> shift))) * a.block_tokens + (pos & mask);
     }
-    unsigned char* ks = stage0 + (t % S) * 2 * tile_bytes<D>();
-    unsigned char* vs = ks + tile_bytes<D>();
+    const int64_t off = row_id < 0 ? -1 : row_id * D;
+    unsigned char* ks = stage0 + (t % S) * stage_bytes<D, F8>();
+    unsigned char* vs = ks + kCodeBytes;
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
       const int ci = lane + j * 32;
       const int r = ci / kChunks, ch = ci % kChunks;
       const int64_t o = __shfl_sync(0xffffffffu, off, r);
       const bool ok = o >= 0;
-      const uint32_t dst = static_cast<uint32_t>(2 * swizzle<D>(r, ch));
-      cp_async_16(smem_addr(ks) + dst, ok ? kpool + o + ch * 8 : kpool, ok);
-      cp_async_16(smem_addr(vs) + dst, ok ? vpool + o + ch * 8 : vpool, ok);
+      // bf16: the swizzled layout the mma fragments read; FP8: row-major codes, widened into it after they land.
+      const uint32_t dst = F8 ? static_cast<uint32_t>(r * D + ch * 16) : static_cast<uint32_t>(2 * swizzle<D>(r, ch));
+      constexpr int kElems = 16 / static_cast<int>(sizeof(Elem));
+      cp_async_16(smem_addr(ks) + dst, ok ? kpool + o + ch * kElems : kpool, ok);
+      cp_async_16(smem_addr(vs) + dst, ok ? vpool + o + ch * kElems : vpool, ok);
+    }
+    if constexpr (F8) {
+      const float* scales = lane < 16 ? a.k_scale : a.v_scale;
+      const bool ok = row_id >= 0;
+      cp_async_4(smem_addr(vs + kCodeBytes) + 4 * lane, ok ? scales + row_id : scales, ok);
     }
   };
 
@@ -198,7 +258,16 @@ __global__ void __launch_bounds__(kWarps * 32) paged_decode_kernel(PagedDecodeAr
     __syncwarp();
     load(t + S - 1);  // into the stage tile t - 1 used (every lane is past it)
     cp_async_commit();
-    const uint32_t k_addr = smem_addr(stage0 + (t % S) * 2 * tile_bytes<D>());
+    unsigned char* stage = stage0 + (t % S) * stage_bytes<D, F8>();
+    uint32_t k_addr = smem_addr(stage);
+    const float* kv_scale = reinterpret_cast<const float*>(stage + 2 * kCodeBytes);  // F8: K scales [16], V [16]
+    if constexpr (F8) {
+      unsigned char* wide = stage0 + S * stage_bytes<D, F8>();
+      widen_tile<D>(stage, wide, lane);
+      widen_tile<D>(stage + kCodeBytes, wide + tile_bytes<D>(), lane);
+      __syncwarp();
+      k_addr = smem_addr(wide);
+    }
     float s[2][4] = {};
     attn::gpu::detail::warp_qk<nbf, D, kTileKeys>(s, q_base, k_addr + LaneSwizzle::b_row<D>(lane), sw);
     // Scores of row g at keys 8n + 2c + e, masked by the head's ranges; rows g + 8 and g >= G are padding.
@@ -212,7 +281,8 @@ __global__ void __launch_bounds__(kWarps * 32) paged_decode_kernel(PagedDecodeAr
         float v = -INFINITY;
         if (g < G && i < i_end) {
           const int64_t pos = i < n_first ? lo + i : second + (i - n_first);
-          if ((pos >= mine.a0 && pos < mine.a1) || (pos >= mine.b0 && pos < mine.b1)) v = s[n][e] * scale2;
+          if ((pos >= mine.a0 && pos < mine.a1) || (pos >= mine.b0 && pos < mine.b1))
+            v = (F8 ? s[n][e] * kv_scale[8 * n + 2 * c + e] : s[n][e]) * scale2;
         }
         s[n][e] = v;
         mx = fmaxf(mx, v);
@@ -229,6 +299,10 @@ __global__ void __launch_bounds__(kWarps * 32) paged_decode_kernel(PagedDecodeAr
       s[n][1] = fast_exp2(s[n][1] - base);
       s[n][2] = s[n][3] = 0.0f;
       sum += s[n][0] + s[n][1];
+      if constexpr (F8) {  // P V over the codes: P times each key's V scale (the sum above takes P itself)
+        s[n][0] *= kv_scale[kTileKeys + 8 * n + 2 * c];
+        s[n][1] *= kv_scale[kTileKeys + 8 * n + 2 * c + 1];
+      }
     }
     l = l * corr + sum;
     m = m_new;
@@ -298,17 +372,17 @@ __global__ void __launch_bounds__(kMergeWarps * 32) paged_decode_merge_kernel(Pa
   }
 }
 
-template <int D>
+template <int D, bool F8>
 void launch(const PagedDecodeArgs& a, cudaStream_t stream) {
-  static const bool sized = [] {  // once per head dim (not a stream operation: allowed while a graph captures)
-    TESSERA_CUDA_CHECK(cudaFuncSetAttribute(paged_decode_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(smem_bytes<D>())));
+  static const bool sized = [] {  // once per head dim and precision (not a stream operation: allowed while a graph captures)
+    TESSERA_CUDA_CHECK(cudaFuncSetAttribute(paged_decode_kernel<D, F8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(smem_bytes<D, F8>())));
     return true;
   }();
   (void)sized;
   const dim3 grid(static_cast<unsigned>((a.splits + kWarps - 1) / kWarps), static_cast<unsigned>(a.kv_heads),
                   static_cast<unsigned>(a.rows));
-  paged_decode_kernel<D><<<grid, kWarps * 32, smem_bytes<D>(), stream>>>(a);
+  paged_decode_kernel<D, F8><<<grid, kWarps * 32, smem_bytes<D, F8>(), stream>>>(a);
   check_launch("paged_decode_attention");
   paged_decode_merge_kernel<D>
       <<<static_cast<unsigned>(static_cast<int64_t>(a.rows) * a.q_heads), kMergeWarps * 32, 0, stream>>>(a);
@@ -326,6 +400,79 @@ __global__ void append_kernel(const nbf* k_new, const nbf* v_new, int64_t ld, in
   for (int c = threadIdx.x; c < head_dim; c += blockDim.x) {
     k_pool[dst + c] = k_new[src + c];
     v_pool[dst + c] = v_new[src + c];
+  }
+}
+
+// FP8 rows (paged_decode.h): a warp quantizes a row of d bf16 values alone (core/fp8.h's per-row convention: the
+// amax by shuffles, scale = amax / 448, codes e4m3(x * (448 / amax)) by IEEE operations, so the host's e4m3_quantize
+// gives the same codes), and widens one back (code * scale, rounded to bf16).
+constexpr float kE4M3Max = 448.0f;
+__device__ void quantize_row(const nbf* x, int d, uint8_t* codes, float* scale, int lane) {
+  float amax = 0.0f;
+  for (int c = lane; c < d; c += 32) amax = fmaxf(amax, fabsf(__bfloat162float(x[c])));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const bool usable = amax > 0.0f && isfinite(amax);
+  const float inv = usable ? __fdiv_rn(kE4M3Max, amax) : 1.0f;
+  if (lane == 0) *scale = usable ? __fdiv_rn(amax, kE4M3Max) : 1.0f;
+  for (int c = lane; c < d; c += 32)
+    codes[c] = __nv_cvt_float_to_fp8(__fmul_rn(__bfloat162float(x[c]), inv), __NV_SATFINITE, __NV_E4M3);
+}
+__device__ void dequantize_row(const uint8_t* codes, float scale, int d, nbf* x, int lane) {
+  for (int c = lane; c < d; c += 32)
+    x[c] = __float2bfloat16_rn(__fmul_rn(__half2float(__half(__nv_cvt_fp8_to_halfraw(codes[c], __NV_E4M3))), scale));
+}
+
+// Two warps per (row, kv head): warp 0 quantizes the new K row into its block, warp 1 the V row.
+__global__ void append_fp8_kernel(const nbf* k_new, const nbf* v_new, int64_t ld, int kv_heads, int head_dim,
+                                  const int32_t* blocks, int layer, int num_layers, const int32_t* pos,
+                                  int block_tokens, PagedPools pools) {
+  const int r = blockIdx.x / kv_heads, h = blockIdx.x % kv_heads;
+  const int64_t blk = blocks[(static_cast<int64_t>(r) * num_layers + layer) * kv_heads + h];
+  if (blk < 0) return;
+  const int64_t row = blk * block_tokens + pos[r] % block_tokens;
+  const int64_t src = static_cast<int64_t>(r) * ld + static_cast<int64_t>(h) * head_dim;
+  const bool is_v = threadIdx.x >= 32;
+  quantize_row((is_v ? v_new : k_new) + src, head_dim, static_cast<uint8_t*>(is_v ? pools.v : pools.k) + row * head_dim,
+               (is_v ? pools.v_scale : pools.k_scale) + row, static_cast<int>(threadIdx.x & 31));
+}
+
+// paged_copy over FP8 pools: one CUDA block per entry, a warp per (row, K or V) of the block's rows.
+constexpr int kPagesFp8Warps = 8;
+__global__ void pages_fp8_kernel(const int32_t* entries, nbf* const* k_layers, nbf* const* v_layers,
+                                 int64_t row_elements, int head_dim, int block_tokens, int len, PagedPools pools,
+                                 bool to_pages) {
+  const int32_t* e = entries + static_cast<int64_t>(blockIdx.x) * 4;
+  const int layer = e[0], h = e[1];
+  const int64_t b = e[2], blk = e[3];
+  const int64_t r0 = b * block_tokens, r1 = min64(r0 + block_tokens, len);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int64_t i = warp; i < 2 * (r1 - r0); i += kPagesFp8Warps) {
+    const int64_t r = r0 + i / 2;
+    const bool is_v = (i & 1) != 0;
+    nbf* staged = (is_v ? v_layers : k_layers)[layer] + r * row_elements + static_cast<int64_t>(h) * head_dim;
+    const int64_t row = blk * block_tokens + (r - r0);
+    uint8_t* codes = static_cast<uint8_t*>(is_v ? pools.v : pools.k) + row * head_dim;
+    float* scale = (is_v ? pools.v_scale : pools.k_scale) + row;
+    if (to_pages)
+      quantize_row(staged, head_dim, codes, scale, lane);
+    else
+      dequantize_row(codes, *scale, head_dim, staged, lane);
+  }
+}
+
+__global__ void fill_fp8_kernel(uint8_t* codes, float* scales, int64_t rows, int head_dim, uint64_t seed,
+                                float scale) {
+  const int64_t n = rows * head_dim;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint64_t z = seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(i);  // splitmix64
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    const float u = static_cast<float>(z >> 40) * 0x1p-24f * 2.0f - 1.0f;  // [-1, 1)
+    codes[i] = __nv_cvt_float_to_fp8(u * kE4M3Max, __NV_SATFINITE, __NV_E4M3);
+    if (i % head_dim == 0) scales[i / head_dim] = scale / kE4M3Max;
   }
 }
 
@@ -384,6 +531,16 @@ int32_t paged_decode_splits(int32_t rows, int32_t kv_heads, int64_t max_keys, in
   return static_cast<int32_t>(std::clamp<int64_t>(want, 1, std::min<int64_t>(most, 256)));
 }
 
+// In KVPrecision's order (core/enum_names.h).
+constexpr std::string_view kKVPrecisionNames[] = {"bf16", "fp8"};
+
+const char* kv_precision_name(KVPrecision p) { return enum_name(kKVPrecisionNames, p).data(); }
+
+KVPrecision parse_kv_precision(const std::string& name) {
+  if (const auto p = enum_value<KVPrecision>(kKVPrecisionNames, name)) return *p;
+  throw Error("GPU KV type: expected bf16 or fp8, got '" + name + "'");
+}
+
 void paged_decode_attention(const PagedDecodeArgs& a, cudaStream_t stream) {
   if (a.rows <= 0) return;
   check(a.kv_heads > 0 && a.q_heads % a.kv_heads == 0, "paged decode attention: query heads must be a multiple of kv heads");
@@ -396,45 +553,68 @@ void paged_decode_attention(const PagedDecodeArgs& a, cudaStream_t stream) {
   const int group = a.q_heads / a.kv_heads;
   if (group > 8)
     throw Error("paged decode attention: GQA groups of at most 8 query heads, got " + std::to_string(group));
+  const bool f8 = a.kv == KVPrecision::kFp8;
+  check(!f8 || (a.k_scale != nullptr && a.v_scale != nullptr), "paged decode attention: FP8 KV needs its scales");
   switch (a.head_dim) {
-    case 64: launch<64>(a, stream); break;
-    case 128: launch<128>(a, stream); break;
-    case 256: launch<256>(a, stream); break;
+    case 64: f8 ? launch<64, true>(a, stream) : launch<64, false>(a, stream); break;
+    case 128: f8 ? launch<128, true>(a, stream) : launch<128, false>(a, stream); break;
+    case 256: f8 ? launch<256, true>(a, stream) : launch<256, false>(a, stream); break;
     default: throw Error("paged decode attention: head dims 64, 128 and 256, got " + std::to_string(a.head_dim));
   }
 }
 
 void paged_append_kv(const bf16* k_new, const bf16* v_new, int64_t ld, int32_t rows, int32_t kv_heads, int32_t head_dim,
                      const int32_t* blocks, int32_t layer, int32_t num_layers, const int32_t* pos,
-                     int32_t block_tokens, bf16* k_pool, bf16* v_pool, cudaStream_t stream) {
+                     int32_t block_tokens, const PagedPools& pools, cudaStream_t stream) {
   if (rows <= 0) return;
   check(ld >= static_cast<int64_t>(kv_heads) * head_dim, "paged_append_kv: row stride below kv_heads * head_dim");
-  append_kernel<<<static_cast<unsigned>(rows * kv_heads), 128, 0, stream>>>(
-      reinterpret_cast<const nbf*>(k_new), reinterpret_cast<const nbf*>(v_new), ld, kv_heads, head_dim, blocks, layer,
-      num_layers, pos, block_tokens, reinterpret_cast<nbf*>(k_pool), reinterpret_cast<nbf*>(v_pool));
+  const auto kn = reinterpret_cast<const nbf*>(k_new);
+  const auto vn = reinterpret_cast<const nbf*>(v_new);
+  if (pools.precision == KVPrecision::kFp8)
+    append_fp8_kernel<<<static_cast<unsigned>(rows * kv_heads), 64, 0, stream>>>(
+        kn, vn, ld, kv_heads, head_dim, blocks, layer, num_layers, pos, block_tokens, pools);
+  else
+    append_kernel<<<static_cast<unsigned>(rows * kv_heads), 128, 0, stream>>>(
+        kn, vn, ld, kv_heads, head_dim, blocks, layer, num_layers, pos, block_tokens, static_cast<nbf*>(pools.k),
+        static_cast<nbf*>(pools.v));
   check_launch("paged_append_kv");
 }
 
 void paged_copy(const int32_t* entries, int32_t count, bf16* const* k_layers, bf16* const* v_layers,
-                int64_t row_elements, int32_t head_dim, int32_t block_tokens, int32_t len, bf16* k_pool, bf16* v_pool,
+                int64_t row_elements, int32_t head_dim, int32_t block_tokens, int32_t len, const PagedPools& pools,
                 PageCopy direction, cudaStream_t stream) {
   if (count <= 0) return;
+  const auto k_l = reinterpret_cast<nbf* const*>(k_layers);
+  const auto v_l = reinterpret_cast<nbf* const*>(v_layers);
+  const bool to = direction == PageCopy::kToPages;
+  if (pools.precision == KVPrecision::kFp8) {
+    pages_fp8_kernel<<<static_cast<unsigned>(count), kPagesFp8Warps * 32, 0, stream>>>(
+        entries, k_l, v_l, row_elements, head_dim, block_tokens, len, pools, to);
+    check_launch("paged_copy");
+    return;
+  }
+  nbf* const k_pool = static_cast<nbf*>(pools.k);
+  nbf* const v_pool = static_cast<nbf*>(pools.v);
   // 16-byte moves need every row start aligned: the head dim and the row pitch multiples of 8 elements, the pools
   // 16-byte aligned (cudaMalloc's are, and a staged layer of a DeviceKVCache starts at a multiple of its row pitch).
   const bool wide = head_dim % 8 == 0 && row_elements % 8 == 0 && reinterpret_cast<uintptr_t>(k_pool) % 16 == 0 &&
                     reinterpret_cast<uintptr_t>(v_pool) % 16 == 0;
-  const auto k_l = reinterpret_cast<nbf* const*>(k_layers);
-  const auto v_l = reinterpret_cast<nbf* const*>(v_layers);
-  const bool to = direction == PageCopy::kToPages;
   if (wide)
-    pages_kernel<uint4><<<static_cast<unsigned>(count), 256, 0, stream>>>(
-        entries, k_l, v_l, row_elements, head_dim, block_tokens, len, reinterpret_cast<nbf*>(k_pool),
-        reinterpret_cast<nbf*>(v_pool), to);
+    pages_kernel<uint4><<<static_cast<unsigned>(count), 256, 0, stream>>>(entries, k_l, v_l, row_elements, head_dim,
+                                                                         block_tokens, len, k_pool, v_pool, to);
   else
-    pages_kernel<nbf><<<static_cast<unsigned>(count), 256, 0, stream>>>(
-        entries, k_l, v_l, row_elements, head_dim, block_tokens, len, reinterpret_cast<nbf*>(k_pool),
-        reinterpret_cast<nbf*>(v_pool), to);
+    pages_kernel<nbf><<<static_cast<unsigned>(count), 256, 0, stream>>>(entries, k_l, v_l, row_elements, head_dim,
+                                                                       block_tokens, len, k_pool, v_pool, to);
   check_launch("paged_copy");
+}
+
+void fill_random_fp8(uint8_t* codes, float* scales, int64_t rows, int32_t head_dim, uint64_t seed, float scale,
+                     cudaStream_t stream) {
+  const int64_t n = rows * head_dim;
+  if (n <= 0) return;
+  const auto blocks = static_cast<unsigned>(std::clamp<int64_t>((n + 255) / 256, 1, 65536));
+  fill_fp8_kernel<<<blocks, 256, 0, stream>>>(codes, scales, rows, head_dim, seed, scale);
+  check_launch("fill_random_fp8");
 }
 
 void rope_tables_at(const float* inv_freq, int half, const int32_t* pos, int64_t n, float* cos, float* sin,

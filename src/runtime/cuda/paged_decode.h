@@ -1,4 +1,4 @@
-// tessera/runtime/cuda/paged_decode.h — the kernels of batched decode over the paged KV cache (bf16).
+// tessera/runtime/cuda/paged_decode.h — the kernels of batched decode over the paged KV cache (bf16 or FP8 E4M3).
 //
 // Storage (runtime/paged_kv.h): K and V pools [num_blocks, block_tokens, head_dim]; block tables on the device as
 // [slots, layers * kv_heads, max_blocks] int32 (logical block -> physical id; a sequence occupies one slot);
@@ -13,21 +13,56 @@
 // accumulators; P as two bf16 terms, hi + lo, so P V keeps ~16 bits of P), each head's own mask (its sink / window / horizon),
 // an online softmax in f32; each warp writes its piece's partial output and log-sum-exp, and a merge kernel combines
 // the pieces into bf16. Head dims 64, 128 and 256; GQA groups of up to 8 query heads.
+//
+// FP8 KV (KVPrecision::kFp8, GpuBatchOptions::kv): the pools hold E4M3 codes, [num_blocks, block_tokens, head_dim]
+// bytes each, and beside each a scale pool of f32 [num_blocks, block_tokens]: one scale per stored K row and one per
+// V row (a block belongs to one layer and kv head, so a row is one (block, kv head, token)). A row is quantized alone
+// with core/fp8.h's per-row convention: amax = max |x| over its head_dim values, scale = amax / 448,
+// code = e4m3(x * (448 / amax)) (amax 0: scale 1), so its codes never depend on another row's (decode appends one row
+// at a time; a cached prefix's blocks are shared read-only). The value of a stored element is code * scale.
+// paged_append_kv and paged_copy(kToPages) quantize; paged_copy(kFromPages) dequantizes into the bf16 staging cache
+// (code * scale rounded to bf16); paged_decode_attention brings the codes and the tile's scales in by cp.async (half
+// the bytes of bf16), widens the codes to bf16 in shared memory (exact: every E4M3 value is a bf16 value), and applies
+// the scales in f32 where they are per key: S = (Q . codes_K) * k_scale and P * v_scale before P V (the softmax's sum
+// takes P itself). The accumulation and the online softmax are the bf16 kernel's.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 #include "core/dtype.h"
 
 namespace tessera::runtime::gpu {
 
+// The element type of the GPU's KV blocks (GpuBatchOptions::kv; decode_bench --kv).
+enum class KVPrecision { kBf16, kFp8 };
+const char* kv_precision_name(KVPrecision p);  // "bf16", "fp8"
+// "bf16" or "fp8"; anything else throws tessera::Error ("GPU KV type: expected bf16 or fp8, got 'f16'").
+KVPrecision parse_kv_precision(const std::string& name);
+// Bytes of one stored row of head_dim elements (K or V), its scale included.
+inline int64_t kv_row_bytes(KVPrecision p, int64_t head_dim) {
+  return p == KVPrecision::kFp8 ? head_dim + static_cast<int64_t>(sizeof(float)) : 2 * head_dim;
+}
+
+// The block pools: K and V (bf16 elements, or E4M3 codes) and, for FP8, the rows' scales.
+struct PagedPools {
+  KVPrecision precision = KVPrecision::kBf16;
+  void* k = nullptr;
+  void* v = nullptr;
+  float* k_scale = nullptr;  // [num_blocks, block_tokens]: FP8 only
+  float* v_scale = nullptr;
+};
+
 struct PagedDecodeArgs {
   const bf16* q = nullptr;  // [rows, q_heads * head_dim] (row stride q_stride elements)
   int64_t q_stride = 0;
-  const bf16* k_pool = nullptr;
-  const bf16* v_pool = nullptr;
+  const void* k_pool = nullptr;  // bf16 elements, or E4M3 codes (kv == kFp8)
+  const void* v_pool = nullptr;
+  KVPrecision kv = KVPrecision::kBf16;
+  const float* k_scale = nullptr;  // FP8: [num_blocks, block_tokens] each
+  const float* v_scale = nullptr;
   const int32_t* tables = nullptr;  // [slots, layers * kv_heads, max_blocks]
   const int32_t* views = nullptr;   // [slots, layers * q_heads, 3]
   const int32_t* row_slot = nullptr;  // [rows]
@@ -50,19 +85,26 @@ int32_t paged_decode_splits(int32_t rows, int32_t kv_heads, int64_t max_keys, in
 void paged_decode_attention(const PagedDecodeArgs& args, cudaStream_t stream);
 
 // For every row r and kv head h: writes k_new / v_new [rows, kv_heads * head_dim] (rows ld elements apart) into block
-// blocks[(r * num_layers + layer) * kv_heads + h] at in-block row pos[r] % block_tokens (blocks < 0: skipped).
+// blocks[(r * num_layers + layer) * kv_heads + h] at in-block row pos[r] % block_tokens (blocks < 0: skipped);
+// FP8 pools: each row quantized with its own scale (above).
 void paged_append_kv(const bf16* k_new, const bf16* v_new, int64_t ld, int32_t rows, int32_t kv_heads, int32_t head_dim,
                      const int32_t* blocks, int32_t layer, int32_t num_layers, const int32_t* pos,
-                     int32_t block_tokens, bf16* k_pool, bf16* v_pool, cudaStream_t stream);
+                     int32_t block_tokens, const PagedPools& pools, cudaStream_t stream);
 
 // Copies rows between the staging cache and blocks: entry e = (layer, kv_head, logical block, physical block) in
 // `entries` ([count, 4]); rows [b * block_tokens, min((b + 1) * block_tokens, len)) of that head of the staging
 // cache (layer l's K at k_layers[l], rows of row_elements = kv_heads * head_dim), into the blocks (kToPages: a
-// prefill's end) or out of them (kFromPages: a cached prefix staged for the rest of its prompt).
+// prefill's end) or out of them (kFromPages: a cached prefix staged for the rest of its prompt). FP8 pools: rows
+// quantized on the way in, dequantized (code * scale, rounded to bf16) on the way out.
 enum class PageCopy { kToPages, kFromPages };
 void paged_copy(const int32_t* entries, int32_t count, bf16* const* k_layers, bf16* const* v_layers,
-                int64_t row_elements, int32_t head_dim, int32_t block_tokens, int32_t len, bf16* k_pool, bf16* v_pool,
+                int64_t row_elements, int32_t head_dim, int32_t block_tokens, int32_t len, const PagedPools& pools,
                 PageCopy direction, cudaStream_t stream);
+
+// Fills `rows` rows of head_dim E4M3 codes (codes [rows, head_dim]) and their scales with pseudo-random values whose
+// magnitude is below `scale` (benchmarks: decode_bench's FP8 pools; GpuBatchBackend::fill_random).
+void fill_random_fp8(uint8_t* codes, float* scales, int64_t rows, int32_t head_dim, uint64_t seed, float scale,
+                     cudaStream_t stream);
 
 // RoPE tables at explicit positions: cos/sin [n, half] for positions pos[0..n) (device ints).
 void rope_tables_at(const float* inv_freq, int half, const int32_t* pos, int64_t n, float* cos, float* sin,

@@ -40,6 +40,7 @@ class CudaDevice final : public Device {
     go.cuda_attention = options.gpu.cuda_attention;
     if (options.gpu.fp8_gemm) go.gemm = GemmPrecision::kFp8;
     if (options.gpu.w4_decode) go.gemm = GemmPrecision::kW4;
+    if (options.gpu.fp8_kv) go.kv = KVPrecision::kFp8;
     return std::make_unique<GpuEngine>(*weights_, go);
   }
 
@@ -48,6 +49,7 @@ class CudaDevice final : public Device {
     gbo.prefill.cuda_attention = options.gpu.cuda_attention;
     if (options.gpu.fp8_gemm) gbo.gemm = GemmPrecision::kFp8;  // (decode stays bf16: faster at a few rows)
     if (options.gpu.w4_decode) gbo.decode_gemm = GemmPrecision::kW4;
+    if (options.gpu.fp8_kv) gbo.kv = KVPrecision::kFp8;
     return std::make_unique<GpuBatchBackend>(*weights_, gbo);
   }
 
