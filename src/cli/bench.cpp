@@ -43,6 +43,7 @@ int bench_command(const BenchOptions& o) {
   const attn::gpu::CudaAttentionOptions cuda_options = cuda_attention_options(o.cuda, gpu);
   const bool fp8 = gpu && gemm_fp8(o.cuda);
   const bool w4 = gpu && gemm_w4(o.cuda);
+  const bool fp8_kv = kv_fp8(gpu);
   const std::unique_ptr<runtime::Device> device = runtime::open_device(gpu ? "cuda" : "cpu", *s.model);
   std::vector<Row> rows;
   for (int depth : o.depths) {
@@ -63,6 +64,7 @@ int bench_command(const BenchOptions& o) {
       eo.gpu.cuda_attention = cuda_options;
       eo.gpu.fp8_gemm = fp8;
       eo.gpu.w4_decode = w4;
+      eo.gpu.fp8_kv = fp8_kv;
       const std::unique_ptr<runtime::SequenceEngine> engine_ptr = device->engine(eo);
       runtime::SequenceEngine& engine = *engine_ptr;
       for (int rep = 0; rep < std::max(1, o.reps); ++rep) {  // best of reps

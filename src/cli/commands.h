@@ -25,6 +25,11 @@ attn::gpu::CudaAttentionOptions cuda_attention_options(const CudaAttentionFlags&
 bool gemm_fp8(const CudaAttentionFlags& flags, bool tensor_parallel = false);
 // --gemm w4: the decode step's products over 4-bit weights (runtime::EngineOptions::Gpu::w4_decode).
 bool gemm_w4(const CudaAttentionFlags& flags, bool tensor_parallel = false);
+// --kv-type fp8: the GPU's KV blocks in FP8 E4M3 (runtime::EngineOptions::Gpu::fp8_kv; set_kv_fp8 is --kv-type's).
+// Throws "--kv-type fp8 is not supported with --gpus (tensor parallelism): run on one GPU" when tensor_parallel and
+// "--kv-type fp8 is the GPU's KV type (--device cuda); the CPU's KV cache is f32, bf16 or f16" when !gpu.
+bool kv_fp8(bool gpu, bool tensor_parallel = false);
+void set_kv_fp8(bool on);
 
 // --stream and its sizes: streaming memory over unbounded context (runtime/stream/stream_options.h), CPU or GPU.
 struct StreamFlags {

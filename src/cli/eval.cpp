@@ -119,6 +119,7 @@ runtime::EngineOptions engine_options(const Session& s, const EvalOptions& o, co
     eo.gpu.cuda_attention.dense_fallback = false;
     eo.gpu.fp8_gemm = o.gemm == "fp8";
     eo.gpu.w4_decode = o.gemm == "w4";
+    eo.gpu.fp8_kv = kv_fp8(true);
   }
   return eo;
 }
@@ -411,6 +412,7 @@ int eval_command(EvalOptions o) {
     return 0;
   }
   const bool gpu = use_gpu_device_for(o.device, o.stream);
+  (void)kv_fp8(gpu);  // --kv-type fp8 on the CPU: its error
   check(o.gemm.empty() || gpu, "--gemm applies to --device cuda (this run is on the CPU)");
   check(o.gemm.empty() || o.gemm == "bf16" || o.gemm == "fp8" || o.gemm == "w4",
         "--gemm must be bf16, fp8 or w4, got '" + o.gemm + "'");

@@ -40,9 +40,15 @@ void add_threads_option(CLI::App* app) {
       ->check(CLI::Range(1, 4096));
   app->add_option_function<std::string>(
          "--kv-type",
-         [](const std::string& t) { tessera::runtime::set_default_kv_type(tessera::runtime::parse_kv_type(t)); },
-         "CPU KV cache element type: f32, bf16 or f16 (default: TESSERA_KV_TYPE, else f16)")
-      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+         [](const std::string& t) {
+           if (t == "fp8")
+             tessera::cli::set_kv_fp8(true);  // the GPU's (kv_fp8 refuses it on the CPU)
+           else
+             tessera::runtime::set_default_kv_type(tessera::runtime::parse_kv_type(t));
+         },
+         "KV cache element type: on the CPU f32, bf16 or f16 (default: TESSERA_KV_TYPE, else f16); on the GPU bf16 "
+         "(default) or fp8 (E4M3 blocks, a scale per K/V row: half the KV bytes)")
+      ->check(CLI::IsMember({"f32", "bf16", "f16", "fp8"}));
 }
 
 // --device and the GPU's knobs (CudaAttentionFlags), and --threads: run, bench and serve.

@@ -55,6 +55,19 @@ bool gemm_w4(const CudaAttentionFlags& f, bool tensor_parallel) {
 }
 
 namespace {
+bool kv_fp8_asked = false;  // --kv-type fp8 (set before the command runs)
+}  // namespace
+
+void set_kv_fp8(bool on) { kv_fp8_asked = on; }
+
+bool kv_fp8(bool gpu, bool tensor_parallel) {
+  check(!kv_fp8_asked || !tensor_parallel,
+        "--kv-type fp8 is not supported with --gpus (tensor parallelism): run on one GPU");
+  check(!kv_fp8_asked || gpu, "--kv-type fp8 is the GPU's KV type (--device cuda); the CPU's KV cache is f32, bf16 or f16");
+  return kv_fp8_asked;
+}
+
+namespace {
 
 // A prompt file is read whole, so it must be a regular file of a size a prompt can have (1 GiB: far beyond any
 // context limit; the exact bound against the model's context follows once the tokenizer is loaded).
@@ -286,6 +299,7 @@ Outcome generate_once(const Session& s, const runtime::Device& d, const RunOptio
     if (const auto w = plan::planned_range_warning(spec, static_cast<int64_t>(prompt.size())))
       std::fprintf(stderr, "%s\n", w->c_str());  // a plan made for other lengths (plan/planned_range.h)
   }
+  eo.gpu.fp8_kv = kv_fp8(d.gpu());
   if (d.gpu()) {
     eo.gpu.cuda_attention = cuda_attention_options(o.cuda, true);
     eo.gpu.fp8_gemm = gemm_fp8(o.cuda);

@@ -297,6 +297,7 @@ int serve_command(const ServeOptions& o) {
   (void)cuda_attention_options(o.cuda, o.gpus > 1 || gpu);
   const bool fp8 = gemm_fp8(o.cuda, o.gpus > 1);
   const bool w4 = gemm_w4(o.cuda, o.gpus > 1);
+  const bool fp8_kv = kv_fp8(gpu || o.gpus > 1, o.gpus > 1);
 
   const double t0 = now_seconds();
   const Session s = Session::open(o.model);
@@ -364,6 +365,7 @@ int serve_command(const ServeOptions& o) {
     eo.gpu.cuda_attention = cuda_attention_options(o.cuda, true);
     eo.gpu.fp8_gemm = fp8;
     eo.gpu.w4_decode = w4;
+    eo.gpu.fp8_kv = fp8_kv;
   }
   if (batched) {
     batch.backend = device->batch_backend(eo);

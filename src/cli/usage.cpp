@@ -56,8 +56,8 @@ constexpr Foreign kForeign[] = {
     {"-hf --hf-repo -mu --model-url", "", "--hf-repo",
      "tessera reads local files: -m MODEL (.gguf, .safetensors or a Hugging Face folder)"},
     {"-ctk --cache-type-k -ctv --cache-type-v", "", "--cache-type-k",
-     "tessera's CPU KV cache type is --kv-type f32|bf16|f16 (K and V alike; the GPU's is bf16); --stream bounds it for "
-     "long prompts"},
+     "tessera's KV cache type is --kv-type f32|bf16|f16 on the CPU, bf16|fp8 on the GPU (K and V alike); --stream "
+     "bounds it for long prompts"},
     {"-e --escape", "run", "--escape", "tessera passes the prompt as given (no escape sequences are processed)"},
     {"-p --n-prompt", "bench", "llama-bench's --n-prompt", "tessera bench's prompt lengths are -d/--depths 512,4096"},
     {"-n --n-gen", "bench", "llama-bench's --n-gen", "tessera bench's decode steps are --decode N"},
