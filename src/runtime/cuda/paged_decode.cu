@@ -53,10 +53,11 @@ __device__ __forceinline__ Ranges view_ranges(const int32_t* v, int64_t len) {
 }
 
 // Stages of the K/V pipeline per warp: ~24 KB of shared memory a warp for head dims up to 128 (two CTAs a
-// multiprocessor), 32 KB at 256 (one).
-template <int D>
+// multiprocessor), 32 KB at 256 (one). FP8 tiles are half the bytes: more stages in about the same memory (with the
+// widened bf16 tiles: 25 KB a warp at 128, two CTAs; 41 KB at 256, one).
+template <int D, bool F8 = false>
 constexpr int stages() {
-  return D <= 64 ? 4 : D <= 128 ? 3 : 2;
+  return F8 ? (D <= 64 ? 6 : D <= 128 ? 4 : 3) : (D <= 64 ? 4 : D <= 128 ? 3 : 2);
 }
 template <int D>
 constexpr int tile_bytes() {
@@ -70,7 +71,7 @@ constexpr int stage_bytes() {
 }
 template <int D, bool F8>
 constexpr int warp_bytes() {
-  return stages<D>() * stage_bytes<D, F8>() + (F8 ? 2 * tile_bytes<D>() : 0);
+  return stages<D, F8>() * stage_bytes<D, F8>() + (F8 ? 2 * tile_bytes<D>() : 0);
 }
 template <int D, bool F8>
 constexpr size_t smem_bytes() {
@@ -148,7 +149,7 @@ __device__ __forceinline__ void warp_pv_split(float (&o)[D / 8][4], const float 
 // bf16 in the warp's own tile, and the scales multiply the scores (K) and the probabilities (V) in f32.
 template <int D, bool F8>
 __global__ void __launch_bounds__(kWarps * 32) paged_decode_kernel(PagedDecodeArgs a) {
-  constexpr int S = stages<D>();
+  constexpr int S = stages<D, F8>();
   constexpr int kChunks = F8 ? D / 16 : D / 8;      // 16-byte chunks of a stored row
   constexpr int kPer = kTileKeys * kChunks / 32;    // chunks of a tile per lane
   constexpr int kCodeBytes = kTileKeys * kChunks * 16;  // one stored K or V tile
