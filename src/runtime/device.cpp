@@ -4,21 +4,30 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "runtime/batch_engine.h"
 
 namespace tessera::runtime {
 
 void append_next_token_logprobs(std::span<const float> logits, int64_t rows, int64_t vocab, int64_t first,
                                 std::span<const int32_t> tokens, std::vector<double>& out) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t next = first + r + 1;  // the token row r predicts
-    if (next >= static_cast<int64_t>(tokens.size())) break;
-    const float* row = logits.data() + r * vocab;
-    const float mx = *std::max_element(row, row + vocab);
-    double sum = 0;
-    for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v]) - mx);
-    out.push_back(static_cast<double>(row[tokens[static_cast<size_t>(next)]]) - mx - std::log(sum));
-  }
+  // Rows that predict a token of `tokens` (the last row of the text predicts none).
+  const int64_t scored = std::clamp<int64_t>(static_cast<int64_t>(tokens.size()) - first - 1, 0, rows);
+  const size_t base = out.size();
+  out.resize(base + static_cast<size_t>(scored));
+  // A log-softmax over the whole vocabulary a row (262,144 exponentials for Gemma-3): rows split over the pool in
+  // blocks of 16 (each row's sum in double, in vocabulary order, whatever the split).
+  constexpr int64_t kRowsPerItem = 16;
+  ThreadPool::global().parallel_for((scored + kRowsPerItem - 1) / kRowsPerItem, [&](int64_t item, int) {
+    for (int64_t r = item * kRowsPerItem; r < std::min(scored, (item + 1) * kRowsPerItem); ++r) {
+      const float* row = logits.data() + r * vocab;
+      const float mx = *std::max_element(row, row + vocab);
+      double sum = 0;
+      for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v]) - mx);
+      out[base + static_cast<size_t>(r)] =
+          static_cast<double>(row[tokens[static_cast<size_t>(first + r + 1)]]) - mx - std::log(sum);
+    }
+  });
 }
 
 namespace {
