@@ -4,6 +4,7 @@
 # seed 0 (none used by the plan), perplexity of the KJV haystack at 2K / 4K, executed density by plan --method measure.
 #   bash docs/plans/eval33_long.sh [TESSERA]        (default: build/ci/src/tessera)
 #   PLAN=docs/plans/smollm2-moa-long-nosink-2k-4k.json OUT=docs/plans/eval33-long-nosink-smollm2 FLOOR=0 bash ...
+#   PLAN=a.json PLANS="b.json;c.json" OUT=... FLOOR=0 bash ...   (several plans of one density beside one window)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 T=${1:-build/ci/src/tessera}
@@ -12,7 +13,8 @@ PLAN=${PLAN:-docs/plans/smollm2-moa-long-2k-4k.json}
 O=${OUT:-docs/plans/eval33-long-smollm2}
 # The uniform window of the plan's density at 2,048 (the report's calibration_noise, uniform_window_for).
 U=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print([n for n in r['calibration_noise'] if n['length']==2048][0]['uniform_spec'])" "${PLAN%.json}.report.json")
-P="$PLAN;$U"
+# PLANS (optional): more plan files, ';'-separated, evaluated in the same runs beside PLAN and the window.
+P="$PLAN;${PLANS:+$PLANS;}$U"
 mkdir -p "$O"
 echo "policies: $P" | tee "$O/policies.txt"
 nice -n 5 "$T" plan -m "$M" --method measure --attn "$P" --lengths 2048,4096 -o "$O/density.json" > "$O/density.txt" 2> "$O/density.log"

@@ -162,6 +162,11 @@ std::optional<RuleAssignment> solve_rule_assignment(const RuleAssignmentProblem&
       }
     Cbc_addRow(m, "", static_cast<int>(cols.size()), cols.data(), coefs.data(), 'L', p.caps[c] / s + 1e-9);
   }
+  // CBC 2.10's coefficient diving heuristic (on by default) can abort the process on an assertion in
+  // CbcHeuristicDive::reducedCostFix ("getColumnStatus(iColumn) == ClpSimplex::atLowerBound || ... isFixed"): it
+  // did on SmolLM2's every-row profile at 2K + 4K, in an epsilon-constraint program (docs/plans/README.md, "Every
+  // row at 2K and 4K"). The heuristic only finds incumbents early; branch and bound proves the same optimum.
+  Cbc_setParameter(m, "DivingCoefficient", "off");
   Cbc_setMaximumSeconds(m, p.time_limit_seconds);
   Cbc_setAllowableGap(m, 0.0);
   Cbc_solve(m);
