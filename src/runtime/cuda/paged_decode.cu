@@ -54,7 +54,7 @@ __device__ __forceinline__ Ranges view_ranges(const int32_t* v, int64_t len) {
 
 // Stages of the K/V pipeline per warp: ~24 KB of shared memory a warp for head dims up to 128 (two CTAs a
 // multiprocessor), 32 KB at 256 (one). FP8 tiles are half the bytes: more stages in about the same memory (with the
-// widened bf16 tiles: 25 KB a warp at 128, two CTAs; 41 KB at 256, one).
+// widened f16 tiles: 25 KB a warp at 128, two CTAs; 41 KB at 256, one).
 template <int D, bool F8 = false>
 constexpr int stages() {
   return F8 ? (D <= 64 ? 6 : D <= 128 ? 4 : 3) : (D <= 64 ? 4 : D <= 128 ? 3 : 2);
@@ -64,7 +64,7 @@ constexpr int tile_bytes() {
   return kTileKeys * D * 2;  // one K or V tile, bf16
 }
 // A pipeline stage: the K and V tiles as stored (bf16, or E4M3 codes [16][D] row-major followed by the 16 keys' K
-// scales and V scales, f32). FP8 adds per warp one bf16 K and V tile (swizzled) that the codes are widened into.
+// scales and V scales, f32). FP8 adds per warp one f16 K and V tile (swizzled) that the codes are widened into.
 template <int D, bool F8>
 constexpr int stage_bytes() {
   return F8 ? 2 * kTileKeys * D + 2 * kTileKeys * 4 : 2 * tile_bytes<D>();
@@ -84,21 +84,24 @@ __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool v
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
 }
 
-// Eight E4M3 codes (8 bytes, in order) as eight bf16 (exact: E4M3 -> f16 -> f32 -> bf16 keeps every value).
-__device__ __forceinline__ uint4 widen8(uint2 codes) {
-  uint4 out;
-  uint32_t* o = reinterpret_cast<uint32_t*>(&out);
-  const __nv_fp8x2_storage_t* c = reinterpret_cast<const __nv_fp8x2_storage_t*>(&codes);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const __half2 h(__nv_cvt_fp8x2_to_halfraw2(c[i], __NV_E4M3));
-    const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(h));
-    o[i] = *reinterpret_cast<const uint32_t*>(&b);
-  }
-  return out;
+// The FP8 kernel multiplies in f16: an E4M3 code's bits moved into an f16 (sign to bit 15, the 4 exponent and 3
+// mantissa bits under f16's 5 and 10) are its value times 2^-8, exactly, subnormals included (f16's bias is 15, E4M3's
+// 7; an E4M3 subnormal m * 2^-9 lands on the f16 subnormal m * 2^-17). Integer operations only, ~1.5 a code: the
+// conversion instructions (cvt e4m3x2 -> f16x2 -> f32 -> bf16x2) ran at a quarter rate and bound the kernel (the FP8
+// step was slower than bf16's at 128K). kFp8Unit undoes the 2^-8 in the scales.
+constexpr float kFp8Unit = 256.0f;
+__device__ __forceinline__ uint32_t codes2_to_f16x2(uint32_t w, uint32_t selector) {
+  const uint32_t p = __byte_perm(w, 0, selector);  // [0, code a, 0, code b]: each code the high byte of a half
+  return (p & 0x80008000u) | ((p >> 1) & 0x3F803F80u);
 }
 
-// One warp's [16][D] tile of E4M3 codes (row-major, `codes`) into the swizzled bf16 tile at `dst`.
+// Eight E4M3 codes (8 bytes, in order) as eight f16, each the code's value times 2^-8 (above).
+__device__ __forceinline__ uint4 widen8(uint2 codes) {
+  return make_uint4(codes2_to_f16x2(codes.x, 0x1404), codes2_to_f16x2(codes.x, 0x3424),
+                    codes2_to_f16x2(codes.y, 0x1404), codes2_to_f16x2(codes.y, 0x3424));
+}
+
+// One warp's [16][D] tile of E4M3 codes (row-major, `codes`) into the swizzled f16 tile at `dst`.
 template <int D>
 __device__ __forceinline__ void widen_tile(const unsigned char* codes, unsigned char* dst, int lane) {
   constexpr int kGroups = D / 8;  // 8-code groups (one 16-byte bf16 chunk) of a row
@@ -115,18 +118,18 @@ __device__ __forceinline__ void widen_tile(const unsigned char* codes, unsigned 
 // carries ~16 bits of P (the f32 P.V of the kernel this one replaced, within 2^-17 relative), not bf16's 8, for two
 // mma.sync per V fragment instead of one — the decode step reads bytes, it has tensor-core time to spare.
 // v_base: shared address of the V tile plus LaneSwizzle::v_row.
-template <int D>
+// T: the mma's input type (bf16; f16 for the FP8 kernel, whose P and V are then f16: hi + lo keeps ~22 bits of P).
+template <int D, class T = nbf>
 __device__ __forceinline__ void warp_pv_split(float (&o)[D / 8][4], const float (&p)[2][4], uint32_t v_base,
                                               const LaneSwizzle& sw) {
-  using Mma = attn::gpu::detail::MmaTraits<nbf>;
+  using Mma = attn::gpu::detail::MmaTraits<T>;
   uint32_t hi[4], lo[4];
 #pragma unroll
   for (int r = 0; r < 4; ++r) {  // a0 a1 a2 a3 = p[0][0..1], p[0][2..3], p[1][0..1], p[1][2..3]
     const float x0 = p[r >> 1][(r & 1) * 2], x1 = p[r >> 1][(r & 1) * 2 + 1];
-    const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
-    const float2 hf = __bfloat1622float2(h);
-    hi[r] = *reinterpret_cast<const uint32_t*>(&h);
-    lo[r] = Mma::pack(x0 - hf.x, x1 - hf.y);
+    hi[r] = Mma::pack(x0, x1);
+    const T* h = reinterpret_cast<const T*>(&hi[r]);
+    lo[r] = Mma::pack(x0 - Mma::to_float(h[0]), x1 - Mma::to_float(h[1]));
   }
 #pragma unroll
   for (int dp = 0; dp < D / 16; ++dp) {
@@ -145,16 +148,18 @@ __device__ __forceinline__ void warp_pv_split(float (&o)[D / 8][4], const float 
 // while the tile before is multiplied: S = Q K^T and O += P V by mma.sync m16n8k16 with Q's 16 rows the group's
 // query heads (G <= 8; the rest zero), an online softmax in f32 per head with its own mask. Each warp writes its
 // piece's partial output and log-sum-exp; paged_decode_merge_kernel combines the pieces.
-// F8: the pools hold E4M3 codes and per-row scales (paged_decode.h); the codes come in by cp.async, are widened to
-// bf16 in the warp's own tile, and the scales multiply the scores (K) and the probabilities (V) in f32.
+// F8: the pools hold E4M3 codes and per-row scales (paged_decode.h); the codes come in by cp.async, are widened to f16
+// (times 2^-8, exactly) in the warp's own tile, Q is f16 too, and the scales (times 2^8) multiply the scores (K) and
+// the probabilities (V) in f32.
 template <int D, bool F8>
 __global__ void __launch_bounds__(kWarps * 32) paged_decode_kernel(PagedDecodeArgs a) {
   constexpr int S = stages<D, F8>();
   constexpr int kChunks = F8 ? D / 16 : D / 8;      // 16-byte chunks of a stored row
   constexpr int kPer = kTileKeys * kChunks / 32;    // chunks of a tile per lane
   constexpr int kCodeBytes = kTileKeys * kChunks * 16;  // one stored K or V tile
+  using T = std::conditional_t<F8, __half, nbf>;  // the mma's inputs
   extern __shared__ __align__(128) unsigned char smem[];
-  nbf* qs = reinterpret_cast<nbf*>(smem);
+  T* qs = reinterpret_cast<T*>(smem);
   const int G = a.q_heads / a.kv_heads;
   const int kvh = blockIdx.y, row = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -168,6 +173,16 @@ __global__ void __launch_bounds__(kWarps * 32) paged_decode_kernel(PagedDecodeAr
     const int r = i / (D / 8), ch = i % (D / 8);
     uint4 v = make_uint4(0, 0, 0, 0);
     if (r < G) v = *reinterpret_cast<const uint4*>(qrow + r * D + ch * 8);
+    if constexpr (F8) {  // bf16 -> f16: exact within f16's range (|q| <= 65504 kept, beyond it saturated)
+      uint32_t* w = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[j]));
+        const auto sat = [](float x) { return fminf(fmaxf(x, -65504.0f), 65504.0f); };
+        const __half2 h = __floats2half2_rn(sat(f.x), sat(f.y));
+        w[j] = *reinterpret_cast<const uint32_t*>(&h);
+      }
+    }
     *reinterpret_cast<uint4*>(qs + swizzle<D>(r, ch)) = v;
   }
   __syncthreads();
@@ -243,7 +258,7 @@ __global__ void __launch_bounds__(kWarps * 32) paged_decode_kernel(PagedDecodeAr
 
   const LaneSwizzle sw(lane);
   const uint32_t q_base = smem_addr(qs) + LaneSwizzle::a_row<D>(lane);
-  const float scale2 = a.scale * kLog2e;
+  const float scale2 = a.scale * kLog2e * (F8 ? kFp8Unit : 1.0f);  // (F8: the codes' 2^-8 undone, exactly)
   float o[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
@@ -270,7 +285,7 @@ __global__ void __launch_bounds__(kWarps * 32) paged_decode_kernel(PagedDecodeAr
       k_addr = smem_addr(wide);
     }
     float s[2][4] = {};
-    attn::gpu::detail::warp_qk<nbf, D, kTileKeys>(s, q_base, k_addr + LaneSwizzle::b_row<D>(lane), sw);
+    attn::gpu::detail::warp_qk<T, D, kTileKeys>(s, q_base, k_addr + LaneSwizzle::b_row<D>(lane), sw);
     // Scores of row g at keys 8n + 2c + e, masked by the head's ranges; rows g + 8 and g >= G are padding.
     const int64_t i0 = i_begin + static_cast<int64_t>(t) * kTileKeys;
     float mx = -INFINITY;
@@ -301,8 +316,8 @@ __global__ void __launch_bounds__(kWarps * 32) paged_decode_kernel(PagedDecodeAr
       s[n][2] = s[n][3] = 0.0f;
       sum += s[n][0] + s[n][1];
       if constexpr (F8) {  // P V over the codes: P times each key's V scale (the sum above takes P itself)
-        s[n][0] *= kv_scale[kTileKeys + 8 * n + 2 * c];
-        s[n][1] *= kv_scale[kTileKeys + 8 * n + 2 * c + 1];
+        s[n][0] *= kv_scale[kTileKeys + 8 * n + 2 * c] * kFp8Unit;
+        s[n][1] *= kv_scale[kTileKeys + 8 * n + 2 * c + 1] * kFp8Unit;
       }
     }
     l = l * corr + sum;
@@ -313,7 +328,7 @@ __global__ void __launch_bounds__(kWarps * 32) paged_decode_kernel(PagedDecodeAr
       o[n][1] *= corr;
     }
     const uint32_t v_addr = k_addr + tile_bytes<D>() + LaneSwizzle::v_row<D>(lane);
-    warp_pv_split<D>(o, s, v_addr, sw);
+    warp_pv_split<D, T>(o, s, v_addr, sw);
   }
   cp_async_wait<0>();
   l += __shfl_xor_sync(0xffffffffu, l, 1);

@@ -22,9 +22,11 @@
 // at a time; a cached prefix's blocks are shared read-only). The value of a stored element is code * scale.
 // paged_append_kv and paged_copy(kToPages) quantize; paged_copy(kFromPages) dequantizes into the bf16 staging cache
 // (code * scale rounded to bf16); paged_decode_attention brings the codes and the tile's scales in by cp.async (half
-// the bytes of bf16), widens the codes to bf16 in shared memory (exact: every E4M3 value is a bf16 value), and applies
-// the scales in f32 where they are per key: S = (Q . codes_K) * k_scale and P * v_scale before P V (the softmax's sum
-// takes P itself). The accumulation and the online softmax are the bf16 kernel's.
+// the bytes of bf16), widens the codes to f16 in shared memory by integer operations (value * 2^-8, exact, subnormals
+// included), multiplies on the tensor cores in f16 (Q converted to f16: exact for |q| <= 65504, saturated beyond), and
+// applies the scales (times 2^8) in f32 where they are per key: S = (Q . K_codes) * k_scale and P * v_scale before
+// P V (P as two f16 terms, P * v_scale * 2^8 <= 65504: V rows of amax up to ~1e5; the softmax's sum takes P itself). The accumulation and the online softmax are the bf16
+// kernel's.
 #pragma once
 
 #include <cuda_runtime.h>
