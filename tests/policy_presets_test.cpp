@@ -63,6 +63,42 @@ TEST(PolicyPresets, PolicyFilesAreLoadedWithTheModelShape) {
   std::remove(path.c_str());
 }
 
+// Gemma-3-like: layers 1 and 2 are sliding-window layers (a 512-token window), 0 and 3 global. A preset leaves the
+// window layers dense (the model's window applies there); a policy file keeps every layer as written.
+TEST(PolicyPresets, PresetsLeaveTheModelsWindowLayersDense) {
+  PolicyShape windowed = kShape;
+  windowed.sliding_windows = {0, 512, 512, 0};
+  EXPECT_EQ(windowed, kShape);  // the windows are not part of the shape's identity
+  VerticalSlashPattern vs;
+  vs.vertical = 64;
+  vs.slash = 128;
+  const AttentionPolicy p = policy_from_spec("vs:v=64,s=128", windowed);
+  for (int h = 0; h < 6; ++h) {
+    EXPECT_EQ(p.at(0, h), Pattern(vs));
+    EXPECT_EQ(p.at(1, h), Pattern(DensePattern{}));
+    EXPECT_EQ(p.at(2, h), Pattern(DensePattern{}));
+    EXPECT_EQ(p.at(3, h), Pattern(vs));
+  }
+  const AttentionPolicy t = policy_from_spec("trianglemix:start=1", windowed);
+  EXPECT_EQ(t.at(0, 0), Pattern(DensePattern{}));
+  EXPECT_EQ(t.at(2, 0), Pattern(DensePattern{}));
+  EXPECT_EQ(t.at(3, 0), Pattern(TrianglePattern{}));
+  // Without windows (or all 0) the same preset is uniform, as before.
+  EXPECT_EQ(policy_from_spec("vs:v=64,s=128", kShape), AttentionPolicy::uniform(4, 6, 2, vs));
+  windowed.sliding_windows = {0, 0, 0, 0};
+  EXPECT_EQ(policy_from_spec("vs:v=64,s=128", windowed), AttentionPolicy::uniform(4, 6, 2, vs));
+  // A policy file is what its planner chose, window layers included.
+  const std::string path = ::testing::TempDir() + "/preset_windows.json";
+  {
+    std::ofstream f(path);
+    f << R"({"alphas": [[1,2,3,4,5,6],[1,2,3,4,5,6],[1,2,3,4,5,6],[1,2,3,4,5,6]],
+             "betas": [[0,0,0,0,0,0],[0,0,0,0,0,0.5],[0,0,0,0,0,0],[0,0,0,0,0,0]]})";
+  }
+  windowed.sliding_windows = {0, 512, 512, 0};
+  EXPECT_EQ(policy_from_spec(path, windowed).at(1, 5), Pattern(ElasticWindowPattern{6.0, 0.5, 64}));
+  std::remove(path.c_str());
+}
+
 TEST(PolicyPresets, ErrorsNameTheSpecAndTheProblem) {
   EXPECT_EQ(error_of("vs:x=3"), "attention spec 'vs:x=3': unknown parameter 'x' (known: v, s, last_q)");
   EXPECT_EQ(error_of("vs:v=abc"), "attention spec 'vs:v=abc': parameter 'v' must be an integer, got 'abc'");

@@ -141,7 +141,7 @@ class TpSlot final : public server::SlotEngine {
 int serve_tensor_parallel_batched(const ServeOptions& o, const Session& s, server::ServedModel& served,
                                   server::PolicyCache& policies, const parallel::Placement& placement) {
   const runtime::ModelConfig& c = s.model->config();
-  const attn::PolicyShape shape{c.num_layers, c.num_q_heads, c.num_kv_heads};
+  const attn::PolicyShape shape = s.policy_shape();
   const double kv_bytes = o.kv_budget.empty() ? 0.0 : static_cast<double>(parse_byte_size(o.kv_budget, "--kv-budget"));
   return parallel::run_gpu_ranks(o.gpus, [&](const parallel::RankEnv& env, parallel::RankGpu& g) -> int {
     int rc = 0;
@@ -227,7 +227,7 @@ int serve_tensor_parallel(const ServeOptions& o, const Session& s, server::Serve
                                                                           c.num_kv_heads, attn::DensePattern{})
                                          : default_policy,
                                      context, c.hidden_size, c.head_dim, world, parallel::PlacementMethod::kGenetic);
-  const attn::PolicyShape shape{c.num_layers, c.num_q_heads, c.num_kv_heads};
+  const attn::PolicyShape shape = s.policy_shape();
   return parallel::run_gpu_ranks(o.gpus, [&](const parallel::RankEnv& env, parallel::RankGpu& g) -> int {
     const int dev = g.device;
     parallel::Collective* comm = &g.comm;
@@ -312,7 +312,7 @@ int serve_command(const ServeOptions& o) {
   served.chat = s.chat ? &*s.chat : nullptr;
   served.context_length = o.max_context > 0 ? std::min(o.max_context, c.context_length) : c.context_length;
   served.created = static_cast<int64_t>(std::time(nullptr));
-  server::PolicyCache policies({c.num_layers, c.num_q_heads, c.num_kv_heads}, o.attn, o.policy_dir);
+  server::PolicyCache policies(s.policy_shape(), o.attn, o.policy_dir);
   if (o.gpus > 1 && o.parallel > 1) {
     // The batched tensor-parallel backend gives each GPU whole KV heads, the same in every layer (parallel/tp_batch.h).
     const int32_t world = parallel::world_for_gpus(o.gpus);

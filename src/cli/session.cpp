@@ -91,9 +91,16 @@ void Session::require_chat() const {
 
 attn::AttentionPolicy Session::policy(const std::string& spec) const {
   check(model != nullptr, "this session holds no model weights (Session::open_tokenizer)");
-  const auto& c = model->config();
   if (spec == "dense") return {};
-  return attn::policy_from_spec(spec, attn::PolicyShape{c.num_layers, c.num_q_heads, c.num_kv_heads});
+  return attn::policy_from_spec(spec, policy_shape());
+}
+
+attn::PolicyShape Session::policy_shape() const {
+  check(model != nullptr, "this session holds no model weights (Session::open_tokenizer)");
+  const auto& c = model->config();
+  attn::PolicyShape shape{c.num_layers, c.num_q_heads, c.num_kv_heads, {}};
+  for (const auto& layer : c.layers) shape.sliding_windows.push_back(layer.sliding_window);
+  return shape;
 }
 
 std::vector<int32_t> Session::encode_prompt(const std::string& text, bool chat_mode, const std::string& system) const {

@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 
+#include "attention/pattern/config_io.h"
 #include "attention/pattern/policy.h"
 #include "core/format.h"
 #include "model/tokenizer/chat_template.h"
@@ -28,6 +29,8 @@ struct Session {
 
   // The policy named by `spec` (presets.h) for this model's shape; "dense" gives an empty table.
   attn::AttentionPolicy policy(const std::string& spec) const;
+  // The model's policy shape: layers, heads and each layer's sliding window (presets leave window layers dense).
+  attn::PolicyShape policy_shape() const;
 
   // Throws tessera::Error (with no_chat_reason) when the model has no chat template.
   void require_chat() const;

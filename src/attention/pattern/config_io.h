@@ -25,7 +25,14 @@ struct PolicyShape {
   int num_layers = 0;
   int num_q_heads = 0;
   int num_kv_heads = 0;
-  bool operator==(const PolicyShape&) const = default;
+  // The model's sliding window per layer (0 or absent: a global layer). A preset (policy_from_spec) leaves a layer
+  // with a window as the model defines it — dense within its window — instead of putting its pattern there too:
+  // Gemma-3's 512-token local layers are already sparse, and a preset's pattern on them drops part of the window
+  // the model was trained with. Policy files keep every layer's pattern as written. Not part of the comparison.
+  std::vector<int32_t> sliding_windows = {};
+  bool operator==(const PolicyShape& o) const {
+    return num_layers == o.num_layers && num_q_heads == o.num_q_heads && num_kv_heads == o.num_kv_heads;
+  }
 };
 
 PolicyShape shape_of(const AttentionPolicy& policy);

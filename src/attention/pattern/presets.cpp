@@ -1,5 +1,6 @@
 #include "attention/pattern/presets.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <filesystem>
@@ -151,8 +152,32 @@ bool names_a_file(const std::string& spec) {
 
 }  // namespace
 
+namespace {
+
+// A preset's policy with the model's sliding-window layers dense (their window applies on top: PolicyShape).
+AttentionPolicy with_model_windows(AttentionPolicy policy, const PolicyShape& shape) {
+  const int layers = std::min(policy.num_layers(), static_cast<int>(shape.sliding_windows.size()));
+  for (int l = 0; l < layers; ++l) {
+    if (shape.sliding_windows[static_cast<size_t>(l)] <= 0) continue;
+    for (int h = 0; h < policy.num_q_heads(); ++h) policy.at(l, h) = DensePattern{};
+  }
+  return policy;
+}
+
+AttentionPolicy preset_policy(const std::string& spec, const PolicyShape& shape);
+
+}  // namespace
+
 AttentionPolicy policy_from_spec(const std::string& spec, const PolicyShape& shape) {
   check(!spec.empty(), "attention spec is empty");
+  const Spec parsed = parse(spec);
+  if (!is_preset_name(parsed.name) && parsed.params.empty() && names_a_file(spec)) return load_policy_file(spec, shape);
+  return with_model_windows(preset_policy(spec, shape), shape);
+}
+
+namespace {
+
+AttentionPolicy preset_policy(const std::string& spec, const PolicyShape& shape) {
   const Spec parsed = parse(spec);
   const std::string& name = parsed.name;
   auto uniform = [&](const Pattern& p) {
@@ -206,9 +231,10 @@ AttentionPolicy policy_from_spec(const std::string& spec, const PolicyShape& sha
     (void)checked(triangle, spec);
     return AttentionPolicy::trianglemix(base, start, triangle);
   }
-  if (parsed.params.empty() && names_a_file(spec)) return load_policy_file(spec, shape);
   throw Error("attention spec '" + spec + "': not a preset (" + preset_list() + ") nor an existing policy file");
 }
+
+}  // namespace
 
 bool is_preset_name(const std::string& name) {
   for (const char* p : {"dense", "ashape", "streaming", "triangle", "vs", "vs_adaptive", "minference", "bs",
