@@ -196,6 +196,10 @@ def cases(tessera, fx, models):
         None, needs=smol)
     add("flags", "--gemm fp8 with --gpus 2", T + ["run", "-m", tiny, "-p", "hi", "--gpus", "2", "--gemm", "fp8"], 1,
         None)
+    add("flags", "--kv-type fp8 on the CPU", T + ["run", "-m", smol, "-p", "hi", "--device", "cpu", "--kv-type", "fp8"],
+        1, None, needs=smol)
+    add("flags", "--kv-type fp8 with --gpus 2", T + ["run", "-m", tiny, "-p", "hi", "--gpus", "2", "--kv-type", "fp8"],
+        1, None)
     add("flags", "--temperature -1", T + ["run", "-m", tiny, "-p", "hi", "--temperature", "-1"], 2, None)
     add("flags", "--top-p 1.5", T + ["run", "-m", tiny, "-p", "hi", "--top-p", "1.5"], 2, None)
     add("flags", "--top-k -3", T + ["run", "-m", tiny, "-p", "hi", "--top-k", "-3"], 2, None)
