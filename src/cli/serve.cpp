@@ -140,7 +140,6 @@ class TpSlot final : public server::SlotEngine {
 // own GPU; the others run them (parallel/tp_batch.h, parallel/cuda/tp_batch_gpu.h).
 int serve_tensor_parallel_batched(const ServeOptions& o, const Session& s, server::ServedModel& served,
                                   server::PolicyCache& policies, const parallel::Placement& placement) {
-  const runtime::ModelConfig& c = s.model->config();
   const attn::PolicyShape shape = s.policy_shape();
   const double kv_bytes = o.kv_budget.empty() ? 0.0 : static_cast<double>(parse_byte_size(o.kv_budget, "--kv-budget"));
   return parallel::run_gpu_ranks(o.gpus, [&](const parallel::RankEnv& env, parallel::RankGpu& g) -> int {
