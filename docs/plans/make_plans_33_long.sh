@@ -26,6 +26,33 @@ run() {  # name, arguments
 #   python3 docs/plans/make_calib_33_text.py < docs/plans/calib-licences-2k-4k.jsonl > docs/plans/calib-licences-2k-text.jsonl
 #   TEXT=1 PROFILE=build/h3-rel/prof/smollm2-text-2k.moaprofile bash docs/plans/make_plans_33_long.sh [TESSERA]
 #   TEXT_CAP=0.1 PROFILE=build/h3-rel/prof/smollm2-text-2k.moaprofile bash docs/plans/make_plans_33_long.sh [TESSERA]
+# Every row at 2K and 4K (docs/plans/README.md, "Every row at 2K and 4K, picked at 4K"): the eight licence items as
+# every-row targets (make_calib_33_text.py 8), profiled at 2,048 and 4,096 and saved (TEXT24=1); then planned from
+# that profile with the pick at 2,048 (VAL=2048) or 4,096 (VAL=4096), and optionally the per-head cap (TEXT24_CAP=C).
+# BOTH=1: the same items with the document and the dense model's own summary as one target (make_calib_33_both.py).
+#   TEXT24=1 PROFILE=build/h3/prof/smollm2-text-2k-4k.moaprofile bash docs/plans/make_plans_33_long.sh [TESSERA]
+#   VAL=2048 PROFILE=build/h3/prof/smollm2-text-2k-4k.moaprofile bash docs/plans/make_plans_33_long.sh [TESSERA]
+#   VAL=4096 PROFILE=build/h3/prof/smollm2-text-2k-4k.moaprofile bash docs/plans/make_plans_33_long.sh [TESSERA]
+#   VAL=4096 TEXT24_CAP=0.1 PROFILE=build/h3/prof/smollm2-text-2k-4k.moaprofile bash docs/plans/make_plans_33_long.sh [TESSERA]
+#   BOTH=1 PROFILE=build/h3/prof/smollm2-both-2k-4k.moaprofile bash docs/plans/make_plans_33_long.sh [TESSERA]
+t24_args=(--method moa --lengths 2048,4096 --budget 0.5 --validation-cases 2 --moa-loss fisher --moa-no-sink-only)
+if [ "${TEXT24:-0}" = 1 ]; then  # the profile (its first run aborted in CBC before the fix; the plan: VAL=2048)
+  run smollm2-moa-text-nosink-2k-4k "${t24_args[@]}" --calib docs/plans/calib-licences-2k-4k-text.jsonl \
+    --validation-length 2048 --moa-profile-out "$PROFILE"
+  exit 0
+fi
+if [ -n "${VAL:-}" ]; then
+  name=smollm2-moa-text-nosink${TEXT24_CAP:+-cap$TEXT24_CAP}-2k-4k
+  [ "$VAL" = 2048 ] || name=$name-val4k
+  run "$name" "${t24_args[@]}" --calib docs/plans/calib-licences-2k-4k-text.jsonl --validation-length "$VAL" \
+    ${TEXT24_CAP:+--moa-head-cap "$TEXT24_CAP"} --moa-profile-in "$PROFILE"
+  exit 0
+fi
+if [ "${BOTH:-0}" = 1 ]; then
+  run smollm2-moa-both-nosink-2k-4k-val4k "${t24_args[@]}" --calib docs/plans/calib-licences-2k-4k-both.jsonl \
+    --validation-length 4096 ${PROFILE:+--moa-profile-out "$PROFILE"}
+  exit 0
+fi
 text_args=(--method moa --calib docs/plans/calib-licences-2k-text.jsonl --lengths 2048 --budget 0.5
   --validation-length 2048 --validation-cases 2 --moa-loss fisher --moa-no-sink-only)
 if [ "${TEXT:-0}" = 1 ]; then
