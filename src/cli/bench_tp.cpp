@@ -29,8 +29,7 @@
 namespace tessera::cli {
 
 int bench_tp_command(const BenchOptions& o) {
-  (void)gemm_fp8(o.cuda, true);
-  (void)kv_fp8(true, true);
+  check_tensor_parallel_precisions(o.cuda);
   check(o.stream.methods.empty(), "--gpus: streaming rows (--stream) run on one device only");
 #ifndef TESSERA_WITH_TP
   throw Error(

@@ -30,6 +30,8 @@ bool gemm_w4(const CudaAttentionFlags& flags, bool tensor_parallel = false);
 // "--kv-type fp8 is the GPU's KV type (--device cuda); the CPU's KV cache is f32, bf16 or f16" when !gpu.
 bool kv_fp8(bool gpu, bool tensor_parallel = false);
 void set_kv_fp8(bool on);
+// The checks of --gpus (tensor parallelism) on the precision flags: --gemm fp8 / w4 and --kv-type fp8 run on one GPU.
+void check_tensor_parallel_precisions(const CudaAttentionFlags& flags);
 
 // --stream and its sizes: streaming memory over unbounded context (runtime/stream/stream_options.h), CPU or GPU.
 struct StreamFlags {

@@ -67,6 +67,11 @@ bool kv_fp8(bool gpu, bool tensor_parallel) {
   return kv_fp8_asked;
 }
 
+void check_tensor_parallel_precisions(const CudaAttentionFlags& flags) {
+  (void)gemm_fp8(flags, true);
+  (void)kv_fp8(true, true);
+}
+
 namespace {
 
 // A prompt file is read whole, so it must be a regular file of a size a prompt can have (1 GiB: far beyond any

@@ -29,8 +29,7 @@
 namespace tessera::cli {
 
 int run_tp_command(const RunOptions& o) {
-  (void)gemm_fp8(o.cuda, true);
-  (void)kv_fp8(true, true);
+  check_tensor_parallel_precisions(o.cuda);
   check(o.needle_tokens == 0 && o.stream.methods.empty() && !o.compare,
         "--gpus runs --prompt or --prompt-file with --attn (not --needle, --stream or --compare)");
 #ifndef TESSERA_WITH_TP

@@ -240,27 +240,25 @@ size_t GpuBatchBackend::pool_block_bytes() const {
   return static_cast<size_t>(shape_.elements_per_block()) * (options_.kv == KVPrecision::kFp8 ? 1 : sizeof(bf16));
 }
 
-void GpuBatchBackend::commit_block(int32_t id) {
+template <class Op>
+void GpuBatchBackend::for_each_pool(int32_t id, const Op& op) {
   const size_t bytes = pool_block_bytes();
-  k_pool_.commit(static_cast<size_t>(id) * bytes, bytes);
-  v_pool_.commit(static_cast<size_t>(id) * bytes, bytes);
+  op(k_pool_, static_cast<size_t>(id) * bytes, bytes);
+  op(v_pool_, static_cast<size_t>(id) * bytes, bytes);
   if (options_.kv == KVPrecision::kFp8) {
     const size_t sb = static_cast<size_t>(shape_.block_tokens) * sizeof(float);
-    k_scale_.commit(static_cast<size_t>(id) * sb, sb);
-    v_scale_.commit(static_cast<size_t>(id) * sb, sb);
+    op(k_scale_, static_cast<size_t>(id) * sb, sb);
+    op(v_scale_, static_cast<size_t>(id) * sb, sb);
   }
+}
+
+void GpuBatchBackend::commit_block(int32_t id) {
+  for_each_pool(id, [](ReservedMemory& m, size_t offset, size_t bytes) { m.commit(offset, bytes); });
 }
 
 void GpuBatchBackend::release_free_memory() {
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  const size_t bytes = pool_block_bytes();
-  k_pool_.decommit_all(static_cast<size_t>(scratch_block_) * bytes, bytes);
-  v_pool_.decommit_all(static_cast<size_t>(scratch_block_) * bytes, bytes);
-  if (options_.kv == KVPrecision::kFp8) {
-    const size_t sb = static_cast<size_t>(shape_.block_tokens) * sizeof(float);
-    k_scale_.decommit_all(static_cast<size_t>(scratch_block_) * sb, sb);
-    v_scale_.decommit_all(static_cast<size_t>(scratch_block_) * sb, sb);
-  }
+  for_each_pool(scratch_block_, [](ReservedMemory& m, size_t offset, size_t bytes) { m.decommit_all(offset, bytes); });
 }
 
 void GpuBatchBackend::copy_pages(const SequenceBlocks& seq, int64_t len, PageCopy direction, int64_t from,

@@ -223,6 +223,9 @@ class GpuBatchBackend final : public BatchBackend {
             static_cast<float*>(v_scale_.data())};
   }
   size_t pool_block_bytes() const;  // one block of one pool (K or V): elements or codes
+  // op(memory, offset, bytes) for block id's range of each pool: K, V and, with FP8 KV, their scales.
+  template <class Op>
+  void for_each_pool(int32_t id, const Op& op);
   // Uploads the step data of the rows (padded with scratch rows) and runs the decode step; the logits of the
   // padded batch stay on the device (logits_). Returns the padded row count.
   int64_t run_step(std::span<const int32_t> tokens, std::span<const DecodeRow> rows);

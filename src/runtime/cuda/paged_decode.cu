@@ -624,21 +624,24 @@ void paged_copy(const int32_t* entries, int32_t count, bf16* const* k_layers, bf
   check_launch("paged_copy");
 }
 
+namespace {
+
+// Blocks of 256 threads for a grid-stride loop over n elements (at most 65,536 blocks).
+unsigned stride_blocks(int64_t n) { return static_cast<unsigned>(std::clamp<int64_t>((n + 255) / 256, 1, 65536)); }
+
+}  // namespace
+
 void fill_random_fp8(uint8_t* codes, float* scales, int64_t rows, int32_t head_dim, uint64_t seed, float scale,
                      cudaStream_t stream) {
-  const int64_t n = rows * head_dim;
-  if (n <= 0) return;
-  const auto blocks = static_cast<unsigned>(std::clamp<int64_t>((n + 255) / 256, 1, 65536));
-  fill_fp8_kernel<<<blocks, 256, 0, stream>>>(codes, scales, rows, head_dim, seed, scale);
+  if (rows * head_dim <= 0) return;
+  fill_fp8_kernel<<<stride_blocks(rows * head_dim), 256, 0, stream>>>(codes, scales, rows, head_dim, seed, scale);
   check_launch("fill_random_fp8");
 }
 
 void rope_tables_at(const float* inv_freq, int half, const int32_t* pos, int64_t n, float* cos, float* sin,
                     cudaStream_t stream) {
-  const int64_t total = n * half;
-  if (total <= 0) return;
-  const auto blocks = static_cast<unsigned>(std::clamp<int64_t>((total + 255) / 256, 1, 65536));
-  rope_at_kernel<<<blocks, 256, 0, stream>>>(inv_freq, half, pos, total, cos, sin);
+  if (n * half <= 0) return;
+  rope_at_kernel<<<stride_blocks(n * half), 256, 0, stream>>>(inv_freq, half, pos, n * half, cos, sin);
   check_launch("rope_tables_at");
 }
 
