@@ -35,6 +35,7 @@ run() {  # name, arguments
 #   VAL=4096 PROFILE=build/h3/prof/smollm2-text-2k-4k.moaprofile bash docs/plans/make_plans_33_long.sh [TESSERA]
 #   VAL=4096 TEXT24_CAP=0.1 PROFILE=build/h3/prof/smollm2-text-2k-4k.moaprofile bash docs/plans/make_plans_33_long.sh [TESSERA]
 #   BOTH=1 PROFILE=build/h3/prof/smollm2-both-2k-4k.moaprofile bash docs/plans/make_plans_33_long.sh [TESSERA]
+#   BOTH_CAP=0.1 PROFILE=build/h3/prof/smollm2-both-2k-4k.moaprofile bash docs/plans/make_plans_33_long.sh [TESSERA]
 t24_args=(--method moa --lengths 2048,4096 --budget 0.5 --validation-cases 2 --moa-loss fisher --moa-no-sink-only)
 if [ "${TEXT24:-0}" = 1 ]; then  # the profile (its first run aborted in CBC before the fix; the plan: VAL=2048)
   run smollm2-moa-text-nosink-2k-4k "${t24_args[@]}" --calib docs/plans/calib-licences-2k-4k-text.jsonl \
@@ -46,6 +47,11 @@ if [ -n "${VAL:-}" ]; then
   [ "$VAL" = 2048 ] || name=$name-val4k
   run "$name" "${t24_args[@]}" --calib docs/plans/calib-licences-2k-4k-text.jsonl --validation-length "$VAL" \
     ${TEXT24_CAP:+--moa-head-cap "$TEXT24_CAP"} --moa-profile-in "$PROFILE"
+  exit 0
+fi
+if [ -n "${BOTH_CAP:-}" ]; then
+  run "smollm2-moa-both-nosink-cap$BOTH_CAP-2k-4k-val4k" "${t24_args[@]}" --calib docs/plans/calib-licences-2k-4k-both.jsonl \
+    --validation-length 4096 --moa-head-cap "$BOTH_CAP" --moa-profile-in "$PROFILE"
   exit 0
 fi
 if [ "${BOTH:-0}" = 1 ]; then
