@@ -57,6 +57,18 @@ TEST(MoaRules, SpaceIsSixAlphasByNineBetas) {
   }
   EXPECT_EQ(alphas, (std::set<double>{-2048, 0, 2048, 4096, 6144, 8192}));
   EXPECT_EQ(betas.size(), 9u);
+  // A finer beta grid (--moa-beta-steps): the same alphas, betas 0, 1/32, ..., 1, MoA's 54 rules among them.
+  const auto fine = moa_rule_space(32);
+  ASSERT_EQ(fine.size(), 6u * 33u);
+  EXPECT_EQ(fine[1], (ElasticRule{-2048, 1.0 / 32}));
+  EXPECT_EQ(fine[8], (ElasticRule{-2048, 0.25}));
+  for (const auto& r : rules) EXPECT_NE(std::find(fine.begin(), fine.end(), r), fine.end());
+  try {
+    (void)moa_rule_space(0);
+    ADD_FAILURE() << "0 steps accepted";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "moa: beta steps must be in [1, 64], got 0");
+  }
 }
 
 // Kept fractions per 64 x 64 block equal the cell counts of the pattern's documented mask.

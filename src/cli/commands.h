@@ -168,6 +168,7 @@ struct PlanOptions {
   std::string moa_loss = "fisher";       // MoA: a rule's loss from its masked influence (fisher | first-order)
   bool moa_no_sink_only = false;         // MoA: leave out the rules that keep the sink alone at a profiled length
   double moa_head_cap = 1;               // MoA: the share of a head's influence mass a rule may mask (1: no cap)
+  int moa_beta_steps = 8;                // MoA: the beta grid's steps (MoA's 8: betas 0, 1/8, ..., 1)
   std::string moa_profile_out;           // MoA: save the gradient profile here (load_moa_profile reads it)
   std::string moa_profile_in;            // MoA: the saved profile instead of the reverse-mode passes
   std::string attn;                      // --method measure: the policies (';'-separated specs or plan files)

@@ -296,6 +296,10 @@ int main(int argc, char** argv) {
                  "MoA: a per-head cap in (0, 1]: a head may take only rules that mask at most this share of its "
                  "influence mass (mean |block influence| over the samples) at every profiled length; 1: no cap")
       ->capture_default_str();
+  pl->add_option("--moa-beta-steps", plan.moa_beta_steps,
+                 "MoA: the beta grid of the rule space, betas 0, 1/N, ..., 1 (MoA's own: 8, 54 rules); a finer grid "
+                 "lets a plan sit between MoA's widths (e.g. beside a uniform window of beta 0.2466)")
+      ->check(CLI::Range(1, 64))->capture_default_str();
   pl->add_option("--moa-profile-out", plan.moa_profile_out,
                  "MoA: also save the gradient profile (the reverse-mode passes' influence) to this file");
   pl->add_option("--moa-profile-in", plan.moa_profile_in,

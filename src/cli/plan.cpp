@@ -287,6 +287,8 @@ int plan_command(const PlanOptions& o) {
       mo.allow_sink_only = !o.moa_no_sink_only;
       mo.head_loss_cap = o.moa_head_cap;
       report["moa_head_cap"] = mo.head_loss_cap;
+      mo.beta_steps = o.moa_beta_steps;
+      report["moa_beta_steps"] = mo.beta_steps;
       report["moa_sink_only_rules"] = mo.allow_sink_only;
       report["moa_loss"] = plan::loss_estimate_name(mo.estimate);
       plan::PlanValidation validate;
@@ -376,7 +378,7 @@ int plan_command(const PlanOptions& o) {
       // density: the per-head cap (--moa-head-cap) bounds the plan's; the window's is a natural value for it.
       nlohmann::json lost = nlohmann::json::array();
       {
-        const std::vector<plan::ElasticRule> space = plan::moa_rule_space();
+        const std::vector<plan::ElasticRule> space = plan::moa_rule_space(mo.beta_steps);
         const auto shares = plan::head_lost_shares(prof, space, mo.sink);
         const auto& rule_of_head = r.pareto[r.chosen].rule_of_head;
         for (size_t k = 0; k < r.lengths.size(); ++k) {

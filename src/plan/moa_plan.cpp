@@ -16,10 +16,12 @@
 
 namespace tessera::plan {
 
-std::vector<ElasticRule> moa_rule_space() {
+std::vector<ElasticRule> moa_rule_space(int32_t beta_steps) {
+  check(beta_steps >= 1 && beta_steps <= 64, "moa: beta steps must be in [1, 64], got " + std::to_string(beta_steps));
   std::vector<ElasticRule> rules;
   for (int a = 0; a < 6; ++a)
-    for (int b = 0; b < 9; ++b) rules.push_back({-2048.0 + 2048.0 * a, b / 8.0});
+    for (int b = 0; b <= beta_steps; ++b)
+      rules.push_back({-2048.0 + 2048.0 * a, static_cast<double>(b) / static_cast<double>(beta_steps)});
   return rules;
 }
 
@@ -179,7 +181,7 @@ MoaResult plan_moa(const GradientProfile& profile, int32_t num_kv_heads, const M
   check(o.budget > 0 && o.budget <= 1, "moa: budget must be in (0, 1], got " + std::to_string(o.budget));
   check(o.head_loss_cap > 0, "moa: the per-head cap must be > 0, got " + num_text(o.head_loss_cap));
   check(!profile.lengths.empty(), "moa: the profile has no lengths");
-  const std::vector<ElasticRule> rules = moa_rule_space();
+  const std::vector<ElasticRule> rules = moa_rule_space(o.beta_steps);
   const auto R = static_cast<int32_t>(rules.size());
   MoaResult result;
   for (const LengthProfile& lp : profile.lengths) result.lengths.push_back(lp.length);

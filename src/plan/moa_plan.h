@@ -39,8 +39,9 @@ struct ElasticRule {
   bool operator==(const ElasticRule&) const = default;
 };
 
-// The 54 rules, alpha-major: {-2048, 0, 2048, 4096, 6144, 8192} x {0, 0.125, ..., 1}.
-std::vector<ElasticRule> moa_rule_space();
+// The rules, alpha-major: {-2048, 0, 2048, 4096, 6144, 8192} x {0, 1 / beta_steps, ..., 1}; MoA's space is
+// beta_steps = 8 (54 rules). A finer beta grid (--moa-beta-steps) lets a plan sit between two of MoA's widths.
+std::vector<ElasticRule> moa_rule_space(int32_t beta_steps = 8);
 
 // What a pattern keeps of each 64 x 64 block at a prefill of `length` tokens.
 struct BlockCoverage {
@@ -75,10 +76,14 @@ struct MoaOptions {
   // starve heads whose masked influence cancels or looks small; the cap bounds what any one head loses, in the
   // head's own units.
   double head_loss_cap = 1;
+  // The beta grid: 0, 1 / beta_steps, ..., 1 (MoA's: 8). The uniform window at a budget rarely lies on MoA's grid
+  // (SmolLM2 at 0.5: beta 0.2466, between 1/8 and 1/4 over budget), so a plan cannot be "the window but for a few
+  // heads" there; 16 or 32 steps can.
+  int32_t beta_steps = 8;
 };
 
 struct MoaCandidate {
-  std::vector<int32_t> rule_of_head;   // layer-major, index into moa_rule_space()
+  std::vector<int32_t> rule_of_head;   // layer-major, index into moa_rule_space(beta_steps)
   std::vector<double> loss;            // per profiled length: the sum of rule losses
   std::vector<double> density;         // per profiled length: mean density over heads
   double validation_perplexity = 0;    // 0: not measured
