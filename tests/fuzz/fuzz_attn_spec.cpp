@@ -21,7 +21,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (spec.find('/') != std::string::npos || spec.find('\0') != std::string::npos) return 0;
   std::error_code ec;
   if (std::filesystem::exists(spec, ec)) return 0;
-  for (const attn::PolicyShape shape : {attn::PolicyShape{2, 4, 2}, attn::PolicyShape{32, 32, 8}}) {
+  // The last shape has sliding-window layers (Gemma-3-like): presets leave them dense.
+  for (const attn::PolicyShape& shape :
+       {attn::PolicyShape{2, 4, 2}, attn::PolicyShape{32, 32, 8}, attn::PolicyShape{4, 4, 1, {0, 512, 512, 0}}}) {
     try {
       (void)attn::policy_from_spec(spec, shape);
     } catch (const Error&) {
