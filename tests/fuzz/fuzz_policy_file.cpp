@@ -42,7 +42,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const fuzz::ScratchDir dir;
   const std::string path =
       dir.write("policy.json", std::string_view(reinterpret_cast<const char*>(data), size));
-  for (const std::optional<attn::PolicyShape> shape :
+  for (const std::optional<attn::PolicyShape>& shape :
        {std::optional<attn::PolicyShape>(), std::optional<attn::PolicyShape>(attn::PolicyShape{2, 4, 2})}) {
     try {
       use(attn::load_policy_file(path, shape));
