@@ -1,11 +1,11 @@
 #include "runtime/device.h"
 
 #include <algorithm>
-#include <cmath>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "runtime/batch_engine.h"
+#include "runtime/sampling.h"
 
 namespace tessera::runtime {
 
@@ -20,12 +20,9 @@ void append_next_token_logprobs(std::span<const float> logits, int64_t rows, int
   constexpr int64_t kRowsPerItem = 16;
   ThreadPool::global().parallel_for((scored + kRowsPerItem - 1) / kRowsPerItem, [&](int64_t item, int) {
     for (int64_t r = item * kRowsPerItem; r < std::min(scored, (item + 1) * kRowsPerItem); ++r) {
-      const float* row = logits.data() + r * vocab;
-      const float mx = *std::max_element(row, row + vocab);
-      double sum = 0;
-      for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v]) - mx);
+      const std::span<const float> row = logits.subspan(static_cast<size_t>(r * vocab), static_cast<size_t>(vocab));
       out[base + static_cast<size_t>(r)] =
-          static_cast<double>(row[tokens[static_cast<size_t>(first + r + 1)]]) - mx - std::log(sum);
+          static_cast<double>(row[static_cast<size_t>(tokens[static_cast<size_t>(first + r + 1)])]) - log_sum_exp(row);
     }
   });
 }

@@ -241,14 +241,18 @@ std::vector<double> token_probabilities(std::span<const float> logits, const Sam
   return p;
 }
 
+double log_sum_exp(std::span<const float> x) {
+  const float mx = *std::max_element(x.begin(), x.end());
+  double sum = 0;
+  for (float v : x) sum += std::exp(static_cast<double>(v) - mx);
+  return static_cast<double>(mx) + std::log(sum);
+}
+
 TokenLogprobs token_logprobs(std::span<const float> logits, int32_t token, int32_t top) {
   check(!logits.empty(), "log-probabilities: empty logits");
   check(token >= 0 && static_cast<size_t>(token) < logits.size(),
         "log-probabilities: token " + std::to_string(token) + " outside the vocabulary");
-  const float mx = *std::max_element(logits.begin(), logits.end());
-  double sum = 0;
-  for (float x : logits) sum += std::exp(static_cast<double>(x) - mx);
-  const double lse = static_cast<double>(mx) + std::log(sum);
+  const double lse = log_sum_exp(logits);
   TokenLogprobs out;
   out.token = token;
   out.logprob = static_cast<float>(static_cast<double>(logits[static_cast<size_t>(token)]) - lse);

@@ -100,6 +100,8 @@ struct TokenLogprobs {
   std::vector<TokenLogprob> top;  // most likely first
 };
 TokenLogprobs token_logprobs(std::span<const float> logits, int32_t token, int32_t top);
+// log sum_i exp(x_i), in f64 from the largest element (x non-empty): log p(i) = x_i - log_sum_exp(x).
+double log_sum_exp(std::span<const float> x);
 
 class Sampler {
  public:

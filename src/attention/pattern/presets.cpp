@@ -164,7 +164,7 @@ AttentionPolicy with_model_windows(AttentionPolicy policy, const PolicyShape& sh
   return policy;
 }
 
-AttentionPolicy preset_policy(const std::string& spec, const PolicyShape& shape);
+AttentionPolicy preset_policy(const std::string& spec, const Spec& parsed, const PolicyShape& shape);
 
 }  // namespace
 
@@ -172,13 +172,12 @@ AttentionPolicy policy_from_spec(const std::string& spec, const PolicyShape& sha
   check(!spec.empty(), "attention spec is empty");
   const Spec parsed = parse(spec);
   if (!is_preset_name(parsed.name) && parsed.params.empty() && names_a_file(spec)) return load_policy_file(spec, shape);
-  return with_model_windows(preset_policy(spec, shape), shape);
+  return with_model_windows(preset_policy(spec, parsed, shape), shape);
 }
 
 namespace {
 
-AttentionPolicy preset_policy(const std::string& spec, const PolicyShape& shape) {
-  const Spec parsed = parse(spec);
+AttentionPolicy preset_policy(const std::string& spec, const Spec& parsed, const PolicyShape& shape) {
   const std::string& name = parsed.name;
   auto uniform = [&](const Pattern& p) {
     return AttentionPolicy::uniform(shape.num_layers, shape.num_q_heads, shape.num_kv_heads, checked(p, spec));
