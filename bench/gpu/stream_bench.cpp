@@ -31,6 +31,9 @@
 // thread during the prefill (inside TTFT). Streaming engines are reused across lengths (ascending), so a row pins
 // only what the previous rows did not.
 //
+// "<method>-each" (e.g. "ltri-each"): the blocks' host <-> device copies and the workspace's block copies one
+// cudaMemcpyAsync each (TESSERA_STREAM_COPIES=each), the path before the batched copies, in the same run.
+//
 // "streamingllm-copy": streamingllm with its window copied out of the ring and rotated every chunk (the path before
 // GpuStreamingKV::window_kept()), a baseline in the same run.
 //
@@ -168,6 +171,8 @@ struct Row {
   double ttft = 0, gemm = 0, attention = 0, decision = 0, decision_device = 0, decode_tok_s = 0, peak_gb = 0, workspace_gb = 0;
   double pinned_gb = 0, index_gb = 0, rss_gb = 0, pin_s = 0, prepin_s = 0;
   double ws_s = 0, local_s = 0, global_s = 0, store_s = 0;  // TESSERA_STREAM_PROFILE=1: attend()'s sections, prefill
+  double d_map = 0, d_spans = 0, d_masses = 0, d_keys = 0, d_scores = 0;  // ... and the decisions' device sections
+  int64_t waits = 0;  // the decisions' host synchronisations in the prefill
   int64_t evicted = 0, to_host = 0, to_device = 0, cached = 0;
   std::string error;
 };
@@ -217,6 +222,12 @@ int main(int argc, char** argv) {
         std::printf("|   | (profile: %s at %d) | attention sections, GPU s: workspace %.3f, local pass %.3f, global pass + "
                     "merge %.3f, store %.3f |\n",
                     r.method.c_str(), r.seq, r.ws_s, r.local_s, r.global_s, r.store_s);
+      if (r.d_map + r.d_spans + r.d_masses + r.d_keys + r.d_scores > 0 || r.waits > 0)
+        std::printf("|   | (profile: %s at %d) | decisions on the device, GPU s: map %.3f, span discovery %.3f, masses "
+                    "%.3f, index keys %.3f, block scores %.3f; host waits for them: %lld (host work in the decisions "
+                    "%.2f s) |\n",
+                    r.method.c_str(), r.seq, r.d_map, r.d_spans, r.d_masses, r.d_keys, r.d_scores,
+                    static_cast<long long>(r.waits), r.decision - r.decision_device);
       std::fflush(stdout);
       if (csv != nullptr) {
         std::fprintf(csv, "%d,%s,%.3f,%.1f,%.3f,%.3f,%.3f,%.3f,%.2f,%.3f,%.3f,%.3f,%.4f,%.3f,%.2f,%.2f,%lld,%lld,%lld,%lld,%s\n",
@@ -263,6 +274,10 @@ int main(int argc, char** argv) {
           // "<method>-fp8" / "dense-fp8": that row in FP8 (as --gemm fp8 does for every row).
           const bool fp8_suffix = spec.size() > 4 && spec.substr(spec.size() - 4) == "-fp8";
           std::string spec_bf16 = fp8_suffix ? spec.substr(0, spec.size() - 4) : spec;
+          // "<method>-each": the block copies one cudaMemcpyAsync each (TESSERA_STREAM_COPIES=each, the path before
+          // GpuStreamingKV::batched_copies()), beside the batched default in the same run.
+          const bool each_copy = spec_bf16.size() > 5 && spec_bf16.substr(spec_bf16.size() - 5) == "-each";
+          if (each_copy) spec_bf16 = spec_bf16.substr(0, spec_bf16.size() - 5);
           // "<ltri...>-gemm" / "<ltri...>-fused": Ltri's scoring by the bf16 GEMMs or the fused kernel
           // (TESSERA_LTRI_SCORING, read by StreamDecider's constructor); without either, the default.
           std::string scoring;
@@ -312,7 +327,9 @@ int main(int argc, char** argv) {
               if (host_decisions) setenv("TESSERA_STREAM_DECISIONS", "host", 1);  // read by GpuStreamingKV's constructor
               if (copy_window) setenv("TESSERA_STREAM_WINDOW", "copy", 1);
               if (!scoring.empty()) setenv("TESSERA_LTRI_SCORING", scoring.c_str(), 1);
+              if (each_copy) setenv("TESSERA_STREAM_COPIES", "each", 1);
               slot = std::make_unique<GpuEngine>(*dev, go);
+              if (each_copy) unsetenv("TESSERA_STREAM_COPIES");
               if (host_decisions) unsetenv("TESSERA_STREAM_DECISIONS");
               if (copy_window) unsetenv("TESSERA_STREAM_WINDOW");
               if (!scoring.empty()) unsetenv("TESSERA_LTRI_SCORING");
@@ -344,6 +361,13 @@ int main(int argc, char** argv) {
             r.local_s = g->gpu_stats().local_gpu_seconds - before.local_gpu_seconds;
             r.global_s = g->gpu_stats().global_gpu_seconds - before.global_gpu_seconds;
             r.store_s = g->gpu_stats().store_gpu_seconds - before.store_gpu_seconds;
+            const GpuStreamStats& a = g->gpu_stats();
+            r.d_map = a.decide_map_gpu_seconds - before.decide_map_gpu_seconds;
+            r.d_spans = a.decide_spans_gpu_seconds - before.decide_spans_gpu_seconds;
+            r.d_masses = a.decide_masses_gpu_seconds - before.decide_masses_gpu_seconds;
+            r.d_keys = a.decide_keys_gpu_seconds - before.decide_keys_gpu_seconds;
+            r.d_scores = a.decide_scores_gpu_seconds - before.decide_scores_gpu_seconds;
+            r.waits = a.decision_waits - before.decision_waits;
           }
           if (o.decode > 0) {
             engine.reset_stats();

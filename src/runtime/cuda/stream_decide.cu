@@ -5,6 +5,7 @@
 #include <mma.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -572,7 +573,29 @@ void StreamDecider::wait(cudaStream_t s) {
   synced();
 }
 
+void StreamDecider::profile(bool on) {
+  if (on && !timer_) timer_ = std::make_unique<EventTimer>(true);
+  if (!on) timer_.reset();
+}
+
+// The sections reuse EventTimer's kinds as slots (kMap..kScores: 0..4 of its 6).
+void StreamDecider::begin(Section what, cudaStream_t s) {
+  if (timer_) timer_->begin(static_cast<EventTimer::Kind>(what), s);
+}
+void StreamDecider::end(Section what, cudaStream_t s) {
+  if (timer_) timer_->end(static_cast<EventTimer::Kind>(what), s);
+}
+
 void StreamDecider::synced() {
+  ++prof_.waits;
+  if (timer_) {  // the stream has synchronised: every recorded event is complete
+    const std::array<double, EventTimer::kKinds> t = timer_->collect();
+    prof_.map += t[kMap];
+    prof_.spans += t[kSpans];
+    prof_.masses += t[kMasses];
+    prof_.keys += t[kKeys];
+    prof_.scores += t[kScores];
+  }
   if (!pending_) return;
   pending_ = false;
   candidates_.clear();
@@ -597,6 +620,7 @@ void StreamDecider::launch_chunk(const bf16* q, const bf16* k, int32_t n, int32_
   fit(map_, static_cast<size_t>(nn));
   fit(votes_, static_cast<size_t>(n));
   const int half = d_ / 2;
+  begin(kMap, s);
   rotate_f32_kernel<<<blocks_for(static_cast<int64_t>(n) * half, kThreads), kThreads, 0, s>>>(
       reinterpret_cast<const nbf*>(q), qf_.data(), n, nq_, d_, inv_freq, pos);
   rotate_f32_kernel<<<blocks_for(static_cast<int64_t>(n) * half, kThreads), kThreads, 0, s>>>(
@@ -615,6 +639,7 @@ void StreamDecider::launch_chunk(const bf16* q, const bf16* k, int32_t n, int32_
   softmax_sum_kernel<<<n, kThreads, 0, s>>>(scores_.data(), map_.data(), n, nq_);
   votes_kernel<<<(n + 127) / 128, 128, 0, s>>>(map_.data(), votes_.data(), n);
   check_launch("stream chunk map: softmax");
+  end(kMap, s);
   votes_host_.grow(static_cast<size_t>(n));
   TESSERA_CUDA_CHECK(cudaMemcpyAsync(votes_host_.data(), votes_.data(), static_cast<size_t>(n) * sizeof(float),
                                      cudaMemcpyDeviceToHost, s));
@@ -631,6 +656,7 @@ void StreamDecider::launch_chunk(const bf16* q, const bf16* k, int32_t n, int32_
   const int64_t w = static_cast<int64_t>(n) + 1;
   fit(prefix_, static_cast<size_t>(w * w));
   fit(theta_dev_, 1);
+  begin(kSpans, s);
   TESSERA_CUDA_CHECK(cudaMemsetAsync(prefix_.data(), 0, static_cast<size_t>(w) * sizeof(double), s));
   prefix_rows_kernel<<<(n + 127) / 128, 128, 0, s>>>(map_.data(), n, prefix_.data());
   prefix_cols_kernel<<<(n + 127) / 128, 128, 0, s>>>(n, prefix_.data());
@@ -649,6 +675,7 @@ void StreamDecider::launch_chunk(const bf16* q, const bf16* k, int32_t n, int32_
   candidates_kernel<<<(diagonals + 3) / 4, 128, 0, s>>>(prefix_.data(), n, theta_dev_.data(), cand_begin_.data(),
                                                         cand_score_.data());
   check_launch("stream span discovery");
+  end(kSpans, s);
   cand_host_.grow(static_cast<size_t>(2 * diagonals));
   cand_score_host_.grow(static_cast<size_t>(diagonals) + 1);
   TESSERA_CUDA_CHECK(cudaMemcpyAsync(cand_host_.data(), cand_begin_.data(), static_cast<size_t>(2 * diagonals) * sizeof(int32_t),
@@ -670,9 +697,11 @@ std::vector<stream::SpanMasses> StreamDecider::span_masses(std::span<const strea
   }
   fit(cand_end_, static_cast<size_t>(2 * count));
   fit(masses_, static_cast<size_t>(2 * count));
+  begin(kMasses, s);
   h2d(cand_end_.data(), staging_.data(), static_cast<size_t>(2 * count), s);
   masses_kernel<<<(count + 127) / 128, 128, 0, s>>>(prefix_.data(), map_n_, cand_end_.data(), count, masses_.data());
   check_launch("stream span masses");
+  end(kMasses, s);
   masses_host_.grow(static_cast<size_t>(2 * count));
   TESSERA_CUDA_CHECK(cudaMemcpyAsync(masses_host_.data(), masses_.data(), static_cast<size_t>(2 * count) * sizeof(double),
                                      cudaMemcpyDeviceToHost, s));
@@ -691,11 +720,13 @@ std::vector<float> StreamDecider::gather_keys(const bf16* ring, int32_t ring_row
   std::copy(positions.begin(), positions.end(), staging_.data());
   fit(positions_, static_cast<size_t>(m));
   fit(keys_, static_cast<size_t>(m * row_));
+  begin(kKeys, s);
   h2d(positions_.data(), staging_.data(), static_cast<size_t>(m), s);
   gather_ring_kernel<<<blocks_for(m * row_, kThreads), kThreads, 0, s>>>(reinterpret_cast<const nbf*>(ring), ring_rows,
                                                                          sinks, positions_.data(), m, row_, keys_.data(),
                                                                          row_, int64_t{0});
   check_launch("stream index keys");
+  end(kKeys, s);
   keys_host_.grow(static_cast<size_t>(m * row_));
   TESSERA_CUDA_CHECK(cudaMemcpyAsync(keys_host_.data(), keys_.data(), static_cast<size_t>(m * row_) * sizeof(float),
                                      cudaMemcpyDeviceToHost, s));
@@ -728,14 +759,16 @@ void StreamDecider::append_index_keys(int32_t layer, const bf16* ring, int32_t r
     return;
   }
   fit(positions_, static_cast<size_t>(m));
-  h2d(positions_.data(), positions.data(), static_cast<size_t>(m), s);  // pageable: staged at once
   const auto* r = reinterpret_cast<const nbf*>(ring);
   const int64_t first = static_cast<int64_t>(head_begin) * d_;
   grow(M.keys, M.vector_capacity, M.vectors + m, M.vectors, M.row, s);
+  begin(kKeys, s);
+  h2d(positions_.data(), positions.data(), static_cast<size_t>(m), s);  // pageable: staged at once
   gather_ring_kernel<<<blocks_for(m * M.row, kThreads), kThreads, 0, s>>>(
       r, ring_rows, sinks, positions_.data(), m, M.row, reinterpret_cast<nbf*>(M.keys.data()) + M.vectors * M.row, row_,
       first);
   check_launch("stream index keys to the mirror");
+  end(kKeys, s);
   M.vectors += m;
 }
 
@@ -765,6 +798,7 @@ std::vector<double> StreamDecider::infllm_scores(int32_t layer, const stream::Re
   MeansMirror& M = means_mirrors_[static_cast<size_t>(layer)];
   const int32_t blocks = index.num_blocks();
   if (blocks < M.blocks) M.blocks = 0;  // the index was cleared
+  begin(kScores, s);
   if (blocks > M.blocks) {
     grow(M.means, M.capacity, blocks, M.blocks, row_, s);
     means_staging_.clear();
@@ -776,7 +810,10 @@ std::vector<double> StreamDecider::infllm_scores(int32_t layer, const stream::Re
     h2d(M.means.data() + M.blocks * row_, means_staging_.data(), means_staging_.size(), s);
     M.blocks = blocks;
   }
-  if (blocks == 0) return {};
+  if (blocks == 0) {
+    end(kScores, s);
+    return {};
+  }
   fit(mean_, static_cast<size_t>(qrow_));
   mean_query_kernel<<<static_cast<unsigned>((qrow_ + 127) / 128), 128, 0, s>>>(reinterpret_cast<const nbf*>(q),
                                                                                mean_.data(), n, qrow_);
@@ -790,6 +827,7 @@ std::vector<double> StreamDecider::infllm_scores(int32_t layer, const stream::Re
   repr_sum_kernel<<<(blocks + 127) / 128, 128, 0, s>>>(repr_dots_.data(), weights_.data(), blocks, nq_,
                                                        block_scores_.data());
   check_launch("stream infllm scores");
+  end(kScores, s);
   return download_scores(blocks, s);
 }
 
@@ -971,13 +1009,17 @@ void StreamDecider::fused_scores(Mirror& M, int64_t m, int32_t T, std::span<cons
 std::vector<double> StreamDecider::ltri_scores(int32_t layer, const stream::SpanIndex& index, const bf16* q,
                                                std::span<const int32_t> tokens, std::span<const int32_t> counts,
                                                const stream::HeadWeights& w, cudaStream_t s) {
+  begin(kScores, s);
   mirror(layer, index, s);
   Mirror& M = mirrors_[static_cast<size_t>(layer)];
   const int32_t blocks = index.num_blocks();
   const auto T = static_cast<int32_t>(counts.size());
   const auto m = static_cast<int64_t>(tokens.size());
   const int64_t S = M.spans, V = M.vectors;
-  if (blocks == 0) return {};
+  if (blocks == 0) {
+    end(kScores, s);
+    return {};
+  }
   // Voting heads (weights in head order).
   std::vector<int32_t> heads;
   std::vector<double> weights;
@@ -1023,6 +1065,7 @@ std::vector<double> StreamDecider::ltri_scores(int32_t layer, const stream::Span
   block_kernel<<<(blocks + 127) / 128, 128, 0, s>>>(sim_.data(), M.block_begin.data(), blocks, T, S,
                                                      block_scores_.data());
   check_launch("stream ltri scores: blocks");
+  end(kScores, s);
   return download_scores(blocks, s);
 }
 

@@ -55,11 +55,13 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
 #include "core/dtype.h"
 #include "cuda/device_buffer.h"
+#include "runtime/cuda/event_timer.h"
 #include "runtime/cuda/pinned_buffer.h"
 #include "model/model_config.h"
 #include "runtime/stream/span_index.h"
@@ -118,6 +120,19 @@ class StreamDecider {
                                   std::span<const int32_t> tokens, std::span<const int32_t> counts,
                                   const stream::HeadWeights& w, cudaStream_t stream);
 
+  // TESSERA_STREAM_PROFILE=1 (GpuStreamingKV::profile): the GPU time of the decisions' sections, by CUDA events around
+  // each (summed at the synchronisations the results need anyway), and the host's waits for the device.
+  struct Profile {
+    double map = 0;      // q / k rotated in f32, the map's SGEMMs, softmax over heads, votes
+    double spans = 0;    // Ltri span discovery: prefix sums, theta, the candidates
+    double masses = 0;   // the cover spans' masses
+    double keys = 0;     // the evictions' index keys gathered from the ring (into Ltri's mirror / back for InfLLM)
+    double scores = 0;   // block scoring: mirror updates, query gather, GEMMs / fused kernel, sim, per-block reduce
+    int64_t waits = 0;   // host synchronisations with the stream (counted whether profiling or not)
+  };
+  void profile(bool on);
+  const Profile& profile_stats() const { return prof_; }
+
   size_t device_bytes() const;  // the mirrors and the scratch
   // Ltri's scoring without TESSERA_LTRI_SCORING (above: chosen by measurement); fused_scoring(): this decider's.
   static constexpr const char* kDefaultLtriScoring = "gemm";
@@ -149,7 +164,12 @@ class StreamDecider {
     attn::gpu::DeviceBuffer<float> means;  // [capacity, row]
     int64_t blocks = 0, capacity = 0;
   };
-  void synced();  // after a synchronisation: launch_chunk()'s candidates compacted (once)
+  void synced();  // after a synchronisation: launch_chunk()'s candidates compacted (once); the profile's events summed
+  enum Section { kMap = 0, kSpans = 1, kMasses = 2, kKeys = 3, kScores = 4 };
+  void begin(Section what, cudaStream_t s);
+  void end(Section what, cudaStream_t s);
+  std::unique_ptr<EventTimer> timer_;  // profile(true) only
+  Profile prof_;
   std::vector<double> download_scores(int32_t blocks, cudaStream_t stream);
 
   int32_t nq_ = 0, nkv_ = 0, d_ = 0;

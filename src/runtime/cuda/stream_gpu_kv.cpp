@@ -78,6 +78,34 @@ void d2d(void* dst, const void* src, size_t bytes, cudaStream_t s) {
   if (bytes > 0) TESSERA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s));
 }
 
+// Copies (pinned host <-> device) enqueued on `s`: one cudaMemcpyBatchAsync call for all of them (CUDA 12.8+; the
+// sources read in stream order), or, with `batched` false or where the call is refused, one cudaMemcpyAsync each.
+void copy_batch(std::vector<void*>& dsts, std::vector<const void*>& srcs, std::vector<size_t>& sizes, bool batched,
+                cudaStream_t s) {
+  if (dsts.empty()) return;
+#if CUDART_VERSION >= 13000
+  if (batched) {
+    cudaMemcpyAttributes attr{};
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    size_t first = 0;
+    if (cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), dsts.size(), &attr, &first, 1, s) == cudaSuccess) {
+      dsts.clear();
+      srcs.clear();
+      sizes.clear();
+      return;
+    }
+    (void)cudaGetLastError();  // refused: the copies one by one
+  }
+#else
+  (void)batched;
+#endif
+  for (size_t i = 0; i < dsts.size(); ++i)
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyDefault, s));
+  dsts.clear();
+  srcs.clear();
+  sizes.clear();
+}
+
 }  // namespace
 
 GpuStreamingKV::GpuStreamingKV(const ModelConfig& config, StreamOptions options)
@@ -96,8 +124,11 @@ GpuStreamingKV::GpuStreamingKV(const ModelConfig& config, StreamOptions options)
   if (host_.needs_qk()) decider_ = std::make_unique<StreamDecider>(cfg_);
   const char* win = std::getenv("TESSERA_STREAM_WINDOW");
   window_kept_ = opt_.method == StreamMethod::StreamingLLM && (win == nullptr || std::string(win) != "copy");
+  const char* copies = std::getenv("TESSERA_STREAM_COPIES");
+  batched_copies_ = copies == nullptr || std::string(copies) != "each";
   const char* prof = std::getenv("TESSERA_STREAM_PROFILE");
   profile_ = prof != nullptr && std::string(prof) == "1";
+  if (decider_) decider_->profile(profile_);
 }
 
 void GpuStreamingKV::prof_mark(cudaStream_t s) {
@@ -110,6 +141,15 @@ void GpuStreamingKV::prof_mark(cudaStream_t s) {
 }
 
 void GpuStreamingKV::collect_profile() {
+  if (decider_) {  // (summed by the decider at its synchronisations)
+    const StreamDecider::Profile& p = decider_->profile_stats();
+    stats_.decide_map_gpu_seconds = p.map;
+    stats_.decide_spans_gpu_seconds = p.spans;
+    stats_.decide_masses_gpu_seconds = p.masses;
+    stats_.decide_keys_gpu_seconds = p.keys;
+    stats_.decide_scores_gpu_seconds = p.scores;
+    stats_.decision_waits = p.waits;
+  }
   if (prof_used_ == 0) return;
   TESSERA_CUDA_CHECK(cudaEventSynchronize(prof_events_[prof_used_ - 1]));
   double* sums[4] = {&stats_.workspace_gpu_seconds, &stats_.local_gpu_seconds, &stats_.global_gpu_seconds,
@@ -466,13 +506,16 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
       bf16* dst = pinned_block();
       const int32_t slot = (b * B) % ring_rows_;
       const size_t bytes = static_cast<size_t>(B) * row_bytes;
-      TESSERA_CUDA_CHECK(cudaMemcpyAsync(dst, L.ring_k.data() + slot * row_, bytes, cudaMemcpyDeviceToHost, copy_));
-      TESSERA_CUDA_CHECK(
-          cudaMemcpyAsync(dst + B * row_, L.ring_v.data() + slot * row_, bytes, cudaMemcpyDeviceToHost, copy_));
+      for (int kv = 0; kv < 2; ++kv) {
+        batch_dst_.push_back(dst + kv * B * row_);
+        batch_src_.push_back((kv == 0 ? L.ring_k.data() : L.ring_v.data()) + slot * row_);
+        batch_bytes_.push_back(bytes);
+      }
       L.host_k.push_back(dst);
       L.host_v.push_back(dst + B * row_);
       ++stats_.blocks_to_host;
     }
+    copy_batch(batch_dst_, batch_src_, batch_bytes_, batched_copies_, copy_);
     TESSERA_CUDA_CHECK(cudaEventRecord(L.evicted, copy_));
   }
 
@@ -507,12 +550,15 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
       }
       const size_t bytes = static_cast<size_t>(B) * row_bytes;
       const int64_t at = static_cast<int64_t>(free_slot) * B * row_;
-      TESSERA_CUDA_CHECK(cudaMemcpyAsync(L.cache_k.data() + at, L.host_k[static_cast<size_t>(R[i])], bytes,
-                                         cudaMemcpyHostToDevice, copy_));
-      TESSERA_CUDA_CHECK(cudaMemcpyAsync(L.cache_v.data() + at, L.host_v[static_cast<size_t>(R[i])], bytes,
-                                         cudaMemcpyHostToDevice, copy_));
+      batch_dst_.push_back(L.cache_k.data() + at);
+      batch_src_.push_back(L.host_k[static_cast<size_t>(R[i])]);
+      batch_bytes_.push_back(bytes);
+      batch_dst_.push_back(L.cache_v.data() + at);
+      batch_src_.push_back(L.host_v[static_cast<size_t>(R[i])]);
+      batch_bytes_.push_back(bytes);
       ++stats_.blocks_to_device;
     }
+    copy_batch(batch_dst_, batch_src_, batch_bytes_, batched_copies_, copy_);
     if (copies) TESSERA_CUDA_CHECK(cudaEventRecord(blocks_in_, copy_));
   }
 
@@ -561,13 +607,31 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
   if (G > 0) {
     if (copies) TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, blocks_in_, 0));
     const int32_t sinks = std::min(pos, opt_.sinks);
-    d2d(wk, L.sink_k.data(), static_cast<size_t>(sinks) * row_bytes, s);
-    d2d(wv, L.sink_v.data(), static_cast<size_t>(sinks) * row_bytes, s);
-    for (size_t i = 0; i < R.size(); ++i) {
-      const int64_t src = static_cast<int64_t>(slot_of[i]) * B * row_;
-      const int64_t dst = (sinks + static_cast<int64_t>(i) * B) * row_;
-      d2d(wk + dst, L.cache_k.data() + src, static_cast<size_t>(B) * row_bytes, s);
-      d2d(wv + dst, L.cache_v.data() + src, static_cast<size_t>(B) * row_bytes, s);
+    if (batched_copies_ && R.size() + 1 <= static_cast<size_t>(StreamRowCopies::kMax)) {
+      // The sinks and every retrieved block in one launch (two cudaMemcpyAsync calls per block otherwise).
+      StreamRowCopies c;
+      c.src_k[0] = L.sink_k.data();
+      c.src_v[0] = L.sink_v.data();
+      c.dst_row[0] = 0;
+      c.rows[0] = sinks;
+      for (size_t i = 0; i < R.size(); ++i) {
+        const int64_t src = static_cast<int64_t>(slot_of[i]) * B * row_;
+        c.src_k[i + 1] = L.cache_k.data() + src;
+        c.src_v[i + 1] = L.cache_v.data() + src;
+        c.dst_row[i + 1] = sinks + static_cast<int32_t>(i) * B;
+        c.rows[i + 1] = B;
+      }
+      c.count = static_cast<int32_t>(R.size()) + 1;
+      stream_copy_rows(wk, wv, row_, c, s);
+    } else {
+      d2d(wk, L.sink_k.data(), static_cast<size_t>(sinks) * row_bytes, s);
+      d2d(wv, L.sink_v.data(), static_cast<size_t>(sinks) * row_bytes, s);
+      for (size_t i = 0; i < R.size(); ++i) {
+        const int64_t src = static_cast<int64_t>(slot_of[i]) * B * row_;
+        const int64_t dst = (sinks + static_cast<int64_t>(i) * B) * row_;
+        d2d(wk + dst, L.cache_k.data() + src, static_cast<size_t>(B) * row_bytes, s);
+        d2d(wv + dst, L.cache_v.data() + src, static_cast<size_t>(B) * row_bytes, s);
+      }
     }
     d2d(q_global_.data(), q, static_cast<size_t>(n * qrow_) * sizeof(bf16), s);
     stream_rope_rows(q_global_.data(), n, qrow_, nq, d, inv_freq, opt_.local, 0, s);

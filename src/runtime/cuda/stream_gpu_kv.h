@@ -74,6 +74,11 @@ struct GpuStreamStats {
   // collect_profile(): the workspace (window and chunk copied and rotated, the queries), the local pass, the global
   // pass with the merge (sinks and retrieved blocks copied in), the chunk stored into the sinks / ring.
   double workspace_gpu_seconds = 0, local_gpu_seconds = 0, global_gpu_seconds = 0, store_gpu_seconds = 0;
+  // ... and the decisions' device sections (StreamDecider::Profile: map, span discovery, masses, index keys, block
+  // scores), GPU time by events; decision_waits: the host's synchronisations with the device for the decisions.
+  double decide_map_gpu_seconds = 0, decide_spans_gpu_seconds = 0, decide_masses_gpu_seconds = 0,
+         decide_keys_gpu_seconds = 0, decide_scores_gpu_seconds = 0;
+  int64_t decision_waits = 0;
 };
 
 // What the device computed for one layer's chunk (GpuStreamingKV::record(true); tests compare it with the CPU's).
@@ -112,6 +117,12 @@ class GpuStreamingKV : public GpuKVPolicy {
   // with device_decisions(false) or TESSERA_STREAM_DECISIONS=host, by the CPU class from f32 copies of q and k.
   void device_decisions(bool on) { device_decisions_ = on; }
   bool device_decisions() const { return device_decisions_; }
+  // Whether the block copies go in batches (the default): the evicted and retrieved blocks' host <-> device copies of a
+  // layer and chunk in one cudaMemcpyBatchAsync, and the workspace's sinks and retrieved blocks in one kernel
+  // (stream_copy_rows) rather than two cudaMemcpyAsync calls per block; TESSERA_STREAM_COPIES=each, or
+  // batched_copies(false): the calls one by one (the path before; the same bytes).
+  void batched_copies(bool on) { batched_copies_ = on; }
+  bool batched_copies() const { return batched_copies_; }
   // streamingllm: whether its window is kept rotated in place (see window_kept_ below; default on).
   bool window_kept() const { return window_kept_; }
   // Keeps a copy of what the device computed for the last layer's chunk (recorded()).
@@ -122,7 +133,10 @@ class GpuStreamingKV : public GpuKVPolicy {
   const GpuStreamStats& gpu_stats() const { return stats_; }
   // Times attend()'s sections with CUDA events (GpuStreamStats::*_gpu_seconds); collect_profile() waits for the
   // last event and adds what was recorded since the previous collect.
-  void profile(bool on) { profile_ = on; }
+  void profile(bool on) {
+    profile_ = on;
+    if (decider_) decider_->profile(on);
+  }
   void collect_profile();
   size_t device_bytes() const;  // the per-layer buffers, the block caches, the workspace, the indexes
 
@@ -199,7 +213,10 @@ class GpuStreamingKV : public GpuKVPolicy {
   std::string reserve_error_;
   GpuStreamStats stats_;
   std::unique_ptr<StreamDecider> decider_;
-  bool device_decisions_ = true, record_ = false;
+  bool device_decisions_ = true, record_ = false, batched_copies_ = true;
+  std::vector<void*> batch_dst_;  // copy_batch()'s lists, kept between calls
+  std::vector<const void*> batch_src_;
+  std::vector<size_t> batch_bytes_;
   bool profile_ = false;
   std::vector<cudaEvent_t> prof_events_;  // 5 per attend(): the bounds of sections 4, 5 (local), 5 (global), 6
   size_t prof_used_ = 0;

@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "core/error.h"
@@ -63,7 +64,45 @@ __global__ void merge_lse_kernel(nbf* out_l, const nbf* out_g, const float* lse_
   }
 }
 
+// Range blockIdx.y of c, K (blockIdx.z 0) or V (1), in units T (uint4: 8 bf16 values, or one value).
+template <typename T>
+__global__ void copy_rows_kernel(T* dst_k, T* dst_v, int64_t row_units, StreamRowCopies c) {
+  const int i = static_cast<int>(blockIdx.y);
+  const T* src = static_cast<const T*>(blockIdx.z == 0 ? c.src_k[i] : c.src_v[i]);
+  T* dst = (blockIdx.z == 0 ? dst_k : dst_v) + static_cast<int64_t>(c.dst_row[i]) * row_units;
+  const int64_t total = static_cast<int64_t>(c.rows[i]) * row_units;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[idx] = src[idx];
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 }  // namespace
+
+void stream_copy_rows(bf16* dst_k, bf16* dst_v, int64_t row, const StreamRowCopies& c, cudaStream_t stream) {
+  if (c.count <= 0) return;
+  check(c.count <= StreamRowCopies::kMax, "stream_copy_rows: more than " + std::to_string(StreamRowCopies::kMax) +
+                                              " ranges in one launch");
+  int32_t most = 0;
+  bool vec = row % 8 == 0 && aligned16(dst_k) && aligned16(dst_v);
+  for (int i = 0; i < c.count; ++i) {
+    most = std::max(most, c.rows[i]);
+    vec = vec && aligned16(c.src_k[i]) && aligned16(c.src_v[i]);
+  }
+  if (most == 0) return;
+  const int threads = 256;
+  const int64_t units = vec ? row / 8 : row;
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((most * units + threads - 1) / threads, 64)),
+                  static_cast<unsigned>(c.count), 2);
+  if (vec)
+    copy_rows_kernel<uint4><<<grid, threads, 0, stream>>>(reinterpret_cast<uint4*>(dst_k), reinterpret_cast<uint4*>(dst_v),
+                                                          units, c);
+  else
+    copy_rows_kernel<nbf><<<grid, threads, 0, stream>>>(reinterpret_cast<nbf*>(dst_k), reinterpret_cast<nbf*>(dst_v),
+                                                        units, c);
+  check_launch("stream_copy_rows");
+}
 
 void stream_rope_rows(bf16* x, int64_t rows, int64_t ld, int heads, int d, const float* inv_freq, int64_t pos0,
                       int64_t step, cudaStream_t stream) {

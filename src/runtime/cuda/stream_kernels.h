@@ -22,4 +22,19 @@ void stream_rope_rows(bf16* x, int64_t rows, int64_t ld, int heads, int d, const
 void stream_merge_lse(bf16* out_l, const bf16* out_g, const float* lse_l, const float* lse_g, int64_t n, int heads,
                       int d, cudaStream_t stream);
 
+// Row ranges copied in one launch (instead of two cudaMemcpyAsync calls per range): range i copies rows[i] rows of
+// `row` values from src_k[i] / src_v[i] to dst_k / dst_v starting at row dst_row[i]. The workspace's global part (the
+// sinks, then each retrieved block from the layer's block cache) is one such launch per layer and chunk. The bytes
+// are the copies' (stream_gpu_test: equal to the cudaMemcpyAsync path's, bit for bit).
+struct StreamRowCopies {
+  static constexpr int kMax = 48;
+  const void* src_k[kMax];
+  const void* src_v[kMax];
+  int32_t dst_row[kMax];
+  int32_t rows[kMax];
+  int32_t count = 0;
+};
+// Copies c's ranges (count <= kMax); `row`: bf16 values per row of every range and of the destination.
+void stream_copy_rows(bf16* dst_k, bf16* dst_v, int64_t row, const StreamRowCopies& c, cudaStream_t stream);
+
 }  // namespace tessera::runtime::gpu

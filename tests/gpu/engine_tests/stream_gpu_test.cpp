@@ -26,6 +26,7 @@
 #include <cstdlib>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -40,6 +41,7 @@
 #include "runtime/cuda/device_model.h"
 #include "runtime/cuda/gpu_engine.h"
 #include "runtime/cuda/stream_gpu_kv.h"
+#include "runtime/cuda/stream_kernels.h"
 #include "runtime/cuda/synthetic_config.h"
 #include "../gpu_test_support.h"
 
@@ -571,6 +573,108 @@ TEST(StreamGpu, KeptWindowEqualsTheWorkspacePath) {
     EXPECT_GT(kept.streaming()->evicted_blocks(), 10);
     kept.reset();
     copied.reset();
+  }
+}
+
+// The batched copies (GpuStreamingKV::batched_copies(): a layer's evicted / retrieved blocks in one
+// cudaMemcpyBatchAsync each way, the workspace's sinks and retrieved blocks by one stream_copy_rows launch) move the
+// same bytes as one cudaMemcpyAsync per block (TESSERA_STREAM_COPIES=each): the logits EQUAL, for both retrieving
+// methods, over prefill chunks past many evictions (cache misses and hits), decode steps and a reset.
+TEST(StreamGpu, BatchedCopiesEqualOneCopyPerBlock) {
+  REQUIRE_GPU();
+  const ModelConfig cfg = small_config(2);
+  const auto model = DeviceModel::random(cfg, 6);
+  const std::vector<int32_t> tokens = random_tokens(1500, cfg.vocab_size, 17);
+  for (StreamMethod m : {StreamMethod::Ltri, StreamMethod::InfLLM}) {
+    SCOPED_TRACE(stream_method_name(m));
+    GpuEngineOptions so;
+    so.stream.method = m;
+    so.stream.sinks = 16;
+    so.stream.local = 128;
+    so.stream.block = 64;
+    so.stream.chunk = 96;
+    so.stream.last_chunk = 40;
+    so.stream.top_k = 3;
+    GpuEngine batched(*model, so);
+    setenv("TESSERA_STREAM_COPIES", "each", 1);  // read by GpuStreamingKV's constructor
+    GpuEngine each(*model, so);
+    unsetenv("TESSERA_STREAM_COPIES");
+    ASSERT_TRUE(batched.gpu_streaming()->batched_copies());
+    ASSERT_FALSE(each.gpu_streaming()->batched_copies());
+    for (int round = 0; round < 2; ++round) {
+      EXPECT_EQ(batched.prefill(tokens), each.prefill(tokens)) << "round " << round;
+      for (int i = 0; i < 3; ++i)
+        EXPECT_EQ(batched.decode(tokens[static_cast<size_t>(i)]), each.decode(tokens[static_cast<size_t>(i)]))
+            << "decode step " << i;
+      EXPECT_GT(batched.gpu_streaming()->gpu_stats().blocks_to_device, 0);
+      EXPECT_EQ(batched.gpu_streaming()->gpu_stats().blocks_to_device, each.gpu_streaming()->gpu_stats().blocks_to_device);
+      EXPECT_EQ(batched.gpu_streaming()->gpu_stats().blocks_cached, each.gpu_streaming()->gpu_stats().blocks_cached);
+      batched.reset();
+      each.reset();
+    }
+  }
+}
+
+// stream_copy_rows against its host twin (a memcpy per range): ranges of different lengths (0 rows included) into
+// a destination, K and V, with rows of 8k values (the 16-byte path) and of 13 (one value at a time), and the error
+// past kMax ranges.
+TEST(StreamGpu, CopyRowsEqualsAMemcpyPerRange) {
+  REQUIRE_GPU();
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (const int64_t row : {int64_t{64}, int64_t{13}}) {
+    SCOPED_TRACE(row);
+    const std::vector<int32_t> lengths = {5, 0, 64, 1, 64, 33, 2};
+    std::vector<std::vector<bf16>> hk, hv;
+    std::vector<attn::gpu::DeviceBuffer<bf16>> dk, dv;
+    StreamRowCopies c;
+    int32_t at = 3;  // the destination's first rows stay as they were
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      const size_t n = static_cast<size_t>(std::max(lengths[i], 1) * row);
+      hk.emplace_back(n);
+      hv.emplace_back(n);
+      for (size_t j = 0; j < n; ++j) {
+        hk.back()[j] = f32_to_bf16(u(rng));
+        hv.back()[j] = f32_to_bf16(u(rng));
+      }
+      dk.emplace_back(n);
+      dv.emplace_back(n);
+      dk.back().upload(hk.back());
+      dv.back().upload(hv.back());
+      c.src_k[i] = dk.back().data();
+      c.src_v[i] = dv.back().data();
+      c.dst_row[i] = at;
+      c.rows[i] = lengths[i];
+      at += lengths[i];
+    }
+    c.count = static_cast<int32_t>(lengths.size());
+    const size_t total = static_cast<size_t>((at + 4) * row);
+    std::vector<bf16> want_k(total), want_v(total);
+    for (size_t j = 0; j < total; ++j) {
+      want_k[j] = f32_to_bf16(static_cast<float>(j % 7));
+      want_v[j] = f32_to_bf16(-static_cast<float>(j % 5));
+    }
+    attn::gpu::DeviceBuffer<bf16> out_k(total), out_v(total);
+    out_k.upload(want_k);
+    out_v.upload(want_v);
+    for (size_t i = 0; i < lengths.size(); ++i) {  // the host twin
+      const size_t values = static_cast<size_t>(lengths[i] * row), dst = static_cast<size_t>(c.dst_row[i] * row);
+      std::copy(hk[i].begin(), hk[i].begin() + static_cast<std::ptrdiff_t>(values), want_k.begin() + static_cast<std::ptrdiff_t>(dst));
+      std::copy(hv[i].begin(), hv[i].begin() + static_cast<std::ptrdiff_t>(values), want_v.begin() + static_cast<std::ptrdiff_t>(dst));
+    }
+    stream_copy_rows(out_k.data(), out_v.data(), row, c, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<bf16> got_k = out_k.download(), got_v = out_v.download();
+    EXPECT_EQ(0, std::memcmp(got_k.data(), want_k.data(), total * sizeof(bf16)));
+    EXPECT_EQ(0, std::memcmp(got_v.data(), want_v.data(), total * sizeof(bf16)));
+  }
+  StreamRowCopies too_many;
+  too_many.count = StreamRowCopies::kMax + 1;
+  try {
+    stream_copy_rows(nullptr, nullptr, 8, too_many, nullptr);
+    FAIL() << "no error past kMax ranges";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "stream_copy_rows: more than 48 ranges in one launch");
   }
 }
 
