@@ -130,6 +130,22 @@ TEST(MoaSelection, HeldOutAgreementFirstThenPerplexity) {
   EXPECT_EQ(error_of([] { select_by_validation({}); }), "moa: no plans to select from");
 }
 
+TEST(MoaSelection, PooledOverLengthsAndTexts) {
+  const ValidationScore v = pooled_validation(3, 4, {4.0, 9.0});
+  EXPECT_DOUBLE_EQ(v.agreement, 0.75);
+  EXPECT_NEAR(v.perplexity, 6.0, 1e-12);  // the geometric mean: exp((log 4 + log 9) / 2)
+  const ValidationScore one = pooled_validation(0, 2, {17.13});
+  EXPECT_DOUBLE_EQ(one.agreement, 0.0);
+  EXPECT_DOUBLE_EQ(one.perplexity, 17.13);
+  const ValidationScore none = pooled_validation(0, 0, {});
+  EXPECT_DOUBLE_EQ(none.agreement, -1.0);  // not measured, as select_by_validation reads it
+  EXPECT_DOUBLE_EQ(none.perplexity, 0.0);
+  // A plan that is better at one length and worse at the other: the geometric mean weighs relative changes alike.
+  EXPECT_EQ(select_by_validation({pooled_validation(2, 2, {5.0, 6.2}), pooled_validation(2, 2, {5.1, 6.0})}), 1u);
+  EXPECT_EQ(error_of([] { pooled_validation(0, 1, {5.0, 0.0}); }), "moa: validation perplexity must be > 0, got 0");
+  EXPECT_EQ(error_of([] { pooled_validation(3, 2, {}); }), "moa: held-out answers kept 3 of 2");
+}
+
 // One layer, one head, 256 tokens (4 blocks), two samples with known influence.
 GradientProfile two_sample_profile() {
   GradientProfile p;

@@ -163,8 +163,10 @@ struct PlanOptions {
   uint64_t seed = 0;
   int answer_tokens = 16;                // tokens of each dense answer (the targets)
   std::string haystack = "kjv";
-  int validation_length = 3072;          // MoA: perplexity at this unseen length picks among the Pareto plans
-  int validation_cases = 4;              // held-out tasks at validation_length (agreement with dense's answers)
+  std::vector<int> validation_lengths = {3072};  // MoA: perplexity at these unseen lengths picks among the Pareto
+                                                 // plans ({0}: none)
+  int validation_texts = 1;              // MoA: held-out texts per validation length (the perplexity's)
+  int validation_cases = 4;              // held-out tasks per validation length (agreement with dense's answers)
   std::string moa_loss = "fisher";       // MoA: a rule's loss from its masked influence (fisher | first-order)
   bool moa_no_sink_only = false;         // MoA: leave out the rules that keep the sink alone at a profiled length
   double moa_head_cap = 1;               // MoA: the share of a head's influence mass a rule may mask (1: no cap)

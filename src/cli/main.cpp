@@ -276,11 +276,16 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   pl->add_option("--haystack", plan.haystack, "Haystack of the calibration tasks: kjv, noise[:seed], file:PATH")
       ->capture_default_str();
-  pl->add_option("--validation-length", plan.validation_length,
-                 "MoA: perplexity at this unseen length picks among the Pareto plans (0: the least loss)")
-      ->capture_default_str();
+  pl->add_option("--validation-length", plan.validation_lengths,
+                 "MoA: perplexity at these unseen lengths (e.g. 2048,4096: the geometric mean over lengths and texts) "
+                 "picks among the Pareto plans (0: the least loss)")
+      ->delimiter(',')->capture_default_str();
+  pl->add_option("--validation-texts", plan.validation_texts,
+                 "MoA: held-out texts per --validation-length (passages of the haystack far from the calibration's "
+                 "and the evaluation's)")
+      ->check(CLI::Range(1, 16))->capture_default_str();
   pl->add_option("--validation-cases", plan.validation_cases,
-                 "Held-out retrieval tasks (another seed than the calibration's) at --validation-length whose dense "
+                 "Held-out retrieval tasks (another seed than the calibration's) at each --validation-length whose dense "
                  "answers a plan should reproduce: MoA picks the Pareto plan keeping most (then the lower perplexity); "
                  "every method reports its plan's agreement (0: none)")
       ->capture_default_str();

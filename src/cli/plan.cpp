@@ -55,14 +55,16 @@ void log(const char* fmt, const std::string& s, double t0) {
   std::fflush(stderr);
 }
 
-// The validation text for MoA's pick: the haystack from a sentence far from the calibration tasks' start.
-std::vector<int32_t> validation_tokens(const Session& s, const std::string& haystack, int32_t length) {
+// The validation texts for MoA's pick: the haystack from a sentence far from the calibration tasks' start (and from
+// the evaluation's: eval --perplexity reads it from its first sentence); text k from 1,000 sentences after text k-1.
+std::vector<int32_t> validation_tokens(const Session& s, const std::string& haystack, int32_t length, int32_t text_index) {
   const eval::Haystack hay = eval::load_haystack(haystack);
   std::string text;
   std::vector<int32_t> ids;
+  const size_t start = 7919 + 1000 * static_cast<size_t>(text_index);
   for (size_t i = 0; static_cast<int32_t>(ids.size()) < length; i += 256) {
     check(i < 100 * hay.sentences.size(), "plan: the haystack is too short for validation at " + std::to_string(length));
-    for (size_t j = i; j < i + 256; ++j) text += hay.sentence(7919 + j) + " ";
+    for (size_t j = i; j < i + 256; ++j) text += hay.sentence(start + j) + " ";
     ids = s.tokenizer->encode(text, {.add_special = true});
   }
   ids.resize(static_cast<size_t>(length));
@@ -91,7 +93,11 @@ void check_plan_options(const PlanOptions& o) {
   usage_check(o.samples >= 1, "--samples must be >= 1, got " + std::to_string(o.samples));
   usage_check(o.answer_tokens >= 1, "--answer-tokens must be >= 1, got " + std::to_string(o.answer_tokens));
   usage_check(o.threshold > 0 && o.threshold < 1, "--threshold must be in (0, 1), got " + num(o.threshold));
-  usage_check(o.validation_length >= 0, "--validation-length must be >= 0 (0: none), got " + std::to_string(o.validation_length));
+  usage_check(!o.validation_lengths.empty(), "--validation-length is empty");
+  for (int l : o.validation_lengths)
+    usage_check(l >= 0 && (l > 0 || o.validation_lengths.size() == 1),
+                "--validation-length must be lengths > 0, or 0 alone (none), got " + std::to_string(l));
+  usage_check(o.validation_texts >= 1, "--validation-texts must be >= 1, got " + std::to_string(o.validation_texts));
   usage_check(o.moa_head_cap > 0 && o.moa_head_cap <= 1, "--moa-head-cap must be in (0, 1], got " + num(o.moa_head_cap));
   usage_check((o.moa_profile_in.empty() && o.moa_profile_out.empty()) || o.method == "moa",
               "--moa-profile-in/--moa-profile-out are for --method moa");
@@ -205,9 +211,13 @@ int plan_command(const PlanOptions& o) {
   }
   // Held-out tasks (another seed): the dense model's answers a plan should reproduce.
   std::vector<plan::CalibrationSample> heldout;
-  if (o.validation_cases > 0 && o.validation_length > 0) {
+  const bool validation = o.validation_lengths.front() > 0;
+  std::string validation_lengths_text;
+  for (int l : o.validation_lengths)
+    validation_lengths_text += (validation_lengths_text.empty() ? "" : ",") + std::to_string(l);
+  if (o.validation_cases > 0 && validation) {
     plan::CalibrationSpec spec;
-    spec.lengths = {o.validation_length};
+    spec.lengths = o.validation_lengths;
     spec.samples_per_length = o.validation_cases;
     spec.seed = o.seed + plan::kHeldOutSeed;
     spec.answer_tokens = o.answer_tokens;
@@ -292,18 +302,25 @@ int plan_command(const PlanOptions& o) {
       report["moa_sink_only_rules"] = mo.allow_sink_only;
       report["moa_loss"] = plan::loss_estimate_name(mo.estimate);
       plan::PlanValidation validate;
-      if (o.validation_length > 0) {
-        const std::vector<int32_t> ids = validation_tokens(s, o.haystack, o.validation_length);
-        validate = [&, ids](const attn::AttentionPolicy& p) {
-          plan::ValidationScore v;
-          if (!heldout.empty()) v.agreement = plan::answer_agreement(*s.model, p, heldout).share();
-          runtime::EngineOptions eo;
-          eo.policy = p;
-          eo.chunk_size = 512;  // score() keeps one chunk of logits: 512 x vocab (Gemma-3: 0.5 GB), not S x vocab
-          eo.max_context = static_cast<int32_t>(ids.size());
-          runtime::Engine engine(*s.model, eo);
-          v.perplexity = eval::perplexity(engine.score(ids));
-          return v;
+      // Per Pareto plan (validate runs on them in order): each validation text's perplexity, for the report.
+      std::vector<std::vector<double>> text_perplexities;
+      if (validation) {
+        std::vector<std::vector<int32_t>> texts;
+        for (int l : o.validation_lengths)
+          for (int k = 0; k < o.validation_texts; ++k) texts.push_back(validation_tokens(s, o.haystack, l, k));
+        validate = [&, texts](const attn::AttentionPolicy& p) {
+          const plan::Agreement a = heldout.empty() ? plan::Agreement{} : plan::answer_agreement(*s.model, p, heldout);
+          std::vector<double> ppl;
+          for (const std::vector<int32_t>& ids : texts) {
+            runtime::EngineOptions eo;
+            eo.policy = p;
+            eo.chunk_size = 512;  // score() keeps one chunk of logits: 512 x vocab (Gemma-3: 0.5 GB), not S x vocab
+            eo.max_context = static_cast<int32_t>(ids.size());
+            runtime::Engine engine(*s.model, eo);
+            ppl.push_back(eval::perplexity(engine.score(ids)));
+          }
+          text_perplexities.push_back(ppl);
+          return plan::pooled_validation(a.kept, a.total, ppl);
         };
       }
       const auto r = plan::plan_moa(prof, cfg.num_kv_heads, mo, validate,
@@ -313,6 +330,8 @@ int plan_command(const PlanOptions& o) {
       for (size_t i = 0; i < r.pareto.size(); ++i) {
         const auto& c = r.pareto[i];
         pareto.push_back({{"loss", c.loss}, {"density", c.density}, {"validation_perplexity", c.validation_perplexity},
+                          {"validation_text_perplexities",
+                           i < text_perplexities.size() ? text_perplexities[i] : std::vector<double>{}},
                           {"validation_agreement", c.validation_agreement},
                           {"proven_optimal", c.proven_optimal}, {"chosen", i == r.chosen}});
         std::string line = "pareto plan " + std::to_string(i + 1) + (i == r.chosen ? " (chosen):" : ":");
@@ -330,6 +349,14 @@ int plan_command(const PlanOptions& o) {
           char buf[64];
           std::snprintf(buf, sizeof buf, " validation perplexity %.4f", c.validation_perplexity);
           line += buf;
+          if (i < text_perplexities.size() && text_perplexities[i].size() > 1) {
+            line += " (geometric mean of";
+            for (double p : text_perplexities[i]) {
+              std::snprintf(buf, sizeof buf, " %.4f", p);
+              line += buf;
+            }
+            line += ")";
+          }
         }
         extra_lines.push_back(line);
       }
@@ -339,7 +366,8 @@ int plan_command(const PlanOptions& o) {
       report["distinct_rules"] = r.options;
       extra_lines.push_back(std::to_string(r.options) + " distinct rules at the profiled lengths, " +
                             std::to_string(r.mips) + " mixed-integer programs");
-      report["validation_length"] = o.validation_length;
+      report["validation_lengths"] = o.validation_lengths;
+      report["validation_texts"] = o.validation_texts;
       // The calibration noise: the chosen plan's first-order loss against a uniform window of the same density at
       // each profiled length, mean and standard error over the calibration samples (compare_losses).
       nlohmann::json noise = nlohmann::json::array();
@@ -442,9 +470,9 @@ int plan_command(const PlanOptions& o) {
   if (!heldout.empty()) {
     const plan::Agreement dense = plan::answer_agreement(*s.model, {}, heldout);
     const plan::Agreement mine = plan::answer_agreement(*s.model, policy, heldout);
-    report["heldout"] = {{"length", o.validation_length}, {"cases", heldout.size()}, {"seed", o.seed + plan::kHeldOutSeed},
+    report["heldout"] = {{"lengths", o.validation_lengths}, {"cases", heldout.size()}, {"seed", o.seed + plan::kHeldOutSeed},
                          {"plan_kept", mine.kept}, {"dense_kept", dense.kept}, {"plan_per_case", mine.per_sample}};
-    extra_lines.push_back("held-out tasks at " + std::to_string(o.validation_length) + " tokens: the plan reproduces " +
+    extra_lines.push_back("held-out tasks at " + validation_lengths_text + " tokens: the plan reproduces " +
                           std::to_string(mine.kept) + " of " + std::to_string(mine.total) +
                           " dense answers (dense itself " + std::to_string(dense.kept) + ")");
   }

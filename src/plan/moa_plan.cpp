@@ -366,6 +366,20 @@ size_t select_by_validation(const std::vector<ValidationScore>& scores) {
   return best;
 }
 
+ValidationScore pooled_validation(int32_t kept, int32_t total, const std::vector<double>& perplexities) {
+  check(kept >= 0 && kept <= total,
+        "moa: held-out answers kept " + std::to_string(kept) + " of " + std::to_string(total));
+  ValidationScore v;
+  if (total > 0) v.agreement = static_cast<double>(kept) / total;
+  double log_sum = 0;
+  for (double p : perplexities) {
+    check(p > 0 && std::isfinite(p), "moa: validation perplexity must be > 0, got " + num_text(p));
+    log_sum += std::log(p);
+  }
+  if (!perplexities.empty()) v.perplexity = std::exp(log_sum / static_cast<double>(perplexities.size()));
+  return v;
+}
+
 std::vector<LossComparison> compare_losses(const GradientProfile& profile, const std::vector<attn::Pattern>& plan,
                                            const std::vector<attn::Pattern>& other, LossEstimate estimate) {
   const size_t heads = static_cast<size_t>(profile.num_layers) * static_cast<size_t>(profile.num_q_heads);

@@ -124,6 +124,13 @@ using PlanValidation = std::function<ValidationScore(const attn::AttentionPolicy
 // measured), then to the first. Throws tessera::Error on an empty list.
 size_t select_by_validation(const std::vector<ValidationScore>& scores);
 
+// One score from validation at several lengths and texts (--validation-length 2048,4096, --validation-texts N): the
+// agreement is kept / total over every held-out task (-1 when total is 0), the perplexity the geometric mean of the
+// texts' perplexities, exp(mean log), so each text counts alike whatever its length's scale (0 when none). Throws
+// tessera::Error "moa: validation perplexity must be > 0, got X" for a perplexity <= 0 or not finite, and
+// "moa: held-out answers kept K of T" when K is outside [0, T].
+ValidationScore pooled_validation(int32_t kept, int32_t total, const std::vector<double>& perplexities);
+
 // The calibration noise of the loss estimate, per profiled length (the profile made with keep_samples): per sample
 // s, L_s(plan) = sum over heads of the head's d_s (FirstOrder) or d_s^2 / 2 (Fisher), d_s = sum over blocks of
 // (1 - kept fraction) x the sample's influence. Reports the mean over the level's samples and its standard error
