@@ -260,6 +260,67 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, QMatmul, ::testing::ValuesIn(all_cases()),
                                   std::string(qmatmul_isa_name(p.param.isa));
                          });
 
+// Batch invariance (qmatmul.h): row i of a product is the same bits whatever else shares the call. For every type,
+// path and activation mode, each of 300 x rows multiplied alone (m = 1: the row kernels) is the reference; the
+// same rows inside calls of m = 3, 16, 17, 40, 300 (row kernels, panels, panels plus rows left over), at two
+// places in x, serially and on a 2-thread pool (other row ranges), must give row i's bits exactly (memcmp). An
+// outlier channel (column 40 large in every row) puts one block column's second levels through the panels' pair
+// tiles; each row's own large element adds scattered picks. For the quantized types the reference is also the
+// scalar twin's bits: every path computes the same terms in the same order.
+class QMatmulBatchInvariance : public ::testing::TestWithParam<Case> {};
+
+TEST_P(QMatmulBatchInvariance, EachRowEqualsTheRowAlone) {
+  const auto [type, isa] = GetParam();
+  if (!qmatmul_isa_available(isa)) GTEST_SKIP() << qmatmul_isa_name(isa) << " is not available on this CPU";
+  const int64_t bs = static_cast<int64_t>(tensor_type_block_size(type));
+  // 32-blocks: 18 per row (a register of 16 and a tail); K types: 2 super-blocks; float: a vector tail.
+  const int64_t cols = bs == 1 ? 583 : bs == 32 ? 576 : 512;
+  const int64_t rows = 101, total = 300;  // weight rows: 6 panels and 5 rows left over, split in 48-row pieces
+  std::mt19937 rng(4242 + static_cast<int>(type) * 13 + static_cast<int>(isa));
+  const auto w = random_weights(type, rows, cols, rng);
+  auto x = random_x(total, cols, rng);
+  for (int64_t i = 0; i < total; ++i) x[static_cast<size_t>(i * cols + 40)] = 15.0f + static_cast<float>(i % 7);
+  ThreadPool pool(2);
+  const size_t row_floats = static_cast<size_t>(rows);
+  for (const QAct act : {QAct::Int8, QAct::Int8Outliers, QAct::Int8x2}) {
+    const QMatrix mat{w.data(), rows, cols, type, act};
+    const std::string what = std::string(tensor_type_name(type)) + " " + std::string(qmatmul_isa_name(isa)) +
+                             (act == QAct::Int8 ? " int8" : act == QAct::Int8x2 ? " int8x2" : " int8outliers");
+    std::vector<float> ref(static_cast<size_t>(total) * row_floats), alone(row_floats);
+    for (int64_t i = 0; i < total; ++i) {
+      qmatmul(mat, x.data() + i * cols, 1, ref.data() + i * rows, nullptr, isa);
+      if (bs > 1 && isa != QIsa::Scalar) {
+        qmatmul(mat, x.data() + i * cols, 1, alone.data(), nullptr, QIsa::Scalar);
+        ASSERT_EQ(std::memcmp(alone.data(), ref.data() + i * rows, row_floats * sizeof(float)), 0)
+            << what << ": row " << i << " alone differs from the scalar twin's";
+      }
+    }
+    for (const int64_t m : {1, 3, 16, 17, 40, 300}) {
+      for (const int64_t at : {int64_t{0}, (total - m) / 2}) {
+        for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+          std::vector<float> y(static_cast<size_t>(m) * row_floats);
+          qmatmul(mat, x.data() + at * cols, m, y.data(), p, isa);
+          for (int64_t k = 0; k < m; ++k) {
+            const float* got = y.data() + k * rows;
+            const float* want = ref.data() + (at + k) * rows;
+            if (std::memcmp(got, want, row_floats * sizeof(float)) == 0) continue;
+            int64_t r = 0;
+            while (std::memcmp(got + r, want + r, sizeof(float)) == 0) ++r;
+            FAIL() << what << ": m=" << m << " from row " << at << (p != nullptr ? " threaded" : "") << ": row "
+                   << at + k << " output " << r << " is " << got[r] << ", alone " << want[r];
+          }
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, QMatmulBatchInvariance, ::testing::ValuesIn(all_cases()),
+                         [](const ::testing::TestParamInfo<Case>& p) {
+                           return std::string(tensor_type_name(p.param.type)) + "_" +
+                                  std::string(qmatmul_isa_name(p.param.isa));
+                         });
+
 // With m large enough for several x blocks (the L2 tiling) and the prefill panels, rows split over threads into
 // several pieces with a remainder: every path against the scalar twin, and threaded == serial bit for bit.
 TEST(QMatmulTiling, ManyRowsOfXMatchTheScalarTwin) {

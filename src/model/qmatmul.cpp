@@ -46,8 +46,8 @@ float f32_at(const uint8_t* p) {
 }
 
 // ---- the scalar twin ---------------------------------------------------------------------------------------
-// Each computes, per weight block, the same integer sums as the SIMD kernels and scales them by the same f32
-// factors; only the order in which the f32 terms are added differs.
+// Each computes, per weight block, the same integer sums and the same f32 term as the SIMD kernels, added in the
+// same order (qmatmul.h, "Batch invariance"): the quantized types give the same bits on every path.
 
 template <float (*Load)(const uint8_t*), int Size>
 void scalar_float(const uint8_t* w, int64_t cols, const ActRow* a, int nx, float* out) {
@@ -85,14 +85,13 @@ void legacy_unpack(const uint8_t* b, int* q, float* d, float* m) {
   }
 }
 
-// out = sum_b (dw * dx) * isum_b  + (has min: sum_b mw * ds_b;  offset o: - o * sum_b dw * ds_b)
+// out = sum_b t_b in order, t_b = (I_b * (dw * dx)) [+ mw * ds_b], I_b = sum (q - offset) x (qmatmul.h)
 template <class B>
 void scalar_legacy(const uint8_t* w, int64_t cols, const ActRow* a, int nx, float* out) {
   const int64_t nb = cols / 32;
-  constexpr bool has_min = B::kMin;
-  constexpr float offset = B::kOffset;
+  constexpr auto offset = static_cast<int32_t>(B::kOffset);
   for (int j = 0; j < nx; ++j) {
-    float acc = 0.0f, sacc = 0.0f;
+    float acc = 0.0f;
     for (int64_t b = 0; b < nb; ++b) {
       int q[32];
       float d, m;
@@ -100,14 +99,12 @@ void scalar_legacy(const uint8_t* w, int64_t cols, const ActRow* a, int nx, floa
       const int8_t* x = a[j].q + 32 * b;
       int32_t isum = 0;
       for (int i = 0; i < 32; ++i) isum += q[i] * x[i];
-      acc += (d * a[j].d[b]) * static_cast<float>(isum);
-      if constexpr (has_min) {
-        sacc += m * a[j].ds[b];
-      } else if constexpr (offset != 0.0f) {
-        sacc += d * a[j].ds[b];
-      }
+      isum -= offset * a[j].xs[b];
+      float t = static_cast<float>(isum) * (d * a[j].d[b]);
+      if constexpr (B::kMin) t = t + m * a[j].ds[b];
+      acc = acc + t;
     }
-    out[j] = has_min ? acc + sacc : acc - offset * sacc;
+    out[j] = acc;
   }
 }
 
@@ -122,13 +119,13 @@ void k_scale_min(const uint8_t* s, int g, int* scale, int* min) {
   }
 }
 
-// out = sum_sb (d * dx) * sum_g sc_g * isum_g  -  sum_sb (dmin * dx) * sum_g m_g * xsum_g
+// out = sum_sb t_sb in order, t_sb = I * (d * dx) - M * (dmin * dx), I = sum_g sc_g * isum_g, M = sum_g m_g * xsum_g
 template <bool Five>
 void scalar_q45k(const uint8_t* w, int64_t cols, const ActRow* a, int nx, float* out) {
   const int64_t nsb = cols / 256;
   const size_t bytes = Five ? 176 : 144;
   for (int j = 0; j < nx; ++j) {
-    float acc = 0.0f, macc = 0.0f;
+    float acc = 0.0f;
     for (int64_t sb = 0; sb < nsb; ++sb) {
       const uint8_t* b = w + sb * bytes;
       const float d = f16_at(b), dmin = f16_at(b + 2);
@@ -150,14 +147,14 @@ void scalar_q45k(const uint8_t* w, int64_t cols, const ActRow* a, int nx, float*
         isum += sc * gs;
         msum += mn * (bs[2 * g] + bs[2 * g + 1]);
       }
-      acc += (d * a[j].d[sb]) * static_cast<float>(isum);
-      macc += (dmin * a[j].d[sb]) * static_cast<float>(msum);
+      const float dx = a[j].d[sb];
+      acc = acc + (static_cast<float>(isum) * (d * dx) - static_cast<float>(msum) * (dmin * dx));
     }
-    out[j] = acc - macc;
+    out[j] = acc;
   }
 }
 
-// out = sum_sb (d * dx) * (sum_g sc_g * isum_g - 32 * sum_g sc_g * xsum_g), groups of 16
+// out = sum_sb t_sb in order, t_sb = I * (d * dx), I = sum_g sc_g * (isum_g - 32 * xsum_g), groups of 16
 void scalar_q6k(const uint8_t* w, int64_t cols, const ActRow* a, int nx, float* out) {
   const int64_t nsb = cols / 256;
   for (int j = 0; j < nx; ++j) {
@@ -181,7 +178,7 @@ void scalar_q6k(const uint8_t* w, int64_t cols, const ActRow* a, int nx, float* 
         }
         isum += sc[e0 / 16] * (gs - 32 * bs[e0 / 16]);
       }
-      acc += (d * a[j].d[sb]) * static_cast<float>(isum);
+      acc = acc + static_cast<float>(isum) * (d * a[j].d[sb]);
     }
     out[j] = acc;
   }
@@ -200,6 +197,7 @@ void scalar_picked(const uint8_t* w, int64_t cols, const ActRow* a, int nx, floa
       sub.q = l->q + Ab * b;
       sub.d = l->d + b;
       sub.ds = Ab == 32 ? l->ds + b : nullptr;
+      sub.xs = Ab == 32 ? l->xs + b : nullptr;
       sub.bs = Ab == 256 ? l->bs + 16 * b : nullptr;
       float o;
       F(w + b * Bytes, Ab, &sub, 1, &o);
@@ -261,10 +259,10 @@ inline float round_nearest(float v) {
 }
 
 // One block of AB (32 or 256) elements: d = max|x| / 127 and q = round(x / d) in [-127, 127]; for 32-blocks
-// *ds = d * sum(q), for 256-blocks bs[0, 16) the sums of q over each 16 elements. Fixed-size loops, so that the
+// *xs = sum(q) and *ds = d * sum(q), for 256-blocks bs[0, 16) the sums of q over each 16 elements. Fixed-size loops, so that the
 // compiler vectorizes them (the maximum in 8 lanes: the same value in any order).
 template <int AB>
-void quantize_block(const float* xb, int8_t* qb, float* d, float* ds, int16_t* bs) {
+void quantize_block(const float* xb, int8_t* qb, float* d, float* ds, int32_t* xs, int16_t* bs) {
   float lane[8] = {};
   for (int i = 0; i < AB; i += 8)
     for (int k = 0; k < 8; ++k) lane[k] = std::max(lane[k], std::fabs(xb[i + k]));
@@ -285,6 +283,7 @@ void quantize_block(const float* xb, int8_t* qb, float* d, float* ds, int16_t* b
     }
   }
   if constexpr (AB == 32) {
+    *xs = gs[0] + gs[1];
     *ds = dd * static_cast<float>(gs[0] + gs[1]);
   } else {
     for (int g = 0; g < 16; ++g) bs[g] = static_cast<int16_t>(gs[g]);
@@ -293,23 +292,25 @@ void quantize_block(const float* xb, int8_t* qb, float* d, float* ds, int16_t* b
 }
 
 // One row: per block of `ab` elements (32 or 256), quantize_block.
-void quantize_row_act(const float* x, int64_t cols, int64_t ab, int8_t* q, float* d, float* ds, int16_t* bs) {
+void quantize_row_act(const float* x, int64_t cols, int64_t ab, int8_t* q, float* d, float* ds, int32_t* xs,
+                      int16_t* bs) {
   const int64_t nb = cols / ab;
   for (int64_t b = 0; b < nb; ++b) {
-    if (ab == 32) quantize_block<32>(x + 32 * b, q + 32 * b, d + b, ds + b, nullptr);
-    else quantize_block<256>(x + 256 * b, q + 256 * b, d + b, nullptr, bs + 16 * b);
+    if (ab == 32) quantize_block<32>(x + 32 * b, q + 32 * b, d + b, ds + b, xs + b, nullptr);
+    else quantize_block<256>(x + 256 * b, q + 256 * b, d + b, nullptr, nullptr, bs + 16 * b);
   }
 }
 
 // The second level of one block: its first level's rounding error e = x - d1 q1 (NaN, inf: 0), quantized as above.
 template <int AB>
-void quantize_error_block(const float* xb, const int8_t* q1, float d1, int8_t* q2, float* d2, float* ds2, int16_t* bs2) {
+void quantize_error_block(const float* xb, const int8_t* q1, float d1, int8_t* q2, float* d2, float* ds2, int32_t* xs2,
+                          int16_t* bs2) {
   float e[AB];
   for (int k = 0; k < AB; ++k) {
     const float v = xb[k] - d1 * static_cast<float>(q1[k]);
     e[k] = std::fabs(v) <= std::numeric_limits<float>::max() ? v : 0.0f;
   }
-  quantize_block<AB>(e, q2, d2, ds2, bs2);
+  quantize_block<AB>(e, q2, d2, ds2, xs2, bs2);
 }
 
 // Splits [0, n) into at most 4 * pool size pieces of at least `grain` (the runtime's parallel_ranges), each
@@ -335,6 +336,7 @@ constexpr int64_t kMinParallelBytes = 256 << 10;  // weight bytes x rows of x be
 struct Scratch {
   std::vector<int8_t> q;
   std::vector<float> d, ds;
+  std::vector<int32_t> xs;
   std::vector<int16_t> bs;
   std::vector<ActRow> rows;
   std::vector<float> y;  // Int8x2: the two levels' products, 2 m rows
@@ -345,6 +347,7 @@ struct Scratch {
   // (pair_q, pair_d, pair_ds / pair_bs): the panels then read them in sequence, not one line per pair from m rows.
   std::vector<int8_t> q2, pair_q;
   std::vector<float> d2, ds2, pair_d, pair_ds;
+  std::vector<int32_t> xs2, pair_xs;
   std::vector<int16_t> bs2, pair_bs;
   std::vector<int32_t> pick;
   std::vector<ActRow> level2;
@@ -478,11 +481,13 @@ void qmatmul(const QMatrix& w, const float* x, int64_t m, float* y, ThreadPool* 
     s.q.resize(static_cast<size_t>(mq * cols));
     s.d.resize(static_cast<size_t>(mq * nb));
     s.ds.resize(ab == 32 ? static_cast<size_t>(mq * nb) : 0);
+    s.xs.resize(ab == 32 ? static_cast<size_t>(mq * nb) : 0);
     s.bs.resize(ab == 256 ? static_cast<size_t>(mq * nb * 16) : 0);
     if (outliers) {
       s.q2.resize(static_cast<size_t>(m * cols));
       s.d2.resize(static_cast<size_t>(m * nb));
       s.ds2.resize(ab == 32 ? static_cast<size_t>(m * nb) : 0);
+      s.xs2.resize(ab == 32 ? static_cast<size_t>(m * nb) : 0);
       s.bs2.resize(ab == 256 ? static_cast<size_t>(m * nb * 16) : 0);
       s.pick.resize(static_cast<size_t>(m * nb));
       s.level2.assign(static_cast<size_t>(m), ActRow{});
@@ -492,12 +497,14 @@ void qmatmul(const QMatrix& w, const float* x, int64_t m, float* y, ThreadPool* 
       r.q = s.q.data() + i * cols;
       r.d = s.d.data() + i * nb;
       r.ds = ab == 32 ? s.ds.data() + i * nb : nullptr;
+      r.xs = ab == 32 ? s.xs.data() + i * nb : nullptr;
       r.bs = ab == 256 ? s.bs.data() + i * nb * 16 : nullptr;
       if (outliers) {
         ActRow& l = s.level2[static_cast<size_t>(i)];
         l.q = s.q2.data() + i * cols;
         l.d = s.d2.data() + i * nb;
         l.ds = ab == 32 ? s.ds2.data() + i * nb : nullptr;
+        l.xs = ab == 32 ? s.xs2.data() + i * nb : nullptr;
         l.bs = ab == 256 ? s.bs2.data() + i * nb * 16 : nullptr;
         r.level2 = &l;
         r.pick = s.pick.data() + i * nb;
@@ -505,7 +512,8 @@ void qmatmul(const QMatrix& w, const float* x, int64_t m, float* y, ThreadPool* 
     }
     const auto quantize = [&](const float* xr, int64_t i) {
       quantize_row_act(xr, cols, ab, s.q.data() + i * cols, s.d.data() + i * nb,
-                       ab == 32 ? s.ds.data() + i * nb : nullptr, ab == 256 ? s.bs.data() + i * nb * 16 : nullptr);
+                       ab == 32 ? s.ds.data() + i * nb : nullptr, ab == 32 ? s.xs.data() + i * nb : nullptr,
+                       ab == 256 ? s.bs.data() + i * nb * 16 : nullptr);
     };
     parallel_ranges(pool, m, std::max<int64_t>(1, 65536 / cols), [&](int64_t b, int64_t e) {
       std::vector<float> err(levels == 2 ? static_cast<size_t>(cols) : 0);
@@ -541,6 +549,7 @@ void qmatmul(const QMatrix& w, const float* x, int64_t m, float* y, ThreadPool* 
       s.pair_q.resize(static_cast<size_t>(np * ab));
       s.pair_d.resize(static_cast<size_t>(np));
       s.pair_ds.resize(ab == 32 ? static_cast<size_t>(np) : 0);
+      s.pair_xs.resize(ab == 32 ? static_cast<size_t>(np) : 0);
       s.pair_bs.resize(ab == 256 ? static_cast<size_t>(np * 16) : 0);
       std::vector<int64_t> next(s.pair_first.begin(), s.pair_first.end() - 1);
       for (int64_t i = 0; i < m; ++i) {
@@ -557,6 +566,8 @@ void qmatmul(const QMatrix& w, const float* x, int64_t m, float* y, ThreadPool* 
           if (ab == 32) {
             s.pair_ds[static_cast<size_t>(at)] = r.level2->ds[b];
             pa.ds = s.pair_ds.data() + at;
+            s.pair_xs[static_cast<size_t>(at)] = r.level2->xs[b];
+            pa.xs = s.pair_xs.data() + at;
           } else {
             std::memcpy(s.pair_bs.data() + 16 * at, r.level2->bs + 16 * b, 16 * sizeof(int16_t));
             pa.bs = s.pair_bs.data() + 16 * at;
@@ -659,8 +670,11 @@ void pick_outliers(const float* xr, int64_t i, int64_t cols, int64_t ab, Scratch
     const float* xb = xr + b * ab;
     const int8_t* q1 = s.q.data() + i * cols + b * ab;
     int8_t* q2 = s.q2.data() + i * cols + b * ab;
-    if (ab == 32) quantize_error_block<32>(xb, q1, d[b], q2, s.d2.data() + at, s.ds2.data() + at, nullptr);
-    else quantize_error_block<256>(xb, q1, d[b], q2, s.d2.data() + at, nullptr, s.bs2.data() + 16 * at);
+    if (ab == 32) {
+      quantize_error_block<32>(xb, q1, d[b], q2, s.d2.data() + at, s.ds2.data() + at, s.xs2.data() + at, nullptr);
+    } else {
+      quantize_error_block<256>(xb, q1, d[b], q2, s.d2.data() + at, nullptr, nullptr, s.bs2.data() + 16 * at);
+    }
   }
   row.npick = n;
 }

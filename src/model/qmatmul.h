@@ -14,9 +14,24 @@
 // the design, the tests' tolerances and the measured speeds.
 //
 // The instruction-set path is picked at run time (CPUID): AVX-512 (F, BW, VL, DQ and VNNI) > AVX2 (+FMA, F16C) >
-// the portable scalar twin. A caller (a test, a bench) may force one with the QIsa overload; the scalar twin
-// computes the same integer sums with the same int8 activations, so every path agrees up to the order of the f32
-// summation.
+// the portable scalar twin. A caller (a test, a bench) may force one with the QIsa overload.
+//
+// Batch invariance. Row i of y depends only on x row i and W: not on m, on i's place in the call, on the thread
+// count or split, nor on which kernel ran it (row kernel or panel). For the quantized types every kernel of every
+// path computes, for weight row r and x row i (activation blocks b of 32, or 256 for the K types; dw, mw the weight
+// block's scale and min; d, dmin a K super-block's; dx the activation block's scale; fl() one f32 rounding):
+//   I_b = the exact integer sum over the block of (w code - offset) * x code, the offset (Q4_0 8, Q5_0 16) taken in
+//         integers; Q8_0 signed codes; Q4_K/Q5_K sum_g sc_g * sum(u x); Q6_K sum_g sc_g * sum((u - 32) x)
+//   M_b = (Q4_K/Q5_K) sum_g m_g * sum(x codes of group g), exact
+//   t_b = fl(float(I_b) * fl(dw * dx))                               Q4_0, Q5_0, Q8_0
+//         fl(fl(float(I_b) * fl(dw * dx)) + fl(mw * fl(dx * sum x)))  Q4_1, Q5_1
+//         fl(fl(float(I_b) * fl(d * dx)) - fl(float(M_b) * fl(dmin * dx)))   Q4_K, Q5_K
+//         fl(float(I_b) * fl(d * dx))                                Q6_K
+//   y[i, r] = (...((+0 + t_0) + t_1) + ... + t_{nb-1}), then (Int8Outliers) + the picked blocks' second-level
+//   terms (the same formula on their second-level codes), one at a time in ascending block order.
+// No fused multiply-adds in it, so the three paths give the same bits for the quantized types (tested). Float
+// weight types: one accumulator of vector width per x row (16 lanes on AVX-512, 8 on AVX2, 1 scalar) over k
+// ascending, the same in the row and tile kernels, then the path's fixed horizontal sum and the tail.
 #pragma once
 
 #include <cstdint>

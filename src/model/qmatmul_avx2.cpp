@@ -87,22 +87,16 @@ template <class L>
 struct FloatKernel {
   template <int NX>
   static void run(const uint8_t* w, int64_t cols, const ActRow* a, float* out) {
-    __m256 acc0[NX], acc1[NX];
-    for_nx<NX>([&](int j) QMM_INLINE { acc0[j] = acc1[j] = _mm256_setzero_ps(); });
+    // One accumulator per x row over k ascending, as FloatTile: the same sums whichever of the two runs a row.
+    __m256 acc0[NX];
+    for_nx<NX>([&](int j) QMM_INLINE { acc0[j] = _mm256_setzero_ps(); });
     int64_t i = 0;
-    for (; i + 16 <= cols; i += 16) {
-      const __m256 w0 = L::load(w + L::kSize * i), w1 = L::load(w + L::kSize * (i + 8));
-      for_nx<NX>([&](int j) QMM_INLINE {
-        acc0[j] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(a[j].x + i), acc0[j]);
-        acc1[j] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(a[j].x + i + 8), acc1[j]);
-      });
-    }
     for (; i + 8 <= cols; i += 8) {
       const __m256 w0 = L::load(w + L::kSize * i);
       for_nx<NX>([&](int j) QMM_INLINE { acc0[j] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(a[j].x + i), acc0[j]); });
     }
     for_nx<NX>([&](int j) QMM_INLINE {
-      float s = hsum(_mm256_add_ps(acc0[j], acc1[j]));
+      float s = hsum(acc0[j]);
       for (int64_t t = i; t < cols; ++t) s += L::one(w + L::kSize * t) * a[j].x[t];
       out[j] = s;
     });
@@ -196,20 +190,51 @@ inline __m128i pack_low16(__m256i v) {
   return _mm256_castsi256_si128(p);
 }
 
-// out = sum_b (dw * dx) * isum_b + (min: sum_b mw * ds_b; offset o: -o * sum_b dw * ds_b)
-// Blocks go 8 at a time: their 8 weight scales are converted together and multiplied by the 8 activation scales
-// in one vector; block k's factor is then lane k (a permute), not a scalar product and a broadcast per block.
+// The sum of v's 8 int32 lanes (exact).
+inline int32_t hsum_epi32(__m256i v) {
+  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  t = _mm_add_epi32(t, _mm_unpackhi_epi64(t, t));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 1));
+  return _mm_cvtsi128_si32(t);
+}
+
+// Lane k of the result: the sum of p[k]'s 8 lanes (exact), for 8 blocks' dot products p[0..8).
+inline __m256i block_sums(const __m256i* p) {
+  const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+  const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+  return _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
+}
+
+// acc + t[0] + ... + t[7], one at a time (the order of qmatmul.h).
+inline float fold(float acc, __m256 t) {
+  alignas(32) float v[8];
+  _mm256_store_ps(v, t);
+  for (int i = 0; i < 8; ++i) acc = acc + v[i];
+  return acc;
+}
+
+// t = I * (dw * dx) [+ mw * ds] of one block b of row a (qmatmul.h), from the block's dot product s32 (8 lanes).
+template <class T>
+inline float legacy_term(const uint8_t* blk, const ActRow& a, int64_t b, __m256i s32) {
+  int32_t isum = hsum_epi32(s32);
+  if constexpr (T::kOffset != 0.0f) isum -= static_cast<int32_t>(T::kOffset) * a.xs[b];
+  float t = static_cast<float>(isum) * (f16_at(blk) * a.d[b]);
+  if constexpr (T::kMin) t = t + f16_at(blk + 2) * a.ds[b];
+  return t;
+}
+
+// out = sum_b t_b in order (qmatmul.h). Blocks go 8 at a time: their 8 weight scales are converted together and
+// multiplied by the 8 activation scales in one vector; the 8 blocks' integer sums are gathered into one register
+// (block_sums) and turned into the 8 terms by one vector multiply.
 template <class T>
 struct LegacyKernel {
-  static constexpr bool kOffsetTerm = T::kMin || T::kOffset != 0.0f;
-
   template <int NX>
   static void run(const uint8_t* w, int64_t cols, const ActRow* a, float* out) {
     const int64_t nb = cols / 32;
     const __m256i ones = _mm256_set1_epi16(1);
     const __m256i stride = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(T::kBytes));
-    __m256 acc[NX], sacc[NX];
-    for_nx<NX>([&](int j) QMM_INLINE { acc[j] = sacc[j] = _mm256_setzero_ps(); });
+    float acc[NX];
+    for_nx<NX>([&](int j) QMM_INLINE { acc[j] = 0.0f; });
     int64_t b = 0;
     for (; b + 8 <= nb; b += 8) {
       const uint8_t* blk = w + b * T::kBytes;
@@ -217,55 +242,48 @@ struct LegacyKernel {
       // One gather of the first 4 bytes of 8 blocks: d in the low half of each lane, m (Q4_1/Q5_1) in the high.
       const __m256i dm = _mm256_i32gather_epi32(reinterpret_cast<const int*>(blk), stride, 1);
       const __m256 dw = _mm256_cvtph_ps(pack_low16(dm));
-      const __m256 sw = T::kMin ? _mm256_cvtph_ps(pack_low16(_mm256_srli_epi32(dm, 16))) : dw;
-      __m256 sc[NX];
-      for_nx<NX>([&](int j) QMM_INLINE {
-        sc[j] = _mm256_mul_ps(dw, _mm256_loadu_ps(a[j].d + b));
-        if constexpr (kOffsetTerm) sacc[j] = _mm256_fmadd_ps(sw, _mm256_loadu_ps(a[j].ds + b), sacc[j]);
-      });
+      __m256i p[NX][8];
       for_nx<8>([&](int k) QMM_INLINE {
         const __m256i q = T::q(blk + k * T::kBytes);
         const __m256i wq = weight_operand<T>(q);
-        const __m256i lane = _mm256_set1_epi32(k);
         for_nx<NX>([&](int j) QMM_INLINE {
-          const __m256i x = act_operand<T>(load256(a[j].q + 32 * (b + k)), q);
-          const __m256i p = dot_u8s8(wq, x, ones);
-          acc[j] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(sc[j], lane), _mm256_cvtepi32_ps(p), acc[j]);
+          p[j][k] = dot_u8s8(wq, act_operand<T>(load256(a[j].q + 32 * (b + k)), q), ones);
         });
       });
+      for_nx<NX>([&](int j) QMM_INLINE {
+        __m256i isum = block_sums(p[j]);
+        if constexpr (T::kOffset != 0.0f) {
+          isum = _mm256_sub_epi32(isum, _mm256_mullo_epi32(_mm256_set1_epi32(static_cast<int>(T::kOffset)),
+                                                          load256(a[j].xs + b)));
+        }
+        __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm256_loadu_ps(a[j].d + b)));
+        if constexpr (T::kMin) {
+          const __m256 mw = _mm256_cvtph_ps(pack_low16(_mm256_srli_epi32(dm, 16)));
+          t = _mm256_add_ps(t, _mm256_mul_ps(mw, _mm256_loadu_ps(a[j].ds + b)));
+        }
+        acc[j] = fold(acc[j], t);
+      });
     }
-    float tail[NX];
-    for_nx<NX>([&](int j) QMM_INLINE { tail[j] = 0.0f; });
     for (; b < nb; ++b) {
       const uint8_t* blk = w + b * T::kBytes;
-      const float d = f16_at(blk);
-      const float sw = T::kMin ? f16_at(blk + 2) : d;
       const __m256i q = T::q(blk);
       const __m256i wq = weight_operand<T>(q);
       for_nx<NX>([&](int j) QMM_INLINE {
-        const __m256i p = dot_u8s8(wq, act_operand<T>(load256(a[j].q + 32 * b), q), ones);
-        acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[j].d[b]), _mm256_cvtepi32_ps(p), acc[j]);
-        if constexpr (kOffsetTerm) tail[j] += sw * a[j].ds[b];
+        acc[j] = acc[j] + legacy_term<T>(blk, a[j], b, dot_u8s8(wq, act_operand<T>(load256(a[j].q + 32 * b), q), ones));
       });
     }
-    // Int8Outliers: the picked blocks' second levels (ActRow::pick), as the blocks above.
+    // Int8Outliers: the picked blocks' second levels (ActRow::pick), their terms after the blocks', in order.
     for_nx<NX>([&](int j) QMM_INLINE {
       const ActRow* l = a[j].level2;
       for (int64_t p = 0; p < a[j].npick; ++p) {
         const int64_t pb = a[j].pick[p];
         const uint8_t* blk = w + pb * T::kBytes;
-        const float d = f16_at(blk);
         const __m256i q = T::q(blk);
         const __m256i s32 = dot_u8s8(weight_operand<T>(q), act_operand<T>(load256(l->q + 32 * pb), q), ones);
-        acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * l->d[pb]), _mm256_cvtepi32_ps(s32), acc[j]);
-        if constexpr (kOffsetTerm) tail[j] += (T::kMin ? f16_at(blk + 2) : d) * l->ds[pb];
+        acc[j] = acc[j] + legacy_term<T>(blk, *l, pb, s32);
       }
     });
-    for_nx<NX>([&](int j) QMM_INLINE {
-      const float s = hsum(acc[j]);
-      const float o = hsum(sacc[j]) + tail[j];
-      out[j] = T::kMin ? s + o : s - T::kOffset * o;
-    });
+    for_nx<NX>([&](int j) QMM_INLINE { out[j] = acc[j]; });
   }
 };
 
@@ -285,7 +303,7 @@ inline void k_scales(const uint8_t* s, uint64_t* sc, uint64_t* mn) {
   *mn = mn_lo | (static_cast<uint64_t>(mn_hi) << 32);
 }
 
-// out = sum_sb (d * dx) * sum_g sc_g * isum_g - sum_sb (dmin * dx) * sum_g m_g * xsum_g
+// out = sum_sb t_sb in order, t_sb = I * (d * dx) - M * (dmin * dx), I = sum_g sc_g * isum_g, M = sum_g m_g * xsum_g
 template <bool Five>
 struct Q45KKernel {
   static constexpr int64_t kPickBlockBytes = Five ? 176 : 144;  // Int8Outliers: picks taken block by block
@@ -294,8 +312,8 @@ struct Q45KKernel {
     const int64_t nsb = cols / 256;
     constexpr int kBytes = Five ? 176 : 144;
     const __m256i m4 = _mm256_set1_epi8(15), one8 = _mm256_set1_epi8(1);
-    __m256 acc[NX], macc[NX];
-    for_nx<NX>([&](int j) QMM_INLINE { acc[j] = macc[j] = _mm256_setzero_ps(); });
+    float acc[NX];
+    for_nx<NX>([&](int j) QMM_INLINE { acc[j] = 0.0f; });
     for (int64_t sb = 0; sb < nsb; ++sb) {
       const uint8_t* blk = w + sb * kBytes;
       const float d = f16_at(blk), dmin = f16_at(blk + 2);
@@ -327,24 +345,24 @@ struct Q45KKernel {
       }
       for_nx<NX>([&](int j) QMM_INLINE {
         const float dx = a[j].d[sb];
-        acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(sumi[j]), acc[j]);
-        const __m256i ms = _mm256_madd_epi16(load256(a[j].bs + 16 * sb), mins);
-        macc[j] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * dx), _mm256_cvtepi32_ps(ms), macc[j]);
+        const int32_t isum = hsum_epi32(sumi[j]);
+        const int32_t msum = hsum_epi32(_mm256_madd_epi16(load256(a[j].bs + 16 * sb), mins));
+        acc[j] = acc[j] + (static_cast<float>(isum) * (d * dx) - static_cast<float>(msum) * (dmin * dx));
       });
     }
-    for_nx<NX>([&](int j) QMM_INLINE { out[j] = hsum(acc[j]) - hsum(macc[j]); });
+    for_nx<NX>([&](int j) QMM_INLINE { out[j] = acc[j]; });
   }
 };
 
-// out = sum_sb (d * dx) * (sum_g sc_g * isum_g - 32 * sum_g sc_g * xsum_g), 16 groups of 16
+// out = sum_sb t_sb in order, t_sb = I * (d * dx), I = sum_g sc_g * (isum_g - 32 * xsum_g), 16 groups of 16
 struct Q6KKernel {
   static constexpr int64_t kPickBlockBytes = 210;  // Int8Outliers: picks taken block by block
   template <int NX>
   static void run(const uint8_t* w, int64_t cols, const ActRow* a, float* out) {
     const int64_t nsb = cols / 256;
     const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
-    __m256 acc[NX];
-    for_nx<NX>([&](int j) QMM_INLINE { acc[j] = _mm256_setzero_ps(); });
+    float acc[NX];
+    for_nx<NX>([&](int j) QMM_INLINE { acc[j] = 0.0f; });
     for (int64_t sb = 0; sb < nsb; ++sb) {
       const uint8_t* blk = w + sb * 210;
       if constexpr (NX == 1) prefetch(blk, 210);
@@ -375,10 +393,10 @@ struct Q6KKernel {
       for_nx<NX>([&](int j) QMM_INLINE {
         const __m256i off = _mm256_madd_epi16(load256(a[j].bs + 16 * sb), sc16);
         const __m256i isum = _mm256_sub_epi32(sumi[j], _mm256_slli_epi32(off, 5));
-        acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[j].d[sb]), _mm256_cvtepi32_ps(isum), acc[j]);
+        acc[j] = acc[j] + static_cast<float>(hsum_epi32(isum)) * (d * a[j].d[sb]);
       });
     }
-    for_nx<NX>([&](int j) QMM_INLINE { out[j] = hsum(acc[j]); });
+    for_nx<NX>([&](int j) QMM_INLINE { out[j] = acc[j]; });
   }
 };
 
@@ -389,49 +407,84 @@ struct Q6KKernel {
 // 64-byte step is two 256-bit halves (rows 0-7, 8-15) multiplied with maddubs; the int16 pair sums of several
 // steps are added before widening (madd) while they cannot overflow: UMax is the largest weight code (15, 31 or
 // 63), and 2 * UMax * 127 per step. Q8_0 (codes up to 255) would saturate maddubs and keeps the row kernels.
+#include "model/qmatmul_panel.inc"
+
 template <int UMax>
 struct PanelTile {
   static constexpr int kMr = 2;
   static constexpr int kChunk = 32767 / (2 * UMax * 127);  // steps summed in int16
 
-  template <int MR, int G>
-  static void run(const uint8_t* panel, const float* ps, const float* pc, int64_t ng, const int8_t* const* xq,
-                  const float* const* gd, const float* const* gds, float* const* out) {
-    constexpr int kSteps = G / 4;
+  template <int MR, class P>
+  static void run(const uint8_t* panel, const PanelScales& s, int64_t nblk, const ActRow* const* xa,
+                  float* const* out) {
+    constexpr int kSteps = P::kG / 4;
     static_assert(kChunk >= 1 && kSteps % std::min(kChunk, kSteps) == 0);
     constexpr int kPer = std::min(kChunk, kSteps);
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[MR][2];
     for_nx<MR>([&](int x) QMM_INLINE { acc[x][0] = acc[x][1] = _mm256_setzero_ps(); });
-    for (int64_t g = 0; g < ng; ++g) {
+    for (int64_t b = 0; b < nblk; ++b) {
       __m256i isum[MR][2];
       for_nx<MR>([&](int x) QMM_INLINE { isum[x][0] = isum[x][1] = _mm256_setzero_si256(); });
-      const uint8_t* pg = panel + g * kSteps * 64;
-      for_nx<kSteps / kPer>([&](int c) QMM_INLINE {
-        __m256i s16[MR][2];
-        for_nx<MR>([&](int x) QMM_INLINE { s16[x][0] = s16[x][1] = _mm256_setzero_si256(); });
-        for_nx<kPer>([&](int t0) QMM_INLINE {
-          const int t = c * kPer + t0;
-          const __m256i w0 = load256(pg + 64 * t), w1 = load256(pg + 64 * t + 32);
+      for (int g = 0; g < P::kGroups; ++g) {
+        const int64_t g0 = b * P::kGroups + g;  // the group's index in the row
+        const uint8_t* pg = panel + g0 * kSteps * 64;
+        __m256i gsum[MR][2];
+        for_nx<MR>([&](int x) QMM_INLINE { gsum[x][0] = gsum[x][1] = _mm256_setzero_si256(); });
+        for_nx<kSteps / kPer>([&](int c) QMM_INLINE {
+          __m256i s16[MR][2];
+          for_nx<MR>([&](int x) QMM_INLINE { s16[x][0] = s16[x][1] = _mm256_setzero_si256(); });
+          for_nx<kPer>([&](int t0) QMM_INLINE {
+            const int t = c * kPer + t0;
+            const __m256i w0 = load256(pg + 64 * t), w1 = load256(pg + 64 * t + 32);
+            for_nx<MR>([&](int x) QMM_INLINE {
+              int32_t x4;
+              std::memcpy(&x4, xa[x]->q + g0 * P::kG + 4 * t, 4);
+              const __m256i xb = _mm256_set1_epi32(x4);
+              s16[x][0] = _mm256_add_epi16(s16[x][0], _mm256_maddubs_epi16(w0, xb));
+              s16[x][1] = _mm256_add_epi16(s16[x][1], _mm256_maddubs_epi16(w1, xb));
+            });
+          });
           for_nx<MR>([&](int x) QMM_INLINE {
-            int32_t x4;
-            std::memcpy(&x4, xq[x] + (g * kSteps + t) * 4, 4);
-            const __m256i xb = _mm256_set1_epi32(x4);
-            s16[x][0] = _mm256_add_epi16(s16[x][0], _mm256_maddubs_epi16(w0, xb));
-            s16[x][1] = _mm256_add_epi16(s16[x][1], _mm256_maddubs_epi16(w1, xb));
+            gsum[x][0] = _mm256_add_epi32(gsum[x][0], _mm256_madd_epi16(s16[x][0], ones));
+            gsum[x][1] = _mm256_add_epi32(gsum[x][1], _mm256_madd_epi16(s16[x][1], ones));
           });
         });
-        for_nx<MR>([&](int x) QMM_INLINE {
-          isum[x][0] = _mm256_add_epi32(isum[x][0], _mm256_madd_epi16(s16[x][0], ones));
-          isum[x][1] = _mm256_add_epi32(isum[x][1], _mm256_madd_epi16(s16[x][1], ones));
+        for_nx<2>([&](int h) QMM_INLINE {
+          if constexpr (P::kKind == PanelKind::Legacy) {
+            for_nx<MR>([&](int x) QMM_INLINE { isum[x][h] = gsum[x][h]; });
+          } else {
+            const __m256i scv = load256(s.sc + 16 * g0 + 8 * h);
+            for_nx<MR>([&](int x) QMM_INLINE {
+              __m256i v = gsum[x][h];
+              if constexpr (P::kKind == PanelKind::Q6K)
+                v = _mm256_sub_epi32(v, _mm256_set1_epi32(32 * xa[x]->bs[16 * b + g]));
+              isum[x][h] = _mm256_add_epi32(isum[x][h], _mm256_mullo_epi32(v, scv));
+            });
+          }
         });
-      });
+      }
       for_nx<2>([&](int h) QMM_INLINE {
-        const __m256 sv = _mm256_loadu_ps(ps + 16 * g + 8 * h), cv = _mm256_loadu_ps(pc + 16 * g + 8 * h);
+        const __m256 dv = _mm256_loadu_ps(s.d + 16 * b + 8 * h);
         for_nx<MR>([&](int x) QMM_INLINE {
-          acc[x][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[x][h]), _mm256_mul_ps(sv, _mm256_set1_ps(gd[x][g])),
-                                      acc[x][h]);
-          acc[x][h] = _mm256_fmadd_ps(cv, _mm256_set1_ps(gds[x][g]), acc[x][h]);
+          const ActRow& a = *xa[x];
+          const __m256 dx = _mm256_set1_ps(a.d[b]);
+          __m256i iv = isum[x][h];
+          if constexpr (P::kKind == PanelKind::Legacy && P::kOffset != 0)
+            iv = _mm256_sub_epi32(iv, _mm256_set1_epi32(P::kOffset * a.xs[b]));
+          __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(iv), _mm256_mul_ps(dv, dx));
+          if constexpr (P::kKind == PanelKind::Legacy && P::kMin)
+            t = _mm256_add_ps(t, _mm256_mul_ps(_mm256_loadu_ps(s.m + 16 * b + 8 * h), _mm256_set1_ps(a.ds[b])));
+          if constexpr (P::kKind == PanelKind::Q45K) {
+            __m256i ms = _mm256_setzero_si256();
+            for_nx<4>([&](int p) QMM_INLINE {
+              ms = _mm256_add_epi32(ms, _mm256_madd_epi16(load256(s.mn + 16 * (4 * b + p) + 8 * h),
+                                                          _mm256_set1_epi32(group_sum_pair(a, b, p))));
+            });
+            t = _mm256_sub_ps(t, _mm256_mul_ps(_mm256_cvtepi32_ps(ms),
+                                               _mm256_mul_ps(_mm256_loadu_ps(s.m + 16 * b + 8 * h), dx)));
+          }
+          acc[x][h] = _mm256_add_ps(acc[x][h], t);
         });
       });
     }
@@ -442,7 +495,6 @@ struct PanelTile {
   }
 };
 
-#include "model/qmatmul_panel.inc"
 
 template <class K>
 void tile_kernel(const uint8_t* w, size_t rb, int64_t cols, const ActRow* a, int nx, float* out) {
@@ -490,14 +542,14 @@ const Kernels kAvx2 = {
     row_kernel<Q45KKernel<true>>,     row_kernel<Q6KKernel>,
     tile_kernel<FloatTile<LoadF32>>,  tile_kernel<FloatTile<LoadF16>>,  tile_kernel<FloatTile<LoadBF16>>,
     kTileRows,
-    panel_gemm<PanelTile<15>, decode_legacy<Q4_0>, 32, false>,
-    panel_gemm<PanelTile<15>, decode_legacy<Q4_1>, 32, false>,
-    panel_gemm<PanelTile<31>, decode_legacy<Q5_0>, 32, false>,
-    panel_gemm<PanelTile<31>, decode_legacy<Q5_1>, 32, false>,
+    panel_gemm<PanelTile<15>, PanelType<PanelKind::Legacy, 8>, decode_legacy<Q4_0>>,
+    panel_gemm<PanelTile<15>, PanelType<PanelKind::Legacy, 0, true>, decode_legacy<Q4_1>>,
+    panel_gemm<PanelTile<31>, PanelType<PanelKind::Legacy, 16>, decode_legacy<Q5_0>>,
+    panel_gemm<PanelTile<31>, PanelType<PanelKind::Legacy, 0, true>, decode_legacy<Q5_1>>,
     nullptr,  // Q8_0: codes up to 255 would saturate maddubs
-    panel_gemm<PanelTile<15>, decode_q45k<false>, 32, true>,
-    panel_gemm<PanelTile<31>, decode_q45k<true>, 32, true>,
-    panel_gemm<PanelTile<63>, decode_q6k, 16, true>,
+    panel_gemm<PanelTile<15>, PanelType<PanelKind::Q45K>, decode_q45k<false>>,
+    panel_gemm<PanelTile<31>, PanelType<PanelKind::Q45K>, decode_q45k<true>>,
+    panel_gemm<PanelTile<63>, PanelType<PanelKind::Q6K>, decode_q6k>,
 };
 
 }  // namespace

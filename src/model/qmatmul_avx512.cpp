@@ -102,22 +102,16 @@ template <class L>
 struct FloatKernel {
   template <int NX>
   static void run(const uint8_t* w, int64_t cols, const ActRow* a, float* out) {
-    __m512 acc0[NX], acc1[NX];
-    for_nx<NX>([&](int j) QMM_INLINE { acc0[j] = acc1[j] = _mm512_setzero_ps(); });
+    // One accumulator per x row over k ascending, as FloatTile: the same sums whichever of the two runs a row.
+    __m512 acc0[NX];
+    for_nx<NX>([&](int j) QMM_INLINE { acc0[j] = _mm512_setzero_ps(); });
     int64_t i = 0;
-    for (; i + 32 <= cols; i += 32) {
-      const __m512 w0 = L::load(w + L::kSize * i), w1 = L::load(w + L::kSize * (i + 16));
-      for_nx<NX>([&](int j) QMM_INLINE {
-        acc0[j] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(a[j].x + i), acc0[j]);
-        acc1[j] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(a[j].x + i + 16), acc1[j]);
-      });
-    }
     for (; i + 16 <= cols; i += 16) {
       const __m512 w0 = L::load(w + L::kSize * i);
       for_nx<NX>([&](int j) QMM_INLINE { acc0[j] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(a[j].x + i), acc0[j]); });
     }
     for_nx<NX>([&](int j) QMM_INLINE {
-      float s = hsum512(_mm512_add_ps(acc0[j], acc1[j]));
+      float s = hsum512(acc0[j]);
       for (int64_t t = i; t < cols; ++t) s += L::one(w + L::kSize * t) * a[j].x[t];
       out[j] = s;
     });
@@ -231,81 +225,99 @@ inline __m256i act_operand(__m256i x, __m256i q) {
   return x;
 }
 
-// out = sum_b (dw * dx) * isum_b + (min: sum_b mw * ds_b; offset o: -o * sum_b dw * ds_b)
-// Blocks go 16 at a time: one gather fetches their scales (and mins), one multiply forms the 16 factors dw * dx,
-// and each pair of blocks (one register) takes its two factors with a permute.
+// Pairs of lanes summed: lanes 0..7 of the result are A's (2k, 2k+1) sums, lanes 8..15 B's. Applied three times to
+// dot products of two blocks per register (8 lanes a block) it leaves one lane a block, blocks in order.
+inline __m512i pair_sums(__m512i a, __m512i b) {
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  return _mm512_add_epi32(_mm512_permutex2var_epi32(a, even, b), _mm512_permutex2var_epi32(a, odd, b));
+}
+
+// acc + t[0] + t[1] + ... + t[n - 1], one at a time (the order of qmatmul.h).
+inline float fold(float acc, __m512 t, int n = 16) {
+  alignas(64) float v[16];
+  _mm512_store_ps(v, t);
+  for (int i = 0; i < n; ++i) acc = acc + v[i];
+  return acc;
+}
+
+// t = I * (dw * dx) [+ mw * ds] of one block b of row a (qmatmul.h), from the block's raw dot product s32 (8 lanes).
+template <class T>
+inline float legacy_term(const uint8_t* blk, const ActRow& a, int64_t b, __m256i s32) {
+  int32_t isum = _mm512_reduce_add_epi32(_mm512_zextsi256_si512(s32));
+  if constexpr (T::kOffset != 0.0f) isum -= static_cast<int32_t>(T::kOffset) * a.xs[b];
+  float t = static_cast<float>(isum) * (f16_at(blk) * a.d[b]);
+  if constexpr (T::kMin) t = t + f16_at(blk + 2) * a.ds[b];
+  return t;
+}
+
+// out = sum_b t_b in order (qmatmul.h). Blocks go 16 at a time: one gather fetches their scales (and mins), one
+// multiply forms the 16 factors dw * dx; each pair of blocks (one register) is one dpbusd, and three rounds of
+// pair_sums leave the 16 blocks' integer sums in one register, turned into the 16 terms by one vector multiply.
 template <class T>
 struct LegacyKernel {
-  static constexpr bool kOffsetTerm = T::kMin || T::kOffset != 0.0f;
-
   template <int NX>
   static void run(const uint8_t* w, int64_t cols, const ActRow* a, float* out) {
     const int64_t nb = cols / 32;
     const __m512i stride = _mm512_mullo_epi32(
         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(T::kBytes));
-    __m512 acc[NX], sacc[NX];
-    for_nx<NX>([&](int j) QMM_INLINE { acc[j] = sacc[j] = _mm512_setzero_ps(); });
+    float acc[NX];
+    for_nx<NX>([&](int j) QMM_INLINE { acc[j] = 0.0f; });
     int64_t b = 0;
     for (; b + 16 <= nb; b += 16) {
       const uint8_t* blk = w + b * T::kBytes;
       if constexpr (NX == 1) prefetch(blk, 16 * T::kBytes);
       const __m512i dm = _mm512_i32gather_epi32(stride, blk, 1);  // d | m << 16 per block
       const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
-      const __m512 sw = T::kMin ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16))) : dw;
-      __m512 sc[NX];
-      for_nx<NX>([&](int j) QMM_INLINE {
-        sc[j] = _mm512_mul_ps(dw, _mm512_loadu_ps(a[j].d + b));
-        if constexpr (kOffsetTerm) sacc[j] = _mm512_fmadd_ps(sw, _mm512_loadu_ps(a[j].ds + b), sacc[j]);
-      });
-      for_nx<8>([&](int k) QMM_INLINE {
-        const __m512i q = T::q2(blk + 2 * k * T::kBytes);
-        const __m512i wq = weight_operand<T>(q);
-        const __m512i lanes = join(_mm256_set1_epi32(2 * k), _mm256_set1_epi32(2 * k + 1));
-        for_nx<NX>([&](int j) QMM_INLINE {
-          const __m512i x = act_operand<T>(load512(a[j].q + 32 * (b + 2 * k)), q);
-          const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, x);
-          acc[j] = _mm512_fmadd_ps(_mm512_permutexvar_ps(lanes, sc[j]), _mm512_cvtepi32_ps(p), acc[j]);
+      __m512i p4[NX][4];
+      for_nx<4>([&](int k4) QMM_INLINE {
+        __m512i p2[NX][2];
+        for_nx<2>([&](int k2) QMM_INLINE {
+          const int k = 2 * k4 + k2;
+          const __m512i q = T::q2(blk + 2 * k * T::kBytes);
+          const __m512i wq = weight_operand<T>(q);
+          for_nx<NX>([&](int j) QMM_INLINE {
+            const __m512i x = act_operand<T>(load512(a[j].q + 32 * (b + 2 * k)), q);
+            p2[j][k2] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, x);
+          });
         });
+        for_nx<NX>([&](int j) QMM_INLINE { p4[j][k4] = pair_sums(p2[j][0], p2[j][1]); });
+      });
+      for_nx<NX>([&](int j) QMM_INLINE {
+        __m512i isum = pair_sums(pair_sums(p4[j][0], p4[j][1]), pair_sums(p4[j][2], p4[j][3]));
+        if constexpr (T::kOffset != 0.0f) {
+          isum = _mm512_sub_epi32(isum, _mm512_mullo_epi32(_mm512_set1_epi32(static_cast<int>(T::kOffset)),
+                                                          _mm512_loadu_si512(a[j].xs + b)));
+        }
+        __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_loadu_ps(a[j].d + b)));
+        if constexpr (T::kMin) {
+          const __m512 mw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)));
+          t = _mm512_add_ps(t, _mm512_mul_ps(mw, _mm512_loadu_ps(a[j].ds + b)));
+        }
+        acc[j] = fold(acc[j], t);
       });
     }
-    __m256 acc8[NX];
-    float tail[NX];
-    for_nx<NX>([&](int j) QMM_INLINE {
-      acc8[j] = _mm256_setzero_ps();
-      tail[j] = 0.0f;
-    });
     for (; b < nb; ++b) {
       const uint8_t* blk = w + b * T::kBytes;
-      const float d = f16_at(blk);
-      const float sw = T::kMin ? f16_at(blk + 2) : d;
       const __m256i q = T::q(blk);
       const __m256i wq = weight_operand<T>(q);
       for_nx<NX>([&](int j) QMM_INLINE {
         const __m256i x = act_operand<T>(load256(a[j].q + 32 * b), q);
-        const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wq, x);
-        acc8[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[j].d[b]), _mm256_cvtepi32_ps(p), acc8[j]);
-        if constexpr (kOffsetTerm) tail[j] += sw * a[j].ds[b];
+        acc[j] = acc[j] + legacy_term<T>(blk, a[j], b, _mm256_dpbusd_epi32(_mm256_setzero_si256(), wq, x));
       });
     }
-    // Int8Outliers: the picked blocks' second levels (ActRow::pick), as the odd block above.
+    // Int8Outliers: the picked blocks' second levels (ActRow::pick), their terms after the blocks', in order.
     for_nx<NX>([&](int j) QMM_INLINE {
       const ActRow* l = a[j].level2;
       for (int64_t p = 0; p < a[j].npick; ++p) {
         const int64_t pb = a[j].pick[p];
         const uint8_t* blk = w + pb * T::kBytes;
-        const float d = f16_at(blk);
         const __m256i q = T::q(blk);
         const __m256i x = act_operand<T>(load256(l->q + 32 * pb), q);
-        const __m256i s32 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), weight_operand<T>(q), x);
-        acc8[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * l->d[pb]), _mm256_cvtepi32_ps(s32), acc8[j]);
-        if constexpr (kOffsetTerm) tail[j] += (T::kMin ? f16_at(blk + 2) : d) * l->ds[pb];
+        acc[j] = acc[j] + legacy_term<T>(blk, *l, pb, _mm256_dpbusd_epi32(_mm256_setzero_si256(), weight_operand<T>(q), x));
       }
     });
-    for_nx<NX>([&](int j) QMM_INLINE {
-      const float s = hsum512(acc[j]) + hsum(acc8[j]);
-      const float o = hsum512(sacc[j]) + tail[j];
-      out[j] = T::kMin ? s + o : s - T::kOffset * o;
-    });
+    for_nx<NX>([&](int j) QMM_INLINE { out[j] = acc[j]; });
   }
 };
 
@@ -333,7 +345,7 @@ inline __m512i scale_index(int base, int per) {
   return _mm512_load_si512(idx);
 }
 
-// out = sum_sb (d * dx) * sum_g sc_g * isum_g - sum_sb (dmin * dx) * sum_g m_g * xsum_g
+// out = sum_sb t_sb in order, t_sb = I * (d * dx) - M * (dmin * dx), I = sum_g sc_g * isum_g, M = sum_g m_g * xsum_g
 template <bool Five>
 struct Q45KKernel {
   static constexpr int64_t kPickBlockBytes = Five ? 176 : 144;  // Int8Outliers: picks taken block by block
@@ -344,12 +356,8 @@ struct Q45KKernel {
     const __m256i m4 = _mm256_set1_epi8(15);
     const __m512i one8 = _mm512_set1_epi8(1);
     const __m512i idx[4] = {scale_index(0, 16), scale_index(2, 16), scale_index(4, 16), scale_index(6, 16)};
-    __m512 acc[NX];
-    __m256 macc[NX];
-    for_nx<NX>([&](int j) QMM_INLINE {
-      acc[j] = _mm512_setzero_ps();
-      macc[j] = _mm256_setzero_ps();
-    });
+    float acc[NX];
+    for_nx<NX>([&](int j) QMM_INLINE { acc[j] = 0.0f; });
     for (int64_t sb = 0; sb < nsb; ++sb) {
       const uint8_t* blk = w + sb * kBytes;
       const float d = f16_at(blk), dmin = f16_at(blk + 2);
@@ -382,16 +390,17 @@ struct Q45KKernel {
       }
       for_nx<NX>([&](int j) QMM_INLINE {
         const float dx = a[j].d[sb];
-        acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(d * dx), _mm512_cvtepi32_ps(sumi[j]), acc[j]);
-        const __m256i ms = _mm256_madd_epi16(load256(a[j].bs + 16 * sb), mins);
-        macc[j] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * dx), _mm256_cvtepi32_ps(ms), macc[j]);
+        const int32_t isum = _mm512_reduce_add_epi32(sumi[j]);
+        const int32_t msum = _mm512_reduce_add_epi32(
+            _mm512_zextsi256_si512(_mm256_madd_epi16(load256(a[j].bs + 16 * sb), mins)));
+        acc[j] = acc[j] + (static_cast<float>(isum) * (d * dx) - static_cast<float>(msum) * (dmin * dx));
       });
     }
-    for_nx<NX>([&](int j) QMM_INLINE { out[j] = hsum512(acc[j]) - hsum(macc[j]); });
+    for_nx<NX>([&](int j) QMM_INLINE { out[j] = acc[j]; });
   }
 };
 
-// out = sum_sb (d * dx) * (sum_g sc_g * isum_g - 32 * sum_g sc_g * xsum_g), 16 groups of 16
+// out = sum_sb t_sb in order, t_sb = I * (d * dx), I = sum_g sc_g * (isum_g - 32 * xsum_g), 16 groups of 16
 struct Q6KKernel {
   static constexpr int64_t kPickBlockBytes = 210;  // Int8Outliers: picks taken block by block
   template <int NX>
@@ -399,8 +408,8 @@ struct Q6KKernel {
     const int64_t nsb = cols / 256;
     const __m512i m4 = _mm512_set1_epi8(15), m2 = _mm512_set1_epi8(3);
     const __m512i idx[4] = {scale_index(0, 8), scale_index(4, 8), scale_index(8, 8), scale_index(12, 8)};
-    __m512 acc[NX];
-    for_nx<NX>([&](int j) QMM_INLINE { acc[j] = _mm512_setzero_ps(); });
+    float acc[NX];
+    for_nx<NX>([&](int j) QMM_INLINE { acc[j] = 0.0f; });
     for (int64_t sb = 0; sb < nsb; ++sb) {
       const uint8_t* blk = w + sb * 210;
       if constexpr (NX == 1) prefetch(blk, 210);
@@ -428,104 +437,83 @@ struct Q6KKernel {
       for_nx<NX>([&](int j) QMM_INLINE {
         const __m256i off = _mm256_madd_epi16(load256(a[j].bs + 16 * sb), sc16);
         const __m512i isum = _mm512_sub_epi32(sumi[j], _mm512_zextsi256_si512(_mm256_slli_epi32(off, 5)));
-        acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(d * a[j].d[sb]), _mm512_cvtepi32_ps(isum), acc[j]);
+        acc[j] = acc[j] + static_cast<float>(_mm512_reduce_add_epi32(isum)) * (d * a[j].d[sb]);
       });
     }
-    for_nx<NX>([&](int j) QMM_INLINE { out[j] = hsum512(acc[j]); });
+    for_nx<NX>([&](int j) QMM_INLINE { out[j] = acc[j]; });
   }
 };
 
 // ---- prefill: panel GEMM for the quantized types ----------------------------------------------------------
 //
-// Each weight row is decoded to unsigned bytes u (element order) with, per group of G elements (G = 32, or 16 for
-// Q6_K), a scale s and an offset c such that w = s * u + c (qmatmul_panel.inc); 16 rows form a panel of 64-byte
-// vectors (4 consecutive elements of each row), multiplied with each x row's 4 bytes broadcast: one dpbusd lane
-// per weight row, the float work per group shared by the 16 rows.
+// Each weight row is decoded to unsigned bytes u (element order) and its blocks' scales (qmatmul_panel.inc); 16 rows
+// form a panel of 64-byte vectors (4 consecutive elements of each row), multiplied with each x row's 4 bytes
+// broadcast: one dpbusd lane per weight row, each lane's integer block sum exact, the block's term (qmatmul.h)
+// formed once per block for the 16 rows and added to the lane's accumulator, blocks in order.
 
-// MR x rows x 16 weight rows. panel: [k / 4][16 rows][4 bytes]; ps, pc: [group][16 rows].
+#include "model/qmatmul_panel.inc"
+
+// MR x rows x 16 weight rows over nblk activation blocks. panel: [k / 4][16 rows][4 bytes]; s: PanelScales.
 struct PanelTile {
   static constexpr int kMr = 8;
 
-  template <int MR, int G>
-  static void run(const uint8_t* panel, const float* ps, const float* pc, int64_t ng, const int8_t* const* xq,
-                  const float* const* gd, const float* const* gds, float* const* out) {
-    constexpr int kSteps = G / 4;
+  template <int MR, class P>
+  static void run(const uint8_t* panel, const PanelScales& s, int64_t nblk, const ActRow* const* xa,
+                  float* const* out) {
+    constexpr int kSteps = P::kG / 4;
     __m512 acc[MR];
     for_nx<MR>([&](int x) QMM_INLINE { acc[x] = _mm512_setzero_ps(); });
-    for (int64_t g = 0; g < ng; ++g) {
+    for (int64_t b = 0; b < nblk; ++b) {
       __m512i isum[MR];
       for_nx<MR>([&](int x) QMM_INLINE { isum[x] = _mm512_setzero_si512(); });
-      const uint8_t* pg = panel + g * kSteps * 64;
-      for_nx<kSteps>([&](int t) QMM_INLINE {
-        const __m512i wv = load512(pg + 64 * t);
-        for_nx<MR>([&](int x) QMM_INLINE {
-          int32_t x4;
-          std::memcpy(&x4, xq[x] + (g * kSteps + t) * 4, 4);
-          isum[x] = _mm512_dpbusd_epi32(isum[x], wv, _mm512_set1_epi32(x4));
+      for (int g = 0; g < P::kGroups; ++g) {
+        const int64_t g0 = b * P::kGroups + g;  // the group's index in the row
+        const uint8_t* pg = panel + g0 * kSteps * 64;
+        __m512i gsum[MR];
+        for_nx<MR>([&](int x) QMM_INLINE { gsum[x] = _mm512_setzero_si512(); });
+        for_nx<kSteps>([&](int t) QMM_INLINE {
+          const __m512i wv = load512(pg + 64 * t);
+          for_nx<MR>([&](int x) QMM_INLINE {
+            int32_t x4;
+            std::memcpy(&x4, xa[x]->q + g0 * P::kG + 4 * t, 4);
+            gsum[x] = _mm512_dpbusd_epi32(gsum[x], wv, _mm512_set1_epi32(x4));
+          });
         });
-      });
-      const __m512 sv = _mm512_loadu_ps(ps + 16 * g), cv = _mm512_loadu_ps(pc + 16 * g);
+        if constexpr (P::kKind == PanelKind::Legacy) {
+          for_nx<MR>([&](int x) QMM_INLINE { isum[x] = gsum[x]; });
+        } else {
+          const __m512i scv = load512(s.sc + 16 * g0);
+          for_nx<MR>([&](int x) QMM_INLINE {
+            __m512i v = gsum[x];
+            if constexpr (P::kKind == PanelKind::Q6K) v = _mm512_sub_epi32(v, _mm512_set1_epi32(32 * xa[x]->bs[16 * b + g]));
+            isum[x] = _mm512_add_epi32(isum[x], _mm512_mullo_epi32(v, scv));
+          });
+        }
+      }
+      const __m512 dv = _mm512_loadu_ps(s.d + 16 * b);
       for_nx<MR>([&](int x) QMM_INLINE {
-        acc[x] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[x]), _mm512_mul_ps(sv, _mm512_set1_ps(gd[x][g])), acc[x]);
-        acc[x] = _mm512_fmadd_ps(cv, _mm512_set1_ps(gds[x][g]), acc[x]);
+        const ActRow& a = *xa[x];
+        const __m512 dx = _mm512_set1_ps(a.d[b]);
+        __m512i iv = isum[x];
+        if constexpr (P::kKind == PanelKind::Legacy && P::kOffset != 0)
+          iv = _mm512_sub_epi32(iv, _mm512_set1_epi32(P::kOffset * a.xs[b]));
+        __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(iv), _mm512_mul_ps(dv, dx));
+        if constexpr (P::kKind == PanelKind::Legacy && P::kMin)
+          t = _mm512_add_ps(t, _mm512_mul_ps(_mm512_loadu_ps(s.m + 16 * b), _mm512_set1_ps(a.ds[b])));
+        if constexpr (P::kKind == PanelKind::Q45K) {
+          __m512i ms = _mm512_setzero_si512();
+          for_nx<4>([&](int p) QMM_INLINE {
+            ms = _mm512_add_epi32(ms, _mm512_madd_epi16(load512(s.mn + 16 * (4 * b + p)),
+                                                        _mm512_set1_epi32(group_sum_pair(a, b, p))));
+          });
+          t = _mm512_sub_ps(t, _mm512_mul_ps(_mm512_cvtepi32_ps(ms), _mm512_mul_ps(_mm512_loadu_ps(s.m + 16 * b), dx)));
+        }
+        acc[x] = _mm512_add_ps(acc[x], t);
       });
     }
     for_nx<MR>([&](int x) QMM_INLINE { _mm512_storeu_ps(out[x], acc[x]); });
   }
-
-  // Int8Outliers: the pairs [p0, p1) of one activation block column (gpb groups of the panel from pg; ps, pc
-  // there), each pair's 16 products added to y at its x row. Per pair and group the operations of run<1> above,
-  // in its order (the same sums), without a tile's setup per call.
-  static constexpr bool kPairLoop = true;
-  template <int G, bool KType>
-  static void pairs(const uint8_t* pg, const float* ps, const float* pc, int64_t gpb, const PanelPairs& pp, int64_t p0,
-                    int64_t p1, float* y, int64_t y_stride) {
-    int64_t p = p0;
-    for (; p + 8 <= p1; p += 8) pairs_n<8, G, KType>(pg, ps, pc, gpb, pp, p, y, y_stride);
-    for (; p + 4 <= p1; p += 4) pairs_n<4, G, KType>(pg, ps, pc, gpb, pp, p, y, y_stride);
-    for (; p < p1; ++p) pairs_n<1, G, KType>(pg, ps, pc, gpb, pp, p, y, y_stride);
-  }
-  // N pairs from p at once (independent sums: the dot products' latency overlaps), each as run<1> would.
-  template <int N, int G, bool KType>
-  static void pairs_n(const uint8_t* pg, const float* ps, const float* pc, int64_t gpb, const PanelPairs& pp, int64_t p,
-                      float* y, int64_t y_stride) {
-    constexpr int kSteps = G / 4;
-    const ActRow* a = pp.act + p;
-    __m512 acc[N];
-    for_nx<N>([&](int n) QMM_INLINE { acc[n] = _mm512_setzero_ps(); });
-    for (int64_t g = 0; g < gpb; ++g) {
-      __m512i isum[N];
-      for_nx<N>([&](int n) QMM_INLINE { isum[n] = _mm512_setzero_si512(); });
-      for_nx<kSteps>([&](int t) QMM_INLINE {
-        const __m512i wv = load512(pg + (g * kSteps + t) * 64);
-        for_nx<N>([&](int n) QMM_INLINE {
-          int32_t x4;
-          std::memcpy(&x4, a[n].q + (g * kSteps + t) * 4, 4);
-          isum[n] = _mm512_dpbusd_epi32(isum[n], wv, _mm512_set1_epi32(x4));
-        });
-      });
-      const __m512 sv = _mm512_loadu_ps(ps + 16 * g), cv = _mm512_loadu_ps(pc + 16 * g);
-      for_nx<N>([&](int n) QMM_INLINE {
-        const float dx = a[n].d[0];
-        float dxs;
-        if constexpr (KType) {
-          const int64_t j = g * G / 16;
-          dxs = dx * static_cast<float>(G == 16 ? a[n].bs[j] : a[n].bs[j] + a[n].bs[j + 1]);
-        } else {
-          dxs = a[n].ds[0];
-        }
-        acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[n]), _mm512_mul_ps(sv, _mm512_set1_ps(dx)), acc[n]);
-        acc[n] = _mm512_fmadd_ps(cv, _mm512_set1_ps(dxs), acc[n]);
-      });
-    }
-    for_nx<N>([&](int n) QMM_INLINE {
-      float* yr = y + pp.xrow[p + n] * y_stride;
-      _mm512_storeu_ps(yr, _mm512_add_ps(_mm512_loadu_ps(yr), acc[n]));
-    });
-  }
 };
-
-#include "model/qmatmul_panel.inc"
 
 template <class K>
 void tile_kernel(const uint8_t* w, size_t rb, int64_t cols, const ActRow* a, int nx, float* out) {
@@ -573,14 +561,14 @@ const Kernels kAvx512 = {
     row_kernel<Q45KKernel<true>>,     row_kernel<Q6KKernel>,
     tile_kernel<FloatTile<LoadF32>>,  tile_kernel<FloatTile<LoadF16>>,  tile_kernel<FloatTile<LoadBF16>>,
     kTileRows,
-    panel_gemm<PanelTile, decode_legacy<Q4_0>, 32, false>,
-    panel_gemm<PanelTile, decode_legacy<Q4_1>, 32, false>,
-    panel_gemm<PanelTile, decode_legacy<Q5_0>, 32, false>,
-    panel_gemm<PanelTile, decode_legacy<Q5_1>, 32, false>,
-    panel_gemm<PanelTile, decode_legacy<Q8_0>, 32, false>,
-    panel_gemm<PanelTile, decode_q45k<false>, 32, true>,
-    panel_gemm<PanelTile, decode_q45k<true>, 32, true>,
-    panel_gemm<PanelTile, decode_q6k, 16, true>,
+    panel_gemm<PanelTile, PanelType<PanelKind::Legacy, 8>, decode_legacy<Q4_0>>,
+    panel_gemm<PanelTile, PanelType<PanelKind::Legacy, 0, true>, decode_legacy<Q4_1>>,
+    panel_gemm<PanelTile, PanelType<PanelKind::Legacy, 16>, decode_legacy<Q5_0>>,
+    panel_gemm<PanelTile, PanelType<PanelKind::Legacy, 0, true>, decode_legacy<Q5_1>>,
+    panel_gemm<PanelTile, PanelType<PanelKind::Legacy, 128>, decode_legacy<Q8_0>>,
+    panel_gemm<PanelTile, PanelType<PanelKind::Q45K>, decode_q45k<false>>,
+    panel_gemm<PanelTile, PanelType<PanelKind::Q45K>, decode_q45k<true>>,
+    panel_gemm<PanelTile, PanelType<PanelKind::Q6K>, decode_q6k>,
 };
 
 }  // namespace

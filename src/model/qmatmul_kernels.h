@@ -16,6 +16,7 @@ struct ActRow {
   const int8_t* q = nullptr;   // int8 activations, cols of them
   const float* d = nullptr;    // per activation block: the scale
   const float* ds = nullptr;   // per 32-block: d * sum(q)
+  const int32_t* xs = nullptr; // per 32-block: sum(q)
   const int16_t* bs = nullptr; // per 256-block: 16 sums of q over 16 elements each
   // QAct::Int8Outliers: the row's picked activation blocks pick[0, npick) (ascending) carry a second level, laid
   // out as this row's own arrays (level2->q + ab b, level2->d + b, ...; only the picked blocks are written). The
@@ -53,7 +54,7 @@ void add_k_type_picks(const uint8_t* w, const ActRow* a, int nx, float* out) {
         sub.q = l->q + 256 * b;
         sub.d = l->d + b;
         sub.bs = l->bs + 16 * b;
-        float o;
+        float o;  // = the block's term t_b (0 + t_b)
         K::template run<1>(w + b * K::kPickBlockBytes, 256, &sub, &o);
         out[j] += o;
       }
