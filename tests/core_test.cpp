@@ -1,11 +1,13 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <csignal>
 #include <cstdlib>
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include "core/crash_report.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/memory_budget.h"
@@ -146,6 +148,24 @@ TEST(MemoryBudget, ChecksAgainstTheBudgetInForce) {
   EXPECT_THROW(host_memory_budget(), Error);
   unsetenv("TESSERA_MEMORY_BUDGET");
   EXPECT_GT(host_memory_budget().bytes, int64_t{1} << 28);  // physical memory or the cgroup limit
+}
+
+// The CLI's crash report: the signal's name and a call stack on standard error, then death by the same signal.
+TEST(CrashReport, NamesTheSignalPrintsTheStackAndDiesOfIt) {
+  if (!tessera::crash_report_available()) GTEST_SKIP() << "a sanitizer build: the sanitizer reports crashes";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        install_crash_report();
+        std::raise(SIGSEGV);
+      },
+      testing::KilledBySignal(SIGSEGV), "tessera: fatal signal 11 \\(SIGSEGV\\); call stack:\n.*\\[0x[0-9a-f]+\\]");
+  EXPECT_EXIT(
+      {
+        install_crash_report();
+        std::abort();
+      },
+      testing::KilledBySignal(SIGABRT), "tessera: fatal signal 6 \\(SIGABRT\\); call stack:");
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 
 #include "cli/commands.h"
 #include "cli/usage.h"
+#include "core/crash_report.h"
 #include "core/error.h"
 #include "core/memory_budget.h"
 #include "core/thread_pool.h"
@@ -106,6 +107,7 @@ void add_stream_options(CLI::App* app, tessera::cli::StreamFlags& f, bool severa
 }  // namespace
 
 int main(int argc, char** argv) {
+  tessera::install_crash_report();
   choose_openblas_core(argv);
   using namespace tessera::cli;
   CLI::App app{"tessera: long-context LLM inference with per-head sparse attention"};
