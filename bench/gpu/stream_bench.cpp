@@ -31,8 +31,12 @@
 // thread during the prefill (inside TTFT). Streaming engines are reused across lengths (ascending), so a row pins
 // only what the previous rows did not.
 //
-// "<method>-each" (e.g. "ltri-each"): the blocks' host <-> device copies and the workspace's block copies one
-// cudaMemcpyAsync each (TESSERA_STREAM_COPIES=each), the path before the batched copies, in the same run.
+// Ablations beside the default in the same run (suffixes, combinable: "ltri-serial-cache1"): "-each" the blocks' host
+// <-> device copies and the workspace's block copies one cudaMemcpyAsync each (TESSERA_STREAM_COPIES=each, the path
+// before the batched copies); "-serial" the device decisions on the compute stream, the local pass after them
+// (TESSERA_STREAM_OVERLAP=0); "-cache1" a block cache of top_k slots per layer (TESSERA_STREAM_CACHE=1; default 4x);
+// "-profile" that row's sections timed (TESSERA_STREAM_PROFILE=1). An engine is dropped after the last length's row
+// (its pinned slabs with it), so that several rows' pinned memory is not held at once.
 //
 // "streamingllm-copy": streamingllm with its window copied out of the ring and rotated every chunk (the path before
 // GpuStreamingKV::window_kept()), a baseline in the same run.
@@ -53,6 +57,8 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -274,10 +280,23 @@ int main(int argc, char** argv) {
           // "<method>-fp8" / "dense-fp8": that row in FP8 (as --gemm fp8 does for every row).
           const bool fp8_suffix = spec.size() > 4 && spec.substr(spec.size() - 4) == "-fp8";
           std::string spec_bf16 = fp8_suffix ? spec.substr(0, spec.size() - 4) : spec;
-          // "<method>-each": the block copies one cudaMemcpyAsync each (TESSERA_STREAM_COPIES=each, the path before
-          // GpuStreamingKV::batched_copies()), beside the batched default in the same run.
-          const bool each_copy = spec_bf16.size() > 5 && spec_bf16.substr(spec_bf16.size() - 5) == "-each";
-          if (each_copy) spec_bf16 = spec_bf16.substr(0, spec_bf16.size() - 5);
+          // Ablations in the same run, each an environment variable GpuStreamingKV reads at construction (suffixes
+          // in any order, before "-fp8"): "-each" the block copies one cudaMemcpyAsync each (TESSERA_STREAM_COPIES=
+          // each), "-serial" the decisions on the compute stream (TESSERA_STREAM_OVERLAP=0), "-cache1" a block cache
+          // of top_k slots (TESSERA_STREAM_CACHE=1), "-profile" the sections timed (TESSERA_STREAM_PROFILE=1).
+          std::vector<std::pair<const char*, const char*>> env;
+          for (bool found = true; found;) {
+            found = false;
+            for (const auto& [sfx, var, val] : {std::tuple<std::string, const char*, const char*>{"-each", "TESSERA_STREAM_COPIES", "each"},
+                                                {"-serial", "TESSERA_STREAM_OVERLAP", "0"},
+                                                {"-cache1", "TESSERA_STREAM_CACHE", "1"},
+                                                {"-profile", "TESSERA_STREAM_PROFILE", "1"}})
+              if (spec_bf16.size() > sfx.size() && spec_bf16.substr(spec_bf16.size() - sfx.size()) == sfx) {
+                spec_bf16 = spec_bf16.substr(0, spec_bf16.size() - sfx.size());
+                env.emplace_back(var, val);
+                found = true;
+              }
+          }
           // "<ltri...>-gemm" / "<ltri...>-fused": Ltri's scoring by the bf16 GEMMs or the fused kernel
           // (TESSERA_LTRI_SCORING, read by StreamDecider's constructor); without either, the default.
           std::string scoring;
@@ -327,9 +346,9 @@ int main(int argc, char** argv) {
               if (host_decisions) setenv("TESSERA_STREAM_DECISIONS", "host", 1);  // read by GpuStreamingKV's constructor
               if (copy_window) setenv("TESSERA_STREAM_WINDOW", "copy", 1);
               if (!scoring.empty()) setenv("TESSERA_LTRI_SCORING", scoring.c_str(), 1);
-              if (each_copy) setenv("TESSERA_STREAM_COPIES", "each", 1);
+              for (const auto& [var, val] : env) setenv(var, val, 1);
               slot = std::make_unique<GpuEngine>(*dev, go);
-              if (each_copy) unsetenv("TESSERA_STREAM_COPIES");
+              for (const auto& [var, val] : env) unsetenv(var);
               if (host_decisions) unsetenv("TESSERA_STREAM_DECISIONS");
               if (copy_window) unsetenv("TESSERA_STREAM_WINDOW");
               if (!scoring.empty()) unsetenv("TESSERA_LTRI_SCORING");
@@ -398,6 +417,7 @@ int main(int argc, char** argv) {
         r.rss_gb = static_cast<double>(proc_status_bytes("VmHWM:")) / 1e9;
         print_row(r);
         rows.push_back(r);
+        if (seq == o.seqs.back()) engines.erase(spec);  // its pinned slabs are not needed again
       }
     }
     if (csv != nullptr) std::fclose(csv);

@@ -8,6 +8,7 @@
 #include <array>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -322,23 +323,31 @@ __global__ void __launch_bounds__(1024) sim_heads_kernel(
   }
 }
 
-// score[b] = sum over query spans t of max over b's spans of sim[t][s]; -inf for a block without spans.
-__global__ void block_kernel(const double* sim, const int32_t* block_begin, int32_t blocks, int32_t query_spans,
-                             int64_t total_spans, double* scores) {
-  const int b = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (b >= blocks) return;
+// score[b] = sum over query spans t of max over b's spans of sim[t][s]; -inf for a block without spans. One warp per
+// block: the lanes take the block's spans (32 at a time, coalesced), their maximum by shuffles (a maximum does not
+// depend on the order), and every lane adds the query spans' bests in t order (SpanIndex::block_scores's sum).
+// (One thread per block walking T x spans serially before: the same values, a latency-bound loop.)
+constexpr int kBlockWarps = 4;
+__global__ void __launch_bounds__(32 * kBlockWarps) block_kernel(const double* sim, const int32_t* block_begin,
+                                                                 int32_t blocks, int32_t query_spans,
+                                                                 int64_t total_spans, double* scores) {
+  const int64_t b = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  if (b >= blocks) return;  // whole warps leave together
   const int32_t s0 = block_begin[b], s1 = block_begin[b + 1];
   if (s1 <= s0) {
-    scores[b] = -INFINITY;
+    if (lane == 0) scores[b] = -INFINITY;
     return;
   }
   double score = 0;
   for (int32_t t = 0; t < query_spans; ++t) {
+    const double* row = sim + static_cast<int64_t>(t) * total_spans;
     double best = -INFINITY;
-    for (int32_t s = s0; s < s1; ++s) best = fmax(best, sim[t * total_spans + s]);
+    for (int32_t s = s0 + lane; s < s1; s += 32) best = fmax(best, row[s]);
+    for (int off = 16; off > 0; off >>= 1) best = fmax(best, __shfl_xor_sync(0xffffffffu, best, off));
     score = __dadd_rn(score, best);
   }
-  scores[b] = score;
+  if (lane == 0) scores[b] = score;
 }
 
 namespace sm = stream::span_math;
@@ -570,6 +579,7 @@ void StreamDecider::chunk_map(const bf16* q, const bf16* k, int32_t n, int32_t p
 void StreamDecider::wait(cudaStream_t s) {
   if (!pending_) return;
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
+  if (s == arena_stream_) arena_used_ = 0;
   synced();
 }
 
@@ -584,6 +594,29 @@ void StreamDecider::begin(Section what, cudaStream_t s) {
 }
 void StreamDecider::end(Section what, cudaStream_t s) {
   if (timer_) timer_->end(static_cast<EventTimer::Kind>(what), s);
+}
+
+// Host arrays to the device through the pinned arena: a cudaMemcpyAsync from pageable memory waits for the stream
+// before it copies (a hidden synchronisation per call); from pinned memory it only enqueues. The arena's bytes are
+// reused once the stream that read them has synchronised (synced()) or, before another stream's copy, after
+// synchronising the last one.
+void StreamDecider::put(void* dst, const void* src, size_t bytes, cudaStream_t s) {
+  if (bytes == 0) return;
+  if (arena_used_ > 0 && s != arena_stream_) {
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(arena_stream_));
+    arena_used_ = 0;
+  }
+  const size_t need = (bytes + 15) / 16 * 16;
+  if (arena_used_ + need > arena_.size()) {
+    if (arena_used_ > 0) TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
+    arena_used_ = 0;
+    arena_.grow(std::max<size_t>(need, size_t{1} << 20));
+  }
+  unsigned char* at = arena_.data() + arena_used_;
+  std::memcpy(at, src, bytes);
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(dst, at, bytes, cudaMemcpyHostToDevice, s));
+  arena_used_ += need;
+  arena_stream_ = s;
 }
 
 void StreamDecider::synced() {
@@ -706,6 +739,7 @@ std::vector<stream::SpanMasses> StreamDecider::span_masses(std::span<const strea
   TESSERA_CUDA_CHECK(cudaMemcpyAsync(masses_host_.data(), masses_.data(), static_cast<size_t>(2 * count) * sizeof(double),
                                      cudaMemcpyDeviceToHost, s));
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
+  if (s == arena_stream_) arena_used_ = 0;
   synced();
   for (int32_t i = 0; i < count; ++i) out[static_cast<size_t>(i)] = {masses_host_[2 * i], masses_host_[2 * i + 1]};
   return out;
@@ -731,6 +765,7 @@ std::vector<float> StreamDecider::gather_keys(const bf16* ring, int32_t ring_row
   TESSERA_CUDA_CHECK(cudaMemcpyAsync(keys_host_.data(), keys_.data(), static_cast<size_t>(m * row_) * sizeof(float),
                                      cudaMemcpyDeviceToHost, s));
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
+  if (s == arena_stream_) arena_used_ = 0;
   synced();
   std::copy(keys_host_.data(), keys_host_.data() + m * row_, out.begin());
   return out;
@@ -763,7 +798,7 @@ void StreamDecider::append_index_keys(int32_t layer, const bf16* ring, int32_t r
   const int64_t first = static_cast<int64_t>(head_begin) * d_;
   grow(M.keys, M.vector_capacity, M.vectors + m, M.vectors, M.row, s);
   begin(kKeys, s);
-  h2d(positions_.data(), positions.data(), static_cast<size_t>(m), s);  // pageable: staged at once
+  put(positions_.data(), positions.data(), static_cast<size_t>(m) * sizeof(int32_t), s);
   gather_ring_kernel<<<blocks_for(m * M.row, kThreads), kThreads, 0, s>>>(
       r, ring_rows, sinks, positions_.data(), m, M.row, reinterpret_cast<nbf*>(M.keys.data()) + M.vectors * M.row, row_,
       first);
@@ -789,6 +824,7 @@ std::vector<double> StreamDecider::download_scores(int32_t blocks, cudaStream_t 
   TESSERA_CUDA_CHECK(cudaMemcpyAsync(scores_host_.data(), block_scores_.data(), static_cast<size_t>(blocks) * sizeof(double),
                                      cudaMemcpyDeviceToHost, s));
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
+  if (s == arena_stream_) arena_used_ = 0;
   synced();
   return std::vector<double>(scores_host_.data(), scores_host_.data() + blocks);
 }
@@ -806,8 +842,8 @@ std::vector<double> StreamDecider::infllm_scores(int32_t layer, const stream::Re
       const std::span<const float> mean = index.mean(b);
       means_staging_.insert(means_staging_.end(), mean.begin(), mean.end());
     }
-    // Pageable: staged before cudaMemcpyAsync returns.
-    h2d(M.means.data() + M.blocks * row_, means_staging_.data(), means_staging_.size(), s);
+    // Through the pinned arena (put()): enqueued, no synchronisation.
+    put(M.means.data() + M.blocks * row_, means_staging_.data(), means_staging_.size() * sizeof(float), s);
     M.blocks = blocks;
   }
   if (blocks == 0) {
@@ -818,7 +854,7 @@ std::vector<double> StreamDecider::infllm_scores(int32_t layer, const stream::Re
   mean_query_kernel<<<static_cast<unsigned>((qrow_ + 127) / 128), 128, 0, s>>>(reinterpret_cast<const nbf*>(q),
                                                                                mean_.data(), n, qrow_);
   fit(weights_, static_cast<size_t>(nq_));
-  h2d(weights_.data(), w.data(), static_cast<size_t>(nq_), s);
+  put(weights_.data(), w.data(), static_cast<size_t>(nq_) * sizeof(double), s);
   fit(repr_dots_, static_cast<size_t>(blocks) * static_cast<size_t>(nq_));
   const int64_t pairs = static_cast<int64_t>(blocks) * nq_;
   repr_dots_kernel<<<static_cast<unsigned>((pairs + 127) / 128), 128, 0, s>>>(
@@ -839,6 +875,7 @@ std::vector<float> StreamDecider::mean_query(const bf16* q, int32_t n, cudaStrea
   std::vector<float> out(static_cast<size_t>(qrow_));
   TESSERA_CUDA_CHECK(cudaMemcpyAsync(out.data(), mean_.data(), out.size() * sizeof(float), cudaMemcpyDeviceToHost, s));
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
+  if (s == arena_stream_) arena_used_ = 0;
   synced();
   return out;
 }
@@ -891,15 +928,15 @@ void StreamDecider::mirror(int32_t layer, const stream::SpanIndex& index, cudaSt
         ++M.tile_spans;
       }
     }
-    // Pageable copies: staged before cudaMemcpyAsync returns, so the host vectors may change afterwards.
-    h2d(M.span_first.data() + M.spans, M.first_host.data() + M.spans, static_cast<size_t>(spans - M.spans), s);
-    h2d(M.span_count.data() + M.spans, M.count_host.data() + M.spans, static_cast<size_t>(spans - M.spans), s);
+    // Through the pinned arena (put()): the host vectors may change afterwards.
+    put(M.span_first.data() + M.spans, M.first_host.data() + M.spans, static_cast<size_t>(spans - M.spans) * sizeof(int32_t), s);
+    put(M.span_count.data() + M.spans, M.count_host.data() + M.spans, static_cast<size_t>(spans - M.spans) * sizeof(int32_t), s);
     M.spans = spans;
     const auto tiles = static_cast<int64_t>(M.tile_begin_host.size());
     if (tiles > M.tiles_uploaded) {  // a tile's first span never changes: only the new tiles go up
       grow(M.tile_begin, M.tile_capacity, tiles, M.tiles_uploaded, 1, s);
-      h2d(M.tile_begin.data() + M.tiles_uploaded, M.tile_begin_host.data() + M.tiles_uploaded,
-          static_cast<size_t>(tiles - M.tiles_uploaded), s);
+      put(M.tile_begin.data() + M.tiles_uploaded, M.tile_begin_host.data() + M.tiles_uploaded,
+          static_cast<size_t>(tiles - M.tiles_uploaded) * sizeof(int32_t), s);
       M.tiles_uploaded = tiles;
     }
   }
@@ -922,7 +959,7 @@ void StreamDecider::mirror(int32_t layer, const stream::SpanIndex& index, cudaSt
     int64_t cap = M.block_capacity;
     grow(M.block_begin, cap, static_cast<int64_t>(blocks) + 1, M.blocks > 0 ? from + 1 : 0, 1, s);
     M.block_capacity = cap;
-    h2d(M.block_begin.data() + from, M.block_begin_host.data() + from, static_cast<size_t>(blocks + 1 - from), s);
+    put(M.block_begin.data() + from, M.block_begin_host.data() + from, static_cast<size_t>(blocks + 1 - from) * sizeof(int32_t), s);
     M.blocks = blocks;
   }
 }
@@ -1045,7 +1082,7 @@ std::vector<double> StreamDecider::ltri_scores(int32_t layer, const stream::Span
   h2d(tokens_.data(), staging_.data(), static_cast<size_t>(m), s);
   h2d(span_offsets_.data(), offsets, static_cast<size_t>(T) + 1, s);
   fit(weights_, static_cast<size_t>(std::max(H, 1)));
-  h2d(weights_.data(), weights.data(), weights.size(), s);
+  put(weights_.data(), weights.data(), weights.size() * sizeof(double), s);
   fit(sim_, static_cast<size_t>(std::max<int64_t>(static_cast<int64_t>(T) * S, 1)));
   if (m > 0 && V > 0 && H > 0 && S > 0) {
     // The query vectors as they are (bf16), padded with zero rows to the fused kernel's passes.
@@ -1062,8 +1099,8 @@ std::vector<double> StreamDecider::ltri_scores(int32_t layer, const stream::Span
     TESSERA_CUDA_CHECK(cudaMemsetAsync(sim_.data(), 0, static_cast<size_t>(T) * static_cast<size_t>(S) * sizeof(double), s));
   }
   fit(block_scores_, static_cast<size_t>(blocks));
-  block_kernel<<<(blocks + 127) / 128, 128, 0, s>>>(sim_.data(), M.block_begin.data(), blocks, T, S,
-                                                     block_scores_.data());
+  block_kernel<<<(blocks + kBlockWarps - 1) / kBlockWarps, 32 * kBlockWarps, 0, s>>>(sim_.data(), M.block_begin.data(),
+                                                                                    blocks, T, S, block_scores_.data());
   check_launch("stream ltri scores: blocks");
   end(kScores, s);
   return download_scores(blocks, s);

@@ -201,6 +201,11 @@ class StreamDecider {
   int32_t map_n_ = 0;
   PinnedBuffer<int32_t> staging_;  // tokens and span offsets
   PinnedBuffer<double> scores_host_;
+  // Host arrays on their way to the device (put()): pinned, so that the copies do not synchronise the stream.
+  void put(void* dst, const void* src, size_t bytes, cudaStream_t s);
+  PinnedBuffer<unsigned char> arena_;
+  size_t arena_used_ = 0;
+  cudaStream_t arena_stream_ = nullptr;
 };
 
 }  // namespace tessera::runtime::gpu

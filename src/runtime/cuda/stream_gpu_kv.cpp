@@ -124,6 +124,15 @@ GpuStreamingKV::GpuStreamingKV(const ModelConfig& config, StreamOptions options)
   if (host_.needs_qk()) decider_ = std::make_unique<StreamDecider>(cfg_);
   const char* win = std::getenv("TESSERA_STREAM_WINDOW");
   window_kept_ = opt_.method == StreamMethod::StreamingLLM && (win == nullptr || std::string(win) != "copy");
+  TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&decide_, cudaStreamNonBlocking));
+  TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&decided_, cudaEventDisableTiming));
+  const char* ov = std::getenv("TESSERA_STREAM_OVERLAP");
+  overlap_ = ov == nullptr || std::string(ov) != "0";
+  const char* slots = std::getenv("TESSERA_STREAM_CACHE");
+  const int64_t factor = slots != nullptr ? std::atoll(slots) : kCacheFactor;
+  check(factor >= 1 && factor <= 64, "TESSERA_STREAM_CACHE must be 1 to 64 (block cache slots per retrieved block), got '" +
+                                         std::string(slots != nullptr ? slots : "") + "'");
+  cache_slots_ = std::max<int64_t>(opt_.top_k, 1) * factor;
   const char* copies = std::getenv("TESSERA_STREAM_COPIES");
   batched_copies_ = copies == nullptr || std::string(copies) != "each";
   const char* prof = std::getenv("TESSERA_STREAM_PROFILE");
@@ -176,6 +185,11 @@ GpuStreamingKV::~GpuStreamingKV() {
     if (L.evicted != nullptr) cudaEventDestroy(L.evicted);
   if (ready_ != nullptr) cudaEventDestroy(ready_);
   if (blocks_in_ != nullptr) cudaEventDestroy(blocks_in_);
+  if (decided_ != nullptr) cudaEventDestroy(decided_);
+  if (decide_ != nullptr) {
+    cudaStreamSynchronize(decide_);
+    cudaStreamDestroy(decide_);
+  }
   if (copy_ != nullptr) cudaStreamDestroy(copy_);
   const size_t slab_bytes = static_cast<size_t>(kSlabBlocks * block_values_) * sizeof(bf16);
   for (bf16* p : slabs_) free_slab(p, slab_bytes);
@@ -209,9 +223,10 @@ void GpuStreamingKV::ensure_device(int32_t n) {
       L.sink_v.resize(L.sink_k.size());
       L.ring_k.resize(static_cast<size_t>(ring_rows_ * row_));
       L.ring_v.resize(L.ring_k.size());
-      L.cache_k.resize(static_cast<size_t>(std::max<int64_t>(opt_.top_k, 1) * B * row_));
+      L.cache_k.resize(static_cast<size_t>(cache_slots_ * B * row_));
       L.cache_v.resize(L.cache_k.size());
-      L.cache_block.assign(static_cast<size_t>(std::max(opt_.top_k, 1)), -1);
+      L.cache_block.assign(static_cast<size_t>(cache_slots_), -1);
+      L.cache_used.assign(static_cast<size_t>(cache_slots_), -1);
     }
     if (window_kept_) {
       win_rows_ = opt_.sinks + 2 * static_cast<int64_t>(opt_.local + B) + max_chunk_;
@@ -398,12 +413,73 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
   const int32_t nq = cfg_.num_q_heads, nkv = cfg_.num_kv_heads, d = cfg_.head_dim, B = opt_.block;
   const size_t row_bytes = static_cast<size_t>(row_) * sizeof(bf16);
 
+  // Steps 4 and 5's local pass (below) for a layout `lay` after E evictions: the workspace's local part and chunk
+  // (rows [lay.global, ...)), rotated at their true positions; the queries; the local index's pass into `out`.
+  attn::AttentionArgs a_local;
+  Indexes* ixp = nullptr;
+  bool local_done = false;
+  auto local_first = [&](const stream::StreamLayout& lay_local, int32_t E) {
+    prof_mark(s);
+    const int32_t local_begin = E > 0 ? opt_.sinks + E * B : 0;
+    const int32_t G = lay_local.global;
+    bf16* wk = ws_k_.data();
+    bf16* wv = ws_v_.data();
+    {
+      int64_t at = G;  // rows
+      int32_t p = local_begin;
+      if (E == 0) {  // the sinks are local too
+        const int32_t sinks = std::min(pos, opt_.sinks);
+        d2d(wk + at * row_, L.sink_k.data(), static_cast<size_t>(sinks) * row_bytes, s);
+        d2d(wv + at * row_, L.sink_v.data(), static_cast<size_t>(sinks) * row_bytes, s);
+        at += sinks;
+        p = sinks;
+      }
+      if (pos > p) {
+        copy_from_ring(L.ring_k, p, pos - p, wk + at * row_, s);
+        copy_from_ring(L.ring_v, p, pos - p, wv + at * row_, s);
+        at += pos - p;
+      }
+      check(at == G + lay_local.local, "GPU streaming: the local window holds " + std::to_string(at - G) + " rows, the layout " +
+                                     std::to_string(lay_local.local));
+      d2d(wk + at * row_, k, static_cast<size_t>(n) * row_bytes, s);
+      d2d(wv + at * row_, v, static_cast<size_t>(n) * row_bytes, s);
+      stream_rope_rows(wk + static_cast<int64_t>(G) * row_, lay_local.local + n, row_, nkv, d, inv_freq, local_begin, 1, s);
+      d2d(q_local_.data(), q, static_cast<size_t>(n * qrow_) * sizeof(bf16), s);
+      stream_rope_rows(q_local_.data(), n, qrow_, nq, d, inv_freq, pos, 1, s);
+    }
+
+    // 5. Attention: the local index now (overlapping the block copies), then the global one, merged.
+    prof_mark(s);
+    ixp = &indexes(lay_local, n <= 64 ? 64 : 128, s);
+    a_local = local_pass(lay_local, *ixp, n, q_local_.data(), wk, wv, scale, out, s);
+    prof_mark(s);
+    local_done = true;
+  };
+
+  // The ring rows the evictions copy out and the cache slots the retrieved blocks replace were last written / read by
+  // work already on the compute stream: the copy stream waits for this point (not for this layer's own work).
+  TESSERA_CUDA_CHECK(cudaEventRecord(ready_, s));
+
   // 1. The decisions: the CPU class's, with the map, votes and block scores from the device (or, with
   // device_decisions(false), all on the host from f32 copies of q and k).
   const auto t0 = Clock::now();
   stream::StreamLayout lay;
   // (A voted-only layer, Ltri with retrieval heads, maps nothing and scores nothing: its blocks are the votes.)
   const bool maps = host_.maps_chunk(layer);
+  // Overlap (overlap_decisions(), the default): a prefill chunk's device decisions run on a second stream (decide_)
+  // while the compute stream builds the workspace's local part and runs the local pass, which read no decision: the
+  // layout's sizes follow from pos alone (E evictions; min(top_k, E) retrieved blocks), checked after the decisions.
+  const bool overlap = overlap_ && maps && device_decisions_ && chunk_kind_ != StreamingKV::ChunkKind::Decode;
+  const int32_t E_pred = evicted_at(opt_, pos);
+  stream::StreamLayout pred;
+  pred.global = E_pred > 0 ? std::min(pos, opt_.sinks) + std::min(opt_.top_k, E_pred) * B : 0;
+  pred.local = E_pred > 0 ? pos - (opt_.sinks + E_pred * B) : pos;
+  pred.chunk = n;
+  cudaStream_t ds = s;  // the decisions' stream
+  if (overlap) {
+    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(decide_, ready_, 0));  // q, k and the ring written
+    ds = decide_;
+  }
   if (record_ && !maps) record_data_ = {};
   if (maps && device_decisions_) {
     // The map, votes and (ltri, linear variant) span candidates on the device; nothing waits until the evictions'
@@ -411,7 +487,7 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
     const bool ltri = opt_.method == StreamMethod::Ltri;
     const bool cands = ltri && opt_.linear_nms;
     auto td = Clock::now();
-    decider_->launch_chunk(q, k, n, pos, inv_freq, scale, (ltri && !cands) || record_, cands, opt_.theta_quantile, s);
+    decider_->launch_chunk(q, k, n, pos, inv_freq, scale, (ltri && !cands) || record_, cands, opt_.theta_quantile, ds);
     stats_.decision_device_seconds += seconds_since(td);
     if (record_) record_data_ = {};
     StreamingKV::DeviceDecisions given;
@@ -420,7 +496,7 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
     given.has_candidates = cands;
     given.ready = [&] {
       const auto tw = Clock::now();
-      decider_->wait(s);
+      decider_->wait(ds);
       stats_.decision_device_seconds += seconds_since(tw);
       given.candidates = decider_->candidates();
       if (record_) {
@@ -436,9 +512,9 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
       std::vector<float> keys;
       if (ltri)
         decider_->append_index_keys(layer, L.ring_k.data(), ring_rows_, opt_.sinks, positions,
-                                    host_.span_index(layer).kv_head_begin(), host_.span_index(layer).kv_heads_kept(), s);
+                                    host_.span_index(layer).kv_head_begin(), host_.span_index(layer).kv_heads_kept(), ds);
       else
-        keys = decider_->gather_keys(L.ring_k.data(), ring_rows_, opt_.sinks, positions, s);
+        keys = decider_->gather_keys(L.ring_k.data(), ring_rows_, opt_.sinks, positions, ds);
       stats_.decision_device_seconds += seconds_since(tk);
       if (record_) {
         record_data_.key_positions.assign(positions.begin(), positions.end());
@@ -448,7 +524,7 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
     };
     given.span_masses = [&](std::span<const stream::Span> spans) {
       const auto tm = Clock::now();
-      std::vector<stream::SpanMasses> masses = decider_->span_masses(spans, s);
+      std::vector<stream::SpanMasses> masses = decider_->span_masses(spans, ds);
       stats_.decision_device_seconds += seconds_since(tm);
       if (record_) {
         record_data_.mass_spans.assign(spans.begin(), spans.end());
@@ -461,9 +537,9 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
       const auto ts = Clock::now();
       std::vector<double> scores;
       if (ltri)
-        scores = decider_->ltri_scores(layer, host_.span_index(layer), q, tokens, counts, w, s);
+        scores = decider_->ltri_scores(layer, host_.span_index(layer), q, tokens, counts, w, ds);
       else  // InfLLM: the mean query and the blocks' scores on the device (exactly the host's arithmetic)
-        scores = decider_->infllm_scores(layer, host_.repr_index(layer), q, n, w, s);
+        scores = decider_->infllm_scores(layer, host_.repr_index(layer), q, n, w, ds);
       stats_.decision_device_seconds += seconds_since(ts);
       if (record_) {
         record_data_.tokens.assign(tokens.begin(), tokens.end());
@@ -472,13 +548,22 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
       }
       return scores;
     };
+    if (overlap) local_first(pred, E_pred);  // on the compute stream while the decisions run on decide_
     try {
       lay = host_.plan(layer, pos, n, nullptr, inv_freq_host, given);
     } catch (...) {
-      decider_->wait(s);
+      decider_->wait(ds);
       throw;
     }
-    decider_->wait(s);  // (a no-op: plan() waited)
+    decider_->wait(ds);  // (a no-op: plan() waited)
+    if (overlap) {  // the compute stream's later work (the chunk into the ring, q reused) after the decisions' reads
+      TESSERA_CUDA_CHECK(cudaEventRecord(decided_, ds));
+      TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, decided_, 0));
+      check(lay.global == pred.global && lay.local == pred.local && lay.chunk == pred.chunk,
+            "GPU streaming: internal: the layout [" + std::to_string(lay.global) + " | " + std::to_string(lay.local) +
+                " | " + std::to_string(lay.chunk) + "] differs from the one the local pass ran on [" +
+                std::to_string(pred.global) + " | " + std::to_string(pred.local) + " | " + std::to_string(pred.chunk) + "]");
+    }
   } else if (maps) {
     bf16* hq = stage_.data();
     bf16* hk = stage_.data() + n * qrow_;
@@ -499,7 +584,6 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
   // (streamingllm never retrieves them: they are dropped, their ring rows simply overwritten).
   const int32_t e0 = host_.evicted_before(), e1 = host_.evicted_blocks();
   if (e1 > e0 && host_.keeps_evicted()) {
-    TESSERA_CUDA_CHECK(cudaEventRecord(ready_, s));
     TESSERA_CUDA_CHECK(cudaStreamWaitEvent(copy_, ready_, 0));
     for (int32_t b = e0; b < e1; ++b) {
       check(static_cast<int32_t>(L.host_k.size()) == b, "GPU streaming: blocks evicted out of order");
@@ -533,18 +617,22 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
           slot_of[i] = static_cast<int32_t>(c);
           keep[c] = true;
         }
-    size_t free_slot = 0;
+    ++cache_clock_;
     for (size_t i = 0; i < R.size(); ++i) {
       if (slot_of[i] >= 0) {
         ++stats_.blocks_cached;
+        L.cache_used[static_cast<size_t>(slot_of[i])] = cache_clock_;
         continue;
       }
-      while (keep[free_slot]) ++free_slot;
+      // The least recently used slot this retrieval does not read (empty slots first: used -1).
+      size_t free_slot = L.cache_block.size();
+      for (size_t c = 0; c < L.cache_block.size(); ++c)
+        if (!keep[c] && (free_slot == L.cache_block.size() || L.cache_used[c] < L.cache_used[free_slot])) free_slot = c;
       keep[free_slot] = true;
+      L.cache_used[free_slot] = cache_clock_;
       slot_of[i] = static_cast<int32_t>(free_slot);
       L.cache_block[free_slot] = R[i];
       if (!copies) {
-        TESSERA_CUDA_CHECK(cudaEventRecord(ready_, s));
         TESSERA_CUDA_CHECK(cudaStreamWaitEvent(copy_, ready_, 0));
         copies = true;
       }
@@ -568,42 +656,14 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
     return;
   }
 
-  // 4. The workspace's local part and chunk, rotated at their true positions; the queries.
-  prof_mark(s);
-  const int32_t E = e1;
-  const int32_t local_begin = E > 0 ? opt_.sinks + E * B : 0;
+  // 4. The workspace's local part and chunk, rotated at their true positions; the queries; 5. the local pass (with
+  // overlap: done above, while the decisions ran).
   const int32_t G = lay.global;
   bf16* wk = ws_k_.data();
   bf16* wv = ws_v_.data();
-  {
-    int64_t at = G;  // rows
-    int32_t p = local_begin;
-    if (E == 0) {  // the sinks are local too
-      const int32_t sinks = std::min(pos, opt_.sinks);
-      d2d(wk + at * row_, L.sink_k.data(), static_cast<size_t>(sinks) * row_bytes, s);
-      d2d(wv + at * row_, L.sink_v.data(), static_cast<size_t>(sinks) * row_bytes, s);
-      at += sinks;
-      p = sinks;
-    }
-    if (pos > p) {
-      copy_from_ring(L.ring_k, p, pos - p, wk + at * row_, s);
-      copy_from_ring(L.ring_v, p, pos - p, wv + at * row_, s);
-      at += pos - p;
-    }
-    check(at == G + lay.local, "GPU streaming: the local window holds " + std::to_string(at - G) + " rows, the layout " +
-                                   std::to_string(lay.local));
-    d2d(wk + at * row_, k, static_cast<size_t>(n) * row_bytes, s);
-    d2d(wv + at * row_, v, static_cast<size_t>(n) * row_bytes, s);
-    stream_rope_rows(wk + static_cast<int64_t>(G) * row_, lay.local + n, row_, nkv, d, inv_freq, local_begin, 1, s);
-    d2d(q_local_.data(), q, static_cast<size_t>(n * qrow_) * sizeof(bf16), s);
-    stream_rope_rows(q_local_.data(), n, qrow_, nq, d, inv_freq, pos, 1, s);
-  }
-
-  // 5. Attention: the local index now (overlapping the block copies), then the global one, merged.
-  prof_mark(s);
-  Indexes& ix = indexes(lay, n <= 64 ? 64 : 128, s);
-  const attn::AttentionArgs a = local_pass(lay, ix, n, q_local_.data(), wk, wv, scale, out, s);
-  prof_mark(s);
+  if (!local_done) local_first(lay, e1);
+  const attn::AttentionArgs a = a_local;
+  Indexes& ix = *ixp;
   if (G > 0) {
     if (copies) TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, blocks_in_, 0));
     const int32_t sinks = std::min(pos, opt_.sinks);
@@ -755,6 +815,7 @@ void GpuStreamingKV::reset() {
     L.host_v.clear();
     L.win_origin = 0;
     std::fill(L.cache_block.begin(), L.cache_block.end(), -1);
+    std::fill(L.cache_used.begin(), L.cache_used.end(), -1);
   }
   // Pinned slabs are kept for the next sequence: reuse them from the first.
   {

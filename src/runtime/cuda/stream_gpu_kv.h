@@ -26,7 +26,8 @@
 //    of the chunks that fill them (reserve());
 //  - retrieved blocks: those not already in the layer's block cache are copied host-to-device on the copy stream as
 //    soon as the layer's retrieval is known; the local half of the attention runs meanwhile, the global half waits on
-//    the copy's event. At decode (blocks persisted from the last prefill chunk) they are all in the cache;
+//    the copy's event. The cache holds top_k x 4 blocks (TESSERA_STREAM_CACHE=N: x N), the least recently read
+//    replaced first. At decode (blocks persisted from the last prefill chunk) they are all in the cache;
 //  - attention: the two SparseIndexes of stream_layout.h (lower_stream_layout, the CPU's) through the CUDA sparse
 //    executor (attn::gpu::sparse_prefill) with their log-sum-exps, merged exactly (stream_kernels.h).
 // Positions as the CPU path: local window and chunk rotated at their true positions in the workspace, sinks and
@@ -107,7 +108,10 @@ class GpuStreamingKV : public GpuKVPolicy {
   // Starts allocating the pinned slabs a sequence of `tokens` tokens needs, on a host thread.
   void reserve(int64_t tokens);
   void wait_reserved();  // until the reserve thread has made what was asked (or failed)
-  void begin_chunk(int32_t pos, int32_t n, StreamingKV::ChunkKind kind) { host_.begin_chunk(pos, n, kind); }
+  void begin_chunk(int32_t pos, int32_t n, StreamingKV::ChunkKind kind) {
+    host_.begin_chunk(pos, n, kind);
+    chunk_kind_ = kind;
+  }
   void attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16* k, bf16* v, const float* inv_freq,
               std::span<const float> inv_freq_host, float scale, bf16* out, cudaStream_t stream) override;
   void reset();
@@ -122,6 +126,11 @@ class GpuStreamingKV : public GpuKVPolicy {
   // (stream_copy_rows) rather than two cudaMemcpyAsync calls per block; TESSERA_STREAM_COPIES=each, or
   // batched_copies(false): the calls one by one (the path before; the same bytes).
   void batched_copies(bool on) { batched_copies_ = on; }
+  // Whether a prefill chunk's device decisions run on a second stream while the compute stream builds the workspace's
+  // local part and runs the local pass (the default; TESSERA_STREAM_OVERLAP=0 or overlap_decisions(false): one stream,
+  // the local pass after the decisions). The same operations on the same data: the same output, bit for bit.
+  void overlap_decisions(bool on) { overlap_ = on; }
+  bool overlap_decisions() const { return overlap_; }
   bool batched_copies() const { return batched_copies_; }
   // streamingllm: whether its window is kept rotated in place (see window_kept_ below; default on).
   bool window_kept() const { return window_kept_; }
@@ -144,6 +153,7 @@ class GpuStreamingKV : public GpuKVPolicy {
   struct LayerState {
     attn::gpu::DeviceBuffer<bf16> sink_k, sink_v, ring_k, ring_v, cache_k, cache_v;
     std::vector<int32_t> cache_block;  // block held by each cache slot (-1: none)
+    std::vector<int64_t> cache_used;   // when each slot was last read (cache_clock_; -1: never): misses replace the oldest
     std::vector<bf16*> host_k, host_v; // pinned rows of each evicted block
     cudaEvent_t evicted = nullptr;     // the last device-to-host copy out of this layer's ring
     // streamingllm's window (window_kept()): the tokens after the sinks, K rotated at their true positions and V,
@@ -175,6 +185,10 @@ class GpuStreamingKV : public GpuKVPolicy {
   StreamingKV host_;
   int64_t row_ = 0, qrow_ = 0;  // kv_heads * d, q_heads * d
   int32_t ring_rows_ = 0, max_chunk_ = 0;
+  // The block cache per layer: cache_slots_ = top_k x TESSERA_STREAM_CACHE (default kCacheFactor) slots, least
+  // recently used replaced first, so that blocks retrieved again a few chunks later are still on the device.
+  static constexpr int64_t kCacheFactor = 4;
+  int64_t cache_slots_ = 0, cache_clock_ = 0;
   // streamingllm (retrieves nothing, so its workspace is [sinks | window | chunk] every chunk): the window is kept
   // rotated in a linear buffer per layer (LayerState::win_k) that the attention reads in place, instead of being
   // copied out of the ring and rotated again every chunk; the sinks are copied in front of it (128 rows) and the
@@ -198,6 +212,10 @@ class GpuStreamingKV : public GpuKVPolicy {
   ThreadPool pool_;  // the decisions' attention map, heads in parallel
   std::map<std::tuple<int32_t, int32_t, int32_t, int32_t>, Indexes> index_cache_;
   cudaStream_t copy_ = nullptr;
+  cudaStream_t decide_ = nullptr;    // the decisions' stream (overlap_)
+  cudaEvent_t decided_ = nullptr;    // ... its work of the current layer done
+  bool overlap_ = true;
+  StreamingKV::ChunkKind chunk_kind_ = StreamingKV::ChunkKind::Prefill;
   cudaEvent_t ready_ = nullptr, blocks_in_ = nullptr;
   // Pinned slabs: 256 blocks each; next_ the first free block of the last slab.
   std::vector<bf16*> slabs_;

@@ -62,7 +62,7 @@ TESSERA_SPAN_HD double triangle_score(const double* P, int32_t n, double theta, 
 
 // Loads are taken kChunk at a time into registers before the chunk's dependent adds (the device's memory latency
 // is then paid once per chunk); the adds themselves run one after another in column (row) order.
-constexpr int32_t kPrefixChunk = 16;
+constexpr int32_t kPrefixChunk = 32;
 
 // Row r of R into P's row r + 1 (P[r + 1][c + 1] = R[r][c]; the column pass adds the rows above).
 TESSERA_SPAN_HD void prefix_row(const float* __restrict__ map, int32_t n, int32_t r, double* __restrict__ P) {

@@ -615,6 +615,50 @@ TEST(StreamGpu, BatchedCopiesEqualOneCopyPerBlock) {
   }
 }
 
+// The decisions on their own stream overlapping the local pass (GpuStreamingKV::overlap_decisions(), the default) and
+// the block cache of top_k x 4 slots (least recently read replaced) against one stream and a cache of top_k slots
+// (TESSERA_STREAM_OVERLAP=0, TESSERA_STREAM_CACHE=1): the same operations on the same data, so the logits EQUAL, for
+// both retrieving methods, prefill past many evictions, decode and a reset; the larger cache copies fewer blocks.
+TEST(StreamGpu, OverlappedDecisionsAndLargerCacheEqualTheSerialPath) {
+  REQUIRE_GPU();
+  const ModelConfig cfg = small_config(3);
+  const auto model = DeviceModel::random(cfg, 7);
+  const std::vector<int32_t> tokens = random_tokens(1700, cfg.vocab_size, 19);
+  for (StreamMethod m : {StreamMethod::Ltri, StreamMethod::InfLLM}) {
+    SCOPED_TRACE(stream_method_name(m));
+    GpuEngineOptions so;
+    so.stream.method = m;
+    so.stream.sinks = 16;
+    so.stream.local = 128;
+    so.stream.block = 64;
+    so.stream.chunk = 96;
+    so.stream.last_chunk = 40;
+    so.stream.top_k = 3;
+    if (m == StreamMethod::Ltri) so.stream.retrieval_heads = {RetrievalHead{1, 2, 0.5}};  // layer 2: voted only
+    GpuEngine fast(*model, so);
+    setenv("TESSERA_STREAM_OVERLAP", "0", 1);  // read by GpuStreamingKV's constructor
+    setenv("TESSERA_STREAM_CACHE", "1", 1);
+    GpuEngine serial(*model, so);
+    unsetenv("TESSERA_STREAM_OVERLAP");
+    unsetenv("TESSERA_STREAM_CACHE");
+    ASSERT_TRUE(fast.gpu_streaming()->overlap_decisions());
+    ASSERT_FALSE(serial.gpu_streaming()->overlap_decisions());
+    for (int round = 0; round < 2; ++round) {
+      EXPECT_EQ(fast.prefill(tokens), serial.prefill(tokens)) << "round " << round;
+      for (int i = 0; i < 3; ++i)
+        EXPECT_EQ(fast.decode(tokens[static_cast<size_t>(i)]), serial.decode(tokens[static_cast<size_t>(i)]))
+            << "decode step " << i;
+      const GpuStreamStats& f = fast.gpu_streaming()->gpu_stats();
+      const GpuStreamStats& o = serial.gpu_streaming()->gpu_stats();
+      EXPECT_EQ(f.blocks_to_device + f.blocks_cached, o.blocks_to_device + o.blocks_cached);
+      EXPECT_LE(f.blocks_to_device, o.blocks_to_device);
+      EXPECT_GT(f.blocks_cached, 0);
+      fast.reset();
+      serial.reset();
+    }
+  }
+}
+
 // stream_copy_rows against its host twin (a memcpy per range): ranges of different lengths (0 rows included) into
 // a destination, K and V, with rows of 8k values (the 16-byte path) and of 13 (one value at a time), and the error
 // past kMax ranges.
