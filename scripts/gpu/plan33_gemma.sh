@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# scripts/gpu/plan33_gemma.sh [STEP...] — issue 33 on the GPU: Gemma-3-270M plans for 8K-32K (docs/plans/gemma3_gpu.sh's
+# steps, one per name, each capped so that one device call holds several), after `run.sh build` built build/cuda's
+# tessera and the model's parts were carried (`run.sh parts`). Results under $OUT/plan33 (tarred into one file).
+#   mi      MInference: the search on one sample per end of 8K-32K, held-out answers at 16K (a crash prints its stack,
+#           named here by addr2line on the unstripped binary)
+#   moa     MoA: 8 items per profiled length (8K, 16K), the pick by held-out answers and text at 12K
+#   tmix    TriangleMix: the gradient probe's split at 8K
+#   eval    density, the accuracy harness and KJV perplexity at 8K/16K/32K: the plans beside the presets of the same
+#           cost (vs_adaptive, trianglemix, ashape, the uniform MoA window of the MoA plan's density) and dense
+#   Vars: T (the CLI, default build/cuda/src/tessera).
+set -uo pipefail
+. "$(dirname "$0")/lib.sh"
+lib_init
+deps_env > /dev/null 2>&1 || true
+models > /dev/null
+T=${T:-$ROOT/build/cuda/src/tessera}
+M=$ROOT/build/models/gemma-3-270m-q4_k_m.gguf
+O=$OUT/plan33
+mkdir -p "$O"
+L=8192,16384,32768
+named_stack() {  # the crash report's "binary(+0xOFFSET)" frames through addr2line
+  grep -o '(+0x[0-9a-f]*)' "$1" | tr -d '()+' | while read -r off; do addr2line -f -C -e "$T" "$off" | head -1; done
+}
+run_step() {  # NAME CAP_S CMD...
+  local name=$1 cap=$2 t0 rc
+  shift 2
+  t0=$(date +%s)
+  timeout "$cap" "$@" > "$O/$name.txt" 2> "$O/$name.err"
+  rc=$?
+  say "$name rc $rc ($(($(date +%s) - t0)) s): $(tail -1 "$O/$name.err")"
+  if grep -q 'fatal signal' "$O/$name.err"; then named_stack "$O/$name.err" > "$O/$name.stack"; head -30 "$O/$name.stack"; fi
+  return $rc
+}
+for s in "${@:-mi moa tmix eval}"; do
+  case $s in
+    mi)
+      run_step mi 200 "$T" plan --method minference -m "$M" --device cuda --lengths 8192,32768 --samples 1 --budget 0.3 \
+        --validation-length 16384 --validation-cases 4 --report-lengths $L -o "$O/gemma3-minference-8k-32k.json" ||
+        [ ! -f "$O/mi.stack" ] ||  # crashed: the 32K sample with candidates sized for it (no shorter sample)
+        run_step mi32 120 "$T" plan --method minference -m "$M" --device cuda --lengths 32768 --samples 1 --budget 0.3 \
+          --validation-cases 0 -o "$O/mi32.json" ;;
+    moa) run_step moa 270 "$T" plan --method moa -m "$M" --device cuda --lengths 8192,16384 --samples 8 --budget 0.5 \
+          --validation-length 12288 --validation-cases 4 --report-lengths $L -o "$O/gemma3-moa-8k-16k.json" ;;
+    tmix) run_step tmix 150 "$T" plan --method trianglemix -m "$M" --device cuda --lengths 8192 --samples 4 \
+          --validation-length 16384 --validation-cases 4 --report-lengths $L -o "$O/gemma3-trianglemix.json" ;;
+    eval)
+      P=""
+      for f in gemma3-minference-8k-32k gemma3-moa-8k-16k gemma3-trianglemix; do
+        [ -f "$O/$f.json" ] && P="$P$O/$f.json;"
+      done
+      UNI=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['calibration_noise'][-1]['uniform_spec'])" \
+        "$O/gemma3-moa-8k-16k.report.json" 2> /dev/null)
+      Q="vs_adaptive;trianglemix;ashape:sink=64,local=2048${UNI:+;$UNI}"
+      run_step density 120 "$T" plan --method measure -m "$M" --lengths $L --attn "$P$Q" -o "$O/eval33-gemma3-density.json"
+      run_step eval 480 "$T" eval -m "$M" --device cuda --tasks niah_single,niah_multikey,variable_tracking -l $L \
+        --depths 25,75 --attn "$P$Q" --perplexity $L -o "$O/eval33-gemma3" ;;
+    *) say "unknown step $s" ;;
+  esac
+done
+tar -czf "$OUT/plan33.tgz" -C "$OUT" plan33 && rm -rf "$O"
