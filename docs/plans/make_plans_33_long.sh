@@ -49,6 +49,18 @@ if [ -n "${VAL:-}" ]; then
     ${TEXT24_CAP:+--moa-head-cap "$TEXT24_CAP"} --moa-profile-in "$PROFILE"
   exit 0
 fi
+# Second session (docs/plans/README.md, "... (issue 33, 2026-11-30, second session)"): the text + summary profile
+# picked by validation at 2K and 4K together (the geometric mean of the texts' perplexities, held-out answers at
+# both), VTEXTS held-out texts per length; BUDGET (default 0.5) for the plan a hair above the window's density.
+#   VAL24=1 VTEXTS=2 PROFILE=build/h3/prof/smollm2-both-2k-4k.moaprofile bash docs/plans/make_plans_33_long.sh [TESSERA]
+if [ "${VAL24:-0}" = 1 ]; then
+  b=${BUDGET:-0.5}
+  name=smollm2-moa-both-nosink-2k-4k-val24x${VTEXTS:-1}
+  [ "$b" = 0.5 ] || name=$name-b$b
+  run "$name" "${t24_args[@]/0.5/$b}" --calib docs/plans/calib-licences-2k-4k-both.jsonl --validation-length 2048,4096 \
+    --validation-texts "${VTEXTS:-1}" --moa-profile-in "$PROFILE"
+  exit 0
+fi
 if [ -n "${BOTH_CAP:-}" ]; then
   run "smollm2-moa-both-nosink-cap$BOTH_CAP-2k-4k-val4k" "${t24_args[@]}" --calib docs/plans/calib-licences-2k-4k-both.jsonl \
     --validation-length 4096 --moa-head-cap "$BOTH_CAP" --moa-profile-in "$PROFILE"
