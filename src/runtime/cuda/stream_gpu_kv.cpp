@@ -124,7 +124,11 @@ GpuStreamingKV::GpuStreamingKV(const ModelConfig& config, StreamOptions options)
   if (host_.needs_qk()) decider_ = std::make_unique<StreamDecider>(cfg_);
   const char* win = std::getenv("TESSERA_STREAM_WINDOW");
   window_kept_ = opt_.method == StreamMethod::StreamingLLM && (win == nullptr || std::string(win) != "copy");
-  TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&decide_, cudaStreamNonBlocking));
+  // The decisions' stream at the highest priority: its small kernels are the host's critical path (three round trips
+  // per layer and chunk), so the local pass beside them must not hold them back.
+  int least = 0, greatest = 0;
+  TESSERA_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  TESSERA_CUDA_CHECK(cudaStreamCreateWithPriority(&decide_, cudaStreamNonBlocking, greatest));
   TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&decided_, cudaEventDisableTiming));
   const char* ov = std::getenv("TESSERA_STREAM_OVERLAP");
   overlap_ = ov == nullptr || std::string(ov) != "0";
