@@ -31,12 +31,14 @@
 // thread during the prefill (inside TTFT). Streaming engines are reused across lengths (ascending), so a row pins
 // only what the previous rows did not.
 //
-// Ablations beside the default in the same run (suffixes, combinable: "ltri-serial-cache1"): "-each" the blocks' host
+// Ablations beside the default in the same run (suffixes, combinable: "ltri-overlap-cache1"): "-each" the blocks' host
 // <-> device copies and the workspace's block copies one cudaMemcpyAsync each (TESSERA_STREAM_COPIES=each, the path
-// before the batched copies); "-serial" the device decisions on the compute stream, the local pass after them
-// (TESSERA_STREAM_OVERLAP=0); "-cache1" a block cache of top_k slots per layer (TESSERA_STREAM_CACHE=1; default 4x);
-// "-profile" that row's sections timed (TESSERA_STREAM_PROFILE=1). An engine is dropped after the last length's row
-// (its pinned slabs with it), so that several rows' pinned memory is not held at once.
+// before the batched copies); "-overlap" the device decisions on a second stream while the compute stream runs the
+// local pass (TESSERA_STREAM_OVERLAP=1; the default: one stream, the local pass after the decisions; the rows of
+// commit 97b90db, where overlap was the default, name that "-serial"); "-cache1" a block cache of top_k slots per
+// layer (TESSERA_STREAM_CACHE=1; default 4x); "-profile" that row's sections timed (TESSERA_STREAM_PROFILE=1). An
+// engine is dropped after the last length's row (its pinned slabs with it), so that several rows' pinned memory is
+// not held at once.
 //
 // "streamingllm-copy": streamingllm with its window copied out of the ring and rotated every chunk (the path before
 // GpuStreamingKV::window_kept()), a baseline in the same run.
@@ -282,13 +284,14 @@ int main(int argc, char** argv) {
           std::string spec_bf16 = fp8_suffix ? spec.substr(0, spec.size() - 4) : spec;
           // Ablations in the same run, each an environment variable GpuStreamingKV reads at construction (suffixes
           // in any order, before "-fp8"): "-each" the block copies one cudaMemcpyAsync each (TESSERA_STREAM_COPIES=
-          // each), "-serial" the decisions on the compute stream (TESSERA_STREAM_OVERLAP=0), "-cache1" a block cache
-          // of top_k slots (TESSERA_STREAM_CACHE=1), "-profile" the sections timed (TESSERA_STREAM_PROFILE=1).
+          // each), "-overlap" the decisions on a second stream beside the local pass (TESSERA_STREAM_OVERLAP=1),
+          // "-cache1" a block cache of top_k slots (TESSERA_STREAM_CACHE=1), "-profile" the sections timed
+          // (TESSERA_STREAM_PROFILE=1).
           std::vector<std::pair<const char*, const char*>> env;
           for (bool found = true; found;) {
             found = false;
             for (const auto& [sfx, var, val] : {std::tuple<std::string, const char*, const char*>{"-each", "TESSERA_STREAM_COPIES", "each"},
-                                                {"-serial", "TESSERA_STREAM_OVERLAP", "0"},
+                                                {"-overlap", "TESSERA_STREAM_OVERLAP", "1"},
                                                 {"-cache1", "TESSERA_STREAM_CACHE", "1"},
                                                 {"-profile", "TESSERA_STREAM_PROFILE", "1"}})
               if (spec_bf16.size() > sfx.size() && spec_bf16.substr(spec_bf16.size() - sfx.size()) == sfx) {

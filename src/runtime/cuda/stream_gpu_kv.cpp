@@ -131,7 +131,7 @@ GpuStreamingKV::GpuStreamingKV(const ModelConfig& config, StreamOptions options)
   TESSERA_CUDA_CHECK(cudaStreamCreateWithPriority(&decide_, cudaStreamNonBlocking, greatest));
   TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&decided_, cudaEventDisableTiming));
   const char* ov = std::getenv("TESSERA_STREAM_OVERLAP");
-  overlap_ = ov == nullptr || std::string(ov) != "0";
+  overlap_ = ov != nullptr && std::string(ov) == "1";
   const char* slots = std::getenv("TESSERA_STREAM_CACHE");
   const int64_t factor = slots != nullptr ? std::atoll(slots) : kCacheFactor;
   check(factor >= 1 && factor <= 64, "TESSERA_STREAM_CACHE must be 1 to 64 (block cache slots per retrieved block), got '" +
@@ -470,9 +470,10 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
   stream::StreamLayout lay;
   // (A voted-only layer, Ltri with retrieval heads, maps nothing and scores nothing: its blocks are the votes.)
   const bool maps = host_.maps_chunk(layer);
-  // Overlap (overlap_decisions(), the default): a prefill chunk's device decisions run on a second stream (decide_)
-  // while the compute stream builds the workspace's local part and runs the local pass, which read no decision: the
-  // layout's sizes follow from pos alone (E evictions; min(top_k, E) retrieved blocks), checked after the decisions.
+  // Overlap (overlap_decisions(), TESSERA_STREAM_OVERLAP=1; off by default: measured slower, docs/streaming.md): a
+  // prefill chunk's device decisions run on a second stream (decide_) while the compute stream builds the workspace's
+  // local part and runs the local pass, which read no decision: the layout's sizes follow from pos alone (E
+  // evictions; min(top_k, E) retrieved blocks), checked after the decisions.
   const bool overlap = overlap_ && maps && device_decisions_ && chunk_kind_ != StreamingKV::ChunkKind::Decode;
   const int32_t E_pred = evicted_at(opt_, pos);
   stream::StreamLayout pred;

@@ -615,10 +615,10 @@ TEST(StreamGpu, BatchedCopiesEqualOneCopyPerBlock) {
   }
 }
 
-// The decisions on their own stream overlapping the local pass (GpuStreamingKV::overlap_decisions(), the default) and
-// the block cache of top_k x 4 slots (least recently read replaced) against one stream and a cache of top_k slots
-// (TESSERA_STREAM_OVERLAP=0, TESSERA_STREAM_CACHE=1): the same operations on the same data, so the logits EQUAL, for
-// both retrieving methods, prefill past many evictions, decode and a reset; the larger cache copies fewer blocks.
+// The decisions on their own stream overlapping the local pass (TESSERA_STREAM_OVERLAP=1) with the block cache of
+// top_k x 4 slots (the default, least recently read replaced) against one stream (the default) and a cache of top_k
+// slots (TESSERA_STREAM_CACHE=1): the same operations on the same data, so the logits EQUAL, for both retrieving
+// methods, prefill past many evictions, decode and a reset; the larger cache copies fewer blocks.
 TEST(StreamGpu, OverlappedDecisionsAndLargerCacheEqualTheSerialPath) {
   REQUIRE_GPU();
   const ModelConfig cfg = small_config(3);
@@ -635,11 +635,11 @@ TEST(StreamGpu, OverlappedDecisionsAndLargerCacheEqualTheSerialPath) {
     so.stream.last_chunk = 40;
     so.stream.top_k = 3;
     if (m == StreamMethod::Ltri) so.stream.retrieval_heads = {RetrievalHead{1, 2, 0.5}};  // layer 2: voted only
+    setenv("TESSERA_STREAM_OVERLAP", "1", 1);  // read by GpuStreamingKV's constructor
     GpuEngine fast(*model, so);
-    setenv("TESSERA_STREAM_OVERLAP", "0", 1);  // read by GpuStreamingKV's constructor
+    unsetenv("TESSERA_STREAM_OVERLAP");
     setenv("TESSERA_STREAM_CACHE", "1", 1);
     GpuEngine serial(*model, so);
-    unsetenv("TESSERA_STREAM_OVERLAP");
     unsetenv("TESSERA_STREAM_CACHE");
     ASSERT_TRUE(fast.gpu_streaming()->overlap_decisions());
     ASSERT_FALSE(serial.gpu_streaming()->overlap_decisions());
