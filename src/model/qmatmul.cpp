@@ -85,13 +85,13 @@ void legacy_unpack(const uint8_t* b, int* q, float* d, float* m) {
   }
 }
 
-// out = sum_b t_b in order, t_b = (I_b * (dw * dx)) [+ mw * ds_b], I_b = sum (q - offset) x (qmatmul.h)
+// out = the slot sums of t_b = (I_b * (dw * dx)) [+ mw * ds_b], I_b = sum (q - offset) x (qmatmul.h)
 template <class B>
 void scalar_legacy(const uint8_t* w, int64_t cols, const ActRow* a, int nx, float* out) {
   const int64_t nb = cols / 32;
   constexpr auto offset = static_cast<int32_t>(B::kOffset);
   for (int j = 0; j < nx; ++j) {
-    float acc = 0.0f;
+    float acc[qmm::kSlots] = {};
     for (int64_t b = 0; b < nb; ++b) {
       int q[32];
       float d, m;
@@ -102,9 +102,9 @@ void scalar_legacy(const uint8_t* w, int64_t cols, const ActRow* a, int nx, floa
       isum -= offset * a[j].xs[b];
       float t = static_cast<float>(isum) * (d * a[j].d[b]);
       if constexpr (B::kMin) t = t + m * a[j].ds[b];
-      acc = acc + t;
+      acc[b % qmm::kSlots] = acc[b % qmm::kSlots] + t;
     }
-    out[j] = acc;
+    out[j] = qmm::slot_tree(acc);
   }
 }
 
@@ -119,13 +119,13 @@ void k_scale_min(const uint8_t* s, int g, int* scale, int* min) {
   }
 }
 
-// out = sum_sb t_sb in order, t_sb = I * (d * dx) - M * (dmin * dx), I = sum_g sc_g * isum_g, M = sum_g m_g * xsum_g
+// out = the slot sums of t_sb = I * (d * dx) - M * (dmin * dx), I = sum_g sc_g * isum_g, M = sum_g m_g * xsum_g
 template <bool Five>
 void scalar_q45k(const uint8_t* w, int64_t cols, const ActRow* a, int nx, float* out) {
   const int64_t nsb = cols / 256;
   const size_t bytes = Five ? 176 : 144;
   for (int j = 0; j < nx; ++j) {
-    float acc = 0.0f;
+    float acc[qmm::kSlots] = {};
     for (int64_t sb = 0; sb < nsb; ++sb) {
       const uint8_t* b = w + sb * bytes;
       const float d = f16_at(b), dmin = f16_at(b + 2);
@@ -148,17 +148,18 @@ void scalar_q45k(const uint8_t* w, int64_t cols, const ActRow* a, int nx, float*
         msum += mn * (bs[2 * g] + bs[2 * g + 1]);
       }
       const float dx = a[j].d[sb];
-      acc = acc + (static_cast<float>(isum) * (d * dx) - static_cast<float>(msum) * (dmin * dx));
+      acc[sb % qmm::kSlots] =
+          acc[sb % qmm::kSlots] + (static_cast<float>(isum) * (d * dx) - static_cast<float>(msum) * (dmin * dx));
     }
-    out[j] = acc;
+    out[j] = qmm::slot_tree(acc);
   }
 }
 
-// out = sum_sb t_sb in order, t_sb = I * (d * dx), I = sum_g sc_g * (isum_g - 32 * xsum_g), groups of 16
+// out = the slot sums of t_sb = I * (d * dx), I = sum_g sc_g * (isum_g - 32 * xsum_g), groups of 16
 void scalar_q6k(const uint8_t* w, int64_t cols, const ActRow* a, int nx, float* out) {
   const int64_t nsb = cols / 256;
   for (int j = 0; j < nx; ++j) {
-    float acc = 0.0f;
+    float acc[qmm::kSlots] = {};
     for (int64_t sb = 0; sb < nsb; ++sb) {
       const uint8_t* b = w + sb * 210;
       const uint8_t* ql = b;
@@ -178,9 +179,9 @@ void scalar_q6k(const uint8_t* w, int64_t cols, const ActRow* a, int nx, float* 
         }
         isum += sc[e0 / 16] * (gs - 32 * bs[e0 / 16]);
       }
-      acc = acc + static_cast<float>(isum) * (d * a[j].d[sb]);
+      acc[sb % qmm::kSlots] = acc[sb % qmm::kSlots] + static_cast<float>(isum) * (d * a[j].d[sb]);
     }
-    out[j] = acc;
+    out[j] = qmm::slot_tree(acc);
   }
 }
 
@@ -618,7 +619,7 @@ void qmatmul_rows(const QMatrix& w, const Kernels* kernels, const ActRow* acts, 
                                         static_cast<double>(kMinParallelBytes)
                                     ? nullptr
                                     : pool;
-  const TileKernel tile = m > 1 && tk.tile != nullptr ? kernels->*tk.tile : nullptr;
+  const TileKernel tile = m > 1 && tk.tile != nullptr ? kernels->*tk.tile : nullptr;  // a row: the same bits in either
   const int64_t tr = tile != nullptr ? kernels->tile_rows : 1;
   const PanelGemm gemm = m >= qmm::kPanelMinM && tk.gemm != nullptr ? kernels->*tk.gemm : nullptr;
   parallel_ranges(

@@ -27,8 +27,11 @@
 //         fl(fl(float(I_b) * fl(dw * dx)) + fl(mw * fl(dx * sum x)))  Q4_1, Q5_1
 //         fl(fl(float(I_b) * fl(d * dx)) - fl(float(M_b) * fl(dmin * dx)))   Q4_K, Q5_K
 //         fl(float(I_b) * fl(d * dx))                                Q6_K
-//   y[i, r] = (...((+0 + t_0) + t_1) + ... + t_{nb-1}), then (Int8Outliers) + the picked blocks' second-level
-//   terms (the same formula on their second-level codes), one at a time in ascending block order.
+//   S_k = (...((+0 + t_k) + t_{k+16}) + t_{k+32}) ...       16 slots k = 0..15, blocks b = k mod 16 ascending
+//   T_k = S_k + S_{k+8} (k < 8), U_k = T_k + T_{k+4} (k < 4), V_k = U_k + U_{k+2} (k < 2), y[i, r] = V_0 + V_1
+//   then (Int8Outliers) y += the picked blocks' second-level terms (the same formula on their second-level codes),
+//   one at a time in ascending block order.
+// (A row kernel adds 16 blocks' terms as one vector; a panel, whose lanes are 16 weight rows, runs slot by slot.)
 // No fused multiply-adds in it, so the three paths give the same bits for the quantized types (tested). Float
 // weight types: one accumulator of vector width per x row (16 lanes on AVX-512, 8 on AVX2, 1 scalar) over k
 // ascending, the same in the row and tile kernels, then the path's fixed horizontal sum and the tail.

@@ -205,14 +205,6 @@ inline __m256i block_sums(const __m256i* p) {
   return _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
 }
 
-// acc + t[0] + ... + t[7], one at a time (the order of qmatmul.h).
-inline float fold(float acc, __m256 t) {
-  alignas(32) float v[8];
-  _mm256_store_ps(v, t);
-  for (int i = 0; i < 8; ++i) acc = acc + v[i];
-  return acc;
-}
-
 // t = I * (dw * dx) [+ mw * ds] of one block b of row a (qmatmul.h), from the block's dot product s32 (8 lanes).
 template <class T>
 inline float legacy_term(const uint8_t* blk, const ActRow& a, int64_t b, __m256i s32) {
@@ -223,9 +215,10 @@ inline float legacy_term(const uint8_t* blk, const ActRow& a, int64_t b, __m256i
   return t;
 }
 
-// out = sum_b t_b in order (qmatmul.h). Blocks go 8 at a time: their 8 weight scales are converted together and
-// multiplied by the 8 activation scales in one vector; the 8 blocks' integer sums are gathered into one register
-// (block_sums) and turned into the 8 terms by one vector multiply.
+// out = the slot sums of the blocks' terms t_b (qmatmul.h). Blocks go 8 at a time: their 8 weight scales are
+// converted together and multiplied by the 8 activation scales in one vector; the 8 blocks' integer sums are
+// gathered into one register (block_sums), turned into the 8 terms by one vector multiply and added to slots 0-7
+// or 8-15 (two registers) by one vector add.
 template <class T>
 struct LegacyKernel {
   template <int NX>
@@ -233,10 +226,11 @@ struct LegacyKernel {
     const int64_t nb = cols / 32;
     const __m256i ones = _mm256_set1_epi16(1);
     const __m256i stride = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(T::kBytes));
-    float acc[NX];
-    for_nx<NX>([&](int j) QMM_INLINE { acc[j] = 0.0f; });
+    __m256 slots[NX][2];
+    for_nx<NX>([&](int j) QMM_INLINE { slots[j][0] = slots[j][1] = _mm256_setzero_ps(); });
     int64_t b = 0;
     for (; b + 8 <= nb; b += 8) {
+      const int h = static_cast<int>((b / 8) % 2);  // slots 0-7 or 8-15
       const uint8_t* blk = w + b * T::kBytes;
       if constexpr (NX == 1) prefetch(blk, 8 * T::kBytes);
       // One gather of the first 4 bytes of 8 blocks: d in the low half of each lane, m (Q4_1/Q5_1) in the high.
@@ -261,17 +255,25 @@ struct LegacyKernel {
           const __m256 mw = _mm256_cvtph_ps(pack_low16(_mm256_srli_epi32(dm, 16)));
           t = _mm256_add_ps(t, _mm256_mul_ps(mw, _mm256_loadu_ps(a[j].ds + b)));
         }
-        acc[j] = fold(acc[j], t);
+        slots[j][h] = _mm256_add_ps(slots[j][h], t);
       });
     }
+    alignas(32) float acc[NX][kSlots];
+    for_nx<NX>([&](int j) QMM_INLINE {
+      _mm256_store_ps(acc[j], slots[j][0]);
+      _mm256_store_ps(acc[j] + 8, slots[j][1]);
+    });
     for (; b < nb; ++b) {
       const uint8_t* blk = w + b * T::kBytes;
       const __m256i q = T::q(blk);
       const __m256i wq = weight_operand<T>(q);
       for_nx<NX>([&](int j) QMM_INLINE {
-        acc[j] = acc[j] + legacy_term<T>(blk, a[j], b, dot_u8s8(wq, act_operand<T>(load256(a[j].q + 32 * b), q), ones));
+        float& slot = acc[j][b % kSlots];
+        slot = slot + legacy_term<T>(blk, a[j], b, dot_u8s8(wq, act_operand<T>(load256(a[j].q + 32 * b), q), ones));
       });
     }
+    float sum[NX];
+    for_nx<NX>([&](int j) QMM_INLINE { sum[j] = slot_tree(acc[j]); });
     // Int8Outliers: the picked blocks' second levels (ActRow::pick), their terms after the blocks', in order.
     for_nx<NX>([&](int j) QMM_INLINE {
       const ActRow* l = a[j].level2;
@@ -280,10 +282,10 @@ struct LegacyKernel {
         const uint8_t* blk = w + pb * T::kBytes;
         const __m256i q = T::q(blk);
         const __m256i s32 = dot_u8s8(weight_operand<T>(q), act_operand<T>(load256(l->q + 32 * pb), q), ones);
-        acc[j] = acc[j] + legacy_term<T>(blk, *l, pb, s32);
+        sum[j] = sum[j] + legacy_term<T>(blk, *l, pb, s32);
       }
     });
-    for_nx<NX>([&](int j) QMM_INLINE { out[j] = acc[j]; });
+    for_nx<NX>([&](int j) QMM_INLINE { out[j] = sum[j]; });
   }
 };
 
@@ -303,7 +305,7 @@ inline void k_scales(const uint8_t* s, uint64_t* sc, uint64_t* mn) {
   *mn = mn_lo | (static_cast<uint64_t>(mn_hi) << 32);
 }
 
-// out = sum_sb t_sb in order, t_sb = I * (d * dx) - M * (dmin * dx), I = sum_g sc_g * isum_g, M = sum_g m_g * xsum_g
+// out = the slot sums of t_sb = I * (d * dx) - M * (dmin * dx), I = sum_g sc_g * isum_g, M = sum_g m_g * xsum_g
 template <bool Five>
 struct Q45KKernel {
   static constexpr int64_t kPickBlockBytes = Five ? 176 : 144;  // Int8Outliers: picks taken block by block
@@ -312,8 +314,7 @@ struct Q45KKernel {
     const int64_t nsb = cols / 256;
     constexpr int kBytes = Five ? 176 : 144;
     const __m256i m4 = _mm256_set1_epi8(15), one8 = _mm256_set1_epi8(1);
-    float acc[NX];
-    for_nx<NX>([&](int j) QMM_INLINE { acc[j] = 0.0f; });
+    float acc[NX][kSlots] = {};
     for (int64_t sb = 0; sb < nsb; ++sb) {
       const uint8_t* blk = w + sb * kBytes;
       const float d = f16_at(blk), dmin = f16_at(blk + 2);
@@ -347,22 +348,22 @@ struct Q45KKernel {
         const float dx = a[j].d[sb];
         const int32_t isum = hsum_epi32(sumi[j]);
         const int32_t msum = hsum_epi32(_mm256_madd_epi16(load256(a[j].bs + 16 * sb), mins));
-        acc[j] = acc[j] + (static_cast<float>(isum) * (d * dx) - static_cast<float>(msum) * (dmin * dx));
+        float& slot = acc[j][sb % kSlots];
+        slot = slot + (static_cast<float>(isum) * (d * dx) - static_cast<float>(msum) * (dmin * dx));
       });
     }
-    for_nx<NX>([&](int j) QMM_INLINE { out[j] = acc[j]; });
+    for_nx<NX>([&](int j) QMM_INLINE { out[j] = slot_tree(acc[j]); });
   }
 };
 
-// out = sum_sb t_sb in order, t_sb = I * (d * dx), I = sum_g sc_g * (isum_g - 32 * xsum_g), 16 groups of 16
+// out = the slot sums of t_sb = I * (d * dx), I = sum_g sc_g * (isum_g - 32 * xsum_g), 16 groups of 16
 struct Q6KKernel {
   static constexpr int64_t kPickBlockBytes = 210;  // Int8Outliers: picks taken block by block
   template <int NX>
   static void run(const uint8_t* w, int64_t cols, const ActRow* a, float* out) {
     const int64_t nsb = cols / 256;
     const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
-    float acc[NX];
-    for_nx<NX>([&](int j) QMM_INLINE { acc[j] = 0.0f; });
+    float acc[NX][kSlots] = {};
     for (int64_t sb = 0; sb < nsb; ++sb) {
       const uint8_t* blk = w + sb * 210;
       if constexpr (NX == 1) prefetch(blk, 210);
@@ -393,10 +394,11 @@ struct Q6KKernel {
       for_nx<NX>([&](int j) QMM_INLINE {
         const __m256i off = _mm256_madd_epi16(load256(a[j].bs + 16 * sb), sc16);
         const __m256i isum = _mm256_sub_epi32(sumi[j], _mm256_slli_epi32(off, 5));
-        acc[j] = acc[j] + static_cast<float>(hsum_epi32(isum)) * (d * a[j].d[sb]);
+        float& slot = acc[j][sb % kSlots];
+        slot = slot + static_cast<float>(hsum_epi32(isum)) * (d * a[j].d[sb]);
       });
     }
-    for_nx<NX>([&](int j) QMM_INLINE { out[j] = acc[j]; });
+    for_nx<NX>([&](int j) QMM_INLINE { out[j] = slot_tree(acc[j]); });
   }
 };
 
@@ -421,9 +423,11 @@ struct PanelTile {
     static_assert(kChunk >= 1 && kSteps % std::min(kChunk, kSteps) == 0);
     constexpr int kPer = std::min(kChunk, kSteps);
     const __m256i ones = _mm256_set1_epi16(1);
+    alignas(32) float slots[MR][kSlots][16];  // per x row and slot: the 16 weight rows' slot sums
+    for (int k = 0; k < kSlots; ++k) {
     __m256 acc[MR][2];
     for_nx<MR>([&](int x) QMM_INLINE { acc[x][0] = acc[x][1] = _mm256_setzero_ps(); });
-    for (int64_t b = 0; b < nblk; ++b) {
+    for (int64_t b = k; b < nblk; b += kSlots) {
       __m256i isum[MR][2];
       for_nx<MR>([&](int x) QMM_INLINE { isum[x][0] = isum[x][1] = _mm256_setzero_si256(); });
       for (int g = 0; g < P::kGroups; ++g) {
@@ -489,8 +493,20 @@ struct PanelTile {
       });
     }
     for_nx<MR>([&](int x) QMM_INLINE {
-      _mm256_storeu_ps(out[x], acc[x][0]);
-      _mm256_storeu_ps(out[x] + 8, acc[x][1]);
+      _mm256_store_ps(slots[x][k], acc[x][0]);
+      _mm256_store_ps(slots[x][k] + 8, acc[x][1]);
+    });
+    }
+    // slot_tree, lane by lane
+    for_nx<MR>([&](int x) QMM_INLINE {
+      for_nx<2>([&](int h) QMM_INLINE {
+        const auto sl = [&](int k) QMM_INLINE { return _mm256_load_ps(slots[x][k] + 8 * h); };
+        __m256 t[8];
+        for_nx<8>([&](int k) QMM_INLINE { t[k] = _mm256_add_ps(sl(k), sl(k + 8)); });
+        __m256 u[4];
+        for_nx<4>([&](int k) QMM_INLINE { u[k] = _mm256_add_ps(t[k], t[k + 4]); });
+        _mm256_storeu_ps(out[x] + 8 * h, _mm256_add_ps(_mm256_add_ps(u[0], u[2]), _mm256_add_ps(u[1], u[3])));
+      });
     });
   }
 };

@@ -233,27 +233,22 @@ inline __m512i pair_sums(__m512i a, __m512i b) {
   return _mm512_add_epi32(_mm512_permutex2var_epi32(a, even, b), _mm512_permutex2var_epi32(a, odd, b));
 }
 
-// acc + t[0] + t[1] + ... + t[n - 1], one at a time (the order of qmatmul.h).
-inline float fold(float acc, __m512 t, int n = 16) {
-  alignas(64) float v[16];
-  _mm512_store_ps(v, t);
-  for (int i = 0; i < n; ++i) acc = acc + v[i];
-  return acc;
-}
-
 // t = I * (dw * dx) [+ mw * ds] of one block b of row a (qmatmul.h), from the block's raw dot product s32 (8 lanes).
 template <class T>
 inline float legacy_term(const uint8_t* blk, const ActRow& a, int64_t b, __m256i s32) {
-  int32_t isum = _mm512_reduce_add_epi32(_mm512_zextsi256_si512(s32));
+  __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+  h = _mm_add_epi32(h, _mm_unpackhi_epi64(h, h));
+  int32_t isum = _mm_cvtsi128_si32(_mm_add_epi32(h, _mm_shuffle_epi32(h, 1)));
   if constexpr (T::kOffset != 0.0f) isum -= static_cast<int32_t>(T::kOffset) * a.xs[b];
   float t = static_cast<float>(isum) * (f16_at(blk) * a.d[b]);
   if constexpr (T::kMin) t = t + f16_at(blk + 2) * a.ds[b];
   return t;
 }
 
-// out = sum_b t_b in order (qmatmul.h). Blocks go 16 at a time: one gather fetches their scales (and mins), one
-// multiply forms the 16 factors dw * dx; each pair of blocks (one register) is one dpbusd, and three rounds of
-// pair_sums leave the 16 blocks' integer sums in one register, turned into the 16 terms by one vector multiply.
+// out = the slot sums of the blocks' terms t_b (qmatmul.h), the last < 16 blocks as a masked chunk. Blocks go 16 at a time: one gather fetches their scales
+// (and mins), one multiply forms the 16 factors dw * dx; each pair of blocks (one register) is one dpbusd, three
+// rounds of pair_sums leave the 16 blocks' integer sums in one register, turned into the 16 terms by one vector
+// multiply and added to the 16 slots (lane k: slot k) by one vector add.
 template <class T>
 struct LegacyKernel {
   template <int NX>
@@ -261,25 +256,39 @@ struct LegacyKernel {
     const int64_t nb = cols / 32;
     const __m512i stride = _mm512_mullo_epi32(
         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(T::kBytes));
-    float acc[NX];
-    for_nx<NX>([&](int j) QMM_INLINE { acc[j] = 0.0f; });
-    int64_t b = 0;
-    for (; b + 16 <= nb; b += 16) {
+    __m512 slots[NX];
+    for_nx<NX>([&](int j) QMM_INLINE { slots[j] = _mm512_setzero_ps(); });
+    // Blocks b.. b + nt (nt <= 16); a partial chunk (the row's last nt < 16 blocks) reads no byte past them and
+    // gives its missing lanes the term +0 (which leaves a slot as it is).
+    const auto chunk = [&]<bool Full>(int64_t b, int nt) QMM_INLINE {
       const uint8_t* blk = w + b * T::kBytes;
       if constexpr (NX == 1) prefetch(blk, 16 * T::kBytes);
-      const __m512i dm = _mm512_i32gather_epi32(stride, blk, 1);  // d | m << 16 per block
+      const __mmask16 live = Full ? __mmask16{0xffff} : static_cast<__mmask16>((1u << nt) - 1);
+      const __m512i dm = Full ? _mm512_i32gather_epi32(stride, blk, 1)  // d | m << 16 per block
+                              : _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, stride, blk, 1);
       const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
       __m512i p4[NX][4];
       for_nx<4>([&](int k4) QMM_INLINE {
         __m512i p2[NX][2];
         for_nx<2>([&](int k2) QMM_INLINE {
           const int k = 2 * k4 + k2;
-          const __m512i q = T::q2(blk + 2 * k * T::kBytes);
-          const __m512i wq = weight_operand<T>(q);
-          for_nx<NX>([&](int j) QMM_INLINE {
-            const __m512i x = act_operand<T>(load512(a[j].q + 32 * (b + 2 * k)), q);
-            p2[j][k2] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, x);
-          });
+          if (Full || 2 * k + 1 < nt) {
+            const __m512i q = T::q2(blk + 2 * k * T::kBytes);
+            const __m512i wq = weight_operand<T>(q);
+            for_nx<NX>([&](int j) QMM_INLINE {
+              const __m512i x = act_operand<T>(load512(a[j].q + 32 * (b + 2 * k)), q);
+              p2[j][k2] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, x);
+            });
+          } else if (2 * k < nt) {  // the last block alone
+            const __m512i q = _mm512_zextsi256_si512(T::q(blk + 2 * k * T::kBytes));
+            const __m512i wq = weight_operand<T>(q);
+            for_nx<NX>([&](int j) QMM_INLINE {
+              const __m512i x = act_operand<T>(_mm512_zextsi256_si512(load256(a[j].q + 32 * (b + 2 * k))), q);
+              p2[j][k2] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, x);
+            });
+          } else {
+            for_nx<NX>([&](int j) QMM_INLINE { p2[j][k2] = _mm512_setzero_si512(); });
+          }
         });
         for_nx<NX>([&](int j) QMM_INLINE { p4[j][k4] = pair_sums(p2[j][0], p2[j][1]); });
       });
@@ -287,25 +296,35 @@ struct LegacyKernel {
         __m512i isum = pair_sums(pair_sums(p4[j][0], p4[j][1]), pair_sums(p4[j][2], p4[j][3]));
         if constexpr (T::kOffset != 0.0f) {
           isum = _mm512_sub_epi32(isum, _mm512_mullo_epi32(_mm512_set1_epi32(static_cast<int>(T::kOffset)),
-                                                          _mm512_loadu_si512(a[j].xs + b)));
+                                                          _mm512_maskz_loadu_epi32(live, a[j].xs + b)));
         }
-        __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_loadu_ps(a[j].d + b)));
+        __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_maskz_loadu_ps(live, a[j].d + b)));
         if constexpr (T::kMin) {
           const __m512 mw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)));
-          t = _mm512_add_ps(t, _mm512_mul_ps(mw, _mm512_loadu_ps(a[j].ds + b)));
+          t = _mm512_add_ps(t, _mm512_mul_ps(mw, _mm512_maskz_loadu_ps(live, a[j].ds + b)));
         }
-        acc[j] = fold(acc[j], t);
+        slots[j] = _mm512_add_ps(slots[j], t);
       });
+    };
+    int64_t b = 0;
+    for (; b + 16 <= nb; b += 16) chunk.template operator()<true>(b, 16);
+    if (nb - b > 4) {
+      chunk.template operator()<false>(b, static_cast<int>(nb - b));
+    } else {  // a few blocks left: each term alone, added to its slot's lane
+      for (; b < nb; ++b) {
+        const uint8_t* blk = w + b * T::kBytes;
+        const __m256i q = T::q(blk);
+        const __m256i wq = weight_operand<T>(q);
+        const auto lane = static_cast<__mmask16>(1u << (b % kSlots));
+        for_nx<NX>([&](int j) QMM_INLINE {
+          const __m256i x = act_operand<T>(load256(a[j].q + 32 * b), q);
+          const float t = legacy_term<T>(blk, a[j], b, _mm256_dpbusd_epi32(_mm256_setzero_si256(), wq, x));
+          slots[j] = _mm512_mask_add_ps(slots[j], lane, slots[j], _mm512_set1_ps(t));
+        });
+      }
     }
-    for (; b < nb; ++b) {
-      const uint8_t* blk = w + b * T::kBytes;
-      const __m256i q = T::q(blk);
-      const __m256i wq = weight_operand<T>(q);
-      for_nx<NX>([&](int j) QMM_INLINE {
-        const __m256i x = act_operand<T>(load256(a[j].q + 32 * b), q);
-        acc[j] = acc[j] + legacy_term<T>(blk, a[j], b, _mm256_dpbusd_epi32(_mm256_setzero_si256(), wq, x));
-      });
-    }
+    float sum[NX];
+    for_nx<NX>([&](int j) QMM_INLINE { sum[j] = hsum512(slots[j]); });  // slot_tree's pairing
     // Int8Outliers: the picked blocks' second levels (ActRow::pick), their terms after the blocks', in order.
     for_nx<NX>([&](int j) QMM_INLINE {
       const ActRow* l = a[j].level2;
@@ -314,10 +333,10 @@ struct LegacyKernel {
         const uint8_t* blk = w + pb * T::kBytes;
         const __m256i q = T::q(blk);
         const __m256i x = act_operand<T>(load256(l->q + 32 * pb), q);
-        acc[j] = acc[j] + legacy_term<T>(blk, *l, pb, _mm256_dpbusd_epi32(_mm256_setzero_si256(), weight_operand<T>(q), x));
+        sum[j] = sum[j] + legacy_term<T>(blk, *l, pb, _mm256_dpbusd_epi32(_mm256_setzero_si256(), weight_operand<T>(q), x));
       }
     });
-    for_nx<NX>([&](int j) QMM_INLINE { out[j] = acc[j]; });
+    for_nx<NX>([&](int j) QMM_INLINE { out[j] = sum[j]; });
   }
 };
 
@@ -345,7 +364,48 @@ inline __m512i scale_index(int base, int per) {
   return _mm512_load_si512(idx);
 }
 
-// out = sum_sb t_sb in order, t_sb = I * (d * dx) - M * (dmin * dx), I = sum_g sc_g * isum_g, M = sum_g m_g * xsum_g
+// The K types' terms, 16 super-blocks at a time: each super-block's integer sums kept as vectors (I: 16 lanes; M:
+// 8), summed lane-wise by pair_sums trees into one register of 16 super-blocks (lane k: super-block sb0 + k), the
+// terms t = I * (d * dx) [- M * (dmin * dx)] formed by vector multiplies and added to the slots (lane k: slot k).
+template <int NX, bool Mins>
+struct KTerms {
+  alignas(64) int32_t iv[NX][16][16];
+  alignas(64) int32_t mv[NX][16][8];
+  alignas(64) float d[16] = {}, dmin[16] = {};
+  __m512 slots[NX];
+
+  // The n (1..16) super-blocks from sb0 (a multiple of 16).
+  QMM_INLINE void flush(int n, int64_t sb0, const ActRow* a) {
+    const __mmask16 live = static_cast<__mmask16>((1u << n) - 1);
+    for_nx<NX>([&](int j) QMM_INLINE {
+      __m512i l1[8];
+      for_nx<8>([&](int k) QMM_INLINE {
+        const __m512i v0 = 2 * k < n ? _mm512_load_si512(iv[j][2 * k]) : _mm512_setzero_si512();
+        const __m512i v1 = 2 * k + 1 < n ? _mm512_load_si512(iv[j][2 * k + 1]) : _mm512_setzero_si512();
+        l1[k] = pair_sums(v0, v1);
+      });
+      const auto tree8 = [](const __m512i* l) QMM_INLINE {
+        return pair_sums(pair_sums(pair_sums(l[0], l[1]), pair_sums(l[2], l[3])),
+                         pair_sums(pair_sums(l[4], l[5]), pair_sums(l[6], l[7])));
+      };
+      const __m512 dx = _mm512_maskz_loadu_ps(live, a[j].d + sb0);
+      __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(tree8(l1)), _mm512_mul_ps(_mm512_load_ps(d), dx));
+      if constexpr (Mins) {
+        __m512i m1[8];
+        for_nx<8>([&](int k) QMM_INLINE {
+          const __m256i v0 = 2 * k < n ? _mm256_load_si256(reinterpret_cast<const __m256i*>(mv[j][2 * k])) : _mm256_setzero_si256();
+          const __m256i v1 =
+              2 * k + 1 < n ? _mm256_load_si256(reinterpret_cast<const __m256i*>(mv[j][2 * k + 1])) : _mm256_setzero_si256();
+          m1[k] = join(v0, v1);
+        });
+        t = _mm512_sub_ps(t, _mm512_mul_ps(_mm512_cvtepi32_ps(tree8(m1)), _mm512_mul_ps(_mm512_load_ps(dmin), dx)));
+      }
+      slots[j] = _mm512_add_ps(slots[j], t);
+    });
+  }
+};
+
+// out = the slot sums of t_sb = I * (d * dx) - M * (dmin * dx), I = sum_g sc_g * isum_g, M = sum_g m_g * xsum_g
 template <bool Five>
 struct Q45KKernel {
   static constexpr int64_t kPickBlockBytes = Five ? 176 : 144;  // Int8Outliers: picks taken block by block
@@ -356,11 +416,13 @@ struct Q45KKernel {
     const __m256i m4 = _mm256_set1_epi8(15);
     const __m512i one8 = _mm512_set1_epi8(1);
     const __m512i idx[4] = {scale_index(0, 16), scale_index(2, 16), scale_index(4, 16), scale_index(6, 16)};
-    float acc[NX];
-    for_nx<NX>([&](int j) QMM_INLINE { acc[j] = 0.0f; });
+    KTerms<NX, true> kt;
+    for_nx<NX>([&](int j) QMM_INLINE { kt.slots[j] = _mm512_setzero_ps(); });
     for (int64_t sb = 0; sb < nsb; ++sb) {
       const uint8_t* blk = w + sb * kBytes;
-      const float d = f16_at(blk), dmin = f16_at(blk + 2);
+      const int k = static_cast<int>(sb % 16);
+      kt.d[k] = f16_at(blk);
+      kt.dmin[k] = f16_at(blk + 2);
       if constexpr (NX == 1) prefetch(blk, kBytes);
       uint64_t sc, mn;
       k_scales(blk + 4, &sc, &mn);
@@ -389,18 +451,16 @@ struct Q45KKernel {
         });
       }
       for_nx<NX>([&](int j) QMM_INLINE {
-        const float dx = a[j].d[sb];
-        const int32_t isum = _mm512_reduce_add_epi32(sumi[j]);
-        const int32_t msum = _mm512_reduce_add_epi32(
-            _mm512_zextsi256_si512(_mm256_madd_epi16(load256(a[j].bs + 16 * sb), mins)));
-        acc[j] = acc[j] + (static_cast<float>(isum) * (d * dx) - static_cast<float>(msum) * (dmin * dx));
+        _mm512_store_si512(kt.iv[j][k], sumi[j]);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(kt.mv[j][k]), _mm256_madd_epi16(load256(a[j].bs + 16 * sb), mins));
       });
+      if (k == 15 || sb + 1 == nsb) kt.flush(k + 1, sb - k, a);
     }
-    for_nx<NX>([&](int j) QMM_INLINE { out[j] = acc[j]; });
+    for_nx<NX>([&](int j) QMM_INLINE { out[j] = hsum512(kt.slots[j]); });  // slot_tree's pairing
   }
 };
 
-// out = sum_sb t_sb in order, t_sb = I * (d * dx), I = sum_g sc_g * (isum_g - 32 * xsum_g), 16 groups of 16
+// out = the slot sums of t_sb = I * (d * dx), I = sum_g sc_g * (isum_g - 32 * xsum_g), 16 groups of 16
 struct Q6KKernel {
   static constexpr int64_t kPickBlockBytes = 210;  // Int8Outliers: picks taken block by block
   template <int NX>
@@ -408,12 +468,13 @@ struct Q6KKernel {
     const int64_t nsb = cols / 256;
     const __m512i m4 = _mm512_set1_epi8(15), m2 = _mm512_set1_epi8(3);
     const __m512i idx[4] = {scale_index(0, 8), scale_index(4, 8), scale_index(8, 8), scale_index(12, 8)};
-    float acc[NX];
-    for_nx<NX>([&](int j) QMM_INLINE { acc[j] = 0.0f; });
+    KTerms<NX, false> kt;
+    for_nx<NX>([&](int j) QMM_INLINE { kt.slots[j] = _mm512_setzero_ps(); });
     for (int64_t sb = 0; sb < nsb; ++sb) {
       const uint8_t* blk = w + sb * 210;
       if constexpr (NX == 1) prefetch(blk, 210);
-      const float d = f16_at(blk + 208);
+      const int k = static_cast<int>(sb % 16);
+      kt.d[k] = f16_at(blk + 208);
       const __m256i sc16 = _mm256_cvtepi8_epi16(load128(blk + 192));
       const __m512i sc16z = _mm512_zextsi256_si512(sc16);
       __m512i sumi[NX];
@@ -436,11 +497,11 @@ struct Q6KKernel {
       }
       for_nx<NX>([&](int j) QMM_INLINE {
         const __m256i off = _mm256_madd_epi16(load256(a[j].bs + 16 * sb), sc16);
-        const __m512i isum = _mm512_sub_epi32(sumi[j], _mm512_zextsi256_si512(_mm256_slli_epi32(off, 5)));
-        acc[j] = acc[j] + static_cast<float>(_mm512_reduce_add_epi32(isum)) * (d * a[j].d[sb]);
+        _mm512_store_si512(kt.iv[j][k], _mm512_sub_epi32(sumi[j], _mm512_zextsi256_si512(_mm256_slli_epi32(off, 5))));
       });
+      if (k == 15 || sb + 1 == nsb) kt.flush(k + 1, sb - k, a);
     }
-    for_nx<NX>([&](int j) QMM_INLINE { out[j] = acc[j]; });
+    for_nx<NX>([&](int j) QMM_INLINE { out[j] = hsum512(kt.slots[j]); });  // slot_tree's pairing
   }
 };
 
@@ -461,9 +522,11 @@ struct PanelTile {
   static void run(const uint8_t* panel, const PanelScales& s, int64_t nblk, const ActRow* const* xa,
                   float* const* out) {
     constexpr int kSteps = P::kG / 4;
+    alignas(64) float slots[MR][kSlots][16];  // per x row and slot: the 16 weight rows' slot sums
+    for (int k = 0; k < kSlots; ++k) {
     __m512 acc[MR];
     for_nx<MR>([&](int x) QMM_INLINE { acc[x] = _mm512_setzero_ps(); });
-    for (int64_t b = 0; b < nblk; ++b) {
+    for (int64_t b = k; b < nblk; b += kSlots) {
       __m512i isum[MR];
       for_nx<MR>([&](int x) QMM_INLINE { isum[x] = _mm512_setzero_si512(); });
       for (int g = 0; g < P::kGroups; ++g) {
@@ -511,7 +574,17 @@ struct PanelTile {
         acc[x] = _mm512_add_ps(acc[x], t);
       });
     }
-    for_nx<MR>([&](int x) QMM_INLINE { _mm512_storeu_ps(out[x], acc[x]); });
+    for_nx<MR>([&](int x) QMM_INLINE { _mm512_store_ps(slots[x][k], acc[x]); });
+    }
+    // slot_tree, lane by lane
+    for_nx<MR>([&](int x) QMM_INLINE {
+      const auto sl = [&](int k) QMM_INLINE { return _mm512_load_ps(slots[x][k]); };
+      __m512 t[8];
+      for_nx<8>([&](int k) QMM_INLINE { t[k] = _mm512_add_ps(sl(k), sl(k + 8)); });
+      __m512 u[4];
+      for_nx<4>([&](int k) QMM_INLINE { u[k] = _mm512_add_ps(t[k], t[k + 4]); });
+      _mm512_storeu_ps(out[x], _mm512_add_ps(_mm512_add_ps(u[0], u[2]), _mm512_add_ps(u[1], u[3])));
+    });
   }
 };
 

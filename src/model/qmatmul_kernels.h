@@ -2,8 +2,13 @@
 //
 // A row kernel computes, for one weight row w (cols elements, as stored) and nx <= kMaxNx activation rows a[j],
 // out[j] = dot(w, a[j]). The activations of a quantized weight type are int8 (q) with, per activation block
-// (32 or 256 elements), the f32 scale d; for 32-blocks also ds = d * sum(q of the block); for 256-blocks the
-// int16 sums of q over each group of 16 elements (bs, 16 per block). The float weight types read x (f32).
+// (32 or 256 elements), the f32 scale d; for 32-blocks also xs = sum(q of the block) and ds = d * xs; for
+// 256-blocks the int16 sums of q over each group of 16 elements (bs, 16 per block). The float types read x (f32).
+//
+// Every kernel of a quantized type (row kernel, panel, every ISA) computes the same f32 value for a (weight row,
+// x row), in the order qmatmul.h states ("Batch invariance"): per activation block b an exact integer sum I_b (and
+// M_b), one f32 term t_b from it, the terms added into slot b % 16 in ascending b from +0, the 16 slots summed by
+// slot_tree, then the row's picked second-level blocks' terms added one at a time in ascending order.
 #pragma once
 
 #include <cstddef>
@@ -39,6 +44,18 @@ struct PanelPairs {
 };
 
 constexpr int kMaxNx = 4;
+
+// The slots of qmatmul.h's order: block b's term goes to slot b % kSlots; the slots are summed by slot_tree, the
+// pairing of a 16-lane horizontal sum (lane k + lane k + 8, then k + 4, k + 2, k + 1; a panel's vertical adds make
+// the same one).
+constexpr int kSlots = 16;
+inline float slot_tree(const float* s) {
+  float t[8], u[4];
+  for (int k = 0; k < 8; ++k) t[k] = s[k] + s[k + 8];
+  for (int k = 0; k < 4; ++k) u[k] = t[k] + t[k + 4];
+  const float v0 = u[0] + u[2], v1 = u[1] + u[3];
+  return v0 + v1;
+}
 
 // Int8Outliers on the K types, after a row kernel K over rows a[0, nx): each picked 256-block's second level through
 // K on that block alone, added to out[j] (the 32-block kernels take their picks inside their own pass; K types have
