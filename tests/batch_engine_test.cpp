@@ -983,14 +983,10 @@ TEST(BatchEngineRealModel, SmolLM2BatchedGreedyEqualsSingle) {
     if (allow && std::string(allow) == "1") GTEST_SKIP() << path << " is missing";
     FAIL() << path << " is missing: run scripts/fetch_models.sh";
   }
-  // The f32 expansion: its products give a row the same result whatever the other rows of the step. The weights kept
-  // as stored do not (yet): qmatmul runs steps of m < 16 rows through its row kernels and larger ones through its
-  // panels, which sum the blocks in another order, and the int8 rounding of the next layer's activations can turn
-  // that last-bit difference into one quantization step; so a decode row batched beside a prefill chunk may differ
-  // from the same row decoded alone (docs/cpu_kernels.md, What is left).
-  WeightOptions f32;
-  f32.expand_f32 = true;
-  const auto model = Model::load(path, nullptr, f32);
+  // The weights as stored (the default): qmatmul's products give a row the same bits whatever the other rows of the
+  // step (model/qmatmul.h, "Batch invariance"), so a decode row batched beside a prefill chunk equals the same row
+  // decoded alone.
+  const auto model = Model::load(path);
   std::vector<BatchRequest> reqs;
   for (uint32_t i = 0; i < 5; ++i) {
     BatchRequest r;
