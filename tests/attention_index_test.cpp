@@ -31,6 +31,17 @@ void expect_index_matches_definition(const Pattern& p, const HeadEstimate& est, 
     }
   }
   EXPECT_EQ(index_stats(index).mask_cells, visible) << describe(p);
+  // Within a sliding window (a window layer's call): the definition's cells with pos - key < window.
+  for (const int64_t window : {1, 5, 37, 300}) {
+    int64_t in_window = 0;
+    for (int32_t r = 0; r < ctx.q_len; ++r)
+      for (int32_t j = 0; j < ctx.kv_len; ++j)
+        in_window += mask[static_cast<size_t>(r) * static_cast<size_t>(ctx.kv_len) + static_cast<size_t>(j)] != 0 &&
+                     int64_t{ctx.q_begin} + r - j < window;
+    const IndexStats ws = index_stats(index, window);
+    EXPECT_EQ(ws.mask_cells, in_window) << describe(p) << " window " << window;
+    EXPECT_EQ(ws.causal_cells, index_stats(index).causal_cells);
+  }
 }
 
 VerticalSlashEstimate random_vs(std::mt19937& rng, int32_t kv_len) {

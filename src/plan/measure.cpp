@@ -30,7 +30,8 @@ std::vector<double> executed_density(const runtime::Model& model, const std::vec
       for (int32_t h = 0; h < cfg.num_q_heads; ++h)
         patterns.push_back(p.table().empty() ? attn::Pattern{attn::DensePattern{}} : p.at(layer, h));
       const auto estimates = attn::estimate_layer(patterns, args.q, args.k, ctx, args.effective_scale(), pool);
-      const attn::IndexStats st = attn::index_stats(attn::lower_layer(patterns, estimates, ctx));
+      // A sliding-window layer executes the policy's mask within its window (the executors clip to it).
+      const attn::IndexStats st = attn::index_stats(attn::lower_layer(patterns, estimates, ctx), args.window);
       kept[i] += st.mask_cells;
       causal[i] += st.causal_cells;
     }

@@ -256,7 +256,7 @@ MInferenceResult plan_minference(const runtime::Model& model, const std::vector<
       sparse.out = TensorView(out.data(), DType::F32, {n, nq, d});
       sparse.lse = TensorView();
       attn::sparse_attention_cpu(sparse, index, pool);
-      const auto stats = attn::index_stats_per_head(index);
+      const auto stats = attn::index_stats_per_head(index, args.window);
       for (int64_t h = 0; h < nq; ++h) {
         double num = 0, den = 0;
         for (int64_t t = 0; t < n; ++t)

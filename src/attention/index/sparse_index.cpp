@@ -72,15 +72,17 @@ void SparseIndex::validate() const {
 }
 
 namespace {
-// Visible cells of rows [p0, p1) (absolute positions) within key interval [b, e), causal: j <= p.
-int64_t causal_cells_in(int64_t p0, int64_t p1, int64_t b, int64_t e) {
+// Visible cells of rows [p0, p1) (absolute positions) within key interval [b, e), causal: j <= p, and within the
+// last `window` keys of each row when window > 0: j > p - window.
+int64_t causal_cells_in(int64_t p0, int64_t p1, int64_t b, int64_t e, int64_t window = 0) {
   int64_t n = 0;
-  for (int64_t p = p0; p < p1; ++p) n += std::max<int64_t>(0, std::min(e, p + 1) - b);
+  for (int64_t p = p0; p < p1; ++p)
+    n += std::max<int64_t>(0, std::min(e, p + 1) - (window > 0 ? std::max(b, p - window + 1) : b));
   return n;
 }
 }  // namespace
 
-std::vector<IndexStats> index_stats_per_head(const SparseIndex& index) {
+std::vector<IndexStats> index_stats_per_head(const SparseIndex& index, int64_t window) {
   std::vector<IndexStats> out(static_cast<size_t>(index.num_heads));
   for (int32_t h = 0; h < index.num_heads; ++h) {
     IndexStats& s = out[static_cast<size_t>(h)];
@@ -90,11 +92,12 @@ std::vector<IndexStats> index_stats_per_head(const SparseIndex& index) {
       const int64_t p1 = p0 + rows;
       s.causal_cells += causal_cells_in(p0, p1, 0, index.kv_len);
       for (const KeyRange& r : index.ranges_of(h, t)) {
-        s.mask_cells += causal_cells_in(p0, p1, r.begin, r.end);
+        s.mask_cells += causal_cells_in(p0, p1, r.begin, r.end, window);
         s.work_cells += rows * (r.end - r.begin);
       }
       for (int32_t c : index.columns_of(h, t)) {
-        s.mask_cells += std::max<int64_t>(0, p1 - std::max<int64_t>(p0, c));
+        const int64_t last = window > 0 ? std::min<int64_t>(p1, int64_t{c} + window) : p1;  // rows p < c + window
+        s.mask_cells += std::max<int64_t>(0, last - std::max<int64_t>(p0, c));
         s.work_cells += rows;
       }
     }
@@ -102,9 +105,9 @@ std::vector<IndexStats> index_stats_per_head(const SparseIndex& index) {
   return out;
 }
 
-IndexStats index_stats(const SparseIndex& index) {
+IndexStats index_stats(const SparseIndex& index, int64_t window) {
   IndexStats total;
-  for (const IndexStats& s : index_stats_per_head(index)) {
+  for (const IndexStats& s : index_stats_per_head(index, window)) {
     total.mask_cells += s.mask_cells;
     total.causal_cells += s.causal_cells;
     total.work_cells += s.work_cells;

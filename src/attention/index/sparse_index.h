@@ -76,8 +76,11 @@ struct IndexStats {
   double work_flops(int head_dim) const { return 4.0 * head_dim * static_cast<double>(work_cells); }
 };
 
-IndexStats index_stats(const SparseIndex& index);
+// window > 0: a sliding-window layer's call (AttentionArgs::window), whose executors keep only the last `window` keys of
+// each row: mask_cells counts the index's cells within them (causal_cells stays the whole causal triangle, so
+// density() is the fraction of dense causal attention the call executes); work_cells is unchanged.
+IndexStats index_stats(const SparseIndex& index, int64_t window = 0);
 // Per-head stats (entry h covers query head h).
-std::vector<IndexStats> index_stats_per_head(const SparseIndex& index);
+std::vector<IndexStats> index_stats_per_head(const SparseIndex& index, int64_t window = 0);
 
 }  // namespace tessera::attn

@@ -122,7 +122,7 @@ void minference_errors(const GradientModel& model, const std::vector<int32_t>& t
       TESSERA_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
       candidate_ms += ms;
       const std::vector<double> sums = partial.download();
-      const std::vector<attn::IndexStats> st = attn::index_stats_per_head(layers[c]->download_index());
+      const std::vector<attn::IndexStats> st = attn::index_stats_per_head(layers[c]->download_index(), args.window);
       for (int64_t h = 0; h < NQ; ++h) {
         double num = 0, den = 0;
         for (int k = 0; k < kErrorChunks; ++k) {
