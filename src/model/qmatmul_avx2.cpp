@@ -423,11 +423,12 @@ struct PanelTile {
     static_assert(kChunk >= 1 && kSteps % std::min(kChunk, kSteps) == 0);
     constexpr int kPer = std::min(kChunk, kSteps);
     const __m256i ones = _mm256_set1_epi16(1);
-    alignas(32) float slots[MR][kSlots][16];  // per x row and slot: the 16 weight rows' slot sums
-    for (int k = 0; k < kSlots; ++k) {
-    __m256 acc[MR][2];
-    for_nx<MR>([&](int x) QMM_INLINE { acc[x][0] = acc[x][1] = _mm256_setzero_ps(); });
-    for (int64_t b = k; b < nblk; b += kSlots) {
+    // Per x row and slot: the 16 weight rows' slot sums, in memory (block b adds to slot b % 16); slots no block
+    // reaches stay +0.
+    alignas(32) float slots[MR][kSlots][16];
+    for (int64_t k = nblk; nblk > 1 && k < kSlots; ++k)
+      for (int x = 0; x < MR; ++x) std::fill(slots[x][k], slots[x][k] + 16, 0.0f);
+    for (int64_t b = 0; b < nblk; ++b) {
       __m256i isum[MR][2];
       for_nx<MR>([&](int x) QMM_INLINE { isum[x][0] = isum[x][1] = _mm256_setzero_si256(); });
       for (int g = 0; g < P::kGroups; ++g) {
@@ -488,14 +489,14 @@ struct PanelTile {
             t = _mm256_sub_ps(t, _mm256_mul_ps(_mm256_cvtepi32_ps(ms),
                                                _mm256_mul_ps(_mm256_loadu_ps(s.m + 16 * b + 8 * h), dx)));
           }
-          acc[x][h] = _mm256_add_ps(acc[x][h], t);
+          float* slot = slots[x][b % kSlots] + 8 * h;
+          _mm256_store_ps(slot, _mm256_add_ps(b < kSlots ? _mm256_setzero_ps() : _mm256_load_ps(slot), t));
         });
       });
     }
-    for_nx<MR>([&](int x) QMM_INLINE {
-      _mm256_store_ps(slots[x][k], acc[x][0]);
-      _mm256_store_ps(slots[x][k] + 8, acc[x][1]);
-    });
+    if (nblk == 1) {  // one block (the outlier pairs): the tree of +0 + t and +0s is +0 + t
+      for (int x = 0; x < MR; ++x) std::memcpy(out[x], slots[x][0], 16 * sizeof(float));
+      return;
     }
     // slot_tree, lane by lane
     for_nx<MR>([&](int x) QMM_INLINE {

@@ -522,11 +522,12 @@ struct PanelTile {
   static void run(const uint8_t* panel, const PanelScales& s, int64_t nblk, const ActRow* const* xa,
                   float* const* out) {
     constexpr int kSteps = P::kG / 4;
-    alignas(64) float slots[MR][kSlots][16];  // per x row and slot: the 16 weight rows' slot sums
-    for (int k = 0; k < kSlots; ++k) {
-    __m512 acc[MR];
-    for_nx<MR>([&](int x) QMM_INLINE { acc[x] = _mm512_setzero_ps(); });
-    for (int64_t b = k; b < nblk; b += kSlots) {
+    // Per x row and slot: the 16 weight rows' slot sums, in memory (block b adds to slot b % 16: the same slot again
+    // 16 blocks later, so no add waits on the previous one); slots no block reaches stay +0.
+    alignas(64) float slots[MR][kSlots][16];
+    for (int64_t k = nblk; nblk > 1 && k < kSlots; ++k)
+      for_nx<MR>([&](int x) QMM_INLINE { _mm512_store_ps(slots[x][k], _mm512_setzero_ps()); });
+    for (int64_t b = 0; b < nblk; ++b) {
       __m512i isum[MR];
       for_nx<MR>([&](int x) QMM_INLINE { isum[x] = _mm512_setzero_si512(); });
       for (int g = 0; g < P::kGroups; ++g) {
@@ -571,10 +572,13 @@ struct PanelTile {
           });
           t = _mm512_sub_ps(t, _mm512_mul_ps(_mm512_cvtepi32_ps(ms), _mm512_mul_ps(_mm512_loadu_ps(s.m + 16 * b), dx)));
         }
-        acc[x] = _mm512_add_ps(acc[x], t);
+        float* slot = slots[x][b % kSlots];
+        _mm512_store_ps(slot, _mm512_add_ps(b < kSlots ? _mm512_setzero_ps() : _mm512_load_ps(slot), t));
       });
     }
-    for_nx<MR>([&](int x) QMM_INLINE { _mm512_store_ps(slots[x][k], acc[x]); });
+    if (nblk == 1) {  // one block (the outlier pairs): the tree of +0 + t and +0s is +0 + t
+      for_nx<MR>([&](int x) QMM_INLINE { _mm512_storeu_ps(out[x], _mm512_load_ps(slots[x][0])); });
+      return;
     }
     // slot_tree, lane by lane
     for_nx<MR>([&](int x) QMM_INLINE {
