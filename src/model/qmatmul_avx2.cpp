@@ -416,7 +416,7 @@ struct PanelTile {
   static constexpr int kMr = 2;
   static constexpr int kChunk = 32767 / (2 * UMax * 127);  // steps summed in int16
 
-  template <int MR, class P>
+  template <int MR, class P, bool Add>
   static void run(const uint8_t* panel, const PanelScales& s, int64_t nblk, const ActRow* const* xa,
                   float* const* out) {
     constexpr int kSteps = P::kG / 4;
@@ -495,7 +495,8 @@ struct PanelTile {
       });
     }
     if (nblk == 1) {  // one block (the outlier pairs): the tree of +0 + t and +0s is +0 + t
-      for (int x = 0; x < MR; ++x) std::memcpy(out[x], slots[x][0], 16 * sizeof(float));
+      for (int x = 0; x < MR; ++x)
+        for (int k = 0; k < 16; ++k) out[x][k] = Add ? out[x][k] + slots[x][0][k] : slots[x][0][k];
       return;
     }
     // slot_tree, lane by lane

@@ -518,7 +518,7 @@ struct Q6KKernel {
 struct PanelTile {
   static constexpr int kMr = 8;
 
-  template <int MR, class P>
+  template <int MR, class P, bool Add>
   static void run(const uint8_t* panel, const PanelScales& s, int64_t nblk, const ActRow* const* xa,
                   float* const* out) {
     constexpr int kSteps = P::kG / 4;
@@ -577,7 +577,10 @@ struct PanelTile {
       });
     }
     if (nblk == 1) {  // one block (the outlier pairs): the tree of +0 + t and +0s is +0 + t
-      for_nx<MR>([&](int x) QMM_INLINE { _mm512_storeu_ps(out[x], _mm512_load_ps(slots[x][0])); });
+      for_nx<MR>([&](int x) QMM_INLINE {
+        const __m512 v = _mm512_load_ps(slots[x][0]);
+        _mm512_storeu_ps(out[x], Add ? _mm512_add_ps(_mm512_loadu_ps(out[x]), v) : v);
+      });
       return;
     }
     // slot_tree, lane by lane
