@@ -22,8 +22,9 @@
 //    blocks get the second level (d_b / 508), the others keep their one-level error, bounded per element by
 //    |x_k - d_b round(x_k / d_b)| + 1e-4 d_b (d_b in f64 vs the kernel's f32: far from a tie both round alike, near
 //    one the term is ~d_b / 2 anyway; a block within 1% of the limit may go either way: d_b / 2). F counts 2n terms.
-//  * SIMD vs the scalar twin: both compute the same exact value (same int8 activations, same integer block sums)
-//    and differ by f32 summation order only: |y_simd - y_scalar| <= 2F.
+//  * SIMD vs the scalar twin: checked within 2F here; for the quantized types they are the same bits (qmatmul.h,
+//    "Batch invariance": one f32 term per block from exact integers, one summation order), which
+//    QMatmulBatchInvariance asserts with memcmp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
