@@ -384,12 +384,12 @@ int main(int argc, char** argv) {
             r.global_s = g->gpu_stats().global_gpu_seconds - before.global_gpu_seconds;
             r.store_s = g->gpu_stats().store_gpu_seconds - before.store_gpu_seconds;
             const GpuStreamStats& a = g->gpu_stats();
-            r.d_map = a.decide_map_gpu_seconds - before.decide_map_gpu_seconds;
-            r.d_spans = a.decide_spans_gpu_seconds - before.decide_spans_gpu_seconds;
-            r.d_masses = a.decide_masses_gpu_seconds - before.decide_masses_gpu_seconds;
-            r.d_keys = a.decide_keys_gpu_seconds - before.decide_keys_gpu_seconds;
-            r.d_scores = a.decide_scores_gpu_seconds - before.decide_scores_gpu_seconds;
-            r.waits = a.decision_waits - before.decision_waits;
+            r.d_map = a.decide.map - before.decide.map;
+            r.d_spans = a.decide.spans - before.decide.spans;
+            r.d_masses = a.decide.masses - before.decide.masses;
+            r.d_keys = a.decide.keys - before.decide.keys;
+            r.d_scores = a.decide.scores - before.decide.scores;
+            r.waits = a.decide.waits - before.decide.waits;
           }
           if (o.decode > 0) {
             engine.reset_stats();

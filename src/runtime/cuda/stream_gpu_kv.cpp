@@ -155,13 +155,7 @@ void GpuStreamingKV::prof_mark(cudaStream_t s) {
 
 void GpuStreamingKV::collect_profile() {
   if (decider_) {  // (summed by the decider at its synchronisations)
-    const StreamDecider::Profile& p = decider_->profile_stats();
-    stats_.decide_map_gpu_seconds = p.map;
-    stats_.decide_spans_gpu_seconds = p.spans;
-    stats_.decide_masses_gpu_seconds = p.masses;
-    stats_.decide_keys_gpu_seconds = p.keys;
-    stats_.decide_scores_gpu_seconds = p.scores;
-    stats_.decision_waits = p.waits;
+    stats_.decide = decider_->profile_stats();
   }
   if (prof_used_ == 0) return;
   TESSERA_CUDA_CHECK(cudaEventSynchronize(prof_events_[prof_used_ - 1]));

@@ -75,11 +75,9 @@ struct GpuStreamStats {
   // collect_profile(): the workspace (window and chunk copied and rotated, the queries), the local pass, the global
   // pass with the merge (sinks and retrieved blocks copied in), the chunk stored into the sinks / ring.
   double workspace_gpu_seconds = 0, local_gpu_seconds = 0, global_gpu_seconds = 0, store_gpu_seconds = 0;
-  // ... and the decisions' device sections (StreamDecider::Profile: map, span discovery, masses, index keys, block
-  // scores), GPU time by events; decision_waits: the host's synchronisations with the device for the decisions.
-  double decide_map_gpu_seconds = 0, decide_spans_gpu_seconds = 0, decide_masses_gpu_seconds = 0,
-         decide_keys_gpu_seconds = 0, decide_scores_gpu_seconds = 0;
-  int64_t decision_waits = 0;
+  // ... and the decisions' device sections (map, span discovery, masses, index keys, block scores: GPU seconds by
+  // events) and waits (the host's synchronisations with the device for the decisions), as the decider sums them.
+  StreamDecider::Profile decide;
 };
 
 // What the device computed for one layer's chunk (GpuStreamingKV::record(true); tests compare it with the CPU's).
