@@ -25,3 +25,18 @@ for from in 11919 14919; do
   files+=("$O/ppl-$from/perplexity.json")
 done
 python3 docs/plans/moa_layers_33.py fit "$PLAN" "$BETA" "$H" "$O" "${files[@]}"
+# The pick among the repaired plans: each on the same held-out texts beside the plan (the window's and dense's
+# figures are the runs above); the least summed log perplexity wins (k = 22 here).
+R="$PLAN"
+for k in 2 4 6 8 12 22; do R="$R;$O/repair_k$k.json"; done
+for from in 11919 14919; do
+  nice -n 5 "$T" eval -m "$M" --kv-type f32 --tasks none --perplexity 2048,4096 --haystack "file:$H/heldout-$from.txt" \
+    --attn "$R" --device cpu -o "$O/pick-$from" > "$O/pick-$from.log" 2>&1
+done
+# A check on two more held-out texts (from sentences 20,919 and 25,919: used for no choice): plan, repaired, window.
+for from in 20919 25919; do
+  "$DUMP" "$from" 700 "$H/heldout-$from.txt" > /dev/null
+  nice -n 5 "$T" eval -m "$M" --kv-type f32 --tasks none --perplexity 2048,4096 --haystack "file:$H/heldout-$from.txt" \
+    --attn "$PLAN;$O/repair_k22.json;moa:alpha=0,beta=$BETA,sink=64" --device cpu -o "$O/check-$from" \
+    > "$O/check-$from.log" 2>&1
+done
