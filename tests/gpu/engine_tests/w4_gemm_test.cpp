@@ -25,6 +25,7 @@
 #include "core/error.h"
 #include "cuda/device_buffer.h"
 #include "model/model.h"
+#include "model/weights.h"
 #include "runtime/cuda/device_model.h"
 #include "runtime/cuda/fp8_gemv.h"
 #include "runtime/cuda/fp8_quant.h"
@@ -330,6 +331,61 @@ TEST(W4Engine, PrefillBf16DecodeNearBf16) {
   EXPECT_LE(worst, kW4DecodeRelL2);
   EXPECT_GT(worst, 0.0) << "the decode step read the 4-bit weights";
   EXPECT_EQ(static_cast<double>(w4.memory().weights_bytes - bf.memory().weights_bytes), elements / 2 + elements / 32);
+}
+
+// Issue 35's open question — does the 4-bit decode lose needles on Gemma-3 by its rounding or by a defect? — as a test:
+// the engine with --gemm w4 on the real Gemma-3-270M equals the bf16 engine on the model's own 4-bit values (each layer
+// matrix's bf16 rows quantized on the host as the device does, quantize_w4_host, then s * (q - z) as f32 weights,
+// uploaded: bf16 keeps them within 2^-9). An 8-token prompt and 24 steps, every product of <= kW4Rows rows, so that
+// every product of the w4 engine reads the 4-bit copy. Then what separates w4 from bf16 on the original weights is the
+// quantizer's (4-bit round-to-nearest of Q4_K values, groups of 128 with an integer zero point), not the kernel's
+// or its wiring's (a matrix found for the wrong weights, Q/K/V rows of the stacked matrix): printed beside it.
+TEST(W4Engine, RealGemma3EqualsItsDequantizedWeights) {
+  REQUIRE_GPU();
+  const std::string path = test::real_model_path("gemma-3-270m-q4_k_m.gguf");
+  if (path.empty()) GTEST_SKIP() << "gemma-3-270m-q4_k_m.gguf not present";
+  const auto model = Model::load(path);
+  const ModelConfig& cfg = model->config();
+  ModelWeights four = model->weights();
+  auto four_bit_values = [](const Weight& w) {
+    std::vector<float> v = w.to_f32();
+    std::vector<bf16> b(v.size());
+    for (size_t i = 0; i < v.size(); ++i) b[i] = f32_to_bf16(v[i]);  // what DeviceModel::upload holds
+    std::vector<uint8_t> codes(static_cast<size_t>(w.rows * w.cols / 2));
+    std::vector<uint32_t> params(static_cast<size_t>(w.rows * w.cols / kW4Group));
+    quantize_w4_host(b.data(), w.cols, w.rows, w.cols, codes.data(), params.data());
+    for (int64_t r = 0; r < w.rows; ++r)
+      for (int64_t c = 0; c < w.cols; ++c)
+        v[static_cast<size_t>(r * w.cols + c)] = w4_value(codes.data(), params.data(), w.cols, r, c);
+    return Weight::f32(std::move(v), w.rows, w.cols, w.name);
+  };
+  for (LayerWeights& L : four.layers)
+    for (Weight* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) *w = four_bit_values(*w);
+  const auto dev = DeviceModel::upload(*model);
+  const auto dev_four = DeviceModel::upload(cfg, four);
+  GpuEngineOptions o;
+  GpuEngine bf(*dev, o), ref(*dev_four, o);
+  o.gemm = GemmPrecision::kW4;
+  GpuEngine w4(*dev, o);
+  const std::vector<int32_t> prompt = test::random_tokens(static_cast<int32_t>(kW4Rows), 30000, 35, 100);
+  std::vector<float> lw = w4.prefill(prompt), lr = ref.prefill(prompt), lb = bf.prefill(prompt);
+  double to_four = rel_l2(lr, lw), to_bf16 = rel_l2(lb, lw);
+  int argmax_equal = 0;
+  const int steps = 24;
+  for (int step = 0; step < steps; ++step) {
+    const auto next = static_cast<int32_t>(std::max_element(lr.begin(), lr.end()) - lr.begin());  // ref's greedy token
+    argmax_equal += next == static_cast<int32_t>(std::max_element(lw.begin(), lw.end()) - lw.begin());
+    lw = w4.decode(next);
+    lr = ref.decode(next);
+    lb = bf.decode(next);
+    to_four = std::max(to_four, rel_l2(lr, lw));
+    to_bf16 = std::max(to_bf16, rel_l2(lb, lw));
+  }
+  std::printf("[w4] gemma-3-270m, %d-token prompt + %d steps: w4 engine vs bf16 on its 4-bit values worst rel L2 %.4g "
+              "(greedy token equal %d of %d); vs bf16 on the original weights %.4g\n",
+              static_cast<int>(prompt.size()), steps, to_four, argmax_equal, steps, to_bf16);
+  EXPECT_LT(to_four, 0.02) << "the 4-bit path differs from its own dequantized weights: a defect, not rounding";
+  EXPECT_LT(to_four, 0.25 * to_bf16) << "the quantizer's error should dominate";
 }
 
 // Not a check: the decode products' time on Llama-3-8B's layer shapes at 1, 2, 4 and 8 rows, 4-bit weight-only beside
