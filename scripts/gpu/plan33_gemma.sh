@@ -32,7 +32,9 @@ run_step() {  # NAME CAP_S CMD...
   if grep -q 'fatal signal' "$O/$name.err"; then named_stack "$O/$name.err" > "$O/$name.stack"; head -30 "$O/$name.stack"; fi
   return $rc
 }
-for s in "${@:-mi moa tmix eval}"; do
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || steps=(mi moa tmix eval)
+for s in "${steps[@]}"; do
   case $s in
     mi)
       run_step mi 200 "$T" plan --method minference -m "$M" --device cuda --lengths 8192,32768 --samples 1 --budget 0.3 \
