@@ -229,9 +229,9 @@ struct LegacyKernel {
     __m256 slots[NX][2];
     for_nx<NX>([&](int j) QMM_INLINE { slots[j][0] = slots[j][1] = _mm256_setzero_ps(); });
     int64_t b = 0;
-    for (; b + 8 <= nb; b += 8) {
-      const int h = static_cast<int>((b / 8) % 2);  // slots 0-7 or 8-15
-      const uint8_t* blk = w + b * T::kBytes;
+    // 8 blocks from b into slots 0-7 (H = 0) or 8-15 (H = 1).
+    const auto step = [&]<int H>(int64_t b0) QMM_INLINE {
+      const uint8_t* blk = w + b0 * T::kBytes;
       if constexpr (NX == 1) prefetch(blk, 8 * T::kBytes);
       // One gather of the first 4 bytes of 8 blocks: d in the low half of each lane, m (Q4_1/Q5_1) in the high.
       const __m256i dm = _mm256_i32gather_epi32(reinterpret_cast<const int*>(blk), stride, 1);
@@ -241,39 +241,47 @@ struct LegacyKernel {
         const __m256i q = T::q(blk + k * T::kBytes);
         const __m256i wq = weight_operand<T>(q);
         for_nx<NX>([&](int j) QMM_INLINE {
-          p[j][k] = dot_u8s8(wq, act_operand<T>(load256(a[j].q + 32 * (b + k)), q), ones);
+          p[j][k] = dot_u8s8(wq, act_operand<T>(load256(a[j].q + 32 * (b0 + k)), q), ones);
         });
       });
       for_nx<NX>([&](int j) QMM_INLINE {
         __m256i isum = block_sums(p[j]);
         if constexpr (T::kOffset != 0.0f) {
           isum = _mm256_sub_epi32(isum, _mm256_mullo_epi32(_mm256_set1_epi32(static_cast<int>(T::kOffset)),
-                                                          load256(a[j].xs + b)));
+                                                          load256(a[j].xs + b0)));
         }
-        __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm256_loadu_ps(a[j].d + b)));
+        __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm256_loadu_ps(a[j].d + b0)));
         if constexpr (T::kMin) {
           const __m256 mw = _mm256_cvtph_ps(pack_low16(_mm256_srli_epi32(dm, 16)));
-          t = _mm256_add_ps(t, _mm256_mul_ps(mw, _mm256_loadu_ps(a[j].ds + b)));
+          t = _mm256_add_ps(t, _mm256_mul_ps(mw, _mm256_loadu_ps(a[j].ds + b0)));
         }
-        slots[j][h] = _mm256_add_ps(slots[j][h], t);
+        slots[j][H] = _mm256_add_ps(slots[j][H], t);
       });
+    };
+    for (; b + 16 <= nb; b += 16) {
+      step.template operator()<0>(b);
+      step.template operator()<1>(b + 8);
     }
-    alignas(32) float acc[NX][kSlots];
-    for_nx<NX>([&](int j) QMM_INLINE {
-      _mm256_store_ps(acc[j], slots[j][0]);
-      _mm256_store_ps(acc[j] + 8, slots[j][1]);
-    });
+    if (b + 8 <= nb) {
+      step.template operator()<0>(b);
+      b += 8;
+    }
+    // The last blocks one at a time, each term added to its slot's lane alone (+0 in the others leaves them as
+    // they are).
+    const __m256i lane_ids = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     for (; b < nb; ++b) {
       const uint8_t* blk = w + b * T::kBytes;
       const __m256i q = T::q(blk);
       const __m256i wq = weight_operand<T>(q);
+      const int h = static_cast<int>((b / 8) % 2);
+      const __m256 lane = _mm256_castsi256_ps(_mm256_cmpeq_epi32(lane_ids, _mm256_set1_epi32(static_cast<int>(b % 8))));
       for_nx<NX>([&](int j) QMM_INLINE {
-        float& slot = acc[j][b % kSlots];
-        slot = slot + legacy_term<T>(blk, a[j], b, dot_u8s8(wq, act_operand<T>(load256(a[j].q + 32 * b), q), ones));
+        const float t = legacy_term<T>(blk, a[j], b, dot_u8s8(wq, act_operand<T>(load256(a[j].q + 32 * b), q), ones));
+        slots[j][h] = _mm256_add_ps(slots[j][h], _mm256_and_ps(_mm256_set1_ps(t), lane));
       });
     }
     float sum[NX];
-    for_nx<NX>([&](int j) QMM_INLINE { sum[j] = slot_tree(acc[j]); });
+    for_nx<NX>([&](int j) QMM_INLINE { sum[j] = hsum(_mm256_add_ps(slots[j][0], slots[j][1])); });  // slot_tree
     // Int8Outliers: the picked blocks' second levels (ActRow::pick), their terms after the blocks', in order.
     for_nx<NX>([&](int j) QMM_INLINE {
       const ActRow* l = a[j].level2;
