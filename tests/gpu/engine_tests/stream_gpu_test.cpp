@@ -26,6 +26,7 @@
 #include <cstdlib>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <cstring>
 #include <random>
 #include <string>
@@ -542,6 +543,35 @@ TEST(StreamGpu, GemmaShapesEngineEqualsDenseWhileNothingIsEvicted) {
   }
 }
 
+// Streaming options that evict many blocks in a short prompt: 16 sinks, a 128-token window, 64-token blocks, chunks of
+// 96 (the last 40), top_k retrieved blocks.
+GpuEngineOptions evicting_stream(StreamMethod m, int32_t top_k) {
+  GpuEngineOptions so;
+  so.stream.method = m;
+  so.stream.sinks = 16;
+  so.stream.local = 128;
+  so.stream.block = 64;
+  so.stream.chunk = 96;
+  so.stream.last_chunk = 40;
+  so.stream.top_k = top_k;
+  return so;
+}
+
+// Two engines that must compute the same: a prefill, 3 decode steps and a reset, twice, with EQUAL logits; `after`
+// checks their stats before each reset.
+void expect_equal_logits(GpuEngine& a, GpuEngine& b, const std::vector<int32_t>& tokens,
+                         const std::function<void()>& after) {
+  for (int round = 0; round < 2; ++round) {
+    EXPECT_EQ(a.prefill(tokens), b.prefill(tokens)) << "round " << round;
+    for (int i = 0; i < 3; ++i)
+      EXPECT_EQ(a.decode(tokens[static_cast<size_t>(i)]), b.decode(tokens[static_cast<size_t>(i)]))
+          << "decode step " << i;
+    after();
+    a.reset();
+    b.reset();
+  }
+}
+
 // streamingllm keeps its window rotated in a linear buffer that the attention reads in place (moved to the front when
 // full) instead of copying it out of the ring and rotating it every chunk: the same rows and rotation, so the logits
 // EQUAL the workspace path's (TESSERA_STREAM_WINDOW=copy), through several moves of the window and decode steps.
@@ -550,14 +580,7 @@ TEST(StreamGpu, KeptWindowEqualsTheWorkspacePath) {
   const ModelConfig cfg = small_config(2);
   const auto model = DeviceModel::random(cfg, 4);
   const std::vector<int32_t> tokens = random_tokens(1500, cfg.vocab_size, 13);
-  GpuEngineOptions so;
-  so.stream.method = StreamMethod::StreamingLLM;
-  so.stream.sinks = 16;
-  so.stream.local = 128;
-  so.stream.block = 64;
-  so.stream.chunk = 96;
-  so.stream.last_chunk = 40;
-  so.stream.top_k = 2;
+  GpuEngineOptions so = evicting_stream(StreamMethod::StreamingLLM, 2);
   so.stream = streamingllm_equal_memory(so.stream);
   GpuEngine kept(*model, so);
   setenv("TESSERA_STREAM_WINDOW", "copy", 1);  // read by GpuStreamingKV's constructor
@@ -587,31 +610,18 @@ TEST(StreamGpu, BatchedCopiesEqualOneCopyPerBlock) {
   const std::vector<int32_t> tokens = random_tokens(1500, cfg.vocab_size, 17);
   for (StreamMethod m : {StreamMethod::Ltri, StreamMethod::InfLLM}) {
     SCOPED_TRACE(stream_method_name(m));
-    GpuEngineOptions so;
-    so.stream.method = m;
-    so.stream.sinks = 16;
-    so.stream.local = 128;
-    so.stream.block = 64;
-    so.stream.chunk = 96;
-    so.stream.last_chunk = 40;
-    so.stream.top_k = 3;
+    const GpuEngineOptions so = evicting_stream(m, 3);
     GpuEngine batched(*model, so);
     setenv("TESSERA_STREAM_COPIES", "each", 1);  // read by GpuStreamingKV's constructor
     GpuEngine each(*model, so);
     unsetenv("TESSERA_STREAM_COPIES");
     ASSERT_TRUE(batched.gpu_streaming()->batched_copies());
     ASSERT_FALSE(each.gpu_streaming()->batched_copies());
-    for (int round = 0; round < 2; ++round) {
-      EXPECT_EQ(batched.prefill(tokens), each.prefill(tokens)) << "round " << round;
-      for (int i = 0; i < 3; ++i)
-        EXPECT_EQ(batched.decode(tokens[static_cast<size_t>(i)]), each.decode(tokens[static_cast<size_t>(i)]))
-            << "decode step " << i;
+    expect_equal_logits(batched, each, tokens, [&] {
       EXPECT_GT(batched.gpu_streaming()->gpu_stats().blocks_to_device, 0);
       EXPECT_EQ(batched.gpu_streaming()->gpu_stats().blocks_to_device, each.gpu_streaming()->gpu_stats().blocks_to_device);
       EXPECT_EQ(batched.gpu_streaming()->gpu_stats().blocks_cached, each.gpu_streaming()->gpu_stats().blocks_cached);
-      batched.reset();
-      each.reset();
-    }
+    });
   }
 }
 
@@ -626,14 +636,7 @@ TEST(StreamGpu, OverlappedDecisionsAndLargerCacheEqualTheSerialPath) {
   const std::vector<int32_t> tokens = random_tokens(1700, cfg.vocab_size, 19);
   for (StreamMethod m : {StreamMethod::Ltri, StreamMethod::InfLLM}) {
     SCOPED_TRACE(stream_method_name(m));
-    GpuEngineOptions so;
-    so.stream.method = m;
-    so.stream.sinks = 16;
-    so.stream.local = 128;
-    so.stream.block = 64;
-    so.stream.chunk = 96;
-    so.stream.last_chunk = 40;
-    so.stream.top_k = 3;
+    GpuEngineOptions so = evicting_stream(m, 3);
     if (m == StreamMethod::Ltri) so.stream.retrieval_heads = {RetrievalHead{1, 2, 0.5}};  // layer 2: voted only
     setenv("TESSERA_STREAM_OVERLAP", "1", 1);  // read by GpuStreamingKV's constructor
     GpuEngine fast(*model, so);
@@ -643,19 +646,13 @@ TEST(StreamGpu, OverlappedDecisionsAndLargerCacheEqualTheSerialPath) {
     unsetenv("TESSERA_STREAM_CACHE");
     ASSERT_TRUE(fast.gpu_streaming()->overlap_decisions());
     ASSERT_FALSE(serial.gpu_streaming()->overlap_decisions());
-    for (int round = 0; round < 2; ++round) {
-      EXPECT_EQ(fast.prefill(tokens), serial.prefill(tokens)) << "round " << round;
-      for (int i = 0; i < 3; ++i)
-        EXPECT_EQ(fast.decode(tokens[static_cast<size_t>(i)]), serial.decode(tokens[static_cast<size_t>(i)]))
-            << "decode step " << i;
+    expect_equal_logits(fast, serial, tokens, [&] {
       const GpuStreamStats& f = fast.gpu_streaming()->gpu_stats();
       const GpuStreamStats& o = serial.gpu_streaming()->gpu_stats();
       EXPECT_EQ(f.blocks_to_device + f.blocks_cached, o.blocks_to_device + o.blocks_cached);
       EXPECT_LE(f.blocks_to_device, o.blocks_to_device);
       EXPECT_GT(f.blocks_cached, 0);
-      fast.reset();
-      serial.reset();
-    }
+    });
   }
 }
 
@@ -732,14 +729,7 @@ TEST(StreamGpu, ResetEngineAnswersAsAFreshOne) {
   const std::vector<int32_t> first = random_tokens(1400, cfg.vocab_size, 21), second = random_tokens(900, cfg.vocab_size, 22);
   for (StreamMethod m : {StreamMethod::Ltri, StreamMethod::InfLLM, StreamMethod::StreamingLLM}) {
     SCOPED_TRACE(stream_method_name(m));
-    GpuEngineOptions so;
-    so.stream.method = m;
-    so.stream.sinks = 16;
-    so.stream.local = 128;
-    so.stream.block = 64;
-    so.stream.chunk = 96;
-    so.stream.last_chunk = 40;
-    so.stream.top_k = 2;
+    const GpuEngineOptions so = evicting_stream(m, 2);
     GpuEngine fresh(*model, so);
     const std::vector<float> want = fresh.prefill(second);
     std::vector<std::vector<float>> want_decode;
