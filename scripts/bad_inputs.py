@@ -255,6 +255,10 @@ def cases(tessera, fx, models):
     add("plan", "plan --budget 1.5", T + ["plan", "--method", "minference", "-m", tiny, "--budget", "1.5", "-o", out],
         2, None)
     add("plan", "plan --method with a typo", T + ["plan", "--method", "mo", "-m", tiny, "-o", out], 2, None)
+    add("plan", "plan --validation-length with a 0 among lengths",
+        T + ["plan", "--method", "moa", "-m", tiny, "--validation-length", "0,2048", "-o", out], 2, None)
+    add("plan", "plan --validation-texts 0",
+        T + ["plan", "--method", "moa", "-m", tiny, "--validation-texts", "0", "-o", out], 2, None)
     add("plan", "plan with an empty calibration file",
         T + ["plan", "--method", "trianglemix", "-m", tiny, "--calib", fx["empty_calib"], "-o", out], 1, None)
     add("plan", "plan with a malformed calibration line",
