@@ -263,6 +263,32 @@ TEST(MoaPlan, ParetoPlansMeetTheBudget) {
   EXPECT_EQ(error_of([&] { o.budget = 1.5; plan_moa(prof, 2, o); }), "moa: budget must be in (0, 1], got 1.500000");
 }
 
+// A window model (Gemma-3's kind): the heads of its sliding-window layers are left to the model (DensePattern: the
+// executors keep the window), outside the budget, which then holds the mean density of the other layers' heads.
+TEST(MoaPlan, WindowLayersAreLeftToTheModelAndOutsideTheBudget) {
+  if (!have_mip_solver()) GTEST_SKIP() << "built without CBC";
+  const GradientProfile prof = toy_profile(3, 4, {1024, 2048}, 5);
+  MoaOptions o;
+  o.budget = 0.4;
+  o.layer_windows = {0, 512, 0};
+  const MoaResult r = plan_moa(prof, 2, o);
+  ASSERT_FALSE(r.pareto.empty());
+  for (int32_t h = 0; h < 4; ++h) EXPECT_EQ(attn::describe(r.policy.at(1, h)), "dense") << h;
+  const auto rules = moa_rule_space();
+  for (const MoaCandidate& c : r.pareto) {
+    for (size_t k = 0; k < 2; ++k) {
+      const auto d = rule_densities(rules, 64, {r.lengths[k]});
+      double planned = 0;  // layers 0 and 2
+      for (int32_t l : {0, 2})
+        for (int32_t h = 0; h < 4; ++h) planned += d[0][static_cast<size_t>(c.rule_of_head[static_cast<size_t>(l * 4 + h)])];
+      EXPECT_NEAR(c.density[k], planned / 8, 1e-12);
+      EXPECT_LE(c.density[k], 0.4 + 1e-9);
+    }
+  }
+  o.layer_windows = {512, 512, 512};
+  EXPECT_EQ(error_of([&] { plan_moa(prof, 2, o); }), "moa: every layer has a sliding window: nothing to plan");
+}
+
 TEST(MoaPlan, NoSinkOnlyRulesLeavesEveryHeadAWindow) {
   if (!have_mip_solver()) GTEST_SKIP() << "built without CBC";
   const GradientProfile prof = toy_profile(3, 4, {1024, 2048}, 5);

@@ -299,6 +299,7 @@ int plan_command(const PlanOptions& o) {
       report["moa_head_cap"] = mo.head_loss_cap;
       mo.beta_steps = o.moa_beta_steps;
       report["moa_beta_steps"] = mo.beta_steps;
+      for (const auto& layer : cfg.layers) mo.layer_windows.push_back(layer.sliding_window);
       report["moa_sink_only_rules"] = mo.allow_sink_only;
       report["moa_loss"] = plan::loss_estimate_name(mo.estimate);
       plan::PlanValidation validate;

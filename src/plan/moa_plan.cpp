@@ -219,6 +219,14 @@ MoaResult plan_moa(const GradientProfile& profile, int32_t num_kv_heads, const M
   }
   const auto O = static_cast<int32_t>(reps.size());
   const size_t heads = static_cast<size_t>(profile.num_layers) * static_cast<size_t>(profile.num_q_heads);
+  // Heads of the model's sliding-window layers: left to the model (see MoaOptions::layer_windows).
+  std::vector<uint8_t> fixed(heads, 0);
+  for (size_t l = 0; l < o.layer_windows.size() && l < static_cast<size_t>(profile.num_layers); ++l)
+    if (o.layer_windows[l] > 0)
+      std::fill_n(fixed.begin() + static_cast<std::ptrdiff_t>(l * static_cast<size_t>(profile.num_q_heads)),
+                  profile.num_q_heads, uint8_t{1});
+  const auto num_fixed = static_cast<size_t>(std::count(fixed.begin(), fixed.end(), uint8_t{1}));
+  check(num_fixed < heads, "moa: every layer has a sliding window: nothing to plan");
   std::vector<uint8_t> allowed;  // [head * option]: within the per-head cap at every profiled length
   if (o.head_loss_cap < 1) {
     const auto shares = head_lost_shares(profile, rules, o.sink);
@@ -240,13 +248,29 @@ MoaResult plan_moa(const GradientProfile& profile, int32_t num_kv_heads, const M
             losses[k][h * static_cast<size_t>(R) + static_cast<size_t>(reps[static_cast<size_t>(i)])];
   }
   result.options = O;
+  // The densest option (the rule that keeps every key at each length) for the fixed heads, and a limit on the mean
+  // over all heads that holds the planned heads to the budget.
+  int32_t densest = 0;
+  for (int32_t i = 1; i < O; ++i)
+    if (opt_densities[K - 1][static_cast<size_t>(i)] > opt_densities[K - 1][static_cast<size_t>(densest)]) densest = i;
+  std::vector<double> limits(K, o.budget);
+  if (num_fixed > 0) {
+    if (allowed.empty()) allowed.assign(heads * static_cast<size_t>(O), 1);
+    for (size_t h = 0; h < heads; ++h)
+      if (fixed[h])
+        for (int32_t i = 0; i < O; ++i) allowed[h * static_cast<size_t>(O) + static_cast<size_t>(i)] = i == densest;
+    for (size_t k = 0; k < K; ++k)
+      limits[k] = (o.budget * static_cast<double>(heads - num_fixed) +
+                   opt_densities[k][static_cast<size_t>(densest)] * static_cast<double>(num_fixed)) /
+                  static_cast<double>(heads);
+  }
 
   RuleAssignmentProblem base;
   base.groups = profile.num_layers;
   base.items_per_group = profile.num_q_heads;
   base.options = O;
   base.weights = opt_densities;
-  base.weight_limits.assign(K, o.budget);
+  base.weight_limits = limits;
   base.max_options_per_group = o.max_rules_per_layer;
   base.time_limit_seconds = o.time_limit_seconds;
   base.allowed = allowed;
@@ -258,8 +282,9 @@ MoaResult plan_moa(const GradientProfile& profile, int32_t num_kv_heads, const M
     for (size_t k = 0; k < K; ++k) {
       c.loss.push_back(assignment_sum(losses[k], R, c.rule_of_head));
       double d = 0;
-      for (int32_t r : c.rule_of_head) d += densities[k][static_cast<size_t>(r)];
-      c.density.push_back(d / static_cast<double>(c.rule_of_head.size()));
+      for (size_t h = 0; h < heads; ++h)
+        if (!fixed[h]) d += densities[k][static_cast<size_t>(c.rule_of_head[h])];
+      c.density.push_back(d / static_cast<double>(heads - num_fixed));
     }
     return c;
   };
@@ -327,9 +352,13 @@ MoaResult plan_moa(const GradientProfile& profile, int32_t num_kv_heads, const M
   }
   auto policy_of = [&](const MoaCandidate& c) {
     std::vector<attn::Pattern> table;
-    for (int32_t r : c.rule_of_head)
-      table.emplace_back(attn::ElasticWindowPattern{rules[static_cast<size_t>(r)].alpha,
-                                                    rules[static_cast<size_t>(r)].beta, o.sink});
+    for (size_t h = 0; h < heads; ++h) {
+      const ElasticRule& rule = rules[static_cast<size_t>(c.rule_of_head[h])];
+      if (fixed[h])
+        table.emplace_back(attn::DensePattern{});  // within the model's window
+      else
+        table.emplace_back(attn::ElasticWindowPattern{rule.alpha, rule.beta, o.sink});
+    }
     return attn::AttentionPolicy(profile.num_layers, profile.num_q_heads, num_kv_heads, std::move(table));
   };
   result.chosen = 0;

@@ -80,12 +80,19 @@ struct MoaOptions {
   // (SmolLM2 at 0.5: beta 0.2466, between 1/8 and 1/4 over budget), so a plan cannot be "the window but for a few
   // heads" there; 16 or 32 steps can.
   int32_t beta_steps = 8;
+  // The model's sliding window per layer (ModelConfig::layers[l].sliding_window; 0: a global layer; empty: none).
+  // A window layer's heads are left to the model, as the presets leave them: the plan holds DensePattern there (the
+  // executors keep the window), they take no part in the budget, and `budget` and MoaCandidate::density are the mean
+  // density over the other layers' heads. Without this, a window rule wider than the model's window looks costly but
+  // executes nothing more, and a budget over all layers is met by the window layers alone (Gemma-3: 15 of 18 layers,
+  // the 3 global ones left dense; docs/plans/gemma3-8k-32k.md).
+  std::vector<int32_t> layer_windows;
 };
 
 struct MoaCandidate {
   std::vector<int32_t> rule_of_head;   // layer-major, index into moa_rule_space(beta_steps)
   std::vector<double> loss;            // per profiled length: the sum of rule losses
-  std::vector<double> density;         // per profiled length: mean density over heads
+  std::vector<double> density;         // per profiled length: mean density over the planned heads (MoaOptions::layer_windows)
   double validation_perplexity = 0;    // 0: not measured
   double validation_agreement = -1;    // share of held-out answers kept; -1: not measured
   bool proven_optimal = true;
