@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "attention/index/lower.h"
 #include "attention/pattern/config_io.h"
 #include "core/error.h"
 
@@ -350,7 +351,14 @@ TEST(PatternConfig, MoaRoundTrip) {
   EXPECT_EQ(
       error_of([&] { export_moa(q); }),
       "export to moa format: layer 1, head 2 runs moa_window(alpha=0, beta=0.5, sink=32), which that format "
-      "cannot express (it has only moa_window with sink 64)");
+      "cannot express (it has only moa_window with sink 64 and dense)");
+  // A dense head (a MoA plan's head in a model's sliding-window layer) is the window of the whole prompt.
+  q.at(1, 2) = DensePattern{};
+  const AttentionPolicy back = import_moa(export_moa(q), "mem", 2);
+  EXPECT_EQ(back.at(1, 2), Pattern(ElasticWindowPattern{0.0, 1.0, 64}));
+  for (const int32_t n : {1, 100, 5000})
+    EXPECT_EQ(index_stats(lower_layer({back.at(1, 2)}, {}, LoweringContext::prefill(n, 64))).mask_cells,
+              int64_t{n} * (n + 1) / 2);
 }
 
 TEST(PatternConfig, ImportsPublishedMoaPlans) {

@@ -1,5 +1,6 @@
 // MoA alpha/beta plans (config_io.h): {"alphas": [[...]], "betas": [[...]]} over layers and query heads, each
-// head an elastic window with MoA's sink, read into and written from a policy.
+// head an elastic window with MoA's sink, read into and written from a policy. A dense head is written as alpha 0,
+// beta 1 (a span of the whole prompt: the same cells), read back as that window.
 #include <string>
 #include <utility>
 
@@ -83,8 +84,13 @@ json export_moa(const AttentionPolicy& policy) {
     json la = json::array(), lb = json::array();
     for (int h = 0; h < policy.num_q_heads(); ++h) {
       const Pattern& p = policy.at(l, h);
+      if (std::holds_alternative<DensePattern>(p)) {  // span alpha + beta N = N: every key (read back as that window)
+        la.push_back(0.0);
+        lb.push_back(1.0);
+        continue;
+      }
       const auto* e = std::get_if<ElasticWindowPattern>(&p);
-      if (!e || e->sink != kMoaSink) cannot_express("moa", l, h, p, "it has only moa_window with sink 64");
+      if (!e || e->sink != kMoaSink) cannot_express("moa", l, h, p, "it has only moa_window with sink 64 and dense");
       la.push_back(e->alpha);
       lb.push_back(e->beta);
     }
