@@ -647,6 +647,13 @@ TEST(PlanReport, CostsAndPicture) {
   EXPECT_NEAR(costs[1].density, (1.0 + tri) / 2, 1e-12);
   EXPECT_DOUBLE_EQ(costs[1].dense_flops, 4.0 * 64 * 8192.0 * 8193 / 2 * 8);
   EXPECT_DOUBLE_EQ(costs[1].flops, costs[1].density * costs[1].dense_flops);
+  // A window model: layer 1 (dense) has a 512-token window, counted at the window's density, the exact cell count.
+  const auto windowed = plan_costs(policy, 4, 2, 64, {8192}, {0, 512, 0, 0});
+  int64_t window_cells = 0;
+  for (int64_t row = 0; row < 8192; ++row) window_cells += std::min<int64_t>(row + 1, 512);
+  EXPECT_NEAR(window_density(512, 8192), static_cast<double>(window_cells) / (8192.0 * 8193 / 2), 1e-15);
+  EXPECT_NEAR(windowed[0].density, (1.0 + window_density(512, 8192) + 2 * tri) / 4, 1e-12);
+  EXPECT_EQ(window_density(512, 300), 1.0);
   const std::string svg = plan_svg(policy, 4, 2, 8192, "t <1>");
   EXPECT_EQ(svg.rfind("<svg", 0), 0u);
   EXPECT_NE(svg.find("t &lt;1&gt;"), std::string::npos);

@@ -510,8 +510,11 @@ int plan_command(const PlanOptions& o) {
     std::printf("%s\n", l.c_str());
   std::printf("\n| length | density | attention TFLOP | dense TFLOP |\n|---:|---:|---:|---:|\n");
   nlohmann::json costs = nlohmann::json::array();
+  std::vector<int32_t> layer_windows;
+  for (const auto& layer : cfg.layers) layer_windows.push_back(layer.sliding_window);
   for (const auto& c : plan::plan_costs(policy, cfg.num_layers, cfg.num_q_heads, cfg.head_dim,
-                                        o.report_lengths.empty() ? std::vector<int32_t>{longest} : o.report_lengths)) {
+                                        o.report_lengths.empty() ? std::vector<int32_t>{longest} : o.report_lengths,
+                                        layer_windows)) {
     std::printf("| %d | %.3f | %.4f | %.4f |\n", c.length, c.density, c.flops / 1e12, c.dense_flops / 1e12);
     costs.push_back({{"length", c.length}, {"density", c.density}, {"flops", c.flops}, {"dense_flops", c.dense_flops}});
   }

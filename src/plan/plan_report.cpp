@@ -89,13 +89,33 @@ std::string plan_svg(const attn::AttentionPolicy& policy, int32_t layers, int32_
   return s;
 }
 
+double window_density(int32_t window, int32_t n) {
+  if (window <= 0 || window >= n) return 1.0;
+  const double w = window, N = n;
+  const double cells = w * (w + 1) / 2 + (N - w) * w;  // rows 0..w-1 keep row + 1 keys, the rest w
+  return cells / (N * (N + 1) / 2);
+}
+
 std::vector<LengthCost> plan_costs(const attn::AttentionPolicy& policy, int32_t layers, int32_t heads,
-                                   int32_t head_dim, const std::vector<int32_t>& lengths) {
+                                   int32_t head_dim, const std::vector<int32_t>& lengths,
+                                   const std::vector<int32_t>& layer_windows) {
+  const bool windows = std::any_of(layer_windows.begin(), layer_windows.end(), [](int32_t w) { return w > 0; });
   std::vector<LengthCost> out;
   for (int32_t n : lengths) {
     LengthCost c;
     c.length = n;
     c.density = policy_density(policy, n);
+    if (windows) {
+      double sum = 0;
+      for (int32_t l = 0; l < layers; ++l) {
+        const int32_t w = static_cast<size_t>(l) < layer_windows.size() ? layer_windows[static_cast<size_t>(l)] : 0;
+        for (int32_t h = 0; h < heads; ++h) {
+          const double d = policy_density(attn::AttentionPolicy::uniform(1, 1, 1, pattern_at(policy, l, h)), n);
+          sum += w > 0 ? std::min(d, window_density(w, n)) : d;
+        }
+      }
+      c.density = sum / (static_cast<double>(layers) * heads);
+    }
     const double causal = static_cast<double>(n) * (n + 1) / 2;
     c.dense_flops = 4.0 * head_dim * causal * heads * layers;
     c.flops = c.density * c.dense_flops;
