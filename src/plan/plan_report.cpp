@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <map>
 #include <set>
+#include <string>
 #include <variant>
 
 #include "plan/trianglemix_plan.h"
@@ -104,14 +105,19 @@ std::vector<LengthCost> plan_costs(const attn::AttentionPolicy& policy, int32_t 
   for (int32_t n : lengths) {
     LengthCost c;
     c.length = n;
-    c.density = policy_density(policy, n);
-    if (windows) {
+    if (!windows) {
+      c.density = policy_density(policy, n);
+    } else {
+      std::map<std::string, double> of;  // a pattern's density, by describe()
       double sum = 0;
       for (int32_t l = 0; l < layers; ++l) {
         const int32_t w = static_cast<size_t>(l) < layer_windows.size() ? layer_windows[static_cast<size_t>(l)] : 0;
         for (int32_t h = 0; h < heads; ++h) {
-          const double d = policy_density(attn::AttentionPolicy::uniform(1, 1, 1, pattern_at(policy, l, h)), n);
-          sum += w > 0 ? std::min(d, window_density(w, n)) : d;
+          const attn::Pattern& p = pattern_at(policy, l, h);
+          auto it = of.find(attn::describe(p));
+          if (it == of.end())
+            it = of.emplace(attn::describe(p), policy_density(attn::AttentionPolicy::uniform(1, 1, 1, p), n)).first;
+          sum += w > 0 ? std::min(it->second, window_density(w, n)) : it->second;
         }
       }
       c.density = sum / (static_cast<double>(layers) * heads);
