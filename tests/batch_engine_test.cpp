@@ -12,6 +12,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "attention/cpu/reference.h"
@@ -896,6 +897,52 @@ TEST_P(MixedStep, BackendEqualsPrefillChunkThenDecode) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, MixedStep, ::testing::Values("llama3", "qwen2", "gemma3", "mistral"),
                          [](const ::testing::TestParamInfo<const char*>& p) { return std::string(p.param); });
+
+// step(early): the events of a step's prefill part (a prompt's first token) come before the step's own decode
+// step, and the two parts together are exactly step()'s events: the same ids, tokens, finishes and order, step by
+// step, on a second engine. A request arriving alone gets its first token early and its second in the same step;
+// one arriving beside a decoding request rides in the mixed step (nothing early: no separate decode step to wait
+// for); with the mixed step off it comes early too.
+std::vector<std::tuple<int64_t, int32_t, bool>> event_keys(const std::vector<BatchEvent>& events) {
+  std::vector<std::tuple<int64_t, int32_t, bool>> keys;
+  for (const BatchEvent& e : events) keys.emplace_back(e.id, e.token, e.finished);
+  return keys;
+}
+
+TEST(BatchEngine, EarlyEventsAreTheStepsPrefillPart) {
+  const Model& m = fixture("llama3");
+  const std::vector<BatchRequest> reqs = mixed_requests({40, 24}, m.config().vocab_size, 71, 6, 0, 5);
+  for (const bool mixed : {true, false}) {
+    CpuBatchBackend b1(m), b2(m);
+    BatchEngineOptions o;
+    o.chunk_size = 16;
+    o.mixed_step = mixed;
+    BatchEngine plain(b1, o), split(b2, o);
+    const int64_t a = plain.submit(reqs[0]);
+    ASSERT_EQ(split.submit(reqs[0]), a);
+    int64_t early_first_tokens = 0, early_calls = 0;
+    for (int32_t step = 0; plain.busy() || split.busy(); ++step) {
+      ASSERT_LT(step, 100);
+      if (step == 4) {  // the second request comes while the first decodes
+        ASSERT_EQ(split.submit(reqs[1]), plain.submit(reqs[1]));
+      }
+      std::vector<BatchEvent> early;
+      const std::vector<BatchEvent> expect = plain.step();
+      std::vector<BatchEvent> late = split.step([&](std::vector<BatchEvent>& ev) {
+        ++early_calls;
+        EXPECT_FALSE(ev.empty());
+        for (const BatchEvent& e : ev) early_first_tokens += e.token >= 0 && e.cached_tokens >= 0;
+        early.insert(early.end(), ev.begin(), ev.end());
+      });
+      early.insert(early.end(), late.begin(), late.end());
+      ASSERT_EQ(event_keys(early), event_keys(expect)) << "step " << step << (mixed ? " mixed" : "");
+    }
+    // The first request's first token always comes early (nothing decodes beside its prefill); the second's only
+    // without the mixed step (with it, the first request's decode row rides in the second's last chunk).
+    EXPECT_EQ(early_first_tokens, mixed ? 1 : 2) << (mixed ? "mixed" : "two forwards");
+    EXPECT_EQ(early_calls, early_first_tokens);
+  }
+}
 
 // ---- the prompt's log-probabilities (BatchRequest::prompt_logprobs: echo with logprobs) ----
 

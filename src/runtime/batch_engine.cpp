@@ -52,16 +52,14 @@ void CpuBatchBackend::create_store(const PagedKVShape& shape, int32_t num_blocks
 
 std::vector<float> CpuBatchBackend::prefill_chunk(std::span<const int32_t> tokens, int32_t pos, int32_t total_len,
                                                   const attn::AttentionPolicy* policy, bool logits) {
-  const ModelConfig& cfg = model_.config();
-  if (pos == 0) staging_ = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, total_len, kv_type_);
+  if (pos == 0) begin_staging(total_len);
   staging_.reserve(pos + static_cast<int32_t>(tokens.size()));
   return prefill_.run(tokens, pos, staging_, policy, total_len, logits ? LogitRows::Last : LogitRows::None, timers_);
 }
 
 std::vector<float> CpuBatchBackend::prefill_chunk_rows(std::span<const int32_t> tokens, int32_t pos,
                                                        int32_t total_len, const attn::AttentionPolicy* policy) {
-  const ModelConfig& cfg = model_.config();
-  if (pos == 0) staging_ = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, total_len, kv_type_);
+  if (pos == 0) begin_staging(total_len);
   staging_.reserve(pos + static_cast<int32_t>(tokens.size()));
   return prefill_.run(tokens, pos, staging_, policy, total_len, LogitRows::All, timers_);
 }
@@ -74,13 +72,15 @@ void CpuBatchBackend::finish_prefill(const SequenceBlocks& seq, std::span<const 
   // scatter_to_pages a layer at a time, each staged layer's pages handed back to the system once its rows are in the
   // blocks: the sequence's KV is held about once while it moves, not twice (the single-sequence engine's peak RSS).
   check(staging_.type() == store_.type(), "batched prefill: the staging cache and the KV blocks differ in type");
+  // Rows [0, staged_from_) came from these blocks (load_prefix: a cached prefix, the sequence's earlier turns) and
+  // are there already, bit for bit: only the new rows are written (a shared prefix block is never written again).
   const PagedKVShape& s = seq.shape();
   const size_t head_bytes = store_.row_bytes(), rows = static_cast<size_t>(staging_.capacity());
   for (int32_t l = 0; l < s.num_layers; ++l) {
     for (int32_t h = 0; h < s.num_kv_heads; ++h) {
       const std::vector<int32_t>& table = seq.table(l, h);
       const size_t at = static_cast<size_t>(h) * head_bytes;
-      for (int64_t pos = 0; pos < seq.length(); ++pos) {
+      for (int64_t pos = staged_from_; pos < seq.length(); ++pos) {
         const int32_t blk = table[static_cast<size_t>(pos / s.block_tokens)];
         if (blk < 0) continue;  // outside the retention
         const auto p = static_cast<int32_t>(pos);
@@ -94,9 +94,13 @@ void CpuBatchBackend::finish_prefill(const SequenceBlocks& seq, std::span<const 
     }
   }
   staging_.release();
+  staged_from_ = 0;
 }
 
-void CpuBatchBackend::abort_prefill() { staging_.release(); }
+void CpuBatchBackend::abort_prefill() {
+  staging_.release();
+  staged_from_ = 0;
+}
 
 std::vector<float> BatchBackend::prefill_chunk_rows(std::span<const int32_t>, int32_t, int32_t,
                                                     const attn::AttentionPolicy*) {
@@ -108,11 +112,17 @@ void BatchBackend::load_prefix(const SequenceBlocks&, int32_t, int32_t) {
   throw Error(std::string("prefix caching: the ") + device_name() + " batched backend cannot stage a cached prefix");
 }
 
-void CpuBatchBackend::load_prefix(const SequenceBlocks& seq, int32_t rows, int32_t total_len) {
+void CpuBatchBackend::begin_staging(int32_t total_len) {
   const ModelConfig& cfg = model_.config();
   staging_ = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, total_len, kv_type_);
+  staged_from_ = 0;
+}
+
+void CpuBatchBackend::load_prefix(const SequenceBlocks& seq, int32_t rows, int32_t total_len) {
+  begin_staging(total_len);
   staging_.reserve(rows);
   gather_from_pages(store_, seq, rows, staging_);
+  staged_from_ = rows;  // rows [0, rows) are the blocks' own: finish_prefill does not write them back
 }
 
 std::unique_ptr<StreamMemory> BatchBackend::new_stream(const StreamOptions&) {
@@ -214,7 +224,7 @@ std::vector<int32_t> CpuBatchBackend::mixed_step(std::span<const int32_t> chunk,
   check(chunk_logits != nullptr, "mixed step: no place for the chunk's logits");
   check(choice.size() == tokens.size(), "batched decode: one sampling choice per row");
   const ModelConfig& cfg = model_.config();
-  if (pos == 0) staging_ = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, total_len, kv_type_);
+  if (pos == 0) begin_staging(total_len);
   staging_.reserve(pos + static_cast<int32_t>(chunk.size()));
   const std::vector<float> all = decode_.mixed(chunk, pos, staging_, policy, total_len, observer_, logits, tokens,
                                                rows, store_, timers_);
@@ -643,7 +653,7 @@ int64_t BatchEngine::decode_step(std::vector<BatchEvent>& events) {
   return static_cast<int64_t>(b.seqs.size());
 }
 
-std::vector<BatchEvent> BatchEngine::step() {
+std::vector<BatchEvent> BatchEngine::step(const EarlyEvents& early) {
   std::vector<BatchEvent> events;
   ++stats_.steps;
   for (auto& s : waiting_)
@@ -683,6 +693,10 @@ std::vector<BatchEvent> BatchEngine::step() {
     finish_decode(ride, events);
     ran += static_cast<int64_t>(ride.seqs.size());
   } else {
+    if (early && !events.empty()) {
+      early(events);
+      events.clear();
+    }
     ran += decode_step(events);
   }
   stats_.last_step_tokens = ran;

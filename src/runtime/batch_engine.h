@@ -205,12 +205,14 @@ class CpuBatchBackend final : public BatchBackend {
   const PagedKVStore& store() const { return store_; }
 
  private:
+  void begin_staging(int32_t total_len);  // a fresh staging cache for a prompt of total_len tokens
   const Model& model_;
   ThreadPool& pool_;
   Forward prefill_;
   BatchForward decode_;
   KVType kv_type_ = KVType::F32;
   KVCache staging_;
+  int64_t staged_from_ = 0;  // rows below it were staged from the sequence's own blocks (load_prefix)
   PagedKVStore store_;
   ForwardTimers timers_;
   const AttentionObserver* observer_ = nullptr;
@@ -321,8 +323,12 @@ class BatchEngine {
   // running.
   bool cancel(int64_t id);
   // One scheduler step (see above); returns what happened, in order. A request whose prefill or decode fails ends
-  // with kError and its message; the others go on.
-  std::vector<BatchEvent> step();
+  // with kError and its message; the others go on. `early`, when set, gets the events of the step's prefill part (a
+  // prompt's first token) before a decode step that runs on its own, so that the first token does not wait for the
+  // decode of every running request (the same events, in the same order, split in two; a mixed step's decode rows
+  // run in the chunk's forward, so there is nothing to wait for). It must not call into the engine.
+  using EarlyEvents = std::function<void(std::vector<BatchEvent>&)>;
+  std::vector<BatchEvent> step(const EarlyEvents& early = {});
   bool busy() const { return !waiting_.empty() || !running_.empty(); }
 
   // Runs every request to its end; returns each one's tokens, in submission order. For tests and benches.

@@ -393,9 +393,39 @@ void Scheduler::batch_loop() {
         a.cancel_sent = true;
       }
     }
+    // The step's events to the requests' progress. A request the server stops (a stop sequence) is cancelled after
+    // the step (the engine cannot be called from inside it, where a prompt's first token is published early) and
+    // takes no more tokens meanwhile.
+    std::vector<int64_t> cancel_after;
+    const auto publish = [&](std::vector<runtime::BatchEvent>& events) {
+      for (const runtime::BatchEvent& e : events) {
+        const auto it = active.find(e.id);
+        if (it == active.end()) continue;
+        Active& a = it->second;
+        if (e.cached_tokens >= 0) a.progress->cached(e.cached_tokens);
+        if (e.prompt_logprobs) a.progress->echo(&*e.prompt_logprobs);
+        if (e.token >= 0 && !a.prompt_only && !a.cancel_sent) {
+          ++a.generated;
+          if (e.logprobs) a.progress->on_logprobs(*e.logprobs);
+          if (!a.progress->on_token(e.token)) {
+            cancel_after.push_back(e.id);
+            a.cancel_sent = true;
+          }
+        }
+        if (!e.finished) continue;
+        switch (e.reason) {
+          case runtime::FinishReason::kError: a.progress->failed(e.error); break;
+          case runtime::FinishReason::kCancelled: a.progress->should_abort(); break;  // the reason we cancelled for
+          default: a.progress->engine_ended(a.generated); break;
+        }
+        a.progress->finish();
+        done(a.job);
+        active.erase(it);
+      }
+    };
     std::vector<runtime::BatchEvent> events;
     try {
-      events = engine.step();
+      events = engine.step(publish);  // a prompt's first token before a decode step of its own
     } catch (const std::exception& e) {  // a bug check in the engine: every request in it ends with the error
       for (auto& [id, a] : active) {
         a.progress->failed(e.what());
@@ -405,30 +435,8 @@ void Scheduler::batch_loop() {
       active.clear();
       continue;
     }
-    for (const runtime::BatchEvent& e : events) {
-      const auto it = active.find(e.id);
-      if (it == active.end()) continue;
-      Active& a = it->second;
-      if (e.cached_tokens >= 0) a.progress->cached(e.cached_tokens);
-      if (e.prompt_logprobs) a.progress->echo(&*e.prompt_logprobs);
-      if (e.token >= 0 && !a.prompt_only) {
-        ++a.generated;
-        if (e.logprobs) a.progress->on_logprobs(*e.logprobs);
-        if (!a.progress->on_token(e.token) && !a.cancel_sent) {
-          engine.cancel(e.id);
-          a.cancel_sent = true;
-        }
-      }
-      if (!e.finished) continue;
-      switch (e.reason) {
-        case runtime::FinishReason::kError: a.progress->failed(e.error); break;
-        case runtime::FinishReason::kCancelled: a.progress->should_abort(); break;  // the reason we cancelled for
-        default: a.progress->engine_ended(a.generated); break;
-      }
-      a.progress->finish();
-      done(a.job);
-      active.erase(it);
-    }
+    publish(events);
+    for (const int64_t id : cancel_after) engine.cancel(id);
     int64_t kv_tokens = 0;
     for (const auto& [id, a] : active) kv_tokens += a.job->request_.prompt.size() + a.generated;
     batch_kv_tokens_.store(active.empty() ? 0 : kv_tokens);

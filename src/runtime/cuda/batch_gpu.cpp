@@ -172,10 +172,7 @@ void GpuBatchBackend::create_store(const PagedKVShape& shape, int32_t num_blocks
 
 std::vector<float> GpuBatchBackend::prefill_chunk(std::span<const int32_t> tokens, int32_t pos, int32_t total_len,
                                                   const attn::AttentionPolicy* policy, bool logits) {
-  if (pos == 0) {
-    staging_ = DeviceKVCache(cfg_.num_layers, cfg_.num_kv_heads, cfg_.head_dim, total_len);
-    staging_.reserve(total_len, 0);
-  }
+  if (pos == 0) begin_staging(total_len);
   std::vector<float> out =
       prefill_->run(tokens, pos, staging_, policy, total_len, logits ? LogitRows::kLast : LogitRows::kNone);
   collect_timers();
@@ -184,10 +181,7 @@ std::vector<float> GpuBatchBackend::prefill_chunk(std::span<const int32_t> token
 
 std::vector<float> GpuBatchBackend::prefill_chunk_rows(std::span<const int32_t> tokens, int32_t pos,
                                                        int32_t total_len, const attn::AttentionPolicy* policy) {
-  if (pos == 0) {
-    staging_ = DeviceKVCache(cfg_.num_layers, cfg_.num_kv_heads, cfg_.head_dim, total_len);
-    staging_.reserve(total_len, 0);
-  }
+  if (pos == 0) begin_staging(total_len);
   std::vector<float> out = prefill_->run(tokens, pos, staging_, policy, total_len, LogitRows::kAll);
   collect_timers();
   return out;
@@ -308,18 +302,32 @@ void GpuBatchBackend::finish_prefill(const SequenceBlocks& seq, std::span<const 
   // (An empty sequence, one that decodes before any prefill, has nothing staged: it only takes its slot.) A layer at
   // a time, each layer's staged rows freed once in its blocks (cudaFree waits for the copy): the blocks' memory is
   // committed as the staging's goes, so the move holds one layer twice, not the whole prompt.
-  if (seq.length() > 0)
-    copy_pages(seq, seq.length(), PageCopy::kToPages, 0, [&](int32_t l) {
-      prefill_->ops().sample_memory();  // the move's peak: layer l both staged and in its blocks
-      staging_.release_layer(l);
-    });
+  // Rows a cached prefix or the sequence's earlier turns staged (load_prefix) are in their blocks already, bit for
+  // bit: only the blocks from the one holding row staged_from_ on are written (a later turn over a 28K-token prefix
+  // writes its ~100 new rows, not 28K; the shared blocks of the prefix cache are never written again).
+  if (seq.length() > staged_from_) {
+    if (staged_from_ == 0)
+      copy_pages(seq, seq.length(), PageCopy::kToPages, 0, [&](int32_t l) {
+        prefill_->ops().sample_memory();  // the move's peak: layer l both staged and in its blocks
+        staging_.release_layer(l);
+      });
+    else
+      copy_pages(seq, seq.length(), PageCopy::kToPages, staged_from_);
+  }
   staging_.release();
+  staged_from_ = 0;
   adopt(seq, views);
 }
 
-void GpuBatchBackend::load_prefix(const SequenceBlocks& seq, int32_t rows, int32_t total_len) {
+void GpuBatchBackend::begin_staging(int32_t total_len) {
   staging_ = DeviceKVCache(cfg_.num_layers, cfg_.num_kv_heads, cfg_.head_dim, total_len);
   staging_.reserve(total_len, 0);
+  staged_from_ = 0;
+}
+
+void GpuBatchBackend::load_prefix(const SequenceBlocks& seq, int32_t rows, int32_t total_len) {
+  begin_staging(total_len);
+  staged_from_ = rows;  // rows [0, rows) are the blocks' own: finish_prefill does not write them back
   // Rows the sequence does not keep (a sliding-window layer's early blocks) are not copied, yet the prefill kernel
   // still reads those of a key tile that straddles the window's start, gives them a tiny masked weight (poly_exp2:
   // 2^-125, not 0) and multiplies their values: fresh device memory holding a NaN or Inf there would poison the
@@ -338,6 +346,7 @@ void GpuBatchBackend::abort_prefill() {
   cudaStreamSynchronize(stream_);
   (void)cudaGetLastError();
   staging_.release();
+  staged_from_ = 0;
 }
 
 void GpuBatchBackend::release_sequence(const SequenceBlocks& seq) {
@@ -649,11 +658,14 @@ void GpuBatchBackend::run_rows_through_prefill(std::span<const int32_t> tokens, 
   struct PutBack {
     DeviceKVCache& staging;
     DeviceKVCache& set_aside;
+    int64_t& staged_from;  // the set-aside prefill's (load_prefix below sets it for each row)
+    int64_t saved;
     ~PutBack() {
       staging.release();
       std::swap(staging, set_aside);
+      staged_from = saved;
     }
-  } put_back{staging_, set_aside};
+  } put_back{staging_, set_aside, staged_from_, staged_from_};
   for (size_t i = 0; i < tokens.size(); ++i) {
     check(rows[i].seq != nullptr, "GPU batched decode: a batch mixes streamed and paged rows");
     const SequenceBlocks& seq = *rows[i].seq;
@@ -763,10 +775,7 @@ std::vector<int32_t> GpuBatchBackend::mixed_step(std::span<const int32_t> chunk,
   check(chunk_logits != nullptr, "mixed step: no place for the chunk's logits");
   check(rows.size() == tokens.size() && choice.size() == tokens.size(),
         "GPU mixed step: one decode row and one sampling choice per token");
-  if (pos == 0) {
-    staging_ = DeviceKVCache(cfg_.num_layers, cfg_.num_kv_heads, cfg_.head_dim, total_len);
-    staging_.reserve(total_len, 0);
-  }
+  if (pos == 0) begin_staging(total_len);
   const auto n = static_cast<int64_t>(chunk.size()), B = static_cast<int64_t>(tokens.size()), N = n + B;
   const int32_t L = cfg_.num_layers, Hkv = cfg_.num_kv_heads;
   const int64_t Bt = shape_.block_tokens;

@@ -218,6 +218,7 @@ class GpuBatchBackend final : public BatchBackend {
   void copy_pages(const SequenceBlocks& seq, int64_t len, PageCopy direction, int64_t from = 0,
                   const std::function<void(int32_t)>& after_layer = {});
   void commit_block(int32_t id);  // backs block id's K and V (and FP8 scales) with memory (ReservedMemory::commit)
+  void begin_staging(int32_t total_len);  // a fresh staging cache for a prompt of total_len tokens
   PagedPools pools() const {
     return {options_.kv, k_pool_.data(), v_pool_.data(), static_cast<float*>(k_scale_.data()),
             static_cast<float*>(v_scale_.data())};
@@ -265,6 +266,7 @@ class GpuBatchBackend final : public BatchBackend {
   std::vector<float> logits_host_;  // run_rows_through_prefill's
   std::unique_ptr<GpuForward> prefill_;
   DeviceKVCache staging_;
+  int64_t staged_from_ = 0;  // rows below it were staged from the sequence's own blocks (load_prefix)
   PagedKVShape shape_;
   int32_t max_blocks_ = 0, slots_ = 0, sms_ = 0, last_splits_ = 0;
   int32_t scratch_block_ = 0;  // the padding rows' block (one past the pool's blocks); their slot is slots_
