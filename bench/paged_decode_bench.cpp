@@ -17,7 +17,9 @@
 // keys split across the threads (attn::paged_decode_parts at the default minimum) and with splitting off (one work
 // item per kv head: Gemma-3's one KV head on one thread), and on one thread; the table gives each variant's median
 // step time, spread, and the split's speedup over the unsplit run. --min-work sets the split's minimum part
-// (attn::set_paged_split_min_work; default attn::kPagedSplitMinWork).
+// (attn::set_paged_split_min_work; default attn::kPagedSplitMinWork). These run paged_decode's walk
+// (runtime::set_decode_in_prefill_order(false)); the rows "prefill order" the engine's default for dense views
+// (attn::paged_decode_in_prefill_order: the prefill's arithmetic, heads cut across threads, keys not split).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -174,15 +176,18 @@ void run_threaded(const Shape& sh, int64_t len, runtime::KVType type, int thread
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   ThreadPool one(1), pool(threads);
   const int64_t default_min = attn::paged_split_min_work();
-  auto step = [&](ThreadPool& p, int64_t min_work, float* o) {
+  auto step = [&](ThreadPool& p, int64_t min_work, float* o, bool prefill_order = false) {
     attn::set_paged_split_min_work(min_work);
+    runtime::set_decode_in_prefill_order(prefill_order);
     for (int32_t l = 0; l < sh.layers; ++l) paged_decode_attention_cpu(q.data(), o, rows, l, Hq, store, scale, p);
   };
   const std::string n = std::to_string(threads);
   const std::vector<std::pair<std::string, std::function<void(float*)>>> variants{
       {"1 thread", [&](float* o) { step(one, default_min, o); }},
       {n + " threads, unsplit", [&](float* o) { step(pool, 0, o); }},
-      {n + " threads, split", [&](float* o) { step(pool, default_min, o); }}};
+      {n + " threads, split", [&](float* o) { step(pool, default_min, o); }},
+      {n + " threads, prefill order", [&](float* o) { step(pool, default_min, o, true); }},
+      {"1 thread, prefill order", [&](float* o) { step(one, default_min, o, true); }}};
   variants[0].second(ref.data());
   double worst = 0;
   for (size_t v = 1; v < variants.size(); ++v) {
@@ -198,6 +203,7 @@ void run_threaded(const Shape& sh, int64_t len, runtime::KVType type, int thread
       ms[v].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
   attn::set_paged_split_min_work(default_min);
+  runtime::set_decode_in_prefill_order(true);
   const Stat unsplit = stat_of(ms[1]);
   for (size_t v = 0; v < variants.size(); ++v) {
     const Stat st = stat_of(ms[v]);

@@ -1,6 +1,7 @@
 #include "runtime/batch_forward.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -128,8 +129,20 @@ void gather_from_pages(const PagedKVStore& store, const SequenceBlocks& seq, int
   });
 }
 
+namespace {
+std::atomic<bool> g_decode_in_prefill_order{true};
+}  // namespace
+
+void set_decode_in_prefill_order(bool on) {
+  g_decode_in_prefill_order.store(on, std::memory_order_relaxed);
+}
+bool decode_in_prefill_order() {
+  return g_decode_in_prefill_order.load(std::memory_order_relaxed);
+}
+
 void paged_decode_attention_cpu(const float* q, float* out, std::span<const DecodeRow> rows, int32_t layer,
                                 int32_t num_q_heads, const PagedKVStore& store, float scale, ThreadPool& pool) {
+  if (scale == 0) scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(store.shape().head_dim)));
   const PagedKVShape& s = store.shape();
   const int64_t B = s.block_tokens, d = s.head_dim;
   const int32_t group = num_q_heads / s.num_kv_heads;
@@ -147,6 +160,7 @@ void paged_decode_attention_cpu(const float* q, float* out, std::span<const Deco
   // (log-sum-exp).
   struct Item {
     bool same = true;      // the group's heads share a view
+    bool exact = false;    // through attn::paged_decode_in_prefill_order, `parts` chunks of the group's heads
     int32_t parts = 1;     // > 1: split, its parts' results at partial[at]
     int64_t work = 0;      // keys x heads walked x head_dim
     size_t at = 0;
@@ -164,6 +178,16 @@ void paged_decode_attention_cpu(const float* q, float* out, std::span<const Deco
       for (int32_t g = 0; g < group; ++g) item.work += view_of(row, h0 + g).ranges(row.seq->length()).count() * d;
     }
   }
+  // A dense view (every key up to the row, or a model window's last keys) takes the prefill's order
+  // (decode_in_prefill_order): the row's output is the same bits as the same row prefilled, so the blocks a decode
+  // step wrote hold the rows a prefill would have written (the prefix cache keeps them). Not split across keys (a
+  // merge would add in another order): its query heads are cut into chunks instead when the items are too few for the
+  // pool (depending on the number of items, not on the row).
+  const bool exact_order = decode_in_prefill_order();
+  auto exact_view = [](const DecodeView& v) { return v.sink == 0 && v.window == kUnbounded; };
+  const int32_t head_chunks =
+      std::min<int32_t>(group, std::max<int32_t>((group + 3) / 4, static_cast<int32_t>((pool.size() + n_items - 1) /
+                                                                                       std::max<int64_t>(1, n_items))));
   // The work units (item, part); partial holds each split item's [parts][group][d] outputs, then its [parts][group]
   // maxima and sums.
   std::vector<std::pair<int64_t, int32_t>> units;
@@ -171,6 +195,13 @@ void paged_decode_attention_cpu(const float* q, float* out, std::span<const Deco
   size_t partial_size = 0;
   for (int64_t it = 0; it < n_items; ++it) {
     Item& item = items[static_cast<size_t>(it)];
+    const DecodeRow& row = rows[static_cast<size_t>(it / s.num_kv_heads)];
+    item.exact = exact_order && item.same && exact_view(view_of(row, static_cast<int32_t>(it % s.num_kv_heads) * group));
+    if (item.exact) {
+      item.parts = head_chunks;
+      for (int32_t p = 0; p < item.parts; ++p) units.emplace_back(it, p);
+      continue;
+    }
     item.parts = attn::paged_decode_parts(item.work, pool.size());
     if (item.parts > 1) {
       item.at = partial_size;
@@ -180,8 +211,13 @@ void paged_decode_attention_cpu(const float* q, float* out, std::span<const Deco
   }
   std::vector<float> partial(partial_size);
 
+  // Rows of zeros for a block below a window that is no longer kept (the prefill order walks whole 64-key blocks; the
+  // keys below the window are hidden but read).
+  const std::vector<float> zero_rows(static_cast<size_t>(B * d), 0.0f);
   parallel_ranges(pool, static_cast<int64_t>(units.size()), 1, [&](int64_t first, int64_t last) {
     std::vector<attn::KeySpan> spans;
+    std::vector<float> scratch;
+    std::vector<const void*> k_blocks, v_blocks;
     for (int64_t u = first; u < last; ++u) {
       const int64_t it = units[static_cast<size_t>(u)].first;  // (not a structured binding: clang 14 refuses
       const int32_t part = units[static_cast<size_t>(u)].second;  // their use inside the lambdas below)
@@ -191,6 +227,37 @@ void paged_decode_attention_cpu(const float* q, float* out, std::span<const Deco
       const auto kvh = static_cast<int32_t>(it % s.num_kv_heads);
       const int32_t h0 = kvh * group;
       const std::vector<int32_t>& table = row.seq->table(layer, kvh);
+      if (item.exact) {
+        const int64_t len = row.seq->length();
+        const DecodeView::Ranges r = view_of(row, h0).ranges(len);
+        const int64_t n_blocks = (len - 1) / B + 1;
+        k_blocks.assign(static_cast<size_t>(n_blocks), zero_rows.data());
+        v_blocks.assign(static_cast<size_t>(n_blocks), zero_rows.data());
+        for (int64_t b = r.b0 / attn::kPagedTileKeys * attn::kPagedTileKeys / B; b < n_blocks; ++b) {
+          const int32_t blk = table[static_cast<size_t>(b)];
+          check(blk >= 0 || (b + 1) * B <= r.b0, "paged decode attention: a visible key's block is not kept (retention bug)");
+          if (blk < 0) continue;
+          k_blocks[static_cast<size_t>(b)] = store.k_bytes(blk, 0);
+          v_blocks[static_cast<size_t>(b)] = store.v_bytes(blk, 0);
+        }
+        scratch.resize(attn::paged_tile_scratch_floats(static_cast<int32_t>(d)));
+        const int32_t per = (group + item.parts - 1) / item.parts, h = h0 + part * per;
+        attn::PagedTileJob job;
+        job.q = q + (row_index * num_q_heads + h) * d;
+        job.out = out + (row_index * num_q_heads + h) * d;
+        job.heads = std::min(per, h0 + group - h);
+        job.head_dim = static_cast<int32_t>(d);
+        job.elem = elem;
+        job.scale = scale;
+        job.pos = static_cast<int32_t>(len - 1);
+        job.key_begin = static_cast<int32_t>(r.b0);
+        job.window = r.b0 > 0 ? static_cast<int32_t>(len - r.b0) : 0;
+        job.k_blocks = k_blocks.data();
+        job.v_blocks = v_blocks.data();
+        job.block_tokens = static_cast<int32_t>(B);
+        if (job.heads > 0) attn::paged_decode_in_prefill_order(job, scratch.data());
+        continue;
+      }
       // Heads [h, h + nh) over this unit's part of the keys of ranges r, a span per block (cut where the part is).
       auto walk = [&](int32_t h, int32_t nh, const DecodeView::Ranges& r) {
         spans.clear();
@@ -239,7 +306,7 @@ void paged_decode_attention_cpu(const float* q, float* out, std::span<const Deco
   });
   for (int64_t it = 0; it < n_items; ++it) {
     const Item& item = items[static_cast<size_t>(it)];
-    if (item.parts == 1) continue;
+    if (item.parts == 1 || item.exact) continue;
     const float* outs = partial.data() + item.at;
     const float* maxes = outs + static_cast<size_t>(item.parts) * static_cast<size_t>(group * d);
     const int64_t row_index = it / s.num_kv_heads, h0 = (it % s.num_kv_heads) * group;
@@ -269,10 +336,7 @@ class PagedDecodeAttention final : public CpuAttentionStep {
                      v + static_cast<int64_t>(i) * KD + h * D);
       }
     }
-    paged_decode_attention_cpu(q, out, rows_, layer, cfg_.num_q_heads, store_,
-                               cfg_.attention_scale > 0 ? cfg_.attention_scale
-                                                        : 1.0f / std::sqrt(static_cast<float>(D)),
-                               pool_);
+    paged_decode_attention_cpu(q, out, rows_, layer, cfg_.num_q_heads, store_, cfg_.attention_scale, pool_);
   }
 
  private:

@@ -104,8 +104,17 @@ struct DecodeRow {
 // time; each key and value read once, converted from a half store in registers); heads with different views (MoA)
 // one at a time. When the items are too few for the pool (Gemma-3's one KV head: one item per row) an item's keys are
 // cut into parts run on different threads and merged (attn::paged_decode_parts, paged_decode_merge).
+// A (row, KV head) whose query heads share a dense view (all keys up to the row, or a model window's last keys: no MoA
+// sink or span) goes through attn::paged_decode_in_prefill_order instead (decode_in_prefill_order(), on by default):
+// the row's output is then the same bits as the same row prefilled in any chunk, so a prefix that holds decoded rows
+// gives the next turn the KV its prefill would have computed (issue 34); not split across keys (its heads may be).
+// scale: 0 for 1 / sqrt(head_dim) (as AttentionArgs::effective_scale).
 void paged_decode_attention_cpu(const float* q, float* out, std::span<const DecodeRow> rows, int32_t layer,
                                 int32_t num_q_heads, const PagedKVStore& store, float scale, ThreadPool& pool);
+// Process-wide (benchmarks compare both): true (the default) takes the prefill's order for dense views, false
+// attn::paged_decode's faster walk for every row.
+void set_decode_in_prefill_order(bool on);
+bool decode_in_prefill_order();
 
 class BatchForward {
  public:

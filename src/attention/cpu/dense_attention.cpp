@@ -17,8 +17,14 @@ void dense_attention_cpu(const AttentionArgs& args, ThreadPool& pool) {
     const int64_t rows = std::min<int64_t>(cpu_detail::kTileRows, q_len - t * cpu_detail::kTileRows);
     const int64_t first_pos = args.q_begin + t * cpu_detail::kTileRows;
     const int64_t key_end = std::min<int64_t>(args.kv_len(), first_pos + rows);
-    // With a window, keys below the first row's window are hidden from every row of the tile.
-    const int64_t key_begin = args.window > 0 ? std::max<int64_t>(0, first_pos - args.window + 1) : 0;
+    // With a window, keys below the first row's window are hidden from every row of the tile: the walk starts at
+    // the key block holding the first visible key, so that every row's key blocks lie at multiples of kKeyBlock
+    // from key 0 whatever the tile (a row's bits do not depend on where its chunk or a cached prefix began; the
+    // window mask hides the block's keys below it).
+    const int64_t key_begin =
+        args.window > 0
+            ? std::max<int64_t>(0, first_pos - args.window + 1) / cpu_detail::kKeyBlock * cpu_detail::kKeyBlock
+            : 0;
     ranges[static_cast<size_t>(t)] = KeyRange{static_cast<int32_t>(key_begin), static_cast<int32_t>(key_end)};
   }
   // A tile of few rows (decode) runs several query heads of one GQA group per item, so that they read K and V

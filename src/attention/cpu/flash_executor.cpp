@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <string>
 
 #include "attention/cpu/cpu_kernel.h"
 #include "attention/cpu/flash_tile.h"
+#include "attention/cpu/paged_decode.h"
 #include "core/buffer.h"
 #include "core/enum_names.h"
 #include "core/error.h"
@@ -107,4 +110,53 @@ void execute_items(const AttentionArgs& args, std::vector<WorkItem>& items, Thre
 }
 
 }  // namespace cpu_detail
+
+static_assert(kPagedTileKeys == cpu_detail::kKeyBlock, "paged_decode.h's kPagedTileKeys is the tile's key block");
+
+size_t paged_tile_scratch_floats(int32_t head_dim) {
+  return cpu_detail::tile_scratch_floats(head_dim);
+}
+
+void paged_decode_in_prefill_order(const PagedTileJob& job, float* scratch) {
+  using cpu_detail::KvElem;
+  check(job.elem == DType::F32 || job.elem == DType::BF16 || job.elem == DType::F16,
+        "paged decode attention: keys and values in " + std::string(dtype_name(job.elem)) +
+            " (expected f32, bf16 or f16)");
+  check(job.heads >= 1 && job.head_dim >= 1 && job.block_tokens >= 1 && job.pos >= 0 && job.key_begin >= 0 &&
+            job.key_begin <= job.pos,
+        "paged decode attention (prefill order): " + std::to_string(job.heads) + " heads of dimension " +
+            std::to_string(job.head_dim) + ", keys [" + std::to_string(job.key_begin) + ", " +
+            std::to_string(job.pos) + "], blocks of " + std::to_string(job.block_tokens));
+  auto* run_tile = active_cpu_kernel() == CpuKernel::Avx512 ? &cpu_detail::run_tile_avx512
+                                                            : &cpu_detail::run_tile_baseline;
+  const KvElem elem = job.elem == DType::BF16 ? KvElem::BF16 : job.elem == DType::F16 ? KvElem::F16 : KvElem::F32;
+  // The walk starts at key_begin's 64-key block, as the dense executor's (dense_attention.cpp).
+  const KeyRange range{job.key_begin / cpu_detail::kKeyBlock * cpu_detail::kKeyBlock, job.pos + 1};
+  for (int32_t h = 0; h < job.heads; h += cpu_detail::kFewRows) {
+    cpu_detail::TileJob t;
+    t.q = job.q + static_cast<int64_t>(h) * job.head_dim;
+    t.q_rs = job.head_dim;
+    t.q_cs = 1;
+    t.q_hs = job.head_dim;
+    t.k_rs = t.v_rs = job.head_dim;
+    t.k_cs = t.v_cs = 1;
+    t.k_elem = t.v_elem = elem;
+    t.out = job.out + static_cast<int64_t>(h) * job.head_dim;
+    t.out_rs = t.out_hs = job.head_dim;
+    t.out_cs = 1;
+    t.rows = 1;
+    t.heads = std::min(cpu_detail::kFewRows, job.heads - h);
+    t.head_dim = job.head_dim;
+    t.first_pos = job.pos;
+    t.window = job.window;
+    t.scale = job.scale != 0 ? job.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(job.head_dim)));
+    t.ranges = &range;
+    t.num_ranges = 1;
+    t.k_blocks = job.k_blocks;
+    t.v_blocks = job.v_blocks;
+    t.block_tokens = job.block_tokens;
+    run_tile(t, scratch);
+  }
+}
+
 }  // namespace tessera::attn

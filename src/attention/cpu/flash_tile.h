@@ -67,6 +67,11 @@ struct TileJob {
   int32_t num_ranges = 0;
   const int32_t* columns = nullptr;
   int32_t num_columns = 0;
+  // Paged keys and values (the batched engine's decode rows, few-row path only): when set, key j's row is at
+  // k_blocks[j / block_tokens] + (j % block_tokens) * k_rs elements (v likewise), and k / v are unused.
+  const void* const* k_blocks = nullptr;
+  const void* const* v_blocks = nullptr;
+  int32_t block_tokens = 0;
 };
 
 // Scratch (in floats, 64-byte aligned) one worker needs for run_tile_* at this head_dim.
@@ -76,6 +81,7 @@ constexpr size_t tile_scratch_floats(int head_dim) {
          + static_cast<size_t>(kKeyBlock) * kTileRows  // S^T / P^T
          + 3 * kTileRows                               // running max, running sum, rescale factors
          + 2 * static_cast<size_t>(kKeyBlock) * ((d + 15) / 16 * 16 + 16)  // packed K and V blocks
+         + d * static_cast<size_t>(kKeyBlock) + d  // the few-row path's K^T and a row of zeros
          + 64;                                                             // slack
 }
 

@@ -107,6 +107,8 @@ class FlashTile {
     alpha_ = l_ + kTileRows;
     kbuf_ = alpha_ + kTileRows;
     vbuf_ = kbuf_ + kKeyBlock * dpad_;
+    kt_ = vbuf_ + kKeyBlock * dpad_;
+    zrow_ = kt_ + d * kKeyBlock;
     // Only the row vectors that hold real rows are computed (in steps of RC).
     const int row_vecs = (job.rows + W - 1) / W;
     nvu_ = (row_vecs + RC - 1) / RC * RC;
@@ -189,8 +191,8 @@ class FlashTile {
   // f32 rows of the block's keys (or values): straight from the tensor when it is f32 with unit dim stride,
   // the keys are contiguous and the stride is cache-friendly, else converted or gathered into buf. Returns
   // the base and sets the row stride.
-  const float* block_rows(const void* base, int64_t rs, int64_t cs, KvElem elem, const int32_t* pos,
-                          int32_t first, int n, float* buf, int64_t* ld) const {
+  const float* block_rows(const void* base, int64_t rs, int64_t cs, KvElem elem, const int32_t* pos, int32_t first,
+                          int n, float* buf, int64_t* ld) const {
     if (elem == KvElem::F32 && cs == 1 && pos == nullptr && direct_ok(rs)) {
       *ld = rs;
       return static_cast<const float*>(base) + first * rs;
@@ -439,6 +441,7 @@ class FlashTile {
       l_[r] = 0;
     }
     for (int i = 0; i < R * d_; ++i) ot_[i] = 0;
+    for (int c = 0; c < d_; ++c) zrow_[c] = 0;
     for (BlockRef b = first_block(); b.n > 0; b = following(b)) few_block<R>(b);
     finish(d_, 1);
   }
@@ -446,8 +449,30 @@ class FlashTile {
   // Pointers to the f32 rows of the block's keys (or values): in place when the tensor is f32 with unit dim
   // stride (a few rows read each key once, so there is nothing to gain from packing), else converted into
   // buf.
-  void few_rows_of(const void* base, int64_t rs, int64_t cs, KvElem elem, const BlockRef& b, float* buf,
-                   const float** rows) const {
+  void few_rows_of(const void* base, const void* const* blocks, int64_t rs, int64_t cs, KvElem elem,
+                   const BlockRef& b, float* buf, const float** rows) const {
+    if (blocks != nullptr) {  // paged (contiguous keys only): the rows' addresses a block at a time
+      const int64_t es = elem == KvElem::F32 ? 4 : 2, B = job_.block_tokens;
+      int64_t blk = b.first / B, off = b.first % B;
+      for (int i = 0; i < b.n; ++i) {
+        const char* row = static_cast<const char*>(blocks[blk]) + off * rs * es;
+        if (elem == KvElem::F32) {
+          rows[i] = reinterpret_cast<const float*>(row);
+        } else {
+          float* dst = buf + i * dpad_;
+          if (elem == KvElem::BF16)
+            widen_row<S, true>(reinterpret_cast<const uint16_t*>(row), dst, d_);
+          else
+            widen_row<S, false>(reinterpret_cast<const uint16_t*>(row), dst, d_);
+          rows[i] = dst;
+        }
+        if (++off == B) {
+          off = 0;
+          ++blk;
+        }
+      }
+      return;
+    }
     if (elem == KvElem::F32 && cs == 1) {
       const float* f = static_cast<const float*>(base);
       for (int i = 0; i < b.n; ++i) rows[i] = f + (b.pos != nullptr ? b.pos[i] : b.first + i) * rs;
@@ -458,34 +483,58 @@ class FlashTile {
     for (int i = 0; i < b.n; ++i) rows[i] = packed + i * ld;
   }
 
-  // st_[r][i .. i + NKK) = q_r . k_{i..}: NKK keys at once (independent accumulator chains), dims in lanes.
-  template <int R, int NKK>
-  void few_qk(const float* const* krow, int i) {
+  // st_[r][0 .. n) = q_r . k_j for the block's keys, in the wide path's order (a query tile's lanes): per key one
+  // chain of fused multiply-adds over the head dims in ascending order from +0, so a row's scores are the same
+  // bits here as in a tile of 64 rows. Keys in lanes: the block's keys transposed into kt_ (zero past n), then per
+  // dim one broadcast of each row's query times a vector of keys; KV vectors of keys at a time.
+  template <int R>
+  void few_qk(const float* const* krow, int n) {
+    constexpr int KV = 4;
+    const int nv = (n + W - 1) / W * W;
     const int dv = d_ / W * W;
-    reg acc[NKK][R];
-#pragma GCC unroll 8
-    for (int k = 0; k < NKK; ++k)
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) acc[k][r] = S::zero();
-    for (int c = 0; c < dv; c += W) {
-      reg q[R];
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) q[r] = S::load(qt_ + r * d_ + c);
-#pragma GCC unroll 8
-      for (int k = 0; k < NKK; ++k) {
-        const reg kv = S::load(krow[i + k] + c);
-#pragma GCC unroll 4
-        for (int r = 0; r < R; ++r) acc[k][r] = S::fmadd(q[r], kv, acc[k][r]);
+    for (int j0 = 0; j0 < nv; j0 += W) {
+      const float* src[W];
+      for (int i = 0; i < W; ++i) src[i] = j0 + i < n ? krow[j0 + i] : zrow_;
+      for (int c = 0; c < dv; c += W) {
+        const float* at[W];
+        for (int i = 0; i < W; ++i) at[i] = src[i] + c;
+        S::transpose(at, kt_ + c * kKeyBlock + j0, kKeyBlock);
       }
+      for (int c = dv; c < d_; ++c)
+        for (int i = 0; i < W; ++i) kt_[c * kKeyBlock + j0 + i] = src[i][c];
     }
-#pragma GCC unroll 8
-    for (int k = 0; k < NKK; ++k) {
+    for (int j0 = 0; j0 < nv; j0 += KV * W) {
+      const int nk = (nv - j0) / W < KV ? (nv - j0) / W : KV;
+      reg acc[R][KV];
 #pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        float x = S::reduce_add(acc[k][r]);
-        for (int c = dv; c < d_; ++c) x += qt_[r * d_ + c] * krow[i + k][c];
-        st_[r * kKeyBlock + i + k] = x;
+      for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+        for (int x = 0; x < KV; ++x) acc[r][x] = S::zero();
+      const float* kt = kt_ + j0;
+      if (nk == KV) {
+        for (int c = 0; c < d_; ++c) {
+          reg kv[KV];
+#pragma GCC unroll 4
+          for (int x = 0; x < KV; ++x) kv[x] = S::load(kt + c * kKeyBlock + x * W);
+#pragma GCC unroll 4
+          for (int r = 0; r < R; ++r) {
+            const reg q = S::set1(qt_[r * d_ + c]);
+#pragma GCC unroll 4
+            for (int x = 0; x < KV; ++x) acc[r][x] = S::fmadd(q, kv[x], acc[r][x]);
+          }
+        }
+      } else {
+        for (int c = 0; c < d_; ++c) {
+          for (int x = 0; x < nk; ++x) {
+            const reg kv = S::load(kt + c * kKeyBlock + x * W);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; ++r) acc[r][x] = S::fmadd(S::set1(qt_[r * d_ + c]), kv, acc[r][x]);
+          }
+        }
       }
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r)
+        for (int x = 0; x < nk; ++x) S::store(st_ + r * kKeyBlock + j0 + x * W, acc[r][x]);
     }
   }
 
@@ -521,12 +570,9 @@ class FlashTile {
     const int n = b.n;
     const float* krow[kKeyBlock];
     const float* vrow[kKeyBlock];
-    few_rows_of(job_.k, job_.k_rs, job_.k_cs, job_.k_elem, b, kbuf_, krow);
-    few_rows_of(job_.v, job_.v_rs, job_.v_cs, job_.v_elem, b, vbuf_, vrow);
-
-    int i = 0;
-    for (; i + 4 <= n; i += 4) few_qk<R, 4>(krow, i);
-    for (; i < n; ++i) few_qk<R, 1>(krow, i);
+    few_rows_of(job_.k, job_.k_blocks, job_.k_rs, job_.k_cs, job_.k_elem, b, kbuf_, krow);
+    few_rows_of(job_.v, job_.v_blocks, job_.v_rs, job_.v_cs, job_.v_elem, b, vbuf_, vrow);
+    few_qk<R>(krow, n);
 
     // Causal and window masks, only when the block holds a key some row does not see: key p is visible to
     // row r iff p - window < first_pos + r (window > 0) and p <= first_pos + r.
@@ -561,14 +607,16 @@ class FlashTile {
       alpha_[r] = lane[0];
       m_[r] = m_new;
       const reg muv = S::set1(mu);
-      reg sum = S::zero();
-      for (int k = 0; k < nv; k += W) {
-        const reg p = S::exp2(S::sub(S::load(sr + k), muv));
-        S::store(sr + k, p);
-        sum = S::add(sum, p);
-      }
-      l_[r] = l_[r] * alpha_[r] + S::reduce_add(sum);
+      for (int k = 0; k < nv; k += W) S::store(sr + k, S::exp2(S::sub(S::load(sr + k), muv)));
     }
+    // The wide path's order: each row's block weights added one key after the other from +0 (the rows' chains side
+    // by side), then one fused multiply-add into the running sum.
+    float sum[R];
+    for (int r = 0; r < R; ++r) sum[r] = 0;
+    for (int k = 0; k < n; ++k)
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) sum[r] += st_[r * kKeyBlock + k];
+    for (int r = 0; r < R; ++r) l_[r] = __builtin_fmaf(l_[r], alpha_[r], sum[r]);
 
     constexpr int kChunk = 4;  // vectors of head dims per PV pass: R * kChunk accumulators
     const int dv = d_ / W * W;
@@ -578,7 +626,7 @@ class FlashTile {
     for (; c < d_; ++c) {
       for (int r = 0; r < R; ++r) {
         float x = ot_[r * d_ + c] * alpha_[r];
-        for (int j = 0; j < n; ++j) x += st_[r * kKeyBlock + j] * vrow[j][c];
+        for (int j = 0; j < n; ++j) x = __builtin_fmaf(st_[r * kKeyBlock + j], vrow[j][c], x);
         ot_[r * d_ + c] = x;
       }
     }
@@ -614,6 +662,8 @@ class FlashTile {
   float* alpha_ = nullptr;  // [64] rescale factor of the current block
   float* kbuf_ = nullptr;   // [64][dpad] packed keys (dpad: d rounded up to an odd number of cache lines)
   float* vbuf_ = nullptr;   // [64][dpad] packed values
+  float* kt_ = nullptr;     // [d][64] the few-row path's keys, transposed (key j of the block in lane j)
+  float* zrow_ = nullptr;   // [d] zeros (the few-row path's keys past the block's end)
 };
 
 // FlashTile<S>::run with flush-to-zero / denormals-are-zero where the target has SSE's control register: tiny

@@ -82,6 +82,35 @@ inline constexpr int64_t kPagedSplitMinWork = int64_t{1} << 17;
 void set_paged_split_min_work(int64_t work);
 int64_t paged_split_min_work();
 
+// A decode row's attention in the prefill's order: `heads` query heads of one KV head (one row each, at position
+// `pos`) over keys kept in blocks, through the query tile's few-row path (flash_tile.h) — per key one chain of fused
+// multiply-adds over the head dims, softmax blocks of 64 keys at multiples of 64 from key 0, the weights added key
+// after key — so the row's output is the same bits as the same row computed in any prefill chunk (a prefix cache
+// keeps rows that decode steps wrote; issue 34). Keys [key_begin, pos] are walked from key_begin rounded down to a
+// multiple of 64, keys below key_begin hidden (window > 0: key j hidden when pos - j >= window, as
+// AttentionArgs::window; key_begin must then be max(0, pos - window + 1)). k_blocks / v_blocks: the block of key j
+// at [j / block_tokens], rows of head_dim elements of `elem` (F32, BF16, F16); a block wholly below key_begin may
+// point to zeros. Slower than paged_decode's walk (the keys are transposed per block: the order needs keys in
+// lanes).
+inline constexpr int32_t kPagedTileKeys = 64;  // the softmax block of paged_decode_in_prefill_order (the tile's)
+struct PagedTileJob {
+  const float* q = nullptr;  // [heads, head_dim]
+  float* out = nullptr;      // [heads, head_dim]
+  int32_t heads = 1;
+  int32_t head_dim = 0;
+  DType elem = DType::F32;
+  float scale = 0;  // 0: 1 / sqrt(head_dim), as AttentionArgs::effective_scale
+  int32_t pos = 0;
+  int32_t key_begin = 0;
+  int32_t window = 0;
+  const void* const* k_blocks = nullptr;
+  const void* const* v_blocks = nullptr;
+  int32_t block_tokens = 0;
+};
+// Scratch floats (64-byte aligned) one call needs at this head_dim.
+size_t paged_tile_scratch_floats(int32_t head_dim);
+void paged_decode_in_prefill_order(const PagedTileJob& job, float* scratch);
+
 namespace cpu_detail {
 // The instruction-set kernels (paged_decode_avx512.cpp, paged_decode_avx2.cpp): built_* say whether the build
 // compiled them; the kernels take a validated job whose head_dim is a multiple of their width (16, 8).

@@ -6,7 +6,8 @@
 //
 // The ops: reg, kWidth (lanes); zero, set1, load / store (kWidth floats), fmadd(a, b, c) = a * b + c, add, sub, mul,
 // max; reduce_add (the sum of the lanes); zero_if_neg_inf(x) (x, with -inf lanes 0); exp2(x) (0 for x <= -125, -inf included, so no denormal is produced);
-// widen_bf16 / widen_f16 (kWidth 16-bit values to f32).
+// widen_bf16 / widen_f16 (kWidth 16-bit values to f32); transpose(src, dst, ld) (kWidth rows of kWidth floats, at
+// src[i], to dst[c * ld + i]).
 #pragma once
 
 #include <cstdint>
@@ -67,6 +68,32 @@ struct Avx512Ops {
   static reg widen_f16(const uint16_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
+  // dst[c * ld + i] = src[i][c] for i, c < 16: 16 rows of 16 floats transposed in registers.
+  static void transpose(const float* const* src, float* dst, int64_t ld) {
+    reg r[16], t[16];
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src[i]);
+    for (int i = 0; i < 16; i += 2) {
+      t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+      t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    auto lo = [](reg a, reg b) { return _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b))); };
+    auto hi = [](reg a, reg b) { return _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b))); };
+    for (int i = 0; i < 16; i += 4) {
+      r[i] = lo(t[i], t[i + 2]);
+      r[i + 1] = hi(t[i], t[i + 2]);
+      r[i + 2] = lo(t[i + 1], t[i + 3]);
+      r[i + 3] = hi(t[i + 1], t[i + 3]);
+    }
+    for (int h = 0; h < 16; h += 8)
+      for (int i = 0; i < 4; ++i) {
+        t[h + i] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0x88);
+        t[h + i + 4] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0xdd);
+      }
+    for (int i = 0; i < 8; ++i) {
+      _mm512_storeu_ps(dst + i * ld, _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88));
+      _mm512_storeu_ps(dst + (i + 8) * ld, _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd));
+    }
+  }
 };
 #endif
 
@@ -103,6 +130,25 @@ struct Avx2Ops {
   }
   static reg widen_f16(const uint16_t* p) {  // F16C (part of x86-64-v3)
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  // dst[c * ld + i] = src[i][c] for i, c < 8: 8 rows of 8 floats transposed in registers.
+  static void transpose(const float* const* src, float* dst, int64_t ld) {
+    reg r[8], t[8];
+    for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src[i]);
+    for (int i = 0; i < 8; i += 2) {
+      t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+      t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+      r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+      r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+      r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+      r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; ++i) {
+      _mm256_storeu_ps(dst + i * ld, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+      _mm256_storeu_ps(dst + (i + 4) * ld, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+    }
   }
 };
 #endif
