@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -369,6 +370,23 @@ TEST(W4Engine, RealGemma3EqualsItsDequantizedWeights) {
   GpuEngine w4(*dev, o);
   const std::vector<int32_t> prompt = test::random_tokens(static_cast<int32_t>(kW4Rows), 30000, 35, 100);
   std::vector<float> lw = w4.prefill(prompt), lr = ref.prefill(prompt), lb = bf.prefill(prompt);
+  // Where they part: the prefill alone, the reference against bf16, and the log-probabilities (a uniform shift of a
+  // row's logits changes nothing sampled).
+  const auto log_softmax = [](std::vector<float> v) {
+    const float mx = *std::max_element(v.begin(), v.end());
+    double sum = 0;
+    for (const float x : v) sum += std::exp(static_cast<double>(x - mx));
+    const auto lse = static_cast<float>(mx + std::log(sum));
+    for (float& x : v) x -= lse;
+    return v;
+  };
+  std::printf("[w4] prefill: w4 vs ref rel L2 %.4g (log-probs %.4g), ref vs bf16 %.4g (log-probs %.4g), w4 vs bf16 "
+              "%.4g; logits mean w4 %.4g ref %.4g bf16 %.4g\n",
+              rel_l2(lr, lw), rel_l2(log_softmax(lr), log_softmax(lw)), rel_l2(lb, lr),
+              rel_l2(log_softmax(lb), log_softmax(lr)), rel_l2(lb, lw),
+              std::accumulate(lw.begin(), lw.end(), 0.0) / static_cast<double>(lw.size()),
+              std::accumulate(lr.begin(), lr.end(), 0.0) / static_cast<double>(lr.size()),
+              std::accumulate(lb.begin(), lb.end(), 0.0) / static_cast<double>(lb.size()));
   double to_four = rel_l2(lr, lw), to_bf16 = rel_l2(lb, lw);
   int argmax_equal = 0;
   const int steps = 24;
@@ -380,6 +398,9 @@ TEST(W4Engine, RealGemma3EqualsItsDequantizedWeights) {
     lb = bf.decode(next);
     to_four = std::max(to_four, rel_l2(lr, lw));
     to_bf16 = std::max(to_bf16, rel_l2(lb, lw));
+    if (step < 3)
+      std::printf("[w4] step %d: w4 vs ref %.4g (log-probs %.4g), ref vs bf16 %.4g\n", step, rel_l2(lr, lw),
+                  rel_l2(log_softmax(lr), log_softmax(lw)), rel_l2(lb, lr));
   }
   std::printf("[w4] gemma-3-270m, %d-token prompt + %d steps: w4 engine vs bf16 on its 4-bit values worst rel L2 %.4g "
               "(greedy token equal %d of %d); vs bf16 on the original weights %.4g\n",
