@@ -85,9 +85,9 @@ struct Portable {
   static reg widen_f16(const uint16_t* p) {
     return map([&](int i) { return f16_bits_to_f32(p[i]); });
   }
-  static void transpose(const float* const* src, float* dst, int64_t ld) {
+  static void transpose(const reg* x, float* dst, int64_t ld) {
     for (int i = 0; i < 8; ++i)
-      for (int c = 0; c < 8; ++c) dst[c * ld + i] = src[i][c];
+      for (int c = 0; c < 8; ++c) dst[c * ld + i] = x[i].x[c];
   }
 };
 using Baseline = Portable;

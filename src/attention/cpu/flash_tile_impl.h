@@ -446,62 +446,79 @@ class FlashTile {
     finish(d_, 1);
   }
 
-  // Pointers to the f32 rows of the block's keys (or values): in place when the tensor is f32 with unit dim
-  // stride (a few rows read each key once, so there is nothing to gain from packing), else converted into
-  // buf.
-  void few_rows_of(const void* base, const void* const* blocks, int64_t rs, int64_t cs, KvElem elem,
-                   const BlockRef& b, float* buf, const float** rows) const {
+  // The few-row path reads key and value rows in their element type: kF32, kBf16, kF16 (converted in registers as
+  // they are loaded).
+  static constexpr int kF32 = 0, kBf16 = 1, kF16 = 2;
+  template <int E>
+  static reg load_elems(const void* row, int c) {
+    if constexpr (E == kF32) {
+      return S::load(static_cast<const float*>(row) + c);
+    } else if constexpr (E == kBf16) {
+      return S::widen_bf16(static_cast<const uint16_t*>(row) + c);
+    } else {
+      return S::widen_f16(static_cast<const uint16_t*>(row) + c);
+    }
+  }
+  template <int E>
+  static float elem_at(const void* row, int c) {
+    if constexpr (E == kF32) {
+      return static_cast<const float*>(row)[c];
+    } else if constexpr (E == kBf16) {
+      return bf16_bits_to_f32(static_cast<const uint16_t*>(row)[c]);
+    } else {
+      return f16_bits_to_f32(static_cast<const uint16_t*>(row)[c]);
+    }
+  }
+
+  // The rows of the block's keys (or values): in place (paged blocks or the tensor, unit dim stride: any element
+  // type), else converted to f32 into buf. Returns the element type of the rows handed out.
+  int few_rows_of(const void* base, const void* const* blocks, int64_t rs, int64_t cs, KvElem elem, const BlockRef& b,
+                  float* buf, const void** rows) const {
+    const int code = elem == KvElem::F32 ? kF32 : elem == KvElem::BF16 ? kBf16 : kF16;
+    const int64_t es = elem == KvElem::F32 ? 4 : 2;
     if (blocks != nullptr) {  // paged (contiguous keys only): the rows' addresses a block at a time
-      const int64_t es = elem == KvElem::F32 ? 4 : 2, B = job_.block_tokens;
+      const int64_t B = job_.block_tokens;
       int64_t blk = b.first / B, off = b.first % B;
       for (int i = 0; i < b.n; ++i) {
-        const char* row = static_cast<const char*>(blocks[blk]) + off * rs * es;
-        if (elem == KvElem::F32) {
-          rows[i] = reinterpret_cast<const float*>(row);
-        } else {
-          float* dst = buf + i * dpad_;
-          if (elem == KvElem::BF16)
-            widen_row<S, true>(reinterpret_cast<const uint16_t*>(row), dst, d_);
-          else
-            widen_row<S, false>(reinterpret_cast<const uint16_t*>(row), dst, d_);
-          rows[i] = dst;
-        }
+        rows[i] = static_cast<const char*>(blocks[blk]) + off * rs * es;
         if (++off == B) {
           off = 0;
           ++blk;
         }
       }
-      return;
+      return code;
     }
-    if (elem == KvElem::F32 && cs == 1) {
-      const float* f = static_cast<const float*>(base);
-      for (int i = 0; i < b.n; ++i) rows[i] = f + (b.pos != nullptr ? b.pos[i] : b.first + i) * rs;
-      return;
+    if (cs == 1) {
+      for (int i = 0; i < b.n; ++i)
+        rows[i] = static_cast<const char*>(base) + (b.pos != nullptr ? b.pos[i] : b.first + i) * rs * es;
+      return code;
     }
     int64_t ld = 0;
     const float* packed = block_rows(base, rs, cs, elem, b.pos, b.first, b.n, buf, &ld);
     for (int i = 0; i < b.n; ++i) rows[i] = packed + i * ld;
+    return kF32;
   }
 
   // st_[r][0 .. n) = q_r . k_j for the block's keys, in the wide path's order (a query tile's lanes): per key one
   // chain of fused multiply-adds over the head dims in ascending order from +0, so a row's scores are the same
   // bits here as in a tile of 64 rows. Keys in lanes: the block's keys transposed into kt_ (zero past n), then per
   // dim one broadcast of each row's query times a vector of keys; KV vectors of keys at a time.
-  template <int R>
-  void few_qk(const float* const* krow, int n) {
+  template <int R, int E>
+  void few_qk(const void* const* krow, int n) {
     constexpr int KV = 4;
     const int nv = (n + W - 1) / W * W;
     const int dv = d_ / W * W;
     for (int j0 = 0; j0 < nv; j0 += W) {
-      const float* src[W];
-      for (int i = 0; i < W; ++i) src[i] = j0 + i < n ? krow[j0 + i] : zrow_;
+      const void* src[W];
+      for (int i = 0; i < W; ++i) src[i] = j0 + i < n ? krow[j0 + i] : zrow_;  // zero bits: 0 in every type
       for (int c = 0; c < dv; c += W) {
-        const float* at[W];
-        for (int i = 0; i < W; ++i) at[i] = src[i] + c;
-        S::transpose(at, kt_ + c * kKeyBlock + j0, kKeyBlock);
+        reg x[W];
+#pragma GCC unroll 16
+        for (int i = 0; i < W; ++i) x[i] = load_elems<E>(src[i], c);
+        S::transpose(x, kt_ + c * kKeyBlock + j0, kKeyBlock);
       }
       for (int c = dv; c < d_; ++c)
-        for (int i = 0; i < W; ++i) kt_[c * kKeyBlock + j0 + i] = src[i][c];
+        for (int i = 0; i < W; ++i) kt_[c * kKeyBlock + j0 + i] = elem_at<E>(src[i], c);
     }
     for (int j0 = 0; j0 < nv; j0 += KV * W) {
       const int nk = (nv - j0) / W < KV ? (nv - j0) / W : KV;
@@ -539,8 +556,8 @@ class FlashTile {
   }
 
   // ot_[r][c .. c + NDV * W) = alpha_r * ot_[r][..] + sum_j P[r][j] v_j[..].
-  template <int R, int NDV>
-  void few_pv(const float* const* vrow, int n, int c) {
+  template <int R, int NDV, int E>
+  void few_pv(const void* const* vrow, int n, int c) {
     reg acc[R][NDV];
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
@@ -551,7 +568,7 @@ class FlashTile {
     for (int j = 0; j < n; ++j) {
       reg v[NDV];
 #pragma GCC unroll 8
-      for (int x = 0; x < NDV; ++x) v[x] = S::load(vrow[j] + c + x * W);
+      for (int x = 0; x < NDV; ++x) v[x] = load_elems<E>(vrow[j], c + x * W);
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
         const reg p = S::set1(st_[r * kKeyBlock + j]);
@@ -567,12 +584,33 @@ class FlashTile {
 
   template <int R>
   void few_block(const BlockRef& b) {
+    const void* krow[kKeyBlock];
+    const void* vrow[kKeyBlock];
+    const int ek = few_rows_of(job_.k, job_.k_blocks, job_.k_rs, job_.k_cs, job_.k_elem, b, kbuf_, krow);
+    const int ev = few_rows_of(job_.v, job_.v_blocks, job_.v_rs, job_.v_cs, job_.v_elem, b, vbuf_, vrow);
+    if (ek == kF32 && ev == kF32) return few_block_as<R, kF32, kF32>(b, krow, vrow);
+    if (ek == kF16 && ev == kF16) return few_block_as<R, kF16, kF16>(b, krow, vrow);
+    if (ek == kBf16 && ev == kBf16) return few_block_as<R, kBf16, kBf16>(b, krow, vrow);
+    // Mixed element types (the engine makes none): both as f32 rows.
+    to_f32(ek, kbuf_, krow, b.n);
+    to_f32(ev, vbuf_, vrow, b.n);
+    few_block_as<R, kF32, kF32>(b, krow, vrow);
+  }
+
+  // Rows of element type e converted to f32 into buf (rows repointed there).
+  void to_f32(int e, float* buf, const void** rows, int n) const {
+    if (e == kF32) return;
+    for (int i = 0; i < n; ++i) {
+      float* dst = buf + i * dpad_;
+      for (int c = 0; c < d_; ++c) dst[c] = e == kBf16 ? elem_at<kBf16>(rows[i], c) : elem_at<kF16>(rows[i], c);
+      rows[i] = dst;
+    }
+  }
+
+  template <int R, int EK, int EV>
+  void few_block_as(const BlockRef& b, const void* const* krow, const void* const* vrow) {
     const int n = b.n;
-    const float* krow[kKeyBlock];
-    const float* vrow[kKeyBlock];
-    few_rows_of(job_.k, job_.k_blocks, job_.k_rs, job_.k_cs, job_.k_elem, b, kbuf_, krow);
-    few_rows_of(job_.v, job_.v_blocks, job_.v_rs, job_.v_cs, job_.v_elem, b, vbuf_, vrow);
-    few_qk<R>(krow, n);
+    few_qk<R, EK>(krow, n);
 
     // Causal and window masks, only when the block holds a key some row does not see: key p is visible to
     // row r iff p - window < first_pos + r (window > 0) and p <= first_pos + r.
@@ -621,12 +659,12 @@ class FlashTile {
     constexpr int kChunk = 4;  // vectors of head dims per PV pass: R * kChunk accumulators
     const int dv = d_ / W * W;
     int c = 0;
-    for (; c + kChunk * W <= dv; c += kChunk * W) few_pv<R, kChunk>(vrow, n, c);
-    for (; c < dv; c += W) few_pv<R, 1>(vrow, n, c);
+    for (; c + kChunk * W <= dv; c += kChunk * W) few_pv<R, kChunk, EV>(vrow, n, c);
+    for (; c < dv; c += W) few_pv<R, 1, EV>(vrow, n, c);
     for (; c < d_; ++c) {
       for (int r = 0; r < R; ++r) {
         float x = ot_[r * d_ + c] * alpha_[r];
-        for (int j = 0; j < n; ++j) x = __builtin_fmaf(st_[r * kKeyBlock + j], vrow[j][c], x);
+        for (int j = 0; j < n; ++j) x = __builtin_fmaf(st_[r * kKeyBlock + j], elem_at<EV>(vrow[j], c), x);
         ot_[r * d_ + c] = x;
       }
     }

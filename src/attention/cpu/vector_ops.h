@@ -6,8 +6,8 @@
 //
 // The ops: reg, kWidth (lanes); zero, set1, load / store (kWidth floats), fmadd(a, b, c) = a * b + c, add, sub, mul,
 // max; reduce_add (the sum of the lanes); zero_if_neg_inf(x) (x, with -inf lanes 0); exp2(x) (0 for x <= -125, -inf included, so no denormal is produced);
-// widen_bf16 / widen_f16 (kWidth 16-bit values to f32); transpose(src, dst, ld) (kWidth rows of kWidth floats, at
-// src[i], to dst[c * ld + i]).
+// widen_bf16 / widen_f16 (kWidth 16-bit values to f32); transpose(x, dst, ld) (kWidth registers x[i] of kWidth floats
+// to dst[c * ld + i]).
 #pragma once
 
 #include <cstdint>
@@ -68,10 +68,10 @@ struct Avx512Ops {
   static reg widen_f16(const uint16_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
-  // dst[c * ld + i] = src[i][c] for i, c < 16: 16 rows of 16 floats transposed in registers.
-  static void transpose(const float* const* src, float* dst, int64_t ld) {
+  // dst[c * ld + i] = x[i][c] for i, c < 16: 16 rows of 16 floats transposed in registers.
+  static void transpose(const reg* x, float* dst, int64_t ld) {
     reg r[16], t[16];
-    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src[i]);
+    for (int i = 0; i < 16; ++i) r[i] = x[i];
     for (int i = 0; i < 16; i += 2) {
       t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
       t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
@@ -131,10 +131,10 @@ struct Avx2Ops {
   static reg widen_f16(const uint16_t* p) {  // F16C (part of x86-64-v3)
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
-  // dst[c * ld + i] = src[i][c] for i, c < 8: 8 rows of 8 floats transposed in registers.
-  static void transpose(const float* const* src, float* dst, int64_t ld) {
+  // dst[c * ld + i] = x[i][c] for i, c < 8: 8 rows of 8 floats transposed in registers.
+  static void transpose(const reg* x, float* dst, int64_t ld) {
     reg r[8], t[8];
-    for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src[i]);
+    for (int i = 0; i < 8; ++i) r[i] = x[i];
     for (int i = 0; i < 8; i += 2) {
       t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
       t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
