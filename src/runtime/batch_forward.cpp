@@ -4,8 +4,10 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <new>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -130,14 +132,23 @@ void gather_from_pages(const PagedKVStore& store, const SequenceBlocks& seq, int
 }
 
 namespace {
-std::atomic<bool> g_decode_in_prefill_order{true};
+std::atomic<int> g_decode_in_prefill_order{-1};  // -1: not yet read from TESSERA_DECODE_ORDER
 }  // namespace
 
 void set_decode_in_prefill_order(bool on) {
-  g_decode_in_prefill_order.store(on, std::memory_order_relaxed);
+  g_decode_in_prefill_order.store(on ? 1 : 0, std::memory_order_relaxed);
 }
 bool decode_in_prefill_order() {
-  return g_decode_in_prefill_order.load(std::memory_order_relaxed);
+  int on = g_decode_in_prefill_order.load(std::memory_order_relaxed);
+  if (on < 0) {
+    const char* env = std::getenv("TESSERA_DECODE_ORDER");
+    const std::string v = env != nullptr ? env : "";
+    check(v.empty() || v == "prefill" || v == "fast",
+          "TESSERA_DECODE_ORDER: expected prefill or fast, got '" + v + "'");
+    on = v != "fast" ? 1 : 0;
+    g_decode_in_prefill_order.store(on, std::memory_order_relaxed);
+  }
+  return on == 1;
 }
 
 void paged_decode_attention_cpu(const float* q, float* out, std::span<const DecodeRow> rows, int32_t layer,

@@ -111,8 +111,9 @@ struct DecodeRow {
 // scale: 0 for 1 / sqrt(head_dim) (as AttentionArgs::effective_scale).
 void paged_decode_attention_cpu(const float* q, float* out, std::span<const DecodeRow> rows, int32_t layer,
                                 int32_t num_q_heads, const PagedKVStore& store, float scale, ThreadPool& pool);
-// Process-wide (benchmarks compare both): true (the default) takes the prefill's order for dense views, false
-// attn::paged_decode's faster walk for every row.
+// Process-wide: true takes the prefill's order for dense views, false attn::paged_decode's faster walk for every row
+// (decoded rows then differ from prefilled ones in their last bits). The default comes from TESSERA_DECODE_ORDER
+// (prefill, the default, or fast; read at the first decode step, anything else is an error); benchmarks set it.
 void set_decode_in_prefill_order(bool on);
 bool decode_in_prefill_order();
 
