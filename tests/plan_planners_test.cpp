@@ -497,19 +497,101 @@ TEST(MInferencePlan, SearchMeasuresOutputError) {
   for (size_t hh = 0; hh < r.error.size() / C; ++hh) {
     EXPECT_LE(r.error[hh * C + 0], 1e-5);
     EXPECT_NEAR(r.measured_density[hh * C + 0], 1.0, 1e-12);
-    EXPECT_LE(r.score[hh], r.error[hh * C + 0]);
+    EXPECT_LE(r.query_error[hh * C + 0], 1e-5);
+    EXPECT_LE(r.score[hh], choice_score(r, hh, 0));
   }
-  // At a low budget errors are real and each head takes its least-error candidate.
+  // At a low budget errors are real and each head takes its least-score candidate: its error over all rows and
+  // over the last query_rows rows, weighted.
   o.budget = 0.2;
+  o.query_rows = 20;
+  o.query_weight = 0.25;
   const MInferenceResult low = plan_minference(m, samples, o, ThreadPool::global());
+  ASSERT_EQ(low.query_error.size(), low.error.size());
   for (size_t hh = 0; hh < low.choice.size(); ++hh) {
-    for (size_t c = 0; c < C; ++c) EXPECT_LE(low.score[hh], low.error[hh * C + c]);
+    for (size_t c = 0; c < C; ++c) {
+      EXPECT_DOUBLE_EQ(choice_score(low, hh, c), 0.75 * low.error[hh * C + c] + 0.25 * low.query_error[hh * C + c]);
+      EXPECT_LE(low.score[hh], choice_score(low, hh, c));
+    }
     EXPECT_EQ(low.policy.at(static_cast<int>(hh) / m.config().num_q_heads, static_cast<int>(hh) % m.config().num_q_heads),
               low.candidates[static_cast<size_t>(low.choice[hh])]);
   }
-  double total = 0;
+  double total = 0, query_total = 0;
   for (double e : low.error) total += e;
+  for (double e : low.query_error) query_total += e;
   EXPECT_GT(total, 1e-3);
+  EXPECT_GT(query_total, 1e-3);
+  // The query rows' error over the whole sample is the error; query_rows 0 measures all rows only (MInference's
+  // criterion: the score is the error).
+  o.query_rows = 150;
+  const MInferenceResult whole = plan_minference(m, samples, o, ThreadPool::global());
+  EXPECT_EQ(whole.query_error, whole.error);
+  o.query_rows = 0;
+  const MInferenceResult all = plan_minference(m, samples, o, ThreadPool::global());
+  EXPECT_TRUE(all.query_error.empty());
+  EXPECT_EQ(all.error, low.error);
+  for (size_t hh = 0; hh < all.choice.size(); ++hh)
+    EXPECT_EQ(all.score[hh], all.error[hh * C + static_cast<size_t>(all.choice[hh])]);
+}
+
+// The per-head choice judged on held-out answers: a synthetic plan (errors set by hand) whose A-shape heads in
+// layer 1 lose an answer that the others keep. The repair takes the A-shape out (its heads to their next-best
+// candidate), and no other candidate, since after that the plan keeps every answer.
+TEST(MInferencePlan, HeldOutRepairTakesOutTheCandidateThatLosesAnswers) {
+  const runtime::ModelConfig& cfg = model("llama3").config();
+  const size_t L = static_cast<size_t>(cfg.num_layers), H = static_cast<size_t>(cfg.num_q_heads);
+  ASSERT_GE(L, 2u);
+  MInferenceResult r;
+  attn::VerticalSlashPattern vs;
+  vs.vertical = 64;
+  vs.slash = 64;
+  r.candidates = {attn::AShapePattern{16, 64}, vs, attn::BlockSparsePattern{2, 64}};
+  const size_t C = r.candidates.size();
+  // Every head's error order: head h of layer l prefers A-shape when (l + h) is even, else VS; BS is last but for
+  // head 0 of layer 0, whose second choice is BS. No query rows: the score is the error.
+  r.error.assign(L * H * C, 0.0);
+  for (size_t l = 0; l < L; ++l)
+    for (size_t h = 0; h < H; ++h) {
+      double* e = &r.error[(l * H + h) * C];
+      const bool ashape_first = (l + h) % 2 == 0;
+      e[0] = ashape_first ? 0.1 : 0.3;
+      e[1] = ashape_first ? 0.3 : 0.1;
+      e[2] = l == 0 && h == 0 ? 0.2 : 0.5;
+    }
+  int32_t calls = 0;
+  // Two held-out answers: the second is lost while any head of layer 1 uses the A-shape; the first always kept.
+  auto kept = [&](const attn::AttentionPolicy& p) {
+    ++calls;
+    for (size_t h = 0; h < H; ++h)
+      if (std::holds_alternative<attn::AShapePattern>(p.at(1, static_cast<int>(h)))) return 1;
+    return 2;
+  };
+  EXPECT_EQ(repair_by_heldout(r, cfg, 2, kept), 2);
+  for (size_t l = 0; l < L; ++l)
+    for (size_t h = 0; h < H; ++h) {
+      const size_t hh = l * H + h;
+      const int32_t want = l == 0 && h == 0 ? 2 : 1;  // the A-shape heads to their next best: VS, BS for head 0
+      EXPECT_EQ(r.choice[hh], want) << "layer " << l << " head " << h;
+      EXPECT_EQ(r.score[hh], r.error[hh * C + static_cast<size_t>(want)]);
+      EXPECT_EQ(r.policy.at(static_cast<int>(l), static_cast<int>(h)), r.candidates[static_cast<size_t>(want)]);
+    }
+  EXPECT_EQ(calls, 3);  // the plan, then each of the two candidates in use taken out once (no head chose BS)
+  const std::vector<std::string> want_lines = {
+      "held-out answers kept by the plan: 1 of 2", "without ashape(sink=16, local=64): 2 of 2",
+      "without vertical_slash(v=64, s=64): 1 of 2",
+      "taken out: ashape(sink=16, local=64) (its heads to their next-best candidate)"};
+  EXPECT_EQ(r.repair, want_lines);
+  // A plan that already keeps every answer is left as chosen; one that no move helps stays too.
+  MInferenceResult same = r;
+  same.repair.clear();
+  EXPECT_EQ(repair_by_heldout(same, cfg, 2, [](const attn::AttentionPolicy&) { return 2; }), 2);
+  EXPECT_EQ(same.choice[1], 1);
+  EXPECT_EQ(same.choice[0], 0);  // every candidate allowed again: the error order
+  EXPECT_EQ(same.repair, std::vector<std::string>{"held-out answers kept by the plan: 2 of 2"});
+  MInferenceResult stuck = r;
+  stuck.repair.clear();
+  EXPECT_EQ(repair_by_heldout(stuck, cfg, 2, [](const attn::AttentionPolicy&) { return 1; }), 1);
+  EXPECT_EQ(stuck.choice[0], 0);
+  EXPECT_EQ(stuck.repair.back(), "no move keeps more: the plan stays");
 }
 
 // Dynamic candidates are re-sized by measurement: on the calibration q/k their mask density is the A-shape's,

@@ -4,6 +4,7 @@
 // held-out answer agreement.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -295,6 +296,72 @@ TEST(Profile, KeepsEverySamplesInfluence) {
   for (size_t i = 0; i < lp.influence.size(); ++i) EXPECT_EQ(alone.lengths[0].influence[i], lp.sample_influence[1][i]);
   // Without keep_samples nothing is kept.
   EXPECT_TRUE(alone.lengths[0].sample_influence.empty());
+}
+
+// MoA's layer repair on a synthetic loss: the plan's rules on layer 1 lose to the uniform window (they add to the
+// loss), on the other layers they win; the window's own loss falls with its width. The repair measures each layer,
+// keeps the plan's rules on layers 0, 2, 3 and gives layer 1 the window whose beta brings the mean density back to
+// the uniform window's.
+TEST(MoaLayerRepair, TheWindowWhereThePlansRulesLose) {
+  const int L = 4, H = 2;
+  const int32_t n = 512;
+  std::vector<attn::Pattern> planned;
+  for (int l = 0; l < L; ++l)
+    for (int h = 0; h < H; ++h) planned.push_back(attn::ElasticWindowPattern{8.0, h == 0 ? 0.125 : 0.75, 64});
+  const attn::AttentionPolicy plan(L, H, 1, planned);
+  int32_t calls = 0;
+  auto lp = [&](const attn::AttentionPolicy& p) {
+    ++calls;
+    double sum = 0;
+    for (int l = 0; l < L; ++l)
+      for (int h = 0; h < H; ++h) {
+        const attn::Pattern& x = p.at(l, h);
+        if (x == planned[static_cast<size_t>(l * H + h)])
+          sum += l == 1 ? 1.0 : -1.0;
+        else
+          sum += -0.5 * std::get<attn::ElasticWindowPattern>(x).beta;
+      }
+    return sum;
+  };
+  const double beta = 0.3;
+  const LayerRepair r = repair_layers(plan, beta, {n}, lp);
+  // W, the plan, W at beta x0.8 and x1.2, 4 layers, and the repaired plans for k = 2 and k = 3 (all good layers).
+  EXPECT_EQ(calls, 1 + 1 + 2 + L + 2);
+  ASSERT_EQ(r.net.size(), static_cast<size_t>(L));
+  EXPECT_GT(r.net[1], 0);
+  for (int l : {0, 2, 3}) EXPECT_LT(r.net[static_cast<size_t>(l)], 0) << l;
+  EXPECT_EQ(r.kept_layers, (std::vector<int32_t>{0, 2, 3}));
+  for (int h = 0; h < H; ++h) {
+    EXPECT_EQ(r.policy.at(1, h), attn::Pattern(attn::ElasticWindowPattern{0.0, r.free_beta, 64}));
+    for (int l : {0, 2, 3}) EXPECT_EQ(r.policy.at(l, h), planned[static_cast<size_t>(l * H + h)]);
+  }
+  // The mean density at n is the uniform window's (the free beta is the least that reaches it).
+  double d = 0, w = pattern_density_exact(attn::ElasticWindowPattern{0.0, beta, 64}, n);
+  for (const attn::Pattern& x : r.policy.table()) d += pattern_density_exact(x, n) / (L * H);
+  EXPECT_GE(d, w);
+  EXPECT_LT(d - w, 0.01);
+  EXPECT_DOUBLE_EQ(r.lp, lp(r.policy));
+  EXPECT_LT(r.lp, r.window_lp);
+  EXPECT_EQ(r.lines.back().rfind("repaired: the plan's rules on 3 layers, window beta ", 0), 0u) << r.lines.back();
+  // Every layer's rules losing: the window everywhere.
+  auto worse = [&](const attn::AttentionPolicy& p) {
+    double sum = 0;
+    for (const attn::Pattern& x : p.table())
+      sum += std::find(planned.begin(), planned.end(), x) != planned.end()
+                 ? 1.0
+                 : -0.5 * std::get<attn::ElasticWindowPattern>(x).beta;
+    return sum;
+  };
+  const LayerRepair all = repair_layers(plan, beta, {n}, worse);
+  EXPECT_TRUE(all.kept_layers.empty());
+  EXPECT_EQ(all.policy.table(), std::vector<attn::Pattern>(L * H, attn::ElasticWindowPattern{0.0, beta, 64}));
+  // A model window layer (layer 2) stays as planned everywhere and is not measured.
+  const LayerRepair windowed = repair_layers(plan, beta, {n}, worse, {0, 0, 512, 0});
+  EXPECT_EQ(windowed.net[2], 0.0);
+  for (int h = 0; h < H; ++h) EXPECT_EQ(windowed.policy.at(2, h), planned[static_cast<size_t>(2 * H + h)]);
+  const attn::AttentionPolicy ashape(1, 1, 1, {attn::AShapePattern{4, 16}});
+  EXPECT_EQ(error_of([&] { repair_layers(ashape, beta, {n}, lp); }),
+            "moa repair: layer 0 head 0 is ashape(sink=4, local=16), not a moa_window");
 }
 
 TEST(Validation, AgreementWithTheDenseAnswers) {

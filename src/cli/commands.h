@@ -167,7 +167,11 @@ struct PlanOptions {
                                                  // plans ({0}: none)
   int validation_texts = 1;              // MoA: held-out texts per validation length (the perplexity's)
   int validation_cases = 4;              // held-out tasks per validation length (agreement with dense's answers)
+  int minference_query_rows = 128;       // MInference: the per-head choice also weighs the last rows' error (0: all rows)
+  double minference_query_weight = 0.75; // MInference: the last rows' error's weight in the choice
+  bool minference_repair = false;        // MInference: take candidates out while the plan loses held-out answers
   std::string moa_loss = "fisher";       // MoA: a rule's loss from its masked influence (fisher | first-order)
+  bool moa_layer_repair = false;         // MoA: the uniform window on the layers where the plan's rules lose to it
   bool moa_no_sink_only = false;         // MoA: leave out the rules that keep the sink alone at a profiled length
   double moa_head_cap = 1;               // MoA: the share of a head's influence mass a rule may mask (1: no cap)
   int moa_beta_steps = 8;                // MoA: the beta grid's steps (MoA's 8: betas 0, 1/8, ..., 1)

@@ -291,6 +291,20 @@ int main(int argc, char** argv) {
                  "answers a plan should reproduce: MoA picks the Pareto plan keeping most (then the lower perplexity); "
                  "every method reports its plan's agreement (0: none)")
       ->capture_default_str();
+  pl->add_option("--minference-query-rows", plan.minference_query_rows,
+                 "MInference: each head's candidate is chosen by its relative output error over all rows and over "
+                 "each sample's last N rows (the question and answer, where retrieval reads the needle), weighted by "
+                 "--minference-query-weight; 0: all rows only, MInference's criterion (CPU search; the device search "
+                 "uses all rows)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  pl->add_option("--minference-query-weight", plan.minference_query_weight,
+                 "MInference: the last rows' share of the choice's score: (1 - W) x the error over all rows + W x "
+                 "the error over the last --minference-query-rows rows")
+      ->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  pl->add_flag("--minference-repair", plan.minference_repair,
+               "MInference: while the plan keeps fewer held-out answers (--validation-cases) than dense, take out the "
+               "candidate whose heads' move to their next-best candidate keeps the most (the held-out agreement "
+               "judges the per-head choice)");
   pl->add_option("--moa-loss", plan.moa_loss,
                  "MoA: a rule's loss from the influence it masks: fisher (1/2 mean over the calibration samples of the "
                  "squared first-order change: the second-order term of the KL to the dense model) or first-order "
@@ -299,6 +313,10 @@ int main(int argc, char** argv) {
   pl->add_flag("--moa-no-sink-only", plan.moa_no_sink_only,
               "MoA: leave out the rules that keep only the sink at a profiled length (span alpha + beta N <= 0), so "
               "every head keeps a window (docs/plans/README.md, \"MoA with long targets\")");
+  pl->add_flag("--moa-layer-repair", plan.moa_layer_repair,
+               "MoA: measure, per layer, the plan's rules against the uniform window of its density on the validation "
+               "texts (log perplexity, net of the density each layer adds) and keep the window on the layers where "
+               "the rules lose (docs/plans/README.md, \"repaired layer by layer\")");
   pl->add_option("--moa-head-cap", plan.moa_head_cap,
                  "MoA: a per-head cap in (0, 1]: a head may take only rules that mask at most this share of its "
                  "influence mass (mean |block influence| over the samples) at every profiled length; 1: no cap")

@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -103,6 +104,12 @@ void check_plan_options(const PlanOptions& o) {
               "--moa-profile-in/--moa-profile-out are for --method moa");
   usage_check(o.moa_profile_in.empty() || fs::exists(o.moa_profile_in),
               "--moa-profile-in: no file '" + o.moa_profile_in + "'");
+  usage_check(!o.minference_repair || o.method == "minference", "--minference-repair is for --method minference");
+  usage_check(!o.moa_layer_repair || o.method == "moa", "--moa-layer-repair is for --method moa");
+  usage_check(!o.moa_layer_repair || o.validation_lengths.front() > 0,
+              "--moa-layer-repair needs validation texts (a --validation-length)");
+  usage_check(!o.minference_repair || (o.validation_cases > 0 && o.validation_lengths.front() > 0),
+              "--minference-repair needs held-out tasks (--validation-cases > 0 at a --validation-length)");
   usage_check(o.validation_cases >= 0, "--validation-cases must be >= 0 (0: none), got " + std::to_string(o.validation_cases));
   for (int l : o.report_lengths) usage_check(l > 0, "--report-lengths must be positive, got " + std::to_string(l));
   usage_check(o.device == "cpu" || o.device == "cuda" || o.device == "auto",
@@ -238,10 +245,24 @@ int plan_command(const PlanOptions& o) {
     plan::MInferenceOptions mo;
     if (o.budget) mo.budget = *o.budget;
     mo.device = device;
+    mo.query_rows = o.minference_query_rows;
+    mo.query_weight = o.minference_query_weight;
     report["search_device"] = plan::device_name(device);
-    const auto r = plan::plan_minference(*s.model, samples, mo, pool, [&](int32_t done, int32_t total) {
+    report["query_rows"] = device == plan::Device::Cpu ? mo.query_rows : 0;
+    report["query_weight"] = mo.query_weight;
+    auto r = plan::plan_minference(*s.model, samples, mo, pool, [&](int32_t done, int32_t total) {
       log("plan: %s (%.1f s)\n", "searched sample " + std::to_string(done) + "/" + std::to_string(total), t0);
     });
+    if (o.minference_repair) {
+      const int32_t dense_kept = plan::answer_agreement(*s.model, {}, heldout).kept;
+      plan::repair_by_heldout(r, cfg, dense_kept, [&](const attn::AttentionPolicy& p) {
+        const int32_t k = plan::answer_agreement(*s.model, p, heldout).kept;
+        log("plan: %s (%.1f s)\n", "held-out repair: a trial keeps " + std::to_string(k), t0);
+        return k;
+      });
+      report["repair"] = r.repair;
+      for (const std::string& line : r.repair) extra_lines.push_back("held-out repair: " + line);
+    }
     policy = r.policy;
     nlohmann::json cands = nlohmann::json::array();
     for (size_t c = 0; c < r.candidates.size(); ++c) {
@@ -261,6 +282,7 @@ int plan_command(const PlanOptions& o) {
     report["calibration_length"] = r.length;
     report["head_error"] = r.score;
     report["error"] = r.error;
+    if (!r.query_error.empty()) report["query_error"] = r.query_error;
     report["measured_density"] = r.measured_density;
     std::vector<double> scores = r.score;
     write_text(beside(o.out, ".minference.json"), attn::export_minference(policy, &scores).dump() + "\n");
@@ -305,21 +327,27 @@ int plan_command(const PlanOptions& o) {
       plan::PlanValidation validate;
       // Per Pareto plan (validate runs on them in order): each validation text's perplexity, for the report.
       std::vector<std::vector<double>> text_perplexities;
-      if (validation) {
-        std::vector<std::vector<int32_t>> texts;
+      std::vector<std::vector<int32_t>> texts;
+      if (validation)
         for (int l : o.validation_lengths)
           for (int k = 0; k < o.validation_texts; ++k) texts.push_back(validation_tokens(s, o.haystack, l, k));
-        validate = [&, texts](const attn::AttentionPolicy& p) {
+      // Each validation text's perplexity under a policy.
+      auto perplexities = [&](const attn::AttentionPolicy& p) {
+        std::vector<double> ppl;
+        for (const std::vector<int32_t>& ids : texts) {
+          runtime::EngineOptions eo;
+          eo.policy = p;
+          eo.chunk_size = 512;  // score() keeps one chunk of logits: 512 x vocab (Gemma-3: 0.5 GB), not S x vocab
+          eo.max_context = static_cast<int32_t>(ids.size());
+          runtime::Engine engine(*s.model, eo);
+          ppl.push_back(eval::perplexity(engine.score(ids)));
+        }
+        return ppl;
+      };
+      if (validation) {
+        validate = [&](const attn::AttentionPolicy& p) {
           const plan::Agreement a = heldout.empty() ? plan::Agreement{} : plan::answer_agreement(*s.model, p, heldout);
-          std::vector<double> ppl;
-          for (const std::vector<int32_t>& ids : texts) {
-            runtime::EngineOptions eo;
-            eo.policy = p;
-            eo.chunk_size = 512;  // score() keeps one chunk of logits: 512 x vocab (Gemma-3: 0.5 GB), not S x vocab
-            eo.max_context = static_cast<int32_t>(ids.size());
-            runtime::Engine engine(*s.model, eo);
-            ppl.push_back(eval::perplexity(engine.score(ids)));
-          }
+          const std::vector<double> ppl = perplexities(p);
           text_perplexities.push_back(ppl);
           return plan::pooled_validation(a.kept, a.total, ppl);
         };
@@ -327,6 +355,26 @@ int plan_command(const PlanOptions& o) {
       const auto r = plan::plan_moa(prof, cfg.num_kv_heads, mo, validate,
                                     [&](const std::string& what) { log("plan: %s (%.1f s)\n", what, t0); });
       policy = r.policy;
+      if (o.moa_layer_repair) {
+        // The plan's rules against the uniform window of its density (at the first profiled length), layer by
+        // layer, by the summed log perplexity of the validation texts; the window where the rules lose.
+        const double beta = plan::uniform_window_for(r.pareto[r.chosen].density[0], r.lengths[0], mo.sink).beta;
+        int32_t evaluated = 0;
+        const plan::LayerRepair lr = plan::repair_layers(
+            r.policy, beta, r.lengths,
+            [&](const attn::AttentionPolicy& p) {
+              double lp = 0;
+              for (double x : perplexities(p)) lp += std::log(x);
+              log("plan: %s (%.1f s)\n", "layer repair: policy " + std::to_string(++evaluated) + " measured", t0);
+              return lp;
+            },
+            mo.layer_windows, mo.sink);
+        policy = lr.policy;
+        report["layer_repair"] = {{"window_beta", lr.window_beta}, {"slope", lr.slope}, {"window_log_perplexity", lr.window_lp},
+                                  {"plan_log_perplexity", lr.plan_lp}, {"net", lr.net}, {"kept_layers", lr.kept_layers},
+                                  {"free_beta", lr.free_beta}, {"log_perplexity", lr.lp}, {"lines", lr.lines}};
+        for (const std::string& line : lr.lines) extra_lines.push_back("layer repair: " + line);
+      }
       nlohmann::json pareto = nlohmann::json::array();
       for (size_t i = 0; i < r.pareto.size(); ++i) {
         const auto& c = r.pareto[i];

@@ -183,6 +183,70 @@ std::vector<double> size_by_measurement(const runtime::Model& model, const Calib
 
 }  // namespace
 
+double choice_score(const MInferenceResult& r, size_t head, size_t candidate) {
+  const size_t at = head * r.candidates.size() + candidate;
+  return r.query_error.empty() ? r.error[at] : (1 - r.query_weight) * r.error[at] + r.query_weight * r.query_error[at];
+}
+
+void choose_candidates(MInferenceResult& r, const runtime::ModelConfig& cfg, const std::vector<bool>& excluded) {
+  const size_t C = r.candidates.size();
+  const size_t heads = r.error.size() / std::max<size_t>(C, 1);
+  auto allowed = [&](size_t c) { return c >= excluded.size() || !excluded[c]; };
+  r.choice.clear();
+  r.score.clear();
+  std::vector<attn::Pattern> table;
+  for (size_t hh = 0; hh < heads; ++hh) {
+    size_t best = C;
+    for (size_t c = 0; c < C; ++c)
+      if (allowed(c) && (best == C || choice_score(r, hh, c) < choice_score(r, hh, best))) best = c;
+    check(best < C, "minference: every candidate excluded");
+    r.choice.push_back(static_cast<int32_t>(best));
+    r.score.push_back(choice_score(r, hh, best));
+    table.push_back(r.candidates[best]);
+  }
+  r.policy = attn::AttentionPolicy(cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads, std::move(table));
+}
+
+int32_t repair_by_heldout(MInferenceResult& r, const runtime::ModelConfig& cfg, int32_t target,
+                          const std::function<int32_t(const attn::AttentionPolicy&)>& kept) {
+  const size_t C = r.candidates.size();
+  std::vector<bool> excluded(C, false);
+  choose_candidates(r, cfg, excluded);
+  int32_t now = kept(r.policy);
+  r.repair.push_back("held-out answers kept by the plan: " + std::to_string(now) + " of " + std::to_string(target));
+  while (now < target) {
+    int32_t best_kept = now;
+    size_t best = C;
+    for (size_t c = 0; c < C; ++c) {
+      if (excluded[c] || std::find(r.choice.begin(), r.choice.end(), static_cast<int32_t>(c)) == r.choice.end())
+        continue;
+      size_t left = 0;
+      for (size_t k = 0; k < C; ++k) left += !excluded[k] && k != c;
+      if (left == 0) continue;
+      MInferenceResult trial = r;
+      std::vector<bool> ex = excluded;
+      ex[c] = true;
+      choose_candidates(trial, cfg, ex);
+      const int32_t k = kept(trial.policy);
+      r.repair.push_back("without " + attn::describe(r.candidates[c]) + ": " + std::to_string(k) + " of " +
+                         std::to_string(target));
+      if (k > best_kept) {
+        best_kept = k;
+        best = c;
+      }
+    }
+    if (best == C) {
+      r.repair.push_back("no move keeps more: the plan stays");
+      break;
+    }
+    excluded[best] = true;
+    choose_candidates(r, cfg, excluded);
+    now = best_kept;
+    r.repair.push_back("taken out: " + attn::describe(r.candidates[best]) + " (its heads to their next-best candidate)");
+  }
+  return now;
+}
+
 MInferenceResult plan_minference(const runtime::Model& model, const std::vector<CalibrationSample>& samples,
                                  const MInferenceOptions& o, ThreadPool& pool,
                                  const std::function<void(int32_t, int32_t)>& progress) {
@@ -238,6 +302,12 @@ MInferenceResult plan_minference(const runtime::Model& model, const std::vector<
   }
   const size_t heads = static_cast<size_t>(cfg.num_layers) * static_cast<size_t>(cfg.num_q_heads);
   r.error.assign(heads * C, 0.0);
+  check(o.query_weight >= 0 && o.query_weight <= 1,
+        "minference: the query rows' weight must be in [0, 1], got " + std::to_string(o.query_weight));
+  if (o.query_rows > 0 && o.device == Device::Cpu) {
+    r.query_error.assign(heads * C, 0.0);
+    r.query_weight = o.query_weight;
+  }
   r.measured_density.assign(heads * C, 0.0);
   std::vector<float> out;
   runtime::EngineOptions eo;
@@ -257,17 +327,29 @@ MInferenceResult plan_minference(const runtime::Model& model, const std::vector<
       sparse.lse = TensorView();
       attn::sparse_attention_cpu(sparse, index, pool);
       const auto stats = attn::index_stats_per_head(index, args.window);
+      // The query rows: the sample's last query_rows rows (the search prefills each sample as one chunk).
+      const int64_t tail = r.query_error.empty() ? n : n - std::min<int64_t>(o.query_rows, n);
       for (int64_t h = 0; h < nq; ++h) {
-        double num = 0, den = 0;
-        for (int64_t t = 0; t < n; ++t)
+        double num = 0, den = 0, qnum = 0, qden = 0;
+        for (int64_t t = 0; t < n; ++t) {
+          double rn = 0, rd = 0;
           for (int64_t i = 0; i < d; ++i) {
             const size_t at = static_cast<size_t>((t * nq + h) * d + i);
             const double e = static_cast<double>(out[at]) - dense[at];
-            num += e * e;
-            den += static_cast<double>(dense[at]) * dense[at];
+            rn += e * e;
+            rd += static_cast<double>(dense[at]) * dense[at];
           }
+          num += rn;
+          den += rd;
+          if (t >= tail) {
+            qnum += rn;
+            qden += rd;
+          }
+        }
         const size_t hh = static_cast<size_t>(layer) * static_cast<size_t>(nq) + static_cast<size_t>(h);
         r.error[hh * C + c] += std::sqrt(num / std::max(den, 1e-300)) / static_cast<double>(samples.size());
+        if (!r.query_error.empty())
+          r.query_error[hh * C + c] += std::sqrt(qnum / std::max(qden, 1e-300)) / static_cast<double>(samples.size());
         r.measured_density[hh * C + c] += stats[static_cast<size_t>(h)].density() / static_cast<double>(samples.size());
       }
     }
@@ -290,16 +372,7 @@ MInferenceResult plan_minference(const runtime::Model& model, const std::vector<
     engine.prefill(s.tokens);
     if (progress) progress(++done, static_cast<int32_t>(samples.size()));
   }
-  std::vector<attn::Pattern> table;
-  for (size_t hh = 0; hh < heads; ++hh) {
-    size_t best = 0;
-    for (size_t c = 1; c < C; ++c)
-      if (r.error[hh * C + c] < r.error[hh * C + best]) best = c;
-    r.choice.push_back(static_cast<int32_t>(best));
-    r.score.push_back(r.error[hh * C + best]);
-    table.push_back(r.candidates[best]);
-  }
-  r.policy = attn::AttentionPolicy(cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads, std::move(table));
+  choose_candidates(r, cfg);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }

@@ -40,6 +40,15 @@ struct MInferenceOptions {
   // layer near the middle (bisection), to the A-shape's exact density: their budget bounds undercount (a slash
   // covers a 64-row band per query tile), so bound-sized VS shapes execute about twice the target.
   bool size_by_measurement = true;
+  // The per-head choice also weighs the output error over each sample's last `query_rows` rows (the question and
+  // the answer: where a retrieval task reads the needle back): score = (1 - query_weight) x the relative error over
+  // all rows + query_weight x the relative error over those rows. Averaged over every row, a static A-shape that
+  // drops a retrieval head's far keys looks better than a vertical-slash shape (most rows read locally); on the rows
+  // that answer, it loses the needle (SmolLM2's 2K-4K plan: 46 A-shape heads, the 2K multikey case at 25% lost, kept
+  // with those heads dense; the 2K-8K plan at weight 0.5: 82 A-shape heads, the same case lost; at 0.75: 17, kept).
+  // query_rows 0: all rows only (MInference's own criterion). CPU search only (the device search reports all rows).
+  int32_t query_rows = 128;
+  double query_weight = 0.75;
 };
 
 struct MInferenceResult {
@@ -49,9 +58,12 @@ struct MInferenceResult {
   std::vector<double> candidate_density;   // at `length`: measured at the sizing layer (size_by_measurement),
                                            // else predicted (A-shape exact, VS/BS bounds)
   std::vector<double> error;               // [layer * heads + head][candidate]: mean relative output error
+  std::vector<double> query_error;         // the same over each sample's last query_rows rows (empty: not measured)
+  double query_weight = 0;                 // the query rows' weight in choice_score
   std::vector<double> measured_density;    // [layer * heads + head][candidate]: mean mask density on the samples
   std::vector<int32_t> choice;             // per head (layer-major): the chosen candidate
-  std::vector<double> score;               // per head: its error (MInference JSON's score)
+  std::vector<double> score;               // per head: its choice's score (choice_score; MInference JSON's score)
+  std::vector<std::string> repair;         // what repair_by_heldout did, one line a step
   attn::AttentionPolicy policy;
   double seconds = 0;
 };
@@ -78,6 +90,21 @@ std::vector<size_t> drop_degenerate(std::vector<attn::Pattern>& candidates);
 // The candidates for a target density at `length` tokens (the longest planned length: shorter prompts clip the
 // absolute budgets to denser masks), without the degenerate ones.
 std::vector<attn::Pattern> minference_candidates(double budget, int32_t length);
+
+// What a head's candidate is chosen by: the error over all rows, or with the query rows' error (1 - w) x error +
+// w x query error (w: query_weight).
+double choice_score(const MInferenceResult& r, size_t head, size_t candidate);
+
+// Each head's least-score candidate among those not in `excluded` (r.choice, r.score and r.policy set from it).
+void choose_candidates(MInferenceResult& r, const runtime::ModelConfig& cfg, const std::vector<bool>& excluded = {});
+
+// The per-head choice judged on held-out tasks (issue 33): while the plan keeps fewer of the held-out answers than
+// `target`, each candidate still in use is tried out of the plan (its heads to their next-best candidate by
+// score, the others unchanged); the move that keeps the most answers is made when it keeps more than the plan, and
+// the search stops when no move does. `kept(policy)` counts the answers a policy keeps (answer_agreement on the
+// held-out samples). Returns the number kept by the final plan; r.repair says what was tried.
+int32_t repair_by_heldout(MInferenceResult& r, const runtime::ModelConfig& cfg, int32_t target,
+                          const std::function<int32_t(const attn::AttentionPolicy&)>& kept);
 
 // Throws tessera::Error for a budget outside (0, 1] or no samples.
 MInferenceResult plan_minference(const runtime::Model& model, const std::vector<CalibrationSample>& samples,

@@ -567,4 +567,124 @@ GradientProfile load_moa_profile(const std::string& path) {
   return p;
 }
 
+LayerRepair repair_layers(const attn::AttentionPolicy& plan, double window_beta, const std::vector<int32_t>& lengths,
+                          const std::function<double(const attn::AttentionPolicy&)>& log_perplexity,
+                          const std::vector<int32_t>& layer_windows, int32_t sink, const std::vector<int32_t>& ks) {
+  check(!lengths.empty(), "moa repair: no lengths");
+  const int L = plan.num_layers(), H = plan.num_q_heads();
+  for (int l = 0; l < L; ++l)
+    for (int h = 0; h < H; ++h)
+      check(std::holds_alternative<attn::ElasticWindowPattern>(plan.at(l, h)) ||
+                std::holds_alternative<attn::DensePattern>(plan.at(l, h)),
+            "moa repair: layer " + std::to_string(l) + " head " + std::to_string(h) + " is " +
+                attn::describe(plan.at(l, h)) + ", not a moa_window");
+  auto model_window = [&](int l) {
+    return static_cast<size_t>(l) < layer_windows.size() && layer_windows[static_cast<size_t>(l)] > 0;
+  };
+  auto win = [&](double beta) { return attn::Pattern(attn::ElasticWindowPattern{0.0, beta, sink}); };
+  std::map<std::pair<std::string, int32_t>, double> memo;
+  auto density_of = [&](const attn::Pattern& p, int32_t n) {
+    std::string name = attn::describe(p);  // describe rounds beta: the exact values in the key
+    if (const auto* e = std::get_if<attn::ElasticWindowPattern>(&p)) {
+      char exact[96];
+      std::snprintf(exact, sizeof exact, " %a %a", e->alpha, e->beta);
+      name += exact;
+    }
+    const auto key = std::make_pair(name, n);
+    auto it = memo.find(key);
+    if (it == memo.end()) it = memo.emplace(key, pattern_density_exact(p, n)).first;
+    return it->second;
+  };
+  using Table = std::vector<attn::Pattern>;  // layer-major
+  auto at_length = [&](const Table& t, int32_t n) {
+    double sum = 0;
+    for (const attn::Pattern& p : t) sum += density_of(p, n);
+    return sum / static_cast<double>(t.size());
+  };
+  auto density = [&](const Table& t) {
+    double sum = 0;
+    for (int32_t n : lengths) sum += at_length(t, n);
+    return sum / static_cast<double>(lengths.size());
+  };
+  const Table planned = plan.table();
+  // keep[l]: layer l as planned; the other layers (but the model's window layers) the window of `beta`.
+  auto hybrid = [&](const std::vector<bool>& keep, double beta) {
+    Table t = planned;
+    for (int l = 0; l < L; ++l)
+      if (!keep[static_cast<size_t>(l)] && !model_window(l))
+        for (int h = 0; h < H; ++h) t[static_cast<size_t>(l * H + h)] = win(beta);
+    return t;
+  };
+  auto policy_of = [&](Table t) { return attn::AttentionPolicy(L, H, plan.num_kv_heads(), std::move(t)); };
+  auto lp_of = [&](const Table& t) { return log_perplexity(policy_of(t)); };
+  char buf[256];
+  LayerRepair r;
+  r.window_beta = window_beta;
+  const std::vector<bool> none(static_cast<size_t>(L), false);
+  const Table W = hybrid(none, window_beta);
+  r.window_lp = lp_of(W);
+  r.plan_lp = log_perplexity(plan);
+  const Table lo = hybrid(none, window_beta * 0.8), hi = hybrid(none, window_beta * 1.2);
+  const double lp_lo = lp_of(lo), lp_hi = lp_of(hi), d_lo = density(lo), d_hi = density(hi), d_w = density(W);
+  r.slope = (lp_hi - lp_lo) / (d_hi - d_lo);
+  std::snprintf(buf, sizeof buf,
+                "window beta %.6f: log perplexity %.5f, density %.4f; the plan %.5f, density %.4f; slope %.4f per unit "
+                "density (beta x0.8: %.5f at %.4f, x1.2: %.5f at %.4f)",
+                window_beta, r.window_lp, d_w, r.plan_lp, density(planned), r.slope, lp_lo, d_lo, lp_hi, d_hi);
+  r.lines.push_back(buf);
+  std::vector<std::pair<double, int>> order;
+  r.net.assign(static_cast<size_t>(L), 0.0);
+  for (int l = 0; l < L; ++l) {
+    if (model_window(l)) continue;
+    std::vector<bool> keep = none;
+    keep[static_cast<size_t>(l)] = true;
+    const Table t = hybrid(keep, window_beta);
+    const double delta = lp_of(t) - r.window_lp, dd = density(t) - d_w;
+    r.net[static_cast<size_t>(l)] = delta - r.slope * dd;
+    std::snprintf(buf, sizeof buf, "layer %d: change %+.5f, of which density %+.5f, net %+.5f", l, delta, r.slope * dd,
+                  r.net[static_cast<size_t>(l)]);
+    r.lines.push_back(buf);
+    if (r.net[static_cast<size_t>(l)] < 0) order.emplace_back(r.net[static_cast<size_t>(l)], l);
+  }
+  std::sort(order.begin(), order.end());
+  r.policy = policy_of(W);
+  r.lp = r.window_lp;
+  r.free_beta = window_beta;
+  const double target = at_length(W, lengths.front());
+  std::vector<int32_t> tried = ks;
+  tried.push_back(static_cast<int32_t>(order.size()));
+  std::sort(tried.begin(), tried.end());
+  tried.erase(std::unique(tried.begin(), tried.end()), tried.end());
+  bool first = true;
+  for (int32_t k : tried) {
+    if (k <= 0 || k > static_cast<int32_t>(order.size())) continue;
+    std::vector<bool> keep = none;
+    for (int32_t i = 0; i < k; ++i) keep[static_cast<size_t>(order[static_cast<size_t>(i)].second)] = true;
+    double b_lo = 0, b_hi = 1;  // the free layers' beta: mean density at lengths.front() reaches W's
+    for (int it = 0; it < 40; ++it) {
+      const double mid = (b_lo + b_hi) / 2;
+      (at_length(hybrid(keep, mid), lengths.front()) < target ? b_lo : b_hi) = mid;
+    }
+    const Table t = hybrid(keep, b_hi);
+    const double lp = lp_of(t);
+    std::snprintf(buf, sizeof buf, "the plan on its %d best layers, window beta %.6f elsewhere: log perplexity %.5f, "
+                  "density at %d %.4f", k, b_hi, lp, lengths.front(), at_length(t, lengths.front()));
+    r.lines.push_back(buf);
+    if (first || lp < r.lp) {
+      first = false;
+      r.lp = lp;
+      r.policy = policy_of(t);
+      r.free_beta = b_hi;
+      r.kept_layers.clear();
+      for (int l = 0; l < L; ++l)
+        if (keep[static_cast<size_t>(l)]) r.kept_layers.push_back(l);
+    }
+  }
+  std::snprintf(buf, sizeof buf, "repaired: the plan's rules on %zu layers, window beta %.6f on the others: log "
+                "perplexity %.5f (the window %.5f, the plan %.5f)", r.kept_layers.size(), r.free_beta, r.lp,
+                r.window_lp, r.plan_lp);
+  r.lines.push_back(buf);
+  return r;
+}
+
 }  // namespace tessera::plan

@@ -166,6 +166,34 @@ attn::ElasticWindowPattern uniform_window_for(double density, int32_t length, in
 void save_moa_profile(const GradientProfile& profile, const std::string& path);
 GradientProfile load_moa_profile(const std::string& path);
 
+// MoA's layer repair (issue 33; the optimiser's version of docs/plans/moa_layers_33.py): the plan's rules measured
+// layer by layer against the uniform window of the same density by the model's actual loss on held-out text.
+// `log_perplexity(policy)` is that loss (the sum of log perplexities over the validation texts). With W the uniform
+// window (every head moa_window(0, window_beta, sink)) and H_l = W but layer l as planned, layer l's net change is
+//   [lp(H_l) - lp(W)] - slope x [density(H_l) - density(W)],
+// slope = the window's own d lp / d density (W at window_beta x 0.8 and x 1.2): what the plan's extra density on
+// layer l buys is not counted for its rules. Density: the mean exact density over heads, averaged over `lengths`.
+// The layers with a negative net keep the plan's rules, best first; the repaired plans R_k keep the k best of them
+// (k in `ks`, and all of them) and give every other layer one window whose beta brings the mean density at
+// lengths.front() to W's; the R_k of least lp is the result (none when no layer's net is negative: the window).
+// Layers with a model window (layer_windows[l] > 0) stay as the plan has them in W, H_l and R_k.
+struct LayerRepair {
+  attn::AttentionPolicy policy;       // the repaired plan
+  double window_beta = 0;             // W's
+  double slope = 0;                   // d lp / d density of the window
+  double window_lp = 0, plan_lp = 0;  // lp(W), lp(plan)
+  std::vector<double> net;            // per layer (0 for model-window layers)
+  std::vector<int32_t> kept_layers;   // layers keeping the plan's rules in the result, ascending
+  double free_beta = 0;               // the window of the other layers in the result
+  double lp = 0;                      // the result's
+  std::vector<std::string> lines;     // what was measured, for the report
+};
+// Throws tessera::Error for a plan with a head that is not a moa_window or dense, or no lengths.
+LayerRepair repair_layers(const attn::AttentionPolicy& plan, double window_beta, const std::vector<int32_t>& lengths,
+                          const std::function<double(const attn::AttentionPolicy&)>& log_perplexity,
+                          const std::vector<int32_t>& layer_windows = {}, int32_t sink = 64,
+                          const std::vector<int32_t>& ks = {2, 4, 6, 8, 12});
+
 // Throws tessera::Error when the budget is outside (0, 1] or no plan meets it (the sparsest rules' density at a
 // length exceeds the budget, or no plan within the per-head cap does: "moa: no plan meets the budget B within the
 // per-head cap C").
