@@ -25,6 +25,7 @@
 #include "plan/rule_mip.h"
 #include "plan/trianglemix_plan.h"
 #include "runtime/engine.h"
+#include "runtime/kv_cache.h"
 #include "model/model.h"
 #include "test_support.h"
 
@@ -635,6 +636,28 @@ TEST(MInferencePlan, DeviceSearchGoesThroughTheRegisteredFunction) {
     EXPECT_EQ(r.choice[hh], static_cast<int32_t>(hh % C)) << "head " << hh;
     EXPECT_NEAR(r.score[hh], 0.5, 1e-12) << "head " << hh;
     for (size_t c = 0; c < C; ++c) EXPECT_NEAR(r.measured_density[hh * C + c], 0.25, 1e-12);
+  }
+}
+
+// The sizing reads one global layer's q and k through the engine's observer, whose k is the KV cache's element type:
+// with the CPU's default f16 cache the candidates come out as with an f32 one (within f16's rounding of k) — they were
+// read as floats, past the cache's rows (a crash on Gemma-3 at 32K on the GPU machine, garbage sizes before it).
+TEST(MInferencePlan, CandidatesSizedAlikeWithAnF16KVCache) {
+  const runtime::Model& m = model("llama3");
+  std::vector<CalibrationSample> samples(1);
+  for (int32_t i = 0; i < 250; ++i) samples[0].tokens.push_back(static_cast<int32_t>((i * 31 + 3) % 256));
+  MInferenceOptions o;
+  o.budget = 0.8;
+  const runtime::KVType was = runtime::default_kv_type();
+  runtime::set_default_kv_type(runtime::KVType::F32);
+  const MInferenceResult f32 = plan_minference(m, samples, o, ThreadPool::global());
+  runtime::set_default_kv_type(runtime::KVType::F16);
+  const MInferenceResult f16 = plan_minference(m, samples, o, ThreadPool::global());
+  runtime::set_default_kv_type(was);
+  ASSERT_EQ(f16.candidates.size(), f32.candidates.size());
+  for (size_t c = 0; c < f32.candidates.size(); ++c) {
+    EXPECT_EQ(attn::describe(f16.candidates[c]), attn::describe(f32.candidates[c]));
+    EXPECT_NEAR(f16.candidate_density[c], f32.candidate_density[c], 0.01) << attn::describe(f32.candidates[c]);
   }
 }
 

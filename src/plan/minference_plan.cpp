@@ -108,6 +108,26 @@ double measured_density(const attn::Pattern& p, const std::vector<float>& q, con
   return attn::index_stats(attn::lower_layer(patterns, estimates, ctx)).density();
 }
 
+// A token-major [n, heads, d] view as contiguous f32: the observer's q (f32, or bf16) and k (the KV cache's f32,
+// f16 or bf16: the CPU engine's default cache is not f32, and reading its 2-byte rows as floats ran past them).
+std::vector<float> token_major_f32(const TensorView& x) {
+  const int64_t n = x.dim(0), heads = x.dim(1), d = x.dim(2);
+  std::vector<float> out(static_cast<size_t>(n * heads * d));
+  float* o = out.data();
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < d; ++i, ++o) {
+        const int64_t at = t * x.stride[0] + h * x.stride[1] + i * x.stride[2];
+        switch (x.dtype) {
+          case DType::F32: *o = static_cast<const float*>(x.data)[at]; break;
+          case DType::F16: *o = f16_to_f32(static_cast<const f16*>(x.data)[at]); break;
+          case DType::BF16: *o = bf16_to_f32(static_cast<const bf16*>(x.data)[at]); break;
+          default: throw Error("MInference plan: attention inputs of type " + std::string(dtype_name(x.dtype)));
+        }
+      }
+  return out;
+}
+
 // The dynamic candidates' real density differs from their budget bound (a slash covers a 64-row band per query
 // tile, not one cell per row: VS shapes sized by the bound execute about twice the target). Re-size them by
 // measurement on the first sample's q/k at a global layer near the middle, by bisection on the scale of each
@@ -132,10 +152,8 @@ std::vector<double> size_by_measurement(const runtime::Model& model, const Calib
   eo.max_context = static_cast<int32_t>(sample.tokens.size());
   eo.observer = [&](int32_t l, const attn::AttentionArgs& args) {
     if (l != layer) return;
-    const auto* qp = static_cast<const float*>(args.q.data);
-    const auto* kp = static_cast<const float*>(args.k.data);
-    q.assign(qp, qp + args.q.numel());
-    k.assign(kp, kp + args.k.numel());
+    q = token_major_f32(args.q);
+    k = token_major_f32(args.k);
   };
   runtime::Engine engine(model, eo);
   engine.prefill(sample.tokens);
