@@ -508,7 +508,21 @@ class FlashTile {
     constexpr int KV = 4;
     const int nv = (n + W - 1) / W * W;
     const int dv = d_ / W * W;
+    const int64_t row_bytes = static_cast<int64_t>(d_) * (E == kF32 ? 4 : 2);
     for (int j0 = 0; j0 < nv; j0 += W) {
+      const char* first = static_cast<const char*>(krow[j0]);
+      if (j0 + W <= n && static_cast<const char*>(krow[j0 + W - 1]) == first + (W - 1) * row_bytes) {
+        // W consecutive rows of one block (or tensor): one base pointer.
+        for (int c = 0; c < dv; c += W) {
+          reg x[W];
+#pragma GCC unroll 16
+          for (int i = 0; i < W; ++i) x[i] = load_elems<E>(first + i * row_bytes, c);
+          S::transpose(x, kt_ + c * kKeyBlock + j0, kKeyBlock);
+        }
+        for (int c = dv; c < d_; ++c)
+          for (int i = 0; i < W; ++i) kt_[c * kKeyBlock + j0 + i] = elem_at<E>(first + i * row_bytes, c);
+        continue;
+      }
       const void* src[W];
       for (int i = 0; i < W; ++i) src[i] = j0 + i < n ? krow[j0 + i] : zrow_;  // zero bits: 0 in every type
       for (int c = 0; c < dv; c += W) {
