@@ -17,6 +17,11 @@ run() {  # name, arguments
 }
 # MInference: one long retrieval sample at each end of the range (MInference searches on one), sized for 4K.
 run smollm2-minference-2k-4k --method minference --lengths 2048,4096 --samples 1 --budget 0.3 --validation-cases 0
+# MInference for 2K-8K (README.md, "MInference's per-head choice on the rows that answer"): sized for 8K at 0.15
+# (~0.3 at 4K), one sample per length, the choice by all-row and query-row error (--minference-query-weight 0.75, the
+# default), and the held-out repair on 2 tasks at 2K and 4K.
+run smollm2-minference-2k-8k --method minference --lengths 2048,4096,8192 --samples 1 --budget 0.15 \
+  --validation-length 2048,4096 --validation-cases 2 --minference-repair
 # MoA: 3 items per profiled length, the Pareto pick by 2 held-out tasks at 2K, then perplexity.
 run smollm2-moa-1k-2k --method moa --lengths 1024,2048 --samples 3 --budget 0.5 --validation-length 2048 \
   --validation-cases 2 --moa-loss first-order  # made before the Fisher loss existed (then the only estimate)
