@@ -92,6 +92,10 @@ class BatchBackend {
   // adopted) as a new sequence of total_len tokens, whose next prefill_chunk runs at pos = rows. Backends that
   // cannot say false to supports_prefix_cache (the engine then caches nothing); this default refuses.
   virtual bool supports_prefix_cache() const { return false; }
+  // The engine keeps prompts' KV for later requests (BatchEngineOptions::prefix_cache, on a backend that supports it):
+  // a backend whose decode can add in the prefill's order does (the CPU's: a decoded row then equals the same row
+  // prefilled, so a later turn over it gives the uncached run's answer), at its cost.
+  virtual void set_prefix_caching(bool) {}
   virtual void load_prefix(const SequenceBlocks& seq, int32_t rows, int32_t total_len);
   // Streaming memory (BatchEngineOptions::stream): one streamed sequence's memory, of this backend's kind (the CPU: a
   // StreamingKV; the GPU: device memory over pinned host blocks). Throws tessera::Error for options the backend cannot
@@ -183,6 +187,7 @@ class CpuBatchBackend final : public BatchBackend {
   void release_sequence(const SequenceBlocks&) override {}
   void abort_prefill() override;
   bool supports_prefix_cache() const override { return true; }
+  void set_prefix_caching(bool on) override { decode_.set_prefill_order(on); }
   void load_prefix(const SequenceBlocks& seq, int32_t rows, int32_t total_len) override;
   std::unique_ptr<StreamMemory> new_stream(const StreamOptions& options) override;
   std::vector<float> prefill_stream_chunk(StreamMemory& kv, std::span<const int32_t> tokens, int32_t pos,

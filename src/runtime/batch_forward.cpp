@@ -132,27 +132,29 @@ void gather_from_pages(const PagedKVStore& store, const SequenceBlocks& seq, int
 }
 
 namespace {
-std::atomic<int> g_decode_in_prefill_order{-1};  // -1: not yet read from TESSERA_DECODE_ORDER
+// -2: not yet read from TESSERA_DECODE_ORDER; -1: not set (the caller's default); 0 / 1: fast / prefill
+std::atomic<int> g_decode_in_prefill_order{-2};
 }  // namespace
 
 void set_decode_in_prefill_order(bool on) {
   g_decode_in_prefill_order.store(on ? 1 : 0, std::memory_order_relaxed);
 }
-bool decode_in_prefill_order() {
+bool decode_in_prefill_order(bool by_default) {
   int on = g_decode_in_prefill_order.load(std::memory_order_relaxed);
-  if (on < 0) {
+  if (on == -2) {
     const char* env = std::getenv("TESSERA_DECODE_ORDER");
     const std::string v = env != nullptr ? env : "";
     check(v.empty() || v == "prefill" || v == "fast",
           "TESSERA_DECODE_ORDER: expected prefill or fast, got '" + v + "'");
-    on = v != "fast" ? 1 : 0;
+    on = v.empty() ? -1 : v == "prefill" ? 1 : 0;
     g_decode_in_prefill_order.store(on, std::memory_order_relaxed);
   }
-  return on == 1;
+  return on < 0 ? by_default : on == 1;
 }
 
 void paged_decode_attention_cpu(const float* q, float* out, std::span<const DecodeRow> rows, int32_t layer,
-                                int32_t num_q_heads, const PagedKVStore& store, float scale, ThreadPool& pool) {
+                                int32_t num_q_heads, const PagedKVStore& store, float scale, ThreadPool& pool,
+                                std::optional<bool> prefill_order) {
   if (scale == 0) scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(store.shape().head_dim)));
   const PagedKVShape& s = store.shape();
   const int64_t B = s.block_tokens, d = s.head_dim;
@@ -194,7 +196,7 @@ void paged_decode_attention_cpu(const float* q, float* out, std::span<const Deco
   // step wrote hold the rows a prefill would have written (the prefix cache keeps them). Not split across keys (a
   // merge would add in another order): its query heads are cut into chunks instead when the items are too few for the
   // pool (depending on the number of items, not on the row).
-  const bool exact_order = decode_in_prefill_order();
+  const bool exact_order = prefill_order.value_or(decode_in_prefill_order(true));
   auto exact_view = [](const DecodeView& v) { return v.sink == 0 && v.window == kUnbounded; };
   const int32_t head_chunks =
       std::min<int32_t>(group, std::max<int32_t>((group + 3) / 4, static_cast<int32_t>((pool.size() + n_items - 1) /
@@ -332,8 +334,9 @@ namespace {
 // view shows (paged_decode_attention_cpu).
 class PagedDecodeAttention final : public CpuAttentionStep {
  public:
-  PagedDecodeAttention(const ModelConfig& cfg, std::span<const DecodeRow> rows, PagedKVStore& store, ThreadPool& pool)
-      : cfg_(cfg), rows_(rows), store_(store), pool_(pool) {}
+  PagedDecodeAttention(const ModelConfig& cfg, std::span<const DecodeRow> rows, PagedKVStore& store, ThreadPool& pool,
+                       bool prefill_order)
+      : cfg_(cfg), rows_(rows), store_(store), pool_(pool), prefill_order_(prefill_order) {}
 
   void attend(int32_t layer, float* q, float* k, float* v, float* out) override {
     const int64_t D = cfg_.head_dim, KD = cfg_.num_kv_heads * D, B = store_.shape().block_tokens;
@@ -347,7 +350,8 @@ class PagedDecodeAttention final : public CpuAttentionStep {
                      v + static_cast<int64_t>(i) * KD + h * D);
       }
     }
-    paged_decode_attention_cpu(q, out, rows_, layer, cfg_.num_q_heads, store_, cfg_.attention_scale, pool_);
+    paged_decode_attention_cpu(q, out, rows_, layer, cfg_.num_q_heads, store_, cfg_.attention_scale, pool_,
+                               prefill_order_);
   }
 
  private:
@@ -355,6 +359,7 @@ class PagedDecodeAttention final : public CpuAttentionStep {
   std::span<const DecodeRow> rows_;
   PagedKVStore& store_;
   ThreadPool& pool_;
+  bool prefill_order_;
 };
 
 // The CPU's streaming memory of a streamed row (what CpuBatchBackend::new_stream made).
@@ -432,7 +437,7 @@ std::vector<float> BatchForward::mixed(std::span<const int32_t> chunk, int32_t p
     check(rows[i].stream == nullptr && rows[i].seq != nullptr, "mixed step: decode rows must be paged");
     positions_[static_cast<size_t>(n) + i] = static_cast<int32_t>(rows[i].seq->length() - 1);
   }
-  PagedDecodeAttention paged(cfg, rows, store, ops_.pool());
+  PagedDecodeAttention paged(cfg, rows, store, ops_.pool(), decode_in_prefill_order(prefill_order_));
   MixedAttention step(cfg, StagedChunk{cache, pos, n, policy, total_len, observer}, paged, ops_.pool());
   ops_.begin(all_tokens_, 0, positions_, step, timers);
   run_layers(cfg, ops_);
@@ -458,7 +463,7 @@ std::vector<float> BatchForward::decode(std::span<const int32_t> tokens, std::sp
       positions_[i] = static_cast<int32_t>(rows[i].seq->length() - 1);
     }
   }
-  PagedDecodeAttention paged(cfg, rows, store, ops_.pool());
+  PagedDecodeAttention paged(cfg, rows, store, ops_.pool(), decode_in_prefill_order(prefill_order_));
   StreamRowsAttention stream(ops_, rows);
   ops_.begin(tokens, 0, positions_, streamed ? static_cast<CpuAttentionStep&>(stream) : paged, timers);
   run_layers(cfg, ops_);

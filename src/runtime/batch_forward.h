@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -105,23 +106,31 @@ struct DecodeRow {
 // one at a time. When the items are too few for the pool (Gemma-3's one KV head: one item per row) an item's keys are
 // cut into parts run on different threads and merged (attn::paged_decode_parts, paged_decode_merge).
 // A (row, KV head) whose query heads share a dense view (all keys up to the row, or a model window's last keys: no MoA
-// sink or span) goes through attn::paged_decode_in_prefill_order instead (decode_in_prefill_order(), on by default):
+// sink or span) goes through attn::paged_decode_in_prefill_order instead when prefill_order (default:
+// decode_in_prefill_order(true)):
 // the row's output is then the same bits as the same row prefilled in any chunk, so a prefix that holds decoded rows
 // gives the next turn the KV its prefill would have computed (issue 34); not split across keys (its heads may be).
 // scale: 0 for 1 / sqrt(head_dim) (as AttentionArgs::effective_scale).
 void paged_decode_attention_cpu(const float* q, float* out, std::span<const DecodeRow> rows, int32_t layer,
-                                int32_t num_q_heads, const PagedKVStore& store, float scale, ThreadPool& pool);
-// Process-wide: true takes the prefill's order for dense views, false attn::paged_decode's faster walk for every row
-// (decoded rows then differ from prefilled ones in their last bits). The default comes from TESSERA_DECODE_ORDER
-// (prefill, the default, or fast; read at the first decode step, anything else is an error); benchmarks set it.
+                                int32_t num_q_heads, const PagedKVStore& store, float scale, ThreadPool& pool,
+                                std::optional<bool> prefill_order = std::nullopt);
+// The decode's order: true takes the prefill's order for dense views (~3x the attention's time of a decode step on
+// the CPU), false attn::paged_decode's faster walk for every row (decoded rows then differ from prefilled ones in
+// their last bits). A batched engine with the prefix cache asks for the prefill's order (a later turn then prefills
+// over decoded rows that equal prefilled ones: its answers equal the uncached run's), one without it and the
+// single-sequence engine for the fast walk: `by_default`. TESSERA_DECODE_ORDER (prefill or fast; read once, anything
+// else is an error) or set_decode_in_prefill_order overrides it process-wide; benchmarks set it.
 void set_decode_in_prefill_order(bool on);
-bool decode_in_prefill_order();
+bool decode_in_prefill_order(bool by_default);
 
 class BatchForward {
  public:
   // Runs the recipe (recipe.h) through `ops`, the CPU backend a Forward of the same model already holds (the scratch
   // is shared: a prefill chunk and a decode step never run at once on one backend). ops must outlive this.
   explicit BatchForward(CpuOps& ops) : ops_(ops) {}
+  // The decode's order by default (decode_in_prefill_order's `by_default`): false until set (CpuBatchBackend sets it
+  // from the engine's prefix cache).
+  void set_prefill_order(bool on) { prefill_order_ = on; }
 
   // tokens[i] at position rows[i].seq->length() - 1 (the blocks already grown by one row), or, for streamed rows, at
   // rows[i].stream->length() (each row's streaming memory attends to its own keys and takes the new row). Writes
@@ -147,6 +156,7 @@ class BatchForward {
   CpuOps& ops_;
   std::vector<int32_t> positions_;
   std::vector<int32_t> all_tokens_;  // the mixed step's rows
+  bool prefill_order_ = false;
 };
 
 }  // namespace tessera::runtime
