@@ -8,7 +8,7 @@
 #   tmix    TriangleMix: the gradient probe's split at 8K
 #   eval    density, the accuracy harness and KJV perplexity at 8K/16K/32K: the plans beside the presets of the same
 #           cost (vs_adaptive, trianglemix, ashape, the uniform MoA window of the MoA plan's density) and dense
-#   Vars: T (the CLI, default build/cuda/src/tessera); MI_BUDGET (mi's --budget, default 0.3); PRESETS (eval's presets
+#   Vars: T (the CLI, default build/cuda/src/tessera); MI_CAP, DENSITY_CAP, EVAL_CAP (seconds: 200, 120, 480); MI_BUDGET (mi's --budget, default 0.3); PRESETS (eval's presets
 #   beside the plans, ';'-separated; default vs_adaptive;trianglemix;ashape:sink=64,local=2048, and the MoA report's
 #   uniform window); PLANS (eval's plan files under $OUT/plan33 without .json; default the three above).
 set -uo pipefail
@@ -39,7 +39,7 @@ steps=("$@")
 for s in "${steps[@]}"; do
   case $s in
     mi)
-      run_step mi 200 "$T" plan --method minference -m "$M" --device cuda --lengths 8192,32768 --samples 1 --budget "${MI_BUDGET:-0.3}" \
+      run_step mi "${MI_CAP:-200}" "$T" plan --method minference -m "$M" --device cuda --lengths 8192,32768 --samples 1 --budget "${MI_BUDGET:-0.3}" \
         --validation-length 16384 --validation-cases 4 --report-lengths $L -o "$O/gemma3-minference-8k-32k.json" ||
         [ ! -f "$O/mi.stack" ] ||  # crashed: the 32K sample with candidates sized for it (no shorter sample)
         run_step mi32 120 "$T" plan --method minference -m "$M" --device cuda --lengths 32768 --samples 1 --budget 0.3 \
@@ -56,8 +56,8 @@ for s in "${steps[@]}"; do
       UNI=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['calibration_noise'][-1]['uniform_spec'])" \
         "$O/gemma3-moa-8k-16k.report.json" 2> /dev/null)
       Q="${PRESETS:-vs_adaptive;trianglemix;ashape:sink=64,local=2048}${UNI:+;$UNI}"
-      run_step density 120 "$T" plan --method measure -m "$M" --lengths $L --attn "$P$Q" -o "$O/eval33-gemma3-density.json"
-      run_step eval 480 "$T" eval -m "$M" --device cuda --tasks niah_single,niah_multikey,variable_tracking -l $L \
+      run_step density "${DENSITY_CAP:-120}" "$T" plan --method measure -m "$M" --lengths $L --attn "$P$Q" -o "$O/eval33-gemma3-density.json"
+      run_step eval "${EVAL_CAP:-480}" "$T" eval -m "$M" --device cuda --tasks niah_single,niah_multikey,variable_tracking -l $L \
         --depths 25,75 --attn "$P$Q" --perplexity $L -o "$O/eval33-gemma3" ;;
     *) say "unknown step $s" ;;
   esac
