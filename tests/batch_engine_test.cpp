@@ -1049,8 +1049,7 @@ TEST(BatchEngineRealModel, SmolLM2BatchedGreedyEqualsSingle) {
   o.chunk_size = 64;
   o.kv_bytes = 256e6;
   o.mixed_step = true;  // off by default on the CPU
-  o.prefix_cache = false;  // its decode in the prefill's order (~3x the attention's time) is the prefix tests' matter;
-                           // the single-sequence engine decodes in the faster order, as the batched one without it
+  o.exact_decode = false;  // the single-sequence engine's faster decode walk (the exact one is the prefix tests')
   BatchEngine engine(backend, o);
   const auto out = engine.generate_all(reqs);
   for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(out[i], single(*model, reqs[i].prompt, reqs[i].options, {}, 64)) << i;

@@ -133,7 +133,7 @@ void check_decoded_rows(const Model& m, KVType kv, const std::vector<int32_t>& p
   const int32_t blocks = cfg.num_layers * cfg.num_kv_heads * (total / block + 2);
   ref.create_store(shape, blocks, 2, total + 1);
   cached.create_store(shape, blocks, 2, total + 1);
-  cached.set_prefix_caching(true);  // as a batched engine with the prefix cache: the decode adds in the prefill's order
+  cached.set_exact_decode(true);  // as the batched engine (BatchEngineOptions::exact_decode): the prefill's order
 
   BlockPool pool(blocks);
   const std::vector<DecodeView> views = decode_views(cfg, nullptr, N0);

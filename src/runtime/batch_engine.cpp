@@ -322,7 +322,7 @@ BatchEngine::BatchEngine(BatchBackend& backend, BatchEngineOptions options)
   pool_ = BlockPool(static_cast<int32_t>(blocks));
   prefix_cache_ = PrefixCache(options_.block_tokens);
   backend_.create_store(shape_, pool_.total(), options_.max_batch, max_context_);
-  backend_.set_prefix_caching(options_.prefix_cache && backend_.supports_prefix_cache());
+  backend_.set_exact_decode(options_.exact_decode);
 }
 
 bool BatchEngine::cacheable(const Sequence& s) const {

@@ -92,10 +92,10 @@ class BatchBackend {
   // adopted) as a new sequence of total_len tokens, whose next prefill_chunk runs at pos = rows. Backends that
   // cannot say false to supports_prefix_cache (the engine then caches nothing); this default refuses.
   virtual bool supports_prefix_cache() const { return false; }
-  // The engine keeps prompts' KV for later requests (BatchEngineOptions::prefix_cache, on a backend that supports it):
-  // a backend whose decode can add in the prefill's order does (the CPU's: a decoded row then equals the same row
-  // prefilled, so a later turn over it gives the uncached run's answer), at its cost.
-  virtual void set_prefix_caching(bool) {}
+  // BatchEngineOptions::exact_decode: a backend whose decode can add in the prefill's order does (the CPU's: a decoded
+  // row then equals the same row prefilled, so a later turn over cached blocks gives the uncached run's answer), at
+  // its cost; others ignore it.
+  virtual void set_exact_decode(bool) {}
   virtual void load_prefix(const SequenceBlocks& seq, int32_t rows, int32_t total_len);
   // Streaming memory (BatchEngineOptions::stream): one streamed sequence's memory, of this backend's kind (the CPU: a
   // StreamingKV; the GPU: device memory over pinned host blocks). Throws tessera::Error for options the backend cannot
@@ -187,7 +187,7 @@ class CpuBatchBackend final : public BatchBackend {
   void release_sequence(const SequenceBlocks&) override {}
   void abort_prefill() override;
   bool supports_prefix_cache() const override { return true; }
-  void set_prefix_caching(bool on) override { decode_.set_prefill_order(on); }
+  void set_exact_decode(bool on) override { decode_.set_prefill_order(on); }
   void load_prefix(const SequenceBlocks& seq, int32_t rows, int32_t total_len) override;
   std::unique_ptr<StreamMemory> new_stream(const StreamOptions& options) override;
   std::vector<float> prefill_stream_chunk(StreamMemory& kv, std::span<const int32_t> tokens, int32_t pos,
@@ -243,6 +243,11 @@ struct BatchEngineOptions {
   // Cached blocks no sequence holds go, least recently used first, when a sequence needs room. Where the backend
   // supports it (CPU, CUDA); not with streaming memory.
   bool prefix_cache = true;
+  // Decode rows whose attention adds in the prefill's order (CPU: runtime::decode_in_prefill_order; ~3x the decode
+  // step's attention time), so that a row's KV and logits are the same bits decoded or prefilled: answers then do not
+  // depend on the prefix cache (a cached run equals an uncached one, both with it). The server's engines keep it on;
+  // the single-sequence engine (tessera run, bench, eval) turns it off. TESSERA_DECODE_ORDER overrides either.
+  bool exact_decode = true;
   // A token budget per step (vLLM's chunked prefill, SGLang's mixed batches; 0: none, one prefill chunk of
   // chunk_size tokens per step beside the decodes): each step carries one token of every decoding sequence and
   // prefill tokens up to the rest of the budget, so that a long prompt arriving does not stretch the decoding

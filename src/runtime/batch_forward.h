@@ -116,8 +116,8 @@ void paged_decode_attention_cpu(const float* q, float* out, std::span<const Deco
                                 std::optional<bool> prefill_order = std::nullopt);
 // The decode's order: true takes the prefill's order for dense views (~3x the attention's time of a decode step on
 // the CPU), false attn::paged_decode's faster walk for every row (decoded rows then differ from prefilled ones in
-// their last bits). A batched engine with the prefix cache asks for the prefill's order (a later turn then prefills
-// over decoded rows that equal prefilled ones: its answers equal the uncached run's), one without it and the
+// their last bits). The batched engine asks for the prefill's order (BatchEngineOptions::exact_decode: a later turn
+// then prefills over decoded rows that equal prefilled ones, so its answers equal the uncached run's), the
 // single-sequence engine for the fast walk: `by_default`. TESSERA_DECODE_ORDER (prefill or fast; read once, anything
 // else is an error) or set_decode_in_prefill_order overrides it process-wide; benchmarks set it.
 void set_decode_in_prefill_order(bool on);
@@ -129,7 +129,7 @@ class BatchForward {
   // is shared: a prefill chunk and a decode step never run at once on one backend). ops must outlive this.
   explicit BatchForward(CpuOps& ops) : ops_(ops) {}
   // The decode's order by default (decode_in_prefill_order's `by_default`): false until set (CpuBatchBackend sets it
-  // from the engine's prefix cache).
+  // from BatchEngineOptions::exact_decode).
   void set_prefill_order(bool on) { prefill_order_ = on; }
 
   // tokens[i] at position rows[i].seq->length() - 1 (the blocks already grown by one row), or, for streamed rows, at

@@ -21,6 +21,7 @@ BatchEngineOptions scheduler_options(const ModelConfig& cfg, const EngineOptions
   b.policy = o.policy;
   b.stream = o.stream;
   b.prefix_cache = false;
+  b.exact_decode = false;  // one sequence, no cache: the faster decode walk
   b.logits_chunk = logits_chunk;
   return b;
 }
