@@ -23,11 +23,6 @@ namespace {
 
 using namespace tessera::test;
 
-std::vector<int32_t> operator+(std::vector<int32_t> a, const std::vector<int32_t>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
 // ---- bookkeeping ----
 
 TEST(PrefixCacheBlocks, SharedBlocksAreFreedByTheirLastHolder) {

@@ -31,11 +31,6 @@ namespace {
 
 using namespace tessera::test;
 
-std::vector<int32_t> operator+(std::vector<int32_t> a, const std::vector<int32_t>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
 // A model with sliding-window layers keeps only a window's blocks: a prefix is then cached at its own length.
 bool windowed(const Model& m) {
   for (const auto& l : m.config().layers)

@@ -28,6 +28,12 @@ inline const runtime::Model& fixture(const std::string& name) {
   return *m;
 }
 
+// Token sequences joined (a prompt + its continuation), for tests that build conversations.
+inline std::vector<int32_t> operator+(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
 // n tokens drawn uniformly from [lowest, vocab) by a std::mt19937 seeded with `seed`: the same prompt on every run.
 inline std::vector<int32_t> random_tokens(int32_t n, int32_t vocab, uint32_t seed, int32_t lowest = 0) {
   std::mt19937 rng(seed);
