@@ -1021,15 +1021,8 @@ TEST(BatchEngine, PromptLogprobsEqualTheSingleEngine) {
 
 // Greedy rows and seeded sampled rows (temperature, top_p, top_k) of the batched engine = the single engine.
 TEST(BatchEngineRealModel, SmolLM2BatchedGreedyEqualsSingle) {
-  const char* env = std::getenv("TESSERA_MODELS");
-  const char* home = std::getenv("HOME");
-  const std::string dir = env && *env ? env : std::string(home ? home : ".") + "/.cache/tessera/models";
-  const std::string path = dir + "/smollm2-135m-instruct-q4_1.gguf";
-  if (!std::filesystem::exists(path)) {
-    const char* allow = std::getenv("TESSERA_ALLOW_MISSING_MODELS");
-    if (allow && std::string(allow) == "1") GTEST_SKIP() << path << " is missing";
-    FAIL() << path << " is missing: run scripts/fetch_models.sh";
-  }
+  const std::string path = required_model_path("smollm2-135m-instruct-q4_1.gguf");
+  if (path.empty()) GTEST_SKIP() << "smollm2-135m-instruct-q4_1.gguf is missing";
   // The weights as stored (the default): qmatmul's products give a row the same bits whatever the other rows of the
   // step (model/qmatmul.h, "Batch invariance"), so a decode row batched beside a prefill chunk equals the same row
   // decoded alone.

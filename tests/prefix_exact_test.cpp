@@ -227,17 +227,8 @@ INSTANTIATE_TEST_SUITE_P(Q8Fixtures, PrefixExact, ::testing::Values("llama3", "q
 // ---- the real SmolLM2-135M Q4_1 (weights as stored), chunks of 2,048 as the engine runs them ----
 
 std::unique_ptr<Model> smollm2_or_skip() {
-  const char* env = std::getenv("TESSERA_MODELS");
-  const char* home = std::getenv("HOME");
-  const std::string dir = env && *env ? env : std::string(home ? home : ".") + "/.cache/tessera/models";
-  const std::string path = dir + "/smollm2-135m-instruct-q4_1.gguf";
-  if (!std::filesystem::exists(path)) {
-    const char* allow = std::getenv("TESSERA_ALLOW_MISSING_MODELS");
-    if (allow && std::string(allow) == "1") return nullptr;
-    ADD_FAILURE() << path << " is missing: run scripts/fetch_models.sh";
-    return nullptr;
-  }
-  return Model::load(path);
+  const std::string path = required_model_path("smollm2-135m-instruct-q4_1.gguf");
+  return path.empty() ? nullptr : Model::load(path);
 }
 
 // A 2,600-token prompt: the reference in chunks of 2,048 (the last from 2,048), the blocks' prefill in chunks of 1,000;

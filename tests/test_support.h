@@ -4,7 +4,11 @@
 // (tests/CMakeLists.txt, tests/gpu/CMakeLists.txt).
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -26,6 +30,20 @@ inline const runtime::Model& fixture(const std::string& name) {
   auto& m = cache[name];
   if (!m) m = runtime::Model::load(kFixtures + name);
   return *m;
+}
+
+// A real model file from TESSERA_MODELS (else ~/.cache/tessera/models), as scripts/fetch_models.sh puts it there. Missing:
+// "" — a test failure ("... is missing: run scripts/fetch_models.sh") unless TESSERA_ALLOW_MISSING_MODELS=1, when the
+// caller skips (`if (path.empty()) GTEST_SKIP()`: with the failure recorded it still fails).
+inline std::string required_model_path(const std::string& file) {
+  const char* env = std::getenv("TESSERA_MODELS");
+  const char* home = std::getenv("HOME");
+  const std::string dir = env && *env ? env : std::string(home ? home : ".") + "/.cache/tessera/models";
+  const std::string path = dir + "/" + file;
+  if (std::filesystem::exists(path)) return path;
+  const char* allow = std::getenv("TESSERA_ALLOW_MISSING_MODELS");
+  if (!(allow && std::string(allow) == "1")) ADD_FAILURE() << path << " is missing: run scripts/fetch_models.sh";
+  return "";
 }
 
 // Token sequences joined (a prompt + its continuation), for tests that build conversations.
