@@ -6,8 +6,10 @@
                          [--deadline S] [--json-out FILE] [--csv-out FILE]
 
 Each client is a thread running a closed loop: it sends --requests streamed /v1/completions one after the
-other (each waits for the previous answer) and timestamps every SSE chunk that carries text. The workload is
-the same for any server: greedy sampling, prompts of --prompt-words words of public-domain-like filler with a
+other (each waits for the previous answer) and timestamps every SSE chunk that carries text; the clients' threads
+are spread over --procs processes (default half the cores), so that one interpreter parsing many streams does not
+stamp chunks late. The workload is the same for any server: greedy sampling, prompts of --prompt-words words
+(N, or MIN:MAX: log-uniform lengths, drawn per request from its id) of public-domain-like filler with a
 per-request number in front (so that no server can reuse another request's prompt cache wholesale), and a
 --max-tokens budget. Tokens are counted as text chunks (both tessera and llama.cpp's server send one chunk per
 token). Figures per client count:
@@ -24,6 +26,10 @@ import argparse
 import http.client
 import json
 import math
+import multiprocessing
+import os
+import queue
+import random
 import statistics
 import sys
 import threading
@@ -37,6 +43,56 @@ WORDS = ("the quick brown fox jumps over a lazy dog while seven wise owls count 
 def prompt_text(request_id, words):
     body = " ".join(WORDS[(request_id * 7 + i) % len(WORDS)] for i in range(words))
     return f"Note {request_id}: {body}. Continue the story:"
+
+
+def default_procs(n):
+    """Client processes for n concurrent streams: half the machine's cores (the server needs the rest), at most n."""
+    return max(1, min(n, (os.cpu_count() or 2) // 2))
+
+
+def spread(procs, items, work):
+    """work(subset) for `items` dealt round-robin to `procs` forked processes (1: in this process, threads only);
+    the lists the calls return, concatenated. Each process's threads timestamp their own chunks, so that 32 streams'
+    JSON parsing in one interpreter (one GIL) does not delay the stamps: on a fast server a stamp taken late by a
+    busy interpreter reads as inter-token latency. time.perf_counter is CLOCK_MONOTONIC, one clock for all."""
+    procs = max(1, min(procs, len(items)))
+    if procs == 1:
+        return work(items)
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    workers = []
+    for k in range(procs):
+        sub = items[k::procs]
+        workers.append(ctx.Process(target=lambda sub=sub: results.put(work(sub)), daemon=True))
+        workers[-1].start()
+    out, got = [], 0
+    while got < len(workers):
+        try:
+            out.extend(results.get(timeout=1))
+            got += 1
+        except queue.Empty:
+            if not any(w.is_alive() for w in workers) and results.empty():
+                raise RuntimeError(f"{len(workers) - got} of {len(workers)} client processes died without results")
+    for w in workers:
+        w.join()
+    return out
+
+
+def parse_words(spec):
+    """--prompt-words: N, or MIN:MAX for prompts of log-uniform lengths (the same draw for a request id)."""
+    lo, _, hi = str(spec).partition(":")
+    lo, hi = int(lo), int(hi or lo)
+    if not 0 < lo <= hi:
+        raise ValueError(f"--prompt-words wants N or MIN:MAX with 0 < MIN <= MAX, got {spec!r}")
+    return lo, hi
+
+
+def words_for(request_id, words):
+    lo, hi = words
+    if lo == hi:
+        return lo
+    rng = random.Random(request_id)
+    return int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
 
 
 def percentile(values, q):
@@ -100,37 +156,46 @@ def sampling_fields(args, seed):
 
 
 def one_request(url, model, request_id, args):
-    t0, stamps, _ = stream_completion(url, model, prompt_text(request_id, args.prompt_words), args.max_tokens,
+    words = words_for(request_id, parse_words(args.prompt_words))
+    t0, stamps, _ = stream_completion(url, model, prompt_text(request_id, words), args.max_tokens,
                                       args.timeout, args.api_key, extra=sampling_fields(args, request_id))
     return t0, stamps
 
 
 def run_level(args, clients):
-    results, errors, skipped = [], [], []
-    lock = threading.Lock()
     start = time.perf_counter()
 
-    def client(c):
-        for k in range(args.requests):
-            if args.deadline and time.perf_counter() - start > args.deadline:
-                with lock:
-                    skipped.append(k)
-                continue
-            rid = clients * 100000 + c * 1000 + k
-            try:
-                t0, stamps = one_request(args.url, args.model, rid, args)
-                with lock:
-                    results.append((t0, stamps))
-            except Exception as e:  # noqa: BLE001 - counted and reported
-                with lock:
-                    errors.append(repr(e))
+    def run_clients(ids):  # one process's clients, a thread each: [("ok", (t0, stamps)) | ("error", e) | ("skip", k)]
+        out = []
+        lock = threading.Lock()
 
-    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+        def client(c):
+            for k in range(args.requests):
+                if args.deadline and time.perf_counter() - start > args.deadline:
+                    with lock:
+                        out.append(("skip", k))
+                    continue
+                rid = clients * 100000 + c * 1000 + k
+                try:
+                    t0, stamps = one_request(args.url, args.model, rid, args)
+                    with lock:
+                        out.append(("ok", (t0, stamps)))
+                except Exception as e:  # noqa: BLE001 - counted and reported
+                    with lock:
+                        out.append(("error", repr(e)))
+
+        threads = [threading.Thread(target=client, args=(c,)) for c in ids]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return out
+
+    got = spread(args.procs or default_procs(clients), list(range(clients)), run_clients)
     wall = time.perf_counter() - start
+    results = [v for kind, v in got if kind == "ok"]
+    errors = [v for kind, v in got if kind == "error"]
+    skipped = [v for kind, v in got if kind == "skip"]
     ttft = [s[0] - t0 for t0, s in results if s]
     itl = [b - a for _, s in results for a, b in zip(s, s[1:])]
     tokens = sum(len(s) for _, s in results)
@@ -207,7 +272,8 @@ def main():
     p.add_argument("--model", required=True)
     p.add_argument("--clients", default="1,4,16")
     p.add_argument("--requests", type=int, default=4, help="requests per client")
-    p.add_argument("--prompt-words", type=int, default=64)
+    p.add_argument("--prompt-words", default="64",
+                   help="words a prompt: N, or MIN:MAX for log-uniform lengths drawn per request (seeded by its id)")
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0 samples (seeded per request)")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -217,10 +283,17 @@ def main():
     p.add_argument("--deadline", type=float, default=0,
                    help="seconds per client count after which clients send no further request (0: none)")
     p.add_argument("--warmup", type=int, default=1, help="requests sent (and not counted) before measuring")
+    p.add_argument("--procs", type=int, default=0,
+                   help="client processes the streams are spread over (0: half the cores, at most one a client; "
+                        "1: all in this process's threads)")
     p.add_argument("--format", choices=["md", "json"], default="md")
     p.add_argument("--json-out", help="append the rows to this JSON list file")
     p.add_argument("--csv-out", help="append the rows to this CSV file")
     args = p.parse_args()
+    try:
+        parse_words(args.prompt_words)
+    except ValueError as e:
+        p.error(str(e))
     for k in range(args.warmup):
         one_request(args.url, args.model, 999999 - k, args)
     rows = [run_level(args, int(c)) for c in args.clients.split(",")]

@@ -99,9 +99,18 @@ def run(args):
     extra = extra or None
     recs = [{"i": i, "arrival_s": a, "words": w, "status": "unfinished", "ttft_s": None, "prompt_tokens": None,
              "stamps": [], "error": None} for i, (a, w) in enumerate(work)]
-    lock = threading.Lock()
     start = time.perf_counter()
-    ends = []
+    # The requests are dealt to --procs processes (load.spread), each sending its own at their arrival times.
+    got = load.spread(args.procs or load.default_procs(32), recs, lambda part: run_part(args, part, start, extra))
+    snapshot = sorted((r for r, _ in got), key=lambda r: r["i"])
+    makespan = max((e for _, e in got if e is not None), default=0.0)
+    return snapshot, summarize(args, snapshot, makespan)
+
+
+def run_part(args, recs, start, extra):
+    """Sends `recs` (a thread each, at its arrival offset from `start`): [(record, end offset or None)]."""
+    lock = threading.Lock()
+    ends = {}
 
     def one(rec):
         delay = start + rec["arrival_s"] - time.perf_counter()
@@ -127,7 +136,7 @@ def run(args):
             out = {"status": "error", "error": repr(e)}
         with lock:
             rec.update(out)
-            ends.append(time.perf_counter() - start)
+            ends[rec["i"]] = time.perf_counter() - start
 
     threads = [threading.Thread(target=one, args=(r,), daemon=True) for r in recs]
     for t in threads:
@@ -136,9 +145,7 @@ def run(args):
     for t in threads:
         t.join(None if limit == math.inf else max(0.0, limit - time.perf_counter()))
     with lock:  # threads still running leave their record "unfinished"
-        snapshot = [dict(r, stamps=list(r["stamps"])) for r in recs]
-        makespan = max(ends, default=0.0)
-    return snapshot, summarize(args, snapshot, makespan)
+        return [(dict(r, stamps=list(r["stamps"])), ends.get(r["i"])) for r in recs]
 
 
 TABLE_HEAD = ("| server | requests | rate/s | prompt tok (mean/max) | tok/s | TTFT p50 | TTFT p90 | TTFT p99 "
@@ -215,6 +222,8 @@ def main():
                    help="with --deadline: seconds the answers in flight get after it (then: unfinished)")
     p.add_argument("--warmup", type=int, default=1,
                    help="requests of --max-words words sent one at a time (not counted) before the run")
+    p.add_argument("--procs", type=int, default=0,
+                   help="client processes the requests are dealt to (0: half the cores, at most 32; 1: threads only)")
     p.add_argument("--format", choices=["md", "json"], default="md")
     p.add_argument("--json-out", help="append the summary (with the per-request records) to this JSON list file")
     p.add_argument("--csv-out", help="append the summary row to this CSV file")

@@ -134,6 +134,17 @@ phase_serve() {
 #   python3 -m pip download openai==3.51.0 -d build/py-wheels --only-binary=:all: --platform manylinux2014_x86_64 \
 #     --python-version 3.X   (once per Python the image may have: 3.10, 3.11, 3.12)
 # ), installed into build/gpu-run/pyenv without the network.
+# itl: issue 34's latency bar (bench/server/itl_load.sh): 32 clients with mixed prompt lengths against `serve
+# --parallel 32` on SmolLM2-135M, the clients' ITL beside the server's own (steps, scheduler), per VARIANTS.
+#   bash scripts/gpu/run.sh itl       (carry ["build/gpu-debs"] and, on calls before, SmolLM2's parts)
+phase_itl() {
+  need tessera || return 1
+  models
+  local m=$ROOT/build/models/${ITL_MODEL:-smollm2-135m-instruct-q4_1.gguf}
+  [ -f "$m" ] || { say "itl: no $m (carry it: run.sh parts)"; return 1; }
+  STEP_TAIL=40 step itl "$(left)" bash "$ROOT/bench/server/itl_load.sh" "$m" "$(bin tessera)" "$CSV/itl"
+}
+
 phase_prefix() {
   need tessera || return 1
   models

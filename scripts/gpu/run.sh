@@ -36,6 +36,7 @@
 #   tp         tensor parallelism (2+ GPUs): tp_gpu_test, tp_bench (TP_STEPS=placements,overlap,scaling,big,model)
 #   serve      `tessera serve` under scripts/gpu/serve_probe.py, one GPU and --gpus 2
 #   prefix     the prefix cache on a multi-turn workload (bench/server/prefix_turns.py; Gemma-3-270M at ~28K tokens)
+#   itl        issue 34's latency bar: 32 clients, mixed prompt lengths, clients' ITL beside the server's own (bench/server/itl_load.sh)
 #   structured structured output on the GPU engines: tests/server/test_structured.py with --device cuda (phases_structured.sh)
 #   openai     OpenAI's client on the GPU engines: tests/server/test_sampling.py, test_openai_api.py (OPENAI_TESTS) with
 #              --device cuda: penalties, min_p, logit_bias, logprobs, echo, n > 1 (phases_openai.sh)

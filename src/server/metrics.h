@@ -2,7 +2,8 @@
 //
 // Counters: requests by endpoint and HTTP status, prompt and generated tokens, cancelled and timed-out requests.
 // Histograms (seconds): time to first token (from arrival, queueing included), inter-token latency, request
-// duration. Gauges come from the scheduler at render time: queue depth, running requests, slots, KV cache
+// duration; with the batched engine its steps' times (decode-only steps and steps carrying a prefill chunk apart) and
+// the scheduler's time around each step. Gauges come from the scheduler at render time: queue depth, running requests, slots, KV cache
 // tokens and bytes in use, and the process's resident memory. Thread-safe.
 #pragma once
 
@@ -19,8 +20,9 @@ class Histogram {
  public:
   explicit Histogram(std::vector<double> upper_bounds);
   void observe(double value);
-  // "name_bucket{le=...} n" lines (cumulative), name_sum, name_count.
-  void render(std::string& out, const std::string& name) const;
+  // "name_bucket{le=...} n" lines (cumulative), name_sum, name_count; `labels` (e.g. `kind="decode"`) go into
+  // every line's braces, before le.
+  void render(std::string& out, const std::string& name, const std::string& labels = "") const;
   uint64_t count() const { return count_; }
 
  private:
@@ -60,6 +62,11 @@ class Metrics {
   void observe_ttft(double seconds);
   void observe_inter_token(double seconds);
   void observe_request(double seconds);
+  // The batched engine's step (--parallel > 1): the engine's wall time for it, whether it ran a prefill chunk (its
+  // decode rows, if any, ride in that chunk's forward or follow it), and the scheduler's own time around it
+  // (admitting requests, publishing the tokens, the counters) — what a decoding client waits for between tokens
+  // besides the engine.
+  void observe_step(double engine_seconds, bool prefill, double scheduler_seconds);
   std::string prometheus(const Gauges& gauges) const;
 
  private:
@@ -67,6 +74,7 @@ class Metrics {
   std::map<std::pair<std::string, int>, uint64_t> requests_;
   uint64_t prompt_tokens_ = 0, generated_tokens_ = 0, cancelled_ = 0, timed_out_ = 0;
   Histogram ttft_, inter_token_, request_;
+  Histogram step_decode_, step_prefill_, step_scheduler_;
 };
 
 }  // namespace tessera::server

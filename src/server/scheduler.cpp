@@ -335,12 +335,15 @@ void Scheduler::batch_loop() {
     bool prompt_only = false;  // echo with logprobs and max_tokens 0: one token asked of the engine, not reported
   };
   std::map<int64_t, Active> active;
+  Clock::time_point iteration_start;
+  Clock::duration previous_tail{};  // the last iteration's time after its step
   for (;;) {
     std::vector<std::shared_ptr<Job>> incoming;
     bool stopping = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stopping_ || !queue_.empty() || !active.empty(); });
+      iteration_start = Clock::now();
       stopping = stopping_;
       if (stopping && active.empty() && queue_.empty()) return;
       while (!queue_.empty() && static_cast<int>(active.size() + incoming.size()) < options_.slots) {
@@ -424,8 +427,12 @@ void Scheduler::batch_loop() {
       }
     };
     std::vector<runtime::BatchEvent> events;
+    const int64_t chunks_before = engine.stats().prefill_chunks;
+    const Clock::time_point step_start = Clock::now();
+    Clock::time_point step_end;
     try {
       events = engine.step(publish);  // a prompt's first token before a decode step of its own
+      step_end = Clock::now();
     } catch (const std::exception& e) {  // a bug check in the engine: every request in it ends with the error
       for (auto& [id, a] : active) {
         a.progress->failed(e.what());
@@ -435,6 +442,11 @@ void Scheduler::batch_loop() {
       active.clear();
       continue;
     }
+    // The step's time beside the scheduler's own around it (/metrics: what a decoding client waits for): before
+    // the step in this iteration, after the step in the last one. Observed before the events are published, so that
+    // a request seen finished has its steps counted.
+    metrics_.observe_step(seconds(step_end - step_start), engine.stats().prefill_chunks > chunks_before,
+                          seconds((step_start - iteration_start) + previous_tail));
     publish(events);
     for (const int64_t id : cancel_after) engine.cancel(id);
     int64_t kv_tokens = 0;
@@ -456,6 +468,7 @@ void Scheduler::batch_loop() {
       batch_counters_.prefix_evictions = st.prefix_evictions;
       batch_counters_.prefix_cache_bytes = static_cast<int64_t>(engine.prefix_cache_bytes());
     }
+    previous_tail = Clock::now() - step_end;
     if (active.empty()) {
       bool idle = false;
       {

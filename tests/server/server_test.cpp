@@ -731,6 +731,26 @@ TEST(ServerMetrics, PrometheusText) {
   std::string out;
   h.render(out, "x");
   EXPECT_EQ(out, "x_bucket{le=\"0.1\"} 2\nx_bucket{le=\"1\"} 2\nx_bucket{le=\"+Inf\"} 3\nx_sum 5.15\nx_count 3\n");
+  out.clear();
+  h.render(out, "x", "kind=\"a\"");
+  EXPECT_EQ(out, "x_bucket{kind=\"a\",le=\"0.1\"} 2\nx_bucket{kind=\"a\",le=\"1\"} 2\nx_bucket{kind=\"a\",le=\"+Inf\"} 3\n"
+                 "x_sum{kind=\"a\"} 5.15\nx_count{kind=\"a\"} 3\n");
+  {  // the batched engine's step histograms appear once a step is observed
+    Metrics steps;
+    EXPECT_EQ(steps.prometheus({}).find("tessera_engine_step_seconds"), std::string::npos);
+    steps.observe_step(0.0012, false, 0.0001);
+    steps.observe_step(0.0042, true, 0.0003);
+    steps.observe_step(0.0013, false, 0.0002);
+    const std::string t = steps.prometheus({});
+    for (const char* line : {"tessera_engine_step_seconds_bucket{kind=\"decode\",le=\"0.0015\"} 2\n",
+                             "tessera_engine_step_seconds_count{kind=\"decode\"} 2\n",
+                             "tessera_engine_step_seconds_bucket{kind=\"prefill\",le=\"0.004\"} 0\n",
+                             "tessera_engine_step_seconds_bucket{kind=\"prefill\",le=\"0.005\"} 1\n",
+                             "tessera_engine_step_seconds_count{kind=\"prefill\"} 1\n",
+                             "tessera_scheduler_step_seconds_bucket{le=\"0.00025\"} 2\n",
+                             "tessera_scheduler_step_seconds_count 3\n"})
+      EXPECT_NE(t.find(line), std::string::npos) << line << "\n" << t;
+  }
   Metrics m;
   m.count_request("/v1/completions", 200);
   m.count_request("/v1/completions", 200);
@@ -1219,6 +1239,16 @@ TEST(ServerScheduler, BatchedEngineAnswersAsEngineGenerate) {
   EXPECT_NE(text.find("tessera_engine_decode_tokens_total " + std::to_string(g.decode_tokens) + "\n"),
             std::string::npos);
   EXPECT_NE(text.find("tessera_engine_step_builds_total 0\n"), std::string::npos);
+  // Every engine step in the step histograms, split by whether it ran a prefill chunk.
+  const auto count_of = [&](const std::string& key) {
+    const size_t at = text.find(key);
+    return at == std::string::npos ? int64_t{-1} : std::stoll(text.substr(at + key.size()));
+  };
+  const int64_t decode_only = count_of("tessera_engine_step_seconds_count{kind=\"decode\"} ");
+  const int64_t with_prefill = count_of("tessera_engine_step_seconds_count{kind=\"prefill\"} ");
+  EXPECT_EQ(decode_only + with_prefill, g.engine_steps) << text;
+  EXPECT_GE(with_prefill, 3);  // at least one chunk for each answered prompt
+  EXPECT_EQ(count_of("tessera_scheduler_step_seconds_count "), g.engine_steps);
 }
 
 // Prefix caching behind the scheduler: the second turn of the same long prompt prefills only its last block's

@@ -390,6 +390,10 @@ struct HttpServer::Impl {
       int yes = 1;
       setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
     });
+    // A streamed answer is one small write a token: without TCP_NODELAY, Nagle's algorithm holds a token's chunk
+    // until the client acknowledges the one before (as uvicorn, vLLM's server, and llama.cpp's server set it).
+    // Accepted connections inherit it from the listening socket.
+    http.set_tcp_nodelay(true);
     const int threads = options.threads > 0 ? options.threads
                                             : scheduler.options().slots + scheduler.options().queue + 8;
     http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
