@@ -88,6 +88,75 @@ TEST(PrefixCacheBlocks, FindsTheLongestCachedChainAndComparesTokens) {
   EXPECT_EQ(pool.used(), 0);
 }
 
+// kept_alone() (kept up to date by every share / give / keep / unkeep) equals the count over the blocks, in a random
+// walk of holds; the cache's hold cannot be given back as a sequence's.
+TEST(PrefixCacheBlocks, KeptAloneCountsWhatOnlyTheCacheHolds) {
+  BlockPool pool(16);
+  std::vector<int32_t> seq_holds(16, 0), cache_holds(16, 0);
+  std::mt19937 rng(7);
+  for (int step = 0; step < 4000; ++step) {
+    const auto id = static_cast<int32_t>(rng() % 16);
+    const auto i = static_cast<size_t>(id);
+    const int32_t held = seq_holds[i] + cache_holds[i];
+    switch (rng() % 5) {
+      case 0:
+        if (pool.available() > 0) {
+          const int32_t got = pool.take();
+          ++seq_holds[static_cast<size_t>(got)];
+        }
+        break;
+      case 1:
+        if (held > 0) {
+          pool.share(id);
+          ++seq_holds[i];
+        }
+        break;
+      case 2:
+        if (seq_holds[i] > 0) {
+          pool.give(id);
+          --seq_holds[i];
+        }
+        break;
+      case 3:
+        if (held > 0) {
+          pool.keep(id);
+          ++cache_holds[i];
+        }
+        break;
+      default:
+        if (cache_holds[i] > 0) {
+          pool.unkeep(id);
+          --cache_holds[i];
+        }
+        break;
+    }
+    int32_t alone = 0;
+    for (size_t b = 0; b < 16; ++b) {
+      ASSERT_EQ(pool.holders(static_cast<int32_t>(b)), seq_holds[b] + cache_holds[b]) << step;
+      alone += cache_holds[b] > 0 && seq_holds[b] == 0;
+    }
+    ASSERT_EQ(pool.kept_alone(), alone) << step;
+  }
+  BlockPool p2(2);
+  const int32_t b = p2.take();
+  p2.keep(b);
+  p2.give(b);  // the sequence's hold
+  EXPECT_EQ(p2.kept_alone(), 1);
+  EXPECT_THROW(
+      {
+        try {
+          p2.give(b);
+        } catch (const Error& e) {
+          EXPECT_STREQ(e.what(), "KV block pool: giving back the prefix cache's hold (unkeep it)");
+          throw;
+        }
+      },
+      Error);
+  p2.unkeep(b);
+  EXPECT_EQ(p2.kept_alone(), 0);
+  EXPECT_EQ(p2.available(), 2);
+}
+
 TEST(PrefixCacheBlocks, SlidingWindowHeadsNeedOnlyTheBlocksTheyKeep) {
   // Layer 0 dense, layer 1 a window of 4 rows: at length 20 layer 1 keeps block 4 only (rows 16-19).
   const PagedKVShape shape{2, 1, 8, 4};

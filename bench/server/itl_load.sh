@@ -28,6 +28,7 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 rm -f "$OUT"/load.json "$OUT"/mixed.json "$OUT"/server.json "$OUT"/summary.md
 DEVICE=${DEVICE:-cuda}
+PROMPT_WORDS=${PROMPT_WORDS:-1000:6000}
 PORT=${PORT:-18191}
 URL=http://127.0.0.1:$PORT
 PY=${PYTHON:-python3}

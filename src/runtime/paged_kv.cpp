@@ -70,6 +70,7 @@ BlockPool::BlockPool(int32_t num_blocks) : total_(num_blocks) {
   check(num_blocks >= 0, "block pool: negative block count");
   free_.resize(static_cast<size_t>(num_blocks));
   refs_.assign(static_cast<size_t>(num_blocks), 0);
+  kept_.assign(static_cast<size_t>(num_blocks), 0);
   // Handed out lowest id first (the free list is a stack).
   for (int32_t i = 0; i < num_blocks; ++i) free_[static_cast<size_t>(i)] = num_blocks - 1 - i;
 }
@@ -84,12 +85,36 @@ int32_t BlockPool::take() {
 
 void BlockPool::share(int32_t id) {
   check(id >= 0 && id < total_ && refs_[static_cast<size_t>(id)] > 0, "KV block pool: sharing a free block");
-  ++refs_[static_cast<size_t>(id)];
+  const auto i = static_cast<size_t>(id);
+  kept_alone_ -= alone(i);
+  ++refs_[i];
+  kept_alone_ += alone(i);
 }
 
 void BlockPool::give(int32_t id) {
   check(id >= 0 && id < total_ && refs_[static_cast<size_t>(id)] > 0, "KV block pool: bad block id");
-  if (--refs_[static_cast<size_t>(id)] == 0) free_.push_back(id);
+  const auto i = static_cast<size_t>(id);
+  check(refs_[i] > kept_[i], "KV block pool: giving back the prefix cache's hold (unkeep it)");
+  kept_alone_ -= alone(i);
+  if (--refs_[i] == 0) free_.push_back(id);
+  kept_alone_ += alone(i);
+}
+
+void BlockPool::keep(int32_t id) {
+  share(id);
+  const auto i = static_cast<size_t>(id);
+  kept_alone_ -= alone(i);
+  ++kept_[i];
+  kept_alone_ += alone(i);
+}
+
+void BlockPool::unkeep(int32_t id) {
+  check(id >= 0 && id < total_ && kept_[static_cast<size_t>(id)] > 0, "KV block pool: unkeeping a block not kept");
+  const auto i = static_cast<size_t>(id);
+  kept_alone_ -= alone(i);
+  --kept_[i];
+  kept_alone_ += alone(i);
+  give(id);
 }
 
 SequenceBlocks::SequenceBlocks(const PagedKVShape& shape, std::vector<KVRetention> retention)

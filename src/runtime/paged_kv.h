@@ -84,11 +84,20 @@ class BlockPool {
   // One holder fewer; the block is free when none is left.
   void give(int32_t id);
   int32_t holders(int32_t id) const { return refs_[static_cast<size_t>(id)]; }
+  // The prefix cache's holds: keep() is a share() marked as the cache's, unkeep() gives it back. kept_alone() counts
+  // the blocks only the cache holds (what evicting it frees), kept up to date by every share / give rather than
+  // counted over the cache's entries: the server asks for it every step.
+  void keep(int32_t id);
+  void unkeep(int32_t id);
+  int32_t kept_alone() const { return kept_alone_; }
 
  private:
+  bool alone(size_t i) const { return kept_[i] > 0 && refs_[i] == kept_[i]; }
   int32_t total_ = 0;
   std::vector<int32_t> free_;
   std::vector<int32_t> refs_;
+  std::vector<int32_t> kept_;  // of each block's holders, the cache's
+  int32_t kept_alone_ = 0;
 };
 
 // The block tables of one sequence.

@@ -112,7 +112,7 @@ void PrefixCache::insert(std::span<const int32_t> tokens, const SequenceBlocks& 
       const std::vector<int32_t>& t = seq.table(i);
       const int32_t id = b < t.size() ? t[b] : -1;
       if (id < 0 || e.ids[i] >= 0) continue;
-      pool.share(id);
+      pool.keep(id);
       e.ids[i] = id;
       ++ids_held_;
     }
@@ -123,7 +123,7 @@ void PrefixCache::insert(std::span<const int32_t> tokens, const SequenceBlocks& 
 void PrefixCache::drop(std::unordered_map<uint64_t, Entry>::iterator it, BlockPool& pool) {
   for (int32_t id : it->second.ids)
     if (id >= 0) {
-      pool.give(id);
+      pool.unkeep(id);
       --ids_held_;
     }
   map_.erase(it);
@@ -144,12 +144,7 @@ int64_t PrefixCache::evict(BlockPool& pool, int64_t available) {
   return dropped;
 }
 
-int64_t PrefixCache::ids_only_here(const BlockPool& pool) const {
-  int64_t n = 0;
-  for (const auto& [key, e] : map_)
-    for (int32_t id : e.ids) n += id >= 0 && pool.holders(id) == 1;
-  return n;
-}
+int64_t PrefixCache::ids_only_here(const BlockPool& pool) const { return pool.kept_alone(); }
 
 void PrefixCache::clear(BlockPool& pool) {
   while (!map_.empty()) drop(map_.begin(), pool);
