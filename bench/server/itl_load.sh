@@ -72,7 +72,7 @@ for variant in "${variants[@]}"; do
     timeout -k 5 $((${LOAD_S:-60} + 120)) "$PY" bench/server/load.py --url "$URL" --model bench \
       --clients "${CLIENTS:-32}" --requests "${REQUESTS:-3}" --prompt-words "${PROMPT_WORDS:-1000:6000}" \
       --max-tokens "${MAX_TOKENS:-64}" --procs "$procs" --deadline "${LOAD_S:-60}" --timeout 300 \
-      --label "$label" --json-out "$OUT/load.json"
+      --label="$label" --json-out "$OUT/load.json"
     snap m1.txt
     "$PY" bench/server/server_metrics.py report "$OUT/m0.txt" "$OUT/m1.txt" --label "$label (closed loop)" \
       --json-out "$OUT/server.json"
@@ -82,7 +82,7 @@ for variant in "${variants[@]}"; do
     timeout -k 5 $((${MIXED_S:-45} + 60)) "$PY" bench/server/mixed.py --url "$URL" --model bench --requests 64 \
       --rate "${MIXED_RATE:-4}" --min-words "${PROMPT_WORDS%%:*}" --max-words "${PROMPT_WORDS##*:}" \
       --max-tokens "${MAX_TOKENS:-64}" --deadline $((${MIXED_S:-45} - 20)) --grace 20 --timeout 300 \
-      --label "$variant" --json-out "$OUT/mixed.json"
+      --label="$variant" --json-out "$OUT/mixed.json"
     snap m1.txt
     "$PY" bench/server/server_metrics.py report "$OUT/m0.txt" "$OUT/m1.txt" --label "$variant (mixed, open loop)" \
       --json-out "$OUT/server.json"
