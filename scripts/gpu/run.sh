@@ -8,7 +8,7 @@
 # Here (Debian 12, which reaches Debian's registry), before the call:
 #   bash scripts/gpu/run.sh download        the Debian packages the GPU image lacks (build/gpu-debs, ~19 MB): carry
 #                                           ["build/gpu-debs"] with every call (scripts/gpu/deps.sh says which)
-#   bash scripts/gpu/run.sh parts MODEL...  a model too big for one call's 64 MiB carry, split into parts of <= 50 MB
+#   bash scripts/gpu/run.sh parts MODEL...  a model too big for one call's 64 MiB carry, split into parts of <= 40 MB
 #                                           (build/parts-<name>-<i>, one carry each, calls to the same warm machine;
 #                                           joined and checked there), and the KJV haystack (build/kjv)
 #   bash scripts/gpu/run.sh old COMMIT      that commit's tree in build/old-src (compare, recipe); `new COMMIT`: the
@@ -72,18 +72,20 @@ set -uo pipefail
 . "$(dirname "$0")/lib.sh"
 for f in "$ROOT"/scripts/gpu/phases_*.sh; do . "$f"; done
 
-here_parts() {  # parts MODEL...: <= 50 MB parts, one folder per carry
+here_parts() {  # parts MODEL...: <= PART_BYTES (default 40 MB: the tree itself is ~16 MB of a call's 64 MiB) parts,
+  # one folder per carry
   local m name sum n i size
+  local part=${PART_BYTES:-40000000}
   for m in "$@"; do
     name=$(basename "$m")
     sum=$(sha256sum "$m" | cut -d' ' -f1)
     size=$(stat -c %s "$m")
-    n=$(((size + 49999999) / 50000000))
+    n=$(((size + part - 1) / part))
     rm -rf "$ROOT"/build/parts-"$name"-*
     for ((i = 0; i < n; i++)); do
       local d=$ROOT/build/parts-$name-$i
       mkdir -p "$d"
-      tail -c +$((i * 50000000 + 1)) "$m" | head -c 50000000 > "$d/$name.part$(printf %02d "$i")"
+      tail -c +$((i * part + 1)) "$m" | head -c "$part" > "$d/$name.part$(printf %02d "$i")"
       echo "$name" > "$d/name"
       echo "$n" > "$d/parts"
       echo "$sum" > "$d/sha256"
