@@ -85,35 +85,26 @@ int32_t BlockPool::take() {
 
 void BlockPool::share(int32_t id) {
   check(id >= 0 && id < total_ && refs_[static_cast<size_t>(id)] > 0, "KV block pool: sharing a free block");
-  const auto i = static_cast<size_t>(id);
-  kept_alone_ -= alone(i);
-  ++refs_[i];
-  kept_alone_ += alone(i);
+  recount(id, [&](size_t i) { ++refs_[i]; });
 }
 
 void BlockPool::give(int32_t id) {
   check(id >= 0 && id < total_ && refs_[static_cast<size_t>(id)] > 0, "KV block pool: bad block id");
-  const auto i = static_cast<size_t>(id);
-  check(refs_[i] > kept_[i], "KV block pool: giving back the prefix cache's hold (unkeep it)");
-  kept_alone_ -= alone(i);
-  if (--refs_[i] == 0) free_.push_back(id);
-  kept_alone_ += alone(i);
+  check(refs_[static_cast<size_t>(id)] > kept_[static_cast<size_t>(id)],
+        "KV block pool: giving back the prefix cache's hold (unkeep it)");
+  recount(id, [&](size_t i) {
+    if (--refs_[i] == 0) free_.push_back(id);
+  });
 }
 
 void BlockPool::keep(int32_t id) {
   share(id);
-  const auto i = static_cast<size_t>(id);
-  kept_alone_ -= alone(i);
-  ++kept_[i];
-  kept_alone_ += alone(i);
+  recount(id, [&](size_t i) { ++kept_[i]; });
 }
 
 void BlockPool::unkeep(int32_t id) {
   check(id >= 0 && id < total_ && kept_[static_cast<size_t>(id)] > 0, "KV block pool: unkeeping a block not kept");
-  const auto i = static_cast<size_t>(id);
-  kept_alone_ -= alone(i);
-  --kept_[i];
-  kept_alone_ += alone(i);
+  recount(id, [&](size_t i) { --kept_[i]; });
   give(id);
 }
 

@@ -93,6 +93,13 @@ class BlockPool {
 
  private:
   bool alone(size_t i) const { return kept_[i] > 0 && refs_[i] == kept_[i]; }
+  template <class Change>
+  void recount(int32_t id, Change change) {  // kept_alone_ follows a change of block id's counts
+    const auto i = static_cast<size_t>(id);
+    kept_alone_ -= alone(i);
+    change(i);
+    kept_alone_ += alone(i);
+  }
   int32_t total_ = 0;
   std::vector<int32_t> free_;
   std::vector<int32_t> refs_;
