@@ -237,6 +237,8 @@ def cases(tessera, fx, models):
         T + ["run", "-m", tiny, "-p", "hi", "--stream", "ltri", "--stream-index-ratio", "0.5"], 2, None)
     add("streaming", "--stream-index-heads some (retrieval or all)",
         T + ["run", "-m", tiny, "-p", "hi", "--stream", "ltri", "--stream-index-heads", "some"], 2, None)
+    add("streaming", "--stream-host-kv fp8 on the CPU (the GPU path's)",
+        T + ["run", "-m", tiny, "-p", "hi", "--stream", "ltri", "--stream-host-kv", "fp8"], 2, None)
     add("streaming", "--stream-host-budget 4K on Gemma-3 (only its global layers keep evicted blocks)",
         T + ["run", "-m", gemma, "-p", "one two three four five six seven eight nine ten " * 12, "--stream", "ltri",
              "--stream-sinks", "4", "--stream-local", "16", "--stream-block", "16", "--stream-chunk", "16",

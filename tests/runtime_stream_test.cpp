@@ -893,6 +893,15 @@ TEST(StreamingKV, DeviceStoragePlansWhatTheHostPathAttends) {
                  "evicted KV blocks (holding 2 blocks, 512 B); raise --stream-host-budget or shorten the prompt");
   }
   EXPECT_EQ(counted.bytes(), 512);
+  // FP8 blocks (StreamOptions::host_fp8): a code per value and an f32 scale per token and kv head, for K and V:
+  // 2 x 4 tokens x (16 codes + 2 scales x 4 B) = 192 B, against bf16's 256.
+  stream::HostBlockStore fp8(2, 2, 8, 4, 600, 1);
+  EXPECT_EQ(fp8.block_bytes(), 192);
+  fp8.account(0);
+  fp8.account(1);
+  fp8.account(0);
+  EXPECT_THROW(fp8.account(1), Error);  // 4 x 192 > 600
+  EXPECT_EQ(fp8.bytes(), 576);
 }
 
 // Ltri with retrieval heads keeps, per layer, only the kv heads its scores read (StreamOptions::index_all_heads false,

@@ -15,7 +15,7 @@
 //                [--sinks 128 --local 4096 --block 128 --top-k 32 --chunk 512 --last-chunk 64] [--decode 16]
 //                [--layers N] [--seed 1] [--csv FILE] [--max-seconds S] [--method-max-seq ltri=32768,...]
 //                [--host-budget BYTES]   (default: the host memory budget, core/memory_budget.h) [--prepin]
-//                [--gemm bf16|fp8] [--retrieval-heads FILE]  ("layer head score" lines: Ltri's retrieval heads)
+//                [--gemm bf16|fp8] [--host-kv bf16|fp8] [--retrieval-heads FILE]  ("layer head score" lines: Ltri's retrieval heads)
 //
 // "ltri-fullindex": ltri with every kv head in its span index (with --retrieval-heads, "ltri" keeps only the kv heads
 // its retrieval heads read: StreamOptions::index_all_heads); the same decisions, a larger index.
@@ -46,6 +46,10 @@
 // --gemm fp8: every row's GEMMs in FP8 E4M3 (GpuEngineOptions::gemm; runtime/cuda/gemm.h). A method (or "dense") with
 // the suffix "-fp8" runs in FP8 whatever --gemm says ("--methods streamingllm,streamingllm-fp8,dense-fp8": bf16 and
 // FP8 rows from the same run); its rows are labelled with the suffix.
+//
+// --host-kv fp8: the retrieving methods' evicted blocks in FP8 in pinned host memory (StreamOptions::host_fp8: 0.52x
+// the bytes of bf16, so 1M tokens of Llama-3-8B shapes fit a 128 GiB host); the suffix "-hostfp8" (before "-fp8")
+// does it for one row ("--methods ltri,ltri-hostfp8": both from the same run).
 //
 // --method-max-seq skips a method's rows past a length (ltri-host / infllm-host: minutes at 32K+).
 // --max-seconds skips the rows that would start after that budget. Rows are printed and appended to the CSV as they
@@ -129,6 +133,11 @@ Options parse(int argc, char** argv) {
     else if (a == "--seed") o.seed = std::stoull(value(i));
     else if (a == "--csv") o.csv = value(i);
     else if (a == "--prepin") o.prepin = true;
+    else if (a == "--host-kv") {
+      const std::string h = value(i);
+      check(h == "bf16" || h == "fp8", "--host-kv must be bf16 or fp8, got '" + h + "'");
+      o.stream.host_fp8 = h == "fp8";
+    }
     else if (a == "--retrieval-heads") {  // "layer head score" lines (tessera's --stream-retrieval-heads file)
       const std::string path = value(i);
       std::ifstream in(path);
@@ -314,12 +323,17 @@ int main(int argc, char** argv) {
           // keeps the retrieval heads' kv heads only when --retrieval-heads is given), beside "ltri" in the same run.
           const bool full_index = spec_bf16.size() > 10 && spec_bf16.substr(spec_bf16.size() - 10) == "-fullindex";
           if (full_index) spec_bf16 = spec_bf16.substr(0, spec_bf16.size() - 10);
+          // "<method>-hostfp8": the evicted blocks in FP8 in host memory (StreamOptions::host_fp8, as --host-kv fp8
+          // does for every row), beside the bf16 blocks in the same run.
+          const bool host_fp8 = spec_bf16.size() > 8 && spec_bf16.substr(spec_bf16.size() - 8) == "-hostfp8";
+          if (host_fp8) spec_bf16 = spec_bf16.substr(0, spec_bf16.size() - 8);
           GpuEngineOptions go;
           go.chunk_size = 32768;
           if (fp8_suffix || o.fp8) go.gemm = GemmPrecision::kFp8;
           if (spec_bf16 != "dense") {
             const std::string& base = spec_bf16;
             go.stream = o.stream;
+            if (host_fp8) go.stream.host_fp8 = true;
             // "ltri-host" / "infllm-host": the decisions' map, votes and block scores on the host (the path before
             // stream_decide.h), for a baseline in the same run.
             const bool host_decisions = base.size() > 5 && base.substr(base.size() - 5) == "-host";

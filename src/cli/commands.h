@@ -38,12 +38,14 @@ struct StreamFlags {
   std::vector<std::string> methods;  // ltri | infllm | streamingllm (run: at most one); empty: no streaming
   int sinks = 128, local = 4096, chunk = 512, block = 128, top_k = 32, last_chunk = 64;
   std::string host_budget;      // host memory for evicted blocks ("4G"); empty: the host memory budget
+  std::string host_kv = "bf16";  // the GPU path's evicted blocks: bf16 or fp8 (StreamOptions::host_fp8)
   std::string retrieval_heads;  // a file of "layer head score" lines (Ltri's retrieval-head voting); empty: none
   double index_ratio = 0;       // ltri: evicted tokens per index vector (per-layer lambda search); 0: fixed lambda
   std::string index_heads = "retrieval";  // ltri with retrieval heads: "retrieval" (their kv heads only) or "all"
 };
-// The engine options of one --stream method (the same on the CPU and the GPU; `gpu` is unused). streamingllm gets
-// the retrieved blocks' room as local window (equal memory). Throws tessera::Error naming the flag for bad sizes.
+// The engine options of one --stream method (the same on the CPU and the GPU but --stream-host-kv fp8, the GPU's
+// only: `gpu` says which). streamingllm gets the retrieved blocks' room as local window (equal memory). Throws
+// tessera::Error naming the flag for bad sizes.
 runtime::StreamOptions stream_options(const StreamFlags& flags, const std::string& method, bool gpu);
 // "stream:ltri" for a --stream method: the name its rows carry in bench and eval tables.
 std::string stream_label(const std::string& method);

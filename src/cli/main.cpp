@@ -92,6 +92,10 @@ void add_stream_options(CLI::App* app, tessera::cli::StreamFlags& f, bool severa
       ->capture_default_str();
   app->add_option("--stream-host-budget", f.host_budget,
                   "Streaming: host memory for evicted KV blocks, e.g. 4G (default: the host memory budget)");
+  app->add_option("--stream-host-kv", f.host_kv,
+                  "Streaming on the GPU: evicted KV blocks in host memory as bf16 or fp8 (E4M3, a scale per token and "
+                  "head: 0.52x the bytes)")
+      ->capture_default_str();
   app->add_option("--stream-retrieval-heads", f.retrieval_heads,
                   "Streaming (ltri): file of 'layer head score' lines; the best head per layer above 0.1 votes");
   app->add_option("--stream-index-ratio", f.index_ratio,

@@ -43,7 +43,6 @@ bool use_gpu_device_for(const std::string& device, const StreamFlags& stream) {
 }
 
 runtime::StreamOptions stream_options(const StreamFlags& f, const std::string& method, bool gpu) {
-  (void)gpu;  // the same options on both devices
   runtime::StreamOptions o;
   o.method = runtime::parse_stream_method(method, "--stream");
   usage_check(o.method != runtime::StreamMethod::None,
@@ -55,6 +54,10 @@ runtime::StreamOptions stream_options(const StreamFlags& f, const std::string& m
   o.top_k = f.top_k;
   o.last_chunk = f.last_chunk;
   if (!f.host_budget.empty()) o.host_budget = parse_byte_size(f.host_budget, "--stream-host-budget");
+  usage_check(f.host_kv == "bf16" || f.host_kv == "fp8", "--stream-host-kv must be bf16 or fp8, got '" + f.host_kv + "'");
+  usage_check(f.host_kv == "bf16" || gpu,
+              "--stream-host-kv fp8 is the GPU path's (--device cuda); the CPU keeps its evicted blocks in f32");
+  o.host_fp8 = f.host_kv == "fp8";
   if (!f.retrieval_heads.empty()) o.retrieval_heads = read_retrieval_heads(f.retrieval_heads);
   o.index_ratio = f.index_ratio;
   usage_check(f.index_heads == "retrieval" || f.index_heads == "all",

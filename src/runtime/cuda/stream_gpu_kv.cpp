@@ -113,7 +113,14 @@ GpuStreamingKV::GpuStreamingKV(const ModelConfig& config, StreamOptions options)
   check_model_streams(cfg_, true);
   row_ = static_cast<int64_t>(cfg_.num_kv_heads) * cfg_.head_dim;
   qrow_ = static_cast<int64_t>(cfg_.num_q_heads) * cfg_.head_dim;
-  block_values_ = 2 * static_cast<int64_t>(opt_.block) * row_;
+  fp8_ = opt_.host_fp8;
+  if (fp8_)
+    check(cfg_.head_dim % 8 == 0 && (static_cast<int64_t>(opt_.block) * cfg_.num_kv_heads) % 4 == 0,
+          "GPU streaming: FP8 evicted blocks need a head_dim that is a multiple of 8 and block x kv heads a multiple "
+          "of 4, got head_dim " + std::to_string(cfg_.head_dim) + ", block " + std::to_string(opt_.block) + ", " +
+              std::to_string(cfg_.num_kv_heads) + " kv heads");
+  block_bytes_ = fp8_ ? stream_fp8_block_bytes(opt_.block, cfg_.num_kv_heads, cfg_.head_dim)
+                      : 2 * static_cast<int64_t>(opt_.block) * row_ * static_cast<int64_t>(sizeof(bf16));
   layers_.resize(static_cast<size_t>(cfg_.num_layers));
   TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
   TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
@@ -189,9 +196,9 @@ GpuStreamingKV::~GpuStreamingKV() {
     cudaStreamDestroy(decide_);
   }
   if (copy_ != nullptr) cudaStreamDestroy(copy_);
-  const size_t slab_bytes = static_cast<size_t>(kSlabBlocks * block_values_) * sizeof(bf16);
-  for (bf16* p : slabs_) free_slab(p, slab_bytes);
-  for (bf16* p : ready_slabs_) free_slab(p, slab_bytes);
+  const auto slab_bytes = static_cast<size_t>(kSlabBlocks * block_bytes_);
+  for (uint8_t* p : slabs_) free_slab(p, slab_bytes);
+  for (uint8_t* p : ready_slabs_) free_slab(p, slab_bytes);
 }
 
 size_t GpuStreamingKV::device_bytes() const {
@@ -199,8 +206,8 @@ size_t GpuStreamingKV::device_bytes() const {
              lse_local_.bytes() + lse_global_.bytes();
   for (const LayerState& L : layers_)
     b += L.sink_k.bytes() + L.sink_v.bytes() + L.ring_k.bytes() + L.ring_v.bytes() + L.cache_k.bytes() +
-         L.cache_v.bytes() + L.win_k.bytes() + L.win_v.bytes();
-  return b + (decider_ ? decider_->device_bytes() : 0);
+         L.cache_v.bytes() + L.cache_fp8.bytes() + L.win_k.bytes() + L.win_v.bytes();
+  return b + evict_stage_.bytes() + (decider_ ? decider_->device_bytes() : 0);
 }
 
 void GpuStreamingKV::ensure_device(int32_t n) {
@@ -221,11 +228,18 @@ void GpuStreamingKV::ensure_device(int32_t n) {
       L.sink_v.resize(L.sink_k.size());
       L.ring_k.resize(static_cast<size_t>(ring_rows_ * row_));
       L.ring_v.resize(L.ring_k.size());
-      L.cache_k.resize(static_cast<size_t>(cache_slots_ * B * row_));
-      L.cache_v.resize(L.cache_k.size());
+      if (fp8_) {  // the retrieved blocks stay FP8 on the device; stream_dequantize_blocks fills the workspace
+        L.cache_fp8.resize(static_cast<size_t>(cache_slots_ * block_bytes_));
+      } else {
+        L.cache_k.resize(static_cast<size_t>(cache_slots_ * B * row_));
+        L.cache_v.resize(L.cache_k.size());
+      }
       L.cache_block.assign(static_cast<size_t>(cache_slots_), -1);
       L.cache_used.assign(static_cast<size_t>(cache_slots_), -1);
     }
+    // FP8: the blocks a layer evicts in one chunk, quantized here before their copy to the host (one buffer for all
+    // layers: the copy stream runs a layer's quantization after the previous layer's copies out of it).
+    if (fp8_) evict_stage_.resize(static_cast<size_t>((max_chunk_ / B + 2) * block_bytes_));
     if (window_kept_) {
       win_rows_ = opt_.sinks + 2 * static_cast<int64_t>(opt_.local + B) + max_chunk_;
       for (int32_t l = 0; l < cfg_.num_layers; ++l) {
@@ -268,7 +282,7 @@ void GpuStreamingKV::reserve(int64_t tokens) {
   }
   reserver_ = std::thread([this, device] {
     if (cudaSetDevice(device) != cudaSuccess) return;
-    const size_t bytes = static_cast<size_t>(kSlabBlocks * block_values_) * sizeof(bf16);
+    const auto bytes = static_cast<size_t>(kSlabBlocks * block_bytes_);
     for (;;) {
       {
         std::lock_guard<std::mutex> g(mu_);
@@ -284,7 +298,7 @@ void GpuStreamingKV::reserve(int64_t tokens) {
         cv_.notify_all();
         return;
       }
-      ready_slabs_.push_back(static_cast<bf16*>(p));
+      ready_slabs_.push_back(static_cast<uint8_t*>(p));
       ++made_slabs_;
       cv_.notify_all();
     }
@@ -296,9 +310,9 @@ void GpuStreamingKV::wait_reserved() {
   cv_.wait(lock, [&] { return made_slabs_ >= want_slabs_ || stop_; });
 }
 
-bf16* GpuStreamingKV::pinned_block() {
+uint8_t* GpuStreamingKV::pinned_block() {
   if (slabs_.empty() || slab_used_ == kSlabBlocks) {
-    bf16* slab = nullptr;
+    uint8_t* slab = nullptr;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return !ready_slabs_.empty() || made_slabs_ >= want_slabs_ || stop_; });
@@ -309,7 +323,7 @@ bf16* GpuStreamingKV::pinned_block() {
         --want_slabs_;
       }
     }
-    const size_t bytes = static_cast<size_t>(kSlabBlocks * block_values_) * sizeof(bf16);
+    const auto bytes = static_cast<size_t>(kSlabBlocks * block_bytes_);
     if (slab == nullptr) {
       const auto t0 = Clock::now();
       void* p = alloc_slab(bytes);
@@ -318,13 +332,13 @@ bf16* GpuStreamingKV::pinned_block() {
         throw Error("streaming: out of pinned host memory allocating " + format_bytes(static_cast<double>(bytes)) +
                     " for evicted KV blocks (" + std::to_string(slabs_.size()) + " slabs of it held); lower "
                     "--stream-host-budget or shorten the prompt");
-      slab = static_cast<bf16*>(p);
+      slab = static_cast<uint8_t*>(p);
     }
     slabs_.push_back(slab);
     slab_used_ = 0;
     stats_.pinned_bytes += static_cast<int64_t>(bytes);
   }
-  return slabs_.back() + (slab_used_++) * block_values_;
+  return slabs_.back() + (slab_used_++) * block_bytes_;
 }
 
 GpuStreamingKV::Indexes& GpuStreamingKV::indexes(const stream::StreamLayout& lay, int32_t tile, cudaStream_t s) {
@@ -584,18 +598,32 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
   const int32_t e0 = host_.evicted_before(), e1 = host_.evicted_blocks();
   if (e1 > e0 && host_.keeps_evicted()) {
     TESSERA_CUDA_CHECK(cudaStreamWaitEvent(copy_, ready_, 0));
+    const size_t bytes = static_cast<size_t>(B) * row_bytes;  // bf16: K, then V
+    if (fp8_)
+      check(static_cast<int64_t>(e1 - e0) * block_bytes_ <= static_cast<int64_t>(evict_stage_.size()),
+            "GPU streaming: more blocks evicted in one chunk than the FP8 staging holds");
     for (int32_t b = e0; b < e1; ++b) {
       check(static_cast<int32_t>(L.host_k.size()) == b, "GPU streaming: blocks evicted out of order");
-      bf16* dst = pinned_block();
+      uint8_t* dst = pinned_block();
       const int32_t slot = (b * B) % ring_rows_;
-      const size_t bytes = static_cast<size_t>(B) * row_bytes;
-      for (int kv = 0; kv < 2; ++kv) {
-        batch_dst_.push_back(dst + kv * B * row_);
-        batch_src_.push_back((kv == 0 ? L.ring_k.data() : L.ring_v.data()) + slot * row_);
-        batch_bytes_.push_back(bytes);
+      if (fp8_) {  // quantized on the copy stream, then the whole block (codes and scales) to the host
+        uint8_t* staged = evict_stage_.data() + static_cast<int64_t>(b - e0) * block_bytes_;
+        stream_quantize_block(L.ring_k.data() + slot * row_, L.ring_v.data() + slot * row_, B, cfg_.num_kv_heads,
+                              cfg_.head_dim, staged, copy_);
+        batch_dst_.push_back(dst);
+        batch_src_.push_back(staged);
+        batch_bytes_.push_back(static_cast<size_t>(block_bytes_));
+        L.host_k.push_back(dst);
+        L.host_v.push_back(dst);
+      } else {
+        for (int kv = 0; kv < 2; ++kv) {
+          batch_dst_.push_back(dst + kv * bytes);
+          batch_src_.push_back((kv == 0 ? L.ring_k.data() : L.ring_v.data()) + slot * row_);
+          batch_bytes_.push_back(bytes);
+        }
+        L.host_k.push_back(dst);
+        L.host_v.push_back(dst + bytes);
       }
-      L.host_k.push_back(dst);
-      L.host_v.push_back(dst + B * row_);
       ++stats_.blocks_to_host;
     }
     copy_batch(batch_dst_, batch_src_, batch_bytes_, batched_copies_, copy_);
@@ -635,14 +663,20 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
         TESSERA_CUDA_CHECK(cudaStreamWaitEvent(copy_, ready_, 0));
         copies = true;
       }
-      const size_t bytes = static_cast<size_t>(B) * row_bytes;
-      const int64_t at = static_cast<int64_t>(free_slot) * B * row_;
-      batch_dst_.push_back(L.cache_k.data() + at);
-      batch_src_.push_back(L.host_k[static_cast<size_t>(R[i])]);
-      batch_bytes_.push_back(bytes);
-      batch_dst_.push_back(L.cache_v.data() + at);
-      batch_src_.push_back(L.host_v[static_cast<size_t>(R[i])]);
-      batch_bytes_.push_back(bytes);
+      if (fp8_) {
+        batch_dst_.push_back(L.cache_fp8.data() + static_cast<int64_t>(free_slot) * block_bytes_);
+        batch_src_.push_back(L.host_k[static_cast<size_t>(R[i])]);
+        batch_bytes_.push_back(static_cast<size_t>(block_bytes_));
+      } else {
+        const size_t bytes = static_cast<size_t>(B) * row_bytes;
+        const int64_t at = static_cast<int64_t>(free_slot) * B * row_;
+        batch_dst_.push_back(L.cache_k.data() + at);
+        batch_src_.push_back(L.host_k[static_cast<size_t>(R[i])]);
+        batch_bytes_.push_back(bytes);
+        batch_dst_.push_back(L.cache_v.data() + at);
+        batch_src_.push_back(L.host_v[static_cast<size_t>(R[i])]);
+        batch_bytes_.push_back(bytes);
+      }
       ++stats_.blocks_to_device;
     }
     copy_batch(batch_dst_, batch_src_, batch_bytes_, batched_copies_, copy_);
@@ -666,7 +700,18 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
   if (G > 0) {
     if (copies) TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, blocks_in_, 0));
     const int32_t sinks = std::min(pos, opt_.sinks);
-    if (batched_copies_ && R.size() + 1 <= static_cast<size_t>(StreamRowCopies::kMax)) {
+    if (fp8_) {  // the sinks as they are, the retrieved blocks dequantized out of the FP8 cache
+      d2d(wk, L.sink_k.data(), static_cast<size_t>(sinks) * row_bytes, s);
+      d2d(wv, L.sink_v.data(), static_cast<size_t>(sinks) * row_bytes, s);
+      for (size_t first = 0; first < R.size(); first += StreamFp8Blocks::kMax) {
+        StreamFp8Blocks c;
+        for (size_t i = first; i < R.size() && c.count < StreamFp8Blocks::kMax; ++i, ++c.count) {
+          c.src[c.count] = L.cache_fp8.data() + static_cast<int64_t>(slot_of[i]) * block_bytes_;
+          c.dst_row[c.count] = sinks + static_cast<int32_t>(i) * B;
+        }
+        stream_dequantize_blocks(wk, wv, B, cfg_.num_kv_heads, cfg_.head_dim, c, s);
+      }
+    } else if (batched_copies_ && R.size() + 1 <= static_cast<size_t>(StreamRowCopies::kMax)) {
       // The sinks and every retrieved block in one launch (two cudaMemcpyAsync calls per block otherwise).
       StreamRowCopies c;
       c.src_k[0] = L.sink_k.data();

@@ -19,7 +19,8 @@
 //    chunk, rounded up to blocks, plus one block; a block never wraps), and a cache of top_k retrieved blocks;
 //    one workspace for the chunk being attended ([global | local | chunk], as the CPU's). Bounded whatever the length;
 //  - evicted blocks (ltri / infllm; streamingllm never retrieves one and drops them: no pinned memory, no copies,
-//    no host budget): pinned host memory (slabs of 256 blocks, bf16: anonymous huge-page memory first touched by 8
+//    no host budget): pinned host memory (slabs of 256 blocks, bf16 — or FP8 with StreamOptions::host_fp8: quantized
+//    on the copy stream, a scale per token and kv head, 0.52x the bytes, dequantized into the workspace —: anonymous huge-page memory first touched by 8
 //    threads then cudaHostRegister'ed; TESSERA_STREAM_PIN=alloc: cudaHostAlloc), copied out of the ring on a copy
 //    stream (device-to-host, ordered by events before the ring rows are overwritten), within the host budget of the
 //    decisions' store (the CPU store's error messages); the slabs a prompt needs are allocated by a host thread ahead
@@ -154,7 +155,8 @@ class GpuStreamingKV : public GpuKVPolicy {
     attn::gpu::DeviceBuffer<bf16> sink_k, sink_v, ring_k, ring_v, cache_k, cache_v;
     std::vector<int32_t> cache_block;  // block held by each cache slot (-1: none)
     std::vector<int64_t> cache_used;   // when each slot was last read (cache_clock_; -1: never): misses replace the oldest
-    std::vector<bf16*> host_k, host_v; // pinned rows of each evicted block
+    std::vector<uint8_t*> host_k, host_v;  // pinned K and V of each evicted block (FP8: both the block's start)
+    attn::gpu::DeviceBuffer<uint8_t> cache_fp8;  // FP8 (host_fp8): the block cache's slots, block_bytes_ each
     cudaEvent_t evicted = nullptr;     // the last device-to-host copy out of this layer's ring
     // streamingllm's window (window_kept()): the tokens after the sinks, K rotated at their true positions and V,
     // position p at row p - win_origin; rows [0, sinks) are kept free for a copy of the sinks before the window.
@@ -170,7 +172,7 @@ class GpuStreamingKV : public GpuKVPolicy {
     attn::gpu::DeviceWorkPlan global_plan, local_plan;
   };
   void ensure_device(int32_t max_chunk);
-  bf16* pinned_block();  // K then V of one block (block * row * 2 values)
+  uint8_t* pinned_block();  // one block: bf16 K then V (block * row values each), or the FP8 block layout
   Indexes& indexes(const stream::StreamLayout& layout, int32_t tile, cudaStream_t stream);
   // (window: the model's row-exact sliding window for the executor, 0: none.)
   attn::AttentionArgs local_pass(const stream::StreamLayout& lay, Indexes& ix, int32_t n, bf16* q_rot, bf16* wk,
@@ -218,14 +220,18 @@ class GpuStreamingKV : public GpuKVPolicy {
   StreamingKV::ChunkKind chunk_kind_ = StreamingKV::ChunkKind::Prefill;
   cudaEvent_t ready_ = nullptr, blocks_in_ = nullptr;
   // Pinned slabs: 256 blocks each; next_ the first free block of the last slab.
-  std::vector<bf16*> slabs_;
+  std::vector<uint8_t*> slabs_;
   int64_t slab_used_ = 0;
-  int64_t block_values_ = 0;  // bf16 values of one block's K and V
+  int64_t block_bytes_ = 0;  // one block's K and V: bf16, or FP8 codes and scales (stream_kernels.h)
+  // StreamOptions::host_fp8: evicted blocks quantized into evict_stage_ on the copy stream before their copy out,
+  // kept FP8 in pinned memory and in the block cache, dequantized into the workspace (stream_kernels.h).
+  bool fp8_ = false;
+  attn::gpu::DeviceBuffer<uint8_t> evict_stage_;
   // The reserve thread: allocates slabs up to want_slabs_ into ready_slabs_.
   std::thread reserver_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<bf16*> ready_slabs_;
+  std::vector<uint8_t*> ready_slabs_;
   int64_t want_slabs_ = 0, made_slabs_ = 0;
   bool stop_ = false;
   std::string reserve_error_;

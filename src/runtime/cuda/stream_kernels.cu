@@ -1,6 +1,7 @@
 #include "runtime/cuda/stream_kernels.h"
 
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -8,6 +9,7 @@
 
 #include "core/error.h"
 #include "cuda/cuda_check.h"
+#include "runtime/cuda/fp8_quant.h"
 
 namespace tessera::runtime::gpu {
 
@@ -78,6 +80,24 @@ __global__ void copy_rows_kernel(T* dst_k, T* dst_v, int64_t row_units, StreamRo
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// Block blockIdx.y of c, K (blockIdx.z 0) or V (1): codes and scales of the block layout above into bf16 rows.
+__global__ void dequantize_blocks_kernel(nbf* dst_k, nbf* dst_v, int64_t block_rows, int heads, int d,
+                                         StreamFp8Blocks c) {
+  const int i = static_cast<int>(blockIdx.y);
+  const int kv = static_cast<int>(blockIdx.z);
+  const int64_t row = static_cast<int64_t>(heads) * d;
+  const uint8_t* codes = c.src[i] + kv * block_rows * row;
+  const float* scales = reinterpret_cast<const float*>(c.src[i] + 2 * block_rows * row) + kv * block_rows * heads;
+  nbf* dst = (kv == 0 ? dst_k : dst_v) + static_cast<int64_t>(c.dst_row[i]) * row;
+  const int64_t total = block_rows * row;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    __nv_fp8_e4m3 q;
+    q.__x = codes[idx];
+    dst[idx] = __float2bfloat16_rn(static_cast<float>(q) * scales[idx / d]);
+  }
+}
+
 }  // namespace
 
 void stream_copy_rows(bf16* dst_k, bf16* dst_v, int64_t row, const StreamRowCopies& c, cudaStream_t stream) {
@@ -102,6 +122,34 @@ void stream_copy_rows(bf16* dst_k, bf16* dst_v, int64_t row, const StreamRowCopi
     copy_rows_kernel<nbf><<<grid, threads, 0, stream>>>(reinterpret_cast<nbf*>(dst_k), reinterpret_cast<nbf*>(dst_v),
                                                         units, c);
   check_launch("stream_copy_rows");
+}
+
+int64_t stream_fp8_block_bytes(int64_t rows, int heads, int d) {
+  return 2 * rows * (static_cast<int64_t>(heads) * d + static_cast<int64_t>(heads) * static_cast<int64_t>(sizeof(float)));
+}
+
+void stream_quantize_block(const bf16* k, const bf16* v, int64_t rows, int heads, int d, uint8_t* dst,
+                           cudaStream_t stream) {
+  if (rows <= 0) return;
+  check(aligned16(dst), "stream_quantize_block: the block must be 16-byte aligned");
+  const int64_t row = static_cast<int64_t>(heads) * d;
+  float* scales = reinterpret_cast<float*>(dst + 2 * rows * row);
+  quantize_e4m3_rows(k, d, rows * heads, d, dst, scales, stream);
+  quantize_e4m3_rows(v, d, rows * heads, d, dst + rows * row, scales + rows * heads, stream);
+}
+
+void stream_dequantize_blocks(bf16* dst_k, bf16* dst_v, int64_t block_rows, int heads, int d, const StreamFp8Blocks& c,
+                              cudaStream_t stream) {
+  if (c.count <= 0 || block_rows <= 0) return;
+  check(c.count <= StreamFp8Blocks::kMax, "stream_dequantize_blocks: more than " +
+                                              std::to_string(StreamFp8Blocks::kMax) + " blocks in one launch");
+  const int threads = 256;
+  const int64_t total = block_rows * heads * d;
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((total + threads - 1) / threads, 64)),
+                  static_cast<unsigned>(c.count), 2);
+  dequantize_blocks_kernel<<<grid, threads, 0, stream>>>(reinterpret_cast<nbf*>(dst_k), reinterpret_cast<nbf*>(dst_v),
+                                                         block_rows, heads, d, c);
+  check_launch("stream_dequantize_blocks");
 }
 
 void stream_rope_rows(bf16* x, int64_t rows, int64_t ld, int heads, int d, const float* inv_freq, int64_t pos0,

@@ -37,4 +37,26 @@ struct StreamRowCopies {
 // Copies c's ranges (count <= kMax); `row`: bf16 values per row of every range and of the destination.
 void stream_copy_rows(bf16* dst_k, bf16* dst_v, int64_t row, const StreamRowCopies& c, cudaStream_t stream);
 
+// FP8 evicted blocks (StreamOptions::host_fp8). One block of `rows` tokens is, contiguous and 16-byte aligned:
+// K codes [rows, heads * d], V codes [rows, heads * d] (E4M3), K scales [rows, heads], V scales [rows, heads] (f32):
+// each (token, head) vector of d values has its own scale amax / 448 (core/fp8.h's per-row convention with a "row"
+// of d values), so a token's outlier head does not flatten the others.
+int64_t stream_fp8_block_bytes(int64_t rows, int heads, int d);
+// Quantizes k and v ([rows, heads * d] bf16 each, contiguous, 16-byte aligned; d a multiple of 8) into the block at
+// dst: the codes and scales of quantize_e4m3_rows (runtime/cuda/fp8_quant.h), equal to core/fp8.h's e4m3_quantize
+// with Fp8Scaling::kRow over [rows * heads, d] bit for bit.
+void stream_quantize_block(const bf16* k, const bf16* v, int64_t rows, int heads, int d, uint8_t* dst,
+                           cudaStream_t stream);
+// Dequantizes FP8 blocks of `block_rows` tokens into the workspace in one launch: block i (src[i]) to rows
+// [dst_row[i], dst_row[i] + block_rows) of dst_k / dst_v ([*, heads * d] bf16). A value is bf16(e4m3_to_float(code) *
+// scale), rounded to nearest even: the host's e4m3_to_float and f32_to_bf16, bit for bit (stream_gpu_test).
+struct StreamFp8Blocks {
+  static constexpr int kMax = 48;
+  const uint8_t* src[kMax];
+  int32_t dst_row[kMax];
+  int32_t count = 0;
+};
+void stream_dequantize_blocks(bf16* dst_k, bf16* dst_v, int64_t block_rows, int heads, int d, const StreamFp8Blocks& c,
+                              cudaStream_t stream);
+
 }  // namespace tessera::runtime::gpu

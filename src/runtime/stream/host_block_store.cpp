@@ -21,11 +21,13 @@ HostBlockStore::HostBlockStore(int32_t num_layers, int32_t num_kv_heads, int32_t
       v_(static_cast<size_t>(num_layers)) {
   check(budget_bytes > 0, "streaming host store: the budget must be positive, got " + std::to_string(budget_bytes));
   check(block_tokens > 0, "streaming host store: block_tokens must be positive");
-  check(element_bytes == 4 || element_bytes == 2, "streaming host store: values are 4 (f32) or 2 (bf16) bytes");
+  check(element_bytes == 4 || element_bytes == 2 || element_bytes == 1,
+        "streaming host store: values are 4 (f32), 2 (bf16) or 1 (FP8 E4M3 with a scale per token and head) bytes");
+  scale_bytes_ = element_bytes == 1 ? static_cast<int64_t>(num_kv_heads) * 4 : 0;
 }
 
 int64_t HostBlockStore::block_bytes() const {
-  return 2 * static_cast<int64_t>(block_tokens_) * row_ * static_cast<int64_t>(element_bytes_);
+  return 2 * static_cast<int64_t>(block_tokens_) * (row_ * static_cast<int64_t>(element_bytes_) + scale_bytes_);
 }
 
 void HostBlockStore::check_room(int32_t layer) const {
@@ -50,7 +52,7 @@ void HostBlockStore::account(int32_t layer) {
 
 void HostBlockStore::add(int32_t layer, std::span<const float> k, std::span<const float> v) {
   const auto floats = static_cast<size_t>(block_tokens_ * row_);
-  check(element_bytes_ == 4, "streaming host store: add() holds f32 rows; this store only accounts bf16 blocks");
+  check(element_bytes_ == 4, "streaming host store: add() holds f32 rows; this store only accounts the GPU path's blocks");
   check(k.size() == floats && v.size() == floats, "streaming host store: a block is " + std::to_string(floats) +
                                                       " floats of K and of V, got " + std::to_string(k.size()) +
                                                       " and " + std::to_string(v.size()));

@@ -24,8 +24,9 @@ namespace tessera::runtime::stream {
 class HostBlockStore {
  public:
   HostBlockStore() = default;
-  // budget_bytes: the store's limit (> 0). element_bytes: bytes per stored value, 4 (f32, this store's own rows)
-  // or 2 (bf16: the GPU path's pinned blocks, which only account() here).
+  // budget_bytes: the store's limit (> 0). element_bytes: bytes per stored value, 4 (f32, this store's own rows),
+  // 2 (bf16: the GPU path's pinned blocks, which only account() here) or 1 (the GPU path's FP8 blocks,
+  // StreamOptions::host_fp8: E4M3 codes and an f32 scale per token and kv head, for K and for V).
   HostBlockStore(int32_t num_layers, int32_t num_kv_heads, int32_t head_dim, int32_t block_tokens,
                  int64_t budget_bytes, int32_t element_bytes = 4);
 
@@ -41,7 +42,7 @@ class HostBlockStore {
   std::span<const float> k(int32_t layer, int32_t b) const { return k_[static_cast<size_t>(layer)][static_cast<size_t>(b)]; }
   std::span<const float> v(int32_t layer, int32_t b) const { return v_[static_cast<size_t>(layer)][static_cast<size_t>(b)]; }
 
-  int64_t block_bytes() const;  // one block of one layer, K and V (element_bytes each)
+  int64_t block_bytes() const;  // one block of one layer, K and V (element_bytes each, and FP8's scales)
   int64_t bytes() const { return bytes_; }
   int64_t budget() const { return budget_; }
   int32_t block_tokens() const { return block_tokens_; }
@@ -53,6 +54,7 @@ class HostBlockStore {
   int32_t num_layers_ = 0, block_tokens_ = 0, element_bytes_ = 4;
   std::vector<int32_t> counts_;  // blocks per layer
   int64_t row_ = 0;  // floats per token: kv_heads * head_dim
+  int64_t scale_bytes_ = 0;  // per token of K (or V): FP8's scales (kv_heads f32), else 0
   int64_t budget_ = 0, bytes_ = 0, held_ = 0;
   std::vector<std::vector<std::vector<float>>> k_, v_;  // [layer][block]
 };

@@ -48,6 +48,11 @@ struct StreamOptions {
   int32_t top_k = 32;        // blocks retrieved per chunk (streamingllm: 0)
   // Host memory for evicted blocks, bytes (0: the process's host memory budget, core/memory_budget.h).
   int64_t host_budget = 0;
+  // The GPU path's evicted blocks in FP8 (`--stream-host-kv fp8`): E4M3 codes with an f32 scale per token and kv
+  // head (amax / 448), quantized on the device before the copy to pinned host memory and dequantized into the
+  // attention's workspace after the copy back — 0.52x the bytes of bf16 blocks (host memory and PCIe traffic) for the
+  // retrieved keys' and values' rounding. The CPU path keeps f32 blocks whatever this says.
+  bool host_fp8 = false;
 
   // Ltri-LLM: span discovery (span_discovery.h) and dynamic index vectors (span_index.h).
   double theta_quantile = 0.9;  // threshold theta = this quantile of the summed attention map's causal entries

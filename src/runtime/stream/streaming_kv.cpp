@@ -54,7 +54,7 @@ StreamingKV::StreamingKV(const ModelConfig& config, StreamOptions options, Stora
   for (Layer& l : layers_) l.repr_index = stream::ReprIndex(shape_);
   const int64_t budget = opt_.host_budget > 0 ? opt_.host_budget : host_memory_budget().bytes;
   store_ = stream::HostBlockStore(cfg_.num_layers, cfg_.num_kv_heads, cfg_.head_dim, opt_.block, budget,
-                                  storage_ == Storage::Host ? 4 : 2);
+                                  storage_ == Storage::Host ? 4 : opt_.host_fp8 ? 1 : 2);
   best_head_.assign(static_cast<size_t>(cfg_.num_layers), -1);
   best_score_.assign(static_cast<size_t>(cfg_.num_layers), 0.0);
   for (const RetrievalHead& h : opt_.retrieval_heads) {

@@ -34,6 +34,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/fp8.h"
 #include "core/thread_pool.h"
 #include "cuda/device_buffer.h"
 #include "model/model_config.h"
@@ -716,6 +717,130 @@ TEST(StreamGpu, CopyRowsEqualsAMemcpyPerRange) {
     FAIL() << "no error past kMax ranges";
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(), "stream_copy_rows: more than 48 ranges in one launch");
+  }
+}
+
+// The FP8 block of stream_quantize_block against core/fp8.h (codes and scales bit for bit: per (token, head) vector
+// of d values), and stream_dequantize_blocks against the host's bf16(e4m3_to_float(code) * scale), bit for bit,
+// two blocks into a workspace whose other rows stay as they were; the outlier head of a token keeps its own scale.
+TEST(StreamGpu, Fp8BlocksEqualTheHostTwin) {
+  REQUIRE_GPU();
+  const int B = 64, heads = 2, d = 64;
+  const int64_t row = heads * d, values = B * row;
+  std::mt19937 rng(29);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<std::vector<bf16>> hk(2, std::vector<bf16>(static_cast<size_t>(values))), hv = hk;
+  for (int blk = 0; blk < 2; ++blk)
+    for (int64_t j = 0; j < values; ++j) {
+      hk[static_cast<size_t>(blk)][static_cast<size_t>(j)] = f32_to_bf16(g(rng) * (j % 97 == 0 ? 40.0f : 1.0f));
+      hv[static_cast<size_t>(blk)][static_cast<size_t>(j)] = f32_to_bf16(g(rng));
+    }
+  const int64_t bytes = stream_fp8_block_bytes(B, heads, d);
+  ASSERT_EQ(bytes, 2 * B * (row + heads * 4));
+  attn::gpu::DeviceBuffer<uint8_t> blocks(static_cast<size_t>(2 * bytes));
+  std::vector<attn::gpu::DeviceBuffer<bf16>> dk, dv;
+  for (int blk = 0; blk < 2; ++blk) {
+    dk.emplace_back(static_cast<size_t>(values));
+    dv.emplace_back(static_cast<size_t>(values));
+    dk.back().upload(hk[static_cast<size_t>(blk)]);
+    dv.back().upload(hv[static_cast<size_t>(blk)]);
+    stream_quantize_block(dk.back().data(), dv.back().data(), B, heads, d, blocks.data() + blk * bytes, nullptr);
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<uint8_t> got = blocks.download();
+  std::vector<std::vector<float>> want_kv;  // per block: K then V, dequantized as the host does
+  for (int blk = 0; blk < 2; ++blk) {
+    const uint8_t* block = got.data() + blk * bytes;
+    std::vector<float> deq;
+    for (int kv = 0; kv < 2; ++kv) {
+      const std::vector<bf16>& x = (kv == 0 ? hk : hv)[static_cast<size_t>(blk)];
+      std::vector<float> xf(x.size());
+      for (size_t j = 0; j < x.size(); ++j) xf[j] = bf16_to_f32(x[j]);
+      std::vector<uint8_t> codes(static_cast<size_t>(values));
+      std::vector<float> scales(static_cast<size_t>(B * heads));
+      e4m3_quantize(xf.data(), d, B * heads, d, Fp8Scaling::kRow, codes.data(), scales.data());
+      EXPECT_EQ(0, std::memcmp(block + kv * values, codes.data(), codes.size())) << "codes, block " << blk << " kv " << kv;
+      EXPECT_EQ(0, std::memcmp(block + 2 * values + kv * B * heads * 4, scales.data(), scales.size() * 4))
+          << "scales, block " << blk << " kv " << kv;
+      for (int64_t j = 0; j < values; ++j)
+        deq.push_back(bf16_to_f32(f32_to_bf16(e4m3_to_float(codes[static_cast<size_t>(j)]) * scales[static_cast<size_t>(j / d)])));
+    }
+    want_kv.push_back(std::move(deq));
+  }
+  // Into a workspace of 2B + 7 rows: block 1 at row 3, block 0 at row B + 5; rows 0-2 and B+3, B+4 and the last 2 as
+  // they were.
+  const int64_t ws_rows = 2 * B + 7;
+  std::vector<bf16> ws(static_cast<size_t>(ws_rows * row));
+  for (size_t j = 0; j < ws.size(); ++j) ws[j] = f32_to_bf16(static_cast<float>(j % 11));
+  std::vector<bf16> want_k = ws, want_v = ws;
+  attn::gpu::DeviceBuffer<bf16> wk(ws.size()), wv(ws.size());
+  wk.upload(ws);
+  wv.upload(ws);
+  StreamFp8Blocks c;
+  c.src[0] = blocks.data() + bytes;
+  c.dst_row[0] = 3;
+  c.src[1] = blocks.data();
+  c.dst_row[1] = B + 5;
+  c.count = 2;
+  for (int i = 0; i < 2; ++i) {
+    const std::vector<float>& deq = want_kv[static_cast<size_t>(1 - i)];
+    for (int64_t j = 0; j < values; ++j) {
+      want_k[static_cast<size_t>(c.dst_row[i] * row + j)] = f32_to_bf16(deq[static_cast<size_t>(j)]);
+      want_v[static_cast<size_t>(c.dst_row[i] * row + j)] = f32_to_bf16(deq[static_cast<size_t>(values + j)]);
+    }
+  }
+  stream_dequantize_blocks(wk.data(), wv.data(), B, heads, d, c, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<bf16> got_k = wk.download(), got_v = wv.download();
+  EXPECT_EQ(0, std::memcmp(got_k.data(), want_k.data(), ws.size() * sizeof(bf16)));
+  EXPECT_EQ(0, std::memcmp(got_v.data(), want_v.data(), ws.size() * sizeof(bf16)));
+  // The round trip's error: within E4M3's half step (2^-4 relative) of each vector's scale.
+  double worst = 0;
+  for (int64_t j = 0; j < values; ++j) {
+    const float x = bf16_to_f32(hv[0][static_cast<size_t>(j)]);
+    worst = std::max(worst, static_cast<double>(std::fabs(want_kv[0][static_cast<size_t>(values + j)] - x)));
+  }
+  EXPECT_LT(worst, 0.5);  // |v| of N(0, 1) values below ~5: a step of 2^-4 x 4-8, halved, plus bf16's rounding
+}
+
+// Evicted blocks in FP8 (StreamOptions::host_fp8) against bf16, same engine otherwise, both retrieving methods: the
+// same evictions into 0.53x the pinned bytes (the FP8 block with its scales against bf16's), logits close to bf16's
+// (the retrieved keys and values rounded to E4M3 per token and head) but not equal (the FP8 path ran), over prefill
+// past many evictions, decode steps and a reset.
+TEST(StreamGpu, Fp8HostBlocksHalveThePinnedBytesAndStayClose) {
+  REQUIRE_GPU();
+  const ModelConfig cfg = small_config(2);
+  const auto model = DeviceModel::random(cfg, 6);
+  const std::vector<int32_t> tokens = random_tokens(1500, cfg.vocab_size, 17);
+  for (StreamMethod m : {StreamMethod::Ltri, StreamMethod::InfLLM}) {
+    SCOPED_TRACE(stream_method_name(m));
+    const GpuEngineOptions so = evicting_stream(m, 3);
+    GpuEngineOptions fo = so;
+    fo.stream.host_fp8 = true;
+    GpuEngine bf(*model, so), f8(*model, fo);
+    for (int round = 0; round < 2; ++round) {
+      const std::vector<float> a = bf.prefill(tokens), b = f8.prefill(tokens);
+      const double e = rel_l2(a, b);
+      EXPECT_GT(e, 0.0) << "round " << round;
+      EXPECT_LT(e, 0.1) << "round " << round;
+      for (int i = 0; i < 3; ++i) {
+        const double ed = rel_l2(bf.decode(tokens[static_cast<size_t>(i)]), f8.decode(tokens[static_cast<size_t>(i)]));
+        EXPECT_LT(ed, 0.1) << "decode step " << i;
+      }
+      std::printf("[ fp8 host ] %s round %d: prefill logits rel L2 %.5f from bf16 blocks\n", stream_method_name(m),
+                  round, e);
+      const GpuStreamStats& sb = bf.gpu_streaming()->gpu_stats();
+      const GpuStreamStats& s8 = f8.gpu_streaming()->gpu_stats();
+      EXPECT_GT(s8.blocks_to_host, 10);
+      EXPECT_EQ(s8.blocks_to_host, sb.blocks_to_host);
+      EXPECT_GT(s8.blocks_to_device + s8.blocks_cached, 0);
+      const int64_t row = static_cast<int64_t>(cfg.num_kv_heads) * cfg.head_dim;
+      const int64_t bf_block = 2 * 64 * row * 2, f8_block = 2 * 64 * (row + cfg.num_kv_heads * 4);
+      EXPECT_EQ(s8.pinned_bytes * bf_block, sb.pinned_bytes * f8_block);
+      EXPECT_GT(s8.pinned_bytes, 0);
+      bf.reset();
+      f8.reset();
+    }
   }
 }
 
