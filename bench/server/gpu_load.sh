@@ -76,16 +76,8 @@ SMOLLM2_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 rm -f "$OUT"/load.csv "$OUT"/load.json "$OUT"/mixed.csv "$OUT"/mixed.json "$OUT"/mixed_requests.csv "$OUT"/summary.md
 exec > >(tee "$OUT/gpu_load.log") 2>&1
 
-pid=""
-stop_server() {
-  [ -n "$pid" ] || return 0
-  kill "$pid" 2> /dev/null
-  for _ in $(seq 50); do kill -0 "$pid" 2> /dev/null || break; sleep 0.2; done
-  kill -9 "$pid" 2> /dev/null
-  wait "$pid" 2> /dev/null
-  pid=""
-}
-trap stop_server EXIT
+# shellcheck source=bench/server/serve_lib.sh
+. bench/server/serve_lib.sh  # $pid, stop_server (the EXIT trap)
 left() { echo $((BUDGET_S - ($(date +%s) - START))); }
 min() { [ "$1" -lt "$2" ] && echo "$1" || echo "$2"; }
 

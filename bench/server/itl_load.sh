@@ -32,16 +32,8 @@ PROMPT_WORDS=${PROMPT_WORDS:-1000:6000}
 PORT=${PORT:-18191}
 URL=http://127.0.0.1:$PORT
 PY=${PYTHON:-python3}
-pid=""
-stop_server() {
-  [ -n "$pid" ] || return 0
-  kill "$pid" 2> /dev/null
-  for _ in $(seq 50); do kill -0 "$pid" 2> /dev/null || break; sleep 0.2; done
-  kill -9 "$pid" 2> /dev/null
-  wait "$pid" 2> /dev/null
-  pid=""
-}
-trap stop_server EXIT
+# shellcheck source=bench/server/serve_lib.sh
+. bench/server/serve_lib.sh  # $pid, stop_server (the EXIT trap)
 snap() { "$PY" bench/server/server_metrics.py snap "$URL" "$OUT/$1"; }
 IFS=';' read -r -a variants <<< "${VARIANTS:-none;--step-tokens 512}"
 n=0
