@@ -627,7 +627,8 @@ void StreamDecider::synced() {
     prof_.spans += t[kSpans];
     prof_.masses += t[kMasses];
     prof_.keys += t[kKeys];
-    prof_.scores += t[kScores];
+    prof_.scores += t[kScores] + t[kScoresWide];
+    prof_.scores_wide += t[kScoresWide];
   }
   if (!pending_) return;
   pending_ = false;
@@ -1046,7 +1047,8 @@ void StreamDecider::fused_scores(Mirror& M, int64_t m, int32_t T, std::span<cons
 std::vector<double> StreamDecider::ltri_scores(int32_t layer, const stream::SpanIndex& index, const bf16* q,
                                                std::span<const int32_t> tokens, std::span<const int32_t> counts,
                                                const stream::HeadWeights& w, cudaStream_t s) {
-  begin(kScores, s);
+  const Section section = index.kv_heads_kept() > 1 ? kScoresWide : kScores;
+  begin(section, s);
   mirror(layer, index, s);
   Mirror& M = mirrors_[static_cast<size_t>(layer)];
   const int32_t blocks = index.num_blocks();
@@ -1054,7 +1056,7 @@ std::vector<double> StreamDecider::ltri_scores(int32_t layer, const stream::Span
   const auto m = static_cast<int64_t>(tokens.size());
   const int64_t S = M.spans, V = M.vectors;
   if (blocks == 0) {
-    end(kScores, s);
+    end(section, s);
     return {};
   }
   // Voting heads (weights in head order).
@@ -1102,7 +1104,7 @@ std::vector<double> StreamDecider::ltri_scores(int32_t layer, const stream::Span
   block_kernel<<<(blocks + kBlockWarps - 1) / kBlockWarps, 32 * kBlockWarps, 0, s>>>(sim_.data(), M.block_begin.data(),
                                                                                     blocks, T, S, block_scores_.data());
   check_launch("stream ltri scores: blocks");
-  end(kScores, s);
+  end(section, s);
   return download_scores(blocks, s);
 }
 

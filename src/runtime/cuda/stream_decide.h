@@ -128,6 +128,7 @@ class StreamDecider {
     double masses = 0;   // the cover spans' masses
     double keys = 0;     // the evictions' index keys gathered from the ring (into Ltri's mirror / back for InfLLM)
     double scores = 0;   // block scoring: mirror updates, query gather, GEMMs / fused kernel, sim, per-block reduce
+    double scores_wide = 0;  // ... of which Ltri's layers whose index keeps several kv heads (every head votes)
     int64_t waits = 0;   // host synchronisations with the stream (counted whether profiling or not)
   };
   void profile(bool on);
@@ -165,7 +166,7 @@ class StreamDecider {
     int64_t blocks = 0, capacity = 0;
   };
   void synced();  // after a synchronisation: launch_chunk()'s candidates compacted (once); the profile's events summed
-  enum Section { kMap = 0, kSpans = 1, kMasses = 2, kKeys = 3, kScores = 4 };
+  enum Section { kMap = 0, kSpans = 1, kMasses = 2, kKeys = 3, kScores = 4, kScoresWide = 5 };
   void begin(Section what, cudaStream_t s);
   void end(Section what, cudaStream_t s);
   std::unique_ptr<EventTimer> timer_;  // profile(true) only
