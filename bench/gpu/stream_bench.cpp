@@ -36,7 +36,7 @@
 // before the batched copies); "-overlap" the device decisions on a second stream while the compute stream runs the
 // local pass (TESSERA_STREAM_OVERLAP=1; the default: one stream, the local pass after the decisions; the rows of
 // commit 97b90db, where overlap was the default, name that "-serial"); "-cache1" a block cache of top_k slots per
-// layer (TESSERA_STREAM_CACHE=1; default 4x); "-profile" that row's sections timed (TESSERA_STREAM_PROFILE=1). An
+// layer (TESSERA_STREAM_CACHE=1; default 4x), "-cache16" of 16 x top_k (any of 1, 2, 8, 16, 32); "-profile" that row's sections timed (TESSERA_STREAM_PROFILE=1). An
 // engine is dropped after the last length's row (its pinned slabs with it), so that several rows' pinned memory is
 // not held at once.
 //
@@ -302,6 +302,10 @@ int main(int argc, char** argv) {
             for (const auto& [sfx, var, val] : {std::tuple<std::string, const char*, const char*>{"-each", "TESSERA_STREAM_COPIES", "each"},
                                                 {"-overlap", "TESSERA_STREAM_OVERLAP", "1"},
                                                 {"-cache1", "TESSERA_STREAM_CACHE", "1"},
+                                                {"-cache2", "TESSERA_STREAM_CACHE", "2"},
+                                                {"-cache8", "TESSERA_STREAM_CACHE", "8"},
+                                                {"-cache16", "TESSERA_STREAM_CACHE", "16"},
+                                                {"-cache32", "TESSERA_STREAM_CACHE", "32"},
                                                 {"-profile", "TESSERA_STREAM_PROFILE", "1"}})
               if (spec_bf16.size() > sfx.size() && spec_bf16.substr(spec_bf16.size() - sfx.size()) == sfx) {
                 spec_bf16 = spec_bf16.substr(0, spec_bf16.size() - sfx.size());

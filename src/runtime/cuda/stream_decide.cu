@@ -523,7 +523,7 @@ StreamDecider::StreamDecider(const ModelConfig& cfg)
   const char* scoring = std::getenv("TESSERA_LTRI_SCORING");
   const std::string how = scoring != nullptr ? scoring : kDefaultLtriScoring;
   check(how == "fused" || how == "gemm" || how == "gemm-serial",
-        "TESSERA_LTRI_SCORING must be fused, gemm or gemm-serial, got '" + how + "'");
+        [&] { return "TESSERA_LTRI_SCORING must be fused, gemm or gemm-serial, got '" + how + "'"; });
   fused_ = how == "fused" && d_ % 16 == 0 && d_ <= 256;
   serial_sim_ = how == "gemm-serial";
   if (fused_)
@@ -905,8 +905,10 @@ void StreamDecider::mirror(int32_t layer, const stream::SpanIndex& index, cudaSt
     M.vectors = vectors;
   } else {  // the keys were appended here as they were gathered (append_index_keys)
     set_mirror_heads(M, index.kv_head_begin(), index.kv_heads_kept());
-    check(M.vectors == vectors, "GPU streaming: the device's index mirror holds " + std::to_string(M.vectors) +
-                                    " vectors, the span index " + std::to_string(vectors));
+    check(M.vectors == vectors, [&] {
+      return "GPU streaming: the device's index mirror holds " + std::to_string(M.vectors) +
+             " vectors, the span index " + std::to_string(vectors);
+    });
   }
   if (spans > M.spans) {
     int64_t cap = M.span_capacity;
@@ -954,9 +956,11 @@ void StreamDecider::mirror(int32_t layer, const stream::SpanIndex& index, cudaSt
       M.block_begin_host[static_cast<size_t>(b) + 1] =
           M.block_begin_host[static_cast<size_t>(b)] + static_cast<int32_t>(bs.size());
     }
-    check(M.block_begin_host[static_cast<size_t>(blocks)] == spans,
-          "GPU streaming: the span index's blocks hold " + std::to_string(M.block_begin_host[static_cast<size_t>(blocks)]) +
-              " spans, the index " + std::to_string(spans) + " (a block gained spans after a later one)");
+    check(M.block_begin_host[static_cast<size_t>(blocks)] == spans, [&] {
+      return "GPU streaming: the span index's blocks hold " +
+             std::to_string(M.block_begin_host[static_cast<size_t>(blocks)]) + " spans, the index " +
+             std::to_string(spans) + " (a block gained spans after a later one)";
+    });
     int64_t cap = M.block_capacity;
     grow(M.block_begin, cap, static_cast<int64_t>(blocks) + 1, M.blocks > 0 ? from + 1 : 0, 1, s);
     M.block_capacity = cap;
@@ -1066,8 +1070,10 @@ std::vector<double> StreamDecider::ltri_scores(int32_t layer, const stream::Span
   for (int32_t hh = 0; hh < nq_; ++hh)
     if (w[static_cast<size_t>(hh)] != 0) {
       const int32_t g = hh / group - M.head_begin;  // within the kept kv heads
-      check(g >= 0 && static_cast<int64_t>(g) * d_ < M.row, "GPU streaming: query head " + std::to_string(hh) +
-                                                                " votes, but its kv head is not in the index");
+      check(g >= 0 && static_cast<int64_t>(g) * d_ < M.row, [&] {
+        return "GPU streaming: query head " + std::to_string(hh) +
+               " votes, but its kv head is not in the index";
+      });
       heads.push_back(hh);
       weights.push_back(w[static_cast<size_t>(hh)]);
     }

@@ -115,10 +115,13 @@ GpuStreamingKV::GpuStreamingKV(const ModelConfig& config, StreamOptions options)
   qrow_ = static_cast<int64_t>(cfg_.num_q_heads) * cfg_.head_dim;
   fp8_ = opt_.host_fp8;
   if (fp8_)
-    check(cfg_.head_dim % 8 == 0 && (static_cast<int64_t>(opt_.block) * cfg_.num_kv_heads) % 4 == 0,
-          "GPU streaming: FP8 evicted blocks need a head_dim that is a multiple of 8 and block x kv heads a multiple "
-          "of 4, got head_dim " + std::to_string(cfg_.head_dim) + ", block " + std::to_string(opt_.block) + ", " +
-              std::to_string(cfg_.num_kv_heads) + " kv heads");
+    check(cfg_.head_dim % 8 == 0 && (static_cast<int64_t>(opt_.block) * cfg_.num_kv_heads) % 4 == 0, [&] {
+      return "GPU streaming: FP8 evicted blocks need a head_dim that is a multiple of 8 and block x kv heads "
+             "a multiple "
+             "of 4, got head_dim " +
+             std::to_string(cfg_.head_dim) + ", block " + std::to_string(opt_.block) + ", " +
+             std::to_string(cfg_.num_kv_heads) + " kv heads";
+    });
   block_bytes_ = fp8_ ? stream_fp8_block_bytes(opt_.block, cfg_.num_kv_heads, cfg_.head_dim)
                       : 2 * static_cast<int64_t>(opt_.block) * row_ * static_cast<int64_t>(sizeof(bf16));
   layers_.resize(static_cast<size_t>(cfg_.num_layers));
@@ -141,8 +144,10 @@ GpuStreamingKV::GpuStreamingKV(const ModelConfig& config, StreamOptions options)
   overlap_ = ov != nullptr && std::string(ov) == "1";
   const char* slots = std::getenv("TESSERA_STREAM_CACHE");
   const int64_t factor = slots != nullptr ? std::atoll(slots) : kCacheFactor;
-  check(factor >= 1 && factor <= 64, "TESSERA_STREAM_CACHE must be 1 to 64 (block cache slots per retrieved block), got '" +
-                                         std::string(slots != nullptr ? slots : "") + "'");
+  check(factor >= 1 && factor <= 64, [&] {
+    return "TESSERA_STREAM_CACHE must be 1 to 64 (block cache slots per retrieved block), got '" +
+           std::string(slots != nullptr ? slots : "") + "'";
+  });
   cache_slots_ = std::max<int64_t>(opt_.top_k, 1) * factor;
   const char* copies = std::getenv("TESSERA_STREAM_COPIES");
   batched_copies_ = copies == nullptr || std::string(copies) != "each";
@@ -251,8 +256,10 @@ void GpuStreamingKV::ensure_device(int32_t n) {
       }
     }
   }
-  check(n <= max_chunk_, "GPU streaming: a chunk of " + std::to_string(n) + " tokens, over the " +
-                             std::to_string(max_chunk_) + " the buffers were sized for");
+  check(n <= max_chunk_, [&] {
+    return "GPU streaming: a chunk of " + std::to_string(n) + " tokens, over the " +
+           std::to_string(max_chunk_) + " the buffers were sized for";
+  });
   const int64_t ws_rows = opt_.attended_tokens() + max_chunk_ + B;
   if (ws_k_.size() < static_cast<size_t>(ws_rows * row_)) {
     ws_k_.resize(static_cast<size_t>(ws_rows * row_));
@@ -451,8 +458,10 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
         copy_from_ring(L.ring_v, p, pos - p, wv + at * row_, s);
         at += pos - p;
       }
-      check(at == G + lay_local.local, "GPU streaming: the local window holds " + std::to_string(at - G) + " rows, the layout " +
-                                     std::to_string(lay_local.local));
+      check(at == G + lay_local.local, [&] {
+        return "GPU streaming: the local window holds " + std::to_string(at - G) + " rows, the layout " +
+               std::to_string(lay_local.local);
+      });
       d2d(wk + at * row_, k, static_cast<size_t>(n) * row_bytes, s);
       d2d(wv + at * row_, v, static_cast<size_t>(n) * row_bytes, s);
       stream_rope_rows(wk + static_cast<int64_t>(G) * row_, lay_local.local + n, row_, nkv, d, inv_freq, local_begin, 1, s);
@@ -572,10 +581,12 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
     if (overlap) {  // the compute stream's later work (the chunk into the ring, q reused) after the decisions' reads
       TESSERA_CUDA_CHECK(cudaEventRecord(decided_, ds));
       TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, decided_, 0));
-      check(lay.global == pred.global && lay.local == pred.local && lay.chunk == pred.chunk,
-            "GPU streaming: internal: the layout [" + std::to_string(lay.global) + " | " + std::to_string(lay.local) +
-                " | " + std::to_string(lay.chunk) + "] differs from the one the local pass ran on [" +
-                std::to_string(pred.global) + " | " + std::to_string(pred.local) + " | " + std::to_string(pred.chunk) + "]");
+      check(lay.global == pred.global && lay.local == pred.local && lay.chunk == pred.chunk, [&] {
+        return "GPU streaming: internal: the layout [" + std::to_string(lay.global) + " | " +
+               std::to_string(lay.local) + " | " + std::to_string(lay.chunk) +
+               "] differs from the one the local pass ran on [" + std::to_string(pred.global) + " | " +
+               std::to_string(pred.local) + " | " + std::to_string(pred.chunk) + "]";
+      });
     }
   } else if (maps) {
     bf16* hq = stage_.data();
@@ -762,8 +773,10 @@ void GpuStreamingKV::store_window(LayerState& L, int32_t pos, int32_t n, const b
   const int32_t rows = pos + n - first;
   if (rows <= 0) return;
   const int64_t r0 = first - L.win_origin;
-  check(r0 >= opt_.sinks && r0 + rows <= win_rows_, "GPU streaming: the window buffer has no room for positions [" +
-                                                        std::to_string(first) + ", " + std::to_string(pos + n) + ")");
+  check(r0 >= opt_.sinks && r0 + rows <= win_rows_, [&] {
+    return "GPU streaming: the window buffer has no room for positions [" + std::to_string(first) + ", " +
+           std::to_string(pos + n) + ")";
+  });
   const size_t bytes = static_cast<size_t>(rows * row_) * sizeof(bf16);
   d2d(L.win_k.data() + r0 * row_, k + (first - pos) * row_, bytes, s);
   d2d(L.win_v.data() + r0 * row_, v + (first - pos) * row_, bytes, s);
@@ -777,9 +790,10 @@ void GpuStreamingKV::attend_window(int32_t layer, int32_t pos, int32_t n, const 
   const int32_t nq = cfg_.num_q_heads, d = cfg_.head_dim;
   const size_t row_bytes = static_cast<size_t>(row_) * sizeof(bf16);
   const int32_t G = lay.global, local_begin = opt_.sinks + host_.evicted_blocks() * opt_.block;
-  check(G == opt_.sinks && lay.local == pos - local_begin && host_.retrieved(layer).empty(),
-        "GPU streaming: the kept window expects [sinks | window | chunk], got a layout of " + std::to_string(G) + " + " +
-            std::to_string(lay.local) + " + " + std::to_string(lay.chunk));
+  check(G == opt_.sinks && lay.local == pos - local_begin && host_.retrieved(layer).empty(), [&] {
+    return "GPU streaming: the kept window expects [sinks | window | chunk], got a layout of " +
+           std::to_string(G) + " + " + std::to_string(lay.local) + " + " + std::to_string(lay.chunk);
+  });
   prof_mark(s);
   // The window [local_begin, pos) and the chunk must fit: else the window moves to the front (rows [sinks, ...);
   // the buffer holds more than twice the window, so the two ranges never overlap).
@@ -820,9 +834,10 @@ void GpuStreamingKV::attend_sliding(int32_t layer, int32_t pos, int32_t n, const
   const size_t row_bytes = static_cast<size_t>(row_) * sizeof(bf16);
   const int32_t held = lay.local;
   const int64_t rows = static_cast<int64_t>(L.win_k.size()) / row_;
-  check(lay.global == 0 && lay.chunk == n && held < window,
-        "GPU streaming: a sliding-window layer expects [window | chunk], got a layout of " + std::to_string(lay.global) +
-            " + " + std::to_string(held) + " + " + std::to_string(lay.chunk));
+  check(lay.global == 0 && lay.chunk == n && held < window, [&] {
+    return "GPU streaming: a sliding-window layer expects [window | chunk], got a layout of " +
+           std::to_string(lay.global) + " + " + std::to_string(held) + " + " + std::to_string(lay.chunk);
+  });
   prof_mark(s);
   // The held tokens [pos - held, pos) and the chunk must fit: else the held ones move to the front (the buffer holds
   // 2 (window - 1) + chunk rows, so the two ranges never overlap).

@@ -19,7 +19,9 @@ HostBlockStore::HostBlockStore(int32_t num_layers, int32_t num_kv_heads, int32_t
       budget_(budget_bytes),
       k_(static_cast<size_t>(num_layers)),
       v_(static_cast<size_t>(num_layers)) {
-  check(budget_bytes > 0, "streaming host store: the budget must be positive, got " + std::to_string(budget_bytes));
+  check(budget_bytes > 0, [&] {
+    return "streaming host store: the budget must be positive, got " + std::to_string(budget_bytes);
+  });
   check(block_tokens > 0, "streaming host store: block_tokens must be positive");
   check(element_bytes == 4 || element_bytes == 2 || element_bytes == 1,
         "streaming host store: values are 4 (f32), 2 (bf16) or 1 (FP8 E4M3 with a scale per token and head) bytes");
@@ -31,7 +33,8 @@ int64_t HostBlockStore::block_bytes() const {
 }
 
 void HostBlockStore::check_room(int32_t layer) const {
-  check(layer >= 0 && layer < num_layers_, "streaming host store: layer " + std::to_string(layer) + " out of range");
+  check(layer >= 0 && layer < num_layers_,
+        [&] { return "streaming host store: layer " + std::to_string(layer) + " out of range"; });
   const int64_t need = block_bytes();
   if (bytes_ + need > budget_) {
     throw Error("streaming host store is full: block " + std::to_string(blocks(layer)) + " of layer " +
@@ -53,9 +56,10 @@ void HostBlockStore::account(int32_t layer) {
 void HostBlockStore::add(int32_t layer, std::span<const float> k, std::span<const float> v) {
   const auto floats = static_cast<size_t>(block_tokens_ * row_);
   check(element_bytes_ == 4, "streaming host store: add() holds f32 rows; this store only accounts the GPU path's blocks");
-  check(k.size() == floats && v.size() == floats, "streaming host store: a block is " + std::to_string(floats) +
-                                                      " floats of K and of V, got " + std::to_string(k.size()) +
-                                                      " and " + std::to_string(v.size()));
+  check(k.size() == floats && v.size() == floats, [&] {
+    return "streaming host store: a block is " + std::to_string(floats) + " floats of K and of V, got " +
+           std::to_string(k.size()) + " and " + std::to_string(v.size());
+  });
   check_room(layer);
   const int64_t need = block_bytes();
   try {

@@ -129,8 +129,10 @@ std::vector<double> SpanIndex::block_scores(std::span<const float> queries, std:
   for (int32_t h = 0; h < nq && m > 0 && V > 0; ++h) {
     if (w[static_cast<size_t>(h)] == 0) continue;
     const int32_t g = shape_.kv_head(h) - head_begin_;  // within the kept heads
-    check(g >= 0 && g < heads_, "span index: query head " + std::to_string(h) + " votes, but its kv head " +
-                                    std::to_string(g + head_begin_) + " is not in the index");
+    check(g >= 0 && g < heads_, [&] {
+      return "span index: query head " + std::to_string(h) + " votes, but its kv head " +
+             std::to_string(g + head_begin_) + " is not in the index";
+    });
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(V), d, 1.0f,
                 queries.data() + static_cast<int64_t>(h) * d, static_cast<int>(qrow),
                 keys_.data() + static_cast<int64_t>(g) * d, static_cast<int>(row()), 0.0f, dots.data(), static_cast<int>(V));

@@ -49,9 +49,11 @@ void streaming_attention_cpu(const StreamLayout& l, const TensorView& q_local, c
                              const TensorView& k, const TensorView& v, const TensorView& out, float scale,
                              ThreadPool& pool, float* lse) {
   const int64_t n = l.chunk, nq = q_local.dim(1), d = q_local.dim(2);
-  check(q_local.dim(0) == n && k.dim(0) == l.kv_len(),
-        "streaming attention: " + std::to_string(q_local.dim(0)) + " queries and " + std::to_string(k.dim(0)) +
-            " keys for a layout of " + std::to_string(n) + " and " + std::to_string(l.kv_len()));
+  check(q_local.dim(0) == n && k.dim(0) == l.kv_len(), [&] {
+    return "streaming attention: " + std::to_string(q_local.dim(0)) + " queries and " +
+           std::to_string(k.dim(0)) + " keys for a layout of " + std::to_string(n) + " and " +
+           std::to_string(l.kv_len());
+  });
   const StreamIndexes ix = lower_stream_layout(l, static_cast<int32_t>(nq), 64);
 
   std::vector<float> lse_l(static_cast<size_t>(nq * n));

@@ -58,10 +58,11 @@ StreamingKV::StreamingKV(const ModelConfig& config, StreamOptions options, Stora
   best_head_.assign(static_cast<size_t>(cfg_.num_layers), -1);
   best_score_.assign(static_cast<size_t>(cfg_.num_layers), 0.0);
   for (const RetrievalHead& h : opt_.retrieval_heads) {
-    check(h.layer >= 0 && h.layer < cfg_.num_layers && h.head >= 0 && h.head < cfg_.num_q_heads,
-          "retrieval head (layer " + std::to_string(h.layer) + ", head " + std::to_string(h.head) + ") is outside model " +
-              cfg_.name + " (" + std::to_string(cfg_.num_layers) + " layers x " + std::to_string(cfg_.num_q_heads) +
-              " query heads)");
+    check(h.layer >= 0 && h.layer < cfg_.num_layers && h.head >= 0 && h.head < cfg_.num_q_heads, [&] {
+      return "retrieval head (layer " + std::to_string(h.layer) + ", head " + std::to_string(h.head) +
+             ") is outside model " + cfg_.name + " (" + std::to_string(cfg_.num_layers) + " layers x " +
+             std::to_string(cfg_.num_q_heads) + " query heads)";
+    });
     const auto l = static_cast<size_t>(h.layer);
     if (h.score > 0.1 && h.score > best_score_[l]) {
       best_head_[l] = h.head;
@@ -141,12 +142,33 @@ void StreamingKV::reset() {
 }
 
 void StreamingKV::begin_chunk(int32_t pos, int32_t n, ChunkKind kind) {
-  check(pos == length_, "streaming: a chunk at position " + std::to_string(pos) + " after " + std::to_string(length_) +
-                            " tokens (chunks must follow one another)");
+  check(pos == length_, [&] {
+    return "streaming: a chunk at position " + std::to_string(pos) + " after " + std::to_string(length_) +
+           " tokens (chunks must follow one another)";
+  });
   check(n > 0, "streaming: empty chunk");
   prev_evicted_ = evicted_;
   evicted_ = std::max(evicted_, evicted_at(opt_, pos));
   kind_ = kind;
+  ++chunk_serial_;
+}
+
+bool StreamingKV::collect_votes(int32_t end, size_t blocks) {
+  if (vote_chunk_ != chunk_serial_ || vote_sum_.size() != blocks || vote_through_ > end) {
+    vote_chunk_ = chunk_serial_;
+    vote_sum_.assign(blocks, 0.0);
+    vote_through_ = 0;
+    vote_any_ = false;
+  }
+  for (; vote_through_ < end; ++vote_through_) {
+    const auto l = static_cast<size_t>(vote_through_);
+    const Layer& V = layers_[l];
+    if (best_head_[l] < 0 || V.normalized_scores.size() != blocks) continue;
+    vote_any_ = true;
+    const double w = best_score_[l];
+    for (size_t b = 0; b < blocks; ++b) vote_sum_[b] += w * V.normalized_scores[b];
+  }
+  return vote_any_;
 }
 
 stream::HeadWeights StreamingKV::head_weights(int32_t layer) const {
@@ -164,7 +186,8 @@ void StreamingKV::evict(int32_t layer, int32_t b, int32_t first, std::vector<Pen
   const int32_t B = opt_.block, s0 = opt_.sinks + b * B;
   const auto rows = static_cast<size_t>(B * row_);
   const int64_t at_row = (L.recent_skip + first) * row_;
-  check(L.recent_count >= first + B, "streaming: block " + std::to_string(b) + " is not in the local window");
+  check(L.recent_count >= first + B,
+        [&] { return "streaming: block " + std::to_string(b) + " is not in the local window"; });
   if (!keeps_evicted())
     ;  // streamingllm never retrieves a block: dropped
   else if (storage_ == Storage::Host)
@@ -236,19 +259,22 @@ void StreamingKV::index_keys(int32_t layer, const std::vector<PendingVectors>& p
       for (const PendingVectors& p : pending) L.span_index.add_counted(p.block, p.count);
       return;
     }
-    check(keys.size() == positions.size() * static_cast<size_t>(row_),
-          "streaming: the device's index keys have " + std::to_string(keys.size()) + " values for " +
-              std::to_string(positions.size()) + " positions (" + std::to_string(positions.size() * static_cast<size_t>(row_)) +
-              " expected)");
+    check(keys.size() == positions.size() * static_cast<size_t>(row_), [&] {
+      return "streaming: the device's index keys have " + std::to_string(keys.size()) + " values for " +
+             std::to_string(positions.size()) + " positions (" +
+             std::to_string(positions.size() * static_cast<size_t>(row_)) + " expected)";
+    });
   } else {
     // The recent rows start at the first block this chunk evicts (drop_front() runs after the index).
     const int32_t first = opt_.sinks + prev_evicted_ * opt_.block;
     keys.reserve(positions.size() * static_cast<size_t>(row_));
     for (int32_t p : positions) {
       const int64_t at = (L.recent_skip + p - first) * row_;
-      check(p >= first && at + row_ <= static_cast<int64_t>(L.recent_k.size()),
-            "streaming: the key of position " + std::to_string(p) + " is not held (a sequence takes its index keys "
-            "from the device from its first chunk on)");
+      check(p >= first && at + row_ <= static_cast<int64_t>(L.recent_k.size()), [&] {
+        return "streaming: the key of position " + std::to_string(p) +
+               " is not held (a sequence takes its index keys "
+               "from the device from its first chunk on)";
+      });
       keys.insert(keys.end(), L.recent_k.begin() + at, L.recent_k.begin() + at + row_);
     }
   }
@@ -303,17 +329,13 @@ std::vector<int32_t> StreamingKV::retrieve(int32_t layer, const float* q_raw, in
   }
   if (voted_only(layer)) {
     // Collaborative voting replaces this layer's scores (below): no query vectors, no scoring, no index.
-    std::vector<double> votes(static_cast<size_t>(evicted_), 0.0);
-    bool any = false;
-    for (int32_t l = 0; l < layer; ++l) {
-      const Layer& V = layers_[static_cast<size_t>(l)];
-      if (best_head_[static_cast<size_t>(l)] < 0 || V.normalized_scores.size() != votes.size()) continue;
-      any = true;
-      for (size_t b = 0; b < votes.size(); ++b) votes[b] += best_score_[static_cast<size_t>(l)] * V.normalized_scores[b];
-    }
-    check(any, "streaming: layer " + std::to_string(layer) + " takes its blocks from the retrieval heads' votes, but "
-               "no earlier layer voted in this chunk (layers run in order within a chunk)");
-    return stream::top_blocks(votes, opt_.top_k);
+    const bool any = collect_votes(layer, static_cast<size_t>(evicted_));
+    check(any, [&] {
+      return "streaming: layer " + std::to_string(layer) +
+             " takes its blocks from the retrieval heads' votes, but "
+             "no earlier layer voted in this chunk (layers run in order within a chunk)";
+    });
+    return stream::top_blocks(vote_sum_, opt_.top_k);
   }
   const stream::HeadWeights w = head_weights(layer);
   std::vector<double> scores;
@@ -342,9 +364,10 @@ std::vector<int32_t> StreamingKV::retrieve(int32_t layer, const float* q_raw, in
     }
     scores = given_ != nullptr ? given_->block_scores(tokens, counts, w) : L.span_index.block_scores(queries, counts, w);
   }
-  check(given_ == nullptr || static_cast<int32_t>(scores.size()) == evicted_,
-        "streaming: the device's block scores have " + std::to_string(scores.size()) + " entries for " +
-            std::to_string(evicted_) + " evicted blocks");
+  check(given_ == nullptr || static_cast<int32_t>(scores.size()) == evicted_, [&] {
+    return "streaming: the device's block scores have " + std::to_string(scores.size()) + " entries for " +
+           std::to_string(evicted_) + " evicted blocks";
+  });
   // Normalised to [0, 1] for collaborative voting.
   const auto [lo, hi] = std::minmax_element(scores.begin(), scores.end());
   L.normalized_scores.resize(scores.size());
@@ -352,15 +375,7 @@ std::vector<int32_t> StreamingKV::retrieve(int32_t layer, const float* q_raw, in
     L.normalized_scores[b] = *hi > *lo && std::isfinite(scores[b]) ? (scores[b] - *lo) / (*hi - *lo) : 0.0;
   if (opt_.method == StreamMethod::Ltri) {
     // Collaborative voting: the layers up to this one that have a retrieval head vote, weighted by its score.
-    std::vector<double> votes(scores.size(), 0.0);
-    bool any = false;
-    for (int32_t l = 0; l <= layer; ++l) {
-      const Layer& V = layers_[static_cast<size_t>(l)];
-      if (best_head_[static_cast<size_t>(l)] < 0 || V.normalized_scores.size() != scores.size()) continue;
-      any = true;
-      for (size_t b = 0; b < votes.size(); ++b) votes[b] += best_score_[static_cast<size_t>(l)] * V.normalized_scores[b];
-    }
-    if (any) scores = std::move(votes);
+    if (collect_votes(layer + 1, scores.size())) scores = vote_sum_;
   }
   return stream::top_blocks(scores, opt_.top_k);
 }
@@ -414,12 +429,14 @@ void StreamingKV::prepare(int32_t layer, int32_t pos, int32_t n, const float* q,
   if (given_map) {
     // The device's map (ltri) and votes.
     const size_t nn = static_cast<size_t>(n) * static_cast<size_t>(n);
-    check(opt_.method != StreamMethod::Ltri || given_->has_candidates || given_->map.size() == nn,
-          "streaming: the device's attention map has " + std::to_string(given_->map.size()) + " entries for a chunk of " +
-              std::to_string(n) + " tokens (" + std::to_string(nn) + " expected)");
-    check(given_->votes.size() == static_cast<size_t>(n), "streaming: the device's votes have " +
-                                                              std::to_string(given_->votes.size()) +
-                                                              " entries for a chunk of " + std::to_string(n) + " tokens");
+    check(opt_.method != StreamMethod::Ltri || given_->has_candidates || given_->map.size() == nn, [&] {
+      return "streaming: the device's attention map has " + std::to_string(given_->map.size()) +
+             " entries for a chunk of " + std::to_string(n) + " tokens (" + std::to_string(nn) + " expected)";
+    });
+    check(given_->votes.size() == static_cast<size_t>(n), [&] {
+      return "streaming: the device's votes have " + std::to_string(given_->votes.size()) +
+             " entries for a chunk of " + std::to_string(n) + " tokens";
+    });
     map_.assign(given_->map.begin(), given_->map.end());
     chunk_votes_.assign(given_->votes.begin(), given_->votes.end());
   } else if (maps) {
@@ -480,16 +497,18 @@ void StreamingKV::prepare(int32_t layer, int32_t pos, int32_t n, const float* q,
     if (given_map && given_->has_candidates) {
       // The device's candidates: NMS and the cover here, then the masses of the cover's spans from the device.
       for (const stream::Span& c : given_->candidates)
-        check(c.begin >= 0 && c.begin < c.end && c.end <= n,
-              "streaming: the device's span candidate [" + std::to_string(c.begin) + ", " + std::to_string(c.end) +
-                  ") lies outside a chunk of " + std::to_string(n) + " tokens");
+        check(c.begin >= 0 && c.begin < c.end && c.end <= n, [&] {
+          return "streaming: the device's span candidate [" + std::to_string(c.begin) + ", " +
+                 std::to_string(c.end) + ") lies outside a chunk of " + std::to_string(n) + " tokens";
+        });
       std::vector<stream::Span> kept =
           stream::nms(std::vector<stream::Span>(given_->candidates.begin(), given_->candidates.end()), opt_.iou);
       chunk_spans_ = stream::cover_with_spans(kept, n);
       masses = given_->span_masses(chunk_spans_);
-      check(masses.size() == chunk_spans_.size(), "streaming: the device's span masses have " +
-                                                      std::to_string(masses.size()) + " entries for " +
-                                                      std::to_string(chunk_spans_.size()) + " spans");
+      check(masses.size() == chunk_spans_.size(), [&] {
+        return "streaming: the device's span masses have " + std::to_string(masses.size()) + " entries for " +
+               std::to_string(chunk_spans_.size()) + " spans";
+      });
     } else {
       const stream::TriangleScores ts(map_, n, stream::causal_quantile(map_, n, opt_.theta_quantile));
       std::vector<stream::Span> kept = stream::nms(stream::span_candidates(ts, opt_.linear_nms), opt_.iou);
@@ -509,8 +528,10 @@ void StreamingKV::prepare(int32_t layer, int32_t pos, int32_t n, const float* q,
   lay.global = evicted_ > 0 ? L.sink_count + static_cast<int32_t>(L.retrieved.size()) * opt_.block : 0;
   lay.local = evicted_ > 0 ? L.recent_count : L.sink_count + L.recent_count;
   lay.chunk = n;
-  check(lay.local == pos - local_begin_, "streaming: the local window holds " + std::to_string(lay.local) +
-                                             " tokens, expected " + std::to_string(pos - local_begin_));
+  check(lay.local == pos - local_begin_, [&] {
+    return "streaming: the local window holds " + std::to_string(lay.local) + " tokens, expected " +
+           std::to_string(pos - local_begin_);
+  });
   L.layout = lay;
   max_workspace_ = std::max<int64_t>(max_workspace_, lay.kv_len());
 }

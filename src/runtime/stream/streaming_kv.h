@@ -226,6 +226,11 @@ class StreamingKV : public KVPolicy, public StreamMemory {
   void index_keys(int32_t layer, const std::vector<PendingVectors>& pending);
   void drop_front(int32_t layer, int32_t tokens);  // removes the first `tokens` recent tokens
   stream::HeadWeights head_weights(int32_t layer) const;
+  // Collaborative voting: the votes of layers [0, end) this chunk (each layer with a retrieval head that scored the
+  // `blocks` blocks: its score times its normalised block scores), summed in layer order, into vote_sum_; false when
+  // none voted. Kept between a chunk's layers and extended (layers run in order), so a layer adds only the layers
+  // since the last call: O(blocks) a layer instead of O(layers x blocks), the same additions in the same order.
+  bool collect_votes(int32_t end, size_t blocks);
   std::vector<int32_t> retrieve(int32_t layer, const float* q_raw, int32_t n, std::span<const float> map,
                                 std::span<const stream::Span> spans);
   // attend() in three steps: prepare (evictions, rotations, map, spans, retrieval, the layout: steps 1-3), the
@@ -265,6 +270,11 @@ class StreamingKV : public KVPolicy, public StreamMemory {
   std::vector<double> chunk_ratios_;
   std::vector<double> chunk_area_;         // ... every chunk span's area ratio (the query vectors' counts)
   int32_t local_begin_ = 0, span_len_ = 0;
+  int64_t chunk_serial_ = 0;               // begin_chunk() calls: collect_votes()'s sums belong to one chunk
+  std::vector<double> vote_sum_;           // collect_votes(): the sum over layers [0, vote_through_)
+  int32_t vote_through_ = 0;
+  int64_t vote_chunk_ = -1;
+  bool vote_any_ = false;
 };
 
 }  // namespace tessera::runtime
