@@ -20,6 +20,6 @@ fi
 if [ -n "${ROWS_128K:-}" ]; then
   $B --seq 131072 $S --methods "$ROWS_128K" --csv "$out/128k.csv" 2>&1 | grep -v '^\s*$' | tee "$out/128k.log"
 fi
-for m in ${ROWS_1M//,/ }; do
+for m in $(echo "${ROWS_1M:-}" | tr , " "); do
   $B --seq 1048576 $S --methods "$m" --csv "$out/1m-$m.csv" 2>&1 | grep '^|' | grep -v "tokens\|---" | tee "$out/1m-$m.log"
 done
