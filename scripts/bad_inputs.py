@@ -239,6 +239,9 @@ def cases(tessera, fx, models):
         T + ["run", "-m", tiny, "-p", "hi", "--stream", "ltri", "--stream-index-heads", "some"], 2, None)
     add("streaming", "--stream-host-kv fp8 on the CPU (the GPU path's)",
         T + ["run", "-m", tiny, "-p", "hi", "--stream", "ltri", "--stream-host-kv", "fp8"], 2, None)
+    add("streaming", "eval --device cuda --stream-host-kv fp8 (checked for the GPU: here the GPU's absence answers)",
+        T + ["eval", "-m", smol, "--device", "cuda", "--stream", "ltri", "--stream-host-kv", "fp8", "--tasks",
+             "niah_single", "-l", "512", "-o", "/tmp/tessera-bad-input-eval"], 1, None, needs=smol)
     add("streaming", "--stream-host-budget 4K on Gemma-3 (only its global layers keep evicted blocks)",
         T + ["run", "-m", gemma, "-p", "one two three four five six seven eight nine ten " * 12, "--stream", "ltri",
              "--stream-sinks", "4", "--stream-local", "16", "--stream-block", "16", "--stream-chunk", "16",

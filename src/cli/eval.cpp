@@ -404,7 +404,8 @@ int eval_command(EvalOptions o) {
           "eval: length " + std::to_string(l) + " exceeds the context of " + o.model_name + " (" +
               std::to_string(s.model->config().context_length) + " tokens)");
   const std::vector<std::string> policies = policy_list(o.attn, o.stream);
-  for (const std::string& p : policies) (void)engine_options(s, o, p);  // bad specs fail before any work
+  for (const std::string& p : policies)  // bad specs fail before any work (on the device the run asks for)
+    (void)engine_options(s, o, p, use_gpu_device_for(o.device, o.stream));
   const fs::path dir = o.out;
   fs::create_directories(dir);
   if (o.report_only) {
