@@ -36,8 +36,9 @@
 // before the batched copies); "-overlap" the device decisions on a second stream while the compute stream runs the
 // local pass (TESSERA_STREAM_OVERLAP=1; the default: one stream, the local pass after the decisions; the rows of
 // commit 97b90db, where overlap was the default, name that "-serial"); "-cache1" a block cache of top_k slots per
-// layer (TESSERA_STREAM_CACHE=1; default 4x), "-cache16" of 16 x top_k (any of 1, 2, 8, 16, 32); "-profile" that row's sections timed (TESSERA_STREAM_PROFILE=1). An
-// engine is dropped after the last length's row (its pinned slabs with it), so that several rows' pinned memory is
+// layer (TESSERA_STREAM_CACHE=1; default 4x), "-cache16" of 16 x top_k (any of 1, 2, 8, 16, 32); "-copyin" the retrieved blocks' copies to the
+// device on their own stream, not behind the evictions' copies out (TESSERA_STREAM_COPY_IN=1); "-profile" that row's
+// sections timed (TESSERA_STREAM_PROFILE=1). An engine is dropped after the last length's row (its pinned slabs with it), so that several rows' pinned memory is
 // not held at once.
 //
 // "streamingllm-copy": streamingllm with its window copied out of the ring and rotated every chunk (the path before
@@ -187,7 +188,7 @@ struct Row {
   std::string method;
   double ttft = 0, gemm = 0, attention = 0, decision = 0, decision_device = 0, decode_tok_s = 0, peak_gb = 0, workspace_gb = 0;
   double pinned_gb = 0, index_gb = 0, rss_gb = 0, pin_s = 0, prepin_s = 0;
-  double ws_s = 0, local_s = 0, global_s = 0, store_s = 0;  // TESSERA_STREAM_PROFILE=1: attend()'s sections, prefill
+  double ws_s = 0, local_s = 0, wait_s = 0, global_s = 0, store_s = 0;  // TESSERA_STREAM_PROFILE=1: attend()'s sections, prefill
   double d_map = 0, d_spans = 0, d_masses = 0, d_keys = 0, d_scores = 0, d_scores_wide = 0;  // ... and the decisions' device sections
   int64_t waits = 0;  // the decisions' host synchronisations in the prefill
   int64_t evicted = 0, to_host = 0, to_device = 0, cached = 0;
@@ -236,9 +237,9 @@ int main(int argc, char** argv) {
                   static_cast<long long>(r.evicted), static_cast<long long>(r.to_host),
                   static_cast<long long>(r.to_device), static_cast<long long>(r.cached), r.error.c_str());
       if (r.ws_s + r.local_s + r.global_s + r.store_s > 0)
-        std::printf("|   | (profile: %s at %d) | attention sections, GPU s: workspace %.3f, local pass %.3f, global pass + "
-                    "merge %.3f, store %.3f |\n",
-                    r.method.c_str(), r.seq, r.ws_s, r.local_s, r.global_s, r.store_s);
+        std::printf("|   | (profile: %s at %d) | attention sections, GPU s: workspace %.3f, local pass %.3f, waiting for the "
+                    "retrieved blocks' copies %.3f, global pass + merge %.3f, store %.3f |\n",
+                    r.method.c_str(), r.seq, r.ws_s, r.local_s, r.wait_s, r.global_s, r.store_s);
       if (r.d_map + r.d_spans + r.d_masses + r.d_keys + r.d_scores > 0)  // (profiling on)
         std::printf("|   | (profile: %s at %d) | decisions on the device, GPU s: map %.3f, span discovery %.3f, masses "
                     "%.3f, index keys %.3f, block scores %.3f (every-head layers %.3f); host waits for them: %lld (host work in the decisions "
@@ -306,6 +307,7 @@ int main(int argc, char** argv) {
                                                 {"-cache8", "TESSERA_STREAM_CACHE", "8"},
                                                 {"-cache16", "TESSERA_STREAM_CACHE", "16"},
                                                 {"-cache32", "TESSERA_STREAM_CACHE", "32"},
+                                                {"-copyin", "TESSERA_STREAM_COPY_IN", "1"},
                                                 {"-profile", "TESSERA_STREAM_PROFILE", "1"}})
               if (spec_bf16.size() > sfx.size() && spec_bf16.substr(spec_bf16.size() - sfx.size()) == sfx) {
                 spec_bf16 = spec_bf16.substr(0, spec_bf16.size() - sfx.size());
@@ -400,6 +402,7 @@ int main(int argc, char** argv) {
             r.ws_s = g->gpu_stats().workspace_gpu_seconds - before.workspace_gpu_seconds;
             r.local_s = g->gpu_stats().local_gpu_seconds - before.local_gpu_seconds;
             r.global_s = g->gpu_stats().global_gpu_seconds - before.global_gpu_seconds;
+            r.wait_s = g->gpu_stats().copy_wait_gpu_seconds - before.copy_wait_gpu_seconds;
             r.store_s = g->gpu_stats().store_gpu_seconds - before.store_gpu_seconds;
             const GpuStreamStats& a = g->gpu_stats();
             r.d_map = a.decide.map - before.decide.map;

@@ -106,14 +106,29 @@ __global__ void softmax_sum_kernel(float* scores, float* map, int n, int heads) 
   }
 }
 
-// votes[c] = sum over rows r >= c of map[r][c], rows in order (the CPU's order).
+// votes[c] = sum over rows r >= c of map[r][c], rows in order (the CPU's order); the loads kVoteRows rows
+// ahead of the additions (the same additions in the same order: only the loads' latency overlaps).
+constexpr int kVoteRows = 8;
 __global__ void votes_kernel(const float* map, float* votes, int n) {
   const int c = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (c >= n) return;
   float v = 0;
-  for (int r = c; r < n; ++r) v = __fadd_rn(v, map[static_cast<int64_t>(r) * n + c]);
+  int r = c;
+  for (; r + kVoteRows <= n; r += kVoteRows) {
+    float x[kVoteRows];
+#pragma unroll
+    for (int i = 0; i < kVoteRows; ++i) x[i] = map[static_cast<int64_t>(r + i) * n + c];
+#pragma unroll
+    for (int i = 0; i < kVoteRows; ++i) v = __fadd_rn(v, x[i]);
+  }
+  for (; r < n; ++r) v = __fadd_rn(v, map[static_cast<int64_t>(r) * n + c]);
   votes[c] = v;
 }
+
+// The thread-per-row / per-column kernels of the chunk's map (n <= a few thousand threads in all) in warps of
+// their own, so that they spread over as many multiprocessors as there are warps (their time is the loads'
+// latency).
+constexpr int kLineThreads = 32;
 
 // mean[j] = sum over i in order of q[i][j] / n (ReprIndex::block_scores's arithmetic).
 __global__ void mean_query_kernel(const nbf* q, float* mean, int n, int64_t qrow) {
@@ -671,7 +686,7 @@ void StreamDecider::launch_chunk(const bf16* q, const bf16* k, int32_t n, int32_
                                            scores_.data() + j * nn, n, group * nn, nkv_),
                  "stream chunk map: cublasSgemmStridedBatched");
   softmax_sum_kernel<<<n, kThreads, 0, s>>>(scores_.data(), map_.data(), n, nq_);
-  votes_kernel<<<(n + 127) / 128, 128, 0, s>>>(map_.data(), votes_.data(), n);
+  votes_kernel<<<(n + kLineThreads - 1) / kLineThreads, kLineThreads, 0, s>>>(map_.data(), votes_.data(), n);
   check_launch("stream chunk map: softmax");
   end(kMap, s);
   votes_host_.grow(static_cast<size_t>(n));
@@ -692,8 +707,9 @@ void StreamDecider::launch_chunk(const bf16* q, const bf16* k, int32_t n, int32_
   fit(theta_dev_, 1);
   begin(kSpans, s);
   TESSERA_CUDA_CHECK(cudaMemsetAsync(prefix_.data(), 0, static_cast<size_t>(w) * sizeof(double), s));
-  prefix_rows_kernel<<<(n + 127) / 128, 128, 0, s>>>(map_.data(), n, prefix_.data());
-  prefix_cols_kernel<<<(n + 127) / 128, 128, 0, s>>>(n, prefix_.data());
+  prefix_rows_kernel<<<(n + kLineThreads - 1) / kLineThreads, kLineThreads, 0, s>>>(map_.data(), n,
+                                                                                    prefix_.data());
+  prefix_cols_kernel<<<(n + kLineThreads - 1) / kLineThreads, kLineThreads, 0, s>>>(n, prefix_.data());
   const uint64_t causal = static_cast<uint64_t>(n) * static_cast<uint64_t>(n + 1) / 2;
   fit(select_, (sizeof(SelectState) + 7) / 8);
   auto* st = reinterpret_cast<SelectState*>(select_.data());

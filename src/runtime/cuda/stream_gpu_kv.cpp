@@ -126,6 +126,7 @@ GpuStreamingKV::GpuStreamingKV(const ModelConfig& config, StreamOptions options)
                       : 2 * static_cast<int64_t>(opt_.block) * row_ * static_cast<int64_t>(sizeof(bf16));
   layers_.resize(static_cast<size_t>(cfg_.num_layers));
   TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+  TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_in_, cudaStreamNonBlocking));
   TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
   TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&blocks_in_, cudaEventDisableTiming));
   for (LayerState& L : layers_) TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&L.evicted, cudaEventDisableTiming));
@@ -149,6 +150,8 @@ GpuStreamingKV::GpuStreamingKV(const ModelConfig& config, StreamOptions options)
            std::string(slots != nullptr ? slots : "") + "'";
   });
   cache_slots_ = std::max<int64_t>(opt_.top_k, 1) * factor;
+  const char* split = std::getenv("TESSERA_STREAM_COPY_IN");
+  split_copies_ = split != nullptr && std::string(split) == "1";
   const char* copies = std::getenv("TESSERA_STREAM_COPIES");
   batched_copies_ = copies == nullptr || std::string(copies) != "each";
   const char* prof = std::getenv("TESSERA_STREAM_PROFILE");
@@ -171,10 +174,10 @@ void GpuStreamingKV::collect_profile() {
   }
   if (prof_used_ == 0) return;
   TESSERA_CUDA_CHECK(cudaEventSynchronize(prof_events_[prof_used_ - 1]));
-  double* sums[4] = {&stats_.workspace_gpu_seconds, &stats_.local_gpu_seconds, &stats_.global_gpu_seconds,
-                     &stats_.store_gpu_seconds};
-  for (size_t c = 0; c + 5 <= prof_used_; c += 5)
-    for (size_t i = 0; i < 4; ++i) {
+  double* sums[5] = {&stats_.workspace_gpu_seconds, &stats_.local_gpu_seconds, &stats_.copy_wait_gpu_seconds,
+                     &stats_.global_gpu_seconds, &stats_.store_gpu_seconds};
+  for (size_t c = 0; c + 6 <= prof_used_; c += 6)
+    for (size_t i = 0; i < 5; ++i) {
       float ms = 0;
       TESSERA_CUDA_CHECK(cudaEventElapsedTime(&ms, prof_events_[c + i], prof_events_[c + i + 1]));
       *sums[i] += ms / 1e3;
@@ -190,6 +193,7 @@ GpuStreamingKV::~GpuStreamingKV() {
   cv_.notify_all();
   if (reserver_.joinable()) reserver_.join();
   if (copy_ != nullptr) cudaStreamSynchronize(copy_);
+  if (copy_in_ != nullptr) cudaStreamSynchronize(copy_in_);
   for (cudaEvent_t e : prof_events_) cudaEventDestroy(e);
   for (LayerState& L : layers_)
     if (L.evicted != nullptr) cudaEventDestroy(L.evicted);
@@ -201,6 +205,7 @@ GpuStreamingKV::~GpuStreamingKV() {
     cudaStreamDestroy(decide_);
   }
   if (copy_ != nullptr) cudaStreamDestroy(copy_);
+  if (copy_in_ != nullptr) cudaStreamDestroy(copy_in_);
   const auto slab_bytes = static_cast<size_t>(kSlabBlocks * block_bytes_);
   for (uint8_t* p : slabs_) free_slab(p, slab_bytes);
   for (uint8_t* p : ready_slabs_) free_slab(p, slab_bytes);
@@ -645,7 +650,10 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
   // after the compute stream's last reads of the slots they replace).
   const std::vector<int32_t>& R = host_.retrieved(layer);
   std::vector<int32_t> slot_of(R.size(), -1);
-  bool copies = false;
+  bool copies = false, waited_evicted = false;
+  // The copies in: on copy_ behind the evictions' copies out (the default), or on their own stream
+  // (split_copies_).
+  cudaStream_t cin = split_copies_ ? copy_in_ : copy_;
   if (lay.global > 0 && !R.empty()) {
     check(R.size() <= L.cache_block.size(), "GPU streaming: more retrieved blocks than cache slots");
     std::vector<bool> keep(L.cache_block.size(), false);
@@ -671,8 +679,14 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
       slot_of[i] = static_cast<int32_t>(free_slot);
       L.cache_block[free_slot] = R[i];
       if (!copies) {
-        TESSERA_CUDA_CHECK(cudaStreamWaitEvent(copy_, ready_, 0));
+        TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cin, ready_, 0));
         copies = true;
+      }
+      // (A block this chunk evicted: its copy out, on copy_, first. Earlier chunks' were waited for before
+      // ready_.)
+      if (cin != copy_ && !waited_evicted && R[i] >= e0) {
+        TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cin, L.evicted, 0));
+        waited_evicted = true;
       }
       if (fp8_) {
         batch_dst_.push_back(L.cache_fp8.data() + static_cast<int64_t>(free_slot) * block_bytes_);
@@ -690,8 +704,8 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
       }
       ++stats_.blocks_to_device;
     }
-    copy_batch(batch_dst_, batch_src_, batch_bytes_, batched_copies_, copy_);
-    if (copies) TESSERA_CUDA_CHECK(cudaEventRecord(blocks_in_, copy_));
+    copy_batch(batch_dst_, batch_src_, batch_bytes_, batched_copies_, cin);
+    if (copies) TESSERA_CUDA_CHECK(cudaEventRecord(blocks_in_, cin));
   }
 
   // streamingllm past its first eviction: the window kept rotated in place (attend_window()).
@@ -708,8 +722,9 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
   if (!local_done) local_first(lay, e1);
   const attn::AttentionArgs a = a_local;
   Indexes& ix = *ixp;
+  if (G > 0 && copies) TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, blocks_in_, 0));
+  prof_mark(s);  // (the wait for the retrieved blocks' copies, timed apart)
   if (G > 0) {
-    if (copies) TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, blocks_in_, 0));
     const int32_t sinks = std::min(pos, opt_.sinks);
     if (fp8_) {  // the sinks as they are, the retrieved blocks dequantized out of the FP8 cache
       d2d(wk, L.sink_k.data(), static_cast<size_t>(sinks) * row_bytes, s);
@@ -819,6 +834,7 @@ void GpuStreamingKV::attend_window(int32_t layer, int32_t pos, int32_t n, const 
   const attn::AttentionArgs a = local_pass(lay, ix, n, q, L.win_k.data() + (off - G) * row_,
                                            L.win_v.data() + (off - G) * row_, scale, out, s);
   prof_mark(s);
+  prof_mark(s);  // (no retrieved blocks to wait for)
   stream_rope_rows(q_global_.data(), n, qrow_, nq, d, inv_freq, opt_.local, 0, s);
   global_pass(a, ix, n, out, s);
   prof_mark(s);
@@ -861,12 +877,14 @@ void GpuStreamingKV::attend_sliding(int32_t layer, int32_t pos, int32_t n, const
   (void)local_pass(lay, ix, n, q, L.win_k.data() + (r0 - held) * row_, L.win_v.data() + (r0 - held) * row_, scale,
                    out, s, window < held + n ? window : 0);
   prof_mark(s);
+  prof_mark(s);  // (no retrieved blocks to wait for)
   prof_mark(s);  // (no global pass)
   prof_mark(s);  // (nothing to store: the chunk is in the window buffer)
 }
 
 void GpuStreamingKV::reset() {
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(copy_));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(copy_in_));
   host_.reset();
   if (decider_) decider_->reset();
   for (LayerState& L : layers_) {

@@ -76,6 +76,8 @@ struct GpuStreamStats {
   // collect_profile(): the workspace (window and chunk copied and rotated, the queries), the local pass, the global
   // pass with the merge (sinks and retrieved blocks copied in), the chunk stored into the sinks / ring.
   double workspace_gpu_seconds = 0, local_gpu_seconds = 0, global_gpu_seconds = 0, store_gpu_seconds = 0;
+  // ... of the global pass's part: the compute stream waiting for the retrieved blocks' copies to the device.
+  double copy_wait_gpu_seconds = 0;
   // ... and the decisions' device sections (map, span discovery, masses, index keys, block scores: GPU seconds by
   // events) and waits (the host's synchronisations with the device for the decisions), as the decider sums them.
   StreamDecider::Profile decide;
@@ -214,6 +216,11 @@ class GpuStreamingKV : public GpuKVPolicy {
   ThreadPool pool_;  // the decisions' attention map, heads in parallel
   std::map<std::tuple<int32_t, int32_t, int32_t, int32_t>, Indexes> index_cache_;
   cudaStream_t copy_ = nullptr;
+  // The retrieved blocks' copies to the device: on copy_ behind the evictions' copies out (quantized first
+  // with FP8 blocks) by default, or on their own stream (TESSERA_STREAM_COPY_IN=1: split_copies_), waiting
+  // for this chunk's evictions only when they retrieve a block just evicted.
+  cudaStream_t copy_in_ = nullptr;
+  bool split_copies_ = false;
   cudaStream_t decide_ = nullptr;    // the decisions' stream (overlap_)
   cudaEvent_t decided_ = nullptr;    // ... its work of the current layer done
   bool overlap_ = false;
@@ -242,7 +249,8 @@ class GpuStreamingKV : public GpuKVPolicy {
   std::vector<const void*> batch_src_;
   std::vector<size_t> batch_bytes_;
   bool profile_ = false;
-  std::vector<cudaEvent_t> prof_events_;  // 5 per attend(): the bounds of sections 4, 5 (local), 5 (global), 6
+  std::vector<cudaEvent_t>
+      prof_events_;  // 6 per attend(): the bounds of sections 4, 5 (local), the copies' wait, 5 (global), 6
   size_t prof_used_ = 0;
   void prof_mark(cudaStream_t s);
   GpuDecisionRecord record_data_;
