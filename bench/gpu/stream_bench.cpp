@@ -36,8 +36,9 @@
 // before the batched copies); "-overlap" the device decisions on a second stream while the compute stream runs the
 // local pass (TESSERA_STREAM_OVERLAP=1; the default: one stream, the local pass after the decisions; the rows of
 // commit 97b90db, where overlap was the default, name that "-serial"); "-cache1" a block cache of top_k slots per
-// layer (TESSERA_STREAM_CACHE=1; default 4x), "-cache16" of 16 x top_k (any of 1, 2, 8, 16, 32); "-copyin" the retrieved blocks' copies to the
-// device on their own stream, not behind the evictions' copies out (TESSERA_STREAM_COPY_IN=1); "-profile" that row's
+// layer (TESSERA_STREAM_CACHE=1; default 4x), "-cache16" of 16 x top_k (any of 1, 2, 8, 16, 32); "-onecopy" the retrieved blocks' copies to the
+// device behind the evictions' copies out on one stream (TESSERA_STREAM_COPY_IN=0; the default: their own stream;
+// the rows of a475533, where one stream was the default, name the split "-copyin"); "-profile" that row's
 // sections timed (TESSERA_STREAM_PROFILE=1). An engine is dropped after the last length's row (its pinned slabs with it), so that several rows' pinned memory is
 // not held at once.
 //
@@ -307,7 +308,7 @@ int main(int argc, char** argv) {
                                                 {"-cache8", "TESSERA_STREAM_CACHE", "8"},
                                                 {"-cache16", "TESSERA_STREAM_CACHE", "16"},
                                                 {"-cache32", "TESSERA_STREAM_CACHE", "32"},
-                                                {"-copyin", "TESSERA_STREAM_COPY_IN", "1"},
+                                                {"-onecopy", "TESSERA_STREAM_COPY_IN", "0"},
                                                 {"-profile", "TESSERA_STREAM_PROFILE", "1"}})
               if (spec_bf16.size() > sfx.size() && spec_bf16.substr(spec_bf16.size() - sfx.size()) == sfx) {
                 spec_bf16 = spec_bf16.substr(0, spec_bf16.size() - sfx.size());

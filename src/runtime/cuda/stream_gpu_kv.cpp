@@ -151,7 +151,7 @@ GpuStreamingKV::GpuStreamingKV(const ModelConfig& config, StreamOptions options)
   });
   cache_slots_ = std::max<int64_t>(opt_.top_k, 1) * factor;
   const char* split = std::getenv("TESSERA_STREAM_COPY_IN");
-  split_copies_ = split != nullptr && std::string(split) == "1";
+  split_copies_ = split == nullptr || std::string(split) != "0";
   const char* copies = std::getenv("TESSERA_STREAM_COPIES");
   batched_copies_ = copies == nullptr || std::string(copies) != "each";
   const char* prof = std::getenv("TESSERA_STREAM_PROFILE");

@@ -135,6 +135,9 @@ class GpuStreamingKV : public GpuKVPolicy {
   void overlap_decisions(bool on) { overlap_ = on; }
   bool overlap_decisions() const { return overlap_; }
   bool batched_copies() const { return batched_copies_; }
+  // Whether the retrieved blocks' copies to the device run on their own stream (the default) or behind the
+  // evictions' copies out (TESSERA_STREAM_COPY_IN=0): the same copies, the same output.
+  bool split_copies() const { return split_copies_; }
   // streamingllm: whether its window is kept rotated in place (see window_kept_ below; default on).
   bool window_kept() const { return window_kept_; }
   // Keeps a copy of what the device computed for the last layer's chunk (recorded()).
@@ -216,11 +219,12 @@ class GpuStreamingKV : public GpuKVPolicy {
   ThreadPool pool_;  // the decisions' attention map, heads in parallel
   std::map<std::tuple<int32_t, int32_t, int32_t, int32_t>, Indexes> index_cache_;
   cudaStream_t copy_ = nullptr;
-  // The retrieved blocks' copies to the device: on copy_ behind the evictions' copies out (quantized first
-  // with FP8 blocks) by default, or on their own stream (TESSERA_STREAM_COPY_IN=1: split_copies_), waiting
-  // for this chunk's evictions only when they retrieve a block just evicted.
+  // The retrieved blocks' copies to the device on their own stream (split_copies_, the default), waiting for this
+  // chunk's evictions only when they retrieve a block just evicted; TESSERA_STREAM_COPY_IN=0: on copy_ behind the
+  // evictions' copies out (quantized first with FP8 blocks), the path before. H200, 1M / 128K tokens, Ltri-LLM's
+  // retrieval heads, FP8 blocks and GEMMs, one call (docs/PERF.md): 95.55 / 8.36 s against 96.28 / 9.45 s.
   cudaStream_t copy_in_ = nullptr;
-  bool split_copies_ = false;
+  bool split_copies_ = true;
   cudaStream_t decide_ = nullptr;    // the decisions' stream (overlap_)
   cudaEvent_t decided_ = nullptr;    // ... its work of the current layer done
   bool overlap_ = false;

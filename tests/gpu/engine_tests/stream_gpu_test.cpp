@@ -626,6 +626,33 @@ TEST(StreamGpu, BatchedCopiesEqualOneCopyPerBlock) {
   }
 }
 
+// The retrieved blocks' copies to the device on their own stream (the default) against behind the evictions' copies
+// out on one stream (TESSERA_STREAM_COPY_IN=0): the same copies, so the logits EQUAL, for both retrieving methods, bf16
+// and FP8 blocks (a block retrieved in the chunk that evicts it waits for its copy out), prefill, decode and a reset.
+TEST(StreamGpu, RetrievedBlocksCopiedOnTheirOwnStreamEqualOneCopyStream) {
+  REQUIRE_GPU();
+  const ModelConfig cfg = small_config(2);
+  const auto model = DeviceModel::random(cfg, 8);
+  const std::vector<int32_t> tokens = random_tokens(1500, cfg.vocab_size, 23);
+  for (StreamMethod m : {StreamMethod::Ltri, StreamMethod::InfLLM})
+    for (bool fp8 : {false, true}) {
+      SCOPED_TRACE(std::string(stream_method_name(m)) + (fp8 ? " fp8 blocks" : " bf16 blocks"));
+      GpuEngineOptions so = evicting_stream(m, 3);
+      so.stream.host_fp8 = fp8;
+      GpuEngine split(*model, so);
+      setenv("TESSERA_STREAM_COPY_IN", "0", 1);  // read by GpuStreamingKV's constructor
+      GpuEngine one(*model, so);
+      unsetenv("TESSERA_STREAM_COPY_IN");
+      ASSERT_TRUE(split.gpu_streaming()->split_copies());
+      ASSERT_FALSE(one.gpu_streaming()->split_copies());
+      expect_equal_logits(split, one, tokens, [&] {
+        EXPECT_GT(split.gpu_streaming()->gpu_stats().blocks_to_device, 0);
+        EXPECT_EQ(split.gpu_streaming()->gpu_stats().blocks_to_device,
+                  one.gpu_streaming()->gpu_stats().blocks_to_device);
+      });
+    }
+}
+
 // The decisions on their own stream overlapping the local pass (TESSERA_STREAM_OVERLAP=1) with the block cache of
 // top_k x 4 slots (the default, least recently read replaced) against one stream (the default) and a cache of top_k
 // slots (TESSERA_STREAM_CACHE=1): the same operations on the same data, so the logits EQUAL, for both retrieving
