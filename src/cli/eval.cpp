@@ -96,7 +96,8 @@ std::vector<std::string> policy_list(const std::vector<std::string>& attn, const
 }
 
 // The CPU engine's options for a policy spec or a "stream:<method>" label.
-// What a streaming case held at its end: the index and the host store (the GPU's pinned blocks are bf16).
+// What a streaming case held at its end: the index and the host store (the GPU path's pinned blocks: bf16, or FP8
+// codes and scales with --stream-host-kv fp8).
 std::string stream_note(const runtime::StreamingKV& kv) {
   const runtime::StreamStats st = kv.stats();
   return "; index " + with_commas(st.index_vectors) + " vectors, " + format_bytes(static_cast<double>(st.index_bytes)) +
