@@ -16,10 +16,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <optional>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -60,18 +58,9 @@ int main(int argc, char** argv) try {
   o.method = parse_stream_method(method);
   o.chunk = chunk;
   o.host_budget = int64_t{1} << 50;  // (counted only: Storage::Device keeps no rows)
-  if (!heads_file.empty()) {
-    std::ifstream in(heads_file);
-    check(static_cast<bool>(in), heads_file + ": cannot read the retrieval heads file");
-    std::string line;
-    while (std::getline(in, line)) {
-      if (line.empty() || line[0] == '#') continue;
-      std::istringstream ls(line);
-      RetrievalHead h;
-      check(static_cast<bool>(ls >> h.layer >> h.head >> h.score), heads_file + ": expected \"layer head score\" lines");
+  if (!heads_file.empty())
+    for (const RetrievalHead& h : read_retrieval_heads(heads_file))
       if (h.layer < layers) o.retrieval_heads.push_back(h);
-    }
-  }
   const int32_t nq = cfg.num_q_heads, nkv = cfg.num_kv_heads, d = cfg.head_dim;
   std::vector<float> inv_freq(static_cast<size_t>(d / 2));
   for (int32_t i = 0; i < d / 2; ++i) inv_freq[static_cast<size_t>(i)] = std::pow(500000.0f, -2.0f * i / d);

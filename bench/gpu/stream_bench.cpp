@@ -140,19 +140,8 @@ Options parse(int argc, char** argv) {
       check(h == "bf16" || h == "fp8", "--host-kv must be bf16 or fp8, got '" + h + "'");
       o.stream.host_fp8 = h == "fp8";
     }
-    else if (a == "--retrieval-heads") {  // "layer head score" lines (tessera's --stream-retrieval-heads file)
-      const std::string path = value(i);
-      std::ifstream in(path);
-      check(static_cast<bool>(in), path + ": cannot read the retrieval heads file");
-      std::string line;
-      while (std::getline(in, line)) {
-        if (line.empty() || line[0] == '#') continue;
-        std::istringstream ls(line);
-        RetrievalHead h;
-        check(static_cast<bool>(ls >> h.layer >> h.head >> h.score), path + ": expected \"layer head score\" lines");
-        o.stream.retrieval_heads.push_back(h);
-      }
-    }
+    else if (a == "--retrieval-heads")  // "layer head score" lines (tessera's --stream-retrieval-heads file)
+      o.stream.retrieval_heads = read_retrieval_heads(value(i));
     else if (a == "--gemm") {
       const std::string g = value(i);
       check(g == "bf16" || g == "fp8", "--gemm must be bf16 or fp8, got '" + g + "'");

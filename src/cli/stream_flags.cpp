@@ -1,6 +1,4 @@
 // --stream: the CLI's streaming-memory options, shared by run, bench and eval.
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "cli/commands.h"
@@ -9,26 +7,6 @@
 #include "core/memory_budget.h"
 
 namespace tessera::cli {
-
-namespace {
-
-std::vector<runtime::RetrievalHead> read_retrieval_heads(const std::string& path) {
-  std::ifstream in(path);
-  check(static_cast<bool>(in), path + ": cannot read the retrieval heads file");
-  std::vector<runtime::RetrievalHead> heads;
-  std::string line;
-  for (int n = 1; std::getline(in, line); ++n) {
-    if (line.empty() || line[0] == '#') continue;
-    std::istringstream ls(line);
-    runtime::RetrievalHead h;
-    check(static_cast<bool>(ls >> h.layer >> h.head >> h.score),
-          path + ":" + std::to_string(n) + ": expected \"layer head score\", got '" + line + "'");
-    heads.push_back(h);
-  }
-  return heads;
-}
-
-}  // namespace
 
 std::string stream_label(const std::string& method) { return "stream:" + method; }
 
@@ -58,7 +36,7 @@ runtime::StreamOptions stream_options(const StreamFlags& f, const std::string& m
   usage_check(f.host_kv == "bf16" || gpu,
               "--stream-host-kv fp8 is the GPU path's (--device cuda); the CPU keeps its evicted blocks in f32");
   o.host_fp8 = f.host_kv == "fp8";
-  if (!f.retrieval_heads.empty()) o.retrieval_heads = read_retrieval_heads(f.retrieval_heads);
+  if (!f.retrieval_heads.empty()) o.retrieval_heads = runtime::read_retrieval_heads(f.retrieval_heads);
   o.index_ratio = f.index_ratio;
   usage_check(f.index_heads == "retrieval" || f.index_heads == "all",
               "--stream-index-heads must be retrieval or all, got '" + f.index_heads + "'");

@@ -1,6 +1,8 @@
 #include "runtime/stream/stream_options.h"
 
 #include <algorithm>
+#include <fstream>
+#include <sstream>
 
 #include "core/enum_names.h"
 #include "core/error.h"
@@ -19,6 +21,22 @@ StreamMethod parse_stream_method(const std::string& name, const std::string& wha
 }
 
 const char* stream_method_name(StreamMethod m) { return enum_name(kMethodNames, m).data(); }
+
+std::vector<RetrievalHead> read_retrieval_heads(const std::string& path) {
+  std::ifstream in(path);
+  check(static_cast<bool>(in), path + ": cannot read the retrieval heads file");
+  std::vector<RetrievalHead> heads;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream ls(line);
+    RetrievalHead h;
+    check(static_cast<bool>(ls >> h.layer >> h.head >> h.score),
+          path + ":" + std::to_string(n) + ": expected \"layer head score\", got '" + line + "'");
+    heads.push_back(h);
+  }
+  return heads;
+}
 
 int64_t StreamOptions::attended_tokens() const {
   const int64_t k = method == StreamMethod::StreamingLLM ? 0 : top_k;

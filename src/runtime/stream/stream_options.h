@@ -34,6 +34,11 @@ struct RetrievalHead {
   int32_t head = 0;
   double score = 0;
 };
+// A retrieval heads file (`--stream-retrieval-heads`, `tessera eval --retrieval-heads-out`): "layer head
+// score" lines,
+// '#' comments and empty lines skipped; tessera::Error naming the file (and the line) when it cannot be read
+// or a line is not three numbers.
+std::vector<RetrievalHead> read_retrieval_heads(const std::string& path);
 
 struct StreamOptions {
   StreamMethod method = StreamMethod::None;  // None: no streaming (the engine's dense or per-head cache)
