@@ -21,6 +21,7 @@
 #include "runtime/engine.h"
 #include "runtime/forward.h"
 #include "runtime/kv_cache.h"
+#include "runtime/sampling.h"
 #include "stream_sizes.h"
 #include "test_support.h"
 
@@ -208,6 +209,40 @@ TEST(EngineScheduler, ScoreIsTheLogSoftmaxOfEveryRow) {
     for (size_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v]) - mx);
     EXPECT_NEAR(lp[i], static_cast<double>(row[tokens[i + 1]]) - mx - std::log(sum), 2e-4) << "row " << i;
   }
+}
+
+// next_token_logprobs (the host's reduction of score() and BatchBackend::prefill_chunk_logprobs): each row's
+// log-softmax at its next token; a token outside the vocabulary or too few logits is refused.
+TEST(EngineScheduler, NextTokenLogprobsAndTheirErrors) {
+  const std::vector<float> logits = {0.0f, 1.0f, 2.0f, -1.0f, 3.0f, 0.5f};  // 2 rows of 3
+  const std::vector<int32_t> next = {2, 0};
+  const std::vector<double> lp = next_token_logprobs(logits, 3, next);
+  ASSERT_EQ(lp.size(), 2u);
+  EXPECT_NEAR(lp[0], 2.0 - std::log(std::exp(0.0) + std::exp(1.0) + std::exp(2.0)), 1e-12);
+  EXPECT_NEAR(lp[1], -1.0 - std::log(std::exp(-1.0) + std::exp(3.0) + std::exp(0.5)), 1e-12);
+  EXPECT_EQ(next_token_logprobs(logits, 3, std::vector<int32_t>{1}).size(), 1u);  // fewer rows than logits: fine
+  const std::vector<int32_t> bad = {3};
+  EXPECT_THROW(
+      {
+        try {
+          (void)next_token_logprobs(logits, 3, bad);
+        } catch (const Error& e) {
+          EXPECT_STREQ(e.what(), "log-probabilities: token 3 outside the vocabulary");
+          throw;
+        }
+      },
+      Error);
+  const std::vector<int32_t> three = {0, 0, 0};
+  EXPECT_THROW(
+      {
+        try {
+          (void)next_token_logprobs(logits, 3, three);
+        } catch (const Error& e) {
+          EXPECT_STREQ(e.what(), "log-probabilities: 6 logits for 3 rows of 3");
+          throw;
+        }
+      },
+      Error);
 }
 
 // The engine's generation equals the batched engine's tokens for the same request (greedy and sampled), over the

@@ -4,11 +4,15 @@
 # tessera and the model's parts were carried (`run.sh parts`). Results under $OUT/plan33 (tarred into one file).
 #   mi      MInference: the search on one sample per end of 8K-32K, held-out answers at 16K (a crash prints its stack,
 #           named here by addr2line on the unstripped binary)
-#   moa     MoA: 8 items per profiled length (8K, 16K), the pick by held-out answers and text at 12K
+#   moa     MoA: 4 every-row items per profiled length (8K, 16K), the pick by held-out answers and text at 16K, the
+#           layer repair
 #   tmix    TriangleMix: the gradient probe's split at 8K
 #   eval    density, the accuracy harness and KJV perplexity at 8K/16K/32K: the plans beside the presets of the same
 #           cost (vs_adaptive, trianglemix, ashape, the uniform MoA window of the MoA plan's density) and dense
-#   Vars: T (the CLI, default build/cuda/src/tessera); MI_CAP, DENSITY_CAP, EVAL_CAP (seconds: 200, 120, 480); MI_BUDGET (mi's --budget, default 0.3); PRESETS (eval's presets
+#   Vars: T (the CLI, default build/cuda/src/tessera); MI_CAP, MOA_CAP, DENSITY_CAP, EVAL_CAP (seconds: 200, 480, 120, 480);
+#   MI_BUDGET, MOA_BUDGET (--budget, default 0.3, 0.5); DEPTHS, SAMPLES (eval's cases: 25,75 and 1); PLAN_FILES (more
+#   plans for eval: paths in the tree, space-separated); MODEL (under build/models, default Gemma-3-270M's GGUF), LENGTHS
+#   (eval's, default 8192,16384,32768), EVAL_NAME (its folder); PRESETS (eval's presets
 #   beside the plans, ';'-separated; default vs_adaptive;trianglemix;ashape:sink=64,local=2048, and the MoA report's
 #   uniform window); PLANS (eval's plan files under $OUT/plan33 without .json; default the three above).
 set -uo pipefail
@@ -17,10 +21,10 @@ lib_init
 deps_env > /dev/null 2>&1 || true
 models > /dev/null
 T=${T:-$ROOT/build/cuda/src/tessera}
-M=$ROOT/build/models/gemma-3-270m-q4_k_m.gguf
+M=$ROOT/build/models/${MODEL:-gemma-3-270m-q4_k_m.gguf}
 O=$OUT/plan33
 mkdir -p "$O"
-L=8192,16384,32768
+L=${LENGTHS:-8192,16384,32768}
 named_stack() {  # the crash report's "binary(+0xOFFSET)" frames through addr2line
   grep -o '(+0x[0-9a-f]*)' "$1" | tr -d '()+' | while read -r off; do addr2line -f -C -e "$T" "$off" | head -1; done
 }
@@ -44,8 +48,13 @@ for s in "${steps[@]}"; do
         [ ! -f "$O/mi.stack" ] ||  # crashed: the 32K sample with candidates sized for it (no shorter sample)
         run_step mi32 120 "$T" plan --method minference -m "$M" --device cuda --lengths 32768 --samples 1 --budget 0.3 \
           --validation-cases 0 -o "$O/mi32.json" ;;
-    moa) run_step moa 270 "$T" plan --method moa -m "$M" --device cuda --lengths 8192,16384 --samples 8 --budget 0.5 \
-          --validation-length 12288 --validation-cases 4 --report-lengths $L -o "$O/gemma3-moa-8k-16k.json" ;;
+    moa) # MoA's recipe as it beat the uniform window on SmolLM2 (docs/plans/README.md): targets at every row (KJV
+         # passages the evaluation does not read, make_calib_33_gemma.py), the Fisher loss, no sink-only rules, the
+         # pick by held-out answers and text at 16K, the layer repair; the window layers left to the model (c5060a0).
+         run_step moa "${MOA_CAP:-480}" "$T" plan --method moa -m "$M" --device cuda --lengths 8192,16384 \
+          --calib "$ROOT/docs/plans/calib-kjv-gemma3-8k-16k-text.jsonl" --budget "${MOA_BUDGET:-0.5}" \
+          --validation-length 16384 --validation-cases 4 --moa-loss fisher --moa-no-sink-only --moa-layer-repair \
+          --report-lengths $L -o "$O/gemma3-moa-8k-16k.json" ;;
     tmix) run_step tmix 150 "$T" plan --method trianglemix -m "$M" --device cuda --lengths 8192 --samples 4 \
           --validation-length 16384 --validation-cases 4 --report-lengths $L -o "$O/gemma3-trianglemix.json" ;;
     eval)
@@ -53,12 +62,13 @@ for s in "${steps[@]}"; do
       for f in ${PLANS:-gemma3-minference-8k-32k gemma3-moa-8k-16k gemma3-trianglemix}; do
         [ -f "$O/$f.json" ] && P="$P$O/$f.json;"
       done
+      for f in ${PLAN_FILES:-}; do P="$P$ROOT/$f;"; done  # committed plans (paths in the tree)
       UNI=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['calibration_noise'][-1]['uniform_spec'])" \
         "$O/gemma3-moa-8k-16k.report.json" 2> /dev/null)
       Q="${PRESETS:-vs_adaptive;trianglemix;ashape:sink=64,local=2048}${UNI:+;$UNI}"
       run_step density "${DENSITY_CAP:-120}" "$T" plan --method measure -m "$M" --lengths $L --attn "$P$Q" -o "$O/eval33-gemma3-density.json"
       run_step eval "${EVAL_CAP:-480}" "$T" eval -m "$M" --device cuda --tasks niah_single,niah_multikey,variable_tracking -l $L \
-        --depths 25,75 --attn "$P$Q" --perplexity $L -o "$O/eval33-gemma3" ;;
+        --depths "${DEPTHS:-25,75}" --samples "${SAMPLES:-1}" --attn "$P$Q" --perplexity $L -o "$O/${EVAL_NAME:-eval33-gemma3}" ;;
     *) say "unknown step $s" ;;
   esac
 done

@@ -186,13 +186,19 @@ int plan_command(const PlanOptions& o) {
   if (o.method != "minference") plan::check_backward_supported(cfg);
   ThreadPool& pool = ThreadPool::global();
   log("plan: loaded %s (%.1f s)\n", cfg.summary(), t0);
+  // Where the model answers (the dense answers, the held-out checks, the validation texts): the GPU's engine when the
+  // planner's passes run there (bf16), else the CPU engine. (Null: the CPU engine on the model.)
+  std::unique_ptr<runtime::Device> gpu_engines;
+  if (device == plan::Device::Cuda && runtime::gpu_device_usable()) gpu_engines = runtime::open_device("cuda", *s.model);
+  const runtime::Device* answers = gpu_engines.get();
+  if (answers != nullptr) log("plan: %s (%.1f s)\n", "answers and validation on " + answers->description(), t0);
 
   // Calibration samples.
   std::vector<plan::CalibrationSample> samples;
   const int32_t longest = *std::max_element(o.lengths.begin(), o.lengths.end());
   if (!o.calib.empty()) {
     try {
-      samples = plan::load_calibration_file(o.calib, *s.model, *s.tokenizer, longest, o.answer_tokens);
+      samples = plan::load_calibration_file(o.calib, *s.model, *s.tokenizer, longest, o.answer_tokens, answers);
     } catch (const Error& e) {
       throw Error(std::string("--calib: ") + e.what());
     }
@@ -203,8 +209,8 @@ int plan_command(const PlanOptions& o) {
     spec.seed = o.seed;
     spec.answer_tokens = o.answer_tokens;
     spec.haystack = o.haystack;
-    samples = plan::make_calibration(*s.model, *s.tokenizer, spec,
-                                     [&](const std::string& what) { log("plan: %s (%.1f s)\n", what, t0); });
+    samples = plan::make_calibration(
+        *s.model, *s.tokenizer, spec, [&](const std::string& what) { log("plan: %s (%.1f s)\n", what, t0); }, answers);
   }
   log("plan: %s calibration samples ready (%.1f s)\n", std::to_string(samples.size()), t0);
   // The range of prompt lengths the plan is made for (saved in the plan; run warns far outside it).
@@ -229,13 +235,15 @@ int plan_command(const PlanOptions& o) {
     spec.seed = o.seed + plan::kHeldOutSeed;
     spec.answer_tokens = o.answer_tokens;
     spec.haystack = o.haystack;
-    heldout = plan::make_calibration(*s.model, *s.tokenizer, spec,
-                                     [&](const std::string& what) { log("plan: held-out %s (%.1f s)\n", what, t0); });
+    heldout = plan::make_calibration(
+        *s.model, *s.tokenizer, spec, [&](const std::string& what) { log("plan: held-out %s (%.1f s)\n", what, t0); },
+        answers);
   }
   const double calib_seconds = now_seconds() - t0;
 
   nlohmann::json report = {{"method", o.method}, {"model", cfg.name}, {"model_file", fs::path(o.model).filename().string()},
                            {"command", o.command_line}, {"samples", nlohmann::json::array()}};
+  report["answer_device"] = answers != nullptr ? answers->description() : "cpu";
   for (const auto& smp : samples)
     report["samples"].push_back({{"name", smp.name}, {"tokens", smp.tokens.size()}, {"targets", smp.targets.size()}});
   attn::AttentionPolicy policy;
@@ -254,9 +262,9 @@ int plan_command(const PlanOptions& o) {
       log("plan: %s (%.1f s)\n", "searched sample " + std::to_string(done) + "/" + std::to_string(total), t0);
     });
     if (o.minference_repair) {
-      const int32_t dense_kept = plan::answer_agreement(*s.model, {}, heldout).kept;
+      const int32_t dense_kept = plan::answer_agreement(*s.model, {}, heldout, answers).kept;
       plan::repair_by_heldout(r, cfg, dense_kept, [&](const attn::AttentionPolicy& p) {
-        const int32_t k = plan::answer_agreement(*s.model, p, heldout).kept;
+        const int32_t k = plan::answer_agreement(*s.model, p, heldout, answers).kept;
         log("plan: %s (%.1f s)\n", "held-out repair: a trial keeps " + std::to_string(k), t0);
         return k;
       });
@@ -337,16 +345,17 @@ int plan_command(const PlanOptions& o) {
         for (const std::vector<int32_t>& ids : texts) {
           runtime::EngineOptions eo;
           eo.policy = p;
-          eo.chunk_size = 512;  // score() keeps one chunk of logits: 512 x vocab (Gemma-3: 0.5 GB), not S x vocab
+          // score() keeps one chunk of logits: 512 x vocab (Gemma-3: 0.5 GB), not S x vocab; the GPU's default chunk
+          // (its logits reduced on the device, the rows capped by its logits chunk)
+          eo.chunk_size = answers != nullptr ? 0 : 512;
           eo.max_context = static_cast<int32_t>(ids.size());
-          runtime::Engine engine(*s.model, eo);
-          ppl.push_back(eval::perplexity(engine.score(ids)));
+          ppl.push_back(eval::perplexity(plan::engine_on(*s.model, answers, eo)->score(ids)));
         }
         return ppl;
       };
       if (validation) {
         validate = [&](const attn::AttentionPolicy& p) {
-          const plan::Agreement a = heldout.empty() ? plan::Agreement{} : plan::answer_agreement(*s.model, p, heldout);
+          const plan::Agreement a = heldout.empty() ? plan::Agreement{} : plan::answer_agreement(*s.model, p, heldout, answers);
           const std::vector<double> ppl = perplexities(p);
           text_perplexities.push_back(ppl);
           return plan::pooled_validation(a.kept, a.total, ppl);
@@ -517,8 +526,8 @@ int plan_command(const PlanOptions& o) {
   // The plan on the held-out tasks, beside dense (which reproduces its own answers unless prefill and generation
   // round differently).
   if (!heldout.empty()) {
-    const plan::Agreement dense = plan::answer_agreement(*s.model, {}, heldout);
-    const plan::Agreement mine = plan::answer_agreement(*s.model, policy, heldout);
+    const plan::Agreement dense = plan::answer_agreement(*s.model, {}, heldout, answers);
+    const plan::Agreement mine = plan::answer_agreement(*s.model, policy, heldout, answers);
     report["heldout"] = {{"lengths", o.validation_lengths}, {"cases", heldout.size()}, {"seed", o.seed + plan::kHeldOutSeed},
                          {"plan_kept", mine.kept}, {"dense_kept", dense.kept}, {"plan_per_case", mine.per_sample}};
     extra_lines.push_back("held-out tasks at " + validation_lengths_text + " tokens: the plan reproduces " +

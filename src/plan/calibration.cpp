@@ -68,8 +68,15 @@ std::vector<JsonlItem> parse_jsonl(const fs::path& path, const std::string& text
 
 }  // namespace
 
+std::unique_ptr<runtime::SequenceEngine> engine_on(const runtime::Model& model, const runtime::Device* device,
+                                                   const runtime::EngineOptions& eo) {
+  if (device != nullptr) return device->engine(eo);
+  return std::make_unique<runtime::Engine>(model, eo);
+}
+
 CalibrationSample answer_sample(const runtime::Model& model, const model::Tokenizer& tokenizer, std::string name,
-                                std::vector<int32_t> prompt, int32_t answer_tokens, std::vector<int32_t> target) {
+                                std::vector<int32_t> prompt, int32_t answer_tokens, std::vector<int32_t> target,
+                                const runtime::Device* device) {
   CalibrationSample s;
   s.name = std::move(name);
   s.prompt_tokens = static_cast<int32_t>(prompt.size());
@@ -77,12 +84,12 @@ CalibrationSample answer_sample(const runtime::Model& model, const model::Tokeni
   if (target.empty()) {
     runtime::EngineOptions eo;
     eo.max_context = static_cast<int32_t>(prompt.size()) + answer_tokens + 1;
-    runtime::Engine engine(model, eo);
+    const std::unique_ptr<runtime::SequenceEngine> engine = engine_on(model, device, eo);
     runtime::GenerateOptions g;
     g.max_new_tokens = answer_tokens;
     bool ended = false;
     g.stop_tokens = {};
-    engine.generate(prompt, g, [&](int32_t t) {
+    engine->generate(prompt, g, [&](int32_t t) {
       if (ended) return false;
       target.push_back(t);
       if (tokenizer.is_end_of_generation(t)) ended = true;  // the end token is a target too, then stop
@@ -121,7 +128,8 @@ std::vector<int32_t> retrieval_prompt(const model::Tokenizer& tokenizer, const C
 }
 
 std::vector<CalibrationSample> make_calibration(const runtime::Model& model, const model::Tokenizer& tokenizer,
-                                                const CalibrationSpec& spec, const CalibrationProgress& progress) {
+                                                const CalibrationSpec& spec, const CalibrationProgress& progress,
+                                                const runtime::Device* device) {
   check(!spec.lengths.empty(), "calibration: no lengths");
   check(spec.samples_per_length >= 1, "calibration: samples per length must be >= 1");
   check(spec.answer_tokens >= 1, "calibration: answer tokens must be >= 1");
@@ -134,7 +142,7 @@ std::vector<CalibrationSample> make_calibration(const runtime::Model& model, con
       std::string name;
       std::vector<int32_t> prompt = retrieval_prompt(tokenizer, spec, length, i, &name);
       if (progress) progress("calibration sample " + name + " (" + std::to_string(prompt.size()) + " tokens)");
-      out.push_back(answer_sample(model, tokenizer, name, std::move(prompt), spec.answer_tokens));
+      out.push_back(answer_sample(model, tokenizer, name, std::move(prompt), spec.answer_tokens, {}, device));
     }
   }
   return out;
@@ -148,7 +156,7 @@ void check_calibration_file(const fs::path& path) {
 
 std::vector<CalibrationSample> load_calibration_file(const fs::path& path, const runtime::Model& model,
                                                      const model::Tokenizer& tokenizer, int32_t max_tokens,
-                                                     int32_t answer_tokens) {
+                                                     int32_t answer_tokens, const runtime::Device* device) {
   const std::string text = read_all(path);
   check(!blank(text), path.string() + ": no calibration samples (the file is empty)");
   std::vector<CalibrationSample> out;
@@ -162,7 +170,7 @@ std::vector<CalibrationSample> load_calibration_file(const fs::path& path, const
       check(total <= static_cast<size_t>(max_tokens),
             path.string() + ": line " + std::to_string(item.line) + ": " + std::to_string(total) +
                 " tokens (prompt + target) exceed the limit of " + std::to_string(max_tokens));
-      out.push_back(answer_sample(model, tokenizer, name, std::move(prompt), answer_tokens, std::move(target)));
+      out.push_back(answer_sample(model, tokenizer, name, std::move(prompt), answer_tokens, std::move(target), device));
     }
     return out;
   }
@@ -170,7 +178,8 @@ std::vector<CalibrationSample> load_calibration_file(const fs::path& path, const
   check(max_tokens > answer_tokens + 1, path.string() + ": the sample limit is too small");
   if (prompt.size() > static_cast<size_t>(max_tokens - answer_tokens))
     prompt.resize(static_cast<size_t>(max_tokens - answer_tokens));
-  out.push_back(answer_sample(model, tokenizer, path.filename().string(), std::move(prompt), answer_tokens));
+  out.push_back(
+      answer_sample(model, tokenizer, path.filename().string(), std::move(prompt), answer_tokens, {}, device));
   return out;
 }
 

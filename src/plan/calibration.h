@@ -28,6 +28,8 @@
 #include "core/thread_pool.h"
 #include "model/tokenizer/tokenizer.h"
 #include "plan/model_gradients.h"
+#include "runtime/device.h"
+#include "runtime/sequence_engine.h"
 #include "model/model.h"
 
 namespace tessera::plan {
@@ -51,9 +53,14 @@ using CalibrationProgress = std::function<void(const std::string& what)>;
 
 // The dense model's greedy answer to `prompt` (1 .. answer_tokens tokens: when the first token ends the
 // generation, that token is the answer). Returns prompt + answer as a sample.
+// device: where the dense model answers (runtime/device.h: the GPU's engine for `tessera plan --device cuda`); null:
+// the CPU engine on `model`. So for every function here that runs the model.
 CalibrationSample answer_sample(const runtime::Model& model, const model::Tokenizer& tokenizer, std::string name,
                                 std::vector<int32_t> prompt, int32_t answer_tokens,
-                                std::vector<int32_t> target = {});
+                                std::vector<int32_t> target = {}, const runtime::Device* device = nullptr);
+// A single-sequence engine with options `eo` on `device`, or the CPU engine on `model` when it is null.
+std::unique_ptr<runtime::SequenceEngine> engine_on(const runtime::Model& model, const runtime::Device* device,
+                                                   const runtime::EngineOptions& eo);
 
 // The prompt of synthetic sample `index` at `length` (the task kind cycles niah_single, niah_multikey, passkey,
 // variable_tracking; spec's seed, haystack and answer room), without the dense answer; `name` gets its name.
@@ -61,13 +68,15 @@ std::vector<int32_t> retrieval_prompt(const model::Tokenizer& tokenizer, const C
                                       int32_t index, std::string* name = nullptr);
 
 std::vector<CalibrationSample> make_calibration(const runtime::Model& model, const model::Tokenizer& tokenizer,
-                                                const CalibrationSpec& spec, const CalibrationProgress& progress = {});
+                                                const CalibrationSpec& spec, const CalibrationProgress& progress = {},
+                                                const runtime::Device* device = nullptr);
 
 // max_tokens: the longest sample (prompt + target); longer JSONL samples are an error naming the line.
 std::vector<CalibrationSample> load_calibration_file(const std::filesystem::path& path,
                                                      const runtime::Model& model,
                                                      const model::Tokenizer& tokenizer, int32_t max_tokens,
-                                                     int32_t answer_tokens = 16);
+                                                     int32_t answer_tokens = 16,
+                                                     const runtime::Device* device = nullptr);
 
 // Checks the file before any model is loaded: it exists, is not empty, and (JSONL) every line parses as an object
 // with a string "prompt" (and, when present, a string "target"). Throws the errors load_calibration_file would.

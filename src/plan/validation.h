@@ -28,7 +28,8 @@ struct Agreement {
 
 // Prefills each sample's prompt under `policy` (decode is dense, as in the engine) and checks the answer tokens by
 // greedy choice. Throws tessera::Error for a sample without targets.
+// device: the engine it runs on (null: the CPU engine on `model`), as calibration.h's.
 Agreement answer_agreement(const runtime::Model& model, const attn::AttentionPolicy& policy,
-                           const std::vector<CalibrationSample>& samples);
+                           const std::vector<CalibrationSample>& samples, const runtime::Device* device = nullptr);
 
 }  // namespace tessera::plan

@@ -108,6 +108,20 @@ std::vector<float> BatchBackend::prefill_chunk_rows(std::span<const int32_t>, in
               " batched backend");
 }
 
+std::vector<double> BatchBackend::prefill_chunk_logprobs(std::span<const int32_t> tokens, int32_t pos, int32_t total_len,
+                                                         const attn::AttentionPolicy* policy,
+                                                         std::span<const int32_t> next) {
+  check(next.size() <= tokens.size(), "prefill log-probabilities: more next tokens than rows");
+  return next_token_logprobs(prefill_chunk_rows(tokens, pos, total_len, policy), config().vocab_size, next);
+}
+
+std::vector<double> BatchBackend::prefill_stream_chunk_logprobs(StreamMemory& kv, std::span<const int32_t> tokens,
+                                                                int32_t pos, StreamingKV::ChunkKind kind,
+                                                                std::span<const int32_t> next) {
+  check(next.size() <= tokens.size(), "prefill log-probabilities: more next tokens than rows");
+  return next_token_logprobs(prefill_stream_chunk_rows(kv, tokens, pos, kind), config().vocab_size, next);
+}
+
 void BatchBackend::load_prefix(const SequenceBlocks&, int32_t, int32_t) {
   throw Error(std::string("prefix caching: the ") + device_name() + " batched backend cannot stage a cached prefix");
 }
@@ -764,8 +778,11 @@ void BatchEngine::close(int64_t id) {
 }
 
 std::vector<float> BatchEngine::extend(int64_t id, std::span<const int32_t> tokens, LogitRows rows,
-                                       const Progress& progress, const ChunkLogits& on_logits) {
+                                       const Progress& progress, const ChunkLogits& on_logits,
+                                       std::vector<double>* scored) {
   Sequence& s = held(id);
+  check(scored == nullptr || (rows == LogitRows::All && !on_logits),
+        "batched prefill: scored rows are asked with LogitRows::All and no chunk callback");
   if (tokens.empty()) throw Error("prefill: empty prompt");
   check_token_ids(tokens, cfg_);
   const int64_t pos0 = length(id), n = static_cast<int64_t>(tokens.size()), end = pos0 + n;
@@ -803,7 +820,16 @@ std::vector<float> BatchEngine::extend(int64_t id, std::span<const int32_t> toke
       const auto kind = last ? StreamingKV::ChunkKind::LastPrefill : StreamingKV::ChunkKind::Prefill;
       std::vector<float> part;
       try {
-        if (rows == LogitRows::All)
+        if (scored != nullptr) {
+          // Row r of the chunk predicts tokens[c0 + r + 1]; the prompt's last row predicts nothing here.
+          const auto next = tokens.subspan(static_cast<size_t>(c0) + 1, static_cast<size_t>(std::min(c1, n - 1) - c0));
+          const std::vector<double> lp =
+              s.stream ? backend_.prefill_stream_chunk_logprobs(*s.stream, chunk, pos, kind, next)
+                       : backend_.prefill_chunk_logprobs(chunk, pos, static_cast<int32_t>(end), s.policy, next);
+          check(lp.size() == next.size(), "batched prefill: the backend scored " + std::to_string(lp.size()) +
+                                              " rows of " + std::to_string(next.size()));
+          scored->insert(scored->end(), lp.begin(), lp.end());
+        } else if (rows == LogitRows::All)
           part = s.stream ? backend_.prefill_stream_chunk_rows(*s.stream, chunk, pos, kind)
                           : backend_.prefill_chunk_rows(chunk, pos, static_cast<int32_t>(end), s.policy);
         else

@@ -81,6 +81,13 @@ class BatchBackend {
   virtual bool supports_prompt_logits() const { return false; }
   virtual std::vector<float> prefill_chunk_rows(std::span<const int32_t> tokens, int32_t pos, int32_t total_len,
                                                 const attn::AttentionPolicy* policy);
+  // As prefill_chunk_rows, each row r < next.size() reduced to the natural-log probability of next[r] (the token
+  // that follows it; next.size() <= n), in f64: the perplexity's numbers without the [n, vocab] logits leaving the
+  // backend. This default reduces prefill_chunk_rows's logits on the host (next_token_logprobs); the GPU's on the
+  // device.
+  virtual std::vector<double> prefill_chunk_logprobs(std::span<const int32_t> tokens, int32_t pos, int32_t total_len,
+                                                     const attn::AttentionPolicy* policy,
+                                                     std::span<const int32_t> next);
   // Moves the staged rows [0, seq.length()) that seq keeps into its blocks, then frees the staging memory; from
   // now on seq decodes with `views` (decode_views layout) until release_sequence(seq).
   virtual void finish_prefill(const SequenceBlocks& seq, std::span<const DecodeView> views) = 0;
@@ -109,6 +116,10 @@ class BatchBackend {
   // As prefill_stream_chunk, returning the logits of every row ([n, vocab]); this default refuses.
   virtual std::vector<float> prefill_stream_chunk_rows(StreamMemory& kv, std::span<const int32_t> tokens, int32_t pos,
                                                        StreamingKV::ChunkKind kind);
+  // As prefill_stream_chunk_rows, reduced as prefill_chunk_logprobs (this default: on the host).
+  virtual std::vector<double> prefill_stream_chunk_logprobs(StreamMemory& kv, std::span<const int32_t> tokens,
+                                                            int32_t pos, StreamingKV::ChunkKind kind,
+                                                            std::span<const int32_t> next);
   // Called after every layer's attention of the prefill chunks that follow (runtime/forward.h; null: none); the
   // single-sequence engine's EngineOptions::observer. This default refuses a non-null one.
   virtual void set_observer(const AttentionObserver* observer);
@@ -381,9 +392,11 @@ class BatchEngine {
   // rows == All: each chunk's logits go to on_logits(first token index, chunk rows, logits) when it is set, else into
   // the returned vector; Last: the last token's logits; None: nothing.
   using ChunkLogits = std::function<void(int64_t first, int64_t rows, const std::vector<float>& logits)>;
+  // scored (rows == All, no on_logits): for i in [1, n), log p(tokens[i] | everything before it) is appended, the
+  // rows reduced by the backend (prefill_chunk_logprobs: on the GPU no logits leave it).
   int64_t open();
   std::vector<float> extend(int64_t id, std::span<const int32_t> tokens, LogitRows rows, const Progress& progress = {},
-                            const ChunkLogits& on_logits = {});
+                            const ChunkLogits& on_logits = {}, std::vector<double>* scored = nullptr);
   std::vector<float> decode_one(int64_t id, int32_t token);  // its logits ([vocab])
   void clear(int64_t id);                                    // empties it (its blocks go back to the pool)
   void close(int64_t id);

@@ -9,24 +9,6 @@
 
 namespace tessera::runtime {
 
-void append_next_token_logprobs(std::span<const float> logits, int64_t rows, int64_t vocab, int64_t first,
-                                std::span<const int32_t> tokens, std::vector<double>& out) {
-  // Rows that predict a token of `tokens` (the last row of the text predicts none).
-  const int64_t scored = std::clamp<int64_t>(static_cast<int64_t>(tokens.size()) - first - 1, 0, rows);
-  const size_t base = out.size();
-  out.resize(base + static_cast<size_t>(scored));
-  // A log-softmax over the whole vocabulary a row (262,144 exponentials for Gemma-3): rows split over the pool in
-  // blocks of 16 (each row's sum in double, in vocabulary order, whatever the split).
-  constexpr int64_t kRowsPerItem = 16;
-  ThreadPool::global().parallel_for((scored + kRowsPerItem - 1) / kRowsPerItem, [&](int64_t item, int) {
-    for (int64_t r = item * kRowsPerItem; r < std::min(scored, (item + 1) * kRowsPerItem); ++r) {
-      const std::span<const float> row = logits.subspan(static_cast<size_t>(r * vocab), static_cast<size_t>(vocab));
-      out[base + static_cast<size_t>(r)] =
-          static_cast<double>(row[static_cast<size_t>(tokens[static_cast<size_t>(first + r + 1)])]) - log_sum_exp(row);
-    }
-  });
-}
-
 namespace {
 
 GpuDeviceHooks& gpu_hooks() {

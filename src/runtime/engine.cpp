@@ -60,13 +60,13 @@ const StreamingKV* Engine::streaming() const { return dynamic_cast<const Streami
 size_t Engine::kv_cache_bytes() const { return static_cast<size_t>(batch_->kv_bytes_in_use()); }
 
 std::vector<float> Engine::run_prefill(std::span<const int32_t> tokens, LogitRows rows, const Progress& progress,
-                                       const BatchEngine::ChunkLogits& on_logits) {
+                                       const BatchEngine::ChunkLogits& on_logits, std::vector<double>* scored) {
   const ForwardTimers before = backend_->timers();
   const double seconds = batch_->stats().prefill_seconds;
   backend_->set_observer(options_.observer ? &options_.observer : nullptr);
   std::vector<float> logits;
   try {
-    logits = batch_->extend(seq_, tokens, rows, progress, on_logits);
+    logits = batch_->extend(seq_, tokens, rows, progress, on_logits, scored);
   } catch (...) {
     backend_->set_observer(nullptr);
     throw;
@@ -89,12 +89,9 @@ std::vector<float> Engine::forward_all_logits(std::span<const int32_t> tokens) {
 }
 
 std::vector<double> Engine::score(std::span<const int32_t> tokens, const Progress& progress) {
-  const int64_t vocab = backend_->config().vocab_size;
   std::vector<double> logprobs;
   logprobs.reserve(tokens.empty() ? 0 : tokens.size() - 1);
-  run_prefill(tokens, LogitRows::All, progress, [&](int64_t first, int64_t rows, const std::vector<float>& logits) {
-    append_next_token_logprobs(logits, rows, vocab, first, tokens, logprobs);
-  });
+  run_prefill(tokens, LogitRows::All, progress, {}, &logprobs);
   return logprobs;
 }
 

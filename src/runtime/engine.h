@@ -143,7 +143,7 @@ class Engine : public SequenceEngine {
 
  private:
   std::vector<float> run_prefill(std::span<const int32_t> tokens, LogitRows rows, const Progress& progress,
-                                 const BatchEngine::ChunkLogits& on_logits = {});
+                                 const BatchEngine::ChunkLogits& on_logits = {}, std::vector<double>* scored = nullptr);
   std::vector<float> run_decode(int32_t token);
 
   const Model* model_ = nullptr;  // null: a device engine's (above)

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "runtime/grammar.h"
 
 namespace tessera::runtime {
@@ -246,6 +247,27 @@ double log_sum_exp(std::span<const float> x) {
   double sum = 0;
   for (float v : x) sum += std::exp(static_cast<double>(v) - mx);
   return static_cast<double>(mx) + std::log(sum);
+}
+
+std::vector<double> next_token_logprobs(std::span<const float> logits, int64_t vocab, std::span<const int32_t> next) {
+  const auto rows = static_cast<int64_t>(next.size());
+  check(vocab > 0 && static_cast<int64_t>(logits.size()) >= rows * vocab,
+        "log-probabilities: " + std::to_string(logits.size()) + " logits for " + std::to_string(rows) + " rows of " +
+            std::to_string(vocab));
+  for (const int32_t t : next)
+    check(t >= 0 && t < vocab, "log-probabilities: token " + std::to_string(t) + " outside the vocabulary");
+  std::vector<double> out(static_cast<size_t>(rows));
+  // A log-softmax over the whole vocabulary a row (262,144 exponentials for Gemma-3): rows split over the pool in
+  // blocks of 16 (each row's sum in double, in vocabulary order, whatever the split).
+  constexpr int64_t kRowsPerItem = 16;
+  ThreadPool::global().parallel_for((rows + kRowsPerItem - 1) / kRowsPerItem, [&](int64_t item, int) {
+    for (int64_t r = item * kRowsPerItem; r < std::min(rows, (item + 1) * kRowsPerItem); ++r) {
+      const std::span<const float> row = logits.subspan(static_cast<size_t>(r * vocab), static_cast<size_t>(vocab));
+      out[static_cast<size_t>(r)] =
+          static_cast<double>(row[static_cast<size_t>(next[static_cast<size_t>(r)])]) - log_sum_exp(row);
+    }
+  });
+  return out;
 }
 
 TokenLogprobs token_logprobs(std::span<const float> logits, int32_t token, int32_t top) {

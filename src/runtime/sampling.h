@@ -102,6 +102,10 @@ struct TokenLogprobs {
 TokenLogprobs token_logprobs(std::span<const float> logits, int32_t token, int32_t top);
 // log sum_i exp(x_i), in f64 from the largest element (x non-empty): log p(i) = x_i - log_sum_exp(x).
 double log_sum_exp(std::span<const float> x);
+// out[r] = logits[r, next[r]] - log_sum_exp(logits[r, :]) for r < next.size() (logits [rows, vocab], rows >=
+// next.size()): the log-probability of the token after each row (perplexity, BatchBackend::prefill_chunk_logprobs);
+// rows in parallel on the global pool, each row's sum in f64 in vocabulary order.
+std::vector<double> next_token_logprobs(std::span<const float> logits, int64_t vocab, std::span<const int32_t> next);
 
 class Sampler {
  public:

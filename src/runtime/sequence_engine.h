@@ -64,9 +64,4 @@ class SequenceEngine {
   virtual void reset_peak_memory() {}
 };
 
-// For i in [1, tokens.size()): log p(tokens[i]) from row first + r of `logits` ([rows, vocab], the rows of tokens
-// first .. first + rows - 1), appended to out; the rows whose next token is past the end are skipped. Sums in f64.
-void append_next_token_logprobs(std::span<const float> logits, int64_t rows, int64_t vocab, int64_t first,
-                                std::span<const int32_t> tokens, std::vector<double>& out);
-
 }  // namespace tessera::runtime

@@ -187,6 +187,15 @@ std::vector<float> GpuBatchBackend::prefill_chunk_rows(std::span<const int32_t> 
   return out;
 }
 
+std::vector<double> GpuBatchBackend::prefill_chunk_logprobs(std::span<const int32_t> tokens, int32_t pos,
+                                                            int32_t total_len, const attn::AttentionPolicy* policy,
+                                                            std::span<const int32_t> next) {
+  if (pos == 0) begin_staging(total_len);
+  std::vector<double> out = prefill_->score(tokens, pos, staging_, policy, total_len, next);
+  collect_timers();
+  return out;
+}
+
 int32_t GpuBatchBackend::slot_of(const SequenceBlocks& seq) const {
   const auto it = slot_.find(&seq);
   check(it != slot_.end(), "GPU batched decode: a sequence without a slot (decoded before its prefill ended)");
@@ -502,18 +511,9 @@ std::unique_ptr<StreamMemory> GpuBatchBackend::new_stream(const StreamOptions& o
   return std::make_unique<GpuStreamMemory>(cfg_, options);
 }
 
-std::vector<float> GpuBatchBackend::prefill_stream_chunk(StreamMemory& memory, std::span<const int32_t> tokens,
-                                                         int32_t pos, StreamingKV::ChunkKind kind, bool logits) {
-  return stream_chunk(memory, tokens, pos, kind, logits ? LogitRows::kLast : LogitRows::kNone);
-}
-
-std::vector<float> GpuBatchBackend::prefill_stream_chunk_rows(StreamMemory& memory, std::span<const int32_t> tokens,
-                                                              int32_t pos, StreamingKV::ChunkKind kind) {
-  return stream_chunk(memory, tokens, pos, kind, LogitRows::kAll);
-}
-
-std::vector<float> GpuBatchBackend::stream_chunk(StreamMemory& memory, std::span<const int32_t> tokens, int32_t pos,
-                                                 StreamingKV::ChunkKind kind, LogitRows rows) {
+template <class Run>
+auto GpuBatchBackend::stream_chunk(StreamMemory& memory, std::span<const int32_t> tokens, int32_t pos,
+                                   StreamingKV::ChunkKind kind, bool wait, const Run& run) {
   GpuStreamingKV& kv = device_stream(&memory);
   const int64_t end = static_cast<int64_t>(pos) + static_cast<int64_t>(tokens.size());
   check(end < (int64_t{1} << 31), "streaming: a sequence of " + std::to_string(end) + " tokens (at most 2^31 - 1)");
@@ -521,11 +521,11 @@ std::vector<float> GpuBatchBackend::stream_chunk(StreamMemory& memory, std::span
   kv.reserve(end);
   kv.begin_chunk(pos, static_cast<int32_t>(tokens.size()), kind);
   try {
-    std::vector<float> out = prefill_->run(tokens, pos, kv, rows);
+    auto out = run(kv);
     // The host runs ahead between the chunks of a prompt (as the single-sequence GPU engine did: a 128K prompt's
     // stream chunks are ~60, and a wait after each cost 1% of its TTFT); the chunk that returns logits or ends
     // the prompt waits, and its errors surface there.
-    if (rows != LogitRows::kNone || kind == StreamingKV::ChunkKind::LastPrefill) {
+    if (wait || kind == StreamingKV::ChunkKind::LastPrefill) {
       TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
       collect_timers();
     }
@@ -535,6 +535,27 @@ std::vector<float> GpuBatchBackend::stream_chunk(StreamMemory& memory, std::span
     (void)cudaGetLastError();
     throw;
   }
+}
+
+std::vector<float> GpuBatchBackend::prefill_stream_chunk(StreamMemory& memory, std::span<const int32_t> tokens,
+                                                         int32_t pos, StreamingKV::ChunkKind kind, bool logits) {
+  const LogitRows rows = logits ? LogitRows::kLast : LogitRows::kNone;
+  return stream_chunk(memory, tokens, pos, kind, logits,
+                      [&](GpuStreamingKV& kv) { return prefill_->run(tokens, pos, kv, rows); });
+}
+
+std::vector<float> GpuBatchBackend::prefill_stream_chunk_rows(StreamMemory& memory, std::span<const int32_t> tokens,
+                                                              int32_t pos, StreamingKV::ChunkKind kind) {
+  return stream_chunk(memory, tokens, pos, kind, true,
+                      [&](GpuStreamingKV& kv) { return prefill_->run(tokens, pos, kv, LogitRows::kAll); });
+}
+
+std::vector<double> GpuBatchBackend::prefill_stream_chunk_logprobs(StreamMemory& memory,
+                                                                   std::span<const int32_t> tokens, int32_t pos,
+                                                                   StreamingKV::ChunkKind kind,
+                                                                   std::span<const int32_t> next) {
+  return stream_chunk(memory, tokens, pos, kind, true,
+                      [&](GpuStreamingKV& kv) { return prefill_->score(tokens, pos, kv, next); });
 }
 
 int64_t GpuBatchBackend::run_stream_step(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) {

@@ -128,6 +128,9 @@ class GpuBatchBackend final : public BatchBackend {
   bool supports_prompt_logits() const override { return true; }
   std::vector<float> prefill_chunk_rows(std::span<const int32_t> tokens, int32_t pos, int32_t total_len,
                                         const attn::AttentionPolicy* policy) override;
+  std::vector<double> prefill_chunk_logprobs(std::span<const int32_t> tokens, int32_t pos, int32_t total_len,
+                                             const attn::AttentionPolicy* policy,
+                                             std::span<const int32_t> next) override;
   void finish_prefill(const SequenceBlocks& seq, std::span<const DecodeView> views) override;
   void abort_prefill() override;
   bool supports_prefix_cache() const override { return true; }
@@ -142,6 +145,9 @@ class GpuBatchBackend final : public BatchBackend {
                                           StreamingKV::ChunkKind kind, bool logits) override;
   std::vector<float> prefill_stream_chunk_rows(StreamMemory& kv, std::span<const int32_t> tokens, int32_t pos,
                                                StreamingKV::ChunkKind kind) override;
+  std::vector<double> prefill_stream_chunk_logprobs(StreamMemory& kv, std::span<const int32_t> tokens, int32_t pos,
+                                                    StreamingKV::ChunkKind kind,
+                                                    std::span<const int32_t> next) override;
   std::vector<float> decode(std::span<const int32_t> tokens, std::span<const DecodeRow> rows) override;
   std::vector<int32_t> decode_select(std::span<const int32_t> tokens, std::span<const DecodeRow> rows,
                                      std::span<const RowChoice> choice) override;
@@ -233,9 +239,12 @@ class GpuBatchBackend final : public BatchBackend {
   // Decode rows one at a time through the prefill forward (shapes the paged kernel does not run); logits_host_.
   void run_rows_through_prefill(std::span<const int32_t> tokens, std::span<const DecodeRow> rows);
   void collect_timers();  // the events recorded so far into timers_ / kernel_seconds_ (synchronises)
-  // A prefill chunk of a streamed sequence (prefill_stream_chunk, _rows).
-  std::vector<float> stream_chunk(StreamMemory& memory, std::span<const int32_t> tokens, int32_t pos,
-                                  StreamingKV::ChunkKind kind, LogitRows rows);
+  // A prefill chunk of a streamed sequence (prefill_stream_chunk, _rows, _logprobs): run(kv) runs the prefill
+  // forward through its memory and returns what the chunk gives; `wait`: it gives something (the stream is
+  // synchronised and the timers collected; so is the prompt's last chunk).
+  template <class Run>
+  auto stream_chunk(StreamMemory& memory, std::span<const int32_t> tokens, int32_t pos, StreamingKV::ChunkKind kind,
+                    bool wait, const Run& run);
   // The same for streamed rows (no padding, no graph).
   int64_t run_stream_step(std::span<const int32_t> tokens, std::span<const DecodeRow> rows);
   int32_t slot_of(const SequenceBlocks& seq) const;

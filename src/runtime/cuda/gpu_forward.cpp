@@ -132,6 +132,24 @@ std::vector<float> GpuForward::run(std::span<const int32_t> tokens, int32_t pos,
   return run_step(tokens, pos, step, rows);
 }
 
+std::vector<double> GpuForward::score(std::span<const int32_t> tokens, int32_t pos, DeviceKVCache& cache,
+                                      const attn::AttentionPolicy* policy, int32_t total_len,
+                                      std::span<const int32_t> next) {
+  const auto n = static_cast<int32_t>(tokens.size());
+  if (n == 0) return {};
+  check(cache.capacity() >= pos + n, "GPU forward: the KV cache has no room for the chunk");
+  ContiguousAttention step(ops_, cache, pos, n, policy, total_len, attention_);
+  return score_step(tokens, pos, step, next);
+}
+
+std::vector<double> GpuForward::score(std::span<const int32_t> tokens, int32_t pos, GpuKVPolicy& kv,
+                                      std::span<const int32_t> next) {
+  const auto n = static_cast<int32_t>(tokens.size());
+  if (n == 0) return {};
+  PolicyAttention step(kv, ops_, pos, n);
+  return score_step(tokens, pos, step, next);
+}
+
 void GpuForward::run_mixed(std::span<const int32_t> tokens, int32_t n, int32_t pos, DeviceKVCache& cache,
                            const attn::AttentionPolicy* policy, int32_t total_len, const int32_t* positions,
                            GpuAttentionStep& decode, bool chunk_logits) {
@@ -156,18 +174,29 @@ void GpuForward::run_mixed(std::span<const int32_t> tokens, int32_t n, int32_t p
   ops_.head(first);
 }
 
-std::vector<float> GpuForward::run_step(std::span<const int32_t> tokens, int32_t pos, GpuAttentionStep& step,
-                                        LogitRows rows) {
+void GpuForward::forward(std::span<const int32_t> tokens, int32_t pos, GpuAttentionStep& step, int64_t first) {
   const auto n = static_cast<int64_t>(tokens.size());
-  const int64_t first = rows == LogitRows::kLast ? n - 1 : 0;
-  const int64_t count = rows == LogitRows::kNone ? 0 : n - first;
-  ops_.reserve(n, count, step);
+  ops_.reserve(n, n - first, step);
   ops_.upload_tokens(tokens);
   ops_.begin(n, ops_.tokens(), pos, nullptr, step);
   run_layers(cfg_, ops_);
+  if (first < n) ops_.head(first);
+}
+
+std::vector<float> GpuForward::run_step(std::span<const int32_t> tokens, int32_t pos, GpuAttentionStep& step,
+                                        LogitRows rows) {
+  const auto n = static_cast<int64_t>(tokens.size());
+  const int64_t first = rows == LogitRows::kNone ? n : rows == LogitRows::kLast ? n - 1 : 0;
+  forward(tokens, pos, step, first);
   if (rows == LogitRows::kNone) return {};
-  ops_.head(first);
-  return ops_.download_logits(count);
+  return ops_.download_logits(n - first);
+}
+
+std::vector<double> GpuForward::score_step(std::span<const int32_t> tokens, int32_t pos, GpuAttentionStep& step,
+                                           std::span<const int32_t> next) {
+  check(next.size() <= tokens.size(), "GPU forward: more next tokens than rows");
+  forward(tokens, pos, step, 0);
+  return ops_.download_logprobs(next);
 }
 
 }  // namespace tessera::runtime::gpu

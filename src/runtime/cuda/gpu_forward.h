@@ -76,6 +76,13 @@ class GpuForward {
   // before the policy sees q and k (as the CPU Forward); the policy rotates them with the layer's RoPE table.
   std::vector<float> run(std::span<const int32_t> tokens, int32_t pos, GpuKVPolicy& kv, LogitRows rows);
 
+  // As run(..., LogitRows::kAll), each row r < next.size() reduced on the device to the log-probability of next[r]
+  // (GpuOps::download_logprobs): the [n, vocab] logits stay on the device.
+  std::vector<double> score(std::span<const int32_t> tokens, int32_t pos, DeviceKVCache& cache,
+                            const attn::AttentionPolicy* policy, int32_t total_len, std::span<const int32_t> next);
+  std::vector<double> score(std::span<const int32_t> tokens, int32_t pos, GpuKVPolicy& kv,
+                            std::span<const int32_t> next);
+
   // The mixed step (BatchBackend::mixed_step): a prefill chunk of n tokens at [pos, pos + n) of `cache` (under
   // `policy`, total_len, the model's windows: as run()) and tokens.size() - n decode rows attended by `decode` (the
   // batched engine's paged decode step, its layout set for those rows) as ONE step of the layer recipe over all
@@ -99,7 +106,11 @@ class GpuForward {
   GpuOps& ops() { return ops_; }
 
  private:
+  // The step's layers, then the logits of rows [first, n) on the device (first == n: none).
+  void forward(std::span<const int32_t> tokens, int32_t pos, GpuAttentionStep& step, int64_t first);
   std::vector<float> run_step(std::span<const int32_t> tokens, int32_t pos, GpuAttentionStep& step, LogitRows rows);
+  std::vector<double> score_step(std::span<const int32_t> tokens, int32_t pos, GpuAttentionStep& step,
+                                 std::span<const int32_t> next);
 
   const ModelConfig& cfg_;
   ContiguousOptions attention_;

@@ -312,15 +312,35 @@ std::vector<float> GpuOps::download_logits(int64_t count) {
   return out;
 }
 
+std::vector<double> GpuOps::download_logprobs(std::span<const int32_t> next) {
+  const auto rows = static_cast<int64_t>(next.size());
+  std::vector<double> out(next.size());
+  if (rows == 0) return out;
+  for (const int32_t t : next)
+    check(t >= 0 && t < cfg_.vocab_size, "GPU log-probabilities: token id " + std::to_string(t) + " outside the vocabulary");
+  grow(next_, rows);
+  grow(logprobs_, rows);
+  TESSERA_CUDA_CHECK(
+      cudaMemcpyAsync(next_.data(), next.data(), next.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  timed(EventTimer::kMisc, [&] {
+    row_logprobs(logits_.data(), rows, cfg_.vocab_size, cfg_.vocab_size, next_.data(), logprobs_.data(), stream_);
+  });
+  TESSERA_CUDA_CHECK(
+      cudaMemcpyAsync(out.data(), logprobs_.data(), out.size() * sizeof(double), cudaMemcpyDeviceToHost, stream_));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));  // (next and out are on this stack)
+  if (sample_) sample_memory();
+  return out;
+}
+
 size_t GpuOps::scratch_bytes() const {
-  size_t b = bytes_of(tokens_, x_, o_, logits_, h_, q_, a_, gu_, k_, v_, no_freq_, id_cos_, id_sin_);
+  size_t b = bytes_of(tokens_, next_, logprobs_, x_, o_, logits_, h_, q_, a_, gu_, k_, v_, no_freq_, id_cos_, id_sin_);
   for (size_t r = 0; r < cos_.size(); ++r) b += bytes_of(cos_[r], sin_[r]);
   return b;
 }
 
 void GpuOps::release_scratch() {
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  release_all(tokens_, x_, o_, logits_, h_, q_, a_, gu_, k_, v_, no_freq_, id_cos_, id_sin_);
+  release_all(tokens_, next_, logprobs_, x_, o_, logits_, h_, q_, a_, gu_, k_, v_, no_freq_, id_cos_, id_sin_);
   for (size_t r = 0; r < cos_.size(); ++r) release_all(cos_[r], sin_[r]);
 }
 

@@ -128,6 +128,9 @@ class GpuOps {
   void head(int64_t first);
   // The logits of the last head() on the host ([count, vocab]); synchronises the stream.
   std::vector<float> download_logits(int64_t count);
+  // The log-probability of next[r] under row r of the last head()'s logits, for r < next.size() (f64, on the host:
+  // row_logprobs on the device, only next.size() numbers come back); synchronises the stream.
+  std::vector<double> download_logprobs(std::span<const int32_t> next);
   float* logits() { return logits_.data(); }
 
   // Tensor parallelism with one GpuOps per rank over a model of the rank's heads and MLP columns
@@ -212,6 +215,8 @@ class GpuOps {
   // Scratch, grown to the largest step seen.
   attn::gpu::DeviceBuffer<int32_t> tokens_;
   attn::gpu::DeviceBuffer<float> x_, o_, logits_;
+  attn::gpu::DeviceBuffer<int32_t> next_;  // download_logprobs's tokens and results
+  attn::gpu::DeviceBuffer<double> logprobs_;
   attn::gpu::DeviceBuffer<bf16> h_, q_, a_, gu_, k_, v_;  // q_: rows [q | k | v] when fused; k_, v_: unfused scratch
   attn::gpu::DeviceBuffer<float> no_freq_, id_cos_, id_sin_;  // the identity rotation (angle 0: cos 1, sin 0)
   std::vector<attn::gpu::DeviceBuffer<float>> cos_, sin_;

@@ -451,6 +451,35 @@ __global__ void __launch_bounds__(kArgmaxThreads) row_argmax_kernel(const float*
   }
 }
 
+// row_logprobs: one CTA a row, two passes over it (the maximum, then the exponentials' sum in f64), each reduced by
+// warp shuffles and then across the warps in shared memory.
+constexpr int kLogprobThreads = 512;
+__global__ void __launch_bounds__(kLogprobThreads) row_logprobs_kernel(const float* x, int64_t n, int64_t ld,
+                                                                       const int32_t* next, double* out) {
+  __shared__ float wmax[kLogprobThreads / 32];
+  __shared__ double wsum[kLogprobThreads / 32];
+  const float* row = x + static_cast<int64_t>(blockIdx.x) * ld;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float mx = -INFINITY;
+  for (int64_t i = threadIdx.x; i < n; i += kLogprobThreads) mx = fmaxf(mx, row[i]);
+  for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  if (lane == 0) wmax[warp] = mx;
+  __syncthreads();
+  mx = wmax[0];
+  for (int w = 1; w < kLogprobThreads / 32; ++w) mx = fmaxf(mx, wmax[w]);
+  double sum = 0;
+  for (int64_t i = threadIdx.x; i < n; i += kLogprobThreads) sum += static_cast<double>(expf(row[i] - mx));
+  for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  if (lane == 0) wsum[warp] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0;
+    for (int w = 0; w < kLogprobThreads / 32; ++w) total += wsum[w];
+    out[blockIdx.x] = (static_cast<double>(row[next[blockIdx.x]]) - mx) - log(total);
+  }
+}
+
+
 constexpr int kAttnThreads = 128;
 
 // One block per (query row, query head). Keys in chunks of kAttnThreads: each thread scores one key, the
@@ -694,6 +723,15 @@ void softcap(float* x, int64_t n, float cap, cudaStream_t stream) {
   if (n <= 0) return;
   softcap_kernel<<<grid_for(n), 256, 0, stream>>>(x, n, cap);
   check_launch("softcap");
+}
+
+void row_logprobs(const float* x, int64_t rows, int64_t n, int64_t ld, const int32_t* next, double* out,
+                  cudaStream_t stream) {
+  if (rows <= 0) return;
+  check_rows(rows, "row_logprobs");
+  check(n > 0 && ld >= n, "row_logprobs: bad row size " + std::to_string(n));
+  row_logprobs_kernel<<<static_cast<unsigned>(rows), kLogprobThreads, 0, stream>>>(x, n, ld, next, out);
+  check_launch("row_logprobs");
 }
 
 void row_argmax(const float* x, int64_t rows, int64_t n, int64_t ld, int32_t* out, cudaStream_t stream) {

@@ -66,6 +66,12 @@ void softcap(float* x, int64_t n, float cap, cudaStream_t stream);
 // (sampling.h) for rows without NaN; a NaN is never chosen (a row of NaN only: 0).
 void row_argmax(const float* x, int64_t rows, int64_t n, int64_t ld, int32_t* out, cudaStream_t stream);
 
+// out[r] = x[r, next[r]] - log(sum_j exp(x[r, j])) over x[r, 0:n) (rows ld apart), next[r] in [0, n): the
+// log-probability of the token after row r (runtime::next_token_logprobs, the host twin: there exp and the sum in
+// f64; here exp(x - the row's maximum) in f32, summed in f64 — within a few f32 roundings of it).
+void row_logprobs(const float* x, int64_t rows, int64_t n, int64_t ld, const int32_t* next, double* out,
+                  cudaStream_t stream);
+
 // Dense causal attention with an optional row-exact sliding window, in a plain kernel (one block per query
 // row and head, f32 online softmax): the slow, obvious twin of the sparse executor, and the path for head
 // dimensions the executor is not built for (any even head_dim up to 256). q [q_len, nq, d] (rows q_stride

@@ -211,6 +211,14 @@ TEST_P(FixtureTest, MatchesCpuEngine) {
   expect_agreement(compare(ref, got7, vocab), kFixtureRelL2, fc.name + " chunks of 7");
   expect_agreement(compare(got, got7, vocab), kSameDeviceRelL2, fc.name + " chunks of 7 vs one chunk (GPU)");
 
+  // score(): every row reduced on the device (row_logprobs: no logits leave it) equals the host's log-softmax
+  // (next_token_logprobs) of the same engine's logits, within f32 exponentials.
+  GpuEngine scorer(dev, gpu_opts(7));
+  const std::vector<double> lp = scorer.score(tokens);
+  const std::vector<double> host = next_token_logprobs(got7, vocab, std::span<const int32_t>(tokens).subspan(1));
+  ASSERT_EQ(lp.size(), host.size());
+  for (size_t i = 0; i < lp.size(); ++i) EXPECT_NEAR(lp[i], host[i], 1e-5) << fc.name << " row " << i;
+
   // Prefill of most of the tokens, then decode of the rest one by one.
   GpuEngine gen(dev, gpu_opts(16));
   const int64_t split = n - 8;

@@ -39,6 +39,7 @@
 #include "cuda/device_buffer.h"
 #include "model/model_config.h"
 #include "runtime/rope.h"
+#include "runtime/sampling.h"
 #include "runtime/stream/streaming_kv.h"
 #include "runtime/cuda/device_model.h"
 #include "runtime/cuda/gpu_engine.h"
@@ -489,6 +490,32 @@ TEST(StreamGpu, EngineEqualsDenseWhileNothingIsEvictedAndRunsPastTheWindow) {
     EXPECT_LE(st.workspace_tokens, past.stream.attended_tokens());
     EXPECT_EQ(small.gpu_streaming()->gpu_stats().blocks_to_host,
               m == StreamMethod::StreamingLLM ? 0 : st.evicted_blocks * cfg.num_layers);
+  }
+}
+
+// score() of a streamed sequence, evicting and retrieving: the rows reduced on the device equal the host's
+// log-softmax of the same options' logits (forward_all_logits through the same decisions).
+TEST(StreamGpu, ScoresOnTheDeviceEqualTheHostLogSoftmax) {
+  REQUIRE_GPU();
+  const ModelConfig cfg = small_config(2);
+  const auto model = DeviceModel::random(cfg, 3);
+  const std::vector<int32_t> tokens = random_tokens(700, cfg.vocab_size, 9);
+  for (StreamMethod m : {StreamMethod::Ltri, StreamMethod::StreamingLLM}) {
+    SCOPED_TRACE(stream_method_name(m));
+    GpuEngineOptions so;
+    so.stream.method = m;
+    so.stream.sinks = 16;
+    so.stream.local = 128;
+    so.stream.block = 64;
+    so.stream.chunk = 128;
+    so.stream.top_k = 4;
+    GpuEngine rows(*model, so), scorer(*model, so);
+    const std::vector<float> all = rows.forward_all_logits(tokens);
+    const std::vector<double> lp = scorer.score(tokens);
+    const std::vector<double> host = next_token_logprobs(all, cfg.vocab_size, std::span<const int32_t>(tokens).subspan(1));
+    ASSERT_EQ(lp.size(), host.size());
+    for (size_t i = 0; i < lp.size(); ++i) EXPECT_NEAR(lp[i], host[i], 1e-5) << "row " << i;
+    EXPECT_GT(scorer.streaming()->stats().evicted_blocks, 0);
   }
 }
 
