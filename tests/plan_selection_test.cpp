@@ -21,6 +21,7 @@
 #include "plan/moa_plan.h"
 #include "plan/planned_range.h"
 #include "plan/profile.h"
+#include "plan/trianglemix_plan.h"
 #include "plan/validation.h"
 #include "model/model.h"
 #include "test_support.h"
@@ -416,6 +417,41 @@ TEST(Measure, ExecutedDensityIsTheIndexAccounting) {
             }),
             "measure: a policy of 1 layers x 2 heads for a model of " + std::to_string(c.num_layers) + " x " +
                 std::to_string(c.num_q_heads));
+}
+
+// TriangleMix's split by held-out validation: from the probe's split, earlier while the plans keep dense's answers
+// and stay within the tolerance of its log perplexity; later when the probe's split does not.
+TEST(TriangleMixSelect, EarliestSplitWithinTheToleranceFromEitherSide) {
+  constexpr int32_t L = 30;
+  std::vector<int32_t> asked;
+  const SplitScore score = [&](int32_t s) {
+    asked.push_back(s);
+    const int32_t kept = s >= 10 ? 4 : 3;                       // dense (s = 30) keeps 4
+    return std::pair<int32_t, double>{kept, 2.0 + 0.001 * (L - s)};  // each triangle layer adds 0.001
+  };
+  // From 25: 24 ... 20 are within 0.01 (0.010 at 20), 19 is not.
+  SplitSelection a = select_split(L, 25, 0.0100001, score);
+  EXPECT_EQ(a.start, 20);
+  EXPECT_EQ(a.reference_kept, 4);
+  EXPECT_DOUBLE_EQ(a.reference_log_perplexity, 2.0);
+  EXPECT_EQ(asked, (std::vector<int32_t>{30, 25, 24, 23, 22, 21, 20, 19}));
+  ASSERT_EQ(a.trials.size(), 8u);
+  EXPECT_TRUE(a.trials[6].acceptable);
+  EXPECT_FALSE(a.trials[7].acceptable);
+  EXPECT_EQ(a.trials[7].start, 19);
+  // From 15 (outside the tolerance): later until 20.
+  asked.clear();
+  EXPECT_EQ(select_split(L, 15, 0.0100001, score).start, 20);
+  EXPECT_EQ(asked, (std::vector<int32_t>{30, 15, 16, 17, 18, 19, 20}));
+  // A wide tolerance stops at the answers: layer 10 keeps 4, layer 9 three.
+  EXPECT_EQ(select_split(L, 25, 1.0, score).start, 10);
+  // Nothing acceptable: no triangle at all.
+  EXPECT_EQ(select_split(L, 29, 0.0, score).start, L);
+  // Errors.
+  EXPECT_EQ(error_of([&] { select_split(L, 31, 0.01, score); }),
+            "trianglemix: the split to select from (31) is outside [0, 30]");
+  EXPECT_EQ(error_of([&] { select_split(L, 5, -1, score); }),
+            "trianglemix: the selection's tolerance must be >= 0, got -1.000000");
 }
 
 }  // namespace

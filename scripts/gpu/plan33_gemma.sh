@@ -7,6 +7,7 @@
 #   moa     MoA: 4 every-row items per profiled length (8K, 16K), the pick by held-out answers and text at 16K, the
 #           layer repair
 #   tmix    TriangleMix: the gradient probe's split at 8K
+#   tmixsel TriangleMix: the split by held-out answers and validation text (--trianglemix-select), MODEL's
 #   eval    density, the accuracy harness and KJV perplexity at 8K/16K/32K: the plans beside the presets of the same
 #           cost (vs_adaptive, trianglemix, ashape, the uniform MoA window of the MoA plan's density) and dense
 #   Vars: T (the CLI, default build/cuda/src/tessera); MI_CAP, MOA_CAP, DENSITY_CAP, EVAL_CAP (seconds: 200, 480, 120, 480);
@@ -21,7 +22,9 @@ lib_init
 deps_env > /dev/null 2>&1 || true
 models > /dev/null
 T=${T:-$ROOT/build/cuda/src/tessera}
-M=$ROOT/build/models/${MODEL:-gemma-3-270m-q4_k_m.gguf}
+MODEL=${MODEL:-gemma-3-270m-q4_k_m.gguf}
+MNAME=${MODEL%%-*}  # gemma, smollm2
+M=$ROOT/build/models/$MODEL
 O=$OUT/plan33
 mkdir -p "$O"
 L=${LENGTHS:-8192,16384,32768}
@@ -57,6 +60,11 @@ for s in "${steps[@]}"; do
           --report-lengths $L -o "$O/gemma3-moa-8k-16k.json" ;;
     tmix) run_step tmix 150 "$T" plan --method trianglemix -m "$M" --device cuda --lengths 8192 --samples 4 \
           --validation-length 16384 --validation-cases 4 --report-lengths $L -o "$O/gemma3-trianglemix.json" ;;
+    tmixsel) # TriangleMix's split by held-out answers and validation perplexity (--trianglemix-select), for MODEL:
+         # TMIX_LENGTHS (calibration, default 8192), TMIX_VAL (validation lengths, default 16384), TMIX_TOL (0.02)
+         run_step "tmixsel-$MNAME" 300 "$T" plan --method trianglemix -m "$M" --device cuda \
+          --lengths "${TMIX_LENGTHS:-8192}" --samples 4 --validation-length "${TMIX_VAL:-16384}" --validation-cases 4 \
+          --trianglemix-select "${TMIX_TOL:-0.02}" --report-lengths $L -o "$O/$MNAME-trianglemix-select.json" ;;
     eval)
       P=""
       for f in ${PLANS:-gemma3-minference-8k-32k gemma3-moa-8k-16k gemma3-trianglemix}; do

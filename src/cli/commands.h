@@ -182,6 +182,8 @@ struct PlanOptions {
   std::string attn;                      // --method measure: the policies (';'-separated specs or plan files)
   double threshold = 0.1;                // TriangleMix: Middle gradient relative to its largest
   std::string inner = "dense";           // TriangleMix: the shallow layers' policy (dense, vs or a policy file)
+  std::optional<double> trianglemix_select;  // TriangleMix: choose the split by held-out validation (this log-
+                                              // perplexity tolerance over dense; plan::select_split)
   std::vector<int> report_lengths = {4096, 16384, 65536};
   std::string out;                       // the plan (tessera policy JSON)
   std::string svg;                       // the picture; empty: beside out

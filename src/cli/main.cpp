@@ -317,6 +317,11 @@ int main(int argc, char** argv) {
   pl->add_flag("--moa-no-sink-only", plan.moa_no_sink_only,
               "MoA: leave out the rules that keep only the sink at a profiled length (span alpha + beta N <= 0), so "
               "every head keeps a window (docs/plans/README.md, \"MoA with long targets\")");
+  pl->add_option("--trianglemix-select", plan.trianglemix_select,
+                 "TriangleMix: choose the split by held-out validation instead of the probe alone: from the probe's "
+                 "split, the earliest layer such that the plans from there on keep every held-out answer dense keeps "
+                 "(--validation-cases) and the summed log perplexity of the validation texts stays within this "
+                 "tolerance of dense's (e.g. 0.02: 2%)");
   pl->add_flag("--moa-layer-repair", plan.moa_layer_repair,
                "MoA: measure, per layer, the plan's rules against the uniform window of its density on the validation "
                "texts (log perplexity, net of the density each layer adds) and keep the window on the layers where "

@@ -106,6 +106,12 @@ void check_plan_options(const PlanOptions& o) {
               "--moa-profile-in: no file '" + o.moa_profile_in + "'");
   usage_check(!o.minference_repair || o.method == "minference", "--minference-repair is for --method minference");
   usage_check(!o.moa_layer_repair || o.method == "moa", "--moa-layer-repair is for --method moa");
+  usage_check(!o.trianglemix_select || o.method == "trianglemix", "--trianglemix-select is for --method trianglemix");
+  usage_check(!o.trianglemix_select || *o.trianglemix_select >= 0,
+              "--trianglemix-select must be a tolerance >= 0, got " + num(o.trianglemix_select.value_or(0)));
+  usage_check(!o.trianglemix_select || o.validation_lengths.front() > 0,
+              "--trianglemix-select needs held-out tasks or validation texts (a --validation-length)");
+  usage_check(!o.trianglemix_select || !o.budget, "--trianglemix-select and --budget both choose the split: give one");
   usage_check(!o.moa_layer_repair || o.validation_lengths.front() > 0,
               "--moa-layer-repair needs validation texts (a --validation-length)");
   usage_check(!o.minference_repair || (o.validation_cases > 0 && o.validation_lengths.front() > 0),
@@ -246,6 +252,24 @@ int plan_command(const PlanOptions& o) {
   report["answer_device"] = answers != nullptr ? answers->description() : "cpu";
   for (const auto& smp : samples)
     report["samples"].push_back({{"name", smp.name}, {"tokens", smp.tokens.size()}, {"targets", smp.targets.size()}});
+  // The validation texts (MoA's pick and layer repair, TriangleMix's split selection) and their perplexities.
+  std::vector<std::vector<int32_t>> texts;
+  if (validation)
+    for (int l : o.validation_lengths)
+      for (int k = 0; k < o.validation_texts; ++k) texts.push_back(validation_tokens(s, o.haystack, l, k));
+  auto perplexities = [&](const attn::AttentionPolicy& p) {
+    std::vector<double> ppl;
+    for (const std::vector<int32_t>& ids : texts) {
+      runtime::EngineOptions eo;
+      eo.policy = p;
+      // score() keeps one chunk of logits: 512 x vocab (Gemma-3: 0.5 GB), not S x vocab; the GPU's default chunk
+      // (its logits reduced on the device, the rows capped by its logits chunk)
+      eo.chunk_size = answers != nullptr ? 0 : 512;
+      eo.max_context = static_cast<int32_t>(ids.size());
+      ppl.push_back(eval::perplexity(plan::engine_on(*s.model, answers, eo)->score(ids)));
+    }
+    return ppl;
+  };
   attn::AttentionPolicy policy;
   std::vector<std::string> extra_lines;
   const double t_plan = now_seconds();
@@ -335,24 +359,6 @@ int plan_command(const PlanOptions& o) {
       plan::PlanValidation validate;
       // Per Pareto plan (validate runs on them in order): each validation text's perplexity, for the report.
       std::vector<std::vector<double>> text_perplexities;
-      std::vector<std::vector<int32_t>> texts;
-      if (validation)
-        for (int l : o.validation_lengths)
-          for (int k = 0; k < o.validation_texts; ++k) texts.push_back(validation_tokens(s, o.haystack, l, k));
-      // Each validation text's perplexity under a policy.
-      auto perplexities = [&](const attn::AttentionPolicy& p) {
-        std::vector<double> ppl;
-        for (const std::vector<int32_t>& ids : texts) {
-          runtime::EngineOptions eo;
-          eo.policy = p;
-          // score() keeps one chunk of logits: 512 x vocab (Gemma-3: 0.5 GB), not S x vocab; the GPU's default chunk
-          // (its logits reduced on the device, the rows capped by its logits chunk)
-          eo.chunk_size = answers != nullptr ? 0 : 512;
-          eo.max_context = static_cast<int32_t>(ids.size());
-          ppl.push_back(eval::perplexity(plan::engine_on(*s.model, answers, eo)->score(ids)));
-        }
-        return ppl;
-      };
       if (validation) {
         validate = [&](const attn::AttentionPolicy& p) {
           const plan::Agreement a = heldout.empty() ? plan::Agreement{} : plan::answer_agreement(*s.model, p, heldout, answers);
@@ -503,8 +509,38 @@ int plan_command(const PlanOptions& o) {
                                                attn::VerticalSlashPattern{});
       else if (o.inner != "dense")
         inner = s.policy(o.inner);
-      const auto r = plan::plan_trianglemix(prof, cfg.num_kv_heads, inner, to);
+      auto r = plan::plan_trianglemix(prof, cfg.num_kv_heads, inner, to);
       policy = r.policy;
+      if (o.trianglemix_select) {
+        // The split by held-out answers and validation perplexity, from the probe's.
+        const plan::SplitSelection sel = plan::select_split(cfg.num_layers, r.probe_start, *o.trianglemix_select,
+                                                            [&](int32_t start) {
+          const attn::AttentionPolicy p = plan::trianglemix_policy(cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads,
+                                                                   inner, to.triangle, start);
+          const int32_t kept = heldout.empty() ? 0 : plan::answer_agreement(*s.model, p, heldout, answers).kept;
+          double lp = 0;
+          for (double x : perplexities(p)) lp += std::log(x);
+          log("plan: %s (%.1f s)\n", "split selection: triangle from layer " + std::to_string(start) + " keeps " +
+                                        std::to_string(kept) + ", log perplexity " + std::to_string(lp), t0);
+          return std::pair<int32_t, double>{kept, lp};
+        });
+        r.start_layer = sel.start;
+        policy = plan::trianglemix_policy(cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads, inner, to.triangle,
+                                          sel.start);
+        nlohmann::json trials = nlohmann::json::array();
+        for (const plan::SplitTrial& t : sel.trials) {
+          trials.push_back({{"start", t.start}, {"kept", t.kept}, {"log_perplexity", t.log_perplexity},
+                            {"acceptable", t.acceptable}});
+          char buf[200];
+          std::snprintf(buf, sizeof buf, "split selection: triangle from layer %d: held-out answers kept %d (dense %d), "
+                        "log perplexity %.5f (dense %.5f)%s", t.start, t.kept, sel.reference_kept, t.log_perplexity,
+                        sel.reference_log_perplexity, t.start == cfg.num_layers ? " (no triangle: dense)"
+                                                      : t.acceptable ? "" : "  <- outside the tolerance");
+          extra_lines.push_back(buf);
+        }
+        report["split_selection"] = {{"tolerance", *o.trianglemix_select}, {"from", r.probe_start},
+                                     {"start", sel.start}, {"trials", trials}};
+      }
       for (int32_t l = 0; l < cfg.num_layers; ++l) {
         char buf[160];
         std::snprintf(buf, sizeof buf, "probe layer %2d: middle %.3e  last %.3e  streaming %.3e  (middle signed %+.3e)%s",

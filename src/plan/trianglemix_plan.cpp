@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <tuple>
 #include <variant>
 
 #include "core/error.h"
@@ -46,6 +47,40 @@ double policy_density(const attn::AttentionPolicy& policy, int32_t length) {
   return sum / static_cast<double>(policy.table().size());
 }
 
+attn::AttentionPolicy trianglemix_policy(int32_t num_layers, int32_t num_q_heads, int32_t num_kv_heads,
+                                         const attn::AttentionPolicy& inner, const attn::TrianglePattern& triangle,
+                                         int32_t start) {
+  const attn::AttentionPolicy base =
+      inner.table().empty() ? attn::AttentionPolicy::uniform(num_layers, num_q_heads, num_kv_heads, attn::DensePattern{})
+                            : inner;
+  return attn::AttentionPolicy::trianglemix(base, start, triangle);
+}
+
+SplitSelection select_split(int32_t num_layers, int32_t from, double tolerance, const SplitScore& score) {
+  check(from >= 0 && from <= num_layers, "trianglemix: the split to select from (" + std::to_string(from) +
+                                             ") is outside [0, " + std::to_string(num_layers) + "]");
+  check(tolerance >= 0, "trianglemix: the selection's tolerance must be >= 0, got " + std::to_string(tolerance));
+  SplitSelection sel;
+  std::tie(sel.reference_kept, sel.reference_log_perplexity) = score(num_layers);
+  sel.trials.push_back({num_layers, sel.reference_kept, sel.reference_log_perplexity, true});
+  auto trial = [&](int32_t s) {
+    if (s == num_layers) return true;
+    const auto [kept, lp] = score(s);
+    const bool ok = kept >= sel.reference_kept && lp <= sel.reference_log_perplexity + tolerance;
+    sel.trials.push_back({s, kept, lp, ok});
+    return ok;
+  };
+  int32_t s = from;
+  if (trial(s)) {
+    while (s > 0 && trial(s - 1)) --s;
+  } else {
+    do ++s;
+    while (!trial(s));
+  }
+  sel.start = s;
+  return sel;
+}
+
 TriangleMixResult plan_trianglemix(const GradientProfile& profile, int32_t num_kv_heads,
                                    const attn::AttentionPolicy& inner, const TriangleMixOptions& o) {
   check(!o.budget || (*o.budget > 0 && *o.budget <= 1),
@@ -59,11 +94,9 @@ TriangleMixResult plan_trianglemix(const GradientProfile& profile, int32_t num_k
     r.middle_signed.push_back(p.middle.mean());
   }
   r.probe_start = trianglemix_start(r.middle, o.threshold);
-  const attn::AttentionPolicy base = inner.table().empty()
-                                         ? attn::AttentionPolicy::uniform(L, profile.num_q_heads, num_kv_heads,
-                                                                          attn::DensePattern{})
-                                         : inner;
-  auto plan = [&](int32_t start) { return attn::AttentionPolicy::trianglemix(base, start, o.triangle); };
+  auto plan = [&](int32_t start) {
+    return trianglemix_policy(L, profile.num_q_heads, num_kv_heads, inner, o.triangle, start);
+  };
   r.start_layer = r.probe_start;
   if (o.budget) {
     int32_t chosen = -1;

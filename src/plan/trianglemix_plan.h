@@ -9,7 +9,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "attention/pattern/pattern.h"
@@ -46,5 +48,32 @@ double policy_density(const attn::AttentionPolicy& policy, int32_t length);
 // (0, 1] or one no start layer meets.
 TriangleMixResult plan_trianglemix(const GradientProfile& profile, int32_t num_kv_heads,
                                    const attn::AttentionPolicy& inner, const TriangleMixOptions& options);
+
+// The plan with the Triangle from layer `start` (num_layers: none), `inner` (an empty table: dense) below it.
+attn::AttentionPolicy trianglemix_policy(int32_t num_layers, int32_t num_q_heads, int32_t num_kv_heads,
+                                         const attn::AttentionPolicy& inner, const attn::TrianglePattern& triangle,
+                                         int32_t start);
+
+// The split chosen by held-out validation (tessera plan --trianglemix-select TOL), not by the probe alone:
+// score(s) gives the plan with the Triangle from layer s its held-out answers kept and the summed log perplexity of
+// the validation texts; s = num_layers (no Triangle) is the reference. A split is acceptable when it keeps at
+// least the reference's answers and its log perplexity is at most the reference's + tolerance. From `from` (the
+// probe's split): when it is acceptable the split moves one layer earlier (sparser) while the next is acceptable
+// too; when it is not, one layer later until one is (num_layers always is). The trials in the order run.
+struct SplitTrial {
+  int32_t start = 0;
+  int32_t kept = 0;
+  double log_perplexity = 0;
+  bool acceptable = false;
+};
+struct SplitSelection {
+  int32_t start = 0;
+  int32_t reference_kept = 0;
+  double reference_log_perplexity = 0;
+  std::vector<SplitTrial> trials;
+};
+using SplitScore = std::function<std::pair<int32_t, double>(int32_t start)>;
+// Throws tessera::Error for `from` outside [0, num_layers] or a negative tolerance.
+SplitSelection select_split(int32_t num_layers, int32_t from, double tolerance, const SplitScore& score);
 
 }  // namespace tessera::plan
