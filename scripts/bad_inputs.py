@@ -264,6 +264,13 @@ def cases(tessera, fx, models):
         T + ["plan", "--method", "moa", "-m", tiny, "--validation-length", "0,2048", "-o", out], 2, None)
     add("plan", "plan --validation-texts 0",
         T + ["plan", "--method", "moa", "-m", tiny, "--validation-texts", "0", "-o", out], 2, None)
+    add("plan", "plan --calib-tasks without --calib",
+        T + ["plan", "--method", "moa", "-m", tiny, "--calib-tasks", "-o", out], 2, None)
+    add("plan", "plan --trianglemix-select with --budget (both choose the split)",
+        T + ["plan", "--method", "trianglemix", "-m", tiny, "--trianglemix-select", "0.02", "--budget", "0.5",
+             "-o", out], 2, None)
+    add("plan", "plan --trianglemix-select for MoA",
+        T + ["plan", "--method", "moa", "-m", tiny, "--trianglemix-select", "0.02", "-o", out], 2, None)
     add("plan", "plan with an empty calibration file",
         T + ["plan", "--method", "trianglemix", "-m", tiny, "--calib", fx["empty_calib"], "-o", out], 1, None)
     add("plan", "plan with a malformed calibration line",

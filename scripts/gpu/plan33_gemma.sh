@@ -7,13 +7,14 @@
 #   moa     MoA: 4 every-row items per profiled length (8K, 16K), the pick by held-out answers and text at 16K, the
 #           layer repair
 #   tmix    TriangleMix: the gradient probe's split at 8K
+#   moatasks MoA for MODEL: a --calib file with synthetic retrieval tasks beside it (MOA_CALIB, MOA_LENGTHS, MOA_VAL)
 #   tmixsel TriangleMix: the split by held-out answers and validation text (--trianglemix-select), MODEL's
 #   eval    density, the accuracy harness and KJV perplexity at 8K/16K/32K: the plans beside the presets of the same
 #           cost (vs_adaptive, trianglemix, ashape, the uniform MoA window of the MoA plan's density) and dense
 #   Vars: T (the CLI, default build/cuda/src/tessera); MI_CAP, MOA_CAP, DENSITY_CAP, EVAL_CAP (seconds: 200, 480, 120, 480);
 #   MI_BUDGET, MOA_BUDGET (--budget, default 0.3, 0.5); DEPTHS, SAMPLES (eval's cases: 25,75 and 1); PLAN_FILES (more
 #   plans for eval: paths in the tree, space-separated); MODEL (under build/models, default Gemma-3-270M's GGUF), LENGTHS
-#   (eval's, default 8192,16384,32768), EVAL_NAME (its folder); PRESETS (eval's presets
+#   (eval's, default 8192,16384,32768), EVAL_NAME (its folder), UNI_FROM (the MoA report naming the uniform window); PRESETS (eval's presets
 #   beside the plans, ';'-separated; default vs_adaptive;trianglemix;ashape:sink=64,local=2048, and the MoA report's
 #   uniform window); PLANS (eval's plan files under $OUT/plan33 without .json; default the three above).
 set -uo pipefail
@@ -60,6 +61,13 @@ for s in "${steps[@]}"; do
           --report-lengths $L -o "$O/gemma3-moa-8k-16k.json" ;;
     tmix) run_step tmix 150 "$T" plan --method trianglemix -m "$M" --device cuda --lengths 8192 --samples 4 \
           --validation-length 16384 --validation-cases 4 --report-lengths $L -o "$O/gemma3-trianglemix.json" ;;
+    moatasks) # MoA for MODEL on a calibration file (MOA_CALIB, a path in the tree) with synthetic retrieval tasks
+         # beside it (--calib-tasks: MOA_TASKS per length, seed 7: not the evaluation's seed 0), profiled at
+         # MOA_LENGTHS, picked and repaired at MOA_VAL
+         run_step "moatasks-$MNAME" "${MOA_CAP:-330}" "$T" plan --method moa -m "$M" --device cuda \
+          --lengths "$MOA_LENGTHS" --calib "$ROOT/$MOA_CALIB" --calib-tasks --samples "${MOA_TASKS:-4}" --seed 7 \
+          --budget "${MOA_BUDGET:-0.5}" --validation-length "$MOA_VAL" --validation-cases 4 --moa-loss fisher \
+          --moa-no-sink-only --moa-layer-repair --report-lengths $L -o "$O/$MNAME-moa-tasks.json" ;;
     tmixsel) # TriangleMix's split by held-out answers and validation perplexity (--trianglemix-select), for MODEL:
          # TMIX_LENGTHS (calibration, default 8192), TMIX_VAL (validation lengths, default 16384), TMIX_TOL (0.02)
          run_step "tmixsel-$MNAME" 300 "$T" plan --method trianglemix -m "$M" --device cuda \
@@ -72,7 +80,7 @@ for s in "${steps[@]}"; do
       done
       for f in ${PLAN_FILES:-}; do P="$P$ROOT/$f;"; done  # committed plans (paths in the tree)
       UNI=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['calibration_noise'][-1]['uniform_spec'])" \
-        "$O/gemma3-moa-8k-16k.report.json" 2> /dev/null)
+        "$O/${UNI_FROM:-gemma3-moa-8k-16k}.report.json" 2> /dev/null)
       Q="${PRESETS:-vs_adaptive;trianglemix;ashape:sink=64,local=2048}${UNI:+;$UNI}"
       run_step density "${DENSITY_CAP:-120}" "$T" plan --method measure -m "$M" --lengths $L --attn "$P$Q" -o "$O/eval33-gemma3-density.json"
       run_step eval "${EVAL_CAP:-480}" "$T" eval -m "$M" --device cuda --tasks niah_single,niah_multikey,variable_tracking -l $L \

@@ -162,6 +162,7 @@ struct PlanOptions {
   std::string calib;                     // a .jsonl of prompt/target pairs or a text file; empty: synthetic
   std::vector<int> lengths = {1024, 2048};  // calibration lengths (MoA: the profiled lengths)
   int samples = 2;                       // synthetic samples per length
+  bool calib_tasks = false;              // with calib: the synthetic tasks too
   uint64_t seed = 0;
   int answer_tokens = 16;                // tokens of each dense answer (the targets)
   std::string haystack = "kjv";

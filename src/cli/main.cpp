@@ -277,6 +277,9 @@ int main(int argc, char** argv) {
                  "and run warns for prompts under half or over twice it")
       ->delimiter(',')->capture_default_str();
   pl->add_option("--samples", plan.samples, "Synthetic calibration samples per length")->capture_default_str();
+  pl->add_flag("--calib-tasks", plan.calib_tasks,
+               "With --calib: also --samples synthetic retrieval tasks per --lengths entry (--seed; the dense model's "
+               "answers as targets), so the calibration holds the file's items and long-range retrieval both");
   pl->add_option("--seed", plan.seed, "Seed of the synthetic calibration tasks")->capture_default_str();
   pl->add_option("--answer-tokens", plan.answer_tokens, "Tokens of each dense answer (the loss's targets)")
       ->capture_default_str();

@@ -106,6 +106,7 @@ void check_plan_options(const PlanOptions& o) {
               "--moa-profile-in: no file '" + o.moa_profile_in + "'");
   usage_check(!o.minference_repair || o.method == "minference", "--minference-repair is for --method minference");
   usage_check(!o.moa_layer_repair || o.method == "moa", "--moa-layer-repair is for --method moa");
+  usage_check(!o.calib_tasks || !o.calib.empty(), "--calib-tasks adds synthetic tasks to a --calib file: give one");
   usage_check(!o.trianglemix_select || o.method == "trianglemix", "--trianglemix-select is for --method trianglemix");
   usage_check(!o.trianglemix_select || *o.trianglemix_select >= 0,
               "--trianglemix-select must be a tolerance >= 0, got " + num(o.trianglemix_select.value_or(0)));
@@ -208,15 +209,17 @@ int plan_command(const PlanOptions& o) {
     } catch (const Error& e) {
       throw Error(std::string("--calib: ") + e.what());
     }
-  } else {
+  }
+  if (o.calib.empty() || o.calib_tasks) {
     plan::CalibrationSpec spec;
     spec.lengths = o.lengths;
     spec.samples_per_length = o.samples;
     spec.seed = o.seed;
     spec.answer_tokens = o.answer_tokens;
     spec.haystack = o.haystack;
-    samples = plan::make_calibration(
+    std::vector<plan::CalibrationSample> tasks = plan::make_calibration(
         *s.model, *s.tokenizer, spec, [&](const std::string& what) { log("plan: %s (%.1f s)\n", what, t0); }, answers);
+    samples.insert(samples.end(), std::make_move_iterator(tasks.begin()), std::make_move_iterator(tasks.end()));
   }
   log("plan: %s calibration samples ready (%.1f s)\n", std::to_string(samples.size()), t0);
   // The range of prompt lengths the plan is made for (saved in the plan; run warns far outside it).
