@@ -65,9 +65,9 @@ for s in "${steps[@]}"; do
          # beside it (--calib-tasks: MOA_TASKS per length, seed 7: not the evaluation's seed 0), profiled at
          # MOA_LENGTHS, picked and repaired at MOA_VAL
          run_step "moatasks-$MNAME" "${MOA_CAP:-330}" "$T" plan --method moa -m "$M" --device cuda \
-          --lengths "$MOA_LENGTHS" --calib "$ROOT/$MOA_CALIB" --calib-tasks --samples "${MOA_TASKS:-4}" --seed 7 \
+          --lengths "$MOA_LENGTHS" --calib "$ROOT/$MOA_CALIB" --calib-tasks --samples "${MOA_TASKS:-4}" --seed "${MOA_SEED:-7}" \
           --budget "${MOA_BUDGET:-0.5}" --validation-length "$MOA_VAL" --validation-cases 4 --moa-loss fisher \
-          --moa-no-sink-only --moa-layer-repair --report-lengths $L -o "$O/$MNAME-moa-tasks.json" ;;
+          --moa-no-sink-only --moa-layer-repair --report-lengths $L -o "$O/$MNAME-moa-tasks${MOA_SEED:+-seed$MOA_SEED}.json" ;;
     tmixsel) # TriangleMix's split by held-out answers and validation perplexity (--trianglemix-select), for MODEL:
          # TMIX_LENGTHS (calibration, default 8192), TMIX_VAL (validation lengths, default 16384), TMIX_TOL (0.02)
          run_step "tmixsel-$MNAME" 300 "$T" plan --method trianglemix -m "$M" --device cuda \
