@@ -27,6 +27,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <cstring>
 #include <random>
 #include <string>
@@ -585,6 +586,18 @@ GpuEngineOptions evicting_stream(StreamMethod m, int32_t top_k) {
   return so;
 }
 
+// An engine built with the environment variable `var` set to `value` (the path switches GpuStreamingKV's
+// constructor reads), which is unset again before it returns.
+std::unique_ptr<GpuEngine> engine_with_env(const DeviceModel& model, const GpuEngineOptions& options, const char* var,
+                                           const char* value) {
+  setenv(var, value, 1);
+  struct Unset {
+    const char* var;
+    ~Unset() { unsetenv(var); }
+  } unset{var};
+  return std::make_unique<GpuEngine>(model, options);
+}
+
 // Two engines that must compute the same: a prefill, 3 decode steps and a reset, twice, with EQUAL logits; `after`
 // checks their stats before each reset.
 void expect_equal_logits(GpuEngine& a, GpuEngine& b, const std::vector<int32_t>& tokens,
@@ -611,19 +624,17 @@ TEST(StreamGpu, KeptWindowEqualsTheWorkspacePath) {
   GpuEngineOptions so = evicting_stream(StreamMethod::StreamingLLM, 2);
   so.stream = streamingllm_equal_memory(so.stream);
   GpuEngine kept(*model, so);
-  setenv("TESSERA_STREAM_WINDOW", "copy", 1);  // read by GpuStreamingKV's constructor
-  GpuEngine copied(*model, so);
-  unsetenv("TESSERA_STREAM_WINDOW");
+  const auto copied = engine_with_env(*model, so, "TESSERA_STREAM_WINDOW", "copy");
   ASSERT_TRUE(kept.gpu_streaming()->window_kept());
-  ASSERT_FALSE(copied.gpu_streaming()->window_kept());
+  ASSERT_FALSE(copied->gpu_streaming()->window_kept());
   for (int round = 0; round < 2; ++round) {  // and again after reset()
-    EXPECT_EQ(kept.prefill(tokens), copied.prefill(tokens)) << "round " << round;
+    EXPECT_EQ(kept.prefill(tokens), copied->prefill(tokens)) << "round " << round;
     for (int i = 0; i < 5; ++i)
-      EXPECT_EQ(kept.decode(tokens[static_cast<size_t>(i)]), copied.decode(tokens[static_cast<size_t>(i)]))
+      EXPECT_EQ(kept.decode(tokens[static_cast<size_t>(i)]), copied->decode(tokens[static_cast<size_t>(i)]))
           << "decode step " << i;
     EXPECT_GT(kept.streaming()->evicted_blocks(), 10);
     kept.reset();
-    copied.reset();
+    copied->reset();
   }
 }
 
@@ -640,15 +651,13 @@ TEST(StreamGpu, BatchedCopiesEqualOneCopyPerBlock) {
     SCOPED_TRACE(stream_method_name(m));
     const GpuEngineOptions so = evicting_stream(m, 3);
     GpuEngine batched(*model, so);
-    setenv("TESSERA_STREAM_COPIES", "each", 1);  // read by GpuStreamingKV's constructor
-    GpuEngine each(*model, so);
-    unsetenv("TESSERA_STREAM_COPIES");
+    const auto each = engine_with_env(*model, so, "TESSERA_STREAM_COPIES", "each");
     ASSERT_TRUE(batched.gpu_streaming()->batched_copies());
-    ASSERT_FALSE(each.gpu_streaming()->batched_copies());
-    expect_equal_logits(batched, each, tokens, [&] {
+    ASSERT_FALSE(each->gpu_streaming()->batched_copies());
+    expect_equal_logits(batched, *each, tokens, [&] {
       EXPECT_GT(batched.gpu_streaming()->gpu_stats().blocks_to_device, 0);
-      EXPECT_EQ(batched.gpu_streaming()->gpu_stats().blocks_to_device, each.gpu_streaming()->gpu_stats().blocks_to_device);
-      EXPECT_EQ(batched.gpu_streaming()->gpu_stats().blocks_cached, each.gpu_streaming()->gpu_stats().blocks_cached);
+      EXPECT_EQ(batched.gpu_streaming()->gpu_stats().blocks_to_device, each->gpu_streaming()->gpu_stats().blocks_to_device);
+      EXPECT_EQ(batched.gpu_streaming()->gpu_stats().blocks_cached, each->gpu_streaming()->gpu_stats().blocks_cached);
     });
   }
 }
@@ -667,15 +676,13 @@ TEST(StreamGpu, RetrievedBlocksCopiedOnTheirOwnStreamEqualOneCopyStream) {
       GpuEngineOptions so = evicting_stream(m, 3);
       so.stream.host_fp8 = fp8;
       GpuEngine split(*model, so);
-      setenv("TESSERA_STREAM_COPY_IN", "0", 1);  // read by GpuStreamingKV's constructor
-      GpuEngine one(*model, so);
-      unsetenv("TESSERA_STREAM_COPY_IN");
+      const auto one = engine_with_env(*model, so, "TESSERA_STREAM_COPY_IN", "0");
       ASSERT_TRUE(split.gpu_streaming()->split_copies());
-      ASSERT_FALSE(one.gpu_streaming()->split_copies());
-      expect_equal_logits(split, one, tokens, [&] {
+      ASSERT_FALSE(one->gpu_streaming()->split_copies());
+      expect_equal_logits(split, *one, tokens, [&] {
         EXPECT_GT(split.gpu_streaming()->gpu_stats().blocks_to_device, 0);
         EXPECT_EQ(split.gpu_streaming()->gpu_stats().blocks_to_device,
-                  one.gpu_streaming()->gpu_stats().blocks_to_device);
+                  one->gpu_streaming()->gpu_stats().blocks_to_device);
       });
     }
 }
@@ -693,17 +700,13 @@ TEST(StreamGpu, OverlappedDecisionsAndLargerCacheEqualTheSerialPath) {
     SCOPED_TRACE(stream_method_name(m));
     GpuEngineOptions so = evicting_stream(m, 3);
     if (m == StreamMethod::Ltri) so.stream.retrieval_heads = {RetrievalHead{1, 2, 0.5}};  // layer 2: voted only
-    setenv("TESSERA_STREAM_OVERLAP", "1", 1);  // read by GpuStreamingKV's constructor
-    GpuEngine fast(*model, so);
-    unsetenv("TESSERA_STREAM_OVERLAP");
-    setenv("TESSERA_STREAM_CACHE", "1", 1);
-    GpuEngine serial(*model, so);
-    unsetenv("TESSERA_STREAM_CACHE");
-    ASSERT_TRUE(fast.gpu_streaming()->overlap_decisions());
-    ASSERT_FALSE(serial.gpu_streaming()->overlap_decisions());
-    expect_equal_logits(fast, serial, tokens, [&] {
-      const GpuStreamStats& f = fast.gpu_streaming()->gpu_stats();
-      const GpuStreamStats& o = serial.gpu_streaming()->gpu_stats();
+    const auto fast = engine_with_env(*model, so, "TESSERA_STREAM_OVERLAP", "1");
+    const auto serial = engine_with_env(*model, so, "TESSERA_STREAM_CACHE", "1");
+    ASSERT_TRUE(fast->gpu_streaming()->overlap_decisions());
+    ASSERT_FALSE(serial->gpu_streaming()->overlap_decisions());
+    expect_equal_logits(*fast, *serial, tokens, [&] {
+      const GpuStreamStats& f = fast->gpu_streaming()->gpu_stats();
+      const GpuStreamStats& o = serial->gpu_streaming()->gpu_stats();
       EXPECT_EQ(f.blocks_to_device + f.blocks_cached, o.blocks_to_device + o.blocks_cached);
       EXPECT_LE(f.blocks_to_device, o.blocks_to_device);
       EXPECT_GT(f.blocks_cached, 0);
