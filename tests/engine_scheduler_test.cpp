@@ -221,28 +221,11 @@ TEST(EngineScheduler, NextTokenLogprobsAndTheirErrors) {
   EXPECT_NEAR(lp[0], 2.0 - std::log(std::exp(0.0) + std::exp(1.0) + std::exp(2.0)), 1e-12);
   EXPECT_NEAR(lp[1], -1.0 - std::log(std::exp(-1.0) + std::exp(3.0) + std::exp(0.5)), 1e-12);
   EXPECT_EQ(next_token_logprobs(logits, 3, std::vector<int32_t>{1}).size(), 1u);  // fewer rows than logits: fine
-  const std::vector<int32_t> bad = {3};
-  EXPECT_THROW(
-      {
-        try {
-          (void)next_token_logprobs(logits, 3, bad);
-        } catch (const Error& e) {
-          EXPECT_STREQ(e.what(), "log-probabilities: token 3 outside the vocabulary");
-          throw;
-        }
-      },
-      Error);
-  const std::vector<int32_t> three = {0, 0, 0};
-  EXPECT_THROW(
-      {
-        try {
-          (void)next_token_logprobs(logits, 3, three);
-        } catch (const Error& e) {
-          EXPECT_STREQ(e.what(), "log-probabilities: 6 logits for 3 rows of 3");
-          throw;
-        }
-      },
-      Error);
+  const std::vector<int32_t> bad = {3}, three = {0, 0, 0};
+  EXPECT_EQ(error_of([&] { (void)next_token_logprobs(logits, 3, bad); }),
+            "log-probabilities: token 3 outside the vocabulary");
+  EXPECT_EQ(error_of([&] { (void)next_token_logprobs(logits, 3, three); }),
+            "log-probabilities: 6 logits for 3 rows of 3");
 }
 
 // The engine's generation equals the batched engine's tokens for the same request (greedy and sampled), over the
