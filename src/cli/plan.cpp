@@ -257,7 +257,7 @@ int plan_command(const PlanOptions& o) {
     report["samples"].push_back({{"name", smp.name}, {"tokens", smp.tokens.size()}, {"targets", smp.targets.size()}});
   // The validation texts (MoA's pick and layer repair, TriangleMix's split selection) and their perplexities.
   std::vector<std::vector<int32_t>> texts;
-  if (validation)
+  if (validation && (o.method == "moa" || o.trianglemix_select))
     for (int l : o.validation_lengths)
       for (int k = 0; k < o.validation_texts; ++k) texts.push_back(validation_tokens(s, o.haystack, l, k));
   auto perplexities = [&](const attn::AttentionPolicy& p) {
@@ -272,6 +272,11 @@ int plan_command(const PlanOptions& o) {
       ppl.push_back(eval::perplexity(plan::engine_on(*s.model, answers, eo)->score(ids)));
     }
     return ppl;
+  };
+  auto summed_log_perplexity = [&](const attn::AttentionPolicy& p) {
+    double lp = 0;
+    for (double x : perplexities(p)) lp += std::log(x);
+    return lp;
   };
   attn::AttentionPolicy policy;
   std::vector<std::string> extra_lines;
@@ -381,8 +386,7 @@ int plan_command(const PlanOptions& o) {
         const plan::LayerRepair lr = plan::repair_layers(
             r.policy, beta, r.lengths,
             [&](const attn::AttentionPolicy& p) {
-              double lp = 0;
-              for (double x : perplexities(p)) lp += std::log(x);
+              const double lp = summed_log_perplexity(p);
               log("plan: %s (%.1f s)\n", "layer repair: policy " + std::to_string(++evaluated) + " measured", t0);
               return lp;
             },
@@ -521,8 +525,7 @@ int plan_command(const PlanOptions& o) {
           const attn::AttentionPolicy p = plan::trianglemix_policy(cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads,
                                                                    inner, to.triangle, start);
           const int32_t kept = heldout.empty() ? 0 : plan::answer_agreement(*s.model, p, heldout, answers).kept;
-          double lp = 0;
-          for (double x : perplexities(p)) lp += std::log(x);
+          const double lp = summed_log_perplexity(p);
           log("plan: %s (%.1f s)\n", "split selection: triangle from layer " + std::to_string(start) + " keeps " +
                                         std::to_string(kept) + ", log perplexity " + std::to_string(lp), t0);
           return std::pair<int32_t, double>{kept, lp};
