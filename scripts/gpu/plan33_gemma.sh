@@ -12,7 +12,8 @@
 #   eval    density, the accuracy harness and KJV perplexity at 8K/16K/32K: the plans beside the presets of the same
 #           cost (vs_adaptive, trianglemix, ashape, the uniform MoA window of the MoA plan's density) and dense
 #   Vars: T (the CLI, default build/cuda/src/tessera); MI_CAP, MOA_CAP, DENSITY_CAP, EVAL_CAP (seconds: 200, 480, 120, 480);
-#   MI_BUDGET, MOA_BUDGET (--budget, default 0.3, 0.5); DEPTHS, SAMPLES (eval's cases: 25,75 and 1); PLAN_FILES (more
+#   MI_BUDGET, MOA_BUDGET (--budget, default 0.3, 0.5); MI_VAL, MI_CASES (mi's held-out lengths and cases per length:
+#   16384, 4), MI_REPAIR (non-empty: --minference-repair on those), MI_NAME (its plan's name); DEPTHS, SAMPLES (eval's cases: 25,75 and 1); PLAN_FILES (more
 #   plans for eval: paths in the tree, space-separated); MODEL (under build/models, default Gemma-3-270M's GGUF), LENGTHS
 #   (eval's, default 8192,16384,32768), EVAL_NAME (its folder), UNI_FROM (the MoA report naming the uniform window); PRESETS (eval's presets
 #   beside the plans, ';'-separated; default vs_adaptive;trianglemix;ashape:sink=64,local=2048, and the MoA report's
@@ -48,7 +49,8 @@ for s in "${steps[@]}"; do
   case $s in
     mi)
       run_step mi "${MI_CAP:-200}" "$T" plan --method minference -m "$M" --device cuda --lengths 8192,32768 --samples 1 --budget "${MI_BUDGET:-0.3}" \
-        --validation-length 16384 --validation-cases 4 --report-lengths $L -o "$O/gemma3-minference-8k-32k.json" ||
+        --validation-length "${MI_VAL:-16384}" --validation-cases "${MI_CASES:-4}" ${MI_REPAIR:+--minference-repair} \
+        --report-lengths $L -o "$O/${MI_NAME:-gemma3-minference-8k-32k}.json" ||
         [ ! -f "$O/mi.stack" ] ||  # crashed: the 32K sample with candidates sized for it (no shorter sample)
         run_step mi32 120 "$T" plan --method minference -m "$M" --device cuda --lengths 32768 --samples 1 --budget 0.3 \
           --validation-cases 0 -o "$O/mi32.json" ;;

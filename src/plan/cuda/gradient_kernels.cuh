@@ -270,6 +270,65 @@ __global__ void group_sum_kernel(const float* dke, float* dk, int64_t S, int64_t
   }
 }
 
+// Rows at positions pos[t] gathered: y[t, :] = x[pos[t], :] (n floats a row), and scattered back added:
+// x[pos[t], :] += y[t, :] (atomic, so repeated positions add up).
+__global__ void gather_rows_kernel(const float* x, const int32_t* pos, float* y, int64_t rows, int64_t n) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < rows * n; e += int64_t(gridDim.x) * blockDim.x)
+    y[e] = x[int64_t(pos[e / n]) * n + e % n];
+}
+__global__ void scatter_add_rows_kernel(float* x, const int32_t* pos, const float* y, int64_t rows, int64_t n) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < rows * n; e += int64_t(gridDim.x) * blockDim.x)
+    atomicAdd(x + int64_t(pos[e / n]) * n + e % n, y[e]);
+}
+
+// The next-token cross-entropy of one row of logits z [V] a block (plan/cross_entropy.h's formulas, its CPU twin):
+// soft-capped in place when cap > 0, loss[row] = lse - z[token] (the exponentials summed in double); with grad the row
+// becomes dL/dz (uncapped): (softmax - onehot) / count, times the cap's derivative 1 - (z / cap)^2.
+constexpr int kLossThreads = 512;
+__global__ void __launch_bounds__(kLossThreads) cross_entropy_kernel(float* z, int64_t V, const int32_t* tokens,
+                                                                   float cap, double count, bool grad,
+                                                                   double* loss) {
+  __shared__ double sh[32];
+  __shared__ float mx_s, target_s;
+  float* row = z + int64_t(blockIdx.x) * V;
+  const int32_t tok = tokens[blockIdx.x];
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+    if (cap > 0) row[j] = cap * tanhf(row[j] / cap);
+    mx = fmaxf(mx, row[j]);
+  }
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = mx;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float m = -INFINITY;
+    for (int w = 0; w < int(blockDim.x >> 5); ++w) m = fmaxf(m, float(sh[w]));
+    mx_s = m;
+    target_s = row[tok];
+  }
+  __syncthreads();
+  mx = mx_s;
+  double v[1] = {0};
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) v[0] += exp(double(row[j] - mx));
+  block_sum<1>(v, sh);  // thread 0 holds the sum
+  __shared__ double lse_s;
+  if (threadIdx.x == 0) {
+    lse_s = double(mx) + log(v[0]);
+    loss[blockIdx.x] = lse_s - double(target_s);
+  }
+  __syncthreads();
+  if (!grad) return;
+  const double lse = lse_s;
+  const float one = static_cast<float>(1.0 / count);
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+    const float zc = row[j];
+    float g = static_cast<float>(exp(double(zc) - lse) / count);
+    if (j == tok) g -= one;
+    if (cap > 0) g *= 1.0f - (zc / cap) * (zc / cap);
+    row[j] = g;
+  }
+}
+
 int grid_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 65535 * 8)); }
 
 }  // namespace

@@ -21,7 +21,6 @@
 #include "core/error.h"
 #include "core/memory_budget.h"
 #include "cuda/cuda_check.h"
-#include "plan/cross_entropy.h"
 #include "plan/cuda/gradient_kernels.cuh"
 #include "plan/cuda/gradient_weights.h"
 #include "plan/pass_dims.h"
@@ -77,6 +76,8 @@ class Pass : private PassDims {
     }
     check(R % 64 == 0, "attention gradients (CUDA): chunk rows must be a multiple of 64, got " + std::to_string(R));
     R_ = std::min(R, S64);
+    loss_rows_ = run.loss_rows;
+    check(loss_rows_ >= 0, "attention gradients (CUDA): loss rows must be >= 0, got " + std::to_string(loss_rows_));
   }
   ~Pass() {
     cublasDestroy(blas_);
@@ -116,33 +117,60 @@ class Pass : private PassDims {
     }
     sample_memory();
 
-    // The loss over the target rows: the logits come to the host, the loss and dz are the CPU's code.
+    // The loss over the target rows on the device, in chunks of rows whose logits stay within 1 GiB: the rows gathered
+    // from x, the final norm, their logits, the cross-entropy and (unless loss_only) dL/dlogits in place
+    // (cross_entropy_kernel, the twin of plan/cross_entropy.h), then back through the output projection and the final
+    // norm into dx at the rows' positions. Only the per-row losses come to the host (summed there in order, as the CPU).
     const int64_t NT = static_cast<int64_t>(targets.size());
     const int64_t V = cfg_.vocab_size;
     const DevWeight& wout = m_.output();
-    Buf<float> xt(sz(NT * H_), &tr_), rf(sz(NT), &tr_), hf(sz(NT * H_), &tr_), z(sz(NT * V), &tr_);
-    for (int64_t t = 0; t < NT; ++t) copy(xt.get() + t * H_, x_.get() + int64_t(targets[sz(t)].position) * H_, sz(H_));
-    rms_forward_kernel<<<NT, kThreads, 0, stream_>>>(xt.get(), hf.get(), rf.get(), H_, m_.final_norm.ptr(),
-                                                     static_cast<float>(cfg_.rms_norm_eps));
-    check_launch("final norm");
-    gemm(true, false, V, NT, H_, 1.0f, wout.ptr(), H_, hf.get(), H_, 0.0f, z.get(), V);
-    std::vector<float> zh(sz(NT * V));
-    transfer(zh.data(), z.get(), zh.size(), cudaMemcpyDeviceToHost);
-    std::vector<float> dz(opt_.loss_only ? 0 : sz(NT * V));
-    result.loss = cross_entropy<float>(zh, V, targets, static_cast<float>(cfg_.final_logit_softcap), dz);
+    std::vector<int32_t> pos_h(sz(NT)), tok_h(sz(NT));
+    for (int64_t t = 0; t < NT; ++t) {
+      pos_h[sz(t)] = targets[sz(t)].position;
+      tok_h[sz(t)] = targets[sz(t)].token;
+    }
+    Buf<int32_t> pos(sz(NT), &tr_), tok(sz(NT), &tr_);
+    Buf<double> row_loss(sz(NT), &tr_);
+    transfer(pos.get(), pos_h.data(), pos_h.size(), cudaMemcpyHostToDevice);
+    transfer(tok.get(), tok_h.data(), tok_h.size(), cudaMemcpyHostToDevice);
+    const int64_t C = loss_rows_ > 0 ? std::min(loss_rows_, NT)
+                                     : std::clamp<int64_t>((int64_t(1) << 30) / (V * int64_t(sizeof(float))), 1, NT);
+    Buf<float> xt(sz(C * H_), &tr_), rf(sz(C), &tr_), hf(sz(C * H_), &tr_), z(sz(C * V), &tr_);
+    Buf<float> dhf, dxt, dx;  // dx: the gradient of the last layer's output (x_ is the recipe's again below)
+    if (!opt_.loss_only) {
+      alloc(C * H_, {&dhf, &dxt});
+      alloc(S_ * H_, {&dx});
+      TESSERA_CUDA_CHECK(cudaMemsetAsync(dx.get(), 0, sz(S_ * H_) * sizeof(float), stream_));
+    }
+    for (int64_t t0 = 0; t0 < NT; t0 += C) {
+      const int64_t n = std::min(C, NT - t0);
+      gather_rows_kernel<<<grid_for(n * H_), kThreads, 0, stream_>>>(x_.get(), pos.get() + t0, xt.get(), n, H_);
+      check_launch("gather target rows");
+      rms_forward_kernel<<<n, kThreads, 0, stream_>>>(xt.get(), hf.get(), rf.get(), H_, m_.final_norm.ptr(),
+                                                      static_cast<float>(cfg_.rms_norm_eps));
+      check_launch("final norm");
+      gemm(true, false, V, n, H_, 1.0f, wout.ptr(), H_, hf.get(), H_, 0.0f, z.get(), V);
+      cross_entropy_kernel<<<n, kLossThreads, 0, stream_>>>(z.get(), V, tok.get() + t0, cfg_.final_logit_softcap,
+                                                            static_cast<double>(NT), !opt_.loss_only,
+                                                            row_loss.get() + t0);
+      check_launch("cross-entropy");
+      if (opt_.loss_only) continue;
+      gemm(false, false, H_, n, V, 1.0f, wout.ptr(), H_, z.get(), V, 0.0f, dhf.get(), H_);
+      rms_backward_kernel<<<n, kThreads, 0, stream_>>>(xt.get(), rf.get(), H_, m_.final_norm.ptr(), dhf.get(),
+                                                       dxt.get(), false);
+      check_launch("final norm backward");
+      scatter_add_rows_kernel<<<grid_for(n * H_), kThreads, 0, stream_>>>(dx.get(), pos.get() + t0, dxt.get(), n, H_);
+      check_launch("scatter target rows");
+    }
+    std::vector<double> losses(sz(NT));
+    transfer(losses.data(), row_loss.get(), losses.size(), cudaMemcpyDeviceToHost);
+    double loss = 0;
+    for (double l : losses) loss += l;
+    result.loss = NT > 0 ? loss / static_cast<double>(NT) : 0.0;
     if (opt_.loss_only) {
       sync();
       return result;
     }
-    transfer(z.get(), dz.data(), dz.size(), cudaMemcpyHostToDevice);
-    Buf<float> dhf(sz(NT * H_), &tr_), dxt(sz(NT * H_), &tr_);
-    gemm(false, false, H_, NT, V, 1.0f, wout.ptr(), H_, z.get(), V, 0.0f, dhf.get(), H_);
-    rms_backward_kernel<<<NT, kThreads, 0, stream_>>>(xt.get(), rf.get(), H_, m_.final_norm.ptr(), dhf.get(),
-                                                      dxt.get(), false);
-    check_launch("final norm backward");
-    Buf<float> dx(sz(S_ * H_), &tr_);  // x_ is the recipe's again in the recomputed forwards
-    TESSERA_CUDA_CHECK(cudaMemsetAsync(dx.get(), 0, sz(S_ * H_) * sizeof(float), stream_));
-    for (int64_t t = 0; t < NT; ++t) add(dx.get() + int64_t(targets[sz(t)].position) * H_, dxt.get() + t * H_, H_);
 
     alloc_backward();
     result.layers.resize(sz(L));
@@ -485,7 +513,7 @@ class Pass : private PassDims {
   const ModelConfig& cfg_;
   const GradientOptions& opt_;
   int64_t S_;
-  int64_t G_ = 1, nb_ = 0, R_ = 64;
+  int64_t G_ = 1, nb_ = 0, R_ = 64, loss_rows_ = 0;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   Tracker tr_;

@@ -11,6 +11,9 @@
 //    dS = P (dP - D) (D_i = dO_i . O_i, as FlashAttention's backward) and emits MoA's influence, dL/dtheta and the
 //    attention mass summed per block (GradientOptions::block) and TriangleMix's region sums; dQ, dK, dV from dS
 //    and P by cuBLAS. R is chosen so that the two [heads, R, S] chunk buffers stay under 1 GiB: no S x S buffer.
+//  - the loss on the device, per chunk of target rows (logits within 1 GiB): their logits, the cross-entropy and its
+//    gradient (soft-capped as the model says) by one kernel, the twin of plan/cross_entropy.h; only the per-row
+//    losses come to the host.
 // Everything the planners read is the CPU's GradientResult, equal to it within f32 rounding (tests/gpu/plan).
 #pragma once
 
@@ -58,6 +61,7 @@ RegisteredStats registered_stats();
 
 struct DeviceRunOptions {
   int64_t chunk_rows = 0;  // 0: from the 1 GiB chunk budget; else a multiple of 64 (tests force several chunks)
+  int64_t loss_rows = 0;   // target rows per loss chunk; 0: as many as keep their logits within 1 GiB
   DeviceStats* stats = nullptr;
 };
 

@@ -494,6 +494,20 @@ TEST(StreamGpu, EngineEqualsDenseWhileNothingIsEvictedAndRunsPastTheWindow) {
   }
 }
 
+// Streaming options that evict many blocks in a short prompt: 16 sinks, a 128-token window, 64-token blocks, chunks of
+// 96 (the last 40), top_k retrieved blocks.
+GpuEngineOptions evicting_stream(StreamMethod m, int32_t top_k) {
+  GpuEngineOptions so;
+  so.stream.method = m;
+  so.stream.sinks = 16;
+  so.stream.local = 128;
+  so.stream.block = 64;
+  so.stream.chunk = 96;
+  so.stream.last_chunk = 40;
+  so.stream.top_k = top_k;
+  return so;
+}
+
 // score() of a streamed sequence, evicting and retrieving: the rows reduced on the device equal the host's
 // log-softmax of the same options' logits (forward_all_logits through the same decisions).
 TEST(StreamGpu, ScoresOnTheDeviceEqualTheHostLogSoftmax) {
@@ -503,13 +517,7 @@ TEST(StreamGpu, ScoresOnTheDeviceEqualTheHostLogSoftmax) {
   const std::vector<int32_t> tokens = random_tokens(700, cfg.vocab_size, 9);
   for (StreamMethod m : {StreamMethod::Ltri, StreamMethod::StreamingLLM}) {
     SCOPED_TRACE(stream_method_name(m));
-    GpuEngineOptions so;
-    so.stream.method = m;
-    so.stream.sinks = 16;
-    so.stream.local = 128;
-    so.stream.block = 64;
-    so.stream.chunk = 128;
-    so.stream.top_k = 4;
+    const GpuEngineOptions so = evicting_stream(m, 4);
     GpuEngine rows(*model, so), scorer(*model, so);
     const std::vector<float> all = rows.forward_all_logits(tokens);
     const std::vector<double> lp = scorer.score(tokens);
@@ -570,20 +578,6 @@ TEST(StreamGpu, GemmaShapesEngineEqualsDenseWhileNothingIsEvicted) {
     EXPECT_EQ(small.gpu_streaming()->gpu_stats().blocks_to_host,
               m == StreamMethod::StreamingLLM ? 0 : st.evicted_blocks * 2);  // 2 global layers of 6
   }
-}
-
-// Streaming options that evict many blocks in a short prompt: 16 sinks, a 128-token window, 64-token blocks, chunks of
-// 96 (the last 40), top_k retrieved blocks.
-GpuEngineOptions evicting_stream(StreamMethod m, int32_t top_k) {
-  GpuEngineOptions so;
-  so.stream.method = m;
-  so.stream.sinks = 16;
-  so.stream.local = 128;
-  so.stream.block = 64;
-  so.stream.chunk = 96;
-  so.stream.last_chunk = 40;
-  so.stream.top_k = top_k;
-  return so;
 }
 
 // An engine built with the environment variable `var` set to `value` (the path switches GpuStreamingKV's

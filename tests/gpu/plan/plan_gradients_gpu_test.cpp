@@ -117,9 +117,12 @@ TEST_P(GpuGradients, EqualCpu) {
     const GradientResult cpu = attention_gradients(m, tokens, targets, o, ThreadPool::global());
     for (int64_t chunk : {int64_t{64}, int64_t{0}}) {
       cuda::DeviceStats stats;
-      const GradientResult gpu = dm.run(tokens, targets, o, {.chunk_rows = chunk, .stats = &stats});
+      // chunk 64 also splits the 6 target rows' loss into chunks of 4 and 2
+      const int64_t loss_rows = chunk == 64 ? 4 : 0;
+      const GradientResult gpu =
+          dm.run(tokens, targets, o, {.chunk_rows = chunk, .loss_rows = loss_rows, .stats = &stats});
       const std::string what = std::string(GetParam()) + " block " + std::to_string(block) + " chunk " +
-                               std::to_string(stats.chunk_rows);
+                               std::to_string(stats.chunk_rows) + " loss rows " + std::to_string(loss_rows);
       expect_equal_results(gpu, cpu, what);
     }
   }
@@ -145,6 +148,34 @@ TEST_P(GpuGradients, GatedLoss) {
 INSTANTIATE_TEST_SUITE_P(TinyModels, GpuGradients,
                          ::testing::Values("llama3", "qwen2", "gemma3", "mistral", "smollm2"),
                          [](const ::testing::TestParamInfo<const char*>& p) { return std::string(p.param); });
+
+// Soft-capped logits (Gemma-2's final_logit_softcapping; no fixture has one): the tiny Gemma-3 with a cap of 0.5 set
+// in a copy of its config, so that the cap bends every logit: the device cross-entropy and its gradient through the
+// cap's derivative equal the CPU pass's (plan/cross_entropy.h).
+TEST(GpuGradientsSoftcap, EqualCpu) {
+  if (!cuda::gpu_available()) GTEST_SKIP() << "no CUDA device";
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / "tessera_gpu_softcap_gemma3";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const char* f : {"config.json", "model.safetensors"}) fs::copy_file(kFixtures + "gemma3/" + f, dir / f);
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(dir / "config.json"));
+  config["final_logit_softcapping"] = 0.5;
+  std::ofstream(dir / "config.json") << config.dump(2);
+  const auto capped = runtime::Model::load(dir.string());
+  ASSERT_EQ(capped->config().final_logit_softcap, 0.5f);
+  const runtime::Model& plain = model("gemma3");
+  const auto tokens = sequence(130, capped->config().vocab_size);
+  const auto targets = tail_targets(tokens, 6, capped->config().vocab_size);
+  GradientOptions o;
+  o.regions = {8, 16, 20};
+  const GradientResult cpu = attention_gradients(*capped, tokens, targets, o, ThreadPool::global());
+  const cuda::GradientModel dm(capped->config(), capped->weights());
+  expect_equal_results(dm.run(tokens, targets, o, {.chunk_rows = 64, .loss_rows = 4}), cpu, "gemma3 softcap 0.5");
+  // the cap changed the loss (so the comparison covered it)
+  EXPECT_GT(std::abs(cpu.loss - attention_gradients(plain, tokens, targets, o, ThreadPool::global()).loss), 1e-3);
+  fs::remove_all(dir);
+}
 
 // `tessera plan --device cuda`: profile_gradients through the registered path equals the CPU's profile.
 TEST(GpuGradientsRegistered, ProfileEqualsCpu) {
