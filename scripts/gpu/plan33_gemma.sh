@@ -7,7 +7,8 @@
 #   moa     MoA: 4 every-row items per profiled length (8K, 16K), the pick by held-out answers and text at 16K, the
 #           layer repair
 #   tmix    TriangleMix: the gradient probe's split at 8K
-#   moatasks MoA for MODEL: a --calib file with synthetic retrieval tasks beside it (MOA_CALIB, MOA_LENGTHS, MOA_VAL)
+#   moatasks MoA for MODEL: a --calib file with synthetic retrieval tasks beside it (MOA_CALIB, MOA_LENGTHS, MOA_VAL;
+#           MOA_TASKS tasks per length, default 4; MOA_SEED; MOA_NO_REPAIR non-empty: without --moa-layer-repair)
 #   tmixsel TriangleMix: the split by held-out answers and validation text (--trianglemix-select), MODEL's
 #   eval    density, the accuracy harness and KJV perplexity at 8K/16K/32K: the plans beside the presets of the same
 #           cost (vs_adaptive, trianglemix, ashape, the uniform MoA window of the MoA plan's density) and dense
@@ -69,7 +70,7 @@ for s in "${steps[@]}"; do
          run_step "moatasks-$MNAME" "${MOA_CAP:-330}" "$T" plan --method moa -m "$M" --device cuda \
           --lengths "$MOA_LENGTHS" --calib "$ROOT/$MOA_CALIB" --calib-tasks --samples "${MOA_TASKS:-4}" --seed "${MOA_SEED:-7}" \
           --budget "${MOA_BUDGET:-0.5}" --validation-length "$MOA_VAL" --validation-cases 4 --moa-loss fisher \
-          --moa-no-sink-only --moa-layer-repair --report-lengths $L -o "$O/$MNAME-moa-tasks${MOA_SEED:+-seed$MOA_SEED}.json" ;;
+          --moa-no-sink-only $([ -n "${MOA_NO_REPAIR:-}" ] || echo --moa-layer-repair) --report-lengths $L -o "$O/$MNAME-moa-tasks${MOA_SEED:+-seed$MOA_SEED}.json" ;;
     tmixsel) # TriangleMix's split by held-out answers and validation perplexity (--trianglemix-select), for MODEL:
          # TMIX_LENGTHS (calibration, default 8192), TMIX_VAL (validation lengths, default 16384), TMIX_TOL (0.02)
          run_step "tmixsel-$MNAME" 300 "$T" plan --method trianglemix -m "$M" --device cuda \

@@ -104,7 +104,7 @@ here_bins() {  # bins TARGET...: stripped copies of built binaries and their CBC
     [ -n "$f" ] || { echo "bins: no $t in $from"; return 1; }
     cp "$f" "$ROOT/build/gpu-bin/$t" && strip "$ROOT/build/gpu-bin/$t"
     ldd "$f" | awk '$3 ~ /^\// {print $1, $3}' | while read -r so path; do
-      case $so in libCbc* | libCgl* | libOsi* | libClp* | libCoinUtils* | libbz2* | liblapack*) cp -L "$path" "$ROOT/build/gpu-bin/lib/$so" ;; esac
+      case $so in libCbc* | libCgl* | libOsi* | libClp* | libCoinUtils* | libbz2* | liblapack* | libcpp-httplib* | libopenblas* | libgfortran* | libquadmath* | libbrotli* | libpcre2*) cp -L "$path" "$ROOT/build/gpu-bin/lib/$so" ;; esac
     done
   done
   du -sh "$ROOT/build/gpu-bin"
