@@ -271,6 +271,12 @@ def cases(tessera, fx, models):
              "-o", out], 2, None)
     add("plan", "plan --trianglemix-select for MoA",
         T + ["plan", "--method", "moa", "-m", tiny, "--trianglemix-select", "0.02", "-o", out], 2, None)
+    add("plan", "plan --compare-with presets without held-out tasks",
+        T + ["plan", "--method", "trianglemix", "-m", tiny, "--compare-with", "vs_adaptive", "--validation-cases", "0",
+             "-o", out], 2, None)
+    add("plan", "plan --compare-with a preset with a typo (checked before planning)",
+        T + ["plan", "--method", "trianglemix", "-m", smol, "--compare-with", "vs_adaptive;trianglemx", "-o", out], 1,
+        None, needs=smol)
     add("plan", "plan with an empty calibration file",
         T + ["plan", "--method", "trianglemix", "-m", tiny, "--calib", fx["empty_calib"], "-o", out], 1, None)
     add("plan", "plan with a malformed calibration line",

@@ -16,6 +16,7 @@
 #include "attention/pattern/config_io.h"
 #include "core/error.h"
 #include "plan/calibration.h"
+#include "plan/compare.h"
 #include "plan/measure.h"
 #include "plan/minference_plan.h"
 #include "plan/moa_plan.h"
@@ -417,6 +418,48 @@ TEST(Measure, ExecutedDensityIsTheIndexAccounting) {
             }),
             "measure: a policy of 1 layers x 2 heads for a model of " + std::to_string(c.num_layers) + " x " +
                 std::to_string(c.num_q_heads));
+}
+
+// tessera plan --compare-with: every policy's executed density on each prompt and its held-out agreement, as
+// measure.h and validation.h give them one at a time; the report's lines.
+TEST(Compare, EachPolicysDensityAndHeldOutAnswers) {
+  const runtime::Model& m = tiny_llama();
+  const auto& c = m.config();
+  const auto tok = model::Tokenizer::from_hf_file(kFixtures + "tokenizer/tiny_llama3_tokenizer.json");
+  std::vector<CalibrationSample> heldout;
+  for (int32_t s = 0; s < 3; ++s) {
+    std::vector<int32_t> prompt;
+    for (int32_t i = 0; i < 120; ++i) prompt.push_back((i * 17 + 3 + 11 * s) % 200 + 4);
+    heldout.push_back(answer_sample(m, *tok, "h" + std::to_string(s), prompt, 4));
+  }
+  std::vector<std::vector<int32_t>> prompts(2);
+  for (int32_t i = 0; i < 200; ++i) prompts[0].push_back((i * 29 + 11) % 250);
+  for (int32_t i = 0; i < 150; ++i) prompts[1].push_back((i * 31 + 7) % 250);
+  const attn::AttentionPolicy narrow = attn::AttentionPolicy::uniform(c.num_layers, c.num_q_heads, c.num_kv_heads,
+                                                                      attn::AShapePattern{2, 8});
+  const std::vector<std::pair<std::string, attn::AttentionPolicy>> pols{{"dense", {}}, {"ashape", narrow}};
+  const std::vector<ComparedPolicy> rows = compare_policies(m, pols, prompts, heldout, nullptr, ThreadPool::global());
+  ASSERT_EQ(rows.size(), 2u);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(rows[i].name, pols[i].first);
+    ASSERT_EQ(rows[i].density.size(), 2u);
+    for (size_t j = 0; j < prompts.size(); ++j)
+      EXPECT_EQ(rows[i].density[j], executed_density(m, prompts[j], {pols[i].second}, ThreadPool::global())[0]);
+    const Agreement one = answer_agreement(m, pols[i].second, heldout);
+    EXPECT_EQ(rows[i].heldout.per_sample, one.per_sample);
+    EXPECT_EQ(rows[i].heldout.kept, one.kept);
+    EXPECT_EQ(rows[i].heldout.total, 3);
+  }
+  EXPECT_EQ(rows[0].heldout.kept, 3);  // dense reproduces its own answers
+  EXPECT_DOUBLE_EQ(rows[0].density[0], 1.0);
+  EXPECT_LT(rows[1].density[0], rows[1].density[1]);  // the fixed window covers less of the longer prompt
+  ComparedPolicy r{"vs_adaptive", {0.15493, 0.5}, {}};
+  r.heldout.kept = 3;
+  r.heldout.total = 4;
+  EXPECT_EQ(compare_lines({r}, {16384, 4096}),
+            std::vector<std::string>{"vs_adaptive: kept 3 of 4 held-out answers, executed density 0.155 / 0.500 at "
+                                     "16384 / 4096"});
+  EXPECT_EQ(error_of([&] { compare_lines({r}, {16384}); }), "compare: 2 densities for 1 lengths");
 }
 
 // TriangleMix's split by held-out validation: from the probe's split, earlier while the plans keep dense's answers

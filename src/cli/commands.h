@@ -170,6 +170,7 @@ struct PlanOptions {
                                                  // plans ({0}: none)
   int validation_texts = 1;              // MoA: held-out texts per validation length (the perplexity's)
   int validation_cases = 4;              // held-out tasks per validation length (agreement with dense's answers)
+  std::string compare_with = "auto";    // presets beside the plan on the held-out tasks (';'-separated; none)
   int minference_query_rows = 128;       // MInference: the per-head choice also weighs the last rows' error (0: all rows)
   double minference_query_weight = 0.75; // MInference: the last rows' error's weight in the choice
   bool minference_repair = false;        // MInference: take candidates out while the plan loses held-out answers

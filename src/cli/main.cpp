@@ -298,6 +298,12 @@ int main(int argc, char** argv) {
                  "answers a plan should reproduce: MoA picks the Pareto plan keeping most (then the lower perplexity); "
                  "every method reports its plan's agreement (0: none)")
       ->capture_default_str();
+  pl->add_option("--compare-with", plan.compare_with,
+                 "Presets run beside the plan on the held-out tasks (--validation-cases), each with its executed "
+                 "density at the --validation-length(s), in the report (\"compared\"): ';'-separated specs or policy "
+                 "files; auto: vs_adaptive;trianglemix and, for MoA, the uniform window of the plan's density; none: "
+                 "no comparison")
+      ->capture_default_str();
   pl->add_option("--minference-query-rows", plan.minference_query_rows,
                  "MInference: each head's candidate is chosen by its relative output error over all rows and over "
                  "each sample's last N rows (the question and answer, where retrieval reads the needle), weighted by "

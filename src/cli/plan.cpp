@@ -21,6 +21,7 @@
 #include "eval/haystack.h"
 #include "eval/metrics.h"
 #include "plan/calibration.h"
+#include "plan/compare.h"
 #include "plan/measure.h"
 #include "plan/minference_plan.h"
 #include "plan/moa_plan.h"
@@ -117,6 +118,10 @@ void check_plan_options(const PlanOptions& o) {
               "--moa-layer-repair needs validation texts (a --validation-length)");
   usage_check(!o.minference_repair || (o.validation_cases > 0 && o.validation_lengths.front() > 0),
               "--minference-repair needs held-out tasks (--validation-cases > 0 at a --validation-length)");
+  usage_check(o.compare_with == "auto" || o.compare_with == "none" ||
+                  (o.validation_cases > 0 && o.validation_lengths.front() > 0),
+              "--compare-with needs held-out tasks (--validation-cases > 0 at a --validation-length)");
+  usage_check(!o.compare_with.empty(), "--compare-with must name presets, auto or none");
   usage_check(o.validation_cases >= 0, "--validation-cases must be >= 0 (0: none), got " + std::to_string(o.validation_cases));
   for (int l : o.report_lengths) usage_check(l > 0, "--report-lengths must be positive, got " + std::to_string(l));
   usage_check(o.device == "cpu" || o.device == "cuda" || o.device == "auto",
@@ -182,6 +187,24 @@ static int measure_command(const PlanOptions& o) {
   return 0;
 }
 
+// --compare-with's specs: auto = vs_adaptive and trianglemix, and MoA's uniform window of the plan's density when
+// there is one; none = nothing; else the ';'-separated list as given.
+static std::vector<std::string> compare_specs(const std::string& arg, const std::string& window_spec) {
+  if (arg == "none") return {};
+  if (arg == "auto") {
+    std::vector<std::string> out{"vs_adaptive", "trianglemix"};
+    if (!window_spec.empty()) out.push_back(window_spec);
+    return out;
+  }
+  std::vector<std::string> out;
+  for (size_t i = 0; i <= arg.size();) {
+    const size_t j = std::min(arg.find(';', i), arg.size());
+    if (j > i) out.push_back(arg.substr(i, j - i));
+    i = j + 1;
+  }
+  return out;
+}
+
 int plan_command(const PlanOptions& o) {
   check_plan_options(o);
   if (o.method == "measure") return measure_command(o);
@@ -191,6 +214,13 @@ int plan_command(const PlanOptions& o) {
   const runtime::ModelConfig& cfg = s.model->config();
   if (o.gpus > 0) parallel::check_gpu_count(o.gpus, cfg.num_q_heads);  // before the long part
   if (o.method != "minference") plan::check_backward_supported(cfg);
+  for (const std::string& sp : compare_specs(o.compare_with, "")) {  // before the long part
+    try {
+      (void)s.policy(sp);
+    } catch (const Error& e) {
+      throw Error(std::string("--compare-with: ") + e.what());
+    }
+  }
   ThreadPool& pool = ThreadPool::global();
   log("plan: loaded %s (%.1f s)\n", cfg.summary(), t0);
   // Where the model answers (the dense answers, the held-out checks, the validation texts): the GPU's engine when the
@@ -280,6 +310,7 @@ int plan_command(const PlanOptions& o) {
   };
   attn::AttentionPolicy policy;
   std::vector<std::string> extra_lines;
+  std::string window_spec;  // MoA: the uniform window of the plan's density (at its longest profiled length)
   const double t_plan = now_seconds();
   if (o.method == "minference") {
     plan::MInferenceOptions mo;
@@ -458,6 +489,7 @@ int plan_command(const PlanOptions& o) {
                          {"plan_loss", c.loss}, {"plan_loss_se", c.loss_se}, {"uniform_loss", c.other},
                          {"uniform_loss_se", c.other_se}, {"difference", c.diff}, {"difference_se", c.diff_se},
                          {"loss", plan::loss_estimate_name(mo.estimate)}});
+        window_spec = spec;
         if (mo.estimate != plan::LossEstimate::FirstOrder) {  // MoA's own estimate of the same two, beside it
           const auto f = plan::compare_losses(one, chosen, std::vector<attn::Pattern>(chosen.size(), uni)).front();
           noise.back()["first_order"] = {{"plan_loss", f.loss}, {"plan_loss_se", f.loss_se}, {"uniform_loss", f.other},
@@ -575,6 +607,32 @@ int plan_command(const PlanOptions& o) {
     extra_lines.push_back("held-out tasks at " + validation_lengths_text + " tokens: the plan reproduces " +
                           std::to_string(mine.kept) + " of " + std::to_string(mine.total) +
                           " dense answers (dense itself " + std::to_string(dense.kept) + ")");
+  }
+
+  // The plan beside presets on the same held-out tasks (--compare-with): the answers each keeps and its executed
+  // density at the validation lengths (one held-out retrieval prompt each, as --method measure).
+  const std::vector<std::string> compared = compare_specs(o.compare_with, window_spec);
+  if (!heldout.empty() && !compared.empty()) {
+    std::vector<std::pair<std::string, attn::AttentionPolicy>> pols{{"plan", policy}, {"dense", {}}};
+    for (const std::string& sp : compared) pols.emplace_back(sp, s.policy(sp));
+    std::vector<std::vector<int32_t>> prompts;
+    for (int length : o.validation_lengths) {
+      plan::CalibrationSpec spec;
+      spec.seed = o.seed + plan::kHeldOutSeed;
+      spec.haystack = o.haystack;
+      spec.answer_tokens = o.answer_tokens;
+      prompts.push_back(plan::retrieval_prompt(*s.tokenizer, spec, length, 0));
+    }
+    log("plan: %s (%.1f s)\n", "comparing with " + std::to_string(compared.size()) + " presets", t0);
+    const std::vector<plan::ComparedPolicy> rows =
+        plan::compare_policies(*s.model, pols, prompts, heldout, answers, pool);
+    nlohmann::json cj = nlohmann::json::array();
+    for (const plan::ComparedPolicy& r : rows)
+      cj.push_back({{"policy", r.name}, {"density", r.density}, {"kept", r.heldout.kept}, {"total", r.heldout.total},
+                    {"per_case", r.heldout.per_sample}});
+    report["compared"] = {{"lengths", o.validation_lengths}, {"policies", cj}};
+    extra_lines.push_back("beside presets on the held-out tasks (--compare-with):");
+    for (const std::string& line : plan::compare_lines(rows, o.validation_lengths)) extra_lines.push_back("  " + line);
   }
 
   // The plan, its picture and the report.
