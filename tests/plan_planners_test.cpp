@@ -599,18 +599,25 @@ TEST(MInferencePlan, HeldOutRepairTakesOutTheCandidateThatLosesAnswers) {
 // where the budget bound alone makes VS shapes execute far more.
 // MInferenceOptions::device = Cuda: without a registered GPU search (this program does not link plan/cuda) an error
 // naming the remedy; with one, plan_minference takes its errors and densities (weighted by 1 / samples) and chooses
-// from them. The fake below gives head hh's candidate c the error |c - hh % C| + 0.5 and density 0.25 per sample.
+// from them. The fake below gives head hh's candidate c the error |c - hh % C| + 0.5 and density 0.25 per sample, and
+// over the query rows (when asked for them) the error |c - (hh + 1) % C| + 0.5: with the default query weight 0.75
+// the choice follows the query rows; with query_rows 0 none are asked for and the choice follows all rows.
 namespace {
+int32_t g_fake_query_rows = -1;
 void fake_gpu_search(const runtime::Model& model, const std::vector<int32_t>& tokens,
                      const std::vector<attn::Pattern>& candidates, double weight, std::vector<double>& error,
-                     std::vector<double>& density) {
+                     std::vector<double>& density, int32_t query_rows, std::vector<double>* query_error) {
   const size_t C = candidates.size();
   EXPECT_EQ(error.size(), static_cast<size_t>(model.config().num_layers * model.config().num_q_heads) * C);
   EXPECT_FALSE(tokens.empty());
+  g_fake_query_rows = query_error != nullptr ? query_rows : 0;
   for (size_t hh = 0; hh < error.size() / C; ++hh) {
     for (size_t c = 0; c < C; ++c) {
       error[hh * C + c] += weight * (std::abs(static_cast<double>(c) - static_cast<double>(hh % C)) + 0.5);
       density[hh * C + c] += weight * 0.25;
+      if (query_error != nullptr)
+        (*query_error)[hh * C + c] +=
+            weight * (std::abs(static_cast<double>(c) - static_cast<double>((hh + 1) % C)) + 0.5);
     }
   }
 }
@@ -629,13 +636,24 @@ TEST(MInferencePlan, DeviceSearchGoesThroughTheRegisteredFunction) {
             "minference: this tessera has no CUDA search (built without the CUDA toolkit, or src/plan/cuda not "
             "linked); use the CPU (--device cpu)");
   register_cuda_minference(&fake_gpu_search);
+  const MInferenceResult q = plan_minference(m, samples, o, ThreadPool::global());  // query rows 128, weight 0.75
+  EXPECT_EQ(g_fake_query_rows, 128);
+  o.query_rows = 0;
   const MInferenceResult r = plan_minference(m, samples, o, ThreadPool::global());
+  EXPECT_EQ(g_fake_query_rows, 0);
   register_cuda_minference(nullptr);
   const size_t C = r.candidates.size();
+  ASSERT_GE(C, 2u);
+  EXPECT_TRUE(r.query_error.empty());
   for (size_t hh = 0; hh < r.choice.size(); ++hh) {
     EXPECT_EQ(r.choice[hh], static_cast<int32_t>(hh % C)) << "head " << hh;
     EXPECT_NEAR(r.score[hh], 0.5, 1e-12) << "head " << hh;
     for (size_t c = 0; c < C; ++c) EXPECT_NEAR(r.measured_density[hh * C + c], 0.25, 1e-12);
+    const size_t a = hh % C, b = (hh + 1) % C;
+    EXPECT_EQ(q.choice[hh], static_cast<int32_t>(b)) << "head " << hh;
+    EXPECT_NEAR(q.score[hh], 0.25 * (std::abs(static_cast<double>(b) - static_cast<double>(a)) + 0.5) + 0.75 * 0.5,
+                1e-12)
+        << "head " << hh;
   }
 }
 

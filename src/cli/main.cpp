@@ -307,8 +307,8 @@ int main(int argc, char** argv) {
   pl->add_option("--minference-query-rows", plan.minference_query_rows,
                  "MInference: each head's candidate is chosen by its relative output error over all rows and over "
                  "each sample's last N rows (the question and answer, where retrieval reads the needle), weighted by "
-                 "--minference-query-weight; 0: all rows only, MInference's criterion (CPU search; the device search "
-                 "uses all rows)")
+                 "--minference-query-weight; 0: all rows only, MInference's criterion (the CPU and the device search "
+                 "alike)")
       ->check(CLI::NonNegativeNumber)->capture_default_str();
   pl->add_option("--minference-query-weight", plan.minference_query_weight,
                  "MInference: the last rows' share of the choice's score: (1 - W) x the error over all rows + W x "

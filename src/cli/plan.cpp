@@ -319,7 +319,7 @@ int plan_command(const PlanOptions& o) {
     mo.query_rows = o.minference_query_rows;
     mo.query_weight = o.minference_query_weight;
     report["search_device"] = plan::device_name(device);
-    report["query_rows"] = device == plan::Device::Cpu ? mo.query_rows : 0;
+    report["query_rows"] = mo.query_rows;
     report["query_weight"] = mo.query_weight;
     auto r = plan::plan_minference(*s.model, samples, mo, pool, [&](int32_t done, int32_t total) {
       log("plan: %s (%.1f s)\n", "searched sample " + std::to_string(done) + "/" + std::to_string(total), t0);

@@ -322,7 +322,7 @@ MInferenceResult plan_minference(const runtime::Model& model, const std::vector<
   r.error.assign(heads * C, 0.0);
   check(o.query_weight >= 0 && o.query_weight <= 1,
         "minference: the query rows' weight must be in [0, 1], got " + std::to_string(o.query_weight));
-  if (o.query_rows > 0 && o.device == Device::Cpu) {
+  if (o.query_rows > 0) {
     r.query_error.assign(heads * C, 0.0);
     r.query_weight = o.query_weight;
   }
@@ -378,7 +378,8 @@ MInferenceResult plan_minference(const runtime::Model& model, const std::vector<
     check(fn != nullptr, "minference: this tessera has no CUDA search (built without the CUDA toolkit, or src/plan/cuda "
                          "not linked); use the CPU (--device cpu)");
     for (const CalibrationSample& s : samples) {
-      fn(model, s.tokens, r.candidates, 1.0 / static_cast<double>(samples.size()), r.error, r.measured_density);
+      fn(model, s.tokens, r.candidates, 1.0 / static_cast<double>(samples.size()), r.error, r.measured_density,
+         o.query_rows, r.query_error.empty() ? nullptr : &r.query_error);
       if (progress) progress(++done, static_cast<int32_t>(samples.size()));
     }
   }

@@ -46,7 +46,7 @@ struct MInferenceOptions {
   // drops a retrieval head's far keys looks better than a vertical-slash shape (most rows read locally); on the rows
   // that answer, it loses the needle (SmolLM2's 2K-4K plan: 46 A-shape heads, the 2K multikey case at 25% lost, kept
   // with those heads dense; the 2K-8K plan at weight 0.5: 82 A-shape heads, the same case lost; at 0.75: 17, kept).
-  // query_rows 0: all rows only (MInference's own criterion). CPU search only (the device search reports all rows).
+  // query_rows 0: all rows only (MInference's own criterion). The CPU and the device search alike.
   int32_t query_rows = 128;
   double query_weight = 0.75;
 };
@@ -70,10 +70,12 @@ struct MInferenceResult {
 
 // The search's forward on one calibration sample on the GPU: adds, for every (layer * heads + head, candidate),
 // weight x the relative output error of the candidate against dense attention to error[...] and weight x its mask
-// density to density[...] (both [layers * heads][candidates], layer-major). Registered by plan/cuda.
+// density to density[...] (both [layers * heads][candidates], layer-major); with query_error (non-null), weight x
+// the error over the sample's last query_rows rows to it. Registered by plan/cuda.
 using DeviceMInferenceFn = void (*)(const runtime::Model& model, const std::vector<int32_t>& tokens,
                                     const std::vector<attn::Pattern>& candidates, double weight,
-                                    std::vector<double>& error, std::vector<double>& density);
+                                    std::vector<double>& error, std::vector<double>& density, int32_t query_rows,
+                                    std::vector<double>* query_error);
 void register_cuda_minference(DeviceMInferenceFn fn);
 bool cuda_minference_registered();
 

@@ -68,7 +68,8 @@ int grid_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + kThread
 
 void minference_errors(const GradientModel& model, const std::vector<int32_t>& tokens,
                        const std::vector<attn::Pattern>& candidates, double weight, std::vector<double>& error,
-                       std::vector<double>& density, MInferenceDeviceStats* stats) {
+                       std::vector<double>& density, MInferenceDeviceStats* stats, int64_t query_rows,
+                       std::vector<double>* query_error) {
   const auto t_start = std::chrono::steady_clock::now();
   const runtime::ModelConfig& cfg = model.config();
   const int64_t S = static_cast<int64_t>(tokens.size()), NQ = cfg.num_q_heads, NKV = cfg.num_kv_heads,
@@ -79,9 +80,12 @@ void minference_errors(const GradientModel& model, const std::vector<int32_t>& t
   check(error.size() == heads * C && density.size() == heads * C,
         "minference (CUDA): error and density must hold layers x heads x candidates entries");
   check(S <= INT32_MAX, "minference (CUDA): sample too long");
+  check(query_error == nullptr || (query_rows > 0 && query_error->size() == heads * C),
+        "minference (CUDA): the query rows' error needs query_rows > 0 and layers x heads x candidates entries");
+  const int64_t tail = query_error == nullptr ? S : S - std::min<int64_t>(query_rows, S);  // the query rows' first
   DeviceBuffer<__nv_bfloat16> qb(static_cast<size_t>(S * NQ * D)), kb(static_cast<size_t>(S * NKV * D)),
       vb(static_cast<size_t>(S * NKV * D)), ob(static_cast<size_t>(S * NQ * D));
-  DeviceBuffer<double> partial(static_cast<size_t>(NQ) * kErrorChunks * 2);
+  DeviceBuffer<double> partial(static_cast<size_t>(NQ) * kErrorChunks * 2), qpartial(partial.size());
   const attn::LoweringContext ctx = attn::LoweringContext::prefill(static_cast<int32_t>(S), 64);
   attn::gpu::CudaAttentionOptions opts = attn::gpu::cuda_attention_defaults();
   opts.dense_fallback = false;  // the candidate's own mask, whatever it costs
@@ -115,6 +119,10 @@ void minference_errors(const GradientModel& model, const std::vector<int32_t>& t
       layers[c]->run(args, stream);
       head_error_kernel<<<dim3(kErrorChunks, static_cast<unsigned>(NQ)), kThreads, 0, stream>>>(
           ob.data(), v.o, S, static_cast<int>(NQ), static_cast<int>(D), partial.data());
+      if (tail < S)  // the same sums over the query rows [tail, S) alone
+        head_error_kernel<<<dim3(kErrorChunks, static_cast<unsigned>(NQ)), kThreads, 0, stream>>>(
+            ob.data() + tail * NQ * D, v.o + tail * NQ * D, S - tail, static_cast<int>(NQ), static_cast<int>(D),
+            qpartial.data());
       check_launch("minference: head errors");
       TESSERA_CUDA_CHECK(cudaEventRecord(ev[1], stream));
       TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -122,6 +130,7 @@ void minference_errors(const GradientModel& model, const std::vector<int32_t>& t
       TESSERA_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
       candidate_ms += ms;
       const std::vector<double> sums = partial.download();
+      const std::vector<double> qsums = tail < S ? qpartial.download() : std::vector<double>();
       const std::vector<attn::IndexStats> st = attn::index_stats_per_head(layers[c]->download_index(), args.window);
       for (int64_t h = 0; h < NQ; ++h) {
         double num = 0, den = 0;
@@ -131,6 +140,14 @@ void minference_errors(const GradientModel& model, const std::vector<int32_t>& t
         }
         const size_t hh = static_cast<size_t>(v.layer) * static_cast<size_t>(NQ) + static_cast<size_t>(h);
         error[hh * C + c] += weight * std::sqrt(num / std::max(den, 1e-300));
+        if (!qsums.empty()) {
+          double qnum = 0, qden = 0;
+          for (int k = 0; k < kErrorChunks; ++k) {
+            qnum += qsums[static_cast<size_t>((h * kErrorChunks + k) * 2)];
+            qden += qsums[static_cast<size_t>((h * kErrorChunks + k) * 2 + 1)];
+          }
+          (*query_error)[hh * C + c] += weight * std::sqrt(qnum / std::max(qden, 1e-300));
+        }
         density[hh * C + c] += weight * st[static_cast<size_t>(h)].density();
       }
     }
@@ -147,9 +164,9 @@ namespace {
 
 void run_registered(const runtime::Model& model, const std::vector<int32_t>& tokens,
                     const std::vector<attn::Pattern>& candidates, double weight, std::vector<double>& error,
-                    std::vector<double>& density) {
+                    std::vector<double>& density, int32_t query_rows, std::vector<double>* query_error) {
   with_device_weights(model, [&](const GradientModel& g) {
-    minference_errors(g, tokens, candidates, weight, error, density);
+    minference_errors(g, tokens, candidates, weight, error, density, nullptr, query_rows, query_error);
   });
 }
 

@@ -5,7 +5,8 @@
 // and sparse executor (attention/cuda/layer_attention_cuda.h) on bf16 copies of q, k, v with 64-row tiles (the CPU
 // search's tile, so the masks are the CPU's up to near-ties of the estimates), with the layer's sliding window and
 // without the dense fallback or shortcut; per head the relative output error ||O_c - O_dense|| / ||O_dense|| against
-// the f32 dense output and the index's mask density are accumulated, as the CPU search does. What differs from the
+// the f32 dense output and the index's mask density are accumulated, as the CPU search does (and, with query rows,
+// the error over the sample's last rows). What differs from the
 // CPU: the candidate outputs are bf16 (about 4e-3 relative), the reference the f32 pass's.
 #pragma once
 
@@ -23,9 +24,12 @@ struct MInferenceDeviceStats {
 };
 
 // Adds weight x the error and weight x the density of every (layer * heads + head, candidate) to error / density
-// ([layers * heads][candidates]). Throws tessera::Error for a head_dim the GPU executors do not run (64, 128, 256).
+// ([layers * heads][candidates]); with query_error, weight x the error over the sample's last query_rows rows too
+// (MInferenceOptions::query_rows: the same partial sums over those rows alone, as the CPU search). Throws
+// tessera::Error for a head_dim the GPU executors do not run (64, 128, 256).
 void minference_errors(const GradientModel& model, const std::vector<int32_t>& tokens,
                        const std::vector<attn::Pattern>& candidates, double weight, std::vector<double>& error,
-                       std::vector<double>& density, MInferenceDeviceStats* stats = nullptr);
+                       std::vector<double>& density, MInferenceDeviceStats* stats = nullptr, int64_t query_rows = 0,
+                       std::vector<double>* query_error = nullptr);
 
 }  // namespace tessera::plan::cuda

@@ -10,7 +10,7 @@
 // with head_dim 64 (the GPU sparse executors' smallest; written here with random weights): the static candidate's
 // errors within bf16 rounding, the dynamic ones' errors and densities within tolerance (their estimates run on bf16
 // q/k), the same candidate per head on at least half the heads and elsewhere one within tolerance of the CPU's best
-// by the CPU's errors ([ minference ] lines).
+// by the CPU's scores ([ minference ] lines); the errors over each sample's last 128 rows (the query rows) likewise.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -327,6 +327,9 @@ TEST(GpuMInference, SameChoicesAsTheCpuSearch) {
   const MInferenceResult gpu = plan_minference(*m, samples, o, ThreadPool::global());
   ASSERT_EQ(gpu.candidates, cpu.candidates);
   ASSERT_EQ(gpu.error.size(), cpu.error.size());
+  // Both score the last 128 rows too (the default query rows): the same error over those rows alone.
+  ASSERT_EQ(cpu.query_error.size(), cpu.error.size());
+  ASSERT_EQ(gpu.query_error.size(), cpu.query_error.size());
   const size_t C = cpu.candidates.size(), heads = cpu.choice.size();
   // Tolerances. The static candidate (A-shape) has the same mask on both sides: its errors differ by the bf16 copies
   // of q, k, v and the bf16 output alone. The dynamic ones (VS, BS) estimate on bf16 q / k on the GPU, f32 on the
@@ -338,29 +341,32 @@ TEST(GpuMInference, SameChoicesAsTheCpuSearch) {
     for (size_t c = 0; c < C; ++c) {
       const double e_cpu = cpu.error[hh * C + c], e_gpu = gpu.error[hh * C + c];
       const double d_cpu = cpu.measured_density[hh * C + c], d_gpu = gpu.measured_density[hh * C + c];
+      const double q_cpu = cpu.query_error[hh * C + c], q_gpu = gpu.query_error[hh * C + c];
       if (std::holds_alternative<attn::AShapePattern>(cpu.candidates[c])) {
         EXPECT_LE(std::abs(e_gpu - e_cpu), 0.002 + 0.02 * e_cpu) << "head " << hh << " (A-shape)";
+        EXPECT_LE(std::abs(q_gpu - q_cpu), 0.002 + 0.02 * q_cpu) << "head " << hh << " (A-shape, query rows)";
         EXPECT_NEAR(d_gpu, d_cpu, 1e-12) << "head " << hh << " (A-shape)";
         worst_ashape = std::max(worst_ashape, std::abs(e_gpu - e_cpu));
       } else {
         EXPECT_LE(std::abs(e_gpu - e_cpu), dyn_tol(e_cpu)) << "head " << hh << " candidate " << c;
+        EXPECT_LE(std::abs(q_gpu - q_cpu), dyn_tol(q_cpu)) << "head " << hh << " candidate " << c << " (query rows)";
         EXPECT_NEAR(d_gpu, d_cpu, 0.02) << "head " << hh << " candidate " << c;
       }
       EXPECT_GT(e_gpu, 0.0) << "head " << hh << " candidate " << c;
-      worst_err = std::max(worst_err, std::abs(e_gpu - e_cpu));
+      worst_err = std::max({worst_err, std::abs(e_gpu - e_cpu), std::abs(q_gpu - q_cpu)});
       worst_density = std::max(worst_density, std::abs(d_gpu - d_cpu));
     }
-    // The GPU's choice is the CPU's, or near-optimal by the CPU's own errors (a near-tie between candidates).
+    // The GPU's choice is the CPU's, or near-optimal by the CPU's own scores (a near-tie between candidates).
     const size_t g = static_cast<size_t>(gpu.choice[hh]), c = static_cast<size_t>(cpu.choice[hh]);
     same += g == c;
-    EXPECT_LE(cpu.error[hh * C + g] - cpu.error[hh * C + c], dyn_tol(cpu.error[hh * C + c])) << "head " << hh;
+    EXPECT_LE(choice_score(cpu, hh, g) - choice_score(cpu, hh, c), dyn_tol(choice_score(cpu, hh, c))) << "head " << hh;
   }
   std::printf("[ minference ] %zu heads, %zu candidates: CPU choices", heads, C);
   for (int32_t x : cpu.choice) std::printf(" %d", x);
   std::printf(", GPU choices");
   for (int32_t x : gpu.choice) std::printf(" %d", x);
   std::printf("; same on %d heads; worst |error GPU - CPU| %.2e (A-shape %.2e), worst density difference %.2e; "
-              "CPU %.2f s, GPU %.2f s\n",
+              "CPU %.2f s, GPU %.2f s (errors over all rows and the last 128)\n",
               same, worst_err, worst_ashape, worst_density, cpu.seconds, gpu.seconds);
   EXPECT_GE(2 * same, static_cast<int>(heads)) << "the GPU search agrees with the CPU's on fewer than half the heads";
 }
