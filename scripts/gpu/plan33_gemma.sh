@@ -8,7 +8,8 @@
 #           layer repair
 #   tmix    TriangleMix: the gradient probe's split at 8K
 #   moatasks MoA for MODEL: a --calib file with synthetic retrieval tasks beside it (MOA_CALIB, MOA_LENGTHS, MOA_VAL;
-#           MOA_TASKS tasks per length, default 4; MOA_SEED; MOA_NO_REPAIR non-empty: without --moa-layer-repair)
+#           MOA_TASKS tasks per length, default 4; MOA_SEEDS "7 11 13" (one plan each) or MOA_SEED; MOA_VCASES held-out
+#           tasks per validation length; MOA_NO_REPAIR non-empty: without --moa-layer-repair)
 #   tmixsel TriangleMix: the split by held-out answers and validation text (--trianglemix-select), MODEL's
 #   eval    density, the accuracy harness and KJV perplexity at 8K/16K/32K: the plans beside the presets of the same
 #           cost (vs_adaptive, trianglemix, ashape, the uniform MoA window of the MoA plan's density) and dense
@@ -65,12 +66,16 @@ for s in "${steps[@]}"; do
     tmix) run_step tmix 150 "$T" plan --method trianglemix -m "$M" --device cuda --lengths 8192 --samples 4 \
           --validation-length 16384 --validation-cases 4 --report-lengths $L -o "$O/gemma3-trianglemix.json" ;;
     moatasks) # MoA for MODEL on a calibration file (MOA_CALIB, a path in the tree) with synthetic retrieval tasks
-         # beside it (--calib-tasks: MOA_TASKS per length, seed 7: not the evaluation's seed 0), profiled at
-         # MOA_LENGTHS, picked and repaired at MOA_VAL
-         run_step "moatasks-$MNAME" "${MOA_CAP:-330}" "$T" plan --method moa -m "$M" --device cuda \
-          --lengths "$MOA_LENGTHS" --calib "$ROOT/$MOA_CALIB" --calib-tasks --samples "${MOA_TASKS:-4}" --seed "${MOA_SEED:-7}" \
-          --budget "${MOA_BUDGET:-0.5}" --validation-length "$MOA_VAL" --validation-cases 4 --moa-loss fisher \
-          --moa-no-sink-only $([ -n "${MOA_NO_REPAIR:-}" ] || echo --moa-layer-repair) --report-lengths $L -o "$O/$MNAME-moa-tasks${MOA_SEED:+-seed$MOA_SEED}.json" ;;
+         # beside it (--calib-tasks: MOA_TASKS per length, seeds MOA_SEEDS or MOA_SEED (default 7): not the evaluation's
+         # seed 0), profiled at MOA_LENGTHS, picked (and repaired unless MOA_NO_REPAIR) at MOA_VAL with MOA_VCASES
+         # held-out tasks per length (default 4); one plan per seed, $MNAME-moa-tasks-seedN.json
+         for seed in ${MOA_SEEDS:-${MOA_SEED:-7}}; do
+           run_step "moatasks-$MNAME-seed$seed" "${MOA_CAP:-330}" "$T" plan --method moa -m "$M" --device cuda \
+            --lengths "$MOA_LENGTHS" --calib "$ROOT/$MOA_CALIB" --calib-tasks --samples "${MOA_TASKS:-4}" --seed "$seed" \
+            --budget "${MOA_BUDGET:-0.5}" --validation-length "$MOA_VAL" --validation-cases "${MOA_VCASES:-4}" \
+            --moa-loss fisher --moa-no-sink-only $([ -n "${MOA_NO_REPAIR:-}" ] || echo --moa-layer-repair) \
+            --report-lengths $L -o "$O/$MNAME-moa-tasks-seed$seed.json"
+         done ;;
     tmixsel) # TriangleMix's split by held-out answers and validation perplexity (--trianglemix-select), for MODEL:
          # TMIX_LENGTHS (calibration, default 8192), TMIX_VAL (validation lengths, default 16384), TMIX_TOL (0.02)
          run_step "tmixsel-$MNAME" 300 "$T" plan --method trianglemix -m "$M" --device cuda \
