@@ -334,7 +334,8 @@ int main(int argc, char** argv) {
   pl->add_flag("--moa-layer-repair", plan.moa_layer_repair,
                "MoA: measure, per layer, the plan's rules against the uniform window of its density on the validation "
                "texts (log perplexity, net of the density each layer adds) and keep the window on the layers where "
-               "the rules lose (docs/plans/README.md, \"repaired layer by layer\")");
+               "the rules lose (docs/plans/README.md, \"repaired layer by layer\"); with held-out tasks the repair "
+               "stands only if it keeps as many of their answers as the plan");
   pl->add_option("--moa-head-cap", plan.moa_head_cap,
                  "MoA: a per-head cap in (0, 1]: a head may take only rules that mask at most this share of its "
                  "influence mass (mean |block influence| over the samples) at every profiled length; 1: no cap")

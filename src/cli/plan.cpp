@@ -427,6 +427,21 @@ int plan_command(const PlanOptions& o) {
                                   {"plan_log_perplexity", lr.plan_lp}, {"net", lr.net}, {"kept_layers", lr.kept_layers},
                                   {"free_beta", lr.free_beta}, {"log_perplexity", lr.lp}, {"lines", lr.lines}};
         for (const std::string& line : lr.lines) extra_lines.push_back("layer repair: " + line);
+        // The repair judges layers by the texts' perplexity, which a window can satisfy while answers need the
+        // plan's reach (Gemma-3 with retrieval tasks: docs/plans/README.md): it stands only if it keeps as many
+        // held-out answers as the plan.
+        if (!heldout.empty()) {
+          const int32_t before = plan::answer_agreement(*s.model, r.policy, heldout, answers).kept;
+          const int32_t after = plan::answer_agreement(*s.model, lr.policy, heldout, answers).kept;
+          const bool stands = after >= before;
+          if (!stands) policy = r.policy;
+          report["layer_repair"]["heldout_plan"] = before;
+          report["layer_repair"]["heldout_repaired"] = after;
+          report["layer_repair"]["applied"] = stands;
+          extra_lines.push_back("layer repair: the repaired plan keeps " + std::to_string(after) + " of " +
+                                std::to_string(heldout.size()) + " held-out answers, the plan " +
+                                std::to_string(before) + (stands ? ": the repair stands" : ": the plan stays"));
+        }
       }
       nlohmann::json pareto = nlohmann::json::array();
       for (size_t i = 0; i < r.pareto.size(); ++i) {
