@@ -366,15 +366,23 @@ TEST(MoaLayerRepair, TheWindowWhereThePlansRulesLose) {
             "moa repair: layer 0 head 0 is ashape(sink=4, local=16), not a moa_window");
 }
 
-TEST(Validation, AgreementWithTheDenseAnswers) {
-  const runtime::Model& m = tiny_llama();
+// `count` samples of `length` tokens (token i of sample s: (i * mul + add + shift * s) % 200 + 4) answered by the dense
+// model with `answer` tokens, named prefix + s.
+std::vector<CalibrationSample> answered_samples(const runtime::Model& m, int32_t count, int32_t length, int32_t mul,
+                                                int32_t add, int32_t shift, int32_t answer, const std::string& prefix) {
   const auto tok = model::Tokenizer::from_hf_file(kFixtures + "tokenizer/tiny_llama3_tokenizer.json");
   std::vector<CalibrationSample> samples;
-  for (int32_t s = 0; s < 2; ++s) {
+  for (int32_t s = 0; s < count; ++s) {
     std::vector<int32_t> prompt;
-    for (int32_t i = 0; i < 40; ++i) prompt.push_back((i * 13 + 5 + 7 * s) % 200 + 4);
-    samples.push_back(answer_sample(m, *tok, "s" + std::to_string(s), prompt, 5));
+    for (int32_t i = 0; i < length; ++i) prompt.push_back((i * mul + add + shift * s) % 200 + 4);
+    samples.push_back(answer_sample(m, *tok, prefix + std::to_string(s), prompt, answer));
   }
+  return samples;
+}
+
+TEST(Validation, AgreementWithTheDenseAnswers) {
+  const runtime::Model& m = tiny_llama();
+  const std::vector<CalibrationSample> samples = answered_samples(m, 2, 40, 13, 5, 7, 5, "s");
   const Agreement dense = answer_agreement(m, {}, samples);
   EXPECT_EQ(dense.kept, 2);
   EXPECT_EQ(dense.total, 2);
@@ -425,13 +433,7 @@ TEST(Measure, ExecutedDensityIsTheIndexAccounting) {
 TEST(Compare, EachPolicysDensityAndHeldOutAnswers) {
   const runtime::Model& m = tiny_llama();
   const auto& c = m.config();
-  const auto tok = model::Tokenizer::from_hf_file(kFixtures + "tokenizer/tiny_llama3_tokenizer.json");
-  std::vector<CalibrationSample> heldout;
-  for (int32_t s = 0; s < 3; ++s) {
-    std::vector<int32_t> prompt;
-    for (int32_t i = 0; i < 120; ++i) prompt.push_back((i * 17 + 3 + 11 * s) % 200 + 4);
-    heldout.push_back(answer_sample(m, *tok, "h" + std::to_string(s), prompt, 4));
-  }
+  const std::vector<CalibrationSample> heldout = answered_samples(m, 3, 120, 17, 3, 11, 4, "h");
   std::vector<std::vector<int32_t>> prompts(2);
   for (int32_t i = 0; i < 200; ++i) prompts[0].push_back((i * 29 + 11) % 250);
   for (int32_t i = 0; i < 150; ++i) prompts[1].push_back((i * 31 + 7) % 250);

@@ -431,7 +431,9 @@ int plan_command(const PlanOptions& o) {
         // plan's reach (Gemma-3 with retrieval tasks: docs/plans/README.md): it stands only if it keeps as many
         // held-out answers as the plan.
         if (!heldout.empty()) {
-          const int32_t before = plan::answer_agreement(*s.model, r.policy, heldout, answers).kept;
+          const double share = r.pareto[r.chosen].validation_agreement;  // the pick measured it (-1: not)
+          const int32_t before = share >= 0 ? static_cast<int32_t>(std::lround(share * static_cast<double>(heldout.size())))
+                                            : plan::answer_agreement(*s.model, r.policy, heldout, answers).kept;
           const int32_t after = plan::answer_agreement(*s.model, lr.policy, heldout, answers).kept;
           const bool stands = after >= before;
           if (!stands) policy = r.policy;

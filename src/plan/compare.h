@@ -1,7 +1,7 @@
 // tessera/plan/compare.h — a plan beside presets on the data it was not made on (issue 33: "the report shows it beside
 // the presets of the same executed density"): per policy, its executed density at each validation length
 // (measure.h, one held-out retrieval prompt per length) and the held-out tasks' dense answers it keeps
-// (validation.h). `tessera plan --compare` prints and saves the table; whether a preset is "of the same cost" is read
+// (validation.h). `tessera plan --compare-with` prints and saves the table; whether a preset is "of the same cost" is read
 // off the density columns.
 #pragma once
 
