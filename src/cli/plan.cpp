@@ -154,17 +154,23 @@ static plan::Device plan_device(const PlanOptions& o) {
 #endif
 }
 
+// ';'-separated policy specs (--attn, --compare-with), empty pieces dropped.
+static std::vector<std::string> split_specs(const std::string& list) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i <= list.size();) {
+    const size_t j = std::min(list.find(';', i), list.size());
+    if (j > i) out.push_back(list.substr(i, j - i));
+    i = j + 1;
+  }
+  return out;
+}
+
 // --method measure: per length, one held-out retrieval prompt (another seed than calibration's), the executed
 // density of every policy on it (plan/measure.h); a table on stdout and JSON at -o.
 static int measure_command(const PlanOptions& o) {
   const double t0 = now_seconds();
   Session s = Session::open(o.model);
-  std::vector<std::string> specs;
-  for (size_t i = 0; i <= o.attn.size();) {
-    const size_t j = std::min(o.attn.find(';', i), o.attn.size());
-    if (j > i) specs.push_back(o.attn.substr(i, j - i));
-    i = j + 1;
-  }
+  const std::vector<std::string> specs = split_specs(o.attn);
   std::vector<attn::AttentionPolicy> policies;
   for (const std::string& sp : specs) policies.push_back(s.policy(sp));
   nlohmann::json out = {{"model", s.model->config().name}, {"command", o.command_line}, {"rows", nlohmann::json::array()}};
@@ -196,13 +202,7 @@ static std::vector<std::string> compare_specs(const std::string& arg, const std:
     if (!window_spec.empty()) out.push_back(window_spec);
     return out;
   }
-  std::vector<std::string> out;
-  for (size_t i = 0; i <= arg.size();) {
-    const size_t j = std::min(arg.find(';', i), arg.size());
-    if (j > i) out.push_back(arg.substr(i, j - i));
-    i = j + 1;
-  }
-  return out;
+  return split_specs(arg);
 }
 
 int plan_command(const PlanOptions& o) {
