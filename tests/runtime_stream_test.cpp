@@ -908,9 +908,11 @@ TEST(StreamingKV, DeviceStoragePlansWhatTheHostPathAttends) {
 // Collaborative voting by its formula (Ltri-LLM Sec. 3.5): a layer with a retrieval head ranks the blocks by
 // the sum, over the layers up to and including it that have one, of that head's score times the layer's block
 // scores normalised to [0, 1]; a later layer without one ranks by the same sum over the layers before it; a
-// layer before the first retrieval layer by its own scores. The block scores are the test's (random, per
-// layer and chunk), the expected blocks computed here from them chunk after chunk, and compared with what
-// plan() retrieved (StreamingKV keeps the sum between a chunk's layers: this pins it to the explicit one).
+// layer before the first retrieval layer by its own scores, or (StreamOptions::early_from_votes, `--stream-early-layers
+// votes`) by the previous chunk's whole vote, the blocks evicted since scoring 0 (the most recent top-K blocks while
+// no chunk has voted), without scoring or an index. The block scores are the test's (random, per layer and chunk),
+// the expected blocks computed here from them chunk after chunk, and compared with what plan() retrieved
+// (StreamingKV keeps the sums between a chunk's layers: this pins them to the explicit ones).
 TEST(StreamingKV, CollaborativeVotingRanksBlocksByTheWeightedSumOfEarlierLayersScores) {
   ModelConfig cfg = model("llama3").config();
   cfg.num_layers = 6;
@@ -918,72 +920,96 @@ TEST(StreamingKV, CollaborativeVotingRanksBlocksByTheWeightedSumOfEarlierLayersS
   const int32_t d = cfg.head_dim;
   std::vector<float> inv_freq(static_cast<size_t>(d / 2));
   for (int32_t i = 0; i < d / 2; ++i) inv_freq[static_cast<size_t>(i)] = std::pow(10000.0f, -2.0f * i / d);
-  StreamOptions o = small_stream(StreamMethod::Ltri);
-  // Layer 0: no retrieval head (scores with every head); 1 and 3: retrieval heads; 2, 4, 5: voted only.
-  const double w1 = 0.5, w3 = 0.25;
-  o.retrieval_heads = {{1, 3, w1}, {3, 0, w3}};
-  StreamingKV kv(cfg, o, StreamingKV::Storage::Device);
-  std::mt19937 rng(5);
-  std::uniform_real_distribution<double> u(-3.0, 7.0);
   auto normalized = [](const std::vector<double>& s) {
     const auto [lo, hi] = std::minmax_element(s.begin(), s.end());
     std::vector<double> out(s.size());
     for (size_t b = 0; b < s.size(); ++b) out[b] = *hi > *lo ? (s[b] - *lo) / (*hi - *lo) : 0.0;
     return out;
   };
-  auto top = [&](const std::vector<double>& s) {  // top_k by score, ties to the lower block, ascending
-    std::vector<int32_t> idx(s.size());
-    std::iota(idx.begin(), idx.end(), 0);
-    std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) {
-      return s[static_cast<size_t>(a)] > s[static_cast<size_t>(b)];
-    });
-    idx.resize(static_cast<size_t>(o.top_k));
-    std::sort(idx.begin(), idx.end());
-    return idx;
-  };
-  int32_t pos = 0, ranked = 0;
-  for (int c = 0; c < 14; ++c) {
-    const int32_t n = 16;
-    kv.begin_chunk(pos, n, StreamingKV::ChunkKind::Prefill);
-    std::vector<std::vector<double>> scores(6);  // this chunk's block scores per scored layer
-    for (int32_t l = 0; l < 6; ++l) {
-      const std::vector<float> votes(static_cast<size_t>(n), 1.0f);
-      StreamingKV::DeviceDecisions given;
-      given.votes = votes;
-      given.has_candidates = true;  // none: the cover is one span of the whole chunk
-      given.keys_on_device = true;
-      given.index_keys = [](std::span<const int32_t>) { return std::vector<float>{}; };
-      given.span_masses = [](std::span<const Span> spans) {
-        return std::vector<stream::SpanMasses>(spans.size(), {1.0, 1.0});
-      };
-      given.block_scores = [&](std::span<const int32_t>, std::span<const int32_t>,
-                               const stream::HeadWeights&) {
-        EXPECT_TRUE(l == 0 || l == 1 || l == 3) << "layer " << l << " is voted only";
-        std::vector<double> s(static_cast<size_t>(kv.evicted_blocks()));
-        for (double& x : s) x = std::round(u(rng) * 4) / 4;  // (ties on purpose)
-        scores[static_cast<size_t>(l)] = s;
-        return s;
-      };
-      kv.plan(l, pos, n, nullptr, inv_freq, given);
-      if (kv.evicted_blocks() <= o.top_k) continue;
-      const size_t blocks = static_cast<size_t>(kv.evicted_blocks());
-      std::vector<double> expect;
-      if (l == 0) {
-        expect = scores[0];
-      } else {
-        expect.assign(blocks, 0.0);
-        for (int32_t v : {1, 3})
-          if (v <= l) {
-            const std::vector<double> nv = normalized(scores[static_cast<size_t>(v)]);
-            for (size_t b = 0; b < blocks; ++b) expect[b] += (v == 1 ? w1 : w3) * nv[b];
+  for (const bool early : {false, true}) {
+    SCOPED_TRACE(early ? "early layers: the previous chunk's vote" : "early layers: their own scores");
+    StreamOptions o = small_stream(StreamMethod::Ltri);
+    o.early_from_votes = early;
+    // Layer 0: no retrieval head (scores with every head, or takes the previous vote); 1 and 3: retrieval heads; 2,
+    // 4, 5: voted only.
+    const double w1 = 0.5, w3 = 0.25;
+    o.retrieval_heads = {{1, 3, w1}, {3, 0, w3}};
+    StreamingKV kv(cfg, o, StreamingKV::Storage::Device);
+    EXPECT_EQ(kv.voted_only(0), early);
+    EXPECT_EQ(kv.maps_chunk(0), !early);
+    EXPECT_EQ(kv.span_index(0).kv_heads_kept(), early ? 0 : cfg.num_kv_heads);
+    std::mt19937 rng(5);
+    std::uniform_real_distribution<double> u(-3.0, 7.0);
+    auto top = [&](const std::vector<double>& s) {  // top_k by score, ties to the lower block, ascending
+      std::vector<int32_t> idx(s.size());
+      std::iota(idx.begin(), idx.end(), 0);
+      std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) {
+        return s[static_cast<size_t>(a)] > s[static_cast<size_t>(b)];
+      });
+      idx.resize(static_cast<size_t>(o.top_k));
+      std::sort(idx.begin(), idx.end());
+      return idx;
+    };
+    // The vote of layers [0, end) over `blocks` blocks from the given per-layer scores (empty: did not score).
+    auto vote = [&](const std::vector<std::vector<double>>& scores, int32_t end, size_t blocks) {
+      std::vector<double> sum(blocks, 0.0);
+      for (int32_t v : {1, 3})
+        if (v < end && !scores[static_cast<size_t>(v)].empty()) {
+          const std::vector<double> nv = normalized(scores[static_cast<size_t>(v)]);
+          for (size_t b = 0; b < nv.size(); ++b) sum[b] += (v == 1 ? w1 : w3) * nv[b];
+        }
+      return sum;
+    };
+    int32_t pos = 0, ranked = 0, early_ranked = 0;
+    std::vector<std::vector<double>> previous(6);  // the previous chunk's block scores per scored layer
+    for (int c = 0; c < 14; ++c) {
+      const int32_t n = 16;
+      kv.begin_chunk(pos, n, StreamingKV::ChunkKind::Prefill);
+      std::vector<std::vector<double>> scores(6);  // this chunk's block scores per scored layer
+      for (int32_t l = 0; l < 6; ++l) {
+        const std::vector<float> votes(static_cast<size_t>(n), 1.0f);
+        StreamingKV::DeviceDecisions given;
+        given.votes = votes;
+        given.has_candidates = true;  // none: the cover is one span of the whole chunk
+        given.keys_on_device = true;
+        given.index_keys = [](std::span<const int32_t>) { return std::vector<float>{}; };
+        given.span_masses = [](std::span<const Span> spans) {
+          return std::vector<stream::SpanMasses>(spans.size(), {1.0, 1.0});
+        };
+        given.block_scores = [&](std::span<const int32_t>, std::span<const int32_t>,
+                                 const stream::HeadWeights&) {
+          EXPECT_TRUE((l == 0 && !early) || l == 1 || l == 3) << "layer " << l << " is voted only";
+          std::vector<double> s(static_cast<size_t>(kv.evicted_blocks()));
+          for (double& x : s) x = std::round(u(rng) * 4) / 4;  // (ties on purpose)
+          scores[static_cast<size_t>(l)] = s;
+          return s;
+        };
+        kv.plan(l, pos, n, nullptr, inv_freq, given);
+        if (kv.evicted_blocks() <= o.top_k) continue;
+        const size_t blocks = static_cast<size_t>(kv.evicted_blocks());
+        std::vector<int32_t> expect;
+        if (l == 0 && early) {
+          const bool voted = !previous[1].empty() || !previous[3].empty();
+          if (voted) {
+            expect = top(vote(previous, 6, blocks));
+            ++early_ranked;
+          } else {
+            for (int32_t b = kv.evicted_blocks() - o.top_k; b < kv.evicted_blocks(); ++b) expect.push_back(b);
           }
+        } else {
+          expect = top(l == 0 ? scores[0] : vote(scores, l + 1, blocks));
+        }
+        EXPECT_EQ(kv.retrieved(l), expect) << "layer " << l << " at " << pos;
+        ++ranked;
       }
-      EXPECT_EQ(kv.retrieved(l), top(expect)) << "layer " << l << " at " << pos;
-      ++ranked;
+      previous = scores;
+      pos += n;
     }
-    pos += n;
+    EXPECT_GT(ranked, 30);
+    if (early) {
+      EXPECT_GT(early_ranked, 5);
+    }
   }
-  EXPECT_GT(ranked, 30);
 }
 
 // Ltri with retrieval heads keeps, per layer, only the kv heads its scores read (StreamOptions::index_all_heads false,

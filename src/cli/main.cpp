@@ -106,6 +106,11 @@ void add_stream_options(CLI::App* app, tessera::cli::StreamFlags& f, bool severa
                   "Streaming (ltri, with --stream-retrieval-heads): the kv heads each layer's span index keeps: "
                   "'retrieval' (the retrieval heads' only: the same retrieval, a smaller index) or 'all'")
       ->capture_default_str();
+  app->add_option("--stream-early-layers", f.early_layers,
+                  "Streaming (ltri, with --stream-retrieval-heads): the layers before the first retrieval layer "
+                  "'score' their blocks with every head, or take the previous chunk's collaborative 'votes' (no "
+                  "index, no scoring for them)")
+      ->capture_default_str();
 }
 
 }  // namespace

@@ -41,6 +41,9 @@ runtime::StreamOptions stream_options(const StreamFlags& f, const std::string& m
   usage_check(f.index_heads == "retrieval" || f.index_heads == "all",
               "--stream-index-heads must be retrieval or all, got '" + f.index_heads + "'");
   o.index_all_heads = f.index_heads == "all";
+  usage_check(f.early_layers == "score" || f.early_layers == "votes",
+              "--stream-early-layers must be score or votes, got '" + f.early_layers + "'");
+  o.early_from_votes = f.early_layers == "votes";
   try {  // the flags' values: a wrong command line (exit 2)
     runtime::check_stream_options(o);
   } catch (const UsageError&) {

@@ -83,6 +83,14 @@ struct StreamOptions {
   // heads). The block scores, retrieved blocks and outputs are exactly the full index's. true (`all`): every layer
   // keeps every kv head (the comparison). No effect without retrieval heads.
   bool index_all_heads = false;
+  // Ltri with retrieval heads: the layers before the first retrieval layer (no head of theirs votes and no earlier
+  // layer's votes exist within the chunk). false (`--stream-early-layers score`, the default): each scores its blocks
+  // with every head (uniform weights) over an index of every kv head. true (`votes`): each takes the top-K of the
+  // previous chunk's collaborative vote (every retrieval head's normalised scores weighted by its score; blocks
+  // evicted since then score 0; the most recent top-K blocks while no chunk has voted yet) and, like a voted-only
+  // layer, keeps no index and needs no map, query vectors or scoring — at 1M tokens on Llama-3-8B shapes those layers'
+  // scoring alone was 22 of 95 s.
+  bool early_from_votes = false;
   bool persist_decode = true;   // decode keeps the blocks retrieved for the last prefill chunk
 
   // InfLLM: representative keys per block.

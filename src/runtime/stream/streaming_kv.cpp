@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <string>
 
 #include "core/clock.h"
@@ -79,7 +80,8 @@ StreamingKV::StreamingKV(const ModelConfig& config, StreamOptions options, Stora
     }
   for (int32_t l = 0; l < cfg_.num_layers; ++l) {
     int32_t begin = 0, heads = -1;  // all
-    if (opt_.method == StreamMethod::Ltri && !opt_.index_all_heads && first_voter_ >= 0 && l >= first_voter_) {
+    if (opt_.method == StreamMethod::Ltri && !opt_.index_all_heads && first_voter_ >= 0 &&
+        (l >= first_voter_ || early_voted(l))) {
       const int32_t best = best_head_[static_cast<size_t>(l)];
       if (best >= 0)
         begin = shape_.kv_head(best), heads = 1;
@@ -91,8 +93,12 @@ StreamingKV::StreamingKV(const ModelConfig& config, StreamOptions options, Stora
 }
 
 bool StreamingKV::voted_only(int32_t layer) const {
-  return opt_.method == StreamMethod::Ltri && !opt_.index_all_heads && first_voter_ >= 0 && layer > first_voter_ &&
-         best_head_[static_cast<size_t>(layer)] < 0;
+  return early_voted(layer) || (opt_.method == StreamMethod::Ltri && !opt_.index_all_heads && first_voter_ >= 0 &&
+                                layer > first_voter_ && best_head_[static_cast<size_t>(layer)] < 0);
+}
+
+bool StreamingKV::early_voted(int32_t layer) const {
+  return opt_.method == StreamMethod::Ltri && opt_.early_from_votes && first_voter_ >= 0 && layer < first_voter_;
 }
 
 void StreamingKV::check_sequence(int64_t tokens) const {
@@ -169,6 +175,28 @@ bool StreamingKV::collect_votes(int32_t end, size_t blocks) {
     for (size_t b = 0; b < blocks; ++b) vote_sum_[b] += w * V.normalized_scores[b];
   }
   return vote_any_;
+}
+
+std::vector<int32_t> StreamingKV::previous_vote_blocks() {
+  if (prev_vote_chunk_ == chunk_serial_) return prev_vote_blocks_;
+  prev_vote_chunk_ = chunk_serial_;
+  // The voting layers have not run yet in this chunk: their normalised scores are the previous chunk's.
+  std::vector<double> sum;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const std::vector<double>& s = layers_[l].normalized_scores;
+    if (best_head_[l] < 0 || s.empty()) continue;
+    if (sum.size() < s.size()) sum.resize(s.size(), 0.0);
+    for (size_t b = 0; b < s.size(); ++b) sum[b] += best_score_[l] * s[b];
+  }
+  const auto blocks = static_cast<size_t>(evicted_);
+  if (sum.empty()) {
+    prev_vote_blocks_.resize(static_cast<size_t>(opt_.top_k));
+    std::iota(prev_vote_blocks_.begin(), prev_vote_blocks_.end(), evicted_ - opt_.top_k);
+  } else {
+    sum.resize(blocks, 0.0);
+    prev_vote_blocks_ = stream::top_blocks(sum, opt_.top_k);
+  }
+  return prev_vote_blocks_;
 }
 
 stream::HeadWeights StreamingKV::head_weights(int32_t layer) const {
@@ -327,6 +355,7 @@ std::vector<int32_t> StreamingKV::retrieve(int32_t layer, const float* q_raw, in
     for (int32_t b = 0; b < evicted_; ++b) all[static_cast<size_t>(b)] = b;
     return all;
   }
+  if (early_voted(layer)) return previous_vote_blocks();
   if (voted_only(layer)) {
     // Collaborative voting replaces this layer's scores (below): no query vectors, no scoring, no index.
     const bool any = collect_votes(layer, static_cast<size_t>(evicted_));

@@ -149,8 +149,11 @@ class StreamingKV : public KVPolicy, public StreamMemory {
   const stream::ReprIndex& repr_index(int32_t layer) const { return layers_[static_cast<size_t>(layer)].repr_index; }
   // Ltri with retrieval heads (and !index_all_heads): a layer without a retrieval head after the first layer with
   // one. Collaborative voting replaces its scores, so it keeps no index and scores nothing (the blocks it retrieves
-  // are the full index's: the votes of the earlier layers).
+  // are the full index's: the votes of the earlier layers). Also every early_voted() layer.
   bool voted_only(int32_t layer) const;
+  // Ltri with retrieval heads and StreamOptions::early_from_votes: a layer before the first retrieval layer, which
+  // takes the top-K of the previous chunk's collaborative vote (no index, no map, no scoring).
+  bool early_voted(int32_t layer) const;
   // Whether plan() / attend() of `layer` maps the chunk (and reads q and k for it): needs_qk() but for a voted-only
   // layer (its map would only choose index and query vectors it does not have). The GPU path asks the same.
   bool maps_chunk(int32_t layer) const { return needs_qk() && !voted_only(layer); }
@@ -231,6 +234,10 @@ class StreamingKV : public KVPolicy, public StreamMemory {
   // none voted. Kept between a chunk's layers and extended (layers run in order), so a layer adds only the layers
   // since the last call: O(blocks) a layer instead of O(layers x blocks), the same additions in the same order.
   bool collect_votes(int32_t end, size_t blocks);
+  // An early_voted() layer's blocks: the top-K of the previous chunk's vote (every voting layer's normalised scores
+  // still held from it, weighted by its head's score, summed in layer order; blocks evicted since score 0), computed
+  // once a chunk; the most recent top-K blocks when the previous chunk ranked none.
+  std::vector<int32_t> previous_vote_blocks();
   std::vector<int32_t> retrieve(int32_t layer, const float* q_raw, int32_t n, std::span<const float> map,
                                 std::span<const stream::Span> spans);
   // attend() in three steps: prepare (evictions, rotations, map, spans, retrieval, the layout: steps 1-3), the
@@ -275,6 +282,8 @@ class StreamingKV : public KVPolicy, public StreamMemory {
   int32_t vote_through_ = 0;
   int64_t vote_chunk_ = -1;
   bool vote_any_ = false;
+  std::vector<int32_t> prev_vote_blocks_;  // previous_vote_blocks() of chunk prev_vote_chunk_
+  int64_t prev_vote_chunk_ = -1;
 };
 
 }  // namespace tessera::runtime
