@@ -239,6 +239,8 @@ def cases(tessera, fx, models):
         T + ["run", "-m", tiny, "-p", "hi", "--stream", "ltri", "--stream-index-heads", "some"], 2, None)
     add("streaming", "--stream-early-layers skip (score or votes)",
         T + ["run", "-m", tiny, "-p", "hi", "--stream", "ltri", "--stream-early-layers", "skip"], 2, None)
+    add("streaming", "--stream-map-heads one (all or retrieval)",
+        T + ["run", "-m", tiny, "-p", "hi", "--stream", "ltri", "--stream-map-heads", "one"], 2, None)
     add("streaming", "--stream-host-kv fp8 on the CPU (the GPU path's)",
         T + ["run", "-m", tiny, "-p", "hi", "--stream", "ltri", "--stream-host-kv", "fp8"], 2, None)
     add("streaming", "eval --device cuda --stream-host-kv fp8 (checked for the GPU: here the GPU's absence answers)",

@@ -1012,6 +1012,61 @@ TEST(StreamingKV, CollaborativeVotingRanksBlocksByTheWeightedSumOfEarlierLayersS
   }
 }
 
+// --stream-map-heads retrieval (StreamOptions::map_retrieval_head): a layer with a retrieval head maps its chunk with
+// that head alone. With every other query head's q zero, each of those heads' softmax rows is uniform over the causal
+// keys (1 / (r + 1)), so the all-heads map is the retrieval head's map plus (heads - 1) / (r + 1) at every causal
+// entry: the two settings' maps differ by exactly that (within f32 rounding), the narrow map's rows are one softmax
+// (sum 1), and a layer without a retrieval head maps with every head under both.
+TEST(StreamingKV, MapOfTheRetrievalHeadAloneIsTheAllHeadsMapLessTheOtherHeads) {
+  ModelConfig cfg = model("llama3").config();
+  cfg.num_layers = 2;
+  cfg.layers.resize(2, cfg.layers[0]);
+  const int32_t nq = cfg.num_q_heads, nkv = cfg.num_kv_heads, d = cfg.head_dim;
+  std::vector<float> inv_freq(static_cast<size_t>(d / 2));
+  for (int32_t i = 0; i < d / 2; ++i) inv_freq[static_cast<size_t>(i)] = std::pow(10000.0f, -2.0f * i / d);
+  StreamOptions o = small_stream(StreamMethod::Ltri);
+  o.retrieval_heads = {{1, 3, 0.5}};
+  StreamOptions narrow = o;
+  narrow.map_retrieval_head = true;
+  StreamingKV all(cfg, o, StreamingKV::Storage::Device), one(cfg, narrow, StreamingKV::Storage::Device);
+  EXPECT_EQ(one.map_head(1), 3);
+  EXPECT_EQ(one.map_head(0), -1);
+  EXPECT_EQ(all.map_head(1), -1);
+  const int32_t n = 16;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<float> q(static_cast<size_t>(n * nq * d), 0.0f), k(static_cast<size_t>(n * nkv * d));
+  for (int32_t t = 0; t < n; ++t)
+    for (int32_t i = 0; i < d; ++i) q[static_cast<size_t>((t * nq + 3) * d + i)] = 2.0f * g(rng);
+  for (float& x : k) x = g(rng);
+  all.begin_chunk(0, n, StreamingKV::ChunkKind::Prefill);
+  one.begin_chunk(0, n, StreamingKV::ChunkKind::Prefill);
+  for (int32_t l = 0; l < 2; ++l) {
+    all.plan(l, 0, n, q.data(), k.data(), inv_freq, 0.0f);
+    one.plan(l, 0, n, q.data(), k.data(), inv_freq, 0.0f);
+    const std::vector<float>& a = all.last_map();
+    const std::vector<float>& b = one.last_map();
+    ASSERT_EQ(a.size(), static_cast<size_t>(n * n));
+    ASSERT_EQ(b.size(), a.size());
+    double worst = 0, spread = 0;
+    for (int32_t r = 0; r < n; ++r) {
+      double row = 0;
+      for (int32_t c = 0; c <= r; ++c) {
+        const size_t i = static_cast<size_t>(r * n + c);
+        const double others = l == 1 ? static_cast<double>(nq - 1) / (r + 1) : 0.0;
+        worst = std::max(worst, std::fabs(static_cast<double>(b[i]) - (static_cast<double>(a[i]) - others)));
+        spread = std::max(spread, std::fabs(static_cast<double>(b[i]) - 1.0 / (r + 1)));
+        row += b[i];
+      }
+      EXPECT_NEAR(row, l == 1 ? 1.0 : static_cast<double>(nq), 1e-4) << "layer " << l << " row " << r;
+    }
+    EXPECT_LT(worst, 1e-5) << "layer " << l;
+    if (l == 1) {
+      EXPECT_GT(spread, 0.1);  // (the retrieval head's rows are far from uniform: the test can tell them)
+    }
+  }
+}
+
 // Ltri with retrieval heads keeps, per layer, only the kv heads its scores read (StreamOptions::index_all_heads false,
 // the default): the layers before the first retrieval layer every kv head, a retrieval layer its head's kv head, a
 // later layer without one nothing (collaborative voting replaces its scores). Everything it decides and attends is

@@ -21,6 +21,8 @@
 // its retrieval heads read: StreamOptions::index_all_heads); the same decisions, a larger index.
 // "ltri-earlyvotes" (also "ltri-earlyvotes-hostfp8-fp8", ...): the layers before the first retrieval layer take the
 // previous chunk's collaborative vote instead of scoring with every head (--stream-early-layers votes).
+// "ltri-maphead" (also "ltri-maphead-earlyvotes-..."): a retrieval layer's chunk map of its retrieval head alone
+// (--stream-map-heads retrieval).
 // "ltri-gemm" / "ltri-fused" (also "ltri-fullindex-gemm", ...): Ltri's block scores by the cuBLAS bf16 GEMMs and the
 // dots buffer, or by the fused kernel, over the same bf16 index mirror (TESSERA_LTRI_SCORING=gemm | fused,
 // stream_decide.h); plain "ltri" takes StreamDecider::kDefaultLtriScoring. Both in one run compare the two.
@@ -329,6 +331,9 @@ int main(int argc, char** argv) {
           // (StreamOptions::early_from_votes, --stream-early-layers votes) instead of scoring with every head.
           const bool early_votes = spec_bf16.size() > 11 && spec_bf16.substr(spec_bf16.size() - 11) == "-earlyvotes";
           if (early_votes) spec_bf16 = spec_bf16.substr(0, spec_bf16.size() - 11);
+          // "<ltri...>-maphead": a retrieval layer maps with its retrieval head alone (--stream-map-heads retrieval).
+          const bool map_head = spec_bf16.size() > 8 && spec_bf16.substr(spec_bf16.size() - 8) == "-maphead";
+          if (map_head) spec_bf16 = spec_bf16.substr(0, spec_bf16.size() - 8);
           GpuEngineOptions go;
           go.chunk_size = 32768;
           if (fp8_suffix || o.fp8) go.gemm = GemmPrecision::kFp8;
@@ -347,6 +352,7 @@ int main(int argc, char** argv) {
             if (go.stream.method == StreamMethod::StreamingLLM) go.stream = streamingllm_equal_memory(go.stream);
             go.stream.index_all_heads = full_index;
             go.stream.early_from_votes = early_votes;
+            go.stream.map_retrieval_head = map_head;
           }
           // Dense: within the model's context, the decode steps included (the row says how many tokens it ran).
           const int run = spec_bf16 == "dense" ? std::min(seq, cfg.context_length - o.decode) : seq;

@@ -53,7 +53,7 @@ class Engine:
     --stream`` does: a method (``"ltri"``, ``"infllm"``, ``"streamingllm"``) or a dict with ``"method"`` and the
     sizes of ``--stream-*`` (``sinks``, ``local``, ``chunk``, ``block``, ``top_k``, ``last_chunk``, ``host_budget``
     (bytes or ``"4G"``), ``retrieval_heads`` (a file), ``index_ratio``, ``index_heads`` (``"retrieval"``, the default, or ``"all"``), ``early_layers`` (``"score"``, the default, or
-    ``"votes"``)); ``attn`` must then be ``"dense"``, and
+    ``"votes"``), ``map_heads`` (``"all"``, the default, or ``"retrieval"``)); ``attn`` must then be ``"dense"``, and
     there is no context limit but ``max_context`` when given.
     Several engines may share one model. An engine is not meant for concurrent use: each ``generate`` starts a
     new sequence, and a stream still being read from an earlier call raises tessera.Error when resumed.

@@ -42,6 +42,7 @@ struct StreamFlags {
   std::string retrieval_heads;  // a file of "layer head score" lines (Ltri's retrieval-head voting); empty: none
   double index_ratio = 0;       // ltri: evicted tokens per index vector (per-layer lambda search); 0: fixed lambda
   std::string index_heads = "retrieval";  // ltri with retrieval heads: "retrieval" (their kv heads only) or "all"
+  std::string map_heads = "all";          // ltri with retrieval heads: a voting layer's map of "all" heads or its "retrieval" head
   std::string early_layers = "score";     // ltri with retrieval heads, the layers before the first one: "score" or "votes"
 };
 // The engine options of one --stream method (the same on the CPU and the GPU but --stream-host-kv fp8, the GPU's

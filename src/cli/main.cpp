@@ -111,6 +111,10 @@ void add_stream_options(CLI::App* app, tessera::cli::StreamFlags& f, bool severa
                   "'score' their blocks with every head, or take the previous chunk's collaborative 'votes' (no "
                   "index, no scoring for them)")
       ->capture_default_str();
+  app->add_option("--stream-map-heads", f.map_heads,
+                  "Streaming (ltri, with --stream-retrieval-heads): a layer with a retrieval head finds its spans in "
+                  "the attention map of 'all' query heads (summed) or of its 'retrieval' head alone")
+      ->capture_default_str();
 }
 
 }  // namespace

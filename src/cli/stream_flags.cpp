@@ -44,6 +44,9 @@ runtime::StreamOptions stream_options(const StreamFlags& f, const std::string& m
   usage_check(f.early_layers == "score" || f.early_layers == "votes",
               "--stream-early-layers must be score or votes, got '" + f.early_layers + "'");
   o.early_from_votes = f.early_layers == "votes";
+  usage_check(f.map_heads == "all" || f.map_heads == "retrieval",
+              "--stream-map-heads must be all or retrieval, got '" + f.map_heads + "'");
+  o.map_retrieval_head = f.map_heads == "retrieval";
   try {  // the flags' values: a wrong command line (exit 2)
     runtime::check_stream_options(o);
   } catch (const UsageError&) {

@@ -179,7 +179,7 @@ struct EngineHandle {
 
 // Engine(streaming=...): None, a method name ("ltri", "infllm", "streamingllm"), or a dict with "method" and the
 // sizes of `tessera run --stream-*` (sinks, local, chunk, block, top_k, last_chunk, host_budget (bytes or "4G"),
-// retrieval_heads (a file), index_ratio, index_heads ("retrieval" or "all"), early_layers ("score" or "votes"), host_kv ("bf16" or "fp8": the GPU's)). Built by the CLI's own stream_options(), so the checks and the
+// retrieval_heads (a file), index_ratio, index_heads ("retrieval" or "all"), early_layers ("score" or "votes"), map_heads ("all" or "retrieval"), host_kv ("bf16" or "fp8": the GPU's)). Built by the CLI's own stream_options(), so the checks and the
 // streamingllm equal-memory rule are the CLI's.
 std::optional<runtime::StreamOptions> streaming_options(const nb::object& streaming, bool gpu) {
   if (streaming.is_none()) return std::nullopt;
@@ -190,7 +190,7 @@ std::optional<runtime::StreamOptions> streaming_options(const nb::object& stream
   } else if (nb::isinstance<nb::dict>(streaming)) {
     const auto d = nb::cast<nb::dict>(streaming);
     const std::string known = "method, sinks, local, chunk, block, top_k, last_chunk, host_budget, retrieval_heads, "
-                              "index_ratio, index_heads, early_layers, host_kv";
+                              "index_ratio, index_heads, early_layers, map_heads, host_kv";
     for (auto [key, value] : d) {
       check(nb::isinstance<nb::str>(key), "streaming: option names are strings (known: " + known + ")");
       const std::string k = nb::cast<std::string>(key);
@@ -228,6 +228,9 @@ std::optional<runtime::StreamOptions> streaming_options(const nb::object& stream
       } else if (k == "early_layers") {
         check(nb::isinstance<nb::str>(value), "streaming: 'early_layers' must be a str (score or votes)");
         f.early_layers = nb::cast<std::string>(value);
+      } else if (k == "map_heads") {
+        check(nb::isinstance<nb::str>(value), "streaming: 'map_heads' must be a str (all or retrieval)");
+        f.map_heads = nb::cast<std::string>(value);
       } else if (k == "host_kv") {
         check(nb::isinstance<nb::str>(value), "streaming: 'host_kv' must be a str (bf16 or fp8)");
         f.host_kv = nb::cast<std::string>(value);

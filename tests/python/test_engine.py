@@ -191,13 +191,14 @@ def test_streaming_bad_options(smollm2):
 
     assert error({"method": "ltri", "windows": 3}) == (
         "streaming: unknown option 'windows' (known: method, sinks, local, chunk, block, top_k, last_chunk, "
-        "host_budget, retrieval_heads, index_ratio, index_heads, early_layers, host_kv)")
+        "host_budget, retrieval_heads, index_ratio, index_heads, early_layers, map_heads, host_kv)")
     assert error({"method": "ltri", "index_heads": "some"}) == "--stream-index-heads must be retrieval or all, got 'some'"
     assert error({"method": "ltri", "host_kv": "fp8"}) == (
         "--stream-host-kv fp8 is the GPU path's (--device cuda); the CPU keeps its evicted blocks in f32")
     assert error({"method": "ltri", "index_heads": 1}) == "streaming: 'index_heads' must be a str (retrieval or all)"
     assert error({"method": "ltri", "early_layers": "skip"}) == "--stream-early-layers must be score or votes, got 'skip'"
     assert error({"method": "ltri", "early_layers": 0}) == "streaming: 'early_layers' must be a str (score or votes)"
+    assert error({"method": "ltri", "map_heads": "one"}) == "--stream-map-heads must be all or retrieval, got 'one'"
     # Without retrieval heads every layer keeps every kv head either way: the same answer.
     full = tessera.Engine(smollm2, streaming={"method": "ltri", "index_heads": "all", **STREAM_SIZES})
     kept = tessera.Engine(smollm2, streaming={"method": "ltri", "index_heads": "retrieval", **STREAM_SIZES})

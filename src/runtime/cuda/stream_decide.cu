@@ -658,14 +658,17 @@ void StreamDecider::synced() {
 }
 
 void StreamDecider::launch_chunk(const bf16* q, const bf16* k, int32_t n, int32_t pos, const float* inv_freq,
-                                 float scale, bool want_map, bool candidates, double theta_quantile, cudaStream_t s) {
+                                 float scale, bool want_map, bool candidates, double theta_quantile, cudaStream_t s,
+                                 int32_t map_head) {
+  check(map_head < nq_, "GPU streaming: the map's head is outside the model's query heads");
   check(!pending_, "GPU streaming: a chunk's decisions launched before the last one was waited for");
   const cublasHandle_t h = as_handle(handle_);
   cublas_check(cublasSetStream(h, s), "cublasSetStream");
   const int64_t nn = static_cast<int64_t>(n) * n;
   fit(qf_, static_cast<size_t>(n * qrow_));
   fit(kf_, static_cast<size_t>(n * row_));
-  fit(scores_, static_cast<size_t>(nq_ * nn));
+  const int32_t heads = map_head >= 0 ? 1 : nq_;
+  fit(scores_, static_cast<size_t>(heads * nn));
   fit(map_, static_cast<size_t>(nn));
   fit(votes_, static_cast<size_t>(n));
   const int half = d_ / 2;
@@ -679,13 +682,20 @@ void StreamDecider::launch_chunk(const bf16* q, const bf16* k, int32_t n, int32_
   // Query head h = g * group + j: for each j, one strided batch over the kv heads g.
   const float alpha = scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(d_)), beta = 0.0f;
   const int group = nq_ / nkv_;
-  for (int j = 0; j < group; ++j)
-    cublas_check(cublasSgemmStridedBatched(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, d_, &alpha, kf_.data(),
-                                           static_cast<int>(row_), d_, qf_.data() + static_cast<int64_t>(j) * d_,
-                                           static_cast<int>(qrow_), static_cast<int64_t>(group) * d_, &beta,
-                                           scores_.data() + j * nn, n, group * nn, nkv_),
-                 "stream chunk map: cublasSgemmStridedBatched");
-  softmax_sum_kernel<<<n, kThreads, 0, s>>>(scores_.data(), map_.data(), n, nq_);
+  if (map_head >= 0)  // one head h of kv head g = h / group: batch g's product of the loop below alone
+    cublas_check(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, d_, &alpha,
+                             kf_.data() + static_cast<int64_t>(map_head / group) * d_, static_cast<int>(row_),
+                             qf_.data() + static_cast<int64_t>(map_head) * d_, static_cast<int>(qrow_), &beta,
+                             scores_.data(), n),
+                 "stream chunk map: cublasSgemm");
+  else
+    for (int j = 0; j < group; ++j)
+      cublas_check(cublasSgemmStridedBatched(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, d_, &alpha, kf_.data(),
+                                             static_cast<int>(row_), d_, qf_.data() + static_cast<int64_t>(j) * d_,
+                                             static_cast<int>(qrow_), static_cast<int64_t>(group) * d_, &beta,
+                                             scores_.data() + j * nn, n, group * nn, nkv_),
+                   "stream chunk map: cublasSgemmStridedBatched");
+  softmax_sum_kernel<<<n, kThreads, 0, s>>>(scores_.data(), map_.data(), n, heads);
   votes_kernel<<<(n + kLineThreads - 1) / kLineThreads, kLineThreads, 0, s>>>(map_.data(), votes_.data(), n);
   check_launch("stream chunk map: softmax");
   end(kMap, s);

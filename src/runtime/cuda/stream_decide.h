@@ -82,8 +82,10 @@ class StreamDecider {
                  bool want_map, cudaStream_t stream);
   // chunk_map() without the synchronisation, and with `candidates`, span discovery (theta at `theta_quantile`):
   // the results (map(), votes(), candidates(), theta()) are there after wait() or a call that synchronises.
+  // map_head >= 0: the map of that query head alone (StreamingKV::map_head), not the sum over every head.
   void launch_chunk(const bf16* q, const bf16* k, int32_t n, int32_t pos, const float* inv_freq, float scale,
-                    bool want_map, bool candidates, double theta_quantile, cudaStream_t stream);
+                    bool want_map, bool candidates, double theta_quantile, cudaStream_t stream,
+                    int32_t map_head = -1);
   void wait(cudaStream_t stream);  // synchronises `stream` once after launch_chunk()
   std::span<const float> map() const { return {map_host_.data(), static_cast<size_t>(map_n_) * static_cast<size_t>(map_n_)}; }
   std::span<const float> votes() const { return {votes_host_.data(), static_cast<size_t>(map_n_)}; }

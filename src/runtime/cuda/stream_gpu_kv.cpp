@@ -514,7 +514,8 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
     const bool ltri = opt_.method == StreamMethod::Ltri;
     const bool cands = ltri && opt_.linear_nms;
     auto td = Clock::now();
-    decider_->launch_chunk(q, k, n, pos, inv_freq, scale, (ltri && !cands) || record_, cands, opt_.theta_quantile, ds);
+    decider_->launch_chunk(q, k, n, pos, inv_freq, scale, (ltri && !cands) || record_, cands, opt_.theta_quantile, ds,
+                           host_.map_head(layer));
     stats_.decision_device_seconds += seconds_since(td);
     if (record_) record_data_ = {};
     StreamingKV::DeviceDecisions given;

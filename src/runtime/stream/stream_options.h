@@ -91,6 +91,11 @@ struct StreamOptions {
   // layer, keeps no index and needs no map, query vectors or scoring — at 1M tokens on Llama-3-8B shapes those layers'
   // scoring alone was 22 of 95 s.
   bool early_from_votes = false;
+  // Ltri with retrieval heads: the attention map a layer with a retrieval head discovers its spans and picks its index
+  // and query vectors from. false (`--stream-map-heads all`, the default; the paper's): the sum of every query head's
+  // softmax map. true (`retrieval`): its retrieval head's map alone (the head its block scores read) — 1 / q_heads of
+  // the map's products and memory. Layers without a retrieval head map with every head either way.
+  bool map_retrieval_head = false;
   bool persist_decode = true;   // decode keeps the blocks retrieved for the last prefill chunk
 
   // InfLLM: representative keys per block.

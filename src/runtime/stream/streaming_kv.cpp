@@ -97,6 +97,10 @@ bool StreamingKV::voted_only(int32_t layer) const {
                                 layer > first_voter_ && best_head_[static_cast<size_t>(layer)] < 0);
 }
 
+int32_t StreamingKV::map_head(int32_t layer) const {
+  return opt_.method == StreamMethod::Ltri && opt_.map_retrieval_head ? best_head_[static_cast<size_t>(layer)] : -1;
+}
+
 bool StreamingKV::early_voted(int32_t layer) const {
   return opt_.method == StreamMethod::Ltri && opt_.early_from_votes && first_voter_ >= 0 && layer < first_voter_;
 }
@@ -473,12 +477,14 @@ void StreamingKV::prepare(int32_t layer, int32_t pos, int32_t n, const float* q,
     // whatever the thread count).
     const size_t nn = static_cast<size_t>(n) * static_cast<size_t>(n);
     map_.assign(nn, 0.0f);
-    head_maps_.resize(static_cast<size_t>(nq) * nn);
+    // The heads [h0, h0 + heads) (map_head(): the retrieval head alone, or all).
+    const int32_t one = map_head(layer), h0 = one >= 0 ? one : 0, heads = one >= 0 ? 1 : nq;
+    head_maps_.resize(static_cast<size_t>(heads) * nn);
     const float sc = scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(d));
     auto head_map = [&](int64_t hh, int /*worker*/) {
-      const auto h = static_cast<int32_t>(hh);
+      const auto h = h0 + static_cast<int32_t>(hh);
       const int32_t g = shape_.kv_head(h);
-      float* sm = head_maps_.data() + static_cast<size_t>(h) * nn;
+      float* sm = head_maps_.data() + static_cast<size_t>(hh) * nn;
       // Causal rows only: rows [r0, r1) against keys [0, r1) (the rest of those rows is never read).
       constexpr int32_t kRows = 64;
       for (int32_t r0 = 0; r0 < n; r0 += kRows) {
@@ -503,12 +509,12 @@ void StreamingKV::prepare(int32_t layer, int32_t pos, int32_t n, const float* q,
     if (pool != nullptr && pool->size() > 1) {
       const int threads = openblas_get_num_threads();
       openblas_set_num_threads(1);  // one GEMM per head and thread
-      pool->parallel_for(nq, head_map);
+      pool->parallel_for(heads, head_map);
       openblas_set_num_threads(threads);
     } else {
-      for (int32_t h = 0; h < nq; ++h) head_map(h, 0);
+      for (int32_t h = 0; h < heads; ++h) head_map(h, 0);
     }
-    for (int32_t h = 0; h < nq; ++h) {
+    for (int32_t h = 0; h < heads; ++h) {
       const float* sm = head_maps_.data() + static_cast<size_t>(h) * nn;
       for (int32_t r = 0; r < n; ++r) {
         float* ar = map_.data() + static_cast<int64_t>(r) * n;

@@ -154,6 +154,9 @@ class StreamingKV : public KVPolicy, public StreamMemory {
   // Ltri with retrieval heads and StreamOptions::early_from_votes: a layer before the first retrieval layer, which
   // takes the top-K of the previous chunk's collaborative vote (no index, no map, no scoring).
   bool early_voted(int32_t layer) const;
+  // The one query head `layer`'s chunk map is made of (StreamOptions::map_retrieval_head and a retrieval head in
+  // `layer`), or -1: every head. The GPU path maps the same.
+  int32_t map_head(int32_t layer) const;
   // Whether plan() / attend() of `layer` maps the chunk (and reads q and k for it): needs_qk() but for a voted-only
   // layer (its map would only choose index and query vectors it does not have). The GPU path asks the same.
   bool maps_chunk(int32_t layer) const { return needs_qk() && !voted_only(layer); }

@@ -108,11 +108,14 @@ TEST(StreamGpu, RetrievesTheCpuBlocksAndMatchesItsAttention) {
   ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
   ThreadPool pool(2);
   // The fourth pass: Ltri with a retrieval head in layer 1 (query head 5: kv head 1): layer 0 keeps every kv head in
-  // its index, layer 1 kv head 1 only, layer 2 none (collaborative voting replaces its scores: never scored).
-  for (int pass = 0; pass < 4; ++pass) {
+  // its index, layer 1 kv head 1 only, layer 2 none (collaborative voting replaces its scores: never scored). The
+  // fifth: the same with --stream-early-layers votes (layer 0 takes the previous chunk's vote: no index, no map) and
+  // --stream-map-heads retrieval (layer 1's map is head 5's alone, on both sides).
+  for (int pass = 0; pass < 5; ++pass) {
     const StreamMethod m = pass == 1 ? StreamMethod::InfLLM : pass == 2 ? StreamMethod::StreamingLLM : StreamMethod::Ltri;
-    const bool heads = pass == 3;
-    SCOPED_TRACE(std::string(stream_method_name(m)) + (heads ? " + retrieval heads" : ""));
+    const bool heads = pass >= 3, narrow = pass == 4;
+    SCOPED_TRACE(std::string(stream_method_name(m)) + (heads ? " + retrieval heads" : "") +
+                 (narrow ? ", early votes, the retrieval head's map" : ""));
     StreamOptions o;
     o.method = m;
     o.sinks = 16;
@@ -122,6 +125,7 @@ TEST(StreamGpu, RetrievesTheCpuBlocksAndMatchesItsAttention) {
     o.top_k = 3;
     if (m == StreamMethod::StreamingLLM) o = streamingllm_equal_memory(o);
     if (heads) o.retrieval_heads = {{1, 5, 0.5}};
+    o.early_from_votes = o.map_retrieval_head = narrow;
     StreamingKV cpu(cfg, o);
     StreamingKV own(cfg, o, StreamingKV::Storage::Device);  // the CPU's own map, votes and decisions
     GpuStreamingKV gpu(cfg, o);
@@ -261,31 +265,33 @@ TEST(StreamGpu, RetrievesTheCpuBlocksAndMatchesItsAttention) {
       pos += n;
     }
     if (heads) {  // the index keeps the retrieval head's kv head in layer 1, nothing in layer 2
-      EXPECT_EQ(cpu.span_index(0).kv_heads_kept(), nkv);
+      EXPECT_EQ(cpu.span_index(0).kv_heads_kept(), narrow ? 0 : nkv);
+      EXPECT_EQ(cpu.voted_only(0), narrow);
+      EXPECT_EQ(cpu.map_head(1), narrow ? 5 : -1);
       EXPECT_EQ(cpu.span_index(1).kv_heads_kept(), 1);
       EXPECT_EQ(cpu.span_index(1).kv_head_begin(), 1);
       EXPECT_EQ(cpu.span_index(2).num_vectors(), 0);
       EXPECT_EQ(gpu.device_index_keys(1).size(), static_cast<size_t>(cpu.span_index(1).num_vectors() * d));
       EXPECT_EQ(gpu.decisions().stats().index_bytes, cpu.stats().index_bytes);
       std::printf("[stream] ltri + retrieval heads: index %lld bytes (layer vectors %lld / %lld / %lld; kv heads kept "
-                  "2 / 1 / 0)\n", static_cast<long long>(cpu.stats().index_bytes),
+                  "%d / 1 / 0)\n", static_cast<long long>(cpu.stats().index_bytes),
                   static_cast<long long>(cpu.span_index(0).num_vectors()),
                   static_cast<long long>(cpu.span_index(1).num_vectors()),
-                  static_cast<long long>(cpu.span_index(2).num_vectors()));
+                  static_cast<long long>(cpu.span_index(2).num_vectors()), cpu.span_index(0).kv_heads_kept());
     }
     if (maps) {
       std::printf("[stream] %s%s: device vs CPU map max abs diff %.3g, votes max rel diff %.3g, block scores max rel "
                   "diff %.3g (%d scored calls); the CPU's own decisions equal the device-fed ones in %d of %d calls\n",
-                  stream_method_name(m), heads ? " + retrieval heads" : "", worst_map, worst_votes, worst_scores, scored, own_agree, own_calls);
+                  stream_method_name(m), narrow ? " + retrieval heads (early votes, the head's map)" : heads ? " + retrieval heads" : "", worst_map, worst_votes, worst_scores, scored, own_agree, own_calls);
       EXPECT_LT(worst_map, 1e-4);
       EXPECT_LT(worst_votes, 1e-4);
       EXPECT_LT(worst_scores, 1e-5);
-      EXPECT_GT(scored, 10);
+      EXPECT_GT(scored, narrow ? 5 : 10);
       std::printf("[stream] %s: %d device span candidates equal to the CPU's on the device's map; %lld index keys "
                   "gathered from the ring\n", stream_method_name(m), candidates, static_cast<long long>(keys_gathered));
-      EXPECT_GT(keys_gathered, 100);
+      EXPECT_GT(keys_gathered, narrow ? 20 : 100);
       if (m == StreamMethod::Ltri) {
-        EXPECT_GT(candidates, 100);
+        EXPECT_GT(candidates, narrow ? 30 : 100);
       }
       EXPECT_GE(own_agree * 10, own_calls * 9);  // near-ties may flip; with these inputs none is expected
     }
