@@ -199,10 +199,13 @@ std::optional<runtime::StreamOptions> streaming_options(const nb::object& stream
               "streaming: '" + k + "' must be an int");
         out = nb::cast<int>(value);
       };
-      if (k == "method") {
-        check(nb::isinstance<nb::str>(value), "streaming: 'method' must be a str (ltri, infllm or streamingllm)");
-        method = nb::cast<std::string>(value);
-      } else if (k == "sinks") integer(f.sinks);
+      // A string option: `choices` says what it takes (the CLI's flag checks the value itself).
+      const auto text = [&](std::string& out, const char* choices) {
+        check(nb::isinstance<nb::str>(value), "streaming: '" + k + "' must be a str (" + choices + ")");
+        out = nb::cast<std::string>(value);
+      };
+      if (k == "method") text(method, "ltri, infllm or streamingllm");
+      else if (k == "sinks") integer(f.sinks);
       else if (k == "local") integer(f.local);
       else if (k == "chunk") integer(f.chunk);
       else if (k == "block") integer(f.block);
@@ -222,21 +225,11 @@ std::optional<runtime::StreamOptions> streaming_options(const nb::object& stream
         check((nb::isinstance<nb::float_>(value) || nb::isinstance<nb::int_>(value)) && !nb::isinstance<nb::bool_>(value),
               "streaming: 'index_ratio' must be a number");
         f.index_ratio = nb::cast<double>(value);
-      } else if (k == "index_heads") {
-        check(nb::isinstance<nb::str>(value), "streaming: 'index_heads' must be a str (retrieval or all)");
-        f.index_heads = nb::cast<std::string>(value);
-      } else if (k == "early_layers") {
-        check(nb::isinstance<nb::str>(value), "streaming: 'early_layers' must be a str (score or votes)");
-        f.early_layers = nb::cast<std::string>(value);
-      } else if (k == "map_heads") {
-        check(nb::isinstance<nb::str>(value), "streaming: 'map_heads' must be a str (all or retrieval)");
-        f.map_heads = nb::cast<std::string>(value);
-      } else if (k == "host_kv") {
-        check(nb::isinstance<nb::str>(value), "streaming: 'host_kv' must be a str (bf16 or fp8)");
-        f.host_kv = nb::cast<std::string>(value);
-      } else {
-        throw Error("streaming: unknown option '" + k + "' (known: " + known + ")");
-      }
+      } else if (k == "index_heads") text(f.index_heads, "retrieval or all");
+      else if (k == "early_layers") text(f.early_layers, "score or votes");
+      else if (k == "map_heads") text(f.map_heads, "all or retrieval");
+      else if (k == "host_kv") text(f.host_kv, "bf16 or fp8");
+      else throw Error("streaming: unknown option '" + k + "' (known: " + known + ")");
     }
     check(!method.empty(), "streaming: the dict needs a 'method' (ltri, infllm or streamingllm)");
   } else {
