@@ -291,6 +291,13 @@ int main(int argc, char** argv) {
           // each), "-overlap" the decisions on a second stream beside the local pass (TESSERA_STREAM_OVERLAP=1),
           // "-cache1" a block cache of top_k slots (TESSERA_STREAM_CACHE=1), "-profile" the sections timed
           // (TESSERA_STREAM_PROFILE=1).
+          // Removes `sfx` from the end of the spec (and says so) when it is there.
+          const auto strip = [&spec_bf16](const std::string& sfx) {
+            if (spec_bf16.size() <= sfx.size() || spec_bf16.compare(spec_bf16.size() - sfx.size(), sfx.size(), sfx) != 0)
+              return false;
+            spec_bf16.resize(spec_bf16.size() - sfx.size());
+            return true;
+          };
           std::vector<std::pair<const char*, const char*>> env;
           for (bool found = true; found;) {
             found = false;
@@ -303,8 +310,7 @@ int main(int argc, char** argv) {
                                                 {"-cache32", "TESSERA_STREAM_CACHE", "32"},
                                                 {"-onecopy", "TESSERA_STREAM_COPY_IN", "0"},
                                                 {"-profile", "TESSERA_STREAM_PROFILE", "1"}})
-              if (spec_bf16.size() > sfx.size() && spec_bf16.substr(spec_bf16.size() - sfx.size()) == sfx) {
-                spec_bf16 = spec_bf16.substr(0, spec_bf16.size() - sfx.size());
+              if (strip(sfx)) {
                 env.emplace_back(var, val);
                 found = true;
               }
@@ -312,28 +318,19 @@ int main(int argc, char** argv) {
           // "<ltri...>-gemm" / "<ltri...>-fused": Ltri's scoring by the bf16 GEMMs or the fused kernel
           // (TESSERA_LTRI_SCORING, read by StreamDecider's constructor); without either, the default.
           std::string scoring;
-          for (const char* suffix : {"-gemm", "-fused"}) {
-            const std::string sfx = suffix;
-            if (spec_bf16.size() > sfx.size() && spec_bf16.substr(spec_bf16.size() - sfx.size()) == sfx) {
-              scoring = sfx.substr(1);
-              spec_bf16 = spec_bf16.substr(0, spec_bf16.size() - sfx.size());
-            }
-          }
+          for (const std::string sfx : {"-gemm", "-fused"})
+            if (strip(sfx)) scoring = sfx.substr(1);
           // "ltri-fullindex": Ltri with every kv head in its span index (StreamOptions::index_all_heads; the default
           // keeps the retrieval heads' kv heads only when --retrieval-heads is given), beside "ltri" in the same run.
-          const bool full_index = spec_bf16.size() > 10 && spec_bf16.substr(spec_bf16.size() - 10) == "-fullindex";
-          if (full_index) spec_bf16 = spec_bf16.substr(0, spec_bf16.size() - 10);
+          const bool full_index = strip("-fullindex");
           // "<method>-hostfp8": the evicted blocks in FP8 in host memory (StreamOptions::host_fp8, as --host-kv fp8
           // does for every row), beside the bf16 blocks in the same run.
-          const bool host_fp8 = spec_bf16.size() > 8 && spec_bf16.substr(spec_bf16.size() - 8) == "-hostfp8";
-          if (host_fp8) spec_bf16 = spec_bf16.substr(0, spec_bf16.size() - 8);
+          const bool host_fp8 = strip("-hostfp8");
           // "<ltri...>-earlyvotes": the layers before the first retrieval layer take the previous chunk's vote
           // (StreamOptions::early_from_votes, --stream-early-layers votes) instead of scoring with every head.
-          const bool early_votes = spec_bf16.size() > 11 && spec_bf16.substr(spec_bf16.size() - 11) == "-earlyvotes";
-          if (early_votes) spec_bf16 = spec_bf16.substr(0, spec_bf16.size() - 11);
+          const bool early_votes = strip("-earlyvotes");
           // "<ltri...>-maphead": a retrieval layer maps with its retrieval head alone (--stream-map-heads retrieval).
-          const bool map_head = spec_bf16.size() > 8 && spec_bf16.substr(spec_bf16.size() - 8) == "-maphead";
-          if (map_head) spec_bf16 = spec_bf16.substr(0, spec_bf16.size() - 8);
+          const bool map_head = strip("-maphead");
           GpuEngineOptions go;
           go.chunk_size = 32768;
           if (fp8_suffix || o.fp8) go.gemm = GemmPrecision::kFp8;
