@@ -36,10 +36,11 @@ int blocks_for(int64_t total, int threads) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((total + threads - 1) / threads, 65535LL * 16)));
 }
 
-// Rows of `heads` head vectors, bf16 -> f32 rotated at position pos0 + r (runtime/rope.cpp's tables and products,
-// without contraction into FMAs).
-__global__ void rotate_f32_kernel(const nbf* x, float* y, int64_t rows, int heads, int d, const float* inv_freq,
-                                  int64_t pos0) {
+// Rows of `heads` head vectors, bf16 -> rotated at position pos0 + r (runtime/rope.cpp's tables and products in f32,
+// without contraction into FMAs) -> bf16, rounded to nearest even: the chunk map's q and k as the attention kernels
+// see them (StreamingKV's map rounds its rotated copies alike).
+__global__ void rotate_bf16_kernel(const nbf* x, nbf* y, int64_t rows, int heads, int d, const float* inv_freq,
+                                   int64_t pos0) {
   const int half = d / 2;
   const int64_t total = rows * half;
   const int64_t ld = static_cast<int64_t>(heads) * d;
@@ -53,56 +54,143 @@ __global__ void rotate_f32_kernel(const nbf* x, float* y, int64_t rows, int head
     for (int h = 0; h < heads; ++h) {
       const int64_t at = r * ld + static_cast<int64_t>(h) * d + i;
       const float a = __bfloat162float(x[at]), b = __bfloat162float(x[at + half]);
-      y[at] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-      y[at + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+      y[at] = __float2bfloat16_rn(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
+      y[at + half] = __float2bfloat16_rn(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
     }
   }
 }
 
 constexpr int kThreads = 256;
 
-__device__ float block_max(float v, float* red) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  __syncthreads();
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  v = -INFINITY;
-  for (int w = 0; w < kThreads / 32; ++w) v = fmaxf(v, red[w]);
-  return v;
-}
+// The chunk map on the tensor cores, without the [heads, n, n] scores: a CTA of kMapWarps warps covers kMapTile rows
+// (16 per warp) against kMapTile keys; each warp's S = q_h k_g^T block [16, 64] (WMMA bf16 x bf16 -> f32, the
+// products exact) goes through shared memory, where lane l reads row l / 2, half l % 2 (32 keys, started at key l so
+// that the 32 lanes read 32 banks). The q and k rows are padded with zeros to a multiple of kMapTile.
+constexpr int kMapWarps = 4, kMapTile = 16 * kMapWarps, kMapLd = kMapTile;
+namespace wmma = nvcuda::wmma;
 
-__device__ float block_sum(float v, float* red) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  __syncthreads();
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  v = 0;
-  for (int w = 0; w < kThreads / 32; ++w) v += red[w];
-  return v;
-}
-
-// One block per row r: per head in order, the causal softmax of S_h[r][0..r] added into map[r] (0 above the diagonal).
-__global__ void softmax_sum_kernel(float* scores, float* map, int n, int heads) {
-  __shared__ float red[kThreads / 32];
-  const int r = static_cast<int>(blockIdx.x);
-  float* out = map + static_cast<int64_t>(r) * n;
-  for (int c = static_cast<int>(threadIdx.x); c < n; c += kThreads) out[c] = 0.0f;
-  for (int h = 0; h < heads; ++h) {
-    float* row = scores + (static_cast<int64_t>(h) * n + r) * n;
-    float m = -INFINITY;
-    for (int c = static_cast<int>(threadIdx.x); c <= r; c += kThreads) m = fmaxf(m, row[c]);
-    m = block_max(m, red);
-    float z = 0;
-    for (int c = static_cast<int>(threadIdx.x); c <= r; c += kThreads) {
-      const float e = expf(__fsub_rn(row[c], m));
-      row[c] = e;
-      z += e;
+// S = q_h(rows r0..r0+15) . k_g(keys c0..c0+63) into the warp's [16, kMapLd] floats of shared memory.
+__device__ void map_block(const nbf* q, const nbf* k, int64_t qrow, int64_t krow, int d, int64_t r0, int64_t c0,
+                          int h, int g, float* S) {
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[kMapTile / 16];
+  for (auto& f : acc) wmma::fill_fragment(f, 0.0f);
+  const nbf* qa = q + r0 * qrow + static_cast<int64_t>(h) * d;
+  const nbf* kb = k + c0 * krow + static_cast<int64_t>(g) * d;
+  for (int kk = 0; kk < d; kk += 16) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, nbf, wmma::row_major> fa;
+    wmma::load_matrix_sync(fa, qa + kk, static_cast<unsigned>(qrow));
+#pragma unroll
+    for (int f = 0; f < kMapTile / 16; ++f) {
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, nbf, wmma::col_major> fb;
+      wmma::load_matrix_sync(fb, kb + static_cast<int64_t>(f) * 16 * krow + kk, static_cast<unsigned>(krow));
+      wmma::mma_sync(acc[f], fa, fb, acc[f]);
     }
-    z = block_sum(z, red);
-    const float inv = __fdiv_rn(1.0f, z);
-    for (int c = static_cast<int>(threadIdx.x); c <= r; c += kThreads) out[c] = __fadd_rn(out[c], __fmul_rn(row[c], inv));
+  }
+#pragma unroll
+  for (int f = 0; f < kMapTile / 16; ++f) wmma::store_matrix_sync(S + f * 16, acc[f], kMapLd, wmma::mem_row_major);
+  __syncwarp();
+}
+
+// Per head h0 + blockIdx.y and row r < n: the causal row's max m of sc * S and inv = 1 / sum exp(sc * S - m)
+// (online over the key tiles, each lane over its half row, the two halves merged at the end).
+__global__ void __launch_bounds__(32 * kMapWarps) map_stats_kernel(const nbf* q, const nbf* k, int n, int64_t qrow,
+                                                                   int64_t krow, int d, int group, int h0, float sc,
+                                                                   float* mx, float* inv) {
+  __shared__ float smem[kMapWarps * 16 * kMapLd];
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kMapTile + warp * 16;
+  if (r0 >= n) return;
+  const int h = h0 + static_cast<int>(blockIdx.y), g = h / group;
+  float* S = smem + warp * 16 * kMapLd;
+  const int row = lane / 2, half = lane % 2;
+  const int64_t r = r0 + row;
+  float m = -INFINITY, l = 0.0f;
+  for (int64_t c0 = 0; c0 <= r0 + 15 && c0 < n; c0 += kMapTile) {
+    map_block(q, k, qrow, krow, d, r0, c0, h, g, S);
+    float v[32];
+    float tm = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      const int cl = half * 32 + ((j + lane) & 31);
+      const int64_t c = c0 + cl;
+      v[j] = (c <= r && r < n) ? __fmul_rn(S[row * kMapLd + cl], sc) : -INFINITY;
+      tm = fmaxf(tm, v[j]);
+    }
+    __syncwarp();
+    if (tm != -INFINITY) {
+      const float mn = fmaxf(m, tm);
+      l = m == -INFINITY ? 0.0f : __fmul_rn(l, expf(__fsub_rn(m, mn)));
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+        if (v[j] != -INFINITY) l = __fadd_rn(l, expf(__fsub_rn(v[j], mn)));
+      m = mn;
+    }
+  }
+  const float m2 = __shfl_xor_sync(0xffffffffu, m, 1), l2 = __shfl_xor_sync(0xffffffffu, l, 1);
+  if (half != 0 || r >= n) return;
+  const float M = fmaxf(m, m2);
+  const float L = (m == -INFINITY ? 0.0f : __fmul_rn(l, expf(__fsub_rn(m, M)))) +
+                  (m2 == -INFINITY ? 0.0f : __fmul_rn(l2, expf(__fsub_rn(m2, M))));
+  const int64_t at = static_cast<int64_t>(blockIdx.y) * n + r;
+  mx[at] = M;
+  inv[at] = __fdiv_rn(1.0f, L);
+}
+
+// One causal tile (row tile >= key tile, blockIdx.x in row-major order of the lower triangle) and one range of heads
+// (blockIdx.y of `splits`): out[split][r][c] = sum over the range's heads in order of exp(sc * S_h - m) * inv for
+// c <= r, 0 above the diagonal.
+__global__ void __launch_bounds__(32 * kMapWarps) map_tiles_kernel(const nbf* q, const nbf* k, int n, int64_t qrow,
+                                                                   int64_t krow, int d, int group, int h0, int heads,
+                                                                   int splits, float sc, const float* mx,
+                                                                   const float* inv, float* out) {
+  __shared__ float smem[kMapWarps * 16 * kMapLd];
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  int rt = static_cast<int>((sqrt(8.0 * blockIdx.x + 1.0) - 1.0) / 2.0);
+  while (static_cast<int64_t>(rt + 1) * (rt + 2) / 2 <= blockIdx.x) ++rt;
+  while (static_cast<int64_t>(rt) * (rt + 1) / 2 > blockIdx.x) --rt;
+  const int ct = static_cast<int>(blockIdx.x - static_cast<int64_t>(rt) * (rt + 1) / 2);
+  const int64_t r0 = static_cast<int64_t>(rt) * kMapTile + warp * 16, c0 = static_cast<int64_t>(ct) * kMapTile;
+  if (r0 >= n) return;
+  const int split = static_cast<int>(blockIdx.y);
+  const int hb = static_cast<int>(static_cast<int64_t>(heads) * split / splits);
+  const int he = static_cast<int>(static_cast<int64_t>(heads) * (split + 1) / splits);
+  float* S = smem + warp * 16 * kMapLd;
+  const int row = lane / 2, half = lane % 2;
+  const int64_t r = r0 + row;
+  float acc[32];
+#pragma unroll
+  for (int j = 0; j < 32; ++j) acc[j] = 0.0f;
+  for (int hh = hb; hh < he; ++hh) {
+    const int h = h0 + hh;
+    map_block(q, k, qrow, krow, d, r0, c0, h, h / group, S);
+    const float m = r < n ? mx[static_cast<int64_t>(hh) * n + r] : 0.0f;
+    const float iv = r < n ? inv[static_cast<int64_t>(hh) * n + r] : 0.0f;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      const int cl = half * 32 + ((j + lane) & 31);
+      if (c0 + cl <= r && r < n)
+        acc[j] = __fadd_rn(acc[j], __fmul_rn(expf(__fsub_rn(__fmul_rn(S[row * kMapLd + cl], sc), m)), iv));
+    }
+    __syncwarp();
+  }
+  if (r >= n) return;
+  float* o = out + static_cast<int64_t>(split) * n * n + r * n;
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    const int64_t c = c0 + half * 32 + ((j + lane) & 31);
+    if (c < n) o[c] = acc[j];
+  }
+}
+
+// map[r][c] = the splits' partial sums added in split order (the heads' order), 0 above the diagonal.
+__global__ void map_sum_kernel(const float* parts, float* map, int n, int splits) {
+  const int64_t nn = static_cast<int64_t>(n) * n;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < nn;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float v = 0.0f;
+    if (i % n <= i / n)
+      for (int s = 0; s < splits; ++s) v = __fadd_rn(v, parts[s * nn + i]);
+    map[i] = v;
   }
 }
 
@@ -547,8 +635,14 @@ StreamDecider::StreamDecider(const ModelConfig& cfg)
   cublasHandle_t h = nullptr;
   cublas_check(cublasCreate(&h), "cublasCreate");
   handle_ = h;
-  // f32 SGEMMs (the chunk map) without TF32; the index scoring's bf16 GEMMs (CUBLAS_COMPUTE_32F) on the tensor cores.
+  // The index scoring's bf16 GEMMs (CUBLAS_COMPUTE_32F) on the tensor cores; no TF32 anywhere.
   cublas_check(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+  int device = 0;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&device));
+  TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
+  check(d_ % 16 == 0 && d_ <= 256, [&] {
+    return "GPU streaming: head_dim " + std::to_string(d_) + " is not a multiple of 16 up to 256 (the chunk map's tiles)";
+  });
 }
 
 StreamDecider::~StreamDecider() {
@@ -556,7 +650,7 @@ StreamDecider::~StreamDecider() {
 }
 
 size_t StreamDecider::device_bytes() const {
-  size_t b = qf_.bytes() + kf_.bytes() + scores_.bytes() + map_.bytes() + votes_.bytes() +
+  size_t b = qb_.bytes() + kb_.bytes() + stat_max_.bytes() + stat_inv_.bytes() + scores_.bytes() + map_.bytes() + votes_.bytes() +
              dots_.bytes() + mean_.bytes() + sim_.bytes() + block_scores_.bytes() + weights_.bytes() + tokens_.bytes() +
              span_offsets_.bytes() + vote_heads_.bytes();
   for (const Mirror& m : mirrors_)
@@ -662,40 +756,42 @@ void StreamDecider::launch_chunk(const bf16* q, const bf16* k, int32_t n, int32_
                                  int32_t map_head) {
   check(map_head < nq_, "GPU streaming: the map's head is outside the model's query heads");
   check(!pending_, "GPU streaming: a chunk's decisions launched before the last one was waited for");
-  const cublasHandle_t h = as_handle(handle_);
-  cublas_check(cublasSetStream(h, s), "cublasSetStream");
   const int64_t nn = static_cast<int64_t>(n) * n;
-  fit(qf_, static_cast<size_t>(n * qrow_));
-  fit(kf_, static_cast<size_t>(n * row_));
-  const int32_t heads = map_head >= 0 ? 1 : nq_;
-  fit(scores_, static_cast<size_t>(heads * nn));
+  const int64_t tiles = (n + kMapTile - 1) / kMapTile, n_pad = tiles * kMapTile;
+  fit(qb_, static_cast<size_t>(n_pad * qrow_));
+  fit(kb_, static_cast<size_t>(n_pad * row_));
+  const int32_t h0 = map_head >= 0 ? map_head : 0, heads = map_head >= 0 ? 1 : nq_;
+  fit(stat_max_, static_cast<size_t>(heads) * static_cast<size_t>(n));
+  fit(stat_inv_, static_cast<size_t>(heads) * static_cast<size_t>(n));
+  // The heads in `splits` ranges (each causal tile's CTAs x splits ~ 4 per multiprocessor), summed in order after.
+  const int64_t causal_tiles = tiles * (tiles + 1) / 2;
+  const int splits = static_cast<int>(std::clamp<int64_t>((4 * sm_count_ + causal_tiles - 1) / causal_tiles, 1,
+                                                          std::min(heads, 8)));
+  if (splits > 1) fit(scores_, static_cast<size_t>(splits * nn));
   fit(map_, static_cast<size_t>(nn));
   fit(votes_, static_cast<size_t>(n));
   const int half = d_ / 2;
   begin(kMap, s);
-  rotate_f32_kernel<<<blocks_for(static_cast<int64_t>(n) * half, kThreads), kThreads, 0, s>>>(
-      reinterpret_cast<const nbf*>(q), qf_.data(), n, nq_, d_, inv_freq, pos);
-  rotate_f32_kernel<<<blocks_for(static_cast<int64_t>(n) * half, kThreads), kThreads, 0, s>>>(
-      reinterpret_cast<const nbf*>(k), kf_.data(), n, nkv_, d_, inv_freq, pos);
+  auto* qb = reinterpret_cast<nbf*>(qb_.data());
+  auto* kb = reinterpret_cast<nbf*>(kb_.data());
+  rotate_bf16_kernel<<<blocks_for(static_cast<int64_t>(n) * half, kThreads), kThreads, 0, s>>>(
+      reinterpret_cast<const nbf*>(q), qb, n, nq_, d_, inv_freq, pos);
+  rotate_bf16_kernel<<<blocks_for(static_cast<int64_t>(n) * half, kThreads), kThreads, 0, s>>>(
+      reinterpret_cast<const nbf*>(k), kb, n, nkv_, d_, inv_freq, pos);
   check_launch("stream chunk map: rotate");
-  // S_h (row-major [n, n]) = sc * Q_h K_g^T; column-major C[c + r*n] = sum_i K[c][g*d+i] Q[r][h*d+i]: a TN GEMM.
-  // Query head h = g * group + j: for each j, one strided batch over the kv heads g.
-  const float alpha = scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(d_)), beta = 0.0f;
+  if (n_pad > n) {  // zero rows up to the tile (never counted: masked as keys and not written as rows)
+    TESSERA_CUDA_CHECK(cudaMemsetAsync(qb + n * qrow_, 0, static_cast<size_t>((n_pad - n) * qrow_) * sizeof(bf16), s));
+    TESSERA_CUDA_CHECK(cudaMemsetAsync(kb + n * row_, 0, static_cast<size_t>((n_pad - n) * row_) * sizeof(bf16), s));
+  }
+  const float sc = scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(d_));
   const int group = nq_ / nkv_;
-  if (map_head >= 0)  // one head h of kv head g = h / group: batch g's product of the loop below alone
-    cublas_check(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, d_, &alpha,
-                             kf_.data() + static_cast<int64_t>(map_head / group) * d_, static_cast<int>(row_),
-                             qf_.data() + static_cast<int64_t>(map_head) * d_, static_cast<int>(qrow_), &beta,
-                             scores_.data(), n),
-                 "stream chunk map: cublasSgemm");
-  else
-    for (int j = 0; j < group; ++j)
-      cublas_check(cublasSgemmStridedBatched(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, d_, &alpha, kf_.data(),
-                                             static_cast<int>(row_), d_, qf_.data() + static_cast<int64_t>(j) * d_,
-                                             static_cast<int>(qrow_), static_cast<int64_t>(group) * d_, &beta,
-                                             scores_.data() + j * nn, n, group * nn, nkv_),
-                   "stream chunk map: cublasSgemmStridedBatched");
-  softmax_sum_kernel<<<n, kThreads, 0, s>>>(scores_.data(), map_.data(), n, heads);
+  map_stats_kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(heads)), 32 * kMapWarps, 0, s>>>(
+      qb, kb, n, qrow_, row_, d_, group, h0, sc, stat_max_.data(), stat_inv_.data());
+  if (splits == 1) TESSERA_CUDA_CHECK(cudaMemsetAsync(map_.data(), 0, static_cast<size_t>(nn) * sizeof(float), s));
+  map_tiles_kernel<<<dim3(static_cast<unsigned>(causal_tiles), static_cast<unsigned>(splits)), 32 * kMapWarps, 0, s>>>(
+      qb, kb, n, qrow_, row_, d_, group, h0, heads, splits, sc, stat_max_.data(), stat_inv_.data(),
+      splits == 1 ? map_.data() : scores_.data());
+  if (splits > 1) map_sum_kernel<<<blocks_for(nn, kThreads), kThreads, 0, s>>>(scores_.data(), map_.data(), n, splits);
   votes_kernel<<<(n + kLineThreads - 1) / kLineThreads, kLineThreads, 0, s>>>(map_.data(), votes_.data(), n);
   check_launch("stream chunk map: softmax");
   end(kMap, s);

@@ -4,10 +4,14 @@
 // vector counts, voting, top-K, the layout); GpuStreamingKV hands it what this class computes, through
 // StreamingKV::plan(..., DeviceDecisions):
 //  - chunk_map(): the chunk's attention map within itself. q and k (bf16, before RoPE) are rotated in f32 at their
-//    true positions (the CPU tables' arithmetic), S_h = scale * Q_h K_g^T by cuBLAS strided-batched SGEMMs (f32
-//    inputs, f32 accumulation, no TF32), a causal softmax per row and head summed over heads in head order -> the
-//    [n, n] map, then the votes (each column's sum, rows in order: the CPU's order). Only the map (ltri: span
-//    discovery reads it) and the n votes come back, not q and k.
+//    true positions (the CPU tables' arithmetic) and rounded to bf16 (as the attention kernels read them; the CPU's
+//    map rounds its rotated copies alike), then two tensor-core passes over the causal 64 x 64 tiles, with no
+//    [heads, n, n] scores in memory: each row's max and 1 / sum of exps per head (online over the key tiles), then
+//    each tile's softmax summed over the heads (WMMA bf16 x bf16 -> f32: the products exact, only the f32 sums'
+//    order differs from the CPU's; the heads cut into up to 8 ranges over the CTAs, the ranges added in order)
+//    -> the [n, n] map, then the votes (each column's sum, rows in order: the CPU's order). Only the map (ltri: span
+//    discovery reads it) and the n votes come back, not q and k. (Before 2026-12-01: f32 rotations and cuBLAS
+//    SGEMMs into a [heads, n, n] f32 buffer and a softmax over it: 6.6 s of Ltri's 54 s at 1M.)
 //  - Ltri span discovery (launch_chunk(..., candidates)): from the map on the device, its 2-D prefix sums in f64
 //    (one thread per row, then one per column: the CPU's operations in its order), theta (the quantile of the
 //    causal entries, an exact radix select of the k-th smallest: four histogram passes over the grid), the triangle
@@ -180,7 +184,10 @@ class StreamDecider {
   bool fused_ = true;       // TESSERA_LTRI_SCORING (fused | gemm | gemm-serial), read at construction; fused needs head_dim % 16 == 0
   bool serial_sim_ = false;  // gemm-serial: the gemm path with sim_kernel (one thread per (t, s), heads in turn)
   void* handle_ = nullptr;  // cublasHandle_t
-  attn::gpu::DeviceBuffer<float> qf_, kf_, scores_, map_, votes_, dots_, mean_;
+  attn::gpu::DeviceBuffer<bf16> qb_, kb_;  // the chunk map's rotated q and k (bf16, rows padded to its tile)
+  attn::gpu::DeviceBuffer<float> stat_max_, stat_inv_;  // [heads, n]: each causal row's max and 1 / sum of exps
+  attn::gpu::DeviceBuffer<float> scores_, map_, votes_, dots_, mean_;  // scores_: the map's per-range partial sums
+  int sm_count_ = 0;
   attn::gpu::DeviceBuffer<double> sim_, block_scores_, weights_;
   attn::gpu::DeviceBuffer<int32_t> tokens_, span_offsets_, vote_heads_;  // vote_heads_: per voter, q and k offsets
   attn::gpu::DeviceBuffer<bf16> qsel16_;  // Ltri's query rows (bf16; fused: zero rows up to a multiple of 64)

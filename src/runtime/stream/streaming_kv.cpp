@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/clock.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/format.h"
 #include "core/memory_budget.h"
@@ -481,6 +482,14 @@ void StreamingKV::prepare(int32_t layer, int32_t pos, int32_t n, const float* q,
     const int32_t one = map_head(layer), h0 = one >= 0 ? one : 0, heads = one >= 0 ? 1 : nq;
     head_maps_.resize(static_cast<size_t>(heads) * nn);
     const float sc = scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(d));
+    // The rotated q and k rounded to bf16, as the GPU's attention reads them and its map multiplies them
+    // (stream_decide.h): the products exact in f32 on both sides.
+    auto to_bf16 = [](const std::vector<float>& from, std::vector<float>& to) {
+      to.resize(from.size());
+      for (size_t i = 0; i < from.size(); ++i) to[i] = bf16_to_f32(f32_to_bf16(from[i]));
+    };
+    to_bf16(q_local_, q_map_);
+    to_bf16(k_rot_, k_map_);
     auto head_map = [&](int64_t hh, int /*worker*/) {
       const auto h = h0 + static_cast<int32_t>(hh);
       const int32_t g = shape_.kv_head(h);
@@ -490,8 +499,8 @@ void StreamingKV::prepare(int32_t layer, int32_t pos, int32_t n, const float* q,
       for (int32_t r0 = 0; r0 < n; r0 += kRows) {
         const int32_t r1 = std::min(n, r0 + kRows);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, d, sc,
-                    q_local_.data() + static_cast<int64_t>(r0) * qrow + static_cast<int64_t>(h) * d,
-                    static_cast<int>(qrow), k_rot_.data() + static_cast<int64_t>(g) * d, static_cast<int>(row_), 0.0f,
+                    q_map_.data() + static_cast<int64_t>(r0) * qrow + static_cast<int64_t>(h) * d,
+                    static_cast<int>(qrow), k_map_.data() + static_cast<int64_t>(g) * d, static_cast<int>(row_), 0.0f,
                     sm + static_cast<int64_t>(r0) * n, n);
       }
       for (int32_t r = 0; r < n; ++r) {

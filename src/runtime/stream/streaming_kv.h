@@ -274,6 +274,7 @@ class StreamingKV : public KVPolicy, public StreamMemory {
   double retrieval_seconds_ = 0;
   // Scratch.
   std::vector<float> ws_k_, ws_v_, q_local_, q_global_, k_rot_, cos_, sin_, map_, lse_, head_maps_;
+  std::vector<float> q_map_, k_map_;  // the map's q and k: q_local_ and k_rot_ rounded to bf16 (the device's values)
   std::vector<float> chunk_votes_;         // prepare() -> finish(): attention each chunk token received
   const DeviceDecisions* given_ = nullptr; // set during plan() / attend() with the device's decisions
   std::vector<stream::Span> chunk_spans_;  // prepare() -> finish(): the chunk's spans and area ratios
