@@ -2,6 +2,7 @@
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
+#include <cuda_pipeline.h>
 #include <mma.h>
 
 #include <algorithm>
@@ -63,26 +64,42 @@ __global__ void rotate_bf16_kernel(const nbf* x, nbf* y, int64_t rows, int heads
 constexpr int kThreads = 256;
 
 // The chunk map on the tensor cores, without the [heads, n, n] scores: a CTA of kMapWarps warps covers kMapTile rows
-// (16 per warp) against kMapTile keys; each warp's S = q_h k_g^T block [16, 64] (WMMA bf16 x bf16 -> f32, the
-// products exact) goes through shared memory, where lane l reads row l / 2, half l % 2 (32 keys, started at key l so
-// that the 32 lanes read 32 banks). The q and k rows are padded with zeros to a multiple of kMapTile.
-constexpr int kMapWarps = 4, kMapTile = 16 * kMapWarps, kMapLd = kMapTile;
+// (16 per warp) against kMapTile keys at a time. The tiles of q and k are staged in shared memory by asynchronous
+// 16-byte copies (the next tile's while the current one is multiplied); each warp's S = q_h k_g^T block [16, 64]
+// (WMMA bf16 x bf16 -> f32, the products exact) goes through shared memory, where lane l reads row l / 2, half l % 2
+// (32 keys, started at key l so that the 32 lanes read 32 banks). The q and k rows are padded with zeros to a
+// multiple of kMapTile. One q and one k tile in shared memory (~50 KB at d = 128: three or four CTAs a
+// multiprocessor), the next tile's copies issued once every warp's products have read them, overlapping the softmax.
+constexpr int kMapWarps = 4, kMapTile = 16 * kMapWarps, kMapLd = kMapTile, kMapPad = 8;
 namespace wmma = nvcuda::wmma;
 
-// S = q_h(rows r0..r0+15) . k_g(keys c0..c0+63) into the warp's [16, kMapLd] floats of shared memory.
-__device__ void map_block(const nbf* q, const nbf* k, int64_t qrow, int64_t krow, int d, int64_t r0, int64_t c0,
-                          int h, int g, float* S) {
+size_t map_tile_bytes(int d) { return static_cast<size_t>(kMapTile) * static_cast<size_t>(d + kMapPad) * sizeof(nbf); }
+// Shared memory of map_stats_kernel and map_tiles_kernel: a q tile, a k tile and the warps' S blocks.
+size_t map_smem_bytes(int d, int tiles) {
+  return static_cast<size_t>(tiles) * map_tile_bytes(d) + static_cast<size_t>(kMapWarps) * 16 * kMapLd * sizeof(float);
+}
+
+// kMapTile rows of d bf16 from src (row stride ld) into dst (row stride d + kMapPad), without waiting.
+__device__ void stage_rows(nbf* dst, const nbf* src, int64_t ld, int d) {
+  const int per_row = d / 8;
+  for (int i = static_cast<int>(threadIdx.x); i < kMapTile * per_row; i += static_cast<int>(blockDim.x)) {
+    const int r = i / per_row, c = (i % per_row) * 8;
+    __pipeline_memcpy_async(dst + r * (d + kMapPad) + c, src + r * ld + c, 16);
+  }
+}
+
+// S = q rows (16 of the staged tile, from qs) . the staged keys ks, into the warp's [16, kMapLd] floats.
+__device__ void map_block(const nbf* qs, const nbf* ks, int d, float* S) {
+  const unsigned ld = static_cast<unsigned>(d + kMapPad);
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[kMapTile / 16];
   for (auto& f : acc) wmma::fill_fragment(f, 0.0f);
-  const nbf* qa = q + r0 * qrow + static_cast<int64_t>(h) * d;
-  const nbf* kb = k + c0 * krow + static_cast<int64_t>(g) * d;
   for (int kk = 0; kk < d; kk += 16) {
     wmma::fragment<wmma::matrix_a, 16, 16, 16, nbf, wmma::row_major> fa;
-    wmma::load_matrix_sync(fa, qa + kk, static_cast<unsigned>(qrow));
+    wmma::load_matrix_sync(fa, qs + kk, ld);
 #pragma unroll
     for (int f = 0; f < kMapTile / 16; ++f) {
       wmma::fragment<wmma::matrix_b, 16, 16, 16, nbf, wmma::col_major> fb;
-      wmma::load_matrix_sync(fb, kb + static_cast<int64_t>(f) * 16 * krow + kk, static_cast<unsigned>(krow));
+      wmma::load_matrix_sync(fb, ks + f * 16 * ld + kk, ld);
       wmma::mma_sync(acc[f], fa, fb, acc[f]);
     }
   }
@@ -91,87 +108,134 @@ __device__ void map_block(const nbf* q, const nbf* k, int64_t qrow, int64_t krow
   __syncwarp();
 }
 
-// Per head h0 + blockIdx.y and row r < n: the causal row's max m of sc * S and inv = 1 / sum exp(sc * S - m)
-// (online over the key tiles, each lane over its half row, the two halves merged at the end).
+// Per head h0 + blockIdx.y and row r < n: the causal row's max m of sc2 * S (sc2 = the softmax scale * log2 e: base 2,
+// exp2f, one multi-function instruction and a few) and inv = 1 / sum 2^(sc2 * S - m) (online over the key tiles, each
+// lane over its half row, the two halves merged at the end).
 __global__ void __launch_bounds__(32 * kMapWarps) map_stats_kernel(const nbf* q, const nbf* k, int n, int64_t qrow,
-                                                                   int64_t krow, int d, int group, int h0, float sc,
+                                                                   int64_t krow, int d, int group, int h0, float sc2,
                                                                    float* mx, float* inv) {
-  __shared__ float smem[kMapWarps * 16 * kMapLd];
+  extern __shared__ __align__(128) unsigned char map_smem[];
+  const int ldt = d + kMapPad;
+  nbf* qs = reinterpret_cast<nbf*>(map_smem);
+  nbf* const ks = qs + kMapTile * ldt;
+  float* S = reinterpret_cast<float*>(qs + 2 * kMapTile * ldt);
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kMapTile + warp * 16;
-  if (r0 >= n) return;
+  const int rt = static_cast<int>(blockIdx.x);
+  const int64_t r0 = static_cast<int64_t>(rt) * kMapTile + warp * 16;
   const int h = h0 + static_cast<int>(blockIdx.y), g = h / group;
-  float* S = smem + warp * 16 * kMapLd;
+  S += warp * 16 * kMapLd;
+  stage_rows(qs, q + static_cast<int64_t>(rt) * kMapTile * qrow + static_cast<int64_t>(h) * d, qrow, d);
+  stage_rows(ks, k + static_cast<int64_t>(g) * d, krow, d);
+  __pipeline_commit();
   const int row = lane / 2, half = lane % 2;
   const int64_t r = r0 + row;
   float m = -INFINITY, l = 0.0f;
-  for (int64_t c0 = 0; c0 <= r0 + 15 && c0 < n; c0 += kMapTile) {
-    map_block(q, k, qrow, krow, d, r0, c0, h, g, S);
-    float v[32];
-    float tm = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      const int cl = half * 32 + ((j + lane) & 31);
-      const int64_t c = c0 + cl;
-      v[j] = (c <= r && r < n) ? __fmul_rn(S[row * kMapLd + cl], sc) : -INFINITY;
-      tm = fmaxf(tm, v[j]);
+  for (int ct = 0; ct <= rt; ++ct) {
+    __pipeline_wait_prior(0);
+    __syncthreads();  // key tile ct staged
+    if (r0 < n) map_block(qs + warp * 16 * ldt, ks, d, S);
+    __syncthreads();  // every warp's products read ks: the next tile's copies overlap the softmax below
+    if (ct < rt) {
+      stage_rows(ks, k + static_cast<int64_t>(ct + 1) * kMapTile * krow + static_cast<int64_t>(g) * d, krow, d);
+      __pipeline_commit();
     }
-    __syncwarp();
-    if (tm != -INFINITY) {
-      const float mn = fmaxf(m, tm);
-      l = m == -INFINITY ? 0.0f : __fmul_rn(l, expf(__fsub_rn(m, mn)));
+    if (r0 < n) {
+      const int64_t c0 = static_cast<int64_t>(ct) * kMapTile;
+      float v[32];
+      float tm = -INFINITY;
+      const float* Sr = S + row * kMapLd + half * 32;
+      if (c0 + kMapTile <= r0 && r0 + 16 <= n) {  // the warp's rows see every key of the tile: no mask
 #pragma unroll
-      for (int j = 0; j < 32; ++j)
-        if (v[j] != -INFINITY) l = __fadd_rn(l, expf(__fsub_rn(v[j], mn)));
-      m = mn;
+        for (int j = 0; j < 32; ++j) {
+          v[j] = Sr[(j + lane) & 31] * sc2;
+          tm = fmaxf(tm, v[j]);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          const int cl = (j + lane) & 31;
+          v[j] = (c0 + half * 32 + cl <= r && r < n) ? Sr[cl] * sc2 : -INFINITY;
+          tm = fmaxf(tm, v[j]);
+        }
+      }
+      if (tm != -INFINITY) {
+        const float mn = fmaxf(m, tm);
+        l = m == -INFINITY ? 0.0f : l * exp2f(m - mn);
+#pragma unroll
+        for (int j = 0; j < 32; ++j) l += exp2f(v[j] - mn);  // (exp2f(-inf) = 0)
+        m = mn;
+      }
     }
   }
+  if (r0 >= n) return;
   const float m2 = __shfl_xor_sync(0xffffffffu, m, 1), l2 = __shfl_xor_sync(0xffffffffu, l, 1);
   if (half != 0 || r >= n) return;
   const float M = fmaxf(m, m2);
-  const float L = (m == -INFINITY ? 0.0f : __fmul_rn(l, expf(__fsub_rn(m, M)))) +
-                  (m2 == -INFINITY ? 0.0f : __fmul_rn(l2, expf(__fsub_rn(m2, M))));
+  const float L = (m == -INFINITY ? 0.0f : l * exp2f(m - M)) + (m2 == -INFINITY ? 0.0f : l2 * exp2f(m2 - M));
   const int64_t at = static_cast<int64_t>(blockIdx.y) * n + r;
   mx[at] = M;
   inv[at] = __fdiv_rn(1.0f, L);
 }
 
 // One causal tile (row tile >= key tile, blockIdx.x in row-major order of the lower triangle) and one range of heads
-// (blockIdx.y of `splits`): out[split][r][c] = sum over the range's heads in order of exp(sc * S_h - m) * inv for
+// (blockIdx.y of `splits`): out[split][r][c] = sum over the range's heads in order of 2^(sc2 * S_h - m) * inv for
 // c <= r, 0 above the diagonal.
 __global__ void __launch_bounds__(32 * kMapWarps) map_tiles_kernel(const nbf* q, const nbf* k, int n, int64_t qrow,
                                                                    int64_t krow, int d, int group, int h0, int heads,
-                                                                   int splits, float sc, const float* mx,
+                                                                   int splits, float sc2, const float* mx,
                                                                    const float* inv, float* out) {
-  __shared__ float smem[kMapWarps * 16 * kMapLd];
+  extern __shared__ __align__(128) unsigned char map_smem[];
+  const int ldt = d + kMapPad;
+  nbf* const qs = reinterpret_cast<nbf*>(map_smem);
+  nbf* const ks = qs + kMapTile * ldt;
+  float* S = reinterpret_cast<float*>(qs + 2 * kMapTile * ldt);
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   int rt = static_cast<int>((sqrt(8.0 * blockIdx.x + 1.0) - 1.0) / 2.0);
   while (static_cast<int64_t>(rt + 1) * (rt + 2) / 2 <= blockIdx.x) ++rt;
   while (static_cast<int64_t>(rt) * (rt + 1) / 2 > blockIdx.x) --rt;
   const int ct = static_cast<int>(blockIdx.x - static_cast<int64_t>(rt) * (rt + 1) / 2);
   const int64_t r0 = static_cast<int64_t>(rt) * kMapTile + warp * 16, c0 = static_cast<int64_t>(ct) * kMapTile;
-  if (r0 >= n) return;
   const int split = static_cast<int>(blockIdx.y);
   const int hb = static_cast<int>(static_cast<int64_t>(heads) * split / splits);
   const int he = static_cast<int>(static_cast<int64_t>(heads) * (split + 1) / splits);
-  float* S = smem + warp * 16 * kMapLd;
+  S += warp * 16 * kMapLd;
+  const nbf* qt = q + static_cast<int64_t>(rt) * kMapTile * qrow;
+  const nbf* kt = k + c0 * krow;
+  if (hb < he) {
+    stage_rows(qs, qt + static_cast<int64_t>(h0 + hb) * d, qrow, d);
+    stage_rows(ks, kt + static_cast<int64_t>((h0 + hb) / group) * d, krow, d);
+    __pipeline_commit();
+  }
   const int row = lane / 2, half = lane % 2;
   const int64_t r = r0 + row;
   float acc[32];
 #pragma unroll
   for (int j = 0; j < 32; ++j) acc[j] = 0.0f;
   for (int hh = hb; hh < he; ++hh) {
-    const int h = h0 + hh;
-    map_block(q, k, qrow, krow, d, r0, c0, h, h / group, S);
-    const float m = r < n ? mx[static_cast<int64_t>(hh) * n + r] : 0.0f;
-    const float iv = r < n ? inv[static_cast<int64_t>(hh) * n + r] : 0.0f;
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      const int cl = half * 32 + ((j + lane) & 31);
-      if (c0 + cl <= r && r < n)
-        acc[j] = __fadd_rn(acc[j], __fmul_rn(expf(__fsub_rn(__fmul_rn(S[row * kMapLd + cl], sc), m)), iv));
+    __pipeline_wait_prior(0);
+    __syncthreads();  // head hh's tiles staged
+    if (r0 < n) map_block(qs + warp * 16 * ldt, ks, d, S);
+    __syncthreads();  // every warp's products read them: the next head's copies overlap the softmax below
+    if (hh + 1 < he) {
+      stage_rows(qs, qt + static_cast<int64_t>(h0 + hh + 1) * d, qrow, d);
+      stage_rows(ks, kt + static_cast<int64_t>((h0 + hh + 1) / group) * d, krow, d);
+      __pipeline_commit();
     }
-    __syncwarp();
+    if (r0 < n) {
+      const float m = r < n ? mx[static_cast<int64_t>(hh) * n + r] : 0.0f;
+      const float iv = r < n ? inv[static_cast<int64_t>(hh) * n + r] : 0.0f;
+      const float* Sr = S + row * kMapLd + half * 32;
+      if (c0 + kMapTile <= r0 && r0 + 16 <= n) {  // no mask (as in map_stats_kernel)
+#pragma unroll
+        for (int j = 0; j < 32; ++j) acc[j] += exp2f(Sr[(j + lane) & 31] * sc2 - m) * iv;
+      } else {
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          const int cl = (j + lane) & 31;
+          if (c0 + half * 32 + cl <= r && r < n) acc[j] += exp2f(Sr[cl] * sc2 - m) * iv;
+        }
+      }
+    }
   }
   if (r >= n) return;
   float* o = out + static_cast<int64_t>(split) * n * n + r * n;
@@ -194,22 +258,28 @@ __global__ void map_sum_kernel(const float* parts, float* map, int n, int splits
   }
 }
 
-// votes[c] = sum over rows r >= c of map[r][c], rows in order (the CPU's order); the loads kVoteRows rows
-// ahead of the additions (the same additions in the same order: only the loads' latency overlaps).
-constexpr int kVoteRows = 8;
-__global__ void votes_kernel(const float* map, float* votes, int n) {
+// votes[c] = sum over rows r >= c of map[r][c] (the map is 0 above the diagonal): each column's rows summed in order
+// within blocks of kVoteRows rows by a thread each (the loads independent: the old thread per column walked all n rows
+// in turn, ~100 us of latency a chunk), then the blocks' sums in order (the CPU adds the rows in order one by one:
+// the same terms, another association).
+constexpr int kVoteRows = 32;
+__global__ void votes_part_kernel(const float* map, float* parts, int n) {
+  const int c = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (c >= n) return;
+  const int r0 = static_cast<int>(blockIdx.y) * kVoteRows, r1 = min(n, r0 + kVoteRows);
+  float x[kVoteRows];
+#pragma unroll
+  for (int i = 0; i < kVoteRows; ++i) x[i] = r0 + i < r1 && r0 + i >= c ? map[static_cast<int64_t>(r0 + i) * n + c] : 0.0f;
+  float v = 0;
+#pragma unroll
+  for (int i = 0; i < kVoteRows; ++i) v = __fadd_rn(v, x[i]);
+  parts[static_cast<int64_t>(blockIdx.y) * n + c] = v;
+}
+__global__ void votes_kernel(const float* parts, float* votes, int n, int blocks) {
   const int c = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (c >= n) return;
   float v = 0;
-  int r = c;
-  for (; r + kVoteRows <= n; r += kVoteRows) {
-    float x[kVoteRows];
-#pragma unroll
-    for (int i = 0; i < kVoteRows; ++i) x[i] = map[static_cast<int64_t>(r + i) * n + c];
-#pragma unroll
-    for (int i = 0; i < kVoteRows; ++i) v = __fadd_rn(v, x[i]);
-  }
-  for (; r < n; ++r) v = __fadd_rn(v, map[static_cast<int64_t>(r) * n + c]);
+  for (int b = c / kVoteRows; b < blocks; ++b) v = __fadd_rn(v, parts[static_cast<int64_t>(b) * n + c]);
   votes[c] = v;
 }
 
@@ -429,8 +499,9 @@ __global__ void __launch_bounds__(1024) sim_heads_kernel(
 // score[b] = sum over query spans t of max over b's spans of sim[t][s]; -inf for a block without spans. One warp per
 // block: the lanes take the block's spans (32 at a time, coalesced), their maximum by shuffles (a maximum does not
 // depend on the order), and every lane adds the query spans' bests in t order (SpanIndex::block_scores's sum).
-// (One thread per block walking T x spans serially before: the same values, a latency-bound loop.)
-constexpr int kBlockWarps = 4;
+// (One thread per block walking T x spans serially before, then a warp per block one query span at a time: the same
+// values, latency-bound loops.)
+constexpr int kBlockWarps = 4, kBlockRows = 8;
 __global__ void __launch_bounds__(32 * kBlockWarps) block_kernel(const double* sim, const int32_t* block_begin,
                                                                  int32_t blocks, int32_t query_spans,
                                                                  int64_t total_spans, double* scores) {
@@ -442,13 +513,26 @@ __global__ void __launch_bounds__(32 * kBlockWarps) block_kernel(const double* s
     if (lane == 0) scores[b] = -INFINITY;
     return;
   }
+  // kBlockRows query spans at a time: their first loads issued together (a block has few spans: usually one load a
+  // lane), then the maxima, then the adds in t order.
   double score = 0;
-  for (int32_t t = 0; t < query_spans; ++t) {
-    const double* row = sim + static_cast<int64_t>(t) * total_spans;
-    double best = -INFINITY;
-    for (int32_t s = s0 + lane; s < s1; s += 32) best = fmax(best, row[s]);
-    for (int off = 16; off > 0; off >>= 1) best = fmax(best, __shfl_xor_sync(0xffffffffu, best, off));
-    score = __dadd_rn(score, best);
+  for (int32_t t0 = 0; t0 < query_spans; t0 += kBlockRows) {
+    double best[kBlockRows];
+#pragma unroll
+    for (int i = 0; i < kBlockRows; ++i)
+      best[i] = t0 + i < query_spans && s0 + lane < s1 ? sim[static_cast<int64_t>(t0 + i) * total_spans + s0 + lane]
+                                                       : -INFINITY;
+    if (s1 - s0 > 32)
+      for (int i = 0; i < kBlockRows && t0 + i < query_spans; ++i) {
+        const double* row = sim + static_cast<int64_t>(t0 + i) * total_spans;
+        for (int32_t s = s0 + lane + 32; s < s1; s += 32) best[i] = fmax(best[i], row[s]);
+      }
+#pragma unroll
+    for (int i = 0; i < kBlockRows; ++i)
+      for (int off = 16; off > 0; off >>= 1) best[i] = fmax(best[i], __shfl_xor_sync(0xffffffffu, best[i], off));
+#pragma unroll
+    for (int i = 0; i < kBlockRows; ++i)
+      if (t0 + i < query_spans) score = __dadd_rn(score, best[i]);
   }
   if (lane == 0) scores[b] = score;
 }
@@ -643,6 +727,10 @@ StreamDecider::StreamDecider(const ModelConfig& cfg)
   check(d_ % 16 == 0 && d_ <= 256, [&] {
     return "GPU streaming: head_dim " + std::to_string(d_) + " is not a multiple of 16 up to 256 (the chunk map's tiles)";
   });
+  TESSERA_CUDA_CHECK(cudaFuncSetAttribute(map_stats_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(map_smem_bytes(d_, 2))));
+  TESSERA_CUDA_CHECK(cudaFuncSetAttribute(map_tiles_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(map_smem_bytes(d_, 2))));
 }
 
 StreamDecider::~StreamDecider() {
@@ -650,7 +738,7 @@ StreamDecider::~StreamDecider() {
 }
 
 size_t StreamDecider::device_bytes() const {
-  size_t b = qb_.bytes() + kb_.bytes() + stat_max_.bytes() + stat_inv_.bytes() + scores_.bytes() + map_.bytes() + votes_.bytes() +
+  size_t b = qb_.bytes() + kb_.bytes() + stat_max_.bytes() + stat_inv_.bytes() + vote_parts_.bytes() + scores_.bytes() + map_.bytes() + votes_.bytes() +
              dots_.bytes() + mean_.bytes() + sim_.bytes() + block_scores_.bytes() + weights_.bytes() + tokens_.bytes() +
              span_offsets_.bytes() + vote_heads_.bytes();
   for (const Mirror& m : mirrors_)
@@ -784,15 +872,22 @@ void StreamDecider::launch_chunk(const bf16* q, const bf16* k, int32_t n, int32_
     TESSERA_CUDA_CHECK(cudaMemsetAsync(kb + n * row_, 0, static_cast<size_t>((n_pad - n) * row_) * sizeof(bf16), s));
   }
   const float sc = scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(d_));
+  const float sc2 = sc * 1.4426950408889634f;  // the kernels' softmax in base 2
   const int group = nq_ / nkv_;
-  map_stats_kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(heads)), 32 * kMapWarps, 0, s>>>(
-      qb, kb, n, qrow_, row_, d_, group, h0, sc, stat_max_.data(), stat_inv_.data());
+  map_stats_kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(heads)), 32 * kMapWarps,
+                     map_smem_bytes(d_, 2), s>>>(
+      qb, kb, n, qrow_, row_, d_, group, h0, sc2, stat_max_.data(), stat_inv_.data());
   if (splits == 1) TESSERA_CUDA_CHECK(cudaMemsetAsync(map_.data(), 0, static_cast<size_t>(nn) * sizeof(float), s));
-  map_tiles_kernel<<<dim3(static_cast<unsigned>(causal_tiles), static_cast<unsigned>(splits)), 32 * kMapWarps, 0, s>>>(
-      qb, kb, n, qrow_, row_, d_, group, h0, heads, splits, sc, stat_max_.data(), stat_inv_.data(),
+  map_tiles_kernel<<<dim3(static_cast<unsigned>(causal_tiles), static_cast<unsigned>(splits)), 32 * kMapWarps,
+                     map_smem_bytes(d_, 2), s>>>(
+      qb, kb, n, qrow_, row_, d_, group, h0, heads, splits, sc2, stat_max_.data(), stat_inv_.data(),
       splits == 1 ? map_.data() : scores_.data());
   if (splits > 1) map_sum_kernel<<<blocks_for(nn, kThreads), kThreads, 0, s>>>(scores_.data(), map_.data(), n, splits);
-  votes_kernel<<<(n + kLineThreads - 1) / kLineThreads, kLineThreads, 0, s>>>(map_.data(), votes_.data(), n);
+  const int vote_blocks = (n + kVoteRows - 1) / kVoteRows;
+  fit(vote_parts_, static_cast<size_t>(vote_blocks) * static_cast<size_t>(n));
+  votes_part_kernel<<<dim3(static_cast<unsigned>((n + 127) / 128), static_cast<unsigned>(vote_blocks)), 128, 0, s>>>(
+      map_.data(), vote_parts_.data(), n);
+  votes_kernel<<<(n + 127) / 128, 128, 0, s>>>(vote_parts_.data(), votes_.data(), n, vote_blocks);
   check_launch("stream chunk map: softmax");
   end(kMap, s);
   votes_host_.grow(static_cast<size_t>(n));

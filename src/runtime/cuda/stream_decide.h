@@ -9,7 +9,7 @@
 //    [heads, n, n] scores in memory: each row's max and 1 / sum of exps per head (online over the key tiles), then
 //    each tile's softmax summed over the heads (WMMA bf16 x bf16 -> f32: the products exact, only the f32 sums'
 //    order differs from the CPU's; the heads cut into up to 8 ranges over the CTAs, the ranges added in order)
-//    -> the [n, n] map, then the votes (each column's sum, rows in order: the CPU's order). Only the map (ltri: span
+//    -> the [n, n] map, then the votes (each column's sum: blocks of 32 rows in order, then the blocks). Only the map (ltri: span
 //    discovery reads it) and the n votes come back, not q and k. (Before 2026-12-01: f32 rotations and cuBLAS
 //    SGEMMs into a [heads, n, n] f32 buffer and a softmax over it: 6.6 s of Ltri's 54 s at 1M.)
 //  - Ltri span discovery (launch_chunk(..., candidates)): from the map on the device, its 2-D prefix sums in f64
@@ -186,6 +186,7 @@ class StreamDecider {
   void* handle_ = nullptr;  // cublasHandle_t
   attn::gpu::DeviceBuffer<bf16> qb_, kb_;  // the chunk map's rotated q and k (bf16, rows padded to its tile)
   attn::gpu::DeviceBuffer<float> stat_max_, stat_inv_;  // [heads, n]: each causal row's max and 1 / sum of exps
+  attn::gpu::DeviceBuffer<float> vote_parts_;           // [n / 32, n]: the votes' sums per block of rows
   attn::gpu::DeviceBuffer<float> scores_, map_, votes_, dots_, mean_;  // scores_: the map's per-range partial sums
   int sm_count_ = 0;
   attn::gpu::DeviceBuffer<double> sim_, block_scores_, weights_;
