@@ -539,14 +539,38 @@ __global__ void __launch_bounds__(32 * kBlockWarps) block_kernel(const double* s
 
 namespace sm = stream::span_math;
 
-// Span discovery (span_math.h): the prefix sums' rows (one thread per row), then its columns (one per column).
+// Span discovery (span_math.h): the prefix sums' rows, then its columns, each row's (column's) adds in the order of
+// sm::prefix_row (sm::prefix_column), so that P is bit for bit the CPU's.
+// Rows: one thread per row (sm::prefix_row). (Measured 2026-12-01 under ncu at n = 1,024: 67 us; a warp per 32 rows
+// through shared-memory tiles, coalesced both ways, took 109 us: its n dependent shared-memory loads and adds per
+// lane on 32 warps in all are slower than the uncoalesced reads.)
 __global__ void prefix_rows_kernel(const float* map, int n, double* P) {
   const int r = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (r < n) sm::prefix_row(map, n, r, P);
 }
-__global__ void prefix_cols_kernel(int n, double* P) {
+// Columns: a thread per column, top to bottom; the next kPrefixChunk rows' loads issued before this chunk's adds.
+__global__ void __launch_bounds__(32) prefix_cols_kernel(int n, double* P) {
+  constexpr int K = sm::kPrefixChunk;
   const int c = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (c < n) sm::prefix_column(n, c, P);
+  if (c >= n) return;
+  const int64_t ld = static_cast<int64_t>(n) + 1;
+  double* col = P + ld + c + 1;  // P[1][c + 1]
+  double cur[K], next[K];
+#pragma unroll
+  for (int i = 0; i < K; ++i) cur[i] = i < n ? col[i * ld] : 0.0;
+  double acc = 0;  // P[0][c + 1]
+  for (int r0 = 0; r0 < n; r0 += K) {
+#pragma unroll
+    for (int i = 0; i < K; ++i) next[i] = r0 + K + i < n ? col[(r0 + K + i) * ld] : 0.0;
+#pragma unroll
+    for (int i = 0; i < K; ++i)
+      if (r0 + i < n) {
+        acc = sm::add(acc, cur[i]);
+        col[(r0 + i) * ld] = acc;
+      }
+#pragma unroll
+    for (int i = 0; i < K; ++i) cur[i] = next[i];
+  }
 }
 
 // theta: the k-th smallest causal entry of the map, by a radix select over span_math's order keys: four passes of
@@ -572,33 +596,68 @@ __global__ void __launch_bounds__(kSelectThreads) select_hist_kernel(const float
   for (int b = static_cast<int>(threadIdx.x); b < 256; b += kSelectThreads) hist[b] = 0;
   __syncthreads();
   const uint32_t prefix = st->prefix, mask = st->mask;
-  const int64_t total = static_cast<int64_t>(n) * n;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * kSelectThreads;
   const int lane = static_cast<int>(threadIdx.x) % 32;
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kSelectThreads; base < total; base += stride) {
-    const int64_t idx = base + threadIdx.x;
-    int bin = -1;
-    if (idx < total && idx % n <= idx / n) {
-      const uint32_t key = sm::order_key(map[idx]);
-      if ((key & mask) == prefix) bin = static_cast<int>((key >> shift) & 255u);
+  // Rows in turn across the grid, each row's causal entries [0, r] (contiguous: coalesced); every thread of the block
+  // runs the same trips (the warp's match needs all its lanes).
+  for (int r = static_cast<int>(blockIdx.x); r < n; r += static_cast<int>(gridDim.x)) {
+    const float* row = map + static_cast<int64_t>(r) * n;
+    for (int c0 = 0; c0 <= r; c0 += kSelectThreads) {
+      const int c = c0 + static_cast<int>(threadIdx.x);
+      int bin = -1;
+      if (c <= r) {
+        const uint32_t key = sm::order_key(row[c]);
+        if ((key & mask) == prefix) bin = static_cast<int>((key >> shift) & 255u);
+      }
+      const unsigned peers = __match_any_sync(0xffffffffu, bin);
+      if (bin >= 0 && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], static_cast<uint32_t>(__popc(peers)));
     }
-    const unsigned peers = __match_any_sync(0xffffffffu, bin);
-    if (bin >= 0 && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], static_cast<uint32_t>(__popc(peers)));
   }
   __syncthreads();
   for (int b = static_cast<int>(threadIdx.x); b < 256; b += kSelectThreads)
     if (hist[b] != 0) atomicAdd(&st->hist[b], hist[b]);
 }
 
-__global__ void select_pick_kernel(SelectState* st, int shift, double* theta) {
-  if (threadIdx.x != 0) return;
-  uint64_t r = st->rank;
-  const uint32_t digit = sm::pick_digit(st->hist, &r);
-  st->rank = r;
-  st->prefix |= digit << shift;
-  st->mask |= 255u << shift;
-  for (int b = 0; b < 256; ++b) st->hist[b] = 0;
-  if (shift == 0) *theta = static_cast<double>(sm::from_order_key(st->prefix));
+// sm::pick_digit over the 256 counts by one warp: lane l holds digits [8l, 8l + 8), an inclusive scan of the lanes'
+// sums finds the lane whose range holds the rank, which scans its eight (a thread scanning 256 counts in global
+// memory one after another before: ~12 us a pass).
+__global__ void __launch_bounds__(32) select_pick_kernel(SelectState* st, int shift, double* theta) {
+  const int lane = static_cast<int>(threadIdx.x);
+  uint32_t h[8];
+  uint64_t mine = 0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    h[i] = st->hist[8 * lane + i];
+    mine += h[i];
+  }
+  uint64_t incl = mine;
+  for (int off = 1; off < 32; off <<= 1) {
+    const uint64_t o = __shfl_up_sync(0xffffffffu, incl, off);
+    if (lane >= off) incl += o;
+  }
+  const uint64_t k = st->rank, below = incl - mine;
+  const bool here = k >= below && k < incl;  // the lanes' ranges [below, incl) are disjoint: one lane at most
+  const unsigned who = __ballot_sync(0xffffffffu, here);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) st->hist[8 * lane + i] = 0;
+  if (here || (who == 0 && lane == 0)) {
+    uint32_t digit = 255;  // k out of range (not reached for k < the keys counted): pick_digit's 255, k kept
+    uint64_t r = k;
+    if (here) {
+      uint64_t b = below;
+      for (int i = 0; i < 8; ++i) {
+        if (k < b + h[i]) {
+          digit = static_cast<uint32_t>(8 * lane + i);
+          r = k - b;
+          break;
+        }
+        b += h[i];
+      }
+    }
+    st->rank = r;
+    st->prefix |= digit << shift;
+    st->mask |= 255u << shift;
+    if (shift == 0) *theta = static_cast<double>(sm::from_order_key(st->prefix));
+  }
 }
 
 // The linear variant's candidate per anti-diagonal d, one warp per diagonal (begin -1: none): each lane scans its
@@ -908,8 +967,7 @@ void StreamDecider::launch_chunk(const bf16* q, const bf16* k, int32_t n, int32_
   fit(theta_dev_, 1);
   begin(kSpans, s);
   TESSERA_CUDA_CHECK(cudaMemsetAsync(prefix_.data(), 0, static_cast<size_t>(w) * sizeof(double), s));
-  prefix_rows_kernel<<<(n + kLineThreads - 1) / kLineThreads, kLineThreads, 0, s>>>(map_.data(), n,
-                                                                                    prefix_.data());
+  prefix_rows_kernel<<<(n + kLineThreads - 1) / kLineThreads, kLineThreads, 0, s>>>(map_.data(), n, prefix_.data());
   prefix_cols_kernel<<<(n + kLineThreads - 1) / kLineThreads, kLineThreads, 0, s>>>(n, prefix_.data());
   const uint64_t causal = static_cast<uint64_t>(n) * static_cast<uint64_t>(n + 1) / 2;
   fit(select_, (sizeof(SelectState) + 7) / 8);
