@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "model/model.h"
@@ -1065,6 +1066,66 @@ TEST(StreamingKV, MapOfTheRetrievalHeadAloneIsTheAllHeadsMapLessTheOtherHeads) {
       EXPECT_GT(spread, 0.1);  // (the retrieval head's rows are far from uniform: the test can tell them)
     }
   }
+}
+
+// The chunk's map is the sum over heads of each head's causal softmax of scale * q_h . k_g, with q and k rotated at
+// their positions and then rounded to bf16 (the values the GPU's attention reads and its map multiplies on the tensor
+// cores, stream_decide.h): equal within f32 rounding to a double-precision reference over the rounded values, and
+// far from the same reference over the unrounded ones (the test can tell whether the rounding happens).
+TEST(StreamingKV, ChunkMapIsTheHeadSumOfSoftmaxesOverBf16RoundedRotations) {
+  ModelConfig cfg = model("llama3").config();
+  cfg.num_layers = 1;
+  cfg.layers.resize(1);
+  const int32_t nq = cfg.num_q_heads, nkv = cfg.num_kv_heads, d = cfg.head_dim, group = nq / nkv;
+  std::vector<float> inv_freq(static_cast<size_t>(d / 2));
+  for (int32_t i = 0; i < d / 2; ++i) inv_freq[static_cast<size_t>(i)] = std::pow(10000.0f, -2.0f * i / d);
+  StreamingKV kv(cfg, small_stream(StreamMethod::Ltri), StreamingKV::Storage::Device);
+  const int32_t n = 24, pos = 0;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> g(0.0f, 3.0f);
+  std::vector<float> q(static_cast<size_t>(n * nq * d)), k(static_cast<size_t>(n * nkv * d));
+  for (float& x : q) x = g(rng);
+  for (float& x : k) x = g(rng);
+  kv.begin_chunk(pos, n, StreamingKV::ChunkKind::Prefill);
+  std::vector<float> qa = q, ka = k;  // (plan() reads its own copies; these stay raw)
+  kv.plan(0, pos, n, qa.data(), ka.data(), inv_freq, 0.0f);
+  const std::vector<float>& map = kv.last_map();
+  ASSERT_EQ(map.size(), static_cast<size_t>(n * n));
+  // The reference: the same RoPE tables and rotation, then each head's softmax in double.
+  std::vector<float> cos(static_cast<size_t>(n * d / 2)), sin(cos.size());
+  rope_tables(inv_freq, pos, n, cos.data(), sin.data());
+  std::vector<float> qr = q, kr = k;
+  apply_rope(qr.data(), n, static_cast<int64_t>(nq) * d, nq, d, cos.data(), sin.data());
+  apply_rope(kr.data(), n, static_cast<int64_t>(nkv) * d, nkv, d, cos.data(), sin.data());
+  auto reference = [&](bool round) {
+    auto value = [&](float x) { return static_cast<double>(round ? bf16_to_f32(f32_to_bf16(x)) : x); };
+    const double sc = 1.0 / std::sqrt(static_cast<double>(d));
+    std::vector<double> ref(static_cast<size_t>(n * n), 0.0);
+    for (int32_t h = 0; h < nq; ++h)
+      for (int32_t r = 0; r < n; ++r) {
+        std::vector<double> e(static_cast<size_t>(r + 1));
+        double mx = -1e300, z = 0;
+        for (int32_t c = 0; c <= r; ++c) {
+          double dot = 0;
+          for (int32_t i = 0; i < d; ++i)
+            dot += value(qr[static_cast<size_t>((r * nq + h) * d + i)]) *
+                   value(kr[static_cast<size_t>((c * nkv + h / group) * d + i)]);
+          e[static_cast<size_t>(c)] = sc * dot;
+          mx = std::max(mx, sc * dot);
+        }
+        for (double& x : e) z += (x = std::exp(x - mx));
+        for (int32_t c = 0; c <= r; ++c) ref[static_cast<size_t>(r * n + c)] += e[static_cast<size_t>(c)] / z;
+      }
+    return ref;
+  };
+  const std::vector<double> rounded = reference(true), raw = reference(false);
+  double worst = 0, apart = 0;
+  for (size_t i = 0; i < map.size(); ++i) {
+    worst = std::max(worst, std::fabs(static_cast<double>(map[i]) - rounded[i]));
+    apart = std::max(apart, std::fabs(rounded[i] - raw[i]));
+  }
+  EXPECT_LT(worst, 2e-5);
+  EXPECT_GT(apart, 1e-3);  // (the unrounded map differs by much more than the tolerance)
 }
 
 // Ltri with retrieval heads keeps, per layer, only the kv heads its scores read (StreamOptions::index_all_heads false,
