@@ -9,6 +9,7 @@
 // pool), so the host work can be timed and profiled without a GPU:
 //
 //   stream_host_bench [--seq 1048576] [--method ltri|infllm] [--retrieval-heads FILE] [--chunk 512] [--layers 32]
+//                     [--early-layers score|votes]   (--stream-early-layers: votes is what the 1M runs use)
 //
 // Llama-3-8B shapes (32 layers, 32 / 8 heads of 128), the paper's sizes (sinks 128, local 4096, blocks of 128,
 // top-32). Prints the host seconds of plan() over the prefill and per layer and chunk.
@@ -33,7 +34,7 @@ using namespace tessera::runtime;
 int main(int argc, char** argv) try {
   int64_t seq = 1 << 20;
   int32_t chunk = 512, layers = 32;
-  std::string method = "ltri", heads_file;
+  std::string method = "ltri", heads_file, early = "score";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -45,6 +46,7 @@ int main(int argc, char** argv) try {
     else if (a == "--layers") layers = std::stoi(value());
     else if (a == "--method") method = value();
     else if (a == "--retrieval-heads") heads_file = value();
+    else if (a == "--early-layers") early = value();
     else throw Error("stream_host_bench: unknown argument '" + a + "'");
   }
   const nlohmann::json hf{{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
@@ -58,6 +60,8 @@ int main(int argc, char** argv) try {
   o.method = parse_stream_method(method);
   o.chunk = chunk;
   o.host_budget = int64_t{1} << 50;  // (counted only: Storage::Device keeps no rows)
+  check(early == "score" || early == "votes", "stream_host_bench: --early-layers is score or votes, got '" + early + "'");
+  o.early_from_votes = early == "votes";
   if (!heads_file.empty())
     for (const RetrievalHead& h : read_retrieval_heads(heads_file))
       if (h.layer < layers) o.retrieval_heads.push_back(h);
