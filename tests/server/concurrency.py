@@ -5,6 +5,8 @@ ones free their slots, and the KV cache (0 tokens, 0 bytes) and the resident mem
 import http.client
 import json
 import os
+import shutil
+import subprocess
 import threading
 import time
 
@@ -61,8 +63,22 @@ def setup():
     return Server("--parallel", "4", "--queue", str(CLIENTS), "--quiet")
 
 
+def listen_backlog(port):
+    """The listening socket's backlog (ss's Send-Q for a LISTEN socket), or None without ss."""
+    if shutil.which("ss") is None:
+        return None
+    out = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True, check=True).stdout
+    return int(out.split()[2]) if out.strip() else None
+
+
 @test
 def parallel_streams_with_disconnects(s):
+    # A burst of 32 connections must fit the accept queue (cpp-httplib's own backlog is 5: the server sets 1024).
+    backlog = listen_backlog(s.port)
+    if backlog is None:
+        print("  (no `ss` here: the listen backlog was not read)")
+    else:
+        assert backlog >= CLIENTS, f"listen backlog {backlog} < {CLIENTS} clients"
     # Warm up (first-use allocations), then take the baseline.
     status, _, _ = s.request("POST", "/v1/completions", {"model": MODEL_ID, "prompt": "Hi", "max_tokens": 4})
     assert status == 200

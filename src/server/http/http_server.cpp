@@ -50,6 +50,7 @@ struct HttpServer::Impl {
   Scheduler& scheduler;
   Metrics& metrics;
   httplib::Server http;
+  int listen_socket = -1;  // the bound socket (set_socket_options' callback sees it before bind)
   std::atomic<uint64_t> answers{0};
   std::mutex seed_mu, log_mu;
   std::mt19937_64 seeds{std::random_device{}()};
@@ -386,9 +387,10 @@ struct HttpServer::Impl {
     http.set_payload_max_length(options.max_body_bytes);
     // httplib's default sets SO_REUSEPORT, which lets a second server bind the same port and share its
     // connections; SO_REUSEADDR alone allows a restart over TIME_WAIT but makes a port in use an error.
-    http.set_socket_options([](auto sock) {
+    http.set_socket_options([this](auto sock) {
       int yes = 1;
       setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+      listen_socket = static_cast<int>(sock);  // (the last one offered is the one that bound)
     });
     // A streamed answer is one small write a token: without TCP_NODELAY, Nagle's algorithm holds a token's chunk
     // until the client acknowledges the one before (as uvicorn, vLLM's server, and llama.cpp's server set it).
@@ -499,6 +501,8 @@ HttpServer::HttpServer(HttpOptions options, const ServedModel& model, PolicyCach
 
 HttpServer::~HttpServer() = default;
 
+constexpr int kListenBacklog = 1024;  // (uvicorn 2048, nginx 511)
+
 int HttpServer::bind() {
   const HttpOptions& o = impl_->options;
   int port = o.port;
@@ -510,6 +514,12 @@ int HttpServer::bind() {
           "serve: cannot listen on " + o.host + ":" + std::to_string(port) +
               " (in use, or not an address of this machine; --host / --port)");
   }
+  // cpp-httplib's library listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, compiled into it): a burst of
+  // clients then overflows the accept queue while the server is busy (the kernel's ListenOverflows counter; SYN
+  // cookies, one of which failed and reset a client in tests/server/concurrency.py under CI's load). listen() on the
+  // bound socket again sets the backlog (Linux; the kernel caps it at net.core.somaxconn).
+  check(impl_->listen_socket >= 0 && ::listen(impl_->listen_socket, kListenBacklog) == 0,
+        "serve: cannot set the listen backlog on " + o.host + ":" + std::to_string(port));
   return port;
 }
 
