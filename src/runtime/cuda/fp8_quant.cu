@@ -83,12 +83,8 @@ __global__ void quantize_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx
 // A warp per row: the row's amax (shuffle reduction, every lane gets it), its scale, then its codes. The second pass
 // reads the row again (8-28 KB for the model's widths: L1 or L2 hits).
 constexpr int kRowsPerBlock = kThreads / 32;
-__global__ void quantize_rows_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx, int64_t m, int64_t groups_per_row,
-                                     uint8_t* __restrict__ q, float* __restrict__ scales) {
-  const int lane = static_cast<int>(threadIdx.x & 31);
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
-  if (r >= m) return;
-  const __nv_bfloat16* xr = x + r * ldx;
+__device__ __forceinline__ void quantize_row(const __nv_bfloat16* __restrict__ xr, int64_t groups_per_row,
+                                             uint8_t* __restrict__ qr, float* __restrict__ scale, int lane) {
   float a = 0.0f;
 #pragma unroll 4
   for (int64_t g = lane; g < groups_per_row; g += 32) {
@@ -101,14 +97,29 @@ __global__ void quantize_rows_kernel(const __nv_bfloat16* __restrict__ x, int64_
   for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
   const bool usable = a > 0.0f && isfinite(a);
   const float inv = usable ? __fdiv_rn(kMax, a) : 1.0f;  // IEEE division, as the host's e4m3_inverse_scale
-  if (lane == 0) scales[r] = usable ? __fdiv_rn(a, kMax) : 1.0f;
-  uint8_t* qr = q + r * groups_per_row * 8;
+  if (lane == 0) *scale = usable ? __fdiv_rn(a, kMax) : 1.0f;
 #pragma unroll 4
   for (int64_t g = lane; g < groups_per_row; g += 32) {
     float f[8];
     unpack8(*reinterpret_cast<const uint4*>(xr + g * 8), f);
     *reinterpret_cast<uint2*>(qr + g * 8) = encode8(f, inv);
   }
+}
+
+__global__ void quantize_rows_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx, int64_t m, int64_t groups_per_row,
+                                     uint8_t* __restrict__ q, float* __restrict__ scales) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  if (r >= m) return;
+  quantize_row(x + r * ldx, groups_per_row, q + r * groups_per_row * 8, scales + r, static_cast<int>(threadIdx.x & 31));
+}
+
+// Job blockIdx.y of `jobs`, rows as quantize_rows_kernel.
+__global__ void quantize_rows_batch_kernel(Fp8RowJobs jobs, int64_t ldx, int64_t m, int64_t groups_per_row) {
+  const int j = static_cast<int>(blockIdx.y);
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  if (r >= m) return;
+  quantize_row(reinterpret_cast<const __nv_bfloat16*>(jobs.x[j]) + r * ldx, groups_per_row,
+               jobs.q[j] + r * groups_per_row * 8, jobs.scales[j] + r, static_cast<int>(threadIdx.x & 31));
 }
 
 // y = sx[r] sw[o] d + beta y, grid-stride over the m * out elements (the fallback path only).
@@ -167,6 +178,23 @@ void quantize_e4m3_rows(const bf16* x, int64_t ldx, int64_t m, int64_t in, uint8
   check(blocks <= 0x7fffffff, "FP8 per-row quantization: " + std::to_string(m) + " rows are too many");
   quantize_rows_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
       reinterpret_cast<const __nv_bfloat16*>(x), ldx, m, in / 8, q, scales);
+  TESSERA_CUDA_CHECK(cudaGetLastError());
+}
+
+void quantize_e4m3_rows_batch(const Fp8RowJobs& jobs, int64_t ldx, int64_t m, int64_t in, cudaStream_t stream) {
+  if (jobs.count <= 0 || m <= 0 || in <= 0) return;
+  check(jobs.count <= Fp8RowJobs::kMax, "FP8 per-row quantization: more than " + std::to_string(Fp8RowJobs::kMax) +
+                                            " jobs in one launch");
+  bool aligned = in % 8 == 0 && ldx % 8 == 0;
+  for (int i = 0; i < jobs.count; ++i)
+    aligned = aligned && reinterpret_cast<uintptr_t>(jobs.x[i]) % 16 == 0 &&
+              reinterpret_cast<uintptr_t>(jobs.q[i]) % 16 == 0 && reinterpret_cast<uintptr_t>(jobs.scales[i]) % 16 == 0;
+  check(aligned, "FP8 per-row quantization of [" + std::to_string(m) + " x " + std::to_string(in) + "] (rows " +
+                     std::to_string(ldx) + " apart): needs 16-byte aligned rows of a multiple of 8 elements");
+  const int64_t blocks = (m + kRowsPerBlock - 1) / kRowsPerBlock;
+  check(blocks <= 0x7fffffff, "FP8 per-row quantization: " + std::to_string(m) + " rows are too many");
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(jobs.count));
+  quantize_rows_batch_kernel<<<grid, kThreads, 0, stream>>>(jobs, ldx, m, in / 8);
   TESSERA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -37,6 +37,17 @@ void quantize_e4m3(const bf16* x, int64_t ldx, int64_t m, int64_t in, uint8_t* q
 void quantize_e4m3_rows(const bf16* x, int64_t ldx, int64_t m, int64_t in, uint8_t* q, float* scales,
                         cudaStream_t stream);
 
+// Several per-row quantizations of one shape in one launch: job i quantizes x[i] ([m, in], rows ldx apart) into
+// q[i] and scales[i], each as quantize_e4m3_rows would (the same kernel's arithmetic: bit for bit).
+struct Fp8RowJobs {
+  static constexpr int kMax = 64;
+  const bf16* x[kMax];
+  uint8_t* q[kMax];
+  float* scales[kMax];
+  int32_t count = 0;
+};
+void quantize_e4m3_rows_batch(const Fp8RowJobs& jobs, int64_t ldx, int64_t m, int64_t in, cudaStream_t stream);
+
 // y[r, o] (y_f32 ? f32 : bf16, rows ldy apart) = sx[r] * sw[o] * d[r * out + o] + beta * y[r, o], for r < m, o < out.
 void scale_outer_e4m3(const float* d, int64_t m, int64_t out, const float* sx, const float* sw, void* y, bool y_f32,
                       int64_t ldy, float beta, cudaStream_t stream);

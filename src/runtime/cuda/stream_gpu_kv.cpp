@@ -374,14 +374,6 @@ GpuStreamingKV::Indexes& GpuStreamingKV::indexes(const stream::StreamLayout& lay
   return ix;
 }
 
-void GpuStreamingKV::copy_from_ring(const attn::gpu::DeviceBuffer<bf16>& ring, int32_t p, int32_t rows, bf16* dst,
-                                    cudaStream_t s) {
-  const int32_t slot = (p - opt_.sinks) % ring_rows_;
-  const int32_t first = std::min(rows, ring_rows_ - slot);
-  d2d(dst, ring.data() + slot * row_, static_cast<size_t>(first * row_) * sizeof(bf16), s);
-  if (rows > first) d2d(dst + first * row_, ring.data(), static_cast<size_t>((rows - first) * row_) * sizeof(bf16), s);
-}
-
 void GpuStreamingKV::copy_to_ring(attn::gpu::DeviceBuffer<bf16>& ring, int32_t p, int32_t rows, const bf16* src,
                                   cudaStream_t s) {
   const int32_t slot = (p - opt_.sinks) % ring_rows_;
@@ -449,29 +441,39 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
     bf16* wk = ws_k_.data();
     bf16* wv = ws_v_.data();
     {
+      // K: the sinks (before the first eviction), the ring's one or two pieces, the chunk, rotated on their way into
+      // the workspace at consecutive positions from local_begin (one launch); V: copied as they are.
+      StreamRopeJobs kj;
       int64_t at = G;  // rows
       int32_t p = local_begin;
+      auto piece = [&](const bf16* src_k, const bf16* src_v, int32_t rows) {
+        kj.add(wk + at * row_, src_k, rows, local_begin + (at - G), 1);
+        d2d(wv + at * row_, src_v, static_cast<size_t>(rows) * row_bytes, s);
+        at += rows;
+      };
       if (E == 0) {  // the sinks are local too
         const int32_t sinks = std::min(pos, opt_.sinks);
-        d2d(wk + at * row_, L.sink_k.data(), static_cast<size_t>(sinks) * row_bytes, s);
-        d2d(wv + at * row_, L.sink_v.data(), static_cast<size_t>(sinks) * row_bytes, s);
-        at += sinks;
+        piece(L.sink_k.data(), L.sink_v.data(), sinks);
         p = sinks;
       }
       if (pos > p) {
-        copy_from_ring(L.ring_k, p, pos - p, wk + at * row_, s);
-        copy_from_ring(L.ring_v, p, pos - p, wv + at * row_, s);
-        at += pos - p;
+        const int32_t slot = (p - opt_.sinks) % ring_rows_, rows = pos - p;
+        const int32_t first = std::min(rows, ring_rows_ - slot);
+        piece(L.ring_k.data() + slot * row_, L.ring_v.data() + slot * row_, first);
+        if (rows > first) piece(L.ring_k.data(), L.ring_v.data(), rows - first);
       }
       check(at == G + lay_local.local, [&] {
         return "GPU streaming: the local window holds " + std::to_string(at - G) + " rows, the layout " +
                std::to_string(lay_local.local);
       });
-      d2d(wk + at * row_, k, static_cast<size_t>(n) * row_bytes, s);
-      d2d(wv + at * row_, v, static_cast<size_t>(n) * row_bytes, s);
-      stream_rope_rows(wk + static_cast<int64_t>(G) * row_, lay_local.local + n, row_, nkv, d, inv_freq, local_begin, 1, s);
-      d2d(q_local_.data(), q, static_cast<size_t>(n * qrow_) * sizeof(bf16), s);
-      stream_rope_rows(q_local_.data(), n, qrow_, nq, d, inv_freq, pos, 1, s);
+      piece(k, v, n);
+      stream_rope_copy(kj, row_, nkv, d, inv_freq, s);
+      // The queries: at their positions for the local pass; all at position `local` for the global pass (when the
+      // layout has a global part), both from q in one launch.
+      StreamRopeJobs qj;
+      qj.add(q_local_.data(), q, n, pos, 1);
+      if (G > 0) qj.add(q_global_.data(), q, n, opt_.local, 0);
+      stream_rope_copy(qj, qrow_, nq, d, inv_freq, s);
     }
 
     // 5. Attention: the local index now (overlapping the block copies), then the global one, merged.
@@ -619,14 +621,23 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
     if (fp8_)
       check(static_cast<int64_t>(e1 - e0) * block_bytes_ <= static_cast<int64_t>(evict_stage_.size()),
             "GPU streaming: more blocks evicted in one chunk than the FP8 staging holds");
+    // FP8: quantized on the copy stream (all of the chunk's blocks in one launch per StreamFp8Evictions::kMax), then
+    // each whole block (codes and scales) to the host.
+    StreamFp8Evictions q8;
+    auto quantize = [&] {
+      stream_quantize_blocks(q8, B, cfg_.num_kv_heads, cfg_.head_dim, copy_);
+      q8.count = 0;
+    };
     for (int32_t b = e0; b < e1; ++b) {
       check(static_cast<int32_t>(L.host_k.size()) == b, "GPU streaming: blocks evicted out of order");
       uint8_t* dst = pinned_block();
       const int32_t slot = (b * B) % ring_rows_;
-      if (fp8_) {  // quantized on the copy stream, then the whole block (codes and scales) to the host
+      if (fp8_) {
         uint8_t* staged = evict_stage_.data() + static_cast<int64_t>(b - e0) * block_bytes_;
-        stream_quantize_block(L.ring_k.data() + slot * row_, L.ring_v.data() + slot * row_, B, cfg_.num_kv_heads,
-                              cfg_.head_dim, staged, copy_);
+        if (q8.count == StreamFp8Evictions::kMax) quantize();
+        q8.k[q8.count] = L.ring_k.data() + slot * row_;
+        q8.v[q8.count] = L.ring_v.data() + slot * row_;
+        q8.dst[q8.count++] = staged;
         batch_dst_.push_back(dst);
         batch_src_.push_back(staged);
         batch_bytes_.push_back(static_cast<size_t>(block_bytes_));
@@ -643,6 +654,7 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
       }
       ++stats_.blocks_to_host;
     }
+    if (q8.count > 0) quantize();
     copy_batch(batch_dst_, batch_src_, batch_bytes_, batched_copies_, copy_);
     TESSERA_CUDA_CHECK(cudaEventRecord(L.evicted, copy_));
   }
@@ -764,9 +776,7 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
         d2d(wv + dst, L.cache_v.data() + src, static_cast<size_t>(B) * row_bytes, s);
       }
     }
-    d2d(q_global_.data(), q, static_cast<size_t>(n * qrow_) * sizeof(bf16), s);
-    stream_rope_rows(q_global_.data(), n, qrow_, nq, d, inv_freq, opt_.local, 0, s);
-    global_pass(a, ix, n, out, s);
+    global_pass(a, ix, n, out, s);  // (q_global_ rotated by local_first)
   }
 
   // 6. The chunk's raw K / V into the sinks and the ring (after the evictions' copies out of the ring).
@@ -794,9 +804,10 @@ void GpuStreamingKV::store_window(LayerState& L, int32_t pos, int32_t n, const b
            std::to_string(pos + n) + ")";
   });
   const size_t bytes = static_cast<size_t>(rows * row_) * sizeof(bf16);
-  d2d(L.win_k.data() + r0 * row_, k + (first - pos) * row_, bytes, s);
+  StreamRopeJobs kj;  // K rotated on its way in
+  kj.add(L.win_k.data() + r0 * row_, k + (first - pos) * row_, rows, first, 1);
+  stream_rope_copy(kj, row_, cfg_.num_kv_heads, cfg_.head_dim, inv_freq, s);
   d2d(L.win_v.data() + r0 * row_, v + (first - pos) * row_, bytes, s);
-  stream_rope_rows(L.win_k.data() + r0 * row_, rows, row_, cfg_.num_kv_heads, cfg_.head_dim, inv_freq, first, 1, s);
 }
 
 void GpuStreamingKV::attend_window(int32_t layer, int32_t pos, int32_t n, const stream::StreamLayout& lay, bf16* q,
@@ -825,18 +836,19 @@ void GpuStreamingKV::attend_window(int32_t layer, int32_t pos, int32_t n, const 
   d2d(L.win_k.data() + (off - G) * row_, L.sink_k.data(), static_cast<size_t>(G) * row_bytes, s);
   d2d(L.win_v.data() + (off - G) * row_, L.sink_v.data(), static_cast<size_t>(G) * row_bytes, s);
   store_window(L, pos, n, k, v, inv_freq, s);  // the chunk after the window, rotated
-  // The queries: raw for the global pass, rotated in place at their positions for the local one.
-  d2d(q_global_.data(), q, static_cast<size_t>(n * qrow_) * sizeof(bf16), s);
-  stream_rope_rows(q, n, qrow_, nq, d, inv_freq, pos, 1, s);
+  // The queries: at their positions for the local pass, all at position `local` for the global one (one launch).
+  StreamRopeJobs qj;
+  qj.add(q_local_.data(), q, n, pos, 1);
+  qj.add(q_global_.data(), q, n, opt_.local, 0);
+  stream_rope_copy(qj, qrow_, nq, d, inv_freq, s);
   prof_mark(s);
 
   // The attention over [sinks | window | chunk] read in place: the workspace path's two passes and merge.
   Indexes& ix = indexes(lay, n <= 64 ? 64 : 128, s);
-  const attn::AttentionArgs a = local_pass(lay, ix, n, q, L.win_k.data() + (off - G) * row_,
+  const attn::AttentionArgs a = local_pass(lay, ix, n, q_local_.data(), L.win_k.data() + (off - G) * row_,
                                            L.win_v.data() + (off - G) * row_, scale, out, s);
   prof_mark(s);
   prof_mark(s);  // (no retrieved blocks to wait for)
-  stream_rope_rows(q_global_.data(), n, qrow_, nq, d, inv_freq, opt_.local, 0, s);
   global_pass(a, ix, n, out, s);
   prof_mark(s);
   prof_mark(s);  // (nothing to store: the chunk is in the window buffer, the sinks are full)
@@ -867,9 +879,10 @@ void GpuStreamingKV::attend_sliding(int32_t layer, int32_t pos, int32_t n, const
   }
   // The chunk after the held tokens, K rotated at its true positions with this layer's table; the queries in place.
   const int64_t r0 = pos - L.win_origin;
-  d2d(L.win_k.data() + r0 * row_, k, static_cast<size_t>(n) * row_bytes, s);
+  StreamRopeJobs kj;
+  kj.add(L.win_k.data() + r0 * row_, k, n, pos, 1);
+  stream_rope_copy(kj, row_, nkv, d, inv_freq, s);
   d2d(L.win_v.data() + r0 * row_, v, static_cast<size_t>(n) * row_bytes, s);
-  stream_rope_rows(L.win_k.data() + r0 * row_, n, row_, nkv, d, inv_freq, pos, 1, s);
   stream_rope_rows(q, n, qrow_, nq, d, inv_freq, pos, 1, s);
   prof_mark(s);
   // Causal attention over [held | chunk] with the model's row-exact window (positions relative to the first held

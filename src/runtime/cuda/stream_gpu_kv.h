@@ -184,7 +184,6 @@ class GpuStreamingKV : public GpuKVPolicy {
                                  bf16* wv, float scale, bf16* out, cudaStream_t stream, int32_t window = 0);
   void global_pass(const attn::AttentionArgs& local, Indexes& ix, int32_t n, bf16* out, cudaStream_t stream);
   // Copies `rows` ring rows starting at absolute position p (>= sinks) to dst (row stride row_), in <= 2 pieces.
-  void copy_from_ring(const attn::gpu::DeviceBuffer<bf16>& ring, int32_t p, int32_t rows, bf16* dst, cudaStream_t s);
   void copy_to_ring(attn::gpu::DeviceBuffer<bf16>& ring, int32_t p, int32_t rows, const bf16* src, cudaStream_t s);
 
   const ModelConfig& cfg_;

@@ -777,7 +777,165 @@ TEST(StreamGpu, CopyRowsEqualsAMemcpyPerRange) {
   }
 }
 
-// The FP8 block of stream_quantize_block against core/fp8.h (codes and scales bit for bit: per (token, head) vector
+// stream_rope_copy (and stream_rope_rows, its one in-place job) against runtime/rope.h's tables and a double
+// rotation: every value within half a bf16 step of the exact one (plus f32 rounding); the 16-byte path (rows of 8k
+// values) equal bit for bit to the one-value path (rows of 8k + 3 values); copies equal to in-place rotations; a
+// step-0 job at one position; rows no job names left as they were; four jobs in one launch, the fifth refused.
+TEST(StreamGpu, RopeCopyEqualsTheCpuRotation) {
+  REQUIRE_GPU();
+  const int heads = 3, d = 64, half = d / 2;
+  RopeConfig rc;
+  rc.theta = 500000.0f;
+  const std::vector<float> inv = rope_inv_freq(rc, d);
+  attn::gpu::DeviceBuffer<float> dinv(inv.size());
+  dinv.upload(inv);
+  std::mt19937 rng(41);
+  std::normal_distribution<float> g(0.0f, 2.0f);
+  // Jobs over one source of `rows` rows: rows [0, 37) copied at positions from 1,000,003; rows [37, 40) copied, all
+  // at position 4,096 (step 0); rows [40, 70) rotated in place at positions from 17.
+  const int64_t rows = 70;
+  std::vector<float> values(static_cast<size_t>(rows * heads * d));  // the same values for both row widths
+  for (float& x : values) x = g(rng);
+  std::vector<std::vector<bf16>> results;
+  for (const int64_t ld : {int64_t{heads * d + 8}, int64_t{heads * d + 3}}) {
+    SCOPED_TRACE(ld);
+    std::vector<bf16> src(static_cast<size_t>(rows * ld));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < ld; ++c)
+        src[static_cast<size_t>(r * ld + c)] =
+            f32_to_bf16(c < heads * d ? values[static_cast<size_t>(r * heads * d + c)] : 100.0f + static_cast<float>(c));
+    std::vector<bf16> dst0(src.size());
+    for (size_t j = 0; j < dst0.size(); ++j) dst0[j] = f32_to_bf16(static_cast<float>(j % 9) - 4.0f);
+    attn::gpu::DeviceBuffer<bf16> ds(src.size()), dd(dst0.size());
+    ds.upload(src);
+    dd.upload(dst0);
+    StreamRopeJobs jobs;
+    jobs.add(dd.data(), ds.data(), 37, 1000003, 1);
+    jobs.add(dd.data() + 37 * ld, ds.data() + 37 * ld, 3, 4096, 0);
+    jobs.add(ds.data() + 40 * ld, ds.data() + 40 * ld, 30, 17, 1);
+    jobs.add(dd.data() + 40 * ld, ds.data(), 0, 0, 1);  // (no rows: not a job)
+    EXPECT_EQ(jobs.count, 3);
+    stream_rope_copy(jobs, ld, heads, d, dinv.data(), nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<bf16> got_d = dd.download(), got_s = ds.download();
+    // The reference, and the untouched rows: dst rows [40, 70), src rows [0, 40) (and every row's padding).
+    std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
+    double worst = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t p = r < 37 ? 1000003 + r : r < 40 ? 4096 : 17 + (r - 40);
+      rope_tables(inv, p, 1, cs.data(), sn.data());
+      const std::vector<bf16>& got = r < 40 ? got_d : got_s;
+      for (int h = 0; h < heads; ++h)
+        for (int i = 0; i < half; ++i) {
+          const size_t ia = static_cast<size_t>(r * ld + h * d + i), ib = ia + half;
+          const double a = bf16_to_f32(src[ia]), b = bf16_to_f32(src[ib]);
+          const double want_a = a * cs[static_cast<size_t>(i)] - b * sn[static_cast<size_t>(i)];
+          const double want_b = b * cs[static_cast<size_t>(i)] + a * sn[static_cast<size_t>(i)];
+          for (const auto& [gv, want] : {std::pair{got[ia], want_a}, std::pair{got[ib], want_b}}) {
+            const double err = std::fabs(bf16_to_f32(gv) - want) / (std::fabs(want) * std::ldexp(1.0, -8) + 1e-6 * (std::fabs(a) + std::fabs(b)));
+            worst = std::max(worst, err);
+          }
+        }
+      for (int64_t c = heads * d; c < ld; ++c) {  // padding
+        const size_t j = static_cast<size_t>(r * ld + c);
+        EXPECT_EQ(got_s[j].bits, src[j].bits);
+        EXPECT_EQ(got_d[j].bits, dst0[j].bits);
+      }
+      if (r < 40) {
+        for (int64_t c = 0; c < ld; ++c) EXPECT_EQ(got_s[static_cast<size_t>(r * ld + c)].bits, src[static_cast<size_t>(r * ld + c)].bits);
+      } else {
+        for (int64_t c = 0; c < ld; ++c) EXPECT_EQ(got_d[static_cast<size_t>(r * ld + c)].bits, dst0[static_cast<size_t>(r * ld + c)].bits);
+      }
+    }
+    EXPECT_LE(worst, 1.0) << "a value past half a bf16 step of the exact rotation";
+    // stream_rope_rows in place on a copy of src equals the copying job, bit for bit.
+    attn::gpu::DeviceBuffer<bf16> inplace(src.size());
+    inplace.upload(src);
+    stream_rope_rows(inplace.data(), 37, ld, heads, d, dinv.data(), 1000003, 1, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<bf16> got_i = inplace.download();
+    for (int64_t r = 0; r < 37; ++r)
+      for (int64_t c = 0; c < heads * d; ++c)
+        ASSERT_EQ(got_i[static_cast<size_t>(r * ld + c)].bits, got_d[static_cast<size_t>(r * ld + c)].bits) << r << " " << c;
+    // Both row widths' values, without padding, for the comparison of the two paths below.
+    std::vector<bf16> packed;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < heads * d; ++c) packed.push_back((r < 40 ? got_d : got_s)[static_cast<size_t>(r * ld + c)]);
+    results.push_back(std::move(packed));
+  }
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_EQ(0, std::memcmp(results[0].data(), results[1].data(), results[0].size() * sizeof(bf16)))
+      << "the 16-byte path differs from the one-value path";
+  StreamRopeJobs full;
+  for (int i = 0; i < StreamRopeJobs::kMax; ++i) full.add(nullptr, nullptr, 1, 0, 1);
+  try {
+    full.add(nullptr, nullptr, 1, 0, 1);
+    FAIL() << "no error past kMax jobs";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "stream_rope_copy: more than 4 rotations in one launch");
+  }
+}
+
+// stream_merge_lse against the softmax over both key sets in double: within bf16 rounding; the 16-byte path (an
+// aligned output) equal bit for bit to the one-value path (an output one value off 16-byte alignment); a row whose
+// two log-sum-exps are -inf (no key at all) is zeros.
+TEST(StreamGpu, MergeLseEqualsTheUnionSoftmax) {
+  REQUIRE_GPU();
+  const int64_t n = 37;
+  const int heads = 4, d = 64;
+  const size_t values = static_cast<size_t>(n * heads * d);
+  std::mt19937 rng(43);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<bf16> ol(values), og(values);
+  for (size_t j = 0; j < values; ++j) {
+    ol[j] = f32_to_bf16(g(rng));
+    og[j] = f32_to_bf16(g(rng));
+  }
+  std::vector<float> ll(static_cast<size_t>(heads * n)), lg(ll.size());
+  for (size_t j = 0; j < ll.size(); ++j) {
+    ll[j] = 5.0f * g(rng);
+    lg[j] = j % 11 == 3 ? -INFINITY : 5.0f * g(rng);
+  }
+  ll[static_cast<size_t>(2 * n + 5)] = -INFINITY;  // (head 2, row 5): neither part has a key
+  lg[static_cast<size_t>(2 * n + 5)] = -INFINITY;
+  attn::gpu::DeviceBuffer<float> dll(ll.size()), dlg(lg.size());
+  dll.upload(ll);
+  dlg.upload(lg);
+  std::vector<std::vector<bf16>> got;
+  for (const int64_t off : {int64_t{0}, int64_t{1}}) {
+    attn::gpu::DeviceBuffer<bf16> dl(values + 8), dg(values + 8);
+    std::vector<bf16> pl(values + 8), pg(values + 8);
+    std::copy(ol.begin(), ol.end(), pl.begin() + off);
+    std::copy(og.begin(), og.end(), pg.begin() + off);
+    dl.upload(pl);
+    dg.upload(pg);
+    stream_merge_lse(dl.data() + off, dg.data() + off, dll.data(), dlg.data(), n, heads, d, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<bf16> all = dl.download();
+    got.emplace_back(all.begin() + off, all.begin() + off + static_cast<std::ptrdiff_t>(values));
+  }
+  EXPECT_EQ(0, std::memcmp(got[0].data(), got[1].data(), values * sizeof(bf16))) << "the two paths differ";
+  double worst = 0;
+  for (int64_t r = 0; r < n; ++r)
+    for (int h = 0; h < heads; ++h) {
+      const double a = ll[static_cast<size_t>(h * n + r)], b = lg[static_cast<size_t>(h * n + r)];
+      const double m = std::max(a, b);
+      const double wl = m == -INFINITY ? 0 : std::exp(a - m) / (std::exp(a - m) + std::exp(b - m));
+      const double wg = m == -INFINITY ? 0 : 1 - wl;
+      for (int i = 0; i < d; ++i) {
+        const size_t j = static_cast<size_t>((r * heads + h) * d + i);
+        const double want = wl * bf16_to_f32(ol[j]) + wg * bf16_to_f32(og[j]);
+        const double v = bf16_to_f32(got[0][j]);
+        if (m == -INFINITY) {
+          EXPECT_EQ(v, 0.0);
+        }
+        worst = std::max(worst, std::fabs(v - want) / (std::fabs(want) * std::ldexp(1.0, -8) + 1e-5));
+      }
+    }
+  EXPECT_LE(worst, 1.0) << "a merged value past half a bf16 step";
+}
+
+// The FP8 blocks of stream_quantize_blocks (two in one launch) against core/fp8.h (codes and scales bit for bit: per (token, head) vector
 // of d values), and stream_dequantize_blocks against the host's bf16(e4m3_to_float(code) * scale), bit for bit,
 // two blocks into a workspace whose other rows stay as they were; the outlier head of a token keeps its own scale.
 TEST(StreamGpu, Fp8BlocksEqualTheHostTwin) {
@@ -796,13 +954,19 @@ TEST(StreamGpu, Fp8BlocksEqualTheHostTwin) {
   ASSERT_EQ(bytes, 2 * B * (row + heads * 4));
   attn::gpu::DeviceBuffer<uint8_t> blocks(static_cast<size_t>(2 * bytes));
   std::vector<attn::gpu::DeviceBuffer<bf16>> dk, dv;
+  StreamFp8Evictions e;  // both blocks in one launch, into the blocks in reverse order
   for (int blk = 0; blk < 2; ++blk) {
     dk.emplace_back(static_cast<size_t>(values));
     dv.emplace_back(static_cast<size_t>(values));
     dk.back().upload(hk[static_cast<size_t>(blk)]);
     dv.back().upload(hv[static_cast<size_t>(blk)]);
-    stream_quantize_block(dk.back().data(), dv.back().data(), B, heads, d, blocks.data() + blk * bytes, nullptr);
   }
+  for (int blk = 1; blk >= 0; --blk) {
+    e.k[e.count] = dk[static_cast<size_t>(blk)].data();
+    e.v[e.count] = dv[static_cast<size_t>(blk)].data();
+    e.dst[e.count++] = blocks.data() + blk * bytes;
+  }
+  stream_quantize_blocks(e, B, heads, d, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<uint8_t> got = blocks.download();
   std::vector<std::vector<float>> want_kv;  // per block: K then V, dequantized as the host does
@@ -858,6 +1022,14 @@ TEST(StreamGpu, Fp8BlocksEqualTheHostTwin) {
     worst = std::max(worst, static_cast<double>(std::fabs(want_kv[0][static_cast<size_t>(values + j)] - x)));
   }
   EXPECT_LT(worst, 0.5);  // |v| of N(0, 1) values below ~5: a step of 2^-4 x 4-8, halved, plus bf16's rounding
+  StreamFp8Evictions too_many;
+  too_many.count = StreamFp8Evictions::kMax + 1;
+  try {
+    stream_quantize_blocks(too_many, B, heads, d, nullptr);
+    FAIL() << "no error past kMax blocks";
+  } catch (const Error& err) {
+    EXPECT_STREQ(err.what(), "stream_quantize_blocks: more than 32 blocks in one launch");
+  }
 }
 
 // Evicted blocks in FP8 (StreamOptions::host_fp8) against bf16, same engine otherwise, both retrieving methods: the
