@@ -7,9 +7,9 @@
 // host synchronisation: everything is stream-ordered. The convention and its host twin are core/fp8.h; the codes
 // equal the host's bit for bit (tests/gpu/engine_tests/fp8_gemm_test.cpp).
 //
-// quantize_e4m3_rows (per row) gives each row its own amax, scale and codes in ONE kernel (a warp per row: the amax
-// by shuffles, then the row again, from L1/L2, for the codes); scales [m] = amax_r / 448. No atomics, no memset, no
-// host synchronisation.
+// quantize_e4m3_rows (per row) gives each row its own amax, scale and codes in ONE kernel (a warp per row, or a CTA
+// per row of 2,048 values or more: the amax by shuffles, then the row again, from L1/L2, for the codes); scales [m] =
+// amax_r / 448. No atomics, no memset, no host synchronisation.
 //
 // scale_outer_e4m3 is the fallback epilogue of the per-row GEMM where cuBLASLt has no outer-vector scaling (gemm.cpp):
 // y[r, o] = sx[r] * sw[o] * d[r, o] + beta * y[r, o] from the unscaled f32 product d.

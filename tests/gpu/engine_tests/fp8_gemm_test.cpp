@@ -189,6 +189,18 @@ TEST(Fp8Quantize, ZerosAndInfinitiesSaturateNeverNaN) {
     expect_same_quantization(host, dev, "16x32 with +-inf and |x| ~ 1000" + tag);
     for (uint8_t c : dev.codes) EXPECT_NE(c & 0x7F, 0x7F) << tag;
   }
+  // Rows of 2,048 values and more take a CTA each (quantize_e4m3_rows' wide path): a zero row, a row with +-inf.
+  std::vector<bf16> wide = random_bf16(4 * 2048, 1000.0f, 10);
+  for (int64_t c = 0; c < 2048; ++c) wide[static_cast<size_t>(2 * 2048 + c)] = f32_to_bf16(0.0f);
+  wide[2048 + 5] = f32_to_bf16(std::numeric_limits<float>::infinity());
+  wide[2048 + 2047] = f32_to_bf16(-std::numeric_limits<float>::infinity());
+  const HostQuant host = host_quantize(wide, 2048, 4, 2048, Fp8Scaling::kRow);
+  const HostQuant dev = device_quantize(gemm, st.s, wide, 2048, 4, 2048, Fp8Scaling::kRow);
+  EXPECT_EQ(dev.scales[1], 1.0f);
+  EXPECT_EQ(dev.scales[2], 1.0f);
+  EXPECT_EQ(dev.codes[2048 + 5], 0x7E);
+  EXPECT_EQ(dev.codes[2048 + 2047], 0xFE);
+  expect_same_quantization(host, dev, "4x2048 with a zero row and +-inf per row");
 }
 
 // linear_fp8 against the host product of the same codes. epilogue: per-row scales through the fallback.
