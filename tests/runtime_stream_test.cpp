@@ -453,6 +453,31 @@ TEST(SpanIndex, BlockScoresEqualNaiveReference) {
   EXPECT_EQ(stream::top_blocks(std::vector<double>{1, 5}, 7), (std::vector<int32_t>{0, 1}));
 }
 
+// top_blocks (a partial sort) against the obvious twin: every index stably sorted by score descending, the first k,
+// in block order. Scores drawn from few values (many ties), with -inf and +inf among them; k from 0 past the count.
+TEST(SpanIndex, TopBlocksEqualsAFullSort) {
+  std::mt19937 rng(17);
+  const double inf = std::numeric_limits<double>::infinity();
+  for (int trial = 0; trial < 400; ++trial) {
+    const int n = 1 + static_cast<int>(rng() % 300);
+    const int distinct = 1 + static_cast<int>(rng() % 12);
+    std::vector<double> scores(static_cast<size_t>(n));
+    for (double& x : scores) {
+      const uint32_t r = rng() % 20;
+      x = r == 0 ? -inf : r == 1 ? inf : static_cast<double>(rng() % distinct) * 0.25 - 1.0;
+    }
+    const int k = static_cast<int>(rng() % (n + 3));
+    std::vector<int32_t> want(static_cast<size_t>(n));
+    std::iota(want.begin(), want.end(), 0);
+    std::stable_sort(want.begin(), want.end(), [&](int32_t a, int32_t b) {
+      return scores[static_cast<size_t>(a)] > scores[static_cast<size_t>(b)];
+    });
+    want.resize(static_cast<size_t>(std::min(k, n)));
+    std::sort(want.begin(), want.end());
+    ASSERT_EQ(stream::top_blocks(scores, k), want) << "trial " << trial << ", n " << n << ", k " << k;
+  }
+}
+
 TEST(SpanIndex, InfLLMScoresEqualNaiveReference) {
   const stream::HeadShape shape{4, 2, 8};
   std::mt19937 rng(6);
