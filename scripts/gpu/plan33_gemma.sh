@@ -14,7 +14,7 @@
 #   eval    density, the accuracy harness and KJV perplexity at 8K/16K/32K: the plans beside the presets of the same
 #           cost (vs_adaptive, trianglemix, ashape, the uniform MoA window of the MoA plan's density) and dense
 #   Vars: T (the CLI, default build/cuda/src/tessera); MI_CAP, MOA_CAP, DENSITY_CAP, EVAL_CAP (seconds: 200, 480, 120, 480);
-#   MI_BUDGET, MOA_BUDGET (--budget, default 0.3, 0.5); MI_VAL, MI_CASES (mi's held-out lengths and cases per length:
+#   MI_BUDGET, MOA_BUDGET (--budget, default 0.3, 0.5; MI_BUDGETS / MOA_BUDGETS: several, one plan each, "-bB" names); MI_VAL, MI_CASES (mi's held-out lengths and cases per length:
 #   16384, 4), MI_REPAIR (non-empty: --minference-repair on those), MI_NAME (its plan's name); DEPTHS, SAMPLES (eval's cases: 25,75 and 1); PLAN_FILES (more
 #   plans for eval: paths in the tree, space-separated); MODEL (under build/models, default Gemma-3-270M's GGUF), LENGTHS
 #   (eval's, default 8192,16384,32768), EVAL_NAME (its folder), UNI_FROM (the MoA report naming the uniform window); PRESETS (eval's presets
@@ -50,12 +50,16 @@ steps=("$@")
 for s in "${steps[@]}"; do
   case $s in
     mi)
-      run_step mi "${MI_CAP:-200}" "$T" plan --method minference -m "$M" --device cuda --lengths 8192,32768 --samples 1 --budget "${MI_BUDGET:-0.3}" \
+      # MI_BUDGETS "0.35 0.45": one plan per budget, named ${MI_NAME}-bBUDGET (the mi step's log likewise)
+      for b in ${MI_BUDGETS:-${MI_BUDGET:-0.3}}; do
+      sfx=${MI_BUDGETS:+-b$b}
+      run_step "mi$sfx" "${MI_CAP:-200}" "$T" plan --method minference -m "$M" --device cuda --lengths 8192,32768 --samples 1 --budget "$b" \
         --validation-length "${MI_VAL:-16384}" --validation-cases "${MI_CASES:-4}" ${MI_REPAIR:+--minference-repair} \
-        --report-lengths $L -o "$O/${MI_NAME:-gemma3-minference-8k-32k}.json" ||
-        [ ! -f "$O/mi.stack" ] ||  # crashed: the 32K sample with candidates sized for it (no shorter sample)
+        --report-lengths $L -o "$O/${MI_NAME:-gemma3-minference-8k-32k}$sfx.json" ||
+        [ ! -f "$O/mi$sfx.stack" ] ||  # crashed: the 32K sample with candidates sized for it (no shorter sample)
         run_step mi32 120 "$T" plan --method minference -m "$M" --device cuda --lengths 32768 --samples 1 --budget 0.3 \
-          --validation-cases 0 -o "$O/mi32.json" ;;
+          --validation-cases 0 -o "$O/mi32.json"
+      done ;;
     moa) # MoA's recipe as it beat the uniform window on SmolLM2 (docs/plans/README.md): targets at every row (KJV
          # passages the evaluation does not read, make_calib_33_gemma.py), the Fisher loss, no sink-only rules, the
          # pick by held-out answers and text at 16K, the layer repair; the window layers left to the model (c5060a0).
@@ -69,12 +73,16 @@ for s in "${steps[@]}"; do
          # beside it (--calib-tasks: MOA_TASKS per length, seeds MOA_SEEDS or MOA_SEED (default 7): not the evaluation's
          # seed 0), profiled at MOA_LENGTHS, picked (and repaired unless MOA_NO_REPAIR) at MOA_VAL with MOA_VCASES
          # held-out tasks per length (default 4); one plan per seed, $MNAME-moa-tasks-seedN.json
+         # MOA_BUDGETS "0.6 0.7": one plan per seed and budget, $MNAME-moa-tasks-seedN-bBUDGET.json
          for seed in ${MOA_SEEDS:-${MOA_SEED:-7}}; do
-           run_step "moatasks-$MNAME-seed$seed" "${MOA_CAP:-330}" "$T" plan --method moa -m "$M" --device cuda \
+          for b in ${MOA_BUDGETS:-${MOA_BUDGET:-0.5}}; do
+           sfx=${MOA_BUDGETS:+-b$b}
+           run_step "moatasks-$MNAME-seed$seed$sfx" "${MOA_CAP:-330}" "$T" plan --method moa -m "$M" --device cuda \
             --lengths "$MOA_LENGTHS" --calib "$ROOT/$MOA_CALIB" --calib-tasks --samples "${MOA_TASKS:-4}" --seed "$seed" \
-            --budget "${MOA_BUDGET:-0.5}" --validation-length "$MOA_VAL" --validation-cases "${MOA_VCASES:-4}" \
+            --budget "$b" --validation-length "$MOA_VAL" --validation-cases "${MOA_VCASES:-4}" \
             --moa-loss fisher --moa-no-sink-only $([ -n "${MOA_NO_REPAIR:-}" ] || echo --moa-layer-repair) \
-            --report-lengths $L -o "$O/$MNAME-moa-tasks-seed$seed.json"
+            --report-lengths $L -o "$O/$MNAME-moa-tasks-seed$seed$sfx.json"
+          done
          done ;;
     tmixsel) # TriangleMix's split by held-out answers and validation perplexity (--trianglemix-select), for MODEL:
          # TMIX_LENGTHS (calibration, default 8192), TMIX_VAL (validation lengths, default 16384), TMIX_TOL (0.02)

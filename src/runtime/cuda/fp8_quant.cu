@@ -65,13 +65,18 @@ __global__ void amax_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx, in
   }
 }
 
+// The row's amax -> its scale (written by the caller's one thread, to *scale when non-null) and the inverse scale
+// the codes are made with; a zero, NaN-only or infinite amax gives scale 1 (the host's e4m3_inverse_scale).
+__device__ __forceinline__ float row_inverse_scale(float amax, float* scale) {
+  const bool usable = amax > 0.0f && isfinite(amax);
+  if (scale != nullptr) *scale = usable ? __fdiv_rn(amax, kMax) : 1.0f;
+  return usable ? __fdiv_rn(kMax, amax) : 1.0f;  // IEEE division, as the host's e4m3_inverse_scale
+}
+
 __global__ void quantize_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx, int64_t groups_per_row,
                                 int64_t groups, const float* __restrict__ amax_p, uint8_t* __restrict__ q,
                                 float* __restrict__ scale_out) {
-  const float amax = *amax_p;
-  const bool usable = amax > 0.0f && isfinite(amax);
-  const float inv = usable ? __fdiv_rn(kMax, amax) : 1.0f;  // IEEE division, as the host's e4m3_inverse_scale
-  if (blockIdx.x == 0 && threadIdx.x == 0) *scale_out = usable ? __fdiv_rn(amax, kMax) : 1.0f;
+  const float inv = row_inverse_scale(*amax_p, blockIdx.x == 0 && threadIdx.x == 0 ? scale_out : nullptr);
   for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < groups;
        g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     float f[8];
@@ -80,30 +85,41 @@ __global__ void quantize_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx
   }
 }
 
-// A warp per row: the row's amax (shuffle reduction, every lane gets it), its scale, then its codes. The second pass
-// reads the row again (8-28 KB for the model's widths: L1 or L2 hits).
-constexpr int kRowsPerBlock = kThreads / 32;
-__device__ __forceinline__ void quantize_row(const __nv_bfloat16* __restrict__ xr, int64_t groups_per_row,
-                                             uint8_t* __restrict__ qr, float* __restrict__ scale, int lane) {
+// A row's pieces, shared by the warp-per-row and CTA-per-row kernels: the amax of the groups first, first + stride,
+// ... (a part of it: the caller reduces the parts), and the codes of the same groups with the row's inverse scale.
+__device__ __forceinline__ float row_amax_part(const __nv_bfloat16* __restrict__ xr, int64_t groups_per_row,
+                                               int64_t first, int64_t stride) {
   float a = 0.0f;
 #pragma unroll 4
-  for (int64_t g = lane; g < groups_per_row; g += 32) {
+  for (int64_t g = first; g < groups_per_row; g += stride) {
     float f[8];
     unpack8(*reinterpret_cast<const uint4*>(xr + g * 8), f);
 #pragma unroll
     for (int i = 0; i < 8; ++i) a = fmaxf(a, fabsf(f[i]));  // fmaxf drops NaN
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-  const bool usable = a > 0.0f && isfinite(a);
-  const float inv = usable ? __fdiv_rn(kMax, a) : 1.0f;  // IEEE division, as the host's e4m3_inverse_scale
-  if (lane == 0) *scale = usable ? __fdiv_rn(a, kMax) : 1.0f;
+  return a;
+}
+
+__device__ __forceinline__ void encode_row_part(const __nv_bfloat16* __restrict__ xr, int64_t groups_per_row,
+                                                uint8_t* __restrict__ qr, float inv, int64_t first, int64_t stride) {
 #pragma unroll 4
-  for (int64_t g = lane; g < groups_per_row; g += 32) {
+  for (int64_t g = first; g < groups_per_row; g += stride) {
     float f[8];
     unpack8(*reinterpret_cast<const uint4*>(xr + g * 8), f);
     *reinterpret_cast<uint2*>(qr + g * 8) = encode8(f, inv);
   }
+}
+
+// A warp per row: the row's amax (shuffle reduction, every lane gets it), its scale, then its codes. The second pass
+// reads the row again (8-28 KB for the model's widths: L1 or L2 hits).
+constexpr int kRowsPerBlock = kThreads / 32;
+__device__ __forceinline__ void quantize_row(const __nv_bfloat16* __restrict__ xr, int64_t groups_per_row,
+                                             uint8_t* __restrict__ qr, float* __restrict__ scale, int lane) {
+  float a = row_amax_part(xr, groups_per_row, lane, 32);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+  const float inv = row_inverse_scale(a, lane == 0 ? scale : nullptr);
+  encode_row_part(xr, groups_per_row, qr, inv, lane, 32);
 }
 
 __global__ void quantize_rows_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx, int64_t m, int64_t groups_per_row,
@@ -122,13 +138,7 @@ __global__ void __launch_bounds__(kThreads) quantize_wide_rows_kernel(const __nv
                                                                       float* __restrict__ scales) {
   const int64_t r = blockIdx.x;
   const __nv_bfloat16* xr = x + r * ldx;
-  float a = 0.0f;
-  for (int64_t g = threadIdx.x; g < groups_per_row; g += kThreads) {
-    float f[8];
-    unpack8(*reinterpret_cast<const uint4*>(xr + g * 8), f);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) a = fmaxf(a, fabsf(f[i]));  // fmaxf drops NaN
-  }
+  float a = row_amax_part(xr, groups_per_row, threadIdx.x, kThreads);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
   __shared__ float warp_max[kThreads / 32];
@@ -136,15 +146,8 @@ __global__ void __launch_bounds__(kThreads) quantize_wide_rows_kernel(const __nv
   __syncthreads();
 #pragma unroll
   for (int w = 0; w < kThreads / 32; ++w) a = fmaxf(a, warp_max[w]);
-  const bool usable = a > 0.0f && isfinite(a);
-  const float inv = usable ? __fdiv_rn(kMax, a) : 1.0f;  // IEEE division, as the host's e4m3_inverse_scale
-  if (threadIdx.x == 0) scales[r] = usable ? __fdiv_rn(a, kMax) : 1.0f;
-  uint8_t* qr = q + r * groups_per_row * 8;
-  for (int64_t g = threadIdx.x; g < groups_per_row; g += kThreads) {
-    float f[8];
-    unpack8(*reinterpret_cast<const uint4*>(xr + g * 8), f);
-    *reinterpret_cast<uint2*>(qr + g * 8) = encode8(f, inv);
-  }
+  const float inv = row_inverse_scale(a, threadIdx.x == 0 ? scales + r : nullptr);
+  encode_row_part(xr, groups_per_row, q + r * groups_per_row * 8, inv, threadIdx.x, kThreads);
 }
 
 // Job blockIdx.y of `jobs`, rows as quantize_rows_kernel.
