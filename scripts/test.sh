@@ -37,10 +37,15 @@ if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
   start=$(date +%s)
   cmake --preset asan >/dev/null
   cmake --build build/asan -j "$(nproc)" > build/asan-build.log 2>&1 || { tail -n 40 build/asan-build.log; exit 1; }
+  # Three real-model equality tests run in the suite above but not here: under ASan they took 404, 310 and 96 s of
+  # the 2-core CI machine (2026-12-02; 30, 19 and 7 s without it), ~7 min of wall time, and their code is run under
+  # ASan by smaller tests (PrefixExact's fixtures, the other CLI tests, ServerScheduler's batched engine); the real
+  # models' files are still read under ASan (StoredWeights.Real*, PrefixExactRealModel's decode test, the server's).
+  ASAN_SKIP='^(PrefixExactRealModel\.SmolLM2TailAfterACachedPrefixEqualsTheChunkedPrompt|cli\.eval_smoke|BatchEngineRealModel\.SmolLM2BatchedGreedyEqualsSingle)$'
   # allocator_may_return_null: a failed huge allocation throws std::bad_alloc as in the release build (what the
   # library turns into its own errors) instead of ASan aborting the process.
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    ctest --test-dir build/asan -LE gpu -j "$(nproc)" --timeout 1800 --output-on-failure
+    ctest --test-dir build/asan -LE gpu -E "$ASAN_SKIP" -j "$(nproc)" --timeout 1800 --output-on-failure
   echo "ASan+UBSan suite: $(( $(date +%s) - start )) s (build and tests)"
   # Every parser of untrusted input under libFuzzer for a few seconds each (scripts/fuzz.sh prints a line per fuzzer).
   start=$(date +%s)
