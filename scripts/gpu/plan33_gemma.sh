@@ -57,8 +57,8 @@ for s in "${steps[@]}"; do
         --validation-length "${MI_VAL:-16384}" --validation-cases "${MI_CASES:-4}" ${MI_REPAIR:+--minference-repair} \
         --report-lengths $L -o "$O/${MI_NAME:-gemma3-minference-8k-32k}$sfx.json" ||
         [ ! -f "$O/mi$sfx.stack" ] ||  # crashed: the 32K sample with candidates sized for it (no shorter sample)
-        run_step mi32 120 "$T" plan --method minference -m "$M" --device cuda --lengths 32768 --samples 1 --budget 0.3 \
-          --validation-cases 0 -o "$O/mi32.json"
+        run_step "mi32$sfx" 120 "$T" plan --method minference -m "$M" --device cuda --lengths 32768 --samples 1 --budget "$b" \
+          --validation-cases 0 -o "$O/mi32$sfx.json"
       done ;;
     moa) # MoA's recipe as it beat the uniform window on SmolLM2 (docs/plans/README.md): targets at every row (KJV
          # passages the evaluation does not read, make_calib_33_gemma.py), the Fisher loss, no sink-only rules, the
