@@ -10,6 +10,7 @@
 # results folder, default hostkv). E.g. Ltri's early layers with SmolLM2's retrieval heads:
 #   FLAG=--stream-early-layers VALUES="score votes" POLICIES=ltri NAME=early \
 #   EXTRA="--stream-retrieval-heads docs/streaming/smollm2-retrieval-heads.txt" bash scripts/gpu/stream_host_kv_eval.sh T
+# FLAG (and EXTRA) may set the sizes below (e.g. --stream-chunk, --stream-top-k): their defaults are then left out.
 set -uo pipefail
 T=${1:-build/cuda/src/tessera}
 M=${TESSERA_MODELS:-build/models}/${MODEL:-smollm2-135m-instruct-q4_1.gguf}
@@ -18,7 +19,11 @@ FLAG=${FLAG:---stream-host-kv}
 VALUES=${VALUES:-bf16 fp8}
 LENGTHS=${LENGTHS:-16384,32768}
 mkdir -p "$O"
-sizes=(--stream-sinks 64 --stream-local 1024 --stream-block 64 --stream-top-k 8 --stream-chunk 256 --stream-last-chunk 64)
+all=(--stream-sinks 64 --stream-local 1024 --stream-block 64 --stream-top-k 8 --stream-chunk 256 --stream-last-chunk 64)
+sizes=()  # the sizes above less FLAG's own and EXTRA's (FLAG=--stream-chunk VALUES="256 512": the CLI takes each flag once)
+for ((i = 0; i < ${#all[@]}; i += 2)); do
+  case " $FLAG ${EXTRA:-} " in *" ${all[i]} "*) ;; *) sizes+=("${all[i]}" "${all[i + 1]}") ;; esac
+done
 for kv in $VALUES; do
   echo "== $FLAG $kv"
   # shellcheck disable=SC2086
