@@ -184,6 +184,33 @@ def has_flag(sub, flag):
     return re.search(r"(^|[ ,])" + re.escape(flag) + r"\b", run(sub, "--help").stdout, re.M) is not None
 
 
+def case_plan_recipes():
+    # The recipes in `tessera plan --help`'s footer name only flags plan has, with values it accepts: each recipe,
+    # given a model that does not exist, gets as far as opening the model (exit 1), not a usage error (exit 2).
+    out = run("plan", "--help").stdout
+    foot = out[out.index("Recipes that kept every dense answer"):]
+    recipes, cur = [], None
+    for line in foot.splitlines()[1:]:
+        m = re.match(r"  (MoA|MInference|TriangleMix): +(.*)", line)
+        if m:
+            cur = m.group(2).split()
+            recipes.append(cur)
+        elif cur is not None and line.startswith("               "):
+            cur += line.split()
+        else:
+            cur = None
+    eq(len(recipes), 3, "three recipes")
+    for r in recipes:
+        for flag in (a for a in r if a.startswith("--")):
+            eq(has_flag("plan", flag), True, flag)
+        args = ["plan", *(a for a in r if a != "cuda" and a != "--device"), "-m", "/nonexistent/model.gguf",
+                "-o", "/nonexistent/plan.json"]
+        args = [a.replace("data.jsonl", os.path.join(ROOT, "docs", "plans", "calib-licences-2k-4k-both.jsonl"))
+                for a in args]
+        eq(run(*args, code=1).stderr.splitlines()[0],
+           "tessera: error: /nonexistent/model.gguf: cannot open: No such file or directory", " ".join(r))
+
+
 def case_did_you_mean():
     m = ["-m", SMOL, "-p", "hi"]
     err = first_error("run", *m, "-ngl", "99")
@@ -291,7 +318,7 @@ def main():
     global TESSERA
     TESSERA = os.path.abspath(sys.argv[1])
     case = sys.argv[2]
-    if case != "version" and not os.path.exists(SMOL):
+    if case not in ("version", "plan_recipes") and not os.path.exists(SMOL):
         if os.environ.get("TESSERA_ALLOW_MISSING_MODELS") == "1":
             print(f"skip: {SMOL} is missing")
             return 77
