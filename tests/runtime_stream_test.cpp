@@ -157,6 +157,41 @@ TEST(SpanDiscovery, NmsKeepsNonOverlappingBestAndEveryDropHasACause) {
   }
 }
 
+// nms() keeps the best remaining candidate and drops what it suppresses, round after round; its twin here is the
+// definition: sort by rank, then keep each candidate that no kept span suppresses. Equal on random candidates with
+// tied scores, duplicates, nested and disjoint spans, and thresholds below 0 (everything suppresses), at 0, between,
+// and at 1 (nothing does: duplicates both kept).
+TEST(SpanDiscovery, NmsEqualsTheRankOrderScan) {
+  auto scan = [](std::vector<Span> c, double tau) {
+    std::sort(c.begin(), c.end(), stream::nms_ranks_before);
+    std::vector<Span> kept;
+    for (const Span& x : c)
+      if (std::none_of(kept.begin(), kept.end(), [&](const Span& k) { return stream::span_iou(x, k) > tau; }))
+        kept.push_back(x);
+    return kept;
+  };
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int32_t n = 1 + static_cast<int32_t>(rng() % 300);
+    const size_t count = rng() % (trial % 3 == 0 ? 20 : 600);
+    std::vector<Span> c;
+    for (size_t i = 0; i < count; ++i) {
+      if (!c.empty() && rng() % 10 == 0) {
+        c.push_back(c[rng() % c.size()]);  // a duplicate
+        continue;
+      }
+      const int32_t b = static_cast<int32_t>(rng() % static_cast<uint32_t>(n));
+      const int32_t e = b + 1 + static_cast<int32_t>(rng() % static_cast<uint32_t>(n - b));
+      c.push_back(Span{b, e, static_cast<double>(rng() % 8)});  // few distinct scores: ties ranked by begin, end
+    }
+    for (double tau : {-0.1, 0.0, 0.1, 0.35, 0.9, 1.0}) {
+      const std::vector<Span> want = scan(c, tau), got = stream::nms(c, tau);
+      ASSERT_EQ(got, want) << "trial " << trial << ", tau " << tau << ", " << c.size() << " candidates";
+    }
+  }
+  EXPECT_TRUE(stream::nms({}, 0.1).empty());
+}
+
 TEST(SpanDiscovery, FindsTwoPlantedTriangles) {
   // Tokens [0, 5) and [5, 12) attend within their group only: two triangles.
   const int32_t n = 12;

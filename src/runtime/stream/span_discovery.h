@@ -56,8 +56,9 @@ double causal_quantile(std::span<const float> map, int32_t n, double quantile);
 // Intersection over union of [a.begin, a.end) and [b.begin, b.end).
 double span_iou(const Span& a, const Span& b);
 
-// Greedy NMS: candidates by score (descending; ties: earlier begin, then earlier end), each kept unless its IoU with
-// a kept span exceeds `iou`. Returns the kept spans in that order.
+// Greedy NMS: candidates by score (descending; ties: earlier begin, then earlier end: nms_ranks_before), each kept
+// unless its IoU with a kept span exceeds `iou`. Returns the kept spans in that order.
+bool nms_ranks_before(const Span& a, const Span& b);
 std::vector<Span> nms(std::vector<Span> candidates, double iou);
 
 struct SpanDiscoveryOptions {
