@@ -59,8 +59,8 @@ bool nms_ranks_before(const Span& a, const Span& b) {
 // spans of the rank-order scan (a candidate is kept iff no better-ranked kept span suppresses it: each round keeps
 // the best candidate that the spans kept so far leave), without sorting the 2n - 1 candidates; each round's one pass
 // drops what the new span suppresses and finds the next best. A chunk's few kept spans end it in a few passes (n =
-// 1,024, the linear variant: 2,047 candidates, ~10 kept; the sort and scan took ~3x as long, ~100 us of each mapping
-// layer-chunk's host work on the GPU path).
+// 1,024, the linear variant: 2,047 candidates, ~10 kept). On the GPU path's host work: stream_host_bench at 1M, chunk
+// 1,024, plan() 1.74 -> 1.48 s on a 2-core machine (docs/PERF.md, "NMS without the sort").
 std::vector<Span> nms(std::vector<Span> candidates, double iou) {
   std::vector<Span> kept;
   if (candidates.empty()) return kept;
