@@ -217,12 +217,13 @@ TEST(SpanDiscovery, CoverFillsGapsAndResolvesOverlapsByScore) {
 }
 
 // Host emulation of the device's span discovery (runtime/cuda/stream_decide.cu): its kernels run span_math.h's
-// per-thread functions — prefix_row per row, then prefix_column per column, the radix select's four passes
-// (order_key, pick_digit; the device's atomic counts are integers, so any order gives the same histogram), and per
-// anti-diagonal one warp: diagonal_best_lane on each of 32 lanes, combined by the kernel's butterfly of
-// diagonal_better — which are run here thread after thread.
+// per-thread functions — the fixed-point prefix sums as the kernels cut them (a warp per row: 32 lanes' entries scanned
+// across the warp step by step with the row's carry; then strips of 32 rows: each strip's column sums, then its rows
+// from the strips above), the radix select's four passes (order_key, pick_digit; the device's atomic counts are
+// integers, so any order gives the same histogram), and per anti-diagonal one warp: diagonal_best_lane on each of 32
+// lanes, combined by the kernel's butterfly of diagonal_better — which are run here thread after thread.
 struct EmulatedSpanKernels {
-  std::vector<double> prefix;
+  std::vector<uint64_t> prefix;
   double theta = 0;
   std::vector<Span> candidates;
 };
@@ -230,9 +231,40 @@ struct EmulatedSpanKernels {
 EmulatedSpanKernels emulate_span_kernels(const std::vector<float>& map, int32_t n, double quantile) {
   namespace sm = stream::span_math;
   EmulatedSpanKernels e;
-  e.prefix.assign(static_cast<size_t>(n + 1) * static_cast<size_t>(n + 1), 0.0);
-  for (int32_t r = 0; r < n; ++r) sm::prefix_row(map.data(), n, r, e.prefix.data());
-  for (int32_t c = 0; c < n; ++c) sm::prefix_column(n, c, e.prefix.data());
+  const size_t w = static_cast<size_t>(n) + 1;
+  e.prefix.assign(w * w, 0);
+  for (int32_t r = 0; r < n; ++r) {  // prefix_rows_kernel
+    uint64_t carry = 0;
+    for (int32_t c0 = 0; c0 < n; c0 += 32) {
+      uint64_t v[32];
+      for (int32_t l = 0; l < 32; ++l) {
+        const int32_t c = c0 + l;
+        v[l] = c <= r && c < n ? sm::fixed_mass(map[static_cast<size_t>(r * n + c)]) : 0;
+      }
+      for (int32_t off = 1; off < 32; off <<= 1)  // Hillis-Steele: every lane reads the values before the step
+        for (int32_t l = 31; l >= off; --l) v[l] += v[l - off];
+      for (int32_t l = 0; l < 32; ++l) {
+        v[l] += carry;
+        if (c0 + l < n) e.prefix[(static_cast<size_t>(r) + 1) * w + static_cast<size_t>(c0 + l) + 1] = v[l];
+      }
+      carry = v[31];
+    }
+  }
+  const int32_t strips = (n + 31) / 32;  // prefix_strips_kernel, then prefix_apply_kernel
+  std::vector<uint64_t> sums(static_cast<size_t>(strips) * static_cast<size_t>(n), 0);
+  for (int32_t s = 0; s < strips; ++s)
+    for (int32_t c = 0; c < n; ++c)
+      for (int32_t r = 32 * s; r < std::min(n, 32 * s + 32); ++r)
+        sums[static_cast<size_t>(s * n + c)] += e.prefix[(static_cast<size_t>(r) + 1) * w + static_cast<size_t>(c) + 1];
+  for (int32_t s = strips - 1; s >= 0; --s)  // (every strip reads its own rows before any is rewritten: any order)
+    for (int32_t c = 0; c < n; ++c) {
+      uint64_t acc = 0;
+      for (int32_t t = 0; t < s; ++t) acc += sums[static_cast<size_t>(t * n + c)];
+      for (int32_t r = 32 * s; r < std::min(n, 32 * s + 32); ++r) {
+        uint64_t& p = e.prefix[(static_cast<size_t>(r) + 1) * w + static_cast<size_t>(c) + 1];
+        p = acc += p;
+      }
+    }
   uint64_t rank = sm::quantile_rank(quantile, static_cast<uint64_t>(n) * static_cast<uint64_t>(n + 1) / 2);
   uint32_t prefix = 0, mask = 0;
   for (int shift = 24; shift >= 0; shift -= 8) {
@@ -288,6 +320,49 @@ std::vector<float> softmax_map(int32_t n, int32_t heads, uint32_t seed) {
       for (int32_t c = 0; c <= r; ++c) map[static_cast<size_t>(r * n + c)] += row[static_cast<size_t>(c)] / z;
     }
   return map;
+}
+
+// The prefix sums' fixed point (span_math.h): an entry moves by at most half a unit of 2^-36, so a mass of k cells is
+// within k * 2^-37 of the exact sum (long double here); NaN counts as 0, infinities and huge values as the clamp.
+TEST(SpanDiscovery, FixedPointMassesStayWithinHalfAUnitPerCell) {
+  namespace sm = stream::span_math;
+  const int32_t n = 300;
+  const std::vector<float> a = softmax_map(n, 32, 5);
+  const stream::TriangleScores s(a, n, 0.0);
+  const long double unit = std::ldexp(1.0L, -sm::kMassBits);
+  std::mt19937 rng(9);
+  std::uniform_int_distribution<int32_t> pick(0, n);
+  for (int i = 0; i < 2000; ++i) {
+    int32_t r0 = pick(rng), r1 = pick(rng), c0 = pick(rng), c1 = pick(rng);
+    if (r0 > r1) std::swap(r0, r1);
+    if (c0 > c1) std::swap(c0, c1);
+    long double exact = 0;
+    int64_t cells = 0;
+    for (int32_t r = r0; r < r1; ++r)
+      for (int32_t c = c0; c < std::min(c1, r + 1); ++c) {
+        exact += a[static_cast<size_t>(r * n + c)];
+        ++cells;
+      }
+    const long double got = s.mass(r0, r1, c0, c1);
+    ASSERT_LE(std::fabs(got - exact), static_cast<long double>(cells) * unit / 2 + std::fabs(exact) * 0x1p-52L)
+        << r0 << " " << r1 << " " << c0 << " " << c1;
+  }
+  EXPECT_EQ(sm::fixed_mass(std::nanf("")), 0u);
+  EXPECT_EQ(sm::fixed_mass(1.0f), uint64_t{1} << sm::kMassBits);
+  EXPECT_EQ(sm::fixed_mass(std::ldexp(1.0f, -40)), 0u);       // 1/16 of a unit: rounds to 0
+  EXPECT_EQ(sm::fixed_mass(std::ldexp(3.0f, -38)), 1u);       // 0.75 of a unit: to 1
+  EXPECT_EQ(sm::fixed_mass(std::ldexp(1.0f, -37)), 0u);       // half a unit: ties to even (0)
+  EXPECT_EQ(sm::fixed_mass(std::ldexp(3.0f, -37)), 2u);       // 1.5 units: ties to even (2)
+  EXPECT_EQ(sm::fixed_mass(INFINITY), uint64_t{1} << (sm::kMassBits + sm::kMassClamp));
+  EXPECT_EQ(sm::fixed_mass(-1e30f), static_cast<uint64_t>(-(int64_t{1} << (sm::kMassBits + sm::kMassClamp))));
+  EXPECT_EQ(sm::mass_value(static_cast<uint64_t>(-(int64_t{3} << sm::kMassBits))), -3.0);
+  // A map holding NaN and infinities still gives defined masses: the clamped values' sums.
+  std::vector<float> bad(16, 1.0f);
+  bad[5] = std::nanf("");
+  bad[10] = INFINITY;
+  const stream::TriangleScores b(bad, 4, 0.0);
+  EXPECT_EQ(b.mass(0, 2, 0, 2), 2.0);  // rows 0-1: a[0], a[4] (a[5] is NaN: 0)
+  EXPECT_EQ(b.mass(2, 3, 0, 4), 2.0 + std::ldexp(1.0, sm::kMassClamp));
 }
 
 // The device's theta, triangle scores, candidates and span masses EQUAL the CPU's (span_discovery.h) on the same map,

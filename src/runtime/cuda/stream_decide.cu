@@ -283,11 +283,6 @@ __global__ void votes_kernel(const float* parts, float* votes, int n, int blocks
   votes[c] = v;
 }
 
-// The thread-per-row / per-column kernels of the chunk's map (n <= a few thousand threads in all) in warps of
-// their own, so that they spread over as many multiprocessors as there are warps (their time is the loads'
-// latency).
-constexpr int kLineThreads = 32;
-
 // mean[j] = sum over i in order of q[i][j] / n (ReprIndex::block_scores's arithmetic).
 __global__ void mean_query_kernel(const nbf* q, float* mean, int n, int64_t qrow) {
   const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -539,38 +534,62 @@ __global__ void __launch_bounds__(32 * kBlockWarps) block_kernel(const double* s
 
 namespace sm = stream::span_math;
 
-// Span discovery (span_math.h): the prefix sums' rows, then its columns, each row's (column's) adds in the order of
-// sm::prefix_row (sm::prefix_column), so that P is bit for bit the CPU's.
-// Rows: one thread per row (sm::prefix_row). (Measured 2026-12-01 under ncu at n = 1,024: 67 us; a warp per 32 rows
-// through shared-memory tiles, coalesced both ways, took 109 us: its n dependent shared-memory loads and adds per
-// lane on 32 warps in all are slower than the uncoalesced reads.)
-__global__ void prefix_rows_kernel(const float* map, int n, double* P) {
-  const int r = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (r < n) sm::prefix_row(map, n, r, P);
+// Span discovery (span_math.h): the prefix sums in fixed point, whose integer adds give the CPU's P in any order.
+// Rows: a warp per row, 32 columns a step, each lane's entry scanned across the warp (Hillis-Steele over shuffles)
+// and the row's running total carried from step to step; R[r][c] goes into P's row r + 1. (Before 2026-12-02 the sums
+// were f64 in the CPU's order, a thread per row and then per column: 67 + 38 us under ncu at n = 1,024.)
+constexpr int kRowWarps = 8;
+__global__ void __launch_bounds__(32 * kRowWarps) prefix_rows_kernel(const float* map, int n, uint64_t* P) {
+  const int r = static_cast<int>(blockIdx.x) * kRowWarps + static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  if (r >= n) return;  // whole warps
+  const float* in = map + static_cast<int64_t>(r) * n;
+  uint64_t* out = P + static_cast<int64_t>(r + 1) * (n + 1);
+  if (lane == 0) out[0] = 0;
+  uint64_t carry = 0;
+  for (int c0 = 0; c0 < n; c0 += 32) {
+    const int c = c0 + lane;
+    uint64_t v = c <= r && c < n ? sm::fixed_mass(in[c]) : 0;
+    if (c0 <= r) {  // (past the diagonal every entry is 0: the row total carries on)
+#pragma unroll
+      for (int off = 1; off < 32; off <<= 1) {
+        const uint64_t o = __shfl_up_sync(0xffffffffu, v, off);
+        if (lane >= off) v += o;
+      }
+    }
+    v += carry;
+    if (c < n) out[c + 1] = v;
+    carry = __shfl_sync(0xffffffffu, v, 31);
+  }
 }
-// Columns: a thread per column, top to bottom; the next kPrefixChunk rows' loads issued before this chunk's adds.
-__global__ void __launch_bounds__(32) prefix_cols_kernel(int n, double* P) {
-  constexpr int K = sm::kPrefixChunk;
+// Columns, in strips of kStripRows rows: each strip's column sums (T[strip][c]), then each strip's rows in turn from
+// the sum of the strips above it: P[r + 1][c + 1] = P[r][c + 1] + R[r][c]. A thread per (column, strip), coalesced.
+constexpr int kStripRows = 32, kStripThreads = 128;
+__global__ void __launch_bounds__(kStripThreads) prefix_strips_kernel(int n, const uint64_t* P, uint64_t* T) {
   const int c = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (c >= n) return;
   const int64_t ld = static_cast<int64_t>(n) + 1;
-  double* col = P + ld + c + 1;  // P[1][c + 1]
-  double cur[K], next[K];
+  const int r0 = static_cast<int>(blockIdx.y) * kStripRows, r1 = min(n, r0 + kStripRows);
+  uint64_t sum = 0;
+#pragma unroll 8
+  for (int r = r0; r < r1; ++r) sum += P[(r + 1) * ld + c + 1];
+  T[static_cast<int64_t>(blockIdx.y) * n + c] = sum;
+}
+__global__ void __launch_bounds__(kStripThreads) prefix_apply_kernel(int n, uint64_t* P, const uint64_t* T) {
+  const int c = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (c >= n) return;
+  const int64_t ld = static_cast<int64_t>(n) + 1;
+  const int strip = static_cast<int>(blockIdx.y);
+  uint64_t acc = 0;
+  for (int s = 0; s < strip; ++s) acc += T[static_cast<int64_t>(s) * n + c];
+  const int r0 = strip * kStripRows, r1 = min(n, r0 + kStripRows);
+  uint64_t* col = P + ld + c + 1;  // P[1][c + 1]
+  uint64_t v[kStripRows];
 #pragma unroll
-  for (int i = 0; i < K; ++i) cur[i] = i < n ? col[i * ld] : 0.0;
-  double acc = 0;  // P[0][c + 1]
-  for (int r0 = 0; r0 < n; r0 += K) {
+  for (int i = 0; i < kStripRows; ++i) v[i] = r0 + i < r1 ? col[(r0 + i) * ld] : 0;
 #pragma unroll
-    for (int i = 0; i < K; ++i) next[i] = r0 + K + i < n ? col[(r0 + K + i) * ld] : 0.0;
-#pragma unroll
-    for (int i = 0; i < K; ++i)
-      if (r0 + i < n) {
-        acc = sm::add(acc, cur[i]);
-        col[(r0 + i) * ld] = acc;
-      }
-#pragma unroll
-    for (int i = 0; i < K; ++i) cur[i] = next[i];
-  }
+  for (int i = 0; i < kStripRows; ++i)
+    if (r0 + i < r1) col[(r0 + i) * ld] = acc += v[i];
 }
 
 // theta: the k-th smallest causal entry of the map, by a radix select over span_math's order keys: four passes of
@@ -662,7 +681,7 @@ __global__ void __launch_bounds__(32) select_pick_kernel(SelectState* st, int sh
 
 // The linear variant's candidate per anti-diagonal d, one warp per diagonal (begin -1: none): each lane scans its
 // share, the lanes' bests combine by span_math::diagonal_better (order-free: the maximum, ties the smallest j).
-__global__ void candidates_kernel(const double* P, int n, const double* theta, int32_t* begin_end, double* score) {
+__global__ void candidates_kernel(const uint64_t* P, int n, const double* theta, int32_t* begin_end, double* score) {
   const int d = static_cast<int>((blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32);
   const int lane = static_cast<int>(threadIdx.x) % 32;
   if (d >= 2 * n - 1) return;  // whole warps leave together
@@ -687,7 +706,7 @@ __global__ void candidates_kernel(const double* P, int n, const double* theta, i
 }
 
 // Masses of spans (begin, end pairs): the triangle and the later rows' (span_masses()).
-__global__ void masses_kernel(const double* P, int n, const int32_t* spans, int count, double* out) {
+__global__ void masses_kernel(const uint64_t* P, int n, const int32_t* spans, int count, double* out) {
   const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (i >= count) return;
   const int32_t b = spans[2 * i], e = spans[2 * i + 1];
@@ -805,7 +824,7 @@ size_t StreamDecider::device_bytes() const {
          m.tile_begin.bytes();
   b += qsel16_.bytes();
   for (const MeansMirror& m : means_mirrors_) b += m.means.bytes();
-  b += prefix_.bytes() + theta_dev_.bytes() + masses_.bytes() + cand_begin_.bytes() + cand_end_.bytes() +
+  b += prefix_.bytes() + strip_sums_.bytes() + theta_dev_.bytes() + masses_.bytes() + cand_begin_.bytes() + cand_end_.bytes() +
        positions_.bytes() + cand_score_.bytes() + keys_.bytes() + repr_dots_.bytes() + select_.bytes();
   return b;
 }
@@ -966,9 +985,13 @@ void StreamDecider::launch_chunk(const bf16* q, const bf16* k, int32_t n, int32_
   fit(prefix_, static_cast<size_t>(w * w));
   fit(theta_dev_, 1);
   begin(kSpans, s);
-  TESSERA_CUDA_CHECK(cudaMemsetAsync(prefix_.data(), 0, static_cast<size_t>(w) * sizeof(double), s));
-  prefix_rows_kernel<<<(n + kLineThreads - 1) / kLineThreads, kLineThreads, 0, s>>>(map_.data(), n, prefix_.data());
-  prefix_cols_kernel<<<(n + kLineThreads - 1) / kLineThreads, kLineThreads, 0, s>>>(n, prefix_.data());
+  TESSERA_CUDA_CHECK(cudaMemsetAsync(prefix_.data(), 0, static_cast<size_t>(w) * sizeof(uint64_t), s));
+  prefix_rows_kernel<<<(n + kRowWarps - 1) / kRowWarps, 32 * kRowWarps, 0, s>>>(map_.data(), n, prefix_.data());
+  const dim3 strips(static_cast<unsigned>((n + kStripThreads - 1) / kStripThreads),
+                    static_cast<unsigned>((n + kStripRows - 1) / kStripRows));
+  fit(strip_sums_, static_cast<size_t>(strips.y) * static_cast<size_t>(n));
+  prefix_strips_kernel<<<strips, kStripThreads, 0, s>>>(n, prefix_.data(), strip_sums_.data());
+  prefix_apply_kernel<<<strips, kStripThreads, 0, s>>>(n, prefix_.data(), strip_sums_.data());
   const uint64_t causal = static_cast<uint64_t>(n) * static_cast<uint64_t>(n + 1) / 2;
   fit(select_, (sizeof(SelectState) + 7) / 8);
   auto* st = reinterpret_cast<SelectState*>(select_.data());

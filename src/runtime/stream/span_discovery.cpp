@@ -9,17 +9,19 @@
 namespace tessera::runtime::stream {
 
 TriangleScores::TriangleScores(std::span<const float> map, int32_t n, double theta)
-    : n_(n), theta_(theta), prefix_(static_cast<size_t>(n + 1) * static_cast<size_t>(n + 1), 0.0) {
+    : n_(n), theta_(theta), prefix_(static_cast<size_t>(n + 1) * static_cast<size_t>(n + 1), 0) {
   check(n >= 0 && map.size() >= static_cast<size_t>(n) * static_cast<size_t>(n),
         "span discovery: the attention map has " + std::to_string(map.size()) + " entries, fewer than " +
             std::to_string(n) + " x " + std::to_string(n));
   const size_t w = static_cast<size_t>(n) + 1;
   for (int32_t r = 0; r < n; ++r) {
-    double row = 0;
+    uint64_t row = 0;  // the fixed-point running sum of the row's causal entries (span_math.h: wrapping integers)
+    const float* in = map.data() + static_cast<size_t>(r) * static_cast<size_t>(n);
+    const uint64_t* above = prefix_.data() + static_cast<size_t>(r) * w + 1;
+    uint64_t* out = prefix_.data() + (static_cast<size_t>(r) + 1) * w + 1;
     for (int32_t c = 0; c < n; ++c) {
-      if (c <= r) row = row + static_cast<double>(map[static_cast<size_t>(r) * static_cast<size_t>(n) + static_cast<size_t>(c)]);
-      prefix_[(static_cast<size_t>(r) + 1) * w + static_cast<size_t>(c) + 1] =
-          span_math::add(prefix_[static_cast<size_t>(r) * w + static_cast<size_t>(c) + 1], row);
+      if (c <= r) row += span_math::fixed_mass(in[c]);
+      out[c] = above[c] + row;
     }
   }
 }

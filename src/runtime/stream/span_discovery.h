@@ -31,7 +31,7 @@ struct Span {
   bool operator==(const Span&) const = default;
 };
 
-// 2-D prefix sums of a causal map: O(1) triangle and rectangle masses.
+// 2-D prefix sums of a causal map (fixed point: span_math.h): O(1) triangle and rectangle masses.
 class TriangleScores {
  public:
   // `map` is [n, n] row-major (entries above the diagonal ignored); theta is subtracted per causal cell.
@@ -46,7 +46,7 @@ class TriangleScores {
  private:
   int32_t n_ = 0;
   double theta_ = 0;
-  std::vector<double> prefix_;  // (n + 1) x (n + 1): prefix_[r][c] = sum of A over rows < r, columns < c, c' <= r'
+  std::vector<uint64_t> prefix_;  // (n + 1) x (n + 1) fixed point (span_math.h): sum of A over rows < r, columns < c, c' <= r'
 };
 
 // The `quantile` (in [0, 1]) of the map's causal entries (j <= i): the nearest-rank value at floor(q * (m - 1)) of

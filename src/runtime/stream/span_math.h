@@ -1,17 +1,21 @@
 // tessera/runtime/stream/span_math.h — the arithmetic of span discovery and InfLLM's block scores, one definition
 // for the CPU class (span_discovery.cpp, span_index.cpp) and the device kernels (runtime/cuda/stream_decide.cu),
 // so that the device's theta, triangle scores, candidates, span masses and InfLLM block scores EQUAL the CPU's
-// bit for bit on the same map and vectors. Every sum, difference and product is one correctly rounded operation
-// (or an explicit fused multiply-add), written so that neither compiler may contract or reorder it: on the device
-// through the __*_rn intrinsics, on the host through plain operators (runtime code is built with -O3, without
-// -ffast-math) and std::fma where a fused operation is meant.
+// bit for bit on the same map and vectors. The prefix sums are integers (below); every floating-point operation is one
+// correctly rounded operation or an explicit fused multiply-add, written so that neither compiler may contract or
+// reorder it (runtime code is built with -O3, without -ffast-math).
 //
 // The prefix sums P of a causal map A ([n, n] row-major, entries above the diagonal ignored) are (n + 1) x (n + 1)
-// doubles: P[0][*] = P[*][0] = 0 and P[r + 1][c + 1] = P[r][c + 1] + R[r][c], R[r][c] the running sum of
-// A[r][0..min(c, r)] taken left to right. The device builds R row by row (one thread per row, left to right) and
-// then P column by column (one thread per column, top to bottom): the same operations in the same order as the
-// CPU's row-major loop. tests/runtime_stream_test.cpp runs these functions as the kernels do (the host emulation)
-// and checks them against TriangleScores / causal_quantile / span_candidates.
+// integers: every causal entry rounded to a multiple of 2^-kMassBits (fixed_mass()), P[0][*] = P[*][0] = 0 and
+// P[r + 1][c + 1] = the fixed-point sum of A over rows <= r, columns <= min(c, row). Integer sums (uint64, wrapping)
+// are associative, so every order of the adds gives the same P: the device's parallel scans (a warp per row, then
+// strips of rows) equal the CPU's row-major loop bit for bit without keeping its order. A mass (a rectangle's four
+// corners) is an exact integer, turned into one double (mass_value()). The rounding moves an entry by at most
+// 2^-(kMassBits + 1) (~7e-12), far below the map's entries (softmax rows summed over heads: a 1,024-token chunk's
+// average entry is ~heads / 512). The sums are exact while the map's total mass times 2^kMassBits stays below 2^63:
+// a map of softmax rows has n x heads of mass (2^27 of it: e.g. n = 2^20 with 128 heads).
+// tests/runtime_stream_test.cpp emulates the kernels' structure on the host and checks them against TriangleScores /
+// causal_quantile / span_candidates.
 #pragma once
 
 #include <cmath>
@@ -26,87 +30,57 @@
 
 namespace tessera::runtime::stream::span_math {
 
-// The correctly rounded operations: on the device the __*_rn intrinsics, on the host plain operators and std::fma.
+// The fused multiply-adds: on the device the __fma*_rn intrinsics, on the host std::fma.
 #if defined(__CUDA_ARCH__)
-TESSERA_SPAN_HD double add(double a, double b) { return __dadd_rn(a, b); }
-TESSERA_SPAN_HD double sub(double a, double b) { return __dsub_rn(a, b); }
-TESSERA_SPAN_HD double mul(double a, double b) { return __dmul_rn(a, b); }
 TESSERA_SPAN_HD double fma(double a, double b, double c) { return __fma_rn(a, b, c); }
 TESSERA_SPAN_HD float fmaf(float a, float b, float c) { return __fmaf_rn(a, b, c); }
 #else
-TESSERA_SPAN_HD double add(double a, double b) { return a + b; }
-TESSERA_SPAN_HD double sub(double a, double b) { return a - b; }
-TESSERA_SPAN_HD double mul(double a, double b) { return a * b; }
 TESSERA_SPAN_HD double fma(double a, double b, double c) { return std::fma(a, b, c); }
 TESSERA_SPAN_HD float fmaf(float a, float b, float c) { return std::fma(a, b, c); }
 #endif
 
+// The fixed point of the prefix sums: an entry counts as round(x * 2^kMassBits) (to nearest, ties to even), x
+// clamped to [-2^kMassClamp, 2^kMassClamp] (NaN as 0) so that every entry is a defined integer.
+constexpr int32_t kMassBits = 36;
+constexpr int32_t kMassClamp = 24;
+TESSERA_SPAN_HD uint64_t fixed_mass(float x) {
+  double v = static_cast<double>(x);
+  constexpr double lim = static_cast<double>(1 << kMassClamp);
+  v = v == v ? (v > lim ? lim : (v < -lim ? -lim : v)) : 0.0;
+  const double scaled = v * 68719476736.0;  // 2^36 (exact: a power of two)
+#if defined(__CUDA_ARCH__)
+  return static_cast<uint64_t>(__double2ll_rn(scaled));
+#else
+  return static_cast<uint64_t>(std::llrint(scaled));  // the default rounding mode: to nearest, ties to even
+#endif
+}
+// An exact integer mass (two's complement in the uint64) as a double: rounded once, then scaled exactly.
+TESSERA_SPAN_HD double mass_value(uint64_t m) {
+#if defined(__CUDA_ARCH__)
+  const double v = __ll2double_rn(static_cast<long long>(m));
+#else
+  const double v = static_cast<double>(static_cast<int64_t>(m));
+#endif
+  return v * (1.0 / 68719476736.0);  // 2^-36 (exact)
+}
+
 // P[r][c] of the (n + 1) x (n + 1) table.
-TESSERA_SPAN_HD double at(const double* P, int32_t n, int32_t r, int32_t c) {
+TESSERA_SPAN_HD uint64_t at(const uint64_t* P, int32_t n, int32_t r, int32_t c) {
   return P[static_cast<int64_t>(r) * (n + 1) + c];
 }
 
-// Mass of the causal cells in rows [r0, r1) x columns [c0, c1): ((P[r1][c1] - P[r0][c1]) - P[r1][c0]) + P[r0][c0].
-TESSERA_SPAN_HD double mass(const double* P, int32_t n, int32_t r0, int32_t r1, int32_t c0, int32_t c1) {
+// Mass of the causal cells in rows [r0, r1) x columns [c0, c1): P[r1][c1] - P[r0][c1] - P[r1][c0] + P[r0][c0], exact.
+TESSERA_SPAN_HD double mass(const uint64_t* P, int32_t n, int32_t r0, int32_t r1, int32_t c0, int32_t c1) {
   if (r1 <= r0 || c1 <= c0) return 0;
-  return add(sub(sub(at(P, n, r1, c1), at(P, n, r0, c1)), at(P, n, r1, c0)), at(P, n, r0, c0));
+  return mass_value(at(P, n, r1, c1) - at(P, n, r0, c1) - at(P, n, r1, c0) + at(P, n, r0, c0));
 }
 
 // TA(j, i) = mass of the triangle j..i - theta * len (len + 1) / 2 (the cell count is an exact integer in double):
 // one fused multiply-add.
-TESSERA_SPAN_HD double triangle_score(const double* P, int32_t n, double theta, int32_t j, int32_t i) {
+TESSERA_SPAN_HD double triangle_score(const uint64_t* P, int32_t n, double theta, int32_t j, int32_t i) {
   const double len = static_cast<double>(i - j + 1);
   const double cells = len * (len + 1) / 2;  // exact: an integer below 2^53
   return fma(-theta, cells, mass(P, n, j, i + 1, j, i + 1));
-}
-
-// Loads are taken kChunk at a time into registers before the chunk's dependent adds (the device's memory latency
-// is then paid once per chunk); the adds themselves run one after another in column (row) order.
-constexpr int32_t kPrefixChunk = 32;
-
-// Row r of R into P's row r + 1 (P[r + 1][c + 1] = R[r][c]; the column pass adds the rows above).
-TESSERA_SPAN_HD void prefix_row(const float* __restrict__ map, int32_t n, int32_t r, double* __restrict__ P) {
-  double row = 0;
-  const float* in = map + static_cast<int64_t>(r) * n;
-  double* out = P + static_cast<int64_t>(r + 1) * (n + 1);
-  out[0] = 0;
-  for (int32_t c0 = 0; c0 < n; c0 += kPrefixChunk) {
-    float v[kPrefixChunk];
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-    for (int32_t i = 0; i < kPrefixChunk; ++i) v[i] = c0 + i < n && c0 + i <= r ? in[c0 + i] : 0.0f;
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-    for (int32_t i = 0; i < kPrefixChunk; ++i) {
-      if (c0 + i >= n) break;
-      if (c0 + i <= r) row = add(row, static_cast<double>(v[i]));
-      out[c0 + i + 1] = row;
-    }
-  }
-}
-
-// Column c + 1 of P, top to bottom, after every prefix_row: P[r + 1][c + 1] = P[r][c + 1] + R[r][c].
-TESSERA_SPAN_HD void prefix_column(int32_t n, int32_t c, double* __restrict__ P) {
-  double acc = 0;  // P[0][c + 1]
-  const int64_t ld = n + 1;
-  double* col = P + ld + c + 1;  // P[1][c + 1]
-  for (int32_t r0 = 0; r0 < n; r0 += kPrefixChunk) {
-    double v[kPrefixChunk];
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-    for (int32_t i = 0; i < kPrefixChunk; ++i) v[i] = r0 + i < n ? col[(r0 + i) * ld] : 0.0;
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-    for (int32_t i = 0; i < kPrefixChunk; ++i) {
-      if (r0 + i >= n) break;
-      acc = add(acc, v[i]);
-      col[(r0 + i) * ld] = acc;
-    }
-  }
 }
 
 // Whether candidate (v1 at begin j1) beats (v2 at j2) on one anti-diagonal: the higher score, ties the smaller j.
@@ -117,7 +91,7 @@ TESSERA_SPAN_HD bool diagonal_better(double v1, int32_t j1, double v2, int32_t j
 // One lane's share of anti-diagonal d (j + i = d, j <= i): j = j0 + lane, j0 + lane + lanes, ...; its best TA > 0
 // (ties: the smaller j, as it scans j upwards). Combining the lanes' bests with diagonal_better() in any order gives
 // diagonal_best()'s point (the maximum; among equal maxima the smallest j).
-TESSERA_SPAN_HD bool diagonal_best_lane(const double* P, int32_t n, double theta, int32_t d, int32_t lane,
+TESSERA_SPAN_HD bool diagonal_best_lane(const uint64_t* P, int32_t n, double theta, int32_t d, int32_t lane,
                                         int32_t lanes, int32_t* begin, double* score) {
   bool any = false;
   const int32_t j0 = d - (n - 1) > 0 ? d - (n - 1) : 0;
@@ -134,7 +108,7 @@ TESSERA_SPAN_HD bool diagonal_best_lane(const double* P, int32_t n, double theta
 
 // The linear variant's candidate on anti-diagonal d (j + i = d, j <= i): the best TA > 0, ties to the smaller j.
 // Returns false when none scores above 0.
-TESSERA_SPAN_HD bool diagonal_best(const double* P, int32_t n, double theta, int32_t d, int32_t* begin, int32_t* end,
+TESSERA_SPAN_HD bool diagonal_best(const uint64_t* P, int32_t n, double theta, int32_t d, int32_t* begin, int32_t* end,
                                    double* score) {
   if (!diagonal_best_lane(P, n, theta, d, 0, 1, begin, score)) return false;
   *end = d - *begin + 1;
