@@ -217,8 +217,8 @@ TEST(SpanDiscovery, CoverFillsGapsAndResolvesOverlapsByScore) {
 }
 
 // Host emulation of the device's span discovery (runtime/cuda/stream_decide.cu): its kernels run span_math.h's
-// per-thread functions — the fixed-point prefix sums as the kernels cut them (a warp per row: 32 lanes' entries scanned
-// across the warp step by step with the row's carry; then strips of 32 rows: each strip's column sums, then its rows
+// per-thread functions — the fixed-point prefix sums as the kernels cut them (a warp per row: 32 lanes of 4 adjacent
+// entries each, the lanes' sums scanned across the warp step by step with the row's carry; then strips of 32 rows: each strip's column sums, then its rows
 // from the strips above), the radix select's four passes (order_key, pick_digit; the device's atomic counts are
 // integers, so any order gives the same histogram), and per anti-diagonal one warp: diagonal_best_lane on each of 32
 // lanes, combined by the kernel's butterfly of diagonal_better — which are run here thread after thread.
@@ -233,21 +233,26 @@ EmulatedSpanKernels emulate_span_kernels(const std::vector<float>& map, int32_t 
   EmulatedSpanKernels e;
   const size_t w = static_cast<size_t>(n) + 1;
   e.prefix.assign(w * w, 0);
-  for (int32_t r = 0; r < n; ++r) {  // prefix_rows_kernel
+  for (int32_t r = 0; r < n; ++r) {  // prefix_rows_kernel: 32 lanes of 4 adjacent entries a step
     uint64_t carry = 0;
-    for (int32_t c0 = 0; c0 < n; c0 += 32) {
-      uint64_t v[32];
+    for (int32_t c0 = 0; c0 < n; c0 += 128) {
+      uint64_t v[32][4], incl[32];
       for (int32_t l = 0; l < 32; ++l) {
-        const int32_t c = c0 + l;
-        v[l] = c <= r && c < n ? sm::fixed_mass(map[static_cast<size_t>(r * n + c)]) : 0;
+        for (int32_t i = 0; i < 4; ++i) {
+          const int32_t c = c0 + 4 * l + i;
+          v[l][i] = c <= r && c < n ? sm::fixed_mass(map[static_cast<size_t>(r * n + c)]) : 0;
+          if (i > 0) v[l][i] += v[l][i - 1];
+        }
+        incl[l] = v[l][3];
       }
       for (int32_t off = 1; off < 32; off <<= 1)  // Hillis-Steele: every lane reads the values before the step
-        for (int32_t l = 31; l >= off; --l) v[l] += v[l - off];
-      for (int32_t l = 0; l < 32; ++l) {
-        v[l] += carry;
-        if (c0 + l < n) e.prefix[(static_cast<size_t>(r) + 1) * w + static_cast<size_t>(c0 + l) + 1] = v[l];
-      }
-      carry = v[31];
+        for (int32_t l = 31; l >= off; --l) incl[l] += incl[l - off];
+      for (int32_t l = 0; l < 32; ++l)
+        for (int32_t i = 0; i < 4; ++i) {
+          const int32_t c = c0 + 4 * l + i;
+          if (c < n) e.prefix[(static_cast<size_t>(r) + 1) * w + static_cast<size_t>(c) + 1] = carry + incl[l] - v[l][3] + v[l][i];
+        }
+      carry += incl[31];
     }
   }
   const int32_t strips = (n + 31) / 32;  // prefix_strips_kernel, then prefix_apply_kernel

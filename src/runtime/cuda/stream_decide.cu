@@ -532,13 +532,53 @@ __global__ void __launch_bounds__(32 * kBlockWarps) block_kernel(const double* s
   if (lane == 0) scores[b] = score;
 }
 
+// block_kernel in two passes over sim, in parallel over the query spans too: best[t][b] = the max over b's spans of
+// sim[t][s] (a thread per (t, b): adjacent blocks on adjacent lanes read adjacent spans of a sim row), then
+// score[b] = sum over t in order of best[t][b] (a thread per block, the loads issued kSumRows at a time before their
+// adds; -inf for a block without spans). The same f64 adds in the same order as block_kernel (fmax's order does not
+// matter): bit for bit its scores, which gemm-serial keeps as the twin. (ncu at 256K, a retrieval layer: block_kernel
+// 53 us, its warp per block mostly idle lanes (a block has a few spans); a thread per (t, b) computing the maxima
+// from the dots themselves instead of sim, tried first: 143 us, its loads 32 lines apart.)
+constexpr int kBestBlocks = 32, kBestRows = 8, kSumRows = 8;
+__global__ void __launch_bounds__(kBestBlocks * kBestRows) best_kernel(const double* sim, const int32_t* block_begin,
+                                                                      int32_t blocks, int32_t query_spans,
+                                                                      int64_t total_spans, double* best) {
+  const int32_t b = static_cast<int32_t>(blockIdx.x) * kBestBlocks + static_cast<int32_t>(threadIdx.x);
+  const int32_t t = static_cast<int32_t>(blockIdx.y) * kBestRows + static_cast<int32_t>(threadIdx.y);
+  if (b >= blocks || t >= query_spans) return;
+  const double* row = sim + static_cast<int64_t>(t) * total_spans;
+  double mx = -INFINITY;
+  for (int32_t sp = block_begin[b]; sp < block_begin[b + 1]; ++sp) mx = fmax(mx, row[sp]);
+  best[static_cast<int64_t>(t) * blocks + b] = mx;
+}
+__global__ void block_sum_kernel(const double* best, const int32_t* block_begin, int32_t blocks, int32_t query_spans,
+                                 double* scores) {
+  const int32_t b = static_cast<int32_t>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (b >= blocks) return;
+  if (block_begin[b + 1] <= block_begin[b]) {
+    scores[b] = -INFINITY;
+    return;
+  }
+  double score = 0;
+  for (int32_t t0 = 0; t0 < query_spans; t0 += kSumRows) {
+    double x[kSumRows];
+#pragma unroll
+    for (int i = 0; i < kSumRows; ++i) x[i] = t0 + i < query_spans ? best[static_cast<int64_t>(t0 + i) * blocks + b] : 0.0;
+#pragma unroll
+    for (int i = 0; i < kSumRows; ++i)
+      if (t0 + i < query_spans) score = __dadd_rn(score, x[i]);
+  }
+  scores[b] = score;
+}
+
 namespace sm = stream::span_math;
 
 // Span discovery (span_math.h): the prefix sums in fixed point, whose integer adds give the CPU's P in any order.
-// Rows: a warp per row, 32 columns a step, each lane's entry scanned across the warp (Hillis-Steele over shuffles)
-// and the row's running total carried from step to step; R[r][c] goes into P's row r + 1. (Before 2026-12-02 the sums
-// were f64 in the CPU's order, a thread per row and then per column: 67 + 38 us under ncu at n = 1,024.)
-constexpr int kRowWarps = 8;
+// Rows: a warp per row, 128 columns a step: each lane's 4 adjacent entries summed in turn, the lanes' sums scanned
+// across the warp (Hillis-Steele over shuffles), the row's running total carried from step to step; R[r][c] goes into
+// P's row r + 1. (Before 2026-12-02 the sums were f64 in the CPU's order, a thread per row and then per column: 67 +
+// 38 us under ncu at n = 1,024; a warp per row 32 columns a step: 23 us.)
+constexpr int kRowWarps = 8, kRowCols = 4;
 __global__ void __launch_bounds__(32 * kRowWarps) prefix_rows_kernel(const float* map, int n, uint64_t* P) {
   const int r = static_cast<int>(blockIdx.x) * kRowWarps + static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -547,19 +587,26 @@ __global__ void __launch_bounds__(32 * kRowWarps) prefix_rows_kernel(const float
   uint64_t* out = P + static_cast<int64_t>(r + 1) * (n + 1);
   if (lane == 0) out[0] = 0;
   uint64_t carry = 0;
-  for (int c0 = 0; c0 < n; c0 += 32) {
-    const int c = c0 + lane;
-    uint64_t v = c <= r && c < n ? sm::fixed_mass(in[c]) : 0;
+  for (int c0 = 0; c0 < n; c0 += 32 * kRowCols) {
+    const int c = c0 + lane * kRowCols;
+    uint64_t v[kRowCols];
+#pragma unroll
+    for (int i = 0; i < kRowCols; ++i) v[i] = c + i <= r && c + i < n ? sm::fixed_mass(in[c + i]) : 0;
+#pragma unroll
+    for (int i = 1; i < kRowCols; ++i) v[i] += v[i - 1];
+    uint64_t incl = v[kRowCols - 1];
     if (c0 <= r) {  // (past the diagonal every entry is 0: the row total carries on)
 #pragma unroll
       for (int off = 1; off < 32; off <<= 1) {
-        const uint64_t o = __shfl_up_sync(0xffffffffu, v, off);
-        if (lane >= off) v += o;
+        const uint64_t o = __shfl_up_sync(0xffffffffu, incl, off);
+        if (lane >= off) incl += o;
       }
     }
-    v += carry;
-    if (c < n) out[c + 1] = v;
-    carry = __shfl_sync(0xffffffffu, v, 31);
+    const uint64_t before = carry + incl - v[kRowCols - 1];  // the row's sum before this lane's entries
+#pragma unroll
+    for (int i = 0; i < kRowCols; ++i)
+      if (c + i < n) out[c + i + 1] = before + v[i];
+    carry = __shfl_sync(0xffffffffu, carry + incl, 31);
   }
 }
 // Columns, in strips of kStripRows rows: each strip's column sums (T[strip][c]), then each strip's rows in turn from
@@ -824,7 +871,7 @@ size_t StreamDecider::device_bytes() const {
          m.tile_begin.bytes();
   b += qsel16_.bytes();
   for (const MeansMirror& m : means_mirrors_) b += m.means.bytes();
-  b += prefix_.bytes() + strip_sums_.bytes() + theta_dev_.bytes() + masses_.bytes() + cand_begin_.bytes() + cand_end_.bytes() +
+  b += prefix_.bytes() + strip_sums_.bytes() + best_.bytes() + theta_dev_.bytes() + masses_.bytes() + cand_begin_.bytes() + cand_end_.bytes() +
        positions_.bytes() + cand_score_.bytes() + keys_.bytes() + repr_dots_.bytes() + select_.bytes();
   return b;
 }
@@ -1267,46 +1314,54 @@ void StreamDecider::mirror(int32_t layer, const stream::SpanIndex& index, cudaSt
   }
 }
 
-void StreamDecider::gemm_scores(Mirror& M, int64_t m, int32_t T, std::span<const int32_t> heads, cudaStream_t s) {
+// dots_[slot] (row-major [m, vt]) = Q_h K_g^T over the mirror's vectors [v0, v0 + vt), for each voting head in slot
+// order: column-major C [vt, m] = K^T-read (TN); bf16 x bf16 products (exact in f32), f32 sums, f32 out.
+void StreamDecider::tile_dots(Mirror& M, int64_t m, std::span<const int32_t> heads, int64_t v0, int64_t vt,
+                              cudaStream_t s) {
   const cublasHandle_t h = as_handle(handle_);
-  cublas_check(cublasSetStream(h, s), "cublasSetStream");
   const auto H = static_cast<int32_t>(heads.size());
-  const int64_t S = M.spans;
-  // Tiles of whole spans, at most ~256 MB of dot products each.
-  const int64_t tile_vectors = std::max<int64_t>(1024, (int64_t{64} << 20) / (static_cast<int64_t>(H) * m));
   const float alpha = 1.0f, beta = 0.0f;
   const int group = nq_ / nkv_;
   const bf16* keys = M.keys.data();
   const bf16* qs = qsel16_.data();
-  for (int64_t s0 = 0; s0 < S;) {
-    const int64_t v0 = M.first_host[static_cast<size_t>(s0)];
-    int64_t s1 = s0 + 1;
-    while (s1 < S && M.first_host[static_cast<size_t>(s1)] + M.count_host[static_cast<size_t>(s1)] - v0 <= tile_vectors) ++s1;
-    const int64_t vt = M.first_host[static_cast<size_t>(s1 - 1)] + M.count_host[static_cast<size_t>(s1 - 1)] - v0;
-    fit(dots_, static_cast<size_t>(static_cast<int64_t>(H) * m * vt));
-    // dots[slot] (row-major [m, vt]) = Q_h K_g^T: column-major C [vt, m] = K^T-read (TN); bf16 x bf16 products
-    // (exact in f32), f32 sums, f32 out.
-    const int64_t row = M.row;  // the kept kv heads' values per vector
-    if (H == nq_ && M.row == row_) {
-      for (int j = 0; j < group; ++j)
-        cublas_check(cublasGemmStridedBatchedEx(
-                         h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(vt), static_cast<int>(m), d_, &alpha,
-                         keys + v0 * row, CUDA_R_16BF, static_cast<int>(row), d_, qs + static_cast<int64_t>(j) * d_,
-                         CUDA_R_16BF, static_cast<int>(qrow_), static_cast<int64_t>(group) * d_, &beta,
-                         dots_.data() + j * m * vt, CUDA_R_32F, static_cast<int>(vt), group * m * vt, nkv_,
-                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                     "stream ltri scores: cublasGemmStridedBatchedEx");
-    } else {
-      for (int32_t slot = 0; slot < H; ++slot) {
-        const int32_t hh = heads[static_cast<size_t>(slot)], g = hh / group - M.head_begin;  // within the kept
-        cublas_check(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(vt), static_cast<int>(m), d_, &alpha,
-                                  keys + v0 * row + static_cast<int64_t>(g) * d_, CUDA_R_16BF, static_cast<int>(row),
-                                  qs + static_cast<int64_t>(hh) * d_, CUDA_R_16BF, static_cast<int>(qrow_), &beta,
-                                  dots_.data() + slot * m * vt, CUDA_R_32F, static_cast<int>(vt), CUBLAS_COMPUTE_32F,
-                                  CUBLAS_GEMM_DEFAULT),
-                     "stream ltri scores: cublasGemmEx");
-      }
+  fit(dots_, static_cast<size_t>(static_cast<int64_t>(H) * m * vt));
+  const int64_t row = M.row;  // the kept kv heads' values per vector
+  if (H == nq_ && M.row == row_) {
+    for (int j = 0; j < group; ++j)
+      cublas_check(cublasGemmStridedBatchedEx(
+                       h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(vt), static_cast<int>(m), d_, &alpha,
+                       keys + v0 * row, CUDA_R_16BF, static_cast<int>(row), d_, qs + static_cast<int64_t>(j) * d_,
+                       CUDA_R_16BF, static_cast<int>(qrow_), static_cast<int64_t>(group) * d_, &beta,
+                       dots_.data() + j * m * vt, CUDA_R_32F, static_cast<int>(vt), group * m * vt, nkv_,
+                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                   "stream ltri scores: cublasGemmStridedBatchedEx");
+  } else {
+    for (int32_t slot = 0; slot < H; ++slot) {
+      const int32_t hh = heads[static_cast<size_t>(slot)], g = hh / group - M.head_begin;  // within the kept
+      cublas_check(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(vt), static_cast<int>(m), d_, &alpha,
+                                keys + v0 * row + static_cast<int64_t>(g) * d_, CUDA_R_16BF, static_cast<int>(row),
+                                qs + static_cast<int64_t>(hh) * d_, CUDA_R_16BF, static_cast<int>(qrow_), &beta,
+                                dots_.data() + slot * m * vt, CUDA_R_32F, static_cast<int>(vt), CUBLAS_COMPUTE_32F,
+                                CUBLAS_GEMM_DEFAULT),
+                   "stream ltri scores: cublasGemmEx");
     }
+  }
+}
+
+void StreamDecider::gemm_scores(Mirror& M, int64_t m, int32_t T, std::span<const int32_t> heads, cudaStream_t s) {
+  cublas_check(cublasSetStream(as_handle(handle_), s), "cublasSetStream");
+  const auto H = static_cast<int32_t>(heads.size());
+  const int64_t S = M.spans;
+  // Tiles of whole spans, of at most dots_budget_ dot products each (~256 MB; one longer span may be a tile).
+  const int64_t tile_vectors = std::max<int64_t>(min_tile_vectors_, dots_budget_ / (static_cast<int64_t>(H) * m));
+  const auto first = [&](int64_t span) { return static_cast<int64_t>(M.first_host[static_cast<size_t>(span)]); };
+  const auto end = [&](int64_t span) { return first(span) + M.count_host[static_cast<size_t>(span)]; };
+  for (int64_t s0 = 0; s0 < S;) {
+    const int64_t v0 = first(s0);
+    int64_t s1 = s0 + 1;
+    while (s1 < S && end(s1) - v0 <= tile_vectors) ++s1;
+    const int64_t vt = end(s1 - 1) - v0;
+    tile_dots(M, m, heads, v0, vt, s);
     if (serial_sim_) {
       sim_kernel<<<blocks_for(static_cast<int64_t>(T) * (s1 - s0), kThreads), kThreads, 0, s>>>(
           dots_.data(), span_offsets_.data(), T, M.span_first.data(), M.span_count.data(), static_cast<int32_t>(s0),
@@ -1405,8 +1460,20 @@ std::vector<double> StreamDecider::ltri_scores(int32_t layer, const stream::Span
     TESSERA_CUDA_CHECK(cudaMemsetAsync(sim_.data(), 0, static_cast<size_t>(T) * static_cast<size_t>(S) * sizeof(double), s));
   }
   fit(block_scores_, static_cast<size_t>(blocks));
-  block_kernel<<<(blocks + kBlockWarps - 1) / kBlockWarps, 32 * kBlockWarps, 0, s>>>(sim_.data(), M.block_begin.data(),
-                                                                                    blocks, T, S, block_scores_.data());
+  if (serial_sim_) {  // the twin: a warp per block, the query spans in turn
+    block_kernel<<<(blocks + kBlockWarps - 1) / kBlockWarps, 32 * kBlockWarps, 0, s>>>(sim_.data(), M.block_begin.data(),
+                                                                                      blocks, T, S, block_scores_.data());
+  } else {
+    if (T > 0) {
+      fit(best_, static_cast<size_t>(T) * static_cast<size_t>(blocks));
+      const dim3 grid(static_cast<unsigned>((blocks + kBestBlocks - 1) / kBestBlocks),
+                      static_cast<unsigned>((T + kBestRows - 1) / kBestRows));
+      best_kernel<<<grid, dim3(kBestBlocks, kBestRows), 0, s>>>(sim_.data(), M.block_begin.data(), blocks, T, S,
+                                                                best_.data());
+    }
+    block_sum_kernel<<<(blocks + 127) / 128, 128, 0, s>>>(best_.data(), M.block_begin.data(), blocks, T,
+                                                          block_scores_.data());
+  }
   check_launch("stream ltri scores: blocks");
   end(section, s);
   return download_scores(blocks, s);

@@ -140,6 +140,13 @@ class StreamDecider {
   void profile(bool on);
   const Profile& profile_stats() const { return prof_; }
 
+  // The most dot products one tile of the gemm scoring holds (default 64M, and tiles of at least 1,024 vectors);
+  // tests make it small to cut many tiles (then tiles of any size).
+  void set_dots_budget(int64_t values) {
+    dots_budget_ = values;
+    min_tile_vectors_ = 1;
+  }
+
   size_t device_bytes() const;  // the mirrors and the scratch
   // Ltri's scoring without TESSERA_LTRI_SCORING (above: chosen by measurement); fused_scoring(): this decider's.
   static constexpr const char* kDefaultLtriScoring = "gemm";
@@ -167,6 +174,8 @@ class StreamDecider {
   // The dot products of the query rows in qsel16_ ([m, q_heads * d] bf16) with the mirror's keys -> sim_.
   void fused_scores(Mirror& M, int64_t m, int32_t T, std::span<const int32_t> heads, cudaStream_t s);
   void gemm_scores(Mirror& M, int64_t m, int32_t T, std::span<const int32_t> heads, cudaStream_t s);
+  // dots_ = the voting heads' query rows . the mirror's vectors [v0, v0 + vt) (cuBLAS).
+  void tile_dots(Mirror& M, int64_t m, std::span<const int32_t> heads, int64_t v0, int64_t vt, cudaStream_t s);
   struct MeansMirror {
     attn::gpu::DeviceBuffer<float> means;  // [capacity, row]
     int64_t blocks = 0, capacity = 0;
@@ -182,6 +191,7 @@ class StreamDecider {
   int32_t nq_ = 0, nkv_ = 0, d_ = 0;
   int64_t qrow_ = 0, row_ = 0;
   bool fused_ = true;       // TESSERA_LTRI_SCORING (fused | gemm | gemm-serial), read at construction; fused needs head_dim % 16 == 0
+  int64_t dots_budget_ = int64_t{64} << 20, min_tile_vectors_ = 1024;  // gemm_scores()'s tiles
   bool serial_sim_ = false;  // gemm-serial: the gemm path with sim_kernel (one thread per (t, s), heads in turn)
   void* handle_ = nullptr;  // cublasHandle_t
   attn::gpu::DeviceBuffer<bf16> qb_, kb_;  // the chunk map's rotated q and k (bf16, rows padded to its tile)
@@ -189,7 +199,7 @@ class StreamDecider {
   attn::gpu::DeviceBuffer<float> vote_parts_;           // [n / 32, n]: the votes' sums per block of rows
   attn::gpu::DeviceBuffer<float> scores_, map_, votes_, dots_, mean_;  // scores_: the map's per-range partial sums
   int sm_count_ = 0;
-  attn::gpu::DeviceBuffer<double> sim_, block_scores_, weights_;
+  attn::gpu::DeviceBuffer<double> sim_, best_, block_scores_, weights_;  // best_: [T, blocks] (best_kernel)
   attn::gpu::DeviceBuffer<int32_t> tokens_, span_offsets_, vote_heads_;  // vote_heads_: per voter, q and k offsets
   attn::gpu::DeviceBuffer<bf16> qsel16_;  // Ltri's query rows (bf16; fused: zero rows up to a multiple of 64)
   std::vector<bf16> keys_staging_;        // a host index's f32 keys as bf16, on their way to its mirror

@@ -55,11 +55,14 @@ struct SpanSpec {
 
 // Checks the scores of `scoring` (a TESSERA_LTRI_SCORING value) against the CPU's; returns them all (every call of
 // every layer, in order).
-std::vector<double> scores_match_the_cpu(const std::string& scoring, const ModelConfig& cfg = config()) {
+// dots_budget > 0: the gemm scoring's tiles of at most that many dot products (many tiles).
+std::vector<double> scores_match_the_cpu(const std::string& scoring, const ModelConfig& cfg = config(),
+                                         int64_t dots_budget = 0) {
   const bool gemm = scoring != "fused";
   setenv("TESSERA_LTRI_SCORING", scoring.c_str(), 1);
   StreamDecider dec(cfg);
   unsetenv("TESSERA_LTRI_SCORING");
+  if (dots_budget > 0) dec.set_dots_budget(dots_budget);
   EXPECT_EQ(dec.fused_scoring(), !gemm);
   EXPECT_EQ(dec.serial_sim(), scoring == "gemm-serial");
   std::vector<double> every;
@@ -151,9 +154,13 @@ TEST(StreamDecide, GemmLtriScoresMatchTheCpu) {
   scores_match_the_cpu("gemm");
 }
 
-// gemm's sim in parallel over the heads (sim_heads_kernel) is bit-identical to sim_kernel's (gemm-serial: the heads
-// walked in turn by one thread per (t, s)): the same f64 operations in the same order. With 8 query heads (one round
-// of heads) and 40 (two rounds: 32, then 8), every head voting and one retrieval head.
+// gemm's sim in parallel over the heads (sim_heads_kernel) and its blocks in parallel over the query spans
+// (best_kernel, block_sum_kernel) are bit-identical to gemm-serial's sim_kernel (the heads walked in turn by one thread
+// per (t, s)) and block_kernel (a warp per block, the query spans in turn): the same f64 operations in the same order
+// on the same dots. With 8 query heads (one round of heads) and 40 (two rounds: 32, then 8), every head voting and one
+// retrieval head; in one tile of dot products, and in tiles of ~40 vectors (150 query vectors: 6,000 dots; whole
+// spans, so a longer span is a tile of its own), where both cut the same tiles. (cuBLAS's sums may differ with the
+// tile's shape: the two tilings are each checked against the CPU, not against each other.)
 TEST(StreamDecide, GemmSimEqualsTheSerialSim) {
   if (!gpu_available()) GTEST_SKIP() << "no CUDA device available";
   for (const auto& [nq, nkv] : {std::pair{8, 2}, std::pair{40, 8}}) {
@@ -161,6 +168,9 @@ TEST(StreamDecide, GemmSimEqualsTheSerialSim) {
     const std::vector<double> heads = scores_match_the_cpu("gemm", cfg), serial = scores_match_the_cpu("gemm-serial", cfg);
     EXPECT_FALSE(heads.empty());
     EXPECT_EQ(heads, serial) << nq << " query heads";
+    const std::vector<double> small = scores_match_the_cpu("gemm", cfg, 6000);
+    EXPECT_EQ(small.size(), serial.size());
+    EXPECT_EQ(small, scores_match_the_cpu("gemm-serial", cfg, 6000)) << nq << " query heads, small tiles";
   }
 }
 
