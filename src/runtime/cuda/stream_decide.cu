@@ -534,12 +534,11 @@ __global__ void __launch_bounds__(32 * kBlockWarps) block_kernel(const double* s
 
 // block_kernel in two passes over sim, in parallel over the query spans too: best[t][b] = the max over b's spans of
 // sim[t][s] (a thread per (t, b): adjacent blocks on adjacent lanes read adjacent spans of a sim row), then
-// score[b] = sum over t in order of best[t][b] (a thread per block, the loads issued kSumRows at a time before their
-// adds; -inf for a block without spans). The same f64 adds in the same order as block_kernel (fmax's order does not
+// score[b] = sum over t in order of best[t][b] (a warp per block; -inf for a block without spans). The same f64 adds in the same order as block_kernel (fmax's order does not
 // matter): bit for bit its scores, which gemm-serial keeps as the twin. (ncu at 256K, a retrieval layer: block_kernel
 // 53 us, its warp per block mostly idle lanes (a block has a few spans); a thread per (t, b) computing the maxima
 // from the dots themselves instead of sim, tried first: 143 us, its loads 32 lines apart.)
-constexpr int kBestBlocks = 32, kBestRows = 8, kSumRows = 8;
+constexpr int kBestBlocks = 32, kBestRows = 8;
 __global__ void __launch_bounds__(kBestBlocks * kBestRows) best_kernel(const double* sim, const int32_t* block_begin,
                                                                       int32_t blocks, int32_t query_spans,
                                                                       int64_t total_spans, double* best) {
@@ -551,24 +550,25 @@ __global__ void __launch_bounds__(kBestBlocks * kBestRows) best_kernel(const dou
   for (int32_t sp = block_begin[b]; sp < block_begin[b + 1]; ++sp) mx = fmax(mx, row[sp]);
   best[static_cast<int64_t>(t) * blocks + b] = mx;
 }
-__global__ void block_sum_kernel(const double* best, const int32_t* block_begin, int32_t blocks, int32_t query_spans,
-                                 double* scores) {
-  const int32_t b = static_cast<int32_t>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (b >= blocks) return;
+// A warp per block: lane i loads best[t0 + i][b] (32 loads in flight), then lane 0 adds them in t order as they
+// come across the warp (a thread per block walking its column was latency-bound: 20 us at 256K).
+constexpr int kSumWarps = 4;
+__global__ void __launch_bounds__(32 * kSumWarps) block_sum_kernel(const double* best, const int32_t* block_begin,
+                                                                   int32_t blocks, int32_t query_spans, double* scores) {
+  const int64_t b = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  if (b >= blocks) return;  // whole warps leave together
   if (block_begin[b + 1] <= block_begin[b]) {
-    scores[b] = -INFINITY;
+    if (lane == 0) scores[b] = -INFINITY;
     return;
   }
   double score = 0;
-  for (int32_t t0 = 0; t0 < query_spans; t0 += kSumRows) {
-    double x[kSumRows];
-#pragma unroll
-    for (int i = 0; i < kSumRows; ++i) x[i] = t0 + i < query_spans ? best[static_cast<int64_t>(t0 + i) * blocks + b] : 0.0;
-#pragma unroll
-    for (int i = 0; i < kSumRows; ++i)
-      if (t0 + i < query_spans) score = __dadd_rn(score, x[i]);
+  for (int32_t t0 = 0; t0 < query_spans; t0 += 32) {
+    const double x = t0 + lane < query_spans ? best[static_cast<int64_t>(t0 + lane) * blocks + b] : 0.0;
+    const int32_t count = min(32, query_spans - t0);
+    for (int i = 0; i < count; ++i) score = __dadd_rn(score, __shfl_sync(0xffffffffu, x, i));
   }
-  scores[b] = score;
+  if (lane == 0) scores[b] = score;
 }
 
 namespace sm = stream::span_math;
@@ -1362,7 +1362,7 @@ void StreamDecider::gemm_scores(Mirror& M, int64_t m, int32_t T, std::span<const
     while (s1 < S && end(s1) - v0 <= tile_vectors) ++s1;
     const int64_t vt = end(s1 - 1) - v0;
     tile_dots(M, m, heads, v0, vt, s);
-    if (serial_sim_) {
+    if (serial_sim_ || H == 1) {  // (one voter: sim_kernel's CTAs of 256 threads, 35.7 us against 44.7 at 256K)
       sim_kernel<<<blocks_for(static_cast<int64_t>(T) * (s1 - s0), kThreads), kThreads, 0, s>>>(
           dots_.data(), span_offsets_.data(), T, M.span_first.data(), M.span_count.data(), static_cast<int32_t>(s0),
           static_cast<int32_t>(s1), v0, vt, m, weights_.data(), H, sim_.data(), S);
@@ -1471,8 +1471,8 @@ std::vector<double> StreamDecider::ltri_scores(int32_t layer, const stream::Span
       best_kernel<<<grid, dim3(kBestBlocks, kBestRows), 0, s>>>(sim_.data(), M.block_begin.data(), blocks, T, S,
                                                                 best_.data());
     }
-    block_sum_kernel<<<(blocks + 127) / 128, 128, 0, s>>>(best_.data(), M.block_begin.data(), blocks, T,
-                                                          block_scores_.data());
+    block_sum_kernel<<<(blocks + kSumWarps - 1) / kSumWarps, 32 * kSumWarps, 0, s>>>(best_.data(), M.block_begin.data(),
+                                                                                  blocks, T, block_scores_.data());
   }
   check_launch("stream ltri scores: blocks");
   end(section, s);

@@ -154,7 +154,7 @@ TEST(StreamDecide, GemmLtriScoresMatchTheCpu) {
   scores_match_the_cpu("gemm");
 }
 
-// gemm's sim in parallel over the heads (sim_heads_kernel) and its blocks in parallel over the query spans
+// gemm's sim in parallel over the heads (sim_heads_kernel; one voter: sim_kernel) and its blocks in parallel over the query spans
 // (best_kernel, block_sum_kernel) are bit-identical to gemm-serial's sim_kernel (the heads walked in turn by one thread
 // per (t, s)) and block_kernel (a warp per block, the query spans in turn): the same f64 operations in the same order
 // on the same dots. With 8 query heads (one round of heads) and 40 (two rounds: 32, then 8), every head voting and one
