@@ -154,13 +154,12 @@ TEST(StreamDecide, GemmLtriScoresMatchTheCpu) {
   scores_match_the_cpu("gemm");
 }
 
-// gemm's sim in parallel over the heads (sim_heads_kernel; one voter: sim_kernel) and its blocks in parallel over the query spans
-// (best_kernel, block_sum_kernel) are bit-identical to gemm-serial's sim_kernel (the heads walked in turn by one thread
-// per (t, s)) and block_kernel (a warp per block, the query spans in turn): the same f64 operations in the same order
-// on the same dots. With 8 query heads (one round of heads) and 40 (two rounds: 32, then 8), every head voting and one
-// retrieval head; in one tile of dot products, and in tiles of ~40 vectors (150 query vectors: 6,000 dots; whole
-// spans, so a longer span is a tile of its own), where both cut the same tiles. (cuBLAS's sums may differ with the
-// tile's shape: the two tilings are each checked against the CPU, not against each other.)
+// gemm's sim in parallel over the heads (sim_heads_kernel; one voter: sim_kernel's 256-thread CTAs) and its blocks
+// in parallel over the query spans (best_kernel, block_sum_kernel) are bit-identical to gemm-serial's sim_kernel (the
+// heads walked in turn by one thread per (t, s)) and block_kernel (a warp per block, the query spans in turn): the
+// same f64 operations in the same order on the same dots. With 8 query heads (one round of heads) and 40 (two rounds:
+// 32, then 8), every head voting and one retrieval head; in one tile of dot products, and in tiles of ~40 vectors (150
+// query vectors: 6,000 dots; whole spans, so a longer span is a tile of its own), where both cut the same tiles.
 TEST(StreamDecide, GemmSimEqualsTheSerialSim) {
   if (!gpu_available()) GTEST_SKIP() << "no CUDA device available";
   for (const auto& [nq, nkv] : {std::pair{8, 2}, std::pair{40, 8}}) {
