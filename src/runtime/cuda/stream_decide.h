@@ -36,9 +36,9 @@
 //       per head) — into a [heads, queries, vectors] dots buffer per tile of whole spans (~256 MB at most), then
 //       sim_heads_kernel: per query span and 32 stored spans a CTA, a thread row per voting head (32 per round), each
 //       head's term w_h * mean max in parallel, summed in head order: bit-identical to sim_kernel (gemm-serial: one
-//       thread per (t, s) walking the heads in turn). H200 at 128K, one process per scoring on one machine
-//       (docs/streaming.md): TTFT 17.00 vs 18.16 s every head voting (decisions 12.30 vs 13.48 s), 12.46 vs 13.46 s
-//       with retrieval heads.
+//       thread per (t, s) walking the heads in turn; which one voter's sim takes: its CTAs of 256 threads). H200 at
+//       128K, one process per scoring on one machine (docs/streaming.md): TTFT 17.00 vs 18.16 s every head voting
+//       (decisions 12.30 vs 13.48 s), 12.46 vs 13.46 s with retrieval heads.
 //     * fused: one kernel, one CTA per tile of whole stored spans (<= 128 vectors and <= 128 spans, or one longer
 //       span; the tiles are cut as spans are added, never rebuilt), per voting head in order: the tile's keys in
 //       shared memory, 64 query rows at a time against them on the tensor cores (WMMA bf16 x bf16 -> f32), the
@@ -49,6 +49,9 @@
 //    mirror"): gemm 19.19 s TTFT against fused 25.24 s with every head voting (decisions 13.6 vs 20.3 s), 12.43 vs
 //    13.88 s with Ltri-LLM's retrieval heads; the fused path saves only gemm's dots buffer (stream state 3.32 vs
 //    3.78 GB). So gemm is the default and fused stays selectable.
+//    Then (either way) each block's score from sim: best_kernel (max over the block's spans, a thread per (t, block))
+//    and block_sum_kernel (the sum over t in order, a warp per block) — bit for bit block_kernel's (a warp per block
+//    walking t; gemm-serial's twin), 1M at chunk 1,024: block scores 5.97 -> 4.67 s (PERF.md).
 //    Either way q and k ARE bf16 values, so each product is exact in f32 and only the f32 summation order differs
 //    from the CPU's (OpenBLAS over f32 copies of the same values): the scores are within ~1e-6 relative of the
 //    CPU's, not bitwise equal. The blocks' span ranges (block_begin) and the tiles are extended by the spans and
