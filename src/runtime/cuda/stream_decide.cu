@@ -534,10 +534,11 @@ __global__ void __launch_bounds__(32 * kBlockWarps) block_kernel(const double* s
 
 // block_kernel in two passes over sim, in parallel over the query spans too: best[t][b] = the max over b's spans of
 // sim[t][s] (a thread per (t, b): adjacent blocks on adjacent lanes read adjacent spans of a sim row), then
-// score[b] = sum over t in order of best[t][b] (a warp per block; -inf for a block without spans). The same f64 adds in the same order as block_kernel (fmax's order does not
-// matter): bit for bit its scores, which gemm-serial keeps as the twin. (ncu at 256K, a retrieval layer: block_kernel
-// 53 us, its warp per block mostly idle lanes (a block has a few spans); a thread per (t, b) computing the maxima
-// from the dots themselves instead of sim, tried first: 143 us, its loads 32 lines apart.)
+// score[b] = sum over t in order of best[t][b] (a warp per block; -inf for a block without spans). The same f64 adds
+// in the same order as block_kernel (fmax's order does not matter): bit for bit its scores, which gemm-serial keeps
+// as the twin. (ncu at 256K, a retrieval layer: block_kernel 53 us, its warp per block mostly idle lanes (a block has
+// a few spans), best_kernel 9.7 us; a thread per (t, b) computing the maxima from the dots themselves instead of sim,
+// tried first: 143 us, its loads 32 lines apart.)
 constexpr int kBestBlocks = 32, kBestRows = 8;
 __global__ void __launch_bounds__(kBestBlocks * kBestRows) best_kernel(const double* sim, const int32_t* block_begin,
                                                                       int32_t blocks, int32_t query_spans,

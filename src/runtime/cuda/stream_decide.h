@@ -12,9 +12,9 @@
 //    -> the [n, n] map, then the votes (each column's sum: blocks of 32 rows in order, then the blocks). Only the map (ltri: span
 //    discovery reads it) and the n votes come back, not q and k. (Before 2026-12-01: f32 rotations and cuBLAS
 //    SGEMMs into a [heads, n, n] f32 buffer and a softmax over it: 6.6 s of Ltri's 54 s at 1M.)
-//  - Ltri span discovery (launch_chunk(..., candidates)): from the map on the device, its 2-D prefix sums in fixed point
-//    (span_math.h: integer adds, so the parallel scans — a warp per row, then strips of rows — give the CPU's sums), theta (the quantile of the
-//    causal entries, an exact radix select of the k-th smallest: four histogram passes over the grid), the triangle
+//  - Ltri span discovery (launch_chunk(..., candidates)): from the map on the device, its 2-D prefix sums in fixed
+//    point (span_math.h: integer adds, so the parallel scans — a warp per row, then strips of rows — give the CPU's
+//    sums), theta (the quantile of the causal entries, an exact radix select of the k-th smallest: four histogram passes over the grid), the triangle
 //    scores and the linear variant's best point per anti-diagonal (one warp per diagonal) (runtime/stream/span_math.h, the CPU's own functions): only the <= 2n - 1 candidates
 //    come back, EQUAL to span_candidates() of the same map; NMS and the cover stay on the host, which then asks
 //    span_masses() for its spans' masses (the prefix sums stay on the device).

@@ -43,11 +43,12 @@ TESSERA_SPAN_HD float fmaf(float a, float b, float c) { return std::fma(a, b, c)
 // clamped to [-2^kMassClamp, 2^kMassClamp] (NaN as 0) so that every entry is a defined integer.
 constexpr int32_t kMassBits = 36;
 constexpr int32_t kMassClamp = 24;
+constexpr double kMassUnit = static_cast<double>(int64_t{1} << kMassBits);  // 2^kMassBits (exact)
 TESSERA_SPAN_HD uint64_t fixed_mass(float x) {
   double v = static_cast<double>(x);
   constexpr double lim = static_cast<double>(1 << kMassClamp);
   v = v == v ? (v > lim ? lim : (v < -lim ? -lim : v)) : 0.0;
-  const double scaled = v * 68719476736.0;  // 2^36 (exact: a power of two)
+  const double scaled = v * kMassUnit;  // (exact: a power of two)
 #if defined(__CUDA_ARCH__)
   return static_cast<uint64_t>(__double2ll_rn(scaled));
 #else
@@ -61,7 +62,7 @@ TESSERA_SPAN_HD double mass_value(uint64_t m) {
 #else
   const double v = static_cast<double>(static_cast<int64_t>(m));
 #endif
-  return v * (1.0 / 68719476736.0);  // 2^-36 (exact)
+  return v * (1.0 / kMassUnit);  // (exact: a power of two)
 }
 
 // P[r][c] of the (n + 1) x (n + 1) table.
