@@ -13,7 +13,7 @@
 // corners) is an exact integer, turned into one double (mass_value()). The rounding moves an entry by at most
 // 2^-(kMassBits + 1) (~7e-12), far below the map's entries (softmax rows summed over heads: a 1,024-token chunk's
 // average entry is ~heads / 512). The sums are exact while the map's total mass times 2^kMassBits stays below 2^63:
-// a map of softmax rows has n x heads of mass (2^27 of it: e.g. n = 2^20 with 128 heads).
+// a map of softmax rows has n x heads of mass, which must stay below 2^27 (n = 2^19 with 128 heads is 2^26).
 // tests/runtime_stream_test.cpp emulates the kernels' structure on the host and checks them against TriangleScores /
 // causal_quantile / span_candidates.
 #pragma once
