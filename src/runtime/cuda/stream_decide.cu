@@ -2,7 +2,6 @@
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
-#include <cuda_pipeline.h>
 #include <mma.h>
 
 #include <algorithm>
@@ -16,6 +15,7 @@
 
 #include "core/error.h"
 #include "cuda/cuda_check.h"
+#include "attention/cuda/mma_sm80.cuh"
 #include "runtime/stream/span_math.h"
 
 namespace tessera::runtime::gpu {
@@ -63,132 +63,139 @@ __global__ void rotate_bf16_kernel(const nbf* x, nbf* y, int64_t rows, int heads
 
 constexpr int kThreads = 256;
 
-// The chunk map on the tensor cores, without the [heads, n, n] scores: a CTA of kMapWarps warps covers kMapTile rows
-// (16 per warp) against kMapTile keys at a time. The tiles of q and k are staged in shared memory by asynchronous
-// 16-byte copies (the next tile's while the current one is multiplied); each warp's S = q_h k_g^T block [16, 64]
-// (WMMA bf16 x bf16 -> f32, the products exact) goes through shared memory, where lane l reads row l / 2, half l % 2
-// (32 keys, started at key l so that the 32 lanes read 32 banks). The q and k rows are padded with zeros to a
-// multiple of kMapTile. One q and one k tile in shared memory (~50 KB at d = 128: three or four CTAs a
-// multiprocessor), the next tile's copies issued once every warp's products have read them, overlapping the softmax.
-constexpr int kMapWarps = 4, kMapTile = 16 * kMapWarps, kMapLd = kMapTile, kMapPad = 8;
-namespace wmma = nvcuda::wmma;
+// The chunk map on the tensor cores, without the [heads, n, n] scores: a CTA of kMapWarps warps covers kMapTile query
+// rows (16 per warp) against kMapTile keys at a time, the mma.sync kernels' building blocks (attention/cuda/
+// mma_sm80.cuh: cp.async into swizzled tiles, ldmatrix, m16n8k16 bf16 x bf16 -> f32, the products exact). A warp's
+// S = q_h k_g^T block [16, 64] stays in its registers (thread (g, c) = (lane / 4, lane % 4) holds rows g and g + 8,
+// columns 8j + 2c and 8j + 2c + 1); the softmax works on it there, a row's max across the four threads of its quad.
+// kStages = 2: the next key tile's (map_stats) or the next head's (map_tiles) copies are in flight while the current
+// one is multiplied; 1 where shared memory is short (the copies then overlap only the softmax). The q and k rows are
+// padded with zeros to a multiple of kMapTile. D = head_dim: 64, 128 or 256, as the GPU's streaming runs.
+constexpr int kMapWarps = 4, kMapTile = 16 * kMapWarps;
+namespace mma = attn::gpu::detail;
 
-size_t map_tile_bytes(int d) { return static_cast<size_t>(kMapTile) * static_cast<size_t>(d + kMapPad) * sizeof(nbf); }
-// Shared memory of map_stats_kernel and map_tiles_kernel: a q tile, a k tile and the warps' S blocks.
-size_t map_smem_bytes(int d, int tiles) {
-  return static_cast<size_t>(tiles) * map_tile_bytes(d) + static_cast<size_t>(kMapWarps) * 16 * kMapLd * sizeof(float);
+template <int D>
+constexpr size_t map_tile_bytes() {
+  return static_cast<size_t>(kMapTile) * D * sizeof(nbf);
+}
+// Shared memory of map_stats_kernel (a q tile and kStages key tiles) and map_tiles_kernel (kStages q and k tiles).
+template <int D, int kStages>
+constexpr size_t map_stats_smem() {
+  return (1 + kStages) * map_tile_bytes<D>();
+}
+template <int D, int kStages>
+constexpr size_t map_tiles_smem() {
+  return 2 * kStages * map_tile_bytes<D>();
 }
 
-// kMapTile rows of d bf16 from src (row stride ld) into dst (row stride d + kMapPad), without waiting.
-__device__ void stage_rows(nbf* dst, const nbf* src, int64_t ld, int d) {
-  const int per_row = d / 8;
-  for (int i = static_cast<int>(threadIdx.x); i < kMapTile * per_row; i += static_cast<int>(blockDim.x)) {
-    const int r = i / per_row, c = (i % per_row) * 8;
-    __pipeline_memcpy_async(dst + r * (d + kMapPad) + c, src + r * ld + c, 16);
-  }
+// kMapTile rows of D bf16 from src (row stride ld; rows past the chunk are the zero padding) into a swizzled tile.
+template <int D>
+__device__ __forceinline__ void stage_rows(unsigned char* dst, const nbf* src, int64_t ld) {
+  mma::cp_async_tile<D, kMapTile, 32 * kMapWarps>(dst, static_cast<int>(threadIdx.x), src,
+                                                   [&](int r) { return src + r * ld; });
 }
 
-// S = q rows (16 of the staged tile, from qs) . the staged keys ks, into the warp's [16, kMapLd] floats.
-__device__ void map_block(const nbf* qs, const nbf* ks, int d, float* S) {
-  const unsigned ld = static_cast<unsigned>(d + kMapPad);
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[kMapTile / 16];
-  for (auto& f : acc) wmma::fill_fragment(f, 0.0f);
-  for (int kk = 0; kk < d; kk += 16) {
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, nbf, wmma::row_major> fa;
-    wmma::load_matrix_sync(fa, qs + kk, ld);
+// The warp's S block: s[j][e] for row r0 + g + 8 (e / 2), column c0 + 8j + 2c + e % 2 (the layout above).
+template <int D>
+__device__ __forceinline__ void map_block(float (&s)[kMapTile / 8][4], const unsigned char* qs, const unsigned char* ks,
+                                          int warp, int lane, const mma::LaneSwizzle& sw) {
 #pragma unroll
-    for (int f = 0; f < kMapTile / 16; ++f) {
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, nbf, wmma::col_major> fb;
-      wmma::load_matrix_sync(fb, ks + f * 16 * ld + kk, ld);
-      wmma::mma_sync(acc[f], fa, fb, acc[f]);
-    }
-  }
-#pragma unroll
-  for (int f = 0; f < kMapTile / 16; ++f) wmma::store_matrix_sync(S + f * 16, acc[f], kMapLd, wmma::mem_row_major);
-  __syncwarp();
+  for (auto& f : s) f[0] = f[1] = f[2] = f[3] = 0.0f;
+  mma::warp_qk<nbf, D, kMapTile>(
+      s, mma::smem_addr(qs) + static_cast<uint32_t>(warp * 16 * D * 2) + mma::LaneSwizzle::a_row<D>(lane),
+      mma::smem_addr(ks) + mma::LaneSwizzle::b_row<D>(lane), sw);
 }
 
 // Per head h0 + blockIdx.y and row r < n: the causal row's max m of sc2 * S (sc2 = the softmax scale * log2 e: base 2,
-// exp2f, one multi-function instruction and a few) and inv = 1 / sum 2^(sc2 * S - m) (online over the key tiles, each
-// lane over its half row, the two halves merged at the end).
+// exp2f, one multi-function instruction and a few) and inv = 1 / sum 2^(sc2 * S - m) (online over the key tiles; each
+// thread sums its columns, the quad's four partial sums added at the end).
+template <int D, int kStages>
 __global__ void __launch_bounds__(32 * kMapWarps) map_stats_kernel(const nbf* q, const nbf* k, int n, int64_t qrow,
-                                                                   int64_t krow, int d, int group, int h0, float sc2,
+                                                                   int64_t krow, int group, int h0, float sc2,
                                                                    float* mx, float* inv) {
   extern __shared__ __align__(128) unsigned char map_smem[];
-  const int ldt = d + kMapPad;
-  nbf* qs = reinterpret_cast<nbf*>(map_smem);
-  nbf* const ks = qs + kMapTile * ldt;
-  float* S = reinterpret_cast<float*>(qs + 2 * kMapTile * ldt);
+  constexpr size_t kTile = map_tile_bytes<D>();
+  unsigned char* const qs = map_smem;
+  unsigned char* const ks = map_smem + kTile;  // key tile ct in ks + (ct % kStages) * kTile
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int rt = static_cast<int>(blockIdx.x);
   const int64_t r0 = static_cast<int64_t>(rt) * kMapTile + warp * 16;
   const int h = h0 + static_cast<int>(blockIdx.y), g = h / group;
-  S += warp * 16 * kMapLd;
-  stage_rows(qs, q + static_cast<int64_t>(rt) * kMapTile * qrow + static_cast<int64_t>(h) * d, qrow, d);
-  stage_rows(ks, k + static_cast<int64_t>(g) * d, krow, d);
-  __pipeline_commit();
-  const int row = lane / 2, half = lane % 2;
-  const int64_t r = r0 + row;
-  float m = -INFINITY, l = 0.0f;
+  const nbf* const kh = k + static_cast<int64_t>(g) * D;
+  stage_rows<D>(qs, q + static_cast<int64_t>(rt) * kMapTile * qrow + static_cast<int64_t>(h) * D, qrow);
+  stage_rows<D>(ks, kh, krow);
+  mma::cp_async_commit();
+  const mma::LaneSwizzle sw(lane);
+  const int64_t rows[2] = {r0 + lane / 4, r0 + lane / 4 + 8};
+  const int col = 2 * (lane % 4);
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   for (int ct = 0; ct <= rt; ++ct) {
-    __pipeline_wait_prior(0);
+    if (kStages == 2 && ct < rt) {
+      stage_rows<D>(ks + ((ct + 1) % kStages) * kTile, kh + static_cast<int64_t>(ct + 1) * kMapTile * krow, krow);
+      mma::cp_async_commit();
+      mma::cp_async_wait<1>();
+    } else {
+      mma::cp_async_wait<0>();
+    }
     __syncthreads();  // key tile ct staged
-    if (r0 < n) map_block(qs + warp * 16 * ldt, ks, d, S);
-    __syncthreads();  // every warp's products read ks: the next tile's copies overlap the softmax below
-    if (ct < rt) {
-      stage_rows(ks, k + static_cast<int64_t>(ct + 1) * kMapTile * krow + static_cast<int64_t>(g) * d, krow, d);
-      __pipeline_commit();
+    float s[kMapTile / 8][4];
+    if (r0 < n) map_block<D>(s, qs, ks + (ct % kStages) * kTile, warp, lane, sw);
+    __syncthreads();  // every warp's products read the tile: it may be overwritten
+    if (kStages == 1 && ct < rt) {
+      stage_rows<D>(ks, kh + static_cast<int64_t>(ct + 1) * kMapTile * krow, krow);
+      mma::cp_async_commit();
     }
-    if (r0 < n) {
-      const int64_t c0 = static_cast<int64_t>(ct) * kMapTile;
-      float v[32];
-      float tm = -INFINITY;
-      const float* Sr = S + row * kMapLd + half * 32;
-      if (c0 + kMapTile <= r0 && r0 + 16 <= n) {  // the warp's rows see every key of the tile: no mask
+    if (r0 >= n) continue;
+    const int64_t c0 = static_cast<int64_t>(ct) * kMapTile;
+    const bool full = c0 + kMapTile <= r0;  // the warp's rows see every key of the tile: no mask
+    float tm[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-        for (int j = 0; j < 32; ++j) {
-          v[j] = Sr[(j + lane) & 31] * sc2;
-          tm = fmaxf(tm, v[j]);
-        }
-      } else {
+    for (int j = 0; j < kMapTile / 8; ++j)
 #pragma unroll
-        for (int j = 0; j < 32; ++j) {
-          const int cl = (j + lane) & 31;
-          v[j] = (c0 + half * 32 + cl <= r && r < n) ? Sr[cl] * sc2 : -INFINITY;
-          tm = fmaxf(tm, v[j]);
-        }
+      for (int e = 0; e < 4; ++e) {
+        const bool seen = full || c0 + 8 * j + col + e % 2 <= rows[e / 2];
+        s[j][e] = seen ? s[j][e] * sc2 : -INFINITY;
+        tm[e / 2] = fmaxf(tm[e / 2], s[j][e]);
       }
-      if (tm != -INFINITY) {
-        const float mn = fmaxf(m, tm);
-        l = m == -INFINITY ? 0.0f : l * exp2f(m - mn);
 #pragma unroll
-        for (int j = 0; j < 32; ++j) l += exp2f(v[j] - mn);  // (exp2f(-inf) = 0)
-        m = mn;
+    for (int i = 0; i < 2; ++i) {
+      tm[i] = fmaxf(tm[i], __shfl_xor_sync(0xffffffffu, tm[i], 1));
+      tm[i] = fmaxf(tm[i], __shfl_xor_sync(0xffffffffu, tm[i], 2));
+      if (tm[i] != -INFINITY) {  // (the quad's rows agree: m is the row's)
+        const float mn = fmaxf(m[i], tm[i]);
+        l[i] = m[i] == -INFINITY ? 0.0f : l[i] * exp2f(m[i] - mn);
+        m[i] = mn;
       }
     }
+#pragma unroll
+    for (int j = 0; j < kMapTile / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (m[e / 2] != -INFINITY) l[e / 2] += exp2f(s[j][e] - m[e / 2]);  // (exp2f(-inf) = 0)
   }
   if (r0 >= n) return;
-  const float m2 = __shfl_xor_sync(0xffffffffu, m, 1), l2 = __shfl_xor_sync(0xffffffffu, l, 1);
-  if (half != 0 || r >= n) return;
-  const float M = fmaxf(m, m2);
-  const float L = (m == -INFINITY ? 0.0f : l * exp2f(m - M)) + (m2 == -INFINITY ? 0.0f : l2 * exp2f(m2 - M));
-  const int64_t at = static_cast<int64_t>(blockIdx.y) * n + r;
-  mx[at] = M;
-  inv[at] = __fdiv_rn(1.0f, L);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    if (lane % 4 == 0 && rows[i] < n) {
+      const int64_t at = static_cast<int64_t>(blockIdx.y) * n + rows[i];
+      mx[at] = m[i];
+      inv[at] = __fdiv_rn(1.0f, l[i]);
+    }
+  }
 }
 
 // One causal tile (row tile >= key tile, blockIdx.x in row-major order of the lower triangle) and one range of heads
 // (blockIdx.y of `splits`): out[split][r][c] = sum over the range's heads in order of 2^(sc2 * S_h - m) * inv for
 // c <= r, 0 above the diagonal.
+template <int D, int kStages>
 __global__ void __launch_bounds__(32 * kMapWarps) map_tiles_kernel(const nbf* q, const nbf* k, int n, int64_t qrow,
-                                                                   int64_t krow, int d, int group, int h0, int heads,
+                                                                   int64_t krow, int group, int h0, int heads,
                                                                    int splits, float sc2, const float* mx,
                                                                    const float* inv, float* out) {
   extern __shared__ __align__(128) unsigned char map_smem[];
-  const int ldt = d + kMapPad;
-  nbf* const qs = reinterpret_cast<nbf*>(map_smem);
-  nbf* const ks = qs + kMapTile * ldt;
-  float* S = reinterpret_cast<float*>(qs + 2 * kMapTile * ldt);
+  constexpr size_t kTile = map_tile_bytes<D>();  // head hh's q tile in stage (hh - hb) % kStages, its k tile after
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   int rt = static_cast<int>((sqrt(8.0 * blockIdx.x + 1.0) - 1.0) / 2.0);
   while (static_cast<int64_t>(rt + 1) * (rt + 2) / 2 <= blockIdx.x) ++rt;
@@ -198,52 +205,81 @@ __global__ void __launch_bounds__(32 * kMapWarps) map_tiles_kernel(const nbf* q,
   const int split = static_cast<int>(blockIdx.y);
   const int hb = static_cast<int>(static_cast<int64_t>(heads) * split / splits);
   const int he = static_cast<int>(static_cast<int64_t>(heads) * (split + 1) / splits);
-  S += warp * 16 * kMapLd;
-  const nbf* qt = q + static_cast<int64_t>(rt) * kMapTile * qrow;
-  const nbf* kt = k + c0 * krow;
-  if (hb < he) {
-    stage_rows(qs, qt + static_cast<int64_t>(h0 + hb) * d, qrow, d);
-    stage_rows(ks, kt + static_cast<int64_t>((h0 + hb) / group) * d, krow, d);
-    __pipeline_commit();
-  }
-  const int row = lane / 2, half = lane % 2;
-  const int64_t r = r0 + row;
-  float acc[32];
+  const nbf* const qt = q + static_cast<int64_t>(rt) * kMapTile * qrow;
+  const nbf* const kt = k + c0 * krow;
+  auto stage = [&](int hh) {
+    unsigned char* at = map_smem + 2 * ((hh - hb) % kStages) * kTile;
+    stage_rows<D>(at, qt + static_cast<int64_t>(h0 + hh) * D, qrow);
+    stage_rows<D>(at + kTile, kt + static_cast<int64_t>((h0 + hh) / group) * D, krow);
+    mma::cp_async_commit();
+  };
+  if (hb < he) stage(hb);
+  const mma::LaneSwizzle sw(lane);
+  const int64_t rows[2] = {r0 + lane / 4, r0 + lane / 4 + 8};
+  const int col = 2 * (lane % 4);
+  const bool full = c0 + kMapTile <= r0;  // no mask (as in map_stats_kernel)
+  float acc[kMapTile / 8][4];
 #pragma unroll
-  for (int j = 0; j < 32; ++j) acc[j] = 0.0f;
+  for (auto& a : acc) a[0] = a[1] = a[2] = a[3] = 0.0f;
   for (int hh = hb; hh < he; ++hh) {
-    __pipeline_wait_prior(0);
-    __syncthreads();  // head hh's tiles staged
-    if (r0 < n) map_block(qs + warp * 16 * ldt, ks, d, S);
-    __syncthreads();  // every warp's products read them: the next head's copies overlap the softmax below
-    if (hh + 1 < he) {
-      stage_rows(qs, qt + static_cast<int64_t>(h0 + hh + 1) * d, qrow, d);
-      stage_rows(ks, kt + static_cast<int64_t>((h0 + hh + 1) / group) * d, krow, d);
-      __pipeline_commit();
+    if (kStages == 2 && hh + 1 < he) {
+      stage(hh + 1);
+      mma::cp_async_wait<1>();
+    } else {
+      mma::cp_async_wait<0>();
     }
-    if (r0 < n) {
-      const float m = r < n ? mx[static_cast<int64_t>(hh) * n + r] : 0.0f;
-      const float iv = r < n ? inv[static_cast<int64_t>(hh) * n + r] : 0.0f;
-      const float* Sr = S + row * kMapLd + half * 32;
-      if (c0 + kMapTile <= r0 && r0 + 16 <= n) {  // no mask (as in map_stats_kernel)
+    __syncthreads();  // head hh's tiles staged
+    const unsigned char* at = map_smem + 2 * ((hh - hb) % kStages) * kTile;
+    float s[kMapTile / 8][4];
+    if (r0 < n) map_block<D>(s, at, at + kTile, warp, lane, sw);
+    __syncthreads();  // every warp's products read them: they may be overwritten
+    if (kStages == 1 && hh + 1 < he) stage(hh + 1);
+    if (r0 >= n) continue;
+    float m[2], iv[2];
 #pragma unroll
-        for (int j = 0; j < 32; ++j) acc[j] += exp2f(Sr[(j + lane) & 31] * sc2 - m) * iv;
+    for (int i = 0; i < 2; ++i) {
+      m[i] = rows[i] < n ? mx[static_cast<int64_t>(hh) * n + rows[i]] : 0.0f;
+      iv[i] = rows[i] < n ? inv[static_cast<int64_t>(hh) * n + rows[i]] : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kMapTile / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (full || c0 + 8 * j + col + e % 2 <= rows[e / 2]) acc[j][e] += exp2f(s[j][e] * sc2 - m[e / 2]) * iv[e / 2];
+  }
+  float* const o = out + static_cast<int64_t>(split) * n * n;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (rows[i] >= n) continue;
+    float* const orow = o + rows[i] * n;
+#pragma unroll
+    for (int j = 0; j < kMapTile / 8; ++j) {
+      const int64_t c = c0 + 8 * j + col;
+      if (c + 1 < n && n % 2 == 0) {
+        *reinterpret_cast<float2*>(orow + c) = make_float2(acc[j][2 * i], acc[j][2 * i + 1]);
       } else {
-#pragma unroll
-        for (int j = 0; j < 32; ++j) {
-          const int cl = (j + lane) & 31;
-          if (c0 + half * 32 + cl <= r && r < n) acc[j] += exp2f(Sr[cl] * sc2 - m) * iv;
-        }
+        if (c < n) orow[c] = acc[j][2 * i];
+        if (c + 1 < n) orow[c + 1] = acc[j][2 * i + 1];
       }
     }
   }
-  if (r >= n) return;
-  float* o = out + static_cast<int64_t>(split) * n * n + r * n;
-#pragma unroll
-  for (int j = 0; j < 32; ++j) {
-    const int64_t c = c0 + half * 32 + ((j + lane) & 31);
-    if (c < n) o[c] = acc[j];
-  }
+}
+
+// The map kernels of a head_dim and stage count: f<D, kStages>() (d = 64, 128 or 256; checked by the constructor).
+template <class F>
+void with_map_kernels(int d, int stages, F&& f) {
+  auto pick = [&]<int D>() {
+    if (stages == 2)
+      f.template operator()<D, 2>();
+    else
+      f.template operator()<D, 1>();
+  };
+  if (d == 64)
+    pick.template operator()<64>();
+  else if (d == 128)
+    pick.template operator()<128>();
+  else
+    pick.template operator()<256>();
 }
 
 // map[r][c] = the splits' partial sums added in split order (the heads' order), 0 above the diagonal.
@@ -850,13 +886,20 @@ StreamDecider::StreamDecider(const ModelConfig& cfg)
   int device = 0;
   TESSERA_CUDA_CHECK(cudaGetDevice(&device));
   TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
-  check(d_ % 16 == 0 && d_ <= 256, [&] {
-    return "GPU streaming: head_dim " + std::to_string(d_) + " is not a multiple of 16 up to 256 (the chunk map's tiles)";
+  check(d_ == 64 || d_ == 128 || d_ == 256, [&] {
+    return "GPU streaming: head_dim " + std::to_string(d_) + " is not 64, 128 or 256 (the chunk map's kernels)";
   });
-  TESSERA_CUDA_CHECK(cudaFuncSetAttribute(map_stats_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(map_smem_bytes(d_, 2))));
-  TESSERA_CUDA_CHECK(cudaFuncSetAttribute(map_tiles_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(map_smem_bytes(d_, 2))));
+  // Two stages (copies of the next tiles in flight during the products) where the device's shared memory holds
+  // map_tiles_kernel's four tiles (128 KB at head_dim 256: not on sm_86's 99 KB, one stage there).
+  int smem_optin = 0;
+  TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  map_stages_ = static_cast<size_t>(smem_optin) >= 4 * static_cast<size_t>(kMapTile) * static_cast<size_t>(d_) * sizeof(nbf) ? 2 : 1;
+  with_map_kernels(d_, map_stages_, [&]<int D, int kStages>() {  // ([&]: a captureless lambda template trips nvcc's #445-D)
+    TESSERA_CUDA_CHECK(cudaFuncSetAttribute(map_stats_kernel<D, kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(map_stats_smem<D, kStages>())));
+    TESSERA_CUDA_CHECK(cudaFuncSetAttribute(map_tiles_kernel<D, kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(map_tiles_smem<D, kStages>())));
+  });
 }
 
 StreamDecider::~StreamDecider() {
@@ -1000,14 +1043,16 @@ void StreamDecider::launch_chunk(const bf16* q, const bf16* k, int32_t n, int32_
   const float sc = scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(d_));
   const float sc2 = sc * 1.4426950408889634f;  // the kernels' softmax in base 2
   const int group = nq_ / nkv_;
-  map_stats_kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(heads)), 32 * kMapWarps,
-                     map_smem_bytes(d_, 2), s>>>(
-      qb, kb, n, qrow_, row_, d_, group, h0, sc2, stat_max_.data(), stat_inv_.data());
   if (splits == 1) TESSERA_CUDA_CHECK(cudaMemsetAsync(map_.data(), 0, static_cast<size_t>(nn) * sizeof(float), s));
-  map_tiles_kernel<<<dim3(static_cast<unsigned>(causal_tiles), static_cast<unsigned>(splits)), 32 * kMapWarps,
-                     map_smem_bytes(d_, 2), s>>>(
-      qb, kb, n, qrow_, row_, d_, group, h0, heads, splits, sc2, stat_max_.data(), stat_inv_.data(),
-      splits == 1 ? map_.data() : scores_.data());
+  with_map_kernels(d_, map_stages_, [&]<int D, int kStages>() {
+    map_stats_kernel<D, kStages><<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(heads)), 32 * kMapWarps,
+                                   map_stats_smem<D, kStages>(), s>>>(qb, kb, n, qrow_, row_, group, h0, sc2,
+                                                                      stat_max_.data(), stat_inv_.data());
+    map_tiles_kernel<D, kStages><<<dim3(static_cast<unsigned>(causal_tiles), static_cast<unsigned>(splits)),
+                                   32 * kMapWarps, map_tiles_smem<D, kStages>(), s>>>(
+        qb, kb, n, qrow_, row_, group, h0, heads, splits, sc2, stat_max_.data(), stat_inv_.data(),
+        splits == 1 ? map_.data() : scores_.data());
+  });
   if (splits > 1) map_sum_kernel<<<blocks_for(nn, kThreads), kThreads, 0, s>>>(scores_.data(), map_.data(), n, splits);
   const int vote_blocks = (n + kVoteRows - 1) / kVoteRows;
   fit(vote_parts_, static_cast<size_t>(vote_blocks) * static_cast<size_t>(n));

@@ -7,8 +7,9 @@
 //    true positions (the CPU tables' arithmetic) and rounded to bf16 (as the attention kernels read them; the CPU's
 //    map rounds its rotated copies alike), then two tensor-core passes over the causal 64 x 64 tiles, with no
 //    [heads, n, n] scores in memory: each row's max and 1 / sum of exps per head (online over the key tiles), then
-//    each tile's softmax summed over the heads (WMMA bf16 x bf16 -> f32: the products exact, only the f32 sums'
-//    order differs from the CPU's; the heads cut into up to 8 ranges over the CTAs, the ranges added in order)
+//    each tile's softmax summed over the heads (mma.sync bf16 x bf16 -> f32, the S tile in registers and the next
+//    tiles' copies in flight: the products exact, only the f32 sums' order differs from the CPU's; the heads cut
+//    into up to 8 ranges over the CTAs, the ranges added in order)
 //    -> the [n, n] map, then the votes (each column's sum: blocks of 32 rows in order, then the blocks). Only the map (ltri: span
 //    discovery reads it) and the n votes come back, not q and k. (Before 2026-12-01: f32 rotations and cuBLAS
 //    SGEMMs into a [heads, n, n] f32 buffer and a softmax over it: 6.6 s of Ltri's 54 s at 1M.)
@@ -202,6 +203,7 @@ class StreamDecider {
   attn::gpu::DeviceBuffer<float> vote_parts_;           // [n / 32, n]: the votes' sums per block of rows
   attn::gpu::DeviceBuffer<float> scores_, map_, votes_, dots_, mean_;  // scores_: the map's per-range partial sums
   int sm_count_ = 0;
+  int map_stages_ = 2;  // the chunk map kernels' pipeline depth (2, or 1 where shared memory is short)
   attn::gpu::DeviceBuffer<double> sim_, best_, block_scores_, weights_;  // best_: [T, blocks] (best_kernel)
   attn::gpu::DeviceBuffer<int32_t> tokens_, span_offsets_, vote_heads_;  // vote_heads_: per voter, q and k offsets
   attn::gpu::DeviceBuffer<bf16> qsel16_;  // Ltri's query rows (bf16; fused: zero rows up to a multiple of 64)
