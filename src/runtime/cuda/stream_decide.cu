@@ -1,6 +1,5 @@
 #include "runtime/cuda/stream_decide.h"
 
-#include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <mma.h>
 
@@ -26,16 +25,12 @@ using nbf = __nv_bfloat16;
 
 using attn::gpu::check_launch;
 
-void cublas_check(cublasStatus_t status, const char* what) {
-  if (status != CUBLAS_STATUS_SUCCESS)
-    throw Error("cuBLAS error " + std::string(cublasGetStatusName(status)) + " in " + what);
-}
-
-cublasHandle_t as_handle(void* h) { return static_cast<cublasHandle_t>(h); }
-
 int blocks_for(int64_t total, int threads) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((total + threads - 1) / threads, 65535LL * 16)));
 }
+
+// The dots' row stride for a tile of vt index vectors: vt rounded up to 8 floats (rows 32-byte aligned).
+int64_t dots_ld(int64_t vt) { return (vt + 7) / 8 * 8; }
 
 // Rows of `heads` head vectors, bf16 -> rotated at position pos0 + r (runtime/rope.cpp's tables and products in f32,
 // without contraction into FMAs) -> bf16, rounded to nearest even: the chunk map's q and k as the attention kernels
@@ -282,6 +277,54 @@ void with_map_kernels(int d, int stages, F&& f) {
     pick.template operator()<256>();
 }
 
+// dots[slot][a][b] (rows of stride ld) = q_h(a) . k_g(v0 + b) for the query vectors a < m (rows of qs) and the index
+// vectors b < vt of one tile, per voting head slot = blockIdx.z (voters[2 slot]: its query head's offset in a q row,
+// voters[2 slot + 1]: its kv head's in a mirror row). A CTA: 64 query vectors (16 a warp) x 64 index vectors, one q and
+// one k tile staged (rows past m or vt zero-filled), the products on the tensor cores as the chunk map's (exact bf16
+// products, f32 sums), written from the registers. (cuBLAS before: its sm_75 align1 kernels for the odd tile sizes,
+// and new heuristics for every shape, which every call is.)
+template <int D>
+__global__ void __launch_bounds__(32 * kMapWarps) dots_kernel(const nbf* qs, int64_t qrow, int64_t m, const nbf* keys,
+                                                              int64_t row, int64_t v0, int64_t vt, int64_t ld,
+                                                              const int32_t* voters, float* dots) {
+  extern __shared__ __align__(128) unsigned char map_smem[];
+  constexpr size_t kTile = map_tile_bytes<D>();
+  const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
+  const int slot = static_cast<int>(blockIdx.z);
+  const int64_t a0 = static_cast<int64_t>(blockIdx.y) * kMapTile, b0 = static_cast<int64_t>(blockIdx.x) * kMapTile;
+  const nbf* const qh = qs + voters[2 * slot];
+  const nbf* const kh = keys + (v0 + b0) * row + voters[2 * slot + 1];
+  mma::cp_async_tile<D, kMapTile, 32 * kMapWarps>(map_smem, tid, qh, [&](int r) -> const void* {
+    return a0 + r < m ? qh + (a0 + r) * qrow : nullptr;
+  });
+  mma::cp_async_tile<D, kMapTile, 32 * kMapWarps>(map_smem + kTile, tid, kh, [&](int r) -> const void* {
+    return b0 + r < vt ? kh + r * row : nullptr;
+  });
+  mma::cp_async_commit();
+  mma::cp_async_wait<0>();
+  __syncthreads();
+  if (a0 + warp * 16 >= m) return;
+  const mma::LaneSwizzle sw(lane);
+  float s[kMapTile / 8][4];
+  map_block<D>(s, map_smem, map_smem + kTile, warp, lane, sw);
+  float* const out = dots + static_cast<int64_t>(slot) * m * ld;
+  const int col = 2 * (lane % 4);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int64_t a = a0 + warp * 16 + lane / 4 + 8 * i;
+    if (a >= m) continue;
+    float* const orow = out + a * ld;
+#pragma unroll
+    for (int j = 0; j < kMapTile / 8; ++j) {
+      const int64_t b = b0 + 8 * j + col;  // (even, and ld is: 8-byte aligned)
+      if (b + 1 < vt)
+        *reinterpret_cast<float2*>(orow + b) = make_float2(s[j][2 * i], s[j][2 * i + 1]);
+      else if (b < vt)
+        orow[b] = s[j][2 * i];
+    }
+  }
+}
+
 // map[r][c] = the splits' partial sums added in split order (the heads' order), 0 above the diagonal.
 __global__ void map_sum_kernel(const float* parts, float* map, int n, int splits) {
   const int64_t nn = static_cast<int64_t>(n) * n;
@@ -462,13 +505,13 @@ __global__ void __launch_bounds__(kFusedThreads) fused_ltri_kernel(
 }
 
 // One voting head's term of sim[t][s]: w * (sum over t's vectors a in [a0, a1) of the max over s's vectors [b0, b1)
-// of dots[h][a][b]) / (a1 - a0), in f64 in the CPU's order (a1 > a0).
-__device__ __forceinline__ double head_term(const float* dots, int32_t h, int64_t m, int64_t vt, int32_t a0, int32_t a1,
+// of dots[h][a][b]) / (a1 - a0), in f64 in the CPU's order (a1 > a0). ld: the dots' row stride (dots_ld()).
+__device__ __forceinline__ double head_term(const float* dots, int32_t h, int64_t m, int64_t ld, int32_t a0, int32_t a1,
                                             int64_t b0, int64_t b1, double w) {
-  const float* dh = dots + static_cast<int64_t>(h) * m * vt;
+  const float* dh = dots + static_cast<int64_t>(h) * m * ld;
   double sum = 0;
   for (int32_t a = a0; a < a1; ++a) {
-    const float* row = dh + static_cast<int64_t>(a) * vt;
+    const float* row = dh + static_cast<int64_t>(a) * ld;
     float mx = row[b0];
     for (int64_t b = b0 + 1; b < b1; ++b) mx = fmaxf(mx, row[b]);
     sum = __dadd_rn(sum, static_cast<double>(mx));
@@ -476,10 +519,11 @@ __device__ __forceinline__ double head_term(const float* dots, int32_t h, int64_
   return __ddiv_rn(__dmul_rn(w, sum), static_cast<double>(a1 - a0));
 }
 
-// sim[t][s] for the query spans t and the stored spans s of one tile (vectors [v0, v0 + vt)): per voting head in
-// order, the mean over t's vectors of the max over s's vectors of their dot products (dots[slot][a][v - v0]).
+// sim[t][s] for the query spans t and the stored spans s of one tile (vectors from v0, dots rows of stride ld): per
+// voting head in order, the mean over t's vectors of the max over s's vectors of their dot products
+// (dots[slot][a][v - v0]).
 __global__ void sim_kernel(const float* dots, const int32_t* offsets, int32_t query_spans, const int32_t* span_first,
-                           const int32_t* span_count, int32_t s0, int32_t s1, int64_t v0, int64_t vt, int64_t m,
+                           const int32_t* span_count, int32_t s0, int32_t s1, int64_t v0, int64_t ld, int64_t m,
                            const double* weights, int32_t voters, double* sim, int64_t total_spans) {
   const int64_t width = s1 - s0;
   const int64_t total = static_cast<int64_t>(query_spans) * width;
@@ -491,7 +535,7 @@ __global__ void sim_kernel(const float* dots, const int32_t* offsets, int32_t qu
     const int64_t b0 = span_first[s] - v0, b1 = b0 + span_count[s];
     double acc = 0;
     if (a1 > a0)
-      for (int32_t h = 0; h < voters; ++h) acc = __dadd_rn(acc, head_term(dots, h, m, vt, a0, a1, b0, b1, weights[h]));
+      for (int32_t h = 0; h < voters; ++h) acc = __dadd_rn(acc, head_term(dots, h, m, ld, a0, a1, b0, b1, weights[h]));
     sim[t * total_spans + s] = acc;
   }
 }
@@ -505,7 +549,7 @@ __global__ void sim_kernel(const float* dots, const int32_t* offsets, int32_t qu
 constexpr int kSimSpans = 32;
 __global__ void __launch_bounds__(1024) sim_heads_kernel(
     const float* dots, const int32_t* offsets, int32_t query_spans, const int32_t* span_first, const int32_t* span_count,
-    int32_t s0, int32_t s1, int64_t v0, int64_t vt, int64_t m, const double* weights, int32_t voters, double* sim,
+    int32_t s0, int32_t s1, int64_t v0, int64_t ld, int64_t m, const double* weights, int32_t voters, double* sim,
     int64_t total_spans) {
   extern __shared__ double terms[];  // [blockDim.y][kSimSpans]
   const int x = static_cast<int>(threadIdx.x), y = static_cast<int>(threadIdx.y), ys = static_cast<int>(blockDim.y);
@@ -517,7 +561,7 @@ __global__ void __launch_bounds__(1024) sim_heads_kernel(
     double acc = 0;  // thread (x, 0)'s
     for (int32_t h0 = 0; h0 < voters; h0 += ys) {
       const int32_t h = h0 + y;
-      if (live && a1 > a0 && h < voters) terms[y * kSimSpans + x] = head_term(dots, h, m, vt, a0, a1, b0, b1, weights[h]);
+      if (live && a1 > a0 && h < voters) terms[y * kSimSpans + x] = head_term(dots, h, m, ld, a0, a1, b0, b1, weights[h]);
       __syncthreads();
       if (y == 0 && live && a1 > a0)
         for (int32_t j = 0; j < min(ys, voters - h0); ++j) acc = __dadd_rn(acc, terms[j * kSimSpans + x]);
@@ -878,11 +922,6 @@ StreamDecider::StreamDecider(const ModelConfig& cfg)
   if (fused_)
     TESSERA_CUDA_CHECK(cudaFuncSetAttribute(fused_ltri_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(fused_smem_bytes(d_))));
-  cublasHandle_t h = nullptr;
-  cublas_check(cublasCreate(&h), "cublasCreate");
-  handle_ = h;
-  // The index scoring's bf16 GEMMs (CUBLAS_COMPUTE_32F) on the tensor cores; no TF32 anywhere.
-  cublas_check(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
   int device = 0;
   TESSERA_CUDA_CHECK(cudaGetDevice(&device));
   TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
@@ -899,12 +938,12 @@ StreamDecider::StreamDecider(const ModelConfig& cfg)
                                             static_cast<int>(map_stats_smem<D, kStages>())));
     TESSERA_CUDA_CHECK(cudaFuncSetAttribute(map_tiles_kernel<D, kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(map_tiles_smem<D, kStages>())));
+    TESSERA_CUDA_CHECK(cudaFuncSetAttribute(dots_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(2 * map_tile_bytes<D>())));
   });
 }
 
-StreamDecider::~StreamDecider() {
-  if (handle_ != nullptr) cublasDestroy(as_handle(handle_));
-}
+StreamDecider::~StreamDecider() = default;
 
 size_t StreamDecider::device_bytes() const {
   size_t b = qb_.bytes() + kb_.bytes() + stat_max_.bytes() + stat_inv_.bytes() + vote_parts_.bytes() + scores_.bytes() + map_.bytes() + votes_.bytes() +
@@ -947,6 +986,10 @@ void StreamDecider::wait(cudaStream_t s) {
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
   if (s == arena_stream_) arena_used_ = 0;
   synced();
+}
+
+void StreamDecider::issued(std::chrono::steady_clock::time_point t0) {
+  if (timer_) prof_.issue += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void StreamDecider::profile(bool on) {
@@ -1011,6 +1054,7 @@ void StreamDecider::synced() {
 void StreamDecider::launch_chunk(const bf16* q, const bf16* k, int32_t n, int32_t pos, const float* inv_freq,
                                  float scale, bool want_map, bool candidates, double theta_quantile, cudaStream_t s,
                                  int32_t map_head) {
+  const auto t_issue = std::chrono::steady_clock::now();
   check(map_head < nq_, "GPU streaming: the map's head is outside the model's query heads");
   check(!pending_, "GPU streaming: a chunk's decisions launched before the last one was waited for");
   const int64_t nn = static_cast<int64_t>(n) * n;
@@ -1072,7 +1116,7 @@ void StreamDecider::launch_chunk(const bf16* q, const bf16* k, int32_t n, int32_
   map_n_ = n;
   pending_ = true;
   pending_candidates_ = candidates;
-  if (!candidates) return;
+  if (!candidates) return issued(t_issue);
   // Span discovery: prefix sums, theta, the best point per anti-diagonal.
   const int64_t w = static_cast<int64_t>(n) + 1;
   fit(prefix_, static_cast<size_t>(w * w));
@@ -1109,12 +1153,14 @@ void StreamDecider::launch_chunk(const bf16* q, const bf16* k, int32_t n, int32_
                                      cudaMemcpyDeviceToHost, s));
   TESSERA_CUDA_CHECK(cudaMemcpyAsync(cand_score_host_.data() + diagonals, theta_dev_.data(), sizeof(double),
                                      cudaMemcpyDeviceToHost, s));
+  issued(t_issue);
 }
 
 std::vector<stream::SpanMasses> StreamDecider::span_masses(std::span<const stream::Span> spans, cudaStream_t s) {
   const auto count = static_cast<int32_t>(spans.size());
   std::vector<stream::SpanMasses> out(spans.size());
   if (count == 0) return out;
+  const auto t_issue = std::chrono::steady_clock::now();
   staging_.grow(static_cast<size_t>(2 * count));
   for (int32_t i = 0; i < count; ++i) {
     staging_[2 * i] = spans[static_cast<size_t>(i)].begin;
@@ -1130,6 +1176,7 @@ std::vector<stream::SpanMasses> StreamDecider::span_masses(std::span<const strea
   masses_host_.grow(static_cast<size_t>(2 * count));
   TESSERA_CUDA_CHECK(cudaMemcpyAsync(masses_host_.data(), masses_.data(), static_cast<size_t>(2 * count) * sizeof(double),
                                      cudaMemcpyDeviceToHost, s));
+  issued(t_issue);
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
   if (s == arena_stream_) arena_used_ = 0;
   synced();
@@ -1177,6 +1224,7 @@ void StreamDecider::set_mirror_heads(Mirror& M, int32_t head_begin, int32_t head
 void StreamDecider::append_index_keys(int32_t layer, const bf16* ring, int32_t ring_rows, int32_t sinks,
                                       std::span<const int32_t> positions, int32_t head_begin, int32_t heads,
                                       cudaStream_t s) {
+  const auto t_issue = std::chrono::steady_clock::now();
   Mirror& M = mirrors_[static_cast<size_t>(layer)];
   const auto m = static_cast<int64_t>(positions.size());
   if (m == 0) return;
@@ -1197,6 +1245,7 @@ void StreamDecider::append_index_keys(int32_t layer, const bf16* ring, int32_t r
   check_launch("stream index keys to the mirror");
   end(kKeys, s);
   M.vectors += m;
+  issued(t_issue);
 }
 
 std::vector<float> StreamDecider::mirror_keys(int32_t layer) const {
@@ -1360,43 +1409,23 @@ void StreamDecider::mirror(int32_t layer, const stream::SpanIndex& index, cudaSt
   }
 }
 
-// dots_[slot] (row-major [m, vt]) = Q_h K_g^T over the mirror's vectors [v0, v0 + vt), for each voting head in slot
-// order: column-major C [vt, m] = K^T-read (TN); bf16 x bf16 products (exact in f32), f32 sums, f32 out.
-void StreamDecider::tile_dots(Mirror& M, int64_t m, std::span<const int32_t> heads, int64_t v0, int64_t vt,
-                              cudaStream_t s) {
-  const cublasHandle_t h = as_handle(handle_);
-  const auto H = static_cast<int32_t>(heads.size());
-  const float alpha = 1.0f, beta = 0.0f;
-  const int group = nq_ / nkv_;
-  const bf16* keys = M.keys.data();
-  const bf16* qs = qsel16_.data();
-  fit(dots_, static_cast<size_t>(static_cast<int64_t>(H) * m * vt));
-  const int64_t row = M.row;  // the kept kv heads' values per vector
-  if (H == nq_ && M.row == row_) {
-    for (int j = 0; j < group; ++j)
-      cublas_check(cublasGemmStridedBatchedEx(
-                       h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(vt), static_cast<int>(m), d_, &alpha,
-                       keys + v0 * row, CUDA_R_16BF, static_cast<int>(row), d_, qs + static_cast<int64_t>(j) * d_,
-                       CUDA_R_16BF, static_cast<int>(qrow_), static_cast<int64_t>(group) * d_, &beta,
-                       dots_.data() + j * m * vt, CUDA_R_32F, static_cast<int>(vt), group * m * vt, nkv_,
-                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                   "stream ltri scores: cublasGemmStridedBatchedEx");
-  } else {
-    for (int32_t slot = 0; slot < H; ++slot) {
-      const int32_t hh = heads[static_cast<size_t>(slot)], g = hh / group - M.head_begin;  // within the kept
-      cublas_check(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(vt), static_cast<int>(m), d_, &alpha,
-                                keys + v0 * row + static_cast<int64_t>(g) * d_, CUDA_R_16BF, static_cast<int>(row),
-                                qs + static_cast<int64_t>(hh) * d_, CUDA_R_16BF, static_cast<int>(qrow_), &beta,
-                                dots_.data() + slot * m * vt, CUDA_R_32F, static_cast<int>(vt), CUBLAS_COMPUTE_32F,
-                                CUBLAS_GEMM_DEFAULT),
-                   "stream ltri scores: cublasGemmEx");
-    }
-  }
+// dots_[slot] (row-major [m, vt], rows of stride dots_ld(vt)) = Q_h K_g^T over the mirror's vectors [v0, v0 + vt),
+// for each voting head in slot order (vote_heads_: upload_voters()), by dots_kernel.
+void StreamDecider::tile_dots(Mirror& M, int64_t m, int32_t H, int64_t v0, int64_t vt, cudaStream_t s) {
+  const int64_t ld = dots_ld(vt);
+  fit(dots_, static_cast<size_t>(static_cast<int64_t>(H) * m * ld));
+  const dim3 grid(static_cast<unsigned>((vt + kMapTile - 1) / kMapTile), static_cast<unsigned>((m + kMapTile - 1) / kMapTile),
+                  static_cast<unsigned>(H));
+  const auto* qs = reinterpret_cast<const nbf*>(qsel16_.data());
+  const auto* keys = reinterpret_cast<const nbf*>(M.keys.data());
+  with_map_kernels(d_, 1, [&]<int D, int>() {
+    dots_kernel<D><<<grid, 32 * kMapWarps, 2 * map_tile_bytes<D>(), s>>>(qs, qrow_, m, keys, M.row, v0, vt, ld,
+                                                                         vote_heads_.data(), dots_.data());
+  });
+  check_launch("stream ltri scores: dots");
 }
 
-void StreamDecider::gemm_scores(Mirror& M, int64_t m, int32_t T, std::span<const int32_t> heads, cudaStream_t s) {
-  cublas_check(cublasSetStream(as_handle(handle_), s), "cublasSetStream");
-  const auto H = static_cast<int32_t>(heads.size());
+void StreamDecider::gemm_scores(Mirror& M, int64_t m, int32_t T, int32_t H, cudaStream_t s) {
   const int64_t S = M.spans;
   // Tiles of whole spans, of at most dots_budget_ dot products each (~256 MB; one longer span may be a tile).
   const int64_t tile_vectors = std::max<int64_t>(min_tile_vectors_, dots_budget_ / (static_cast<int64_t>(H) * m));
@@ -1407,38 +1436,26 @@ void StreamDecider::gemm_scores(Mirror& M, int64_t m, int32_t T, std::span<const
     int64_t s1 = s0 + 1;
     while (s1 < S && end(s1) - v0 <= tile_vectors) ++s1;
     const int64_t vt = end(s1 - 1) - v0;
-    tile_dots(M, m, heads, v0, vt, s);
+    tile_dots(M, m, H, v0, vt, s);
     if (serial_sim_ || H == 1) {  // (one voter: sim_kernel's CTAs of 256 threads, 35.7 us against 44.7 at 256K)
       sim_kernel<<<blocks_for(static_cast<int64_t>(T) * (s1 - s0), kThreads), kThreads, 0, s>>>(
           dots_.data(), span_offsets_.data(), T, M.span_first.data(), M.span_count.data(), static_cast<int32_t>(s0),
-          static_cast<int32_t>(s1), v0, vt, m, weights_.data(), H, sim_.data(), S);
+          static_cast<int32_t>(s1), v0, dots_ld(vt), m, weights_.data(), H, sim_.data(), S);
     } else {
       const int ys = std::min<int32_t>(H, 1024 / kSimSpans);  // heads per round: one per thread row
       const dim3 grid(static_cast<unsigned>((s1 - s0 + kSimSpans - 1) / kSimSpans), static_cast<unsigned>(std::min(T, 65535)));
       sim_heads_kernel<<<grid, dim3(kSimSpans, static_cast<unsigned>(ys)),
                          static_cast<size_t>(ys) * kSimSpans * sizeof(double), s>>>(
           dots_.data(), span_offsets_.data(), T, M.span_first.data(), M.span_count.data(), static_cast<int32_t>(s0),
-          static_cast<int32_t>(s1), v0, vt, m, weights_.data(), H, sim_.data(), S);
+          static_cast<int32_t>(s1), v0, dots_ld(vt), m, weights_.data(), H, sim_.data(), S);
     }
     check_launch("stream ltri scores: sim");
     s0 = s1;
   }
 }
 
-void StreamDecider::fused_scores(Mirror& M, int64_t m, int32_t T, std::span<const int32_t> heads, cudaStream_t s) {
-  const auto H = static_cast<int32_t>(heads.size());
+void StreamDecider::fused_scores(Mirror& M, int64_t m, int32_t T, int32_t H, cudaStream_t s) {
   const auto* qs = reinterpret_cast<const nbf*>(qsel16_.data());
-  // Per voter: its query head's offset in a query row and its kv head's in a mirror row (staged by ltri_scores()
-  // after the tokens and span offsets: the pinned staging is read by the copies in flight).
-  int32_t* voters = staging_.data() + m + T + 1;
-  const int group = nq_ / nkv_;
-  for (int32_t slot = 0; slot < H; ++slot) {
-    const int32_t hh = heads[static_cast<size_t>(slot)];
-    voters[2 * slot] = hh * d_;
-    voters[2 * slot + 1] = (hh / group - M.head_begin) * d_;
-  }
-  fit(vote_heads_, static_cast<size_t>(2 * H));
-  h2d(vote_heads_.data(), voters, static_cast<size_t>(2 * H), s);
   const auto tiles = static_cast<int32_t>(M.tile_begin_host.size());
   fused_ltri_kernel<<<tiles, kFusedThreads, fused_smem_bytes(d_), s>>>(
       qs, qrow_, static_cast<int32_t>(m), reinterpret_cast<const nbf*>(M.keys.data()), M.row, d_, vote_heads_.data(),
@@ -1450,6 +1467,7 @@ void StreamDecider::fused_scores(Mirror& M, int64_t m, int32_t T, std::span<cons
 std::vector<double> StreamDecider::ltri_scores(int32_t layer, const stream::SpanIndex& index, const bf16* q,
                                                std::span<const int32_t> tokens, std::span<const int32_t> counts,
                                                const stream::HeadWeights& w, cudaStream_t s) {
+  const auto t_issue = std::chrono::steady_clock::now();
   const Section section = index.kv_heads_kept() > 1 ? kScoresWide : kScores;
   begin(section, s);
   mirror(layer, index, s);
@@ -1478,7 +1496,7 @@ std::vector<double> StreamDecider::ltri_scores(int32_t layer, const stream::Span
     }
   const auto H = static_cast<int32_t>(heads.size());
   // Query vectors and span offsets.
-  staging_.grow(static_cast<size_t>(m + T + 1 + 2 * H));  // (+ fused_scores()'s voter offsets)
+  staging_.grow(static_cast<size_t>(m + T + 1 + 2 * H));  // (+ the voters' offsets)
   std::copy(tokens.begin(), tokens.end(), staging_.data());
   int32_t* offsets = staging_.data() + m;
   offsets[0] = 0;
@@ -1498,10 +1516,20 @@ std::vector<double> StreamDecider::ltri_scores(int32_t layer, const stream::Span
     gather_bf16_kernel<<<blocks_for(m_pad * qrow_, kThreads), kThreads, 0, s>>>(
         reinterpret_cast<const nbf*>(q), tokens_.data(), reinterpret_cast<nbf*>(qsel16_.data()), m, m_pad, qrow_);
     check_launch("stream ltri scores: gather");
+    // Per voter: its query head's offset in a query row and its kv head's in a mirror row (in the pinned staging
+    // after the tokens and span offsets: it is read by the copies in flight).
+    int32_t* voters = staging_.data() + m + T + 1;
+    for (int32_t slot = 0; slot < H; ++slot) {
+      const int32_t hh = heads[static_cast<size_t>(slot)];
+      voters[2 * slot] = hh * d_;
+      voters[2 * slot + 1] = (hh / group - M.head_begin) * d_;
+    }
+    fit(vote_heads_, static_cast<size_t>(2 * H));
+    h2d(vote_heads_.data(), voters, static_cast<size_t>(2 * H), s);
     if (fused_)
-      fused_scores(M, m, T, heads, s);
+      fused_scores(M, m, T, H, s);
     else
-      gemm_scores(M, m, T, heads, s);
+      gemm_scores(M, m, T, H, s);
   } else if (static_cast<int64_t>(T) * S > 0) {
     TESSERA_CUDA_CHECK(cudaMemsetAsync(sim_.data(), 0, static_cast<size_t>(T) * static_cast<size_t>(S) * sizeof(double), s));
   }
@@ -1522,6 +1550,7 @@ std::vector<double> StreamDecider::ltri_scores(int32_t layer, const stream::Span
   }
   check_launch("stream ltri scores: blocks");
   end(section, s);
+  issued(t_issue);
   return download_scores(blocks, s);
 }
 

@@ -32,9 +32,10 @@
 //    device, then sim(t, s) = sum_h w_h mean_{a in t} max_{b in s} q_h(a).k(b) and score(blk) = sum_t max_{s in blk}
 //    sim(t, s) in f64 in the CPU's order (SpanIndex::block_scores); only the block scores come back. Two ways to the
 //    dot products over the same mirror (TESSERA_LTRI_SCORING, read at construction; kDefaultLtriScoring without it):
-//     * gemm (the default): cuBLAS GEMMs per voting head on the tensor cores — bf16 q and k in, f32 out, CUBLAS_COMPUTE_32F
-//       (cublasGemmStridedBatchedEx over the kv heads when every head votes over every kv head, else cublasGemmEx
-//       per head) — into a [heads, queries, vectors] dots buffer per tile of whole spans (~256 MB at most), then
+//     * gemm (the default): the dot products of every voting head in one launch on the tensor cores (dots_kernel:
+//       64 x 64 tiles by mma.sync, bf16 q and k in, f32 out; cuBLAS GEMMs per head before 2026-12-02, whose per-shape
+//       heuristics every call paid) into a [heads, queries, vectors] dots buffer per tile of whole spans (~256 MB at
+//       most), then
 //       sim_heads_kernel: per query span and 32 stored spans a CTA, a thread row per voting head (32 per round), each
 //       head's term w_h * mean max in parallel, summed in head order: bit-identical to sim_kernel (gemm-serial: one
 //       thread per (t, s) walking the heads in turn; which one voter's sim takes: its CTAs of 256 threads). H200 at
@@ -62,6 +63,7 @@
 
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -78,7 +80,7 @@ namespace tessera::runtime::gpu {
 
 class StreamDecider {
  public:
-  // Throws tessera::Error when cuBLAS cannot start.
+  // Throws tessera::Error for a head_dim other than 64, 128 or 256 (the chunk map's and the dots' kernels).
   explicit StreamDecider(const ModelConfig& config);
   ~StreamDecider();
   StreamDecider(const StreamDecider&) = delete;
@@ -139,9 +141,12 @@ class StreamDecider {
     double keys = 0;     // the evictions' index keys gathered from the ring (into Ltri's mirror / back for InfLLM)
     double scores = 0;   // block scoring: mirror updates, query gather, GEMMs / fused kernel, sim, per-block reduce
     double scores_wide = 0;  // ... of which Ltri's layers whose index keeps several kv heads (every head votes)
+    double issue = 0;    // host seconds issuing the sections' work (each call's launches and copies, to its sync)
     int64_t waits = 0;   // host synchronisations with the stream (counted whether profiling or not)
   };
   void profile(bool on);
+  // Adds the host time since `t0` to prof_.issue when profiling.
+  void issued(std::chrono::steady_clock::time_point t0);
   const Profile& profile_stats() const { return prof_; }
 
   // The most dot products one tile of the gemm scoring holds (default 64M, and tiles of at least 1,024 vectors);
@@ -176,10 +181,10 @@ class StreamDecider {
   void mirror(int32_t layer, const stream::SpanIndex& index, cudaStream_t stream);
   void set_mirror_heads(Mirror& M, int32_t head_begin, int32_t heads);
   // The dot products of the query rows in qsel16_ ([m, q_heads * d] bf16) with the mirror's keys -> sim_.
-  void fused_scores(Mirror& M, int64_t m, int32_t T, std::span<const int32_t> heads, cudaStream_t s);
-  void gemm_scores(Mirror& M, int64_t m, int32_t T, std::span<const int32_t> heads, cudaStream_t s);
-  // dots_ = the voting heads' query rows . the mirror's vectors [v0, v0 + vt) (cuBLAS).
-  void tile_dots(Mirror& M, int64_t m, std::span<const int32_t> heads, int64_t v0, int64_t vt, cudaStream_t s);
+  void fused_scores(Mirror& M, int64_t m, int32_t T, int32_t H, cudaStream_t s);
+  void gemm_scores(Mirror& M, int64_t m, int32_t T, int32_t H, cudaStream_t s);
+  // dots_ = the voting heads' query rows . the mirror's vectors [v0, v0 + vt) (dots_kernel).
+  void tile_dots(Mirror& M, int64_t m, int32_t H, int64_t v0, int64_t vt, cudaStream_t s);
   struct MeansMirror {
     attn::gpu::DeviceBuffer<float> means;  // [capacity, row]
     int64_t blocks = 0, capacity = 0;
@@ -197,7 +202,6 @@ class StreamDecider {
   bool fused_ = true;       // TESSERA_LTRI_SCORING (fused | gemm | gemm-serial), read at construction; fused needs head_dim % 16 == 0
   int64_t dots_budget_ = int64_t{64} << 20, min_tile_vectors_ = 1024;  // gemm_scores()'s tiles
   bool serial_sim_ = false;  // gemm-serial: the gemm path with sim_kernel (one thread per (t, s), heads in turn)
-  void* handle_ = nullptr;  // cublasHandle_t
   attn::gpu::DeviceBuffer<bf16> qb_, kb_;  // the chunk map's rotated q and k (bf16, rows padded to its tile)
   attn::gpu::DeviceBuffer<float> stat_max_, stat_inv_;  // [heads, n]: each causal row's max and 1 / sum of exps
   attn::gpu::DeviceBuffer<float> vote_parts_;           // [n / 32, n]: the votes' sums per block of rows
