@@ -568,20 +568,23 @@ TEST(SpanIndex, BlockScoresEqualNaiveReference) {
   EXPECT_EQ(stream::top_blocks(std::vector<double>{1, 5}, 7), (std::vector<int32_t>{0, 1}));
 }
 
-// top_blocks (a partial sort) against the obvious twin: every index stably sorted by score descending, the first k,
-// in block order. Scores drawn from few values (many ties), with -inf and +inf among them; k from 0 past the count.
+// top_blocks (one pass keeping a heap of the best k) against the obvious twin: every index stably sorted by score
+// descending, the first k, in block order. Scores drawn from few values (many ties), with -inf and +inf among them;
+// k from 0 past the count; then long runs (up to 20,000 blocks, k up to 64, as retrieval's top-32 of a 1M index) of
+// few or many distinct values.
 TEST(SpanIndex, TopBlocksEqualsAFullSort) {
   std::mt19937 rng(17);
   const double inf = std::numeric_limits<double>::infinity();
-  for (int trial = 0; trial < 400; ++trial) {
-    const int n = 1 + static_cast<int>(rng() % 300);
-    const int distinct = 1 + static_cast<int>(rng() % 12);
+  for (int trial = 0; trial < 460; ++trial) {
+    const bool long_run = trial >= 400;
+    const int n = 1 + static_cast<int>(rng() % (long_run ? 20000 : 300));
+    const int distinct = 1 + static_cast<int>(rng() % (long_run && trial % 2 == 0 ? 100000 : 12));
     std::vector<double> scores(static_cast<size_t>(n));
     for (double& x : scores) {
       const uint32_t r = rng() % 20;
       x = r == 0 ? -inf : r == 1 ? inf : static_cast<double>(rng() % distinct) * 0.25 - 1.0;
     }
-    const int k = static_cast<int>(rng() % (n + 3));
+    const int k = static_cast<int>(rng() % (long_run ? 65 : n + 3));
     std::vector<int32_t> want(static_cast<size_t>(n));
     std::iota(want.begin(), want.end(), 0);
     std::stable_sort(want.begin(), want.end(), [&](int32_t a, int32_t b) {

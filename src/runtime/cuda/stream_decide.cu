@@ -325,6 +325,96 @@ __global__ void __launch_bounds__(32 * kMapWarps) dots_kernel(const nbf* qs, int
   }
 }
 
+// The span maxima (gemm scoring): out[slot][a][s - s0] = max over stored span s's vectors b of q_h(a) . k_g(b), for the
+// query vectors a < m and the spans of the fused scoring's tiles x0 + blockIdx.x (whole spans, <= kFusedVectors
+// vectors and spans, or one longer span), per voting head slot = blockIdx.z (voters as dots_kernel's); rows of stride
+// ld. A CTA: 64 query vectors (16 a warp) against its tile's vectors 128 at a time (one pass, but for a longer
+// span), the products on the tensor cores as dots_kernel's (the same values: the same fragments in the same order),
+// then through shared memory each (row, span)'s maximum — exact in any order, so sim over these maxima is bit for bit
+// sim over the dots. The dots never reach memory: the kernel writes one float per (row, span), not per vector.
+constexpr int kSpanPass = 128, kSpanLd = kSpanPass + 4;  // (= kFusedVectors, the tiles' most vectors)
+template <int D>
+constexpr size_t spanmax_smem() {
+  return map_tile_bytes<D>() + std::max(2 * map_tile_bytes<D>(), static_cast<size_t>(kMapTile) * kSpanLd * sizeof(float)) +
+         2 * kSpanPass * sizeof(int32_t);
+}
+template <int D>
+__global__ void __launch_bounds__(32 * kMapWarps) spanmax_kernel(const nbf* qs, int64_t qrow, int64_t m, const nbf* keys,
+                                                                 int64_t row, const int32_t* voters,
+                                                                 const int32_t* span_first, const int32_t* span_count,
+                                                                 const int32_t* tile_begin, int32_t x0, int32_t tiles,
+                                                                 int64_t S, int64_t s0, int64_t ld, float* out) {
+  extern __shared__ __align__(128) unsigned char map_smem[];
+  constexpr size_t kTile = map_tile_bytes<D>();
+  unsigned char* const qtile = map_smem;
+  unsigned char* const ktile = map_smem + kTile;  // [kSpanPass, D] bf16, then the products [kMapTile, kSpanLd] f32
+  float* const prod = reinterpret_cast<float*>(ktile);
+  auto* const first = reinterpret_cast<int32_t*>(ktile + (spanmax_smem<D>() - kTile - 2 * kSpanPass * sizeof(int32_t)));
+  int32_t* const count = first + kSpanPass;
+  const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
+  const int x = x0 + static_cast<int>(blockIdx.x), slot = static_cast<int>(blockIdx.z);
+  const int64_t sb = tile_begin[x], se = x + 1 < tiles ? tile_begin[x + 1] : S;
+  const int ns = static_cast<int>(se - sb);
+  const int64_t vb = span_first[sb], ve = static_cast<int64_t>(span_first[se - 1]) + span_count[se - 1];
+  const int64_t a0 = static_cast<int64_t>(blockIdx.y) * kMapTile;
+  for (int i = tid; i < ns; i += 32 * kMapWarps) {
+    first[i] = static_cast<int32_t>(span_first[sb + i] - vb);
+    count[i] = span_count[sb + i];
+  }
+  const nbf* const qh = qs + voters[2 * slot];
+  const nbf* const kh = keys + voters[2 * slot + 1];
+  mma::cp_async_tile<D, kMapTile, 32 * kMapWarps>(qtile, tid, qh, [&](int r) -> const void* {
+    return a0 + r < m ? qh + (a0 + r) * qrow : nullptr;
+  });
+  const mma::LaneSwizzle sw(lane);
+  const int64_t wr = a0 + warp * 16;  // the warp's first row
+  const float* const mine = prod + warp * 16 * kSpanLd;
+  float run = -INFINITY;  // one span over several passes: lane r < 16's running max for row wr + r
+  for (int64_t p = vb; p < ve; p += kSpanPass) {
+    mma::cp_async_tile<D, kSpanPass, 32 * kMapWarps>(ktile, tid, kh, [&](int r) -> const void* {
+      return p + r < ve ? kh + (p + r) * row : nullptr;
+    });
+    mma::cp_async_commit();
+    mma::cp_async_wait<0>();
+    __syncthreads();  // the q tile (first pass), the key tile and the spans staged
+    float sv[kSpanPass / 8][4];
+#pragma unroll
+    for (auto& f : sv) f[0] = f[1] = f[2] = f[3] = 0.0f;
+    if (wr < m)
+      mma::warp_qk<nbf, D, kSpanPass>(sv,
+                                      mma::smem_addr(qtile) + static_cast<uint32_t>(warp * 16 * D * 2) +
+                                          mma::LaneSwizzle::a_row<D>(lane),
+                                      mma::smem_addr(ktile) + mma::LaneSwizzle::b_row<D>(lane), sw);
+    __syncthreads();  // every warp's products read the key tile: its bytes take the products
+    if (wr < m) {
+      float* const w = prod + (warp * 16 + lane / 4) * kSpanLd + 2 * (lane % 4);
+#pragma unroll
+      for (int j = 0; j < kSpanPass / 8; ++j) {
+        w[8 * j] = sv[j][0];
+        w[8 * j + 1] = sv[j][1];
+        w[8 * kSpanLd + 8 * j] = sv[j][2];
+        w[8 * kSpanLd + 8 * j + 1] = sv[j][3];
+      }
+      __syncwarp();
+      if (ns == 1) {  // one span (maybe longer than a pass): its maximum over this pass's vectors
+        const int cols = static_cast<int>(std::min<int64_t>(kSpanPass, ve - p));
+        if (lane < 16)
+          for (int c = 0; c < cols; ++c) run = fmaxf(run, mine[lane * kSpanLd + c]);
+      } else {  // whole spans within this one pass: (row, span) pairs over the lanes
+        for (int i = lane; i < 16 * ns; i += 32) {
+          const int r = i / ns, k = i % ns;
+          const float* const pr = mine + r * kSpanLd + first[k];
+          float mx = pr[0];
+          for (int c = 1; c < count[k]; ++c) mx = fmaxf(mx, pr[c]);
+          if (wr + r < m) out[static_cast<int64_t>(slot) * m * ld + (wr + r) * ld + (sb - s0) + k] = mx;
+        }
+      }
+    }
+    __syncthreads();  // the products read before the next pass's keys overwrite them
+  }
+  if (ns == 1 && lane < 16 && wr + lane < m) out[static_cast<int64_t>(slot) * m * ld + (wr + lane) * ld + (sb - s0)] = run;
+}
+
 // map[r][c] = the splits' partial sums added in split order (the heads' order), 0 above the diagonal.
 __global__ void map_sum_kernel(const float* parts, float* map, int n, int splits) {
   const int64_t nn = static_cast<int64_t>(n) * n;
@@ -392,6 +482,7 @@ __global__ void gather_bf16_kernel(const nbf* q, const int32_t* tokens, nbf* out
 // when a query span ends, sim[t][s] += w_h * sum / count (f64: sim_kernel's and the CPU's operations and order).
 constexpr int kFusedRows = 64;      // query rows per pass: 4 warps x 16
 constexpr int kFusedVectors = 128;  // stored vectors per pass; also the most spans of a tile (one thread each)
+static_assert(kSpanPass == kFusedVectors, "spanmax_kernel's passes: a tile's most vectors");
 constexpr int kFusedThreads = 128;
 constexpr int kDotsLd = kFusedVectors + 4;
 size_t fused_smem_bytes(int d) {
@@ -519,9 +610,19 @@ __device__ __forceinline__ double head_term(const float* dots, int32_t h, int64_
   return __ddiv_rn(__dmul_rn(w, sum), static_cast<double>(a1 - a0));
 }
 
+// The columns of stored span s in the rows sim reads: its vectors' dot products [span_first[s] - v0, + span_count[s])
+// of a dots tile, or (kMaxima) its one column s - s0 of a tile of span maxima (spanmax_kernel: the same maxima).
+template <bool kMaxima>
+__device__ __forceinline__ void span_columns(int64_t s, int64_t s0, int64_t v0, const int32_t* span_first,
+                                             const int32_t* span_count, int64_t& b0, int64_t& b1) {
+  b0 = kMaxima ? s - s0 : span_first[s] - v0;
+  b1 = kMaxima ? b0 + 1 : b0 + span_count[s];
+}
+
 // sim[t][s] for the query spans t and the stored spans s of one tile (vectors from v0, dots rows of stride ld): per
 // voting head in order, the mean over t's vectors of the max over s's vectors of their dot products
-// (dots[slot][a][v - v0]).
+// (dots[slot][a][v - v0]; kMaxima: those maxima, dots[slot][a][s - s0]).
+template <bool kMaxima>
 __global__ void sim_kernel(const float* dots, const int32_t* offsets, int32_t query_spans, const int32_t* span_first,
                            const int32_t* span_count, int32_t s0, int32_t s1, int64_t v0, int64_t ld, int64_t m,
                            const double* weights, int32_t voters, double* sim, int64_t total_spans) {
@@ -532,7 +633,8 @@ __global__ void sim_kernel(const float* dots, const int32_t* offsets, int32_t qu
     const int64_t t = idx / width;
     const int64_t s = s0 + idx % width;
     const int32_t a0 = offsets[t], a1 = offsets[t + 1];
-    const int64_t b0 = span_first[s] - v0, b1 = b0 + span_count[s];
+    int64_t b0, b1;
+    span_columns<kMaxima>(s, s0, v0, span_first, span_count, b0, b1);
     double acc = 0;
     if (a1 > a0)
       for (int32_t h = 0; h < voters; ++h) acc = __dadd_rn(acc, head_term(dots, h, m, ld, a0, a1, b0, b1, weights[h]));
@@ -547,6 +649,7 @@ __global__ void sim_kernel(const float* dots, const int32_t* offsets, int32_t qu
 // in head order. The same f64 operations in the same order as sim_kernel (each term, then acc += term, head after
 // head; fmaxf's order does not matter): bit-identical to it, with blockDim.y times the threads.
 constexpr int kSimSpans = 32;
+template <bool kMaxima>
 __global__ void __launch_bounds__(1024) sim_heads_kernel(
     const float* dots, const int32_t* offsets, int32_t query_spans, const int32_t* span_first, const int32_t* span_count,
     int32_t s0, int32_t s1, int64_t v0, int64_t ld, int64_t m, const double* weights, int32_t voters, double* sim,
@@ -555,7 +658,8 @@ __global__ void __launch_bounds__(1024) sim_heads_kernel(
   const int x = static_cast<int>(threadIdx.x), y = static_cast<int>(threadIdx.y), ys = static_cast<int>(blockDim.y);
   const int64_t s = s0 + static_cast<int64_t>(blockIdx.x) * kSimSpans + x;
   const bool live = s < s1;
-  const int64_t b0 = live ? span_first[s] - v0 : 0, b1 = live ? b0 + span_count[s] : 0;
+  int64_t b0 = 0, b1 = 0;
+  if (live) span_columns<kMaxima>(s, s0, v0, span_first, span_count, b0, b1);
   for (int64_t t = blockIdx.y; t < query_spans; t += gridDim.y) {
     const int32_t a0 = offsets[t], a1 = offsets[t + 1];
     double acc = 0;  // thread (x, 0)'s
@@ -940,6 +1044,8 @@ StreamDecider::StreamDecider(const ModelConfig& cfg)
                                             static_cast<int>(map_tiles_smem<D, kStages>())));
     TESSERA_CUDA_CHECK(cudaFuncSetAttribute(dots_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(2 * map_tile_bytes<D>())));
+    TESSERA_CUDA_CHECK(cudaFuncSetAttribute(spanmax_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(spanmax_smem<D>())));
   });
 }
 
@@ -1427,30 +1533,61 @@ void StreamDecider::tile_dots(Mirror& M, int64_t m, int32_t H, int64_t v0, int64
 
 void StreamDecider::gemm_scores(Mirror& M, int64_t m, int32_t T, int32_t H, cudaStream_t s) {
   const int64_t S = M.spans;
-  // Tiles of whole spans, of at most dots_budget_ dot products each (~256 MB; one longer span may be a tile).
-  const int64_t tile_vectors = std::max<int64_t>(min_tile_vectors_, dots_budget_ / (static_cast<int64_t>(H) * m));
-  const auto first = [&](int64_t span) { return static_cast<int64_t>(M.first_host[static_cast<size_t>(span)]); };
-  const auto end = [&](int64_t span) { return first(span) + M.count_host[static_cast<size_t>(span)]; };
-  for (int64_t s0 = 0; s0 < S;) {
-    const int64_t v0 = first(s0);
-    int64_t s1 = s0 + 1;
-    while (s1 < S && end(s1) - v0 <= tile_vectors) ++s1;
-    const int64_t vt = end(s1 - 1) - v0;
-    tile_dots(M, m, H, v0, vt, s);
+  const auto sim = [&](const float* rows, int64_t s0, int64_t s1, int64_t v0, int64_t ld, auto maxima) {
+    constexpr bool kMaxima = decltype(maxima)::value;
     if (serial_sim_ || H == 1) {  // (one voter: sim_kernel's CTAs of 256 threads, 35.7 us against 44.7 at 256K)
-      sim_kernel<<<blocks_for(static_cast<int64_t>(T) * (s1 - s0), kThreads), kThreads, 0, s>>>(
-          dots_.data(), span_offsets_.data(), T, M.span_first.data(), M.span_count.data(), static_cast<int32_t>(s0),
-          static_cast<int32_t>(s1), v0, dots_ld(vt), m, weights_.data(), H, sim_.data(), S);
+      sim_kernel<kMaxima><<<blocks_for(static_cast<int64_t>(T) * (s1 - s0), kThreads), kThreads, 0, s>>>(
+          rows, span_offsets_.data(), T, M.span_first.data(), M.span_count.data(), static_cast<int32_t>(s0),
+          static_cast<int32_t>(s1), v0, ld, m, weights_.data(), H, sim_.data(), S);
     } else {
       const int ys = std::min<int32_t>(H, 1024 / kSimSpans);  // heads per round: one per thread row
       const dim3 grid(static_cast<unsigned>((s1 - s0 + kSimSpans - 1) / kSimSpans), static_cast<unsigned>(std::min(T, 65535)));
-      sim_heads_kernel<<<grid, dim3(kSimSpans, static_cast<unsigned>(ys)),
-                         static_cast<size_t>(ys) * kSimSpans * sizeof(double), s>>>(
-          dots_.data(), span_offsets_.data(), T, M.span_first.data(), M.span_count.data(), static_cast<int32_t>(s0),
-          static_cast<int32_t>(s1), v0, dots_ld(vt), m, weights_.data(), H, sim_.data(), S);
+      sim_heads_kernel<kMaxima><<<grid, dim3(kSimSpans, static_cast<unsigned>(ys)),
+                                  static_cast<size_t>(ys) * kSimSpans * sizeof(double), s>>>(
+          rows, span_offsets_.data(), T, M.span_first.data(), M.span_count.data(), static_cast<int32_t>(s0),
+          static_cast<int32_t>(s1), v0, ld, m, weights_.data(), H, sim_.data(), S);
     }
     check_launch("stream ltri scores: sim");
-    s0 = s1;
+  };
+  if (serial_sim_) {
+    // The twin: every dot product into dots_, in tiles of whole spans of at most dots_budget_ products each (~256 MB;
+    // one longer span may be a tile), sim_kernel's max over each span's columns.
+    const int64_t tile_vectors = std::max<int64_t>(min_tile_vectors_, dots_budget_ / (static_cast<int64_t>(H) * m));
+    const auto first = [&](int64_t span) { return static_cast<int64_t>(M.first_host[static_cast<size_t>(span)]); };
+    const auto end = [&](int64_t span) { return first(span) + M.count_host[static_cast<size_t>(span)]; };
+    for (int64_t s0 = 0; s0 < S;) {
+      const int64_t v0 = first(s0);
+      int64_t s1 = s0 + 1;
+      while (s1 < S && end(s1) - v0 <= tile_vectors) ++s1;
+      const int64_t vt = end(s1 - 1) - v0;
+      tile_dots(M, m, H, v0, vt, s);
+      sim(dots_.data(), s0, s1, v0, dots_ld(vt), std::false_type{});
+      s0 = s1;
+    }
+    return;
+  }
+  // The span maxima (spanmax_kernel) over runs of the fused tiles, at most dots_budget_ maxima a run (at least one
+  // tile), then sim over them.
+  const auto tiles = static_cast<int64_t>(M.tile_begin_host.size());
+  const auto tile_first = [&](int64_t x) { return x < tiles ? static_cast<int64_t>(M.tile_begin_host[static_cast<size_t>(x)]) : S; };
+  const int64_t per_span = static_cast<int64_t>(H) * m;
+  const auto* qs = reinterpret_cast<const nbf*>(qsel16_.data());
+  const auto* keys = reinterpret_cast<const nbf*>(M.keys.data());
+  for (int64_t x0 = 0; x0 < tiles;) {
+    const int64_t s0 = tile_first(x0);
+    int64_t x1 = x0 + 1;
+    while (x1 < tiles && (tile_first(x1 + 1) - s0) * per_span <= dots_budget_) ++x1;
+    const int64_t s1 = tile_first(x1), ld = s1 - s0;
+    fit(dots_, static_cast<size_t>(per_span * ld));
+    const dim3 grid(static_cast<unsigned>(x1 - x0), static_cast<unsigned>((m + kMapTile - 1) / kMapTile), static_cast<unsigned>(H));
+    with_map_kernels(d_, 1, [&]<int D, int>() {
+      spanmax_kernel<D><<<grid, 32 * kMapWarps, spanmax_smem<D>(), s>>>(
+          qs, qrow_, m, keys, M.row, vote_heads_.data(), M.span_first.data(), M.span_count.data(), M.tile_begin.data(),
+          static_cast<int32_t>(x0), static_cast<int32_t>(tiles), S, s0, ld, dots_.data());
+    });
+    check_launch("stream ltri scores: span maxima");
+    sim(dots_.data(), s0, s1, 0, ld, std::true_type{});
+    x0 = x1;
   }
 }
 

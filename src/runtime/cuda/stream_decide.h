@@ -32,15 +32,19 @@
 //    device, then sim(t, s) = sum_h w_h mean_{a in t} max_{b in s} q_h(a).k(b) and score(blk) = sum_t max_{s in blk}
 //    sim(t, s) in f64 in the CPU's order (SpanIndex::block_scores); only the block scores come back. Two ways to the
 //    dot products over the same mirror (TESSERA_LTRI_SCORING, read at construction; kDefaultLtriScoring without it):
-//     * gemm (the default): the dot products of every voting head in one launch on the tensor cores (dots_kernel:
-//       64 x 64 tiles by mma.sync, bf16 q and k in, f32 out; cuBLAS GEMMs per head before 2026-12-02, whose per-shape
-//       heuristics every call paid) into a [heads, queries, vectors] dots buffer per tile of whole spans (~256 MB at
-//       most), then
-//       sim_heads_kernel: per query span and 32 stored spans a CTA, a thread row per voting head (32 per round), each
-//       head's term w_h * mean max in parallel, summed in head order: bit-identical to sim_kernel (gemm-serial: one
-//       thread per (t, s) walking the heads in turn; which one voter's sim takes: its CTAs of 256 threads). H200 at
+//     * gemm (the default): per voting head (one launch for all) and query vector, each stored span's maximum dot
+//       product (spanmax_kernel: 64 query vectors against a fused tile's <= 128 vectors on the tensor cores by
+//       mma.sync, bf16 in, f32 products, then each (row, span)'s max through shared memory) into a [heads, queries,
+//       spans] buffer — one float per span, not per vector — then sim_heads_kernel over those maxima: per query span
+//       and 32 stored spans a CTA, a thread row per voting head (32 per round), each head's term w_h * mean max in
+//       parallel, summed in head order. gemm-serial (the twin) writes every dot product (dots_kernel: 64 x 64 tiles,
+//       the same fragments in the same order, so the same values) into a [heads, queries, vectors] dots buffer per
+//       tile of whole spans (~256 MB at most) and sim_kernel takes each span's max there, one thread per (t, s)
+//       walking the heads in turn: a max is exact in any order, so both give the same sim bit for bit (one voter's
+//       sim takes sim_kernel's CTAs of 256 threads either way). Before 2026-12-02: cuBLAS GEMMs per head into the
+//       dots buffer for both (sm_75 align1 kernels on the odd tile sizes, new heuristics for every shape). H200 at
 //       128K, one process per scoring on one machine (docs/streaming.md): TTFT 17.00 vs 18.16 s every head voting
-//       (decisions 12.30 vs 13.48 s), 12.46 vs 13.46 s with retrieval heads.
+//       (decisions 12.30 vs 13.48 s), 12.46 vs 13.46 s with retrieval heads (the cuBLAS gemm against fused).
 //     * fused: one kernel, one CTA per tile of whole stored spans (<= 128 vectors and <= 128 spans, or one longer
 //       span; the tiles are cut as spans are added, never rebuilt), per voting head in order: the tile's keys in
 //       shared memory, 64 query rows at a time against them on the tensor cores (WMMA bf16 x bf16 -> f32), the

@@ -201,17 +201,34 @@ void ReprIndex::clear() {
 }
 
 std::vector<int32_t> top_blocks(std::span<const double> scores, int32_t k) {
-  std::vector<int32_t> idx(scores.size());
-  std::iota(idx.begin(), idx.end(), 0);
-  if (k < static_cast<int32_t>(idx.size())) {
-    std::partial_sort(idx.begin(), idx.begin() + std::max(0, k), idx.end(), [&](int32_t a, int32_t b) {
-      const double sa = scores[static_cast<size_t>(a)], sb = scores[static_cast<size_t>(b)];
-      return sa != sb ? sa > sb : a < b;
-    });
-    idx.resize(static_cast<size_t>(std::max(0, k)));
+  const auto n = static_cast<int32_t>(scores.size());
+  std::vector<int32_t> top;
+  if (k >= n) {
+    top.resize(static_cast<size_t>(n));
+    std::iota(top.begin(), top.end(), 0);
+    return top;
   }
-  std::sort(idx.begin(), idx.end());
-  return idx;
+  if (k <= 0) return top;
+  // A heap of the best k so far, its front the worst of them (`before`: a ranks before b). One pass: a block whose
+  // score is below the worst's cannot enter (the common case, one compare); otherwise the full order decides.
+  const auto before = [&](int32_t a, int32_t b) {
+    const double sa = scores[static_cast<size_t>(a)], sb = scores[static_cast<size_t>(b)];
+    return sa != sb ? sa > sb : a < b;
+  };
+  top.resize(static_cast<size_t>(k));
+  std::iota(top.begin(), top.end(), 0);
+  std::make_heap(top.begin(), top.end(), before);
+  double worst = scores[static_cast<size_t>(top.front())];
+  for (int32_t i = k; i < n; ++i) {
+    const double si = scores[static_cast<size_t>(i)];
+    if (si < worst || !before(i, top.front())) continue;
+    std::pop_heap(top.begin(), top.end(), before);
+    top.back() = i;
+    std::push_heap(top.begin(), top.end(), before);
+    worst = scores[static_cast<size_t>(top.front())];
+  }
+  std::sort(top.begin(), top.end());
+  return top;
 }
 
 }  // namespace tessera::runtime::stream

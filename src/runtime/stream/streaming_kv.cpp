@@ -170,6 +170,7 @@ bool StreamingKV::collect_votes(int32_t end, size_t blocks) {
     vote_sum_.assign(blocks, 0.0);
     vote_through_ = 0;
     vote_any_ = false;
+    ++vote_version_;
   }
   for (; vote_through_ < end; ++vote_through_) {
     const auto l = static_cast<size_t>(vote_through_);
@@ -178,8 +179,17 @@ bool StreamingKV::collect_votes(int32_t end, size_t blocks) {
     vote_any_ = true;
     const double w = best_score_[l];
     for (size_t b = 0; b < blocks; ++b) vote_sum_[b] += w * V.normalized_scores[b];
+    ++vote_version_;
   }
   return vote_any_;
+}
+
+const std::vector<int32_t>& StreamingKV::vote_top_blocks() {
+  if (vote_top_version_ != vote_version_) {
+    vote_top_ = stream::top_blocks(vote_sum_, opt_.top_k);
+    vote_top_version_ = vote_version_;
+  }
+  return vote_top_;
 }
 
 std::vector<int32_t> StreamingKV::previous_vote_blocks() {
@@ -348,6 +358,27 @@ void StreamingKV::drop_front(int32_t layer, int32_t tokens) {
   }
 }
 
+namespace {
+
+// out[b] = (x_b - min) / (max - min) for the finite x_b when max > min, else 0 (scores is not empty). Branch-free
+// loops, not inlined: inside retrieve() the compiler kept min and max in memory (a store and a load per block).
+[[gnu::noinline]] void normalize_scores(std::span<const double> scores, std::vector<double>& out) {
+  double lo = scores.front(), hi = scores.front();
+  for (const double x : scores) {
+    lo = x < lo ? x : lo;
+    hi = hi < x ? x : hi;
+  }
+  const double range = hi - lo;
+  const bool spread = hi > lo;
+  out.resize(scores.size());
+  for (size_t b = 0; b < scores.size(); ++b) {
+    const double x = scores[b], t = (x - lo) / range;
+    out[b] = spread && std::isfinite(x) ? t : 0.0;
+  }
+}
+
+}  // namespace
+
 std::vector<int32_t> StreamingKV::retrieve(int32_t layer, const float* q_raw, int32_t n, std::span<const float> map,
                                            std::span<const stream::Span> spans) {
   Layer& L = layers_[static_cast<size_t>(layer)];
@@ -369,7 +400,7 @@ std::vector<int32_t> StreamingKV::retrieve(int32_t layer, const float* q_raw, in
              " takes its blocks from the retrieval heads' votes, but "
              "no earlier layer voted in this chunk (layers run in order within a chunk)";
     });
-    return stream::top_blocks(vote_sum_, opt_.top_k);
+    return vote_top_blocks();
   }
   const stream::HeadWeights w = head_weights(layer);
   std::vector<double> scores;
@@ -403,14 +434,9 @@ std::vector<int32_t> StreamingKV::retrieve(int32_t layer, const float* q_raw, in
            std::to_string(evicted_) + " evicted blocks";
   });
   // Normalised to [0, 1] for collaborative voting.
-  const auto [lo, hi] = std::minmax_element(scores.begin(), scores.end());
-  L.normalized_scores.resize(scores.size());
-  for (size_t b = 0; b < scores.size(); ++b)
-    L.normalized_scores[b] = *hi > *lo && std::isfinite(scores[b]) ? (scores[b] - *lo) / (*hi - *lo) : 0.0;
-  if (opt_.method == StreamMethod::Ltri) {
-    // Collaborative voting: the layers up to this one that have a retrieval head vote, weighted by its score.
-    if (collect_votes(layer + 1, scores.size())) scores = vote_sum_;
-  }
+  normalize_scores(scores, L.normalized_scores);
+  // Collaborative voting: the layers up to this one that have a retrieval head vote, weighted by its score.
+  if (opt_.method == StreamMethod::Ltri && collect_votes(layer + 1, scores.size())) return vote_top_blocks();
   return stream::top_blocks(scores, opt_.top_k);
 }
 

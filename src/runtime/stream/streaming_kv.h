@@ -237,6 +237,9 @@ class StreamingKV : public KVPolicy, public StreamMemory {
   // none voted. Kept between a chunk's layers and extended (layers run in order), so a layer adds only the layers
   // since the last call: O(blocks) a layer instead of O(layers x blocks), the same additions in the same order.
   bool collect_votes(int32_t end, size_t blocks);
+  // top_blocks(vote_sum_, top_k), computed once per state of the sum (the voted-only layers after one voting layer
+  // share it).
+  const std::vector<int32_t>& vote_top_blocks();
   // An early_voted() layer's blocks: the top-K of the previous chunk's vote (every voting layer's normalised scores
   // still held from it, weighted by its head's score, summed in layer order; blocks evicted since score 0), computed
   // once a chunk; the most recent top-K blocks when the previous chunk ranked none.
@@ -286,6 +289,9 @@ class StreamingKV : public KVPolicy, public StreamMemory {
   int32_t vote_through_ = 0;
   int64_t vote_chunk_ = -1;
   bool vote_any_ = false;
+  int64_t vote_version_ = 0;               // bumped whenever vote_sum_ changes
+  std::vector<int32_t> vote_top_;          // vote_top_blocks(): top_blocks(vote_sum_) at vote_top_version_
+  int64_t vote_top_version_ = -1;
   std::vector<int32_t> prev_vote_blocks_;  // previous_vote_blocks() of chunk prev_vote_chunk_
   int64_t prev_vote_chunk_ = -1;
 };

@@ -8,11 +8,11 @@
 //  - every head voting over an index of every kv head, and one retrieval head over an index of its kv head only;
 //  - the keys gathered from the ring into the mirror (the engine's way: the host index only counts them), and a host
 //    index holding its f32 keys, converted to the bf16 mirror on upload (layers 2 and 3).
-// Both scorings read the same bf16 mirror: the fused kernel (TESSERA_LTRI_SCORING=fused) and the cuBLAS bf16 GEMMs
-// (gemm; q and k are bf16 values, products exact, f32 accumulation on the tensor cores either way) must be within
-// 1e-5 relative of the CPU's f64 scores of f32 dot products, and the empty blocks exactly -inf; the mirror's keys
-// equal the CPU index's. gemm's sim, in parallel over the heads, equals gemm-serial's (the previous sim_kernel, the
-// heads in turn) exactly, with one and two rounds of heads. Without the variable the decider takes
+// The scorings read the same bf16 mirror: the fused kernel (TESSERA_LTRI_SCORING=fused), the span maxima (gemm) and
+// every dot product (gemm-serial) on the tensor cores (q and k are bf16 values, products exact, f32 accumulation
+// either way) must be within 1e-5 relative of the CPU's f64 scores of f32 dot products, and the empty blocks exactly
+// -inf; the mirror's keys equal the CPU index's. gemm (span maxima, sim in parallel over the heads) equals
+// gemm-serial (every dot product, sim_kernel walking the heads in turn) exactly, with one and two rounds of heads. Without the variable the decider takes
 // StreamDecider::kDefaultLtriScoring; another value is refused.
 #include <gtest/gtest.h>
 
@@ -154,12 +154,14 @@ TEST(StreamDecide, GemmLtriScoresMatchTheCpu) {
   scores_match_the_cpu("gemm");
 }
 
-// gemm's sim in parallel over the heads (sim_heads_kernel; one voter: sim_kernel's 256-thread CTAs) and its blocks
-// in parallel over the query spans (best_kernel, block_sum_kernel) are bit-identical to gemm-serial's sim_kernel (the
-// heads walked in turn by one thread per (t, s)) and block_kernel (a warp per block, the query spans in turn): the
-// same f64 operations in the same order on the same dots. With 8 query heads (one round of heads) and 40 (two rounds:
-// 32, then 8), every head voting and one retrieval head; in one tile of dot products, and in tiles of ~40 vectors (150
-// query vectors: 6,000 dots; whole spans, so a longer span is a tile of its own), where both cut the same tiles.
+// gemm's span maxima (spanmax_kernel, no dots in memory), its sim in parallel over the heads (sim_heads_kernel; one
+// voter: sim_kernel's 256-thread CTAs) and its blocks in parallel over the query spans (best_kernel,
+// block_sum_kernel) are bit-identical to gemm-serial's dots (dots_kernel), sim_kernel (each span's max over its
+// dots, the heads walked in turn by one thread per (t, s)) and block_kernel (a warp per block, the query spans in
+// turn): the same products, maxima (exact in any order) and f64 operations in the same order. With 8 query heads (one
+// round of heads) and 40 (two rounds: 32, then 8), every head voting and one retrieval head; in one tile, and with a
+// budget of 6,000 values a tile (150 query vectors: gemm-serial's tiles of ~40 vectors, whole spans, so a longer span
+// is a tile of its own; gemm's runs of one fused tile each).
 TEST(StreamDecide, GemmSimEqualsTheSerialSim) {
   if (!gpu_available()) GTEST_SKIP() << "no CUDA device available";
   for (const auto& [nq, nkv] : {std::pair{8, 2}, std::pair{40, 8}}) {
