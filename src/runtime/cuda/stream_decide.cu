@@ -831,18 +831,22 @@ struct SelectState {
   uint32_t prefix, mask;
   uint64_t rank;
   uint32_t hist[256];
+  uint32_t done;  // the current pass's blocks that have added their counts (the last one picks the digit)
 };
 
 __global__ void select_init_kernel(SelectState* st, uint64_t k) {
   for (int b = static_cast<int>(threadIdx.x); b < 256; b += blockDim.x) st->hist[b] = 0;
   if (threadIdx.x == 0) {
-    st->prefix = st->mask = 0;
+    st->prefix = st->mask = st->done = 0;
     st->rank = k;
   }
 }
 
+__device__ void select_pick(SelectState* st, int shift, double* theta);
+
 constexpr int kSelectThreads = 256;
-__global__ void __launch_bounds__(kSelectThreads) select_hist_kernel(const float* map, int n, SelectState* st, int shift) {
+__global__ void __launch_bounds__(kSelectThreads) select_hist_kernel(const float* map, int n, SelectState* st, int shift,
+                                                                     double* theta) {
   __shared__ uint32_t hist[256];
   for (int b = static_cast<int>(threadIdx.x); b < 256; b += kSelectThreads) hist[b] = 0;
   __syncthreads();
@@ -866,18 +870,30 @@ __global__ void __launch_bounds__(kSelectThreads) select_hist_kernel(const float
   __syncthreads();
   for (int b = static_cast<int>(threadIdx.x); b < 256; b += kSelectThreads)
     if (hist[b] != 0) atomicAdd(&st->hist[b], hist[b]);
+  // The last block to finish picks the digit (no launch of its own): its counts, then the others' (fenced before
+  // their arrival), are all in st->hist.
+  __threadfence();
+  __shared__ bool last;
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&st->done, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last || threadIdx.x >= 32) return;
+  __threadfence();
+  select_pick(st, shift, theta);
+  if (threadIdx.x == 0) st->done = 0;
 }
 
-// sm::pick_digit over the 256 counts by one warp: lane l holds digits [8l, 8l + 8), an inclusive scan of the lanes'
-// sums finds the lane whose range holds the rank, which scans its eight (a thread scanning 256 counts in global
-// memory one after another before: ~12 us a pass).
-__global__ void __launch_bounds__(32) select_pick_kernel(SelectState* st, int shift, double* theta) {
+// sm::pick_digit over the 256 counts by one warp (the pass's last block's first): lane l holds digits [8l, 8l + 8), an
+// inclusive scan of the lanes' sums finds the lane whose range holds the rank, which scans its eight (a thread
+// scanning 256 counts in global memory one after another before: ~12 us a pass; a kernel of its own after each pass
+// until 2026-12-02: 2.5 us and a launch). The state is read from L2 (__ldcg): other blocks' atomics wrote the counts.
+__device__ void select_pick(SelectState* st, int shift, double* theta) {
   const int lane = static_cast<int>(threadIdx.x);
   uint32_t h[8];
   uint64_t mine = 0;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    h[i] = st->hist[8 * lane + i];
+    h[i] = __ldcg(&st->hist[8 * lane + i]);
     mine += h[i];
   }
   uint64_t incl = mine;
@@ -885,7 +901,7 @@ __global__ void __launch_bounds__(32) select_pick_kernel(SelectState* st, int sh
     const uint64_t o = __shfl_up_sync(0xffffffffu, incl, off);
     if (lane >= off) incl += o;
   }
-  const uint64_t k = st->rank, below = incl - mine;
+  const uint64_t k = __ldcg(reinterpret_cast<const unsigned long long*>(&st->rank)), below = incl - mine;
   const bool here = k >= below && k < incl;  // the lanes' ranges [below, incl) are disjoint: one lane at most
   const unsigned who = __ballot_sync(0xffffffffu, here);
 #pragma unroll
@@ -904,10 +920,11 @@ __global__ void __launch_bounds__(32) select_pick_kernel(SelectState* st, int sh
         b += h[i];
       }
     }
+    const uint32_t prefix = __ldcg(&st->prefix) | (digit << shift);
     st->rank = r;
-    st->prefix |= digit << shift;
-    st->mask |= 255u << shift;
-    if (shift == 0) *theta = static_cast<double>(sm::from_order_key(st->prefix));
+    st->prefix = prefix;
+    st->mask = __ldcg(&st->mask) | (255u << shift);
+    if (shift == 0) *theta = static_cast<double>(sm::from_order_key(prefix));
   }
 }
 
@@ -1053,8 +1070,8 @@ StreamDecider::~StreamDecider() = default;
 
 size_t StreamDecider::device_bytes() const {
   size_t b = qb_.bytes() + kb_.bytes() + stat_max_.bytes() + stat_inv_.bytes() + vote_parts_.bytes() + scores_.bytes() + map_.bytes() + votes_.bytes() +
-             dots_.bytes() + mean_.bytes() + sim_.bytes() + block_scores_.bytes() + weights_.bytes() + tokens_.bytes() +
-             span_offsets_.bytes() + vote_heads_.bytes();
+             dots_.bytes() + mean_.bytes() + sim_.bytes() + block_scores_.bytes() + weights_.bytes() +
+             score_args_.bytes();
   for (const Mirror& m : mirrors_)
     b += m.keys.bytes() + m.span_first.bytes() + m.span_count.bytes() + m.block_begin.bytes() +
          m.tile_begin.bytes();
@@ -1240,10 +1257,8 @@ void StreamDecider::launch_chunk(const bf16* q, const bf16* k, int32_t n, int32_
   auto* st = reinterpret_cast<SelectState*>(select_.data());
   select_init_kernel<<<1, 256, 0, s>>>(st, sm::quantile_rank(theta_quantile, causal));
   const int select_blocks = static_cast<int>(std::clamp<int64_t>(nn / (kSelectThreads * 8), 1, 264));
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    select_hist_kernel<<<select_blocks, kSelectThreads, 0, s>>>(map_.data(), n, st, shift);
-    select_pick_kernel<<<1, 32, 0, s>>>(st, shift, theta_dev_.data());
-  }
+  for (int shift = 24; shift >= 0; shift -= 8)
+    select_hist_kernel<<<select_blocks, kSelectThreads, 0, s>>>(map_.data(), n, st, shift, theta_dev_.data());
   const int32_t diagonals = 2 * n - 1;
   fit(cand_begin_, static_cast<size_t>(2 * diagonals));
   fit(cand_score_, static_cast<size_t>(diagonals));
@@ -1516,7 +1531,7 @@ void StreamDecider::mirror(int32_t layer, const stream::SpanIndex& index, cudaSt
 }
 
 // dots_[slot] (row-major [m, vt], rows of stride dots_ld(vt)) = Q_h K_g^T over the mirror's vectors [v0, v0 + vt),
-// for each voting head in slot order (vote_heads_: upload_voters()), by dots_kernel.
+// for each voting head in slot order (voters_dev_: ltri_scores()), by dots_kernel.
 void StreamDecider::tile_dots(Mirror& M, int64_t m, int32_t H, int64_t v0, int64_t vt, cudaStream_t s) {
   const int64_t ld = dots_ld(vt);
   fit(dots_, static_cast<size_t>(static_cast<int64_t>(H) * m * ld));
@@ -1526,7 +1541,7 @@ void StreamDecider::tile_dots(Mirror& M, int64_t m, int32_t H, int64_t v0, int64
   const auto* keys = reinterpret_cast<const nbf*>(M.keys.data());
   with_map_kernels(d_, 1, [&]<int D, int>() {
     dots_kernel<D><<<grid, 32 * kMapWarps, 2 * map_tile_bytes<D>(), s>>>(qs, qrow_, m, keys, M.row, v0, vt, ld,
-                                                                         vote_heads_.data(), dots_.data());
+                                                                         voters_dev_, dots_.data());
   });
   check_launch("stream ltri scores: dots");
 }
@@ -1537,15 +1552,15 @@ void StreamDecider::gemm_scores(Mirror& M, int64_t m, int32_t T, int32_t H, cuda
     constexpr bool kMaxima = decltype(maxima)::value;
     if (serial_sim_ || H == 1) {  // (one voter: sim_kernel's CTAs of 256 threads, 35.7 us against 44.7 at 256K)
       sim_kernel<kMaxima><<<blocks_for(static_cast<int64_t>(T) * (s1 - s0), kThreads), kThreads, 0, s>>>(
-          rows, span_offsets_.data(), T, M.span_first.data(), M.span_count.data(), static_cast<int32_t>(s0),
-          static_cast<int32_t>(s1), v0, ld, m, weights_.data(), H, sim_.data(), S);
+          rows, offsets_dev_, T, M.span_first.data(), M.span_count.data(), static_cast<int32_t>(s0),
+          static_cast<int32_t>(s1), v0, ld, m, weights_dev_, H, sim_.data(), S);
     } else {
       const int ys = std::min<int32_t>(H, 1024 / kSimSpans);  // heads per round: one per thread row
       const dim3 grid(static_cast<unsigned>((s1 - s0 + kSimSpans - 1) / kSimSpans), static_cast<unsigned>(std::min(T, 65535)));
       sim_heads_kernel<kMaxima><<<grid, dim3(kSimSpans, static_cast<unsigned>(ys)),
                                   static_cast<size_t>(ys) * kSimSpans * sizeof(double), s>>>(
-          rows, span_offsets_.data(), T, M.span_first.data(), M.span_count.data(), static_cast<int32_t>(s0),
-          static_cast<int32_t>(s1), v0, ld, m, weights_.data(), H, sim_.data(), S);
+          rows, offsets_dev_, T, M.span_first.data(), M.span_count.data(), static_cast<int32_t>(s0),
+          static_cast<int32_t>(s1), v0, ld, m, weights_dev_, H, sim_.data(), S);
     }
     check_launch("stream ltri scores: sim");
   };
@@ -1582,7 +1597,7 @@ void StreamDecider::gemm_scores(Mirror& M, int64_t m, int32_t T, int32_t H, cuda
     const dim3 grid(static_cast<unsigned>(x1 - x0), static_cast<unsigned>((m + kMapTile - 1) / kMapTile), static_cast<unsigned>(H));
     with_map_kernels(d_, 1, [&]<int D, int>() {
       spanmax_kernel<D><<<grid, 32 * kMapWarps, spanmax_smem<D>(), s>>>(
-          qs, qrow_, m, keys, M.row, vote_heads_.data(), M.span_first.data(), M.span_count.data(), M.tile_begin.data(),
+          qs, qrow_, m, keys, M.row, voters_dev_, M.span_first.data(), M.span_count.data(), M.tile_begin.data(),
           static_cast<int32_t>(x0), static_cast<int32_t>(tiles), S, s0, ld, dots_.data());
     });
     check_launch("stream ltri scores: span maxima");
@@ -1595,8 +1610,8 @@ void StreamDecider::fused_scores(Mirror& M, int64_t m, int32_t T, int32_t H, cud
   const auto* qs = reinterpret_cast<const nbf*>(qsel16_.data());
   const auto tiles = static_cast<int32_t>(M.tile_begin_host.size());
   fused_ltri_kernel<<<tiles, kFusedThreads, fused_smem_bytes(d_), s>>>(
-      qs, qrow_, static_cast<int32_t>(m), reinterpret_cast<const nbf*>(M.keys.data()), M.row, d_, vote_heads_.data(),
-      weights_.data(), H, span_offsets_.data(), T, M.span_first.data(), M.span_count.data(), M.tile_begin.data(), tiles,
+      qs, qrow_, static_cast<int32_t>(m), reinterpret_cast<const nbf*>(M.keys.data()), M.row, d_, voters_dev_,
+      weights_dev_, H, offsets_dev_, T, M.span_first.data(), M.span_count.data(), M.tile_begin.data(), tiles,
       static_cast<int32_t>(M.spans), sim_.data());
   check_launch("stream ltri scores: fused");
 }
@@ -1632,37 +1647,38 @@ std::vector<double> StreamDecider::ltri_scores(int32_t layer, const stream::Span
       weights.push_back(w[static_cast<size_t>(hh)]);
     }
   const auto H = static_cast<int32_t>(heads.size());
-  // Query vectors and span offsets.
-  staging_.grow(static_cast<size_t>(m + T + 1 + 2 * H));  // (+ the voters' offsets)
-  std::copy(tokens.begin(), tokens.end(), staging_.data());
-  int32_t* offsets = staging_.data() + m;
+  // The call's arguments in one copy: [tokens (m) | span offsets (T + 1) | per voter its query head's offset in a q
+  // row and its kv head's in a mirror row (2H) | the voters' weights (H doubles, 8-byte aligned)], int32 units,
+  // staged in pinned memory (read by the copy in flight until download_scores() synchronises).
+  const int64_t at_offsets = m, at_voters = m + T + 1, at_weights = (at_voters + 2 * H + 1) / 2 * 2;
+  const int64_t words = at_weights + 2 * static_cast<int64_t>(H);
+  staging_.grow(static_cast<size_t>(words));
+  int32_t* const args = staging_.data();
+  std::copy(tokens.begin(), tokens.end(), args);
+  int32_t* const offsets = args + at_offsets;
   offsets[0] = 0;
   for (int32_t t = 0; t < T; ++t) offsets[t + 1] = offsets[t] + counts[static_cast<size_t>(t)];
   check(offsets[T] == m, "GPU streaming: the query spans' counts do not add up to their vectors");
-  fit(tokens_, static_cast<size_t>(std::max<int64_t>(m, 1)));
-  fit(span_offsets_, static_cast<size_t>(T) + 1);
-  h2d(tokens_.data(), staging_.data(), static_cast<size_t>(m), s);
-  h2d(span_offsets_.data(), offsets, static_cast<size_t>(T) + 1, s);
-  fit(weights_, static_cast<size_t>(std::max(H, 1)));
-  put(weights_.data(), weights.data(), weights.size() * sizeof(double), s);
+  for (int32_t slot = 0; slot < H; ++slot) {
+    const int32_t hh = heads[static_cast<size_t>(slot)];
+    args[at_voters + 2 * slot] = hh * d_;
+    args[at_voters + 2 * slot + 1] = (hh / group - M.head_begin) * d_;
+  }
+  std::memcpy(args + at_weights, weights.data(), weights.size() * sizeof(double));
+  fit(score_args_, static_cast<size_t>(words));
+  h2d(score_args_.data(), args, static_cast<size_t>(words), s);
+  tokens_dev_ = score_args_.data();
+  offsets_dev_ = score_args_.data() + at_offsets;
+  voters_dev_ = score_args_.data() + at_voters;
+  weights_dev_ = reinterpret_cast<const double*>(score_args_.data() + at_weights);
   fit(sim_, static_cast<size_t>(std::max<int64_t>(static_cast<int64_t>(T) * S, 1)));
   if (m > 0 && V > 0 && H > 0 && S > 0) {
     // The query vectors as they are (bf16), padded with zero rows to the fused kernel's passes.
     const int64_t m_pad = fused_ ? (m + kFusedRows - 1) / kFusedRows * kFusedRows : m;
     fit(qsel16_, static_cast<size_t>(m_pad * qrow_));
     gather_bf16_kernel<<<blocks_for(m_pad * qrow_, kThreads), kThreads, 0, s>>>(
-        reinterpret_cast<const nbf*>(q), tokens_.data(), reinterpret_cast<nbf*>(qsel16_.data()), m, m_pad, qrow_);
+        reinterpret_cast<const nbf*>(q), tokens_dev_, reinterpret_cast<nbf*>(qsel16_.data()), m, m_pad, qrow_);
     check_launch("stream ltri scores: gather");
-    // Per voter: its query head's offset in a query row and its kv head's in a mirror row (in the pinned staging
-    // after the tokens and span offsets: it is read by the copies in flight).
-    int32_t* voters = staging_.data() + m + T + 1;
-    for (int32_t slot = 0; slot < H; ++slot) {
-      const int32_t hh = heads[static_cast<size_t>(slot)];
-      voters[2 * slot] = hh * d_;
-      voters[2 * slot + 1] = (hh / group - M.head_begin) * d_;
-    }
-    fit(vote_heads_, static_cast<size_t>(2 * H));
-    h2d(vote_heads_.data(), voters, static_cast<size_t>(2 * H), s);
     if (fused_)
       fused_scores(M, m, T, H, s);
     else

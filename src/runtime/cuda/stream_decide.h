@@ -15,7 +15,7 @@
 //    SGEMMs into a [heads, n, n] f32 buffer and a softmax over it: 6.6 s of Ltri's 54 s at 1M.)
 //  - Ltri span discovery (launch_chunk(..., candidates)): from the map on the device, its 2-D prefix sums in fixed
 //    point (span_math.h: integer adds, so the parallel scans — a warp per row, then strips of rows — give the CPU's
-//    sums), theta (the quantile of the causal entries, an exact radix select of the k-th smallest: four histogram passes over the grid), the triangle
+//    sums), theta (the quantile of the causal entries, an exact radix select of the k-th smallest: four histogram passes over the grid, the last block of each picking the digit), the triangle
 //    scores and the linear variant's best point per anti-diagonal (one warp per diagonal) (runtime/stream/span_math.h, the CPU's own functions): only the <= 2n - 1 candidates
 //    come back, EQUAL to span_candidates() of the same map; NMS and the cover stay on the host, which then asks
 //    span_masses() for its spans' masses (the prefix sums stay on the device).
@@ -213,7 +213,12 @@ class StreamDecider {
   int sm_count_ = 0;
   int map_stages_ = 2;  // the chunk map kernels' pipeline depth (2, or 1 where shared memory is short)
   attn::gpu::DeviceBuffer<double> sim_, best_, block_scores_, weights_;  // best_: [T, blocks] (best_kernel)
-  attn::gpu::DeviceBuffer<int32_t> tokens_, span_offsets_, vote_heads_;  // vote_heads_: per voter, q and k offsets
+  // ltri_scores()'s arguments in one buffer (one copy a call), and where each lies in it for this call's kernels.
+  attn::gpu::DeviceBuffer<int32_t> score_args_;
+  const int32_t* tokens_dev_ = nullptr;   // the query vectors' chunk rows
+  const int32_t* offsets_dev_ = nullptr;  // the query spans' first vectors, [T + 1]
+  const int32_t* voters_dev_ = nullptr;   // per voter: its query head's offset in a q row, its kv head's in a mirror row
+  const double* weights_dev_ = nullptr;   // per voter: its weight
   attn::gpu::DeviceBuffer<bf16> qsel16_;  // Ltri's query rows (bf16; fused: zero rows up to a multiple of 64)
   std::vector<bf16> keys_staging_;        // a host index's f32 keys as bf16, on their way to its mirror
   std::vector<Mirror> mirrors_;
@@ -234,7 +239,7 @@ class StreamDecider {
   std::vector<float> means_staging_;
   PinnedBuffer<float> map_host_, votes_host_;
   int32_t map_n_ = 0;
-  PinnedBuffer<int32_t> staging_;  // tokens and span offsets
+  PinnedBuffer<int32_t> staging_;  // ltri_scores()'s arguments; span_masses()' spans
   PinnedBuffer<double> scores_host_;
   // Host arrays on their way to the device (put()): pinned, so that the copies do not synchronise the stream.
   void put(void* dst, const void* src, size_t bytes, cudaStream_t s);
