@@ -35,11 +35,12 @@ int64_t dots_ld(int64_t vt) { return (vt + 7) / 8 * 8; }
 // Rows of `heads` head vectors, bf16 -> rotated at position pos0 + r (runtime/rope.cpp's tables and products in f32,
 // without contraction into FMAs) -> bf16, rounded to nearest even: the chunk map's q and k as the attention kernels
 // see them (StreamingKV's map rounds its rotated copies alike).
-__global__ void rotate_bf16_kernel(const nbf* x, nbf* y, int64_t rows, int heads, int d, const float* inv_freq,
-                                   int64_t pos0) {
+// q (nq heads a row) and k (nkv heads a row) in one launch: a thread per (row, pair i) computes the angle's cos and
+// sin once for both.
+__global__ void rotate_bf16_kernel(const nbf* q, nbf* qb, int nq, const nbf* k, nbf* kb, int nkv, int64_t rows, int d,
+                                   const float* inv_freq, int64_t pos0) {
   const int half = d / 2;
   const int64_t total = rows * half;
-  const int64_t ld = static_cast<int64_t>(heads) * d;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = idx / half;
@@ -47,12 +48,17 @@ __global__ void rotate_bf16_kernel(const nbf* x, nbf* y, int64_t rows, int heads
     const float angle = __fmul_rn(static_cast<float>(pos0 + r), inv_freq[i]);
     const float c = static_cast<float>(cos(static_cast<double>(angle)));
     const float s = static_cast<float>(sin(static_cast<double>(angle)));
-    for (int h = 0; h < heads; ++h) {
-      const int64_t at = r * ld + static_cast<int64_t>(h) * d + i;
-      const float a = __bfloat162float(x[at]), b = __bfloat162float(x[at + half]);
-      y[at] = __float2bfloat16_rn(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
-      y[at + half] = __float2bfloat16_rn(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
-    }
+    const auto rotate = [&](const nbf* x, nbf* y, int heads) {
+      const int64_t ld = static_cast<int64_t>(heads) * d;
+      for (int h = 0; h < heads; ++h) {
+        const int64_t at = r * ld + static_cast<int64_t>(h) * d + i;
+        const float a = __bfloat162float(x[at]), b = __bfloat162float(x[at + half]);
+        y[at] = __float2bfloat16_rn(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
+        y[at + half] = __float2bfloat16_rn(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
+      }
+    };
+    rotate(q, qb, nq);
+    rotate(k, kb, nkv);
   }
 }
 
@@ -389,24 +395,27 @@ __global__ void __launch_bounds__(32 * kMapWarps) spanmax_kernel(const nbf* qs, 
     if (wr < m) {
       float* const w = prod + (warp * 16 + lane / 4) * kSpanLd + 2 * (lane % 4);
 #pragma unroll
-      for (int j = 0; j < kSpanPass / 8; ++j) {
-        w[8 * j] = sv[j][0];
-        w[8 * j + 1] = sv[j][1];
-        w[8 * kSpanLd + 8 * j] = sv[j][2];
-        w[8 * kSpanLd + 8 * j + 1] = sv[j][3];
+      for (int j = 0; j < kSpanPass / 8; ++j) {  // (8-byte aligned: kSpanLd and the column are even)
+        *reinterpret_cast<float2*>(w + 8 * j) = make_float2(sv[j][0], sv[j][1]);
+        *reinterpret_cast<float2*>(w + 8 * kSpanLd + 8 * j) = make_float2(sv[j][2], sv[j][3]);
       }
       __syncwarp();
       if (ns == 1) {  // one span (maybe longer than a pass): its maximum over this pass's vectors
         const int cols = static_cast<int>(std::min<int64_t>(kSpanPass, ve - p));
         if (lane < 16)
           for (int c = 0; c < cols; ++c) run = fmaxf(run, mine[lane * kSpanLd + c]);
-      } else {  // whole spans within this one pass: (row, span) pairs over the lanes
-        for (int i = lane; i < 16 * ns; i += 32) {
-          const int r = i / ns, k = i % ns;
+      } else {  // whole spans within this one pass: (row, span) pairs i = r * ns + k over the lanes, 32 apart
+        int r = lane / ns, k = lane % ns;  // (one division; each step of 32 pairs by subtraction)
+        while (r < 16) {
           const float* const pr = mine + r * kSpanLd + first[k];
           float mx = pr[0];
           for (int c = 1; c < count[k]; ++c) mx = fmaxf(mx, pr[c]);
           if (wr + r < m) out[static_cast<int64_t>(slot) * m * ld + (wr + r) * ld + (sb - s0) + k] = mx;
+          k += 32;
+          while (k >= ns) {
+            k -= ns;
+            ++r;
+          }
         }
       }
     }
@@ -1199,9 +1208,7 @@ void StreamDecider::launch_chunk(const bf16* q, const bf16* k, int32_t n, int32_
   auto* qb = reinterpret_cast<nbf*>(qb_.data());
   auto* kb = reinterpret_cast<nbf*>(kb_.data());
   rotate_bf16_kernel<<<blocks_for(static_cast<int64_t>(n) * half, kThreads), kThreads, 0, s>>>(
-      reinterpret_cast<const nbf*>(q), qb, n, nq_, d_, inv_freq, pos);
-  rotate_bf16_kernel<<<blocks_for(static_cast<int64_t>(n) * half, kThreads), kThreads, 0, s>>>(
-      reinterpret_cast<const nbf*>(k), kb, n, nkv_, d_, inv_freq, pos);
+      reinterpret_cast<const nbf*>(q), qb, nq_, reinterpret_cast<const nbf*>(k), kb, nkv_, n, d_, inv_freq, pos);
   check_launch("stream chunk map: rotate");
   if (n_pad > n) {  // zero rows up to the tile (never counted: masked as keys and not written as rows)
     TESSERA_CUDA_CHECK(cudaMemsetAsync(qb + n * qrow_, 0, static_cast<size_t>((n_pad - n) * qrow_) * sizeof(bf16), s));
