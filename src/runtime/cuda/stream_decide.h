@@ -139,7 +139,7 @@ class StreamDecider {
   // TESSERA_STREAM_PROFILE=1 (GpuStreamingKV::profile): the GPU time of the decisions' sections, by CUDA events around
   // each (summed at the synchronisations the results need anyway), and the host's waits for the device.
   struct Profile {
-    double map = 0;      // q / k rotated in f32, the map's SGEMMs, softmax over heads, votes
+    double map = 0;      // q / k rotated, the map's two tensor-core passes (softmax over heads), votes
     double spans = 0;    // Ltri span discovery: prefix sums, theta, the candidates
     double masses = 0;   // the cover spans' masses
     double keys = 0;     // the evictions' index keys gathered from the ring (into Ltri's mirror / back for InfLLM)
