@@ -266,21 +266,25 @@ __global__ void __launch_bounds__(32 * kMapWarps) map_tiles_kernel(const nbf* q,
   }
 }
 
-// The map kernels of a head_dim and stage count: f<D, kStages>() (d = 64, 128 or 256; checked by the constructor).
+// The kernels of a head_dim: f.template operator()<D>() for d = 64, 128 or 256 (checked by the constructor).
+template <class F>
+void with_head_dim(int d, F&& f) {
+  if (d == 64)
+    f.template operator()<64>();
+  else if (d == 128)
+    f.template operator()<128>();
+  else
+    f.template operator()<256>();
+}
+// The chunk map's kernels of a head_dim and stage count: f<D, kStages>().
 template <class F>
 void with_map_kernels(int d, int stages, F&& f) {
-  auto pick = [&]<int D>() {
+  with_head_dim(d, [&]<int D>() {
     if (stages == 2)
       f.template operator()<D, 2>();
     else
       f.template operator()<D, 1>();
-  };
-  if (d == 64)
-    pick.template operator()<64>();
-  else if (d == 128)
-    pick.template operator()<128>();
-  else
-    pick.template operator()<256>();
+  });
 }
 
 // dots[slot][a][b] (rows of stride ld) = q_h(a) . k_g(v0 + b) for the query vectors a < m (rows of qs) and the index
@@ -355,7 +359,7 @@ __global__ void __launch_bounds__(32 * kMapWarps) spanmax_kernel(const nbf* qs, 
   unsigned char* const qtile = map_smem;
   unsigned char* const ktile = map_smem + kTile;  // [kSpanPass, D] bf16, then the products [kMapTile, kSpanLd] f32
   float* const prod = reinterpret_cast<float*>(ktile);
-  auto* const first = reinterpret_cast<int32_t*>(ktile + (spanmax_smem<D>() - kTile - 2 * kSpanPass * sizeof(int32_t)));
+  auto* const first = reinterpret_cast<int32_t*>(map_smem + spanmax_smem<D>() - 2 * kSpanPass * sizeof(int32_t));
   int32_t* const count = first + kSpanPass;
   const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const int x = x0 + static_cast<int>(blockIdx.x), slot = static_cast<int>(blockIdx.z);
@@ -1047,7 +1051,10 @@ StreamDecider::StreamDecider(const ModelConfig& cfg)
   const std::string how = scoring != nullptr ? scoring : kDefaultLtriScoring;
   check(how == "fused" || how == "gemm" || how == "gemm-serial",
         [&] { return "TESSERA_LTRI_SCORING must be fused, gemm or gemm-serial, got '" + how + "'"; });
-  fused_ = how == "fused" && d_ % 16 == 0 && d_ <= 256;
+  check(d_ == 64 || d_ == 128 || d_ == 256, [&] {
+    return "GPU streaming: head_dim " + std::to_string(d_) + " is not 64, 128 or 256 (the chunk map's kernels)";
+  });
+  fused_ = how == "fused";
   serial_sim_ = how == "gemm-serial";
   if (fused_)
     TESSERA_CUDA_CHECK(cudaFuncSetAttribute(fused_ltri_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1055,9 +1062,6 @@ StreamDecider::StreamDecider(const ModelConfig& cfg)
   int device = 0;
   TESSERA_CUDA_CHECK(cudaGetDevice(&device));
   TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
-  check(d_ == 64 || d_ == 128 || d_ == 256, [&] {
-    return "GPU streaming: head_dim " + std::to_string(d_) + " is not 64, 128 or 256 (the chunk map's kernels)";
-  });
   // Two stages (copies of the next tiles in flight during the products) where the device's shared memory holds
   // map_tiles_kernel's four tiles (128 KB at head_dim 256: not on sm_86's 99 KB, one stage there).
   int smem_optin = 0;
@@ -1068,6 +1072,8 @@ StreamDecider::StreamDecider(const ModelConfig& cfg)
                                             static_cast<int>(map_stats_smem<D, kStages>())));
     TESSERA_CUDA_CHECK(cudaFuncSetAttribute(map_tiles_kernel<D, kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(map_tiles_smem<D, kStages>())));
+  });
+  with_head_dim(d_, [&]<int D>() {
     TESSERA_CUDA_CHECK(cudaFuncSetAttribute(dots_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(2 * map_tile_bytes<D>())));
     TESSERA_CUDA_CHECK(cudaFuncSetAttribute(spanmax_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1546,7 +1552,7 @@ void StreamDecider::tile_dots(Mirror& M, int64_t m, int32_t H, int64_t v0, int64
                   static_cast<unsigned>(H));
   const auto* qs = reinterpret_cast<const nbf*>(qsel16_.data());
   const auto* keys = reinterpret_cast<const nbf*>(M.keys.data());
-  with_map_kernels(d_, 1, [&]<int D, int>() {
+  with_head_dim(d_, [&]<int D>() {
     dots_kernel<D><<<grid, 32 * kMapWarps, 2 * map_tile_bytes<D>(), s>>>(qs, qrow_, m, keys, M.row, v0, vt, ld,
                                                                          voters_dev_, dots_.data());
   });
@@ -1602,7 +1608,7 @@ void StreamDecider::gemm_scores(Mirror& M, int64_t m, int32_t T, int32_t H, cuda
     const int64_t s1 = tile_first(x1), ld = s1 - s0;
     fit(dots_, static_cast<size_t>(per_span * ld));
     const dim3 grid(static_cast<unsigned>(x1 - x0), static_cast<unsigned>((m + kMapTile - 1) / kMapTile), static_cast<unsigned>(H));
-    with_map_kernels(d_, 1, [&]<int D, int>() {
+    with_head_dim(d_, [&]<int D>() {
       spanmax_kernel<D><<<grid, 32 * kMapWarps, spanmax_smem<D>(), s>>>(
           qs, qrow_, m, keys, M.row, voters_dev_, M.span_first.data(), M.span_count.data(), M.tile_begin.data(),
           static_cast<int32_t>(x0), static_cast<int32_t>(tiles), S, s0, ld, dots_.data());

@@ -203,7 +203,7 @@ class StreamDecider {
 
   int32_t nq_ = 0, nkv_ = 0, d_ = 0;
   int64_t qrow_ = 0, row_ = 0;
-  bool fused_ = true;       // TESSERA_LTRI_SCORING (fused | gemm | gemm-serial), read at construction; fused needs head_dim % 16 == 0
+  bool fused_ = true;       // TESSERA_LTRI_SCORING (fused | gemm | gemm-serial), read at construction
   int64_t dots_budget_ = int64_t{64} << 20, min_tile_vectors_ = 1024;  // gemm_scores()'s tiles
   bool serial_sim_ = false;  // gemm-serial: the gemm path with sim_kernel (one thread per (t, s), heads in turn)
   attn::gpu::DeviceBuffer<bf16> qb_, kb_;  // the chunk map's rotated q and k (bf16, rows padded to its tile)
