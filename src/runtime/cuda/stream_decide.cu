@@ -32,11 +32,10 @@ int blocks_for(int64_t total, int threads) {
 // The dots' row stride for a tile of vt index vectors: vt rounded up to 8 floats (rows 32-byte aligned).
 int64_t dots_ld(int64_t vt) { return (vt + 7) / 8 * 8; }
 
-// Rows of `heads` head vectors, bf16 -> rotated at position pos0 + r (runtime/rope.cpp's tables and products in f32,
-// without contraction into FMAs) -> bf16, rounded to nearest even: the chunk map's q and k as the attention kernels
-// see them (StreamingKV's map rounds its rotated copies alike).
-// q (nq heads a row) and k (nkv heads a row) in one launch: a thread per (row, pair i) computes the angle's cos and
-// sin once for both.
+// Rows of q (nq heads) and k (nkv heads), bf16 -> rotated at position pos0 + r (runtime/rope.cpp's tables and products
+// in f32, without contraction into FMAs) -> bf16, rounded to nearest even: the chunk map's q and k as the attention
+// kernels see them (StreamingKV's map rounds its rotated copies alike). One launch for both: a thread per (row, pair
+// i) computes the angle's cos and sin once.
 __global__ void rotate_bf16_kernel(const nbf* q, nbf* qb, int nq, const nbf* k, nbf* kb, int nkv, int64_t rows, int d,
                                    const float* inv_freq, int64_t pos0) {
   const int half = d / 2;
