@@ -183,7 +183,7 @@ struct Row {
   double ttft = 0, gemm = 0, attention = 0, decision = 0, decision_device = 0, decode_tok_s = 0, peak_gb = 0, workspace_gb = 0;
   double pinned_gb = 0, index_gb = 0, rss_gb = 0, pin_s = 0, prepin_s = 0;
   double ws_s = 0, local_s = 0, wait_s = 0, global_s = 0, store_s = 0;  // TESSERA_STREAM_PROFILE=1: attend()'s sections, prefill
-  double d_map = 0, d_spans = 0, d_masses = 0, d_keys = 0, d_scores = 0, d_scores_wide = 0, d_issue = 0;  // ... and the decisions' device sections
+  double d_map = 0, d_spans = 0, d_masses = 0, d_keys = 0, d_scores = 0, d_scores_wide = 0, d_issue = 0, gap[3] = {0, 0, 0};  // ... and the decisions' device sections
   int64_t waits = 0;  // the decisions' host synchronisations in the prefill
   int64_t evicted = 0, to_host = 0, to_device = 0, cached = 0;
   std::string error;
@@ -237,9 +237,11 @@ int main(int argc, char** argv) {
       if (r.d_map + r.d_spans + r.d_masses + r.d_keys + r.d_scores > 0)  // (profiling on)
         std::printf("|   | (profile: %s at %d) | decisions on the device, GPU s: map %.3f, span discovery %.3f, masses "
                     "%.3f, index keys %.3f, block scores %.3f (every-head layers %.3f); host waits for them: %lld (host work in the decisions "
-                    "%.2f s; issuing the device's work %.2f s) |\n",
+                    "%.2f s; issuing the device's work %.2f s; the host's gaps with nothing queued, after the candidates "
+                    "%.2f, the masses %.2f, the block scores %.2f s) |\n",
                     r.method.c_str(), r.seq, r.d_map, r.d_spans, r.d_masses, r.d_keys, r.d_scores,
-                    r.d_scores_wide, static_cast<long long>(r.waits), r.decision - r.decision_device, r.d_issue);
+                    r.d_scores_wide, static_cast<long long>(r.waits), r.decision - r.decision_device, r.d_issue,
+                    r.gap[0], r.gap[1], r.gap[2]);
       std::fflush(stdout);
       if (csv != nullptr) {
         std::fprintf(csv, "%d,%s,%.3f,%.1f,%.3f,%.3f,%.3f,%.3f,%.2f,%.3f,%.3f,%.3f,%.4f,%.3f,%.2f,%.2f,%lld,%lld,%lld,%lld,%s\n",
@@ -412,6 +414,7 @@ int main(int argc, char** argv) {
             r.d_scores = a.decide.scores - before.decide.scores;
             r.d_scores_wide = a.decide.scores_wide - before.decide.scores_wide;
             r.d_issue = a.decide.issue - before.decide.issue;
+            for (int i = 0; i < 3; ++i) r.gap[i] = a.host_gap_seconds[i] - before.host_gap_seconds[i];
             r.waits = a.decide.waits - before.decide.waits;
           }
           if (o.decode > 0) {

@@ -431,10 +431,14 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
 
   // Steps 4 and 5's local pass (below) for a layout `lay` after E evictions: the workspace's local part and chunk
   // (rows [lay.global, ...)), rotated at their true positions; the queries; the local index's pass into `out`.
+  // (profile: the host gaps after each result, GpuStreamStats::host_gap_seconds; gap: the last result, -1 none)
+  Clock::time_point back{};
+  int gap = -1;
   attn::AttentionArgs a_local;
   Indexes* ixp = nullptr;
   bool local_done = false;
   auto local_first = [&](const stream::StreamLayout& lay_local, int32_t E) {
+    if (profile_ && gap == 2) stats_.host_gap_seconds[2] += seconds_since(back);
     prof_mark(s);
     const int32_t local_begin = E > 0 ? opt_.sinks + E * B : 0;
     const int32_t G = lay_local.global;
@@ -528,6 +532,8 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
       const auto tw = Clock::now();
       decider_->wait(ds);
       stats_.decision_device_seconds += seconds_since(tw);
+      back = Clock::now();
+      gap = 0;
       given.candidates = decider_->candidates();
       if (record_) {
         record_data_.map.assign(decider_->map().begin(), decider_->map().end());
@@ -554,8 +560,11 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
     };
     given.span_masses = [&](std::span<const stream::Span> spans) {
       const auto tm = Clock::now();
+      if (profile_ && gap == 0) stats_.host_gap_seconds[0] += std::chrono::duration<double>(tm - back).count();
       std::vector<stream::SpanMasses> masses = decider_->span_masses(spans, ds);
       stats_.decision_device_seconds += seconds_since(tm);
+      back = Clock::now();
+      gap = 1;
       if (record_) {
         record_data_.mass_spans.assign(spans.begin(), spans.end());
         record_data_.masses = masses;
@@ -565,12 +574,15 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
     given.block_scores = [&](std::span<const int32_t> tokens, std::span<const int32_t> counts,
                              const stream::HeadWeights& w) {
       const auto ts = Clock::now();
+      if (profile_ && gap >= 0 && gap < 2) stats_.host_gap_seconds[gap] += std::chrono::duration<double>(ts - back).count();
       std::vector<double> scores;
       if (ltri)
         scores = decider_->ltri_scores(layer, host_.span_index(layer), q, tokens, counts, w, ds);
       else  // InfLLM: the mean query and the blocks' scores on the device (exactly the host's arithmetic)
         scores = decider_->infllm_scores(layer, host_.repr_index(layer), q, n, w, ds);
       stats_.decision_device_seconds += seconds_since(ts);
+      back = Clock::now();
+      gap = 2;
       if (record_) {
         record_data_.tokens.assign(tokens.begin(), tokens.end());
         record_data_.counts.assign(counts.begin(), counts.end());

@@ -81,6 +81,10 @@ struct GpuStreamStats {
   // ... and the decisions' device sections (map, span discovery, masses, index keys, block scores: GPU seconds by
   // events) and waits (the host's synchronisations with the device for the decisions), as the decider sums them.
   StreamDecider::Profile decide;
+  // ... and the host's time between a decision's result coming back and the next device work it issues (the GPU has
+  // nothing queued then), per mapping layer and chunk: after the candidates (until the masses are asked), after the
+  // masses (until the block scores are asked), after the block scores (until the workspace's first launch).
+  double host_gap_seconds[3] = {0, 0, 0};
 };
 
 // What the device computed for one layer's chunk (GpuStreamingKV::record(true); tests compare it with the CPU's).

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# scripts/gpu/ltri_diag.sh — one device call for issue 35's Ltri-at-1M work with binaries built here and carried
+# (bash scripts/gpu/run.sh bins stream_bench stream_gpu_test stream_decide_test stream_host_bench, packed into
+# build/gpu-pack/bins.tar.xz): the machine's CPU, the GPU tests, the host's share of the decisions on that CPU
+# (stream_host_bench), then ROWS_1M through scripts/gpu/ltri_1m.sh. Everything under $OUT/diag.
+set -uo pipefail
+[ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
+rm -rf build/gpu-bin
+tar -xJf build/gpu-pack/bins.tar.xz -C build
+export LD_LIBRARY_PATH=$PWD/build/gpu-bin/lib
+o=$OUT/diag
+mkdir -p "$o"
+{ lscpu | head -20; nproc; nvidia-smi --query-gpu=name,clocks.sm,power.draw,power.limit --format=csv; } > "$o/machine.txt" 2>&1
+if [ "${TESTS:-1}" = 1 ]; then
+  TESSERA_KV_TYPE=f32 build/gpu-bin/stream_gpu_test > "$o/stream_gpu_test.log" 2>&1; tail -3 "$o/stream_gpu_test.log"
+  TESSERA_KV_TYPE=f32 build/gpu-bin/stream_decide_test > "$o/stream_decide_test.log" 2>&1; tail -3 "$o/stream_decide_test.log"
+fi
+if [ "${HOSTBENCH:-1}" = 1 ]; then
+  for i in 1 2; do
+    build/gpu-bin/stream_host_bench --seq 1048576 --chunk 1024 --early-layers votes \
+      --retrieval-heads docs/streaming/ltri-llm-retrieval-heads.txt 2>&1 | tee -a "$o/stream_host_bench.log"
+  done
+fi
+OUT=$o TESTS=0 CHUNK=${CHUNK:-1024} bash scripts/gpu/ltri_1m.sh
