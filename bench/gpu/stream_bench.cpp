@@ -42,7 +42,9 @@
 // commit 97b90db, where overlap was the default, name that "-serial"); "-cache1" a block cache of top_k slots per
 // layer (TESSERA_STREAM_CACHE=1; default 4x), "-cache16" of 16 x top_k (any of 1, 2, 8, 16, 32); "-onecopy" the retrieved blocks' copies to the
 // device behind the evictions' copies out on one stream (TESSERA_STREAM_COPY_IN=0; the default: their own stream;
-// the rows of a475533, where one stream was the default, name the split "-copyin"); "-profile" that row's
+// the rows of a475533, where one stream was the default, name the split "-copyin"); "-localcands" / "-localmasses" /
+// "-localscores" the local pass queued just before the host waits for the decisions' candidates / masses / block
+// scores (TESSERA_STREAM_LOCAL_AT; the default: after the decisions); "-profile" that row's
 // sections timed (TESSERA_STREAM_PROFILE=1). An engine is dropped after the last length's row (its pinned slabs with it), so that several rows' pinned memory is
 // not held at once.
 //
@@ -311,6 +313,9 @@ int main(int argc, char** argv) {
                                                 {"-cache16", "TESSERA_STREAM_CACHE", "16"},
                                                 {"-cache32", "TESSERA_STREAM_CACHE", "32"},
                                                 {"-onecopy", "TESSERA_STREAM_COPY_IN", "0"},
+                                                {"-localcands", "TESSERA_STREAM_LOCAL_AT", "candidates"},
+                                                {"-localmasses", "TESSERA_STREAM_LOCAL_AT", "masses"},
+                                                {"-localscores", "TESSERA_STREAM_LOCAL_AT", "scores"},
                                                 {"-profile", "TESSERA_STREAM_PROFILE", "1"}})
               if (strip(sfx)) {
                 env.emplace_back(var, val);

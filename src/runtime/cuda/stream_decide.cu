@@ -1080,7 +1080,22 @@ StreamDecider::StreamDecider(const ModelConfig& cfg)
   });
 }
 
-StreamDecider::~StreamDecider() = default;
+StreamDecider::~StreamDecider() {
+  if (results_ != nullptr) cudaEventDestroy(results_);
+}
+
+void StreamDecider::sync(cudaStream_t s) {
+  if (!before_wait_) {
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
+    return;
+  }
+  if (results_ == nullptr) TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&results_, cudaEventDisableTiming));
+  TESSERA_CUDA_CHECK(cudaEventRecord(results_, s));
+  const std::function<void()> work = std::move(before_wait_);
+  before_wait_ = nullptr;
+  work();
+  TESSERA_CUDA_CHECK(cudaEventSynchronize(results_));
+}
 
 size_t StreamDecider::device_bytes() const {
   size_t b = qb_.bytes() + kb_.bytes() + stat_max_.bytes() + stat_inv_.bytes() + vote_parts_.bytes() + scores_.bytes() + map_.bytes() + votes_.bytes() +
@@ -1120,7 +1135,7 @@ void StreamDecider::chunk_map(const bf16* q, const bf16* k, int32_t n, int32_t p
 
 void StreamDecider::wait(cudaStream_t s) {
   if (!pending_) return;
-  TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
+  sync(s);
   if (s == arena_stream_) arena_used_ = 0;
   synced();
 }
@@ -1310,7 +1325,7 @@ std::vector<stream::SpanMasses> StreamDecider::span_masses(std::span<const strea
   TESSERA_CUDA_CHECK(cudaMemcpyAsync(masses_host_.data(), masses_.data(), static_cast<size_t>(2 * count) * sizeof(double),
                                      cudaMemcpyDeviceToHost, s));
   issued(t_issue);
-  TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
+  sync(s);
   if (s == arena_stream_) arena_used_ = 0;
   synced();
   for (int32_t i = 0; i < count; ++i) out[static_cast<size_t>(i)] = {masses_host_[2 * i], masses_host_[2 * i + 1]};
@@ -1397,7 +1412,7 @@ std::vector<double> StreamDecider::download_scores(int32_t blocks, cudaStream_t 
   scores_host_.grow(static_cast<size_t>(blocks));
   TESSERA_CUDA_CHECK(cudaMemcpyAsync(scores_host_.data(), block_scores_.data(), static_cast<size_t>(blocks) * sizeof(double),
                                      cudaMemcpyDeviceToHost, s));
-  TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
+  sync(s);
   if (s == arena_stream_) arena_used_ = 0;
   synced();
   return std::vector<double>(scores_host_.data(), scores_host_.data() + blocks);

@@ -69,6 +69,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -101,6 +102,11 @@ class StreamDecider {
                     bool want_map, bool candidates, double theta_quantile, cudaStream_t stream,
                     int32_t map_head = -1);
   void wait(cudaStream_t stream);  // synchronises `stream` once after launch_chunk()
+  // `work` (device work the caller queues on the decisions' stream) runs once, just before the next synchronisation
+  // for a result (wait(), span_masses(), ltri_scores(), ...), which then waits for that result's own copies alone
+  // (an event recorded before `work`), not for `work`: the device runs it while the host uses the result. nullptr
+  // drops a hook that has not run (the caller's work must not run later).
+  void before_next_wait(std::function<void()> work) { before_wait_ = std::move(work); }
   std::span<const float> map() const { return {map_host_.data(), static_cast<size_t>(map_n_) * static_cast<size_t>(map_n_)}; }
   std::span<const float> votes() const { return {votes_host_.data(), static_cast<size_t>(map_n_)}; }
   std::span<const stream::Span> candidates() const { return candidates_; }
@@ -193,6 +199,11 @@ class StreamDecider {
     attn::gpu::DeviceBuffer<float> means;  // [capacity, row]
     int64_t blocks = 0, capacity = 0;
   };
+  // Waits for the work queued on `s` so far: the stream, or with a before_next_wait() hook, an event before the hook's
+  // work (which is queued then).
+  void sync(cudaStream_t s);
+  std::function<void()> before_wait_;
+  cudaEvent_t results_ = nullptr;
   void synced();  // after a synchronisation: launch_chunk()'s candidates compacted (once); the profile's events summed
   enum Section { kMap = 0, kSpans = 1, kMasses = 2, kKeys = 3, kScores = 4, kScoresWide = 5 };
   void begin(Section what, cudaStream_t s);

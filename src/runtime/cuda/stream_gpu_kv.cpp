@@ -143,6 +143,16 @@ GpuStreamingKV::GpuStreamingKV(const ModelConfig& config, StreamOptions options)
   TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&decided_, cudaEventDisableTiming));
   const char* ov = std::getenv("TESSERA_STREAM_OVERLAP");
   overlap_ = ov != nullptr && std::string(ov) == "1";
+  if (const char* at = std::getenv("TESSERA_STREAM_LOCAL_AT")) {
+    const std::string a = at;
+    check(a == "after" || a == "candidates" || a == "masses" || a == "scores", [&] {
+      return "TESSERA_STREAM_LOCAL_AT must be after, candidates, masses or scores, got '" + a + "'";
+    });
+    local_at_ = a == "candidates" ? LocalAt::Candidates
+                : a == "masses"   ? LocalAt::Masses
+                : a == "scores"   ? LocalAt::Scores
+                                  : LocalAt::After;
+  }
   const char* slots = std::getenv("TESSERA_STREAM_CACHE");
   const int64_t factor = slots != nullptr ? std::atoll(slots) : kCacheFactor;
   check(factor >= 1 && factor <= 64, [&] {
@@ -508,6 +518,13 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
   pred.global = E_pred > 0 ? std::min(pos, opt_.sinks) + std::min(opt_.top_k, E_pred) * B : 0;
   pred.local = E_pred > 0 ? pos - (opt_.sinks + E_pred * B) : pos;
   pred.chunk = n;
+  // local_at(): the local pass queued just before the host waits for one of the decisions' results (one stream).
+  const LocalAt early_at = !overlap && maps && device_decisions_ && chunk_kind_ != StreamingKV::ChunkKind::Decode
+                               ? local_at_
+                               : LocalAt::After;
+  auto local_before_wait = [&](LocalAt at) {
+    if (early_at == at && !local_done) decider_->before_next_wait([&] { local_first(pred, E_pred); });
+  };
   cudaStream_t ds = s;  // the decisions' stream
   if (overlap) {
     TESSERA_CUDA_CHECK(cudaStreamWaitEvent(decide_, ready_, 0));  // q, k and the ring written
@@ -530,6 +547,7 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
     given.has_candidates = cands;
     given.ready = [&] {
       const auto tw = Clock::now();
+      local_before_wait(LocalAt::Candidates);
       decider_->wait(ds);
       stats_.decision_device_seconds += seconds_since(tw);
       back = Clock::now();
@@ -561,6 +579,7 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
     given.span_masses = [&](std::span<const stream::Span> spans) {
       const auto tm = Clock::now();
       if (profile_ && gap == 0) stats_.host_gap_seconds[0] += std::chrono::duration<double>(tm - back).count();
+      local_before_wait(LocalAt::Masses);
       std::vector<stream::SpanMasses> masses = decider_->span_masses(spans, ds);
       stats_.decision_device_seconds += seconds_since(tm);
       back = Clock::now();
@@ -575,6 +594,7 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
                              const stream::HeadWeights& w) {
       const auto ts = Clock::now();
       if (profile_ && gap >= 0 && gap < 2) stats_.host_gap_seconds[gap] += std::chrono::duration<double>(ts - back).count();
+      local_before_wait(LocalAt::Scores);
       std::vector<double> scores;
       if (ltri)
         scores = decider_->ltri_scores(layer, host_.span_index(layer), q, tokens, counts, w, ds);
@@ -594,13 +614,17 @@ void GpuStreamingKV::attend(int32_t layer, int32_t pos, int32_t n, bf16* q, bf16
     try {
       lay = host_.plan(layer, pos, n, nullptr, inv_freq_host, given);
     } catch (...) {
+      decider_->before_next_wait(nullptr);
       decider_->wait(ds);
       throw;
     }
+    decider_->before_next_wait(nullptr);  // (a hook whose result was never waited for: the local pass comes below)
     decider_->wait(ds);  // (a no-op: plan() waited)
     if (overlap) {  // the compute stream's later work (the chunk into the ring, q reused) after the decisions' reads
       TESSERA_CUDA_CHECK(cudaEventRecord(decided_, ds));
       TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, decided_, 0));
+    }
+    if (local_done) {  // the local pass ran on the layout predicted from the position
       check(lay.global == pred.global && lay.local == pred.local && lay.chunk == pred.chunk, [&] {
         return "GPU streaming: internal: the layout [" + std::to_string(lay.global) + " | " +
                std::to_string(lay.local) + " | " + std::to_string(lay.chunk) +

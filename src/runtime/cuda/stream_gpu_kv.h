@@ -138,6 +138,15 @@ class GpuStreamingKV : public GpuKVPolicy {
   // operations on the same data: the same output, bit for bit.
   void overlap_decisions(bool on) { overlap_ = on; }
   bool overlap_decisions() const { return overlap_; }
+  // Where a prefill chunk's local pass (with the workspace's local part) is queued on the one stream, for a layer
+  // whose decisions run on the device: after the decisions (LocalAt::After, the default), or just before the host
+  // waits for one of their results (candidates, masses, block scores: StreamDecider::before_next_wait), so that the
+  // device runs it while the host works on that result instead of idling. The layout's sizes follow from the position
+  // alone (as with overlap_decisions()) and are checked against the decisions'. TESSERA_STREAM_LOCAL_AT=after |
+  // candidates | masses | scores. The same operations on the same data: the same output, bit for bit.
+  enum class LocalAt { After = 0, Candidates = 1, Masses = 2, Scores = 3 };
+  void local_at(LocalAt at) { local_at_ = at; }
+  LocalAt local_at() const { return local_at_; }
   bool batched_copies() const { return batched_copies_; }
   // Whether the retrieved blocks' copies to the device run on their own stream (the default) or behind the
   // evictions' copies out (TESSERA_STREAM_COPY_IN=0): the same copies, the same output.
@@ -231,6 +240,7 @@ class GpuStreamingKV : public GpuKVPolicy {
   cudaStream_t decide_ = nullptr;    // the decisions' stream (overlap_)
   cudaEvent_t decided_ = nullptr;    // ... its work of the current layer done
   bool overlap_ = false;
+  LocalAt local_at_ = LocalAt::After;
   StreamingKV::ChunkKind chunk_kind_ = StreamingKV::ChunkKind::Prefill;
   cudaEvent_t ready_ = nullptr, blocks_in_ = nullptr;
   // Pinned slabs: 256 blocks each; next_ the first free block of the last slab.

@@ -714,6 +714,38 @@ TEST(StreamGpu, OverlappedDecisionsAndLargerCacheEqualTheSerialPath) {
   }
 }
 
+// The local pass queued just before the host waits for each of the decisions' results (TESSERA_STREAM_LOCAL_AT:
+// candidates, masses, block scores; StreamDecider::before_next_wait) against the default (after the decisions): the
+// same operations on the same data, so the same logits bit for bit and the same blocks moved.
+TEST(StreamGpu, LocalPassBeforeEachWaitEqualsTheLocalPassAfter) {
+  REQUIRE_GPU();
+  const ModelConfig cfg = small_config(3);
+  const auto model = DeviceModel::random(cfg, 7);
+  const std::vector<int32_t> tokens = random_tokens(1700, cfg.vocab_size, 19);
+  GpuEngineOptions so = evicting_stream(StreamMethod::Ltri, 3);
+  so.stream.retrieval_heads = {RetrievalHead{1, 2, 0.5}};  // layer 2: voted only
+  const auto after = engine_with_env(*model, so, "TESSERA_STREAM_LOCAL_AT", "after");
+  ASSERT_EQ(after->gpu_streaming()->local_at(), GpuStreamingKV::LocalAt::After);
+  for (const char* at : {"candidates", "masses", "scores"}) {
+    SCOPED_TRACE(at);
+    const auto early = engine_with_env(*model, so, "TESSERA_STREAM_LOCAL_AT", at);
+    ASSERT_NE(early->gpu_streaming()->local_at(), GpuStreamingKV::LocalAt::After);
+    expect_equal_logits(*early, *after, tokens, [&] {
+      const GpuStreamStats& e = early->gpu_streaming()->gpu_stats();
+      const GpuStreamStats& a = after->gpu_streaming()->gpu_stats();
+      EXPECT_EQ(e.blocks_to_device, a.blocks_to_device);
+      EXPECT_EQ(e.blocks_cached, a.blocks_cached);
+      EXPECT_GT(e.blocks_to_host, 0);
+    });
+  }
+  try {
+    engine_with_env(*model, so, "TESSERA_STREAM_LOCAL_AT", "never");
+    ADD_FAILURE() << "TESSERA_STREAM_LOCAL_AT=never was accepted";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "TESSERA_STREAM_LOCAL_AT must be after, candidates, masses or scores, got 'never'");
+  }
+}
+
 // stream_copy_rows against its host twin (a memcpy per range): ranges of different lengths (0 rows included) into
 // a destination, K and V, with rows of 8k values (the 16-byte path) and of 13 (one value at a time), and the error
 // past kMax ranges.
