@@ -44,7 +44,8 @@
 // device behind the evictions' copies out on one stream (TESSERA_STREAM_COPY_IN=0; the default: their own stream;
 // the rows of a475533, where one stream was the default, name the split "-copyin"); "-localcands" / "-localmasses" /
 // "-localscores" the local pass queued just before the host waits for the decisions' candidates / masses / block
-// scores (TESSERA_STREAM_LOCAL_AT; the default: after the decisions); "-profile" that row's
+// scores, "-localafter" after the decisions (TESSERA_STREAM_LOCAL_AT); "-sepquant" FP8 GEMMs' inputs quantized by
+// their own kernel rather than by the norm / activation that makes them (TESSERA_FP8_FUSED=0); "-profile" that row's
 // sections timed (TESSERA_STREAM_PROFILE=1). An engine is dropped after the last length's row (its pinned slabs with it), so that several rows' pinned memory is
 // not held at once.
 //
@@ -316,6 +317,9 @@ int main(int argc, char** argv) {
                                                 {"-localcands", "TESSERA_STREAM_LOCAL_AT", "candidates"},
                                                 {"-localmasses", "TESSERA_STREAM_LOCAL_AT", "masses"},
                                                 {"-localscores", "TESSERA_STREAM_LOCAL_AT", "scores"},
+                                                {"-localafter", "TESSERA_STREAM_LOCAL_AT", "after"},
+                                                {"-cache4", "TESSERA_STREAM_CACHE", "4"},
+                                                {"-sepquant", "TESSERA_FP8_FUSED", "0"},
                                                 {"-profile", "TESSERA_STREAM_PROFILE", "1"}})
               if (strip(sfx)) {
                 env.emplace_back(var, val);

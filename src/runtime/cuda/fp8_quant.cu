@@ -8,13 +8,15 @@
 
 #include "cuda/cuda_check.h"
 #include "core/error.h"
+#include "runtime/cuda/fp8_codes.cuh"
 
 namespace tessera::runtime::gpu {
 
 namespace {
 
 constexpr int kThreads = 256;
-constexpr float kMax = 448.0f;  // core/fp8.h kE4M3Max
+using fp8::encode8;
+using fp8::row_inverse_scale;
 
 // 8 bf16 of row r, columns [8c, 8c + 8).
 __device__ inline uint4 load8(const __nv_bfloat16* x, int64_t ldx, int64_t groups_per_row, int64_t g) {
@@ -30,17 +32,6 @@ __device__ inline void unpack8(const uint4& v, float (&f)[8]) {
     f[2 * i] = p.x;
     f[2 * i + 1] = p.y;
   }
-}
-
-// Eight values times `inv`, each rounded to E4M3 (saturating to +-448), as 8 bytes in order.
-__device__ __forceinline__ uint2 encode8(const float* f, float inv) {
-  uint2 out;
-  __nv_fp8x2_storage_t* o = reinterpret_cast<__nv_fp8x2_storage_t*>(&out);
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    o[i] = __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(f[2 * i], inv), __fmul_rn(f[2 * i + 1], inv)),
-                                    __NV_SATFINITE, __NV_E4M3);
-  return out;
 }
 
 __global__ void amax_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx, int64_t groups_per_row, int64_t groups,
@@ -63,14 +54,6 @@ __global__ void amax_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx, in
     // Non-negative floats order as their bit patterns: an unsigned atomic max is the float max.
     atomicMax(reinterpret_cast<unsigned int*>(amax), __float_as_uint(a));
   }
-}
-
-// The row's amax -> its scale (written by the caller's one thread, to *scale when non-null) and the inverse scale
-// the codes are made with; a zero, NaN-only or infinite amax gives scale 1 (the host's e4m3_inverse_scale).
-__device__ __forceinline__ float row_inverse_scale(float amax, float* scale) {
-  const bool usable = amax > 0.0f && isfinite(amax);
-  if (scale != nullptr) *scale = usable ? __fdiv_rn(amax, kMax) : 1.0f;
-  return usable ? __fdiv_rn(kMax, amax) : 1.0f;  // IEEE division, as the host's e4m3_inverse_scale
 }
 
 __global__ void quantize_kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx, int64_t groups_per_row,

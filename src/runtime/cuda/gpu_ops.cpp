@@ -28,6 +28,8 @@ GpuOps::GpuOps(const DeviceModel& model, cudaStream_t stream, Gemm& gemm, EventT
              stream, gemm, timer, mlp_piece) {
   model_ = &model;
   fp8_ = fp8;
+  const char* fused = std::getenv("TESSERA_FP8_FUSED");
+  fuse8_ = fused == nullptr || std::string(fused) != "0";
   for (int32_t l = 0; l < cfg_.num_layers; ++l) {
     const DeviceLayer& L = model.layer(l);
     norms_.push_back({L.attn_norm, L.ffn_norm, L.post_attn_norm, L.post_ffn_norm, L.q_norm, L.k_norm});
@@ -105,6 +107,13 @@ bool GpuOps::reserve_buffers(int64_t n, int64_t logit_rows, int64_t q_elems, int
   grew |= grow(a_, std::max<int64_t>(1, a_elems));
   grew |= grow(gu_, std::max<int64_t>(1, gu_elems));
   if (cfg_.post_norms) grew |= grow(o_, n * H);
+  if (fp8_ != nullptr && fuse8_) {  // (allocated here: never inside a graph capture)
+    const int64_t F = cfg_.intermediate_size, piece = std::min<int64_t>(mlp_piece_, n);
+    grew |= grow(h8_, n * H);
+    grew |= grow(h8_scales_, n);
+    grew |= grow(gu8_, piece * F);
+    grew |= grow(gu8_scales_, piece);
+  }
   if (kv_elems > 0) {
     grew |= grow(k_, kv_elems);
     grew |= grow(v_, kv_elems);
@@ -176,17 +185,49 @@ void GpuOps::gemm(const bf16* x, int64_t ldx, int64_t m, const bf16* w, const Fp
     // A decode step's few rows: weight-only FP8 (fp8_gemv.h), the bytes W8A8 saves without its quantization launches.
     gemv_w8a16(x, ldx, m, *w8, y, y_type == DType::F32, ldy, beta, stream_);
   } else if (fp8_ != nullptr && w8 != nullptr) {
-    if (!reuse) x8_ = gemm_.quantize_activation(x, ldx, m, in);
+    if (pre8_set_) {  // quantized by the kernel that made x (fused8())
+      check(pre8_.rows == m && pre8_.cols == in, "GPU forward: internal: pre-quantized input of the wrong shape");
+      x8_ = pre8_;
+    } else if (!reuse) {
+      x8_ = gemm_.quantize_activation(x, ldx, m, in);
+    }
     gemm_.linear_fp8(x8_, *w8, y, y_type, ldy, beta);
   } else {
     gemm_.linear(x, ldx, m, w, out, in, y, y_type, ldy, beta);
   }
+  pre8_set_ = false;
   timer_.end(EventTimer::kGemm, stream_);
+}
+
+bool GpuOps::fused8(int64_t m) {
+  static const bool w8_gemv = [] {
+    const char* e = std::getenv("TESSERA_GPU_W8_GEMV");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  return fp8_ != nullptr && fuse8_ && gemm_.fp8_scaling() == Fp8Scaling::kRow && m > kW4Rows &&
+         (m > kW8Rows || !w8_gemv) && h8_.size() >= static_cast<size_t>(n_ * cfg_.hidden_size);
 }
 
 void GpuOps::norm_x(const float* w) {
   const int64_t H = cfg_.hidden_size;
-  timed(EventTimer::kNorm, [&] { rms_norm_to_bf16(x_.data(), n_, H, w, cfg_.rms_norm_eps, h_.data(), H, stream_); });
+  h8_rows_ = 0;
+  timed(EventTimer::kNorm, [&] {
+    // h in bf16 always (the decode-sized pieces and the LM head read it), its FP8 codes with it where they are used.
+    if (fused8(std::min(n_, mlp_piece_)) &&
+        rms_norm_to_fp8_rows(x_.data(), n_, H, w, cfg_.rms_norm_eps, h_.data(), H, h8_.data(), h8_scales_.data(),
+                             stream_)) {
+      h8_rows_ = n_;
+      return;
+    }
+    rms_norm_to_bf16(x_.data(), n_, H, w, cfg_.rms_norm_eps, h_.data(), H, stream_);
+  });
+}
+
+void GpuOps::use_h8(int64_t row0, int64_t rows) {
+  if (h8_rows_ < row0 + rows || !fused8(rows)) return;
+  const int64_t H = cfg_.hidden_size;
+  pre8_ = Fp8Matrix{h8_.data() + row0 * H, h8_scales_.data() + row0, rows, H, Fp8Scaling::kRow};
+  pre8_set_ = true;
 }
 
 void GpuOps::embed() {
@@ -211,6 +252,7 @@ void GpuOps::qkv(int32_t l, bool bias) {
     bf16* k = step_->k_rows(l);
     bf16* v = step_->v_rows(l);
     r = {q_.data(), k != nullptr ? k : k_.data(), v != nullptr ? v : v_.data(), QD, KD};
+    if (L8 != nullptr) use_h8(0, n);
     gemm(h_.data(), H, n, L.wq, L8 ? &L8->wq : nullptr, QD, H, r.q, DType::BF16, QD, 0.0f);
     gemm(h_.data(), H, n, L.wk, L8 ? &L8->wk : nullptr, KD, H, r.k, DType::BF16, KD, 0.0f, true);
     gemm(h_.data(), H, n, L.wv, L8 ? &L8->wv : nullptr, KD, H, r.v, DType::BF16, KD, 0.0f, true);
@@ -270,9 +312,21 @@ void GpuOps::mlp(int32_t l, int64_t row0, int64_t rows, Activation act, bool pos
   const DeviceLayer& L = model_->layer(l);
   const Fp8Layer* L8 = fp8_ != nullptr ? &fp8_->layer(l) : nullptr;
   const int64_t H = cfg_.hidden_size, F = cfg_.intermediate_size;
+  if (L8 != nullptr) use_h8(row0, rows);
   gemm(h_.data() + row0 * H, H, rows, L.w_gate_up, L8 ? &L8->w_gate_up : nullptr, 2 * F, H, gu_.data(), DType::BF16,
        2 * F, 0.0f);
-  timed(EventTimer::kActivation, [&] { gated_activation(gu_.data(), rows, F, gate_activation(act), stream_); });
+  bool gu8 = false;
+  timed(EventTimer::kActivation, [&] {
+    // W8A8 down projection: the activation's FP8 codes in the same pass, its bf16 values not written.
+    gu8 = L8 != nullptr && fused8(rows) && gu8_.size() >= static_cast<size_t>(rows * F) &&
+          gated_activation_fp8_rows(gu_.data(), rows, F, gate_activation(act), false, gu8_.data(), gu8_scales_.data(),
+                                    stream_);
+    if (!gu8) gated_activation(gu_.data(), rows, F, gate_activation(act), stream_);
+  });
+  if (gu8) {
+    pre8_ = Fp8Matrix{gu8_.data(), gu8_scales_.data(), rows, F, Fp8Scaling::kRow};
+    pre8_set_ = true;
+  }
   const Fp8Matrix* wd = L8 ? &L8->w_down : nullptr;
   if (post_norm) {
     gemm(gu_.data(), 2 * F, rows, L.w_down, wd, H, F, o_.data() + row0 * H, DType::F32, H, 0.0f);
@@ -293,6 +347,7 @@ void GpuOps::head(int64_t first) {
   const int64_t H = cfg_.hidden_size, V = cfg_.vocab_size;
   const int64_t count = n_ - first;
   if (count <= 0) return;
+  h8_rows_ = 0;  // h is rewritten below
   timed(EventTimer::kNorm, [&] {
     rms_norm_to_bf16(x_.data() + first * H, count, H, final_norm_, cfg_.rms_norm_eps, h_.data(), H, stream_);
   });
@@ -333,14 +388,17 @@ std::vector<double> GpuOps::download_logprobs(std::span<const int32_t> next) {
 }
 
 size_t GpuOps::scratch_bytes() const {
-  size_t b = bytes_of(tokens_, next_, logprobs_, x_, o_, logits_, h_, q_, a_, gu_, k_, v_, no_freq_, id_cos_, id_sin_);
+  size_t b = bytes_of(tokens_, next_, logprobs_, x_, o_, logits_, h_, q_, a_, gu_, k_, v_, no_freq_, id_cos_, id_sin_,
+                      h8_, gu8_, h8_scales_, gu8_scales_);
   for (size_t r = 0; r < cos_.size(); ++r) b += bytes_of(cos_[r], sin_[r]);
   return b;
 }
 
 void GpuOps::release_scratch() {
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  release_all(tokens_, next_, logprobs_, x_, o_, logits_, h_, q_, a_, gu_, k_, v_, no_freq_, id_cos_, id_sin_);
+  release_all(tokens_, next_, logprobs_, x_, o_, logits_, h_, q_, a_, gu_, k_, v_, no_freq_, id_cos_, id_sin_, h8_, gu8_,
+              h8_scales_, gu8_scales_);
+  h8_rows_ = 0;
   for (size_t r = 0; r < cos_.size(); ++r) release_all(cos_[r], sin_[r]);
 }
 

@@ -209,6 +209,20 @@ class GpuOps {
   bool identity_ = false;         // this step needs the identity rotation (QK-norm alone)
   GpuQkv qkv_rows_;               // this layer's q, k, v
   Fp8Matrix x8_;                  // the last quantized input (FP8)
+  // FP8 per-row W8A8: the norm and the gated activation quantize the rows they make in the same pass
+  // (rms_norm_to_fp8_rows, gated_activation_fp8_rows; TESSERA_FP8_FUSED=0: the separate quantization, the same
+  // codes), into h8_ ([n, hidden], valid while h8_rows_ > 0) and gu8_ (one MLP piece); pre8_: the codes the next
+  // gemm() takes for its input instead of quantizing it.
+  bool fuse8_ = true;
+  attn::gpu::DeviceBuffer<uint8_t> h8_, gu8_;
+  attn::gpu::DeviceBuffer<float> h8_scales_, gu8_scales_;
+  int64_t h8_rows_ = 0;
+  bool pre8_set_ = false;
+  Fp8Matrix pre8_;
+  // Whether a product of m rows takes the W8A8 path with per-row activation scales (fused quantization applies).
+  bool fused8(int64_t m);
+  // Sets pre8_ to h8_'s rows [row0, row0 + rows) when they are there and a product of `rows` rows takes them.
+  void use_h8(int64_t row0, int64_t rows);
   bool sample_ = false;
   size_t peak_in_use_ = 0;
   RankReduce reduce_;
@@ -218,6 +232,7 @@ class GpuOps {
   attn::gpu::DeviceBuffer<int32_t> next_;  // download_logprobs's tokens and results
   attn::gpu::DeviceBuffer<double> logprobs_;
   attn::gpu::DeviceBuffer<bf16> h_, q_, a_, gu_, k_, v_;  // q_: rows [q | k | v] when fused; k_, v_: unfused scratch
+  // (h8_, gu8_ and their scales above: FP8 codes of h and of the activation)
   attn::gpu::DeviceBuffer<float> no_freq_, id_cos_, id_sin_;  // the identity rotation (angle 0: cos 1, sin 0)
   std::vector<attn::gpu::DeviceBuffer<float>> cos_, sin_;
 };

@@ -11,6 +11,7 @@
 
 #include "cuda/cuda_check.h"
 #include "core/error.h"
+#include "runtime/cuda/fp8_codes.cuh"
 #include "runtime/cuda/kernels.h"
 
 namespace tessera::runtime::gpu {
@@ -182,6 +183,47 @@ __global__ void __launch_bounds__(1024)
       out[i] = make_uint2(pack_bf2(g.x * (v[k].x * inv), g.y * (v[k].y * inv)),
                           pack_bf2(g.z * (v[k].z * inv), g.w * (v[k].w * inv)));
     }
+  }
+}
+
+// rms_norm_vec_kernel (the same sum, inv and bf16 values; y written unless null) and those bf16 values' FP8 E4M3
+// codes with a scale per row (q [rows, 4 n4] contiguous, scales [rows]): the amax over the row's bf16 values, then
+// fp8_codes.cuh's arithmetic, as quantize_e4m3_rows computes them from y in memory — one pass instead of two.
+__global__ void __launch_bounds__(1024) rms_norm_fp8_kernel(const float* x, int n4, const float* w, float eps, nbf* y,
+                                                            int64_t ldy, uint8_t* q, float* scales) {
+  __shared__ float scratch[32];
+  const float4* in = reinterpret_cast<const float4*>(x) + static_cast<int64_t>(blockIdx.x) * n4;
+  float4 v[kNormVecs];
+#pragma unroll
+  for (int k = 0; k < kNormVecs; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    v[k] = i < n4 ? __ldg(in + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  const float ss = block_sum(sum_squares(v), scratch);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(4 * n4) + eps);
+  const float4* w4 = reinterpret_cast<const float4*>(w);
+  uint2 b[kNormVecs];
+  float amax = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kNormVecs; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    b[k] = make_uint2(0, 0);
+    if (i < n4) {
+      const float4 g = __ldg(w4 + i);
+      b[k] = make_uint2(pack_bf2(g.x * (v[k].x * inv), g.y * (v[k].y * inv)),
+                        pack_bf2(g.z * (v[k].z * inv), g.w * (v[k].w * inv)));
+      if (y != nullptr) reinterpret_cast<uint2*>(y + static_cast<int64_t>(blockIdx.x) * ldy)[i] = b[k];
+      amax = fmaxf(fmaxf(amax, fabsf(bf_lo(b[k].x))), fmaxf(fabsf(bf_hi(b[k].x)), fabsf(bf_lo(b[k].y))));
+      amax = fmaxf(amax, fabsf(bf_hi(b[k].y)));
+    }
+  }
+  amax = block_max(amax, scratch);
+  const float qinv = fp8::row_inverse_scale(amax, threadIdx.x == 0 ? scales + blockIdx.x : nullptr);
+  uint32_t* qr = reinterpret_cast<uint32_t*>(q) + static_cast<int64_t>(blockIdx.x) * n4;
+#pragma unroll
+  for (int k = 0; k < kNormVecs; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    if (i < n4) qr[i] = fp8::encode4(bf_lo(b[k].x), bf_hi(b[k].x), bf_lo(b[k].y), bf_hi(b[k].y), qinv);
   }
 }
 
@@ -396,6 +438,45 @@ __global__ void __launch_bounds__(256) gated_activation_vec_kernel(nbf* gu, int6
     }
     p[0] = gated8<kAct>(g0, u0);
     if (two) p[2 * f8] = gated8<kAct>(g1, u1);
+  }
+}
+
+// gated_activation_vec_kernel's values (gated8) of one row per CTA, kept in registers, and their FP8 E4M3 codes with
+// the row's scale (q [rows, 8 f8], scales [rows]): quantize_e4m3_rows' codes of the activation's bf16 rows, bit for
+// bit, without writing them (unless write_bf16) and reading them back. Rows of up to kActThreads * kActGroups * 8.
+constexpr int kActThreads = 512, kActGroups = 8;
+template <GateActivation kAct>
+__global__ void __launch_bounds__(kActThreads) gated_activation_fp8_kernel(nbf* gu, int f8, bool write_bf16, uint8_t* q,
+                                                                          float* scales) {
+  __shared__ float scratch[32];
+  const int64_t r = blockIdx.x;
+  uint4* row = reinterpret_cast<uint4*>(gu) + r * 2 * f8;  // the gate's chunks; the up half at row + f8
+  uint4 g[kActGroups];
+  float amax = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kActGroups; ++k) {
+    const int c = threadIdx.x + k * kActThreads;
+    g[k] = make_uint4(0, 0, 0, 0);
+    if (c < f8) {
+      g[k] = gated8<kAct>(row[c], row[f8 + c]);
+      if (write_bf16) row[c] = g[k];
+      float f[8];
+      unpack8(g[k], f);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(f[i]));
+    }
+  }
+  amax = block_max(amax, scratch);
+  const float qinv = fp8::row_inverse_scale(amax, threadIdx.x == 0 ? scales + r : nullptr);
+  uint2* qr = reinterpret_cast<uint2*>(q + r * 8 * static_cast<int64_t>(f8));
+#pragma unroll
+  for (int k = 0; k < kActGroups; ++k) {
+    const int c = threadIdx.x + k * kActThreads;
+    if (c < f8) {
+      float f[8];
+      unpack8(g[k], f);
+      qr[c] = fp8::encode8(f, qinv);
+    }
   }
 }
 
@@ -617,6 +698,21 @@ void rms_norm_to_bf16(const float* x, int64_t rows, int64_t n, const float* w, f
   check_launch("rms_norm");
 }
 
+bool rms_norm_to_fp8_rows(const float* x, int64_t rows, int64_t n, const float* w, float eps, bf16* y, int64_t ldy,
+                          uint8_t* q, float* scales, cudaStream_t stream) {
+  const int threads = norm_vec_threads(n);
+  const bool y_ok = y == nullptr || (ldy % 4 == 0 && reinterpret_cast<uintptr_t>(y) % 8 == 0);
+  if (threads <= 0 || n % 8 != 0 || !vector_ok(x) || !vector_ok(w) || !y_ok || reinterpret_cast<uintptr_t>(q) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(scales) % 16 != 0)
+    return false;
+  if (rows <= 0) return true;
+  check_rows(rows, "rms_norm_to_fp8_rows");
+  rms_norm_fp8_kernel<<<static_cast<unsigned>(rows), threads, 0, stream>>>(x, static_cast<int>(n / 4), w, eps, dev(y),
+                                                                          ldy, q, scales);
+  check_launch("rms_norm_to_fp8_rows");
+  return true;
+}
+
 void add_rms_normed(float* x, const float* o, int64_t rows, int64_t n, const float* w, float eps,
                     cudaStream_t stream) {
   if (rows <= 0) return;
@@ -717,6 +813,31 @@ void gated_activation(bf16* gu, int64_t rows, int64_t f, GateActivation act, cud
       break;
   }
   check_launch("gated_activation");
+}
+
+bool gated_activation_fp8_rows(bf16* gu, int64_t rows, int64_t f, GateActivation act, bool write_bf16, uint8_t* q,
+                               float* scales, cudaStream_t stream) {
+  if (f <= 0 || f % 8 != 0 || f / 8 > int64_t{kActThreads} * kActGroups || !vector_ok(gu) ||
+      reinterpret_cast<uintptr_t>(q) % 16 != 0 || reinterpret_cast<uintptr_t>(scales) % 16 != 0)
+    return false;
+  if (rows <= 0) return true;
+  check_rows(rows, "gated_activation_fp8_rows");
+  const int f8 = static_cast<int>(f / 8);
+  const auto grid = static_cast<unsigned>(rows);
+  switch (act) {
+    case GateActivation::kSiLU:
+      gated_activation_fp8_kernel<GateActivation::kSiLU><<<grid, kActThreads, 0, stream>>>(dev(gu), f8, write_bf16, q, scales);
+      break;
+    case GateActivation::kGeluTanh:
+      gated_activation_fp8_kernel<GateActivation::kGeluTanh><<<grid, kActThreads, 0, stream>>>(dev(gu), f8, write_bf16, q,
+                                                                                                 scales);
+      break;
+    case GateActivation::kGelu:
+      gated_activation_fp8_kernel<GateActivation::kGelu><<<grid, kActThreads, 0, stream>>>(dev(gu), f8, write_bf16, q, scales);
+      break;
+  }
+  check_launch("gated_activation_fp8_rows");
+  return true;
 }
 
 void softcap(float* x, int64_t n, float cap, cudaStream_t stream) {

@@ -37,6 +37,13 @@ void embed_tokens(const int32_t* tokens, int64_t n, const float* table, int64_t 
 void rms_norm_to_bf16(const float* x, int64_t rows, int64_t n, const float* w, float eps, bf16* y, int64_t ldy,
                       cudaStream_t stream);
 
+// rms_norm_to_bf16 (y may be null: not written) and the bf16 rows it makes quantized to FP8 E4M3 per row in the same
+// pass: q [rows, n] (contiguous) and scales [rows], bit for bit what quantize_e4m3_rows (fp8_quant.h) gives from y.
+// Returns false, launching nothing, where the fused kernel does not apply (n not a multiple of 8 or over 16,384, an
+// unaligned pointer, the scalar kernels forced): the caller runs the two.
+bool rms_norm_to_fp8_rows(const float* x, int64_t rows, int64_t n, const float* w, float eps, bf16* y, int64_t ldy,
+                          uint8_t* q, float* scales, cudaStream_t stream);
+
 // x[r, :] += w * RMSNorm(o[r, :]) (Gemma-3's post-attention and post-MLP norms before the residual add).
 void add_rms_normed(float* x, const float* o, int64_t rows, int64_t n, const float* w, float eps,
                     cudaStream_t stream);
@@ -58,6 +65,13 @@ void add_bias(bf16* y, int64_t rows, int64_t cols, int64_t ld, const float* bias
 // The gated MLP's activation, in place: for each row r of gu [rows, 2f] (gate in columns [0, f), up in
 // [f, 2f)): gu[r, c] = act(gu[r, c]) * gu[r, f + c], c < f (the down projection then reads gu with ld 2f).
 void gated_activation(bf16* gu, int64_t rows, int64_t f, GateActivation act, cudaStream_t stream);
+
+// gated_activation's rows quantized to FP8 E4M3 per row in the same pass (q [rows, f] contiguous, scales [rows]),
+// bit for bit quantize_e4m3_rows of what gated_activation writes; the activation's bf16 values are written into gu
+// only when write_bf16. Returns false, launching nothing, where the fused kernel does not apply (f not a multiple
+// of 8 or over 32,768, unaligned pointers, the scalar kernels forced).
+bool gated_activation_fp8_rows(bf16* gu, int64_t rows, int64_t f, GateActivation act, bool write_bf16, uint8_t* q,
+                               float* scales, cudaStream_t stream);
 
 // x[i] = cap * tanh(x[i] / cap).
 void softcap(float* x, int64_t n, float cap, cudaStream_t stream);

@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -34,6 +35,7 @@
 #include "runtime/cuda/fp8_quant.h"
 #include "runtime/cuda/gemm.h"
 #include "runtime/cuda/gpu_engine.h"
+#include "runtime/cuda/kernels.h"
 #include "runtime/cuda/synthetic_config.h"
 #include "../gpu_test_support.h"
 
@@ -43,6 +45,7 @@ namespace tessera::runtime::gpu {
 namespace {
 
 using attn::gpu::DeviceBuffer;
+using tessera::f32_to_bf16;  // (kernels.h declares the device array's f32_to_bf16 in this namespace)
 
 #define REQUIRE_GPU_ONLY() \
   do {                        \
@@ -167,6 +170,76 @@ TEST(Fp8Quantize, EqualsHostBitForBit) {
   ASSERT_EQ(cudaStreamSynchronize(st.s), cudaSuccess);
   expect_same_quantization(host_quantize(w, 14336, 40, 14336, Fp8Scaling::kRow),
                            download(Fp8Matrix{w8.data(), ws.data(), 40, 14336, Fp8Scaling::kRow}), "weights 40x14336 per row");
+}
+
+// The RMS norm and the gated activation that quantize the rows they make in the same pass (kernels.h:
+// rms_norm_to_fp8_rows, gated_activation_fp8_rows; GpuOps uses them before W8A8 products with per-row scales) against
+// the two kernels they replace: the same bf16 rows and the same codes and scales as quantize_e4m3_rows of those rows,
+// bit for bit, for the model widths, a short row, rows of every kind (an outlier, a zero row), and the shapes the fused
+// kernels refuse (they launch nothing and say so).
+TEST(Fp8Quantize, NormAndActivationQuantizeTheirRowsAsTheSeparateKernel) {
+  REQUIRE_GPU_ONLY();
+  StreamHolder st;
+  const auto bits = [](const std::vector<bf16>& v) {
+    std::vector<uint16_t> b(v.size());
+    std::memcpy(b.data(), v.data(), v.size() * sizeof(bf16));
+    return b;
+  };
+  for (const int64_t n : {int64_t{4096}, int64_t{64}, int64_t{2056}, int64_t{1004}}) {
+    SCOPED_TRACE("norm, n = " + std::to_string(n));
+    const int64_t rows = 37;
+    std::mt19937 rng(static_cast<uint32_t>(n));
+    std::normal_distribution<float> d(0.0f, 3.0f);
+    std::vector<float> x(static_cast<size_t>(rows * n)), w(static_cast<size_t>(n));
+    for (float& v : x) v = d(rng);
+    for (float& v : w) v = 1.0f + 0.1f * d(rng);
+    x[static_cast<size_t>(5 * n + 7)] = 900.0f;                                       // an outlier
+    std::fill(x.begin() + 9 * n, x.begin() + 10 * n, 0.0f);                           // a zero row
+    DeviceBuffer<float> dx, dw;
+    dx.upload(x, st.s);
+    dw.upload(w, st.s);
+    DeviceBuffer<bf16> y1(static_cast<size_t>(rows * n)), y2(static_cast<size_t>(rows * n));
+    DeviceBuffer<uint8_t> q1(static_cast<size_t>(rows * n)), q2(static_cast<size_t>(rows * n)), q3(static_cast<size_t>(rows * n));
+    DeviceBuffer<float> s1(static_cast<size_t>(rows)), s2(static_cast<size_t>(rows)), s3(static_cast<size_t>(rows));
+    const bool fused = rms_norm_to_fp8_rows(dx.data(), rows, n, dw.data(), 1e-5f, y2.data(), n, q2.data(), s2.data(), st.s);
+    const bool fused_no_y = rms_norm_to_fp8_rows(dx.data(), rows, n, dw.data(), 1e-5f, nullptr, n, q3.data(), s3.data(), st.s);
+    EXPECT_EQ(fused, n % 8 == 0);
+    EXPECT_EQ(fused_no_y, fused);
+    if (!fused) continue;
+    rms_norm_to_bf16(dx.data(), rows, n, dw.data(), 1e-5f, y1.data(), n, st.s);
+    quantize_e4m3_rows(y1.data(), n, rows, n, q1.data(), s1.data(), st.s);
+    ASSERT_EQ(cudaStreamSynchronize(st.s), cudaSuccess);
+    EXPECT_EQ(bits(y1.download()), bits(y2.download()));
+    const HostQuant a = download(Fp8Matrix{q1.data(), s1.data(), rows, n, Fp8Scaling::kRow});
+    expect_same_quantization(a, download(Fp8Matrix{q2.data(), s2.data(), rows, n, Fp8Scaling::kRow}), "norm + codes");
+    expect_same_quantization(a, download(Fp8Matrix{q3.data(), s3.data(), rows, n, Fp8Scaling::kRow}), "norm codes only");
+  }
+  for (const int64_t f : {int64_t{14336}, int64_t{256}, int64_t{24}, int64_t{32776}}) {
+    for (const GateActivation act : {GateActivation::kSiLU, GateActivation::kGeluTanh}) {
+      for (const bool write_bf16 : {false, true}) {
+        SCOPED_TRACE("activation, f = " + std::to_string(f) + (act == GateActivation::kSiLU ? ", silu" : ", gelu") +
+                     (write_bf16 ? ", bf16 written" : ""));
+        const int64_t rows = 19;
+        std::vector<bf16> gu = random_bf16(static_cast<size_t>(rows * 2 * f), 2.0f, static_cast<uint32_t>(f));
+        gu[static_cast<size_t>(3 * 2 * f + 1)] = f32_to_bf16(60.0f);  // an outlier gate
+        DeviceBuffer<bf16> g1, g2;
+        g1.upload(gu, st.s);
+        g2.upload(gu, st.s);
+        DeviceBuffer<uint8_t> q1(static_cast<size_t>(rows * f)), q2(static_cast<size_t>(rows * f));
+        DeviceBuffer<float> s1(static_cast<size_t>(rows)), s2(static_cast<size_t>(rows));
+        const bool fused = gated_activation_fp8_rows(g2.data(), rows, f, act, write_bf16, q2.data(), s2.data(), st.s);
+        EXPECT_EQ(fused, f <= 32768);
+        if (!fused) continue;
+        gated_activation(g1.data(), rows, f, act, st.s);
+        quantize_e4m3_rows(g1.data(), 2 * f, rows, f, q1.data(), s1.data(), st.s);
+        ASSERT_EQ(cudaStreamSynchronize(st.s), cudaSuccess);
+        expect_same_quantization(download(Fp8Matrix{q1.data(), s1.data(), rows, f, Fp8Scaling::kRow}),
+                                 download(Fp8Matrix{q2.data(), s2.data(), rows, f, Fp8Scaling::kRow}), "activation codes");
+        // Written: the activation's rows as gated_activation leaves them; not written: gu as it was.
+        EXPECT_EQ(bits(g2.download()), bits(write_bf16 ? g1.download() : gu));
+      }
+    }
+  }
 }
 
 TEST(Fp8Quantize, ZerosAndInfinitiesSaturateNeverNaN) {
@@ -514,6 +587,33 @@ TEST(Fp8Engine, Llama3ShapedTwoLayersNearBf16) {
   const std::vector<int32_t> tokens = token_ids(512, cfg.vocab_size, 6);
   compare_engines(*dev, tokens, nullptr, "llama3-8b shapes, 2 layers, local-attention init", kFp8RowRelL2Llama3Shaped,
                   kFp8RelL2Llama3Shaped);
+}
+
+// An FP8 engine (per-row scales) whose norms and activations quantize the rows they make (the default) against one
+// that quantizes before each product (TESSERA_FP8_FUSED=0): the same codes, so the same logits bit for bit, prefill
+// in several chunks (and an MLP in pieces) and decode steps (which take the bf16 rows: weight-only products).
+TEST(Fp8Engine, FusedQuantizationEqualsTheSeparateOne) {
+  REQUIRE_FP8();
+  ModelConfig cfg = synthetic_config("llama3-8b");
+  cfg.num_layers = 2;
+  cfg.layers.resize(2);
+  const auto dev = DeviceModel::random(cfg, 3, RandomInit::kLocalAttention);
+  const std::vector<int32_t> tokens = token_ids(300, cfg.vocab_size, 8);
+  GpuEngineOptions o;
+  o.chunk_size = 128;
+  o.mlp_chunk = 48;  // pieces of 48, 48, 32 rows
+  const std::unique_ptr<GpuEngine> fused = fp8_engine(*dev, o, Fp8Scaling::kRow);
+  setenv("TESSERA_FP8_FUSED", "0", 1);
+  std::unique_ptr<GpuEngine> separate;
+  try {
+    separate = fp8_engine(*dev, o, Fp8Scaling::kRow);
+  } catch (...) {
+    unsetenv("TESSERA_FP8_FUSED");
+    throw;
+  }
+  unsetenv("TESSERA_FP8_FUSED");
+  EXPECT_EQ(fused->prefill(tokens), separate->prefill(tokens));
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(fused->decode(tokens[static_cast<size_t>(i)]), separate->decode(tokens[static_cast<size_t>(i)]));
 }
 
 TEST(Fp8Options, ExactMessages) {
